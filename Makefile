@@ -1,0 +1,31 @@
+# Every target sets itself up: a local virtual environment in .venv, reused
+# when present, with the project installed in editable mode.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install test demo bench lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(PY) -m pstrain.cli demo $(DEMO_ARGS)
+
+bench: $(STAMP)
+	$(PY) benchmarks/run_all.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check pstrain tests benchmarks examples
+
+clean:
+	rm -rf $(VENV) build *.egg-info benchmarks/results/*.tmp

@@ -1,0 +1,76 @@
+"""pstrain: an asyncio-native parameter-server training runtime.
+
+The public API, re-exported here by name and loaded on first use, so that
+``import pstrain`` stays cheap and has no side effects.
+
+>>> import pstrain
+>>> pstrain.ReduceOp.SUM.value
+'SUM'
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "ClusterCoordinator": "coordinator",
+    "ClusterResolver": "cluster",
+    "ClusterSpec": "cluster",
+    "DistributedValues": "values",
+    "IndexedSlices": "variables",
+    "LocalCluster": "launch",
+    "Module": "module",
+    "ParameterServerStrategy": "strategy",
+    "PerReplica": "values",
+    "PerWorkerValues": "values",
+    "ReduceOp": "strategy",
+    "RemoteValue": "remote_value",
+    "ReplicaContext": "strategy",
+    "Server": "server",
+    "SimpleClusterResolver": "cluster",
+    "TFConfigClusterResolver": "cluster",
+    "ValueContext": "values",
+    "Variable": "variables",
+    "VariableAggregation": "variables",
+    "VariableSynchronization": "variables",
+    "get_current_worker_index": "coordinator",
+    "get_replica_context": "strategy",
+    "read_variables": "variables",
+    "run": "_runtime",
+}
+_SUBMODULES = ("errors", "initializers")
+
+__all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module 'pstrain' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from . import errors, initializers
+    from ._runtime import run
+    from .cluster import ClusterResolver, ClusterSpec, SimpleClusterResolver, TFConfigClusterResolver
+    from .coordinator import ClusterCoordinator, get_current_worker_index
+    from .launch import LocalCluster
+    from .module import Module
+    from .remote_value import RemoteValue
+    from .server import Server
+    from .strategy import ParameterServerStrategy, ReduceOp, ReplicaContext, get_replica_context
+    from .values import DistributedValues, PerReplica, PerWorkerValues, ValueContext
+    from .variables import (IndexedSlices, Variable, VariableAggregation, VariableSynchronization,
+                            read_variables)

@@ -1,0 +1,182 @@
+"""The ``pstrain`` command: ``serve`` one task, ``launch`` a local cluster.
+
+This is the edge where configuration is read (flags, ``TF_CONFIG``,
+``PSTRAIN_CONFIG``, ``PSTRAIN_TOKEN``) and where logging is set up; what is
+read is passed down as values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import ssl
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .cluster import ClusterSpec, parse_config, read_token
+from .errors import PstrainError
+
+logger = logging.getLogger("pstrain.cli")
+
+SERVE_EPILOG = """\
+The cluster comes from --cluster FILE, else PSTRAIN_CONFIG, else TF_CONFIG: the
+JSON TensorFlow uses, e.g.
+  {"cluster": {"chief": ["10.0.0.1:2222"], "ps": ["10.0.0.2:2222"],
+               "worker": ["10.0.0.3:2222", "10.0.0.4:2222"]},
+   "task": {"type": "ps", "index": 0}}
+--role/--index default to its "task". Without any cluster a ps or worker still
+starts (workers learn the ps addresses from the coordinator).
+The token comes from --token-file, else PSTRAIN_TOKEN, else PSTRAIN_TOKEN_FILE.
+"""
+
+
+def _setup_logging(level: str, tag: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
+        format=f"%(asctime)s [{tag}] %(levelname)s %(name)s: %(message)s")
+
+
+def _server_ssl(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    if not cert and not key:
+        return None
+    if not (cert and key):
+        raise PstrainError("TLS needs both --tls-cert and --tls-key")
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+def client_ssl(cafile: str | None) -> ssl.SSLContext | None:
+    """A client TLS context that verifies servers against ``cafile``."""
+    if not cafile:
+        return None
+    return ssl.create_default_context(cafile=cafile)
+
+
+def _serve_parser(sub: Any) -> None:
+    p = sub.add_parser("serve", help="run one ps or worker task",
+                       description="Run one task of a pstrain cluster until SIGTERM or SIGINT.",
+                       epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--role", choices=["ps", "worker"],
+                   help="which task to run (default: the config's task.type)")
+    p.add_argument("--index", type=int, help="task index within its role (default: task.index)")
+    p.add_argument("--cluster", metavar="FILE",
+                   help="cluster config JSON file (TF_CONFIG format)")
+    p.add_argument("--host", default=None,
+                   help="address to bind (default 127.0.0.1; another address needs a token)")
+    p.add_argument("--port", type=int, default=None,
+                   help="port to bind (default: this task's port in the cluster; 0 picks a free one)")
+    p.add_argument("--token-file", metavar="FILE", help="file holding the cluster token")
+    p.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this certificate (PEM)")
+    p.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
+    p.add_argument("--tls-ca", metavar="FILE",
+                   help="CA file to verify other tasks' certificates (workers -> ps)")
+    p.add_argument("--max-body", type=int, default=None, metavar="BYTES",
+                   help="largest request body accepted (default 2 GiB); larger -> 413")
+    p.add_argument("--closure-threads", type=int, default=4,
+                   help="worker: threads that run plain-def closures (default 4)")
+    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    p.add_argument("--exit-with-parent", action="store_true",
+                   help="stop when the process that started this one exits (LocalCluster uses it)")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .rpc import DEFAULT_MAX_BODY
+
+    spec: ClusterSpec | None = None
+    role, index = args.role, args.index
+    text = None
+    if args.cluster:
+        with open(args.cluster, encoding="utf-8") as f:
+            text, source = f.read(), args.cluster
+    elif os.environ.get("PSTRAIN_CONFIG"):
+        text, source = os.environ["PSTRAIN_CONFIG"], "PSTRAIN_CONFIG"
+    elif os.environ.get("TF_CONFIG"):
+        text, source = os.environ["TF_CONFIG"], "TF_CONFIG"
+    if text:
+        spec, task_type, task_id = parse_config(text, source)
+        role = role or task_type
+        index = index if index is not None else task_id
+    if role not in ("ps", "worker"):
+        raise PstrainError("pstrain serve needs --role ps|worker (or a config whose task.type is ps "
+                           f"or worker; got {role!r})")
+    index = index or 0
+    _setup_logging(args.log_level, f"{role}:{index}")
+    if args.token_file:
+        with open(args.token_file, encoding="utf-8") as f:
+            token: str | None = f.read().strip()
+    else:
+        token = read_token(os.environ)
+    port = args.port
+    host = args.host
+    if spec is not None:
+        from .cluster import parse_address
+
+        spec_host, spec_port = parse_address(spec.task_address(role, index))
+        port = spec_port if port is None else port
+    options: dict[str, Any] = dict(
+        host=host or "127.0.0.1", port=port or 0, token=token,
+        ssl_context=_server_ssl(args.tls_cert, args.tls_key),
+        max_body=args.max_body or DEFAULT_MAX_BODY)
+    if role == "ps":
+        from .server.ps import ParameterServer
+
+        server: Any = ParameterServer(index, **options)
+    else:
+        from .server.worker import WorkerServer
+
+        server = WorkerServer(index, cluster_spec=spec, client_ssl=client_ssl(args.tls_ca),
+                              closure_threads=args.closure_threads, **options)
+    if not token:
+        logger.warning("no cluster token set: any local process can use this server "
+                       "(set PSTRAIN_TOKEN or --token-file)")
+    from . import run
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        address = await server.start()
+        print(f"pstrain {role}:{index} listening on {address}", flush=True)
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        if args.exit_with_parent:
+            loop.create_task(_watch_parent(os.getppid(), stop))
+        await stop.wait()
+        logger.info("signal received, stopping")
+        await server.stop()
+
+    run(main())
+    return 0
+
+
+async def _watch_parent(parent: int, stop: asyncio.Event) -> None:
+    """Stop when the parent goes away (it may have been SIGKILLed and cannot clean up)."""
+    while os.getppid() == parent:
+        await asyncio.sleep(0.5)
+    logger.warning("parent process %d is gone, stopping", parent)
+    stop.set()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pstrain", description="Parameter-server training runtime.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    from .launch import add_launch_parser
+
+    add_launch_parser(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args)) if hasattr(args, "func") else _serve(args)
+    except PstrainError as exc:
+        print(f"pstrain {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""Cluster configuration: who the tasks are and where they listen.
+
+A :class:`ClusterSpec` maps job names (``chief``, ``ps``, ``worker``,
+``evaluator``) to task addresses. Resolvers build one from where the
+deployment keeps it: :class:`SimpleClusterResolver` from a value,
+:class:`TFConfigClusterResolver` from the ``TF_CONFIG`` JSON that TensorFlow
+and Kubeflow's TFJob use (``PSTRAIN_CONFIG`` has the same form and wins).
+This module is one of the two places that read the environment (the other is
+``cli.py``); everything below receives values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .errors import InvalidArgumentError
+
+__all__ = [
+    "ClusterResolver",
+    "ClusterSpec",
+    "SimpleClusterResolver",
+    "TFConfigClusterResolver",
+    "parse_address",
+    "task_name",
+]
+
+#: Job names a parameter-server cluster may hold.
+KNOWN_JOBS = ("chief", "evaluator", "ps", "worker")
+
+
+def task_name(job: str, index: int) -> str:
+    """The TF-style task name, e.g. ``/job:ps/replica:0/task:1``."""
+    return f"/job:{job}/replica:0/task:{index}"
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """Split ``host:port`` (``[v6]:port`` for IPv6) or raise InvalidArgumentError.
+
+    >>> parse_address("127.0.0.1:8470")
+    ('127.0.0.1', 8470)
+    """
+    if not isinstance(address, str) or ":" not in address:
+        raise InvalidArgumentError(
+            f"malformed address {address!r}: expected 'host:port', e.g. '127.0.0.1:2222'")
+    host, _, port_text = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise InvalidArgumentError(
+            f"malformed address {address!r}: expected 'host:port' with a port in 0..65535")
+    return host, int(port_text)
+
+
+class ClusterSpec:
+    """The tasks of a cluster, by job.
+
+    >>> spec = ClusterSpec({"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]})
+    >>> spec.num_tasks("ps"), spec.task_address("worker", 0)
+    (1, '127.0.0.1:2223')
+    """
+
+    def __init__(self, cluster: Mapping[str, Sequence[str] | Mapping[int, str]] | ClusterSpec) -> None:
+        if isinstance(cluster, ClusterSpec):
+            cluster = cluster.as_dict()
+        if not isinstance(cluster, Mapping):
+            raise InvalidArgumentError(
+                f"cluster must be a mapping of job name to addresses, got {type(cluster).__name__}")
+        jobs: dict[str, list[str]] = {}
+        for job, tasks in cluster.items():
+            if not isinstance(job, str) or not job:
+                raise InvalidArgumentError(f"job names must be non-empty strings, got {job!r}")
+            if isinstance(tasks, Mapping):
+                indices = sorted(int(i) for i in tasks)
+                if indices != list(range(len(indices))):
+                    raise InvalidArgumentError(
+                        f"job {job!r} has task indices {indices}; they must be 0..N-1")
+                addresses = [tasks[i] if i in tasks else tasks[str(i)] for i in indices]  # type: ignore[index]
+            elif isinstance(tasks, (list, tuple)):
+                addresses = list(tasks)
+            else:
+                raise InvalidArgumentError(
+                    f"job {job!r} must list its task addresses, got {type(tasks).__name__}")
+            for address in addresses:
+                parse_address(address)
+            jobs[job] = addresses
+        self._jobs = jobs
+
+    @property
+    def jobs(self) -> list[str]:
+        """The job names, sorted."""
+        return sorted(self._jobs)
+
+    def num_tasks(self, job: str) -> int:
+        """How many tasks ``job`` has (0 for a job not in the cluster)."""
+        return len(self._jobs.get(job, ()))
+
+    def task_address(self, job: str, index: int) -> str:
+        """The ``host:port`` of task ``index`` of ``job``."""
+        tasks = self._jobs.get(job)
+        if tasks is None:
+            raise InvalidArgumentError(f"no job {job!r} in the cluster (jobs: {self.jobs})")
+        if not 0 <= index < len(tasks):
+            raise InvalidArgumentError(
+                f"task index {index} out of range for job {job!r} with {len(tasks)} task(s)")
+        return tasks[index]
+
+    def job_tasks(self, job: str) -> list[str]:
+        """The addresses of every task of ``job``, in index order."""
+        return list(self._jobs.get(job, ()))
+
+    def as_dict(self) -> dict[str, list[str]]:
+        """A plain dict ``{job: [address, ...]}`` (JSON-ready)."""
+        return {job: list(tasks) for job, tasks in self._jobs.items()}
+
+    def with_task(self, job: str, index: int, address: str) -> ClusterSpec:
+        """A copy with one task's address replaced."""
+        spec = self.as_dict()
+        spec[job][index] = address
+        return ClusterSpec(spec)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ClusterSpec) and other._jobs == self._jobs
+
+    def __repr__(self) -> str:
+        return f"ClusterSpec({self._jobs!r})"
+
+
+def validate_ps_cluster(spec: ClusterSpec) -> None:
+    """Check the shape a parameter-server cluster needs (TF's rules and wording)."""
+    unknown = [job for job in spec.jobs if job not in KNOWN_JOBS]
+    if unknown:
+        raise InvalidArgumentError(
+            f"Disallowed task type found in cluster: {unknown}; allowed: {list(KNOWN_JOBS)}")
+    if spec.num_tasks("chief") > 1:
+        raise InvalidArgumentError("There must be at most one 'chief' job.")
+    if spec.num_tasks("worker") < 1:
+        raise InvalidArgumentError("There must be at least one worker.")
+    if spec.num_tasks("ps") < 1:
+        raise InvalidArgumentError("There must be at least one ps.")
+
+
+class ClusterResolver:
+    """Base of the resolvers: a cluster spec, this process's task, a token."""
+
+    task_type: str | None
+    task_id: int | None
+    token: str | None
+    rpc_layer: str = "http"
+
+    def cluster_spec(self) -> ClusterSpec:
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def _check_task(self, spec: ClusterSpec) -> None:
+        if self.task_type is None:
+            return
+        if self.task_type not in KNOWN_JOBS:
+            raise InvalidArgumentError(f"Unrecognized task_type: {self.task_type}")
+        if self.task_id is not None and not 0 <= self.task_id < max(spec.num_tasks(self.task_type), 1):
+            raise InvalidArgumentError(
+                f"task index {self.task_id} out of range for job {self.task_type!r} "
+                f"with {spec.num_tasks(self.task_type)} task(s)")
+
+
+class SimpleClusterResolver(ClusterResolver):
+    """A resolver for a spec you already have.
+
+    >>> r = SimpleClusterResolver(ClusterSpec({"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}))
+    >>> r.cluster_spec().num_tasks("worker")
+    1
+    """
+
+    def __init__(self, cluster_spec: ClusterSpec | Mapping[str, Any], task_type: str | None = None,
+                 task_id: int | None = None, token: str | None = None) -> None:
+        self._spec = ClusterSpec(cluster_spec)
+        self.task_type = task_type
+        self.task_id = task_id
+        self.token = token
+        self._check_task(self._spec)
+
+    def cluster_spec(self) -> ClusterSpec:
+        return self._spec
+
+
+class TFConfigClusterResolver(ClusterResolver):
+    """Reads the cluster from ``PSTRAIN_CONFIG`` or else ``TF_CONFIG``.
+
+    The JSON is TensorFlow's::
+
+        {"cluster": {"chief": ["host0:2222"], "ps": ["host1:2222"],
+                     "worker": ["host2:2222", "host3:2222"]},
+         "task": {"type": "worker", "index": 1}}
+
+    The token comes from ``PSTRAIN_TOKEN`` (or the file named by
+    ``PSTRAIN_TOKEN_FILE``) unless given.
+
+    >>> import os, json
+    >>> os.environ["TF_CONFIG"] = json.dumps({"cluster": {"ps": ["127.0.0.1:1"],
+    ...     "worker": ["127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}})
+    >>> TFConfigClusterResolver().task_type
+    'worker'
+    >>> del os.environ["TF_CONFIG"]
+    """
+
+    def __init__(self, environ: Mapping[str, str] | None = None, token: str | None = None) -> None:
+        env = os.environ if environ is None else environ
+        source = "PSTRAIN_CONFIG" if env.get("PSTRAIN_CONFIG") else "TF_CONFIG"
+        text = env.get(source)
+        if not text:
+            raise InvalidArgumentError(
+                "no cluster configuration: set PSTRAIN_CONFIG or TF_CONFIG to the JSON "
+                '{"cluster": {"ps": [...], "worker": [...]}, "task": {"type": ..., "index": ...}}')
+        config = parse_config(text, source)
+        self._spec = config[0]
+        self.task_type, self.task_id = config[1], config[2]
+        self.token = token if token is not None else read_token(env)
+        self._check_task(self._spec)
+
+    def cluster_spec(self) -> ClusterSpec:
+        return self._spec
+
+
+def parse_config(text: str, source: str = "config") -> tuple[ClusterSpec, str | None, int | None]:
+    """Parse TF_CONFIG-style JSON into (spec, task type, task index), validated."""
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgumentError(f"{source} is not valid JSON: {exc}") from exc
+    if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict):
+        raise InvalidArgumentError(f"{source} must be a JSON object with a 'cluster' object")
+    spec = ClusterSpec(config["cluster"])
+    validate_ps_cluster(spec)
+    task = config.get("task") or {}
+    if not isinstance(task, dict):
+        raise InvalidArgumentError(f"{source}: 'task' must be an object with 'type' and 'index'")
+    task_type = task.get("type")
+    task_id = task.get("index")
+    if task_type is not None and task_type not in KNOWN_JOBS:
+        raise InvalidArgumentError(f"Unrecognized task_type: {task_type}")
+    if task_id is not None:
+        if not isinstance(task_id, int) or isinstance(task_id, bool):
+            raise InvalidArgumentError(f"{source}: task index must be an integer, got {task_id!r}")
+        if task_type is not None and not 0 <= task_id < max(spec.num_tasks(task_type), 1):
+            raise InvalidArgumentError(
+                f"{source}: task index {task_id} out of range for job {task_type!r} "
+                f"with {spec.num_tasks(task_type)} task(s)")
+    return spec, task_type, task_id
+
+
+def read_token(env: Mapping[str, str]) -> str | None:
+    """The cluster token from ``PSTRAIN_TOKEN`` or ``PSTRAIN_TOKEN_FILE``."""
+    if env.get("PSTRAIN_TOKEN"):
+        return env["PSTRAIN_TOKEN"]
+    path = env.get("PSTRAIN_TOKEN_FILE")
+    if path:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    return None

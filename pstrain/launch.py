@@ -1,0 +1,268 @@
+"""Local clusters: real ps and worker processes on loopback, for users and tests.
+
+``LocalCluster(num_ps, num_workers)`` starts each task as a ``pstrain serve``
+process on an ephemeral port, waits for its ``listening on`` line, and hands
+the coordinator a resolver and the generated token. ``kill(job, i)`` sends
+SIGKILL (a preemption drill); ``restart(job, i)`` brings the task back on the
+same port. Leaving the ``async with`` block, by return, exception or Ctrl-C,
+stops every process it started (SIGTERM, then SIGKILL); the servers also exit
+on their own if this process dies.
+
+``pstrain launch --ps M --workers N -- python train.py`` does the same from
+the shell and runs the command as the coordinator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import re
+import secrets
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .cluster import ClusterSpec, SimpleClusterResolver
+from .errors import InvalidArgumentError, PstrainError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["LocalCluster"]
+
+_LISTENING = re.compile(r"listening on (\S+)")
+
+
+class _Task:
+    def __init__(self, job: str, index: int) -> None:
+        self.job = job
+        self.index = index
+        self.proc: asyncio.subprocess.Process | None = None
+        self.address: str | None = None
+        self.pump: asyncio.Task[None] | None = None
+
+
+class LocalCluster:
+    """A cluster of real processes on 127.0.0.1 (``async with``).
+
+    >>> # async with pstrain.LocalCluster(num_ps=2, num_workers=2) as cluster:
+    >>> #     strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    """
+
+    def __init__(self, num_ps: int = 1, num_workers: int = 1, token: str | None = None, *,
+                 startup_timeout_s: float = 60.0, log_level: str = "WARNING",
+                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
+        if num_ps < 1 or num_workers < 1:
+            raise InvalidArgumentError("a LocalCluster needs at least one ps and one worker")
+        self.num_ps = num_ps
+        self.num_workers = num_workers
+        self.token = token or secrets.token_urlsafe(24)
+        self.startup_timeout_s = startup_timeout_s
+        self.log_level = log_level
+        self.extra_args = list(extra_args)
+        self.env = env
+        self._tasks = {("ps", i): _Task("ps", i) for i in range(num_ps)}
+        self._tasks.update({("worker", i): _Task("worker", i) for i in range(num_workers)})
+        self._started = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> LocalCluster:
+        """Start every task and wait until each listens."""
+        try:
+            await asyncio.gather(*(self._spawn(t) for t in self._tasks.values()))
+        except BaseException:
+            await self.stop()
+            raise
+        self._started = True
+        return self
+
+    async def __aenter__(self) -> LocalCluster:
+        return await self.start()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await asyncio.shield(self.stop())
+
+    def _command(self, task: _Task, port: int) -> list[str]:
+        return [sys.executable, "-m", "pstrain.cli", "serve", "--role", task.job,
+                "--index", str(task.index), "--host", "127.0.0.1", "--port", str(port),
+                "--log-level", self.log_level, "--exit-with-parent", *self.extra_args]
+
+    async def _spawn(self, task: _Task, port: int = 0) -> None:
+        env = dict(os.environ if self.env is None else self.env)
+        for key in ("TF_CONFIG", "PSTRAIN_CONFIG", "PSTRAIN_TOKEN_FILE"):
+            env.pop(key, None)
+        env["PSTRAIN_TOKEN"] = self.token
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        task.proc = await asyncio.create_subprocess_exec(
+            *self._command(task, port), stdout=asyncio.subprocess.PIPE, stderr=None, env=env)
+        assert task.proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(self._read_address(task), self.startup_timeout_s)
+        except asyncio.TimeoutError:
+            raise PstrainError(f"{task.job}:{task.index} did not start listening within "
+                               f"{self.startup_timeout_s:g} s") from None
+        task.address = line
+        task.pump = asyncio.get_running_loop().create_task(self._forward(task))
+
+    async def _read_address(self, task: _Task) -> str:
+        assert task.proc is not None and task.proc.stdout is not None
+        while True:
+            raw = await task.proc.stdout.readline()
+            if not raw:
+                code = await task.proc.wait()
+                raise PstrainError(f"{task.job}:{task.index} exited with code {code} before "
+                                   "listening (see its log above)")
+            match = _LISTENING.search(raw.decode(errors="replace"))
+            if match:
+                return match.group(1)
+
+    async def _forward(self, task: _Task) -> None:
+        """Keep the child's stdout drained, prefixed with its role."""
+        assert task.proc is not None and task.proc.stdout is not None
+        while True:
+            raw = await task.proc.stdout.readline()
+            if not raw:
+                return
+            sys.stderr.write(f"[{task.job}:{task.index}] {raw.decode(errors='replace')}")
+
+    async def stop(self) -> None:
+        """Stop every process this cluster started: SIGTERM, then SIGKILL after 5 s."""
+        procs = [t for t in self._tasks.values() if t.proc is not None and t.proc.returncode is None]
+        for t in procs:
+            try:
+                t.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+            except ProcessLookupError:
+                pass
+        for t in procs:
+            try:
+                await asyncio.wait_for(t.proc.wait(), 5.0)  # type: ignore[union-attr]
+            except asyncio.TimeoutError:
+                t.proc.kill()  # type: ignore[union-attr]
+                await t.proc.wait()  # type: ignore[union-attr]
+        for t in self._tasks.values():
+            if t.pump is not None:
+                t.pump.cancel()
+                try:
+                    await t.pump
+                except BaseException:
+                    pass
+                t.pump = None
+        self._started = False
+
+    # -- fault drills -----------------------------------------------------------------------------
+    def _task(self, job: str, index: int) -> _Task:
+        task = self._tasks.get((job, index))
+        if task is None:
+            raise InvalidArgumentError(f"no task {job}:{index} in this LocalCluster")
+        return task
+
+    async def kill(self, job: str, index: int) -> None:
+        """SIGKILL task ``job:index`` (as a preemption would) and wait until it is gone."""
+        task = self._task(job, index)
+        if task.proc is not None and task.proc.returncode is None:
+            task.proc.kill()
+            await task.proc.wait()
+
+    async def restart(self, job: str, index: int) -> None:
+        """Start task ``job:index`` again on its old port (killing it first if alive)."""
+        task = self._task(job, index)
+        await self.kill(job, index)
+        if task.pump is not None:
+            task.pump.cancel()
+        assert task.address is not None
+        port = int(task.address.rsplit(":", 1)[1])
+        await self._spawn(task, port)
+
+    def pid(self, job: str, index: int) -> int | None:
+        proc = self._task(job, index).proc
+        return proc.pid if proc is not None and proc.returncode is None else None
+
+    # -- what the coordinator needs ------------------------------------------------------------------
+    @property
+    def cluster_spec(self) -> ClusterSpec:
+        if not all(t.address for t in self._tasks.values()):
+            raise PstrainError("the LocalCluster is not started")
+        return ClusterSpec({
+            "ps": [self._tasks[("ps", i)].address for i in range(self.num_ps)],
+            "worker": [self._tasks[("worker", i)].address for i in range(self.num_workers)],
+        })
+
+    @property
+    def resolver(self) -> SimpleClusterResolver:
+        """A resolver for the coordinator (task ``chief:0``), carrying the token."""
+        return SimpleClusterResolver(self.cluster_spec, task_type="chief", task_id=0,
+                                     token=self.token)
+
+    def config(self) -> dict[str, Any]:
+        """The cluster as PSTRAIN_CONFIG / TF_CONFIG JSON for the coordinator."""
+        return {"cluster": self.cluster_spec.as_dict(), "task": {"type": "chief", "index": 0}}
+
+
+# -- pstrain launch ------------------------------------------------------------------------------
+def add_launch_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "launch", help="start a local cluster and run a command as its coordinator",
+        description="Start M ps and N worker processes on 127.0.0.1, run CMD with the cluster in "
+                    "PSTRAIN_CONFIG and the token in PSTRAIN_TOKEN, and stop everything when CMD "
+                    "exits (or on Ctrl-C). Exits with CMD's code.")
+    p.add_argument("--ps", type=int, default=1, help="number of parameter servers (default 1)")
+    p.add_argument("--workers", type=int, default=1, help="number of workers (default 1)")
+    p.add_argument("--log-level", default="WARNING", help="servers' log level (default WARNING)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+    p.set_defaults(func=_launch)
+
+
+def _launch(args: argparse.Namespace) -> int:
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise PstrainError("pstrain launch needs a command: pstrain launch --ps 1 --workers 2 -- "
+                           "python train.py")
+    from ._runtime import run
+
+    return run(_launch_async(cmd, args.ps, args.workers, args.log_level))
+
+
+async def _launch_async(cmd: list[str], num_ps: int, num_workers: int, log_level: str) -> int:
+    async with LocalCluster(num_ps, num_workers, log_level=log_level) as cluster:
+        env = dict(os.environ)
+        env.pop("TF_CONFIG", None)
+        env["PSTRAIN_CONFIG"] = json.dumps(cluster.config())
+        env["PSTRAIN_TOKEN"] = cluster.token
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        print(f"pstrain launch: {num_ps} ps, {num_workers} worker(s) up; running {' '.join(cmd)}",
+              file=sys.stderr, flush=True)
+        proc = await asyncio.create_subprocess_exec(*cmd, env=env, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.STDOUT)
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        pump = loop.create_task(_prefix(proc, "[chief] "))
+        stopper = loop.create_task(stop.wait())
+        waiter = loop.create_task(proc.wait())
+        await asyncio.wait([waiter, stopper], return_when=asyncio.FIRST_COMPLETED)
+        if not waiter.done():
+            proc.send_signal(signal.SIGINT)
+            try:
+                await asyncio.wait_for(asyncio.shield(waiter), 10.0)
+            except asyncio.TimeoutError:
+                proc.kill()
+                await waiter
+        stopper.cancel()
+        await pump
+        return waiter.result() if waiter.result() is not None else 1
+
+
+async def _prefix(proc: asyncio.subprocess.Process, prefix: str) -> None:
+    assert proc.stdout is not None
+    while True:
+        raw = await proc.stdout.readline()
+        if not raw:
+            return
+        sys.stdout.write(prefix + raw.decode(errors="replace"))
+        sys.stdout.flush()

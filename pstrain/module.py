@@ -1,0 +1,86 @@
+"""Module: a container whose ``variables`` are those of its attributes.
+
+Like ``tf.Module``: assign variables (or other modules, or lists, tuples and
+dicts of them) to attributes, and ``variables`` / ``trainable_variables``
+collect them, depth first in attribute order, each once. A sharded variable
+contributes its parts.
+
+>>> import pstrain
+>>> class Dense(pstrain.Module):
+...     def __init__(self):
+...         super().__init__()
+...         self.w = pstrain.Variable([[1.0]], name="w")
+...         self.b = pstrain.Variable([0.0], name="b", trainable=False)
+>>> [v.name for v in Dense().trainable_variables]
+['w']
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Module"]
+
+
+class Module:
+    """Base class for models and layers that own variables."""
+
+    def __init__(self, name: str | None = None) -> None:
+        self._module_name = name or type(self).__name__
+
+    @property
+    def name(self) -> str:
+        return getattr(self, "_module_name", type(self).__name__)
+
+    @property
+    def variables(self) -> tuple[Any, ...]:
+        """Every variable reachable from this module's attributes (parts of sharded ones)."""
+        out: list[Any] = []
+        _collect(self, out, set(), set())
+        return tuple(out)
+
+    @property
+    def trainable_variables(self) -> tuple[Any, ...]:
+        return tuple(v for v in self.variables if v.trainable)
+
+    @property
+    def submodules(self) -> tuple[Module, ...]:
+        out: list[Module] = []
+        _submodules(self, out, {id(self)})
+        return tuple(out)
+
+
+def _children(obj: Any) -> list[Any]:
+    if isinstance(obj, Module):
+        return [v for k, v in vars(obj).items() if not k.startswith("_module_")]
+    if isinstance(obj, dict):
+        return list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return list(obj)
+    return []
+
+
+def _collect(obj: Any, out: list[Any], seen_vars: set[int], seen: set[int]) -> None:
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if hasattr(obj, "_is_pstrain_variable"):
+        parts = getattr(obj, "variables", None) if hasattr(obj, "_read_parts") else None
+        for v in (parts if parts is not None else [obj]):
+            if id(v) not in seen_vars:
+                seen_vars.add(id(v))
+                out.append(v)
+        return
+    for child in _children(obj):
+        _collect(child, out, seen_vars, seen)
+
+
+def _submodules(obj: Any, out: list[Module], seen: set[int]) -> None:
+    for child in _children(obj):
+        if id(child) in seen:
+            continue
+        seen.add(id(child))
+        if isinstance(child, Module):
+            out.append(child)
+        if isinstance(child, (Module, dict, list, tuple)):
+            _submodules(child, out, seen)

@@ -1,0 +1,74 @@
+"""Servers: one process serves one task of the cluster.
+
+``Server(cluster_spec, job_name, task_index)`` builds the server for that
+task (a :class:`~pstrain.server.ps.ParameterServer` for ``ps``, a
+:class:`~pstrain.server.worker.WorkerServer` for ``worker``) listening on the
+port the spec gives it, or on ``port`` (0 picks a free one).
+
+>>> # server = Server(spec, "ps", 0, port=0, token="s3cret")
+>>> # address = await server.start(); ...; await server.stop()
+"""
+
+from __future__ import annotations
+
+import ssl as ssl_module
+from typing import Any
+
+from ..cluster import ClusterSpec, parse_address
+from ..errors import InvalidArgumentError
+from ..rpc import DEFAULT_MAX_BODY
+from .base import ServerBase, Status
+
+__all__ = ["Server", "Status"]
+
+
+class Server:
+    """The server of task ``job_name:task_index`` of ``cluster_spec``.
+
+    ``await start()`` binds and returns the address, ``await join()`` waits
+    until it stops, ``await stop()`` stops it.
+    """
+
+    def __init__(self, cluster_spec: ClusterSpec | dict[str, Any], job_name: str, task_index: int,
+                 port: int | None = None, token: str | None = None, *, host: str | None = None,
+                 ssl_context: ssl_module.SSLContext | None = None,
+                 max_body: int = DEFAULT_MAX_BODY, **options: Any) -> None:
+        spec = ClusterSpec(cluster_spec)
+        spec_host, spec_port = parse_address(spec.task_address(job_name, task_index))
+        kwargs: dict[str, Any] = dict(
+            host=host if host is not None else "127.0.0.1",
+            port=spec_port if port is None else port, token=token, ssl_context=ssl_context,
+            max_body=max_body)
+        self.impl: ServerBase
+        if job_name == "ps":
+            from .ps import ParameterServer
+
+            self.impl = ParameterServer(task_index, **kwargs, **options)
+        elif job_name == "worker":
+            from .worker import WorkerServer
+
+            self.impl = WorkerServer(task_index, cluster_spec=spec, **kwargs, **options)
+        else:
+            raise InvalidArgumentError(
+                f"no server for job {job_name!r}: 'pstrain serve' runs ps and worker tasks "
+                "(the chief runs your script; the evaluator runs SidecarEvaluator)")
+        self.cluster_spec = spec
+        self.job_name = job_name
+        self.task_index = task_index
+
+    @property
+    def address(self) -> str | None:
+        return self.impl.address
+
+    @property
+    def status(self) -> Status:
+        return self.impl.status
+
+    async def start(self) -> str:
+        return await self.impl.start()
+
+    async def join(self) -> None:
+        await self.impl.join()
+
+    async def stop(self) -> None:
+        await self.impl.stop()

@@ -1,0 +1,421 @@
+"""The worker: runs closures and keeps per-worker resources (datasets, iterators).
+
+Closures never run on the loop that serves requests, so a worker answers
+``health`` and ``worker/cancel`` while a closure burns CPU: ``async def``
+closures run on a dedicated *closure loop* thread (where the worker's
+channels to the ps live), plain ``def`` closures on a small thread pool.
+
+The coordinator sends closures in batches (``worker/run``); each function
+travels once per worker and is referred to by digest afterwards. Results
+stream back as partial replies as closures finish, coalesced: one message
+carries every result that finished since the last one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import queue
+import threading
+import traceback
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from .. import _context, rpc
+from ..cluster import ClusterSpec
+from ..errors import ClosureInputError, InvalidArgumentError, NotFoundError
+from .base import Encoded, ServerBase
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["WorkerServer"]
+
+OK, ERROR, CANCELLED = 0, 1, 2
+
+
+class ResourceRef:
+    """Stands for a per-worker resource in closure arguments (resolved on the worker)."""
+
+    __slots__ = ("rid",)
+
+    def __init__(self, rid: int) -> None:
+        self.rid = rid
+
+    def __reduce__(self) -> Any:
+        return (ResourceRef, (self.rid,))
+
+
+class _FailedResource:
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class LockedIterator:
+    """A per-worker iterator; ``next()`` is safe from concurrent closures."""
+
+    def __init__(self, iterator: Any) -> None:
+        self._it = iterator
+        self._lock = threading.Lock()
+
+    def __iter__(self) -> LockedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        with self._lock:
+            return next(self._it)
+
+    def get_next(self) -> Any:
+        """TF's spelling of ``next(it)``."""
+        return next(self)
+
+
+def exception_payload(exc: BaseException) -> dict[str, Any]:
+    """An exception as it travels back: pickled when possible, always as text."""
+    import cloudpickle
+
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        pickled: bytes | None = cloudpickle.dumps(exc)
+    except Exception:
+        pickled = None
+    return {"type": type(exc).__name__, "message": str(exc), "traceback": tb, "pickled": pickled}
+
+
+class _Batch:
+    """One ``worker/run`` request: results go out as partial replies, then the last."""
+
+    __slots__ = ("remaining", "emit", "results", "done")
+
+    def __init__(self, count: int, emit: Callable[[Any], None] | None,
+                 done: asyncio.Future[Encoded]) -> None:
+        self.remaining = count
+        self.emit = emit
+        self.results: list[Any] = []
+        self.done = done
+
+
+class WorkerServer(ServerBase):
+    """A worker task. Operations: ``worker/configure``, ``worker/run``,
+    ``worker/cancel``, ``worker/resource``, ``worker/drop_resources``."""
+
+    def __init__(self, index: int, *, cluster_spec: ClusterSpec | None = None,
+                 client_ssl: Any = None, closure_threads: int = 4, **kwargs: Any) -> None:
+        super().__init__("worker", index, **kwargs)
+        self.incarnation = uuid.uuid4().hex
+        self.client_ssl = client_ssl
+        self.closure_threads = max(1, closure_threads)
+        self.peers: rpc.Peers | None = None
+        if cluster_spec is not None and cluster_spec.num_tasks("ps"):
+            self._set_cluster(cluster_spec)
+        self.fns: dict[bytes, Callable[..., Any]] = {}
+        self.resources: dict[int, Any] = {}
+        self.closures_run = 0
+        self.closures_failed = 0
+        self._loop: asyncio.AbstractEventLoop | None = None  # the serving loop
+        self._cloop: asyncio.AbstractEventLoop | None = None  # the closure loop
+        self._cthread: threading.Thread | None = None
+        self._sync_q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0
+        self._idle_lock = threading.Lock()
+        self._closure_tasks: dict[int, asyncio.Task[Any]] = {}  # closure id -> task (closure loop)
+        self._cancelled: set[int] = set()
+        self._outbox: list[tuple[_Batch, list[Any]]] = []
+        self._outbox_lock = threading.Lock()
+        self._flush_scheduled = False
+        self.route("worker/configure", self.configure)
+        self.route("worker/run", self.run_closures, pickle=True, stream=True)
+        self.route("worker/cancel", self.cancel)
+        self.route("worker/resource", self.create_resource, pickle=True)
+        self.route("worker/drop_resources", self.drop_resources)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> str:
+        self._loop = asyncio.get_running_loop()
+        _context.set_worker_index(self.index)
+        ready = threading.Event()
+        self._cthread = threading.Thread(target=self._closure_main, args=(ready,),
+                                         name=f"pstrain-worker{self.index}-closures", daemon=True)
+        self._cthread.start()
+        ready.wait()
+        return await super().start()
+
+    def _closure_main(self, ready: threading.Event) -> None:
+        try:
+            import uvloop
+
+            loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        except ImportError:  # pragma: no cover
+            loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._cloop = loop
+        ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    async def on_stop(self) -> None:
+        cloop = self._cloop
+        if cloop is not None and cloop.is_running():
+            async def shutdown() -> None:
+                for task in list(self._closure_tasks.values()):
+                    task.cancel()
+                if self.peers is not None:
+                    await self.peers.close()
+
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(shutdown(), cloop))
+            cloop.call_soon_threadsafe(cloop.stop)
+        for _ in self._threads:
+            self._sync_q.put(None)
+        if self._cthread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._cthread.join, 5.0)
+
+    def _set_cluster(self, spec: ClusterSpec) -> None:
+        self.peers = rpc.Peers(spec, self.token, ssl_context=self.client_ssl)
+        rpc.set_default_peers(self.peers)
+
+    def health(self, req: Any) -> dict[str, Any]:
+        out = super().health(req)
+        out["incarnation"] = self.incarnation
+        return out
+
+    def statistics(self, req: Any) -> dict[str, Any]:
+        out = super().statistics(req)
+        out.update(closures_run=self.closures_run, closures_failed=self.closures_failed,
+                   closures_running=len(self._closure_tasks), resources=len(self.resources))
+        return out
+
+    # -- handlers --------------------------------------------------------------------------
+    def configure(self, req: Any) -> dict[str, Any]:
+        """The coordinator tells the worker where the ps are."""
+        if not isinstance(req, dict) or not isinstance(req.get("cluster"), dict):
+            raise InvalidArgumentError("worker/configure needs {'cluster': {job: [addresses]}}")
+        spec = ClusterSpec(req["cluster"])
+        if self.peers is None or self.peers.cluster_spec != spec:
+            old = self.peers
+            self._set_cluster(spec)
+            if old is not None and self._cloop is not None:
+                asyncio.run_coroutine_threadsafe(old.close(), self._cloop)
+        return {"incarnation": self.incarnation, "index": self.index}
+
+    async def run_closures(self, req: Any, emit: Callable[[Any], None] | None) -> Encoded:
+        """Run a batch of closures; partial replies carry results as they finish."""
+        fns = req.get("fns") or {}
+        if fns:
+            import cloudpickle
+
+            for digest, pickled in fns.items():
+                try:
+                    self.fns[digest] = cloudpickle.loads(pickled)
+                except Exception as exc:  # e.g. a module the worker cannot import
+                    self.fns[digest] = _Unloadable(exc)
+        closures = req["closures"]
+        loop = asyncio.get_running_loop()
+        batch = _Batch(len(closures), emit, loop.create_future())
+        assert self._cloop is not None
+        self._cloop.call_soon_threadsafe(self._start_batch, batch, closures)
+        return await batch.done
+
+    def cancel(self, req: Any) -> dict[str, Any]:
+        """Cancel running or queued closures by id (``{"ids": [...]}``)."""
+        ids = list(req.get("ids") or [])
+        self._cancelled.update(ids)
+        if self._cloop is not None:
+            self._cloop.call_soon_threadsafe(self._cancel_tasks, ids)
+        return {"cancelling": len(ids)}
+
+    def _cancel_tasks(self, ids: list[int]) -> None:
+        for cid in ids:
+            task = self._closure_tasks.get(cid)
+            if task is not None:
+                task.cancel()
+
+    async def create_resource(self, req: Any) -> dict[str, Any]:
+        """Build a per-worker resource: ``dataset`` (call fn), ``iterator`` (iter of one)."""
+        rid, kind = req["rid"], req["kind"]
+        assert self._cloop is not None
+
+        def build() -> Any:
+            if kind == "dataset":
+                return req["fn"]()
+            if kind == "iterator":
+                source = self.resources.get(req["of"])
+                if source is None:  # its dataset was dropped: build a fresh one
+                    source = req["fn"]()
+                if isinstance(source, _FailedResource):
+                    raise source.error
+                return LockedIterator(iter(source))
+            raise InvalidArgumentError(f"unknown resource kind {kind!r}")
+
+        try:
+            self.resources[rid] = await asyncio.get_running_loop().run_in_executor(None, build)
+        except Exception as exc:
+            self.resources[rid] = _FailedResource(exc)
+            return {"rid": rid, "error": exception_payload(exc)}
+        return {"rid": rid}
+
+    def drop_resources(self, req: Any) -> dict[str, Any]:
+        for rid in req.get("rids") or []:
+            self.resources.pop(rid, None)
+        return {"resources": len(self.resources)}
+
+    # -- running closures (closure loop) ---------------------------------------------------------
+    def _start_batch(self, batch: _Batch, closures: list[Any]) -> None:
+        for cid, digest, args, kwargs, has_refs in closures:
+            fn = self.fns.get(digest)
+            if fn is None:
+                self._deliver(batch, [cid, ERROR, exception_payload(NotFoundError(
+                    f"function {digest.hex()[:12]} was never sent to this worker"))])
+                continue
+            if has_refs:
+                try:
+                    args, kwargs = self._resolve(args), self._resolve(kwargs)
+                except BaseException as exc:
+                    self._deliver(batch, [cid, ERROR, exception_payload(exc)])
+                    continue
+            if inspect.iscoroutinefunction(fn):
+                task = self._cloop.create_task(self._run_async(batch, cid, fn, args, kwargs))  # type: ignore[union-attr]
+                self._closure_tasks[cid] = task
+            else:
+                if self._idle == 0 and len(self._threads) < self.closure_threads:
+                    self._spawn_thread()
+                self._sync_q.put((batch, cid, fn, args, kwargs))
+
+    def _resolve(self, obj: Any) -> Any:
+        if isinstance(obj, ResourceRef):
+            res = self.resources.get(obj.rid)
+            if res is None:
+                raise ClosureInputError(
+                    f"per-worker resource {obj.rid} does not exist on worker {self.index}")
+            if isinstance(res, _FailedResource):
+                raise ClosureInputError(
+                    f"Input has an error, the original exception is {type(res.error).__name__}, "
+                    f"error message is {res.error}")
+            return res
+        if type(obj) is tuple:
+            return tuple(self._resolve(x) for x in obj)
+        if type(obj) is list:
+            return [self._resolve(x) for x in obj]
+        if type(obj) is dict:
+            return {k: self._resolve(v) for k, v in obj.items()}
+        return obj
+
+    async def _run_async(self, batch: _Batch, cid: int, fn: Callable[..., Any], args: Any,
+                         kwargs: Any) -> None:
+        try:
+            value = await fn(*args, **kwargs)
+            record = [cid, OK, value]
+        except asyncio.CancelledError:
+            record = [cid, CANCELLED, None]
+        except BaseException as exc:  # user code: report whatever it raised
+            record = [cid, ERROR, exception_payload(exc)]
+        finally:
+            self._closure_tasks.pop(cid, None)
+        self._deliver(batch, record)
+
+    def _spawn_thread(self) -> None:
+        t = threading.Thread(target=self._thread_main, daemon=True,
+                             name=f"pstrain-worker{self.index}-sync{len(self._threads)}")
+        self._threads.append(t)
+        t.start()
+
+    def _thread_main(self) -> None:
+        q = self._sync_q
+        lock = self._idle_lock
+        while True:
+            with lock:
+                self._idle += 1
+            item = q.get()
+            with lock:
+                self._idle -= 1
+            if item is None:
+                return
+            batch, cid, fn, args, kwargs = item
+            if cid in self._cancelled:
+                self._cancelled.discard(cid)
+                self._deliver(batch, [cid, CANCELLED, None])
+                continue
+            try:
+                value = fn(*args, **kwargs)
+                if inspect.isawaitable(value):  # e.g. lambda: v.assign_add(1.0)
+                    value = asyncio.run_coroutine_threadsafe(_await(value), self._cloop).result()  # type: ignore[arg-type]
+                record = [cid, OK, value]
+            except BaseException as exc:
+                record = [cid, ERROR, exception_payload(exc)]
+            self._deliver(batch, record)
+
+    def _deliver(self, batch: _Batch, record: list[Any]) -> None:
+        """Called on any thread when a closure ends; results leave in coalesced messages."""
+        with self._outbox_lock:
+            self._outbox.append((batch, record))
+            if self._flush_scheduled:
+                return
+            self._flush_scheduled = True
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._flush)
+
+    def _flush(self) -> None:
+        with self._outbox_lock:
+            outbox, self._outbox = self._outbox, []
+            self._flush_scheduled = False
+        touched: dict[int, _Batch] = {}
+        for batch, record in outbox:
+            self._cancelled.discard(record[0])
+            if record[1] == OK:
+                self.closures_run += 1
+            else:
+                self.closures_failed += record[1] == ERROR
+            batch.results.append(record)
+            batch.remaining -= 1
+            touched[id(batch)] = batch
+        for batch in touched.values():
+            if batch.remaining == 0:
+                results, batch.results = batch.results, []
+                if not batch.done.done():
+                    batch.done.set_result(_encode_results(results))
+            elif batch.emit is not None:
+                results, batch.results = batch.results, []
+                try:
+                    batch.emit(_encode_results(results))
+                except Exception:  # connection gone: the coordinator reschedules
+                    logger.debug("could not send partial results", exc_info=True)
+            # over HTTP (no emit) results wait for the last one
+
+
+class _Unloadable:
+    """A function that failed to unpickle here: calling it raises why."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise self.error
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _encode_results(results: list[Any]) -> Encoded:
+    """Encode results once; a result that cannot travel becomes an error saying so."""
+    from .. import wire
+
+    try:
+        return Encoded(wire.encode_body({"results": results}, allow_pickle=True))
+    except Exception:
+        pass
+    out = []
+    for record in results:
+        try:
+            wire.encode_body(record, allow_pickle=True)
+            out.append(record)
+        except Exception as exc:
+            err = TypeError(f"the closure's result of type {type(record[2]).__name__} cannot be "
+                            f"sent back to the coordinator: {exc}")
+            out.append([record[0], ERROR, exception_payload(err)])
+    return Encoded(wire.encode_body({"results": out}, allow_pickle=True))

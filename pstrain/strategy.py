@@ -1,0 +1,339 @@
+"""ParameterServerStrategy: where variables live and how replicas combine.
+
+The strategy knows the cluster, places each variable created in its
+:meth:`~ParameterServerStrategy.scope` on a ps (round-robin over one counter,
+so with 3 ps successive variables land on ps 0, 1, 2, 0), and batches their
+creation: one request per ps, sent before anything uses them
+(:meth:`~ParameterServerStrategy.flush`). ``run``/``reduce``/``gather`` give
+TF's replica API with one replica per worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import enum
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import rpc
+from .cluster import ClusterResolver, task_name, validate_ps_cluster
+from .errors import InvalidArgumentError
+from .initializers import Initializer
+from .values import DistributedValues, PerReplica, ValueContext
+from .variables import Variable, _creator, initial_value_array, infer_dtype
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ParameterServerStrategy", "ReduceOp", "ReplicaContext", "get_replica_context"]
+
+
+class ReduceOp(enum.Enum):
+    """How to combine values across replicas; ``"sum"``/``"MEAN"`` strings work too."""
+
+    SUM = "SUM"
+    MEAN = "MEAN"
+
+    @classmethod
+    def parse(cls, op: ReduceOp | str) -> ReduceOp:
+        if isinstance(op, ReduceOp):
+            return op
+        try:
+            return cls[str(op).upper()]
+        except KeyError:
+            raise InvalidArgumentError(f"unknown reduce op {op!r}; use 'SUM' or 'MEAN'") from None
+
+
+class ReplicaContext:
+    """The replica a function runs as inside ``strategy.run`` (one per worker)."""
+
+    def __init__(self, strategy: ParameterServerStrategy | None, replica_id: int = 0) -> None:
+        self.strategy = strategy
+        self.replica_id_in_sync_group = replica_id
+        self.num_replicas_in_sync = 1
+
+    def all_reduce(self, reduce_op: ReduceOp | str, value: Any) -> Any:
+        """Combine ``value`` over the replicas in sync (one here: itself)."""
+        ReduceOp.parse(reduce_op)
+        return value
+
+
+_replica_ctx: contextvars.ContextVar[ReplicaContext | None] = contextvars.ContextVar(
+    "pstrain_replica_context", default=None)
+
+
+def get_replica_context() -> ReplicaContext | None:
+    """The current ReplicaContext inside ``strategy.run``; None in cross-replica context."""
+    return _replica_ctx.get()
+
+
+class _Extended:
+    """``strategy.extended``: placement details and lower-level updates."""
+
+    def __init__(self, strategy: ParameterServerStrategy) -> None:
+        self._strategy = strategy
+
+    @property
+    def parameter_devices(self) -> tuple[str, ...]:
+        return tuple(task_name("ps", i) + "/device:CPU:0" for i in range(self._strategy._num_ps))
+
+    @property
+    def worker_devices(self) -> tuple[str, ...]:
+        return tuple(task_name("worker", i) + "/device:CPU:0"
+                     for i in range(self._strategy._num_workers))
+
+    @contextlib.contextmanager
+    def colocate_vars_with(self, colocate_with_variable: Any) -> Iterator[None]:
+        """Variables created inside go to the ps of ``colocate_with_variable``."""
+        ps = getattr(colocate_with_variable, "ps_index", None)
+        if ps is None:
+            raise InvalidArgumentError("colocate_vars_with needs a variable placed on a ps")
+        token = self._strategy._colocate.set(ps)
+        try:
+            yield
+        finally:
+            self._strategy._colocate.reset(token)
+
+
+class _Scope:
+    """``strategy.scope()``: both ``with`` and ``async with`` (which also flushes)."""
+
+    def __init__(self, strategy: ParameterServerStrategy) -> None:
+        self._strategy = strategy
+        self._tokens: list[contextvars.Token[Any]] = []
+
+    def __enter__(self) -> ParameterServerStrategy:
+        self._tokens.append(_creator.set(self._strategy._create_variable))
+        return self._strategy
+
+    def __exit__(self, *exc: Any) -> None:
+        _creator.reset(self._tokens.pop())
+
+    async def __aenter__(self) -> ParameterServerStrategy:
+        return self.__enter__()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.__exit__(*exc)
+        if exc[0] is None:
+            await self._strategy.flush()
+
+
+class ParameterServerStrategy:
+    """Variables on parameter servers, computation on workers.
+
+    >>> # strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    >>> # with strategy.scope():
+    >>> #     w = pstrain.Variable(np.zeros((784, 10), np.float32), name="w")
+    """
+
+    def __init__(self, cluster_resolver: ClusterResolver,
+                 variable_partitioner: Callable[..., Sequence[int]] | None = None) -> None:
+        spec = cluster_resolver.cluster_spec()
+        validate_ps_cluster(spec)
+        task_type = getattr(cluster_resolver, "task_type", None)
+        if task_type not in (None, "chief", "ps", "worker", "evaluator"):
+            raise InvalidArgumentError(f"Unrecognized task_type: {task_type}")
+        self.cluster_resolver = cluster_resolver
+        self._variable_partitioner = variable_partitioner
+        self._num_ps = spec.num_tasks("ps")
+        self._num_workers = spec.num_tasks("worker")
+        self._peers = rpc.Peers(spec, getattr(cluster_resolver, "token", None),
+                                ssl_context=getattr(cluster_resolver, "ssl_context", None))
+        rpc.set_default_peers(self._peers)
+        self.extended = _Extended(self)
+        self._colocate: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+            "pstrain_colocate", default=None)
+        self._lock = threading.Lock()
+        self._next_ps = 0
+        self._names: dict[str, int] = {}
+        self._pending: dict[int, list[tuple[dict[str, Any], Any]]] = {}
+        self._flushing: asyncio.Future[None] | None = None
+
+    # -- properties --------------------------------------------------------------------------
+    @property
+    def num_replicas_in_sync(self) -> int:
+        """Replicas whose gradients combine in one step: 1 (each worker steps alone)."""
+        return 1
+
+    @property
+    def cluster_spec(self) -> Any:
+        return self._peers.cluster_spec
+
+    def scope(self) -> _Scope:
+        """Make variables created inside live on the ps (``with`` or ``async with``)."""
+        return _Scope(self)
+
+    # -- variable creation ------------------------------------------------------------------
+    def _unique_name(self, name: str | None) -> str:
+        base = (name or "Variable").rstrip("/") or "Variable"
+        with self._lock:
+            n = self._names.get(base, 0)
+            self._names[base] = n + 1
+        return base if n == 0 else f"{base}_{n}"
+
+    def _place(self) -> int:
+        colocated = self._colocate.get()
+        if colocated is not None:
+            return colocated
+        with self._lock:
+            ps = self._next_ps % self._num_ps
+            self._next_ps += 1
+        return ps
+
+    def _create_variable(self, initial_value: Any = None, name: str | None = None,
+                         dtype: Any = None, shape: Sequence[int] | None = None,
+                         trainable: bool = True, aggregation: Any = "NONE",
+                         synchronization: Any = "AUTO") -> Any:
+        if initial_value is None:
+            raise InvalidArgumentError("Variable needs an initial_value")
+        if isinstance(initial_value, Initializer):
+            if shape is None:
+                raise InvalidArgumentError(f"{initial_value!r} needs shape= to build a variable")
+            var_dtype = np.dtype(dtype) if dtype is not None else np.dtype(np.float32)
+            var_shape = tuple(int(d) for d in shape)
+            entry: dict[str, Any] = {"init": initial_value.spec()}
+        else:
+            value = initial_value_array(initial_value, dtype, shape)
+            var_dtype, var_shape = value.dtype, value.shape
+            entry = {"value": value}
+        full_name = self._unique_name(name)
+        partitioned = self._maybe_partition(full_name, entry, var_shape, var_dtype, trainable,
+                                            aggregation, synchronization)
+        if partitioned is not None:
+            return partitioned
+        ps = self._place()
+        var = Variable._placed(full_name, var_shape, var_dtype, ps, self._peers, trainable,
+                               aggregation, synchronization)
+        entry.update(name=full_name, dtype=var_dtype.str, shape=var_shape, trainable=trainable)
+        self._enqueue(ps, entry, var)
+        return var
+
+    def _maybe_partition(self, name: str, entry: dict[str, Any], shape: tuple[int, ...],
+                         dtype: np.dtype, trainable: bool, aggregation: Any,
+                         synchronization: Any) -> Any:
+        """Hook for sharded variables (``sharding.py``); None means one variable."""
+        if self._variable_partitioner is None or not shape or self._colocate.get() is not None:
+            return None
+        from .sharding import create_sharded
+
+        return create_sharded(self, name, entry, shape, dtype, trainable, aggregation,
+                              synchronization)
+
+    def _enqueue(self, ps: int, entry: dict[str, Any], var: Any) -> None:
+        with self._lock:
+            self._pending.setdefault(ps, []).append((entry, var))
+        var._pending = self
+
+    async def flush(self) -> None:
+        """Send every pending variable creation: one request per ps, concurrently."""
+        while self._pending or self._flushing is not None:
+            if self._flushing is not None:
+                await asyncio.shield(self._flushing)
+                continue
+            with self._lock:
+                pending, self._pending = self._pending, {}
+            self._flushing = asyncio.ensure_future(self._send(pending))
+            try:
+                await asyncio.shield(self._flushing)
+            finally:
+                self._flushing = None
+
+    async def _send(self, pending: dict[int, list[tuple[dict[str, Any], Any]]]) -> None:
+        async def one(ps: int, items: list[tuple[dict[str, Any], Any]]) -> None:
+            await self._peers.channel("ps", ps).call(
+                "vars/create", {"vars": [entry for entry, _ in items]})
+            for _, var in items:
+                var._pending = None
+
+        results = await asyncio.gather(*(one(ps, items) for ps, items in pending.items()),
+                                       return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+
+    # -- replica API -------------------------------------------------------------------------
+    def run(self, fn: Callable[..., Any], args: Sequence[Any] = (),
+            kwargs: dict[str, Any] | None = None) -> Any:
+        """Call ``fn`` as the replica of this worker; awaitable for a coroutine function."""
+        args = tuple(_local_value(a) for a in args)
+        kwargs = {k: _local_value(v) for k, v in (kwargs or {}).items()}
+        token = _replica_ctx.set(ReplicaContext(self))
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            _replica_ctx.reset(token)
+        if asyncio.iscoroutine(result):
+            return _in_replica(self, result)
+        return result
+
+    def reduce(self, reduce_op: ReduceOp | str, value: Any, axis: int | None = None) -> Any:
+        """Combine a per-replica ``value`` (and along ``axis`` within each, if given)."""
+        op = ReduceOp.parse(reduce_op)
+        parts = [np.asarray(v) for v in self.experimental_local_results(value)]
+        if axis is not None:
+            count = sum(p.shape[axis] for p in parts)
+            total = sum(p.sum(axis=axis) for p in parts)
+            return total / count if op is ReduceOp.MEAN else total
+        total = parts[0] if len(parts) == 1 else sum(parts[1:], parts[0])
+        return total / len(parts) if op is ReduceOp.MEAN else total
+
+    def gather(self, value: Any, axis: int) -> Any:
+        """Concatenate the per-replica components of ``value`` along ``axis``."""
+        parts = [np.asarray(v) for v in self.experimental_local_results(value)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
+
+    def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
+        """The per-replica components of ``value`` as a tuple."""
+        if isinstance(value, DistributedValues):
+            return value.values
+        return (value,)
+
+    def experimental_distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]
+                                                     ) -> PerReplica:
+        """Call ``value_fn`` once per replica with its :class:`ValueContext`."""
+        n = self.num_replicas_in_sync
+        return PerReplica([value_fn(ValueContext(i, n)) for i in range(n)])
+
+    def __repr__(self) -> str:
+        return f"ParameterServerStrategy(ps={self._num_ps}, workers={self._num_workers})"
+
+    def __reduce__(self) -> Any:
+        # Captured by a closure: on the worker it becomes a strategy bound to the worker's
+        # channels (run/reduce/gather/extended work; creating variables does not).
+        return (_worker_strategy, (self._num_ps, self._num_workers, self._variable_partitioner))
+
+
+def _worker_strategy(num_ps: int, num_workers: int, partitioner: Any) -> ParameterServerStrategy:
+    self = object.__new__(ParameterServerStrategy)
+    self.cluster_resolver = None
+    self._variable_partitioner = partitioner
+    self._num_ps = num_ps
+    self._num_workers = num_workers
+    self._peers = None  # variables bind to the worker's default channels
+    self.extended = _Extended(self)
+    self._colocate = contextvars.ContextVar("pstrain_colocate", default=None)
+    self._lock = threading.Lock()
+    self._next_ps = 0
+    self._names = {}
+    self._pending = {}
+    self._flushing = None
+    return self
+
+
+def _local_value(value: Any) -> Any:
+    if isinstance(value, DistributedValues):
+        return value.values[0]
+    return value
+
+
+async def _in_replica(strategy: ParameterServerStrategy, coro: Any) -> Any:
+    token = _replica_ctx.set(ReplicaContext(strategy))
+    try:
+        return await coro
+    finally:
+        _replica_ctx.reset(token)

@@ -1,0 +1,404 @@
+"""Variables: handles to arrays that live on a parameter server.
+
+Inside ``strategy.scope()`` a :class:`Variable` is placed on a ps and the
+object you hold is a handle: every operation is one request to that ps.
+Outside any scope it is a local variable of the process with the same API.
+Creation is lazy and batched: the handle returns at once and the strategy
+sends one creation request per ps before anything uses the variable.
+
+A handle pickles as a small reference (name, shape, dtype, ps index), so a
+closure that captures it ships no data; on a worker it binds to that
+worker's channels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import enum
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import rpc
+from .cluster import task_name
+from .errors import InvalidArgumentError
+from .initializers import Initializer
+
+__all__ = ["IndexedSlices", "Variable", "VariableAggregation", "VariableSynchronization",
+           "read_variables"]
+
+
+class VariableAggregation(enum.Enum):
+    """How updates from several replicas combine (one replica per worker here)."""
+
+    NONE = 0
+    SUM = 1
+    MEAN = 2
+    ONLY_FIRST_REPLICA = 3
+
+
+class VariableSynchronization(enum.Enum):
+    """When replicas' copies agree; every pstrain variable lives once, on its ps."""
+
+    AUTO = 0
+    NONE = 1
+    ON_WRITE = 2
+    ON_READ = 3
+
+
+class IndexedSlices:
+    """Rows of a larger tensor: ``values[i]`` is row ``indices[i]``.
+
+    >>> s = IndexedSlices(np.ones((2, 3)), [0, 4], dense_shape=(5, 3))
+    >>> s.values.shape, s.indices.tolist()
+    ((2, 3), [0, 4])
+    """
+
+    __slots__ = ("values", "indices", "dense_shape")
+
+    def __init__(self, values: Any, indices: Any, dense_shape: Sequence[int] | None = None) -> None:
+        self.values = np.asarray(values)
+        self.indices = np.asarray(indices)
+        if self.indices.dtype.kind not in "iu":
+            raise InvalidArgumentError(f"IndexedSlices indices must be integers, got {self.indices.dtype}")
+        if self.indices.ndim != 1 or self.values.shape[:1] != self.indices.shape:
+            raise InvalidArgumentError(
+                f"IndexedSlices needs 1-D indices and one row of values per index; got indices "
+                f"{self.indices.shape} and values {self.values.shape}")
+        self.dense_shape = tuple(dense_shape) if dense_shape is not None else None
+
+    def __repr__(self) -> str:
+        return (f"IndexedSlices(values=<{self.values.shape} {self.values.dtype}>, "
+                f"indices=<{self.indices.shape}>, dense_shape={self.dense_shape})")
+
+
+#: The variable creator of the active strategy scope (None outside any scope).
+_creator: contextvars.ContextVar[Callable[..., Any] | None] = contextvars.ContextVar(
+    "pstrain_variable_creator", default=None)
+
+
+def infer_dtype(value: Any, dtype: Any) -> np.dtype:
+    """TF's defaults: Python floats -> float32, ints -> int32; arrays keep theirs."""
+    if dtype is not None:
+        return np.dtype(dtype)
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.dtype
+    arr = np.asarray(value)
+    if arr.dtype == np.float64:
+        return np.dtype(np.float32)
+    if arr.dtype == np.int64:
+        return np.dtype(np.int32)
+    return arr.dtype
+
+
+def to_array(value: Any, dtype: np.dtype, what: str) -> np.ndarray:
+    """``value`` as an array of ``dtype``; refuses lossy kind changes (float -> int)."""
+    if hasattr(value, "_is_pstrain_variable"):
+        raise InvalidArgumentError(f"{what}: pass an array, not a variable handle "
+                                   "(read it first: await v.read_value())")
+    arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    if arr.dtype == dtype:
+        return arr
+    if arr.dtype.kind not in "biufc" or not np.can_cast(arr.dtype, dtype, "same_kind"):
+        raise InvalidArgumentError(f"{what}: a value of dtype {arr.dtype} cannot be used for a "
+                                   f"variable of dtype {dtype}")
+    return arr.astype(dtype)
+
+
+class Variable:
+    """A variable: on a ps when created in ``strategy.scope()``, else local.
+
+    >>> v = Variable(1.0)                      # local: outside any scope
+    >>> asyncio.run(v.assign_add(2.0)) is v
+    True
+    >>> float(asyncio.run(v.read_value()))
+    3.0
+    """
+
+    _is_pstrain_variable = True
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        creator = _creator.get()
+        if creator is not None and cls is Variable:
+            return creator(*args, **kwargs)  # a placed Variable, or a ShardedVariable
+        return super().__new__(cls)
+
+    def __init__(self, initial_value: Any = None, name: str | None = None, dtype: Any = None,
+                 shape: Sequence[int] | None = None, trainable: bool = True,
+                 aggregation: VariableAggregation | str = VariableAggregation.NONE,
+                 synchronization: VariableSynchronization | str = VariableSynchronization.AUTO) -> None:
+        if getattr(self, "_ready", False):
+            return  # built by a strategy's creator
+        value = initial_value_array(initial_value, dtype, shape)
+        self._setup(name or "Variable", value.shape, value.dtype, trainable, aggregation,
+                    synchronization)
+        self._local: np.ndarray | None = value.copy() if not value.flags.writeable else value
+
+    def _setup(self, name: str, shape: Sequence[int], dtype: Any, trainable: bool,
+               aggregation: Any, synchronization: Any) -> None:
+        self._name = name
+        self._shape = tuple(int(d) for d in shape)
+        self._dtype = np.dtype(dtype)
+        self._trainable = bool(trainable)
+        self._aggregation = _enum(VariableAggregation, aggregation, "aggregation")
+        self._synchronization = _enum(VariableSynchronization, synchronization, "synchronization")
+        self._ps: int | None = None
+        self._peers: rpc.Peers | None = None
+        self._pending: Any = None  # the strategy, while this variable's creation is unsent
+        self._local = None
+        self._ready = True
+
+    @classmethod
+    def _placed(cls, name: str, shape: Sequence[int], dtype: Any, ps: int, peers: rpc.Peers | None,
+                trainable: bool = True, aggregation: Any = VariableAggregation.NONE,
+                synchronization: Any = VariableSynchronization.AUTO) -> Variable:
+        """A handle to a variable on ps ``ps`` (no request is sent)."""
+        self = object.__new__(cls)
+        self._setup(name, shape, dtype, trainable, aggregation, synchronization)
+        self._ps = ps
+        self._peers = peers
+        return self
+
+    # -- properties ------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def trainable(self) -> bool:
+        return self._trainable
+
+    @property
+    def aggregation(self) -> VariableAggregation:
+        return self._aggregation
+
+    @property
+    def synchronization(self) -> VariableSynchronization:
+        return self._synchronization
+
+    @property
+    def device(self) -> str:
+        if self._ps is None:
+            return "/job:localhost/replica:0/task:0/device:CPU:0"
+        return task_name("ps", self._ps) + "/device:CPU:0"
+
+    @property
+    def ps_index(self) -> int | None:
+        """Index of the ps holding this variable (None for a local variable)."""
+        return self._ps
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self._shape, dtype=np.int64))
+
+    def __repr__(self) -> str:
+        return (f"<pstrain.Variable {self._name!r} shape={self._shape} dtype={self._dtype} "
+                f"device={self.device}>")
+
+    def __reduce__(self) -> Any:
+        if self._ps is None:
+            return (_local_variable, (self._name, self._local, self._trainable))
+        return (_remote_handle, (self._name, self._shape, self._dtype.str, self._ps,
+                                 self._trainable, self._aggregation.value,
+                                 self._synchronization.value))
+
+    # -- transport -------------------------------------------------------------------------
+    def _channel(self) -> rpc.Channel:
+        peers = self._peers or rpc.default_peers()
+        return peers.channel("ps", self._ps)  # type: ignore[arg-type]
+
+    async def _call(self, op: str, payload: Any) -> Any:
+        if self._pending is not None:
+            await self._pending.flush()
+        return await self._channel().call(op, payload)
+
+    def _value(self, value: Any, what: str) -> np.ndarray:
+        arr = to_array(value, self._dtype, f"{what} of variable {self._name!r}")
+        if arr.shape != self._shape:
+            raise InvalidArgumentError(f"{what} of variable {self._name!r}: value has shape "
+                                       f"{arr.shape}, expected {self._shape}")
+        return arr
+
+    # -- operations ------------------------------------------------------------------------
+    async def read_value(self) -> np.ndarray:
+        """The current value, as a numpy array."""
+        if self._ps is None:
+            return self._local.copy()  # type: ignore[union-attr]
+        reply = await self._call("vars/read", {"names": [self._name]})
+        return reply["values"][0]
+
+    async def numpy(self) -> Any:
+        """The current value; a numpy scalar for a scalar variable (like TF)."""
+        value = await self.read_value()
+        return value[()] if value.ndim == 0 else value
+
+    async def assign(self, value: Any) -> Variable:
+        """Set the value (same shape; dtype cast within its kind)."""
+        return await self._update("assign", value)
+
+    async def assign_add(self, delta: Any) -> Variable:
+        """Add ``delta`` atomically on the ps."""
+        return await self._update("assign_add", delta)
+
+    async def assign_sub(self, delta: Any) -> Variable:
+        """Subtract ``delta`` atomically on the ps."""
+        return await self._update("assign_sub", delta)
+
+    async def _update(self, op: str, value: Any) -> Variable:
+        arr = self._value(value, op)
+        if self._ps is None:
+            local = self._local
+            assert local is not None
+            if op == "assign":
+                self._local = arr.copy()
+            elif op == "assign_add":
+                local += arr
+            else:
+                local -= arr
+            return self
+        await self._call(f"vars/{op}", {"name": self._name, "value": arr})
+        return self
+
+    def _rows(self, indices: Any, what: str) -> np.ndarray:
+        idx = np.asarray(indices)
+        if idx.dtype.kind not in "iu":
+            raise InvalidArgumentError(f"{what} of variable {self._name!r}: row ids must be "
+                                       f"integers, got {idx.dtype}")
+        if not self._shape:
+            raise InvalidArgumentError(f"{what}: variable {self._name!r} is a scalar and has no rows")
+        return idx
+
+    async def sparse_read(self, indices: Any) -> np.ndarray:
+        """Rows ``indices`` (any shape of ids) -> ``indices.shape + shape[1:]``."""
+        idx = self._rows(indices, "sparse_read")
+        if self._ps is None:
+            _check_range(idx, self._shape[0], self._name)
+            return self._local[idx]  # type: ignore[index]
+        reply = await self._call("vars/sparse_read", {"name": self._name, "indices": idx})
+        return reply["values"][0]
+
+    async def scatter_add(self, sparse_delta: IndexedSlices) -> Variable:
+        """Add rows (duplicate ids add up)."""
+        return await self._scatter("scatter_add", sparse_delta)
+
+    async def scatter_sub(self, sparse_delta: IndexedSlices) -> Variable:
+        """Subtract rows (duplicate ids add up)."""
+        return await self._scatter("scatter_sub", sparse_delta)
+
+    async def scatter_update(self, sparse_delta: IndexedSlices) -> Variable:
+        """Replace rows."""
+        return await self._scatter("scatter_update", sparse_delta)
+
+    async def _scatter(self, op: str, delta: IndexedSlices) -> Variable:
+        if not isinstance(delta, IndexedSlices):
+            raise InvalidArgumentError(f"{op} takes an IndexedSlices, got {type(delta).__name__}")
+        idx = self._rows(delta.indices, op)
+        values = to_array(delta.values, self._dtype, f"{op} of variable {self._name!r}")
+        expected = (idx.shape[0],) + self._shape[1:]
+        if values.shape != expected:
+            raise InvalidArgumentError(f"{op} of variable {self._name!r}: values have shape "
+                                       f"{values.shape}, expected {expected}")
+        if self._ps is None:
+            _check_range(idx, self._shape[0], self._name)
+            if op == "scatter_update":
+                self._local[idx] = values  # type: ignore[index]
+            else:
+                np.add.at(self._local, idx, values if op == "scatter_add" else -values)  # type: ignore[arg-type]
+            return self
+        await self._call(f"vars/{op}", {"name": self._name, "indices": idx, "values": values})
+        return self
+
+
+def _check_range(idx: np.ndarray, n: int, name: str) -> None:
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
+        bad = idx[(idx < 0) | (idx >= n)].reshape(-1)[0]
+        raise InvalidArgumentError(f"variable {name!r}: row id {int(bad)} out of range [0, {n})")
+
+
+def _enum(cls: Any, value: Any, what: str) -> Any:
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls[str(value).upper()]
+    except KeyError:
+        raise InvalidArgumentError(f"unknown {what} {value!r}; one of {[m.name for m in cls]}") from None
+
+
+def initial_value_array(initial_value: Any, dtype: Any, shape: Sequence[int] | None) -> np.ndarray:
+    """Evaluate an initial value locally (array-like, initializer or callable)."""
+    if initial_value is None:
+        raise InvalidArgumentError("Variable needs an initial_value")
+    if isinstance(initial_value, Initializer):
+        if shape is None:
+            raise InvalidArgumentError(f"{initial_value!r} needs shape= to build a variable")
+        return initial_value(shape, np.dtype(dtype) if dtype is not None else np.float32)
+    if callable(initial_value) and not hasattr(initial_value, "_is_pstrain_variable"):
+        initial_value = initial_value()
+    value = to_array(initial_value, infer_dtype(initial_value, dtype), "initial_value")
+    if shape is not None and tuple(shape) != value.shape:
+        raise InvalidArgumentError(f"initial_value has shape {value.shape}, shape= says {tuple(shape)}")
+    return value
+
+
+def _remote_handle(name: str, shape: tuple[int, ...], dtype: str, ps: int, trainable: bool,
+                   aggregation: int, synchronization: int) -> Variable:
+    return Variable._placed(name, shape, dtype, ps, None, trainable,
+                            VariableAggregation(aggregation), VariableSynchronization(synchronization))
+
+
+def _local_variable(name: str, value: np.ndarray, trainable: bool) -> Variable:
+    v = object.__new__(Variable)
+    v._setup(name, value.shape, value.dtype, trainable, VariableAggregation.NONE,
+             VariableSynchronization.AUTO)
+    v._local = np.array(value)
+    return v
+
+
+async def read_variables(variables: Iterable[Any]) -> list[np.ndarray]:
+    """Read many variables with one request per ps, concurrently.
+
+    >>> # w, b = await pstrain.read_variables([w_var, b_var])
+    """
+    variables = list(variables)
+    out: list[Any] = [None] * len(variables)
+    groups: dict[tuple[int, int], tuple[Variable, list[int]]] = {}
+    flushes = []
+    for i, v in enumerate(variables):
+        if hasattr(v, "_read_parts"):  # a ShardedVariable: read its parts, then join
+            continue
+        if not isinstance(v, Variable):
+            raise InvalidArgumentError(f"read_variables takes variables, got {type(v).__name__}")
+        if v._ps is None:
+            out[i] = v._local.copy()  # type: ignore[union-attr]
+            continue
+        if v._pending is not None:
+            flushes.append(v._pending)
+        key = (id(v._peers), v._ps)
+        groups.setdefault(key, (v, []))[1].append(i)
+    for pending in {id(p): p for p in flushes}.values():
+        await pending.flush()
+
+    async def read_group(first: Variable, indices: list[int]) -> None:
+        reply = await first._channel().call(
+            "vars/read", {"names": [variables[i]._name for i in indices]})
+        for i, value in zip(indices, reply["values"]):
+            out[i] = value
+
+    sharded = [(i, v) for i, v in enumerate(variables) if hasattr(v, "_read_parts")]
+    await asyncio.gather(*(read_group(first, idx) for first, idx in groups.values()),
+                         *(_read_sharded(out, i, v) for i, v in sharded))
+    return out
+
+
+async def _read_sharded(out: list[Any], i: int, v: Any) -> None:
+    out[i] = await v.read_value()
