@@ -26,6 +26,7 @@ def run(main: Coroutine[Any, Any, T], *, debug: bool = False) -> T:
     >>> run(answer())
     42
     """
+    main = _closing_channels(main)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; keep a door open
@@ -42,6 +43,16 @@ def run(main: Coroutine[Any, Any, T], *, debug: bool = False) -> T:
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
         asyncio.set_event_loop(None)
+
+
+async def _closing_channels(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main``, then close the connections it left open on this loop."""
+    from .rpc import close_loop_channels
+
+    try:
+        return await main
+    finally:
+        await close_loop_channels()
 
 
 def wait_from_thread(fut: concurrent.futures.Future[T] | Any, loop: asyncio.AbstractEventLoop,

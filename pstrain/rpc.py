@@ -26,6 +26,7 @@ import itertools
 import logging
 import ssl as ssl_module
 import struct
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -466,6 +467,7 @@ class Peers:
         self.connect_timeout = connect_timeout
         self._channels: dict[tuple[int, str, int], Channel] = {}
         self._loops: dict[int, asyncio.AbstractEventLoop] = {}
+        _all_peers.add(self)
 
     def channel(self, job: str, index: int) -> Channel:
         loop = asyncio.get_running_loop()
@@ -496,6 +498,13 @@ class Peers:
 
 
 _default_peers: Peers | None = None
+_all_peers: weakref.WeakSet[Peers] = weakref.WeakSet()
+
+
+async def close_loop_channels() -> None:
+    """Close every channel opened on the running loop (``pstrain.run`` does this at the end)."""
+    for peers in list(_all_peers):
+        await peers.close()
 
 
 def set_default_peers(peers: Peers | None) -> None:

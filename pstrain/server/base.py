@@ -150,7 +150,11 @@ class ServerBase:
                                f"{exc.strerror or exc}") from exc
         sock.listen(1024)
         sock.setblocking(False)
-        app = web.Application(middlewares=[self._auth_middleware], client_max_size=self.max_body)
+        @web.middleware
+        async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
+            return await self._auth_middleware(request, handler)
+
+        app = web.Application(middlewares=[auth], client_max_size=self.max_body)
         app.router.add_route("POST", "/v1/{op:.+}", self._http_op)
         app.router.add_route("GET", "/v1/health", self._http_health)
         app.router.add_route("GET", "/healthz", self._http_health)

@@ -1,0 +1,139 @@
+"""Shared fixtures: real servers as real processes on 127.0.0.1, a clean environment."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import pytest_asyncio
+
+import pstrain
+
+TOKEN = "test-token-0123456789"
+
+
+@pytest_asyncio.fixture(autouse=True)
+async def close_channels() -> AsyncIterator[None]:
+    """Connections a test opened are closed on its loop (as pstrain.run does)."""
+    yield
+    from pstrain.rpc import close_loop_channels
+
+    await close_loop_channels()
+
+
+@pytest.fixture(autouse=True)
+def clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test sees the developer's cluster configuration."""
+    for key in list(os.environ):
+        if key == "TF_CONFIG" or key.startswith("PSTRAIN_"):
+            monkeypatch.delenv(key)
+
+
+def pytest_asyncio_loop_factories(config, item):
+    """Async tests run on uvloop, the runtime's own loop."""
+    import uvloop
+
+    return {"uvloop": uvloop.new_event_loop}
+
+
+class ServeProcess:
+    """A `pstrain serve` process; `address` once it printed its listening line."""
+
+    def __init__(self, *args: str, token: str | None = TOKEN, env: dict[str, str] | None = None) -> None:
+        full_env = dict(os.environ if env is None else env)
+        if token is not None:
+            full_env["PSTRAIN_TOKEN"] = token
+        full_env["PYTHONUNBUFFERED"] = "1"
+        # stderr goes to a file: an unread pipe would fill up and block the server.
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pstrain.cli", "serve", *args],
+            stdout=subprocess.PIPE, stderr=self.log, env=full_env, text=True)
+        try:
+            self.address = self._wait_listening()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_listening(self, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        assert self.proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise AssertionError(f"pstrain serve exited with {self.proc.wait()}: {self.stderr()}")
+            match = re.search(r"listening on (\S+)", line)
+            if match:
+                return match.group(1)
+        raise AssertionError("pstrain serve did not print its listening line in time")
+
+    def stderr(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rsplit(":", 1)[1])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.log.close()
+
+
+@pytest.fixture
+def ps_server() -> Iterator[ServeProcess]:
+    """One `pstrain serve --role ps` process with the test token."""
+    server = ServeProcess("--role", "ps", "--index", "0", "--port", "0")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def ps_pair() -> Iterator[list[ServeProcess]]:
+    servers = [ServeProcess("--role", "ps", "--index", str(i), "--port", "0") for i in range(2)]
+    yield servers
+    for s in servers:
+        s.stop()
+
+
+def strategy_for(*ps: ServeProcess, workers: list[str] | None = None,
+                 token: str | None = TOKEN) -> pstrain.ParameterServerStrategy:
+    """A strategy whose ps are the given processes (workers need not exist for ps tests)."""
+    spec = {"ps": [s.address for s in ps], "worker": workers or ["127.0.0.1:9"]}
+    return pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(spec, token=token))
+
+
+@pytest_asyncio.fixture
+async def cluster() -> AsyncIterator[pstrain.LocalCluster]:
+    """2 ps + 2 workers as real processes."""
+    async with pstrain.LocalCluster(num_ps=2, num_workers=2) as c:
+        yield c
+
+
+async def wait_for(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll ``predicate`` (sync or async) until true, or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)

@@ -1,0 +1,104 @@
+"""`pstrain serve` as a real command: help, config sources, signals, refusals, TLS."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import pstrain
+from pstrain.cli import client_ssl
+from pstrain.errors import UnavailableError
+
+from .conftest import TOKEN, ServeProcess
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def run_cli(*args: str, env=None, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pstrain.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def test_serve_help_documents_every_flag():
+    out = run_cli("serve", "--help").stdout
+    for flag in ("--role", "--index", "--cluster", "--host", "--port", "--token-file", "--tls-cert",
+                 "--tls-key", "--tls-ca", "--max-body", "--log-level", "--closure-threads"):
+        assert flag in out
+    assert "TF_CONFIG" in out and "PSTRAIN_CONFIG" in out
+
+
+def test_refuses_a_public_address_without_a_token():
+    result = run_cli("serve", "--role", "ps", "--index", "0", "--host", "0.0.0.0", "--port", "0")
+    assert result.returncode == 2
+    assert "refusing to listen on '0.0.0.0' without a cluster token" in result.stderr
+
+
+def test_role_and_port_from_tf_config(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port for the config; the server binds it itself
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = {"cluster": {"ps": [f"127.0.0.1:{port}"], "worker": ["127.0.0.1:1"]},
+              "task": {"type": "ps", "index": 0}}
+    import os
+
+    env = dict(os.environ, TF_CONFIG=json.dumps(config))
+    server = ServeProcess(env=env)
+    try:
+        assert server.address == f"127.0.0.1:{port}"
+    finally:
+        server.stop()
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(config))
+    server = ServeProcess("--cluster", str(path), "--port", "0")
+    try:
+        assert server.address.startswith("127.0.0.1:")
+    finally:
+        server.stop()
+
+
+def test_sigterm_and_sigint_stop_cleanly():
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        server = ServeProcess("--role", "ps", "--index", "0", "--port", "0")
+        server.proc.send_signal(sig)
+        assert server.proc.wait(15) == 0
+        server.stop()
+
+
+def test_bad_config_is_a_clear_error(tmp_path):
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"cluster": {"ps": ["h:1"]}}))
+    result = run_cli("serve", "--cluster", str(path))
+    assert result.returncode == 2 and "There must be at least one worker" in result.stderr
+
+
+async def test_tls(tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    server = ServeProcess("--role", "ps", "--index", "0", "--port", "0", "--tls-cert", str(cert),
+                          "--tls-key", str(key))
+    try:
+        spec = {"ps": [server.address], "worker": ["127.0.0.1:9"]}
+        resolver = pstrain.SimpleClusterResolver(spec, token=TOKEN)
+        resolver.ssl_context = client_ssl(str(cert))
+        strategy = pstrain.ParameterServerStrategy(resolver)
+        async with strategy.scope():
+            v = pstrain.Variable(np.arange(3.0), name="v")
+        await v.assign_add(np.ones(3))
+        np.testing.assert_array_equal(await v.numpy(), [1, 2, 3])
+        plain = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(spec, token=TOKEN))
+        with pytest.raises(UnavailableError):
+            with plain.scope():
+                w = pstrain.Variable(1.0, name="w")
+            await plain.flush()
+            del w
+    finally:
+        server.stop()

@@ -1,0 +1,131 @@
+"""The codec: bit-exact round trips, zero-copy decoding, clear errors on bad input."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from pstrain import wire
+from pstrain.errors import InvalidArgumentError, ProtocolError
+
+DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+          np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128]
+
+
+def roundtrip(obj, **kw):
+    return wire.decode_body(b"".join(bytes(c) for c in wire.encode_body(obj, **kw)), **kw)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_numeric_dtype_roundtrips_bit_exact(dtype):
+    rng = np.random.default_rng(0)
+    arr = (rng.standard_normal((3, 5)) * 100).astype(dtype)
+    out = roundtrip(arr)
+    assert out.dtype == arr.dtype and out.shape == arr.shape
+    assert out.tobytes() == arr.tobytes()
+
+
+def test_nan_and_negative_zero_survive():
+    arr = np.array([np.nan, -0.0, np.inf, -np.inf], np.float32)
+    assert roundtrip(arr).tobytes() == arr.tobytes()
+
+
+@pytest.mark.parametrize("arr", [
+    np.array(3.5, np.float32), np.zeros((0,), np.float32), np.zeros((0, 4), np.int64),
+    np.zeros((2, 0, 3), np.float64), np.array(True),
+])
+def test_zero_d_and_empty_arrays(arr):
+    out = roundtrip(arr)
+    assert out.shape == arr.shape and out.dtype == arr.dtype
+    assert np.array_equal(out, arr)
+
+
+def test_non_contiguous_arrays():
+    base = np.arange(60, dtype=np.float64).reshape(6, 10)
+    for view in (base[::2, 1::3], base.T, base[:, 3]):
+        assert not view.flags.c_contiguous
+        out = roundtrip(view)
+        assert np.array_equal(out, view) and out.dtype == view.dtype
+
+
+def test_numpy_scalars_keep_their_type():
+    for scalar in (np.float32(1.5), np.int64(-7), np.uint8(200), np.bool_(True), np.float16(2.0)):
+        out = roundtrip(scalar)
+        assert type(out) is type(scalar) and out == scalar
+
+
+def test_nested_python_structures_keep_their_types():
+    obj = {"t": (1, (2.5, None), [3, (4,)]), "l": [b"raw", "text", True, None],
+           (1, "k"): {"inner": ()}, 7: [], "big": 2**70, "neg": -(2**65)}
+    out = roundtrip(obj)
+    assert out == obj
+    assert type(out["t"]) is tuple and type(out["t"][1]) is tuple and type(out["t"][2]) is list
+    assert type(out["t"][2][1]) is tuple and type(out[(1, "k")]["inner"]) is tuple
+
+
+def test_arrays_inside_structures():
+    a, b = np.arange(4, dtype=np.int32), np.ones((2, 2), np.float32)
+    out = roundtrip({"xs": [a, (b, a)]})
+    assert np.array_equal(out["xs"][0], a) and np.array_equal(out["xs"][1][0], b)
+
+
+def test_decoding_is_zero_copy():
+    arr = np.arange(1000, dtype=np.float64)
+    body = bytearray(b"".join(bytes(c) for c in wire.encode_body({"a": arr})))
+    out = wire.decode_body(body)["a"]
+    assert np.shares_memory(out, np.frombuffer(body, np.uint8))
+    assert out.flags.writeable  # a bytearray body gives writable arrays
+
+
+def test_encoding_does_not_copy_contiguous_arrays():
+    arr = np.arange(1 << 16, dtype=np.float32)
+    chunks = wire.encode_body(arr)
+    assert any(isinstance(c, memoryview) and np.shares_memory(np.asarray(c), arr) for c in chunks)
+
+
+def test_buffers_are_aligned_to_8_bytes():
+    body = b"".join(bytes(c) for c in wire.encode_body([np.ones(3, np.int8), np.ones(5, np.float64)]))
+    out = wire.decode_body(body)
+    base = np.frombuffer(body, np.uint8).ctypes.data
+    for arr in out:
+        assert (arr.ctypes.data - base) % 8 == 0
+
+
+@pytest.mark.parametrize("body", [
+    b"", b"\x01\x00", b"\xff\xff\xff\x00\x00\x00\x00\x00", b"\x05\x00\x00\x00\x00\x00\x00\x00\xc1\xc1\xc1\xc1\xc1",
+])
+def test_malformed_bodies_raise_protocol_error(body):
+    with pytest.raises(ProtocolError):
+        wire.decode_body(body)
+
+
+def test_truncated_buffer_is_detected():
+    body = b"".join(bytes(c) for c in wire.encode_body(np.ones(100, np.float32)))
+    with pytest.raises(ProtocolError, match="truncated"):
+        wire.decode_body(body[:-40])
+
+
+def test_pickles_refused_unless_allowed():
+    class Thing:
+        pass
+
+    with pytest.raises(InvalidArgumentError, match="Thing"):
+        wire.encode_body(Thing())
+    body = b"".join(bytes(c) for c in wire.encode_body({"f": len}, allow_pickle=True))
+    with pytest.raises(ProtocolError, match="pickled"):
+        wire.decode_body(body)
+    assert wire.decode_body(body, allow_pickle=True)["f"] is len
+
+
+def test_object_arrays_refused_without_pickle():
+    with pytest.raises(InvalidArgumentError, match="dtype object"):
+        wire.encode_body(np.array([object()]))
+
+
+def test_pstrain_errors_pickle_with_their_fields():
+    from pstrain.errors import NotFoundError
+
+    err = pickle.loads(pickle.dumps(NotFoundError("gone", task="/job:ps/replica:0/task:1")))
+    assert isinstance(err, NotFoundError) and err.task == "/job:ps/replica:0/task:1"
