@@ -1,0 +1,108 @@
+"""Shared pieces of the benchmark suite: result lines, the raw-TCP limit, plots.
+
+Every workload prints one JSON object per measurement and appends it to
+``benchmarks/results/<workload>.jsonl``; figures are medians. The limit a
+transfer is compared with (raw TCP between two processes on loopback, into a
+reused buffer) is measured in the same run, because this machine's loopback
+speed varies by 2x across an hour.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pstrain
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def emit(record: dict[str, Any], workload: str) -> None:
+    """Print a result line and append it to results/<workload>.jsonl."""
+    line = {"workload": workload, "system": "pstrain", "version": pstrain.__version__,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **record}
+    text = json.dumps(line)
+    print(text, flush=True)
+    RESULTS.mkdir(exist_ok=True)
+    with open(RESULTS / f"{workload}.jsonl", "a", encoding="utf-8") as f:
+        f.write(text + "\n")
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def _tcp_sink(port_q: Any, size: int) -> None:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port_q.put(srv.getsockname()[1])
+    conn, _ = srv.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = memoryview(bytearray(size))
+    while True:
+        got = 0
+        while got < size:
+            n = conn.recv_into(buf[got:])
+            if not n:
+                return
+            got += n
+        conn.sendall(b"k")
+
+
+def raw_tcp_mib_s(size: int, repeats: int = 20) -> float:
+    """Median MiB/s of sending ``size`` bytes to another process over loopback TCP."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    proc = ctx.Process(target=_tcp_sink, args=(q, size), daemon=True)
+    proc.start()
+    try:
+        conn = socket.create_connection(("127.0.0.1", q.get(timeout=30)))
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        data = memoryview(bytearray(os.urandom(1024)) * (size // 1024 or 1))[:size]
+        times = []
+        for _ in range(repeats + max(1, repeats // 10)):
+            t = time.perf_counter()
+            conn.sendall(data)
+            conn.recv(1)
+            times.append(time.perf_counter() - t)
+        conn.close()
+        times = times[max(1, repeats // 10):]
+        return size / (1 << 20) / median(times)
+    finally:
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+
+
+def plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tuple[list, list]],
+         logx: bool = False, hline: tuple[str, float] | None = None) -> None:
+    """A line plot of ``series`` (label -> (xs, ys)) saved as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    for label, (xs, ys) in series.items():
+        ax.plot(xs, ys, marker="o", label=label)
+    if hline is not None:
+        ax.axhline(hline[1], color="grey", linestyle="--", label=hline[0])
+    if logx:
+        ax.set_xscale("log", base=2)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    print(f"wrote {path}", file=sys.stderr)
