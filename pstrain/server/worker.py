@@ -113,6 +113,7 @@ class WorkerServer(ServerBase):
             self._set_cluster(cluster_spec)
         self.fns: dict[bytes, Callable[..., Any]] = {}
         self.resources: dict[int, Any] = {}
+        self._iterated: set[int] = set()  # datasets an iterator was made from
         self.closures_run = 0
         self.closures_failed = 0
         self._loop: asyncio.AbstractEventLoop | None = None  # the serving loop
@@ -217,8 +218,7 @@ class WorkerServer(ServerBase):
         closures = req["closures"]
         loop = asyncio.get_running_loop()
         batch = _Batch(len(closures), emit, loop.create_future())
-        assert self._cloop is not None
-        self._cloop.call_soon_threadsafe(self._start_batch, batch, closures)
+        self._start_batch(batch, closures)
         return await batch.done
 
     def cancel(self, req: Any) -> dict[str, Any]:
@@ -245,10 +245,13 @@ class WorkerServer(ServerBase):
                 return req["fn"]()
             if kind == "iterator":
                 source = self.resources.get(req["of"])
-                if source is None:  # its dataset was dropped: build a fresh one
-                    source = req["fn"]()
                 if isinstance(source, _FailedResource):
                     raise source.error
+                # Every iter() starts from the beginning (TF): a dropped dataset, or a
+                # single-pass one (an iterator) already iterated, is built afresh.
+                if source is None or (iter(source) is source and req["of"] in self._iterated):
+                    source = req["fn"]()
+                self._iterated.add(req["of"])
                 return LockedIterator(iter(source))
             raise InvalidArgumentError(f"unknown resource kind {kind!r}")
 
@@ -266,6 +269,9 @@ class WorkerServer(ServerBase):
 
     # -- running closures (closure loop) ---------------------------------------------------------
     def _start_batch(self, batch: _Batch, closures: list[Any]) -> None:
+        """On the serving loop: plain functions go straight to the thread pool; coroutine
+        functions go to the closure loop in one hand-over for the whole batch."""
+        coros = []
         for cid, digest, args, kwargs, has_refs in closures:
             fn = self.fns.get(digest)
             if fn is None:
@@ -279,12 +285,25 @@ class WorkerServer(ServerBase):
                     self._deliver(batch, [cid, ERROR, exception_payload(exc)])
                     continue
             if inspect.iscoroutinefunction(fn):
-                task = self._cloop.create_task(self._run_async(batch, cid, fn, args, kwargs))  # type: ignore[union-attr]
-                self._closure_tasks[cid] = task
+                coros.append((cid, fn, args, kwargs))
             else:
-                if self._idle == 0 and len(self._threads) < self.closure_threads:
+                with self._idle_lock:
+                    spawn = self._idle == 0 and len(self._threads) < self.closure_threads
+                if spawn:
                     self._spawn_thread()
                 self._sync_q.put((batch, cid, fn, args, kwargs))
+        if coros:
+            assert self._cloop is not None
+            self._cloop.call_soon_threadsafe(self._start_coros, batch, coros)
+
+    def _start_coros(self, batch: _Batch, coros: list[Any]) -> None:
+        loop = self._cloop
+        assert loop is not None
+        for cid, fn, args, kwargs in coros:
+            if cid in self._cancelled:
+                self._deliver(batch, [cid, CANCELLED, None])
+                continue
+            self._closure_tasks[cid] = loop.create_task(self._run_async(batch, cid, fn, args, kwargs))
 
     def _resolve(self, obj: Any) -> Any:
         if isinstance(obj, ResourceRef):
