@@ -28,6 +28,7 @@ _EXPORTS: dict[str, str] = {
     "PerWorkerValues": "values",
     "ReduceOp": "strategy",
     "RemoteValue": "remote_value",
+    "ShardedVariable": "sharding",
     "ReplicaContext": "strategy",
     "Server": "server",
     "SimpleClusterResolver": "cluster",
@@ -37,11 +38,13 @@ _EXPORTS: dict[str, str] = {
     "VariableAggregation": "variables",
     "VariableSynchronization": "variables",
     "get_current_worker_index": "coordinator",
+    "embedding_lookup": "sharding",
     "get_replica_context": "strategy",
     "read_variables": "variables",
+    "update_variables": "variables",
     "run": "_runtime",
 }
-_SUBMODULES = ("errors", "initializers")
+_SUBMODULES = ("data", "errors", "initializers", "metrics", "optimizers", "partitioners")
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 
@@ -62,15 +65,16 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from . import errors, initializers
+    from . import data, errors, initializers, metrics, optimizers, partitioners
     from ._runtime import run
     from .cluster import ClusterResolver, ClusterSpec, SimpleClusterResolver, TFConfigClusterResolver
     from .coordinator import ClusterCoordinator, get_current_worker_index
     from .launch import LocalCluster
     from .module import Module
     from .remote_value import RemoteValue
+    from .sharding import ShardedVariable, embedding_lookup
     from .server import Server
     from .strategy import ParameterServerStrategy, ReduceOp, ReplicaContext, get_replica_context
     from .values import DistributedValues, PerReplica, PerWorkerValues, ValueContext
     from .variables import (IndexedSlices, Variable, VariableAggregation, VariableSynchronization,
-                            read_variables)
+                            read_variables, update_variables)

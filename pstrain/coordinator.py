@@ -107,7 +107,7 @@ class ClusterCoordinator:
             return existing
         return super().__new__(cls)
 
-    def __init__(self, strategy: ParameterServerStrategy, max_inflight_per_worker: int = 32, *,
+    def __init__(self, strategy: ParameterServerStrategy, max_inflight_per_worker: int = 1, *,
                  max_batch: int = 1024, worker_timeout_s: float = 10.0,
                  probe_initial_s: float = 0.05, probe_max_s: float = 2.0,
                  cancel_grace_s: float = 10.0) -> None:

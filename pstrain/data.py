@@ -21,7 +21,9 @@ from .values import PerWorkerValues
 if TYPE_CHECKING:
     from .coordinator import ClusterCoordinator
 
-__all__ = ["PerWorkerDataset", "PerWorkerIterator"]
+from .dataset import Dataset
+
+__all__ = ["Dataset", "PerWorkerDataset", "PerWorkerIterator"]
 
 
 class ResourceSpec:

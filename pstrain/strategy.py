@@ -100,6 +100,62 @@ class _Extended:
             self._strategy._colocate.reset(token)
 
 
+    async def update(self, var: Any, fn: Callable[..., Any], args: Sequence[Any] = (),
+                     kwargs: dict[str, Any] | None = None) -> Any:
+        """Run ``fn(var_array, *args, **kwargs)`` on the ps holding ``var``; return its result.
+
+        ``var`` arrives as a writable numpy array; variables in ``args``/``kwargs`` that live
+        on the same ps arrive as arrays too. Only ``fn``'s result travels back. For a sharded
+        variable ``fn`` runs on every part (concurrently) and the results come back as a list.
+        """
+        from .sharding import ShardedVariable
+
+        if isinstance(var, ShardedVariable):
+            return list(await asyncio.gather(*(self.update(p, fn, args, kwargs) for p in var.variables)))
+        if not isinstance(var, Variable):
+            raise InvalidArgumentError(f"extended.update needs a variable, got {type(var).__name__}")
+        if var.ps_index is None:
+            return fn(var._local, *_local_arrays(args), **_local_arrays(kwargs or {}))
+        if var._pending is not None:
+            await var._pending.flush()
+
+        def ref(obj: Any) -> Any:
+            if isinstance(obj, Variable):
+                if obj.ps_index != var.ps_index:
+                    raise InvalidArgumentError(
+                        f"variable {obj.name!r} is on {obj.device}, not colocated with {var.name!r}")
+                return {"__pstrain_var__": obj.name}
+            if type(obj) is tuple:
+                return tuple(ref(x) for x in obj)
+            if type(obj) is list:
+                return [ref(x) for x in obj]
+            return obj
+
+        reply = await var._channel().call("vars/call", {
+            "fn": fn, "vars": [var.name], "args": ref(tuple(args)),
+            "kwargs": {k: ref(v) for k, v in (kwargs or {}).items()}}, pickle=True)
+        return reply["result"]
+
+    def reduce_to(self, reduce_op: ReduceOp | str, value: Any, destinations: Any = None) -> Any:
+        """Combine a per-replica ``value`` for ``destinations`` (one replica per worker here)."""
+        return self._strategy.reduce(reduce_op, value, axis=None)
+
+    def batch_reduce_to(self, reduce_op: ReduceOp | str,
+                        value_destination_pairs: Sequence[tuple[Any, Any]]) -> list[Any]:
+        """:meth:`reduce_to` over ``(value, destinations)`` pairs."""
+        return [self.reduce_to(reduce_op, v, d) for v, d in value_destination_pairs]
+
+
+def _local_arrays(obj: Any) -> Any:
+    if isinstance(obj, Variable) and obj.ps_index is None:
+        return obj._local
+    if isinstance(obj, dict):
+        return {k: _local_arrays(v) for k, v in obj.items()}
+    if type(obj) in (tuple, list):
+        return type(obj)(_local_arrays(x) for x in obj)
+    return obj
+
+
 class _Scope:
     """``strategy.scope()``: both ``with`` and ``async with`` (which also flushes)."""
 

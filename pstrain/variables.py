@@ -27,7 +27,7 @@ from .errors import InvalidArgumentError
 from .initializers import Initializer
 
 __all__ = ["IndexedSlices", "Variable", "VariableAggregation", "VariableSynchronization",
-           "read_variables"]
+           "read_variables", "update_variables"]
 
 
 class VariableAggregation(enum.Enum):
@@ -398,6 +398,33 @@ async def read_variables(variables: Iterable[Any]) -> list[np.ndarray]:
     await asyncio.gather(*(read_group(first, idx) for first, idx in groups.values()),
                          *(_read_sharded(out, i, v) for i, v in sharded))
     return out
+
+
+async def update_variables(updates: Iterable[tuple[Variable, str, Any]]) -> None:
+    """Apply ``(variable, op, value)`` updates with one request per ps, all or nothing per ps.
+
+    ``op`` is ``assign``, ``assign_add`` or ``assign_sub``.
+
+    >>> # await update_variables([(total, "assign_add", 3.0), (count, "assign_add", 1.0)])
+    """
+    groups: dict[tuple[int, int], tuple[Variable, list[dict[str, Any]]]] = {}
+    local = []
+    for var, op, value in updates:
+        if op not in ("assign", "assign_add", "assign_sub"):
+            raise InvalidArgumentError(f"update_variables: unknown op {op!r}")
+        arr = var._value(value, op)
+        if var._ps is None:
+            local.append((var, op, arr))
+            continue
+        groups.setdefault((id(var._peers), var._ps), (var, []))[1].append(
+            {"op": op, "name": var._name, "value": arr})
+    for var, op, arr in local:
+        await var._update(op, arr)
+    for first, _ in groups.values():
+        if first._pending is not None:
+            await first._pending.flush()
+    await asyncio.gather(*(first._channel().call("vars/update", {"updates": entries})
+                           for first, entries in groups.values()))
 
 
 async def _read_sharded(out: list[Any], i: int, v: Any) -> None:

@@ -94,6 +94,8 @@ class ParameterServer(ServerBase):
         self.route("vars/sparse_read", self.sparse_read)
         self.route("vars/delete", self.delete)
         self.route("vars/list", self.list)
+        self.route("opt/apply", self.apply_optimizer)
+        self.route("vars/call", self.call_function, pickle=True)
 
     # -- helpers ---------------------------------------------------------------------------
     def _slot(self, name: Any) -> _Slot:
@@ -279,3 +281,87 @@ class ParameterServer(ServerBase):
                 np.add.at(slot.writable(), idx, vals.astype(dtype, copy=False))
             return apply
         raise InvalidArgumentError(f"vars/update: unknown op {op!r}; known: {list(UPDATE_OPS)}")
+
+    # -- optimizers and functions run where the variables live -------------------------------
+    def apply_optimizer(self, req: Any) -> dict[str, Any]:
+        """Apply one optimizer step to the gradients of the variables on this ps.
+
+        ``{"rule": {...}, "prefix": name, "grads": [[var, rows | None, values], ...],
+        "iterations": var name | None, "t": step | None}``. Slots live here as variables
+        ``<prefix>/<slot>/<var>`` and are created on first use. All or nothing.
+        """
+        from .rules import RULES, slot_specs
+
+        cfg = _field(req, "rule", "opt/apply")
+        prefix = _field(req, "prefix", "opt/apply")
+        rule = RULES.get(cfg.get("kind")) if isinstance(cfg, dict) else None
+        if rule is None:
+            raise InvalidArgumentError(f"opt/apply: unknown rule {cfg!r}")
+        specs = slot_specs(cfg)
+        plan = []
+        for entry in _field(req, "grads", "opt/apply"):
+            if not isinstance(entry, (list, tuple)) or len(entry) != 3:
+                raise InvalidArgumentError("opt/apply: each gradient is [variable, rows or None, values]")
+            name, rows, values = entry
+            slot = self._slot(name)
+            if slot.array.dtype.kind not in "fc":
+                raise InvalidArgumentError(f"opt/apply: variable {name!r} of dtype "
+                                           f"{slot.array.dtype} cannot be trained")
+            if rows is None:
+                grad = self._value(slot, values, slot.array.shape, "gradient")
+            else:
+                rows = self._rows(slot, rows, "sparse gradient")
+                if rows.ndim != 1:
+                    raise InvalidArgumentError(f"sparse gradient of {name!r}: rows must be 1-D")
+                grad = self._value(slot, values, (rows.shape[0],) + slot.array.shape[1:],
+                                   "sparse gradient")
+                if not req.get("unique_rows"):
+                    rows, inverse = np.unique(rows, return_inverse=True)
+                    summed = np.zeros((rows.shape[0],) + grad.shape[1:], slot.array.dtype)
+                    np.add.at(summed, inverse, grad)
+                    grad = summed
+            plan.append((slot, rows, grad))
+        iterations = req.get("iterations")
+        it_slot = self._slot(iterations) if iterations is not None else None
+        t = req.get("t")
+        if it_slot is not None:
+            counter = it_slot.writable()
+            counter += 1
+            t = int(counter)
+        t = int(t or 1)
+        for slot, rows, grad in plan:
+            var = slot.writable()
+            slots = {s: self._slot_array(f"{prefix}/{s}/{slot.name}", slot.array, init)
+                     for s, init in specs.items()}
+            rule(var, grad.astype(var.dtype, copy=False), rows, slots, cfg, t)
+        return {"t": t}
+
+    def _slot_array(self, name: str, like: np.ndarray, init: float) -> np.ndarray:
+        slot = self.vars.get(name)
+        if slot is None:
+            slot = self.vars[name] = _Slot(name, np.full(like.shape, init, like.dtype), False)
+        return slot.writable()
+
+    def call_function(self, req: Any) -> dict[str, Any]:
+        """Run a caller's function on arrays of this ps (``strategy.extended.update``).
+
+        ``{"fn": f, "vars": [names], "args": (...), "kwargs": {...}}``: ``f`` gets the
+        variables as writable arrays, then ``args`` where every ``VarRef`` is replaced by
+        its array. Runs on the serving loop, so it is atomic with respect to updates.
+        """
+        fn = _field(req, "fn", "vars/call")
+        slots = [self._slot(n) for n in _field(req, "vars", "vars/call")]
+        arrays = [s.writable() for s in slots]
+
+        def resolve(obj: Any) -> Any:
+            if isinstance(obj, dict) and set(obj) == {"__pstrain_var__"}:
+                return self._slot(obj["__pstrain_var__"]).writable()
+            if type(obj) is tuple:
+                return tuple(resolve(x) for x in obj)
+            if type(obj) is list:
+                return [resolve(x) for x in obj]
+            return obj
+
+        args = resolve(req.get("args") or ())
+        kwargs = {k: resolve(v) for k, v in (req.get("kwargs") or {}).items()}
+        return {"result": fn(*arrays, *args, **kwargs)}

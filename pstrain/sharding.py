@@ -1,0 +1,352 @@
+"""Sharded variables: one logical variable split by rows over several ps.
+
+A ``variable_partitioner`` given to the strategy decides how many parts a
+variable gets along axis 0; the three partitioners reproduce TensorFlow's
+counts exactly. Parts use TF's "div" layout (the first ``n % k`` parts get one
+extra row), are named ``<name>/part_<i>``, and are placed by the strategy's
+shared round-robin counter. Each part is initialised on its own ps: an
+initializer is called with the part's shape and offset, a value is sliced.
+
+:func:`embedding_lookup` gathers rows from every part in parallel, one request
+per ps, after deduplicating the ids, so only the rows needed travel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import InvalidArgumentError
+from .variables import IndexedSlices, Variable, to_array
+
+if TYPE_CHECKING:
+    from .strategy import ParameterServerStrategy
+
+__all__ = ["FixedShardsPartitioner", "MaxSizePartitioner", "MinSizePartitioner",
+           "ShardedVariable", "embedding_lookup"]
+
+
+def _bytes_per_element(dtype: Any, bytes_per_string: int) -> int:
+    dtype = np.dtype(dtype)
+    return bytes_per_string if dtype.kind in "SUO" else dtype.itemsize
+
+
+def _check_axis(shape: Sequence[int], axis: int) -> None:
+    if not 0 <= axis < len(shape):
+        raise InvalidArgumentError(f"axis {axis} out of range for a variable of shape {tuple(shape)}")
+
+
+class FixedShardsPartitioner:
+    """Always ``num_shards`` parts (fewer if the axis is shorter).
+
+    >>> FixedShardsPartitioner(2)((10, 3), np.float32)
+    [2, 1]
+    """
+
+    def __init__(self, num_shards: int) -> None:
+        if num_shards < 1:
+            raise InvalidArgumentError(f"num_shards must be >= 1, got {num_shards}")
+        self.num_shards = num_shards
+
+    def __call__(self, shape: Sequence[int], dtype: Any, axis: int = 0) -> list[int]:
+        _check_axis(shape, axis)
+        result = [1] * len(shape)
+        result[axis] = min(self.num_shards, shape[axis])
+        return result
+
+
+class MinSizePartitioner:
+    """As many parts as possible with each at least ``min_shard_bytes``, at most ``max_shards``.
+
+    >>> MinSizePartitioner(min_shard_bytes=4, max_shards=2)((6, 1), np.float32)
+    [2, 1]
+    """
+
+    def __init__(self, min_shard_bytes: int = 256 << 10, max_shards: int = 1,
+                 bytes_per_string: int = 16) -> None:
+        if min_shard_bytes < 1:
+            raise InvalidArgumentError(f"min_shard_bytes must be positive, got {min_shard_bytes}")
+        if max_shards < 1:
+            raise InvalidArgumentError(f"max_shards must be positive, got {max_shards}")
+        if bytes_per_string < 1:
+            raise InvalidArgumentError(f"bytes_per_string must be positive, got {bytes_per_string}")
+        self.min_shard_bytes = min_shard_bytes
+        self.max_shards = max_shards
+        self.bytes_per_string = bytes_per_string
+
+    def __call__(self, shape: Sequence[int], dtype: Any, axis: int = 0) -> list[int]:
+        _check_axis(shape, axis)
+        total = math.prod(shape) * _bytes_per_element(dtype, self.bytes_per_string)
+        parts = math.ceil(total / self.min_shard_bytes)
+        result = [1] * len(shape)
+        result[axis] = max(1, min(shape[axis], self.max_shards, parts))
+        return result
+
+
+class MaxSizePartitioner:
+    """As few parts as possible with each at most ``max_shard_bytes`` (and at most ``max_shards``).
+
+    >>> MaxSizePartitioner(max_shard_bytes=4)((6, 1), np.float32)
+    [6, 1]
+    """
+
+    def __init__(self, max_shard_bytes: int, max_shards: int | None = None,
+                 bytes_per_string: int = 16) -> None:
+        if max_shard_bytes < 1:
+            raise InvalidArgumentError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
+        if max_shards is not None and max_shards < 1:
+            raise InvalidArgumentError(f"max_shards must be positive, got {max_shards}")
+        if bytes_per_string < 1:
+            raise InvalidArgumentError(f"bytes_per_string must be positive, got {bytes_per_string}")
+        self.max_shard_bytes = max_shard_bytes
+        self.max_shards = max_shards
+        self.bytes_per_string = bytes_per_string
+
+    def __call__(self, shape: Sequence[int], dtype: Any, axis: int = 0) -> list[int]:
+        _check_axis(shape, axis)
+        n = shape[axis]
+        result = [1] * len(shape)
+        if n == 0:
+            return result
+        bytes_per_slice = math.prod(shape) // n * _bytes_per_element(dtype, self.bytes_per_string)
+        slices_per_shard = max(1, self.max_shard_bytes // max(1, bytes_per_slice))
+        shards = math.ceil(n / slices_per_shard)
+        if self.max_shards is not None:
+            shards = min(self.max_shards, shards)
+        result[axis] = shards
+        return result
+
+
+def div_sizes(n: int, k: int) -> list[int]:
+    """TF's "div" layout: the first ``n % k`` parts get one extra row."""
+    base, extra = divmod(n, k)
+    return [base + 1 if i < extra else base for i in range(k)]
+
+
+def create_sharded(strategy: ParameterServerStrategy, name: str, entry: dict[str, Any],
+                   shape: tuple[int, ...], dtype: np.dtype, trainable: bool, aggregation: Any,
+                   synchronization: Any) -> ShardedVariable | None:
+    """Split a new variable as the strategy's partitioner says (None: keep it whole)."""
+    partitioner = strategy._variable_partitioner
+    assert partitioner is not None
+    try:
+        parts = partitioner(tuple(shape), dtype)
+    except InvalidArgumentError:
+        raise
+    except Exception as exc:
+        raise InvalidArgumentError(f"variable_partitioner failed for {name!r}: {exc}") from exc
+    if (not isinstance(parts, (list, tuple)) or not parts or len(parts) != len(shape)
+            or not all(isinstance(p, (int, np.integer)) for p in parts)
+            or parts[0] < 1 or any(p != 1 for p in parts[1:])):
+        raise InvalidArgumentError(
+            f"variable_partitioner must return one count per axis with a positive first element "
+            f"and 1 elsewhere; got {parts!r} for {name!r} of shape {shape}")
+    k = min(int(parts[0]), shape[0])
+    if k <= 1:
+        return None
+    sizes = div_sizes(shape[0], k)
+    variables = []
+    offset = 0
+    for i, size in enumerate(sizes):
+        part_shape = (size,) + shape[1:]
+        part_entry: dict[str, Any]
+        if "init" in entry:
+            part_entry = {"init": entry["init"], "offset": [offset] + [0] * (len(shape) - 1),
+                          "full_shape": list(shape)}
+        else:
+            part_entry = {"value": entry["value"][offset:offset + size]}
+        part_name = f"{name}/part_{i}"
+        ps = strategy._place()
+        var = Variable._placed(part_name, part_shape, dtype, ps, strategy._peers, trainable,
+                               aggregation, synchronization)
+        part_entry.update(name=part_name, dtype=dtype.str, shape=part_shape, trainable=trainable)
+        strategy._enqueue(ps, part_entry, var)
+        variables.append(var)
+        offset += size
+    return ShardedVariable(variables, name=name)
+
+
+class ShardedVariable:
+    """A variable split by rows into parts that live on different ps.
+
+    Reads concatenate the parts; ``assign*`` split a full value by the parts'
+    offsets; row operations route global row ids to the part that holds them.
+
+    >>> # sv.variables -> [<Variable 'w/part_0'>, <Variable 'w/part_1'>]
+    """
+
+    _is_pstrain_variable = True
+    _read_parts = True
+
+    def __init__(self, variables: Sequence[Variable], name: str | None = None) -> None:
+        if not isinstance(variables, (list, tuple)) or not variables or \
+                not all(isinstance(v, Variable) for v in variables):
+            raise TypeError(f"ShardedVariable variables should be a non-empty list of Variables, "
+                            f"got {variables!r}")
+        if len({v.dtype for v in variables}) != 1:
+            raise InvalidArgumentError("ShardedVariable parts must have the same dtype")
+        if len({v.shape[1:] for v in variables}) != 1 or any(not v.shape for v in variables):
+            raise InvalidArgumentError("ShardedVariable parts must have the same shapes except "
+                                       "for the first axis")
+        self._variables = list(variables)
+        self._name = name or variables[0].name.rsplit("/part_", 1)[0]
+        sizes = [v.shape[0] for v in variables]
+        self._offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self._shape = (int(self._offsets[-1]),) + variables[0].shape[1:]
+
+    # -- properties ----------------------------------------------------------------------------
+    @property
+    def variables(self) -> list[Variable]:
+        return list(self._variables)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._variables[0].dtype
+
+    @property
+    def trainable(self) -> bool:
+        return self._variables[0].trainable
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Row offset of each part, then the total row count."""
+        return self._offsets.copy()
+
+    def __repr__(self) -> str:
+        return (f"<pstrain.ShardedVariable {self._name!r} shape={self._shape} dtype={self.dtype} "
+                f"parts={len(self._variables)}>")
+
+    # -- reads and writes ----------------------------------------------------------------------
+    async def read_value(self) -> np.ndarray:
+        from .variables import read_variables
+
+        return np.concatenate(await read_variables(self._variables), axis=0)
+
+    async def numpy(self) -> np.ndarray:
+        return await self.read_value()
+
+    def _split(self, value: Any, what: str) -> list[np.ndarray]:
+        arr = to_array(value, self.dtype, f"{what} of variable {self._name!r}")
+        if arr.shape != self._shape:
+            raise InvalidArgumentError(f"{what} of variable {self._name!r}: value has shape "
+                                       f"{arr.shape}, expected {self._shape}")
+        o = self._offsets
+        return [arr[o[i]:o[i + 1]] for i in range(len(self._variables))]
+
+    async def _each(self, op: str, value: Any) -> ShardedVariable:
+        pieces = self._split(value, op)
+        await asyncio.gather(*(getattr(v, op)(p) for v, p in zip(self._variables, pieces)))
+        return self
+
+    async def assign(self, value: Any) -> ShardedVariable:
+        return await self._each("assign", value)
+
+    async def assign_add(self, delta: Any) -> ShardedVariable:
+        return await self._each("assign_add", delta)
+
+    async def assign_sub(self, delta: Any) -> ShardedVariable:
+        return await self._each("assign_sub", delta)
+
+    def route(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(part index, row within the part) of each global row id."""
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self._shape[0]):
+            bad = ids[(ids < 0) | (ids >= self._shape[0])].reshape(-1)[0]
+            raise InvalidArgumentError(f"variable {self._name!r}: row id {int(bad)} out of range "
+                                       f"[0, {self._shape[0]})")
+        part = np.searchsorted(self._offsets[1:], ids, side="right")
+        return part, ids - self._offsets[part]
+
+    async def sparse_read(self, indices: Any) -> np.ndarray:
+        return await embedding_lookup(self, indices)
+
+    async def _scatter(self, op: str, delta: IndexedSlices) -> ShardedVariable:
+        if not isinstance(delta, IndexedSlices):
+            raise InvalidArgumentError(f"{op} takes an IndexedSlices, got {type(delta).__name__}")
+        idx = np.asarray(delta.indices)
+        if idx.ndim != 1:
+            raise InvalidArgumentError(f"{op}: indices must be 1-D, got shape {idx.shape}")
+        part, local = self.route(idx)
+        values = np.asarray(delta.values)
+        calls = []
+        for p in np.unique(part):
+            mask = part == p
+            calls.append(getattr(self._variables[p], op)(IndexedSlices(values[mask], local[mask])))
+        await asyncio.gather(*calls)
+        return self
+
+    async def scatter_add(self, sparse_delta: IndexedSlices) -> ShardedVariable:
+        return await self._scatter("scatter_add", sparse_delta)
+
+    async def scatter_sub(self, sparse_delta: IndexedSlices) -> ShardedVariable:
+        return await self._scatter("scatter_sub", sparse_delta)
+
+    async def scatter_update(self, sparse_delta: IndexedSlices) -> ShardedVariable:
+        return await self._scatter("scatter_update", sparse_delta)
+
+
+def _as_parts(params: Any) -> tuple[list[Variable], np.ndarray, str]:
+    if isinstance(params, ShardedVariable):
+        return params.variables, params._offsets, params.name
+    if isinstance(params, Variable):
+        return [params], np.array([0, params.shape[0] if params.shape else 0]), params.name
+    if isinstance(params, (list, tuple)) and params and all(isinstance(v, Variable) for v in params):
+        sizes = [v.shape[0] for v in params]
+        return list(params), np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), params[0].name
+    raise InvalidArgumentError("embedding_lookup takes a Variable, a list of Variables or a "
+                               f"ShardedVariable, got {type(params).__name__}")
+
+
+async def embedding_lookup(params: Any, ids: Any) -> np.ndarray:
+    """Rows ``ids`` of ``params``: shape ``ids.shape + params.shape[1:]``.
+
+    Ids are deduplicated first; each ps holding a needed part gets one request
+    (all concurrently) carrying only the rows it must send.
+
+    >>> # rows = await pstrain.embedding_lookup(table, batch_ids)
+    """
+    parts, offsets, name = _as_parts(params)
+    ids = np.asarray(ids)
+    if ids.dtype.kind not in "iu":
+        raise InvalidArgumentError(f"embedding_lookup ids must be integers, got {ids.dtype}")
+    total = int(offsets[-1])
+    flat = ids.reshape(-1)
+    if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= total):
+        bad = flat[(flat < 0) | (flat >= total)][0]
+        raise InvalidArgumentError(f"embedding_lookup on {name!r}: id {int(bad)} out of range [0, {total})")
+    unique, inverse = np.unique(flat, return_inverse=True)
+    tail = parts[0].shape[1:]
+    rows = np.empty((unique.size,) + tail, parts[0].dtype)
+    part = np.searchsorted(offsets[1:], unique, side="right")
+    by_ps: dict[tuple[int, int | None], list[tuple[int, np.ndarray]]] = {}
+    for p in np.unique(part):
+        positions = np.nonzero(part == p)[0]
+        v = parts[int(p)]
+        by_ps.setdefault((id(v._peers), v.ps_index), []).append((int(p), positions))
+
+    async def fetch(group: list[tuple[int, np.ndarray]]) -> None:
+        first = parts[group[0][0]]
+        if first.ps_index is None:  # local variables
+            for p, positions in group:
+                rows[positions] = await parts[p].sparse_read(unique[positions] - offsets[p])
+            return
+        if first._pending is not None:
+            await first._pending.flush()
+        reads = [{"name": parts[p].name, "indices": unique[positions] - offsets[p]} for p, positions in group]
+        reply = await first._channel().call("vars/sparse_read", {"reads": reads})
+        for (p, positions), values in zip(group, reply["values"]):
+            rows[positions] = values
+
+    await asyncio.gather(*(fetch(group) for group in by_ps.values()))
+    return rows[inverse].reshape(ids.shape + tail)
