@@ -12,6 +12,7 @@
     ├── AlreadyExistsError                              duplicate variable
     ├── AuthenticationError     (also PermissionError)  missing or wrong token
     ├── ProtocolError                                   malformed or oversized message
+    ├── OutOfRangeError                                 an iterator ran out (TF's name)
     └── DeadlineExceededError   (also TimeoutError)     no answer in time
 
 Where a meaning matches a builtin the class also derives from it, so callers
@@ -36,6 +37,7 @@ __all__ = [
     "DeadlineExceededError",
     "InvalidArgumentError",
     "NotFoundError",
+    "OutOfRangeError",
     "ProtocolError",
     "PstrainError",
     "UnavailableError",
@@ -131,6 +133,17 @@ class ProtocolError(PstrainError):
     http_status = 400
 
 
+class OutOfRangeError(PstrainError):
+    """A closure called ``next()`` on an exhausted iterator (TF: "End of sequence").
+
+    A ``StopIteration`` cannot cross an ``await`` (Python turns it into a
+    ``RuntimeError``), so workers report it as this error. Repeat datasets and
+    schedule a fixed number of steps, as TF recommends.
+    """
+
+    http_status = 400
+
+
 class DeadlineExceededError(PstrainError, TimeoutError):
     """No answer arrived within the deadline."""
 
@@ -142,7 +155,7 @@ _BY_NAME: dict[str, type[PstrainError]] = {
     for cls in (PstrainError, UnavailableError, CancelledError, ClosureInputError,
                 ClosureAbortedError, InvalidArgumentError, NotFoundError,
                 AlreadyExistsError, AuthenticationError, ProtocolError,
-                DeadlineExceededError)
+                OutOfRangeError, DeadlineExceededError)
 }
 
 

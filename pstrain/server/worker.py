@@ -25,7 +25,7 @@ from typing import Any
 
 from .. import _context, rpc
 from ..cluster import ClusterSpec
-from ..errors import ClosureInputError, InvalidArgumentError, NotFoundError
+from ..errors import ClosureInputError, InvalidArgumentError, NotFoundError, OutOfRangeError
 from .base import Encoded, ServerBase
 
 logger = logging.getLogger(__name__)
@@ -76,6 +76,13 @@ class LockedIterator:
 def exception_payload(exc: BaseException) -> dict[str, Any]:
     """An exception as it travels back: pickled when possible, always as text."""
     import cloudpickle
+
+    if isinstance(exc, (StopIteration, StopAsyncIteration)):
+        # A StopIteration cannot be re-raised through an await: report it as TF does.
+        stop = exc
+        exc = OutOfRangeError("End of sequence: a closure called next() on an exhausted "
+                              "iterator (repeat the dataset, or schedule fewer steps)")
+        exc.__traceback__ = stop.__traceback__
 
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
