@@ -30,7 +30,7 @@ from typing import Any
 
 import cloudpickle
 
-from . import _context
+from . import _context, _pickling
 from .data import PerWorkerDataset, ResourceSpec
 from .dispatch import WorkerDispatcher
 from .errors import CancelledError, InvalidArgumentError, PstrainError
@@ -180,7 +180,7 @@ class ClusterCoordinator:
             cached = None
         if cached is None:
             try:
-                pickled = cloudpickle.dumps(fn, protocol=5)
+                pickled = _pickling.dumps(fn)
             except Exception as exc:
                 raise InvalidArgumentError(
                     f"cannot send {fn!r} to the workers: it does not pickle ({exc}); closures "
@@ -359,6 +359,7 @@ class ClusterCoordinator:
             raise PstrainError("this ClusterCoordinator is closed")
         fn = dataset_fn if callable(dataset_fn) and not hasattr(dataset_fn, "__iter__") \
             else _Constant(dataset_fn)
+        _pickling.dumps(fn)  # registers its user modules to travel by value (and fails early)
         return PerWorkerDataset(self, self._new_resource("dataset", fn=fn))
 
     def _new_resource(self, kind: str, **fields: Any) -> ResourceSpec:

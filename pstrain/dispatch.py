@@ -83,6 +83,12 @@ class WorkerDispatcher:
                 self._lost(exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self.coord.probe_max_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug here must not stop this worker's dispatch
+                logger.exception("dispatcher of %s failed; reconnecting", self.task)
+                self._lost(exc)
+                await asyncio.sleep(backoff)
 
     async def _connect(self) -> None:
         ch = self.channel()
@@ -95,6 +101,11 @@ class WorkerDispatcher:
             self.incarnation = reply["incarnation"]
             self.sent.clear()
             self.pending_resources = deque(self.resources.values())
+        else:  # same process: the resources it built are still there
+            pending = {id(s) for s in self.pending_resources}
+            for spec in self.resources.values():
+                if id(spec) not in pending and not spec.rvs[self.index].done():
+                    spec.built(self.index, None)
         self._broken = None
         self.up = True
         self.coord._worker_state_changed()
@@ -145,8 +156,14 @@ class WorkerDispatcher:
             coord._spawn(self._send(batch))
 
     async def _build(self, spec: ResourceSpec) -> None:
-        reply = await self.channel().call("worker/resource", spec.request(), pickle=True,
-                                          timeout=None)
+        try:
+            reply = await self.channel().call("worker/resource", spec.request(), pickle=True,
+                                              timeout=None)
+        except (UnavailableError, DeadlineExceededError):
+            raise  # the worker failed: handled by run()
+        except PstrainError as exc:  # the worker refused it (cannot unpickle, say)
+            reply = {"error": {"type": type(exc).__name__, "message": exc.message,
+                               "traceback": exc.remote_traceback}}
         spec.built(self.index, reply.get("error"))
 
     # -- sending closures ------------------------------------------------------------------------

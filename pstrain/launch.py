@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["LocalCluster"]
 
 _LISTENING = re.compile(r"listening on (\S+)")
+_BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 class _Task:
@@ -96,6 +97,11 @@ class LocalCluster:
             env.pop(key, None)
         env["PSTRAIN_TOKEN"] = self.token
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # Several processes share this machine's cores: BLAS pools sized for the whole
+        # machine in each of them oversubscribe it (W3 ran 5x slower). Unless the user chose.
+        threads = str(max(1, (os.cpu_count() or 1) // (self.num_ps + self.num_workers)))
+        for var in _BLAS_THREAD_VARS:
+            env.setdefault(var, threads)
         task.proc = await asyncio.create_subprocess_exec(
             *self._command(task, port), stdout=asyncio.subprocess.PIPE, stderr=None, env=env)
         assert task.proc.stdout is not None

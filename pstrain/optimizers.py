@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InvalidArgumentError
-from .sharding import ShardedVariable
+from .sharding import ShardedVariable, compact_ids
 from .variables import IndexedSlices, Variable
 
 __all__ = ["SGD", "Adagrad", "Adam", "Ftrl", "Optimizer"]
@@ -106,6 +106,8 @@ class Optimizer:
 
 
 def _dedupe(rows: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if rows.ndim == 1 and rows.size and bool(np.all(rows[1:] > rows[:-1])):
+        return rows, values  # already sorted and unique (e.g. from np.unique)
     unique, inverse = np.unique(rows, return_inverse=True)
     if unique.size == rows.size:
         order = np.argsort(rows, kind="stable")
@@ -126,7 +128,7 @@ def _split(grad: Any, var: Any) -> list[tuple[Variable, np.ndarray | None, np.nd
             out = []
             for p in np.unique(part):
                 mask = part == p
-                out.append((parts[int(p)], local[mask], values[mask]))
+                out.append((parts[int(p)], compact_ids(local[mask]), values[mask]))
             return out
         g = np.asarray(grad, var.dtype)
         if g.shape != var.shape:
@@ -136,7 +138,7 @@ def _split(grad: Any, var: Any) -> list[tuple[Variable, np.ndarray | None, np.nd
         raise InvalidArgumentError(f"apply_gradients: {type(var).__name__} is not a variable")
     if isinstance(grad, IndexedSlices):
         rows, values = _dedupe(np.asarray(grad.indices), np.asarray(grad.values, var.dtype))
-        return [(var, rows, values)]
+        return [(var, compact_ids(rows), values)]
     g = np.asarray(grad, var.dtype)
     if g.shape != var.shape:
         raise InvalidArgumentError(f"gradient of {var.name!r} has shape {g.shape}, expected {var.shape}")

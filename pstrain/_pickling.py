@@ -1,0 +1,75 @@
+"""Pickling closures so that workers can load them.
+
+cloudpickle sends a function from an importable module *by reference* (module
+and name), which fails on a worker that cannot import that module: a user's
+``train.py`` importing ``model.py`` from its own folder, say. User modules
+(anything outside the interpreter's standard library and site-packages) are
+therefore registered to travel *by value*, along with the user modules the
+function's code refers to.
+"""
+
+from __future__ import annotations
+
+import os
+import site
+import sys
+import sysconfig
+import types
+from functools import lru_cache
+from typing import Any
+
+import cloudpickle
+
+_registered: set[str] = set()
+
+
+@lru_cache(maxsize=1)
+def _library_dirs() -> tuple[str, ...]:
+    dirs = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            dirs.add(os.path.realpath(path))
+    for path in [*getattr(site, "getsitepackages", lambda: [])(), site.getusersitepackages()]:
+        dirs.add(os.path.realpath(path))
+    return tuple(sorted(dirs))
+
+
+def _is_user_module(module: types.ModuleType) -> bool:
+    name = module.__name__
+    if name == "__main__" or name == "pstrain" or name.startswith("pstrain."):
+        return False  # __main__ is pickled by value anyway; pstrain is on every worker
+    file = getattr(module, "__file__", None)
+    if not file:
+        return False
+    path = os.path.realpath(file)
+    return not any(path.startswith(d + os.sep) for d in _library_dirs())
+
+
+def _register(module_name: str | None) -> None:
+    if not module_name or module_name in _registered:
+        return
+    _registered.add(module_name)
+    top = sys.modules.get(module_name.split(".")[0])
+    module = sys.modules.get(module_name)
+    if module is None or top is None or not _is_user_module(module):
+        return
+    try:
+        cloudpickle.register_pickle_by_value(top)
+    except (ValueError, TypeError):
+        pass  # not a module cloudpickle can send by value; stays by reference
+
+
+def dumps(fn: Any) -> bytes:
+    """cloudpickle ``fn``, sending user modules it depends on by value."""
+    _register(getattr(fn, "__module__", None))
+    code = getattr(fn, "__code__", None)
+    glb = getattr(fn, "__globals__", None)
+    if code is not None and glb is not None:
+        for name in code.co_names:
+            obj = glb.get(name)
+            if isinstance(obj, types.ModuleType):
+                _register(obj.__name__)
+            elif obj is not None:
+                _register(getattr(obj, "__module__", None))
+    return cloudpickle.dumps(fn, protocol=5)

@@ -1,0 +1,53 @@
+"""Real training on real processes: W3 learns, W4 beats the base rate; examples run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+sys.path.insert(0, str(EXAMPLES))
+
+pytestmark = pytest.mark.timeout(240)
+
+
+async def test_w3_mlp_learns(cluster):
+    from mnist_mlp import train
+
+    rate, accuracy = await train(cluster.resolver, steps=1000, quiet=True)
+    assert accuracy > 0.85
+    assert rate > 0
+
+
+async def test_w4_ctr_beats_the_base_rate(cluster):
+    from ctr_embedding import train
+
+    result = await train(cluster.resolver, steps=200, quiet=True)
+    assert result["held_out_log_loss"] < result["base_rate_log_loss"]
+    assert result["bytes_per_step"] < 1.1e6  # only looked-up, deduplicated rows travel
+
+
+def run_example(*args: str, launch: bool = False) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PSTRAIN_", "TF_CONFIG"))}
+    cmd = [sys.executable, *args]
+    if launch:
+        cmd = [sys.executable, "-m", "pstrain.cli", "launch", "--ps", "2", "--workers", "2", "--", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=200, env=env, cwd=EXAMPLES)
+
+
+def test_tf_doc_example_runs_on_its_own_and_under_launch():
+    alone = run_example("tf_doc_example.py")
+    assert alone.returncode == 0, alone.stderr
+    assert "v1 = 1.1000, v2 = -1.2000" in alone.stdout
+    launched = run_example("tf_doc_example.py", launch=True)
+    assert launched.returncode == 0, launched.stderr
+    assert "[chief] v1 = 1.1000" in launched.stdout
+
+
+def test_ctr_example_runs_under_launch():
+    result = run_example("ctr_embedding.py", "--steps", "150", "--quiet", launch=True)
+    assert result.returncode == 0, result.stdout + result.stderr
