@@ -115,7 +115,8 @@ async def evaluate(model, test):
     return log_loss(p, y)
 
 
-async def train(resolver, steps: int = 1000, quiet: bool = False, max_inflight: int = 1):
+async def train(resolver, steps: int = 1000, quiet: bool = False, max_inflight: int = 1,
+                cpu_clock=None):
     """Train; returns a dict of the figures (examples/s, losses, bytes per step)."""
     strategy = pstrain.ParameterServerStrategy(
         resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
@@ -150,10 +151,12 @@ async def train(resolver, steps: int = 1000, quiet: bool = False, max_inflight: 
         await coordinator.join()
         bar.update(warm)
         bytes_before = await ps_bytes()
+        cpu_before = cpu_clock() if cpu_clock else 0.0
         t = time.perf_counter()
         rvs = [coordinator.schedule(step, args=(iterator,)) for _ in range(steps - warm)]
         await bar.track(rvs, coordinator, postfix=lambda loss: {"loss": f"{loss:.3f}"})
         elapsed = time.perf_counter() - t
+        cpu = (cpu_clock() - cpu_before) if cpu_clock else float("nan")
         bytes_per_step = (await ps_bytes() - bytes_before) / (steps - warm)
     _, test = synthetic(n_train)
     held_out = await evaluate(model, test)
@@ -161,7 +164,8 @@ async def train(resolver, steps: int = 1000, quiet: bool = False, max_inflight: 
     base_loss = log_loss(np.full_like(test[2], base), test[2])
     result = {"examples_per_s": (steps - warm) * BATCH / elapsed, "held_out_log_loss": held_out,
               "base_rate_log_loss": base_loss, "bytes_per_step": bytes_per_step,
-              "train_loss_last": float(np.mean([await rv for rv in rvs[-20:]]))}
+              "train_loss_last": float(np.mean([await rv for rv in rvs[-20:]])),
+              "cpu_ms_per_step": cpu * 1e3 / (steps - warm)}
     if not quiet:
         print(f"W4: {steps} steps, {result['examples_per_s']:,.0f} examples/s, "
               f"{bytes_per_step / 1e6:.2f} MB on the wire per step, held-out log loss "
