@@ -44,7 +44,8 @@ _EXPORTS: dict[str, str] = {
     "update_variables": "variables",
     "run": "_runtime",
 }
-_SUBMODULES = ("data", "errors", "initializers", "metrics", "optimizers", "partitioners")
+_SUBMODULES = ("checkpoint", "data", "errors", "evaluator", "initializers", "metrics", "optimizers",
+               "partitioners", "rpc")
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 
@@ -65,7 +66,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from . import data, errors, initializers, metrics, optimizers, partitioners
+    from . import (checkpoint, data, errors, evaluator, initializers, metrics, optimizers,
+                   partitioners, rpc)
     from ._runtime import run
     from .cluster import ClusterResolver, ClusterSpec, SimpleClusterResolver, TFConfigClusterResolver
     from .coordinator import ClusterCoordinator, get_current_worker_index

@@ -61,7 +61,7 @@ def _serve_parser(sub: Any) -> None:
     p = sub.add_parser("serve", help="run one ps or worker task",
                        description="Run one task of a pstrain cluster until SIGTERM or SIGINT.",
                        epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--role", choices=["ps", "worker"],
+    p.add_argument("--role", choices=["ps", "worker", "evaluator"],
                    help="which task to run (default: the config's task.type)")
     p.add_argument("--index", type=int, help="task index within its role (default: task.index)")
     p.add_argument("--cluster", metavar="FILE",
@@ -77,6 +77,12 @@ def _serve_parser(sub: Any) -> None:
                    help="CA file to verify other tasks' certificates (workers -> ps)")
     p.add_argument("--max-body", type=int, default=None, metavar="BYTES",
                    help="largest request body accepted (default 2 GiB); larger -> 413")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="evaluator: the directory the job's CheckpointManager writes")
+    p.add_argument("--eval-script", metavar="FILE",
+                   help="evaluator: a Python file defining evaluate(variables, iterations) -> metrics")
+    p.add_argument("--max-evaluations", type=int, default=None,
+                   help="evaluator: stop after this many evaluations (default: run forever)")
     p.add_argument("--closure-threads", type=int, default=4,
                    help="worker: threads that run plain-def closures (default 4)")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
@@ -101,11 +107,13 @@ def _serve(args: argparse.Namespace) -> int:
         spec, task_type, task_id = parse_config(text, source)
         role = role or task_type
         index = index if index is not None else task_id
-    if role not in ("ps", "worker"):
-        raise PstrainError("pstrain serve needs --role ps|worker (or a config whose task.type is ps "
-                           f"or worker; got {role!r})")
+    if role not in ("ps", "worker", "evaluator"):
+        raise PstrainError("pstrain serve needs --role ps|worker|evaluator (or a config whose "
+                           f"task.type is one of them; got {role!r})")
     index = index or 0
     _setup_logging(args.log_level, f"{role}:{index}")
+    if role == "evaluator":
+        return _evaluate(args)
     if args.token_file:
         with open(args.token_file, encoding="utf-8") as f:
             token: str | None = f.read().strip()
@@ -150,6 +158,25 @@ def _serve(args: argparse.Namespace) -> int:
         await server.stop()
 
     run(main())
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    import runpy
+
+    from . import run
+    from .evaluator import SidecarEvaluator
+
+    if not args.checkpoint_dir or not args.eval_script:
+        raise PstrainError("the evaluator needs --checkpoint-dir and --eval-script")
+    namespace = runpy.run_path(args.eval_script)
+    if not callable(namespace.get("evaluate")):
+        raise PstrainError(f"{args.eval_script} must define evaluate(variables, iterations)")
+    evaluator = SidecarEvaluator(namespace["evaluate"], args.checkpoint_dir,
+                                 max_evaluations=args.max_evaluations)
+    print(f"pstrain evaluator watching {args.checkpoint_dir}", flush=True)
+    for path, iterations, result in run(evaluator.run()):
+        print(f"{path} iterations={iterations} {result}", flush=True)
     return 0
 
 

@@ -33,7 +33,8 @@ import cloudpickle
 from . import _context, _pickling
 from .data import PerWorkerDataset, ResourceSpec
 from .dispatch import WorkerDispatcher
-from .errors import CancelledError, InvalidArgumentError, PstrainError
+from .errors import (CancelledError, DeadlineExceededError, InvalidArgumentError, PstrainError,
+                     UnavailableError)
 from .remote_value import RemoteValue
 from .strategy import ParameterServerStrategy
 from .values import PerWorkerValues
@@ -109,6 +110,7 @@ class ClusterCoordinator:
 
     def __init__(self, strategy: ParameterServerStrategy, max_inflight_per_worker: int = 1, *,
                  max_batch: int = 1024, worker_timeout_s: float = 10.0,
+                 ps_timeout_s: float = 10.0, heartbeat_s: float = 1.0,
                  probe_initial_s: float = 0.05, probe_max_s: float = 2.0,
                  cancel_grace_s: float = 10.0) -> None:
         if getattr(self, "_initialized", False):
@@ -125,6 +127,8 @@ class ClusterCoordinator:
         self.max_inflight_per_worker = max_inflight_per_worker
         self.max_batch = max_batch
         self.worker_timeout_s = worker_timeout_s
+        self.ps_timeout_s = ps_timeout_s
+        self.heartbeat_s = heartbeat_s
         self.probe_initial_s = probe_initial_s
         self.probe_max_s = probe_max_s
         self.cancel_grace_s = cancel_grace_s
@@ -151,6 +155,33 @@ class ClusterCoordinator:
         self._loop = asyncio.get_running_loop()
         for w in self._workers:
             self._spawn(w.run())
+        self._spawn(self._watch())
+
+    async def _watch(self) -> None:
+        """While closures run, ping their workers and every ps: silence past the deadline
+        is a failure (a worker's closures are rescheduled; a ps fails the job)."""
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            if not self._inflight or self._error is not None:
+                continue
+            await asyncio.gather(*(self._ping_worker(w) for w in self._workers if w.up and w.inflight),
+                                 *(self._ping_ps(k) for k in range(self.strategy._num_ps)))
+
+    async def _ping_worker(self, w: WorkerDispatcher) -> None:
+        try:
+            await w.channel().call("health", None, timeout=self.worker_timeout_s)
+        except (UnavailableError, DeadlineExceededError) as exc:
+            logger.warning("%s did not answer a health check: %s", w.task, exc)
+            await w.channel().close()  # fails its pending calls: the dispatcher reschedules
+
+    async def _ping_ps(self, k: int) -> None:
+        try:
+            await self._peers.channel("ps", k).call("health", None, timeout=self.ps_timeout_s)
+        except (UnavailableError, DeadlineExceededError) as exc:
+            task = f"/job:ps/replica:0/task:{k}"
+            self._record_error(UnavailableError(
+                f"parameter server {task} is unavailable ({exc}); restart it and restore the "
+                "latest checkpoint", task=task), None)
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -268,11 +299,11 @@ class ClusterCoordinator:
             exc.add_note(f"raised on {task}; remote traceback:\n{payload.get('traceback', '')}")
         return exc
 
-    def _record_error(self, exc: BaseException, closure: Closure) -> None:
+    def _record_error(self, exc: BaseException, closure: Closure | None) -> None:
         if self._error is not None:
             return  # first error wins
         logger.error("%s encountered the following error when processing closure: %r",
-                     closure.rv, exc)
+                     getattr(exc, "task", None) or "a worker", exc)
         self._error = exc
         self._cancel_all()
         self._progress()

@@ -200,7 +200,9 @@ class ParameterServerStrategy:
         self._num_workers = spec.num_tasks("worker")
         self._peers = rpc.Peers(spec, getattr(cluster_resolver, "token", None),
                                 ssl_context=getattr(cluster_resolver, "ssl_context", None))
+        self._peers.owner = self  # type: ignore[attr-defined]
         rpc.set_default_peers(self._peers)
+        self._restore_from: str | None = None  # a checkpoint for variables created later
         self.extended = _Extended(self)
         self._colocate: contextvars.ContextVar[int | None] = contextvars.ContextVar(
             "pstrain_colocate", default=None)
@@ -247,6 +249,15 @@ class ParameterServerStrategy:
                          synchronization: Any = "AUTO") -> Any:
         if initial_value is None:
             raise InvalidArgumentError("Variable needs an initial_value")
+        full_name = self._unique_name(name)
+        if self._restore_from is not None:  # delayed restore: start from the checkpoint
+            from .checkpoint import read_variable
+
+            saved = read_variable(self._restore_from, full_name)
+            if saved is not None:
+                initial_value = saved
+                dtype = saved.dtype
+                shape = saved.shape
         if isinstance(initial_value, Initializer):
             if shape is None:
                 raise InvalidArgumentError(f"{initial_value!r} needs shape= to build a variable")
@@ -257,7 +268,6 @@ class ParameterServerStrategy:
             value = initial_value_array(initial_value, dtype, shape)
             var_dtype, var_shape = value.dtype, value.shape
             entry = {"value": value}
-        full_name = self._unique_name(name)
         partitioned = self._maybe_partition(full_name, entry, var_shape, var_dtype, trainable,
                                             aggregation, synchronization)
         if partitioned is not None:
@@ -378,6 +388,7 @@ def _worker_strategy(num_ps: int, num_workers: int, partitioner: Any) -> Paramet
     self._names = {}
     self._pending = {}
     self._flushing = None
+    self._restore_from = None
     return self
 
 

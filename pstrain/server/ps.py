@@ -95,6 +95,8 @@ class ParameterServer(ServerBase):
         self.route("vars/delete", self.delete)
         self.route("vars/list", self.list)
         self.route("opt/apply", self.apply_optimizer)
+        self.route("ckpt/save", self.save_checkpoint)
+        self.route("ckpt/restore", self.restore_checkpoint)
         self.route("vars/call", self.call_function, pickle=True)
 
     # -- helpers ---------------------------------------------------------------------------
@@ -335,6 +337,18 @@ class ParameterServer(ServerBase):
                      for s, init in specs.items()}
             rule(var, grad.astype(var.dtype, copy=False), rows, slots, cfg, t)
         return {"t": t}
+
+    async def save_checkpoint(self, req: Any) -> dict[str, Any]:
+        """Write variables to a safetensors file: ``{"path", "tensors": {key: variable}}``."""
+        from . import ps_files
+
+        return await ps_files.save(self, req)
+
+    async def restore_checkpoint(self, req: Any) -> dict[str, Any]:
+        """Create or replace variables from checkpoint row ranges (see ``ps_files``)."""
+        from . import ps_files
+
+        return await ps_files.restore(self, req)
 
     def _slot_array(self, name: str, like: np.ndarray, init: float) -> np.ndarray:
         slot = self.vars.get(name)
