@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from .cluster import task_name
 from .errors import (
     CancelledError,
+    ClosureAbortedError,
     ClosureInputError,
     DeadlineExceededError,
     PstrainError,
@@ -79,7 +80,7 @@ class WorkerDispatcher:
                 await self._connect()
                 backoff = self.coord.probe_initial_s
                 await self._pump()
-            except (UnavailableError, DeadlineExceededError) as exc:
+            except (UnavailableError, DeadlineExceededError, ClosureAbortedError) as exc:
                 self._lost(exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self.coord.probe_max_s)
@@ -157,10 +158,13 @@ class WorkerDispatcher:
 
     async def _build(self, spec: ResourceSpec) -> None:
         try:
-            reply = await self.channel().call("worker/resource", spec.request(), pickle=True,
-                                              timeout=None)
+            reply = await self.channel().call(
+                "worker/resource", {**spec.request(), "incarnation": self.incarnation}, pickle=True,
+                timeout=None)
         except (UnavailableError, DeadlineExceededError):
             raise  # the worker failed: handled by run()
+        except ClosureAbortedError as exc:  # it restarted under us
+            raise UnavailableError(str(exc), task=self.task) from exc
         except PstrainError as exc:  # the worker refused it (cannot unpickle, say)
             reply = {"error": {"type": type(exc).__name__, "message": exc.message,
                                "traceback": exc.remote_traceback}}
@@ -214,8 +218,9 @@ class WorkerDispatcher:
         self.sent.update(fns)
         try:
             reply = await self.channel().call_stream(
-                "worker/run", {"fns": fns, "closures": entries}, self._on_results, pickle=True)
-        except (UnavailableError, DeadlineExceededError) as exc:
+                "worker/run", {"fns": fns, "closures": entries, "incarnation": self.incarnation},
+                self._on_results, pickle=True)
+        except (UnavailableError, DeadlineExceededError, ClosureAbortedError) as exc:
             self._broken = exc
             if any(e[0] in self.inflight for e in entries):
                 self._lost(exc)  # put back now; the pump loop reconnects

@@ -25,7 +25,7 @@ from typing import Any
 
 from .. import _context, rpc
 from ..cluster import ClusterSpec
-from ..errors import ClosureInputError, InvalidArgumentError, NotFoundError, OutOfRangeError
+from ..errors import ClosureAbortedError, ClosureInputError, InvalidArgumentError, NotFoundError, OutOfRangeError
 from .base import Encoded, ServerBase
 
 logger = logging.getLogger(__name__)
@@ -213,6 +213,7 @@ class WorkerServer(ServerBase):
 
     async def run_closures(self, req: Any, emit: Callable[[Any], None] | None) -> Encoded:
         """Run a batch of closures; partial replies carry results as they finish."""
+        self._check_incarnation(req)
         fns = req.get("fns") or {}
         if fns:
             import cloudpickle
@@ -227,6 +228,13 @@ class WorkerServer(ServerBase):
         batch = _Batch(len(closures), emit, loop.create_future())
         self._start_batch(batch, closures)
         return await batch.done
+
+    def _check_incarnation(self, req: Any) -> None:
+        expected = req.get("incarnation") if isinstance(req, dict) else None
+        if expected is not None and expected != self.incarnation:
+            raise ClosureAbortedError(
+                f"{self.task} restarted since the coordinator connected (it has none of the "
+                "functions or resources sent before); reconnect")
 
     def cancel(self, req: Any) -> dict[str, Any]:
         """Cancel running or queued closures by id (``{"ids": [...]}``)."""
@@ -244,6 +252,7 @@ class WorkerServer(ServerBase):
 
     async def create_resource(self, req: Any) -> dict[str, Any]:
         """Build a per-worker resource: ``dataset`` (call fn), ``iterator`` (iter of one)."""
+        self._check_incarnation(req)
         rid, kind = req["rid"], req["kind"]
         assert self._cloop is not None
 

@@ -1,0 +1,175 @@
+"""Preemption drills with real processes: workers killed and restarted, a ps lost and restored."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import pstrain
+from pstrain.checkpoint import Checkpoint, CheckpointManager, load_variables
+from pstrain.errors import UnavailableError
+
+from .conftest import wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def setup(cluster, **kw):
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    coordinator = pstrain.ClusterCoordinator(strategy, **kw)
+    async with strategy.scope():
+        count = pstrain.Variable(0, name="count")
+    return strategy, coordinator, count
+
+
+def make_step(count, delay=0.0):
+    async def step():
+        if delay:
+            await asyncio.sleep(delay)
+        await count.assign_add(1)
+        return 1
+    return step
+
+
+async def test_kill_between_closures_then_restart_counts_exactly(cluster):
+    _, coordinator, count = await setup(cluster)
+    step = make_step(count)
+    for _ in range(2):
+        coordinator.schedule(step)
+    await coordinator.join()
+    await cluster.kill("worker", 0)
+    await cluster.restart("worker", 0)
+    for _ in range(2):
+        coordinator.schedule(step)
+    await coordinator.join()
+    assert await count.numpy() == 4
+    await coordinator.close()
+
+
+async def test_kill_in_the_middle_of_200_closures(cluster):
+    _, coordinator, count = await setup(cluster, max_inflight_per_worker=4)
+    rvs = [coordinator.schedule(make_step(count, 0.01)) for _ in range(200)]
+    await wait_for(lambda: count.numpy(), what="training to start")
+    await wait_for(lambda: _at_least(count, 40), what="some progress")
+    await cluster.kill("worker", 1)
+    await coordinator.join()
+    assert all(rv.done() for rv in rvs)
+    assert [await rv for rv in rvs] == [1] * 200  # every closure ran (at least once)
+    assert await count.numpy() >= 200
+    assert coordinator.worker_failures >= 1
+    await coordinator.close()
+
+
+async def _at_least(var, n):
+    return await var.numpy() >= n
+
+
+async def test_both_workers_killed_and_restarted(cluster):
+    _, coordinator, count = await setup(cluster)
+    for _ in range(100):
+        coordinator.schedule(make_step(count, 0.01))
+    await wait_for(lambda: _at_least(count, 10), what="progress")
+    await cluster.kill("worker", 0)
+    await cluster.kill("worker", 1)
+    await cluster.restart("worker", 0)
+    await cluster.restart("worker", 1)
+    await coordinator.join()
+    assert await count.numpy() >= 100
+    await coordinator.close()
+
+
+async def test_one_worker_killed_twice_in_a_row(cluster):
+    _, coordinator, count = await setup(cluster)
+    for _ in range(100):
+        coordinator.schedule(make_step(count, 0.01))
+    for _ in range(2):
+        await wait_for(lambda: _at_least(count, 10), what="progress")
+        await cluster.kill("worker", 0)
+        await cluster.restart("worker", 0)
+    await coordinator.join()
+    assert await count.numpy() >= 100
+    await coordinator.close()
+
+
+async def test_a_worker_that_stays_down(cluster):
+    _, coordinator, count = await setup(cluster)
+    for _ in range(60):
+        coordinator.schedule(make_step(count, 0.005))
+    await wait_for(lambda: _at_least(count, 5), what="progress")
+    await cluster.kill("worker", 1)
+    await coordinator.join()
+    assert await count.numpy() >= 60
+    await coordinator.close()
+
+
+async def test_restarted_workers_iterator_is_rebuilt():
+    async with pstrain.LocalCluster(num_ps=1, num_workers=1) as cluster:
+        coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(cluster.resolver))
+        it = iter(coordinator.create_per_worker_dataset(lambda: pstrain.data.Dataset.range(1000)))
+        first = [int(await coordinator.schedule(lambda it: next(it), args=(it,))) for _ in range(3)]
+        assert first == [0, 1, 2]
+        await cluster.kill("worker", 0)
+        await cluster.restart("worker", 0)
+        again = int(await coordinator.schedule(lambda it: next(it), args=(it,)))
+        assert again == 0  # rebuilt on the new process, from the beginning
+        await coordinator.close()
+
+
+async def test_results_stay_readable_after_their_worker_died():
+    async with pstrain.LocalCluster(num_ps=1, num_workers=1) as cluster:
+        coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(cluster.resolver))
+        rv = coordinator.schedule(lambda: {"value": np.arange(3)})
+        await coordinator.join()
+        await cluster.kill("worker", 0)
+        np.testing.assert_array_equal((await rv)["value"], [0, 1, 2])
+        got = []
+        thread = threading.Thread(target=lambda: got.append(rv.fetch()))
+        thread.start()
+        await asyncio.get_running_loop().run_in_executor(None, thread.join, 10)
+        np.testing.assert_array_equal(got[0]["value"], [0, 1, 2])
+        await coordinator.close()
+
+
+async def test_ps_loss_is_reported_then_restored_from_a_checkpoint(tmp_path):
+    async with pstrain.LocalCluster(num_ps=2, num_workers=2) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        coordinator = pstrain.ClusterCoordinator(strategy, ps_timeout_s=5.0)
+        async with strategy.scope():
+            w = pstrain.Variable(np.zeros(4, np.float32), name="w")      # ps 0
+            table = pstrain.Variable(np.zeros((50, 4), np.float32), name="table")  # ps 1
+            opt = pstrain.optimizers.Adagrad(0.1)
+        manager = CheckpointManager(Checkpoint(w=w, table=table, optimizer=opt), str(tmp_path))
+
+        async def step():
+            await opt.apply_gradients([(np.ones(4, np.float32), w),
+                                       (pstrain.IndexedSlices(np.ones((2, 4)), [1, 7]), table)])
+
+        for _ in range(10):
+            coordinator.schedule(step)
+        await coordinator.join()
+        path = await manager.save()
+        saved = load_variables(path)
+
+        await cluster.kill("ps", 1)
+        t = time.monotonic()
+        for _ in range(5):
+            coordinator.schedule(step)
+        with pytest.raises(UnavailableError) as info:
+            await coordinator.join()
+        assert time.monotonic() - t < 30
+        assert "/job:ps/replica:0/task:1" in str(info.value) + str(info.value.task)
+
+        await cluster.restart("ps", 1)
+        await Checkpoint(w=w, table=table, optimizer=opt).restore(manager.latest_checkpoint)
+        for name, var in (("w", w), ("table", table)):
+            assert (await var.numpy()).tobytes() == saved[name].tobytes()  # bit for bit
+        assert await opt.iterations.numpy() == 10
+        for _ in range(5):
+            coordinator.schedule(step)
+        await coordinator.join()
+        assert await opt.iterations.numpy() == 15
+        await coordinator.close()
