@@ -173,3 +173,14 @@ async def test_ps_loss_is_reported_then_restored_from_a_checkpoint(tmp_path):
         await coordinator.join()
         assert await opt.iterations.numpy() == 15
         await coordinator.close()
+
+
+def test_fault_drill_example_accounts_for_every_step():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "fault_drill.py"
+    result = subprocess.run([sys.executable, str(example), "--steps", "120", "--quiet"],
+                            capture_output=True, text=True, timeout=110)
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
