@@ -19,7 +19,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	$(PY) examples/tf_doc_example.py
+	$(PY) -m pstrain.cli demo $(DEMO_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

@@ -32,6 +32,7 @@ _EXPORTS: dict[str, str] = {
     "ReplicaContext": "strategy",
     "Server": "server",
     "SimpleClusterResolver": "cluster",
+    "SlurmClusterResolver": "cluster",
     "TFConfigClusterResolver": "cluster",
     "ValueContext": "values",
     "Variable": "variables",
@@ -69,7 +70,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from . import (checkpoint, data, errors, evaluator, initializers, metrics, optimizers,
                    partitioners, rpc)
     from ._runtime import run
-    from .cluster import ClusterResolver, ClusterSpec, SimpleClusterResolver, TFConfigClusterResolver
+    from .cluster import (ClusterResolver, ClusterSpec, SimpleClusterResolver, SlurmClusterResolver,
+                          TFConfigClusterResolver)
     from .coordinator import ClusterCoordinator, get_current_worker_index
     from .launch import LocalCluster
     from .module import Module

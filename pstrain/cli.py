@@ -85,6 +85,8 @@ def _serve_parser(sub: Any) -> None:
                    help="evaluator: stop after this many evaluations (default: run forever)")
     p.add_argument("--closure-threads", type=int, default=4,
                    help="worker: threads that run plain-def closures (default 4)")
+    p.add_argument("--metrics-public", action="store_true",
+                   help="serve GET /metrics without the token (for a Prometheus without it)")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="stop when the process that started this one exits (LocalCluster uses it)")
@@ -129,7 +131,7 @@ def _serve(args: argparse.Namespace) -> int:
     options: dict[str, Any] = dict(
         host=host or "127.0.0.1", port=port or 0, token=token,
         ssl_context=_server_ssl(args.tls_cert, args.tls_key),
-        max_body=args.max_body or DEFAULT_MAX_BODY)
+        max_body=args.max_body or DEFAULT_MAX_BODY, metrics_public=args.metrics_public)
     if role == "ps":
         from .server.ps import ParameterServer
 
@@ -188,10 +190,91 @@ async def _watch_parent(parent: int, stop: asyncio.Event) -> None:
     stop.set()
 
 
+def _status_parser(sub: Any) -> None:
+    p = sub.add_parser("status", help="show every task of a cluster: up or down, load",
+                       description="Probe every task of the cluster (from --cluster, PSTRAIN_CONFIG "
+                                   "or TF_CONFIG) and print a table.")
+    p.add_argument("--cluster", metavar="FILE", help="cluster config JSON file (TF_CONFIG format)")
+    p.add_argument("--token-file", metavar="FILE", help="file holding the cluster token")
+    p.add_argument("--timeout", type=float, default=2.0, help="seconds before a task counts as down")
+    p.set_defaults(func=_status)
+
+
+def _load_cluster(path: str | None) -> ClusterSpec:
+    if path:
+        with open(path, encoding="utf-8") as f:
+            return parse_config(f.read(), path)[0]
+    for var in ("PSTRAIN_CONFIG", "TF_CONFIG"):
+        if os.environ.get(var):
+            return parse_config(os.environ[var], var)[0]
+    raise PstrainError("no cluster: pass --cluster FILE or set PSTRAIN_CONFIG / TF_CONFIG")
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _status(args: argparse.Namespace) -> int:
+    from . import run
+    from .rpc import Channel
+
+    spec = _load_cluster(args.cluster)
+    if args.token_file:
+        with open(args.token_file, encoding="utf-8") as f:
+            token: str | None = f.read().strip()
+    else:
+        token = read_token(os.environ)
+    tasks = [(job, i) for job in ("chief", "ps", "worker", "evaluator") for i in range(spec.num_tasks(job))]
+
+    async def probe(job: str, i: int) -> dict[str, Any]:
+        address = spec.task_address(job, i)
+        ch = Channel(address, token=token, task=f"{job}:{i}", connect_timeout=args.timeout)
+        row: dict[str, Any] = {"task": f"{job}:{i}", "address": address, "state": "down"}
+        try:
+            first = await ch.call("statistics", {}, timeout=args.timeout)
+            await asyncio.sleep(1.0)
+            second = await ch.call("statistics", {}, timeout=args.timeout)
+        except PstrainError as exc:
+            row["error"] = type(exc).__name__
+            return row
+        finally:
+            await ch.close()
+        count = lambda s: sum(r["count"] for r in s["requests"].values())  # noqa: E731
+        rate = max(0, count(second) - count(first) - 1) / 1.0  # minus our own second call
+        work = (f"{second['variables']} variables" if "variables" in second else
+                f"{second['closures_run']} closures" if "closures_run" in second else
+                f"{second.get('closures_done', 0)} done")
+        row.update(state="up", uptime=f"{second.get('uptime_s', 0):.0f} s", work=work,
+                   bytes=_human(second.get("bytes", sum(r["bytes_in"] + r["bytes_out"]
+                                                        for r in second["requests"].values()))),
+                   rate=f"{rate:.0f}/s")
+        return row
+
+    async def main() -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*(probe(job, i) for job, i in tasks)))
+
+    rows = run(main())
+    cols = [("TASK", "task"), ("STATE", "state"), ("ADDRESS", "address"), ("UPTIME", "uptime"),
+            ("WORK", "work"), ("BYTES", "bytes"), ("REQUESTS", "rate")]
+    widths = [max(len(h), *(len(str(r.get(k, "-"))) for r in rows)) for h, k in cols]
+    print("  ".join(h.ljust(w) for (h, _), w in zip(cols, widths)))
+    for r in rows:
+        print("  ".join(str(r.get(k, "-")).ljust(w) for (_, k), w in zip(cols, widths)))
+    return 0 if all(r["state"] == "up" for r in rows if not r["task"].startswith("chief")) else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pstrain", description="Parameter-server training runtime.")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    _status_parser(sub)
+    from .demo import add_demo_parser
+
+    add_demo_parser(sub)
     from .launch import add_launch_parser
 
     add_launch_parser(sub)

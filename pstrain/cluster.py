@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ __all__ = [
     "ClusterResolver",
     "ClusterSpec",
     "SimpleClusterResolver",
+    "SlurmClusterResolver",
     "TFConfigClusterResolver",
     "parse_address",
     "task_name",
@@ -258,3 +260,85 @@ def read_token(env: Mapping[str, str]) -> str | None:
         with open(path, encoding="utf-8") as f:
             return f.read().strip()
     return None
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """Expand SLURM's compressed host lists: ``node[001-003,7],gpu2`` -> node001 ... node7, gpu2.
+
+    >>> expand_hostlist("n[01-03,7],x")
+    ['n01', 'n02', 'n03', 'n7', 'x']
+    """
+    hosts: list[str] = []
+    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,\[]*", hostlist):
+        m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", item)
+        if not m:
+            hosts.append(item)
+            continue
+        prefix, ranges, suffix = m.groups()
+        for part in ranges.split(","):
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                width = len(lo)
+                hosts.extend(f"{prefix}{i:0{width}d}{suffix}" for i in range(int(lo), int(hi) + 1))
+            else:
+                hosts.append(f"{prefix}{part}{suffix}")
+    return hosts
+
+
+def expand_tasks_per_node(spec: str) -> list[int]:
+    """``2(x3),1`` -> [2, 2, 2, 1] (SLURM_STEP_TASKS_PER_NODE)."""
+    counts: list[int] = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not m:
+            raise InvalidArgumentError(f"cannot parse SLURM tasks per node {spec!r}")
+        counts.extend([int(m.group(1))] * int(m.group(2) or 1))
+    return counts
+
+
+class SlurmClusterResolver(ClusterResolver):
+    """The cluster of a SLURM job step, with TensorFlow's rules.
+
+    Hosts come from ``SLURM_STEP_NODELIST`` in sorted order, each running
+    ``SLURM_STEP_TASKS_PER_NODE`` tasks on ports ``port_base``,
+    ``port_base + 1``, ...; the resulting addresses are dealt to the jobs in
+    sorted job-name order (``chief``, ``ps``, ``worker``); this process's task
+    is the one at rank ``SLURM_PROCID``.
+
+    >>> # r = SlurmClusterResolver(jobs={"ps": 1, "worker": 3}, port_base=8888)
+    """
+
+    def __init__(self, jobs: Mapping[str, int] | None = None, port_base: int = 8888,
+                 environ: Mapping[str, str] | None = None, token: str | None = None) -> None:
+        env = os.environ if environ is None else environ
+        try:
+            rank = int(env["SLURM_PROCID"])
+            num_tasks = int(env.get("SLURM_STEP_NUM_TASKS") or env["SLURM_NTASKS"])
+            nodelist = env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"]
+            per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env["SLURM_TASKS_PER_NODE"]
+        except KeyError as exc:
+            raise InvalidArgumentError(f"not inside a SLURM job step: {exc.args[0]} is not set") from None
+        hosts = expand_hostlist(nodelist)
+        counts = expand_tasks_per_node(per_node)
+        if len(counts) != len(hosts):
+            raise InvalidArgumentError(f"SLURM lists {len(hosts)} nodes but tasks for {len(counts)}")
+        jobs = dict(jobs or {"worker": num_tasks})
+        if sum(jobs.values()) > num_tasks:
+            raise InvalidArgumentError(
+                f"Requested more tasks than assigned tasks: jobs {jobs} need {sum(jobs.values())}, "
+                f"the step has {num_tasks}")
+        addresses = [f"{host}:{port_base + i}" for host, n in sorted(zip(hosts, counts)) for i in range(n)]
+        cluster: dict[str, list[str]] = {}
+        start = 0
+        self.task_type, self.task_id = None, None
+        for job, n in sorted(jobs.items()):
+            cluster[job] = addresses[start:start + n]
+            if start <= rank < start + n:
+                self.task_type, self.task_id = job, rank - start
+            start += n
+        self._spec = ClusterSpec(cluster)
+        self.token = token if token is not None else read_token(env)
+        self.rank = rank
+
+    def cluster_spec(self) -> ClusterSpec:
+        return self._spec

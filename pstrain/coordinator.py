@@ -410,6 +410,34 @@ class ClusterCoordinator:
             if w.resources.pop(rid, None) is not None:
                 w.dropped.append(rid)
 
+    # -- observability ----------------------------------------------------------------------------
+    def statistics(self) -> dict[str, Any]:
+        """Counts for /metrics and `pstrain status`."""
+        return {"queued": len(self._queue), "in_flight": self._inflight,
+                "closures_done": self.closures_done, "closures_retried": self.closures_retried,
+                "worker_failures": self.worker_failures,
+                "workers_up": sum(w.up for w in self._workers)}
+
+    async def serve_metrics(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Serve ``GET /metrics`` and ``/healthz`` for this coordinator; returns the address.
+
+        Token-protected like every server (the strategy's cluster token).
+        """
+        from .server.base import ServerBase
+
+        coordinator = self
+
+        class _ChiefServer(ServerBase):
+            def statistics(self, req: Any) -> dict[str, Any]:
+                return {**super().statistics(req), **coordinator.statistics()}
+
+        if self._metrics_server is None:
+            self._metrics_server = _ChiefServer("chief", 0, host=host, port=port, token=self._peers.token)
+            await self._metrics_server.start()
+        return self._metrics_server.address  # type: ignore[return-value]
+
+    _metrics_server: Any = None
+
     # -- lifecycle --------------------------------------------------------------------------------
     async def close(self) -> None:
         """Stop dispatching and close the channels to the workers."""
@@ -427,6 +455,8 @@ class ClusterCoordinator:
                 c.rv._set_error(CancelledError("the coordinator was closed"))
             w.inflight.clear()
         await self._peers.close()
+        if self._metrics_server is not None:
+            await self._metrics_server.stop()
         if getattr(self.strategy, "_coordinator", None) is self:
             self.strategy._coordinator = None
 

@@ -96,7 +96,7 @@ class ServerBase:
 
     def __init__(self, role: str, index: int, *, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, ssl_context: ssl_module.SSLContext | None = None,
-                 max_body: int = DEFAULT_MAX_BODY) -> None:
+                 max_body: int = DEFAULT_MAX_BODY, metrics_public: bool = False) -> None:
         if not is_loopback(host) and not token:
             raise InvalidArgumentError(
                 f"refusing to listen on {host!r} without a cluster token: anyone who can reach "
@@ -110,6 +110,7 @@ class ServerBase:
         self._token_bytes = token.encode() if token else None
         self.ssl_context = ssl_context
         self.max_body = max_body
+        self.metrics_public = metrics_public
         self.status = Status.INIT
         self.address: str | None = None
         self.started_at = time.time()
@@ -158,6 +159,7 @@ class ServerBase:
         app.router.add_route("POST", "/v1/{op:.+}", self._http_op)
         app.router.add_route("GET", "/v1/health", self._http_health)
         app.router.add_route("GET", "/healthz", self._http_health)
+        app.router.add_route("GET", "/metrics", self._http_metrics)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         http_factory = self._runner.server
@@ -209,18 +211,19 @@ class ServerBase:
                 "uptime_s": time.time() - self.started_at}
 
     def statistics(self, _: Any) -> dict[str, Any]:
-        return {"task": self.task,
-                "requests": {op: {"count": c, "bytes_in": bi, "bytes_out": bo}
-                             for op, (c, bi, bo) in self.stats.items()}}
+        return {"task": self.task, "uptime_s": time.time() - self.started_at,
+                "requests": {op: {"count": c, "bytes_in": bi, "bytes_out": bo, "seconds": sec}
+                             for op, (c, bi, bo, sec) in self.stats.items()}}
 
     # -- dispatch --------------------------------------------------------------------------
-    def _count(self, op: str, bytes_in: int, bytes_out: int) -> None:
+    def _count(self, op: str, bytes_in: int, bytes_out: int, seconds: float = 0.0) -> None:
         entry = self.stats.get(op)
         if entry is None:
-            entry = self.stats[op] = [0, 0, 0]
+            entry = self.stats[op] = [0, 0, 0, 0.0]
         entry[0] += 1
         entry[1] += bytes_in
         entry[2] += bytes_out
+        entry[3] += seconds
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         """Run ``coro`` as a task this server owns (cancelled on stop)."""
@@ -242,7 +245,19 @@ class ServerBase:
 
 
     # -- HTTP side ----------------------------------------------------------------------
+    async def _http_metrics(self, request: web.Request) -> web.Response:
+        from ..observability import CONTENT_TYPE, make_registry, render
+
+        if self._registry is None:
+            self._registry = make_registry({"role": self.role, "index": str(self.index)},
+                                           lambda: self.statistics(None))
+        return web.Response(body=render(self._registry), headers={"Content-Type": CONTENT_TYPE})
+
+    _registry: Any = None
+
     async def _auth_middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path == "/metrics" and self.metrics_public:
+            return await handler(request)
         if self._token_bytes is not None:
             header = request.headers.get("Authorization", "")
             scheme, _, given = header.partition(" ")
@@ -309,6 +324,7 @@ class ServerBase:
         return web.Response(body=out, content_type=CONTENT_TYPE)
 
 
+
 class _StreamServer(FrameProtocol):
     """The server end of a stream connection (after the handshake)."""
 
@@ -340,21 +356,22 @@ class _StreamServer(FrameProtocol):
         if handler is None:
             self._reply_error(req_id, NotFoundError(f"{server.task} has no operation {op!r}"))
             return
+        started = time.perf_counter()
         try:
             payload = wire.decode_body(body, allow_pickle=handler.pickle)
             if handler.is_async:
-                server.spawn(self._run_async(req_id, op, handler, payload, body.nbytes))
+                server.spawn(self._run_async(req_id, op, handler, payload, body.nbytes, started))
                 return
             result = handler.fn(payload, self._emitter(req_id, handler)) if handler.stream \
                 else handler.fn(payload)
         except Exception as exc:  # every failure is reported to the caller
             self._reply_error(req_id, exc)
-            server._count(op, body.nbytes, 0)
+            server._count(op, body.nbytes, 0, time.perf_counter() - started)
             return
-        self._reply(req_id, op, handler, result, body.nbytes)
+        self._reply(req_id, op, handler, result, body.nbytes, started)
 
     async def _run_async(self, req_id: int, op: str, handler: Handler, payload: Any,
-                         size_in: int) -> None:
+                         size_in: int, started: float) -> None:
         try:
             if handler.stream:
                 result = await handler.fn(payload, self._emitter(req_id, handler))
@@ -366,7 +383,7 @@ class _StreamServer(FrameProtocol):
         except Exception as exc:
             self._reply_error(req_id, exc)
             return
-        self._reply(req_id, op, handler, result, size_in)
+        self._reply(req_id, op, handler, result, size_in, started)
 
     def _emitter(self, req_id: int, handler: Handler) -> Callable[[Any], None]:
         def emit(obj: Any) -> None:
@@ -376,7 +393,8 @@ class _StreamServer(FrameProtocol):
 
         return emit
 
-    def _reply(self, req_id: int, op: str, handler: Handler, result: Any, size_in: int) -> None:
+    def _reply(self, req_id: int, op: str, handler: Handler, result: Any, size_in: int,
+               started: float) -> None:
         release = None
         if isinstance(result, Pinned):
             result, release = result.value, result.release
@@ -388,7 +406,7 @@ class _StreamServer(FrameProtocol):
                 release()
             self._reply_error(req_id, exc)
             return
-        self.server._count(op, size_in, wire.body_size(chunks))
+        self.server._count(op, size_in, wire.body_size(chunks), time.perf_counter() - started)
         try:
             self.send(req_id, REPLY, "", chunks, on_flushed=release)
         except PstrainError:

@@ -18,6 +18,7 @@ import inspect
 import logging
 import queue
 import threading
+import time
 import traceback
 import uuid
 from collections.abc import Callable
@@ -123,6 +124,7 @@ class WorkerServer(ServerBase):
         self._iterated: set[int] = set()  # datasets an iterator was made from
         self.closures_run = 0
         self.closures_failed = 0
+        self.closure_seconds = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None  # the serving loop
         self._cloop: asyncio.AbstractEventLoop | None = None  # the closure loop
         self._cthread: threading.Thread | None = None
@@ -195,6 +197,7 @@ class WorkerServer(ServerBase):
     def statistics(self, req: Any) -> dict[str, Any]:
         out = super().statistics(req)
         out.update(closures_run=self.closures_run, closures_failed=self.closures_failed,
+                   closure_seconds=self.closure_seconds,
                    closures_running=len(self._closure_tasks), resources=len(self.resources))
         return out
 
@@ -342,6 +345,7 @@ class WorkerServer(ServerBase):
 
     async def _run_async(self, batch: _Batch, cid: int, fn: Callable[..., Any], args: Any,
                          kwargs: Any) -> None:
+        started = time.perf_counter()
         try:
             value = await fn(*args, **kwargs)
             record = [cid, OK, value]
@@ -351,7 +355,7 @@ class WorkerServer(ServerBase):
             record = [cid, ERROR, exception_payload(exc)]
         finally:
             self._closure_tasks.pop(cid, None)
-        self._deliver(batch, record)
+        self._deliver(batch, record, time.perf_counter() - started)
 
     def _spawn_thread(self) -> None:
         t = threading.Thread(target=self._thread_main, daemon=True,
@@ -375,6 +379,7 @@ class WorkerServer(ServerBase):
                 self._cancelled.discard(cid)
                 self._deliver(batch, [cid, CANCELLED, None])
                 continue
+            started = time.perf_counter()
             try:
                 value = fn(*args, **kwargs)
                 if inspect.isawaitable(value):  # e.g. lambda: v.assign_add(1.0)
@@ -382,11 +387,12 @@ class WorkerServer(ServerBase):
                 record = [cid, OK, value]
             except BaseException as exc:
                 record = [cid, ERROR, exception_payload(exc)]
-            self._deliver(batch, record)
+            self._deliver(batch, record, time.perf_counter() - started)
 
-    def _deliver(self, batch: _Batch, record: list[Any]) -> None:
+    def _deliver(self, batch: _Batch, record: list[Any], seconds: float = 0.0) -> None:
         """Called on any thread when a closure ends; results leave in coalesced messages."""
         with self._outbox_lock:
+            self.closure_seconds += seconds
             self._outbox.append((batch, record))
             if self._flush_scheduled:
                 return

@@ -1,0 +1,166 @@
+"""``pstrain demo``: the main job, end to end on a local cluster it starts itself.
+
+Trains the W4 CTR model (a 1M x 16 embedding table sharded over the ps,
+Adagrad on the ps) for about a minute with a progress bar, checkpoints as it
+goes, evaluates on held-out data, draws the loss curve, prints where
+everything is, and stops every process it started. Ctrl-C stops after the
+steps in flight; the checkpoints already written stay intact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["add_demo_parser"]
+
+
+def add_demo_parser(sub: Any) -> None:
+    p = sub.add_parser("demo", help="train a sparse CTR model on a local cluster (about a minute)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--ps", type=int, default=2, help="parameter-server processes (default 2)")
+    p.add_argument("--steps", type=int, default=8000, help="training steps of 512 examples (default 8000)")
+    p.add_argument("--output", default="demo-output", help="where checkpoints, plot and results go")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_demo)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from . import run
+
+    return run(_main(args))
+
+
+async def _main(args: argparse.Namespace) -> int:
+    import pstrain
+    from pstrain.checkpoint import Checkpoint, CheckpointManager
+    from pstrain.progress import Progress
+
+    ctr = _load_example("ctr_embedding")
+    BATCH, CTRModel, evaluate, make_step, synthetic = (  # noqa: N806
+        ctr.BATCH, ctr.CTRModel, ctr.evaluate, ctr.make_step, ctr.synthetic)
+
+    out = Path(args.output).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    n_train = min(args.steps, 600) * BATCH  # the training set, repeated
+    def say(*parts: Any) -> None:
+        print(*parts, flush=True)
+
+    say(f"pstrain demo: starting {args.ps} ps and {args.workers} workers on 127.0.0.1 ...")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    try:
+        async with pstrain.LocalCluster(num_ps=args.ps, num_workers=args.workers) as cluster:
+            strategy = pstrain.ParameterServerStrategy(
+                cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(args.ps))
+            coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=2)
+            async with strategy.scope():
+                model = CTRModel()
+                opt = pstrain.optimizers.Adagrad(0.05, initial_accumulator_value=0.1)
+            manager = CheckpointManager(Checkpoint(model=model, optimizer=opt), str(out / "checkpoints"),
+                                        max_to_keep=3)
+            metrics_at = await coordinator.serve_metrics()
+            say(f"cluster up: ps {cluster.cluster_spec.job_tasks('ps')}, workers "
+                f"{cluster.cluster_spec.job_tasks('worker')}; coordinator metrics at "
+                f"http://{metrics_at}/metrics (token in the cluster)")
+
+            def dataset_fn():
+                (ids, dense_x, y), _ = synthetic(n_train, 0)
+                return pstrain.data.Dataset.from_tensor_slices((ids, dense_x, y)).shuffle(50_000).repeat().batch(BATCH)
+
+            iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+            step = make_step(model, opt)
+            losses: list[float] = []
+            chunk = 500
+            started = time.perf_counter()
+            with Progress(args.steps, "training", quiet=args.quiet) as bar:
+                while len(losses) < args.steps and not stop.is_set():
+                    n = min(chunk, args.steps - len(losses))
+                    t0 = time.perf_counter()
+                    rvs = [coordinator.schedule(step, args=(iterator,)) for _ in range(n)]
+                    for rv in rvs:
+                        losses.append(await rv)
+                        bar.update(1)
+                        if len(losses) % 25 == 0:
+                            in_chunk = len(losses) % chunk or chunk
+                            rate_now = in_chunk * BATCH / (time.perf_counter() - t0)
+                            bar.update(0, loss=f"{np.mean(losses[-200:]):.3f}",
+                                       examples_per_s=f"{rate_now:,.0f}")
+                    await coordinator.join()
+                    await manager.save()
+            elapsed = time.perf_counter() - started
+            if stop.is_set():
+                say(f"interrupted after {len(losses)} steps; the checkpoints written are intact")
+            _, test = synthetic(n_train)
+            held_out = await evaluate(model, test)
+            base = float(test[2].mean())
+            base_loss = -(base * math.log(base) + (1 - base) * math.log(1 - base))
+            await coordinator.close()
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+    rate = len(losses) * BATCH / elapsed
+    plot = _plot(out / "loss.png", losses)
+    results = {"steps": len(losses), "examples_per_s": round(rate), "held_out_log_loss": round(held_out, 4),
+               "base_rate_log_loss": round(base_loss, 4), "seconds": round(elapsed, 1),
+               "checkpoint": manager.latest_checkpoint, "plot": plot}
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    print(f"\ntrained {len(losses)} steps ({len(losses) * BATCH:,} examples) in {elapsed:.0f} s: "
+          f"{rate:,.0f} examples/s")
+    print(f"held-out log loss {held_out:.4f} (predicting the base rate: {base_loss:.4f})")
+    print(f"checkpoint: {manager.latest_checkpoint}")
+    print(f"loss curve: {plot}")
+    print(f"results:    {out / 'results.json'}")
+    print("every process the demo started has stopped.")
+    return 0 if held_out < base_loss or stop.is_set() else 1
+
+
+def _load_example(name: str) -> Any:
+    """The example model the demo trains, from the source checkout's examples/."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
+    if not path.exists():
+        raise SystemExit(f"pstrain demo runs from a source checkout (it trains {path.name}); "
+                         "clone the repository and run `make demo`")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[name] = module
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def _plot(path: Path, losses: list[float]) -> str:
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: no loss plot (pip install 'pstrain[bench]')", file=sys.stderr)
+        return "(not drawn: matplotlib missing)"
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    window = max(1, len(losses) // 100)
+    smooth = np.convolve(losses, np.ones(window) / window, mode="valid") if losses else []
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    ax.plot(np.arange(len(losses)), losses, alpha=0.25, label="loss per step")
+    ax.plot(np.arange(len(smooth)) + window - 1, smooth, label=f"mean of {window}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training log loss")
+    ax.set_title("pstrain demo: sparse CTR model, 2 ps + 2 workers")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return os.fspath(path)

@@ -1,0 +1,84 @@
+"""Prometheus metrics for every server, collected when scraped.
+
+Servers keep plain counters (requests, bytes, seconds per operation); a
+collector turns them into Prometheus families only when ``GET /metrics`` is
+asked, so serving a request costs one timer read and a few additions. Each
+server has its own registry (several may share a process in tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+
+__all__ = ["CONTENT_TYPE", "render"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _Collector:
+    def __init__(self, labels: dict[str, str], stats: Callable[[], dict[str, Any]]) -> None:
+        self.labels = labels
+        self.stats = stats
+
+    def collect(self) -> Iterator[Any]:
+        s = self.stats()
+        names, values = list(self.labels), list(self.labels.values())
+        requests = CounterMetricFamily("pstrain_requests", "Requests served, by operation",
+                                       labels=[*names, "op"])
+        bytes_in = CounterMetricFamily("pstrain_request_bytes_in", "Request body bytes received",
+                                       labels=[*names, "op"])
+        bytes_out = CounterMetricFamily("pstrain_request_bytes_out", "Reply body bytes sent",
+                                        labels=[*names, "op"])
+        latency = SummaryMetricFamily("pstrain_request_seconds", "Time spent handling requests",
+                                      labels=[*names, "op"])
+        for op, r in s.get("requests", {}).items():
+            requests.add_metric([*values, op], r["count"])
+            bytes_in.add_metric([*values, op], r["bytes_in"])
+            bytes_out.add_metric([*values, op], r["bytes_out"])
+            latency.add_metric([*values, op], count_value=r["count"], sum_value=r.get("seconds", 0.0))
+        yield from (requests, bytes_in, bytes_out, latency)
+        for key, (kind, help_text) in _EXTRA.items():
+            if key in s:
+                family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
+                    f"pstrain_{key}", help_text, labels=names)
+                family.add_metric(values, float(s[key]))
+                yield family
+        if "closure_seconds" in s:
+            fam = SummaryMetricFamily("pstrain_worker_closure_seconds", "Closure run time",
+                                      labels=names)
+            fam.add_metric(values, count_value=s.get("closures_run", 0) + s.get("closures_failed", 0),
+                           sum_value=s["closure_seconds"])
+            yield fam
+        up = GaugeMetricFamily("pstrain_uptime_seconds", "Seconds since the server started", labels=names)
+        up.add_metric(values, s.get("uptime_s", 0.0))
+        yield up
+
+
+_EXTRA = {
+    "variables": ("gauge", "Variables held by this ps"),
+    "bytes": ("gauge", "Bytes of variables held by this ps"),
+    "closures_run": ("counter", "Closures this worker ran successfully"),
+    "closures_failed": ("counter", "Closures that raised on this worker"),
+    "closures_running": ("gauge", "Closures running on this worker now"),
+    "resources": ("gauge", "Per-worker resources (datasets, iterators) on this worker"),
+    "queued": ("gauge", "Closures queued on the coordinator"),
+    "in_flight": ("gauge", "Closures running on workers"),
+    "closures_done": ("counter", "Closures finished (any outcome)"),
+    "closures_retried": ("counter", "Closures put back after their worker failed"),
+    "worker_failures": ("counter", "Worker failures seen by the coordinator"),
+}
+
+
+def make_registry(labels: dict[str, str], stats: Callable[[], dict[str, Any]]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(labels, stats))  # type: ignore[arg-type]
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """The registry in Prometheus text format."""
+    return generate_latest(registry)

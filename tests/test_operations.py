@@ -1,0 +1,157 @@
+"""Running pstrain: /metrics on every server, `pstrain status`, SLURM and TFJob configs, the demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import pstrain
+from pstrain.cluster import SlurmClusterResolver
+
+from .conftest import TOKEN, ServeProcess
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def scrape(address: str, token: str | None) -> tuple[int, str]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://{address}/metrics", headers=headers) as resp:
+            return resp.status, await resp.text()
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def total(parsed: dict, name: str) -> float:
+    return sum(v for (n, _), v in parsed.items() if n == name)
+
+
+async def test_metrics_on_ps_worker_and_coordinator_move_during_training(cluster):
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    coordinator = pstrain.ClusterCoordinator(strategy)
+    chief = await coordinator.serve_metrics()
+    async with strategy.scope():
+        v = pstrain.Variable(0.0, name="v")
+    addresses = {"ps": cluster.cluster_spec.task_address("ps", 0),
+                 "worker": cluster.cluster_spec.task_address("worker", 0), "chief": chief}
+    for address in addresses.values():
+        assert (await scrape(address, None))[0] == 401
+        assert (await scrape(address, "wrong"))[0] == 401
+    before = {k: samples((await scrape(a, cluster.token))[1]) for k, a in addresses.items()}
+    for _ in range(40):
+        coordinator.schedule(lambda: v.assign_add(1.0))
+    await coordinator.join()
+    after = {k: samples((await scrape(a, cluster.token))[1]) for k, a in addresses.items()}
+    assert total(after["ps"], "pstrain_requests_total") > total(before["ps"], "pstrain_requests_total")
+    assert total(after["ps"], "pstrain_variables") >= 1 and total(after["ps"], "pstrain_bytes") >= 4
+    assert ("pstrain_request_seconds_count" in {n for n, _ in after["ps"]})
+    ran = total(after["worker"], "pstrain_closures_run_total")
+    assert ran > total(before["worker"], "pstrain_closures_run_total")
+    assert total(after["chief"], "pstrain_closures_done_total") >= 40
+    assert total(after["chief"], "pstrain_queued") == 0
+    await coordinator.close()
+
+
+async def test_metrics_public_flag():
+    server = ServeProcess("--role", "ps", "--index", "0", "--port", "0", "--metrics-public")
+    try:
+        status, text = await scrape(server.address, None)
+        assert status == 200 and "pstrain_uptime_seconds" in text
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://{server.address}/healthz") as resp:
+                assert resp.status == 401  # only /metrics is opened
+    finally:
+        server.stop()
+
+
+async def test_status_shows_a_killed_worker_as_down_quickly(cluster, tmp_path):
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(cluster.config()))
+    env = dict(os.environ, PSTRAIN_TOKEN=cluster.token)
+    await cluster.kill("worker", 1)
+    t = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "pstrain.cli", "status", "--cluster", str(path)],
+                            capture_output=True, text=True, timeout=30, env=env)
+    assert time.monotonic() - t < 5
+    lines = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
+    assert " down " in lines["worker:1"] and " up " in lines["worker:0"]
+    assert " up " in lines["ps:0"] and "variables" in lines["ps:0"]
+    assert result.returncode == 1  # not every task is up
+
+
+def test_slurm_resolver_with_the_environment_srun_sets():
+    env = {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "7", "SLURM_STEP_NODELIST": "node[001-003],gpu7",
+           "SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "PSTRAIN_TOKEN": "t"}
+    r = SlurmClusterResolver(jobs={"chief": 1, "ps": 2, "worker": 4}, port_base=8888, environ=env)
+    assert r.cluster_spec().as_dict() == {
+        "chief": ["gpu7:8888"],
+        "ps": ["node001:8888", "node001:8889"],
+        "worker": ["node002:8888", "node002:8889", "node003:8888", "node003:8889"],
+    }
+    assert (r.task_type, r.task_id, r.token) == ("worker", 0, "t")
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="more tasks than assigned"):
+        SlurmClusterResolver(jobs={"ps": 4, "worker": 4}, environ=env)
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="SLURM_PROCID"):
+        SlurmClusterResolver(jobs={"ps": 1}, environ={})
+
+
+def test_tfjob_tf_config_as_the_operator_injects_it(monkeypatch):
+    tf_config = {"cluster": {"chief": ["mnist-chief-0.kubeflow.svc:2222"],
+                             "ps": ["mnist-ps-0.kubeflow.svc:2222"],
+                             "worker": ["mnist-worker-0.kubeflow.svc:2222", "mnist-worker-1.kubeflow.svc:2222"]},
+                 "task": {"type": "worker", "index": 1}, "environment": "cloud"}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+    r = pstrain.TFConfigClusterResolver()
+    assert (r.task_type, r.task_id) == ("worker", 1)
+    assert r.cluster_spec().task_address("ps", 0) == "mnist-ps-0.kubeflow.svc:2222"
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(entry))
+            except (FileNotFoundError, IndexError, ValueError):
+                pass
+    return out
+
+
+def test_demo_stops_cleanly_on_ctrl_c(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "pstrain.cli", "demo", "--steps", "100000",
+                             "--output", str(tmp_path), "--quiet"], stdout=subprocess.PIPE, text=True)
+    assert "starting" in proc.stdout.readline()
+    assert "cluster up" in proc.stdout.readline()
+    servers = children(proc.pid)
+    assert len(servers) == 4
+    deadline = time.monotonic() + 60
+    checkpoints = tmp_path / "checkpoints"
+    while not (checkpoints.exists() and any(p.endswith(".index.json") for p in os.listdir(checkpoints))):
+        assert time.monotonic() < deadline, "no checkpoint written"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    proc.stdout.close()
+    assert proc.returncode == 0, out
+    assert "interrupted" in out and "held-out log loss" in out
+    manager = pstrain.checkpoint.CheckpointManager(None, str(checkpoints))
+    assert "ctr/embedding" in pstrain.checkpoint.load_variables(manager.latest_checkpoint)
+    assert (tmp_path / "loss.png").exists() and (tmp_path / "results.json").exists()
+    for pid in servers:
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
