@@ -66,6 +66,11 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--index", type=int, help="task index within its role (default: task.index)")
     p.add_argument("--cluster", metavar="FILE",
                    help="cluster config JSON file (TF_CONFIG format)")
+    p.add_argument("--slurm-jobs", metavar="JOBS",
+                   help="inside a SLURM step: the tasks per job, e.g. chief=1,ps=1,worker=3 "
+                        "(role and index then come from SLURM_PROCID)")
+    p.add_argument("--port-base", type=int, default=8888,
+                   help="with --slurm-jobs: the first port on each node (default 8888)")
     p.add_argument("--host", default=None,
                    help="address to bind (default 127.0.0.1; another address needs a token)")
     p.add_argument("--port", type=int, default=None,
@@ -109,6 +114,21 @@ def _serve(args: argparse.Namespace) -> int:
         spec, task_type, task_id = parse_config(text, source)
         role = role or task_type
         index = index if index is not None else task_id
+    elif args.slurm_jobs:
+        from .cluster import SlurmClusterResolver
+
+        jobs = {}
+        for item in args.slurm_jobs.split(","):
+            name, _, count = item.partition("=")
+            if not count.isdigit():
+                raise PstrainError(f"--slurm-jobs takes job=count pairs, got {item!r}")
+            jobs[name.strip()] = int(count)
+        slurm = SlurmClusterResolver(jobs=jobs, port_base=args.port_base)
+        spec = slurm.cluster_spec()
+        role = role or slurm.task_type
+        index = index if index is not None else slurm.task_id
+        if args.host is None:
+            args.host = "0.0.0.0"  # other nodes must reach it; a token is then required
     if role not in ("ps", "worker", "evaluator"):
         raise PstrainError("pstrain serve needs --role ps|worker|evaluator (or a config whose "
                            f"task.type is one of them; got {role!r})")

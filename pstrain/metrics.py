@@ -35,15 +35,22 @@ class Metric:
         self.name = name or (base if n == 0 else f"{base}_{n}")
         self._vars: dict[str, Variable] = {}
 
+    _ps: int | None = None
+
     def _state(self, slot: str, value: Any) -> Variable:
-        """Create a state variable, colocated with the metric's first one."""
+        """Create a state variable: all of a metric's state lives whole on one ps."""
         creator = _creator.get()
         strategy = getattr(creator, "__self__", None)
-        if self._vars and strategy is not None:
-            with strategy.extended.colocate_vars_with(next(iter(self._vars.values()))):
-                var = Variable(value, name=f"{self.name}/{slot}", trainable=False)
-        else:
+        if strategy is None:
             var = Variable(value, name=f"{self.name}/{slot}", trainable=False)
+        else:
+            if self._ps is None:
+                self._ps = strategy._place()
+            token = strategy._colocate.set(self._ps)  # colocated: never partitioned
+            try:
+                var = Variable(value, name=f"{self.name}/{slot}", trainable=False)
+            finally:
+                strategy._colocate.reset(token)
         self._vars[slot] = var
         return var
 

@@ -155,3 +155,23 @@ def test_demo_stops_cleanly_on_ctrl_c(tmp_path):
     assert (tmp_path / "loss.png").exists() and (tmp_path / "results.json").exists()
     for pid in servers:
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+async def test_serve_takes_its_role_from_slurm():
+    import socket
+
+    with socket.socket() as s:  # a base port for the SLURM layout (the server binds it itself)
+        s.bind(("127.0.0.1", 0))
+        base = s.getsockname()[1]
+    env = dict(os.environ, SLURM_PROCID="1", SLURM_STEP_NUM_TASKS="2", SLURM_STEP_NODELIST="127.0.0.1",
+               SLURM_STEP_TASKS_PER_NODE="2")
+    server = ServeProcess("--slurm-jobs", "ps=1,worker=1", "--port-base", str(base - 1),
+                          "--host", "127.0.0.1", env=env)
+    try:
+        assert server.address == f"127.0.0.1:{base}"  # rank 1 = worker 0, the node's second port
+        channel = pstrain.rpc.Channel(server.address, token=TOKEN, task="w")
+        health = await channel.call("health", {})
+        await channel.close()
+        assert (health["role"], health["index"]) == ("worker", 0)
+    finally:
+        server.stop()
