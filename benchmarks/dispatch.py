@@ -15,10 +15,9 @@ import argparse
 import time
 
 import numpy as np
+from common import emit
 
 import pstrain
-
-from common import emit
 
 
 def noop():

@@ -16,10 +16,9 @@ import itertools
 import time
 
 import numpy as np
+from common import RESULTS, emit, median, plot, raw_tcp_mib_s
 
 import pstrain
-
-from common import RESULTS, emit, median, plot, raw_tcp_mib_s
 
 SIZES = {"4K": 4 << 10, "1M": 1 << 20, "64M": 64 << 20, "256M": 256 << 20}
 
@@ -63,15 +62,15 @@ async def bench(sizes: list[str], repeats: int, closures: bool) -> list[dict]:
             x = np.random.default_rng(0).random(n, dtype=np.float32)
             results = {
                 ("coordinator", "read"): await _timed(v.read_value, reps),
-                ("coordinator", "assign"): await _timed(lambda: v.assign(x), reps),
+                ("coordinator", "assign"): await _timed(lambda v=v, x=x: v.assign(x), reps),
             }
             if closures:
                 it = iter(coordinator.create_per_worker_dataset(_worker_array(n)))
 
-                async def closure_read():
+                async def closure_read(v=v):
                     await coordinator.schedule(_read_sum, args=(v,))
 
-                async def closure_assign():
+                async def closure_assign(v=v, it=it):
                     await coordinator.schedule(_assign_held, args=(v, it))
 
                 results[("closure", "read")] = await _timed(closure_read, reps)

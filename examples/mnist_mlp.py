@@ -115,7 +115,7 @@ async def train(resolver, steps: int = 2000, use_digits: bool = False, quiet: bo
     warm = max(1, steps // 10)
     with Progress(steps, "W3 steps", quiet=quiet) as bar:
         losses = []
-        for i in range(warm):
+        for _ in range(warm):
             losses.append(coordinator.schedule(step, args=(iterator,)))
         await coordinator.join()
         bar.update(warm)

@@ -67,18 +67,28 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from . import (checkpoint, data, errors, evaluator, initializers, metrics, optimizers,
-                   partitioners, rpc)
+    from . import checkpoint, data, errors, evaluator, initializers, metrics, optimizers, partitioners, rpc
     from ._runtime import run
-    from .cluster import (ClusterResolver, ClusterSpec, SimpleClusterResolver, SlurmClusterResolver,
-                          TFConfigClusterResolver)
+    from .cluster import (
+        ClusterResolver,
+        ClusterSpec,
+        SimpleClusterResolver,
+        SlurmClusterResolver,
+        TFConfigClusterResolver,
+    )
     from .coordinator import ClusterCoordinator, get_current_worker_index
     from .launch import LocalCluster
     from .module import Module
     from .remote_value import RemoteValue
-    from .sharding import ShardedVariable, embedding_lookup
     from .server import Server
+    from .sharding import ShardedVariable, embedding_lookup
     from .strategy import ParameterServerStrategy, ReduceOp, ReplicaContext, get_replica_context
     from .values import DistributedValues, PerReplica, PerWorkerValues, ValueContext
-    from .variables import (IndexedSlices, Variable, VariableAggregation, VariableSynchronization,
-                            read_variables, update_variables)
+    from .variables import (
+        IndexedSlices,
+        Variable,
+        VariableAggregation,
+        VariableSynchronization,
+        read_variables,
+        update_variables,
+    )

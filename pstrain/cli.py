@@ -100,6 +100,9 @@ def _serve_parser(sub: Any) -> None:
 def _serve(args: argparse.Namespace) -> int:
     from .rpc import DEFAULT_MAX_BODY
 
+    parent = os.getppid()  # now, before the parent has any chance to be gone
+    if args.exit_with_parent and parent == 1:
+        return 0  # started by a process that has already died
     spec: ClusterSpec | None = None
     role, index = args.role, args.index
     text = None
@@ -168,13 +171,13 @@ def _serve(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # before announcing: a signal then stops cleanly
+            loop.add_signal_handler(sig, stop.set)
         address = await server.start()
         print(f"pstrain {role}:{index} listening on {address}", flush=True)
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
         if args.exit_with_parent:
-            loop.create_task(_watch_parent(os.getppid(), stop))
+            loop.create_task(_watch_parent(parent, stop))
         await stop.wait()
         logger.info("signal received, stopping")
         await server.stop()

@@ -33,8 +33,13 @@ import cloudpickle
 from . import _context, _pickling
 from .data import PerWorkerDataset, ResourceSpec
 from .dispatch import WorkerDispatcher
-from .errors import (CancelledError, DeadlineExceededError, InvalidArgumentError, PstrainError,
-                     UnavailableError)
+from .errors import (
+    CancelledError,
+    DeadlineExceededError,
+    InvalidArgumentError,
+    PstrainError,
+    UnavailableError,
+)
 from .remote_value import RemoteValue
 from .strategy import ParameterServerStrategy
 from .values import PerWorkerValues

@@ -353,7 +353,7 @@ async def embedding_lookup(params: Any, ids: Any) -> np.ndarray:
         reads = [{"name": parts[p].name, "indices": compact_ids(unique[positions] - offsets[p])}
                  for p, positions in group]
         reply = await first._channel().call("vars/sparse_read", {"reads": reads})
-        for (p, positions), values in zip(group, reply["values"]):
+        for (_, positions), values in zip(group, reply["values"]):
             rows[positions] = values
 
     await asyncio.gather(*(fetch(group) for group in by_ps.values()))

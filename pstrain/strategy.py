@@ -26,7 +26,7 @@ from .cluster import ClusterResolver, task_name, validate_ps_cluster
 from .errors import InvalidArgumentError
 from .initializers import Initializer
 from .values import DistributedValues, PerReplica, ValueContext
-from .variables import Variable, _creator, initial_value_array, infer_dtype
+from .variables import Variable, _creator, initial_value_array
 
 logger = logging.getLogger(__name__)
 

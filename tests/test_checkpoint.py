@@ -168,15 +168,17 @@ async def test_sigkill_during_save_leaves_the_previous_checkpoint_loadable(ps_se
         pstrain.run(main())
     """))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "saved"
-    run_dir = tmp_path / "run"
-    deadline = asyncio.get_running_loop().time() + 60
-    while not any(".tmp" in n for n in os.listdir(run_dir)):  # a later save is being written
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.005)
-    proc.kill()
-    proc.wait()
-    proc.stdout.close()
+    try:
+        assert proc.stdout.readline().strip() == "saved"
+        run_dir = tmp_path / "run"
+        deadline = asyncio.get_running_loop().time() + 60
+        while not any(".tmp" in n for n in os.listdir(run_dir)):  # a later save is being written
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.005)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
     manager = CheckpointManager(None, str(run_dir), max_to_keep=None)
     assert manager.checkpoints  # every visible checkpoint is complete and loads
     for path in manager.checkpoints:
@@ -210,7 +212,7 @@ async def test_sidecar_evaluator_follows_a_running_job(ps_server, tmp_path):
     results = await asyncio.wait_for(task, 30)
     assert len(results) == 3
     assert seen == sorted(seen) and len(set(seen)) == 3  # always a newer checkpoint
-    for path, iterations, metrics in results:
+    for _, iterations, metrics in results:
         assert metrics["w_sum"] == 3.0 * iterations
 
 

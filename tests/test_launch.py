@@ -87,7 +87,7 @@ async def test_local_cluster_kill_restart_and_teardown_on_error():
             assert cluster.cluster_spec.task_address("worker", 1) == address
             pids = [cluster.pid(job, i) for job, i in (("ps", 0), ("worker", 0), ("worker", 1))]
             assert all(pids)
-            1 / 0
+            raise ZeroDivisionError("an error inside the block")
     for pid in pids:
         assert not alive(pid)
 
@@ -103,8 +103,10 @@ async def test_servers_exit_when_their_parent_is_killed(tmp_path):
         pstrain.run(main())
     """))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    pids = [int(p) for p in proc.stdout.readline().split()]
-    proc.kill()
-    proc.wait()
-    proc.stdout.close()
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
     await wait_for(lambda: not any(alive(p) for p in pids), timeout=15, what="orphans to exit")

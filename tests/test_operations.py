@@ -136,6 +136,20 @@ def children(pid: int) -> list[int]:
 def test_demo_stops_cleanly_on_ctrl_c(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "pstrain.cli", "demo", "--steps", "100000",
                              "--output", str(tmp_path), "--quiet"], stdout=subprocess.PIPE, text=True)
+    try:
+        _interrupt_demo(proc, tmp_path)
+    finally:
+        if proc.poll() is None:  # the test failed half-way: do not leave a training job behind
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        proc.stdout.close()
+
+
+def _interrupt_demo(proc, tmp_path):
     assert "starting" in proc.stdout.readline()
     assert "cluster up" in proc.stdout.readline()
     servers = children(proc.pid)
@@ -147,7 +161,6 @@ def test_demo_stops_cleanly_on_ctrl_c(tmp_path):
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
-    proc.stdout.close()
     assert proc.returncode == 0, out
     assert "interrupted" in out and "held-out log loss" in out
     manager = pstrain.checkpoint.CheckpointManager(None, str(checkpoints))

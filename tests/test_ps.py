@@ -11,8 +11,13 @@ import pytest
 
 import pstrain
 from pstrain import rpc, wire
-from pstrain.errors import (AlreadyExistsError, AuthenticationError, InvalidArgumentError,
-                            NotFoundError, ProtocolError)
+from pstrain.errors import (
+    AlreadyExistsError,
+    AuthenticationError,
+    InvalidArgumentError,
+    NotFoundError,
+    ProtocolError,
+)
 from pstrain.variables import Variable
 
 from .conftest import TOKEN, ServeProcess, strategy_for

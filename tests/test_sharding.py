@@ -10,7 +10,7 @@ from pstrain import rpc
 from pstrain.errors import InvalidArgumentError
 from pstrain.partitioners import FixedShardsPartitioner, MaxSizePartitioner, MinSizePartitioner
 
-from .conftest import TOKEN, ServeProcess, strategy_for
+from .conftest import TOKEN, strategy_for
 
 pytestmark = pytest.mark.timeout(60)
 

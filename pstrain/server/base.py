@@ -35,8 +35,28 @@ from typing import Any
 from aiohttp import web
 
 from .. import wire
-from ..errors import AuthenticationError, InvalidArgumentError, NotFoundError, ProtocolError, PstrainError, status_for, to_envelope
-from ..rpc import ACCEPTED, CONTENT_TYPE, DEFAULT_MAX_BODY, ERROR, FRAME, HANDSHAKE, MAGIC, PARTIAL, REJECTED, REPLY, REQUEST, FrameProtocol
+from ..errors import (
+    AuthenticationError,
+    InvalidArgumentError,
+    NotFoundError,
+    ProtocolError,
+    PstrainError,
+    status_for,
+    to_envelope,
+)
+from ..rpc import (
+    ACCEPTED,
+    CONTENT_TYPE,
+    DEFAULT_MAX_BODY,
+    ERROR,
+    HANDSHAKE,
+    MAGIC,
+    PARTIAL,
+    REJECTED,
+    REPLY,
+    REQUEST,
+    FrameProtocol,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,13 @@ from typing import Any
 
 from .. import _context, rpc
 from ..cluster import ClusterSpec
-from ..errors import ClosureAbortedError, ClosureInputError, InvalidArgumentError, NotFoundError, OutOfRangeError
+from ..errors import (
+    ClosureAbortedError,
+    ClosureInputError,
+    InvalidArgumentError,
+    NotFoundError,
+    OutOfRangeError,
+)
 from .base import Encoded, ServerBase
 
 logger = logging.getLogger(__name__)
