@@ -202,11 +202,13 @@ async def test_sidecar_evaluator_follows_a_running_job(ps_server, tmp_path):
                                                    poll_interval_s=0.05)
     task = asyncio.ensure_future(evaluator.run())
 
-    async def job():
-        for _ in range(8):
+    async def job():  # a running job: keeps training and saving until the evaluator is done
+        for _ in range(300):
+            if task.done():
+                return
             await opt.apply_gradients([(-np.ones(3), w)])
             await manager.save()
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.05)  # the job's pace, not synchronisation
 
     await job()
     results = await asyncio.wait_for(task, 30)
