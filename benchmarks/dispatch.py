@@ -30,16 +30,17 @@ def make_incr(v):
     return incr
 
 
-async def throughput(coordinator, fn, n: int) -> float:
+async def throughput(coordinator, fn, n: int) -> tuple[float, float]:
+    """Closures per second, and the coordinator process's own CPU microseconds per closure."""
     warm = max(1, n // 10)
     for _ in range(warm):
         coordinator.schedule(fn)
     await coordinator.join()
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     for _ in range(n):
         coordinator.schedule(fn)
     await coordinator.join()
-    return n / (time.perf_counter() - t)
+    return n / (time.perf_counter() - t), (time.process_time() - cpu) / n * 1e6
 
 
 async def latency(coordinator, fn, n: int) -> tuple[float, float]:
@@ -62,14 +63,14 @@ async def bench(n: int, latency_n: int, inflight: int) -> None:
         settings = {"workers": 2, "ps": 2, "max_inflight_per_worker": inflight}
         for name, fn in (("noop", noop), ("incr", incr)):
             before = float(await v.numpy())
-            rate = await throughput(coordinator, fn, n)
+            rate, cpu_us = await throughput(coordinator, fn, n)
             extra = {}
             if name == "incr":
                 after = float(await v.numpy())
                 extra = {"updates_applied": after - before, "updates_scheduled": n + max(1, n // 10),
                          "exact": after - before == n + max(1, n // 10)}
             emit({**settings, "closure": name, "metric": "closures_per_s", "value": round(rate, 1),
-                  "n": n, **extra}, "W1")
+                  "coordinator_cpu_us_per_closure": round(cpu_us, 2), "n": n, **extra}, "W1")
             p50, p99 = await latency(coordinator, fn, latency_n)
             emit({**settings, "closure": name, "metric": "latency_ms", "p50": round(p50, 4),
                   "p99": round(p99, 4), "value": round(p50, 4), "n": latency_n}, "W1")
