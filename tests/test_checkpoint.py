@@ -223,3 +223,19 @@ def test_evaluator_needs_iterations(tmp_path):
 
     with pytest.raises(RuntimeError, match="`iterations` cannot be loaded"):
         restored_iterations({"w": np.zeros(2)})
+
+
+async def test_evaluator_as_a_serve_role(ps_server, tmp_path):
+    strategy = make_strategy([ps_server])
+    async with strategy.scope():
+        w = pstrain.Variable(np.ones(2), name="w")
+        opt = pstrain.optimizers.SGD(1.0)
+    await opt.apply_gradients([(np.ones(2), w)])
+    await CheckpointManager(Checkpoint(w=w, optimizer=opt), str(tmp_path / "run")).save()
+    script = tmp_path / "eval.py"
+    script.write_text("def evaluate(variables, iterations):\n    return {'w0': float(variables['w'][0])}\n")
+    result = subprocess.run([sys.executable, "-m", "pstrain.cli", "serve", "--role", "evaluator",
+                             "--checkpoint-dir", str(tmp_path / "run"), "--eval-script", str(script),
+                             "--max-evaluations", "1"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "ckpt-1 iterations=1 {'w0': 0.0}" in result.stdout

@@ -287,3 +287,21 @@ async def test_reads_see_a_consistent_version_under_concurrent_updates(ps_server
     await asyncio.gather(write(), read(), read())
     assert (await v.numpy())[0] == 30
     await other.close()
+
+
+async def test_server_api_in_process():
+    spec = {"ps": ["127.0.0.1:0"], "worker": ["127.0.0.1:0"]}
+    server = pstrain.Server(spec, "ps", 0, port=0, token=TOKEN)
+    address = await server.start()
+    assert server.status is pstrain.server.Status.RUNNING and address.startswith("127.0.0.1:")
+    strategy = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(
+        {"ps": [address], "worker": ["127.0.0.1:9"]}, token=TOKEN))
+    async with strategy.scope():
+        v = pstrain.Variable(2.0)
+    assert await v.numpy() == 2.0
+    await pstrain.rpc.close_loop_channels()
+    await server.stop()
+    await server.join()
+    assert server.status is pstrain.server.Status.CLOSED
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="no server for job 'chief'"):
+        pstrain.Server({"chief": ["127.0.0.1:0"], "ps": ["127.0.0.1:0"], "worker": ["h:1"]}, "chief", 0)
