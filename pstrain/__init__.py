@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
+    "Checkpoint": "checkpoint",
+    "CheckpointManager": "checkpoint",
     "ClusterCoordinator": "coordinator",
     "ClusterResolver": "cluster",
     "ClusterSpec": "cluster",
@@ -29,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "ReduceOp": "strategy",
     "RemoteValue": "remote_value",
     "ShardedVariable": "sharding",
+    "SidecarEvaluator": "evaluator",
     "ReplicaContext": "strategy",
     "Server": "server",
     "SimpleClusterResolver": "cluster",
@@ -69,6 +72,8 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover
     from . import checkpoint, data, errors, evaluator, initializers, metrics, optimizers, partitioners, rpc
     from ._runtime import run
+    from .checkpoint import Checkpoint, CheckpointManager
+    from .evaluator import SidecarEvaluator
     from .cluster import (
         ClusterResolver,
         ClusterSpec,

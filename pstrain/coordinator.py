@@ -161,6 +161,22 @@ class ClusterCoordinator:
         for w in self._workers:
             self._spawn(w.run())
         self._spawn(self._watch())
+        chief = self._chief_address()
+        if chief is not None:  # TF_CONFIG names this process's address: serve /metrics there
+            self._spawn(self.serve_metrics(*chief))
+
+    def _chief_address(self) -> tuple[str, int] | None:
+        from .cluster import parse_address
+        from .server.base import is_loopback
+
+        resolver = self.strategy.cluster_resolver
+        spec = self._peers.cluster_spec
+        if getattr(resolver, "task_type", None) != "chief" or not spec.num_tasks("chief"):
+            return None
+        host, port = parse_address(spec.task_address("chief", 0))
+        if port == 0:
+            return None
+        return ("127.0.0.1" if is_loopback(host) else "0.0.0.0"), port
 
     async def _watch(self) -> None:
         """While closures run, ping their workers and every ps: silence past the deadline

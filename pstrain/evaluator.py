@@ -68,12 +68,26 @@ class SidecarEvaluator:
         """Evaluate one checkpoint; returns what ``eval_fn`` returned."""
         variables = await asyncio.get_running_loop().run_in_executor(None, load_variables, path)
         iterations = restored_iterations(variables)
-        result = self.eval_fn(variables, iterations)
+        result = self._call(variables, iterations)
         if inspect.isawaitable(result):
             result = await result
         logger.info("evaluated %s at iterations %d: %s", path, iterations, result)
         self.results.append((path, iterations, result))
         return result
+
+    def _call(self, variables: dict[str, np.ndarray], iterations: int) -> Any:
+        """``eval_fn(variables, iterations)``, or ``eval_fn(variables)`` if it takes one argument."""
+        try:
+            params = inspect.signature(self.eval_fn).parameters.values()
+            positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+            takes_many = any(p.kind == p.VAR_POSITIONAL for p in params) or len(positional) >= 2
+        except (TypeError, ValueError):
+            takes_many = True
+        return self.eval_fn(variables, iterations) if takes_many else self.eval_fn(variables)
+
+    async def start(self) -> list[tuple[str, int, Any]]:
+        """TF's name for :meth:`run`."""
+        return await self.run()
 
     async def run(self) -> list[tuple[str, int, Any]]:
         """Poll, evaluate the latest new checkpoint each time; returns (path, iterations, metrics)."""

@@ -31,7 +31,7 @@ import numpy as np
 
 from .errors import InvalidArgumentError, ProtocolError
 
-__all__ = ["decode_body", "encode_body", "body_size"]
+__all__ = ["body_size", "decode", "decode_body", "encode", "encode_body"]
 
 _EXT_TUPLE = 1
 _EXT_ARRAY = 2
@@ -153,6 +153,21 @@ def encode_body(obj: Any, *, allow_pickle: bool = False) -> list[bytes | memoryv
         if pad:
             chunks.append(b"\0" * pad)
     return chunks
+
+
+def encode(obj: Any, *, allow_pickle: bool = False) -> bytes:
+    """:func:`encode_body` joined into one ``bytes`` (copies; for small messages and tests).
+
+    >>> decode(encode((1, "a")))
+    (1, 'a')
+    """
+    return b"".join(bytes(c) if isinstance(c, memoryview) else c
+                    for c in encode_body(obj, allow_pickle=allow_pickle))
+
+
+def decode(data: bytes | bytearray | memoryview, *, allow_pickle: bool = False) -> Any:
+    """Same as :func:`decode_body`."""
+    return decode_body(data, allow_pickle=allow_pickle)
 
 
 def body_size(chunks: Sequence[bytes | memoryview]) -> int:

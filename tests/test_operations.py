@@ -188,3 +188,30 @@ async def test_serve_takes_its_role_from_slurm():
         assert (health["role"], health["index"]) == ("worker", 0)
     finally:
         server.stop()
+
+
+async def test_coordinator_serves_metrics_at_its_chief_address(cluster):
+    import socket
+
+    with socket.socket() as s:  # the chief's port as a TF_CONFIG would name it
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spec = dict(cluster.cluster_spec.as_dict(), chief=[f"127.0.0.1:{port}"])
+    resolver = pstrain.SimpleClusterResolver(spec, task_type="chief", task_id=0, token=cluster.token)
+    coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(resolver))
+    try:
+        assert await coordinator.schedule(lambda: 1) == 1
+
+        async def scraped():
+            try:
+                return (await scrape(f"127.0.0.1:{port}", cluster.token))[0] == 200
+            except aiohttp.ClientError:
+                return False
+
+        from .conftest import wait_for
+
+        await wait_for(scraped, what="the coordinator's /metrics")
+        status, text = await scrape(f"127.0.0.1:{port}", cluster.token)
+        assert total(samples(text), "pstrain_closures_done_total") == 1
+    finally:
+        await coordinator.close()
