@@ -73,7 +73,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from . import checkpoint, data, errors, evaluator, initializers, metrics, optimizers, partitioners, rpc
     from ._runtime import run
     from .checkpoint import Checkpoint, CheckpointManager
-    from .evaluator import SidecarEvaluator
     from .cluster import (
         ClusterResolver,
         ClusterSpec,
@@ -82,6 +81,7 @@ if TYPE_CHECKING:  # pragma: no cover
         TFConfigClusterResolver,
     )
     from .coordinator import ClusterCoordinator, get_current_worker_index
+    from .evaluator import SidecarEvaluator
     from .launch import LocalCluster
     from .module import Module
     from .remote_value import RemoteValue
