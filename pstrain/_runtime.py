@@ -1,15 +1,12 @@
-"""The one blocking bridge: run a coroutine on uvloop, or wait from another thread.
+"""``pstrain.run``: run a coroutine on a fresh uvloop loop, then close its connections.
 
-``pstrain.run(coro)`` starts a loop (uvloop when installed) and runs
-``coro`` to completion. :func:`wait_from_thread` blocks a thread other than
-the loop's own until a result arrives; on the loop's thread it refuses,
-because blocking there would deadlock.
+With ``RemoteValue.fetch()`` (which refuses the loop's own thread) this is one
+of the two blocking doors of the API.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -53,16 +50,3 @@ async def _closing_channels(main: Coroutine[Any, Any, T]) -> T:
         return await main
     finally:
         await close_loop_channels()
-
-
-def wait_from_thread(fut: concurrent.futures.Future[T] | Any, loop: asyncio.AbstractEventLoop,
-                     what: str, timeout: float | None = None) -> T:
-    """Block this thread on ``fut``; refuse on ``loop``'s own thread."""
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is loop and loop is not None:
-        raise RuntimeError(f"{what} would block the event loop that has to deliver it; "
-                           "use 'await' instead")
-    return fut.result(timeout)

@@ -117,12 +117,6 @@ class ClusterSpec:
         """A plain dict ``{job: [address, ...]}`` (JSON-ready)."""
         return {job: list(tasks) for job, tasks in self._jobs.items()}
 
-    def with_task(self, job: str, index: int, address: str) -> ClusterSpec:
-        """A copy with one task's address replaced."""
-        spec = self.as_dict()
-        spec[job][index] = address
-        return ClusterSpec(spec)
-
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ClusterSpec) and other._jobs == self._jobs
 

@@ -358,9 +358,6 @@ class ClusterCoordinator:
             waiters, self._drain_waiters = self._drain_waiters, []
             _resolve(waiters)
 
-    def _worker_state_changed(self) -> None:
-        self._progress()
-
     async def _wait_idle(self) -> None:
         fut = asyncio.get_running_loop().create_future()
         self._idle_waiters.append(fut)

@@ -109,7 +109,7 @@ class WorkerDispatcher:
                     spec.built(self.index, None)
         self._broken = None
         self.up = True
-        self.coord._worker_state_changed()
+        self.coord._progress()
 
     def _lost(self, exc: BaseException) -> None:
         """The worker failed: put its closures back; mark its resources aborted."""
@@ -123,7 +123,7 @@ class WorkerDispatcher:
         closures = list(self.inflight.values())
         self.inflight.clear()
         self.coord._put_back(closures)
-        self.coord._worker_state_changed()
+        self.coord._progress()
 
     def incarnation_lost(self) -> None:
         for spec in self.resources.values():

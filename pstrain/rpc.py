@@ -80,8 +80,6 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._direct_pos = 0
         self._direct_meta: tuple[int, int, str] = (0, 0, "")
         self._flush_waiters: list[Callable[[], None]] = []
-        self._paused = False
-        self._drained: asyncio.Future[None] | None = None
 
     # -- asyncio.BufferedProtocol -------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -126,21 +124,12 @@ class FrameProtocol(asyncio.BufferedProtocol):
             view = view[n:]
             self.buffer_updated(n)
 
-    def pause_writing(self) -> None:
-        self._paused = True
-
     def resume_writing(self) -> None:
-        self._paused = False
         if self.transport is not None and self.transport.get_write_buffer_size() == 0:
             self._run_flush_waiters()
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
-        self._drained = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._run_flush_waiters()
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
 
     # -- framing -------------------------------------------------------------------
     def _compact(self) -> None:
@@ -240,14 +229,6 @@ class FrameProtocol(asyncio.BufferedProtocol):
         waiters, self._flush_waiters = self._flush_waiters, []
         for cb in waiters:
             cb()
-
-    async def drain(self) -> None:
-        """Wait until the write buffer is empty (only when it is not)."""
-        if not self._paused or self.transport is None or self.transport.is_closing():
-            return
-        if self._drained is None:
-            self._drained = asyncio.get_running_loop().create_future()
-        await self._drained
 
 
 class _ClientProtocol(FrameProtocol):
@@ -483,12 +464,6 @@ class Peers:
                          max_body=self.max_body, connect_timeout=self.connect_timeout)
             self._channels[key] = ch
         return ch
-
-    def set_address(self, job: str, index: int, address: str) -> None:
-        """Point ``job:index`` at a new address (a task restarted elsewhere)."""
-        self.cluster_spec = self.cluster_spec.with_task(job, index, address)
-        for key in [k for k in self._channels if k[1:] == (job, index)]:
-            self._channels.pop(key)
 
     async def close(self) -> None:
         """Close the channels opened on the running loop."""

@@ -194,14 +194,21 @@ class ParameterServerStrategy:
         task_type = getattr(cluster_resolver, "task_type", None)
         if task_type not in (None, "chief", "ps", "worker", "evaluator"):
             raise InvalidArgumentError(f"Unrecognized task_type: {task_type}")
-        self.cluster_resolver = cluster_resolver
-        self._variable_partitioner = variable_partitioner
-        self._num_ps = spec.num_tasks("ps")
-        self._num_workers = spec.num_tasks("worker")
-        self._peers = rpc.Peers(spec, getattr(cluster_resolver, "token", None),
-                                ssl_context=getattr(cluster_resolver, "ssl_context", None))
-        self._peers.owner = self  # type: ignore[attr-defined]
-        rpc.set_default_peers(self._peers)
+        peers = rpc.Peers(spec, getattr(cluster_resolver, "token", None),
+                          ssl_context=getattr(cluster_resolver, "ssl_context", None))
+        peers.owner = self  # type: ignore[attr-defined]
+        rpc.set_default_peers(peers)
+        self._init_state(cluster_resolver, variable_partitioner, spec.num_tasks("ps"),
+                         spec.num_tasks("worker"), peers)
+
+    def _init_state(self, resolver: ClusterResolver | None, partitioner: Any, num_ps: int,
+                    num_workers: int, peers: rpc.Peers | None) -> None:
+        """State shared by the coordinator's strategy and its copy on a worker."""
+        self.cluster_resolver = resolver
+        self._variable_partitioner = partitioner
+        self._num_ps = num_ps
+        self._num_workers = num_workers
+        self._peers = peers  # None on a worker: variables bind to its default channels
         self._restore_from: str | None = None  # a checkpoint for variables created later
         self.extended = _Extended(self)
         self._colocate: contextvars.ContextVar[int | None] = contextvars.ContextVar(
@@ -376,19 +383,7 @@ class ParameterServerStrategy:
 
 def _worker_strategy(num_ps: int, num_workers: int, partitioner: Any) -> ParameterServerStrategy:
     self = object.__new__(ParameterServerStrategy)
-    self.cluster_resolver = None
-    self._variable_partitioner = partitioner
-    self._num_ps = num_ps
-    self._num_workers = num_workers
-    self._peers = None  # variables bind to the worker's default channels
-    self.extended = _Extended(self)
-    self._colocate = contextvars.ContextVar("pstrain_colocate", default=None)
-    self._lock = threading.Lock()
-    self._next_ps = 0
-    self._names = {}
-    self._pending = {}
-    self._flushing = None
-    self._restore_from = None
+    self._init_state(None, partitioner, num_ps, num_workers, None)
     return self
 
 
