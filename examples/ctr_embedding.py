@@ -135,7 +135,7 @@ async def train(resolver, steps: int = 1000, quiet: bool = False, max_inflight: 
     from pstrain import rpc
     from pstrain.progress import Progress
 
-    peers = rpc.Peers(strategy.cluster_spec, resolver.token)
+    peers = rpc.ChannelPool(strategy.cluster_spec, resolver.token)
 
     async def ps_bytes():
         total = 0

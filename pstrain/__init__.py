@@ -41,12 +41,12 @@ _EXPORTS: dict[str, str] = {
     "Variable": "variables",
     "VariableAggregation": "variables",
     "VariableSynchronization": "variables",
-    "get_current_worker_index": "coordinator",
+    "get_current_worker_index": "context",
     "embedding_lookup": "sharding",
     "get_replica_context": "strategy",
     "read_variables": "variables",
     "update_variables": "variables",
-    "run": "_runtime",
+    "run": "bridge",
 }
 _SUBMODULES = ("checkpoint", "data", "errors", "evaluator", "initializers", "metrics", "optimizers",
                "partitioners", "rpc")
@@ -71,7 +71,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import checkpoint, data, errors, evaluator, initializers, metrics, optimizers, partitioners, rpc
-    from ._runtime import run
+    from .bridge import run
     from .checkpoint import Checkpoint, CheckpointManager
     from .cluster import (
         ClusterResolver,
@@ -80,7 +80,8 @@ if TYPE_CHECKING:  # pragma: no cover
         SlurmClusterResolver,
         TFConfigClusterResolver,
     )
-    from .coordinator import ClusterCoordinator, get_current_worker_index
+    from .context import get_current_worker_index
+    from .coordinator import ClusterCoordinator
     from .evaluator import SidecarEvaluator
     from .launch import LocalCluster
     from .module import Module

@@ -17,38 +17,55 @@ with TensorFlow).
 ``await ckpt.restore(path)`` puts the saved values back, each ps reading the
 row ranges of its parts itself; variables the ps has lost are re-created.
 Variables created *after* a restore take their initial value from it (delayed
-restore). ``load_variables(path)`` reads a checkpoint into numpy arrays
-without any cluster.
+restore, through the strategy's placement). ``load_variables(path)`` reads a
+checkpoint into numpy arrays without any cluster. The file format is
+``checkpoint_files.py``, shared with the ps.
 
->>> # manager = pstrain.checkpoint.CheckpointManager(ckpt, "/tmp/run", max_to_keep=3)
->>> # await manager.restore_or_initialize(); ...; await manager.save()
+::
+
+    manager = pstrain.checkpoint.CheckpointManager(ckpt, "/tmp/run", max_to_keep=3)
+    await manager.restore_or_initialize()
+    ...
+    await manager.save()
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import glob
-import json
 import logging
 import os
 import re
 import types
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import InvalidArgumentError, NotFoundError
+from .checkpoint_files import (
+    INDEX,
+    checkpoint_dir,
+    read_index,
+    read_rows,
+    read_variable,
+    sources,
+    write_index,
+    write_tensors,
+)
+from .context import current_channels
+from .errors import InvalidArgumentError
 from .optimizers import Optimizer
+from .placement import Placement
 from .sharding import ShardedVariable
-from .variables import Variable
+from .variables import Variable, current_creator, ensure_created
+
+if TYPE_CHECKING:
+    from .rpc import Channel, ChannelPool
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["Checkpoint", "CheckpointManager", "load_variables"]
-
-FORMAT = "pstrain-checkpoint"
-INDEX = ".index.json"
 
 
 @dataclass
@@ -105,64 +122,6 @@ def _collect(objects: dict[str, Any]) -> tuple[dict[str, _Entry], list[Optimizer
     return entries, optimizers
 
 
-def _index_path(path: str) -> str:
-    return path if path.endswith(INDEX) else path + INDEX
-
-
-def read_index(path: str) -> dict[str, Any]:
-    """The manifest of checkpoint ``path`` (the prefix ``save`` returned)."""
-    try:
-        with open(_index_path(path), encoding="utf-8") as f:
-            index = json.load(f)
-    except FileNotFoundError as exc:
-        raise NotFoundError(f"no checkpoint at {path} (missing {_index_path(path)})") from exc
-    except json.JSONDecodeError as exc:
-        raise InvalidArgumentError(f"checkpoint index {_index_path(path)} is damaged: {exc}") from exc
-    if index.get("format") != FORMAT:
-        raise InvalidArgumentError(f"{_index_path(path)} is not a pstrain checkpoint")
-    return index
-
-
-def _write_json_atomically(path: str, data: Any) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def _sources(saved: dict[str, Any], base: str, start: int, stop: int, scalar: bool) -> list[list[Any]]:
-    """Row ranges of the saved parts that cover rows ``[start, stop)`` of the variable."""
-    parts = saved["parts"]
-    whole = len(parts) == 1 and (scalar or (parts[0]["offset"] == start and parts[0]["rows"] == stop - start))
-    if whole:
-        return [[os.path.join(base, parts[0]["file"]), parts[0]["key"], None, None, None]]
-    out = []
-    for p in parts:
-        lo, hi = max(start, p["offset"]), min(stop, p["offset"] + p["rows"])
-        if lo < hi:
-            out.append([os.path.join(base, p["file"]), p["key"], lo - p["offset"], hi - p["offset"], lo - start])
-    return out
-
-
-def read_variable(path: str, name: str) -> np.ndarray | None:
-    """One variable of a checkpoint as a full array (None if it is not there)."""
-    from .server.ps_files import read_rows
-
-    meta = read_index(path)["variables"].get(name)
-    if meta is None:
-        return None
-    base = os.path.dirname(os.path.abspath(_index_path(path)))
-    shape = tuple(meta["shape"])
-    return read_rows(shape, np.dtype(meta["dtype"]), _sources(meta, base, 0, shape[0] if shape else 1, not shape))
-
-
 class Checkpoint:
     """Tracks variables reachable from its keyword arguments; saves and restores them."""
 
@@ -172,22 +131,17 @@ class Checkpoint:
             setattr(self, key, value)
 
     # -- save --------------------------------------------------------------------------------
-    async def _flush(self, entries: dict[str, _Entry]) -> None:
-        pending = {id(p._pending): p._pending for e in entries.values() for p in e.parts
-                   if p._pending is not None}
-        for strategy in pending.values():
-            await strategy.flush()
-
     async def _slot_entries(self, entries: dict[str, _Entry], optimizers: list[Optimizer]) -> dict[str, _Entry]:
         """The optimizers' slots of tracked variables, as logical variables."""
         if not optimizers:
             return {}
-        peers = next((p._peers for e in entries.values() for p in e.parts if p._peers is not None), None)
-        if peers is None:
+        placed = [p for e in entries.values() for p in e.parts if p.ps_index is not None]
+        if not placed:
             return {}
+        pool = _channel_pool(placed[0])
         listing: dict[str, tuple[int, dict[str, Any]]] = {}
-        for k in range(peers.cluster_spec.num_tasks("ps")):
-            for v in (await peers.channel("ps", k).call("vars/list", {}))["variables"]:
+        for k in range(pool.cluster_spec.num_tasks("ps")):
+            for v in (await pool.channel("ps", k).call("vars/list", {}))["variables"]:
                 listing[v["name"]] = (k, v)
         out = {}
         for opt in optimizers:
@@ -196,8 +150,8 @@ class Checkpoint:
                     names = [f"{opt.name}/{slot}/{p.name}" for p in entry.parts]
                     if not all(n in listing for n in names):
                         continue
-                    parts = [Variable._placed(n, tuple(listing[n][1]["shape"]), entry.dtype,
-                                              listing[n][0], peers, False) for n in names]
+                    parts = [Variable.handle(n, tuple(listing[n][1]["shape"]), entry.dtype,
+                                             listing[n][0], pool, False) for n in names]
                     name = f"{opt.name}/{slot}/{entry.name}"
                     out[name] = _Entry(name, parts, entry.offsets, entry.shape, entry.dtype, False)
         return out
@@ -207,9 +161,9 @@ class Checkpoint:
         prefix = os.path.abspath(prefix)
         os.makedirs(os.path.dirname(prefix), exist_ok=True)
         entries, optimizers = _collect(self._objects)
-        await self._flush(entries)
+        await ensure_created(p for e in entries.values() for p in e.parts)
         entries.update(await self._slot_entries(entries, optimizers))
-        by_ps: dict[tuple[int, int], tuple[Variable, dict[str, str]]] = {}
+        by_ps: dict[Channel, tuple[int, dict[str, str]]] = {}
         local: dict[str, np.ndarray] = {}
         index_vars: dict[str, Any] = {}
         base = os.path.basename(prefix)
@@ -219,26 +173,23 @@ class Checkpoint:
                 rows = entry.offsets[i + 1] - entry.offsets[i]
                 if part.ps_index is None:
                     file = f"{base}.local.safetensors"
-                    local[part.name] = part._local  # type: ignore[assignment]
+                    local[part.name] = part.local_array()
                 else:
                     file = f"{base}.ps{part.ps_index}.safetensors"
-                    by_ps.setdefault((id(part._peers), part.ps_index), (part, {}))[1][part.name] = part.name
+                    by_ps.setdefault(part.channel(), (part.ps_index, {}))[1][part.name] = part.name
                 parts_meta.append({"file": file, "key": part.name, "offset": entry.offsets[i], "rows": rows})
             index_vars[entry.name] = {"dtype": entry.dtype.str, "shape": list(entry.shape),
                                       "trainable": entry.trainable, "parts": parts_meta}
 
-        async def save_ps(first: Variable, tensors: dict[str, str]) -> None:
-            path = f"{prefix}.ps{first.ps_index}.safetensors"
-            await first._channel().call("ckpt/save", {"path": path, "tensors": tensors})
+        async def save_ps(channel: Channel, ps: int, tensors: dict[str, str]) -> None:
+            path = f"{prefix}.ps{ps}.safetensors"
+            await channel.call("ckpt/save", {"path": path, "tensors": tensors})
 
-        await asyncio.gather(*(save_ps(first, t) for first, t in by_ps.values()))
+        await asyncio.gather(*(save_ps(ch, ps, t) for ch, (ps, t) in by_ps.items()))
         if local:
-            from .server.ps_files import write_tensors
-
             await asyncio.get_running_loop().run_in_executor(
                 None, write_tensors, f"{prefix}.local.safetensors", local)
-        _write_json_atomically(_index_path(prefix), {"format": FORMAT, "version": 1,
-                                                     "variables": index_vars})
+        write_index(prefix, index_vars)
         logger.info("saved checkpoint %s (%d variables)", prefix, len(index_vars))
         return prefix
 
@@ -250,7 +201,7 @@ class Checkpoint:
         their initial values from this checkpoint (delayed restore).
         """
         index = read_index(path)
-        base = os.path.dirname(os.path.abspath(_index_path(path)))
+        base = checkpoint_dir(path)
         saved = index["variables"]
         entries, optimizers = _collect(self._objects)
         for opt in optimizers:  # slots of tracked variables, laid out like their variable
@@ -258,12 +209,11 @@ class Checkpoint:
                 for slot in opt.slot_names():
                     name = f"{opt.name}/{slot}/{entry.name}"
                     if name in saved:
-                        parts = [Variable._placed(f"{opt.name}/{slot}/{p.name}", p.shape, p.dtype,
-                                                  p.ps_index, p._peers, False) for p in entry.parts]
+                        parts = [_slot_handle(f"{opt.name}/{slot}/{p.name}", p) for p in entry.parts]
                         entries[name] = _Entry(name, parts, entry.offsets, entry.shape, entry.dtype, False)
         _register_delayed(entries, path)
-        await self._flush(entries)
-        by_ps: dict[tuple[int, int], tuple[Variable, list[dict[str, Any]]]] = {}
+        await ensure_created(p for e in entries.values() for p in e.parts)
+        by_ps: dict[Channel, list[dict[str, Any]]] = {}
         local: list[tuple[Variable, list[list[Any]]]] = []
         for name, entry in entries.items():
             meta = saved.get(name)
@@ -274,20 +224,16 @@ class Checkpoint:
                     f"checkpoint {path}: {name!r} was saved as {tuple(meta['shape'])} {meta['dtype']}, "
                     f"the variable is {entry.shape} {entry.dtype}")
             for i, part in enumerate(entry.parts):
-                sources = _sources(meta, base, entry.offsets[i], entry.offsets[i + 1], not entry.shape)
+                rows = sources(meta, base, entry.offsets[i], entry.offsets[i + 1], not entry.shape)
                 if part.ps_index is None:
-                    local.append((part, sources))
+                    local.append((part, rows))
                     continue
-                by_ps.setdefault((id(part._peers), part.ps_index), (part, []))[1].append(
+                by_ps.setdefault(part.channel(), []).append(
                     {"name": part.name, "dtype": part.dtype.str, "shape": part.shape,
-                     "trainable": part.trainable, "sources": sources})
-        await asyncio.gather(*(first._channel().call("ckpt/restore", {"vars": specs})
-                               for first, specs in by_ps.values()))
-        if local:
-            from .server.ps_files import read_rows
-
-            for part, sources in local:
-                part._local = read_rows(part.shape, part.dtype, sources)
+                     "trainable": part.trainable, "sources": rows})
+        await asyncio.gather(*(ch.call("ckpt/restore", {"vars": specs}) for ch, specs in by_ps.items()))
+        for part, rows in local:
+            await part.assign(read_rows(part.shape, part.dtype, rows))
         logger.info("restored checkpoint %s", path)
         return self
 
@@ -296,34 +242,50 @@ class Checkpoint:
         return await self.restore(path)
 
 
-def _register_delayed(entries: dict[str, _Entry], path: str) -> None:
-    """Variables created later (by these variables' strategies, or the current one) start
-    from the values saved at ``path``."""
-    from . import rpc
+def _channel_pool(part: Variable) -> ChannelPool:
+    """The channel pool a placed variable uses (its placement's, else the closure's)."""
+    creator = part.creator
+    if isinstance(creator, Placement) and creator.channels is not None:
+        return creator.channels
+    return current_channels()
 
-    peers = {id(p._peers): p._peers for e in entries.values() for p in e.parts if p._peers is not None}
-    if rpc._default_peers is not None:
-        peers[id(rpc._default_peers)] = rpc._default_peers
-    for p in peers.values():
-        owner = getattr(p, "owner", None)
-        if owner is not None:
-            owner._restore_from = path
+
+def _slot_handle(name: str, part: Variable) -> Variable:
+    """A handle to the optimizer slot ``name`` laid out like ``part`` (on the same ps)."""
+    assert part.ps_index is not None
+    creator = part.creator
+    pool = creator.channels if isinstance(creator, Placement) else None
+    return Variable.handle(name, part.shape, part.dtype, part.ps_index, pool, False)
+
+
+def _register_delayed(entries: dict[str, _Entry], path: str) -> None:
+    """Variables created later (by the placements of these variables, or of the scope this
+    runs in) start from the values saved at ``path``."""
+    placements: dict[int, Placement] = {}
+    for e in entries.values():
+        for p in e.parts:
+            if isinstance(p.creator, Placement):
+                placements[id(p.creator)] = p.creator
+    current = current_creator()
+    if isinstance(current, Placement):
+        placements[id(current)] = current
+    lookup = functools.partial(read_variable, path)
+    for placement in placements.values():
+        placement.restore_new_variables_from(lookup)
 
 
 def load_variables(path: str) -> dict[str, np.ndarray]:
     """Every variable of checkpoint ``path`` as a full numpy array, by name (no cluster needed).
 
-    >>> # arrays = pstrain.checkpoint.load_variables("/tmp/run/ckpt-3")
+    ``arrays = pstrain.checkpoint.load_variables("/tmp/run/ckpt-3")``
     """
-    from .server.ps_files import read_rows
-
     index = read_index(path)
-    base = os.path.dirname(os.path.abspath(_index_path(path)))
+    base = checkpoint_dir(path)
     out = {}
     for name, meta in index["variables"].items():
         shape = tuple(meta["shape"])
         rows = shape[0] if shape else 1
-        out[name] = read_rows(shape, np.dtype(meta["dtype"]), _sources(meta, base, 0, rows, not shape))
+        out[name] = read_rows(shape, np.dtype(meta["dtype"]), sources(meta, base, 0, rows, not shape))
     return out
 
 

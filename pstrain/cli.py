@@ -98,7 +98,7 @@ def _serve_parser(sub: Any) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .rpc import DEFAULT_MAX_BODY
+    from .protocol import DEFAULT_MAX_BODY
 
     parent = os.getppid()  # now, before the parent has any chance to be gone
     if args.exit_with_parent and parent == 1:

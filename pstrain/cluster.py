@@ -11,6 +11,7 @@ This module is one of the two places that read the environment (the other is
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -25,6 +26,7 @@ __all__ = [
     "SimpleClusterResolver",
     "SlurmClusterResolver",
     "TFConfigClusterResolver",
+    "is_loopback",
     "parse_address",
     "task_name",
 ]
@@ -36,6 +38,20 @@ KNOWN_JOBS = ("chief", "evaluator", "ps", "worker")
 def task_name(job: str, index: int) -> str:
     """The TF-style task name, e.g. ``/job:ps/replica:0/task:1``."""
     return f"/job:{job}/replica:0/task:{index}"
+
+
+def is_loopback(host: str) -> bool:
+    """Is ``host`` a loopback address (``localhost``, 127.0.0.0/8, ``::1``)?
+
+    >>> is_loopback("127.0.0.2"), is_loopback("0.0.0.0"), is_loopback("localhost")
+    (True, False, True)
+    """
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def parse_address(address: str) -> tuple[str, int]:

@@ -228,7 +228,7 @@ def _launch(args: argparse.Namespace) -> int:
     if not cmd:
         raise PstrainError("pstrain launch needs a command: pstrain launch --ps 1 --workers 2 -- "
                            "python train.py")
-    from ._runtime import run
+    from .bridge import run
 
     return run(_launch_async(cmd, args.ps, args.workers, args.log_level))
 

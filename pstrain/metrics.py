@@ -5,10 +5,10 @@ closure on any worker adds to the same totals (one request, atomic), ``await
 m.result()`` reads them, ``await m.reset_state()`` zeroes them. A metric's
 state variables are colocated on one ps.
 
->>> # with strategy.scope():
->>> #     acc = pstrain.metrics.SparseCategoricalAccuracy()
->>> # await acc.update_state(labels, logits)   # inside a closure
->>> # print(await acc.result())
+>>> import asyncio
+>>> m = Mean()                                  # outside a scope: a local metric
+>>> asyncio.run(m.update_state([1.0, 3.0])); asyncio.run(m.result())
+2.0
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from .errors import InvalidArgumentError
-from .variables import Variable, _creator, read_variables, update_variables
+from .placement import Placement
+from .variables import Variable, current_creator, read_variables, update_variables
 
 __all__ = ["AUC", "Accuracy", "Mean", "Metric", "SparseCategoricalAccuracy", "Sum"]
 
@@ -39,18 +40,14 @@ class Metric:
 
     def _state(self, slot: str, value: Any) -> Variable:
         """Create a state variable: all of a metric's state lives whole on one ps."""
-        creator = _creator.get()
-        strategy = getattr(creator, "__self__", None)
-        if strategy is None:
+        placement = current_creator()
+        if not isinstance(placement, Placement):
             var = Variable(value, name=f"{self.name}/{slot}", trainable=False)
         else:
             if self._ps is None:
-                self._ps = strategy._place()
-            token = strategy._colocate.set(self._ps)  # colocated: never partitioned
-            try:
+                self._ps = placement.next_ps()
+            with placement.colocated(self._ps):  # colocated: never partitioned
                 var = Variable(value, name=f"{self.name}/{slot}", trainable=False)
-            finally:
-                strategy._colocate.reset(token)
         self._vars[slot] = var
         return var
 

@@ -19,6 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .sharding import ShardedVariable
+from .variables import VariableBase
+
 __all__ = ["Module"]
 
 
@@ -64,9 +67,8 @@ def _collect(obj: Any, out: list[Any], seen_vars: set[int], seen: set[int]) -> N
     if id(obj) in seen:
         return
     seen.add(id(obj))
-    if hasattr(obj, "_is_pstrain_variable"):
-        parts = getattr(obj, "variables", None) if hasattr(obj, "_read_parts") else None
-        for v in (parts if parts is not None else [obj]):
+    if isinstance(obj, VariableBase):
+        for v in (obj.variables if isinstance(obj, ShardedVariable) else [obj]):
             if id(v) not in seen_vars:
                 seen_vars.add(id(v))
                 out.append(v)

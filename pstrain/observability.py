@@ -1,20 +1,33 @@
-"""Prometheus metrics for every server, collected when scraped.
+"""Prometheus metrics for every task, collected when scraped.
 
 Servers keep plain counters (requests, bytes, seconds per operation); a
 collector turns them into Prometheus families only when ``GET /metrics`` is
 asked, so serving a request costs one timer read and a few additions. Each
 server has its own registry (several may share a process in tests).
+
+The coordinator is not a server, yet it has counters too (queued, in flight,
+retried): :class:`MetricsEndpoint` serves them (``GET /metrics`` and
+``/healthz``, token-protected like every server).
 """
 
 from __future__ import annotations
 
+import logging
+import socket
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
-__all__ = ["CONTENT_TYPE", "render"]
+from .auth import bearer_ok
+from .errors import PstrainError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CONTENT_TYPE", "MetricsEndpoint", "make_registry", "render"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -82,3 +95,63 @@ def make_registry(labels: dict[str, str], stats: Callable[[], dict[str, Any]]) -
 def render(registry: CollectorRegistry) -> bytes:
     """The registry in Prometheus text format."""
     return generate_latest(registry)
+
+
+class MetricsEndpoint:
+    """``GET /metrics`` and ``/healthz`` for a task that is not a server (the coordinator).
+
+    ``await start()`` binds (port 0 picks one) and returns the address.
+    """
+
+    def __init__(self, task: str, labels: dict[str, str], stats: Callable[[], dict[str, Any]], *,
+                 host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
+        self.task = task
+        self.host = host
+        self.port = port
+        self._token = token.encode() if token else None
+        self._started = time.time()
+        self._stats = stats
+        self._registry = make_registry(labels, lambda: {"uptime_s": time.time() - self._started,
+                                                        **stats()})
+        self._runner: web.AppRunner | None = None
+        self.address: str | None = None
+
+    async def start(self) -> str:
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as exc:
+            sock.close()
+            raise PstrainError(f"{self.task} cannot serve /metrics on {self.host}:{self.port}: "
+                               f"{exc.strerror or exc}") from exc
+        sock.listen(128)
+        sock.setblocking(False)
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._health)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        await web.SockSite(self._runner, sock).start()
+        host, port = sock.getsockname()[:2]
+        self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        logger.info("%s serves /metrics on %s", self.task, self.address)
+        return self.address
+
+    def _authorized(self, request: web.Request) -> bool:
+        return bearer_ok(request.headers.get("Authorization"), self._token)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return web.json_response({"error": {"type": "AuthenticationError", "message":
+                                      "missing or wrong cluster token: send 'Authorization: "
+                                      "Bearer <token>'", "task": self.task}}, status=401)
+        return web.Response(body=render(self._registry), headers={"Content-Type": CONTENT_TYPE})
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "running", "task": self.task})
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

@@ -2,7 +2,7 @@
 
 ``await opt.apply_gradients(zip(grads, variables))`` sends each ps one request
 carrying every gradient for the variables it holds; the ps applies the rule
-(``server/rules.py``, Keras' formulas) where the variable lives, so gradients
+(``optimizer_rules.py``, Keras' formulas) where the variable lives, so gradients
 travel once and slots (accumulators, moments) never leave the ps. A gradient
 may be a dense array or an :class:`~pstrain.IndexedSlices` (duplicate rows are
 summed before sending; only those rows of the variable and its slots change).
@@ -11,9 +11,11 @@ Gradients for a :class:`~pstrain.sharding.ShardedVariable` are split by part.
 Create optimizers inside ``strategy.scope()``: ``iterations`` is then a ps
 variable, incremented once per ``apply_gradients`` by whichever worker calls it.
 
->>> # with strategy.scope():
->>> #     opt = pstrain.optimizers.Adagrad(0.05)
->>> # await opt.apply_gradients(zip(grads, model.trainable_variables))
+::
+
+    with strategy.scope():
+        opt = pstrain.optimizers.Adagrad(0.05)
+    await opt.apply_gradients(zip(grads, model.trainable_variables))
 """
 
 from __future__ import annotations
@@ -25,9 +27,15 @@ from typing import Any
 
 import numpy as np
 
+from typing import TYPE_CHECKING
+
 from .errors import InvalidArgumentError
+from .optimizer_rules import slot_specs
 from .sharding import ShardedVariable, compact_ids
-from .variables import IndexedSlices, Variable
+from .variables import IndexedSlices, Variable, ensure_created
+
+if TYPE_CHECKING:
+    from .rpc import Channel
 
 __all__ = ["SGD", "Adagrad", "Adam", "Ftrl", "Optimizer"]
 
@@ -56,8 +64,7 @@ class Optimizer:
         return {"kind": self.kind, **self.get_config()}
 
     def slot_names(self) -> list[str]:
-        from .server.rules import slot_specs
-
+        """The slots this optimizer keeps per variable on the ps (e.g. ``accumulator``)."""
         return list(slot_specs(self._rule()))
 
     def slot_variable_name(self, var: Variable, slot: str) -> str:
@@ -66,41 +73,37 @@ class Optimizer:
 
     async def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]]) -> int:
         """Apply one step; returns the new ``iterations``. One request per ps, concurrently."""
-        groups: dict[tuple[int, int | None], tuple[Variable, list[list[Any]]]] = {}
+        groups: dict[Channel, list[list[Any]]] = {}
+        touched: list[Variable] = []
         for grad, var in grads_and_vars:
             if grad is None:
                 continue
             for part, rows, values in _split(grad, var):
-                key = (id(part._peers), part.ps_index)
-                groups.setdefault(key, (part, []))[1].append([part.name, rows, values])
-        local = [g for k, g in groups.items() if k[1] is None]
-        if local:
-            raise InvalidArgumentError("apply_gradients: variables must be created in "
-                                       "strategy.scope() (they live on the ps)")
+                if part.ps_index is None:
+                    raise InvalidArgumentError("apply_gradients: variables must be created in "
+                                               "strategy.scope() (they live on the ps)")
+                touched.append(part)
+                groups.setdefault(part.channel(), []).append([part.name, rows, values])
         it_var = self.iterations
-        if it_var._pending is not None:
-            await it_var._pending.flush()
-        for first, _ in groups.values():
-            if first._pending is not None:
-                await first._pending.flush()
+        await ensure_created([it_var, *touched])
         rule = self._rule()
-        it_key = (id(it_var._peers), it_var.ps_index)
+        it_channel = it_var.channel()
         t: int | None = None
         if self.needs_step:  # bias correction needs the step: increment first
-            reply = await it_var._channel().call("opt/apply", {
+            reply = await it_channel.call("opt/apply", {
                 "rule": rule, "prefix": self.name, "grads": [], "iterations": it_var.name})
             t = reply["t"]
 
-        async def send(key: tuple[int, int | None], first: Variable, grads: list[list[Any]]) -> int:
-            count_here = key == it_key and t is None
-            reply = await first._channel().call("opt/apply", {
+        async def send(channel: Channel, grads: list[list[Any]]) -> int:
+            count_here = channel is it_channel and t is None
+            reply = await channel.call("opt/apply", {
                 "rule": rule, "prefix": self.name, "grads": grads, "unique_rows": True,
                 "iterations": it_var.name if count_here else None, "t": t})
             return reply["t"] if count_here else -1
 
-        calls = [send(k, first, grads) for k, (first, grads) in groups.items()]
-        if t is None and it_key not in groups:
-            calls.append(send(it_key, it_var, []))
+        calls = [send(ch, grads) for ch, grads in groups.items()]
+        if t is None and it_channel not in groups:
+            calls.append(send(it_channel, []))
         results = await asyncio.gather(*calls)
         return t if t is not None else max(results)
 

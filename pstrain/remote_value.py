@@ -1,14 +1,15 @@
 """RemoteValue: the result of a scheduled closure, resolved when it has run.
 
-``await rv`` (or ``await rv.get()``) waits on the coordinator's loop;
-``rv.fetch()`` blocks a *different* thread (TF parity) and refuses on the
-loop's own thread, where blocking would deadlock. The value is stored on the
+A closure's result has two sides. The coordinator holds the producer side,
+an :class:`Outcome`, and sets it once (value or error); the user holds the
+:class:`RemoteValue`, which only reads it: ``await rv`` (or ``await
+rv.get()``) on any loop, ``rv.fetch()`` from a thread that runs no loop (TF
+parity, through the one blocking bridge). The value is stored on the
 coordinator as soon as the closure finishes, so it stays readable after the
 worker that produced it dies.
 
-A RemoteValue is not an ``asyncio.Future``: it is set on the coordinator's
-loop and may be awaited from any loop or waited on from any thread, and costs
-nothing extra when nobody waits.
+Neither is an ``asyncio.Future``: an Outcome is set on the coordinator's loop
+and may be awaited from any loop, and costs nothing extra when nobody waits.
 """
 
 from __future__ import annotations
@@ -18,106 +19,123 @@ import threading
 from collections.abc import Generator
 from typing import Any
 
-__all__ = ["RemoteValue"]
+from .bridge import block_on
+
+__all__ = ["Outcome", "RemoteValue"]
 
 _NOT_READY, _READY, _FAILED = 0, 1, 2
-_lock = threading.Lock()  # guards the hand-over between a setter and a fetch() waiter
+_lock = threading.Lock()  # guards the hand-over between a setter and waiters on other loops
 
 
-class RemoteValue:
-    """The eventual result of ``coordinator.schedule(fn)``.
+class Outcome:
+    """The producer side of a RemoteValue: set once with a value or an error.
 
-    >>> # rv = coordinator.schedule(step_fn)
-    >>> # loss = await rv          # on the coordinator's loop
-    >>> # loss = rv.fetch()        # from another thread
+    >>> out = Outcome()
+    >>> out.set_value(3), out.set_value(4), out.remote_value.done()
+    (True, False, True)
+    >>> asyncio.run(out.remote_value.get())
+    3
     """
 
-    __slots__ = ("_state", "_value", "_waiters", "_event", "_loop", "__weakref__")
+    __slots__ = ("state", "value", "waiters", "loop", "remote_value", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        self._state = _NOT_READY
-        self._value: Any = None
-        self._waiters: list[asyncio.Future[None]] | None = None
-        self._event: threading.Event | None = None
-        self._loop = loop
+        self.state = _NOT_READY
+        self.value: Any = None
+        self.waiters: list[asyncio.Future[None]] | None = None
+        self.loop = loop  # the loop that sets it (the coordinator's), once known
+        self.remote_value = RemoteValue(self)
 
-    # -- producer side (coordinator loop) ---------------------------------------------------
     def _set(self, state: int, value: Any) -> bool:
         with _lock:
-            if self._state != _NOT_READY:
+            if self.state != _NOT_READY:
                 return False
-            self._value = value
-            self._state = state
-            event = self._event
-        if event is not None:
-            event.set()
-        waiters, self._waiters = self._waiters, None
+            self.value = value
+            self.state = state
+            waiters, self.waiters = self.waiters, None
         if waiters:
             for fut in waiters:
                 _wake(fut)
         return True
 
-    def _set_value(self, value: Any) -> bool:
+    def set_value(self, value: Any) -> bool:
+        """Resolve with ``value``; False if it was already resolved."""
         return self._set(_READY, value)
 
-    def _set_error(self, error: BaseException) -> bool:
+    def set_error(self, error: BaseException) -> bool:
+        """Fail with ``error``; False if it was already resolved."""
         return self._set(_FAILED, error)
 
-    def _reset(self) -> None:
+    def reset(self) -> None:
         """Back to not-ready (a per-worker resource being rebuilt)."""
         with _lock:
-            self._state = _NOT_READY
-            self._value = None
-            self._event = None
+            self.state = _NOT_READY
+            self.value = None
 
-    # -- consumer side -----------------------------------------------------------------------
     def done(self) -> bool:
-        """True once the value or an error is known."""
-        return self._state != _NOT_READY
+        return self.state != _NOT_READY
 
-    def _result(self) -> Any:
-        if self._state == _FAILED:
-            raise self._value
-        return self._value
+    def result(self) -> Any:
+        """The value, or raise the error; only once :meth:`done`."""
+        if self.state == _FAILED:
+            raise self.value
+        return self.value
 
-    def __await__(self) -> Generator[Any, None, Any]:
-        if self._state == _NOT_READY:
+    def wait(self) -> Generator[Any, None, Any]:
+        """``yield from outcome.wait()``: suspend until resolved, then its result."""
+        if self.state == _NOT_READY:
             fut = asyncio.get_running_loop().create_future()
             with _lock:
-                ready = self._state != _NOT_READY
+                ready = self.state != _NOT_READY
                 if not ready:
-                    if self._waiters is None:
-                        self._waiters = []
-                    self._waiters.append(fut)
+                    if self.waiters is None:
+                        self.waiters = []
+                    self.waiters.append(fut)
             if not ready:
                 yield from fut.__await__()
-        return self._result()
+        return self.result()
+
+
+class RemoteValue:
+    """The eventual result of ``coordinator.schedule(fn)``.
+
+    On the coordinator's loop, ``await rv``; from another thread, ``rv.fetch()``::
+
+        rv = coordinator.schedule(step_fn)
+        loss = await rv
+    """
+
+    __slots__ = ("_outcome", "__weakref__")
+
+    def __init__(self, outcome: Outcome) -> None:
+        self._outcome = outcome
+
+    def done(self) -> bool:
+        """True once the value or an error is known."""
+        return self._outcome.state != _NOT_READY
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self._outcome.wait()
 
     async def get(self) -> Any:
         """Wait for and return the value (raises the closure's error)."""
         return await self
 
     def fetch(self, timeout: float | None = None) -> Any:
-        """Block this thread until the value is known; not on the coordinator's loop thread."""
-        loop = self._loop
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is not None and (loop is None or running is loop):
-            raise RuntimeError("RemoteValue.fetch() blocks, and this is the coordinator's event "
-                               "loop thread; use 'await remote_value' here instead")
-        if self._state == _NOT_READY:
-            with _lock:
-                if self._state == _NOT_READY and self._event is None:
-                    self._event = threading.Event()
-                event = self._event
-            if event is not None and not event.wait(timeout):
-                raise TimeoutError(f"RemoteValue not ready after {timeout} s")
-        return self._result()
+        """Block this thread until the value is known; refused on a thread running a loop.
+
+        Raises :class:`~pstrain.errors.DeadlineExceededError` after ``timeout`` seconds.
+        """
+        outcome = self._outcome
+        if outcome.state != _NOT_READY:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                return outcome.result()
+        return block_on(self.get, outcome.loop, timeout=timeout, what="RemoteValue.fetch()")
 
     def __repr__(self) -> str:
-        state = {_NOT_READY: "pending", _READY: "ready", _FAILED: "failed"}[self._state]
+        state = {_NOT_READY: "pending", _READY: "ready", _FAILED: "failed"}[self._outcome.state]
         return f"<RemoteValue {state}>"
 
     def __reduce__(self) -> Any:
@@ -134,11 +152,10 @@ def _wake(fut: asyncio.Future[None]) -> None:
     if running is loop:
         if not fut.done():
             fut.set_result(None)
-    else:
+    elif not loop.is_closed():
         loop.call_soon_threadsafe(_set_none, fut)
 
 
 def _set_none(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
-

@@ -1,11 +1,11 @@
 """Sharded variables: one logical variable split by rows over several ps.
 
-A ``variable_partitioner`` given to the strategy decides how many parts a
-variable gets along axis 0; the three partitioners reproduce TensorFlow's
-counts exactly. Parts use TF's "div" layout (the first ``n % k`` parts get one
-extra row), are named ``<name>/part_<i>``, and are placed by the strategy's
-shared round-robin counter. Each part is initialised on its own ps: an
-initializer is called with the part's shape and offset, a value is sliced.
+A ``variable_partitioner`` given to the strategy (``partitioners.py``)
+decides how many parts a variable gets along axis 0; :func:`plan_parts` lays
+them out in TF's "div" layout (the first ``n % k`` parts get one extra row).
+The placement names them ``<name>/part_<i>`` and places them with its shared
+round-robin counter; each part is initialised on its own ps (an initializer
+is called with the part's shape and offset, a value is sliced).
 
 :func:`embedding_lookup` gathers rows from every part in parallel, one request
 per ps, after deduplicating the ids, so only the rows needed travel.
@@ -14,111 +14,18 @@ per ps, after deduplicating the ids, so only the rows needed travel.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import InvalidArgumentError
-from .variables import IndexedSlices, Variable, to_array
+from .variables import IndexedSlices, Variable, VariableBase, ensure_created, read_variables, to_array
 
 if TYPE_CHECKING:
-    from .strategy import ParameterServerStrategy
+    from .rpc import Channel
 
-__all__ = ["FixedShardsPartitioner", "MaxSizePartitioner", "MinSizePartitioner",
-           "ShardedVariable", "embedding_lookup"]
-
-
-def _bytes_per_element(dtype: Any, bytes_per_string: int) -> int:
-    dtype = np.dtype(dtype)
-    return bytes_per_string if dtype.kind in "SUO" else dtype.itemsize
-
-
-def _check_axis(shape: Sequence[int], axis: int) -> None:
-    if not 0 <= axis < len(shape):
-        raise InvalidArgumentError(f"axis {axis} out of range for a variable of shape {tuple(shape)}")
-
-
-class FixedShardsPartitioner:
-    """Always ``num_shards`` parts (fewer if the axis is shorter).
-
-    >>> FixedShardsPartitioner(2)((10, 3), np.float32)
-    [2, 1]
-    """
-
-    def __init__(self, num_shards: int) -> None:
-        if num_shards < 1:
-            raise InvalidArgumentError(f"num_shards must be >= 1, got {num_shards}")
-        self.num_shards = num_shards
-
-    def __call__(self, shape: Sequence[int], dtype: Any, axis: int = 0) -> list[int]:
-        _check_axis(shape, axis)
-        result = [1] * len(shape)
-        result[axis] = min(self.num_shards, shape[axis])
-        return result
-
-
-class MinSizePartitioner:
-    """As many parts as possible with each at least ``min_shard_bytes``, at most ``max_shards``.
-
-    >>> MinSizePartitioner(min_shard_bytes=4, max_shards=2)((6, 1), np.float32)
-    [2, 1]
-    """
-
-    def __init__(self, min_shard_bytes: int = 256 << 10, max_shards: int = 1,
-                 bytes_per_string: int = 16) -> None:
-        if min_shard_bytes < 1:
-            raise InvalidArgumentError(f"min_shard_bytes must be positive, got {min_shard_bytes}")
-        if max_shards < 1:
-            raise InvalidArgumentError(f"max_shards must be positive, got {max_shards}")
-        if bytes_per_string < 1:
-            raise InvalidArgumentError(f"bytes_per_string must be positive, got {bytes_per_string}")
-        self.min_shard_bytes = min_shard_bytes
-        self.max_shards = max_shards
-        self.bytes_per_string = bytes_per_string
-
-    def __call__(self, shape: Sequence[int], dtype: Any, axis: int = 0) -> list[int]:
-        _check_axis(shape, axis)
-        total = math.prod(shape) * _bytes_per_element(dtype, self.bytes_per_string)
-        parts = math.ceil(total / self.min_shard_bytes)
-        result = [1] * len(shape)
-        result[axis] = max(1, min(shape[axis], self.max_shards, parts))
-        return result
-
-
-class MaxSizePartitioner:
-    """As few parts as possible with each at most ``max_shard_bytes`` (and at most ``max_shards``).
-
-    >>> MaxSizePartitioner(max_shard_bytes=4)((6, 1), np.float32)
-    [6, 1]
-    """
-
-    def __init__(self, max_shard_bytes: int, max_shards: int | None = None,
-                 bytes_per_string: int = 16) -> None:
-        if max_shard_bytes < 1:
-            raise InvalidArgumentError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
-        if max_shards is not None and max_shards < 1:
-            raise InvalidArgumentError(f"max_shards must be positive, got {max_shards}")
-        if bytes_per_string < 1:
-            raise InvalidArgumentError(f"bytes_per_string must be positive, got {bytes_per_string}")
-        self.max_shard_bytes = max_shard_bytes
-        self.max_shards = max_shards
-        self.bytes_per_string = bytes_per_string
-
-    def __call__(self, shape: Sequence[int], dtype: Any, axis: int = 0) -> list[int]:
-        _check_axis(shape, axis)
-        n = shape[axis]
-        result = [1] * len(shape)
-        if n == 0:
-            return result
-        bytes_per_slice = math.prod(shape) // n * _bytes_per_element(dtype, self.bytes_per_string)
-        slices_per_shard = max(1, self.max_shard_bytes // max(1, bytes_per_slice))
-        shards = math.ceil(n / slices_per_shard)
-        if self.max_shards is not None:
-            shards = min(self.max_shards, shards)
-        result[axis] = shards
-        return result
+__all__ = ["ShardedVariable", "compact_ids", "div_sizes", "embedding_lookup", "plan_parts"]
 
 
 def div_sizes(n: int, k: int) -> list[int]:
@@ -127,12 +34,9 @@ def div_sizes(n: int, k: int) -> list[int]:
     return [base + 1 if i < extra else base for i in range(k)]
 
 
-def create_sharded(strategy: ParameterServerStrategy, name: str, entry: dict[str, Any],
-                   shape: tuple[int, ...], dtype: np.dtype, trainable: bool, aggregation: Any,
-                   synchronization: Any) -> ShardedVariable | None:
-    """Split a new variable as the strategy's partitioner says (None: keep it whole)."""
-    partitioner = strategy._variable_partitioner
-    assert partitioner is not None
+def plan_parts(partitioner: Any, name: str, shape: tuple[int, ...],
+               dtype: np.dtype) -> list[tuple[int, int]] | None:
+    """``(offset, rows)`` of each part ``partitioner`` asks for (None: keep it whole)."""
     try:
         parts = partitioner(tuple(shape), dtype)
     except InvalidArgumentError:
@@ -148,39 +52,27 @@ def create_sharded(strategy: ParameterServerStrategy, name: str, entry: dict[str
     k = min(int(parts[0]), shape[0])
     if k <= 1:
         return None
-    sizes = div_sizes(shape[0], k)
-    variables = []
+    out = []
     offset = 0
-    for i, size in enumerate(sizes):
-        part_shape = (size,) + shape[1:]
-        part_entry: dict[str, Any]
-        if "init" in entry:
-            part_entry = {"init": entry["init"], "offset": [offset] + [0] * (len(shape) - 1),
-                          "full_shape": list(shape)}
-        else:
-            part_entry = {"value": entry["value"][offset:offset + size]}
-        part_name = f"{name}/part_{i}"
-        ps = strategy._place()
-        var = Variable._placed(part_name, part_shape, dtype, ps, strategy._peers, trainable,
-                               aggregation, synchronization)
-        part_entry.update(name=part_name, dtype=dtype.str, shape=part_shape, trainable=trainable)
-        strategy._enqueue(ps, part_entry, var)
-        variables.append(var)
+    for size in div_sizes(shape[0], k):
+        out.append((offset, size))
         offset += size
-    return ShardedVariable(variables, name=name)
+    return out
 
 
-class ShardedVariable:
+class ShardedVariable(VariableBase):
     """A variable split by rows into parts that live on different ps.
 
     Reads concatenate the parts; ``assign*`` split a full value by the parts'
     offsets; row operations route global row ids to the part that holds them.
 
-    >>> # sv.variables -> [<Variable 'w/part_0'>, <Variable 'w/part_1'>]
+    >>> sv = ShardedVariable([Variable(np.zeros((2, 3)), name="w/part_0"),
+    ...                       Variable(np.ones((1, 3)), name="w/part_1")])
+    >>> sv.name, sv.shape, [v.name for v in sv.variables]
+    ('w', (3, 3), ['w/part_0', 'w/part_1'])
     """
 
-    _is_pstrain_variable = True
-    _read_parts = True
+    __slots__ = ("_variables", "_name", "_offsets", "_shape", "__weakref__")
 
     def __init__(self, variables: Sequence[Variable], name: str | None = None) -> None:
         if not isinstance(variables, (list, tuple)) or not variables or \
@@ -230,8 +122,6 @@ class ShardedVariable:
 
     # -- reads and writes ----------------------------------------------------------------------
     async def read_value(self) -> np.ndarray:
-        from .variables import read_variables
-
         return np.concatenate(await read_variables(self._variables), axis=0)
 
     async def numpy(self) -> np.ndarray:
@@ -305,7 +195,7 @@ def compact_ids(ids: np.ndarray) -> np.ndarray:
 
 def _as_parts(params: Any) -> tuple[list[Variable], np.ndarray, str]:
     if isinstance(params, ShardedVariable):
-        return params.variables, params._offsets, params.name
+        return params.variables, params.offsets, params.name
     if isinstance(params, Variable):
         return [params], np.array([0, params.shape[0] if params.shape else 0]), params.name
     if isinstance(params, (list, tuple)) and params and all(isinstance(v, Variable) for v in params):
@@ -321,7 +211,9 @@ async def embedding_lookup(params: Any, ids: Any) -> np.ndarray:
     Ids are deduplicated first; each ps holding a needed part gets one request
     (all concurrently) carrying only the rows it must send.
 
-    >>> # rows = await pstrain.embedding_lookup(table, batch_ids)
+    >>> table = Variable(np.arange(6.0).reshape(3, 2))
+    >>> asyncio.run(embedding_lookup(table, [[2, 0]])).tolist()
+    [[[4.0, 5.0], [0.0, 1.0]]]
     """
     parts, offsets, name = _as_parts(params)
     ids = np.asarray(ids)
@@ -336,25 +228,25 @@ async def embedding_lookup(params: Any, ids: Any) -> np.ndarray:
     tail = parts[0].shape[1:]
     rows = np.empty((unique.size,) + tail, parts[0].dtype)
     part = np.searchsorted(offsets[1:], unique, side="right")
-    by_ps: dict[tuple[int, int | None], list[tuple[int, np.ndarray]]] = {}
+    local: list[tuple[int, np.ndarray]] = []
+    by_ps: dict[Channel, list[tuple[int, np.ndarray]]] = {}
     for p in np.unique(part):
         positions = np.nonzero(part == p)[0]
         v = parts[int(p)]
-        by_ps.setdefault((id(v._peers), v.ps_index), []).append((int(p), positions))
+        if v.ps_index is None:
+            local.append((int(p), positions))
+        else:
+            by_ps.setdefault(v.channel(), []).append((int(p), positions))
+    for p, positions in local:
+        rows[positions] = await parts[p].sparse_read(unique[positions] - offsets[p])
+    await ensure_created(parts[p] for group in by_ps.values() for p, _ in group)
 
-    async def fetch(group: list[tuple[int, np.ndarray]]) -> None:
-        first = parts[group[0][0]]
-        if first.ps_index is None:  # local variables
-            for p, positions in group:
-                rows[positions] = await parts[p].sparse_read(unique[positions] - offsets[p])
-            return
-        if first._pending is not None:
-            await first._pending.flush()
+    async def fetch(channel: Channel, group: list[tuple[int, np.ndarray]]) -> None:
         reads = [{"name": parts[p].name, "indices": compact_ids(unique[positions] - offsets[p])}
                  for p, positions in group]
-        reply = await first._channel().call("vars/sparse_read", {"reads": reads})
+        reply = await channel.call("vars/sparse_read", {"reads": reads})
         for (_, positions), values in zip(group, reply["values"]):
             rows[positions] = values
 
-    await asyncio.gather(*(fetch(group) for group in by_ps.values()))
+    await asyncio.gather(*(fetch(ch, group) for ch, group in by_ps.items()))
     return rows[inverse].reshape(ids.shape + tail)

@@ -1,10 +1,10 @@
 """ParameterServerStrategy: where variables live and how replicas combine.
 
-The strategy knows the cluster, places each variable created in its
-:meth:`~ParameterServerStrategy.scope` on a ps (round-robin over one counter,
-so with 3 ps successive variables land on ps 0, 1, 2, 0), and batches their
-creation: one request per ps, sent before anything uses them
-(:meth:`~ParameterServerStrategy.flush`). ``run``/``reduce``/``gather`` give
+The strategy knows the cluster and owns the channels to it. Variables
+created in its :meth:`~ParameterServerStrategy.scope` are placed on the ps
+by its :class:`~pstrain.placement.Placement` (round-robin, colocation,
+partitioning, batched creation sent before anything uses them:
+:meth:`~ParameterServerStrategy.flush`). ``run``/``reduce``/``gather`` give
 TF's replica API with one replica per worker.
 """
 
@@ -15,18 +15,21 @@ import contextlib
 import contextvars
 import enum
 import logging
-import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import rpc
-from .cluster import ClusterResolver, task_name, validate_ps_cluster
+from .cluster import ClusterResolver, ClusterSpec, task_name, validate_ps_cluster
 from .errors import InvalidArgumentError
-from .initializers import Initializer
+from .placement import Placement
+from .rpc import ChannelPool
+from .sharding import ShardedVariable
 from .values import DistributedValues, PerReplica, ValueContext
-from .variables import Variable, _creator, initial_value_array
+from .variables import Variable, creator_scope, ensure_created
+
+if TYPE_CHECKING:
+    from .coordinator import ClusterCoordinator
 
 logger = logging.getLogger(__name__)
 
@@ -80,12 +83,12 @@ class _Extended:
 
     @property
     def parameter_devices(self) -> tuple[str, ...]:
-        return tuple(task_name("ps", i) + "/device:CPU:0" for i in range(self._strategy._num_ps))
+        return tuple(task_name("ps", i) + "/device:CPU:0" for i in range(self._strategy.num_ps))
 
     @property
     def worker_devices(self) -> tuple[str, ...]:
         return tuple(task_name("worker", i) + "/device:CPU:0"
-                     for i in range(self._strategy._num_workers))
+                     for i in range(self._strategy.num_workers))
 
     @contextlib.contextmanager
     def colocate_vars_with(self, colocate_with_variable: Any) -> Iterator[None]:
@@ -93,12 +96,8 @@ class _Extended:
         ps = getattr(colocate_with_variable, "ps_index", None)
         if ps is None:
             raise InvalidArgumentError("colocate_vars_with needs a variable placed on a ps")
-        token = self._strategy._colocate.set(ps)
-        try:
+        with self._strategy.placement.colocated(ps):
             yield
-        finally:
-            self._strategy._colocate.reset(token)
-
 
     async def update(self, var: Any, fn: Callable[..., Any], args: Sequence[Any] = (),
                      kwargs: dict[str, Any] | None = None) -> Any:
@@ -108,16 +107,13 @@ class _Extended:
         on the same ps arrive as arrays too. Only ``fn``'s result travels back. For a sharded
         variable ``fn`` runs on every part (concurrently) and the results come back as a list.
         """
-        from .sharding import ShardedVariable
-
         if isinstance(var, ShardedVariable):
             return list(await asyncio.gather(*(self.update(p, fn, args, kwargs) for p in var.variables)))
         if not isinstance(var, Variable):
             raise InvalidArgumentError(f"extended.update needs a variable, got {type(var).__name__}")
         if var.ps_index is None:
-            return fn(var._local, *_local_arrays(args), **_local_arrays(kwargs or {}))
-        if var._pending is not None:
-            await var._pending.flush()
+            return fn(var.local_array(), *_local_arrays(args), **_local_arrays(kwargs or {}))
+        await ensure_created([var])
 
         def ref(obj: Any) -> Any:
             if isinstance(obj, Variable):
@@ -131,7 +127,7 @@ class _Extended:
                 return [ref(x) for x in obj]
             return obj
 
-        reply = await var._channel().call("vars/call", {
+        reply = await var.channel().call("vars/call", {
             "fn": fn, "vars": [var.name], "args": ref(tuple(args)),
             "kwargs": {k: ref(v) for k, v in (kwargs or {}).items()}}, pickle=True)
         return reply["result"]
@@ -148,7 +144,7 @@ class _Extended:
 
 def _local_arrays(obj: Any) -> Any:
     if isinstance(obj, Variable) and obj.ps_index is None:
-        return obj._local
+        return obj.local_array()
     if isinstance(obj, dict):
         return {k: _local_arrays(v) for k, v in obj.items()}
     if type(obj) in (tuple, list):
@@ -161,14 +157,16 @@ class _Scope:
 
     def __init__(self, strategy: ParameterServerStrategy) -> None:
         self._strategy = strategy
-        self._tokens: list[contextvars.Token[Any]] = []
+        self._scopes: list[contextlib.AbstractContextManager[None]] = []
 
     def __enter__(self) -> ParameterServerStrategy:
-        self._tokens.append(_creator.set(self._strategy._create_variable))
+        scope = creator_scope(self._strategy.placement)
+        scope.__enter__()
+        self._scopes.append(scope)
         return self._strategy
 
     def __exit__(self, *exc: Any) -> None:
-        _creator.reset(self._tokens.pop())
+        self._scopes.pop().__exit__(*exc)
 
     async def __aenter__(self) -> ParameterServerStrategy:
         return self.__enter__()
@@ -182,9 +180,11 @@ class _Scope:
 class ParameterServerStrategy:
     """Variables on parameter servers, computation on workers.
 
-    >>> # strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-    >>> # with strategy.scope():
-    >>> #     w = pstrain.Variable(np.zeros((784, 10), np.float32), name="w")
+    ::
+
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            w = pstrain.Variable(np.zeros((784, 10), np.float32), name="w")
     """
 
     def __init__(self, cluster_resolver: ClusterResolver,
@@ -194,30 +194,22 @@ class ParameterServerStrategy:
         task_type = getattr(cluster_resolver, "task_type", None)
         if task_type not in (None, "chief", "ps", "worker", "evaluator"):
             raise InvalidArgumentError(f"Unrecognized task_type: {task_type}")
-        peers = rpc.Peers(spec, getattr(cluster_resolver, "token", None),
-                          ssl_context=getattr(cluster_resolver, "ssl_context", None))
-        peers.owner = self  # type: ignore[attr-defined]
-        rpc.set_default_peers(peers)
+        channels = ChannelPool(spec, getattr(cluster_resolver, "token", None),
+                               ssl_context=getattr(cluster_resolver, "ssl_context", None))
         self._init_state(cluster_resolver, variable_partitioner, spec.num_tasks("ps"),
-                         spec.num_tasks("worker"), peers)
+                         spec.num_tasks("worker"), channels)
 
     def _init_state(self, resolver: ClusterResolver | None, partitioner: Any, num_ps: int,
-                    num_workers: int, peers: rpc.Peers | None) -> None:
+                    num_workers: int, channels: ChannelPool | None) -> None:
         """State shared by the coordinator's strategy and its copy on a worker."""
         self.cluster_resolver = resolver
         self._variable_partitioner = partitioner
         self._num_ps = num_ps
         self._num_workers = num_workers
-        self._peers = peers  # None on a worker: variables bind to its default channels
-        self._restore_from: str | None = None  # a checkpoint for variables created later
+        self._channels = channels  # None on a worker: the closure's channels
+        self._placement = Placement(num_ps, channels, partitioner)
+        self._coordinator: ClusterCoordinator | None = None
         self.extended = _Extended(self)
-        self._colocate: contextvars.ContextVar[int | None] = contextvars.ContextVar(
-            "pstrain_colocate", default=None)
-        self._lock = threading.Lock()
-        self._next_ps = 0
-        self._names: dict[str, int] = {}
-        self._pending: dict[int, list[tuple[dict[str, Any], Any]]] = {}
-        self._flushing: asyncio.Future[None] | None = None
 
     # -- properties --------------------------------------------------------------------------
     @property
@@ -226,108 +218,50 @@ class ParameterServerStrategy:
         return 1
 
     @property
-    def cluster_spec(self) -> Any:
-        return self._peers.cluster_spec
+    def num_ps(self) -> int:
+        return self._num_ps
+
+    @property
+    def num_workers(self) -> int:
+        return self._num_workers
+
+    @property
+    def placement(self) -> Placement:
+        """Where this strategy's variables go (names, round-robin, colocation, creation)."""
+        return self._placement
+
+    @property
+    def channels(self) -> ChannelPool:
+        """The channels to the cluster's tasks (on the coordinator)."""
+        if self._channels is None:
+            raise InvalidArgumentError("this strategy was captured by a closure; it has no "
+                                       "channels of its own on a worker")
+        return self._channels
+
+    @property
+    def cluster_spec(self) -> ClusterSpec:
+        return self.channels.cluster_spec
+
+    @property
+    def coordinator(self) -> ClusterCoordinator | None:
+        """The ClusterCoordinator of this strategy, if one was made and is open."""
+        return self._coordinator
+
+    def attach_coordinator(self, coordinator: ClusterCoordinator) -> None:
+        """Called by ``ClusterCoordinator(strategy)``: one coordinator per strategy."""
+        self._coordinator = coordinator
+
+    def detach_coordinator(self, coordinator: ClusterCoordinator) -> None:
+        if self._coordinator is coordinator:
+            self._coordinator = None
 
     def scope(self) -> _Scope:
         """Make variables created inside live on the ps (``with`` or ``async with``)."""
         return _Scope(self)
 
-    # -- variable creation ------------------------------------------------------------------
-    def _unique_name(self, name: str | None) -> str:
-        base = (name or "Variable").rstrip("/") or "Variable"
-        with self._lock:
-            n = self._names.get(base, 0)
-            self._names[base] = n + 1
-        return base if n == 0 else f"{base}_{n}"
-
-    def _place(self) -> int:
-        colocated = self._colocate.get()
-        if colocated is not None:
-            return colocated
-        with self._lock:
-            ps = self._next_ps % self._num_ps
-            self._next_ps += 1
-        return ps
-
-    def _create_variable(self, initial_value: Any = None, name: str | None = None,
-                         dtype: Any = None, shape: Sequence[int] | None = None,
-                         trainable: bool = True, aggregation: Any = "NONE",
-                         synchronization: Any = "AUTO") -> Any:
-        if initial_value is None:
-            raise InvalidArgumentError("Variable needs an initial_value")
-        full_name = self._unique_name(name)
-        if self._restore_from is not None:  # delayed restore: start from the checkpoint
-            from .checkpoint import read_variable
-
-            saved = read_variable(self._restore_from, full_name)
-            if saved is not None:
-                initial_value = saved
-                dtype = saved.dtype
-                shape = saved.shape
-        if isinstance(initial_value, Initializer):
-            if shape is None:
-                raise InvalidArgumentError(f"{initial_value!r} needs shape= to build a variable")
-            var_dtype = np.dtype(dtype) if dtype is not None else np.dtype(np.float32)
-            var_shape = tuple(int(d) for d in shape)
-            entry: dict[str, Any] = {"init": initial_value.spec()}
-        else:
-            value = initial_value_array(initial_value, dtype, shape)
-            var_dtype, var_shape = value.dtype, value.shape
-            entry = {"value": value}
-        partitioned = self._maybe_partition(full_name, entry, var_shape, var_dtype, trainable,
-                                            aggregation, synchronization)
-        if partitioned is not None:
-            return partitioned
-        ps = self._place()
-        var = Variable._placed(full_name, var_shape, var_dtype, ps, self._peers, trainable,
-                               aggregation, synchronization)
-        entry.update(name=full_name, dtype=var_dtype.str, shape=var_shape, trainable=trainable)
-        self._enqueue(ps, entry, var)
-        return var
-
-    def _maybe_partition(self, name: str, entry: dict[str, Any], shape: tuple[int, ...],
-                         dtype: np.dtype, trainable: bool, aggregation: Any,
-                         synchronization: Any) -> Any:
-        """Hook for sharded variables (``sharding.py``); None means one variable."""
-        if self._variable_partitioner is None or not shape or self._colocate.get() is not None:
-            return None
-        from .sharding import create_sharded
-
-        return create_sharded(self, name, entry, shape, dtype, trainable, aggregation,
-                              synchronization)
-
-    def _enqueue(self, ps: int, entry: dict[str, Any], var: Any) -> None:
-        with self._lock:
-            self._pending.setdefault(ps, []).append((entry, var))
-        var._pending = self
-
     async def flush(self) -> None:
         """Send every pending variable creation: one request per ps, concurrently."""
-        while self._pending or self._flushing is not None:
-            if self._flushing is not None:
-                await asyncio.shield(self._flushing)
-                continue
-            with self._lock:
-                pending, self._pending = self._pending, {}
-            self._flushing = asyncio.ensure_future(self._send(pending))
-            try:
-                await asyncio.shield(self._flushing)
-            finally:
-                self._flushing = None
-
-    async def _send(self, pending: dict[int, list[tuple[dict[str, Any], Any]]]) -> None:
-        async def one(ps: int, items: list[tuple[dict[str, Any], Any]]) -> None:
-            await self._peers.channel("ps", ps).call(
-                "vars/create", {"vars": [entry for entry, _ in items]})
-            for _, var in items:
-                var._pending = None
-
-        results = await asyncio.gather(*(one(ps, items) for ps, items in pending.items()),
-                                       return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            raise errors[0]
+        await self._placement.ensure_created()
 
     # -- replica API -------------------------------------------------------------------------
     def run(self, fn: Callable[..., Any], args: Sequence[Any] = (),

@@ -53,10 +53,20 @@ class ValueContext:
 class PerWorkerValues:
     """One value per worker, held on the coordinator (e.g. RemoteValues of
     per-worker iterators). Passed to ``schedule``, each closure receives the
-    component of the worker it runs on."""
+    component of the worker it runs on.
 
-    def __init__(self, values: Sequence[Any]) -> None:
+    >>> PerWorkerValues([10, 11]).values
+    (10, 11)
+    """
+
+    def __init__(self, values: Sequence[Any], resource_id: int | None = None) -> None:
         self._values = tuple(values)
+        self._resource_id = resource_id
+
+    @property
+    def resource_id(self) -> int | None:
+        """The per-worker resource these values stand for (None: plain values)."""
+        return self._resource_id
 
     @property
     def values(self) -> tuple[Any, ...]:

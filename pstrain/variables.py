@@ -3,30 +3,40 @@
 Inside ``strategy.scope()`` a :class:`Variable` is placed on a ps and the
 object you hold is a handle: every operation is one request to that ps.
 Outside any scope it is a local variable of the process with the same API.
-Creation is lazy and batched: the handle returns at once and the strategy
-sends one creation request per ps before anything uses the variable.
+Creation is lazy and batched: the handle returns at once, and the
+*placement* that made it (``placement.py``) sends one creation request per
+ps before anything uses the variable; :func:`ensure_created` is the one
+awaitable that guarantees it (every operation here awaits it first).
 
 A handle pickles as a small reference (name, shape, dtype, ps index), so a
 closure that captures it ships no data; on a worker it binds to that
-worker's channels.
+worker's channels (``context.current_channels()``).
+
+Inside a scope, ``Variable(...)`` asks the scope's *creator* (see
+:func:`creator_scope`) to build the variable.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import enum
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from . import rpc
 from .cluster import task_name
+from .context import current_channels
 from .errors import InvalidArgumentError
 from .initializers import Initializer
 
-__all__ = ["IndexedSlices", "Variable", "VariableAggregation", "VariableSynchronization",
+if TYPE_CHECKING:
+    from .rpc import Channel, ChannelPool
+
+__all__ = ["IndexedSlices", "Variable", "VariableAggregation", "VariableBase", "VariableCreator",
+           "VariableSynchronization", "creator_scope", "current_creator", "ensure_created",
            "read_variables", "update_variables"]
 
 
@@ -74,9 +84,45 @@ class IndexedSlices:
                 f"indices=<{self.indices.shape}>, dense_shape={self.dense_shape})")
 
 
+class VariableCreator(Protocol):
+    """What a strategy scope installs: it builds variables and sends their creation.
+
+    ``issued`` counts the creations it has accepted, ``created_upto`` those
+    it has sent; a variable with ticket ``t`` exists once ``created_upto >= t``.
+    """
+
+    issued: int
+    created_upto: int
+
+    def create_variable(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    async def ensure_created(self) -> None: ...
+
+
 #: The variable creator of the active strategy scope (None outside any scope).
-_creator: contextvars.ContextVar[Callable[..., Any] | None] = contextvars.ContextVar(
+_creator: contextvars.ContextVar[VariableCreator | None] = contextvars.ContextVar(
     "pstrain_variable_creator", default=None)
+
+
+def current_creator() -> VariableCreator | None:
+    """The creator of the innermost active strategy scope (None outside any scope)."""
+    return _creator.get()
+
+
+@contextlib.contextmanager
+def creator_scope(creator: VariableCreator | None) -> Iterator[None]:
+    """Variables made inside are built by ``creator`` (None: local variables)."""
+    token = _creator.set(creator)
+    try:
+        yield
+    finally:
+        _creator.reset(token)
+
+
+class VariableBase:
+    """What every variable (whole or sharded) is: ``isinstance(x, VariableBase)``."""
+
+    __slots__ = ()
 
 
 def infer_dtype(value: Any, dtype: Any) -> np.dtype:
@@ -95,7 +141,7 @@ def infer_dtype(value: Any, dtype: Any) -> np.dtype:
 
 def to_array(value: Any, dtype: np.dtype, what: str) -> np.ndarray:
     """``value`` as an array of ``dtype``; refuses lossy kind changes (float -> int)."""
-    if hasattr(value, "_is_pstrain_variable"):
+    if isinstance(value, VariableBase):
         raise InvalidArgumentError(f"{what}: pass an array, not a variable handle "
                                    "(read it first: await v.read_value())")
     arr = value if isinstance(value, np.ndarray) else np.asarray(value)
@@ -107,7 +153,7 @@ def to_array(value: Any, dtype: np.dtype, what: str) -> np.ndarray:
     return arr.astype(dtype)
 
 
-class Variable:
+class Variable(VariableBase):
     """A variable: on a ps when created in ``strategy.scope()``, else local.
 
     >>> v = Variable(1.0)                      # local: outside any scope
@@ -117,12 +163,13 @@ class Variable:
     3.0
     """
 
-    _is_pstrain_variable = True
+    __slots__ = ("_name", "_shape", "_dtype", "_trainable", "_aggregation", "_synchronization",
+                 "_ps", "_pool", "_creator", "_ticket", "_local", "_ready", "__weakref__")
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         creator = _creator.get()
         if creator is not None and cls is Variable:
-            return creator(*args, **kwargs)  # a placed Variable, or a ShardedVariable
+            return creator.create_variable(*args, **kwargs)  # a placed Variable, or a ShardedVariable
         return super().__new__(cls)
 
     def __init__(self, initial_value: Any = None, name: str | None = None, dtype: Any = None,
@@ -130,7 +177,7 @@ class Variable:
                  aggregation: VariableAggregation | str = VariableAggregation.NONE,
                  synchronization: VariableSynchronization | str = VariableSynchronization.AUTO) -> None:
         if getattr(self, "_ready", False):
-            return  # built by a strategy's creator
+            return  # built by a strategy's creator (__new__ returned a handle)
         value = initial_value_array(initial_value, dtype, shape)
         self._setup(name or "Variable", value.shape, value.dtype, trainable, aggregation,
                     synchronization)
@@ -145,20 +192,29 @@ class Variable:
         self._aggregation = _enum(VariableAggregation, aggregation, "aggregation")
         self._synchronization = _enum(VariableSynchronization, synchronization, "synchronization")
         self._ps: int | None = None
-        self._peers: rpc.Peers | None = None
-        self._pending: Any = None  # the strategy, while this variable's creation is unsent
-        self._local = None
+        self._pool: ChannelPool | None = None  # None: the channels of the running closure
+        self._creator: VariableCreator | None = None  # who sends its creation
+        self._ticket = 0  # exists once _creator.created_upto >= _ticket
+        self._local: np.ndarray | None = None
         self._ready = True
 
     @classmethod
-    def _placed(cls, name: str, shape: Sequence[int], dtype: Any, ps: int, peers: rpc.Peers | None,
-                trainable: bool = True, aggregation: Any = VariableAggregation.NONE,
-                synchronization: Any = VariableSynchronization.AUTO) -> Variable:
-        """A handle to a variable on ps ``ps`` (no request is sent)."""
+    def handle(cls, name: str, shape: Sequence[int], dtype: Any, ps: int,
+               channels: ChannelPool | None, trainable: bool = True,
+               aggregation: Any = VariableAggregation.NONE,
+               synchronization: Any = VariableSynchronization.AUTO, *,
+               creator: VariableCreator | None = None, ticket: int = 0) -> Variable:
+        """A handle to variable ``name`` on ps ``ps`` (no request is sent).
+
+        ``creator`` and ``ticket``: the variable exists once ``creator`` has
+        sent creation ``ticket`` (see :class:`VariableCreator`).
+        """
         self = object.__new__(cls)
         self._setup(name, shape, dtype, trainable, aggregation, synchronization)
         self._ps = ps
-        self._peers = peers
+        self._pool = channels
+        self._creator = creator
+        self._ticket = ticket
         return self
 
     # -- properties ------------------------------------------------------------------------
@@ -198,6 +254,23 @@ class Variable:
         return self._ps
 
     @property
+    def creator(self) -> VariableCreator | None:
+        """The placement that sends this variable's creation (None once on a worker, or local)."""
+        return self._creator
+
+    def is_created(self) -> bool:
+        """Has the creation of this variable been sent (always True for a local one)?"""
+        creator = self._creator
+        return creator is None or creator.created_upto >= self._ticket
+
+    def local_array(self) -> np.ndarray:
+        """The array of a local variable itself (not a copy): ``extended.update`` changes it in place."""
+        if self._local is None:
+            raise InvalidArgumentError(f"variable {self._name!r} lives on {self.device}; it has "
+                                       "no local array (read it with await v.read_value())")
+        return self._local
+
+    @property
     def size(self) -> int:
         return int(np.prod(self._shape, dtype=np.int64))
 
@@ -213,16 +286,21 @@ class Variable:
                                  self._synchronization.value))
 
     # -- transport -------------------------------------------------------------------------
-    def _channel(self) -> rpc.Channel:
-        peers = self._peers or rpc.default_peers()
-        return peers.channel("ps", self._ps)  # type: ignore[arg-type]
+    def channel(self) -> Channel:
+        """The channel to this variable's ps on the running loop (for batched requests)."""
+        if self._ps is None:
+            raise InvalidArgumentError(f"variable {self._name!r} is local; it has no ps")
+        pool = self._pool if self._pool is not None else current_channels()
+        return pool.channel("ps", self._ps)
 
     async def _call(self, op: str, payload: Any) -> Any:
-        if self._pending is not None:
-            await self._pending.flush()
-        return await self._channel().call(op, payload)
+        creator = self._creator
+        if creator is not None and creator.created_upto < self._ticket:
+            await creator.ensure_created()
+        return await self.channel().call(op, payload)
 
-    def _value(self, value: Any, what: str) -> np.ndarray:
+    def checked_value(self, value: Any, what: str) -> np.ndarray:
+        """``value`` as an array of this variable's dtype and shape, or InvalidArgumentError."""
         arr = to_array(value, self._dtype, f"{what} of variable {self._name!r}")
         if arr.shape != self._shape:
             raise InvalidArgumentError(f"{what} of variable {self._name!r}: value has shape "
@@ -255,7 +333,7 @@ class Variable:
         return await self._update("assign_sub", delta)
 
     async def _update(self, op: str, value: Any) -> Variable:
-        arr = self._value(value, op)
+        arr = self.checked_value(value, op)
         if self._ps is None:
             local = self._local
             assert local is not None
@@ -342,7 +420,7 @@ def initial_value_array(initial_value: Any, dtype: Any, shape: Sequence[int] | N
         if shape is None:
             raise InvalidArgumentError(f"{initial_value!r} needs shape= to build a variable")
         return initial_value(shape, np.dtype(dtype) if dtype is not None else np.float32)
-    if callable(initial_value) and not hasattr(initial_value, "_is_pstrain_variable"):
+    if callable(initial_value) and not isinstance(initial_value, VariableBase):
         initial_value = initial_value()
     value = to_array(initial_value, infer_dtype(initial_value, dtype), "initial_value")
     if shape is not None and tuple(shape) != value.shape:
@@ -352,16 +430,29 @@ def initial_value_array(initial_value: Any, dtype: Any, shape: Sequence[int] | N
 
 def _remote_handle(name: str, shape: tuple[int, ...], dtype: str, ps: int, trainable: bool,
                    aggregation: int, synchronization: int) -> Variable:
-    return Variable._placed(name, shape, dtype, ps, None, trainable,
-                            VariableAggregation(aggregation), VariableSynchronization(synchronization))
+    return Variable.handle(name, shape, dtype, ps, None, trainable,
+                           VariableAggregation(aggregation), VariableSynchronization(synchronization))
 
 
 def _local_variable(name: str, value: np.ndarray, trainable: bool) -> Variable:
-    v = object.__new__(Variable)
-    v._setup(name, value.shape, value.dtype, trainable, VariableAggregation.NONE,
-             VariableSynchronization.AUTO)
-    v._local = np.array(value)
-    return v
+    with creator_scope(None):
+        return Variable(np.array(value), name=name, trainable=trainable)
+
+
+async def ensure_created(variables: Iterable[Any]) -> None:
+    """Wait until every one of ``variables`` (sharded ones included) exists on its ps.
+
+    Every operation of a variable does this itself; call it before sending
+    requests of your own (``channel().call``) for variables just created.
+    """
+    creators: dict[int, VariableCreator] = {}
+    for v in variables:
+        for part in getattr(v, "variables", None) or [v]:
+            creator = getattr(part, "creator", None)
+            if creator is not None and not part.is_created():
+                creators[id(creator)] = creator
+    for creator in creators.values():
+        await creator.ensure_created()
 
 
 async def read_variables(variables: Iterable[Any]) -> list[np.ndarray]:
@@ -371,31 +462,25 @@ async def read_variables(variables: Iterable[Any]) -> list[np.ndarray]:
     """
     variables = list(variables)
     out: list[Any] = [None] * len(variables)
-    groups: dict[tuple[int, int], tuple[Variable, list[int]]] = {}
-    flushes = []
+    groups: dict[Channel, list[int]] = {}
+    sharded: list[tuple[int, Any]] = []
     for i, v in enumerate(variables):
-        if hasattr(v, "_read_parts"):  # a ShardedVariable: read its parts, then join
-            continue
-        if not isinstance(v, Variable):
+        if not isinstance(v, VariableBase):
             raise InvalidArgumentError(f"read_variables takes variables, got {type(v).__name__}")
-        if v._ps is None:
-            out[i] = v._local.copy()  # type: ignore[union-attr]
-            continue
-        if v._pending is not None:
-            flushes.append(v._pending)
-        key = (id(v._peers), v._ps)
-        groups.setdefault(key, (v, []))[1].append(i)
-    for pending in {id(p): p for p in flushes}.values():
-        await pending.flush()
+        if not isinstance(v, Variable):  # a ShardedVariable: read its parts, then join
+            sharded.append((i, v))
+        elif v.ps_index is None:
+            out[i] = v.local_array().copy()
+        else:
+            groups.setdefault(v.channel(), []).append(i)
+    await ensure_created(variables[i] for indices in groups.values() for i in indices)
 
-    async def read_group(first: Variable, indices: list[int]) -> None:
-        reply = await first._channel().call(
-            "vars/read", {"names": [variables[i]._name for i in indices]})
+    async def read_group(channel: Channel, indices: list[int]) -> None:
+        reply = await channel.call("vars/read", {"names": [variables[i].name for i in indices]})
         for i, value in zip(indices, reply["values"]):
             out[i] = value
 
-    sharded = [(i, v) for i, v in enumerate(variables) if hasattr(v, "_read_parts")]
-    await asyncio.gather(*(read_group(first, idx) for first, idx in groups.values()),
+    await asyncio.gather(*(read_group(ch, idx) for ch, idx in groups.items()),
                          *(_read_sharded(out, i, v) for i, v in sharded))
     return out
 
@@ -407,24 +492,25 @@ async def update_variables(updates: Iterable[tuple[Variable, str, Any]]) -> None
 
     >>> # await update_variables([(total, "assign_add", 3.0), (count, "assign_add", 1.0)])
     """
-    groups: dict[tuple[int, int], tuple[Variable, list[dict[str, Any]]]] = {}
+    groups: dict[Channel, list[dict[str, Any]]] = {}
     local = []
+    placed = []
     for var, op, value in updates:
         if op not in ("assign", "assign_add", "assign_sub"):
             raise InvalidArgumentError(f"update_variables: unknown op {op!r}")
-        arr = var._value(value, op)
-        if var._ps is None:
+        if not isinstance(var, Variable):
+            raise InvalidArgumentError(f"update_variables takes Variables, got {type(var).__name__}")
+        arr = var.checked_value(value, op)
+        if var.ps_index is None:
             local.append((var, op, arr))
             continue
-        groups.setdefault((id(var._peers), var._ps), (var, []))[1].append(
-            {"op": op, "name": var._name, "value": arr})
+        placed.append(var)
+        groups.setdefault(var.channel(), []).append({"op": op, "name": var.name, "value": arr})
     for var, op, arr in local:
-        await var._update(op, arr)
-    for first, _ in groups.values():
-        if first._pending is not None:
-            await first._pending.flush()
-    await asyncio.gather(*(first._channel().call("vars/update", {"updates": entries})
-                           for first, entries in groups.values()))
+        await getattr(var, op)(arr)
+    await ensure_created(placed)
+    await asyncio.gather(*(ch.call("vars/update", {"updates": entries})
+                           for ch, entries in groups.items()))
 
 
 async def _read_sharded(out: list[Any], i: int, v: Any) -> None:

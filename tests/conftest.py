@@ -1,4 +1,10 @@
-"""Shared fixtures: real servers as real processes on 127.0.0.1, a clean environment."""
+"""Shared fixtures: real servers on 127.0.0.1, in this process or as processes; a clean environment.
+
+Most tests run against :class:`pstrain.testing.InProcessCluster` (servers in
+the test's own loop, with a leak check at teardown). Tests about processes
+(kill, restart, signals, the CLI) use ``process_cluster`` or
+:class:`ServeProcess`.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +16,13 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
 
 import pstrain
+from pstrain.testing import InProcessCluster
 
 TOKEN = "test-token-0123456789"
 
@@ -96,31 +104,52 @@ class ServeProcess:
 
 
 @pytest.fixture
-def ps_server() -> Iterator[ServeProcess]:
+def ps_process() -> Iterator[ServeProcess]:
     """One `pstrain serve --role ps` process with the test token."""
     server = ServeProcess("--role", "ps", "--index", "0", "--port", "0")
     yield server
     server.stop()
 
 
-@pytest.fixture
-def ps_pair() -> Iterator[list[ServeProcess]]:
-    servers = [ServeProcess("--role", "ps", "--index", str(i), "--port", "0") for i in range(2)]
-    yield servers
-    for s in servers:
-        s.stop()
+@pytest_asyncio.fixture
+async def ps_servers(request: pytest.FixtureRequest) -> AsyncIterator[list[Any]]:
+    """``n`` in-process ps (``@pytest.mark.parametrize("ps_servers", [n], indirect=True)``)."""
+    async with InProcessCluster(num_ps=getattr(request, "param", 2), num_workers=1,
+                                token=TOKEN) as c:
+        yield c.ps
 
 
-def strategy_for(*ps: ServeProcess, workers: list[str] | None = None,
+@pytest_asyncio.fixture
+async def ps_server() -> AsyncIterator[Any]:
+    """One in-process ps with the test token."""
+    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as c:
+        yield c.ps[0]
+
+
+@pytest_asyncio.fixture
+async def ps_pair() -> AsyncIterator[list[Any]]:
+    """Two in-process ps with the test token."""
+    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN) as c:
+        yield c.ps
+
+
+def strategy_for(*ps: Any, workers: list[str] | None = None,
                  token: str | None = TOKEN) -> pstrain.ParameterServerStrategy:
-    """A strategy whose ps are the given processes (workers need not exist for ps tests)."""
+    """A strategy whose ps are the given servers (workers need not exist for ps tests)."""
     spec = {"ps": [s.address for s in ps], "worker": workers or ["127.0.0.1:9"]}
     return pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(spec, token=token))
 
 
 @pytest_asyncio.fixture
-async def cluster() -> AsyncIterator[pstrain.LocalCluster]:
-    """2 ps + 2 workers as real processes."""
+async def cluster() -> AsyncIterator[InProcessCluster]:
+    """2 ps + 2 workers as servers in this process, checked for leaks at teardown."""
+    async with InProcessCluster(num_ps=2, num_workers=2) as c:
+        yield c
+
+
+@pytest_asyncio.fixture
+async def process_cluster() -> AsyncIterator[pstrain.LocalCluster]:
+    """2 ps + 2 workers as real processes (for kills, restarts and signals)."""
     async with pstrain.LocalCluster(num_ps=2, num_workers=2) as c:
         yield c
 

@@ -149,7 +149,8 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
         load_variables(str(tmp_path / "nope"))
 
 
-async def test_sigkill_during_save_leaves_the_previous_checkpoint_loadable(ps_server, tmp_path):
+async def test_sigkill_during_save_leaves_the_previous_checkpoint_loadable(ps_process, tmp_path):
+    ps_server = ps_process  # a process: this test blocks its loop reading the saver's output
     script = tmp_path / "saver.py"
     script.write_text(textwrap.dedent(f"""
         import numpy as np, pstrain

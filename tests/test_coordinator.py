@@ -1,4 +1,4 @@
-"""The programming model end to end: strategy, coordinator, RemoteValue, real processes."""
+"""The programming model end to end: strategy, coordinator, RemoteValue, on an in-process cluster."""
 
 from __future__ import annotations
 
@@ -150,13 +150,13 @@ async def test_pending_error_is_raised_by_schedule_and_done(cluster):
         raise ValueError("bad value")
 
     coordinator.schedule(bad)
-    await wait_for(lambda: coordinator._error is not None, what="the failure to arrive")
+    await wait_for(lambda: coordinator.queue.error is not None, what="the failure to arrive")
     with pytest.raises(ValueError, match="bad value"):
         coordinator.schedule(lambda: 1)
     assert coordinator.done()
 
     coordinator.schedule(bad)
-    await wait_for(lambda: coordinator._error is not None, what="the failure to arrive")
+    await wait_for(lambda: coordinator.queue.error is not None, what="the failure to arrive")
     with pytest.raises(ValueError):
         coordinator.done()
     assert await coordinator.schedule(lambda: 5) == 5
@@ -337,8 +337,9 @@ async def test_worker_stays_responsive_while_a_closure_burns_cpu(cluster):
         return burn()
 
     rvs = [coordinator.schedule(burn), coordinator.schedule(burn_async)]
-    peers = rpc.Peers(cluster.cluster_spec, cluster.token)
-    await wait_for(lambda: all(w.inflight for w in coordinator._workers), what="both workers busy")
+    peers = rpc.ChannelPool(cluster.cluster_spec, cluster.token)
+    await wait_for(lambda: all(coordinator.queue.in_flight_on(i) for i in (0, 1)),
+                   what="both workers busy")
     for index in (0, 1):
         t = time.monotonic()
         health = await peers.channel("worker", index).call("health", {}, timeout=1.0)
@@ -358,7 +359,7 @@ async def test_each_function_travels_once_per_worker(cluster):
     for i in range(20):
         coordinator.schedule(big_closure, args=(i,))
     await coordinator.join()
-    peers = rpc.Peers(cluster.cluster_spec, cluster.token)
+    peers = rpc.ChannelPool(cluster.cluster_spec, cluster.token)
     received = 0
     for index in (0, 1):
         stats = await peers.channel("worker", index).call("statistics", {})

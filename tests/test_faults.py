@@ -15,6 +15,12 @@ from pstrain.errors import UnavailableError
 
 from .conftest import wait_for
 
+@pytest.fixture
+def cluster(process_cluster):
+    """Fault drills kill real processes."""
+    return process_cluster
+
+
 pytestmark = pytest.mark.timeout(120)
 
 

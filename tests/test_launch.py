@@ -40,7 +40,7 @@ SCRIPT = textwrap.dedent("""
         await coordinator.join()
         print("total", await v.numpy())
         from pstrain import rpc
-        peers = rpc.Peers(resolver.cluster_spec(), resolver.token)
+        peers = rpc.ChannelPool(resolver.cluster_spec(), resolver.token)
         pids = []
         for job in ("ps", "worker"):
             for i in range(resolver.cluster_spec().num_tasks(job)):

@@ -78,7 +78,8 @@ async def test_metrics_public_flag():
         server.stop()
 
 
-async def test_status_shows_a_killed_worker_as_down_quickly(cluster, tmp_path):
+async def test_status_shows_a_killed_worker_as_down_quickly(process_cluster, tmp_path):
+    cluster = process_cluster
     path = tmp_path / "cluster.json"
     path.write_text(json.dumps(cluster.config()))
     env = dict(os.environ, PSTRAIN_TOKEN=cluster.token)

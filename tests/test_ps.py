@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import pstrain
-from pstrain import rpc, wire
+from pstrain import protocol, rpc, wire
 from pstrain.errors import (
     AlreadyExistsError,
     AuthenticationError,
@@ -86,8 +86,8 @@ async def test_eight_concurrent_clients_add_exactly(ps_server):
     strategy = strategy_for(ps_server)
     async with strategy.scope():
         counter = pstrain.Variable(0.0, name="counter")
-    clients = [rpc.Peers(strategy.cluster_spec, TOKEN) for _ in range(8)]
-    handles = [Variable._placed("counter", (), np.float32, 0, peers) for peers in clients]
+    clients = [rpc.ChannelPool(strategy.cluster_spec, TOKEN) for _ in range(8)]
+    handles = [Variable.handle("counter", (), np.float32, 0, peers) for peers in clients]
 
     async def client(h):
         for _ in range(1000):
@@ -161,7 +161,7 @@ async def test_bad_input_is_a_4xx_and_changes_nothing(ps_server, case):
     assert envelope["type"] == error_type and envelope["message"]
     np.testing.assert_array_equal(await w.numpy(), np.arange(4, dtype=np.float32))
     np.testing.assert_array_equal(await n.numpy(), [1, 2])
-    assert ps_server.proc.poll() is None  # still serving
+    assert ps_server.status.value == "running"  # still serving
 
 
 async def test_bad_input_raises_the_matching_error_on_the_client(ps_server):
@@ -189,7 +189,7 @@ async def test_oversized_request_is_413_and_the_stream_stays_usable():
         status, reply = await http_post(server.address, "vars/assign",
                                         body({"name": "w", "value": np.ones(4096, np.float32)}))
         assert status == 413 and json.loads(reply)["error"]["type"] == "ProtocolError"
-        big = pstrain.Variable._placed("w", (4096,), np.float32, 0, strategy._peers)
+        big = pstrain.Variable.handle("w", (4096,), np.float32, 0, strategy.channels)
         with pytest.raises(ProtocolError, match="larger than this server's limit"):
             await big.assign(np.ones(4096, np.float32))
         await w.assign_add(np.ones(16, np.float32))  # same connection, still fine
@@ -242,10 +242,11 @@ async def test_unauthenticated_requests_never_reach_the_unpickler(tmp_path):
         bad = b"wrong"
         frame_body = payload
         op = b"worker/run"
-        writer.write(rpc.MAGIC + rpc.HANDSHAKE.pack(len(bad)) + bad
-                     + rpc.FRAME.pack(1, rpc.REQUEST, 0, len(op), len(frame_body)) + op + frame_body)
+        writer.write(protocol.MAGIC + protocol.HANDSHAKE.pack(len(bad)) + bad
+                     + protocol.FRAME.pack(1, protocol.FrameKind.REQUEST, 0, len(op), len(frame_body))
+                     + op + frame_body)
         await writer.drain()
-        assert await reader.read(100) == rpc.MAGIC + rpc.REJECTED
+        assert await reader.read(100) == protocol.MAGIC + protocol.REJECTED
         assert await reader.read(100) == b""  # closed
         writer.close()
         assert not marker.exists()
@@ -272,8 +273,8 @@ async def test_reads_see_a_consistent_version_under_concurrent_updates(ps_server
     strategy = strategy_for(ps_server)
     async with strategy.scope():
         v = pstrain.Variable(np.zeros(1 << 20, np.float32), name="v")  # 4 MiB: pinned, not copied
-    other = rpc.Peers(strategy.cluster_spec, TOKEN)
-    writer = Variable._placed("v", (1 << 20,), np.float32, 0, other)
+    other = rpc.ChannelPool(strategy.cluster_spec, TOKEN)
+    writer = Variable.handle("v", (1 << 20,), np.float32, 0, other)
 
     async def write():
         for _ in range(30):

@@ -5,8 +5,17 @@ task (a :class:`~pstrain.server.ps.ParameterServer` for ``ps``, a
 :class:`~pstrain.server.worker.WorkerServer` for ``worker``) listening on the
 port the spec gives it, or on ``port`` (0 picks a free one).
 
->>> # server = Server(spec, "ps", 0, port=0, token="s3cret")
->>> # address = await server.start(); ...; await server.stop()
+::
+
+    server = Server(spec, "ps", 0, port=0, token="s3cret")
+    address = await server.start()
+    ...
+    await server.stop()
+
+The package: ``core.py`` (handler table, the one reply path), ``base.py``
+(lifecycle), ``http.py`` and ``stream.py`` (the two transports),
+``store.py`` (the ps's variables), ``ps.py`` and ``ps_checkpoint.py`` (the
+ps's operations), ``worker.py`` (the closure executor).
 """
 
 from __future__ import annotations
@@ -16,10 +25,13 @@ from typing import Any
 
 from ..cluster import ClusterSpec, parse_address
 from ..errors import InvalidArgumentError
-from ..rpc import DEFAULT_MAX_BODY
-from .base import ServerBase, Status
+from ..protocol import DEFAULT_MAX_BODY
+from .base import ServerBase
+from .core import Status
+from .ps import ParameterServer
+from .worker import WorkerServer
 
-__all__ = ["Server", "Status"]
+__all__ = ["ParameterServer", "Server", "ServerBase", "Status", "WorkerServer"]
 
 
 class Server:
@@ -41,12 +53,8 @@ class Server:
             max_body=max_body)
         self.impl: ServerBase
         if job_name == "ps":
-            from .ps import ParameterServer
-
             self.impl = ParameterServer(task_index, **kwargs, **options)
         elif job_name == "worker":
-            from .worker import WorkerServer
-
             self.impl = WorkerServer(task_index, cluster_spec=spec, **kwargs, **options)
         else:
             raise InvalidArgumentError(

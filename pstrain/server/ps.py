@@ -1,14 +1,12 @@
-"""The parameter server: numpy variables served for reading and updating.
+"""The parameter server: the handlers that read and update its variable store.
 
 Every handler here is a plain function run on the server's loop with no
 ``await`` inside, which is what makes each update atomic per variable and a
 batch all-or-nothing: a batch is validated entirely (names, dtypes, shapes,
-row ids) before the first array changes.
-
-Reads do not copy: a reply refers to the variable's own array, which is
-*pinned* until the bytes have left. An in-place update of a pinned array
-first copies it (copy-on-write), so a reader always sees one consistent
-version and a writer never waits for a slow reader.
+row ids) before the first array changes. The variables themselves, with
+their pins and copy-on-write, are the :class:`~pstrain.server.store.VariableStore`;
+optimizer rules come from ``optimizer_rules.py``, checkpoint files from
+``ps_checkpoint.py``.
 """
 
 from __future__ import annotations
@@ -20,8 +18,12 @@ from typing import Any
 import numpy as np
 
 from .. import initializers
-from ..errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
-from .base import Pinned, ServerBase
+from ..errors import AlreadyExistsError, InvalidArgumentError
+from ..optimizer_rules import RULES, slot_specs
+from . import ps_checkpoint
+from .base import ServerBase
+from .core import Pinned
+from .store import VariableRecord, VariableStore
 
 logger = logging.getLogger(__name__)
 
@@ -29,42 +31,6 @@ __all__ = ["ParameterServer"]
 
 UPDATE_OPS = ("assign", "assign_add", "assign_sub", "scatter_add", "scatter_sub",
               "scatter_update")
-
-
-class _Slot:
-    """One variable: its array, and how many replies still refer to it."""
-
-    __slots__ = ("name", "array", "trainable", "pins", "gen")
-
-    def __init__(self, name: str, array: np.ndarray, trainable: bool) -> None:
-        self.name = name
-        self.array = array
-        self.trainable = trainable
-        self.pins = 0
-        self.gen = 0
-
-    def replace(self, array: np.ndarray) -> None:
-        self.array = array
-        self.pins = 0
-        self.gen += 1
-
-    def writable(self) -> np.ndarray:
-        """The array, safe to change in place (copied first if shared)."""
-        arr = self.array
-        if self.pins or not arr.flags.writeable:
-            arr = arr.copy()
-            self.replace(arr)
-        return arr
-
-    def pin(self) -> Callable[[], None]:
-        self.pins += 1
-        gen = self.gen
-
-        def release() -> None:
-            if self.gen == gen and self.pins:
-                self.pins -= 1
-
-        return release
 
 
 def _field(entry: Any, key: str, where: str) -> Any:
@@ -85,7 +51,7 @@ class ParameterServer(ServerBase):
 
     def __init__(self, index: int, **kwargs: Any) -> None:
         super().__init__("ps", index, **kwargs)
-        self.vars: dict[str, _Slot] = {}
+        self.store = VariableStore(self.task)
         self.route("vars/create", self.create)
         self.route("vars/read", self.read)
         self.route("vars/update", self.update)
@@ -93,45 +59,39 @@ class ParameterServer(ServerBase):
             self.route(f"vars/{op}", self._single_update(op))
         self.route("vars/sparse_read", self.sparse_read)
         self.route("vars/delete", self.delete)
-        self.route("vars/list", self.list)
+        self.route("vars/list", self.list_variables)
         self.route("opt/apply", self.apply_optimizer)
         self.route("ckpt/save", self.save_checkpoint)
         self.route("ckpt/restore", self.restore_checkpoint)
         self.route("vars/call", self.call_function, pickle=True)
 
     # -- helpers ---------------------------------------------------------------------------
-    def _slot(self, name: Any) -> _Slot:
-        slot = self.vars.get(name) if isinstance(name, str) else None
-        if slot is None:
-            raise NotFoundError(f"variable {name!r} not found on {self.task}")
-        return slot
-
-    def _value(self, slot: _Slot, value: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
+    def _value(self, record: VariableRecord, value: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
         arr = value if isinstance(value, np.ndarray) else np.asarray(value)
         if arr.dtype.kind not in "biufc":
             raise InvalidArgumentError(
-                f"{what} of variable {slot.name!r}: values of dtype {arr.dtype} are not numbers")
-        if arr.dtype != slot.array.dtype and not np.can_cast(arr.dtype, slot.array.dtype, "same_kind"):
+                f"{what} of variable {record.name!r}: values of dtype {arr.dtype} are not numbers")
+        if arr.dtype != record.array.dtype and not np.can_cast(arr.dtype, record.array.dtype, "same_kind"):
             raise InvalidArgumentError(
-                f"{what} of variable {slot.name!r}: dtype {arr.dtype} cannot be cast to the "
-                f"variable's {slot.array.dtype}")
+                f"{what} of variable {record.name!r}: dtype {arr.dtype} cannot be cast to the "
+                f"variable's {record.array.dtype}")
         if arr.shape != shape:
             raise InvalidArgumentError(
-                f"{what} of variable {slot.name!r}: value has shape {arr.shape}, expected {shape}")
+                f"{what} of variable {record.name!r}: value has shape {arr.shape}, expected {shape}")
         return arr
 
-    def _rows(self, slot: _Slot, indices: Any, what: str) -> np.ndarray:
+    def _rows(self, record: VariableRecord, indices: Any, what: str) -> np.ndarray:
         idx = indices if isinstance(indices, np.ndarray) else np.asarray(indices)
         if idx.dtype.kind not in "iu":
             raise InvalidArgumentError(
-                f"{what} of variable {slot.name!r}: row ids must be integers, got {idx.dtype}")
-        if slot.array.ndim == 0:
-            raise InvalidArgumentError(f"{what}: variable {slot.name!r} is a scalar and has no rows")
-        n = slot.array.shape[0]
+                f"{what} of variable {record.name!r}: row ids must be integers, got {idx.dtype}")
+        if record.array.ndim == 0:
+            raise InvalidArgumentError(f"{what}: variable {record.name!r} is a scalar and has no rows")
+        n = record.array.shape[0]
         if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
             bad = idx[(idx < 0) | (idx >= n)].reshape(-1)[0]
             raise InvalidArgumentError(
-                f"{what} of variable {slot.name!r}: row id {int(bad)} out of range [0, {n})")
+                f"{what} of variable {record.name!r}: row id {int(bad)} out of range [0, {n})")
         return idx
 
     # -- create / delete / list ----------------------------------------------------------------
@@ -139,18 +99,17 @@ class ParameterServer(ServerBase):
         entries = _field(req, "vars", "vars/create")
         if not isinstance(entries, list):
             raise InvalidArgumentError("vars/create: 'vars' must be a list")
-        built: list[_Slot] = []
+        built: list[VariableRecord] = []
         names: set[str] = set()
         for entry in entries:
             name = _field(entry, "name", "vars/create")
             if not isinstance(name, str) or not name:
                 raise InvalidArgumentError(f"vars/create: variable names must be non-empty strings, got {name!r}")
-            if name in self.vars or name in names:
+            if name in names or name in self.store:
                 raise AlreadyExistsError(f"variable {name!r} already exists on {self.task}")
             names.add(name)
-            built.append(_Slot(name, self._initial(entry), bool(entry.get("trainable", True))))
-        for slot in built:
-            self.vars[slot.name] = slot
+            built.append(VariableRecord(name, self._initial(entry), bool(entry.get("trainable", True))))
+        self.store.add(built)
         return {"created": len(built)}
 
     def _initial(self, entry: dict[str, Any]) -> np.ndarray:
@@ -181,23 +140,20 @@ class ParameterServer(ServerBase):
 
     def delete(self, req: Any) -> dict[str, Any]:
         names = _field(req, "names", "vars/delete")
-        slots = [self._slot(n) for n in names]
-        for slot in slots:
-            self.vars.pop(slot.name, None)
-        return {"deleted": len(slots)}
+        return {"deleted": self.store.delete(list(names))}
 
-    def list(self, req: Any) -> dict[str, Any]:
+    def list_variables(self, req: Any) -> dict[str, Any]:
         return {"variables": [
             {"name": s.name, "dtype": s.array.dtype.str, "shape": s.array.shape,
              "trainable": s.trainable, "nbytes": s.array.nbytes}
-            for s in self.vars.values()]}
+            for s in self.store]}
 
     # -- reads ---------------------------------------------------------------------------------
     def read(self, req: Any) -> Pinned:
         names = _field(req, "names", "vars/read")
         if not isinstance(names, list):
             raise InvalidArgumentError("vars/read: 'names' must be a list")
-        slots = [self._slot(n) for n in names]
+        slots = [self.store.get(n) for n in names]
         releases = [s.pin() for s in slots]
 
         def release() -> None:
@@ -212,16 +168,16 @@ class ParameterServer(ServerBase):
             raise InvalidArgumentError("vars/sparse_read: 'reads' must be a list")
         planned = []
         for r in reads:
-            slot = self._slot(_field(r, "name", "vars/sparse_read"))
-            planned.append((slot, self._rows(slot, _field(r, "indices", "vars/sparse_read"),
+            record = self.store.get(_field(r, "name", "vars/sparse_read"))
+            planned.append((record, self._rows(record, _field(r, "indices", "vars/sparse_read"),
                                              "sparse_read")))
-        values = [slot.array[idx] for slot, idx in planned]
+        values = [record.array[idx] for record, idx in planned]
         return {"values": values}
 
     def statistics(self, req: Any) -> dict[str, Any]:
         out = super().statistics(req)
-        out["variables"] = len(self.vars)
-        out["bytes"] = sum(s.array.nbytes for s in self.vars.values())
+        out["variables"] = len(self.store)
+        out["bytes"] = self.store.nbytes
         return out
 
     # -- updates -------------------------------------------------------------------------------
@@ -246,41 +202,41 @@ class ParameterServer(ServerBase):
 
     def _plan(self, entry: Any) -> Callable[[], None]:
         op = _field(entry, "op", "vars/update")
-        slot = self._slot(_field(entry, "name", f"vars/update {op}"))
-        shape = slot.array.shape
-        dtype = slot.array.dtype
+        record = self.store.get(_field(entry, "name", f"vars/update {op}"))
+        shape = record.array.shape
+        dtype = record.array.dtype
         if op in ("assign", "assign_add", "assign_sub"):
-            value = self._value(slot, _field(entry, "value", op), shape, op)
+            value = self._value(record, _field(entry, "value", op), shape, op)
             if op == "assign":
                 def apply() -> None:
                     if value.dtype == dtype and value.flags.writeable and value.base is not None:
-                        slot.replace(value)  # adopt the received buffer: no copy
+                        record.replace(value)  # adopt the received buffer: no copy
                     else:
-                        slot.replace(value.astype(dtype))
+                        record.replace(value.astype(dtype))
                 return apply
             sign = 1 if op == "assign_add" else -1
 
             def apply() -> None:
-                arr = slot.writable()
+                arr = record.writable()
                 if sign > 0:
                     np.add(arr, value, out=arr, casting="unsafe")
                 else:
                     np.subtract(arr, value, out=arr, casting="unsafe")
             return apply
         if op in ("scatter_add", "scatter_sub", "scatter_update"):
-            idx = self._rows(slot, _field(entry, "indices", op), op)
+            idx = self._rows(record, _field(entry, "indices", op), op)
             if idx.ndim != 1:
                 raise InvalidArgumentError(
-                    f"{op} of variable {slot.name!r}: row ids must be 1-D, got shape {idx.shape}")
-            values = self._value(slot, _field(entry, "values", op), (idx.shape[0],) + shape[1:], op)
+                    f"{op} of variable {record.name!r}: row ids must be 1-D, got shape {idx.shape}")
+            values = self._value(record, _field(entry, "values", op), (idx.shape[0],) + shape[1:], op)
             if op == "scatter_update":
                 def apply() -> None:
-                    slot.writable()[idx] = values
+                    record.writable()[idx] = values
                 return apply
             vals = values if op == "scatter_add" else -values
 
             def apply() -> None:
-                np.add.at(slot.writable(), idx, vals.astype(dtype, copy=False))
+                np.add.at(record.writable(), idx, vals.astype(dtype, copy=False))
             return apply
         raise InvalidArgumentError(f"vars/update: unknown op {op!r}; known: {list(UPDATE_OPS)}")
 
@@ -290,10 +246,8 @@ class ParameterServer(ServerBase):
 
         ``{"rule": {...}, "prefix": name, "grads": [[var, rows | None, values], ...],
         "iterations": var name | None, "t": step | None}``. Slots live here as variables
-        ``<prefix>/<slot>/<var>`` and are created on first use. All or nothing.
+        ``<prefix>/<record>/<var>`` and are created on first use. All or nothing.
         """
-        from .rules import RULES, slot_specs
-
         cfg = _field(req, "rule", "opt/apply")
         prefix = _field(req, "prefix", "opt/apply")
         rule = RULES.get(cfg.get("kind")) if isinstance(cfg, dict) else None
@@ -305,56 +259,46 @@ class ParameterServer(ServerBase):
             if not isinstance(entry, (list, tuple)) or len(entry) != 3:
                 raise InvalidArgumentError("opt/apply: each gradient is [variable, rows or None, values]")
             name, rows, values = entry
-            slot = self._slot(name)
-            if slot.array.dtype.kind not in "fc":
+            record = self.store.get(name)
+            if record.array.dtype.kind not in "fc":
                 raise InvalidArgumentError(f"opt/apply: variable {name!r} of dtype "
-                                           f"{slot.array.dtype} cannot be trained")
+                                           f"{record.array.dtype} cannot be trained")
             if rows is None:
-                grad = self._value(slot, values, slot.array.shape, "gradient")
+                grad = self._value(record, values, record.array.shape, "gradient")
             else:
-                rows = self._rows(slot, rows, "sparse gradient")
+                rows = self._rows(record, rows, "sparse gradient")
                 if rows.ndim != 1:
                     raise InvalidArgumentError(f"sparse gradient of {name!r}: rows must be 1-D")
-                grad = self._value(slot, values, (rows.shape[0],) + slot.array.shape[1:],
+                grad = self._value(record, values, (rows.shape[0],) + record.array.shape[1:],
                                    "sparse gradient")
                 if not req.get("unique_rows"):
                     rows, inverse = np.unique(rows, return_inverse=True)
-                    summed = np.zeros((rows.shape[0],) + grad.shape[1:], slot.array.dtype)
+                    summed = np.zeros((rows.shape[0],) + grad.shape[1:], record.array.dtype)
                     np.add.at(summed, inverse, grad)
                     grad = summed
-            plan.append((slot, rows, grad))
+            plan.append((record, rows, grad))
         iterations = req.get("iterations")
-        it_slot = self._slot(iterations) if iterations is not None else None
+        it_slot = self.store.get(iterations) if iterations is not None else None
         t = req.get("t")
         if it_slot is not None:
             counter = it_slot.writable()
             counter += 1
             t = int(counter)
         t = int(t or 1)
-        for slot, rows, grad in plan:
-            var = slot.writable()
-            slots = {s: self._slot_array(f"{prefix}/{s}/{slot.name}", slot.array, init)
+        for record, rows, grad in plan:
+            var = record.writable()
+            slots = {s: self.store.slot(f"{prefix}/{s}/{record.name}", record.array, init)
                      for s, init in specs.items()}
             rule(var, grad.astype(var.dtype, copy=False), rows, slots, cfg, t)
         return {"t": t}
 
     async def save_checkpoint(self, req: Any) -> dict[str, Any]:
         """Write variables to a safetensors file: ``{"path", "tensors": {key: variable}}``."""
-        from . import ps_files
-
-        return await ps_files.save(self, req)
+        return await ps_checkpoint.save(self.store, req)
 
     async def restore_checkpoint(self, req: Any) -> dict[str, Any]:
-        """Create or replace variables from checkpoint row ranges (see ``ps_files``)."""
-        from . import ps_files
-
-        return await ps_files.restore(self, req)
-
-    def _slot_array(self, name: str, like: np.ndarray, init: float) -> np.ndarray:
-        slot = self.vars.get(name)
-        if slot is None:
-            slot = self.vars[name] = _Slot(name, np.full(like.shape, init, like.dtype), False)
-        return slot.writable()
+        """Create or replace variables from checkpoint row ranges (see ``ps_checkpoint``)."""
+        return await ps_checkpoint.restore(self.store, req)
 
     def call_function(self, req: Any) -> dict[str, Any]:
         """Run a caller's function on arrays of this ps (``strategy.extended.update``).
@@ -364,12 +308,12 @@ class ParameterServer(ServerBase):
         its array. Runs on the serving loop, so it is atomic with respect to updates.
         """
         fn = _field(req, "fn", "vars/call")
-        slots = [self._slot(n) for n in _field(req, "vars", "vars/call")]
+        slots = [self.store.get(n) for n in _field(req, "vars", "vars/call")]
         arrays = [s.writable() for s in slots]
 
         def resolve(obj: Any) -> Any:
             if isinstance(obj, dict) and set(obj) == {"__pstrain_var__"}:
-                return self._slot(obj["__pstrain_var__"]).writable()
+                return self.store.get(obj["__pstrain_var__"]).writable()
             if type(obj) is tuple:
                 return tuple(resolve(x) for x in obj)
             if type(obj) is list:

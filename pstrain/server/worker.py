@@ -9,49 +9,45 @@ The coordinator sends closures in batches (``worker/run``); each function
 travels once per worker and is referred to by digest afterwards. Results
 stream back as partial replies as closures finish, coalesced: one message
 carries every result that finished since the last one.
+
+Closures and dataset functions run in this worker's ``contextvars`` context
+(``context.worker_context``): ``get_current_worker_index()`` and the
+channels variable handles use come from there, so several workers can share
+one process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 import queue
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from .. import _context, rpc
+from ..bridge import block_on, new_event_loop
 from ..cluster import ClusterSpec
+from ..context import worker_context
 from ..errors import (
     ClosureAbortedError,
     ClosureInputError,
     InvalidArgumentError,
     NotFoundError,
-    OutOfRangeError,
 )
-from .base import Encoded, ServerBase
+from ..messages import ClosureStatus, ResourceRef, exception_payload
+from ..rpc import ChannelPool
+from .base import ServerBase
+from .core import Encoded
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["WorkerServer"]
 
-OK, ERROR, CANCELLED = 0, 1, 2
-
-
-class ResourceRef:
-    """Stands for a per-worker resource in closure arguments (resolved on the worker)."""
-
-    __slots__ = ("rid",)
-
-    def __init__(self, rid: int) -> None:
-        self.rid = rid
-
-    def __reduce__(self) -> Any:
-        return (ResourceRef, (self.rid,))
+OK, ERROR, CANCELLED = ClosureStatus.OK, ClosureStatus.ERROR, ClosureStatus.CANCELLED
 
 
 class _FailedResource:
@@ -80,25 +76,6 @@ class LockedIterator:
         return next(self)
 
 
-def exception_payload(exc: BaseException) -> dict[str, Any]:
-    """An exception as it travels back: pickled when possible, always as text."""
-    import cloudpickle
-
-    if isinstance(exc, (StopIteration, StopAsyncIteration)):
-        # A StopIteration cannot be re-raised through an await: report it as TF does.
-        stop = exc
-        exc = OutOfRangeError("End of sequence: a closure called next() on an exhausted "
-                              "iterator (repeat the dataset, or schedule fewer steps)")
-        exc.__traceback__ = stop.__traceback__
-
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    try:
-        pickled: bytes | None = cloudpickle.dumps(exc)
-    except Exception:
-        pickled = None
-    return {"type": type(exc).__name__, "message": str(exc), "traceback": tb, "pickled": pickled}
-
-
 class _Batch:
     """One ``worker/run`` request: results go out as partial replies, then the last."""
 
@@ -122,9 +99,9 @@ class WorkerServer(ServerBase):
         self.incarnation = uuid.uuid4().hex
         self.client_ssl = client_ssl
         self.closure_threads = max(1, closure_threads)
-        self.peers: rpc.Peers | None = None
+        self.channels: ChannelPool | None = None
         if cluster_spec is not None and cluster_spec.num_tasks("ps"):
-            self._set_cluster(cluster_spec)
+            self.channels = ChannelPool(cluster_spec, self.token, ssl_context=self.client_ssl)
         self.fns: dict[bytes, Callable[..., Any]] = {}
         self.resources: dict[int, Any] = {}
         self._iterated: set[int] = set()  # datasets an iterator was made from
@@ -151,38 +128,38 @@ class WorkerServer(ServerBase):
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> str:
-        self._loop = asyncio.get_running_loop()
-        _context.set_worker_index(self.index)
-        ready = threading.Event()
-        self._cthread = threading.Thread(target=self._closure_main, args=(ready,),
+        self._loop = loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+        self._cthread = threading.Thread(target=self._closure_main, args=(loop, ready),
                                          name=f"pstrain-worker{self.index}-closures", daemon=True)
         self._cthread.start()
-        ready.wait()
+        await ready
         return await super().start()
 
-    def _closure_main(self, ready: threading.Event) -> None:
-        try:
-            import uvloop
-
-            loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-        except ImportError:  # pragma: no cover
-            loop = asyncio.new_event_loop()
+    def _closure_main(self, serving: asyncio.AbstractEventLoop, ready: asyncio.Future[None]) -> None:
+        loop = new_event_loop()
         asyncio.set_event_loop(loop)
         self._cloop = loop
-        ready.set()
+        serving.call_soon_threadsafe(_set_none, ready)
         try:
             loop.run_forever()
         finally:
             loop.close()
 
+    def _context(self) -> contextvars.Context:
+        """A fresh context for one closure or dataset function of this worker."""
+        return worker_context(self.index, self.channels)
+
     async def on_stop(self) -> None:
         cloop = self._cloop
         if cloop is not None and cloop.is_running():
             async def shutdown() -> None:
-                for task in list(self._closure_tasks.values()):
+                tasks = list(self._closure_tasks.values())
+                for task in tasks:
                     task.cancel()
-                if self.peers is not None:
-                    await self.peers.close()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                if self.channels is not None:
+                    await self.channels.close()
 
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(shutdown(), cloop))
             cloop.call_soon_threadsafe(cloop.stop)
@@ -190,10 +167,6 @@ class WorkerServer(ServerBase):
             self._sync_q.put(None)
         if self._cthread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._cthread.join, 5.0)
-
-    def _set_cluster(self, spec: ClusterSpec) -> None:
-        self.peers = rpc.Peers(spec, self.token, ssl_context=self.client_ssl)
-        rpc.set_default_peers(self.peers)
 
     def health(self, req: Any) -> dict[str, Any]:
         out = super().health(req)
@@ -213,11 +186,12 @@ class WorkerServer(ServerBase):
         if not isinstance(req, dict) or not isinstance(req.get("cluster"), dict):
             raise InvalidArgumentError("worker/configure needs {'cluster': {job: [addresses]}}")
         spec = ClusterSpec(req["cluster"])
-        if self.peers is None or self.peers.cluster_spec != spec:
-            old = self.peers
-            self._set_cluster(spec)
+        if self.channels is None or self.channels.cluster_spec != spec:
+            old = self.channels
+            self.channels = ChannelPool(spec, self.token, ssl_context=self.client_ssl)
             if old is not None and self._cloop is not None:
-                asyncio.run_coroutine_threadsafe(old.close(), self._cloop)
+                self.tasks.spawn(asyncio.wrap_future(
+                    asyncio.run_coroutine_threadsafe(old.close(), self._cloop)))
         return {"incarnation": self.incarnation, "index": self.index}
 
     async def run_closures(self, req: Any, emit: Callable[[Any], None] | None) -> Encoded:
@@ -280,8 +254,9 @@ class WorkerServer(ServerBase):
                 return LockedIterator(iter(source))
             raise InvalidArgumentError(f"unknown resource kind {kind!r}")
 
+        ctx = self._context()
         try:
-            self.resources[rid] = await asyncio.get_running_loop().run_in_executor(None, build)
+            self.resources[rid] = await asyncio.get_running_loop().run_in_executor(None, ctx.run, build)
         except Exception as exc:
             self.resources[rid] = _FailedResource(exc)
             return {"rid": rid, "error": exception_payload(exc)}
@@ -316,19 +291,20 @@ class WorkerServer(ServerBase):
                     spawn = self._idle == 0 and len(self._threads) < self.closure_threads
                 if spawn:
                     self._spawn_thread()
-                self._sync_q.put((batch, cid, fn, args, kwargs))
+                self._sync_q.put((batch, cid, fn, args, kwargs, self._context()))
         if coros:
             assert self._cloop is not None
-            self._cloop.call_soon_threadsafe(self._start_coros, batch, coros)
+            self._cloop.call_soon_threadsafe(self._start_coros, batch, coros, self._context())
 
-    def _start_coros(self, batch: _Batch, coros: list[Any]) -> None:
+    def _start_coros(self, batch: _Batch, coros: list[Any], ctx: contextvars.Context) -> None:
         loop = self._cloop
         assert loop is not None
         for cid, fn, args, kwargs in coros:
             if cid in self._cancelled:
                 self._deliver(batch, [cid, CANCELLED, None])
                 continue
-            self._closure_tasks[cid] = loop.create_task(self._run_async(batch, cid, fn, args, kwargs))
+            self._closure_tasks[cid] = loop.create_task(self._run_async(batch, cid, fn, args, kwargs),
+                                                        context=ctx.copy())
 
     def _resolve(self, obj: Any) -> Any:
         if isinstance(obj, ResourceRef):
@@ -380,20 +356,26 @@ class WorkerServer(ServerBase):
                 self._idle -= 1
             if item is None:
                 return
-            batch, cid, fn, args, kwargs = item
+            batch, cid, fn, args, kwargs, ctx = item
             if cid in self._cancelled:
                 self._cancelled.discard(cid)
                 self._deliver(batch, [cid, CANCELLED, None])
                 continue
             started = time.perf_counter()
             try:
-                value = fn(*args, **kwargs)
-                if inspect.isawaitable(value):  # e.g. lambda: v.assign_add(1.0)
-                    value = asyncio.run_coroutine_threadsafe(_await(value), self._cloop).result()  # type: ignore[arg-type]
+                value = ctx.run(self._call_sync, fn, args, kwargs)
                 record = [cid, OK, value]
             except BaseException as exc:
                 record = [cid, ERROR, exception_payload(exc)]
             self._deliver(batch, record, time.perf_counter() - started)
+
+    def _call_sync(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        """A plain ``def`` closure, on a pool thread; an awaitable it returns (``lambda:
+        v.assign_add(1.0)``) finishes on the closure loop, where the channels live."""
+        value = fn(*args, **kwargs)
+        if inspect.isawaitable(value):
+            value = block_on(lambda: value, self._cloop, what="a closure's awaitable")
+        return value
 
     def _deliver(self, batch: _Batch, record: list[Any], seconds: float = 0.0) -> None:
         """Called on any thread when a closure ends; results leave in coalesced messages."""
@@ -444,8 +426,9 @@ class _Unloadable:
         raise self.error
 
 
-async def _await(awaitable: Any) -> Any:
-    return await awaitable
+def _set_none(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def _encode_results(results: list[Any]) -> Encoded:

@@ -1,4 +1,8 @@
-"""Optimizer update rules, run on the ps where the variable and its slots live.
+"""Optimizer update rules and their metadata, shared by the optimizers and the ps.
+
+The client (``optimizers.py``) reads the metadata (which slots a rule needs,
+their initial values); the ps runs the rules where the variable and its
+slots live.
 
 Each rule updates ``var`` and its slot arrays in place from a gradient, with
 the formulas of Keras' optimizers. A sparse gradient (``rows`` given, unique,
@@ -13,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidArgumentError
+from .errors import InvalidArgumentError
 
 __all__ = ["RULES", "slot_specs"]
 

@@ -1,0 +1,77 @@
+"""Per-worker datasets and iterators: one input pipeline on every worker.
+
+``coordinator.create_per_worker_dataset(dataset_fn)`` runs ``dataset_fn`` on
+every worker; ``iter()`` of the result makes one iterator per worker. Passed
+to ``schedule``, they reach each closure as *that worker's* object, so
+``next(iterator)`` inside a closure reads the worker's own stream. The recipes
+live in a :class:`~pstrain.resources.ResourceRegistry`, so a worker that
+restarts gets them rebuilt before it takes new closures.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from .resources import ResourceRegistry, ResourceSpec
+from .values import PerWorkerValues
+
+__all__ = ["PerWorkerDataset", "PerWorkerIterator", "as_dataset_fn"]
+
+
+class _Constant:
+    """A dataset given as a value: every worker gets (a copy of) it."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __call__(self) -> Any:
+        return self.value
+
+
+def as_dataset_fn(dataset_fn: Any) -> Any:
+    """``dataset_fn`` as a function (an iterable given as a value becomes a constant one)."""
+    if callable(dataset_fn) and not hasattr(dataset_fn, "__iter__"):
+        return dataset_fn
+    return _Constant(dataset_fn)
+
+
+class PerWorkerDataset(PerWorkerValues):
+    """The datasets made by ``dataset_fn`` on every worker.
+
+    Made by the coordinator::
+
+        ds = coordinator.create_per_worker_dataset(lambda: range(100))
+        it = iter(ds)
+        coordinator.schedule(lambda it: next(it), args=(it,))
+    """
+
+    def __init__(self, registry: ResourceRegistry, spec: ResourceSpec) -> None:
+        super().__init__(spec.remote_values, resource_id=spec.rid)
+        self._registry = registry
+        self._fn = spec.fields["fn"]
+        weakref.finalize(self, registry.drop, spec.rid)
+
+    def __iter__(self) -> PerWorkerIterator:  # type: ignore[override]
+        spec = self._registry.new("iterator", of=self.resource_id, fn=self._fn)
+        return PerWorkerIterator(self._registry, spec)
+
+    def build(self) -> PerWorkerDataset:
+        """The per-worker datasets themselves, to pass to closures."""
+        return self
+
+
+class PerWorkerIterator(PerWorkerValues):
+    """One iterator per worker; pass it to ``schedule`` and call ``next()`` in the closure."""
+
+    def __init__(self, registry: ResourceRegistry, spec: ResourceSpec) -> None:
+        super().__init__(spec.remote_values, resource_id=spec.rid)
+        weakref.finalize(self, registry.drop, spec.rid)
+
+    def __next__(self) -> Any:
+        raise NotImplementedError(
+            "Iterating over a per-worker iterator on the coordinator is not supported; pass it to "
+            "coordinator.schedule and call next() inside the closure")
+
+    def __iter__(self) -> PerWorkerIterator:  # type: ignore[override]
+        return self

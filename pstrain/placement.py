@@ -1,0 +1,195 @@
+"""Placement: where a strategy's variables go, under which names, and when they exist.
+
+One :class:`Placement` per strategy owns everything about creating variables:
+
+* **names**: ``name``, then ``name_1``, ``name_2`` ... (TF's uniquification);
+* **round-robin**: one counter over the ps (with 3 ps, successive variables
+  land on ps 0, 1, 2, 0), shared by whole variables and the parts of
+  sharded ones; :meth:`Placement.colocated` pins creations to one ps;
+* **partitioning**: with a ``variable_partitioner``, a variable becomes a
+  :class:`~pstrain.sharding.ShardedVariable` of parts placed round-robin;
+* **batched creation**: a handle returns at once, its creation is queued and
+  :meth:`Placement.ensure_created` sends every queued creation, one request
+  per ps, concurrently. Each handle carries a *ticket*; it exists once
+  ``created_upto`` reaches it, so a check costs one comparison;
+* **delayed restore**: after :meth:`restore_new_variables_from`, a variable
+  created later starts from the checkpoint's value (the checkpoint module
+  hands over a lookup function; placement does not know the file format).
+
+It is the *creator* (``variables.VariableCreator``) a strategy scope installs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from .context import current_channels
+from .errors import InvalidArgumentError
+from .initializers import Initializer
+from .rpc import ChannelPool
+from .sharding import ShardedVariable, plan_parts
+from .tasks import TaskOwner
+from .variables import Variable, creator_scope, initial_value_array
+
+__all__ = ["Placement"]
+
+#: ``lookup(name) -> saved array or None`` for variables created after a restore.
+RestoreLookup = Callable[[str], "np.ndarray | None"]
+
+
+class Placement:
+    """Names, places and creates the variables of one strategy.
+
+    >>> p = Placement(num_ps=2, channels=None)
+    >>> p.unique_name("w"), p.unique_name("w"), [p.next_ps() for _ in range(3)]
+    ('w', 'w_1', [0, 1, 0])
+    """
+
+    def __init__(self, num_ps: int, channels: ChannelPool | None,
+                 partitioner: Callable[..., Sequence[int]] | None = None) -> None:
+        self.num_ps = num_ps
+        self.channels = channels  # None on a worker: the closure's channels
+        self.partitioner = partitioner
+        self.issued = 0  # creations accepted (the last ticket given)
+        self.created_upto = 0  # creations sent
+        self._lock = threading.Lock()
+        self._next_ps = 0
+        self._names: dict[str, int] = {}
+        self._colocate: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+            "pstrain_colocate", default=None)
+        self._queued: dict[int, list[dict[str, Any]]] = {}
+        self._sending: asyncio.Task[None] | None = None
+        self._tasks = TaskOwner("variable creation")
+        self._restore: RestoreLookup | None = None
+
+    # -- names and places --------------------------------------------------------------------
+    def unique_name(self, name: str | None) -> str:
+        """``name`` the first time, then ``name_1``, ``name_2`` ..."""
+        base = (name or "Variable").rstrip("/") or "Variable"
+        with self._lock:
+            n = self._names.get(base, 0)
+            self._names[base] = n + 1
+        return base if n == 0 else f"{base}_{n}"
+
+    def next_ps(self) -> int:
+        """The ps of the next variable: the colocated one, else the next in round-robin."""
+        colocated = self._colocate.get()
+        if colocated is not None:
+            return colocated
+        with self._lock:
+            ps = self._next_ps % self.num_ps
+            self._next_ps += 1
+        return ps
+
+    @contextlib.contextmanager
+    def colocated(self, ps: int) -> Iterator[None]:
+        """Variables created inside go to ps ``ps`` (and are never partitioned)."""
+        if not 0 <= ps < self.num_ps:
+            raise InvalidArgumentError(f"no ps {ps}: the cluster has {self.num_ps}")
+        token = self._colocate.set(ps)
+        try:
+            yield
+        finally:
+            self._colocate.reset(token)
+
+    def scope(self) -> contextlib.AbstractContextManager[None]:
+        """``Variable(...)`` inside is created by this placement."""
+        return creator_scope(self)
+
+    def restore_new_variables_from(self, lookup: RestoreLookup) -> None:
+        """Variables created from now on start from ``lookup(name)`` when it has a value."""
+        self._restore = lookup
+
+    # -- creation ---------------------------------------------------------------------------------
+    def create_variable(self, initial_value: Any = None, name: str | None = None,
+                        dtype: Any = None, shape: Sequence[int] | None = None,
+                        trainable: bool = True, aggregation: Any = "NONE",
+                        synchronization: Any = "AUTO") -> Variable | ShardedVariable:
+        """What ``pstrain.Variable(...)`` does inside a scope: a handle, created lazily."""
+        if initial_value is None:
+            raise InvalidArgumentError("Variable needs an initial_value")
+        full_name = self.unique_name(name)
+        if self._restore is not None:  # delayed restore: start from the checkpoint
+            saved = self._restore(full_name)
+            if saved is not None:
+                initial_value, dtype, shape = saved, saved.dtype, saved.shape
+        if isinstance(initial_value, Initializer):
+            if shape is None:
+                raise InvalidArgumentError(f"{initial_value!r} needs shape= to build a variable")
+            var_dtype = np.dtype(dtype) if dtype is not None else np.dtype(np.float32)
+            var_shape = tuple(int(d) for d in shape)
+            entry: dict[str, Any] = {"init": initial_value.spec()}
+        else:
+            value = initial_value_array(initial_value, dtype, shape)
+            var_dtype, var_shape = value.dtype, value.shape
+            entry = {"value": value}
+        parts = None
+        if self.partitioner is not None and var_shape and self._colocate.get() is None:
+            parts = plan_parts(self.partitioner, full_name, var_shape, var_dtype)
+        if parts is None:
+            return self._handle(full_name, entry, var_shape, var_dtype, trainable, aggregation,
+                                synchronization)
+        handles = []
+        for i, (offset, rows) in enumerate(parts):
+            if "init" in entry:
+                part_entry: dict[str, Any] = {
+                    "init": entry["init"], "offset": [offset] + [0] * (len(var_shape) - 1),
+                    "full_shape": list(var_shape)}
+            else:
+                part_entry = {"value": entry["value"][offset:offset + rows]}
+            handles.append(self._handle(f"{full_name}/part_{i}", part_entry,
+                                        (rows,) + var_shape[1:], var_dtype, trainable, aggregation,
+                                        synchronization))
+        return ShardedVariable(handles, name=full_name)
+
+    def _handle(self, name: str, entry: dict[str, Any], shape: tuple[int, ...], dtype: np.dtype,
+                trainable: bool, aggregation: Any, synchronization: Any) -> Variable:
+        ps = self.next_ps()
+        entry.update(name=name, dtype=dtype.str, shape=shape, trainable=trainable)
+        with self._lock:
+            self.issued += 1
+            ticket = self.issued
+            self._queued.setdefault(ps, []).append(entry)
+        return Variable.handle(name, shape, dtype, ps, self.channels, trainable, aggregation,
+                               synchronization, creator=self, ticket=ticket)
+
+    def has_queued(self) -> bool:
+        """Are creations waiting to be sent?"""
+        return self.created_upto < self.issued
+
+    async def ensure_created(self) -> None:
+        """Send every queued creation (one request per ps, concurrently) and wait for it.
+
+        Concurrent callers share one send; each returns once everything queued
+        before its call exists, or raises the error of the send that covered it.
+        """
+        while self.created_upto < self.issued:
+            sending = self._sending
+            if sending is None or sending.done():
+                with self._lock:
+                    queued, self._queued = self._queued, {}
+                    upto = self.issued
+                sending = self._sending = self._tasks.spawn(self._send(queued, upto), observed=True)
+            await asyncio.shield(sending)
+
+    async def _send(self, queued: dict[int, list[dict[str, Any]]], upto: int) -> None:
+        try:
+            results = await asyncio.gather(
+                *(self._channel(ps).call("vars/create", {"vars": entries})
+                  for ps, entries in queued.items()), return_exceptions=True)
+        finally:
+            self.created_upto = max(self.created_upto, upto)  # sent, whatever the answer
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+
+    def _channel(self, ps: int) -> Any:
+        pool = self.channels if self.channels is not None else current_channels()
+        return pool.channel("ps", ps)

@@ -1,0 +1,225 @@
+"""The stream protocol shared by pstrain's clients and servers: handshake and frames.
+
+A connection opens with ``MAGIC`` and a handshake (see ``Handshake``); then
+both sides exchange *frames* multiplexed by request id::
+
+    FRAME = u64 request id | u8 kind | u8 flags | u16 op length | u64 body length
+    op (utf-8) | body (a ``wire`` body)
+
+``kind`` is a :class:`FrameKind`: a REQUEST names an op; a REPLY or ERROR
+ends it; PARTIAL frames (streamed results) may come before the end.
+
+:class:`FrameProtocol` reads frames with no copy for large bodies: a body at
+least ``DIRECT_BODY`` long is received straight into a buffer of its own
+(``asyncio.BufferedProtocol``), so arrays decoded from it are writable and
+never copied again. A body over the receiver's limit is skipped as it
+arrives and reported with :meth:`FrameProtocol.oversized`; the connection
+stays usable. No decoding happens here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import struct
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from . import wire
+from .errors import UnavailableError
+
+__all__ = ["ACCEPTED", "CONTENT_TYPE", "DEFAULT_MAX_BODY", "DIRECT_BODY", "FRAME", "HANDSHAKE",
+           "MAGIC", "REJECTED", "FrameKind", "FrameProtocol"]
+
+MAGIC = b"PSTRAIN1"
+HANDSHAKE = struct.Struct("<H")  # token length, after MAGIC
+FRAME = struct.Struct("<QBBHQ")  # request id, kind, flags, op length, body length
+ACCEPTED, REJECTED = b"\x00", b"\x01"
+
+#: Bodies above this size are received straight into their own buffer.
+DIRECT_BODY = 64 << 10
+#: Default largest body a server or client accepts.
+DEFAULT_MAX_BODY = 2 << 30
+#: The HTTP content type of a ``wire`` body.
+CONTENT_TYPE = "application/x-pstrain"
+
+
+class FrameKind(enum.IntEnum):
+    """What a frame is."""
+
+    REQUEST = 1
+    REPLY = 2
+    ERROR = 3
+    PARTIAL = 4
+
+
+class FrameProtocol(asyncio.BufferedProtocol):
+    """Reads frames; small ones through a staging buffer, large ones in place.
+
+    Subclasses implement :meth:`handle_frame`. Bodies of large frames arrive
+    in a ``bytearray`` of their own, so arrays decoded from them are writable
+    and never copied again.
+    """
+
+    def __init__(self, max_body: int) -> None:
+        self.max_body = max_body
+        self.transport: asyncio.Transport | None = None
+        self._stage = bytearray(256 << 10)
+        self._view = memoryview(self._stage)
+        self._start = 0
+        self._end = 0
+        self._direct: np.ndarray | None = None
+        self._direct_view: memoryview | None = None
+        self._direct_pos = 0
+        self._direct_meta: tuple[int, FrameKind, str] = (0, FrameKind.REQUEST, "")
+        self._flush_waiters: list[Callable[[], None]] = []
+
+    # -- asyncio.BufferedProtocol -------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        # high=0: pause_writing/resume_writing tell exactly when the buffer is empty,
+        # which is when pinned arrays may change again.
+        transport.set_write_buffer_limits(high=0)  # type: ignore[attr-defined]
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._skip_left:
+            return self._scratch()[:min(self._skip_left, 1 << 20)]
+        if self._direct_view is not None:
+            return self._direct_view[self._direct_pos:]
+        if self._end == len(self._stage):
+            self._compact()
+        return self._view[self._end:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._skip_left:
+            self._skip_left -= nbytes
+            if not self._skip_left:
+                self.oversized(self._skip_meta[0], self._skip_meta[1])
+            return
+        if self._direct_view is not None:
+            self._direct_pos += nbytes
+            if self._direct_pos == len(self._direct_view):
+                body = self._direct
+                req_id, kind, op = self._direct_meta
+                self._direct = self._direct_view = None
+                self.handle_frame(req_id, kind, op, memoryview(body))  # type: ignore[arg-type]
+            return
+        self._end += nbytes
+        self._parse()
+
+    def feed(self, data: bytes) -> None:
+        """Feed bytes that arrived before this protocol took the transport."""
+        view = memoryview(data)
+        while view.nbytes:
+            buf = self.get_buffer(-1)
+            n = min(buf.nbytes, view.nbytes)
+            buf[:n] = view[:n]
+            view = view[n:]
+            self.buffer_updated(n)
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and self.transport.get_write_buffer_size() == 0:
+            self._run_flush_waiters()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._run_flush_waiters()
+
+    # -- framing -------------------------------------------------------------------
+    def _compact(self) -> None:
+        remaining = self._end - self._start
+        if self._start:
+            self._stage[:remaining] = self._stage[self._start:self._end]
+        self._start, self._end = 0, remaining
+        if remaining == len(self._stage):  # a header bigger than the stage: grow it
+            self._stage.extend(bytes(len(self._stage)))
+            self._view = memoryview(self._stage)
+
+    def _parse(self) -> None:
+        stage = self._stage
+        while True:
+            avail = self._end - self._start
+            if avail < FRAME.size:
+                break
+            start = self._start
+            req_id, kind, _flags, op_len, body_len = FRAME.unpack_from(stage, start)
+            head = FRAME.size + op_len
+            if avail < head:
+                break
+            op = stage[start + FRAME.size:start + head].decode("utf-8", "replace")
+            if body_len > self.max_body:
+                # Oversized: discard the body as it arrives; the connection stays usable.
+                have = min(avail - head, body_len)
+                self._start = start + head + have
+                if have == body_len:
+                    self.oversized(req_id, op)
+                    continue
+                self._skip_left = body_len - have
+                self._skip_meta = (req_id, op)
+                break
+            if body_len >= DIRECT_BODY:
+                # Large: receive the rest straight into the body's own buffer.
+                have = min(avail - head, body_len)
+                body = np.empty(body_len, np.uint8)  # unlike bytearray(n): no memset
+                body[:have] = np.frombuffer(stage, np.uint8, have, start + head)
+                self._start = start + head + have
+                if have == body_len:
+                    self.handle_frame(req_id, kind, op, memoryview(body))
+                    continue
+                self._direct = body
+                self._direct_view = memoryview(body)
+                self._direct_pos = have
+                self._direct_meta = (req_id, kind, op)
+                break
+            if avail < head + body_len:
+                if head + body_len > len(stage) - start:
+                    self._compact()
+                break
+            body = stage[start + head:start + head + body_len]  # a bytearray: writable arrays
+            self._start = start + head + body_len
+            self.handle_frame(req_id, kind, op, memoryview(body))
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._start > len(stage) // 2:
+            self._compact()
+
+    _skip_left = 0
+    _skip_meta: tuple[int, str] = (0, "")
+    _scratch_buf: memoryview | None = None
+
+    def _scratch(self) -> memoryview:
+        if self._scratch_buf is None:
+            self._scratch_buf = memoryview(bytearray(1 << 20))
+        return self._scratch_buf
+
+    def handle_frame(self, req_id: int, kind: FrameKind, op: str, body: memoryview) -> None:
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def oversized(self, req_id: int, op: str) -> None:
+        """A frame over ``max_body`` was skipped."""
+
+    # -- sending -------------------------------------------------------------------
+    def send(self, req_id: int, kind: FrameKind, op: str, chunks: Sequence[bytes | memoryview],
+             on_flushed: Callable[[], None] | None = None) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            if on_flushed is not None:
+                on_flushed()
+            raise UnavailableError("connection closed")
+        op_bytes = op.encode()
+        size = wire.body_size(chunks)
+        first = FRAME.pack(req_id, kind, 0, len(op_bytes), size) + op_bytes
+        if len(chunks) == 1:
+            transport.write(first + chunks[0])  # type: ignore[operator]
+        else:
+            transport.writelines([first, *chunks])
+        if on_flushed is not None:
+            if transport.get_write_buffer_size() == 0:
+                on_flushed()
+            else:
+                self._flush_waiters.append(on_flushed)
+
+    def _run_flush_waiters(self) -> None:
+        waiters, self._flush_waiters = self._flush_waiters, []
+        for cb in waiters:
+            cb()

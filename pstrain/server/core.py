@@ -1,0 +1,225 @@
+"""What every pstrain server shares: a handler table and the one reply path.
+
+A server (``base.py`` adds its lifecycle) receives operations over two
+transports: the pstrain stream (``stream.py``) and HTTP (``http.py``). Both
+call :meth:`ServerCore.handle`, the one path from an operation's bytes to
+its reply: look the handler up, decode the body, call the handler, encode
+the result or the error, count it. So an operation behaves the same either
+way, and this part does no I/O.
+
+Handlers take the decoded request and return the reply object. Plain
+functions run inline on the loop (the ps relies on this: an update runs with
+no ``await`` inside, so it is atomic); coroutine functions become tasks owned
+by the server's :class:`~pstrain.tasks.TaskOwner`. A handler may return
+:class:`Pinned` to send an array without copying it and learn when the bytes
+have left, or :class:`Encoded` chunks it encoded itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import inspect
+import logging
+import os
+import ssl as ssl_module
+import time
+import traceback
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from .. import wire
+from ..cluster import is_loopback, task_name
+from ..errors import InvalidArgumentError, NotFoundError, PstrainError, to_envelope
+from ..protocol import DEFAULT_MAX_BODY, FrameKind
+from ..tasks import TaskOwner
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Encoded", "Handler", "Pinned", "Reply", "ServerCore", "Status"]
+
+
+class Status(enum.Enum):
+    """Lifecycle of a server."""
+
+    INIT = "init"
+    RUNNING = "running"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class Handler:
+    fn: Callable[..., Any]
+    pickle: bool  # decode pickled request objects and encode the reply with pickles
+    is_async: bool
+    stream: bool  # called as fn(payload, emit); emit(obj) sends a partial reply (None over HTTP)
+
+
+class Encoded:
+    """A reply already encoded (``wire.encode_body`` chunks); sent as is."""
+
+    __slots__ = ("chunks",)
+
+    def __init__(self, chunks: list[bytes | memoryview]) -> None:
+        self.chunks = chunks
+
+
+class Pinned:
+    """A reply whose arrays are shared with server state until sent.
+
+    ``release`` is called once the reply's bytes have left the process.
+    """
+
+    __slots__ = ("value", "release")
+
+    def __init__(self, value: Any, release: Callable[[], None]) -> None:
+        self.value = value
+        self.release = release
+
+
+@dataclass
+class Reply:
+    """What a transport sends back: a REPLY or an ERROR frame's chunks.
+
+    ``release`` (from :class:`Pinned`) must be called once the chunks have left.
+    """
+
+    kind: FrameKind
+    chunks: list[bytes | memoryview]
+    release: Callable[[], None] | None = None
+    status: int = 200  # for HTTP
+    envelope: dict[str, Any] | None = None  # an ERROR's envelope (HTTP sends it as JSON)
+
+
+class ServerCore:
+    """The handler table of one task, and the path from a request to its reply."""
+
+    def __init__(self, role: str, index: int, *, host: str = "127.0.0.1", port: int = 0,
+                 token: str | None = None, ssl_context: ssl_module.SSLContext | None = None,
+                 max_body: int = DEFAULT_MAX_BODY, metrics_public: bool = False) -> None:
+        if not is_loopback(host) and not token:
+            raise InvalidArgumentError(
+                f"refusing to listen on {host!r} without a cluster token: anyone who can reach "
+                "it could run code on this cluster. Set PSTRAIN_TOKEN or --token-file, "
+                "or bind 127.0.0.1")
+        self.role = role
+        self.index = index
+        self.host = host
+        self.port = port
+        self.token = token
+        self.token_bytes = token.encode() if token else None
+        self.ssl_context = ssl_context
+        self.max_body = max_body
+        self.metrics_public = metrics_public
+        self.status = Status.INIT
+        self.address: str | None = None
+        self.started_at = time.time()
+        self.handlers: dict[str, Handler] = {}
+        self.stats: dict[str, list[Any]] = {}
+        self.tasks = TaskOwner(f"server {self.task}")
+        self.connections: set[asyncio.BaseTransport] = set()
+        self.route("health", self.health)
+        self.route("statistics", self.statistics)
+
+    @property
+    def task(self) -> str:
+        return task_name(self.role, self.index)
+
+    def route(self, op: str, fn: Callable[..., Any], *, pickle: bool = False,
+              stream: bool = False) -> None:
+        """Serve ``fn`` as ``op`` (``POST /v1/<op>`` and stream op ``<op>``)."""
+        self.handlers[op] = Handler(fn, pickle, inspect.iscoroutinefunction(fn), stream)
+
+    # -- built-in handlers -------------------------------------------------------------
+    def health(self, _: Any) -> dict[str, Any]:
+        return {"status": self.status.value, "role": self.role, "index": self.index,
+                "task": self.task, "pid": os.getpid(),
+                "uptime_s": time.time() - self.started_at}
+
+    def statistics(self, _: Any) -> dict[str, Any]:
+        return {"task": self.task, "uptime_s": time.time() - self.started_at,
+                "task_failures": self.tasks.failures,
+                "requests": {op: {"count": c, "bytes_in": bi, "bytes_out": bo, "seconds": sec}
+                             for op, (c, bi, bo, sec) in self.stats.items()}}
+
+    # -- the one path from request bytes to a reply -----------------------------------------
+    def handle(self, op: str, body: memoryview | bytes | bytearray,
+               emit: Callable[[Any], None] | None) -> Reply | Coroutine[Any, Any, Reply]:
+        """The reply to ``op`` with ``body``: at once for a plain handler, else a coroutine.
+
+        ``emit`` sends partial replies for streaming handlers (None over HTTP).
+        """
+        started = time.perf_counter()
+        size_in = len(body) if not isinstance(body, memoryview) else body.nbytes
+        handler = self.handlers.get(op)
+        try:
+            if handler is None:
+                raise NotFoundError(f"{self.task} has no operation {op!r}")
+            payload = wire.decode_body(body, allow_pickle=handler.pickle)
+            if handler.stream:
+                result = handler.fn(payload, self._encoding_emitter(handler, emit))
+            else:
+                result = handler.fn(payload)
+        except Exception as exc:  # every failure is reported to the caller
+            return self.error_reply(op, exc, size_in, started)
+        if handler.is_async:
+            return self._awaited(op, handler, result, size_in, started)
+        return self._reply(op, handler, result, size_in, started)
+
+    async def _awaited(self, op: str, handler: Handler, pending: Any, size_in: int,
+                       started: float) -> Reply:
+        try:
+            result = await pending
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return self.error_reply(op, exc, size_in, started)
+        return self._reply(op, handler, result, size_in, started)
+
+    def _encoding_emitter(self, handler: Handler,
+                          emit: Callable[[Any], None] | None) -> Callable[[Any], None] | None:
+        if emit is None:
+            return None
+
+        def send(obj: Any) -> None:
+            emit(obj.chunks if isinstance(obj, Encoded) else
+                 wire.encode_body(obj, allow_pickle=handler.pickle))
+
+        return send
+
+    def _reply(self, op: str, handler: Handler, result: Any, size_in: int, started: float) -> Reply:
+        release = None
+        if isinstance(result, Pinned):
+            result, release = result.value, result.release
+        try:
+            chunks = result.chunks if isinstance(result, Encoded) else \
+                wire.encode_body(result, allow_pickle=handler.pickle)
+        except Exception as exc:
+            if release is not None:
+                release()
+            return self.error_reply(op, exc, size_in, started)
+        self._count(op, size_in, wire.body_size(chunks), time.perf_counter() - started)
+        return Reply(FrameKind.REPLY, chunks, release)
+
+    def error_reply(self, op: str, exc: BaseException, size_in: int = 0,
+                    started: float | None = None) -> Reply:
+        """An ERROR reply for ``exc`` (an unexpected one is logged with its traceback)."""
+        tb = None if isinstance(exc, PstrainError) else traceback.format_exc()
+        if tb is not None:
+            logger.error("%s: unexpected error serving %s", self.task, op, exc_info=exc)
+        if started is not None:
+            self._count(op, size_in, 0, time.perf_counter() - started)
+        status = exc.http_status if isinstance(exc, PstrainError) else 500
+        envelope = to_envelope(exc, self.task, tb)
+        return Reply(FrameKind.ERROR, wire.encode_body(envelope), None, status, envelope)
+
+    def _count(self, op: str, bytes_in: int, bytes_out: int, seconds: float = 0.0) -> None:
+        entry = self.stats.get(op)
+        if entry is None:
+            entry = self.stats[op] = [0, 0, 0, 0.0]
+        entry[0] += 1
+        entry[1] += bytes_in
+        entry[2] += bytes_out
+        entry[3] += seconds

@@ -1,0 +1,126 @@
+"""The HTTP face of a server (aiohttp): ``POST /v1/<op>``, ``/metrics``, ``/healthz``.
+
+For clients other than pstrain's own (curl, Prometheus, another language):
+the bearer token is checked by a middleware before the body is read; the
+body is read into a buffer of its ``Content-Length`` (capped by the server's
+``max_body``) and goes through the same :meth:`ServerBase.handle` as a
+stream frame. Errors come back as JSON (``{"error": {type, message, task}}``)
+with the error's HTTP status.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from ..auth import bearer_ok
+from ..errors import AuthenticationError, ProtocolError, status_for, to_envelope
+from ..protocol import CONTENT_TYPE, FrameKind
+from .core import Reply
+
+if TYPE_CHECKING:
+    from .core import ServerBase
+
+__all__ = ["HttpAdapter"]
+
+
+class HttpAdapter:
+    """An aiohttp application serving one server's handler table."""
+
+    def __init__(self, server: ServerBase) -> None:
+        self.server = server
+        self._runner: web.AppRunner | None = None
+        self._registry: Any = None
+
+    async def start(self) -> Any:
+        """Set the application up; returns the protocol factory the sniffer hands HTTP to."""
+        @web.middleware
+        async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
+            return await self._auth(request, handler)
+
+        app = web.Application(middlewares=[auth], client_max_size=self.server.max_body)
+        app.router.add_route("POST", "/v1/{op:.+}", self._op)
+        app.router.add_route("GET", "/v1/health", self._health)
+        app.router.add_route("GET", "/healthz", self._health)
+        app.router.add_route("GET", "/metrics", self._metrics)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        factory = self._runner.server
+        assert factory is not None
+        return factory
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        server = self.server
+        if request.path == "/metrics" and server.metrics_public:
+            return await handler(request)
+        if not bearer_ok(request.headers.get("Authorization"), server.token_bytes):
+            return self._json_error(AuthenticationError(
+                "missing or wrong cluster token: send 'Authorization: Bearer <token>'"), 401)
+        return await handler(request)
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response(self.server.health(None))
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        from ..observability import CONTENT_TYPE as METRICS_TYPE
+        from ..observability import make_registry, render
+
+        server = self.server
+        if self._registry is None:
+            self._registry = make_registry({"role": server.role, "index": str(server.index)},
+                                           lambda: server.statistics(None))
+        return web.Response(body=render(self._registry), headers={"Content-Type": METRICS_TYPE})
+
+    async def _op(self, request: web.Request) -> web.StreamResponse:
+        server = self.server
+        op = request.match_info["op"]
+        length = request.content_length
+        if length is not None and length > server.max_body:
+            return self._json_error(ProtocolError(
+                f"request body of {length} bytes is larger than this server's limit of "
+                f"{server.max_body} bytes"), 413)
+        try:
+            body = await self._read_body(request, length)
+        except web.HTTPRequestEntityTooLarge:
+            return self._json_error(ProtocolError(
+                f"request body is larger than this server's limit of {server.max_body} bytes"), 413)
+        except ProtocolError as exc:
+            return self._json_error(exc)
+        pending = server.handle(op, body, None)
+        reply = pending if isinstance(pending, Reply) else await pending
+        if reply.kind == FrameKind.ERROR:
+            return web.Response(status=reply.status, content_type="application/json",
+                                text=json.dumps({"error": reply.envelope}))
+        try:
+            out = b"".join(reply.chunks)
+        finally:
+            if reply.release is not None:
+                reply.release()
+        return web.Response(body=out, content_type=CONTENT_TYPE)
+
+    @staticmethod
+    async def _read_body(request: web.Request, length: int | None) -> bytes | bytearray:
+        if length is None:
+            return await request.read()
+        body = bytearray(length)
+        pos = 0
+        async for chunk in request.content.iter_any():
+            end = pos + len(chunk)
+            if end > length:
+                raise ProtocolError("request body is longer than its Content-Length")
+            body[pos:end] = chunk
+            pos = end
+        if pos != length:
+            raise ProtocolError(f"truncated request body: {pos} of {length} bytes")
+        return body
+
+    def _json_error(self, exc: BaseException, status: int | None = None) -> web.Response:
+        return web.Response(status=status or status_for(exc), content_type="application/json",
+                            text=json.dumps({"error": to_envelope(exc, self.server.task)}))
