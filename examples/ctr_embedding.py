@@ -3,8 +3,9 @@
 26 hashed categorical features share one table (two shards, FixedShardsPartitioner);
 13 dense features join the 26 looked-up rows into a 429 -> 64 (ReLU) -> 1
 (sigmoid) network trained with Adagrad on the ps. Only the rows a batch uses
-travel, deduplicated, both ways. Data: the synthetic set of WORKLOADS.md (W4),
-drawn in vectorised order (all ids, then dense features, then label draws).
+travel, deduplicated, both ways. The model (data, layers, hand-written
+backward pass, step) is ``pstrain/ctr.py``, shipped in the package so that
+``pstrain demo`` trains it from an installed wheel; this file trains it.
 
     python examples/ctr_embedding.py [--steps 1000] [--workers 2] [--ps 2]
     pstrain launch --ps 2 --workers 2 -- python examples/ctr_embedding.py --steps 300
@@ -13,7 +14,6 @@ drawn in vectorised order (all ids, then dense features, then label draws).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 import time
@@ -21,98 +21,7 @@ import time
 import numpy as np
 
 import pstrain
-
-ROWS, DIM, FEATURES, DENSE, BATCH = 1_000_000, 16, 26, 13, 512
-HIDDEN = 64
-
-
-def synthetic(n_train: int, n_test: int = 20_000):
-    """W4's data: hashed zipf ids, a linear teacher over a hidden per-id weight."""
-    rng = np.random.default_rng(0)
-    t_emb = rng.standard_normal(ROWS)
-    t_dense = rng.standard_normal(DENSE)
-    n = n_train + n_test
-    raw = rng.zipf(1.2, (n, FEATURES)).astype(np.uint64)
-    f = np.arange(1, FEATURES + 1, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        h = raw * np.uint64(0x9E3779B97F4A7C15) + f * np.uint64(0xBF58476D1CE4E5B9)
-    h ^= h >> np.uint64(31)
-    ids = (h % np.uint64(ROWS)).astype(np.int64)
-    dense = rng.standard_normal((n, DENSE)).astype(np.float32)
-    logit = t_emb[ids].sum(1) / np.sqrt(FEATURES) + dense @ t_dense / np.sqrt(DENSE)
-    labels = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.float32)
-    train = (ids[:n_train], dense[:n_train], labels[:n_train])
-    test = (ids[n_train:], dense[n_train:], labels[n_train:])
-    return train, test
-
-
-class CTRModel(pstrain.Module):
-    def __init__(self):
-        super().__init__()
-        self.table = pstrain.Variable(pstrain.initializers.RandomUniform(-0.05, 0.05, seed=0),
-                                      shape=(ROWS, DIM), name="ctr/embedding")
-        rng = np.random.default_rng(1)
-        width = FEATURES * DIM + DENSE
-        limit1, limit2 = np.sqrt(6 / (width + HIDDEN)), np.sqrt(6 / (HIDDEN + 1))
-        self.w1 = pstrain.Variable(rng.uniform(-limit1, limit1, (width, HIDDEN)).astype(np.float32), name="ctr/w1")
-        self.b1 = pstrain.Variable(np.zeros(HIDDEN, np.float32), name="ctr/b1")
-        self.w2 = pstrain.Variable(rng.uniform(-limit2, limit2, (HIDDEN, 1)).astype(np.float32), name="ctr/w2")
-        self.b2 = pstrain.Variable(np.zeros(1, np.float32), name="ctr/b2")
-
-    @property
-    def dense(self):
-        return [self.w1, self.b1, self.w2, self.b2]
-
-
-def forward(rows, inverse, dense_x, params):
-    w1, b1, w2, b2 = params
-    n = dense_x.shape[0]
-    x = np.concatenate([rows[inverse].reshape(n, FEATURES * DIM), dense_x], axis=1)
-    h_pre = x @ w1 + b1
-    h = np.maximum(h_pre, 0)
-    z = (h @ w2 + b2)[:, 0]
-    p = 1 / (1 + np.exp(-z))
-    return x, h_pre, h, p
-
-
-def log_loss(p, y):
-    p = np.clip(p, 1e-7, 1 - 1e-7)
-    return float(-(y * np.log(p) + (1 - y) * np.log(1 - p)).mean())
-
-
-def make_step(model, opt):
-    table, dense_vars = model.table, model.dense
-
-    async def step(it):
-        ids, dense_x, y = next(it)
-        unique, inverse = np.unique(ids, return_inverse=True)
-        rows, params = await asyncio.gather(pstrain.embedding_lookup(table, unique),
-                                            pstrain.read_variables(dense_vars))
-        x, h_pre, h, p = forward(rows, inverse.reshape(-1), dense_x, params)
-        w1, _, w2, _ = params
-        n = len(y)
-        dz = ((p - y) / n).astype(np.float32)[:, None]
-        g_w2, g_b2 = h.T @ dz, dz.sum(0)
-        dh = (dz @ w2.T) * (h_pre > 0)
-        g_w1, g_b1 = x.T @ dh, dh.sum(0)
-        d_emb = (dh @ w1[:FEATURES * DIM].T).reshape(-1, DIM)
-        g_rows = np.zeros((unique.size, DIM), np.float32)
-        np.add.at(g_rows, inverse.reshape(-1), d_emb)
-        await opt.apply_gradients([(pstrain.IndexedSlices(g_rows, unique), table),
-                                   (g_w1, model.w1), (g_b1, model.b1), (g_w2, model.w2),
-                                   (g_b2, model.b2)])
-        return log_loss(p, y)
-
-    return step
-
-
-async def evaluate(model, test):
-    ids, dense_x, y = test
-    unique, inverse = np.unique(ids, return_inverse=True)
-    rows = await pstrain.embedding_lookup(model.table, unique)
-    params = await pstrain.read_variables(model.dense)
-    _, _, _, p = forward(rows, inverse.reshape(-1), dense_x, params)
-    return log_loss(p, y)
+from pstrain.ctr import BATCH, CTRModel, evaluate, log_loss, make_step, synthetic
 
 
 async def train(resolver, steps: int = 1000, quiet: bool = False, max_inflight: int = 1,

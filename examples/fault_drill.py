@@ -12,14 +12,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from pathlib import Path
 
 import numpy as np
 
 import pstrain
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ctr_embedding import BATCH, CTRModel, evaluate, make_step, synthetic  # noqa: E402
+from pstrain.ctr import BATCH, CTRModel, evaluate, make_step, synthetic
 
 
 async def drill(steps: int, quiet: bool = False) -> dict:

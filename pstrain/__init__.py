@@ -49,7 +49,7 @@ _EXPORTS: dict[str, str] = {
     "run": "bridge",
 }
 _SUBMODULES = ("checkpoint", "data", "errors", "evaluator", "initializers", "metrics", "optimizers",
-               "partitioners", "rpc")
+               "partitioners", "rpc", "testing")
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 
@@ -69,32 +69,75 @@ def __dir__() -> list[str]:
     return __all__
 
 
-if TYPE_CHECKING:  # pragma: no cover
-    from . import checkpoint, data, errors, evaluator, initializers, metrics, optimizers, partitioners, rpc
-    from .bridge import run
-    from .checkpoint import Checkpoint, CheckpointManager
-    from .cluster import (
-        ClusterResolver,
-        ClusterSpec,
-        SimpleClusterResolver,
-        SlurmClusterResolver,
-        TFConfigClusterResolver,
+if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above is what runs
+    from . import (
+        checkpoint as checkpoint,
+        data as data,
+        errors as errors,
+        evaluator as evaluator,
+        initializers as initializers,
+        metrics as metrics,
+        optimizers as optimizers,
+        partitioners as partitioners,
+        rpc as rpc,
+        testing as testing,
     )
-    from .context import get_current_worker_index
-    from .coordinator import ClusterCoordinator
-    from .evaluator import SidecarEvaluator
-    from .launch import LocalCluster
-    from .module import Module
-    from .remote_value import RemoteValue
-    from .server import Server
-    from .sharding import ShardedVariable, embedding_lookup
-    from .strategy import ParameterServerStrategy, ReduceOp, ReplicaContext, get_replica_context
-    from .values import DistributedValues, PerReplica, PerWorkerValues, ValueContext
+    from .bridge import (
+        run as run,
+    )
+    from .checkpoint import (
+        Checkpoint as Checkpoint,
+        CheckpointManager as CheckpointManager,
+    )
+    from .cluster import (
+        ClusterResolver as ClusterResolver,
+        ClusterSpec as ClusterSpec,
+        SimpleClusterResolver as SimpleClusterResolver,
+        SlurmClusterResolver as SlurmClusterResolver,
+        TFConfigClusterResolver as TFConfigClusterResolver,
+    )
+    from .context import (
+        get_current_worker_index as get_current_worker_index,
+    )
+    from .coordinator import (
+        ClusterCoordinator as ClusterCoordinator,
+    )
+    from .evaluator import (
+        SidecarEvaluator as SidecarEvaluator,
+    )
+    from .launch import (
+        LocalCluster as LocalCluster,
+    )
+    from .module import (
+        Module as Module,
+    )
+    from .remote_value import (
+        RemoteValue as RemoteValue,
+    )
+    from .server import (
+        Server as Server,
+    )
+    from .sharding import (
+        ShardedVariable as ShardedVariable,
+        embedding_lookup as embedding_lookup,
+    )
+    from .strategy import (
+        ParameterServerStrategy as ParameterServerStrategy,
+        ReduceOp as ReduceOp,
+        ReplicaContext as ReplicaContext,
+        get_replica_context as get_replica_context,
+    )
+    from .values import (
+        DistributedValues as DistributedValues,
+        PerReplica as PerReplica,
+        PerWorkerValues as PerWorkerValues,
+        ValueContext as ValueContext,
+    )
     from .variables import (
-        IndexedSlices,
-        Variable,
-        VariableAggregation,
-        VariableSynchronization,
-        read_variables,
-        update_variables,
+        IndexedSlices as IndexedSlices,
+        Variable as Variable,
+        VariableAggregation as VariableAggregation,
+        VariableSynchronization as VariableSynchronization,
+        read_variables as read_variables,
+        update_variables as update_variables,
     )

@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from .errors import DeadlineExceededError, PstrainError
+from .rpc import close_loop_channels
 
 __all__ = ["block_on", "run"]
 
@@ -98,7 +99,7 @@ def _run_here(make: Callable[[], Awaitable[T]], timeout: float | None) -> T:
             return await make()
         try:
             return await asyncio.wait_for(_as_coroutine(make()), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise DeadlineExceededError(f"did not finish within {timeout:g} s") from None
 
     # asyncio.Runner cancels the main task on Ctrl-C, waits for it, then raises KeyboardInterrupt.
@@ -116,7 +117,7 @@ def _copy_outcome(task: asyncio.Task[T], done: concurrent.futures.Future[T]) -> 
     if task.cancelled():
         done.cancel()
     elif task.exception() is not None:
-        done.set_exception(task.exception())  # type: ignore[arg-type]
+        done.set_exception(task.exception())
     else:
         done.set_result(task.result())
 
@@ -140,8 +141,6 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     The blocking door of a program: ``pstrain.run(train())``. Ctrl-C cancels
     ``main`` and raises ``KeyboardInterrupt``.
     """
-    from .rpc import close_loop_channels
-
     if _running_loop() is not None:
         main.close()  # never awaited: say why instead of warning about it
         raise RuntimeError("pstrain.run() starts an event loop, and this thread is already running "

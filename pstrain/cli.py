@@ -17,8 +17,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .cluster import ClusterSpec, parse_config, read_token
+from .bridge import run
+from .cluster import ClusterSpec, SlurmClusterResolver, parse_address, parse_config, read_token
 from .errors import PstrainError
+from .protocol import DEFAULT_MAX_BODY
+from .rpc import Channel
 
 logger = logging.getLogger("pstrain.cli")
 
@@ -98,8 +101,6 @@ def _serve_parser(sub: Any) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .protocol import DEFAULT_MAX_BODY
-
     parent = os.getppid()  # now, before the parent has any chance to be gone
     if args.exit_with_parent and parent == 1:
         return 0  # started by a process that has already died
@@ -118,8 +119,6 @@ def _serve(args: argparse.Namespace) -> int:
         role = role or task_type
         index = index if index is not None else task_id
     elif args.slurm_jobs:
-        from .cluster import SlurmClusterResolver
-
         jobs = {}
         for item in args.slurm_jobs.split(","):
             name, _, count = item.partition("=")
@@ -147,8 +146,6 @@ def _serve(args: argparse.Namespace) -> int:
     port = args.port
     host = args.host
     if spec is not None:
-        from .cluster import parse_address
-
         spec_host, spec_port = parse_address(spec.task_address(role, index))
         port = spec_port if port is None else port
     options: dict[str, Any] = dict(
@@ -167,7 +164,6 @@ def _serve(args: argparse.Namespace) -> int:
     if not token:
         logger.warning("no cluster token set: any local process can use this server "
                        "(set PSTRAIN_TOKEN or --token-file)")
-    from . import run
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -189,8 +185,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     import runpy
 
-    from . import run
-    from .evaluator import SidecarEvaluator
+    from .evaluator import SidecarEvaluator  # numpy and safetensors: only for this role
 
     if not args.checkpoint_dir or not args.eval_script:
         raise PstrainError("the evaluator needs --checkpoint-dir and --eval-script")
@@ -242,9 +237,6 @@ def _human(n: float) -> str:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from . import run
-    from .rpc import Channel
-
     spec = _load_cluster(args.cluster)
     if args.token_file:
         with open(args.token_file, encoding="utf-8") as f:
@@ -266,7 +258,9 @@ def _status(args: argparse.Namespace) -> int:
             return row
         finally:
             await ch.close()
-        count = lambda s: sum(r["count"] for r in s["requests"].values())  # noqa: E731
+        def count(stats: dict[str, Any]) -> int:
+            return sum(r["count"] for r in stats["requests"].values())
+
         rate = max(0, count(second) - count(first) - 1) / 1.0  # minus our own second call
         work = (f"{second['variables']} variables" if "variables" in second else
                 f"{second['closures_run']} closures" if "closures_run" in second else

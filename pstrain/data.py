@@ -142,7 +142,7 @@ class Dataset:
                 r = rng()
                 it = make()
                 buf = list(itertools.islice(it, buffer_size))
-                draws = iter(())
+                draws: Iterator[float] = iter(())
                 for x in it:
                     j = next(draws, None)
                     if j is None:

@@ -22,6 +22,17 @@ from typing import Any
 
 import numpy as np
 
+from .bridge import run
+from .checkpoint import Checkpoint, CheckpointManager
+from .coordinator import ClusterCoordinator
+from .ctr import BATCH, CTRModel, evaluate, make_step, synthetic
+from .data import Dataset
+from .launch import LocalCluster
+from .optimizers import Adagrad
+from .partitioners import FixedShardsPartitioner
+from .progress import Progress
+from .strategy import ParameterServerStrategy
+
 __all__ = ["add_demo_parser"]
 
 
@@ -37,23 +48,14 @@ def add_demo_parser(sub: Any) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from . import run
-
     return run(_main(args))
 
 
 async def _main(args: argparse.Namespace) -> int:
-    import pstrain
-    from pstrain.checkpoint import Checkpoint, CheckpointManager
-    from pstrain.progress import Progress
-
-    ctr = _load_example("ctr_embedding")
-    BATCH, CTRModel, evaluate, make_step, synthetic = (  # noqa: N806
-        ctr.BATCH, ctr.CTRModel, ctr.evaluate, ctr.make_step, ctr.synthetic)
-
     out = Path(args.output).resolve()
     out.mkdir(parents=True, exist_ok=True)
     n_train = min(args.steps, 600) * BATCH  # the training set, repeated
+
     def say(*parts: Any) -> None:
         print(*parts, flush=True)
 
@@ -62,13 +64,13 @@ async def _main(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, stop.set)
     try:
-        async with pstrain.LocalCluster(num_ps=args.ps, num_workers=args.workers) as cluster:
-            strategy = pstrain.ParameterServerStrategy(
-                cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(args.ps))
-            coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=2)
+        async with LocalCluster(num_ps=args.ps, num_workers=args.workers) as cluster:
+            strategy = ParameterServerStrategy(
+                cluster.resolver, variable_partitioner=FixedShardsPartitioner(args.ps))
+            coordinator = ClusterCoordinator(strategy, max_inflight_per_worker=2)
             async with strategy.scope():
                 model = CTRModel()
-                opt = pstrain.optimizers.Adagrad(0.05, initial_accumulator_value=0.1)
+                opt = Adagrad(0.05, initial_accumulator_value=0.1)
             manager = CheckpointManager(Checkpoint(model=model, optimizer=opt), str(out / "checkpoints"),
                                         max_to_keep=3)
             metrics_at = await coordinator.serve_metrics()
@@ -76,9 +78,9 @@ async def _main(args: argparse.Namespace) -> int:
                 f"{cluster.cluster_spec.job_tasks('worker')}; coordinator metrics at "
                 f"http://{metrics_at}/metrics (token in the cluster)")
 
-            def dataset_fn():
+            def dataset_fn() -> Dataset:
                 (ids, dense_x, y), _ = synthetic(n_train, 0)
-                return pstrain.data.Dataset.from_tensor_slices((ids, dense_x, y)).shuffle(50_000).repeat().batch(BATCH)
+                return Dataset.from_tensor_slices((ids, dense_x, y)).shuffle(50_000).repeat().batch(BATCH)
 
             iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
             step = make_step(model, opt)
@@ -126,21 +128,6 @@ async def _main(args: argparse.Namespace) -> int:
     return 0 if held_out < base_loss or stop.is_set() else 1
 
 
-def _load_example(name: str) -> Any:
-    """The example model the demo trains, from the source checkout's examples/."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
-    if not path.exists():
-        raise SystemExit(f"pstrain demo runs from a source checkout (it trains {path.name}); "
-                         "clone the repository and run `make demo`")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    sys.modules[name] = module
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
-
-
 def _plot(path: Path, losses: list[float]) -> str:
     try:
         import matplotlib
@@ -151,7 +138,7 @@ def _plot(path: Path, losses: list[float]) -> str:
     import matplotlib.pyplot as plt
 
     window = max(1, len(losses) // 100)
-    smooth = np.convolve(losses, np.ones(window) / window, mode="valid") if losses else []
+    smooth = np.convolve(losses, np.ones(window) / window, mode="valid") if losses else np.zeros(0)
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     ax.plot(np.arange(len(losses)), losses, alpha=0.25, label="loss per step")
     ax.plot(np.arange(len(smooth)) + window - 1, smooth, label=f"mean of {window}")

@@ -230,8 +230,8 @@ class WorkerDispatcher:
             return
         except PstrainError as exc:
             # The worker refused the batch itself (it could not decode it, say): those closures fail.
-            for e in entries:
-                self.queue.fail(e[0], exc)
+            for c in batch:
+                self.queue.fail(c.cid, exc)
             return
         self._on_results(reply)
 

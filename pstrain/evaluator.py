@@ -48,7 +48,7 @@ def restored_iterations(variables: dict[str, np.ndarray]) -> int:
 class SidecarEvaluator:
     """Evaluates checkpoints from ``checkpoint_dir`` as they appear."""
 
-    def __init__(self, eval_fn: Callable[[dict[str, np.ndarray], int], Any], checkpoint_dir: str,
+    def __init__(self, eval_fn: Callable[..., Any], checkpoint_dir: str,
                  *, checkpoint_name: str = "ckpt", max_evaluations: int | None = None,
                  poll_interval_s: float = 1.0, hint_after_s: float = 30.0) -> None:
         if not callable(eval_fn):

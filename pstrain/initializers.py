@@ -213,7 +213,7 @@ def from_spec(spec: dict[str, Any]) -> Initializer:
     if not isinstance(spec, dict):
         raise InvalidArgumentError(f"initializer spec must be a mapping, got {type(spec).__name__}")
     args = dict(spec)
-    cls = _KINDS.get(args.pop("kind", None))  # type: ignore[arg-type]
+    cls = _KINDS.get(args.pop("kind", None))
     if cls is None:
         raise InvalidArgumentError(
             f"unknown initializer {spec.get('kind')!r}; known: {sorted(_KINDS)}")

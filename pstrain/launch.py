@@ -107,7 +107,7 @@ class LocalCluster:
         assert task.proc.stdout is not None
         try:
             line = await asyncio.wait_for(self._read_address(task), self.startup_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise PstrainError(f"{task.job}:{task.index} did not start listening within "
                                f"{self.startup_timeout_s:g} s") from None
         task.address = line
@@ -145,7 +145,7 @@ class LocalCluster:
         for t in procs:
             try:
                 await asyncio.wait_for(t.proc.wait(), 5.0)  # type: ignore[union-attr]
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 t.proc.kill()  # type: ignore[union-attr]
                 await t.proc.wait()  # type: ignore[union-attr]
         for t in self._tasks.values():
@@ -192,8 +192,8 @@ class LocalCluster:
         if not all(t.address for t in self._tasks.values()):
             raise PstrainError("the LocalCluster is not started")
         return ClusterSpec({
-            "ps": [self._tasks[("ps", i)].address for i in range(self.num_ps)],
-            "worker": [self._tasks[("worker", i)].address for i in range(self.num_workers)],
+            "ps": [str(self._tasks[("ps", i)].address) for i in range(self.num_ps)],
+            "worker": [str(self._tasks[("worker", i)].address) for i in range(self.num_workers)],
         })
 
     @property
@@ -256,7 +256,7 @@ async def _launch_async(cmd: list[str], num_ps: int, num_workers: int, log_level
             proc.send_signal(signal.SIGINT)
             try:
                 await asyncio.wait_for(asyncio.shield(waiter), 10.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 proc.kill()
                 await waiter
         stopper.cancel()

@@ -77,15 +77,15 @@ def _weights(values: np.ndarray, sample_weight: Any) -> np.ndarray:
     return w
 
 
-class Mean(Metric):
-    """The (weighted) mean of everything passed to ``update_state``."""
+class _Averaged(Metric):
+    """A weighted mean kept as ``total`` and ``count`` (Mean and the accuracies)."""
 
     def __init__(self, name: str | None = None) -> None:
         super().__init__(name)
         self.total = self._state("total", np.float64(0.0))
         self.count = self._state("count", np.float64(0.0))
 
-    async def update_state(self, values: Any, sample_weight: Any = None) -> None:
+    async def _accumulate(self, values: Any, sample_weight: Any) -> None:
         v = np.asarray(values, np.float64)
         w = _weights(v, sample_weight)
         await self._add(total=np.float64((v * w).sum()), count=np.float64(w.sum()))
@@ -93,6 +93,13 @@ class Mean(Metric):
     async def result(self) -> float:
         s = await self._values()
         return float(s["total"] / s["count"]) if s["count"] else 0.0
+
+
+class Mean(_Averaged):
+    """The (weighted) mean of everything passed to ``update_state``."""
+
+    async def update_state(self, values: Any, sample_weight: Any = None) -> None:
+        await self._accumulate(values, sample_weight)
 
 
 class Sum(Metric):
@@ -110,17 +117,17 @@ class Sum(Metric):
         return float((await self._values())["total"])
 
 
-class Accuracy(Mean):
+class Accuracy(_Averaged):
     """How often ``y_pred`` equals ``y_true``."""
 
     async def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
         y_true, y_pred = np.asarray(y_true), np.asarray(y_pred)
         if y_true.shape != y_pred.shape:
             raise InvalidArgumentError(f"Accuracy: y_true {y_true.shape} and y_pred {y_pred.shape} differ")
-        await super().update_state((y_true == y_pred).astype(np.float64), sample_weight)
+        await self._accumulate((y_true == y_pred).astype(np.float64), sample_weight)
 
 
-class SparseCategoricalAccuracy(Mean):
+class SparseCategoricalAccuracy(_Averaged):
     """How often ``argmax(y_pred)`` equals the integer label ``y_true``."""
 
     async def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
@@ -130,7 +137,7 @@ class SparseCategoricalAccuracy(Mean):
         if pred.shape != y_true.shape:
             raise InvalidArgumentError(f"SparseCategoricalAccuracy: {y_true.size} labels for "
                                        f"{pred.size} predictions")
-        await super().update_state((pred == y_true).astype(np.float64), sample_weight)
+        await self._accumulate((pred == y_true).astype(np.float64), sample_weight)
 
 
 class AUC(Metric):

@@ -88,7 +88,7 @@ _EXTRA = {
 
 def make_registry(labels: dict[str, str], stats: Callable[[], dict[str, Any]]) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(labels, stats))  # type: ignore[arg-type]
+    registry.register(_Collector(labels, stats))
     return registry
 
 

@@ -103,7 +103,8 @@ def _ftrl(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None, slots: dict[s
         var[rows], accum[rows], linear[rows] = w, a, lin
 
 
-Rule = Callable[[np.ndarray, np.ndarray, "np.ndarray | None", dict, dict, int], None]
+Rule = Callable[[np.ndarray, np.ndarray, "np.ndarray | None", dict[str, np.ndarray], dict[str, Any], int],
+                None]
 RULES: dict[str, Rule] = {"sgd": _sgd, "adagrad": _adagrad, "adam": _adam, "ftrl": _ftrl}
 
 

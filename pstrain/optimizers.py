@@ -23,11 +23,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from typing import TYPE_CHECKING
 
 from .errors import InvalidArgumentError
 from .optimizer_rules import slot_specs
@@ -128,7 +126,7 @@ def _split(grad: Any, var: Any) -> list[tuple[Variable, np.ndarray | None, np.nd
         if isinstance(grad, IndexedSlices):
             rows, values = _dedupe(np.asarray(grad.indices), np.asarray(grad.values, var.dtype))
             part, local = var.route(rows)
-            out = []
+            out: list[tuple[Variable, np.ndarray | None, np.ndarray]] = []
             for p in np.unique(part):
                 mask = part == p
                 out.append((parts[int(p)], compact_ids(local[mask]), values[mask]))

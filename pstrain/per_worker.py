@@ -52,7 +52,7 @@ class PerWorkerDataset(PerWorkerValues):
         self._fn = spec.fields["fn"]
         weakref.finalize(self, registry.drop, spec.rid)
 
-    def __iter__(self) -> PerWorkerIterator:  # type: ignore[override]
+    def __iter__(self) -> PerWorkerIterator:
         spec = self._registry.new("iterator", of=self.resource_id, fn=self._fn)
         return PerWorkerIterator(self._registry, spec)
 
@@ -73,5 +73,5 @@ class PerWorkerIterator(PerWorkerValues):
             "Iterating over a per-worker iterator on the coordinator is not supported; pass it to "
             "coordinator.schedule and call next() inside the closure")
 
-    def __iter__(self) -> PerWorkerIterator:  # type: ignore[override]
+    def __iter__(self) -> PerWorkerIterator:
         return self

@@ -164,10 +164,10 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 body[:have] = np.frombuffer(stage, np.uint8, have, start + head)
                 self._start = start + head + have
                 if have == body_len:
-                    self.handle_frame(req_id, kind, op, memoryview(body))
+                    self.handle_frame(req_id, kind, op, body.data)
                     continue
                 self._direct = body
-                self._direct_view = memoryview(body)
+                self._direct_view = body.data
                 self._direct_pos = have
                 self._direct_meta = (req_id, kind, op)
                 break
@@ -175,9 +175,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 if head + body_len > len(stage) - start:
                     self._compact()
                 break
-            body = stage[start + head:start + head + body_len]  # a bytearray: writable arrays
+            small = stage[start + head:start + head + body_len]  # a bytearray: writable arrays
             self._start = start + head + body_len
-            self.handle_frame(req_id, kind, op, memoryview(body))
+            self.handle_frame(req_id, kind, op, memoryview(small))
         if self._start == self._end:
             self._start = self._end = 0
         elif self._start > len(stage) // 2:
@@ -210,7 +210,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         size = wire.body_size(chunks)
         first = FRAME.pack(req_id, kind, 0, len(op_bytes), size) + op_bytes
         if len(chunks) == 1:
-            transport.write(first + chunks[0])  # type: ignore[operator]
+            transport.write(first + chunks[0])
         else:
             transport.writelines([first, *chunks])
         if on_flushed is not None:

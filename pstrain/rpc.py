@@ -32,7 +32,6 @@ from .errors import (
     AuthenticationError,
     DeadlineExceededError,
     ProtocolError,
-    PstrainError,
     UnavailableError,
     from_envelope,
 )
@@ -135,7 +134,7 @@ class Channel:
             _, proto = await asyncio.wait_for(loop.create_connection(
                 lambda: _ClientProtocol(self), self.host, self.port, ssl=self.ssl_context,
                 server_hostname=self.host if self.ssl_context else None), self.connect_timeout)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise UnavailableError(
                 f"{self.task} at {self.address} did not accept a connection within "
                 f"{self.connect_timeout:g} s", task=self.task) from exc
@@ -152,7 +151,7 @@ class Channel:
         proto.transport.write(MAGIC + HANDSHAKE.pack(len(token)) + token)
         try:
             accepted = await asyncio.wait_for(asyncio.shield(proto.handshake), self.connect_timeout)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             proto.transport.close()
             raise UnavailableError(f"{self.task} at {self.address} did not answer the handshake",
                                    task=self.task) from exc

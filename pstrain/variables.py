@@ -165,6 +165,7 @@ class Variable(VariableBase):
 
     __slots__ = ("_name", "_shape", "_dtype", "_trainable", "_aggregation", "_synchronization",
                  "_ps", "_pool", "_creator", "_ticket", "_local", "_ready", "__weakref__")
+    _local: np.ndarray | None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         creator = _creator.get()
@@ -181,7 +182,7 @@ class Variable(VariableBase):
         value = initial_value_array(initial_value, dtype, shape)
         self._setup(name or "Variable", value.shape, value.dtype, trainable, aggregation,
                     synchronization)
-        self._local: np.ndarray | None = value.copy() if not value.flags.writeable else value
+        self._local = value.copy() if not value.flags.writeable else value
 
     def _setup(self, name: str, shape: Sequence[int], dtype: Any, trainable: bool,
                aggregation: Any, synchronization: Any) -> None:
@@ -195,7 +196,7 @@ class Variable(VariableBase):
         self._pool: ChannelPool | None = None  # None: the channels of the running closure
         self._creator: VariableCreator | None = None  # who sends its creation
         self._ticket = 0  # exists once _creator.created_upto >= _ticket
-        self._local: np.ndarray | None = None
+        self._local = None
         self._ready = True
 
     @classmethod

@@ -42,6 +42,8 @@ _EXT_BIGINT = 5
 _PREFIX = struct.Struct("<II")
 #: dtype kinds that travel as raw buffers.
 _BUFFER_KINDS = frozenset("biufc?SUMm")
+#: What subclasses of plain types travel as, when pickles are not allowed.
+_PLAIN_TYPES: tuple[type[Any], ...] = (bool, int, float, str, bytes, dict, list)
 #: Largest number of buffers one message may carry (a sanity limit).
 MAX_BUFFERS = 1 << 20
 
@@ -97,7 +99,7 @@ def _array(arr: np.ndarray) -> msgpack.ExtType:
         arr = np.ascontiguousarray(arr)
     buffers = _enc.buffers
     index = len(buffers)
-    buffers.append(memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else memoryview(b""))
+    buffers.append(arr.reshape(-1).view(np.uint8).data if arr.size else memoryview(b""))
     return msgpack.ExtType(_EXT_ARRAY, msgpack.packb((arr.dtype.str, arr.shape, index)))
 
 
@@ -116,9 +118,11 @@ def _default(obj: Any) -> Any:
     if _enc.allow_pickle:
         return _pickle(obj)
     # Without pickles, subclasses of plain types travel as their base type.
-    for base in (bool, int, float, str, bytes, dict, list, tuple):
+    if isinstance(obj, tuple):
+        return list(obj)
+    for base in _PLAIN_TYPES:
         if isinstance(obj, base):
-            return base(obj) if base is not tuple else list(obj)
+            return base(obj)
     raise InvalidArgumentError(
         f"cannot encode an object of type {type(obj).__name__} here "
         "(only numbers, strings, bytes, None, lists, tuples, dicts and numpy arrays)")
@@ -134,7 +138,8 @@ def encode_body(obj: Any, *, allow_pickle: bool = False) -> list[bytes | memoryv
     >>> decode_body(b"".join(encode_body({"x": np.arange(3), "t": (1, [2])})))
     {'x': array([0, 1, 2]), 't': (1, [2])}
     """
-    _enc.buffers = bufs = []
+    bufs: list[memoryview] = []
+    _enc.buffers = bufs
     _enc.allow_pickle = allow_pickle
     try:
         header = _enc.pack(obj)

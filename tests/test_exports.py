@@ -1,17 +1,59 @@
-"""The public API is pstrain/__init__.py, sorted and importable; importing is cheap."""
+"""The public API is pstrain/__init__.py: its lazy table, what type checkers see, and the modules agree."""
 
 from __future__ import annotations
 
+import ast
+import importlib
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 import pstrain
 
+INIT = Path(pstrain.__file__)
 
-def test_all_is_sorted_and_every_name_resolves():
-    assert pstrain.__all__ == sorted(pstrain.__all__)
-    for name in pstrain.__all__:
-        assert getattr(pstrain, name) is not None, name
+
+def type_checking_names() -> dict[str, str]:
+    """``name -> module`` as the ``if TYPE_CHECKING:`` block of __init__.py imports them."""
+    tree = ast.parse(INIT.read_text())
+    block = next(node for node in tree.body if isinstance(node, ast.If)
+                 and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+    names: dict[str, str] = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom) and node.level == 1, ast.dump(node)
+        for alias in node.names:
+            assert alias.asname == alias.name, f"{alias.name} must be re-exported as itself"
+            names[alias.name] = node.module or alias.name
+    return names
+
+
+def test_all_is_the_sorted_union_of_the_lazy_table_and_the_submodules():
+    expected = sorted([*pstrain._EXPORTS, *pstrain._SUBMODULES, "__version__"])
+    assert pstrain.__all__ == expected
+    assert len(set(pstrain.__all__)) == len(pstrain.__all__)
+
+
+def test_type_checkers_see_exactly_the_names_that_run():
+    seen = type_checking_names()
+    lazy = {**pstrain._EXPORTS, **{m: m for m in pstrain._SUBMODULES}}
+    assert set(seen) == set(lazy), f"only in TYPE_CHECKING: {set(seen) - set(lazy)}; " \
+                                   f"only in the table: {set(lazy) - set(seen)}"
+    for name, module in lazy.items():
+        assert seen[name] == module, f"{name}: TYPE_CHECKING imports it from {seen[name]}, the table from {module}"
+
+
+@pytest.mark.parametrize("name", sorted(pstrain._EXPORTS))
+def test_every_name_comes_from_the_module_that_defines_and_exports_it(name):
+    module = importlib.import_module(f"pstrain.{pstrain._EXPORTS[name]}")
+    assert name in module.__all__, f"pstrain.{module.__name__} does not list {name} in __all__"
+    assert getattr(pstrain, name) is getattr(module, name)
+
+
+def test_submodules_are_modules():
+    for name in pstrain._SUBMODULES:
+        assert getattr(pstrain, name) is importlib.import_module(f"pstrain.{name}")
 
 
 def test_every_public_name_has_a_docstring():
@@ -29,7 +71,5 @@ def test_import_is_cheap_and_has_no_side_effects():
 
 
 def test_unknown_attribute():
-    import pytest
-
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         pstrain.Nope  # noqa: B018

@@ -15,6 +15,7 @@ from pstrain.errors import UnavailableError
 
 from .conftest import wait_for
 
+
 @pytest.fixture
 def cluster(process_cluster):
     """Fault drills kill real processes."""

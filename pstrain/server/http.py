@@ -17,11 +17,12 @@ from aiohttp import web
 
 from ..auth import bearer_ok
 from ..errors import AuthenticationError, ProtocolError, status_for, to_envelope
+from ..observability import CONTENT_TYPE as METRICS_TYPE, make_registry, render
 from ..protocol import CONTENT_TYPE, FrameKind
 from .core import Reply
 
 if TYPE_CHECKING:
-    from .core import ServerBase
+    from .core import ServerCore
 
 __all__ = ["HttpAdapter"]
 
@@ -29,7 +30,7 @@ __all__ = ["HttpAdapter"]
 class HttpAdapter:
     """An aiohttp application serving one server's handler table."""
 
-    def __init__(self, server: ServerBase) -> None:
+    def __init__(self, server: ServerCore) -> None:
         self.server = server
         self._runner: web.AppRunner | None = None
         self._registry: Any = None
@@ -69,9 +70,6 @@ class HttpAdapter:
         return web.json_response(self.server.health(None))
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        from ..observability import CONTENT_TYPE as METRICS_TYPE
-        from ..observability import make_registry, render
-
         server = self.server
         if self._registry is None:
             self._registry = make_registry({"role": server.role, "index": str(server.index)},

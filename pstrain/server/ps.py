@@ -250,7 +250,7 @@ class ParameterServer(ServerBase):
         """
         cfg = _field(req, "rule", "opt/apply")
         prefix = _field(req, "prefix", "opt/apply")
-        rule = RULES.get(cfg.get("kind")) if isinstance(cfg, dict) else None
+        rule = RULES.get(str(cfg.get("kind"))) if isinstance(cfg, dict) else None
         if rule is None:
             raise InvalidArgumentError(f"opt/apply: unknown rule {cfg!r}")
         specs = slot_specs(cfg)

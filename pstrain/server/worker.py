@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from .. import wire
 from ..bridge import block_on, new_event_loop
 from ..cluster import ClusterSpec
 from ..context import worker_context
@@ -190,8 +191,7 @@ class WorkerServer(ServerBase):
             old = self.channels
             self.channels = ChannelPool(spec, self.token, ssl_context=self.client_ssl)
             if old is not None and self._cloop is not None:
-                self.tasks.spawn(asyncio.wrap_future(
-                    asyncio.run_coroutine_threadsafe(old.close(), self._cloop)))
+                self.tasks.spawn(_close_on(old, self._cloop))
         return {"incarnation": self.incarnation, "index": self.index}
 
     async def run_closures(self, req: Any, emit: Callable[[Any], None] | None) -> Encoded:
@@ -426,6 +426,11 @@ class _Unloadable:
         raise self.error
 
 
+async def _close_on(channels: ChannelPool, loop: asyncio.AbstractEventLoop) -> None:
+    """Close ``channels``' connections of ``loop`` (the closure loop), from the serving loop."""
+    await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(channels.close(), loop))
+
+
 def _set_none(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -433,8 +438,6 @@ def _set_none(fut: asyncio.Future[None]) -> None:
 
 def _encode_results(results: list[Any]) -> Encoded:
     """Encode results once; a result that cannot travel becomes an error saying so."""
-    from .. import wire
-
     try:
         return Encoded(wire.encode_body({"results": results}, allow_pickle=True))
     except Exception:
