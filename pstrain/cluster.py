@@ -315,7 +315,11 @@ class SlurmClusterResolver(ClusterResolver):
     sorted job-name order (``chief``, ``ps``, ``worker``); this process's task
     is the one at rank ``SLURM_PROCID``.
 
-    >>> # r = SlurmClusterResolver(jobs={"ps": 1, "worker": 3}, port_base=8888)
+    >>> env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_STEP_NODELIST": "n[1-2]",
+    ...        "SLURM_STEP_TASKS_PER_NODE": "2(x2)"}
+    >>> r = SlurmClusterResolver(jobs={"ps": 1, "worker": 3}, port_base=8888, environ=env)
+    >>> r.task_type, r.task_id, r.cluster_spec().task_address("worker", 0)
+    ('worker', 0, 'n1:8889')
     """
 
     def __init__(self, jobs: Mapping[str, int] | None = None, port_base: int = 8888,

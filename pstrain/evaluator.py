@@ -10,8 +10,10 @@ at the next poll. It reads the files directly: no cluster is needed.
 ``eval_fn(variables, iterations)`` gets the checkpoint's arrays by name and the
 optimizer's step count, and returns a dict of metrics (it may be async).
 
->>> # evaluator = SidecarEvaluator(evaluate, "/tmp/run", max_evaluations=3)
->>> # results = await evaluator.run()
+::
+
+    evaluator = SidecarEvaluator(evaluate, "/tmp/run", max_evaluations=3)
+    results = await evaluator.run()
 
 From the shell: ``pstrain serve --role evaluator --checkpoint-dir DIR
 --eval-script eval.py`` (the script defines ``evaluate(variables, iterations)``).

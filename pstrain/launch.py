@@ -49,8 +49,10 @@ class _Task:
 class LocalCluster:
     """A cluster of real processes on 127.0.0.1 (``async with``).
 
-    >>> # async with pstrain.LocalCluster(num_ps=2, num_workers=2) as cluster:
-    >>> #     strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    ::
+
+        async with pstrain.LocalCluster(num_ps=2, num_workers=2) as cluster:
+            strategy = pstrain.ParameterServerStrategy(cluster.resolver)
     """
 
     def __init__(self, num_ps: int = 1, num_workers: int = 1, token: str | None = None, *,

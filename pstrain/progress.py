@@ -1,7 +1,9 @@
 """Progress bars for long work: tqdm when on a terminal, silent otherwise.
 
->>> # with Progress(1000, "steps") as bar:
->>> #     await bar.track(remote_values, coordinator)
+::
+
+    with Progress(1000, "steps") as bar:
+        await bar.track(remote_values, coordinator)
 """
 
 from __future__ import annotations

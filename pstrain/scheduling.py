@@ -20,7 +20,8 @@ worker, a result, a worker lost) and keeps the state TF's
   cancelled);
 * a closure's **RemoteValue inputs** are resolved before it is sent
   (:meth:`Closure.arguments_for`); a failed input fails it with
-  :class:`~pstrain.errors.ClosureInputError`.
+  :class:`~pstrain.errors.ClosureInputError`, also when the producer's error
+  cancels the rest (a consumer of a failed value always learns why).
 
 Dispatchers drive it and are told of new work or errors through ``wake``
 callbacks; :meth:`ClosureQueue.wait_idle` and :meth:`ClosureQueue.wait_drained`
@@ -92,6 +93,20 @@ class Closure:
 
     def inputs_ready(self) -> bool:
         return all(rv.done() for rv in self.inputs)
+
+    def input_error(self) -> ClosureInputError | None:
+        """The error of an input that failed, if one has."""
+        for rv in self.inputs:
+            if rv.done():
+                try:
+                    _ready_value(rv)
+                except ClosureInputError as exc:
+                    return exc
+        return None
+
+    def cancel_error(self, message: str) -> BaseException:
+        """What this closure fails with when it is cancelled: why its input failed, if one did."""
+        return self.input_error() or CancelledError(message)
 
     def arguments_for(self, worker: int) -> tuple[tuple[Any, ...], dict[str, Any], bool]:
         """``(args, kwargs, has_refs)`` as worker ``worker`` gets them.
@@ -196,7 +211,7 @@ class ClosureQueue:
     def put_cancelled_if_error(self, closure: Closure) -> None:
         """Queue a closure scheduled from another thread: cancelled if an error is pending."""
         if self._error is not None:
-            closure.outcome.set_error(CancelledError(CANCELLED_MESSAGE))
+            closure.outcome.set_error(closure.cancel_error(CANCELLED_MESSAGE))
             return
         self.put(closure)
 
@@ -220,11 +235,18 @@ class ClosureQueue:
             self._per_worker[c.worker] -= 1
         return c
 
+    def _ended(self, c: Closure) -> None:
+        """Its worker reported it: a cancellation still to send for it is moot."""
+        pending = self._cancel.get(c.worker) if c.worker is not None else None
+        if pending and c.cid in pending:
+            pending.remove(c.cid)
+
     def finish(self, cid: int, value: Any) -> bool:
         """Closure ``cid`` returned ``value``; False if it is no longer in flight (abandoned)."""
         c = self._release(cid)
         if c is None:
             return False
+        self._ended(c)
         self.done_count += 1
         c.outcome.set_value(value)
         self._progress()
@@ -236,6 +258,7 @@ class ClosureQueue:
         c = self._release(cid)
         if c is None:
             return False
+        self._ended(c)
         self.done_count += 1
         c.outcome.set_error(error)
         if not cancelled:
@@ -257,7 +280,7 @@ class ClosureQueue:
         self._cancel.pop(worker, None)
         if self._error is not None:
             for c in lost:
-                c.outcome.set_error(CancelledError(CANCELLED_MESSAGE))
+                c.outcome.set_error(c.cancel_error(CANCELLED_MESSAGE))
         else:
             self.retried_count += len(lost)
             self._queue.extendleft(reversed(lost))
@@ -271,7 +294,7 @@ class ClosureQueue:
         if self._error is not None:
             return False
         self._error = error
-        self._cancel_queued(CancelledError(CANCELLED_MESSAGE))
+        self._cancel_queued(CANCELLED_MESSAGE)
         for c in self._inflight.values():
             if c.worker is not None:
                 self._cancel.setdefault(c.worker, []).append(c.cid)
@@ -289,12 +312,12 @@ class ClosureQueue:
         error = self._error
         if error is None:
             return None
-        self._cancel_queued(CancelledError(CANCELLED_MESSAGE))
+        self._cancel_queued(CANCELLED_MESSAGE)
         for cid in list(self._inflight):
             c = self._release(cid)
             if c is not None:
                 self.done_count += 1
-                c.outcome.set_error(CancelledError(CANCELLED_MESSAGE))
+                c.outcome.set_error(c.cancel_error(CANCELLED_MESSAGE))
                 if c.worker is not None and cid not in self._cancel.get(c.worker, ()):
                     self._cancel.setdefault(c.worker, []).append(cid)  # stop it there too
         self._error = None
@@ -302,13 +325,14 @@ class ClosureQueue:
         self._progress()
         return error
 
-    def _cancel_queued(self, error: BaseException) -> None:
+    def _cancel_queued(self, message: str) -> None:
         while self._queue:
-            self._queue.popleft().outcome.set_error(error)
+            c = self._queue.popleft()
+            c.outcome.set_error(c.cancel_error(message))
 
     def close(self, reason: str) -> None:
         """Cancel everything, queued and in flight (the coordinator is closing)."""
-        self._cancel_queued(CancelledError(reason))
+        self._cancel_queued(reason)
         for cid in list(self._inflight):
             c = self._release(cid)
             if c is not None:

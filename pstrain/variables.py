@@ -459,7 +459,9 @@ async def ensure_created(variables: Iterable[Any]) -> None:
 async def read_variables(variables: Iterable[Any]) -> list[np.ndarray]:
     """Read many variables with one request per ps, concurrently.
 
-    >>> # w, b = await pstrain.read_variables([w_var, b_var])
+    >>> w, b = Variable([1.0, 2.0]), Variable(3)       # local variables: no cluster needed
+    >>> [a.tolist() for a in asyncio.run(read_variables([w, b]))]
+    [[1.0, 2.0], 3]
     """
     variables = list(variables)
     out: list[Any] = [None] * len(variables)
@@ -491,7 +493,10 @@ async def update_variables(updates: Iterable[tuple[Variable, str, Any]]) -> None
 
     ``op`` is ``assign``, ``assign_add`` or ``assign_sub``.
 
-    >>> # await update_variables([(total, "assign_add", 3.0), (count, "assign_add", 1.0)])
+    >>> total, count = Variable(0.0), Variable(0.0)
+    >>> asyncio.run(update_variables([(total, "assign_add", 3.0), (count, "assign_add", 1.0)]))
+    >>> float(asyncio.run(total.numpy())), float(asyncio.run(count.numpy()))
+    (3.0, 1.0)
     """
     groups: dict[Channel, list[dict[str, Any]]] = {}
     local = []

@@ -50,10 +50,13 @@ async def test_kill_between_closures_then_restart_counts_exactly(cluster):
     await coordinator.join()
     await cluster.kill("worker", 0)
     await cluster.restart("worker", 0)
-    for _ in range(2):
+    for _ in range(20):
         coordinator.schedule(step)
     await coordinator.join()
-    assert await count.numpy() == 4
+    assert await count.numpy() == 22
+    # worker 0's first closure after the restart met a new process: the loss was seen
+    assert coordinator.worker_failures >= 1
+    await wait_for(lambda: coordinator.workers_up == [True, True], what="worker 0 to be back")
     await coordinator.close()
 
 
@@ -68,6 +71,7 @@ async def test_kill_in_the_middle_of_200_closures(cluster):
     assert [await rv for rv in rvs] == [1] * 200  # every closure ran (at least once)
     assert await count.numpy() >= 200
     assert coordinator.worker_failures >= 1
+    assert coordinator.closures_retried >= 1  # it had closures in flight: they ran elsewhere
     await coordinator.close()
 
 
@@ -86,19 +90,23 @@ async def test_both_workers_killed_and_restarted(cluster):
     await cluster.restart("worker", 1)
     await coordinator.join()
     assert await count.numpy() >= 100
+    assert coordinator.worker_failures >= 2  # each worker's loss was seen
     await coordinator.close()
 
 
 async def test_one_worker_killed_twice_in_a_row(cluster):
     _, coordinator, count = await setup(cluster)
-    for _ in range(100):
+    for _ in range(300):
         coordinator.schedule(make_step(count, 0.01))
     for _ in range(2):
-        await wait_for(lambda: _at_least(count, 10), what="progress")
+        # kill it while it runs closures, so that each loss is seen
+        await wait_for(lambda: coordinator.workers_up[0] and coordinator.queue.in_flight_on(0) > 0,
+                       what="worker 0 to run closures")
         await cluster.kill("worker", 0)
         await cluster.restart("worker", 0)
     await coordinator.join()
-    assert await count.numpy() >= 100
+    assert await count.numpy() >= 300
+    assert coordinator.worker_failures >= 2
     await coordinator.close()
 
 
@@ -110,6 +118,7 @@ async def test_a_worker_that_stays_down(cluster):
     await cluster.kill("worker", 1)
     await coordinator.join()
     assert await count.numpy() >= 60
+    assert coordinator.worker_failures == 1 and coordinator.workers_up == [True, False]
     await coordinator.close()
 
 

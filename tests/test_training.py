@@ -18,9 +18,8 @@ pytestmark = pytest.mark.timeout(240)
 async def test_w3_mlp_learns(cluster):
     from mnist_mlp import train
 
-    rate, accuracy = await train(cluster.resolver, steps=1000, quiet=True)
+    _, accuracy = await train(cluster.resolver, steps=1000, quiet=True)  # speed: benchmarks/
     assert accuracy > 0.85
-    assert rate > 0
 
 
 async def test_w4_ctr_beats_the_base_rate(cluster):
