@@ -22,6 +22,7 @@ from .cluster import ClusterSpec, SlurmClusterResolver, parse_address, parse_con
 from .errors import PstrainError
 from .protocol import DEFAULT_MAX_BODY
 from .rpc import Channel
+from .tasks import TaskOwner
 
 logger = logging.getLogger("pstrain.cli")
 
@@ -172,10 +173,12 @@ def _serve(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         address = await server.start()
         print(f"pstrain {role}:{index} listening on {address}", flush=True)
+        watchers = TaskOwner("pstrain serve")
         if args.exit_with_parent:
-            loop.create_task(_watch_parent(parent, stop))
+            watchers.spawn(_watch_parent(parent, stop))
         await stop.wait()
         logger.info("signal received, stopping")
+        await watchers.close()
         await server.stop()
 
     run(main())

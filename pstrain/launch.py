@@ -28,6 +28,7 @@ from typing import Any
 
 from .cluster import ClusterSpec, SimpleClusterResolver
 from .errors import InvalidArgumentError, PstrainError
+from .tasks import TaskOwner
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ class LocalCluster:
         self._tasks = {("ps", i): _Task("ps", i) for i in range(num_ps)}
         self._tasks.update({("worker", i): _Task("worker", i) for i in range(num_workers)})
         self._started = False
+        self._pumps = TaskOwner("LocalCluster log pumps")
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> LocalCluster:
@@ -113,7 +115,7 @@ class LocalCluster:
             raise PstrainError(f"{task.job}:{task.index} did not start listening within "
                                f"{self.startup_timeout_s:g} s") from None
         task.address = line
-        task.pump = asyncio.get_running_loop().create_task(self._forward(task))
+        task.pump = self._pumps.spawn(self._forward(task))
 
     async def _read_address(self, task: _Task) -> str:
         assert task.proc is not None and task.proc.stdout is not None
@@ -250,19 +252,22 @@ async def _launch_async(cmd: list[str], num_ps: int, num_workers: int, log_level
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        pump = loop.create_task(_prefix(proc, "[chief] "))
-        stopper = loop.create_task(stop.wait())
-        waiter = loop.create_task(proc.wait())
-        await asyncio.wait([waiter, stopper], return_when=asyncio.FIRST_COMPLETED)
-        if not waiter.done():
-            proc.send_signal(signal.SIGINT)
-            try:
-                await asyncio.wait_for(asyncio.shield(waiter), 10.0)
-            except TimeoutError:
-                proc.kill()
-                await waiter
-        stopper.cancel()
-        await pump
+        tasks = TaskOwner("pstrain launch")
+        pump = tasks.spawn(_prefix(proc, "[chief] "))
+        stopper = tasks.spawn(stop.wait())
+        waiter = tasks.spawn(proc.wait(), observed=True)
+        try:
+            await asyncio.wait([waiter, stopper], return_when=asyncio.FIRST_COMPLETED)
+            if not waiter.done():
+                proc.send_signal(signal.SIGINT)
+                try:
+                    await asyncio.wait_for(asyncio.shield(waiter), 10.0)
+                except TimeoutError:
+                    proc.kill()
+                    await waiter
+            await pump
+        finally:
+            await tasks.close()
         return waiter.result() if waiter.result() is not None else 1
 
 

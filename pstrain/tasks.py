@@ -30,6 +30,7 @@ rule, which is wrong for a server (one bad request must not stop the others).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -54,15 +55,16 @@ class TaskOwner:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._observed: set[asyncio.Task[Any]] = set()
 
-    def spawn(self, coro: Coroutine[Any, Any, T], *, observed: bool = False) -> asyncio.Task[T]:
-        """Run ``coro`` as a task of this owner.
+    def spawn(self, coro: Coroutine[Any, Any, T], *, observed: bool = False,
+              context: contextvars.Context | None = None) -> asyncio.Task[T]:
+        """Run ``coro`` as a task of this owner (in ``context``, if given).
 
         ``observed``: the caller awaits the task and handles its error itself.
         """
         if self.closed:
             coro.close()
             raise PstrainError(f"{self.name} is closed; it cannot start new work")
-        task = asyncio.get_running_loop().create_task(coro)
+        task = asyncio.get_running_loop().create_task(coro, context=context)
         self._tasks.add(task)
         if observed:
             self._observed.add(task)

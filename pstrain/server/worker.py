@@ -41,6 +41,7 @@ from ..errors import (
 )
 from ..messages import ClosureStatus, ResourceRef, exception_payload
 from ..rpc import ChannelPool
+from ..tasks import TaskOwner
 from .base import ServerBase
 from .core import Encoded
 
@@ -116,7 +117,9 @@ class WorkerServer(ServerBase):
         self._threads: list[threading.Thread] = []
         self._idle = 0
         self._idle_lock = threading.Lock()
-        self._closure_tasks: dict[int, asyncio.Task[Any]] = {}  # closure id -> task (closure loop)
+        # Closure tasks run on the closure loop and belong to this owner; by id for cancels.
+        self._closure_owner = TaskOwner(f"closures of {self.task}")
+        self._closure_tasks: dict[int, asyncio.Task[Any]] = {}
         self._cancelled: set[int] = set()
         self._outbox: list[tuple[_Batch, list[Any]]] = []
         self._outbox_lock = threading.Lock()
@@ -155,10 +158,7 @@ class WorkerServer(ServerBase):
         cloop = self._cloop
         if cloop is not None and cloop.is_running():
             async def shutdown() -> None:
-                tasks = list(self._closure_tasks.values())
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                await self._closure_owner.close()
                 if self.channels is not None:
                     await self.channels.close()
 
@@ -303,8 +303,8 @@ class WorkerServer(ServerBase):
             if cid in self._cancelled:
                 self._deliver(batch, [cid, CANCELLED, None])
                 continue
-            self._closure_tasks[cid] = loop.create_task(self._run_async(batch, cid, fn, args, kwargs),
-                                                        context=ctx.copy())
+            self._closure_tasks[cid] = self._closure_owner.spawn(
+                self._run_async(batch, cid, fn, args, kwargs), context=ctx.copy())
 
     def _resolve(self, obj: Any) -> Any:
         if isinstance(obj, ResourceRef):
