@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 demo: $(STAMP)
@@ -24,8 +24,10 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
 
+# The architecture's static checks (layers and cycles are checked by tests/test_architecture.py).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pstrain tests benchmarks examples
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) build *.egg-info benchmarks/results/*.tmp

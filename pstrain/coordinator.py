@@ -100,7 +100,7 @@ class ClusterCoordinator:
         self._workers = [
             WorkerDispatcher(i, self.queue, self.resources,
                              _channel_getter(self._channels, "worker", i), spec, self._tasks,
-                             self.settings, before_send=strategy.placement.ensure_created)
+                             self.settings, before_send=strategy.placement.creations_to_send)
             for i in range(strategy.num_workers)]
 
     # -- loop and tasks ---------------------------------------------------------------------
@@ -134,12 +134,6 @@ class ClusterCoordinator:
         if port == 0:
             return None
         return ("127.0.0.1" if is_loopback(host) else "0.0.0.0"), port
-
-    def _on_loop_thread(self) -> bool:
-        try:
-            return asyncio.get_running_loop() is self._loop or self._loop is None
-        except RuntimeError:
-            return self._loop is None
 
     async def _heartbeat(self) -> None:
         """While closures run, ping their workers and every ps: silence past the deadline
@@ -204,18 +198,20 @@ class ClusterCoordinator:
         digest, pickled = self._function(fn)
         inputs: list[RemoteValue] = []
         walk = bool(args or kwargs) and (scan_inputs(args, inputs) | scan_inputs(kwargs, inputs))
-        outcome = Outcome(self._loop)
-        closure = Closure(next(self._ids), fn, digest, pickled, args, kwargs, outcome, walk=walk,
-                          inputs=inputs)
-        if self._on_loop_thread():
+        loop = self._loop
+        outcome = Outcome(loop)
+        closure = Closure(next(self._ids), fn, digest, pickled, args, kwargs, outcome, walk, inputs)
+        if loop is None:  # nothing started yet: start on the running loop, if there is one
             if self._start():
                 outcome.loop = self._loop  # else: dispatch starts with the first join()
-            self.queue.put(closure)
+        elif not _runs(loop):  # another thread: hand it over to the coordinator's loop
+            loop.call_soon_threadsafe(self.queue.put_cancelled_if_error, closure)
+            return RemoteValue(outcome)
+        queue = self.queue
+        queue.put(closure)
+        if queue.error is not None:
             self._raise_pending()
-        else:
-            assert self._loop is not None
-            self._loop.call_soon_threadsafe(self.queue.put_cancelled_if_error, closure)
-        return outcome.remote_value
+        return RemoteValue(outcome)
 
     def _raise_pending(self) -> None:
         """Raise and clear the pending error (in-flight closures are abandoned as cancelled)."""
@@ -335,6 +331,14 @@ class ClusterCoordinator:
     def __repr__(self) -> str:
         return (f"ClusterCoordinator(workers={len(self._workers)}, queued={self.queue.queued}, "
                 f"in_flight={self.queue.in_flight})")
+
+
+def _runs(loop: asyncio.AbstractEventLoop) -> bool:
+    """Is ``loop`` the loop running in this thread?"""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 def _channel_getter(pool: Any, job: str, index: int) -> Callable[[], Any]:

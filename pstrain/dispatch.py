@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["DispatchSettings", "WorkerDispatcher"]
 
 _LOST = (UnavailableError, DeadlineExceededError, ClosureAbortedError)
+OK = int(ClosureStatus.OK)
 
 
 @dataclass
@@ -56,12 +57,16 @@ class DispatchSettings:
 
 
 class WorkerDispatcher:
-    """Feeds worker ``index`` from ``queue``; builds its resources from ``registry``."""
+    """Feeds worker ``index`` from ``queue``; builds its resources from ``registry``.
+
+    ``before_send()`` returns what to await before closures go out (variable
+    creations still queued), or None.
+    """
 
     def __init__(self, index: int, queue: ClosureQueue, registry: ResourceRegistry,
                  channel: Callable[[], Channel], cluster_spec: ClusterSpec, tasks: TaskOwner,
                  settings: DispatchSettings,
-                 before_send: Callable[[], Awaitable[None]] | None = None) -> None:
+                 before_send: Callable[[], Awaitable[None] | None] | None = None) -> None:
         self.index = index
         self.task = task_name("worker", index)
         self.queue = queue
@@ -163,7 +168,9 @@ class WorkerDispatcher:
                 await self._wait()
                 continue
             if self.before_send is not None:
-                await self.before_send()  # variables the closures use exist on their ps
+                creations = self.before_send()  # variables the closures use exist on their ps
+                if creations is not None:
+                    await creations
             batch = queue.take(index, room)
             if batch:
                 self.tasks.spawn(self._send(batch))
@@ -190,7 +197,7 @@ class WorkerDispatcher:
     async def _send(self, batch: list[Closure]) -> None:
         ready: list[Closure] = []
         for c in batch:
-            if c.inputs_ready():
+            if not c.inputs or c.inputs_ready():
                 ready.append(c)
             else:
                 self.tasks.spawn(self._send_when_ready(c))
@@ -208,15 +215,19 @@ class WorkerDispatcher:
     async def _send_now(self, batch: list[Closure]) -> None:
         fns: dict[bytes, bytes] = {}
         entries = []
+        sent = self.sent
         for c in batch:
-            try:
-                args, kwargs, has_refs = c.arguments_for(self.index)
-            except ClosureInputError as exc:
-                self.queue.fail_closure(c, exc)
-                continue
-            if c.digest not in self.sent:
+            if c.walk:
+                try:
+                    args, kwargs, has_refs = c.arguments_for(self.index)
+                except ClosureInputError as exc:
+                    self.queue.fail_closure(c, exc)
+                    continue
+                entries.append([c.cid, c.digest, args, kwargs, has_refs])
+            else:
+                entries.append([c.cid, c.digest, c.args, c.kwargs, False])
+            if c.digest not in sent:
                 fns[c.digest] = c.pickled
-            entries.append([c.cid, c.digest, args, kwargs, has_refs])
         if not entries:
             return
         self.sent.update(fns)
@@ -236,10 +247,11 @@ class WorkerDispatcher:
         self._on_results(reply)
 
     def _on_results(self, reply: Any) -> None:
+        finish = self.queue.finish
         queue = self.queue
         for cid, status, value in reply["results"]:
-            if status == ClosureStatus.OK:
-                queue.finish(cid, value)
+            if status == OK:
+                finish(cid, value)
             elif status == ClosureStatus.CANCELLED:
                 queue.fail(cid, CancelledError(CANCELLED_MESSAGE, task=self.task), cancelled=True)
             else:

@@ -22,7 +22,7 @@ __all__ = ["ClosureStatus", "ResourceRef", "exception_from_payload", "exception_
 
 
 class ClosureStatus(enum.IntEnum):
-    """How a closure ended."""
+    """How a closure ended. Sent as a plain ``int`` (``int(ClosureStatus.OK)``)."""
 
     OK = 0
     ERROR = 1

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import contextvars
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -163,6 +163,10 @@ class Placement:
     def has_queued(self) -> bool:
         """Are creations waiting to be sent?"""
         return self.created_upto < self.issued
+
+    def creations_to_send(self) -> Awaitable[None] | None:
+        """``ensure_created()`` if creations are queued, else None (a check that costs nothing)."""
+        return self.ensure_created() if self.created_upto < self.issued else None
 
     async def ensure_created(self) -> None:
         """Send every queued creation (one request per ps, concurrently) and wait for it.

@@ -30,21 +30,25 @@ _lock = threading.Lock()  # guards the hand-over between a setter and waiters on
 class Outcome:
     """The producer side of a RemoteValue: set once with a value or an error.
 
+    The RemoteValue refers to its outcome, never the other way round: a
+    cycle would keep every result alive until the cyclic garbage collector
+    runs.
+
     >>> out = Outcome()
-    >>> out.set_value(3), out.set_value(4), out.remote_value.done()
+    >>> rv = RemoteValue(out)
+    >>> out.set_value(3), out.set_value(4), rv.done()
     (True, False, True)
-    >>> asyncio.run(out.remote_value.get())
+    >>> asyncio.run(rv.get())
     3
     """
 
-    __slots__ = ("state", "value", "waiters", "loop", "remote_value", "__weakref__")
+    __slots__ = ("state", "value", "waiters", "loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.state = _NOT_READY
         self.value: Any = None
         self.waiters: list[asyncio.Future[None]] | None = None
         self.loop = loop  # the loop that sets it (the coordinator's), once known
-        self.remote_value = RemoteValue(self)
 
     def _set(self, state: int, value: Any) -> bool:
         with _lock:

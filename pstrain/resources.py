@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .errors import ClosureInputError
-from .remote_value import Outcome
+from .remote_value import Outcome, RemoteValue
 
 __all__ = ["ResourceRegistry", "ResourceSpec", "WorkerResource"]
 
@@ -45,10 +45,7 @@ class ResourceSpec:
         self.kind = kind
         self.fields = fields
         self.outcomes = [Outcome(loop) for _ in range(num_workers)]
-
-    @property
-    def remote_values(self) -> list[Any]:
-        return [o.remote_value for o in self.outcomes]
+        self.remote_values = [RemoteValue(o) for o in self.outcomes]
 
     def request(self) -> dict[str, Any]:
         """The ``worker/resource`` request that builds it."""

@@ -78,7 +78,7 @@ class Closure:
                  "worker")
 
     def __init__(self, cid: int, fn: Any, digest: bytes, pickled: bytes, args: tuple[Any, ...],
-                 kwargs: dict[str, Any], outcome: Outcome, *, walk: bool = False,
+                 kwargs: dict[str, Any], outcome: Outcome, walk: bool = False,
                  inputs: list[RemoteValue] | None = None) -> None:
         self.cid = cid
         self.fn = fn
@@ -92,7 +92,7 @@ class Closure:
         self.worker: int | None = None  # the worker it is in flight on
 
     def inputs_ready(self) -> bool:
-        return all(rv.done() for rv in self.inputs)
+        return not self.inputs or all(rv.done() for rv in self.inputs)
 
     def input_error(self) -> ClosureInputError | None:
         """The error of an input that failed, if one has."""
@@ -206,7 +206,8 @@ class ClosureQueue:
     def put(self, closure: Closure) -> None:
         """Queue a closure (the caller raises a pending error right after, cancelling it)."""
         self._queue.append(closure)
-        self._wake()
+        for wake in self._listeners:
+            wake()
 
     def put_cancelled_if_error(self, closure: Closure) -> None:
         """Queue a closure scheduled from another thread: cancelled if an error is pending."""
@@ -243,13 +244,17 @@ class ClosureQueue:
 
     def finish(self, cid: int, value: Any) -> bool:
         """Closure ``cid`` returned ``value``; False if it is no longer in flight (abandoned)."""
-        c = self._release(cid)
+        c = self._inflight.pop(cid, None)  # the hot path: _release and _ended, inline
         if c is None:
             return False
-        self._ended(c)
+        if c.worker is not None:
+            self._per_worker[c.worker] -= 1
+        if self._cancel:
+            self._ended(c)
         self.done_count += 1
         c.outcome.set_value(value)
-        self._progress()
+        if self._idle_waiters or self._drain_waiters:
+            self._progress()
         return True
 
     def fail(self, cid: int, error: BaseException, *, cancelled: bool = False) -> bool:

@@ -1,4 +1,5 @@
-"""Checkpoints on real ps: every tracked kind, resharding, delayed restore, crash safety, evaluator."""
+"""Checkpoints on real ps (in process; a process where one is killed): every tracked kind,
+resharding, delayed restore, crash safety, evaluator."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import textwrap
 
 import numpy as np
 import pytest
+import pytest_asyncio
 
 import pstrain
 from pstrain.checkpoint import Checkpoint, CheckpointManager, load_variables
 from pstrain.partitioners import FixedShardsPartitioner
+from pstrain.testing import InProcessCluster
 
-from .conftest import TOKEN, ServeProcess
+from .conftest import TOKEN
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -37,15 +40,14 @@ class Model(pstrain.Module):
 
 
 def fresh_ps(n):
-    return [ServeProcess("--role", "ps", "--index", str(i), "--port", "0") for i in range(n)]
+    """``n`` new ps, in this process (``async with fresh_ps(4) as cluster: cluster.ps``)."""
+    return InProcessCluster(num_ps=n, num_workers=1, token=TOKEN)
 
 
-@pytest.fixture
-def four_ps():
-    servers = fresh_ps(4)
-    yield servers
-    for s in servers:
-        s.stop()
+@pytest_asyncio.fixture
+async def four_ps():
+    async with fresh_ps(4) as cluster:
+        yield cluster.ps
 
 
 async def test_round_trip_of_every_tracked_kind(ps_pair, tmp_path):
@@ -89,18 +91,13 @@ async def test_resharding(four_ps, tmp_path, saved_parts, restored_parts):
     async with a.scope():
         t = pstrain.Variable(table, name="emb")
     path = await Checkpoint(t=t).save(str(tmp_path / "ckpt-1"))
-    await pstrain.rpc.close_loop_channels()
-    fresh = fresh_ps(4)
-    try:
-        b = make_strategy(fresh, shards=restored_parts if restored_parts > 1 else None)
+    async with fresh_ps(4) as fresh:
+        b = make_strategy(fresh.ps, shards=restored_parts if restored_parts > 1 else None)
         async with b.scope():
             t2 = pstrain.Variable(np.zeros((10, 3), np.float32), name="emb")
         assert len(getattr(t2, "variables", [t2])) == restored_parts
         await Checkpoint(t=t2).restore(path)
         np.testing.assert_array_equal(await t2.numpy(), table)
-    finally:
-        for s in fresh:
-            s.stop()
 
 
 @pytest.mark.parametrize("restored_parts", [2, 4])
@@ -110,10 +107,8 @@ async def test_delayed_restore(four_ps, tmp_path, restored_parts):
         t = pstrain.Variable(np.arange(20, dtype=np.float32).reshape(10, 2), name="emb")
         s = pstrain.Variable(3.0, name="scalar")
     path = await Checkpoint(t=t, s=s).save(str(tmp_path / "ckpt-1"))
-    await pstrain.rpc.close_loop_channels()
-    fresh = fresh_ps(4)
-    try:
-        b = make_strategy(fresh, shards=restored_parts)
+    async with fresh_ps(4) as fresh:
+        b = make_strategy(fresh.ps, shards=restored_parts)
         holder = {}
         with b.scope():
             await Checkpoint(model=holder).restore(path)  # nothing exists yet
@@ -121,9 +116,6 @@ async def test_delayed_restore(four_ps, tmp_path, restored_parts):
             holder["s"] = pstrain.Variable(0.0, name="scalar")
         np.testing.assert_array_equal(await holder["t"].numpy(), np.arange(20).reshape(10, 2))
         assert await holder["s"].numpy() == 3.0
-    finally:
-        for s_ in fresh:
-            s_.stop()
 
 
 async def test_manager_keeps_the_last_n_and_restores_the_latest(ps_server, tmp_path):

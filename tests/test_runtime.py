@@ -15,7 +15,7 @@ import pstrain
 from pstrain.bridge import block_on, new_event_loop
 from pstrain.errors import DeadlineExceededError, PstrainError
 from pstrain.placement import Placement
-from pstrain.remote_value import Outcome
+from pstrain.remote_value import Outcome, RemoteValue
 from pstrain.tasks import TaskOwner
 from pstrain.testing import InProcessCluster, LeakError
 
@@ -118,7 +118,7 @@ def test_ctrl_c_while_blocked_cancels_the_work():
 def test_fetch_from_a_thread_beside_await():
     with LoopThread() as loop:
         outcome = Outcome(loop)
-        rv = outcome.remote_value
+        rv = RemoteValue(outcome)
         got = []
         reader = threading.Thread(target=lambda: got.append(rv.fetch(timeout=5)))
         reader.start()
@@ -127,7 +127,7 @@ def test_fetch_from_a_thread_beside_await():
         assert got == [11] and rv.done()
         assert block_on(rv.get, loop) == 11
         with pytest.raises(DeadlineExceededError):
-            Outcome(loop).remote_value.fetch(timeout=0.05)
+            RemoteValue(Outcome(loop)).fetch(timeout=0.05)
 
 
 # -- task ownership ----------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 
 from pstrain.errors import CancelledError, ClosureInputError
 from pstrain.messages import ResourceRef
-from pstrain.remote_value import Outcome
+from pstrain.remote_value import Outcome, RemoteValue
 from pstrain.resources import ResourceRegistry, WorkerResource
 from pstrain.scheduling import Closure, ClosureQueue, scan_inputs
 from pstrain.values import PerWorkerValues
@@ -180,12 +180,12 @@ async def test_wait_idle_and_wait_drained():
 
 def test_remote_value_inputs_are_resolved_and_failed_inputs_fail_the_consumer():
     producer, bad = Outcome(), Outcome()
-    good = closure(1, producer.remote_value, scale=3)
+    good = closure(1, RemoteValue(producer), scale=3)
     assert good.walk and not good.inputs_ready()
     producer.set_value(7)
     assert good.inputs_ready()
     assert good.arguments_for(0) == ((7,), {"scale": 3}, False)
-    failing = closure(2, [bad.remote_value])
+    failing = closure(2, [RemoteValue(bad)])
     bad.set_error(RuntimeError("producer failed"))
     with pytest.raises(ClosureInputError, match="producer failed"):
         failing.arguments_for(0)
@@ -201,7 +201,7 @@ def test_remote_value_inputs_are_resolved_and_failed_inputs_fail_the_consumer():
 def test_a_consumer_of_a_failed_value_learns_why_even_when_cancelled():
     producer = Outcome()
     q = ClosureQueue()
-    maker, consumer, other = closure(1), closure(2, producer.remote_value), closure(3)
+    maker, consumer, other = closure(1), closure(2, RemoteValue(producer)), closure(3)
     for c in (maker, consumer, other):
         q.put(c)
     q.take(0, 1)

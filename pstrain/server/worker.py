@@ -49,7 +49,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["WorkerServer"]
 
-OK, ERROR, CANCELLED = ClosureStatus.OK, ClosureStatus.ERROR, ClosureStatus.CANCELLED
+# Plain ints on the wire: an IntEnum member is not an int to the codec (it would be pickled).
+OK, ERROR, CANCELLED = (int(s) for s in (ClosureStatus.OK, ClosureStatus.ERROR, ClosureStatus.CANCELLED))
 
 
 class _FailedResource:
@@ -117,6 +118,8 @@ class WorkerServer(ServerBase):
         self._threads: list[threading.Thread] = []
         self._idle = 0
         self._idle_lock = threading.Lock()
+        self._base_context: contextvars.Context | None = None
+        self._base_channels: ChannelPool | None = None
         # Closure tasks run on the closure loop and belong to this owner; by id for cancels.
         self._closure_owner = TaskOwner(f"closures of {self.task}")
         self._closure_tasks: dict[int, asyncio.Task[Any]] = {}
@@ -151,8 +154,16 @@ class WorkerServer(ServerBase):
             loop.close()
 
     def _context(self) -> contextvars.Context:
-        """A fresh context for one closure or dataset function of this worker."""
-        return worker_context(self.index, self.channels)
+        """A fresh context for one closure or dataset function of this worker.
+
+        Copies of one base context (O(1)), rebuilt when the channels change; each run needs
+        its own copy, since one context cannot be entered by two threads at once.
+        """
+        base = self._base_context
+        if base is None or self._base_channels is not self.channels:
+            base = self._base_context = worker_context(self.index, self.channels)
+            self._base_channels = self.channels
+        return base.copy()
 
     async def on_stop(self) -> None:
         cloop = self._cloop
@@ -304,7 +315,7 @@ class WorkerServer(ServerBase):
                 self._deliver(batch, [cid, CANCELLED, None])
                 continue
             self._closure_tasks[cid] = self._closure_owner.spawn(
-                self._run_async(batch, cid, fn, args, kwargs), context=ctx.copy())
+                self._run_async(batch, cid, fn, args, kwargs), context=ctx.copy())  # one each
 
     def _resolve(self, obj: Any) -> Any:
         if isinstance(obj, ResourceRef):
