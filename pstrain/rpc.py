@@ -291,13 +291,20 @@ class ChannelPool:
         self.connect_timeout = connect_timeout
         self._channels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, int], Channel]] = \
             weakref.WeakKeyDictionary()
+        # The last loop's channels: every variable operation asks, almost always from one loop.
+        self._last: tuple[weakref.ref[asyncio.AbstractEventLoop], dict[tuple[str, int], Channel]] | None = None
 
     def channel(self, job: str, index: int) -> Channel:
         """The channel to task ``job:index`` on the running loop (made on first use)."""
         loop = asyncio.get_running_loop()
-        channels = self._channels.get(loop)
-        if channels is None:
-            channels = self._channels[loop] = {}
+        last = self._last
+        if last is not None and last[0]() is loop:
+            channels = last[1]
+        else:
+            channels = self._channels.get(loop)  # type: ignore[assignment]
+            if channels is None:
+                channels = self._channels[loop] = {}
+            self._last = (weakref.ref(loop), channels)
         ch = channels.get((job, index))
         if ch is None or ch.closed:
             ch = channels[(job, index)] = Channel(
@@ -309,6 +316,7 @@ class ChannelPool:
     async def close(self) -> None:
         """Close the channels opened on the running loop."""
         channels = self._channels.pop(asyncio.get_running_loop(), {})
+        self._last = None
         for ch in channels.values():
             await ch.close()
 
