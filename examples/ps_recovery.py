@@ -15,14 +15,15 @@ from pstrain.checkpoint import Checkpoint, CheckpointManager
 
 
 async def main():
-    async with pstrain.LocalCluster(num_ps=2, num_workers=2) as cluster:
+    run_dir = tempfile.mkdtemp()  # the ps read and write checkpoints only under their root
+    async with pstrain.LocalCluster(num_ps=2, num_workers=2, checkpoint_root=run_dir) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         coordinator = pstrain.ClusterCoordinator(strategy)
         async with strategy.scope():
             w = pstrain.Variable(np.zeros(4, np.float32), name="w")
             b = pstrain.Variable(np.zeros(4, np.float32), name="b")
             opt = pstrain.optimizers.SGD(0.1)
-        manager = CheckpointManager(Checkpoint(w=w, b=b, optimizer=opt), tempfile.mkdtemp())
+        manager = CheckpointManager(Checkpoint(w=w, b=b, optimizer=opt), run_dir)
 
         async def step():
             await opt.apply_gradients([(np.ones(4, np.float32), w), (np.ones(4, np.float32), b)])

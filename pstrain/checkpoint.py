@@ -37,6 +37,7 @@ import glob
 import logging
 import os
 import re
+import secrets
 import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -231,15 +232,31 @@ class Checkpoint:
                 by_ps.setdefault(part.channel(), []).append(
                     {"name": part.name, "dtype": part.dtype.str, "shape": part.shape,
                      "trainable": part.trainable, "sources": rows})
-        await asyncio.gather(*(ch.call("ckpt/restore", {"vars": specs}) for ch, specs in by_ps.items()))
-        for part, rows in local:
-            await part.assign(read_rows(part.shape, part.dtype, rows))
+        local_values = [(part, read_rows(part.shape, part.dtype, rows)) for part, rows in local]
+        await _restore_all_or_nothing(by_ps)
+        for part, value in local_values:
+            await part.assign(value)
         logger.info("restored checkpoint %s", path)
         return self
 
     async def read(self, path: str) -> Checkpoint:
         """Same as :meth:`restore` (TF's name for restoring without status bookkeeping)."""
         return await self.restore(path)
+
+
+async def _restore_all_or_nothing(by_ps: dict[Channel, list[dict[str, Any]]]) -> None:
+    """Every ps reads and checks its part of the checkpoint (staged), then all commit; if
+    one fails, the others drop what they staged and nothing changes anywhere."""
+    stage = secrets.token_hex(8)
+    channels = list(by_ps)
+    staged = await asyncio.gather(*(ch.call("ckpt/restore", {"vars": by_ps[ch], "stage": stage})
+                                    for ch in channels), return_exceptions=True)
+    failed = [r for r in staged if isinstance(r, BaseException)]
+    if failed:
+        await asyncio.gather(*(ch.call("ckpt/abort", {"stage": stage}) for ch in channels),
+                             return_exceptions=True)
+        raise failed[0]
+    await asyncio.gather(*(ch.call("ckpt/commit", {"stage": stage}) for ch in channels))
 
 
 def _channel_pool(part: Variable) -> ChannelPool:

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+import tempfile
+from typing import Annotated, Any
 
+import msgspec
 import numpy as np
 
 from .errors import InvalidArgumentError, NotFoundError
@@ -30,6 +32,61 @@ __all__ = ["FORMAT", "INDEX", "index_path", "read_index", "read_rows", "sources"
 
 FORMAT = "pstrain-checkpoint"
 INDEX = ".index.json"
+
+#: A part file's name: a plain file name in the checkpoint's own directory.
+FileName = Annotated[str, msgspec.Meta(min_length=1, max_length=255, pattern=r"^[^/\\\x00]+$")]
+
+
+class _Part(msgspec.Struct, forbid_unknown_fields=True):
+    file: FileName
+    key: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+    offset: Annotated[int, msgspec.Meta(ge=0)]
+    rows: Annotated[int, msgspec.Meta(ge=0)]
+
+
+class _Variable(msgspec.Struct, forbid_unknown_fields=True):
+    dtype: Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
+    shape: list[Annotated[int, msgspec.Meta(ge=0)]]
+    parts: Annotated[list[_Part], msgspec.Meta(min_length=1)]
+    trainable: bool = True
+
+
+class _Index(msgspec.Struct, forbid_unknown_fields=True):
+    format: str
+    version: int
+    variables: dict[str, _Variable]
+
+
+def _check_index(path: str, raw: Any) -> dict[str, Any]:
+    """The index, checked whole: schema, file names, dtypes, parts disjoint and covering."""
+    try:
+        index = msgspec.convert(raw, _Index)
+    except msgspec.ValidationError as exc:
+        raise InvalidArgumentError(f"checkpoint index {path} is malformed: {exc}") from None
+    if index.format != FORMAT or index.version != 1:
+        raise InvalidArgumentError(f"{path} is not a pstrain checkpoint (format {index.format!r}, "
+                                   f"version {index.version})")
+    for name, var in index.variables.items():
+        try:
+            dtype = np.dtype(var.dtype)
+        except TypeError:
+            raise InvalidArgumentError(f"checkpoint index {path}: {name!r} has bad dtype "
+                                       f"{var.dtype!r}") from None
+        if dtype.kind not in "biufc":
+            raise InvalidArgumentError(f"checkpoint index {path}: {name!r} has dtype {dtype}")
+        if any(p.file in (".", "..") for p in var.parts):
+            raise InvalidArgumentError(f"checkpoint index {path}: {name!r} names a bad file")
+        rows = var.shape[0] if var.shape else 1
+        pos = 0
+        for p in sorted(var.parts, key=lambda p: p.offset):
+            if p.offset != pos:
+                raise InvalidArgumentError(f"checkpoint index {path}: the parts of {name!r} "
+                                           f"{'overlap' if p.offset < pos else 'leave a gap'} at row {pos}")
+            pos += p.rows
+        if pos != rows:
+            raise InvalidArgumentError(f"checkpoint index {path}: the parts of {name!r} cover "
+                                       f"{pos} of its {rows} rows")
+    return msgspec.to_builtins(index)
 
 
 def index_path(path: str) -> str:
@@ -53,22 +110,29 @@ def read_index(path: str) -> dict[str, Any]:
             index = json.load(f)
     except FileNotFoundError as exc:
         raise NotFoundError(f"no checkpoint at {path} (missing {index_path(path)})") from exc
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidArgumentError(f"checkpoint index {index_path(path)} is damaged: {exc}") from exc
-    if not isinstance(index, dict) or index.get("format") != FORMAT:
-        raise InvalidArgumentError(f"{index_path(path)} is not a pstrain checkpoint")
-    return index
+    return _check_index(index_path(path), index)
 
 
 def write_index(prefix: str, variables: dict[str, Any]) -> None:
     """Write the index of checkpoint ``prefix`` atomically (temp file, fsync, rename)."""
     path = index_path(prefix)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"format": FORMAT, "version": 1, "variables": variables}, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    directory, base = os.path.split(path)
+    # Exclusive and unpredictable: a link planted at a guessable name is never followed.
+    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"format": FORMAT, "version": 1, "variables": variables}, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
     dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -104,11 +168,20 @@ def write_tensors(path: str, tensors: dict[str, np.ndarray]) -> int:
     """Write ``tensors`` to ``path`` atomically (temp file, fsync, rename); returns bytes."""
     from safetensors.numpy import save_file
 
-    tmp = f"{path}.tmp-{os.getpid()}"
-    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    directory, base = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory or ".")
+    os.close(fd)
+    try:
+        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
     return os.path.getsize(path)
 
 

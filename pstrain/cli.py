@@ -96,6 +96,15 @@ def _serve_parser(sub: Any) -> None:
                    help="worker: threads that run plain-def closures (default 4)")
     p.add_argument("--metrics-public", action="store_true",
                    help="serve GET /metrics without the token (for a Prometheus without it)")
+    p.add_argument("--no-pickle", action="store_true",
+                   help="ps: refuse every pickled payload (strategy.extended.update then fails "
+                        "with a clear error; nothing else needs pickles on a ps)")
+    p.add_argument("--checkpoint-root", metavar="DIR", default=None,
+                   help="ps: read and write checkpoint files only under DIR (default: the "
+                        "directory the ps is started in)")
+    p.add_argument("--max-variable-bytes", type=int, default=None, metavar="BYTES",
+                   help="ps: largest variable (or part of a sharded one) it creates "
+                        "(default 512 MiB)")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="stop when the process that started this one exits (LocalCluster uses it)")
@@ -156,7 +165,11 @@ def _serve(args: argparse.Namespace) -> int:
     if role == "ps":
         from .server.ps import ParameterServer
 
-        server: Any = ParameterServer(index, **options)
+        ps_options: dict[str, Any] = {"allow_pickle": not args.no_pickle,
+                                      "checkpoint_root": args.checkpoint_root}
+        if args.max_variable_bytes is not None:
+            ps_options["max_variable_bytes"] = args.max_variable_bytes
+        server: Any = ParameterServer(index, **options, **ps_options)
     else:
         from .server.worker import WorkerServer
 

@@ -64,7 +64,7 @@ async def _main(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, stop.set)
     try:
-        async with LocalCluster(num_ps=args.ps, num_workers=args.workers) as cluster:
+        async with LocalCluster(num_ps=args.ps, num_workers=args.workers, checkpoint_root=out) as cluster:
             strategy = ParameterServerStrategy(
                 cluster.resolver, variable_partitioner=FixedShardsPartitioner(args.ps))
             coordinator = ClusterCoordinator(strategy, max_inflight_per_worker=2)

@@ -5,7 +5,8 @@ always evaluates the *latest* complete checkpoint (intermediate ones may be
 skipped), logs the metrics with the restored ``iterations``, and stops after
 ``max_evaluations`` evaluations (never, when None). A checkpoint it cannot
 read yet (still being written, or just deleted by ``max_to_keep``) is retried
-at the next poll. It reads the files directly: no cluster is needed.
+at the next poll; a malformed one is logged and skipped, and watching goes on.
+It reads the files directly: no cluster is needed.
 
 ``eval_fn(variables, iterations)`` gets the checkpoint's arrays by name and the
 optimizer's step count, and returns a dict of metrics (it may be async).
@@ -103,7 +104,11 @@ class SidecarEvaluator:
                     last = latest
                     waiting_since = time.monotonic()
                     continue
-                except (NotFoundError, InvalidArgumentError, OSError) as exc:
+                except InvalidArgumentError as exc:  # malformed: it will not get better
+                    logger.error("skipping checkpoint %s: %s", latest, exc)
+                    last = latest
+                    continue
+                except (NotFoundError, OSError) as exc:  # still being written, or just deleted
                     logger.warning("could not read %s yet (%s); retrying", latest, exc)
             elif time.monotonic() - waiting_since > self.hint_after_s:
                 logger.info("no new checkpoint in %s for %.0f s; still waiting", self.checkpoint_dir,

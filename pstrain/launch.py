@@ -58,7 +58,8 @@ class LocalCluster:
 
     def __init__(self, num_ps: int = 1, num_workers: int = 1, token: str | None = None, *,
                  startup_timeout_s: float = 60.0, log_level: str = "WARNING",
-                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
+                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
+                 checkpoint_root: str | os.PathLike[str] | None = None) -> None:
         if num_ps < 1 or num_workers < 1:
             raise InvalidArgumentError("a LocalCluster needs at least one ps and one worker")
         self.num_ps = num_ps
@@ -68,6 +69,8 @@ class LocalCluster:
         self.log_level = log_level
         self.extra_args = list(extra_args)
         self.env = env
+        # Where the ps may read and write checkpoints (default: this process's directory).
+        self.checkpoint_root = os.path.abspath(checkpoint_root or os.getcwd())
         self._tasks = {("ps", i): _Task("ps", i) for i in range(num_ps)}
         self._tasks.update({("worker", i): _Task("worker", i) for i in range(num_workers)})
         self._started = False
@@ -93,7 +96,9 @@ class LocalCluster:
     def _command(self, task: _Task, port: int) -> list[str]:
         return [sys.executable, "-m", "pstrain.cli", "serve", "--role", task.job,
                 "--index", str(task.index), "--host", "127.0.0.1", "--port", str(port),
-                "--log-level", self.log_level, "--exit-with-parent", *self.extra_args]
+                "--log-level", self.log_level, "--exit-with-parent",
+                *(["--checkpoint-root", self.checkpoint_root] if task.job == "ps" else []),
+                *self.extra_args]
 
     async def _spawn(self, task: _Task, port: int = 0) -> None:
         env = dict(os.environ if self.env is None else self.env)

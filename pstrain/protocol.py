@@ -1,7 +1,9 @@
 """The stream protocol shared by pstrain's clients and servers: handshake and frames.
 
-A connection opens with ``MAGIC`` and a handshake (see ``Handshake``); then
-both sides exchange *frames* multiplexed by request id::
+A connection opens with ``MAGIC`` and the mutual challenge-response handshake
+of ``auth.py`` (fixed sizes: ``HELLO``, ``CHALLENGE``, ``PROOF`` bytes, then a
+one-byte verdict); then both sides exchange *frames* multiplexed by request
+id::
 
     FRAME = u64 request id | u8 kind | u8 flags | u16 op length | u64 body length
     op (utf-8) | body (a ``wire`` body)
@@ -27,13 +29,16 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from . import wire
+from .auth import NONCE_BYTES, PROOF_BYTES
 from .errors import UnavailableError
 
-__all__ = ["ACCEPTED", "CONTENT_TYPE", "DEFAULT_MAX_BODY", "DIRECT_BODY", "FRAME", "HANDSHAKE",
-           "MAGIC", "REJECTED", "FrameKind", "FrameProtocol"]
+__all__ = ["ACCEPTED", "CHALLENGE", "CONTENT_TYPE", "DEFAULT_MAX_BODY", "DIRECT_BODY", "FRAME",
+           "HELLO", "MAGIC", "PROOF", "REJECTED", "FrameKind", "FrameProtocol"]
 
-MAGIC = b"PSTRAIN1"
-HANDSHAKE = struct.Struct("<H")  # token length, after MAGIC
+MAGIC = b"PSTRAIN2"  # 2: the mutual handshake (version 1 sent the token itself)
+HELLO = len(MAGIC) + NONCE_BYTES  # client: MAGIC, client nonce
+CHALLENGE = len(MAGIC) + NONCE_BYTES + PROOF_BYTES  # server: MAGIC, server nonce, its proof
+PROOF = PROOF_BYTES  # client: its proof
 FRAME = struct.Struct("<QBBHQ")  # request id, kind, flags, op length, body length
 ACCEPTED, REJECTED = b"\x00", b"\x01"
 
@@ -54,16 +59,57 @@ class FrameKind(enum.IntEnum):
     PARTIAL = 4
 
 
+class BodyBudget:
+    """Bytes of large bodies being received at once, across a server's connections.
+
+    A large body is received into memory of its own size; the claim is reserved
+    here first, so many claims at once cannot commit more than ``limit``. (The
+    memory itself is only touched as bytes arrive, so what a peer costs is what
+    it sent.)
+
+    >>> b = BodyBudget(100)
+    >>> b.reserve(60), b.reserve(60), b.release(60), b.reserve(60)
+    (True, False, None, True)
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def reserve(self, n: int) -> bool:
+        if self.used + n > self.limit:
+            return False
+        self.used += n
+        return True
+
+    def release(self, n: int) -> None:
+        self.used = max(0, self.used - n)
+
+
+#: A large body must arrive at least this fast (bytes/s), and within at least this long.
+MIN_BODY_RATE = 4 << 20
+MIN_BODY_DEADLINE_S = 15.0
+
+
 class FrameProtocol(asyncio.BufferedProtocol):
     """Reads frames; small ones through a staging buffer, large ones in place.
 
     Subclasses implement :meth:`handle_frame`. Bodies of large frames arrive
-    in a ``bytearray`` of their own, so arrays decoded from them are writable
-    and never copied again.
+    in a buffer of their own, so arrays decoded from them are writable and
+    never copied again. With a ``budget`` (servers), a large body is reserved
+    against it and must arrive before a deadline (``MIN_BODY_DEADLINE_S``, more
+    for big bodies at ``MIN_BODY_RATE``), else the connection is dropped. With
+    ``max_backlog``, reading stops while more than that many reply bytes wait
+    to be sent (a peer that does not read its replies cannot grow our memory).
     """
 
-    def __init__(self, max_body: int) -> None:
+    def __init__(self, max_body: int, budget: BodyBudget | None = None,
+                 max_backlog: int | None = None) -> None:
         self.max_body = max_body
+        self.budget = budget
+        self.max_backlog = max_backlog
+        self._reads_paused = False
+        self._deadline: asyncio.TimerHandle | None = None
         self.transport: asyncio.Transport | None = None
         self._stage = bytearray(256 << 10)
         self._view = memoryview(self._stage)
@@ -101,9 +147,11 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._direct_pos += nbytes
             if self._direct_pos == len(self._direct_view):
                 body = self._direct
+                assert body is not None
                 req_id, kind, op = self._direct_meta
                 self._direct = self._direct_view = None
-                self.handle_frame(req_id, kind, op, memoryview(body))  # type: ignore[arg-type]
+                self._end_large_body(body.nbytes)
+                self.handle_frame(req_id, kind, op, body.data)
             return
         self._end += nbytes
         self._parse()
@@ -121,9 +169,27 @@ class FrameProtocol(asyncio.BufferedProtocol):
     def resume_writing(self) -> None:
         if self.transport is not None and self.transport.get_write_buffer_size() == 0:
             self._run_flush_waiters()
+            if self._reads_paused:
+                self._reads_paused = False
+                self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._run_flush_waiters()
+        if self._direct is not None:  # a large body that never completed
+            self._end_large_body(self._direct.nbytes)
+            self._direct = self._direct_view = None
+
+    def _end_large_body(self, nbytes: int) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        if self.budget is not None:
+            self.budget.release(nbytes)
+
+    def _stalled(self) -> None:
+        self._deadline = None
+        if self.transport is not None:
+            self.transport.abort()  # connection_lost releases the reservation
 
     # -- framing -------------------------------------------------------------------
     def _compact(self) -> None:
@@ -147,8 +213,13 @@ class FrameProtocol(asyncio.BufferedProtocol):
             if avail < head:
                 break
             op = stage[start + FRAME.size:start + head].decode("utf-8", "replace")
-            if body_len > self.max_body:
-                # Oversized: discard the body as it arrives; the connection stays usable.
+            refused = body_len > self.max_body or (
+                body_len >= DIRECT_BODY and self.budget is not None
+                and not self.budget.reserve(body_len))
+            if refused:
+                # Oversized (or over the budget): discard the body as it arrives; the
+                # connection stays usable.
+                self.skip_busy = body_len <= self.max_body
                 have = min(avail - head, body_len)
                 self._start = start + head + have
                 if have == body_len:
@@ -164,8 +235,12 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 body[:have] = np.frombuffer(stage, np.uint8, have, start + head)
                 self._start = start + head + have
                 if have == body_len:
+                    self._end_large_body(body_len)
                     self.handle_frame(req_id, kind, op, body.data)
                     continue
+                if self.budget is not None:
+                    self._deadline = asyncio.get_running_loop().call_later(
+                        max(MIN_BODY_DEADLINE_S, body_len / MIN_BODY_RATE), self._stalled)
                 self._direct = body
                 self._direct_view = body.data
                 self._direct_pos = have
@@ -184,6 +259,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._compact()
 
     _skip_left = 0
+    skip_busy = False  # the last skipped body was refused for the budget, not its size
     _skip_meta: tuple[int, str] = (0, "")
     _scratch_buf: memoryview | None = None
 
@@ -196,7 +272,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         raise NotImplementedError  # pragma: no cover - abstract
 
     def oversized(self, req_id: int, op: str) -> None:
-        """A frame over ``max_body`` was skipped."""
+        """A frame over ``max_body`` (or over the budget) was skipped."""
 
     # -- sending -------------------------------------------------------------------
     def send(self, req_id: int, kind: FrameKind, op: str, chunks: Sequence[bytes | memoryview],
@@ -213,6 +289,10 @@ class FrameProtocol(asyncio.BufferedProtocol):
             transport.write(first + chunks[0])
         else:
             transport.writelines([first, *chunks])
+        if (self.max_backlog is not None and not self._reads_paused
+                and transport.get_write_buffer_size() > self.max_backlog):
+            self._reads_paused = True  # resume_writing resumes once the peer has read it all
+            transport.pause_reading()
         if on_flushed is not None:
             if transport.get_write_buffer_size() == 0:
                 on_flushed()

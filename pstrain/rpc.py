@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import wire
+from .auth import NONCE_BYTES, new_nonce, normalize_token, proof, proof_ok
 from .cluster import ClusterSpec, parse_address, task_name
 from .errors import (
     AuthenticationError,
@@ -35,7 +36,7 @@ from .errors import (
     UnavailableError,
     from_envelope,
 )
-from .protocol import ACCEPTED, DEFAULT_MAX_BODY, HANDSHAKE, MAGIC, FrameKind, FrameProtocol
+from .protocol import ACCEPTED, CHALLENGE, DEFAULT_MAX_BODY, MAGIC, FrameKind, FrameProtocol
 from .tasks import TaskOwner
 
 logger = logging.getLogger(__name__)
@@ -48,25 +49,65 @@ _open: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[Chan
 
 
 class _ClientProtocol(FrameProtocol):
+    """The client end of a stream: the mutual handshake (``auth.py``), then frames."""
+
     def __init__(self, channel: Channel) -> None:
         super().__init__(channel.max_body)
         self.channel = channel
         self.pending: dict[int, asyncio.Future[tuple[FrameKind, memoryview]]] = {}
         self.partials: dict[int, Callable[[memoryview], None]] = {}
-        self.handshake: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.handshake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.lost_exc: BaseException | None = None
+        self._nonce = new_nonce()
+        self._proved = False  # the server's proof held and ours was sent
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        transport.write(MAGIC + self._nonce)  # type: ignore[attr-defined]
 
     def buffer_updated(self, nbytes: int) -> None:
-        if not self.handshake.done():
-            self._end += nbytes
-            if self._end - self._start < len(MAGIC) + 1:
-                return
-            reply = bytes(self._stage[:len(MAGIC) + 1])
-            self._start += len(MAGIC) + 1
-            self.handshake.set_result(reply == MAGIC + ACCEPTED)
-            self._parse()
+        if self.handshake.done():
+            super().buffer_updated(nbytes)
             return
-        super().buffer_updated(nbytes)
+        self._end += nbytes
+        have = self._end - self._start
+        if not self._proved:
+            if have < CHALLENGE:
+                return
+            reply = bytes(self._stage[self._start:self._start + CHALLENGE])
+            self._start += CHALLENGE
+            server_nonce = reply[len(MAGIC):len(MAGIC) + NONCE_BYTES]
+            given = reply[len(MAGIC) + NONCE_BYTES:]
+            token = self.channel.token_bytes
+            if not reply.startswith(MAGIC) or not proof_ok(token, b"server", self._nonce,
+                                                             server_nonce, given):
+                self._fail_handshake(AuthenticationError(
+                    f"{self.channel.task} at {self.channel.address} could not prove it knows the "
+                    "cluster token: it is not a task of this cluster, or it has another token "
+                    "(set the same PSTRAIN_TOKEN / --token-file on every task)",
+                    task=self.channel.task))
+                return
+            assert self.transport is not None
+            self.transport.write(proof(token, b"client", self._nonce, server_nonce))
+            self._proved = True
+            have = self._end - self._start
+        if have < 1:
+            return
+        verdict = bytes(self._stage[self._start:self._start + 1])
+        self._start += 1
+        if verdict != ACCEPTED:
+            self._fail_handshake(AuthenticationError(
+                f"{self.channel.task} at {self.channel.address} rejected the cluster token "
+                "(set the same PSTRAIN_TOKEN / --token-file on every task)", task=self.channel.task))
+            return
+        self.handshake.set_result(None)
+        self._parse()
+
+    def _fail_handshake(self, exc: BaseException) -> None:
+        if not self.handshake.done():
+            self.handshake.set_exception(exc)
+        if self.transport is not None:
+            self.transport.abort()
 
     def handle_frame(self, req_id: int, kind: FrameKind, op: str, body: memoryview) -> None:
         if kind == FrameKind.PARTIAL:
@@ -85,7 +126,7 @@ class _ClientProtocol(FrameProtocol):
         err = UnavailableError(
             f"connection to {self.channel.task} at {self.channel.address} was lost"
             + (f": {exc}" if exc else ""), task=self.channel.task)
-        self.lost_exc = err
+        self.lost_exc = self.lost_exc or err
         if not self.handshake.done():
             self.handshake.set_exception(err)
         for fut in self.pending.values():
@@ -112,7 +153,8 @@ class Channel:
                  max_body: int = DEFAULT_MAX_BODY, connect_timeout: float = 10.0) -> None:
         self.address = address
         self.host, self.port = parse_address(address)
-        self.token = token
+        self.token = normalize_token(token)
+        self.token_bytes = self.token.encode() if self.token else None
         self.task = task
         self.ssl_context = ssl_context
         self.max_body = max_body
@@ -146,20 +188,16 @@ class Channel:
             raise UnavailableError(
                 f"{self.task} at {self.address} cannot be reached: {exc.strerror or exc}",
                 task=self.task) from exc
-        token = (self.token or "").encode()
         assert proto.transport is not None
-        proto.transport.write(MAGIC + HANDSHAKE.pack(len(token)) + token)
         try:
-            accepted = await asyncio.wait_for(asyncio.shield(proto.handshake), self.connect_timeout)
+            await asyncio.wait_for(asyncio.shield(proto.handshake), self.connect_timeout)
         except TimeoutError as exc:
-            proto.transport.close()
-            raise UnavailableError(f"{self.task} at {self.address} did not answer the handshake",
-                                   task=self.task) from exc
-        if not accepted:
-            proto.transport.close()
-            raise AuthenticationError(
-                f"{self.task} at {self.address} rejected the cluster token "
-                "(set the same PSTRAIN_TOKEN / --token-file on every task)", task=self.task)
+            proto.transport.abort()
+            raise UnavailableError(f"{self.task} at {self.address} did not answer the handshake "
+                                   f"within {self.connect_timeout:g} s", task=self.task) from exc
+        except BaseException:
+            proto.transport.abort()
+            raise
         return proto
 
     async def connected(self) -> _ClientProtocol:
@@ -285,7 +323,7 @@ class ChannelPool:
                  ssl_context: ssl_module.SSLContext | None = None,
                  max_body: int = DEFAULT_MAX_BODY, connect_timeout: float = 10.0) -> None:
         self.cluster_spec = cluster_spec
-        self.token = token
+        self.token = normalize_token(token)
         self.ssl_context = ssl_context
         self.max_body = max_body
         self.connect_timeout = connect_timeout

@@ -63,7 +63,8 @@ class InProcessCluster:
     """``num_ps`` ps and ``num_workers`` workers as servers in this process (``async with``)."""
 
     def __init__(self, num_ps: int = 2, num_workers: int = 2, token: str | None = None, *,
-                 leak_grace_s: float = 2.0, **server_options: Any) -> None:
+                 leak_grace_s: float = 2.0, ps_options: dict[str, Any] | None = None,
+                 **server_options: Any) -> None:
         if num_ps < 1 or num_workers < 1:
             raise InvalidArgumentError("a cluster needs at least one ps and one worker")
         self.num_ps = num_ps
@@ -71,6 +72,7 @@ class InProcessCluster:
         self.token = token or secrets.token_urlsafe(24)
         self.leak_grace_s = leak_grace_s
         self.server_options = server_options
+        self.ps_options = ps_options or {}
         self.ps: list[ParameterServer] = []
         self.workers: list[WorkerServer] = []
         self._tasks_before: set[asyncio.Task[Any]] = set()
@@ -81,7 +83,7 @@ class InProcessCluster:
         self._tasks_before = set(asyncio.all_tasks())
         try:
             for i in range(self.num_ps):
-                server = ParameterServer(i, token=self.token, **self.server_options)
+                server = ParameterServer(i, token=self.token, **self.server_options, **self.ps_options)
                 await server.start()
                 self.ps.append(server)
             for i in range(self.num_workers):

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from .casting import cast_value
 from .cluster import task_name
 from .context import current_channels
 from .errors import InvalidArgumentError
@@ -140,17 +141,15 @@ def infer_dtype(value: Any, dtype: Any) -> np.dtype:
 
 
 def to_array(value: Any, dtype: np.dtype, what: str) -> np.ndarray:
-    """``value`` as an array of ``dtype``; refuses lossy kind changes (float -> int)."""
+    """``value`` as an array of ``dtype``; refuses conversions that lose information
+    (``casting.py``: float -> int, overflow, out-of-range integers)."""
     if isinstance(value, VariableBase):
         raise InvalidArgumentError(f"{what}: pass an array, not a variable handle "
                                    "(read it first: await v.read_value())")
     arr = value if isinstance(value, np.ndarray) else np.asarray(value)
     if arr.dtype == dtype:
         return arr
-    if arr.dtype.kind not in "biufc" or not np.can_cast(arr.dtype, dtype, "same_kind"):
-        raise InvalidArgumentError(f"{what}: a value of dtype {arr.dtype} cannot be used for a "
-                                   f"variable of dtype {dtype}")
-    return arr.astype(dtype)
+    return cast_value(arr, dtype, what)
 
 
 class Variable(VariableBase):

@@ -44,6 +44,9 @@ _PREFIX = struct.Struct("<II")
 _BUFFER_KINDS = frozenset("biufc?SUMm")
 #: What subclasses of plain types travel as, when pickles are not allowed.
 _PLAIN_TYPES: tuple[type[Any], ...] = (bool, int, float, str, bytes, dict, list)
+#: Deepest nesting of tuples (each one an ext inside its parent) a message may have. Each
+#: level is a recursion through the C unpacker: unbounded, ~250 levels overflow the C stack.
+MAX_DEPTH = 32
 #: Largest number of buffers one message may carry (a sanity limit).
 MAX_BUFFERS = 1 << 20
 
@@ -64,6 +67,9 @@ class _Encoder(threading.local):
 
     def pack(self, obj: Any) -> bytes:
         depth = self.depth
+        if depth >= MAX_DEPTH:
+            raise InvalidArgumentError(
+                f"cannot encode message: tuples nested more than {MAX_DEPTH} deep")
         if depth == len(self.packers):
             self.packers.append(msgpack.Packer(default=_default, strict_types=True,
                                                use_bin_type=True))
@@ -228,15 +234,22 @@ class _Decoder:
     that refer to each other form a cycle that would keep the received body
     (possibly 64 MiB) alive until the cyclic GC happens to run."""
 
-    __slots__ = ("buffers", "allow_pickle")
+    __slots__ = ("buffers", "allow_pickle", "depth")
 
     def __init__(self, buffers: list[memoryview], allow_pickle: bool) -> None:
         self.buffers = buffers
         self.allow_pickle = allow_pickle
+        self.depth = 0
 
     def unpack(self, data: bytes | memoryview) -> Any:
-        return msgpack.unpackb(data, ext_hook=self, raw=False, strict_map_key=False,
-                               use_list=True)
+        if self.depth >= MAX_DEPTH:
+            raise ProtocolError(f"malformed message: tuples nested more than {MAX_DEPTH} deep")
+        self.depth += 1
+        try:
+            return msgpack.unpackb(data, ext_hook=self, raw=False, strict_map_key=False,
+                                   use_list=True)
+        finally:
+            self.depth -= 1
 
     def __call__(self, code: int, data: bytes) -> Any:
         if code == _EXT_ARRAY:
@@ -260,6 +273,8 @@ class _Decoder:
         try:
             dtype_str, shape, index = msgpack.unpackb(data)
             dtype = np.dtype(dtype_str)
+            if type(index) is not int or not 0 <= index < len(self.buffers):
+                raise IndexError(f"buffer index {index!r} of {len(self.buffers)}")
             buf = self.buffers[index]
             count = 1
             for d in shape:

@@ -106,30 +106,24 @@ class ServeProcess:
 @pytest.fixture
 def ps_process() -> Iterator[ServeProcess]:
     """One `pstrain serve --role ps` process with the test token."""
-    server = ServeProcess("--role", "ps", "--index", "0", "--port", "0")
+    server = ServeProcess("--role", "ps", "--index", "0", "--port", "0", "--checkpoint-root", "/tmp")
     yield server
     server.stop()
 
 
 @pytest_asyncio.fixture
-async def ps_servers(request: pytest.FixtureRequest) -> AsyncIterator[list[Any]]:
-    """``n`` in-process ps (``@pytest.mark.parametrize("ps_servers", [n], indirect=True)``)."""
-    async with InProcessCluster(num_ps=getattr(request, "param", 2), num_workers=1,
-                                token=TOKEN) as c:
-        yield c.ps
-
-
-@pytest_asyncio.fixture
-async def ps_server() -> AsyncIterator[Any]:
-    """One in-process ps with the test token."""
-    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as c:
+async def ps_server(tmp_path: Any) -> AsyncIterator[Any]:
+    """One in-process ps with the test token; checkpoints go under ``tmp_path``."""
+    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN,
+                                ps_options={"checkpoint_root": str(tmp_path)}) as c:
         yield c.ps[0]
 
 
 @pytest_asyncio.fixture
-async def ps_pair() -> AsyncIterator[list[Any]]:
-    """Two in-process ps with the test token."""
-    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN) as c:
+async def ps_pair(tmp_path: Any) -> AsyncIterator[list[Any]]:
+    """Two in-process ps with the test token; checkpoints go under ``tmp_path``."""
+    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
+                                ps_options={"checkpoint_root": str(tmp_path)}) as c:
         yield c.ps
 
 
@@ -141,9 +135,10 @@ def strategy_for(*ps: Any, workers: list[str] | None = None,
 
 
 @pytest_asyncio.fixture
-async def cluster() -> AsyncIterator[InProcessCluster]:
+async def cluster(tmp_path: Any) -> AsyncIterator[InProcessCluster]:
     """2 ps + 2 workers as servers in this process, checked for leaks at teardown."""
-    async with InProcessCluster(num_ps=2, num_workers=2) as c:
+    async with InProcessCluster(num_ps=2, num_workers=2,
+                                ps_options={"checkpoint_root": str(tmp_path)}) as c:
         yield c
 
 

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1] / "pstrain"
 #: Each module's layer, bottom to top (README "Layout"). ``server.*`` is the servers column.
 LAYERS: dict[str, tuple[str, ...]] = {
     "base": ("errors", "cluster", "auth", "tasks", "context"),
-    "formats": ("wire", "protocol", "messages", "checkpoint_files", "optimizer_rules",
-                "observability", "initializers", "pickling"),
+    "formats": ("wire", "protocol", "schemas", "casting", "messages", "checkpoint_files",
+                "optimizer_rules", "observability", "initializers", "pickling"),
     "transport": ("rpc", "bridge"),
     "variables": ("variables", "placement", "sharding", "partitioners"),
     "training": ("optimizers", "metrics", "checkpoint", "evaluator", "data", "module"),

@@ -39,14 +39,15 @@ class Model(pstrain.Module):
         self.bias = pstrain.Variable(np.float32(0.0), name="bias")
 
 
-def fresh_ps(n):
-    """``n`` new ps, in this process (``async with fresh_ps(4) as cluster: cluster.ps``)."""
-    return InProcessCluster(num_ps=n, num_workers=1, token=TOKEN)
+def fresh_ps(n, root):
+    """``n`` new ps, in this process (``async with fresh_ps(4, tmp_path) as cluster: cluster.ps``)."""
+    return InProcessCluster(num_ps=n, num_workers=1, token=TOKEN,
+                            ps_options={"checkpoint_root": str(root)})
 
 
 @pytest_asyncio.fixture
-async def four_ps():
-    async with fresh_ps(4) as cluster:
+async def four_ps(tmp_path):
+    async with fresh_ps(4, tmp_path) as cluster:
         yield cluster.ps
 
 
@@ -91,7 +92,7 @@ async def test_resharding(four_ps, tmp_path, saved_parts, restored_parts):
     async with a.scope():
         t = pstrain.Variable(table, name="emb")
     path = await Checkpoint(t=t).save(str(tmp_path / "ckpt-1"))
-    async with fresh_ps(4) as fresh:
+    async with fresh_ps(4, tmp_path) as fresh:
         b = make_strategy(fresh.ps, shards=restored_parts if restored_parts > 1 else None)
         async with b.scope():
             t2 = pstrain.Variable(np.zeros((10, 3), np.float32), name="emb")
@@ -107,7 +108,7 @@ async def test_delayed_restore(four_ps, tmp_path, restored_parts):
         t = pstrain.Variable(np.arange(20, dtype=np.float32).reshape(10, 2), name="emb")
         s = pstrain.Variable(3.0, name="scalar")
     path = await Checkpoint(t=t, s=s).save(str(tmp_path / "ckpt-1"))
-    async with fresh_ps(4) as fresh:
+    async with fresh_ps(4, tmp_path) as fresh:
         b = make_strategy(fresh.ps, shards=restored_parts)
         holder = {}
         with b.scope():

@@ -151,7 +151,7 @@ async def test_results_stay_readable_after_their_worker_died():
 
 
 async def test_ps_loss_is_reported_then_restored_from_a_checkpoint(tmp_path):
-    async with pstrain.LocalCluster(num_ps=2, num_workers=2) as cluster:
+    async with pstrain.LocalCluster(num_ps=2, num_workers=2, checkpoint_root=tmp_path) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         coordinator = pstrain.ClusterCoordinator(strategy, ps_timeout_s=5.0)
         async with strategy.scope():

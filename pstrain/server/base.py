@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import PstrainError
 from .core import ServerCore, Status
 from .http import HttpAdapter
+from .preauth import PreAuth
 from .stream import Sniffer
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ class ServerBase(ServerCore):
 
     def __init__(self, role: str, index: int, **options: Any) -> None:
         super().__init__(role, index, **options)
+        self.preauth = PreAuth(self.max_unauthenticated, self.handshake_timeout_s)
         self._server: asyncio.AbstractServer | None = None
         self._http: HttpAdapter | None = None
         self._closed: asyncio.Event | None = None
@@ -62,6 +64,9 @@ class ServerBase(ServerCore):
         self.status = Status.RUNNING
         self.started_at = time.time()
         logger.info("%s listening on %s", self.task, self.address)
+        if self.token_bytes is None:
+            logger.warning("%s has no cluster token: any local user can run code through it "
+                           "(set PSTRAIN_TOKEN or --token-file)", self.task)
         return self.address
 
     async def join(self) -> None:
@@ -76,6 +81,7 @@ class ServerBase(ServerCore):
             return
         self.status = Status.CLOSING
         self._server.close()
+        self.preauth.close()
         for transport in list(self.connections):
             transport.close()
         await self.tasks.close()

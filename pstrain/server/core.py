@@ -22,17 +22,19 @@ import enum
 import inspect
 import logging
 import os
+import secrets
 import ssl as ssl_module
 import time
-import traceback
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from .. import wire
+from ..auth import normalize_token
 from ..cluster import is_loopback, task_name
 from ..errors import InvalidArgumentError, NotFoundError, PstrainError, to_envelope
-from ..protocol import DEFAULT_MAX_BODY, FrameKind
+from ..protocol import DEFAULT_MAX_BODY, BodyBudget, FrameKind
+from ..schemas import REQUESTS, validate
 from ..tasks import TaskOwner
 
 logger = logging.getLogger(__name__)
@@ -55,6 +57,8 @@ class Handler:
     pickle: bool  # decode pickled request objects and encode the reply with pickles
     is_async: bool
     stream: bool  # called as fn(payload, emit); emit(obj) sends a partial reply (None over HTTP)
+    request: type[Any]  # the declared record of the request (schemas.py)
+    refused: str | None = None  # an operation this server refuses, and why
 
 
 class Encoded:
@@ -98,7 +102,11 @@ class ServerCore:
 
     def __init__(self, role: str, index: int, *, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, ssl_context: ssl_module.SSLContext | None = None,
-                 max_body: int = DEFAULT_MAX_BODY, metrics_public: bool = False) -> None:
+                 max_body: int = DEFAULT_MAX_BODY, metrics_public: bool = False,
+                 handshake_timeout_s: float = 5.0, max_unauthenticated: int = 64,
+                 max_backlog_bytes: int = 16 << 20, large_body_budget: int = DEFAULT_MAX_BODY,
+                 keepalive_s: float = 30.0) -> None:
+        token = normalize_token(token)  # an empty token is no token
         if not is_loopback(host) and not token:
             raise InvalidArgumentError(
                 f"refusing to listen on {host!r} without a cluster token: anyone who can reach "
@@ -113,10 +121,16 @@ class ServerCore:
         self.ssl_context = ssl_context
         self.max_body = max_body
         self.metrics_public = metrics_public
+        self.max_backlog_bytes = max_backlog_bytes
+        self.keepalive_s = keepalive_s
+        self.budget = BodyBudget(large_body_budget)
+        self.handshake_timeout_s = handshake_timeout_s
+        self.max_unauthenticated = max_unauthenticated
         self.status = Status.INIT
         self.address: str | None = None
         self.started_at = time.time()
         self.handlers: dict[str, Handler] = {}
+        self.internal_errors = 0
         self.stats: dict[str, list[Any]] = {}
         self.tasks = TaskOwner(f"server {self.task}")
         self.connections: set[asyncio.BaseTransport] = set()
@@ -129,8 +143,19 @@ class ServerCore:
 
     def route(self, op: str, fn: Callable[..., Any], *, pickle: bool = False,
               stream: bool = False) -> None:
-        """Serve ``fn`` as ``op`` (``POST /v1/<op>`` and stream op ``<op>``)."""
-        self.handlers[op] = Handler(fn, pickle, inspect.iscoroutinefunction(fn), stream)
+        """Serve ``fn`` as ``op`` (``POST /v1/<op>`` and stream op ``<op>``).
+
+        ``fn`` receives the request as ``op``'s record from ``schemas.REQUESTS``: an
+        operation without a declared record cannot be served.
+        """
+        record = REQUESTS.get(op)
+        if record is None:
+            raise PstrainError(f"operation {op!r} has no declared request in pstrain.schemas")
+        self.handlers[op] = Handler(fn, pickle, inspect.iscoroutinefunction(fn), stream, record)
+
+    def refuse(self, op: str, reason: str) -> None:
+        """Answer ``op`` with an InvalidArgumentError giving ``reason``, before its body is decoded."""
+        self.handlers[op] = Handler(_refused, False, False, False, REQUESTS[op], reason)
 
     # -- built-in handlers -------------------------------------------------------------
     def health(self, _: Any) -> dict[str, Any]:
@@ -157,7 +182,9 @@ class ServerCore:
         try:
             if handler is None:
                 raise NotFoundError(f"{self.task} has no operation {op!r}")
-            payload = wire.decode_body(body, allow_pickle=handler.pickle)
+            if handler.refused is not None:
+                raise InvalidArgumentError(handler.refused)
+            payload = validate(op, handler.request, wire.decode_body(body, allow_pickle=handler.pickle))
             if handler.stream:
                 result = handler.fn(payload, self._encoding_emitter(handler, emit))
             else:
@@ -205,14 +232,22 @@ class ServerCore:
 
     def error_reply(self, op: str, exc: BaseException, size_in: int = 0,
                     started: float | None = None) -> Reply:
-        """An ERROR reply for ``exc`` (an unexpected one is logged with its traceback)."""
-        tb = None if isinstance(exc, PstrainError) else traceback.format_exc()
-        if tb is not None:
-            logger.error("%s: unexpected error serving %s", self.task, op, exc_info=exc)
+        """An ERROR reply for ``exc``.
+
+        A pstrain error travels as itself. Anything else is a bug of this server: it is
+        logged here with its traceback under a short id, and the caller gets the id only
+        (never a traceback or a path of this host).
+        """
         if started is not None:
             self._count(op, size_in, 0, time.perf_counter() - started)
-        status = exc.http_status if isinstance(exc, PstrainError) else 500
-        envelope = to_envelope(exc, self.task, tb)
+        if not isinstance(exc, PstrainError):
+            incident = secrets.token_hex(4)
+            logger.error("%s: internal error %s serving %s", self.task, incident, op, exc_info=exc)
+            self.internal_errors += 1
+            exc = PstrainError(f"internal error {incident} on {self.task} while serving {op!r}; "
+                               "its log has the details")
+        status = exc.http_status
+        envelope = to_envelope(exc, self.task, None)
         return Reply(FrameKind.ERROR, wire.encode_body(envelope), None, status, envelope)
 
     def _count(self, op: str, bytes_in: int, bytes_out: int, seconds: float = 0.0) -> None:
@@ -223,3 +258,7 @@ class ServerCore:
         entry[1] += bytes_in
         entry[2] += bytes_out
         entry[3] += seconds
+
+
+def _refused(payload: Any) -> Any:  # pragma: no cover - handle() answers before calling it
+    raise InvalidArgumentError("this operation is refused here")

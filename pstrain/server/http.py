@@ -2,15 +2,18 @@
 
 For clients other than pstrain's own (curl, Prometheus, another language):
 the bearer token is checked by a middleware before the body is read; the
-body is read into a buffer of its ``Content-Length`` (capped by the server's
-``max_body``) and goes through the same :meth:`ServerBase.handle` as a
-stream frame. Errors come back as JSON (``{"error": {type, message, task}}``)
+body grows as its bytes arrive (capped by its ``Content-Length`` and the
+server's ``max_body``; compressed bodies are refused) and goes through the
+same :meth:`ServerCore.handle` as a stream frame. Idle keep-alive connections
+close after ``keepalive_s``. Errors come back as JSON (``{"error": {type, message, task}}``)
 with the error's HTTP status.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -30,8 +33,10 @@ __all__ = ["HttpAdapter"]
 class HttpAdapter:
     """An aiohttp application serving one server's handler table."""
 
-    def __init__(self, server: ServerCore) -> None:
+    def __init__(self, server: ServerCore,
+                 authenticated: Callable[[asyncio.BaseTransport], None] | None = None) -> None:
         self.server = server
+        self.authenticated = authenticated  # told of each connection past the token check
         self._runner: web.AppRunner | None = None
         self._registry: Any = None
 
@@ -46,7 +51,8 @@ class HttpAdapter:
         app.router.add_route("GET", "/v1/health", self._health)
         app.router.add_route("GET", "/healthz", self._health)
         app.router.add_route("GET", "/metrics", self._metrics)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                                     keepalive_timeout=self.server.keepalive_s)
         await self._runner.setup()
         factory = self._runner.server
         assert factory is not None
@@ -64,6 +70,12 @@ class HttpAdapter:
         if not bearer_ok(request.headers.get("Authorization"), server.token_bytes):
             return self._json_error(AuthenticationError(
                 "missing or wrong cluster token: send 'Authorization: Bearer <token>'"), 401)
+        if request.transport is not None and self.authenticated is not None:
+            self.authenticated(request.transport)  # past the token: no pre-auth deadline
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            return self._json_error(ProtocolError(
+                f"Content-Encoding {encoding!r} is not accepted: send the body as it is"), 415)
         return await handler(request)
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -103,20 +115,19 @@ class HttpAdapter:
                 reply.release()
         return web.Response(body=out, content_type=CONTENT_TYPE)
 
-    @staticmethod
-    async def _read_body(request: web.Request, length: int | None) -> bytes | bytearray:
-        if length is None:
-            return await request.read()
-        body = bytearray(length)
-        pos = 0
+    async def _read_body(self, request: web.Request, length: int | None) -> bytes | bytearray:
+        """The body, grown as bytes arrive: memory follows what was sent, not what was claimed."""
+        limit = self.server.max_body if length is None else length
+        body = bytearray()
         async for chunk in request.content.iter_any():
-            end = pos + len(chunk)
-            if end > length:
-                raise ProtocolError("request body is longer than its Content-Length")
-            body[pos:end] = chunk
-            pos = end
-        if pos != length:
-            raise ProtocolError(f"truncated request body: {pos} of {length} bytes")
+            if len(body) + len(chunk) > limit:
+                if length is not None:
+                    raise ProtocolError("request body is longer than its Content-Length")
+                raise ProtocolError(f"request body is larger than this server's limit of "
+                                    f"{self.server.max_body} bytes")
+            body += chunk
+        if length is not None and len(body) != length:
+            raise ProtocolError(f"truncated request body: {len(body)} of {length} bytes")
         return body
 
     def _json_error(self, exc: BaseException, status: int | None = None) -> web.Response:

@@ -1,25 +1,52 @@
 """The parameter server: the handlers that read and update its variable store.
 
-Every handler here is a plain function run on the server's loop with no
-``await`` inside, which is what makes each update atomic per variable and a
-batch all-or-nothing: a batch is validated entirely (names, dtypes, shapes,
-row ids) before the first array changes. The variables themselves, with
-their pins and copy-on-write, are the :class:`~pstrain.server.store.VariableStore`;
+Every request arrives as its declared record (``schemas.py``), already
+checked for field names, types and sizes. Handlers then check what needs the
+store (names, shapes, dtypes, row ids) for the *whole* request before the
+first array changes, so every operation is all or nothing; the plain ones
+run on the serving loop with no ``await`` inside, which makes each atomic.
+Values are converted to a variable's dtype only when nothing is lost
+(``casting.py``).
+
+Limits: a variable is at most ``max_variable_bytes`` (its initializer runs
+off the serving loop); a gathered reply (``vars/sparse_read``, which copies
+rows) is at most ``max_gather_bytes``. The variables themselves, with their
+pins and copy-on-write, are the :class:`~pstrain.server.store.VariableStore`;
 optimizer rules come from ``optimizer_rules.py``, checkpoint files from
-``ps_checkpoint.py``.
+``ps_checkpoint.py``. ``allow_pickle=False`` refuses ``vars/call`` (the only
+operation that runs a caller's function) before anything is decoded.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from .. import initializers
+from ..casting import NUMERIC_KINDS, cast_value
 from ..errors import AlreadyExistsError, InvalidArgumentError
 from ..optimizer_rules import RULES, slot_specs
+from ..schemas import (
+    ApplyRequest,
+    CallRequest,
+    CreateRequest,
+    Empty,
+    NamesRequest,
+    RestoreRequest,
+    SaveRequest,
+    SingleUpdate,
+    SparseReadRequest,
+    StageRequest,
+    Update,
+    UpdateRequest,
+    VariableSpec,
+)
 from . import ps_checkpoint
 from .base import ServerBase
 from .core import Pinned
@@ -31,12 +58,10 @@ __all__ = ["ParameterServer"]
 
 UPDATE_OPS = ("assign", "assign_add", "assign_sub", "scatter_add", "scatter_sub",
               "scatter_update")
-
-
-def _field(entry: Any, key: str, where: str) -> Any:
-    if not isinstance(entry, dict) or key not in entry:
-        raise InvalidArgumentError(f"{where}: missing field {key!r}")
-    return entry[key]
+#: Default largest variable a ps creates (its initializer or value), in bytes.
+DEFAULT_MAX_VARIABLE_BYTES = 512 << 20
+#: Default largest reply that copies data (gathered rows), in bytes.
+DEFAULT_MAX_GATHER_BYTES = 32 << 20
 
 
 class ParameterServer(ServerBase):
@@ -46,12 +71,21 @@ class ParameterServer(ServerBase):
     ``vars/read``, ``vars/update`` (batched), ``vars/assign``,
     ``vars/assign_add``, ``vars/assign_sub``, ``vars/scatter_add``,
     ``vars/scatter_update``, ``vars/sparse_read``, ``vars/delete``,
-    ``vars/list``, plus ``health`` and ``statistics``.
+    ``vars/list``, ``opt/apply``, ``ckpt/save``, ``ckpt/restore`` (staged, then
+    ``ckpt/commit`` or ``ckpt/abort``), ``vars/call``, plus ``health`` and
+    ``statistics``.
     """
 
-    def __init__(self, index: int, **kwargs: Any) -> None:
+    def __init__(self, index: int, *, allow_pickle: bool = True,
+                 max_variable_bytes: int = DEFAULT_MAX_VARIABLE_BYTES,
+                 max_gather_bytes: int = DEFAULT_MAX_GATHER_BYTES,
+                 checkpoint_root: str | None = None, **kwargs: Any) -> None:
         super().__init__("ps", index, **kwargs)
         self.store = VariableStore(self.task)
+        self.allow_pickle = allow_pickle
+        self.max_variable_bytes = max_variable_bytes
+        self.max_gather_bytes = max_gather_bytes
+        self.checkpoints = ps_checkpoint.CheckpointFiles(self.store, checkpoint_root)
         self.route("vars/create", self.create)
         self.route("vars/read", self.read)
         self.route("vars/update", self.update)
@@ -63,25 +97,27 @@ class ParameterServer(ServerBase):
         self.route("opt/apply", self.apply_optimizer)
         self.route("ckpt/save", self.save_checkpoint)
         self.route("ckpt/restore", self.restore_checkpoint)
-        self.route("vars/call", self.call_function, pickle=True)
+        self.route("ckpt/commit", self.commit_restore)
+        self.route("ckpt/abort", self.abort_restore)
+        if allow_pickle:
+            self.route("vars/call", self.call_function, pickle=True)
+        else:
+            self.refuse("vars/call", f"{self.task} refuses pickled functions (started with "
+                                     "--no-pickle): strategy.extended.update cannot run here")
 
-    # -- helpers ---------------------------------------------------------------------------
+    # -- checks ---------------------------------------------------------------------------------
     def _value(self, record: VariableRecord, value: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
-        arr = value if isinstance(value, np.ndarray) else np.asarray(value)
-        if arr.dtype.kind not in "biufc":
-            raise InvalidArgumentError(
-                f"{what} of variable {record.name!r}: values of dtype {arr.dtype} are not numbers")
-        if arr.dtype != record.array.dtype and not np.can_cast(arr.dtype, record.array.dtype, "same_kind"):
-            raise InvalidArgumentError(
-                f"{what} of variable {record.name!r}: dtype {arr.dtype} cannot be cast to the "
-                f"variable's {record.array.dtype}")
+        if value is None:
+            raise InvalidArgumentError(f"{what} of variable {record.name!r}: missing value")
+        arr = cast_value(value, record.array.dtype, f"{what} of variable {record.name!r}")
         if arr.shape != shape:
             raise InvalidArgumentError(
                 f"{what} of variable {record.name!r}: value has shape {arr.shape}, expected {shape}")
         return arr
 
-    def _rows(self, record: VariableRecord, indices: Any, what: str) -> np.ndarray:
-        idx = indices if isinstance(indices, np.ndarray) else np.asarray(indices)
+    def _rows(self, record: VariableRecord, idx: Any, what: str) -> np.ndarray:
+        if idx is None:
+            raise InvalidArgumentError(f"{what} of variable {record.name!r}: missing row ids")
         if idx.dtype.kind not in "iu":
             raise InvalidArgumentError(
                 f"{what} of variable {record.name!r}: row ids must be integers, got {idx.dtype}")
@@ -95,84 +131,106 @@ class ParameterServer(ServerBase):
         return idx
 
     # -- create / delete / list ----------------------------------------------------------------
-    def create(self, req: Any) -> dict[str, Any]:
-        entries = _field(req, "vars", "vars/create")
-        if not isinstance(entries, list):
-            raise InvalidArgumentError("vars/create: 'vars' must be a list")
-        built: list[VariableRecord] = []
+    async def create(self, req: CreateRequest) -> dict[str, Any]:
+        """Create variables, all or none. Initializers run off the serving loop."""
         names: set[str] = set()
-        for entry in entries:
-            name = _field(entry, "name", "vars/create")
-            if not isinstance(name, str) or not name:
-                raise InvalidArgumentError(f"vars/create: variable names must be non-empty strings, got {name!r}")
-            if name in names or name in self.store:
-                raise AlreadyExistsError(f"variable {name!r} already exists on {self.task}")
-            names.add(name)
-            built.append(VariableRecord(name, self._initial(entry), bool(entry.get("trainable", True))))
-        self.store.add(built)
-        return {"created": len(built)}
+        planned = []
+        for spec in req.vars:
+            if spec.name in names or spec.name in self.store:
+                raise AlreadyExistsError(f"variable {spec.name!r} already exists on {self.task}")
+            names.add(spec.name)
+            planned.append(self._plan_create(spec))
+        needs_work = [i for i, (_, make) in enumerate(planned) if make is not None]
+        arrays: list[np.ndarray | None] = [array for array, _ in planned]
+        if needs_work:
+            def build() -> list[np.ndarray]:
+                return [planned[i][1]() for i in needs_work]  # type: ignore[misc]
 
-    def _initial(self, entry: dict[str, Any]) -> np.ndarray:
-        name = entry["name"]
+            built = await asyncio.get_running_loop().run_in_executor(None, build)
+            for i, array in zip(needs_work, built):
+                arrays[i] = array
+        records = [VariableRecord(spec.name, array, spec.trainable)  # type: ignore[arg-type]
+                   for spec, array in zip(req.vars, arrays)]
+        self.store.add(records)  # names are checked again: the initializers ran concurrently
+        return {"created": len(records)}
+
+    def _plan_create(self, spec: VariableSpec) -> tuple[np.ndarray | None, Callable[[], np.ndarray] | None]:
+        """(the array, or None and a function that builds it off the loop)."""
+        where = f"vars/create {spec.name!r}"
         try:
-            dtype = np.dtype(_field(entry, "dtype", f"vars/create {name!r}"))
+            dtype = np.dtype(spec.dtype)
         except TypeError as exc:
-            raise InvalidArgumentError(f"vars/create {name!r}: bad dtype: {exc}") from exc
-        if dtype.kind not in "biufc":
-            raise InvalidArgumentError(f"vars/create {name!r}: dtype {dtype} is not numeric")
-        shape = tuple(_field(entry, "shape", f"vars/create {name!r}"))
-        if any(not isinstance(d, int) or d < 0 for d in shape):
-            raise InvalidArgumentError(f"vars/create {name!r}: bad shape {shape}")
-        if "init" in entry:
-            init = initializers.from_spec(entry["init"])
-            return init(shape, dtype, offset=entry.get("offset"), full_shape=entry.get("full_shape"))
-        value = _field(entry, "value", f"vars/create {name!r}")
-        arr = value if isinstance(value, np.ndarray) else np.asarray(value)
-        if arr.shape != shape:
+            raise InvalidArgumentError(f"{where}: bad dtype {spec.dtype!r}") from exc
+        if dtype.kind not in NUMERIC_KINDS or dtype.hasobject:
+            raise InvalidArgumentError(f"{where}: dtype {dtype} is not numeric")
+        shape = tuple(spec.shape)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > self.max_variable_bytes:
             raise InvalidArgumentError(
-                f"vars/create {name!r}: value has shape {arr.shape}, declared {shape}")
-        if arr.dtype.kind not in "biufc" or not np.can_cast(arr.dtype, dtype, "same_kind"):
-            raise InvalidArgumentError(
-                f"vars/create {name!r}: value of dtype {arr.dtype} cannot be cast to {dtype}")
-        if arr.dtype == dtype and arr.flags.writeable:
-            return arr
-        return arr.astype(dtype)
+                f"{where}: {nbytes} bytes is more than this ps's limit of {self.max_variable_bytes} "
+                "bytes per variable (pstrain serve --max-variable-bytes); shard it "
+                "(variable_partitioner) or raise the limit")
+        if (spec.value is None) == (spec.init is None):
+            raise InvalidArgumentError(f"{where}: give exactly one of 'value' and 'init'")
+        if spec.init is not None:
+            init = initializers.from_spec(spec.init)
+            offset, full_shape = spec.offset, spec.full_shape
+            if offset is not None and len(offset) != len(shape):
+                raise InvalidArgumentError(f"{where}: offset {offset} does not match shape {shape}")
+            if full_shape is not None and (len(full_shape) != len(shape) or any(
+                    (o or 0) + s > f for o, s, f in zip(offset or [0] * len(shape), shape, full_shape))):
+                raise InvalidArgumentError(f"{where}: part {shape} at {offset} is not inside {full_shape}")
+            return None, lambda: init(shape, dtype, offset=offset, full_shape=full_shape)
+        value = spec.value
+        assert value is not None
+        if value.shape != shape:
+            raise InvalidArgumentError(f"{where}: value has shape {value.shape}, declared {shape}")
+        arr = cast_value(value, dtype, where)
+        if arr is value and not arr.flags.writeable:
+            arr = arr.copy()
+        return arr, None
 
-    def delete(self, req: Any) -> dict[str, Any]:
-        names = _field(req, "names", "vars/delete")
-        return {"deleted": self.store.delete(list(names))}
+    def delete(self, req: NamesRequest) -> dict[str, Any]:
+        return {"deleted": self.store.delete(req.names)}
 
-    def list_variables(self, req: Any) -> dict[str, Any]:
+    def list_variables(self, req: Empty) -> dict[str, Any]:
         return {"variables": [
-            {"name": s.name, "dtype": s.array.dtype.str, "shape": s.array.shape,
-             "trainable": s.trainable, "nbytes": s.array.nbytes}
-            for s in self.store]}
+            {"name": r.name, "dtype": r.array.dtype.str, "shape": r.array.shape,
+             "trainable": r.trainable, "nbytes": r.array.nbytes}
+            for r in self.store]}
 
     # -- reads ---------------------------------------------------------------------------------
-    def read(self, req: Any) -> Pinned:
-        names = _field(req, "names", "vars/read")
-        if not isinstance(names, list):
-            raise InvalidArgumentError("vars/read: 'names' must be a list")
-        slots = [self.store.get(n) for n in names]
-        releases = [s.pin() for s in slots]
+    def read(self, req: NamesRequest) -> Pinned:
+        records = [self.store.get(n) for n in req.names]
+        releases = [r.pin() for r in records]
 
         def release() -> None:
             for r in releases:
                 r()
 
-        return Pinned({"values": [s.array for s in slots]}, release)
+        return Pinned({"values": [r.array for r in records]}, release)
 
-    def sparse_read(self, req: Any) -> dict[str, Any]:
-        reads = req.get("reads") if isinstance(req, dict) and "reads" in req else [req]
-        if not isinstance(reads, list):
-            raise InvalidArgumentError("vars/sparse_read: 'reads' must be a list")
+    def sparse_read(self, req: SparseReadRequest) -> dict[str, Any]:
+        if req.reads is not None:
+            if req.name is not None or req.indices is not None:
+                raise InvalidArgumentError("vars/sparse_read: give 'reads', or 'name' and 'indices'")
+            reads: list[tuple[str, np.ndarray | None]] = [(r.name, r.indices) for r in req.reads]
+        elif req.name is not None:
+            reads = [(req.name, req.indices)]
+        else:
+            raise InvalidArgumentError("vars/sparse_read: give 'reads', or 'name' and 'indices'")
         planned = []
-        for r in reads:
-            record = self.store.get(_field(r, "name", "vars/sparse_read"))
-            planned.append((record, self._rows(record, _field(r, "indices", "vars/sparse_read"),
-                                             "sparse_read")))
-        values = [record.array[idx] for record, idx in planned]
-        return {"values": values}
+        total = 0
+        for name, indices in reads:
+            record = self.store.get(name)
+            idx = self._rows(record, indices, "sparse_read")
+            total += idx.size * (record.array.nbytes // max(1, record.array.shape[0]))
+            planned.append((record, idx))
+        if total > self.max_gather_bytes:
+            raise InvalidArgumentError(
+                f"vars/sparse_read: the reply would be {total} bytes, more than this ps's limit of "
+                f"{self.max_gather_bytes} (ask for unique rows, in smaller requests)")
+        return {"values": [record.array[idx] for record, idx in planned]}
 
     def statistics(self, req: Any) -> dict[str, Any]:
         out = super().statistics(req)
@@ -181,32 +239,29 @@ class ParameterServer(ServerBase):
         return out
 
     # -- updates -------------------------------------------------------------------------------
-    def _single_update(self, op: str) -> Callable[[Any], Any]:
-        def handler(req: Any) -> dict[str, Any]:
-            if isinstance(req, dict):
-                req = {**req, "op": op}
-            return self.update({"updates": [req]})
+    def _single_update(self, op: str) -> Callable[[SingleUpdate], dict[str, Any]]:
+        def handler(req: SingleUpdate) -> dict[str, Any]:
+            update = Update(op=op, name=req.name, value=req.value, indices=req.indices,  # type: ignore[arg-type]
+                            values=req.values)
+            return self.update(UpdateRequest(updates=[update]))
 
         handler.__name__ = f"update_{op}"
         return handler
 
-    def update(self, req: Any) -> dict[str, Any]:
+    def update(self, req: UpdateRequest) -> dict[str, Any]:
         """Apply a batch of updates, all or nothing."""
-        entries = _field(req, "updates", "vars/update")
-        if not isinstance(entries, list):
-            raise InvalidArgumentError("vars/update: 'updates' must be a list")
-        plan = [self._plan(entry) for entry in entries]  # raises before anything changes
+        plan = [self._plan(entry) for entry in req.updates]  # raises before anything changes
         for apply in plan:
             apply()
         return {"updated": len(plan)}
 
-    def _plan(self, entry: Any) -> Callable[[], None]:
-        op = _field(entry, "op", "vars/update")
-        record = self.store.get(_field(entry, "name", f"vars/update {op}"))
+    def _plan(self, entry: Update) -> Callable[[], None]:
+        op = entry.op
+        record = self.store.get(entry.name)
         shape = record.array.shape
         dtype = record.array.dtype
         if op in ("assign", "assign_add", "assign_sub"):
-            value = self._value(record, _field(entry, "value", op), shape, op)
+            value = self._value(record, entry.value, shape, op)
             if op == "assign":
                 def apply() -> None:
                     if value.dtype == dtype and value.flags.writeable and value.base is not None:
@@ -219,46 +274,42 @@ class ParameterServer(ServerBase):
             def apply() -> None:
                 arr = record.writable()
                 if sign > 0:
-                    np.add(arr, value, out=arr, casting="unsafe")
+                    np.add(arr, value, out=arr)
                 else:
-                    np.subtract(arr, value, out=arr, casting="unsafe")
+                    np.subtract(arr, value, out=arr)
             return apply
-        if op in ("scatter_add", "scatter_sub", "scatter_update"):
-            idx = self._rows(record, _field(entry, "indices", op), op)
-            if idx.ndim != 1:
-                raise InvalidArgumentError(
-                    f"{op} of variable {record.name!r}: row ids must be 1-D, got shape {idx.shape}")
-            values = self._value(record, _field(entry, "values", op), (idx.shape[0],) + shape[1:], op)
-            if op == "scatter_update":
-                def apply() -> None:
-                    record.writable()[idx] = values
-                return apply
-            vals = values if op == "scatter_add" else -values
+        idx = self._rows(record, entry.indices, op)
+        if idx.ndim != 1:
+            raise InvalidArgumentError(
+                f"{op} of variable {record.name!r}: row ids must be 1-D, got shape {idx.shape}")
+        values = self._value(record, entry.values, (idx.shape[0],) + shape[1:], op)
+        if op == "scatter_update":
+            def replace_rows() -> None:
+                record.writable()[idx] = values
+            return replace_rows
+        vals = values if op == "scatter_add" else -values
 
-            def apply() -> None:
-                np.add.at(record.writable(), idx, vals.astype(dtype, copy=False))
-            return apply
-        raise InvalidArgumentError(f"vars/update: unknown op {op!r}; known: {list(UPDATE_OPS)}")
+        def add_rows() -> None:
+            np.add.at(record.writable(), idx, vals)
+        return add_rows
 
     # -- optimizers and functions run where the variables live -------------------------------
-    def apply_optimizer(self, req: Any) -> dict[str, Any]:
-        """Apply one optimizer step to the gradients of the variables on this ps.
+    def apply_optimizer(self, req: ApplyRequest) -> dict[str, Any]:
+        """Apply one optimizer step to the gradients of the variables on this ps, all or nothing.
 
-        ``{"rule": {...}, "prefix": name, "grads": [[var, rows | None, values], ...],
-        "iterations": var name | None, "t": step | None}``. Slots live here as variables
-        ``<prefix>/<record>/<var>`` and are created on first use. All or nothing.
+        ``grads`` are ``[variable, rows | None, values]``. Slots live here as variables
+        ``<prefix>/<slot>/<variable>`` and are created on first use. Everything (every
+        gradient, ``iterations``, the slots to create) is checked before anything changes.
         """
-        cfg = _field(req, "rule", "opt/apply")
-        prefix = _field(req, "prefix", "opt/apply")
-        rule = RULES.get(str(cfg.get("kind"))) if isinstance(cfg, dict) else None
-        if rule is None:
-            raise InvalidArgumentError(f"opt/apply: unknown rule {cfg!r}")
+        cfg = {k: v for k, v in msgspec.structs.asdict(req.rule).items() if v is not None}
+        rule = RULES[req.rule.kind]
         specs = slot_specs(cfg)
         plan = []
-        for entry in _field(req, "grads", "opt/apply"):
-            if not isinstance(entry, (list, tuple)) or len(entry) != 3:
-                raise InvalidArgumentError("opt/apply: each gradient is [variable, rows or None, values]")
-            name, rows, values = entry
+        seen: set[str] = set()
+        for name, rows, values in req.grads:
+            if name in seen:
+                raise InvalidArgumentError(f"opt/apply: two gradients for variable {name!r}")
+            seen.add(name)
             record = self.store.get(name)
             if record.array.dtype.kind not in "fc":
                 raise InvalidArgumentError(f"opt/apply: variable {name!r} of dtype "
@@ -271,45 +322,65 @@ class ParameterServer(ServerBase):
                     raise InvalidArgumentError(f"sparse gradient of {name!r}: rows must be 1-D")
                 grad = self._value(record, values, (rows.shape[0],) + record.array.shape[1:],
                                    "sparse gradient")
-                if not req.get("unique_rows"):
+                if not req.unique_rows or (rows.size > 1 and not bool(np.all(rows[1:] > rows[:-1]))):
                     rows, inverse = np.unique(rows, return_inverse=True)
                     summed = np.zeros((rows.shape[0],) + grad.shape[1:], record.array.dtype)
                     np.add.at(summed, inverse, grad)
                     grad = summed
-            plan.append((record, rows, grad))
-        iterations = req.get("iterations")
-        it_slot = self.store.get(iterations) if iterations is not None else None
-        t = req.get("t")
-        if it_slot is not None:
-            counter = it_slot.writable()
+            slots = {}
+            for slot_name, init in specs.items():
+                full = f"{req.prefix}/{slot_name}/{record.name}"
+                existing = self.store.find(full)
+                if existing is not None and (existing.array.shape != record.array.shape
+                                             or existing.array.dtype != record.array.dtype):
+                    raise InvalidArgumentError(f"opt/apply: slot {full!r} is {existing.array.shape} "
+                                               f"{existing.array.dtype}, its variable "
+                                               f"{record.array.shape} {record.array.dtype}")
+                slots[slot_name] = (full, init)
+            plan.append((record, rows, grad, slots))
+        it_record = None
+        if req.iterations is not None:
+            it_record = self.store.get(req.iterations)
+            if it_record.array.shape != () or it_record.array.dtype.kind not in "iu":
+                raise InvalidArgumentError(f"opt/apply: {req.iterations!r} is not an integer "
+                                           "scalar step counter")
+        # -- commit: nothing below can fail on the request's account
+        t = req.t
+        if it_record is not None:
+            counter = it_record.writable()
             counter += 1
             t = int(counter)
-        t = int(t or 1)
-        for record, rows, grad in plan:
+        step = int(t or 1)
+        for record, rows, grad, slots in plan:
             var = record.writable()
-            slots = {s: self.store.slot(f"{prefix}/{s}/{record.name}", record.array, init)
-                     for s, init in specs.items()}
-            rule(var, grad.astype(var.dtype, copy=False), rows, slots, cfg, t)
-        return {"t": t}
+            arrays = {s: self.store.slot(full, record.array, init) for s, (full, init) in slots.items()}
+            rule(var, grad, rows, arrays, cfg, step)
+        return {"t": step}
 
-    async def save_checkpoint(self, req: Any) -> dict[str, Any]:
-        """Write variables to a safetensors file: ``{"path", "tensors": {key: variable}}``."""
-        return await ps_checkpoint.save(self.store, req)
+    async def save_checkpoint(self, req: SaveRequest) -> dict[str, Any]:
+        """Write variables to a safetensors file under the checkpoint root."""
+        return await self.checkpoints.save(req)
 
-    async def restore_checkpoint(self, req: Any) -> dict[str, Any]:
-        """Create or replace variables from checkpoint row ranges (see ``ps_checkpoint``)."""
-        return await ps_checkpoint.restore(self.store, req)
+    async def restore_checkpoint(self, req: RestoreRequest) -> dict[str, Any]:
+        """Read variables from checkpoint files; with ``stage``, hold them until committed."""
+        return await self.checkpoints.restore(req)
 
-    def call_function(self, req: Any) -> dict[str, Any]:
+    def commit_restore(self, req: StageRequest) -> dict[str, Any]:
+        return self.checkpoints.commit(req.stage)
+
+    def abort_restore(self, req: StageRequest) -> dict[str, Any]:
+        return self.checkpoints.abort(req.stage)
+
+    def call_function(self, req: CallRequest) -> dict[str, Any]:
         """Run a caller's function on arrays of this ps (``strategy.extended.update``).
 
-        ``{"fn": f, "vars": [names], "args": (...), "kwargs": {...}}``: ``f`` gets the
-        variables as writable arrays, then ``args`` where every ``VarRef`` is replaced by
-        its array. Runs on the serving loop, so it is atomic with respect to updates.
+        ``fn`` gets the variables as writable arrays, then ``args`` where every
+        ``{"__pstrain_var__": name}`` is replaced by that variable's array. Runs on the
+        serving loop, so it is atomic with respect to updates.
         """
-        fn = _field(req, "fn", "vars/call")
-        slots = [self.store.get(n) for n in _field(req, "vars", "vars/call")]
-        arrays = [s.writable() for s in slots]
+        if not callable(req.fn):
+            raise InvalidArgumentError(f"vars/call: 'fn' must be callable, got {type(req.fn).__name__}")
+        records = [self.store.get(n) for n in req.vars]
 
         def resolve(obj: Any) -> Any:
             if isinstance(obj, dict) and set(obj) == {"__pstrain_var__"}:
@@ -320,6 +391,12 @@ class ParameterServer(ServerBase):
                 return [resolve(x) for x in obj]
             return obj
 
-        args = resolve(req.get("args") or ())
-        kwargs = {k: resolve(v) for k, v in (req.get("kwargs") or {}).items()}
-        return {"result": fn(*arrays, *args, **kwargs)}
+        args = resolve(req.args)
+        kwargs = {k: resolve(v) for k, v in req.kwargs.items()}
+        arrays = [r.writable() for r in records]
+        try:
+            result = req.fn(*arrays, *(args if isinstance(args, (tuple, list)) else (args,)), **kwargs)
+        except Exception as exc:  # the caller's code: say what it raised, not where on this host
+            raise InvalidArgumentError(f"the function given to extended.update raised "
+                                       f"{type(exc).__name__}: {exc}") from exc
+        return {"result": result}

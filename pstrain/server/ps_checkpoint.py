@@ -1,58 +1,189 @@
-"""The ps's side of checkpoints: write the variables it holds, build them back.
+"""The ps's side of checkpoints: files under one root, restores staged then committed.
 
-``ckpt/save`` writes the named variables to one safetensors file (under a
-temporary name, fsynced, then renamed; ``checkpoint_files.py``). The arrays
-are *pinned* meanwhile, so training goes on: an update to a pinned array
-copies it first. ``ckpt/restore`` builds variables from row ranges of
-checkpoint files (a sharded variable may have been saved in a different
-number of parts), checks them all, then puts them in place, creating the
-ones that do not exist (a restarted ps starts empty).
+``ckpt/save`` writes the named variables to one safetensors file. The path
+must lie under the ps's *checkpoint root* (``pstrain serve
+--checkpoint-root``, default the directory the ps was started in); absolute
+paths elsewhere and ``..`` are refused. The file is written under an
+exclusive, unpredictable temporary name in the same directory, fsynced, then
+linked to its final name, which must not exist yet; the temporary file is
+removed whatever happens. The arrays are *pinned* meanwhile, so training
+goes on: an update to a pinned array copies it first.
+
+``ckpt/restore`` builds variables from row ranges of checkpoint files (a
+sharded variable may have been saved in a different number of parts). Every
+source must be a file under the root, and the sources of a variable must be
+disjoint and cover every row, before anything is read. With a ``stage`` id the
+arrays are held until ``ckpt/commit`` puts them in place (or ``ckpt/abort``
+drops them): the coordinator stages on every ps, then commits, so a restore
+that fails on one ps changes none.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import tempfile
+import time
 from typing import Any
 
 import numpy as np
 
-from ..checkpoint_files import read_rows, write_tensors
-from ..errors import InvalidArgumentError
+from ..checkpoint_files import read_rows
+from ..errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from ..schemas import RestoreRequest, RestoreSpec, SaveRequest
 from .store import VariableStore
 
-__all__ = ["restore", "save"]
+__all__ = ["CheckpointFiles"]
+
+#: Staged restores not committed within this many seconds are dropped.
+STAGE_TTL_S = 300.0
 
 
-async def save(store: VariableStore, req: dict[str, Any]) -> dict[str, Any]:
-    """``{"path", "tensors": {key in the file: variable name}}`` -> ``{"path", "bytes"}``."""
-    path = req["path"]
-    names = req["tensors"]
-    records = {key: store.get(name) for key, name in names.items()}
-    releases = [r.pin() for r in records.values()]
-    try:
-        arrays = {key: r.array for key, r in records.items()}
-        size = await asyncio.get_running_loop().run_in_executor(None, write_tensors, path, arrays)
-    finally:
-        for release in releases:
-            release()
-    return {"path": path, "bytes": size}
+class CheckpointFiles:
+    """Checkpoint files of one ps, confined to ``root``."""
 
+    def __init__(self, store: VariableStore, root: str | None = None) -> None:
+        self.store = store
+        self.root = os.path.realpath(root or os.getcwd())
+        self._staged: dict[str, tuple[float, list[tuple[str, np.ndarray, bool]]]] = {}
 
-async def restore(store: VariableStore, req: dict[str, Any]) -> dict[str, Any]:
-    """``{"vars": [{"name", "dtype", "shape", "trainable", "sources"}]}``, all or nothing."""
-    specs = req["vars"]
-
-    def build() -> list[tuple[str, np.ndarray, bool]]:
-        return [(spec["name"], read_rows(tuple(spec["shape"]), np.dtype(spec["dtype"]), spec["sources"]),
-                 bool(spec.get("trainable", True))) for spec in specs]
-
-    built = await asyncio.get_running_loop().run_in_executor(None, build)
-    for name, array, _ in built:  # check everything before changing anything
-        record = store.find(name)
-        if record is not None and (record.array.shape != array.shape or record.array.dtype != array.dtype):
+    def confine(self, path: str, what: str) -> str:
+        """``path`` resolved, if it lies under the root; else InvalidArgumentError."""
+        if "\x00" in path or not os.path.isabs(path):
+            raise InvalidArgumentError(f"{what} {path!r}: give an absolute path under this ps's "
+                                       f"checkpoint root {self.root}")
+        if ".." in path.split(os.sep):
+            raise InvalidArgumentError(f"{what} {path!r}: '..' is not allowed in checkpoint paths")
+        real = os.path.realpath(path)
+        if real != self.root and not real.startswith(self.root + os.sep):
             raise InvalidArgumentError(
-                f"checkpoint value for {name!r} is {array.shape} {array.dtype}, the variable "
-                f"is {record.array.shape} {record.array.dtype}")
-    for name, array, trainable in built:
-        store.put(name, array, trainable)
-    return {"restored": len(built)}
+                f"{what} {path!r} is outside this ps's checkpoint root {self.root} "
+                "(pstrain serve --checkpoint-root)")
+        return real
+
+    # -- save ------------------------------------------------------------------------------------
+    async def save(self, req: SaveRequest) -> dict[str, Any]:
+        path = self.confine(req.path, "checkpoint file")
+        if os.path.lexists(path):
+            raise AlreadyExistsError(f"checkpoint file {req.path} already exists; a checkpoint "
+                                     "is never written over")
+        directory = os.path.dirname(path)
+        if not os.path.isdir(directory):
+            raise NotFoundError(f"checkpoint directory {directory} does not exist on {self.store.task}")
+        records = {key: self.store.get(name) for key, name in req.tensors.items()}
+        releases = [r.pin() for r in records.values()]
+        try:
+            arrays = {key: r.array for key, r in records.items()}
+            size = await asyncio.get_running_loop().run_in_executor(None, _write_new, path, arrays)
+        finally:
+            for release in releases:
+                release()
+        return {"path": req.path, "bytes": size}
+
+    # -- restore -----------------------------------------------------------------------------------
+    def _check_sources(self, spec: RestoreSpec) -> tuple[tuple[int, ...], np.dtype, list[list[Any]]]:
+        where = f"ckpt/restore {spec.name!r}"
+        try:
+            dtype = np.dtype(spec.dtype)
+        except TypeError as exc:
+            raise InvalidArgumentError(f"{where}: bad dtype {spec.dtype!r}") from exc
+        if dtype.kind not in "biufc":
+            raise InvalidArgumentError(f"{where}: dtype {dtype} is not numeric")
+        shape = tuple(spec.shape)
+        rows = shape[0] if shape else 1
+        sources = []
+        covered: list[tuple[int, int]] = []
+        for file, key, start, stop, dst in spec.sources:
+            real = self.confine(file, f"{where}: file")
+            if start is None:
+                if stop is not None or dst is not None or len(spec.sources) != 1:
+                    raise InvalidArgumentError(f"{where}: a whole-tensor source must be the only one")
+                covered.append((0, rows))
+            else:
+                if stop is None or dst is None or stop <= start:
+                    raise InvalidArgumentError(f"{where}: bad row range {start}..{stop} -> {dst}")
+                covered.append((dst, dst + (stop - start)))
+            sources.append([real, key, start, stop, dst])
+        covered.sort()
+        pos = 0
+        for lo, hi in covered:
+            if lo != pos:
+                what = "overlap" if lo < pos else f"leave rows {pos}..{lo} uncovered"
+                raise InvalidArgumentError(f"{where}: the sources {what}")
+            pos = hi
+        if pos != rows:
+            raise InvalidArgumentError(f"{where}: the sources cover {pos} of {rows} rows")
+        return shape, dtype, sources
+
+    async def restore(self, req: RestoreRequest) -> dict[str, Any]:
+        checked = [(spec, *self._check_sources(spec)) for spec in req.vars]  # all, before any read
+        names = [spec.name for spec, *_ in checked]
+        if len(set(names)) != len(names):
+            raise InvalidArgumentError("ckpt/restore: a variable is named twice")
+
+        def build() -> list[tuple[str, np.ndarray, bool]]:
+            return [(spec.name, read_rows(shape, dtype, sources), spec.trainable)
+                    for spec, shape, dtype, sources in checked]
+
+        built = await asyncio.get_running_loop().run_in_executor(None, build)
+        self._check_fits(built)
+        if req.stage is not None:
+            self._expire()
+            self._staged[req.stage] = (time.monotonic(), built)
+            return {"staged": len(built), "stage": req.stage}
+        self._put(built)
+        return {"restored": len(built)}
+
+    def _check_fits(self, built: list[tuple[str, np.ndarray, bool]]) -> None:
+        for name, array, _ in built:
+            record = self.store.find(name)
+            if record is not None and (record.array.shape != array.shape or record.array.dtype != array.dtype):
+                raise InvalidArgumentError(
+                    f"checkpoint value for {name!r} is {array.shape} {array.dtype}, the variable "
+                    f"is {record.array.shape} {record.array.dtype}")
+
+    def _put(self, built: list[tuple[str, np.ndarray, bool]]) -> None:
+        for name, array, trainable in built:
+            self.store.put(name, array, trainable)
+
+    def commit(self, stage: str) -> dict[str, Any]:
+        """Put a staged restore in place (all its variables at once)."""
+        entry = self._staged.pop(stage, None)
+        if entry is None:
+            raise NotFoundError(f"no staged restore {stage!r} on {self.store.task} (it expired "
+                                f"after {STAGE_TTL_S:g} s, or was aborted)")
+        built = entry[1]
+        self._check_fits(built)
+        self._put(built)
+        return {"restored": len(built)}
+
+    def abort(self, stage: str) -> dict[str, Any]:
+        return {"aborted": self._staged.pop(stage, None) is not None}
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for stage in [s for s, (t, _) in self._staged.items() if now - t > STAGE_TTL_S]:
+            del self._staged[stage]
+
+
+def _write_new(path: str, tensors: dict[str, np.ndarray]) -> int:
+    """Write ``tensors`` to the new file ``path``: exclusive temp file, fsync, link, never over."""
+    from safetensors.numpy import save_file
+
+    directory, base = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)  # fails if path exists: never replaces a file
+        except FileExistsError:
+            raise AlreadyExistsError(f"checkpoint file {path} already exists") from None
+        return os.path.getsize(path)
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass

@@ -1,26 +1,30 @@
 """The stream face of a server: connection sniffing, the handshake, frames.
 
-Every accepted connection starts with a :class:`Sniffer`. A connection that
-opens with ``protocol.MAGIC`` is pstrain's stream: its token is checked in
-constant time before any frame is read (an unauthenticated byte never
-reaches a decoder), then a :class:`StreamConnection` reads frames and answers
-each request through :meth:`ServerCore.handle`. Anything else is handed to
-aiohttp with the bytes already read.
+Every accepted connection starts with a :class:`Sniffer` and is registered
+with :class:`PreAuth` (a deadline, a cap). A connection that opens with
+``protocol.MAGIC`` is pstrain's stream: the mutual handshake of ``auth.py``
+runs on fixed-size messages before any frame is read (an unauthenticated byte
+never reaches a decoder), then a :class:`StreamConnection` reads frames and
+answers each request through :meth:`ServerCore.handle`. Anything else is
+handed to aiohttp with the bytes already read; it stays pre-auth until one of
+its requests passes the bearer-token check.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
+import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..auth import new_nonce, proof, proof_ok
 from ..errors import ProtocolError, PstrainError
-from ..protocol import ACCEPTED, HANDSHAKE, MAGIC, REJECTED, FrameKind, FrameProtocol
+from ..protocol import ACCEPTED, HELLO, MAGIC, PROOF, REJECTED, FrameKind, FrameProtocol
 from .core import Reply
 
 if TYPE_CHECKING:
+    from .base import ServerBase
     from .core import ServerCore
 
 logger = logging.getLogger(__name__)
@@ -32,7 +36,7 @@ class StreamConnection(FrameProtocol):
     """The server end of a stream connection (after the handshake)."""
 
     def __init__(self, server: ServerCore) -> None:
-        super().__init__(server.max_body)
+        super().__init__(server.max_body, server.budget, server.max_backlog_bytes)
         self.server = server
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -41,8 +45,12 @@ class StreamConnection(FrameProtocol):
             self.server.connections.discard(self.transport)
 
     def oversized(self, req_id: int, op: str) -> None:
-        exc = ProtocolError(f"request to {op!r} is larger than this server's limit of "
-                            f"{self.server.max_body} bytes (413)")
+        if self.skip_busy:
+            exc = ProtocolError(f"{self.server.task} is receiving {self.server.budget.used} bytes of "
+                                "large requests already; retry later (503)")
+        else:
+            exc = ProtocolError(f"request to {op!r} is larger than this server's limit of "
+                                f"{self.server.max_body} bytes (413)")
         self._send(req_id, self.server.error_reply(op, exc))
 
     def handle_frame(self, req_id: int, kind: FrameKind, op: str, body: memoryview) -> None:
@@ -76,56 +84,86 @@ class StreamConnection(FrameProtocol):
             pass  # the connection is gone; nobody to tell (send released the pins)
 
 
-class Sniffer(asyncio.Protocol):
-    """Decides per connection: the pstrain stream or HTTP."""
+#: Pre-authentication bytes a stream connection may send: the handshake, and a little more.
+_PREAUTH_LIMIT = HELLO + PROOF + 4096
 
-    def __init__(self, server: ServerCore, http_factory: Callable[[], asyncio.Protocol]) -> None:
+
+class Sniffer(asyncio.Protocol):
+    """Decides per connection: the pstrain stream (and runs its handshake) or HTTP."""
+
+    def __init__(self, server: ServerBase, http_factory: Callable[[], asyncio.Protocol]) -> None:
         self.server = server
         self.http_factory = http_factory
-        self.buf = b""
+        self.buf = bytearray()  # extended in place: pre-auth bytes are copied once
         self.transport: asyncio.Transport | None = None
+        self.client_nonce: bytes | None = None
+        self.server_nonce = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.server.connections.add(transport)
+        self.server.preauth.add(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            except OSError:  # pragma: no cover - not a TCP socket
+                pass
 
     def data_received(self, data: bytes) -> None:
-        self.buf += data
-        buf = self.buf
         transport = self.transport
         assert transport is not None
-        if len(buf) < len(MAGIC) and MAGIC.startswith(buf):
-            return  # not enough to tell yet
-        if not buf.startswith(MAGIC):
-            self.server.connections.discard(transport)
-            proto = self.http_factory()
-            transport.set_protocol(proto)
-            proto.connection_made(transport)
-            proto.data_received(buf)
+        buf = self.buf
+        buf.extend(data)
+        if self.client_nonce is None:
+            if len(buf) < len(MAGIC) and MAGIC.startswith(buf):
+                return  # not enough to tell yet
+            if not buf.startswith(MAGIC):
+                self._to_http(transport)
+                return
+            if len(buf) < HELLO:
+                return
+            self.client_nonce = bytes(buf[len(MAGIC):HELLO])
+            self.server_nonce = new_nonce()
+            transport.write(MAGIC + self.server_nonce + proof(
+                self.server.token_bytes, b"server", self.client_nonce, self.server_nonce))
+            del buf[:HELLO]
+        if len(buf) > _PREAUTH_LIMIT:
+            self._reject(transport, "sent more than a handshake before authenticating")
             return
-        head = len(MAGIC) + HANDSHAKE.size
-        if len(buf) < head:
+        if len(buf) < PROOF:
             return
-        (token_len,) = HANDSHAKE.unpack_from(buf, len(MAGIC))
-        if len(buf) < head + token_len:
+        given = bytes(buf[:PROOF])
+        if not proof_ok(self.server.token_bytes, b"client", self.client_nonce, self.server_nonce, given):
+            self._reject(transport, "wrong or missing token")
             return
-        token = buf[head:head + token_len]
-        expected = self.server.token_bytes
-        if expected is not None and not hmac.compare_digest(token, expected):
-            logger.warning("%s: rejected a stream connection from %s: wrong or missing token",
-                           self.server.task, transport.get_extra_info("peername"))
-            transport.write(MAGIC + REJECTED)
-            transport.close()
-            return
-        transport.write(MAGIC + ACCEPTED)
+        transport.write(ACCEPTED)
+        self.server.preauth.authenticated(transport)
         stream = StreamConnection(self.server)
         transport.set_protocol(stream)
         stream.connection_made(transport)
-        rest = buf[head + token_len:]
-        self.buf = b""
+        rest = bytes(buf[PROOF:])
+        self.buf = bytearray()
         if rest:
             stream.feed(rest)
+
+    def _to_http(self, transport: asyncio.Transport) -> None:
+        """Not the stream: aiohttp takes the connection (and its first bytes). It stays
+        pre-auth, under the deadline, until a request passes the token check."""
+        self.server.connections.discard(transport)
+        proto = self.http_factory()
+        transport.set_protocol(proto)
+        proto.connection_made(transport)
+        data, self.buf = bytes(self.buf), bytearray()
+        proto.data_received(data)
+
+    def _reject(self, transport: asyncio.Transport, why: str) -> None:
+        logger.warning("%s: rejected a stream connection from %s: %s", self.server.task,
+                       transport.get_extra_info("peername"), why)
+        transport.write(REJECTED)
+        transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.transport is not None:
             self.server.connections.discard(self.transport)
+            self.server.preauth.authenticated(self.transport)  # no longer waiting either way

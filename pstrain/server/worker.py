@@ -41,6 +41,7 @@ from ..errors import (
 )
 from ..messages import ClosureStatus, ResourceRef, exception_payload
 from ..rpc import ChannelPool
+from ..schemas import CancelRequest, ConfigureRequest, DropRequest, ResourceRequest, RunRequest
 from ..tasks import TaskOwner
 from .base import ServerBase
 from .core import Encoded
@@ -124,6 +125,7 @@ class WorkerServer(ServerBase):
         self._closure_owner = TaskOwner(f"closures of {self.task}")
         self._closure_tasks: dict[int, asyncio.Task[Any]] = {}
         self._cancelled: set[int] = set()
+        self._in_flight: set[int] = set()  # ids started and not yet reported
         self._outbox: list[tuple[_Batch, list[Any]]] = []
         self._outbox_lock = threading.Lock()
         self._flush_scheduled = False
@@ -193,11 +195,9 @@ class WorkerServer(ServerBase):
         return out
 
     # -- handlers --------------------------------------------------------------------------
-    def configure(self, req: Any) -> dict[str, Any]:
+    def configure(self, req: ConfigureRequest) -> dict[str, Any]:
         """The coordinator tells the worker where the ps are."""
-        if not isinstance(req, dict) or not isinstance(req.get("cluster"), dict):
-            raise InvalidArgumentError("worker/configure needs {'cluster': {job: [addresses]}}")
-        spec = ClusterSpec(req["cluster"])
+        spec = ClusterSpec(req.cluster)
         if self.channels is None or self.channels.cluster_spec != spec:
             old = self.channels
             self.channels = ChannelPool(spec, self.token, ssl_context=self.client_ssl)
@@ -205,10 +205,10 @@ class WorkerServer(ServerBase):
                 self.tasks.spawn(_close_on(old, self._cloop))
         return {"incarnation": self.incarnation, "index": self.index}
 
-    async def run_closures(self, req: Any, emit: Callable[[Any], None] | None) -> Encoded:
+    async def run_closures(self, req: RunRequest, emit: Callable[[Any], None] | None) -> Encoded:
         """Run a batch of closures; partial replies carry results as they finish."""
-        self._check_incarnation(req)
-        fns = req.get("fns") or {}
+        self._check_incarnation(req.incarnation)
+        fns = req.fns
         if fns:
             import cloudpickle
 
@@ -217,22 +217,24 @@ class WorkerServer(ServerBase):
                     self.fns[digest] = cloudpickle.loads(pickled)
                 except Exception as exc:  # e.g. a module the worker cannot import
                     self.fns[digest] = _Unloadable(exc)
-        closures = req["closures"]
+        closures = req.closures
+        if not closures:
+            return _encode_results([])  # nothing to run: answered at once
         loop = asyncio.get_running_loop()
         batch = _Batch(len(closures), emit, loop.create_future())
         self._start_batch(batch, closures)
         return await batch.done
 
-    def _check_incarnation(self, req: Any) -> None:
-        expected = req.get("incarnation") if isinstance(req, dict) else None
+    def _check_incarnation(self, expected: str | None) -> None:
         if expected is not None and expected != self.incarnation:
             raise ClosureAbortedError(
                 f"{self.task} restarted since the coordinator connected (it has none of the "
                 "functions or resources sent before); reconnect")
 
-    def cancel(self, req: Any) -> dict[str, Any]:
-        """Cancel running or queued closures by id (``{"ids": [...]}``)."""
-        ids = list(req.get("ids") or [])
+    def cancel(self, req: CancelRequest) -> dict[str, Any]:
+        """Cancel running or queued closures by id; ids of closures not in flight are ignored
+        (they would otherwise accumulate and cancel a later closure that reuses the id)."""
+        ids = [cid for cid in req.ids if cid in self._in_flight]
         self._cancelled.update(ids)
         if self._cloop is not None:
             self._cloop.call_soon_threadsafe(self._cancel_tasks, ids)
@@ -244,26 +246,27 @@ class WorkerServer(ServerBase):
             if task is not None:
                 task.cancel()
 
-    async def create_resource(self, req: Any) -> dict[str, Any]:
+    async def create_resource(self, req: ResourceRequest) -> dict[str, Any]:
         """Build a per-worker resource: ``dataset`` (call fn), ``iterator`` (iter of one)."""
-        self._check_incarnation(req)
-        rid, kind = req["rid"], req["kind"]
-        assert self._cloop is not None
+        self._check_incarnation(req.incarnation)
+        rid, kind, fn, of = req.rid, req.kind, req.fn, req.of
+        if not callable(fn):
+            raise InvalidArgumentError(f"worker/resource: 'fn' must be callable, got {type(fn).__name__}")
+        if kind == "iterator" and of is None:
+            raise InvalidArgumentError("worker/resource: an iterator needs 'of', its dataset")
 
         def build() -> Any:
             if kind == "dataset":
-                return req["fn"]()
-            if kind == "iterator":
-                source = self.resources.get(req["of"])
-                if isinstance(source, _FailedResource):
-                    raise source.error
-                # Every iter() starts from the beginning (TF): a dropped dataset, or a
-                # single-pass one (an iterator) already iterated, is built afresh.
-                if source is None or (iter(source) is source and req["of"] in self._iterated):
-                    source = req["fn"]()
-                self._iterated.add(req["of"])
-                return LockedIterator(iter(source))
-            raise InvalidArgumentError(f"unknown resource kind {kind!r}")
+                return fn()
+            source = self.resources.get(of)  # type: ignore[arg-type]
+            if isinstance(source, _FailedResource):
+                raise source.error
+            # Every iter() starts from the beginning (TF): a dropped dataset, or a
+            # single-pass one (an iterator) already iterated, is built afresh.
+            if source is None or (iter(source) is source and of in self._iterated):
+                source = fn()
+            self._iterated.add(of)  # type: ignore[arg-type]
+            return LockedIterator(iter(source))
 
         ctx = self._context()
         try:
@@ -273,8 +276,8 @@ class WorkerServer(ServerBase):
             return {"rid": rid, "error": exception_payload(exc)}
         return {"rid": rid}
 
-    def drop_resources(self, req: Any) -> dict[str, Any]:
-        for rid in req.get("rids") or []:
+    def drop_resources(self, req: DropRequest) -> dict[str, Any]:
+        for rid in req.rids:
             self.resources.pop(rid, None)
         return {"resources": len(self.resources)}
 
@@ -284,6 +287,7 @@ class WorkerServer(ServerBase):
         functions go to the closure loop in one hand-over for the whole batch."""
         coros = []
         for cid, digest, args, kwargs, has_refs in closures:
+            self._in_flight.add(cid)
             fn = self.fns.get(digest)
             if fn is None:
                 self._deliver(batch, [cid, ERROR, exception_payload(NotFoundError(
@@ -406,6 +410,7 @@ class WorkerServer(ServerBase):
         touched: dict[int, _Batch] = {}
         for batch, record in outbox:
             self._cancelled.discard(record[0])
+            self._in_flight.discard(record[0])
             if record[1] == OK:
                 self.closures_run += 1
             else:

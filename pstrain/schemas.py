@@ -1,0 +1,244 @@
+"""The declared request of every operation, validated once at the server's edge.
+
+A request body is decoded by ``wire`` (arrays stay numpy views), then
+converted to its operation's record here with msgspec, which checks field
+names (unknown ones are refused), types (a string where a list of names is
+due is refused), ranges and sizes, all before a handler runs and so before
+any state is touched. A refusal is an
+:class:`~pstrain.errors.InvalidArgumentError` naming the operation and the
+field (``vars/delete: Expected `array`, got `str` - at `$.names```).
+
+Arrays are ``np.ndarray`` fields (a numpy scalar is accepted as a 0-d
+array); lists of numbers are not arrays. Handlers then read attributes, never
+``dict`` keys with defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+import numpy as np
+
+from .errors import InvalidArgumentError
+
+__all__ = ["REQUESTS", "validate"]
+
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+DType = Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
+Dim = Annotated[int, msgspec.Meta(ge=0, le=1 << 40)]
+Shape = Annotated[list[Dim], msgspec.Meta(max_length=32)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=1 << 62)]
+Step = Annotated[int, msgspec.Meta(ge=1, le=1 << 62)]
+Array = np.ndarray
+
+
+class Record(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Base of every request record: unknown fields are refused."""
+
+
+class Empty(Record):
+    """``health``, ``statistics``, ``vars/list``: no fields."""
+
+
+# -- the parameter server -----------------------------------------------------------------------
+class VariableSpec(Record):
+    name: Name
+    dtype: DType
+    shape: Shape
+    trainable: bool = True
+    value: Array | None = None
+    init: dict[str, Any] | None = None
+    offset: Shape | None = None
+    full_shape: Shape | None = None
+
+
+class CreateRequest(Record):
+    vars: Annotated[list[VariableSpec], msgspec.Meta(max_length=1 << 16)]
+
+
+class NamesRequest(Record):
+    """``vars/read`` and ``vars/delete``."""
+
+    names: Annotated[list[Name], msgspec.Meta(max_length=1 << 16)]
+
+
+UpdateOp = Literal["assign", "assign_add", "assign_sub", "scatter_add", "scatter_sub", "scatter_update"]
+
+
+class Update(Record):
+    op: UpdateOp
+    name: Name
+    value: Array | None = None
+    indices: Array | None = None
+    values: Array | None = None
+
+
+class UpdateRequest(Record):
+    updates: Annotated[list[Update], msgspec.Meta(max_length=1 << 16)]
+
+
+class SingleUpdate(Record):
+    """``vars/assign`` and the other one-variable updates (the op is the route's)."""
+
+    name: Name
+    value: Array | None = None
+    indices: Array | None = None
+    values: Array | None = None
+
+
+class RowRead(Record):
+    name: Name
+    indices: Array
+
+
+class SparseReadRequest(Record):
+    """Either ``{"reads": [{name, indices}, ...]}`` or one ``{name, indices}``."""
+
+    reads: Annotated[list[RowRead], msgspec.Meta(max_length=1 << 16)] | None = None
+    name: Name | None = None
+    indices: Array | None = None
+
+
+class OptimizerRule(Record):
+    kind: Literal["sgd", "adagrad", "adam", "ftrl"]
+    learning_rate: Annotated[float, msgspec.Meta(gt=0)]
+    momentum: float | None = None
+    nesterov: bool | None = None
+    initial_accumulator_value: float | None = None
+    epsilon: float | None = None
+    beta_1: float | None = None
+    beta_2: float | None = None
+    learning_rate_power: float | None = None
+    l1_regularization_strength: float | None = None
+    l2_regularization_strength: float | None = None
+    l2_shrinkage_regularization_strength: float | None = None
+    beta: float | None = None
+
+
+class ApplyRequest(Record):
+    rule: OptimizerRule
+    prefix: Name
+    grads: Annotated[list[tuple[Name, Array | None, Array]], msgspec.Meta(max_length=1 << 16)]
+    unique_rows: bool = False
+    iterations: Name | None = None
+    t: Step | None = None
+
+
+class SaveRequest(Record):
+    path: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+    tensors: dict[Name, Name]
+
+
+Source = tuple[Annotated[str, msgspec.Meta(min_length=1, max_length=4096)], Name,
+               Count | None, Count | None, Count | None]
+
+
+class RestoreSpec(Record):
+    name: Name
+    dtype: DType
+    shape: Shape
+    sources: Annotated[list[Source], msgspec.Meta(min_length=1, max_length=1 << 16)]
+    trainable: bool = True
+
+
+class RestoreRequest(Record):
+    vars: Annotated[list[RestoreSpec], msgspec.Meta(max_length=1 << 16)]
+    stage: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+
+
+class StageRequest(Record):
+    """``ckpt/commit`` and ``ckpt/abort`` of a staged restore."""
+
+    stage: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+
+
+class CallRequest(Record):
+    fn: Any
+    vars: Annotated[list[Name], msgspec.Meta(min_length=1, max_length=1 << 10)]
+    args: Any = ()
+    kwargs: dict[str, Any] = {}
+
+
+# -- the worker ---------------------------------------------------------------------------------------
+class ConfigureRequest(Record):
+    cluster: dict[Name, list[Annotated[str, msgspec.Meta(min_length=1, max_length=300)]]]
+
+
+ClosureEntry = tuple[Count, bytes, Any, Any, bool]
+
+
+class RunRequest(Record):
+    closures: Annotated[list[ClosureEntry], msgspec.Meta(max_length=1 << 16)]
+    fns: dict[bytes, bytes] = {}
+    incarnation: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+
+
+class CancelRequest(Record):
+    ids: Annotated[list[Count], msgspec.Meta(max_length=1 << 16)]
+
+
+class ResourceRequest(Record):
+    rid: Count
+    kind: Literal["dataset", "iterator"]
+    fn: Any
+    of: Count | None = None
+    incarnation: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+
+
+class DropRequest(Record):
+    rids: Annotated[list[Count], msgspec.Meta(max_length=1 << 16)]
+
+
+#: The record of each operation's request.
+REQUESTS: dict[str, type[Record]] = {
+    "health": Empty,
+    "statistics": Empty,
+    "vars/create": CreateRequest,
+    "vars/read": NamesRequest,
+    "vars/delete": NamesRequest,
+    "vars/list": Empty,
+    "vars/update": UpdateRequest,
+    "vars/sparse_read": SparseReadRequest,
+    "opt/apply": ApplyRequest,
+    "ckpt/save": SaveRequest,
+    "ckpt/restore": RestoreRequest,
+    "ckpt/commit": StageRequest,
+    "ckpt/abort": StageRequest,
+    "vars/call": CallRequest,
+    "worker/configure": ConfigureRequest,
+    "worker/run": RunRequest,
+    "worker/cancel": CancelRequest,
+    "worker/resource": ResourceRequest,
+    "worker/drop_resources": DropRequest,
+    **{f"vars/{op}": SingleUpdate for op in ("assign", "assign_add", "assign_sub", "scatter_add",
+                                             "scatter_sub", "scatter_update")},
+}
+
+
+def _dec_hook(tp: type, obj: Any) -> Any:
+    if tp is np.ndarray:
+        if isinstance(obj, np.ndarray):
+            return obj
+        if isinstance(obj, np.generic):
+            return np.asarray(obj)
+        raise ValueError(f"expected an array, got {type(obj).__name__}")
+    raise ValueError(f"unsupported type {tp!r}")
+
+
+def validate(op: str, record: type[Record], payload: Any) -> Any:
+    """``payload`` as ``record``, or InvalidArgumentError naming the op and the field.
+
+    >>> validate("vars/read", NamesRequest, {"names": ["w"]})
+    NamesRequest(names=['w'])
+    >>> validate("vars/delete", NamesRequest, {"names": "w"})
+    Traceback (most recent call last):
+    ...
+    pstrain.errors.InvalidArgumentError: vars/delete: Expected `array`, got `str` - at `$.names`
+    """
+    if payload is None and record is Empty:
+        return Empty()
+    try:
+        return msgspec.convert(payload, record, dec_hook=_dec_hook)
+    except msgspec.ValidationError as exc:
+        raise InvalidArgumentError(f"{op}: {exc}") from None
