@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench lint clean
+.PHONY: install test demo bench lint fuzz clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,8 +26,15 @@ bench: $(STAMP)
 
 # The architecture's static checks (layers and cycles are checked by tests/test_architecture.py).
 lint: $(STAMP)
-	$(VENV)/bin/ruff check pstrain tests benchmarks examples
+	$(VENV)/bin/ruff check pstrain tests benchmarks examples fuzz
 	$(VENV)/bin/mypy
+
+# Coverage-guided fuzzing of the wire decoder (atheris), FUZZ_SECONDS long (default 300).
+FUZZ_SECONDS ?= 300
+fuzz: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[fuzz]'
+	mkdir -p .fuzz-corpus
+	$(PY) fuzz/fuzz_wire.py -max_total_time=$(FUZZ_SECONDS) .fuzz-corpus
 
 clean:
 	rm -rf $(VENV) build *.egg-info benchmarks/results/*.tmp
