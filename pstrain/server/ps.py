@@ -241,22 +241,20 @@ class ParameterServer(ServerBase):
     # -- updates -------------------------------------------------------------------------------
     def _single_update(self, op: str) -> Callable[[SingleUpdate], dict[str, Any]]:
         def handler(req: SingleUpdate) -> dict[str, Any]:
-            update = Update(op=op, name=req.name, value=req.value, indices=req.indices,  # type: ignore[arg-type]
-                            values=req.values)
-            return self.update(UpdateRequest(updates=[update]))
+            self._plan(op, req)()
+            return {"updated": 1}
 
         handler.__name__ = f"update_{op}"
         return handler
 
     def update(self, req: UpdateRequest) -> dict[str, Any]:
         """Apply a batch of updates, all or nothing."""
-        plan = [self._plan(entry) for entry in req.updates]  # raises before anything changes
+        plan = [self._plan(entry.op, entry) for entry in req.updates]  # raises before anything changes
         for apply in plan:
             apply()
         return {"updated": len(plan)}
 
-    def _plan(self, entry: Update) -> Callable[[], None]:
-        op = entry.op
+    def _plan(self, op: str, entry: Update | SingleUpdate) -> Callable[[], None]:
         record = self.store.get(entry.name)
         shape = record.array.shape
         dtype = record.array.dtype
