@@ -219,5 +219,5 @@ def from_spec(spec: dict[str, Any]) -> Initializer:
             f"unknown initializer {spec.get('kind')!r}; known: {sorted(_KINDS)}")
     try:
         return cls(**args)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise InvalidArgumentError(f"bad arguments for initializer {spec.get('kind')!r}: {exc}") from exc

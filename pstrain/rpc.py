@@ -37,6 +37,7 @@ from .errors import (
     from_envelope,
 )
 from .protocol import ACCEPTED, CHALLENGE, DEFAULT_MAX_BODY, MAGIC, FrameKind, FrameProtocol
+from .schemas import check_reply
 from .tasks import TaskOwner
 
 logger = logging.getLogger(__name__)
@@ -230,12 +231,15 @@ class Channel:
         """
         chunks = wire.encode_body(payload, allow_pickle=pickle)
         kind, body = await self.call_raw(op, chunks, timeout=timeout)
-        return self.decode_reply(kind, body, pickle=pickle)
+        return self.decode_reply(kind, body, pickle=pickle, op=op)
 
-    def decode_reply(self, kind: FrameKind, body: memoryview, *, pickle: bool = False) -> Any:
-        """The payload of a REPLY, or the error an ERROR frame carries, raised."""
+    def decode_reply(self, kind: FrameKind, body: memoryview, *, pickle: bool = False,
+                     op: str | None = None) -> Any:
+        """The payload of a REPLY (checked against ``op``'s reply record), or the error an
+        ERROR frame carries, raised."""
         if kind == FrameKind.REPLY:
-            return wire.decode_body(body, allow_pickle=pickle)
+            payload = wire.decode_body(body, allow_pickle=pickle)
+            return payload if op is None else check_reply(op, payload, self.task)
         envelope = wire.decode_body(body)
         if not isinstance(envelope, dict):
             raise ProtocolError(f"malformed error reply from {self.task}")
@@ -248,10 +252,10 @@ class Channel:
         chunks = wire.encode_body(payload, allow_pickle=pickle)
 
         def partial(body: memoryview) -> None:
-            on_partial(wire.decode_body(body, allow_pickle=pickle))
+            on_partial(check_reply(op, wire.decode_body(body, allow_pickle=pickle), self.task))
 
         kind, body = await self.call_raw(op, chunks, timeout=timeout, on_partial=partial)
-        return self.decode_reply(kind, body, pickle=pickle)
+        return self.decode_reply(kind, body, pickle=pickle, op=op)
 
     async def call_raw(self, op: str, chunks: Sequence[bytes | memoryview], *,
                        timeout: float | None = None,

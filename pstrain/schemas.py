@@ -1,4 +1,4 @@
-"""The declared request of every operation, validated once at the server's edge.
+"""The declared request and reply of every operation, validated once at each edge.
 
 A request body is decoded by ``wire`` (arrays stay numpy views), then
 converted to its operation's record here with msgspec, which checks field
@@ -10,7 +10,9 @@ field (``vars/delete: Expected `array`, got `str` - at `$.names```).
 
 Arrays are ``np.ndarray`` fields (a numpy scalar is accepted as a 0-d
 array); lists of numbers are not arrays. Handlers then read attributes, never
-``dict`` keys with defaults.
+``dict`` keys with defaults. Replies are declared too and checked by the
+client (:func:`check_reply`) before anyone reads them: a reply of the wrong
+shape is a :class:`~pstrain.errors.ProtocolError`, not a ``KeyError`` later.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from typing import Annotated, Any, Literal
 import msgspec
 import numpy as np
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, ProtocolError
 
-__all__ = ["REQUESTS", "validate"]
+__all__ = ["REPLIES", "REQUESTS", "check_reply", "validate"]
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
 DType = Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
@@ -242,3 +244,118 @@ def validate(op: str, record: type[Record], payload: Any) -> Any:
         return msgspec.convert(payload, record, dec_hook=_dec_hook)
     except msgspec.ValidationError as exc:
         raise InvalidArgumentError(f"{op}: {exc}") from None
+
+
+# -- replies (validated by the client, at the same edge) ---------------------------------------------
+class Reply(msgspec.Struct, omit_defaults=True):
+    """Base of reply records. Unknown fields are allowed: a newer server may add some."""
+
+
+class HealthReply(Reply):
+    status: str
+    task: str
+    role: str | None = None
+    index: int | None = None
+    pid: int | None = None
+    uptime_s: float | None = None
+    incarnation: str | None = None
+
+
+class CountReply(Reply):
+    created: Count | None = None
+    updated: Count | None = None
+    deleted: Count | None = None
+    restored: Count | None = None
+    staged: Count | None = None
+    stage: str | None = None
+    aborted: bool | None = None
+    cancelling: Count | None = None
+    resources: Count | None = None
+
+
+class ValuesReply(Reply):
+    values: list[Array]
+
+
+class VariableInfo(Reply):
+    name: str
+    dtype: str
+    shape: list[Dim]
+    trainable: bool
+    nbytes: Count
+
+
+class ListReply(Reply):
+    variables: list[VariableInfo]
+
+
+class StepReply(Reply):
+    t: Step
+
+
+class SaveReply(Reply):
+    path: str
+    bytes: Count
+
+
+class CallReply(Reply):
+    result: Any = None
+
+
+class ConfigureReply(Reply):
+    incarnation: str
+    index: Count
+
+
+class ResultsReply(Reply):
+    results: list[tuple[Count, Annotated[int, msgspec.Meta(ge=0, le=2)], Any]]
+
+
+class ResourceReply(Reply):
+    rid: Count
+    error: dict[str, Any] | None = None
+
+
+#: The record of each operation's reply (``statistics`` is free-form).
+REPLIES: dict[str, type[Reply]] = {
+    "health": HealthReply,
+    "vars/create": CountReply,
+    "vars/read": ValuesReply,
+    "vars/delete": CountReply,
+    "vars/list": ListReply,
+    "vars/update": CountReply,
+    "vars/sparse_read": ValuesReply,
+    "opt/apply": StepReply,
+    "ckpt/save": SaveReply,
+    "ckpt/restore": CountReply,
+    "ckpt/commit": CountReply,
+    "ckpt/abort": CountReply,
+    "vars/call": CallReply,
+    "worker/configure": ConfigureReply,
+    "worker/run": ResultsReply,
+    "worker/cancel": CountReply,
+    "worker/resource": ResourceReply,
+    "worker/drop_resources": CountReply,
+    **{f"vars/{op}": CountReply for op in ("assign", "assign_add", "assign_sub", "scatter_add",
+                                           "scatter_sub", "scatter_update")},
+}
+
+
+def check_reply(op: str, payload: Any, task: str) -> Any:
+    """``payload`` if it is what ``op`` replies, else ProtocolError (the original is returned:
+    callers read the decoded structure).
+
+    >>> check_reply("opt/apply", {"t": 3}, "ps0")
+    {'t': 3}
+    >>> check_reply("opt/apply", {"t": "3"}, "ps0")
+    Traceback (most recent call last):
+    ...
+    pstrain.errors.ProtocolError: malformed reply to opt/apply from ps0: Expected `int`, got `str` - at `$.t`
+    """
+    record = REPLIES.get(op)
+    if record is not None:
+        try:
+            msgspec.convert(payload, record, dec_hook=_dec_hook)
+        except msgspec.ValidationError as exc:
+            raise ProtocolError(f"malformed reply to {op} from {task}: {exc}") from None
+    return payload

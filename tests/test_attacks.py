@@ -489,3 +489,33 @@ async def test_an_empty_run_is_answered_and_unknown_cancel_ids_are_ignored(clust
     assert reply["results"] == [[77, 0, 3]]  # id 77 ran: the earlier cancel was not kept
     del fn
     await ch.close()
+
+
+async def test_a_reply_of_the_wrong_shape_is_a_protocol_error_on_the_client():
+    from pstrain.server.ps import ParameterServer
+
+    class Lying(ParameterServer):
+        def read(self, req):
+            return {"values": "not arrays"}
+
+    server = Lying(0, token=TOKEN)
+    await server.start()
+    try:
+        ch = rpc.Channel(server.address, token=TOKEN, task="ps0")
+        with pytest.raises(ProtocolError, match=r"malformed reply to vars/read from ps0"):
+            await ch.call("vars/read", {"names": ["w"]})
+        await ch.close()
+    finally:
+        await server.stop()
+
+
+@pytest.mark.parametrize("init", [{"kind": "random_normal", "stddev": "x"},
+                                  {"kind": "random_normal", "seed": "s"},
+                                  {"kind": "random_uniform", "minval": 1, "maxval": 0},
+                                  {"kind": "nope"}, {"kind": "zeros", "extra": 1}])
+async def test_bad_initializer_specs_are_refused_clearly(ps_server, init):
+    ch = rpc.Channel(ps_server.address, token=TOKEN, task="ps0")
+    with pytest.raises(InvalidArgumentError, match="initializer"):
+        await ch.call("vars/create", {"vars": [{"name": "v", "dtype": "<f4", "shape": [3], "init": init}]})
+    assert (await ch.call("vars/list", {}))["variables"] == [] and ps_server.internal_errors == 0
+    await ch.close()

@@ -101,17 +101,23 @@ def test_ctrl_c_while_blocked_cancels_the_work():
             cancelled.set()
             raise
 
-    with LoopThread() as loop:
-        # Deliver a KeyboardInterrupt to the waiting thread the way Ctrl-C does: SIGINT.
-        import os
-        import signal
+    import os
+    import signal
 
-        timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
-        timer.start()
-        with pytest.raises(KeyboardInterrupt):
-            block_on(forever, loop)
-        timer.join()
-        assert cancelled.wait(5)
+    # Python's own Ctrl-C handler, even where the shell started us with SIGINT ignored
+    # (a backgrounded job): this is about block_on, not about the shell.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with LoopThread() as loop:
+            # Deliver a KeyboardInterrupt to the waiting thread the way Ctrl-C does: SIGINT.
+            timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                block_on(forever, loop)
+            timer.join()
+            assert cancelled.wait(5)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # -- RemoteValue -------------------------------------------------------------------------------------

@@ -174,6 +174,12 @@ class ParameterServer(ServerBase):
             raise InvalidArgumentError(f"{where}: give exactly one of 'value' and 'init'")
         if spec.init is not None:
             init = initializers.from_spec(spec.init)
+            try:  # a one-element probe: bad parameters are the caller's error, found now
+                init((1,), dtype)
+            except InvalidArgumentError:
+                raise
+            except Exception as exc:
+                raise InvalidArgumentError(f"{where}: bad initializer {spec.init!r}: {exc}") from None
             offset, full_shape = spec.offset, spec.full_shape
             if offset is not None and len(offset) != len(shape):
                 raise InvalidArgumentError(f"{where}: offset {offset} does not match shape {shape}")
