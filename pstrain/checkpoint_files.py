@@ -20,15 +20,16 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import msgspec
 import numpy as np
 
-from .errors import InvalidArgumentError, NotFoundError
+from .errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 
 __all__ = ["FORMAT", "INDEX", "index_path", "read_index", "read_rows", "sources",
-           "write_index", "write_tensors"]
+           "write_atomically", "write_index", "write_tensors"]
 
 FORMAT = "pstrain-checkpoint"
 INDEX = ".index.json"
@@ -118,21 +119,12 @@ def read_index(path: str) -> dict[str, Any]:
 def write_index(prefix: str, variables: dict[str, Any]) -> None:
     """Write the index of checkpoint ``prefix`` atomically (temp file, fsync, rename)."""
     path = index_path(prefix)
-    directory, base = os.path.split(path)
-    # Exclusive and unpredictable: a link planted at a guessable name is never followed.
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
             json.dump({"format": FORMAT, "version": 1, "variables": variables}, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+
+    write_atomically(path, write)
     dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -168,21 +160,40 @@ def write_tensors(path: str, tensors: dict[str, np.ndarray]) -> int:
     """Write ``tensors`` to ``path`` atomically (temp file, fsync, rename); returns bytes."""
     from safetensors.numpy import save_file
 
+    def write(tmp: str) -> None:
+        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, tmp)
+
+    write_atomically(path, write)
+    return os.path.getsize(path)
+
+
+def write_atomically(path: str, write: Callable[[str], None], *, overwrite: bool = True) -> None:
+    """``write(tmp)`` then move ``tmp`` to ``path``: nobody ever sees a partial file.
+
+    ``tmp`` is created exclusively under an unpredictable name beside ``path`` (a link
+    planted at a guessable name is never followed), fsynced, then renamed over ``path``,
+    or, with ``overwrite=False``, linked to it (refused if ``path`` exists). It is
+    removed whatever happens.
+    """
     directory, base = os.path.split(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory or ".")
     os.close(fd)
     try:
-        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, tmp)
+        write(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise AlreadyExistsError(f"checkpoint file {path} already exists") from None
+    finally:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
-        raise
-    return os.path.getsize(path)
 
 
 def read_rows(shape: tuple[int, ...], dtype: np.dtype, parts: list[list[Any]]) -> np.ndarray:

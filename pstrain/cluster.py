@@ -15,18 +15,21 @@ import ipaddress
 import json
 import os
 import re
+import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, PstrainError
 
 __all__ = [
     "ClusterResolver",
     "ClusterSpec",
+    "RunningCluster",
     "SimpleClusterResolver",
     "SlurmClusterResolver",
     "TFConfigClusterResolver",
     "is_loopback",
+    "listening_socket",
     "parse_address",
     "task_name",
 ]
@@ -52,6 +55,43 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+class RunningCluster:
+    """What a coordinator needs from a cluster it started (LocalCluster, InProcessCluster)."""
+
+    token: str
+
+    @property
+    def cluster_spec(self) -> ClusterSpec:
+        raise NotImplementedError  # pragma: no cover - each cluster knows its addresses
+
+    @property
+    def resolver(self) -> SimpleClusterResolver:
+        """A resolver for the coordinator (task ``chief:0``), carrying the token."""
+        return SimpleClusterResolver(self.cluster_spec, task_type="chief", task_id=0,
+                                     token=self.token)
+
+    def config(self) -> dict[str, Any]:
+        """The cluster as PSTRAIN_CONFIG / TF_CONFIG JSON for the coordinator."""
+        return {"cluster": self.cluster_spec.as_dict(), "task": {"type": "chief", "index": 0}}
+
+
+def listening_socket(host: str, port: int, what: str, backlog: int = 1024) -> socket.socket:
+    """A non-blocking socket bound to ``host:port`` and listening (port 0 picks one).
+
+    Bound before anyone is told the address: ready means listening.
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise PstrainError(f"{what} cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    sock.listen(backlog)
+    sock.setblocking(False)
+    return sock
 
 
 def parse_address(address: str) -> tuple[str, int]:

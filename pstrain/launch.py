@@ -26,7 +26,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .cluster import ClusterSpec, SimpleClusterResolver
+from .cluster import ClusterSpec, RunningCluster
 from .errors import InvalidArgumentError, PstrainError
 from .tasks import TaskOwner
 
@@ -47,7 +47,7 @@ class _Task:
         self.pump: asyncio.Task[None] | None = None
 
 
-class LocalCluster:
+class LocalCluster(RunningCluster):
     """A cluster of real processes on 127.0.0.1 (``async with``).
 
     ::
@@ -204,16 +204,6 @@ class LocalCluster:
             "ps": [str(self._tasks[("ps", i)].address) for i in range(self.num_ps)],
             "worker": [str(self._tasks[("worker", i)].address) for i in range(self.num_workers)],
         })
-
-    @property
-    def resolver(self) -> SimpleClusterResolver:
-        """A resolver for the coordinator (task ``chief:0``), carrying the token."""
-        return SimpleClusterResolver(self.cluster_spec, task_type="chief", task_id=0,
-                                     token=self.token)
-
-    def config(self) -> dict[str, Any]:
-        """The cluster as PSTRAIN_CONFIG / TF_CONFIG JSON for the coordinator."""
-        return {"cluster": self.cluster_spec.as_dict(), "task": {"type": "chief", "index": 0}}
 
 
 # -- pstrain launch ------------------------------------------------------------------------------

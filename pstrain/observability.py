@@ -13,7 +13,6 @@ retried): :class:`MetricsEndpoint` serves them (``GET /metrics`` and
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,7 +22,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
 from .auth import bearer_ok
-from .errors import PstrainError
+from .cluster import listening_socket
 
 logger = logging.getLogger(__name__)
 
@@ -117,16 +116,7 @@ class MetricsEndpoint:
         self.address: str | None = None
 
     async def start(self) -> str:
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((self.host, self.port))
-        except OSError as exc:
-            sock.close()
-            raise PstrainError(f"{self.task} cannot serve /metrics on {self.host}:{self.port}: "
-                               f"{exc.strerror or exc}") from exc
-        sock.listen(128)
-        sock.setblocking(False)
+        sock = listening_socket(self.host, self.port, f"{self.task}'s /metrics", backlog=128)
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._health)

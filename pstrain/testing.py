@@ -32,7 +32,7 @@ import sys
 import time
 from typing import Any
 
-from .cluster import ClusterSpec, SimpleClusterResolver
+from .cluster import ClusterSpec, RunningCluster
 from .errors import InvalidArgumentError, PstrainError
 from .rpc import close_loop_channels, open_channels
 from .server.ps import ParameterServer
@@ -59,7 +59,7 @@ def dump_task_stacks(file: Any = None) -> str:
     return text
 
 
-class InProcessCluster:
+class InProcessCluster(RunningCluster):
     """``num_ps`` ps and ``num_workers`` workers as servers in this process (``async with``)."""
 
     def __init__(self, num_ps: int = 2, num_workers: int = 2, token: str | None = None, *,
@@ -142,13 +142,3 @@ class InProcessCluster:
     @property
     def cluster_spec(self) -> ClusterSpec:
         return ClusterSpec({"ps": self._addresses(self.ps), "worker": self._addresses(self.workers)})
-
-    @property
-    def resolver(self) -> SimpleClusterResolver:
-        """A resolver for the coordinator (task ``chief:0``), carrying the token."""
-        return SimpleClusterResolver(self.cluster_spec, task_type="chief", task_id=0,
-                                     token=self.token)
-
-    def config(self) -> dict[str, Any]:
-        """The cluster as PSTRAIN_CONFIG / TF_CONFIG JSON for a coordinator."""
-        return {"cluster": self.cluster_spec.as_dict(), "task": {"type": "chief", "index": 0}}

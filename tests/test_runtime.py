@@ -7,6 +7,7 @@ import asyncio
 import contextvars
 import threading
 import time
+from collections.abc import Awaitable, Callable
 
 import numpy as np
 import pytest
@@ -52,7 +53,8 @@ def test_block_on_runs_on_the_given_loop_in_the_callers_context():
             _var.reset(token)
 
 
-def test_block_on_times_out_with_deadline_exceeded_and_cancels_the_work():
+def cancellable() -> tuple[threading.Event, Callable[[], Awaitable[None]]]:
+    """A coroutine function that waits forever, and an event set when it is cancelled."""
     cancelled = threading.Event()
 
     async def forever() -> None:
@@ -62,6 +64,11 @@ def test_block_on_times_out_with_deadline_exceeded_and_cancels_the_work():
             cancelled.set()
             raise
 
+    return cancelled, forever
+
+
+def test_block_on_times_out_with_deadline_exceeded_and_cancels_the_work():
+    cancelled, forever = cancellable()
     with LoopThread() as loop:
         t = time.monotonic()
         with pytest.raises(DeadlineExceededError, match="within 0.1 s") as info:
@@ -92,15 +99,7 @@ async def test_pstrain_run_refuses_a_running_loop_without_leaving_a_coroutine_be
 
 
 def test_ctrl_c_while_blocked_cancels_the_work():
-    cancelled = threading.Event()
-
-    async def forever() -> None:
-        try:
-            await asyncio.sleep(60)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
+    cancelled, forever = cancellable()
     import os
     import signal
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 from typing import Any
 
+from ..cluster import listening_socket
 from ..errors import PstrainError
 from .core import ServerCore, Status
 from .http import HttpAdapter
@@ -43,17 +43,7 @@ class ServerBase(ServerCore):
             raise PstrainError(f"server {self.task} already started")
         loop = asyncio.get_running_loop()
         self._closed = asyncio.Event()
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((self.host, self.port))
-        except OSError as exc:
-            sock.close()
-            raise PstrainError(f"{self.task} cannot listen on {self.host}:{self.port}: "
-                               f"{exc.strerror or exc}") from exc
-        sock.listen(1024)
-        sock.setblocking(False)
+        sock = listening_socket(self.host, self.port, self.task)
         self._http = HttpAdapter(self)
         http_factory = await self._http.start()
         self._server = await loop.create_server(

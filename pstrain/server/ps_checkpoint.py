@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import tempfile
 import time
 from typing import Any
 
 import numpy as np
 
-from ..checkpoint_files import read_rows
+from ..checkpoint_files import read_rows, write_atomically
 from ..errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 from ..schemas import RestoreRequest, RestoreSpec, SaveRequest
 from .store import VariableStore
@@ -167,23 +166,11 @@ class CheckpointFiles:
 
 
 def _write_new(path: str, tensors: dict[str, np.ndarray]) -> int:
-    """Write ``tensors`` to the new file ``path``: exclusive temp file, fsync, link, never over."""
+    """Write ``tensors`` to the new file ``path`` (never over an existing one)."""
     from safetensors.numpy import save_file
 
-    directory, base = os.path.split(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
-    os.close(fd)
-    try:
+    def write(tmp: str) -> None:
         save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        try:
-            os.link(tmp, path)  # fails if path exists: never replaces a file
-        except FileExistsError:
-            raise AlreadyExistsError(f"checkpoint file {path} already exists") from None
-        return os.path.getsize(path)
-    finally:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+
+    write_atomically(path, write, overwrite=False)
+    return os.path.getsize(path)
