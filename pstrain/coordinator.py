@@ -224,6 +224,9 @@ class ClusterCoordinator:
         """Wait until every scheduled closure has run; raise the first error if one failed."""
         self._start()
         while True:
+            refused = [w.refused for w in self._workers if w.refused is not None]
+            if refused and len(refused) == len(self._workers) and not self.queue.is_idle():
+                self.queue.record_error(refused[0])  # no worker can ever run what is queued
             if self.queue.error is not None:
                 # Let the cancelled in-flight closures report back (bounded), then raise.
                 await self.queue.wait_drained(self.cancel_grace_s)

@@ -24,6 +24,7 @@ from typing import Any
 
 from .cluster import ClusterSpec, task_name
 from .errors import (
+    AuthenticationError,
     CancelledError,
     ClosureAbortedError,
     ClosureInputError,
@@ -80,6 +81,7 @@ class WorkerDispatcher:
         self.incarnation: str | None = None
         self.up = False
         self.failures = 0
+        self.refused: AuthenticationError | None = None  # the worker refused us for good
         self._waiter: asyncio.Future[None] | None = None
         self._broken: BaseException | None = None
         queue.add_listener(self.wake)
@@ -110,6 +112,12 @@ class WorkerDispatcher:
                 await self._connect()
                 backoff = self.settings.probe_initial_s
                 await self._pump()
+            except AuthenticationError as exc:  # permanent: retrying cannot help
+                logger.error("%s: %s", self.task, exc)
+                self.refused = exc
+                self._lost(exc)
+                self.queue.record_error(exc)
+                return
             except _LOST as exc:
                 self._lost(exc)
                 await asyncio.sleep(backoff)

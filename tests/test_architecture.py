@@ -27,7 +27,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "training": ("optimizers", "metrics", "checkpoint", "evaluator", "data", "module"),
     "program": ("values", "remote_value", "scheduling", "resources", "per_worker", "dispatch",
                 "strategy", "coordinator"),
-    "face": ("__init__", "cli", "launch", "testing", "demo", "progress", "ctr"),
+    "face": ("__init__", "__main__", "cli", "launch", "testing", "demo", "progress", "ctr"),
 }
 RANK = {layer: i for i, layer in enumerate(LAYERS)}
 SERVERS_MAY_IMPORT = {"base", "formats", "transport"}

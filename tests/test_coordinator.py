@@ -12,6 +12,7 @@ import pytest
 import pstrain
 from pstrain import rpc
 from pstrain.errors import CancelledError, ClosureInputError, InvalidArgumentError
+from pstrain.testing import InProcessCluster
 
 from .conftest import wait_for
 
@@ -180,7 +181,7 @@ async def test_pstrain_errors_come_back_as_themselves(cluster):
 
 
 async def test_placement_is_round_robin_and_colocation(tmp_path):
-    async with pstrain.LocalCluster(num_ps=3, num_workers=1) as cluster:
+    async with InProcessCluster(num_ps=3, num_workers=1) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         with strategy.scope():
             vs = [pstrain.Variable(float(i)) for i in range(4)]
@@ -398,3 +399,23 @@ def test_module_collects_variables():
     m = Model()
     assert len(m.variables) == 5 and len(m.trainable_variables) == 3
     assert len(m.submodules) == 2
+
+
+async def test_a_wrong_token_fails_join_fast_without_a_retry_loop(cluster, caplog):
+    spec = cluster.cluster_spec
+    wrong = pstrain.SimpleClusterResolver(spec, task_type="chief", task_id=0, token="not-the-token")
+    coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(wrong))
+    rv = coordinator.schedule(lambda: 1)
+    t = time.monotonic()
+    with pytest.raises(pstrain.errors.AuthenticationError, match="cluster token"):
+        await asyncio.wait_for(coordinator.join(), 10)
+    assert time.monotonic() - t < 10
+    with pytest.raises(CancelledError):
+        await rv
+    # Each worker refused once: no reconnect loop in the log.
+    refusals = [r for r in caplog.records if "could not prove" in r.getMessage()]
+    assert 1 <= len(refusals) <= len(spec.job_tasks("worker"))
+    coordinator.schedule(lambda: 2)  # more work, still no worker that can run it
+    with pytest.raises(pstrain.errors.AuthenticationError):
+        await asyncio.wait_for(coordinator.join(), 10)
+    await coordinator.close()
