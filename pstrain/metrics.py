@@ -62,6 +62,10 @@ class Metric:
         """Set every state variable back to zero."""
         await update_variables([(v, "assign", np.zeros(v.shape, v.dtype)) for v in self._vars.values()])
 
+    async def reset_states(self) -> None:
+        """TF's older name for :meth:`reset_state` (its tutorial uses it)."""
+        await self.reset_state()
+
     async def _values(self) -> dict[str, np.ndarray]:
         values = await read_variables(list(self._vars.values()))
         return dict(zip(self._vars, values))

@@ -26,7 +26,7 @@ from .placement import Placement
 from .rpc import ChannelPool
 from .sharding import ShardedVariable
 from .values import DistributedValues, PerReplica, ValueContext
-from .variables import Variable, creator_scope, ensure_created
+from .variables import Variable, creator_scope, current_creator, ensure_created
 
 if TYPE_CHECKING:
     from .coordinator import ClusterCoordinator
@@ -90,9 +90,17 @@ class _Extended:
         return tuple(task_name("worker", i) + "/device:CPU:0"
                      for i in range(self._strategy.num_workers))
 
+    @property
+    def experimental_require_static_shapes(self) -> bool:
+        """False: variables and values may have any shape (as TF's parameter-server strategy)."""
+        return False
+
     @contextlib.contextmanager
     def colocate_vars_with(self, colocate_with_variable: Any) -> Iterator[None]:
-        """Variables created inside go to the ps of ``colocate_with_variable``."""
+        """Variables created inside go to the ps of ``colocate_with_variable`` (inside the scope)."""
+        if current_creator() is not self._strategy.placement:
+            raise InvalidArgumentError("colocate_vars_with must be used inside strategy.scope(): "
+                                       "outside it, variables are local and go nowhere")
         ps = getattr(colocate_with_variable, "ps_index", None)
         if ps is None:
             raise InvalidArgumentError("colocate_vars_with needs a variable placed on a ps")
@@ -100,12 +108,13 @@ class _Extended:
             yield
 
     async def update(self, var: Any, fn: Callable[..., Any], args: Sequence[Any] = (),
-                     kwargs: dict[str, Any] | None = None) -> Any:
+                     kwargs: dict[str, Any] | None = None, group: bool = True) -> Any:
         """Run ``fn(var_array, *args, **kwargs)`` on the ps holding ``var``; return its result.
 
         ``var`` arrives as a writable numpy array; variables in ``args``/``kwargs`` that live
         on the same ps arrive as arrays too. Only ``fn``'s result travels back. For a sharded
         variable ``fn`` runs on every part (concurrently) and the results come back as a list.
+        ``group`` (TF's name) has no effect: there is one replica per worker.
         """
         if isinstance(var, ShardedVariable):
             return list(await asyncio.gather(*(self.update(p, fn, args, kwargs) for p in var.variables)))
@@ -132,13 +141,18 @@ class _Extended:
             "kwargs": {k: ref(v) for k, v in (kwargs or {}).items()}}, pickle=True)
         return reply["result"]
 
-    def reduce_to(self, reduce_op: ReduceOp | str, value: Any, destinations: Any = None) -> Any:
-        """Combine a per-replica ``value`` for ``destinations`` (one replica per worker here)."""
+    def reduce_to(self, reduce_op: ReduceOp | str, value: Any, destinations: Any = None,
+                  options: Any = None) -> Any:
+        """Combine a per-replica ``value`` for ``destinations`` (one replica per worker here).
+
+        ``options`` (TF's communication options) has no effect.
+        """
         return self._strategy.reduce(reduce_op, value, axis=None)
 
     def batch_reduce_to(self, reduce_op: ReduceOp | str,
-                        value_destination_pairs: Sequence[tuple[Any, Any]]) -> list[Any]:
-        """:meth:`reduce_to` over ``(value, destinations)`` pairs."""
+                        value_destination_pairs: Sequence[tuple[Any, Any]], options: Any = None,
+                        experimental_hints: Any = None) -> list[Any]:
+        """:meth:`reduce_to` over ``(value, destinations)`` pairs (TF's hints have no effect)."""
         return [self.reduce_to(reduce_op, v, d) for v, d in value_destination_pairs]
 
 
@@ -265,18 +279,34 @@ class ParameterServerStrategy:
 
     # -- replica API -------------------------------------------------------------------------
     def run(self, fn: Callable[..., Any], args: Sequence[Any] = (),
-            kwargs: dict[str, Any] | None = None) -> Any:
-        """Call ``fn`` as the replica of this worker; awaitable for a coroutine function."""
-        args = tuple(_local_value(a) for a in args)
-        kwargs = {k: _local_value(v) for k, v in (kwargs or {}).items()}
+            kwargs: dict[str, Any] | None = None, options: Any = None) -> Any:
+        """Call ``fn`` as the replica of this worker, inside this strategy's scope;
+        awaitable for a coroutine function. ``options`` (TF's ``RunOptions``) has no effect."""
+        if not isinstance(args, (list, tuple)):
+            raise InvalidArgumentError(f"strategy.run: args must be a list or a tuple, got "
+                                       f"{type(args).__name__}")
+        n = self.num_replicas_in_sync
+        args = tuple(self._replica_value(a, n) for a in args)
+        kwargs = {k: self._replica_value(v, n) for k, v in (kwargs or {}).items()}
         token = _replica_ctx.set(ReplicaContext(self))
         try:
-            result = fn(*args, **kwargs)
+            with creator_scope(self._placement):
+                result = fn(*args, **kwargs)
         finally:
             _replica_ctx.reset(token)
         if asyncio.iscoroutine(result):
             return _in_replica(self, result)
         return result
+
+    @staticmethod
+    def _replica_value(value: Any, replicas: int) -> Any:
+        if isinstance(value, DistributedValues):
+            if len(value.values) != replicas:
+                raise InvalidArgumentError(
+                    f"strategy.run: a {type(value).__name__} with {len(value.values)} parts, for "
+                    f"{replicas} replica(s) in sync (one per worker)")
+            return value.values[0]
+        return value
 
     def reduce(self, reduce_op: ReduceOp | str, value: Any, axis: int | None = None) -> Any:
         """Combine a per-replica ``value`` (and along ``axis`` within each, if given)."""
@@ -290,8 +320,26 @@ class ParameterServerStrategy:
         return total / len(parts) if op is ReduceOp.MEAN else total
 
     def gather(self, value: Any, axis: int) -> Any:
-        """Concatenate the per-replica components of ``value`` along ``axis``."""
+        """Concatenate the per-replica components of ``value`` along ``axis``.
+
+        Cross-replica context only; components must have a rank of at least 1 and the
+        same shape except along ``axis`` (TF's rules).
+        """
+        if get_replica_context() is not None:
+            raise InvalidArgumentError("strategy.gather can only be called in the cross-replica "
+                                       "context (outside strategy.run)")
         parts = [np.asarray(v) for v in self.experimental_local_results(value)]
+        rank = parts[0].ndim
+        if rank == 0:
+            raise InvalidArgumentError("strategy.gather: components must have a rank of at least 1 "
+                                       "(expand their dims first)")
+        if not -rank <= axis < rank:
+            raise InvalidArgumentError(f"strategy.gather: axis {axis} is out of range for rank {rank}")
+        ax = axis % rank
+        for p in parts[1:]:
+            if p.ndim != rank or p.shape[:ax] + p.shape[ax + 1:] != parts[0].shape[:ax] + parts[0].shape[ax + 1:]:
+                raise InvalidArgumentError(f"strategy.gather: shapes {parts[0].shape} and {p.shape} "
+                                           f"differ outside axis {axis}")
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
 
     def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
@@ -321,15 +369,10 @@ def _worker_strategy(num_ps: int, num_workers: int, partitioner: Any) -> Paramet
     return self
 
 
-def _local_value(value: Any) -> Any:
-    if isinstance(value, DistributedValues):
-        return value.values[0]
-    return value
-
-
 async def _in_replica(strategy: ParameterServerStrategy, coro: Any) -> Any:
     token = _replica_ctx.set(ReplicaContext(strategy))
     try:
-        return await coro
+        with creator_scope(strategy.placement):
+            return await coro
     finally:
         _replica_ctx.reset(token)

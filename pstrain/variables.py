@@ -181,7 +181,9 @@ class Variable(VariableBase):
         value = initial_value_array(initial_value, dtype, shape)
         self._setup(name or "Variable", value.shape, value.dtype, trainable, aggregation,
                     synchronization)
-        self._local = value.copy() if not value.flags.writeable else value
+        # A local variable owns its memory: never an alias of the caller's array.
+        shared = isinstance(initial_value, np.ndarray) and np.may_share_memory(value, initial_value)
+        self._local = value.copy() if shared or not value.flags.writeable else value
 
     def _setup(self, name: str, shape: Sequence[int], dtype: Any, trainable: bool,
                aggregation: Any, synchronization: Any) -> None:

@@ -419,3 +419,42 @@ async def test_a_wrong_token_fails_join_fast_without_a_retry_loop(cluster, caplo
     with pytest.raises(pstrain.errors.AuthenticationError):
         await asyncio.wait_for(coordinator.join(), 10)
     await coordinator.close()
+
+
+def test_strategy_api_accepts_tfs_argument_names_and_refuses_what_tf_refuses():
+    strategy = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(
+        {"ps": ["127.0.0.1:9"], "worker": ["127.0.0.1:9"]}))
+    assert strategy.run(lambda x: x + 1, args=(1,), options=None) == 2
+    with pytest.raises(InvalidArgumentError, match="list or a tuple"):
+        strategy.run(lambda x: x, args=np.ones(2))
+    with pytest.raises(InvalidArgumentError, match="2 parts"):
+        strategy.run(lambda x: x, args=(pstrain.PerReplica([1, 2]),))
+    assert strategy.run(lambda x: x, args=(pstrain.PerReplica([5]),)) == 5
+    # run enters the scope: a variable made inside lives on the ps
+    made = strategy.run(lambda: pstrain.Variable(1.0, name="inside_run"))
+    assert made.device.startswith("/job:ps/")
+    with pytest.raises(InvalidArgumentError, match="inside strategy.scope"):
+        with strategy.extended.colocate_vars_with(made):
+            pass
+    assert strategy.extended.experimental_require_static_shapes is False
+    assert strategy.extended.batch_reduce_to("SUM", [(pstrain.PerReplica([np.ones(2)]), None)],
+                                             experimental_hints=None)[0].tolist() == [1, 1]
+    with pytest.raises(InvalidArgumentError, match="rank"):
+        strategy.gather(pstrain.PerReplica([np.float32(1)]), axis=0)
+    with pytest.raises(InvalidArgumentError, match="out of range"):
+        strategy.gather(pstrain.PerReplica([np.ones((2, 3))]), axis=2)
+    with pytest.raises(InvalidArgumentError, match="cross-replica"):
+        strategy.run(lambda: strategy.gather(np.ones(2), axis=0))
+    np.testing.assert_array_equal(strategy.gather(pstrain.PerReplica([np.ones((2, 3))]), axis=-1),
+                                  np.ones((2, 3)))
+
+
+async def test_local_variables_own_their_memory_and_metrics_reset_states():
+    source = np.zeros(3, np.float32)
+    v = pstrain.Variable(source)
+    source[:] = 7  # the caller's array changes later
+    assert (await v.numpy()).tolist() == [0, 0, 0]
+    m = pstrain.metrics.Mean()
+    await m.update_state([2.0, 4.0])
+    await m.reset_states()
+    assert await m.result() == 0.0

@@ -65,8 +65,8 @@ async def test_div_layout_names_placement_and_values(ps_pair):
     assert [p.shape[0] for p in small.variables] == [1, 1, 1]
     assert [p.ps_index for p in small.variables] == [0, 1, 0]  # the counter carries on
     assert isinstance(scalar, pstrain.Variable)  # rank 0: never partitioned
-    with strategy4.extended.colocate_vars_with(scalar):
-        with strategy4.scope():
+    with strategy4.scope():  # TF's order: colocation only inside the scope
+        with strategy4.extended.colocate_vars_with(scalar):
             colocated = pstrain.Variable(np.zeros(8, np.float32), name="colocated")
     assert isinstance(colocated, pstrain.Variable) and colocated.device == scalar.device
 

@@ -44,7 +44,11 @@ class Server:
     def __init__(self, cluster_spec: ClusterSpec | dict[str, Any], job_name: str, task_index: int,
                  port: int | None = None, token: str | None = None, *, host: str | None = None,
                  ssl_context: ssl_module.SSLContext | None = None,
-                 max_body: int = DEFAULT_MAX_BODY, **options: Any) -> None:
+                 max_body: int = DEFAULT_MAX_BODY, protocol: str | None = None,
+                 **options: Any) -> None:
+        if protocol not in (None, "grpc", "pstrain"):
+            raise InvalidArgumentError(f"unknown protocol {protocol!r}: pstrain servers speak their "
+                                       "own stream and HTTP (TF's 'grpc' is accepted and ignored)")
         spec = ClusterSpec(cluster_spec)
         spec_host, spec_port = parse_address(spec.task_address(job_name, task_index))
         kwargs: dict[str, Any] = dict(
