@@ -32,7 +32,6 @@ checkpoint into numpy arrays without any cluster. The file format is
 from __future__ import annotations
 
 import asyncio
-import functools
 import glob
 import logging
 import os
@@ -46,10 +45,8 @@ import numpy as np
 
 from .checkpoint_files import (
     INDEX,
-    checkpoint_dir,
-    read_index,
+    CheckpointReader,
     read_rows,
-    read_variable,
     sources,
     write_index,
     write_tensors,
@@ -201,9 +198,9 @@ class Checkpoint:
         Variables created later through a strategy whose variables were restored here take
         their initial values from this checkpoint (delayed restore).
         """
-        index = read_index(path)
-        base = checkpoint_dir(path)
-        saved = index["variables"]
+        reader = CheckpointReader(path)  # the index is read and checked once, here
+        base = reader.base
+        saved = reader.variables
         entries, optimizers = _collect(self._objects)
         for opt in optimizers:  # slots of tracked variables, laid out like their variable
             for entry in list(entries.values()):
@@ -212,7 +209,7 @@ class Checkpoint:
                     if name in saved:
                         parts = [_slot_handle(f"{opt.name}/{slot}/{p.name}", p) for p in entry.parts]
                         entries[name] = _Entry(name, parts, entry.offsets, entry.shape, entry.dtype, False)
-        _register_delayed(entries, path)
+        _register_delayed(entries, reader)
         await ensure_created(p for e in entries.values() for p in e.parts)
         by_ps: dict[Channel, list[dict[str, Any]]] = {}
         local: list[tuple[Variable, list[list[Any]]]] = []
@@ -275,9 +272,9 @@ def _slot_handle(name: str, part: Variable) -> Variable:
     return Variable.handle(name, part.shape, part.dtype, part.ps_index, pool, False)
 
 
-def _register_delayed(entries: dict[str, _Entry], path: str) -> None:
+def _register_delayed(entries: dict[str, _Entry], reader: CheckpointReader) -> None:
     """Variables created later (by the placements of these variables, or of the scope this
-    runs in) start from the values saved at ``path``."""
+    runs in) start from the values ``reader``'s checkpoint saved."""
     placements: dict[int, Placement] = {}
     for e in entries.values():
         for p in e.parts:
@@ -286,9 +283,8 @@ def _register_delayed(entries: dict[str, _Entry], path: str) -> None:
     current = current_creator()
     if isinstance(current, Placement):
         placements[id(current)] = current
-    lookup = functools.partial(read_variable, path)
     for placement in placements.values():
-        placement.restore_new_variables_from(lookup)
+        placement.restore_new_variables_from(reader.read)
 
 
 def load_variables(path: str) -> dict[str, np.ndarray]:
@@ -296,13 +292,12 @@ def load_variables(path: str) -> dict[str, np.ndarray]:
 
     ``arrays = pstrain.checkpoint.load_variables("/tmp/run/ckpt-3")``
     """
-    index = read_index(path)
-    base = checkpoint_dir(path)
+    reader = CheckpointReader(path)
     out = {}
-    for name, meta in index["variables"].items():
-        shape = tuple(meta["shape"])
-        rows = shape[0] if shape else 1
-        out[name] = read_rows(shape, np.dtype(meta["dtype"]), sources(meta, base, 0, rows, not shape))
+    for name in reader.variables:
+        array = reader.read(name)
+        assert array is not None  # every name comes from the index
+        out[name] = array
     return out
 
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from .errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 
-__all__ = ["FORMAT", "INDEX", "index_path", "read_index", "read_rows", "sources",
+__all__ = ["FORMAT", "INDEX", "CheckpointReader", "index_path", "read_index", "read_rows", "sources",
            "write_atomically", "write_index", "write_tensors"]
 
 FORMAT = "pstrain-checkpoint"
@@ -146,14 +146,28 @@ def sources(saved: dict[str, Any], base: str, start: int, stop: int, scalar: boo
     return out
 
 
-def read_variable(path: str, name: str) -> np.ndarray | None:
-    """One variable of checkpoint ``path`` as a full array (None if it is not there)."""
-    meta = read_index(path)["variables"].get(name)
-    if meta is None:
-        return None
-    shape = tuple(meta["shape"])
-    return read_rows(shape, np.dtype(meta["dtype"]),
-                     sources(meta, checkpoint_dir(path), 0, shape[0] if shape else 1, not shape))
+class CheckpointReader:
+    """One checkpoint: its index read and checked once, its variables read when asked."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.index = read_index(path)
+        self.base = checkpoint_dir(path)
+
+    @property
+    def variables(self) -> dict[str, Any]:
+        """The index's entry of each variable, by name."""
+        variables: dict[str, Any] = self.index["variables"]
+        return variables
+
+    def read(self, name: str) -> np.ndarray | None:
+        """Variable ``name`` as a full array (None if the checkpoint does not have it)."""
+        meta = self.variables.get(name)
+        if meta is None:
+            return None
+        shape = tuple(meta["shape"])
+        return read_rows(shape, np.dtype(meta["dtype"]),
+                         sources(meta, self.base, 0, shape[0] if shape else 1, not shape))
 
 
 def write_tensors(path: str, tensors: dict[str, np.ndarray]) -> int:

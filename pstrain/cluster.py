@@ -11,6 +11,7 @@ This module is one of the two places that read the environment (the other is
 
 from __future__ import annotations
 
+import abc
 import ipaddress
 import json
 import os
@@ -57,14 +58,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class RunningCluster:
+class RunningCluster(abc.ABC):
     """What a coordinator needs from a cluster it started (LocalCluster, InProcessCluster)."""
 
     token: str
 
     @property
+    @abc.abstractmethod
     def cluster_spec(self) -> ClusterSpec:
-        raise NotImplementedError  # pragma: no cover - each cluster knows its addresses
+        """The addresses of the cluster's tasks."""
 
     @property
     def resolver(self) -> SimpleClusterResolver:

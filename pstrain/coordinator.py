@@ -63,7 +63,7 @@ class ClusterCoordinator:
 
     def __new__(cls, strategy: ParameterServerStrategy, *args: Any, **kwargs: Any) -> ClusterCoordinator:
         existing = strategy.coordinator
-        if existing is not None and not existing.closed:
+        if isinstance(existing, ClusterCoordinator) and not existing.closed:
             return existing
         return super().__new__(cls)
 

@@ -32,7 +32,7 @@ from .errors import (
     PstrainError,
     UnavailableError,
 )
-from .messages import ClosureStatus, exception_from_payload
+from .messages import CANCELLED, OK, exception_from_payload
 from .resources import ResourceRegistry, ResourceSpec
 from .rpc import Channel
 from .scheduling import CANCELLED_MESSAGE, Closure, ClosureQueue
@@ -43,7 +43,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["DispatchSettings", "WorkerDispatcher"]
 
 _LOST = (UnavailableError, DeadlineExceededError, ClosureAbortedError)
-OK = int(ClosureStatus.OK)
 
 
 @dataclass
@@ -229,7 +228,7 @@ class WorkerDispatcher:
                 try:
                     args, kwargs, has_refs = c.arguments_for(self.index)
                 except ClosureInputError as exc:
-                    self.queue.fail_closure(c, exc)
+                    self.queue.fail(c.cid, exc)
                     continue
                 entries.append([c.cid, c.digest, args, kwargs, has_refs])
             else:
@@ -260,7 +259,7 @@ class WorkerDispatcher:
         for cid, status, value in reply["results"]:
             if status == OK:
                 finish(cid, value)
-            elif status == ClosureStatus.CANCELLED:
+            elif status == CANCELLED:
                 queue.fail(cid, CancelledError(CANCELLED_MESSAGE, task=self.task), cancelled=True)
             else:
                 queue.fail(cid, exception_from_payload(value, self.task))

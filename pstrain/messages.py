@@ -18,15 +18,21 @@ from typing import Any
 
 from .errors import OutOfRangeError, PstrainError
 
-__all__ = ["ClosureStatus", "ResourceRef", "exception_from_payload", "exception_payload"]
+__all__ = ["CANCELLED", "ERROR", "OK", "ClosureStatus", "ResourceRef", "exception_from_payload",
+           "exception_payload"]
 
 
 class ClosureStatus(enum.IntEnum):
-    """How a closure ended. Sent as a plain ``int`` (``int(ClosureStatus.OK)``)."""
+    """How a closure ended. Sent as a plain ``int``: :data:`OK`, :data:`ERROR`, :data:`CANCELLED`."""
 
     OK = 0
     ERROR = 1
     CANCELLED = 2
+
+
+# Plain ints for the wire and the hot paths: an IntEnum member is not an int to the codec
+# (it would be pickled with every result).
+OK, ERROR, CANCELLED = (int(s) for s in ClosureStatus)
 
 
 class ResourceRef:

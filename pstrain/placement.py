@@ -160,10 +160,6 @@ class Placement:
         return Variable.handle(name, shape, dtype, ps, self.channels, trainable, aggregation,
                                synchronization, creator=self, ticket=ticket)
 
-    def has_queued(self) -> bool:
-        """Are creations waiting to be sent?"""
-        return self.created_upto < self.issued
-
     def creations_to_send(self) -> Awaitable[None] | None:
         """``ensure_created()`` if creations are queued, else None (a check that costs nothing)."""
         return self.ensure_created() if self.created_upto < self.issued else None

@@ -21,6 +21,7 @@ stays usable. No decoding happens here.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import enum
 import struct
@@ -91,7 +92,7 @@ MIN_BODY_RATE = 4 << 20
 MIN_BODY_DEADLINE_S = 15.0
 
 
-class FrameProtocol(asyncio.BufferedProtocol):
+class FrameProtocol(asyncio.BufferedProtocol, abc.ABC):
     """Reads frames; small ones through a staging buffer, large ones in place.
 
     Subclasses implement :meth:`handle_frame`. Bodies of large frames arrive
@@ -268,8 +269,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._scratch_buf = memoryview(bytearray(1 << 20))
         return self._scratch_buf
 
+    @abc.abstractmethod
     def handle_frame(self, req_id: int, kind: FrameKind, op: str, body: memoryview) -> None:
-        raise NotImplementedError  # pragma: no cover - abstract
+        """A complete frame arrived (``body`` is its own buffer for large frames)."""
 
     def oversized(self, req_id: int, op: str) -> None:
         """A frame over ``max_body`` (or over the budget) was skipped."""

@@ -297,12 +297,6 @@ class Channel:
             if channels is not None:
                 channels.discard(self)
 
-    def reset(self) -> None:
-        """Drop the current connection (its calls fail); the next call connects afresh."""
-        proto, self._proto = self._proto, None
-        if proto is not None and proto.transport is not None:
-            proto.transport.abort()
-
 
 def _expire(fut: asyncio.Future[Any], task: str, op: str, timeout: float) -> None:
     if not fut.done():

@@ -271,10 +271,6 @@ class ClosureQueue:
         self._progress()
         return True
 
-    def fail_closure(self, closure: Closure, error: BaseException) -> bool:
-        """A closure that failed before reaching its worker (a bad input)."""
-        return self.fail(closure.cid, error)
-
     def put_back(self, worker: int) -> int:
         """``worker`` was lost: its closures go back to the front of the queue, in order
         (or are cancelled if an error is pending). Returns how many."""

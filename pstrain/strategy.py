@@ -16,7 +16,7 @@ import contextvars
 import enum
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -28,8 +28,11 @@ from .sharding import ShardedVariable
 from .values import DistributedValues, PerReplica, ValueContext
 from .variables import Variable, creator_scope, current_creator, ensure_created
 
-if TYPE_CHECKING:
-    from .coordinator import ClusterCoordinator
+
+class _Coordinator(Protocol):
+    """What the strategy knows of its ClusterCoordinator (which imports this module)."""
+
+    closed: bool
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +225,7 @@ class ParameterServerStrategy:
         self._num_workers = num_workers
         self._channels = channels  # None on a worker: the closure's channels
         self._placement = Placement(num_ps, channels, partitioner)
-        self._coordinator: ClusterCoordinator | None = None
+        self._coordinator: _Coordinator | None = None
         self.extended = _Extended(self)
 
     # -- properties --------------------------------------------------------------------------
@@ -257,15 +260,15 @@ class ParameterServerStrategy:
         return self.channels.cluster_spec
 
     @property
-    def coordinator(self) -> ClusterCoordinator | None:
+    def coordinator(self) -> _Coordinator | None:
         """The ClusterCoordinator of this strategy, if one was made and is open."""
         return self._coordinator
 
-    def attach_coordinator(self, coordinator: ClusterCoordinator) -> None:
+    def attach_coordinator(self, coordinator: _Coordinator) -> None:
         """Called by ``ClusterCoordinator(strategy)``: one coordinator per strategy."""
         self._coordinator = coordinator
 
-    def detach_coordinator(self, coordinator: ClusterCoordinator) -> None:
+    def detach_coordinator(self, coordinator: _Coordinator) -> None:
         if self._coordinator is coordinator:
             self._coordinator = None
 

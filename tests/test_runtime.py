@@ -20,6 +20,8 @@ from pstrain.remote_value import Outcome, RemoteValue
 from pstrain.tasks import TaskOwner
 from pstrain.testing import InProcessCluster, LeakError
 
+from .conftest import wait_for
+
 pytestmark = pytest.mark.timeout(20)
 
 _var: contextvars.ContextVar[str] = contextvars.ContextVar("test_var", default="unset")
@@ -186,7 +188,8 @@ async def test_many_concurrent_ensure_created_calls_make_one_request_per_ps_and_
             vs = [pstrain.Variable(float(i), name=f"v{i}") for i in range(10)]
         # Twenty concurrent callers, and more variables created while the first send runs.
         callers = [asyncio.ensure_future(placement.ensure_created()) for _ in range(20)]
-        await asyncio.sleep(0)
+        await wait_for(lambda: any("vars/create" in s.stats for s in cluster.ps),
+                       what="the first creations to reach a ps")
         with strategy.scope():
             late = pstrain.Variable(99.0, name="late")
         callers.append(asyncio.ensure_future(placement.ensure_created()))

@@ -158,15 +158,17 @@ async def test_wait_idle_and_wait_drained():
     await q.wait_idle()  # idle: returns at once
     q.put(closure(1))
     q.put(closure(2))
-    waiter = asyncio.ensure_future(q.wait_idle())
-    await asyncio.sleep(0)
-    assert not waiter.done()
+    # Drive the waiting coroutine by hand: it stops at the future it waits on.
+    waiting = q.wait_idle()
+    blocker = waiting.send(None)
+    assert not blocker.done()
     q.take(0, 2)
     q.finish(1, None)
-    await asyncio.sleep(0)
-    assert not waiter.done()
+    assert not blocker.done()  # one closure still in flight
     q.finish(2, None)
-    await asyncio.wait_for(waiter, 1)
+    assert blocker.done()
+    with pytest.raises(StopIteration):
+        waiting.send(None)  # and it returns
     # an error ends wait_idle even with work in flight; wait_drained waits for the in-flight
     q.put(closure(3))
     q.put(closure(4))
@@ -192,7 +194,7 @@ def test_remote_value_inputs_are_resolved_and_failed_inputs_fail_the_consumer():
     q = ClosureQueue()
     q.put(failing)
     q.take(0, 1)
-    q.fail_closure(failing, ClosureInputError("producer failed"))
+    q.fail(failing.cid, ClosureInputError("producer failed"))
     with pytest.raises(ClosureInputError):
         result(failing)
     assert isinstance(q.error, ClosureInputError)

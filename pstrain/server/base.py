@@ -29,6 +29,12 @@ __all__ = ["ServerBase"]
 class ServerBase(ServerCore):
     """A :class:`ServerCore` that listens: ``start``, ``join``, ``stop``."""
 
+    def statistics(self, req: Any) -> dict[str, Any]:
+        out = super().statistics(req)
+        out.update(preauth_waiting=len(self.preauth), preauth_expired=self.preauth.expired,
+                   preauth_evicted=self.preauth.evicted)
+        return out
+
     def __init__(self, role: str, index: int, **options: Any) -> None:
         super().__init__(role, index, **options)
         self.preauth = PreAuth(self.max_unauthenticated, self.handshake_timeout_s)
@@ -47,7 +53,7 @@ class ServerBase(ServerCore):
         self._http = HttpAdapter(self)
         http_factory = await self._http.start()
         self._server = await loop.create_server(
-            lambda: Sniffer(self, http_factory), sock=sock, ssl=self.ssl_context)
+            lambda: Sniffer(self, self.preauth, http_factory), sock=sock, ssl=self.ssl_context)
         host, port = sock.getsockname()[:2]
         self.port = port
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -24,8 +24,8 @@ from ..protocol import ACCEPTED, HELLO, MAGIC, PROOF, REJECTED, FrameKind, Frame
 from .core import Reply
 
 if TYPE_CHECKING:
-    from .base import ServerBase
     from .core import ServerCore
+    from .preauth import PreAuth
 
 logger = logging.getLogger(__name__)
 
@@ -91,8 +91,10 @@ _PREAUTH_LIMIT = HELLO + PROOF + 4096
 class Sniffer(asyncio.Protocol):
     """Decides per connection: the pstrain stream (and runs its handshake) or HTTP."""
 
-    def __init__(self, server: ServerBase, http_factory: Callable[[], asyncio.Protocol]) -> None:
+    def __init__(self, server: ServerCore, preauth: PreAuth,
+                 http_factory: Callable[[], asyncio.Protocol]) -> None:
         self.server = server
+        self.preauth = preauth
         self.http_factory = http_factory
         self.buf = bytearray()  # extended in place: pre-auth bytes are copied once
         self.transport: asyncio.Transport | None = None
@@ -102,7 +104,7 @@ class Sniffer(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.server.connections.add(transport)
-        self.server.preauth.add(transport)
+        self.preauth.add(transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -138,7 +140,7 @@ class Sniffer(asyncio.Protocol):
             self._reject(transport, "wrong or missing token")
             return
         transport.write(ACCEPTED)
-        self.server.preauth.authenticated(transport)
+        self.preauth.authenticated(transport)
         stream = StreamConnection(self.server)
         transport.set_protocol(stream)
         stream.connection_made(transport)
@@ -166,4 +168,4 @@ class Sniffer(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.transport is not None:
             self.server.connections.discard(self.transport)
-            self.server.preauth.authenticated(self.transport)  # no longer waiting either way
+            self.preauth.authenticated(self.transport)  # no longer waiting either way

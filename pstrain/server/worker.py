@@ -39,7 +39,7 @@ from ..errors import (
     InvalidArgumentError,
     NotFoundError,
 )
-from ..messages import ClosureStatus, ResourceRef, exception_payload
+from ..messages import CANCELLED, ERROR, OK, ResourceRef, exception_payload
 from ..rpc import ChannelPool
 from ..schemas import CancelRequest, ConfigureRequest, DropRequest, ResourceRequest, RunRequest
 from ..tasks import TaskOwner
@@ -50,8 +50,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["WorkerServer"]
 
-# Plain ints on the wire: an IntEnum member is not an int to the codec (it would be pickled).
-OK, ERROR, CANCELLED = (int(s) for s in (ClosureStatus.OK, ClosureStatus.ERROR, ClosureStatus.CANCELLED))
 
 
 class _FailedResource:
