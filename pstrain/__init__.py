@@ -28,11 +28,17 @@ _EXPORTS: dict[str, str] = {
     "ParameterServerStrategy": "strategy",
     "PerReplica": "values",
     "PerWorkerValues": "values",
-    "ReduceOp": "strategy",
+    "ReduceOp": "distribution",
     "RemoteValue": "remote_value",
     "ShardedVariable": "sharding",
     "SidecarEvaluator": "evaluator",
-    "ReplicaContext": "strategy",
+    "ReplicaContext": "distribution",
+    "CheckpointLoadStatus": "checkpoint",
+    "DistributedDataset": "input_distribution",
+    "InputContext": "input_distribution",
+    "InputOptions": "input_distribution",
+    "InputReplicationMode": "input_distribution",
+    "TensorSpec": "data",
     "Server": "server",
     "SimpleClusterResolver": "cluster",
     "SlurmClusterResolver": "cluster",
@@ -43,7 +49,10 @@ _EXPORTS: dict[str, str] = {
     "VariableSynchronization": "variables",
     "get_current_worker_index": "context",
     "embedding_lookup": "sharding",
-    "get_replica_context": "strategy",
+    "get_replica_context": "distribution",
+    "get_strategy": "distribution",
+    "has_strategy": "distribution",
+    "in_cross_replica_context": "distribution",
     "read_variables": "variables",
     "update_variables": "variables",
     "run": "bridge",
@@ -87,6 +96,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above 
     )
     from .checkpoint import (
         Checkpoint as Checkpoint,
+        CheckpointLoadStatus as CheckpointLoadStatus,
         CheckpointManager as CheckpointManager,
     )
     from .cluster import (
@@ -102,8 +112,25 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above 
     from .coordinator import (
         ClusterCoordinator as ClusterCoordinator,
     )
+    from .data import (
+        TensorSpec as TensorSpec,
+    )
+    from .distribution import (
+        ReduceOp as ReduceOp,
+        ReplicaContext as ReplicaContext,
+        get_replica_context as get_replica_context,
+        get_strategy as get_strategy,
+        has_strategy as has_strategy,
+        in_cross_replica_context as in_cross_replica_context,
+    )
     from .evaluator import (
         SidecarEvaluator as SidecarEvaluator,
+    )
+    from .input_distribution import (
+        DistributedDataset as DistributedDataset,
+        InputContext as InputContext,
+        InputOptions as InputOptions,
+        InputReplicationMode as InputReplicationMode,
     )
     from .launch import (
         LocalCluster as LocalCluster,
@@ -123,9 +150,6 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above 
     )
     from .strategy import (
         ParameterServerStrategy as ParameterServerStrategy,
-        ReduceOp as ReduceOp,
-        ReplicaContext as ReplicaContext,
-        get_replica_context as get_replica_context,
     )
     from .values import (
         DistributedValues as DistributedValues,

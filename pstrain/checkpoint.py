@@ -1,25 +1,37 @@
-"""Checkpoints: every tracked variable, saved where it lives, restorable anywhere.
+"""Checkpoints keyed by the object graph: the same code restores the same state.
 
 ``Checkpoint(model=..., optimizer=..., step=...)`` tracks the variables
-reachable from its objects: Variables, ShardedVariables, Modules, optimizers
-(``iterations`` and their slots on the ps), metrics, and plain objects or
-containers holding them. Variables are keyed by name (a sharded variable by its
-logical name), so a checkpoint restores into a fresh process or a restarted ps
-that builds the same model, and into a different number of parts.
+reachable from its objects (``object_graph.py``): Variables, ShardedVariables,
+Modules, optimizers (``iterations`` and their slots on the ps), metrics, and
+plain objects or containers holding them. Each is keyed by its *path* from the
+checkpoint (``model/dense/kernel``; a slot by TF's
+``model/dense/kernel/.OPTIMIZER_SLOT/optimizer/m``), never by its name, so a
+second model in the same process, or one extra variable created first, restores
+exactly what was saved. A sharded variable is one entry, so a checkpoint
+restores into a different number of parts.
 
-``await ckpt.save(prefix)`` writes ``<prefix>.ps<K>.safetensors`` on every ps
-at once (each ps writes the parts it holds), then ``<prefix>.index.json`` last,
-atomically (temporary file, fsync, rename): a crash mid-save leaves the earlier
-checkpoints intact and this one invisible. The ps write to the same path the
+``await ckpt.save(prefix)`` writes ``<prefix>-<N>`` (``N`` counts this
+checkpoint's saves, as TF's ``save_counter``); ``await ckpt.write(path)`` writes
+exactly ``path``. Every ps writes the parts it holds at once
+(``<path>.ps<K>.safetensors``), then the coordinator writes
+``<path>.index.json`` last, atomically: a crash mid-save leaves the earlier
+checkpoints intact and this one invisible. The ps write to the path the
 coordinator gives, so on several machines the directory must be shared (as
 with TensorFlow).
 
-``await ckpt.restore(path)`` puts the saved values back, each ps reading the
-row ranges of its parts itself; variables the ps has lost are re-created.
-Variables created *after* a restore take their initial value from it (delayed
-restore, through the strategy's placement). ``load_variables(path)`` reads a
-checkpoint into numpy arrays without any cluster. The file format is
-``checkpoint_files.py``, shared with the ps.
+``status = await ckpt.restore(path)`` puts every matching value back, all or
+nothing across the ps, and returns a :class:`CheckpointLoadStatus`
+(``assert_consumed()``, ``assert_existing_objects_matched()``,
+``assert_nontrivial_match()``, ``expect_partial()``). Restoration is
+*deferred* for what does not exist yet: a variable attached later to a
+restored Module (or to the checkpoint) at a saved path, and the slots an
+optimizer creates on its first ``apply_gradients``, take their saved values.
+``load_variables(path)`` reads a checkpoint into numpy arrays, by path,
+without any cluster. The file format is ``checkpoint_files.py``.
+
+Checkpoints written before object-graph keys (format 1, keyed by variable
+name) are refused by ``restore`` with a message saying so; ``load_variables``
+still reads them (by name).
 
 ::
 
@@ -36,9 +48,6 @@ import glob
 import logging
 import os
 import re
-import secrets
-import types
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -46,95 +55,59 @@ import numpy as np
 from .checkpoint_files import (
     INDEX,
     CheckpointReader,
-    read_rows,
-    sources,
     write_index,
     write_tensors,
 )
 from .context import current_channels
 from .errors import InvalidArgumentError
-from .optimizers import Optimizer
+from .object_graph import Entry, Graph, slot_key, walk
 from .placement import Placement
-from .sharding import ShardedVariable
-from .variables import Variable, current_creator, ensure_created
+from .restore_status import CheckpointLoadStatus, targets
+from .variables import Variable, ensure_created
 
 if TYPE_CHECKING:
     from .rpc import Channel, ChannelPool
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Checkpoint", "CheckpointManager", "load_variables"]
-
-
-@dataclass
-class _Entry:
-    """One logical variable: its parts (in row order) and their row offsets."""
-
-    name: str
-    parts: list[Variable]
-    offsets: list[int]
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    trainable: bool
-
-
-def _entry(v: Variable | ShardedVariable) -> _Entry:
-    if isinstance(v, ShardedVariable):
-        return _Entry(v.name, v.variables, [int(o) for o in v.offsets], v.shape, v.dtype, v.trainable)
-    rows = v.shape[0] if v.shape else 1
-    return _Entry(v.name, [v], [0, rows], v.shape, v.dtype, v.trainable)
-
-
-_SKIP = (types.ModuleType, types.FunctionType, type, np.ndarray)
-
-
-def _collect(objects: dict[str, Any]) -> tuple[dict[str, _Entry], list[Optimizer]]:
-    entries: dict[str, _Entry] = {}
-    optimizers: list[Optimizer] = []
-    seen: set[int] = set()
-
-    def walk(obj: Any) -> None:
-        if id(obj) in seen or obj is None or isinstance(obj, _SKIP):
-            return
-        seen.add(id(obj))
-        if isinstance(obj, (Variable, ShardedVariable)):
-            entries[obj.name] = _entry(obj)
-            return
-        if isinstance(obj, Optimizer):
-            optimizers.append(obj)
-            walk(obj.iterations)
-            return
-        if isinstance(obj, dict):
-            for v in obj.values():
-                walk(v)
-        elif isinstance(obj, (list, tuple, set)):
-            for v in obj:
-                walk(v)
-        elif hasattr(obj, "__dict__") and not type(obj).__module__.startswith(
-                ("pstrain.strategy", "pstrain.coordinator", "pstrain.rpc", "pstrain.launch")):
-            for v in vars(obj).values():
-                walk(v)
-
-    for obj in objects.values():
-        walk(obj)
-    return entries, optimizers
+__all__ = ["Checkpoint", "CheckpointLoadStatus", "CheckpointManager", "load_variables"]
 
 
 class Checkpoint:
-    """Tracks variables reachable from its keyword arguments; saves and restores them."""
+    """Tracks the objects given (and attributes set later); saves and restores their state by path."""
 
-    def __init__(self, **objects: Any) -> None:
-        self._objects = objects
+    _objects: dict[str, Any]
+    _status: CheckpointLoadStatus | None
+    #: Saves made by :meth:`save` (restored from the checkpoint's index, as TF's counter).
+    save_counter: int
+
+    def __init__(self, root: Any = None, **objects: Any) -> None:
+        object.__setattr__(self, "_objects", {})
+        object.__setattr__(self, "_status", None)
+        object.__setattr__(self, "save_counter", 0)
+        if root is not None:
+            objects = {"root": root, **objects}
         for key, value in objects.items():
             setattr(self, key, value)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name.startswith("_") or name == "save_counter":
+            return
+        self._objects[name] = value
+        status = self._status
+        if status is not None:
+            status.attached("", name, value)
+
+    def tracked_objects(self) -> dict[str, Any]:
+        """The objects this checkpoint tracks, by attribute name."""
+        return dict(self._objects)
+
     # -- save --------------------------------------------------------------------------------
-    async def _slot_entries(self, entries: dict[str, _Entry], optimizers: list[Optimizer]) -> dict[str, _Entry]:
-        """The optimizers' slots of tracked variables, as logical variables."""
-        if not optimizers:
-            return {}
-        placed = [p for e in entries.values() for p in e.parts if p.ps_index is not None]
-        if not placed:
+    async def _slot_entries(self, graph: Graph) -> dict[str, Entry]:
+        """The optimizers' slots of tracked variables that exist on the ps, as entries."""
+        placed = [p for e in graph.entries.values() for p in e.parts if p.ps_index is not None]
+        if not graph.optimizers or not placed:
             return {}
         pool = _channel_pool(placed[0])
         listing: dict[str, tuple[int, dict[str, Any]]] = {}
@@ -142,118 +115,100 @@ class Checkpoint:
             for v in (await pool.channel("ps", k).call("vars/list", {}))["variables"]:
                 listing[v["name"]] = (k, v)
         out = {}
-        for opt in optimizers:
-            for entry in entries.values():
+        for opt_path, opt in graph.optimizers.items():
+            for path, entry in graph.entries.items():
                 for slot in opt.slot_names():
                     names = [f"{opt.name}/{slot}/{p.name}" for p in entry.parts]
                     if not all(n in listing for n in names):
                         continue
                     parts = [Variable.handle(n, tuple(listing[n][1]["shape"]), entry.dtype,
                                              listing[n][0], pool, False) for n in names]
-                    name = f"{opt.name}/{slot}/{entry.name}"
-                    out[name] = _Entry(name, parts, entry.offsets, entry.shape, entry.dtype, False)
+                    key = slot_key(path, opt_path, slot)
+                    out[key] = Entry(key, f"{opt.name}/{slot}/{entry.name}", parts, entry.offsets,
+                                     entry.shape, entry.dtype, False)
         return out
 
-    async def save(self, prefix: str) -> str:
-        """Save every tracked variable under ``prefix``; returns the checkpoint path."""
-        prefix = os.path.abspath(prefix)
+    async def save(self, file_prefix: str) -> str:
+        """Save to ``<file_prefix>-<N>`` (``N`` = ``save_counter`` + 1); returns that path."""
+        object.__setattr__(self, "save_counter", self.save_counter + 1)
+        return await self.write(f"{file_prefix}-{self.save_counter}")
+
+    async def write(self, file_prefix: str) -> str:
+        """Save every tracked variable (and optimizer slot) at exactly ``file_prefix``."""
+        prefix = os.path.abspath(file_prefix)
         os.makedirs(os.path.dirname(prefix), exist_ok=True)
-        entries, optimizers = _collect(self._objects)
+        graph = walk(self._objects)
+        entries = dict(graph.entries)
         await ensure_created(p for e in entries.values() for p in e.parts)
-        entries.update(await self._slot_entries(entries, optimizers))
+        entries.update(await self._slot_entries(graph))
         by_ps: dict[Channel, tuple[int, dict[str, str]]] = {}
         local: dict[str, np.ndarray] = {}
         index_vars: dict[str, Any] = {}
         base = os.path.basename(prefix)
-        for entry in entries.values():
+        for path, entry in entries.items():
             parts_meta = []
             for i, part in enumerate(entry.parts):
                 rows = entry.offsets[i + 1] - entry.offsets[i]
                 if part.ps_index is None:
                     file = f"{base}.local.safetensors"
-                    local[part.name] = part.local_array()
+                    key = f"{path}#{i}"
+                    local[key] = part.local_array()
                 else:
                     file = f"{base}.ps{part.ps_index}.safetensors"
-                    by_ps.setdefault(part.channel(), (part.ps_index, {}))[1][part.name] = part.name
-                parts_meta.append({"file": file, "key": part.name, "offset": entry.offsets[i], "rows": rows})
-            index_vars[entry.name] = {"dtype": entry.dtype.str, "shape": list(entry.shape),
-                                      "trainable": entry.trainable, "parts": parts_meta}
+                    key = part.name
+                    by_ps.setdefault(part.channel(), (part.ps_index, {}))[1][key] = part.name
+                parts_meta.append({"file": file, "key": key, "offset": entry.offsets[i], "rows": rows})
+            index_vars[path] = {"dtype": entry.dtype.str, "shape": list(entry.shape), "name": entry.name,
+                                "trainable": entry.trainable, "parts": parts_meta}
 
         async def save_ps(channel: Channel, ps: int, tensors: dict[str, str]) -> None:
-            path = f"{prefix}.ps{ps}.safetensors"
-            await channel.call("ckpt/save", {"path": path, "tensors": tensors})
+            await channel.call("ckpt/save", {"path": f"{prefix}.ps{ps}.safetensors", "tensors": tensors})
 
         await asyncio.gather(*(save_ps(ch, ps, t) for ch, (ps, t) in by_ps.items()))
         if local:
             await asyncio.get_running_loop().run_in_executor(
                 None, write_tensors, f"{prefix}.local.safetensors", local)
-        write_index(prefix, index_vars)
-        logger.info("saved checkpoint %s (%d variables)", prefix, len(index_vars))
+        write_index(prefix, index_vars, self.save_counter)
+        logger.info("saved checkpoint %s (%d values)", prefix, len(index_vars))
         return prefix
 
     # -- restore -------------------------------------------------------------------------------
-    async def restore(self, path: str) -> Checkpoint:
-        """Put the values saved at ``path`` into the tracked variables (re-creating lost ones).
+    async def restore(self, save_path: str | None) -> CheckpointLoadStatus:
+        """Put the values saved at ``save_path`` back into the objects at the same paths.
 
-        Variables created later through a strategy whose variables were restored here take
-        their initial values from this checkpoint (delayed restore).
+        All or nothing across the ps. Returns a :class:`CheckpointLoadStatus`; objects
+        attached later at saved paths, and optimizer slots created later, are restored
+        when they appear. ``save_path=None`` restores nothing (TF's initialization-only
+        status, whose assertions fail).
         """
-        reader = CheckpointReader(path)  # the index is read and checked once, here
-        base = reader.base
-        saved = reader.variables
-        entries, optimizers = _collect(self._objects)
-        for opt in optimizers:  # slots of tracked variables, laid out like their variable
-            for entry in list(entries.values()):
-                for slot in opt.slot_names():
-                    name = f"{opt.name}/{slot}/{entry.name}"
-                    if name in saved:
-                        parts = [_slot_handle(f"{opt.name}/{slot}/{p.name}", p) for p in entry.parts]
-                        entries[name] = _Entry(name, parts, entry.offsets, entry.shape, entry.dtype, False)
-        _register_delayed(entries, reader)
-        await ensure_created(p for e in entries.values() for p in e.parts)
-        by_ps: dict[Channel, list[dict[str, Any]]] = {}
-        local: list[tuple[Variable, list[list[Any]]]] = []
-        for name, entry in entries.items():
-            meta = saved.get(name)
-            if meta is None:
-                continue
-            if tuple(meta["shape"]) != entry.shape or np.dtype(meta["dtype"]) != entry.dtype:
-                raise InvalidArgumentError(
-                    f"checkpoint {path}: {name!r} was saved as {tuple(meta['shape'])} {meta['dtype']}, "
-                    f"the variable is {entry.shape} {entry.dtype}")
-            for i, part in enumerate(entry.parts):
-                rows = sources(meta, base, entry.offsets[i], entry.offsets[i + 1], not entry.shape)
-                if part.ps_index is None:
-                    local.append((part, rows))
-                    continue
-                by_ps.setdefault(part.channel(), []).append(
-                    {"name": part.name, "dtype": part.dtype.str, "shape": part.shape,
-                     "trainable": part.trainable, "sources": rows})
-        local_values = [(part, read_rows(part.shape, part.dtype, rows)) for part, rows in local]
-        await _restore_all_or_nothing(by_ps)
-        for part, value in local_values:
-            await part.assign(value)
-        logger.info("restored checkpoint %s", path)
-        return self
+        if save_path is None:
+            return CheckpointLoadStatus(self, None, Graph())
+        reader = CheckpointReader(save_path)  # the index is read and checked once, here
+        if reader.keyed_by != "path":
+            raise InvalidArgumentError(
+                f"checkpoint {save_path} was written by an older pstrain that keyed variables by "
+                "name (format 1); names are not stable across programs, so it is not restored by "
+                "path. Read it with pstrain.checkpoint.load_variables(path) (arrays by name) and "
+                "assign them, then save again to get a format 2 checkpoint.")
+        graph = walk(self._objects)
+        status = CheckpointLoadStatus(self, reader, graph)
+        await status.restore_now(targets(graph, reader.variables, graph.entries, {}))
+        status.watch(graph.modules)
+        old = self._status
+        if old is not None:
+            old.expect_partial()  # superseded: its leftovers are this restore's business now
+        object.__setattr__(self, "_status", status)
+        object.__setattr__(self, "save_counter", max(self.save_counter, reader.save_counter))
+        missing = [p for p in graph.entries if p not in reader.variables]
+        if missing:
+            logger.warning("checkpoint %s has no value for %d tracked variable(s), which keep their "
+                           "current values: %s", save_path, len(missing), ", ".join(missing[:10]))
+        logger.info("restored checkpoint %s", save_path)
+        return status
 
-    async def read(self, path: str) -> Checkpoint:
-        """Same as :meth:`restore` (TF's name for restoring without status bookkeeping)."""
-        return await self.restore(path)
-
-
-async def _restore_all_or_nothing(by_ps: dict[Channel, list[dict[str, Any]]]) -> None:
-    """Every ps reads and checks its part of the checkpoint (staged), then all commit; if
-    one fails, the others drop what they staged and nothing changes anywhere."""
-    stage = secrets.token_hex(8)
-    channels = list(by_ps)
-    staged = await asyncio.gather(*(ch.call("ckpt/restore", {"vars": by_ps[ch], "stage": stage})
-                                    for ch in channels), return_exceptions=True)
-    failed = [r for r in staged if isinstance(r, BaseException)]
-    if failed:
-        await asyncio.gather(*(ch.call("ckpt/abort", {"stage": stage}) for ch in channels),
-                             return_exceptions=True)
-        raise failed[0]
-    await asyncio.gather(*(ch.call("ckpt/commit", {"stage": stage}) for ch in channels))
+    async def read(self, save_path: str) -> CheckpointLoadStatus:
+        """Restore from a checkpoint written by :meth:`write` (same as :meth:`restore`)."""
+        return await self.restore(save_path)
 
 
 def _channel_pool(part: Variable) -> ChannelPool:
@@ -264,31 +219,9 @@ def _channel_pool(part: Variable) -> ChannelPool:
     return current_channels()
 
 
-def _slot_handle(name: str, part: Variable) -> Variable:
-    """A handle to the optimizer slot ``name`` laid out like ``part`` (on the same ps)."""
-    assert part.ps_index is not None
-    creator = part.creator
-    pool = creator.channels if isinstance(creator, Placement) else None
-    return Variable.handle(name, part.shape, part.dtype, part.ps_index, pool, False)
-
-
-def _register_delayed(entries: dict[str, _Entry], reader: CheckpointReader) -> None:
-    """Variables created later (by the placements of these variables, or of the scope this
-    runs in) start from the values ``reader``'s checkpoint saved."""
-    placements: dict[int, Placement] = {}
-    for e in entries.values():
-        for p in e.parts:
-            if isinstance(p.creator, Placement):
-                placements[id(p.creator)] = p.creator
-    current = current_creator()
-    if isinstance(current, Placement):
-        placements[id(current)] = current
-    for placement in placements.values():
-        placement.restore_new_variables_from(reader.read)
-
-
 def load_variables(path: str) -> dict[str, np.ndarray]:
-    """Every variable of checkpoint ``path`` as a full numpy array, by name (no cluster needed).
+    """Every value of checkpoint ``path`` as a full numpy array, by object-graph path
+    (``model/dense/kernel``; by name for a format 1 checkpoint). No cluster needed.
 
     ``arrays = pstrain.checkpoint.load_variables("/tmp/run/ckpt-3")``
     """
@@ -339,7 +272,8 @@ class CheckpointManager:
         """Save the next checkpoint (or number ``checkpoint_number``) and drop old ones."""
         numbers = self._numbers()
         number = checkpoint_number if checkpoint_number is not None else (numbers[-1] + 1 if numbers else 1)
-        path = await self.checkpoint.save(self._path(number))
+        self.checkpoint.save_counter = max(self.checkpoint.save_counter, number)
+        path = await self.checkpoint.write(self._path(number))
         if self.max_to_keep is not None:
             for old in self._numbers()[:-self.max_to_keep]:
                 self._delete(old)

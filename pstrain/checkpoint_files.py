@@ -5,9 +5,15 @@ A checkpoint ``<prefix>`` is
 * ``<prefix>.ps<K>.safetensors``: the parts ps K holds, written by that ps
   (``<prefix>.local.safetensors`` for variables local to the coordinator);
 * ``<prefix>.index.json``: written last, atomically, by the coordinator: for
-  each logical variable its dtype, shape and the row ranges of its parts
-  (``{"file", "key", "offset", "rows"}``). A checkpoint without its index
-  does not exist.
+  each logical variable, keyed by its object-graph path (``model/dense/kernel``,
+  see ``object_graph.py``), its dtype, shape, the name it had, and the row
+  ranges of its parts (``{"file", "key", "offset", "rows"}``). A checkpoint
+  without its index does not exist.
+
+Format version 2 keys variables by path. Version 1 (pstrain before object-graph
+checkpoints) keyed them by variable name; :class:`CheckpointReader` reads both
+and says which (``keyed_by``), and ``Checkpoint.restore`` refuses version 1
+(names are not stable; see its message).
 
 A reader asks for rows ``[start, stop)`` of a variable and gets *sources*
 (``[file, key, src_start, src_stop, dst_start]``) that :func:`read_rows`
@@ -32,6 +38,7 @@ __all__ = ["FORMAT", "INDEX", "CheckpointReader", "index_path", "read_index", "r
            "write_atomically", "write_index", "write_tensors"]
 
 FORMAT = "pstrain-checkpoint"
+VERSION = 2
 INDEX = ".index.json"
 
 #: A part file's name: a plain file name in the checkpoint's own directory.
@@ -50,12 +57,14 @@ class _Variable(msgspec.Struct, forbid_unknown_fields=True):
     shape: list[Annotated[int, msgspec.Meta(ge=0)]]
     parts: Annotated[list[_Part], msgspec.Meta(min_length=1)]
     trainable: bool = True
+    name: Annotated[str, msgspec.Meta(max_length=1024)] = ""
 
 
 class _Index(msgspec.Struct, forbid_unknown_fields=True):
     format: str
     version: int
     variables: dict[str, _Variable]
+    save_counter: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 def _check_index(path: str, raw: Any) -> dict[str, Any]:
@@ -64,7 +73,7 @@ def _check_index(path: str, raw: Any) -> dict[str, Any]:
         index = msgspec.convert(raw, _Index)
     except msgspec.ValidationError as exc:
         raise InvalidArgumentError(f"checkpoint index {path} is malformed: {exc}") from None
-    if index.format != FORMAT or index.version != 1:
+    if index.format != FORMAT or index.version not in (1, VERSION):
         raise InvalidArgumentError(f"{path} is not a pstrain checkpoint (format {index.format!r}, "
                                    f"version {index.version})")
     for name, var in index.variables.items():
@@ -116,13 +125,14 @@ def read_index(path: str) -> dict[str, Any]:
     return _check_index(index_path(path), index)
 
 
-def write_index(prefix: str, variables: dict[str, Any]) -> None:
+def write_index(prefix: str, variables: dict[str, Any], save_counter: int = 0) -> None:
     """Write the index of checkpoint ``prefix`` atomically (temp file, fsync, rename)."""
     path = index_path(prefix)
 
     def write(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"format": FORMAT, "version": 1, "variables": variables}, f, indent=1)
+            json.dump({"format": FORMAT, "version": VERSION, "save_counter": save_counter,
+                       "variables": variables}, f, indent=1)
 
     write_atomically(path, write)
     dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
@@ -155,8 +165,17 @@ class CheckpointReader:
         self.base = checkpoint_dir(path)
 
     @property
+    def keyed_by(self) -> str:
+        """``"path"`` (format 2, object graph) or ``"name"`` (format 1)."""
+        return "path" if self.index["version"] >= 2 else "name"
+
+    @property
+    def save_counter(self) -> int:
+        return int(self.index.get("save_counter", 0))
+
+    @property
     def variables(self) -> dict[str, Any]:
-        """The index's entry of each variable, by name."""
+        """The index's entry of each variable, by path (by name in format 1)."""
         variables: dict[str, Any] = self.index["variables"]
         return variables
 

@@ -20,12 +20,17 @@ from .errors import PstrainError
 if TYPE_CHECKING:
     from .rpc import ChannelPool
 
-__all__ = ["current_channels", "get_current_worker_index", "worker_context"]
+__all__ = ["current_channels", "get_current_worker_index", "in_closure", "worker_context"]
 
 _worker_index: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "pstrain_worker_index", default=None)
 _channels: contextvars.ContextVar[ChannelPool | None] = contextvars.ContextVar(
     "pstrain_channels", default=None)
+
+
+def in_closure() -> bool:
+    """True while a closure or dataset function runs (on a worker)."""
+    return _worker_index.get() is not None
 
 
 def get_current_worker_index() -> int:

@@ -31,7 +31,51 @@ import numpy as np
 
 from .errors import InvalidArgumentError
 
-__all__ = ["Dataset"]
+__all__ = ["Dataset", "TensorSpec"]
+
+
+class TensorSpec:
+    """The shape and dtype of one component of a dataset's elements (TF's ``TensorSpec``);
+    ``None`` in ``shape`` is a dimension that varies (a last, smaller batch).
+
+    >>> TensorSpec((None, 3), np.float32)
+    TensorSpec(shape=(None, 3), dtype=float32, name=None)
+    """
+
+    __slots__ = ("shape", "dtype", "name")
+
+    def __init__(self, shape: Any, dtype: Any = np.float32, name: str | None = None) -> None:
+        self.shape = tuple(None if d is None else int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+        self.name = name
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, TensorSpec) and (self.shape, self.dtype, self.name)
+                == (other.shape, other.dtype, other.name))
+
+    def __hash__(self) -> int:
+        return hash((self.shape, self.dtype, self.name))
+
+    def is_compatible_with(self, value: Any) -> bool:
+        """Does ``value`` (an array) fit this spec?"""
+        arr = np.asarray(value)
+        return arr.dtype == self.dtype and arr.ndim == len(self.shape) and all(
+            d is None or d == n for d, n in zip(self.shape, arr.shape))
+
+    def __repr__(self) -> str:
+        return f"TensorSpec(shape={self.shape}, dtype={self.dtype}, name={self.name!r})"
+
+
+def _spec(element: Any, partial_batch: bool) -> Any:
+    if isinstance(element, dict):
+        return {k: _spec(v, partial_batch) for k, v in element.items()}
+    if isinstance(element, tuple):
+        return tuple(_spec(v, partial_batch) for v in element)
+    arr = np.asarray(element)
+    shape: list[int | None] = list(arr.shape)
+    if partial_batch and shape:
+        shape[0] = None
+    return TensorSpec(shape, arr.dtype)
 
 
 def _leaves_len(structure: Any) -> int:
@@ -75,13 +119,30 @@ class Dataset:
     """An iterable pipeline; every ``iter()`` starts from the beginning."""
 
     def __init__(self, make: Callable[[], Iterator[Any]], *, source: Any = None,
-                 indices: Callable[[], Iterator[int]] | None = None) -> None:
+                 indices: Callable[[], Iterator[int]] | None = None, spec: Any = None,
+                 partial_batch: bool = False) -> None:
         self._make = make
         self._source = source       # slices mode: the arrays...
         self._indices = indices     # ...and a factory of row-index iterators
+        self._spec = spec           # a declared element_spec (from_generator's signature)
+        self._partial_batch = partial_batch  # batched without drop_remainder
 
     def __iter__(self) -> Iterator[Any]:
         return self._make()
+
+    @property
+    def element_spec(self) -> Any:
+        """The :class:`TensorSpec` (or tuple/dict of them) of this dataset's elements.
+
+        Declared by ``from_generator(output_signature=...)``; otherwise read from the first
+        element, with the batch dimension ``None`` after ``batch(drop_remainder=False)``.
+        """
+        if self._spec is not None:
+            return self._spec
+        for element in self:
+            return _spec(element, self._partial_batch)
+        raise InvalidArgumentError("element_spec of an empty dataset is unknown here: "
+                                   "declare it with from_generator(output_signature=...)")
 
     # -- sources -------------------------------------------------------------------------
     @staticmethod
@@ -106,14 +167,14 @@ class Dataset:
         """Elements produced by ``generator()`` (called anew for each iteration)."""
         if not callable(generator):
             raise InvalidArgumentError("from_generator takes a callable that returns an iterator")
-        return Dataset(lambda: iter(generator()))
+        return Dataset(lambda: iter(generator()), spec=output_signature)
 
     # -- transformations -----------------------------------------------------------------------
     def _derive(self, index_op: Callable[[Callable[[], Iterator[int]]], Callable[[], Iterator[int]]] | None,
                 elem_op: Callable[[Callable[[], Iterator[Any]]], Callable[[], Iterator[Any]]]) -> Dataset:
         if self._indices is not None and index_op is not None:
             return Dataset._slices(self._source, index_op(self._indices))
-        return Dataset(elem_op(self._make))
+        return Dataset(elem_op(self._make), spec=self._spec, partial_batch=self._partial_batch)
 
     def map(self, map_func: Callable[..., Any]) -> Dataset:
         """Apply ``map_func`` to each element (a tuple element is passed as arguments)."""
@@ -206,7 +267,7 @@ class Dataset:
                         return
                     yield _take(source, idx)
 
-            return Dataset(gather)
+            return Dataset(gather, partial_batch=not drop_remainder)
         make = self._make
 
         def batched() -> Iterator[Any]:
@@ -217,7 +278,7 @@ class Dataset:
                     return
                 yield _stack(chunk)
 
-        return Dataset(batched)
+        return Dataset(batched, partial_batch=not drop_remainder)
 
     def prefetch(self, buffer_size: int = 1) -> Dataset:
         """Produce up to ``buffer_size`` elements ahead in a background thread."""
@@ -257,4 +318,4 @@ class Dataset:
             finally:
                 stop.set()
 
-        return Dataset(run)
+        return Dataset(run, spec=self._spec, partial_batch=self._partial_batch)

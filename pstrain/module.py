@@ -17,12 +17,36 @@ contributes its parts.
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from .sharding import ShardedVariable
 from .variables import VariableBase
 
-__all__ = ["Module"]
+__all__ = ["Module", "unwatch_attributes", "watch_attributes"]
+
+#: Callbacks ``(name, value)`` run after an attribute of a watched Module is set, by id.
+_watchers: dict[int, list[Callable[[str, Any], None]]] = {}
+
+
+def watch_attributes(module: Module, callback: Callable[[str, Any], None]) -> None:
+    """Call ``callback(name, value)`` after every attribute assignment on ``module``.
+
+    A checkpoint restore uses it to restore variables attached after ``restore()``
+    (deferred restoration, as TF's trackables do). Held until ``module`` is collected.
+    """
+    key = id(module)
+    if key not in _watchers:
+        weakref.finalize(module, _watchers.pop, key, None)
+    _watchers.setdefault(key, []).append(callback)
+
+
+def unwatch_attributes(module: Module, callback: Callable[[str, Any], None]) -> None:
+    """Stop calling ``callback`` for ``module`` (no error if it was not watching)."""
+    callbacks = _watchers.get(id(module), [])
+    if callback in callbacks:
+        callbacks.remove(callback)
 
 
 class Module:
@@ -30,6 +54,13 @@ class Module:
 
     def __init__(self, name: str | None = None) -> None:
         self._module_name = name or type(self).__name__
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        callbacks = _watchers.get(id(self))
+        if callbacks:
+            for callback in list(callbacks):
+                callback(name, value)
 
     @property
     def name(self) -> str:

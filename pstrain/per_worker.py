@@ -13,8 +13,10 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+from .errors import InvalidArgumentError
 from .resources import ResourceRegistry, ResourceSpec
 from .values import PerWorkerValues
+from .variables import creator_scope
 
 __all__ = ["PerWorkerDataset", "PerWorkerIterator", "as_dataset_fn"]
 
@@ -29,10 +31,34 @@ class _Constant:
         return self.value
 
 
+class _NoVariables:
+    """Where a dataset is built, creating a variable is refused (TF's rule)."""
+
+    def create_variable(self, *args: Any, **kwargs: Any) -> Any:
+        raise InvalidArgumentError("Creating variables in `dataset_fn` is not allowed.")
+
+    issued = created_upto = 0
+
+    async def ensure_created(self) -> None:
+        return None
+
+
+class _DatasetFn:
+    """``dataset_fn`` run with variable creation refused."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __call__(self) -> Any:
+        with creator_scope(_NoVariables()):
+            return self.fn()
+
+
 def as_dataset_fn(dataset_fn: Any) -> Any:
-    """``dataset_fn`` as a function (an iterable given as a value becomes a constant one)."""
+    """``dataset_fn`` as a function (an iterable given as a value becomes a constant one)
+    that may not create variables."""
     if callable(dataset_fn) and not hasattr(dataset_fn, "__iter__"):
-        return dataset_fn
+        return _DatasetFn(dataset_fn)
     return _Constant(dataset_fn)
 
 

@@ -12,9 +12,11 @@ One :class:`Placement` per strategy owns everything about creating variables:
   :meth:`Placement.ensure_created` sends every queued creation, one request
   per ps, concurrently. Each handle carries a *ticket*; it exists once
   ``created_upto`` reaches it, so a check costs one comparison;
-* **delayed restore**: after :meth:`restore_new_variables_from`, a variable
-  created later starts from the checkpoint's value (the checkpoint module
-  hands over a lookup function; placement does not know the file format).
+* **queued restores**: :meth:`queue_restore` puts a checkpoint's rows into a
+  variable (or an optimizer slot) with the next creation batch, after the
+  creations; the handles it names wait for it like for their creation. The
+  checkpoint module uses it for values restored after ``restore()`` returned
+  (deferred restoration); placement does not know the file format.
 
 It is the *creator* (``variables.VariableCreator``) a strategy scope installs.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import secrets
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
@@ -39,10 +42,6 @@ from .tasks import TaskOwner
 from .variables import Variable, creator_scope, initial_value_array
 
 __all__ = ["Placement"]
-
-#: ``lookup(name) -> saved array or None`` for variables created after a restore.
-RestoreLookup = Callable[[str], "np.ndarray | None"]
-
 
 class Placement:
     """Names, places and creates the variables of one strategy.
@@ -65,9 +64,9 @@ class Placement:
         self._colocate: contextvars.ContextVar[int | None] = contextvars.ContextVar(
             "pstrain_colocate", default=None)
         self._queued: dict[int, list[dict[str, Any]]] = {}
+        self._restores: dict[int, list[dict[str, Any]]] = {}
         self._sending: asyncio.Task[None] | None = None
         self._tasks = TaskOwner("variable creation")
-        self._restore: RestoreLookup | None = None
 
     # -- names and places --------------------------------------------------------------------
     def unique_name(self, name: str | None) -> str:
@@ -103,9 +102,15 @@ class Placement:
         """``Variable(...)`` inside is created by this placement."""
         return creator_scope(self)
 
-    def restore_new_variables_from(self, lookup: RestoreLookup) -> None:
-        """Variables created from now on start from ``lookup(name)`` when it has a value."""
-        self._restore = lookup
+    def queue_restore(self, ps: int, entry: dict[str, Any], waiting: Sequence[Variable]) -> None:
+        """Send ``entry`` (a ``ckpt/restore`` variable: name, dtype, shape, sources) to ps
+        ``ps`` with the next creations, after them; ``waiting`` handles wait for it."""
+        with self._lock:
+            self.issued += 1
+            ticket = self.issued
+            self._restores.setdefault(ps, []).append(entry)
+        for handle in waiting:
+            handle.wait_for(ticket)
 
     # -- creation ---------------------------------------------------------------------------------
     def create_variable(self, initial_value: Any = None, name: str | None = None,
@@ -116,10 +121,6 @@ class Placement:
         if initial_value is None:
             raise InvalidArgumentError("Variable needs an initial_value")
         full_name = self.unique_name(name)
-        if self._restore is not None:  # delayed restore: start from the checkpoint
-            saved = self._restore(full_name)
-            if saved is not None:
-                initial_value, dtype, shape = saved, saved.dtype, saved.shape
         if isinstance(initial_value, Initializer):
             if shape is None:
                 raise InvalidArgumentError(f"{initial_value!r} needs shape= to build a variable")
@@ -175,20 +176,33 @@ class Placement:
             if sending is None or sending.done():
                 with self._lock:
                     queued, self._queued = self._queued, {}
+                    restores, self._restores = self._restores, {}
                     upto = self.issued
-                sending = self._sending = self._tasks.spawn(self._send(queued, upto), observed=True)
+                sending = self._sending = self._tasks.spawn(self._send(queued, restores, upto),
+                                                            observed=True)
             await asyncio.shield(sending)
 
-    async def _send(self, queued: dict[int, list[dict[str, Any]]], upto: int) -> None:
+    async def _send(self, queued: dict[int, list[dict[str, Any]]],
+                    restores: dict[int, list[dict[str, Any]]], upto: int) -> None:
         try:
             results = await asyncio.gather(
                 *(self._channel(ps).call("vars/create", {"vars": entries})
                   for ps, entries in queued.items()), return_exceptions=True)
+            if restores and not any(isinstance(r, BaseException) for r in results):
+                results = await asyncio.gather(
+                    *(self._restore(ps, entries) for ps, entries in restores.items()),
+                    return_exceptions=True)
         finally:
             self.created_upto = max(self.created_upto, upto)  # sent, whatever the answer
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             raise errors[0]
+
+    async def _restore(self, ps: int, entries: list[dict[str, Any]]) -> None:
+        channel = self._channel(ps)
+        stage = secrets.token_hex(8)
+        await channel.call("ckpt/restore", {"vars": entries, "stage": stage})
+        await channel.call("ckpt/commit", {"stage": stage})
 
     def _channel(self, ps: int) -> Any:
         pool = self.channels if self.channels is not None else current_channels()

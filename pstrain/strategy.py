@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import enum
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
@@ -21,7 +19,17 @@ from typing import Any, Protocol
 import numpy as np
 
 from .cluster import ClusterResolver, ClusterSpec, task_name, validate_ps_cluster
+from .context import in_closure
+from .distribution import (
+    ReduceOp,
+    ReplicaContext,
+    current_replica,
+    enter_strategy,
+    exit_strategy,
+    replica_scope,
+)
 from .errors import InvalidArgumentError
+from .input_distribution import DistributedDataset, InputContext, InputOptions
 from .placement import Placement
 from .rpc import ChannelPool
 from .sharding import ShardedVariable
@@ -36,46 +44,12 @@ class _Coordinator(Protocol):
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ParameterServerStrategy", "ReduceOp", "ReplicaContext", "get_replica_context"]
+__all__ = ["ParameterServerStrategy"]
 
-
-class ReduceOp(enum.Enum):
-    """How to combine values across replicas; ``"sum"``/``"MEAN"`` strings work too."""
-
-    SUM = "SUM"
-    MEAN = "MEAN"
-
-    @classmethod
-    def parse(cls, op: ReduceOp | str) -> ReduceOp:
-        if isinstance(op, ReduceOp):
-            return op
-        try:
-            return cls[str(op).upper()]
-        except KeyError:
-            raise InvalidArgumentError(f"unknown reduce op {op!r}; use 'SUM' or 'MEAN'") from None
-
-
-class ReplicaContext:
-    """The replica a function runs as inside ``strategy.run`` (one per worker)."""
-
-    def __init__(self, strategy: ParameterServerStrategy | None, replica_id: int = 0) -> None:
-        self.strategy = strategy
-        self.replica_id_in_sync_group = replica_id
-        self.num_replicas_in_sync = 1
-
-    def all_reduce(self, reduce_op: ReduceOp | str, value: Any) -> Any:
-        """Combine ``value`` over the replicas in sync (one here: itself)."""
-        ReduceOp.parse(reduce_op)
-        return value
-
-
-_replica_ctx: contextvars.ContextVar[ReplicaContext | None] = contextvars.ContextVar(
-    "pstrain_replica_context", default=None)
-
-
-def get_replica_context() -> ReplicaContext | None:
-    """The current ReplicaContext inside ``strategy.run``; None in cross-replica context."""
-    return _replica_ctx.get()
+_USAGE_WARNING = (
+    "A `ParameterServerStrategy` method (%s) is invoked without using "
+    "`ClusterCoordinator.schedule`. If you are not tracing a function for "
+    "`ClusterCoordinator.schedule`, this runs on the coordinator, not on a worker.")
 
 
 class _Extended:
@@ -144,6 +118,11 @@ class _Extended:
             "kwargs": {k: ref(v) for k, v in (kwargs or {}).items()}}, pickle=True)
         return reply["result"]
 
+    def call_for_each_replica(self, fn: Callable[..., Any], args: Sequence[Any] = (),
+                              kwargs: dict[str, Any] | None = None) -> Any:
+        """Run ``fn`` once per replica (once: one replica per worker), as ``strategy.run``."""
+        return self._strategy.run(fn, args, kwargs)
+
     def reduce_to(self, reduce_op: ReduceOp | str, value: Any, destinations: Any = None,
                   options: Any = None) -> Any:
         """Combine a per-replica ``value`` for ``destinations`` (one replica per worker here).
@@ -174,16 +153,19 @@ class _Scope:
 
     def __init__(self, strategy: ParameterServerStrategy) -> None:
         self._strategy = strategy
-        self._scopes: list[contextlib.AbstractContextManager[None]] = []
+        self._scopes: list[tuple[Any, contextlib.AbstractContextManager[None]]] = []
 
     def __enter__(self) -> ParameterServerStrategy:
+        token = enter_strategy(self._strategy)
         scope = creator_scope(self._strategy.placement)
         scope.__enter__()
-        self._scopes.append(scope)
+        self._scopes.append((token, scope))
         return self._strategy
 
     def __exit__(self, *exc: Any) -> None:
-        self._scopes.pop().__exit__(*exc)
+        token, scope = self._scopes.pop()
+        scope.__exit__(*exc)
+        exit_strategy(token)
 
     async def __aenter__(self) -> ParameterServerStrategy:
         return self.__enter__()
@@ -226,6 +208,7 @@ class ParameterServerStrategy:
         self._channels = channels  # None on a worker: the closure's channels
         self._placement = Placement(num_ps, channels, partitioner)
         self._coordinator: _Coordinator | None = None
+        self._warned_usage = False
         self.extended = _Extended(self)
 
     # -- properties --------------------------------------------------------------------------
@@ -288,18 +271,21 @@ class ParameterServerStrategy:
         if not isinstance(args, (list, tuple)):
             raise InvalidArgumentError(f"strategy.run: args must be a list or a tuple, got "
                                        f"{type(args).__name__}")
+        self._warn_outside_schedule("run")
         n = self.num_replicas_in_sync
         args = tuple(self._replica_value(a, n) for a in args)
         kwargs = {k: self._replica_value(v, n) for k, v in (kwargs or {}).items()}
-        token = _replica_ctx.set(ReplicaContext(self))
-        try:
-            with creator_scope(self._placement):
-                result = fn(*args, **kwargs)
-        finally:
-            _replica_ctx.reset(token)
+        with replica_scope(ReplicaContext(self)), creator_scope(self._placement):
+            result = fn(*args, **kwargs)
         if asyncio.iscoroutine(result):
             return _in_replica(self, result)
         return result
+
+    def _warn_outside_schedule(self, method: str) -> None:
+        """TF's usage warning: run/reduce on the coordinator, not in a scheduled closure."""
+        if self._channels is not None and not in_closure() and not self._warned_usage:
+            self._warned_usage = True
+            logger.warning(_USAGE_WARNING, method)
 
     @staticmethod
     def _replica_value(value: Any, replicas: int) -> Any:
@@ -314,6 +300,7 @@ class ParameterServerStrategy:
     def reduce(self, reduce_op: ReduceOp | str, value: Any, axis: int | None = None) -> Any:
         """Combine a per-replica ``value`` (and along ``axis`` within each, if given)."""
         op = ReduceOp.parse(reduce_op)
+        self._warn_outside_schedule("reduce")
         parts = [np.asarray(v) for v in self.experimental_local_results(value)]
         if axis is not None:
             count = sum(p.shape[axis] for p in parts)
@@ -328,7 +315,7 @@ class ParameterServerStrategy:
         Cross-replica context only; components must have a rank of at least 1 and the
         same shape except along ``axis`` (TF's rules).
         """
-        if get_replica_context() is not None:
+        if current_replica() is not None:
             raise InvalidArgumentError("strategy.gather can only be called in the cross-replica "
                                        "context (outside strategy.run)")
         parts = [np.asarray(v) for v in self.experimental_local_results(value)]
@@ -357,6 +344,22 @@ class ParameterServerStrategy:
         n = self.num_replicas_in_sync
         return PerReplica([value_fn(ValueContext(i, n)) for i in range(n)])
 
+    # -- input -------------------------------------------------------------------------------
+    def experimental_distribute_dataset(self, dataset: Any, options: InputOptions | None = None
+                                        ) -> DistributedDataset:
+        """``dataset`` distributed over the replicas: one replica per worker, so its elements
+        are unchanged (batches keep the global batch size). Pass it, or a function returning
+        it, to ``coordinator.create_per_worker_dataset``."""
+        return DistributedDataset(dataset, options=options)
+
+    def distribute_datasets_from_function(self, dataset_fn: Callable[[InputContext], Any],
+                                          options: InputOptions | None = None) -> DistributedDataset:
+        """A dataset made by ``dataset_fn(InputContext)`` where it is iterated (on each worker
+        inside ``create_per_worker_dataset``); the context has one input pipeline per worker."""
+        context = InputContext(num_input_pipelines=1, input_pipeline_id=0,
+                               num_replicas_in_sync=self.num_replicas_in_sync)
+        return DistributedDataset(dataset_fn=dataset_fn, context=context, options=options)
+
     def __repr__(self) -> str:
         return f"ParameterServerStrategy(ps={self._num_ps}, workers={self._num_workers})"
 
@@ -373,9 +376,5 @@ def _worker_strategy(num_ps: int, num_workers: int, partitioner: Any) -> Paramet
 
 
 async def _in_replica(strategy: ParameterServerStrategy, coro: Any) -> Any:
-    token = _replica_ctx.set(ReplicaContext(strategy))
-    try:
-        with creator_scope(strategy.placement):
-            return await coro
-    finally:
-        _replica_ctx.reset(token)
+    with replica_scope(ReplicaContext(strategy)), creator_scope(strategy.placement):
+        return await coro

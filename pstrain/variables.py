@@ -265,6 +265,15 @@ class Variable(VariableBase):
         creator = self._creator
         return creator is None or creator.created_upto >= self._ticket
 
+    def wait_for(self, ticket: int) -> None:
+        """Operations on this handle first wait for its creator's ``ticket`` (a queued restore)."""
+        self._ticket = max(self._ticket, ticket)
+
+    def restore_local(self, value: np.ndarray) -> None:
+        """Overwrite a local variable's value in place (a checkpoint restore; same shape)."""
+        local = self.local_array()
+        local[...] = value
+
     def local_array(self) -> np.ndarray:
         """The array of a local variable itself (not a copy): ``extended.update`` changes it in place."""
         if self._local is None:

@@ -26,8 +26,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
                 "optimizer_rules", "observability", "initializers", "pickling"),
     "transport": ("rpc", "bridge"),
     "variables": ("variables", "placement", "sharding", "partitioners"),
-    "training": ("optimizers", "metrics", "checkpoint", "evaluator", "data", "module"),
-    "program": ("values", "remote_value", "scheduling", "resources", "per_worker", "dispatch",
+    "training": ("optimizers", "metrics", "checkpoint", "restore_status", "object_graph", "evaluator", "data", "module"),
+    "program": ("values", "distribution", "input_distribution", "remote_value", "scheduling", "resources", "per_worker", "dispatch",
                 "strategy", "coordinator"),
     "face": ("__init__", "__main__", "cli", "launch", "testing", "demo", "progress", "ctr"),
 }

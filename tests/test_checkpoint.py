@@ -64,24 +64,27 @@ async def test_round_trip_of_every_tracked_kind(ps_pair, tmp_path):
                                (np.ones((4, 2)), model.w)])
     await mean.update_state([1.0, 3.0])
     ckpt = Checkpoint(model=model, optimizer=opt, metric=mean, extra=extra)
-    path = await ckpt.save(str(tmp_path / "ckpt-1"))
+    path = await ckpt.save(str(tmp_path / "ckpt"))
+    assert path == str(tmp_path / "ckpt-1")  # TF's save_counter numbering
     saved = load_variables(path)
-    assert {"table", "w", "bias", "step", "Adam/iterations", "Adam/m/table", "Adam/v/w",
-            "mean/total", "mean/count"} <= set(saved)
-    assert saved["table"].shape == (12, 3)  # one logical variable
+    assert set(saved) == {
+        "model/table", "model/w", "model/bias", "extra/counters/0", "optimizer/iterations",
+        "metric/total", "metric/count",
+        *(f"model/{v}/.OPTIMIZER_SLOT/optimizer/{s}" for v in ("table", "w") for s in ("m", "v"))}
+    assert saved["model/table"].shape == (12, 3)  # one logical variable
     before = {k: v.copy() for k, v in saved.items()}
     # change everything, then restore
     await opt.apply_gradients([(np.ones((12, 3)), model.table), (np.ones((4, 2)), model.w)])
     await mean.update_state([100.0])
     await step.assign(99)
-    await ckpt.restore(path)
-    assert (await model.table.numpy()).tobytes() == before["table"].tobytes()
-    assert (await model.w.numpy()).tobytes() == before["w"].tobytes()
+    (await ckpt.restore(path)).assert_consumed()
+    assert (await model.table.numpy()).tobytes() == before["model/table"].tobytes()
+    assert (await model.w.numpy()).tobytes() == before["model/w"].tobytes()
     assert await opt.iterations.numpy() == 1 and await step.numpy() == 7
     assert await mean.result() == 2.0
     ch = pstrain.rpc.Channel(ps_pair[0].address, token=TOKEN, task="ps0")
     m_part = (await ch.call("vars/read", {"names": ["Adam/m/table/part_0"]}))["values"][0]
-    assert m_part.tobytes() == before["Adam/m/table"][:6].tobytes()
+    assert m_part.tobytes() == before["model/table/.OPTIMIZER_SLOT/optimizer/m"][:6].tobytes()
     await ch.close()
 
 
@@ -91,7 +94,7 @@ async def test_resharding(four_ps, tmp_path, saved_parts, restored_parts):
     a = make_strategy(four_ps, shards=saved_parts if saved_parts > 1 else None)
     async with a.scope():
         t = pstrain.Variable(table, name="emb")
-    path = await Checkpoint(t=t).save(str(tmp_path / "ckpt-1"))
+    path = await Checkpoint(t=t).write(str(tmp_path / "ckpt-1"))
     async with fresh_ps(4, tmp_path) as fresh:
         b = make_strategy(fresh.ps, shards=restored_parts if restored_parts > 1 else None)
         async with b.scope():
@@ -102,21 +105,155 @@ async def test_resharding(four_ps, tmp_path, saved_parts, restored_parts):
 
 
 @pytest.mark.parametrize("restored_parts", [2, 4])
-async def test_delayed_restore(four_ps, tmp_path, restored_parts):
+async def test_deferred_restore_by_path(four_ps, tmp_path, restored_parts):
+    """Variables attached after restore() at saved paths take the saved values (TF's
+    deferred restoration), into another number of parts, whatever their names."""
     a = make_strategy(four_ps, shards=4)
     async with a.scope():
         t = pstrain.Variable(np.arange(20, dtype=np.float32).reshape(10, 2), name="emb")
         s = pstrain.Variable(3.0, name="scalar")
-    path = await Checkpoint(t=t, s=s).save(str(tmp_path / "ckpt-1"))
+    model = pstrain.Module()
+    model.t, model.s = t, s
+    path = await Checkpoint(model=model).write(str(tmp_path / "ckpt-1"))
     async with fresh_ps(4, tmp_path) as fresh:
         b = make_strategy(fresh.ps, shards=restored_parts)
-        holder = {}
+        restored = pstrain.Module()
+        ckpt = Checkpoint(model=restored)
+        status = await ckpt.restore(path)  # nothing exists yet
+        with pytest.raises(AssertionError, match="model/s"):
+            status.assert_consumed()
         with b.scope():
-            await Checkpoint(model=holder).restore(path)  # nothing exists yet
-            holder["t"] = pstrain.Variable(np.zeros((10, 2), np.float32), name="emb")
-            holder["s"] = pstrain.Variable(0.0, name="scalar")
-        np.testing.assert_array_equal(await holder["t"].numpy(), np.arange(20).reshape(10, 2))
-        assert await holder["s"].numpy() == 3.0
+            restored.t = pstrain.Variable(np.zeros((10, 2), np.float32), name="other_name")
+            restored.s = pstrain.Variable(0.0, name="also_different")
+        np.testing.assert_array_equal(await restored.t.numpy(), np.arange(20).reshape(10, 2))
+        assert await restored.s.numpy() == 3.0
+        status.assert_consumed()
+        late = Checkpoint()
+        status = await late.restore(path)
+        with b.scope():
+            late.model = pstrain.Module()
+            late.model.s = pstrain.Variable(0.0)  # attached to an object attached later
+        assert await late.model.s.numpy() == 3.0
+
+
+class Dense(pstrain.Module):
+    def __init__(self, rows, cols, seed):
+        super().__init__()
+        rng = np.random.default_rng(seed)
+        self.kernel = pstrain.Variable(rng.standard_normal((rows, cols)).astype(np.float32))
+        self.bias = pstrain.Variable(np.zeros(cols, np.float32))
+
+
+class Tower(pstrain.Module):
+    def __init__(self, seed):
+        super().__init__()
+        self.embedding = pstrain.Variable(
+            np.random.default_rng(seed).standard_normal((16, 4)).astype(np.float32))
+        self.dense = Dense(4, 2, seed + 1)
+
+
+async def _train(model, opt, steps, seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        await opt.apply_gradients([
+            (pstrain.IndexedSlices(rng.standard_normal((3, 4)), rng.integers(0, 16, 3)), model.embedding),
+            (rng.standard_normal((4, 2)), model.dense.kernel),
+            (rng.standard_normal(2), model.dense.bias)])
+
+
+async def test_restore_is_keyed_by_path_not_by_name(four_ps, tmp_path):
+    """The issue's acceptance test: names shift (an extra variable first, a second
+    optimizer in the process), yet every variable, slot and iterations come back bit for bit."""
+    strategy = make_strategy(four_ps, shards=2)
+    async with strategy.scope():
+        model = Tower(0)
+        opt = pstrain.optimizers.Adagrad(0.1)
+    await _train(model, opt, 3, seed=1)
+    path = await Checkpoint(model=model, optimizer=opt).save(str(tmp_path / "ckpt"))
+    saved = load_variables(path)
+    assert "model/embedding/.OPTIMIZER_SLOT/optimizer/accumulator" in saved
+    assert "model/dense/kernel/.OPTIMIZER_SLOT/optimizer/accumulator" in saved
+
+    async with strategy.scope():
+        pstrain.Variable(np.zeros((4, 2), np.float32))  # shifts every generated name
+        model2 = Tower(100)
+        opt2 = pstrain.optimizers.Adagrad(0.1)
+    assert opt2.name != opt.name and model2.dense.kernel.name != model.dense.kernel.name
+    status = await Checkpoint(model=model2, optimizer=opt2).restore(path)
+    status.assert_existing_objects_matched().assert_nontrivial_match()
+    for key, var in (("model/embedding", model2.embedding), ("model/dense/kernel", model2.dense.kernel),
+                     ("model/dense/bias", model2.dense.bias), ("optimizer/iterations", opt2.iterations)):
+        assert (await var.numpy()).tobytes() == saved[key].tobytes(), key
+    # slots: created lazily by the first apply_gradients, yet they carry the saved values.
+    await _train(model, opt, 1, seed=7)
+    await _train(model2, opt2, 1, seed=7)
+    status.assert_consumed()
+    for a, b in ((model.embedding, model2.embedding), (model.dense.kernel, model2.dense.kernel),
+                 (model.dense.bias, model2.dense.bias), (opt.iterations, opt2.iterations)):
+        assert (await a.numpy()).tobytes() == (await b.numpy()).tobytes()
+    after = load_variables(await Checkpoint(model=model2, optimizer=opt2).write(str(tmp_path / "b")))
+    before = load_variables(await Checkpoint(model=model, optimizer=opt).write(str(tmp_path / "a")))
+    assert set(after) == set(before)
+    for key in before:
+        assert after[key].tobytes() == before[key].tobytes(), key
+
+    # a tracked object the checkpoint has no value for is reported by the assertions
+    async with strategy.scope():
+        model3 = Tower(5)
+        model3.extra = pstrain.Variable(1.0)
+    status = await Checkpoint(model=model3, optimizer=pstrain.optimizers.Adagrad(0.1)).restore(path)
+    with pytest.raises(AssertionError, match="model/extra"):
+        status.assert_existing_objects_matched()
+    with pytest.raises(AssertionError, match="model/extra"):
+        status.assert_consumed()
+    # a value that matched nothing: a deliberately missing attribute
+    async with strategy.scope():
+        model4 = Tower(5)
+    del model4.dense
+    status = await Checkpoint(model=model4, optimizer=pstrain.optimizers.Adagrad(0.1)).restore(path)
+    status.assert_existing_objects_matched()
+    with pytest.raises(AssertionError, match="model/dense/kernel"):
+        status.assert_consumed()
+    status.expect_partial()
+
+
+async def test_restore_status_edges(ps_server, tmp_path, caplog):
+    strategy = make_strategy([ps_server])
+    async with strategy.scope():
+        w = pstrain.Variable(np.ones(3, np.float32))
+    path = await Checkpoint(w=w).write(str(tmp_path / "c"))
+    status = await Checkpoint(w=w).restore(None)  # TF: an initialization-only status
+    with pytest.raises(AssertionError, match="No checkpoint specified"):
+        status.assert_consumed()
+    status = await Checkpoint(other=w).restore(path)
+    with pytest.raises(AssertionError, match="nothing in checkpoint"):
+        status.assert_nontrivial_match()
+    with caplog.at_level("WARNING", logger="pstrain.checkpoint"):
+        del status
+        import gc
+        gc.collect()
+    assert "never restored" in caplog.text and "'w'" not in caplog.text and " w" in caplog.text
+    # shape mismatch at the same path: a clear error, nothing changed
+    async with strategy.scope():
+        w2 = pstrain.Variable(np.zeros(4, np.float32))
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="'w' was saved as"):
+        await Checkpoint(w=w2).restore(path)
+    assert (await w2.numpy()).tolist() == [0, 0, 0, 0]
+
+
+def test_format_1_checkpoints_are_refused_by_restore_and_read_by_load_variables(tmp_path):
+    import json
+
+    from pstrain.checkpoint_files import write_tensors
+
+    write_tensors(str(tmp_path / "old.local.safetensors"), {"w": np.arange(3, dtype=np.float32)})
+    (tmp_path / "old.index.json").write_text(json.dumps({"format": "pstrain-checkpoint", "version": 1, "variables": {
+        "w": {"dtype": "<f4", "shape": [3], "parts": [
+            {"file": "old.local.safetensors", "key": "w", "offset": 0, "rows": 3}]}}}))
+    assert load_variables(str(tmp_path / "old"))["w"].tolist() == [0, 1, 2]
+    w = pstrain.Variable(np.zeros(3, np.float32))
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="keyed variables by name"):
+        asyncio.run(Checkpoint(w=w).restore(str(tmp_path / "old")))
 
 
 async def test_manager_keeps_the_last_n_and_restores_the_latest(ps_server, tmp_path):

@@ -166,7 +166,7 @@ def _interrupt_demo(proc, tmp_path):
     assert proc.returncode == 0, out
     assert "interrupted" in out and "held-out log loss" in out
     manager = pstrain.checkpoint.CheckpointManager(None, str(checkpoints))
-    assert "ctr/embedding" in pstrain.checkpoint.load_variables(manager.latest_checkpoint)
+    assert "model/table" in pstrain.checkpoint.load_variables(manager.latest_checkpoint)
     assert (tmp_path / "loss.png").exists() and (tmp_path / "results.json").exists()
     for pid in servers:
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"

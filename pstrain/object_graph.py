@@ -1,0 +1,141 @@
+"""The object graph a checkpoint saves: every variable keyed by its path from the root.
+
+Like TF's trackable object graph, a variable's key is the path of attribute
+names (and list indices, dict keys) that leads to it from the objects given
+to ``Checkpoint(...)``: ``model/dense/kernel``. Names given to variables, and
+the process-wide counters that generate them, play no part, so the same code
+restores the same state however many other variables exist.
+
+* a :class:`~pstrain.sharding.ShardedVariable` is one entry (its parts are
+  the row ranges of that entry);
+* an optimizer contributes ``<optimizer path>/iterations`` and, for every
+  tracked variable, its slots under TF's key
+  ``<variable path>/.OPTIMIZER_SLOT/<optimizer path>/<slot>``;
+* Modules, metrics and plain objects are walked through their attributes,
+  dicts through their keys, lists and tuples through their indices;
+  breadth first, so a variable reachable twice is keyed by its shortest path.
+
+Names inside a path are escaped as TF does (``.`` → ``..``, ``/`` → ``.S``),
+so an attribute called ``a/b`` can never be confused with ``a`` → ``b``.
+
+>>> import pstrain
+>>> class Dense(pstrain.Module):
+...     def __init__(self):
+...         super().__init__()
+...         self.kernel = pstrain.Variable([[1.0]], name="w")
+>>> sorted(walk({"model": {"dense": Dense()}}).entries)
+['model/dense/kernel']
+"""
+
+from __future__ import annotations
+
+import types
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .module import Module
+from .optimizers import Optimizer
+from .sharding import ShardedVariable
+from .variables import Variable
+
+__all__ = ["Entry", "Graph", "escape", "join", "slot_key", "walk"]
+
+SLOT_MARK = ".OPTIMIZER_SLOT"
+
+_SKIP = (types.ModuleType, types.FunctionType, types.MethodType, type, np.ndarray, str, bytes,
+         int, float, complex, bool)
+#: Runtime objects a model may hold a reference to but whose state is not the model's.
+_OPAQUE_MODULES = ("pstrain.strategy", "pstrain.coordinator", "pstrain.rpc", "pstrain.launch",
+                   "pstrain.placement", "pstrain.testing", "asyncio", "logging", "threading")
+
+
+def escape(name: str) -> str:
+    """One path component, escaped as TF does.
+
+    >>> escape("a/b.c")
+    'a.Sb..c'
+    """
+    return name.replace(".", "..").replace("/", ".S")
+
+
+def join(prefix: str, name: str) -> str:
+    return f"{prefix}/{escape(name)}" if prefix else escape(name)
+
+
+def slot_key(variable_path: str, optimizer_path: str, slot: str) -> str:
+    """TF's key of ``slot`` of the variable at ``variable_path`` in the optimizer's state."""
+    return f"{variable_path}/{SLOT_MARK}/{optimizer_path}/{escape(slot)}"
+
+
+@dataclass
+class Entry:
+    """One logical variable: its parts (in row order) and their row offsets."""
+
+    path: str
+    name: str
+    parts: list[Variable]
+    offsets: list[int]
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    trainable: bool
+
+    @classmethod
+    def of(cls, path: str, v: Variable | ShardedVariable) -> Entry:
+        if isinstance(v, ShardedVariable):
+            return cls(path, v.name, v.variables, [int(o) for o in v.offsets], v.shape, v.dtype,
+                       v.trainable)
+        rows = v.shape[0] if v.shape else 1
+        return cls(path, v.name, [v], [0, rows], v.shape, v.dtype, v.trainable)
+
+
+@dataclass
+class Graph:
+    """What a walk found: variables and optimizers by path, and the Modules on the way."""
+
+    entries: dict[str, Entry] = field(default_factory=dict)
+    optimizers: dict[str, Optimizer] = field(default_factory=dict)
+    modules: list[tuple[Module, str]] = field(default_factory=list)
+
+    def merge(self, other: Graph) -> None:
+        for path, entry in other.entries.items():
+            self.entries.setdefault(path, entry)
+        for path, opt in other.optimizers.items():
+            self.optimizers.setdefault(path, opt)
+        self.modules.extend(other.modules)
+
+
+def _children(obj: Any) -> list[tuple[str, Any]]:
+    if isinstance(obj, dict):
+        return [(str(k), v) for k, v in obj.items()]
+    if isinstance(obj, (list, tuple)):
+        return [(str(i), v) for i, v in enumerate(obj)]
+    if isinstance(obj, Module):
+        return [(k, v) for k, v in vars(obj).items() if not k.startswith("_module_")]
+    if hasattr(obj, "__dict__") and not type(obj).__module__.startswith(_OPAQUE_MODULES):
+        return list(vars(obj).items())
+    return []
+
+
+def walk(roots: dict[str, Any], prefix: str = "", seen: set[int] | None = None) -> Graph:
+    """Every variable, optimizer and Module reachable from ``roots``, by path (breadth first)."""
+    graph = Graph()
+    seen = set() if seen is None else seen
+    todo: deque[tuple[str, Any]] = deque((join(prefix, k), v) for k, v in roots.items())
+    while todo:
+        path, obj = todo.popleft()
+        if obj is None or isinstance(obj, _SKIP) or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (Variable, ShardedVariable)):
+            graph.entries[path] = Entry.of(path, obj)
+        elif isinstance(obj, Optimizer):
+            graph.optimizers[path] = obj
+            todo.append((join(path, "iterations"), obj.iterations))
+        else:
+            if isinstance(obj, Module):
+                graph.modules.append((obj, path))
+            todo.extend((join(path, k), v) for k, v in _children(obj))
+    return graph
