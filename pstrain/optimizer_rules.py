@@ -103,9 +103,43 @@ def _ftrl(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None, slots: dict[s
         var[rows], accum[rows], linear[rows] = w, a, lin
 
 
+def _rmsprop(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None,
+             slots: dict[str, np.ndarray], cfg: dict[str, Any], t: int) -> None:
+    """Keras' RMSprop: with momentum, TF's ApplyRMSProp (epsilon inside the root)."""
+    lr, rho, eps = cfg["learning_rate"], cfg.get("rho", 0.9), cfg.get("epsilon", 1e-7)
+    momentum, centered = cfg.get("momentum", 0.0), cfg.get("centered", False)
+    sel: Any = slice(None) if rows is None else rows
+    rms = slots["rms"][sel] * rho + (1 - rho) * g * g
+    slots["rms"][sel] = rms
+    denom = rms
+    if centered:
+        mg = slots["mg"][sel] * rho + (1 - rho) * g
+        slots["mg"][sel] = mg
+        denom = rms - mg * mg
+    if momentum:
+        mom = momentum * slots["momentum"][sel] + lr * g / np.sqrt(denom + eps)
+        slots["momentum"][sel] = mom
+        var[sel] -= mom
+    else:
+        var[sel] -= lr * g / (np.sqrt(denom) + eps)
+
+
+def _adamw(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None, slots: dict[str, np.ndarray],
+           cfg: dict[str, Any], t: int) -> None:
+    """Keras' AdamW: decoupled weight decay ``var -= lr * weight_decay * var`` first (only the
+    rows of a sparse gradient), then Adam."""
+    decay = cfg["learning_rate"] * cfg.get("weight_decay", 0.004)
+    if rows is None:
+        var -= var * decay
+    else:
+        var[rows] -= var[rows] * decay
+    _adam(var, g, rows, slots, cfg, t)
+
+
 Rule = Callable[[np.ndarray, np.ndarray, "np.ndarray | None", dict[str, np.ndarray], dict[str, Any], int],
                 None]
-RULES: dict[str, Rule] = {"sgd": _sgd, "adagrad": _adagrad, "adam": _adam, "ftrl": _ftrl}
+RULES: dict[str, Rule] = {"sgd": _sgd, "adagrad": _adagrad, "adam": _adam, "adamw": _adamw,
+                          "ftrl": _ftrl, "rmsprop": _rmsprop}
 
 
 def slot_specs(cfg: dict[str, Any]) -> dict[str, float]:
@@ -115,8 +149,15 @@ def slot_specs(cfg: dict[str, Any]) -> dict[str, float]:
         return {"momentum": 0.0} if cfg.get("momentum") else {}
     if kind == "adagrad":
         return {"accumulator": float(cfg.get("initial_accumulator_value", 0.1))}
-    if kind == "adam":
+    if kind in ("adam", "adamw"):
         return {"m": 0.0, "v": 0.0}
+    if kind == "rmsprop":
+        specs = {"rms": 0.0}
+        if cfg.get("momentum"):
+            specs["momentum"] = 0.0
+        if cfg.get("centered"):
+            specs["mg"] = 0.0
+        return specs
     if kind == "ftrl":
         return {"accumulator": float(cfg.get("initial_accumulator_value", 0.1)), "linear": 0.0}
     raise InvalidArgumentError(f"unknown optimizer rule {kind!r}; known: {sorted(RULES)}")

@@ -27,15 +27,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import schedules
 from .errors import InvalidArgumentError
 from .optimizer_rules import slot_specs
+from .schedules import LearningRateSchedule
 from .sharding import ShardedVariable, compact_ids
 from .variables import IndexedSlices, Variable, ensure_created
 
 if TYPE_CHECKING:
     from .rpc import Channel
 
-__all__ = ["SGD", "Adagrad", "Adam", "Ftrl", "Optimizer"]
+__all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Ftrl", "Optimizer", "RMSprop", "schedules"]
 
 _counts: dict[str, itertools.count[int]] = {}
 
@@ -47,16 +49,23 @@ class Optimizer:
     #: Does the rule need the global step (bias correction)? Then it is read first.
     needs_step = False
 
-    def __init__(self, learning_rate: float, name: str | None = None) -> None:
-        if not isinstance(learning_rate, (int, float)) or learning_rate <= 0:
-            raise InvalidArgumentError(f"learning_rate must be a positive number, got {learning_rate!r}")
-        self.learning_rate = float(learning_rate)
+    def __init__(self, learning_rate: float | LearningRateSchedule, name: str | None = None) -> None:
+        if isinstance(learning_rate, LearningRateSchedule):
+            self.learning_rate: float | LearningRateSchedule = learning_rate
+            self.needs_step = True  # every ps evaluates the schedule at the same step
+        elif isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) \
+                or learning_rate <= 0:
+            raise InvalidArgumentError(f"learning_rate must be a positive number or a "
+                                       f"LearningRateSchedule, got {learning_rate!r}")
+        else:
+            self.learning_rate = float(learning_rate)
         n = next(_counts.setdefault(type(self).__name__, itertools.count()))
         self.name = name or (type(self).__name__ if n == 0 else f"{type(self).__name__}_{n}")
         self.iterations = Variable(np.int64(0), name=f"{self.name}/iterations", trainable=False)
 
     def get_config(self) -> dict[str, Any]:
-        return {"learning_rate": self.learning_rate}
+        lr = self.learning_rate
+        return {"learning_rate": lr.spec() if isinstance(lr, LearningRateSchedule) else lr}
 
     def _rule(self) -> dict[str, Any]:
         return {"kind": self.kind, **self.get_config()}
@@ -151,7 +160,7 @@ class SGD(Optimizer):
 
     kind = "sgd"
 
-    def __init__(self, learning_rate: float = 0.01, momentum: float = 0.0, nesterov: bool = False,
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.01, momentum: float = 0.0, nesterov: bool = False,
                  name: str | None = None) -> None:
         if not 0 <= momentum <= 1:
             raise InvalidArgumentError(f"momentum must be in [0, 1], got {momentum}")
@@ -167,7 +176,7 @@ class Adagrad(Optimizer):
 
     kind = "adagrad"
 
-    def __init__(self, learning_rate: float = 0.001, initial_accumulator_value: float = 0.1,
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, initial_accumulator_value: float = 0.1,
                  epsilon: float = 1e-7, name: str | None = None) -> None:
         self.initial_accumulator_value, self.epsilon = float(initial_accumulator_value), float(epsilon)
         super().__init__(learning_rate, name)
@@ -183,7 +192,7 @@ class Adam(Optimizer):
     kind = "adam"
     needs_step = True
 
-    def __init__(self, learning_rate: float = 0.001, beta_1: float = 0.9, beta_2: float = 0.999,
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, beta_1: float = 0.9, beta_2: float = 0.999,
                  epsilon: float = 1e-7, name: str | None = None) -> None:
         self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(epsilon)
         super().__init__(learning_rate, name)
@@ -193,12 +202,53 @@ class Adam(Optimizer):
                 "epsilon": self.epsilon}
 
 
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Keras' ``AdamW``): each step first does
+    ``var -= learning_rate * weight_decay * var``; for a sparse gradient, only on its rows."""
+
+    kind = "adamw"
+
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, weight_decay: float = 0.004,
+                 beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7,
+                 name: str | None = None) -> None:
+        if weight_decay < 0:
+            raise InvalidArgumentError(f"weight_decay must be >= 0, got {weight_decay}")
+        self.weight_decay = float(weight_decay)
+        super().__init__(learning_rate, beta_1, beta_2, epsilon, name)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "weight_decay": self.weight_decay}
+
+
+class RMSprop(Optimizer):
+    """RMSprop as Keras: ``rms = rho·rms + (1-rho)·g²``; ``var -= lr·g / (sqrt(rms) + ε)``,
+    or with ``momentum``, ``mom = momentum·mom + lr·g / sqrt(rms + ε)``; ``var -= mom``;
+    ``centered`` subtracts the square of the mean gradient from ``rms``."""
+
+    kind = "rmsprop"
+
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, rho: float = 0.9,
+                 momentum: float = 0.0, epsilon: float = 1e-7, centered: bool = False,
+                 name: str | None = None) -> None:
+        if not 0 <= rho <= 1:
+            raise InvalidArgumentError(f"rho must be in [0, 1], got {rho}")
+        if not 0 <= momentum <= 1:
+            raise InvalidArgumentError(f"momentum must be in [0, 1], got {momentum}")
+        self.rho, self.momentum, self.epsilon = float(rho), float(momentum), float(epsilon)
+        self.centered = bool(centered)
+        super().__init__(learning_rate, name)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "rho": self.rho, "momentum": self.momentum,
+                "epsilon": self.epsilon, "centered": self.centered}
+
+
 class Ftrl(Optimizer):
     """FTRL-proximal, as Keras implements it."""
 
     kind = "ftrl"
 
-    def __init__(self, learning_rate: float = 0.001, learning_rate_power: float = -0.5,
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, learning_rate_power: float = -0.5,
                  initial_accumulator_value: float = 0.1, l1_regularization_strength: float = 0.0,
                  l2_regularization_strength: float = 0.0, name: str | None = None) -> None:
         if learning_rate_power > 0:

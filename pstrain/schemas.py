@@ -102,9 +102,30 @@ class SparseReadRequest(Record):
     indices: Array | None = None
 
 
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class ExponentialDecaySpec(Record, tag="exponential_decay", tag_field="type"):
+    initial_learning_rate: Positive
+    decay_steps: Positive
+    decay_rate: Positive
+    staircase: bool = False
+
+
+class PiecewiseConstantSpec(Record, tag="piecewise_constant", tag_field="type"):
+    boundaries: Annotated[list[float], msgspec.Meta(max_length=1024)]
+    values: Annotated[list[Positive], msgspec.Meta(min_length=1, max_length=1025)]
+
+
+class CosineDecaySpec(Record, tag="cosine_decay", tag_field="type"):
+    initial_learning_rate: Positive
+    decay_steps: Positive
+    alpha: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0
+
+
 class OptimizerRule(Record):
-    kind: Literal["sgd", "adagrad", "adam", "ftrl"]
-    learning_rate: Annotated[float, msgspec.Meta(gt=0)]
+    kind: Literal["sgd", "adagrad", "adam", "adamw", "ftrl", "rmsprop"]
+    learning_rate: Positive | ExponentialDecaySpec | PiecewiseConstantSpec | CosineDecaySpec
     momentum: float | None = None
     nesterov: bool | None = None
     initial_accumulator_value: float | None = None
@@ -116,6 +137,9 @@ class OptimizerRule(Record):
     l2_regularization_strength: float | None = None
     l2_shrinkage_regularization_strength: float | None = None
     beta: float | None = None
+    rho: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+    centered: bool | None = None
+    weight_decay: Annotated[float, msgspec.Meta(ge=0)] | None = None
 
 
 class ApplyRequest(Record):

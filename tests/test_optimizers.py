@@ -17,11 +17,14 @@ pytestmark = pytest.mark.timeout(60)
 class Reference:
     """Keras' update rules written out plainly; sparse rows update only their slots."""
 
-    def __init__(self, kind, cfg, var):
+    def __init__(self, kind, cfg, var, lr_at=None):
         self.kind, self.cfg, self.var, self.t = kind, cfg, var.astype(np.float64), 0
+        self.lr_at = lr_at or (lambda step: cfg["learning_rate"])
         init = cfg.get("initial_accumulator_value", 0.1)
         self.s = {"m": np.zeros_like(self.var), "v": np.zeros_like(self.var),
-                  "acc": np.full_like(self.var, init), "lin": np.zeros_like(self.var)}
+                  "acc": np.full_like(self.var, init), "lin": np.zeros_like(self.var),
+                  "rms": np.zeros_like(self.var), "mom": np.zeros_like(self.var),
+                  "mg": np.zeros_like(self.var)}
 
     def step(self, g, rows=None):
         self.t += 1
@@ -33,7 +36,7 @@ class Reference:
             np.add.at(summed, inv, g)
             sel, g = u, summed
         w = self.var[sel]
-        lr = c["learning_rate"]
+        lr = self.lr_at(self.t - 1)  # Keras: the rate at iterations before this step
         if self.kind == "sgd":
             mom = c.get("momentum", 0.0)
             if mom:
@@ -46,7 +49,24 @@ class Reference:
             acc = s["acc"][sel] + g * g
             s["acc"][sel] = acc
             w = w - lr * g / np.sqrt(acc + c.get("epsilon", 1e-7))
-        elif self.kind == "adam":
+        elif self.kind == "rmsprop":
+            rho, eps = c.get("rho", 0.9), c.get("epsilon", 1e-7)
+            rms = rho * s["rms"][sel] + (1 - rho) * g * g
+            s["rms"][sel] = rms
+            denom = rms
+            if c.get("centered"):
+                mg = rho * s["mg"][sel] + (1 - rho) * g
+                s["mg"][sel] = mg
+                denom = rms - mg * mg
+            if c.get("momentum"):
+                mom = c["momentum"] * s["mom"][sel] + lr * g / np.sqrt(denom + eps)
+                s["mom"][sel] = mom
+                w = w - mom
+            else:
+                w = w - lr * g / (np.sqrt(denom) + eps)
+        elif self.kind in ("adam", "adamw"):
+            if self.kind == "adamw":
+                w = w - lr * c.get("weight_decay", 0.004) * w
             b1, b2, eps = c.get("beta_1", 0.9), c.get("beta_2", 0.999), c.get("epsilon", 1e-7)
             m = s["m"][sel] + (g - s["m"][sel]) * (1 - b1)
             v = s["v"][sel] + (g * g - s["v"][sel]) * (1 - b2)
@@ -73,7 +93,80 @@ CASES = [
     ("adam", pstrain.optimizers.Adam, {"learning_rate": 0.01}),
     ("ftrl", pstrain.optimizers.Ftrl, {"learning_rate": 0.1, "l1_regularization_strength": 0.01,
                                        "l2_regularization_strength": 0.02}),
+    ("rmsprop", pstrain.optimizers.RMSprop, {"learning_rate": 0.01}),
+    ("rmsprop", pstrain.optimizers.RMSprop, {"learning_rate": 0.01, "rho": 0.8, "momentum": 0.5,
+                                             "centered": True}),
+    ("adamw", pstrain.optimizers.AdamW, {"learning_rate": 0.01, "weight_decay": 0.1}),
 ]
+
+schedules = pstrain.optimizers.schedules
+#: (schedule, the same schedule written out independently)
+SCHEDULES = [
+    (schedules.ExponentialDecay(0.1, decay_steps=2, decay_rate=0.5),
+     lambda step: 0.1 * 0.5 ** (step / 2)),
+    (schedules.ExponentialDecay(0.1, decay_steps=2, decay_rate=0.5, staircase=True),
+     lambda step: 0.1 * 0.5 ** (step // 2)),
+    (schedules.PiecewiseConstantDecay([1, 3], [0.1, 0.05, 0.01]),
+     lambda step: 0.1 if step <= 1 else 0.05 if step <= 3 else 0.01),
+    (schedules.CosineDecay(0.1, decay_steps=4, alpha=0.2),
+     lambda step: 0.1 * (0.8 * 0.5 * (1 + np.cos(np.pi * min(step, 4) / 4)) + 0.2)),
+]
+
+
+@pytest.mark.parametrize("kind, cls", [("sgd", pstrain.optimizers.SGD), ("adam", pstrain.optimizers.Adam),
+                                       ("rmsprop", pstrain.optimizers.RMSprop)])
+@pytest.mark.parametrize("schedule, reference", SCHEDULES)
+async def test_learning_rate_schedules_are_evaluated_on_the_ps_from_iterations(
+        ps_pair, kind, cls, schedule, reference):
+    rng = np.random.default_rng(1)
+    spec = {"ps": [s.address for s in ps_pair], "worker": ["127.0.0.1:9"]}
+    strategy = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(spec, token=TOKEN),
+                                               variable_partitioner=FixedShardsPartitioner(2))
+    w0 = rng.standard_normal((6, 3))
+    async with strategy.scope():
+        w = pstrain.Variable(w0.copy())  # two parts on two ps: both must use the same step
+        opt = cls(learning_rate=schedule)
+    ref = Reference(kind, {}, w0, lr_at=reference)
+    for _ in range(7):
+        g = rng.standard_normal((6, 3))
+        await opt.apply_gradients([(g, w)])
+        ref.step(g)
+    np.testing.assert_allclose(await w.numpy(), ref.var, rtol=1e-6, atol=1e-12)
+    assert [round(schedule(s), 12) for s in range(7)] == [round(float(reference(s)), 12) for s in range(7)]
+
+
+def test_schedules_refuse_bad_parameters():
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="1 less than"):
+        schedules.PiecewiseConstantDecay([1, 2], [0.1])
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="decay_steps"):
+        schedules.ExponentialDecay(0.1, decay_steps=0, decay_rate=0.5)
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="positive number or a"):
+        pstrain.optimizers.SGD(learning_rate="fast")
+
+
+async def test_per_part_gradients_of_a_sharded_variable(ps_pair):
+    """TF's pattern: gradients for ``model.trainable_variables`` (the parts), not the whole."""
+    rng = np.random.default_rng(2)
+    spec = {"ps": [s.address for s in ps_pair], "worker": ["127.0.0.1:9"]}
+    strategy = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(spec, token=TOKEN),
+                                               variable_partitioner=FixedShardsPartitioner(2))
+    e0 = rng.standard_normal((8, 2))
+    model = pstrain.Module()
+    async with strategy.scope():
+        model.table = pstrain.Variable(e0.copy())
+        opt = pstrain.optimizers.Adagrad(0.1)
+    parts = model.trainable_variables
+    assert len(parts) == 2 and [p.shape for p in parts] == [(4, 2), (4, 2)]
+    ref = Reference("adagrad", {"learning_rate": 0.1}, e0)
+    for _ in range(3):
+        g = rng.standard_normal((8, 2))
+        grads = [g[:4], pstrain.IndexedSlices(g[4:][[0, 3]], [0, 3])]  # dense part, sparse part
+        await opt.apply_gradients(zip(grads, parts))
+        full = g.copy()
+        full[[5, 6]] = 0
+        ref_rows = np.r_[0:4, 4, 7]
+        ref.step(full[ref_rows], ref_rows)
+    np.testing.assert_allclose(await model.table.numpy(), ref.var, rtol=1e-6)
 
 
 @pytest.mark.parametrize("kind, cls, cfg", CASES, ids=lambda x: str(x) if isinstance(x, str) else "")

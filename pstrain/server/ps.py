@@ -32,6 +32,7 @@ from .. import initializers
 from ..casting import NUMERIC_KINDS, cast_value
 from ..errors import AlreadyExistsError, InvalidArgumentError
 from ..optimizer_rules import RULES, slot_specs
+from ..schedules import from_spec
 from ..schemas import (
     ApplyRequest,
     CallRequest,
@@ -306,6 +307,11 @@ class ParameterServer(ServerBase):
         gradient, ``iterations``, the slots to create) is checked before anything changes.
         """
         cfg = {k: v for k, v in msgspec.structs.asdict(req.rule).items() if v is not None}
+        if not isinstance(req.rule.learning_rate, float):  # a schedule: checked whole, here
+            cfg["learning_rate"] = msgspec.to_builtins(req.rule.learning_rate)
+            schedule = from_spec(cfg["learning_rate"])
+        else:
+            schedule = None
         rule = RULES[req.rule.kind]
         specs = slot_specs(cfg)
         plan = []
@@ -355,6 +361,8 @@ class ParameterServer(ServerBase):
             counter += 1
             t = int(counter)
         step = int(t or 1)
+        if schedule is not None:  # Keras reads the rate at iterations before the update
+            cfg["learning_rate"] = schedule(step - 1)
         for record, rows, grad, slots in plan:
             var = record.writable()
             arrays = {s: self.store.slot(full, record.array, init) for s, (full, init) in slots.items()}
