@@ -118,7 +118,7 @@ class Checkpoint:
         for opt_path, opt in graph.optimizers.items():
             for path, entry in graph.entries.items():
                 for slot in opt.slot_names():
-                    names = [f"{opt.name}/{slot}/{p.name}" for p in entry.parts]
+                    names = [opt.slot_variable_name(p, slot) for p in entry.parts]
                     if not all(n in listing for n in names):
                         continue
                     parts = [Variable.handle(n, tuple(listing[n][1]["shape"]), entry.dtype,
@@ -155,8 +155,8 @@ class Checkpoint:
                     local[key] = part.local_array()
                 else:
                     file = f"{base}.ps{part.ps_index}.safetensors"
-                    key = part.name
-                    by_ps.setdefault(part.channel(), (part.ps_index, {}))[1][key] = part.name
+                    key = part.key
+                    by_ps.setdefault(part.channel(), (part.ps_index, {}))[1][key] = part.key
                 parts_meta.append({"file": file, "key": key, "offset": entry.offsets[i], "rows": rows})
             index_vars[path] = {"dtype": entry.dtype.str, "shape": list(entry.shape), "name": entry.name,
                                 "trainable": entry.trainable, "parts": parts_meta}

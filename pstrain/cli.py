@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .bridge import run
-from .cluster import ClusterSpec, SlurmClusterResolver, parse_address, parse_config, read_token
+from .cluster import ClusterSpec, SlurmClusterResolver, parse_address, parse_config, read_token, task_name
 from .errors import PstrainError
 from .protocol import DEFAULT_MAX_BODY
 from .rpc import Channel
@@ -231,6 +231,7 @@ def _status_parser(sub: Any) -> None:
     p.add_argument("--cluster", metavar="FILE", help="cluster config JSON file (TF_CONFIG format)")
     p.add_argument("--token-file", metavar="FILE", help="file holding the cluster token")
     p.add_argument("--timeout", type=float, default=2.0, help="seconds before a task counts as down")
+    p.add_argument("--verbose", action="store_true", help="also print why each down task is down")
     p.set_defaults(func=_status)
 
 
@@ -252,6 +253,10 @@ def _human(n: float) -> str:
     return f"{n:.1f} TB"
 
 
+#: What ``pstrain status`` shows for a task that answered wrongly (else "down").
+_STATES = {"AuthenticationError": "refused", "ProtocolError": "foreign"}
+
+
 def _status(args: argparse.Namespace) -> int:
     spec = _load_cluster(args.cluster)
     if args.token_file:
@@ -270,10 +275,15 @@ def _status(args: argparse.Namespace) -> int:
             await asyncio.sleep(1.0)
             second = await ch.call("statistics", {}, timeout=args.timeout)
         except PstrainError as exc:
-            row["error"] = type(exc).__name__
+            row["state"] = _STATES.get(type(exc).__name__, "down")
+            row["error"] = f"{type(exc).__name__}: {exc}"
             return row
         finally:
             await ch.close()
+        if second.get("task") not in (None, task_name(job, i)):
+            row.update(state="mismatch", error=f"the task at {address} is {second['task']}, not "
+                       f"{task_name(job, i)}: the cluster spec does not match the running tasks")
+            return row
         def count(stats: dict[str, Any]) -> int:
             return sum(r["count"] for r in stats["requests"].values())
 
@@ -297,6 +307,9 @@ def _status(args: argparse.Namespace) -> int:
     print("  ".join(h.ljust(w) for (h, _), w in zip(cols, widths)))
     for r in rows:
         print("  ".join(str(r.get(k, "-")).ljust(w) for (_, k), w in zip(cols, widths)))
+    for r in rows:
+        if r.get("error") and (r["state"] != "down" or args.verbose):
+            print(f"{r['task']}: {r['error']}")
     return 0 if all(r["state"] == "up" for r in rows if not r["task"].startswith("chief")) else 1
 
 

@@ -12,15 +12,23 @@ two workers, a ps and a coordinator can share one process (and one test).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-from typing import TYPE_CHECKING
+import functools
+import warnings
+from collections.abc import Callable, Coroutine, Generator, Iterator
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from .errors import PstrainError
 
 if TYPE_CHECKING:
     from .rpc import ChannelPool
 
-__all__ = ["current_channels", "get_current_worker_index", "in_closure", "worker_context"]
+__all__ = ["current_channels", "get_current_worker_index", "in_closure", "must_await",
+           "watch_unawaited", "worker_context"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 _worker_index: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "pstrain_worker_index", default=None)
@@ -70,3 +78,70 @@ def worker_context(index: int, channels: ChannelPool | None) -> contextvars.Cont
     ctx.run(_worker_index.set, index)
     ctx.run(_channels.set, channels)
     return ctx
+
+
+# -- operations that must be awaited ------------------------------------------------------------
+#: Inside a closure: the pstrain operations it created and dropped without awaiting.
+_unawaited: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "pstrain_unawaited", default=None)
+
+
+@contextlib.contextmanager
+def watch_unawaited() -> Iterator[list[str]]:
+    """Collect the pstrain operations created and dropped unawaited inside (a closure)."""
+    missed: list[str] = []
+    token = _unawaited.set(missed)
+    try:
+        yield missed
+    finally:
+        _unawaited.reset(token)
+
+
+class _Operation(Coroutine[Any, Any, T]):
+    """A pstrain operation's coroutine that knows if it was dropped without ``await``: inside
+    a closure that fails the closure (a forgotten ``await`` silently drops an update
+    otherwise); elsewhere it warns, naming the operation."""
+
+    __slots__ = ("_coro", "_what", "_used")
+
+    def __init__(self, coro: Coroutine[Any, Any, T], what: str) -> None:
+        self._coro = coro
+        self._what = what
+        self._used = False
+
+    def __await__(self) -> Generator[Any, None, T]:
+        self._used = True
+        return self._coro.__await__()
+
+    def send(self, value: Any) -> Any:
+        self._used = True
+        return self._coro.send(value)
+
+    def throw(self, *args: Any) -> Any:
+        self._used = True
+        return self._coro.throw(*args)
+
+    def close(self) -> None:
+        self._used = True
+        self._coro.close()
+
+    def __del__(self) -> None:
+        if self._used:
+            return
+        self._coro.close()  # reported here, not by Python's generic warning
+        missed = _unawaited.get()
+        if missed is not None:
+            missed.append(self._what)
+        else:
+            warnings.warn(f"{self._what} was never awaited: it did nothing (add `await`)",
+                          RuntimeWarning, stacklevel=2)
+
+
+def must_await(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+    """Decorate an ``async def`` operation so that dropping its coroutine unawaited is caught."""
+    what = fn.__qualname__ + "()"
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, T]:
+        return _Operation(fn(*args, **kwargs), what)
+    return wrapper

@@ -13,9 +13,13 @@ Beyond TF, a RemoteValue may be passed to ``schedule``: it is resolved before
 the closure runs, and a failed producer fails the consumer with
 :class:`~pstrain.errors.ClosureInputError`.
 
-The heartbeat: while closures run, every second, the workers running them
-and every ps are pinged; a silent worker's channel is closed (its closures go
-back to the queue), a silent ps fails the job with ``UnavailableError``.
+The heartbeat: every second, every ps is pinged, and while closures run, the
+workers running them. A silent worker's channel is closed (its closures go
+back to the queue); a ps silent while closures run fails the job with
+``UnavailableError``; a ps that answers with a new *incarnation* (it restarted,
+however quickly, and lost its variables) fails it too, with a message saying
+so. A closure that failed with ``NotFoundError`` because its ps restarted is
+reported the same way by ``join()``.
 """
 
 from __future__ import annotations
@@ -31,8 +35,11 @@ from . import pickling
 from .cluster import is_loopback, parse_address, task_name
 from .dispatch import DispatchSettings, WorkerDispatcher
 from .errors import (
+    AuthenticationError,
     DeadlineExceededError,
     InvalidArgumentError,
+    NotFoundError,
+    ProtocolError,
     PstrainError,
     UnavailableError,
 )
@@ -71,7 +78,7 @@ class ClusterCoordinator:
                  max_batch: int = 1024, worker_timeout_s: float = 10.0,
                  ps_timeout_s: float = 10.0, heartbeat_s: float = 1.0,
                  probe_initial_s: float = 0.05, probe_max_s: float = 2.0,
-                 cancel_grace_s: float = 10.0) -> None:
+                 cancel_grace_s: float = 10.0, no_worker_timeout_s: float | None = 60.0) -> None:
         if getattr(self, "strategy", None) is not None:
             return  # the existing coordinator of this strategy
         if not isinstance(strategy, ParameterServerStrategy):
@@ -88,6 +95,9 @@ class ClusterCoordinator:
         self.ps_timeout_s = ps_timeout_s
         self.heartbeat_s = heartbeat_s
         self.cancel_grace_s = cancel_grace_s
+        self.no_worker_timeout_s = no_worker_timeout_s
+        self._no_worker_since: float | None = None
+        self._ps_down: dict[int, str] = {}
         self.queue = ClosureQueue()
         self.resources = ResourceRegistry(strategy.num_workers)
         self._tasks = TaskOwner("the coordinator", on_failure=self._task_failed)
@@ -95,6 +105,8 @@ class ClusterCoordinator:
         self._fns: dict[Any, tuple[bytes, bytes]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._metrics: MetricsEndpoint | None = None
+        self._ps_incarnations: list[str | None] = [None] * strategy.num_ps
+        self._ps_restart: UnavailableError | None = None  # found while another error was pending
         self.closed = False
         spec = self._channels.cluster_spec
         self._workers = [
@@ -136,14 +148,36 @@ class ClusterCoordinator:
         return ("127.0.0.1" if is_loopback(host) else "0.0.0.0"), port
 
     async def _heartbeat(self) -> None:
-        """While closures run, ping their workers and every ps: silence past the deadline
-        is a failure (a worker's closures are rescheduled; a ps fails the job)."""
+        """Ping every ps (a restart is found even when idle) and, while closures run, their
+        workers: silence past the deadline is a failure (a worker's closures are
+        rescheduled; a ps fails the job)."""
         while True:
-            await asyncio.sleep(self.heartbeat_s)
-            if not self.queue.in_flight or self.queue.error is not None:
-                continue
-            await asyncio.gather(*(self._ping_worker(w) for w in self._workers if w.up and w.in_flight),
+            busy = self.queue.in_flight and self.queue.error is None
+            await asyncio.gather(*(self._ping_worker(w) for w in self._workers
+                                   if busy and w.up and w.in_flight),
                                  *(self._ping_ps(k) for k in range(self.strategy.num_ps)))
+            self._check_some_worker_can_run()
+            await asyncio.sleep(self.heartbeat_s)
+
+    def _check_some_worker_can_run(self) -> None:
+        """Closures waiting while no worker has been reachable for ``no_worker_timeout_s``:
+        fail them, naming every task that is down (TF would wait forever)."""
+        waiting = self.queue.queued + self.queue.in_flight
+        if not waiting or any(w.up for w in self._workers) or self.queue.error is not None:
+            self._no_worker_since = None
+            return
+        now = asyncio.get_running_loop().time()
+        if self._no_worker_since is None:
+            self._no_worker_since = now
+            return
+        if self.no_worker_timeout_s is None or now - self._no_worker_since < self.no_worker_timeout_s:
+            return
+        down = [f"{w.task} ({w.last_error or 'never reached'})" for w in self._workers]
+        down += [f"{task_name('ps', k)} ({why})" for k, why in sorted(self._ps_down.items())]
+        self.queue.record_error(UnavailableError(
+            f"no worker has been reachable for {now - self._no_worker_since:.0f} s with "
+            f"{waiting} closure(s) waiting; down: {'; '.join(down)}. Restart them (the queued "
+            "closures were cancelled), or raise no_worker_timeout_s to wait longer"))
 
     async def _ping_worker(self, w: WorkerDispatcher) -> None:
         try:
@@ -153,13 +187,35 @@ class ClusterCoordinator:
             await w.channel().close()  # fails its pending calls: the dispatcher reschedules
 
     async def _ping_ps(self, k: int) -> None:
+        restarted = await self._ps_restarted(k, report_silence=True)
+        if restarted is not None and not self.queue.record_error(restarted) and \
+                isinstance(restarted, UnavailableError):
+            self._ps_restart = restarted
+
+    async def _ps_restarted(self, k: int, report_silence: bool = False) -> PstrainError | None:
+        """The error to report if ps ``k`` restarted since last seen (or, with
+        ``report_silence`` and closures running, if it does not answer)."""
+        task = task_name("ps", k)
         try:
-            await self._channels.channel("ps", k).call("health", None, timeout=self.ps_timeout_s)
+            reply = await self._channels.channel("ps", k).call("health", None, timeout=self.ps_timeout_s)
+            self._ps_down.pop(k, None)
         except (UnavailableError, DeadlineExceededError) as exc:
-            task = task_name("ps", k)
-            self.queue.record_error(UnavailableError(
-                f"parameter server {task} is unavailable ({exc}); restart it and restore the "
-                "latest checkpoint", task=task))
+            self._ps_down[k] = f"{type(exc).__name__}: {exc}"
+            if report_silence and self.queue.in_flight:
+                return UnavailableError(f"parameter server {task} is unavailable ({exc}); restart "
+                                        "it and restore the latest checkpoint", task=task)
+            return None
+        except (AuthenticationError, ProtocolError) as exc:  # misconfigured: report, once
+            self._ps_down[k] = f"{type(exc).__name__}: {exc}"
+            return exc if report_silence else None
+        incarnation, known = reply.get("incarnation"), self._ps_incarnations[k]
+        self._ps_incarnations[k] = incarnation
+        if known is None or incarnation == known:
+            return None
+        return UnavailableError(
+            f"parameter server {task} restarted (incarnation {known[:8]} is now "
+            f"{str(incarnation)[:8]}): the variables it held are lost; restore the latest "
+            "checkpoint to continue", task=task)
 
     # -- scheduling ---------------------------------------------------------------------------
     def _function(self, fn: Callable[..., Any]) -> tuple[bytes, bytes]:
@@ -230,10 +286,21 @@ class ClusterCoordinator:
             if self.queue.error is not None:
                 # Let the cancelled in-flight closures report back (bounded), then raise.
                 await self.queue.wait_drained(self.cancel_grace_s)
+                if isinstance(self.queue.error, NotFoundError):
+                    await self._raise_if_ps_restarted()
                 self._raise_pending()
             if self.queue.is_idle():
                 return
             await self.queue.wait_idle()
+
+    async def _raise_if_ps_restarted(self) -> None:
+        """A variable not found because its ps restarted is that ps's failure (TF's
+        UnavailableError), not the closure's."""
+        found = await asyncio.gather(*(self._ps_restarted(k) for k in range(self.strategy.num_ps)))
+        restarted = next((e for e in found if e is not None), self._ps_restart)
+        self._ps_restart = None
+        if restarted is not None:
+            raise restarted from self.queue.take_error()
 
     def done(self) -> bool:
         """True when nothing is queued or in flight; raises the pending error if there is one."""
@@ -272,6 +339,11 @@ class ClusterCoordinator:
     def workers_up(self) -> list[bool]:
         """Whether each worker is reachable now."""
         return [w.up for w in self._workers]
+
+    @property
+    def ps_incarnations(self) -> list[str | None]:
+        """Each ps's incarnation as last seen by the heartbeat (None: not seen yet)."""
+        return list(self._ps_incarnations)
 
     @property
     def worker_failures(self) -> int:

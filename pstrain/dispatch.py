@@ -29,6 +29,9 @@ from .errors import (
     ClosureAbortedError,
     ClosureInputError,
     DeadlineExceededError,
+    InvalidArgumentError,
+    NotFoundError,
+    ProtocolError,
     PstrainError,
     UnavailableError,
 )
@@ -56,6 +59,14 @@ class DispatchSettings:
     probe_max_s: float = 2.0
 
 
+
+class _Mismatch(InvalidArgumentError):
+    """The task at a worker's address is not that worker (the cluster specs disagree)."""
+
+
+#: Failures of configuration: the dispatcher reports them and stops (no retry loop).
+_PERMANENT = (AuthenticationError, ProtocolError, _Mismatch)
+
 class WorkerDispatcher:
     """Feeds worker ``index`` from ``queue``; builds its resources from ``registry``.
 
@@ -80,7 +91,8 @@ class WorkerDispatcher:
         self.incarnation: str | None = None
         self.up = False
         self.failures = 0
-        self.refused: AuthenticationError | None = None  # the worker refused us for good
+        self.last_error: str | None = None  # why it was last found unreachable
+        self.refused: PstrainError | None = None  # a configuration error: never retried
         self._waiter: asyncio.Future[None] | None = None
         self._broken: BaseException | None = None
         queue.add_listener(self.wake)
@@ -111,8 +123,8 @@ class WorkerDispatcher:
                 await self._connect()
                 backoff = self.settings.probe_initial_s
                 await self._pump()
-            except AuthenticationError as exc:  # permanent: retrying cannot help
-                logger.error("%s: %s", self.task, exc)
+            except _PERMANENT as exc:  # a configuration error: retrying cannot help
+                logger.error("%s: %s (not retried)", self.task, exc)
                 self.refused = exc
                 self._lost(exc)
                 self.queue.record_error(exc)
@@ -130,8 +142,19 @@ class WorkerDispatcher:
                 await asyncio.sleep(backoff)
 
     async def _connect(self) -> None:
-        reply = await self.channel().call("worker/configure", {"cluster": self.cluster_spec.as_dict()},
-                                          timeout=self.settings.worker_timeout_s)
+        try:
+            reply = await self.channel().call("worker/configure",
+                                              {"cluster": self.cluster_spec.as_dict()},
+                                              timeout=self.settings.worker_timeout_s)
+        except NotFoundError as exc:  # the task there has no such operation
+            raise _Mismatch(f"the cluster says {self.task} is at {self.channel().address}, but "
+                            f"the task there is not a worker ({exc}): fix the cluster spec "
+                            "(TF_CONFIG / PSTRAIN_CONFIG)", task=self.task) from exc
+        index = reply.get("index")
+        if index is not None and index != self.index:
+            raise _Mismatch(f"the cluster says {self.task} is at {self.channel().address}, but "
+                            f"the task there is worker {index}: the coordinator's cluster spec "
+                            "does not match the tasks' (TF_CONFIG / PSTRAIN_CONFIG)", task=self.task)
         if reply["incarnation"] != self.incarnation:
             if self.incarnation is not None:
                 logger.warning("%s restarted; rebuilding its %d per-worker resource(s)", self.task,
@@ -146,6 +169,7 @@ class WorkerDispatcher:
 
     def _lost(self, exc: BaseException) -> None:
         """The worker failed: put its closures back; its resources are unknown until it is back."""
+        self.last_error = f"{type(exc).__name__}: {exc}"
         if self.up:
             self.failures += 1
             logger.warning("%s is unreachable (%s); its %d closure(s) go back to the queue",

@@ -108,7 +108,7 @@ def _rmsprop(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None,
     """Keras' RMSprop: with momentum, TF's ApplyRMSProp (epsilon inside the root)."""
     lr, rho, eps = cfg["learning_rate"], cfg.get("rho", 0.9), cfg.get("epsilon", 1e-7)
     momentum, centered = cfg.get("momentum", 0.0), cfg.get("centered", False)
-    sel: Any = slice(None) if rows is None else rows
+    sel: Any = ... if rows is None else rows  # ... also indexes a scalar
     rms = slots["rms"][sel] * rho + (1 - rho) * g * g
     slots["rms"][sel] = rms
     denom = rms

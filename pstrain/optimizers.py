@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import schedules
+from .context import must_await
 from .errors import InvalidArgumentError
 from .optimizer_rules import slot_specs
 from .schedules import LearningRateSchedule
@@ -76,8 +77,9 @@ class Optimizer:
 
     def slot_variable_name(self, var: Variable, slot: str) -> str:
         """The ps-side name of ``var``'s ``slot`` (for checkpoints and inspection)."""
-        return f"{self.name}/{slot}/{var.name}"
+        return f"{self.name}/{slot}/{var.key}"
 
+    @must_await
     async def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]]) -> int:
         """Apply one step; returns the new ``iterations``. One request per ps, concurrently."""
         groups: dict[Channel, list[list[Any]]] = {}
@@ -90,7 +92,7 @@ class Optimizer:
                     raise InvalidArgumentError("apply_gradients: variables must be created in "
                                                "strategy.scope() (they live on the ps)")
                 touched.append(part)
-                groups.setdefault(part.channel(), []).append([part.name, rows, values])
+                groups.setdefault(part.channel(), []).append([part.key, rows, values])
         it_var = self.iterations
         await ensure_created([it_var, *touched])
         rule = self._rule()
@@ -98,14 +100,14 @@ class Optimizer:
         t: int | None = None
         if self.needs_step:  # bias correction needs the step: increment first
             reply = await it_channel.call("opt/apply", {
-                "rule": rule, "prefix": self.name, "grads": [], "iterations": it_var.name})
+                "rule": rule, "prefix": self.name, "grads": [], "iterations": it_var.key})
             t = reply["t"]
 
         async def send(channel: Channel, grads: list[list[Any]]) -> int:
             count_here = channel is it_channel and t is None
             reply = await channel.call("opt/apply", {
                 "rule": rule, "prefix": self.name, "grads": grads, "unique_rows": True,
-                "iterations": it_var.name if count_here else None, "t": t})
+                "iterations": it_var.key if count_here else None, "t": t})
             return reply["t"] if count_here else -1
 
         calls = [send(ch, grads) for ch, grads in groups.items()]

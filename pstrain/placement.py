@@ -3,6 +3,13 @@
 One :class:`Placement` per strategy owns everything about creating variables:
 
 * **names**: ``name``, then ``name_1``, ``name_2`` ... (TF's uniquification);
+  a second live strategy on the same cluster in one process qualifies the ps
+  keys of its variables (``strategy_1/...``) while their ``name`` stays as TF
+  shows it, so it creates variables of its own (a notebook cell run twice);
+* **ownership**: creations carry this placement's ``owner`` id; the ps lets a
+  new owner take over variables of the same key (a restarted coordinator
+  re-creating its model replaces the dead one's variables and their slots)
+  and refuses a true duplicate;
 * **round-robin**: one counter over the ps (with 3 ps, successive variables
   land on ps 0, 1, 2, 0), shared by whole variables and the parts of
   sharded ones; :meth:`Placement.colocated` pins creations to one ps;
@@ -28,6 +35,7 @@ import contextlib
 import contextvars
 import secrets
 import threading
+import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
@@ -52,8 +60,11 @@ class Placement:
     """
 
     def __init__(self, num_ps: int, channels: ChannelPool | None,
-                 partitioner: Callable[..., Sequence[int]] | None = None) -> None:
+                 partitioner: Callable[..., Sequence[int]] | None = None, *,
+                 namespace: str = "") -> None:
         self.num_ps = num_ps
+        self.namespace = namespace  # prefix of the ps keys ("" for the first strategy)
+        self.owner = uuid.uuid4().hex
         self.channels = channels  # None on a worker: the closure's channels
         self.partitioner = partitioner
         self.issued = 0  # creations accepted (the last ticket given)
@@ -137,7 +148,7 @@ class Placement:
         if parts is None:
             return self._handle(full_name, entry, var_shape, var_dtype, trainable, aggregation,
                                 synchronization)
-        handles = []
+        handles: list[Variable] = []
         for i, (offset, rows) in enumerate(parts):
             if "init" in entry:
                 part_entry: dict[str, Any] = {
@@ -153,13 +164,14 @@ class Placement:
     def _handle(self, name: str, entry: dict[str, Any], shape: tuple[int, ...], dtype: np.dtype,
                 trainable: bool, aggregation: Any, synchronization: Any) -> Variable:
         ps = self.next_ps()
-        entry.update(name=name, dtype=dtype.str, shape=shape, trainable=trainable)
+        key = self.namespace + name
+        entry.update(name=key, dtype=dtype.str, shape=shape, trainable=trainable)
         with self._lock:
             self.issued += 1
             ticket = self.issued
             self._queued.setdefault(ps, []).append(entry)
-        return Variable.handle(name, shape, dtype, ps, self.channels, trainable, aggregation,
-                               synchronization, creator=self, ticket=ticket)
+        return Variable.handle(key, shape, dtype, ps, self.channels, trainable, aggregation,
+                               synchronization, creator=self, ticket=ticket, display_name=name)
 
     def creations_to_send(self) -> Awaitable[None] | None:
         """``ensure_created()`` if creations are queued, else None (a check that costs nothing)."""
@@ -186,7 +198,7 @@ class Placement:
                     restores: dict[int, list[dict[str, Any]]], upto: int) -> None:
         try:
             results = await asyncio.gather(
-                *(self._channel(ps).call("vars/create", {"vars": entries})
+                *(self._channel(ps).call("vars/create", {"vars": entries, "owner": self.owner})
                   for ps, entries in queued.items()), return_exceptions=True)
             if restores and not any(isinstance(r, BaseException) for r in results):
                 results = await asyncio.gather(

@@ -59,7 +59,7 @@ def targets(graph: Graph, saved: dict[str, Any], entries: dict[str, Entry],
              optimizers: dict[str, Any]) -> list[_Target]:
     """The saved values for ``entries`` and for the slots ``optimizers`` keep of
     ``graph``'s variables (and ``graph``'s optimizers of ``entries``)."""
-    out = [_Target(path, e.parts, [p.name for p in e.parts], e, e.parts)
+    out = [_Target(path, e.parts, [p.key for p in e.parts], e, e.parts)
            for path, e in entries.items() if path in saved]
     pairs = [(op, o, path, e) for op, o in graph.optimizers.items() for path, e in entries.items()]
     pairs += [(op, o, path, e) for op, o in optimizers.items() for path, e in graph.entries.items()
@@ -68,7 +68,7 @@ def targets(graph: Graph, saved: dict[str, Any], entries: dict[str, Entry],
         for slot in opt.slot_names():
             key = slot_key(path, opt_path, slot)
             if key in saved:
-                out.append(_Target(key, [], [f"{opt.name}/{slot}/{p.name}" for p in e.parts],
+                out.append(_Target(key, [], [opt.slot_variable_name(p, slot) for p in e.parts],
                                    e, e.parts))
     return out
 
@@ -212,8 +212,7 @@ class CheckpointLoadStatus:
                         "created by a strategy here")
                 placement.queue_restore(waiting.ps_index, {
                     "name": name, "dtype": e.dtype.str, "shape": list(waiting.shape),
-                    "trainable": waiting.trainable if target.parts else False, "sources": rows},
-                    [waiting])
+                    **_role(target, waiting), "sources": rows}, [waiting])
             self._matched.add(target.key)
             logger.info("restored %s from %s (deferred)", target.key, self._reader.path)
 
@@ -235,12 +234,19 @@ class CheckpointLoadStatus:
                     continue
                 by_ps.setdefault(waiting.channel(), []).append(
                     {"name": name, "dtype": e.dtype.str, "shape": list(waiting.shape),
-                     "trainable": waiting.trainable if target.parts else False, "sources": rows})
+                     **_role(target, waiting), "sources": rows})
         local_values = [(part, read_rows(part.shape, part.dtype, rows)) for part, rows in local]
         await _restore_all_or_nothing(by_ps)
         for part, value in local_values:
             part.restore_local(value)
         self._matched.update(t.key for t in targets)
+
+
+def _role(target: _Target, waiting: Variable) -> dict[str, Any]:
+    """A variable's own value, or an optimizer slot of ``waiting`` (the ps drops it with it)."""
+    if target.parts:
+        return {"trainable": waiting.trainable}
+    return {"trainable": False, "slot_of": waiting.key}
 
 
 def _local_only(target: _Target) -> None:

@@ -33,6 +33,7 @@ from .errors import (
     AuthenticationError,
     DeadlineExceededError,
     ProtocolError,
+    PstrainError,
     UnavailableError,
     from_envelope,
 )
@@ -42,12 +43,27 @@ from .tasks import TaskOwner
 
 logger = logging.getLogger(__name__)
 
+#: Handshakes ended by the server without a byte, in a row, before it is not retried.
+SILENT_CLOSES = 3
+
 __all__ = ["Channel", "ChannelPool", "close_loop_channels"]
 
 #: The open channels of each loop (weakly: a channel nobody holds is already closed).
 _open: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[Channel]] = \
     weakref.WeakKeyDictionary()
 
+
+
+def foreign_server(channel: Channel, first: bytes) -> PstrainError:
+    """The error for a server that answered the handshake with something else than pstrain."""
+    where = f"{channel.task} at {channel.address}"
+    if first[:1] in (b"\x15", b"\x16"):  # a TLS record: alert or handshake
+        return AuthenticationError(
+            f"{where} speaks TLS and this client does not: give the coordinator the cluster's "
+            "TLS settings (the resolver's ssl_context, or --tls-ca)", task=channel.task)
+    return ProtocolError(
+        f"{where} is not a pstrain server (it answered {first[:32]!r}): check the cluster's "
+        "addresses (TF_CONFIG / PSTRAIN_CONFIG)", task=channel.task)
 
 class _ClientProtocol(FrameProtocol):
     """The client end of a stream: the mutual handshake (``auth.py``), then frames."""
@@ -61,6 +77,7 @@ class _ClientProtocol(FrameProtocol):
         self.lost_exc: BaseException | None = None
         self._nonce = new_nonce()
         self._proved = False  # the server's proof held and ours was sent
+        self.received = 0  # bytes the server sent during the handshake
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -71,8 +88,14 @@ class _ClientProtocol(FrameProtocol):
             super().buffer_updated(nbytes)
             return
         self._end += nbytes
+        self.received += nbytes
         have = self._end - self._start
         if not self._proved:
+            start = bytes(self._stage[self._start:self._start + min(have, len(MAGIC))])
+            if not MAGIC.startswith(start):
+                answer = bytes(self._stage[self._start:self._start + min(have, 32)])
+                self._fail_handshake(foreign_server(self.channel, answer))
+                return
             if have < CHALLENGE:
                 return
             reply = bytes(self._stage[self._start:self._start + CHALLENGE])
@@ -164,6 +187,7 @@ class Channel:
         self._connecting: asyncio.Task[_ClientProtocol] | None = None
         self._tasks = TaskOwner(f"channel to {task}")
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._silent_closes = 0  # handshakes the server ended without a byte, in a row
         self.closed = False
 
     def connection_lost(self, proto: _ClientProtocol) -> None:
@@ -183,8 +207,9 @@ class Channel:
                 f"{self.connect_timeout:g} s", task=self.task) from exc
         except ssl_module.SSLError as exc:
             raise AuthenticationError(
-                f"TLS handshake with {self.task} at {self.address} failed: {exc}",
-                task=self.task) from exc
+                f"TLS handshake with {self.task} at {self.address} failed: {exc}. If the "
+                "cluster does not use TLS, give the coordinator no ssl_context; if it does, "
+                "give it the cluster's CA (--tls-ca)", task=self.task) from exc
         except OSError as exc:
             raise UnavailableError(
                 f"{self.task} at {self.address} cannot be reached: {exc.strerror or exc}",
@@ -196,9 +221,24 @@ class Channel:
             proto.transport.abort()
             raise UnavailableError(f"{self.task} at {self.address} did not answer the handshake "
                                    f"within {self.connect_timeout:g} s", task=self.task) from exc
+        except UnavailableError as exc:
+            proto.transport.abort()
+            if proto.received:
+                raise
+            # Accepted, then closed without a byte: a server shutting down does that once; a
+            # TLS server given a plain handshake (or a foreign one) does it every time.
+            self._silent_closes += 1
+            if self._silent_closes < SILENT_CLOSES:
+                raise
+            raise ProtocolError(
+                f"{self.task} at {self.address} closed the connection {self._silent_closes} times "
+                "in a row during the handshake without answering: it probably expects TLS (give "
+                "the coordinator the cluster's TLS settings: the resolver's ssl_context, or "
+                "--tls-ca) or is not a pstrain server", task=self.task) from exc
         except BaseException:
             proto.transport.abort()
             raise
+        self._silent_closes = 0
         return proto
 
     async def connected(self) -> _ClientProtocol:

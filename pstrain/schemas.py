@@ -57,6 +57,8 @@ class VariableSpec(Record):
 
 class CreateRequest(Record):
     vars: Annotated[list[VariableSpec], msgspec.Meta(max_length=1 << 16)]
+    #: The strategy instance creating them: a different owner takes over same-named variables.
+    owner: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] | None = None
 
 
 class NamesRequest(Record):
@@ -166,6 +168,7 @@ class RestoreSpec(Record):
     shape: Shape
     sources: Annotated[list[Source], msgspec.Meta(min_length=1, max_length=1 << 16)]
     trainable: bool = True
+    slot_of: Name | None = None  # an optimizer slot: the variable it belongs to
 
 
 class RestoreRequest(Record):

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .context import must_await
 from .errors import InvalidArgumentError
 from .variables import IndexedSlices, Variable, VariableBase, ensure_created, read_variables, to_array
 
@@ -121,9 +122,11 @@ class ShardedVariable(VariableBase):
                 f"parts={len(self._variables)}>")
 
     # -- reads and writes ----------------------------------------------------------------------
+    @must_await
     async def read_value(self) -> np.ndarray:
         return np.concatenate(await read_variables(self._variables), axis=0)
 
+    @must_await
     async def numpy(self) -> np.ndarray:
         return await self.read_value()
 
@@ -140,12 +143,15 @@ class ShardedVariable(VariableBase):
         await asyncio.gather(*(getattr(v, op)(p) for v, p in zip(self._variables, pieces)))
         return self
 
+    @must_await
     async def assign(self, value: Any) -> ShardedVariable:
         return await self._each("assign", value)
 
+    @must_await
     async def assign_add(self, delta: Any) -> ShardedVariable:
         return await self._each("assign_add", delta)
 
+    @must_await
     async def assign_sub(self, delta: Any) -> ShardedVariable:
         return await self._each("assign_sub", delta)
 
@@ -158,6 +164,7 @@ class ShardedVariable(VariableBase):
         part = np.searchsorted(self._offsets[1:], ids, side="right")
         return part, ids - self._offsets[part]
 
+    @must_await
     async def sparse_read(self, indices: Any) -> np.ndarray:
         return await embedding_lookup(self, indices)
 
@@ -176,12 +183,15 @@ class ShardedVariable(VariableBase):
         await asyncio.gather(*calls)
         return self
 
+    @must_await
     async def scatter_add(self, sparse_delta: IndexedSlices) -> ShardedVariable:
         return await self._scatter("scatter_add", sparse_delta)
 
+    @must_await
     async def scatter_sub(self, sparse_delta: IndexedSlices) -> ShardedVariable:
         return await self._scatter("scatter_sub", sparse_delta)
 
+    @must_await
     async def scatter_update(self, sparse_delta: IndexedSlices) -> ShardedVariable:
         return await self._scatter("scatter_update", sparse_delta)
 
@@ -242,7 +252,7 @@ async def embedding_lookup(params: Any, ids: Any) -> np.ndarray:
     await ensure_created(parts[p] for group in by_ps.values() for p, _ in group)
 
     async def fetch(channel: Channel, group: list[tuple[int, np.ndarray]]) -> None:
-        reads = [{"name": parts[p].name, "indices": compact_ids(unique[positions] - offsets[p])}
+        reads = [{"name": parts[p].key, "indices": compact_ids(unique[positions] - offsets[p])}
                  for p, positions in group]
         reply = await channel.call("vars/sparse_read", {"reads": reads})
         for (_, positions), values in zip(group, reply["values"]):

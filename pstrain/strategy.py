@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -106,7 +107,7 @@ class _Extended:
                 if obj.ps_index != var.ps_index:
                     raise InvalidArgumentError(
                         f"variable {obj.name!r} is on {obj.device}, not colocated with {var.name!r}")
-                return {"__pstrain_var__": obj.name}
+                return {"__pstrain_var__": obj.key}
             if type(obj) is tuple:
                 return tuple(ref(x) for x in obj)
             if type(obj) is list:
@@ -114,7 +115,7 @@ class _Extended:
             return obj
 
         reply = await var.channel().call("vars/call", {
-            "fn": fn, "vars": [var.name], "args": ref(tuple(args)),
+            "fn": fn, "vars": [var.key], "args": ref(tuple(args)),
             "kwargs": {k: ref(v) for k, v in (kwargs or {}).items()}}, pickle=True)
         return reply["result"]
 
@@ -196,17 +197,17 @@ class ParameterServerStrategy:
         channels = ChannelPool(spec, getattr(cluster_resolver, "token", None),
                                ssl_context=getattr(cluster_resolver, "ssl_context", None))
         self._init_state(cluster_resolver, variable_partitioner, spec.num_tasks("ps"),
-                         spec.num_tasks("worker"), channels)
+                         spec.num_tasks("worker"), channels, _namespace(self, spec))
 
     def _init_state(self, resolver: ClusterResolver | None, partitioner: Any, num_ps: int,
-                    num_workers: int, channels: ChannelPool | None) -> None:
+                    num_workers: int, channels: ChannelPool | None, namespace: str = "") -> None:
         """State shared by the coordinator's strategy and its copy on a worker."""
         self.cluster_resolver = resolver
         self._variable_partitioner = partitioner
         self._num_ps = num_ps
         self._num_workers = num_workers
         self._channels = channels  # None on a worker: the closure's channels
-        self._placement = Placement(num_ps, channels, partitioner)
+        self._placement = Placement(num_ps, channels, partitioner, namespace=namespace)
         self._coordinator: _Coordinator | None = None
         self._warned_usage = False
         self.extended = _Extended(self)
@@ -367,6 +368,22 @@ class ParameterServerStrategy:
         # Captured by a closure: on the worker it becomes a strategy bound to the worker's
         # channels (run/reduce/gather/extended work; creating variables does not).
         return (_worker_strategy, (self._num_ps, self._num_workers, self._variable_partitioner))
+
+
+#: The live strategies of this process, by the ps addresses of their cluster.
+_LIVE: dict[tuple[str, ...], weakref.WeakSet[ParameterServerStrategy]] = {}
+
+
+def _namespace(strategy: ParameterServerStrategy, spec: ClusterSpec) -> str:
+    """"" for the only live strategy on a cluster; ``strategy_<n>/`` for a second one made
+    while the first lives (its variables must not collide with the first's on the ps)."""
+    live = _LIVE.setdefault(tuple(spec.job_tasks("ps")), weakref.WeakSet())
+    taken = {s.placement.namespace for s in live}
+    live.add(strategy)
+    n = 0
+    while (f"strategy_{n}/" if n else "") in taken:
+        n += 1
+    return f"strategy_{n}/" if n else ""
 
 
 def _worker_strategy(num_ps: int, num_workers: int, partitioner: Any) -> ParameterServerStrategy:

@@ -29,7 +29,7 @@ import numpy as np
 
 from .casting import cast_value
 from .cluster import task_name
-from .context import current_channels
+from .context import current_channels, must_await
 from .errors import InvalidArgumentError
 from .initializers import Initializer
 
@@ -162,8 +162,9 @@ class Variable(VariableBase):
     3.0
     """
 
-    __slots__ = ("_name", "_shape", "_dtype", "_trainable", "_aggregation", "_synchronization",
-                 "_ps", "_pool", "_creator", "_ticket", "_local", "_ready", "__weakref__")
+    __slots__ = ("_name", "_display", "_shape", "_dtype", "_trainable", "_aggregation",
+                 "_synchronization", "_ps", "_pool", "_creator", "_ticket", "_local", "_ready",
+                 "__weakref__")
     _local: np.ndarray | None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -187,7 +188,8 @@ class Variable(VariableBase):
 
     def _setup(self, name: str, shape: Sequence[int], dtype: Any, trainable: bool,
                aggregation: Any, synchronization: Any) -> None:
-        self._name = name
+        self._name = name  # the key on the ps
+        self._display = name  # the name TF shows (the key without a strategy's qualifier)
         self._shape = tuple(int(d) for d in shape)
         self._dtype = np.dtype(dtype)
         self._trainable = bool(trainable)
@@ -205,14 +207,18 @@ class Variable(VariableBase):
                channels: ChannelPool | None, trainable: bool = True,
                aggregation: Any = VariableAggregation.NONE,
                synchronization: Any = VariableSynchronization.AUTO, *,
-               creator: VariableCreator | None = None, ticket: int = 0) -> Variable:
-        """A handle to variable ``name`` on ps ``ps`` (no request is sent).
+               creator: VariableCreator | None = None, ticket: int = 0,
+               display_name: str | None = None) -> Variable:
+        """A handle to variable ``name`` (its key) on ps ``ps`` (no request is sent).
 
         ``creator`` and ``ticket``: the variable exists once ``creator`` has
-        sent creation ``ticket`` (see :class:`VariableCreator`).
+        sent creation ``ticket`` (see :class:`VariableCreator`). ``display_name``:
+        the ``name`` it shows, when the key is qualified (a second strategy's).
         """
         self = object.__new__(cls)
         self._setup(name, shape, dtype, trainable, aggregation, synchronization)
+        if display_name is not None:
+            self._display = display_name
         self._ps = ps
         self._pool = channels
         self._creator = creator
@@ -222,6 +228,12 @@ class Variable(VariableBase):
     # -- properties ------------------------------------------------------------------------
     @property
     def name(self) -> str:
+        """The name, as TF shows it (a second strategy's variables show theirs unqualified)."""
+        return self._display
+
+    @property
+    def key(self) -> str:
+        """The variable's key on its ps (its name, qualified for a second strategy)."""
         return self._name
 
     @property
@@ -294,7 +306,7 @@ class Variable(VariableBase):
             return (_local_variable, (self._name, self._local, self._trainable))
         return (_remote_handle, (self._name, self._shape, self._dtype.str, self._ps,
                                  self._trainable, self._aggregation.value,
-                                 self._synchronization.value))
+                                 self._synchronization.value, self._display))
 
     # -- transport -------------------------------------------------------------------------
     def channel(self) -> Channel:
@@ -319,6 +331,7 @@ class Variable(VariableBase):
         return arr
 
     # -- operations ------------------------------------------------------------------------
+    @must_await
     async def read_value(self) -> np.ndarray:
         """The current value, as a numpy array."""
         if self._ps is None:
@@ -326,19 +339,23 @@ class Variable(VariableBase):
         reply = await self._call("vars/read", {"names": [self._name]})
         return reply["values"][0]
 
+    @must_await
     async def numpy(self) -> Any:
         """The current value; a numpy scalar for a scalar variable (like TF)."""
         value = await self.read_value()
         return value[()] if value.ndim == 0 else value
 
+    @must_await
     async def assign(self, value: Any) -> Variable:
         """Set the value (same shape; dtype cast within its kind)."""
         return await self._update("assign", value)
 
+    @must_await
     async def assign_add(self, delta: Any) -> Variable:
         """Add ``delta`` atomically on the ps."""
         return await self._update("assign_add", delta)
 
+    @must_await
     async def assign_sub(self, delta: Any) -> Variable:
         """Subtract ``delta`` atomically on the ps."""
         return await self._update("assign_sub", delta)
@@ -367,6 +384,7 @@ class Variable(VariableBase):
             raise InvalidArgumentError(f"{what}: variable {self._name!r} is a scalar and has no rows")
         return idx
 
+    @must_await
     async def sparse_read(self, indices: Any) -> np.ndarray:
         """Rows ``indices`` (any shape of ids) -> ``indices.shape + shape[1:]``."""
         idx = self._rows(indices, "sparse_read")
@@ -376,14 +394,17 @@ class Variable(VariableBase):
         reply = await self._call("vars/sparse_read", {"name": self._name, "indices": idx})
         return reply["values"][0]
 
+    @must_await
     async def scatter_add(self, sparse_delta: IndexedSlices) -> Variable:
         """Add rows (duplicate ids add up)."""
         return await self._scatter("scatter_add", sparse_delta)
 
+    @must_await
     async def scatter_sub(self, sparse_delta: IndexedSlices) -> Variable:
         """Subtract rows (duplicate ids add up)."""
         return await self._scatter("scatter_sub", sparse_delta)
 
+    @must_await
     async def scatter_update(self, sparse_delta: IndexedSlices) -> Variable:
         """Replace rows."""
         return await self._scatter("scatter_update", sparse_delta)
@@ -440,9 +461,10 @@ def initial_value_array(initial_value: Any, dtype: Any, shape: Sequence[int] | N
 
 
 def _remote_handle(name: str, shape: tuple[int, ...], dtype: str, ps: int, trainable: bool,
-                   aggregation: int, synchronization: int) -> Variable:
+                   aggregation: int, synchronization: int, display: str | None = None) -> Variable:
     return Variable.handle(name, shape, dtype, ps, None, trainable,
-                           VariableAggregation(aggregation), VariableSynchronization(synchronization))
+                           VariableAggregation(aggregation), VariableSynchronization(synchronization),
+                           display_name=display)
 
 
 def _local_variable(name: str, value: np.ndarray, trainable: bool) -> Variable:
@@ -466,6 +488,7 @@ async def ensure_created(variables: Iterable[Any]) -> None:
         await creator.ensure_created()
 
 
+@must_await
 async def read_variables(variables: Iterable[Any]) -> list[np.ndarray]:
     """Read many variables with one request per ps, concurrently.
 
@@ -489,7 +512,7 @@ async def read_variables(variables: Iterable[Any]) -> list[np.ndarray]:
     await ensure_created(variables[i] for indices in groups.values() for i in indices)
 
     async def read_group(channel: Channel, indices: list[int]) -> None:
-        reply = await channel.call("vars/read", {"names": [variables[i].name for i in indices]})
+        reply = await channel.call("vars/read", {"names": [variables[i].key for i in indices]})
         for i, value in zip(indices, reply["values"]):
             out[i] = value
 
@@ -498,6 +521,7 @@ async def read_variables(variables: Iterable[Any]) -> list[np.ndarray]:
     return out
 
 
+@must_await
 async def update_variables(updates: Iterable[tuple[Variable, str, Any]]) -> None:
     """Apply ``(variable, op, value)`` updates with one request per ps, all or nothing per ps.
 
@@ -521,7 +545,7 @@ async def update_variables(updates: Iterable[tuple[Variable, str, Any]]) -> None
             local.append((var, op, arr))
             continue
         placed.append(var)
-        groups.setdefault(var.channel(), []).append({"op": op, "name": var.name, "value": arr})
+        groups.setdefault(var.channel(), []).append({"op": op, "name": var.key, "value": arr})
     for var, op, arr in local:
         await getattr(var, op)(arr)
     await ensure_created(placed)

@@ -415,8 +415,8 @@ async def test_a_wrong_token_fails_join_fast_without_a_retry_loop(cluster, caplo
     # Each worker refused once: no reconnect loop in the log.
     refusals = [r for r in caplog.records if "could not prove" in r.getMessage()]
     assert 1 <= len(refusals) <= len(spec.job_tasks("worker"))
-    coordinator.schedule(lambda: 2)  # more work, still no worker that can run it
-    with pytest.raises(pstrain.errors.AuthenticationError):
+    with pytest.raises(pstrain.errors.AuthenticationError):  # from schedule or join: the ps
+        coordinator.schedule(lambda: 2)  # refuse us too, and no worker can run it
         await asyncio.wait_for(coordinator.join(), 10)
     await coordinator.close()
 

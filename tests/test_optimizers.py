@@ -18,7 +18,7 @@ class Reference:
     """Keras' update rules written out plainly; sparse rows update only their slots."""
 
     def __init__(self, kind, cfg, var, lr_at=None):
-        self.kind, self.cfg, self.var, self.t = kind, cfg, var.astype(np.float64), 0
+        self.kind, self.cfg, self.var, self.t = kind, cfg, np.array(var, np.float64), 0
         self.lr_at = lr_at or (lambda step: cfg["learning_rate"])
         init = cfg.get("initial_accumulator_value", 0.1)
         self.s = {"m": np.zeros_like(self.var), "v": np.zeros_like(self.var),
@@ -29,7 +29,7 @@ class Reference:
     def step(self, g, rows=None):
         self.t += 1
         c, s = self.cfg, self.s
-        sel = slice(None) if rows is None else rows
+        sel = ... if rows is None else rows
         if rows is not None:
             u, inv = np.unique(rows, return_inverse=True)
             summed = np.zeros((u.size,) + g.shape[1:])
@@ -98,6 +98,19 @@ CASES = [
                                              "centered": True}),
     ("adamw", pstrain.optimizers.AdamW, {"learning_rate": 0.01, "weight_decay": 0.1}),
 ]
+
+@pytest.mark.parametrize("kind, cls, cfg", CASES, ids=lambda x: str(x) if isinstance(x, str) else "")
+async def test_scalar_variables(ps_server, kind, cls, cfg):
+    strategy = strategy_for(ps_server)
+    async with strategy.scope():
+        b = pstrain.Variable(np.float64(0.5))
+        opt = cls(**cfg)
+    ref = Reference(kind, cfg, np.float64(0.5))
+    for g in (0.3, -1.2, 0.7):
+        await opt.apply_gradients([(np.float64(g), b)])
+        ref.step(np.float64(g))
+    np.testing.assert_allclose(await b.numpy(), ref.var, rtol=1e-6)
+
 
 schedules = pstrain.optimizers.schedules
 #: (schedule, the same schedule written out independently)

@@ -25,6 +25,7 @@ import os
 import secrets
 import ssl as ssl_module
 import time
+import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -129,6 +130,8 @@ class ServerCore:
         self.status = Status.INIT
         self.address: str | None = None
         self.started_at = time.time()
+        #: This process's life: a restarted server (its state lost) has a new one.
+        self.incarnation = uuid.uuid4().hex
         self.handlers: dict[str, Handler] = {}
         self.internal_errors = 0
         self.stats: dict[str, list[Any]] = {}
@@ -160,7 +163,7 @@ class ServerCore:
     # -- built-in handlers -------------------------------------------------------------
     def health(self, _: Any) -> dict[str, Any]:
         return {"status": self.status.value, "role": self.role, "index": self.index,
-                "task": self.task, "pid": os.getpid(),
+                "task": self.task, "pid": os.getpid(), "incarnation": self.incarnation,
                 "uptime_s": time.time() - self.started_at}
 
     def statistics(self, _: Any) -> dict[str, Any]:

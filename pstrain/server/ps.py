@@ -53,6 +53,8 @@ from .base import ServerBase
 from .core import Pinned
 from .store import VariableRecord, VariableStore
 
+_EMPTY = np.zeros(0)  # the array of a record built only to check a name
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["ParameterServer"]
@@ -137,8 +139,9 @@ class ParameterServer(ServerBase):
         names: set[str] = set()
         planned = []
         for spec in req.vars:
-            if spec.name in names or spec.name in self.store:
-                raise AlreadyExistsError(f"variable {spec.name!r} already exists on {self.task}")
+            if spec.name in names:
+                raise AlreadyExistsError(f"variable {spec.name!r} is created twice in one request")
+            self.store.taken_over(VariableRecord(spec.name, _EMPTY, spec.trainable, req.owner))
             names.add(spec.name)
             planned.append(self._plan_create(spec))
         needs_work = [i for i, (_, make) in enumerate(planned) if make is not None]
@@ -150,9 +153,14 @@ class ParameterServer(ServerBase):
             built = await asyncio.get_running_loop().run_in_executor(None, build)
             for i, array in zip(needs_work, built):
                 arrays[i] = array
-        records = [VariableRecord(spec.name, array, spec.trainable)  # type: ignore[arg-type]
+        records = [VariableRecord(spec.name, array, spec.trainable, req.owner)  # type: ignore[arg-type]
                    for spec, array in zip(req.vars, arrays)]
-        self.store.add(records)  # names are checked again: the initializers ran concurrently
+        replaced = self.store.add(records)  # checked again: the initializers ran concurrently
+        if replaced:
+            logger.warning("%s: %d variable(s) taken over by a new coordinator (strategy %s), "
+                           "replacing those of %s, with their optimizer slots: %s", self.task,
+                           len(replaced), req.owner, sorted({str(r.owner) for r in replaced}),
+                           ", ".join(r.name for r in replaced[:10]))
         return {"created": len(records)}
 
     def _plan_create(self, spec: VariableSpec) -> tuple[np.ndarray | None, Callable[[], np.ndarray] | None]:
@@ -365,7 +373,8 @@ class ParameterServer(ServerBase):
             cfg["learning_rate"] = schedule(step - 1)
         for record, rows, grad, slots in plan:
             var = record.writable()
-            arrays = {s: self.store.slot(full, record.array, init) for s, (full, init) in slots.items()}
+            arrays = {s: self.store.slot(full, record.array, init, of=record.name)
+                      for s, (full, init) in slots.items()}
             rule(var, grad, rows, arrays, cfg, step)
         return {"t": step}
 

@@ -44,7 +44,7 @@ class CheckpointFiles:
     def __init__(self, store: VariableStore, root: str | None = None) -> None:
         self.store = store
         self.root = os.path.realpath(root or os.getcwd())
-        self._staged: dict[str, tuple[float, list[tuple[str, np.ndarray, bool]]]] = {}
+        self._staged: dict[str, tuple[float, list[tuple[str, np.ndarray, bool, str | None]]]] = {}
 
     def confine(self, path: str, what: str) -> str:
         """``path`` resolved, if it lies under the root; else InvalidArgumentError."""
@@ -120,8 +120,8 @@ class CheckpointFiles:
         if len(set(names)) != len(names):
             raise InvalidArgumentError("ckpt/restore: a variable is named twice")
 
-        def build() -> list[tuple[str, np.ndarray, bool]]:
-            return [(spec.name, read_rows(shape, dtype, sources), spec.trainable)
+        def build() -> list[tuple[str, np.ndarray, bool, str | None]]:
+            return [(spec.name, read_rows(shape, dtype, sources), spec.trainable, spec.slot_of)
                     for spec, shape, dtype, sources in checked]
 
         built = await asyncio.get_running_loop().run_in_executor(None, build)
@@ -133,17 +133,17 @@ class CheckpointFiles:
         self._put(built)
         return {"restored": len(built)}
 
-    def _check_fits(self, built: list[tuple[str, np.ndarray, bool]]) -> None:
-        for name, array, _ in built:
+    def _check_fits(self, built: list[tuple[str, np.ndarray, bool, str | None]]) -> None:
+        for name, array, *_ in built:
             record = self.store.find(name)
             if record is not None and (record.array.shape != array.shape or record.array.dtype != array.dtype):
                 raise InvalidArgumentError(
                     f"checkpoint value for {name!r} is {array.shape} {array.dtype}, the variable "
                     f"is {record.array.shape} {record.array.dtype}")
 
-    def _put(self, built: list[tuple[str, np.ndarray, bool]]) -> None:
-        for name, array, trainable in built:
-            self.store.put(name, array, trainable)
+    def _put(self, built: list[tuple[str, np.ndarray, bool, str | None]]) -> None:
+        for name, array, trainable, slot_of in built:
+            self.store.put(name, array, trainable, slot_of)
 
     def commit(self, stage: str) -> dict[str, Any]:
         """Put a staged restore in place (all its variables at once)."""

@@ -22,14 +22,15 @@ __all__ = ["VariableRecord", "VariableStore"]
 class VariableRecord:
     """One variable: its array, and how many replies or saves still refer to it."""
 
-    __slots__ = ("name", "array", "trainable", "pins", "gen")
+    __slots__ = ("name", "array", "trainable", "pins", "gen", "owner")
 
-    def __init__(self, name: str, array: np.ndarray, trainable: bool) -> None:
+    def __init__(self, name: str, array: np.ndarray, trainable: bool, owner: str | None = None) -> None:
         self.name = name
         self.array = array
         self.trainable = trainable
         self.pins = 0
         self.gen = 0
+        self.owner = owner  # the strategy instance (coordinator) that created it, if it said
 
     def replace(self, array: np.ndarray) -> None:
         """A new array (the old one stays with whoever pinned it)."""
@@ -61,7 +62,8 @@ class VariableStore:
     """The variables of one ps, by name.
 
     >>> store = VariableStore("/job:ps/replica:0/task:0")
-    >>> store.add([VariableRecord("w", np.zeros(3), True)])
+    >>> store.add([VariableRecord("w", np.zeros(3), True)])  # nothing replaced
+    []
     >>> store.get("w").array.shape, len(store)
     ((3,), 1)
     """
@@ -69,6 +71,7 @@ class VariableStore:
     def __init__(self, task: str) -> None:
         self.task = task
         self._records: dict[str, VariableRecord] = {}
+        self._slots: dict[str, set[str]] = {}  # variable -> its optimizer slots here
 
     def __len__(self) -> int:
         return len(self._records)
@@ -89,34 +92,56 @@ class VariableStore:
     def find(self, name: str) -> VariableRecord | None:
         return self._records.get(name)
 
-    def add(self, records: list[VariableRecord]) -> None:
-        """Add new variables, all or none (AlreadyExistsError if a name is taken)."""
-        for r in records:
-            if r.name in self._records:
-                raise AlreadyExistsError(f"variable {r.name!r} already exists on {self.task}")
+    def taken_over(self, record: VariableRecord) -> VariableRecord | None:
+        """The variable ``record`` would replace: one of the same name created by another
+        owner (a restarted coordinator takes over). AlreadyExistsError for a true duplicate."""
+        existing = self._records.get(record.name)
+        if existing is None:
+            return None
+        if record.owner is None or existing.owner == record.owner:
+            raise AlreadyExistsError(f"variable {record.name!r} already exists on {self.task}")
+        return existing
+
+    def add(self, records: list[VariableRecord]) -> list[VariableRecord]:
+        """Add new variables, all or none; returns those replaced (created by another owner,
+        dropped with their slots). AlreadyExistsError if a name is taken by the same owner."""
+        replaced = [old for old in (self.taken_over(r) for r in records) if old is not None]
+        for old in replaced:
+            self._drop(old.name)
         for r in records:
             self._records[r.name] = r
+        return replaced
 
-    def put(self, name: str, array: np.ndarray, trainable: bool) -> None:
-        """Create ``name`` or replace its array (a restore)."""
+    def put(self, name: str, array: np.ndarray, trainable: bool, slot_of: str | None = None) -> None:
+        """Create ``name`` or replace its array (a restore); ``slot_of``: its variable."""
         record = self._records.get(name)
         if record is None:
             self._records[name] = VariableRecord(name, array, trainable)
         else:
             record.replace(array)
+        if slot_of is not None:
+            self._slots.setdefault(slot_of, set()).add(name)
 
-    def slot(self, name: str, like: np.ndarray, init: float) -> np.ndarray:
-        """The writable array of optimizer slot ``name``, created full of ``init`` on first use."""
+    def slot(self, name: str, like: np.ndarray, init: float, of: str) -> np.ndarray:
+        """The writable array of optimizer slot ``name`` of variable ``of``, created full of
+        ``init`` on first use."""
         record = self._records.get(name)
         if record is None:
             record = self._records[name] = VariableRecord(name, np.full(like.shape, init, like.dtype), False)
+            self._slots.setdefault(of, set()).add(name)
         return record.writable()
 
+    def _drop(self, name: str) -> None:
+        self._records.pop(name, None)
+        for slot in self._slots.pop(name, ()):
+            self._records.pop(slot, None)
+
     def delete(self, names: list[str]) -> int:
-        """Delete variables by name, all or none (NotFoundError if one is missing)."""
+        """Delete variables (and their optimizer slots) by name, all or none (NotFoundError
+        if one is missing)."""
         records = [self.get(n) for n in names]
         for r in records:
-            self._records.pop(r.name, None)
+            self._drop(r.name)
         return len(records)
 
     @property

@@ -25,14 +25,13 @@ import logging
 import queue
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 from .. import wire
 from ..bridge import block_on, new_event_loop
 from ..cluster import ClusterSpec
-from ..context import worker_context
+from ..context import watch_unawaited, worker_context
 from ..errors import (
     ClosureAbortedError,
     ClosureInputError,
@@ -51,6 +50,16 @@ logger = logging.getLogger(__name__)
 __all__ = ["WorkerServer"]
 
 
+
+
+def _check_awaited(missed: list[str]) -> None:
+    """A closure that dropped a pstrain operation without ``await`` failed: the operation
+    never ran (an update silently lost otherwise)."""
+    if missed:
+        raise InvalidArgumentError(
+            f"the closure called {', '.join(sorted(set(missed)))} without `await`: "
+            "the operation never ran. Write `await` before it (in an `async def` closure), or "
+            "return it from a plain `def` closure")
 
 class _FailedResource:
     __slots__ = ("error",)
@@ -98,7 +107,6 @@ class WorkerServer(ServerBase):
     def __init__(self, index: int, *, cluster_spec: ClusterSpec | None = None,
                  client_ssl: Any = None, closure_threads: int = 4, **kwargs: Any) -> None:
         super().__init__("worker", index, **kwargs)
-        self.incarnation = uuid.uuid4().hex
         self.client_ssl = client_ssl
         self.closure_threads = max(1, closure_threads)
         self.channels: ChannelPool | None = None
@@ -179,11 +187,6 @@ class WorkerServer(ServerBase):
             self._sync_q.put(None)
         if self._cthread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._cthread.join, 5.0)
-
-    def health(self, req: Any) -> dict[str, Any]:
-        out = super().health(req)
-        out["incarnation"] = self.incarnation
-        return out
 
     def statistics(self, req: Any) -> dict[str, Any]:
         out = super().statistics(req)
@@ -342,7 +345,9 @@ class WorkerServer(ServerBase):
                          kwargs: Any) -> None:
         started = time.perf_counter()
         try:
-            value = await fn(*args, **kwargs)
+            with watch_unawaited() as missed:
+                value = await fn(*args, **kwargs)
+            _check_awaited(missed)
             record = [cid, OK, value]
         except asyncio.CancelledError:
             record = [cid, CANCELLED, None]
@@ -385,9 +390,11 @@ class WorkerServer(ServerBase):
     def _call_sync(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """A plain ``def`` closure, on a pool thread; an awaitable it returns (``lambda:
         v.assign_add(1.0)``) finishes on the closure loop, where the channels live."""
-        value = fn(*args, **kwargs)
-        if inspect.isawaitable(value):
-            value = block_on(lambda: value, self._cloop, what="a closure's awaitable")
+        with watch_unawaited() as missed:
+            value = fn(*args, **kwargs)
+            if inspect.isawaitable(value):
+                value = block_on(lambda: value, self._cloop, what="a closure's awaitable")
+        _check_awaited(missed)
         return value
 
     def _deliver(self, batch: _Batch, record: list[Any], seconds: float = 0.0) -> None:

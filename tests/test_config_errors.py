@@ -1,0 +1,174 @@
+"""Configuration errors fail fast, typed, naming the task and the fix; `pstrain status` shows
+them; a closure that forgets `await` fails; no worker at all fails join() after its deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+import pstrain
+from pstrain.cli import client_ssl
+from pstrain.cluster import listening_socket
+from pstrain.errors import (
+    AuthenticationError,
+    InvalidArgumentError,
+    ProtocolError,
+    UnavailableError,
+)
+
+from .conftest import TOKEN, ServeProcess
+
+pytestmark = pytest.mark.timeout(90)
+
+
+async def _join_fails(coordinator, error, match, within=10.0):
+    coordinator.schedule(lambda: 1)
+    t = time.monotonic()
+    with pytest.raises(error, match=match) as info:
+        await asyncio.wait_for(coordinator.join(), within)
+    assert time.monotonic() - t < within
+    return info.value
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return cert, key
+
+
+async def test_tls_mismatch_both_ways_is_permanent(tls_files, caplog):
+    cert, key = tls_files
+    tls_worker = ServeProcess("--role", "worker", "--index", "0", "--port", "0",
+                              "--tls-cert", str(cert), "--tls-key", str(key))
+    plain_worker = ServeProcess("--role", "worker", "--index", "0", "--port", "0")
+    try:
+        ps = "127.0.0.1:9"  # never reached: only the workers matter here
+        plain = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(
+            {"ps": [ps], "worker": [tls_worker.address]}, token=TOKEN))
+        coordinator = pstrain.ClusterCoordinator(plain)
+        err = await _join_fails(coordinator, ProtocolError, "expects TLS")
+        assert err.task == "/job:worker/replica:0/task:0"
+        await coordinator.close()
+
+        resolver = pstrain.SimpleClusterResolver({"ps": [ps], "worker": [plain_worker.address]},
+                                                 token=TOKEN)
+        resolver.ssl_context = client_ssl(str(cert))
+        coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(resolver))
+        await _join_fails(coordinator, AuthenticationError, "TLS handshake .* failed")
+        await coordinator.close()
+        retries = [r for r in caplog.records if "not retried" in r.getMessage()]
+        assert len(retries) == 2  # one report per coordinator, then no retry loop
+    finally:
+        tls_worker.stop()
+        plain_worker.stop()
+
+
+async def test_an_address_that_is_not_a_pstrain_server():
+    async def http(reader, writer):
+        await reader.read(8)
+        writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    sock = listening_socket("127.0.0.1", 0, "a foreign server")
+    server = await asyncio.start_server(http, sock=sock)
+    address = f"127.0.0.1:{sock.getsockname()[1]}"
+    try:
+        strategy = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(
+            {"ps": ["127.0.0.1:9"], "worker": [address]}, token=TOKEN))
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        err = await _join_fails(coordinator, ProtocolError, "is not a pstrain server")
+        assert "HTTP/1.1 400" in str(err) and address in str(err)
+        await coordinator.close()
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_cluster_spec_that_does_not_match_the_tasks(cluster):
+    spec = cluster.cluster_spec
+    workers, ps = spec.job_tasks("worker"), spec.job_tasks("ps")
+    swapped = pstrain.SimpleClusterResolver({"ps": ps, "worker": workers[::-1]}, token=cluster.token)
+    coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(swapped))
+    err = await _join_fails(coordinator, InvalidArgumentError, "the task there is worker 1")
+    assert "does not match" in str(err)
+    await coordinator.close()
+    wrong = pstrain.SimpleClusterResolver({"ps": ps, "worker": [ps[0]]}, token=cluster.token)
+    coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(wrong))
+    await _join_fails(coordinator, InvalidArgumentError, "is not a worker")
+    await coordinator.close()
+
+
+async def test_pstrain_status_names_refused_and_mismatched_tasks(cluster, tmp_path):
+    spec = cluster.cluster_spec
+    config = tmp_path / "cluster.json"
+    config.write_text(json.dumps({"cluster": {"ps": spec.job_tasks("ps"),
+                                              "worker": spec.job_tasks("worker")[::-1]}}))
+    token = tmp_path / "token"
+    token.write_text(cluster.token)
+
+    def status(token_file):
+        return subprocess.run([sys.executable, "-m", "pstrain", "status", "--cluster", str(config),
+                               "--token-file", str(token_file)], capture_output=True, text=True,
+                              timeout=60)
+
+    result = await asyncio.get_running_loop().run_in_executor(None, status, token)
+    assert result.returncode == 1
+    assert "mismatch" in result.stdout and "is /job:worker/replica:0/task:1, not" in result.stdout
+    bad = tmp_path / "bad"
+    bad.write_text("not-the-token")
+    result = await asyncio.get_running_loop().run_in_executor(None, status, bad)
+    assert result.returncode == 1 and "refused" in result.stdout
+    assert "AuthenticationError" in result.stdout and "PSTRAIN_TOKEN" in result.stdout
+
+
+async def test_a_forgotten_await_in_a_closure_fails_it(cluster):
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    coordinator = pstrain.ClusterCoordinator(strategy)
+    async with strategy.scope():
+        v = pstrain.Variable(0.0)
+
+    def forgot():
+        v.assign_add(1.0)  # no await: the update never runs
+
+    async def forgot_async():
+        v.assign_add(1.0)
+
+    for fn in (forgot, forgot_async):
+        rv = coordinator.schedule(fn)
+        with pytest.raises(InvalidArgumentError, match=r"assign_add\(\) without `await`"):
+            await coordinator.join()
+        with pytest.raises(InvalidArgumentError, match="never ran"):
+            await rv
+    assert coordinator.schedule(lambda: v.assign_add(1.0)) is not None  # returned: awaited
+    await coordinator.join()
+    assert await v.numpy() == 1.0
+    with pytest.warns(RuntimeWarning, match=r"assign_add\(\) was never awaited"):
+        v.assign_add(5.0)  # on the coordinator: Python's warning, naming the operation
+    assert await v.numpy() == 1.0
+    await coordinator.close()
+
+
+async def test_join_fails_when_no_worker_can_ever_run_the_queue():
+    dead = [listening_socket("127.0.0.1", 0, "a dead worker") for _ in range(2)]
+    addresses = [f"127.0.0.1:{s.getsockname()[1]}" for s in dead]
+    for s in dead:
+        s.close()  # reserved, then closed: connections are refused
+    strategy = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(
+        {"ps": ["127.0.0.1:9"], "worker": addresses}, token=TOKEN))
+    coordinator = pstrain.ClusterCoordinator(strategy, heartbeat_s=0.1, no_worker_timeout_s=1.0)
+    err = await _join_fails(coordinator, UnavailableError, "no worker has been reachable")
+    for k in range(2):
+        assert f"/job:worker/replica:0/task:{k} (UnavailableError" in str(err)
+    assert "/job:ps/replica:0/task:0 (UnavailableError" in str(err)
+    await coordinator.close()
+
