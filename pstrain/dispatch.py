@@ -201,10 +201,16 @@ class WorkerDispatcher:
             if self.before_send is not None:
                 creations = self.before_send()  # variables the closures use exist on their ps
                 if creations is not None:
-                    await creations
+                    try:
+                        await creations
+                    except PstrainError as exc:  # a ps failed to create them: not this worker
+                        self.queue.record_error(exc)
+                        continue
             batch = queue.take(index, room)
             if batch:
                 self.tasks.spawn(self._send(batch))
+            del batch  # held across the next wait, it would keep the closures' arguments
+            # (a dropped per-worker iterator, say) alive
 
     async def _build(self, spec: ResourceSpec) -> None:
         try:

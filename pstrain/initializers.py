@@ -19,6 +19,7 @@ derived from ``(seed, offset)``.
 
 from __future__ import annotations
 
+import abc
 import math
 import secrets
 from collections.abc import Sequence
@@ -32,8 +33,9 @@ __all__ = ["Constant", "GlorotUniform", "Initializer", "Ones", "RandomNormal", "
            "TruncatedNormal", "Zeros", "from_spec"]
 
 
-class Initializer:
-    """Base class: ``spec()`` describes it, ``__call__`` builds an array."""
+class Initializer(abc.ABC):
+    """Base class: ``spec()`` describes it, ``__call__`` builds an array (or, given Keras'
+    ``partition_shape``/``partition_offset``, one shard of it)."""
 
     kind = ""
 
@@ -49,15 +51,21 @@ class Initializer:
 
     def __call__(self, shape: Sequence[int], dtype: Any = np.float32, *,
                  offset: Sequence[int] | None = None,
-                 full_shape: Sequence[int] | None = None) -> np.ndarray:
+                 full_shape: Sequence[int] | None = None,
+                 partition_shape: Sequence[int] | None = None,
+                 partition_offset: Sequence[int] | None = None) -> np.ndarray:
+        if partition_shape is not None:  # Keras' names: ``shape`` is the whole variable's
+            full_shape, shape = shape, partition_shape
+            offset = partition_offset or (0,) * len(shape)
         shape = tuple(int(d) for d in shape)
         dtype = np.dtype(dtype)
         return np.asarray(self._generate(shape, dtype, tuple(offset or ()),
                                          tuple(full_shape or shape))).astype(dtype, copy=False)
 
+    @abc.abstractmethod
     def _generate(self, shape: tuple[int, ...], dtype: np.dtype, offset: tuple[int, ...],
                   full_shape: tuple[int, ...]) -> np.ndarray:
-        raise NotImplementedError  # pragma: no cover - abstract
+        """Rows ``offset...`` of a ``full_shape`` value, ``shape`` of them."""
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.config().items())

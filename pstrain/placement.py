@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
 import secrets
 import threading
 import uuid
@@ -47,7 +48,9 @@ from .initializers import Initializer
 from .rpc import ChannelPool
 from .sharding import ShardedVariable, plan_parts
 from .tasks import TaskOwner
-from .variables import Variable, creator_scope, initial_value_array
+from .variables import Variable, VariableBase, creator_scope, initial_value_array
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["Placement"]
 
@@ -138,6 +141,17 @@ class Placement:
             var_dtype = np.dtype(dtype) if dtype is not None else np.dtype(np.float32)
             var_shape = tuple(int(d) for d in shape)
             entry: dict[str, Any] = {"init": initial_value.spec()}
+        elif (callable(initial_value) and not isinstance(initial_value, VariableBase)
+              and shape is not None and dtype is not None and self.partitioner is not None
+              and tuple(shape) and self._colocate.get() is None):
+            # TF: a callable of known shape and dtype is asked for each shard by itself
+            var_shape, var_dtype = tuple(int(d) for d in shape), np.dtype(dtype)
+            parts = plan_parts(self.partitioner, full_name, var_shape, var_dtype)
+            if parts is not None:
+                values = _per_shard(initial_value, var_shape, var_dtype, parts)
+                return self._sharded(full_name, parts, var_shape, var_dtype, values, trainable,
+                                     aggregation, synchronization)
+            entry = {"value": initial_value_array(initial_value, dtype, shape)}
         else:
             value = initial_value_array(initial_value, dtype, shape)
             var_dtype, var_shape = value.dtype, value.shape
@@ -148,18 +162,24 @@ class Placement:
         if parts is None:
             return self._handle(full_name, entry, var_shape, var_dtype, trainable, aggregation,
                                 synchronization)
-        handles: list[Variable] = []
-        for i, (offset, rows) in enumerate(parts):
+        part_entries: list[dict[str, Any]] = []
+        for offset, rows in parts:
             if "init" in entry:
-                part_entry: dict[str, Any] = {
+                part_entries.append({
                     "init": entry["init"], "offset": [offset] + [0] * (len(var_shape) - 1),
-                    "full_shape": list(var_shape)}
+                    "full_shape": list(var_shape)})
             else:
-                part_entry = {"value": entry["value"][offset:offset + rows]}
-            handles.append(self._handle(f"{full_name}/part_{i}", part_entry,
-                                        (rows,) + var_shape[1:], var_dtype, trainable, aggregation,
-                                        synchronization))
-        return ShardedVariable(handles, name=full_name)
+                part_entries.append({"value": entry["value"][offset:offset + rows]})
+        return self._sharded(full_name, parts, var_shape, var_dtype, part_entries, trainable,
+                             aggregation, synchronization)
+
+    def _sharded(self, name: str, parts: Sequence[tuple[int, int]], shape: tuple[int, ...],
+                 dtype: np.dtype, entries: list[dict[str, Any]], trainable: bool, aggregation: Any,
+                 synchronization: Any) -> ShardedVariable:
+        handles = [self._handle(f"{name}/part_{i}", entry, (rows,) + shape[1:], dtype, trainable,
+                                aggregation, synchronization)
+                   for i, ((_, rows), entry) in enumerate(zip(parts, entries))]
+        return ShardedVariable(handles, name=name)
 
     def _handle(self, name: str, entry: dict[str, Any], shape: tuple[int, ...], dtype: np.dtype,
                 trainable: bool, aggregation: Any, synchronization: Any) -> Variable:
@@ -219,3 +239,31 @@ class Placement:
     def _channel(self, ps: int) -> Any:
         pool = self.channels if self.channels is not None else current_channels()
         return pool.channel("ps", ps)
+
+
+#: Above this many elements, building a whole value to slice it is worth a warning (TF's).
+_LARGE = 10 ** 9
+
+
+def _per_shard(init: Callable[..., Any], shape: tuple[int, ...], dtype: np.dtype,
+               parts: Sequence[tuple[int, int]]) -> list[dict[str, Any]]:
+    """Each shard's value from ``init(partition_shape=, partition_offset=)`` (TF's rule);
+    a callable that refuses those arguments, or answers with another shape, is called
+    once for the whole value, which is then sliced."""
+    values = []
+    try:
+        for offset, rows in parts:
+            part_shape = (rows,) + shape[1:]
+            value = np.asarray(init(partition_shape=part_shape,
+                                    partition_offset=(offset,) + (0,) * (len(shape) - 1)), dtype)
+            if value.shape != part_shape:
+                raise ValueError(f"shard of shape {value.shape}, not {part_shape}")
+            values.append({"value": value})
+        return values
+    except (TypeError, ValueError):
+        if int(np.prod(shape)) > _LARGE:
+            logger.warning("the initial value of a %s variable is built whole, then sliced into "
+                           "%d shards: give a callable that accepts partition_shape and "
+                           "partition_offset", shape, len(parts))
+        full = initial_value_array(init, dtype, shape)
+        return [{"value": full[offset:offset + rows]} for offset, rows in parts]

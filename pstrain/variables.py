@@ -259,7 +259,7 @@ class Variable(VariableBase):
     @property
     def device(self) -> str:
         if self._ps is None:
-            return "/job:localhost/replica:0/task:0/device:CPU:0"
+            return "/job:chief/replica:0/task:0/device:CPU:0"  # TF: the coordinator's
         return task_name("ps", self._ps) + "/device:CPU:0"
 
     @property

@@ -458,3 +458,28 @@ async def test_local_variables_own_their_memory_and_metrics_reset_states():
     await m.update_state([2.0, 4.0])
     await m.reset_states()
     assert await m.result() == 0.0
+
+
+async def test_a_dropped_per_worker_iterator_is_released_on_the_workers(cluster):
+    """Neither the dispatcher nor a worker thread keeps the last closure's arguments."""
+    import gc
+
+    from .conftest import wait_for
+
+    coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(cluster.resolver))
+    dataset = coordinator.create_per_worker_dataset(lambda: pstrain.data.Dataset.range(100))
+    it = iter(dataset)
+
+    def take(iterator):
+        return int(next(iterator))
+
+    for _ in range(8):
+        coordinator.schedule(take, args=(it,))
+    await coordinator.join()
+    await wait_for(lambda: all(len(w.resources) == 2 for w in cluster.workers), what="built")
+    del it
+    gc.collect()
+    await wait_for(lambda: all(len(w.resources) == 1 for w in cluster.workers),
+                   what="the iterators dropped on every worker (the dataset stays)")
+    assert dataset is not None
+    await coordinator.close()

@@ -187,3 +187,37 @@ def test_sharded_variable_validation():
     with pytest.raises(InvalidArgumentError, match="same dtype"):
         pstrain.ShardedVariable([a, c])
     assert pstrain.ShardedVariable([a, a]).shape == (4, 2)
+
+
+async def test_a_callable_initial_value_is_asked_for_each_shard(ps_pair):
+    """TF: a callable of known shape and dtype gets partition_shape and partition_offset;
+    one that refuses them is called once and sliced."""
+    import functools
+
+    strategy = pstrain.ParameterServerStrategy(
+        pstrain.SimpleClusterResolver({"ps": [s.address for s in ps_pair], "worker": ["127.0.0.1:9"]},
+                                      token=TOKEN),
+        variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
+    calls = []
+
+    def per_shard(partition_shape=None, partition_offset=None):
+        calls.append((partition_shape, partition_offset))
+        return np.full(partition_shape, partition_offset[0], np.float32)
+
+    whole = []
+
+    def plain():
+        whole.append(1)
+        return np.arange(10, dtype=np.float32).reshape(5, 2)
+
+    uniform = pstrain.initializers.RandomUniform(-1.0, 1.0, seed=3)
+    async with strategy.scope():
+        a = pstrain.Variable(per_shard, shape=(5, 2), dtype=np.float32)
+        b = pstrain.Variable(plain, shape=(5, 2), dtype=np.float32)
+        c = pstrain.Variable(functools.partial(uniform, shape=(5, 2), dtype=np.float32),
+                             shape=(5, 2), dtype=np.float32)
+        d = pstrain.Variable(uniform, shape=(5, 2), dtype=np.float32)  # generated on the ps
+    assert calls == [((3, 2), (0, 0)), ((2, 2), (3, 0))]
+    assert (await a.numpy())[:, 0].tolist() == [0, 0, 0, 3, 3]
+    assert whole == [1] and (await b.numpy()).tolist() == np.arange(10).reshape(5, 2).tolist()
+    np.testing.assert_array_equal(await c.numpy(), await d.numpy())  # the same shards

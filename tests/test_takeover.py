@@ -104,3 +104,21 @@ async def test_a_ps_that_restarts_at_once_is_reported_and_a_restore_continues(tm
         await coordinator.join()
         assert (await b.numpy()).tolist() == [2, 2]
         await coordinator.close()
+
+
+async def test_a_ps_lost_before_creations_go_out_is_not_a_worker_failure(caplog):
+    async with pstrain.LocalCluster(num_ps=2, num_workers=1) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        coordinator = pstrain.ClusterCoordinator(strategy, heartbeat_s=60.0)
+        with strategy.scope():  # queued, not sent yet
+            a = pstrain.Variable(np.zeros(2, np.float32), name="a")  # ps 0
+            b = pstrain.Variable(np.zeros(2, np.float32), name="b")  # ps 1
+        await cluster.kill("ps", 1)
+        coordinator.schedule(lambda: 1)  # the dispatcher sends the creations first
+        with pytest.raises(UnavailableError) as info:
+            await coordinator.join()
+        assert info.value.task == "/job:ps/replica:0/task:1"
+        assert coordinator.worker_failures == 0
+        assert not [r for r in caplog.records if "worker" in r.getMessage() and "unreachable" in r.getMessage()]
+        assert a.name == "a" and b.name == "b"
+        await coordinator.close()

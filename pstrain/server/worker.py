@@ -386,6 +386,8 @@ class WorkerServer(ServerBase):
             except BaseException as exc:
                 record = [cid, ERROR, exception_payload(exc)]
             self._deliver(batch, record, time.perf_counter() - started)
+            # Not held while waiting for the next closure: a dropped resource must go.
+            del item, fn, args, kwargs, ctx, record
 
     def _call_sync(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """A plain ``def`` closure, on a pool thread; an awaitable it returns (``lambda:
