@@ -26,6 +26,7 @@ _EXPORTS: dict[str, str] = {
     "LocalCluster": "launch",
     "Module": "module",
     "ParameterServerStrategy": "strategy",
+    "StrategyExtended": "strategy",
     "PerReplica": "values",
     "PerWorkerValues": "values",
     "ReduceOp": "distribution",
@@ -150,6 +151,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above 
     )
     from .strategy import (
         ParameterServerStrategy as ParameterServerStrategy,
+        StrategyExtended as StrategyExtended,
     )
     from .values import (
         DistributedValues as DistributedValues,

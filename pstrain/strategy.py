@@ -45,7 +45,7 @@ class _Coordinator(Protocol):
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ParameterServerStrategy"]
+__all__ = ["ParameterServerStrategy", "StrategyExtended"]
 
 _USAGE_WARNING = (
     "A `ParameterServerStrategy` method (%s) is invoked without using "
@@ -53,7 +53,7 @@ _USAGE_WARNING = (
     "`ClusterCoordinator.schedule`, this runs on the coordinator, not on a worker.")
 
 
-class _Extended:
+class StrategyExtended:
     """``strategy.extended``: placement details and lower-level updates."""
 
     def __init__(self, strategy: ParameterServerStrategy) -> None:
@@ -202,7 +202,7 @@ class ParameterServerStrategy:
     def _init_state(self, resolver: ClusterResolver | None, partitioner: Any, num_ps: int,
                     num_workers: int, channels: ChannelPool | None, namespace: str = "") -> None:
         """State shared by the coordinator's strategy and its copy on a worker."""
-        self.cluster_resolver = resolver
+        self._cluster_resolver = resolver
         self._variable_partitioner = partitioner
         self._num_ps = num_ps
         self._num_workers = num_workers
@@ -210,9 +210,19 @@ class ParameterServerStrategy:
         self._placement = Placement(num_ps, channels, partitioner, namespace=namespace)
         self._coordinator: _Coordinator | None = None
         self._warned_usage = False
-        self.extended = _Extended(self)
+        self._extended = StrategyExtended(self)
 
     # -- properties --------------------------------------------------------------------------
+    @property
+    def cluster_resolver(self) -> ClusterResolver | None:
+        """The resolver this strategy was made from (None for a closure's copy on a worker)."""
+        return self._cluster_resolver
+
+    @property
+    def extended(self) -> StrategyExtended:
+        """:class:`StrategyExtended`: placement details and lower-level updates."""
+        return self._extended
+
     @property
     def num_replicas_in_sync(self) -> int:
         """Replicas whose gradients combine in one step: 1 (each worker steps alone)."""

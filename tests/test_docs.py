@@ -30,3 +30,79 @@ def test_code_block_runs(tmp_path, doc, index, code):
 
 def test_there_are_blocks_to_run():
     assert len(BLOCKS) >= 2
+
+
+# -- the porting guide's table: complete, and true ------------------------------------------------
+REFERENCE = ROOT.parent / "shared" / "reference"
+STATUSES = {"same", "same with await", "different", "not supported"}
+
+
+def _table() -> list[tuple[str, str, str, str]]:
+    text = (ROOT / "docs" / "porting-from-tensorflow.md").read_text()
+    section = text.split("## Every name, and its status", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`"):
+            rows.append((cells[0], cells[1], cells[2], cells[3]))
+    return rows
+
+
+def _resolve(dotted: str) -> object:
+    import importlib
+
+    parts = dotted.split(".")
+    obj: object = importlib.import_module(parts[0])
+    for i, name in enumerate(parts[1:], 1):
+        try:
+            obj = getattr(obj, name)
+        except AttributeError:
+            obj = importlib.import_module(".".join(parts[:i + 1]))
+    return obj
+
+
+def _names_on_the_pages() -> set[str]:
+    """Public names of TF's pages: the strategy's methods and attributes (from the page's own
+    headings and attribute table), RemoteValue's methods, and what the other pages and the
+    tutorial's training loop use (listed by hand from those texts)."""
+    pss = (REFERENCE / "tf-parameter-server-strategy.txt").read_text()
+    names = set(re.findall(r"^### `(\w+)`", pss, re.M))
+    names |= set(re.findall(r"^`(\w+)` \|  ", pss.split("Attributes", 1)[1].split("## Methods")[0], re.M))
+    remote = (REFERENCE / "tf-remote-value.txt").read_text()
+    names |= {f"RemoteValue.{m}" for m in re.findall(r"^### `(\w+)`", remote, re.M)}
+    extended = (REFERENCE / "tf-distribute-experimental.txt").read_text()
+    names |= set(re.findall(r"^(experimental_require_static_shapes|parameter_devices|worker_devices) ",
+                            extended, re.M))
+    names |= {"colocate_vars_with", "update", "reduce_to", "batch_reduce_to", "merge_call",
+              "get_replica_context", "VariableAggregation", "DistributedValues", "DistributedDataset",
+              "replica_id_in_sync_group", "ClusterCoordinator", "create_per_worker_dataset",
+              "schedule", "join", "done", "fetch", "Server", "TFConfigClusterResolver",
+              "MinSizePartitioner", "get_current_worker_index", "ReduceOp",
+              # the tutorial's custom training loop
+              "RMSprop", "Accuracy", "reset_states", "GradientTape", "apply_gradients",
+              "trainable_variables", "StringLookup", "Embedding", "BinaryCrossentropy",
+              "compute_average_loss", "Checkpoint", "CheckpointManager", "InputContext",
+              "element_spec", "tf.function"}
+    return names
+
+
+def test_the_porting_table_covers_every_name_on_tfs_pages():
+    rows = _table()
+    listed = " ".join(tf for tf, *_ in rows)
+    missing = sorted(n for n in _names_on_the_pages() if n not in listed)
+    assert not missing, f"names of TF's pages missing from the porting table: {missing}"
+
+
+def test_every_supported_name_exists_and_every_other_is_explained():
+    rows = _table()
+    assert len(rows) >= 60
+    for tf, ours, status, notes in rows:
+        assert status in STATUSES, (tf, status)
+        if status == "not supported":
+            assert len(notes) > 20, f"{tf}: say why it is not supported"
+            continue
+        if status == "different":
+            assert len(notes) > 15, f"{tf}: say what differs"
+        dotted = re.match(r"`(pstrain(?:\.\w+)+)`", ours)
+        assert dotted, f"{tf}: give the pstrain name as `pstrain.…` ({ours!r})"
+        _resolve(dotted.group(1))  # raises if the name does not exist
