@@ -156,3 +156,33 @@ async def test_run_and_reduce_on_the_coordinator_warn_once(cluster, caplog):
         strategy.reduce("SUM", 1.0, axis=None)
     assert caplog.text.count("without using `ClusterCoordinator.schedule`") == 1
     await coordinator.close()
+
+
+async def test_the_seed_pages_run_reduce_scope_and_distributed_values_examples(cluster):
+    """The remaining examples of TF's pages, with one replica: where TF's two GPUs show two
+    components (or their sum), one replica shows one."""
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    # reduce: the replica id summed over replicas (TF's 1 GPU: 0; its 2 GPUs: 1)
+    per_replica_result = strategy.run(lambda: pstrain.get_replica_context().replica_id_in_sync_group)
+    assert strategy.reduce("SUM", per_replica_result, axis=None) == 0
+    # run 1: a constant input
+    assert strategy.run(lambda x: x * 2.0, args=(np.float32(3.0),)) == 6.0
+    # run 2: DistributedValues input (TF's 2 replicas give 4; one gives 2)
+    values = strategy.experimental_distribute_values_from_function(lambda ctx: ctx.num_replicas_in_sync)
+    assert strategy.run(lambda x: x * 2, args=(values,)) == 2
+    # run 3: all_reduce of the replica id (TF's 2 replicas: 1 each; one replica: 0)
+    values = strategy.experimental_distribute_values_from_function(lambda ctx: ctx.replica_id_in_sync_group)
+    assert strategy.run(lambda x: pstrain.get_replica_context().all_reduce("sum", x), args=(values,)) == 0
+    # scope: a variable inside lives on a ps; outside it is a regular (local) variable
+    with strategy.scope():
+        placed = pstrain.Variable(1.)
+    regular = pstrain.Variable(1.)
+    assert placed.name == regular.name == "Variable"
+    assert placed.device.startswith("/job:ps/") and regular.device.startswith("/job:chief/")
+    assert await placed.numpy() == await regular.numpy() == 1.0
+    # DistributedValues page: iterate a distributed dataset, run, reduce, local results
+    dataset = Dataset.from_tensor_slices(np.array([5., 6., 7., 8.], np.float32)).batch(2)
+    distributed_values = next(iter(strategy.experimental_distribute_dataset(dataset)))
+    assert strategy.run(lambda x: x + 1.0, args=(distributed_values,)).tolist() == [6.0, 7.0]
+    assert strategy.reduce(pstrain.ReduceOp.SUM, distributed_values, axis=0) == 11.0
+    assert [v.tolist() for v in strategy.experimental_local_results(distributed_values)] == [[5.0, 6.0]]
