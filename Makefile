@@ -10,7 +10,8 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	# torch pinned to the CPU build (a range would fetch a CUDA build of several GB)
+	$(PY) -m pip install --quiet -e '.[dev]' 'torch==2.13.0'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -6,14 +6,18 @@
 travel, deduplicated, both ways. The model (data, layers, hand-written
 backward pass, step) is ``pstrain/ctr.py``, shipped in the package so that
 ``pstrain demo`` trains it from an installed wheel; this file trains it.
+``--framework jax`` (``ctr_jax.py``) and ``--framework torch`` (``ctr_torch.py``)
+train the same model, data and initial weights written in JAX and in PyTorch,
+with no gradient written by hand.
 
-    python examples/ctr_embedding.py [--steps 1000] [--workers 2] [--ps 2]
+    python examples/ctr_embedding.py [--steps 1000] [--workers 2] [--ps 2] [--framework jax]
     pstrain launch --ps 2 --workers 2 -- python examples/ctr_embedding.py --steps 300
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import time
@@ -24,15 +28,26 @@ import pstrain
 from pstrain.ctr import BATCH, CTRModel, evaluate, log_loss, make_step, synthetic
 
 
+async def build(strategy):
+    """The hand-written numpy model: (step to schedule, async held-out log loss of a test set,
+    the optimizer)."""
+    async with strategy.scope():
+        model = CTRModel()
+        opt = pstrain.optimizers.Adagrad(learning_rate=0.05, initial_accumulator_value=0.1)
+    return make_step(model, opt), lambda test: evaluate(model, test), opt
+
+
+#: The model of each framework: a module of examples/ with ``build(strategy)``.
+FRAMEWORKS = {"numpy": "ctr_embedding", "jax": "ctr_jax", "torch": "ctr_torch"}
+
+
 async def train(resolver, steps: int = 1000, quiet: bool = False, max_inflight: int = 1,
-                cpu_clock=None):
+                cpu_clock=None, framework: str = "numpy"):
     """Train; returns a dict of the figures (examples/s, losses, bytes per step)."""
     strategy = pstrain.ParameterServerStrategy(
         resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
     coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=max_inflight)
-    async with strategy.scope():
-        model = CTRModel()
-        opt = pstrain.optimizers.Adagrad(learning_rate=0.05, initial_accumulator_value=0.1)
+    step, held_out_loss, _ = await importlib.import_module(FRAMEWORKS[framework]).build(strategy)
     n_train = steps * BATCH
 
     def dataset_fn():
@@ -40,7 +55,6 @@ async def train(resolver, steps: int = 1000, quiet: bool = False, max_inflight: 
         return pstrain.data.Dataset.from_tensor_slices((ids, dense_x, y)).shuffle(50_000).repeat().batch(BATCH)
 
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
-    step = make_step(model, opt)
     from pstrain import rpc
     from pstrain.progress import Progress
 
@@ -68,7 +82,7 @@ async def train(resolver, steps: int = 1000, quiet: bool = False, max_inflight: 
         cpu = (cpu_clock() - cpu_before) if cpu_clock else float("nan")
         bytes_per_step = (await ps_bytes() - bytes_before) / (steps - warm)
     _, test = synthetic(n_train)
-    held_out = await evaluate(model, test)
+    held_out = await held_out_loss(test)
     base = float(test[2].mean())
     base_loss = log_loss(np.full_like(test[2], base), test[2])
     result = {"examples_per_s": (steps - warm) * BATCH / elapsed, "held_out_log_loss": held_out,
@@ -76,7 +90,7 @@ async def train(resolver, steps: int = 1000, quiet: bool = False, max_inflight: 
               "train_loss_last": float(np.mean([await rv for rv in rvs[-20:]])),
               "cpu_ms_per_step": cpu * 1e3 / (steps - warm)}
     if not quiet:
-        print(f"W4: {steps} steps, {result['examples_per_s']:,.0f} examples/s, "
+        print(f"W4 ({framework}): {steps} steps, {result['examples_per_s']:,.0f} examples/s, "
               f"{bytes_per_step / 1e6:.2f} MB on the wire per step, held-out log loss "
               f"{held_out:.4f} (base rate {base_loss:.4f})")
     await peers.close()
@@ -86,9 +100,10 @@ async def train(resolver, steps: int = 1000, quiet: bool = False, max_inflight: 
 
 async def main(args):
     if os.environ.get("PSTRAIN_CONFIG") or os.environ.get("TF_CONFIG"):
-        return await train(pstrain.TFConfigClusterResolver(), args.steps, args.quiet)
+        return await train(pstrain.TFConfigClusterResolver(), args.steps, args.quiet,
+                           framework=args.framework)
     async with pstrain.LocalCluster(num_ps=args.ps, num_workers=args.workers) as cluster:
-        return await train(cluster.resolver, args.steps, args.quiet)
+        return await train(cluster.resolver, args.steps, args.quiet, framework=args.framework)
 
 
 if __name__ == "__main__":
@@ -97,5 +112,7 @@ if __name__ == "__main__":
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--ps", type=int, default=2)
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--framework", choices=sorted(FRAMEWORKS), default="numpy")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ctr_jax.py, ctr_torch.py
     result = pstrain.run(main(parser.parse_args()))
     sys.exit(0 if result["held_out_log_loss"] < result["base_rate_log_loss"] else 1)

@@ -1,17 +1,23 @@
 """W3: a dense MLP (784 -> 256 ReLU -> 10) trained with plain SGD on the ps.
 
+``--framework numpy`` (this file: a hand-written backward pass), ``jax``
+(``mlp_jax.py``: a JAX loss, ``pstrain.jax``) or ``torch`` (``mlp_torch.py``:
+an ``nn.Module``, ``pstrain.torch``): the same data, initial weights and
+optimizer, so their accuracies compare.
+
 The data is the synthetic, learnable set of ../shared/WORKLOADS.md (W3); with
 ``--digits`` it is scikit-learn's 8x8 digits, padded to 784 inputs, when
 scikit-learn is installed. Each worker reads its own shuffled, repeated stream;
 the coordinator schedules the steps and evaluates on held-out data at the end.
 
-    python examples/mnist_mlp.py [--steps 2000] [--workers 2] [--ps 2]
+    python examples/mnist_mlp.py [--steps 2000] [--workers 2] [--ps 2] [--framework jax]
     pstrain launch --ps 2 --workers 2 -- python examples/mnist_mlp.py --steps 500
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import time
@@ -87,21 +93,12 @@ def predict(params, x):
     return np.argmax(np.maximum(x @ w1 + b1, 0) @ w2 + b2, 1)
 
 
-async def train(resolver, steps: int = 2000, use_digits: bool = False, quiet: bool = False):
-    """Train and return (examples per second, held-out accuracy)."""
-    strategy = pstrain.ParameterServerStrategy(resolver)
-    coordinator = pstrain.ClusterCoordinator(strategy)
+async def build(strategy):
+    """The numpy model: (step to schedule, async predict(x) -> labels)."""
     async with strategy.scope():
         model = MLP()
         opt = pstrain.optimizers.SGD(learning_rate=0.1)
     variables = list(model.trainable_variables)
-    loader = digits if use_digits else synthetic
-
-    def dataset_fn():
-        (x, y), _ = loader()
-        return pstrain.data.Dataset.from_tensor_slices((x, y)).shuffle(10_000).repeat().batch(BATCH)
-
-    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
 
     async def step(it):
         x, y = next(it)
@@ -109,6 +106,31 @@ async def train(resolver, steps: int = 2000, use_digits: bool = False, quiet: bo
         loss, grads = forward_backward(params, x, y)
         await opt.apply_gradients(zip(grads, variables))
         return loss
+
+    async def predict_labels(x):
+        return predict(await pstrain.read_variables(variables), x)
+
+    return step, predict_labels
+
+
+#: The model of each framework: a module of examples/ with ``build(strategy)``.
+FRAMEWORKS = {"numpy": "mnist_mlp", "jax": "mlp_jax", "torch": "mlp_torch"}
+
+
+async def train(resolver, steps: int = 2000, use_digits: bool = False, quiet: bool = False,
+                framework: str = "numpy", cpu_clock=None):
+    """Train and return (examples per second, held-out accuracy); with ``cpu_clock``, also
+    the CPU ms per step (a third value)."""
+    strategy = pstrain.ParameterServerStrategy(resolver)
+    coordinator = pstrain.ClusterCoordinator(strategy)
+    step, predict_labels = await importlib.import_module(FRAMEWORKS[framework]).build(strategy)
+    loader = digits if use_digits else synthetic
+
+    def dataset_fn():
+        (x, y), _ = loader()
+        return pstrain.data.Dataset.from_tensor_slices((x, y)).shuffle(10_000).repeat().batch(BATCH)
+
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
 
     from pstrain.progress import Progress
 
@@ -119,26 +141,31 @@ async def train(resolver, steps: int = 2000, use_digits: bool = False, quiet: bo
             losses.append(coordinator.schedule(step, args=(iterator,)))
         await coordinator.join()
         bar.update(warm)
+        cpu_before = cpu_clock() if cpu_clock else 0.0
         t = time.perf_counter()
         rvs = [coordinator.schedule(step, args=(iterator,)) for _ in range(steps - warm)]
         await bar.track(rvs, coordinator)
         elapsed = time.perf_counter() - t
+        cpu_ms = (cpu_clock() - cpu_before) * 1e3 / (steps - warm) if cpu_clock else float("nan")
     _, (x_test, y_test) = loader()
-    accuracy = float((predict(await pstrain.read_variables(variables), x_test) == y_test).mean())
+    accuracy = float((await predict_labels(x_test) == y_test).mean())
     last = [await rv for rv in rvs[-20:]]
     rate = (steps - warm) * BATCH / elapsed
     if not quiet:
-        print(f"W3: {steps} steps, {rate:,.0f} examples/s, last loss {np.mean(last):.3f}, "
+        print(f"W3 ({framework}): {steps} steps, {rate:,.0f} examples/s, last loss {np.mean(last):.3f}, "
               f"held-out accuracy {accuracy:.3f}")
     await coordinator.close()
+    if cpu_clock:
+        return rate, accuracy, cpu_ms
     return rate, accuracy
 
 
 async def main(args):
     if os.environ.get("PSTRAIN_CONFIG") or os.environ.get("TF_CONFIG"):
-        return await train(pstrain.TFConfigClusterResolver(), args.steps, args.digits, args.quiet)
+        return await train(pstrain.TFConfigClusterResolver(), args.steps, args.digits, args.quiet,
+                           args.framework)
     async with pstrain.LocalCluster(num_ps=args.ps, num_workers=args.workers) as cluster:
-        return await train(cluster.resolver, args.steps, args.digits, args.quiet)
+        return await train(cluster.resolver, args.steps, args.digits, args.quiet, args.framework)
 
 
 if __name__ == "__main__":
@@ -148,5 +175,7 @@ if __name__ == "__main__":
     parser.add_argument("--ps", type=int, default=2)
     parser.add_argument("--digits", action="store_true", help="scikit-learn's digits instead")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--framework", choices=sorted(FRAMEWORKS), default="numpy")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # mlp_jax.py, mlp_torch.py
     rate, accuracy = pstrain.run(main(parser.parse_args()))
     sys.exit(0 if accuracy > 0.85 else 1)

@@ -111,6 +111,10 @@ class LocalCluster(RunningCluster):
         threads = str(max(1, (os.cpu_count() or 1) // (self.num_ps + self.num_workers)))
         for var in _BLAS_THREAD_VARS:
             env.setdefault(var, threads)
+        # PyTorch sizes its intra-op pool from OMP_NUM_THREADS (set above); XLA's CPU
+        # client from its flags: one Eigen pool per process would oversubscribe the same way.
+        if threads == "1" and "xla_cpu_multi_thread_eigen" not in env.get("XLA_FLAGS", ""):
+            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
         task.proc = await asyncio.create_subprocess_exec(
             *self._command(task, port), stdout=asyncio.subprocess.PIPE, stderr=None, env=env)
         assert task.proc.stdout is not None

@@ -26,7 +26,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
                 "optimizer_rules", "observability", "initializers", "pickling"),
     "transport": ("rpc", "bridge"),
     "variables": ("variables", "placement", "sharding", "partitioners"),
-    "training": ("optimizers", "metrics", "checkpoint", "restore_status", "object_graph", "evaluator", "data", "module"),
+    "training": ("optimizers", "metrics", "checkpoint", "restore_status", "object_graph", "jax", "torch", "evaluator", "data", "module"),
     "program": ("values", "distribution", "input_distribution", "remote_value", "scheduling", "resources", "per_worker", "dispatch",
                 "strategy", "coordinator"),
     "face": ("__init__", "__main__", "cli", "launch", "testing", "demo", "progress", "ctr"),

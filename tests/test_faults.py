@@ -191,12 +191,13 @@ async def test_ps_loss_is_reported_then_restored_from_a_checkpoint(tmp_path):
         await coordinator.close()
 
 
-def test_fault_drill_example_accounts_for_every_step():
+@pytest.mark.parametrize("framework", ["numpy", "jax"])
+def test_fault_drill_example_accounts_for_every_step(framework):
     import subprocess
     import sys
     from pathlib import Path
 
     example = Path(__file__).resolve().parents[1] / "examples" / "fault_drill.py"
-    result = subprocess.run([sys.executable, str(example), "--steps", "120", "--quiet"],
-                            capture_output=True, text=True, timeout=110)
+    result = subprocess.run([sys.executable, str(example), "--steps", "120", "--quiet",
+                             "--framework", framework], capture_output=True, text=True, timeout=110)
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]

@@ -1,0 +1,119 @@
+"""pstrain.torch: an nn.Module whose parameters live on the ps, with a sharded embedding;
+gradients applied on the ps equal PyTorch's own, and only looked-up rows travel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import pstrain
+import pstrain.torch as ptorch
+from pstrain.partitioners import FixedShardsPartitioner
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Net(torch.nn.Module):
+    def __init__(self, rows: int, dim: int = 4) -> None:
+        super().__init__()
+        self.emb = ptorch.Embedding(rows, dim, pstrain.initializers.RandomNormal(0.0, 0.5, seed=1))
+        self.fc = torch.nn.Linear(dim * 3 + 2, 1)
+
+    def forward(self, ids, x):
+        return torch.tanh(self.fc(torch.cat([self.emb(ids).flatten(1), x], 1)))[:, 0]
+
+
+def strategy_for(cluster):
+    return pstrain.ParameterServerStrategy(cluster.resolver, variable_partitioner=FixedShardsPartitioner(2))
+
+
+async def test_gradients_applied_on_the_ps_equal_torchs_own(cluster):
+    strategy = strategy_for(cluster)
+    coordinator = pstrain.ClusterCoordinator(strategy)
+    torch.manual_seed(0)
+    with strategy.scope():
+        net = Net(30)
+        remote = ptorch.RemoteModule(net)
+        opt = pstrain.optimizers.SGD(1.0)
+    assert [v.name for v in remote.variables] == ["model/fc.weight", "model/fc.bias"]
+    assert isinstance(net.emb.table, pstrain.ShardedVariable)
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 30, (6, 3))
+    ids[0] = 5  # duplicate ids within and across examples
+    ids[3, 1] = 5
+    x = torch.from_numpy(rng.normal(size=(6, 2)).astype(np.float32))
+    y = torch.from_numpy(rng.normal(size=6).astype(np.float32))
+    before = {"table": await net.emb.table.numpy(), **{n: await v.numpy() for n, v in zip(remote.names, remote.variables)}}
+
+    async def step(ids, x, y):
+        await remote.pull({net.emb: ids})
+        loss = torch.mean((net(ids, x) - y) ** 2)
+        loss.backward()
+        await opt.apply_gradients(remote.gradients())
+        return loss.item()
+
+    loss = await coordinator.schedule(step, args=(ids, x, y))
+
+    # PyTorch's own gradients, on a plain local copy with the whole table
+    table = torch.tensor(before["table"], requires_grad=True)
+    fc = torch.nn.Linear(14, 1)
+    with torch.no_grad():
+        fc.weight.copy_(torch.from_numpy(before["fc.weight"]))
+        fc.bias.copy_(torch.from_numpy(before["fc.bias"]))
+    ref = torch.mean((torch.tanh(fc(torch.cat([table[torch.from_numpy(ids)].flatten(1), x], 1)))[:, 0] - y) ** 2)
+    ref.backward()
+    assert abs(loss - ref.item()) < 1e-6
+    np.testing.assert_allclose(before["table"] - await net.emb.table.numpy(), table.grad.numpy(), atol=1e-5)
+    np.testing.assert_allclose(before["fc.weight"] - await remote.variables[0].numpy(), fc.weight.grad.numpy(),
+                               atol=1e-5)
+    np.testing.assert_allclose(before["fc.bias"] - await remote.variables[1].numpy(), fc.bias.grad.numpy(),
+                               atol=1e-5)
+    await coordinator.close()
+
+
+async def test_an_nn_module_trains_and_only_looked_up_rows_travel(cluster):
+    strategy = strategy_for(cluster)
+    coordinator = pstrain.ClusterCoordinator(strategy)
+    torch.manual_seed(0)
+    with strategy.scope():
+        net = Net(200_000, dim=16)  # 12.8 MB of table
+        remote = ptorch.RemoteModule(net)
+        opt = pstrain.optimizers.Adagrad(0.1)
+    await strategy.flush()
+    rng = np.random.default_rng(2)
+    teacher = rng.normal(size=200_000).astype(np.float32)
+
+    def batch():
+        ids = rng.integers(0, 2000, (64, 3))
+        x = rng.normal(size=(64, 2)).astype(np.float32)
+        y = np.tanh(teacher[ids].sum(1) / 3 + x[:, 0]).astype(np.float32)
+        return ids, torch.from_numpy(x), torch.from_numpy(y)
+
+    async def step(ids, x, y):
+        await remote.pull({net.emb: ids})
+        loss = torch.mean((net(ids, x) - y) ** 2)
+        loss.backward()
+        await opt.apply_gradients(remote.gradients())
+        return loss.item()
+
+    def traffic():
+        return sum(s[1] + s[2] for server in cluster.ps for s in server.stats.values())
+
+    first = await coordinator.schedule(step, args=batch())
+    start = traffic()
+    losses = [coordinator.schedule(step, args=batch()) for _ in range(300)]
+    await coordinator.join()
+    per_step = (traffic() - start) / 300
+    assert per_step < 40_000, per_step  # 192 ids x 16 floats each way, not the 12.8 MB table
+    tail = np.mean([await r for r in losses[-30:]])
+    assert tail < 0.6 * first, (first, tail)
+    await coordinator.close()
+
+
+def test_forward_needs_the_fetched_ids():
+    net = Net(10)  # outside any scope: a local table, no cluster needed
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="pull"):
+        net(np.zeros((2, 3), np.int64), torch.zeros(2, 2))
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="torch.nn.Module"):
+        ptorch.RemoteModule(object())
