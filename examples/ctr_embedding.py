@@ -69,9 +69,11 @@ async def train(resolver, steps: int = 1000, quiet: bool = False, max_inflight: 
 
     warm = max(1, steps // 10)
     with Progress(steps, "W4 steps", quiet=quiet) as bar:
+        t0 = time.perf_counter()
         for _ in range(warm):
             coordinator.schedule(step, args=(iterator,))
         await coordinator.join()
+        warmup_s = time.perf_counter() - t0
         bar.update(warm)
         bytes_before = await ps_bytes()
         cpu_before = cpu_clock() if cpu_clock else 0.0
@@ -88,7 +90,8 @@ async def train(resolver, steps: int = 1000, quiet: bool = False, max_inflight: 
     result = {"examples_per_s": (steps - warm) * BATCH / elapsed, "held_out_log_loss": held_out,
               "base_rate_log_loss": base_loss, "bytes_per_step": bytes_per_step,
               "train_loss_last": float(np.mean([await rv for rv in rvs[-20:]])),
-              "cpu_ms_per_step": cpu * 1e3 / (steps - warm)}
+              "cpu_ms_per_step": cpu * 1e3 / (steps - warm), "warmup_s": warmup_s,
+              "warmup_steps": warm, "steady_ms_per_step": elapsed * 1e3 / (steps - warm)}
     if not quiet:
         print(f"W4 ({framework}): {steps} steps, {result['examples_per_s']:,.0f} examples/s, "
               f"{bytes_per_step / 1e6:.2f} MB on the wire per step, held-out log loss "

@@ -46,11 +46,12 @@ async def build(strategy):
 
     async def step(it):
         ids, dense_x, y = next(it)
-        await remote.pull({net.emb: ids})
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(
-            net(ids, torch.from_numpy(dense_x)), torch.from_numpy(y))
-        loss.backward()
-        await opt.apply_gradients(remote.gradients())
+        async with remote.replica({"emb": ids}) as model:  # a module of its own: steps overlap
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(
+                model(ids, torch.from_numpy(dense_x)), torch.from_numpy(y))
+            loss.backward()
+            grads = remote.gradients(model)
+        await opt.apply_gradients(grads)
         return loss.item()
 
     async def held_out_loss(test):

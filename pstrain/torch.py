@@ -36,6 +36,11 @@
   travel, both ways.
 * :meth:`RemoteModule.gradients` is ``[(grad, variable), ...]`` for
   ``optimizer.apply_gradients``; the update rule runs on the ps.
+* A module holds one step's state (its parameters, the fetched rows). With
+  several closures in flight per worker, take a module of your own for each
+  step: ``async with remote.replica({"emb": ids}) as net:`` pulls into a copy
+  from a per-process pool (grown to the number of steps running at once), and
+  ``remote.gradients(net)`` reads that copy's gradients.
 
 Needs the ``torch`` extra: ``pip install 'pstrain[torch]'``. Several processes on
 one machine (``LocalCluster``, ``pstrain launch``) get ``OMP_NUM_THREADS`` set
@@ -45,7 +50,9 @@ so that each sizes its intra-op thread pool to its share of the cores.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Mapping
+import contextlib
+import copy
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -134,35 +141,63 @@ class RemoteModule:
             self.names.append(pname)
             self.variables.append(Variable(param.detach().cpu().numpy().copy(), name=f"{name}/{pname}",
                                            trainable=param.requires_grad))
-        self.embeddings = [m for m in module.modules() if isinstance(m, Embedding)]
+        self._spare: list[torch.nn.Module] = []  # replicas not in use (per process)
 
-    def _parameters(self) -> Iterator[torch.nn.Parameter]:
-        params = dict(self.module.named_parameters())
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_spare"] = []  # replicas are built where they are used
+        return state
+
+    def _embeddings(self, module: torch.nn.Module) -> dict[str, Embedding]:
+        return {n: m for n, m in module.named_modules() if isinstance(m, Embedding)}
+
+    def _parameters(self, module: torch.nn.Module) -> Iterator[torch.nn.Parameter]:
+        params = dict(module.named_parameters())
         for pname in self.names:
             yield params[pname]
 
-    async def pull(self, lookups: Mapping[Embedding, Any] | None = None) -> None:
+    async def pull(self, lookups: Mapping[Embedding | str, Any] | None = None,
+                   module: torch.nn.Module | None = None) -> None:
         """Fill the module's parameters from the ps, and gather each embedding's rows for
-        its ids, all concurrently (one request per ps for the parameters)."""
-        lookups = dict(lookups or {})
-        for emb in lookups:
-            if not isinstance(emb, Embedding):
-                raise InvalidArgumentError(f"pull: {type(emb).__name__} is not a pstrain.torch.Embedding")
-        values, *_ = await asyncio.gather(read_variables(self.variables),
-                                          *(emb.fetch(ids) for emb, ids in lookups.items()))
+        its ids (keyed by the Embedding or its name in the module), all concurrently (one
+        request per ps for the parameters). ``module``: a replica instead of the module."""
+        target = self.module if module is None else module
+        embeddings = self._embeddings(target)
+        fetches = []
+        template = self._embeddings(self.module)
+        for key, ids in (lookups or {}).items():
+            name = key if isinstance(key, str) else next(
+                (n for n, m in template.items() if m is key), None)
+            if name not in embeddings:
+                raise InvalidArgumentError(f"pull: {key!r} is not a pstrain.torch.Embedding of the module")
+            fetches.append(embeddings[name].fetch(ids))
+        values, *_ = await asyncio.gather(read_variables(self.variables), *fetches)
         with torch.no_grad():
-            for param, value in zip(self._parameters(), values):
+            for param, value in zip(self._parameters(target), values):
                 param.data = torch.from_numpy(_writable(np.asarray(value)))  # no copy
                 param.grad = None
 
-    def gradients(self) -> list[tuple[Any, Any]]:
+    @contextlib.asynccontextmanager
+    async def replica(self, lookups: Mapping[Embedding | str, Any] | None = None
+                      ) -> AsyncIterator[torch.nn.Module]:
+        """A copy of the module of this step's own, pulled (see :meth:`pull`); back to the
+        pool after the block. For several steps in flight on one worker."""
+        module = self._spare.pop() if self._spare else copy.deepcopy(self.module)
+        try:
+            await self.pull(lookups, module)
+            yield module
+        finally:
+            self._spare.append(module)
+
+    def gradients(self, module: torch.nn.Module | None = None) -> list[tuple[Any, Any]]:
         """``[(gradient, variable), ...]`` after ``backward()``: dense parameters and the
         embeddings' rows (as IndexedSlices), for ``optimizer.apply_gradients``."""
+        target = self.module if module is None else module
         out: list[tuple[Any, Any]] = []
-        for param, var in zip(self._parameters(), self.variables):
+        for param, var in zip(self._parameters(target), self.variables):
             if param.grad is not None:
                 out.append((param.grad.numpy(), var))
-        for emb in self.embeddings:
+        for emb in self._embeddings(target).values():
             g = emb.gradient()
             if g is not None:
                 out.append(g)
@@ -170,4 +205,4 @@ class RemoteModule:
 
     def trainable_variables(self) -> list[Variable | ShardedVariable]:
         """The ps variables: the parameters', then each embedding's table."""
-        return [*self.variables, *(emb.table for emb in self.embeddings)]
+        return [*self.variables, *(emb.table for emb in self._embeddings(self.module).values())]

@@ -117,3 +117,29 @@ def test_forward_needs_the_fetched_ids():
         net(np.zeros((2, 3), np.int64), torch.zeros(2, 2))
     with pytest.raises(pstrain.errors.InvalidArgumentError, match="torch.nn.Module"):
         ptorch.RemoteModule(object())
+
+
+async def test_steps_in_flight_together_each_use_a_replica(cluster):
+    strategy = strategy_for(cluster)
+    coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=4)
+    torch.manual_seed(0)
+    with strategy.scope():
+        net = Net(100)
+        remote = ptorch.RemoteModule(net)
+        opt = pstrain.optimizers.SGD(0.01)
+    rng = np.random.default_rng(4)
+
+    async def step(ids, x, y):
+        async with remote.replica({net.emb: ids}) as model:  # the Embedding, or its name "emb"
+            loss = torch.mean((model(ids, x) - y) ** 2)
+            loss.backward()
+            grads = remote.gradients(model)
+        await opt.apply_gradients(grads)
+        return len(grads)
+
+    rvs = [coordinator.schedule(step, args=(rng.integers(0, 100, (8, 3)), torch.randn(8, 2), torch.randn(8)))
+           for _ in range(40)]
+    await coordinator.join()
+    assert {await r for r in rvs} == {3}  # fc.weight, fc.bias and the embedding rows, every time
+    assert await opt.iterations.numpy() == 40
+    await coordinator.close()
