@@ -23,6 +23,7 @@ import re
 import secrets
 import signal
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -115,8 +116,10 @@ class LocalCluster(RunningCluster):
         # client from its flags: one Eigen pool per process would oversubscribe the same way.
         if threads == "1" and "xla_cpu_multi_thread_eigen" not in env.get("XLA_FLAGS", ""):
             env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
-        task.proc = await asyncio.create_subprocess_exec(
-            *self._command(task, port), stdout=asyncio.subprocess.PIPE, stderr=None, env=env)
+        with warnings.catch_warnings():  # JAX, if imported, warns of any fork; this one execs
+            warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+            task.proc = await asyncio.create_subprocess_exec(
+                *self._command(task, port), stdout=asyncio.subprocess.PIPE, stderr=None, env=env)
         assert task.proc.stdout is not None
         try:
             line = await asyncio.wait_for(self._read_address(task), self.startup_timeout_s)
