@@ -1,9 +1,10 @@
 """W3: a dense MLP (784 -> 256 ReLU -> 10) trained with plain SGD on the ps.
 
 ``--framework numpy`` (this file: a hand-written backward pass), ``jax``
-(``mlp_jax.py``: a JAX loss, ``pstrain.jax``) or ``torch`` (``mlp_torch.py``:
-an ``nn.Module``, ``pstrain.torch``): the same data, initial weights and
-optimizer, so their accuracies compare.
+(``mlp_jax.py``: a JAX loss, ``pstrain.jax``), ``equinox`` (``mlp_equinox.py``:
+an equinox model) or ``torch`` (``mlp_torch.py``: an ``nn.Module``,
+``pstrain.torch``): the same data and optimizer (and, but for equinox, initial
+weights), so their accuracies compare.
 
 The data is the synthetic, learnable set of ../shared/WORKLOADS.md (W3); with
 ``--digits`` it is scikit-learn's 8x8 digits, padded to 784 inputs, when
@@ -114,7 +115,7 @@ async def build(strategy):
 
 
 #: The model of each framework: a module of examples/ with ``build(strategy)``.
-FRAMEWORKS = {"numpy": "mnist_mlp", "jax": "mlp_jax", "torch": "mlp_torch"}
+FRAMEWORKS = {"numpy": "mnist_mlp", "jax": "mlp_jax", "equinox": "mlp_equinox", "torch": "mlp_torch"}
 
 
 async def train(resolver, steps: int = 2000, use_digits: bool = False, quiet: bool = False,

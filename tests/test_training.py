@@ -30,7 +30,7 @@ async def test_w4_ctr_beats_the_base_rate(cluster):
     assert result["bytes_per_step"] < 1.1e6  # only looked-up, deduplicated rows travel
 
 
-@pytest.mark.parametrize("framework", ["jax", "torch"])
+@pytest.mark.parametrize("framework", ["jax", "equinox", "torch"])
 async def test_w3_written_in_a_framework_learns_as_well(cluster, framework):
     from mnist_mlp import train
 
