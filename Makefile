@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench lint fuzz clean
+.PHONY: install test demo bench lint fuzz clean sysdeps
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,8 +16,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: lint
+test: lint sysdeps
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# What the multi-host tests need (tests/netlab.py: namespaces, nftables, tc; run as root).
+sysdeps:
+	command -v nft >/dev/null && command -v tc >/dev/null || \
+		(apt-get update -qq && apt-get install -y -qq nftables iproute2 >/dev/null)
 
 demo: $(STAMP)
 	$(PY) -m pstrain.cli demo $(DEMO_ARGS)

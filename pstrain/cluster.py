@@ -23,6 +23,7 @@ from typing import Any
 from .errors import InvalidArgumentError, PstrainError
 
 __all__ = [
+    "LINK_DEADLINE_S",
     "ClusterResolver",
     "ClusterSpec",
     "RunningCluster",
@@ -32,6 +33,7 @@ __all__ = [
     "is_loopback",
     "listening_socket",
     "parse_address",
+    "tune_connection",
     "task_name",
 ]
 
@@ -94,6 +96,32 @@ def listening_socket(host: str, port: int, what: str, backlog: int = 1024) -> so
     sock.listen(backlog)
     sock.setblocking(False)
     return sock
+
+
+#: A connection whose sent data stays unacknowledged this long, or whose idle peer stops
+#: answering keep-alive probes for about this long, fails (a partition, a dead host).
+LINK_DEADLINE_S = 5.0
+
+
+def tune_connection(sock: socket.socket | None, deadline_s: float = LINK_DEADLINE_S) -> None:
+    """Give a TCP connection deadlines: keep-alive probes when idle and ``TCP_USER_TIMEOUT``
+    when data is unacknowledged, so a partitioned peer is noticed in ``deadline_s``, not
+    after the kernel's retransmission back-off (minutes)."""
+    if sock is None or sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET,
+                                                                              socket.AF_INET6):
+        return
+    probes = 3
+    idle = max(1, int(deadline_s) - probes)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        if hasattr(socket, "TCP_KEEPIDLE"):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, probes)
+        if hasattr(socket, "TCP_USER_TIMEOUT"):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(deadline_s * 1000))
+    except OSError:  # pragma: no cover - an exotic socket: keep the kernel's defaults
+        pass
 
 
 def parse_address(address: str) -> tuple[str, int]:

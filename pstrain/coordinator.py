@@ -28,6 +28,7 @@ import asyncio
 import hashlib
 import itertools
 import logging
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -112,8 +113,10 @@ class ClusterCoordinator:
         self._workers = [
             WorkerDispatcher(i, self.queue, self.resources,
                              _channel_getter(self._channels, "worker", i), spec, self._tasks,
-                             self.settings, before_send=strategy.placement.creations_to_send)
+                             self.settings, before_send=strategy.placement.creations_to_send,
+                             fence=self._fence_worker)
             for i in range(strategy.num_workers)]
+        self.session = uuid.uuid4().hex[:16]  # exactly-once keys are unique to this coordinator
 
     # -- loop and tasks ---------------------------------------------------------------------
     def _start(self) -> bool:
@@ -184,26 +187,46 @@ class ClusterCoordinator:
             await w.channel().call("health", None, timeout=self.settings.worker_timeout_s)
         except (UnavailableError, DeadlineExceededError) as exc:
             logger.warning("%s did not answer a health check: %s", w.task, exc)
-            await w.channel().close()  # fails its pending calls: the dispatcher reschedules
+            w.channel().reset()  # fails its pending calls: the dispatcher reschedules
 
     async def _ping_ps(self, k: int) -> None:
         restarted = await self._ps_restarted(k, report_silence=True)
-        if restarted is not None and not self.queue.record_error(restarted) and \
-                isinstance(restarted, UnavailableError):
+        if restarted is None:
+            return
+        if k in self._ps_down:  # silent, not restarted: the workers' links to it stall too
+            self._tasks.spawn(self._reset_worker_links("ps", k))
+        if not self.queue.record_error(restarted) and isinstance(restarted, UnavailableError):
             self._ps_restart = restarted
+
+    async def _reset_worker_links(self, job: str, index: int) -> None:
+        """Have every reachable worker drop its connections to ``job:index``: its closures
+        stuck on them fail now, and once the task is back, workers reach it afresh instead
+        of after TCP's retransmission back-off."""
+        async def reset(w: WorkerDispatcher) -> None:
+            try:
+                await w.channel().call("worker/reset_channels", {"job": job, "index": index},
+                                       timeout=self.settings.worker_timeout_s)
+            except PstrainError:
+                pass  # that worker is unreachable too: its dispatcher handles it
+        await asyncio.gather(*(reset(w) for w in self._workers if w.up))
 
     async def _ps_restarted(self, k: int, report_silence: bool = False) -> PstrainError | None:
         """The error to report if ps ``k`` restarted since last seen (or, with
         ``report_silence`` and closures running, if it does not answer)."""
         task = task_name("ps", k)
+        channel = self._channels.channel("ps", k)
         try:
-            reply = await self._channels.channel("ps", k).call("health", None, timeout=self.ps_timeout_s)
+            reply = await channel.call("health", None, timeout=self.ps_timeout_s)
             self._ps_down.pop(k, None)
         except (UnavailableError, DeadlineExceededError) as exc:
             self._ps_down[k] = f"{type(exc).__name__}: {exc}"
+            channel.reset()  # a healed ps is reached on a fresh connection, at once
             if report_silence and self.queue.in_flight:
-                return UnavailableError(f"parameter server {task} is unavailable ({exc}); restart "
-                                        "it and restore the latest checkpoint", task=task)
+                return UnavailableError(
+                    f"parameter server {task} is unreachable ({exc}). If it answers again (a "
+                    "network partition), its state is intact: schedule the failed work again; if "
+                    "it restarted, the next error says so, and the latest checkpoint must be "
+                    "restored", task=task)
             return None
         except (AuthenticationError, ProtocolError) as exc:  # misconfigured: report, once
             self._ps_down[k] = f"{type(exc).__name__}: {exc}"
@@ -237,12 +260,25 @@ class ClusterCoordinator:
                 pass
         return cached
 
+    async def _fence_worker(self, worker: int, epoch: int) -> None:
+        """Every ps refuses ``worker``'s updates from dispatches before ``epoch``."""
+        await asyncio.gather(*(self._channels.channel("ps", k).call(
+            "ps/fence", {"worker": worker, "epoch": epoch}, timeout=self.ps_timeout_s)
+            for k in range(self.strategy.num_ps)))
+
     def schedule(self, fn: Callable[..., Any], args: Sequence[Any] = (),
-                 kwargs: dict[str, Any] | None = None) -> RemoteValue:
+                 kwargs: dict[str, Any] | None = None, *, exactly_once: bool = False) -> RemoteValue:
         """Queue ``fn(*args, **kwargs)`` to run on some worker; returns at once.
 
         The function is pickled once, on its first schedule, and sent to each
         worker once; pass values that change from step to step as ``args``.
+
+        ``exactly_once``: the closure's variable updates are applied once per ps even
+        if it runs again after its worker died mid-way: each update carries the closure's
+        key and its position among the closure's updates to that ps, and a ps applies a
+        (key, position) once (remembering the last ``ONCE_WINDOW`` closures). A retry
+        reads the variables afresh; on each ps, its first n updates are skipped where the
+        dead attempt had applied n. ``extended.update`` calls are fenced, not deduplicated.
         """
         if not callable(fn):
             raise TypeError(f"schedule needs a callable (a function or coroutine function), "
@@ -256,7 +292,9 @@ class ClusterCoordinator:
         walk = bool(args or kwargs) and (scan_inputs(args, inputs) | scan_inputs(kwargs, inputs))
         loop = self._loop
         outcome = Outcome(loop)
-        closure = Closure(next(self._ids), fn, digest, pickled, args, kwargs, outcome, walk, inputs)
+        cid = next(self._ids)
+        closure = Closure(cid, fn, digest, pickled, args, kwargs, outcome, walk, inputs,
+                          once_key=f"{self.session}:{cid}" if exactly_once else None)
         if loop is None:  # nothing started yet: start on the running loop, if there is one
             if self._start():
                 outcome.loop = self._loop  # else: dispatch starts with the first join()

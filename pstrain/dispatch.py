@@ -77,7 +77,8 @@ class WorkerDispatcher:
     def __init__(self, index: int, queue: ClosureQueue, registry: ResourceRegistry,
                  channel: Callable[[], Channel], cluster_spec: ClusterSpec, tasks: TaskOwner,
                  settings: DispatchSettings,
-                 before_send: Callable[[], Awaitable[None] | None] | None = None) -> None:
+                 before_send: Callable[[], Awaitable[None] | None] | None = None,
+                 fence: Callable[[int, int], Awaitable[None]] | None = None) -> None:
         self.index = index
         self.task = task_name("worker", index)
         self.queue = queue
@@ -87,6 +88,10 @@ class WorkerDispatcher:
         self.tasks = tasks
         self.settings = settings
         self.before_send = before_send
+        self.fence = fence  # tells every ps to refuse this worker's updates before an epoch
+        #: This worker's dispatch epoch: its closures' updates carry it; declaring the worker
+        #: lost starts a new one and fences the old one off on every ps.
+        self.epoch = 1
         self.sent: set[bytes] = set()  # function digests this incarnation has
         self.incarnation: str | None = None
         self.up = False
@@ -130,6 +135,7 @@ class WorkerDispatcher:
                 self.queue.record_error(exc)
                 return
             except _LOST as exc:
+                await self._fence_off()
                 self._lost(exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self.settings.probe_max_s)
@@ -143,9 +149,10 @@ class WorkerDispatcher:
 
     async def _connect(self) -> None:
         try:
-            reply = await self.channel().call("worker/configure",
-                                              {"cluster": self.cluster_spec.as_dict()},
-                                              timeout=self.settings.worker_timeout_s)
+            reply = await self.channel().call(
+                "worker/configure", {"cluster": self.cluster_spec.as_dict(),
+                                     "fresh": self.failures > 0},  # links cut with it may stall
+                timeout=self.settings.worker_timeout_s)
         except NotFoundError as exc:  # the task there has no such operation
             raise _Mismatch(f"the cluster says {self.task} is at {self.channel().address}, but "
                             f"the task there is not a worker ({exc}): fix the cluster spec "
@@ -166,6 +173,18 @@ class WorkerDispatcher:
             self.registry.worker_reconnected(self.index)
         self._broken = None
         self.up = True
+
+    async def _fence_off(self) -> None:
+        """Before its closures run elsewhere, make every ps refuse this worker's updates
+        from its current epoch: if it is only cut off, not dead, its late updates are not
+        applied on top of the retries'."""
+        if not self.in_flight or self.fence is None:
+            return
+        self.epoch += 1
+        try:
+            await asyncio.wait_for(self.fence(self.index, self.epoch), self.settings.worker_timeout_s)
+        except Exception as exc:  # a ps we cannot reach cannot receive the worker's updates either
+            logger.warning("could not fence %s off every ps: %s", self.task, exc)
 
     def _lost(self, exc: BaseException) -> None:
         """The worker failed: put its closures back; its resources are unknown until it is back."""
@@ -267,10 +286,12 @@ class WorkerDispatcher:
                 fns[c.digest] = c.pickled
         if not entries:
             return
+        once = {c.cid: c.once_key for c in batch if c.once_key is not None}
         self.sent.update(fns)
         try:
             reply = await self.channel().call_stream(
-                "worker/run", {"fns": fns, "closures": entries, "incarnation": self.incarnation},
+                "worker/run", {"fns": fns, "closures": entries, "incarnation": self.incarnation,
+                               "epoch": self.epoch, **({"once": once} if once else {})},
                 self._on_results, pickle=True)
         except _LOST as exc:
             self._broken = exc

@@ -28,7 +28,7 @@ from typing import Any
 
 from . import wire
 from .auth import NONCE_BYTES, new_nonce, normalize_token, proof, proof_ok
-from .cluster import ClusterSpec, parse_address, task_name
+from .cluster import ClusterSpec, parse_address, task_name, tune_connection
 from .errors import (
     AuthenticationError,
     DeadlineExceededError,
@@ -39,6 +39,7 @@ from .errors import (
 )
 from .protocol import ACCEPTED, CHALLENGE, DEFAULT_MAX_BODY, MAGIC, FrameKind, FrameProtocol
 from .schemas import check_reply
+from .tags import UPDATE_OPS, update_tags
 from .tasks import TaskOwner
 
 logger = logging.getLogger(__name__)
@@ -215,6 +216,7 @@ class Channel:
                 f"{self.task} at {self.address} cannot be reached: {exc.strerror or exc}",
                 task=self.task) from exc
         assert proto.transport is not None
+        tune_connection(proto.transport.get_extra_info("socket"))
         try:
             await asyncio.wait_for(asyncio.shield(proto.handshake), self.connect_timeout)
         except TimeoutError as exc:
@@ -269,6 +271,10 @@ class Channel:
         ``pickle`` allows pickled objects both ways (only for peers that run
         code: workers, and the ps's ``extended.update``).
         """
+        if op in UPDATE_OPS and isinstance(payload, dict):
+            tags = update_tags(self.task)  # inside a closure: its fence and exactly-once key
+            if tags:
+                payload = {**payload, **tags}
         chunks = wire.encode_body(payload, allow_pickle=pickle)
         kind, body = await self.call_raw(op, chunks, timeout=timeout)
         return self.decode_reply(kind, body, pickle=pickle, op=op)
@@ -301,7 +307,15 @@ class Channel:
                        timeout: float | None = None,
                        on_partial: Callable[[memoryview], None] | None = None
                        ) -> tuple[FrameKind, memoryview]:
-        proto = self._proto or await self.connected()
+        proto = self._proto
+        if proto is None and timeout is None:
+            proto = await self.connected()
+        elif proto is None:  # a call's deadline covers connecting too
+            try:
+                proto = await asyncio.wait_for(self.connected(), timeout)
+            except TimeoutError:
+                raise DeadlineExceededError(f"{self.task} at {self.address} could not be reached "
+                                            f"within {timeout:g} s for {op!r}", task=self.task) from None
         loop = asyncio.get_running_loop()
         req_id = next(self._ids)
         fut: asyncio.Future[tuple[FrameKind, memoryview]] = loop.create_future()
@@ -324,6 +338,18 @@ class Channel:
             handle.cancel()
             proto.pending.pop(req_id, None)
             proto.partials.pop(req_id, None)
+
+    def reset(self) -> None:
+        """Drop the connection (calls in flight fail with UnavailableError); the next call
+        connects afresh. For a peer that stopped answering: a healed one is reached at once
+        on a new connection, not after the old one's retransmission back-off."""
+        proto = self._proto
+        self._proto = None
+        if proto is not None and proto.transport is not None:
+            proto.transport.abort()
+        connecting, self._connecting = self._connecting, None
+        if connecting is not None:  # a connect begun during the partition: its SYNs back off
+            connecting.cancel()
 
     async def close(self) -> None:
         """Close the connection; calls in flight fail with UnavailableError."""
@@ -388,6 +414,14 @@ class ChannelPool:
                 task=task_name(job, index), ssl_context=self.ssl_context,
                 max_body=self.max_body, connect_timeout=self.connect_timeout)
         return ch
+
+    def reset(self, job: str, index: int) -> None:
+        """Drop the connections to task ``job:index`` on every loop (from any thread); the
+        next calls connect afresh."""
+        for loop, channels in list(self._channels.items()):
+            ch = channels.get((job, index))
+            if ch is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(ch.reset)
 
     async def close(self) -> None:
         """Close the channels opened on the running loop."""

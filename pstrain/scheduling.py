@@ -75,11 +75,11 @@ class Closure:
     """One scheduled call: the function (pickled once), its arguments and its outcome."""
 
     __slots__ = ("cid", "fn", "digest", "pickled", "args", "kwargs", "outcome", "walk", "inputs",
-                 "worker")
+                 "worker", "once_key")
 
     def __init__(self, cid: int, fn: Any, digest: bytes, pickled: bytes, args: tuple[Any, ...],
                  kwargs: dict[str, Any], outcome: Outcome, walk: bool = False,
-                 inputs: list[RemoteValue] | None = None) -> None:
+                 inputs: list[RemoteValue] | None = None, once_key: str | None = None) -> None:
         self.cid = cid
         self.fn = fn
         self.digest = digest
@@ -90,6 +90,7 @@ class Closure:
         self.walk = walk  # do the arguments hold per-worker or remote values?
         self.inputs = inputs or []
         self.worker: int | None = None  # the worker it is in flight on
+        self.once_key = once_key  # exactly-once: the key its updates carry, attempt after attempt
 
     def inputs_ready(self) -> bool:
         return not self.inputs or all(rv.done() for rv in self.inputs)

@@ -78,8 +78,16 @@ class Update(Record):
     values: Array | None = None
 
 
+#: ``[worker index, epoch]``: which dispatch of which worker sent an update (fencing).
+Fence = tuple[Annotated[int, msgspec.Meta(ge=0)], Annotated[int, msgspec.Meta(ge=0)]]
+#: ``[closure key, sequence]``: an exactly-once closure's n-th update to this ps.
+Once = tuple[Annotated[str, msgspec.Meta(min_length=1, max_length=96)], Annotated[int, msgspec.Meta(ge=1)]]
+
+
 class UpdateRequest(Record):
     updates: Annotated[list[Update], msgspec.Meta(max_length=1 << 16)]
+    fence: Fence | None = None
+    once: Once | None = None
 
 
 class SingleUpdate(Record):
@@ -89,6 +97,8 @@ class SingleUpdate(Record):
     value: Array | None = None
     indices: Array | None = None
     values: Array | None = None
+    fence: Fence | None = None
+    once: Once | None = None
 
 
 class RowRead(Record):
@@ -151,6 +161,8 @@ class ApplyRequest(Record):
     unique_rows: bool = False
     iterations: Name | None = None
     t: Step | None = None
+    fence: Fence | None = None
+    once: Once | None = None
 
 
 class SaveRequest(Record):
@@ -187,11 +199,22 @@ class CallRequest(Record):
     vars: Annotated[list[Name], msgspec.Meta(min_length=1, max_length=1 << 10)]
     args: Any = ()
     kwargs: dict[str, Any] = {}
+    fence: Fence | None = None
+    once: Once | None = None
+
+
+class FenceRequest(Record):
+    """``ps/fence``: refuse updates of ``worker``'s dispatches before ``epoch``."""
+
+    worker: Annotated[int, msgspec.Meta(ge=0)]
+    epoch: Annotated[int, msgspec.Meta(ge=0)]
 
 
 # -- the worker ---------------------------------------------------------------------------------------
 class ConfigureRequest(Record):
     cluster: dict[Name, list[Annotated[str, msgspec.Meta(min_length=1, max_length=300)]]]
+    #: the coordinator had lost this worker: drop every connection it has (they may stall)
+    fresh: bool = False
 
 
 ClosureEntry = tuple[Count, bytes, Any, Any, bool]
@@ -201,6 +224,16 @@ class RunRequest(Record):
     closures: Annotated[list[ClosureEntry], msgspec.Meta(max_length=1 << 16)]
     fns: dict[bytes, bytes] = {}
     incarnation: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+    epoch: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    #: closure id -> key, for the closures scheduled exactly-once
+    once: dict[Count, Annotated[str, msgspec.Meta(min_length=1, max_length=96)]] = {}
+
+
+class ResetRequest(Record):
+    """``worker/reset_channels``: drop the worker's connections to one task (a partition)."""
+
+    job: Literal["ps", "worker", "chief"]
+    index: Annotated[int, msgspec.Meta(ge=0)]
 
 
 class CancelRequest(Record):
@@ -235,9 +268,11 @@ REQUESTS: dict[str, type[Record]] = {
     "ckpt/commit": StageRequest,
     "ckpt/abort": StageRequest,
     "vars/call": CallRequest,
+    "ps/fence": FenceRequest,
     "worker/configure": ConfigureRequest,
     "worker/run": RunRequest,
     "worker/cancel": CancelRequest,
+    "worker/reset_channels": ResetRequest,
     "worker/resource": ResourceRequest,
     "worker/drop_resources": DropRequest,
     **{f"vars/{op}": SingleUpdate for op in ("assign", "assign_add", "assign_sub", "scatter_add",
@@ -298,6 +333,7 @@ class CountReply(Reply):
     aborted: bool | None = None
     cancelling: Count | None = None
     resources: Count | None = None
+    fenced: Count | None = None
 
 
 class ValuesReply(Reply):
@@ -358,9 +394,11 @@ REPLIES: dict[str, type[Reply]] = {
     "ckpt/commit": CountReply,
     "ckpt/abort": CountReply,
     "vars/call": CallReply,
+    "ps/fence": CountReply,
     "worker/configure": ConfigureReply,
     "worker/run": ResultsReply,
     "worker/cancel": CountReply,
+    "worker/reset_channels": CountReply,
     "worker/resource": ResourceReply,
     "worker/drop_resources": CountReply,
     **{f"vars/{op}": CountReply for op in ("assign", "assign_add", "assign_sub", "scatter_add",

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1] / "pstrain"
 
 #: Each module's layer, bottom to top (README "Layout"). ``server.*`` is the servers column.
 LAYERS: dict[str, tuple[str, ...]] = {
-    "base": ("errors", "cluster", "auth", "tasks", "context"),
+    "base": ("errors", "cluster", "auth", "tasks", "context", "tags"),
     "formats": ("wire", "protocol", "schemas", "casting", "messages", "checkpoint_files", "schedules",
                 "optimizer_rules", "observability", "initializers", "pickling"),
     "transport": ("rpc", "bridge"),

@@ -20,6 +20,7 @@ operation that runs a caller's function) before anything is decoded.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import math
 from collections.abc import Callable
@@ -30,7 +31,7 @@ import numpy as np
 
 from .. import initializers
 from ..casting import NUMERIC_KINDS, cast_value
-from ..errors import AlreadyExistsError, InvalidArgumentError
+from ..errors import AlreadyExistsError, CancelledError, InvalidArgumentError
 from ..optimizer_rules import RULES, slot_specs
 from ..schedules import from_spec
 from ..schemas import (
@@ -38,6 +39,7 @@ from ..schemas import (
     CallRequest,
     CreateRequest,
     Empty,
+    FenceRequest,
     NamesRequest,
     RestoreRequest,
     SaveRequest,
@@ -52,6 +54,9 @@ from . import ps_checkpoint
 from .base import ServerBase
 from .core import Pinned
 from .store import VariableRecord, VariableStore
+
+#: Exactly-once closures remembered by a ps (their keys, oldest forgotten first).
+ONCE_WINDOW = 100_000
 
 _EMPTY = np.zeros(0)  # the array of a record built only to check a name
 
@@ -91,22 +96,59 @@ class ParameterServer(ServerBase):
         self.checkpoints = ps_checkpoint.CheckpointFiles(self.store, checkpoint_root)
         self.route("vars/create", self.create)
         self.route("vars/read", self.read)
-        self.route("vars/update", self.update)
+        self.fences: dict[int, int] = {}  # worker -> first epoch whose updates are accepted
+        self._done: collections.OrderedDict[str, dict[int, Any]] = collections.OrderedDict()
+        self.route("ps/fence", self.fence)
+        self.route("vars/update", self._guarded(self.update))
         for op in UPDATE_OPS:
-            self.route(f"vars/{op}", self._single_update(op))
+            self.route(f"vars/{op}", self._guarded(self._single_update(op)))
         self.route("vars/sparse_read", self.sparse_read)
         self.route("vars/delete", self.delete)
         self.route("vars/list", self.list_variables)
-        self.route("opt/apply", self.apply_optimizer)
+        self.route("opt/apply", self._guarded(self.apply_optimizer))
         self.route("ckpt/save", self.save_checkpoint)
         self.route("ckpt/restore", self.restore_checkpoint)
         self.route("ckpt/commit", self.commit_restore)
         self.route("ckpt/abort", self.abort_restore)
         if allow_pickle:
-            self.route("vars/call", self.call_function, pickle=True)
+            self.route("vars/call", self._guarded(self.call_function, once=False), pickle=True)
         else:
             self.refuse("vars/call", f"{self.task} refuses pickled functions (started with "
                                      "--no-pickle): strategy.extended.update cannot run here")
+
+    # -- fencing and exactly-once ------------------------------------------------------------------
+    def fence(self, req: FenceRequest) -> dict[str, Any]:
+        """From now on, refuse updates sent by ``worker``'s dispatches before ``epoch`` (the
+        coordinator declared it lost: its closures run elsewhere)."""
+        self.fences[req.worker] = max(self.fences.get(req.worker, 0), req.epoch)
+        return {"fenced": self.fences[req.worker]}
+
+    def _guarded(self, fn: Callable[[Any], dict[str, Any]], once: bool = True
+                 ) -> Callable[[Any], dict[str, Any]]:
+        """``fn`` behind the fence, and, with ``once``, applied once per exactly-once key and
+        sequence number (a retry gets the first attempt's reply)."""
+        def handler(req: Any) -> dict[str, Any]:
+            fence = req.fence
+            if fence is not None and fence[1] < self.fences.get(fence[0], 0):
+                raise CancelledError(
+                    f"{self.task} refused an update of worker {fence[0]}'s dispatch {fence[1]}: the "
+                    f"coordinator declared that worker lost (its work runs elsewhere)")
+            key = req.once if once else None
+            if key is not None:
+                done = self._done.get(key[0])
+                if done is not None and key[1] in done:
+                    self._done.move_to_end(key[0])
+                    return done[key[1]]  # applied by an earlier attempt of this closure
+            reply = fn(req)
+            if key is not None:
+                self._done.setdefault(key[0], {})[key[1]] = reply
+                self._done.move_to_end(key[0])
+                while len(self._done) > ONCE_WINDOW:
+                    self._done.popitem(last=False)
+            return reply
+
+        handler.__name__ = getattr(fn, "__name__", "update")
+        return handler
 
     # -- checks ---------------------------------------------------------------------------------
     def _value(self, record: VariableRecord, value: Any, shape: tuple[int, ...], what: str) -> np.ndarray:

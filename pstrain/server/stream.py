@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..auth import new_nonce, proof, proof_ok
+from ..cluster import tune_connection
 from ..errors import ProtocolError, PstrainError
 from ..protocol import ACCEPTED, HELLO, MAGIC, PROOF, REJECTED, FrameKind, FrameProtocol
 from .core import Reply
@@ -105,12 +105,7 @@ class Sniffer(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         self.server.connections.add(transport)
         self.preauth.add(transport)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            except OSError:  # pragma: no cover - not a TCP socket
-                pass
+        tune_connection(transport.get_extra_info("socket"))  # a partitioned client is noticed
 
     def data_received(self, data: bytes) -> None:
         transport = self.transport

@@ -40,7 +40,15 @@ from ..errors import (
 )
 from ..messages import CANCELLED, ERROR, OK, ResourceRef, exception_payload
 from ..rpc import ChannelPool
-from ..schemas import CancelRequest, ConfigureRequest, DropRequest, ResourceRequest, RunRequest
+from ..schemas import (
+    CancelRequest,
+    ConfigureRequest,
+    DropRequest,
+    ResetRequest,
+    ResourceRequest,
+    RunRequest,
+)
+from ..tags import set_dispatch
 from ..tasks import TaskOwner
 from .base import ServerBase
 from .core import Encoded
@@ -140,6 +148,7 @@ class WorkerServer(ServerBase):
         self.route("worker/cancel", self.cancel)
         self.route("worker/resource", self.create_resource, pickle=True)
         self.route("worker/drop_resources", self.drop_resources)
+        self.route("worker/reset_channels", self.reset_channels)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> str:
@@ -199,7 +208,7 @@ class WorkerServer(ServerBase):
     def configure(self, req: ConfigureRequest) -> dict[str, Any]:
         """The coordinator tells the worker where the ps are."""
         spec = ClusterSpec(req.cluster)
-        if self.channels is None or self.channels.cluster_spec != spec:
+        if self.channels is None or self.channels.cluster_spec != spec or req.fresh:
             old = self.channels
             self.channels = ChannelPool(spec, self.token, ssl_context=self.client_ssl)
             if old is not None and self._cloop is not None:
@@ -223,7 +232,8 @@ class WorkerServer(ServerBase):
             return _encode_results([])  # nothing to run: answered at once
         loop = asyncio.get_running_loop()
         batch = _Batch(len(closures), emit, loop.create_future())
-        self._start_batch(batch, closures)
+        fence = (self.index, req.epoch) if req.epoch is not None else None
+        self._start_batch(batch, closures, fence, req.once)
         return await batch.done
 
     def _check_incarnation(self, expected: str | None) -> None:
@@ -277,13 +287,27 @@ class WorkerServer(ServerBase):
             return {"rid": rid, "error": exception_payload(exc)}
         return {"rid": rid}
 
+    def reset_channels(self, req: ResetRequest) -> dict[str, Any]:
+        """The coordinator found ``job:index`` unreachable: drop our connections to it, so the
+        closures using them fail now and later ones reach it afresh once it is back."""
+        if self.channels is not None:
+            self.channels.reset(req.job, req.index)
+        return {}
+
     def drop_resources(self, req: DropRequest) -> dict[str, Any]:
         for rid in req.rids:
             self.resources.pop(rid, None)
         return {"resources": len(self.resources)}
 
     # -- running closures (closure loop) ---------------------------------------------------------
-    def _start_batch(self, batch: _Batch, closures: list[Any]) -> None:
+    def _closure_context(self, fence: tuple[int, int] | None, once_key: str | None) -> contextvars.Context:
+        ctx = self._context()
+        if fence is not None or once_key is not None:
+            ctx.run(set_dispatch, fence, once_key)
+        return ctx
+
+    def _start_batch(self, batch: _Batch, closures: list[Any], fence: tuple[int, int] | None = None,
+                     once: dict[int, str] | None = None) -> None:
         """On the serving loop: plain functions go straight to the thread pool; coroutine
         functions go to the closure loop in one hand-over for the whole batch."""
         coros = []
@@ -300,27 +324,28 @@ class WorkerServer(ServerBase):
                 except BaseException as exc:
                     self._deliver(batch, [cid, ERROR, exception_payload(exc)])
                     continue
+            once_key = once.get(cid) if once else None
             if inspect.iscoroutinefunction(fn):
-                coros.append((cid, fn, args, kwargs))
+                coros.append((cid, fn, args, kwargs, self._closure_context(fence, once_key)))
             else:
                 with self._idle_lock:
                     spawn = self._idle == 0 and len(self._threads) < self.closure_threads
                 if spawn:
                     self._spawn_thread()
-                self._sync_q.put((batch, cid, fn, args, kwargs, self._context()))
+                self._sync_q.put((batch, cid, fn, args, kwargs, self._closure_context(fence, once_key)))
         if coros:
             assert self._cloop is not None
-            self._cloop.call_soon_threadsafe(self._start_coros, batch, coros, self._context())
+            self._cloop.call_soon_threadsafe(self._start_coros, batch, coros)
 
-    def _start_coros(self, batch: _Batch, coros: list[Any], ctx: contextvars.Context) -> None:
+    def _start_coros(self, batch: _Batch, coros: list[Any]) -> None:
         loop = self._cloop
         assert loop is not None
-        for cid, fn, args, kwargs in coros:
+        for cid, fn, args, kwargs, ctx in coros:
             if cid in self._cancelled:
                 self._deliver(batch, [cid, CANCELLED, None])
                 continue
             self._closure_tasks[cid] = self._closure_owner.spawn(
-                self._run_async(batch, cid, fn, args, kwargs), context=ctx.copy())  # one each
+                self._run_async(batch, cid, fn, args, kwargs), context=ctx)  # one each
 
     def _resolve(self, obj: Any) -> Any:
         if isinstance(obj, ResourceRef):

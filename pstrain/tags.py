@@ -1,0 +1,59 @@
+"""What an update sent from a closure carries: its dispatch (fencing) and exactly-once key.
+
+A worker sets both in each closure's own context (:func:`set_dispatch`); the
+channel adds them to every request that changes variables (:func:`update_tags`),
+so no variable, optimizer or user code has to pass them along.
+
+* ``fence = [worker index, epoch]``: when the coordinator declares a worker
+  lost, it starts a new epoch for it and tells every ps to refuse the old one,
+  so a worker that was only cut off cannot apply updates on top of the
+  closures that were rerun elsewhere.
+* ``once = [closure key, n]``: the closure's n-th update to that ps; a ps
+  applies a (key, n) once, so an exactly-once closure rerun after its worker
+  died does not apply its updates twice.
+
+>>> update_tags("/job:ps/replica:0/task:0")   # outside a closure: nothing
+{}
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Any
+
+__all__ = ["UPDATE_OPS", "set_dispatch", "update_tags"]
+
+#: ``(worker index, epoch)`` of the closure running here: the ps refuses updates of
+#: epochs the coordinator has superseded (the worker was declared lost meanwhile).
+_fence: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("pstrain_fence", default=None)
+#: An exactly-once closure's key and its per-ps update counters.
+_once: contextvars.ContextVar[tuple[str, dict[str, int]] | None] = contextvars.ContextVar(
+    "pstrain_once", default=None)
+
+#: The operations that change variables: they carry the fence and the exactly-once key.
+UPDATE_OPS = frozenset({"vars/update", "vars/assign", "vars/assign_add", "vars/assign_sub",
+                        "vars/scatter_add", "vars/scatter_sub", "vars/scatter_update",
+                        "opt/apply", "vars/call"})
+
+
+def set_dispatch(fence: tuple[int, int] | None, once_key: str | None) -> None:
+    """Called by a worker in a closure's own context, before the closure runs."""
+    _fence.set(fence)
+    _once.set((once_key, {}) if once_key else None)
+
+
+def update_tags(task: str) -> dict[str, Any]:
+    """The fields an update sent to ``task`` carries here: ``fence`` and ``once`` (empty
+    outside closures)."""
+    tags: dict[str, Any] = {}
+    fence = _fence.get()
+    if fence is not None:
+        tags["fence"] = list(fence)
+    once = _once.get()
+    if once is not None:
+        key, counters = once
+        counters[task] = seq = counters.get(task, 0) + 1
+        tags["once"] = [key, seq]
+    return tags
+
+
