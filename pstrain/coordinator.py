@@ -78,7 +78,7 @@ class ClusterCoordinator:
     def __init__(self, strategy: ParameterServerStrategy, max_inflight_per_worker: int = 1, *,
                  max_batch: int = 1024, worker_timeout_s: float = 10.0,
                  ps_timeout_s: float = 10.0, heartbeat_s: float = 1.0,
-                 probe_initial_s: float = 0.05, probe_max_s: float = 2.0,
+                 probe_initial_s: float = 0.05, probe_max_s: float = 1.0,
                  cancel_grace_s: float = 10.0, no_worker_timeout_s: float | None = 60.0) -> None:
         if getattr(self, "strategy", None) is not None:
             return  # the existing coordinator of this strategy

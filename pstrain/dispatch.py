@@ -56,7 +56,7 @@ class DispatchSettings:
     max_batch: int = 1024
     worker_timeout_s: float = 10.0
     probe_initial_s: float = 0.05
-    probe_max_s: float = 2.0
+    probe_max_s: float = 1.0
 
 
 
