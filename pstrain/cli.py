@@ -92,6 +92,9 @@ def _serve_parser(sub: Any) -> None:
                    help="evaluator: a Python file defining evaluate(variables, iterations) -> metrics")
     p.add_argument("--max-evaluations", type=int, default=None,
                    help="evaluator: stop after this many evaluations (default: run forever)")
+    p.add_argument("--drain-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="worker: on SIGTERM, take no new closures and wait this long for the running "
+                        "ones before leaving (SIGINT stops at once)")
     p.add_argument("--closure-threads", type=int, default=4,
                    help="worker: threads that run plain-def closures (default 4)")
     p.add_argument("--metrics-public", action="store_true",
@@ -182,14 +185,24 @@ def _serve(args: argparse.Namespace) -> int:
     async def main() -> None:
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):  # before announcing: a signal then stops cleanly
-            loop.add_signal_handler(sig, stop.set)
+        term = asyncio.Event()  # SIGTERM (drain a worker first), not SIGINT (stop at once)
+        def on_term() -> None:
+            term.set()
+            stop.set()
+
+        loop.add_signal_handler(signal.SIGTERM, on_term)
+        loop.add_signal_handler(signal.SIGINT, stop.set)  # before announcing: a signal stops cleanly
         address = await server.start()
         print(f"pstrain {role}:{index} listening on {address}", flush=True)
         watchers = TaskOwner("pstrain serve")
         if args.exit_with_parent:
             watchers.spawn(_watch_parent(parent, stop))
         await stop.wait()
+        if role == "worker" and term.is_set():  # a preemption notice: hand work back, then go
+            server.begin_drain()
+            if not await server.drained(args.drain_timeout):
+                logger.warning("closures still running after %g s of draining; leaving anyway",
+                               args.drain_timeout)
         logger.info("signal received, stopping")
         await watchers.close()
         await server.stop()

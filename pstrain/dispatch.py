@@ -29,6 +29,7 @@ from .errors import (
     ClosureAbortedError,
     ClosureInputError,
     DeadlineExceededError,
+    DrainingError,
     InvalidArgumentError,
     NotFoundError,
     ProtocolError,
@@ -97,6 +98,7 @@ class WorkerDispatcher:
         self.up = False
         self.failures = 0
         self.last_error: str | None = None  # why it was last found unreachable
+        self.leaving = False  # it is draining: no new work, and its departure is no failure
         self.refused: PstrainError | None = None  # a configuration error: never retried
         self._waiter: asyncio.Future[None] | None = None
         self._broken: BaseException | None = None
@@ -128,6 +130,10 @@ class WorkerDispatcher:
                 await self._connect()
                 backoff = self.settings.probe_initial_s
                 await self._pump()
+            except DrainingError as exc:  # leaving: not a failure; probe for a replacement
+                self.leaving = True
+                self._lost(exc)
+                await asyncio.sleep(self.settings.probe_max_s)
             except _PERMANENT as exc:  # a configuration error: retrying cannot help
                 logger.error("%s: %s (not retried)", self.task, exc)
                 self.refused = exc
@@ -172,6 +178,7 @@ class WorkerDispatcher:
         else:  # the same process: the resources it built are still there
             self.registry.worker_reconnected(self.index)
         self._broken = None
+        self.leaving = False  # back (a new process, or it never left)
         self.up = True
 
     async def _fence_off(self) -> None:
@@ -189,7 +196,9 @@ class WorkerDispatcher:
     def _lost(self, exc: BaseException) -> None:
         """The worker failed: put its closures back; its resources are unknown until it is back."""
         self.last_error = f"{type(exc).__name__}: {exc}"
-        if self.up:
+        if self.leaving:  # drained, then gone: expected, not a failure
+            logger.info("%s left (drained)", self.task)
+        elif self.up:
             self.failures += 1
             logger.warning("%s is unreachable (%s); its %d closure(s) go back to the queue",
                            self.task, exc, self.in_flight)
@@ -203,6 +212,8 @@ class WorkerDispatcher:
         while True:
             if self._broken is not None:
                 raise self._broken
+            if self.leaving and not queue.in_flight_on(index):
+                raise DrainingError(f"{self.task} drained and is leaving", task=self.task)
             dropped = self.registry.take_dropped(index)
             if dropped:
                 await self.channel().call("worker/drop_resources", {"rids": dropped})
@@ -214,7 +225,7 @@ class WorkerDispatcher:
             if cancels:
                 self.tasks.spawn(self._send_cancel(cancels))
             room = min(limit - queue.in_flight_on(index), self.settings.max_batch)
-            if not queue.queued or room <= 0:
+            if not queue.queued or room <= 0 or self.leaving:
                 await self._wait()
                 continue
             if self.before_send is not None:
@@ -293,6 +304,11 @@ class WorkerDispatcher:
                 "worker/run", {"fns": fns, "closures": entries, "incarnation": self.incarnation,
                                "epoch": self.epoch, **({"once": once} if once else {})},
                 self._on_results, pickle=True)
+        except DrainingError as exc:  # leaving: those closures go to the other workers
+            logger.info("%s is leaving (%s); %d closure(s) go elsewhere", self.task, exc, len(batch))
+            self.leaving = True
+            self.queue.put_back(self.index, {c.cid for c in batch})
+            return
         except _LOST as exc:
             self._broken = exc
             self.wake()  # the pump raises it: put back, reconnect

@@ -35,6 +35,7 @@ __all__ = [
     "ClosureAbortedError",
     "ClosureInputError",
     "DeadlineExceededError",
+    "DrainingError",
     "InvalidArgumentError",
     "NotFoundError",
     "OutOfRangeError",
@@ -80,6 +81,12 @@ class UnavailableError(PstrainError, ConnectionError):
     """A task (ps or worker) cannot be reached: refused, reset or silent."""
 
     http_status = 503
+
+
+class DrainingError(UnavailableError):
+    """A worker is leaving (``SIGTERM``, a spot machine's preemption notice): it finishes
+    what it runs and takes nothing new; its refused closures go to other workers and no
+    failure is counted."""
 
 
 class CancelledError(PstrainError):
@@ -152,7 +159,7 @@ class DeadlineExceededError(PstrainError, TimeoutError):
 
 _BY_NAME: dict[str, type[PstrainError]] = {
     cls.__name__: cls
-    for cls in (PstrainError, UnavailableError, CancelledError, ClosureInputError,
+    for cls in (PstrainError, UnavailableError, DrainingError, CancelledError, ClosureInputError,
                 ClosureAbortedError, InvalidArgumentError, NotFoundError,
                 AlreadyExistsError, AuthenticationError, ProtocolError,
                 OutOfRangeError, DeadlineExceededError)

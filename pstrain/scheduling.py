@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from .errors import CancelledError, ClosureInputError
@@ -272,10 +272,11 @@ class ClosureQueue:
         self._progress()
         return True
 
-    def put_back(self, worker: int) -> int:
-        """``worker`` was lost: its closures go back to the front of the queue, in order
-        (or are cancelled if an error is pending). Returns how many."""
-        lost = [c for c in self._inflight.values() if c.worker == worker]
+    def put_back(self, worker: int, cids: Collection[int] | None = None) -> int:
+        """``worker`` was lost (or refused ``cids``, leaving): its closures go back to the
+        front of the queue, in order (or are cancelled if an error is pending). Returns how
+        many. Closures it refused never ran there: they do not count as retried."""
+        lost = [c for c in self._inflight.values() if c.worker == worker and (cids is None or c.cid in cids)]
         for c in lost:
             self._release(c.cid)
             c.worker = None
@@ -284,7 +285,8 @@ class ClosureQueue:
             for c in lost:
                 c.outcome.set_error(c.cancel_error(CANCELLED_MESSAGE))
         else:
-            self.retried_count += len(lost)
+            if cids is None:
+                self.retried_count += len(lost)
             self._queue.extendleft(reversed(lost))
         self._wake()
         self._progress()

@@ -201,3 +201,31 @@ def test_fault_drill_example_accounts_for_every_step(framework):
     result = subprocess.run([sys.executable, str(example), "--steps", "120", "--quiet",
                              "--framework", framework], capture_output=True, text=True, timeout=110)
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+
+
+async def test_a_worker_drained_by_sigterm_leaves_with_nothing_lost_and_no_failure():
+    import os
+    import signal
+
+    async with pstrain.LocalCluster(num_ps=1, num_workers=2) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=4)
+        async with strategy.scope():
+            count = pstrain.Variable(0.0, name="count")
+
+        async def incr():
+            await asyncio.sleep(0.03)
+            await count.assign_add(1.0)
+            return pstrain.get_current_worker_index()
+
+        rvs = [coordinator.schedule(incr) for _ in range(150)]
+        await wait_for(lambda: sum(rv.done() for rv in rvs) >= 30, timeout=30, what="30 done")
+        pid = cluster.pid("worker", 1)
+        os.kill(pid, signal.SIGTERM)  # a spot machine's preemption notice
+        await coordinator.join()
+        ran_on = [await rv for rv in rvs]  # every closure resolved
+        assert await count.numpy() == 150.0  # each ran exactly once: drained, not killed
+        assert coordinator.worker_failures == 0 and coordinator.closures_retried == 0
+        assert ran_on.count(1) > 0 and ran_on[-1] == 0  # worker 1 took work, then handed it on
+        await wait_for(lambda: cluster.pid("worker", 1) is None, timeout=30, what="worker 1 gone")
+        await coordinator.close()

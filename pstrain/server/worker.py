@@ -35,6 +35,7 @@ from ..context import watch_unawaited, worker_context
 from ..errors import (
     ClosureAbortedError,
     ClosureInputError,
+    DrainingError,
     InvalidArgumentError,
     NotFoundError,
 )
@@ -139,6 +140,8 @@ class WorkerServer(ServerBase):
         self._closure_owner = TaskOwner(f"closures of {self.task}")
         self._closure_tasks: dict[int, asyncio.Task[Any]] = {}
         self._cancelled: set[int] = set()
+        self.draining = False  # leaving: no new closures
+        self._open_batches = 0  # worker/run requests not yet answered
         self._in_flight: set[int] = set()  # ids started and not yet reported
         self._outbox: list[tuple[_Batch, list[Any]]] = []
         self._outbox_lock = threading.Lock()
@@ -205,8 +208,32 @@ class WorkerServer(ServerBase):
         return out
 
     # -- handlers --------------------------------------------------------------------------
+    # -- draining (SIGTERM: a preemption notice) -------------------------------------------------
+    def begin_drain(self) -> None:
+        """Take no new closures (they are refused with DrainingError and run elsewhere);
+        those running finish and report as usual."""
+        if not self.draining:
+            self.draining = True
+            logger.info("%s draining: %d closure(s) to finish, no new ones", self.task,
+                        len(self._in_flight))
+
+    async def drained(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` s) until the closures running have reported."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self._in_flight or self._outbox or self._open_batches:
+            if asyncio.get_running_loop().time() > deadline:
+                return False
+            await asyncio.sleep(0.02)  # a leaving process polls its own state; no peer waits on it
+        return True
+
+    def _refuse_if_draining(self) -> None:
+        if self.draining:
+            raise DrainingError(f"{self.task} is leaving (draining): its closures go to other "
+                                "workers", task=self.task)
+
     def configure(self, req: ConfigureRequest) -> dict[str, Any]:
         """The coordinator tells the worker where the ps are."""
+        self._refuse_if_draining()
         spec = ClusterSpec(req.cluster)
         if self.channels is None or self.channels.cluster_spec != spec or req.fresh:
             old = self.channels
@@ -230,11 +257,16 @@ class WorkerServer(ServerBase):
         closures = req.closures
         if not closures:
             return _encode_results([])  # nothing to run: answered at once
+        self._refuse_if_draining()
         loop = asyncio.get_running_loop()
         batch = _Batch(len(closures), emit, loop.create_future())
         fence = (self.index, req.epoch) if req.epoch is not None else None
-        self._start_batch(batch, closures, fence, req.once)
-        return await batch.done
+        self._open_batches += 1
+        try:
+            self._start_batch(batch, closures, fence, req.once)
+            return await batch.done
+        finally:
+            self._open_batches -= 1
 
     def _check_incarnation(self, expected: str | None) -> None:
         if expected is not None and expected != self.incarnation:
