@@ -92,6 +92,12 @@ def _serve_parser(sub: Any) -> None:
                    help="evaluator: a Python file defining evaluate(variables, iterations) -> metrics")
     p.add_argument("--max-evaluations", type=int, default=None,
                    help="evaluator: stop after this many evaluations (default: run forever)")
+    p.add_argument("--join", metavar="HOST:PORT",
+                   help="worker: join a running job through its coordinator's endpoint (the address "
+                        "of its /metrics), taking the slot of a worker that is gone")
+    p.add_argument("--advertise", metavar="HOST:PORT",
+                   help="worker with --join: the address the coordinator should use (default: the "
+                        "listening address)")
     p.add_argument("--drain-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="worker: on SIGTERM, take no new closures and wait this long for the running "
                         "ones before leaving (SIGINT stops at once)")
@@ -194,6 +200,10 @@ def _serve(args: argparse.Namespace) -> int:
         loop.add_signal_handler(signal.SIGINT, stop.set)  # before announcing: a signal stops cleanly
         address = await server.start()
         print(f"pstrain {role}:{index} listening on {address}", flush=True)
+        if role == "worker" and args.join:
+            server.joined = True
+            slot = await _join(args.join, args.advertise or address, token)
+            print(f"pstrain worker joined {args.join} as worker {slot}", flush=True)
         watchers = TaskOwner("pstrain serve")
         if args.exit_with_parent:
             watchers.spawn(_watch_parent(parent, stop))
@@ -209,6 +219,23 @@ def _serve(args: argparse.Namespace) -> int:
 
     run(main())
     return 0
+
+
+async def _join(coordinator: str, address: str, token: str | None) -> int:
+    """Ask the coordinator at ``coordinator`` for a worker slot; returns its index."""
+    import aiohttp
+
+    host, port = parse_address(coordinator)
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/v1/join"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        async with session.post(url, json={"address": address}, headers=headers) as reply:
+            body = await reply.json(content_type=None)
+            if reply.status != 200:
+                error = body.get("error", {}) if isinstance(body, dict) else {}
+                raise PstrainError(f"joining {coordinator} failed: {error.get('type', reply.status)}: "
+                                   f"{error.get('message', body)}")
+            return int(body["index"])
 
 
 def _evaluate(args: argparse.Namespace) -> int:

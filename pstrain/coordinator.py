@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import pickling
-from .cluster import is_loopback, parse_address, task_name
+from .cluster import ClusterSpec, is_loopback, parse_address, task_name
 from .dispatch import DispatchSettings, WorkerDispatcher
 from .errors import (
     AuthenticationError,
@@ -378,6 +378,34 @@ class ClusterCoordinator:
         """Whether each worker is reachable now."""
         return [w.up for w in self._workers]
 
+    def membership(self) -> list[dict[str, Any]]:
+        """Each worker slot: its address, whether it is up, leaving, and its failures."""
+        spec = self._channels.cluster_spec
+        return [{"index": w.index, "task": w.task, "address": spec.task_address("worker", w.index),
+                 "up": w.up, "leaving": w.leaving, "failures": w.failures} for w in self._workers]
+
+    async def admit_worker(self, address: str) -> int:
+        """A worker started with ``pstrain serve --role worker --join`` takes the first slot
+        whose worker is gone (preempted, drained, unreachable): that slot's address becomes
+        ``address`` and its dispatcher connects there at once. Returns the slot's index."""
+        parse_address(address)  # InvalidArgumentError for a bad one
+        vacant = next((w for w in self._workers if not w.up), None)
+        if vacant is None:
+            raise InvalidArgumentError(
+                f"no vacant worker slot: all {len(self._workers)} workers are up. A joining worker "
+                "replaces one that is gone; growing the cluster beyond its configured workers is "
+                "not supported")
+        spec = self._channels.cluster_spec.as_dict()
+        spec["worker"][vacant.index] = address
+        new_spec = ClusterSpec(spec)
+        self._channels.cluster_spec = new_spec
+        await self._channels.forget("worker", vacant.index)
+        for w in self._workers:
+            w.cluster_spec = new_spec
+        logger.info("%s is now at %s (joined)", vacant.task, address)
+        vacant.wake_probe()
+        return vacant.index
+
     @property
     def ps_incarnations(self) -> list[str | None]:
         """Each ps's incarnation as last seen by the heartbeat (None: not seen yet)."""
@@ -413,7 +441,8 @@ class ClusterCoordinator:
         if self._metrics is None:
             endpoint = MetricsEndpoint(task_name("chief", 0), {"role": "chief", "index": "0"},
                                        self.statistics, host=host, port=port,
-                                       token=self._channels.token)
+                                       token=self._channels.token, join=self.admit_worker,
+                                       membership=self.membership)
             await endpoint.start()
             self._metrics = endpoint
         assert self._metrics.address is not None

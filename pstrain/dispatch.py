@@ -99,6 +99,7 @@ class WorkerDispatcher:
         self.failures = 0
         self.last_error: str | None = None  # why it was last found unreachable
         self.leaving = False  # it is draining: no new work, and its departure is no failure
+        self._probe_now = asyncio.Event()
         self.refused: PstrainError | None = None  # a configuration error: never retried
         self._waiter: asyncio.Future[None] | None = None
         self._broken: BaseException | None = None
@@ -133,7 +134,7 @@ class WorkerDispatcher:
             except DrainingError as exc:  # leaving: not a failure; probe for a replacement
                 self.leaving = True
                 self._lost(exc)
-                await asyncio.sleep(self.settings.probe_max_s)
+                await self._nap(self.settings.probe_max_s)
             except _PERMANENT as exc:  # a configuration error: retrying cannot help
                 logger.error("%s: %s (not retried)", self.task, exc)
                 self.refused = exc
@@ -143,7 +144,7 @@ class WorkerDispatcher:
             except _LOST as exc:
                 await self._fence_off()
                 self._lost(exc)
-                await asyncio.sleep(backoff)
+                await self._nap(backoff)
                 backoff = min(backoff * 2, self.settings.probe_max_s)
             except Exception as exc:  # a bug: surface it from join(), keep this worker fed
                 logger.exception("dispatcher of %s failed", self.task)
@@ -151,12 +152,12 @@ class WorkerDispatcher:
                     f"the dispatcher of {self.task} failed: {type(exc).__name__}: {exc}",
                     task=self.task))
                 self._lost(exc)
-                await asyncio.sleep(backoff)
+                await self._nap(backoff)
 
     async def _connect(self) -> None:
         try:
             reply = await self.channel().call(
-                "worker/configure", {"cluster": self.cluster_spec.as_dict(),
+                "worker/configure", {"cluster": self.cluster_spec.as_dict(), "index": self.index,
                                      "fresh": self.failures > 0},  # links cut with it may stall
                 timeout=self.settings.worker_timeout_s)
         except NotFoundError as exc:  # the task there has no such operation
@@ -180,6 +181,18 @@ class WorkerDispatcher:
         self._broken = None
         self.leaving = False  # back (a new process, or it never left)
         self.up = True
+
+    async def _nap(self, seconds: float) -> None:
+        """Wait before probing the worker again, or less if :meth:`wake_probe` is called."""
+        try:
+            await asyncio.wait_for(self._probe_now.wait(), seconds)
+        except TimeoutError:
+            pass
+        self._probe_now.clear()
+
+    def wake_probe(self) -> None:
+        """Probe now (a worker joined at this slot's address)."""
+        self._probe_now.set()
 
     async def _fence_off(self) -> None:
         """Before its closures run elsewhere, make every ps refuse this worker's updates

@@ -12,9 +12,10 @@ retried): :class:`MetricsEndpoint` serves them (``GET /metrics`` and
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -23,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Summa
 
 from .auth import bearer_ok
 from .cluster import listening_socket
+from .errors import PstrainError
 
 logger = logging.getLogger(__name__)
 
@@ -106,13 +108,17 @@ class MetricsEndpoint:
     """
 
     def __init__(self, task: str, labels: dict[str, str], stats: Callable[[], dict[str, Any]], *,
-                 host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
+                 host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+                 join: Callable[[str], Awaitable[int]] | None = None,
+                 membership: Callable[[], list[dict[str, Any]]] | None = None) -> None:
         self.task = task
         self.host = host
         self.port = port
         self._token = token.encode() if token else None
         self._started = time.time()
         self._stats = stats
+        self._join = join
+        self._membership = membership
         self._registry = make_registry(labels, lambda: {"uptime_s": time.time() - self._started,
                                                         **stats()})
         self._runner: web.AppRunner | None = None
@@ -123,6 +129,10 @@ class MetricsEndpoint:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._health)
+        if self._join is not None:
+            app.router.add_post("/v1/join", self._joined)
+        if self._membership is not None:
+            app.router.add_get("/v1/membership", self._members)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         await web.SockSite(self._runner, sock).start()
@@ -140,6 +150,38 @@ class MetricsEndpoint:
                                       "missing or wrong cluster token: send 'Authorization: "
                                       "Bearer <token>'", "task": self.task}}, status=401)
         return web.Response(body=render(self._registry), headers={"Content-Type": CONTENT_TYPE})
+
+    def _refusal(self) -> web.Response:
+        return web.json_response({"error": {"type": "AuthenticationError", "message":
+                                  "missing or wrong cluster token: send 'Authorization: "
+                                  "Bearer <token>'", "task": self.task}}, status=401)
+
+    async def _joined(self, request: web.Request) -> web.Response:
+        """``POST /v1/join {"address": "host:port"}``: a worker asks to take a vacant slot."""
+        if not self._authorized(request):
+            return self._refusal()
+        try:
+            if request.content_length is None or request.content_length > 4096:
+                raise ValueError("a body of at most 4 KiB, with its Content-Length, is required")
+            address = json.loads(await request.read()).get("address")
+            if not isinstance(address, str) or not address:
+                raise ValueError("missing 'address'")
+            assert self._join is not None
+            index = await self._join(address)
+        except PstrainError as exc:
+            return web.json_response({"error": {"type": type(exc).__name__, "message": str(exc),
+                                                "task": self.task}}, status=exc.http_status)
+        except (ValueError, AttributeError, UnicodeDecodeError) as exc:
+            return web.json_response({"error": {"type": "InvalidArgumentError", "message":
+                                                f"join needs a JSON body {{\"address\": \"host:port\"}}: {exc}",
+                                                "task": self.task}}, status=400)
+        return web.json_response({"index": index})
+
+    async def _members(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return self._refusal()
+        assert self._membership is not None
+        return web.json_response({"workers": self._membership()})
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "running", "task": self.task})

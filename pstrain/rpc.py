@@ -415,6 +415,19 @@ class ChannelPool:
                 max_body=self.max_body, connect_timeout=self.connect_timeout)
         return ch
 
+    async def forget(self, job: str, index: int) -> None:
+        """Close and drop the channels to task ``job:index`` on every loop (its address
+        changed: the next ``channel()`` connects to the new one)."""
+        running = asyncio.get_running_loop()
+        for loop, channels in list(self._channels.items()):
+            ch = channels.pop((job, index), None)
+            if ch is None:
+                continue
+            if loop is running:
+                await ch.close()
+            elif not loop.is_closed():
+                loop.call_soon_threadsafe(ch.reset)
+
     def reset(self, job: str, index: int) -> None:
         """Drop the connections to task ``job:index`` on every loop (from any thread); the
         next calls connect afresh."""

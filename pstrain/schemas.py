@@ -215,6 +215,8 @@ class ConfigureRequest(Record):
     cluster: dict[Name, list[Annotated[str, msgspec.Meta(min_length=1, max_length=300)]]]
     #: the coordinator had lost this worker: drop every connection it has (they may stall)
     fresh: bool = False
+    #: the slot the coordinator addresses; a worker that joined (``--join``) takes it
+    index: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
 
 ClosureEntry = tuple[Count, bytes, Any, Any, bool]

@@ -229,3 +229,42 @@ async def test_a_worker_drained_by_sigterm_leaves_with_nothing_lost_and_no_failu
         assert ran_on.count(1) > 0 and ran_on[-1] == 0  # worker 1 took work, then handed it on
         await wait_for(lambda: cluster.pid("worker", 1) is None, timeout=30, what="worker 1 gone")
         await coordinator.close()
+
+
+async def test_a_worker_joins_a_running_job_at_a_new_address_and_takes_work_within_5_s():
+    from .conftest import ServeProcess
+
+    async with pstrain.LocalCluster(num_ps=1, num_workers=2) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=2)
+        endpoint = await coordinator.serve_metrics()
+        async with strategy.scope():
+            count = pstrain.Variable(0.0, name="count")
+
+        async def incr():
+            await asyncio.sleep(0.01)
+            await count.assign_add(1.0)
+            return pstrain.get_current_worker_index()
+
+        await coordinator.schedule(incr)
+        await cluster.kill("worker", 1)  # preempted for good; its replacement comes elsewhere
+        rvs = [coordinator.schedule(incr) for _ in range(20)]
+        await coordinator.join()
+        await wait_for(lambda: not coordinator.workers_up[1], timeout=30, what="worker 1 seen gone")
+        old = coordinator.membership()[1]["address"]
+        joiner = ServeProcess("--role", "worker", "--port", "0", "--join", endpoint, token=cluster.token)
+        try:
+            started = time.monotonic()
+            await wait_for(lambda: coordinator.workers_up[1], timeout=5, what="the joiner up")
+            more = [coordinator.schedule(incr) for _ in range(40)]
+            await coordinator.join()
+            assert 1 in {await rv for rv in more}  # it takes closures as worker 1
+            assert time.monotonic() - started < 5
+            member = coordinator.membership()[1]
+            assert member["up"] and member["address"] == joiner.address != old
+            assert await count.numpy() == 1 + len(rvs) + 40
+            with pytest.raises(pstrain.errors.InvalidArgumentError, match="no vacant worker slot"):
+                await coordinator.admit_worker("127.0.0.1:9")
+        finally:
+            joiner.stop()
+        await coordinator.close()

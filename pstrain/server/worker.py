@@ -141,6 +141,7 @@ class WorkerServer(ServerBase):
         self._closure_tasks: dict[int, asyncio.Task[Any]] = {}
         self._cancelled: set[int] = set()
         self.draining = False  # leaving: no new closures
+        self.joined = False  # started with --join: takes the index the coordinator gives
         self._open_batches = 0  # worker/run requests not yet answered
         self._in_flight: set[int] = set()  # ids started and not yet reported
         self._outbox: list[tuple[_Batch, list[Any]]] = []
@@ -234,6 +235,10 @@ class WorkerServer(ServerBase):
     def configure(self, req: ConfigureRequest) -> dict[str, Any]:
         """The coordinator tells the worker where the ps are."""
         self._refuse_if_draining()
+        if self.joined and req.index is not None and req.index != self.index:
+            logger.info("%s joined as worker %d", self.task, req.index)
+            self.index = req.index  # the slot the coordinator gave this joining worker
+            self._base_context = None
         spec = ClusterSpec(req.cluster)
         if self.channels is None or self.channels.cluster_spec != spec or req.fresh:
             old = self.channels
