@@ -221,6 +221,22 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _membership(coordinator: str, token: str | None) -> list[dict[str, Any]]:
+    """The worker slots of the job whose coordinator serves at ``coordinator``."""
+    import aiohttp
+
+    host, port = parse_address(coordinator)
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/v1/membership"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        async with session.get(url, headers=headers) as reply:
+            body = await reply.json(content_type=None)
+            if reply.status != 200:
+                raise PstrainError(f"membership from {coordinator}: {body}")
+            workers: list[dict[str, Any]] = body["workers"]
+            return workers
+
+
 async def _join(coordinator: str, address: str, token: str | None) -> int:
     """Ask the coordinator at ``coordinator`` for a worker slot; returns its index."""
     import aiohttp
@@ -272,6 +288,9 @@ def _status_parser(sub: Any) -> None:
     p.add_argument("--token-file", metavar="FILE", help="file holding the cluster token")
     p.add_argument("--timeout", type=float, default=2.0, help="seconds before a task counts as down")
     p.add_argument("--verbose", action="store_true", help="also print why each down task is down")
+    p.add_argument("--coordinator", metavar="HOST:PORT",
+                   help="also print the running job's worker membership, from its coordinator's "
+                        "endpoint (workers that joined or left included)")
     p.set_defaults(func=_status)
 
 
@@ -350,6 +369,12 @@ def _status(args: argparse.Namespace) -> int:
     for r in rows:
         if r.get("error") and (r["state"] != "down" or args.verbose):
             print(f"{r['task']}: {r['error']}")
+    if args.coordinator:
+        members = run(_membership(args.coordinator, token))
+        print(f"\nmembership (from the coordinator at {args.coordinator}):")
+        for m in members:
+            state = "leaving" if m["leaving"] else "up" if m["up"] else "down"
+            print(f"  worker {m['index']}  {state:<8} {m['address']}  failures {m['failures']}")
     return 0 if all(r["state"] == "up" for r in rows if not r["task"].startswith("chief")) else 1
 
 

@@ -265,6 +265,16 @@ async def test_a_worker_joins_a_running_job_at_a_new_address_and_takes_work_with
             assert await count.numpy() == 1 + len(rvs) + 40
             with pytest.raises(pstrain.errors.InvalidArgumentError, match="no vacant worker slot"):
                 await coordinator.admit_worker("127.0.0.1:9")
+            import json
+            import subprocess
+            import sys
+
+            config = json.dumps({"cluster": cluster.cluster_spec.as_dict()})
+            status = await asyncio.get_running_loop().run_in_executor(None, lambda: subprocess.run(
+                [sys.executable, "-m", "pstrain", "status", "--coordinator", endpoint],
+                capture_output=True, text=True, timeout=60,
+                env={**__import__("os").environ, "PSTRAIN_CONFIG": config, "PSTRAIN_TOKEN": cluster.token}))
+            assert f"worker 1  up       {joiner.address}" in status.stdout, status.stdout + status.stderr
         finally:
             joiner.stop()
         await coordinator.close()
