@@ -376,10 +376,22 @@ def expand_tasks_per_node(spec: str) -> list[int]:
     return counts
 
 
+def _natural(host: str) -> list[Any]:
+    """Sort key that orders ``n9`` before ``n10``.
+
+    >>> sorted(["n10", "n8", "n9"], key=_natural)
+    ['n8', 'n9', 'n10']
+    """
+    return [(0, int(t)) if t.isdigit() else (1, t) for t in re.split(r"(\d+)", host) if t]
+
+
 class SlurmClusterResolver(ClusterResolver):
     """The cluster of a SLURM job step, with TensorFlow's rules.
 
-    Hosts come from ``SLURM_STEP_NODELIST`` in sorted order, each running
+    Hosts come from ``SLURM_STEP_NODELIST`` in SLURM's own order, which is
+    numeric-aware (``n8, n9, n10``: the order in which SLURM gives out ranks;
+    plain string order would put ``n10`` first and send every rank to another
+    task's address), each running
     ``SLURM_STEP_TASKS_PER_NODE`` tasks on ports ``port_base``,
     ``port_base + 1``, ...; the resulting addresses are dealt to the jobs in
     sorted job-name order (``chief``, ``ps``, ``worker``); this process's task
@@ -411,7 +423,14 @@ class SlurmClusterResolver(ClusterResolver):
             raise InvalidArgumentError(
                 f"Requested more tasks than assigned tasks: jobs {jobs} need {sum(jobs.values())}, "
                 f"the step has {num_tasks}")
-        addresses = [f"{host}:{port_base + i}" for host, n in sorted(zip(hosts, counts)) for i in range(n)]
+        placed = sorted(zip(hosts, counts), key=lambda hc: _natural(hc[0]))
+        addresses = [f"{host}:{port_base + i}" for host, n in placed for i in range(n)]
+        node = env.get("SLURMD_NODENAME")
+        if node and 0 <= rank < len(addresses) and addresses[rank].rsplit(":", 1)[0] != node:
+            raise InvalidArgumentError(
+                f"SLURM runs rank {rank} on {node}, but laying the step's tasks out node by node "
+                f"({nodelist}, {per_node} tasks each) puts it on {addresses[rank].rsplit(':', 1)[0]}: "
+                "run the step with block distribution (srun --distribution=block, the default)")
         cluster: dict[str, list[str]] = {}
         start = 0
         self.task_type, self.task_id = None, None

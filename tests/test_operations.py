@@ -111,6 +111,17 @@ def test_slurm_resolver_with_the_environment_srun_sets():
         SlurmClusterResolver(jobs={"ps": 1}, environ={})
 
 
+def test_slurm_node_names_that_do_not_sort_as_strings_keep_slurms_rank_order():
+    env = {"SLURM_PROCID": "2", "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_NODELIST": "n[8-10]",
+           "SLURM_STEP_TASKS_PER_NODE": "1(x3)", "SLURMD_NODENAME": "n10", "PSTRAIN_TOKEN": "t"}
+    r = SlurmClusterResolver(jobs={"chief": 1, "ps": 1, "worker": 1}, port_base=8888, environ=env)
+    assert r.cluster_spec().as_dict() == {"chief": ["n8:8888"], "ps": ["n9:8888"], "worker": ["n10:8888"]}
+    assert (r.task_type, r.task_id) == ("worker", 0)  # rank 2 runs on n10, as SLURM placed it
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="rank 2 on n8.*distribution=block"):
+        SlurmClusterResolver(jobs={"chief": 1, "ps": 1, "worker": 1},
+                             environ={**env, "SLURMD_NODENAME": "n8"})
+
+
 def test_tfjob_tf_config_as_the_operator_injects_it(monkeypatch):
     tf_config = {"cluster": {"chief": ["mnist-chief-0.kubeflow.svc:2222"],
                              "ps": ["mnist-ps-0.kubeflow.svc:2222"],
