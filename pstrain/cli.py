@@ -98,6 +98,10 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--advertise", metavar="HOST:PORT",
                    help="worker with --join: the address the coordinator should use (default: the "
                         "listening address)")
+    p.add_argument("--exit-on-shutdown", action="store_true", default=None,
+                   help="leave when the coordinator says its job is done "
+                        "(coordinator.shutdown_cluster(); the default with --slurm-jobs, so that the "
+                        "SLURM job ends)")
     p.add_argument("--drain-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="worker: on SIGTERM, take no new closures and wait this long for the running "
                         "ones before leaving (SIGINT stops at once)")
@@ -167,8 +171,9 @@ def _serve(args: argparse.Namespace) -> int:
     if spec is not None:
         spec_host, spec_port = parse_address(spec.task_address(role, index))
         port = spec_port if port is None else port
+    exit_on_shutdown = args.exit_on_shutdown if args.exit_on_shutdown is not None else bool(args.slurm_jobs)
     options: dict[str, Any] = dict(
-        host=host or "127.0.0.1", port=port or 0, token=token,
+        host=host or "127.0.0.1", port=port or 0, token=token, exit_on_shutdown=exit_on_shutdown,
         ssl_context=_server_ssl(args.tls_cert, args.tls_key),
         max_body=args.max_body or DEFAULT_MAX_BODY, metrics_public=args.metrics_public)
     if role == "ps":
@@ -207,6 +212,7 @@ def _serve(args: argparse.Namespace) -> int:
         watchers = TaskOwner("pstrain serve")
         if args.exit_with_parent:
             watchers.spawn(_watch_parent(parent, stop))
+        watchers.spawn(_on_event(server.shutdown_requested, stop))
         await stop.wait()
         if role == "worker" and term.is_set():  # a preemption notice: hand work back, then go
             server.begin_drain()
@@ -219,6 +225,11 @@ def _serve(args: argparse.Namespace) -> int:
 
     run(main())
     return 0
+
+
+async def _on_event(event: asyncio.Event, stop: asyncio.Event) -> None:
+    await event.wait()
+    stop.set()
 
 
 async def _membership(coordinator: str, token: str | None) -> list[dict[str, Any]]:

@@ -449,6 +449,25 @@ class ClusterCoordinator:
         return self._metrics.address
 
     # -- lifecycle --------------------------------------------------------------------------------
+    async def shutdown_cluster(self) -> list[str]:
+        """The job is done: ask every ps and worker to leave (those started with
+        ``--exit-on-shutdown``, as ``pstrain serve --slurm-jobs`` is, so that a SLURM job ends
+        COMPLETED). Returns the tasks that did not (refused, or unreachable)."""
+        spec = self._channels.cluster_spec
+        tasks = [(job, i) for job in ("ps", "worker") for i in range(spec.num_tasks(job))]
+
+        async def leave(job: str, index: int) -> str | None:
+            try:
+                await self._channels.channel(job, index).call("server/shutdown", {}, timeout=10.0)
+                return None
+            except PstrainError as exc:
+                return f"{task_name(job, index)}: {exc}"
+
+        stayed = [r for r in await asyncio.gather(*(leave(j, i) for j, i in tasks)) if r is not None]
+        for line in stayed:
+            logger.warning("did not leave: %s", line)
+        return stayed
+
     async def close(self) -> None:
         """Stop dispatching and close the channels to the workers."""
         if self.closed:

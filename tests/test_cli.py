@@ -102,3 +102,36 @@ async def test_tls(tmp_path):
             del w
     finally:
         server.stop()
+
+
+async def test_servers_leave_when_the_coordinators_job_is_done(tmp_path):
+    """What ends a SLURM job: pstrain serve --exit-on-shutdown leaves on shutdown_cluster()."""
+    import asyncio
+    import json
+
+    from pstrain.cluster import listening_socket
+
+    reserved = [listening_socket("127.0.0.1", 0, "a test port") for _ in range(2)]
+    ports = [s.getsockname()[1] for s in reserved]
+    for s in reserved:
+        s.close()
+    spec = {"ps": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"]}
+    config = tmp_path / "cluster.json"
+    config.write_text(json.dumps({"cluster": spec}))
+    ps = ServeProcess("--role", "ps", "--index", "0", "--cluster", str(config), "--exit-on-shutdown")
+    worker = ServeProcess("--role", "worker", "--index", "0", "--cluster", str(config))  # no flag
+    try:
+        strategy = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(spec, token=TOKEN))
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        with strategy.scope():
+            v = pstrain.Variable(0.0)
+        await coordinator.schedule(lambda: v.assign_add(1.0))
+        stayed = await coordinator.shutdown_cluster()
+        assert len(stayed) == 1 and "/job:worker/replica:0/task:0" in stayed[0]
+        assert "--exit-on-shutdown" in stayed[0]
+        code = await asyncio.get_running_loop().run_in_executor(None, lambda: ps.proc.wait(20))
+        assert code == 0 and worker.proc.poll() is None  # the ps left; the worker stays
+        await coordinator.close()
+    finally:
+        ps.stop()
+        worker.stop()

@@ -18,6 +18,9 @@ async def main():
         coordinator.schedule(lambda: w.assign_add(np.ones(10, np.float32)))
     await coordinator.join()
     print("w =", await w.numpy())
+    # The servers of the step leave (they run with --slurm-jobs, hence --exit-on-shutdown):
+    # every task ends, and the SLURM job ends COMPLETED instead of at its time limit.
+    await coordinator.shutdown_cluster()
     await coordinator.close()
 
 

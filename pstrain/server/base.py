@@ -35,9 +35,16 @@ class ServerBase(ServerCore):
                    preauth_evicted=self.preauth.evicted)
         return out
 
-    def __init__(self, role: str, index: int, **options: Any) -> None:
+    def __init__(self, role: str, index: int, *, exit_on_shutdown: bool = False, **options: Any) -> None:
         super().__init__(role, index, **options)
         self.preauth = PreAuth(self.max_unauthenticated, self.handshake_timeout_s)
+        #: Set by ``server/shutdown`` (the coordinator's job is done) when allowed at start.
+        self.shutdown_requested = asyncio.Event()
+        if exit_on_shutdown:
+            self.route("server/shutdown", self._shutdown)
+        else:
+            self.refuse("server/shutdown", f"{self.task} was not started with --exit-on-shutdown: it "
+                                           "outlives the jobs that use it")
         self._server: asyncio.AbstractServer | None = None
         self._http: HttpAdapter | None = None
         self._closed: asyncio.Event | None = None
@@ -69,6 +76,12 @@ class ServerBase(ServerCore):
         """Wait until the server has stopped."""
         if self._closed is not None:
             await self._closed.wait()
+
+    def _shutdown(self, _: Any) -> dict[str, Any]:
+        """The job that uses this task is done: leave (``pstrain serve`` stops on this)."""
+        logger.info("%s: the coordinator's job is done; leaving", self.task)
+        self.shutdown_requested.set()
+        return {}
 
     async def stop(self) -> None:
         """Stop listening, close every connection, cancel handler tasks."""
