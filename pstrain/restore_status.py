@@ -15,7 +15,7 @@ import asyncio
 import logging
 import secrets
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -44,23 +44,20 @@ class _Tracker(Protocol):
 
 @dataclass
 class _Target:
-    """One saved value to put back: its key, the parts that receive it (in row order), and
-    for each part the handle that must wait for it (the variable itself, or the variable
-    whose slot this is)."""
+    """One saved value to put back: its key, the variable it goes to (or whose optimizer slot
+    it is), and the ps key of each part that receives it (in row order)."""
 
     key: str
-    parts: list[Variable]
     names: list[str]
     entry: Entry
-    waiting: list[Variable]
+    slot: bool = False
 
 
 def targets(graph: Graph, saved: dict[str, Any], entries: dict[str, Entry],
              optimizers: dict[str, Any]) -> list[_Target]:
     """The saved values for ``entries`` and for the slots ``optimizers`` keep of
     ``graph``'s variables (and ``graph``'s optimizers of ``entries``)."""
-    out = [_Target(path, e.parts, [p.key for p in e.parts], e, e.parts)
-           for path, e in entries.items() if path in saved]
+    out = [_Target(path, [p.key for p in e.parts], e) for path, e in entries.items() if path in saved]
     pairs = [(op, o, path, e) for op, o in graph.optimizers.items() for path, e in entries.items()]
     pairs += [(op, o, path, e) for op, o in optimizers.items() for path, e in graph.entries.items()
               if path not in entries]
@@ -68,8 +65,7 @@ def targets(graph: Graph, saved: dict[str, Any], entries: dict[str, Entry],
         for slot in opt.slot_names():
             key = slot_key(path, opt_path, slot)
             if key in saved:
-                out.append(_Target(key, [], [opt.slot_variable_name(p, slot) for p in e.parts],
-                                   e, e.parts))
+                out.append(_Target(key, [opt.slot_variable_name(p, slot) for p in e.parts], e, slot=True))
     return out
 
 
@@ -191,69 +187,58 @@ class CheckpointLoadStatus:
         self.watch(sub.modules)
         self.restore_deferred(found)
 
+    def _pieces(self, targets: list[_Target]) -> Iterator[tuple[Variable, list[list[Any]], dict[str, Any] | None]]:
+        """For each part receiving a target: the variable part (the slot's variable, for a
+        slot), the checkpoint rows it takes, and the ``ckpt/restore`` entry for its ps
+        (None for a local variable)."""
+        assert self._reader is not None
+        for target in targets:
+            meta = self._saved[target.key]
+            _check(self._reader.path, target, meta)
+            e = target.entry
+            for i, (name, part) in enumerate(zip(target.names, e.parts)):
+                rows = sources(meta, self._reader.base, e.offsets[i], e.offsets[i + 1], not e.shape)
+                if part.ps_index is None:
+                    if target.slot:
+                        raise InvalidArgumentError(
+                            f"{target.key!r} is an optimizer slot of a local variable ({e.name!r}); "
+                            "slots live on the ps, so the variable must be created in strategy.scope()")
+                    yield part, rows, None
+                    continue
+                role = {"trainable": False, "slot_of": part.key} if target.slot else {"trainable": part.trainable}
+                yield part, rows, {"name": name, "dtype": e.dtype.str, "shape": list(part.shape), **role,
+                                   "sources": rows}
+
     def restore_deferred(self, targets: list[_Target]) -> None:
         """Queue ``targets`` with their placements' next creations (variables not yet, or
         just, created) or write them at once (local variables)."""
-        assert self._reader is not None
+        for part, rows, entry in self._pieces(targets):
+            if entry is None:
+                part.restore_local(read_rows(part.shape, part.dtype, rows))
+                continue
+            placement, ps = part.creator, part.ps_index
+            if not isinstance(placement, Placement) or ps is None:
+                raise InvalidArgumentError(f"cannot restore into {part.name!r}: the variable was not "
+                                           "created by a strategy here")
+            placement.queue_restore(ps, entry, [part])
+        self._matched.update(t.key for t in targets)
         for target in targets:
-            meta = self._saved[target.key]
-            _check(self._reader.path, target, meta)
-            e = target.entry
-            for i, (name, waiting) in enumerate(zip(target.names, target.waiting)):
-                rows = sources(meta, self._reader.base, e.offsets[i], e.offsets[i + 1], not e.shape)
-                if waiting.ps_index is None:
-                    _local_only(target)
-                    waiting.restore_local(read_rows(waiting.shape, waiting.dtype, rows))
-                    continue
-                placement = waiting.creator
-                if not isinstance(placement, Placement):
-                    raise InvalidArgumentError(
-                        f"cannot restore {target.key!r} into {waiting.name!r}: the variable was not "
-                        "created by a strategy here")
-                placement.queue_restore(waiting.ps_index, {
-                    "name": name, "dtype": e.dtype.str, "shape": list(waiting.shape),
-                    **_role(target, waiting), "sources": rows}, [waiting])
-            self._matched.add(target.key)
-            logger.info("restored %s from %s (deferred)", target.key, self._reader.path)
+            logger.info("restored %s (deferred)", target.key)
 
     async def restore_now(self, targets: list[_Target]) -> None:
         """Restore ``targets`` all or nothing: every ps stages its values, then all commit."""
-        assert self._reader is not None
-        await ensure_created(w for t in targets for w in t.waiting)
+        await ensure_created(p for t in targets for p in t.entry.parts)
         by_ps: dict[Channel, list[dict[str, Any]]] = {}
-        local: list[tuple[Variable, list[list[Any]]]] = []
-        for target in targets:
-            meta = self._saved[target.key]
-            _check(self._reader.path, target, meta)
-            e = target.entry
-            for i, (name, waiting) in enumerate(zip(target.names, target.waiting)):
-                rows = sources(meta, self._reader.base, e.offsets[i], e.offsets[i + 1], not e.shape)
-                if waiting.ps_index is None:
-                    _local_only(target)
-                    local.append((waiting, rows))
-                    continue
-                by_ps.setdefault(waiting.channel(), []).append(
-                    {"name": name, "dtype": e.dtype.str, "shape": list(waiting.shape),
-                     **_role(target, waiting), "sources": rows})
-        local_values = [(part, read_rows(part.shape, part.dtype, rows)) for part, rows in local]
+        local: list[tuple[Variable, np.ndarray]] = []
+        for part, rows, entry in self._pieces(targets):
+            if entry is None:
+                local.append((part, read_rows(part.shape, part.dtype, rows)))
+            else:
+                by_ps.setdefault(part.channel(), []).append(entry)
         await _restore_all_or_nothing(by_ps)
-        for part, value in local_values:
+        for part, value in local:
             part.restore_local(value)
         self._matched.update(t.key for t in targets)
-
-
-def _role(target: _Target, waiting: Variable) -> dict[str, Any]:
-    """A variable's own value, or an optimizer slot of ``waiting`` (the ps drops it with it)."""
-    if target.parts:
-        return {"trainable": waiting.trainable}
-    return {"trainable": False, "slot_of": waiting.key}
-
-
-def _local_only(target: _Target) -> None:
-    if not target.parts:
-        raise InvalidArgumentError(f"{target.key!r} is an optimizer slot of a local variable "
-                                   f"({target.entry.name!r}); slots live on the ps, so the variable "
-                                   "must be created in strategy.scope()")
 
 
 def _describe(reader: CheckpointReader | None, values: list[str], objects: list[str]) -> str:

@@ -214,7 +214,7 @@ async def test_a_worker_drained_by_sigterm_leaves_with_nothing_lost_and_no_failu
             count = pstrain.Variable(0.0, name="count")
 
         async def incr():
-            await asyncio.sleep(0.03)
+            await asyncio.sleep(0.03)  # the closure's work: some are in flight at the SIGTERM
             await count.assign_add(1.0)
             return pstrain.get_current_worker_index()
 
@@ -242,7 +242,7 @@ async def test_a_worker_joins_a_running_job_at_a_new_address_and_takes_work_with
             count = pstrain.Variable(0.0, name="count")
 
         async def incr():
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # the closure's work (its duration, not a wait)
             await count.assign_add(1.0)
             return pstrain.get_current_worker_index()
 

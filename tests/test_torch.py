@@ -24,6 +24,17 @@ class Net(torch.nn.Module):
         return torch.tanh(self.fc(torch.cat([self.emb(ids).flatten(1), x], 1)))[:, 0]
 
 
+def mse_step(net, remote, opt):
+    """The training step a user writes: pull, forward, backward, apply on the ps."""
+    async def step(ids, x, y):
+        await remote.pull({net.emb: ids})
+        loss = torch.mean((net(ids, x) - y) ** 2)
+        loss.backward()
+        await opt.apply_gradients(remote.gradients())
+        return loss.item()
+    return step
+
+
 def strategy_for(cluster):
     return pstrain.ParameterServerStrategy(cluster.resolver, variable_partitioner=FixedShardsPartitioner(2))
 
@@ -46,12 +57,7 @@ async def test_gradients_applied_on_the_ps_equal_torchs_own(cluster):
     y = torch.from_numpy(rng.normal(size=6).astype(np.float32))
     before = {"table": await net.emb.table.numpy(), **{n: await v.numpy() for n, v in zip(remote.names, remote.variables)}}
 
-    async def step(ids, x, y):
-        await remote.pull({net.emb: ids})
-        loss = torch.mean((net(ids, x) - y) ** 2)
-        loss.backward()
-        await opt.apply_gradients(remote.gradients())
-        return loss.item()
+    step = mse_step(net, remote, opt)
 
     loss = await coordinator.schedule(step, args=(ids, x, y))
 
@@ -90,12 +96,7 @@ async def test_an_nn_module_trains_and_only_looked_up_rows_travel(cluster):
         y = np.tanh(teacher[ids].sum(1) / 3 + x[:, 0]).astype(np.float32)
         return ids, torch.from_numpy(x), torch.from_numpy(y)
 
-    async def step(ids, x, y):
-        await remote.pull({net.emb: ids})
-        loss = torch.mean((net(ids, x) - y) ** 2)
-        loss.backward()
-        await opt.apply_gradients(remote.gradients())
-        return loss.item()
+    step = mse_step(net, remote, opt)
 
     def traffic():
         return sum(s[1] + s[2] for server in cluster.ps for s in server.stats.values())
