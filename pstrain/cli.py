@@ -94,7 +94,7 @@ def _serve_parser(sub: Any) -> None:
                    help="evaluator: stop after this many evaluations (default: run forever)")
     p.add_argument("--join", metavar="HOST:PORT",
                    help="worker: join a running job through its coordinator's endpoint (the address "
-                        "of its /metrics), taking the slot of a worker that is gone")
+                        "of its /metrics), taking the slot of a worker that is gone, or growing the job")
     p.add_argument("--advertise", metavar="HOST:PORT",
                    help="worker with --join: the address the coordinator should use (default: the "
                         "listening address)")

@@ -385,26 +385,49 @@ class ClusterCoordinator:
                  "up": w.up, "leaving": w.leaving, "failures": w.failures} for w in self._workers]
 
     async def admit_worker(self, address: str) -> int:
-        """A worker started with ``pstrain serve --role worker --join`` takes the first slot
-        whose worker is gone (preempted, drained, unreachable): that slot's address becomes
-        ``address`` and its dispatcher connects there at once. Returns the slot's index."""
+        """A worker started with ``pstrain serve --role worker --join`` joins the job.
+
+        It takes the first slot whose worker is gone (preempted, drained, unreachable):
+        that slot's address becomes ``address`` and its dispatcher connects there at once.
+        With every slot's worker up, the cluster grows by one worker: a new dispatcher,
+        the per-worker datasets built there, and closures from the shared queue. Returns
+        the worker's index."""
         parse_address(address)  # InvalidArgumentError for a bad one
-        vacant = next((w for w in self._workers if not w.up), None)
-        if vacant is None:
-            raise InvalidArgumentError(
-                f"no vacant worker slot: all {len(self._workers)} workers are up. A joining worker "
-                "replaces one that is gone; growing the cluster beyond its configured workers is "
-                "not supported")
+        if self.closed:
+            raise PstrainError("this ClusterCoordinator is closed")
         spec = self._channels.cluster_spec.as_dict()
-        spec["worker"][vacant.index] = address
+        workers = spec.setdefault("worker", [])
+        known = next((w for w in self._workers if workers[w.index] == address), None)
+        vacant = known or next((w for w in self._workers if not w.up), None)
+        if vacant is None:
+            workers.append(address)
+        else:
+            workers[vacant.index] = address
         new_spec = ClusterSpec(spec)
         self._channels.cluster_spec = new_spec
-        await self._channels.forget("worker", vacant.index)
         for w in self._workers:
             w.cluster_spec = new_spec
-        logger.info("%s is now at %s (joined)", vacant.task, address)
+        if vacant is None:
+            vacant = self._add_dispatcher(new_spec)
+            logger.info("%s joined at %s (the cluster grew to %d workers)", vacant.task, address,
+                        len(self._workers))
+        else:
+            await self._channels.forget("worker", vacant.index)
+            logger.info("%s is now at %s (joined)", vacant.task, address)
         vacant.wake_probe()
         return vacant.index
+
+    def _add_dispatcher(self, spec: ClusterSpec) -> WorkerDispatcher:
+        index = self.resources.add_worker()
+        w = WorkerDispatcher(index, self.queue, self.resources,
+                             _channel_getter(self._channels, "worker", index), spec, self._tasks,
+                             self.settings, before_send=self.strategy.placement.creations_to_send,
+                             fence=self._fence_worker)
+        self._workers.append(w)
+        self.strategy.worker_joined()
+        if self._loop is not None:
+            self._tasks.spawn(w.run())
+        return w
 
     @property
     def ps_incarnations(self) -> list[str | None]:

@@ -300,7 +300,7 @@ class WorkerDispatcher:
             if c.walk:
                 try:
                     args, kwargs, has_refs = c.arguments_for(self.index)
-                except ClosureInputError as exc:
+                except (ClosureInputError, InvalidArgumentError) as exc:
                     self.queue.fail(c.cid, exc)
                     continue
                 entries.append([c.cid, c.digest, args, kwargs, has_refs])

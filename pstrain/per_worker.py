@@ -62,7 +62,19 @@ def as_dataset_fn(dataset_fn: Any) -> Any:
     return _Constant(dataset_fn)
 
 
-class PerWorkerDataset(PerWorkerValues):
+class _Live(PerWorkerValues):
+    """Per-worker values of a resource: a worker that joins later adds its value."""
+
+    def __init__(self, spec: ResourceSpec) -> None:
+        super().__init__((), resource_id=spec.rid)
+        self._live = spec.remote_values
+
+    @property
+    def values(self) -> tuple[Any, ...]:
+        return tuple(self._live)
+
+
+class PerWorkerDataset(_Live):
     """The datasets made by ``dataset_fn`` on every worker.
 
     Made by the coordinator::
@@ -73,7 +85,7 @@ class PerWorkerDataset(PerWorkerValues):
     """
 
     def __init__(self, registry: ResourceRegistry, spec: ResourceSpec) -> None:
-        super().__init__(spec.remote_values, resource_id=spec.rid)
+        super().__init__(spec)
         self._registry = registry
         self._fn = spec.fields["fn"]
         weakref.finalize(self, registry.drop, spec.rid)
@@ -87,11 +99,11 @@ class PerWorkerDataset(PerWorkerValues):
         return self
 
 
-class PerWorkerIterator(PerWorkerValues):
+class PerWorkerIterator(_Live):
     """One iterator per worker; pass it to ``schedule`` and call ``next()`` in the closure."""
 
     def __init__(self, registry: ResourceRegistry, spec: ResourceSpec) -> None:
-        super().__init__(spec.remote_values, resource_id=spec.rid)
+        super().__init__(spec)
         weakref.finalize(self, registry.drop, spec.rid)
 
     def __next__(self) -> Any:

@@ -47,6 +47,11 @@ class ResourceSpec:
         self.outcomes = [Outcome(loop) for _ in range(num_workers)]
         self.remote_values = [RemoteValue(o) for o in self.outcomes]
 
+    def add_worker(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        outcome = Outcome(loop)
+        self.outcomes.append(outcome)
+        self.remote_values.append(RemoteValue(outcome))
+
     def request(self) -> dict[str, Any]:
         """The ``worker/resource`` request that builds it."""
         return {"rid": self.rid, "kind": self.kind, **self.fields}
@@ -81,6 +86,18 @@ class ResourceRegistry:
 
     def __len__(self) -> int:
         return len(self._specs)
+
+    def add_worker(self) -> int:
+        """A worker joined beyond the configured ones: it builds every live resource.
+        Returns its index."""
+        index = self.num_workers
+        self.num_workers += 1
+        for spec in self._specs.values():
+            spec.add_worker(self.loop)
+        self._pending.append(deque(self._specs.values()))
+        self._dropped.append([])
+        self._wake()
+        return index
 
     def new(self, kind: str, **fields: Any) -> ResourceSpec:
         """Register a resource to build on every worker."""

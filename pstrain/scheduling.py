@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Callable, Collection
 from typing import Any
 
-from .errors import CancelledError, ClosureInputError
+from .errors import CancelledError, ClosureInputError, InvalidArgumentError
 from .messages import ResourceRef
 from .remote_value import Outcome, RemoteValue
 from .values import PerWorkerValues
@@ -128,6 +128,11 @@ def _substitute(obj: Any, index: int) -> tuple[Any, bool]:
         rid = obj.resource_id
         if rid is not None:
             return ResourceRef(rid), True
+        if index >= len(obj.values):
+            raise InvalidArgumentError(
+                f"a PerWorkerValues of {len(obj.values)} values was given to a closure that runs "
+                f"on worker {index}, a worker that joined later: build per-worker values with "
+                "coordinator.create_per_worker_dataset, which covers joining workers")
         return _substitute(obj.values[index], index)
     if isinstance(obj, RemoteValue):
         if not obj.done():

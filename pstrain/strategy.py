@@ -262,6 +262,10 @@ class ParameterServerStrategy:
         """Called by ``ClusterCoordinator(strategy)``: one coordinator per strategy."""
         self._coordinator = coordinator
 
+    def worker_joined(self) -> None:
+        """Called by the coordinator when a worker joins beyond the configured ones."""
+        self._num_workers += 1
+
     def detach_coordinator(self, coordinator: _Coordinator) -> None:
         if self._coordinator is coordinator:
             self._coordinator = None

@@ -77,4 +77,4 @@ class PerWorkerValues:
                         "coordinator.schedule; its elements live on the workers")
 
     def __repr__(self) -> str:
-        return f"PerWorkerValues({len(self._values)} workers)"
+        return f"PerWorkerValues({len(self.values)} workers)"

@@ -240,31 +240,47 @@ async def test_a_worker_joins_a_running_job_at_a_new_address_and_takes_work_with
         endpoint = await coordinator.serve_metrics()
         async with strategy.scope():
             count = pstrain.Variable(0.0, name="count")
+        it = iter(coordinator.create_per_worker_dataset(lambda: iter(range(10**6))))
 
-        async def incr():
+        async def incr(it):
             await asyncio.sleep(0.01)  # the closure's work (its duration, not a wait)
             await count.assign_add(1.0)
-            return pstrain.get_current_worker_index()
+            return pstrain.get_current_worker_index(), next(it)
 
-        await coordinator.schedule(incr)
+        await coordinator.schedule(incr, args=(it,))
         await cluster.kill("worker", 1)  # preempted for good; its replacement comes elsewhere
-        rvs = [coordinator.schedule(incr) for _ in range(20)]
+        rvs = [coordinator.schedule(incr, args=(it,)) for _ in range(20)]
         await coordinator.join()
         await wait_for(lambda: not coordinator.workers_up[1], timeout=30, what="worker 1 seen gone")
         old = coordinator.membership()[1]["address"]
         joiner = ServeProcess("--role", "worker", "--port", "0", "--join", endpoint, token=cluster.token)
+        grower = None
         try:
             started = time.monotonic()
             await wait_for(lambda: coordinator.workers_up[1], timeout=5, what="the joiner up")
-            more = [coordinator.schedule(incr) for _ in range(40)]
+            more = [coordinator.schedule(incr, args=(it,)) for _ in range(40)]
             await coordinator.join()
-            assert 1 in {await rv for rv in more}  # it takes closures as worker 1
+            assert 1 in {(await rv)[0] for rv in more}  # it takes closures as worker 1
             assert time.monotonic() - started < 5
             member = coordinator.membership()[1]
             assert member["up"] and member["address"] == joiner.address != old
             assert await count.numpy() == 1 + len(rvs) + 40
-            with pytest.raises(pstrain.errors.InvalidArgumentError, match="no vacant worker slot"):
-                await coordinator.admit_worker("127.0.0.1:9")
+
+            # Every slot is up: a third worker grows the cluster, with its own dataset.
+            grower = ServeProcess("--role", "worker", "--port", "0", "--join", endpoint,
+                                  token=cluster.token)
+            started = time.monotonic()
+            await wait_for(lambda: len(coordinator.workers_up) == 3 and coordinator.workers_up[2],
+                           timeout=5, what="the cluster grown to 3 workers")
+            late = [coordinator.schedule(incr, args=(it,)) for _ in range(60)]
+            await coordinator.join()
+            on_2 = [(await rv)[1] for rv in late if (await rv)[0] == 2]
+            assert on_2 and on_2 == list(range(len(on_2)))  # its own iterator, from the start
+            assert time.monotonic() - started < 5
+            assert strategy.num_workers == 3 and len(it.values) == 3
+            assert [m["address"] for m in coordinator.membership()][2] == grower.address
+            assert await count.numpy() == 1 + len(rvs) + 40 + 60
+            assert coordinator.worker_failures == 1  # the preempted worker only
             import json
             import subprocess
             import sys
@@ -275,6 +291,9 @@ async def test_a_worker_joins_a_running_job_at_a_new_address_and_takes_work_with
                 capture_output=True, text=True, timeout=60,
                 env={**__import__("os").environ, "PSTRAIN_CONFIG": config, "PSTRAIN_TOKEN": cluster.token}))
             assert f"worker 1  up       {joiner.address}" in status.stdout, status.stdout + status.stderr
+            assert f"worker 2  up       {grower.address}" in status.stdout, status.stdout + status.stderr
         finally:
             joiner.stop()
+            if grower is not None:
+                grower.stop()
         await coordinator.close()
