@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench lint fuzz clean sysdeps
+.PHONY: install test demo bench lint fuzz clean sysdeps slurm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,10 +19,17 @@ install: $(STAMP)
 test: lint sysdeps
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
-# What the multi-host tests need (tests/netlab.py: namespaces, nftables, tc; run as root).
+# What the multi-host tests need (tests/netlab.py: namespaces, nftables, tc; run as root),
+# and the SLURM test (tests/slurmlab.py: the distribution's slurm-wlm and munge).
 sysdeps:
-	command -v nft >/dev/null && command -v tc >/dev/null || \
-		(apt-get update -qq && apt-get install -y -qq nftables iproute2 >/dev/null)
+	command -v nft >/dev/null && command -v tc >/dev/null && command -v sbatch >/dev/null \
+		&& test -x /usr/sbin/munged || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq nftables iproute2 slurm-wlm munge >/dev/null)
+
+# A real SLURM cluster on this machine (three nodes, each in its own network namespace;
+# root) runs `sbatch examples/slurm/train.sbatch` and checks that the job ends COMPLETED.
+slurm: sysdeps $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_slurm.py
 
 demo: $(STAMP)
 	$(PY) -m pstrain.cli demo $(DEMO_ARGS)

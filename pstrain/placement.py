@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from .context import current_channels
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, UnavailableError
 from .initializers import Initializer
 from .rpc import ChannelPool
 from .sharding import ShardedVariable, plan_parts
@@ -53,6 +53,8 @@ from .variables import Variable, VariableBase, creator_scope, initial_value_arra
 logger = logging.getLogger(__name__)
 
 __all__ = ["Placement"]
+
+STARTUP_TIMEOUT_S = 60.0  # how long variable creation waits for a ps that has never answered
 
 class Placement:
     """Names, places and creates the variables of one strategy.
@@ -68,6 +70,7 @@ class Placement:
         self.num_ps = num_ps
         self.namespace = namespace  # prefix of the ps keys ("" for the first strategy)
         self.owner = uuid.uuid4().hex
+        self.startup_timeout_s = STARTUP_TIMEOUT_S
         self.channels = channels  # None on a worker: the closure's channels
         self.partitioner = partitioner
         self.issued = 0  # creations accepted (the last ticket given)
@@ -218,8 +221,8 @@ class Placement:
                     restores: dict[int, list[dict[str, Any]]], upto: int) -> None:
         try:
             results = await asyncio.gather(
-                *(self._channel(ps).call("vars/create", {"vars": entries, "owner": self.owner})
-                  for ps, entries in queued.items()), return_exceptions=True)
+                *(self._create_on(ps, entries) for ps, entries in queued.items()),
+                return_exceptions=True)
             if restores and not any(isinstance(r, BaseException) for r in results):
                 results = await asyncio.gather(
                     *(self._restore(ps, entries) for ps, entries in restores.items()),
@@ -229,6 +232,30 @@ class Placement:
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             raise errors[0]
+
+    async def _create_on(self, ps: int, entries: list[dict[str, Any]]) -> Any:
+        """``vars/create`` on ``ps``. A ps never reached yet may still be starting (SLURM and
+        Kubernetes start every task at once): it is retried, with back-off, for up to
+        ``startup_timeout_s``; once reached, an unreachable ps is an error at once."""
+        channel = self._channel(ps)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.startup_timeout_s
+        pause = 0.05
+        while True:
+            try:
+                return await channel.call("vars/create", {"vars": entries, "owner": self.owner})
+            except UnavailableError as exc:
+                if channel.ever_connected or channel.closed:
+                    raise
+                if loop.time() + pause > deadline:
+                    raise UnavailableError(
+                        f"{channel.task} at {channel.address} did not start within "
+                        f"{self.startup_timeout_s:g} s: {exc}", task=channel.task) from exc
+                if pause == 0.05:
+                    logger.info("waiting for %s at %s to start (%s); up to %g s", channel.task,
+                                channel.address, exc, self.startup_timeout_s)
+            await asyncio.sleep(pause)  # back-off between attempts to reach a starting ps
+            pause = min(pause * 2, 1.0)
 
     async def _restore(self, ps: int, entries: list[dict[str, Any]]) -> None:
         channel = self._channel(ps)

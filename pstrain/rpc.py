@@ -189,6 +189,7 @@ class Channel:
         self._tasks = TaskOwner(f"channel to {task}")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._silent_closes = 0  # handshakes the server ended without a byte, in a row
+        self.ever_connected = False  # False: the task may still be starting
         self.closed = False
 
     def connection_lost(self, proto: _ClientProtocol) -> None:
@@ -241,6 +242,7 @@ class Channel:
             proto.transport.abort()
             raise
         self._silent_closes = 0
+        self.ever_connected = True
         return proto
 
     async def connected(self) -> _ClientProtocol:
@@ -257,6 +259,12 @@ class Channel:
         fut = self._connecting
         try:
             proto = await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if fut.cancelled() and not (task is not None and task.cancelling()):
+                raise UnavailableError(f"the connection to {self.task} at {self.address} was "
+                                       "reset while connecting", task=self.task) from None
+            raise
         finally:
             if self._connecting is fut and fut.done():
                 self._connecting = None

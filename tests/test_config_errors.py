@@ -172,3 +172,54 @@ async def test_join_fails_when_no_worker_can_ever_run_the_queue():
     assert "/job:ps/replica:0/task:0 (UnavailableError" in str(err)
     await coordinator.close()
 
+
+
+async def test_variable_creation_waits_for_a_ps_that_is_still_starting_and_then_gives_up(caplog):
+    # SLURM and Kubernetes start every task at once: the coordinator's first creation can
+    # reach a ps before it listens. A port bound but not listening refuses connections.
+    import logging
+    import socket
+
+    from pstrain.server.ps import ParameterServer
+
+    caplog.set_level(logging.INFO, logger="pstrain.placement")
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    address = f"127.0.0.1:{held.getsockname()[1]}"
+    strategy = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(
+        {"ps": [address], "worker": ["127.0.0.1:9"]}, token=TOKEN))
+    with strategy.scope():
+        v = pstrain.Variable(3.0, name="late")
+    creating = asyncio.ensure_future(strategy.flush())
+    from .conftest import wait_for
+
+    await wait_for(lambda: "to start" in caplog.text, timeout=10, what="the wait logged")
+    assert not creating.done()
+    held.close()
+    server = ParameterServer(0, token=TOKEN, port=int(address.rsplit(":", 1)[1]))
+    await server.start()
+    try:
+        await asyncio.wait_for(creating, 10)
+        assert await v.numpy() == 3.0
+        # A ps reached once and then gone is an error at once, not another wait.
+        await server.stop()
+        with strategy.scope():
+            w = pstrain.Variable(1.0, name="after")
+        t = time.monotonic()
+        with pytest.raises(UnavailableError):
+            await strategy.flush()
+        assert time.monotonic() - t < 5
+        del w
+    finally:
+        await server.stop()
+        await strategy.channels.close()
+
+    never = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(
+        {"ps": ["127.0.0.1:9"], "worker": ["127.0.0.1:9"]}, token=TOKEN))
+    never.placement.startup_timeout_s = 0.5
+    with never.scope():
+        pstrain.Variable(1.0, name="never")
+    with pytest.raises(UnavailableError, match="did not start within 0.5 s"):
+        await never.flush()
+    await never.channels.close()

@@ -1,5 +1,6 @@
 """The coordinator of examples/slurm/train.sbatch: the cluster comes from SLURM."""
 
+import json
 import os
 
 import numpy as np
@@ -10,6 +11,7 @@ import pstrain
 async def main():
     jobs = dict((k, int(v)) for k, v in (p.split("=") for p in os.environ["PSTRAIN_SLURM_JOBS"].split(",")))
     resolver = pstrain.SlurmClusterResolver(jobs=jobs, port_base=8888)
+    print("cluster:", json.dumps(resolver.cluster_spec().as_dict()), flush=True)
     strategy = pstrain.ParameterServerStrategy(resolver)
     coordinator = pstrain.ClusterCoordinator(strategy)
     with strategy.scope():
