@@ -32,6 +32,7 @@ _EXPORTS: dict[str, str] = {
     "ReduceOp": "distribution",
     "RemoteValue": "remote_value",
     "ShardedVariable": "sharding",
+    "DynamicEmbedding": "dynamic",
     "SidecarEvaluator": "evaluator",
     "ReplicaContext": "distribution",
     "CheckpointLoadStatus": "checkpoint",
@@ -124,6 +125,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above 
         has_strategy as has_strategy,
         in_cross_replica_context as in_cross_replica_context,
     )
+    from .dynamic import DynamicEmbedding as DynamicEmbedding
     from .evaluator import (
         SidecarEvaluator as SidecarEvaluator,
     )

@@ -67,6 +67,14 @@ class _Collector:
             fam.add_metric(values, count_value=s.get("closures_run", 0) + s.get("closures_failed", 0),
                            sum_value=s["closure_seconds"])
             yield fam
+        tables = s.get("tables")
+        if tables:
+            for key, kind, help_text in _TABLE:
+                family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
+                    f"pstrain_table_{key}", help_text, labels=[*names, "table"])
+                for table, t in sorted(tables.items()):
+                    family.add_metric([*values, table], float(t[key]))
+                yield family
         up = GaugeMetricFamily("pstrain_uptime_seconds", "Seconds since the server started", labels=names)
         up.add_metric(values, s.get("uptime_s", 0.0))
         yield up
@@ -88,6 +96,12 @@ _EXTRA = {
     "closures_retried": ("counter", "Closures put back after their worker failed"),
     "worker_failures": ("counter", "Worker failures seen by the coordinator"),
 }
+
+
+_TABLE = (("rows", "gauge", "Rows a dynamic table holds on this ps"),
+          ("admitted", "counter", "Rows admitted into a dynamic table on this ps"),
+          ("evicted", "counter", "Rows evicted from a dynamic table on this ps"),
+          ("bytes", "gauge", "Bytes a dynamic table takes on this ps (rows, slots, index)"))
 
 
 def make_registry(labels: dict[str, str], stats: Callable[[], dict[str, Any]]) -> CollectorRegistry:

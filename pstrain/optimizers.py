@@ -29,6 +29,7 @@ import numpy as np
 
 from . import schedules
 from .context import must_await
+from .dynamic import DynamicEmbedding
 from .errors import InvalidArgumentError
 from .optimizer_rules import slot_specs
 from .schedules import LearningRateSchedule
@@ -83,9 +84,22 @@ class Optimizer:
     async def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]]) -> int:
         """Apply one step; returns the new ``iterations``. One request per ps, concurrently."""
         groups: dict[Channel, list[list[Any]]] = {}
+        tables: dict[Channel, list[list[Any]]] = {}
         touched: list[Variable] = []
+        dynamic: list[tuple[DynamicEmbedding, int]] = []
         for grad, var in grads_and_vars:
             if grad is None:
+                continue
+            if isinstance(var, DynamicEmbedding):
+                if not isinstance(grad, IndexedSlices):
+                    raise InvalidArgumentError(
+                        f"the gradient of dynamic table {var.name!r} must be an IndexedSlices "
+                        "(values, indices=ids)")
+                for ps, ids, values in var.gradient_groups(grad.indices, grad.values):
+                    channel = var.channel(ps)
+                    tables.setdefault(channel, []).append([var.key, ids, values])
+                    groups.setdefault(channel, [])
+                    dynamic.append((var, ps))
                 continue
             for part, rows, values in _split(grad, var):
                 if part.ps_index is None:
@@ -95,6 +109,7 @@ class Optimizer:
                 groups.setdefault(part.channel(), []).append([part.key, rows, values])
         it_var = self.iterations
         await ensure_created([it_var, *touched])
+        await asyncio.gather(*(table.shard_ready(ps) for table, ps in dynamic))
         rule = self._rule()
         it_channel = it_var.channel()
         t: int | None = None
@@ -107,7 +122,8 @@ class Optimizer:
             count_here = channel is it_channel and t is None
             reply = await channel.call("opt/apply", {
                 "rule": rule, "prefix": self.name, "grads": grads, "unique_rows": True,
-                "iterations": it_var.key if count_here else None, "t": t})
+                "iterations": it_var.key if count_here else None, "t": t,
+                **({"tables": tables[channel]} if channel in tables else {})})
             return reply["t"] if count_here else -1
 
         calls = [send(ch, grads) for ch, grads in groups.items()]

@@ -158,11 +158,68 @@ class ApplyRequest(Record):
     rule: OptimizerRule
     prefix: Name
     grads: Annotated[list[tuple[Name, Array | None, Array]], msgspec.Meta(max_length=1 << 16)]
+    #: ``[table, ids, values]``: sparse gradients of dynamic tables (ids unique).
+    tables: Annotated[list[tuple[Name, Array, Array]], msgspec.Meta(max_length=1 << 12)] | None = None
     unique_rows: bool = False
     iterations: Name | None = None
     t: Step | None = None
     fence: Fence | None = None
     once: Once | None = None
+
+
+# -- dynamic embedding tables --------------------------------------------------------------------
+class TableSpec(Record):
+    """A dynamic table's fixed configuration (see ``pstrain.server.dynamic_table``)."""
+
+    dim: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)]
+    dtype: DType = "float32"
+    seed: Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)] = 0
+    init_low: float = -0.05
+    init_high: float = 0.05
+    default_value: float = 0.0
+    capacity: Annotated[int, msgspec.Meta(ge=1, le=1 << 40)] | None = None
+    evict: Literal["lru", "lfu"] = "lru"
+    max_age: Annotated[int, msgspec.Meta(ge=1, le=1 << 62)] | None = None
+    admit_after: Annotated[int, msgspec.Meta(ge=1, le=1 << 30)] | None = None
+    admit_probability: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
+    max_candidates: Annotated[int, msgspec.Meta(ge=1, le=1 << 30)] = 1 << 20
+
+
+class TableCreateRequest(Record):
+    name: Name
+    config: TableSpec
+    owner: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] | None = None
+
+
+class TableLookupRequest(Record):
+    name: Name
+    ids: Array
+    train: bool = True
+
+
+class TableRequest(Record):
+    """``dyn/stats`` and ``dyn/export``: one table by name."""
+
+    name: Name
+
+
+class TableSaveRequest(Record):
+    name: Name
+    path: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+
+
+class TableRestoreRequest(Record):
+    """Rows of the ids this ps holds (``shard_of(id, num_shards) == shard``), gathered
+    from every listed file of a saved table."""
+
+    name: Name
+    config: TableSpec
+    paths: Annotated[list[Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]],
+                     msgspec.Meta(min_length=1, max_length=1 << 12)]
+    shard: Annotated[int, msgspec.Meta(ge=0)]
+    num_shards: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)]
+    owner: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] | None = None
+    slot_init: dict[Name, float] = {}
 
 
 class SaveRequest(Record):
@@ -265,6 +322,12 @@ REQUESTS: dict[str, type[Record]] = {
     "vars/update": UpdateRequest,
     "vars/sparse_read": SparseReadRequest,
     "opt/apply": ApplyRequest,
+    "dyn/create": TableCreateRequest,
+    "dyn/lookup": TableLookupRequest,
+    "dyn/stats": TableRequest,
+    "dyn/export": TableRequest,
+    "dyn/save": TableSaveRequest,
+    "dyn/restore": TableRestoreRequest,
     "ckpt/save": SaveRequest,
     "ckpt/restore": RestoreRequest,
     "ckpt/commit": StageRequest,
@@ -392,6 +455,10 @@ REPLIES: dict[str, type[Reply]] = {
     "vars/update": CountReply,
     "vars/sparse_read": ValuesReply,
     "opt/apply": StepReply,
+    "dyn/create": CountReply,
+    "dyn/lookup": ValuesReply,
+    "dyn/save": SaveReply,
+    "dyn/restore": CountReply,
     "ckpt/save": SaveReply,
     "ckpt/restore": CountReply,
     "ckpt/commit": CountReply,

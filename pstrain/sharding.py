@@ -225,6 +225,9 @@ async def embedding_lookup(params: Any, ids: Any) -> np.ndarray:
     >>> asyncio.run(embedding_lookup(table, [[2, 0]])).tolist()
     [[[4.0, 5.0], [0.0, 1.0]]]
     """
+    if getattr(params, "dynamic_table", False):  # a DynamicEmbedding: rows by raw id
+        rows: np.ndarray = await params.lookup(ids)
+        return rows
     parts, offsets, name = _as_parts(params)
     ids = np.asarray(ids)
     if ids.dtype.kind not in "iu":

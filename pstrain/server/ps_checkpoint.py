@@ -29,6 +29,7 @@ import numpy as np
 
 from ..checkpoint_files import read_rows, write_atomically
 from ..errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from ..idhash import shard_of
 from ..schemas import RestoreRequest, RestoreSpec, SaveRequest
 from .store import VariableStore
 
@@ -78,6 +79,73 @@ class CheckpointFiles:
             for release in releases:
                 release()
         return {"path": req.path, "bytes": size}
+
+    async def save_arrays(self, path: str, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+        """Write ``arrays`` (already this ps's own copies) to a new file under the root."""
+        real = self.confine(path, "checkpoint file")
+        if os.path.lexists(real):
+            raise AlreadyExistsError(f"checkpoint file {path} already exists; a checkpoint "
+                                     "is never written over")
+        if not os.path.isdir(os.path.dirname(real)):
+            raise NotFoundError(f"checkpoint directory {os.path.dirname(path)} does not exist on "
+                                f"{self.store.task}")
+        size = await asyncio.get_running_loop().run_in_executor(None, _write_new, real, arrays)
+        return {"path": path, "bytes": size}
+
+    async def read_table_rows(self, paths: list[str], shard: int, num_shards: int, dim: int,
+                              dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray],
+                                                        dict[str, float]]:
+        """The ids, rows and slots of a saved dynamic table that shard ``shard`` of
+        ``num_shards`` holds, gathered from every file of the save (the table may have been
+        saved from another number of ps)."""
+        real = [self.confine(p, "dyn/restore: file") for p in paths]
+
+        def read() -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], dict[str, float]]:
+            from safetensors import SafetensorError, safe_open
+
+            ids_parts, row_parts = [], []
+            slot_parts: dict[str, list[np.ndarray]] = {}
+            slot_init: dict[str, float] = {}
+            for path in real:
+                try:
+                    with safe_open(path, "np") as f:
+                        keys = set(f.keys())
+                        if not {"ids", "rows"} <= keys:
+                            raise InvalidArgumentError(f"dyn/restore: {path} is not a saved "
+                                                       "dynamic table (no ids and rows)")
+                        ids = f.get_tensor("ids")
+                        if ids.dtype != np.int64 or ids.ndim != 1:
+                            raise InvalidArgumentError(f"dyn/restore: ids in {path} are not 1-D int64")
+                        mine = shard_of(ids, num_shards) == shard
+                        rows = f.get_tensor("rows")
+                        if rows.shape != (ids.size, dim):
+                            raise InvalidArgumentError(f"dyn/restore: rows in {path} are "
+                                                       f"{rows.shape}, expected ({ids.size}, {dim})")
+                        ids_parts.append(ids[mine])
+                        row_parts.append(rows[mine].astype(dtype, copy=False))
+                        for key in sorted(keys):
+                            if key.startswith("slot:"):
+                                arr = f.get_tensor(key)
+                                if arr.shape != rows.shape:
+                                    raise InvalidArgumentError(f"dyn/restore: {key} in {path} is "
+                                                               f"{arr.shape}, its rows {rows.shape}")
+                                slot_parts.setdefault(key[5:], []).append(arr[mine].astype(dtype, copy=False))
+                            elif key.startswith("init:"):
+                                slot_init[key[5:]] = float(f.get_tensor(key))
+                except (OSError, SafetensorError) as exc:
+                    raise InvalidArgumentError(f"dyn/restore: cannot read {path}: {exc}") from exc
+            ids = np.concatenate(ids_parts) if ids_parts else np.empty(0, np.int64)
+            if np.unique(ids).size != ids.size:
+                raise InvalidArgumentError("dyn/restore: an id appears in two saved shards")
+            rows = np.concatenate(row_parts) if row_parts else np.empty((0, dim), dtype)
+            slots = {k: np.concatenate(v) for k, v in slot_parts.items()}
+            if any(v.shape != rows.shape for v in slots.values()):
+                raise InvalidArgumentError("dyn/restore: a slot is missing from some saved shard")
+            if set(slots) - set(slot_init):
+                raise InvalidArgumentError("dyn/restore: a slot's initial value was not saved")
+            return ids, rows, slots, slot_init
+
+        return await asyncio.get_running_loop().run_in_executor(None, read)
 
     # -- restore -----------------------------------------------------------------------------------
     def _check_sources(self, spec: RestoreSpec) -> tuple[tuple[int, ...], np.dtype, list[list[Any]]]:

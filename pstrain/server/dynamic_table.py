@@ -1,0 +1,303 @@
+"""One shard of a dynamic embedding table, as a ps holds it: rows keyed by raw int64 ids.
+
+A row exists for an id once the id is *admitted*: at its first training
+lookup, or under a policy after ``admit_after`` sightings, or with
+probability ``admit_probability`` at each sighting (decided by a hash of the
+id and its sighting count, so a retried lookup decides the same). Until then a
+lookup returns ``default_value``. A new row starts at the id's deterministic
+initial value (:func:`~pstrain.idhash.initial_rows`); its optimizer slots start
+at their initial values and live in arrays parallel to the rows, so they are
+created, evicted and restored with them.
+
+Eviction: with a ``capacity``, admitting past it first evicts the least
+recently used rows (``evict="lru"``, by the clock of the last training lookup)
+or the least frequently used ones (``"lfu"``), never rows of the lookup being
+served; with ``max_age``, rows not looked up in training for that many of
+this shard's training lookups are evicted. An evicted id that comes back
+starts again from its initial value.
+
+Memory: rows, slots and the per-row bookkeeping grow in blocks as rows are
+admitted (never past ``capacity``), and the sightings of ids not yet admitted
+are remembered for at most ``max_candidates`` ids (the oldest half forgotten
+past that). No I/O and no awaits here: each call is atomic on the serving loop.
+
+>>> t = DynamicTable("emb", TableConfig(dim=2, admit_after=2))
+>>> t.lookup(np.array([7, 8]), train=True).tolist()   # first sighting: default rows
+[[0.0, 0.0], [0.0, 0.0]]
+>>> len(t), bool(np.any(t.lookup(np.array([7]), train=True) != 0)), len(t)
+(0, True, 1)
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgumentError
+from ..idhash import initial_rows, unit_uniform
+
+__all__ = ["DynamicTable", "TableConfig"]
+
+BLOCK_ROWS = 1 << 14  # rows are allocated this many at a time (then doubling, up to capacity)
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """What a table is: fixed when it is created (a second creation must say the same)."""
+
+    dim: int
+    dtype: str = "float32"
+    seed: int = 0
+    init_low: float = -0.05
+    init_high: float = 0.05
+    default_value: float = 0.0
+    capacity: int | None = None  # rows on this shard
+    evict: str = "lru"
+    max_age: int | None = None
+    admit_after: int | None = None
+    admit_probability: float | None = None
+    max_candidates: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dim, int) or self.dim < 1:
+            raise InvalidArgumentError(f"a dynamic table's dim must be a positive integer, got {self.dim!r}")
+        dtype = np.dtype(self.dtype)
+        if dtype.kind != "f":
+            raise InvalidArgumentError(f"a dynamic table's dtype must be a float type, got {dtype}")
+        if self.capacity is not None and self.capacity < 1:
+            raise InvalidArgumentError(f"capacity must be at least 1, got {self.capacity}")
+        if self.evict not in ("lru", "lfu"):
+            raise InvalidArgumentError(f"evict must be 'lru' or 'lfu', got {self.evict!r}")
+        if self.max_age is not None and self.max_age < 1:
+            raise InvalidArgumentError(f"max_age must be at least 1, got {self.max_age}")
+        if self.admit_after is not None and self.admit_after < 1:
+            raise InvalidArgumentError(f"admit_after must be at least 1, got {self.admit_after}")
+        if self.admit_probability is not None and not 0.0 < self.admit_probability <= 1.0:
+            raise InvalidArgumentError(f"admit_probability must be in (0, 1], got {self.admit_probability}")
+        if self.admit_after is not None and self.admit_probability is not None:
+            raise InvalidArgumentError("give admit_after or admit_probability, not both")
+        if not self.init_low <= self.init_high:
+            raise InvalidArgumentError("the initializer's low bound is above its high bound")
+        if self.max_candidates < 1:
+            raise InvalidArgumentError("max_candidates must be at least 1")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+class DynamicTable:
+    """One shard of a dynamic table; see the module docstring."""
+
+    def __init__(self, name: str, config: TableConfig, owner: str | None = None) -> None:
+        self.name = name
+        self.config = config
+        self.owner = owner
+        self.dtype = np.dtype(config.dtype)
+        self.index: dict[int, int] = {}  # id -> row
+        self.alloc = 0
+        self.rows = np.empty((0, config.dim), self.dtype)
+        self.ids = np.empty(0, np.int64)  # id of each row
+        self.live = np.empty(0, bool)
+        self.last_seen = np.empty(0, np.int64)
+        self.freq = np.empty(0, np.int64)
+        self.slots: dict[str, np.ndarray] = {}
+        self.slot_init: dict[str, float] = {}
+        self.free: list[int] = []
+        self.used = 0  # rows ever handed out (the high-water mark)
+        self.clock = 0  # training lookups served
+        self.candidates: dict[int, int] = {}  # id -> sightings, for ids not admitted
+        self.admitted = 0
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @property
+    def nbytes(self) -> int:
+        per_row = self.rows.itemsize * self.config.dim * (1 + len(self.slots)) + 8 * 3 + 1
+        return self.alloc * per_row + len(self.index) * 100 + len(self.candidates) * 100
+
+    # -- rows ------------------------------------------------------------------------------------
+    def positions(self, ids: np.ndarray) -> np.ndarray:
+        """The row of each id, -1 where it has none."""
+        get = self.index.get
+        return np.fromiter(map(get, ids.tolist(), itertools.repeat(-1)), np.int64, ids.size)
+
+    def _grow(self, need: int) -> None:
+        if need <= self.alloc:
+            return
+        cap = self.config.capacity
+        new = max(need, BLOCK_ROWS, self.alloc * 2)
+        if cap is not None:
+            new = min(new, max(cap, need))
+        n = new - self.alloc
+
+        def extend(arr: np.ndarray, fill: Any) -> np.ndarray:
+            more = np.full((n,) + arr.shape[1:], fill, arr.dtype)
+            return np.concatenate([arr, more])
+
+        self.rows = extend(self.rows, 0)
+        self.ids = extend(self.ids, 0)
+        self.live = extend(self.live, False)
+        self.last_seen = extend(self.last_seen, 0)
+        self.freq = extend(self.freq, 0)
+        for key, arr in self.slots.items():
+            self.slots[key] = extend(arr, self.slot_init[key])
+        self.alloc = new
+
+    def _take_rows(self, n: int) -> np.ndarray:
+        reuse = min(n, len(self.free))
+        taken = self.free[len(self.free) - reuse:]
+        del self.free[len(self.free) - reuse:]
+        fresh = n - reuse
+        self._grow(self.used + fresh)
+        out = np.array(taken + list(range(self.used, self.used + fresh)), np.int64)
+        self.used += fresh
+        return out
+
+    def _create(self, new_ids: np.ndarray) -> np.ndarray:
+        """Rows for ``new_ids`` (unique, absent), at their initial values."""
+        cfg = self.config
+        rows = self._take_rows(new_ids.size)
+        self.rows[rows] = initial_rows(new_ids, cfg.dim, self.dtype, cfg.seed, cfg.init_low, cfg.init_high)
+        for key, arr in self.slots.items():
+            arr[rows] = self.slot_init[key]
+        self.ids[rows] = new_ids
+        self.live[rows] = True
+        self.last_seen[rows] = self.clock
+        self.freq[rows] = 0
+        self.index.update(zip(new_ids.tolist(), rows.tolist()))
+        self.admitted += new_ids.size
+        return rows
+
+    def _evict_rows(self, rows: np.ndarray) -> None:
+        if not rows.size:
+            return
+        index = self.index
+        for i in self.ids[rows].tolist():
+            del index[i]
+        self.live[rows] = False
+        self.free.extend(rows.tolist())
+        self.evicted += rows.size
+
+    def _evict_for(self, n: int, protect: np.ndarray) -> None:
+        """Make room for ``n`` rows by evicting rows not in ``protect``."""
+        live = np.flatnonzero(self.live[:self.used])
+        if protect.size:
+            live = live[~np.isin(live, protect)]
+        n = min(n, live.size)
+        if n <= 0:
+            return
+        key = (self.last_seen if self.config.evict == "lru" else self.freq)[live]
+        victims = live[np.argpartition(key, n - 1)[:n]] if n < live.size else live
+        self._evict_rows(victims)
+
+    def _admit(self, ids: np.ndarray) -> np.ndarray:
+        """Which of ``ids`` (unique, absent) are admitted now; counts the others' sightings."""
+        cfg = self.config
+        if cfg.admit_after is None and cfg.admit_probability is None:
+            return np.ones(ids.size, bool)
+        cand = self.candidates
+        counts = np.fromiter(map(cand.get, ids.tolist(), itertools.repeat(0)), np.int64, ids.size) + 1
+        if cfg.admit_after is not None:
+            admit = counts >= cfg.admit_after
+        else:
+            assert cfg.admit_probability is not None
+            admit = unit_uniform(ids ^ counts, cfg.seed + 0x51ED) < cfg.admit_probability
+        for i in ids[admit].tolist():
+            cand.pop(i, None)
+        waiting = ~admit
+        cand.update(zip(ids[waiting].tolist(), counts[waiting].tolist()))
+        if len(cand) > cfg.max_candidates:  # forget the oldest half (dicts keep insertion order)
+            for i in list(itertools.islice(cand, len(cand) // 2)):
+                del cand[i]
+        return admit
+
+    # -- what the ps serves ----------------------------------------------------------------------
+    def lookup(self, ids: np.ndarray, train: bool) -> np.ndarray:
+        """Rows of ``ids`` (unique); a training lookup admits, creates, evicts and counts."""
+        pos = self.positions(ids)
+        if train:
+            self.clock += 1
+            self._expire()
+            missing = np.flatnonzero(pos < 0)
+            if missing.size:
+                new = missing[self._admit(ids[missing])]
+                cap = self.config.capacity
+                if cap is not None:
+                    over = len(self.index) + new.size - cap
+                    if over > 0:
+                        self._evict_for(over, pos[pos >= 0])
+                    new = new[:max(0, cap - len(self.index))]  # never past the capacity
+                if new.size:
+                    pos[new] = self._create(ids[new])
+            hit = pos[pos >= 0]
+            self.last_seen[hit] = self.clock
+            self.freq[hit] += 1
+        out = np.empty((ids.size, self.config.dim), self.dtype)
+        found = pos >= 0
+        out[found] = self.rows[pos[found]]
+        out[~found] = self.config.default_value
+        return out
+
+    def _expire(self) -> None:
+        age = self.config.max_age
+        if age is None or self.clock % max(1, age // 8):
+            return
+        used = self.used
+        old = np.flatnonzero(self.live[:used] & (self.last_seen[:used] < self.clock - age))
+        self._evict_rows(old)
+
+    def slot(self, key: str, init: float) -> np.ndarray:
+        arr = self.slots.get(key)
+        if arr is None:
+            arr = self.slots[key] = np.full(self.rows.shape, init, self.dtype)
+            self.slot_init[key] = init
+        return arr
+
+    def apply(self, rule: Callable[..., None], ids: np.ndarray, grad: np.ndarray,
+              slots: dict[str, tuple[str, float]], cfg: dict[str, Any], t: int) -> int:
+        """One optimizer step on the rows of ``ids`` (unique) that exist; returns how many.
+        Gradients of ids without a row (not admitted, or evicted since) are dropped."""
+        pos = self.positions(ids)
+        keep = pos >= 0
+        rows = pos[keep]
+        if not rows.size:
+            return 0
+        arrays = {name: self.slot(key, init) for name, (key, init) in slots.items()}
+        rule(self.rows, grad[keep].astype(self.dtype, copy=False), rows, arrays, cfg, t)
+        return int(rows.size)
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def export(self) -> dict[str, np.ndarray]:
+        """``ids``, ``rows`` and each slot (``slot:<key>``) of the live rows, in row order."""
+        live = np.flatnonzero(self.live[:self.used])
+        out = {"ids": self.ids[live], "rows": self.rows[live]}
+        for key, arr in self.slots.items():
+            out[f"slot:{key}"] = arr[live]
+        return out
+
+    def load(self, ids: np.ndarray, rows: np.ndarray, slots: dict[str, np.ndarray],
+             slot_init: dict[str, float]) -> None:
+        """Replace every row with those given (a restore)."""
+        fresh = DynamicTable(self.name, self.config, self.owner)
+        fresh.slot_init = dict(slot_init)
+        n = ids.size
+        fresh._grow(max(n, 1))
+        fresh.slots = {k: np.full(fresh.rows.shape, slot_init[k], self.dtype) for k in slots}
+        fresh.rows[:n] = rows
+        fresh.ids[:n] = ids
+        fresh.live[:n] = True
+        for k, arr in slots.items():
+            fresh.slots[k][:n] = arr
+        fresh.used = n
+        fresh.index = dict(zip(ids.tolist(), range(n)))
+        self.__dict__.update(fresh.__dict__)
+
+    def statistics(self) -> dict[str, int]:
+        return {"rows": len(self.index), "admitted": self.admitted, "evicted": self.evicted,
+                "bytes": self.nbytes, "candidates": len(self.candidates)}

@@ -1,0 +1,207 @@
+"""Dynamic embedding tables on real ps: admission, eviction, slots that follow their rows,
+deterministic rows, optimizers, closures, /metrics, and checkpoints into 1, 2 and 3 ps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pstrain
+from pstrain.errors import InvalidArgumentError
+from pstrain.idhash import initial_rows, shard_of
+from pstrain.testing import InProcessCluster
+
+from .conftest import TOKEN
+
+pytestmark = pytest.mark.timeout(60)
+
+BIG = np.array([2**63 - 1, -(2**63), 12345678901234567, -7, 0], np.int64)
+
+
+def _init(ids, dim=4, seed=0):
+    return initial_rows(np.asarray(ids, np.int64), dim, np.dtype("float32"), seed, -0.05, 0.05)
+
+
+async def test_rows_are_created_at_first_lookup_with_deterministic_values_over_the_64_bit_space():
+    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            table = pstrain.DynamicEmbedding(4, name="t")
+        rows = await pstrain.embedding_lookup(table, BIG.reshape(1, 5))
+        assert rows.shape == (1, 5, 4) and rows.dtype == np.float32
+        np.testing.assert_array_equal(rows[0], _init(BIG))  # a function of id and seed alone
+        again = await table.lookup(BIG[::-1])
+        np.testing.assert_array_equal(again, _init(BIG[::-1]))
+        assert await table.size() == 5
+        # Each ps holds the ids that hash to it.
+        held = [len(ps.tables["t"]) for ps in cluster.ps]
+        assert held == [int(np.sum(shard_of(BIG, 2) == k)) for k in range(2)]
+        ids, values = await table.export()
+        np.testing.assert_array_equal(ids, np.sort(BIG))
+        np.testing.assert_array_equal(values, _init(np.sort(BIG)))
+        # Evaluation lookups change nothing, and unseen ids give the default row.
+        unseen = await table.lookup([99, 100], training=False)
+        assert not unseen.any() and await table.size() == 5
+
+
+async def test_admission_after_n_sightings_and_with_probability():
+    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            after3 = pstrain.DynamicEmbedding(4, name="after3", admit_after=3, default_value=-1.0)
+            half = pstrain.DynamicEmbedding(4, name="half", admit_probability=0.5)
+        ids = np.arange(1000, 1010)
+        for sighting in (1, 2):
+            rows = await after3.lookup(ids)
+            assert (rows == -1.0).all(), f"admitted after {sighting} sightings"
+            assert await after3.size() == 0
+        np.testing.assert_array_equal(await after3.lookup(ids), _init(ids))
+        assert await after3.size() == 10
+        # A gradient for an id not yet admitted is dropped, not an error.
+        with strategy.scope():
+            opt = pstrain.optimizers.SGD(1.0)
+        await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((1, 4)), [5]), after3)])
+        assert await after3.size() == 10
+        many = np.arange(4000, dtype=np.int64)
+        await half.lookup(many)
+        admitted = await half.size()
+        assert 1700 < admitted < 2300  # about half at the first sighting
+        await half.lookup(many)
+        assert 2700 < await half.size() < 3300  # about half of the rest at the second
+
+
+async def test_capacity_is_never_exceeded_lru_evicts_and_evicted_rows_restart_from_their_initial_value():
+    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            table = pstrain.DynamicEmbedding(4, name="lru", capacity=100)
+            opt = pstrain.optimizers.Adagrad(0.5)
+        hot = np.arange(10, dtype=np.int64)
+        for step in range(30):
+            batch = np.concatenate([hot, 1000 + step * 20 + np.arange(20)])
+            await table.lookup(batch)
+            await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((batch.size, 4)), batch), table)])
+            for ps in cluster.ps:
+                assert len(ps.tables["lru"]) <= 50  # each of 2 ps holds at most 100 / 2
+        stats = await table.statistics()
+        assert stats["rows"] <= 100 and stats["evicted"] > 0
+        assert stats["admitted"] - stats["evicted"] == stats["rows"]
+        ids, rows = await table.export()
+        assert set(hot.tolist()) <= set(ids.tolist())  # used every step: never the least recent
+        assert 1000 not in set(ids.tolist())  # the first cold batch went long ago
+        # The evicted id comes back at its initial value, and its Adagrad slot is fresh.
+        np.testing.assert_array_equal(await table.lookup([1000]), _init([1000]))
+        before = await table.lookup([1000])
+        await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((1, 4)), [1000]), table)])
+        after = await table.lookup([1000])
+        expected = before - 0.5 * 1.0 / np.sqrt(0.1 + 1.0 + 1e-7)  # accumulator 0.1 + g*g
+        np.testing.assert_allclose(after, expected, rtol=1e-5)
+        assert cluster.ps[0].statistics(None)["tables"]["lru"]["rows"] <= 50
+
+
+async def test_lfu_and_age_eviction():
+    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            lfu = pstrain.DynamicEmbedding(2, name="lfu", capacity=3, eviction="lfu")
+            aged = pstrain.DynamicEmbedding(2, name="aged", max_age=8)
+        for _ in range(5):
+            await lfu.lookup([1, 2])  # frequent
+        await lfu.lookup([3])
+        await lfu.lookup([4])  # full: the least frequently used (3) goes
+        ids, _ = await lfu.export()
+        assert ids.tolist() == [1, 2, 4]
+        await aged.lookup([7, 8])
+        for _ in range(20):
+            await aged.lookup([8])
+        ids, _ = await aged.export()
+        assert ids.tolist() == [8]  # 7 was not seen for more than 8 lookups
+
+
+async def test_slots_follow_rows_under_every_sparse_optimizer_and_match_a_fixed_table():
+    ids = np.array([3, 2**40, -5, 17], np.int64)
+    grad = np.arange(16, dtype=np.float32).reshape(4, 4) / 10
+    for make in (lambda: pstrain.optimizers.SGD(0.1, momentum=0.9),
+                 lambda: pstrain.optimizers.Adagrad(0.1),
+                 lambda: pstrain.optimizers.Adam(0.01),
+                 lambda: pstrain.optimizers.Ftrl(0.1)):
+        async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN) as cluster:
+            strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+            with strategy.scope():
+                table = pstrain.DynamicEmbedding(4, name="d")
+                fixed = pstrain.Variable(_init(ids), name="fixed")
+                opt_d, opt_f = make(), make()
+            await table.lookup(ids)
+            for _ in range(3):
+                await opt_d.apply_gradients([(pstrain.IndexedSlices(grad, ids), table)])
+                await opt_f.apply_gradients([(pstrain.IndexedSlices(grad, np.arange(4)), fixed)])
+            np.testing.assert_allclose(await table.lookup(ids), await fixed.numpy(), rtol=1e-6,
+                                       err_msg=type(opt_d).__name__)
+
+
+async def test_a_closure_retried_sees_the_same_rows_and_tables_reach_workers(tmp_path):
+    async with InProcessCluster(num_ps=2, num_workers=2, token=TOKEN) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        with strategy.scope():
+            table = pstrain.DynamicEmbedding(8, name="w")
+            opt = pstrain.optimizers.SGD(0.5)
+
+        async def step(ids):
+            rows = await pstrain.embedding_lookup(table, ids)
+            await opt.apply_gradients([(pstrain.IndexedSlices(np.ones_like(rows), ids), table)])
+            return rows
+
+        rvs = [coordinator.schedule(step, args=(np.array([i, i + 1], np.int64),)) for i in range(10)]
+        await coordinator.join()
+        first = await rvs[0]
+        np.testing.assert_array_equal(first, _init([0, 1], dim=8))
+        assert await table.size() == 11
+        # 0 was updated once, 1..9 twice, 10 once.
+        rows = await table.lookup(np.arange(11), training=False)
+        np.testing.assert_allclose(rows[0], _init([0], 8)[0] - 0.5, rtol=1e-6)
+        np.testing.assert_allclose(rows[5], _init([5], 8)[0] - 1.0, rtol=1e-6)
+        await coordinator.close()
+
+
+async def test_bad_configurations_and_ids_are_refused_with_clear_errors():
+    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as cluster:
+        with pytest.raises(InvalidArgumentError, match="strategy.scope"):
+            pstrain.DynamicEmbedding(4)
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            with pytest.raises(InvalidArgumentError, match="admit_after or admit_probability"):
+                pstrain.DynamicEmbedding(4, admit_after=2, admit_probability=0.5)
+            with pytest.raises(InvalidArgumentError, match="evict"):
+                pstrain.DynamicEmbedding(4, eviction="fifo")
+            with pytest.raises(InvalidArgumentError, match="initializer"):
+                pstrain.DynamicEmbedding(4, initializer=pstrain.initializers.GlorotUniform())
+            with pytest.raises(InvalidArgumentError, match="dim"):
+                pstrain.DynamicEmbedding(0)
+            table = pstrain.DynamicEmbedding(4, name="ok")
+            opt = pstrain.optimizers.SGD(0.1)
+        with pytest.raises(InvalidArgumentError, match="integers"):
+            await table.lookup([1.5])
+        with pytest.raises(InvalidArgumentError, match="IndexedSlices"):
+            await opt.apply_gradients([(np.ones((2, 4)), table)])
+        with pytest.raises(InvalidArgumentError):
+            await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((2, 3)), [1, 2]), table)])
+        assert await table.size() == 0  # nothing changed
+
+
+async def test_metrics_show_rows_admitted_evicted_and_bytes_per_table():
+    import aiohttp
+
+    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            table = pstrain.DynamicEmbedding(4, name="m", capacity=5)
+        await table.lookup(np.arange(8))
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://{cluster.ps[0].address}/metrics",
+                                   headers={"Authorization": f"Bearer {TOKEN}"}) as resp:
+                text = await resp.text()
+        assert 'pstrain_table_rows{index="0",role="ps",table="m"} 5.0' in text, text
+        assert 'pstrain_table_admitted_total{index="0",role="ps",table="m"} 5.0' in text
+        assert 'pstrain_table_evicted_total{index="0",role="ps",table="m"} 0.0' in text
+        assert 'pstrain_table_bytes{index="0",role="ps",table="m"}' in text
