@@ -27,7 +27,15 @@ nothing across the ps, and returns a :class:`CheckpointLoadStatus`
 restored Module (or to the checkpoint) at a saved path, and the slots an
 optimizer creates on its first ``apply_gradients``, take their saved values.
 ``load_variables(path)`` reads a checkpoint into numpy arrays, by path,
-without any cluster. The file format is ``checkpoint_files.py``.
+without any cluster.
+
+A :class:`~pstrain.DynamicEmbedding` is saved by each ps as its own file
+(``<path>.ps<K>.table-<tag>.safetensors``: ``ids``, ``rows`` and each
+optimizer slot, with the slots' initial values), as of the moment that ps
+copies it; restore re-routes every id to the ps that holds it now, so a table
+restores into any number of ps. Tables are restored after the variables, each
+ps's shard replaced whole (not staged with the variables); ``load_variables``
+gives ``<path>/ids``, ``<path>/rows`` and ``<path>/slot:<optimizer>/<slot>``. The file format is ``checkpoint_files.py``.
 
 Checkpoints written before object-graph keys (format 1, keyed by variable
 name) are refused by ``restore`` with a message saying so; ``load_variables``
@@ -45,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import glob
+import hashlib
 import logging
 import os
 import re
@@ -59,6 +68,7 @@ from .checkpoint_files import (
     write_tensors,
 )
 from .context import current_channels
+from .dynamic import DynamicEmbedding
 from .errors import InvalidArgumentError
 from .object_graph import Entry, Graph, slot_key, walk
 from .placement import Placement
@@ -164,11 +174,23 @@ class Checkpoint:
         async def save_ps(channel: Channel, ps: int, tensors: dict[str, str]) -> None:
             await channel.call("ckpt/save", {"path": f"{prefix}.ps{ps}.safetensors", "tensors": tensors})
 
-        await asyncio.gather(*(save_ps(ch, ps, t) for ch, (ps, t) in by_ps.items()))
+        index_tables: dict[str, Any] = {}
+
+        async def save_table(path: str, table: DynamicEmbedding) -> None:
+            tag = hashlib.blake2b(path.encode(), digest_size=6).hexdigest()
+            files = [f"{base}.ps{ps}.table-{tag}.safetensors" for ps in range(table.num_ps)]
+            slots = _table_slots(graph)  # by optimizer path, as the variables' slots
+            sizes = await asyncio.gather(*(table.save_shard(ps, os.path.join(os.path.dirname(prefix), f),
+                                                            slots) for ps, f in enumerate(files)))
+            index_tables[path] = {"name": table.name, "dim": table.dim, "dtype": table.dtype.name,
+                                  "config": table.config, "files": files, "rows": sum(sizes)}
+
+        await asyncio.gather(*(save_ps(ch, ps, t) for ch, (ps, t) in by_ps.items()),
+                             *(save_table(p, t) for p, t in graph.tables.items()))
         if local:
             await asyncio.get_running_loop().run_in_executor(
                 None, write_tensors, f"{prefix}.local.safetensors", local)
-        write_index(prefix, index_vars, self.save_counter)
+        write_index(prefix, index_vars, self.save_counter, index_tables)
         logger.info("saved checkpoint %s (%d values)", prefix, len(index_vars))
         return prefix
 
@@ -192,7 +214,11 @@ class Checkpoint:
                 "assign them, then save again to get a format 2 checkpoint.")
         graph = walk(self._objects)
         status = CheckpointLoadStatus(self, reader, graph)
+        tables = _check_tables(graph.tables, reader, save_path)  # before anything changes
         await status.restore_now(targets(graph, reader.variables, graph.entries, {}))
+        for path, table in tables:
+            files = [os.path.join(reader.base, f) for f in reader.tables[path]["files"]]
+            await table.restore_from(files, {v: k for k, v in _table_slots(graph).items()})
         status.watch(graph.modules)
         old = self._status
         if old is not None:
@@ -209,6 +235,31 @@ class Checkpoint:
     async def read(self, save_path: str) -> CheckpointLoadStatus:
         """Restore from a checkpoint written by :meth:`write` (same as :meth:`restore`)."""
         return await self.restore(save_path)
+
+
+def _table_slots(graph: Graph) -> dict[str, str]:
+    """Each tracked optimizer's table slot key on the ps (``<name>/<slot>``) -> its key in a
+    checkpoint (``<optimizer path>/<slot>``): stable across programs, as the variables'."""
+    return {f"{opt.name}/{slot}": f"{path}/{slot}" for path, opt in graph.optimizers.items()
+            for slot in opt.slot_names()}
+
+
+def _check_tables(tables: dict[str, DynamicEmbedding], reader: CheckpointReader,
+                  save_path: str) -> list[tuple[str, DynamicEmbedding]]:
+    """The tracked dynamic tables the checkpoint has, each checked against what was saved."""
+    out = []
+    for path, table in tables.items():
+        saved = reader.tables.get(path)
+        if saved is None:
+            logger.warning("checkpoint %s has no dynamic table at %s; it keeps its rows",
+                           save_path, path)
+            continue
+        if saved["dim"] != table.dim or np.dtype(saved["dtype"]) != table.dtype:
+            raise InvalidArgumentError(
+                f"checkpoint {save_path}: the dynamic table at {path!r} was saved {saved['dim']} "
+                f"wide of {saved['dtype']}; this one is {table.dim} wide of {table.dtype.name}")
+        out.append((path, table))
+    return out
 
 
 def _channel_pool(part: Variable) -> ChannelPool:
@@ -231,6 +282,9 @@ def load_variables(path: str) -> dict[str, np.ndarray]:
         array = reader.read(name)
         assert array is not None  # every name comes from the index
         out[name] = array
+    for name in reader.tables:  # a dynamic table: <path>/ids, <path>/rows, <path>/slot:<key>
+        for key, array in reader.read_table(name).items():
+            out[f"{name}/{key}"] = array
     return out
 
 

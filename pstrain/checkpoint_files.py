@@ -60,11 +60,23 @@ class _Variable(msgspec.Struct, forbid_unknown_fields=True):
     name: Annotated[str, msgspec.Meta(max_length=1024)] = ""
 
 
+class _Table(msgspec.Struct, forbid_unknown_fields=True):
+    """A dynamic table: its configuration and one file per ps shard (ids, rows, slots)."""
+
+    name: Annotated[str, msgspec.Meta(max_length=1024)]
+    dim: Annotated[int, msgspec.Meta(ge=1)]
+    dtype: str
+    config: dict[str, Any]
+    files: list[Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]]
+    rows: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
 class _Index(msgspec.Struct, forbid_unknown_fields=True):
     format: str
     version: int
     variables: dict[str, _Variable]
     save_counter: Annotated[int, msgspec.Meta(ge=0)] = 0
+    tables: dict[str, _Table] = {}
 
 
 def _check_index(path: str, raw: Any) -> dict[str, Any]:
@@ -96,6 +108,15 @@ def _check_index(path: str, raw: Any) -> dict[str, Any]:
         if pos != rows:
             raise InvalidArgumentError(f"checkpoint index {path}: the parts of {name!r} cover "
                                        f"{pos} of its {rows} rows")
+    for name, table in index.tables.items():
+        if any(os.path.basename(f) != f or f in (".", "..") for f in table.files):
+            raise InvalidArgumentError(f"checkpoint index {path}: table {name!r} names a bad file")
+        try:
+            if np.dtype(table.dtype).kind != "f":
+                raise TypeError
+        except TypeError:
+            raise InvalidArgumentError(f"checkpoint index {path}: table {name!r} has dtype "
+                                       f"{table.dtype!r}") from None
     return msgspec.to_builtins(index)
 
 
@@ -125,14 +146,16 @@ def read_index(path: str) -> dict[str, Any]:
     return _check_index(index_path(path), index)
 
 
-def write_index(prefix: str, variables: dict[str, Any], save_counter: int = 0) -> None:
+def write_index(prefix: str, variables: dict[str, Any], save_counter: int = 0,
+                tables: dict[str, Any] | None = None) -> None:
     """Write the index of checkpoint ``prefix`` atomically (temp file, fsync, rename)."""
     path = index_path(prefix)
 
     def write(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump({"format": FORMAT, "version": VERSION, "save_counter": save_counter,
-                       "variables": variables}, f, indent=1)
+                       "variables": variables, **({"tables": tables} if tables else {})}, f,
+                      indent=1)
 
     write_atomically(path, write)
     dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
@@ -178,6 +201,27 @@ class CheckpointReader:
         """The index's entry of each variable, by path (by name in format 1)."""
         variables: dict[str, Any] = self.index["variables"]
         return variables
+
+    @property
+    def tables(self) -> dict[str, Any]:
+        """The index's entry of each dynamic table, by path."""
+        tables: dict[str, Any] = self.index.get("tables", {})
+        return tables
+
+    def read_table(self, path: str) -> dict[str, np.ndarray]:
+        """A saved dynamic table whole: ``ids`` (ascending), ``rows`` and ``slot:<key>`` arrays."""
+        from safetensors import safe_open
+
+        meta = self.tables[path]
+        parts: dict[str, list[np.ndarray]] = {}
+        for file in meta["files"]:
+            with safe_open(os.path.join(self.base, file), "np") as f:
+                for key in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                    if not key.startswith("init:"):
+                        parts.setdefault(key, []).append(f.get_tensor(key))
+        out = {k: np.concatenate(v) for k, v in parts.items()}
+        order = np.argsort(out["ids"], kind="stable")
+        return {k: v[order] for k, v in out.items()}
 
     def read(self, name: str) -> np.ndarray | None:
         """Variable ``name`` as a full array (None if the checkpoint does not have it)."""

@@ -207,6 +207,36 @@ class DynamicEmbedding:
         table.created_on = set()
         return table
 
+    async def save_shard(self, ps: int, path: str, slots: dict[str, str] | None = None) -> int:
+        """Have ps ``ps`` write its shard (ids, rows, slots) to ``path``; returns its rows.
+        ``slots``: which slots (``<optimizer name>/<slot>``) to save, under which keys."""
+        await self._call(ps, "dyn/save", {"name": self.key, "path": path,
+                                          **({"slots": slots} if slots is not None else {})})
+        return int((await self._call(ps, "dyn/stats", {"name": self.key}))["rows"])
+
+    async def restore_from(self, files: list[str], slots: dict[str, str] | None = None) -> int:
+        """Replace every shard with the rows saved in ``files`` (all shards of one save, from
+        any number of ps): each ps keeps the ids that hash to it now. ``slots``: saved slot
+        key -> this table's slot key (``<optimizer name>/<slot>``). Returns rows restored."""
+        config = {k: v for k, v in self.config.items() if v is not None}
+        replies = await asyncio.gather(*(self.channel(ps).call("dyn/restore", {
+            "name": self.key, "config": config, "owner": self.owner, "paths": files,
+            "shard": ps, "num_shards": self.num_ps,
+            **({"slots": slots} if slots is not None else {})}) for ps in range(self.num_ps)))
+        loop = id(asyncio.get_running_loop())
+        self.created_on.update((loop, ps) for ps in range(self.num_ps))
+        return sum(int(r["restored"]) for r in replies)
+
+    async def export_to(self, path: str) -> int:
+        """Write every id and its row to a safetensors file (``ids`` int64, ``rows``) for
+        serving; returns the number of rows."""
+        from .checkpoint_files import write_tensors
+
+        ids, rows = await self.export()
+        await asyncio.get_running_loop().run_in_executor(
+            None, write_tensors, path, {"ids": ids, "rows": rows})
+        return int(ids.size)
+
     def __reduce__(self) -> Any:
         return (_remote_table, (self.name, self.key, self.dim, self.dtype.str, self.num_ps,
                                 self.capacity, self.owner, self.config))

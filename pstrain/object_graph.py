@@ -11,6 +11,8 @@ restores the same state however many other variables exist.
 * an optimizer contributes ``<optimizer path>/iterations`` and, for every
   tracked variable, its slots under TF's key
   ``<variable path>/.OPTIMIZER_SLOT/<optimizer path>/<slot>``;
+* a :class:`~pstrain.DynamicEmbedding` is one table entry (ids, rows and the
+  slots of every optimizer, one file per ps);
 * Modules, metrics and plain objects are walked through their attributes,
   dicts through their keys, lists and tuples through their indices;
   breadth first, so a variable reachable twice is keyed by its shortest path.
@@ -36,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from .dynamic import DynamicEmbedding
 from .module import Module
 from .optimizers import Optimizer
 from .sharding import ShardedVariable
@@ -97,6 +100,7 @@ class Graph:
 
     entries: dict[str, Entry] = field(default_factory=dict)
     optimizers: dict[str, Optimizer] = field(default_factory=dict)
+    tables: dict[str, DynamicEmbedding] = field(default_factory=dict)
     modules: list[tuple[Module, str]] = field(default_factory=list)
 
     def merge(self, other: Graph) -> None:
@@ -104,6 +108,8 @@ class Graph:
             self.entries.setdefault(path, entry)
         for path, opt in other.optimizers.items():
             self.optimizers.setdefault(path, opt)
+        for path, table in other.tables.items():
+            self.tables.setdefault(path, table)
         self.modules.extend(other.modules)
 
 
@@ -131,6 +137,8 @@ def walk(roots: dict[str, Any], prefix: str = "", seen: set[int] | None = None) 
         seen.add(id(obj))
         if isinstance(obj, (Variable, ShardedVariable)):
             graph.entries[path] = Entry.of(path, obj)
+        elif isinstance(obj, DynamicEmbedding):
+            graph.tables[path] = obj
         elif isinstance(obj, Optimizer):
             graph.optimizers[path] = obj
             todo.append((join(path, "iterations"), obj.iterations))

@@ -206,6 +206,9 @@ class TableRequest(Record):
 class TableSaveRequest(Record):
     name: Name
     path: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+    #: slot key on the ps (``<optimizer name>/<slot>``) -> its key in the file; others are
+    #: not saved. None: every slot, under its own key.
+    slots: dict[Name, Name] | None = None
 
 
 class TableRestoreRequest(Record):
@@ -219,7 +222,8 @@ class TableRestoreRequest(Record):
     shard: Annotated[int, msgspec.Meta(ge=0)]
     num_shards: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)]
     owner: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] | None = None
-    slot_init: dict[Name, float] = {}
+    #: slot key in the file -> slot key on the ps; others are dropped. None: as saved.
+    slots: dict[Name, Name] | None = None
 
 
 class SaveRequest(Record):

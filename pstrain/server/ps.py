@@ -500,8 +500,14 @@ class ParameterServer(ServerBase):
     async def save_table(self, req: TableSaveRequest) -> dict[str, Any]:
         table = self._table(req.name)
         exported = table.export()  # the rows as of now (a copy: training goes on)
+        rename = req.slots if req.slots is not None else {k: k for k in table.slot_init}
+        for key in [k for k in exported if k.startswith("slot:")]:
+            arr = exported.pop(key)
+            if key[5:] in rename:
+                exported[f"slot:{rename[key[5:]]}"] = arr
         for key, init in table.slot_init.items():
-            exported[f"init:{key}"] = np.array(init, np.float64)
+            if key in rename:
+                exported[f"init:{rename[key]}"] = np.array([init], np.float64)
         return await self.checkpoints.save_arrays(req.path, exported)
 
     async def restore_table(self, req: TableRestoreRequest) -> dict[str, Any]:
@@ -511,12 +517,15 @@ class ParameterServer(ServerBase):
         parts = await self.checkpoints.read_table_rows(req.paths, req.shard, req.num_shards,
                                                        config.dim, np.dtype(config.dtype))
         ids, rows, slots, slot_init = parts
+        if req.slots is not None:
+            slots = {req.slots[k]: v for k, v in slots.items() if k in req.slots}
+            slot_init = {req.slots[k]: v for k, v in slot_init.items() if k in req.slots}
         if config.capacity is not None and ids.size > config.capacity:
             raise InvalidArgumentError(
                 f"dyn/restore of {req.name!r}: {ids.size} rows for this shard, more than its "
                 f"capacity of {config.capacity}")
         table = DynamicTable(req.name, config, req.owner)
-        table.load(ids, rows, slots, {**slot_init, **req.slot_init})
+        table.load(ids, rows, slots, slot_init)
         self.tables[req.name] = table
         return {"restored": int(ids.size)}
 

@@ -131,7 +131,7 @@ class CheckpointFiles:
                                                                f"{arr.shape}, its rows {rows.shape}")
                                 slot_parts.setdefault(key[5:], []).append(arr[mine].astype(dtype, copy=False))
                             elif key.startswith("init:"):
-                                slot_init[key[5:]] = float(f.get_tensor(key))
+                                slot_init[key[5:]] = float(f.get_tensor(key).reshape(-1)[0])
                 except (OSError, SafetensorError) as exc:
                     raise InvalidArgumentError(f"dyn/restore: cannot read {path}: {exc}") from exc
             ids = np.concatenate(ids_parts) if ids_parts else np.empty(0, np.int64)
