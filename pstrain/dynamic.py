@@ -103,6 +103,11 @@ class DynamicEmbedding:
         #: ``(id(loop), ps)`` where this handle has sent the shard's creation.
         self.created_on: set[tuple[int, int]] = set()
 
+    @property
+    def shape(self) -> tuple[None, int]:
+        """``(None, dim)``: any number of rows, ``dim`` wide."""
+        return (None, self.dim)
+
     # -- transport -------------------------------------------------------------------------
     def channel(self, ps: int) -> Channel:
         pool = self.pool if self.pool is not None else current_channels()

@@ -54,6 +54,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("pstrain.jax needs JAX: pip install 'pstrain[jax]'") from exc
 
+from .dynamic import DynamicEmbedding
 from .errors import InvalidArgumentError
 from .sharding import ShardedVariable, embedding_lookup
 from .variables import IndexedSlices, Variable, VariableBase, read_variables
@@ -66,9 +67,11 @@ class Lookup:
 
     __slots__ = ("table", "ids")
 
-    def __init__(self, table: Variable | ShardedVariable, ids: Any) -> None:
-        if not isinstance(table, (Variable, ShardedVariable)) or len(table.shape) != 2:
-            raise InvalidArgumentError("lookup() needs a 2-D pstrain variable (an embedding table)")
+    def __init__(self, table: Variable | ShardedVariable | DynamicEmbedding, ids: Any) -> None:
+        if not (isinstance(table, DynamicEmbedding) or
+                (isinstance(table, (Variable, ShardedVariable)) and len(table.shape) == 2)):
+            raise InvalidArgumentError("lookup() needs a 2-D pstrain variable or a "
+                                       "DynamicEmbedding (an embedding table)")
         ids = np.asarray(ids)
         if ids.dtype.kind not in "iu":
             raise InvalidArgumentError(f"lookup ids must be integers, got {ids.dtype}")
@@ -79,7 +82,7 @@ class Lookup:
         return f"lookup({self.table.name!r}, ids of shape {self.ids.shape})"
 
 
-def lookup(table: Variable | ShardedVariable, ids: Any) -> Lookup:
+def lookup(table: Variable | ShardedVariable | DynamicEmbedding, ids: Any) -> Lookup:
     """A parameter-tree leaf that the loss sees as ``table[ids]`` (shape ``ids.shape + (dim,)``)."""
     return Lookup(table, ids)
 

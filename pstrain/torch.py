@@ -62,6 +62,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("pstrain.torch needs PyTorch: pip install 'pstrain[torch]'") from exc
 
+from .dynamic import DynamicEmbedding
 from .errors import InvalidArgumentError
 from .initializers import Initializer, RandomUniform
 from .sharding import ShardedVariable, embedding_lookup
@@ -76,15 +77,24 @@ class Embedding(torch.nn.Module):
     :meth:`fetch`) gathers the batch's rows; ``forward(ids)`` returns them as
     ``ids.shape + (embedding_dim,)``."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int,
-                 initializer: Initializer | None = None, name: str = "embedding") -> None:
+    def __init__(self, num_embeddings: int | None, embedding_dim: int,
+                 initializer: Initializer | None = None, name: str = "embedding", *,
+                 table: DynamicEmbedding | None = None) -> None:
         super().__init__()
-        if num_embeddings < 1 or embedding_dim < 1:
-            raise InvalidArgumentError("Embedding needs positive num_embeddings and embedding_dim")
-        self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
-        self.table: Variable | ShardedVariable = Variable(
-            initializer or RandomUniform(-0.05, 0.05), shape=(num_embeddings, embedding_dim),
-            dtype=np.float32, name=name)
+        self.table: Variable | ShardedVariable | DynamicEmbedding
+        if table is not None:  # rows keyed by raw ids: no fixed number of rows
+            if not isinstance(table, DynamicEmbedding) or table.dim != embedding_dim:
+                raise InvalidArgumentError(f"Embedding(table=...) takes a DynamicEmbedding "
+                                           f"{embedding_dim} wide")
+            self.num_embeddings, self.embedding_dim = None, int(embedding_dim)
+            self.table = table
+        else:
+            if num_embeddings is None or num_embeddings < 1 or embedding_dim < 1:
+                raise InvalidArgumentError("Embedding needs positive num_embeddings and embedding_dim")
+            self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
+            self.table = Variable(
+                initializer or RandomUniform(-0.05, 0.05), shape=(num_embeddings, embedding_dim),
+                dtype=np.float32, name=name)
         self._ids: np.ndarray | None = None
         self._unique: np.ndarray | None = None
         self._inverse: torch.Tensor | None = None
@@ -112,7 +122,7 @@ class Embedding(torch.nn.Module):
             raise InvalidArgumentError("Embedding: forward got other ids than were fetched")
         return self.rows[self._inverse]
 
-    def gradient(self) -> tuple[IndexedSlices, Variable | ShardedVariable] | None:
+    def gradient(self) -> tuple[IndexedSlices, Variable | ShardedVariable | DynamicEmbedding] | None:
         """The gradient of the fetched rows, as sparse rows of the table (None before backward)."""
         if self.rows is None or self.rows.grad is None or self._unique is None:
             return None
@@ -203,6 +213,6 @@ class RemoteModule:
                 out.append(g)
         return out
 
-    def trainable_variables(self) -> list[Variable | ShardedVariable]:
+    def trainable_variables(self) -> list[Variable | ShardedVariable | DynamicEmbedding]:
         """The ps variables: the parameters', then each embedding's table."""
         return [*self.variables, *(emb.table for emb in self._embeddings(self.module).values())]

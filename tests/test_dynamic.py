@@ -251,3 +251,41 @@ async def test_a_checkpoint_of_a_dynamic_table_restores_bit_for_bit_into_1_2_and
             a = accumulator + grad[np.argsort(ids)] ** 2
             expected = saved_rows - 0.1 * grad[np.argsort(ids)] / np.sqrt(a + 1e-7)
             np.testing.assert_allclose((await fresh.export())[1], expected, rtol=1e-5)
+
+
+async def test_the_jax_and_pytorch_adapters_take_a_dynamic_table():
+    import torch
+
+    import pstrain.jax as pjax
+    import pstrain.torch as ptorch
+
+    ids = np.array([[2**50, 7], [7, -3]], np.int64)
+    unique = np.unique(ids)
+    counts = np.array([np.sum(ids == i) for i in unique], np.float32)[:, None]
+    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            jt = pstrain.DynamicEmbedding(4, name="jax")
+            tt = pstrain.DynamicEmbedding(4, name="torch")
+            opt = pstrain.optimizers.SGD(0.5)
+
+            class Net(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.emb = ptorch.Embedding(None, 4, table=tt)
+
+            net = Net()
+            remote = ptorch.RemoteModule(net)
+
+        def loss_fn(params):
+            return params["emb"].sum()
+
+        loss, grads = await pjax.value_and_grad(loss_fn)({"emb": pjax.lookup(jt, ids)})
+        np.testing.assert_allclose(loss, _init(ids.reshape(-1)).sum(), rtol=1e-5)
+        await opt.apply_gradients(grads)
+        np.testing.assert_allclose(await jt.lookup(unique), _init(unique) - 0.5 * counts, rtol=1e-5)
+
+        await remote.pull({net.emb: ids})
+        net.emb(ids).sum().backward()
+        await opt.apply_gradients(remote.gradients())
+        np.testing.assert_allclose(await tt.lookup(unique), _init(unique) - 0.5 * counts, rtol=1e-5)
