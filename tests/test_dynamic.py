@@ -289,3 +289,36 @@ async def test_the_jax_and_pytorch_adapters_take_a_dynamic_table():
         net.emb(ids).sum().backward()
         await opt.apply_gradients(remote.gradients())
         np.testing.assert_allclose(await tt.lookup(unique), _init(unique) - 0.5 * counts, rtol=1e-5)
+
+
+@pytest.mark.timeout(120)
+def test_the_id_index_agrees_with_a_dict_under_any_inserts_and_deletes():
+    from hypothesis import given, settings, strategies as st
+
+    from pstrain.server.id_index import IdIndex
+
+    ids64 = st.integers(-(2**63), 2**63 - 1)
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.lists(st.tuples(st.booleans(), st.lists(ids64, max_size=40)), max_size=30))
+    def check(ops):
+        index, model, row = IdIndex(4), {}, 0
+        for insert, batch in ops:
+            batch = list(dict.fromkeys(batch))  # unique within a batch
+            arr = np.array(batch, np.int64)
+            if insert:
+                new = np.array([i for i in batch if i not in model], np.int64)
+                rows = np.arange(row, row + new.size)
+                index.insert(new, rows)
+                model.update(zip(new.tolist(), rows.tolist()))
+                row += new.size
+            else:
+                got = index.delete(arr)
+                assert got.tolist() == [model.pop(i, -1) for i in batch]
+            probe = np.array(batch + list(model)[:20], np.int64)
+            assert index.get(probe).tolist() == [model.get(i, -1) for i in probe.tolist()]
+            assert len(index) == len(model)
+        keys, vals = index.items()
+        assert dict(zip(keys.tolist(), vals.tolist())) == model
+
+    check()

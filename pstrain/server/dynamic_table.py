@@ -39,6 +39,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..idhash import initial_rows, unit_uniform
+from .id_index import IdIndex
 
 __all__ = ["DynamicTable", "TableConfig"]
 
@@ -97,7 +98,7 @@ class DynamicTable:
         self.config = config
         self.owner = owner
         self.dtype = np.dtype(config.dtype)
-        self.index: dict[int, int] = {}  # id -> row
+        self.index = IdIndex()  # id -> row
         self.alloc = 0
         self.rows = np.empty((0, config.dim), self.dtype)
         self.ids = np.empty(0, np.int64)  # id of each row
@@ -119,13 +120,12 @@ class DynamicTable:
     @property
     def nbytes(self) -> int:
         per_row = self.rows.itemsize * self.config.dim * (1 + len(self.slots)) + 8 * 3 + 1
-        return self.alloc * per_row + len(self.index) * 100 + len(self.candidates) * 100
+        return self.alloc * per_row + self.index.nbytes + len(self.candidates) * 100
 
     # -- rows ------------------------------------------------------------------------------------
     def positions(self, ids: np.ndarray) -> np.ndarray:
         """The row of each id, -1 where it has none."""
-        get = self.index.get
-        return np.fromiter(map(get, ids.tolist(), itertools.repeat(-1)), np.int64, ids.size)
+        return self.index.get(ids)
 
     def _grow(self, need: int) -> None:
         if need <= self.alloc:
@@ -170,16 +170,14 @@ class DynamicTable:
         self.live[rows] = True
         self.last_seen[rows] = self.clock
         self.freq[rows] = 0
-        self.index.update(zip(new_ids.tolist(), rows.tolist()))
+        self.index.insert(new_ids, rows)
         self.admitted += new_ids.size
         return rows
 
     def _evict_rows(self, rows: np.ndarray) -> None:
         if not rows.size:
             return
-        index = self.index
-        for i in self.ids[rows].tolist():
-            del index[i]
+        self.index.delete(self.ids[rows])
         self.live[rows] = False
         self.free.extend(rows.tolist())
         self.evicted += rows.size
@@ -295,7 +293,8 @@ class DynamicTable:
         for k, arr in slots.items():
             fresh.slots[k][:n] = arr
         fresh.used = n
-        fresh.index = dict(zip(ids.tolist(), range(n)))
+        fresh.index = IdIndex(n)
+        fresh.index.insert(ids, np.arange(n))
         self.__dict__.update(fresh.__dict__)
 
     def statistics(self) -> dict[str, int]:

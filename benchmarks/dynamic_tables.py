@@ -1,0 +1,199 @@
+"""W6: unbounded 64-bit ids (WORKLOADS.md), three tables, and W4 measured in the same run.
+
+Variants: (a) a DynamicEmbedding with no limit; (b) capacity 500,000 rows in all,
+admission after 2 sightings, LRU eviction; (c) the W4 approach: ids hashed
+(``key % 500,000``) into a fixed 500,000-row table. 2 ps, 2 workers, batch 512,
+Adagrad 0.05 / 0.1 on the ps, the W4 model otherwise. Each prints a JSON line
+(examples/s, held-out log loss, rows held, peak RSS of each ps, bytes per step)
+and ``results/W6.png`` plots held-out loss against rows held.
+
+    python benchmarks/dynamic_tables.py [--steps 2000] [--variants a,b,c] [--runs 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+import pstrain
+from pstrain.ctr import BATCH, DENSE, DIM, FEATURES, HIDDEN, log_loss, make_step
+from pstrain.idhash import mix64
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, emit, median, plot  # noqa: E402
+from train_embedding import cpu_seconds, run as run_w4  # noqa: E402
+
+FIXED_ROWS = 500_000
+CAPACITY = 500_000
+
+
+def w6_data(n_train: int, n_test: int = 20_000):
+    """WORKLOADS.md W6: zipf ids mixed over the 64-bit space, a per-key teacher."""
+    rng = np.random.default_rng(0)
+    t_dense = rng.standard_normal(DENSE)
+    n = n_train + n_test
+    raw = rng.zipf(1.2, (n, FEATURES)).astype(np.uint64)
+    f = np.arange(1, FEATURES + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        key = mix64(raw * np.uint64(0x9E3779B97F4A7C15) + f)
+    u1 = (mix64(key ^ np.uint64(0xA5A5A5A5A5A5A5A5)) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+    u2 = (mix64(key ^ np.uint64(0x5A5A5A5A5A5A5A5A)) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+    t = np.sqrt(-2 * np.log(u1 + 2.0 ** -54)) * np.cos(2 * np.pi * u2)
+    dense = rng.standard_normal((n, DENSE)).astype(np.float32)
+    logit = t.sum(1) / np.sqrt(FEATURES) + dense @ t_dense / np.sqrt(DENSE)
+    labels = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.float32)
+    return key, dense, labels, n_train
+
+
+class W6Model(pstrain.Module):
+    def __init__(self, variant: str) -> None:
+        super().__init__()
+        init = pstrain.initializers.RandomUniform(-0.05, 0.05, seed=0)
+        if variant == "c":
+            self.table = pstrain.Variable(init, shape=(FIXED_ROWS, DIM), name="w6/fixed")
+        else:
+            extra = {} if variant == "a" else {"capacity": CAPACITY, "admit_after": 2,
+                                               "eviction": "lru"}
+            self.table = pstrain.DynamicEmbedding(DIM, name="w6/dynamic", initializer=init, **extra)
+        rng = np.random.default_rng(1)
+        width = FEATURES * DIM + DENSE
+        limit1, limit2 = np.sqrt(6 / (width + HIDDEN)), np.sqrt(6 / (HIDDEN + 1))
+        self.w1 = pstrain.Variable(rng.uniform(-limit1, limit1, (width, HIDDEN)).astype(np.float32), name="w6/w1")
+        self.b1 = pstrain.Variable(np.zeros(HIDDEN, np.float32), name="w6/b1")
+        self.w2 = pstrain.Variable(rng.uniform(-limit2, limit2, (HIDDEN, 1)).astype(np.float32), name="w6/w2")
+        self.b2 = pstrain.Variable(np.zeros(1, np.float32), name="w6/b2")
+
+    @property
+    def dense(self):
+        return [self.w1, self.b1, self.w2, self.b2]
+
+
+def ids_for(variant: str, key: np.ndarray) -> np.ndarray:
+    if variant == "c":
+        return (key % np.uint64(FIXED_ROWS)).astype(np.int64)
+    return key.view(np.int64)
+
+
+def rss_mib(pid: int, field: str = "VmRSS") -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def run_variant(variant: str, steps: int) -> dict:
+    async with pstrain.LocalCluster(num_ps=2, num_workers=2) as cluster:
+        ps_pids = [cluster.pid("ps", i) for i in range(2)]
+        pids = [os.getpid(), *ps_pids, *(cluster.pid("worker", i) for i in range(2))]
+        strategy = pstrain.ParameterServerStrategy(
+            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
+        coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=2)
+        async with strategy.scope():
+            model = W6Model(variant)
+            opt = pstrain.optimizers.Adagrad(learning_rate=0.05, initial_accumulator_value=0.1)
+        step = make_step(model, opt)
+        n_train = steps * BATCH
+
+        def dataset_fn():
+            key, dense, labels, n = w6_data(n_train, 0)
+            ids = ids_for(variant, key)
+            return pstrain.data.Dataset.from_tensor_slices(
+                (ids[:n], dense[:n], labels[:n])).shuffle(50_000).repeat().batch(BATCH)
+
+        iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+        samples: list[tuple[float, list[float]]] = []
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(0.25):  # the sampling period of the RSS curve
+                samples.append((time.perf_counter(), [rss_mib(p) for p in ps_pids]))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        warm = max(1, steps // 10)
+        for _ in range(warm):
+            coordinator.schedule(step, args=(iterator,))
+        await coordinator.join()
+        cpu0 = cpu_seconds(pids)
+        t0 = time.perf_counter()
+        for _ in range(steps - warm):
+            coordinator.schedule(step, args=(iterator,))
+        await coordinator.join()
+        elapsed = time.perf_counter() - t0
+        cpu = cpu_seconds(pids) - cpu0
+        stop.set()
+        sampler.join()
+        key, dense, labels, n = w6_data(n_train)
+        test_ids = ids_for(variant, key[n:])
+        unique, inverse = np.unique(test_ids, return_inverse=True)
+        if variant == "c":
+            rows = await pstrain.embedding_lookup(model.table, unique)
+            held = FIXED_ROWS
+        else:
+            rows = await model.table.lookup(unique, training=False)  # evaluation admits nothing
+            held = await model.table.size()
+        from pstrain.ctr import forward
+
+        params = await pstrain.read_variables(model.dense)
+        _, _, _, p = forward(rows, inverse.reshape(-1), dense[n:], params)
+        y = labels[n:]
+        base = log_loss(np.full_like(y, y.mean()), y)
+        peaks = [rss_mib(p, "VmHWM") for p in ps_pids]
+        half = [s for s in samples if s[0] >= t0 + elapsed / 2]
+        await coordinator.close()
+        return {"variant": variant, "examples_per_s": (steps - warm) * BATCH / elapsed,
+                "held_out_log_loss": log_loss(p, y), "base_rate_log_loss": base,
+                "rows_held": held, "peak_rss_mib_per_ps": [round(x) for x in peaks],
+                "rss_mib_second_half_min_max": [round(min(sum(s[1]) for s in half)),
+                                                round(max(sum(s[1]) for s in half))] if half else None,
+                "cpu_ms_per_step": cpu * 1e3 / (steps - warm)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--variants", default="a,b,c")
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--w4-steps", type=int, default=1000)
+    args = parser.parse_args()
+    results: dict[str, list[dict]] = {}
+    w4 = []
+    for _ in range(args.runs):
+        r = pstrain.run(run_w4(args.w4_steps, 2, 2))
+        w4.append(r["examples_per_s"])
+        for variant in args.variants.split(","):
+            got = pstrain.run(run_variant(variant, args.steps))
+            results.setdefault(variant, []).append(got)
+    w4_median = median(w4)
+    emit({"workers": 2, "ps": 2, "metric": "examples_per_s", "value": round(w4_median, 1),
+          "steps": args.w4_steps, "batch": BATCH, "runs": len(w4), "note": "W4 in the W6 run"}, "W6")
+    series = {}
+    for variant, runs in results.items():
+        best = {k: median([r[k] for r in runs]) for k in ("examples_per_s", "held_out_log_loss",
+                                                          "rows_held", "cpu_ms_per_step")}
+        last = runs[-1]
+        emit({"workers": 2, "ps": 2, "variant": variant, "metric": "examples_per_s",
+              "value": round(best["examples_per_s"], 1),
+              "ratio_to_w4": round(best["examples_per_s"] / w4_median, 3),
+              "held_out_log_loss": round(best["held_out_log_loss"], 4),
+              "base_rate_log_loss": round(last["base_rate_log_loss"], 4),
+              "rows_held": int(best["rows_held"]), "peak_rss_mib_per_ps": last["peak_rss_mib_per_ps"],
+              "rss_mib_second_half_min_max": last["rss_mib_second_half_min_max"],
+              "cpu_ms_per_step": round(best["cpu_ms_per_step"], 2), "steps": args.steps,
+              "batch": BATCH, "runs": len(runs)}, "W6")
+        label = {"a": "(a) dynamic, no limit", "b": "(b) capacity 500k, admit 2, LRU",
+                 "c": "(c) fixed 500k, hashed"}[variant]
+        series[label] = ([best["rows_held"]], [best["held_out_log_loss"]])
+    plot(RESULTS / "W6.png", "W6: held-out log loss against rows held", "rows held",
+         "held-out log loss", series)
+
+
+if __name__ == "__main__":
+    main()
