@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
 import msgspec
@@ -241,6 +241,50 @@ def write_tensors(path: str, tensors: dict[str, np.ndarray]) -> int:
         save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, tmp)
 
     write_atomically(path, write)
+    return os.path.getsize(path)
+
+
+#: numpy dtype -> safetensors dtype tag (the format's own names).
+SAFETENSORS_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "int64": "I64",
+                      "int32": "I32", "int16": "I16", "int8": "I8", "uint64": "U64",
+                      "uint32": "U32", "uint16": "U16", "uint8": "U8", "bool": "BOOL"}
+
+
+def write_streaming(path: str, tensors: list[tuple[str, np.dtype, tuple[int, ...],
+                                                  Callable[[], Iterator[np.ndarray]]]]) -> int:
+    """Write a safetensors file whose tensors arrive in pieces: ``(key, dtype, shape,
+    pieces)`` where ``pieces()`` yields the tensor's bytes in row order (so a large array
+    need not be in memory twice). The header is the format's (8-byte length, JSON with
+    dtype, shape and data offsets, space-padded to 8 bytes); reading is safetensors' own.
+    Written like :func:`write_atomically` with ``overwrite=False``; returns the size."""
+    header: dict[str, Any] = {}
+    offset = 0
+    for key, dtype, shape, _ in tensors:
+        tag = SAFETENSORS_DTYPES.get(np.dtype(dtype).name)
+        if tag is None:
+            raise InvalidArgumentError(f"checkpoint: {key!r} has dtype {dtype}, which safetensors "
+                                       "cannot hold")
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        header[key] = {"dtype": tag, "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-(8 + len(raw)) % 8)
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            f.write(len(raw).to_bytes(8, "little"))
+            f.write(raw)
+            for key, dtype, _, pieces in tensors:
+                want = header[key]["data_offsets"][1] - header[key]["data_offsets"][0]
+                got = 0
+                for piece in pieces():
+                    data = np.ascontiguousarray(piece, dtype).reshape(-1)
+                    f.write(data.view(np.uint8).data)
+                    got += data.nbytes
+                if got != want:
+                    raise InvalidArgumentError(f"checkpoint: {key!r} gave {got} bytes, not {want}")
+
+    write_atomically(path, write, overwrite=False)
     return os.path.getsize(path)
 
 

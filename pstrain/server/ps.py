@@ -355,12 +355,12 @@ class ParameterServer(ServerBase):
         values = self._value(record, entry.values, (idx.shape[0],) + shape[1:], op)
         if op == "scatter_update":
             def replace_rows() -> None:
-                record.writable()[idx] = values
+                record.writable(idx)[idx] = values
             return replace_rows
         vals = values if op == "scatter_add" else -values
 
         def add_rows() -> None:
-            np.add.at(record.writable(), idx, vals)
+            np.add.at(record.writable(idx), idx, vals)
         return add_rows
 
     # -- optimizers and functions run where the variables live -------------------------------
@@ -442,8 +442,8 @@ class ParameterServer(ServerBase):
         if schedule is not None:  # Keras reads the rate at iterations before the update
             cfg["learning_rate"] = schedule(step - 1)
         for record, rows, grad, slots in plan:
-            var = record.writable()
-            arrays = {s: self.store.slot(full, record.array, init, of=record.name)
+            var = record.writable(rows)
+            arrays = {s: self.store.slot(full, record.array, init, of=record.name, rows=rows)
                       for s, (full, init) in slots.items()}
             rule(var, grad, rows, arrays, cfg, step)
         for table, ids, grad, slots in table_plan:

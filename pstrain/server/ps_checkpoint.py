@@ -6,8 +6,11 @@ must lie under the ps's *checkpoint root* (``pstrain serve
 paths elsewhere and ``..`` are refused. The file is written under an
 exclusive, unpredictable temporary name in the same directory, fsynced, then
 linked to its final name, which must not exist yet; the temporary file is
-removed whatever happens. The arrays are *pinned* meanwhile, so training
-goes on: an update to a pinned array copies it first.
+removed whatever happens. Training goes on meanwhile: a large array is read
+through a :class:`~pstrain.server.store.Snapshot` (block by block; an update
+keeps the old values of the rows it changes until the writer has passed
+them), a small one is pinned (an update copies it first). Either way the
+file holds each array as it was when the save began.
 
 ``ckpt/restore`` builds variables from row ranges of checkpoint files (a
 sharded variable may have been saved in a different number of parts). Every
@@ -21,13 +24,15 @@ that fails on one ps changes none.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..checkpoint_files import read_rows, write_atomically
+from ..checkpoint_files import SAFETENSORS_DTYPES, read_rows, write_atomically, write_streaming
 from ..errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 from ..idhash import shard_of
 from ..schemas import RestoreRequest, RestoreSpec, SaveRequest
@@ -71,10 +76,22 @@ class CheckpointFiles:
         if not os.path.isdir(directory):
             raise NotFoundError(f"checkpoint directory {directory} does not exist on {self.store.task}")
         records = {key: self.store.get(name) for key, name in req.tensors.items()}
-        releases = [r.pin() for r in records.values()]
+        releases: list[Callable[[], None]] = []
+        tensors = []
+        for key, r in records.items():
+            arr = r.array
+            if arr.dtype.name not in SAFETENSORS_DTYPES:
+                raise InvalidArgumentError(f"ckpt/save: {r.name!r} has dtype {arr.dtype}, which a "
+                                           "checkpoint cannot hold")
+            snap = r.snapshot()  # a large array: read block by block, never copied whole
+            if snap is not None:
+                releases.append(functools.partial(r.end_snapshot, snap))
+                tensors.append((key, arr.dtype, arr.shape, snap.blocks))
+            else:
+                releases.append(r.pin())
+                tensors.append((key, arr.dtype, arr.shape, functools.partial(iter, (arr,))))
         try:
-            arrays = {key: r.array for key, r in records.items()}
-            size = await asyncio.get_running_loop().run_in_executor(None, _write_new, path, arrays)
+            size = await asyncio.get_running_loop().run_in_executor(None, write_streaming, path, tensors)
         finally:
             for release in releases:
                 release()

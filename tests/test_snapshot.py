@@ -1,0 +1,58 @@
+"""A save while training goes on: the file holds the table as the save began, and the ps
+copies only the rows updated meanwhile, never the whole table."""
+
+from __future__ import annotations
+
+import asyncio
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import pstrain
+from pstrain.testing import InProcessCluster
+
+from .conftest import TOKEN
+
+pytestmark = pytest.mark.timeout(120)
+
+ROWS, DIM = 2_000_000, 8  # 64 MB of float32
+
+
+async def test_a_save_during_updates_writes_the_table_as_it_began_without_copying_it(tmp_path):
+    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN,
+                                ps_options={"checkpoint_root": str(tmp_path)}) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        async with strategy.scope():
+            table = pstrain.Variable(pstrain.initializers.RandomUniform(-1, 1, seed=3),
+                                     shape=(ROWS, DIM), name="big")
+        nbytes = ROWS * DIM * 4
+        rng = np.random.default_rng(0)
+        before = await table.numpy()
+        batches = [np.unique(rng.integers(0, ROWS, 3000)) for _ in range(60)]
+        ckpt = pstrain.Checkpoint(table=table)
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+
+            async def train():
+                for rows in batches:  # rows spread over the whole table, as a hashed table's are
+                    await table.scatter_add(pstrain.IndexedSlices(np.ones((rows.size, DIM), np.float32), rows))
+
+            path, _ = await asyncio.gather(ckpt.save(str(tmp_path / "c")), train())
+            peak = tracemalloc.get_traced_memory()[1] - base
+        finally:
+            tracemalloc.stop()
+        saved = pstrain.checkpoint.load_variables(path)["table"]
+        # Exactly the table as the save began: after the first k updates, none of the others.
+        expected, states = before.copy(), []
+        for rows in batches:
+            states.append(expected.copy() if len(states) < 8 else None)
+            expected[rows] += 1
+        k = next((i for i, st in enumerate(states) if st is not None and np.array_equal(saved, st)), None)
+        assert k is not None, "the file is no state the table was in"
+        assert k < len(batches) - 1  # the save began while updates were still to come
+        np.testing.assert_array_equal(await table.numpy(), expected)
+        # What the save added: blocks in flight and the rows updated during it, not a copy.
+        assert peak < 0.3 * nbytes, f"peak {peak / 2**20:.0f} MiB for a {nbytes / 2**20:.0f} MiB table"
