@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 import pstrain
-from pstrain.ctr import BATCH, DENSE, DIM, FEATURES, HIDDEN, log_loss, make_step
+from pstrain.ctr import BATCH, DENSE, DIM, FEATURES, CTRModel, evaluate, log_loss, make_step
 from pstrain.idhash import mix64
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -51,27 +51,13 @@ def w6_data(n_train: int, n_test: int = 20_000):
     return key, dense, labels, n_train
 
 
-class W6Model(pstrain.Module):
-    def __init__(self, variant: str) -> None:
-        super().__init__()
-        init = pstrain.initializers.RandomUniform(-0.05, 0.05, seed=0)
-        if variant == "c":
-            self.table = pstrain.Variable(init, shape=(FIXED_ROWS, DIM), name="w6/fixed")
-        else:
-            extra = {} if variant == "a" else {"capacity": CAPACITY, "admit_after": 2,
-                                               "eviction": "lru"}
-            self.table = pstrain.DynamicEmbedding(DIM, name="w6/dynamic", initializer=init, **extra)
-        rng = np.random.default_rng(1)
-        width = FEATURES * DIM + DENSE
-        limit1, limit2 = np.sqrt(6 / (width + HIDDEN)), np.sqrt(6 / (HIDDEN + 1))
-        self.w1 = pstrain.Variable(rng.uniform(-limit1, limit1, (width, HIDDEN)).astype(np.float32), name="w6/w1")
-        self.b1 = pstrain.Variable(np.zeros(HIDDEN, np.float32), name="w6/b1")
-        self.w2 = pstrain.Variable(rng.uniform(-limit2, limit2, (HIDDEN, 1)).astype(np.float32), name="w6/w2")
-        self.b2 = pstrain.Variable(np.zeros(1, np.float32), name="w6/b2")
-
-    @property
-    def dense(self):
-        return [self.w1, self.b1, self.w2, self.b2]
+def w6_model(variant: str) -> CTRModel:
+    if variant == "c":
+        return CTRModel(rows=FIXED_ROWS, name="w6")
+    init = pstrain.initializers.RandomUniform(-0.05, 0.05, seed=0)
+    extra = {} if variant == "a" else {"capacity": CAPACITY, "admit_after": 2, "eviction": "lru"}
+    table = pstrain.DynamicEmbedding(DIM, name="w6/dynamic", initializer=init, **extra)
+    return CTRModel(table=table, name="w6")
 
 
 def ids_for(variant: str, key: np.ndarray) -> np.ndarray:
@@ -96,7 +82,7 @@ async def run_variant(variant: str, steps: int) -> dict:
             cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
         coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=2)
         async with strategy.scope():
-            model = W6Model(variant)
+            model = w6_model(variant)
             opt = pstrain.optimizers.Adagrad(learning_rate=0.05, initial_accumulator_value=0.1)
         step = make_step(model, opt)
         n_train = steps * BATCH
@@ -131,25 +117,15 @@ async def run_variant(variant: str, steps: int) -> dict:
         stop.set()
         sampler.join()
         key, dense, labels, n = w6_data(n_train)
-        test_ids = ids_for(variant, key[n:])
-        unique, inverse = np.unique(test_ids, return_inverse=True)
-        if variant == "c":
-            rows = await pstrain.embedding_lookup(model.table, unique)
-            held = FIXED_ROWS
-        else:
-            rows = await model.table.lookup(unique, training=False)  # evaluation admits nothing
-            held = await model.table.size()
-        from pstrain.ctr import forward
-
-        params = await pstrain.read_variables(model.dense)
-        _, _, _, p = forward(rows, inverse.reshape(-1), dense[n:], params)
         y = labels[n:]
+        held_out = await evaluate(model, (ids_for(variant, key[n:]), dense[n:], y))
+        held = FIXED_ROWS if variant == "c" else await model.table.size()
         base = log_loss(np.full_like(y, y.mean()), y)
         peaks = [rss_mib(p, "VmHWM") for p in ps_pids]
         half = [s for s in samples if s[0] >= t0 + elapsed / 2]
         await coordinator.close()
         return {"variant": variant, "examples_per_s": (steps - warm) * BATCH / elapsed,
-                "held_out_log_loss": log_loss(p, y), "base_rate_log_loss": base,
+                "held_out_log_loss": held_out, "base_rate_log_loss": base,
                 "rows_held": held, "peak_rss_mib_per_ps": [round(x) for x in peaks],
                 "rss_mib_second_half_min_max": [round(min(sum(s[1]) for s in half)),
                                                 round(max(sum(s[1]) for s in half))] if half else None,

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
 import msgspec
@@ -250,11 +250,10 @@ SAFETENSORS_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "int
                       "uint32": "U32", "uint16": "U16", "uint8": "U8", "bool": "BOOL"}
 
 
-def write_streaming(path: str, tensors: list[tuple[str, np.dtype, tuple[int, ...],
-                                                  Callable[[], Iterator[np.ndarray]]]]) -> int:
+def write_streaming(path: str, tensors: Sequence[tuple[str, np.dtype, tuple[int, ...], Any]]) -> int:
     """Write a safetensors file whose tensors arrive in pieces: ``(key, dtype, shape,
-    pieces)`` where ``pieces()`` yields the tensor's bytes in row order (so a large array
-    need not be in memory twice). The header is the format's (8-byte length, JSON with
+    pieces)`` where ``pieces()`` yields the tensor's bytes in row order, or ``pieces`` has a
+    ``write_to(f)`` that writes them itself (so a large array need not be in memory twice). The header is the format's (8-byte length, JSON with
     dtype, shape and data offsets, space-padded to 8 bytes); reading is safetensors' own.
     Written like :func:`write_atomically` with ``overwrite=False``; returns the size."""
     header: dict[str, Any] = {}
@@ -271,11 +270,19 @@ def write_streaming(path: str, tensors: list[tuple[str, np.dtype, tuple[int, ...
     raw += b" " * (-(8 + len(raw)) % 8)
 
     def write(tmp: str) -> None:
-        with open(tmp, "wb") as f:
+        with open(tmp, "w+b") as f:  # read too: a snapshot reads blocks back to patch them
             f.write(len(raw).to_bytes(8, "little"))
             f.write(raw)
             for key, dtype, _, pieces in tensors:
                 want = header[key]["data_offsets"][1] - header[key]["data_offsets"][0]
+                writer = getattr(pieces, "write_to", None)
+                if writer is not None:  # writes its own bytes (a snapshot, from live memory)
+                    at = f.tell()
+                    writer(f)
+                    if f.tell() - at != want:
+                        raise InvalidArgumentError(f"checkpoint: {key!r} wrote {f.tell() - at} "
+                                                   f"bytes, not {want}")
+                    continue
                 got = 0
                 for piece in pieces():
                     data = np.ascontiguousarray(piece, dtype).reshape(-1)
@@ -321,7 +328,10 @@ def read_rows(shape: tuple[int, ...], dtype: np.dtype, parts: list[list[Any]]) -
     """Assemble an array from ``[file, key, src_start, src_stop, dst_start]`` row ranges."""
     from safetensors import safe_open
 
-    out = np.empty(shape, dtype)
+    whole = len(parts) == 1 and (parts[0][2] is None or
+                                 (parts[0][2] == 0 and parts[0][4] == 0 and len(shape) > 0
+                                  and parts[0][3] == shape[0]))
+    out = np.empty(0 if whole else shape, dtype)  # one source: its array is the result, no copy
     filled = 0
     for path, key, start, stop, dst in parts:
         try:
@@ -334,13 +344,16 @@ def read_rows(shape: tuple[int, ...], dtype: np.dtype, parts: list[list[Any]]) -
             raise NotFoundError(f"checkpoint file {path} not found") from exc
         except Exception as exc:  # safetensors raises its own types for bad files and keys
             raise InvalidArgumentError(f"cannot read {key!r} from {path}: {exc}") from exc
-        if start is None:
-            if piece.shape != tuple(shape) and piece.size == out.size:
+        if whole:
+            if piece.shape != tuple(shape) and piece.size == int(np.prod(shape, dtype=np.int64)):
                 piece = piece.reshape(shape)  # safetensors returns 0-d tensors as shape (1,)
             if piece.shape != tuple(shape):
                 raise InvalidArgumentError(f"{key!r} in {path} has shape {piece.shape}, expected {shape}")
-            out[...] = piece
-            filled = out.shape[0] if out.ndim else 1
+            if piece.dtype != dtype:
+                raise InvalidArgumentError(f"{key!r} in {path} is {piece.dtype}, expected {dtype}")
+            return piece if piece.flags.writeable else piece.copy()
+        if start is None:
+            raise InvalidArgumentError(f"{key!r}: a whole-tensor source must be the only one")
         else:
             out[dst:dst + (stop - start)] = piece
             filled += stop - start

@@ -30,10 +30,11 @@ ROWS, DIM, FEATURES, DENSE, BATCH = 1_000_000, 16, 26, 13, 512
 HIDDEN = 64
 
 
-def synthetic(n_train: int, n_test: int = 20_000) -> tuple[Any, Any]:
-    """W4's data: hashed zipf ids, a linear teacher over a hidden per-id weight."""
+def synthetic(n_train: int, n_test: int = 20_000, rows: int = ROWS) -> tuple[Any, Any]:
+    """W4's data: hashed zipf ids, a linear teacher over a hidden per-id weight (``rows``:
+    the table's rows, 25,000,000 for W7)."""
     rng = np.random.default_rng(0)
-    t_emb = rng.standard_normal(ROWS)
+    t_emb = rng.standard_normal(rows)
     t_dense = rng.standard_normal(DENSE)
     n = n_train + n_test
     raw = rng.zipf(1.2, (n, FEATURES)).astype(np.uint64)
@@ -41,7 +42,7 @@ def synthetic(n_train: int, n_test: int = 20_000) -> tuple[Any, Any]:
     with np.errstate(over="ignore"):
         h = raw * np.uint64(0x9E3779B97F4A7C15) + f * np.uint64(0xBF58476D1CE4E5B9)
     h ^= h >> np.uint64(31)
-    ids = (h % np.uint64(ROWS)).astype(np.int64)
+    ids = (h % np.uint64(rows)).astype(np.int64)
     dense = rng.standard_normal((n, DENSE)).astype(np.float32)
     logit = t_emb[ids].sum(1) / np.sqrt(FEATURES) + dense @ t_dense / np.sqrt(DENSE)
     labels = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.float32)
@@ -51,19 +52,23 @@ def synthetic(n_train: int, n_test: int = 20_000) -> tuple[Any, Any]:
 
 
 class CTRModel(Module):
-    """The embedding table and the two dense layers; create it in ``strategy.scope()``."""
+    """The embedding table and the two dense layers; create it in ``strategy.scope()``.
 
-    def __init__(self) -> None:
+    ``rows`` x ``dim`` is the table's shape (W4: 1,000,000 x 16; W7: 25,000,000 x 32);
+    ``table`` replaces it (a :class:`~pstrain.DynamicEmbedding` ``dim`` wide, for W6)."""
+
+    def __init__(self, rows: int = ROWS, dim: int = DIM, table: Any = None, name: str = "ctr") -> None:
         super().__init__()
-        self.table = Variable(RandomUniform(-0.05, 0.05, seed=0),
-                                      shape=(ROWS, DIM), name="ctr/embedding")
+        self.dim = dim
+        self.table = table if table is not None else Variable(
+            RandomUniform(-0.05, 0.05, seed=0), shape=(rows, dim), name=f"{name}/embedding")
         rng = np.random.default_rng(1)
-        width = FEATURES * DIM + DENSE
+        width = FEATURES * dim + DENSE
         limit1, limit2 = np.sqrt(6 / (width + HIDDEN)), np.sqrt(6 / (HIDDEN + 1))
-        self.w1 = Variable(rng.uniform(-limit1, limit1, (width, HIDDEN)).astype(np.float32), name="ctr/w1")
-        self.b1 = Variable(np.zeros(HIDDEN, np.float32), name="ctr/b1")
-        self.w2 = Variable(rng.uniform(-limit2, limit2, (HIDDEN, 1)).astype(np.float32), name="ctr/w2")
-        self.b2 = Variable(np.zeros(1, np.float32), name="ctr/b2")
+        self.w1 = Variable(rng.uniform(-limit1, limit1, (width, HIDDEN)).astype(np.float32), name=f"{name}/w1")
+        self.b1 = Variable(np.zeros(HIDDEN, np.float32), name=f"{name}/b1")
+        self.w2 = Variable(rng.uniform(-limit2, limit2, (HIDDEN, 1)).astype(np.float32), name=f"{name}/w2")
+        self.b2 = Variable(np.zeros(1, np.float32), name=f"{name}/b2")
 
     @property
     def dense(self) -> list[Any]:
@@ -74,7 +79,7 @@ def forward(rows: np.ndarray, inverse: np.ndarray, dense_x: np.ndarray,
             params: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     w1, b1, w2, b2 = params
     n = dense_x.shape[0]
-    x = np.concatenate([rows[inverse].reshape(n, FEATURES * DIM), dense_x], axis=1)
+    x = np.concatenate([rows[inverse].reshape(n, FEATURES * rows.shape[1]), dense_x], axis=1)
     h_pre = x @ w1 + b1
     h = np.maximum(h_pre, 0)
     z = (h @ w2 + b2)[:, 0]
@@ -89,7 +94,7 @@ def log_loss(p: np.ndarray, y: np.ndarray) -> float:
 
 def make_step(model: CTRModel, opt: Optimizer) -> Callable[[Any], Awaitable[float]]:
     """The training step to schedule: ``coordinator.schedule(step, args=(iterator,))``."""
-    table, dense_vars = model.table, model.dense
+    table, dense_vars, dim = model.table, model.dense, model.dim
 
     async def step(it: Any) -> float:
         ids, dense_x, y = next(it)
@@ -103,8 +108,8 @@ def make_step(model: CTRModel, opt: Optimizer) -> Callable[[Any], Awaitable[floa
         g_w2, g_b2 = h.T @ dz, dz.sum(0)
         dh = (dz @ w2.T) * (h_pre > 0)
         g_w1, g_b1 = x.T @ dh, dh.sum(0)
-        d_emb = (dh @ w1[:FEATURES * DIM].T).reshape(-1, DIM)
-        g_rows = np.zeros((unique.size, DIM), np.float32)
+        d_emb = (dh @ w1[:FEATURES * dim].T).reshape(-1, dim)
+        g_rows = np.zeros((unique.size, dim), np.float32)
         np.add.at(g_rows, inverse.reshape(-1), d_emb)
         await opt.apply_gradients([(IndexedSlices(g_rows, unique), table),
                                    (g_w1, model.w1), (g_b1, model.b1), (g_w2, model.w2),
@@ -118,7 +123,11 @@ async def evaluate(model: CTRModel, test: Any) -> float:
     """Held-out log loss of ``model`` on ``test`` (ids, dense features, labels)."""
     ids, dense_x, y = test
     unique, inverse = np.unique(ids, return_inverse=True)
-    rows = await embedding_lookup(model.table, unique)
+    table: Any = model.table
+    if getattr(table, "dynamic_table", False):
+        rows = await table.lookup(unique, training=False)  # evaluation admits nothing
+    else:
+        rows = await embedding_lookup(model.table, unique)
     params = await read_variables(model.dense)
     _, _, _, p = forward(rows, inverse.reshape(-1), dense_x, params)
     return log_loss(p, y)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import abc
 import math
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -70,6 +70,24 @@ class Initializer(abc.ABC):
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
         return f"{type(self).__name__}({args})"
+
+
+def _filled(shape: tuple[int, ...], dtype: np.dtype, draw: Callable[[int], np.ndarray]) -> np.ndarray:
+    """An array of ``dtype`` filled from ``draw(n)`` a million values at a time: the same
+    values as one draw of the whole shape, without a float64 copy of a large variable.
+
+    >>> rng = np.random.default_rng(1)
+    >>> a = _filled((3, 2), np.dtype("float32"), lambda n: rng.uniform(0, 1, n))
+    >>> bool(np.array_equal(a, np.random.default_rng(1).uniform(0, 1, (3, 2)).astype(np.float32)))
+    True
+    """
+    out = np.empty(shape, dtype)
+    flat = out.reshape(-1)
+    step = 1 << 20
+    for lo in range(0, flat.size, step):
+        hi = min(flat.size, lo + step)
+        flat[lo:hi] = draw(hi - lo)
+    return out
 
 
 def _rng(seed: int | None, offset: tuple[int, ...]) -> np.random.Generator:
@@ -135,8 +153,9 @@ class RandomNormal(Initializer):
     def _generate(self, shape, dtype, offset, full_shape):  # type: ignore[no-untyped-def]
         _float_dtype(dtype, "RandomNormal")
         rng = _rng(self.seed, offset)
-        return rng.standard_normal(shape, dtype=np.float32 if dtype == np.float32 else np.float64) \
-            * self.stddev + self.mean
+        draw = np.float32 if dtype == np.float32 else np.float64
+        return _filled(shape, dtype,
+                       lambda n: rng.standard_normal(n, dtype=draw) * self.stddev + self.mean)
 
 
 class RandomUniform(Initializer):
@@ -155,7 +174,7 @@ class RandomUniform(Initializer):
         if dtype.kind in "iu":
             return rng.integers(int(self.minval), int(self.maxval), size=shape, dtype=dtype)
         _float_dtype(dtype, "RandomUniform")
-        return rng.uniform(self.minval, self.maxval, size=shape)
+        return _filled(shape, dtype, lambda n: rng.uniform(self.minval, self.maxval, n))
 
 
 class TruncatedNormal(Initializer):

@@ -77,7 +77,7 @@ class CheckpointFiles:
             raise NotFoundError(f"checkpoint directory {directory} does not exist on {self.store.task}")
         records = {key: self.store.get(name) for key, name in req.tensors.items()}
         releases: list[Callable[[], None]] = []
-        tensors = []
+        tensors: list[tuple[str, np.dtype, tuple[int, ...], Any]] = []
         for key, r in records.items():
             arr = r.array
             if arr.dtype.name not in SAFETENSORS_DTYPES:
@@ -86,7 +86,7 @@ class CheckpointFiles:
             snap = r.snapshot()  # a large array: read block by block, never copied whole
             if snap is not None:
                 releases.append(functools.partial(r.end_snapshot, snap))
-                tensors.append((key, arr.dtype, arr.shape, snap.blocks))
+                tensors.append((key, arr.dtype, arr.shape, snap))
             else:
                 releases.append(r.pin())
                 tensors.append((key, arr.dtype, arr.shape, functools.partial(iter, (arr,))))

@@ -21,8 +21,10 @@ table.)
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator
+from typing import BinaryIO
 
 import numpy as np
 
@@ -86,16 +88,54 @@ class Snapshot:
             with self._lock:
                 block = self.array[lo:hi].copy()
                 self.taken = hi
-                patches = []
-                for r, v in self._old:
-                    a, b = np.searchsorted(r, (lo, hi))
-                    if a < b:
-                        patches.append((r[a:b], v[a:b]))
+                patches = self._collect(lo, hi)
             for r, v in patches:
                 block[r - lo] = v
             yield block
-            if hi % (self.block_rows * 64) == 0:
-                self._drop_written(hi)
+            self._maybe_drop(hi)
+        self._drop_written(self.rows)
+
+    def write_to(self, f: BinaryIO) -> None:
+        """Write the array as of the snapshot to ``f`` (at its position), straight from the
+        live array: each block is written as it is, then the rows changed while it was being
+        written (their old values were kept first) are written over it."""
+        start = f.tell()
+        row_bytes = self.array[:1].nbytes
+        fd = f.fileno()
+        for lo in range(0, self.rows, self.block_rows):
+            hi = min(self.rows, lo + self.block_rows)
+            f.write(self.array[lo:hi].reshape(-1).view(np.uint8).data)  # rows may change meanwhile
+            with self._lock:
+                self.taken = hi  # from now on changes here need nothing kept
+                patches = self._collect(lo, hi)
+            if patches:
+                f.flush()
+                at = start + lo * row_bytes
+                if sum(r.size for r, _ in patches) > 16:  # read the block back, patch, rewrite
+                    raw = bytearray(os.pread(fd, (hi - lo) * row_bytes, at))
+                    block = np.frombuffer(raw, self.array.dtype).reshape((hi - lo,) + self.array.shape[1:])
+                    for r, v in patches:
+                        block[r - lo] = v
+                    os.pwrite(fd, raw, at)
+                else:
+                    for r, v in patches:
+                        for i in range(r.size):
+                            os.pwrite(fd, v[i].tobytes(), at + (int(r[i]) - lo) * row_bytes)
+            self._maybe_drop(hi)
+        self._drop_written(self.rows)
+        f.seek(start + self.array.nbytes)
+
+    def _collect(self, lo: int, hi: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        patches = []
+        for r, v in self._old:
+            a, b = np.searchsorted(r, (lo, hi))
+            if a < b:
+                patches.append((r[a:b], v[a:b]))
+        return patches
+
+    def _maybe_drop(self, hi: int) -> None:
+        if hi % (self.block_rows * 64) == 0:
+            self._drop_written(hi)
 
     def _drop_written(self, upto: int) -> None:
         """Forget kept rows the writer is past (memory back while the save goes on)."""
