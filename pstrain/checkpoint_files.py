@@ -252,8 +252,8 @@ SAFETENSORS_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "int
 
 def write_streaming(path: str, tensors: Sequence[tuple[str, np.dtype, tuple[int, ...], Any]]) -> int:
     """Write a safetensors file whose tensors arrive in pieces: ``(key, dtype, shape,
-    pieces)`` where ``pieces()`` yields the tensor's bytes in row order, or ``pieces`` has a
-    ``write_to(f)`` that writes them itself (so a large array need not be in memory twice). The header is the format's (8-byte length, JSON with
+    pieces)`` where ``pieces()`` yields the tensor's bytes in row order (so a large array
+    need not be in memory twice). The header is the format's (8-byte length, JSON with
     dtype, shape and data offsets, space-padded to 8 bytes); reading is safetensors' own.
     Written like :func:`write_atomically` with ``overwrite=False``; returns the size."""
     header: dict[str, Any] = {}
@@ -270,19 +270,11 @@ def write_streaming(path: str, tensors: Sequence[tuple[str, np.dtype, tuple[int,
     raw += b" " * (-(8 + len(raw)) % 8)
 
     def write(tmp: str) -> None:
-        with open(tmp, "w+b") as f:  # read too: a snapshot reads blocks back to patch them
+        with open(tmp, "wb") as f:
             f.write(len(raw).to_bytes(8, "little"))
             f.write(raw)
             for key, dtype, _, pieces in tensors:
                 want = header[key]["data_offsets"][1] - header[key]["data_offsets"][0]
-                writer = getattr(pieces, "write_to", None)
-                if writer is not None:  # writes its own bytes (a snapshot, from live memory)
-                    at = f.tell()
-                    writer(f)
-                    if f.tell() - at != want:
-                        raise InvalidArgumentError(f"checkpoint: {key!r} wrote {f.tell() - at} "
-                                                   f"bytes, not {want}")
-                    continue
                 got = 0
                 for piece in pieces():
                     data = np.ascontiguousarray(piece, dtype).reshape(-1)

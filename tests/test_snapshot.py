@@ -54,12 +54,12 @@ async def test_a_save_during_updates_writes_the_table_as_it_began_without_copyin
         assert k is not None, "the file is no state the table was in"
         assert k < len(batches) - 1  # the save began while updates were still to come
         np.testing.assert_array_equal(await table.numpy(), expected)
-        # What the save added: blocks in flight and the rows updated during it, not a copy.
-        assert peak < 0.3 * nbytes, f"peak {peak / 2**20:.0f} MiB for a {nbytes / 2**20:.0f} MiB table"
+        # What the save added: a block in flight and the rows updated during it, not a copy.
+        assert peak < 0.5 * nbytes, f"peak {peak / 2**20:.0f} MiB for a {nbytes / 2**20:.0f} MiB table"
 
 
-@pytest.mark.parametrize("changed", [3, 40])  # a few rows written over one by one; many: block rewritten
-def test_a_snapshot_written_from_live_memory_holds_the_old_rows(tmp_path, changed):
+@pytest.mark.parametrize("changed", [3, 400])
+def test_a_snapshots_blocks_hold_the_old_rows_and_free_them_once_written(changed):
     from pstrain.server.store import Snapshot
 
     a = np.arange(4000, dtype=np.float32).reshape(1000, 4)
@@ -68,11 +68,10 @@ def test_a_snapshot_written_from_live_memory_holds_the_old_rows(tmp_path, change
     rows = np.random.default_rng(changed).choice(1000, changed, replace=False)
     snap.before_write(rows)
     a[rows] = -1
-    path = tmp_path / "out.bin"
-    with open(path, "w+b") as f:
-        f.write(b"head")
-        snap.write_to(f)
-        assert f.tell() == 4 + a.nbytes
-    data = np.frombuffer(path.read_bytes()[4:], np.float32).reshape(1000, 4)
+    blocks = snap.blocks()
+    first = next(blocks)
+    snap.before_write(np.arange(1000))  # everything changes after the first block was taken
+    a[:] = -2
+    data = np.concatenate([first, *blocks])
     np.testing.assert_array_equal(data, original)
     assert snap.kept_bytes == 0  # the kept rows were dropped once written

@@ -86,7 +86,7 @@ class CheckpointFiles:
             snap = r.snapshot()  # a large array: read block by block, never copied whole
             if snap is not None:
                 releases.append(functools.partial(r.end_snapshot, snap))
-                tensors.append((key, arr.dtype, arr.shape, snap))
+                tensors.append((key, arr.dtype, arr.shape, snap.blocks))
             else:
                 releases.append(r.pin())
                 tensors.append((key, arr.dtype, arr.shape, functools.partial(iter, (arr,))))

@@ -21,10 +21,8 @@ table.)
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterator
-from typing import BinaryIO
 
 import numpy as np
 
@@ -35,7 +33,7 @@ __all__ = ["BLOCK_BYTES", "SNAPSHOT_MIN_BYTES", "Snapshot", "VariableRecord", "V
 #: Arrays at least this large are saved through a Snapshot; smaller ones are pinned.
 SNAPSHOT_MIN_BYTES = 1 << 20
 #: About how many bytes a save's writer copies (and writes) at a time.
-BLOCK_BYTES = 4 << 20
+BLOCK_BYTES = 8 << 20
 
 
 class Snapshot:
@@ -94,36 +92,6 @@ class Snapshot:
             yield block
             self._maybe_drop(hi)
         self._drop_written(self.rows)
-
-    def write_to(self, f: BinaryIO) -> None:
-        """Write the array as of the snapshot to ``f`` (at its position), straight from the
-        live array: each block is written as it is, then the rows changed while it was being
-        written (their old values were kept first) are written over it."""
-        start = f.tell()
-        row_bytes = self.array[:1].nbytes
-        fd = f.fileno()
-        for lo in range(0, self.rows, self.block_rows):
-            hi = min(self.rows, lo + self.block_rows)
-            f.write(self.array[lo:hi].reshape(-1).view(np.uint8).data)  # rows may change meanwhile
-            with self._lock:
-                self.taken = hi  # from now on changes here need nothing kept
-                patches = self._collect(lo, hi)
-            if patches:
-                f.flush()
-                at = start + lo * row_bytes
-                if sum(r.size for r, _ in patches) > 16:  # read the block back, patch, rewrite
-                    raw = bytearray(os.pread(fd, (hi - lo) * row_bytes, at))
-                    block = np.frombuffer(raw, self.array.dtype).reshape((hi - lo,) + self.array.shape[1:])
-                    for r, v in patches:
-                        block[r - lo] = v
-                    os.pwrite(fd, raw, at)
-                else:
-                    for r, v in patches:
-                        for i in range(r.size):
-                            os.pwrite(fd, v[i].tobytes(), at + (int(r[i]) - lo) * row_bytes)
-            self._maybe_drop(hi)
-        self._drop_written(self.rows)
-        f.seek(start + self.array.nbytes)
 
     def _collect(self, lo: int, hi: int) -> list[tuple[np.ndarray, np.ndarray]]:
         patches = []
