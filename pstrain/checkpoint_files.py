@@ -316,39 +316,81 @@ def write_atomically(path: str, write: Callable[[str], None], *, overwrite: bool
             pass
 
 
-def read_rows(shape: tuple[int, ...], dtype: np.dtype, parts: list[list[Any]]) -> np.ndarray:
-    """Assemble an array from ``[file, key, src_start, src_stop, dst_start]`` row ranges."""
-    from safetensors import safe_open
+#: The largest safetensors header read (the format's own limit is 100 MB).
+MAX_HEADER = 100 << 20
+_DTYPE_OF_TAG = {tag: name for name, tag in SAFETENSORS_DTYPES.items()}
 
-    whole = len(parts) == 1 and (parts[0][2] is None or
-                                 (parts[0][2] == 0 and parts[0][4] == 0 and len(shape) > 0
-                                  and parts[0][3] == shape[0]))
-    out = np.empty(0 if whole else shape, dtype)  # one source: its array is the result, no copy
+
+def _tensor_location(f: Any, path: str, key: str) -> tuple[int, np.dtype, tuple[int, ...]]:
+    """Where tensor ``key`` of the open safetensors file ``f`` starts, its dtype and shape,
+    all checked against the file's size before anything is allocated."""
+    size = os.fstat(f.fileno()).st_size
+    raw = f.read(8)
+    if len(raw) != 8:
+        raise InvalidArgumentError(f"{path} is not a safetensors file (too short)")
+    n = int.from_bytes(raw, "little")
+    if n > min(MAX_HEADER, size - 8):
+        raise InvalidArgumentError(f"{path}: its header claims {n} bytes; the file has {size}")
+    try:
+        header = json.loads(f.read(n))
+        meta = header[key]
+        tag, shape, (begin, end) = meta["dtype"], tuple(int(d) for d in meta["shape"]), meta["data_offsets"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InvalidArgumentError(f"cannot read {key!r} from {path}: bad header ({exc!r})") from None
+    if tag not in _DTYPE_OF_TAG:
+        raise InvalidArgumentError(f"{key!r} in {path} has dtype {tag!r}")
+    dtype = np.dtype(_DTYPE_OF_TAG[tag])
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin and end - begin == nbytes
+            and 8 + n + end <= size) or any(d < 0 for d in shape):
+        raise InvalidArgumentError(f"{key!r} in {path}: its offsets do not match its shape and "
+                                   "the file's size")
+    return 8 + n + begin, dtype, shape
+
+
+def _read_into(f: Any, at: int, out: np.ndarray) -> None:
+    view = out.reshape(-1).view(np.uint8).data  # a view: out is C-contiguous
+    f.seek(at)
+    got = 0
+    while got < len(view):
+        n = f.readinto(view[got:])
+        if not n:
+            raise InvalidArgumentError(f"{f.name} ended early")
+        got += n
+
+
+def read_rows(shape: tuple[int, ...], dtype: np.dtype, parts: list[list[Any]]) -> np.ndarray:
+    """Assemble an array from ``[file, key, src_start, src_stop, dst_start]`` row ranges.
+
+    Reads go straight into the result (the header is parsed and checked here: safetensors'
+    own reader copies out of a memory map, measured at about 60 % of a plain read); only
+    the files' layout is safetensors'."""
+    out = np.empty(shape, dtype)
     filled = 0
     for path, key, start, stop, dst in parts:
         try:
-            with safe_open(path, "np") as f:
+            with open(path, "rb", buffering=0) as f:
+                at, saved_dtype, saved_shape = _tensor_location(f, path, key)
+                if saved_dtype != dtype:
+                    raise InvalidArgumentError(f"{key!r} in {path} is {saved_dtype}, expected {dtype}")
                 if start is None:
-                    piece = f.get_tensor(key)
-                else:
-                    piece = f.get_slice(key)[start:stop]
+                    if int(np.prod(saved_shape, dtype=np.int64)) != out.size or \
+                            (saved_shape != tuple(shape) and saved_shape != (1,)):
+                        raise InvalidArgumentError(f"{key!r} in {path} has shape {saved_shape}, "
+                                                   f"expected {shape}")
+                    _read_into(f, at, out)
+                    filled = out.shape[0] if out.ndim else 1
+                    continue
+                if saved_shape[1:] != tuple(shape[1:]) or not 0 <= start < stop <= saved_shape[0]:
+                    raise InvalidArgumentError(f"rows {start}..{stop} of {key!r} in {path} "
+                                               f"(shape {saved_shape}) do not fit {shape}")
+                row_bytes = int(np.prod(saved_shape[1:], dtype=np.int64)) * dtype.itemsize
+                _read_into(f, at + start * row_bytes, out[dst:dst + (stop - start)])
+                filled += stop - start
         except FileNotFoundError as exc:
             raise NotFoundError(f"checkpoint file {path} not found") from exc
-        except Exception as exc:  # safetensors raises its own types for bad files and keys
-            raise InvalidArgumentError(f"cannot read {key!r} from {path}: {exc}") from exc
-        if whole:
-            if piece.shape != tuple(shape) and piece.size == int(np.prod(shape, dtype=np.int64)):
-                piece = piece.reshape(shape)  # safetensors returns 0-d tensors as shape (1,)
-            if piece.shape != tuple(shape):
-                raise InvalidArgumentError(f"{key!r} in {path} has shape {piece.shape}, expected {shape}")
-            if piece.dtype != dtype:
-                raise InvalidArgumentError(f"{key!r} in {path} is {piece.dtype}, expected {dtype}")
-            return piece if piece.flags.writeable else piece.copy()
-        if start is None:
-            raise InvalidArgumentError(f"{key!r}: a whole-tensor source must be the only one")
-        else:
-            out[dst:dst + (stop - start)] = piece
-            filled += stop - start
+        except IsADirectoryError as exc:
+            raise InvalidArgumentError(f"checkpoint file {path} is a directory") from exc
     expected = shape[0] if len(shape) else 1
     if filled != expected:
         raise InvalidArgumentError(f"checkpoint sources cover {filled} of {expected} rows")

@@ -24,8 +24,11 @@ that fails on one ps changes none.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
+import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +42,11 @@ from ..schemas import RestoreRequest, RestoreSpec, SaveRequest
 from .store import VariableStore
 
 __all__ = ["CheckpointFiles"]
+
+logger = logging.getLogger(__name__)
+
+#: How much nicer than the serving loop a save's writer thread runs (Linux thread niceness).
+SAVE_NICENESS = 10
 
 #: Staged restores not committed within this many seconds are dropped.
 STAGE_TTL_S = 300.0
@@ -91,7 +99,8 @@ class CheckpointFiles:
                 releases.append(r.pin())
                 tensors.append((key, arr.dtype, arr.shape, functools.partial(iter, (arr,))))
         try:
-            size = await asyncio.get_running_loop().run_in_executor(None, write_streaming, path, tensors)
+            size = await asyncio.get_running_loop().run_in_executor(_save_thread(), write_streaming,
+                                                                    path, tensors)
         finally:
             for release in releases:
                 release()
@@ -248,6 +257,28 @@ class CheckpointFiles:
         now = time.monotonic()
         for stage in [s for s, (t, _) in self._staged.items() if now - t > STAGE_TTL_S]:
             del self._staged[stage]
+
+
+_SAVER: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _save_thread() -> concurrent.futures.ThreadPoolExecutor:
+    """The thread that writes saves, at a lower CPU priority (Linux thread niceness): on a
+    busy machine a save yields to the serving loop (training) rather than the other way
+    round. One per process, made at the first save."""
+    global _SAVER
+    if _SAVER is None:
+        _SAVER = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="pstrain-save", initializer=_nicer)
+    return _SAVER
+
+
+def _nicer() -> None:
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + SAVE_NICENESS))
+    except OSError:  # not allowed here: saves run at the process's priority
+        logger.debug("could not lower the priority of the checkpoint thread")
 
 
 def _write_new(path: str, tensors: dict[str, np.ndarray]) -> int:
