@@ -60,7 +60,7 @@ _EXPORTS: dict[str, str] = {
     "run": "bridge",
 }
 _SUBMODULES = ("checkpoint", "data", "errors", "evaluator", "initializers", "metrics", "optimizers",
-               "partitioners", "rpc", "testing")
+               "partitioners", "rpc", "summary", "testing")
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 
@@ -91,6 +91,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above 
         optimizers as optimizers,
         partitioners as partitioners,
         rpc as rpc,
+        summary as summary,
         testing as testing,
     )
     from .bridge import (

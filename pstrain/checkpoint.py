@@ -57,6 +57,8 @@ import hashlib
 import logging
 import os
 import re
+import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -80,7 +82,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Checkpoint", "CheckpointLoadStatus", "CheckpointManager", "load_variables"]
+__all__ = ["Checkpoint", "CheckpointLoadStatus", "CheckpointManager", "load_variables", "recent_saves"]
 
 
 class Checkpoint:
@@ -191,6 +193,8 @@ class Checkpoint:
             await asyncio.get_running_loop().run_in_executor(
                 None, write_tensors, f"{prefix}.local.safetensors", local)
         write_index(prefix, index_vars, self.save_counter, index_tables)
+        _SAVED.append({"path": prefix, "time": time.time(), "values": len(index_vars),
+                       "tables": len(index_tables)})
         logger.info("saved checkpoint %s (%d values)", prefix, len(index_vars))
         return prefix
 
@@ -235,6 +239,15 @@ class Checkpoint:
     async def read(self, save_path: str) -> CheckpointLoadStatus:
         """Restore from a checkpoint written by :meth:`write` (same as :meth:`restore`)."""
         return await self.restore(save_path)
+
+
+#: The checkpoints this process saved, newest last (the dashboard lists them).
+_SAVED: deque[dict[str, Any]] = deque(maxlen=50)
+
+
+def recent_saves() -> list[dict[str, Any]]:
+    """The checkpoints this process saved lately: path, time, values and tables."""
+    return list(_SAVED)
 
 
 def _table_slots(graph: Graph) -> dict[str, str]:

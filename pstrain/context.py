@@ -67,8 +67,10 @@ def current_channels() -> ChannelPool:
     return pool
 
 
-def worker_context(index: int, channels: ChannelPool | None) -> contextvars.Context:
-    """A fresh context in which closures of worker ``index`` run.
+def worker_context(index: int, channels: ChannelPool | None,
+                   scalars: ScalarSink | None = None) -> contextvars.Context:
+    """A fresh context in which closures of worker ``index`` run (``scalars``: where the
+    scalars they log with ``pstrain.summary`` go).
 
     >>> ctx = worker_context(3, None)
     >>> ctx.run(get_current_worker_index)
@@ -77,7 +79,19 @@ def worker_context(index: int, channels: ChannelPool | None) -> contextvars.Cont
     ctx = contextvars.copy_context()
     ctx.run(_worker_index.set, index)
     ctx.run(_channels.set, channels)
+    ctx.run(_scalar_sink.set, scalars)
     return ctx
+
+
+#: ``sink(name, value, step, wall_time)``: where a closure's scalars go (its worker's outbox).
+ScalarSink = Callable[[str, float, int, float], None]
+_scalar_sink: contextvars.ContextVar[ScalarSink | None] = contextvars.ContextVar(
+    "pstrain_scalar_sink", default=None)
+
+
+def scalar_sink() -> ScalarSink | None:
+    """Inside a closure: where ``pstrain.summary.scalar`` sends its scalars (None elsewhere)."""
+    return _scalar_sink.get()
 
 
 # -- operations that must be awaited ------------------------------------------------------------

@@ -28,12 +28,17 @@ import asyncio
 import hashlib
 import itertools
 import logging
+import os
+import sys
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import pickling
+from . import pickling, summary
+from .checkpoint import recent_saves
 from .cluster import ClusterSpec, is_loopback, parse_address, task_name
+from .dashboard import Dashboard, task_state
 from .dispatch import DispatchSettings, WorkerDispatcher
 from .errors import (
     AuthenticationError,
@@ -79,7 +84,8 @@ class ClusterCoordinator:
                  max_batch: int = 1024, worker_timeout_s: float = 10.0,
                  ps_timeout_s: float = 10.0, heartbeat_s: float = 1.0,
                  probe_initial_s: float = 0.05, probe_max_s: float = 1.0,
-                 cancel_grace_s: float = 10.0, no_worker_timeout_s: float | None = 60.0) -> None:
+                 cancel_grace_s: float = 10.0, no_worker_timeout_s: float | None = 60.0,
+                 dashboard: str | None = None) -> None:
         if getattr(self, "strategy", None) is not None:
             return  # the existing coordinator of this strategy
         if not isinstance(strategy, ParameterServerStrategy):
@@ -106,6 +112,7 @@ class ClusterCoordinator:
         self._fns: dict[Any, tuple[bytes, bytes]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._metrics: MetricsEndpoint | None = None
+        self._dashboard: Dashboard | None = None
         self._ps_incarnations: list[str | None] = [None] * strategy.num_ps
         self._ps_restart: UnavailableError | None = None  # found while another error was pending
         self.closed = False
@@ -114,9 +121,12 @@ class ClusterCoordinator:
             WorkerDispatcher(i, self.queue, self.resources,
                              _channel_getter(self._channels, "worker", i), spec, self._tasks,
                              self.settings, before_send=strategy.placement.creations_to_send,
-                             fence=self._fence_worker)
+                             fence=self._fence_worker, on_scalars=self._scalars)
             for i in range(strategy.num_workers)]
         self.session = uuid.uuid4().hex[:16]  # exactly-once keys are unique to this coordinator
+        #: ``host:port`` to serve the dashboard on once dispatching starts (``pstrain launch
+        #: --dashboard`` sets PSTRAIN_DASHBOARD); None: only if serve_dashboard() is called.
+        self._dashboard_at = dashboard if dashboard is not None else os.environ.get("PSTRAIN_DASHBOARD")
 
     # -- loop and tasks ---------------------------------------------------------------------
     def _start(self) -> bool:
@@ -133,8 +143,27 @@ class ClusterCoordinator:
         self._tasks.spawn(self._heartbeat())
         chief = self._chief_address()
         if chief is not None:  # TF_CONFIG names this process's address: serve /metrics there
-            self._tasks.spawn(self.serve_metrics(*chief))
+            self._tasks.spawn(self._serve_metrics_or_say(*chief))
+        if self._dashboard_at:
+            self._tasks.spawn(self._auto_dashboard(self._dashboard_at))
         return True
+
+    async def _serve_metrics_or_say(self, host: str, port: int) -> None:
+        try:
+            await self.serve_metrics(host, port)
+        except (PstrainError, OSError) as exc:  # a port in use is the user's to fix: say so, once
+            logger.error("the coordinator could not serve /metrics on %s:%d: %s (training goes "
+                         "on without it)", host, port, exc)
+
+    async def _auto_dashboard(self, where: str) -> None:
+        host, _, port = where.rpartition(":")
+        try:
+            url = await self.serve_dashboard(host or "127.0.0.1", int(port or 0))
+        except (PstrainError, ValueError, OSError) as exc:
+            logger.error("the dashboard could not start on %s: %s", where, exc)
+            return
+        print(f"pstrain dashboard (one-time login URL; open it once): {url}", file=sys.stderr,
+              flush=True)
 
     def _task_failed(self, exc: BaseException) -> None:
         logger.error("a coordinator task failed", exc_info=exc)
@@ -422,7 +451,7 @@ class ClusterCoordinator:
         w = WorkerDispatcher(index, self.queue, self.resources,
                              _channel_getter(self._channels, "worker", index), spec, self._tasks,
                              self.settings, before_send=self.strategy.placement.creations_to_send,
-                             fence=self._fence_worker)
+                             fence=self._fence_worker, on_scalars=self._scalars)
         self._workers.append(w)
         self.strategy.worker_joined()
         if self._loop is not None:
@@ -455,6 +484,95 @@ class ClusterCoordinator:
                 "closures_done": self.queue.done_count, "closures_retried": self.queue.retried_count,
                 "worker_failures": self.worker_failures,
                 "workers_up": sum(self.workers_up)}
+
+    # -- the dashboard ----------------------------------------------------------------------------
+    async def serve_dashboard(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Serve the live dashboard (``pstrain/dashboard.py``); returns a one-time login URL
+        (print it, open it once: it sets a session cookie). Listens on 127.0.0.1 unless told
+        otherwise; every page needs the login (or the cluster token as a bearer header)."""
+        self._start()
+        if self._dashboard is None:
+            if not is_loopback(host) and not self._channels.token:
+                raise InvalidArgumentError("a dashboard off loopback needs a cluster token")
+            dashboard = Dashboard(self._dashboard_state, self._channels.token, host, port)
+            await dashboard.start()
+            self._dashboard = dashboard
+        return self._dashboard.login_url()
+
+    def dashboard_login_url(self) -> str:
+        """A fresh one-time login URL for the running dashboard."""
+        if self._dashboard is None:
+            raise PstrainError("no dashboard: call serve_dashboard() first")
+        return self._dashboard.login_url()
+
+    @property
+    def dashboard(self) -> Dashboard | None:
+        return self._dashboard
+
+    async def _ps_statistics(self, k: int) -> dict[str, Any] | None:
+        try:
+            stats: dict[str, Any] = await self._channels.channel("ps", k).call(
+                "statistics", {}, timeout=min(2.0, self.ps_timeout_s))
+            return stats
+        except PstrainError:
+            return None
+
+    async def _dashboard_state(self) -> dict[str, Any]:
+        """What the dashboard shows, as plain values (built about once a second)."""
+        spec = self._channels.cluster_spec
+        tasks: list[dict[str, Any]] = []
+        chief = spec.task_address("chief", 0) if spec.num_tasks("chief") else None
+        tasks.append({"job": "chief", "index": 0, "task": "chief:0", "state": "up",
+                      "address": chief or "this process"})
+        stats, answered = await asyncio.gather(
+            asyncio.gather(*(self._ps_statistics(k) for k in range(self.strategy.num_ps))),
+            asyncio.gather(*(self._answers(w) for w in self._workers)))
+        for k, st in enumerate(stats):
+            entry: dict[str, Any] = {
+                "job": "ps", "index": k, "task": f"ps:{k}", "address": spec.task_address("ps", k),
+                "state": "up" if st is not None else ("down" if self._ps_incarnations[k] else "joining"),
+                "incarnation": self._ps_incarnations[k]}
+            if st is not None:
+                requests = st.get("requests", {}).values()
+                entry.update(bytes=st.get("bytes", 0), variables=st.get("variables", 0),
+                             rss_bytes=st.get("rss_bytes"),
+                             requests=sum(r["count"] for r in requests),
+                             wire_bytes=sum(r["bytes_in"] + r["bytes_out"] for r in requests),
+                             tables=st.get("tables", {}))
+            tasks.append(entry)
+        for w, answers in zip(self._workers, answered):
+            tasks.append({"job": "worker", "index": w.index, "task": f"worker:{w.index}",
+                          "address": spec.task_address("worker", w.index),
+                          "state": task_state(w.up and answers, w.leaving,
+                                              w.incarnation is not None or w.failures > 0),
+                          "incarnation": w.incarnation, "failures": w.failures,
+                          "completed": w.completed, "last_error": w.last_error})
+        return {"time": time.time(), "tasks": tasks,
+                "closures": {"done": self.queue.done_count, "queued": self.queue.queued,
+                             "in_flight": self.queue.in_flight,
+                             "retried": self.queue.retried_count,
+                             "worker_failures": self.worker_failures},
+                "checkpoints": recent_saves()}
+
+    async def _answers(self, w: WorkerDispatcher) -> bool:
+        """Does worker ``w`` answer a health check now? (The dashboard shows an idle worker
+        that died as down at once; dispatching learns of it when it next sends work.)"""
+        if not w.up:
+            return False
+        try:
+            await w.channel().call("health", None, timeout=1.0)
+            return True
+        except PstrainError:
+            return False
+
+    def _scalars(self, records: list[Any]) -> None:
+        """Scalars a closure logged with pstrain.summary (they came back with its result)."""
+        for rec in records:
+            try:
+                name, value, step, wall = rec
+                summary.record(str(name), float(value), int(step), float(wall))
+            except (TypeError, ValueError):
+                logger.warning("a worker sent a malformed scalar: %r", rec)
 
     async def serve_metrics(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Serve ``GET /metrics`` and ``/healthz`` for this coordinator; returns the address.
@@ -501,6 +619,8 @@ class ClusterCoordinator:
         await self._channels.close()
         if self._metrics is not None:
             await self._metrics.stop()
+        if self._dashboard is not None:
+            await self._dashboard.stop()
         self.strategy.detach_coordinator(self)
 
     async def __aenter__(self) -> ClusterCoordinator:

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from . import summary
 from .bridge import run
 from .checkpoint import Checkpoint, CheckpointManager
 from .coordinator import ClusterCoordinator
@@ -44,6 +45,9 @@ def add_demo_parser(sub: Any) -> None:
     p.add_argument("--steps", type=int, default=8000, help="training steps of 512 examples (default 8000)")
     p.add_argument("--output", default="demo-output", help="where checkpoints, plot and results go")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--dashboard", nargs="?", const="127.0.0.1:0", default=None, metavar="HOST:PORT",
+                   help="serve the live dashboard (default 127.0.0.1, any free port) and print "
+                        "its one-time login URL")
     p.set_defaults(func=_demo)
 
 
@@ -74,9 +78,21 @@ async def _main(args: argparse.Namespace) -> int:
             manager = CheckpointManager(Checkpoint(model=model, optimizer=opt), str(out / "checkpoints"),
                                         max_to_keep=3)
             metrics_at = await coordinator.serve_metrics()
+            token_file = out / "cluster-token"
+            token_file.write_text(cluster.token + "\n")
+            token_file.chmod(0o600)
             say(f"cluster up: ps {cluster.cluster_spec.job_tasks('ps')}, workers "
                 f"{cluster.cluster_spec.job_tasks('worker')}; coordinator metrics at "
-                f"http://{metrics_at}/metrics (token in the cluster)")
+                f"http://{metrics_at}/metrics\n  read them with the cluster token as a bearer "
+                f"header: curl -H \"Authorization: Bearer $(cat {token_file})\" "
+                f"http://{metrics_at}/metrics")
+            if args.dashboard is not None:
+                host, _, port = args.dashboard.rpartition(":")
+                url = await coordinator.serve_dashboard(host or "127.0.0.1", int(port or 0))
+                say(f"dashboard (one-time login URL; open it once): {url}")
+            writer = summary.create_file_writer(str(out / "tensorboard"))
+            writer.set_as_default()
+            say(f"TensorBoard scalars: tensorboard --logdir {out / 'tensorboard'}")
 
             def dataset_fn() -> Dataset:
                 (ids, dense_x, y), _ = synthetic(n_train, 0)
@@ -94,6 +110,7 @@ async def _main(args: argparse.Namespace) -> int:
                     rvs = [coordinator.schedule(step, args=(iterator,)) for _ in range(n)]
                     for rv in rvs:
                         losses.append(await rv)
+                        summary.scalar("train/loss", losses[-1], step=len(losses))
                         bar.update(1)
                         if len(losses) % 25 == 0:
                             in_chunk = len(losses) % chunk or chunk
@@ -109,11 +126,14 @@ async def _main(args: argparse.Namespace) -> int:
             held_out = await evaluate(model, test)
             base = float(test[2].mean())
             base_loss = -(base * math.log(base) + (1 - base) * math.log(1 - base))
+            summary.scalar("eval/held_out_log_loss", held_out, step=len(losses))
+            summary.scalar("eval/base_rate_log_loss", base_loss, step=len(losses))
+            writer.close()
             await coordinator.close()
     finally:
         loop.remove_signal_handler(signal.SIGINT)
     rate = len(losses) * BATCH / elapsed
-    plot = _plot(out / "loss.png", losses)
+    plot = _plot(out / "loss.png", losses, held_out, base_loss)
     results = {"steps": len(losses), "examples_per_s": round(rate), "held_out_log_loss": round(held_out, 4),
                "base_rate_log_loss": round(base_loss, 4), "seconds": round(elapsed, 1),
                "checkpoint": manager.latest_checkpoint, "plot": plot}
@@ -123,12 +143,13 @@ async def _main(args: argparse.Namespace) -> int:
     print(f"held-out log loss {held_out:.4f} (predicting the base rate: {base_loss:.4f})")
     print(f"checkpoint: {manager.latest_checkpoint}")
     print(f"loss curve: {plot}")
+    print(f"TensorBoard: tensorboard --logdir {out / 'tensorboard'}")
     print(f"results:    {out / 'results.json'}")
     print("every process the demo started has stopped.")
     return 0 if held_out < base_loss or stop.is_set() else 1
 
 
-def _plot(path: Path, losses: list[float]) -> str:
+def _plot(path: Path, losses: list[float], held_out: float, base_loss: float) -> str:
     try:
         import matplotlib
     except ImportError:
@@ -142,6 +163,8 @@ def _plot(path: Path, losses: list[float]) -> str:
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     ax.plot(np.arange(len(losses)), losses, alpha=0.25, label="loss per step")
     ax.plot(np.arange(len(smooth)) + window - 1, smooth, label=f"mean of {window}")
+    ax.axhline(held_out, color="green", linestyle="--", label=f"held-out log loss {held_out:.4f}")
+    ax.axhline(base_loss, color="grey", linestyle=":", label=f"predicting the base rate {base_loss:.4f}")
     ax.set_xlabel("step")
     ax.set_ylabel("training log loss")
     ax.set_title("pstrain demo: sparse CTR model, 2 ps + 2 workers")

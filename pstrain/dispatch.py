@@ -79,8 +79,11 @@ class WorkerDispatcher:
                  channel: Callable[[], Channel], cluster_spec: ClusterSpec, tasks: TaskOwner,
                  settings: DispatchSettings,
                  before_send: Callable[[], Awaitable[None] | None] | None = None,
-                 fence: Callable[[int, int], Awaitable[None]] | None = None) -> None:
+                 fence: Callable[[int, int], Awaitable[None]] | None = None,
+                 on_scalars: Callable[[list[Any]], None] | None = None) -> None:
         self.index = index
+        self.on_scalars = on_scalars  # scalars closures logged (pstrain.summary), as they arrive
+        self.completed = 0  # closures this worker finished (any outcome)
         self.task = task_name("worker", index)
         self.queue = queue
         self.registry = registry
@@ -336,6 +339,10 @@ class WorkerDispatcher:
     def _on_results(self, reply: Any) -> None:
         finish = self.queue.finish
         queue = self.queue
+        scalars = reply.get("scalars")
+        if scalars and self.on_scalars is not None:
+            self.on_scalars(scalars)
+        self.completed += len(reply["results"])
         for cid, status, value in reply["results"]:
             if status == OK:
                 finish(cid, value)

@@ -119,7 +119,8 @@ class LocalCluster(RunningCluster):
         with warnings.catch_warnings():  # JAX, if imported, warns of any fork; this one execs
             warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
             task.proc = await asyncio.create_subprocess_exec(
-                *self._command(task, port), stdout=asyncio.subprocess.PIPE, stderr=None, env=env)
+                *self._command(task, port), stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT, env=env)  # both, prefixed with the task
         assert task.proc.stdout is not None
         try:
             line = await asyncio.wait_for(self._read_address(task), self.startup_timeout_s)
@@ -137,12 +138,15 @@ class LocalCluster(RunningCluster):
                 code = await task.proc.wait()
                 raise PstrainError(f"{task.job}:{task.index} exited with code {code} before "
                                    "listening (see its log above)")
-            match = _LISTENING.search(raw.decode(errors="replace"))
+            line = raw.decode(errors="replace")
+            match = _LISTENING.search(line)
             if match:
                 return match.group(1)
+            sys.stderr.write(f"[{task.job}:{task.index}] {line}")  # its log before listening
 
     async def _forward(self, task: _Task) -> None:
-        """Keep the child's stdout drained, prefixed with its role."""
+        """Keep the child's output (stdout and stderr) drained, each line prefixed with its
+        task, onto this process's stderr."""
         assert task.proc is not None and task.proc.stdout is not None
         while True:
             raw = await task.proc.stdout.readline()
@@ -223,6 +227,10 @@ def add_launch_parser(sub: Any) -> None:
     p.add_argument("--ps", type=int, default=1, help="number of parameter servers (default 1)")
     p.add_argument("--workers", type=int, default=1, help="number of workers (default 1)")
     p.add_argument("--log-level", default="WARNING", help="servers' log level (default WARNING)")
+    p.add_argument("--dashboard", nargs="?", const="127.0.0.1:0", default=None, metavar="HOST:PORT",
+                   help="the coordinator CMD makes serves the live dashboard there (default "
+                        "127.0.0.1, any free port) and prints its one-time login URL "
+                        "(PSTRAIN_DASHBOARD)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     p.set_defaults(func=_launch)
 
@@ -236,13 +244,16 @@ def _launch(args: argparse.Namespace) -> int:
                            "python train.py")
     from .bridge import run
 
-    return run(_launch_async(cmd, args.ps, args.workers, args.log_level))
+    return run(_launch_async(cmd, args.ps, args.workers, args.log_level, args.dashboard))
 
 
-async def _launch_async(cmd: list[str], num_ps: int, num_workers: int, log_level: str) -> int:
+async def _launch_async(cmd: list[str], num_ps: int, num_workers: int, log_level: str,
+                        dashboard: str | None = None) -> int:
     async with LocalCluster(num_ps, num_workers, log_level=log_level) as cluster:
         env = dict(os.environ)
         env.pop("TF_CONFIG", None)
+        if dashboard is not None:
+            env["PSTRAIN_DASHBOARD"] = dashboard
         env["PSTRAIN_CONFIG"] = json.dumps(cluster.config())
         env["PSTRAIN_TOKEN"] = cluster.token
         env.setdefault("PYTHONUNBUFFERED", "1")

@@ -84,6 +84,7 @@ _EXTRA = {
     "preauth_waiting": ("gauge", "Connections waiting to authenticate"),
     "preauth_expired": ("counter", "Connections closed for not authenticating in time"),
     "preauth_evicted": ("counter", "Waiting connections dropped to make room (the cap)"),
+    "rss_bytes": ("gauge", "Resident memory of this process"),
     "variables": ("gauge", "Variables held by this ps"),
     "bytes": ("gauge", "Bytes of variables held by this ps"),
     "closures_run": ("counter", "Closures this worker ran successfully"),

@@ -26,9 +26,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
                 "optimizer_rules", "observability", "initializers", "pickling", "idhash"),
     "transport": ("rpc", "bridge"),
     "variables": ("variables", "placement", "sharding", "partitioners", "dynamic"),
-    "training": ("optimizers", "metrics", "checkpoint", "restore_status", "object_graph", "jax", "torch", "evaluator", "data", "module"),
+    "training": ("optimizers", "metrics", "checkpoint", "restore_status", "object_graph", "jax", "torch", "evaluator", "data", "module", "summary"),
     "program": ("values", "distribution", "input_distribution", "remote_value", "scheduling", "resources", "per_worker", "dispatch",
-                "strategy", "coordinator"),
+                "strategy", "coordinator", "dashboard"),
     "face": ("__init__", "__main__", "cli", "launch", "testing", "demo", "progress", "ctr"),
 }
 RANK = {layer: i for i, layer in enumerate(LAYERS)}

@@ -168,7 +168,7 @@ class ServerCore:
 
     def statistics(self, _: Any) -> dict[str, Any]:
         return {"task": self.task, "uptime_s": time.time() - self.started_at,
-                "task_failures": self.tasks.failures,
+                "task_failures": self.tasks.failures, "rss_bytes": _rss_bytes(),
                 "requests": {op: {"count": c, "bytes_in": bi, "bytes_out": bo, "seconds": sec}
                              for op, (c, bi, bo, sec) in self.stats.items()}}
 
@@ -265,3 +265,15 @@ class ServerCore:
 
 def _refused(payload: Any) -> Any:  # pragma: no cover - handle() answers before calling it
     raise InvalidArgumentError("this operation is refused here")
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _rss_bytes() -> int:
+    """This process's resident memory now (0 where /proc is missing)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0

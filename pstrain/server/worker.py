@@ -70,6 +70,9 @@ def _check_awaited(missed: list[str]) -> None:
             "the operation never ran. Write `await` before it (in an `async def` closure), or "
             "return it from a plain `def` closure")
 
+#: Scalars closures may log between two results messages; more are dropped (and counted).
+MAX_PENDING_SCALARS = 100_000
+
 class _FailedResource:
     __slots__ = ("error",)
 
@@ -146,6 +149,8 @@ class WorkerServer(ServerBase):
         self._in_flight: set[int] = set()  # ids started and not yet reported
         self._outbox: list[tuple[_Batch, list[Any]]] = []
         self._outbox_lock = threading.Lock()
+        self._scalars: list[list[Any]] = []  # pstrain.summary scalars waiting to leave
+        self.scalars_dropped = 0  # past MAX_PENDING_SCALARS (a closure logging in a tight loop)
         self._flush_scheduled = False
         self.route("worker/configure", self.configure)
         self.route("worker/run", self.run_closures, pickle=True, stream=True)
@@ -182,7 +187,7 @@ class WorkerServer(ServerBase):
         """
         base = self._base_context
         if base is None or self._base_channels is not self.channels:
-            base = self._base_context = worker_context(self.index, self.channels)
+            base = self._base_context = worker_context(self.index, self.channels, self._scalar)
             self._base_channels = self.channels
         return base.copy()
 
@@ -461,6 +466,14 @@ class WorkerServer(ServerBase):
         _check_awaited(missed)
         return value
 
+    def _scalar(self, name: str, value: float, step: int, wall_time: float) -> None:
+        """A closure logged a scalar (any thread): it leaves with the next results."""
+        with self._outbox_lock:
+            if len(self._scalars) < MAX_PENDING_SCALARS:
+                self._scalars.append([name, value, step, wall_time])
+            else:
+                self.scalars_dropped += 1
+
     def _deliver(self, batch: _Batch, record: list[Any], seconds: float = 0.0) -> None:
         """Called on any thread when a closure ends; results leave in coalesced messages."""
         with self._outbox_lock:
@@ -475,6 +488,7 @@ class WorkerServer(ServerBase):
     def _flush(self) -> None:
         with self._outbox_lock:
             outbox, self._outbox = self._outbox, []
+            scalars, self._scalars = self._scalars, []
             self._flush_scheduled = False
         touched: dict[int, _Batch] = {}
         for batch, record in outbox:
@@ -487,15 +501,17 @@ class WorkerServer(ServerBase):
             batch.results.append(record)
             batch.remaining -= 1
             touched[id(batch)] = batch
-        for batch in touched.values():
+        for batch in touched.values():  # a closure's scalars leave with (or before) its result
             if batch.remaining == 0:
                 results, batch.results = batch.results, []
                 if not batch.done.done():
-                    batch.done.set_result(_encode_results(results))
+                    batch.done.set_result(_encode_results(results, scalars))
+                    scalars = []
             elif batch.emit is not None:
                 results, batch.results = batch.results, []
                 try:
-                    batch.emit(_encode_results(results))
+                    batch.emit(_encode_results(results, scalars))
+                    scalars = []
                 except Exception:  # connection gone: the coordinator reschedules
                     logger.debug("could not send partial results", exc_info=True)
             # over HTTP (no emit) results wait for the last one
@@ -521,10 +537,11 @@ def _set_none(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-def _encode_results(results: list[Any]) -> Encoded:
+def _encode_results(results: list[Any], scalars: list[Any] | None = None) -> Encoded:
     """Encode results once; a result that cannot travel becomes an error saying so."""
+    extra = {"scalars": scalars} if scalars else {}
     try:
-        return Encoded(wire.encode_body({"results": results}, allow_pickle=True))
+        return Encoded(wire.encode_body({"results": results, **extra}, allow_pickle=True))
     except Exception:
         pass
     out = []
@@ -536,4 +553,4 @@ def _encode_results(results: list[Any]) -> Encoded:
             err = TypeError(f"the closure's result of type {type(record[2]).__name__} cannot be "
                             f"sent back to the coordinator: {exc}")
             out.append([record[0], ERROR, exception_payload(err)])
-    return Encoded(wire.encode_body({"results": out}, allow_pickle=True))
+    return Encoded(wire.encode_body({"results": out, **extra}, allow_pickle=True))

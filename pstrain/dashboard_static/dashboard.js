@@ -1,0 +1,140 @@
+// The pstrain dashboard: one server-sent-event stream, uPlot charts, no polling of tasks.
+"use strict";
+const KEEP = 600;                  // points of the cluster charts (about ten minutes)
+const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"];
+const times = [];
+const series = {};                 // key -> array aligned with times
+const charts = {};                 // id -> {plot, keys}
+const scalarCharts = {};           // name -> {plot, xs, ys, el}
+let last = null;
+
+function push(key, value) {
+  if (!series[key]) series[key] = times.map(() => null);
+  series[key].push(value);
+}
+
+function trim() {
+  if (times.length > KEEP) {
+    const n = times.length - KEEP;
+    times.splice(0, n);
+    for (const k in series) series[k].splice(0, n);
+  }
+}
+
+function lineChart(id, title, keys, labels) {
+  const el = document.getElementById(id);
+  let c = charts[id];
+  if (c && c.keys.join() === keys.join()) {
+    c.plot.setData([times, ...keys.map(k => series[k] || times.map(() => null))]);
+    return;
+  }
+  if (c) c.plot.destroy();
+  const opts = {
+    title, width: 420, height: 220,
+    scales: { x: { time: true } },
+    series: [{}, ...keys.map((k, i) => ({ label: labels[i], stroke: COLORS[i % COLORS.length], width: 2 }))],
+  };
+  charts[id] = { keys, plot: new uPlot(opts, [times, ...keys.map(k => series[k] || times.map(() => null))], el) };
+}
+
+function renderTasks(tasks) {
+  const box = document.getElementById("tasks");
+  const seen = new Set();
+  for (const t of tasks) {
+    seen.add(t.task);
+    let el = box.querySelector(`[data-task="${t.task}"]`);
+    if (!el) {
+      el = document.createElement("div");
+      el.className = "task";
+      el.dataset.task = t.task;
+      box.appendChild(el);
+    }
+    el.dataset.state = t.state;
+    const extra = [];
+    if (t.incarnation) extra.push("incarnation " + t.incarnation.slice(0, 8));
+    if (t.failures) extra.push(t.failures + " failure(s)");
+    if (t.closures_per_s !== undefined) extra.push(t.closures_per_s.toFixed(1) + " closures/s");
+    if (t.bytes !== undefined) extra.push((t.bytes / 1048576).toFixed(1) + " MiB in variables");
+    if (t.rss_bytes) extra.push((t.rss_bytes / 1048576).toFixed(0) + " MiB RSS");
+    el.innerHTML = `<div class="name">${t.task}</div><div class="state">${t.state}</div>` +
+      `<div class="meta">${t.address || ""}</div><div class="meta">${extra.join(" · ")}</div>`;
+  }
+  for (const el of [...box.children]) if (!seen.has(el.dataset.task)) el.remove();
+}
+
+function renderScalars(scalars) {
+  const box = document.getElementById("scalars");
+  for (const name of Object.keys(scalars)) {
+    let c = scalarCharts[name];
+    if (!c) {
+      const none = document.getElementById("no-scalars");
+      if (none) none.remove();
+      const el = document.createElement("div");
+      el.className = "chart scalar";
+      el.dataset.scalar = name;
+      box.appendChild(el);
+      c = scalarCharts[name] = { xs: [], ys: [], el, plot: null };
+    }
+    for (const [step, value] of scalars[name]) { c.xs.push(step); c.ys.push(value); }
+    // steps may arrive out of order from several workers: draw them sorted
+    const order = c.xs.map((_, i) => i).sort((a, b) => c.xs[a] - c.xs[b]);
+    const data = [order.map(i => c.xs[i]), order.map(i => c.ys[i])];
+    c.el.dataset.points = String(c.xs.length);
+    if (!c.plot) {
+      c.plot = new uPlot({ title: name, width: 420, height: 220, scales: { x: { time: false } },
+        series: [{ label: "step" }, { label: name, stroke: COLORS[0], width: 2 }] }, data, c.el);
+    } else {
+      c.plot.setData(data);
+    }
+  }
+}
+
+function renderCheckpoints(saves) {
+  const table = document.getElementById("checkpoints");
+  table.innerHTML = "<tr><th>saved</th><th>path</th></tr>" + saves.map(s =>
+    `<tr><td>${new Date(s.time * 1000).toLocaleTimeString()}</td><td>${s.path}</td></tr>`).join("");
+}
+
+function update(state) {
+  const now = state.time;
+  const dt = last ? Math.max(1e-3, now - last.time) : null;
+  times.push(now);
+  const c = state.closures;
+  push("closures_per_s", dt ? (c.done - last.closures.done) / dt : null);
+  push("queued", c.queued);
+  push("in_flight", c.in_flight);
+  const workerKeys = [], workerLabels = [], psMem = [], psReq = [], psBytes = [], psLabels = [];
+  for (const t of state.tasks) {
+    if (t.job === "worker") {
+      const prev = last && last.tasks.find(p => p.task === t.task);
+      t.closures_per_s = prev && dt ? (t.completed - prev.completed) / dt : 0;
+      push("w:" + t.task, t.closures_per_s);
+      workerKeys.push("w:" + t.task); workerLabels.push(t.task);
+    } else if (t.job === "ps") {
+      const prev = last && last.tasks.find(p => p.task === t.task);
+      push("mem:" + t.task, t.rss_bytes ? t.rss_bytes / 1048576 : (t.bytes || 0) / 1048576);
+      push("req:" + t.task, prev && dt && t.requests !== undefined ? (t.requests - prev.requests) / dt : null);
+      push("mb:" + t.task, prev && dt && t.wire_bytes !== undefined ? (t.wire_bytes - prev.wire_bytes) / dt / 1e6 : null);
+      psMem.push("mem:" + t.task); psReq.push("req:" + t.task); psBytes.push("mb:" + t.task); psLabels.push(t.task);
+    }
+  }
+  trim();
+  renderTasks(state.tasks);
+  lineChart("chart-closures", "closures per second and queue depth", ["closures_per_s", "queued", "in_flight"],
+            ["closures/s", "queued", "in flight"]);
+  lineChart("chart-workers", "closures per second, per worker", workerKeys, workerLabels);
+  lineChart("chart-memory", "ps memory (MiB, RSS)", psMem, psLabels);
+  lineChart("chart-requests", "ps requests per second", psReq, psLabels);
+  lineChart("chart-bytes", "ps MB per second (in + out)", psBytes, psLabels);
+  renderScalars(state.scalars || {});
+  renderCheckpoints(state.checkpoints || []);
+  document.getElementById("status").textContent =
+    `live · ${new Date(now * 1000).toLocaleTimeString()} · ${c.done} closures done, ` +
+    `${c.retried} retried, ${c.worker_failures} worker failure(s)`;
+  document.body.dataset.updates = String((+document.body.dataset.updates || 0) + 1);
+  last = state;
+}
+
+const source = new EventSource("/events");
+source.onmessage = (e) => update(JSON.parse(e.data));
+source.onerror = () => { document.getElementById("status").textContent = "disconnected: retrying…"; };

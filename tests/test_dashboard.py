@@ -1,0 +1,103 @@
+"""The dashboard in a real headless Chromium (the distribution's package, driven by
+Playwright): refused without the login, every task shown, a worker seen going down within
+5 s of a SIGKILL and coming back after a restart, the loss curve with as many points as
+steps logged. Also: TensorBoard's own reader reads the scalars back."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+
+import pytest
+
+import pstrain
+
+pytestmark = pytest.mark.timeout(120)
+
+STEPS = 40
+
+
+def chromium() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        raise RuntimeError("the dashboard tests need Chromium (Debian: apt-get install chromium); "
+                           "`make test` installs it")
+    return path
+
+
+async def test_the_dashboard_in_a_real_browser(tmp_path):
+    from playwright.async_api import async_playwright
+
+    pstrain.summary.LOG.clear()
+    async with pstrain.LocalCluster(num_ps=1, num_workers=2) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        async with strategy.scope():
+            v = pstrain.Variable(0.0, name="v")
+
+        async def step(i):
+            await v.assign_add(1.0)
+            pstrain.summary.scalar("loss", 1.0 / (i + 1), step=i)  # from the closure
+            return i
+
+        for i in range(STEPS):
+            coordinator.schedule(step, args=(i,))
+        await coordinator.join()
+        url = await coordinator.serve_dashboard()
+        base = url.split("/login")[0]
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+            try:
+                page = await browser.new_page()
+                refused = await page.goto(base + "/")
+                assert refused.status == 401 and "not logged in" in await page.content()
+                page.set_default_timeout(15_000)
+                assert (await page.goto(url)).status == 200
+                for task in ("chief:0", "ps:0", "worker:0", "worker:1"):
+                    await page.wait_for_selector(f'[data-task="{task}"][data-state="up"]')
+                await page.wait_for_selector(f'[data-scalar="loss"][data-points="{STEPS}"]')
+                assert await page.locator("canvas").count() >= 6  # uPlot drew the charts
+                # The one-time URL is spent: a second browser cannot use it.
+                other = await browser.new_page()
+                assert (await other.goto(url)).status == 401
+
+                killed = time.monotonic()
+                await cluster.kill("worker", 1)
+                await page.wait_for_selector('[data-task="worker:1"][data-state="down"]', timeout=5_000)
+                assert time.monotonic() - killed < 5
+                await cluster.restart("worker", 1)
+                await page.wait_for_selector('[data-task="worker:1"][data-state="up"]', timeout=30_000)
+                await page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
+            finally:
+                await browser.close()
+        assert coordinator.dashboard is not None and coordinator.dashboard.snapshots > 0
+        await coordinator.close()
+
+
+async def test_tensorboard_reads_the_scalars_of_closures_and_the_coordinator(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    async with pstrain.testing.InProcessCluster(num_ps=1, num_workers=2) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        writer = pstrain.summary.create_file_writer(str(tmp_path / "tb"))
+
+        async def step(i):
+            pstrain.summary.scalar("train/loss", 10.0 - i, step=i)
+            return i
+
+        with writer.as_default():
+            for i in range(25):
+                coordinator.schedule(step, args=(i,))
+            await coordinator.join()
+            pstrain.summary.scalar("eval/accuracy", 0.75, step=25)
+        writer.close()
+        await coordinator.close()
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    await asyncio.get_running_loop().run_in_executor(None, acc.Reload)
+    loss = sorted((e.step, e.value) for e in acc.Scalars("train/loss"))
+    assert loss == [(i, 10.0 - i) for i in range(25)]
+    assert [(e.step, e.value) for e in acc.Scalars("eval/accuracy")] == [(25, 0.75)]
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="step"):
+        pstrain.summary.scalar("x", 1.0)
