@@ -62,7 +62,7 @@ def client_ssl(cafile: str | None) -> ssl.SSLContext | None:
 
 
 def _serve_parser(sub: Any) -> None:
-    p = sub.add_parser("serve", help="run one ps or worker task",
+    p = sub.add_parser("serve", help="run one task: a ps, a worker or the sidecar evaluator",
                        description="Run one task of a pstrain cluster until SIGTERM or SIGINT.",
                        epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--role", choices=["ps", "worker", "evaluator"],
@@ -133,7 +133,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.cluster:
         with open(args.cluster, encoding="utf-8") as f:
             text, source = f.read(), args.cluster
-    elif os.environ.get("PSTRAIN_CONFIG"):
+    elif os.environ.get("PSTRAIN_CONFIG"):  # JSON, or the path of a file holding it
         text, source = os.environ["PSTRAIN_CONFIG"], "PSTRAIN_CONFIG"
     elif os.environ.get("TF_CONFIG"):
         text, source = os.environ["TF_CONFIG"], "TF_CONFIG"
@@ -291,10 +291,22 @@ async def _watch_parent(parent: int, stop: asyncio.Event) -> None:
     stop.set()
 
 
+STATUS_COLUMNS = """Columns:
+  TASK      job:index, as in the cluster spec
+  STATE     up; down (no answer within --timeout); refused (wrong token); foreign (not a
+            pstrain server, or a TLS mismatch); mismatch (another task answers there)
+  ADDRESS   host:port from the cluster spec
+  UPTIME    seconds since the task started
+  WORK      ps: variables held; worker: closures run; chief: closures done
+  BYTES     ps: bytes of variables held; others: request and reply bytes so far
+  REQUESTS  requests per second, measured over one second"""
+
+
 def _status_parser(sub: Any) -> None:
     p = sub.add_parser("status", help="show every task of a cluster: up or down, load",
                        description="Probe every task of the cluster (from --cluster, PSTRAIN_CONFIG "
-                                   "or TF_CONFIG) and print a table.")
+                                   "or TF_CONFIG) and print a table.\n\n" + STATUS_COLUMNS,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cluster", metavar="FILE", help="cluster config JSON file (TF_CONFIG format)")
     p.add_argument("--token-file", metavar="FILE", help="file holding the cluster token")
     p.add_argument("--timeout", type=float, default=2.0, help="seconds before a task counts as down")
@@ -377,6 +389,7 @@ def _status(args: argparse.Namespace) -> int:
     print("  ".join(h.ljust(w) for (h, _), w in zip(cols, widths)))
     for r in rows:
         print("  ".join(str(r.get(k, "-")).ljust(w) for (_, k), w in zip(cols, widths)))
+    print("(pstrain status --help explains the columns)")
     for r in rows:
         if r.get("error") and (r["state"] != "down" or args.verbose):
             print(f"{r['task']}: {r['error']}")

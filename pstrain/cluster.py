@@ -305,11 +305,25 @@ class TFConfigClusterResolver(ClusterResolver):
 
 
 def parse_config(text: str, source: str = "config") -> tuple[ClusterSpec, str | None, int | None]:
-    """Parse TF_CONFIG-style JSON into (spec, task type, task index), validated."""
+    """Parse TF_CONFIG-style JSON into (spec, task type, task index), validated.
+
+    ``PSTRAIN_CONFIG`` may also name a file holding that JSON (TF_CONFIG may not: TF
+    reads it as JSON only)."""
+    stripped = text.strip()
+    if source == "PSTRAIN_CONFIG" and stripped and not stripped.startswith("{"):
+        try:
+            with open(stripped, encoding="utf-8") as f:
+                text, source = f.read(), f"PSTRAIN_CONFIG file {stripped}"
+        except OSError as exc:
+            raise InvalidArgumentError(
+                f"PSTRAIN_CONFIG is neither JSON nor a readable file: {stripped!r} ({exc.strerror}). "
+                'Give the JSON {"cluster": ...} itself, or the path of a file holding it') from None
     try:
         config = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InvalidArgumentError(f"{source} is not valid JSON: {exc}") from exc
+        hint = (" (it looks like a file path: TF_CONFIG must hold the JSON itself; "
+                "PSTRAIN_CONFIG may name a file)") if source == "TF_CONFIG" and not stripped.startswith("{") else ""
+        raise InvalidArgumentError(f"{source} is not valid JSON: {exc}{hint}") from exc
     if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict):
         raise InvalidArgumentError(f"{source} must be a JSON object with a 'cluster' object")
     spec = ClusterSpec(config["cluster"])

@@ -580,7 +580,7 @@ class ClusterCoordinator:
         Token-protected like every server (the strategy's cluster token).
         """
         if self._metrics is None:
-            endpoint = MetricsEndpoint(task_name("chief", 0), {"role": "chief", "index": "0"},
+            endpoint = MetricsEndpoint(task_name("chief", 0), {"role": "chief", "task": "0"},
                                        self.statistics, host=host, port=port,
                                        token=self._channels.token, join=self.admit_worker,
                                        membership=self.membership)

@@ -43,9 +43,9 @@ class _Collector:
         names, values = list(self.labels), list(self.labels.values())
         requests = CounterMetricFamily("pstrain_requests", "Requests served, by operation",
                                        labels=[*names, "op"])
-        bytes_in = CounterMetricFamily("pstrain_request_bytes_in", "Request body bytes received",
+        bytes_in = CounterMetricFamily("pstrain_request_received_bytes", "Request body bytes received",
                                        labels=[*names, "op"])
-        bytes_out = CounterMetricFamily("pstrain_request_bytes_out", "Reply body bytes sent",
+        bytes_out = CounterMetricFamily("pstrain_reply_sent_bytes", "Reply body bytes sent",
                                         labels=[*names, "op"])
         latency = SummaryMetricFamily("pstrain_request_seconds", "Time spent handling requests",
                                       labels=[*names, "op"])
@@ -55,10 +55,10 @@ class _Collector:
             bytes_out.add_metric([*values, op], r["bytes_out"])
             latency.add_metric([*values, op], count_value=r["count"], sum_value=r.get("seconds", 0.0))
         yield from (requests, bytes_in, bytes_out, latency)
-        for key, (kind, help_text) in _EXTRA.items():
-            if key in s:
+        for key, (kind, help_text, *metric) in _EXTRA.items():
+            if key in s and s[key] is not None:
                 family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
-                    f"pstrain_{key}", help_text, labels=names)
+                    f"pstrain_{metric[0] if metric else key}", help_text, labels=names)
                 family.add_metric(values, float(s[key]))
                 yield family
         if "closure_seconds" in s:
@@ -80,13 +80,15 @@ class _Collector:
         yield up
 
 
-_EXTRA = {
+#: statistics key -> (kind, help, metric name if not the key): units in names, counters
+#: exported with ``_total``, labels ``role`` and ``task`` (the task's index).
+_EXTRA: dict[str, tuple[str, ...]] = {
     "preauth_waiting": ("gauge", "Connections waiting to authenticate"),
     "preauth_expired": ("counter", "Connections closed for not authenticating in time"),
     "preauth_evicted": ("counter", "Waiting connections dropped to make room (the cap)"),
-    "rss_bytes": ("gauge", "Resident memory of this process"),
+    "rss_bytes": ("gauge", "Resident memory of this process", "resident_memory_bytes"),
     "variables": ("gauge", "Variables held by this ps"),
-    "bytes": ("gauge", "Bytes of variables held by this ps"),
+    "bytes": ("gauge", "Bytes of variables held by this ps", "variable_bytes"),
     "closures_run": ("counter", "Closures this worker ran successfully"),
     "closures_failed": ("counter", "Closures that raised on this worker"),
     "closures_running": ("gauge", "Closures running on this worker now"),

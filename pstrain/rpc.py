@@ -150,7 +150,7 @@ class _ClientProtocol(FrameProtocol):
         self.channel.connection_lost(self)
         err = UnavailableError(
             f"connection to {self.channel.task} at {self.channel.address} was lost"
-            + (f": {exc}" if exc else ""), task=self.channel.task)
+            + (f": {exc}" if exc else "") + ps_advice(self.channel.task), task=self.channel.task)
         self.lost_exc = self.lost_exc or err
         if not self.handshake.done():
             self.handshake.set_exception(err)
@@ -160,6 +160,15 @@ class _ClientProtocol(FrameProtocol):
         self.pending.clear()
         self.partials.clear()
 
+
+
+def ps_advice(task: str) -> str:
+    """What to do when a ps cannot be reached (said in the error a closure gets)."""
+    if "/job:ps/" not in task:
+        return ""
+    return (". If the ps restarted, its variables are lost: the coordinator's join() says so, "
+            "and the latest checkpoint must be restored; if it answers again (a partition), "
+            "schedule the failed work again")
 
 class Channel:
     """One multiplexed stream connection to one task, for the loop that made it.
@@ -214,8 +223,8 @@ class Channel:
                 "give it the cluster's CA (--tls-ca)", task=self.task) from exc
         except OSError as exc:
             raise UnavailableError(
-                f"{self.task} at {self.address} cannot be reached: {exc.strerror or exc}",
-                task=self.task) from exc
+                f"{self.task} at {self.address} cannot be reached: {exc.strerror or exc}"
+                + ps_advice(self.task), task=self.task) from exc
         assert proto.transport is not None
         tune_connection(proto.transport.get_extra_info("socket"))
         try:

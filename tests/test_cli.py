@@ -136,3 +136,50 @@ async def test_servers_leave_when_the_coordinators_job_is_done(tmp_path):
     finally:
         ps.stop()
         worker.stop()
+
+
+def test_pstrain_config_may_name_a_file_and_a_path_in_tf_config_says_what_is_wrong(tmp_path):
+    from pstrain.cluster import parse_config
+    from pstrain.errors import InvalidArgumentError
+
+    config = tmp_path / "cluster.json"
+    config.write_text(json.dumps({"cluster": {"ps": ["h:1"], "worker": ["h:2"]},
+                                  "task": {"type": "worker", "index": 0}}))
+    spec, task_type, index = parse_config(str(config), "PSTRAIN_CONFIG")
+    assert spec.job_tasks("ps") == ["h:1"] and (task_type, index) == ("worker", 0)
+    with pytest.raises(InvalidArgumentError, match="neither JSON nor a readable file"):
+        parse_config(str(tmp_path / "missing.json"), "PSTRAIN_CONFIG")
+    with pytest.raises(InvalidArgumentError, match="TF_CONFIG must hold the JSON itself"):
+        parse_config(str(config), "TF_CONFIG")
+
+
+def test_help_names_the_evaluator_and_status_explains_its_columns(capsys):
+    from pstrain.cli import main
+
+    for argv in (["--help"], ["status", "--help"]):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "sidecar evaluator" in out
+    assert "Columns:" in out and "refused (wrong token)" in out and "REQUESTS" in out
+
+
+def test_launch_prefixes_every_line_the_servers_write():
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "pstrain", "launch", "--ps", "1", "--workers", "1", "--log-level",
+         "INFO", "--", sys.executable, "-c", "print('hello from the chief')"],
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "[chief] hello from the chief" in result.stdout
+    server_lines = [ln for ln in result.stderr.splitlines() if "pstrain.server" in ln]
+    assert server_lines and all(ln.startswith(("[ps:0] ", "[worker:0] ")) for ln in server_lines), \
+        result.stderr
+
+
+def test_a_closure_that_cannot_reach_its_ps_is_told_what_to_do():
+    from pstrain.rpc import ps_advice
+
+    assert "restore" in ps_advice("/job:ps/replica:0/task:1") and ps_advice("/job:worker/replica:0/task:0") == ""

@@ -223,3 +223,31 @@ async def test_variable_creation_waits_for_a_ps_that_is_still_starting_and_then_
     with pytest.raises(UnavailableError, match="did not start within 0.5 s"):
         await never.flush()
     await never.channels.close()
+
+
+async def test_a_chief_whose_metrics_port_is_taken_says_so_in_one_line_and_trains_on(caplog):
+    import logging
+
+    from pstrain.testing import InProcessCluster
+
+    taken = listening_socket("127.0.0.1", 0, "a test port")
+    try:
+        async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as cluster:
+            spec = {**cluster.cluster_spec.as_dict(), "chief": [f"127.0.0.1:{taken.getsockname()[1]}"]}
+            resolver = pstrain.TFConfigClusterResolver(
+                {"TF_CONFIG": json.dumps({"cluster": spec, "task": {"type": "chief", "index": 0}}),
+                 "PSTRAIN_TOKEN": TOKEN})
+            strategy = pstrain.ParameterServerStrategy(resolver)
+            coordinator = pstrain.ClusterCoordinator(strategy)
+            with caplog.at_level(logging.ERROR, logger="pstrain.coordinator"):
+                assert await coordinator.schedule(lambda: 7) == 7
+                await coordinator.join()
+                from .conftest import wait_for
+
+                await wait_for(lambda: "could not serve /metrics" in caplog.text, timeout=10,
+                               what="the error logged")
+            records = [r for r in caplog.records if "could not serve /metrics" in r.getMessage()]
+            assert len(records) == 1 and records[0].exc_info is None
+            await coordinator.close()
+    finally:
+        taken.close()

@@ -201,10 +201,10 @@ async def test_metrics_show_rows_admitted_evicted_and_bytes_per_table():
             async with session.get(f"http://{cluster.ps[0].address}/metrics",
                                    headers={"Authorization": f"Bearer {TOKEN}"}) as resp:
                 text = await resp.text()
-        assert 'pstrain_table_rows{index="0",role="ps",table="m"} 5.0' in text, text
-        assert 'pstrain_table_admitted_total{index="0",role="ps",table="m"} 5.0' in text
-        assert 'pstrain_table_evicted_total{index="0",role="ps",table="m"} 0.0' in text
-        assert 'pstrain_table_bytes{index="0",role="ps",table="m"}' in text
+        assert 'pstrain_table_rows{role="ps",table="m",task="0"} 5.0' in text, text
+        assert 'pstrain_table_admitted_total{role="ps",table="m",task="0"} 5.0' in text
+        assert 'pstrain_table_evicted_total{role="ps",table="m",task="0"} 0.0' in text
+        assert 'pstrain_table_bytes{role="ps",table="m",task="0"}' in text
 
 
 async def test_a_checkpoint_of_a_dynamic_table_restores_bit_for_bit_into_1_2_and_3_ps(tmp_path):

@@ -58,7 +58,7 @@ async def test_metrics_on_ps_worker_and_coordinator_move_during_training(cluster
     await coordinator.join()
     after = {k: samples((await scrape(a, cluster.token))[1]) for k, a in addresses.items()}
     assert total(after["ps"], "pstrain_requests_total") > total(before["ps"], "pstrain_requests_total")
-    assert total(after["ps"], "pstrain_variables") >= 1 and total(after["ps"], "pstrain_bytes") >= 4
+    assert total(after["ps"], "pstrain_variables") >= 1 and total(after["ps"], "pstrain_variable_bytes") >= 4
     assert ("pstrain_request_seconds_count" in {n for n, _ in after["ps"]})
     ran = total(after["worker"], "pstrain_closures_run_total")
     assert ran > total(before["worker"], "pstrain_closures_run_total")

@@ -84,7 +84,7 @@ class HttpAdapter:
     async def _metrics(self, request: web.Request) -> web.Response:
         server = self.server
         if self._registry is None:
-            self._registry = make_registry({"role": server.role, "index": str(server.index)},
+            self._registry = make_registry({"role": server.role, "task": str(server.index)},
                                            lambda: server.statistics(None))
         return web.Response(body=render(self._registry), headers={"Content-Type": METRICS_TYPE})
 
