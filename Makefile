@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench lint fuzz clean sysdeps slurm
+.PHONY: install test demo bench lint fuzz clean sysdeps slurm screenshots
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,11 +20,18 @@ test: lint sysdeps
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # What the multi-host tests need (tests/netlab.py: namespaces, nftables, tc; run as root),
-# and the SLURM test (tests/slurmlab.py: the distribution's slurm-wlm and munge).
+# the SLURM test (tests/slurmlab.py: the distribution's slurm-wlm and munge), the browser
+# tests of the dashboard (the distribution's chromium, driven by Playwright) and the
+# Prometheus test (the distribution's prometheus).
 sysdeps:
 	command -v nft >/dev/null && command -v tc >/dev/null && command -v sbatch >/dev/null \
-		&& test -x /usr/sbin/munged || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-		apt-get install -y -qq nftables iproute2 slurm-wlm munge >/dev/null)
+		&& test -x /usr/sbin/munged && command -v chromium >/dev/null \
+		&& command -v prometheus >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq nftables iproute2 slurm-wlm munge chromium prometheus >/dev/null)
+
+# Screenshots of the dashboard during `pstrain demo` (docs/dashboard*.png, for the README).
+screenshots: sysdeps $(STAMP)
+	$(PY) benchmarks/dashboard_screenshots.py
 
 # A real SLURM cluster on this machine (three nodes, each in its own network namespace;
 # root) runs `sbatch examples/slurm/train.sbatch` and checks that the job ends COMPLETED.
