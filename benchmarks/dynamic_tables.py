@@ -132,13 +132,52 @@ async def run_variant(variant: str, steps: int) -> dict:
                 "cpu_ms_per_step": cpu * 1e3 / (steps - warm)}
 
 
+async def lookup_update_cost(rows: int, batch: int, iters: int) -> dict:
+    """ms per (lookup + Adagrad update) of the same ``batch`` unique rows, from the
+    coordinator, in a fixed ``rows`` x 16 table and in a dynamic table holding those ids:
+    alternated, medians."""
+    async with pstrain.LocalCluster(num_ps=2, num_workers=1) as cluster:
+        strategy = pstrain.ParameterServerStrategy(
+            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
+        async with strategy.scope():
+            fixed = pstrain.Variable(pstrain.initializers.RandomUniform(-0.05, 0.05, seed=0),
+                                     shape=(rows, DIM), name="cost/fixed")
+            dynamic = pstrain.DynamicEmbedding(DIM, name="cost/dynamic")
+            opt = pstrain.optimizers.Adagrad(0.05, initial_accumulator_value=0.1)
+        rng = np.random.default_rng(0)
+        keys = rng.integers(-(2**63), 2**63 - 1, rows, dtype=np.int64)
+        for lo in range(0, rows, 65536):  # every id admitted: the same rows exist in both
+            await dynamic.lookup(keys[lo:lo + 65536])
+        grad = np.full((batch, DIM), 0.01, np.float32)
+        times: dict[str, list[float]] = {"fixed": [], "dynamic": []}
+        for i in range(iters):
+            idx = np.unique(rng.integers(0, rows, batch * 2))[:batch]
+            for name, table, ids in (("fixed", fixed, idx), ("dynamic", dynamic, keys[idx]))[::1 if i % 2 else -1]:
+                t = time.perf_counter()
+                await pstrain.embedding_lookup(table, ids)
+                await opt.apply_gradients([(pstrain.IndexedSlices(grad[:ids.size], ids), table)])
+                times[name].append(time.perf_counter() - t)
+        fixed_ms, dynamic_ms = (median(times[k]) * 1e3 for k in ("fixed", "dynamic"))
+        return {"fixed_ms": fixed_ms, "dynamic_ms": dynamic_ms}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--variants", default="a,b,c")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--w4-steps", type=int, default=1000)
+    parser.add_argument("--cost-only", action="store_true",
+                        help="only the lookup + update cost, fixed against dynamic")
     args = parser.parse_args()
+    cost = pstrain.run(lookup_update_cost(1_000_000, 4096, 200))
+    emit({"ps": 2, "metric": "lookup_update_ms", "value": round(cost["dynamic_ms"], 3),
+          "fixed_ms": round(cost["fixed_ms"], 3),
+          "ratio_dynamic_to_fixed": round(cost["dynamic_ms"] / cost["fixed_ms"], 3),
+          "rows": 1_000_000, "batch": 4096, "iterations": 200,
+          "note": "lookup + Adagrad update of the same unique rows, from the coordinator"}, "W6")
+    if args.cost_only:
+        return
     results: dict[str, list[dict]] = {}
     w4 = []
     for _ in range(args.runs):

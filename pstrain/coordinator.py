@@ -38,6 +38,7 @@ from typing import Any
 from . import pickling, summary
 from .checkpoint import recent_saves
 from .cluster import ClusterSpec, is_loopback, parse_address, task_name
+from .context import was_restored
 from .dashboard import Dashboard, task_state
 from .dispatch import DispatchSettings, WorkerDispatcher
 from .errors import (
@@ -262,12 +263,27 @@ class ClusterCoordinator:
             return exc if report_silence else None
         incarnation, known = reply.get("incarnation"), self._ps_incarnations[k]
         self._ps_incarnations[k] = incarnation
-        if known is None or incarnation == known:
-            return None
-        return UnavailableError(
+        if known is None or incarnation == known or was_restored(task, incarnation):
+            return None  # (restarted, but the program restored a checkpoint onto it already)
+        error = UnavailableError(
             f"parameter server {task} restarted (incarnation {known[:8]} is now "
             f"{str(incarnation)[:8]}): the variables it held are lost; restore the latest "
             "checkpoint to continue", task=task)
+        error.incarnation = incarnation  # type: ignore[attr-defined]  # (see _drop_handled_restart)
+        return error
+
+    def _drop_handled_restart(self) -> None:
+        """A pending "ps restarted" error is moot once the program restored a checkpoint onto
+        that very incarnation (it learnt of the loss another way, e.g. an earlier error)."""
+        for error in (self.queue.error, self._ps_restart):
+            if error is not None and was_restored(str(getattr(error, "task", "")),
+                                                  getattr(error, "incarnation", None)):
+                if error is self._ps_restart:
+                    self._ps_restart = None
+                else:
+                    self.queue.take_error()
+                logger.info("%s restarted, and a checkpoint was restored onto it: carrying on",
+                            getattr(error, "task", "a ps"))
 
     # -- scheduling ---------------------------------------------------------------------------
     def _function(self, fn: Callable[..., Any]) -> tuple[bytes, bytes]:
@@ -331,6 +347,8 @@ class ClusterCoordinator:
             loop.call_soon_threadsafe(self.queue.put_cancelled_if_error, closure)
             return RemoteValue(outcome)
         queue = self.queue
+        if queue.error is not None:
+            self._drop_handled_restart()
         queue.put(closure)
         if queue.error is not None:
             self._raise_pending()
@@ -347,6 +365,7 @@ class ClusterCoordinator:
         """Wait until every scheduled closure has run; raise the first error if one failed."""
         self._start()
         while True:
+            self._drop_handled_restart()
             refused = [w.refused for w in self._workers if w.refused is not None]
             if refused and len(refused) == len(self._workers) and not self.queue.is_idle():
                 self.queue.record_error(refused[0])  # no worker can ever run what is queued

@@ -179,7 +179,12 @@ async def test_ps_loss_is_reported_then_restored_from_a_checkpoint(tmp_path):
         assert time.monotonic() - t < 30
         assert "/job:ps/replica:0/task:1" in str(info.value) + str(info.value.task)
 
+        before = coordinator.ps_incarnations[1]
         await cluster.restart("ps", 1)
+        # The heartbeat sees the new incarnation first (its "restarted" error is pending);
+        # the restore onto that incarnation then makes it moot: work goes on.
+        await wait_for(lambda: coordinator.ps_incarnations[1] not in (None, before), timeout=30,
+                       what="the restarted ps seen")
         await Checkpoint(w=w, table=table, optimizer=opt).restore(manager.latest_checkpoint)
         for name, var in (("w", w), ("table", table)):
             assert (await var.numpy()).tobytes() == saved[name].tobytes()  # bit for bit

@@ -538,7 +538,9 @@ class ParameterServer(ServerBase):
         return await self.checkpoints.restore(req)
 
     def commit_restore(self, req: StageRequest) -> dict[str, Any]:
-        return self.checkpoints.commit(req.stage)
+        """Put a staged restore in place; the reply names this ps's incarnation, which the
+        coordinator then knows holds restored state (a restart followed by a restore)."""
+        return {**self.checkpoints.commit(req.stage), "incarnation": self.incarnation}
 
     def abort_restore(self, req: StageRequest) -> dict[str, Any]:
         return self.checkpoints.abort(req.stage)
