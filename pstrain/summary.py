@@ -65,9 +65,16 @@ class ScalarLog:
     def since(self, seq: int) -> tuple[int, dict[str, list[tuple[int, float]]]]:
         """Points added after sequence number ``seq``, by name, and the newest number."""
         with self._lock:
-            out = {name: [(s, v) for q, s, v, _ in pts if q > seq]
-                   for name, pts in self._points.items()}
-            return self._seq, {k: v for k, v in out.items() if v}
+            out: dict[str, list[tuple[int, float]]] = {}
+            for name, pts in self._points.items():
+                new = []
+                for q, step, value, _ in reversed(pts):  # newest first: stop at the old ones
+                    if q <= seq:
+                        break
+                    new.append((step, value))
+                if new:
+                    out[name] = new[::-1]
+            return self._seq, out
 
     def clear(self) -> None:
         with self._lock:

@@ -12,7 +12,8 @@ created, evicted and restored with them.
 Eviction: with a ``capacity``, admitting past it first evicts the least
 recently used rows (``evict="lru"``, by the clock of the last training lookup)
 or the least frequently used ones (``"lfu"``), never rows of the lookup being
-served; with ``max_age``, rows not looked up in training for that many of
+served, a sixteenth of the capacity at a time (so the scan for victims is paid
+once per many lookups, not per lookup); with ``max_age``, rows not looked up in training for that many of
 this shard's training lookups are evicted. An evicted id that comes back
 starts again from its initial value.
 
@@ -44,6 +45,8 @@ from .id_index import IdIndex
 __all__ = ["DynamicTable", "TableConfig"]
 
 BLOCK_ROWS = 1 << 14  # rows are allocated this many at a time (then doubling, up to capacity)
+#: A full table evicts at least 1/EVICT_BATCH of its capacity at once.
+EVICT_BATCH = 16
 
 
 @dataclass(frozen=True)
@@ -186,7 +189,9 @@ class DynamicTable:
         """Make room for ``n`` rows by evicting rows not in ``protect``."""
         live = np.flatnonzero(self.live[:self.used])
         if protect.size:
-            live = live[~np.isin(live, protect)]
+            keep = np.zeros(self.used, bool)
+            keep[protect] = True
+            live = live[~keep[live]]
         n = min(n, live.size)
         if n <= 0:
             return
@@ -228,8 +233,8 @@ class DynamicTable:
                 cap = self.config.capacity
                 if cap is not None:
                     over = len(self.index) + new.size - cap
-                    if over > 0:
-                        self._evict_for(over, pos[pos >= 0])
+                    if over > 0:  # a batch at a time: the scan for victims is not paid per lookup
+                        self._evict_for(max(over, cap // EVICT_BATCH), pos[pos >= 0])
                     new = new[:max(0, cap - len(self.index))]  # never past the capacity
                 if new.size:
                     pos[new] = self._create(ids[new])
