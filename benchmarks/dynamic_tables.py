@@ -169,7 +169,12 @@ def main() -> None:
     parser.add_argument("--w4-steps", type=int, default=1000)
     parser.add_argument("--cost-only", action="store_true",
                         help="only the lookup + update cost, fixed against dynamic")
+    parser.add_argument("--plot-only", action="store_true",
+                        help="redraw results/W6.png from every run in results/W6.jsonl")
     args = parser.parse_args()
+    if args.plot_only:
+        plot_all()
+        return
     cost = pstrain.run(lookup_update_cost(1_000_000, 4096, 200))
     emit({"ps": 2, "metric": "lookup_update_ms", "value": round(cost["dynamic_ms"], 3),
           "fixed_ms": round(cost["fixed_ms"], 3),
@@ -203,11 +208,30 @@ def main() -> None:
               "rss_mib_second_half_min_max": last["rss_mib_second_half_min_max"],
               "cpu_ms_per_step": round(best["cpu_ms_per_step"], 2), "steps": args.steps,
               "batch": BATCH, "runs": len(runs)}, "W6")
-        label = {"a": "(a) dynamic, no limit", "b": "(b) capacity 500k, admit 2, LRU",
-                 "c": "(c) fixed 500k, hashed"}[variant]
-        series[label] = ([best["rows_held"]], [best["held_out_log_loss"]])
+        series[LABELS[variant]] = ([best["rows_held"]], [best["held_out_log_loss"]])
     plot(RESULTS / "W6.png", "W6: held-out log loss against rows held", "rows held",
          "held-out log loss", series)
+    plot_all()
+
+
+LABELS = {"a": "(a) dynamic, no limit", "b": "(b) capacity 500k, admit 2, LRU",
+          "c": "(c) fixed 500k, hashed"}
+
+
+def plot_all() -> None:
+    """Held-out loss against rows held, every run of every variant in results/W6.jsonl."""
+    import json
+
+    series: dict[str, tuple[list, list]] = {}
+    with open(RESULTS / "W6.jsonl", encoding="utf-8") as f:
+        for line in f:
+            r = json.loads(line)
+            if "variant" in r:
+                xs, ys = series.setdefault(LABELS[r["variant"]], ([], []))
+                xs.append(r["rows_held"])
+                ys.append(r["held_out_log_loss"])
+    plot(RESULTS / "W6.png", "W6: held-out log loss against rows held (each point a run)",
+         "rows held", "held-out log loss", series, logx=True)
 
 
 if __name__ == "__main__":
