@@ -322,3 +322,17 @@ def test_the_id_index_agrees_with_a_dict_under_any_inserts_and_deletes():
         assert dict(zip(keys.tolist(), vals.tolist())) == model
 
     check()
+
+
+def test_sightings_are_remembered_for_at_most_max_candidates_ids_newest_kept():
+    from pstrain.server.dynamic_table import DynamicTable, TableConfig
+
+    t = DynamicTable("t", TableConfig(dim=2, admit_after=2, max_candidates=100))
+    for lo in range(0, 1000, 50):  # 1,000 ids seen once each, 50 per lookup
+        t.lookup(np.arange(lo, lo + 50, dtype=np.int64), train=True)
+        assert t.candidates <= 100
+    assert len(t) == 0
+    t.lookup(np.arange(950, 1000, dtype=np.int64), train=True)  # the newest: second sighting
+    assert len(t) == 50
+    t.lookup(np.arange(0, 50, dtype=np.int64), train=True)  # forgotten: a first sighting again
+    assert len(t) == 50

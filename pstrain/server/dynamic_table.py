@@ -31,7 +31,6 @@ past that). No I/O and no awaits here: each call is atomic on the serving loop.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -113,7 +112,12 @@ class DynamicTable:
         self.free: list[int] = []
         self.used = 0  # rows ever handed out (the high-water mark)
         self.clock = 0  # training lookups served
-        self.candidates: dict[int, int] = {}  # id -> sightings, for ids not admitted
+        # Sightings of ids not admitted yet: an index id -> slot of ``_cand_counts``; slots
+        # are handed out in order, so the oldest are the lowest (forgotten first).
+        self._cand = IdIndex()
+        self._cand_ids = np.empty(0, np.int64)
+        self._cand_counts = np.empty(0, np.int64)
+        self._cand_used = 0
         self.admitted = 0
         self.evicted = 0
 
@@ -123,7 +127,13 @@ class DynamicTable:
     @property
     def nbytes(self) -> int:
         per_row = self.rows.itemsize * self.config.dim * (1 + len(self.slots)) + 8 * 3 + 1
-        return self.alloc * per_row + self.index.nbytes + len(self.candidates) * 100
+        return (self.alloc * per_row + self.index.nbytes + self._cand.nbytes
+                + self._cand_counts.nbytes + self._cand_ids.nbytes)
+
+    @property
+    def candidates(self) -> int:
+        """Ids seen but not admitted yet, remembered."""
+        return len(self._cand)
 
     # -- rows ------------------------------------------------------------------------------------
     def positions(self, ids: np.ndarray) -> np.ndarray:
@@ -204,21 +214,49 @@ class DynamicTable:
         cfg = self.config
         if cfg.admit_after is None and cfg.admit_probability is None:
             return np.ones(ids.size, bool)
-        cand = self.candidates
-        counts = np.fromiter(map(cand.get, ids.tolist(), itertools.repeat(0)), np.int64, ids.size) + 1
+        slots = self._cand.get(ids)
+        seen = slots >= 0
+        counts = np.ones(ids.size, np.int64)
+        counts[seen] += self._cand_counts[slots[seen]]
         if cfg.admit_after is not None:
             admit = counts >= cfg.admit_after
         else:
             assert cfg.admit_probability is not None
             admit = unit_uniform(ids ^ counts, cfg.seed + 0x51ED) < cfg.admit_probability
-        for i in ids[admit].tolist():
-            cand.pop(i, None)
-        waiting = ~admit
-        cand.update(zip(ids[waiting].tolist(), counts[waiting].tolist()))
-        if len(cand) > cfg.max_candidates:  # forget the oldest half (dicts keep insertion order)
-            for i in list(itertools.islice(cand, len(cand) // 2)):
-                del cand[i]
+        self._cand.delete(ids[admit & seen])  # admitted: no longer a candidate
+        again = ~admit & seen
+        self._cand_counts[slots[again]] = counts[again]
+        new = ~admit & ~seen
+        if new.any():
+            self._remember(ids[new])
         return admit
+
+    def _remember(self, ids: np.ndarray) -> None:
+        """Start counting ``ids`` (one sighting each); past ``max_candidates`` the oldest
+        half is forgotten."""
+        limit = self.config.max_candidates
+        if len(self._cand) + ids.size > limit:
+            live_ids, live_slots = self._cand.items()
+            order = np.argsort(live_slots)
+            keep = order[len(order) // 2:] if len(order) > 1 else order[:0]
+            keep = keep[max(0, keep.size + ids.size - limit):]  # room for the new ones
+            kept_ids, kept_counts = live_ids[keep], self._cand_counts[live_slots[keep]]
+            self._cand = IdIndex(max(kept_ids.size + ids.size, 16))
+            self._cand_ids = kept_ids.copy()
+            self._cand_counts = kept_counts.copy()
+            self._cand_used = kept_ids.size
+            self._cand.insert(kept_ids, np.arange(kept_ids.size))
+            ids = ids[max(0, ids.size - limit):]
+        need = self._cand_used + ids.size
+        if need > self._cand_counts.size:
+            size = max(need, 2 * self._cand_counts.size, 1024)
+            self._cand_counts = np.concatenate([self._cand_counts, np.zeros(size - self._cand_counts.size, np.int64)])
+            self._cand_ids = np.concatenate([self._cand_ids, np.zeros(size - self._cand_ids.size, np.int64)])
+        slots = np.arange(self._cand_used, need)
+        self._cand_counts[slots] = 1
+        self._cand_ids[slots] = ids
+        self._cand.insert(ids, slots)
+        self._cand_used = need
 
     # -- what the ps serves ----------------------------------------------------------------------
     def lookup(self, ids: np.ndarray, train: bool) -> np.ndarray:
@@ -304,4 +342,4 @@ class DynamicTable:
 
     def statistics(self) -> dict[str, int]:
         return {"rows": len(self.index), "admitted": self.admitted, "evicted": self.evicted,
-                "bytes": self.nbytes, "candidates": len(self.candidates)}
+                "bytes": self.nbytes, "candidates": self.candidates}
