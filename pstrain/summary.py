@@ -152,10 +152,11 @@ def _checked(name: Any, data: Any, step: Any) -> tuple[str, float, int]:
     return name, value, int(step)
 
 
-def scalar(name: str, data: Any, step: int | None = None) -> None:
+def scalar(name: str, data: Any, step: int | None = None, description: str | None = None) -> None:
     """Log ``data`` (a number) as scalar ``name`` at ``step``: from the coordinator it goes
     to the default writer (if any) and the dashboard; from a closure it travels back with
-    the closure's result and then does the same on the coordinator."""
+    the closure's result and then does the same on the coordinator. ``description`` is
+    accepted for TF's signature and not stored."""
     name, value, step_ = _checked(name, data, step)
     sink = scalar_sink()
     if sink is not None:  # inside a closure: the worker sends it back
