@@ -220,6 +220,9 @@ class CheckpointReader:
                     if not key.startswith("init:"):
                         parts.setdefault(key, []).append(f.get_tensor(key))
         out = {k: np.concatenate(v) for k, v in parts.items()}
+        live = out.pop("live", None)
+        if live is not None:  # rows handed out and evicted since are not the table's
+            out = {k: v[live] for k, v in out.items()}
         order = np.argsort(out["ids"], kind="stable")
         return {k: v[order] for k, v in out.items()}
 

@@ -3,6 +3,8 @@ deterministic rows, optimizers, closures, /metrics, and checkpoints into 1, 2 an
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -336,3 +338,64 @@ def test_sightings_are_remembered_for_at_most_max_candidates_ids_newest_kept():
     assert len(t) == 50
     t.lookup(np.arange(0, 50, dtype=np.int64), train=True)  # forgotten: a first sighting again
     assert len(t) == 50
+
+
+async def test_a_dynamic_table_saved_during_training_is_a_state_it_was_in(tmp_path, monkeypatch):
+    from pstrain.server import store
+
+    monkeypatch.setattr(store, "BLOCK_BYTES", 4096)  # many blocks: updates land before the writer
+    ids = np.arange(1, 20_001, dtype=np.int64) * 7919
+    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
+                                ps_options={"checkpoint_root": str(tmp_path)}) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            table = pstrain.DynamicEmbedding(8, name="live", capacity=19_000)
+            opt = pstrain.optimizers.SGD(1.0)
+        await table.lookup(ids[:18_000])
+        states = [await table.export()]
+
+        async def train():
+            for k in range(6):  # every row changes, and new ids evict old ones
+                batch = ids[k * 300:k * 300 + 18_000] if k < 5 else ids[2_000:]
+                await table.lookup(batch)
+                await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((batch.size, 8)), batch), table)])
+                states.append(await table.export())
+
+        path, _ = await asyncio.gather(pstrain.Checkpoint(t=table).save(str(tmp_path / "c")), train())
+        saved = pstrain.checkpoint.load_variables(path)
+        match = [i for i, (i_ids, i_rows) in enumerate(states)
+                 if np.array_equal(i_ids, saved["t/ids"]) and np.array_equal(i_rows, saved["t/rows"])]
+        assert match, "the saved table is no state the table was in"
+
+
+def test_a_table_snapshot_holds_the_table_as_it_was_while_rows_change_evict_and_grow(monkeypatch):
+    from pstrain.optimizer_rules import RULES
+    from pstrain.server import store
+    from pstrain.server.dynamic_table import DynamicTable, TableConfig
+
+    monkeypatch.setattr(store, "BLOCK_BYTES", 1024)
+    t = DynamicTable("t", TableConfig(dim=4, capacity=3000))
+    ids = np.arange(1, 5001, dtype=np.int64) * 31
+    t.lookup(ids[:2500], train=True)
+    slots = {"accumulator": ("opt/accumulator", 0.1)}
+    t.apply(RULES["adagrad"], ids[:2500], np.ones((2500, 4), np.float32), slots,
+            {"learning_rate": 0.1}, 1)
+    before = {k: v.copy() for k, v in t.export().items()}
+    save = t.snapshot()
+    readers = {k: s.blocks() for k, s in save.items()}
+    got = {k: [next(r)] for k, r in readers.items()}  # the writer has taken the first block
+    t.lookup(ids[2000:5000], train=True)  # new rows, evictions, growth
+    t.apply(RULES["adagrad"], ids[2000:5000], np.full((3000, 4), 2.0, np.float32), slots,
+            {"learning_rate": 0.1}, 2)
+    for k, r in readers.items():
+        got[k].extend(r)
+    arrays = {k: np.concatenate(v) for k, v in got.items()}
+    live = arrays["live"]
+    order = np.argsort(arrays["ids"][live])
+    np.testing.assert_array_equal(arrays["ids"][live][order], np.sort(before["ids"]))
+    by_id = np.argsort(before["ids"])
+    np.testing.assert_array_equal(arrays["rows"][live][order], before["rows"][by_id])
+    np.testing.assert_array_equal(arrays["slot:opt/accumulator"][live][order],
+                                  before["slot:opt/accumulator"][by_id])
+    t.end_snapshot(save)
+    assert not t.saves

@@ -40,6 +40,7 @@ import numpy as np
 from ..errors import InvalidArgumentError
 from ..idhash import initial_rows, unit_uniform
 from .id_index import IdIndex
+from .store import Snapshot
 
 __all__ = ["DynamicTable", "TableConfig"]
 
@@ -120,6 +121,7 @@ class DynamicTable:
         self._cand_used = 0
         self.admitted = 0
         self.evicted = 0
+        self.saves: list[dict[str, Snapshot]] = []  # the arrays each save in progress reads
 
     def __len__(self) -> int:
         return len(self.index)
@@ -172,10 +174,32 @@ class DynamicTable:
         self.used += fresh
         return out
 
+    def _touch(self, rows: np.ndarray) -> None:
+        """``rows`` are about to change: saves in progress keep their old values first."""
+        for save in self.saves:
+            for snap in save.values():
+                snap.before_write(rows)
+
+    def snapshot(self) -> dict[str, Snapshot]:
+        """The table as of now, for a save that reads it while training goes on: ``ids``,
+        ``live``, ``rows`` and each slot (``slot:<key>``) over the rows handed out so far."""
+        used = self.used
+        arrays = {"ids": self.ids[:used], "live": self.live[:used], "rows": self.rows[:used],
+                  **{f"slot:{k}": v[:used] for k, v in self.slots.items()}}
+        save = {k: Snapshot(a) for k, a in arrays.items()}
+        self.saves.append(save)
+        return save
+
+    def end_snapshot(self, save: dict[str, Snapshot]) -> None:
+        if save in self.saves:
+            self.saves.remove(save)
+
     def _create(self, new_ids: np.ndarray) -> np.ndarray:
         """Rows for ``new_ids`` (unique, absent), at their initial values."""
         cfg = self.config
         rows = self._take_rows(new_ids.size)
+        if self.saves:
+            self._touch(rows)
         self.rows[rows] = initial_rows(new_ids, cfg.dim, self.dtype, cfg.seed, cfg.init_low, cfg.init_high)
         for key, arr in self.slots.items():
             arr[rows] = self.slot_init[key]
@@ -190,6 +214,8 @@ class DynamicTable:
     def _evict_rows(self, rows: np.ndarray) -> None:
         if not rows.size:
             return
+        if self.saves:
+            self._touch(rows)
         self.index.delete(self.ids[rows])
         self.live[rows] = False
         self.free.extend(rows.tolist())
@@ -310,6 +336,8 @@ class DynamicTable:
         if not rows.size:
             return 0
         arrays = {name: self.slot(key, init) for name, (key, init) in slots.items()}
+        if self.saves:
+            self._touch(rows)
         rule(self.rows, grad[keep].astype(self.dtype, copy=False), rows, arrays, cfg, t)
         return int(rows.size)
 

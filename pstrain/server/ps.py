@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -500,17 +501,28 @@ class ParameterServer(ServerBase):
                 "stats": table.statistics()}
 
     async def save_table(self, req: TableSaveRequest) -> dict[str, Any]:
+        """Write a table's shard as it is now while training goes on: its arrays are read
+        through snapshots (an update keeps only the old values of the rows it changes)."""
         table = self._table(req.name)
-        exported = table.export()  # the rows as of now (a copy: training goes on)
         rename = req.slots if req.slots is not None else {k: k for k in table.slot_init}
-        for key in [k for k in exported if k.startswith("slot:")]:
-            arr = exported.pop(key)
-            if key[5:] in rename:
-                exported[f"slot:{rename[key[5:]]}"] = arr
+        save = table.snapshot()
+        tensors: list[tuple[str, np.dtype, tuple[int, ...], Any]] = []
+        for key, snap in save.items():
+            name = key
+            if key.startswith("slot:"):
+                if key[5:] not in rename:
+                    continue
+                name = f"slot:{rename[key[5:]]}"
+            tensors.append((name, snap.array.dtype, snap.array.shape, snap.blocks))
         for key, init in table.slot_init.items():
             if key in rename:
-                exported[f"init:{rename[key]}"] = np.array([init], np.float64)
-        return await self.checkpoints.save_arrays(req.path, exported)
+                init_array = np.array([init], np.float64)
+                tensors.append((f"init:{rename[key]}", init_array.dtype, init_array.shape,
+                                functools.partial(iter, (init_array,))))
+        try:
+            return await self.checkpoints.save_streamed(req.path, tensors)
+        finally:
+            table.end_snapshot(save)
 
     async def restore_table(self, req: TableRestoreRequest) -> dict[str, Any]:
         config = TableConfig(**msgspec.structs.asdict(req.config))

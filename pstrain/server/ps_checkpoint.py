@@ -106,6 +106,21 @@ class CheckpointFiles:
                 release()
         return {"path": req.path, "bytes": size}
 
+    async def save_streamed(self, path: str, tensors: list[tuple[str, np.dtype, tuple[int, ...], Any]]
+                            ) -> dict[str, Any]:
+        """Write ``tensors`` (as ``write_streaming`` takes them) to a new file under the root,
+        on the save thread."""
+        real = self.confine(path, "checkpoint file")
+        if os.path.lexists(real):
+            raise AlreadyExistsError(f"checkpoint file {path} already exists; a checkpoint "
+                                     "is never written over")
+        if not os.path.isdir(os.path.dirname(real)):
+            raise NotFoundError(f"checkpoint directory {os.path.dirname(path)} does not exist on "
+                                f"{self.store.task}")
+        size = await asyncio.get_running_loop().run_in_executor(_save_thread(), write_streaming,
+                                                                real, tensors)
+        return {"path": path, "bytes": size}
+
     async def save_arrays(self, path: str, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         """Write ``arrays`` (already this ps's own copies) to a new file under the root."""
         real = self.confine(path, "checkpoint file")
@@ -143,6 +158,12 @@ class CheckpointFiles:
                         if ids.dtype != np.int64 or ids.ndim != 1:
                             raise InvalidArgumentError(f"dyn/restore: ids in {path} are not 1-D int64")
                         mine = shard_of(ids, num_shards) == shard
+                        if "live" in keys:  # rows handed out and evicted since are not the table's
+                            live = f.get_tensor("live")
+                            if live.dtype != np.bool_ or live.shape != ids.shape:
+                                raise InvalidArgumentError(f"dyn/restore: live in {path} is "
+                                                           f"{live.dtype} {live.shape}")
+                            mine &= live
                         rows = f.get_tensor("rows")
                         if rows.shape != (ids.size, dim):
                             raise InvalidArgumentError(f"dyn/restore: rows in {path} are "

@@ -68,7 +68,7 @@ class Snapshot:
                 r = np.arange(self.taken, self.rows)
             else:
                 r = np.asarray(rows).reshape(-1)
-                r = r[r >= self.taken]
+                r = r[(r >= self.taken) & (r < self.rows)]  # rows past the snapshot: not its
             if r.size:
                 r = r[~self._kept[r]]
             if not r.size:
