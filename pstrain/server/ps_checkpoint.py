@@ -46,7 +46,7 @@ __all__ = ["CheckpointFiles"]
 logger = logging.getLogger(__name__)
 
 #: How much nicer than the serving loop a save's writer thread runs (Linux thread niceness).
-SAVE_NICENESS = 10
+SAVE_NICENESS = 19
 
 #: Staged restores not committed within this many seconds are dropped.
 STAGE_TTL_S = 300.0
