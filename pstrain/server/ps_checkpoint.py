@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..checkpoint_files import SAFETENSORS_DTYPES, read_rows, write_atomically, write_streaming
+from ..checkpoint_files import SAFETENSORS_DTYPES, read_rows, write_streaming
 from ..errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 from ..idhash import shard_of
 from ..schemas import RestoreRequest, RestoreSpec, SaveRequest
@@ -119,18 +119,6 @@ class CheckpointFiles:
                                 f"{self.store.task}")
         size = await asyncio.get_running_loop().run_in_executor(_save_thread(), write_streaming,
                                                                 real, tensors)
-        return {"path": path, "bytes": size}
-
-    async def save_arrays(self, path: str, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-        """Write ``arrays`` (already this ps's own copies) to a new file under the root."""
-        real = self.confine(path, "checkpoint file")
-        if os.path.lexists(real):
-            raise AlreadyExistsError(f"checkpoint file {path} already exists; a checkpoint "
-                                     "is never written over")
-        if not os.path.isdir(os.path.dirname(real)):
-            raise NotFoundError(f"checkpoint directory {os.path.dirname(path)} does not exist on "
-                                f"{self.store.task}")
-        size = await asyncio.get_running_loop().run_in_executor(None, _write_new, real, arrays)
         return {"path": path, "bytes": size}
 
     async def read_table_rows(self, paths: list[str], shard: int, num_shards: int, dim: int,
@@ -300,14 +288,3 @@ def _nicer() -> None:
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + SAVE_NICENESS))
     except OSError:  # not allowed here: saves run at the process's priority
         logger.debug("could not lower the priority of the checkpoint thread")
-
-
-def _write_new(path: str, tensors: dict[str, np.ndarray]) -> int:
-    """Write ``tensors`` to the new file ``path`` (never over an existing one)."""
-    from safetensors.numpy import save_file
-
-    def write(tmp: str) -> None:
-        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, tmp)
-
-    write_atomically(path, write, overwrite=False)
-    return os.path.getsize(path)
