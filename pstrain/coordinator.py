@@ -609,19 +609,32 @@ class ClusterCoordinator:
         return self._metrics.address
 
     # -- lifecycle --------------------------------------------------------------------------------
-    async def shutdown_cluster(self) -> list[str]:
+    async def shutdown_cluster(self, startup_wait_s: float = 60.0) -> list[str]:
         """The job is done: ask every ps and worker to leave (those started with
         ``--exit-on-shutdown``, as ``pstrain serve --slurm-jobs`` is, so that a SLURM job ends
-        COMPLETED). Returns the tasks that did not (refused, or unreachable)."""
+        COMPLETED). A task never reached yet may still be starting (SLURM starts every rank at
+        once, and a ps the job never used may come up last): it is asked again, with back-off,
+        for up to ``startup_wait_s``. Returns the tasks that did not leave (refused, or
+        unreachable)."""
         spec = self._channels.cluster_spec
         tasks = [(job, i) for job in ("ps", "worker") for i in range(spec.num_tasks(job))]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + startup_wait_s
 
         async def leave(job: str, index: int) -> str | None:
-            try:
-                await self._channels.channel(job, index).call("server/shutdown", {}, timeout=10.0)
-                return None
-            except PstrainError as exc:
-                return f"{task_name(job, index)}: {exc}"
+            channel = self._channels.channel(job, index)
+            pause = 0.05
+            while True:
+                try:
+                    await channel.call("server/shutdown", {}, timeout=10.0)
+                    return None
+                except UnavailableError as exc:
+                    if channel.ever_connected or loop.time() + pause > deadline:
+                        return f"{task_name(job, index)}: {exc}"
+                except PstrainError as exc:
+                    return f"{task_name(job, index)}: {exc}"
+                await asyncio.sleep(pause)  # back-off while a task that never answered starts
+                pause = min(pause * 2, 1.0)
 
         stayed = [r for r in await asyncio.gather(*(leave(j, i) for j, i in tasks)) if r is not None]
         for line in stayed:

@@ -251,3 +251,36 @@ async def test_a_chief_whose_metrics_port_is_taken_says_so_in_one_line_and_train
             await coordinator.close()
     finally:
         taken.close()
+
+
+async def test_shutdown_reaches_a_ps_that_comes_up_after_the_job_is_done():
+    # SLURM starts every rank at once: a ps the job never used may start listening last.
+    import socket
+
+    from pstrain.server.ps import ParameterServer
+    from pstrain.server.worker import WorkerServer
+
+    worker = WorkerServer(0, token=TOKEN, exit_on_shutdown=True)
+    await worker.start()
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    port = held.getsockname()[1]
+    strategy = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(
+        {"ps": [f"127.0.0.1:{port}"], "worker": [worker.address]}, token=TOKEN))
+    coordinator = pstrain.ClusterCoordinator(strategy)
+    assert await coordinator.schedule(lambda: 1) == 1  # the job ran without that ps
+    leaving = asyncio.ensure_future(coordinator.shutdown_cluster())
+    from .conftest import wait_for
+
+    await wait_for(lambda: worker.shutdown_requested.is_set(), timeout=10, what="the worker told")
+    assert not leaving.done()  # still asking the ps, which refuses connections for now
+    held.close()
+    ps = ParameterServer(0, token=TOKEN, port=port, exit_on_shutdown=True)
+    await ps.start()
+    try:
+        assert await asyncio.wait_for(leaving, 30) == []
+        assert ps.shutdown_requested.is_set()
+    finally:
+        await ps.stop()
+        await worker.stop()
+        await coordinator.close()
