@@ -30,14 +30,14 @@ async def bench(n: int, rounds: int, inflight: int) -> None:
         incr = make_incr(v)
         for step in range(200):  # some scalars on the page, as in training
             pstrain.summary.scalar("loss", 1.0 / (step + 1), step=step)
-        await coordinator.serve_dashboard()
+        await pstrain.dashboard.serve_dashboard(coordinator)
         results: dict[tuple[str, str], list[float]] = {}
         cpu: dict[tuple[str, str], list[float]] = {}
         for r in range(rounds):
             for side in (("closed", "open") if r % 2 == 0 else ("open", "closed")):  # cancels drift
                 watcher = None
                 if side == "open":  # a browser's stream, from another process
-                    url = coordinator.dashboard_login_url()  # each login URL works once
+                    url = pstrain.dashboard.login_url(coordinator)  # each login URL works once
                     watcher = subprocess.Popen(
                         [sys.executable, "-c", WATCH, url], stdout=subprocess.PIPE, text=True)
                     assert watcher.stdout is not None
@@ -51,7 +51,8 @@ async def bench(n: int, rounds: int, inflight: int) -> None:
                     watcher.terminate()  # the watcher this run started, by its PID
                     watcher.wait(10)
                     watcher.stdout.close()  # type: ignore[union-attr]
-        snapshots = coordinator.dashboard.snapshots if coordinator.dashboard else 0
+        served = pstrain.dashboard.of(coordinator)
+        snapshots = served.snapshots if served is not None else 0
         await coordinator.close()
     for name in ("noop", "incr"):
         closed = statistics.median(results[(name, "closed")])

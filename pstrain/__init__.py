@@ -1,7 +1,8 @@
 """pstrain: an asyncio-native parameter-server training runtime.
 
 The public API, re-exported here by name and loaded on first use, so that
-``import pstrain`` stays cheap and has no side effects.
+``import pstrain`` stays cheap and has no side effects (but one: with PSTRAIN_DASHBOARD set,
+by ``pstrain launch --dashboard``, it loads the dashboard, whose coordinators then serve it).
 
 >>> import pstrain
 >>> pstrain.ReduceOp.SUM.value
@@ -11,6 +12,7 @@ The public API, re-exported here by name and loaded on first use, so that
 from __future__ import annotations
 
 import importlib
+import os as _os
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -59,8 +61,8 @@ _EXPORTS: dict[str, str] = {
     "update_variables": "variables",
     "run": "bridge",
 }
-_SUBMODULES = ("checkpoint", "data", "errors", "evaluator", "initializers", "metrics", "optimizers",
-               "partitioners", "rpc", "summary", "testing")
+_SUBMODULES = ("checkpoint", "dashboard", "data", "errors", "evaluator", "initializers", "metrics",
+               "optimizers", "partitioners", "rpc", "summary", "testing")
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 
@@ -83,6 +85,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above is what runs
     from . import (
         checkpoint as checkpoint,
+        dashboard as dashboard,
         data as data,
         errors as errors,
         evaluator as evaluator,
@@ -170,3 +173,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above 
         read_variables as read_variables,
         update_variables as update_variables,
     )
+
+
+if _os.environ.get("PSTRAIN_DASHBOARD"):  # pstrain launch --dashboard: coordinators serve it
+    from . import dashboard as _dashboard  # noqa: F401 - registers its start hook

@@ -28,18 +28,13 @@ import asyncio
 import hashlib
 import itertools
 import logging
-import os
-import sys
-import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from . import pickling, summary
-from .checkpoint import recent_saves
 from .cluster import ClusterSpec, is_loopback, parse_address, task_name
 from .context import was_restored
-from .dashboard import Dashboard, task_state
 from .dispatch import DispatchSettings, WorkerDispatcher
 from .errors import (
     AuthenticationError,
@@ -61,7 +56,11 @@ from .values import PerWorkerValues
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ClusterCoordinator"]
+__all__ = ["START_HOOKS", "ClusterCoordinator"]
+
+#: Called with each coordinator when it starts dispatching: how add-ons of the layers above
+#: (the dashboard, for ``pstrain launch --dashboard``) attach without this module knowing them.
+START_HOOKS: list[Callable[[ClusterCoordinator], None]] = []
 
 
 class ClusterCoordinator:
@@ -85,8 +84,7 @@ class ClusterCoordinator:
                  max_batch: int = 1024, worker_timeout_s: float = 10.0,
                  ps_timeout_s: float = 10.0, heartbeat_s: float = 1.0,
                  probe_initial_s: float = 0.05, probe_max_s: float = 1.0,
-                 cancel_grace_s: float = 10.0, no_worker_timeout_s: float | None = 60.0,
-                 dashboard: str | None = None) -> None:
+                 cancel_grace_s: float = 10.0, no_worker_timeout_s: float | None = 60.0) -> None:
         if getattr(self, "strategy", None) is not None:
             return  # the existing coordinator of this strategy
         if not isinstance(strategy, ParameterServerStrategy):
@@ -113,7 +111,9 @@ class ClusterCoordinator:
         self._fns: dict[Any, tuple[bytes, bytes]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._metrics: MetricsEndpoint | None = None
-        self._dashboard: Dashboard | None = None
+        self._closers: list[Callable[[], Awaitable[None]]] = []
+        #: What add-ons of the face layer keep on this coordinator (the dashboard's server).
+        self.extensions: dict[str, Any] = {}
         self._ps_incarnations: list[str | None] = [None] * strategy.num_ps
         self._ps_restart: UnavailableError | None = None  # found while another error was pending
         self.closed = False
@@ -125,9 +125,6 @@ class ClusterCoordinator:
                              fence=self._fence_worker, on_scalars=self._scalars)
             for i in range(strategy.num_workers)]
         self.session = uuid.uuid4().hex[:16]  # exactly-once keys are unique to this coordinator
-        #: ``host:port`` to serve the dashboard on once dispatching starts (``pstrain launch
-        #: --dashboard`` sets PSTRAIN_DASHBOARD); None: only if serve_dashboard() is called.
-        self._dashboard_at = dashboard if dashboard is not None else os.environ.get("PSTRAIN_DASHBOARD")
 
     # -- loop and tasks ---------------------------------------------------------------------
     def _start(self) -> bool:
@@ -145,8 +142,8 @@ class ClusterCoordinator:
         chief = self._chief_address()
         if chief is not None:  # TF_CONFIG names this process's address: serve /metrics there
             self._tasks.spawn(self._serve_metrics_or_say(*chief))
-        if self._dashboard_at:
-            self._tasks.spawn(self._auto_dashboard(self._dashboard_at))
+        for hook in START_HOOKS:  # add-ons of the face layer (the dashboard) start here
+            hook(self)
         return True
 
     async def _serve_metrics_or_say(self, host: str, port: int) -> None:
@@ -156,15 +153,14 @@ class ClusterCoordinator:
             logger.error("the coordinator could not serve /metrics on %s:%d: %s (training goes "
                          "on without it)", host, port, exc)
 
-    async def _auto_dashboard(self, where: str) -> None:
-        host, _, port = where.rpartition(":")
-        try:
-            url = await self.serve_dashboard(host or "127.0.0.1", int(port or 0))
-        except (PstrainError, ValueError, OSError) as exc:
-            logger.error("the dashboard could not start on %s: %s", where, exc)
-            return
-        print(f"pstrain dashboard (one-time login URL; open it once): {url}", file=sys.stderr,
-              flush=True)
+    def run_in_background(self, work: Coroutine[Any, Any, Any]) -> None:
+        """Run ``work`` on the coordinator's loop until the coordinator closes (an add-on's
+        task, such as the dashboard's); a failure is logged and raised by the next join."""
+        self._tasks.spawn(work)
+
+    def on_close(self, callback: Callable[[], Awaitable[None]]) -> None:
+        """``await callback()`` when the coordinator closes (an add-on's clean-up)."""
+        self._closers.append(callback)
 
     def _task_failed(self, exc: BaseException) -> None:
         logger.error("a coordinator task failed", exc_info=exc)
@@ -430,7 +426,9 @@ class ClusterCoordinator:
         """Each worker slot: its address, whether it is up, leaving, and its failures."""
         spec = self._channels.cluster_spec
         return [{"index": w.index, "task": w.task, "address": spec.task_address("worker", w.index),
-                 "up": w.up, "leaving": w.leaving, "failures": w.failures} for w in self._workers]
+                 "up": w.up, "leaving": w.leaving, "failures": w.failures,
+                 "incarnation": w.incarnation, "completed": w.completed,
+                 "last_error": w.last_error} for w in self._workers]
 
     async def admit_worker(self, address: str) -> int:
         """A worker started with ``pstrain serve --role worker --join`` joins the job.
@@ -504,86 +502,6 @@ class ClusterCoordinator:
                 "worker_failures": self.worker_failures,
                 "workers_up": sum(self.workers_up)}
 
-    # -- the dashboard ----------------------------------------------------------------------------
-    async def serve_dashboard(self, host: str = "127.0.0.1", port: int = 0) -> str:
-        """Serve the live dashboard (``pstrain/dashboard.py``); returns a one-time login URL
-        (print it, open it once: it sets a session cookie). Listens on 127.0.0.1 unless told
-        otherwise; every page needs the login (or the cluster token as a bearer header)."""
-        self._start()
-        if self._dashboard is None:
-            if not is_loopback(host) and not self._channels.token:
-                raise InvalidArgumentError("a dashboard off loopback needs a cluster token")
-            dashboard = Dashboard(self._dashboard_state, self._channels.token, host, port)
-            await dashboard.start()
-            self._dashboard = dashboard
-        return self._dashboard.login_url()
-
-    def dashboard_login_url(self) -> str:
-        """A fresh one-time login URL for the running dashboard."""
-        if self._dashboard is None:
-            raise PstrainError("no dashboard: call serve_dashboard() first")
-        return self._dashboard.login_url()
-
-    @property
-    def dashboard(self) -> Dashboard | None:
-        return self._dashboard
-
-    async def _ps_statistics(self, k: int) -> dict[str, Any] | None:
-        try:
-            stats: dict[str, Any] = await self._channels.channel("ps", k).call(
-                "statistics", {}, timeout=min(2.0, self.ps_timeout_s))
-            return stats
-        except PstrainError:
-            return None
-
-    async def _dashboard_state(self) -> dict[str, Any]:
-        """What the dashboard shows, as plain values (built about once a second)."""
-        spec = self._channels.cluster_spec
-        tasks: list[dict[str, Any]] = []
-        chief = spec.task_address("chief", 0) if spec.num_tasks("chief") else None
-        tasks.append({"job": "chief", "index": 0, "task": "chief:0", "state": "up",
-                      "address": chief or "this process"})
-        stats, answered = await asyncio.gather(
-            asyncio.gather(*(self._ps_statistics(k) for k in range(self.strategy.num_ps))),
-            asyncio.gather(*(self._answers(w) for w in self._workers)))
-        for k, st in enumerate(stats):
-            entry: dict[str, Any] = {
-                "job": "ps", "index": k, "task": f"ps:{k}", "address": spec.task_address("ps", k),
-                "state": "up" if st is not None else ("down" if self._ps_incarnations[k] else "joining"),
-                "incarnation": self._ps_incarnations[k]}
-            if st is not None:
-                requests = st.get("requests", {}).values()
-                entry.update(bytes=st.get("bytes", 0), variables=st.get("variables", 0),
-                             rss_bytes=st.get("rss_bytes"),
-                             requests=sum(r["count"] for r in requests),
-                             wire_bytes=sum(r["bytes_in"] + r["bytes_out"] for r in requests),
-                             tables=st.get("tables", {}))
-            tasks.append(entry)
-        for w, answers in zip(self._workers, answered):
-            tasks.append({"job": "worker", "index": w.index, "task": f"worker:{w.index}",
-                          "address": spec.task_address("worker", w.index),
-                          "state": task_state(w.up and answers, w.leaving,
-                                              w.incarnation is not None or w.failures > 0),
-                          "incarnation": w.incarnation, "failures": w.failures,
-                          "completed": w.completed, "last_error": w.last_error})
-        return {"time": time.time(), "tasks": tasks,
-                "closures": {"done": self.queue.done_count, "queued": self.queue.queued,
-                             "in_flight": self.queue.in_flight,
-                             "retried": self.queue.retried_count,
-                             "worker_failures": self.worker_failures},
-                "checkpoints": recent_saves()}
-
-    async def _answers(self, w: WorkerDispatcher) -> bool:
-        """Does worker ``w`` answer a health check now? (The dashboard shows an idle worker
-        that died as down at once; dispatching learns of it when it next sends work.)"""
-        if not w.up:
-            return False
-        try:
-            await w.channel().call("health", None, timeout=1.0)
-            return True
-        except PstrainError:
-            return False
-
     def _scalars(self, records: list[Any]) -> None:
         """Scalars a closure logged with pstrain.summary (they came back with its result)."""
         for rec in records:
@@ -651,8 +569,8 @@ class ClusterCoordinator:
         await self._channels.close()
         if self._metrics is not None:
             await self._metrics.stop()
-        if self._dashboard is not None:
-            await self._dashboard.stop()
+        for closer in self._closers:
+            await closer()
         self.strategy.detach_coordinator(self)
 
     async def __aenter__(self) -> ClusterCoordinator:

@@ -1,11 +1,14 @@
 """The live dashboard: the coordinator serves a page that draws the cluster as it runs.
 
-``url = await coordinator.serve_dashboard()`` (or ``pstrain launch --dashboard``,
-``pstrain demo --dashboard``) listens on 127.0.0.1 by default and returns a
-*one-time* login URL (``/login?key=...``): opening it sets a session cookie
-(HttpOnly, SameSite=Strict) and the key is spent; without the cookie every
-page and stream answers 401. ``coordinator.dashboard_login_url()`` makes a
-fresh key. A bearer header with the cluster token also works, for scripts.
+``url = await pstrain.dashboard.serve_dashboard(coordinator)`` (or ``pstrain
+launch --dashboard``, ``pstrain demo --dashboard``) listens on 127.0.0.1 by
+default and returns a *one-time* login URL (``/login?key=...``): opening it
+sets a session cookie (HttpOnly, SameSite=Strict) and the key is spent;
+without the cookie every page and stream answers 401.
+``pstrain.dashboard.login_url(coordinator)`` makes a fresh key. A bearer
+header with the cluster token also works, for scripts. It is an add-on of the
+face layer: it reads the coordinator through its public API and attaches
+through ``coordinator.extensions``, ``on_close`` and ``START_HOOKS``.
 
 The browser opens one server-sent-event stream (``/events``); the
 coordinator builds a snapshot about once a second while someone watches (it
@@ -26,20 +29,23 @@ import json
 import logging
 import os
 import secrets
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
-from . import summary
+from . import coordinator as coordinator_module, summary
 from .auth import bearer_ok
-from .cluster import listening_socket
-from .errors import PstrainError
+from .checkpoint import recent_saves
+from .cluster import is_loopback, listening_socket
+from .coordinator import ClusterCoordinator
+from .errors import InvalidArgumentError, PstrainError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Dashboard", "task_state"]
+__all__ = ["Dashboard", "login_url", "of", "serve_dashboard", "snapshot", "task_state"]
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dashboard_static")
 COOKIE = "pstrain_dashboard"
@@ -211,3 +217,108 @@ def task_state(up: bool, leaving: bool, seen: bool) -> str:
         return "up"
     return "down" if seen else "joining"
 
+
+# -- the coordinator's dashboard ------------------------------------------------------------------
+async def serve_dashboard(coordinator: ClusterCoordinator, host: str = "127.0.0.1",
+                          port: int = 0) -> str:
+    """Serve ``coordinator``'s live dashboard (once; later calls reuse it) and return a
+    one-time login URL. Off loopback the cluster must have a token."""
+    dashboard = of(coordinator)
+    if dashboard is None:
+        token = coordinator.strategy.channels.token
+        if not is_loopback(host) and not token:
+            raise InvalidArgumentError("a dashboard off loopback needs a cluster token")
+        dashboard = Dashboard(lambda: snapshot(coordinator), token, host, port)
+        await dashboard.start()
+        coordinator.extensions["dashboard"] = dashboard
+        coordinator.on_close(dashboard.stop)
+    return dashboard.login_url()
+
+
+def of(coordinator: ClusterCoordinator) -> Dashboard | None:
+    """The dashboard ``coordinator`` serves, if any."""
+    dashboard: Dashboard | None = coordinator.extensions.get("dashboard")
+    return dashboard
+
+
+def login_url(coordinator: ClusterCoordinator) -> str:
+    """A fresh one-time login URL for ``coordinator``'s dashboard."""
+    dashboard = of(coordinator)
+    if dashboard is None:
+        raise PstrainError("no dashboard: call pstrain.dashboard.serve_dashboard(coordinator) first")
+    return dashboard.login_url()
+
+
+async def _call(coordinator: ClusterCoordinator, job: str, index: int, op: str,
+                timeout: float) -> Any:
+    try:
+        return await coordinator.strategy.channels.channel(job, index).call(op, {} if op == "statistics" else None,
+                                                                            timeout=timeout)
+    except PstrainError:
+        return None
+
+
+async def snapshot(coordinator: ClusterCoordinator) -> dict[str, Any]:
+    """What the dashboard shows, as plain values (built about once a second while watched).
+    It asks each ps for its statistics and each worker for its health itself: an idle worker
+    that died shows as down at once, before dispatching would learn of it."""
+    spec = coordinator.strategy.channels.cluster_spec
+    members = coordinator.membership()
+    incarnations = coordinator.ps_incarnations
+    stats, answers = await asyncio.gather(
+        asyncio.gather(*(_call(coordinator, "ps", k, "statistics", 2.0)
+                         for k in range(len(incarnations)))),
+        asyncio.gather(*(_call(coordinator, "worker", m["index"], "health", 1.0) if m["up"]
+                         else asyncio.sleep(0, None) for m in members)))
+    chief = spec.task_address("chief", 0) if spec.num_tasks("chief") else None
+    tasks: list[dict[str, Any]] = [{"job": "chief", "index": 0, "task": "chief:0", "state": "up",
+                                    "address": chief or "this process"}]
+    for k, st in enumerate(stats):
+        entry: dict[str, Any] = {
+            "job": "ps", "index": k, "task": f"ps:{k}", "address": spec.task_address("ps", k),
+            "state": "up" if st is not None else ("down" if incarnations[k] else "joining"),
+            "incarnation": incarnations[k]}
+        if st is not None:
+            requests = st.get("requests", {}).values()
+            entry.update(bytes=st.get("bytes", 0), variables=st.get("variables", 0),
+                         rss_bytes=st.get("rss_bytes"), tables=st.get("tables", {}),
+                         requests=sum(r["count"] for r in requests),
+                         wire_bytes=sum(r["bytes_in"] + r["bytes_out"] for r in requests))
+        tasks.append(entry)
+    for m, answered in zip(members, answers):
+        seen = m["incarnation"] is not None or m["failures"] > 0
+        tasks.append({"job": "worker", "index": m["index"], "task": f"worker:{m['index']}",
+                      "address": m["address"],
+                      "state": task_state(m["up"] and answered is not None, m["leaving"], seen),
+                      "incarnation": m["incarnation"], "failures": m["failures"],
+                      "completed": m["completed"], "last_error": m["last_error"]})
+    st = coordinator.statistics()
+    return {"time": time.time(), "tasks": tasks,
+            "closures": {"done": st["closures_done"], "queued": st["queued"],
+                         "in_flight": st["in_flight"], "retried": st["closures_retried"],
+                         "worker_failures": st["worker_failures"]},
+            "checkpoints": recent_saves()}
+
+
+def _start_from_environment(coordinator: ClusterCoordinator) -> None:
+    """``pstrain launch --dashboard`` sets PSTRAIN_DASHBOARD for the program it runs: its
+    coordinator serves the dashboard there and prints the login URL."""
+    where = os.environ.get("PSTRAIN_DASHBOARD")
+    if not where:
+        return
+
+    async def start() -> None:
+        host, _, port = where.rpartition(":")
+        try:
+            url = await serve_dashboard(coordinator, host or "127.0.0.1", int(port or 0))
+        except (PstrainError, ValueError, OSError) as exc:
+            logger.error("the dashboard could not start on %s: %s", where, exc)
+            return
+        print(f"pstrain dashboard (one-time login URL; open it once): {url}", file=sys.stderr,
+              flush=True)
+
+    coordinator.run_in_background(start())
+
+
+if _start_from_environment not in coordinator_module.START_HOOKS:
+    coordinator_module.START_HOOKS.append(_start_from_environment)

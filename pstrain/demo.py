@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from . import summary
+from . import dashboard, summary
 from .bridge import run
 from .checkpoint import Checkpoint, CheckpointManager
 from .coordinator import ClusterCoordinator
@@ -88,7 +88,7 @@ async def _main(args: argparse.Namespace) -> int:
                 f"http://{metrics_at}/metrics")
             if args.dashboard is not None:
                 host, _, port = args.dashboard.rpartition(":")
-                url = await coordinator.serve_dashboard(host or "127.0.0.1", int(port or 0))
+                url = await dashboard.serve_dashboard(coordinator, host or "127.0.0.1", int(port or 0))
                 say(f"dashboard (one-time login URL; open it once): {url}")
             writer = summary.create_file_writer(str(out / "tensorboard"))
             writer.set_as_default()

@@ -44,7 +44,7 @@ async def test_the_dashboard_in_a_real_browser(tmp_path):
         for i in range(STEPS):
             coordinator.schedule(step, args=(i,))
         await coordinator.join()
-        url = await coordinator.serve_dashboard()
+        url = await pstrain.dashboard.serve_dashboard(coordinator)
         base = url.split("/login")[0]
         async with async_playwright() as p:
             browser = await p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
@@ -71,7 +71,8 @@ async def test_the_dashboard_in_a_real_browser(tmp_path):
                 await page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
             finally:
                 await browser.close()
-        assert coordinator.dashboard is not None and coordinator.dashboard.snapshots > 0
+        served = pstrain.dashboard.of(coordinator)
+        assert served is not None and served.snapshots > 0
         await coordinator.close()
 
 

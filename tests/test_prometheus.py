@@ -3,10 +3,8 @@ token as bearer credentials, and its query API returns pstrain's series."""
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import subprocess
-import time
 
 import aiohttp
 import numpy as np
@@ -14,6 +12,8 @@ import pytest
 
 import pstrain
 from pstrain.cluster import listening_socket
+
+from .conftest import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -74,14 +74,12 @@ async def test_a_real_prometheus_scrapes_every_task_with_the_token(tmp_path):
                     except aiohttp.ClientError:
                         return []
 
-                deadline = time.monotonic() + 60
-                while True:  # Prometheus starts, then scrapes every second
-                    up = await query("up")
-                    if len(up) == 3 and all(r["value"][1] == "1" for r in up):
-                        break
+                async def all_up():  # Prometheus starts, then scrapes every second
                     assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-                    assert time.monotonic() < deadline, f"targets not all up: {up}"
-                    await asyncio.sleep(0.5)  # polling Prometheus's API, with the deadline above
+                    up = await query("up")
+                    return len(up) == 3 and all(r["value"][1] == "1" for r in up)
+
+                await wait_for(all_up, timeout=60, what="every target scraped and up")
                 uptime = await query("pstrain_uptime_seconds")
                 assert {(r["metric"]["role"], r["metric"]["task"]) for r in uptime} == {
                     ("ps", "0"), ("worker", "0"), ("chief", "0")}

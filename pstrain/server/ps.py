@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import logging
 import math
 from collections.abc import Callable
@@ -32,7 +31,7 @@ import numpy as np
 
 from .. import initializers
 from ..casting import NUMERIC_KINDS, cast_value
-from ..errors import AlreadyExistsError, CancelledError, InvalidArgumentError, NotFoundError
+from ..errors import AlreadyExistsError, CancelledError, InvalidArgumentError
 from ..optimizer_rules import RULES, slot_specs
 from ..schedules import from_spec
 from ..schemas import (
@@ -47,11 +46,6 @@ from ..schemas import (
     SingleUpdate,
     SparseReadRequest,
     StageRequest,
-    TableCreateRequest,
-    TableLookupRequest,
-    TableRequest,
-    TableRestoreRequest,
-    TableSaveRequest,
     Update,
     UpdateRequest,
     VariableSpec,
@@ -59,7 +53,7 @@ from ..schemas import (
 from . import ps_checkpoint
 from .base import ServerBase
 from .core import Pinned
-from .dynamic_table import DynamicTable, TableConfig
+from .ps_tables import TableHandlers
 from .store import VariableRecord, VariableStore
 
 #: Exactly-once closures remembered by a ps (their keys, oldest forgotten first).
@@ -113,13 +107,10 @@ class ParameterServer(ServerBase):
         self.route("vars/delete", self.delete)
         self.route("vars/list", self.list_variables)
         self.route("opt/apply", self._guarded(self.apply_optimizer))
-        self.tables: dict[str, DynamicTable] = {}
-        self.route("dyn/create", self.create_table)
-        self.route("dyn/lookup", self.lookup_table)
-        self.route("dyn/stats", self.table_statistics)
-        self.route("dyn/export", self.export_table)
-        self.route("dyn/save", self.save_table)
-        self.route("dyn/restore", self.restore_table)
+        self.table_handlers = TableHandlers(self.task, self.checkpoints, max_gather_bytes)
+        self.tables = self.table_handlers.tables
+        for op, handler in self.table_handlers.routes().items():
+            self.route(op, handler)
         self.route("ckpt/save", self.save_checkpoint)
         self.route("ckpt/restore", self.restore_checkpoint)
         self.route("ckpt/commit", self.commit_restore)
@@ -414,20 +405,7 @@ class ParameterServer(ServerBase):
                                                f"{record.array.shape} {record.array.dtype}")
                 slots[slot_name] = (full, init)
             plan.append((record, rows, grad, slots))
-        table_plan = []
-        for name, ids, values in req.tables or ():
-            table = self._table(name)
-            ids = _table_ids(ids, f"sparse gradient of table {name!r}")
-            if not _ascending(ids):
-                raise InvalidArgumentError(f"opt/apply: the ids of table {name!r} must be unique "
-                                           "and ascending (as np.unique gives them)")
-            grad = np.asarray(values)
-            if grad.shape != (ids.size, table.config.dim) or grad.dtype.kind not in "fiu":
-                raise InvalidArgumentError(
-                    f"sparse gradient of table {name!r}: values must be ({ids.size}, "
-                    f"{table.config.dim}) numbers, got {grad.shape} {grad.dtype}")
-            slots = {slot: (f"{req.prefix}/{slot}", init) for slot, init in specs.items()}
-            table_plan.append((table, ids, grad, slots))
+        table_plan = self.table_handlers.plan(req.tables or (), req.prefix, specs)
         it_record = None
         if req.iterations is not None:
             it_record = self.store.get(req.iterations)
@@ -451,97 +429,6 @@ class ParameterServer(ServerBase):
         for table, ids, grad, slots in table_plan:
             table.apply(rule, ids, grad, slots, cfg, step)
         return {"t": step}
-
-    # -- dynamic embedding tables --------------------------------------------------------------
-    def _table(self, name: str) -> DynamicTable:
-        table = self.tables.get(name)
-        if table is None:
-            raise NotFoundError(f"dynamic table {name!r} not found on {self.task}")
-        return table
-
-    def create_table(self, req: TableCreateRequest) -> dict[str, Any]:
-        """Create a table's shard here; the same configuration again is a no-op, another
-        owner's table of that name is taken over (a restarted coordinator)."""
-        config = TableConfig(**msgspec.structs.asdict(req.config))
-        existing = self.tables.get(req.name)
-        if existing is not None and (existing.owner == req.owner or req.owner is None):
-            if existing.config != config:
-                raise AlreadyExistsError(
-                    f"dynamic table {req.name!r} exists on {self.task} with another configuration "
-                    f"({existing.config.as_dict()})")
-            return {"created": 0}
-        self.tables[req.name] = DynamicTable(req.name, config, req.owner)
-        return {"created": 1}
-
-    def lookup_table(self, req: TableLookupRequest) -> dict[str, Any]:
-        table = self._table(req.name)
-        ids = _table_ids(req.ids, f"dyn/lookup of {req.name!r}")
-        if not _ascending(ids):
-            raise InvalidArgumentError(f"dyn/lookup of {req.name!r}: ids must be unique and "
-                                       "ascending (as np.unique gives them)")
-        nbytes = ids.size * table.config.dim * table.dtype.itemsize
-        if nbytes > self.max_gather_bytes:
-            raise InvalidArgumentError(f"dyn/lookup of {req.name!r}: the reply would be {nbytes} "
-                                       f"bytes, more than this ps's limit of {self.max_gather_bytes}")
-        return {"values": [table.lookup(ids, req.train)]}
-
-    def table_statistics(self, req: TableRequest) -> dict[str, Any]:
-        return self._table(req.name).statistics()
-
-    def export_table(self, req: TableRequest) -> dict[str, Any]:
-        table = self._table(req.name)
-        exported = table.export()
-        nbytes = sum(a.nbytes for a in exported.values())
-        if nbytes > self.max_gather_bytes:
-            raise InvalidArgumentError(
-                f"dyn/export of {req.name!r}: {nbytes} bytes, more than this ps's limit of "
-                f"{self.max_gather_bytes}; save a checkpoint and read it with load_variables")
-        return {"ids": exported.pop("ids"), "rows": exported.pop("rows"),
-                "slots": {k[5:]: v for k, v in exported.items()}, "slot_init": table.slot_init,
-                "stats": table.statistics()}
-
-    async def save_table(self, req: TableSaveRequest) -> dict[str, Any]:
-        """Write a table's shard as it is now while training goes on: its arrays are read
-        through snapshots (an update keeps only the old values of the rows it changes)."""
-        table = self._table(req.name)
-        rename = req.slots if req.slots is not None else {k: k for k in table.slot_init}
-        save = table.snapshot()
-        tensors: list[tuple[str, np.dtype, tuple[int, ...], Any]] = []
-        for key, snap in save.items():
-            name = key
-            if key.startswith("slot:"):
-                if key[5:] not in rename:
-                    continue
-                name = f"slot:{rename[key[5:]]}"
-            tensors.append((name, snap.array.dtype, snap.array.shape, snap.blocks))
-        for key, init in table.slot_init.items():
-            if key in rename:
-                init_array = np.array([init], np.float64)
-                tensors.append((f"init:{rename[key]}", init_array.dtype, init_array.shape,
-                                functools.partial(iter, (init_array,))))
-        try:
-            return await self.checkpoints.save_streamed(req.path, tensors)
-        finally:
-            table.end_snapshot(save)
-
-    async def restore_table(self, req: TableRestoreRequest) -> dict[str, Any]:
-        config = TableConfig(**msgspec.structs.asdict(req.config))
-        if req.shard >= req.num_shards:
-            raise InvalidArgumentError(f"dyn/restore: shard {req.shard} of {req.num_shards}")
-        parts = await self.checkpoints.read_table_rows(req.paths, req.shard, req.num_shards,
-                                                       config.dim, np.dtype(config.dtype))
-        ids, rows, slots, slot_init = parts
-        if req.slots is not None:
-            slots = {req.slots[k]: v for k, v in slots.items() if k in req.slots}
-            slot_init = {req.slots[k]: v for k, v in slot_init.items() if k in req.slots}
-        if config.capacity is not None and ids.size > config.capacity:
-            raise InvalidArgumentError(
-                f"dyn/restore of {req.name!r}: {ids.size} rows for this shard, more than its "
-                f"capacity of {config.capacity}")
-        table = DynamicTable(req.name, config, req.owner)
-        table.load(ids, rows, slots, slot_init)
-        self.tables[req.name] = table
-        return {"restored": int(ids.size)}
 
     async def save_checkpoint(self, req: SaveRequest) -> dict[str, Any]:
         """Write variables to a safetensors file under the checkpoint root."""
@@ -588,19 +475,3 @@ class ParameterServer(ServerBase):
             raise InvalidArgumentError(f"the function given to extended.update raised "
                                        f"{type(exc).__name__}: {exc}") from exc
         return {"result": result}
-
-
-def _table_ids(ids: Any, what: str) -> np.ndarray:
-    """Ids of a dynamic table: a 1-D int64 array (uint64 is viewed as int64)."""
-    arr = np.asarray(ids)
-    if arr.ndim != 1 or arr.dtype.kind not in "iu" or arr.dtype.itemsize > 8:
-        raise InvalidArgumentError(f"{what}: ids must be a 1-D integer array, got {arr.dtype} "
-                                   f"{arr.shape}")
-    if arr.dtype == np.uint64:
-        return arr.view(np.int64)
-    return arr.astype(np.int64, copy=False)
-
-
-def _ascending(ids: np.ndarray) -> bool:
-    """Strictly ascending, so unique: one vectorised comparison, not a sort."""
-    return ids.size < 2 or bool(np.all(ids[1:] > ids[:-1]))
