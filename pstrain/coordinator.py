@@ -122,7 +122,8 @@ class ClusterCoordinator:
             WorkerDispatcher(i, self.queue, self.resources,
                              _channel_getter(self._channels, "worker", i), spec, self._tasks,
                              self.settings, before_send=strategy.placement.creations_to_send,
-                             fence=self._fence_worker, on_scalars=self._scalars)
+                             fence=self._fence_worker, on_scalars=self._scalars,
+                             owner=strategy.placement.owner)
             for i in range(strategy.num_workers)]
         self.session = uuid.uuid4().hex[:16]  # exactly-once keys are unique to this coordinator
 
@@ -304,7 +305,8 @@ class ClusterCoordinator:
     async def _fence_worker(self, worker: int, epoch: int) -> None:
         """Every ps refuses ``worker``'s updates from dispatches before ``epoch``."""
         await asyncio.gather(*(self._channels.channel("ps", k).call(
-            "ps/fence", {"worker": worker, "epoch": epoch}, timeout=self.ps_timeout_s)
+            "ps/fence", {"worker": worker, "epoch": epoch, "owner": self.strategy.placement.owner},
+            timeout=self.ps_timeout_s)
             for k in range(self.strategy.num_ps)))
 
     def schedule(self, fn: Callable[..., Any], args: Sequence[Any] = (),
@@ -468,7 +470,8 @@ class ClusterCoordinator:
         w = WorkerDispatcher(index, self.queue, self.resources,
                              _channel_getter(self._channels, "worker", index), spec, self._tasks,
                              self.settings, before_send=self.strategy.placement.creations_to_send,
-                             fence=self._fence_worker, on_scalars=self._scalars)
+                             fence=self._fence_worker, on_scalars=self._scalars,
+                             owner=self.strategy.placement.owner)
         self._workers.append(w)
         self.strategy.worker_joined()
         if self._loop is not None:

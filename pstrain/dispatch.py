@@ -80,8 +80,10 @@ class WorkerDispatcher:
                  settings: DispatchSettings,
                  before_send: Callable[[], Awaitable[None] | None] | None = None,
                  fence: Callable[[int, int], Awaitable[None]] | None = None,
-                 on_scalars: Callable[[list[Any]], None] | None = None) -> None:
+                 on_scalars: Callable[[list[Any]], None] | None = None,
+                 owner: str | None = None) -> None:
         self.index = index
+        self.owner = owner  # the coordinator incarnation its closures' updates work for
         self.on_scalars = on_scalars  # scalars closures logged (pstrain.summary), as they arrive
         self.completed = 0  # closures this worker finished (any outcome)
         self.task = task_name("worker", index)
@@ -318,7 +320,8 @@ class WorkerDispatcher:
         try:
             reply = await self.channel().call_stream(
                 "worker/run", {"fns": fns, "closures": entries, "incarnation": self.incarnation,
-                               "epoch": self.epoch, **({"once": once} if once else {})},
+                               "epoch": self.epoch, "owner": self.owner,
+                               **({"once": once} if once else {})},
                 self._on_results, pickle=True)
         except DrainingError as exc:  # leaving: those closures go to the other workers
             logger.info("%s is leaving (%s); %d closure(s) go elsewhere", self.task, exc, len(batch))

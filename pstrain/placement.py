@@ -72,6 +72,8 @@ class Placement:
         self.owner = uuid.uuid4().hex
         self.startup_timeout_s = STARTUP_TIMEOUT_S
         self.channels = channels  # None on a worker: the closure's channels
+        if channels is not None:  # this strategy's updates say which coordinator sent them
+            channels.owner = self.owner
         self.partitioner = partitioner
         self.issued = 0  # creations accepted (the last ticket given)
         self.created_upto = 0  # creations sent

@@ -193,6 +193,9 @@ class Channel:
         self.ssl_context = ssl_context
         self.max_body = max_body
         self.connect_timeout = connect_timeout
+        #: The coordinator incarnation this process's updates work for (None on a worker:
+        #: a closure's own comes with its dispatch).
+        self.owner: str | None = None
         self._proto: _ClientProtocol | None = None
         self._connecting: asyncio.Task[_ClientProtocol] | None = None
         self._tasks = TaskOwner(f"channel to {task}")
@@ -289,7 +292,7 @@ class Channel:
         code: workers, and the ps's ``extended.update``).
         """
         if op in UPDATE_OPS and isinstance(payload, dict):
-            tags = update_tags(self.task)  # inside a closure: its fence and exactly-once key
+            tags = update_tags(self.task, self.owner)  # owner; in a closure: fence, exactly-once key
             if tags:
                 payload = {**payload, **tags}
         chunks = wire.encode_body(payload, allow_pickle=pickle)
@@ -408,6 +411,8 @@ class ChannelPool:
         self.ssl_context = ssl_context
         self.max_body = max_body
         self.connect_timeout = connect_timeout
+        #: The coordinator incarnation (strategy owner id) whose updates these channels send.
+        self.owner: str | None = None
         self._channels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, int], Channel]] = \
             weakref.WeakKeyDictionary()
         # The last loop's channels: every variable operation asks, almost always from one loop.
@@ -430,6 +435,7 @@ class ChannelPool:
                 self.cluster_spec.task_address(job, index), token=self.token,
                 task=task_name(job, index), ssl_context=self.ssl_context,
                 max_body=self.max_body, connect_timeout=self.connect_timeout)
+            ch.owner = self.owner
         return ch
 
     async def forget(self, job: str, index: int) -> None:

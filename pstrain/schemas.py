@@ -78,6 +78,8 @@ class Update(Record):
     values: Array | None = None
 
 
+#: The coordinator incarnation (its strategy's owner id) an update works for.
+Owner = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 #: ``[worker index, epoch]``: which dispatch of which worker sent an update (fencing).
 Fence = tuple[Annotated[int, msgspec.Meta(ge=0)], Annotated[int, msgspec.Meta(ge=0)]]
 #: ``[closure key, sequence]``: an exactly-once closure's n-th update to this ps.
@@ -86,6 +88,7 @@ Once = tuple[Annotated[str, msgspec.Meta(min_length=1, max_length=96)], Annotate
 
 class UpdateRequest(Record):
     updates: Annotated[list[Update], msgspec.Meta(max_length=1 << 16)]
+    owner: Owner | None = None
     fence: Fence | None = None
     once: Once | None = None
 
@@ -97,6 +100,7 @@ class SingleUpdate(Record):
     value: Array | None = None
     indices: Array | None = None
     values: Array | None = None
+    owner: Owner | None = None
     fence: Fence | None = None
     once: Once | None = None
 
@@ -163,6 +167,7 @@ class ApplyRequest(Record):
     unique_rows: bool = False
     iterations: Name | None = None
     t: Step | None = None
+    owner: Owner | None = None
     fence: Fence | None = None
     once: Once | None = None
 
@@ -260,15 +265,18 @@ class CallRequest(Record):
     vars: Annotated[list[Name], msgspec.Meta(min_length=1, max_length=1 << 10)]
     args: Any = ()
     kwargs: dict[str, Any] = {}
+    owner: Owner | None = None
     fence: Fence | None = None
     once: Once | None = None
 
 
 class FenceRequest(Record):
-    """``ps/fence``: refuse updates of ``worker``'s dispatches before ``epoch``."""
+    """``ps/fence``: refuse updates of ``worker``'s dispatches before ``epoch`` (those sent
+    for ``owner``; fences of other coordinators are their own)."""
 
     worker: Annotated[int, msgspec.Meta(ge=0)]
     epoch: Annotated[int, msgspec.Meta(ge=0)]
+    owner: Owner | None = None
 
 
 # -- the worker ---------------------------------------------------------------------------------------
@@ -288,6 +296,8 @@ class RunRequest(Record):
     fns: dict[bytes, bytes] = {}
     incarnation: Annotated[str, msgspec.Meta(max_length=64)] | None = None
     epoch: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    #: the coordinator incarnation the closures' updates work for (fenced per owner)
+    owner: Owner | None = None
     #: closure id -> key, for the closures scheduled exactly-once
     once: dict[Count, Annotated[str, msgspec.Meta(min_length=1, max_length=96)]] = {}
 

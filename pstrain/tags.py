@@ -4,6 +4,10 @@ A worker sets both in each closure's own context (:func:`set_dispatch`); the
 channel adds them to every request that changes variables (:func:`update_tags`),
 so no variable, optimizer or user code has to pass them along.
 
+* ``owner``: the coordinator incarnation (its strategy's owner id) the update
+  works for. Fences are kept per owner, so a fence an earlier coordinator set
+  never refuses a new one's updates; and once a new coordinator has taken the
+  ps over, every update of the old one (a zombie) is refused.
 * ``fence = [worker index, epoch]``: when the coordinator declares a worker
   lost, it starts a new epoch for it and tells every ps to refuse the old one,
   so a worker that was only cut off cannot apply updates on top of the
@@ -23,9 +27,11 @@ from typing import Any
 
 __all__ = ["UPDATE_OPS", "set_dispatch", "update_tags"]
 
-#: ``(worker index, epoch)`` of the closure running here: the ps refuses updates of
-#: epochs the coordinator has superseded (the worker was declared lost meanwhile).
-_fence: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("pstrain_fence", default=None)
+#: ``(owner, worker index, epoch)`` of the closure running here: the ps refuses updates
+#: of epochs the coordinator has superseded (the worker was declared lost meanwhile), and
+#: of owners a newer coordinator has superseded.
+_fence: contextvars.ContextVar[tuple[str | None, int, int] | None] = contextvars.ContextVar(
+    "pstrain_fence", default=None)
 #: An exactly-once closure's key and its per-ps update counters.
 _once: contextvars.ContextVar[tuple[str, dict[str, int]] | None] = contextvars.ContextVar(
     "pstrain_once", default=None)
@@ -36,19 +42,23 @@ UPDATE_OPS = frozenset({"vars/update", "vars/assign", "vars/assign_add", "vars/a
                         "opt/apply", "vars/call"})
 
 
-def set_dispatch(fence: tuple[int, int] | None, once_key: str | None) -> None:
+def set_dispatch(fence: tuple[str | None, int, int] | None, once_key: str | None) -> None:
     """Called by a worker in a closure's own context, before the closure runs."""
     _fence.set(fence)
     _once.set((once_key, {}) if once_key else None)
 
 
-def update_tags(task: str) -> dict[str, Any]:
-    """The fields an update sent to ``task`` carries here: ``fence`` and ``once`` (empty
-    outside closures)."""
+def update_tags(task: str, owner: str | None = None) -> dict[str, Any]:
+    """The fields an update sent to ``task`` carries here: ``owner``, ``fence`` and ``once``
+    (outside closures only ``owner``, the sender's own, when it has one)."""
     tags: dict[str, Any] = {}
     fence = _fence.get()
     if fence is not None:
-        tags["fence"] = list(fence)
+        fence_owner, worker, epoch = fence
+        owner = fence_owner or owner
+        tags["fence"] = [worker, epoch]
+    if owner is not None:
+        tags["owner"] = owner
     once = _once.get()
     if once is not None:
         key, counters = once

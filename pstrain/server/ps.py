@@ -58,6 +58,8 @@ from .store import VariableRecord, VariableStore
 
 #: Exactly-once closures remembered by a ps (their keys, oldest forgotten first).
 ONCE_WINDOW = 100_000
+#: Superseded coordinator incarnations a ps remembers (each a takeover).
+SUPERSEDED_WINDOW = 1024
 
 _EMPTY = np.zeros(0)  # the array of a record built only to check a name
 
@@ -97,7 +99,12 @@ class ParameterServer(ServerBase):
         self.checkpoints = ps_checkpoint.CheckpointFiles(self.store, checkpoint_root)
         self.route("vars/create", self.create)
         self.route("vars/read", self.read)
-        self.fences: dict[int, int] = {}  # worker -> first epoch whose updates are accepted
+        #: (owner, worker) -> the first epoch of that worker's dispatches accepted from that
+        #: coordinator incarnation: a new coordinator starts with no fences of its own.
+        self.fences: dict[tuple[str | None, int], int] = {}
+        #: Coordinator incarnations a newer one took over from (their variables replaced):
+        #: every update they still send is refused (a zombie coordinator cannot write).
+        self.superseded: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._done: collections.OrderedDict[str, dict[int, Any]] = collections.OrderedDict()
         self.route("ps/fence", self.fence)
         self.route("vars/update", self._guarded(self.update))
@@ -107,7 +114,8 @@ class ParameterServer(ServerBase):
         self.route("vars/delete", self.delete)
         self.route("vars/list", self.list_variables)
         self.route("opt/apply", self._guarded(self.apply_optimizer))
-        self.table_handlers = TableHandlers(self.task, self.checkpoints, max_gather_bytes)
+        self.table_handlers = TableHandlers(self.task, self.checkpoints, max_gather_bytes,
+                                            on_takeover=self._supersede)
         self.tables = self.table_handlers.tables
         for op, handler in self.table_handlers.routes().items():
             self.route(op, handler)
@@ -123,18 +131,39 @@ class ParameterServer(ServerBase):
 
     # -- fencing and exactly-once ------------------------------------------------------------------
     def fence(self, req: FenceRequest) -> dict[str, Any]:
-        """From now on, refuse updates sent by ``worker``'s dispatches before ``epoch`` (the
-        coordinator declared it lost: its closures run elsewhere)."""
-        self.fences[req.worker] = max(self.fences.get(req.worker, 0), req.epoch)
-        return {"fenced": self.fences[req.worker]}
+        """From now on, refuse updates sent for ``owner`` by ``worker``'s dispatches before
+        ``epoch`` (that coordinator declared it lost: its closures run elsewhere)."""
+        self._refuse_superseded(req.owner, f"a fence of worker {req.worker}")
+        key = (req.owner, req.worker)
+        self.fences[key] = max(self.fences.get(key, 0), req.epoch)
+        return {"fenced": self.fences[key]}
+
+    def _supersede(self, owners: set[str | None], by: str | None) -> None:
+        """A coordinator ``by`` took over variables or tables of ``owners``: from now on
+        their updates are refused, and their fences are dropped."""
+        for owner in owners - {None, by}:
+            assert owner is not None
+            self.superseded[owner] = None
+            self.superseded.move_to_end(owner)
+            while len(self.superseded) > SUPERSEDED_WINDOW:
+                self.superseded.popitem(last=False)
+            for key in [k for k in self.fences if k[0] == owner]:
+                del self.fences[key]
+
+    def _refuse_superseded(self, owner: str | None, what: str) -> None:
+        if owner is not None and owner in self.superseded:
+            raise CancelledError(
+                f"{self.task} refused {what} from coordinator {owner[:8]}: a newer coordinator "
+                "took this ps over (the old one must stop; its work is the new one's now)")
 
     def _guarded(self, fn: Callable[[Any], dict[str, Any]], once: bool = True
                  ) -> Callable[[Any], dict[str, Any]]:
         """``fn`` behind the fence, and, with ``once``, applied once per exactly-once key and
         sequence number (a retry gets the first attempt's reply)."""
         def handler(req: Any) -> dict[str, Any]:
+            self._refuse_superseded(req.owner, "an update")
             fence = req.fence
-            if fence is not None and fence[1] < self.fences.get(fence[0], 0):
+            if fence is not None and fence[1] < self.fences.get((req.owner, fence[0]), 0):
                 raise CancelledError(
                     f"{self.task} refused an update of worker {fence[0]}'s dispatch {fence[1]}: the "
                     f"coordinator declared that worker lost (its work runs elsewhere)")
@@ -204,6 +233,7 @@ class ParameterServer(ServerBase):
                    for spec, array in zip(req.vars, arrays)]
         replaced = self.store.add(records)  # checked again: the initializers ran concurrently
         if replaced:
+            self._supersede({r.owner for r in replaced}, req.owner)
             logger.warning("%s: %d variable(s) taken over by a new coordinator (strategy %s), "
                            "replacing those of %s, with their optimizer slots: %s", self.task,
                            len(replaced), req.owner, sorted({str(r.owner) for r in replaced}),

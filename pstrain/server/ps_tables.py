@@ -29,8 +29,11 @@ __all__ = ["TableHandlers"]
 class TableHandlers:
     """The dynamic tables of one ps, by name, and the operations on them."""
 
-    def __init__(self, task: str, checkpoints: CheckpointFiles, max_gather_bytes: int) -> None:
+    def __init__(self, task: str, checkpoints: CheckpointFiles, max_gather_bytes: int, *,
+                 on_takeover: Callable[[set[str | None], str | None], None] | None = None) -> None:
         self.task = task
+        #: Called with (the owners replaced, the new owner) when a coordinator takes a table over.
+        self.on_takeover = on_takeover
         self.checkpoints = checkpoints
         self.max_gather_bytes = max_gather_bytes
         self.tables: dict[str, DynamicTable] = {}
@@ -76,8 +79,13 @@ class TableHandlers:
                     f"dynamic table {req.name!r} exists on {self.task} with another configuration "
                     f"({existing.config.as_dict()})")
             return {"created": 0}
+        self._taken_over(existing, req.owner)
         self.tables[req.name] = DynamicTable(req.name, config, req.owner)
         return {"created": 1}
+
+    def _taken_over(self, existing: DynamicTable | None, owner: str | None) -> None:
+        if existing is not None and existing.owner != owner and self.on_takeover is not None:
+            self.on_takeover({existing.owner}, owner)
 
     def lookup_table(self, req: TableLookupRequest) -> dict[str, Any]:
         table = self._table(req.name)
@@ -146,6 +154,7 @@ class TableHandlers:
                 f"capacity of {config.capacity}")
         table = DynamicTable(req.name, config, req.owner)
         table.load(ids, rows, slots, slot_init)
+        self._taken_over(self.tables.get(req.name), req.owner)
         self.tables[req.name] = table
         return {"restored": int(ids.size)}
 

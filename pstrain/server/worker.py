@@ -270,7 +270,7 @@ class WorkerServer(ServerBase):
         self._refuse_if_draining()
         loop = asyncio.get_running_loop()
         batch = _Batch(len(closures), emit, loop.create_future())
-        fence = (self.index, req.epoch) if req.epoch is not None else None
+        fence = (req.owner, self.index, req.epoch) if req.epoch is not None else None
         self._open_batches += 1
         try:
             self._start_batch(batch, closures, fence, req.once)
@@ -342,13 +342,13 @@ class WorkerServer(ServerBase):
         return {"resources": len(self.resources)}
 
     # -- running closures (closure loop) ---------------------------------------------------------
-    def _closure_context(self, fence: tuple[int, int] | None, once_key: str | None) -> contextvars.Context:
+    def _closure_context(self, fence: tuple[str | None, int, int] | None, once_key: str | None) -> contextvars.Context:
         ctx = self._context()
         if fence is not None or once_key is not None:
             ctx.run(set_dispatch, fence, once_key)
         return ctx
 
-    def _start_batch(self, batch: _Batch, closures: list[Any], fence: tuple[int, int] | None = None,
+    def _start_batch(self, batch: _Batch, closures: list[Any], fence: tuple[str | None, int, int] | None = None,
                      once: dict[int, str] | None = None) -> None:
         """On the serving loop: plain functions go straight to the thread pool; coroutine
         functions go to the closure loop in one hand-over for the whole batch."""
