@@ -72,7 +72,7 @@ from .checkpoint_files import (
 from .context import current_channels
 from .dynamic import DynamicEmbedding
 from .errors import InvalidArgumentError
-from .object_graph import Entry, Graph, slot_key, walk
+from .object_graph import Entry, Graph, check_trackable, slot_key, walk
 from .placement import Placement
 from .restore_status import CheckpointLoadStatus, targets
 from .variables import Variable, ensure_created
@@ -103,6 +103,8 @@ class Checkpoint:
             setattr(self, key, value)
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if not name.startswith("_") and name != "save_counter":
+            check_trackable(name, value)  # before anything changes
         object.__setattr__(self, name, value)
         if name.startswith("_") or name == "save_counter":
             return

@@ -13,9 +13,15 @@ restores the same state however many other variables exist.
   ``<variable path>/.OPTIMIZER_SLOT/<optimizer path>/<slot>``;
 * a :class:`~pstrain.DynamicEmbedding` is one table entry (ids, rows and the
   slots of every optimizer, one file per ps);
-* Modules, metrics and plain objects are walked through their attributes,
-  dicts through their keys, lists and tuples through their indices;
-  breadth first, so a variable reachable twice is keyed by its shortest path.
+* Modules, metrics and plain objects (an equinox module of pstrain variables,
+  say) are walked through their attributes, dicts through their keys, lists
+  and tuples through their indices; breadth first, so a variable reachable
+  twice is keyed by its shortest path.
+* A framework model whose parameters live on the ps (a ``torch.nn.Module``
+  wrapped by ``pstrain.torch.RemoteModule``) has a *view*
+  (:func:`register_view`): its parameters by their own path in the model,
+  ``model/tower/0/weight``, never by position; the module and its
+  RemoteModule give the same keys.
 
 Names inside a path are escaped as TF does (``.`` → ``..``, ``/`` → ``.S``),
 so an attribute called ``a/b`` can never be confused with ``a`` → ``b``.
@@ -32,19 +38,23 @@ so an attribute called ``a/b`` can never be confused with ``a`` → ``b``.
 from __future__ import annotations
 
 import types
+import weakref
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .dynamic import DynamicEmbedding
+from .errors import InvalidArgumentError
 from .module import Module
 from .optimizers import Optimizer
 from .sharding import ShardedVariable
 from .variables import Variable
 
-__all__ = ["Entry", "Graph", "escape", "join", "slot_key", "walk"]
+__all__ = ["Entry", "Graph", "check_trackable", "escape", "join", "register_view", "slot_key",
+           "walk"]
 
 SLOT_MARK = ".OPTIMIZER_SLOT"
 
@@ -53,6 +63,63 @@ _SKIP = (types.ModuleType, types.FunctionType, types.MethodType, type, np.ndarra
 #: Runtime objects a model may hold a reference to but whose state is not the model's.
 _OPAQUE_MODULES = ("pstrain.strategy", "pstrain.coordinator", "pstrain.rpc", "pstrain.launch",
                    "pstrain.placement", "pstrain.testing", "asyncio", "logging", "threading")
+
+
+#: object -> its checkpoint children by path components (see :func:`register_view`). Weak
+#: keys: a view holds the variables, never the object, so it goes with the object.
+_VIEWS: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], Any]] = weakref.WeakKeyDictionary()
+
+
+def register_view(obj: Any, children: Mapping[tuple[str, ...], Any]) -> None:
+    """A checkpoint reaches ``children`` (path components -> variable or table) through
+    ``obj`` instead of its attributes: how a framework model (an ``nn.Module``) whose
+    parameters live on the ps is keyed by its own parameter paths."""
+    _VIEWS[obj] = dict(children)
+
+
+def _view(obj: Any) -> dict[tuple[str, ...], Any] | None:
+    try:
+        return _VIEWS.get(obj)
+    except TypeError:  # neither hashable nor weakly referable: it has no view
+        return None
+
+
+def _is_torch_module(obj: Any) -> bool:
+    return any(c.__name__ == "Module" and c.__module__ == "torch.nn.modules.module"
+               for c in type(obj).__mro__)
+
+
+def _is_foreign_array(obj: Any) -> bool:
+    """A framework's tensor (jax, torch): state of this process, not of the ps."""
+    module = type(obj).__module__
+    return module.startswith(("jax", "jaxlib", "torch")) and hasattr(obj, "shape")
+
+
+def check_trackable(name: str, obj: Any) -> None:
+    """Refuse, with what to do instead, an object a checkpoint could save nothing of.
+
+    Containers and pstrain Modules are accepted empty (variables attached later are
+    tracked then); any other object must hold at least one pstrain variable, table or
+    optimizer. ``InvalidArgumentError`` names the object and the fix."""
+    if isinstance(obj, (Variable, ShardedVariable, DynamicEmbedding, Optimizer, Module, dict,
+                        list, tuple)) or _view(obj) is not None:
+        return
+    graph = walk({name: obj})
+    if graph.entries or graph.tables or graph.optimizers:
+        return
+    if _is_torch_module(obj):
+        fix = ("its parameters are torch tensors of this process: create "
+               "pstrain.torch.RemoteModule(model) in strategy.scope() first (the checkpoint then "
+               "saves the ps variables, keyed by parameter path)")
+    elif _is_foreign_array(obj) or hasattr(obj, "__jax_array__"):
+        fix = ("it is an array of this process: put the model on the ps with "
+               "pstrain.jax.variables_from(model) in strategy.scope() and checkpoint that")
+    else:
+        fix = ("a checkpoint tracks pstrain variables, tables, optimizers and Modules, and "
+               "objects or containers that hold them")
+    raise InvalidArgumentError(
+        f"Checkpoint({name}=...) cannot track a {type(obj).__module__}.{type(obj).__qualname__}: "
+        f"{fix}")
 
 
 def escape(name: str) -> str:
@@ -114,6 +181,8 @@ class Graph:
 
 
 def _children(obj: Any) -> list[tuple[str, Any]]:
+    if _is_torch_module(obj):  # only its submodules (one may be wrapped by a RemoteModule)
+        return list(getattr(obj, "_modules", {}).items())
     if isinstance(obj, dict):
         return [(str(k), v) for k, v in obj.items()]
     if isinstance(obj, (list, tuple)):
@@ -135,7 +204,11 @@ def walk(roots: dict[str, Any], prefix: str = "", seen: set[int] | None = None) 
         if obj is None or isinstance(obj, _SKIP) or id(obj) in seen:
             continue
         seen.add(id(obj))
-        if isinstance(obj, (Variable, ShardedVariable)):
+        view = _view(obj)
+        if view is not None:
+            for parts, child in view.items():
+                todo.append(("/".join([path, *map(escape, parts)]), child))
+        elif isinstance(obj, (Variable, ShardedVariable)):
             graph.entries[path] = Entry.of(path, obj)
         elif isinstance(obj, DynamicEmbedding):
             graph.tables[path] = obj

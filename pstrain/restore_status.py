@@ -115,6 +115,11 @@ class CheckpointLoadStatus:
         values, objects = self.unmatched_values(), self.objects_without_values()
         if values or objects:
             raise AssertionError(_describe(self._reader, values, objects))
+        tracked = walk(self._checkpoint.tracked_objects())
+        if not (tracked.entries or tracked.tables or tracked.optimizers):
+            raise AssertionError("the checkpoint tracks no variable, table or optimizer: nothing "
+                                 "was restored (give Checkpoint the model whose variables live "
+                                 "on the ps)")
         return self
 
     def assert_existing_objects_matched(self) -> CheckpointLoadStatus:

@@ -65,6 +65,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 from .dynamic import DynamicEmbedding
 from .errors import InvalidArgumentError
 from .initializers import Initializer, RandomUniform
+from .object_graph import register_view
 from .sharding import ShardedVariable, embedding_lookup
 from .variables import IndexedSlices, Variable, read_variables
 
@@ -152,6 +153,14 @@ class RemoteModule:
             self.variables.append(Variable(param.detach().cpu().numpy().copy(), name=f"{name}/{pname}",
                                            trainable=param.requires_grad))
         self._spare: list[torch.nn.Module] = []  # replicas not in use (per process)
+        # Checkpoints key each parameter by its path in the module (tower/0/weight), whether
+        # given the module or this RemoteModule: never by position.
+        view: dict[tuple[str, ...], Any] = {tuple(p.split(".")): v
+                                            for p, v in zip(self.names, self.variables)}
+        for mname, emb in self._embeddings(module).items():
+            view[(*(mname.split(".") if mname else []), "table")] = emb.table
+        register_view(self, view)
+        register_view(module, view)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

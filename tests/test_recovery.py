@@ -63,3 +63,87 @@ async def test_a_strategy_taken_over_cannot_write_through_its_handles(ps_server)
     assert (await v_new.numpy()).tolist() == [4, 4]
     del old, v_old
     gc.collect()
+
+
+# -- framework models in checkpoints, by path -------------------------------------------------------
+torch = pytest.importorskip("torch")  # an extra of the dev install: always present in make test
+
+
+def _towers(first: str) -> torch.nn.Module:
+    """Two same-shaped layers, declared in either order: position must not decide."""
+    torch.manual_seed(0 if first == "user" else 1)
+    net = torch.nn.Module()
+    order = ["user", "item"] if first == "user" else ["item", "user"]
+    for name in order:
+        setattr(net, name, torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU()))
+    return net
+
+
+@pytest.mark.parametrize("give", ["module", "remote"])
+async def test_a_pytorch_model_restores_by_parameter_path_not_position(cluster, tmp_path, give):
+    import pstrain.torch as ptorch
+
+    saved_strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    with saved_strategy.scope():
+        net = _towers("user")
+        remote = ptorch.RemoteModule(net)
+    ckpt = pstrain.Checkpoint(model=net if give == "module" else remote)
+    path = await ckpt.write(str(tmp_path / "towers"))
+    keys = set(pstrain.checkpoint.load_variables(path))
+    assert {"model/user/0/weight", "model/item/0/bias"} <= keys
+    assert not any("variables" in k for k in keys)  # never by position
+    want = {n: p.detach().numpy().copy() for n, p in net.named_parameters()}
+
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    with strategy.scope():
+        other = _towers("item")  # the other order, other initial values
+        other_remote = ptorch.RemoteModule(other)
+    status = await pstrain.Checkpoint(model=other if give == "module" else other_remote).restore(path)
+    status.assert_consumed()
+    await other_remote.pull()
+    for name, param in other.named_parameters():
+        np.testing.assert_array_equal(param.detach().numpy(), want[name], err_msg=name)
+
+
+async def test_a_checkpoint_refuses_what_it_cannot_track(cluster):
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="RemoteModule"):
+        pstrain.Checkpoint(model=torch.nn.Linear(2, 2))  # its weights are not on the ps
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="cannot track"):
+        pstrain.Checkpoint(step=5)
+    ckpt = pstrain.Checkpoint(model={})
+    with pytest.raises(pstrain.errors.InvalidArgumentError):
+        ckpt.model = object()  # refused at attach too, and nothing changed
+    assert ckpt.model == {}
+
+
+async def test_assert_consumed_fails_when_nothing_was_tracked(cluster, tmp_path):
+    pstrain.ParameterServerStrategy(cluster.resolver)
+    path = await pstrain.Checkpoint(model={}).write(str(tmp_path / "empty"))  # saved nothing
+    status = await pstrain.Checkpoint(model={}).restore(path)
+    with pytest.raises(AssertionError, match="tracks no variable"):
+        status.assert_consumed()
+
+
+async def test_an_equinox_model_restores_by_field_path(cluster, tmp_path):
+    eqx = pytest.importorskip("equinox")
+    import jax
+    import pstrain.jax as pjax
+
+    class AB(eqx.Module):
+        a: jax.Array
+        b: jax.Array
+
+    class BA(eqx.Module):  # the same fields, declared the other way round
+        b: jax.Array
+        a: jax.Array
+
+    first = pstrain.ParameterServerStrategy(cluster.resolver)
+    with first.scope():
+        model = pjax.variables_from(AB(a=np.full(3, 1.0, np.float32), b=np.full(3, 2.0, np.float32)))
+    path = await pstrain.Checkpoint(model=model).write(str(tmp_path / "eqx"))
+    second = pstrain.ParameterServerStrategy(cluster.resolver)
+    with second.scope():
+        other = pjax.variables_from(BA(b=np.zeros(3, np.float32), a=np.zeros(3, np.float32)))
+    (await pstrain.Checkpoint(model=other).restore(path)).assert_consumed()
+    assert (await other.a.numpy()).tolist() == [1, 1, 1]
+    assert (await other.b.numpy()).tolist() == [2, 2, 2]
