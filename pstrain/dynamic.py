@@ -12,8 +12,9 @@ In a closure, or on the coordinator::
 
 A shard is created on its ps at its first use (the configuration travels with
 the table, so a worker's first lookup creates it as well as the
-coordinator's). The capacity is the table's: each of ``n`` ps holds at most
-``ceil(capacity / n)`` rows. Checkpoints (:class:`~pstrain.Checkpoint`) save
+coordinator's). The capacity counts rows in all: it is split between the ``n`` ps
+in shares that add up to it exactly (``capacity // n``, one more on the first
+``capacity % n``). Checkpoints (:class:`~pstrain.Checkpoint`) save
 ids, rows and slots; a restore re-routes them to any number of ps.
 """
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import math
 from typing import Any
 
 import numpy as np
@@ -79,6 +79,11 @@ class DynamicEmbedding:
                 f"a DynamicEmbedding's initializer is RandomUniform, Zeros or Constant (a row's "
                 f"value must follow from its id alone), got {type(init).__name__}")
         num_ps = placement.num_ps
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
+                                     or capacity < num_ps):
+            raise InvalidArgumentError(
+                f"DynamicEmbedding capacity must be a whole number of rows, at least the {num_ps} "
+                f"ps it is sharded over (each holds a share), got {capacity!r}")
         self.name = name or f"dynamic_embedding_{next(_names)}"
         self.key = placement.namespace + self.name
         self.dim = dim
@@ -89,9 +94,9 @@ class DynamicEmbedding:
         self.config: dict[str, Any] = {
             "dim": dim, "dtype": self.dtype.name, "seed": int(seed), "init_low": low,
             "init_high": high, "default_value": float(default_value), "evict": eviction,
-            "capacity": None if capacity is None else max(1, math.ceil(capacity / num_ps)),
+            "capacity": capacity,
             "max_age": max_age, "admit_after": admit_after, "admit_probability": admit_probability}
-        validate("DynamicEmbedding", TableSpec, {k: v for k, v in self.config.items() if v is not None})
+        validate("DynamicEmbedding", TableSpec, self.shard_config(0))
         if admit_after is not None and admit_probability is not None:
             raise InvalidArgumentError("give admit_after or admit_probability, not both")
         if low > high:
@@ -108,6 +113,14 @@ class DynamicEmbedding:
         """``(None, dim)``: any number of rows, ``dim`` wide."""
         return (None, self.dim)
 
+    def shard_config(self, ps: int) -> dict[str, Any]:
+        """The configuration of the shard on ps ``ps``: its share of the capacity."""
+        config = {k: v for k, v in self.config.items() if v is not None}
+        if self.capacity is not None:
+            share, extra = divmod(self.capacity, self.num_ps)
+            config["capacity"] = share + (1 if ps < extra else 0)
+        return config
+
     # -- transport -------------------------------------------------------------------------
     def channel(self, ps: int) -> Channel:
         pool = self.pool if self.pool is not None else current_channels()
@@ -115,8 +128,7 @@ class DynamicEmbedding:
 
     async def _create(self, ps: int) -> None:
         await self.channel(ps).call("dyn/create", {
-            "name": self.key, "config": {k: v for k, v in self.config.items() if v is not None},
-            "owner": self.owner})
+            "name": self.key, "config": self.shard_config(ps), "owner": self.owner})
         self.created_on.add((id(asyncio.get_running_loop()), ps))
 
     async def shard_ready(self, ps: int) -> None:
@@ -223,9 +235,8 @@ class DynamicEmbedding:
         """Replace every shard with the rows saved in ``files`` (all shards of one save, from
         any number of ps): each ps keeps the ids that hash to it now. ``slots``: saved slot
         key -> this table's slot key (``<optimizer name>/<slot>``). Returns rows restored."""
-        config = {k: v for k, v in self.config.items() if v is not None}
         replies = await asyncio.gather(*(self.channel(ps).call("dyn/restore", {
-            "name": self.key, "config": config, "owner": self.owner, "paths": files,
+            "name": self.key, "config": self.shard_config(ps), "owner": self.owner, "paths": files,
             "shard": ps, "num_shards": self.num_ps,
             **({"slots": slots} if slots is not None else {})}) for ps in range(self.num_ps)))
         loop = id(asyncio.get_running_loop())
@@ -241,6 +252,10 @@ class DynamicEmbedding:
         await asyncio.get_running_loop().run_in_executor(
             None, write_tensors, path, {"ids": ids, "rows": rows})
         return int(ids.size)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> DynamicEmbedding:
+        """A handle is a reference: a copied model (a torch replica) shares the table."""
+        return self
 
     def __reduce__(self) -> Any:
         return (_remote_table, (self.name, self.key, self.dim, self.dtype.str, self.num_ps,

@@ -56,7 +56,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 
 from .dynamic import DynamicEmbedding
 from .errors import InvalidArgumentError
-from .sharding import ShardedVariable, embedding_lookup
+from .sharding import ShardedVariable, combine_gradients, embedding_lookup
 from .variables import IndexedSlices, Variable, VariableBase, read_variables
 
 __all__ = ["Lookup", "ValueAndGrad", "lookup", "value_and_grad", "variables_from"]
@@ -65,9 +65,10 @@ __all__ = ["Lookup", "ValueAndGrad", "lookup", "value_and_grad", "variables_from
 class Lookup:
     """Rows ``ids`` of ``table`` as a leaf of a parameter tree (see :func:`lookup`)."""
 
-    __slots__ = ("table", "ids")
+    __slots__ = ("table", "ids", "training")
 
-    def __init__(self, table: Variable | ShardedVariable | DynamicEmbedding, ids: Any) -> None:
+    def __init__(self, table: Variable | ShardedVariable | DynamicEmbedding, ids: Any,
+                 training: bool = True) -> None:
         if not (isinstance(table, DynamicEmbedding) or
                 (isinstance(table, (Variable, ShardedVariable)) and len(table.shape) == 2)):
             raise InvalidArgumentError("lookup() needs a 2-D pstrain variable or a "
@@ -77,14 +78,19 @@ class Lookup:
             raise InvalidArgumentError(f"lookup ids must be integers, got {ids.dtype}")
         self.table = table
         self.ids = ids
+        self.training = bool(training)
 
     def __repr__(self) -> str:
         return f"lookup({self.table.name!r}, ids of shape {self.ids.shape})"
 
 
-def lookup(table: Variable | ShardedVariable | DynamicEmbedding, ids: Any) -> Lookup:
-    """A parameter-tree leaf that the loss sees as ``table[ids]`` (shape ``ids.shape + (dim,)``)."""
-    return Lookup(table, ids)
+def lookup(table: Variable | ShardedVariable | DynamicEmbedding, ids: Any, *,
+           training: bool = True) -> Lookup:
+    """A parameter-tree leaf that the loss sees as ``table[ids]`` (shape ``ids.shape + (dim,)``).
+
+    ``training=False`` (evaluation, serving): a dynamic table admits no id and counts no
+    sighting. A table looked up by several leaves gets one combined gradient."""
+    return Lookup(table, ids, training)
 
 
 def _is_leaf(x: Any) -> bool:
@@ -135,7 +141,8 @@ class ValueAndGrad:
         uniques = [np.unique(lk.ids, return_inverse=True) for lk in lookups]
         dense, *gathered = await asyncio.gather(
             read_variables(variables),
-            *(embedding_lookup(lk.table, u) for lk, (u, _) in zip(lookups, uniques)))
+            *(embedding_lookup(lk.table, u, training=lk.training)
+              for lk, (u, _) in zip(lookups, uniques)))
         rows = []
         for lk, (u, _), got in zip(lookups, uniques, gathered):
             padded = np.zeros((max(lk.ids.size, 1), lk.table.shape[1]), got.dtype)
@@ -148,6 +155,7 @@ class ValueAndGrad:
         grads: list[tuple[Any, Any]] = [(np.asarray(g), v) for g, v in zip(g_dense, variables)]
         for lk, (u, _), g in zip(lookups, uniques, g_rows):
             grads.append((IndexedSlices(np.asarray(g)[:u.size], u), lk.table))
+        grads = combine_gradients(grads)  # a table looked up twice: one gradient
         if self.has_aux:
             loss, aux = value
             return (float(loss), jax.tree_util.tree_map(np.asarray, aux)), grads

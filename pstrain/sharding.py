@@ -215,18 +215,20 @@ def _as_parts(params: Any) -> tuple[list[Variable], np.ndarray, str]:
                                f"ShardedVariable, got {type(params).__name__}")
 
 
-async def embedding_lookup(params: Any, ids: Any) -> np.ndarray:
+async def embedding_lookup(params: Any, ids: Any, *, training: bool = True) -> np.ndarray:
     """Rows ``ids`` of ``params``: shape ``ids.shape + params.shape[1:]``.
 
     Ids are deduplicated first; each ps holding a needed part gets one request
-    (all concurrently) carrying only the rows it must send.
+    (all concurrently) carrying only the rows it must send. ``training=False``
+    (evaluation, serving) changes nothing: a dynamic table admits no id and
+    counts no sighting (fixed tables never change on a lookup).
 
     >>> table = Variable(np.arange(6.0).reshape(3, 2))
     >>> asyncio.run(embedding_lookup(table, [[2, 0]])).tolist()
     [[[4.0, 5.0], [0.0, 1.0]]]
     """
     if getattr(params, "dynamic_table", False):  # a DynamicEmbedding: rows by raw id
-        rows: np.ndarray = await params.lookup(ids)
+        rows: np.ndarray = await params.lookup(ids, training=training)
         return rows
     parts, offsets, name = _as_parts(params)
     ids = np.asarray(ids)
@@ -263,3 +265,41 @@ async def embedding_lookup(params: Any, ids: Any) -> np.ndarray:
 
     await asyncio.gather(*(fetch(ch, group) for ch, group in by_ps.items()))
     return rows[inverse].reshape(ids.shape + tail)
+
+
+def combine_gradients(grads_and_vars: Sequence[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """One gradient per variable: sparse gradients of the same table (a table looked up
+    twice in one model) are concatenated, dense ones summed; the order of first sight is
+    kept. The ps sums the rows of repeated ids.
+
+    >>> v = Variable(np.zeros((4, 2)))
+    >>> [(g, _)] = combine_gradients([(IndexedSlices(np.ones((1, 2)), [1]), v),
+    ...                               (IndexedSlices(np.ones((2, 2)), [1, 3]), v)])
+    >>> g.indices.tolist(), float(g.values.sum())
+    ([1, 1, 3], 6.0)
+    """
+    merged: dict[int, list[Any]] = {}
+    for grad, var in grads_and_vars:
+        seen = merged.get(id(var))
+        if seen is None:
+            merged[id(var)] = [grad, var]
+        elif isinstance(grad, IndexedSlices) and isinstance(seen[0], IndexedSlices):
+            seen[0] = IndexedSlices(np.concatenate([seen[0].values, grad.values]),
+                                    np.concatenate([seen[0].indices, grad.indices]),
+                                    seen[0].dense_shape)
+        elif grad is None or seen[0] is None:
+            seen[0] = grad if seen[0] is None else seen[0]
+        else:
+            seen[0] = _dense(seen[0], var) + _dense(grad, var)
+    return [(g, v) for g, v in merged.values()]
+
+
+def _dense(grad: Any, var: Any) -> np.ndarray:
+    if not isinstance(grad, IndexedSlices):
+        return np.asarray(grad)
+    if var.shape is None or None in var.shape:
+        raise InvalidArgumentError(f"a dense and a sparse gradient for {var.name!r}, a dynamic "
+                                   "table: give it sparse gradients only")
+    out = np.zeros(var.shape, grad.values.dtype)
+    np.add.at(out, grad.indices, grad.values)
+    return out

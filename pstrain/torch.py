@@ -66,7 +66,7 @@ from .dynamic import DynamicEmbedding
 from .errors import InvalidArgumentError
 from .initializers import Initializer, RandomUniform
 from .object_graph import register_view
-from .sharding import ShardedVariable, embedding_lookup
+from .sharding import ShardedVariable, combine_gradients, embedding_lookup
 from .variables import IndexedSlices, Variable, read_variables
 
 __all__ = ["Embedding", "RemoteModule"]
@@ -101,13 +101,14 @@ class Embedding(torch.nn.Module):
         self._inverse: torch.Tensor | None = None
         self.rows: torch.Tensor | None = None  # the batch's unique rows: a leaf tensor
 
-    async def fetch(self, ids: Any) -> None:
-        """Gather the rows of ``ids`` (deduplicated) from the table's shards."""
+    async def fetch(self, ids: Any, *, training: bool = True) -> None:
+        """Gather the rows of ``ids`` (deduplicated) from the table's shards.
+        ``training=False`` (evaluation, serving): a dynamic table admits nothing."""
         ids = np.asarray(ids)
         if ids.dtype.kind not in "iu":
             raise InvalidArgumentError(f"embedding ids must be integers, got {ids.dtype}")
         unique, inverse = np.unique(ids, return_inverse=True)
-        rows = await embedding_lookup(self.table, unique)
+        rows = await embedding_lookup(self.table, unique, training=training)
         self._set(ids, unique, inverse, rows)
 
     def _set(self, ids: np.ndarray, unique: np.ndarray, inverse: np.ndarray, rows: np.ndarray) -> None:
@@ -176,10 +177,11 @@ class RemoteModule:
             yield params[pname]
 
     async def pull(self, lookups: Mapping[Embedding | str, Any] | None = None,
-                   module: torch.nn.Module | None = None) -> None:
+                   module: torch.nn.Module | None = None, *, training: bool = True) -> None:
         """Fill the module's parameters from the ps, and gather each embedding's rows for
         its ids (keyed by the Embedding or its name in the module), all concurrently (one
-        request per ps for the parameters). ``module``: a replica instead of the module."""
+        request per ps for the parameters). ``module``: a replica instead of the module.
+        ``training=False`` for evaluation and serving: dynamic tables admit no id."""
         target = self.module if module is None else module
         embeddings = self._embeddings(target)
         fetches = []
@@ -189,7 +191,7 @@ class RemoteModule:
                 (n for n, m in template.items() if m is key), None)
             if name not in embeddings:
                 raise InvalidArgumentError(f"pull: {key!r} is not a pstrain.torch.Embedding of the module")
-            fetches.append(embeddings[name].fetch(ids))
+            fetches.append(embeddings[name].fetch(ids, training=training))
         values, *_ = await asyncio.gather(read_variables(self.variables), *fetches)
         with torch.no_grad():
             for param, value in zip(self._parameters(target), values):
@@ -197,20 +199,21 @@ class RemoteModule:
                 param.grad = None
 
     @contextlib.asynccontextmanager
-    async def replica(self, lookups: Mapping[Embedding | str, Any] | None = None
-                      ) -> AsyncIterator[torch.nn.Module]:
+    async def replica(self, lookups: Mapping[Embedding | str, Any] | None = None, *,
+                      training: bool = True) -> AsyncIterator[torch.nn.Module]:
         """A copy of the module of this step's own, pulled (see :meth:`pull`); back to the
         pool after the block. For several steps in flight on one worker."""
         module = self._spare.pop() if self._spare else copy.deepcopy(self.module)
         try:
-            await self.pull(lookups, module)
+            await self.pull(lookups, module, training=training)
             yield module
         finally:
             self._spare.append(module)
 
     def gradients(self, module: torch.nn.Module | None = None) -> list[tuple[Any, Any]]:
         """``[(gradient, variable), ...]`` after ``backward()``: dense parameters and the
-        embeddings' rows (as IndexedSlices), for ``optimizer.apply_gradients``."""
+        embeddings' rows (as IndexedSlices), for ``optimizer.apply_gradients``. Embeddings
+        that share one table give one combined gradient."""
         target = self.module if module is None else module
         out: list[tuple[Any, Any]] = []
         for param, var in zip(self._parameters(target), self.variables):
@@ -220,7 +223,7 @@ class RemoteModule:
             g = emb.gradient()
             if g is not None:
                 out.append(g)
-        return out
+        return combine_gradients(out)
 
     def trainable_variables(self) -> list[Variable | ShardedVariable | DynamicEmbedding]:
         """The ps variables: the parameters', then each embedding's table."""

@@ -147,3 +147,65 @@ async def test_an_equinox_model_restores_by_field_path(cluster, tmp_path):
     (await pstrain.Checkpoint(model=other).restore(path)).assert_consumed()
     assert (await other.a.numpy()).tolist() == [1, 1, 1]
     assert (await other.b.numpy()).tolist() == [2, 2, 2]
+
+
+# -- adapters: evaluation changes nothing; a table looked up twice has one gradient ---------------
+async def test_evaluation_through_every_adapter_admits_no_row(cluster):
+    import pstrain.jax as pjax
+    import pstrain.torch as ptorch
+
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    with strategy.scope():
+        table = pstrain.DynamicEmbedding(4, name="items", capacity=1000)
+        net = torch.nn.Module()
+        net.emb = ptorch.Embedding(None, 4, table=table)
+        remote = ptorch.RemoteModule(net)
+    held_out = np.arange(1000, 1050, dtype=np.int64)
+    await remote.pull({net.emb: held_out}, training=False)
+    async with remote.replica({"emb": held_out}, training=False):
+        pass
+    await net.emb.fetch(held_out, training=False)
+    await pstrain.embedding_lookup(table, held_out, training=False)
+    grad_fn = pjax.value_and_grad(lambda p: (p["e"] ** 2).sum())
+    await grad_fn({"e": pjax.lookup(table, held_out, training=False)})
+    assert await table.size() == 0  # evaluation admitted nothing
+    await remote.pull({net.emb: held_out[:3]})  # training admits
+    assert await table.size() == 3
+
+
+async def test_a_jax_model_looking_a_table_up_twice_gets_one_gradient(cluster):
+    import pstrain.jax as pjax
+    from pstrain.partitioners import FixedShardsPartitioner
+
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver,
+                                               variable_partitioner=FixedShardsPartitioner(2))
+    with strategy.scope():
+        items = pstrain.Variable(np.ones((6, 2), np.float32), name="items")
+        opt = pstrain.optimizers.SGD(1.0)
+
+    def loss(p):  # a shared embedding: the query and the candidate read the same table
+        return (p["query"] * p["candidate"]).sum()
+
+    grad_fn = pjax.value_and_grad(loss)
+    _, grads = await grad_fn({"query": pjax.lookup(items, [0, 4]),
+                              "candidate": pjax.lookup(items, [4, 5])})
+    assert len(grads) == 1
+    await opt.apply_gradients(grads)
+    # d/d row: row 0 gets candidate row 4 (1), row 4 gets both partners (2), row 5 gets row 4 (1)
+    np.testing.assert_allclose((await items.numpy())[:, 0], [0, 1, 1, 1, -1, 0])
+
+
+@pytest.mark.parametrize("capacity", [0, -5, 1, 2.5, True])
+async def test_a_dynamic_table_capacity_is_checked_before_anything(cluster, capacity):
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)  # two ps
+    with strategy.scope(), pytest.raises(pstrain.errors.InvalidArgumentError, match="capacity"):
+        pstrain.DynamicEmbedding(4, capacity=capacity)
+
+
+async def test_a_dynamic_table_holds_exactly_its_capacity_in_all(cluster):
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    with strategy.scope():
+        table = pstrain.DynamicEmbedding(2, capacity=7)
+    for start in range(0, 400, 100):
+        await pstrain.embedding_lookup(table, np.arange(start, start + 100))
+    assert await table.size() == 7
