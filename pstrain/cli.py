@@ -19,7 +19,7 @@ from typing import Any
 
 from .bridge import run
 from .cluster import ClusterSpec, SlurmClusterResolver, parse_address, parse_config, read_token, task_name
-from .errors import PstrainError
+from .errors import AuthenticationError, ProtocolError, PstrainError, UnavailableError
 from .protocol import DEFAULT_MAX_BODY
 from .rpc import Channel
 from .tasks import TaskOwner
@@ -232,20 +232,36 @@ async def _on_event(event: asyncio.Event, stop: asyncio.Event) -> None:
     stop.set()
 
 
-async def _membership(coordinator: str, token: str | None) -> list[dict[str, Any]]:
-    """The worker slots of the job whose coordinator serves at ``coordinator``."""
+async def _coordinator_get(coordinator: str, path: str, token: str | None,
+                           timeout: float = 10.0) -> dict[str, Any]:
+    """``GET path`` of the coordinator's HTTP endpoint (its /metrics address) as JSON;
+    UnavailableError when nothing answers, AuthenticationError for a wrong token."""
     import aiohttp
 
     host, port = parse_address(coordinator)
-    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/v1/membership"
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}{path}"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        async with session.get(url, headers=headers) as reply:
-            body = await reply.json(content_type=None)
-            if reply.status != 200:
-                raise PstrainError(f"membership from {coordinator}: {body}")
-            workers: list[dict[str, Any]] = body["workers"]
-            return workers
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+            async with session.get(url, headers=headers) as reply:
+                body = await reply.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise UnavailableError(f"the coordinator at {coordinator} did not answer: {exc}") from exc
+    except ValueError as exc:
+        raise ProtocolError(f"{coordinator} answered {path} with something not JSON: the "
+                            "address is not a pstrain coordinator's") from exc
+    if reply.status == 401:
+        raise AuthenticationError(f"the coordinator at {coordinator} refused the token")
+    if reply.status != 200 or not isinstance(body, dict):
+        raise ProtocolError(f"{path} from {coordinator}: HTTP {reply.status} {body}")
+    return body
+
+
+async def _membership(coordinator: str, token: str | None) -> list[dict[str, Any]]:
+    """The worker slots of the job whose coordinator serves at ``coordinator``."""
+    workers: list[dict[str, Any]] = (await _coordinator_get(coordinator, "/v1/membership",
+                                                            token))["workers"]
+    return workers
 
 
 async def _join(coordinator: str, address: str, token: str | None) -> int:
@@ -299,7 +315,7 @@ STATUS_COLUMNS = """Columns:
   UPTIME    seconds since the task started
   WORK      ps: variables held; worker: closures run; chief: closures done
   BYTES     ps: bytes of variables held; others: request and reply bytes so far
-  REQUESTS  requests per second, measured over one second"""
+  REQUESTS  requests per second, measured over one second (chief: closures done per second)"""
 
 
 def _status_parser(sub: Any) -> None:
@@ -348,8 +364,26 @@ def _status(args: argparse.Namespace) -> int:
         token = read_token(os.environ)
     tasks = [(job, i) for job in ("chief", "ps", "worker", "evaluator") for i in range(spec.num_tasks(job))]
 
+    async def probe_chief(address: str) -> dict[str, Any]:
+        """The coordinator serves HTTP (its /metrics address), not the stream protocol."""
+        row: dict[str, Any] = {"task": "chief:0", "address": address, "state": "down"}
+        try:
+            first = await _coordinator_get(address, "/v1/statistics", token, args.timeout)
+            await asyncio.sleep(1.0)
+            second = await _coordinator_get(address, "/v1/statistics", token, args.timeout)
+        except PstrainError as exc:
+            row["state"] = _STATES.get(type(exc).__name__, "down")
+            row["error"] = f"{type(exc).__name__}: {exc}"
+            return row
+        rate = max(0, second["closures_done"] - first["closures_done"])
+        row.update(state="up", uptime=f"{second.get('uptime_s', 0):.0f} s",
+                   work=f"{second['closures_done']} done", bytes="-", rate=f"{rate:.0f}/s")
+        return row
+
     async def probe(job: str, i: int) -> dict[str, Any]:
         address = spec.task_address(job, i)
+        if job == "chief":
+            return await probe_chief(address)
         ch = Channel(address, token=token, task=f"{job}:{i}", connect_timeout=args.timeout)
         row: dict[str, Any] = {"task": f"{job}:{i}", "address": address, "state": "down"}
         try:

@@ -123,7 +123,7 @@ class ClusterCoordinator:
                              _channel_getter(self._channels, "worker", i), spec, self._tasks,
                              self.settings, before_send=strategy.placement.creations_to_send,
                              fence=self._fence_worker, on_scalars=self._scalars,
-                             owner=strategy.placement.owner)
+                             owner=strategy.placement.owner, peers=self._workers_up)
             for i in range(strategy.num_workers)]
         self.session = uuid.uuid4().hex[:16]  # exactly-once keys are unique to this coordinator
 
@@ -419,6 +419,9 @@ class ClusterCoordinator:
         return PerWorkerDataset(self.resources, self.resources.new("dataset", fn=fn))
 
     # -- observability ----------------------------------------------------------------------------
+    def _workers_up(self) -> list[int]:
+        return [w.index for w in self._workers if w.up]
+
     @property
     def workers_up(self) -> list[bool]:
         """Whether each worker is reachable now."""
@@ -471,7 +474,8 @@ class ClusterCoordinator:
                              _channel_getter(self._channels, "worker", index), spec, self._tasks,
                              self.settings, before_send=self.strategy.placement.creations_to_send,
                              fence=self._fence_worker, on_scalars=self._scalars,
-                             owner=self.strategy.placement.owner)
+                             owner=self.strategy.placement.owner,
+                             peers=self._workers_up)
         self._workers.append(w)
         self.strategy.worker_joined()
         if self._loop is not None:

@@ -32,6 +32,7 @@ from .errors import (
     DrainingError,
     InvalidArgumentError,
     NotFoundError,
+    OutOfRangeError,
     ProtocolError,
     PstrainError,
     UnavailableError,
@@ -81,8 +82,12 @@ class WorkerDispatcher:
                  before_send: Callable[[], Awaitable[None] | None] | None = None,
                  fence: Callable[[int, int], Awaitable[None]] | None = None,
                  on_scalars: Callable[[list[Any]], None] | None = None,
-                 owner: str | None = None) -> None:
+                 owner: str | None = None,
+                 peers: Callable[[], list[int]] | None = None) -> None:
         self.index = index
+        #: The indices of the workers up now (where a closure whose iterator ran out here
+        #: may still find data).
+        self.peers = peers or (lambda: [index])
         self.owner = owner  # the coordinator incarnation its closures' updates work for
         self.on_scalars = on_scalars  # scalars closures logged (pstrain.summary), as they arrive
         self.completed = 0  # closures this worker finished (any outcome)
@@ -181,6 +186,7 @@ class WorkerDispatcher:
             self.incarnation = reply["incarnation"]
             self.sent.clear()
             self.registry.worker_restarted(self.index)
+            self.queue.refreshed(self.index)  # its iterators start again from the beginning
         else:  # the same process: the resources it built are still there
             self.registry.worker_reconnected(self.index)
         self._broken = None
@@ -243,7 +249,7 @@ class WorkerDispatcher:
             if cancels:
                 self.tasks.spawn(self._send_cancel(cancels))
             room = min(limit - queue.in_flight_on(index), self.settings.max_batch)
-            if not queue.queued or room <= 0 or self.leaving:
+            if not queue.can_take(index) or room <= 0 or self.leaving:
                 await self._wait()
                 continue
             if self.before_send is not None:
@@ -352,5 +358,9 @@ class WorkerDispatcher:
             elif status == CANCELLED:
                 queue.fail(cid, CancelledError(CANCELLED_MESSAGE, task=self.task), cancelled=True)
             else:
-                queue.fail(cid, exception_from_payload(value, self.task))
+                exc = exception_from_payload(value, self.task)
+                if isinstance(exc, OutOfRangeError):  # this worker's data ran out
+                    queue.out_of_range(cid, exc, self.index, self.peers())
+                else:
+                    queue.fail(cid, exc)
         self.wake()

@@ -150,6 +150,7 @@ class MetricsEndpoint:
             app.router.add_post("/v1/join", self._joined)
         if self._membership is not None:
             app.router.add_get("/v1/membership", self._members)
+        app.router.add_get("/v1/statistics", self._statistics)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         await web.SockSite(self._runner, sock).start()
@@ -199,6 +200,13 @@ class MetricsEndpoint:
             return self._refusal()
         assert self._membership is not None
         return web.json_response({"workers": self._membership()})
+
+    async def _statistics(self, request: web.Request) -> web.Response:
+        """``GET /v1/statistics``: what ``pstrain status`` shows of the coordinator."""
+        if not self._authorized(request):
+            return self._refusal()
+        return web.json_response({"task": self.task, "uptime_s": time.time() - self._started,
+                                  **self._stats()})
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "running", "task": self.task})

@@ -178,6 +178,10 @@ class ClosureQueue:
         self._drain_waiters: list[asyncio.Future[None]] = []
         self.done_count = 0
         self.retried_count = 0
+        #: Workers whose per-worker iterator ran out: they take no more closures, so that
+        #: the other workers' remaining batches are all consumed before the job's
+        #: OutOfRangeError (cleared when the error is raised, or the worker restarts).
+        self._exhausted: set[int] = set()
 
     # -- observers ------------------------------------------------------------------------------
     def add_listener(self, wake: Callable[[], None]) -> None:
@@ -227,7 +231,7 @@ class ClosureQueue:
         """Up to ``limit`` closures for ``worker``, now in flight on it."""
         queue = self._queue
         n = min(limit, len(queue))
-        if n <= 0:
+        if n <= 0 or worker in self._exhausted:
             return []
         batch = [queue.popleft() for _ in range(n)]
         for c in batch:
@@ -276,6 +280,31 @@ class ClosureQueue:
             self.record_error(error)
         self._progress()
         return True
+
+    def out_of_range(self, cid: int, error: BaseException, worker: int, up: Collection[int]) -> None:
+        """Closure ``cid`` found ``worker``'s iterator at its end (``error``). While another
+        worker (of those ``up``) still has data, the closure goes back to the front of the
+        queue and ``worker`` takes no more; when none has, it fails with ``error`` (the
+        queue is cancelled and ``join`` raises it, as TF's OutOfRangeError)."""
+        self._exhausted.add(worker)
+        if not set(up) - self._exhausted:
+            self.fail(cid, error)
+            return
+        c = self._release(cid)
+        if c is None:
+            return
+        c.worker = None
+        self._queue.appendleft(c)
+        self._wake()
+        self._progress()
+
+    def can_take(self, worker: int) -> bool:
+        """Is there work ``worker`` may take now?"""
+        return bool(self._queue) and worker not in self._exhausted
+
+    def refreshed(self, worker: int) -> None:
+        """``worker``'s iterators were built afresh (it restarted): it takes work again."""
+        self._exhausted.discard(worker)
 
     def put_back(self, worker: int, cids: Collection[int] | None = None) -> int:
         """``worker`` was lost (or refused ``cids``, leaving): its closures go back to the
@@ -330,6 +359,7 @@ class ClosureQueue:
                 if c.worker is not None and cid not in self._cancel.get(c.worker, ()):
                     self._cancel.setdefault(c.worker, []).append(cid)  # stop it there too
         self._error = None
+        self._exhausted.clear()  # new iterators may follow: every worker takes work again
         self._wake()
         self._progress()
         return error

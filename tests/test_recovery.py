@@ -127,6 +127,7 @@ async def test_assert_consumed_fails_when_nothing_was_tracked(cluster, tmp_path)
 async def test_an_equinox_model_restores_by_field_path(cluster, tmp_path):
     eqx = pytest.importorskip("equinox")
     import jax
+
     import pstrain.jax as pjax
 
     class AB(eqx.Module):
@@ -209,3 +210,63 @@ async def test_a_dynamic_table_holds_exactly_its_capacity_in_all(cluster):
     for start in range(0, 400, 100):
         await pstrain.embedding_lookup(table, np.arange(start, start + 100))
     assert await table.size() == 7
+
+
+# -- datasets end as in TF --------------------------------------------------------------------
+async def test_an_exhausted_dataset_consumes_every_batch_then_raises_out_of_range(cluster):
+    from pstrain.data import Dataset
+
+    coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(cluster.resolver))
+
+    def four_batches():
+        return Dataset.range(4)
+
+    it = iter(coordinator.create_per_worker_dataset(four_batches))
+
+    async def step(it):  # async: a StopIteration would become "coroutine raised StopIteration"
+        return next(it)
+
+    rvs = [coordinator.schedule(step, args=(it,)) for _ in range(10)]
+    with pytest.raises(pstrain.errors.OutOfRangeError, match=r"four_batches.*\.repeat\(\)"):
+        await coordinator.join()
+    got, ends = [], 0
+    for rv in rvs:
+        try:
+            got.append(int(await rv))
+        except pstrain.errors.OutOfRangeError:
+            ends += 1
+        except pstrain.errors.CancelledError:
+            pass
+    assert sorted(got) == [0, 0, 1, 1, 2, 2, 3, 3]  # both workers' batches, every one
+    assert ends == 1
+    # the coordinator carries on: a new iterator starts from the beginning on every worker
+    again = iter(coordinator.create_per_worker_dataset(four_batches))
+    assert int(await coordinator.schedule(step, args=(again,))) == 0
+    await coordinator.close()
+
+
+async def test_pstrain_status_shows_a_running_chief_up_with_its_closures(cluster, tmp_path):
+    import asyncio
+    import json
+    import subprocess
+    import sys
+
+    coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(cluster.resolver))
+    chief = await coordinator.serve_metrics()
+    for _ in range(3):
+        coordinator.schedule(lambda: None)
+    await coordinator.join()
+    spec = cluster.cluster_spec
+    config = tmp_path / "cluster.json"
+    config.write_text(json.dumps({"cluster": {"chief": [chief], "ps": spec.job_tasks("ps"),
+                                              "worker": spec.job_tasks("worker")}}))
+    token = tmp_path / "token"
+    token.write_text(cluster.token)
+    result = await asyncio.get_running_loop().run_in_executor(None, lambda: subprocess.run(
+        [sys.executable, "-m", "pstrain", "status", "--cluster", str(config), "--token-file",
+         str(token)], capture_output=True, text=True, timeout=60))
+    chief_row = next(line for line in result.stdout.splitlines() if line.startswith("chief:0"))
+    assert chief_row.split()[1] == "up", result.stdout
+    assert "3 done" in chief_row
+    assert "foreign" not in result.stdout and result.returncode == 0, result.stdout
+    await coordinator.close()

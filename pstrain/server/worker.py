@@ -38,6 +38,7 @@ from ..errors import (
     DrainingError,
     InvalidArgumentError,
     NotFoundError,
+    OutOfRangeError,
 )
 from ..messages import CANCELLED, ERROR, OK, ResourceRef, exception_payload
 from ..rpc import ChannelPool
@@ -81,10 +82,16 @@ class _FailedResource:
 
 
 class LockedIterator:
-    """A per-worker iterator; ``next()`` is safe from concurrent closures."""
+    """A per-worker iterator; ``next()`` is safe from concurrent closures.
 
-    def __init__(self, iterator: Any) -> None:
+    At its end ``next()`` raises :class:`~pstrain.errors.OutOfRangeError` naming the
+    dataset and the fix, as TF does (a ``StopIteration`` would not cross an ``await``:
+    Python turns it into "coroutine raised StopIteration")."""
+
+    def __init__(self, iterator: Any, dataset: str = "the dataset", task: str = "") -> None:
         self._it = iterator
+        self._dataset = dataset
+        self._task = task
         self._lock = threading.Lock()
 
     def __iter__(self) -> LockedIterator:
@@ -92,7 +99,14 @@ class LockedIterator:
 
     def __next__(self) -> Any:
         with self._lock:
-            return next(self._it)
+            try:
+                return next(self._it)
+            except StopIteration:
+                raise OutOfRangeError(
+                    f"End of sequence: the per-worker iterator of {self._dataset} on {self._task} "
+                    "is exhausted. Repeat the dataset (.repeat() on a pstrain.data.Dataset, or "
+                    "itertools.cycle) and schedule a fixed number of steps, as TF recommends",
+                    task=self._task) from None
 
     def get_next(self) -> Any:
         """TF's spelling of ``next(it)``."""
@@ -319,7 +333,7 @@ class WorkerServer(ServerBase):
             if source is None or (iter(source) is source and of in self._iterated):
                 source = fn()
             self._iterated.add(of)  # type: ignore[arg-type]
-            return LockedIterator(iter(source))
+            return LockedIterator(iter(source), _dataset_name(fn), self.task)
 
         ctx = self._context()
         try:
@@ -554,3 +568,10 @@ def _encode_results(results: list[Any], scalars: list[Any] | None = None) -> Enc
                             f"sent back to the coordinator: {exc}")
             out.append([record[0], ERROR, exception_payload(err)])
     return Encoded(wire.encode_body({"results": out, **extra}, allow_pickle=True))
+
+
+def _dataset_name(fn: Any) -> str:
+    """How an error names a dataset: ``dataset_fn`` 'make_data' (what the user wrote)."""
+    inner = getattr(fn, "fn", None) or getattr(fn, "value", None) or fn
+    name = getattr(inner, "__qualname__", None) or type(inner).__qualname__
+    return f"dataset_fn {name!r}" if callable(inner) else f"the dataset {name!r}"
