@@ -431,7 +431,7 @@ def _status(args: argparse.Namespace) -> int:
         members = run(_membership(args.coordinator, token))
         print(f"\nmembership (from the coordinator at {args.coordinator}):")
         for m in members:
-            state = "leaving" if m["leaving"] else "up" if m["up"] else "down"
+            state = m.get("state") or ("leaving" if m["leaving"] else "up" if m["up"] else "down")
             print(f"  worker {m['index']}  {state:<8} {m['address']}  failures {m['failures']}")
     return 0 if all(r["state"] == "up" for r in rows if not r["task"].startswith("chief")) else 1
 

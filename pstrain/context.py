@@ -159,19 +159,3 @@ def must_await(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, T]:
         return _Operation(fn(*args, **kwargs), what)
     return wrapper
-
-
-# -- restored ps ------------------------------------------------------------------------------------
-#: task -> the incarnations of it that a checkpoint was restored onto (in this process).
-_restored: dict[str, set[str]] = {}
-
-
-def restored_onto(task: str, incarnation: str) -> None:
-    """A checkpoint was restored onto ``task`` as it is now (its ``incarnation``)."""
-    _restored.setdefault(task, set()).add(incarnation)
-
-
-def was_restored(task: str, incarnation: str | None) -> bool:
-    """Was a checkpoint restored onto this incarnation of ``task`` (so its new incarnation
-    is no lost state: the program already put its state back)?"""
-    return incarnation is not None and incarnation in _restored.get(task, ())

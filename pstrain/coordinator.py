@@ -34,7 +34,6 @@ from typing import Any
 
 from . import pickling, summary
 from .cluster import ClusterSpec, is_loopback, parse_address, task_name
-from .context import was_restored
 from .dispatch import DispatchSettings, WorkerDispatcher
 from .errors import (
     AuthenticationError,
@@ -45,8 +44,10 @@ from .errors import (
     PstrainError,
     UnavailableError,
 )
+from .membership import Membership
 from .observability import MetricsEndpoint
 from .per_worker import PerWorkerDataset, as_dataset_fn
+from .ps_health import PsHealth
 from .remote_value import Outcome, RemoteValue
 from .resources import ResourceRegistry
 from .scheduling import Closure, ClosureQueue, scan_inputs
@@ -103,7 +104,6 @@ class ClusterCoordinator:
         self.cancel_grace_s = cancel_grace_s
         self.no_worker_timeout_s = no_worker_timeout_s
         self._no_worker_since: float | None = None
-        self._ps_down: dict[int, str] = {}
         self.queue = ClosureQueue()
         self.resources = ResourceRegistry(strategy.num_workers)
         self._tasks = TaskOwner("the coordinator", on_failure=self._task_failed)
@@ -114,17 +114,13 @@ class ClusterCoordinator:
         self._closers: list[Callable[[], Awaitable[None]]] = []
         #: What add-ons of the face layer keep on this coordinator (the dashboard's server).
         self.extensions: dict[str, Any] = {}
-        self._ps_incarnations: list[str | None] = [None] * strategy.num_ps
-        self._ps_restart: UnavailableError | None = None  # found while another error was pending
+        #: Each ps's incarnation and health (sans-I/O; the heartbeat feeds it).
+        self.ps_health = PsHealth(strategy.num_ps, self._channels.restored)
         self.closed = False
         spec = self._channels.cluster_spec
-        self._workers = [
-            WorkerDispatcher(i, self.queue, self.resources,
-                             _channel_getter(self._channels, "worker", i), spec, self._tasks,
-                             self.settings, before_send=strategy.placement.creations_to_send,
-                             fence=self._fence_worker, on_scalars=self._scalars,
-                             owner=strategy.placement.owner, peers=self._workers_up)
-            for i in range(strategy.num_workers)]
+        #: The worker slots and their lifecycle (sans-I/O); each dispatcher drives its slot.
+        self.slots = Membership(spec.job_tasks("worker"))
+        self._workers = [self._dispatcher(slot.index, spec) for slot in self.slots]
         self.session = uuid.uuid4().hex[:16]  # exactly-once keys are unique to this coordinator
 
     # -- loop and tasks ---------------------------------------------------------------------
@@ -203,7 +199,7 @@ class ClusterCoordinator:
         if self.no_worker_timeout_s is None or now - self._no_worker_since < self.no_worker_timeout_s:
             return
         down = [f"{w.task} ({w.last_error or 'never reached'})" for w in self._workers]
-        down += [f"{task_name('ps', k)} ({why})" for k, why in sorted(self._ps_down.items())]
+        down += [f"{task_name('ps', k)} ({why})" for k, why in sorted(self.ps_health.down.items())]
         self.queue.record_error(UnavailableError(
             f"no worker has been reachable for {now - self._no_worker_since:.0f} s with "
             f"{waiting} closure(s) waiting; down: {'; '.join(down)}. Restart them (the queued "
@@ -220,10 +216,10 @@ class ClusterCoordinator:
         restarted = await self._ps_restarted(k, report_silence=True)
         if restarted is None:
             return
-        if k in self._ps_down:  # silent, not restarted: the workers' links to it stall too
+        if k in self.ps_health.down:  # silent, not restarted: the workers' links to it stall too
             self._tasks.spawn(self._reset_worker_links("ps", k))
         if not self.queue.record_error(restarted) and isinstance(restarted, UnavailableError):
-            self._ps_restart = restarted
+            self.ps_health.deferred = restarted
 
     async def _reset_worker_links(self, job: str, index: int) -> None:
         """Have every reachable worker drop its connections to ``job:index``: its closures
@@ -240,43 +236,28 @@ class ClusterCoordinator:
     async def _ps_restarted(self, k: int, report_silence: bool = False) -> PstrainError | None:
         """The error to report if ps ``k`` restarted since last seen (or, with
         ``report_silence`` and closures running, if it does not answer)."""
-        task = task_name("ps", k)
         channel = self._channels.channel("ps", k)
+        health = self.ps_health
         try:
             reply = await channel.call("health", None, timeout=self.ps_timeout_s)
-            self._ps_down.pop(k, None)
         except (UnavailableError, DeadlineExceededError) as exc:
-            self._ps_down[k] = f"{type(exc).__name__}: {exc}"
             channel.reset()  # a healed ps is reached on a fresh connection, at once
-            if report_silence and self.queue.in_flight:
-                return UnavailableError(
-                    f"parameter server {task} is unreachable ({exc}). If it answers again (a "
-                    "network partition), its state is intact: schedule the failed work again; if "
-                    "it restarted, the next error says so, and the latest checkpoint must be "
-                    "restored", task=task)
-            return None
+            return health.silent(k, f"{type(exc).__name__}: {exc}",
+                                 busy=report_silence and bool(self.queue.in_flight))
         except (AuthenticationError, ProtocolError) as exc:  # misconfigured: report, once
-            self._ps_down[k] = f"{type(exc).__name__}: {exc}"
+            health.misconfigured(k, exc)
             return exc if report_silence else None
-        incarnation, known = reply.get("incarnation"), self._ps_incarnations[k]
-        self._ps_incarnations[k] = incarnation
-        if known is None or incarnation == known or was_restored(task, incarnation):
-            return None  # (restarted, but the program restored a checkpoint onto it already)
-        error = UnavailableError(
-            f"parameter server {task} restarted (incarnation {known[:8]} is now "
-            f"{str(incarnation)[:8]}): the variables it held are lost; restore the latest "
-            "checkpoint to continue", task=task)
-        error.incarnation = incarnation  # type: ignore[attr-defined]  # (see _drop_handled_restart)
-        return error
+        incarnation = reply.get("incarnation")
+        return health.answered(k, incarnation if isinstance(incarnation, str) else None)
 
     def _drop_handled_restart(self) -> None:
         """A pending "ps restarted" error is moot once the program restored a checkpoint onto
         that very incarnation (it learnt of the loss another way, e.g. an earlier error)."""
-        for error in (self.queue.error, self._ps_restart):
-            if error is not None and was_restored(str(getattr(error, "task", "")),
-                                                  getattr(error, "incarnation", None)):
-                if error is self._ps_restart:
-                    self._ps_restart = None
+        health = self.ps_health
+        for error in (self.queue.error, health.deferred):
+            if health.handled(error):
+                if error is health.deferred:
+                    health.deferred = None
                 else:
                     self.queue.take_error()
                 logger.info("%s restarted, and a checkpoint was restored onto it: carrying on",
@@ -381,8 +362,8 @@ class ClusterCoordinator:
         """A variable not found because its ps restarted is that ps's failure (TF's
         UnavailableError), not the closure's."""
         found = await asyncio.gather(*(self._ps_restarted(k) for k in range(self.strategy.num_ps)))
-        restarted = next((e for e in found if e is not None), self._ps_restart)
-        self._ps_restart = None
+        restarted = next((e for e in found if e is not None), self.ps_health.deferred)
+        self.ps_health.deferred = None
         if restarted is not None:
             raise restarted from self.queue.take_error()
 
@@ -419,21 +400,15 @@ class ClusterCoordinator:
         return PerWorkerDataset(self.resources, self.resources.new("dataset", fn=fn))
 
     # -- observability ----------------------------------------------------------------------------
-    def _workers_up(self) -> list[int]:
-        return [w.index for w in self._workers if w.up]
-
     @property
     def workers_up(self) -> list[bool]:
         """Whether each worker is reachable now."""
         return [w.up for w in self._workers]
 
     def membership(self) -> list[dict[str, Any]]:
-        """Each worker slot: its address, whether it is up, leaving, and its failures."""
-        spec = self._channels.cluster_spec
-        return [{"index": w.index, "task": w.task, "address": spec.task_address("worker", w.index),
-                 "up": w.up, "leaving": w.leaving, "failures": w.failures,
-                 "incarnation": w.incarnation, "completed": w.completed,
-                 "last_error": w.last_error} for w in self._workers]
+        """Each worker slot: its address, state (joining, up, draining, lost, replaced,
+        refused), whether it is up or leaving, its failures, epoch and incarnation."""
+        return self.slots.snapshot()
 
     async def admit_worker(self, address: str) -> int:
         """A worker started with ``pstrain serve --role worker --join`` joins the job.
@@ -446,46 +421,42 @@ class ClusterCoordinator:
         parse_address(address)  # InvalidArgumentError for a bad one
         if self.closed:
             raise PstrainError("this ClusterCoordinator is closed")
+        slot, grew = self.slots.admit(address)
         spec = self._channels.cluster_spec.as_dict()
-        workers = spec.setdefault("worker", [])
-        known = next((w for w in self._workers if workers[w.index] == address), None)
-        vacant = known or next((w for w in self._workers if not w.up), None)
-        if vacant is None:
-            workers.append(address)
-        else:
-            workers[vacant.index] = address
+        spec["worker"] = self.slots.addresses()
         new_spec = ClusterSpec(spec)
         self._channels.cluster_spec = new_spec
         for w in self._workers:
             w.cluster_spec = new_spec
-        if vacant is None:
-            vacant = self._add_dispatcher(new_spec)
-            logger.info("%s joined at %s (the cluster grew to %d workers)", vacant.task, address,
+        if grew:
+            index = self.resources.add_worker()
+            assert index == slot.index, (index, slot.index)
+            w = self._dispatcher(index, new_spec)
+            self._workers.append(w)
+            self.strategy.worker_joined()
+            if self._loop is not None:
+                self._tasks.spawn(w.run())
+            logger.info("%s joined at %s (the cluster grew to %d workers)", w.task, address,
                         len(self._workers))
         else:
-            await self._channels.forget("worker", vacant.index)
-            logger.info("%s is now at %s (joined)", vacant.task, address)
-        vacant.wake_probe()
-        return vacant.index
+            w = self._workers[slot.index]
+            await self._channels.forget("worker", slot.index)
+            logger.info("%s is now at %s (joined)", w.task, address)
+        w.wake_probe()
+        return slot.index
 
-    def _add_dispatcher(self, spec: ClusterSpec) -> WorkerDispatcher:
-        index = self.resources.add_worker()
-        w = WorkerDispatcher(index, self.queue, self.resources,
-                             _channel_getter(self._channels, "worker", index), spec, self._tasks,
-                             self.settings, before_send=self.strategy.placement.creations_to_send,
-                             fence=self._fence_worker, on_scalars=self._scalars,
-                             owner=self.strategy.placement.owner,
-                             peers=self._workers_up)
-        self._workers.append(w)
-        self.strategy.worker_joined()
-        if self._loop is not None:
-            self._tasks.spawn(w.run())
-        return w
+    def _dispatcher(self, index: int, spec: ClusterSpec) -> WorkerDispatcher:
+        placement = self.strategy.placement
+        return WorkerDispatcher(self.slots.slot(index), self.queue, self.resources,
+                                _channel_getter(self._channels, "worker", index), spec,
+                                self._tasks, self.settings, before_send=placement.creations_to_send,
+                                fence=self._fence_worker, on_scalars=self._scalars,
+                                owner=placement.owner, peers=self.slots.up)
 
     @property
     def ps_incarnations(self) -> list[str | None]:
         """Each ps's incarnation as last seen by the heartbeat (None: not seen yet)."""
-        return list(self._ps_incarnations)
+        return list(self.ps_health.incarnations)
 
     @property
     def worker_failures(self) -> int:

@@ -12,6 +12,10 @@ the other workers, and it is probed with exponential back-off until it
 answers; a new incarnation (a restarted process) gets its resources rebuilt.
 Every request carries the incarnation it was meant for, so a restarted worker
 refuses work for its predecessor instead of running half of it.
+
+The dispatcher does the I/O only: the worker's state (joining, up, draining,
+lost, replaced, refused), its epoch and incarnation are its
+:class:`~pstrain.membership.WorkerSlot`, whose events say what to do.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from .errors import (
     PstrainError,
     UnavailableError,
 )
+from .membership import SlotState, WorkerSlot
 from .messages import CANCELLED, OK, exception_from_payload
 from .resources import ResourceRegistry, ResourceSpec
 from .rpc import Channel
@@ -76,7 +81,7 @@ class WorkerDispatcher:
     creations still queued), or None.
     """
 
-    def __init__(self, index: int, queue: ClosureQueue, registry: ResourceRegistry,
+    def __init__(self, slot: WorkerSlot, queue: ClosureQueue, registry: ResourceRegistry,
                  channel: Callable[[], Channel], cluster_spec: ClusterSpec, tasks: TaskOwner,
                  settings: DispatchSettings,
                  before_send: Callable[[], Awaitable[None] | None] | None = None,
@@ -84,13 +89,13 @@ class WorkerDispatcher:
                  on_scalars: Callable[[list[Any]], None] | None = None,
                  owner: str | None = None,
                  peers: Callable[[], list[int]] | None = None) -> None:
-        self.index = index
+        self.slot = slot
+        self.index = index = slot.index
         #: The indices of the workers up now (where a closure whose iterator ran out here
         #: may still find data).
         self.peers = peers or (lambda: [index])
         self.owner = owner  # the coordinator incarnation its closures' updates work for
         self.on_scalars = on_scalars  # scalars closures logged (pstrain.summary), as they arrive
-        self.completed = 0  # closures this worker finished (any outcome)
         self.task = task_name("worker", index)
         self.queue = queue
         self.registry = registry
@@ -100,15 +105,7 @@ class WorkerDispatcher:
         self.settings = settings
         self.before_send = before_send
         self.fence = fence  # tells every ps to refuse this worker's updates before an epoch
-        #: This worker's dispatch epoch: its closures' updates carry it; declaring the worker
-        #: lost starts a new one and fences the old one off on every ps.
-        self.epoch = 1
         self.sent: set[bytes] = set()  # function digests this incarnation has
-        self.incarnation: str | None = None
-        self.up = False
-        self.failures = 0
-        self.last_error: str | None = None  # why it was last found unreachable
-        self.leaving = False  # it is draining: no new work, and its departure is no failure
         self._probe_now = asyncio.Event()
         self.refused: PstrainError | None = None  # a configuration error: never retried
         self._waiter: asyncio.Future[None] | None = None
@@ -132,6 +129,35 @@ class WorkerDispatcher:
     def in_flight(self) -> int:
         return self.queue.in_flight_on(self.index)
 
+    # -- the slot's state, as the coordinator reads it -------------------------------------
+    @property
+    def up(self) -> bool:
+        return self.slot.up
+
+    @property
+    def leaving(self) -> bool:
+        return self.slot.leaving
+
+    @property
+    def failures(self) -> int:
+        return self.slot.failures
+
+    @property
+    def last_error(self) -> str | None:
+        return self.slot.last_error
+
+    @property
+    def incarnation(self) -> str | None:
+        return self.slot.incarnation
+
+    @property
+    def epoch(self) -> int:
+        return self.slot.epoch
+
+    @property
+    def completed(self) -> int:
+        return self.slot.completed
+
     # -- main loop --------------------------------------------------------------------------
     async def run(self) -> None:
         """Dispatch until cancelled; a lost worker is probed until it is back."""
@@ -142,18 +168,19 @@ class WorkerDispatcher:
                 backoff = self.settings.probe_initial_s
                 await self._pump()
             except DrainingError as exc:  # leaving: not a failure; probe for a replacement
-                self.leaving = True
-                self._lost(exc)
+                if self.slot.state is SlotState.UP:
+                    self.slot.draining()
+                await self._lost(exc)
                 await self._nap(self.settings.probe_max_s)
             except _PERMANENT as exc:  # a configuration error: retrying cannot help
                 logger.error("%s: %s (not retried)", self.task, exc)
                 self.refused = exc
-                self._lost(exc)
+                self.slot.refused(f"{type(exc).__name__}: {exc}")
+                self._put_back()
                 self.queue.record_error(exc)
                 return
             except _LOST as exc:
-                await self._fence_off()
-                self._lost(exc)
+                await self._lost(exc)
                 await self._nap(backoff)
                 backoff = min(backoff * 2, self.settings.probe_max_s)
             except Exception as exc:  # a bug: surface it from join(), keep this worker fed
@@ -161,7 +188,7 @@ class WorkerDispatcher:
                 self.queue.record_error(PstrainError(
                     f"the dispatcher of {self.task} failed: {type(exc).__name__}: {exc}",
                     task=self.task))
-                self._lost(exc)
+                await self._lost(exc)
                 await self._nap(backoff)
 
     async def _connect(self) -> None:
@@ -179,19 +206,17 @@ class WorkerDispatcher:
             raise _Mismatch(f"the cluster says {self.task} is at {self.channel().address}, but "
                             f"the task there is worker {index}: the coordinator's cluster spec "
                             "does not match the tasks' (TF_CONFIG / PSTRAIN_CONFIG)", task=self.task)
-        if reply["incarnation"] != self.incarnation:
-            if self.incarnation is not None:
+        known = self.slot.incarnation
+        if self.slot.connected(str(reply["incarnation"])):
+            if known is not None:
                 logger.warning("%s restarted; rebuilding its %d per-worker resource(s)", self.task,
                                len(self.registry))
-            self.incarnation = reply["incarnation"]
             self.sent.clear()
             self.registry.worker_restarted(self.index)
             self.queue.refreshed(self.index)  # its iterators start again from the beginning
         else:  # the same process: the resources it built are still there
             self.registry.worker_reconnected(self.index)
         self._broken = None
-        self.leaving = False  # back (a new process, or it never left)
-        self.up = True
 
     async def _nap(self, seconds: float) -> None:
         """Wait before probing the worker again, or less if :meth:`wake_probe` is called."""
@@ -205,28 +230,26 @@ class WorkerDispatcher:
         """Probe now (a worker joined at this slot's address)."""
         self._probe_now.set()
 
-    async def _fence_off(self) -> None:
-        """Before its closures run elsewhere, make every ps refuse this worker's updates
-        from its current epoch: if it is only cut off, not dead, its late updates are not
-        applied on top of the retries'."""
-        if not self.in_flight or self.fence is None:
-            return
-        self.epoch += 1
-        try:
-            await asyncio.wait_for(self.fence(self.index, self.epoch), self.settings.worker_timeout_s)
-        except Exception as exc:  # a ps we cannot reach cannot receive the worker's updates either
-            logger.warning("could not fence %s off every ps: %s", self.task, exc)
-
-    def _lost(self, exc: BaseException) -> None:
-        """The worker failed: put its closures back; its resources are unknown until it is back."""
-        self.last_error = f"{type(exc).__name__}: {exc}"
-        if self.leaving:  # drained, then gone: expected, not a failure
+    async def _lost(self, exc: BaseException) -> None:
+        """The worker failed (or left, drained): its closures go back to the queue once its
+        old epoch is fenced off every ps (if it is only cut off, not dead, its late updates
+        are not applied on top of the retries'); its resources are unknown until it is back."""
+        was = self.slot.state
+        in_flight = self.in_flight
+        epoch = self.slot.lost(f"{type(exc).__name__}: {exc}", in_flight)
+        if was is SlotState.DRAINING:
             logger.info("%s left (drained)", self.task)
-        elif self.up:
-            self.failures += 1
+        elif was is SlotState.UP:
             logger.warning("%s is unreachable (%s); its %d closure(s) go back to the queue",
-                           self.task, exc, self.in_flight)
-        self.up = False
+                           self.task, exc, in_flight)
+        if epoch is not None and self.fence is not None:
+            try:
+                await asyncio.wait_for(self.fence(self.index, epoch), self.settings.worker_timeout_s)
+            except Exception as err:  # a ps we cannot reach cannot take the worker's updates either
+                logger.warning("could not fence %s off every ps: %s", self.task, err)
+        self._put_back()
+
+    def _put_back(self) -> None:
         self.registry.worker_lost(self.index)
         self.queue.put_back(self.index)
 
@@ -331,7 +354,8 @@ class WorkerDispatcher:
                 self._on_results, pickle=True)
         except DrainingError as exc:  # leaving: those closures go to the other workers
             logger.info("%s is leaving (%s); %d closure(s) go elsewhere", self.task, exc, len(batch))
-            self.leaving = True
+            if self.slot.state is SlotState.UP:
+                self.slot.draining()
             self.queue.put_back(self.index, {c.cid for c in batch})
             return
         except _LOST as exc:
@@ -351,7 +375,7 @@ class WorkerDispatcher:
         scalars = reply.get("scalars")
         if scalars and self.on_scalars is not None:
             self.on_scalars(scalars)
-        self.completed += len(reply["results"])
+        self.slot.completed += len(reply["results"])
         for cid, status, value in reply["results"]:
             if status == OK:
                 finish(cid, value)

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from .checkpoint_files import CheckpointReader, read_rows, sources
-from .context import restored_onto
 from .errors import InvalidArgumentError
 from .module import Module, unwatch_attributes, watch_attributes
 from .object_graph import Entry, Graph, join, slot_key, walk
@@ -273,6 +272,7 @@ async def _restore_all_or_nothing(by_ps: dict[Channel, list[dict[str, Any]]]) ->
     replies = await asyncio.gather(*(ch.call("ckpt/commit", {"stage": stage}) for ch in channels))
     for ch, reply in zip(channels, replies):
         if isinstance(reply, dict) and isinstance(reply.get("incarnation"), str):
-            restored_onto(ch.task, reply["incarnation"])  # a restarted ps, now restored: known
+            # a restarted ps, now restored: its coordinator's PsHealth knows it is handled
+            ch.restored.setdefault(ch.task, set()).add(reply["incarnation"])
 
 

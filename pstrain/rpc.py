@@ -196,6 +196,8 @@ class Channel:
         #: The coordinator incarnation this process's updates work for (None on a worker:
         #: a closure's own comes with its dispatch).
         self.owner: str | None = None
+        #: task -> incarnations a checkpoint was restored onto (the pool's, when it has one).
+        self.restored: dict[str, set[str]] = {}
         self._proto: _ClientProtocol | None = None
         self._connecting: asyncio.Task[_ClientProtocol] | None = None
         self._tasks = TaskOwner(f"channel to {task}")
@@ -413,6 +415,9 @@ class ChannelPool:
         self.connect_timeout = connect_timeout
         #: The coordinator incarnation (strategy owner id) whose updates these channels send.
         self.owner: str | None = None
+        #: task -> incarnations of that ps a checkpoint was restored onto through these
+        #: channels (the coordinator's PsHealth reads it: such a restart is handled).
+        self.restored: dict[str, set[str]] = {}
         self._channels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, int], Channel]] = \
             weakref.WeakKeyDictionary()
         # The last loop's channels: every variable operation asks, almost always from one loop.
@@ -436,6 +441,7 @@ class ChannelPool:
                 task=task_name(job, index), ssl_context=self.ssl_context,
                 max_body=self.max_body, connect_timeout=self.connect_timeout)
             ch.owner = self.owner
+            ch.restored = self.restored
         return ch
 
     async def forget(self, job: str, index: int) -> None:
