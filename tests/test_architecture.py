@@ -28,7 +28,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "variables": ("variables", "placement", "sharding", "partitioners", "dynamic"),
     "training": ("optimizers", "metrics", "checkpoint", "restore_status", "object_graph", "jax", "torch", "evaluator", "data", "module", "summary"),
     "program": ("values", "distribution", "input_distribution", "remote_value", "scheduling", "resources", "per_worker", "dispatch",
-                "strategy", "coordinator"),
+                "membership", "ps_health", "strategy", "coordinator"),
     "face": ("__init__", "__main__", "cli", "launch", "testing", "demo", "progress", "ctr", "dashboard"),
 }
 RANK = {layer: i for i, layer in enumerate(LAYERS)}
