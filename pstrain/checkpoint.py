@@ -71,7 +71,7 @@ from .checkpoint_files import (
 )
 from .context import current_channels
 from .dynamic import DynamicEmbedding
-from .errors import InvalidArgumentError
+from .errors import AlreadyExistsError, InvalidArgumentError
 from .object_graph import Entry, Graph, check_trackable, slot_key, walk
 from .placement import Placement
 from .restore_status import CheckpointLoadStatus, targets
@@ -151,6 +151,10 @@ class Checkpoint:
         """Save every tracked variable (and optimizer slot) at exactly ``file_prefix``."""
         prefix = os.path.abspath(file_prefix)
         os.makedirs(os.path.dirname(prefix), exist_ok=True)
+        if os.path.lexists(prefix + INDEX):
+            raise AlreadyExistsError(f"checkpoint {prefix} exists; a checkpoint is never written "
+                                     "over (save to another path)")
+        _clear_unfinished(prefix)
         graph = walk(self._objects)
         entries = dict(graph.entries)
         await ensure_created(p for e in entries.values() for p in e.parts)
@@ -250,6 +254,19 @@ _SAVED: deque[dict[str, Any]] = deque(maxlen=50)
 def recent_saves() -> list[dict[str, Any]]:
     """The checkpoints this process saved lately: path, time, values and tables."""
     return list(_SAVED)
+
+
+def _clear_unfinished(prefix: str) -> None:
+    """Remove the files of a save at ``prefix`` that never finished (the process died before
+    the index was written: the checkpoint was never visible), so that a job restarted from an
+    earlier checkpoint can save at that path again."""
+    pattern = glob.escape(prefix)
+    stale = glob.glob(pattern + ".ps*.safetensors") + glob.glob(pattern + ".local.safetensors")
+    for path in stale:
+        os.remove(path)
+    if stale:
+        logger.warning("removed %d file(s) of an unfinished save at %s (its process died before "
+                       "the index was written)", len(stale), prefix)
 
 
 def _table_slots(graph: Graph) -> dict[str, str]:
