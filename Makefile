@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench lint fuzz clean sysdeps slurm screenshots
+.PHONY: install test demo bench lint fuzz clean sysdeps slurm screenshots chaos
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,12 @@ screenshots: sysdeps $(STAMP)
 # root) runs `sbatch examples/slurm/train.sbatch` and checks that the job ends COMPLETED.
 slurm: sysdeps $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_slurm.py
+
+# The whole fault matrix (tests/test_fault_matrix.py): 5 faults alone and in every ordered
+# pair, on 3 models, each run compared bit for bit with a run without faults (about 20 min;
+# make test runs a sample of it).
+chaos: sysdeps $(STAMP)
+	PSTRAIN_CHAOS=all $(PY) -m pytest -q -p no:cacheprovider tests/test_fault_matrix.py
 
 demo: $(STAMP)
 	$(PY) -m pstrain.cli demo $(DEMO_ARGS)

@@ -123,8 +123,22 @@ def _serve_parser(sub: Any) -> None:
                    help="stop when the process that started this one exits (LocalCluster uses it)")
 
 
+def _raise_open_files_limit(want: int = 8192) -> None:
+    """A server may hold a thousand connections still authenticating (the pre-auth cap):
+    lift the soft limit on open files towards the hard one where it is lower."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
 def _serve(args: argparse.Namespace) -> int:
     parent = os.getppid()  # now, before the parent has any chance to be gone
+    _raise_open_files_limit()
     if args.exit_with_parent and parent == 1:
         return 0  # started by a process that has already died
     spec: ClusterSpec | None = None
@@ -352,7 +366,7 @@ def _human(n: float) -> str:
 
 
 #: What ``pstrain status`` shows for a task that answered wrongly (else "down").
-_STATES = {"AuthenticationError": "refused", "ProtocolError": "foreign"}
+_STATES = {"AuthenticationError": "refused", "ProtocolError": "foreign", "WrongTaskError": "mismatch"}
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -384,7 +398,7 @@ def _status(args: argparse.Namespace) -> int:
         address = spec.task_address(job, i)
         if job == "chief":
             return await probe_chief(address)
-        ch = Channel(address, token=token, task=f"{job}:{i}", connect_timeout=args.timeout)
+        ch = Channel(address, token=token, task=task_name(job, i), connect_timeout=args.timeout)
         row: dict[str, Any] = {"task": f"{job}:{i}", "address": address, "state": "down"}
         try:
             first = await ch.call("statistics", {}, timeout=args.timeout)

@@ -40,6 +40,7 @@ from .errors import (
     ProtocolError,
     PstrainError,
     UnavailableError,
+    WrongTaskError,
 )
 from .membership import SlotState, WorkerSlot
 from .messages import CANCELLED, OK, exception_from_payload
@@ -197,6 +198,12 @@ class WorkerDispatcher:
                 "worker/configure", {"cluster": self.cluster_spec.as_dict(), "index": self.index,
                                      "fresh": self.failures > 0},  # links cut with it may stall
                 timeout=self.settings.worker_timeout_s)
+        except WrongTaskError as exc:  # the handshake: another task answers at that address
+            there = (f"worker {exc.actual.rsplit(':', 1)[-1]}" if "/job:worker/" in exc.actual
+                     else f"not a worker ({exc.actual})")
+            raise _Mismatch(f"the cluster says {self.task} is at {self.channel().address}, but "
+                            f"the task there is {there}: the coordinator's cluster spec does not "
+                            "match the tasks' (TF_CONFIG / PSTRAIN_CONFIG)", task=self.task) from exc
         except NotFoundError as exc:  # the task there has no such operation
             raise _Mismatch(f"the cluster says {self.task} is at {self.channel().address}, but "
                             f"the task there is not a worker ({exc}): fix the cluster spec "

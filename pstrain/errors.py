@@ -8,6 +8,7 @@
     ├── ClosureInputError                               an input of a closure failed
     ├── ClosureAbortedError                             its worker died; rescheduled
     ├── InvalidArgumentError    (also ValueError)       bad dtype, shape, config ...
+    │   └── WrongTaskError                              the task at an address is another
     ├── NotFoundError           (also LookupError)      unknown variable, function
     ├── AlreadyExistsError                              duplicate variable
     ├── AuthenticationError     (also PermissionError)  missing or wrong token
@@ -42,6 +43,7 @@ __all__ = [
     "ProtocolError",
     "PstrainError",
     "UnavailableError",
+    "WrongTaskError",
 ]
 
 
@@ -114,6 +116,16 @@ class InvalidArgumentError(PstrainError, ValueError):
     """A request or argument is malformed: wrong dtype, shape, config, ids."""
 
     http_status = 400
+
+
+class WrongTaskError(InvalidArgumentError):
+    """The task at an address is not the one the cluster spec names there (``actual``):
+    the handshake binds the task dialled, so a spec that does not match the running tasks,
+    or a connection relayed to another task, is refused at once."""
+
+    def __init__(self, message: str, *, actual: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.actual = actual
 
 
 class NotFoundError(PstrainError, LookupError):

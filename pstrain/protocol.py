@@ -1,9 +1,8 @@
 """The stream protocol shared by pstrain's clients and servers: handshake and frames.
 
 A connection opens with ``MAGIC`` and the mutual challenge-response handshake
-of ``auth.py`` (fixed sizes: ``HELLO``, ``CHALLENGE``, ``PROOF`` bytes, then a
-one-byte verdict); then both sides exchange *frames* multiplexed by request
-id::
+of ``auth.py`` (its two ends: ``handshake.py``); then both sides exchange
+*frames* multiplexed by request id::
 
     FRAME = u64 request id | u8 kind | u8 flags | u16 op length | u64 body length
     op (utf-8) | body (a ``wire`` body)
@@ -30,18 +29,13 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from . import wire
-from .auth import NONCE_BYTES, PROOF_BYTES
 from .errors import UnavailableError
+from .handshake import ACCEPTED, MAGIC, REJECTED
 
-__all__ = ["ACCEPTED", "CHALLENGE", "CONTENT_TYPE", "DEFAULT_MAX_BODY", "DIRECT_BODY", "FRAME",
-           "HELLO", "MAGIC", "PROOF", "REJECTED", "FrameKind", "FrameProtocol"]
+__all__ = ["ACCEPTED", "CONTENT_TYPE", "DEFAULT_MAX_BODY", "DIRECT_BODY", "FRAME", "MAGIC",
+           "REJECTED", "FrameKind", "FrameProtocol"]
 
-MAGIC = b"PSTRAIN2"  # 2: the mutual handshake (version 1 sent the token itself)
-HELLO = len(MAGIC) + NONCE_BYTES  # client: MAGIC, client nonce
-CHALLENGE = len(MAGIC) + NONCE_BYTES + PROOF_BYTES  # server: MAGIC, server nonce, its proof
-PROOF = PROOF_BYTES  # client: its proof
 FRAME = struct.Struct("<QBBHQ")  # request id, kind, flags, op length, body length
-ACCEPTED, REJECTED = b"\x00", b"\x01"
 
 #: Bodies above this size are received straight into their own buffer.
 DIRECT_BODY = 64 << 10

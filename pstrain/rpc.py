@@ -21,13 +21,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import re
 import ssl as ssl_module
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import wire
-from .auth import NONCE_BYTES, new_nonce, normalize_token, proof, proof_ok
+from .auth import normalize_token
 from .cluster import ClusterSpec, parse_address, task_name, tune_connection
 from .errors import (
     AuthenticationError,
@@ -35,9 +36,11 @@ from .errors import (
     ProtocolError,
     PstrainError,
     UnavailableError,
+    WrongTaskError,
     from_envelope,
 )
-from .protocol import ACCEPTED, CHALLENGE, DEFAULT_MAX_BODY, MAGIC, FrameKind, FrameProtocol
+from .handshake import ClientHandshake, HandshakeFailed
+from .protocol import DEFAULT_MAX_BODY, FrameKind, FrameProtocol
 from .schemas import check_reply
 from .tags import UPDATE_OPS, update_tags
 from .tasks import TaskOwner
@@ -55,6 +58,15 @@ _open: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[Chan
 
 
 
+def _target(task: str) -> str:
+    """What a channel tells the server it means to reach: a task's name, or "" (any task)
+    for a channel named otherwise (a tool that dials an address, not a task)."""
+    return task if _TASK_NAME.fullmatch(task) else ""
+
+
+_TASK_NAME = re.compile(r"/job:[a-z]+/replica:0/task:\d+")
+
+
 def foreign_server(channel: Channel, first: bytes) -> PstrainError:
     """The error for a server that answered the handshake with something else than pstrain."""
     where = f"{channel.task} at {channel.address}"
@@ -67,7 +79,7 @@ def foreign_server(channel: Channel, first: bytes) -> PstrainError:
         "addresses (TF_CONFIG / PSTRAIN_CONFIG)", task=channel.task)
 
 class _ClientProtocol(FrameProtocol):
-    """The client end of a stream: the mutual handshake (``auth.py``), then frames."""
+    """The client end of a stream: the mutual handshake (``handshake.py``), then frames."""
 
     def __init__(self, channel: Channel) -> None:
         super().__init__(channel.max_body)
@@ -76,57 +88,59 @@ class _ClientProtocol(FrameProtocol):
         self.partials: dict[int, Callable[[memoryview], None]] = {}
         self.handshake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.lost_exc: BaseException | None = None
-        self._nonce = new_nonce()
-        self._proved = False  # the server's proof held and ours was sent
+        self.shake = ClientHandshake(channel.token_bytes, _target(channel.task))
         self.received = 0  # bytes the server sent during the handshake
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        transport.write(MAGIC + self._nonce)  # type: ignore[attr-defined]
+        transport.write(self.shake.hello())  # type: ignore[attr-defined]
 
     def buffer_updated(self, nbytes: int) -> None:
         if self.handshake.done():
             super().buffer_updated(nbytes)
             return
-        self._end += nbytes
+        # Handshake bytes land in the staging buffer but are not kept there: the machine
+        # takes them, and only what follows the handshake becomes frames.
+        data = bytes(self._stage[self._end:self._end + nbytes])
         self.received += nbytes
-        have = self._end - self._start
-        if not self._proved:
-            start = bytes(self._stage[self._start:self._start + min(have, len(MAGIC))])
-            if not MAGIC.startswith(start):
-                answer = bytes(self._stage[self._start:self._start + min(have, 32)])
-                self._fail_handshake(foreign_server(self.channel, answer))
-                return
-            if have < CHALLENGE:
-                return
-            reply = bytes(self._stage[self._start:self._start + CHALLENGE])
-            self._start += CHALLENGE
-            server_nonce = reply[len(MAGIC):len(MAGIC) + NONCE_BYTES]
-            given = reply[len(MAGIC) + NONCE_BYTES:]
-            token = self.channel.token_bytes
-            if not reply.startswith(MAGIC) or not proof_ok(token, b"server", self._nonce,
-                                                             server_nonce, given):
-                self._fail_handshake(AuthenticationError(
-                    f"{self.channel.task} at {self.channel.address} could not prove it knows the "
-                    "cluster token: it is not a task of this cluster, or it has another token "
-                    "(set the same PSTRAIN_TOKEN / --token-file on every task)",
-                    task=self.channel.task))
-                return
+        try:
+            out = self.shake.receive(data)
+        except HandshakeFailed as exc:
+            self._fail_handshake(self._refusal(exc))
+            return
+        if out:
             assert self.transport is not None
-            self.transport.write(proof(token, b"client", self._nonce, server_nonce))
-            self._proved = True
-            have = self._end - self._start
-        if have < 1:
+            self.transport.write(out)
+        if not self.shake.done:
             return
-        verdict = bytes(self._stage[self._start:self._start + 1])
-        self._start += 1
-        if verdict != ACCEPTED:
-            self._fail_handshake(AuthenticationError(
-                f"{self.channel.task} at {self.channel.address} rejected the cluster token "
-                "(set the same PSTRAIN_TOKEN / --token-file on every task)", task=self.channel.task))
-            return
+        self.channel.peer = self.shake.identity
         self.handshake.set_result(None)
-        self._parse()
+        if self.shake.rest:
+            self.feed(self.shake.rest)
+
+    def _refusal(self, exc: HandshakeFailed) -> PstrainError:
+        ch = self.channel
+        where = f"{ch.task} at {ch.address}"
+        if exc.kind == "foreign":
+            return foreign_server(ch, exc.first)
+        if exc.kind == "wrong_task":
+            return WrongTaskError(
+                f"the task at {ch.address} is {exc.actual}, not {ch.task}: the cluster spec does "
+                "not match the running tasks (TF_CONFIG / PSTRAIN_CONFIG, or the cluster file)",
+                actual=exc.actual, task=ch.task)
+        if exc.kind == "impostor":
+            return AuthenticationError(
+                f"{ch.address} proved the cluster token but answered as {exc.actual}, not "
+                f"{ch.task}: the connection was relayed to another task, or the cluster spec "
+                "does not match the running tasks", task=ch.task)
+        if exc.kind == "unproven":
+            return AuthenticationError(
+                f"{where} could not prove it knows the cluster token: it is not a task of this "
+                "cluster, or it has another token (set the same PSTRAIN_TOKEN / --token-file on "
+                "every task)", task=ch.task)
+        return AuthenticationError(
+            f"{where} rejected the cluster token (set the same PSTRAIN_TOKEN / --token-file on "
+            "every task)", task=ch.task)
 
     def _fail_handshake(self, exc: BaseException) -> None:
         if not self.handshake.done():
@@ -203,6 +217,8 @@ class Channel:
         self._tasks = TaskOwner(f"channel to {task}")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._silent_closes = 0  # handshakes the server ended without a byte, in a row
+        #: The task that answered the last handshake, with its incarnation.
+        self.peer: str | None = None
         self.ever_connected = False  # False: the task may still be starting
         self.closed = False
 

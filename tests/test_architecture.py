@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1] / "pstrain"
 LAYERS: dict[str, tuple[str, ...]] = {
     "base": ("errors", "cluster", "auth", "tasks", "context", "tags"),
     "formats": ("wire", "protocol", "schemas", "casting", "messages", "checkpoint_files", "schedules",
-                "optimizer_rules", "observability", "initializers", "pickling", "idhash"),
+                "optimizer_rules", "observability", "initializers", "pickling", "idhash", "handshake"),
     "transport": ("rpc", "bridge"),
     "variables": ("variables", "placement", "sharding", "partitioners", "dynamic"),
     "training": ("optimizers", "metrics", "checkpoint", "restore_status", "object_graph", "jax", "torch", "evaluator", "data", "module", "summary"),

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import pstrain
-from pstrain import auth, protocol, rpc, wire
+from pstrain import protocol, rpc, wire
 from pstrain.errors import (
     AlreadyExistsError,
     AuthenticationError,
@@ -54,17 +54,21 @@ def nested_tuples(depth: int) -> bytes:
     return struct.pack("<II", len(data), 0) + data
 
 
-async def handshake(address: str, token: str | None = TOKEN):
+async def handshake(address: str, token: str | None = TOKEN, target: str = ""):
     """A raw stream connection past the mutual handshake (to send crafted frames)."""
+    from pstrain.handshake import ClientHandshake
+
     host, port = address.rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))
-    nonce = os.urandom(32)
-    writer.write(protocol.MAGIC + nonce)
-    challenge = await reader.readexactly(protocol.CHALLENGE)
-    server_nonce = challenge[len(protocol.MAGIC):len(protocol.MAGIC) + 32]
-    key = token.encode() if token else None
-    writer.write(auth.proof(key, b"client", nonce, server_nonce))
-    assert await reader.readexactly(1) == protocol.ACCEPTED
+    shake = ClientHandshake(token.encode() if token else None, target)
+    writer.write(shake.hello())
+    while not shake.done:
+        data = await reader.read(4096)
+        assert data, "the server closed the connection during the handshake"
+        out = shake.receive(data)
+        if out:
+            writer.write(out)
+    assert not shake.rest
     return reader, writer
 
 
@@ -267,8 +271,10 @@ async def test_an_impostor_at_a_tasks_address_learns_nothing_and_is_refused():
 
     async def impostor(reader, writer):
         # Pretend to be a ps: answer the hello with a challenge it cannot prove.
-        received.extend(await reader.readexactly(protocol.HELLO))
-        writer.write(protocol.MAGIC + os.urandom(32) + os.urandom(32))
+        received.extend(await reader.readexactly(len(hello)))
+        writer.write(protocol.MAGIC + os.urandom(32))  # a challenge; then it must prove itself
+        received.extend(await reader.readexactly(32))  # the client's proof (it proves first)
+        writer.write(protocol.ACCEPTED + bytes([len(who)]) + who + os.urandom(32))
         try:
             while data := await reader.read(4096):
                 received.extend(data)
@@ -276,6 +282,10 @@ async def test_an_impostor_at_a_tasks_address_learns_nothing_and_is_refused():
             pass
         writer.close()
 
+    from pstrain.handshake import ClientHandshake
+
+    hello = ClientHandshake(None, "/job:ps/replica:0/task:0").hello()
+    who = b"/job:ps/replica:0/task:0#0"
     server = await asyncio.start_server(impostor, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     secret = "the-cluster-token-0123456789"
@@ -285,7 +295,7 @@ async def test_an_impostor_at_a_tasks_address_learns_nothing_and_is_refused():
     await ch.close()
     server.close()
     await server.wait_closed()
-    assert secret.encode() not in received and len(received) == protocol.HELLO  # only the hello
+    assert secret.encode() not in received and len(received) == len(hello) + 32  # hello, proof
 
 
 def test_an_empty_token_is_no_token(tmp_path):

@@ -230,7 +230,7 @@ def _run(tmp: Path, model: str, faults: tuple[str, ...], rng: random.Random) -> 
             after = 0
             for name, (lo, hi) in zip(faults, spans):
                 at = max(rng.randint(int(STEPS * lo), int(STEPS * hi)), after + 3)
-                cluster.wait(lambda: cluster.steps_seen >= at, 180, f"step {at} before {name}")
+                cluster.wait(lambda at=at: cluster.steps_seen >= at, 180, f"step {at} before {name}")
                 with cluster.cond:
                     assert "done" not in cluster.lines, f"{name} would land after the run ended"
                 done.append(cluster.fault(name, rng))

@@ -206,9 +206,10 @@ async def test_requests_without_the_token_are_rejected(ps_server):
     async with aiohttp.ClientSession() as session:
         async with session.get(f"http://{ps_server.address}/healthz") as resp:
             assert resp.status == 401
-    # A client with another token finds that the server cannot prove it knows its token.
+    # A client with another token proves first (the server gives no proof to check offline)
+    # and is rejected.
     ch = rpc.Channel(ps_server.address, token="wrong", task="ps0")
-    with pytest.raises(AuthenticationError, match="could not prove it knows the cluster token"):
+    with pytest.raises(AuthenticationError, match="rejected the cluster token"):
         await ch.call("vars/list", {})
     await ch.close()
     ch = rpc.Channel(ps_server.address, token=None, task="ps0")
@@ -243,14 +244,14 @@ async def test_unauthenticated_requests_never_reach_the_unpickler(tmp_path):
         # Over the stream, a bad proof closes the connection before any frame is read.
         reader, writer = await asyncio.open_connection(*worker.address.rsplit(":", 1))
         op = b"worker/run"
-        writer.write(protocol.MAGIC + bytes(32) + b"not the proof of the token......"
+        writer.write(protocol.MAGIC + bytes(32) + b"\x00" + b"not the proof of the token......"
                      + protocol.FRAME.pack(1, protocol.FrameKind.REQUEST, 0, len(op), len(payload))
                      + op + payload)
         await writer.drain()
         answer = b""
         while chunk := await reader.read(4096):
             answer += chunk
-        assert len(answer) == protocol.CHALLENGE + 1 and answer.endswith(protocol.REJECTED)
+        assert len(answer) == len(protocol.MAGIC) + 32 + 1 and answer.endswith(protocol.REJECTED)
         writer.close()
         await writer.wait_closed()
         assert not marker.exists()

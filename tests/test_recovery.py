@@ -296,7 +296,7 @@ async def test_a_restarted_coordinator_is_not_fenced_out_after_an_earlier_worker
         await coordinator.join()
         assert len(rvs) == 80 and coordinator.slots.slot(1).epoch >= 2
         await coordinator.close()  # the coordinator dies; a new one takes the ps over
-        del coordinator, rvs
+        rvs.clear()
         gc.collect()
 
         second = pstrain.ParameterServerStrategy(cluster.resolver)

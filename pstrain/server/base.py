@@ -57,7 +57,9 @@ class ServerBase(ServerCore):
         loop = asyncio.get_running_loop()
         self._closed = asyncio.Event()
         sock = listening_socket(self.host, self.port, self.task)
-        self._http = HttpAdapter(self)
+        # Past the bearer token a connection leaves the pre-auth set: its deadline and the
+        # cap no longer apply (the documented keep-alive and body deadlines do).
+        self._http = HttpAdapter(self, authenticated=self.preauth.authenticated)
         http_factory = await self._http.start()
         self._server = await loop.create_server(
             lambda: Sniffer(self, self.preauth, http_factory), sock=sock, ssl=self.ssl_context)

@@ -104,7 +104,7 @@ class ServerCore:
     def __init__(self, role: str, index: int, *, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, ssl_context: ssl_module.SSLContext | None = None,
                  max_body: int = DEFAULT_MAX_BODY, metrics_public: bool = False,
-                 handshake_timeout_s: float = 5.0, max_unauthenticated: int = 64,
+                 handshake_timeout_s: float = 5.0, max_unauthenticated: int = 1024,
                  max_backlog_bytes: int = 16 << 20, large_body_budget: int = DEFAULT_MAX_BODY,
                  keepalive_s: float = 30.0) -> None:
         token = normalize_token(token)  # an empty token is no token
@@ -139,6 +139,10 @@ class ServerCore:
         self.connections: set[asyncio.BaseTransport] = set()
         self.route("health", self.health)
         self.route("statistics", self.statistics)
+
+    #: A worker started with ``--join`` answers to whatever worker index it is dialled as
+    #: (the coordinator gives it a slot); every other task only to its own name.
+    answers_any_index = False
 
     @property
     def task(self) -> str:

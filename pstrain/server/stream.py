@@ -17,10 +17,10 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..auth import new_nonce, proof, proof_ok
 from ..cluster import tune_connection
 from ..errors import ProtocolError, PstrainError
-from ..protocol import ACCEPTED, HELLO, MAGIC, PROOF, REJECTED, FrameKind, FrameProtocol
+from ..handshake import MAGIC, MAX_PREAUTH, REJECTED, ServerHandshake
+from ..protocol import FrameKind, FrameProtocol
 from .core import Reply
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .preauth import PreAuth
 
 logger = logging.getLogger(__name__)
+
 
 __all__ = ["Sniffer", "StreamConnection"]
 
@@ -84,10 +85,6 @@ class StreamConnection(FrameProtocol):
             pass  # the connection is gone; nobody to tell (send released the pins)
 
 
-#: Pre-authentication bytes a stream connection may send: the handshake, and a little more.
-_PREAUTH_LIMIT = HELLO + PROOF + 4096
-
-
 class Sniffer(asyncio.Protocol):
     """Decides per connection: the pstrain stream (and runs its handshake) or HTTP."""
 
@@ -96,10 +93,9 @@ class Sniffer(asyncio.Protocol):
         self.server = server
         self.preauth = preauth
         self.http_factory = http_factory
-        self.buf = bytearray()  # extended in place: pre-auth bytes are copied once
+        self.buf = bytearray()  # bytes before we know the protocol (a few at most)
         self.transport: asyncio.Transport | None = None
-        self.client_nonce: bytes | None = None
-        self.server_nonce = b""
+        self.handshake: ServerHandshake | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -110,39 +106,37 @@ class Sniffer(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         transport = self.transport
         assert transport is not None
-        buf = self.buf
-        buf.extend(data)
-        if self.client_nonce is None:
+        shake = self.handshake
+        if shake is None:
+            buf = self.buf
+            buf.extend(data)
             if len(buf) < len(MAGIC) and MAGIC.startswith(buf):
                 return  # not enough to tell yet
             if not buf.startswith(MAGIC):
                 self._to_http(transport)
                 return
-            if len(buf) < HELLO:
-                return
-            self.client_nonce = bytes(buf[len(MAGIC):HELLO])
-            self.server_nonce = new_nonce()
-            transport.write(MAGIC + self.server_nonce + proof(
-                self.server.token_bytes, b"server", self.client_nonce, self.server_nonce))
-            del buf[:HELLO]
-        if len(buf) > _PREAUTH_LIMIT:
-            self._reject(transport, "sent more than a handshake before authenticating")
+            server = self.server
+            shake = self.handshake = ServerHandshake(
+                server.token_bytes, server.task, server.incarnation,
+                any_index=server.answers_any_index)
+            data, self.buf = bytes(buf), bytearray()
+        if len(shake.buf) + len(data) > MAX_PREAUTH + 4096:
+            self._reject(transport, "sent more than a handshake before authenticating", REJECTED)
             return
-        if len(buf) < PROOF:
+        out = shake.receive(data)
+        if shake.rejected is not None:
+            self._reject(transport, shake.rejected, out)
             return
-        given = bytes(buf[:PROOF])
-        if not proof_ok(self.server.token_bytes, b"client", self.client_nonce, self.server_nonce, given):
-            self._reject(transport, "wrong or missing token")
+        if out:
+            transport.write(out)
+        if not shake.accepted:
             return
-        transport.write(ACCEPTED)
         self.preauth.authenticated(transport)
         stream = StreamConnection(self.server)
         transport.set_protocol(stream)
         stream.connection_made(transport)
-        rest = bytes(buf[PROOF:])
-        self.buf = bytearray()
-        if rest:
-            stream.feed(rest)
+        if shake.rest:
+            stream.feed(shake.rest)
 
     def _to_http(self, transport: asyncio.Transport) -> None:
         """Not the stream: aiohttp takes the connection (and its first bytes). It stays
@@ -154,10 +148,13 @@ class Sniffer(asyncio.Protocol):
         data, self.buf = bytes(self.buf), bytearray()
         proto.data_received(data)
 
-    def _reject(self, transport: asyncio.Transport, why: str) -> None:
-        logger.warning("%s: rejected a stream connection from %s: %s", self.server.task,
-                       transport.get_extra_info("peername"), why)
-        transport.write(REJECTED)
+    def _reject(self, transport: asyncio.Transport, why: str, answer: bytes) -> None:
+        held = self.preauth.rejections.allow()  # anyone who connects could fill the log
+        if held is not None:
+            logger.warning("%s: rejected a stream connection from %s: %s%s", self.server.task,
+                           transport.get_extra_info("peername"), why,
+                           f" ({held} more rejected since the last such line)" if held else "")
+        transport.write(answer)
         transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:

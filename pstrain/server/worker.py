@@ -158,7 +158,6 @@ class WorkerServer(ServerBase):
         self._closure_tasks: dict[int, asyncio.Task[Any]] = {}
         self._cancelled: set[int] = set()
         self.draining = False  # leaving: no new closures
-        self.joined = False  # started with --join: takes the index the coordinator gives
         self._open_batches = 0  # worker/run requests not yet answered
         self._in_flight: set[int] = set()  # ids started and not yet reported
         self._outbox: list[tuple[_Batch, list[Any]]] = []
@@ -250,6 +249,16 @@ class WorkerServer(ServerBase):
         if self.draining:
             raise DrainingError(f"{self.task} is leaving (draining): its closures go to other "
                                 "workers", task=self.task)
+
+    @property
+    def joined(self) -> bool:
+        """Started with ``--join``: it takes the index the coordinator gives it (and answers
+        a handshake dialled as any worker index)."""
+        return self.answers_any_index
+
+    @joined.setter
+    def joined(self, value: bool) -> None:
+        self.answers_any_index = value
 
     def configure(self, req: ConfigureRequest) -> dict[str, Any]:
         """The coordinator tells the worker where the ps are."""

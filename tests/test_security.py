@@ -1,0 +1,349 @@
+"""The wire, round two: attacks on the handshake and the pre-auth stage, on real servers,
+and property tests (hypothesis) of the handshake machines.
+
+* a relayed handshake (a process holding a dead task's port forwards a client to
+  another task) runs nothing and reads nothing;
+* the client proves first: a server gives nothing checkable before the client's proof;
+* authenticated HTTP connections follow the keep-alive and body deadlines, not the
+  pre-auth ones, and a flood of unauthenticated connections neither drops them nor
+  starves a slow legitimate handshake;
+* rejected handshakes are logged once per interval, with a count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pickle
+import time
+
+import aiohttp
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from pstrain import protocol, rpc, wire
+from pstrain.errors import AuthenticationError, WrongTaskError
+from pstrain.handshake import (
+    ACCEPTED,
+    MAGIC,
+    MAX_PREAUTH,
+    REJECTED,
+    WRONG_TASK,
+    ClientHandshake,
+    HandshakeFailed,
+    ServerHandshake,
+)
+from pstrain.testing import InProcessCluster
+
+from .conftest import TOKEN, ServeProcess
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class _Touch:
+    """Unpickling this creates a file: proof that a relayed pickle ran."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+async def _relay(target: str, rewrite_target: str | None, injected: bytes, seen: list[bytes]):
+    """A hostile process at a dead task's address: it forwards a client's handshake to the
+    real task at ``target`` (optionally rewriting the task the client named), then sends a
+    frame of its own on the connection."""
+    thost, tport = target.rsplit(":", 1)
+
+    async def handle(reader, writer):
+        up_r, up_w = await asyncio.open_connection(thost, int(tport))
+        hello = await reader.readexactly(len(MAGIC) + 32 + 1)
+        name = await reader.readexactly(hello[-1])
+        if rewrite_target is not None:
+            name = rewrite_target.encode()
+            hello = hello[:-1] + bytes([len(name)])
+        up_w.write(hello + name)
+
+        async def pump(src, dst, log):
+            try:
+                while data := await src.read(65536):
+                    log.append(data)
+                    dst.write(data)
+                    if log is seen and ACCEPTED in data[:1]:
+                        dst.write(injected)  # the relay's own frame, after an accepted proof
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pump(reader, up_w, []), pump(up_r, writer, seen))
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+@pytest.mark.parametrize("rewrite", [False, True], ids=["as-sent", "target-rewritten"])
+async def test_a_relayed_handshake_runs_nothing_on_another_task(tmp_path, rewrite):
+    worker = ServeProcess("--role", "worker", "--index", "0", "--port", "0", "--log-level", "ERROR")
+    marker = tmp_path / "ran"
+    try:
+        payload = b"".join(bytes(c) for c in wire.encode_body(
+            {"fns": {b"d": pickle.dumps(_Touch(str(marker)))},
+             "closures": [[1, b"d", (), {}, False]]}, allow_pickle=True))
+        op = b"worker/run"
+        injected = protocol.FRAME.pack(7, protocol.FrameKind.REQUEST, 0, len(op), len(payload)) \
+            + op + payload
+        seen: list[bytes] = []
+        relay, address = await _relay(worker.address,
+                                      "/job:worker/replica:0/task:0" if rewrite else None,
+                                      injected, seen)
+        # The coordinator believes it dials ps:0 (whose port the relay now holds).
+        ch = rpc.Channel(address, token=TOKEN, task="/job:ps/replica:0/task:0")
+        expected = AuthenticationError if rewrite else WrongTaskError
+        with pytest.raises(expected):
+            await ch.call("vars/read", {"names": ["w"]})
+        await ch.close()
+        relay.close()
+        await relay.wait_closed()
+        await asyncio.sleep(0.5)  # the time a relayed pickle would take to run
+        assert not marker.exists(), "a relayed frame ran code on the worker"
+        assert not any(chunk[:1] == ACCEPTED for chunk in seen)  # the worker never accepted
+    finally:
+        worker.stop()
+
+
+async def test_a_client_refuses_a_task_that_proves_the_token_but_is_not_the_one_dialled():
+    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN) as cluster:
+        ps1 = cluster.ps[1].address
+        ch = rpc.Channel(ps1, token=TOKEN, task="/job:ps/replica:0/task:0")  # ps1 is not ps0
+        with pytest.raises(WrongTaskError, match=r"is /job:ps/replica:0/task:1, not"):
+            await ch.call("vars/list", {})
+        await ch.close()
+
+
+async def test_the_server_proves_nothing_before_the_client_does():
+    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as cluster:
+        host, port = cluster.ps[0].address.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        shake = ClientHandshake(b"a guess", "/job:ps/replica:0/task:0")
+        writer.write(shake.hello())
+        challenge = await reader.readexactly(len(MAGIC) + 32)
+        assert challenge.startswith(MAGIC)  # a nonce, and nothing that depends on the token
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(reader.read(1), 0.3)  # no proof comes unasked
+        writer.write(shake.receive(challenge))  # a proof made with the wrong token
+        assert await reader.read(4096) == REJECTED  # and nothing else
+        writer.close()
+
+
+async def test_rejected_handshakes_are_logged_once_per_interval_with_a_count(caplog):
+    caplog.set_level(logging.WARNING, logger="pstrain.server.stream")
+    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as cluster:
+        address = cluster.ps[0].address
+        for _ in range(30):
+            ch = rpc.Channel(address, token="wrong", task="/job:ps/replica:0/task:0")
+            with pytest.raises(AuthenticationError):
+                await ch.call("vars/list", {})
+            await ch.close()
+        lines = [r for r in caplog.records if "rejected a stream connection" in r.getMessage()]
+        assert len(lines) == 1
+        assert cluster.ps[0].preauth.rejections.suppressed == 29
+
+
+# -- deadlines by state --------------------------------------------------------------------------
+async def _http(session, address, op, body: bytes | None = None, token=TOKEN):
+    headers = {"Authorization": f"Bearer {token}"}
+    if body is None:
+        body = b"".join(bytes(c) for c in wire.encode_body({}))
+    async with session.post(f"http://{address}/v1/{op}", data=body, headers=headers) as r:
+        return r.status, await r.read()
+
+
+async def test_an_authenticated_http_connection_keeps_its_keepalive_past_the_preauth_deadline():
+    options = {"handshake_timeout_s": 0.5, "max_unauthenticated": 8}
+    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN, ps_options=options) as c:
+        address = c.ps[0].address
+        connector = aiohttp.TCPConnector(limit=1, force_close=False)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            assert (await _http(session, address, "vars/list"))[0] == 200
+            await asyncio.sleep(1.5)  # idle for 3x the pre-auth deadline: the behaviour tested
+            status, _ = await _http(session, address, "vars/list")
+            assert status == 200
+            assert c.ps[0].preauth.expired == 0  # the kept-alive connection was never expired
+
+
+async def test_an_authenticated_slow_body_and_a_flood_of_idle_connections():
+    options = {"handshake_timeout_s": 0.5, "max_unauthenticated": 8}
+    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN, ps_options=options) as c:
+        host, port = c.ps[0].address.rsplit(":", 1)
+        body = b"".join(bytes(x) for x in wire.encode_body({}))
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(f"POST /v1/vars/list HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}"
+                     f"\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+        await writer.drain()
+        await asyncio.sleep(0.2)  # the token is checked as the headers arrive
+        hostile = []
+        for _ in range(20):  # more idle unauthenticated connections than the cap
+            _, w = await asyncio.open_connection(host, int(port))
+            hostile.append(w)
+        await asyncio.sleep(1.0)  # the body takes twice the pre-auth deadline: the behaviour
+        writer.write(body)
+        status_line = await asyncio.wait_for(reader.readline(), 10)
+        assert b" 200 " in status_line
+        writer.close()
+        for w in hostile:
+            w.transport.abort()
+
+
+async def test_a_flood_of_hellos_does_not_starve_a_slow_legitimate_client():
+    server = ServeProcess("--role", "ps", "--index", "0", "--port", "0", "--log-level", "ERROR")
+    flood: list[asyncio.StreamWriter] = []
+    try:
+        host, port = server.address.rsplit(":", 1)
+        shake = ClientHandshake(TOKEN.encode(), "/job:ps/replica:0/task:0")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(shake.hello())
+        challenge = await reader.readexactly(len(MAGIC) + 32)
+        hello = ClientHandshake(None, "/job:ps/replica:0/task:0").hello()
+        started = time.monotonic()
+        while time.monotonic() - started < 1.0:  # ~a second of token-less hellos, as fast as
+            for _ in range(25):                    # this process can open them
+                _, w = await asyncio.open_connection(host, int(port))
+                w.write(hello)
+                flood.append(w)
+            await asyncio.sleep(0)
+        assert len(flood) >= 300
+        writer.write(shake.receive(challenge))  # the legitimate client proves after 1 s
+        answer = await asyncio.wait_for(reader.read(4096), 10)
+        assert answer[:1] == ACCEPTED, f"{len(flood)} hellos starved the client: {answer!r}"
+        shake.receive(answer)
+        assert shake.done
+        writer.close()
+    finally:
+        for w in flood:
+            w.transport.abort()
+        server.stop()
+
+
+# -- the handshake machines, property-tested ------------------------------------------------------
+tokens = st.one_of(st.none(), st.binary(min_size=1, max_size=40))
+targets = st.sampled_from(["", "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:3"])
+
+
+def _run(client: ClientHandshake, server: ServerHandshake, tamper=None) -> None:
+    """Exchange messages until one side finishes or fails; ``tamper(i, data)`` may change
+    message ``i`` on the wire."""
+    messages = [client.hello()]
+    i = 0
+    while True:
+        data = messages[-1]
+        if tamper is not None:
+            data = tamper(i, data)
+        if i % 2 == 0:
+            out = server.receive(data)
+            if not out:
+                return  # the server waits for more: nothing more will come
+            if server.rejected is not None:
+                client.receive(out)  # the client reads the refusal (and raises)
+                return
+        else:
+            out = client.receive(data)
+            if client.done or not out:
+                if client.done:
+                    return
+        messages.append(out)
+        i += 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(tokens, targets)
+def test_both_ends_agree_with_the_same_token_and_the_right_task(token, target):
+    task = target or "/job:ps/replica:0/task:0"
+    server = ServerHandshake(token, task, "inc")
+    client = ClientHandshake(token, target)
+    _run(client, server)
+    assert server.accepted and client.done and client.identity == f"{task}#inc"
+
+
+@settings(max_examples=200, deadline=None)
+@given(tokens, tokens)
+def test_another_token_never_gets_in(client_token, server_token):
+    if client_token == server_token:
+        return
+    server = ServerHandshake(server_token, "/job:ps/replica:0/task:0", "inc")
+    client = ClientHandshake(client_token, "/job:ps/replica:0/task:0")
+    with pytest.raises(HandshakeFailed, match="rejected"):
+        _run(client, server)
+    assert not server.accepted and not client.done
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2), st.integers(0, 300), st.integers(1, 255))
+def test_any_byte_changed_on_the_wire_fails_the_handshake(message, position, xor):
+    token = b"the-token"
+    server = ServerHandshake(token, "/job:ps/replica:0/task:0", "inc")
+    client = ClientHandshake(token, "/job:ps/replica:0/task:0")
+
+    def tamper(i, data):
+        if i != message or not data:
+            return data
+        j = position % len(data)
+        return data[:j] + bytes([data[j] ^ xor]) + data[j + 1:]
+
+    try:
+        _run(client, server, tamper)
+    except HandshakeFailed:
+        return  # the client saw it
+    # the change broke the server's reading or proof check, or left it waiting for more
+    assert not (server.accepted and client.done)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=600))
+def test_the_server_end_never_accepts_noise_and_never_holds_much(data):
+    server = ServerHandshake(b"k", "/job:ps/replica:0/task:0", "inc")
+    for k in range(0, len(data), 37):
+        if server.rejected is not None:
+            break
+        out = server.receive(data[k:k + 37])
+        assert not server.accepted
+        assert out[:1] in (b"", REJECTED, WRONG_TASK) or out.startswith(MAGIC)
+        assert len(server.buf) <= MAX_PREAUTH
+
+
+def test_a_relay_cannot_splice_two_handshakes():
+    """A relay opens its own handshake with the server and forwards the client's proof
+    into it: the proof covers the client's nonce and target, not the relay's."""
+    token = b"k"
+    client = ClientHandshake(token, "/job:ps/replica:0/task:0")
+    client.hello()
+    relay_side = ServerHandshake(token, "/job:ps/replica:0/task:0", "inc")
+    relay = ClientHandshake(None, "/job:ps/replica:0/task:0")  # the relay has no token
+    challenge = relay_side.receive(relay.hello())
+    proof = client.receive(challenge)  # the client answers the challenge the relay passed on
+    assert relay_side.receive(proof) == REJECTED
+
+
+async def test_no_byte_is_decoded_before_the_proof_even_after_a_valid_hello(tmp_path):
+    """A frame sent right behind the hello (before any proof) is never read."""
+    marker = tmp_path / "ran"
+    worker = ServeProcess("--role", "worker", "--index", "0", "--port", "0", "--log-level", "ERROR")
+    try:
+        host, port = worker.address.rsplit(":", 1)
+        payload = b"".join(bytes(c) for c in wire.encode_body(
+            {"fns": {b"d": pickle.dumps(_Touch(str(marker)))}, "closures": [[1, b"d", (), {}, False]]},
+            allow_pickle=True))
+        op = b"worker/run"
+        frame = protocol.FRAME.pack(1, protocol.FrameKind.REQUEST, 0, len(op), len(payload)) + op
+        reader, writer = await asyncio.open_connection(host, int(port))
+        hello = ClientHandshake(None, "/job:worker/replica:0/task:0").hello()
+        writer.write(hello + os.urandom(32) + frame + payload)
+        answer = b""
+        while chunk := await reader.read(4096):
+            answer += chunk
+        assert answer.endswith(REJECTED) and not marker.exists()
+        writer.close()
+    finally:
+        worker.stop()
