@@ -139,7 +139,26 @@ def parse_address(address: str) -> tuple[str, int]:
     if not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
         raise InvalidArgumentError(
             f"malformed address {address!r}: expected 'host:port' with a port in 0..65535")
+    if not _valid_host(host):
+        raise InvalidArgumentError(
+            f"malformed address {address!r}: the host must be a host name (letters, digits, "
+            "'-' and '.', as DNS allows) or an IP address")
     return host, int(port_text)
+
+
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
+
+
+def _valid_host(host: str) -> bool:
+    """A DNS host name (RFC 1123 labels; '_' allowed, as some resolvers do) or an IP literal:
+    whatever else enters as an address (markup, spaces, paths) is refused where it enters."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    name = host[:-1] if host.endswith(".") else host
+    return 0 < len(name) <= 253 and all(_LABEL.fullmatch(label) for label in name.split("."))
 
 
 class ClusterSpec:

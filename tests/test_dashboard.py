@@ -102,3 +102,45 @@ async def test_tensorboard_reads_the_scalars_of_closures_and_the_coordinator(tmp
     assert [(e.step, e.value) for e in acc.Scalars("eval/accuracy")] == [(25, 0.75)]
     with pytest.raises(pstrain.errors.InvalidArgumentError, match="step"):
         pstrain.summary.scalar("x", 1.0)
+
+
+async def test_markup_in_every_field_the_dashboard_shows_is_text(tmp_path):
+    """A checkpoint path, a task's address, a scalar's name: whatever a job puts there is shown
+    as text in Chromium, never run; an address with markup is refused where it enters."""
+    from playwright.async_api import async_playwright
+
+    from pstrain.testing import InProcessCluster
+
+    payload = "<img src=x onerror=window.__pwned=1>"
+    root = tmp_path / payload
+    root.mkdir()
+    pstrain.summary.LOG.clear()
+    async with InProcessCluster(num_ps=1, num_workers=1,
+                                ps_options={"checkpoint_root": str(tmp_path)}) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        async with strategy.scope():
+            v = pstrain.Variable(0.0, name="v")
+        await pstrain.Checkpoint(v=v).write(str(root / "ckpt"))
+        pstrain.summary.scalar(payload, 1.0, step=0)
+        with pytest.raises(pstrain.errors.InvalidArgumentError, match="host name"):
+            await coordinator.admit_worker(payload + ":80")
+        coordinator.schedule(lambda: None)
+        await coordinator.join()
+        url = await pstrain.dashboard.serve_dashboard(coordinator)
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+            try:
+                page = await browser.new_page()
+                page.set_default_timeout(15_000)
+                assert (await page.goto(url)).status == 200
+                await page.wait_for_selector('[data-task="worker:0"][data-state="up"]')
+                cell = page.locator("#checkpoints td", has_text=payload)
+                await cell.first.wait_for()
+                assert payload in await cell.first.text_content()
+                assert await page.locator("#checkpoints img").count() == 0
+                assert await page.evaluate("window.__pwned") is None
+                assert await page.locator("img").count() == 0  # no markup became an element
+            finally:
+                await browser.close()
+        await coordinator.close()

@@ -42,7 +42,8 @@ function renderTasks(tasks) {
   const seen = new Set();
   for (const t of tasks) {
     seen.add(t.task);
-    let el = box.querySelector(`[data-task="${t.task}"]`);
+    // Every string from the job (task names, addresses, paths) is text, never markup.
+    let el = [...box.children].find(c => c.dataset.task === t.task);
     if (!el) {
       el = document.createElement("div");
       el.className = "task";
@@ -56,8 +57,8 @@ function renderTasks(tasks) {
     if (t.closures_per_s !== undefined) extra.push(t.closures_per_s.toFixed(1) + " closures/s");
     if (t.bytes !== undefined) extra.push((t.bytes / 1048576).toFixed(1) + " MiB in variables");
     if (t.rss_bytes) extra.push((t.rss_bytes / 1048576).toFixed(0) + " MiB RSS");
-    el.innerHTML = `<div class="name">${t.task}</div><div class="state">${t.state}</div>` +
-      `<div class="meta">${t.address || ""}</div><div class="meta">${extra.join(" · ")}</div>`;
+    el.replaceChildren(textDiv("name", t.task), textDiv("state", t.state),
+                       textDiv("meta", t.address || ""), textDiv("meta", extra.join(" · ")));
   }
   for (const el of [...box.children]) if (!seen.has(el.dataset.task)) el.remove();
 }
@@ -89,10 +90,27 @@ function renderScalars(scalars) {
   }
 }
 
+function textDiv(cls, text) {
+  const div = document.createElement("div");
+  div.className = cls;
+  div.textContent = String(text);
+  return div;
+}
+
+function row(tag, cells) {
+  const tr = document.createElement("tr");
+  for (const cell of cells) {
+    const td = document.createElement(tag);
+    td.textContent = String(cell);
+    tr.appendChild(td);
+  }
+  return tr;
+}
+
 function renderCheckpoints(saves) {
   const table = document.getElementById("checkpoints");
-  table.innerHTML = "<tr><th>saved</th><th>path</th></tr>" + saves.map(s =>
-    `<tr><td>${new Date(s.time * 1000).toLocaleTimeString()}</td><td>${s.path}</td></tr>`).join("");
+  table.replaceChildren(row("th", ["saved", "path"]), ...saves.map(s =>
+    row("td", [new Date(s.time * 1000).toLocaleTimeString(), s.path])));
 }
 
 function update(state) {
