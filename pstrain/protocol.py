@@ -57,10 +57,11 @@ class FrameKind(enum.IntEnum):
 class BodyBudget:
     """Bytes of large bodies being received at once, across a server's connections.
 
-    A large body is received into memory of its own size; the claim is reserved
-    here first, so many claims at once cannot commit more than ``limit``. (The
-    memory itself is only touched as bytes arrive, so what a peer costs is what
-    it sent.)
+    Charged as the bytes arrive, never by what a frame header claims: a header that
+    claims 2 GiB and sends nothing costs nothing and blocks nobody. A large body is
+    received into a buffer of its own size whose pages are only touched as bytes
+    arrive; a chunk that would take the bytes held past ``limit`` drops the connection
+    that sent it (the others go on).
 
     >>> b = BodyBudget(100)
     >>> b.reserve(60), b.reserve(60), b.release(60), b.reserve(60)
@@ -91,9 +92,10 @@ class FrameProtocol(asyncio.BufferedProtocol, abc.ABC):
 
     Subclasses implement :meth:`handle_frame`. Bodies of large frames arrive
     in a buffer of their own, so arrays decoded from them are writable and
-    never copied again. With a ``budget`` (servers), a large body is reserved
-    against it and must arrive before a deadline (``MIN_BODY_DEADLINE_S``, more
-    for big bodies at ``MIN_BODY_RATE``), else the connection is dropped. With
+    never copied again. With a ``budget`` (servers), a large body's bytes are
+    charged to it as they arrive, and the body must keep arriving (at least
+    ``MIN_BODY_RATE`` over each ``MIN_BODY_DEADLINE_S``), else the connection is
+    dropped. With
     ``max_backlog``, reading stops while more than that many reply bytes wait
     to be sent (a peer that does not read its replies cannot grow our memory).
     """
@@ -139,13 +141,15 @@ class FrameProtocol(asyncio.BufferedProtocol, abc.ABC):
                 self.oversized(self._skip_meta[0], self._skip_meta[1])
             return
         if self._direct_view is not None:
+            if not self._charge(nbytes):
+                return
             self._direct_pos += nbytes
             if self._direct_pos == len(self._direct_view):
                 body = self._direct
                 assert body is not None
                 req_id, kind, op = self._direct_meta
                 self._direct = self._direct_view = None
-                self._end_large_body(body.nbytes)
+                self._end_large_body()
                 self.handle_frame(req_id, kind, op, body.data)
             return
         self._end += nbytes
@@ -171,20 +175,45 @@ class FrameProtocol(asyncio.BufferedProtocol, abc.ABC):
     def connection_lost(self, exc: Exception | None) -> None:
         self._run_flush_waiters()
         if self._direct is not None:  # a large body that never completed
-            self._end_large_body(self._direct.nbytes)
             self._direct = self._direct_view = None
+        self._end_large_body()
 
-    def _end_large_body(self, nbytes: int) -> None:
+    def _charge(self, nbytes: int) -> bool:
+        """Bytes of a large body arrived: hold them against the budget, or drop this
+        connection (it holds more than the server-wide budget leaves)."""
+        if self.budget is None:
+            return True
+        if not self.budget.reserve(nbytes):
+            self._direct = self._direct_view = None
+            self._end_large_body()
+            if self.transport is not None:
+                self.transport.abort()
+            return False
+        self._charged += nbytes
+        return True
+
+    def _end_large_body(self) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
-        if self.budget is not None:
-            self.budget.release(nbytes)
+        if self.budget is not None and self._charged:
+            self.budget.release(self._charged)
+        self._charged = 0
 
-    def _stalled(self) -> None:
+    def _check_progress(self) -> None:
+        """A large body must keep arriving: at least ``MIN_BODY_RATE`` over each
+        ``MIN_BODY_DEADLINE_S`` (or the rest of it), else the connection is dropped."""
         self._deadline = None
-        if self.transport is not None:
-            self.transport.abort()  # connection_lost releases the reservation
+        view = self._direct_view
+        if view is None or self.transport is None:
+            return
+        arrived = self._direct_pos - self._progress_mark
+        if arrived < min(len(view) - self._progress_mark, MIN_BODY_RATE * MIN_BODY_DEADLINE_S):
+            self.transport.abort()  # connection_lost releases what it held
+            return
+        self._progress_mark = self._direct_pos
+        self._deadline = asyncio.get_running_loop().call_later(MIN_BODY_DEADLINE_S,
+                                                               self._check_progress)
 
     # -- framing -------------------------------------------------------------------
     def _compact(self) -> None:
@@ -208,13 +237,8 @@ class FrameProtocol(asyncio.BufferedProtocol, abc.ABC):
             if avail < head:
                 break
             op = stage[start + FRAME.size:start + head].decode("utf-8", "replace")
-            refused = body_len > self.max_body or (
-                body_len >= DIRECT_BODY and self.budget is not None
-                and not self.budget.reserve(body_len))
-            if refused:
-                # Oversized (or over the budget): discard the body as it arrives; the
-                # connection stays usable.
-                self.skip_busy = body_len <= self.max_body
+            if body_len > self.max_body:
+                # Oversized: discard the body as it arrives; the connection stays usable.
                 have = min(avail - head, body_len)
                 self._start = start + head + have
                 if have == body_len:
@@ -226,16 +250,19 @@ class FrameProtocol(asyncio.BufferedProtocol, abc.ABC):
             if body_len >= DIRECT_BODY:
                 # Large: receive the rest straight into the body's own buffer.
                 have = min(avail - head, body_len)
-                body = np.empty(body_len, np.uint8)  # unlike bytearray(n): no memset
+                if not self._charge(have):
+                    return
+                body = np.empty(body_len, np.uint8)  # pages touched as bytes arrive (no memset)
                 body[:have] = np.frombuffer(stage, np.uint8, have, start + head)
                 self._start = start + head + have
                 if have == body_len:
-                    self._end_large_body(body_len)
+                    self._end_large_body()
                     self.handle_frame(req_id, kind, op, body.data)
                     continue
                 if self.budget is not None:
+                    self._progress_mark = have
                     self._deadline = asyncio.get_running_loop().call_later(
-                        max(MIN_BODY_DEADLINE_S, body_len / MIN_BODY_RATE), self._stalled)
+                        MIN_BODY_DEADLINE_S, self._check_progress)
                 self._direct = body
                 self._direct_view = body.data
                 self._direct_pos = have
@@ -254,7 +281,8 @@ class FrameProtocol(asyncio.BufferedProtocol, abc.ABC):
             self._compact()
 
     _skip_left = 0
-    skip_busy = False  # the last skipped body was refused for the budget, not its size
+    _charged = 0  # bytes of the current large body held against the budget
+    _progress_mark = 0  # where the large body was at the last progress check
     _skip_meta: tuple[int, str] = (0, "")
     _scratch_buf: memoryview | None = None
 

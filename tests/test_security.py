@@ -347,3 +347,36 @@ async def test_no_byte_is_decoded_before_the_proof_even_after_a_valid_hello(tmp_
         writer.close()
     finally:
         worker.stop()
+
+
+# -- budgets by bytes received -------------------------------------------------------------------
+async def _raw_stream(address: str, target: str = "/job:ps/replica:0/task:0"):
+    host, port = address.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    shake = ClientHandshake(TOKEN.encode(), target)
+    writer.write(shake.hello())
+    while not shake.done:
+        out = shake.receive(await reader.read(4096))
+        if out:
+            writer.write(out)
+    return reader, writer
+
+
+async def test_a_header_claiming_gigabytes_reserves_nothing():
+    import numpy as np
+
+    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as cluster:
+        ps = cluster.ps[0]
+        _, writer = await _raw_stream(ps.address)
+        op = b"vars/create"
+        writer.write(protocol.FRAME.pack(1, protocol.FrameKind.REQUEST, 0, len(op), 2 << 30) + op)
+        await writer.drain()  # 2 GiB claimed, not a byte of it sent
+        ch = rpc.Channel(ps.address, token=TOKEN, task="/job:ps/replica:0/task:0")
+        big = np.ones(1 << 20, np.float32)  # a 4 MiB body: a large one, on the budget
+        spec = {"name": "w", "dtype": "<f4", "shape": [1 << 20], "value": big}
+        await asyncio.wait_for(ch.call("vars/create", {"vars": [spec]}), 10)
+        assert ps.budget.used == 0  # what the 4 MiB held went back; the claim never held any
+        values = (await ch.call("vars/read", {"names": ["w"]}))["values"]
+        assert values[0].shape == (1 << 20,)
+        await ch.close()
+        writer.transport.abort()

@@ -46,12 +46,8 @@ class StreamConnection(FrameProtocol):
             self.server.connections.discard(self.transport)
 
     def oversized(self, req_id: int, op: str) -> None:
-        if self.skip_busy:
-            exc = ProtocolError(f"{self.server.task} is receiving {self.server.budget.used} bytes of "
-                                "large requests already; retry later (503)")
-        else:
-            exc = ProtocolError(f"request to {op!r} is larger than this server's limit of "
-                                f"{self.server.max_body} bytes (413)")
+        exc = ProtocolError(f"request to {op!r} is larger than this server's limit of "
+                            f"{self.server.max_body} bytes (413)")
         self._send(req_id, self.server.error_reply(op, exc))
 
     def handle_frame(self, req_id: int, kind: FrameKind, op: str, body: memoryview) -> None:
