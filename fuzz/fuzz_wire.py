@@ -1,7 +1,11 @@
-"""Coverage-guided fuzzing of the wire decoder with atheris (``make fuzz``).
+"""Coverage-guided fuzzing of the wire decoder and the stream handshake with atheris
+(``make fuzz``).
 
 Any input must decode or raise ProtocolError / InvalidArgumentError: a crash,
-a hang or any other exception is a finding. Seeds are real message bodies.
+a hang or any other exception is a finding. The same bytes, cut in pieces, are
+fed to the server's end of the handshake: it must never accept them (they hold
+no proof of the token) nor hold more than ``MAX_PREAUTH`` bytes. Seeds are real
+message bodies and hellos.
 
     python fuzz/fuzz_wire.py -max_total_time=300 fuzz/corpus
 """
@@ -17,6 +21,7 @@ with atheris.instrument_imports():
 
     from pstrain import wire
     from pstrain.errors import InvalidArgumentError, ProtocolError
+    from pstrain.handshake import MAX_PREAUTH, ClientHandshake, ServerHandshake
 
 
 def one_input(data: bytes) -> None:
@@ -24,13 +29,25 @@ def one_input(data: bytes) -> None:
         wire.decode_body(data)
     except (ProtocolError, InvalidArgumentError):
         pass
+    server = ServerHandshake(b"the token", "/job:ps/replica:0/task:0", "inc")
+    cut = 1 + (data[0] % 64 if data else 0)
+    for k in range(0, len(data), cut):
+        if server.rejected is not None:
+            break
+        server.receive(data[k:k + cut])
+        if server.accepted:
+            raise AssertionError("the handshake accepted bytes that hold no proof of the token")
+        if len(server.buf) > MAX_PREAUTH:
+            raise AssertionError(f"the handshake holds {len(server.buf)} bytes before a proof")
 
 
 def seeds() -> list[bytes]:
     return [b"".join(bytes(c) for c in wire.encode_body(obj)) for obj in (
         {"names": ["w"]}, {"name": "w", "value": np.arange(4, dtype=np.float32)},
         {"updates": [{"op": "assign", "name": "w", "value": np.zeros((2, 2))}]}, ((1, (2,)), [3]),
-        {"t": np.int64(3), "big": 2**70})]
+        {"t": np.int64(3), "big": 2**70})] + [
+        ClientHandshake(None, "/job:ps/replica:0/task:0").hello() + bytes(32),
+        ClientHandshake(b"x", "").hello()]
 
 
 if __name__ == "__main__":

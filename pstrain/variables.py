@@ -512,9 +512,11 @@ async def read_variables(variables: Iterable[Any]) -> list[np.ndarray]:
     await ensure_created(variables[i] for indices in groups.values() for i in indices)
 
     async def read_group(channel: Channel, indices: list[int]) -> None:
-        reply = await channel.call("vars/read", {"names": [variables[i].key for i in indices]})
-        for i, value in zip(indices, reply["values"]):
-            out[i] = value
+        names = list(dict.fromkeys(variables[i].key for i in indices))  # each read once
+        reply = await channel.call("vars/read", {"names": names})
+        got = dict(zip(names, reply["values"]))
+        for i in indices:
+            out[i] = got[variables[i].key]
 
     await asyncio.gather(*(read_group(ch, idx) for ch, idx in groups.items()),
                          *(_read_sharded(out, i, v) for i, v in sharded))

@@ -380,3 +380,73 @@ async def test_a_header_claiming_gigabytes_reserves_nothing():
         assert values[0].shape == (1 << 20,)
         await ch.close()
         writer.transport.abort()
+
+
+# -- every allocation bounded before it happens ------------------------------------------------
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+MiB = 1 << 20
+
+
+async def test_small_requests_cannot_make_a_ps_allocate_without_bound(tmp_path):
+    import numpy as np
+
+    from pstrain.checkpoint_files import write_tensors
+    from pstrain.errors import InvalidArgumentError
+
+    server = ServeProcess("--role", "ps", "--index", "0", "--port", "0", "--log-level", "ERROR",
+                          "--max-variable-bytes", str(MiB), "--checkpoint-root", str(tmp_path))
+    ch = rpc.Channel(server.address, token=TOKEN, task="/job:ps/replica:0/task:0")
+    try:
+        spec = {"name": "big", "dtype": "<f4", "shape": [MiB // 4], "init": {"kind": "zeros"}}
+        await ch.call("vars/create", {"vars": [spec]})
+        before = _rss(server.proc.pid)
+        # one 1 MiB variable named 256 times in a 530-byte request
+        with pytest.raises(InvalidArgumentError, match="named more than once"):
+            await ch.call("vars/read", {"names": ["big"] * 256})
+        # a table 4096 wide: one lookup must not allocate thousands of rows ahead
+        config = {"dim": 4096, "dtype": "float32"}
+        with pytest.raises(InvalidArgumentError, match="max-variable-bytes"):
+            await ch.call("dyn/create", {"name": "t", "config": {**config, "capacity": 1000}})
+        await ch.call("dyn/create", {"name": "t", "config": config})
+        await ch.call("dyn/lookup", {"name": "t", "ids": np.array([7], np.int64)})
+        with pytest.raises(InvalidArgumentError, match="max-variable-bytes"):
+            await ch.call("dyn/create", {"name": "wide", "config": {"dim": 1 << 20}})
+        # a 1 MiB file listed as 96 row ranges of one variable: a 96 MiB variable
+        path = str(tmp_path / "one.safetensors")
+        write_tensors(path, {"x": np.zeros((1024, 256), np.float32)})
+        sources = [[path, "x", 0, 1024, i * 1024] for i in range(96)]
+        with pytest.raises(InvalidArgumentError, match="max-variable-bytes"):
+            await ch.call("ckpt/restore", {"vars": [{"name": "r", "dtype": "<f4",
+                                                     "shape": [96 * 1024, 256], "sources": sources}]})
+        # absurd shapes in an index are refused, not crashed on
+        for shape in ([10**12], [1 << 40, 1 << 40]):
+            with pytest.raises(InvalidArgumentError):
+                await ch.call("ckpt/restore", {"vars": [{"name": "s", "dtype": "<f4", "shape": shape,
+                                                         "sources": [[path, "x", None, None, None]]}]})
+        with pytest.raises(InvalidArgumentError, match="scalar"):
+            await ch.call("ckpt/restore", {"vars": [{"name": "s", "dtype": "<f4", "shape": [],
+                                                     "sources": [[path, "x", 0, 1, 0]]}]})
+        # staged restores that are never committed: bounded in number
+        small = [[path, "x", 0, 16, 0]]
+        refused = 0
+        for k in range(20):
+            try:
+                await ch.call("ckpt/restore", {"stage": f"s{k}", "vars": [
+                    {"name": f"st{k}", "dtype": "<f4", "shape": [16, 256], "sources": small}]})
+            except InvalidArgumentError as exc:
+                assert "staged" in str(exc)
+                refused += 1
+        assert refused == 16
+        assert _rss(server.proc.pid) - before < 16 * MiB
+        names = {v["name"] for v in (await ch.call("vars/list", {}))["variables"]}
+        assert names == {"big"}  # nothing a refusal touched was created
+    finally:
+        await ch.close()
+        server.stop()

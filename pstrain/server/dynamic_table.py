@@ -45,6 +45,7 @@ from .store import Snapshot
 __all__ = ["DynamicTable", "TableConfig"]
 
 BLOCK_ROWS = 1 << 14  # rows are allocated this many at a time (then doubling, up to capacity)
+FIRST_BLOCK_BYTES = 4 << 20  # ... but the first block is at most this large: wide rows start small
 #: A full table evicts at least 1/EVICT_BATCH of its capacity at once.
 EVICT_BATCH = 16
 
@@ -96,11 +97,22 @@ class TableConfig:
 class DynamicTable:
     """One shard of a dynamic table; see the module docstring."""
 
-    def __init__(self, name: str, config: TableConfig, owner: str | None = None) -> None:
+    def __init__(self, name: str, config: TableConfig, owner: str | None = None,
+                 max_bytes: int | None = None) -> None:
         self.name = name
         self.config = config
         self.owner = owner
         self.dtype = np.dtype(config.dtype)
+        #: The ps's ``--max-variable-bytes``: a shard's rows (and their slots) stay within it.
+        self.max_bytes = max_bytes
+        row = config.dim * self.dtype.itemsize
+        if max_bytes is not None and (row > max_bytes or (
+                config.capacity is not None and config.capacity * row > max_bytes)):
+            rows = "a row" if row > max_bytes else f"capacity {config.capacity} rows"
+            raise InvalidArgumentError(
+                f"dynamic table {name!r}: {rows} of dim {config.dim} ({config.dtype}) is more "
+                f"than this ps's limit of {max_bytes} bytes per variable (pstrain serve "
+                "--max-variable-bytes): lower the capacity or the dim, or shard over more ps")
         self.index = IdIndex()  # id -> row
         self.alloc = 0
         self.rows = np.empty((0, config.dim), self.dtype)
@@ -146,7 +158,10 @@ class DynamicTable:
         if need <= self.alloc:
             return
         cap = self.config.capacity
-        new = max(need, BLOCK_ROWS, self.alloc * 2)
+        first = max(1, min(BLOCK_ROWS, FIRST_BLOCK_BYTES // (self.config.dim * self.dtype.itemsize)))
+        new = max(need, first, self.alloc * 2)
+        if self.max_bytes is not None:  # never past the limit (lookup checked the need fits)
+            new = max(need, min(new, self.max_bytes // self.row_bytes()))
         if cap is not None:
             new = min(new, max(cap, need))
         n = new - self.alloc
@@ -163,6 +178,23 @@ class DynamicTable:
         for key, arr in self.slots.items():
             self.slots[key] = extend(arr, self.slot_init[key])
         self.alloc = new
+
+    def row_bytes(self) -> int:
+        """Bytes a row holds: its values and each optimizer slot's."""
+        return self.config.dim * self.dtype.itemsize * (1 + len(self.slots))
+
+    def check_room(self, new_rows: int) -> None:
+        """Refuse (changing nothing) a training lookup that could admit ``new_rows`` rows
+        past the ps's limit: only a table without a capacity can grow that far."""
+        if self.max_bytes is None or self.config.capacity is not None:
+            return
+        total = (len(self.index) + new_rows) * self.row_bytes()
+        if total > self.max_bytes:
+            raise InvalidArgumentError(
+                f"dynamic table {self.name!r}: admitting up to {new_rows} more rows would take "
+                f"this shard to {total} bytes (rows and slots), more than this ps's limit of "
+                f"{self.max_bytes} (pstrain serve --max-variable-bytes): give the table a "
+                "capacity (its rows are then evicted), or shard it over more ps")
 
     def _take_rows(self, n: int) -> np.ndarray:
         reuse = min(n, len(self.free))
@@ -289,6 +321,7 @@ class DynamicTable:
         """Rows of ``ids`` (unique); a training lookup admits, creates, evicts and counts."""
         pos = self.positions(ids)
         if train:
+            self.check_room(int(np.count_nonzero(pos < 0)))  # before anything changes
             self.clock += 1
             self._expire()
             missing = np.flatnonzero(pos < 0)
@@ -353,7 +386,7 @@ class DynamicTable:
     def load(self, ids: np.ndarray, rows: np.ndarray, slots: dict[str, np.ndarray],
              slot_init: dict[str, float]) -> None:
         """Replace every row with those given (a restore)."""
-        fresh = DynamicTable(self.name, self.config, self.owner)
+        fresh = DynamicTable(self.name, self.config, self.owner, self.max_bytes)
         fresh.slot_init = dict(slot_init)
         n = ids.size
         fresh._grow(max(n, 1))

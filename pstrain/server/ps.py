@@ -73,6 +73,8 @@ UPDATE_OPS = ("assign", "assign_add", "assign_sub", "scatter_add", "scatter_sub"
 DEFAULT_MAX_VARIABLE_BYTES = 512 << 20
 #: Default largest reply that copies data (gathered rows), in bytes.
 DEFAULT_MAX_GATHER_BYTES = 32 << 20
+#: Default largest reply of whole variables (``vars/read``), in bytes.
+DEFAULT_MAX_REPLY_BYTES = 1 << 30
 
 
 class ParameterServer(ServerBase):
@@ -90,13 +92,16 @@ class ParameterServer(ServerBase):
     def __init__(self, index: int, *, allow_pickle: bool = True,
                  max_variable_bytes: int = DEFAULT_MAX_VARIABLE_BYTES,
                  max_gather_bytes: int = DEFAULT_MAX_GATHER_BYTES,
+                 max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
                  checkpoint_root: str | None = None, **kwargs: Any) -> None:
         super().__init__("ps", index, **kwargs)
         self.store = VariableStore(self.task)
         self.allow_pickle = allow_pickle
         self.max_variable_bytes = max_variable_bytes
         self.max_gather_bytes = max_gather_bytes
-        self.checkpoints = ps_checkpoint.CheckpointFiles(self.store, checkpoint_root)
+        self.max_reply_bytes = max_reply_bytes
+        self.checkpoints = ps_checkpoint.CheckpointFiles(self.store, checkpoint_root,
+                                                         max_variable_bytes)
         self.route("vars/create", self.create)
         self.route("vars/read", self.read)
         #: (owner, worker) -> the first epoch of that worker's dispatches accepted from that
@@ -115,6 +120,7 @@ class ParameterServer(ServerBase):
         self.route("vars/list", self.list_variables)
         self.route("opt/apply", self._guarded(self.apply_optimizer))
         self.table_handlers = TableHandlers(self.task, self.checkpoints, max_gather_bytes,
+                                            max_table_bytes=max_variable_bytes,
                                             on_takeover=self._supersede)
         self.tables = self.table_handlers.tables
         for op, handler in self.table_handlers.routes().items():
@@ -293,7 +299,20 @@ class ParameterServer(ServerBase):
 
     # -- reads ---------------------------------------------------------------------------------
     def read(self, req: NamesRequest) -> Pinned:
+        """The variables named, whole (pinned, not copied). A name may appear once, and the
+        reply is at most ``max_reply_bytes``: what a request makes the ps send follows what
+        the ps holds, never how often a short request repeats a name."""
+        if len(set(req.names)) != len(req.names):
+            twice = next(n for i, n in enumerate(req.names) if n in req.names[:i])
+            raise InvalidArgumentError(f"vars/read: variable {twice!r} is named more than once "
+                                       "(name each variable once)")
         records = [self.store.get(n) for n in req.names]
+        total = sum(r.array.nbytes for r in records)
+        if total > self.max_reply_bytes:
+            raise InvalidArgumentError(
+                f"vars/read: the reply would be {total} bytes, more than this ps's limit of "
+                f"{self.max_reply_bytes} (pstrain serve --max-reply-bytes): read the variables "
+                "in several requests of fewer variables")
         releases = [r.pin() for r in records]
 
         def release() -> None:

@@ -27,6 +27,7 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import math
 import os
 import threading
 import time
@@ -50,13 +51,17 @@ SAVE_NICENESS = 19
 
 #: Staged restores not committed within this many seconds are dropped.
 STAGE_TTL_S = 300.0
+#: Restores staged (read, not yet committed) at once on one ps.
+MAX_STAGED = 4
 
 
 class CheckpointFiles:
     """Checkpoint files of one ps, confined to ``root``."""
 
-    def __init__(self, store: VariableStore, root: str | None = None) -> None:
+    def __init__(self, store: VariableStore, root: str | None = None,
+                 max_variable_bytes: int | None = None) -> None:
         self.store = store
+        self.max_variable_bytes = max_variable_bytes  # a restored variable's limit, as a created one
         self.root = os.path.realpath(root or os.getcwd())
         self._staged: dict[str, tuple[float, list[tuple[str, np.ndarray, bool, str | None]]]] = {}
 
@@ -192,6 +197,11 @@ class CheckpointFiles:
         if dtype.kind not in "biufc":
             raise InvalidArgumentError(f"{where}: dtype {dtype} is not numeric")
         shape = tuple(spec.shape)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if self.max_variable_bytes is not None and nbytes > self.max_variable_bytes:
+            raise InvalidArgumentError(
+                f"{where}: {shape} {dtype} is {nbytes} bytes, more than this ps's limit of "
+                f"{self.max_variable_bytes} bytes per variable (pstrain serve --max-variable-bytes)")
         rows = shape[0] if shape else 1
         sources = []
         covered: list[tuple[int, int]] = []
@@ -202,6 +212,8 @@ class CheckpointFiles:
                     raise InvalidArgumentError(f"{where}: a whole-tensor source must be the only one")
                 covered.append((0, rows))
             else:
+                if not shape:
+                    raise InvalidArgumentError(f"{where}: a scalar has no rows to read a range of")
                 if stop is None or dst is None or stop <= start:
                     raise InvalidArgumentError(f"{where}: bad row range {start}..{stop} -> {dst}")
                 covered.append((dst, dst + (stop - start)))
@@ -231,6 +243,11 @@ class CheckpointFiles:
         self._check_fits(built)
         if req.stage is not None:
             self._expire()
+            if len(self._staged) >= MAX_STAGED:
+                raise InvalidArgumentError(
+                    f"ckpt/restore: {len(self._staged)} restores are staged on {self.store.task} "
+                    f"already (at most {MAX_STAGED}, each kept {STAGE_TTL_S:g} s until committed "
+                    "or aborted): commit or abort them first")
             self._staged[req.stage] = (time.monotonic(), built)
             return {"staged": len(built), "stage": req.stage}
         self._put(built)

@@ -30,8 +30,10 @@ class TableHandlers:
     """The dynamic tables of one ps, by name, and the operations on them."""
 
     def __init__(self, task: str, checkpoints: CheckpointFiles, max_gather_bytes: int, *,
+                 max_table_bytes: int | None = None,
                  on_takeover: Callable[[set[str | None], str | None], None] | None = None) -> None:
         self.task = task
+        self.max_table_bytes = max_table_bytes  # a shard's rows and slots: --max-variable-bytes
         #: Called with (the owners replaced, the new owner) when a coordinator takes a table over.
         self.on_takeover = on_takeover
         self.checkpoints = checkpoints
@@ -79,8 +81,9 @@ class TableHandlers:
                     f"dynamic table {req.name!r} exists on {self.task} with another configuration "
                     f"({existing.config.as_dict()})")
             return {"created": 0}
+        table = DynamicTable(req.name, config, req.owner, self.max_table_bytes)  # checks first
         self._taken_over(existing, req.owner)
-        self.tables[req.name] = DynamicTable(req.name, config, req.owner)
+        self.tables[req.name] = table
         return {"created": 1}
 
     def _taken_over(self, existing: DynamicTable | None, owner: str | None) -> None:
@@ -152,7 +155,14 @@ class TableHandlers:
             raise InvalidArgumentError(
                 f"dyn/restore of {req.name!r}: {ids.size} rows for this shard, more than its "
                 f"capacity of {config.capacity}")
-        table = DynamicTable(req.name, config, req.owner)
+        table = DynamicTable(req.name, config, req.owner, self.max_table_bytes)
+        if self.max_table_bytes is not None:
+            held = ids.size * config.dim * np.dtype(config.dtype).itemsize * (1 + len(slots))
+            if held > self.max_table_bytes:
+                raise InvalidArgumentError(
+                    f"dyn/restore of {req.name!r}: {ids.size} rows with {len(slots)} slot(s) are "
+                    f"{held} bytes on this shard, more than this ps's limit of "
+                    f"{self.max_table_bytes} (pstrain serve --max-variable-bytes)")
         table.load(ids, rows, slots, slot_init)
         self._taken_over(self.tables.get(req.name), req.owner)
         self.tables[req.name] = table
