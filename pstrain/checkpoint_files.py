@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, BinaryIO
 
 import msgspec
 import numpy as np
 
-from .errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from .errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, PstrainError
 
 __all__ = ["FORMAT", "INDEX", "CheckpointReader", "index_path", "read_index", "read_rows", "sources",
            "write_atomically", "write_index", "write_tensors"]
@@ -151,18 +151,12 @@ def write_index(prefix: str, variables: dict[str, Any], save_counter: int = 0,
     """Write the index of checkpoint ``prefix`` atomically (temp file, fsync, rename)."""
     path = index_path(prefix)
 
-    def write(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"format": FORMAT, "version": VERSION, "save_counter": save_counter,
-                       "variables": variables, **({"tables": tables} if tables else {})}, f,
-                      indent=1)
+    def write(f: BinaryIO) -> None:
+        f.write(json.dumps({"format": FORMAT, "version": VERSION, "save_counter": save_counter,
+                            "variables": variables, **({"tables": tables} if tables else {})},
+                           indent=1).encode())
 
     write_atomically(path, write)
-    dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def sources(saved: dict[str, Any], base: str, start: int, stop: int, scalar: bool) -> list[list[Any]]:
@@ -238,13 +232,12 @@ class CheckpointReader:
 
 def write_tensors(path: str, tensors: dict[str, np.ndarray]) -> int:
     """Write ``tensors`` to ``path`` atomically (temp file, fsync, rename); returns bytes."""
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
-    def write(tmp: str) -> None:
-        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, tmp)
+    def write(f: BinaryIO) -> None:
+        f.write(save({k: np.ascontiguousarray(v) for k, v in tensors.items()}))
 
-    write_atomically(path, write)
-    return os.path.getsize(path)
+    return write_atomically(path, write)
 
 
 #: numpy dtype -> safetensors dtype tag (the format's own names).
@@ -253,7 +246,8 @@ SAFETENSORS_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "int
                       "uint32": "U32", "uint16": "U16", "uint8": "U8", "bool": "BOOL"}
 
 
-def write_streaming(path: str, tensors: Sequence[tuple[str, np.dtype, tuple[int, ...], Any]]) -> int:
+def write_streaming(path: str, tensors: Sequence[tuple[str, np.dtype, tuple[int, ...], Any]],
+                    root: str | None = None) -> int:
     """Write a safetensors file whose tensors arrive in pieces: ``(key, dtype, shape,
     pieces)`` where ``pieces()`` yields the tensor's bytes in row order (so a large array
     need not be in memory twice). The header is the format's (8-byte length, JSON with
@@ -272,51 +266,96 @@ def write_streaming(path: str, tensors: Sequence[tuple[str, np.dtype, tuple[int,
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-(8 + len(raw)) % 8)
 
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as f:
-            f.write(len(raw).to_bytes(8, "little"))
-            f.write(raw)
-            for key, dtype, _, pieces in tensors:
-                want = header[key]["data_offsets"][1] - header[key]["data_offsets"][0]
-                got = 0
-                for piece in pieces():
-                    data = np.ascontiguousarray(piece, dtype).reshape(-1)
-                    f.write(data.view(np.uint8).data)
-                    got += data.nbytes
-                if got != want:
-                    raise InvalidArgumentError(f"checkpoint: {key!r} gave {got} bytes, not {want}")
+    def write(f: BinaryIO) -> None:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for key, dtype, _, pieces in tensors:
+            want = header[key]["data_offsets"][1] - header[key]["data_offsets"][0]
+            got = 0
+            for piece in pieces():
+                data = np.ascontiguousarray(piece, dtype).reshape(-1)
+                f.write(data.view(np.uint8).data)
+                got += data.nbytes
+            if got != want:
+                raise InvalidArgumentError(f"checkpoint: {key!r} gave {got} bytes, not {want}")
 
-    write_atomically(path, write, overwrite=False)
-    return os.path.getsize(path)
+    return write_atomically(path, write, overwrite=False, root=root)
 
 
-def write_atomically(path: str, write: Callable[[str], None], *, overwrite: bool = True) -> None:
-    """``write(tmp)`` then move ``tmp`` to ``path``: nobody ever sees a partial file.
+def open_directory(path: str, root: str | None = None) -> int:
+    """A descriptor of directory ``path``. Under ``root`` (a ps's checkpoint root), each
+    component below the root is opened relative to the one before with ``O_NOFOLLOW``:
+    a symbolic link planted anywhere on the way is refused, never followed."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    if root is None:
+        return os.open(path or ".", flags)
+    rel = os.path.relpath(path, root)
+    if rel == os.curdir:
+        return os.open(root, flags)
+    if rel.startswith(os.pardir):
+        raise InvalidArgumentError(f"{path} is outside the checkpoint root {root}")
+    fd = os.open(root, flags)
+    try:
+        for part in rel.split(os.sep):
+            try:
+                nxt = os.open(part, flags | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                raise InvalidArgumentError(
+                    f"checkpoint directory {path}: {part!r} is not a directory under the root "
+                    f"(a symbolic link is never followed): {exc.strerror}") from None
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
-    ``tmp`` is created exclusively under an unpredictable name beside ``path`` (a link
-    planted at a guessable name is never followed), fsynced, then renamed over ``path``,
-    or, with ``overwrite=False``, linked to it (refused if ``path`` exists). It is
-    removed whatever happens.
+
+def write_atomically(path: str, write: Callable[[BinaryIO], None], *, overwrite: bool = True,
+                     root: str | None = None) -> int:
+    """``write(f)`` into a new file, then give it the name ``path``: nobody ever sees a
+    partial file, and no path is opened twice. Returns the file's size.
+
+    The file is created exclusively (``O_EXCL | O_NOFOLLOW``) under an unpredictable name
+    relative to a descriptor of its directory (:func:`open_directory`), written and
+    fsynced through its own descriptor, then renamed over ``path`` or, with
+    ``overwrite=False``, linked to it (refused if ``path`` exists), and the directory is
+    fsynced. Before answering, the name ``path`` is checked to be the file written (same
+    inode): a file swapped in meanwhile is an error, never a silent success. The temporary
+    name is removed whatever happens.
     """
     directory, base = os.path.split(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory or ".")
-    os.close(fd)
+    dir_fd = open_directory(directory, root)
+    tmp = f".{base}.{secrets.token_hex(8)}.tmp"
     try:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                raise AlreadyExistsError(f"checkpoint file {path} already exists") from None
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644, dir_fd=dir_fd)
+        try:
+            with os.fdopen(fd, "wb", closefd=False) as f:
+                write(f)
+            os.fsync(fd)
+            mine = os.fstat(fd)
+            if overwrite:
+                os.rename(tmp, base, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            else:
+                try:
+                    os.link(tmp, base, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+                except FileExistsError:
+                    raise AlreadyExistsError(f"checkpoint file {path} already exists") from None
+            there = os.stat(base, dir_fd=dir_fd, follow_symlinks=False)
+            if (there.st_dev, there.st_ino) != (mine.st_dev, mine.st_ino):
+                raise PstrainError(f"checkpoint file {path} is not the file written: something "
+                                   "replaced it during the save (the save failed)")
+            os.fsync(dir_fd)
+            return mine.st_size
+        finally:
+            os.close(fd)
     finally:
         try:
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dir_fd)
         except FileNotFoundError:
             pass
+        os.close(dir_fd)
 
 
 #: The largest safetensors header read (the format's own limit is 100 MB).

@@ -450,3 +450,60 @@ async def test_small_requests_cannot_make_a_ps_allocate_without_bound(tmp_path):
     finally:
         await ch.close()
         server.stop()
+
+
+# -- files opened once ----------------------------------------------------------------------
+async def test_a_symlink_swapped_into_a_checkpoint_folder_never_redirects_a_save(tmp_path):
+    """A hostile process with write access to the checkpoint folder replaces every temporary
+    file it sees with a link to a file outside the root, as fast as it can, while the ps
+    saves 80 times: no byte lands outside, and no save answers OK for a file it did not
+    write."""
+    import threading
+
+    import numpy as np
+
+    import pstrain
+
+    root = tmp_path / "root"
+    ckpt = root / "ckpt"
+    ckpt.mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"")
+    stop = threading.Event()
+    swapped = [0]
+
+    def attacker():
+        while not stop.is_set():
+            for entry in os.scandir(ckpt):
+                if entry.name.endswith(".tmp") and not entry.is_symlink():
+                    try:
+                        os.unlink(entry.path)
+                        os.symlink(outside, entry.path)
+                        swapped[0] += 1
+                    except OSError:
+                        pass
+
+    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN,
+                                ps_options={"checkpoint_root": str(root)}) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        async with strategy.scope():
+            v = pstrain.Variable(np.arange(1 << 16, dtype=np.float32), name="v")
+        thread = threading.Thread(target=attacker, daemon=True)
+        thread.start()
+        ok = failed = 0
+        try:
+            for i in range(80):
+                try:
+                    path = await pstrain.Checkpoint(v=v).write(str(ckpt / f"c{i}"))
+                except pstrain.errors.PstrainError:
+                    failed += 1
+                    continue
+                part = ckpt / f"c{i}.ps0.safetensors"
+                assert not part.is_symlink()
+                assert pstrain.checkpoint.load_variables(path)["v"][-1] == (1 << 16) - 1
+                ok += 1
+        finally:
+            stop.set()
+            thread.join(10)
+        assert outside.read_bytes() == b""  # nothing was ever written outside the root
+        assert ok + failed == 80 and swapped[0] > 0  # the attacker did race the saves

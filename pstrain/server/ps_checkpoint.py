@@ -104,8 +104,8 @@ class CheckpointFiles:
                 releases.append(r.pin())
                 tensors.append((key, arr.dtype, arr.shape, functools.partial(iter, (arr,))))
         try:
-            size = await asyncio.get_running_loop().run_in_executor(_save_thread(), write_streaming,
-                                                                    path, tensors)
+            size = await asyncio.get_running_loop().run_in_executor(
+                _save_thread(), functools.partial(write_streaming, path, tensors, root=self.root))
         finally:
             for release in releases:
                 release()
@@ -122,8 +122,8 @@ class CheckpointFiles:
         if not os.path.isdir(os.path.dirname(real)):
             raise NotFoundError(f"checkpoint directory {os.path.dirname(path)} does not exist on "
                                 f"{self.store.task}")
-        size = await asyncio.get_running_loop().run_in_executor(_save_thread(), write_streaming,
-                                                                real, tensors)
+        size = await asyncio.get_running_loop().run_in_executor(
+            _save_thread(), functools.partial(write_streaming, real, tensors, root=self.root))
         return {"path": path, "bytes": size}
 
     async def read_table_rows(self, paths: list[str], shard: int, num_shards: int, dim: int,
