@@ -24,6 +24,7 @@ No network here; file I/O only.
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 from collections.abc import Callable, Sequence
@@ -79,12 +80,24 @@ class _Index(msgspec.Struct, forbid_unknown_fields=True):
     tables: dict[str, _Table] = {}
 
 
+def _file_size(base: str, file: str, sizes: dict[str, int]) -> int:
+    if file not in sizes:
+        try:
+            sizes[file] = os.stat(os.path.join(base, file)).st_size
+        except OSError:
+            sizes[file] = 0  # a missing part holds nothing: its variable is refused
+    return sizes[file]
+
+
 def _check_index(path: str, raw: Any) -> dict[str, Any]:
-    """The index, checked whole: schema, file names, dtypes, parts disjoint and covering."""
+    """The index, checked whole: schema, file names, dtypes, shapes against the bytes their
+    files hold, parts disjoint and covering."""
     try:
         index = msgspec.convert(raw, _Index)
     except msgspec.ValidationError as exc:
         raise InvalidArgumentError(f"checkpoint index {path} is malformed: {exc}") from None
+    base = os.path.dirname(path)
+    sizes: dict[str, int] = {}
     if index.format != FORMAT or index.version not in (1, VERSION):
         raise InvalidArgumentError(f"{path} is not a pstrain checkpoint (format {index.format!r}, "
                                    f"version {index.version})")
@@ -98,6 +111,16 @@ def _check_index(path: str, raw: Any) -> dict[str, Any]:
             raise InvalidArgumentError(f"checkpoint index {path}: {name!r} has dtype {dtype}")
         if any(p.file in (".", "..") for p in var.parts):
             raise InvalidArgumentError(f"checkpoint index {path}: {name!r} names a bad file")
+        if any(d < 0 for d in var.shape):
+            raise InvalidArgumentError(f"checkpoint index {path}: {name!r} has shape {var.shape}")
+        # A value can be no larger than the files that hold it: checked before anything is
+        # allocated for it (an index claiming [2**40, 2**40] is refused here, not crashed on).
+        nbytes = math.prod(var.shape) * dtype.itemsize
+        on_disk = sum(_file_size(base, f, sizes) for f in {p.file for p in var.parts})
+        if nbytes > on_disk:
+            raise InvalidArgumentError(
+                f"checkpoint index {path}: {name!r} claims {var.shape} {dtype} ({nbytes} bytes), "
+                f"more than its files hold ({on_disk} bytes)")
         rows = var.shape[0] if var.shape else 1
         pos = 0
         for p in sorted(var.parts, key=lambda p: p.offset):

@@ -507,3 +507,31 @@ async def test_a_symlink_swapped_into_a_checkpoint_folder_never_redirects_a_save
             thread.join(10)
         assert outside.read_bytes() == b""  # nothing was ever written outside the root
         assert ok + failed == 80 and swapped[0] > 0  # the attacker did race the saves
+
+
+@pytest.mark.parametrize("shape", [[10**12], [1 << 40, 1 << 40], [-1, 4]])
+async def test_an_index_with_absurd_shapes_is_refused_before_anything_is_allocated(tmp_path, shape):
+    import json
+
+    import numpy as np
+
+    import pstrain
+    from pstrain.errors import InvalidArgumentError
+
+    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN,
+                                ps_options={"checkpoint_root": str(tmp_path)}) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        async with strategy.scope():
+            v = pstrain.Variable(np.ones((4, 4), np.float32), name="v")
+        ckpt = pstrain.Checkpoint(v=v)
+        path = await ckpt.write(str(tmp_path / "c"))
+        index = tmp_path / "c.index.json"
+        doc = json.loads(index.read_text())
+        doc["variables"]["v"]["shape"] = shape
+        doc["variables"]["v"]["parts"][0]["rows"] = shape[0]
+        index.write_text(json.dumps(doc))
+        with pytest.raises(InvalidArgumentError, match="checkpoint index"):
+            pstrain.checkpoint.load_variables(path)  # what the SidecarEvaluator reads
+        with pytest.raises(InvalidArgumentError, match="checkpoint index"):
+            await ckpt.restore(path)
+        assert (await v.numpy()).tolist() == [[1.0] * 4] * 4  # nothing changed
