@@ -121,6 +121,9 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--max-reply-bytes", type=int, default=None, metavar="BYTES",
                    help="ps: largest reply of whole variables (vars/read) it sends "
                         "(default 1 GiB; read fewer variables per request past it)")
+    p.add_argument("--max-store-bytes", type=int, default=None, metavar="BYTES",
+                   help="ps: bytes of variables it holds at most (default 80%% of the machine's "
+                        "memory); creations past it are refused")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="stop when the process that started this one exits (LocalCluster uses it)")
@@ -202,6 +205,8 @@ def _serve(args: argparse.Namespace) -> int:
             ps_options["max_variable_bytes"] = args.max_variable_bytes
         if args.max_reply_bytes is not None:
             ps_options["max_reply_bytes"] = args.max_reply_bytes
+        if args.max_store_bytes is not None:
+            ps_options["max_store_bytes"] = args.max_store_bytes
         server: Any = ParameterServer(index, **options, **ps_options)
     else:
         from .server.worker import WorkerServer

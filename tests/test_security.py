@@ -535,3 +535,25 @@ async def test_an_index_with_absurd_shapes_is_refused_before_anything_is_allocat
         with pytest.raises(InvalidArgumentError, match="checkpoint index"):
             await ckpt.restore(path)
         assert (await v.numpy()).tolist() == [[1.0] * 4] * 4  # nothing changed
+
+
+async def test_a_ps_holds_no_more_than_its_store_limit(tmp_path):
+    from pstrain.errors import InvalidArgumentError
+
+    server = ServeProcess("--role", "ps", "--index", "0", "--port", "0", "--log-level", "ERROR",
+                          "--max-variable-bytes", str(16 * MiB), "--max-store-bytes",
+                          str(48 * MiB))
+    ch = rpc.Channel(server.address, token=TOKEN, task="/job:ps/replica:0/task:0")
+    try:
+        before = _rss(server.proc.pid)
+        # one 1.5 KB request for 24 variables of 16 MiB each, generated on the ps
+        specs = [{"name": f"v{i}", "dtype": "<f4", "shape": [4 * MiB], "init": {"kind": "zeros"}}
+                 for i in range(24)]
+        with pytest.raises(InvalidArgumentError, match="max-store-bytes"):
+            await ch.call("vars/create", {"vars": specs})
+        assert (await ch.call("vars/list", {}))["variables"] == []  # all or nothing
+        await ch.call("vars/create", {"vars": specs[:2]})  # within the limit: created
+        assert _rss(server.proc.pid) - before < 48 * MiB
+    finally:
+        await ch.close()
+        server.stop()

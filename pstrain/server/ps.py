@@ -23,6 +23,7 @@ import asyncio
 import collections
 import logging
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -77,6 +78,14 @@ DEFAULT_MAX_GATHER_BYTES = 32 << 20
 DEFAULT_MAX_REPLY_BYTES = 1 << 30
 
 
+def default_max_store_bytes() -> int:
+    """Default bytes of variables (and staged restores) a ps holds: 80 % of the machine's memory."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.8)
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not on Linux
+        return 1 << 40
+
+
 class ParameterServer(ServerBase):
     """A ps task: ``Server(spec, "ps", k)`` builds one; tests may too.
 
@@ -93,6 +102,7 @@ class ParameterServer(ServerBase):
                  max_variable_bytes: int = DEFAULT_MAX_VARIABLE_BYTES,
                  max_gather_bytes: int = DEFAULT_MAX_GATHER_BYTES,
                  max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+                 max_store_bytes: int | None = None,
                  checkpoint_root: str | None = None, **kwargs: Any) -> None:
         super().__init__("ps", index, **kwargs)
         self.store = VariableStore(self.task)
@@ -100,8 +110,11 @@ class ParameterServer(ServerBase):
         self.max_variable_bytes = max_variable_bytes
         self.max_gather_bytes = max_gather_bytes
         self.max_reply_bytes = max_reply_bytes
+        #: Bytes of variables this ps holds at most (creations past it are refused).
+        self.max_store_bytes = max_store_bytes or default_max_store_bytes()
         self.checkpoints = ps_checkpoint.CheckpointFiles(self.store, checkpoint_root,
                                                          max_variable_bytes)
+        self.checkpoints.max_store_bytes = self.max_store_bytes
         self.route("vars/create", self.create)
         self.route("vars/read", self.read)
         #: (owner, worker) -> the first epoch of that worker's dispatches accepted from that
@@ -220,6 +233,13 @@ class ParameterServer(ServerBase):
         """Create variables, all or none. Initializers run off the serving loop."""
         names: set[str] = set()
         planned = []
+        adding = sum(math.prod(s.shape) * _itemsize(s.dtype) for s in req.vars)
+        held = self.store.nbytes + self.checkpoints.staged_bytes()
+        if held + adding > self.max_store_bytes:
+            raise InvalidArgumentError(
+                f"vars/create: {adding} more bytes of variables would take {self.task} past its "
+                f"limit of {self.max_store_bytes} bytes held ({held} held now; pstrain serve "
+                "--max-store-bytes): shard over more ps, or raise the limit")
         for spec in req.vars:
             if spec.name in names:
                 raise AlreadyExistsError(f"variable {spec.name!r} is created twice in one request")
@@ -524,3 +544,10 @@ class ParameterServer(ServerBase):
             raise InvalidArgumentError(f"the function given to extended.update raised "
                                        f"{type(exc).__name__}: {exc}") from exc
         return {"result": result}
+
+
+def _itemsize(dtype: str) -> int:
+    try:
+        return np.dtype(dtype).itemsize
+    except TypeError:
+        return 0  # refused, with its name, when the variable is planned

@@ -62,6 +62,7 @@ class CheckpointFiles:
                  max_variable_bytes: int | None = None) -> None:
         self.store = store
         self.max_variable_bytes = max_variable_bytes  # a restored variable's limit, as a created one
+        self.max_store_bytes: int | None = None  # bytes held at most (the ps's --max-store-bytes)
         self.root = os.path.realpath(root or os.getcwd())
         self._staged: dict[str, tuple[float, list[tuple[str, np.ndarray, bool, str | None]]]] = {}
 
@@ -234,6 +235,14 @@ class CheckpointFiles:
         names = [spec.name for spec, *_ in checked]
         if len(set(names)) != len(names):
             raise InvalidArgumentError("ckpt/restore: a variable is named twice")
+        if self.max_store_bytes is not None:  # read values sit beside the live ones until commit
+            adding = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype, _ in checked)
+            held = self.store.nbytes + self.staged_bytes()
+            if held + adding > self.max_store_bytes:
+                raise InvalidArgumentError(
+                    f"ckpt/restore: reading {adding} bytes would take {self.store.task} past its "
+                    f"limit of {self.max_store_bytes} bytes held ({held} held now; pstrain serve "
+                    "--max-store-bytes)")
 
         def build() -> list[tuple[str, np.ndarray, bool, str | None]]:
             return [(spec.name, read_rows(shape, dtype, sources), spec.trainable, spec.slot_of)
@@ -278,6 +287,10 @@ class CheckpointFiles:
 
     def abort(self, stage: str) -> dict[str, Any]:
         return {"aborted": self._staged.pop(stage, None) is not None}
+
+    def staged_bytes(self) -> int:
+        """Bytes held by restores staged and not yet committed."""
+        return sum(a.nbytes for _, built in self._staged.values() for _, a, *_ in built)
 
     def _expire(self) -> None:
         now = time.monotonic()
