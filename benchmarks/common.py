@@ -25,13 +25,15 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def emit(record: dict[str, Any], workload: str) -> None:
-    """Print a result line and append it to results/<workload>.jsonl."""
+    """Print a result line and append it to results/<workload>.jsonl (with
+    ``PSTRAIN_BENCH_TAG=t`` set, to results/<workload>-t.jsonl: runs of a comparison)."""
     line = {"workload": workload, "system": "pstrain", "version": pstrain.__version__,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **record}
     text = json.dumps(line)
     print(text, flush=True)
     RESULTS.mkdir(exist_ok=True)
-    with open(RESULTS / f"{workload}.jsonl", "a", encoding="utf-8") as f:
+    tag = os.environ.get("PSTRAIN_BENCH_TAG")
+    with open(RESULTS / f"{workload}{'-' + tag if tag else ''}.jsonl", "a", encoding="utf-8") as f:
         f.write(text + "\n")
 
 
