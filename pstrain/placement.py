@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import math
 import secrets
 import threading
 import uuid
@@ -46,6 +47,7 @@ from .context import current_channels
 from .errors import InvalidArgumentError, UnavailableError
 from .initializers import Initializer
 from .rpc import ChannelPool
+from .schemas import CREATE_CHUNK_BYTES
 from .sharding import ShardedVariable, plan_parts
 from .tasks import TaskOwner
 from .variables import Variable, VariableBase, creator_scope, initial_value_array
@@ -245,7 +247,11 @@ class Placement:
         pause = 0.05
         while True:
             try:
-                return await channel.call("vars/create", {"vars": entries, "owner": self.owner})
+                # In requests of at most CREATE_CHUNK_BYTES (a larger variable alone): a ps
+                # refuses a request that would make more than one variable's limit at once.
+                for chunk in _chunks(entries):
+                    await channel.call("vars/create", {"vars": chunk, "owner": self.owner})
+                return None
             except UnavailableError as exc:
                 if channel.ever_connected or channel.closed:
                     raise
@@ -296,3 +302,23 @@ def _per_shard(init: Callable[..., Any], shape: tuple[int, ...], dtype: np.dtype
                            "partition_offset", shape, len(parts))
         full = initial_value_array(init, dtype, shape)
         return [{"value": full[offset:offset + rows]} for offset, rows in parts]
+
+
+def _chunks(entries: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """``entries`` in order, grouped so that each group is at most ``CREATE_CHUNK_BYTES``
+    of variables, or one variable.
+
+    >>> e = [{"shape": [1 << 20], "dtype": "<f4"}] * 3
+    >>> [len(c) for c in _chunks(e)]
+    [2, 1]
+    """
+    chunks: list[list[dict[str, Any]]] = []
+    size = 0
+    for entry in entries:
+        n = math.prod(entry["shape"]) * np.dtype(entry["dtype"]).itemsize
+        if not chunks or size + n > CREATE_CHUNK_BYTES:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(entry)
+        size += n
+    return chunks

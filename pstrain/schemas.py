@@ -24,7 +24,7 @@ import numpy as np
 
 from .errors import InvalidArgumentError, ProtocolError
 
-__all__ = ["REPLIES", "REQUESTS", "check_reply", "validate"]
+__all__ = ["CREATE_CHUNK_BYTES", "REPLIES", "REQUESTS", "check_reply", "validate"]
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
 DType = Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
@@ -84,6 +84,12 @@ Owner = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 Fence = tuple[Annotated[int, msgspec.Meta(ge=0)], Annotated[int, msgspec.Meta(ge=0)]]
 #: ``[closure key, sequence]``: an exactly-once closure's n-th update to this ps.
 Once = tuple[Annotated[str, msgspec.Meta(min_length=1, max_length=96)], Annotated[int, msgspec.Meta(ge=1)]]
+
+
+#: A ``vars/create`` request may always ask for this many bytes of variables in all (clients
+#: send their creations in chunks of at most this, or one larger variable); past it, at
+#: most the ps's ``--max-variable-bytes``.
+CREATE_CHUNK_BYTES = 8 << 20
 
 
 class UpdateRequest(Record):

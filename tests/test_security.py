@@ -557,3 +557,38 @@ async def test_a_ps_holds_no_more_than_its_store_limit(tmp_path):
     finally:
         await ch.close()
         server.stop()
+
+
+async def test_one_small_request_cannot_create_many_variables_past_the_limit():
+    from pstrain.errors import InvalidArgumentError
+
+    server = ServeProcess("--role", "ps", "--index", "0", "--port", "0", "--log-level", "ERROR",
+                          "--max-variable-bytes", str(16 * MiB))
+    ch = rpc.Channel(server.address, token=TOKEN, task="/job:ps/replica:0/task:0")
+    try:
+        before = _rss(server.proc.pid)
+        specs = [{"name": f"v{i}", "dtype": "<f4", "shape": [4 * MiB], "init": {"kind": "zeros"}}
+                 for i in range(24)]  # 1.5 KB asking for 24 x 16 MiB
+        with pytest.raises(InvalidArgumentError, match="per request"):
+            await ch.call("vars/create", {"vars": specs})
+        assert (await ch.call("vars/list", {}))["variables"] == []
+        assert _rss(server.proc.pid) - before < 16 * MiB
+    finally:
+        await ch.close()
+        server.stop()
+
+
+async def test_a_model_larger_than_one_request_is_still_created_whole():
+    import numpy as np
+
+    import pstrain
+
+    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN,
+                                ps_options={"max_variable_bytes": 4 * MiB}) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        async with strategy.scope():  # 20 variables of 2 MiB: 40 MiB on one ps, 4 MiB limit
+            vs = [pstrain.Variable(pstrain.initializers.Zeros(), shape=(MiB // 2,),
+                                   dtype=np.float32, name=f"v{i}") for i in range(20)]
+        values = await pstrain.read_variables(vs[:2])
+        assert all(v.shape == (MiB // 2,) for v in values)
+        assert len(cluster.ps[0].store) == 20

@@ -36,6 +36,7 @@ from ..errors import AlreadyExistsError, CancelledError, InvalidArgumentError
 from ..optimizer_rules import RULES, slot_specs
 from ..schedules import from_spec
 from ..schemas import (
+    CREATE_CHUNK_BYTES,
     ApplyRequest,
     CallRequest,
     CreateRequest,
@@ -234,6 +235,12 @@ class ParameterServer(ServerBase):
         names: set[str] = set()
         planned = []
         adding = sum(math.prod(s.shape) * _itemsize(s.dtype) for s in req.vars)
+        per_request = max(self.max_variable_bytes, CREATE_CHUNK_BYTES)
+        if len(req.vars) > 1 and adding > per_request:
+            raise InvalidArgumentError(
+                f"vars/create: {len(req.vars)} variables of {adding} bytes in all in one request, "
+                f"more than this ps's limit of {per_request} bytes per request (pstrain serve "
+                "--max-variable-bytes): send them in several requests")
         held = self.store.nbytes + self.checkpoints.staged_bytes()
         if held + adding > self.max_store_bytes:
             raise InvalidArgumentError(
