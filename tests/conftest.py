@@ -149,6 +149,15 @@ async def process_cluster() -> AsyncIterator[pstrain.LocalCluster]:
         yield c
 
 
+def rss(pid: int) -> int:
+    """The resident memory of process ``pid``, in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
 async def wait_for(predicate, timeout: float = 10.0, what: str = "condition") -> None:
     """Poll ``predicate`` (sync or async) until true, or fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

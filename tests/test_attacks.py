@@ -27,19 +27,11 @@ from pstrain.errors import (
     PstrainError,
 )
 
-from .conftest import TOKEN, ServeProcess, strategy_for, wait_for
+from .conftest import TOKEN, ServeProcess, rss, strategy_for, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
 MiB = 1 << 20
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def body(obj, allow_pickle=False) -> bytes:

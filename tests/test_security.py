@@ -36,7 +36,7 @@ from pstrain.handshake import (
 )
 from pstrain.testing import InProcessCluster
 
-from .conftest import TOKEN, ServeProcess
+from .conftest import TOKEN, ServeProcess, rss
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -383,14 +383,6 @@ async def test_a_header_claiming_gigabytes_reserves_nothing():
 
 
 # -- every allocation bounded before it happens ------------------------------------------------
-def _rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 MiB = 1 << 20
 
 
@@ -406,7 +398,7 @@ async def test_small_requests_cannot_make_a_ps_allocate_without_bound(tmp_path):
     try:
         spec = {"name": "big", "dtype": "<f4", "shape": [MiB // 4], "init": {"kind": "zeros"}}
         await ch.call("vars/create", {"vars": [spec]})
-        before = _rss(server.proc.pid)
+        before = rss(server.proc.pid)
         # one 1 MiB variable named 256 times in a 530-byte request
         with pytest.raises(InvalidArgumentError, match="named more than once"):
             await ch.call("vars/read", {"names": ["big"] * 256})
@@ -444,7 +436,7 @@ async def test_small_requests_cannot_make_a_ps_allocate_without_bound(tmp_path):
                 assert "staged" in str(exc)
                 refused += 1
         assert refused == 16
-        assert _rss(server.proc.pid) - before < 16 * MiB
+        assert rss(server.proc.pid) - before < 16 * MiB
         names = {v["name"] for v in (await ch.call("vars/list", {}))["variables"]}
         assert names == {"big"}  # nothing a refusal touched was created
     finally:
@@ -545,15 +537,20 @@ async def test_a_ps_holds_no_more_than_its_store_limit(tmp_path):
                           str(48 * MiB))
     ch = rpc.Channel(server.address, token=TOKEN, task="/job:ps/replica:0/task:0")
     try:
-        before = _rss(server.proc.pid)
-        # one 1.5 KB request for 24 variables of 16 MiB each, generated on the ps
-        specs = [{"name": f"v{i}", "dtype": "<f4", "shape": [4 * MiB], "init": {"kind": "zeros"}}
-                 for i in range(24)]
-        with pytest.raises(InvalidArgumentError, match="max-store-bytes"):
-            await ch.call("vars/create", {"vars": specs})
-        assert (await ch.call("vars/list", {}))["variables"] == []  # all or nothing
-        await ch.call("vars/create", {"vars": specs[:2]})  # within the limit: created
-        assert _rss(server.proc.pid) - before < 48 * MiB
+        before = rss(server.proc.pid)
+        specs = [{"name": f"v{i}", "dtype": "<f4", "shape": [2 * MiB], "init": {"kind": "zeros"}}
+                 for i in range(12)]  # 8 MiB each, generated on the ps
+        for k in range(0, 12, 2):  # requests of 16 MiB, each within the per-request limit
+            try:
+                await ch.call("vars/create", {"vars": specs[k:k + 2]})
+            except InvalidArgumentError as exc:
+                assert "max-store-bytes" in str(exc) and k == 6  # the 4th would pass 48 MiB
+                break
+        else:
+            raise AssertionError("the ps took more than its store limit")
+        names = {v["name"] for v in (await ch.call("vars/list", {}))["variables"]}
+        assert names == {f"v{i}" for i in range(6)}  # the refused request created nothing
+        assert rss(server.proc.pid) - before < 56 * MiB
     finally:
         await ch.close()
         server.stop()
@@ -566,13 +563,13 @@ async def test_one_small_request_cannot_create_many_variables_past_the_limit():
                           "--max-variable-bytes", str(16 * MiB))
     ch = rpc.Channel(server.address, token=TOKEN, task="/job:ps/replica:0/task:0")
     try:
-        before = _rss(server.proc.pid)
+        before = rss(server.proc.pid)
         specs = [{"name": f"v{i}", "dtype": "<f4", "shape": [4 * MiB], "init": {"kind": "zeros"}}
                  for i in range(24)]  # 1.5 KB asking for 24 x 16 MiB
         with pytest.raises(InvalidArgumentError, match="per request"):
             await ch.call("vars/create", {"vars": specs})
         assert (await ch.call("vars/list", {}))["variables"] == []
-        assert _rss(server.proc.pid) - before < 16 * MiB
+        assert rss(server.proc.pid) - before < 16 * MiB
     finally:
         await ch.close()
         server.stop()
