@@ -36,7 +36,7 @@ from pstrain.handshake import (
 )
 from pstrain.testing import InProcessCluster
 
-from .conftest import TOKEN, ServeProcess, rss
+from .conftest import TOKEN, ServeProcess, rss, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -183,7 +183,7 @@ async def test_an_authenticated_slow_body_and_a_flood_of_idle_connections():
         writer.write(f"POST /v1/vars/list HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}"
                      f"\r\nContent-Length: {len(body)}\r\n\r\n".encode())
         await writer.drain()
-        await asyncio.sleep(0.2)  # the token is checked as the headers arrive
+        await wait_for(lambda: len(c.ps[0].preauth) == 0, what="the token checked on the headers")
         hostile = []
         for _ in range(20):  # more idle unauthenticated connections than the cap
             _, w = await asyncio.open_connection(host, int(port))
