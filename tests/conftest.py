@@ -170,3 +170,12 @@ async def wait_for(predicate, timeout: float = 10.0, what: str = "condition") ->
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.01)
+
+
+async def abort_all(writers: list[asyncio.StreamWriter], timeout: float = 30.0) -> None:
+    """Drop raw test connections and wait until each transport is closed, so none is left
+    for a later test's loop (an open handle fails the loop's close and warns at collection)."""
+    for w in writers:
+        w.transport.abort()
+    await asyncio.wait_for(
+        asyncio.gather(*(w.wait_closed() for w in writers), return_exceptions=True), timeout)

@@ -27,7 +27,7 @@ from pstrain.errors import (
     PstrainError,
 )
 
-from .conftest import TOKEN, ServeProcess, rss, strategy_for, wait_for
+from .conftest import TOKEN, ServeProcess, abort_all, rss, strategy_for, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -240,8 +240,7 @@ async def test_hostile_idle_connections_do_not_lock_out_a_client_and_are_closed(
                 pass
             return True
         assert all(await asyncio.gather(*(closed(r) for r, _ in idle)))
-        for _, writer in idle:
-            writer.transport.abort()
+        await abort_all([w for _, w in idle])
         await alive_and_serving(server)
     finally:
         server.stop()
