@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 import pstrain
+from pstrain._formats.idhash import mix64
 from pstrain.ctr import BATCH, DENSE, DIM, FEATURES, CTRModel, evaluate, log_loss, make_step
-from pstrain.idhash import mix64
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, emit, median, plot  # noqa: E402

@@ -19,9 +19,9 @@ import atheris
 with atheris.instrument_imports():
     import numpy as np
 
-    from pstrain import wire
+    from pstrain._formats import wire
+    from pstrain._formats.handshake import MAX_PREAUTH, ClientHandshake, ServerHandshake
     from pstrain.errors import InvalidArgumentError, ProtocolError
-    from pstrain.handshake import MAX_PREAUTH, ClientHandshake, ServerHandshake
 
 
 def one_input(data: bytes) -> None:

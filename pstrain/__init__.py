@@ -18,48 +18,48 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
-    "Checkpoint": "checkpoint",
-    "CheckpointManager": "checkpoint",
-    "ClusterCoordinator": "coordinator",
-    "ClusterResolver": "cluster",
-    "ClusterSpec": "cluster",
-    "DistributedValues": "values",
-    "IndexedSlices": "variables",
+    "Checkpoint": "_checkpoint.checkpoint",
+    "CheckpointManager": "_checkpoint.checkpoint",
+    "ClusterCoordinator": "_coordinator.coordinator",
+    "ClusterResolver": "_base.cluster",
+    "ClusterSpec": "_base.cluster",
+    "DistributedValues": "_distribute.values",
+    "IndexedSlices": "_variables.variables",
     "LocalCluster": "launch",
-    "Module": "module",
-    "ParameterServerStrategy": "strategy",
-    "StrategyExtended": "strategy",
-    "PerReplica": "values",
-    "PerWorkerValues": "values",
-    "ReduceOp": "distribution",
-    "RemoteValue": "remote_value",
-    "ShardedVariable": "sharding",
-    "DynamicEmbedding": "dynamic",
-    "SidecarEvaluator": "evaluator",
-    "ReplicaContext": "distribution",
-    "CheckpointLoadStatus": "checkpoint",
-    "DistributedDataset": "input_distribution",
-    "InputContext": "input_distribution",
-    "InputOptions": "input_distribution",
-    "InputReplicationMode": "input_distribution",
-    "TensorSpec": "data",
+    "Module": "_training.module",
+    "ParameterServerStrategy": "_distribute.strategy",
+    "StrategyExtended": "_distribute.strategy",
+    "PerReplica": "_distribute.values",
+    "PerWorkerValues": "_distribute.values",
+    "ReduceOp": "_distribute.distribution",
+    "RemoteValue": "_coordinator.remote_value",
+    "ShardedVariable": "_variables.sharding",
+    "DynamicEmbedding": "_variables.dynamic",
+    "SidecarEvaluator": "_checkpoint.evaluator",
+    "ReplicaContext": "_distribute.distribution",
+    "CheckpointLoadStatus": "_checkpoint.checkpoint",
+    "DistributedDataset": "_distribute.input_distribution",
+    "InputContext": "_distribute.input_distribution",
+    "InputOptions": "_distribute.input_distribution",
+    "InputReplicationMode": "_distribute.input_distribution",
+    "TensorSpec": "_training.data",
     "Server": "server",
-    "SimpleClusterResolver": "cluster",
-    "SlurmClusterResolver": "cluster",
-    "TFConfigClusterResolver": "cluster",
-    "ValueContext": "values",
-    "Variable": "variables",
-    "VariableAggregation": "variables",
-    "VariableSynchronization": "variables",
-    "get_current_worker_index": "context",
-    "embedding_lookup": "sharding",
-    "get_replica_context": "distribution",
-    "get_strategy": "distribution",
-    "has_strategy": "distribution",
-    "in_cross_replica_context": "distribution",
-    "read_variables": "variables",
-    "update_variables": "variables",
-    "run": "bridge",
+    "SimpleClusterResolver": "_base.cluster",
+    "SlurmClusterResolver": "_base.cluster",
+    "TFConfigClusterResolver": "_base.cluster",
+    "ValueContext": "_distribute.values",
+    "Variable": "_variables.variables",
+    "VariableAggregation": "_variables.variables",
+    "VariableSynchronization": "_variables.variables",
+    "get_current_worker_index": "_base.context",
+    "embedding_lookup": "_variables.sharding",
+    "get_replica_context": "_distribute.distribution",
+    "get_strategy": "_distribute.distribution",
+    "has_strategy": "_distribute.distribution",
+    "in_cross_replica_context": "_distribute.distribution",
+    "read_variables": "_variables.variables",
+    "update_variables": "_variables.variables",
+    "run": "_transport.bridge",
 }
 _SUBMODULES = ("checkpoint", "dashboard", "data", "errors", "evaluator", "initializers", "metrics",
                "optimizers", "partitioners", "rpc", "summary", "testing")
@@ -70,9 +70,8 @@ __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is not None:
-        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-        globals()[name] = value
-        return value
+        # not cached in globals(): doctest would then find the classes here too
+        return getattr(importlib.import_module(f"{__name__}.{module}"), name)
     if name in _SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'pstrain' has no attribute {name!r}")
@@ -97,31 +96,31 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above 
         summary as summary,
         testing as testing,
     )
-    from .bridge import (
-        run as run,
-    )
-    from .checkpoint import (
-        Checkpoint as Checkpoint,
-        CheckpointLoadStatus as CheckpointLoadStatus,
-        CheckpointManager as CheckpointManager,
-    )
-    from .cluster import (
+    from ._base.cluster import (
         ClusterResolver as ClusterResolver,
         ClusterSpec as ClusterSpec,
         SimpleClusterResolver as SimpleClusterResolver,
         SlurmClusterResolver as SlurmClusterResolver,
         TFConfigClusterResolver as TFConfigClusterResolver,
     )
-    from .context import (
+    from ._base.context import (
         get_current_worker_index as get_current_worker_index,
     )
-    from .coordinator import (
+    from ._checkpoint.checkpoint import (
+        Checkpoint as Checkpoint,
+        CheckpointLoadStatus as CheckpointLoadStatus,
+        CheckpointManager as CheckpointManager,
+    )
+    from ._checkpoint.evaluator import (
+        SidecarEvaluator as SidecarEvaluator,
+    )
+    from ._coordinator.coordinator import (
         ClusterCoordinator as ClusterCoordinator,
     )
-    from .data import (
-        TensorSpec as TensorSpec,
+    from ._coordinator.remote_value import (
+        RemoteValue as RemoteValue,
     )
-    from .distribution import (
+    from ._distribute.distribution import (
         ReduceOp as ReduceOp,
         ReplicaContext as ReplicaContext,
         get_replica_context as get_replica_context,
@@ -129,43 +128,37 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above 
         has_strategy as has_strategy,
         in_cross_replica_context as in_cross_replica_context,
     )
-    from .dynamic import DynamicEmbedding as DynamicEmbedding
-    from .evaluator import (
-        SidecarEvaluator as SidecarEvaluator,
-    )
-    from .input_distribution import (
+    from ._distribute.input_distribution import (
         DistributedDataset as DistributedDataset,
         InputContext as InputContext,
         InputOptions as InputOptions,
         InputReplicationMode as InputReplicationMode,
     )
-    from .launch import (
-        LocalCluster as LocalCluster,
-    )
-    from .module import (
-        Module as Module,
-    )
-    from .remote_value import (
-        RemoteValue as RemoteValue,
-    )
-    from .server import (
-        Server as Server,
-    )
-    from .sharding import (
-        ShardedVariable as ShardedVariable,
-        embedding_lookup as embedding_lookup,
-    )
-    from .strategy import (
+    from ._distribute.strategy import (
         ParameterServerStrategy as ParameterServerStrategy,
         StrategyExtended as StrategyExtended,
     )
-    from .values import (
+    from ._distribute.values import (
         DistributedValues as DistributedValues,
         PerReplica as PerReplica,
         PerWorkerValues as PerWorkerValues,
         ValueContext as ValueContext,
     )
-    from .variables import (
+    from ._training.data import (
+        TensorSpec as TensorSpec,
+    )
+    from ._training.module import (
+        Module as Module,
+    )
+    from ._transport.bridge import (
+        run as run,
+    )
+    from ._variables.dynamic import DynamicEmbedding as DynamicEmbedding
+    from ._variables.sharding import (
+        ShardedVariable as ShardedVariable,
+        embedding_lookup as embedding_lookup,
+    )
+    from ._variables.variables import (
         IndexedSlices as IndexedSlices,
         Variable as Variable,
         VariableAggregation as VariableAggregation,
@@ -173,6 +166,10 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above 
         read_variables as read_variables,
         update_variables as update_variables,
     )
+    from .launch import (
+        LocalCluster as LocalCluster,
+    )
+    from .server import Server as Server
 
 
 if _os.environ.get("PSTRAIN_DASHBOARD"):  # pstrain launch --dashboard: coordinators serve it

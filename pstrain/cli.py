@@ -17,12 +17,19 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .bridge import run
-from .cluster import ClusterSpec, SlurmClusterResolver, parse_address, parse_config, read_token, task_name
-from .errors import AuthenticationError, ProtocolError, PstrainError, UnavailableError
-from .protocol import DEFAULT_MAX_BODY
-from .rpc import Channel
-from .tasks import TaskOwner
+from ._base.cluster import (
+    ClusterSpec,
+    SlurmClusterResolver,
+    parse_address,
+    parse_config,
+    read_token,
+    task_name,
+)
+from ._base.errors import AuthenticationError, ProtocolError, PstrainError, UnavailableError
+from ._base.tasks import TaskOwner
+from ._formats.protocol import DEFAULT_MAX_BODY
+from ._transport.bridge import run
+from ._transport.rpc import Channel
 
 logger = logging.getLogger("pstrain.cli")
 
@@ -197,7 +204,7 @@ def _serve(args: argparse.Namespace) -> int:
         ssl_context=_server_ssl(args.tls_cert, args.tls_key),
         max_body=args.max_body or DEFAULT_MAX_BODY, metrics_public=args.metrics_public)
     if role == "ps":
-        from .server.ps import ParameterServer
+        from .server.ps.handlers import ParameterServer
 
         ps_options: dict[str, Any] = {"allow_pickle": not args.no_pickle,
                                       "checkpoint_root": args.checkpoint_root}
@@ -209,7 +216,7 @@ def _serve(args: argparse.Namespace) -> int:
             ps_options["max_store_bytes"] = args.max_store_bytes
         server: Any = ParameterServer(index, **options, **ps_options)
     else:
-        from .server.worker import WorkerServer
+        from .server.worker.executor import WorkerServer
 
         server = WorkerServer(index, cluster_spec=spec, client_ssl=client_ssl(args.tls_ca),
                               closure_threads=args.closure_threads, **options)
@@ -308,7 +315,7 @@ async def _join(coordinator: str, address: str, token: str | None) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     import runpy
 
-    from .evaluator import SidecarEvaluator  # numpy and safetensors: only for this role
+    from ._checkpoint.evaluator import SidecarEvaluator  # numpy and safetensors: only for this role
 
     if not args.checkpoint_dir or not args.eval_script:
         raise PstrainError("the evaluator needs --checkpoint-dir and --eval-script")

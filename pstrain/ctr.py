@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from .initializers import RandomUniform
-from .module import Module
-from .optimizers import Optimizer
-from .sharding import embedding_lookup
-from .variables import IndexedSlices, Variable, read_variables
+from ._formats.initializers import RandomUniform
+from ._training.module import Module
+from ._training.optimizers import Optimizer
+from ._variables.sharding import embedding_lookup
+from ._variables.variables import IndexedSlices, Variable, read_variables
 
 __all__ = ["BATCH", "CTRModel", "evaluate", "forward", "log_loss", "make_step", "synthetic"]
 

@@ -36,12 +36,13 @@ from typing import Any
 
 from aiohttp import web
 
-from . import coordinator as coordinator_module, summary
-from .auth import bearer_ok
-from .checkpoint import recent_saves
-from .cluster import is_loopback, listening_socket
-from .coordinator import ClusterCoordinator
-from .errors import InvalidArgumentError, PstrainError
+from ._base.auth import bearer_ok
+from ._base.cluster import is_loopback, listening_socket
+from ._base.errors import InvalidArgumentError, PstrainError
+from ._checkpoint.checkpoint import recent_saves
+from ._coordinator import coordinator as coordinator_module
+from ._coordinator.coordinator import ClusterCoordinator
+from ._training import summary
 
 logger = logging.getLogger(__name__)
 

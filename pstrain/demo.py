@@ -22,17 +22,18 @@ from typing import Any
 
 import numpy as np
 
-from . import dashboard, summary
-from .bridge import run
-from .checkpoint import Checkpoint, CheckpointManager
-from .coordinator import ClusterCoordinator
+from . import dashboard
+from ._checkpoint.checkpoint import Checkpoint, CheckpointManager
+from ._coordinator.coordinator import ClusterCoordinator
+from ._distribute.strategy import ParameterServerStrategy
+from ._training import summary
+from ._training.data import Dataset
+from ._training.optimizers import Adagrad
+from ._transport.bridge import run
+from ._variables.partitioners import FixedShardsPartitioner
 from .ctr import BATCH, CTRModel, evaluate, make_step, synthetic
-from .data import Dataset
 from .launch import LocalCluster
-from .optimizers import Adagrad
-from .partitioners import FixedShardsPartitioner
 from .progress import Progress
-from .strategy import ParameterServerStrategy
 
 __all__ = ["add_demo_parser"]
 

@@ -27,9 +27,9 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from .cluster import ClusterSpec, RunningCluster
-from .errors import InvalidArgumentError, PstrainError
-from .tasks import TaskOwner
+from ._base.cluster import ClusterSpec, RunningCluster
+from ._base.errors import InvalidArgumentError, PstrainError
+from ._base.tasks import TaskOwner
 
 logger = logging.getLogger(__name__)
 
@@ -242,7 +242,7 @@ def _launch(args: argparse.Namespace) -> int:
     if not cmd:
         raise PstrainError("pstrain launch needs a command: pstrain launch --ps 1 --workers 2 -- "
                            "python train.py")
-    from .bridge import run
+    from ._transport.bridge import run
 
     return run(_launch_async(cmd, args.ps, args.workers, args.log_level, args.dashboard))
 

@@ -32,11 +32,11 @@ import sys
 import time
 from typing import Any
 
-from .cluster import ClusterSpec, RunningCluster
-from .errors import InvalidArgumentError, PstrainError
-from .rpc import close_loop_channels, open_channels
-from .server.ps import ParameterServer
-from .server.worker import WorkerServer
+from ._base.cluster import ClusterSpec, RunningCluster
+from ._base.errors import InvalidArgumentError, PstrainError
+from ._transport.rpc import close_loop_channels, open_channels
+from .server.ps.handlers import ParameterServer
+from .server.worker.executor import WorkerServer
 
 __all__ = ["InProcessCluster", "LeakError", "dump_task_stacks"]
 

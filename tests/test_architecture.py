@@ -1,15 +1,18 @@
-"""The architecture of DESIGN.md, checked: layers with one-way arrows, no cycles, lone imports.
+"""The architecture of DESIGN.md, checked: layers are folders, arrows point one way, no cycles.
 
-Every import inside ``pstrain/`` counts, at module level or inside a
-function (a function-level import hides a cycle; it does not remove it).
-Imports under ``if TYPE_CHECKING:`` count for cycles (two modules that need
-each other's types are one concept) but not for layers (a lower layer may
+A module's layer is the folder it sits in (:data:`RANKS`, bottom to top); a module at the top
+of ``pstrain/`` is the face (the public API and the programs users run). Every import inside
+``pstrain/`` counts, at module level or inside a function (a function-level import hides a
+cycle; it does not remove it). Imports under ``if TYPE_CHECKING:`` count for cycles (two
+modules that need each other's types are one concept) but not for layers (a lower layer may
 name a higher one's type in an annotation).
 """
 
 from __future__ import annotations
 
 import ast
+import re
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -18,48 +21,45 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "pstrain"
+README = ROOT.parent / "README.md"
 
-#: Each module's layer, bottom to top (README "Layout"). ``server.*`` is the servers column.
-LAYERS: dict[str, tuple[str, ...]] = {
-    "base": ("errors", "cluster", "auth", "tasks", "context", "tags"),
-    "formats": ("wire", "protocol", "schemas", "casting", "messages", "checkpoint_files", "schedules",
-                "optimizer_rules", "observability", "initializers", "pickling", "idhash", "handshake"),
-    "transport": ("rpc", "bridge"),
-    "variables": ("variables", "placement", "sharding", "partitioners", "dynamic"),
-    "training": ("optimizers", "metrics", "checkpoint", "restore_status", "object_graph", "jax", "torch", "evaluator", "data", "module", "summary"),
-    "program": ("values", "distribution", "input_distribution", "remote_value", "scheduling", "resources", "per_worker", "dispatch",
-                "membership", "ps_health", "strategy", "coordinator"),
-    "face": ("__init__", "__main__", "cli", "launch", "testing", "demo", "progress", "ctr", "dashboard"),
-}
-RANK = {layer: i for i, layer in enumerate(LAYERS)}
-SERVERS_MAY_IMPORT = {"base", "formats", "transport"}
+#: The layer folders, bottom to top. A module imports only from its own folder or lower ones;
+#: ``server`` (the servers) imports only ``SERVERS_MAY_IMPORT`` and is imported only by the face.
+RANKS: tuple[str, ...] = ("_base", "_formats", "_transport", "server", "_variables", "_training",
+                          "_checkpoint", "_frameworks", "_distribute", "_coordinator", "face")
+RANK = {layer: i for i, layer in enumerate(RANKS)}
+SERVERS_MAY_IMPORT = {"_base", "_formats", "_transport", "server"}
+#: Public modules that only re-export a private one (the face users import; nothing inside
+#: the layers may import them).
+FACADE_DOC = "Public façade"
 
 
-def module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT).with_suffix("")
-    parts = rel.parts
-    return ".".join(parts) if parts != ("__init__",) else "__init__"
+def module_name(root: Path, path: Path) -> str:
+    rel = path.relative_to(root).with_suffix("")
+    return ".".join(rel.parts) if rel.parts != ("__init__",) else "__init__"
 
 
-def all_modules() -> list[str]:
-    return sorted(module_name(p) for p in ROOT.rglob("*.py"))
+def all_modules(root: Path) -> list[str]:
+    return sorted(module_name(root, p) for p in root.rglob("*.py"))
 
 
 def layer_of(module: str) -> str:
-    if module.startswith("server"):
-        return "servers"
-    for layer, members in LAYERS.items():
-        if module in members:
-            return layer
-    raise AssertionError(f"pstrain/{module.replace('.', '/')}.py has no layer: add it to LAYERS "
-                         "and to the README's Layout")
+    """The folder a module sits in, which is its layer."""
+    top = module.split(".")[0]
+    if "." not in module:
+        return "face"
+    if top not in RANK:
+        raise AssertionError(f"pstrain/{top}/ is not a layer: add it to RANKS (its place in the "
+                             "order) and to the README's Layout")
+    return top
 
 
 class _Imports(ast.NodeVisitor):
     """The pstrain modules a module imports at run time."""
 
-    def __init__(self, module: str, type_checking: bool = False) -> None:
+    def __init__(self, module: str, modules: set[str], type_checking: bool = False) -> None:
         self.module = module
+        self.modules = modules
         self.type_checking = type_checking
         self.found: set[str] = set()
 
@@ -73,8 +73,6 @@ class _Imports(ast.NodeVisitor):
 
     def _resolve(self, level: int, target: str | None) -> str:
         package = self.module.split(".")[:-1] if self.module != "__init__" else []
-        if self.module.endswith("__init__") and self.module != "__init__":
-            package = self.module.split(".")[:-1]
         base = package[:len(package) - (level - 1)] if level > 1 else package
         return ".".join([*base, *([target] if target else [])])
 
@@ -87,7 +85,7 @@ class _Imports(ast.NodeVisitor):
             return
         for alias in node.names:
             candidate = f"{target}.{alias.name}" if target else alias.name
-            self.found.add(candidate if candidate in MODULES else (target or "__init__"))
+            self.found.add(candidate if _known(candidate, self.modules) else (target or "__init__"))
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
@@ -95,74 +93,161 @@ class _Imports(ast.NodeVisitor):
                 self.found.add(alias.name.removeprefix("pstrain").lstrip(".") or "__init__")
 
 
-MODULES = set(all_modules())
+def _known(name: str, modules: set[str]) -> bool:
+    return name in modules or f"{name}.__init__" in modules
 
 
-def imports_of(module: str, type_checking: bool = False) -> set[str]:
-    path = ROOT / (module.replace(".", "/") + ".py")
-    if not path.exists():
-        path = ROOT / module.replace(".", "/") / "__init__.py"
-    visitor = _Imports(module, type_checking)
-    visitor.visit(ast.parse(path.read_text(), str(path)))
-    found = {m if m in MODULES else f"{m}.__init__" for m in visitor.found}
-    found.discard(module)
-    return {m for m in found if m in MODULES}
+class Tree:
+    """The import graph of one copy of the package."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.modules = set(all_modules(root))
+        self.graph = {m: self.imports_of(m) for m in self.modules}
+        self.typed_graph = {m: self.imports_of(m, type_checking=m != "__init__")
+                            for m in self.modules}
+
+    def imports_of(self, module: str, type_checking: bool = False) -> set[str]:
+        path = self.root / (module.replace(".", "/") + ".py")
+        visitor = _Imports(module, self.modules, type_checking)
+        visitor.visit(ast.parse(path.read_text(), str(path)))
+        found = {m if m in self.modules else f"{m}.__init__" for m in visitor.found}
+        found.discard(module)
+        return {m for m in found if m in self.modules}
+
+    def layer_violations(self) -> list[str]:
+        wrong = []
+        for module, deps in self.graph.items():
+            mine = layer_of(module)
+            for dep in deps:
+                theirs = layer_of(dep)
+                if mine == "server":
+                    ok = theirs in SERVERS_MAY_IMPORT
+                elif theirs == "server":
+                    ok = mine == "face"
+                else:
+                    ok = RANK[theirs] <= RANK[mine]
+                if not ok:
+                    wrong.append(f"{module} ({mine}) imports {dep} ({theirs})")
+        return sorted(wrong)
+
+    def cycle(self) -> list[str] | None:
+        graph = self.typed_graph
+        state: dict[str, int] = {}
+        path: list[str] = []
+
+        def visit(m: str) -> list[str] | None:
+            state[m] = 1
+            path.append(m)
+            for dep in sorted(graph[m]):
+                if state.get(dep) == 1:
+                    return path[path.index(dep):] + [dep]
+                if dep not in state and (found := visit(dep)):
+                    return found
+            path.pop()
+            state[m] = 2
+            return None
+
+        for m in sorted(self.modules):
+            if m not in state and (found := visit(m)):
+                return found
+        return None
 
 
-GRAPH = {m: imports_of(m) for m in MODULES}
-#: With the imports made for type checkers only (the public __init__ re-exports everything).
-TYPED_GRAPH = {m: imports_of(m, type_checking=m != "__init__") for m in MODULES}
+TREE = Tree(ROOT)
 
 
-def test_every_module_has_a_layer():
-    for module in MODULES:
+def test_every_module_sits_in_a_layer_folder():
+    for module in TREE.modules:
         layer_of(module)
+    # the layer folders are packages, with nothing else at their level
+    folders = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders == set(RANKS) - {"face"}, folders ^ (set(RANKS) - {"face"})
 
 
 def test_the_import_graph_has_no_cycle():
-    graph = TYPED_GRAPH
-    state: dict[str, int] = {}
-    path: list[str] = []
-
-    def visit(m: str) -> None:
-        state[m] = 1
-        path.append(m)
-        for dep in sorted(graph[m]):
-            if state.get(dep) == 1:
-                cycle = path[path.index(dep):] + [dep]
-                raise AssertionError("import cycle: " + " -> ".join(cycle))
-            if dep not in state:
-                visit(dep)
-        path.pop()
-        state[m] = 2
-
-    for m in sorted(MODULES):
-        if m not in state:
-            visit(m)
+    cycle = TREE.cycle()
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
 def test_imports_follow_the_layers():
-    wrong = []
-    for module, deps in GRAPH.items():
-        mine = layer_of(module)
-        for dep in deps:
-            theirs = layer_of(dep)
-            if mine == "servers":
-                ok = theirs in SERVERS_MAY_IMPORT or theirs == "servers"
-            elif theirs == "servers":
-                ok = mine == "face"
-            else:
-                ok = RANK[theirs] <= RANK[mine]
-            if not ok:
-                wrong.append(f"{module} ({mine}) imports {dep} ({theirs})")
-    assert not wrong, "imports against the layers:\n" + "\n".join(sorted(wrong))
+    wrong = TREE.layer_violations()
+    assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
+
+
+def test_an_injected_layer_violation_is_caught(tmp_path):
+    # The check above would pass vacuously if it could not fail: break the rule in a copy.
+    copy = tmp_path / "pstrain"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__", "dashboard_static"))
+    tags = copy / "_base" / "tags.py"
+    tags.write_text(tags.read_text() + "\n\ndef _late():\n    from .._coordinator import scheduling\n"
+                    "    return scheduling\n")
+    worker = copy / "server" / "worker" / "executor.py"
+    worker.write_text(worker.read_text() + "\nfrom ..._variables import variables  # noqa\n")
+    wrong = Tree(copy).layer_violations()
+    assert wrong == ["_base.tags (_base) imports _coordinator.scheduling (_coordinator)",
+                     "server.worker.executor (server) imports _variables.variables (_variables)"]
+    (copy / "_widgets").mkdir()
+    (copy / "_widgets" / "__init__.py").write_text("")
+    with pytest.raises(AssertionError, match="_widgets/ is not a layer"):
+        Tree(copy).layer_violations()
 
 
 def test_the_graph_sees_function_level_imports():
     # The checks above would pass vacuously if the parser missed imports.
-    assert "rpc" in GRAPH["bridge"] and "server.ps" in GRAPH["testing"]
-    assert "scheduling" in GRAPH["coordinator"] and "__init__" not in GRAPH["coordinator"]
-    assert "rpc" in TYPED_GRAPH["context"] and "rpc" not in GRAPH["context"]
+    graph, typed = TREE.graph, TREE.typed_graph
+    assert "_transport.rpc" in graph["_transport.bridge"] and "server.ps.handlers" in graph["testing"]
+    assert "_coordinator.scheduling" in graph["_coordinator.coordinator"]
+    assert "__init__" not in graph["_coordinator.coordinator"]
+    assert "_transport.rpc" in typed["_base.context"] and "_transport.rpc" not in graph["_base.context"]
+
+
+def test_facades_only_re_export_and_nothing_inside_imports_them():
+    facades = []
+    for path in ROOT.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        doc = ast.get_docstring(tree) or ""
+        if not doc.startswith(FACADE_DOC):
+            continue
+        facades.append(path.stem)
+        body = tree.body[1:]
+        assert body and all(isinstance(node, ast.ImportFrom) for node in body), \
+            f"pstrain/{path.name} is a façade: imports only"
+    assert {"errors", "checkpoint", "optimizers", "rpc"} <= set(facades)
+    for module, deps in TREE.graph.items():
+        if layer_of(module) != "face":
+            assert not set(deps) & set(facades), f"{module} imports a public façade"
+
+
+def readme_tree() -> dict[str, list[str]]:
+    """``folder -> modules`` as the README's Layout section draws the tree."""
+    text = README.read_text()
+    section = text[text.index("## Layout"):]
+    block = re.search(r"```text\npstrain/\n(.*?)```", section, re.S)
+    assert block, "README's Layout has no ```text pstrain/ tree"
+    drawn: dict[str, list[str]] = {}
+    folder = "face"
+    for line in block.group(1).splitlines():
+        match = re.match(r"(\s*)(\S+?)(/)?(?:\s|$)", line)
+        if not match:
+            continue
+        indent, name, is_dir = len(match.group(1)), match.group(2), match.group(3)
+        if is_dir:
+            folder = name if indent == 2 else f"{folder.split('/')[0]}/{name}"
+            drawn.setdefault(folder, [])
+        elif name.endswith(".py"):
+            drawn.setdefault(folder if indent > 2 else "face", []).append(name.removesuffix(".py"))
+    return drawn
+
+
+def test_the_readme_layout_draws_the_tree():
+    actual: dict[str, list[str]] = {}
+    for module in TREE.modules:
+        parts = module.split(".")
+        folder = "face" if len(parts) == 1 else "/".join(parts[:-1])
+        actual.setdefault(folder, []).append(parts[-1])
+    drawn = readme_tree()
+    assert {k: sorted(v) for k, v in drawn.items()} == {k: sorted(v) for k, v in actual.items()}
 
 
 def _import_alone(module: str) -> tuple[str, int, str]:
@@ -175,7 +260,7 @@ def _import_alone(module: str) -> tuple[str, int, str]:
 @pytest.mark.timeout(180)
 def test_every_module_imports_alone_in_a_fresh_interpreter():
     with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(_import_alone, sorted(MODULES)))
+        results = list(pool.map(_import_alone, sorted(TREE.modules)))
     failed = [f"{m}: {err}" for m, code, err in results if code != 0]
-    assert len(results) == len(MODULES) > 40
+    assert len(results) == len(TREE.modules) > 40
     assert not failed, "\n".join(failed)

@@ -245,7 +245,7 @@ async def test_restore_status_edges(ps_server, tmp_path, caplog):
 def test_format_1_checkpoints_are_refused_by_restore_and_read_by_load_variables(tmp_path):
     import json
 
-    from pstrain.checkpoint_files import write_tensors
+    from pstrain._formats.checkpoint_files import write_tensors
 
     write_tensors(str(tmp_path / "old.local.safetensors"), {"w": np.arange(3, dtype=np.float32)})
     (tmp_path / "old.index.json").write_text(json.dumps({"format": "pstrain-checkpoint", "version": 1, "variables": {
@@ -351,7 +351,7 @@ async def test_sidecar_evaluator_follows_a_running_job(ps_server, tmp_path):
 
 
 def test_evaluator_needs_iterations(tmp_path):
-    from pstrain.evaluator import restored_iterations
+    from pstrain._checkpoint.evaluator import restored_iterations
 
     with pytest.raises(RuntimeError, match="`iterations` cannot be loaded"):
         restored_iterations({"w": np.zeros(2)})

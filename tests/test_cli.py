@@ -139,7 +139,7 @@ async def test_servers_leave_when_the_coordinators_job_is_done(tmp_path):
 
 
 def test_pstrain_config_may_name_a_file_and_a_path_in_tf_config_says_what_is_wrong(tmp_path):
-    from pstrain.cluster import parse_config
+    from pstrain._base.cluster import parse_config
     from pstrain.errors import InvalidArgumentError
 
     config = tmp_path / "cluster.json"
@@ -180,6 +180,6 @@ def test_launch_prefixes_every_line_the_servers_write():
 
 
 def test_a_closure_that_cannot_reach_its_ps_is_told_what_to_do():
-    from pstrain.rpc import ps_advice
+    from pstrain._transport.rpc import ps_advice
 
     assert "restore" in ps_advice("/job:ps/replica:0/task:1") and ps_advice("/job:worker/replica:0/task:0") == ""

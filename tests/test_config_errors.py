@@ -182,7 +182,7 @@ async def test_variable_creation_waits_for_a_ps_that_is_still_starting_and_then_
 
     from pstrain.server.ps import ParameterServer
 
-    caplog.set_level(logging.INFO, logger="pstrain.placement")
+    caplog.set_level(logging.INFO, logger="pstrain._variables.placement")
 
     held = socket.socket()
     held.bind(("127.0.0.1", 0))
@@ -239,7 +239,7 @@ async def test_a_chief_whose_metrics_port_is_taken_says_so_in_one_line_and_train
                  "PSTRAIN_TOKEN": TOKEN})
             strategy = pstrain.ParameterServerStrategy(resolver)
             coordinator = pstrain.ClusterCoordinator(strategy)
-            with caplog.at_level(logging.ERROR, logger="pstrain.coordinator"):
+            with caplog.at_level(logging.ERROR, logger="pstrain._coordinator.coordinator"):
                 assert await coordinator.schedule(lambda: 7) == 7
                 await coordinator.join()
                 from .conftest import wait_for

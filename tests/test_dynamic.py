@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import pstrain
+from pstrain._formats.idhash import initial_rows, shard_of
 from pstrain.errors import InvalidArgumentError
-from pstrain.idhash import initial_rows, shard_of
 from pstrain.testing import InProcessCluster
 
 from .conftest import TOKEN
@@ -297,7 +297,7 @@ async def test_the_jax_and_pytorch_adapters_take_a_dynamic_table():
 def test_the_id_index_agrees_with_a_dict_under_any_inserts_and_deletes():
     from hypothesis import given, settings, strategies as st
 
-    from pstrain.server.id_index import IdIndex
+    from pstrain.server.ps.id_index import IdIndex
 
     ids64 = st.integers(-(2**63), 2**63 - 1)
 
@@ -327,7 +327,7 @@ def test_the_id_index_agrees_with_a_dict_under_any_inserts_and_deletes():
 
 
 def test_sightings_are_remembered_for_at_most_max_candidates_ids_newest_kept():
-    from pstrain.server.dynamic_table import DynamicTable, TableConfig
+    from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
 
     t = DynamicTable("t", TableConfig(dim=2, admit_after=2, max_candidates=100))
     for lo in range(0, 1000, 50):  # 1,000 ids seen once each, 50 per lookup
@@ -341,7 +341,7 @@ def test_sightings_are_remembered_for_at_most_max_candidates_ids_newest_kept():
 
 
 async def test_a_dynamic_table_saved_during_training_is_a_state_it_was_in(tmp_path, monkeypatch):
-    from pstrain.server import store
+    from pstrain.server.ps import store
 
     monkeypatch.setattr(store, "BLOCK_BYTES", 4096)  # many blocks: updates land before the writer
     ids = np.arange(1, 20_001, dtype=np.int64) * 7919
@@ -369,9 +369,9 @@ async def test_a_dynamic_table_saved_during_training_is_a_state_it_was_in(tmp_pa
 
 
 def test_a_table_snapshot_holds_the_table_as_it_was_while_rows_change_evict_and_grow(monkeypatch):
-    from pstrain.optimizer_rules import RULES
-    from pstrain.server import store
-    from pstrain.server.dynamic_table import DynamicTable, TableConfig
+    from pstrain._formats.optimizer_rules import RULES
+    from pstrain.server.ps import store
+    from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
 
     monkeypatch.setattr(store, "BLOCK_BYTES", 1024)
     t = DynamicTable("t", TableConfig(dim=4, capacity=3000))

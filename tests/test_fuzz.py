@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from pstrain import rpc, wire
-from pstrain.bridge import new_event_loop
+from pstrain import rpc
+from pstrain._formats import wire
+from pstrain._formats.schemas import REQUESTS
+from pstrain._transport.bridge import new_event_loop
 from pstrain.errors import InvalidArgumentError, ProtocolError, PstrainError
-from pstrain.schemas import REQUESTS
 from pstrain.server.ps import ParameterServer
 
 pytestmark = pytest.mark.timeout(120)

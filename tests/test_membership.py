@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from pstrain._coordinator.membership import IllegalTransition, Membership, SlotState, WorkerSlot
+from pstrain._coordinator.ps_health import PsHealth
 from pstrain.errors import AuthenticationError, UnavailableError
-from pstrain.membership import IllegalTransition, Membership, SlotState, WorkerSlot
-from pstrain.ps_health import PsHealth
 
 pytestmark = pytest.mark.timeout(60)
 

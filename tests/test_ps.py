@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 import pstrain
-from pstrain import protocol, rpc, wire
+from pstrain import rpc
+from pstrain._formats import protocol, wire
+from pstrain._variables.variables import Variable
 from pstrain.errors import (
     AlreadyExistsError,
     AuthenticationError,
@@ -18,7 +20,6 @@ from pstrain.errors import (
     NotFoundError,
     ProtocolError,
 )
-from pstrain.variables import Variable
 
 from .conftest import TOKEN, ServeProcess, strategy_for
 

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 import pstrain
-from pstrain.bridge import block_on, new_event_loop
+from pstrain._base.tasks import TaskOwner
+from pstrain._coordinator.remote_value import Outcome, RemoteValue
+from pstrain._transport.bridge import block_on, new_event_loop
+from pstrain._variables.placement import Placement
 from pstrain.errors import DeadlineExceededError, PstrainError
-from pstrain.placement import Placement
-from pstrain.remote_value import Outcome, RemoteValue
-from pstrain.tasks import TaskOwner
 from pstrain.testing import InProcessCluster, LeakError
 
 from .conftest import wait_for

@@ -1,7 +1,7 @@
 """The scheduling core without any process, socket or task: TF's ClusterCoordinator semantics.
 
-These drive :class:`pstrain.scheduling.ClosureQueue` and
-:class:`pstrain.resources.ResourceRegistry` directly, as a dispatcher would.
+These drive :class:`pstrain._coordinator.scheduling.ClosureQueue` and
+:class:`pstrain._coordinator.resources.ResourceRegistry` directly, as a dispatcher would.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import asyncio
 
 import pytest
 
+from pstrain._coordinator.remote_value import Outcome, RemoteValue
+from pstrain._coordinator.resources import ResourceRegistry, WorkerResource
+from pstrain._coordinator.scheduling import Closure, ClosureQueue, scan_inputs
+from pstrain._distribute.values import PerWorkerValues
+from pstrain._formats.messages import ResourceRef
 from pstrain.errors import CancelledError, ClosureInputError
-from pstrain.messages import ResourceRef
-from pstrain.remote_value import Outcome, RemoteValue
-from pstrain.resources import ResourceRegistry, WorkerResource
-from pstrain.scheduling import Closure, ClosureQueue, scan_inputs
-from pstrain.values import PerWorkerValues
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -21,9 +21,9 @@ import aiohttp
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from pstrain import protocol, rpc, wire
-from pstrain.errors import AuthenticationError, WrongTaskError
-from pstrain.handshake import (
+from pstrain import rpc
+from pstrain._formats import protocol, wire
+from pstrain._formats.handshake import (
     ACCEPTED,
     MAGIC,
     MAX_PREAUTH,
@@ -33,6 +33,7 @@ from pstrain.handshake import (
     HandshakeFailed,
     ServerHandshake,
 )
+from pstrain.errors import AuthenticationError, WrongTaskError
 from pstrain.testing import InProcessCluster
 
 from .conftest import TOKEN, ServeProcess, abort_all, rss, wait_for
@@ -385,7 +386,7 @@ MiB = 1 << 20
 async def test_small_requests_cannot_make_a_ps_allocate_without_bound(tmp_path):
     import numpy as np
 
-    from pstrain.checkpoint_files import write_tensors
+    from pstrain._formats.checkpoint_files import write_tensors
     from pstrain.errors import InvalidArgumentError
 
     server = ServeProcess("--role", "ps", "--index", "0", "--port", "0", "--log-level", "ERROR",

@@ -60,7 +60,7 @@ async def test_a_save_during_updates_writes_the_table_as_it_began_without_copyin
 
 @pytest.mark.parametrize("changed", [3, 400])
 def test_a_snapshots_blocks_hold_the_old_rows_and_free_them_once_written(changed):
-    from pstrain.server.store import Snapshot
+    from pstrain.server.ps.store import Snapshot
 
     a = np.arange(4000, dtype=np.float32).reshape(1000, 4)
     original = a.copy()

@@ -148,7 +148,7 @@ async def test_a_dataset_fn_that_creates_variables_is_refused(cluster):
 async def test_run_and_reduce_on_the_coordinator_warn_once(cluster, caplog):
     strategy = pstrain.ParameterServerStrategy(cluster.resolver)
     coordinator = pstrain.ClusterCoordinator(strategy)
-    with caplog.at_level(logging.WARNING, logger="pstrain.strategy"):
+    with caplog.at_level(logging.WARNING, logger="pstrain._distribute.strategy"):
         assert await coordinator.schedule(lambda: strategy.reduce("SUM", strategy.run(lambda: 2.0),
                                                                   axis=None)) == 2.0
         assert "without using `ClusterCoordinator.schedule`" not in caplog.text

@@ -7,7 +7,7 @@ import pickle
 import numpy as np
 import pytest
 
-from pstrain import wire
+from pstrain._formats import wire
 from pstrain.errors import InvalidArgumentError, ProtocolError
 
 DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,

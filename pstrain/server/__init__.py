@@ -23,13 +23,13 @@ from __future__ import annotations
 import ssl as ssl_module
 from typing import Any
 
-from ..cluster import ClusterSpec, parse_address
-from ..errors import InvalidArgumentError
-from ..protocol import DEFAULT_MAX_BODY
+from .._base.cluster import ClusterSpec, parse_address
+from .._base.errors import InvalidArgumentError
+from .._formats.protocol import DEFAULT_MAX_BODY
 from .base import ServerBase
 from .core import Status
-from .ps import ParameterServer
-from .worker import WorkerServer
+from .ps.handlers import ParameterServer
+from .worker.executor import WorkerServer
 
 __all__ = ["ParameterServer", "Server", "ServerBase", "Status", "WorkerServer"]
 

@@ -14,8 +14,8 @@ import logging
 import time
 from typing import Any
 
-from ..cluster import listening_socket
-from ..errors import PstrainError
+from .._base.cluster import listening_socket
+from .._base.errors import PstrainError
 from .core import ServerCore, Status
 from .http import HttpAdapter
 from .preauth import PreAuth

@@ -10,7 +10,7 @@ way, and this part does no I/O.
 Handlers take the decoded request and return the reply object. Plain
 functions run inline on the loop (the ps relies on this: an update runs with
 no ``await`` inside, so it is atomic); coroutine functions become tasks owned
-by the server's :class:`~pstrain.tasks.TaskOwner`. A handler may return
+by the server's :class:`~pstrain._base.tasks.TaskOwner`. A handler may return
 :class:`Pinned` to send an array without copying it and learn when the bytes
 have left, or :class:`Encoded` chunks it encoded itself.
 """
@@ -30,13 +30,13 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from .. import wire
-from ..auth import normalize_token
-from ..cluster import is_loopback, task_name
-from ..errors import InvalidArgumentError, NotFoundError, PstrainError, to_envelope
-from ..protocol import DEFAULT_MAX_BODY, BodyBudget, FrameKind
-from ..schemas import REQUESTS, validate
-from ..tasks import TaskOwner
+from .._base.auth import normalize_token
+from .._base.cluster import is_loopback, task_name
+from .._base.errors import InvalidArgumentError, NotFoundError, PstrainError, to_envelope
+from .._base.tasks import TaskOwner
+from .._formats import wire
+from .._formats.protocol import DEFAULT_MAX_BODY, BodyBudget, FrameKind
+from .._formats.schemas import REQUESTS, validate
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ class ServerCore:
         """
         record = REQUESTS.get(op)
         if record is None:
-            raise PstrainError(f"operation {op!r} has no declared request in pstrain.schemas")
+            raise PstrainError(f"operation {op!r} has no declared request in pstrain._formats.schemas")
         self.handlers[op] = Handler(fn, pickle, inspect.iscoroutinefunction(fn), stream, record)
 
     def refuse(self, op: str, reason: str) -> None:

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ..auth import bearer_ok
-from ..errors import AuthenticationError, ProtocolError, status_for, to_envelope
-from ..observability import CONTENT_TYPE as METRICS_TYPE, make_registry, render
-from ..protocol import CONTENT_TYPE, FrameKind
+from .._base.auth import bearer_ok
+from .._base.errors import AuthenticationError, ProtocolError, status_for, to_envelope
+from .._formats.observability import CONTENT_TYPE as METRICS_TYPE, make_registry, render
+from .._formats.protocol import CONTENT_TYPE, FrameKind
 from .core import Reply
 
 if TYPE_CHECKING:

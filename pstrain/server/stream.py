@@ -17,10 +17,10 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..cluster import tune_connection
-from ..errors import ProtocolError, PstrainError
-from ..handshake import MAGIC, MAX_PREAUTH, REJECTED, ServerHandshake
-from ..protocol import FrameKind, FrameProtocol
+from .._base.cluster import tune_connection
+from .._base.errors import ProtocolError, PstrainError
+from .._formats.handshake import MAGIC, MAX_PREAUTH, REJECTED, ServerHandshake
+from .._formats.protocol import FrameKind, FrameProtocol
 from .core import Reply
 
 if TYPE_CHECKING:

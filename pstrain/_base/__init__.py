@@ -1,0 +1,1 @@
+"""_base: private; see README "Layout"."""

@@ -1,0 +1,210 @@
+"""The exceptions pstrain raises, one tree rooted at :class:`PstrainError`.
+
+::
+
+    PstrainError
+    ├── UnavailableError        (also ConnectionError)  a task cannot be reached
+    ├── CancelledError                                  a closure was cancelled
+    ├── ClosureInputError                               an input of a closure failed
+    ├── ClosureAbortedError                             its worker died; rescheduled
+    ├── InvalidArgumentError    (also ValueError)       bad dtype, shape, config ...
+    │   └── WrongTaskError                              the task at an address is another
+    ├── NotFoundError           (also LookupError)      unknown variable, function
+    ├── AlreadyExistsError                              duplicate variable
+    ├── AuthenticationError     (also PermissionError)  missing or wrong token
+    ├── ProtocolError                                   malformed or oversized message
+    ├── OutOfRangeError                                 an iterator ran out (TF's name)
+    └── DeadlineExceededError   (also TimeoutError)     no answer in time
+
+Where a meaning matches a builtin the class also derives from it, so callers
+may catch either. :class:`CancelledError` deliberately does *not* derive from
+``asyncio.CancelledError``: a cancelled closure is an outcome to report, not a
+request to unwind the caller's task.
+
+Errors cross the wire as an envelope (``type``, ``message``, ``traceback``,
+``task``); :func:`from_envelope` rebuilds the matching class on the caller.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .exports import expose
+
+__all__ = [
+    "AlreadyExistsError",
+    "AuthenticationError",
+    "CancelledError",
+    "ClosureAbortedError",
+    "ClosureInputError",
+    "DeadlineExceededError",
+    "DrainingError",
+    "InvalidArgumentError",
+    "NotFoundError",
+    "OutOfRangeError",
+    "ProtocolError",
+    "PstrainError",
+    "UnavailableError",
+    "WrongTaskError",
+]
+
+
+class PstrainError(Exception):
+    """Base class of every error pstrain raises.
+
+    ``task`` names the task where the error arose (``/job:ps/replica:0/task:1``)
+    when it came from another process; ``remote_traceback`` holds that
+    process's traceback text.
+
+    >>> try:
+    ...     raise NotFoundError("variable 'w' not found")
+    ... except PstrainError as e:
+    ...     print(type(e).__name__)
+    NotFoundError
+    """
+
+    #: HTTP status used when this error travels as a reply.
+    http_status = 500
+
+    def __init__(self, message: str = "", *, task: str | None = None,
+                 remote_traceback: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.task = task
+        self.remote_traceback = remote_traceback
+
+    def __reduce__(self) -> Any:
+        return (_rebuild, (type(self), self.message, self.task, self.remote_traceback))
+
+
+def _rebuild(cls: type, message: str, task: str | None, tb: str | None) -> PstrainError:
+    return cls(message, task=task, remote_traceback=tb)
+
+
+class UnavailableError(PstrainError, ConnectionError):
+    """A task (ps or worker) cannot be reached: refused, reset or silent."""
+
+    http_status = 503
+
+
+class DrainingError(UnavailableError):
+    """A worker is leaving (``SIGTERM``, a spot machine's preemption notice): it finishes
+    what it runs and takes nothing new; its refused closures go to other workers and no
+    failure is counted."""
+
+
+class CancelledError(PstrainError):
+    """A closure was cancelled, usually because another closure failed first.
+
+    Not a subclass of ``asyncio.CancelledError``.
+    """
+
+    http_status = 499
+
+
+class ClosureInputError(PstrainError):
+    """An input of a closure (a RemoteValue or per-worker resource) failed."""
+
+    http_status = 400
+
+
+class ClosureAbortedError(PstrainError):
+    """A closure's worker was lost; the closure is put back and rerun."""
+
+    http_status = 503
+
+
+class InvalidArgumentError(PstrainError, ValueError):
+    """A request or argument is malformed: wrong dtype, shape, config, ids."""
+
+    http_status = 400
+
+
+class WrongTaskError(InvalidArgumentError):
+    """The task at an address is not the one the cluster spec names there (``actual``):
+    the handshake binds the task dialled, so a spec that does not match the running tasks,
+    or a connection relayed to another task, is refused at once."""
+
+    def __init__(self, message: str, *, actual: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.actual = actual
+
+
+class NotFoundError(PstrainError, LookupError):
+    """Something named does not exist: a variable, a function digest, a path."""
+
+    http_status = 404
+
+
+class AlreadyExistsError(PstrainError):
+    """A variable with that name already exists on the ps."""
+
+    http_status = 409
+
+
+class AuthenticationError(PstrainError, PermissionError):
+    """The cluster token is missing or wrong."""
+
+    http_status = 401
+
+
+class ProtocolError(PstrainError):
+    """A message could not be decoded, or is larger than the configured limit."""
+
+    http_status = 400
+
+
+class OutOfRangeError(PstrainError):
+    """A closure called ``next()`` on an exhausted iterator (TF: "End of sequence").
+
+    A ``StopIteration`` cannot cross an ``await`` (Python turns it into a
+    ``RuntimeError``), so workers report it as this error. Repeat datasets and
+    schedule a fixed number of steps, as TF recommends.
+    """
+
+    http_status = 400
+
+
+class DeadlineExceededError(PstrainError, TimeoutError):
+    """No answer arrived within the deadline."""
+
+    http_status = 504
+
+
+_BY_NAME: dict[str, type[PstrainError]] = {
+    cls.__name__: cls
+    for cls in (PstrainError, UnavailableError, DrainingError, CancelledError, ClosureInputError,
+                ClosureAbortedError, InvalidArgumentError, NotFoundError,
+                AlreadyExistsError, AuthenticationError, ProtocolError,
+                OutOfRangeError, DeadlineExceededError)
+}
+
+
+def to_envelope(exc: BaseException, task: str | None = None,
+                traceback_text: str | None = None) -> dict[str, Any]:
+    """Describe ``exc`` as a plain dict that travels in a reply header."""
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc) if not isinstance(exc, PstrainError) else exc.message,
+        "traceback": traceback_text,
+        "task": getattr(exc, "task", None) or task,
+    }
+
+
+def from_envelope(env: dict[str, Any]) -> PstrainError:
+    """Rebuild the pstrain error an envelope describes (unknown types -> base)."""
+    cls = _BY_NAME.get(str(env.get("type")), PstrainError)
+    message = str(env.get("message", ""))
+    if cls is PstrainError and env.get("type") not in (None, "PstrainError"):
+        message = f"{env.get('type')}: {message}"
+    return cls(message, task=env.get("task"), remote_traceback=env.get("traceback"))
+
+
+def status_for(exc: BaseException) -> int:
+    """HTTP status for an error raised while serving a request."""
+    if isinstance(exc, PstrainError):
+        return exc.http_status
+    return 500
+
+
+expose(globals(), "pstrain.errors")

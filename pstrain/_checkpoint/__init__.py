@@ -1,0 +1,1 @@
+"""_checkpoint: private; see README "Layout"."""

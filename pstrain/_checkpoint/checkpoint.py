@@ -1,0 +1,386 @@
+"""Checkpoints keyed by the object graph: the same code restores the same state.
+
+``Checkpoint(model=..., optimizer=..., step=...)`` tracks the variables
+reachable from its objects (``object_graph.py``): Variables, ShardedVariables,
+Modules, optimizers (``iterations`` and their slots on the ps), metrics, and
+plain objects or containers holding them. Each is keyed by its *path* from the
+checkpoint (``model/dense/kernel``; a slot by TF's
+``model/dense/kernel/.OPTIMIZER_SLOT/optimizer/m``), never by its name, so a
+second model in the same process, or one extra variable created first, restores
+exactly what was saved. A sharded variable is one entry, so a checkpoint
+restores into a different number of parts.
+
+``await ckpt.save(prefix)`` writes ``<prefix>-<N>`` (``N`` counts this
+checkpoint's saves, as TF's ``save_counter``); ``await ckpt.write(path)`` writes
+exactly ``path``. Every ps writes the parts it holds at once
+(``<path>.ps<K>.safetensors``), then the coordinator writes
+``<path>.index.json`` last, atomically: a crash mid-save leaves the earlier
+checkpoints intact and this one invisible. The ps write to the path the
+coordinator gives, so on several machines the directory must be shared (as
+with TensorFlow).
+
+``status = await ckpt.restore(path)`` puts every matching value back, all or
+nothing across the ps, and returns a :class:`CheckpointLoadStatus`
+(``assert_consumed()``, ``assert_existing_objects_matched()``,
+``assert_nontrivial_match()``, ``expect_partial()``). Restoration is
+*deferred* for what does not exist yet: a variable attached later to a
+restored Module (or to the checkpoint) at a saved path, and the slots an
+optimizer creates on its first ``apply_gradients``, take their saved values.
+``load_variables(path)`` reads a checkpoint into numpy arrays, by path,
+without any cluster.
+
+A :class:`~pstrain.DynamicEmbedding` is saved by each ps as its own file
+(``<path>.ps<K>.table-<tag>.safetensors``: ``ids``, ``rows`` and each
+optimizer slot, with the slots' initial values), as of the moment that ps
+copies it; restore re-routes every id to the ps that holds it now, so a table
+restores into any number of ps. Tables are restored after the variables, each
+ps's shard replaced whole (not staged with the variables); ``load_variables``
+gives ``<path>/ids``, ``<path>/rows`` and ``<path>/slot:<optimizer>/<slot>``. The file format is ``checkpoint_files.py``.
+
+Checkpoints written before object-graph keys (format 1, keyed by variable
+name) are refused by ``restore`` with a message saying so; ``load_variables``
+still reads them (by name).
+
+::
+
+    manager = pstrain.checkpoint.CheckpointManager(ckpt, "/tmp/run", max_to_keep=3)
+    await manager.restore_or_initialize()
+    ...
+    await manager.save()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import hashlib
+import logging
+import os
+import re
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._base.context import current_channels
+from .._base.errors import AlreadyExistsError, InvalidArgumentError
+from .._base.exports import expose
+from .._formats.checkpoint_files import (
+    INDEX,
+    CheckpointReader,
+    write_index,
+    write_tensors,
+)
+from .._variables.dynamic import DynamicEmbedding
+from .._variables.placement import Placement
+from .._variables.variables import Variable, ensure_created
+from .object_graph import Entry, Graph, check_trackable, slot_key, walk
+from .restore_status import CheckpointLoadStatus, targets
+
+if TYPE_CHECKING:
+    from .._transport.rpc import Channel, ChannelPool
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Checkpoint", "CheckpointLoadStatus", "CheckpointManager", "load_variables", "recent_saves"]
+
+
+class Checkpoint:
+    """Tracks the objects given (and attributes set later); saves and restores their state by path."""
+
+    _objects: dict[str, Any]
+    _status: CheckpointLoadStatus | None
+    #: Saves made by :meth:`save` (restored from the checkpoint's index, as TF's counter).
+    save_counter: int
+
+    def __init__(self, root: Any = None, **objects: Any) -> None:
+        object.__setattr__(self, "_objects", {})
+        object.__setattr__(self, "_status", None)
+        object.__setattr__(self, "save_counter", 0)
+        if root is not None:
+            objects = {"root": root, **objects}
+        for key, value in objects.items():
+            setattr(self, key, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if not name.startswith("_") and name != "save_counter":
+            check_trackable(name, value)  # before anything changes
+        object.__setattr__(self, name, value)
+        if name.startswith("_") or name == "save_counter":
+            return
+        self._objects[name] = value
+        status = self._status
+        if status is not None:
+            status.attached("", name, value)
+
+    def tracked_objects(self) -> dict[str, Any]:
+        """The objects this checkpoint tracks, by attribute name."""
+        return dict(self._objects)
+
+    # -- save --------------------------------------------------------------------------------
+    async def _slot_entries(self, graph: Graph) -> dict[str, Entry]:
+        """The optimizers' slots of tracked variables that exist on the ps, as entries."""
+        placed = [p for e in graph.entries.values() for p in e.parts if p.ps_index is not None]
+        if not graph.optimizers or not placed:
+            return {}
+        pool = _channel_pool(placed[0])
+        listing: dict[str, tuple[int, dict[str, Any]]] = {}
+        for k in range(pool.cluster_spec.num_tasks("ps")):
+            for v in (await pool.channel("ps", k).call("vars/list", {}))["variables"]:
+                listing[v["name"]] = (k, v)
+        out = {}
+        for opt_path, opt in graph.optimizers.items():
+            for path, entry in graph.entries.items():
+                for slot in opt.slot_names():
+                    names = [opt.slot_variable_name(p, slot) for p in entry.parts]
+                    if not all(n in listing for n in names):
+                        continue
+                    parts = [Variable.handle(n, tuple(listing[n][1]["shape"]), entry.dtype,
+                                             listing[n][0], pool, False) for n in names]
+                    key = slot_key(path, opt_path, slot)
+                    out[key] = Entry(key, f"{opt.name}/{slot}/{entry.name}", parts, entry.offsets,
+                                     entry.shape, entry.dtype, False)
+        return out
+
+    async def save(self, file_prefix: str) -> str:
+        """Save to ``<file_prefix>-<N>`` (``N`` = ``save_counter`` + 1); returns that path."""
+        object.__setattr__(self, "save_counter", self.save_counter + 1)
+        return await self.write(f"{file_prefix}-{self.save_counter}")
+
+    async def write(self, file_prefix: str) -> str:
+        """Save every tracked variable (and optimizer slot) at exactly ``file_prefix``."""
+        prefix = os.path.abspath(file_prefix)
+        os.makedirs(os.path.dirname(prefix), exist_ok=True)
+        if os.path.lexists(prefix + INDEX):
+            raise AlreadyExistsError(f"checkpoint {prefix} exists; a checkpoint is never written "
+                                     "over (save to another path)")
+        _clear_unfinished(prefix)
+        graph = walk(self._objects)
+        entries = dict(graph.entries)
+        await ensure_created(p for e in entries.values() for p in e.parts)
+        entries.update(await self._slot_entries(graph))
+        by_ps: dict[Channel, tuple[int, dict[str, str]]] = {}
+        local: dict[str, np.ndarray] = {}
+        index_vars: dict[str, Any] = {}
+        base = os.path.basename(prefix)
+        for path, entry in entries.items():
+            parts_meta = []
+            for i, part in enumerate(entry.parts):
+                rows = entry.offsets[i + 1] - entry.offsets[i]
+                if part.ps_index is None:
+                    file = f"{base}.local.safetensors"
+                    key = f"{path}#{i}"
+                    local[key] = part.local_array()
+                else:
+                    file = f"{base}.ps{part.ps_index}.safetensors"
+                    key = part.key
+                    by_ps.setdefault(part.channel(), (part.ps_index, {}))[1][key] = part.key
+                parts_meta.append({"file": file, "key": key, "offset": entry.offsets[i], "rows": rows})
+            index_vars[path] = {"dtype": entry.dtype.str, "shape": list(entry.shape), "name": entry.name,
+                                "trainable": entry.trainable, "parts": parts_meta}
+
+        async def save_ps(channel: Channel, ps: int, tensors: dict[str, str]) -> None:
+            await channel.call("ckpt/save", {"path": f"{prefix}.ps{ps}.safetensors", "tensors": tensors})
+
+        index_tables: dict[str, Any] = {}
+
+        async def save_table(path: str, table: DynamicEmbedding) -> None:
+            tag = hashlib.blake2b(path.encode(), digest_size=6).hexdigest()
+            files = [f"{base}.ps{ps}.table-{tag}.safetensors" for ps in range(table.num_ps)]
+            slots = _table_slots(graph)  # by optimizer path, as the variables' slots
+            sizes = await asyncio.gather(*(table.save_shard(ps, os.path.join(os.path.dirname(prefix), f),
+                                                            slots) for ps, f in enumerate(files)))
+            index_tables[path] = {"name": table.name, "dim": table.dim, "dtype": table.dtype.name,
+                                  "config": table.config, "files": files, "rows": sum(sizes)}
+
+        await asyncio.gather(*(save_ps(ch, ps, t) for ch, (ps, t) in by_ps.items()),
+                             *(save_table(p, t) for p, t in graph.tables.items()))
+        if local:
+            await asyncio.get_running_loop().run_in_executor(
+                None, write_tensors, f"{prefix}.local.safetensors", local)
+        write_index(prefix, index_vars, self.save_counter, index_tables)
+        _SAVED.append({"path": prefix, "time": time.time(), "values": len(index_vars),
+                       "tables": len(index_tables)})
+        logger.info("saved checkpoint %s (%d values)", prefix, len(index_vars))
+        return prefix
+
+    # -- restore -------------------------------------------------------------------------------
+    async def restore(self, save_path: str | None) -> CheckpointLoadStatus:
+        """Put the values saved at ``save_path`` back into the objects at the same paths.
+
+        All or nothing across the ps. Returns a :class:`CheckpointLoadStatus`; objects
+        attached later at saved paths, and optimizer slots created later, are restored
+        when they appear. ``save_path=None`` restores nothing (TF's initialization-only
+        status, whose assertions fail).
+        """
+        if save_path is None:
+            return CheckpointLoadStatus(self, None, Graph())
+        reader = CheckpointReader(save_path)  # the index is read and checked once, here
+        if reader.keyed_by != "path":
+            raise InvalidArgumentError(
+                f"checkpoint {save_path} was written by an older pstrain that keyed variables by "
+                "name (format 1); names are not stable across programs, so it is not restored by "
+                "path. Read it with pstrain.checkpoint.load_variables(path) (arrays by name) and "
+                "assign them, then save again to get a format 2 checkpoint.")
+        graph = walk(self._objects)
+        status = CheckpointLoadStatus(self, reader, graph)
+        tables = _check_tables(graph.tables, reader, save_path)  # before anything changes
+        await status.restore_now(targets(graph, reader.variables, graph.entries, {}))
+        for path, table in tables:
+            files = [os.path.join(reader.base, f) for f in reader.tables[path]["files"]]
+            await table.restore_from(files, {v: k for k, v in _table_slots(graph).items()})
+        status.watch(graph.modules)
+        old = self._status
+        if old is not None:
+            old.expect_partial()  # superseded: its leftovers are this restore's business now
+        object.__setattr__(self, "_status", status)
+        object.__setattr__(self, "save_counter", max(self.save_counter, reader.save_counter))
+        missing = [p for p in graph.entries if p not in reader.variables]
+        if missing:
+            logger.warning("checkpoint %s has no value for %d tracked variable(s), which keep their "
+                           "current values: %s", save_path, len(missing), ", ".join(missing[:10]))
+        logger.info("restored checkpoint %s", save_path)
+        return status
+
+    async def read(self, save_path: str) -> CheckpointLoadStatus:
+        """Restore from a checkpoint written by :meth:`write` (same as :meth:`restore`)."""
+        return await self.restore(save_path)
+
+
+#: The checkpoints this process saved, newest last (the dashboard lists them).
+_SAVED: deque[dict[str, Any]] = deque(maxlen=50)
+
+
+def recent_saves() -> list[dict[str, Any]]:
+    """The checkpoints this process saved lately: path, time, values and tables."""
+    return list(_SAVED)
+
+
+def _clear_unfinished(prefix: str) -> None:
+    """Remove the files of a save at ``prefix`` that never finished (the process died before
+    the index was written: the checkpoint was never visible), so that a job restarted from an
+    earlier checkpoint can save at that path again."""
+    pattern = glob.escape(prefix)
+    stale = glob.glob(pattern + ".ps*.safetensors") + glob.glob(pattern + ".local.safetensors")
+    for path in stale:
+        os.remove(path)
+    if stale:
+        logger.warning("removed %d file(s) of an unfinished save at %s (its process died before "
+                       "the index was written)", len(stale), prefix)
+
+
+def _table_slots(graph: Graph) -> dict[str, str]:
+    """Each tracked optimizer's table slot key on the ps (``<name>/<slot>``) -> its key in a
+    checkpoint (``<optimizer path>/<slot>``): stable across programs, as the variables'."""
+    return {f"{opt.name}/{slot}": f"{path}/{slot}" for path, opt in graph.optimizers.items()
+            for slot in opt.slot_names()}
+
+
+def _check_tables(tables: dict[str, DynamicEmbedding], reader: CheckpointReader,
+                  save_path: str) -> list[tuple[str, DynamicEmbedding]]:
+    """The tracked dynamic tables the checkpoint has, each checked against what was saved."""
+    out = []
+    for path, table in tables.items():
+        saved = reader.tables.get(path)
+        if saved is None:
+            logger.warning("checkpoint %s has no dynamic table at %s; it keeps its rows",
+                           save_path, path)
+            continue
+        if saved["dim"] != table.dim or np.dtype(saved["dtype"]) != table.dtype:
+            raise InvalidArgumentError(
+                f"checkpoint {save_path}: the dynamic table at {path!r} was saved {saved['dim']} "
+                f"wide of {saved['dtype']}; this one is {table.dim} wide of {table.dtype.name}")
+        out.append((path, table))
+    return out
+
+
+def _channel_pool(part: Variable) -> ChannelPool:
+    """The channel pool a placed variable uses (its placement's, else the closure's)."""
+    creator = part.creator
+    if isinstance(creator, Placement) and creator.channels is not None:
+        return creator.channels
+    return current_channels()
+
+
+def load_variables(path: str) -> dict[str, np.ndarray]:
+    """Every value of checkpoint ``path`` as a full numpy array, by object-graph path
+    (``model/dense/kernel``; by name for a format 1 checkpoint). No cluster needed.
+
+    ``arrays = pstrain.checkpoint.load_variables("/tmp/run/ckpt-3")``
+    """
+    reader = CheckpointReader(path)
+    out = {}
+    for name in reader.variables:
+        array = reader.read(name)
+        assert array is not None  # every name comes from the index
+        out[name] = array
+    for name in reader.tables:  # a dynamic table: <path>/ids, <path>/rows, <path>/slot:<key>
+        for key, array in reader.read_table(name).items():
+            out[f"{name}/{key}"] = array
+    return out
+
+
+class CheckpointManager:
+    """Numbered checkpoints ``<directory>/<checkpoint_name>-<N>`` keeping the last ``max_to_keep``."""
+
+    def __init__(self, checkpoint: Checkpoint, directory: str, max_to_keep: int | None = 5,
+                 checkpoint_name: str = "ckpt") -> None:
+        if max_to_keep is not None and max_to_keep < 1:
+            raise InvalidArgumentError("max_to_keep must be positive (or None to keep all)")
+        self.checkpoint = checkpoint
+        self.directory = os.path.abspath(directory)
+        self.max_to_keep = max_to_keep
+        self.checkpoint_name = checkpoint_name
+        self._pattern = re.compile(re.escape(checkpoint_name) + r"-(\d+)" + re.escape(INDEX) + "$")
+
+    def _numbers(self) -> list[int]:
+        found = []
+        for path in glob.glob(os.path.join(glob.escape(self.directory), f"{self.checkpoint_name}-*{INDEX}")):
+            m = self._pattern.search(os.path.basename(path))
+            if m:
+                found.append(int(m.group(1)))
+        return sorted(found)
+
+    def _path(self, number: int) -> str:
+        return os.path.join(self.directory, f"{self.checkpoint_name}-{number}")
+
+    @property
+    def checkpoints(self) -> list[str]:
+        """The complete checkpoints kept, oldest first."""
+        return [self._path(n) for n in self._numbers()]
+
+    @property
+    def latest_checkpoint(self) -> str | None:
+        numbers = self._numbers()
+        return self._path(numbers[-1]) if numbers else None
+
+    async def save(self, checkpoint_number: int | None = None) -> str:
+        """Save the next checkpoint (or number ``checkpoint_number``) and drop old ones."""
+        numbers = self._numbers()
+        number = checkpoint_number if checkpoint_number is not None else (numbers[-1] + 1 if numbers else 1)
+        self.checkpoint.save_counter = max(self.checkpoint.save_counter, number)
+        path = await self.checkpoint.write(self._path(number))
+        if self.max_to_keep is not None:
+            for old in self._numbers()[:-self.max_to_keep]:
+                self._delete(old)
+        return path
+
+    def _delete(self, number: int) -> None:
+        prefix = self._path(number)
+        os.remove(prefix + INDEX)  # first: the checkpoint stops being visible
+        for path in glob.glob(glob.escape(prefix) + ".*"):
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+
+    async def restore_or_initialize(self) -> str | None:
+        """Restore the latest checkpoint if there is one; returns its path, else None."""
+        latest = self.latest_checkpoint
+        if latest is not None:
+            await self.checkpoint.restore(latest)
+        return latest
+
+
+expose(globals(), "pstrain.checkpoint")

@@ -1,0 +1,1 @@
+"""_coordinator: private; see README "Layout"."""

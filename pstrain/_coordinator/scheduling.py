@@ -1,0 +1,411 @@
+"""The scheduling core: closures, the queue, in-flight accounting and the first error.
+
+No I/O and no tasks here (the h11 / dask ``WorkerState`` discipline): a
+:class:`ClosureQueue` takes events (a closure scheduled, work taken by a
+worker, a result, a worker lost) and keeps the state TF's
+``ClusterCoordinator`` defines:
+
+* closures run in FIFO order; each is in the queue, in flight on exactly one
+  worker, or finished (its :class:`~pstrain._coordinator.remote_value.Outcome` resolved);
+* the **first error wins**: a closure that fails records its error unless one
+  is already pending; later errors are dropped;
+* recording it **cancels what is queued** (their RemoteValues raise
+  :class:`~pstrain.errors.CancelledError`) and asks every worker with closures
+  in flight to cancel them (:meth:`ClosureQueue.take_cancellations`);
+* :meth:`ClosureQueue.take_error` hands the error to the caller that raises it
+  (``join``/``schedule``/``done``), abandons what is still in flight as
+  cancelled, and **clears** it: the coordinator keeps working;
+* closures of a **lost worker are put back** at the front of the queue (in
+  their order) and run elsewhere, unless an error is pending (then they are
+  cancelled);
+* a closure's **RemoteValue inputs** are resolved before it is sent
+  (:meth:`Closure.arguments_for`); a failed input fails it with
+  :class:`~pstrain.errors.ClosureInputError`, also when the producer's error
+  cancels the rest (a consumer of a failed value always learns why).
+
+Dispatchers drive it and are told of new work or errors through ``wake``
+callbacks; :meth:`ClosureQueue.wait_idle` and :meth:`ClosureQueue.wait_drained`
+are what ``join()`` waits on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Collection
+from typing import Any
+
+from .._base.errors import CancelledError, ClosureInputError, InvalidArgumentError
+from .._distribute.values import PerWorkerValues
+from .._formats.messages import ResourceRef
+from .remote_value import Outcome, RemoteValue
+
+__all__ = ["CANCELLED_MESSAGE", "Closure", "ClosureQueue", "scan_inputs"]
+
+CANCELLED_MESSAGE = "The corresponding function is cancelled. Please reschedule the function."
+
+
+def scan_inputs(obj: Any, inputs: list[RemoteValue]) -> bool:
+    """Does ``obj`` hold per-worker or remote values (so it must be rewritten per worker)?
+
+    RemoteValues found are appended to ``inputs``.
+
+    >>> scan_inputs((1, [2, {"a": 3}]), [])
+    False
+    """
+    if isinstance(obj, RemoteValue):
+        inputs.append(obj)
+        return True
+    if isinstance(obj, PerWorkerValues):
+        return True
+    if type(obj) is tuple or type(obj) is list:
+        found = False
+        for x in obj:
+            found = scan_inputs(x, inputs) or found
+        return found
+    if type(obj) is dict:
+        found = False
+        for x in obj.values():
+            found = scan_inputs(x, inputs) or found
+        return found
+    return False
+
+
+class Closure:
+    """One scheduled call: the function (pickled once), its arguments and its outcome."""
+
+    __slots__ = ("cid", "fn", "digest", "pickled", "args", "kwargs", "outcome", "walk", "inputs",
+                 "worker", "once_key")
+
+    def __init__(self, cid: int, fn: Any, digest: bytes, pickled: bytes, args: tuple[Any, ...],
+                 kwargs: dict[str, Any], outcome: Outcome, walk: bool = False,
+                 inputs: list[RemoteValue] | None = None, once_key: str | None = None) -> None:
+        self.cid = cid
+        self.fn = fn
+        self.digest = digest
+        self.pickled = pickled
+        self.args = args
+        self.kwargs = kwargs
+        self.outcome = outcome
+        self.walk = walk  # do the arguments hold per-worker or remote values?
+        self.inputs = inputs or []
+        self.worker: int | None = None  # the worker it is in flight on
+        self.once_key = once_key  # exactly-once: the key its updates carry, attempt after attempt
+
+    def inputs_ready(self) -> bool:
+        return not self.inputs or all(rv.done() for rv in self.inputs)
+
+    def input_error(self) -> ClosureInputError | None:
+        """The error of an input that failed, if one has."""
+        for rv in self.inputs:
+            if rv.done():
+                try:
+                    _ready_value(rv)
+                except ClosureInputError as exc:
+                    return exc
+        return None
+
+    def cancel_error(self, message: str) -> BaseException:
+        """What this closure fails with when it is cancelled: why its input failed, if one did."""
+        return self.input_error() or CancelledError(message)
+
+    def arguments_for(self, worker: int) -> tuple[tuple[Any, ...], dict[str, Any], bool]:
+        """``(args, kwargs, has_refs)`` as worker ``worker`` gets them.
+
+        Per-worker values become that worker's part (a :class:`ResourceRef`
+        for a per-worker resource); RemoteValues become their values. Raises
+        :class:`ClosureInputError` if an input failed.
+        """
+        if not self.walk:
+            return self.args, self.kwargs, False
+        args, refs = _substitute(self.args, worker)
+        kwargs, kw_refs = _substitute(self.kwargs, worker)
+        return args, kwargs, refs or kw_refs
+
+
+def _substitute(obj: Any, index: int) -> tuple[Any, bool]:
+    if isinstance(obj, PerWorkerValues):
+        rid = obj.resource_id
+        if rid is not None:
+            return ResourceRef(rid), True
+        if index >= len(obj.values):
+            raise InvalidArgumentError(
+                f"a PerWorkerValues of {len(obj.values)} values was given to a closure that runs "
+                f"on worker {index}, a worker that joined later: build per-worker values with "
+                "coordinator.create_per_worker_dataset, which covers joining workers")
+        return _substitute(obj.values[index], index)
+    if isinstance(obj, RemoteValue):
+        if not obj.done():
+            raise ClosureInputError("Input is not ready: a RemoteValue input must resolve before "
+                                    "its consumer is sent")
+        return _ready_value(obj), False
+    if type(obj) is tuple or type(obj) is list:
+        items = [_substitute(x, index) for x in obj]
+        out = [x for x, _ in items]
+        return (tuple(out) if type(obj) is tuple else out), any(r for _, r in items)
+    if type(obj) is dict:
+        items2 = {k: _substitute(v, index) for k, v in obj.items()}
+        return {k: x for k, (x, _) in items2.items()}, any(r for _, r in items2.values())
+    return obj, False
+
+
+def _ready_value(rv: RemoteValue) -> Any:
+    """The value of a resolved RemoteValue, without a loop (its await returns at once)."""
+    gen = rv.__await__()
+    try:
+        next(gen)
+    except StopIteration as stop:  # resolved: the generator returns at once
+        return stop.value
+    except BaseException as exc:
+        raise ClosureInputError(
+            f"Input has an error, the original exception is {type(exc).__name__}, "
+            f"error message is {exc}") from exc
+    gen.close()  # pragma: no cover - done() said it was resolved
+    raise ClosureInputError("Input is not ready")  # pragma: no cover
+
+
+class ClosureQueue:
+    """The closures of one coordinator: queued, in flight per worker, and the first error."""
+
+    def __init__(self) -> None:
+        self._queue: deque[Closure] = deque()
+        self._inflight: dict[int, Closure] = {}
+        self._per_worker: dict[int, int] = {}
+        self._error: BaseException | None = None
+        self._cancel: dict[int, list[int]] = {}  # worker -> in-flight ids to cancel there
+        self._listeners: list[Callable[[], None]] = []
+        self._idle_waiters: list[asyncio.Future[None]] = []
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self.done_count = 0
+        self.retried_count = 0
+        #: Workers whose per-worker iterator ran out: they take no more closures, so that
+        #: the other workers' remaining batches are all consumed before the job's
+        #: OutOfRangeError (cleared when the error is raised, or the worker restarts).
+        self._exhausted: set[int] = set()
+
+    # -- observers ------------------------------------------------------------------------------
+    def add_listener(self, wake: Callable[[], None]) -> None:
+        """``wake()`` is called when there is new work, an error, or room."""
+        self._listeners.append(wake)
+
+    def _wake(self) -> None:
+        for wake in self._listeners:
+            wake()
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._inflight)
+
+    def in_flight_on(self, worker: int) -> int:
+        return self._per_worker.get(worker, 0)
+
+    def is_idle(self) -> bool:
+        """Nothing queued and nothing in flight."""
+        return not self._queue and not self._inflight
+
+    @property
+    def error(self) -> BaseException | None:
+        """The pending error, if a closure failed and nobody has raised it yet."""
+        return self._error
+
+    # -- producer ---------------------------------------------------------------------------------
+    def put(self, closure: Closure) -> None:
+        """Queue a closure (the caller raises a pending error right after, cancelling it)."""
+        self._queue.append(closure)
+        for wake in self._listeners:
+            wake()
+
+    def put_cancelled_if_error(self, closure: Closure) -> None:
+        """Queue a closure scheduled from another thread: cancelled if an error is pending."""
+        if self._error is not None:
+            closure.outcome.set_error(closure.cancel_error(CANCELLED_MESSAGE))
+            return
+        self.put(closure)
+
+    # -- consumers (dispatchers) --------------------------------------------------------------------
+    def take(self, worker: int, limit: int) -> list[Closure]:
+        """Up to ``limit`` closures for ``worker``, now in flight on it."""
+        queue = self._queue
+        n = min(limit, len(queue))
+        if n <= 0 or worker in self._exhausted:
+            return []
+        batch = [queue.popleft() for _ in range(n)]
+        for c in batch:
+            c.worker = worker
+            self._inflight[c.cid] = c
+        self._per_worker[worker] = self._per_worker.get(worker, 0) + n
+        return batch
+
+    def _release(self, cid: int) -> Closure | None:
+        c = self._inflight.pop(cid, None)
+        if c is not None and c.worker is not None:
+            self._per_worker[c.worker] -= 1
+        return c
+
+    def _ended(self, c: Closure) -> None:
+        """Its worker reported it: a cancellation still to send for it is moot."""
+        pending = self._cancel.get(c.worker) if c.worker is not None else None
+        if pending and c.cid in pending:
+            pending.remove(c.cid)
+
+    def finish(self, cid: int, value: Any) -> bool:
+        """Closure ``cid`` returned ``value``; False if it is no longer in flight (abandoned)."""
+        c = self._inflight.pop(cid, None)  # the hot path: _release and _ended, inline
+        if c is None:
+            return False
+        if c.worker is not None:
+            self._per_worker[c.worker] -= 1
+        if self._cancel:
+            self._ended(c)
+        self.done_count += 1
+        c.outcome.set_value(value)
+        if self._idle_waiters or self._drain_waiters:
+            self._progress()
+        return True
+
+    def fail(self, cid: int, error: BaseException, *, cancelled: bool = False) -> bool:
+        """Closure ``cid`` raised ``error`` (or was ``cancelled``): its RemoteValue raises it,
+        and a real failure is recorded as the first error."""
+        c = self._release(cid)
+        if c is None:
+            return False
+        self._ended(c)
+        self.done_count += 1
+        c.outcome.set_error(error)
+        if not cancelled:
+            self.record_error(error)
+        self._progress()
+        return True
+
+    def out_of_range(self, cid: int, error: BaseException, worker: int, up: Collection[int]) -> None:
+        """Closure ``cid`` found ``worker``'s iterator at its end (``error``). While another
+        worker (of those ``up``) still has data, the closure goes back to the front of the
+        queue and ``worker`` takes no more; when none has, it fails with ``error`` (the
+        queue is cancelled and ``join`` raises it, as TF's OutOfRangeError)."""
+        self._exhausted.add(worker)
+        if not set(up) - self._exhausted:
+            self.fail(cid, error)
+            return
+        c = self._release(cid)
+        if c is None:
+            return
+        c.worker = None
+        self._queue.appendleft(c)
+        self._wake()
+        self._progress()
+
+    def can_take(self, worker: int) -> bool:
+        """Is there work ``worker`` may take now?"""
+        return bool(self._queue) and worker not in self._exhausted
+
+    def refreshed(self, worker: int) -> None:
+        """``worker``'s iterators were built afresh (it restarted): it takes work again."""
+        self._exhausted.discard(worker)
+
+    def put_back(self, worker: int, cids: Collection[int] | None = None) -> int:
+        """``worker`` was lost (or refused ``cids``, leaving): its closures go back to the
+        front of the queue, in order (or are cancelled if an error is pending). Returns how
+        many. Closures it refused never ran there: they do not count as retried."""
+        lost = [c for c in self._inflight.values() if c.worker == worker and (cids is None or c.cid in cids)]
+        for c in lost:
+            self._release(c.cid)
+            c.worker = None
+        self._cancel.pop(worker, None)
+        if self._error is not None:
+            for c in lost:
+                c.outcome.set_error(c.cancel_error(CANCELLED_MESSAGE))
+        else:
+            if cids is None:
+                self.retried_count += len(lost)
+            self._queue.extendleft(reversed(lost))
+        self._wake()
+        self._progress()
+        return len(lost)
+
+    # -- errors ------------------------------------------------------------------------------------
+    def record_error(self, error: BaseException) -> bool:
+        """Keep ``error`` unless one is pending; cancel the queue; ask for in-flight cancels."""
+        if self._error is not None:
+            return False
+        self._error = error
+        self._cancel_queued(CANCELLED_MESSAGE)
+        for c in self._inflight.values():
+            if c.worker is not None:
+                self._cancel.setdefault(c.worker, []).append(c.cid)
+        self._wake()
+        self._progress()
+        return True
+
+    def take_cancellations(self, worker: int) -> list[int]:
+        """The in-flight ids the dispatcher of ``worker`` should ask its worker to cancel."""
+        return self._cancel.pop(worker, None) or []
+
+    def take_error(self) -> BaseException | None:
+        """Hand over the pending error and clear it; closures still in flight are abandoned
+        (their RemoteValues raise CancelledError; late results are ignored)."""
+        error = self._error
+        if error is None:
+            return None
+        self._cancel_queued(CANCELLED_MESSAGE)
+        for cid in list(self._inflight):
+            c = self._release(cid)
+            if c is not None:
+                self.done_count += 1
+                c.outcome.set_error(c.cancel_error(CANCELLED_MESSAGE))
+                if c.worker is not None and cid not in self._cancel.get(c.worker, ()):
+                    self._cancel.setdefault(c.worker, []).append(cid)  # stop it there too
+        self._error = None
+        self._exhausted.clear()  # new iterators may follow: every worker takes work again
+        self._wake()
+        self._progress()
+        return error
+
+    def _cancel_queued(self, message: str) -> None:
+        while self._queue:
+            c = self._queue.popleft()
+            c.outcome.set_error(c.cancel_error(message))
+
+    def close(self, reason: str) -> None:
+        """Cancel everything, queued and in flight (the coordinator is closing)."""
+        self._cancel_queued(reason)
+        for cid in list(self._inflight):
+            c = self._release(cid)
+            if c is not None:
+                c.outcome.set_error(CancelledError(reason))
+        self._progress()
+
+    # -- waiting -------------------------------------------------------------------------------------
+    def _progress(self) -> None:
+        if self._idle_waiters and (self._error is not None or self.is_idle()):
+            _resolve(self._idle_waiters)
+            self._idle_waiters = []
+        if self._drain_waiters and not self._inflight:
+            _resolve(self._drain_waiters)
+            self._drain_waiters = []
+
+    async def wait_idle(self) -> None:
+        """Until nothing is queued or in flight, or an error is pending."""
+        if self._error is not None or self.is_idle():
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._idle_waiters.append(fut)
+        await fut
+
+    async def wait_drained(self, timeout: float | None = None) -> bool:
+        """Until nothing is in flight (True), or ``timeout`` seconds (False)."""
+        if not self._inflight:
+            return True
+        fut = asyncio.get_running_loop().create_future()
+        self._drain_waiters.append(fut)
+        done, _ = await asyncio.wait([fut], timeout=timeout)
+        return bool(done)
+
+
+def _resolve(waiters: list[asyncio.Future[None]]) -> None:
+    for fut in waiters:
+        if not fut.done():
+            fut.set_result(None)

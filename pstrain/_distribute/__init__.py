@@ -1,0 +1,1 @@
+"""_distribute: private; see README "Layout"."""

@@ -1,0 +1,1 @@
+"""_formats: private; see README "Layout"."""

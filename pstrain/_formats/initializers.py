@@ -1,0 +1,254 @@
+"""Initializers: values a variable starts from, generated where it lives.
+
+Each initializer is a small, seeded description. Given to
+``pstrain.Variable(init, shape=..., dtype=...)`` inside a strategy scope, only
+the description travels; the ps generates the array, so a 64 MB embedding
+table never crosses the wire. Calling one locally gives the same numbers the
+ps would: ``init(shape, dtype)``. A seeded initializer is reproducible; an
+unseeded one draws its seed once, when the variable is created.
+
+For a part of a sharded variable, the initializer is called with the part's
+shape, its offset in the full variable and the full shape (fans of
+:class:`GlorotUniform` use the full shape); random parts draw from a stream
+derived from ``(seed, offset)``.
+
+>>> import numpy as np
+>>> RandomNormal(stddev=1.0, seed=3)((2,), np.float32).shape
+(2,)
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import secrets
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .._base.errors import InvalidArgumentError
+from .._base.exports import expose
+
+__all__ = ["Constant", "GlorotUniform", "Initializer", "Ones", "RandomNormal", "RandomUniform",
+           "TruncatedNormal", "Zeros", "from_spec"]
+
+
+class Initializer(abc.ABC):
+    """Base class: ``spec()`` describes it, ``__call__`` builds an array (or, given Keras'
+    ``partition_shape``/``partition_offset``, one shard of it)."""
+
+    kind = ""
+
+    def config(self) -> dict[str, Any]:
+        return {}
+
+    def spec(self) -> dict[str, Any]:
+        """A plain dict that travels to the ps (unseeded ones get a seed here)."""
+        cfg = self.config()
+        if "seed" in cfg and cfg["seed"] is None:
+            cfg["seed"] = secrets.randbits(63)
+        return {"kind": self.kind, **cfg}
+
+    def __call__(self, shape: Sequence[int], dtype: Any = np.float32, *,
+                 offset: Sequence[int] | None = None,
+                 full_shape: Sequence[int] | None = None,
+                 partition_shape: Sequence[int] | None = None,
+                 partition_offset: Sequence[int] | None = None) -> np.ndarray:
+        if partition_shape is not None:  # Keras' names: ``shape`` is the whole variable's
+            full_shape, shape = shape, partition_shape
+            offset = partition_offset or (0,) * len(shape)
+        shape = tuple(int(d) for d in shape)
+        dtype = np.dtype(dtype)
+        return np.asarray(self._generate(shape, dtype, tuple(offset or ()),
+                                         tuple(full_shape or shape))).astype(dtype, copy=False)
+
+    @abc.abstractmethod
+    def _generate(self, shape: tuple[int, ...], dtype: np.dtype, offset: tuple[int, ...],
+                  full_shape: tuple[int, ...]) -> np.ndarray:
+        """Rows ``offset...`` of a ``full_shape`` value, ``shape`` of them."""
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
+        return f"{type(self).__name__}({args})"
+
+
+def _filled(shape: tuple[int, ...], dtype: np.dtype, draw: Callable[[int], np.ndarray]) -> np.ndarray:
+    """An array of ``dtype`` filled from ``draw(n)`` a million values at a time: the same
+    values as one draw of the whole shape, without a float64 copy of a large variable.
+
+    >>> rng = np.random.default_rng(1)
+    >>> a = _filled((3, 2), np.dtype("float32"), lambda n: rng.uniform(0, 1, n))
+    >>> bool(np.array_equal(a, np.random.default_rng(1).uniform(0, 1, (3, 2)).astype(np.float32)))
+    True
+    """
+    out = np.empty(shape, dtype)
+    flat = out.reshape(-1)
+    step = 1 << 20
+    for lo in range(0, flat.size, step):
+        hi = min(flat.size, lo + step)
+        flat[lo:hi] = draw(hi - lo)
+    return out
+
+
+def _rng(seed: int | None, offset: tuple[int, ...]) -> np.random.Generator:
+    if seed is None:
+        seed = secrets.randbits(63)
+    if any(offset):
+        return np.random.default_rng([seed, *offset])
+    return np.random.default_rng(seed)
+
+
+def _float_dtype(dtype: np.dtype, name: str) -> None:
+    if dtype.kind not in "fc":
+        raise InvalidArgumentError(f"{name} needs a floating dtype, got {dtype}")
+
+
+class Zeros(Initializer):
+    """All zeros."""
+
+    kind = "zeros"
+
+    def _generate(self, shape, dtype, offset, full_shape):  # type: ignore[no-untyped-def]
+        return np.zeros(shape, dtype)
+
+
+class Ones(Initializer):
+    """All ones."""
+
+    kind = "ones"
+
+    def _generate(self, shape, dtype, offset, full_shape):  # type: ignore[no-untyped-def]
+        return np.ones(shape, dtype)
+
+
+class Constant(Initializer):
+    """Every element equal to ``value`` (a scalar)."""
+
+    kind = "constant"
+
+    def __init__(self, value: float = 0.0) -> None:
+        if np.ndim(value) != 0:
+            raise InvalidArgumentError("Constant takes a scalar value; pass an array as the "
+                                       "initial value of the variable instead")
+        self.value = value.item() if isinstance(value, np.generic) else value
+
+    def config(self) -> dict[str, Any]:
+        return {"value": self.value}
+
+    def _generate(self, shape, dtype, offset, full_shape):  # type: ignore[no-untyped-def]
+        return np.full(shape, self.value, dtype)
+
+
+class RandomNormal(Initializer):
+    """Normal with ``mean`` and ``stddev`` (Keras defaults 0 and 0.05)."""
+
+    kind = "random_normal"
+
+    def __init__(self, mean: float = 0.0, stddev: float = 0.05, seed: int | None = None) -> None:
+        self.mean, self.stddev, self.seed = float(mean), float(stddev), seed
+
+    def config(self) -> dict[str, Any]:
+        return {"mean": self.mean, "stddev": self.stddev, "seed": self.seed}
+
+    def _generate(self, shape, dtype, offset, full_shape):  # type: ignore[no-untyped-def]
+        _float_dtype(dtype, "RandomNormal")
+        rng = _rng(self.seed, offset)
+        draw = np.float32 if dtype == np.float32 else np.float64
+        return _filled(shape, dtype,
+                       lambda n: rng.standard_normal(n, dtype=draw) * self.stddev + self.mean)
+
+
+class RandomUniform(Initializer):
+    """Uniform in ``[minval, maxval)`` (Keras defaults -0.05, 0.05)."""
+
+    kind = "random_uniform"
+
+    def __init__(self, minval: float = -0.05, maxval: float = 0.05, seed: int | None = None) -> None:
+        self.minval, self.maxval, self.seed = float(minval), float(maxval), seed
+
+    def config(self) -> dict[str, Any]:
+        return {"minval": self.minval, "maxval": self.maxval, "seed": self.seed}
+
+    def _generate(self, shape, dtype, offset, full_shape):  # type: ignore[no-untyped-def]
+        rng = _rng(self.seed, offset)
+        if dtype.kind in "iu":
+            return rng.integers(int(self.minval), int(self.maxval), size=shape, dtype=dtype)
+        _float_dtype(dtype, "RandomUniform")
+        return _filled(shape, dtype, lambda n: rng.uniform(self.minval, self.maxval, n))
+
+
+class TruncatedNormal(Initializer):
+    """Normal, redrawn beyond two standard deviations (Keras' rule)."""
+
+    kind = "truncated_normal"
+
+    def __init__(self, mean: float = 0.0, stddev: float = 0.05, seed: int | None = None) -> None:
+        self.mean, self.stddev, self.seed = float(mean), float(stddev), seed
+
+    def config(self) -> dict[str, Any]:
+        return {"mean": self.mean, "stddev": self.stddev, "seed": self.seed}
+
+    def _generate(self, shape, dtype, offset, full_shape):  # type: ignore[no-untyped-def]
+        _float_dtype(dtype, "TruncatedNormal")
+        rng = _rng(self.seed, offset)
+        out = rng.standard_normal(shape)
+        bad = np.abs(out) > 2.0
+        while bad.any():
+            out[bad] = rng.standard_normal(int(bad.sum()))
+            bad = np.abs(out) > 2.0
+        return out * self.stddev + self.mean
+
+
+class GlorotUniform(Initializer):
+    """Uniform in ``±sqrt(6 / (fan_in + fan_out))``, fans from the full shape."""
+
+    kind = "glorot_uniform"
+
+    def __init__(self, seed: int | None = None) -> None:
+        self.seed = seed
+
+    def config(self) -> dict[str, Any]:
+        return {"seed": self.seed}
+
+    def _generate(self, shape, dtype, offset, full_shape):  # type: ignore[no-untyped-def]
+        _float_dtype(dtype, "GlorotUniform")
+        fan_in, fan_out = _fans(full_shape)
+        limit = math.sqrt(6.0 / max(1.0, fan_in + fan_out))
+        return _rng(self.seed, offset).uniform(-limit, limit, size=shape)
+
+
+def _fans(shape: tuple[int, ...]) -> tuple[float, float]:
+    """Keras' fan computation: receptive field times the last two dims."""
+    if len(shape) < 1:
+        return 1.0, 1.0
+    if len(shape) == 1:
+        return float(shape[0]), float(shape[0])
+    if len(shape) == 2:
+        return float(shape[0]), float(shape[1])
+    receptive = math.prod(shape[:-2])
+    return float(shape[-2] * receptive), float(shape[-1] * receptive)
+
+
+_KINDS: dict[str, type[Initializer]] = {
+    cls.kind: cls for cls in (Zeros, Ones, Constant, RandomNormal, RandomUniform,
+                              TruncatedNormal, GlorotUniform)
+}
+
+
+def from_spec(spec: dict[str, Any]) -> Initializer:
+    """Rebuild an initializer from :meth:`Initializer.spec` (on the ps)."""
+    if not isinstance(spec, dict):
+        raise InvalidArgumentError(f"initializer spec must be a mapping, got {type(spec).__name__}")
+    args = dict(spec)
+    cls = _KINDS.get(args.pop("kind", None))
+    if cls is None:
+        raise InvalidArgumentError(
+            f"unknown initializer {spec.get('kind')!r}; known: {sorted(_KINDS)}")
+    try:
+        return cls(**args)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"bad arguments for initializer {spec.get('kind')!r}: {exc}") from exc
+
+
+expose(globals(), "pstrain.initializers")

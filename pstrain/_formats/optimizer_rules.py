@@ -1,0 +1,163 @@
+"""Optimizer update rules and their metadata, shared by the optimizers and the ps.
+
+The client (``optimizers.py``) reads the metadata (which slots a rule needs,
+their initial values); the ps runs the rules where the variable and its
+slots live.
+
+Each rule updates ``var`` and its slot arrays in place from a gradient, with
+the formulas of Keras' optimizers. A sparse gradient (``rows`` given, unique,
+duplicates already summed) updates only those rows of the variable *and* of
+its slots. Rules are plain numpy: no I/O, no awaits, so an apply is atomic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .._base.errors import InvalidArgumentError
+
+__all__ = ["RULES", "slot_specs"]
+
+
+def _sgd(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None, slots: dict[str, np.ndarray],
+         cfg: dict[str, Any], t: int) -> None:
+    lr, momentum = cfg["learning_rate"], cfg.get("momentum", 0.0)
+    if not momentum:
+        if rows is None:
+            var -= lr * g
+        else:
+            var[rows] -= lr * g
+        return
+    m = slots["momentum"]
+    if rows is None:
+        m *= momentum
+        m -= lr * g
+        if cfg.get("nesterov"):
+            var += momentum * m - lr * g
+        else:
+            var += m
+    else:
+        mr = momentum * m[rows] - lr * g
+        m[rows] = mr
+        var[rows] += (momentum * mr - lr * g) if cfg.get("nesterov") else mr
+
+
+def _adagrad(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None,
+             slots: dict[str, np.ndarray], cfg: dict[str, Any], t: int) -> None:
+    lr, eps = cfg["learning_rate"], cfg.get("epsilon", 1e-7)
+    acc = slots["accumulator"]
+    if rows is None:
+        acc += g * g
+        var -= lr * g / np.sqrt(acc + eps)
+    else:
+        a = acc[rows] + g * g
+        acc[rows] = a
+        var[rows] -= lr * g / np.sqrt(a + eps)
+
+
+def _adam(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None, slots: dict[str, np.ndarray],
+          cfg: dict[str, Any], t: int) -> None:
+    lr, b1, b2 = cfg["learning_rate"], cfg.get("beta_1", 0.9), cfg.get("beta_2", 0.999)
+    eps = cfg.get("epsilon", 1e-7)
+    alpha = lr * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+    m, v = slots["m"], slots["v"]
+    if rows is None:
+        m += (g - m) * (1 - b1)
+        v += (g * g - v) * (1 - b2)
+        var -= alpha * m / (np.sqrt(v) + eps)
+    else:
+        mr = m[rows]
+        mr += (g - mr) * (1 - b1)
+        vr = v[rows]
+        vr += (g * g - vr) * (1 - b2)
+        m[rows], v[rows] = mr, vr
+        var[rows] -= alpha * mr / (np.sqrt(vr) + eps)
+
+
+def _ftrl_update(w: np.ndarray, g: np.ndarray, accum: np.ndarray, linear: np.ndarray,
+                 cfg: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    lr = cfg["learning_rate"]
+    power = cfg.get("learning_rate_power", -0.5)
+    l1 = cfg.get("l1_regularization_strength", 0.0)
+    l2 = cfg.get("l2_regularization_strength", 0.0) + cfg.get("beta", 0.0) / (2.0 * lr)
+    shrink = cfg.get("l2_shrinkage_regularization_strength", 0.0)
+    grad = g + 2 * shrink * w
+    new_accum = accum + g * g
+    linear = linear + grad - (np.power(new_accum, -power) - np.power(accum, -power)) / lr * w
+    quadratic = np.power(new_accum, -power) / lr + 2 * l2
+    clipped = np.clip(linear, -l1, l1)
+    return (clipped - linear) / quadratic, new_accum, linear
+
+
+def _ftrl(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None, slots: dict[str, np.ndarray],
+          cfg: dict[str, Any], t: int) -> None:
+    accum, linear = slots["accumulator"], slots["linear"]
+    if rows is None:
+        w, a, lin = _ftrl_update(var, g, accum, linear, cfg)
+        var[...], accum[...], linear[...] = w, a, lin
+    else:
+        w, a, lin = _ftrl_update(var[rows], g, accum[rows], linear[rows], cfg)
+        var[rows], accum[rows], linear[rows] = w, a, lin
+
+
+def _rmsprop(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None,
+             slots: dict[str, np.ndarray], cfg: dict[str, Any], t: int) -> None:
+    """Keras' RMSprop: with momentum, TF's ApplyRMSProp (epsilon inside the root)."""
+    lr, rho, eps = cfg["learning_rate"], cfg.get("rho", 0.9), cfg.get("epsilon", 1e-7)
+    momentum, centered = cfg.get("momentum", 0.0), cfg.get("centered", False)
+    sel: Any = ... if rows is None else rows  # ... also indexes a scalar
+    rms = slots["rms"][sel] * rho + (1 - rho) * g * g
+    slots["rms"][sel] = rms
+    denom = rms
+    if centered:
+        mg = slots["mg"][sel] * rho + (1 - rho) * g
+        slots["mg"][sel] = mg
+        denom = rms - mg * mg
+    if momentum:
+        mom = momentum * slots["momentum"][sel] + lr * g / np.sqrt(denom + eps)
+        slots["momentum"][sel] = mom
+        var[sel] -= mom
+    else:
+        var[sel] -= lr * g / (np.sqrt(denom) + eps)
+
+
+def _adamw(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None, slots: dict[str, np.ndarray],
+           cfg: dict[str, Any], t: int) -> None:
+    """Keras' AdamW: decoupled weight decay ``var -= lr * weight_decay * var`` first (only the
+    rows of a sparse gradient), then Adam."""
+    decay = cfg["learning_rate"] * cfg.get("weight_decay", 0.004)
+    if rows is None:
+        var -= var * decay
+    else:
+        var[rows] -= var[rows] * decay
+    _adam(var, g, rows, slots, cfg, t)
+
+
+Rule = Callable[[np.ndarray, np.ndarray, "np.ndarray | None", dict[str, np.ndarray], dict[str, Any], int],
+                None]
+RULES: dict[str, Rule] = {"sgd": _sgd, "adagrad": _adagrad, "adam": _adam, "adamw": _adamw,
+                          "ftrl": _ftrl, "rmsprop": _rmsprop}
+
+
+def slot_specs(cfg: dict[str, Any]) -> dict[str, float]:
+    """The slots a rule needs and the value each starts at."""
+    kind = cfg.get("kind")
+    if kind == "sgd":
+        return {"momentum": 0.0} if cfg.get("momentum") else {}
+    if kind == "adagrad":
+        return {"accumulator": float(cfg.get("initial_accumulator_value", 0.1))}
+    if kind in ("adam", "adamw"):
+        return {"m": 0.0, "v": 0.0}
+    if kind == "rmsprop":
+        specs = {"rms": 0.0}
+        if cfg.get("momentum"):
+            specs["momentum"] = 0.0
+        if cfg.get("centered"):
+            specs["mg"] = 0.0
+        return specs
+    if kind == "ftrl":
+        return {"accumulator": float(cfg.get("initial_accumulator_value", 0.1)), "linear": 0.0}
+    raise InvalidArgumentError(f"unknown optimizer rule {kind!r}; known: {sorted(RULES)}")

@@ -1,0 +1,290 @@
+"""Message encoding: a msgpack header followed by raw tensor buffers.
+
+A *body* is laid out as::
+
+    u32 header_len | u32 n_buffers | n_buffers x u64 length | header | buffers
+
+Each buffer starts at an 8-byte aligned offset of the body. The header is
+msgpack; arrays inside it are ext objects naming ``(dtype, shape, buffer
+index)``, so no array ever becomes a Python list, and decoding is
+``np.frombuffer`` on the received bytes: no copy. Arrays decoded from an
+immutable ``bytes`` body are read-only; copy before updating in place.
+
+Python structures keep their types: tuples stay tuples (an ext, since msgpack
+has one array type), lists stay lists, dict keys may be any encodable
+hashable, numpy scalars come back as numpy scalars. Any other object is
+cloudpickled into an ext *only* when the caller allows pickles; a decoder that
+does not allow them refuses the message before unpickling anything.
+
+No I/O here: the codec turns objects into byte chunks and back.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from .._base.errors import InvalidArgumentError, ProtocolError
+
+__all__ = ["body_size", "decode", "decode_body", "encode", "encode_body"]
+
+_EXT_TUPLE = 1
+_EXT_ARRAY = 2
+_EXT_SCALAR = 3
+_EXT_PICKLE = 4
+_EXT_BIGINT = 5
+
+_PREFIX = struct.Struct("<II")
+#: dtype kinds that travel as raw buffers.
+_BUFFER_KINDS = frozenset("biufc?SUMm")
+#: What subclasses of plain types travel as, when pickles are not allowed.
+_PLAIN_TYPES: tuple[type[Any], ...] = (bool, int, float, str, bytes, dict, list)
+#: Deepest nesting of tuples (each one an ext inside its parent) a message may have. Each
+#: level is a recursion through the C unpacker: unbounded, ~250 levels overflow the C stack.
+MAX_DEPTH = 32
+#: Largest number of buffers one message may carry (a sanity limit).
+MAX_BUFFERS = 1 << 20
+
+
+def _pad(n: int) -> int:
+    return (-n) & 7
+
+
+class _Encoder(threading.local):
+    """Per-thread encoding state; packers are reused because building one
+    allocates its buffer, which costs more than packing a small message."""
+
+    def __init__(self) -> None:
+        self.buffers: list[memoryview] = []
+        self.allow_pickle = False
+        self.depth = 0
+        self.packers: list[msgpack.Packer] = []
+
+    def pack(self, obj: Any) -> bytes:
+        depth = self.depth
+        if depth >= MAX_DEPTH:
+            raise InvalidArgumentError(
+                f"cannot encode message: tuples nested more than {MAX_DEPTH} deep")
+        if depth == len(self.packers):
+            self.packers.append(msgpack.Packer(default=_default, strict_types=True,
+                                               use_bin_type=True))
+        self.depth = depth + 1
+        try:
+            return self.packers[depth].pack(obj)
+        except (OverflowError, ValueError) as exc:
+            self.packers[depth].reset()
+            raise InvalidArgumentError(f"cannot encode message: {exc}") from exc
+        except BaseException:
+            self.packers[depth].reset()
+            raise
+        finally:
+            self.depth = depth
+
+
+_enc = _Encoder()
+
+
+def _pickle(obj: Any) -> msgpack.ExtType:
+    import cloudpickle  # deferred: only peers that may execute code need it
+
+    return msgpack.ExtType(_EXT_PICKLE, cloudpickle.dumps(obj, protocol=5))
+
+
+def _array(arr: np.ndarray) -> msgpack.ExtType:
+    if arr.dtype.kind not in _BUFFER_KINDS or arr.dtype.fields is not None:
+        if _enc.allow_pickle:
+            return _pickle(arr)
+        raise InvalidArgumentError(
+            f"arrays of dtype {arr.dtype} cannot travel; use a numeric, bool or string dtype")
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    buffers = _enc.buffers
+    index = len(buffers)
+    buffers.append(arr.reshape(-1).view(np.uint8).data if arr.size else memoryview(b""))
+    return msgpack.ExtType(_EXT_ARRAY, msgpack.packb((arr.dtype.str, arr.shape, index)))
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return _array(obj)
+    if type(obj) is tuple:
+        return msgpack.ExtType(_EXT_TUPLE, _enc.pack(list(obj)))
+    if isinstance(obj, np.generic):
+        if obj.dtype.kind in _BUFFER_KINDS:
+            return msgpack.ExtType(_EXT_SCALAR, msgpack.packb((obj.dtype.str, obj.tobytes())))
+    elif type(obj) is int:
+        return msgpack.ExtType(_EXT_BIGINT, str(obj).encode())
+    elif type(obj) in (bytearray, memoryview):
+        return bytes(obj)
+    if _enc.allow_pickle:
+        return _pickle(obj)
+    # Without pickles, subclasses of plain types travel as their base type.
+    if isinstance(obj, tuple):
+        return list(obj)
+    for base in _PLAIN_TYPES:
+        if isinstance(obj, base):
+            return base(obj)
+    raise InvalidArgumentError(
+        f"cannot encode an object of type {type(obj).__name__} here "
+        "(only numbers, strings, bytes, None, lists, tuples, dicts and numpy arrays)")
+
+
+def encode_body(obj: Any, *, allow_pickle: bool = False) -> list[bytes | memoryview]:
+    """Encode ``obj`` into byte chunks to be written back to back.
+
+    Arrays are referenced, not copied: keep them unchanged until the chunks
+    are written.
+
+    >>> import numpy as np
+    >>> decode_body(b"".join(encode_body({"x": np.arange(3), "t": (1, [2])})))
+    {'x': array([0, 1, 2]), 't': (1, [2])}
+    """
+    bufs: list[memoryview] = []
+    _enc.buffers = bufs
+    _enc.allow_pickle = allow_pickle
+    try:
+        header = _enc.pack(obj)
+    finally:
+        _enc.buffers = []
+    n = len(bufs)
+    prefix = _PREFIX.pack(len(header), n)
+    lengths = struct.pack(f"<{n}Q", *(b.nbytes for b in bufs)) if n else b""
+    head = prefix + lengths + header
+    if not n:
+        return [head]
+    chunks: list[bytes | memoryview] = [head + b"\0" * _pad(len(head))]
+    for buf in bufs:
+        chunks.append(buf)
+        pad = _pad(buf.nbytes)
+        if pad:
+            chunks.append(b"\0" * pad)
+    return chunks
+
+
+def encode(obj: Any, *, allow_pickle: bool = False) -> bytes:
+    """:func:`encode_body` joined into one ``bytes`` (copies; for small messages and tests).
+
+    >>> decode(encode((1, "a")))
+    (1, 'a')
+    """
+    return b"".join(bytes(c) if isinstance(c, memoryview) else c
+                    for c in encode_body(obj, allow_pickle=allow_pickle))
+
+
+def decode(data: bytes | bytearray | memoryview, *, allow_pickle: bool = False) -> Any:
+    """Same as :func:`decode_body`."""
+    return decode_body(data, allow_pickle=allow_pickle)
+
+
+def body_size(chunks: Sequence[bytes | memoryview]) -> int:
+    """Total length in bytes of encoded chunks."""
+    return sum(len(c) if isinstance(c, bytes) else c.nbytes for c in chunks)
+
+
+def decode_body(body: bytes | bytearray | memoryview, *, allow_pickle: bool = False) -> Any:
+    """Decode a body made by :func:`encode_body`; arrays are views of ``body``.
+
+    Raises :class:`ProtocolError` for a malformed or truncated body, and for
+    pickled objects unless ``allow_pickle``.
+    """
+    view = memoryview(body)
+    if view.ndim != 1 or view.itemsize != 1:
+        view = view.cast("B")
+    total = view.nbytes
+    if total < _PREFIX.size:
+        raise ProtocolError(f"truncated message: {total} bytes is shorter than the 8-byte prefix")
+    header_len, n = _PREFIX.unpack_from(view, 0)
+    if n > MAX_BUFFERS:
+        raise ProtocolError(f"malformed message: {n} buffers (limit {MAX_BUFFERS})")
+    pos = _PREFIX.size
+    if pos + 8 * n + header_len > total:
+        raise ProtocolError(
+            f"truncated message: header claims {header_len} bytes and {n} buffers, body has {total}")
+    lengths = struct.unpack_from(f"<{n}Q", view, pos) if n else ()
+    pos += 8 * n
+    header = view[pos:pos + header_len]
+    pos += header_len
+    buffers: list[memoryview] = []
+    if n:
+        pos += _pad(pos)
+        for length in lengths:
+            end = pos + length
+            if end > total:
+                raise ProtocolError(
+                    f"truncated message: buffer of {length} bytes at offset {pos} runs past the "
+                    f"end of a {total}-byte body")
+            buffers.append(view[pos:end])
+            pos = end + _pad(length)
+
+    try:
+        return _Decoder(buffers, allow_pickle).unpack(header)
+    except (ProtocolError, InvalidArgumentError):
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"malformed message header: {type(exc).__name__}: {exc}") from exc
+
+
+class _Decoder:
+    """The ext hook of one decode. A plain object, not nested closures: closures
+    that refer to each other form a cycle that would keep the received body
+    (possibly 64 MiB) alive until the cyclic GC happens to run."""
+
+    __slots__ = ("buffers", "allow_pickle", "depth")
+
+    def __init__(self, buffers: list[memoryview], allow_pickle: bool) -> None:
+        self.buffers = buffers
+        self.allow_pickle = allow_pickle
+        self.depth = 0
+
+    def unpack(self, data: bytes | memoryview) -> Any:
+        if self.depth >= MAX_DEPTH:
+            raise ProtocolError(f"malformed message: tuples nested more than {MAX_DEPTH} deep")
+        self.depth += 1
+        try:
+            return msgpack.unpackb(data, ext_hook=self, raw=False, strict_map_key=False,
+                                   use_list=True)
+        finally:
+            self.depth -= 1
+
+    def __call__(self, code: int, data: bytes) -> Any:
+        if code == _EXT_ARRAY:
+            return self._array(data)
+        if code == _EXT_TUPLE:
+            return tuple(self.unpack(data))
+        if code == _EXT_SCALAR:
+            dtype_str, raw = msgpack.unpackb(data)
+            return np.frombuffer(raw, dtype=np.dtype(dtype_str))[0]
+        if code == _EXT_BIGINT:
+            return int(data)
+        if code == _EXT_PICKLE:
+            if not self.allow_pickle:
+                raise ProtocolError("this endpoint does not accept pickled objects")
+            import cloudpickle
+
+            return cloudpickle.loads(data)
+        raise ProtocolError(f"malformed message: unknown ext type {code}")
+
+    def _array(self, data: bytes) -> np.ndarray:
+        try:
+            dtype_str, shape, index = msgpack.unpackb(data)
+            dtype = np.dtype(dtype_str)
+            if type(index) is not int or not 0 <= index < len(self.buffers):
+                raise IndexError(f"buffer index {index!r} of {len(self.buffers)}")
+            buf = self.buffers[index]
+            count = 1
+            for d in shape:
+                count *= d
+        except (TypeError, ValueError, IndexError) as exc:
+            raise ProtocolError(f"malformed array in message: {exc}") from exc
+        if dtype.kind not in _BUFFER_KINDS or count * dtype.itemsize != buf.nbytes:
+            raise ProtocolError(
+                f"malformed array: shape {tuple(shape)} of {dtype} needs "
+                f"{count * dtype.itemsize} bytes, buffer has {buf.nbytes}")
+        if count == 0:
+            return np.empty(shape, dtype)
+        return np.frombuffer(buf, dtype=dtype).reshape(shape)

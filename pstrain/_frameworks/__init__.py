@@ -1,0 +1,1 @@
+"""_frameworks: private; see README "Layout"."""

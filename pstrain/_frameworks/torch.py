@@ -1,0 +1,235 @@
+"""PyTorch modules whose parameters live on the ps; autograd computes every gradient.
+
+::
+
+    import pstrain.torch as ptorch
+
+    class CTR(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = ptorch.Embedding(1_000_000, 16)      # a (sharded) table on the ps
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(429, 64), torch.nn.ReLU(),
+                                           torch.nn.Linear(64, 1))
+
+        def forward(self, ids, dense):
+            return self.mlp(torch.cat([self.emb(ids).flatten(1), dense], 1))[:, 0]
+
+    with strategy.scope():
+        net = CTR()
+        remote = ptorch.RemoteModule(net)             # a ps variable per parameter
+        opt = pstrain.optimizers.Adagrad(0.05)
+
+    async def step(iterator):                         # scheduled on a worker
+        ids, dense, y = next(iterator)
+        await remote.pull({net.emb: ids})             # parameters and the batch's rows
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(net(ids, dense), y)
+        loss.backward()
+        await opt.apply_gradients(remote.gradients())
+        return loss.item()
+
+* :meth:`RemoteModule.pull` reads every parameter in one request per ps and
+  puts it into the module with ``torch.from_numpy`` (no copy), and gathers,
+  for each :class:`Embedding`, only the rows of the batch's unique ids.
+* :class:`Embedding`'s forward returns those rows as a leaf tensor indexed by
+  the batch's ids; its gradient (duplicates summed by autograd) goes back as
+  :class:`~pstrain.IndexedSlices` over the unique ids: only looked-up rows
+  travel, both ways.
+* :meth:`RemoteModule.gradients` is ``[(grad, variable), ...]`` for
+  ``optimizer.apply_gradients``; the update rule runs on the ps.
+* A module holds one step's state (its parameters, the fetched rows). With
+  several closures in flight per worker, take a module of your own for each
+  step: ``async with remote.replica({"emb": ids}) as net:`` pulls into a copy
+  from a per-process pool (grown to the number of steps running at once), and
+  ``remote.gradients(net)`` reads that copy's gradients.
+
+Needs the ``torch`` extra: ``pip install 'pstrain[torch]'``. Several processes on
+one machine (``LocalCluster``, ``pstrain launch``) get ``OMP_NUM_THREADS`` set
+so that each sizes its intra-op thread pool to its share of the cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from .._base.exports import expose
+
+try:
+    import torch
+except ImportError as exc:  # pragma: no cover - exercised without the extra
+    raise ImportError("pstrain.torch needs PyTorch: pip install 'pstrain[torch]'") from exc
+
+from .._base.errors import InvalidArgumentError
+from .._checkpoint.object_graph import register_view
+from .._formats.initializers import Initializer, RandomUniform
+from .._variables.dynamic import DynamicEmbedding
+from .._variables.sharding import ShardedVariable, combine_gradients, embedding_lookup
+from .._variables.variables import IndexedSlices, Variable, read_variables
+
+__all__ = ["Embedding", "RemoteModule"]
+
+
+class Embedding(torch.nn.Module):
+    """An embedding table on the ps (sharded by the strategy's partitioner); create it in
+    ``strategy.scope()``. Before a forward pass, :meth:`RemoteModule.pull` (or
+    :meth:`fetch`) gathers the batch's rows; ``forward(ids)`` returns them as
+    ``ids.shape + (embedding_dim,)``."""
+
+    def __init__(self, num_embeddings: int | None, embedding_dim: int,
+                 initializer: Initializer | None = None, name: str = "embedding", *,
+                 table: DynamicEmbedding | None = None) -> None:
+        super().__init__()
+        self.table: Variable | ShardedVariable | DynamicEmbedding
+        if table is not None:  # rows keyed by raw ids: no fixed number of rows
+            if not isinstance(table, DynamicEmbedding) or table.dim != embedding_dim:
+                raise InvalidArgumentError(f"Embedding(table=...) takes a DynamicEmbedding "
+                                           f"{embedding_dim} wide")
+            self.num_embeddings, self.embedding_dim = None, int(embedding_dim)
+            self.table = table
+        else:
+            if num_embeddings is None or num_embeddings < 1 or embedding_dim < 1:
+                raise InvalidArgumentError("Embedding needs positive num_embeddings and embedding_dim")
+            self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
+            self.table = Variable(
+                initializer or RandomUniform(-0.05, 0.05), shape=(num_embeddings, embedding_dim),
+                dtype=np.float32, name=name)
+        self._ids: np.ndarray | None = None
+        self._unique: np.ndarray | None = None
+        self._inverse: torch.Tensor | None = None
+        self.rows: torch.Tensor | None = None  # the batch's unique rows: a leaf tensor
+
+    async def fetch(self, ids: Any, *, training: bool = True) -> None:
+        """Gather the rows of ``ids`` (deduplicated) from the table's shards.
+        ``training=False`` (evaluation, serving): a dynamic table admits nothing."""
+        ids = np.asarray(ids)
+        if ids.dtype.kind not in "iu":
+            raise InvalidArgumentError(f"embedding ids must be integers, got {ids.dtype}")
+        unique, inverse = np.unique(ids, return_inverse=True)
+        rows = await embedding_lookup(self.table, unique, training=training)
+        self._set(ids, unique, inverse, rows)
+
+    def _set(self, ids: np.ndarray, unique: np.ndarray, inverse: np.ndarray, rows: np.ndarray) -> None:
+        self._ids, self._unique = ids, unique
+        self._inverse = torch.from_numpy(inverse.reshape(ids.shape).astype(np.int64))
+        self.rows = torch.from_numpy(_writable(rows)).requires_grad_(True)
+
+    def forward(self, ids: Any) -> torch.Tensor:
+        if self.rows is None or self._inverse is None or self._ids is None:
+            raise InvalidArgumentError("Embedding: pull (or fetch) the batch's ids before forward")
+        given = ids.numpy() if isinstance(ids, torch.Tensor) else np.asarray(ids)
+        if given.shape != self._ids.shape or not (given is self._ids or np.array_equal(given, self._ids)):
+            raise InvalidArgumentError("Embedding: forward got other ids than were fetched")
+        return self.rows[self._inverse]
+
+    def gradient(self) -> tuple[IndexedSlices, Variable | ShardedVariable | DynamicEmbedding] | None:
+        """The gradient of the fetched rows, as sparse rows of the table (None before backward)."""
+        if self.rows is None or self.rows.grad is None or self._unique is None:
+            return None
+        return IndexedSlices(self.rows.grad.numpy(), self._unique), self.table
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, table={self.table.name!r}"
+
+
+def _writable(array: np.ndarray) -> np.ndarray:
+    """``torch.from_numpy`` needs a writable array; copy only when it is not."""
+    return array if array.flags.writeable else array.copy()
+
+
+class RemoteModule:
+    """The parameters of a ``torch.nn.Module`` as ps variables (one per parameter, named by
+    its path); create it in ``strategy.scope()``, capture it in closures."""
+
+    def __init__(self, module: torch.nn.Module, name: str = "model") -> None:
+        if not isinstance(module, torch.nn.Module):
+            raise InvalidArgumentError(f"RemoteModule needs a torch.nn.Module, got {type(module).__name__}")
+        self.module = module
+        self.names: list[str] = []
+        self.variables: list[Variable | ShardedVariable] = []
+        for pname, param in module.named_parameters():
+            self.names.append(pname)
+            self.variables.append(Variable(param.detach().cpu().numpy().copy(), name=f"{name}/{pname}",
+                                           trainable=param.requires_grad))
+        self._spare: list[torch.nn.Module] = []  # replicas not in use (per process)
+        # Checkpoints key each parameter by its path in the module (tower/0/weight), whether
+        # given the module or this RemoteModule: never by position.
+        view: dict[tuple[str, ...], Any] = {tuple(p.split(".")): v
+                                            for p, v in zip(self.names, self.variables)}
+        for mname, emb in self._embeddings(module).items():
+            view[(*(mname.split(".") if mname else []), "table")] = emb.table
+        register_view(self, view)
+        register_view(module, view)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_spare"] = []  # replicas are built where they are used
+        return state
+
+    def _embeddings(self, module: torch.nn.Module) -> dict[str, Embedding]:
+        return {n: m for n, m in module.named_modules() if isinstance(m, Embedding)}
+
+    def _parameters(self, module: torch.nn.Module) -> Iterator[torch.nn.Parameter]:
+        params = dict(module.named_parameters())
+        for pname in self.names:
+            yield params[pname]
+
+    async def pull(self, lookups: Mapping[Embedding | str, Any] | None = None,
+                   module: torch.nn.Module | None = None, *, training: bool = True) -> None:
+        """Fill the module's parameters from the ps, and gather each embedding's rows for
+        its ids (keyed by the Embedding or its name in the module), all concurrently (one
+        request per ps for the parameters). ``module``: a replica instead of the module.
+        ``training=False`` for evaluation and serving: dynamic tables admit no id."""
+        target = self.module if module is None else module
+        embeddings = self._embeddings(target)
+        fetches = []
+        template = self._embeddings(self.module)
+        for key, ids in (lookups or {}).items():
+            name = key if isinstance(key, str) else next(
+                (n for n, m in template.items() if m is key), None)
+            if name not in embeddings:
+                raise InvalidArgumentError(f"pull: {key!r} is not a pstrain.torch.Embedding of the module")
+            fetches.append(embeddings[name].fetch(ids, training=training))
+        values, *_ = await asyncio.gather(read_variables(self.variables), *fetches)
+        with torch.no_grad():
+            for param, value in zip(self._parameters(target), values):
+                param.data = torch.from_numpy(_writable(np.asarray(value)))  # no copy
+                param.grad = None
+
+    @contextlib.asynccontextmanager
+    async def replica(self, lookups: Mapping[Embedding | str, Any] | None = None, *,
+                      training: bool = True) -> AsyncIterator[torch.nn.Module]:
+        """A copy of the module of this step's own, pulled (see :meth:`pull`); back to the
+        pool after the block. For several steps in flight on one worker."""
+        module = self._spare.pop() if self._spare else copy.deepcopy(self.module)
+        try:
+            await self.pull(lookups, module, training=training)
+            yield module
+        finally:
+            self._spare.append(module)
+
+    def gradients(self, module: torch.nn.Module | None = None) -> list[tuple[Any, Any]]:
+        """``[(gradient, variable), ...]`` after ``backward()``: dense parameters and the
+        embeddings' rows (as IndexedSlices), for ``optimizer.apply_gradients``. Embeddings
+        that share one table give one combined gradient."""
+        target = self.module if module is None else module
+        out: list[tuple[Any, Any]] = []
+        for param, var in zip(self._parameters(target), self.variables):
+            if param.grad is not None:
+                out.append((param.grad.numpy(), var))
+        for emb in self._embeddings(target).values():
+            g = emb.gradient()
+            if g is not None:
+                out.append(g)
+        return combine_gradients(out)
+
+    def trainable_variables(self) -> list[Variable | ShardedVariable | DynamicEmbedding]:
+        """The ps variables: the parameters', then each embedding's table."""
+        return [*self.variables, *(emb.table for emb in self._embeddings(self.module).values())]
+
+
+expose(globals(), "pstrain.torch")

@@ -1,0 +1,1 @@
+"""_training: private; see README "Layout"."""

@@ -1,0 +1,325 @@
+"""``pstrain.data``: a small, numpy-native input pipeline in the shape of ``tf.data``.
+
+``Dataset.from_tensor_slices(arrays)``, ``range``, ``from_generator``, then
+``map``, ``shuffle(buffer_size, seed)``, ``repeat``, ``batch``, ``take``,
+``shard``, ``prefetch``. Elements stay numpy; tuples and dicts of arrays batch
+component-wise. Iterating a dataset again starts it again.
+
+Pipelines built from ``from_tensor_slices`` work on *row indices* until a
+``map`` or ``batch``: shuffling and repeating move integers, and ``batch``
+gathers each batch with one fancy-indexing call per array, so a training
+step's input costs microseconds, not a Python loop over its examples.
+
+``shuffle`` without a seed draws fresh randomness per iterator, so two workers
+shuffle differently; with a seed, every worker gets the same order (and each
+epoch of a repeated dataset a different, reproducible one).
+
+>>> ds = Dataset.from_tensor_slices((np.arange(6), np.arange(6) * 10)).batch(4)
+>>> [tuple(x.tolist() for x in b) for b in ds]
+[([0, 1, 2, 3], [0, 10, 20, 30]), ([4, 5], [40, 50])]
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from .._base.errors import InvalidArgumentError
+from .._base.exports import expose
+
+__all__ = ["Dataset", "TensorSpec"]
+
+
+class TensorSpec:
+    """The shape and dtype of one component of a dataset's elements (TF's ``TensorSpec``);
+    ``None`` in ``shape`` is a dimension that varies (a last, smaller batch).
+
+    >>> TensorSpec((None, 3), np.float32)
+    TensorSpec(shape=(None, 3), dtype=float32, name=None)
+    """
+
+    __slots__ = ("shape", "dtype", "name")
+
+    def __init__(self, shape: Any, dtype: Any = np.float32, name: str | None = None) -> None:
+        self.shape = tuple(None if d is None else int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+        self.name = name
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, TensorSpec) and (self.shape, self.dtype, self.name)
+                == (other.shape, other.dtype, other.name))
+
+    def __hash__(self) -> int:
+        return hash((self.shape, self.dtype, self.name))
+
+    def is_compatible_with(self, value: Any) -> bool:
+        """Does ``value`` (an array) fit this spec?"""
+        arr = np.asarray(value)
+        return arr.dtype == self.dtype and arr.ndim == len(self.shape) and all(
+            d is None or d == n for d, n in zip(self.shape, arr.shape))
+
+    def __repr__(self) -> str:
+        return f"TensorSpec(shape={self.shape}, dtype={self.dtype}, name={self.name!r})"
+
+
+def _spec(element: Any, partial_batch: bool) -> Any:
+    if isinstance(element, dict):
+        return {k: _spec(v, partial_batch) for k, v in element.items()}
+    if isinstance(element, tuple):
+        return tuple(_spec(v, partial_batch) for v in element)
+    arr = np.asarray(element)
+    shape: list[int | None] = list(arr.shape)
+    if partial_batch and shape:
+        shape[0] = None
+    return TensorSpec(shape, arr.dtype)
+
+
+def _leaves_len(structure: Any) -> int:
+    if isinstance(structure, dict):
+        lengths = {_leaves_len(v) for v in structure.values()}
+    elif isinstance(structure, tuple):
+        lengths = {_leaves_len(v) for v in structure}
+    else:
+        return len(structure)
+    if len(lengths) != 1:
+        raise InvalidArgumentError(f"from_tensor_slices: components have different lengths {sorted(lengths)}")
+    return lengths.pop()
+
+
+def _to_arrays(structure: Any) -> Any:
+    if isinstance(structure, dict):
+        return {k: _to_arrays(v) for k, v in structure.items()}
+    if isinstance(structure, tuple):
+        return tuple(_to_arrays(v) for v in structure)
+    return np.asarray(structure)
+
+
+def _take(structure: Any, index: Any) -> Any:
+    if isinstance(structure, dict):
+        return {k: _take(v, index) for k, v in structure.items()}
+    if isinstance(structure, tuple):
+        return tuple(_take(v, index) for v in structure)
+    return structure[index]
+
+
+def _stack(elements: list[Any]) -> Any:
+    first = elements[0]
+    if isinstance(first, dict):
+        return {k: _stack([e[k] for e in elements]) for k in first}
+    if isinstance(first, tuple):
+        return tuple(_stack([e[i] for e in elements]) for i in range(len(first)))
+    return np.stack([np.asarray(e) for e in elements])
+
+
+class Dataset:
+    """An iterable pipeline; every ``iter()`` starts from the beginning."""
+
+    def __init__(self, make: Callable[[], Iterator[Any]], *, source: Any = None,
+                 indices: Callable[[], Iterator[int]] | None = None, spec: Any = None,
+                 partial_batch: bool = False) -> None:
+        self._make = make
+        self._source = source       # slices mode: the arrays...
+        self._indices = indices     # ...and a factory of row-index iterators
+        self._spec = spec           # a declared element_spec (from_generator's signature)
+        self._partial_batch = partial_batch  # batched without drop_remainder
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._make()
+
+    @property
+    def element_spec(self) -> Any:
+        """The :class:`TensorSpec` (or tuple/dict of them) of this dataset's elements.
+
+        Declared by ``from_generator(output_signature=...)``; otherwise read from the first
+        element, with the batch dimension ``None`` after ``batch(drop_remainder=False)``.
+        """
+        if self._spec is not None:
+            return self._spec
+        for element in self:
+            return _spec(element, self._partial_batch)
+        raise InvalidArgumentError("element_spec of an empty dataset is unknown here: "
+                                   "declare it with from_generator(output_signature=...)")
+
+    # -- sources -------------------------------------------------------------------------
+    @staticmethod
+    def from_tensor_slices(tensors: Any) -> Dataset:
+        """Elements are the rows of ``tensors`` (an array, or a tuple or dict of them)."""
+        source = _to_arrays(tensors)
+        n = _leaves_len(source)
+        return Dataset._slices(source, lambda: iter(range(n)))
+
+    @staticmethod
+    def _slices(source: Any, indices: Callable[[], Iterator[int]]) -> Dataset:
+        return Dataset(lambda: (_take(source, i) for i in indices()), source=source, indices=indices)
+
+    @staticmethod
+    def range(*args: int) -> Dataset:
+        """Like Python's ``range``, as int64 scalars."""
+        r = range(*args)
+        return Dataset(lambda: (np.int64(i) for i in r))
+
+    @staticmethod
+    def from_generator(generator: Callable[[], Any], output_signature: Any = None) -> Dataset:
+        """Elements produced by ``generator()`` (called anew for each iteration)."""
+        if not callable(generator):
+            raise InvalidArgumentError("from_generator takes a callable that returns an iterator")
+        return Dataset(lambda: iter(generator()), spec=output_signature)
+
+    # -- transformations -----------------------------------------------------------------------
+    def _derive(self, index_op: Callable[[Callable[[], Iterator[int]]], Callable[[], Iterator[int]]] | None,
+                elem_op: Callable[[Callable[[], Iterator[Any]]], Callable[[], Iterator[Any]]]) -> Dataset:
+        if self._indices is not None and index_op is not None:
+            return Dataset._slices(self._source, index_op(self._indices))
+        return Dataset(elem_op(self._make), spec=self._spec, partial_batch=self._partial_batch)
+
+    def map(self, map_func: Callable[..., Any]) -> Dataset:
+        """Apply ``map_func`` to each element (a tuple element is passed as arguments)."""
+        make = self._make
+
+        def run() -> Iterator[Any]:
+            for e in make():
+                yield map_func(*e) if isinstance(e, tuple) else map_func(e)
+
+        return Dataset(run)
+
+    def shuffle(self, buffer_size: int, seed: int | None = None,
+                reshuffle_each_iteration: bool = True) -> Dataset:
+        """TF's buffer shuffle: keep ``buffer_size`` elements, emit a random one, refill."""
+        if buffer_size < 1:
+            raise InvalidArgumentError(f"buffer_size must be >= 1, got {buffer_size}")
+        epochs = itertools.count()
+
+        def rng() -> np.random.Generator:
+            if seed is None:
+                return np.random.default_rng()
+            return np.random.default_rng([seed, next(epochs) if reshuffle_each_iteration else 0])
+
+        def shuffled(make: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
+            def run() -> Iterator[Any]:
+                r = rng()
+                it = make()
+                buf = list(itertools.islice(it, buffer_size))
+                draws: Iterator[float] = iter(())
+                for x in it:
+                    j = next(draws, None)
+                    if j is None:
+                        draws = iter(r.random(1024).tolist())
+                        j = next(draws)
+                    k = int(j * len(buf))
+                    yield buf[k]
+                    buf[k] = x
+                order = r.permutation(len(buf))
+                for k in order:
+                    yield buf[k]
+            return run
+
+        return self._derive(shuffled, shuffled)
+
+    def repeat(self, count: int | None = None) -> Dataset:
+        """Repeat ``count`` times (forever when None); each pass re-iterates the input."""
+        def repeated(make: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
+            def run() -> Iterator[Any]:
+                passes = itertools.count() if count is None or count < 0 else range(count)
+                for _ in passes:
+                    empty = True
+                    for x in make():
+                        empty = False
+                        yield x
+                    if empty:
+                        return
+            return run
+
+        return self._derive(repeated, repeated)
+
+    def take(self, count: int) -> Dataset:
+        """The first ``count`` elements (all when negative)."""
+        def taken(make: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
+            return lambda: make() if count < 0 else itertools.islice(make(), count)
+
+        return self._derive(taken, taken)
+
+    def shard(self, num_shards: int, index: int) -> Dataset:
+        """Every ``num_shards``-th element, starting at ``index``."""
+        if not 0 <= index < num_shards:
+            raise InvalidArgumentError(f"shard index {index} out of range for {num_shards} shards")
+
+        def sharded(make: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
+            return lambda: itertools.islice(make(), index, None, num_shards)
+
+        return self._derive(sharded, sharded)
+
+    def batch(self, batch_size: int, drop_remainder: bool = False) -> Dataset:
+        """Stack ``batch_size`` consecutive elements (component-wise for tuples and dicts)."""
+        if batch_size < 1:
+            raise InvalidArgumentError(f"batch_size must be >= 1, got {batch_size}")
+        if self._indices is not None:
+            source, indices = self._source, self._indices
+
+            def gather() -> Iterator[Any]:
+                it = indices()
+                while True:
+                    idx = np.fromiter(itertools.islice(it, batch_size), np.int64)
+                    if idx.size == 0 or (drop_remainder and idx.size < batch_size):
+                        return
+                    yield _take(source, idx)
+
+            return Dataset(gather, partial_batch=not drop_remainder)
+        make = self._make
+
+        def batched() -> Iterator[Any]:
+            it = make()
+            while True:
+                chunk = list(itertools.islice(it, batch_size))
+                if not chunk or (drop_remainder and len(chunk) < batch_size):
+                    return
+                yield _stack(chunk)
+
+        return Dataset(batched, partial_batch=not drop_remainder)
+
+    def prefetch(self, buffer_size: int = 1) -> Dataset:
+        """Produce up to ``buffer_size`` elements ahead in a background thread."""
+        make = self._make
+        size = max(1, int(buffer_size))
+
+        def run() -> Iterator[Any]:
+            q: queue.Queue[Any] = queue.Queue(size)
+            stop = threading.Event()
+            done = object()
+
+            def fill() -> None:
+                try:
+                    for x in make():
+                        while not stop.is_set():
+                            try:
+                                q.put((None, x), timeout=0.1)
+                                break
+                            except queue.Full:
+                                continue
+                        if stop.is_set():
+                            return
+                    q.put((None, done))
+                except BaseException as exc:  # surfaced to the consumer
+                    q.put((exc, done))
+
+            thread = threading.Thread(target=fill, daemon=True, name="pstrain-prefetch")
+            thread.start()
+            try:
+                while True:
+                    exc, x = q.get()
+                    if exc is not None:
+                        raise exc
+                    if x is done:
+                        return
+                    yield x
+            finally:
+                stop.set()
+
+        return Dataset(run, spec=self._spec, partial_batch=self._partial_batch)
+
+
+expose(globals(), "pstrain.data")

@@ -1,0 +1,189 @@
+"""Metrics whose state lives on a ps, so every worker's updates add up.
+
+Create them in ``strategy.scope()``; ``await m.update_state(...)`` from any
+closure on any worker adds to the same totals (one request, atomic), ``await
+m.result()`` reads them, ``await m.reset_state()`` zeroes them. A metric's
+state variables are colocated on one ps.
+
+>>> import asyncio
+>>> m = Mean()                                  # outside a scope: a local metric
+>>> asyncio.run(m.update_state([1.0, 3.0])); asyncio.run(m.result())
+2.0
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+
+from .._base.errors import InvalidArgumentError
+from .._base.exports import expose
+from .._variables.placement import Placement
+from .._variables.variables import Variable, current_creator, read_variables, update_variables
+
+__all__ = ["AUC", "Accuracy", "Mean", "Metric", "SparseCategoricalAccuracy", "Sum"]
+
+_counts: dict[str, itertools.count[int]] = {}
+
+
+class Metric:
+    """Base class: named state variables on one ps, and the three async methods."""
+
+    def __init__(self, name: str | None = None) -> None:
+        n = next(_counts.setdefault(type(self).__name__, itertools.count()))
+        base = type(self).__name__.lower()
+        self.name = name or (base if n == 0 else f"{base}_{n}")
+        self._vars: dict[str, Variable] = {}
+
+    _ps: int | None = None
+
+    def _state(self, slot: str, value: Any) -> Variable:
+        """Create a state variable: all of a metric's state lives whole on one ps."""
+        placement = current_creator()
+        if not isinstance(placement, Placement):
+            var = Variable(value, name=f"{self.name}/{slot}", trainable=False)
+        else:
+            if self._ps is None:
+                self._ps = placement.next_ps()
+            with placement.colocated(self._ps):  # colocated: never partitioned
+                var = Variable(value, name=f"{self.name}/{slot}", trainable=False)
+        self._vars[slot] = var
+        return var
+
+    @property
+    def variables(self) -> list[Variable]:
+        return list(self._vars.values())
+
+    async def _add(self, **deltas: Any) -> None:
+        await update_variables([(self._vars[k], "assign_add", v) for k, v in deltas.items()])
+
+    async def reset_state(self) -> None:
+        """Set every state variable back to zero."""
+        await update_variables([(v, "assign", np.zeros(v.shape, v.dtype)) for v in self._vars.values()])
+
+    async def reset_states(self) -> None:
+        """TF's older name for :meth:`reset_state` (its tutorial uses it)."""
+        await self.reset_state()
+
+    async def _values(self) -> dict[str, np.ndarray]:
+        values = await read_variables(list(self._vars.values()))
+        return dict(zip(self._vars, values))
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+def _weights(values: np.ndarray, sample_weight: Any) -> np.ndarray:
+    if sample_weight is None:
+        return np.ones(values.shape, np.float64)
+    w = np.broadcast_to(np.asarray(sample_weight, np.float64), values.shape)
+    return w
+
+
+class _Averaged(Metric):
+    """A weighted mean kept as ``total`` and ``count`` (Mean and the accuracies)."""
+
+    def __init__(self, name: str | None = None) -> None:
+        super().__init__(name)
+        self.total = self._state("total", np.float64(0.0))
+        self.count = self._state("count", np.float64(0.0))
+
+    async def _accumulate(self, values: Any, sample_weight: Any) -> None:
+        v = np.asarray(values, np.float64)
+        w = _weights(v, sample_weight)
+        await self._add(total=np.float64((v * w).sum()), count=np.float64(w.sum()))
+
+    async def result(self) -> float:
+        s = await self._values()
+        return float(s["total"] / s["count"]) if s["count"] else 0.0
+
+
+class Mean(_Averaged):
+    """The (weighted) mean of everything passed to ``update_state``."""
+
+    async def update_state(self, values: Any, sample_weight: Any = None) -> None:
+        await self._accumulate(values, sample_weight)
+
+
+class Sum(Metric):
+    """The (weighted) sum of everything passed to ``update_state``."""
+
+    def __init__(self, name: str | None = None) -> None:
+        super().__init__(name)
+        self.total = self._state("total", np.float64(0.0))
+
+    async def update_state(self, values: Any, sample_weight: Any = None) -> None:
+        v = np.asarray(values, np.float64)
+        await self._add(total=np.float64((v * _weights(v, sample_weight)).sum()))
+
+    async def result(self) -> float:
+        return float((await self._values())["total"])
+
+
+class Accuracy(_Averaged):
+    """How often ``y_pred`` equals ``y_true``."""
+
+    async def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        y_true, y_pred = np.asarray(y_true), np.asarray(y_pred)
+        if y_true.shape != y_pred.shape:
+            raise InvalidArgumentError(f"Accuracy: y_true {y_true.shape} and y_pred {y_pred.shape} differ")
+        await self._accumulate((y_true == y_pred).astype(np.float64), sample_weight)
+
+
+class SparseCategoricalAccuracy(_Averaged):
+    """How often ``argmax(y_pred)`` equals the integer label ``y_true``."""
+
+    async def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        y_true = np.asarray(y_true).reshape(-1)
+        y_pred = np.asarray(y_pred)
+        pred = y_pred.reshape(-1, y_pred.shape[-1]).argmax(axis=-1)
+        if pred.shape != y_true.shape:
+            raise InvalidArgumentError(f"SparseCategoricalAccuracy: {y_true.size} labels for "
+                                       f"{pred.size} predictions")
+        await self._accumulate((pred == y_true).astype(np.float64), sample_weight)
+
+
+class AUC(Metric):
+    """Area under the ROC curve from confusion counts at ``num_thresholds`` thresholds
+    (Keras' thresholds and trapezoidal interpolation)."""
+
+    def __init__(self, num_thresholds: int = 200, name: str | None = None) -> None:
+        if num_thresholds <= 1:
+            raise InvalidArgumentError("num_thresholds must be > 1")
+        super().__init__(name)
+        eps = 1e-7
+        inner = [(i + 1) * 1.0 / (num_thresholds - 1) for i in range(num_thresholds - 2)]
+        self.thresholds = np.array([0.0 - eps, *inner, 1.0 + eps])
+        zeros = np.zeros(num_thresholds, np.float64)
+        for slot in ("true_positives", "false_positives", "true_negatives", "false_negatives"):
+            self._state(slot, zeros)
+
+    async def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        y_true = np.asarray(y_true).reshape(-1).astype(bool)
+        y_pred = np.asarray(y_pred, np.float64).reshape(-1)
+        w = _weights(y_pred, sample_weight).reshape(-1)
+        counts = {}
+        for label, (above, below) in ((True, ("true_positives", "false_negatives")),
+                                      (False, ("false_positives", "true_negatives"))):
+            mask = y_true == label
+            preds, weights = y_pred[mask], w[mask]
+            order = np.argsort(preds)
+            cum = np.concatenate([[0.0], np.cumsum(weights[order])])
+            n_below = cum[np.searchsorted(preds[order], self.thresholds, side="right")]
+            counts[above] = cum[-1] - n_below  # pred > threshold
+            counts[below] = n_below
+        await self._add(**counts)
+
+    async def result(self) -> float:
+        s = await self._values()
+        tp, fp, tn, fn = (s[k] for k in ("true_positives", "false_positives", "true_negatives",
+                                         "false_negatives"))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tpr = np.nan_to_num(tp / (tp + fn))
+            fpr = np.nan_to_num(fp / (fp + tn))
+        return float(np.sum((fpr[:-1] - fpr[1:]) * (tpr[:-1] + tpr[1:]) / 2))
+
+
+expose(globals(), "pstrain.metrics")

@@ -1,0 +1,288 @@
+"""Optimizers whose update rules run on the parameter servers.
+
+``await opt.apply_gradients(zip(grads, variables))`` sends each ps one request
+carrying every gradient for the variables it holds; the ps applies the rule
+(``optimizer_rules.py``, Keras' formulas) where the variable lives, so gradients
+travel once and slots (accumulators, moments) never leave the ps. A gradient
+may be a dense array or an :class:`~pstrain.IndexedSlices` (duplicate rows are
+summed before sending; only those rows of the variable and its slots change).
+Gradients for a :class:`~pstrain._variables.sharding.ShardedVariable` are split by part.
+
+Create optimizers inside ``strategy.scope()``: ``iterations`` is then a ps
+variable, incremented once per ``apply_gradients`` by whichever worker calls it.
+
+::
+
+    with strategy.scope():
+        opt = pstrain.optimizers.Adagrad(0.05)
+    await opt.apply_gradients(zip(grads, model.trainable_variables))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._base.context import must_await
+from .._base.errors import InvalidArgumentError
+from .._base.exports import expose
+from .._formats import schedules
+from .._formats.optimizer_rules import slot_specs
+from .._formats.schedules import LearningRateSchedule
+from .._variables.dynamic import DynamicEmbedding
+from .._variables.sharding import ShardedVariable, compact_ids
+from .._variables.variables import IndexedSlices, Variable, ensure_created
+
+if TYPE_CHECKING:
+    from .._transport.rpc import Channel
+
+__all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Ftrl", "Optimizer", "RMSprop", "schedules"]
+
+_counts: dict[str, itertools.count[int]] = {}
+
+
+class Optimizer:
+    """Base class: a named rule with hyper-parameters and an ``iterations`` counter."""
+
+    kind = ""
+    #: Does the rule need the global step (bias correction)? Then it is read first.
+    needs_step = False
+
+    def __init__(self, learning_rate: float | LearningRateSchedule, name: str | None = None) -> None:
+        if isinstance(learning_rate, LearningRateSchedule):
+            self.learning_rate: float | LearningRateSchedule = learning_rate
+            self.needs_step = True  # every ps evaluates the schedule at the same step
+        elif isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) \
+                or learning_rate <= 0:
+            raise InvalidArgumentError(f"learning_rate must be a positive number or a "
+                                       f"LearningRateSchedule, got {learning_rate!r}")
+        else:
+            self.learning_rate = float(learning_rate)
+        n = next(_counts.setdefault(type(self).__name__, itertools.count()))
+        self.name = name or (type(self).__name__ if n == 0 else f"{type(self).__name__}_{n}")
+        self.iterations = Variable(np.int64(0), name=f"{self.name}/iterations", trainable=False)
+
+    def get_config(self) -> dict[str, Any]:
+        lr = self.learning_rate
+        return {"learning_rate": lr.spec() if isinstance(lr, LearningRateSchedule) else lr}
+
+    def _rule(self) -> dict[str, Any]:
+        return {"kind": self.kind, **self.get_config()}
+
+    def slot_names(self) -> list[str]:
+        """The slots this optimizer keeps per variable on the ps (e.g. ``accumulator``)."""
+        return list(slot_specs(self._rule()))
+
+    def slot_variable_name(self, var: Variable, slot: str) -> str:
+        """The ps-side name of ``var``'s ``slot`` (for checkpoints and inspection)."""
+        return f"{self.name}/{slot}/{var.key}"
+
+    @must_await
+    async def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]]) -> int:
+        """Apply one step; returns the new ``iterations``. One request per ps, concurrently."""
+        groups: dict[Channel, list[list[Any]]] = {}
+        tables: dict[Channel, list[list[Any]]] = {}
+        touched: list[Variable] = []
+        dynamic: list[tuple[DynamicEmbedding, int]] = []
+        for grad, var in grads_and_vars:
+            if grad is None:
+                continue
+            if isinstance(var, DynamicEmbedding):
+                if not isinstance(grad, IndexedSlices):
+                    raise InvalidArgumentError(
+                        f"the gradient of dynamic table {var.name!r} must be an IndexedSlices "
+                        "(values, indices=ids)")
+                for ps, ids, values in var.gradient_groups(grad.indices, grad.values):
+                    channel = var.channel(ps)
+                    tables.setdefault(channel, []).append([var.key, ids, values])
+                    groups.setdefault(channel, [])
+                    dynamic.append((var, ps))
+                continue
+            for part, rows, values in _split(grad, var):
+                if part.ps_index is None:
+                    raise InvalidArgumentError("apply_gradients: variables must be created in "
+                                               "strategy.scope() (they live on the ps)")
+                touched.append(part)
+                groups.setdefault(part.channel(), []).append([part.key, rows, values])
+        it_var = self.iterations
+        await ensure_created([it_var, *touched])
+        await asyncio.gather(*(table.shard_ready(ps) for table, ps in dynamic))
+        rule = self._rule()
+        it_channel = it_var.channel()
+        t: int | None = None
+        if self.needs_step:  # bias correction needs the step: increment first
+            reply = await it_channel.call("opt/apply", {
+                "rule": rule, "prefix": self.name, "grads": [], "iterations": it_var.key})
+            t = reply["t"]
+
+        async def send(channel: Channel, grads: list[list[Any]]) -> int:
+            count_here = channel is it_channel and t is None
+            reply = await channel.call("opt/apply", {
+                "rule": rule, "prefix": self.name, "grads": grads, "unique_rows": True,
+                "iterations": it_var.key if count_here else None, "t": t,
+                **({"tables": tables[channel]} if channel in tables else {})})
+            return reply["t"] if count_here else -1
+
+        calls = [send(ch, grads) for ch, grads in groups.items()]
+        if t is None and it_channel not in groups:
+            calls.append(send(it_channel, []))
+        results = await asyncio.gather(*calls)
+        return t if t is not None else max(results)
+
+
+def _dedupe(rows: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if rows.ndim == 1 and rows.size and bool(np.all(rows[1:] > rows[:-1])):
+        return rows, values  # already sorted and unique (e.g. from np.unique)
+    unique, inverse = np.unique(rows, return_inverse=True)
+    if unique.size == rows.size:
+        order = np.argsort(rows, kind="stable")
+        return rows[order], values[order]
+    summed = np.zeros((unique.size,) + values.shape[1:], values.dtype)
+    np.add.at(summed, inverse, values)
+    return unique, summed
+
+
+def _split(grad: Any, var: Any) -> list[tuple[Variable, np.ndarray | None, np.ndarray]]:
+    """(part, rows or None, values) for each variable part the gradient touches."""
+    if isinstance(var, ShardedVariable):
+        parts = var.variables
+        offsets = var.offsets
+        if isinstance(grad, IndexedSlices):
+            rows, values = _dedupe(np.asarray(grad.indices), np.asarray(grad.values, var.dtype))
+            part, local = var.route(rows)
+            out: list[tuple[Variable, np.ndarray | None, np.ndarray]] = []
+            for p in np.unique(part):
+                mask = part == p
+                out.append((parts[int(p)], compact_ids(local[mask]), values[mask]))
+            return out
+        g = np.asarray(grad, var.dtype)
+        if g.shape != var.shape:
+            raise InvalidArgumentError(f"gradient of {var.name!r} has shape {g.shape}, expected {var.shape}")
+        return [(parts[i], None, g[offsets[i]:offsets[i + 1]]) for i in range(len(parts))]
+    if not isinstance(var, Variable):
+        raise InvalidArgumentError(f"apply_gradients: {type(var).__name__} is not a variable")
+    if isinstance(grad, IndexedSlices):
+        rows, values = _dedupe(np.asarray(grad.indices), np.asarray(grad.values, var.dtype))
+        return [(var, compact_ids(rows), values)]
+    g = np.asarray(grad, var.dtype)
+    if g.shape != var.shape:
+        raise InvalidArgumentError(f"gradient of {var.name!r} has shape {g.shape}, expected {var.shape}")
+    return [(var, None, g)]
+
+
+class SGD(Optimizer):
+    """Gradient descent, optionally with (Nesterov) momentum."""
+
+    kind = "sgd"
+
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.01, momentum: float = 0.0, nesterov: bool = False,
+                 name: str | None = None) -> None:
+        if not 0 <= momentum <= 1:
+            raise InvalidArgumentError(f"momentum must be in [0, 1], got {momentum}")
+        self.momentum, self.nesterov = float(momentum), bool(nesterov)
+        super().__init__(learning_rate, name)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "momentum": self.momentum, "nesterov": self.nesterov}
+
+
+class Adagrad(Optimizer):
+    """Adagrad: ``acc += g²; var -= lr · g / sqrt(acc + ε)``."""
+
+    kind = "adagrad"
+
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, initial_accumulator_value: float = 0.1,
+                 epsilon: float = 1e-7, name: str | None = None) -> None:
+        self.initial_accumulator_value, self.epsilon = float(initial_accumulator_value), float(epsilon)
+        super().__init__(learning_rate, name)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "initial_accumulator_value": self.initial_accumulator_value,
+                "epsilon": self.epsilon}
+
+
+class Adam(Optimizer):
+    """Adam with Keras' bias correction (step = iterations after the increment)."""
+
+    kind = "adam"
+    needs_step = True
+
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, beta_1: float = 0.9, beta_2: float = 0.999,
+                 epsilon: float = 1e-7, name: str | None = None) -> None:
+        self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(epsilon)
+        super().__init__(learning_rate, name)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2,
+                "epsilon": self.epsilon}
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Keras' ``AdamW``): each step first does
+    ``var -= learning_rate * weight_decay * var``; for a sparse gradient, only on its rows."""
+
+    kind = "adamw"
+
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, weight_decay: float = 0.004,
+                 beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7,
+                 name: str | None = None) -> None:
+        if weight_decay < 0:
+            raise InvalidArgumentError(f"weight_decay must be >= 0, got {weight_decay}")
+        self.weight_decay = float(weight_decay)
+        super().__init__(learning_rate, beta_1, beta_2, epsilon, name)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "weight_decay": self.weight_decay}
+
+
+class RMSprop(Optimizer):
+    """RMSprop as Keras: ``rms = rho·rms + (1-rho)·g²``; ``var -= lr·g / (sqrt(rms) + ε)``,
+    or with ``momentum``, ``mom = momentum·mom + lr·g / sqrt(rms + ε)``; ``var -= mom``;
+    ``centered`` subtracts the square of the mean gradient from ``rms``."""
+
+    kind = "rmsprop"
+
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, rho: float = 0.9,
+                 momentum: float = 0.0, epsilon: float = 1e-7, centered: bool = False,
+                 name: str | None = None) -> None:
+        if not 0 <= rho <= 1:
+            raise InvalidArgumentError(f"rho must be in [0, 1], got {rho}")
+        if not 0 <= momentum <= 1:
+            raise InvalidArgumentError(f"momentum must be in [0, 1], got {momentum}")
+        self.rho, self.momentum, self.epsilon = float(rho), float(momentum), float(epsilon)
+        self.centered = bool(centered)
+        super().__init__(learning_rate, name)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "rho": self.rho, "momentum": self.momentum,
+                "epsilon": self.epsilon, "centered": self.centered}
+
+
+class Ftrl(Optimizer):
+    """FTRL-proximal, as Keras implements it."""
+
+    kind = "ftrl"
+
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, learning_rate_power: float = -0.5,
+                 initial_accumulator_value: float = 0.1, l1_regularization_strength: float = 0.0,
+                 l2_regularization_strength: float = 0.0, name: str | None = None) -> None:
+        if learning_rate_power > 0:
+            raise InvalidArgumentError("learning_rate_power must be <= 0")
+        self.learning_rate_power = float(learning_rate_power)
+        self.initial_accumulator_value = float(initial_accumulator_value)
+        self.l1_regularization_strength = float(l1_regularization_strength)
+        self.l2_regularization_strength = float(l2_regularization_strength)
+        super().__init__(learning_rate, name)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "learning_rate_power": self.learning_rate_power,
+                "initial_accumulator_value": self.initial_accumulator_value,
+                "l1_regularization_strength": self.l1_regularization_strength,
+                "l2_regularization_strength": self.l2_regularization_strength}
+
+
+expose(globals(), "pstrain.optimizers")

@@ -1,0 +1,1 @@
+"""_transport: private; see README "Layout"."""

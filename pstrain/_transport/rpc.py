@@ -1,0 +1,509 @@
+"""Channels: the client side of pstrain's stream protocol.
+
+A :class:`Channel` is one multiplexed connection (``protocol.py``) from this
+process to one task, for the event loop that opened it; calls on it are
+matched to replies by request id, so any number may be in flight. A
+:class:`ChannelPool` holds the channels of one cluster, one set per loop (a
+worker serves on one loop and runs closures on another).
+
+Foreign exceptions become pstrain errors here: a refused or reset connection
+is :class:`~pstrain.errors.UnavailableError` naming the task, a TLS failure
+or a rejected token :class:`~pstrain.errors.AuthenticationError`.
+
+Every channel still open on a loop is known, so :func:`close_loop_channels`
+(which ``pstrain.run`` calls at the end) can close them before the loop
+closes: a transport left to the garbage collector after its loop closed is a
+``ResourceWarning``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import re
+import ssl as ssl_module
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .._base.auth import normalize_token
+from .._base.cluster import ClusterSpec, parse_address, task_name, tune_connection
+from .._base.errors import (
+    AuthenticationError,
+    DeadlineExceededError,
+    ProtocolError,
+    PstrainError,
+    UnavailableError,
+    WrongTaskError,
+    from_envelope,
+)
+from .._base.exports import expose
+from .._base.tags import UPDATE_OPS, update_tags
+from .._base.tasks import TaskOwner
+from .._formats import wire
+from .._formats.handshake import ClientHandshake, HandshakeFailed
+from .._formats.protocol import DEFAULT_MAX_BODY, FrameKind, FrameProtocol
+from .._formats.schemas import check_reply
+
+logger = logging.getLogger(__name__)
+
+#: Handshakes ended by the server without a byte, in a row, before it is not retried.
+SILENT_CLOSES = 3
+
+__all__ = ["Channel", "ChannelPool", "close_loop_channels"]
+
+#: The open channels of each loop (weakly: a channel nobody holds is already closed).
+_open: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[Channel]] = \
+    weakref.WeakKeyDictionary()
+
+
+
+def _target(task: str) -> str:
+    """What a channel tells the server it means to reach: a task's name, or "" (any task)
+    for a channel named otherwise (a tool that dials an address, not a task)."""
+    return task if _TASK_NAME.fullmatch(task) else ""
+
+
+_TASK_NAME = re.compile(r"/job:[a-z]+/replica:0/task:\d+")
+
+
+def foreign_server(channel: Channel, first: bytes) -> PstrainError:
+    """The error for a server that answered the handshake with something else than pstrain."""
+    where = f"{channel.task} at {channel.address}"
+    if first[:1] in (b"\x15", b"\x16"):  # a TLS record: alert or handshake
+        return AuthenticationError(
+            f"{where} speaks TLS and this client does not: give the coordinator the cluster's "
+            "TLS settings (the resolver's ssl_context, or --tls-ca)", task=channel.task)
+    return ProtocolError(
+        f"{where} is not a pstrain server (it answered {first[:32]!r}): check the cluster's "
+        "addresses (TF_CONFIG / PSTRAIN_CONFIG)", task=channel.task)
+
+class _ClientProtocol(FrameProtocol):
+    """The client end of a stream: the mutual handshake (``handshake.py``), then frames."""
+
+    def __init__(self, channel: Channel) -> None:
+        super().__init__(channel.max_body)
+        self.channel = channel
+        self.pending: dict[int, asyncio.Future[tuple[FrameKind, memoryview]]] = {}
+        self.partials: dict[int, Callable[[memoryview], None]] = {}
+        self.handshake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.lost_exc: BaseException | None = None
+        self.shake = ClientHandshake(channel.token_bytes, _target(channel.task))
+        self.received = 0  # bytes the server sent during the handshake
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        transport.write(self.shake.hello())  # type: ignore[attr-defined]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.handshake.done():
+            super().buffer_updated(nbytes)
+            return
+        # Handshake bytes land in the staging buffer but are not kept there: the machine
+        # takes them, and only what follows the handshake becomes frames.
+        data = bytes(self._stage[self._end:self._end + nbytes])
+        self.received += nbytes
+        try:
+            out = self.shake.receive(data)
+        except HandshakeFailed as exc:
+            self._fail_handshake(self._refusal(exc))
+            return
+        if out:
+            assert self.transport is not None
+            self.transport.write(out)
+        if not self.shake.done:
+            return
+        self.channel.peer = self.shake.identity
+        self.handshake.set_result(None)
+        if self.shake.rest:
+            self.feed(self.shake.rest)
+
+    def _refusal(self, exc: HandshakeFailed) -> PstrainError:
+        ch = self.channel
+        where = f"{ch.task} at {ch.address}"
+        if exc.kind == "foreign":
+            return foreign_server(ch, exc.first)
+        if exc.kind == "wrong_task":
+            return WrongTaskError(
+                f"the task at {ch.address} is {exc.actual}, not {ch.task}: the cluster spec does "
+                "not match the running tasks (TF_CONFIG / PSTRAIN_CONFIG, or the cluster file)",
+                actual=exc.actual, task=ch.task)
+        if exc.kind == "impostor":
+            return AuthenticationError(
+                f"{ch.address} proved the cluster token but answered as {exc.actual}, not "
+                f"{ch.task}: the connection was relayed to another task, or the cluster spec "
+                "does not match the running tasks", task=ch.task)
+        if exc.kind == "unproven":
+            return AuthenticationError(
+                f"{where} could not prove it knows the cluster token: it is not a task of this "
+                "cluster, or it has another token (set the same PSTRAIN_TOKEN / --token-file on "
+                "every task)", task=ch.task)
+        return AuthenticationError(
+            f"{where} rejected the cluster token (set the same PSTRAIN_TOKEN / --token-file on "
+            "every task)", task=ch.task)
+
+    def _fail_handshake(self, exc: BaseException) -> None:
+        if not self.handshake.done():
+            self.handshake.set_exception(exc)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def handle_frame(self, req_id: int, kind: FrameKind, op: str, body: memoryview) -> None:
+        if kind == FrameKind.PARTIAL:
+            on_partial = self.partials.get(req_id)
+            if on_partial is not None:
+                on_partial(body)
+            return
+        self.partials.pop(req_id, None)
+        fut = self.pending.pop(req_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result((kind, body))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.channel.connection_lost(self)
+        err = UnavailableError(
+            f"connection to {self.channel.task} at {self.channel.address} was lost"
+            + (f": {exc}" if exc else "") + ps_advice(self.channel.task), task=self.channel.task)
+        self.lost_exc = self.lost_exc or err
+        if not self.handshake.done():
+            self.handshake.set_exception(err)
+        for fut in self.pending.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self.pending.clear()
+        self.partials.clear()
+
+
+
+def ps_advice(task: str) -> str:
+    """What to do when a ps cannot be reached (said in the error a closure gets)."""
+    if "/job:ps/" not in task:
+        return ""
+    return (". If the ps restarted, its variables are lost: the coordinator's join() says so, "
+            "and the latest checkpoint must be restored; if it answers again (a partition), "
+            "schedule the failed work again")
+
+class Channel:
+    """One multiplexed stream connection to one task, for the loop that made it.
+
+    Made by a :class:`ChannelPool`, or directly for one task::
+
+        ch = Channel("127.0.0.1:2222", token="s3cret", task="/job:ps/replica:0/task:0")
+        listing = await ch.call("vars/list", {})
+        await ch.close()
+    """
+
+    __pstrain_opaque__ = True  # a checkpoint does not walk into it (object_graph)
+
+    _ids = itertools.count(1)
+
+    def __init__(self, address: str, *, token: str | None, task: str,
+                 ssl_context: ssl_module.SSLContext | None = None,
+                 max_body: int = DEFAULT_MAX_BODY, connect_timeout: float = 10.0) -> None:
+        self.address = address
+        self.host, self.port = parse_address(address)
+        self.token = normalize_token(token)
+        self.token_bytes = self.token.encode() if self.token else None
+        self.task = task
+        self.ssl_context = ssl_context
+        self.max_body = max_body
+        self.connect_timeout = connect_timeout
+        #: The coordinator incarnation this process's updates work for (None on a worker:
+        #: a closure's own comes with its dispatch).
+        self.owner: str | None = None
+        #: task -> incarnations a checkpoint was restored onto (the pool's, when it has one).
+        self.restored: dict[str, set[str]] = {}
+        self._proto: _ClientProtocol | None = None
+        self._connecting: asyncio.Task[_ClientProtocol] | None = None
+        self._tasks = TaskOwner(f"channel to {task}")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._silent_closes = 0  # handshakes the server ended without a byte, in a row
+        #: The task that answered the last handshake, with its incarnation.
+        self.peer: str | None = None
+        self.ever_connected = False  # False: the task may still be starting
+        self.closed = False
+
+    def connection_lost(self, proto: _ClientProtocol) -> None:
+        """Called by the protocol: the next call reconnects."""
+        if self._proto is proto:
+            self._proto = None
+
+    async def _connect(self) -> _ClientProtocol:
+        loop = asyncio.get_running_loop()
+        try:
+            _, proto = await asyncio.wait_for(loop.create_connection(
+                lambda: _ClientProtocol(self), self.host, self.port, ssl=self.ssl_context,
+                server_hostname=self.host if self.ssl_context else None), self.connect_timeout)
+        except TimeoutError as exc:
+            raise UnavailableError(
+                f"{self.task} at {self.address} did not accept a connection within "
+                f"{self.connect_timeout:g} s", task=self.task) from exc
+        except ssl_module.SSLError as exc:
+            raise AuthenticationError(
+                f"TLS handshake with {self.task} at {self.address} failed: {exc}. If the "
+                "cluster does not use TLS, give the coordinator no ssl_context; if it does, "
+                "give it the cluster's CA (--tls-ca)", task=self.task) from exc
+        except OSError as exc:
+            raise UnavailableError(
+                f"{self.task} at {self.address} cannot be reached: {exc.strerror or exc}"
+                + ps_advice(self.task), task=self.task) from exc
+        assert proto.transport is not None
+        tune_connection(proto.transport.get_extra_info("socket"))
+        try:
+            await asyncio.wait_for(asyncio.shield(proto.handshake), self.connect_timeout)
+        except TimeoutError as exc:
+            proto.transport.abort()
+            raise UnavailableError(f"{self.task} at {self.address} did not answer the handshake "
+                                   f"within {self.connect_timeout:g} s", task=self.task) from exc
+        except UnavailableError as exc:
+            proto.transport.abort()
+            if proto.received:
+                raise
+            # Accepted, then closed without a byte: a server shutting down does that once; a
+            # TLS server given a plain handshake (or a foreign one) does it every time.
+            self._silent_closes += 1
+            if self._silent_closes < SILENT_CLOSES:
+                raise
+            raise ProtocolError(
+                f"{self.task} at {self.address} closed the connection {self._silent_closes} times "
+                "in a row during the handshake without answering: it probably expects TLS (give "
+                "the coordinator the cluster's TLS settings: the resolver's ssl_context, or "
+                "--tls-ca) or is not a pstrain server", task=self.task) from exc
+        except BaseException:
+            proto.transport.abort()
+            raise
+        self._silent_closes = 0
+        self.ever_connected = True
+        return proto
+
+    async def connected(self) -> _ClientProtocol:
+        proto = self._proto
+        if proto is not None:
+            return proto
+        if self.closed:
+            raise UnavailableError(f"channel to {self.task} is closed", task=self.task)
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            _open.setdefault(self._loop, weakref.WeakSet()).add(self)
+        if self._connecting is None:
+            self._connecting = self._tasks.spawn(self._connect(), observed=True)
+        fut = self._connecting
+        try:
+            proto = await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if fut.cancelled() and not (task is not None and task.cancelling()):
+                raise UnavailableError(f"the connection to {self.task} at {self.address} was "
+                                       "reset while connecting", task=self.task) from None
+            raise
+        finally:
+            if self._connecting is fut and fut.done():
+                self._connecting = None
+        if proto.lost_exc is None:
+            self._proto = proto
+        return proto
+
+    async def call(self, op: str, payload: Any = None, *, pickle: bool = False,
+                   timeout: float | None = None) -> Any:
+        """Send ``payload`` to ``op`` and return the decoded reply.
+
+        ``pickle`` allows pickled objects both ways (only for peers that run
+        code: workers, and the ps's ``extended.update``).
+        """
+        if op in UPDATE_OPS and isinstance(payload, dict):
+            tags = update_tags(self.task, self.owner)  # owner; in a closure: fence, exactly-once key
+            if tags:
+                payload = {**payload, **tags}
+        chunks = wire.encode_body(payload, allow_pickle=pickle)
+        kind, body = await self.call_raw(op, chunks, timeout=timeout)
+        return self.decode_reply(kind, body, pickle=pickle, op=op)
+
+    def decode_reply(self, kind: FrameKind, body: memoryview, *, pickle: bool = False,
+                     op: str | None = None) -> Any:
+        """The payload of a REPLY (checked against ``op``'s reply record), or the error an
+        ERROR frame carries, raised."""
+        if kind == FrameKind.REPLY:
+            payload = wire.decode_body(body, allow_pickle=pickle)
+            return payload if op is None else check_reply(op, payload, self.task)
+        envelope = wire.decode_body(body)
+        if not isinstance(envelope, dict):
+            raise ProtocolError(f"malformed error reply from {self.task}")
+        envelope.setdefault("task", self.task)
+        raise from_envelope(envelope)
+
+    async def call_stream(self, op: str, payload: Any, on_partial: Callable[[Any], None], *,
+                          pickle: bool = False, timeout: float | None = None) -> Any:
+        """Like :meth:`call`, and ``on_partial(obj)`` for each partial reply before the last."""
+        chunks = wire.encode_body(payload, allow_pickle=pickle)
+
+        def partial(body: memoryview) -> None:
+            on_partial(check_reply(op, wire.decode_body(body, allow_pickle=pickle), self.task))
+
+        kind, body = await self.call_raw(op, chunks, timeout=timeout, on_partial=partial)
+        return self.decode_reply(kind, body, pickle=pickle, op=op)
+
+    async def call_raw(self, op: str, chunks: Sequence[bytes | memoryview], *,
+                       timeout: float | None = None,
+                       on_partial: Callable[[memoryview], None] | None = None
+                       ) -> tuple[FrameKind, memoryview]:
+        proto = self._proto
+        if proto is None and timeout is None:
+            proto = await self.connected()
+        elif proto is None:  # a call's deadline covers connecting too
+            try:
+                proto = await asyncio.wait_for(self.connected(), timeout)
+            except TimeoutError:
+                raise DeadlineExceededError(f"{self.task} at {self.address} could not be reached "
+                                            f"within {timeout:g} s for {op!r}", task=self.task) from None
+        loop = asyncio.get_running_loop()
+        req_id = next(self._ids)
+        fut: asyncio.Future[tuple[FrameKind, memoryview]] = loop.create_future()
+        proto.pending[req_id] = fut
+        if on_partial is not None:
+            proto.partials[req_id] = on_partial
+        try:
+            proto.send(req_id, FrameKind.REQUEST, op, chunks)
+        except UnavailableError:
+            proto.pending.pop(req_id, None)
+            proto.partials.pop(req_id, None)
+            raise UnavailableError(f"connection to {self.task} at {self.address} is closed",
+                                   task=self.task) from None
+        if timeout is None:
+            return await fut
+        handle = loop.call_later(timeout, _expire, fut, self.task, op, timeout)
+        try:
+            return await fut
+        finally:
+            handle.cancel()
+            proto.pending.pop(req_id, None)
+            proto.partials.pop(req_id, None)
+
+    def reset(self) -> None:
+        """Drop the connection (calls in flight fail with UnavailableError); the next call
+        connects afresh. For a peer that stopped answering: a healed one is reached at once
+        on a new connection, not after the old one's retransmission back-off."""
+        proto = self._proto
+        self._proto = None
+        if proto is not None and proto.transport is not None:
+            proto.transport.abort()
+        connecting, self._connecting = self._connecting, None
+        if connecting is not None:  # a connect begun during the partition: its SYNs back off
+            connecting.cancel()
+
+    async def close(self) -> None:
+        """Close the connection; calls in flight fail with UnavailableError."""
+        self.closed = True
+        await self._tasks.close()
+        proto, self._proto = self._proto, None
+        if proto is not None and proto.transport is not None:
+            proto.transport.close()
+        if self._loop is not None:
+            channels = _open.get(self._loop)
+            if channels is not None:
+                channels.discard(self)
+
+
+def _expire(fut: asyncio.Future[Any], task: str, op: str, timeout: float) -> None:
+    if not fut.done():
+        fut.set_exception(DeadlineExceededError(
+            f"{task} did not answer {op!r} within {timeout:g} s", task=task))
+
+
+class ChannelPool:
+    """The channels of one process to the tasks of a cluster, one set per event loop.
+
+    Channels are bound to the loop that opened them; a process with two loops
+    (a worker serves on one and runs closures on the other) gets two sets
+    from the same pool.
+
+    >>> pool = ChannelPool(ClusterSpec({"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]}),
+    ...                    token="s3cret")
+    >>> pool.cluster_spec.num_tasks("ps")
+    1
+    """
+
+    __pstrain_opaque__ = True  # a checkpoint does not walk into it (object_graph)
+
+    def __init__(self, cluster_spec: ClusterSpec, token: str | None, *,
+                 ssl_context: ssl_module.SSLContext | None = None,
+                 max_body: int = DEFAULT_MAX_BODY, connect_timeout: float = 10.0) -> None:
+        self.cluster_spec = cluster_spec
+        self.token = normalize_token(token)
+        self.ssl_context = ssl_context
+        self.max_body = max_body
+        self.connect_timeout = connect_timeout
+        #: The coordinator incarnation (strategy owner id) whose updates these channels send.
+        self.owner: str | None = None
+        #: task -> incarnations of that ps a checkpoint was restored onto through these
+        #: channels (the coordinator's PsHealth reads it: such a restart is handled).
+        self.restored: dict[str, set[str]] = {}
+        self._channels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, int], Channel]] = \
+            weakref.WeakKeyDictionary()
+        # The last loop's channels: every variable operation asks, almost always from one loop.
+        self._last: tuple[weakref.ref[asyncio.AbstractEventLoop], dict[tuple[str, int], Channel]] | None = None
+
+    def channel(self, job: str, index: int) -> Channel:
+        """The channel to task ``job:index`` on the running loop (made on first use)."""
+        loop = asyncio.get_running_loop()
+        last = self._last
+        if last is not None and last[0]() is loop:
+            channels = last[1]
+        else:
+            channels = self._channels.get(loop)  # type: ignore[assignment]
+            if channels is None:
+                channels = self._channels[loop] = {}
+            self._last = (weakref.ref(loop), channels)
+        ch = channels.get((job, index))
+        if ch is None or ch.closed:
+            ch = channels[(job, index)] = Channel(
+                self.cluster_spec.task_address(job, index), token=self.token,
+                task=task_name(job, index), ssl_context=self.ssl_context,
+                max_body=self.max_body, connect_timeout=self.connect_timeout)
+            ch.owner = self.owner
+            ch.restored = self.restored
+        return ch
+
+    async def forget(self, job: str, index: int) -> None:
+        """Close and drop the channels to task ``job:index`` on every loop (its address
+        changed: the next ``channel()`` connects to the new one)."""
+        running = asyncio.get_running_loop()
+        for loop, channels in list(self._channels.items()):
+            ch = channels.pop((job, index), None)
+            if ch is None:
+                continue
+            if loop is running:
+                await ch.close()
+            elif not loop.is_closed():
+                loop.call_soon_threadsafe(ch.reset)
+
+    def reset(self, job: str, index: int) -> None:
+        """Drop the connections to task ``job:index`` on every loop (from any thread); the
+        next calls connect afresh."""
+        for loop, channels in list(self._channels.items()):
+            ch = channels.get((job, index))
+            if ch is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(ch.reset)
+
+    async def close(self) -> None:
+        """Close the channels opened on the running loop."""
+        channels = self._channels.pop(asyncio.get_running_loop(), {})
+        self._last = None
+        for ch in channels.values():
+            await ch.close()
+
+
+async def close_loop_channels() -> None:
+    """Close every channel still open on the running loop (``pstrain.run`` does this at the end)."""
+    channels = _open.pop(asyncio.get_running_loop(), None)
+    for ch in list(channels or ()):
+        await ch.close()
+
+
+def open_channels() -> list[Channel]:
+    """The channels open on the running loop (the test cluster's leak check reads this)."""
+    return list(_open.get(asyncio.get_running_loop(), ()))
+
+
+expose(globals(), "pstrain.rpc")

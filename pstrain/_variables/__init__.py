@@ -1,0 +1,1 @@
+"""_variables: private; see README "Layout"."""

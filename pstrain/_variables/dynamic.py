@@ -1,0 +1,285 @@
+"""Dynamic embedding tables: rows keyed by raw int64 ids, created when ids are admitted.
+
+A :class:`DynamicEmbedding` is made in ``strategy.scope()``; each ps holds the
+ids that hash to it (:func:`~pstrain._formats.idhash.shard_of`), with their rows and
+optimizer slots (``pstrain/server/dynamic_table.py`` says what a shard does).
+In a closure, or on the coordinator::
+
+    with strategy.scope():
+        table = pstrain.DynamicEmbedding(16, name="user", capacity=1_000_000, admit_after=2)
+    rows = await pstrain.embedding_lookup(table, ids)           # any int64 ids
+    await optimizer.apply_gradients([(pstrain.IndexedSlices(g, ids), table)])
+
+A shard is created on its ps at its first use (the configuration travels with
+the table, so a worker's first lookup creates it as well as the
+coordinator's). The capacity counts rows in all: it is split between the ``n`` ps
+in shares that add up to it exactly (``capacity // n``, one more on the first
+``capacity % n``). Checkpoints (:class:`~pstrain.Checkpoint`) save
+ids, rows and slots; a restore re-routes them to any number of ps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import numpy as np
+
+from .._base.context import current_channels
+from .._base.errors import InvalidArgumentError, NotFoundError
+from .._base.exports import expose
+from .._formats.idhash import shard_of
+from .._formats.initializers import Constant, Initializer, RandomUniform, Zeros
+from .._formats.schemas import TableSpec, validate
+from .._transport.rpc import Channel, ChannelPool
+from .placement import Placement
+from .variables import current_creator
+
+__all__ = ["DynamicEmbedding"]
+
+_names = itertools.count()
+
+
+class DynamicEmbedding:
+    """A table of ``dim``-wide rows keyed by int64 ids over the whole 64-bit space.
+
+    ``initializer``: ``RandomUniform(minval, maxval, seed)`` (default ±0.05), ``Zeros`` or
+    ``Constant``: a row's initial value is a function of its id and the seed alone.
+    ``admit_after=N``: an id gets a row at its N-th training lookup; ``admit_probability=p``:
+    at each training lookup with probability p (decided by a hash of the id and its
+    sightings). Until admitted, lookups return ``default_value`` and gradients are dropped.
+    ``capacity`` (rows in all) with ``eviction="lru"`` or ``"lfu"``; ``max_age=T``: rows
+    not looked up in training for T of their shard's training lookups are evicted.
+    """
+
+    dynamic_table = True  # what embedding_lookup and the adapters recognise
+
+    def __init__(self, dim: int, dtype: Any = "float32", *, name: str | None = None,
+                 initializer: Initializer | None = None, default_value: float = 0.0,
+                 capacity: int | None = None, eviction: str = "lru", max_age: int | None = None,
+                 admit_after: int | None = None, admit_probability: float | None = None) -> None:
+        placement = current_creator()
+        if not isinstance(placement, Placement) or placement.channels is None:
+            raise InvalidArgumentError("a DynamicEmbedding lives on the ps: create it in "
+                                       "strategy.scope() of a ParameterServerStrategy, on the "
+                                       "coordinator")
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise InvalidArgumentError(f"DynamicEmbedding dim must be a positive integer, got {dim!r}")
+        init = initializer if initializer is not None else RandomUniform()
+        if isinstance(init, RandomUniform):
+            low, high, seed = init.minval, init.maxval, init.seed or 0
+        elif isinstance(init, Zeros):
+            low = high = 0.0
+            seed = 0
+        elif isinstance(init, Constant):
+            low = high = float(init.value)
+            seed = 0
+        else:
+            raise InvalidArgumentError(
+                f"a DynamicEmbedding's initializer is RandomUniform, Zeros or Constant (a row's "
+                f"value must follow from its id alone), got {type(init).__name__}")
+        num_ps = placement.num_ps
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
+                                     or capacity < num_ps):
+            raise InvalidArgumentError(
+                f"DynamicEmbedding capacity must be a whole number of rows, at least the {num_ps} "
+                f"ps it is sharded over (each holds a share), got {capacity!r}")
+        self.name = name or f"dynamic_embedding_{next(_names)}"
+        self.key = placement.namespace + self.name
+        self.dim = dim
+        self.dtype = np.dtype(dtype)
+        self.num_ps = num_ps
+        self.capacity = capacity
+        self.owner = placement.owner
+        self.config: dict[str, Any] = {
+            "dim": dim, "dtype": self.dtype.name, "seed": int(seed), "init_low": low,
+            "init_high": high, "default_value": float(default_value), "evict": eviction,
+            "capacity": capacity,
+            "max_age": max_age, "admit_after": admit_after, "admit_probability": admit_probability}
+        validate("DynamicEmbedding", TableSpec, self.shard_config(0))
+        if admit_after is not None and admit_probability is not None:
+            raise InvalidArgumentError("give admit_after or admit_probability, not both")
+        if low > high:
+            raise InvalidArgumentError(f"the initializer's minval {low} is above its maxval {high}")
+        if self.dtype.kind != "f":
+            raise InvalidArgumentError(f"a DynamicEmbedding's dtype must be a float type, got {self.dtype}")
+        #: The coordinator's channels (None in a closure: the closure's own).
+        self.pool: ChannelPool | None = placement.channels
+        #: ``(id(loop), ps)`` where this handle has sent the shard's creation.
+        self.created_on: set[tuple[int, int]] = set()
+
+    @property
+    def shape(self) -> tuple[None, int]:
+        """``(None, dim)``: any number of rows, ``dim`` wide."""
+        return (None, self.dim)
+
+    def shard_config(self, ps: int) -> dict[str, Any]:
+        """The configuration of the shard on ps ``ps``: its share of the capacity."""
+        config = {k: v for k, v in self.config.items() if v is not None}
+        if self.capacity is not None:
+            share, extra = divmod(self.capacity, self.num_ps)
+            config["capacity"] = share + (1 if ps < extra else 0)
+        return config
+
+    # -- transport -------------------------------------------------------------------------
+    def channel(self, ps: int) -> Channel:
+        pool = self.pool if self.pool is not None else current_channels()
+        return pool.channel("ps", ps)
+
+    async def _create(self, ps: int) -> None:
+        await self.channel(ps).call("dyn/create", {
+            "name": self.key, "config": self.shard_config(ps), "owner": self.owner})
+        self.created_on.add((id(asyncio.get_running_loop()), ps))
+
+    async def shard_ready(self, ps: int) -> None:
+        """Create shard ``ps`` if this loop has not yet (before an update that needs it)."""
+        if (id(asyncio.get_running_loop()), ps) not in self.created_on:
+            await self._create(ps)
+
+    async def _call(self, ps: int, op: str, payload: dict[str, Any]) -> Any:
+        """``op`` on shard ``ps``, creating the shard first where it does not exist yet."""
+        if (id(asyncio.get_running_loop()), ps) not in self.created_on:
+            await self._create(ps)
+        try:
+            return await self.channel(ps).call(op, payload)
+        except NotFoundError as exc:
+            if "dynamic table" not in str(exc):
+                raise
+            await self._create(ps)
+            return await self.channel(ps).call(op, payload)
+
+    def route(self, ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """``(ps, positions)`` of the ids (1-D) each ps holds."""
+        shards = shard_of(ids, self.num_ps)
+        return [(int(p), np.flatnonzero(shards == p)) for p in np.unique(shards)]
+
+    # -- the API -----------------------------------------------------------------------------
+    async def lookup(self, ids: Any, training: bool = True) -> np.ndarray:
+        """Rows of ``ids`` (any shape of integers): ``ids.shape + (dim,)``.
+
+        ``training=True`` admits ids (creating rows) and counts them for eviction;
+        ``training=False`` (evaluation, serving) changes nothing."""
+        flat = _ids(ids, f"lookup of {self.name!r}")
+        unique, inverse = np.unique(flat, return_inverse=True)
+        rows = np.empty((unique.size, self.dim), self.dtype)
+
+        async def fetch(ps: int, positions: np.ndarray) -> None:
+            reply = await self._call(ps, "dyn/lookup", {"name": self.key, "ids": unique[positions],
+                                                        "train": bool(training)})
+            rows[positions] = reply["values"][0]
+
+        await asyncio.gather(*(fetch(ps, pos) for ps, pos in self.route(unique)))
+        return rows[inverse.reshape(-1)].reshape(np.shape(ids) + (self.dim,))
+
+    def gradient_groups(self, ids: Any, values: Any) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """``(ps, unique ids, summed values)`` of a sparse gradient, per ps."""
+        flat = _ids(ids, f"gradient of {self.name!r}")
+        vals = np.asarray(values, self.dtype)
+        if vals.shape != np.shape(ids) + (self.dim,):
+            raise InvalidArgumentError(
+                f"the gradient of dynamic table {self.name!r} has values of shape {vals.shape} "
+                f"for ids of shape {np.shape(ids)}: expected {np.shape(ids) + (self.dim,)}")
+        vals = vals.reshape(flat.size, self.dim)
+        unique, inverse = np.unique(flat, return_inverse=True)
+        if unique.size != flat.size:
+            summed = np.zeros((unique.size, self.dim), self.dtype)
+            np.add.at(summed, inverse, vals)
+        else:
+            summed = np.empty_like(vals)
+            summed[inverse] = vals
+        return [(ps, unique[pos], summed[pos]) for ps, pos in self.route(unique)]
+
+    async def ensure_created(self) -> None:
+        """Create the table's shard on every ps now (otherwise: at its first use)."""
+        await asyncio.gather(*(self._create(ps) for ps in range(self.num_ps)))
+
+    async def statistics(self) -> dict[str, int]:
+        """Rows held, admitted, evicted and bytes, summed over the ps."""
+        parts = await asyncio.gather(*(self._call(ps, "dyn/stats", {"name": self.key})
+                                       for ps in range(self.num_ps)))
+        return {k: sum(int(p[k]) for p in parts) for k in ("rows", "admitted", "evicted", "bytes")}
+
+    async def size(self) -> int:
+        """Rows held now, in all."""
+        return (await self.statistics())["rows"]
+
+    async def export(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every id and its row (ids ascending), for serving or inspection."""
+        parts = await asyncio.gather(*(self._call(ps, "dyn/export", {"name": self.key})
+                                       for ps in range(self.num_ps)))
+        ids = np.concatenate([np.asarray(p["ids"], np.int64) for p in parts])
+        rows = np.concatenate([np.asarray(p["rows"]).reshape(-1, self.dim) for p in parts])
+        order = np.argsort(ids, kind="stable")
+        return ids[order], rows[order].astype(self.dtype, copy=False)
+
+    @classmethod
+    def handle(cls, name: str, key: str, dim: int, dtype: str, num_ps: int, capacity: int | None,
+               owner: str, config: dict[str, Any]) -> DynamicEmbedding:
+        """A table handle inside a closure (unpickled): it reaches the ps through the
+        closure's channels."""
+        table = cls.__new__(cls)
+        table.name, table.key, table.dim, table.dtype = name, key, dim, np.dtype(dtype)
+        table.num_ps, table.capacity, table.owner, table.config = num_ps, capacity, owner, config
+        table.pool = None
+        table.created_on = set()
+        return table
+
+    async def save_shard(self, ps: int, path: str, slots: dict[str, str] | None = None) -> int:
+        """Have ps ``ps`` write its shard (ids, rows, slots) to ``path``; returns its rows.
+        ``slots``: which slots (``<optimizer name>/<slot>``) to save, under which keys."""
+        await self._call(ps, "dyn/save", {"name": self.key, "path": path,
+                                          **({"slots": slots} if slots is not None else {})})
+        return int((await self._call(ps, "dyn/stats", {"name": self.key}))["rows"])
+
+    async def restore_from(self, files: list[str], slots: dict[str, str] | None = None) -> int:
+        """Replace every shard with the rows saved in ``files`` (all shards of one save, from
+        any number of ps): each ps keeps the ids that hash to it now. ``slots``: saved slot
+        key -> this table's slot key (``<optimizer name>/<slot>``). Returns rows restored."""
+        replies = await asyncio.gather(*(self.channel(ps).call("dyn/restore", {
+            "name": self.key, "config": self.shard_config(ps), "owner": self.owner, "paths": files,
+            "shard": ps, "num_shards": self.num_ps,
+            **({"slots": slots} if slots is not None else {})}) for ps in range(self.num_ps)))
+        loop = id(asyncio.get_running_loop())
+        self.created_on.update((loop, ps) for ps in range(self.num_ps))
+        return sum(int(r["restored"]) for r in replies)
+
+    async def export_to(self, path: str) -> int:
+        """Write every id and its row to a safetensors file (``ids`` int64, ``rows``) for
+        serving; returns the number of rows."""
+        from .._formats.checkpoint_files import write_tensors
+
+        ids, rows = await self.export()
+        await asyncio.get_running_loop().run_in_executor(
+            None, write_tensors, path, {"ids": ids, "rows": rows})
+        return int(ids.size)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> DynamicEmbedding:
+        """A handle is a reference: a copied model (a torch replica) shares the table."""
+        return self
+
+    def __reduce__(self) -> Any:
+        return (_remote_table, (self.name, self.key, self.dim, self.dtype.str, self.num_ps,
+                                self.capacity, self.owner, self.config))
+
+    def __repr__(self) -> str:
+        return (f"<pstrain.DynamicEmbedding {self.name!r} dim={self.dim} dtype={self.dtype.name} "
+                f"ps={self.num_ps}>")
+
+
+def _remote_table(name: str, key: str, dim: int, dtype: str, num_ps: int, capacity: int | None,
+                  owner: str, config: dict[str, Any]) -> DynamicEmbedding:
+    return DynamicEmbedding.handle(name, key, dim, dtype, num_ps, capacity, owner, config)
+
+
+def _ids(ids: Any, what: str) -> np.ndarray:
+    arr = np.asarray(ids)
+    if arr.dtype.kind not in "iu" or arr.dtype.itemsize > 8:
+        raise InvalidArgumentError(f"{what}: ids must be integers, got {arr.dtype}")
+    flat = arr.reshape(-1)
+    if flat.dtype == np.uint64:
+        return flat.view(np.int64)
+    return flat.astype(np.int64, copy=False)
+
+
+expose(globals(), "pstrain", ['DynamicEmbedding'])

@@ -1,0 +1,309 @@
+"""Sharded variables: one logical variable split by rows over several ps.
+
+A ``variable_partitioner`` given to the strategy (``partitioners.py``)
+decides how many parts a variable gets along axis 0; :func:`plan_parts` lays
+them out in TF's "div" layout (the first ``n % k`` parts get one extra row).
+The placement names them ``<name>/part_<i>`` and places them with its shared
+round-robin counter; each part is initialised on its own ps (an initializer
+is called with the part's shape and offset, a value is sliced).
+
+:func:`embedding_lookup` gathers rows from every part in parallel, one request
+per ps, after deduplicating the ids, so only the rows needed travel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._base.context import must_await
+from .._base.errors import InvalidArgumentError
+from .._base.exports import expose
+from .variables import IndexedSlices, Variable, VariableBase, ensure_created, read_variables, to_array
+
+if TYPE_CHECKING:
+    from .._transport.rpc import Channel
+
+__all__ = ["ShardedVariable", "compact_ids", "div_sizes", "embedding_lookup", "plan_parts"]
+
+
+def div_sizes(n: int, k: int) -> list[int]:
+    """TF's "div" layout: the first ``n % k`` parts get one extra row."""
+    base, extra = divmod(n, k)
+    return [base + 1 if i < extra else base for i in range(k)]
+
+
+def plan_parts(partitioner: Any, name: str, shape: tuple[int, ...],
+               dtype: np.dtype) -> list[tuple[int, int]] | None:
+    """``(offset, rows)`` of each part ``partitioner`` asks for (None: keep it whole)."""
+    try:
+        parts = partitioner(tuple(shape), dtype)
+    except InvalidArgumentError:
+        raise
+    except Exception as exc:
+        raise InvalidArgumentError(f"variable_partitioner failed for {name!r}: {exc}") from exc
+    if (not isinstance(parts, (list, tuple)) or not parts or len(parts) != len(shape)
+            or not all(isinstance(p, (int, np.integer)) for p in parts)
+            or parts[0] < 1 or any(p != 1 for p in parts[1:])):
+        raise InvalidArgumentError(
+            f"variable_partitioner must return one count per axis with a positive first element "
+            f"and 1 elsewhere; got {parts!r} for {name!r} of shape {shape}")
+    k = min(int(parts[0]), shape[0])
+    if k <= 1:
+        return None
+    out = []
+    offset = 0
+    for size in div_sizes(shape[0], k):
+        out.append((offset, size))
+        offset += size
+    return out
+
+
+class ShardedVariable(VariableBase):
+    """A variable split by rows into parts that live on different ps.
+
+    Reads concatenate the parts; ``assign*`` split a full value by the parts'
+    offsets; row operations route global row ids to the part that holds them.
+
+    >>> sv = ShardedVariable([Variable(np.zeros((2, 3)), name="w/part_0"),
+    ...                       Variable(np.ones((1, 3)), name="w/part_1")])
+    >>> sv.name, sv.shape, [v.name for v in sv.variables]
+    ('w', (3, 3), ['w/part_0', 'w/part_1'])
+    """
+
+    __slots__ = ("_variables", "_name", "_offsets", "_shape", "__weakref__")
+
+    def __init__(self, variables: Sequence[Variable], name: str | None = None) -> None:
+        if not isinstance(variables, (list, tuple)) or not variables or \
+                not all(isinstance(v, Variable) for v in variables):
+            raise TypeError(f"ShardedVariable variables should be a non-empty list of Variables, "
+                            f"got {variables!r}")
+        if len({v.dtype for v in variables}) != 1:
+            raise InvalidArgumentError("ShardedVariable parts must have the same dtype")
+        if len({v.shape[1:] for v in variables}) != 1 or any(not v.shape for v in variables):
+            raise InvalidArgumentError("ShardedVariable parts must have the same shapes except "
+                                       "for the first axis")
+        self._variables = list(variables)
+        self._name = name or variables[0].name.rsplit("/part_", 1)[0]
+        sizes = [v.shape[0] for v in variables]
+        self._offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self._shape = (int(self._offsets[-1]),) + variables[0].shape[1:]
+
+    # -- properties ----------------------------------------------------------------------------
+    @property
+    def variables(self) -> list[Variable]:
+        return list(self._variables)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._variables[0].dtype
+
+    @property
+    def trainable(self) -> bool:
+        return self._variables[0].trainable
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Row offset of each part, then the total row count."""
+        return self._offsets.copy()
+
+    def __repr__(self) -> str:
+        return (f"<pstrain.ShardedVariable {self._name!r} shape={self._shape} dtype={self.dtype} "
+                f"parts={len(self._variables)}>")
+
+    # -- reads and writes ----------------------------------------------------------------------
+    @must_await
+    async def read_value(self) -> np.ndarray:
+        return np.concatenate(await read_variables(self._variables), axis=0)
+
+    @must_await
+    async def numpy(self) -> np.ndarray:
+        return await self.read_value()
+
+    def _split(self, value: Any, what: str) -> list[np.ndarray]:
+        arr = to_array(value, self.dtype, f"{what} of variable {self._name!r}")
+        if arr.shape != self._shape:
+            raise InvalidArgumentError(f"{what} of variable {self._name!r}: value has shape "
+                                       f"{arr.shape}, expected {self._shape}")
+        o = self._offsets
+        return [arr[o[i]:o[i + 1]] for i in range(len(self._variables))]
+
+    async def _each(self, op: str, value: Any) -> ShardedVariable:
+        pieces = self._split(value, op)
+        await asyncio.gather(*(getattr(v, op)(p) for v, p in zip(self._variables, pieces)))
+        return self
+
+    @must_await
+    async def assign(self, value: Any) -> ShardedVariable:
+        return await self._each("assign", value)
+
+    @must_await
+    async def assign_add(self, delta: Any) -> ShardedVariable:
+        return await self._each("assign_add", delta)
+
+    @must_await
+    async def assign_sub(self, delta: Any) -> ShardedVariable:
+        return await self._each("assign_sub", delta)
+
+    def route(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(part index, row within the part) of each global row id."""
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self._shape[0]):
+            bad = ids[(ids < 0) | (ids >= self._shape[0])].reshape(-1)[0]
+            raise InvalidArgumentError(f"variable {self._name!r}: row id {int(bad)} out of range "
+                                       f"[0, {self._shape[0]})")
+        part = np.searchsorted(self._offsets[1:], ids, side="right")
+        return part, ids - self._offsets[part]
+
+    @must_await
+    async def sparse_read(self, indices: Any) -> np.ndarray:
+        return await embedding_lookup(self, indices)
+
+    async def _scatter(self, op: str, delta: IndexedSlices) -> ShardedVariable:
+        if not isinstance(delta, IndexedSlices):
+            raise InvalidArgumentError(f"{op} takes an IndexedSlices, got {type(delta).__name__}")
+        idx = np.asarray(delta.indices)
+        if idx.ndim != 1:
+            raise InvalidArgumentError(f"{op}: indices must be 1-D, got shape {idx.shape}")
+        part, local = self.route(idx)
+        values = np.asarray(delta.values)
+        calls = []
+        for p in np.unique(part):
+            mask = part == p
+            calls.append(getattr(self._variables[p], op)(IndexedSlices(values[mask], local[mask])))
+        await asyncio.gather(*calls)
+        return self
+
+    @must_await
+    async def scatter_add(self, sparse_delta: IndexedSlices) -> ShardedVariable:
+        return await self._scatter("scatter_add", sparse_delta)
+
+    @must_await
+    async def scatter_sub(self, sparse_delta: IndexedSlices) -> ShardedVariable:
+        return await self._scatter("scatter_sub", sparse_delta)
+
+    @must_await
+    async def scatter_update(self, sparse_delta: IndexedSlices) -> ShardedVariable:
+        return await self._scatter("scatter_update", sparse_delta)
+
+
+def compact_ids(ids: np.ndarray) -> np.ndarray:
+    """Row ids as int32 when they fit (half the bytes on the wire), else unchanged."""
+    if ids.dtype.itemsize > 4 and (ids.size == 0 or (int(ids.max()) < 2**31 and int(ids.min()) >= 0)):
+        return ids.astype(np.int32)
+    return ids
+
+
+def _as_parts(params: Any) -> tuple[list[Variable], np.ndarray, str]:
+    if isinstance(params, ShardedVariable):
+        return params.variables, params.offsets, params.name
+    if isinstance(params, Variable):
+        return [params], np.array([0, params.shape[0] if params.shape else 0]), params.name
+    if isinstance(params, (list, tuple)) and params and all(isinstance(v, Variable) for v in params):
+        sizes = [v.shape[0] for v in params]
+        return list(params), np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), params[0].name
+    raise InvalidArgumentError("embedding_lookup takes a Variable, a list of Variables or a "
+                               f"ShardedVariable, got {type(params).__name__}")
+
+
+async def embedding_lookup(params: Any, ids: Any, *, training: bool = True) -> np.ndarray:
+    """Rows ``ids`` of ``params``: shape ``ids.shape + params.shape[1:]``.
+
+    Ids are deduplicated first; each ps holding a needed part gets one request
+    (all concurrently) carrying only the rows it must send. ``training=False``
+    (evaluation, serving) changes nothing: a dynamic table admits no id and
+    counts no sighting (fixed tables never change on a lookup).
+
+    >>> table = Variable(np.arange(6.0).reshape(3, 2))
+    >>> asyncio.run(embedding_lookup(table, [[2, 0]])).tolist()
+    [[[4.0, 5.0], [0.0, 1.0]]]
+    """
+    if getattr(params, "dynamic_table", False):  # a DynamicEmbedding: rows by raw id
+        rows: np.ndarray = await params.lookup(ids, training=training)
+        return rows
+    parts, offsets, name = _as_parts(params)
+    ids = np.asarray(ids)
+    if ids.dtype.kind not in "iu":
+        raise InvalidArgumentError(f"embedding_lookup ids must be integers, got {ids.dtype}")
+    total = int(offsets[-1])
+    flat = ids.reshape(-1)
+    if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= total):
+        bad = flat[(flat < 0) | (flat >= total)][0]
+        raise InvalidArgumentError(f"embedding_lookup on {name!r}: id {int(bad)} out of range [0, {total})")
+    unique, inverse = np.unique(flat, return_inverse=True)
+    tail = parts[0].shape[1:]
+    rows = np.empty((unique.size,) + tail, parts[0].dtype)
+    part = np.searchsorted(offsets[1:], unique, side="right")
+    local: list[tuple[int, np.ndarray]] = []
+    by_ps: dict[Channel, list[tuple[int, np.ndarray]]] = {}
+    for p in np.unique(part):
+        positions = np.nonzero(part == p)[0]
+        v = parts[int(p)]
+        if v.ps_index is None:
+            local.append((int(p), positions))
+        else:
+            by_ps.setdefault(v.channel(), []).append((int(p), positions))
+    for p, positions in local:
+        rows[positions] = await parts[p].sparse_read(unique[positions] - offsets[p])
+    await ensure_created(parts[p] for group in by_ps.values() for p, _ in group)
+
+    async def fetch(channel: Channel, group: list[tuple[int, np.ndarray]]) -> None:
+        reads = [{"name": parts[p].key, "indices": compact_ids(unique[positions] - offsets[p])}
+                 for p, positions in group]
+        reply = await channel.call("vars/sparse_read", {"reads": reads})
+        for (_, positions), values in zip(group, reply["values"]):
+            rows[positions] = values
+
+    await asyncio.gather(*(fetch(ch, group) for ch, group in by_ps.items()))
+    return rows[inverse].reshape(ids.shape + tail)
+
+
+def combine_gradients(grads_and_vars: Sequence[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """One gradient per variable: sparse gradients of the same table (a table looked up
+    twice in one model) are concatenated, dense ones summed; the order of first sight is
+    kept. The ps sums the rows of repeated ids.
+
+    >>> v = Variable(np.zeros((4, 2)))
+    >>> [(g, _)] = combine_gradients([(IndexedSlices(np.ones((1, 2)), [1]), v),
+    ...                               (IndexedSlices(np.ones((2, 2)), [1, 3]), v)])
+    >>> g.indices.tolist(), float(g.values.sum())
+    ([1, 1, 3], 6.0)
+    """
+    merged: dict[int, list[Any]] = {}
+    for grad, var in grads_and_vars:
+        seen = merged.get(id(var))
+        if seen is None:
+            merged[id(var)] = [grad, var]
+        elif isinstance(grad, IndexedSlices) and isinstance(seen[0], IndexedSlices):
+            seen[0] = IndexedSlices(np.concatenate([seen[0].values, grad.values]),
+                                    np.concatenate([seen[0].indices, grad.indices]),
+                                    seen[0].dense_shape)
+        elif grad is None or seen[0] is None:
+            seen[0] = grad if seen[0] is None else seen[0]
+        else:
+            seen[0] = _dense(seen[0], var) + _dense(grad, var)
+    return [(g, v) for g, v in merged.values()]
+
+
+def _dense(grad: Any, var: Any) -> np.ndarray:
+    if not isinstance(grad, IndexedSlices):
+        return np.asarray(grad)
+    if var.shape is None or None in var.shape:
+        raise InvalidArgumentError(f"a dense and a sparse gradient for {var.name!r}, a dynamic "
+                                   "table: give it sparse gradients only")
+    out = np.zeros(var.shape, grad.values.dtype)
+    np.add.at(out, grad.indices, grad.values)
+    return out
+
+
+expose(globals(), "pstrain", ['ShardedVariable', 'embedding_lookup'])

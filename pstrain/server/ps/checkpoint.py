@@ -1,0 +1,320 @@
+"""The ps's side of checkpoints: files under one root, restores staged then committed.
+
+``ckpt/save`` writes the named variables to one safetensors file. The path
+must lie under the ps's *checkpoint root* (``pstrain serve
+--checkpoint-root``, default the directory the ps was started in); absolute
+paths elsewhere and ``..`` are refused. The file is written under an
+exclusive, unpredictable temporary name in the same directory, fsynced, then
+linked to its final name, which must not exist yet; the temporary file is
+removed whatever happens. Training goes on meanwhile: a large array is read
+through a :class:`~pstrain.server.ps.store.Snapshot` (block by block; an update
+keeps the old values of the rows it changes until the writer has passed
+them), a small one is pinned (an update copies it first). Either way the
+file holds each array as it was when the save began.
+
+``ckpt/restore`` builds variables from row ranges of checkpoint files (a
+sharded variable may have been saved in a different number of parts). Every
+source must be a file under the root, and the sources of a variable must be
+disjoint and cover every row, before anything is read. With a ``stage`` id the
+arrays are held until ``ckpt/commit`` puts them in place (or ``ckpt/abort``
+drops them): the coordinator stages on every ps, then commits, so a restore
+that fails on one ps changes none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from ..._formats.checkpoint_files import SAFETENSORS_DTYPES, read_rows, write_streaming
+from ..._formats.idhash import shard_of
+from ..._formats.schemas import RestoreRequest, RestoreSpec, SaveRequest
+from .store import VariableStore
+
+__all__ = ["CheckpointFiles"]
+
+logger = logging.getLogger(__name__)
+
+#: How much nicer than the serving loop a save's writer thread runs (Linux thread niceness).
+SAVE_NICENESS = 19
+
+#: Staged restores not committed within this many seconds are dropped.
+STAGE_TTL_S = 300.0
+#: Restores staged (read, not yet committed) at once on one ps.
+MAX_STAGED = 4
+
+
+class CheckpointFiles:
+    """Checkpoint files of one ps, confined to ``root``."""
+
+    def __init__(self, store: VariableStore, root: str | None = None,
+                 max_variable_bytes: int | None = None) -> None:
+        self.store = store
+        self.max_variable_bytes = max_variable_bytes  # a restored variable's limit, as a created one
+        self.max_store_bytes: int | None = None  # bytes held at most (the ps's --max-store-bytes)
+        self.root = os.path.realpath(root or os.getcwd())
+        self._staged: dict[str, tuple[float, list[tuple[str, np.ndarray, bool, str | None]]]] = {}
+
+    def confine(self, path: str, what: str) -> str:
+        """``path`` resolved, if it lies under the root; else InvalidArgumentError."""
+        if "\x00" in path or not os.path.isabs(path):
+            raise InvalidArgumentError(f"{what} {path!r}: give an absolute path under this ps's "
+                                       f"checkpoint root {self.root}")
+        if ".." in path.split(os.sep):
+            raise InvalidArgumentError(f"{what} {path!r}: '..' is not allowed in checkpoint paths")
+        real = os.path.realpath(path)
+        if real != self.root and not real.startswith(self.root + os.sep):
+            raise InvalidArgumentError(
+                f"{what} {path!r} is outside this ps's checkpoint root {self.root} "
+                "(pstrain serve --checkpoint-root)")
+        return real
+
+    # -- save ------------------------------------------------------------------------------------
+    async def save(self, req: SaveRequest) -> dict[str, Any]:
+        path = self.confine(req.path, "checkpoint file")
+        if os.path.lexists(path):
+            raise AlreadyExistsError(f"checkpoint file {req.path} already exists; a checkpoint "
+                                     "is never written over")
+        directory = os.path.dirname(path)
+        if not os.path.isdir(directory):
+            raise NotFoundError(f"checkpoint directory {directory} does not exist on {self.store.task}")
+        records = {key: self.store.get(name) for key, name in req.tensors.items()}
+        releases: list[Callable[[], None]] = []
+        tensors: list[tuple[str, np.dtype, tuple[int, ...], Any]] = []
+        for key, r in records.items():
+            arr = r.array
+            if arr.dtype.name not in SAFETENSORS_DTYPES:
+                raise InvalidArgumentError(f"ckpt/save: {r.name!r} has dtype {arr.dtype}, which a "
+                                           "checkpoint cannot hold")
+            snap = r.snapshot()  # a large array: read block by block, never copied whole
+            if snap is not None:
+                releases.append(functools.partial(r.end_snapshot, snap))
+                tensors.append((key, arr.dtype, arr.shape, snap.blocks))
+            else:
+                releases.append(r.pin())
+                tensors.append((key, arr.dtype, arr.shape, functools.partial(iter, (arr,))))
+        try:
+            size = await asyncio.get_running_loop().run_in_executor(
+                _save_thread(), functools.partial(write_streaming, path, tensors, root=self.root))
+        finally:
+            for release in releases:
+                release()
+        return {"path": req.path, "bytes": size}
+
+    async def save_streamed(self, path: str, tensors: list[tuple[str, np.dtype, tuple[int, ...], Any]]
+                            ) -> dict[str, Any]:
+        """Write ``tensors`` (as ``write_streaming`` takes them) to a new file under the root,
+        on the save thread."""
+        real = self.confine(path, "checkpoint file")
+        if os.path.lexists(real):
+            raise AlreadyExistsError(f"checkpoint file {path} already exists; a checkpoint "
+                                     "is never written over")
+        if not os.path.isdir(os.path.dirname(real)):
+            raise NotFoundError(f"checkpoint directory {os.path.dirname(path)} does not exist on "
+                                f"{self.store.task}")
+        size = await asyncio.get_running_loop().run_in_executor(
+            _save_thread(), functools.partial(write_streaming, real, tensors, root=self.root))
+        return {"path": path, "bytes": size}
+
+    async def read_table_rows(self, paths: list[str], shard: int, num_shards: int, dim: int,
+                              dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray],
+                                                        dict[str, float]]:
+        """The ids, rows and slots of a saved dynamic table that shard ``shard`` of
+        ``num_shards`` holds, gathered from every file of the save (the table may have been
+        saved from another number of ps)."""
+        real = [self.confine(p, "dyn/restore: file") for p in paths]
+
+        def read() -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], dict[str, float]]:
+            from safetensors import SafetensorError, safe_open
+
+            ids_parts, row_parts = [], []
+            slot_parts: dict[str, list[np.ndarray]] = {}
+            slot_init: dict[str, float] = {}
+            for path in real:
+                try:
+                    with safe_open(path, "np") as f:
+                        keys = set(f.keys())
+                        if not {"ids", "rows"} <= keys:
+                            raise InvalidArgumentError(f"dyn/restore: {path} is not a saved "
+                                                       "dynamic table (no ids and rows)")
+                        ids = f.get_tensor("ids")
+                        if ids.dtype != np.int64 or ids.ndim != 1:
+                            raise InvalidArgumentError(f"dyn/restore: ids in {path} are not 1-D int64")
+                        mine = shard_of(ids, num_shards) == shard
+                        if "live" in keys:  # rows handed out and evicted since are not the table's
+                            live = f.get_tensor("live")
+                            if live.dtype != np.bool_ or live.shape != ids.shape:
+                                raise InvalidArgumentError(f"dyn/restore: live in {path} is "
+                                                           f"{live.dtype} {live.shape}")
+                            mine &= live
+                        rows = f.get_tensor("rows")
+                        if rows.shape != (ids.size, dim):
+                            raise InvalidArgumentError(f"dyn/restore: rows in {path} are "
+                                                       f"{rows.shape}, expected ({ids.size}, {dim})")
+                        ids_parts.append(ids[mine])
+                        row_parts.append(rows[mine].astype(dtype, copy=False))
+                        for key in sorted(keys):
+                            if key.startswith("slot:"):
+                                arr = f.get_tensor(key)
+                                if arr.shape != rows.shape:
+                                    raise InvalidArgumentError(f"dyn/restore: {key} in {path} is "
+                                                               f"{arr.shape}, its rows {rows.shape}")
+                                slot_parts.setdefault(key[5:], []).append(arr[mine].astype(dtype, copy=False))
+                            elif key.startswith("init:"):
+                                slot_init[key[5:]] = float(f.get_tensor(key).reshape(-1)[0])
+                except (OSError, SafetensorError) as exc:
+                    raise InvalidArgumentError(f"dyn/restore: cannot read {path}: {exc}") from exc
+            ids = np.concatenate(ids_parts) if ids_parts else np.empty(0, np.int64)
+            if np.unique(ids).size != ids.size:
+                raise InvalidArgumentError("dyn/restore: an id appears in two saved shards")
+            rows = np.concatenate(row_parts) if row_parts else np.empty((0, dim), dtype)
+            slots = {k: np.concatenate(v) for k, v in slot_parts.items()}
+            if any(v.shape != rows.shape for v in slots.values()):
+                raise InvalidArgumentError("dyn/restore: a slot is missing from some saved shard")
+            if set(slots) - set(slot_init):
+                raise InvalidArgumentError("dyn/restore: a slot's initial value was not saved")
+            return ids, rows, slots, slot_init
+
+        return await asyncio.get_running_loop().run_in_executor(None, read)
+
+    # -- restore -----------------------------------------------------------------------------------
+    def _check_sources(self, spec: RestoreSpec) -> tuple[tuple[int, ...], np.dtype, list[list[Any]]]:
+        where = f"ckpt/restore {spec.name!r}"
+        try:
+            dtype = np.dtype(spec.dtype)
+        except TypeError as exc:
+            raise InvalidArgumentError(f"{where}: bad dtype {spec.dtype!r}") from exc
+        if dtype.kind not in "biufc":
+            raise InvalidArgumentError(f"{where}: dtype {dtype} is not numeric")
+        shape = tuple(spec.shape)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if self.max_variable_bytes is not None and nbytes > self.max_variable_bytes:
+            raise InvalidArgumentError(
+                f"{where}: {shape} {dtype} is {nbytes} bytes, more than this ps's limit of "
+                f"{self.max_variable_bytes} bytes per variable (pstrain serve --max-variable-bytes)")
+        rows = shape[0] if shape else 1
+        sources = []
+        covered: list[tuple[int, int]] = []
+        for file, key, start, stop, dst in spec.sources:
+            real = self.confine(file, f"{where}: file")
+            if start is None:
+                if stop is not None or dst is not None or len(spec.sources) != 1:
+                    raise InvalidArgumentError(f"{where}: a whole-tensor source must be the only one")
+                covered.append((0, rows))
+            else:
+                if not shape:
+                    raise InvalidArgumentError(f"{where}: a scalar has no rows to read a range of")
+                if stop is None or dst is None or stop <= start:
+                    raise InvalidArgumentError(f"{where}: bad row range {start}..{stop} -> {dst}")
+                covered.append((dst, dst + (stop - start)))
+            sources.append([real, key, start, stop, dst])
+        covered.sort()
+        pos = 0
+        for lo, hi in covered:
+            if lo != pos:
+                what = "overlap" if lo < pos else f"leave rows {pos}..{lo} uncovered"
+                raise InvalidArgumentError(f"{where}: the sources {what}")
+            pos = hi
+        if pos != rows:
+            raise InvalidArgumentError(f"{where}: the sources cover {pos} of {rows} rows")
+        return shape, dtype, sources
+
+    async def restore(self, req: RestoreRequest) -> dict[str, Any]:
+        checked = [(spec, *self._check_sources(spec)) for spec in req.vars]  # all, before any read
+        names = [spec.name for spec, *_ in checked]
+        if len(set(names)) != len(names):
+            raise InvalidArgumentError("ckpt/restore: a variable is named twice")
+        if self.max_store_bytes is not None:  # read values sit beside the live ones until commit
+            adding = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype, _ in checked)
+            held = self.store.nbytes + self.staged_bytes()
+            if held + adding > self.max_store_bytes:
+                raise InvalidArgumentError(
+                    f"ckpt/restore: reading {adding} bytes would take {self.store.task} past its "
+                    f"limit of {self.max_store_bytes} bytes held ({held} held now; pstrain serve "
+                    "--max-store-bytes)")
+
+        def build() -> list[tuple[str, np.ndarray, bool, str | None]]:
+            return [(spec.name, read_rows(shape, dtype, sources), spec.trainable, spec.slot_of)
+                    for spec, shape, dtype, sources in checked]
+
+        built = await asyncio.get_running_loop().run_in_executor(None, build)
+        self._check_fits(built)
+        if req.stage is not None:
+            self._expire()
+            if len(self._staged) >= MAX_STAGED:
+                raise InvalidArgumentError(
+                    f"ckpt/restore: {len(self._staged)} restores are staged on {self.store.task} "
+                    f"already (at most {MAX_STAGED}, each kept {STAGE_TTL_S:g} s until committed "
+                    "or aborted): commit or abort them first")
+            self._staged[req.stage] = (time.monotonic(), built)
+            return {"staged": len(built), "stage": req.stage}
+        self._put(built)
+        return {"restored": len(built)}
+
+    def _check_fits(self, built: list[tuple[str, np.ndarray, bool, str | None]]) -> None:
+        for name, array, *_ in built:
+            record = self.store.find(name)
+            if record is not None and (record.array.shape != array.shape or record.array.dtype != array.dtype):
+                raise InvalidArgumentError(
+                    f"checkpoint value for {name!r} is {array.shape} {array.dtype}, the variable "
+                    f"is {record.array.shape} {record.array.dtype}")
+
+    def _put(self, built: list[tuple[str, np.ndarray, bool, str | None]]) -> None:
+        for name, array, trainable, slot_of in built:
+            self.store.put(name, array, trainable, slot_of)
+
+    def commit(self, stage: str) -> dict[str, Any]:
+        """Put a staged restore in place (all its variables at once)."""
+        entry = self._staged.pop(stage, None)
+        if entry is None:
+            raise NotFoundError(f"no staged restore {stage!r} on {self.store.task} (it expired "
+                                f"after {STAGE_TTL_S:g} s, or was aborted)")
+        built = entry[1]
+        self._check_fits(built)
+        self._put(built)
+        return {"restored": len(built)}
+
+    def abort(self, stage: str) -> dict[str, Any]:
+        return {"aborted": self._staged.pop(stage, None) is not None}
+
+    def staged_bytes(self) -> int:
+        """Bytes held by restores staged and not yet committed."""
+        return sum(a.nbytes for _, built in self._staged.values() for _, a, *_ in built)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for stage in [s for s, (t, _) in self._staged.items() if now - t > STAGE_TTL_S]:
+            del self._staged[stage]
+
+
+_SAVER: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _save_thread() -> concurrent.futures.ThreadPoolExecutor:
+    """The thread that writes saves, at a lower CPU priority (Linux thread niceness): on a
+    busy machine a save yields to the serving loop (training) rather than the other way
+    round. One per process, made at the first save."""
+    global _SAVER
+    if _SAVER is None:
+        _SAVER = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="pstrain-save", initializer=_nicer)
+    return _SAVER
+
+
+def _nicer() -> None:
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + SAVE_NICENESS))
+    except OSError:  # not allowed here: saves run at the process's priority
+        logger.debug("could not lower the priority of the checkpoint thread")

@@ -1,0 +1,406 @@
+"""One shard of a dynamic embedding table, as a ps holds it: rows keyed by raw int64 ids.
+
+A row exists for an id once the id is *admitted*: at its first training
+lookup, or under a policy after ``admit_after`` sightings, or with
+probability ``admit_probability`` at each sighting (decided by a hash of the
+id and its sighting count, so a retried lookup decides the same). Until then a
+lookup returns ``default_value``. A new row starts at the id's deterministic
+initial value (:func:`~pstrain._formats.idhash.initial_rows`); its optimizer slots start
+at their initial values and live in arrays parallel to the rows, so they are
+created, evicted and restored with them.
+
+Eviction: with a ``capacity``, admitting past it first evicts the least
+recently used rows (``evict="lru"``, by the clock of the last training lookup)
+or the least frequently used ones (``"lfu"``), never rows of the lookup being
+served, a sixteenth of the capacity at a time (so the scan for victims is paid
+once per many lookups, not per lookup); with ``max_age``, rows not looked up in training for that many of
+this shard's training lookups are evicted. An evicted id that comes back
+starts again from its initial value.
+
+Memory: rows, slots and the per-row bookkeeping grow in blocks as rows are
+admitted (never past ``capacity``), and the sightings of ids not yet admitted
+are remembered for at most ``max_candidates`` ids (the oldest half forgotten
+past that). No I/O and no awaits here: each call is atomic on the serving loop.
+
+>>> t = DynamicTable("emb", TableConfig(dim=2, admit_after=2))
+>>> t.lookup(np.array([7, 8]), train=True).tolist()   # first sighting: default rows
+[[0.0, 0.0], [0.0, 0.0]]
+>>> len(t), bool(np.any(t.lookup(np.array([7]), train=True) != 0)), len(t)
+(0, True, 1)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..._base.errors import InvalidArgumentError
+from ..._formats.idhash import initial_rows, unit_uniform
+from .id_index import IdIndex
+from .store import Snapshot
+
+__all__ = ["DynamicTable", "TableConfig"]
+
+BLOCK_ROWS = 1 << 14  # rows are allocated this many at a time (then doubling, up to capacity)
+FIRST_BLOCK_BYTES = 4 << 20  # ... but the first block is at most this large: wide rows start small
+#: A full table evicts at least 1/EVICT_BATCH of its capacity at once.
+EVICT_BATCH = 16
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """What a table is: fixed when it is created (a second creation must say the same)."""
+
+    dim: int
+    dtype: str = "float32"
+    seed: int = 0
+    init_low: float = -0.05
+    init_high: float = 0.05
+    default_value: float = 0.0
+    capacity: int | None = None  # rows on this shard
+    evict: str = "lru"
+    max_age: int | None = None
+    admit_after: int | None = None
+    admit_probability: float | None = None
+    max_candidates: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dim, int) or self.dim < 1:
+            raise InvalidArgumentError(f"a dynamic table's dim must be a positive integer, got {self.dim!r}")
+        dtype = np.dtype(self.dtype)
+        if dtype.kind != "f":
+            raise InvalidArgumentError(f"a dynamic table's dtype must be a float type, got {dtype}")
+        if self.capacity is not None and self.capacity < 1:
+            raise InvalidArgumentError(f"capacity must be at least 1, got {self.capacity}")
+        if self.evict not in ("lru", "lfu"):
+            raise InvalidArgumentError(f"evict must be 'lru' or 'lfu', got {self.evict!r}")
+        if self.max_age is not None and self.max_age < 1:
+            raise InvalidArgumentError(f"max_age must be at least 1, got {self.max_age}")
+        if self.admit_after is not None and self.admit_after < 1:
+            raise InvalidArgumentError(f"admit_after must be at least 1, got {self.admit_after}")
+        if self.admit_probability is not None and not 0.0 < self.admit_probability <= 1.0:
+            raise InvalidArgumentError(f"admit_probability must be in (0, 1], got {self.admit_probability}")
+        if self.admit_after is not None and self.admit_probability is not None:
+            raise InvalidArgumentError("give admit_after or admit_probability, not both")
+        if not self.init_low <= self.init_high:
+            raise InvalidArgumentError("the initializer's low bound is above its high bound")
+        if self.max_candidates < 1:
+            raise InvalidArgumentError("max_candidates must be at least 1")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+class DynamicTable:
+    """One shard of a dynamic table; see the module docstring."""
+
+    def __init__(self, name: str, config: TableConfig, owner: str | None = None,
+                 max_bytes: int | None = None) -> None:
+        self.name = name
+        self.config = config
+        self.owner = owner
+        self.dtype = np.dtype(config.dtype)
+        #: The ps's ``--max-variable-bytes``: a shard's rows (and their slots) stay within it.
+        self.max_bytes = max_bytes
+        row = config.dim * self.dtype.itemsize
+        if max_bytes is not None and (row > max_bytes or (
+                config.capacity is not None and config.capacity * row > max_bytes)):
+            rows = "a row" if row > max_bytes else f"capacity {config.capacity} rows"
+            raise InvalidArgumentError(
+                f"dynamic table {name!r}: {rows} of dim {config.dim} ({config.dtype}) is more "
+                f"than this ps's limit of {max_bytes} bytes per variable (pstrain serve "
+                "--max-variable-bytes): lower the capacity or the dim, or shard over more ps")
+        self.index = IdIndex()  # id -> row
+        self.alloc = 0
+        self.rows = np.empty((0, config.dim), self.dtype)
+        self.ids = np.empty(0, np.int64)  # id of each row
+        self.live = np.empty(0, bool)
+        self.last_seen = np.empty(0, np.int64)
+        self.freq = np.empty(0, np.int64)
+        self.slots: dict[str, np.ndarray] = {}
+        self.slot_init: dict[str, float] = {}
+        self.free: list[int] = []
+        self.used = 0  # rows ever handed out (the high-water mark)
+        self.clock = 0  # training lookups served
+        # Sightings of ids not admitted yet: an index id -> slot of ``_cand_counts``; slots
+        # are handed out in order, so the oldest are the lowest (forgotten first).
+        self._cand = IdIndex()
+        self._cand_ids = np.empty(0, np.int64)
+        self._cand_counts = np.empty(0, np.int64)
+        self._cand_used = 0
+        self.admitted = 0
+        self.evicted = 0
+        self.saves: list[dict[str, Snapshot]] = []  # the arrays each save in progress reads
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @property
+    def nbytes(self) -> int:
+        per_row = self.rows.itemsize * self.config.dim * (1 + len(self.slots)) + 8 * 3 + 1
+        return (self.alloc * per_row + self.index.nbytes + self._cand.nbytes
+                + self._cand_counts.nbytes + self._cand_ids.nbytes)
+
+    @property
+    def candidates(self) -> int:
+        """Ids seen but not admitted yet, remembered."""
+        return len(self._cand)
+
+    # -- rows ------------------------------------------------------------------------------------
+    def positions(self, ids: np.ndarray) -> np.ndarray:
+        """The row of each id, -1 where it has none."""
+        return self.index.get(ids)
+
+    def _grow(self, need: int) -> None:
+        if need <= self.alloc:
+            return
+        cap = self.config.capacity
+        first = max(1, min(BLOCK_ROWS, FIRST_BLOCK_BYTES // (self.config.dim * self.dtype.itemsize)))
+        new = max(need, first, self.alloc * 2)
+        if self.max_bytes is not None:  # never past the limit (lookup checked the need fits)
+            new = max(need, min(new, self.max_bytes // self.row_bytes()))
+        if cap is not None:
+            new = min(new, max(cap, need))
+        n = new - self.alloc
+
+        def extend(arr: np.ndarray, fill: Any) -> np.ndarray:
+            more = np.full((n,) + arr.shape[1:], fill, arr.dtype)
+            return np.concatenate([arr, more])
+
+        self.rows = extend(self.rows, 0)
+        self.ids = extend(self.ids, 0)
+        self.live = extend(self.live, False)
+        self.last_seen = extend(self.last_seen, 0)
+        self.freq = extend(self.freq, 0)
+        for key, arr in self.slots.items():
+            self.slots[key] = extend(arr, self.slot_init[key])
+        self.alloc = new
+
+    def row_bytes(self) -> int:
+        """Bytes a row holds: its values and each optimizer slot's."""
+        return self.config.dim * self.dtype.itemsize * (1 + len(self.slots))
+
+    def check_room(self, new_rows: int) -> None:
+        """Refuse (changing nothing) a training lookup that could admit ``new_rows`` rows
+        past the ps's limit: only a table without a capacity can grow that far."""
+        if self.max_bytes is None or self.config.capacity is not None:
+            return
+        total = (len(self.index) + new_rows) * self.row_bytes()
+        if total > self.max_bytes:
+            raise InvalidArgumentError(
+                f"dynamic table {self.name!r}: admitting up to {new_rows} more rows would take "
+                f"this shard to {total} bytes (rows and slots), more than this ps's limit of "
+                f"{self.max_bytes} (pstrain serve --max-variable-bytes): give the table a "
+                "capacity (its rows are then evicted), or shard it over more ps")
+
+    def _take_rows(self, n: int) -> np.ndarray:
+        reuse = min(n, len(self.free))
+        taken = self.free[len(self.free) - reuse:]
+        del self.free[len(self.free) - reuse:]
+        fresh = n - reuse
+        self._grow(self.used + fresh)
+        out = np.array(taken + list(range(self.used, self.used + fresh)), np.int64)
+        self.used += fresh
+        return out
+
+    def _touch(self, rows: np.ndarray) -> None:
+        """``rows`` are about to change: saves in progress keep their old values first."""
+        for save in self.saves:
+            for snap in save.values():
+                snap.before_write(rows)
+
+    def snapshot(self) -> dict[str, Snapshot]:
+        """The table as of now, for a save that reads it while training goes on: ``ids``,
+        ``live``, ``rows`` and each slot (``slot:<key>``) over the rows handed out so far."""
+        used = self.used
+        arrays = {"ids": self.ids[:used], "live": self.live[:used], "rows": self.rows[:used],
+                  **{f"slot:{k}": v[:used] for k, v in self.slots.items()}}
+        save = {k: Snapshot(a) for k, a in arrays.items()}
+        self.saves.append(save)
+        return save
+
+    def end_snapshot(self, save: dict[str, Snapshot]) -> None:
+        if save in self.saves:
+            self.saves.remove(save)
+
+    def _create(self, new_ids: np.ndarray) -> np.ndarray:
+        """Rows for ``new_ids`` (unique, absent), at their initial values."""
+        cfg = self.config
+        rows = self._take_rows(new_ids.size)
+        if self.saves:
+            self._touch(rows)
+        self.rows[rows] = initial_rows(new_ids, cfg.dim, self.dtype, cfg.seed, cfg.init_low, cfg.init_high)
+        for key, arr in self.slots.items():
+            arr[rows] = self.slot_init[key]
+        self.ids[rows] = new_ids
+        self.live[rows] = True
+        self.last_seen[rows] = self.clock
+        self.freq[rows] = 0
+        self.index.insert(new_ids, rows)
+        self.admitted += new_ids.size
+        return rows
+
+    def _evict_rows(self, rows: np.ndarray) -> None:
+        if not rows.size:
+            return
+        if self.saves:
+            self._touch(rows)
+        self.index.delete(self.ids[rows])
+        self.live[rows] = False
+        self.free.extend(rows.tolist())
+        self.evicted += rows.size
+
+    def _evict_for(self, n: int, protect: np.ndarray) -> None:
+        """Make room for ``n`` rows by evicting rows not in ``protect``."""
+        live = np.flatnonzero(self.live[:self.used])
+        if protect.size:
+            keep = np.zeros(self.used, bool)
+            keep[protect] = True
+            live = live[~keep[live]]
+        n = min(n, live.size)
+        if n <= 0:
+            return
+        key = (self.last_seen if self.config.evict == "lru" else self.freq)[live]
+        victims = live[np.argpartition(key, n - 1)[:n]] if n < live.size else live
+        self._evict_rows(victims)
+
+    def _admit(self, ids: np.ndarray) -> np.ndarray:
+        """Which of ``ids`` (unique, absent) are admitted now; counts the others' sightings."""
+        cfg = self.config
+        if cfg.admit_after is None and cfg.admit_probability is None:
+            return np.ones(ids.size, bool)
+        slots = self._cand.get(ids)
+        seen = slots >= 0
+        counts = np.ones(ids.size, np.int64)
+        counts[seen] += self._cand_counts[slots[seen]]
+        if cfg.admit_after is not None:
+            admit = counts >= cfg.admit_after
+        else:
+            assert cfg.admit_probability is not None
+            admit = unit_uniform(ids ^ counts, cfg.seed + 0x51ED) < cfg.admit_probability
+        self._cand.delete(ids[admit & seen])  # admitted: no longer a candidate
+        again = ~admit & seen
+        self._cand_counts[slots[again]] = counts[again]
+        new = ~admit & ~seen
+        if new.any():
+            self._remember(ids[new])
+        return admit
+
+    def _remember(self, ids: np.ndarray) -> None:
+        """Start counting ``ids`` (one sighting each); past ``max_candidates`` the oldest
+        half is forgotten."""
+        limit = self.config.max_candidates
+        if len(self._cand) + ids.size > limit:
+            live_ids, live_slots = self._cand.items()
+            order = np.argsort(live_slots)
+            keep = order[len(order) // 2:] if len(order) > 1 else order[:0]
+            keep = keep[max(0, keep.size + ids.size - limit):]  # room for the new ones
+            kept_ids, kept_counts = live_ids[keep], self._cand_counts[live_slots[keep]]
+            self._cand = IdIndex(max(kept_ids.size + ids.size, 16))
+            self._cand_ids = kept_ids.copy()
+            self._cand_counts = kept_counts.copy()
+            self._cand_used = kept_ids.size
+            self._cand.insert(kept_ids, np.arange(kept_ids.size))
+            ids = ids[max(0, ids.size - limit):]
+        need = self._cand_used + ids.size
+        if need > self._cand_counts.size:
+            size = max(need, 2 * self._cand_counts.size, 1024)
+            self._cand_counts = np.concatenate([self._cand_counts, np.zeros(size - self._cand_counts.size, np.int64)])
+            self._cand_ids = np.concatenate([self._cand_ids, np.zeros(size - self._cand_ids.size, np.int64)])
+        slots = np.arange(self._cand_used, need)
+        self._cand_counts[slots] = 1
+        self._cand_ids[slots] = ids
+        self._cand.insert(ids, slots)
+        self._cand_used = need
+
+    # -- what the ps serves ----------------------------------------------------------------------
+    def lookup(self, ids: np.ndarray, train: bool) -> np.ndarray:
+        """Rows of ``ids`` (unique); a training lookup admits, creates, evicts and counts."""
+        pos = self.positions(ids)
+        if train:
+            self.check_room(int(np.count_nonzero(pos < 0)))  # before anything changes
+            self.clock += 1
+            self._expire()
+            missing = np.flatnonzero(pos < 0)
+            if missing.size:
+                new = missing[self._admit(ids[missing])]
+                cap = self.config.capacity
+                if cap is not None:
+                    over = len(self.index) + new.size - cap
+                    if over > 0:  # a batch at a time: the scan for victims is not paid per lookup
+                        self._evict_for(max(over, cap // EVICT_BATCH), pos[pos >= 0])
+                    new = new[:max(0, cap - len(self.index))]  # never past the capacity
+                if new.size:
+                    pos[new] = self._create(ids[new])
+            hit = pos[pos >= 0]
+            self.last_seen[hit] = self.clock
+            self.freq[hit] += 1
+        out = np.empty((ids.size, self.config.dim), self.dtype)
+        found = pos >= 0
+        out[found] = self.rows[pos[found]]
+        out[~found] = self.config.default_value
+        return out
+
+    def _expire(self) -> None:
+        age = self.config.max_age
+        if age is None or self.clock % max(1, age // 8):
+            return
+        used = self.used
+        old = np.flatnonzero(self.live[:used] & (self.last_seen[:used] < self.clock - age))
+        self._evict_rows(old)
+
+    def slot(self, key: str, init: float) -> np.ndarray:
+        arr = self.slots.get(key)
+        if arr is None:
+            arr = self.slots[key] = np.full(self.rows.shape, init, self.dtype)
+            self.slot_init[key] = init
+        return arr
+
+    def apply(self, rule: Callable[..., None], ids: np.ndarray, grad: np.ndarray,
+              slots: dict[str, tuple[str, float]], cfg: dict[str, Any], t: int) -> int:
+        """One optimizer step on the rows of ``ids`` (unique) that exist; returns how many.
+        Gradients of ids without a row (not admitted, or evicted since) are dropped."""
+        pos = self.positions(ids)
+        keep = pos >= 0
+        rows = pos[keep]
+        if not rows.size:
+            return 0
+        arrays = {name: self.slot(key, init) for name, (key, init) in slots.items()}
+        if self.saves:
+            self._touch(rows)
+        rule(self.rows, grad[keep].astype(self.dtype, copy=False), rows, arrays, cfg, t)
+        return int(rows.size)
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def export(self) -> dict[str, np.ndarray]:
+        """``ids``, ``rows`` and each slot (``slot:<key>``) of the live rows, in row order."""
+        live = np.flatnonzero(self.live[:self.used])
+        out = {"ids": self.ids[live], "rows": self.rows[live]}
+        for key, arr in self.slots.items():
+            out[f"slot:{key}"] = arr[live]
+        return out
+
+    def load(self, ids: np.ndarray, rows: np.ndarray, slots: dict[str, np.ndarray],
+             slot_init: dict[str, float]) -> None:
+        """Replace every row with those given (a restore)."""
+        fresh = DynamicTable(self.name, self.config, self.owner, self.max_bytes)
+        fresh.slot_init = dict(slot_init)
+        n = ids.size
+        fresh._grow(max(n, 1))
+        fresh.slots = {k: np.full(fresh.rows.shape, slot_init[k], self.dtype) for k in slots}
+        fresh.rows[:n] = rows
+        fresh.ids[:n] = ids
+        fresh.live[:n] = True
+        for k, arr in slots.items():
+            fresh.slots[k][:n] = arr
+        fresh.used = n
+        fresh.index = IdIndex(n)
+        fresh.index.insert(ids, np.arange(n))
+        self.__dict__.update(fresh.__dict__)
+
+    def statistics(self) -> dict[str, int]:
+        return {"rows": len(self.index), "admitted": self.admitted, "evicted": self.evicted,
+                "bytes": self.nbytes, "candidates": self.candidates}

@@ -1,0 +1,184 @@
+"""The ps's dynamic embedding tables: the ``dyn/*`` operations and the tables' part of
+``opt/apply``. Each table's shard is a :class:`~pstrain.server.ps.dynamic_table.DynamicTable`;
+its checkpoint files go through the ps's :class:`~pstrain.server.ps.checkpoint.CheckpointFiles`.
+Every check happens before anything changes, as in ``ps.py``."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from ..._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from ..._formats.schemas import (
+    TableCreateRequest,
+    TableLookupRequest,
+    TableRequest,
+    TableRestoreRequest,
+    TableSaveRequest,
+)
+from .checkpoint import CheckpointFiles
+from .dynamic_table import DynamicTable, TableConfig
+
+__all__ = ["TableHandlers"]
+
+
+class TableHandlers:
+    """The dynamic tables of one ps, by name, and the operations on them."""
+
+    def __init__(self, task: str, checkpoints: CheckpointFiles, max_gather_bytes: int, *,
+                 max_table_bytes: int | None = None,
+                 on_takeover: Callable[[set[str | None], str | None], None] | None = None) -> None:
+        self.task = task
+        self.max_table_bytes = max_table_bytes  # a shard's rows and slots: --max-variable-bytes
+        #: Called with (the owners replaced, the new owner) when a coordinator takes a table over.
+        self.on_takeover = on_takeover
+        self.checkpoints = checkpoints
+        self.max_gather_bytes = max_gather_bytes
+        self.tables: dict[str, DynamicTable] = {}
+
+    def routes(self) -> dict[str, Callable[..., Any]]:
+        return {"dyn/create": self.create_table, "dyn/lookup": self.lookup_table,
+                "dyn/stats": self.table_statistics, "dyn/export": self.export_table,
+                "dyn/save": self.save_table, "dyn/restore": self.restore_table}
+
+    def plan(self, grads: Iterable[tuple[str, Any, Any]], prefix: str, specs: dict[str, float]
+             ) -> list[tuple[DynamicTable, np.ndarray, np.ndarray, dict[str, tuple[str, float]]]]:
+        """The tables' sparse gradients of an ``opt/apply``, checked whole (nothing changes)."""
+        planned = []
+        for name, ids, values in grads:
+            table = self._table(name)
+            ids = _table_ids(ids, f"sparse gradient of table {name!r}")
+            if not _ascending(ids):
+                raise InvalidArgumentError(f"opt/apply: the ids of table {name!r} must be unique "
+                                           "and ascending (as np.unique gives them)")
+            grad = np.asarray(values)
+            if grad.shape != (ids.size, table.config.dim) or grad.dtype.kind not in "fiu":
+                raise InvalidArgumentError(
+                    f"sparse gradient of table {name!r}: values must be ({ids.size}, "
+                    f"{table.config.dim}) numbers, got {grad.shape} {grad.dtype}")
+            slots = {slot: (f"{prefix}/{slot}", init) for slot, init in specs.items()}
+            planned.append((table, ids, grad, slots))
+        return planned
+
+    def _table(self, name: str) -> DynamicTable:
+        table = self.tables.get(name)
+        if table is None:
+            raise NotFoundError(f"dynamic table {name!r} not found on {self.task}")
+        return table
+
+    def create_table(self, req: TableCreateRequest) -> dict[str, Any]:
+        """Create a table's shard here; the same configuration again is a no-op, another
+        owner's table of that name is taken over (a restarted coordinator)."""
+        config = TableConfig(**msgspec.structs.asdict(req.config))
+        existing = self.tables.get(req.name)
+        if existing is not None and (existing.owner == req.owner or req.owner is None):
+            if existing.config != config:
+                raise AlreadyExistsError(
+                    f"dynamic table {req.name!r} exists on {self.task} with another configuration "
+                    f"({existing.config.as_dict()})")
+            return {"created": 0}
+        table = DynamicTable(req.name, config, req.owner, self.max_table_bytes)  # checks first
+        self._taken_over(existing, req.owner)
+        self.tables[req.name] = table
+        return {"created": 1}
+
+    def _taken_over(self, existing: DynamicTable | None, owner: str | None) -> None:
+        if existing is not None and existing.owner != owner and self.on_takeover is not None:
+            self.on_takeover({existing.owner}, owner)
+
+    def lookup_table(self, req: TableLookupRequest) -> dict[str, Any]:
+        table = self._table(req.name)
+        ids = _table_ids(req.ids, f"dyn/lookup of {req.name!r}")
+        if not _ascending(ids):
+            raise InvalidArgumentError(f"dyn/lookup of {req.name!r}: ids must be unique and "
+                                       "ascending (as np.unique gives them)")
+        nbytes = ids.size * table.config.dim * table.dtype.itemsize
+        if nbytes > self.max_gather_bytes:
+            raise InvalidArgumentError(f"dyn/lookup of {req.name!r}: the reply would be {nbytes} "
+                                       f"bytes, more than this ps's limit of {self.max_gather_bytes}")
+        return {"values": [table.lookup(ids, req.train)]}
+
+    def table_statistics(self, req: TableRequest) -> dict[str, Any]:
+        return self._table(req.name).statistics()
+
+    def export_table(self, req: TableRequest) -> dict[str, Any]:
+        table = self._table(req.name)
+        exported = table.export()
+        nbytes = sum(a.nbytes for a in exported.values())
+        if nbytes > self.max_gather_bytes:
+            raise InvalidArgumentError(
+                f"dyn/export of {req.name!r}: {nbytes} bytes, more than this ps's limit of "
+                f"{self.max_gather_bytes}; save a checkpoint and read it with load_variables")
+        return {"ids": exported.pop("ids"), "rows": exported.pop("rows"),
+                "slots": {k[5:]: v for k, v in exported.items()}, "slot_init": table.slot_init,
+                "stats": table.statistics()}
+
+    async def save_table(self, req: TableSaveRequest) -> dict[str, Any]:
+        """Write a table's shard as it is now while training goes on: its arrays are read
+        through snapshots (an update keeps only the old values of the rows it changes)."""
+        table = self._table(req.name)
+        rename = req.slots if req.slots is not None else {k: k for k in table.slot_init}
+        save = table.snapshot()
+        tensors: list[tuple[str, np.dtype, tuple[int, ...], Any]] = []
+        for key, snap in save.items():
+            name = key
+            if key.startswith("slot:"):
+                if key[5:] not in rename:
+                    continue
+                name = f"slot:{rename[key[5:]]}"
+            tensors.append((name, snap.array.dtype, snap.array.shape, snap.blocks))
+        for key, init in table.slot_init.items():
+            if key in rename:
+                init_array = np.array([init], np.float64)
+                tensors.append((f"init:{rename[key]}", init_array.dtype, init_array.shape,
+                                functools.partial(iter, (init_array,))))
+        try:
+            return await self.checkpoints.save_streamed(req.path, tensors)
+        finally:
+            table.end_snapshot(save)
+
+    async def restore_table(self, req: TableRestoreRequest) -> dict[str, Any]:
+        config = TableConfig(**msgspec.structs.asdict(req.config))
+        if req.shard >= req.num_shards:
+            raise InvalidArgumentError(f"dyn/restore: shard {req.shard} of {req.num_shards}")
+        parts = await self.checkpoints.read_table_rows(req.paths, req.shard, req.num_shards,
+                                                       config.dim, np.dtype(config.dtype))
+        ids, rows, slots, slot_init = parts
+        if req.slots is not None:
+            slots = {req.slots[k]: v for k, v in slots.items() if k in req.slots}
+            slot_init = {req.slots[k]: v for k, v in slot_init.items() if k in req.slots}
+        if config.capacity is not None and ids.size > config.capacity:
+            raise InvalidArgumentError(
+                f"dyn/restore of {req.name!r}: {ids.size} rows for this shard, more than its "
+                f"capacity of {config.capacity}")
+        table = DynamicTable(req.name, config, req.owner, self.max_table_bytes)
+        if self.max_table_bytes is not None:
+            held = ids.size * config.dim * np.dtype(config.dtype).itemsize * (1 + len(slots))
+            if held > self.max_table_bytes:
+                raise InvalidArgumentError(
+                    f"dyn/restore of {req.name!r}: {ids.size} rows with {len(slots)} slot(s) are "
+                    f"{held} bytes on this shard, more than this ps's limit of "
+                    f"{self.max_table_bytes} (pstrain serve --max-variable-bytes)")
+        table.load(ids, rows, slots, slot_init)
+        self._taken_over(self.tables.get(req.name), req.owner)
+        self.tables[req.name] = table
+        return {"restored": int(ids.size)}
+
+def _table_ids(ids: Any, what: str) -> np.ndarray:
+    """Ids of a dynamic table: a 1-D int64 array (uint64 is viewed as int64)."""
+    arr = np.asarray(ids)
+    if arr.ndim != 1 or arr.dtype.kind not in "iu" or arr.dtype.itemsize > 8:
+        raise InvalidArgumentError(f"{what}: ids must be a 1-D integer array, got {arr.dtype} "
+                                   f"{arr.shape}")
+    if arr.dtype == np.uint64:
+        return arr.view(np.int64)
+    return arr.astype(np.int64, copy=False)
+
+
+def _ascending(ids: np.ndarray) -> bool:
+    """Strictly ascending, so unique: one vectorised comparison, not a sort."""
+    return ids.size < 2 or bool(np.all(ids[1:] > ids[:-1]))
