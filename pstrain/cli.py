@@ -25,7 +25,7 @@ from ._base.cluster import (
     read_token,
     task_name,
 )
-from ._base.errors import AuthenticationError, ProtocolError, PstrainError, UnavailableError
+from ._base.errors import PstrainError
 from ._base.tasks import TaskOwner
 from ._formats.protocol import DEFAULT_MAX_BODY
 from ._transport.bridge import run
@@ -263,53 +263,32 @@ async def _on_event(event: asyncio.Event, stop: asyncio.Event) -> None:
     stop.set()
 
 
-async def _coordinator_get(coordinator: str, path: str, token: str | None,
-                           timeout: float = 10.0) -> dict[str, Any]:
-    """``GET path`` of the coordinator's HTTP endpoint (its /metrics address) as JSON;
-    UnavailableError when nothing answers, AuthenticationError for a wrong token."""
-    import aiohttp
-
-    host, port = parse_address(coordinator)
-    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}{path}"
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+async def _coordinator_call(coordinator: str, op: str, payload: Any, token: str | None,
+                            timeout: float = 10.0) -> Any:
+    """``op`` on the coordinator's endpoint (a server like the others: the stream, with the
+    cluster token proved both ways)."""
+    channel = Channel(coordinator, token=token, task=task_name("chief", 0), connect_timeout=timeout)
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
-            async with session.get(url, headers=headers) as reply:
-                body = await reply.json(content_type=None)
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        raise UnavailableError(f"the coordinator at {coordinator} did not answer: {exc}") from exc
-    except ValueError as exc:
-        raise ProtocolError(f"{coordinator} answered {path} with something not JSON: the "
-                            "address is not a pstrain coordinator's") from exc
-    if reply.status == 401:
-        raise AuthenticationError(f"the coordinator at {coordinator} refused the token")
-    if reply.status != 200 or not isinstance(body, dict):
-        raise ProtocolError(f"{path} from {coordinator}: HTTP {reply.status} {body}")
-    return body
+        return await channel.call(op, payload, timeout=timeout)
+    finally:
+        await channel.close()
 
 
 async def _membership(coordinator: str, token: str | None) -> list[dict[str, Any]]:
     """The worker slots of the job whose coordinator serves at ``coordinator``."""
-    workers: list[dict[str, Any]] = (await _coordinator_get(coordinator, "/v1/membership",
-                                                            token))["workers"]
+    reply = await _coordinator_call(coordinator, "coordinator/membership", {}, token)
+    workers: list[dict[str, Any]] = reply["workers"]
     return workers
 
 
 async def _join(coordinator: str, address: str, token: str | None) -> int:
     """Ask the coordinator at ``coordinator`` for a worker slot; returns its index."""
-    import aiohttp
-
-    host, port = parse_address(coordinator)
-    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/v1/join"
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-        async with session.post(url, json={"address": address}, headers=headers) as reply:
-            body = await reply.json(content_type=None)
-            if reply.status != 200:
-                error = body.get("error", {}) if isinstance(body, dict) else {}
-                raise PstrainError(f"joining {coordinator} failed: {error.get('type', reply.status)}: "
-                                   f"{error.get('message', body)}")
-            return int(body["index"])
+    try:
+        reply = await _coordinator_call(coordinator, "coordinator/join", {"address": address},
+                                        token, timeout=30.0)
+    except PstrainError as exc:
+        raise PstrainError(f"joining {coordinator} failed: {type(exc).__name__}: {exc}") from exc
+    return int(reply["index"])
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -395,26 +374,8 @@ def _status(args: argparse.Namespace) -> int:
         token = read_token(os.environ)
     tasks = [(job, i) for job in ("chief", "ps", "worker", "evaluator") for i in range(spec.num_tasks(job))]
 
-    async def probe_chief(address: str) -> dict[str, Any]:
-        """The coordinator serves HTTP (its /metrics address), not the stream protocol."""
-        row: dict[str, Any] = {"task": "chief:0", "address": address, "state": "down"}
-        try:
-            first = await _coordinator_get(address, "/v1/statistics", token, args.timeout)
-            await asyncio.sleep(1.0)
-            second = await _coordinator_get(address, "/v1/statistics", token, args.timeout)
-        except PstrainError as exc:
-            row["state"] = _STATES.get(type(exc).__name__, "down")
-            row["error"] = f"{type(exc).__name__}: {exc}"
-            return row
-        rate = max(0, second["closures_done"] - first["closures_done"])
-        row.update(state="up", uptime=f"{second.get('uptime_s', 0):.0f} s",
-                   work=f"{second['closures_done']} done", bytes="-", rate=f"{rate:.0f}/s")
-        return row
-
     async def probe(job: str, i: int) -> dict[str, Any]:
         address = spec.task_address(job, i)
-        if job == "chief":
-            return await probe_chief(address)
         ch = Channel(address, token=token, task=task_name(job, i), connect_timeout=args.timeout)
         row: dict[str, Any] = {"task": f"{job}:{i}", "address": address, "state": "down"}
         try:
@@ -434,7 +395,10 @@ def _status(args: argparse.Namespace) -> int:
         def count(stats: dict[str, Any]) -> int:
             return sum(r["count"] for r in stats["requests"].values())
 
-        rate = max(0, count(second) - count(first) - 1) / 1.0  # minus our own second call
+        if job == "chief":  # the coordinator: closures finished per second
+            rate = max(0, second.get("closures_done", 0) - first.get("closures_done", 0))
+        else:
+            rate = max(0, count(second) - count(first) - 1) / 1.0  # minus our own second call
         work = (f"{second['variables']} variables" if "variables" in second else
                 f"{second['closures_run']} closures" if "closures_run" in second else
                 f"{second.get('closures_done', 0)} done")

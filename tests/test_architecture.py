@@ -25,10 +25,10 @@ README = ROOT.parent / "README.md"
 
 #: The layer folders, bottom to top. A module imports only from its own folder or lower ones;
 #: ``server`` (the servers) imports only ``SERVERS_MAY_IMPORT`` and is imported only by the face.
-RANKS: tuple[str, ...] = ("_base", "_formats", "_transport", "server", "_variables", "_training",
+RANKS: tuple[str, ...] = ("_base", "_formats", "_transport", "_serving", "server", "_variables", "_training",
                           "_checkpoint", "_frameworks", "_distribute", "_coordinator", "face")
 RANK = {layer: i for i, layer in enumerate(RANKS)}
-SERVERS_MAY_IMPORT = {"_base", "_formats", "_transport", "server"}
+SERVERS_MAY_IMPORT = {"_base", "_formats", "_transport", "_serving", "server"}
 #: Public modules that only re-export a private one (the face users import; nothing inside
 #: the layers may import them).
 FACADE_DOC = "Public façade"

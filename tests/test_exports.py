@@ -102,3 +102,19 @@ def test_public_classes_report_their_public_module():
             obj = getattr(mod, name)
             if isinstance(obj, type) and obj.__module__.startswith("pstrain"):
                 assert "._" not in obj.__module__, f"{module}.{name} reports {obj.__module__}"
+
+
+def test_a_class_pickles_by_reference_before_its_facade_is_imported():
+    # cloudpickle sends by value a class whose module is not imported yet: a worker would
+    # get a copy of the class (and `super()` in its methods fails there). pstrain imports
+    # the public module first, as the standard pickle does.
+    code = ("import sys, pickle\n"
+            "from pstrain._training.optimizers import Adagrad\n"
+            "from pstrain._formats.pickling import dumps_object\n"
+            "assert 'pstrain.optimizers' not in sys.modules\n"
+            "data = dumps_object(Adagrad(0.1))\n"
+            "assert pickle.loads(data).__class__ is Adagrad, 'not the same class'\n"
+            "print(b'_make_skeleton_class' in data)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False", "the class went by value"

@@ -139,7 +139,7 @@ async def test_the_server_proves_nothing_before_the_client_does():
 
 
 async def test_rejected_handshakes_are_logged_once_per_interval_with_a_count(caplog):
-    caplog.set_level(logging.WARNING, logger="pstrain.server.stream")
+    caplog.set_level(logging.WARNING, logger="pstrain._serving.stream")
     async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as cluster:
         address = cluster.ps[0].address
         for _ in range(30):

@@ -60,7 +60,7 @@ def exception_payload(exc: BaseException) -> dict[str, Any]:
     >>> exception_payload(ValueError("bad"))["type"]
     'ValueError'
     """
-    import cloudpickle
+    from . import pickling
 
     if isinstance(exc, (StopIteration, StopAsyncIteration)):
         # A StopIteration cannot be re-raised through an await: report it as TF does.
@@ -70,7 +70,7 @@ def exception_payload(exc: BaseException) -> dict[str, Any]:
         exc.__traceback__ = stop.__traceback__
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
-        pickled: bytes | None = cloudpickle.dumps(exc)
+        pickled: bytes | None = pickling.dumps_object(exc)
     except Exception:
         pickled = None
     return {"type": type(exc).__name__, "message": str(exc), "traceback": tb, "pickled": pickled}

@@ -5,30 +5,22 @@ collector turns them into Prometheus families only when ``GET /metrics`` is
 asked, so serving a request costs one timer read and a few additions. Each
 server has its own registry (several may share a process in tests).
 
-The coordinator is not a server, yet it has counters too (queued, in flight,
-retried): :class:`MetricsEndpoint` serves them (``GET /metrics`` and
-``/healthz``, token-protected like every server).
+The coordinator has counters too (queued, in flight, retried): its endpoint
+(``pstrain._coordinator.endpoint``) is a server like the others and serves them the same way.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
-from .._base.auth import bearer_ok
-from .._base.cluster import listening_socket
-from .._base.errors import PstrainError
-
 logger = logging.getLogger(__name__)
 
-__all__ = ["CONTENT_TYPE", "MetricsEndpoint", "make_registry", "render"]
+__all__ = ["CONTENT_TYPE", "make_registry", "render"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -117,101 +109,3 @@ def render(registry: CollectorRegistry) -> bytes:
     """The registry in Prometheus text format."""
     return generate_latest(registry)
 
-
-class MetricsEndpoint:
-    """``GET /metrics`` and ``/healthz`` for a task that is not a server (the coordinator).
-
-    ``await start()`` binds (port 0 picks one) and returns the address.
-    """
-
-    def __init__(self, task: str, labels: dict[str, str], stats: Callable[[], dict[str, Any]], *,
-                 host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                 join: Callable[[str], Awaitable[int]] | None = None,
-                 membership: Callable[[], list[dict[str, Any]]] | None = None) -> None:
-        self.task = task
-        self.host = host
-        self.port = port
-        self._token = token.encode() if token else None
-        self._started = time.time()
-        self._stats = stats
-        self._join = join
-        self._membership = membership
-        self._registry = make_registry(labels, lambda: {"uptime_s": time.time() - self._started,
-                                                        **stats()})
-        self._runner: web.AppRunner | None = None
-        self.address: str | None = None
-
-    async def start(self) -> str:
-        sock = listening_socket(self.host, self.port, f"{self.task}'s /metrics", backlog=128)
-        app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/healthz", self._health)
-        if self._join is not None:
-            app.router.add_post("/v1/join", self._joined)
-        if self._membership is not None:
-            app.router.add_get("/v1/membership", self._members)
-        app.router.add_get("/v1/statistics", self._statistics)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        await web.SockSite(self._runner, sock).start()
-        host, port = sock.getsockname()[:2]
-        self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        logger.info("%s serves /metrics on %s", self.task, self.address)
-        return self.address
-
-    def _authorized(self, request: web.Request) -> bool:
-        return bearer_ok(request.headers.get("Authorization"), self._token)
-
-    async def _metrics(self, request: web.Request) -> web.Response:
-        if not self._authorized(request):
-            return web.json_response({"error": {"type": "AuthenticationError", "message":
-                                      "missing or wrong cluster token: send 'Authorization: "
-                                      "Bearer <token>'", "task": self.task}}, status=401)
-        return web.Response(body=render(self._registry), headers={"Content-Type": CONTENT_TYPE})
-
-    def _refusal(self) -> web.Response:
-        return web.json_response({"error": {"type": "AuthenticationError", "message":
-                                  "missing or wrong cluster token: send 'Authorization: "
-                                  "Bearer <token>'", "task": self.task}}, status=401)
-
-    async def _joined(self, request: web.Request) -> web.Response:
-        """``POST /v1/join {"address": "host:port"}``: a worker asks to take a vacant slot."""
-        if not self._authorized(request):
-            return self._refusal()
-        try:
-            if request.content_length is None or request.content_length > 4096:
-                raise ValueError("a body of at most 4 KiB, with its Content-Length, is required")
-            address = json.loads(await request.read()).get("address")
-            if not isinstance(address, str) or not address:
-                raise ValueError("missing 'address'")
-            assert self._join is not None
-            index = await self._join(address)
-        except PstrainError as exc:
-            return web.json_response({"error": {"type": type(exc).__name__, "message": str(exc),
-                                                "task": self.task}}, status=exc.http_status)
-        except (ValueError, AttributeError, UnicodeDecodeError) as exc:
-            return web.json_response({"error": {"type": "InvalidArgumentError", "message":
-                                                f"join needs a JSON body {{\"address\": \"host:port\"}}: {exc}",
-                                                "task": self.task}}, status=400)
-        return web.json_response({"index": index})
-
-    async def _members(self, request: web.Request) -> web.Response:
-        if not self._authorized(request):
-            return self._refusal()
-        assert self._membership is not None
-        return web.json_response({"workers": self._membership()})
-
-    async def _statistics(self, request: web.Request) -> web.Response:
-        """``GET /v1/statistics``: what ``pstrain status`` shows of the coordinator."""
-        if not self._authorized(request):
-            return self._refusal()
-        return web.json_response({"task": self.task, "uptime_s": time.time() - self._started,
-                                  **self._stats()})
-
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "running", "task": self.task})
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None

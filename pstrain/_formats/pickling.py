@@ -6,10 +6,17 @@ and name), which fails on a worker that cannot import that module: a user's
 (anything outside the interpreter's standard library and site-packages) are
 therefore registered to travel *by value*, along with the user modules the
 function's code refers to.
+
+A pstrain class reports its public module (``pstrain.errors.NotFoundError``). cloudpickle
+looks a class up only in the modules already imported, and would send it by value when
+that public module (a façade) is not imported yet in this process; the standard pickle
+imports it, and so does :func:`dumps_object`, which every pickle pstrain sends goes through.
 """
 
 from __future__ import annotations
 
+import importlib
+import io
 import os
 import site
 import sys
@@ -72,4 +79,20 @@ def dumps(fn: Any) -> bytes:
                 _register(obj.__name__)
             elif obj is not None:
                 _register(getattr(obj, "__module__", None))
-    return cloudpickle.dumps(fn, protocol=5)
+    return dumps_object(fn)
+
+
+class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, type):
+            module = obj.__module__
+            if module.startswith("pstrain.") and module not in sys.modules:
+                importlib.import_module(module)  # as the standard pickle does
+        return super().reducer_override(obj)
+
+
+def dumps_object(obj: Any) -> bytes:
+    """cloudpickle ``obj`` (protocol 5), finding pstrain classes under their public module."""
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=5).dump(obj)
+    return buffer.getvalue()

@@ -331,6 +331,13 @@ class DropRequest(Record):
     rids: Annotated[list[Count], msgspec.Meta(max_length=1 << 16)]
 
 
+# -- the coordinator's endpoint ---------------------------------------------------------------------
+class JoinRequest(Record):
+    """``coordinator/join``: a worker started with ``--join`` asks for a slot."""
+
+    address: Annotated[str, msgspec.Meta(min_length=1, max_length=300)]
+
+
 #: The record of each operation's request.
 REQUESTS: dict[str, type[Record]] = {
     "health": Empty,
@@ -361,6 +368,8 @@ REQUESTS: dict[str, type[Record]] = {
     "server/shutdown": Empty,
     "worker/resource": ResourceRequest,
     "worker/drop_resources": DropRequest,
+    "coordinator/join": JoinRequest,
+    "coordinator/membership": Empty,
     **{f"vars/{op}": SingleUpdate for op in ("assign", "assign_add", "assign_sub", "scatter_add",
                                              "scatter_sub", "scatter_update")},
 }
@@ -460,6 +469,14 @@ class ResultsReply(Reply):
     results: list[tuple[Count, Annotated[int, msgspec.Meta(ge=0, le=2)], Any]]
 
 
+class JoinReply(Reply):
+    index: Count
+
+
+class MembershipReply(Reply):
+    workers: list[dict[str, Any]]
+
+
 class ResourceReply(Reply):
     rid: Count
     error: dict[str, Any] | None = None
@@ -492,6 +509,8 @@ REPLIES: dict[str, type[Reply]] = {
     "server/shutdown": CountReply,
     "worker/resource": ResourceReply,
     "worker/drop_resources": CountReply,
+    "coordinator/join": JoinReply,
+    "coordinator/membership": MembershipReply,
     **{f"vars/{op}": CountReply for op in ("assign", "assign_add", "assign_sub", "scatter_add",
                                            "scatter_sub", "scatter_update")},
 }

@@ -90,9 +90,9 @@ _enc = _Encoder()
 
 
 def _pickle(obj: Any) -> msgpack.ExtType:
-    import cloudpickle  # deferred: only peers that may execute code need it
+    from . import pickling  # deferred: only peers that may execute code need cloudpickle
 
-    return msgpack.ExtType(_EXT_PICKLE, cloudpickle.dumps(obj, protocol=5))
+    return msgpack.ExtType(_EXT_PICKLE, pickling.dumps_object(obj))
 
 
 def _array(arr: np.ndarray) -> msgpack.ExtType:

@@ -26,8 +26,8 @@ from typing import Any
 from .._base.cluster import ClusterSpec, parse_address
 from .._base.errors import InvalidArgumentError
 from .._formats.protocol import DEFAULT_MAX_BODY
-from .base import ServerBase
-from .core import Status
+from .._serving.base import ServerBase
+from .._serving.core import Status
 from .ps.handlers import ParameterServer
 from .worker.executor import WorkerServer
 

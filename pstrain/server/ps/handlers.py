@@ -52,8 +52,8 @@ from ..._formats.schemas import (
     UpdateRequest,
     VariableSpec,
 )
-from ..base import ServerBase
-from ..core import Pinned
+from ..._serving.base import ServerBase
+from ..._serving.core import Pinned
 from . import checkpoint as ps_checkpoint
 from .store import VariableRecord, VariableStore
 from .tables import TableHandlers

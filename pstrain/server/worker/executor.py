@@ -50,10 +50,10 @@ from ..._formats.schemas import (
     ResourceRequest,
     RunRequest,
 )
+from ..._serving.base import ServerBase
+from ..._serving.core import Encoded
 from ..._transport.bridge import block_on, new_event_loop
 from ..._transport.rpc import ChannelPool
-from ..base import ServerBase
-from ..core import Encoded
 
 logger = logging.getLogger(__name__)
 

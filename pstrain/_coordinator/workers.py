@@ -1,0 +1,99 @@
+"""The coordinator's workers: one dispatcher per slot, joins, and the fences of lost ones.
+
+The slots' lifecycle is the sans-I/O :class:`~pstrain._coordinator.membership.Membership`;
+each :class:`~pstrain._coordinator.dispatch.WorkerDispatcher` drives its slot. This module
+holds them together: a worker started with ``pstrain serve --role worker --join`` takes a
+vacant slot or grows the cluster, and a slot's lost dispatches are fenced on every ps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from .._base.cluster import ClusterSpec, parse_address
+from .._distribute.strategy import ParameterServerStrategy
+from .._transport.rpc import Channel, ChannelPool
+from .dispatch import DispatchSettings, WorkerDispatcher
+from .membership import Membership
+from .resources import ResourceRegistry
+from .scheduling import ClosureQueue
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Workers"]
+
+
+class Workers:
+    """The worker slots of one coordinator and their dispatchers."""
+
+    def __init__(self, strategy: ParameterServerStrategy, queue: ClosureQueue,
+                 resources: ResourceRegistry, settings: DispatchSettings, *, tasks: Any,
+                 ps_timeout_s: float, on_scalars: Callable[[list[Any]], None]) -> None:
+        self.strategy = strategy
+        self.channels: ChannelPool = strategy.channels
+        self.queue = queue
+        self.resources = resources
+        self.settings = settings
+        self.tasks = tasks
+        self.ps_timeout_s = ps_timeout_s
+        self.on_scalars = on_scalars
+        spec = self.channels.cluster_spec
+        #: The worker slots and their lifecycle (sans-I/O); each dispatcher drives its slot.
+        self.slots = Membership(spec.job_tasks("worker"))
+        self.dispatchers = [self._dispatcher(slot.index, spec) for slot in self.slots]
+        self.started = False
+
+    def start(self, spawn: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
+        self.started = True
+        for w in self.dispatchers:
+            spawn(w.run())
+
+    async def fence(self, worker: int, epoch: int) -> None:
+        """Every ps refuses ``worker``'s updates from dispatches before ``epoch``."""
+        owner = self.strategy.placement.owner
+        await asyncio.gather(*(self.channels.channel("ps", k).call(
+            "ps/fence", {"worker": worker, "epoch": epoch, "owner": owner},
+            timeout=self.ps_timeout_s) for k in range(self.strategy.num_ps)))
+
+    async def admit(self, address: str) -> int:
+        """A worker joins at ``address``: it takes the first slot whose worker is gone, or
+        the cluster grows by one worker. Returns the worker's index."""
+        parse_address(address)  # InvalidArgumentError for a bad one
+        slot, grew = self.slots.admit(address)
+        spec = self.channels.cluster_spec.as_dict()
+        spec["worker"] = self.slots.addresses()
+        new_spec = ClusterSpec(spec)
+        self.channels.cluster_spec = new_spec
+        for w in self.dispatchers:
+            w.cluster_spec = new_spec
+        if grew:
+            index = self.resources.add_worker()
+            assert index == slot.index, (index, slot.index)
+            w = self._dispatcher(index, new_spec)
+            self.dispatchers.append(w)
+            self.strategy.worker_joined()
+            if self.started:
+                self.tasks.spawn(w.run())
+            logger.info("%s joined at %s (the cluster grew to %d workers)", w.task, address,
+                        len(self.dispatchers))
+        else:
+            w = self.dispatchers[slot.index]
+            await self.channels.forget("worker", slot.index)
+            logger.info("%s is now at %s (joined)", w.task, address)
+        w.wake_probe()
+        return slot.index
+
+    def _dispatcher(self, index: int, spec: ClusterSpec) -> WorkerDispatcher:
+        placement = self.strategy.placement
+        pool = self.channels
+
+        def channel() -> Channel:
+            return pool.channel("worker", index)
+
+        return WorkerDispatcher(self.slots.slot(index), self.queue, self.resources, channel, spec,
+                                self.tasks, self.settings, before_send=placement.creations_to_send,
+                                fence=self.fence, on_scalars=self.on_scalars,
+                                owner=placement.owner, peers=self.slots.up)

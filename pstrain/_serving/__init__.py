@@ -1,0 +1,1 @@
+"""_serving: private; see README "Layout"."""
