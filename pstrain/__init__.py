@@ -21,10 +21,10 @@ _EXPORTS: dict[str, str] = {
     "Checkpoint": "_checkpoint.checkpoint",
     "CheckpointManager": "_checkpoint.checkpoint",
     "ClusterCoordinator": "_coordinator.coordinator",
-    "ClusterResolver": "_base.cluster",
+    "ClusterResolver": "_base.resolvers",
     "ClusterSpec": "_base.cluster",
     "DistributedValues": "_distribute.values",
-    "IndexedSlices": "_variables.variables",
+    "IndexedSlices": "_variables.arrays",
     "LocalCluster": "launch",
     "Module": "_training.module",
     "ParameterServerStrategy": "_distribute.strategy",
@@ -44,21 +44,21 @@ _EXPORTS: dict[str, str] = {
     "InputReplicationMode": "_distribute.input_distribution",
     "TensorSpec": "_training.data",
     "Server": "server",
-    "SimpleClusterResolver": "_base.cluster",
-    "SlurmClusterResolver": "_base.cluster",
-    "TFConfigClusterResolver": "_base.cluster",
+    "SimpleClusterResolver": "_base.resolvers",
+    "SlurmClusterResolver": "_base.resolvers",
+    "TFConfigClusterResolver": "_base.resolvers",
     "ValueContext": "_distribute.values",
     "Variable": "_variables.variables",
-    "VariableAggregation": "_variables.variables",
-    "VariableSynchronization": "_variables.variables",
+    "VariableAggregation": "_variables.arrays",
+    "VariableSynchronization": "_variables.arrays",
     "get_current_worker_index": "_base.context",
     "embedding_lookup": "_variables.sharding",
     "get_replica_context": "_distribute.distribution",
     "get_strategy": "_distribute.distribution",
     "has_strategy": "_distribute.distribution",
     "in_cross_replica_context": "_distribute.distribution",
-    "read_variables": "_variables.variables",
-    "update_variables": "_variables.variables",
+    "read_variables": "_variables.batched",
+    "update_variables": "_variables.batched",
     "run": "_transport.bridge",
 }
 _SUBMODULES = ("checkpoint", "dashboard", "data", "errors", "evaluator", "initializers", "metrics",
@@ -97,14 +97,16 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above 
         testing as testing,
     )
     from ._base.cluster import (
-        ClusterResolver as ClusterResolver,
         ClusterSpec as ClusterSpec,
-        SimpleClusterResolver as SimpleClusterResolver,
-        SlurmClusterResolver as SlurmClusterResolver,
-        TFConfigClusterResolver as TFConfigClusterResolver,
     )
     from ._base.context import (
         get_current_worker_index as get_current_worker_index,
+    )
+    from ._base.resolvers import (
+        ClusterResolver as ClusterResolver,
+        SimpleClusterResolver as SimpleClusterResolver,
+        SlurmClusterResolver as SlurmClusterResolver,
+        TFConfigClusterResolver as TFConfigClusterResolver,
     )
     from ._checkpoint.checkpoint import (
         Checkpoint as Checkpoint,
@@ -153,19 +155,21 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above 
     from ._transport.bridge import (
         run as run,
     )
+    from ._variables.arrays import (
+        IndexedSlices as IndexedSlices,
+        VariableAggregation as VariableAggregation,
+        VariableSynchronization as VariableSynchronization,
+    )
+    from ._variables.batched import (
+        read_variables as read_variables,
+        update_variables as update_variables,
+    )
     from ._variables.dynamic import DynamicEmbedding as DynamicEmbedding
     from ._variables.sharding import (
         ShardedVariable as ShardedVariable,
         embedding_lookup as embedding_lookup,
     )
-    from ._variables.variables import (
-        IndexedSlices as IndexedSlices,
-        Variable as Variable,
-        VariableAggregation as VariableAggregation,
-        VariableSynchronization as VariableSynchronization,
-        read_variables as read_variables,
-        update_variables as update_variables,
-    )
+    from ._variables.variables import Variable as Variable
     from .launch import (
         LocalCluster as LocalCluster,
     )

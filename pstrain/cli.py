@@ -17,17 +17,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ._base.cluster import (
-    ClusterSpec,
-    SlurmClusterResolver,
-    parse_address,
-    parse_config,
-    read_token,
-    task_name,
-)
+from ._base.cluster import ClusterSpec, parse_address, task_name
 from ._base.errors import PstrainError
+from ._base.resolvers import SlurmClusterResolver, parse_config, read_token
 from ._base.tasks import TaskOwner
+from ._formats.operations import Join, Membership, Statistics
 from ._formats.protocol import DEFAULT_MAX_BODY
+from ._formats.records import Operation
 from ._transport.bridge import run
 from ._transport.rpc import Channel
 
@@ -263,32 +259,31 @@ async def _on_event(event: asyncio.Event, stop: asyncio.Event) -> None:
     stop.set()
 
 
-async def _coordinator_call(coordinator: str, op: str, payload: Any, token: str | None,
+async def _coordinator_call(coordinator: str, message: Operation, token: str | None,
                             timeout: float = 10.0) -> Any:
-    """``op`` on the coordinator's endpoint (a server like the others: the stream, with the
-    cluster token proved both ways)."""
+    """``message`` to the coordinator's endpoint (a server like the others: the stream, with
+    the cluster token proved both ways)."""
     channel = Channel(coordinator, token=token, task=task_name("chief", 0), connect_timeout=timeout)
     try:
-        return await channel.call(op, payload, timeout=timeout)
+        return await channel.request(message, timeout=timeout)
     finally:
         await channel.close()
 
 
 async def _membership(coordinator: str, token: str | None) -> list[dict[str, Any]]:
     """The worker slots of the job whose coordinator serves at ``coordinator``."""
-    reply = await _coordinator_call(coordinator, "coordinator/membership", {}, token)
-    workers: list[dict[str, Any]] = reply["workers"]
+    reply = await _coordinator_call(coordinator, Membership(), token)
+    workers: list[dict[str, Any]] = reply.workers
     return workers
 
 
 async def _join(coordinator: str, address: str, token: str | None) -> int:
     """Ask the coordinator at ``coordinator`` for a worker slot; returns its index."""
     try:
-        reply = await _coordinator_call(coordinator, "coordinator/join", {"address": address},
-                                        token, timeout=30.0)
+        reply = await _coordinator_call(coordinator, Join(address=address), token, timeout=30.0)
     except PstrainError as exc:
         raise PstrainError(f"joining {coordinator} failed: {type(exc).__name__}: {exc}") from exc
-    return int(reply["index"])
+    return int(reply.index)
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -379,9 +374,9 @@ def _status(args: argparse.Namespace) -> int:
         ch = Channel(address, token=token, task=task_name(job, i), connect_timeout=args.timeout)
         row: dict[str, Any] = {"task": f"{job}:{i}", "address": address, "state": "down"}
         try:
-            first = await ch.call("statistics", {}, timeout=args.timeout)
+            first = await ch.request(Statistics(), timeout=args.timeout)
             await asyncio.sleep(1.0)
-            second = await ch.call("statistics", {}, timeout=args.timeout)
+            second = await ch.request(Statistics(), timeout=args.timeout)
         except PstrainError as exc:
             row["state"] = _STATES.get(type(exc).__name__, "down")
             row["error"] = f"{type(exc).__name__}: {exc}"

@@ -1,4 +1,9 @@
-"""Public façade: :mod:`pstrain._base.cluster` holds the implementation."""
+"""Public façade: :mod:`pstrain._base.cluster` and :mod:`pstrain._base.resolvers` hold the
+implementation."""
 
 from ._base.cluster import *  # noqa: F403
-from ._base.cluster import __all__ as __all__
+from ._base.cluster import __all__ as _spec
+from ._base.resolvers import *  # noqa: F403
+from ._base.resolvers import __all__ as _resolvers
+
+__all__ = [*_spec, *_resolvers]

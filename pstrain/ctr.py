@@ -21,8 +21,10 @@ import numpy as np
 from ._formats.initializers import RandomUniform
 from ._training.module import Module
 from ._training.optimizers import Optimizer
+from ._variables.arrays import IndexedSlices
+from ._variables.batched import read_variables
 from ._variables.sharding import embedding_lookup
-from ._variables.variables import IndexedSlices, Variable, read_variables
+from ._variables.variables import Variable
 
 __all__ = ["BATCH", "CTRModel", "evaluate", "forward", "log_loss", "make_step", "synthetic"]
 

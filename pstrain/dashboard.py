@@ -42,6 +42,8 @@ from ._base.errors import InvalidArgumentError, PstrainError
 from ._checkpoint.checkpoint import recent_saves
 from ._coordinator import coordinator as coordinator_module
 from ._coordinator.coordinator import ClusterCoordinator
+from ._formats.operations import Health, Statistics
+from ._formats.records import Operation
 from ._training import summary
 
 logger = logging.getLogger(__name__)
@@ -250,11 +252,10 @@ def login_url(coordinator: ClusterCoordinator) -> str:
     return dashboard.login_url()
 
 
-async def _call(coordinator: ClusterCoordinator, job: str, index: int, op: str,
+async def _call(coordinator: ClusterCoordinator, job: str, index: int, message: Operation,
                 timeout: float) -> Any:
     try:
-        return await coordinator.strategy.channels.channel(job, index).call(op, {} if op == "statistics" else None,
-                                                                            timeout=timeout)
+        return await coordinator.strategy.channels.channel(job, index).request(message, timeout=timeout)
     except PstrainError:
         return None
 
@@ -267,9 +268,9 @@ async def snapshot(coordinator: ClusterCoordinator) -> dict[str, Any]:
     members = coordinator.membership()
     incarnations = coordinator.ps_incarnations
     stats, answers = await asyncio.gather(
-        asyncio.gather(*(_call(coordinator, "ps", k, "statistics", 2.0)
+        asyncio.gather(*(_call(coordinator, "ps", k, Statistics(), 2.0)
                          for k in range(len(incarnations)))),
-        asyncio.gather(*(_call(coordinator, "worker", m["index"], "health", 1.0) if m["up"]
+        asyncio.gather(*(_call(coordinator, "worker", m["index"], Health(), 1.0) if m["up"]
                          else asyncio.sleep(0, None) for m in members)))
     chief = spec.task_address("chief", 0) if spec.num_tasks("chief") else None
     tasks: list[dict[str, Any]] = [{"job": "chief", "index": 0, "task": "chief:0", "state": "up",

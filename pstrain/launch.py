@@ -27,8 +27,9 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from ._base.cluster import ClusterSpec, RunningCluster
+from ._base.cluster import ClusterSpec
 from ._base.errors import InvalidArgumentError, PstrainError
+from ._base.resolvers import RunningCluster
 from ._base.tasks import TaskOwner
 
 logger = logging.getLogger(__name__)

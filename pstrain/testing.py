@@ -32,8 +32,9 @@ import sys
 import time
 from typing import Any
 
-from ._base.cluster import ClusterSpec, RunningCluster
+from ._base.cluster import ClusterSpec
 from ._base.errors import InvalidArgumentError, PstrainError
+from ._base.resolvers import RunningCluster
 from ._transport.rpc import close_loop_channels, open_channels
 from .server.ps.handlers import ParameterServer
 from .server.worker.executor import WorkerServer

@@ -453,7 +453,8 @@ async def test_a_malformed_index_is_a_clear_error_and_the_evaluator_skips_it(tmp
                                          max_evaluations=1, poll_interval_s=0.05)
     task = asyncio.ensure_future(evaluator.run())
     await wait_for(lambda: not task.done() and len(evaluator.results) == 0, what="the evaluator to poll")
-    from pstrain._formats.checkpoint_files import write_index, write_tensors
+    from pstrain._formats.checkpoint_files import write_index
+    from pstrain._formats.tensor_files import write_tensors
 
     write_tensors(str(tmp_path / "ckpt-3.local.safetensors"), {"it": np.array(5, np.int64)})
     write_index(str(tmp_path / "ckpt-3"), {"opt/iterations": {"dtype": "<i8", "shape": [], "parts": [

@@ -139,7 +139,7 @@ async def test_servers_leave_when_the_coordinators_job_is_done(tmp_path):
 
 
 def test_pstrain_config_may_name_a_file_and_a_path_in_tf_config_says_what_is_wrong(tmp_path):
-    from pstrain._base.cluster import parse_config
+    from pstrain._base.resolvers import parse_config
     from pstrain.errors import InvalidArgumentError
 
     config = tmp_path / "cluster.json"

@@ -79,13 +79,17 @@ def test_unknown_attribute():
 API = json.loads((Path(__file__).parent / "public_api.json").read_text())
 
 
+#: Names added since the snapshot (each a deliberate addition to the API).
+ADDED = {"pstrain.errors": {"PsRestartedError"}}
+
+
 @pytest.mark.parametrize("module", sorted(API))
 def test_the_public_api_is_what_it_was(module):
     # pstrain.__all__ and each documented submodule's __all__, as recorded before the
     # modules moved into layer folders: moving code does not change what users import.
     mod = importlib.import_module(module)
-    assert sorted(getattr(mod, "__all__", ["main"] if module == "pstrain.cli" else [])) \
-        == sorted(API[module])
+    now = set(getattr(mod, "__all__", ["main"] if module == "pstrain.cli" else []))
+    assert now - ADDED.get(module, set()) == set(API[module]), (now ^ set(API[module]))
     for name in API[module]:
         assert getattr(mod, name) is not None
 

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pstrain import rpc
 from pstrain._formats import wire
-from pstrain._formats.schemas import REQUESTS
+from pstrain._formats.operations import OPERATIONS
 from pstrain._transport.bridge import new_event_loop
 from pstrain.errors import InvalidArgumentError, ProtocolError, PstrainError
 from pstrain.server.ps import ParameterServer
@@ -100,7 +100,7 @@ def payloads():
     )
 
 
-OPS = sorted(op for op in REQUESTS if not op.startswith("worker/") and op != "vars/call")
+OPS = sorted(op for op in OPERATIONS if not op.startswith(("worker/", "coordinator/")) and op != "vars/call")
 
 
 def test_every_operation_validates_whatever_it_is_sent(tmp_path):

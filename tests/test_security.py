@@ -386,7 +386,7 @@ MiB = 1 << 20
 async def test_small_requests_cannot_make_a_ps_allocate_without_bound(tmp_path):
     import numpy as np
 
-    from pstrain._formats.checkpoint_files import write_tensors
+    from pstrain._formats.tensor_files import write_tensors
     from pstrain.errors import InvalidArgumentError
 
     server = ServeProcess("--role", "ps", "--index", "0", "--port", "0", "--log-level", "ERROR",

@@ -43,6 +43,7 @@ __all__ = [
     "NotFoundError",
     "OutOfRangeError",
     "ProtocolError",
+    "PsRestartedError",
     "PstrainError",
     "UnavailableError",
     "WrongTaskError",
@@ -85,6 +86,16 @@ class UnavailableError(PstrainError, ConnectionError):
     """A task (ps or worker) cannot be reached: refused, reset or silent."""
 
     http_status = 503
+
+
+class PsRestartedError(UnavailableError):
+    """A parameter server restarted (however quickly) and lost the variables it held:
+    restore the latest checkpoint to continue. ``incarnation`` is its new one."""
+
+    def __init__(self, message: str = "", *, incarnation: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.incarnation = incarnation
 
 
 class DrainingError(UnavailableError):
@@ -181,14 +192,23 @@ _BY_NAME: dict[str, type[PstrainError]] = {
 
 
 def to_envelope(exc: BaseException, task: str | None = None,
-                traceback_text: str | None = None) -> dict[str, Any]:
-    """Describe ``exc`` as a plain dict that travels in a reply header."""
-    return {
+                traceback_text: str | None = None, pickled: bytes | None = None) -> dict[str, Any]:
+    """The one shape an error travels in (an ERROR reply, a closure's failure, a resource
+    that could not be built): its type's name, message, task, traceback and, where the
+    receiver may unpickle (a closure's own exception), the pickled exception.
+
+    >>> to_envelope(NotFoundError("no 'w'"), "/job:ps/replica:0/task:0")["type"]
+    'NotFoundError'
+    """
+    envelope: dict[str, Any] = {
         "type": type(exc).__name__,
         "message": str(exc) if not isinstance(exc, PstrainError) else exc.message,
         "traceback": traceback_text,
         "task": getattr(exc, "task", None) or task,
     }
+    if pickled is not None:
+        envelope["pickled"] = pickled
+    return envelope
 
 
 def from_envelope(env: dict[str, Any]) -> PstrainError:

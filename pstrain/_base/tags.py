@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
-__all__ = ["UPDATE_OPS", "set_dispatch", "update_tags"]
+__all__ = ["set_dispatch", "update_tags"]
 
 #: ``(owner, worker index, epoch)`` of the closure running here: the ps refuses updates
 #: of epochs the coordinator has superseded (the worker was declared lost meanwhile), and
@@ -35,12 +35,6 @@ _fence: contextvars.ContextVar[tuple[str | None, int, int] | None] = contextvars
 #: An exactly-once closure's key and its per-ps update counters.
 _once: contextvars.ContextVar[tuple[str, dict[str, int]] | None] = contextvars.ContextVar(
     "pstrain_once", default=None)
-
-#: The operations that change variables: they carry the fence and the exactly-once key.
-UPDATE_OPS = frozenset({"vars/update", "vars/assign", "vars/assign_add", "vars/assign_sub",
-                        "vars/scatter_add", "vars/scatter_sub", "vars/scatter_update",
-                        "opt/apply", "vars/call"})
-
 
 def set_dispatch(fence: tuple[str | None, int, int] | None, once_key: str | None) -> None:
     """Called by a worker in a closure's own context, before the closure runs."""

@@ -66,15 +66,14 @@ import numpy as np
 from .._base.context import current_channels
 from .._base.errors import AlreadyExistsError, InvalidArgumentError
 from .._base.exports import expose
-from .._formats.checkpoint_files import (
-    INDEX,
-    CheckpointReader,
-    write_index,
-    write_tensors,
-)
+from .._formats.checkpoint_files import INDEX, CheckpointReader, write_index
+from .._formats.operations import ListVariables, SaveCheckpoint
+from .._formats.records import VariableInfo
+from .._formats.tensor_files import write_tensors
+from .._variables.batched import ensure_created
 from .._variables.dynamic import DynamicEmbedding
 from .._variables.placement import Placement
-from .._variables.variables import Variable, ensure_created
+from .._variables.variables import Variable
 from .object_graph import Entry, Graph, check_trackable, slot_key, walk
 from .restore_status import CheckpointLoadStatus, targets
 
@@ -125,10 +124,10 @@ class Checkpoint:
         if not graph.optimizers or not placed:
             return {}
         pool = _channel_pool(placed[0])
-        listing: dict[str, tuple[int, dict[str, Any]]] = {}
+        listing: dict[str, tuple[int, VariableInfo]] = {}
         for k in range(pool.cluster_spec.num_tasks("ps")):
-            for v in (await pool.channel("ps", k).call("vars/list", {}))["variables"]:
-                listing[v["name"]] = (k, v)
+            for v in (await pool.channel("ps", k).request(ListVariables())).variables:
+                listing[v.name] = (k, v)
         out = {}
         for opt_path, opt in graph.optimizers.items():
             for path, entry in graph.entries.items():
@@ -136,7 +135,7 @@ class Checkpoint:
                     names = [opt.slot_variable_name(p, slot) for p in entry.parts]
                     if not all(n in listing for n in names):
                         continue
-                    parts = [Variable.handle(n, tuple(listing[n][1]["shape"]), entry.dtype,
+                    parts = [Variable.handle(n, tuple(listing[n][1].shape), entry.dtype,
                                              listing[n][0], pool, False) for n in names]
                     key = slot_key(path, opt_path, slot)
                     out[key] = Entry(key, f"{opt.name}/{slot}/{entry.name}", parts, entry.offsets,
@@ -181,7 +180,7 @@ class Checkpoint:
                                 "trainable": entry.trainable, "parts": parts_meta}
 
         async def save_ps(channel: Channel, ps: int, tensors: dict[str, str]) -> None:
-            await channel.call("ckpt/save", {"path": f"{prefix}.ps{ps}.safetensors", "tensors": tensors})
+            await channel.request(SaveCheckpoint(path=f"{prefix}.ps{ps}.safetensors", tensors=tensors))
 
         index_tables: dict[str, Any] = {}
 

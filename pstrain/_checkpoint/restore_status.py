@@ -23,10 +23,13 @@ import numpy as np
 
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
-from .._formats.checkpoint_files import CheckpointReader, read_rows, sources
+from .._formats.checkpoint_files import CheckpointReader, sources
+from .._formats.operations import AbortRestore, CommitRestore, RestoreCheckpoint, RestoreSpec
+from .._formats.tensor_files import read_rows
 from .._training.module import Module, unwatch_attributes, watch_attributes
+from .._variables.batched import ensure_created
 from .._variables.placement import Placement
-from .._variables.variables import Variable, ensure_created
+from .._variables.variables import Variable
 from .object_graph import Entry, Graph, join, slot_key, walk
 
 if TYPE_CHECKING:
@@ -263,18 +266,19 @@ async def _restore_all_or_nothing(by_ps: dict[Channel, list[dict[str, Any]]]) ->
     one fails, the others drop what they staged and nothing changes anywhere."""
     stage = secrets.token_hex(8)
     channels = list(by_ps)
-    staged = await asyncio.gather(*(ch.call("ckpt/restore", {"vars": by_ps[ch], "stage": stage})
-                                    for ch in channels), return_exceptions=True)
+    staged = await asyncio.gather(*(ch.request(RestoreCheckpoint(
+        vars=[RestoreSpec(**e) for e in by_ps[ch]], stage=stage)) for ch in channels),
+        return_exceptions=True)
     failed = [r for r in staged if isinstance(r, BaseException)]
     if failed:
-        await asyncio.gather(*(ch.call("ckpt/abort", {"stage": stage}) for ch in channels),
+        await asyncio.gather(*(ch.request(AbortRestore(stage=stage)) for ch in channels),
                              return_exceptions=True)
         raise failed[0]
-    replies = await asyncio.gather(*(ch.call("ckpt/commit", {"stage": stage}) for ch in channels))
+    replies = await asyncio.gather(*(ch.request(CommitRestore(stage=stage)) for ch in channels))
     for ch, reply in zip(channels, replies):
-        if isinstance(reply, dict) and isinstance(reply.get("incarnation"), str):
+        if reply.incarnation is not None:
             # a restarted ps, now restored: its coordinator's PsHealth knows it is handled
-            ch.restored.setdefault(ch.task, set()).add(reply["incarnation"])
+            ch.restored.setdefault(ch.task, set()).add(reply.incarnation)
 
 
 expose(globals(), "pstrain.checkpoint", ["CheckpointLoadStatus"])

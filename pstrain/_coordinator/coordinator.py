@@ -34,6 +34,7 @@ from .._base.errors import (
     NotFoundError,
     PstrainError,
 )
+from .._base.exports import expose
 from .._base.tasks import TaskOwner
 from .._distribute.strategy import ParameterServerStrategy
 from .._distribute.values import PerWorkerValues
@@ -390,3 +391,6 @@ def _runs(loop: asyncio.AbstractEventLoop) -> bool:
     except RuntimeError:
         return False
 
+
+
+expose(globals(), "pstrain", ["ClusterCoordinator"])

@@ -41,9 +41,12 @@ from .._base.errors import (
     PstrainError,
     UnavailableError,
     WrongTaskError,
+    to_envelope,
 )
 from .._base.tasks import TaskOwner
 from .._formats.messages import CANCELLED, OK, exception_from_payload
+from .._formats.operations import CancelClosures, Configure, CreateResource, DropResources, RunClosures
+from .._formats.records import ResultsReply
 from .._transport.rpc import Channel
 from .membership import SlotState, WorkerSlot
 from .resources import ResourceRegistry, ResourceSpec
@@ -194,9 +197,9 @@ class WorkerDispatcher:
 
     async def _connect(self) -> None:
         try:
-            reply = await self.channel().call(
-                "worker/configure", {"cluster": self.cluster_spec.as_dict(), "index": self.index,
-                                     "fresh": self.failures > 0},  # links cut with it may stall
+            reply = await self.channel().request(
+                Configure(cluster=self.cluster_spec.as_dict(), index=self.index,
+                          fresh=self.failures > 0),  # links cut with it may stall
                 timeout=self.settings.worker_timeout_s)
         except WrongTaskError as exc:  # the handshake: another task answers at that address
             there = (f"worker {exc.actual.rsplit(':', 1)[-1]}" if "/job:worker/" in exc.actual
@@ -208,13 +211,13 @@ class WorkerDispatcher:
             raise _Mismatch(f"the cluster says {self.task} is at {self.channel().address}, but "
                             f"the task there is not a worker ({exc}): fix the cluster spec "
                             "(TF_CONFIG / PSTRAIN_CONFIG)", task=self.task) from exc
-        index = reply.get("index")
-        if index is not None and index != self.index:
+        index = reply.index
+        if index != self.index:
             raise _Mismatch(f"the cluster says {self.task} is at {self.channel().address}, but "
                             f"the task there is worker {index}: the coordinator's cluster spec "
                             "does not match the tasks' (TF_CONFIG / PSTRAIN_CONFIG)", task=self.task)
         known = self.slot.incarnation
-        if self.slot.connected(str(reply["incarnation"])):
+        if self.slot.connected(reply.incarnation):
             if known is not None:
                 logger.warning("%s restarted; rebuilding its %d per-worker resource(s)", self.task,
                                len(self.registry))
@@ -270,7 +273,7 @@ class WorkerDispatcher:
                 raise DrainingError(f"{self.task} drained and is leaving", task=self.task)
             dropped = self.registry.take_dropped(index)
             if dropped:
-                await self.channel().call("worker/drop_resources", {"rids": dropped})
+                await self.channel().request(DropResources(rids=dropped))
             pending = self.registry.to_build(index)
             if pending:
                 await self._build(pending[0])
@@ -298,19 +301,19 @@ class WorkerDispatcher:
 
     async def _build(self, spec: ResourceSpec) -> None:
         try:
-            reply = await self.channel().call(
-                "worker/resource", {**spec.request(), "incarnation": self.incarnation}, pickle=True)
+            reply = await self.channel().request(
+                CreateResource(**spec.request(), incarnation=self.incarnation))
+            error = reply.error
         except _LOST:
             raise  # the worker failed: handled by run()
         except PstrainError as exc:  # the worker refused it (cannot unpickle, say)
-            reply = {"error": {"type": type(exc).__name__, "message": exc.message,
-                               "traceback": exc.remote_traceback}}
-        self.registry.built(self.index, spec, reply.get("error"))
+            error = to_envelope(exc, self.task, exc.remote_traceback)
+        self.registry.built(self.index, spec, error)
 
     async def _send_cancel(self, ids: list[int]) -> None:
         try:
-            await self.channel().call("worker/cancel", {"ids": ids},
-                                      timeout=self.settings.worker_timeout_s)
+            await self.channel().request(CancelClosures(ids=ids),
+                                         timeout=self.settings.worker_timeout_s)
         except PstrainError:
             pass  # the worker is gone; its closures are put back, then cancelled
 
@@ -335,7 +338,7 @@ class WorkerDispatcher:
 
     async def _send_now(self, batch: list[Closure]) -> None:
         fns: dict[bytes, bytes] = {}
-        entries = []
+        entries: list[Any] = []  # lists, not tuples: they pack flat (a tuple is an ext)
         sent = self.sent
         for c in batch:
             if c.walk:
@@ -354,11 +357,10 @@ class WorkerDispatcher:
         once = {c.cid: c.once_key for c in batch if c.once_key is not None}
         self.sent.update(fns)
         try:
-            reply = await self.channel().call_stream(
-                "worker/run", {"fns": fns, "closures": entries, "incarnation": self.incarnation,
-                               "epoch": self.epoch, "owner": self.owner,
-                               **({"once": once} if once else {})},
-                self._on_results, pickle=True)
+            reply = await self.channel().request(
+                RunClosures(fns=fns, closures=entries, incarnation=self.incarnation,
+                            epoch=self.epoch, owner=self.owner, once=once),
+                on_partial=self._on_results)
         except DrainingError as exc:  # leaving: those closures go to the other workers
             logger.info("%s is leaving (%s); %d closure(s) go elsewhere", self.task, exc, len(batch))
             if self.slot.state is SlotState.UP:
@@ -376,14 +378,14 @@ class WorkerDispatcher:
             return
         self._on_results(reply)
 
-    def _on_results(self, reply: Any) -> None:
+    def _on_results(self, reply: ResultsReply) -> None:
         finish = self.queue.finish
         queue = self.queue
-        scalars = reply.get("scalars")
+        scalars = reply.scalars
         if scalars and self.on_scalars is not None:
             self.on_scalars(scalars)
-        self.slot.completed += len(reply["results"])
-        for cid, status, value in reply["results"]:
+        self.slot.completed += len(reply.results)
+        for cid, status, value in reply.results:
             if status == OK:
                 finish(cid, value)
             elif status == CANCELLED:

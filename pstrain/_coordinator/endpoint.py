@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .._formats.schemas import JoinRequest
+from .._formats.operations import Join, Membership
 from .._serving.base import ServerBase
 
 __all__ = ["CoordinatorEndpoint"]
@@ -29,15 +29,15 @@ class CoordinatorEndpoint(ServerBase):
         self._stats = stats
         self._admit = join
         self._membership = membership
-        self.route("coordinator/join", self._join)
-        self.route("coordinator/membership", self._members)
+        self.route(Join, self._join)
+        self.route(Membership, self._members)
 
     def statistics(self, req: Any) -> dict[str, Any]:
         out = super().statistics(req)
         out.update(self._stats())
         return out
 
-    async def _join(self, req: JoinRequest) -> dict[str, Any]:
+    async def _join(self, req: Join) -> dict[str, Any]:
         return {"index": await self._admit(req.address)}
 
     def _members(self, _: Any) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from .._base.errors import (
     PstrainError,
     UnavailableError,
 )
+from .._formats.operations import Health, ResetChannels
 from .._transport.rpc import ChannelPool
 from .dispatch import DispatchSettings, WorkerDispatcher
 from .ps_health import PsHealth
@@ -90,7 +91,7 @@ class Heartbeat:
 
     async def _ping_worker(self, w: WorkerDispatcher) -> None:
         try:
-            await w.channel().call("health", None, timeout=self.settings.worker_timeout_s)
+            await w.channel().request(Health(), timeout=self.settings.worker_timeout_s)
         except (UnavailableError, DeadlineExceededError) as exc:
             logger.warning("%s did not answer a health check: %s", w.task, exc)
             w.channel().reset()  # fails its pending calls: the dispatcher reschedules
@@ -110,8 +111,8 @@ class Heartbeat:
         of after TCP's retransmission back-off."""
         async def reset(w: WorkerDispatcher) -> None:
             try:
-                await w.channel().call("worker/reset_channels", {"job": job, "index": index},
-                                       timeout=self.settings.worker_timeout_s)
+                await w.channel().request(ResetChannels(job=job, index=index),  # type: ignore[arg-type]
+                                          timeout=self.settings.worker_timeout_s)
             except PstrainError:
                 pass  # that worker is unreachable too: its dispatcher handles it
         await asyncio.gather(*(reset(w) for w in self.workers if w.up))
@@ -122,7 +123,7 @@ class Heartbeat:
         channel = self.channels.channel("ps", k)
         health = self.ps_health
         try:
-            reply = await channel.call("health", None, timeout=self.ps_timeout_s)
+            reply = await channel.request(Health(), timeout=self.ps_timeout_s)
         except (UnavailableError, DeadlineExceededError) as exc:
             channel.reset()  # a healed ps is reached on a fresh connection, at once
             return health.silent(k, f"{type(exc).__name__}: {exc}",
@@ -130,8 +131,7 @@ class Heartbeat:
         except (AuthenticationError, ProtocolError) as exc:  # misconfigured: report, once
             health.misconfigured(k, exc)
             return exc if report_silence else None
-        incarnation = reply.get("incarnation")
-        return health.answered(k, incarnation if isinstance(incarnation, str) else None)
+        return health.answered(k, reply.incarnation)
 
     def drop_handled_restart(self) -> None:
         """A pending "ps restarted" error is moot once the program restored a checkpoint onto

@@ -15,7 +15,7 @@ from typing import Any
 
 from .._base.errors import InvalidArgumentError
 from .._distribute.values import PerWorkerValues
-from .._variables.variables import creator_scope
+from .._variables.arrays import creator_scope
 from .resources import ResourceRegistry, ResourceSpec
 
 __all__ = ["PerWorkerDataset", "PerWorkerIterator", "as_dataset_fn"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 from .._base.cluster import task_name
-from .._base.errors import PstrainError, UnavailableError
+from .._base.errors import PsRestartedError, PstrainError, UnavailableError
 
 __all__ = ["PsHealth"]
 
@@ -40,7 +40,7 @@ class PsHealth:
         #: A restart found while another error was pending: join reports it next.
         self.deferred: UnavailableError | None = None
 
-    def answered(self, k: int, incarnation: str | None) -> UnavailableError | None:
+    def answered(self, k: int, incarnation: str | None) -> PsRestartedError | None:
         """Ps ``k`` answered as ``incarnation``: the error to report if it restarted."""
         self.down.pop(k, None)
         known = self.incarnations[k]
@@ -48,12 +48,10 @@ class PsHealth:
         task = task_name("ps", k)
         if known is None or incarnation == known or self._was_restored(task, incarnation):
             return None  # (restarted, but the program restored a checkpoint onto it already)
-        error = UnavailableError(
+        return PsRestartedError(
             f"parameter server {task} restarted (incarnation {known[:8]} is now "
             f"{str(incarnation)[:8]}): the variables it held are lost; restore the latest "
-            "checkpoint to continue", task=task)
-        error.incarnation = incarnation  # type: ignore[attr-defined]  # (see handled)
-        return error
+            "checkpoint to continue", task=task, incarnation=incarnation)
 
     def silent(self, k: int, reason: str, busy: bool) -> UnavailableError | None:
         """Ps ``k`` did not answer: while closures run (``busy``), that fails the job."""
@@ -74,8 +72,8 @@ class PsHealth:
     def handled(self, error: BaseException | None) -> bool:
         """Is ``error`` a restart the program has since handled (it restored a checkpoint
         onto that very incarnation, having learnt of the loss another way)?"""
-        return error is not None and self._was_restored(
-            str(getattr(error, "task", "")), getattr(error, "incarnation", None))
+        return isinstance(error, PsRestartedError) and self._was_restored(
+            str(error.task or ""), error.incarnation)
 
     def _was_restored(self, task: str, incarnation: str | None) -> bool:
         return incarnation is not None and incarnation in self._restored.get(task, ())

@@ -7,6 +7,7 @@ import logging
 
 from .._base.cluster import task_name
 from .._base.errors import PstrainError, UnavailableError
+from .._formats.operations import Shutdown
 from .._transport.rpc import ChannelPool
 
 logger = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ async def ask_to_leave(channels: ChannelPool, startup_wait_s: float) -> list[str
         pause = 0.05
         while True:
             try:
-                await channel.call("server/shutdown", {}, timeout=10.0)
+                await channel.request(Shutdown(), timeout=10.0)
                 return None
             except UnavailableError as exc:
                 if channel.ever_connected or loop.time() + pause > deadline:

@@ -15,6 +15,7 @@ from typing import Any
 
 from .._base.cluster import ClusterSpec, parse_address
 from .._distribute.strategy import ParameterServerStrategy
+from .._formats.operations import Fence
 from .._transport.rpc import Channel, ChannelPool
 from .dispatch import DispatchSettings, WorkerDispatcher
 from .membership import Membership
@@ -54,9 +55,9 @@ class Workers:
     async def fence(self, worker: int, epoch: int) -> None:
         """Every ps refuses ``worker``'s updates from dispatches before ``epoch``."""
         owner = self.strategy.placement.owner
-        await asyncio.gather(*(self.channels.channel("ps", k).call(
-            "ps/fence", {"worker": worker, "epoch": epoch, "owner": owner},
-            timeout=self.ps_timeout_s) for k in range(self.strategy.num_ps)))
+        await asyncio.gather(*(self.channels.channel("ps", k).request(
+            Fence(worker=worker, epoch=epoch, owner=owner), timeout=self.ps_timeout_s)
+            for k in range(self.strategy.num_ps)))
 
     async def admit(self, address: str) -> int:
         """A worker joins at ``address``: it takes the first slot whose worker is gone, or

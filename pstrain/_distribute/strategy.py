@@ -19,14 +19,18 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .._base.cluster import ClusterResolver, ClusterSpec, task_name, validate_ps_cluster
+from .._base.cluster import ClusterSpec, task_name, validate_ps_cluster
 from .._base.context import in_closure
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
+from .._base.resolvers import ClusterResolver
+from .._formats.operations import CallVariables
 from .._transport.rpc import ChannelPool
+from .._variables.arrays import creator_scope, current_creator
+from .._variables.batched import ensure_created
 from .._variables.placement import Placement
 from .._variables.sharding import ShardedVariable
-from .._variables.variables import Variable, creator_scope, current_creator, ensure_created
+from .._variables.variables import Variable
 from .distribution import (
     ReduceOp,
     ReplicaContext,
@@ -115,10 +119,10 @@ class StrategyExtended:
                 return [ref(x) for x in obj]
             return obj
 
-        reply = await var.channel().call("vars/call", {
-            "fn": fn, "vars": [var.key], "args": ref(tuple(args)),
-            "kwargs": {k: ref(v) for k, v in (kwargs or {}).items()}}, pickle=True)
-        return reply["result"]
+        reply = await var.channel().request(CallVariables(
+            fn=fn, vars=[var.key], args=ref(tuple(args)),
+            kwargs={k: ref(v) for k, v in (kwargs or {}).items()}))
+        return reply.result
 
     def call_for_each_replica(self, fn: Callable[..., Any], args: Sequence[Any] = (),
                               kwargs: dict[str, Any] | None = None) -> Any:

@@ -16,7 +16,7 @@ import enum
 import traceback
 from typing import Any
 
-from .._base.errors import OutOfRangeError, PstrainError
+from .._base.errors import OutOfRangeError, PstrainError, to_envelope
 
 __all__ = ["CANCELLED", "ERROR", "OK", "ClosureStatus", "ResourceRef", "exception_from_payload",
            "exception_payload"]
@@ -73,7 +73,7 @@ def exception_payload(exc: BaseException) -> dict[str, Any]:
         pickled: bytes | None = pickling.dumps_object(exc)
     except Exception:
         pickled = None
-    return {"type": type(exc).__name__, "message": str(exc), "traceback": tb, "pickled": pickled}
+    return to_envelope(exc, None, tb, pickled)
 
 
 def exception_from_payload(payload: dict[str, Any], task: str) -> BaseException:

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgpack
+import msgspec
 import numpy as np
 
 from .._base.errors import InvalidArgumentError, ProtocolError
@@ -109,9 +110,34 @@ def _array(arr: np.ndarray) -> msgpack.ExtType:
     return msgpack.ExtType(_EXT_ARRAY, msgpack.packb((arr.dtype.str, arr.shape, index)))
 
 
+#: Per record class: ``(field, default)``; a field equal to its default is not sent.
+_FIELDS: dict[type[Any], tuple[tuple[str, Any], ...]] = {}
+#: Defaults compared by value (an array or a record is compared by identity only).
+_VALUE_TYPES = frozenset({bool, int, float, str, bytes, tuple, list, dict})
+
+
+def _record(obj: msgspec.Struct) -> dict[str, Any]:
+    """A message record (``pstrain._formats.operations``) as the map it travels as: its
+    fields, those at their default left out (the tag, the op name, travels in the frame)."""
+    cls = type(obj)
+    fields = _FIELDS.get(cls)
+    if fields is None:
+        fields = _FIELDS[cls] = tuple((f.name, f.default) for f in msgspec.structs.fields(cls))
+    out = {}
+    for name, default in fields:
+        value = getattr(obj, name)
+        if value is default or (type(value) in _VALUE_TYPES and type(value) is type(default)
+                                and value == default):
+            continue
+        out[name] = value
+    return out
+
+
 def _default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         return _array(obj)
+    if isinstance(obj, msgspec.Struct):
+        return _record(obj)
     if type(obj) is tuple:
         return msgpack.ExtType(_EXT_TUPLE, _enc.pack(list(obj)))
     if isinstance(obj, np.generic):

@@ -16,6 +16,8 @@ from typing import Any
 
 from .._base.cluster import listening_socket
 from .._base.errors import PstrainError
+from .._base.exports import expose
+from .._formats.operations import Shutdown
 from .core import ServerCore, Status
 from .http import HttpAdapter
 from .preauth import PreAuth
@@ -41,9 +43,9 @@ class ServerBase(ServerCore):
         #: Set by ``server/shutdown`` (the coordinator's job is done) when allowed at start.
         self.shutdown_requested = asyncio.Event()
         if exit_on_shutdown:
-            self.route("server/shutdown", self._shutdown)
+            self.route(Shutdown, self._shutdown)
         else:
-            self.refuse("server/shutdown", f"{self.task} was not started with --exit-on-shutdown: it "
+            self.refuse(Shutdown, f"{self.task} was not started with --exit-on-shutdown: it "
                                            "outlives the jobs that use it")
         self._server: asyncio.AbstractServer | None = None
         self._http: HttpAdapter | None = None
@@ -107,3 +109,6 @@ class ServerBase(ServerCore):
 
     async def on_stop(self) -> None:
         """Role-specific clean-up; called once the port is closed."""
+
+
+expose(globals(), "pstrain.server", ["ServerBase"])

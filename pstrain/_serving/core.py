@@ -33,10 +33,12 @@ from typing import Any
 from .._base.auth import normalize_token
 from .._base.cluster import is_loopback, task_name
 from .._base.errors import InvalidArgumentError, NotFoundError, PstrainError, to_envelope
+from .._base.exports import expose
 from .._base.tasks import TaskOwner
 from .._formats import wire
+from .._formats.operations import Health, Statistics
 from .._formats.protocol import DEFAULT_MAX_BODY, BodyBudget, FrameKind
-from .._formats.schemas import REQUESTS, validate
+from .._formats.records import Operation, validate
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +60,7 @@ class Handler:
     pickle: bool  # decode pickled request objects and encode the reply with pickles
     is_async: bool
     stream: bool  # called as fn(payload, emit); emit(obj) sends a partial reply (None over HTTP)
-    request: type[Any]  # the declared record of the request (schemas.py)
+    request: type[Operation]  # the operation's declared class (operations.py)
     refused: str | None = None  # an operation this server refuses, and why
 
 
@@ -137,8 +139,8 @@ class ServerCore:
         self.stats: dict[str, list[Any]] = {}
         self.tasks = TaskOwner(f"server {self.task}")
         self.connections: set[asyncio.BaseTransport] = set()
-        self.route("health", self.health)
-        self.route("statistics", self.statistics)
+        self.route(Health, self.health)
+        self.route(Statistics, self.statistics)
 
     #: A worker started with ``--join`` answers to whatever worker index it is dialled as
     #: (the coordinator gives it a slot); every other task only to its own name.
@@ -148,21 +150,18 @@ class ServerCore:
     def task(self) -> str:
         return task_name(self.role, self.index)
 
-    def route(self, op: str, fn: Callable[..., Any], *, pickle: bool = False,
-              stream: bool = False) -> None:
-        """Serve ``fn`` as ``op`` (``POST /v1/<op>`` and stream op ``<op>``).
+    def route(self, operation: type[Operation], fn: Callable[..., Any]) -> None:
+        """Serve ``operation`` (``POST /v1/<op>`` and stream op ``<op>``) with ``fn``, which
+        receives the request as an instance of ``operation``. Whether its body may carry
+        pickles and whether ``fn`` streams partial replies (``fn(request, emit)``) are the
+        operation's declaration."""
+        self.handlers[operation.op()] = Handler(fn, operation.pickle, inspect.iscoroutinefunction(fn),
+                                                operation.stream, operation)
 
-        ``fn`` receives the request as ``op``'s record from ``schemas.REQUESTS``: an
-        operation without a declared record cannot be served.
-        """
-        record = REQUESTS.get(op)
-        if record is None:
-            raise PstrainError(f"operation {op!r} has no declared request in pstrain._formats.schemas")
-        self.handlers[op] = Handler(fn, pickle, inspect.iscoroutinefunction(fn), stream, record)
-
-    def refuse(self, op: str, reason: str) -> None:
-        """Answer ``op`` with an InvalidArgumentError giving ``reason``, before its body is decoded."""
-        self.handlers[op] = Handler(_refused, False, False, False, REQUESTS[op], reason)
+    def refuse(self, operation: type[Operation], reason: str) -> None:
+        """Answer ``operation`` with an InvalidArgumentError giving ``reason``, before its body
+        is decoded."""
+        self.handlers[operation.op()] = Handler(_refused, False, False, False, operation, reason)
 
     # -- built-in handlers -------------------------------------------------------------
     def health(self, _: Any) -> dict[str, Any]:
@@ -281,3 +280,6 @@ def _rss_bytes() -> int:
             return int(f.read().split()[1]) * _PAGE
     except (OSError, ValueError, IndexError):
         return 0
+
+
+expose(globals(), "pstrain.server", ["Status"])

@@ -20,8 +20,10 @@ import numpy as np
 
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
+from .._variables.arrays import current_creator
+from .._variables.batched import read_variables, update_variables
 from .._variables.placement import Placement
-from .._variables.variables import Variable, current_creator, read_variables, update_variables
+from .._variables.variables import Variable
 
 __all__ = ["AUC", "Accuracy", "Mean", "Metric", "SparseCategoricalAccuracy", "Sum"]
 

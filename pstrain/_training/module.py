@@ -22,8 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .._base.exports import expose
+from .._variables.arrays import VariableBase
 from .._variables.sharding import ShardedVariable
-from .._variables.variables import VariableBase
 
 __all__ = ["Module", "unwatch_attributes", "watch_attributes"]
 

@@ -31,11 +31,15 @@ from .._base.context import must_await
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from .._formats import schedules
+from .._formats.operations import ApplyGradients
 from .._formats.optimizer_rules import slot_specs
+from .._formats.records import OptimizerRule
 from .._formats.schedules import LearningRateSchedule
+from .._variables.arrays import IndexedSlices
+from .._variables.batched import ensure_created
 from .._variables.dynamic import DynamicEmbedding
 from .._variables.sharding import ShardedVariable, compact_ids
-from .._variables.variables import IndexedSlices, Variable, ensure_created
+from .._variables.variables import Variable
 
 if TYPE_CHECKING:
     from .._transport.rpc import Channel
@@ -111,21 +115,22 @@ class Optimizer:
         it_var = self.iterations
         await ensure_created([it_var, *touched])
         await asyncio.gather(*(table.shard_ready(ps) for table, ps in dynamic))
-        rule = self._rule()
+        rule = OptimizerRule(**self._rule())
         it_channel = it_var.channel()
         t: int | None = None
         if self.needs_step:  # bias correction needs the step: increment first
-            reply = await it_channel.call("opt/apply", {
-                "rule": rule, "prefix": self.name, "grads": [], "iterations": it_var.key})
-            t = reply["t"]
+            reply = await it_channel.request(ApplyGradients(
+                rule=rule, prefix=self.name, grads=[], iterations=it_var.key))
+            t = reply.t
 
         async def send(channel: Channel, grads: list[list[Any]]) -> int:
             count_here = channel is it_channel and t is None
-            reply = await channel.call("opt/apply", {
-                "rule": rule, "prefix": self.name, "grads": grads, "unique_rows": True,
-                "iterations": it_var.key if count_here else None, "t": t,
-                **({"tables": tables[channel]} if channel in tables else {})})
-            return reply["t"] if count_here else -1
+            # grads and tables as lists, not tuples: a list packs flat (a tuple is an ext)
+            reply = await channel.request(ApplyGradients(
+                rule=rule, prefix=self.name, grads=grads, unique_rows=True,  # type: ignore[arg-type]
+                iterations=it_var.key if count_here else None, t=t,
+                tables=tables.get(channel)))  # type: ignore[arg-type]
+            return reply.t if count_here else -1
 
         calls = [send(ch, grads) for ch, grads in groups.items()]
         if t is None and it_channel not in groups:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import re
 import ssl as ssl_module
 import weakref
 from collections.abc import Callable, Sequence
@@ -33,18 +32,17 @@ from .._base.errors import (
     AuthenticationError,
     DeadlineExceededError,
     ProtocolError,
-    PstrainError,
     UnavailableError,
-    WrongTaskError,
     from_envelope,
 )
 from .._base.exports import expose
-from .._base.tags import UPDATE_OPS, update_tags
+from .._base.tags import update_tags
 from .._base.tasks import TaskOwner
 from .._formats import wire
-from .._formats.handshake import ClientHandshake, HandshakeFailed
-from .._formats.protocol import DEFAULT_MAX_BODY, FrameKind, FrameProtocol
-from .._formats.schemas import check_reply
+from .._formats.operations import OPERATIONS
+from .._formats.protocol import DEFAULT_MAX_BODY, FrameKind
+from .._formats.records import Mutation, Operation, convert_reply
+from .client_protocol import ClientProtocol, ps_advice
 
 logger = logging.getLogger(__name__)
 
@@ -58,132 +56,6 @@ _open: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[Chan
     weakref.WeakKeyDictionary()
 
 
-
-def _target(task: str) -> str:
-    """What a channel tells the server it means to reach: a task's name, or "" (any task)
-    for a channel named otherwise (a tool that dials an address, not a task)."""
-    return task if _TASK_NAME.fullmatch(task) else ""
-
-
-_TASK_NAME = re.compile(r"/job:[a-z]+/replica:0/task:\d+")
-
-
-def foreign_server(channel: Channel, first: bytes) -> PstrainError:
-    """The error for a server that answered the handshake with something else than pstrain."""
-    where = f"{channel.task} at {channel.address}"
-    if first[:1] in (b"\x15", b"\x16"):  # a TLS record: alert or handshake
-        return AuthenticationError(
-            f"{where} speaks TLS and this client does not: give the coordinator the cluster's "
-            "TLS settings (the resolver's ssl_context, or --tls-ca)", task=channel.task)
-    return ProtocolError(
-        f"{where} is not a pstrain server (it answered {first[:32]!r}): check the cluster's "
-        "addresses (TF_CONFIG / PSTRAIN_CONFIG)", task=channel.task)
-
-class _ClientProtocol(FrameProtocol):
-    """The client end of a stream: the mutual handshake (``handshake.py``), then frames."""
-
-    def __init__(self, channel: Channel) -> None:
-        super().__init__(channel.max_body)
-        self.channel = channel
-        self.pending: dict[int, asyncio.Future[tuple[FrameKind, memoryview]]] = {}
-        self.partials: dict[int, Callable[[memoryview], None]] = {}
-        self.handshake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.lost_exc: BaseException | None = None
-        self.shake = ClientHandshake(channel.token_bytes, _target(channel.task))
-        self.received = 0  # bytes the server sent during the handshake
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        transport.write(self.shake.hello())  # type: ignore[attr-defined]
-
-    def buffer_updated(self, nbytes: int) -> None:
-        if self.handshake.done():
-            super().buffer_updated(nbytes)
-            return
-        # Handshake bytes land in the staging buffer but are not kept there: the machine
-        # takes them, and only what follows the handshake becomes frames.
-        data = bytes(self._stage[self._end:self._end + nbytes])
-        self.received += nbytes
-        try:
-            out = self.shake.receive(data)
-        except HandshakeFailed as exc:
-            self._fail_handshake(self._refusal(exc))
-            return
-        if out:
-            assert self.transport is not None
-            self.transport.write(out)
-        if not self.shake.done:
-            return
-        self.channel.peer = self.shake.identity
-        self.handshake.set_result(None)
-        if self.shake.rest:
-            self.feed(self.shake.rest)
-
-    def _refusal(self, exc: HandshakeFailed) -> PstrainError:
-        ch = self.channel
-        where = f"{ch.task} at {ch.address}"
-        if exc.kind == "foreign":
-            return foreign_server(ch, exc.first)
-        if exc.kind == "wrong_task":
-            return WrongTaskError(
-                f"the task at {ch.address} is {exc.actual}, not {ch.task}: the cluster spec does "
-                "not match the running tasks (TF_CONFIG / PSTRAIN_CONFIG, or the cluster file)",
-                actual=exc.actual, task=ch.task)
-        if exc.kind == "impostor":
-            return AuthenticationError(
-                f"{ch.address} proved the cluster token but answered as {exc.actual}, not "
-                f"{ch.task}: the connection was relayed to another task, or the cluster spec "
-                "does not match the running tasks", task=ch.task)
-        if exc.kind == "unproven":
-            return AuthenticationError(
-                f"{where} could not prove it knows the cluster token: it is not a task of this "
-                "cluster, or it has another token (set the same PSTRAIN_TOKEN / --token-file on "
-                "every task)", task=ch.task)
-        return AuthenticationError(
-            f"{where} rejected the cluster token (set the same PSTRAIN_TOKEN / --token-file on "
-            "every task)", task=ch.task)
-
-    def _fail_handshake(self, exc: BaseException) -> None:
-        if not self.handshake.done():
-            self.handshake.set_exception(exc)
-        if self.transport is not None:
-            self.transport.abort()
-
-    def handle_frame(self, req_id: int, kind: FrameKind, op: str, body: memoryview) -> None:
-        if kind == FrameKind.PARTIAL:
-            on_partial = self.partials.get(req_id)
-            if on_partial is not None:
-                on_partial(body)
-            return
-        self.partials.pop(req_id, None)
-        fut = self.pending.pop(req_id, None)
-        if fut is not None and not fut.done():
-            fut.set_result((kind, body))
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
-        self.channel.connection_lost(self)
-        err = UnavailableError(
-            f"connection to {self.channel.task} at {self.channel.address} was lost"
-            + (f": {exc}" if exc else "") + ps_advice(self.channel.task), task=self.channel.task)
-        self.lost_exc = self.lost_exc or err
-        if not self.handshake.done():
-            self.handshake.set_exception(err)
-        for fut in self.pending.values():
-            if not fut.done():
-                fut.set_exception(err)
-        self.pending.clear()
-        self.partials.clear()
-
-
-
-def ps_advice(task: str) -> str:
-    """What to do when a ps cannot be reached (said in the error a closure gets)."""
-    if "/job:ps/" not in task:
-        return ""
-    return (". If the ps restarted, its variables are lost: the coordinator's join() says so, "
-            "and the latest checkpoint must be restored; if it answers again (a partition), "
-            "schedule the failed work again")
 
 class Channel:
     """One multiplexed stream connection to one task, for the loop that made it.
@@ -215,8 +87,8 @@ class Channel:
         self.owner: str | None = None
         #: task -> incarnations a checkpoint was restored onto (the pool's, when it has one).
         self.restored: dict[str, set[str]] = {}
-        self._proto: _ClientProtocol | None = None
-        self._connecting: asyncio.Task[_ClientProtocol] | None = None
+        self._proto: ClientProtocol | None = None
+        self._connecting: asyncio.Task[ClientProtocol] | None = None
         self._tasks = TaskOwner(f"channel to {task}")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._silent_closes = 0  # handshakes the server ended without a byte, in a row
@@ -225,16 +97,16 @@ class Channel:
         self.ever_connected = False  # False: the task may still be starting
         self.closed = False
 
-    def connection_lost(self, proto: _ClientProtocol) -> None:
+    def connection_lost(self, proto: ClientProtocol) -> None:
         """Called by the protocol: the next call reconnects."""
         if self._proto is proto:
             self._proto = None
 
-    async def _connect(self) -> _ClientProtocol:
+    async def _connect(self) -> ClientProtocol:
         loop = asyncio.get_running_loop()
         try:
             _, proto = await asyncio.wait_for(loop.create_connection(
-                lambda: _ClientProtocol(self), self.host, self.port, ssl=self.ssl_context,
+                lambda: ClientProtocol(self), self.host, self.port, ssl=self.ssl_context,
                 server_hostname=self.host if self.ssl_context else None), self.connect_timeout)
         except TimeoutError as exc:
             raise UnavailableError(
@@ -278,7 +150,7 @@ class Channel:
         self.ever_connected = True
         return proto
 
-    async def connected(self) -> _ClientProtocol:
+    async def connected(self) -> ClientProtocol:
         proto = self._proto
         if proto is not None:
             return proto
@@ -305,44 +177,63 @@ class Channel:
             self._proto = proto
         return proto
 
+    async def request(self, message: Operation, *, timeout: float | None = None,
+                      on_partial: Callable[[Any], None] | None = None) -> Any:
+        """Send ``message`` (an operation of ``pstrain._formats.operations``) and return its
+        reply as the operation's declared reply class (a ProtocolError if it is not one).
+
+        An operation that changes variables carries its sender here: the owner, and in a
+        closure its dispatch's fence and its exactly-once key. ``on_partial(reply)`` is
+        called for each partial reply of a streaming operation.
+        """
+        cls = type(message)
+        if isinstance(message, Mutation):
+            tags = update_tags(self.task, self.owner)
+            if tags:
+                message.owner = tags.get("owner", message.owner)
+                message.fence = tags.get("fence", message.fence)
+                message.once = tags.get("once", message.once)
+        op = cls.op()
+        chunks = wire.encode_body(message, allow_pickle=cls.pickle)
+        partial = None
+        if on_partial is not None:
+            def partial(body: memoryview) -> None:
+                on_partial(convert_reply(op, cls.reply, wire.decode_body(body, allow_pickle=cls.pickle),
+                                         self.task))
+        kind, body = await self.call_raw(op, chunks, timeout=timeout, on_partial=partial)
+        payload = self.decode_reply(kind, body, pickle=cls.pickle)
+        return convert_reply(op, cls.reply, payload, self.task)
+
     async def call(self, op: str, payload: Any = None, *, pickle: bool = False,
                    timeout: float | None = None) -> Any:
-        """Send ``payload`` to ``op`` and return the decoded reply.
+        """Send a raw ``payload`` to ``op`` and return the decoded reply, checked against the
+        operation's reply class but left as decoded (for tools and tests that build bodies
+        by hand; pstrain itself uses :meth:`request`).
 
         ``pickle`` allows pickled objects both ways (only for peers that run
         code: workers, and the ps's ``extended.update``).
         """
-        if op in UPDATE_OPS and isinstance(payload, dict):
+        operation = OPERATIONS.get(op)
+        if operation is not None and issubclass(operation, Mutation) and isinstance(payload, dict):
             tags = update_tags(self.task, self.owner)  # owner; in a closure: fence, exactly-once key
             if tags:
                 payload = {**payload, **tags}
         chunks = wire.encode_body(payload, allow_pickle=pickle)
         kind, body = await self.call_raw(op, chunks, timeout=timeout)
-        return self.decode_reply(kind, body, pickle=pickle, op=op)
+        reply = self.decode_reply(kind, body, pickle=pickle)
+        if operation is not None:
+            convert_reply(op, operation.reply, reply, self.task)
+        return reply
 
-    def decode_reply(self, kind: FrameKind, body: memoryview, *, pickle: bool = False,
-                     op: str | None = None) -> Any:
-        """The payload of a REPLY (checked against ``op``'s reply record), or the error an
-        ERROR frame carries, raised."""
+    def decode_reply(self, kind: FrameKind, body: memoryview, *, pickle: bool = False) -> Any:
+        """The payload of a REPLY, or the error an ERROR frame carries, raised."""
         if kind == FrameKind.REPLY:
-            payload = wire.decode_body(body, allow_pickle=pickle)
-            return payload if op is None else check_reply(op, payload, self.task)
+            return wire.decode_body(body, allow_pickle=pickle)
         envelope = wire.decode_body(body)
         if not isinstance(envelope, dict):
             raise ProtocolError(f"malformed error reply from {self.task}")
         envelope.setdefault("task", self.task)
         raise from_envelope(envelope)
-
-    async def call_stream(self, op: str, payload: Any, on_partial: Callable[[Any], None], *,
-                          pickle: bool = False, timeout: float | None = None) -> Any:
-        """Like :meth:`call`, and ``on_partial(obj)`` for each partial reply before the last."""
-        chunks = wire.encode_body(payload, allow_pickle=pickle)
-
-        def partial(body: memoryview) -> None:
-            on_partial(check_reply(op, wire.decode_body(body, allow_pickle=pickle), self.task))
-
-        kind, body = await self.call_raw(op, chunks, timeout=timeout, on_partial=partial)
-        return self.decode_reply(kind, body, pickle=pickle, op=op)
 
     async def call_raw(self, op: str, chunks: Sequence[bytes | memoryview], *,
                        timeout: float | None = None,

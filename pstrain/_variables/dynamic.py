@@ -31,10 +31,18 @@ from .._base.errors import InvalidArgumentError, NotFoundError
 from .._base.exports import expose
 from .._formats.idhash import shard_of
 from .._formats.initializers import Constant, Initializer, RandomUniform, Zeros
-from .._formats.schemas import TableSpec, validate
+from .._formats.operations import (
+    CreateTable,
+    ExportTable,
+    LookupTable,
+    RestoreTable,
+    SaveTable,
+    TableStatistics,
+)
+from .._formats.records import Operation, TableSpec, validate
 from .._transport.rpc import Channel, ChannelPool
+from .arrays import current_creator
 from .placement import Placement
-from .variables import current_creator
 
 __all__ = ["DynamicEmbedding"]
 
@@ -128,8 +136,8 @@ class DynamicEmbedding:
         return pool.channel("ps", ps)
 
     async def _create(self, ps: int) -> None:
-        await self.channel(ps).call("dyn/create", {
-            "name": self.key, "config": self.shard_config(ps), "owner": self.owner})
+        await self.channel(ps).request(CreateTable(
+            name=self.key, config=TableSpec(**self.shard_config(ps)), owner=self.owner))
         self.created_on.add((id(asyncio.get_running_loop()), ps))
 
     async def shard_ready(self, ps: int) -> None:
@@ -137,17 +145,17 @@ class DynamicEmbedding:
         if (id(asyncio.get_running_loop()), ps) not in self.created_on:
             await self._create(ps)
 
-    async def _call(self, ps: int, op: str, payload: dict[str, Any]) -> Any:
-        """``op`` on shard ``ps``, creating the shard first where it does not exist yet."""
+    async def _request(self, ps: int, message: Operation) -> Any:
+        """``message`` to shard ``ps``, creating the shard first where it does not exist yet."""
         if (id(asyncio.get_running_loop()), ps) not in self.created_on:
             await self._create(ps)
         try:
-            return await self.channel(ps).call(op, payload)
+            return await self.channel(ps).request(message)
         except NotFoundError as exc:
             if "dynamic table" not in str(exc):
                 raise
             await self._create(ps)
-            return await self.channel(ps).call(op, payload)
+            return await self.channel(ps).request(message)
 
     def route(self, ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """``(ps, positions)`` of the ids (1-D) each ps holds."""
@@ -165,9 +173,9 @@ class DynamicEmbedding:
         rows = np.empty((unique.size, self.dim), self.dtype)
 
         async def fetch(ps: int, positions: np.ndarray) -> None:
-            reply = await self._call(ps, "dyn/lookup", {"name": self.key, "ids": unique[positions],
-                                                        "train": bool(training)})
-            rows[positions] = reply["values"][0]
+            reply = await self._request(ps, LookupTable(name=self.key, ids=unique[positions],
+                                                        train=bool(training)))
+            rows[positions] = reply.values[0]
 
         await asyncio.gather(*(fetch(ps, pos) for ps, pos in self.route(unique)))
         return rows[inverse.reshape(-1)].reshape(np.shape(ids) + (self.dim,))
@@ -196,7 +204,7 @@ class DynamicEmbedding:
 
     async def statistics(self) -> dict[str, int]:
         """Rows held, admitted, evicted and bytes, summed over the ps."""
-        parts = await asyncio.gather(*(self._call(ps, "dyn/stats", {"name": self.key})
+        parts = await asyncio.gather(*(self._request(ps, TableStatistics(name=self.key))
                                        for ps in range(self.num_ps)))
         return {k: sum(int(p[k]) for p in parts) for k in ("rows", "admitted", "evicted", "bytes")}
 
@@ -206,7 +214,7 @@ class DynamicEmbedding:
 
     async def export(self) -> tuple[np.ndarray, np.ndarray]:
         """Every id and its row (ids ascending), for serving or inspection."""
-        parts = await asyncio.gather(*(self._call(ps, "dyn/export", {"name": self.key})
+        parts = await asyncio.gather(*(self._request(ps, ExportTable(name=self.key))
                                        for ps in range(self.num_ps)))
         ids = np.concatenate([np.asarray(p["ids"], np.int64) for p in parts])
         rows = np.concatenate([np.asarray(p["rows"]).reshape(-1, self.dim) for p in parts])
@@ -228,26 +236,25 @@ class DynamicEmbedding:
     async def save_shard(self, ps: int, path: str, slots: dict[str, str] | None = None) -> int:
         """Have ps ``ps`` write its shard (ids, rows, slots) to ``path``; returns its rows.
         ``slots``: which slots (``<optimizer name>/<slot>``) to save, under which keys."""
-        await self._call(ps, "dyn/save", {"name": self.key, "path": path,
-                                          **({"slots": slots} if slots is not None else {})})
-        return int((await self._call(ps, "dyn/stats", {"name": self.key}))["rows"])
+        await self._request(ps, SaveTable(name=self.key, path=path, slots=slots))
+        return int((await self._request(ps, TableStatistics(name=self.key)))["rows"])
 
     async def restore_from(self, files: list[str], slots: dict[str, str] | None = None) -> int:
         """Replace every shard with the rows saved in ``files`` (all shards of one save, from
         any number of ps): each ps keeps the ids that hash to it now. ``slots``: saved slot
         key -> this table's slot key (``<optimizer name>/<slot>``). Returns rows restored."""
-        replies = await asyncio.gather(*(self.channel(ps).call("dyn/restore", {
-            "name": self.key, "config": self.shard_config(ps), "owner": self.owner, "paths": files,
-            "shard": ps, "num_shards": self.num_ps,
-            **({"slots": slots} if slots is not None else {})}) for ps in range(self.num_ps)))
+        replies = await asyncio.gather(*(self.channel(ps).request(RestoreTable(
+            name=self.key, config=TableSpec(**self.shard_config(ps)), owner=self.owner,
+            paths=files, shard=ps, num_shards=self.num_ps, slots=slots))
+            for ps in range(self.num_ps)))
         loop = id(asyncio.get_running_loop())
         self.created_on.update((loop, ps) for ps in range(self.num_ps))
-        return sum(int(r["restored"]) for r in replies)
+        return sum(int(r.restored or 0) for r in replies)
 
     async def export_to(self, path: str) -> int:
         """Write every id and its row to a safetensors file (``ids`` int64, ``rows``) for
         serving; returns the number of rows."""
-        from .._formats.checkpoint_files import write_tensors
+        from .._formats.tensor_files import write_tensors
 
         ids, rows = await self.export()
         await asyncio.get_running_loop().run_in_executor(

@@ -47,10 +47,18 @@ from .._base.context import current_channels
 from .._base.errors import InvalidArgumentError, UnavailableError
 from .._base.tasks import TaskOwner
 from .._formats.initializers import Initializer
-from .._formats.schemas import CREATE_CHUNK_BYTES
+from .._formats.operations import (
+    CREATE_CHUNK_BYTES,
+    CommitRestore,
+    CreateVariables,
+    RestoreCheckpoint,
+    RestoreSpec,
+    VariableSpec,
+)
 from .._transport.rpc import ChannelPool
+from .arrays import VariableBase, creator_scope, initial_value_array
 from .sharding import ShardedVariable, plan_parts
-from .variables import Variable, VariableBase, creator_scope, initial_value_array
+from .variables import Variable
 
 logger = logging.getLogger(__name__)
 
@@ -250,7 +258,8 @@ class Placement:
                 # In requests of at most CREATE_CHUNK_BYTES (a larger variable alone): a ps
                 # refuses a request that would make more than one variable's limit at once.
                 for chunk in _chunks(entries):
-                    await channel.call("vars/create", {"vars": chunk, "owner": self.owner})
+                    await channel.request(CreateVariables(
+                        vars=[VariableSpec(**e) for e in chunk], owner=self.owner))
                 return None
             except UnavailableError as exc:
                 if channel.ever_connected or channel.closed:
@@ -268,8 +277,9 @@ class Placement:
     async def _restore(self, ps: int, entries: list[dict[str, Any]]) -> None:
         channel = self._channel(ps)
         stage = secrets.token_hex(8)
-        await channel.call("ckpt/restore", {"vars": entries, "stage": stage})
-        await channel.call("ckpt/commit", {"stage": stage})
+        await channel.request(RestoreCheckpoint(vars=[RestoreSpec(**e) for e in entries],
+                                                stage=stage))
+        await channel.request(CommitRestore(stage=stage))
 
     def _channel(self, ps: int) -> Any:
         pool = self.channels if self.channels is not None else current_channels()

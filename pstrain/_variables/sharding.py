@@ -22,7 +22,10 @@ import numpy as np
 from .._base.context import must_await
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
-from .variables import IndexedSlices, Variable, VariableBase, ensure_created, read_variables, to_array
+from .._formats.operations import RowRead, SparseRead
+from .arrays import IndexedSlices, VariableBase, to_array
+from .batched import ensure_created, read_variables
+from .variables import Variable
 
 if TYPE_CHECKING:
     from .._transport.rpc import Channel
@@ -258,10 +261,10 @@ async def embedding_lookup(params: Any, ids: Any, *, training: bool = True) -> n
     await ensure_created(parts[p] for group in by_ps.values() for p, _ in group)
 
     async def fetch(channel: Channel, group: list[tuple[int, np.ndarray]]) -> None:
-        reads = [{"name": parts[p].key, "indices": compact_ids(unique[positions] - offsets[p])}
+        reads = [RowRead(name=parts[p].key, indices=compact_ids(unique[positions] - offsets[p]))
                  for p, positions in group]
-        reply = await channel.call("vars/sparse_read", {"reads": reads})
-        for (_, positions), values in zip(group, reply["values"]):
+        reply = await channel.request(SparseRead(reads=reads))
+        for (_, positions), values in zip(group, reply.values):
             rows[positions] = values
 
     await asyncio.gather(*(fetch(ch, group) for ch, group in by_ps.items()))

@@ -5,7 +5,7 @@ object you hold is a handle: every operation is one request to that ps.
 Outside any scope it is a local variable of the process with the same API.
 Creation is lazy and batched: the handle returns at once, and the
 *placement* that made it (``placement.py``) sends one creation request per
-ps before anything uses the variable; :func:`ensure_created` is the one
+ps before anything uses the variable; ``batched.ensure_created`` is the one
 awaitable that guarantees it (every operation here awaits it first).
 
 A handle pickles as a small reference (name, shape, dtype, ps index), so a
@@ -13,17 +13,15 @@ closure that captures it ships no data; on a worker it binds to that
 worker's channels (``context.current_channels()``).
 
 Inside a scope, ``Variable(...)`` asks the scope's *creator* (see
-:func:`creator_scope`) to build the variable.
+``arrays.creator_scope``) to build the variable. Many variables are read or updated in
+one request per ps with ``batched.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import contextvars
-import enum
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+import asyncio  # noqa: F401 - the doctests use it
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,126 +29,26 @@ from .._base.cluster import task_name
 from .._base.context import current_channels, must_await
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
-from .._formats.casting import cast_value
-from .._formats.initializers import Initializer
+from .._formats.operations import ReadVariables, SparseRead, operation
+from .._formats.records import Operation
+from .arrays import (
+    IndexedSlices,
+    VariableAggregation,
+    VariableBase,
+    VariableCreator,
+    VariableSynchronization,
+    as_enum,
+    check_range,
+    creator_scope,
+    current_creator,
+    initial_value_array,
+    to_array,
+)
 
 if TYPE_CHECKING:
     from .._transport.rpc import Channel, ChannelPool
 
-__all__ = ["IndexedSlices", "Variable", "VariableAggregation", "VariableBase", "VariableCreator",
-           "VariableSynchronization", "creator_scope", "current_creator", "ensure_created",
-           "read_variables", "update_variables"]
-
-
-class VariableAggregation(enum.Enum):
-    """How updates from several replicas combine (one replica per worker here)."""
-
-    NONE = 0
-    SUM = 1
-    MEAN = 2
-    ONLY_FIRST_REPLICA = 3
-
-
-class VariableSynchronization(enum.Enum):
-    """When replicas' copies agree; every pstrain variable lives once, on its ps."""
-
-    AUTO = 0
-    NONE = 1
-    ON_WRITE = 2
-    ON_READ = 3
-
-
-class IndexedSlices:
-    """Rows of a larger tensor: ``values[i]`` is row ``indices[i]``.
-
-    >>> s = IndexedSlices(np.ones((2, 3)), [0, 4], dense_shape=(5, 3))
-    >>> s.values.shape, s.indices.tolist()
-    ((2, 3), [0, 4])
-    """
-
-    __slots__ = ("values", "indices", "dense_shape")
-
-    def __init__(self, values: Any, indices: Any, dense_shape: Sequence[int] | None = None) -> None:
-        self.values = np.asarray(values)
-        self.indices = np.asarray(indices)
-        if self.indices.dtype.kind not in "iu":
-            raise InvalidArgumentError(f"IndexedSlices indices must be integers, got {self.indices.dtype}")
-        if self.indices.ndim != 1 or self.values.shape[:1] != self.indices.shape:
-            raise InvalidArgumentError(
-                f"IndexedSlices needs 1-D indices and one row of values per index; got indices "
-                f"{self.indices.shape} and values {self.values.shape}")
-        self.dense_shape = tuple(dense_shape) if dense_shape is not None else None
-
-    def __repr__(self) -> str:
-        return (f"IndexedSlices(values=<{self.values.shape} {self.values.dtype}>, "
-                f"indices=<{self.indices.shape}>, dense_shape={self.dense_shape})")
-
-
-class VariableCreator(Protocol):
-    """What a strategy scope installs: it builds variables and sends their creation.
-
-    ``issued`` counts the creations it has accepted, ``created_upto`` those
-    it has sent; a variable with ticket ``t`` exists once ``created_upto >= t``.
-    """
-
-    issued: int
-    created_upto: int
-
-    def create_variable(self, *args: Any, **kwargs: Any) -> Any: ...
-
-    async def ensure_created(self) -> None: ...
-
-
-#: The variable creator of the active strategy scope (None outside any scope).
-_creator: contextvars.ContextVar[VariableCreator | None] = contextvars.ContextVar(
-    "pstrain_variable_creator", default=None)
-
-
-def current_creator() -> VariableCreator | None:
-    """The creator of the innermost active strategy scope (None outside any scope)."""
-    return _creator.get()
-
-
-@contextlib.contextmanager
-def creator_scope(creator: VariableCreator | None) -> Iterator[None]:
-    """Variables made inside are built by ``creator`` (None: local variables)."""
-    token = _creator.set(creator)
-    try:
-        yield
-    finally:
-        _creator.reset(token)
-
-
-class VariableBase:
-    """What every variable (whole or sharded) is: ``isinstance(x, VariableBase)``."""
-
-    __slots__ = ()
-
-
-def infer_dtype(value: Any, dtype: Any) -> np.dtype:
-    """TF's defaults: Python floats -> float32, ints -> int32; arrays keep theirs."""
-    if dtype is not None:
-        return np.dtype(dtype)
-    if isinstance(value, (np.ndarray, np.generic)):
-        return value.dtype
-    arr = np.asarray(value)
-    if arr.dtype == np.float64:
-        return np.dtype(np.float32)
-    if arr.dtype == np.int64:
-        return np.dtype(np.int32)
-    return arr.dtype
-
-
-def to_array(value: Any, dtype: np.dtype, what: str) -> np.ndarray:
-    """``value`` as an array of ``dtype``; refuses conversions that lose information
-    (``casting.py``: float -> int, overflow, out-of-range integers)."""
-    if isinstance(value, VariableBase):
-        raise InvalidArgumentError(f"{what}: pass an array, not a variable handle "
-                                   "(read it first: await v.read_value())")
-    arr = value if isinstance(value, np.ndarray) else np.asarray(value)
-    if arr.dtype == dtype:
-        return arr
-    return cast_value(arr, dtype, what)
+__all__ = ["Variable"]
 
 
 class Variable(VariableBase):
@@ -169,7 +67,7 @@ class Variable(VariableBase):
     _local: np.ndarray | None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        creator = _creator.get()
+        creator = current_creator()
         if creator is not None and cls is Variable:
             return creator.create_variable(*args, **kwargs)  # a placed Variable, or a ShardedVariable
         return super().__new__(cls)
@@ -194,8 +92,8 @@ class Variable(VariableBase):
         self._shape = tuple(int(d) for d in shape)
         self._dtype = np.dtype(dtype)
         self._trainable = bool(trainable)
-        self._aggregation = _enum(VariableAggregation, aggregation, "aggregation")
-        self._synchronization = _enum(VariableSynchronization, synchronization, "synchronization")
+        self._aggregation = as_enum(VariableAggregation, aggregation, "aggregation")
+        self._synchronization = as_enum(VariableSynchronization, synchronization, "synchronization")
         self._ps: int | None = None
         self._pool: ChannelPool | None = None  # None: the channels of the running closure
         self._creator: VariableCreator | None = None  # who sends its creation
@@ -317,11 +215,11 @@ class Variable(VariableBase):
         pool = self._pool if self._pool is not None else current_channels()
         return pool.channel("ps", self._ps)
 
-    async def _call(self, op: str, payload: Any) -> Any:
+    async def _request(self, message: Operation) -> Any:
         creator = self._creator
         if creator is not None and creator.created_upto < self._ticket:
             await creator.ensure_created()
-        return await self.channel().call(op, payload)
+        return await self.channel().request(message)
 
     def checked_value(self, value: Any, what: str) -> np.ndarray:
         """``value`` as an array of this variable's dtype and shape, or InvalidArgumentError."""
@@ -337,8 +235,8 @@ class Variable(VariableBase):
         """The current value, as a numpy array."""
         if self._ps is None:
             return self._local.copy()  # type: ignore[union-attr]
-        reply = await self._call("vars/read", {"names": [self._name]})
-        return reply["values"][0]
+        reply = await self._request(ReadVariables(names=[self._name]))
+        return reply.values[0]
 
     @must_await
     async def numpy(self) -> Any:
@@ -373,7 +271,7 @@ class Variable(VariableBase):
             else:
                 local -= arr
             return self
-        await self._call(f"vars/{op}", {"name": self._name, "value": arr})
+        await self._request(operation(f"vars/{op}")(name=self._name, value=arr))
         return self
 
     def _rows(self, indices: Any, what: str) -> np.ndarray:
@@ -390,10 +288,10 @@ class Variable(VariableBase):
         """Rows ``indices`` (any shape of ids) -> ``indices.shape + shape[1:]``."""
         idx = self._rows(indices, "sparse_read")
         if self._ps is None:
-            _check_range(idx, self._shape[0], self._name)
+            check_range(idx, self._shape[0], self._name)
             return self._local[idx]  # type: ignore[index]
-        reply = await self._call("vars/sparse_read", {"name": self._name, "indices": idx})
-        return reply["values"][0]
+        reply = await self._request(SparseRead(name=self._name, indices=idx))
+        return reply.values[0]
 
     @must_await
     async def scatter_add(self, sparse_delta: IndexedSlices) -> Variable:
@@ -420,45 +318,15 @@ class Variable(VariableBase):
             raise InvalidArgumentError(f"{op} of variable {self._name!r}: values have shape "
                                        f"{values.shape}, expected {expected}")
         if self._ps is None:
-            _check_range(idx, self._shape[0], self._name)
+            check_range(idx, self._shape[0], self._name)
             if op == "scatter_update":
                 self._local[idx] = values  # type: ignore[index]
             else:
                 np.add.at(self._local, idx, values if op == "scatter_add" else -values)  # type: ignore[arg-type]
             return self
-        await self._call(f"vars/{op}", {"name": self._name, "indices": idx, "values": values})
+        await self._request(operation(f"vars/{op}")(
+            name=self._name, indices=idx, values=values))
         return self
-
-
-def _check_range(idx: np.ndarray, n: int, name: str) -> None:
-    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
-        bad = idx[(idx < 0) | (idx >= n)].reshape(-1)[0]
-        raise InvalidArgumentError(f"variable {name!r}: row id {int(bad)} out of range [0, {n})")
-
-
-def _enum(cls: Any, value: Any, what: str) -> Any:
-    if isinstance(value, cls):
-        return value
-    try:
-        return cls[str(value).upper()]
-    except KeyError:
-        raise InvalidArgumentError(f"unknown {what} {value!r}; one of {[m.name for m in cls]}") from None
-
-
-def initial_value_array(initial_value: Any, dtype: Any, shape: Sequence[int] | None) -> np.ndarray:
-    """Evaluate an initial value locally (array-like, initializer or callable)."""
-    if initial_value is None:
-        raise InvalidArgumentError("Variable needs an initial_value")
-    if isinstance(initial_value, Initializer):
-        if shape is None:
-            raise InvalidArgumentError(f"{initial_value!r} needs shape= to build a variable")
-        return initial_value(shape, np.dtype(dtype) if dtype is not None else np.float32)
-    if callable(initial_value) and not isinstance(initial_value, VariableBase):
-        initial_value = initial_value()
-    value = to_array(initial_value, infer_dtype(initial_value, dtype), "initial_value")
-    if shape is not None and tuple(shape) != value.shape:
-        raise InvalidArgumentError(f"initial_value has shape {value.shape}, shape= says {tuple(shape)}")
-    return value
 
 
 def _remote_handle(name: str, shape: tuple[int, ...], dtype: str, ps: int, trainable: bool,
@@ -473,91 +341,4 @@ def _local_variable(name: str, value: np.ndarray, trainable: bool) -> Variable:
         return Variable(np.array(value), name=name, trainable=trainable)
 
 
-async def ensure_created(variables: Iterable[Any]) -> None:
-    """Wait until every one of ``variables`` (sharded ones included) exists on its ps.
-
-    Every operation of a variable does this itself; call it before sending
-    requests of your own (``channel().call``) for variables just created.
-    """
-    creators: dict[int, VariableCreator] = {}
-    for v in variables:
-        for part in getattr(v, "variables", None) or [v]:
-            creator = getattr(part, "creator", None)
-            if creator is not None and not part.is_created():
-                creators[id(creator)] = creator
-    for creator in creators.values():
-        await creator.ensure_created()
-
-
-@must_await
-async def read_variables(variables: Iterable[Any]) -> list[np.ndarray]:
-    """Read many variables with one request per ps, concurrently.
-
-    >>> w, b = Variable([1.0, 2.0]), Variable(3)       # local variables: no cluster needed
-    >>> [a.tolist() for a in asyncio.run(read_variables([w, b]))]
-    [[1.0, 2.0], 3]
-    """
-    variables = list(variables)
-    out: list[Any] = [None] * len(variables)
-    groups: dict[Channel, list[int]] = {}
-    sharded: list[tuple[int, Any]] = []
-    for i, v in enumerate(variables):
-        if not isinstance(v, VariableBase):
-            raise InvalidArgumentError(f"read_variables takes variables, got {type(v).__name__}")
-        if not isinstance(v, Variable):  # a ShardedVariable: read its parts, then join
-            sharded.append((i, v))
-        elif v.ps_index is None:
-            out[i] = v.local_array().copy()
-        else:
-            groups.setdefault(v.channel(), []).append(i)
-    await ensure_created(variables[i] for indices in groups.values() for i in indices)
-
-    async def read_group(channel: Channel, indices: list[int]) -> None:
-        names = list(dict.fromkeys(variables[i].key for i in indices))  # each read once
-        reply = await channel.call("vars/read", {"names": names})
-        got = dict(zip(names, reply["values"]))
-        for i in indices:
-            out[i] = got[variables[i].key]
-
-    await asyncio.gather(*(read_group(ch, idx) for ch, idx in groups.items()),
-                         *(_read_sharded(out, i, v) for i, v in sharded))
-    return out
-
-
-@must_await
-async def update_variables(updates: Iterable[tuple[Variable, str, Any]]) -> None:
-    """Apply ``(variable, op, value)`` updates with one request per ps, all or nothing per ps.
-
-    ``op`` is ``assign``, ``assign_add`` or ``assign_sub``.
-
-    >>> total, count = Variable(0.0), Variable(0.0)
-    >>> asyncio.run(update_variables([(total, "assign_add", 3.0), (count, "assign_add", 1.0)]))
-    >>> float(asyncio.run(total.numpy())), float(asyncio.run(count.numpy()))
-    (3.0, 1.0)
-    """
-    groups: dict[Channel, list[dict[str, Any]]] = {}
-    local = []
-    placed = []
-    for var, op, value in updates:
-        if op not in ("assign", "assign_add", "assign_sub"):
-            raise InvalidArgumentError(f"update_variables: unknown op {op!r}")
-        if not isinstance(var, Variable):
-            raise InvalidArgumentError(f"update_variables takes Variables, got {type(var).__name__}")
-        arr = var.checked_value(value, op)
-        if var.ps_index is None:
-            local.append((var, op, arr))
-            continue
-        placed.append(var)
-        groups.setdefault(var.channel(), []).append({"op": op, "name": var.key, "value": arr})
-    for var, op, arr in local:
-        await getattr(var, op)(arr)
-    await ensure_created(placed)
-    await asyncio.gather(*(ch.call("vars/update", {"updates": entries})
-                           for ch, entries in groups.items()))
-
-
-async def _read_sharded(out: list[Any], i: int, v: Any) -> None:
-    out[i] = await v.read_value()
-
-
-expose(globals(), "pstrain", ['IndexedSlices', 'Variable', 'VariableAggregation', 'VariableSynchronization', 'read_variables', 'update_variables'])
+expose(globals(), "pstrain", ["Variable"])

@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 
 from ..._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
-from ..._formats.checkpoint_files import SAFETENSORS_DTYPES, read_rows, write_streaming
 from ..._formats.idhash import shard_of
-from ..._formats.schemas import RestoreRequest, RestoreSpec, SaveRequest
+from ..._formats.operations import RestoreCheckpoint, RestoreSpec, SaveCheckpoint
+from ..._formats.tensor_files import SAFETENSORS_DTYPES, read_rows, write_streaming
 from .store import VariableStore
 
 __all__ = ["CheckpointFiles"]
@@ -81,7 +81,7 @@ class CheckpointFiles:
         return real
 
     # -- save ------------------------------------------------------------------------------------
-    async def save(self, req: SaveRequest) -> dict[str, Any]:
+    async def save(self, req: SaveCheckpoint) -> dict[str, Any]:
         path = self.confine(req.path, "checkpoint file")
         if os.path.lexists(path):
             raise AlreadyExistsError(f"checkpoint file {req.path} already exists; a checkpoint "
@@ -230,7 +230,7 @@ class CheckpointFiles:
             raise InvalidArgumentError(f"{where}: the sources cover {pos} of {rows} rows")
         return shape, dtype, sources
 
-    async def restore(self, req: RestoreRequest) -> dict[str, Any]:
+    async def restore(self, req: RestoreCheckpoint) -> dict[str, Any]:
         checked = [(spec, *self._check_sources(spec)) for spec in req.vars]  # all, before any read
         names = [spec.name for spec, *_ in checked]
         if len(set(names)) != len(names):

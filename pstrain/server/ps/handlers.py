@@ -1,6 +1,6 @@
 """The parameter server: the handlers that read and update its variable store.
 
-Every request arrives as its declared record (``schemas.py``), already
+Every request arrives as its declared class (``operations.py``), already
 checked for field names, types and sizes. Handlers then check what needs the
 store (names, shapes, dtypes, row ids) for the *whole* request before the
 first array changes, so every operation is all or nothing; the plain ones
@@ -20,48 +20,49 @@ operation that runs a caller's function) before anything is decoded.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import math
 import os
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
 import numpy as np
 
-from ..._base.errors import AlreadyExistsError, CancelledError, InvalidArgumentError
+from ..._base.errors import AlreadyExistsError, InvalidArgumentError
 from ..._formats import initializers
 from ..._formats.casting import NUMERIC_KINDS, cast_value
-from ..._formats.optimizer_rules import RULES, slot_specs
-from ..._formats.schedules import from_spec
-from ..._formats.schemas import (
+from ..._formats.operations import (
     CREATE_CHUNK_BYTES,
-    ApplyRequest,
-    CallRequest,
-    CreateRequest,
-    Empty,
-    FenceRequest,
-    NamesRequest,
-    RestoreRequest,
-    SaveRequest,
+    AbortRestore,
+    ApplyGradients,
+    Assign,
+    AssignAdd,
+    AssignSub,
+    CallVariables,
+    CommitRestore,
+    CreateVariables,
+    DeleteVariables,
+    Fence,
+    ListVariables,
+    ReadVariables,
+    RestoreCheckpoint,
+    SaveCheckpoint,
+    ScatterAdd,
+    ScatterSub,
+    ScatterUpdate,
     SingleUpdate,
-    SparseReadRequest,
-    StageRequest,
+    SparseRead,
     Update,
-    UpdateRequest,
+    UpdateVariables,
     VariableSpec,
 )
 from ..._serving.base import ServerBase
 from ..._serving.core import Pinned
 from . import checkpoint as ps_checkpoint
-from .store import VariableRecord, VariableStore
+from .compute import apply_gradients, call_function
+from .fencing import Fencing
+from .store import VariableRecord, VariableStore, checked_rows, checked_value
 from .tables import TableHandlers
-
-#: Exactly-once closures remembered by a ps (their keys, oldest forgotten first).
-ONCE_WINDOW = 100_000
-#: Superseded coordinator incarnations a ps remembers (each a takeover).
-SUPERSEDED_WINDOW = 1024
 
 _EMPTY = np.zeros(0)  # the array of a record built only to check a name
 
@@ -69,8 +70,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ParameterServer"]
 
-UPDATE_OPS = ("assign", "assign_add", "assign_sub", "scatter_add", "scatter_sub",
-              "scatter_update")
+#: The one-variable updates (``vars/assign`` ...): one handler, the op is the class's.
+SINGLE_UPDATES = (Assign, AssignAdd, AssignSub, ScatterAdd, ScatterSub, ScatterUpdate)
 #: Default largest variable a ps creates (its initializer or value), in bytes.
 DEFAULT_MAX_VARIABLE_BYTES = 512 << 20
 #: Default largest reply that copies data (gathered rows), in bytes.
@@ -116,121 +117,36 @@ class ParameterServer(ServerBase):
         self.checkpoints = ps_checkpoint.CheckpointFiles(self.store, checkpoint_root,
                                                          max_variable_bytes)
         self.checkpoints.max_store_bytes = self.max_store_bytes
-        self.route("vars/create", self.create)
-        self.route("vars/read", self.read)
-        #: (owner, worker) -> the first epoch of that worker's dispatches accepted from that
-        #: coordinator incarnation: a new coordinator starts with no fences of its own.
-        self.fences: dict[tuple[str | None, int], int] = {}
-        #: Coordinator incarnations a newer one took over from (their variables replaced):
-        #: every update they still send is refused (a zombie coordinator cannot write).
-        self.superseded: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self._done: collections.OrderedDict[str, dict[int, Any]] = collections.OrderedDict()
-        self.route("ps/fence", self.fence)
-        self.route("vars/update", self._guarded(self.update))
-        for op in UPDATE_OPS:
-            self.route(f"vars/{op}", self._guarded(self._single_update(op)))
-        self.route("vars/sparse_read", self.sparse_read)
-        self.route("vars/delete", self.delete)
-        self.route("vars/list", self.list_variables)
-        self.route("opt/apply", self._guarded(self.apply_optimizer))
+        self.route(CreateVariables, self.create)
+        self.route(ReadVariables, self.read)
+        #: Fences, superseded coordinators and exactly-once keys: who may still write here.
+        self.fencing = Fencing(self.task)
+        self.route(Fence, self.fencing.fence)
+        self.route(UpdateVariables, self.fencing.guarded(self.update))
+        for cls in SINGLE_UPDATES:
+            self.route(cls, self.fencing.guarded(self._single_update(cls.op().removeprefix("vars/"))))
+        self.route(SparseRead, self.sparse_read)
+        self.route(DeleteVariables, self.delete)
+        self.route(ListVariables, self.list_variables)
+        self.route(ApplyGradients, self.fencing.guarded(self.apply_optimizer))
         self.table_handlers = TableHandlers(self.task, self.checkpoints, max_gather_bytes,
                                             max_table_bytes=max_variable_bytes,
-                                            on_takeover=self._supersede)
+                                            on_takeover=self.fencing.supersede)
         self.tables = self.table_handlers.tables
-        for op, handler in self.table_handlers.routes().items():
-            self.route(op, handler)
-        self.route("ckpt/save", self.save_checkpoint)
-        self.route("ckpt/restore", self.restore_checkpoint)
-        self.route("ckpt/commit", self.commit_restore)
-        self.route("ckpt/abort", self.abort_restore)
+        for operation, handler in self.table_handlers.routes().items():
+            self.route(operation, handler)
+        self.route(SaveCheckpoint, self.save_checkpoint)
+        self.route(RestoreCheckpoint, self.restore_checkpoint)
+        self.route(CommitRestore, self.commit_restore)
+        self.route(AbortRestore, self.abort_restore)
         if allow_pickle:
-            self.route("vars/call", self._guarded(self.call_function, once=False), pickle=True)
+            self.route(CallVariables, self.fencing.guarded(self.call_function, once=False))
         else:
-            self.refuse("vars/call", f"{self.task} refuses pickled functions (started with "
+            self.refuse(CallVariables, f"{self.task} refuses pickled functions (started with "
                                      "--no-pickle): strategy.extended.update cannot run here")
 
-    # -- fencing and exactly-once ------------------------------------------------------------------
-    def fence(self, req: FenceRequest) -> dict[str, Any]:
-        """From now on, refuse updates sent for ``owner`` by ``worker``'s dispatches before
-        ``epoch`` (that coordinator declared it lost: its closures run elsewhere)."""
-        self._refuse_superseded(req.owner, f"a fence of worker {req.worker}")
-        key = (req.owner, req.worker)
-        self.fences[key] = max(self.fences.get(key, 0), req.epoch)
-        return {"fenced": self.fences[key]}
-
-    def _supersede(self, owners: set[str | None], by: str | None) -> None:
-        """A coordinator ``by`` took over variables or tables of ``owners``: from now on
-        their updates are refused, and their fences are dropped."""
-        for owner in owners - {None, by}:
-            assert owner is not None
-            self.superseded[owner] = None
-            self.superseded.move_to_end(owner)
-            while len(self.superseded) > SUPERSEDED_WINDOW:
-                self.superseded.popitem(last=False)
-            for key in [k for k in self.fences if k[0] == owner]:
-                del self.fences[key]
-
-    def _refuse_superseded(self, owner: str | None, what: str) -> None:
-        if owner is not None and owner in self.superseded:
-            raise CancelledError(
-                f"{self.task} refused {what} from coordinator {owner[:8]}: a newer coordinator "
-                "took this ps over (the old one must stop; its work is the new one's now)")
-
-    def _guarded(self, fn: Callable[[Any], dict[str, Any]], once: bool = True
-                 ) -> Callable[[Any], dict[str, Any]]:
-        """``fn`` behind the fence, and, with ``once``, applied once per exactly-once key and
-        sequence number (a retry gets the first attempt's reply)."""
-        def handler(req: Any) -> dict[str, Any]:
-            self._refuse_superseded(req.owner, "an update")
-            fence = req.fence
-            if fence is not None and fence[1] < self.fences.get((req.owner, fence[0]), 0):
-                raise CancelledError(
-                    f"{self.task} refused an update of worker {fence[0]}'s dispatch {fence[1]}: the "
-                    f"coordinator declared that worker lost (its work runs elsewhere)")
-            key = req.once if once else None
-            if key is not None:
-                done = self._done.get(key[0])
-                if done is not None and key[1] in done:
-                    self._done.move_to_end(key[0])
-                    return done[key[1]]  # applied by an earlier attempt of this closure
-            reply = fn(req)
-            if key is not None:
-                self._done.setdefault(key[0], {})[key[1]] = reply
-                self._done.move_to_end(key[0])
-                while len(self._done) > ONCE_WINDOW:
-                    self._done.popitem(last=False)
-            return reply
-
-        handler.__name__ = getattr(fn, "__name__", "update")
-        return handler
-
-    # -- checks ---------------------------------------------------------------------------------
-    def _value(self, record: VariableRecord, value: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
-        if value is None:
-            raise InvalidArgumentError(f"{what} of variable {record.name!r}: missing value")
-        arr = cast_value(value, record.array.dtype, f"{what} of variable {record.name!r}")
-        if arr.shape != shape:
-            raise InvalidArgumentError(
-                f"{what} of variable {record.name!r}: value has shape {arr.shape}, expected {shape}")
-        return arr
-
-    def _rows(self, record: VariableRecord, idx: Any, what: str) -> np.ndarray:
-        if idx is None:
-            raise InvalidArgumentError(f"{what} of variable {record.name!r}: missing row ids")
-        if idx.dtype.kind not in "iu":
-            raise InvalidArgumentError(
-                f"{what} of variable {record.name!r}: row ids must be integers, got {idx.dtype}")
-        if record.array.ndim == 0:
-            raise InvalidArgumentError(f"{what}: variable {record.name!r} is a scalar and has no rows")
-        n = record.array.shape[0]
-        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
-            bad = idx[(idx < 0) | (idx >= n)].reshape(-1)[0]
-            raise InvalidArgumentError(
-                f"{what} of variable {record.name!r}: row id {int(bad)} out of range [0, {n})")
-        return idx
-
     # -- create / delete / list ----------------------------------------------------------------
-    async def create(self, req: CreateRequest) -> dict[str, Any]:
+    async def create(self, req: CreateVariables) -> dict[str, Any]:
         """Create variables, all or none. Initializers run off the serving loop."""
         names: set[str] = set()
         planned = []
@@ -266,7 +182,7 @@ class ParameterServer(ServerBase):
                    for spec, array in zip(req.vars, arrays)]
         replaced = self.store.add(records)  # checked again: the initializers ran concurrently
         if replaced:
-            self._supersede({r.owner for r in replaced}, req.owner)
+            self.fencing.supersede({r.owner for r in replaced}, req.owner)
             logger.warning("%s: %d variable(s) taken over by a new coordinator (strategy %s), "
                            "replacing those of %s, with their optimizer slots: %s", self.task,
                            len(replaced), req.owner, sorted({str(r.owner) for r in replaced}),
@@ -315,17 +231,17 @@ class ParameterServer(ServerBase):
             arr = arr.copy()
         return arr, None
 
-    def delete(self, req: NamesRequest) -> dict[str, Any]:
+    def delete(self, req: DeleteVariables) -> dict[str, Any]:
         return {"deleted": self.store.delete(req.names)}
 
-    def list_variables(self, req: Empty) -> dict[str, Any]:
+    def list_variables(self, req: ListVariables) -> dict[str, Any]:
         return {"variables": [
             {"name": r.name, "dtype": r.array.dtype.str, "shape": r.array.shape,
              "trainable": r.trainable, "nbytes": r.array.nbytes}
             for r in self.store]}
 
     # -- reads ---------------------------------------------------------------------------------
-    def read(self, req: NamesRequest) -> Pinned:
+    def read(self, req: ReadVariables) -> Pinned:
         """The variables named, whole (pinned, not copied). A name may appear once, and the
         reply is at most ``max_reply_bytes``: what a request makes the ps send follows what
         the ps holds, never how often a short request repeats a name."""
@@ -348,7 +264,7 @@ class ParameterServer(ServerBase):
 
         return Pinned({"values": [r.array for r in records]}, release)
 
-    def sparse_read(self, req: SparseReadRequest) -> dict[str, Any]:
+    def sparse_read(self, req: SparseRead) -> dict[str, Any]:
         if req.reads is not None:
             if req.name is not None or req.indices is not None:
                 raise InvalidArgumentError("vars/sparse_read: give 'reads', or 'name' and 'indices'")
@@ -361,7 +277,7 @@ class ParameterServer(ServerBase):
         total = 0
         for name, indices in reads:
             record = self.store.get(name)
-            idx = self._rows(record, indices, "sparse_read")
+            idx = checked_rows(record, indices, "sparse_read")
             total += idx.size * (record.array.nbytes // max(1, record.array.shape[0]))
             planned.append((record, idx))
         if total > self.max_gather_bytes:
@@ -387,7 +303,7 @@ class ParameterServer(ServerBase):
         handler.__name__ = f"update_{op}"
         return handler
 
-    def update(self, req: UpdateRequest) -> dict[str, Any]:
+    def update(self, req: UpdateVariables) -> dict[str, Any]:
         """Apply a batch of updates, all or nothing."""
         plan = [self._plan(entry.op, entry) for entry in req.updates]  # raises before anything changes
         for apply in plan:
@@ -399,7 +315,7 @@ class ParameterServer(ServerBase):
         shape = record.array.shape
         dtype = record.array.dtype
         if op in ("assign", "assign_add", "assign_sub"):
-            value = self._value(record, entry.value, shape, op)
+            value = checked_value(record, entry.value, shape, op)
             if op == "assign":
                 def apply() -> None:
                     if value.dtype == dtype and value.flags.writeable and value.base is not None:
@@ -416,11 +332,11 @@ class ParameterServer(ServerBase):
                 else:
                     np.subtract(arr, value, out=arr)
             return apply
-        idx = self._rows(record, entry.indices, op)
+        idx = checked_rows(record, entry.indices, op)
         if idx.ndim != 1:
             raise InvalidArgumentError(
                 f"{op} of variable {record.name!r}: row ids must be 1-D, got shape {idx.shape}")
-        values = self._value(record, entry.values, (idx.shape[0],) + shape[1:], op)
+        values = checked_value(record, entry.values, (idx.shape[0],) + shape[1:], op)
         if op == "scatter_update":
             def replace_rows() -> None:
                 record.writable(idx)[idx] = values
@@ -431,126 +347,28 @@ class ParameterServer(ServerBase):
             np.add.at(record.writable(idx), idx, vals)
         return add_rows
 
-    # -- optimizers and functions run where the variables live -------------------------------
-    def apply_optimizer(self, req: ApplyRequest) -> dict[str, Any]:
-        """Apply one optimizer step to the gradients of the variables on this ps, all or nothing.
+    # -- optimizers and functions run where the variables live (compute.py) ----------------------
+    def apply_optimizer(self, req: ApplyGradients) -> dict[str, Any]:
+        return apply_gradients(self.store, self.table_handlers, req)
 
-        ``grads`` are ``[variable, rows | None, values]``. Slots live here as variables
-        ``<prefix>/<slot>/<variable>`` and are created on first use. Everything (every
-        gradient, ``iterations``, the slots to create) is checked before anything changes.
-        """
-        cfg = {k: v for k, v in msgspec.structs.asdict(req.rule).items() if v is not None}
-        if not isinstance(req.rule.learning_rate, float):  # a schedule: checked whole, here
-            cfg["learning_rate"] = msgspec.to_builtins(req.rule.learning_rate)
-            schedule = from_spec(cfg["learning_rate"])
-        else:
-            schedule = None
-        rule = RULES[req.rule.kind]
-        specs = slot_specs(cfg)
-        plan = []
-        seen: set[str] = set()
-        for name, rows, values in req.grads:
-            if name in seen:
-                raise InvalidArgumentError(f"opt/apply: two gradients for variable {name!r}")
-            seen.add(name)
-            record = self.store.get(name)
-            if record.array.dtype.kind not in "fc":
-                raise InvalidArgumentError(f"opt/apply: variable {name!r} of dtype "
-                                           f"{record.array.dtype} cannot be trained")
-            if rows is None:
-                grad = self._value(record, values, record.array.shape, "gradient")
-            else:
-                rows = self._rows(record, rows, "sparse gradient")
-                if rows.ndim != 1:
-                    raise InvalidArgumentError(f"sparse gradient of {name!r}: rows must be 1-D")
-                grad = self._value(record, values, (rows.shape[0],) + record.array.shape[1:],
-                                   "sparse gradient")
-                if not req.unique_rows or (rows.size > 1 and not bool(np.all(rows[1:] > rows[:-1]))):
-                    rows, inverse = np.unique(rows, return_inverse=True)
-                    summed = np.zeros((rows.shape[0],) + grad.shape[1:], record.array.dtype)
-                    np.add.at(summed, inverse, grad)
-                    grad = summed
-            slots = {}
-            for slot_name, init in specs.items():
-                full = f"{req.prefix}/{slot_name}/{record.name}"
-                existing = self.store.find(full)
-                if existing is not None and (existing.array.shape != record.array.shape
-                                             or existing.array.dtype != record.array.dtype):
-                    raise InvalidArgumentError(f"opt/apply: slot {full!r} is {existing.array.shape} "
-                                               f"{existing.array.dtype}, its variable "
-                                               f"{record.array.shape} {record.array.dtype}")
-                slots[slot_name] = (full, init)
-            plan.append((record, rows, grad, slots))
-        table_plan = self.table_handlers.plan(req.tables or (), req.prefix, specs)
-        it_record = None
-        if req.iterations is not None:
-            it_record = self.store.get(req.iterations)
-            if it_record.array.shape != () or it_record.array.dtype.kind not in "iu":
-                raise InvalidArgumentError(f"opt/apply: {req.iterations!r} is not an integer "
-                                           "scalar step counter")
-        # -- commit: nothing below can fail on the request's account
-        t = req.t
-        if it_record is not None:
-            counter = it_record.writable()
-            counter += 1
-            t = int(counter)
-        step = int(t or 1)
-        if schedule is not None:  # Keras reads the rate at iterations before the update
-            cfg["learning_rate"] = schedule(step - 1)
-        for record, rows, grad, slots in plan:
-            var = record.writable(rows)
-            arrays = {s: self.store.slot(full, record.array, init, of=record.name, rows=rows)
-                      for s, (full, init) in slots.items()}
-            rule(var, grad, rows, arrays, cfg, step)
-        for table, ids, grad, slots in table_plan:
-            table.apply(rule, ids, grad, slots, cfg, step)
-        return {"t": step}
+    def call_function(self, req: CallVariables) -> dict[str, Any]:
+        return call_function(self.store, req)
 
-    async def save_checkpoint(self, req: SaveRequest) -> dict[str, Any]:
+    async def save_checkpoint(self, req: SaveCheckpoint) -> dict[str, Any]:
         """Write variables to a safetensors file under the checkpoint root."""
         return await self.checkpoints.save(req)
 
-    async def restore_checkpoint(self, req: RestoreRequest) -> dict[str, Any]:
+    async def restore_checkpoint(self, req: RestoreCheckpoint) -> dict[str, Any]:
         """Read variables from checkpoint files; with ``stage``, hold them until committed."""
         return await self.checkpoints.restore(req)
 
-    def commit_restore(self, req: StageRequest) -> dict[str, Any]:
+    def commit_restore(self, req: CommitRestore) -> dict[str, Any]:
         """Put a staged restore in place; the reply names this ps's incarnation, which the
         coordinator then knows holds restored state (a restart followed by a restore)."""
         return {**self.checkpoints.commit(req.stage), "incarnation": self.incarnation}
 
-    def abort_restore(self, req: StageRequest) -> dict[str, Any]:
+    def abort_restore(self, req: AbortRestore) -> dict[str, Any]:
         return self.checkpoints.abort(req.stage)
-
-    def call_function(self, req: CallRequest) -> dict[str, Any]:
-        """Run a caller's function on arrays of this ps (``strategy.extended.update``).
-
-        ``fn`` gets the variables as writable arrays, then ``args`` where every
-        ``{"__pstrain_var__": name}`` is replaced by that variable's array. Runs on the
-        serving loop, so it is atomic with respect to updates.
-        """
-        if not callable(req.fn):
-            raise InvalidArgumentError(f"vars/call: 'fn' must be callable, got {type(req.fn).__name__}")
-        records = [self.store.get(n) for n in req.vars]
-
-        def resolve(obj: Any) -> Any:
-            if isinstance(obj, dict) and set(obj) == {"__pstrain_var__"}:
-                return self.store.get(obj["__pstrain_var__"]).writable()
-            if type(obj) is tuple:
-                return tuple(resolve(x) for x in obj)
-            if type(obj) is list:
-                return [resolve(x) for x in obj]
-            return obj
-
-        args = resolve(req.args)
-        kwargs = {k: resolve(v) for k, v in req.kwargs.items()}
-        arrays = [r.writable() for r in records]
-        try:
-            result = req.fn(*arrays, *(args if isinstance(args, (tuple, list)) else (args,)), **kwargs)
-        except Exception as exc:  # the caller's code: say what it raised, not where on this host
-            raise InvalidArgumentError(f"the function given to extended.update raised "
-                                       f"{type(exc).__name__}: {exc}") from exc
-        return {"result": result}
 
 
 def _itemsize(dtype: str) -> int:

@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
-from ..._base.errors import AlreadyExistsError, NotFoundError
+from ..._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from ..._formats.casting import cast_value
 
-__all__ = ["BLOCK_BYTES", "SNAPSHOT_MIN_BYTES", "Snapshot", "VariableRecord", "VariableStore"]
+__all__ = ["BLOCK_BYTES", "SNAPSHOT_MIN_BYTES", "Snapshot", "VariableRecord", "VariableStore",
+           "checked_rows", "checked_value"]
 
 #: Arrays at least this large are saved through a Snapshot; smaller ones are pinned.
 SNAPSHOT_MIN_BYTES = 1 << 20
@@ -264,3 +267,31 @@ class VariableStore:
     @property
     def nbytes(self) -> int:
         return sum(r.array.nbytes for r in self._records.values())
+
+
+def checked_value(record: VariableRecord, value: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
+    """``value`` as an array of ``record``'s dtype and of ``shape``, or InvalidArgumentError."""
+    if value is None:
+        raise InvalidArgumentError(f"{what} of variable {record.name!r}: missing value")
+    arr = cast_value(value, record.array.dtype, f"{what} of variable {record.name!r}")
+    if arr.shape != shape:
+        raise InvalidArgumentError(
+            f"{what} of variable {record.name!r}: value has shape {arr.shape}, expected {shape}")
+    return arr
+
+
+def checked_rows(record: VariableRecord, idx: Any, what: str) -> np.ndarray:
+    """``idx``, row ids of ``record`` in range, or InvalidArgumentError."""
+    if idx is None:
+        raise InvalidArgumentError(f"{what} of variable {record.name!r}: missing row ids")
+    if idx.dtype.kind not in "iu":
+        raise InvalidArgumentError(
+            f"{what} of variable {record.name!r}: row ids must be integers, got {idx.dtype}")
+    if record.array.ndim == 0:
+        raise InvalidArgumentError(f"{what}: variable {record.name!r} is a scalar and has no rows")
+    n = record.array.shape[0]
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
+        bad = idx[(idx < 0) | (idx >= n)].reshape(-1)[0]
+        raise InvalidArgumentError(
+            f"{what} of variable {record.name!r}: row id {int(bad)} out of range [0, {n})")
+    return idx

@@ -13,13 +13,15 @@ import msgspec
 import numpy as np
 
 from ..._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
-from ..._formats.schemas import (
-    TableCreateRequest,
-    TableLookupRequest,
-    TableRequest,
-    TableRestoreRequest,
-    TableSaveRequest,
+from ..._formats.operations import (
+    CreateTable,
+    ExportTable,
+    LookupTable,
+    RestoreTable,
+    SaveTable,
+    TableStatistics,
 )
+from ..._formats.records import Operation
 from .checkpoint import CheckpointFiles
 from .dynamic_table import DynamicTable, TableConfig
 
@@ -40,10 +42,10 @@ class TableHandlers:
         self.max_gather_bytes = max_gather_bytes
         self.tables: dict[str, DynamicTable] = {}
 
-    def routes(self) -> dict[str, Callable[..., Any]]:
-        return {"dyn/create": self.create_table, "dyn/lookup": self.lookup_table,
-                "dyn/stats": self.table_statistics, "dyn/export": self.export_table,
-                "dyn/save": self.save_table, "dyn/restore": self.restore_table}
+    def routes(self) -> dict[type[Operation], Callable[..., Any]]:
+        return {CreateTable: self.create_table, LookupTable: self.lookup_table,
+                TableStatistics: self.table_statistics, ExportTable: self.export_table,
+                SaveTable: self.save_table, RestoreTable: self.restore_table}
 
     def plan(self, grads: Iterable[tuple[str, Any, Any]], prefix: str, specs: dict[str, float]
              ) -> list[tuple[DynamicTable, np.ndarray, np.ndarray, dict[str, tuple[str, float]]]]:
@@ -70,7 +72,7 @@ class TableHandlers:
             raise NotFoundError(f"dynamic table {name!r} not found on {self.task}")
         return table
 
-    def create_table(self, req: TableCreateRequest) -> dict[str, Any]:
+    def create_table(self, req: CreateTable) -> dict[str, Any]:
         """Create a table's shard here; the same configuration again is a no-op, another
         owner's table of that name is taken over (a restarted coordinator)."""
         config = TableConfig(**msgspec.structs.asdict(req.config))
@@ -90,7 +92,7 @@ class TableHandlers:
         if existing is not None and existing.owner != owner and self.on_takeover is not None:
             self.on_takeover({existing.owner}, owner)
 
-    def lookup_table(self, req: TableLookupRequest) -> dict[str, Any]:
+    def lookup_table(self, req: LookupTable) -> dict[str, Any]:
         table = self._table(req.name)
         ids = _table_ids(req.ids, f"dyn/lookup of {req.name!r}")
         if not _ascending(ids):
@@ -102,10 +104,10 @@ class TableHandlers:
                                        f"bytes, more than this ps's limit of {self.max_gather_bytes}")
         return {"values": [table.lookup(ids, req.train)]}
 
-    def table_statistics(self, req: TableRequest) -> dict[str, Any]:
+    def table_statistics(self, req: TableStatistics) -> dict[str, Any]:
         return self._table(req.name).statistics()
 
-    def export_table(self, req: TableRequest) -> dict[str, Any]:
+    def export_table(self, req: ExportTable) -> dict[str, Any]:
         table = self._table(req.name)
         exported = table.export()
         nbytes = sum(a.nbytes for a in exported.values())
@@ -117,7 +119,7 @@ class TableHandlers:
                 "slots": {k[5:]: v for k, v in exported.items()}, "slot_init": table.slot_init,
                 "stats": table.statistics()}
 
-    async def save_table(self, req: TableSaveRequest) -> dict[str, Any]:
+    async def save_table(self, req: SaveTable) -> dict[str, Any]:
         """Write a table's shard as it is now while training goes on: its arrays are read
         through snapshots (an update keeps only the old values of the rows it changes)."""
         table = self._table(req.name)
@@ -141,7 +143,7 @@ class TableHandlers:
         finally:
             table.end_snapshot(save)
 
-    async def restore_table(self, req: TableRestoreRequest) -> dict[str, Any]:
+    async def restore_table(self, req: RestoreTable) -> dict[str, Any]:
         config = TableConfig(**msgspec.structs.asdict(req.config))
         if req.shard >= req.num_shards:
             raise InvalidArgumentError(f"dyn/restore: shard {req.shard} of {req.num_shards}")

@@ -1,0 +1,391 @@
+"""Every operation on the wire, declared once: its request class (a msgspec struct tagged
+with the op name), the class its reply converts to, and whether it may carry pickles or
+stream partial replies.
+
+Servers route by class (``server.route(ReadVariables, handler)``: the handler receives a
+``ReadVariables``); clients send an instance (``await channel.request(ReadVariables(
+names=["w"]))``) and get the reply as its declared class. Operations that change
+variables derive from :class:`~pstrain._formats.records.Mutation`, which carries the fence
+and exactly-once fields. :data:`OPERATIONS` maps each op name to its class; ``Request`` is
+the tagged union of them all. Field types and the reply records are in ``records.py``.
+
+Adding an operation: declare its class here, and route it to a handler.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+import msgspec
+
+from .records import (
+    Array,
+    CallReply,
+    ConfigureReply,
+    Count,
+    CountReply,
+    DType,
+    HealthReply,
+    JoinReply,
+    ListReply,
+    MembershipReply,
+    Mutation,
+    Name,
+    Operation,
+    OptimizerRule,
+    Owner,
+    Path,
+    Record,
+    ResourceReply,
+    ResultsReply,
+    SaveReply,
+    Shape,
+    Step,
+    StepReply,
+    TableSpec,
+    ValuesReply,
+)
+
+__all__ = ["CREATE_CHUNK_BYTES", "OPERATIONS", "Request", "operation"]
+
+
+# -- every task ---------------------------------------------------------------------------------------
+class Health(Operation, tag="health"):
+    reply = HealthReply
+
+
+class Statistics(Operation, tag="statistics"):
+    """Free-form counters (``pstrain status``, ``/metrics``)."""
+
+
+class Shutdown(Operation, tag="server/shutdown"):
+    """The job is done: a task started with ``--exit-on-shutdown`` leaves."""
+
+    reply = CountReply
+
+
+# -- the parameter server: variables ---------------------------------------------------------------
+#: A ``vars/create`` request may always ask for this many bytes of variables in all (clients
+#: send their creations in chunks of at most this, or one larger variable); past it, at
+#: most the ps's ``--max-variable-bytes``.
+CREATE_CHUNK_BYTES = 8 << 20
+
+Names = Annotated[list[Name], msgspec.Meta(max_length=1 << 16)]
+
+
+class VariableSpec(Record):
+    name: Name
+    dtype: DType
+    shape: Shape
+    trainable: bool = True
+    value: Array | None = None
+    init: dict[str, Any] | None = None
+    offset: Shape | None = None
+    full_shape: Shape | None = None
+
+
+class CreateVariables(Operation, tag="vars/create"):
+    reply = CountReply
+    vars: Annotated[list[VariableSpec], msgspec.Meta(max_length=1 << 16)]
+    #: The strategy instance creating them: a different owner takes over same-named variables.
+    owner: Owner | None = None
+
+
+class ReadVariables(Operation, tag="vars/read"):
+    reply = ValuesReply
+    names: Names
+
+
+class DeleteVariables(Operation, tag="vars/delete"):
+    reply = CountReply
+    names: Names
+
+
+class ListVariables(Operation, tag="vars/list"):
+    reply = ListReply
+
+
+UpdateOp = Literal["assign", "assign_add", "assign_sub", "scatter_add", "scatter_sub", "scatter_update"]
+
+
+class Update(Record):
+    op: UpdateOp
+    name: Name
+    value: Array | None = None
+    indices: Array | None = None
+    values: Array | None = None
+
+
+class UpdateVariables(Mutation, tag="vars/update"):
+    """Many updates, applied in order, in one request."""
+
+    reply = CountReply
+    updates: Annotated[list[Update], msgspec.Meta(max_length=1 << 16)]
+
+
+class SingleUpdate(Mutation):
+    """One variable's update; the op (its class) says which."""
+
+    reply = CountReply
+    name: Name
+    value: Array | None = None
+    indices: Array | None = None
+    values: Array | None = None
+
+
+class Assign(SingleUpdate, tag="vars/assign"):
+    pass
+
+
+class AssignAdd(SingleUpdate, tag="vars/assign_add"):
+    pass
+
+
+class AssignSub(SingleUpdate, tag="vars/assign_sub"):
+    pass
+
+
+class ScatterAdd(SingleUpdate, tag="vars/scatter_add"):
+    pass
+
+
+class ScatterSub(SingleUpdate, tag="vars/scatter_sub"):
+    pass
+
+
+class ScatterUpdate(SingleUpdate, tag="vars/scatter_update"):
+    pass
+
+
+class RowRead(Record):
+    name: Name
+    indices: Array
+
+
+class SparseRead(Operation, tag="vars/sparse_read"):
+    """Either ``{"reads": [{name, indices}, ...]}`` or one ``{name, indices}``."""
+
+    reply = ValuesReply
+    reads: Annotated[list[RowRead], msgspec.Meta(max_length=1 << 16)] | None = None
+    name: Name | None = None
+    indices: Array | None = None
+
+
+class CallVariables(Mutation, tag="vars/call"):
+    """Run a function on the ps, next to the variables it names (pickled: runs code)."""
+
+    reply = CallReply
+    pickle = True
+    fn: Any
+    vars: Annotated[list[Name], msgspec.Meta(min_length=1, max_length=1 << 10)]
+    args: Any = ()
+    kwargs: dict[str, Any] = {}
+
+
+class Fence(Operation, tag="ps/fence"):
+    """Refuse updates of ``worker``'s dispatches before ``epoch`` (those sent for ``owner``;
+    fences of other coordinators are their own)."""
+
+    reply = CountReply
+    worker: Annotated[int, msgspec.Meta(ge=0)]
+    epoch: Annotated[int, msgspec.Meta(ge=0)]
+    owner: Owner | None = None
+
+
+# -- the parameter server: optimizers and dynamic tables -----------------------------------------
+class ApplyGradients(Mutation, tag="opt/apply"):
+    reply = StepReply
+    rule: OptimizerRule
+    prefix: Name
+    grads: Annotated[list[tuple[Name, Array | None, Array]], msgspec.Meta(max_length=1 << 16)]
+    #: ``[table, ids, values]``: sparse gradients of dynamic tables (ids unique).
+    tables: Annotated[list[tuple[Name, Array, Array]], msgspec.Meta(max_length=1 << 12)] | None = None
+    unique_rows: bool = False
+    iterations: Name | None = None
+    t: Step | None = None
+
+
+class CreateTable(Operation, tag="dyn/create"):
+    reply = CountReply
+    name: Name
+    config: TableSpec
+    owner: Owner | None = None
+
+
+class LookupTable(Operation, tag="dyn/lookup"):
+    reply = ValuesReply
+    name: Name
+    ids: Array
+    train: bool = True
+
+
+class TableStatistics(Operation, tag="dyn/stats"):
+    """Free-form counters of one table."""
+
+    name: Name
+
+
+class ExportTable(Operation, tag="dyn/export"):
+    """Every row of one table's shard (free-form: ids, values, slots)."""
+
+    name: Name
+
+
+class SaveTable(Operation, tag="dyn/save"):
+    reply = SaveReply
+    name: Name
+    path: Path
+    #: slot key on the ps (``<optimizer name>/<slot>``) -> its key in the file; others are
+    #: not saved. None: every slot, under its own key.
+    slots: dict[Name, Name] | None = None
+
+
+class RestoreTable(Operation, tag="dyn/restore"):
+    """Rows of the ids this ps holds (``shard_of(id, num_shards) == shard``), gathered
+    from every listed file of a saved table."""
+
+    reply = CountReply
+    name: Name
+    config: TableSpec
+    paths: Annotated[list[Path], msgspec.Meta(min_length=1, max_length=1 << 12)]
+    shard: Annotated[int, msgspec.Meta(ge=0)]
+    num_shards: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)]
+    owner: Owner | None = None
+    #: slot key in the file -> slot key on the ps; others are dropped. None: as saved.
+    slots: dict[Name, Name] | None = None
+
+
+# -- the parameter server: checkpoints ---------------------------------------------------------------
+class SaveCheckpoint(Operation, tag="ckpt/save"):
+    reply = SaveReply
+    path: Path
+    tensors: dict[Name, Name]
+
+
+Source = tuple[Path, Name, Count | None, Count | None, Count | None]
+
+
+class RestoreSpec(Record):
+    name: Name
+    dtype: DType
+    shape: Shape
+    sources: Annotated[list[Source], msgspec.Meta(min_length=1, max_length=1 << 16)]
+    trainable: bool = True
+    slot_of: Name | None = None  # an optimizer slot: the variable it belongs to
+
+
+class RestoreCheckpoint(Operation, tag="ckpt/restore"):
+    reply = CountReply
+    vars: Annotated[list[RestoreSpec], msgspec.Meta(max_length=1 << 16)]
+    stage: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+
+
+StageId = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+
+
+class CommitRestore(Operation, tag="ckpt/commit"):
+    reply = CountReply
+    stage: StageId
+
+
+class AbortRestore(Operation, tag="ckpt/abort"):
+    reply = CountReply
+    stage: StageId
+
+
+# -- the worker ---------------------------------------------------------------------------------------
+Incarnation = Annotated[str, msgspec.Meta(max_length=64)]
+
+
+class Configure(Operation, tag="worker/configure"):
+    """The coordinator tells a worker where the tasks are."""
+
+    reply = ConfigureReply
+    cluster: dict[Name, list[Annotated[str, msgspec.Meta(min_length=1, max_length=300)]]]
+    #: the coordinator had lost this worker: drop every connection it has (they may stall)
+    fresh: bool = False
+    #: the slot the coordinator addresses; a worker that joined (``--join``) takes it
+    index: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
+ClosureEntry = tuple[Count, bytes, Any, Any, bool]
+
+
+class RunClosures(Operation, tag="worker/run"):
+    """A batch of closures; results stream back as they finish."""
+
+    reply = ResultsReply
+    pickle = True
+    stream = True
+    closures: Annotated[list[ClosureEntry], msgspec.Meta(max_length=1 << 16)]
+    fns: dict[bytes, bytes] = {}
+    incarnation: Incarnation | None = None
+    epoch: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    #: the coordinator incarnation the closures' updates work for (fenced per owner)
+    owner: Owner | None = None
+    #: closure id -> key, for the closures scheduled exactly-once
+    once: dict[Count, Annotated[str, msgspec.Meta(min_length=1, max_length=96)]] = {}
+
+
+class ResetChannels(Operation, tag="worker/reset_channels"):
+    """Drop the worker's connections to one task (a partition)."""
+
+    reply = CountReply
+    job: Literal["ps", "worker", "chief"]
+    index: Annotated[int, msgspec.Meta(ge=0)]
+
+
+class CancelClosures(Operation, tag="worker/cancel"):
+    reply = CountReply
+    ids: Annotated[list[Count], msgspec.Meta(max_length=1 << 16)]
+
+
+class CreateResource(Operation, tag="worker/resource"):
+    """A per-worker dataset (``fn()``) or an iterator of one (pickled: runs code)."""
+
+    reply = ResourceReply
+    pickle = True
+    rid: Count
+    kind: Literal["dataset", "iterator"]
+    fn: Any
+    of: Count | None = None
+    incarnation: Incarnation | None = None
+
+
+class DropResources(Operation, tag="worker/drop_resources"):
+    reply = CountReply
+    rids: Annotated[list[Count], msgspec.Meta(max_length=1 << 16)]
+
+
+# -- the coordinator's endpoint ---------------------------------------------------------------------
+class Join(Operation, tag="coordinator/join"):
+    """A worker started with ``--join`` asks for a slot."""
+
+    reply = JoinReply
+    address: Annotated[str, msgspec.Meta(min_length=1, max_length=300)]
+
+
+class Membership(Operation, tag="coordinator/membership"):
+    reply = MembershipReply
+
+
+def _operations(base: type[Operation]) -> dict[str, type[Operation]]:
+    found: dict[str, type[Operation]] = {}
+    for cls in base.__subclasses__():
+        tag = cls.__struct_config__.tag
+        if isinstance(tag, str) and tag != cls.__name__:  # a base (Mutation) has its name as tag
+            assert tag not in found, f"two operations named {tag!r}"
+            found[tag] = cls
+        found.update(_operations(cls))
+    return found
+
+
+#: Every operation by its name.
+OPERATIONS: dict[str, type[Operation]] = _operations(Operation)
+#: The tagged union of every request (the tag is ``op``, the operation's name).
+Request = Union[tuple(OPERATIONS.values())]  # type: ignore[valid-type]  # noqa: UP007
+
+
+def operation(op: str) -> type[Operation]:
+    """The class of operation ``op`` (KeyError if there is none)."""
+    return OPERATIONS[op]

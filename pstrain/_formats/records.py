@@ -1,0 +1,269 @@
+"""The building blocks of every operation's messages: field types, the request base
+classes, the reply records, and the one conversion at each edge.
+
+A request body is decoded by ``wire`` (arrays stay numpy views), then converted to its
+operation's class with msgspec, which checks field names (unknown ones are refused),
+types (a string where a list of names is due is refused), ranges and sizes, all before a
+handler runs and so before any state is touched. A refusal is an
+:class:`~pstrain.errors.InvalidArgumentError` naming the operation and the field
+(``vars/delete: Expected `array`, got `str` - at `$.names```).
+
+Arrays are ``np.ndarray`` fields (a numpy scalar is accepted as a 0-d array); lists of
+numbers are not arrays. Replies are declared too and converted by the client
+(:func:`convert_reply`) before anyone reads them: a reply of the wrong shape is a
+:class:`~pstrain.errors.ProtocolError`, not a ``KeyError`` later.
+
+The operations themselves (each request class, its op name and its reply) are declared
+in :mod:`pstrain._formats.operations`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+import msgspec
+import numpy as np
+
+from .._base.errors import InvalidArgumentError, ProtocolError
+
+__all__ = ["Mutation", "OptimizerRule", "Operation", "Record", "Reply", "TableSpec", "convert_reply",
+           "validate"]
+
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+DType = Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
+Dim = Annotated[int, msgspec.Meta(ge=0, le=1 << 40)]
+Shape = Annotated[list[Dim], msgspec.Meta(max_length=32)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=1 << 62)]
+Step = Annotated[int, msgspec.Meta(ge=1, le=1 << 62)]
+Path = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+Array = np.ndarray
+#: The coordinator incarnation (its strategy's owner id) an update works for.
+Owner = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+#: ``[worker index, epoch]``: which dispatch of which worker sent an update (fencing).
+Fence = tuple[Annotated[int, msgspec.Meta(ge=0)], Annotated[int, msgspec.Meta(ge=0)]]
+#: ``[closure key, sequence]``: an exactly-once closure's n-th update to this ps.
+Once = tuple[Annotated[str, msgspec.Meta(min_length=1, max_length=96)], Annotated[int, msgspec.Meta(ge=1)]]
+
+
+class Record(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Base of every request record and of the records inside one: unknown fields are
+    refused."""
+
+
+class Reply(msgspec.Struct, omit_defaults=True):
+    """Base of reply records. Unknown fields are allowed: a newer server may add some."""
+
+
+class Operation(Record, tag_field="op", kw_only=True):
+    """One operation, declared once: a subclass's msgspec tag is the op name (``vars/read``),
+    ``reply`` the class its reply converts to (None: a free-form mapping, as ``statistics``),
+    ``pickle`` whether its body may carry pickles (it runs code), ``stream`` whether its
+    handler sends partial replies. The op name travels in the frame (or the URL), not in
+    the body: a body without the tag is that operation's."""
+
+    reply: ClassVar[type[Reply] | None] = None
+    pickle: ClassVar[bool] = False
+    stream: ClassVar[bool] = False
+
+    @classmethod
+    def op(cls) -> str:
+        tag = cls.__struct_config__.tag
+        assert isinstance(tag, str), f"{cls.__name__} is not an operation (no tag)"
+        return tag
+
+
+class Mutation(Operation, kw_only=True):
+    """An operation that changes variables: it carries who sent it, fenced per coordinator
+    incarnation and worker dispatch, and, from an exactly-once closure, its key and
+    position (the channel fills these in from the sender's context)."""
+
+    owner: Owner | None = None
+    fence: Fence | None = None
+    once: Once | None = None
+
+
+# -- records inside requests ---------------------------------------------------------------------
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class ExponentialDecaySpec(Record, tag="exponential_decay", tag_field="type"):
+    initial_learning_rate: Positive
+    decay_steps: Positive
+    decay_rate: Positive
+    staircase: bool = False
+
+
+class PiecewiseConstantSpec(Record, tag="piecewise_constant", tag_field="type"):
+    boundaries: Annotated[list[float], msgspec.Meta(max_length=1024)]
+    values: Annotated[list[Positive], msgspec.Meta(min_length=1, max_length=1025)]
+
+
+class CosineDecaySpec(Record, tag="cosine_decay", tag_field="type"):
+    initial_learning_rate: Positive
+    decay_steps: Positive
+    alpha: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0
+
+
+class OptimizerRule(Record):
+    kind: Literal["sgd", "adagrad", "adam", "adamw", "ftrl", "rmsprop"]
+    learning_rate: Positive | ExponentialDecaySpec | PiecewiseConstantSpec | CosineDecaySpec
+    momentum: float | None = None
+    nesterov: bool | None = None
+    initial_accumulator_value: float | None = None
+    epsilon: float | None = None
+    beta_1: float | None = None
+    beta_2: float | None = None
+    learning_rate_power: float | None = None
+    l1_regularization_strength: float | None = None
+    l2_regularization_strength: float | None = None
+    l2_shrinkage_regularization_strength: float | None = None
+    beta: float | None = None
+    rho: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+    centered: bool | None = None
+    weight_decay: Annotated[float, msgspec.Meta(ge=0)] | None = None
+
+
+class TableSpec(Record):
+    """A dynamic table's fixed configuration (see ``pstrain.server.ps.dynamic_table``)."""
+
+    dim: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)]
+    dtype: DType = "float32"
+    seed: Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)] = 0
+    init_low: float = -0.05
+    init_high: float = 0.05
+    default_value: float = 0.0
+    capacity: Annotated[int, msgspec.Meta(ge=1, le=1 << 40)] | None = None
+    evict: Literal["lru", "lfu"] = "lru"
+    max_age: Annotated[int, msgspec.Meta(ge=1, le=1 << 62)] | None = None
+    admit_after: Annotated[int, msgspec.Meta(ge=1, le=1 << 30)] | None = None
+    admit_probability: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
+    max_candidates: Annotated[int, msgspec.Meta(ge=1, le=1 << 30)] = 1 << 20
+
+
+# -- replies ----------------------------------------------------------------------------------------
+class HealthReply(Reply):
+    status: str
+    task: str
+    role: str | None = None
+    index: int | None = None
+    pid: int | None = None
+    uptime_s: float | None = None
+    incarnation: str | None = None
+
+
+class CountReply(Reply):
+    #: ``ckpt/commit``: the ps's incarnation, which now holds restored state
+    incarnation: str | None = None
+    created: Count | None = None
+    updated: Count | None = None
+    deleted: Count | None = None
+    restored: Count | None = None
+    staged: Count | None = None
+    stage: str | None = None
+    aborted: bool | None = None
+    cancelling: Count | None = None
+    resources: Count | None = None
+    fenced: Count | None = None
+
+
+class ValuesReply(Reply):
+    values: list[Array]
+
+
+class VariableInfo(Reply):
+    name: str
+    dtype: str
+    shape: list[Dim]
+    trainable: bool
+    nbytes: Count
+
+
+class ListReply(Reply):
+    variables: list[VariableInfo]
+
+
+class StepReply(Reply):
+    t: Step
+
+
+class SaveReply(Reply):
+    path: str
+    bytes: Count
+
+
+class CallReply(Reply):
+    result: Any = None
+
+
+class ConfigureReply(Reply):
+    incarnation: str
+    index: Count
+
+
+class ResultsReply(Reply):
+    results: list[tuple[Count, Annotated[int, msgspec.Meta(ge=0, le=2)], Any]]
+    #: scalars closures logged with ``pstrain.summary``: ``[name, value, step, wall_time]``
+    #: (each checked where it is recorded: one malformed scalar does not lose the results)
+    scalars: list[Annotated[list[Any], msgspec.Meta(max_length=4)]] | None = None
+
+
+class ResourceReply(Reply):
+    rid: Count
+    error: dict[str, Any] | None = None
+
+
+class JoinReply(Reply):
+    index: Count
+
+
+class MembershipReply(Reply):
+    workers: list[dict[str, Any]]
+
+
+# -- the conversions at each edge -------------------------------------------------------------------
+def _dec_hook(tp: type, obj: Any) -> Any:
+    if tp is np.ndarray:
+        if isinstance(obj, np.ndarray):
+            return obj
+        if isinstance(obj, np.generic):
+            return np.asarray(obj)
+        raise ValueError(f"expected an array, got {type(obj).__name__}")
+    raise ValueError(f"unsupported type {tp!r}")
+
+
+def validate(op: str, record: type[Record], payload: Any) -> Any:
+    """``payload`` as ``record``, or InvalidArgumentError naming the op and the field.
+
+    >>> from pstrain._formats.operations import DeleteVariables, ReadVariables
+    >>> validate("vars/read", ReadVariables, {"names": ["w"]})
+    ReadVariables(names=['w'])
+    >>> validate("vars/delete", DeleteVariables, {"names": "w"})
+    Traceback (most recent call last):
+    ...
+    pstrain.errors.InvalidArgumentError: vars/delete: Expected `array`, got `str` - at `$.names`
+    """
+    if payload is None and not record.__struct_fields__:
+        return record()
+    try:
+        return msgspec.convert(payload, record, dec_hook=_dec_hook)
+    except msgspec.ValidationError as exc:
+        raise InvalidArgumentError(f"{op}: {exc}") from None
+
+
+def convert_reply(op: str, record: type[Reply] | None, payload: Any, task: str) -> Any:
+    """``payload`` as ``record`` (a free-form reply, ``record`` None, as it is), else
+    ProtocolError naming the op, the peer and the field.
+
+    >>> convert_reply("opt/apply", StepReply, {"t": 3}, "ps0")
+    StepReply(t=3)
+    >>> convert_reply("opt/apply", StepReply, {"t": "3"}, "ps0")
+    Traceback (most recent call last):
+    ...
+    pstrain.errors.ProtocolError: malformed reply to opt/apply from ps0: Expected `int`, got `str` - at `$.t`
+    """
+    if record is None:
+        return payload
+    try:
+        return msgspec.convert(payload, record, dec_hook=_dec_hook)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(f"malformed reply to {op} from {task}: {exc}") from None

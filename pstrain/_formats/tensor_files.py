@@ -1,0 +1,232 @@
+"""Tensor files: safetensors written atomically through one descriptor (whole, or streamed
+from a ps's store), and rows read back from any number of them into one array.
+
+Files are opened once and never reopened by name (``open_directory``,
+``write_atomically``): a path component swapped for a symlink meanwhile cannot redirect a
+write. Headers are bounded (``MAX_HEADER``) before they are read. The checkpoint format
+these files make up (the index, and which rows of which file) is ``checkpoint_files.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Callable, Sequence
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from .._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, PstrainError
+
+__all__ = ["MAX_HEADER", "SAFETENSORS_DTYPES", "open_directory", "read_rows", "write_atomically",
+           "write_streaming", "write_tensors"]
+
+
+def write_tensors(path: str, tensors: dict[str, np.ndarray]) -> int:
+    """Write ``tensors`` to ``path`` atomically (temp file, fsync, rename); returns bytes."""
+    from safetensors.numpy import save
+
+    def write(f: BinaryIO) -> None:
+        f.write(save({k: np.ascontiguousarray(v) for k, v in tensors.items()}))
+
+    return write_atomically(path, write)
+
+
+#: numpy dtype -> safetensors dtype tag (the format's own names).
+SAFETENSORS_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "int64": "I64",
+                      "int32": "I32", "int16": "I16", "int8": "I8", "uint64": "U64",
+                      "uint32": "U32", "uint16": "U16", "uint8": "U8", "bool": "BOOL"}
+
+
+def write_streaming(path: str, tensors: Sequence[tuple[str, np.dtype, tuple[int, ...], Any]],
+                    root: str | None = None) -> int:
+    """Write a safetensors file whose tensors arrive in pieces: ``(key, dtype, shape,
+    pieces)`` where ``pieces()`` yields the tensor's bytes in row order (so a large array
+    need not be in memory twice). The header is the format's (8-byte length, JSON with
+    dtype, shape and data offsets, space-padded to 8 bytes); reading is safetensors' own.
+    Written like :func:`write_atomically` with ``overwrite=False``; returns the size."""
+    header: dict[str, Any] = {}
+    offset = 0
+    for key, dtype, shape, _ in tensors:
+        tag = SAFETENSORS_DTYPES.get(np.dtype(dtype).name)
+        if tag is None:
+            raise InvalidArgumentError(f"checkpoint: {key!r} has dtype {dtype}, which safetensors "
+                                       "cannot hold")
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        header[key] = {"dtype": tag, "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-(8 + len(raw)) % 8)
+
+    def write(f: BinaryIO) -> None:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for key, dtype, _, pieces in tensors:
+            want = header[key]["data_offsets"][1] - header[key]["data_offsets"][0]
+            got = 0
+            for piece in pieces():
+                data = np.ascontiguousarray(piece, dtype).reshape(-1)
+                f.write(data.view(np.uint8).data)
+                got += data.nbytes
+            if got != want:
+                raise InvalidArgumentError(f"checkpoint: {key!r} gave {got} bytes, not {want}")
+
+    return write_atomically(path, write, overwrite=False, root=root)
+
+
+def open_directory(path: str, root: str | None = None) -> int:
+    """A descriptor of directory ``path``. Under ``root`` (a ps's checkpoint root), each
+    component below the root is opened relative to the one before with ``O_NOFOLLOW``:
+    a symbolic link planted anywhere on the way is refused, never followed."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    if root is None:
+        return os.open(path or ".", flags)
+    rel = os.path.relpath(path, root)
+    if rel == os.curdir:
+        return os.open(root, flags)
+    if rel.startswith(os.pardir):
+        raise InvalidArgumentError(f"{path} is outside the checkpoint root {root}")
+    fd = os.open(root, flags)
+    try:
+        for part in rel.split(os.sep):
+            try:
+                nxt = os.open(part, flags | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                raise InvalidArgumentError(
+                    f"checkpoint directory {path}: {part!r} is not a directory under the root "
+                    f"(a symbolic link is never followed): {exc.strerror}") from None
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_atomically(path: str, write: Callable[[BinaryIO], None], *, overwrite: bool = True,
+                     root: str | None = None) -> int:
+    """``write(f)`` into a new file, then give it the name ``path``: nobody ever sees a
+    partial file, and no path is opened twice. Returns the file's size.
+
+    The file is created exclusively (``O_EXCL | O_NOFOLLOW``) under an unpredictable name
+    relative to a descriptor of its directory (:func:`open_directory`), written and
+    fsynced through its own descriptor, then renamed over ``path`` or, with
+    ``overwrite=False``, linked to it (refused if ``path`` exists), and the directory is
+    fsynced. Before answering, the name ``path`` is checked to be the file written (same
+    inode): a file swapped in meanwhile is an error, never a silent success. The temporary
+    name is removed whatever happens.
+    """
+    directory, base = os.path.split(path)
+    dir_fd = open_directory(directory, root)
+    tmp = f".{base}.{secrets.token_hex(8)}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644, dir_fd=dir_fd)
+        try:
+            with os.fdopen(fd, "wb", closefd=False) as f:
+                write(f)
+            os.fsync(fd)
+            mine = os.fstat(fd)
+            if overwrite:
+                os.rename(tmp, base, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            else:
+                try:
+                    os.link(tmp, base, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+                except FileExistsError:
+                    raise AlreadyExistsError(f"checkpoint file {path} already exists") from None
+            there = os.stat(base, dir_fd=dir_fd, follow_symlinks=False)
+            if (there.st_dev, there.st_ino) != (mine.st_dev, mine.st_ino):
+                raise PstrainError(f"checkpoint file {path} is not the file written: something "
+                                   "replaced it during the save (the save failed)")
+            os.fsync(dir_fd)
+            return mine.st_size
+        finally:
+            os.close(fd)
+    finally:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        os.close(dir_fd)
+
+
+#: The largest safetensors header read (the format's own limit is 100 MB).
+MAX_HEADER = 100 << 20
+_DTYPE_OF_TAG = {tag: name for name, tag in SAFETENSORS_DTYPES.items()}
+
+
+def _tensor_location(f: Any, path: str, key: str) -> tuple[int, np.dtype, tuple[int, ...]]:
+    """Where tensor ``key`` of the open safetensors file ``f`` starts, its dtype and shape,
+    all checked against the file's size before anything is allocated."""
+    size = os.fstat(f.fileno()).st_size
+    raw = f.read(8)
+    if len(raw) != 8:
+        raise InvalidArgumentError(f"{path} is not a safetensors file (too short)")
+    n = int.from_bytes(raw, "little")
+    if n > min(MAX_HEADER, size - 8):
+        raise InvalidArgumentError(f"{path}: its header claims {n} bytes; the file has {size}")
+    try:
+        header = json.loads(f.read(n))
+        meta = header[key]
+        tag, shape, (begin, end) = meta["dtype"], tuple(int(d) for d in meta["shape"]), meta["data_offsets"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InvalidArgumentError(f"cannot read {key!r} from {path}: bad header ({exc!r})") from None
+    if tag not in _DTYPE_OF_TAG:
+        raise InvalidArgumentError(f"{key!r} in {path} has dtype {tag!r}")
+    dtype = np.dtype(_DTYPE_OF_TAG[tag])
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin and end - begin == nbytes
+            and 8 + n + end <= size) or any(d < 0 for d in shape):
+        raise InvalidArgumentError(f"{key!r} in {path}: its offsets do not match its shape and "
+                                   "the file's size")
+    return 8 + n + begin, dtype, shape
+
+
+def _read_into(f: Any, at: int, out: np.ndarray) -> None:
+    view = out.reshape(-1).view(np.uint8).data  # a view: out is C-contiguous
+    f.seek(at)
+    got = 0
+    while got < len(view):
+        n = f.readinto(view[got:])
+        if not n:
+            raise InvalidArgumentError(f"{f.name} ended early")
+        got += n
+
+
+def read_rows(shape: tuple[int, ...], dtype: np.dtype, parts: list[list[Any]]) -> np.ndarray:
+    """Assemble an array from ``[file, key, src_start, src_stop, dst_start]`` row ranges.
+
+    Reads go straight into the result (the header is parsed and checked here: safetensors'
+    own reader copies out of a memory map, measured at about 60 % of a plain read); only
+    the files' layout is safetensors'."""
+    out = np.empty(shape, dtype)
+    filled = 0
+    for path, key, start, stop, dst in parts:
+        try:
+            with open(path, "rb", buffering=0) as f:
+                at, saved_dtype, saved_shape = _tensor_location(f, path, key)
+                if saved_dtype != dtype:
+                    raise InvalidArgumentError(f"{key!r} in {path} is {saved_dtype}, expected {dtype}")
+                if start is None:
+                    if int(np.prod(saved_shape, dtype=np.int64)) != out.size or \
+                            (saved_shape != tuple(shape) and saved_shape != (1,)):
+                        raise InvalidArgumentError(f"{key!r} in {path} has shape {saved_shape}, "
+                                                   f"expected {shape}")
+                    _read_into(f, at, out)
+                    filled = out.shape[0] if out.ndim else 1
+                    continue
+                if saved_shape[1:] != tuple(shape[1:]) or not 0 <= start < stop <= saved_shape[0]:
+                    raise InvalidArgumentError(f"rows {start}..{stop} of {key!r} in {path} "
+                                               f"(shape {saved_shape}) do not fit {shape}")
+                row_bytes = int(np.prod(saved_shape[1:], dtype=np.int64)) * dtype.itemsize
+                _read_into(f, at + start * row_bytes, out[dst:dst + (stop - start)])
+                filled += stop - start
+        except FileNotFoundError as exc:
+            raise NotFoundError(f"checkpoint file {path} not found") from exc
+        except IsADirectoryError as exc:
+            raise InvalidArgumentError(f"checkpoint file {path} is a directory") from exc
+    expected = shape[0] if len(shape) else 1
+    if filled != expected:
+        raise InvalidArgumentError(f"checkpoint sources cover {filled} of {expected} rows")
+    return out

@@ -1,0 +1,109 @@
+"""Many variables at once: read or updated with one request per ps (``pstrain.read_variables``,
+``pstrain.update_variables``), and :func:`ensure_created`, the one awaitable that
+guarantees variables exist on their ps before requests of one's own."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._base.context import must_await
+from .._base.errors import InvalidArgumentError
+from .._formats.operations import ReadVariables, Update, UpdateVariables
+from .arrays import VariableBase, VariableCreator
+from .variables import Variable
+
+if TYPE_CHECKING:
+    from .._transport.rpc import Channel
+
+__all__ = ["ensure_created", "read_variables", "update_variables"]
+
+
+async def ensure_created(variables: Iterable[Any]) -> None:
+    """Wait until every one of ``variables`` (sharded ones included) exists on its ps.
+
+    Every operation of a variable does this itself; call it before sending
+    requests of your own (``channel().call``) for variables just created.
+    """
+    creators: dict[int, VariableCreator] = {}
+    for v in variables:
+        for part in getattr(v, "variables", None) or [v]:
+            creator = getattr(part, "creator", None)
+            if creator is not None and not part.is_created():
+                creators[id(creator)] = creator
+    for creator in creators.values():
+        await creator.ensure_created()
+
+
+@must_await
+async def read_variables(variables: Iterable[Any]) -> list[np.ndarray]:
+    """Read many variables with one request per ps, concurrently.
+
+    >>> w, b = Variable([1.0, 2.0]), Variable(3)       # local variables: no cluster needed
+    >>> [a.tolist() for a in asyncio.run(read_variables([w, b]))]
+    [[1.0, 2.0], 3]
+    """
+    variables = list(variables)
+    out: list[Any] = [None] * len(variables)
+    groups: dict[Channel, list[int]] = {}
+    sharded: list[tuple[int, Any]] = []
+    for i, v in enumerate(variables):
+        if not isinstance(v, VariableBase):
+            raise InvalidArgumentError(f"read_variables takes variables, got {type(v).__name__}")
+        if not isinstance(v, Variable):  # a ShardedVariable: read its parts, then join
+            sharded.append((i, v))
+        elif v.ps_index is None:
+            out[i] = v.local_array().copy()
+        else:
+            groups.setdefault(v.channel(), []).append(i)
+    await ensure_created(variables[i] for indices in groups.values() for i in indices)
+
+    async def read_group(channel: Channel, indices: list[int]) -> None:
+        names = list(dict.fromkeys(variables[i].key for i in indices))  # each read once
+        reply = await channel.request(ReadVariables(names=names))
+        got = dict(zip(names, reply.values))
+        for i in indices:
+            out[i] = got[variables[i].key]
+
+    await asyncio.gather(*(read_group(ch, idx) for ch, idx in groups.items()),
+                         *(_read_sharded(out, i, v) for i, v in sharded))
+    return out
+
+
+@must_await
+async def update_variables(updates: Iterable[tuple[Variable, str, Any]]) -> None:
+    """Apply ``(variable, op, value)`` updates with one request per ps, all or nothing per ps.
+
+    ``op`` is ``assign``, ``assign_add`` or ``assign_sub``.
+
+    >>> total, count = Variable(0.0), Variable(0.0)
+    >>> asyncio.run(update_variables([(total, "assign_add", 3.0), (count, "assign_add", 1.0)]))
+    >>> float(asyncio.run(total.numpy())), float(asyncio.run(count.numpy()))
+    (3.0, 1.0)
+    """
+    groups: dict[Channel, list[Update]] = {}
+    local = []
+    placed = []
+    for var, op, value in updates:
+        if op not in ("assign", "assign_add", "assign_sub"):
+            raise InvalidArgumentError(f"update_variables: unknown op {op!r}")
+        if not isinstance(var, Variable):
+            raise InvalidArgumentError(f"update_variables takes Variables, got {type(var).__name__}")
+        arr = var.checked_value(value, op)
+        if var.ps_index is None:
+            local.append((var, op, arr))
+            continue
+        placed.append(var)
+        groups.setdefault(var.channel(), []).append(Update(op=op, name=var.key, value=arr))  # type: ignore[arg-type]
+    for var, op, arr in local:
+        await getattr(var, op)(arr)
+    await ensure_created(placed)
+    await asyncio.gather(*(ch.request(UpdateVariables(updates=entries))
+                           for ch, entries in groups.items()))
+
+
+async def _read_sharded(out: list[Any], i: int, v: Any) -> None:
+    out[i] = await v.read_value()

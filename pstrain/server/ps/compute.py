@@ -1,0 +1,125 @@
+"""What runs where the variables live: an optimizer step (``opt/apply``) and a caller's
+function (``vars/call``, ``strategy.extended.update``), both on the serving loop, so each
+is atomic with respect to other updates."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from ..._base.errors import InvalidArgumentError
+from ..._formats.operations import ApplyGradients, CallVariables
+from ..._formats.optimizer_rules import RULES, slot_specs
+from ..._formats.schedules import from_spec
+from .store import VariableStore, checked_rows, checked_value
+from .tables import TableHandlers
+
+__all__ = ["apply_gradients", "call_function"]
+
+
+def apply_gradients(store: VariableStore, tables: TableHandlers, req: ApplyGradients) -> dict[str, Any]:
+    """Apply one optimizer step to the gradients of the variables on this ps, all or nothing.
+
+    ``grads`` are ``[variable, rows | None, values]``. Slots live here as variables
+    ``<prefix>/<slot>/<variable>`` and are created on first use. Everything (every
+    gradient, ``iterations``, the slots to create) is checked before anything changes.
+    """
+    cfg = {k: v for k, v in msgspec.structs.asdict(req.rule).items() if v is not None}
+    if not isinstance(req.rule.learning_rate, float):  # a schedule: checked whole, here
+        cfg["learning_rate"] = msgspec.to_builtins(req.rule.learning_rate)
+        schedule = from_spec(cfg["learning_rate"])
+    else:
+        schedule = None
+    rule = RULES[req.rule.kind]
+    specs = slot_specs(cfg)
+    plan = []
+    seen: set[str] = set()
+    for name, rows, values in req.grads:
+        if name in seen:
+            raise InvalidArgumentError(f"opt/apply: two gradients for variable {name!r}")
+        seen.add(name)
+        record = store.get(name)
+        if record.array.dtype.kind not in "fc":
+            raise InvalidArgumentError(f"opt/apply: variable {name!r} of dtype "
+                                       f"{record.array.dtype} cannot be trained")
+        if rows is None:
+            grad = checked_value(record, values, record.array.shape, "gradient")
+        else:
+            rows = checked_rows(record, rows, "sparse gradient")
+            if rows.ndim != 1:
+                raise InvalidArgumentError(f"sparse gradient of {name!r}: rows must be 1-D")
+            grad = checked_value(record, values, (rows.shape[0],) + record.array.shape[1:],
+                               "sparse gradient")
+            if not req.unique_rows or (rows.size > 1 and not bool(np.all(rows[1:] > rows[:-1]))):
+                rows, inverse = np.unique(rows, return_inverse=True)
+                summed = np.zeros((rows.shape[0],) + grad.shape[1:], record.array.dtype)
+                np.add.at(summed, inverse, grad)
+                grad = summed
+        slots = {}
+        for slot_name, init in specs.items():
+            full = f"{req.prefix}/{slot_name}/{record.name}"
+            existing = store.find(full)
+            if existing is not None and (existing.array.shape != record.array.shape
+                                         or existing.array.dtype != record.array.dtype):
+                raise InvalidArgumentError(f"opt/apply: slot {full!r} is {existing.array.shape} "
+                                           f"{existing.array.dtype}, its variable "
+                                           f"{record.array.shape} {record.array.dtype}")
+            slots[slot_name] = (full, init)
+        plan.append((record, rows, grad, slots))
+    table_plan = tables.plan(req.tables or (), req.prefix, specs)
+    it_record = None
+    if req.iterations is not None:
+        it_record = store.get(req.iterations)
+        if it_record.array.shape != () or it_record.array.dtype.kind not in "iu":
+            raise InvalidArgumentError(f"opt/apply: {req.iterations!r} is not an integer "
+                                       "scalar step counter")
+    # -- commit: nothing below can fail on the request's account
+    t = req.t
+    if it_record is not None:
+        counter = it_record.writable()
+        counter += 1
+        t = int(counter)
+    step = int(t or 1)
+    if schedule is not None:  # Keras reads the rate at iterations before the update
+        cfg["learning_rate"] = schedule(step - 1)
+    for record, rows, grad, slots in plan:
+        var = record.writable(rows)
+        arrays = {s: store.slot(full, record.array, init, of=record.name, rows=rows)
+                  for s, (full, init) in slots.items()}
+        rule(var, grad, rows, arrays, cfg, step)
+    for table, ids, grad, slots in table_plan:
+        table.apply(rule, ids, grad, slots, cfg, step)
+    return {"t": step}
+
+
+def call_function(store: VariableStore, req: CallVariables) -> dict[str, Any]:
+    """Run a caller's function on arrays of this ps (``strategy.extended.update``).
+
+    ``fn`` gets the variables as writable arrays, then ``args`` where every
+    ``{"__pstrain_var__": name}`` is replaced by that variable's array. Runs on the
+    serving loop, so it is atomic with respect to updates.
+    """
+    if not callable(req.fn):
+        raise InvalidArgumentError(f"vars/call: 'fn' must be callable, got {type(req.fn).__name__}")
+    records = [store.get(n) for n in req.vars]
+
+    def resolve(obj: Any) -> Any:
+        if isinstance(obj, dict) and set(obj) == {"__pstrain_var__"}:
+            return store.get(obj["__pstrain_var__"]).writable()
+        if type(obj) is tuple:
+            return tuple(resolve(x) for x in obj)
+        if type(obj) is list:
+            return [resolve(x) for x in obj]
+        return obj
+
+    args = resolve(req.args)
+    kwargs = {k: resolve(v) for k, v in req.kwargs.items()}
+    arrays = [r.writable() for r in records]
+    try:
+        result = req.fn(*arrays, *(args if isinstance(args, (tuple, list)) else (args,)), **kwargs)
+    except Exception as exc:  # the caller's code: say what it raised, not where on this host
+        raise InvalidArgumentError(f"the function given to extended.update raised "
+                                   f"{type(exc).__name__}: {exc}") from exc
+    return {"result": result}
