@@ -78,7 +78,9 @@ async def bench(n: int, latency_n: int, inflight: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--n", type=int, default=5000)
     parser.add_argument("--latency-n", type=int, default=2000)
     parser.add_argument("--inflight", type=int, default=256)

@@ -152,7 +152,9 @@ async def lookup_update_cost(rows: int, batch: int, iters: int) -> dict:
         times: dict[str, list[float]] = {"fixed": [], "dynamic": []}
         for i in range(iters):
             idx = np.unique(rng.integers(0, rows, batch * 2))[:batch]
-            for name, table, ids in (("fixed", fixed, idx), ("dynamic", dynamic, keys[idx]))[::1 if i % 2 else -1]:
+            for name, table, ids in (("fixed", fixed, idx), ("dynamic", dynamic, keys[idx]))[
+                :: 1 if i % 2 else -1
+            ]:
                 t = time.perf_counter()
                 await pstrain.embedding_lookup(table, ids)
                 await opt.apply_gradients([(pstrain.IndexedSlices(grad[:ids.size], ids), table)])

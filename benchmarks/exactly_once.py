@@ -65,7 +65,12 @@ async def w4(steps: int, exactly_once: bool) -> float:
 
         def dataset_fn():
             (ids, dense_x, y), _ = synthetic(steps * BATCH, 0)
-            return pstrain.data.Dataset.from_tensor_slices((ids, dense_x, y)).shuffle(50_000).repeat().batch(BATCH)
+            return (
+                pstrain.data.Dataset.from_tensor_slices((ids, dense_x, y))
+                .shuffle(50_000)
+                .repeat()
+                .batch(BATCH)
+            )
 
         it = iter(coordinator.create_per_worker_dataset(dataset_fn))
         for _ in range(steps // 10):
@@ -81,7 +86,8 @@ async def w4(steps: int, exactly_once: bool) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--w4-steps", type=int, default=400)
@@ -89,7 +95,8 @@ def main() -> None:
     args = parser.parse_args()
     rates = pstrain.run(w1(args.n, args.rounds))
     for mode, xs in rates.items():
-        emit({"metric": "closures_per_s", "closure": "incr", "mode": mode, "value": round(statistics.median(xs)),
+        emit({"metric": "closures_per_s", "closure": "incr", "mode": mode,
+              "value": round(statistics.median(xs)),
               "runs": [round(x) for x in xs], "n": args.n, "max_inflight_per_worker": 256}, "W1-exactly-once")
     w4_rates: dict[str, list[float]] = {"plain": [], "exactly_once": []}
     for _ in range(args.w4_runs):

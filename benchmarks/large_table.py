@@ -115,7 +115,12 @@ async def train_and_save(args, directory: str) -> dict:
 
         def dataset_fn():
             (ids, dense_x, y), _ = synthetic(args.steps * BATCH, 0, rows=rows)
-            return pstrain.data.Dataset.from_tensor_slices((ids, dense_x, y)).shuffle(50_000).repeat().batch(BATCH)
+            return (
+                pstrain.data.Dataset.from_tensor_slices((ids, dense_x, y))
+                .shuffle(50_000)
+                .repeat()
+                .batch(BATCH)
+            )
 
         it = iter(coordinator.create_per_worker_dataset(dataset_fn))
         warm = 50
@@ -162,7 +167,8 @@ async def train_and_save(args, directory: str) -> dict:
     files = [os.path.join(directory, f) for f in os.listdir(directory) if f.startswith("w7.ps")]
     written = sum(os.path.getsize(f) for f in files)
     return {"path": path, "rate_before": rate_before, "rate_during": rate_during,
-            "save_s": save_t1 - save_t0, "idle_save_s": idle_s, "written": written, "files": files, "held": held,
+            "save_s": save_t1 - save_t0, "idle_save_s": idle_s, "written": written, "files": files,
+            "held": held,
             "peaks": peaks, "samples": sampler.samples,
             "save_mark": (save_t0 - sampler.t0, save_t1 - sampler.t0)}
 

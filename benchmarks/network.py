@@ -82,7 +82,9 @@ def shape(lab: NetLab, rate: str | None) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=300)
     args = parser.parse_args()
     hosts = {"ps0": ("ps", 0), "ps1": ("ps", 1), "w0": ("worker", 0), "w1": ("worker", 1),

@@ -7,7 +7,14 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ["dispatch.py", "transfer.py", "train_dense.py", "train_embedding.py", "scaling.py", "frameworks.py"]
+SCRIPTS = [
+    "dispatch.py",
+    "transfer.py",
+    "train_dense.py",
+    "train_embedding.py",
+    "scaling.py",
+    "frameworks.py",
+]
 
 if __name__ == "__main__":
     failed = []

@@ -91,7 +91,9 @@ async def bench(sizes: list[str], repeats: int, closures: bool) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", default="4K,1M,64M,256M")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--no-closures", action="store_true", help="coordinator side only")

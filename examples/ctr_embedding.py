@@ -52,7 +52,9 @@ async def train(resolver, steps: int = 1000, quiet: bool = False, max_inflight: 
 
     def dataset_fn():
         (ids, dense_x, y), _ = synthetic(n_train, 0)
-        return pstrain.data.Dataset.from_tensor_slices((ids, dense_x, y)).shuffle(50_000).repeat().batch(BATCH)
+        return (
+            pstrain.data.Dataset.from_tensor_slices((ids, dense_x, y)).shuffle(50_000).repeat().batch(BATCH)
+        )
 
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
     from pstrain import rpc
@@ -110,7 +112,8 @@ async def main(args):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--ps", type=int, default=2)

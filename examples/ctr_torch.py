@@ -28,8 +28,11 @@ class CTRNet(torch.nn.Module):
         rng = np.random.default_rng(1)  # the numpy model's initial weights
         limit1, limit2 = np.sqrt(6 / (width + HIDDEN)), np.sqrt(6 / (HIDDEN + 1))
         with torch.no_grad():
-            self.fc1.weight.copy_(torch.from_numpy(rng.uniform(-limit1, limit1, (width, HIDDEN)).T.astype(np.float32)))
-            self.fc2.weight.copy_(torch.from_numpy(rng.uniform(-limit2, limit2, (HIDDEN, 1)).T.astype(np.float32)))
+            self.fc1.weight.copy_(
+                torch.from_numpy(rng.uniform(-limit1, limit1, (width, HIDDEN)).T.astype(np.float32))
+            )
+            fc2 = rng.uniform(-limit2, limit2, (HIDDEN, 1)).T.astype(np.float32)
+            self.fc2.weight.copy_(torch.from_numpy(fc2))
             self.fc1.bias.zero_()
             self.fc2.bias.zero_()
 

@@ -37,7 +37,12 @@ async def drill(steps: int, quiet: bool = False, framework: str = "numpy") -> di
 
         def dataset_fn():
             (ids, dense_x, y), _ = synthetic(steps * BATCH, 0)
-            return pstrain.data.Dataset.from_tensor_slices((ids, dense_x, y)).shuffle(10_000).repeat().batch(BATCH)
+            return (
+                pstrain.data.Dataset.from_tensor_slices((ids, dense_x, y))
+                .shuffle(10_000)
+                .repeat()
+                .batch(BATCH)
+            )
 
         iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
         rvs = [coordinator.schedule(step, args=(iterator,)) for _ in range(steps)]

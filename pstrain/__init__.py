@@ -28,7 +28,7 @@ _EXPORTS: dict[str, str] = {
     "LocalCluster": "launch",
     "Module": "_training.module",
     "ParameterServerStrategy": "_distribute.strategy",
-    "StrategyExtended": "_distribute.strategy",
+    "StrategyExtended": "_distribute.extended",
     "PerReplica": "_distribute.values",
     "PerWorkerValues": "_distribute.values",
     "ReduceOp": "_distribute.distribution",
@@ -130,16 +130,14 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above 
         has_strategy as has_strategy,
         in_cross_replica_context as in_cross_replica_context,
     )
+    from ._distribute.extended import StrategyExtended as StrategyExtended
     from ._distribute.input_distribution import (
         DistributedDataset as DistributedDataset,
         InputContext as InputContext,
         InputOptions as InputOptions,
         InputReplicationMode as InputReplicationMode,
     )
-    from ._distribute.strategy import (
-        ParameterServerStrategy as ParameterServerStrategy,
-        StrategyExtended as StrategyExtended,
-    )
+    from ._distribute.strategy import ParameterServerStrategy as ParameterServerStrategy
     from ._distribute.values import (
         DistributedValues as DistributedValues,
         PerReplica as PerReplica,

@@ -67,7 +67,9 @@ class CTRModel(Module):
         rng = np.random.default_rng(1)
         width = FEATURES * dim + DENSE
         limit1, limit2 = np.sqrt(6 / (width + HIDDEN)), np.sqrt(6 / (HIDDEN + 1))
-        self.w1 = Variable(rng.uniform(-limit1, limit1, (width, HIDDEN)).astype(np.float32), name=f"{name}/w1")
+        self.w1 = Variable(
+            rng.uniform(-limit1, limit1, (width, HIDDEN)).astype(np.float32), name=f"{name}/w1"
+        )
         self.b1 = Variable(np.zeros(HIDDEN, np.float32), name=f"{name}/b1")
         self.w2 = Variable(rng.uniform(-limit2, limit2, (HIDDEN, 1)).astype(np.float32), name=f"{name}/w2")
         self.b2 = Variable(np.zeros(1, np.float32), name=f"{name}/b2")

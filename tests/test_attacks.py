@@ -89,7 +89,7 @@ async def alive_and_serving(server: ServeProcess) -> None:
         await ch.close()
 
 
-# -- crash ----------------------------------------------------------------------------------------------
+# -- crash -----------------------------------------------------------------------------------------
 async def test_deeply_nested_tuples_crash_neither_servers_nor_clients(tmp_path):
     crafted = nested_tuples(300)
     with pytest.raises(ProtocolError, match="nested more than"):
@@ -126,7 +126,7 @@ def test_buffer_indexes_out_of_range_are_refused():
             wire.decode_body(crafted)
 
 
-# -- memory ----------------------------------------------------------------------------------------------
+# -- memory ----------------------------------------------------------------------------------------
 async def test_http_content_length_claims_cost_nothing(ps_proc):
     before = rss(ps_proc.proc.pid)
     host, port = ps_proc.address.rsplit(":", 1)
@@ -164,8 +164,11 @@ async def test_compressed_http_bodies_are_refused(ps_server):
     import aiohttp
 
     async with aiohttp.ClientSession() as session:
-        async with session.post(f"http://{ps_server.address}/v1/vars/list", data=b"\x1f\x8b" + bytes(30),
-                                headers={"Authorization": f"Bearer {TOKEN}", "Content-Encoding": "gzip"}) as resp:
+        async with session.post(
+            f"http://{ps_server.address}/v1/vars/list",
+            data=b"\x1f\x8b" + bytes(30),
+            headers={"Authorization": f"Bearer {TOKEN}", "Content-Encoding": "gzip"},
+        ) as resp:
             assert resp.status == 415
             assert "Content-Encoding" in (await resp.json())["error"]["message"]
 
@@ -220,7 +223,7 @@ async def test_initializers_run_off_the_serving_loop(ps_server):
     await ch.close()
 
 
-# -- before authentication ----------------------------------------------------------------------------------
+# -- before authentication -------------------------------------------------------------------------
 async def test_hostile_idle_connections_do_not_lock_out_a_client_and_are_closed():
     server = ServeProcess("--role", "ps", "--index", "0", "--port", "0", "--log-level", "ERROR")
     try:
@@ -257,7 +260,7 @@ async def test_a_non_ascii_authorization_header_is_a_401(ps_server):
     await close(writer)
 
 
-# -- the token on the wire ------------------------------------------------------------------------------------
+# -- the token on the wire -------------------------------------------------------------------------
 async def test_an_impostor_at_a_tasks_address_learns_nothing_and_is_refused():
     received = bytearray()
 
@@ -301,7 +304,7 @@ def test_an_empty_token_is_no_token(tmp_path):
     assert out.returncode != 0 and "without a cluster token" in out.stderr
 
 
-# -- validation after the fact ---------------------------------------------------------------------------------
+# -- validation after the fact ---------------------------------------------------------------------
 async def test_refused_requests_change_nothing(ps_server):
     strategy = strategy_for(ps_server)
     async with strategy.scope():
@@ -385,7 +388,7 @@ async def test_no_pickle_refuses_functions_before_unpickling(tmp_path):
         server.stop()
 
 
-# -- checkpoints ------------------------------------------------------------------------------------------------
+# -- checkpoints -----------------------------------------------------------------------------------
 async def test_checkpoint_files_stay_under_the_root_and_are_never_overwritten(ps_server, tmp_path):
     strategy = strategy_for(ps_server)
     async with strategy.scope():
@@ -476,7 +479,7 @@ def test_the_index_temp_file_is_unpredictable_and_a_planted_link_is_not_followed
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left
 
 
-# -- the worker ----------------------------------------------------------------------------------------------------
+# -- the worker ------------------------------------------------------------------------------------
 async def test_an_empty_run_is_answered_and_unknown_cancel_ids_are_ignored(cluster):
     ch = rpc.Channel(cluster.workers[0].address, token=cluster.token, task="w0")
     reply = await ch.call("worker/run", {"fns": {}, "closures": []}, pickle=True, timeout=5)

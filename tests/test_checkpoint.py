@@ -248,9 +248,21 @@ def test_format_1_checkpoints_are_refused_by_restore_and_read_by_load_variables(
     from pstrain._formats.tensor_files import write_tensors
 
     write_tensors(str(tmp_path / "old.local.safetensors"), {"w": np.arange(3, dtype=np.float32)})
-    (tmp_path / "old.index.json").write_text(json.dumps({"format": "pstrain-checkpoint", "version": 1, "variables": {
-        "w": {"dtype": "<f4", "shape": [3], "parts": [
-            {"file": "old.local.safetensors", "key": "w", "offset": 0, "rows": 3}]}}}))
+    (tmp_path / "old.index.json").write_text(
+        json.dumps(
+            {
+                "format": "pstrain-checkpoint",
+                "version": 1,
+                "variables": {
+                    "w": {
+                        "dtype": "<f4",
+                        "shape": [3],
+                        "parts": [{"file": "old.local.safetensors", "key": "w", "offset": 0, "rows": 3}],
+                    }
+                },
+            }
+        )
+    )
     assert load_variables(str(tmp_path / "old"))["w"].tolist() == [0, 1, 2]
     w = pstrain.Variable(np.zeros(3, np.float32))
     with pytest.raises(pstrain.errors.InvalidArgumentError, match="keyed variables by name"):

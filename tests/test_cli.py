@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import pstrain
-from pstrain.cli import client_ssl
+from pstrain.cli.serve import client_ssl
 from pstrain.errors import ProtocolError
 
 from .conftest import TOKEN, ServeProcess
@@ -182,4 +182,6 @@ def test_launch_prefixes_every_line_the_servers_write():
 def test_a_closure_that_cannot_reach_its_ps_is_told_what_to_do():
     from pstrain._transport.rpc import ps_advice
 
-    assert "restore" in ps_advice("/job:ps/replica:0/task:1") and ps_advice("/job:worker/replica:0/task:0") == ""
+    assert (
+        "restore" in ps_advice("/job:ps/replica:0/task:1") and ps_advice("/job:worker/replica:0/task:0") == ""
+    )

@@ -57,7 +57,9 @@ def test_tf_config_exactly_as_tf_documents_it(monkeypatch):
 def test_evaluator_and_pstrain_config_wins(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": SPEC, "task": {"type": "worker", "index": 1}}))
     mine = dict(SPEC, evaluator=["127.0.0.1:2226"])
-    monkeypatch.setenv("PSTRAIN_CONFIG", json.dumps({"cluster": mine, "task": {"type": "evaluator", "index": 0}}))
+    monkeypatch.setenv(
+        "PSTRAIN_CONFIG", json.dumps({"cluster": mine, "task": {"type": "evaluator", "index": 0}})
+    )
     r = pstrain.TFConfigClusterResolver()
     assert r.task_type == "evaluator" and r.cluster_spec().num_tasks("evaluator") == 1
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 import pstrain
-from pstrain.cli import client_ssl
+from pstrain.cli.serve import client_ssl
 from pstrain.cluster import listening_socket
 from pstrain.errors import (
     AuthenticationError,

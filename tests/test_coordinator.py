@@ -414,8 +414,11 @@ async def test_a_wrong_token_fails_join_fast_without_a_retry_loop(cluster, caplo
         await rv
     # Each worker refused once: no reconnect loop in the log. (The client proves first, so
     # a wrong token is the server's refusal, "rejected the cluster token".)
-    refusals = [r for r in caplog.records
-                if r.name == "pstrain._coordinator.dispatch" and "rejected the cluster token" in r.getMessage()]
+    refusals = [
+        r
+        for r in caplog.records
+        if r.name == "pstrain._coordinator.dispatch" and "rejected the cluster token" in r.getMessage()
+    ]
     assert 1 <= len(refusals) <= len(spec.job_tasks("worker"))
     with pytest.raises(pstrain.errors.AuthenticationError):  # from schedule or join: the ps
         coordinator.schedule(lambda: 2)  # refuse us too, and no worker can run it

@@ -42,7 +42,9 @@ def test_type_checkers_see_exactly_the_names_that_run():
     assert set(seen) == set(lazy), f"only in TYPE_CHECKING: {set(seen) - set(lazy)}; " \
                                    f"only in the table: {set(lazy) - set(seen)}"
     for name, module in lazy.items():
-        assert seen[name] == module, f"{name}: TYPE_CHECKING imports it from {seen[name]}, the table from {module}"
+        assert seen[name] == module, (
+            f"{name}: TYPE_CHECKING imports it from {seen[name]}, the table from {module}"
+        )
 
 
 @pytest.mark.parametrize("name", sorted(pstrain._EXPORTS))

@@ -46,9 +46,11 @@ leaves = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.
 
 
 def _packable(children):
-    return st.one_of(st.lists(children, max_size=4),
-                     st.dictionaries(st.text(max_size=4), children, max_size=3),
-                     st.builds(lambda c, x: msgpack.ExtType(c, msgpack.packb(x, default=_ext)), ext_codes, children))
+    return st.one_of(
+        st.lists(children, max_size=4),
+        st.dictionaries(st.text(max_size=4), children, max_size=3),
+        st.builds(lambda c, x: msgpack.ExtType(c, msgpack.packb(x, default=_ext)), ext_codes, children),
+    )
 
 
 def _ext(obj):

@@ -114,7 +114,9 @@ async def test_variables_from_an_equinox_model_train_with_no_hand_gradient(clust
     with strategy.scope():
         params = pjax.variables_from(arrays, name="mlp")
         opt = pstrain.optimizers.Adam(0.05)
-    names = sorted(v.name for v in jax.tree_util.tree_leaves(params, is_leaf=lambda v: isinstance(v, pstrain.Variable)))
+    names = sorted(
+        v.name for v in jax.tree_util.tree_leaves(params, is_leaf=lambda v: isinstance(v, pstrain.Variable))
+    )
     assert names[0].startswith("mlp/") and len(names) == 4
 
     def mse(p, x, y):

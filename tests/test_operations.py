@@ -123,10 +123,15 @@ def test_slurm_node_names_that_do_not_sort_as_strings_keep_slurms_rank_order():
 
 
 def test_tfjob_tf_config_as_the_operator_injects_it(monkeypatch):
-    tf_config = {"cluster": {"chief": ["mnist-chief-0.kubeflow.svc:2222"],
-                             "ps": ["mnist-ps-0.kubeflow.svc:2222"],
-                             "worker": ["mnist-worker-0.kubeflow.svc:2222", "mnist-worker-1.kubeflow.svc:2222"]},
-                 "task": {"type": "worker", "index": 1}, "environment": "cloud"}
+    tf_config = {
+        "cluster": {
+            "chief": ["mnist-chief-0.kubeflow.svc:2222"],
+            "ps": ["mnist-ps-0.kubeflow.svc:2222"],
+            "worker": ["mnist-worker-0.kubeflow.svc:2222", "mnist-worker-1.kubeflow.svc:2222"],
+        },
+        "task": {"type": "worker", "index": 1},
+        "environment": "cloud",
+    }
     monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
     r = pstrain.TFConfigClusterResolver()
     assert (r.task_type, r.task_id) == ("worker", 1)

@@ -124,28 +124,62 @@ async def test_batched_update_with_one_bad_entry_changes_nothing(ps_server):
 
 
 BAD_INPUTS = {
-    "malformed msgpack": ("vars/update", b"\x04\x00\x00\x00\x00\x00\x00\x00\xc1\xc1\xc1\xc1", 400, "ProtocolError"),
-    "truncated body": ("vars/update", body({"updates": [{"op": "assign", "name": "w",
-                                                        "value": np.ones(64, np.float32)}]})[:-100],
-                       400, "ProtocolError"),
-    "wrong dtype": ("vars/assign", body({"name": "w", "value": np.ones(4, np.complex64)}), 400,
-                    "InvalidArgumentError"),
-    "float into int": ("vars/assign", body({"name": "n", "value": np.ones(2, np.float64)}), 400,
-                       "InvalidArgumentError"),
-    "wrong shape": ("vars/assign_add", body({"name": "w", "value": np.ones(5, np.float32)}), 400,
-                    "InvalidArgumentError"),
-    "row id out of range": ("vars/scatter_add", body({"name": "w", "indices": np.array([1, 4]),
-                                                     "values": np.ones(2, np.float32)}), 400,
-                            "InvalidArgumentError"),
-    "negative row id": ("vars/sparse_read", body({"name": "w", "indices": np.array([-1])}), 400,
-                        "InvalidArgumentError"),
+    "malformed msgpack": (
+        "vars/update",
+        b"\x04\x00\x00\x00\x00\x00\x00\x00\xc1\xc1\xc1\xc1",
+        400,
+        "ProtocolError",
+    ),
+    "truncated body": (
+        "vars/update",
+        body({"updates": [{"op": "assign", "name": "w", "value": np.ones(64, np.float32)}]})[:-100],
+        400,
+        "ProtocolError",
+    ),
+    "wrong dtype": (
+        "vars/assign",
+        body({"name": "w", "value": np.ones(4, np.complex64)}),
+        400,
+        "InvalidArgumentError",
+    ),
+    "float into int": (
+        "vars/assign",
+        body({"name": "n", "value": np.ones(2, np.float64)}),
+        400,
+        "InvalidArgumentError",
+    ),
+    "wrong shape": (
+        "vars/assign_add",
+        body({"name": "w", "value": np.ones(5, np.float32)}),
+        400,
+        "InvalidArgumentError",
+    ),
+    "row id out of range": (
+        "vars/scatter_add",
+        body({"name": "w", "indices": np.array([1, 4]), "values": np.ones(2, np.float32)}),
+        400,
+        "InvalidArgumentError",
+    ),
+    "negative row id": (
+        "vars/sparse_read",
+        body({"name": "w", "indices": np.array([-1])}),
+        400,
+        "InvalidArgumentError",
+    ),
     "unknown variable": ("vars/read", body({"names": ["missing"]}), 404, "NotFoundError"),
-    "duplicate create": ("vars/create", body({"vars": [{"name": "w", "dtype": "<f4", "shape": (4,),
-                                                        "value": np.zeros(4, np.float32)}]}),
-                         409, "AlreadyExistsError"),
+    "duplicate create": (
+        "vars/create",
+        body({"vars": [{"name": "w", "dtype": "<f4", "shape": (4,), "value": np.zeros(4, np.float32)}]}),
+        409,
+        "AlreadyExistsError",
+    ),
     "unknown operation": ("vars/frobnicate", body({}), 404, "NotFoundError"),
-    "pickled object": ("vars/read", b"".join(bytes(c) for c in wire.encode_body(
-        {"names": [len]}, allow_pickle=True)), 400, "ProtocolError"),
+    "pickled object": (
+        "vars/read",
+        b"".join(bytes(c) for c in wire.encode_body({"names": [len]}, allow_pickle=True)),
+        400,
+        "ProtocolError",
+    ),
 }
 
 

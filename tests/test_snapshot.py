@@ -38,7 +38,9 @@ async def test_a_save_during_updates_writes_the_table_as_it_began_without_copyin
 
             async def train():
                 for rows in batches:  # rows spread over the whole table, as a hashed table's are
-                    await table.scatter_add(pstrain.IndexedSlices(np.ones((rows.size, DIM), np.float32), rows))
+                    await table.scatter_add(
+                        pstrain.IndexedSlices(np.ones((rows.size, DIM), np.float32), rows)
+                    )
 
             path, _ = await asyncio.gather(ckpt.save(str(tmp_path / "c")), train())
             peak = tracemalloc.get_traced_memory()[1] - base

@@ -119,6 +119,8 @@ async def test_a_ps_lost_before_creations_go_out_is_not_a_worker_failure(caplog)
             await coordinator.join()
         assert info.value.task == "/job:ps/replica:0/task:1"
         assert coordinator.worker_failures == 0
-        assert not [r for r in caplog.records if "worker" in r.getMessage() and "unreachable" in r.getMessage()]
+        assert not [
+            r for r in caplog.records if "worker" in r.getMessage() and "unreachable" in r.getMessage()
+        ]
         assert a.name == "a" and b.name == "b"
         await coordinator.close()

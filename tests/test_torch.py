@@ -55,7 +55,10 @@ async def test_gradients_applied_on_the_ps_equal_torchs_own(cluster):
     ids[3, 1] = 5
     x = torch.from_numpy(rng.normal(size=(6, 2)).astype(np.float32))
     y = torch.from_numpy(rng.normal(size=6).astype(np.float32))
-    before = {"table": await net.emb.table.numpy(), **{n: await v.numpy() for n, v in zip(remote.names, remote.variables)}}
+    before = {
+        "table": await net.emb.table.numpy(),
+        **{n: await v.numpy() for n, v in zip(remote.names, remote.variables)},
+    }
 
     step = mse_step(net, remote, opt)
 
@@ -67,11 +70,13 @@ async def test_gradients_applied_on_the_ps_equal_torchs_own(cluster):
     with torch.no_grad():
         fc.weight.copy_(torch.from_numpy(before["fc.weight"]))
         fc.bias.copy_(torch.from_numpy(before["fc.bias"]))
-    ref = torch.mean((torch.tanh(fc(torch.cat([table[torch.from_numpy(ids)].flatten(1), x], 1)))[:, 0] - y) ** 2)
+    hidden = torch.cat([table[torch.from_numpy(ids)].flatten(1), x], 1)
+    ref = torch.mean((torch.tanh(fc(hidden))[:, 0] - y) ** 2)
     ref.backward()
     assert abs(loss - ref.item()) < 1e-6
     np.testing.assert_allclose(before["table"] - await net.emb.table.numpy(), table.grad.numpy(), atol=1e-5)
-    np.testing.assert_allclose(before["fc.weight"] - await remote.variables[0].numpy(), fc.weight.grad.numpy(),
+    np.testing.assert_allclose(before["fc.weight"] - await remote.variables[0].numpy(),
+                               fc.weight.grad.numpy(),
                                atol=1e-5)
     np.testing.assert_allclose(before["fc.bias"] - await remote.variables[1].numpy(), fc.bias.grad.numpy(),
                                atol=1e-5)

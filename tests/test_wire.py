@@ -93,9 +93,15 @@ def test_buffers_are_aligned_to_8_bytes():
         assert (arr.ctypes.data - base) % 8 == 0
 
 
-@pytest.mark.parametrize("body", [
-    b"", b"\x01\x00", b"\xff\xff\xff\x00\x00\x00\x00\x00", b"\x05\x00\x00\x00\x00\x00\x00\x00\xc1\xc1\xc1\xc1\xc1",
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"\x01\x00",
+        b"\xff\xff\xff\x00\x00\x00\x00\x00",
+        b"\x05\x00\x00\x00\x00\x00\x00\x00\xc1\xc1\xc1\xc1\xc1",
+    ],
+)
 def test_malformed_bodies_raise_protocol_error(body):
     with pytest.raises(ProtocolError):
         wire.decode_body(body)

@@ -45,10 +45,10 @@ def in_closure() -> bool:
 def get_current_worker_index() -> int:
     """The index of the worker running the current closure or dataset function.
 
-    >>> get_current_worker_index()
+    >>> get_current_worker_index()  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    RuntimeError: Currently accessing worker index inside non-dispatched function: get_current_worker_index() works inside closures and dataset functions
+    RuntimeError: Currently accessing worker index inside non-dispatched function: ...
     """
     index = _worker_index.get()
     if index is None:

@@ -120,8 +120,14 @@ def parse_config(text: str, source: str = "config") -> tuple[ClusterSpec, str | 
     try:
         config = json.loads(text)
     except json.JSONDecodeError as exc:
-        hint = (" (it looks like a file path: TF_CONFIG must hold the JSON itself; "
-                "PSTRAIN_CONFIG may name a file)") if source == "TF_CONFIG" and not stripped.startswith("{") else ""
+        hint = (
+            (
+                " (it looks like a file path: TF_CONFIG must hold the JSON itself; "
+                "PSTRAIN_CONFIG may name a file)"
+            )
+            if source == "TF_CONFIG" and not stripped.startswith("{")
+            else ""
+        )
         raise InvalidArgumentError(f"{source} is not valid JSON: {exc}{hint}") from exc
     if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict):
         raise InvalidArgumentError(f"{source} must be a JSON object with a 'cluster' object")

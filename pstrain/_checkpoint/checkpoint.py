@@ -35,7 +35,8 @@ optimizer slot, with the slots' initial values), as of the moment that ps
 copies it; restore re-routes every id to the ps that holds it now, so a table
 restores into any number of ps. Tables are restored after the variables, each
 ps's shard replaced whole (not staged with the variables); ``load_variables``
-gives ``<path>/ids``, ``<path>/rows`` and ``<path>/slot:<optimizer>/<slot>``. The file format is ``checkpoint_files.py``.
+gives ``<path>/ids``, ``<path>/rows`` and ``<path>/slot:<optimizer>/<slot>``. The file format
+is ``checkpoint_files.py``.
 
 Checkpoints written before object-graph keys (format 1, keyed by variable
 name) are refused by ``restore`` with a message saying so; ``load_variables``

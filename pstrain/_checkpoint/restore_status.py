@@ -196,7 +196,9 @@ class CheckpointLoadStatus:
         self.watch(sub.modules)
         self.restore_deferred(found)
 
-    def _pieces(self, targets: list[_Target]) -> Iterator[tuple[Variable, list[list[Any]], dict[str, Any] | None]]:
+    def _pieces(
+        self, targets: list[_Target]
+    ) -> Iterator[tuple[Variable, list[list[Any]], dict[str, Any] | None]]:
         """For each part receiving a target: the variable part (the slot's variable, for a
         slot), the checkpoint rows it takes, and the ``ckpt/restore`` entry for its ps
         (None for a local variable)."""
@@ -214,7 +216,8 @@ class CheckpointLoadStatus:
                             "slots live on the ps, so the variable must be created in strategy.scope()")
                     yield part, rows, None
                     continue
-                role = {"trainable": False, "slot_of": part.key} if target.slot else {"trainable": part.trainable}
+                role = ({"trainable": False, "slot_of": part.key} if target.slot
+                        else {"trainable": part.trainable})
                 yield part, rows, {"name": name, "dtype": e.dtype.str, "shape": list(part.shape), **role,
                                    "sources": rows}
 

@@ -19,7 +19,7 @@ worker, a result, a worker lost) and keeps the state TF's
   their order) and run elsewhere, unless an error is pending (then they are
   cancelled);
 * a closure's **RemoteValue inputs** are resolved before it is sent
-  (:meth:`Closure.arguments_for`); a failed input fails it with
+  (``Closure.arguments_for``, in ``closures.py``); a failed input fails it with
   :class:`~pstrain.errors.ClosureInputError`, also when the producer's error
   cancels the rest (a consumer of a failed value always learns why).
 
@@ -35,133 +35,17 @@ from collections import deque
 from collections.abc import Callable, Collection
 from typing import Any
 
-from .._base.errors import CancelledError, ClosureInputError, InvalidArgumentError
-from .._distribute.values import PerWorkerValues
-from .._formats.messages import ResourceRef
-from .remote_value import Outcome, RemoteValue
+from .._base.errors import CancelledError
+from .closures import Closure, scan_inputs
 
-__all__ = ["CANCELLED_MESSAGE", "Closure", "ClosureQueue", "scan_inputs"]
+__all__ = [
+    "CANCELLED_MESSAGE",
+    "Closure",
+    "ClosureQueue",
+    "scan_inputs",
+]  # Closure, scan_inputs: from closures.py
 
 CANCELLED_MESSAGE = "The corresponding function is cancelled. Please reschedule the function."
-
-
-def scan_inputs(obj: Any, inputs: list[RemoteValue]) -> bool:
-    """Does ``obj`` hold per-worker or remote values (so it must be rewritten per worker)?
-
-    RemoteValues found are appended to ``inputs``.
-
-    >>> scan_inputs((1, [2, {"a": 3}]), [])
-    False
-    """
-    if isinstance(obj, RemoteValue):
-        inputs.append(obj)
-        return True
-    if isinstance(obj, PerWorkerValues):
-        return True
-    if type(obj) is tuple or type(obj) is list:
-        found = False
-        for x in obj:
-            found = scan_inputs(x, inputs) or found
-        return found
-    if type(obj) is dict:
-        found = False
-        for x in obj.values():
-            found = scan_inputs(x, inputs) or found
-        return found
-    return False
-
-
-class Closure:
-    """One scheduled call: the function (pickled once), its arguments and its outcome."""
-
-    __slots__ = ("cid", "fn", "digest", "pickled", "args", "kwargs", "outcome", "walk", "inputs",
-                 "worker", "once_key")
-
-    def __init__(self, cid: int, fn: Any, digest: bytes, pickled: bytes, args: tuple[Any, ...],
-                 kwargs: dict[str, Any], outcome: Outcome, walk: bool = False,
-                 inputs: list[RemoteValue] | None = None, once_key: str | None = None) -> None:
-        self.cid = cid
-        self.fn = fn
-        self.digest = digest
-        self.pickled = pickled
-        self.args = args
-        self.kwargs = kwargs
-        self.outcome = outcome
-        self.walk = walk  # do the arguments hold per-worker or remote values?
-        self.inputs = inputs or []
-        self.worker: int | None = None  # the worker it is in flight on
-        self.once_key = once_key  # exactly-once: the key its updates carry, attempt after attempt
-
-    def inputs_ready(self) -> bool:
-        return not self.inputs or all(rv.done() for rv in self.inputs)
-
-    def input_error(self) -> ClosureInputError | None:
-        """The error of an input that failed, if one has."""
-        for rv in self.inputs:
-            if rv.done():
-                try:
-                    _ready_value(rv)
-                except ClosureInputError as exc:
-                    return exc
-        return None
-
-    def cancel_error(self, message: str) -> BaseException:
-        """What this closure fails with when it is cancelled: why its input failed, if one did."""
-        return self.input_error() or CancelledError(message)
-
-    def arguments_for(self, worker: int) -> tuple[tuple[Any, ...], dict[str, Any], bool]:
-        """``(args, kwargs, has_refs)`` as worker ``worker`` gets them.
-
-        Per-worker values become that worker's part (a :class:`ResourceRef`
-        for a per-worker resource); RemoteValues become their values. Raises
-        :class:`ClosureInputError` if an input failed.
-        """
-        if not self.walk:
-            return self.args, self.kwargs, False
-        args, refs = _substitute(self.args, worker)
-        kwargs, kw_refs = _substitute(self.kwargs, worker)
-        return args, kwargs, refs or kw_refs
-
-
-def _substitute(obj: Any, index: int) -> tuple[Any, bool]:
-    if isinstance(obj, PerWorkerValues):
-        rid = obj.resource_id
-        if rid is not None:
-            return ResourceRef(rid), True
-        if index >= len(obj.values):
-            raise InvalidArgumentError(
-                f"a PerWorkerValues of {len(obj.values)} values was given to a closure that runs "
-                f"on worker {index}, a worker that joined later: build per-worker values with "
-                "coordinator.create_per_worker_dataset, which covers joining workers")
-        return _substitute(obj.values[index], index)
-    if isinstance(obj, RemoteValue):
-        if not obj.done():
-            raise ClosureInputError("Input is not ready: a RemoteValue input must resolve before "
-                                    "its consumer is sent")
-        return _ready_value(obj), False
-    if type(obj) is tuple or type(obj) is list:
-        items = [_substitute(x, index) for x in obj]
-        out = [x for x, _ in items]
-        return (tuple(out) if type(obj) is tuple else out), any(r for _, r in items)
-    if type(obj) is dict:
-        items2 = {k: _substitute(v, index) for k, v in obj.items()}
-        return {k: x for k, (x, _) in items2.items()}, any(r for _, r in items2.values())
-    return obj, False
-
-
-def _ready_value(rv: RemoteValue) -> Any:
-    """The value of a resolved RemoteValue, without a loop (its await returns at once)."""
-    gen = rv.__await__()
-    try:
-        next(gen)
-    except StopIteration as stop:  # resolved: the generator returns at once
-        return stop.value
-    except BaseException as exc:
-        raise ClosureInputError(
-            f"Input has an error, the original exception is {type(exc).__name__}, "
-            f"error message is {exc}") from exc
-    gen.close()  # pragma: no cover - done() said it was resolved
-    raise ClosureInputError("Input is not ready")  # pragma: no cover
 
 
 class ClosureQueue:

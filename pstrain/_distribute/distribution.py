@@ -196,4 +196,15 @@ def in_cross_replica_context() -> bool:
     return _strategy.get() is not None and _replica.get() is None
 
 
-expose(globals(), "pstrain", ['ReduceOp', 'ReplicaContext', 'get_replica_context', 'get_strategy', 'has_strategy', 'in_cross_replica_context'])
+expose(
+    globals(),
+    "pstrain",
+    [
+        "ReduceOp",
+        "ReplicaContext",
+        "get_replica_context",
+        "get_strategy",
+        "has_strategy",
+        "in_cross_replica_context",
+    ],
+)

@@ -14,23 +14,19 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
-from .._base.cluster import ClusterSpec, task_name, validate_ps_cluster
+from .._base.cluster import ClusterSpec, validate_ps_cluster
 from .._base.context import in_closure
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from .._base.resolvers import ClusterResolver
-from .._formats.operations import CallVariables
 from .._transport.rpc import ChannelPool
-from .._variables.arrays import creator_scope, current_creator
-from .._variables.batched import ensure_created
+from .._variables.arrays import creator_scope
 from .._variables.placement import Placement
-from .._variables.sharding import ShardedVariable
-from .._variables.variables import Variable
 from .distribution import (
     ReduceOp,
     ReplicaContext,
@@ -39,6 +35,7 @@ from .distribution import (
     exit_strategy,
     replica_scope,
 )
+from .extended import StrategyExtended
 from .input_distribution import DistributedDataset, InputContext, InputOptions
 from .values import DistributedValues, PerReplica, ValueContext
 
@@ -50,108 +47,12 @@ class _Coordinator(Protocol):
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ParameterServerStrategy", "StrategyExtended"]
+__all__ = ["ParameterServerStrategy", "StrategyExtended"]  # StrategyExtended: extended.py
 
 _USAGE_WARNING = (
     "A `ParameterServerStrategy` method (%s) is invoked without using "
     "`ClusterCoordinator.schedule`. If you are not tracing a function for "
     "`ClusterCoordinator.schedule`, this runs on the coordinator, not on a worker.")
-
-
-class StrategyExtended:
-    """``strategy.extended``: placement details and lower-level updates."""
-
-    def __init__(self, strategy: ParameterServerStrategy) -> None:
-        self._strategy = strategy
-
-    @property
-    def parameter_devices(self) -> tuple[str, ...]:
-        return tuple(task_name("ps", i) + "/device:CPU:0" for i in range(self._strategy.num_ps))
-
-    @property
-    def worker_devices(self) -> tuple[str, ...]:
-        return tuple(task_name("worker", i) + "/device:CPU:0"
-                     for i in range(self._strategy.num_workers))
-
-    @property
-    def experimental_require_static_shapes(self) -> bool:
-        """False: variables and values may have any shape (as TF's parameter-server strategy)."""
-        return False
-
-    @contextlib.contextmanager
-    def colocate_vars_with(self, colocate_with_variable: Any) -> Iterator[None]:
-        """Variables created inside go to the ps of ``colocate_with_variable`` (inside the scope)."""
-        if current_creator() is not self._strategy.placement:
-            raise InvalidArgumentError("colocate_vars_with must be used inside strategy.scope(): "
-                                       "outside it, variables are local and go nowhere")
-        ps = getattr(colocate_with_variable, "ps_index", None)
-        if ps is None:
-            raise InvalidArgumentError("colocate_vars_with needs a variable placed on a ps")
-        with self._strategy.placement.colocated(ps):
-            yield
-
-    async def update(self, var: Any, fn: Callable[..., Any], args: Sequence[Any] = (),
-                     kwargs: dict[str, Any] | None = None, group: bool = True) -> Any:
-        """Run ``fn(var_array, *args, **kwargs)`` on the ps holding ``var``; return its result.
-
-        ``var`` arrives as a writable numpy array; variables in ``args``/``kwargs`` that live
-        on the same ps arrive as arrays too. Only ``fn``'s result travels back. For a sharded
-        variable ``fn`` runs on every part (concurrently) and the results come back as a list.
-        ``group`` (TF's name) has no effect: there is one replica per worker.
-        """
-        if isinstance(var, ShardedVariable):
-            return list(await asyncio.gather(*(self.update(p, fn, args, kwargs) for p in var.variables)))
-        if not isinstance(var, Variable):
-            raise InvalidArgumentError(f"extended.update needs a variable, got {type(var).__name__}")
-        if var.ps_index is None:
-            return fn(var.local_array(), *_local_arrays(args), **_local_arrays(kwargs or {}))
-        await ensure_created([var])
-
-        def ref(obj: Any) -> Any:
-            if isinstance(obj, Variable):
-                if obj.ps_index != var.ps_index:
-                    raise InvalidArgumentError(
-                        f"variable {obj.name!r} is on {obj.device}, not colocated with {var.name!r}")
-                return {"__pstrain_var__": obj.key}
-            if type(obj) is tuple:
-                return tuple(ref(x) for x in obj)
-            if type(obj) is list:
-                return [ref(x) for x in obj]
-            return obj
-
-        reply = await var.channel().request(CallVariables(
-            fn=fn, vars=[var.key], args=ref(tuple(args)),
-            kwargs={k: ref(v) for k, v in (kwargs or {}).items()}))
-        return reply.result
-
-    def call_for_each_replica(self, fn: Callable[..., Any], args: Sequence[Any] = (),
-                              kwargs: dict[str, Any] | None = None) -> Any:
-        """Run ``fn`` once per replica (once: one replica per worker), as ``strategy.run``."""
-        return self._strategy.run(fn, args, kwargs)
-
-    def reduce_to(self, reduce_op: ReduceOp | str, value: Any, destinations: Any = None,
-                  options: Any = None) -> Any:
-        """Combine a per-replica ``value`` for ``destinations`` (one replica per worker here).
-
-        ``options`` (TF's communication options) has no effect.
-        """
-        return self._strategy.reduce(reduce_op, value, axis=None)
-
-    def batch_reduce_to(self, reduce_op: ReduceOp | str,
-                        value_destination_pairs: Sequence[tuple[Any, Any]], options: Any = None,
-                        experimental_hints: Any = None) -> list[Any]:
-        """:meth:`reduce_to` over ``(value, destinations)`` pairs (TF's hints have no effect)."""
-        return [self.reduce_to(reduce_op, v, d) for v, d in value_destination_pairs]
-
-
-def _local_arrays(obj: Any) -> Any:
-    if isinstance(obj, Variable) and obj.ps_index is None:
-        return obj.local_array()
-    if isinstance(obj, dict):
-        return {k: _local_arrays(v) for k, v in obj.items()}
-    if type(obj) in (tuple, list):
-        return type(obj)(_local_arrays(x) for x in obj)
-    return obj
 
 
 class _Scope:
@@ -349,7 +250,10 @@ class ParameterServerStrategy:
             raise InvalidArgumentError(f"strategy.gather: axis {axis} is out of range for rank {rank}")
         ax = axis % rank
         for p in parts[1:]:
-            if p.ndim != rank or p.shape[:ax] + p.shape[ax + 1:] != parts[0].shape[:ax] + parts[0].shape[ax + 1:]:
+            if (
+                p.ndim != rank
+                or p.shape[:ax] + p.shape[ax + 1 :] != parts[0].shape[:ax] + parts[0].shape[ax + 1 :]
+            ):
                 raise InvalidArgumentError(f"strategy.gather: shapes {parts[0].shape} and {p.shape} "
                                            f"differ outside axis {axis}")
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
@@ -418,4 +322,4 @@ async def _in_replica(strategy: ParameterServerStrategy, coro: Any) -> Any:
         return await coro
 
 
-expose(globals(), "pstrain", ['ParameterServerStrategy', 'StrategyExtended'])
+expose(globals(), "pstrain", ["ParameterServerStrategy"])

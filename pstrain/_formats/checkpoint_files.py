@@ -191,7 +191,9 @@ def sources(saved: dict[str, Any], base: str, start: int, stop: int, scalar: boo
     for p in parts:
         lo, hi = max(start, p["offset"]), min(stop, p["offset"] + p["rows"])
         if lo < hi:
-            out.append([os.path.join(base, p["file"]), p["key"], lo - p["offset"], hi - p["offset"], lo - start])
+            out.append(
+                [os.path.join(base, p["file"]), p["key"], lo - p["offset"], hi - p["offset"], lo - start]
+            )
     return out
 
 

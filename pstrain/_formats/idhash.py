@@ -9,7 +9,8 @@ a checkpoint restored into a different number of ps re-routes every id by
 >>> shard_of(ids, 3).tolist() == shard_of(ids.copy(), 3).tolist()
 True
 >>> rows = initial_rows(ids, 4, np.dtype("float32"), seed=7, low=-0.05, high=0.05)
->>> rows.shape, bool(np.all(np.abs(rows) <= 0.05)), bool(np.all(rows == initial_rows(ids, 4, np.dtype("float32"), 7, -0.05, 0.05)))
+>>> again = initial_rows(ids, 4, np.dtype("float32"), 7, -0.05, 0.05)
+>>> rows.shape, bool(np.all(np.abs(rows) <= 0.05)), bool(np.all(rows == again))
 ((4, 4), True, True)
 """
 

@@ -184,8 +184,13 @@ class SGD(Optimizer):
 
     kind = "sgd"
 
-    def __init__(self, learning_rate: float | LearningRateSchedule = 0.01, momentum: float = 0.0, nesterov: bool = False,
-                 name: str | None = None) -> None:
+    def __init__(
+        self,
+        learning_rate: float | LearningRateSchedule = 0.01,
+        momentum: float = 0.0,
+        nesterov: bool = False,
+        name: str | None = None,
+    ) -> None:
         if not 0 <= momentum <= 1:
             raise InvalidArgumentError(f"momentum must be in [0, 1], got {momentum}")
         self.momentum, self.nesterov = float(momentum), bool(nesterov)
@@ -200,7 +205,8 @@ class Adagrad(Optimizer):
 
     kind = "adagrad"
 
-    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, initial_accumulator_value: float = 0.1,
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001,
+                 initial_accumulator_value: float = 0.1,
                  epsilon: float = 1e-7, name: str | None = None) -> None:
         self.initial_accumulator_value, self.epsilon = float(initial_accumulator_value), float(epsilon)
         super().__init__(learning_rate, name)
@@ -216,7 +222,8 @@ class Adam(Optimizer):
     kind = "adam"
     needs_step = True
 
-    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, beta_1: float = 0.9, beta_2: float = 0.999,
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, beta_1: float = 0.9,
+                 beta_2: float = 0.999,
                  epsilon: float = 1e-7, name: str | None = None) -> None:
         self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(epsilon)
         super().__init__(learning_rate, name)

@@ -93,7 +93,9 @@ class SummaryWriter:
         try:
             from tensorboardX import SummaryWriter as _Writer
         except ImportError as exc:  # pragma: no cover - a core dependency
-            raise InvalidArgumentError("pstrain.summary needs tensorboardX: pip install tensorboardX") from exc
+            raise InvalidArgumentError(
+                "pstrain.summary needs tensorboardX: pip install tensorboardX"
+            ) from exc
         self.logdir = logdir
         self._writer = _Writer(logdir=logdir, flush_secs=flush_secs)
         self._lock = threading.Lock()

@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from .._base.errors import (
     AuthenticationError,
+    DeadlineExceededError,
     ProtocolError,
     PstrainError,
     UnavailableError,
@@ -30,7 +31,7 @@ class Channel(Protocol):
 
     def connection_lost(self, proto: ClientProtocol) -> None: ...
 
-__all__ = ["ClientProtocol", "foreign_server", "ps_advice"]
+__all__ = ["ClientProtocol", "expire", "foreign_server", "ps_advice"]
 
 
 def _target(task: str) -> str:
@@ -158,3 +159,10 @@ def ps_advice(task: str) -> str:
     return (". If the ps restarted, its variables are lost: the coordinator's join() says so, "
             "and the latest checkpoint must be restored; if it answers again (a partition), "
             "schedule the failed work again")
+
+
+def expire(fut: asyncio.Future[Any], task: str, op: str, timeout: float) -> None:
+    """A call's deadline passed: fail its future (if no reply came first)."""
+    if not fut.done():
+        fut.set_exception(DeadlineExceededError(
+            f"{task} did not answer {op!r} within {timeout:g} s", task=task))

@@ -42,7 +42,7 @@ from .._formats import wire
 from .._formats.operations import OPERATIONS
 from .._formats.protocol import DEFAULT_MAX_BODY, FrameKind
 from .._formats.records import Mutation, Operation, convert_reply
-from .client_protocol import ClientProtocol, ps_advice
+from .client_protocol import ClientProtocol, expire, ps_advice
 
 logger = logging.getLogger(__name__)
 
@@ -263,7 +263,7 @@ class Channel:
                                    task=self.task) from None
         if timeout is None:
             return await fut
-        handle = loop.call_later(timeout, _expire, fut, self.task, op, timeout)
+        handle = loop.call_later(timeout, expire, fut, self.task, op, timeout)
         try:
             return await fut
         finally:
@@ -296,12 +296,6 @@ class Channel:
                 channels.discard(self)
 
 
-def _expire(fut: asyncio.Future[Any], task: str, op: str, timeout: float) -> None:
-    if not fut.done():
-        fut.set_exception(DeadlineExceededError(
-            f"{task} did not answer {op!r} within {timeout:g} s", task=task))
-
-
 class ChannelPool:
     """The channels of one process to the tasks of a cluster, one set per event loop.
 
@@ -330,10 +324,11 @@ class ChannelPool:
         #: task -> incarnations of that ps a checkpoint was restored onto through these
         #: channels (the coordinator's PsHealth reads it: such a restart is handled).
         self.restored: dict[str, set[str]] = {}
-        self._channels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, int], Channel]] = \
-            weakref.WeakKeyDictionary()
+        self._channels: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, dict[tuple[str, int], Channel]] = weakref.WeakKeyDictionary()
         # The last loop's channels: every variable operation asks, almost always from one loop.
-        self._last: tuple[weakref.ref[asyncio.AbstractEventLoop], dict[tuple[str, int], Channel]] | None = None
+        self._last: tuple[weakref.ref[asyncio.AbstractEventLoop],
+                          dict[tuple[str, int], Channel]] | None = None
 
     def channel(self, job: str, index: int) -> Channel:
         """The channel to task ``job:index`` on the running loop (made on first use)."""

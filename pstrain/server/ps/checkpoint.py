@@ -265,7 +265,9 @@ class CheckpointFiles:
     def _check_fits(self, built: list[tuple[str, np.ndarray, bool, str | None]]) -> None:
         for name, array, *_ in built:
             record = self.store.find(name)
-            if record is not None and (record.array.shape != array.shape or record.array.dtype != array.dtype):
+            if record is not None and (
+                record.array.shape != array.shape or record.array.dtype != array.dtype
+            ):
                 raise InvalidArgumentError(
                     f"checkpoint value for {name!r} is {array.shape} {array.dtype}, the variable "
                     f"is {record.array.shape} {record.array.dtype}")

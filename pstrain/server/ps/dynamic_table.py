@@ -32,7 +32,6 @@ past that). No I/O and no awaits here: each call is atomic on the serving loop.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,6 +40,7 @@ from ..._base.errors import InvalidArgumentError
 from ..._formats.idhash import initial_rows, unit_uniform
 from .id_index import IdIndex
 from .store import Snapshot
+from .table_config import TableConfig
 
 __all__ = ["DynamicTable", "TableConfig"]
 
@@ -48,50 +48,6 @@ BLOCK_ROWS = 1 << 14  # rows are allocated this many at a time (then doubling, u
 FIRST_BLOCK_BYTES = 4 << 20  # ... but the first block is at most this large: wide rows start small
 #: A full table evicts at least 1/EVICT_BATCH of its capacity at once.
 EVICT_BATCH = 16
-
-
-@dataclass(frozen=True)
-class TableConfig:
-    """What a table is: fixed when it is created (a second creation must say the same)."""
-
-    dim: int
-    dtype: str = "float32"
-    seed: int = 0
-    init_low: float = -0.05
-    init_high: float = 0.05
-    default_value: float = 0.0
-    capacity: int | None = None  # rows on this shard
-    evict: str = "lru"
-    max_age: int | None = None
-    admit_after: int | None = None
-    admit_probability: float | None = None
-    max_candidates: int = 1 << 20
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.dim, int) or self.dim < 1:
-            raise InvalidArgumentError(f"a dynamic table's dim must be a positive integer, got {self.dim!r}")
-        dtype = np.dtype(self.dtype)
-        if dtype.kind != "f":
-            raise InvalidArgumentError(f"a dynamic table's dtype must be a float type, got {dtype}")
-        if self.capacity is not None and self.capacity < 1:
-            raise InvalidArgumentError(f"capacity must be at least 1, got {self.capacity}")
-        if self.evict not in ("lru", "lfu"):
-            raise InvalidArgumentError(f"evict must be 'lru' or 'lfu', got {self.evict!r}")
-        if self.max_age is not None and self.max_age < 1:
-            raise InvalidArgumentError(f"max_age must be at least 1, got {self.max_age}")
-        if self.admit_after is not None and self.admit_after < 1:
-            raise InvalidArgumentError(f"admit_after must be at least 1, got {self.admit_after}")
-        if self.admit_probability is not None and not 0.0 < self.admit_probability <= 1.0:
-            raise InvalidArgumentError(f"admit_probability must be in (0, 1], got {self.admit_probability}")
-        if self.admit_after is not None and self.admit_probability is not None:
-            raise InvalidArgumentError("give admit_after or admit_probability, not both")
-        if not self.init_low <= self.init_high:
-            raise InvalidArgumentError("the initializer's low bound is above its high bound")
-        if self.max_candidates < 1:
-            raise InvalidArgumentError("max_candidates must be at least 1")
-
-    def as_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 class DynamicTable:
@@ -308,7 +264,9 @@ class DynamicTable:
         need = self._cand_used + ids.size
         if need > self._cand_counts.size:
             size = max(need, 2 * self._cand_counts.size, 1024)
-            self._cand_counts = np.concatenate([self._cand_counts, np.zeros(size - self._cand_counts.size, np.int64)])
+            self._cand_counts = np.concatenate(
+                [self._cand_counts, np.zeros(size - self._cand_counts.size, np.int64)]
+            )
             self._cand_ids = np.concatenate([self._cand_ids, np.zeros(size - self._cand_ids.size, np.int64)])
         slots = np.arange(self._cand_used, need)
         self._cand_counts[slots] = 1

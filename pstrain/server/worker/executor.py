@@ -271,13 +271,16 @@ class WorkerServer(ServerBase):
         return {"resources": len(self.resources)}
 
     # -- running closures (closure loop) ---------------------------------------------------------
-    def _closure_context(self, fence: tuple[str | None, int, int] | None, once_key: str | None) -> contextvars.Context:
+    def _closure_context(
+        self, fence: tuple[str | None, int, int] | None, once_key: str | None
+    ) -> contextvars.Context:
         ctx = self._context()
         if fence is not None or once_key is not None:
             ctx.run(set_dispatch, fence, once_key)
         return ctx
 
-    def _start_batch(self, batch: Batch, closures: list[Any], fence: tuple[str | None, int, int] | None = None,
+    def _start_batch(self, batch: Batch, closures: list[Any],
+                     fence: tuple[str | None, int, int] | None = None,
                      once: dict[int, str] | None = None) -> None:
         """On the serving loop: plain functions go straight to the thread pool; coroutine
         functions go to the closure loop in one hand-over for the whole batch."""

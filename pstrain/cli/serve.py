@@ -1,9 +1,4 @@
-"""The ``pstrain`` command: ``serve`` one task, ``launch`` a local cluster.
-
-This is the edge where configuration is read (flags, ``TF_CONFIG``,
-``PSTRAIN_CONFIG``, ``PSTRAIN_TOKEN``) and where logging is set up; what is
-read is passed down as values.
-"""
+"""``pstrain serve``: one task of a cluster (a ps, a worker, or the evaluator)."""
 
 from __future__ import annotations
 
@@ -13,21 +8,19 @@ import logging
 import os
 import signal
 import ssl
-import sys
-from collections.abc import Sequence
 from typing import Any
 
-from ._base.cluster import ClusterSpec, parse_address, task_name
-from ._base.errors import PstrainError
-from ._base.resolvers import SlurmClusterResolver, parse_config, read_token
-from ._base.tasks import TaskOwner
-from ._formats.operations import Join, Membership, Statistics
-from ._formats.protocol import DEFAULT_MAX_BODY
-from ._formats.records import Operation
-from ._transport.bridge import run
-from ._transport.rpc import Channel
+from .._base.cluster import ClusterSpec, parse_address
+from .._base.errors import PstrainError
+from .._base.resolvers import SlurmClusterResolver, parse_config, read_token
+from .._base.tasks import TaskOwner
+from .._formats.protocol import DEFAULT_MAX_BODY
+from .._transport.bridge import run
+from .common import evaluate, join, setup_logging
 
 logger = logging.getLogger("pstrain.cli")
+
+__all__ = ["client_ssl", "serve", "serve_parser"]
 
 SERVE_EPILOG = """\
 The cluster comes from --cluster FILE, else PSTRAIN_CONFIG, else TF_CONFIG: the
@@ -39,12 +32,6 @@ JSON TensorFlow uses, e.g.
 starts (workers learn the ps addresses from the coordinator).
 The token comes from --token-file, else PSTRAIN_TOKEN, else PSTRAIN_TOKEN_FILE.
 """
-
-
-def _setup_logging(level: str, tag: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
-        format=f"%(asctime)s [{tag}] %(levelname)s %(name)s: %(message)s")
 
 
 def _server_ssl(cert: str | None, key: str | None) -> ssl.SSLContext | None:
@@ -64,7 +51,7 @@ def client_ssl(cafile: str | None) -> ssl.SSLContext | None:
     return ssl.create_default_context(cafile=cafile)
 
 
-def _serve_parser(sub: Any) -> None:
+def serve_parser(sub: Any) -> None:
     p = sub.add_parser("serve", help="run one task: a ps, a worker or the sidecar evaluator",
                        description="Run one task of a pstrain cluster until SIGTERM or SIGINT.",
                        epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -145,7 +132,7 @@ def _raise_open_files_limit(want: int = 8192) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
-def _serve(args: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace) -> int:
     parent = os.getppid()  # now, before the parent has any chance to be gone
     _raise_open_files_limit()
     if args.exit_with_parent and parent == 1:
@@ -181,9 +168,9 @@ def _serve(args: argparse.Namespace) -> int:
         raise PstrainError("pstrain serve needs --role ps|worker|evaluator (or a config whose "
                            f"task.type is one of them; got {role!r})")
     index = index or 0
-    _setup_logging(args.log_level, f"{role}:{index}")
+    setup_logging(args.log_level, f"{role}:{index}")
     if role == "evaluator":
-        return _evaluate(args)
+        return evaluate(args)
     if args.token_file:
         with open(args.token_file, encoding="utf-8") as f:
             token: str | None = f.read().strip()
@@ -200,7 +187,7 @@ def _serve(args: argparse.Namespace) -> int:
         ssl_context=_server_ssl(args.tls_cert, args.tls_key),
         max_body=args.max_body or DEFAULT_MAX_BODY, metrics_public=args.metrics_public)
     if role == "ps":
-        from .server.ps.handlers import ParameterServer
+        from ..server.ps.handlers import ParameterServer
 
         ps_options: dict[str, Any] = {"allow_pickle": not args.no_pickle,
                                       "checkpoint_root": args.checkpoint_root}
@@ -212,7 +199,7 @@ def _serve(args: argparse.Namespace) -> int:
             ps_options["max_store_bytes"] = args.max_store_bytes
         server: Any = ParameterServer(index, **options, **ps_options)
     else:
-        from .server.worker.executor import WorkerServer
+        from ..server.worker.executor import WorkerServer
 
         server = WorkerServer(index, cluster_spec=spec, client_ssl=client_ssl(args.tls_ca),
                               closure_threads=args.closure_threads, **options)
@@ -234,7 +221,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"pstrain {role}:{index} listening on {address}", flush=True)
         if role == "worker" and args.join:
             server.joined = True
-            slot = await _join(args.join, args.advertise or address, token)
+            slot = await join(args.join, args.advertise or address, token)
             print(f"pstrain worker joined {args.join} as worker {slot}", flush=True)
         watchers = TaskOwner("pstrain serve")
         if args.exit_with_parent:
@@ -259,193 +246,9 @@ async def _on_event(event: asyncio.Event, stop: asyncio.Event) -> None:
     stop.set()
 
 
-async def _coordinator_call(coordinator: str, message: Operation, token: str | None,
-                            timeout: float = 10.0) -> Any:
-    """``message`` to the coordinator's endpoint (a server like the others: the stream, with
-    the cluster token proved both ways)."""
-    channel = Channel(coordinator, token=token, task=task_name("chief", 0), connect_timeout=timeout)
-    try:
-        return await channel.request(message, timeout=timeout)
-    finally:
-        await channel.close()
-
-
-async def _membership(coordinator: str, token: str | None) -> list[dict[str, Any]]:
-    """The worker slots of the job whose coordinator serves at ``coordinator``."""
-    reply = await _coordinator_call(coordinator, Membership(), token)
-    workers: list[dict[str, Any]] = reply.workers
-    return workers
-
-
-async def _join(coordinator: str, address: str, token: str | None) -> int:
-    """Ask the coordinator at ``coordinator`` for a worker slot; returns its index."""
-    try:
-        reply = await _coordinator_call(coordinator, Join(address=address), token, timeout=30.0)
-    except PstrainError as exc:
-        raise PstrainError(f"joining {coordinator} failed: {type(exc).__name__}: {exc}") from exc
-    return int(reply.index)
-
-
-def _evaluate(args: argparse.Namespace) -> int:
-    import runpy
-
-    from ._checkpoint.evaluator import SidecarEvaluator  # numpy and safetensors: only for this role
-
-    if not args.checkpoint_dir or not args.eval_script:
-        raise PstrainError("the evaluator needs --checkpoint-dir and --eval-script")
-    namespace = runpy.run_path(args.eval_script)
-    if not callable(namespace.get("evaluate")):
-        raise PstrainError(f"{args.eval_script} must define evaluate(variables, iterations)")
-    evaluator = SidecarEvaluator(namespace["evaluate"], args.checkpoint_dir,
-                                 max_evaluations=args.max_evaluations)
-    print(f"pstrain evaluator watching {args.checkpoint_dir}", flush=True)
-    for path, iterations, result in run(evaluator.run()):
-        print(f"{path} iterations={iterations} {result}", flush=True)
-    return 0
-
-
 async def _watch_parent(parent: int, stop: asyncio.Event) -> None:
     """Stop when the parent goes away (it may have been SIGKILLed and cannot clean up)."""
     while os.getppid() == parent:
         await asyncio.sleep(0.5)
     logger.warning("parent process %d is gone, stopping", parent)
     stop.set()
-
-
-STATUS_COLUMNS = """Columns:
-  TASK      job:index, as in the cluster spec
-  STATE     up; down (no answer within --timeout); refused (wrong token); foreign (not a
-            pstrain server, or a TLS mismatch); mismatch (another task answers there)
-  ADDRESS   host:port from the cluster spec
-  UPTIME    seconds since the task started
-  WORK      ps: variables held; worker: closures run; chief: closures done
-  BYTES     ps: bytes of variables held; others: request and reply bytes so far
-  REQUESTS  requests per second, measured over one second (chief: closures done per second)"""
-
-
-def _status_parser(sub: Any) -> None:
-    p = sub.add_parser("status", help="show every task of a cluster: up or down, load",
-                       description="Probe every task of the cluster (from --cluster, PSTRAIN_CONFIG "
-                                   "or TF_CONFIG) and print a table.\n\n" + STATUS_COLUMNS,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cluster", metavar="FILE", help="cluster config JSON file (TF_CONFIG format)")
-    p.add_argument("--token-file", metavar="FILE", help="file holding the cluster token")
-    p.add_argument("--timeout", type=float, default=2.0, help="seconds before a task counts as down")
-    p.add_argument("--verbose", action="store_true", help="also print why each down task is down")
-    p.add_argument("--coordinator", metavar="HOST:PORT",
-                   help="also print the running job's worker membership, from its coordinator's "
-                        "endpoint (workers that joined or left included)")
-    p.set_defaults(func=_status)
-
-
-def _load_cluster(path: str | None) -> ClusterSpec:
-    if path:
-        with open(path, encoding="utf-8") as f:
-            return parse_config(f.read(), path)[0]
-    for var in ("PSTRAIN_CONFIG", "TF_CONFIG"):
-        if os.environ.get(var):
-            return parse_config(os.environ[var], var)[0]
-    raise PstrainError("no cluster: pass --cluster FILE or set PSTRAIN_CONFIG / TF_CONFIG")
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
-
-
-#: What ``pstrain status`` shows for a task that answered wrongly (else "down").
-_STATES = {"AuthenticationError": "refused", "ProtocolError": "foreign", "WrongTaskError": "mismatch"}
-
-
-def _status(args: argparse.Namespace) -> int:
-    spec = _load_cluster(args.cluster)
-    if args.token_file:
-        with open(args.token_file, encoding="utf-8") as f:
-            token: str | None = f.read().strip()
-    else:
-        token = read_token(os.environ)
-    tasks = [(job, i) for job in ("chief", "ps", "worker", "evaluator") for i in range(spec.num_tasks(job))]
-
-    async def probe(job: str, i: int) -> dict[str, Any]:
-        address = spec.task_address(job, i)
-        ch = Channel(address, token=token, task=task_name(job, i), connect_timeout=args.timeout)
-        row: dict[str, Any] = {"task": f"{job}:{i}", "address": address, "state": "down"}
-        try:
-            first = await ch.request(Statistics(), timeout=args.timeout)
-            await asyncio.sleep(1.0)
-            second = await ch.request(Statistics(), timeout=args.timeout)
-        except PstrainError as exc:
-            row["state"] = _STATES.get(type(exc).__name__, "down")
-            row["error"] = f"{type(exc).__name__}: {exc}"
-            return row
-        finally:
-            await ch.close()
-        if second.get("task") not in (None, task_name(job, i)):
-            row.update(state="mismatch", error=f"the task at {address} is {second['task']}, not "
-                       f"{task_name(job, i)}: the cluster spec does not match the running tasks")
-            return row
-        def count(stats: dict[str, Any]) -> int:
-            return sum(r["count"] for r in stats["requests"].values())
-
-        if job == "chief":  # the coordinator: closures finished per second
-            rate = max(0, second.get("closures_done", 0) - first.get("closures_done", 0))
-        else:
-            rate = max(0, count(second) - count(first) - 1) / 1.0  # minus our own second call
-        work = (f"{second['variables']} variables" if "variables" in second else
-                f"{second['closures_run']} closures" if "closures_run" in second else
-                f"{second.get('closures_done', 0)} done")
-        row.update(state="up", uptime=f"{second.get('uptime_s', 0):.0f} s", work=work,
-                   bytes=_human(second.get("bytes", sum(r["bytes_in"] + r["bytes_out"]
-                                                        for r in second["requests"].values()))),
-                   rate=f"{rate:.0f}/s")
-        return row
-
-    async def main() -> list[dict[str, Any]]:
-        return list(await asyncio.gather(*(probe(job, i) for job, i in tasks)))
-
-    rows = run(main())
-    cols = [("TASK", "task"), ("STATE", "state"), ("ADDRESS", "address"), ("UPTIME", "uptime"),
-            ("WORK", "work"), ("BYTES", "bytes"), ("REQUESTS", "rate")]
-    widths = [max(len(h), *(len(str(r.get(k, "-"))) for r in rows)) for h, k in cols]
-    print("  ".join(h.ljust(w) for (h, _), w in zip(cols, widths)))
-    for r in rows:
-        print("  ".join(str(r.get(k, "-")).ljust(w) for (_, k), w in zip(cols, widths)))
-    print("(pstrain status --help explains the columns)")
-    for r in rows:
-        if r.get("error") and (r["state"] != "down" or args.verbose):
-            print(f"{r['task']}: {r['error']}")
-    if args.coordinator:
-        members = run(_membership(args.coordinator, token))
-        print(f"\nmembership (from the coordinator at {args.coordinator}):")
-        for m in members:
-            state = m.get("state") or ("leaving" if m["leaving"] else "up" if m["up"] else "down")
-            print(f"  worker {m['index']}  {state:<8} {m['address']}  failures {m['failures']}")
-    return 0 if all(r["state"] == "up" for r in rows if not r["task"].startswith("chief")) else 1
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pstrain", description="Parameter-server training runtime.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    _serve_parser(sub)
-    _status_parser(sub)
-    from .demo import add_demo_parser
-
-    add_demo_parser(sub)
-    from .launch import add_launch_parser
-
-    add_launch_parser(sub)
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args)) if hasattr(args, "func") else _serve(args)
-    except PstrainError as exc:
-        print(f"pstrain {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -1,0 +1,40 @@
+"""The ``pstrain`` command: ``serve`` one task, ``status`` of a cluster, ``demo``, ``launch``
+a local cluster.
+
+This is the edge where configuration is read (flags, ``TF_CONFIG``, ``PSTRAIN_CONFIG``,
+``PSTRAIN_TOKEN``) and where logging is set up; what is read is passed down as values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .._base.errors import PstrainError
+from .serve import serve, serve_parser
+from .status import status_parser
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pstrain", description="Parameter-server training runtime.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve_parser(sub)
+    status_parser(sub)
+    from ..demo import add_demo_parser
+
+    add_demo_parser(sub)
+    from ..launch import add_launch_parser
+
+    add_launch_parser(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args)) if hasattr(args, "func") else serve(args)
+    except PstrainError as exc:
+        print(f"pstrain {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+

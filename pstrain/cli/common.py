@@ -1,0 +1,69 @@
+"""What the ``pstrain`` subcommands share: logging, the coordinator's endpoint (joins,
+membership), and the evaluator role."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from .._base.cluster import task_name
+from .._base.errors import PstrainError
+from .._formats.operations import Join, Membership
+from .._formats.records import Operation
+from .._transport.bridge import run
+from .._transport.rpc import Channel
+
+__all__ = ["coordinator_call", "evaluate", "join", "membership", "setup_logging"]
+
+
+def setup_logging(level: str, tag: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
+        format=f"%(asctime)s [{tag}] %(levelname)s %(name)s: %(message)s")
+
+
+async def coordinator_call(coordinator: str, message: Operation, token: str | None,
+                            timeout: float = 10.0) -> Any:
+    """``message`` to the coordinator's endpoint (a server like the others: the stream, with
+    the cluster token proved both ways)."""
+    channel = Channel(coordinator, token=token, task=task_name("chief", 0), connect_timeout=timeout)
+    try:
+        return await channel.request(message, timeout=timeout)
+    finally:
+        await channel.close()
+
+
+async def membership(coordinator: str, token: str | None) -> list[dict[str, Any]]:
+    """The worker slots of the job whose coordinator serves at ``coordinator``."""
+    reply = await coordinator_call(coordinator, Membership(), token)
+    workers: list[dict[str, Any]] = reply.workers
+    return workers
+
+
+async def join(coordinator: str, address: str, token: str | None) -> int:
+    """Ask the coordinator at ``coordinator`` for a worker slot; returns its index."""
+    try:
+        reply = await coordinator_call(coordinator, Join(address=address), token, timeout=30.0)
+    except PstrainError as exc:
+        raise PstrainError(f"joining {coordinator} failed: {type(exc).__name__}: {exc}") from exc
+    return int(reply.index)
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    import runpy
+
+    from .._checkpoint.evaluator import SidecarEvaluator  # numpy and safetensors: only for this role
+
+    if not args.checkpoint_dir or not args.eval_script:
+        raise PstrainError("the evaluator needs --checkpoint-dir and --eval-script")
+    namespace = runpy.run_path(args.eval_script)
+    if not callable(namespace.get("evaluate")):
+        raise PstrainError(f"{args.eval_script} must define evaluate(variables, iterations)")
+    evaluator = SidecarEvaluator(namespace["evaluate"], args.checkpoint_dir,
+                                 max_evaluations=args.max_evaluations)
+    print(f"pstrain evaluator watching {args.checkpoint_dir}", flush=True)
+    for path, iterations, result in run(evaluator.run()):
+        print(f"{path} iterations={iterations} {result}", flush=True)
+    return 0

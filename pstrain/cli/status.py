@@ -1,0 +1,134 @@
+"""``pstrain status``: every task of a cluster, up or not, and what it is doing."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from typing import Any
+
+from .._base.cluster import ClusterSpec, task_name
+from .._base.errors import PstrainError
+from .._base.resolvers import parse_config, read_token
+from .._formats.operations import Statistics
+from .._transport.bridge import run
+from .._transport.rpc import Channel
+from .common import membership
+
+__all__ = ["status", "status_parser"]
+
+
+STATUS_COLUMNS = """Columns:
+  TASK      job:index, as in the cluster spec
+  STATE     up; down (no answer within --timeout); refused (wrong token); foreign (not a
+            pstrain server, or a TLS mismatch); mismatch (another task answers there)
+  ADDRESS   host:port from the cluster spec
+  UPTIME    seconds since the task started
+  WORK      ps: variables held; worker: closures run; chief: closures done
+  BYTES     ps: bytes of variables held; others: request and reply bytes so far
+  REQUESTS  requests per second, measured over one second (chief: closures done per second)"""
+
+
+def status_parser(sub: Any) -> None:
+    p = sub.add_parser("status", help="show every task of a cluster: up or down, load",
+                       description="Probe every task of the cluster (from --cluster, PSTRAIN_CONFIG "
+                                   "or TF_CONFIG) and print a table.\n\n" + STATUS_COLUMNS,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cluster", metavar="FILE", help="cluster config JSON file (TF_CONFIG format)")
+    p.add_argument("--token-file", metavar="FILE", help="file holding the cluster token")
+    p.add_argument("--timeout", type=float, default=2.0, help="seconds before a task counts as down")
+    p.add_argument("--verbose", action="store_true", help="also print why each down task is down")
+    p.add_argument("--coordinator", metavar="HOST:PORT",
+                   help="also print the running job's worker membership, from its coordinator's "
+                        "endpoint (workers that joined or left included)")
+    p.set_defaults(func=status)
+
+
+def _load_cluster(path: str | None) -> ClusterSpec:
+    if path:
+        with open(path, encoding="utf-8") as f:
+            return parse_config(f.read(), path)[0]
+    for var in ("PSTRAIN_CONFIG", "TF_CONFIG"):
+        if os.environ.get(var):
+            return parse_config(os.environ[var], var)[0]
+    raise PstrainError("no cluster: pass --cluster FILE or set PSTRAIN_CONFIG / TF_CONFIG")
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+#: What ``pstrain status`` shows for a task that answered wrongly (else "down").
+_STATES = {"AuthenticationError": "refused", "ProtocolError": "foreign", "WrongTaskError": "mismatch"}
+
+
+def status(args: argparse.Namespace) -> int:
+    spec = _load_cluster(args.cluster)
+    if args.token_file:
+        with open(args.token_file, encoding="utf-8") as f:
+            token: str | None = f.read().strip()
+    else:
+        token = read_token(os.environ)
+    tasks = [(job, i) for job in ("chief", "ps", "worker", "evaluator") for i in range(spec.num_tasks(job))]
+
+    async def probe(job: str, i: int) -> dict[str, Any]:
+        address = spec.task_address(job, i)
+        ch = Channel(address, token=token, task=task_name(job, i), connect_timeout=args.timeout)
+        row: dict[str, Any] = {"task": f"{job}:{i}", "address": address, "state": "down"}
+        try:
+            first = await ch.request(Statistics(), timeout=args.timeout)
+            await asyncio.sleep(1.0)
+            second = await ch.request(Statistics(), timeout=args.timeout)
+        except PstrainError as exc:
+            row["state"] = _STATES.get(type(exc).__name__, "down")
+            row["error"] = f"{type(exc).__name__}: {exc}"
+            return row
+        finally:
+            await ch.close()
+        if second.get("task") not in (None, task_name(job, i)):
+            row.update(state="mismatch", error=f"the task at {address} is {second['task']}, not "
+                       f"{task_name(job, i)}: the cluster spec does not match the running tasks")
+            return row
+        def count(stats: dict[str, Any]) -> int:
+            return sum(r["count"] for r in stats["requests"].values())
+
+        if job == "chief":  # the coordinator: closures finished per second
+            rate = max(0, second.get("closures_done", 0) - first.get("closures_done", 0))
+        else:
+            rate = max(0, count(second) - count(first) - 1) / 1.0  # minus our own second call
+        work = (f"{second['variables']} variables" if "variables" in second else
+                f"{second['closures_run']} closures" if "closures_run" in second else
+                f"{second.get('closures_done', 0)} done")
+        row.update(state="up", uptime=f"{second.get('uptime_s', 0):.0f} s", work=work,
+                   bytes=_human(second.get("bytes", sum(r["bytes_in"] + r["bytes_out"]
+                                                        for r in second["requests"].values()))),
+                   rate=f"{rate:.0f}/s")
+        return row
+
+    async def main() -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*(probe(job, i) for job, i in tasks)))
+
+    rows = run(main())
+    cols = [("TASK", "task"), ("STATE", "state"), ("ADDRESS", "address"), ("UPTIME", "uptime"),
+            ("WORK", "work"), ("BYTES", "bytes"), ("REQUESTS", "rate")]
+    widths = [max(len(h), *(len(str(r.get(k, "-"))) for r in rows)) for h, k in cols]
+    print("  ".join(h.ljust(w) for (h, _), w in zip(cols, widths)))
+    for r in rows:
+        print("  ".join(str(r.get(k, "-")).ljust(w) for (_, k), w in zip(cols, widths)))
+    print("(pstrain status --help explains the columns)")
+    for r in rows:
+        if r.get("error") and (r["state"] != "down" or args.verbose):
+            print(f"{r['task']}: {r['error']}")
+    if args.coordinator:
+        members = run(membership(args.coordinator, token))
+        print(f"\nmembership (from the coordinator at {args.coordinator}):")
+        for m in members:
+            state = m.get("state") or ("leaving" if m["leaving"] else "up" if m["up"] else "down")
+            print(f"  worker {m['index']}  {state:<8} {m['address']}  failures {m['failures']}")
+    return 0 if all(r["state"] == "up" for r in rows if not r["task"].startswith("chief")) else 1
+
+
