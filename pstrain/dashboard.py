@@ -37,13 +37,14 @@ from typing import Any
 from aiohttp import web
 
 from ._base.auth import bearer_ok
-from ._base.cluster import is_loopback, listening_socket
+from ._base.cluster import is_loopback
 from ._base.errors import InvalidArgumentError, PstrainError
 from ._checkpoint.checkpoint import recent_saves
 from ._coordinator import coordinator as coordinator_module
 from ._coordinator.coordinator import ClusterCoordinator
 from ._formats.operations import Health, Statistics
 from ._formats.records import Operation
+from ._serving.base import ServerBase
 from ._training import summary
 
 logger = logging.getLogger(__name__)
@@ -57,40 +58,28 @@ PERIOD_S = 1.0
 MAX_KEYS = 64
 
 
-class Dashboard:
-    """The dashboard of one coordinator; see the module docstring."""
+class Dashboard(ServerBase):
+    """The dashboard of one coordinator; see the module docstring. A server on the same core
+    as the ps, the workers and the coordinator's endpoint (one port, pre-auth deadlines and
+    limits, TLS): its pages check the browser's session themselves."""
 
     def __init__(self, snapshot: Callable[[], Any], token: str | None, host: str = "127.0.0.1",
                  port: int = 0) -> None:
+        super().__init__("dashboard", 0, host=host, port=port, token=token)
         self._snapshot = snapshot  # async: the coordinator's state, as plain JSON values
-        self._token = token
-        self.host, self.port = host, port
         self._keys: set[str] = set()
         self._sessions: set[str] = set()
         self._clients: set[asyncio.Queue[bytes]] = set()
-        self._runner: web.AppRunner | None = None
         self._ticker: asyncio.Task[None] | None = None
-        self.address: str | None = None
         self.snapshots = 0  # built so far (tests and benchmarks read it)
+        self.page("GET", "/login", self._login)
+        self.page("GET", "/", self._index)
+        self.page("GET", "/events", self._events)
+        self.page("GET", "/api/state", self._state)
+        self.page("GET", "/static/{name}", self._static)
 
     # -- lifecycle ------------------------------------------------------------------------------
-    async def start(self) -> str:
-        app = web.Application()
-        app.router.add_get("/login", self._login)
-        app.router.add_get("/", self._index)
-        app.router.add_get("/events", self._events)
-        app.router.add_get("/api/state", self._state)
-        app.router.add_get("/static/{name}", self._static)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        sock = listening_socket(self.host, self.port, "the dashboard")
-        site = web.SockSite(self._runner, sock)
-        await site.start()
-        host, port = sock.getsockname()[:2]
-        self.address = f"{host}:{port}"
-        return self.address
-
-    async def stop(self) -> None:
+    async def on_stop(self) -> None:
         if self._ticker is not None:
             self._ticker.cancel()
             try:
@@ -100,9 +89,7 @@ class Dashboard:
             self._ticker = None
         for q in list(self._clients):
             q.put_nowait(b"")  # ends each stream
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await super().on_stop()
 
     def login_url(self) -> str:
         """A fresh one-time URL that logs a browser in."""
@@ -115,12 +102,15 @@ class Dashboard:
         return f"http://{self.address}/login?key={key}"
 
     # -- access -----------------------------------------------------------------------------------
-    def _allowed(self, request: web.Request) -> bool:
+    def _allowed(self, request: web.Request, authenticated: Callable[[], None]) -> bool:
         session = request.cookies.get(COOKIE)
-        if session is not None and any(hmac.compare_digest(session, s) for s in self._sessions):
-            return True
-        token = self._token.encode() if self._token else None
-        return token is not None and bearer_ok(request.headers.get("Authorization"), token)
+        ok = session is not None and any(hmac.compare_digest(session, s) for s in self._sessions)
+        if not ok:
+            ok = self.token_bytes is not None and bearer_ok(request.headers.get("Authorization"),
+                                                            self.token_bytes)
+        if ok:
+            authenticated()
+        return ok
 
     def _refuse(self) -> web.Response:
         return web.Response(status=401, content_type="text/html", text=(
@@ -128,12 +118,14 @@ class Dashboard:
             "<p>Open the one-time URL the coordinator printed, or make a new one with "
             "<code>coordinator.dashboard_login_url()</code>.</p>"))
 
-    async def _login(self, request: web.Request) -> web.StreamResponse:
+    async def _login(self, request: web.Request, authenticated: Callable[[], None]
+                     ) -> web.StreamResponse:
         key = request.query.get("key", "")
         found = next((k for k in self._keys if hmac.compare_digest(k, key)), None)
         if found is None:
             return self._refuse()
         self._keys.discard(found)  # one time
+        authenticated()
         session = secrets.token_urlsafe(32)
         self._sessions.add(session)
         found_page = web.HTTPFound("/")
@@ -141,22 +133,25 @@ class Dashboard:
         raise found_page
 
     # -- pages -------------------------------------------------------------------------------------
-    async def _index(self, request: web.Request) -> web.StreamResponse:
-        if not self._allowed(request):
+    async def _index(self, request: web.Request, authenticated: Callable[[], None]
+                      ) -> web.StreamResponse:
+        if not self._allowed(request, authenticated):
             return self._refuse()
         return web.FileResponse(os.path.join(STATIC, "index.html"),
                                 headers={"Cache-Control": "no-store"})
 
-    async def _static(self, request: web.Request) -> web.StreamResponse:
-        if not self._allowed(request):
+    async def _static(self, request: web.Request, authenticated: Callable[[], None]
+                       ) -> web.StreamResponse:
+        if not self._allowed(request, authenticated):
             return self._refuse()
         name = request.match_info["name"]
         if name not in ("uPlot.iife.min.js", "uPlot.min.css", "dashboard.js"):
             raise web.HTTPNotFound()
         return web.FileResponse(os.path.join(STATIC, name))
 
-    async def _state(self, request: web.Request) -> web.StreamResponse:
-        if not self._allowed(request):
+    async def _state(self, request: web.Request, authenticated: Callable[[], None]
+                      ) -> web.StreamResponse:
+        if not self._allowed(request, authenticated):
             return self._refuse()
         return web.json_response(await self._full())
 
@@ -165,8 +160,9 @@ class Dashboard:
         _, state["scalars"] = summary.LOG.since(0)
         return state
 
-    async def _events(self, request: web.Request) -> web.StreamResponse:
-        if not self._allowed(request):
+    async def _events(self, request: web.Request, authenticated: Callable[[], None]
+                       ) -> web.StreamResponse:
+        if not self._allowed(request, authenticated):
             return self._refuse()
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                "Cache-Control": "no-store"})

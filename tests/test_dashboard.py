@@ -144,3 +144,47 @@ async def test_markup_in_every_field_the_dashboard_shows_is_text(tmp_path):
             finally:
                 await browser.close()
         await coordinator.close()
+
+
+async def test_the_dashboard_is_a_server_on_the_shared_core():
+    # Its pages check the browser's session; everything else on its port is a server like
+    # the others: the stream with the cluster token proved both ways, pre-auth deadlines.
+    import aiohttp
+
+    from pstrain._transport.rpc import Channel
+    from pstrain.errors import AuthenticationError
+
+    from .conftest import TOKEN, abort_all, wait_for
+
+    async with pstrain.testing.InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as c:
+        coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(c.resolver))
+        url = await pstrain.dashboard.serve_dashboard(coordinator)
+        served = pstrain.dashboard.of(coordinator)
+        assert served is not None and served.address is not None
+        base = url.split("/login")[0]
+        async with aiohttp.ClientSession() as session:
+            async with session.get(base + "/api/state") as r:
+                assert r.status == 401  # a page, without a session
+            async with session.get(base + "/api/state",
+                                   headers={"Authorization": f"Bearer {TOKEN}"}) as r:
+                assert r.status == 200 and "tasks" in await r.json()
+            async with session.get(base + "/metrics") as r:
+                assert r.status == 401  # not a page: the cluster token, as on every server
+        ch = Channel(served.address, token=TOKEN, task=served.task)
+        try:
+            assert (await ch.call("health", None))["task"] == served.task
+        finally:
+            await ch.close()
+        with pytest.raises(AuthenticationError):
+            wrong = Channel(served.address, token="not the token", task=served.task)
+            try:
+                await wrong.call("health", None)
+            finally:
+                await wrong.close()
+        # an idle connection that never logs in is closed at the pre-auth deadline
+        host, port = served.address.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        await wait_for(lambda: len(served.preauth) == 1, what="the connection waiting")
+        assert await asyncio.wait_for(reader.read(), 30) == b""
+        await abort_all([writer])
+        await coordinator.close()

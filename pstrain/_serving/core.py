@@ -26,7 +26,7 @@ import secrets
 import ssl as ssl_module
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,6 +139,8 @@ class ServerCore:
         self.stats: dict[str, list[Any]] = {}
         self.tasks = TaskOwner(f"server {self.task}")
         self.connections: set[asyncio.BaseTransport] = set()
+        #: HTTP pages that authenticate requests themselves (see :meth:`page`).
+        self.pages: dict[tuple[str, str], Callable[..., Awaitable[Any]]] = {}
         self.route(Health, self.health)
         self.route(Statistics, self.statistics)
 
@@ -157,6 +159,13 @@ class ServerCore:
         operation's declaration."""
         self.handlers[operation.op()] = Handler(fn, operation.pickle, inspect.iscoroutinefunction(fn),
                                                 operation.stream, operation)
+
+    def page(self, method: str, path: str, handler: Callable[..., Awaitable[Any]]) -> None:
+        """Serve the HTTP page ``method path`` with ``handler(request, authenticated)``, which
+        checks the request itself (a browser's session cookie, say) and calls
+        ``authenticated()`` once it has: that ends the connection's pre-auth deadline, as the
+        cluster token does for every other request. Only pages skip the token check."""
+        self.pages[(method, path)] = handler
 
     def refuse(self, operation: type[Operation], reason: str) -> None:
         """Answer ``operation`` with an InvalidArgumentError giving ``reason``, before its body

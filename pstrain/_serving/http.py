@@ -39,6 +39,7 @@ class HttpAdapter:
         self.authenticated = authenticated  # told of each connection past the token check
         self._runner: web.AppRunner | None = None
         self._registry: Any = None
+        self._pages: set[Any] = set()  # the routes of the server's pages
 
     async def start(self) -> Any:
         """Set the application up; returns the protocol factory the sniffer hands HTTP to."""
@@ -51,6 +52,8 @@ class HttpAdapter:
         app.router.add_route("GET", "/v1/health", self._health)
         app.router.add_route("GET", "/healthz", self._health)
         app.router.add_route("GET", "/metrics", self._metrics)
+        for (method, path), page in self.server.pages.items():
+            self._pages.add(app.router.add_route(method, path, self._page(page)))
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                      keepalive_timeout=self.server.keepalive_s)
         await self._runner.setup()
@@ -63,9 +66,21 @@ class HttpAdapter:
             await self._runner.cleanup()
             self._runner = None
 
+    def _page(self, page: Any) -> Any:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            def authenticated() -> None:  # the page checked the request: no pre-auth deadline
+                if request.transport is not None and self.authenticated is not None:
+                    self.authenticated(request.transport)
+
+            response: web.StreamResponse = await page(request, authenticated)
+            return response
+        return handle
+
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
         server = self.server
         if request.path == "/metrics" and server.metrics_public:
+            return await handler(request)
+        if request.match_info.route in self._pages:  # a page checks its requests itself
             return await handler(request)
         if not bearer_ok(request.headers.get("Authorization"), server.token_bytes):
             return self._json_error(AuthenticationError(
