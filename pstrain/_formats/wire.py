@@ -110,27 +110,11 @@ def _array(arr: np.ndarray) -> msgpack.ExtType:
     return msgpack.ExtType(_EXT_ARRAY, msgpack.packb((arr.dtype.str, arr.shape, index)))
 
 
-#: Per record class: ``(field, default)``; a field equal to its default is not sent.
-_FIELDS: dict[type[Any], tuple[tuple[str, Any], ...]] = {}
-#: Defaults compared by value (an array or a record is compared by identity only).
-_VALUE_TYPES = frozenset({bool, int, float, str, bytes, tuple, list, dict})
-
-
 def _record(obj: msgspec.Struct) -> dict[str, Any]:
-    """A message record (``pstrain._formats.operations``) as the map it travels as: its
-    fields, those at their default left out (the tag, the op name, travels in the frame)."""
-    cls = type(obj)
-    fields = _FIELDS.get(cls)
-    if fields is None:
-        fields = _FIELDS[cls] = tuple((f.name, f.default) for f in msgspec.structs.fields(cls))
-    out = {}
-    for name, default in fields:
-        value = getattr(obj, name)
-        if value is default or (type(value) in _VALUE_TYPES and type(value) is type(default)
-                                and value == default):
-            continue
-        out[name] = value
-    return out
+    """A message record (``pstrain._formats.operations``) as the map it travels as: every
+    field (the tag, the op name, travels in the frame). ``asdict`` runs in C: leaving out the
+    fields at their default would cost more time than the few bytes it saves."""
+    return msgspec.structs.asdict(obj)
 
 
 def _default(obj: Any) -> Any:
@@ -170,6 +154,8 @@ def encode_body(obj: Any, *, allow_pickle: bool = False) -> list[bytes | memoryv
     >>> decode_body(b"".join(encode_body({"x": np.arange(3), "t": (1, [2])})))
     {'x': array([0, 1, 2]), 't': (1, [2])}
     """
+    if isinstance(obj, msgspec.Struct):  # a record at the top: no round trip through _default
+        obj = _record(obj)
     bufs: list[memoryview] = []
     _enc.buffers = bufs
     _enc.allow_pickle = allow_pickle
