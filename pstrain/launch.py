@@ -9,7 +9,11 @@ stops every process it started (SIGTERM, then SIGKILL); the servers also exit
 on their own if this process dies.
 
 ``pstrain launch --ps M --workers N -- python train.py`` does the same from
-the shell and runs the command as the coordinator.
+the shell and runs the command as the coordinator. It gives the coordinator an address
+(its ``/metrics`` and ``pstrain status`` endpoint), prints every task's address, and
+writes a *run directory* while the job runs: ``cluster.json`` (what ``pstrain status
+--cluster`` reads), ``token`` (mode 0600: ``--token-file``, Prometheus'
+``credentials_file``) and ``targets.json`` (Prometheus' ``file_sd_configs``).
 """
 
 from __future__ import annotations
@@ -21,8 +25,11 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import signal
+import socket
 import sys
+import tempfile
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -31,13 +38,13 @@ from ._base.cluster import ClusterSpec
 from ._base.errors import InvalidArgumentError, PstrainError
 from ._base.resolvers import RunningCluster
 from ._base.tasks import TaskOwner
+from .cli.threads import size_threads, threads_for
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["LocalCluster"]
 
 _LISTENING = re.compile(r"listening on (\S+)")
-_BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 class _Task:
@@ -110,13 +117,7 @@ class LocalCluster(RunningCluster):
         env.setdefault("PYTHONUNBUFFERED", "1")
         # Several processes share this machine's cores: BLAS pools sized for the whole
         # machine in each of them oversubscribe it (W3 ran 5x slower). Unless the user chose.
-        threads = str(max(1, (os.cpu_count() or 1) // (self.num_ps + self.num_workers)))
-        for var in _BLAS_THREAD_VARS:
-            env.setdefault(var, threads)
-        # PyTorch sizes its intra-op pool from OMP_NUM_THREADS (set above); XLA's CPU
-        # client from its flags: one Eigen pool per process would oversubscribe the same way.
-        if threads == "1" and "xla_cpu_multi_thread_eigen" not in env.get("XLA_FLAGS", ""):
-            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
+        size_threads(env, threads_for(self.num_ps + self.num_workers))
         with warnings.catch_warnings():  # JAX, if imported, warns of any fork; this one execs
             warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
             task.proc = await asyncio.create_subprocess_exec(
@@ -232,6 +233,9 @@ def add_launch_parser(sub: Any) -> None:
                    help="the coordinator CMD makes serves the live dashboard there (default "
                         "127.0.0.1, any free port) and prints its one-time login URL "
                         "(PSTRAIN_DASHBOARD)")
+    p.add_argument("--run-dir", metavar="DIR",
+                   help="where to write cluster.json, token (0600) and targets.json while the job "
+                        "runs (default: a new temporary directory, removed at the end)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     p.set_defaults(func=_launch)
 
@@ -245,44 +249,131 @@ def _launch(args: argparse.Namespace) -> int:
                            "python train.py")
     from ._transport.bridge import run
 
-    return run(_launch_async(cmd, args.ps, args.workers, args.log_level, args.dashboard))
+    return run(_launch_async(cmd, args.ps, args.workers, args.log_level, args.dashboard,
+                             args.run_dir))
 
 
 async def _launch_async(cmd: list[str], num_ps: int, num_workers: int, log_level: str,
-                        dashboard: str | None = None) -> int:
+                        dashboard: str | None = None, run_dir: str | None = None) -> int:
     async with LocalCluster(num_ps, num_workers, log_level=log_level) as cluster:
+        chief = f"127.0.0.1:{_free_port()}"  # the coordinator serves its endpoint there
+        config = cluster.config()
+        config["cluster"]["chief"] = [chief]
+        if dashboard is not None and dashboard.endswith(":0"):  # a port now, to print it
+            dashboard = f"{dashboard.rsplit(':', 1)[0]}:{_free_port()}"
         env = dict(os.environ)
         env.pop("TF_CONFIG", None)
         if dashboard is not None:
             env["PSTRAIN_DASHBOARD"] = dashboard
-        env["PSTRAIN_CONFIG"] = json.dumps(cluster.config())
+        env["PSTRAIN_CONFIG"] = json.dumps(config)
         env["PSTRAIN_TOKEN"] = cluster.token
         env.setdefault("PYTHONUNBUFFERED", "1")
-        print(f"pstrain launch: {num_ps} ps, {num_workers} worker(s) up; running {' '.join(cmd)}",
-              file=sys.stderr, flush=True)
-        proc = await asyncio.create_subprocess_exec(*cmd, env=env, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.STDOUT)
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        tasks = TaskOwner("pstrain launch")
-        pump = tasks.spawn(_prefix(proc, "[chief] "))
-        stopper = tasks.spawn(stop.wait())
-        waiter = tasks.spawn(proc.wait(), observed=True)
-        try:
-            await asyncio.wait([waiter, stopper], return_when=asyncio.FIRST_COMPLETED)
-            if not waiter.done():
-                proc.send_signal(signal.SIGINT)
-                try:
-                    await asyncio.wait_for(asyncio.shield(waiter), 10.0)
-                except TimeoutError:
-                    proc.kill()
-                    await waiter
-            await pump
-        finally:
-            await tasks.close()
-        return waiter.result() if waiter.result() is not None else 1
+        with RunDirectory(run_dir, config, cluster.token) as files:
+            print(_table(config, dashboard, files, num_ps, num_workers, cmd), file=sys.stderr,
+                  flush=True)
+            return await _run_coordinator(cmd, env)
+
+
+async def _run_coordinator(cmd: list[str], env: dict[str, str]) -> int:
+    """Run ``cmd`` as the coordinator, its output prefixed; Ctrl-C or SIGTERM is passed on
+    to it (SIGKILL if it has not ended 10 s later). Returns its exit code."""
+    proc = await asyncio.create_subprocess_exec(*cmd, env=env, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.STDOUT)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    tasks = TaskOwner("pstrain launch")
+    pump = tasks.spawn(_prefix(proc, "[chief] "))
+    stopper = tasks.spawn(stop.wait())
+    waiter = tasks.spawn(proc.wait(), observed=True)
+    try:
+        await asyncio.wait([waiter, stopper], return_when=asyncio.FIRST_COMPLETED)
+        if not waiter.done():
+            proc.send_signal(signal.SIGINT)
+            try:
+                await asyncio.wait_for(asyncio.shield(waiter), 10.0)
+            except TimeoutError:
+                proc.kill()
+                await waiter
+        await pump
+    finally:
+        await tasks.close()
+    return waiter.result() if waiter.result() is not None else 1
+
+
+def _free_port() -> int:
+    """A port free on 127.0.0.1 now (the coordinator binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class RunDirectory:
+    """The files that let an operator watch a launched job, written while it runs:
+    ``cluster.json`` (``pstrain status --cluster``), ``token`` (0600) and ``targets.json``
+    (Prometheus ``file_sd_configs``, one target group per role). A directory it created is
+    removed at the end; in a given one, only its files are."""
+
+    def __init__(self, path: str | None, config: dict[str, Any], token: str) -> None:
+        self.created = path is None
+        self.path = os.path.abspath(path) if path else tempfile.mkdtemp(prefix="pstrain-launch-")
+        self.config = config
+        self.token = token
+        self.cluster = os.path.join(self.path, "cluster.json")
+        self.token_file = os.path.join(self.path, "token")
+        self.targets = os.path.join(self.path, "targets.json")
+
+    def __enter__(self) -> RunDirectory:
+        os.makedirs(self.path, mode=0o700, exist_ok=True)
+        _write(self.token_file, self.token + "\n", 0o600)
+        _write(self.cluster, json.dumps(self.config, indent=1) + "\n", 0o644)
+        groups = [{"targets": addresses, "labels": {"job": "pstrain", "role": role}}
+                  for role, addresses in self.config["cluster"].items()]
+        _write(self.targets, json.dumps(groups, indent=1) + "\n", 0o644)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.created:
+            shutil.rmtree(self.path, ignore_errors=True)
+            return
+        for path in (self.cluster, self.token_file, self.targets):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+def _write(path: str, text: str, mode: int) -> None:
+    """Write ``text`` to ``path`` through one descriptor created with ``mode`` (replacing a
+    file of an earlier run atomically)."""
+    tmp = f"{path}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _table(config: dict[str, Any], dashboard: str | None, files: RunDirectory, num_ps: int,
+           num_workers: int, cmd: list[str]) -> str:
+    """What ``pstrain launch`` prints once the cluster is up."""
+    rows = [("TASK", "ADDRESS")]
+    for job in ("chief", "ps", "worker"):
+        for i, address in enumerate(config["cluster"].get(job, [])):
+            note = "  (the coordinator)" if job == "chief" else ""
+            rows.append((f"{job}:{i}", address + note))
+    rows.append(("metrics", f"http://{config['cluster']['chief'][0]}/metrics  (Bearer: the token file)"))
+    if dashboard is not None:
+        rows.append(("dashboard", f"http://{dashboard}  (the coordinator prints its login URL)"))
+    width = max(len(r[0]) for r in rows)
+    lines = [f"pstrain launch: {num_ps} ps, {num_workers} worker(s) up; running {' '.join(cmd)}"]
+    lines += [f"  {task:<{width}}  {address}" for task, address in rows]
+    lines += [f"  cluster file  {files.cluster}",
+              f"  token file    {files.token_file}  (mode 0600)",
+              f"  prometheus    {files.targets}  (file_sd_configs; credentials_file: the token file)",
+              f"  watch with    pstrain status --cluster {files.cluster} --token-file {files.token_file}"]
+    return "\n".join(lines)
 
 
 async def _prefix(proc: asyncio.subprocess.Process, prefix: str) -> None:

@@ -110,3 +110,136 @@ async def test_servers_exit_when_their_parent_is_killed(tmp_path):
         proc.wait()
         proc.stdout.close()
     await wait_for(lambda: not any(alive(p) for p in pids), timeout=15, what="orphans to exit")
+
+
+WATCHED = textwrap.dedent("""
+    import asyncio, pathlib, sys
+    import pstrain
+
+    async def main():
+        strategy = pstrain.ParameterServerStrategy(pstrain.TFConfigClusterResolver())
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        with strategy.scope():
+            v = pstrain.Variable(0.0)
+        for _ in range(5):
+            coordinator.schedule(lambda: v.assign_add(1.0))
+        await coordinator.join()
+        print("trained", flush=True)
+        while not pathlib.Path(sys.argv[1]).exists():  # the test looks at the job meanwhile
+            await asyncio.sleep(0.05)
+        await coordinator.close()
+
+    pstrain.run(main())
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_launched_job_can_be_watched_with_the_files_it_writes(tmp_path):
+    import json
+    import re
+    import stat
+
+    script, done, run_dir = tmp_path / "train.py", tmp_path / "done", tmp_path / "run"
+    script.write_text(WATCHED)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PSTRAIN_", "TF_CONFIG"))}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pstrain.cli", "launch", "--ps", "1", "--workers", "2",
+         "--run-dir", str(run_dir), "--", sys.executable, str(script), str(done)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        lines: list[str] = []
+        assert proc.stderr is not None and proc.stdout is not None
+        while not any(line.lstrip().startswith("watch with") for line in lines):
+            line = proc.stderr.readline()
+            assert line, "pstrain launch ended before printing its table: " + "".join(lines)
+            lines.append(line)
+        table = "".join(lines)
+        for task in ("chief:0", "ps:0", "worker:0", "worker:1"):
+            assert re.search(rf"^\s+{task}\s+127\.0\.0\.1:\d+", table, re.M), table
+        token = run_dir / "token"
+        assert stat.S_IMODE(token.stat().st_mode) == 0o600
+        config = json.loads((run_dir / "cluster.json").read_text())
+        groups = json.loads((run_dir / "targets.json").read_text())
+        assert {g["labels"]["role"] for g in groups} == {"chief", "ps", "worker"}
+        assert sorted(a for g in groups for a in g["targets"]) == \
+            sorted(a for addrs in config["cluster"].values() for a in addrs)
+        while "trained" not in proc.stdout.readline():
+            pass
+        # what the table says to run, as it is: every task up, the coordinator included
+        status = subprocess.run(
+            [sys.executable, "-m", "pstrain.cli", "status", "--cluster", str(run_dir / "cluster.json"),
+             "--token-file", str(token)], capture_output=True, text=True, timeout=60, env=env)
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert re.search(r"^chief:0\s+up\s", status.stdout, re.M), status.stdout
+        # and what Prometheus scrapes with file_sd_configs + credentials_file: the coordinator too
+        import urllib.request
+        chief = next(g["targets"][0] for g in groups if g["labels"]["role"] == "chief")
+        request = urllib.request.Request(f"http://{chief}/metrics",
+                                         headers={"Authorization": f"Bearer {token.read_text().strip()}"})
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            assert reply.status == 200 and b"pstrain_" in reply.read()
+        done.write_text("")
+        assert proc.wait(timeout=60) == 0
+        assert not (run_dir / "token").exists() and not (run_dir / "cluster.json").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+def _threads() -> tuple[str | None, str | None, int]:
+    """What a closure sees of its thread pools (PyTorch loads here, in the closure)."""
+    import os
+
+    import torch
+
+    return os.environ.get("OMP_NUM_THREADS"), os.environ.get("OPENBLAS_NUM_THREADS"), \
+        torch.get_num_threads()
+
+
+async def _closure_threads(resolver) -> tuple[str | None, str | None, int]:
+    strategy = pstrain.ParameterServerStrategy(resolver)
+    coordinator = pstrain.ClusterCoordinator(strategy)
+    try:
+        return await coordinator.schedule(_threads)
+    finally:
+        await coordinator.close()
+
+
+async def test_serve_by_hand_sizes_threads_as_launch_does(tmp_path):
+    import json
+    import socket
+
+    from .conftest import TOKEN, ServeProcess
+
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PSTRAIN_", "TF_CONFIG")) and k not in
+           ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "XLA_FLAGS")}
+    async with pstrain.LocalCluster(num_ps=1, num_workers=1, env=env) as cluster:
+        launched = await _closure_threads(cluster.resolver)
+    ps = ServeProcess("--role", "ps", "--index", "0", "--port", "0", env=env)
+    worker = None
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        config = {"cluster": {"ps": [ps.address], "worker": [f"127.0.0.1:{port}"]},
+                  "task": {"type": "worker", "index": 0}}
+        (tmp_path / "cluster.json").write_text(json.dumps(config))
+        worker = ServeProcess("--cluster", str(tmp_path / "cluster.json"), "--log-level", "INFO",
+                              env=env)
+        resolver = pstrain.SimpleClusterResolver(config["cluster"], token=TOKEN)
+        by_hand = await _closure_threads(resolver)
+        log = worker.stderr()
+    finally:
+        for server in (worker, ps):
+            if server is not None:
+                server.stop()
+    cores = os.cpu_count() or 1
+    expected = str(max(1, cores // 2))  # one ps and one worker share the machine
+    assert launched == by_hand == (expected, expected, int(expected)), (launched, by_hand)
+    if cores > 1:
+        assert f"OMP_NUM_THREADS={expected}" in log and "2 tasks of the cluster" in log, log

@@ -8,17 +8,24 @@ This is the edge where configuration is read (flags, ``TF_CONFIG``, ``PSTRAIN_CO
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 from .._base.errors import PstrainError
-from .serve import serve, serve_parser
-from .status import status_parser
+from .threads import presize_serve
 
 __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Before numpy or PyTorch load (the subcommands' modules import them): they size their
+    # thread pools once, from the environment.
+    sized = presize_serve(argv, os.environ)
+    from .serve import serve, serve_parser
+    from .status import status_parser
+
     parser = argparse.ArgumentParser(prog="pstrain", description="Parameter-server training runtime.")
     sub = parser.add_subparsers(dest="command", required=True)
     serve_parser(sub)
@@ -30,6 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     add_launch_parser(sub)
     args = parser.parse_args(argv)
+    args.threads_sized = sized
     try:
         return int(args.func(args)) if hasattr(args, "func") else serve(args)
     except PstrainError as exc:

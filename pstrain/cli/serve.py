@@ -169,6 +169,8 @@ def serve(args: argparse.Namespace) -> int:
                            f"task.type is one of them; got {role!r})")
     index = index or 0
     setup_logging(args.log_level, f"{role}:{index}")
+    if getattr(args, "threads_sized", None):
+        logger.info("%s:%d: %s", role, index, args.threads_sized)
     if role == "evaluator":
         return evaluate(args)
     if args.token_file:

@@ -1,0 +1,92 @@
+"""How many threads a task's numeric libraries use: its share of the machine's cores.
+
+Several tasks on one machine each sizing their BLAS, OpenMP, PyTorch and XLA pools for the
+whole machine oversubscribe it (PyTorch closures ran 7x slower under a hand-started
+``pstrain serve`` than under ``pstrain launch``, which sized them). ``pstrain serve`` and
+``pstrain launch`` size them the same way, before those libraries load, unless the user
+set them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import MutableMapping, Sequence
+
+from .._base.cluster import ClusterSpec, is_loopback, parse_address
+from .._base.errors import PstrainError
+from .._base.resolvers import parse_config
+
+__all__ = ["THREAD_VARS", "presize_serve", "size_threads", "tasks_on_host", "threads_for"]
+
+#: What OpenBLAS, MKL, OpenMP and PyTorch (its intra-op pool) read at load.
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def threads_for(tasks: int, cpus: int | None = None) -> int:
+    """Each of ``tasks`` tasks' share of this machine's cores (at least 1)."""
+    return max(1, (cpus or os.cpu_count() or 1) // max(1, tasks))
+
+
+def tasks_on_host(spec: ClusterSpec, role: str, index: int) -> int:
+    """The ps and workers of ``spec`` on the host of task ``role:index`` (loopback
+    addresses are one host), that task included."""
+    def host(address: str) -> str:
+        name = parse_address(address)[0]
+        return "loopback" if is_loopback(name) else name
+
+    try:
+        mine = host(spec.task_address(role, index))
+    except (PstrainError, IndexError, KeyError):
+        return 1
+    return max(1, sum(host(a) == mine for job in ("ps", "worker") for a in spec.job_tasks(job)))
+
+
+def size_threads(env: MutableMapping[str, str], threads: int) -> dict[str, str]:
+    """Set the thread variables to ``threads`` where the user has not set them; returns
+    what was set. One thread per process also turns off XLA's multi-threaded Eigen."""
+    chosen = {}
+    for var in THREAD_VARS:
+        if var not in env:
+            env[var] = chosen[var] = str(threads)
+    if threads == 1 and "xla_cpu_multi_thread_eigen" not in env.get("XLA_FLAGS", ""):
+        env["XLA_FLAGS"] = chosen["XLA_FLAGS"] = (
+            env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
+    return chosen
+
+
+def presize_serve(argv: Sequence[str], env: MutableMapping[str, str]) -> str | None:
+    """For ``pstrain serve ...``: size the threads before numpy or PyTorch load (they read
+    the variables once, at load). Returns what to log once logging is set up (None: the
+    task has the machine to itself, or its cluster is not known yet)."""
+    if not argv or argv[0] != "serve":
+        return None
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--role")
+    pre.add_argument("--index", type=int)
+    pre.add_argument("--cluster")
+    known, _ = pre.parse_known_args(list(argv[1:]))
+    try:
+        if known.cluster:
+            with open(known.cluster, encoding="utf-8") as f:
+                text, source = f.read(), known.cluster
+        elif env.get("PSTRAIN_CONFIG"):
+            text, source = env["PSTRAIN_CONFIG"], "PSTRAIN_CONFIG"
+        elif env.get("TF_CONFIG"):
+            text, source = env["TF_CONFIG"], "TF_CONFIG"
+        else:
+            return None
+        spec, task_type, task_id = parse_config(text, source)
+    except (OSError, PstrainError):
+        return None  # serve reports it, with its own message
+    role = known.role or task_type
+    index = known.index if known.index is not None else task_id or 0
+    if role not in ("ps", "worker"):
+        return None
+    tasks = tasks_on_host(spec, role, index)
+    threads = threads_for(tasks)
+    chosen = size_threads(env, threads)
+    if not chosen or tasks == 1:
+        return None
+    return (f"{tasks} tasks of the cluster share this machine's {os.cpu_count()} cores: "
+            f"{', '.join(f'{k}={v}' for k, v in chosen.items())} (set them to choose)")
