@@ -7,7 +7,13 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install test demo bench lint fuzz clean sysdeps slurm screenshots chaos
 
-$(STAMP): pyproject.toml
+# The table kernels (pstrain/_kernels/compiled.pyx) are C, built by pip: a C compiler and
+# Python's headers are installed with apt-get when missing.
+$(STAMP): pyproject.toml setup.py pstrain/_kernels/compiled.pyx
+	command -v cc >/dev/null && $(PYTHON) -c "import os, sysconfig; \
+		raise SystemExit(not os.path.exists(sysconfig.get_paths()['include'] + '/Python.h'))" \
+		|| (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc \
+		libc6-dev python3-dev >/dev/null)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch pinned to the CPU build (a range would fetch a CUDA build of several GB)

@@ -132,11 +132,12 @@ async def run_variant(variant: str, steps: int) -> dict:
                 "cpu_ms_per_step": cpu * 1e3 / (steps - warm)}
 
 
-async def lookup_update_cost(rows: int, batch: int, iters: int) -> dict:
+async def lookup_update_cost(rows: int, batch: int, iters: int, kernels: str = "compiled") -> dict:
     """ms per (lookup + Adagrad update) of the same ``batch`` unique rows, from the
     coordinator, in a fixed ``rows`` x 16 table and in a dynamic table holding those ids:
-    alternated, medians."""
-    async with pstrain.LocalCluster(num_ps=2, num_workers=1) as cluster:
+    alternated, medians. ``kernels``: the ps's table kernels (``PSTRAIN_KERNELS``)."""
+    env = {**os.environ, "PSTRAIN_KERNELS": "numpy" if kernels == "numpy" else "compiled"}
+    async with pstrain.LocalCluster(num_ps=2, num_workers=1, env=env) as cluster:
         strategy = pstrain.ParameterServerStrategy(
             cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
         async with strategy.scope():
@@ -177,12 +178,13 @@ def main() -> None:
     if args.plot_only:
         plot_all()
         return
-    cost = pstrain.run(lookup_update_cost(1_000_000, 4096, 200))
-    emit({"ps": 2, "metric": "lookup_update_ms", "value": round(cost["dynamic_ms"], 3),
-          "fixed_ms": round(cost["fixed_ms"], 3),
-          "ratio_dynamic_to_fixed": round(cost["dynamic_ms"] / cost["fixed_ms"], 3),
-          "rows": 1_000_000, "batch": 4096, "iterations": 200,
-          "note": "lookup + Adagrad update of the same unique rows, from the coordinator"}, "W6")
+    for kernels in ("numpy", "compiled"):  # the reference kernels first, as a peer of the same run
+        cost = pstrain.run(lookup_update_cost(1_000_000, 4096, 200, kernels))
+        emit({"ps": 2, "metric": "lookup_update_ms", "value": round(cost["dynamic_ms"], 3),
+              "fixed_ms": round(cost["fixed_ms"], 3), "kernels": kernels,
+              "ratio_dynamic_to_fixed": round(cost["dynamic_ms"] / cost["fixed_ms"], 3),
+              "rows": 1_000_000, "batch": 4096, "iterations": 200,
+              "note": "lookup + Adagrad update of the same unique rows, from the coordinator"}, "W6")
     if args.cost_only:
         return
     results: dict[str, list[dict]] = {}

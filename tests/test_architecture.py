@@ -25,12 +25,13 @@ README = ROOT.parent / "README.md"
 
 #: The layer folders, bottom to top. A module imports only from its own folder or lower ones;
 #: ``server`` (the servers) imports only ``SERVERS_MAY_IMPORT`` and is imported only by the face.
-RANKS: tuple[str, ...] = ("_base", "_formats", "_transport", "_serving", "server", "_variables", "_training",
-                          "_checkpoint", "_frameworks", "_distribute", "_coordinator", "face")
+RANKS: tuple[str, ...] = ("_kernels", "_base", "_formats", "_transport", "_serving", "server",
+                          "_variables", "_training", "_checkpoint", "_frameworks", "_distribute",
+                          "_coordinator", "face")
 RANK = {layer: i for i, layer in enumerate(RANKS)}
 #: Packages of the face: the ``pstrain`` command's subcommands.
 RANK["cli"] = RANK["face"]
-SERVERS_MAY_IMPORT = {"_base", "_formats", "_transport", "_serving", "server"}
+SERVERS_MAY_IMPORT = {"_kernels", "_base", "_formats", "_transport", "_serving", "server"}
 #: Public modules that only re-export a private one (the face users import; nothing inside
 #: the layers may import them).
 FACADE_DOC = "Public façade"
@@ -242,6 +243,7 @@ LAYER_NOTES = {
     "_transport": "transport: channels, the blocking bridge",
     "_formats": "formats: wire, operations, files (client and server)",
     "_base": "base: errors, cluster, auth, context",
+    "_kernels": "kernels: the id index and sparse optimizer steps, compiled (C) and numpy",
 }
 
 

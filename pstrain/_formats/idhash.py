@@ -16,26 +16,14 @@ True
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
+
+from .._kernels.reference import mix64
 
 __all__ = ["initial_rows", "mix64", "shard_of", "unit_uniform"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _SHARD_SALT = np.uint64(0x2545F4914F6CDD1D)
-
-
-def mix64(x: Any) -> np.ndarray:
-    """splitmix64's finalizer on uint64 (wrapping), elementwise."""
-    x = np.asarray(x, np.uint64).copy()
-    with np.errstate(over="ignore"):
-        x ^= x >> np.uint64(30)
-        x *= np.uint64(0xBF58476D1CE4E5B9)
-        x ^= x >> np.uint64(27)
-        x *= np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
-    return x
 
 
 def _as_u64(ids: np.ndarray) -> np.ndarray:

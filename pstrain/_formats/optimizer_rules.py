@@ -7,7 +7,9 @@ slots live.
 Each rule updates ``var`` and its slot arrays in place from a gradient, with
 the formulas of Keras' optimizers. A sparse gradient (``rows`` given, unique,
 duplicates already summed) updates only those rows of the variable *and* of
-its slots. Rules are plain numpy: no I/O, no awaits, so an apply is atomic.
+its slots; rows given as -1 are skipped (a table's ids that have no row). Rules are numpy,
+and the sparse steps of SGD and Adagrad run as one fused compiled loop
+(:mod:`pstrain._kernels`) with the same arithmetic; no I/O, no awaits, so an apply is atomic.
 """
 
 from __future__ import annotations
@@ -18,8 +20,32 @@ from typing import Any
 import numpy as np
 
 from .._base.errors import InvalidArgumentError
+from .._kernels import KERNELS
 
 __all__ = ["RULES", "slot_specs"]
+
+
+def _fusable(var: np.ndarray, g: np.ndarray, rows: np.ndarray, *numbers: Any) -> bool:
+    """Whether a fused kernel takes this sparse step: float32/float64 rows of a C-contiguous
+    variable, and hyper-parameters that are Python floats (numpy scalars would change the
+    arithmetic numpy does, which the kernels reproduce)."""
+    return (var.dtype in _FUSED_DTYPES and var.ndim >= 1 and var.flags.c_contiguous
+            and g.dtype == var.dtype and rows.dtype == np.int64
+            and all(type(x) is float for x in numbers))
+
+
+_FUSED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _rows2d(a: np.ndarray, n: int, like: np.ndarray) -> np.ndarray:
+    """``a`` as ``n`` rows of as many numbers as a row of ``like`` has (a view if it can)."""
+    return np.ascontiguousarray(a).reshape(n, int(np.prod(like.shape[1:], dtype=np.int64)))
+
+
+def _kept(rows: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows that exist (not -1) and their gradients."""
+    keep = rows >= 0
+    return (rows, g) if keep.all() else (rows[keep], g[keep])
 
 
 def _sgd(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None, slots: dict[str, np.ndarray],
@@ -28,9 +54,14 @@ def _sgd(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None, slots: dict[st
     if not momentum:
         if rows is None:
             var -= lr * g
+        elif _fusable(var, g, rows, lr):
+            KERNELS.sgd_rows(_rows2d(var, var.shape[0], var), rows, _rows2d(g, rows.size, var), lr)
         else:
+            rows, g = _kept(rows, g)
             var[rows] -= lr * g
         return
+    if rows is not None:
+        rows, g = _kept(rows, g)
     m = slots["momentum"]
     if rows is None:
         m *= momentum
@@ -52,7 +83,12 @@ def _adagrad(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None,
     if rows is None:
         acc += g * g
         var -= lr * g / np.sqrt(acc + eps)
+    elif _fusable(var, g, rows, lr, eps) and acc.dtype == var.dtype and acc.flags.c_contiguous:
+        n = var.shape[0]
+        KERNELS.adagrad_rows(_rows2d(var, n, var), _rows2d(acc, n, var), rows,
+                             _rows2d(g, rows.size, var), lr, eps)
     else:
+        rows, g = _kept(rows, g)
         a = acc[rows] + g * g
         acc[rows] = a
         var[rows] -= lr * g / np.sqrt(a + eps)
@@ -138,8 +174,23 @@ def _adamw(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None, slots: dict[
 
 Rule = Callable[[np.ndarray, np.ndarray, "np.ndarray | None", dict[str, np.ndarray], dict[str, Any], int],
                 None]
-RULES: dict[str, Rule] = {"sgd": _sgd, "adagrad": _adagrad, "adam": _adam, "adamw": _adamw,
-                          "ftrl": _ftrl, "rmsprop": _rmsprop}
+
+
+def _skipping_missing(rule: Rule) -> Rule:
+    """``rule`` with the sparse rows of -1 (and their gradients) left out first."""
+    def run(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None, slots: dict[str, np.ndarray],
+            cfg: dict[str, Any], t: int) -> None:
+        if rows is not None:
+            rows, g = _kept(rows, g)
+        rule(var, g, rows, slots, cfg, t)
+
+    run.__doc__ = rule.__doc__
+    return run
+
+
+RULES: dict[str, Rule] = {"sgd": _sgd, "adagrad": _adagrad, "adam": _skipping_missing(_adam),
+                          "adamw": _skipping_missing(_adamw), "ftrl": _skipping_missing(_ftrl),
+                          "rmsprop": _skipping_missing(_rmsprop)}
 
 
 def slot_specs(cfg: dict[str, Any]) -> dict[str, float]:

@@ -32,12 +32,14 @@ past that). No I/O and no awaits here: each call is atomic on the serving loop.
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from ..._base.errors import InvalidArgumentError
 from ..._formats.idhash import initial_rows, unit_uniform
+from ..._kernels import KERNELS
 from .id_index import IdIndex
 from .store import Snapshot
 from .table_config import TableConfig
@@ -54,7 +56,7 @@ class DynamicTable:
     """One shard of a dynamic table; see the module docstring."""
 
     def __init__(self, name: str, config: TableConfig, owner: str | None = None,
-                 max_bytes: int | None = None) -> None:
+                 max_bytes: int | None = None, kernels: ModuleType | None = None) -> None:
         self.name = name
         self.config = config
         self.owner = owner
@@ -69,7 +71,8 @@ class DynamicTable:
                 f"dynamic table {name!r}: {rows} of dim {config.dim} ({config.dtype}) is more "
                 f"than this ps's limit of {max_bytes} bytes per variable (pstrain serve "
                 "--max-variable-bytes): lower the capacity or the dim, or shard over more ps")
-        self.index = IdIndex()  # id -> row
+        self.kernels = kernels or KERNELS
+        self.index = IdIndex(kernels=self.kernels)  # id -> row
         self.alloc = 0
         self.rows = np.empty((0, config.dim), self.dtype)
         self.ids = np.empty(0, np.int64)  # id of each row
@@ -78,12 +81,13 @@ class DynamicTable:
         self.freq = np.empty(0, np.int64)
         self.slots: dict[str, np.ndarray] = {}
         self.slot_init: dict[str, float] = {}
-        self.free: list[int] = []
+        self.free = np.empty(0, np.int64)  # rows given up by eviction, reused first (a stack)
+        self.nfree = 0
         self.used = 0  # rows ever handed out (the high-water mark)
         self.clock = 0  # training lookups served
         # Sightings of ids not admitted yet: an index id -> slot of ``_cand_counts``; slots
         # are handed out in order, so the oldest are the lowest (forgotten first).
-        self._cand = IdIndex()
+        self._cand = IdIndex(kernels=self.kernels)
         self._cand_ids = np.empty(0, np.int64)
         self._cand_counts = np.empty(0, np.int64)
         self._cand_used = 0
@@ -153,12 +157,12 @@ class DynamicTable:
                 "capacity (its rows are then evicted), or shard it over more ps")
 
     def _take_rows(self, n: int) -> np.ndarray:
-        reuse = min(n, len(self.free))
-        taken = self.free[len(self.free) - reuse:]
-        del self.free[len(self.free) - reuse:]
+        reuse = min(n, self.nfree)
+        taken = self.free[self.nfree - reuse:self.nfree]
+        self.nfree -= reuse
         fresh = n - reuse
         self._grow(self.used + fresh)
-        out = np.array(taken + list(range(self.used, self.used + fresh)), np.int64)
+        out = np.concatenate([taken, np.arange(self.used, self.used + fresh, dtype=np.int64)])
         self.used += fresh
         return out
 
@@ -206,7 +210,12 @@ class DynamicTable:
             self._touch(rows)
         self.index.delete(self.ids[rows])
         self.live[rows] = False
-        self.free.extend(rows.tolist())
+        need = self.nfree + rows.size
+        if need > self.free.size:
+            self.free = np.concatenate([self.free[:self.nfree], np.empty(max(need, 2 * self.free.size),
+                                                                       np.int64)])
+        self.free[self.nfree:need] = rows
+        self.nfree = need
         self.evicted += rows.size
 
     def _evict_for(self, n: int, protect: np.ndarray) -> None:
@@ -238,6 +247,7 @@ class DynamicTable:
             assert cfg.admit_probability is not None
             admit = unit_uniform(ids ^ counts, cfg.seed + 0x51ED) < cfg.admit_probability
         self._cand.delete(ids[admit & seen])  # admitted: no longer a candidate
+        self._cand_counts[slots[admit & seen]] = 0
         again = ~admit & seen
         self._cand_counts[slots[again]] = counts[again]
         new = ~admit & ~seen
@@ -250,16 +260,19 @@ class DynamicTable:
         half is forgotten."""
         limit = self.config.max_candidates
         if len(self._cand) + ids.size > limit:
-            live_ids, live_slots = self._cand.items()
-            order = np.argsort(live_slots)
-            keep = order[len(order) // 2:] if len(order) > 1 else order[:0]
-            keep = keep[max(0, keep.size + ids.size - limit):]  # room for the new ones
-            kept_ids, kept_counts = live_ids[keep], self._cand_counts[live_slots[keep]]
-            self._cand = IdIndex(max(kept_ids.size + ids.size, 16))
-            self._cand_ids = kept_ids.copy()
-            self._cand_counts = kept_counts.copy()
-            self._cand_used = kept_ids.size
-            self._cand.insert(kept_ids, np.arange(kept_ids.size))
+            # Slots are handed out in order and an admitted id's count is 0: the newest
+            # live sightings are the last nonzero counts, found without a sort.
+            used = self._cand_used
+            live = np.flatnonzero(self._cand_counts[:used] > 0)
+            half = live.size - live.size // 2 if live.size > 1 else 0
+            keep = live[live.size - max(0, min(half, limit - ids.size)):]
+            n = keep.size
+            self._cand_ids[:n] = self._cand_ids[keep]
+            self._cand_counts[:n] = self._cand_counts[keep]
+            self._cand_counts[n:used] = 0
+            self._cand_used = n
+            self._cand.clear()
+            self._cand.insert(self._cand_ids[:n], np.arange(n))
             ids = ids[max(0, ids.size - limit):]
         need = self._cand_used + ids.size
         if need > self._cand_counts.size:
@@ -293,13 +306,9 @@ class DynamicTable:
                     new = new[:max(0, cap - len(self.index))]  # never past the capacity
                 if new.size:
                     pos[new] = self._create(ids[new])
-            hit = pos[pos >= 0]
-            self.last_seen[hit] = self.clock
-            self.freq[hit] += 1
+            self.kernels.mark_seen(self.last_seen, self.freq, pos, self.clock)
         out = np.empty((ids.size, self.config.dim), self.dtype)
-        found = pos >= 0
-        out[found] = self.rows[pos[found]]
-        out[~found] = self.config.default_value
+        self.kernels.gather_rows(self.rows, pos, out, self.config.default_value)
         return out
 
     def _expire(self) -> None:
@@ -320,17 +329,17 @@ class DynamicTable:
     def apply(self, rule: Callable[..., None], ids: np.ndarray, grad: np.ndarray,
               slots: dict[str, tuple[str, float]], cfg: dict[str, Any], t: int) -> int:
         """One optimizer step on the rows of ``ids`` (unique) that exist; returns how many.
-        Gradients of ids without a row (not admitted, or evicted since) are dropped."""
+        Gradients of ids without a row (not admitted, or evicted since) are dropped: the
+        rule skips rows of -1, in the same pass (a fused kernel) or before it."""
         pos = self.positions(ids)
-        keep = pos >= 0
-        rows = pos[keep]
-        if not rows.size:
+        found = int(np.count_nonzero(pos >= 0))
+        if not found:
             return 0
         arrays = {name: self.slot(key, init) for name, (key, init) in slots.items()}
         if self.saves:
-            self._touch(rows)
-        rule(self.rows, grad[keep].astype(self.dtype, copy=False), rows, arrays, cfg, t)
-        return int(rows.size)
+            self._touch(pos[pos >= 0])
+        rule(self.rows, grad.astype(self.dtype, copy=False), pos, arrays, cfg, t)
+        return found
 
     # -- checkpoints -------------------------------------------------------------------------------
     def export(self) -> dict[str, np.ndarray]:
@@ -344,7 +353,7 @@ class DynamicTable:
     def load(self, ids: np.ndarray, rows: np.ndarray, slots: dict[str, np.ndarray],
              slot_init: dict[str, float]) -> None:
         """Replace every row with those given (a restore)."""
-        fresh = DynamicTable(self.name, self.config, self.owner, self.max_bytes)
+        fresh = DynamicTable(self.name, self.config, self.owner, self.max_bytes, self.kernels)
         fresh.slot_init = dict(slot_init)
         n = ids.size
         fresh._grow(max(n, 1))
@@ -355,7 +364,7 @@ class DynamicTable:
         for k, arr in slots.items():
             fresh.slots[k][:n] = arr
         fresh.used = n
-        fresh.index = IdIndex(n)
+        fresh.index = IdIndex(n, self.kernels)
         fresh.index.insert(ids, np.arange(n))
         self.__dict__.update(fresh.__dict__)
 

@@ -1,0 +1,181 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The table kernels in C (built by ``pip install``): the id index's probe, insert and delete,
+and the fused sparse optimizer steps. Each loop runs without the GIL and without Python per
+id; :mod:`pstrain._kernels.reference` is the numpy implementation they are tested against,
+bit for bit. See :mod:`pstrain._kernels`."""
+
+from libc.math cimport sqrt, sqrtf
+from libc.stdint cimport int64_t, uint8_t, uint64_t
+
+ctypedef fused real:
+    float
+    double
+
+cdef enum:
+    EMPTY = 0
+    FULL = 1
+    TOMB = 2
+
+
+cdef inline uint64_t _mix64(uint64_t x) noexcept nogil:
+    # splitmix64's finalizer, as pstrain._formats.idhash.mix64
+    x ^= x >> 30
+    x *= 0xBF58476D1CE4E5B9ULL
+    x ^= x >> 27
+    x *= 0x94D049BB133111EBULL
+    x ^= x >> 31
+    return x
+
+
+def index_get(const int64_t[::1] keys, const int64_t[::1] vals, const uint8_t[::1] state,
+              uint64_t mask, const int64_t[::1] ids, int64_t[::1] out):
+    """``out[i]``: the value of ``ids[i]``, -1 where the index has none."""
+    cdef Py_ssize_t i, n = ids.shape[0]
+    cdef uint64_t q
+    cdef int64_t key
+    cdef uint8_t st
+    with nogil:
+        for i in range(n):
+            key = ids[i]
+            q = _mix64(<uint64_t>key) & mask
+            out[i] = -1
+            while True:
+                st = state[q]
+                if st == EMPTY:
+                    break
+                if st == FULL and keys[q] == key:
+                    out[i] = vals[q]
+                    break
+                q = (q + 1) & mask
+
+
+def index_insert(int64_t[::1] keys, int64_t[::1] vals, uint8_t[::1] state, uint64_t mask,
+                 const int64_t[::1] ids, const int64_t[::1] rows):
+    """Insert ``ids`` (unique, absent; the caller keeps the table at most half full) with
+    ``rows``; returns how many tombstones they took the place of."""
+    cdef Py_ssize_t i, n = ids.shape[0], reused = 0
+    cdef uint64_t q
+    with nogil:
+        for i in range(n):
+            q = _mix64(<uint64_t>ids[i]) & mask
+            while state[q] == FULL:
+                q = (q + 1) & mask
+            if state[q] == TOMB:
+                reused += 1
+            keys[q] = ids[i]
+            vals[q] = rows[i]
+            state[q] = FULL
+    return reused
+
+
+def index_delete(const int64_t[::1] keys, const int64_t[::1] vals, uint8_t[::1] state,
+                 uint64_t mask, const int64_t[::1] ids, int64_t[::1] out):
+    """Remove ``ids`` (unique); ``out[i]`` is the value ``ids[i]`` had, -1 where none.
+    Returns how many were removed."""
+    cdef Py_ssize_t i, n = ids.shape[0], removed = 0
+    cdef uint64_t q
+    cdef int64_t key
+    cdef uint8_t st
+    with nogil:
+        for i in range(n):
+            key = ids[i]
+            q = _mix64(<uint64_t>key) & mask
+            out[i] = -1
+            while True:
+                st = state[q]
+                if st == EMPTY:
+                    break
+                if st == FULL and keys[q] == key:
+                    out[i] = vals[q]
+                    state[q] = TOMB
+                    removed += 1
+                    break
+                q = (q + 1) & mask
+    return removed
+
+
+def sgd_rows(real[:, ::1] var, const int64_t[::1] rows, const real[:, ::1] g, real lr):
+    """``var[rows[i]] -= lr * g[i]`` for each ``rows[i] >= 0`` (unique), in one pass."""
+    cdef Py_ssize_t i, j, r, n = rows.shape[0], dim = var.shape[1], limit = var.shape[0]
+    cdef bint bad = False
+    with nogil:
+        for i in range(n):
+            r = rows[i]
+            if r < 0:
+                continue
+            if r >= limit:
+                bad = True
+                break
+            for j in range(dim):
+                var[r, j] = var[r, j] - lr * g[i, j]
+    if bad:
+        raise IndexError("sgd_rows: a row past the variable's end")
+
+
+def adagrad_rows(real[:, ::1] var, real[:, ::1] acc, const int64_t[::1] rows,
+                 const real[:, ::1] g, real lr, real eps):
+    """Adagrad on the rows ``rows[i] >= 0`` (unique): gather row and accumulator, update,
+    write back, one pass; the arithmetic of the numpy rule, in the variable's dtype."""
+    cdef Py_ssize_t i, j, r, n = rows.shape[0], dim = var.shape[1], limit = var.shape[0]
+    cdef real gj, a
+    cdef bint bad = False
+    with nogil:
+        for i in range(n):
+            r = rows[i]
+            if r < 0:
+                continue
+            if r >= limit:
+                bad = True
+                break
+            for j in range(dim):
+                gj = g[i, j]
+                a = acc[r, j] + gj * gj
+                acc[r, j] = a
+                if real is float:
+                    var[r, j] = var[r, j] - (lr * gj) / sqrtf(a + eps)
+                else:
+                    var[r, j] = var[r, j] - (lr * gj) / sqrt(a + eps)
+    if bad:
+        raise IndexError("adagrad_rows: a row past the variable's end")
+
+
+def gather_rows(const real[:, ::1] table, const int64_t[::1] pos, real[:, ::1] out, double default):
+    """``out[i] = table[pos[i]]``, or ``default`` in every column where ``pos[i]`` is -1."""
+    cdef Py_ssize_t i, j, r, n = pos.shape[0], dim = table.shape[1], limit = table.shape[0]
+    cdef real fill = <real>default
+    cdef bint bad = False
+    if out.shape[0] != n or out.shape[1] != dim:
+        raise ValueError("gather_rows: out is not (len(pos), dim)")
+    with nogil:
+        for i in range(n):
+            r = pos[i]
+            if r < 0:
+                for j in range(dim):
+                    out[i, j] = fill
+            elif r >= limit:
+                bad = True
+                break
+            else:
+                for j in range(dim):
+                    out[i, j] = table[r, j]
+    if bad:
+        raise IndexError("gather_rows: a row past the table's end")
+
+
+def mark_seen(int64_t[::1] last_seen, int64_t[::1] freq, const int64_t[::1] pos, int64_t clock):
+    """A training lookup's bookkeeping: each row ``pos[i] >= 0`` (unique) was seen at
+    ``clock``, once more."""
+    cdef Py_ssize_t i, r, n = pos.shape[0], limit = min(last_seen.shape[0], freq.shape[0])
+    cdef bint bad = False
+    with nogil:
+        for i in range(n):
+            r = pos[i]
+            if r < 0:
+                continue
+            if r >= limit:
+                bad = True
+                break
+            last_seen[r] = clock
+            freq[r] += 1
+    if bad:
+        raise IndexError("mark_seen: a row past the table's end")

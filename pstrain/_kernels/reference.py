@@ -1,0 +1,147 @@
+"""The table kernels in numpy: the reference the compiled ones are tested against, bit for bit.
+
+Same signatures and results as :mod:`pstrain._kernels.compiled` (only where an index puts an
+id may differ: both probe linearly from the id's hash, but the vectorised insert settles
+contended slots in another order). Each operation takes a whole batch and probes it with one
+numpy pass per probe step over the ids still looking, then a short Python loop for the few
+long probes left, so it is a fair numpy implementation, not a strawman.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["adagrad_rows", "gather_rows", "index_delete", "index_get", "index_insert", "mark_seen",
+           "mix64", "sgd_rows"]
+
+_EMPTY, _FULL, _TOMB = 0, 1, 2
+_SCALAR = 48  # ids left probing below which a Python loop beats another numpy pass
+
+
+def mix64(x: Any) -> np.ndarray:
+    """splitmix64's finalizer on uint64 (wrapping), elementwise."""
+    x = np.asarray(x, np.uint64).copy()
+    with np.errstate(over="ignore"):
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return x
+
+
+def _find(keys: np.ndarray, state: np.ndarray, mask: int, ids: np.ndarray) -> np.ndarray:
+    """The slot holding each id, -1 where none does."""
+    umask = np.uint64(mask)
+    slots = np.full(ids.size, -1, np.int64)
+    pos = mix64(ids.view(np.uint64)) & umask
+    todo = np.arange(ids.size)
+    while todo.size > _SCALAR:
+        p = pos[todo]
+        st = state[p]
+        hit = (st == _FULL) & (keys[p] == ids[todo])
+        slots[todo[hit]] = p[hit]
+        going = ~hit & (st != _EMPTY)  # past other ids and tombstones
+        todo = todo[going]
+        pos[todo] = (p[going] + np.uint64(1)) & umask
+    for i in todo.tolist():  # the long probes' tail: a few ids, cheaper one at a time
+        key, q = int(ids[i]), int(pos[i])
+        while True:
+            st_q = state[q]
+            if st_q == _FULL and keys[q] == key:
+                slots[i] = q
+                break
+            if st_q == _EMPTY:
+                break
+            q = (q + 1) & mask
+    return slots
+
+
+def index_get(keys: np.ndarray, vals: np.ndarray, state: np.ndarray, mask: int, ids: np.ndarray,
+              out: np.ndarray) -> None:
+    slots = _find(keys, state, mask, ids)
+    found = slots >= 0
+    out[:] = -1
+    out[found] = vals[slots[found]]
+
+
+def index_insert(keys: np.ndarray, vals: np.ndarray, state: np.ndarray, mask: int, ids: np.ndarray,
+                 rows: np.ndarray) -> int:
+    umask = np.uint64(mask)
+    pos = mix64(ids.view(np.uint64)) & umask
+    todo = np.arange(ids.size)
+    reused = 0
+    while todo.size > _SCALAR:
+        p = pos[todo]
+        cand = np.flatnonzero(state[p] != _FULL)
+        # Of the ids that reach the same free slot now, one takes it: each writes its
+        # position into the free slot's (unused) value, and the one that reads it back won.
+        pc = p[cand]
+        vals[pc] = cand
+        won = np.zeros(todo.size, bool)
+        won[cand[vals[pc] == cand]] = True
+        w = p[won]
+        reused += int(np.count_nonzero(state[w] == _TOMB))
+        keys[w] = ids[todo[won]]
+        vals[w] = rows[todo[won]]
+        state[w] = _FULL
+        todo = todo[~won]
+        pos[todo] = (p[~won] + np.uint64(1)) & umask
+    for i in todo.tolist():  # the long probes' tail, one at a time
+        q = int(pos[i])
+        while state[q] == _FULL:
+            q = (q + 1) & mask
+        if state[q] == _TOMB:
+            reused += 1
+        keys[q], vals[q], state[q] = ids[i], rows[i], _FULL
+    return reused
+
+
+def index_delete(keys: np.ndarray, vals: np.ndarray, state: np.ndarray, mask: int, ids: np.ndarray,
+                 out: np.ndarray) -> int:
+    slots = _find(keys, state, mask, ids)
+    found = slots >= 0
+    s = slots[found]
+    out[:] = -1
+    out[found] = vals[s]
+    state[s] = _TOMB
+    return int(s.size)
+
+
+def _checked(name: str, var: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Which of ``rows`` exist (not -1); raises if one is past ``var``'s end."""
+    if rows.size and rows.max() >= var.shape[0]:
+        what = "table" if name in ("gather_rows", "mark_seen") else "variable"
+        raise IndexError(f"{name}: a row past the {what}'s end")
+    return rows >= 0
+
+
+def sgd_rows(var: np.ndarray, rows: np.ndarray, g: np.ndarray, lr: float) -> None:
+    keep = _checked("sgd_rows", var, rows)
+    r, gr = rows[keep], g[keep]
+    var[r] -= var.dtype.type(lr) * gr
+
+
+def adagrad_rows(var: np.ndarray, acc: np.ndarray, rows: np.ndarray, g: np.ndarray, lr: float,
+                 eps: float) -> None:
+    keep = _checked("adagrad_rows", var, rows)
+    r, gr = rows[keep], g[keep]
+    a = acc[r] + gr * gr
+    acc[r] = a
+    var[r] -= var.dtype.type(lr) * gr / np.sqrt(a + var.dtype.type(eps))
+
+
+def gather_rows(table: np.ndarray, pos: np.ndarray, out: np.ndarray, default: float) -> None:
+    if out.shape != (pos.size, table.shape[1]):
+        raise ValueError("gather_rows: out is not (len(pos), dim)")
+    found = _checked("gather_rows", table, pos).copy()
+    out[found] = table[pos[found]]
+    out[~found] = default
+
+
+def mark_seen(last_seen: np.ndarray, freq: np.ndarray, pos: np.ndarray, clock: int) -> None:
+    hit = pos[_checked("mark_seen", last_seen[:freq.size], pos)]
+    last_seen[hit] = clock
+    freq[hit] += 1

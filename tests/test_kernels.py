@@ -1,0 +1,185 @@
+"""The compiled table kernels against the numpy reference, bit for bit (property tests).
+
+Each test drives both implementations (``pstrain._kernels.compiled`` and
+``pstrain._kernels.reference``) with the same random batches and compares everything a caller
+can observe: rows found, rows removed, counts, and the bytes of every array an optimizer step
+or a table writes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from pstrain._formats.optimizer_rules import RULES
+from pstrain._kernels import KERNELS, compiled, kernels, reference
+from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
+from pstrain.server.ps.id_index import IdIndex
+
+pytestmark = pytest.mark.timeout(180)
+
+#: Ids from a small range (probe chains, tombstones reused) or the whole 64-bit space.
+IDS = st.one_of(st.integers(-40, 400), st.integers(-(2**63), 2**63 - 1))
+BATCH = st.lists(IDS, max_size=300).map(lambda b: list(dict.fromkeys(b)))
+
+
+def test_the_suite_runs_the_compiled_kernels_unless_told_otherwise():
+    expected = "numpy" if os.environ.get("PSTRAIN_KERNELS") == "numpy" else "compiled"
+    assert KERNELS is (reference if expected == "numpy" else compiled)
+    assert kernels("numpy") is reference and kernels("compiled") is compiled
+    with pytest.raises(ValueError, match="PSTRAIN_KERNELS='fast'.*'compiled' or 'numpy'"):
+        kernels("fast")
+
+
+def test_a_missing_build_is_an_error_that_says_how_to_build_it():
+    code = ("import sys; sys.modules['pstrain._kernels.compiled'] = None\n"
+            "import pstrain, pstrain.server.ps.dynamic_table")  # what a ps loads
+    env = {k: v for k, v in os.environ.items() if k != "PSTRAIN_KERNELS"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env=env)
+    assert run.returncode != 0
+    assert "compiled table kernels" in run.stderr and "pip install -e ." in run.stderr, run.stderr
+    assert "PSTRAIN_KERNELS=numpy" in run.stderr
+    run = subprocess.run([sys.executable, "-c", code + "; print(pstrain._kernels.KERNELS.__name__)"],
+                         capture_output=True, text=True, timeout=60,
+                         env={**env, "PSTRAIN_KERNELS": "numpy"})
+    assert run.stdout.strip() == "pstrain._kernels.reference", run.stderr
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["insert", "delete", "get"]), BATCH), max_size=25))
+def test_the_id_index_is_the_same_compiled_and_in_numpy(ops):
+    fast, slow, model, row = IdIndex(4, compiled), IdIndex(4, reference), {}, 0
+    for op, batch in ops:
+        arr = np.array(batch, np.int64)
+        if op == "insert":
+            new = np.array([i for i in batch if i not in model], np.int64)
+            rows = np.arange(row, row + new.size)
+            fast.insert(new, rows)
+            slow.insert(new, rows)
+            model.update(zip(new.tolist(), rows.tolist()))
+            row += new.size
+        elif op == "delete":
+            want = [model.pop(i, -1) for i in batch]
+            assert fast.delete(arr).tolist() == want == slow.delete(arr).tolist()
+        probe = np.array(batch + list(model)[:50], np.int64)
+        want = [model.get(i, -1) for i in probe.tolist()]
+        assert fast.get(probe).tolist() == want == slow.get(probe).tolist()
+        assert len(fast) == len(slow) == len(model)
+        assert fast.tombs == slow.tombs and fast.keys.size == slow.keys.size
+    for index in (fast, slow):
+        keys, vals = index.items()
+        assert dict(zip(keys.tolist(), vals.tolist())) == model
+
+
+def _bits(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a).tobytes()
+
+
+@settings(max_examples=150, deadline=None)
+@given(kind=st.sampled_from(["sgd", "adagrad"]), dtype=st.sampled_from([np.float32, np.float64]),
+       n=st.integers(1, 60), dim=st.integers(1, 9), data=st.data())
+def test_the_fused_sparse_steps_are_the_numpy_rules_bit_for_bit(kind, dtype, n, dim, data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    rows = np.array(data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n)), np.int64)
+    missing = rng.random(rows.size) < 0.2  # a table's ids with no row come as -1
+    rows[missing] = -1
+    lr = data.draw(st.floats(1e-4, 2.0))
+    eps = data.draw(st.sampled_from([1e-7, 1e-3, 0.1]))
+    var0 = rng.standard_normal((n, dim)).astype(dtype)
+    acc0 = (rng.random((n, dim)) * 0.5 + 0.1).astype(dtype)
+    g = (rng.standard_normal((rows.size, dim)) * rng.choice([1e-3, 1.0, 1e3])).astype(dtype)
+    results = []
+    for impl in (compiled, reference):
+        var, acc = var0.copy(), acc0.copy()
+        if kind == "sgd":
+            impl.sgd_rows(var, rows, g, lr)
+        else:
+            impl.adagrad_rows(var, acc, rows, g, lr, eps)
+        results.append((_bits(var), _bits(acc)))
+    # and the rule as the ps ran it before the kernels (numpy, the rows that exist)
+    keep = rows >= 0
+    var, acc = var0.copy(), acc0.copy()
+    r, gr = rows[keep], g[keep]
+    if kind == "sgd":
+        var[r] -= lr * gr
+    else:
+        a = acc[r] + gr * gr
+        acc[r] = a
+        var[r] -= lr * gr / np.sqrt(a + eps)
+    assert results[0] == results[1] == (_bits(var), _bits(acc))
+    # the rule the ps calls takes the kernel path for these and gives the same bytes
+    var, acc = var0.copy(), acc0.copy()
+    cfg = {"kind": kind, "learning_rate": lr, "epsilon": eps}
+    RULES[kind](var, g, rows, {"accumulator": acc}, cfg, 1)
+    assert (_bits(var), _bits(acc)) == results[0]
+
+
+def test_a_row_past_the_end_is_refused_by_both_and_nothing_changes():
+    for impl in (compiled, reference):
+        var = np.zeros((4, 2), np.float32)
+        acc = np.ones((4, 2), np.float32)
+        with pytest.raises(IndexError, match="past the variable's end"):
+            impl.adagrad_rows(var, acc, np.array([4], np.int64), np.ones((1, 2), np.float32), 0.1, 1e-7)
+        with pytest.raises(IndexError, match="past the variable's end"):
+            impl.sgd_rows(var, np.array([9], np.int64), np.ones((1, 2), np.float32), 0.1)
+        assert not var.any() and (acc == 1).all()
+        with pytest.raises(IndexError, match="past the table's end"):
+            impl.gather_rows(var, np.array([0, 4], np.int64), np.empty((2, 2), np.float32), 0.0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 50), dim=st.integers(1, 6), default=st.floats(-2, 2, width=32),
+       pos=st.lists(st.integers(-1, 49), max_size=60), clock=st.integers(0, 2**40))
+def test_a_lookups_gather_and_bookkeeping_are_the_same_compiled_and_in_numpy(n, dim, default, pos,
+                                                                                clock):
+    rows = np.array([p if p < n else -1 for p in dict.fromkeys(pos)], np.int64)
+    table = np.arange(n * dim, dtype=np.float32).reshape(n, dim)
+    seen = []
+    for impl in (compiled, reference):
+        out = np.full((rows.size, dim), np.nan, np.float32)
+        last, freq = np.zeros(n, np.int64), np.arange(n, dtype=np.int64)
+        impl.gather_rows(table, rows, out, default)
+        impl.mark_seen(last, freq, rows, clock)
+        seen.append((_bits(out), _bits(last), _bits(freq)))
+    assert seen[0] == seen[1]
+    want = np.where((rows >= 0)[:, None], table[np.maximum(rows, 0)], np.float32(default))
+    assert seen[0][0] == _bits(want)
+
+
+TABLES = st.sampled_from([
+    TableConfig(dim=3),
+    TableConfig(dim=4, capacity=40, admit_after=2, evict="lru"),
+    TableConfig(dim=2, capacity=25, evict="lfu", max_candidates=30, admit_after=3),
+    TableConfig(dim=5, admit_probability=0.5, max_age=6),
+])
+
+
+@settings(max_examples=60, deadline=None)
+@given(config=TABLES, kind=st.sampled_from(["sgd", "adagrad", "adam"]),
+       steps=st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 120), max_size=60)),
+                      max_size=20))
+def test_a_dynamic_table_trains_the_same_compiled_and_in_numpy(config, kind, steps):
+    fast = DynamicTable("t", config, kernels=compiled)
+    slow = DynamicTable("t", config, kernels=reference)
+    cfg = {"kind": kind, "learning_rate": 0.1, "epsilon": 1e-7}
+    slots = {"accumulator": ("acc", 0.1)} if kind == "adagrad" else \
+        {"m": ("m", 0.0), "v": ("v", 0.0)} if kind == "adam" else {}
+    for t, (train, batch) in enumerate(steps, 1):
+        ids = np.array(list(dict.fromkeys(batch)), np.int64) * 7919 - 300
+        outs = [table.lookup(ids, train) for table in (fast, slow)]
+        assert _bits(outs[0]) == _bits(outs[1])
+        if train:
+            grad = np.sin(np.outer(ids, np.arange(1, config.dim + 1)) * 0.01).astype(np.float32)
+            assert fast.apply(RULES[kind], ids, grad, slots, cfg, t) == \
+                slow.apply(RULES[kind], ids, grad, slots, cfg, t)
+        assert fast.statistics() == slow.statistics()
+    a, b = fast.export(), slow.export()
+    assert a.keys() == b.keys()
+    for key in a:
+        assert _bits(a[key]) == _bits(b[key]), key
