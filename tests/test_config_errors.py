@@ -19,6 +19,7 @@ from pstrain.errors import (
     InvalidArgumentError,
     ProtocolError,
     UnavailableError,
+    WrongTaskError,
 )
 
 from .conftest import TOKEN, ServeProcess
@@ -284,3 +285,62 @@ async def test_shutdown_reaches_a_ps_that_comes_up_after_the_job_is_done():
         await ps.stop()
         await worker.stop()
         await coordinator.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_wrong_ps_port_says_at_once_what_it_waits_for_and_ends_at_the_cluster_entry(caplog):
+    import logging
+    import socket
+
+    from pstrain.errors import CancelledError
+    from pstrain.testing import InProcessCluster
+
+    from .conftest import wait_for
+
+    with socket.socket() as nobody:  # bound, never listening: connections are refused
+        nobody.bind(("127.0.0.1", 0))
+        wrong = f"127.0.0.1:{nobody.getsockname()[1]}"
+        async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as cluster:
+            spec = {**cluster.cluster_spec.as_dict(), "ps": [wrong]}
+            strategy = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(spec, token=TOKEN))
+            strategy.placement.startup_timeout_s = 4.0
+            coordinator = pstrain.ClusterCoordinator(strategy)
+            try:
+                with caplog.at_level(logging.WARNING, logger="pstrain._variables.placement"):
+                    with strategy.scope():
+                        v = pstrain.Variable(1.0, name="v")
+                    rv = coordinator.schedule(lambda: v.read_value())
+                    # said at once, where a user sees it (WARNING): what, where, how long
+                    await wait_for(lambda: "waiting up to 4 s for /job:ps/replica:0/task:0" in caplog.text,
+                                   timeout=3, what="the wait announced")
+                    entry = f'cluster["ps"][0] = "{wrong}"'
+                    assert entry in caplog.text, caplog.text
+                    # the closure that waited says why it did not run; join raises the cause
+                    with pytest.raises(CancelledError, match="did not start within 4 s") as info:
+                        await rv
+                    assert entry in str(info.value)
+                    assert "restarted" not in str(info.value)  # no advice about ps restarts
+                    with pytest.raises(UnavailableError, match="did not start within 4 s"):
+                        await coordinator.join()
+            finally:
+                await coordinator.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_ps_address_that_is_a_workers_names_both_roles():
+    from pstrain.testing import InProcessCluster
+
+    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as cluster:
+        spec = cluster.cluster_spec.as_dict()
+        spec = {**spec, "ps": list(spec["worker"])}  # the ps entry is the worker's address
+        strategy = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(spec, token=TOKEN))
+        try:
+            with strategy.scope():
+                pstrain.Variable(1.0, name="v")
+            with pytest.raises(WrongTaskError) as info:
+                await strategy.flush()
+            message = str(info.value)
+            assert "/job:worker/replica:0/task:0" in message and "not /job:ps/replica:0/task:0" in message
+            assert "has no operation" not in message
+        finally:
+            await strategy.channels.close()

@@ -216,7 +216,7 @@ class ClosureQueue:
         if self._error is not None:
             return False
         self._error = error
-        self._cancel_queued(CANCELLED_MESSAGE)
+        self._cancel_queued(CANCELLED_MESSAGE, cause=error)
         for c in self._inflight.values():
             if c.worker is not None:
                 self._cancel.setdefault(c.worker, []).append(c.cid)
@@ -248,10 +248,17 @@ class ClosureQueue:
         self._progress()
         return error
 
-    def _cancel_queued(self, message: str) -> None:
+    def _cancel_queued(self, message: str, cause: BaseException | None = None) -> None:
+        """Fail every queued closure; with ``cause``, each error names the error that
+        cancelled it (a RemoteValue awaited before ``join`` still says why)."""
         while self._queue:
             c = self._queue.popleft()
-            c.outcome.set_error(c.cancel_error(message))
+            error = c.cancel_error(message)
+            if cause is not None and isinstance(error, CancelledError):
+                error = CancelledError(f"{message} It was cancelled by an earlier error: "
+                                       f"{type(cause).__name__}: {cause}")
+                error.__cause__ = cause
+            c.outcome.set_error(error)
 
     def close(self, reason: str) -> None:
         """Cancel everything, queued and in flight (the coordinator is closing)."""

@@ -31,7 +31,7 @@ class Channel(Protocol):
 
     def connection_lost(self, proto: ClientProtocol) -> None: ...
 
-__all__ = ["ClientProtocol", "expire", "foreign_server", "ps_advice"]
+__all__ = ["ClientProtocol", "cluster_entry", "expire", "foreign_server", "ps_advice"]
 
 
 def _target(task: str) -> str:
@@ -150,6 +150,15 @@ class ClientProtocol(FrameProtocol):
         self.pending.clear()
         self.partials.clear()
 
+
+
+def cluster_entry(task: str, address: str) -> str:
+    """Where ``task``'s address comes from, for an error about reaching it: its entry in the
+    cluster configuration (``cluster["ps"][0] = "host:port"``)."""
+    m = re.fullmatch(r"/job:([^/]+)/replica:\d+/task:(\d+)", task)
+    entry = f'cluster["{m.group(1)}"][{m.group(2)}]' if m else f"the entry of {task}"
+    return (f'{entry} = "{address}" in the cluster configuration (the cluster file, '
+            "PSTRAIN_CONFIG or TF_CONFIG)")
 
 
 def ps_advice(task: str) -> str:

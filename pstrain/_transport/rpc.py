@@ -42,7 +42,7 @@ from .._formats import wire
 from .._formats.operations import OPERATIONS
 from .._formats.protocol import DEFAULT_MAX_BODY, FrameKind
 from .._formats.records import Mutation, Operation, convert_reply
-from .client_protocol import ClientProtocol, expire, ps_advice
+from .client_protocol import ClientProtocol, cluster_entry, expire, ps_advice
 
 logger = logging.getLogger(__name__)
 
@@ -118,9 +118,11 @@ class Channel:
                 "cluster does not use TLS, give the coordinator no ssl_context; if it does, "
                 "give it the cluster's CA (--tls-ca)", task=self.task) from exc
         except OSError as exc:
+            advice = ps_advice(self.task) if self.ever_connected else (
+                f". If it should be up, check {cluster_entry(self.task, self.address)}")
             raise UnavailableError(
                 f"{self.task} at {self.address} cannot be reached: {exc.strerror or exc}"
-                + ps_advice(self.task), task=self.task) from exc
+                + advice, task=self.task) from exc
         assert proto.transport is not None
         tune_connection(proto.transport.get_extra_info("socket"))
         try:

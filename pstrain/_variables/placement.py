@@ -268,9 +268,9 @@ class Placement:
                     raise UnavailableError(
                         f"{channel.task} at {channel.address} did not start within "
                         f"{self.startup_timeout_s:g} s: {exc}", task=channel.task) from exc
-                if pause == 0.05:
-                    logger.info("waiting for %s at %s to start (%s); up to %g s", channel.task,
-                                channel.address, exc, self.startup_timeout_s)
+                if pause == 0.05:  # said at once, where the user sees it: what, where, how long
+                    logger.warning("waiting up to %g s for %s at %s to start: %s",
+                                   self.startup_timeout_s, channel.task, channel.address, exc)
             await asyncio.sleep(pause)  # back-off between attempts to reach a starting ps
             pause = min(pause * 2, 1.0)
 
