@@ -96,6 +96,9 @@ def _substitute(obj: Any, index: int) -> tuple[Any, bool]:
     if isinstance(obj, PerWorkerValues):
         rid = obj.resource_id
         if rid is not None:
+            live = obj.values  # each worker's build of the resource, as a RemoteValue
+            if index < len(live) and isinstance(live[index], RemoteValue) and live[index].done():
+                _ready_value(live[index])  # a build that failed there: its error, not a bare ref
             return ResourceRef(rid), True
         if index >= len(obj.values):
             raise InvalidArgumentError(
@@ -125,6 +128,8 @@ def _ready_value(rv: RemoteValue) -> Any:
         next(gen)
     except StopIteration as stop:  # resolved: the generator returns at once
         return stop.value
+    except ClosureInputError:
+        raise  # already says which input failed and why
     except BaseException as exc:
         raise ClosureInputError(
             f"Input has an error, the original exception is {type(exc).__name__}, "

@@ -15,6 +15,7 @@ from typing import Any
 
 from .._base.errors import InvalidArgumentError
 from .._distribute.values import PerWorkerValues
+from .._formats.pickling import send_modules_by_value
 from .._variables.arrays import creator_scope
 from .resources import ResourceRegistry, ResourceSpec
 
@@ -58,6 +59,7 @@ def as_dataset_fn(dataset_fn: Any) -> Any:
     """``dataset_fn`` as a function (an iterable given as a value becomes a constant one)
     that may not create variables."""
     if callable(dataset_fn) and not hasattr(dataset_fn, "__iter__"):
+        send_modules_by_value(dataset_fn)  # as a scheduled function's: workers need not have them
         return _DatasetFn(dataset_fn)
     return _Constant(dataset_fn)
 

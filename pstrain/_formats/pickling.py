@@ -69,17 +69,30 @@ def _register(module_name: str | None) -> None:
 
 def dumps(fn: Any) -> bytes:
     """cloudpickle ``fn``, sending user modules it depends on by value."""
+    send_modules_by_value(fn)
+    return dumps_object(fn)
+
+
+def send_modules_by_value(fn: Any) -> None:
+    """Have the user modules ``fn`` comes from or names (outside site-packages and the
+    standard library) pickled by value from now on: a worker need not have them. Names are
+    the globals its code uses and the variables it closes over."""
     _register(getattr(fn, "__module__", None))
     code = getattr(fn, "__code__", None)
     glb = getattr(fn, "__globals__", None)
+    named: list[Any] = []
     if code is not None and glb is not None:
-        for name in code.co_names:
-            obj = glb.get(name)
-            if isinstance(obj, types.ModuleType):
-                _register(obj.__name__)
-            elif obj is not None:
-                _register(getattr(obj, "__module__", None))
-    return dumps_object(fn)
+        named += [glb.get(name) for name in code.co_names]
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            named.append(cell.cell_contents)
+        except ValueError:  # a cell not filled yet
+            pass
+    for obj in named:
+        if isinstance(obj, types.ModuleType):
+            _register(obj.__name__)
+        elif obj is not None:
+            _register(getattr(obj, "__module__", None))
 
 
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]

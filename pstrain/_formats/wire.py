@@ -278,7 +278,14 @@ class _Decoder:
                 raise ProtocolError("this endpoint does not accept pickled objects")
             import cloudpickle
 
-            return cloudpickle.loads(data)
+            try:
+                return cloudpickle.loads(data)
+            except ImportError as exc:  # a module the sender has and this task does not
+                raise InvalidArgumentError(
+                    f"could not unpickle an object sent by the coordinator: {exc}. Its module "
+                    "must be importable on every task (install it there, or put it on "
+                    "PYTHONPATH); modules outside site-packages that a scheduled function or a "
+                    "dataset_fn names are sent by value") from exc
         raise ProtocolError(f"malformed message: unknown ext type {code}")
 
     def _array(self, data: bytes) -> np.ndarray:
