@@ -159,8 +159,11 @@ class DynamicEmbedding:
 
     def route(self, ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """``(ps, positions)`` of the ids (1-D) each ps holds."""
+        if self.num_ps == 1:
+            return [(0, np.arange(ids.size))] if ids.size else []
         shards = shard_of(ids, self.num_ps)
-        return [(int(p), np.flatnonzero(shards == p)) for p in np.unique(shards)]
+        routed = [(p, np.flatnonzero(shards == p)) for p in range(self.num_ps)]  # no sort
+        return [(p, pos) for p, pos in routed if pos.size]
 
     # -- the API -----------------------------------------------------------------------------
     async def lookup(self, ids: Any, training: bool = True) -> np.ndarray:

@@ -5,8 +5,8 @@ Open addressing with linear probing over a power-of-two array of slots, each
 operation takes a whole batch of ids; the probing runs in :mod:`pstrain._kernels`
 (compiled, or the numpy reference with ``PSTRAIN_KERNELS=numpy``). Ids cover the
 whole 64-bit space (the slot states are kept apart from the keys, so no id value
-is reserved). The table grows (doubling) past half full and is rebuilt when
-tombstones pile up.
+is reserved). The table is rebuilt when ids and tombstones fill half its slots,
+to a size that ids fill at most a quarter of.
 
 >>> index = IdIndex()
 >>> index.insert(np.array([5, -1, 2**62]), np.array([0, 1, 2]))
@@ -95,7 +95,9 @@ class IdIndex:
         live = self.state == _FULL
         keys, vals = self.keys[live], self.vals[live]
         size = self.keys.size
-        while need * _LOAD > size:
+        # Room for as many inserts again before the next rebuild: a full table that evicts
+        # (a tombstone per evicted id) would otherwise rebuild at every eviction batch.
+        while need * _LOAD * 2 > size:
             size *= 2
         self._alloc(size)
         self.count = 0
