@@ -10,11 +10,9 @@ steps in flight; the checkpoints already written stay intact.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -65,74 +63,68 @@ async def _main(args: argparse.Namespace) -> int:
         print(*parts, flush=True)
 
     say(f"pstrain demo: starting {args.ps} ps and {args.workers} workers on 127.0.0.1 ...")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGINT, stop.set)
-    try:
-        async with LocalCluster(num_ps=args.ps, num_workers=args.workers, checkpoint_root=out) as cluster:
-            strategy = ParameterServerStrategy(
-                cluster.resolver, variable_partitioner=FixedShardsPartitioner(args.ps))
-            coordinator = ClusterCoordinator(strategy, max_inflight_per_worker=2)
-            async with strategy.scope():
-                model = CTRModel()
-                opt = Adagrad(0.05, initial_accumulator_value=0.1)
-            manager = CheckpointManager(Checkpoint(model=model, optimizer=opt), str(out / "checkpoints"),
-                                        max_to_keep=3)
-            metrics_at = await coordinator.serve_metrics()
-            token_file = out / "cluster-token"
-            token_file.write_text(cluster.token + "\n")
-            token_file.chmod(0o600)
-            say(f"cluster up: ps {cluster.cluster_spec.job_tasks('ps')}, workers "
-                f"{cluster.cluster_spec.job_tasks('worker')}; coordinator metrics at "
-                f"http://{metrics_at}/metrics\n  read them with the cluster token as a bearer "
-                f"header: curl -H \"Authorization: Bearer $(cat {token_file})\" "
-                f"http://{metrics_at}/metrics")
-            if args.dashboard is not None:
-                host, _, port = args.dashboard.rpartition(":")
-                url = await dashboard.serve_dashboard(coordinator, host or "127.0.0.1", int(port or 0))
-                say(f"dashboard (one-time login URL; open it once): {url}")
-            writer = summary.create_file_writer(str(out / "tensorboard"))
-            writer.set_as_default()
-            say(f"TensorBoard scalars: tensorboard --logdir {out / 'tensorboard'}")
+    # Ctrl-C: pstrain.run lets the steps in flight finish, says which checkpoint was kept
+    # and exits 130 (the servers, in their own session, are stopped by the cluster's exit).
+    async with LocalCluster(num_ps=args.ps, num_workers=args.workers, checkpoint_root=out) as cluster:
+        strategy = ParameterServerStrategy(
+            cluster.resolver, variable_partitioner=FixedShardsPartitioner(args.ps))
+        coordinator = ClusterCoordinator(strategy, max_inflight_per_worker=2)
+        async with strategy.scope():
+            model = CTRModel()
+            opt = Adagrad(0.05, initial_accumulator_value=0.1)
+        manager = CheckpointManager(Checkpoint(model=model, optimizer=opt), str(out / "checkpoints"),
+                                    max_to_keep=3)
+        metrics_at = await coordinator.serve_metrics()
+        token_file = out / "cluster-token"
+        token_file.write_text(cluster.token + "\n")
+        token_file.chmod(0o600)
+        say(f"cluster up: ps {cluster.cluster_spec.job_tasks('ps')}, workers "
+            f"{cluster.cluster_spec.job_tasks('worker')}; coordinator metrics at "
+            f"http://{metrics_at}/metrics\n  read them with the cluster token as a bearer "
+            f"header: curl -H \"Authorization: Bearer $(cat {token_file})\" "
+            f"http://{metrics_at}/metrics")
+        if args.dashboard is not None:
+            host, _, port = args.dashboard.rpartition(":")
+            url = await dashboard.serve_dashboard(coordinator, host or "127.0.0.1", int(port or 0))
+            say(f"dashboard (one-time login URL; open it once): {url}")
+        writer = summary.create_file_writer(str(out / "tensorboard"))
+        writer.set_as_default()
+        say(f"TensorBoard scalars: tensorboard --logdir {out / 'tensorboard'}")
 
-            def dataset_fn() -> Dataset:
-                (ids, dense_x, y), _ = synthetic(n_train, 0)
-                return Dataset.from_tensor_slices((ids, dense_x, y)).shuffle(50_000).repeat().batch(BATCH)
+        def dataset_fn() -> Dataset:
+            (ids, dense_x, y), _ = synthetic(n_train, 0)
+            return Dataset.from_tensor_slices((ids, dense_x, y)).shuffle(50_000).repeat().batch(BATCH)
 
-            iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
-            step = make_step(model, opt)
-            losses: list[float] = []
-            chunk = 500
-            started = time.perf_counter()
-            with Progress(args.steps, "training", quiet=args.quiet) as bar:
-                while len(losses) < args.steps and not stop.is_set():
-                    n = min(chunk, args.steps - len(losses))
-                    t0 = time.perf_counter()
-                    rvs = [coordinator.schedule(step, args=(iterator,)) for _ in range(n)]
-                    for rv in rvs:
-                        losses.append(await rv)
-                        summary.scalar("train/loss", losses[-1], step=len(losses))
-                        bar.update(1)
-                        if len(losses) % 25 == 0:
-                            in_chunk = len(losses) % chunk or chunk
-                            rate_now = in_chunk * BATCH / (time.perf_counter() - t0)
-                            bar.update(0, loss=f"{np.mean(losses[-200:]):.3f}",
-                                       examples_per_s=f"{rate_now:,.0f}")
-                    await coordinator.join()
-                    await manager.save()
-            elapsed = time.perf_counter() - started
-            if stop.is_set():
-                say(f"interrupted after {len(losses)} steps; the checkpoints written are intact")
-            _, test = synthetic(n_train)
-            held_out = await evaluate(model, test)
-            base = float(test[2].mean())
-            base_loss = -(base * math.log(base) + (1 - base) * math.log(1 - base))
-            summary.scalar("eval/held_out_log_loss", held_out, step=len(losses))
-            summary.scalar("eval/base_rate_log_loss", base_loss, step=len(losses))
-            writer.close()
-            await coordinator.close()
-    finally:
-        loop.remove_signal_handler(signal.SIGINT)
+        iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+        step = make_step(model, opt)
+        losses: list[float] = []
+        chunk = 500
+        started = time.perf_counter()
+        with Progress(args.steps, "training", quiet=args.quiet) as bar:
+            while len(losses) < args.steps:
+                n = min(chunk, args.steps - len(losses))
+                t0 = time.perf_counter()
+                rvs = [coordinator.schedule(step, args=(iterator,)) for _ in range(n)]
+                for rv in rvs:
+                    losses.append(await rv)
+                    summary.scalar("train/loss", losses[-1], step=len(losses))
+                    bar.update(1)
+                    if len(losses) % 25 == 0:
+                        in_chunk = len(losses) % chunk or chunk
+                        rate_now = in_chunk * BATCH / (time.perf_counter() - t0)
+                        bar.update(0, loss=f"{np.mean(losses[-200:]):.3f}",
+                                   examples_per_s=f"{rate_now:,.0f}")
+                await coordinator.join()
+                await manager.save()
+        elapsed = time.perf_counter() - started
+        _, test = synthetic(n_train)
+        held_out = await evaluate(model, test)
+        base = float(test[2].mean())
+        base_loss = -(base * math.log(base) + (1 - base) * math.log(1 - base))
+        summary.scalar("eval/held_out_log_loss", held_out, step=len(losses))
+        summary.scalar("eval/base_rate_log_loss", base_loss, step=len(losses))
+        writer.close()
+        await coordinator.close()
     rate = len(losses) * BATCH / elapsed
     plot = _plot(out / "loss.png", losses, held_out, base_loss)
     results = {"steps": len(losses), "examples_per_s": round(rate), "held_out_log_loss": round(held_out, 4),
@@ -147,7 +139,7 @@ async def _main(args: argparse.Namespace) -> int:
     print(f"TensorBoard: tensorboard --logdir {out / 'tensorboard'}")
     print(f"results:    {out / 'results.json'}")
     print("every process the demo started has stopped.")
-    return 0 if held_out < base_loss or stop.is_set() else 1
+    return 0 if held_out < base_loss else 1
 
 
 def _plot(path: Path, losses: list[float], held_out: float, base_loss: float) -> str:

@@ -120,9 +120,13 @@ class LocalCluster(RunningCluster):
         size_threads(env, threads_for(self.num_ps + self.num_workers))
         with warnings.catch_warnings():  # JAX, if imported, warns of any fork; this one execs
             warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+            # Their own session: a terminal's Ctrl-C (SIGINT to its foreground process group)
+            # reaches the program, which finishes its steps and then stops them; they still
+            # exit if it dies (--exit-with-parent).
             task.proc = await asyncio.create_subprocess_exec(
                 *self._command(task, port), stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, env=env)  # both, prefixed with the task
+                stderr=asyncio.subprocess.STDOUT, env=env,  # both, prefixed with the task
+                start_new_session=True)
         assert task.proc.stdout is not None
         try:
             line = await asyncio.wait_for(self._read_address(task), self.startup_timeout_s)
@@ -277,8 +281,11 @@ async def _launch_async(cmd: list[str], num_ps: int, num_workers: int, log_level
 async def _run_coordinator(cmd: list[str], env: dict[str, str]) -> int:
     """Run ``cmd`` as the coordinator, its output prefixed; Ctrl-C or SIGTERM is passed on
     to it (SIGKILL if it has not ended 10 s later). Returns its exit code."""
+    # In its own process group: a terminal's Ctrl-C reaches only this process, which passes
+    # it on once (a second SIGINT would tell the program to stop at once).
     proc = await asyncio.create_subprocess_exec(*cmd, env=env, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.STDOUT)
+                                                stderr=asyncio.subprocess.STDOUT,
+                                                start_new_session=True)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

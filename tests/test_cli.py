@@ -64,10 +64,14 @@ def test_role_and_port_from_tf_config(tmp_path):
 
 
 def test_sigterm_and_sigint_stop_cleanly():
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    # SIGTERM is a request to stop (0); SIGINT is Ctrl-C: 130, the status of an interrupted
+    # program, with one line saying so
+    for sig, status in ((signal.SIGTERM, 0), (signal.SIGINT, 130)):
         server = ServeProcess("--role", "ps", "--index", "0", "--port", "0")
         server.proc.send_signal(sig)
-        assert server.proc.wait(15) == 0
+        assert server.proc.wait(15) == status
+        said = [line for line in server.stderr().splitlines() if "interrupted (Ctrl-C)" in line]
+        assert len(said) == (sig == signal.SIGINT), server.stderr()
         server.stop()
 
 

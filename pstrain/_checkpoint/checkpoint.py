@@ -75,6 +75,7 @@ from .._variables.batched import ensure_created
 from .._variables.dynamic import DynamicEmbedding
 from .._variables.placement import Placement
 from .._variables.variables import Variable
+from . import kept
 from .object_graph import Entry, Graph, check_trackable, slot_key, walk
 from .restore_status import CheckpointLoadStatus, targets
 
@@ -333,6 +334,7 @@ class CheckpointManager:
         self.max_to_keep = max_to_keep
         self.checkpoint_name = checkpoint_name
         self._pattern = re.compile(re.escape(checkpoint_name) + r"-(\d+)" + re.escape(INDEX) + "$")
+        kept.track(self)  # Ctrl-C says which checkpoint was kept
 
     def _numbers(self) -> list[int]:
         found = []

@@ -29,17 +29,14 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from .._base.cluster import is_loopback, parse_address
-from .._base.errors import (
-    InvalidArgumentError,
-    NotFoundError,
-    PstrainError,
-)
+from .._base.errors import CancelledError, InvalidArgumentError, NotFoundError, PstrainError
 from .._base.exports import expose
 from .._base.tasks import TaskOwner
 from .._distribute.strategy import ParameterServerStrategy
 from .._distribute.values import PerWorkerValues
 from .._formats import pickling
 from .._training import summary
+from . import interrupt
 from .dispatch import DispatchSettings
 from .endpoint import CoordinatorEndpoint
 from .functions import FunctionCache
@@ -123,6 +120,8 @@ class ClusterCoordinator:
                                    heartbeat_s=heartbeat_s, no_worker_timeout_s=no_worker_timeout_s,
                                    spawn=self._tasks.spawn)
         self.session = uuid.uuid4().hex[:16]  # exactly-once keys are unique to this coordinator
+        self.interrupted: str | None = None  # why, once Ctrl-C stopped new closures
+        interrupt.track(self)
 
     # -- loop and tasks ---------------------------------------------------------------------
     def _start(self) -> bool:
@@ -191,8 +190,9 @@ class ClusterCoordinator:
         if not callable(fn):
             raise TypeError(f"schedule needs a callable (a function or coroutine function), "
                             f"got {type(fn).__name__}")
-        if self.closed:
-            raise PstrainError("this ClusterCoordinator is closed")
+        if self.closed or self.interrupted:
+            raise (CancelledError(self.interrupted) if self.interrupted else
+                   PstrainError("this ClusterCoordinator is closed"))
         args = tuple(args)
         kwargs = dict(kwargs) if kwargs else {}
         digest, pickled = self._fns.get(fn)

@@ -62,6 +62,8 @@ class ClosureQueue:
         self._drain_waiters: list[asyncio.Future[None]] = []
         self.done_count = 0
         self.retried_count = 0
+        #: No closure is handed out while paused (Ctrl-C: those in flight finish first).
+        self.paused = False
         #: Workers whose per-worker iterator ran out: they take no more closures, so that
         #: the other workers' remaining batches are all consumed before the job's
         #: OutOfRangeError (cleared when the error is raised, or the worker restarts).
@@ -115,7 +117,7 @@ class ClosureQueue:
         """Up to ``limit`` closures for ``worker``, now in flight on it."""
         queue = self._queue
         n = min(limit, len(queue))
-        if n <= 0 or worker in self._exhausted:
+        if n <= 0 or worker in self._exhausted or self.paused:
             return []
         batch = [queue.popleft() for _ in range(n)]
         for c in batch:
@@ -184,7 +186,7 @@ class ClosureQueue:
 
     def can_take(self, worker: int) -> bool:
         """Is there work ``worker`` may take now?"""
-        return bool(self._queue) and worker not in self._exhausted
+        return bool(self._queue) and worker not in self._exhausted and not self.paused
 
     def refreshed(self, worker: int) -> None:
         """``worker``'s iterators were built afresh (it restarted): it takes work again."""
@@ -247,6 +249,13 @@ class ClosureQueue:
         self._wake()
         self._progress()
         return error
+
+    def cancel_queued(self, message: str) -> int:
+        """Fail every queued closure with CancelledError(``message``); returns how many."""
+        n = len(self._queue)
+        self._cancel_queued(message)
+        self._progress()
+        return n
 
     def _cancel_queued(self, message: str, cause: BaseException | None = None) -> None:
         """Fail every queued closure; with ``cause``, each error names the error that

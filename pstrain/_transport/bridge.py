@@ -27,11 +27,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from .._base.errors import DeadlineExceededError, PstrainError
 from .._base.exports import expose
+from .interrupt import Interruption
 from .rpc import close_loop_channels
 
 __all__ = ["block_on", "run"]
@@ -139,21 +141,34 @@ def _cancel(loop: asyncio.AbstractEventLoop, done: concurrent.futures.Future[Any
 def run(main: Coroutine[Any, Any, T]) -> T:
     """Run ``main`` on a new event loop (uvloop), then close the channels it left open.
 
-    The blocking door of a program: ``pstrain.run(train())``. Ctrl-C cancels
-    ``main`` and raises ``KeyboardInterrupt``.
+    The blocking door of a program: ``pstrain.run(train())``. Ctrl-C (SIGINT) lets the
+    steps in flight finish (a few seconds at most), cancels ``main``, prints one line saying
+    what was kept and raises ``SystemExit(130)``; a second Ctrl-C cancels at once (see
+    :mod:`pstrain._transport.interrupt`).
     """
     if _running_loop() is not None:
         main.close()  # never awaited: say why instead of warning about it
         raise RuntimeError("pstrain.run() starts an event loop, and this thread is already running "
                            "one; 'await' the coroutine here instead")
 
+    interruption = Interruption()
+
     async def closing() -> T:
+        interruption.install()
         try:
             return await main
         finally:
+            await interruption.uninstall()
             await close_loop_channels()
 
-    return block_on(closing, None, what="pstrain.run()")
+    try:
+        return block_on(closing, None, what="pstrain.run()")
+    except BaseException:
+        if not interruption.fired:
+            raise
+        # Whatever the cancellation raised on its way out, the program was interrupted.
+        print(interruption.line(), file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
 
 
 expose(globals(), "pstrain", ['run'])

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import ssl
+import sys
 from typing import Any
 
 from .._base.cluster import ClusterSpec, parse_address
@@ -16,6 +17,7 @@ from .._base.resolvers import SlurmClusterResolver, parse_config, read_token
 from .._base.tasks import TaskOwner
 from .._formats.protocol import DEFAULT_MAX_BODY
 from .._transport.bridge import run
+from .._transport.interrupt import GRACE_S
 from .common import evaluate, join, setup_logging
 
 logger = logging.getLogger("pstrain.cli")
@@ -209,16 +211,24 @@ def serve(args: argparse.Namespace) -> int:
         logger.warning("no cluster token set: any local process can use this server "
                        "(set PSTRAIN_TOKEN or --token-file)")
 
+    interrupts: list[str] = []  # what a Ctrl-C left, said in one line at the end
+
     async def main() -> None:
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
-        term = asyncio.Event()  # SIGTERM (drain a worker first), not SIGINT (stop at once)
+        term = asyncio.Event()  # SIGTERM (drain a worker first)
+        forced = asyncio.Event()  # a second Ctrl-C: stop now
+
         def on_term() -> None:
             term.set()
             stop.set()
 
+        def on_int() -> None:  # Ctrl-C: a worker finishes what runs (a few seconds at most)
+            (forced if interrupts else stop).set()
+            interrupts.append("")
+
         loop.add_signal_handler(signal.SIGTERM, on_term)
-        loop.add_signal_handler(signal.SIGINT, stop.set)  # before announcing: a signal stops cleanly
+        loop.add_signal_handler(signal.SIGINT, on_int)  # before announcing: a signal stops cleanly
         address = await server.start()
         print(f"pstrain {role}:{index} listening on {address}", flush=True)
         if role == "worker" and args.join:
@@ -230,16 +240,30 @@ def serve(args: argparse.Namespace) -> int:
             watchers.spawn(_watch_parent(parent, stop))
         watchers.spawn(_on_event(server.shutdown_requested, stop))
         await stop.wait()
-        if role == "worker" and term.is_set():  # a preemption notice: hand work back, then go
-            server.begin_drain()
-            if not await server.drained(args.drain_timeout):
-                logger.warning("closures still running after %g s of draining; leaving anyway",
-                               args.drain_timeout)
+        if role == "worker" and (term.is_set() or interrupts):  # hand work back, then go
+            running = server.begin_drain()
+            limit = min(args.drain_timeout, GRACE_S) if interrupts else args.drain_timeout
+            waits = [asyncio.ensure_future(server.drained(limit)), asyncio.ensure_future(forced.wait())]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            done = waits[0].done() and waits[0].result()
+            for w in waits:
+                w.cancel()
+            if not done:
+                logger.warning("closures still running after %g s of draining; leaving anyway", limit)
+            if interrupts:
+                interrupts[0] = (f"the {running} closure(s) in flight finished" if done else
+                                 f"of {running} closure(s) in flight, some were abandoned after "
+                                 f"{limit:g} s")
         logger.info("signal received, stopping")
         await watchers.close()
         await server.stop()
 
     run(main())
+    if interrupts:
+        said = interrupts[0] or ("stopped; its variables live until the process ends: the "
+                                 "coordinator's checkpoints keep them" if role == "ps" else "stopped")
+        print(f"pstrain {role}:{index}: interrupted (Ctrl-C): {said}", file=sys.stderr, flush=True)
+        return 130
     return 0
 
 

@@ -132,15 +132,15 @@ class WorkerServer(ServerBase):
                    closures_running=len(self._closure_tasks), resources=len(self.resources))
         return out
 
-    # -- handlers --------------------------------------------------------------------------
     # -- draining (SIGTERM: a preemption notice) -------------------------------------------------
-    def begin_drain(self) -> None:
+    def begin_drain(self) -> int:
         """Take no new closures (they are refused with DrainingError and run elsewhere);
-        those running finish and report as usual."""
+        those running finish and report as usual. Returns how many are running."""
         if not self.draining:
             self.draining = True
             logger.info("%s draining: %d closure(s) to finish, no new ones", self.task,
                         len(self._in_flight))
+        return len(self._in_flight)
 
     async def drained(self, timeout: float) -> bool:
         """Wait (at most ``timeout`` s) until the closures running have reported."""

@@ -1,0 +1,59 @@
+"""Ctrl-C on the coordinator: no closure is sent any more, those in flight get a few
+seconds to finish, then the queued ones are cancelled and new ones refused (the drain hook
+of :mod:`pstrain._transport.interrupt`, which ``pstrain.run`` runs on SIGINT)."""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from typing import Any, Protocol
+
+from .._transport.interrupt import DRAIN_HOOKS
+from .scheduling import ClosureQueue
+
+
+class ClusterCoordinator(Protocol):  # what this module uses of one (no import: no cycle)
+    queue: ClosureQueue
+    closed: bool
+    interrupted: str | None
+    resources: Any
+
+__all__ = ["INTERRUPTED", "track"]
+
+#: What the closures cancelled by Ctrl-C, and a ``schedule`` after it, raise.
+INTERRUPTED = "The program was interrupted (Ctrl-C): the closure was not run."
+
+_live: weakref.WeakSet[ClusterCoordinator] = weakref.WeakSet()
+
+
+def track(coordinator: ClusterCoordinator) -> None:
+    """``coordinator`` finishes its steps when its program is interrupted."""
+    _live.add(coordinator)
+
+
+async def _interrupt(coordinator: ClusterCoordinator, grace_s: float) -> tuple[int, int, int]:
+    """(finished, cancelled, abandoned) closures of ``coordinator``. Nothing new is sent
+    while those in flight finish (the program, awaiting them, goes on meanwhile: it must
+    not unwind, stopping its cluster, before they are done); then the rest is cancelled."""
+    queue = coordinator.queue
+    queue.paused = True
+    running = queue.in_flight
+    await queue.wait_drained(grace_s)
+    left = queue.in_flight
+    coordinator.interrupted = INTERRUPTED
+    cancelled = queue.cancel_queued(INTERRUPTED)
+    return running - left, cancelled, left
+
+
+async def _drain(grace_s: float) -> str | None:
+    loop = asyncio.get_running_loop()
+    mine = [c for c in list(_live) if not c.closed and c.resources.loop is loop]
+    if not mine:
+        return None
+    counts = await asyncio.gather(*(_interrupt(c, grace_s) for c in mine))
+    finished, cancelled, left = (sum(c[i] for c in counts) for i in range(3))
+    said = f"{finished} step(s) in flight finished, {cancelled} queued step(s) cancelled"
+    return said + (f", {left} still running abandoned" if left else "")
+
+
+DRAIN_HOOKS.append(_drain)
