@@ -85,8 +85,9 @@ def raw_tcp_mib_s(size: int, repeats: int = 20) -> float:
 
 
 def plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tuple[list, list]],
-         logx: bool = False, hline: tuple[str, float] | None = None) -> None:
-    """A line plot of ``series`` (label -> (xs, ys)) saved as PNG."""
+         logx: bool = False, hline: tuple[str, float] | None = None, points: bool = False) -> None:
+    """A line plot of ``series`` (label -> (xs, ys)) saved as PNG; ``points``: markers only
+    (separate runs, which a line would wrongly join)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -94,7 +95,7 @@ def plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tup
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     for label, (xs, ys) in series.items():
-        ax.plot(xs, ys, marker="o", label=label)
+        ax.plot(xs, ys, marker="o", linestyle="none" if points else "-", label=label)
     if hline is not None:
         ax.axhline(hline[1], color="grey", linestyle="--", label=hline[0])
     if logx:

@@ -235,7 +235,7 @@ def plot_all() -> None:
                 xs.append(r["rows_held"])
                 ys.append(r["held_out_log_loss"])
     plot(RESULTS / "W6.png", "W6: held-out log loss against rows held (each point a run)",
-         "rows held", "held-out log loss", series, logx=True)
+         "rows held", "held-out log loss", series, logx=True, points=True)
 
 
 if __name__ == "__main__":

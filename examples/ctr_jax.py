@@ -39,3 +39,12 @@ async def build(strategy):
         return loss
 
     return step, lambda test: evaluate(model, test), opt
+
+
+if __name__ == "__main__":  # run alone, this model trains in ctr_embedding.py's job
+    import runpy
+    import sys
+    from pathlib import Path
+
+    sys.argv[1:1] = ["--framework", "jax"]
+    runpy.run_path(str(Path(__file__).with_name("ctr_embedding.py")), run_name="__main__")

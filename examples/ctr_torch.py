@@ -65,3 +65,12 @@ async def build(strategy):
         return log_loss(p, y)
 
     return step, held_out_loss, opt
+
+
+if __name__ == "__main__":  # run alone, this model trains in ctr_embedding.py's job
+    import runpy
+    import sys
+    from pathlib import Path
+
+    sys.argv[1:1] = ["--framework", "torch"]
+    runpy.run_path(str(Path(__file__).with_name("ctr_embedding.py")), run_name="__main__")

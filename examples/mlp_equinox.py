@@ -47,3 +47,12 @@ async def build(strategy):
         return np.asarray(jnp.argmax(jax.vmap(model)(jnp.asarray(x)), axis=1))
 
     return step, predict_labels
+
+
+if __name__ == "__main__":  # run alone, this model trains in mnist_mlp.py's job
+    import runpy
+    import sys
+    from pathlib import Path
+
+    sys.argv[1:1] = ["--framework", "equinox"]
+    runpy.run_path(str(Path(__file__).with_name("mnist_mlp.py")), run_name="__main__")

@@ -50,3 +50,12 @@ async def build(strategy):
             return net(torch.from_numpy(np.asarray(x, np.float32))).argmax(1).numpy()
 
     return step, predict_labels
+
+
+if __name__ == "__main__":  # run alone, this model trains in mnist_mlp.py's job
+    import runpy
+    import sys
+    from pathlib import Path
+
+    sys.argv[1:1] = ["--framework", "torch"]
+    runpy.run_path(str(Path(__file__).with_name("mnist_mlp.py")), run_name="__main__")

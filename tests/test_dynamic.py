@@ -399,3 +399,36 @@ def test_a_table_snapshot_holds_the_table_as_it_was_while_rows_change_evict_and_
                                   before["slot:opt/accumulator"][by_id])
     t.end_snapshot(save)
     assert not t.saves
+
+
+async def test_a_restore_keeps_the_table_counters_of_the_ps_it_lands_on(tmp_path):
+    # /metrics exports them as Prometheus counters: within one ps process they never go down
+    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN,
+                                ps_options={"checkpoint_root": str(tmp_path)}) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            table = pstrain.DynamicEmbedding(2, name="emb", capacity=4)
+        await table.lookup(np.arange(3, dtype=np.int64))
+        path = await pstrain.Checkpoint(model={"emb": table}).save(str(tmp_path / "c"))
+        await table.lookup(np.arange(10, 16, dtype=np.int64))  # evicts the 3, admits 4 of 6
+        before = await table.statistics()
+        assert before["admitted"] == 7 and before["evicted"] == 3
+        await pstrain.Checkpoint(model={"emb": table}).restore(path)
+        after = await table.statistics()
+        assert after["rows"] == 3
+        assert after["admitted"] == before["admitted"] and after["evicted"] == before["evicted"]
+
+
+async def test_string_ids_are_refused_with_how_to_hash_them(cluster):
+    import hashlib
+
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    with strategy.scope():
+        table = pstrain.DynamicEmbedding(2, name="words")
+    with pytest.raises(pstrain.errors.InvalidArgumentError,
+                       match=r"ids must be integers, got <U5 \(strings\?\).*hashlib.blake2b") as info:
+        await table.lookup(np.array(["apple", "pear"]))
+    # the hint, as written, gives valid ids
+    hint = str(info.value).split("e.g. ", 1)[1]
+    ids = np.array([eval(hint, {"hashlib": hashlib, "key": k}) for k in ("apple", "pear")])
+    assert (await table.lookup(ids)).shape == (2, 2)

@@ -72,3 +72,12 @@ def test_tf_doc_example_runs_on_its_own_and_under_launch():
 def test_ctr_example_runs_under_launch():
     result = run_example("ctr_embedding.py", "--steps", "150", "--quiet", launch=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("module, says", [("mlp_equinox", "W3 (equinox)"), ("ctr_torch", "W4 (torch)")])
+def test_a_framework_model_run_alone_trains_and_says_so(module, says):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PSTRAIN_", "TF_CONFIG"))}
+    run = subprocess.run([sys.executable, str(EXAMPLES / f"{module}.py"), "--steps", "20", "--ps", "1",
+                          "--workers", "1"], capture_output=True, text=True, timeout=170, env=env)
+    assert says in run.stdout, run.stdout + run.stderr

@@ -285,7 +285,12 @@ def _remote_table(name: str, key: str, dim: int, dtype: str, num_ps: int, capaci
 def _ids(ids: Any, what: str) -> np.ndarray:
     arr = np.asarray(ids)
     if arr.dtype.kind not in "iu" or arr.dtype.itemsize > 8:
-        raise InvalidArgumentError(f"{what}: ids must be integers, got {arr.dtype}")
+        hint = ""
+        if arr.dtype.kind in "USO":  # strings, bytes, Python objects
+            hint = (" (strings?). A table is keyed by int64: hash each key once, the same way "
+                    "everywhere, e.g. int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8)"
+                    ".digest(), 'little', signed=True)")
+        raise InvalidArgumentError(f"{what}: ids must be integers, got {arr.dtype}{hint}")
     flat = arr.reshape(-1)
     if flat.dtype == np.uint64:
         return flat.view(np.int64)

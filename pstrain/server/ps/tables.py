@@ -166,7 +166,10 @@ class TableHandlers:
                     f"{held} bytes on this shard, more than this ps's limit of "
                     f"{self.max_table_bytes} (pstrain serve --max-variable-bytes)")
         table.load(ids, rows, slots, slot_init)
-        self._taken_over(self.tables.get(req.name), req.owner)
+        existing = self.tables.get(req.name)
+        if existing is not None:  # counters of this process only go up (Prometheus counters)
+            table.admitted, table.evicted = existing.admitted, existing.evicted
+        self._taken_over(existing, req.owner)
         self.tables[req.name] = table
         return {"restored": int(ids.size)}
 
