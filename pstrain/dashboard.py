@@ -15,9 +15,11 @@ coordinator builds a snapshot about once a second while someone watches (it
 asks each ps for its statistics itself: the browser never polls the tasks)
 and sends it to every open stream: every task (up / down / joining /
 draining, address, incarnation), closures per second, queue depth, each
-worker's throughput and failures, each ps's memory, variables, requests and
-bytes per second, the scalars logged with :mod:`pstrain.summary`, and the
-checkpoints saved. The charts are uPlot (vendored, MIT): no internet needed.
+worker's throughput and failures, each ps's memory, variables, tables,
+requests and bytes per second, each dynamic table (rows, capacity, admitted
+and evicted per second, bytes), the scalars logged with :mod:`pstrain.summary`
+(smoothed, the raw values on hover), and the checkpoints saved. When the
+coordinator closes, the page says the job finished. The charts are uPlot (vendored, MIT): no internet needed.
 With nobody watching it costs nothing.
 """
 
@@ -79,7 +81,9 @@ class Dashboard(ServerBase):
         self.page("GET", "/static/{name}", self._static)
 
     # -- lifecycle ------------------------------------------------------------------------------
-    async def on_stop(self) -> None:
+    async def before_stop(self) -> None:
+        """The job is over: every open page is told so (and stops reconnecting) before the
+        streams close, within a second."""
         if self._ticker is not None:
             self._ticker.cancel()
             try:
@@ -87,9 +91,15 @@ class Dashboard(ServerBase):
             except asyncio.CancelledError:
                 pass
             self._ticker = None
+        finished = _event({"finished": True, "time": time.time()})
         for q in list(self._clients):
+            while q.maxsize and q.qsize() > q.maxsize - 2:  # a stalled browser: oldest first
+                q.get_nowait()
+            q.put_nowait(finished)
             q.put_nowait(b"")  # ends each stream
-        await super().on_stop()
+        deadline = time.monotonic() + 1.0
+        while self._clients and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)  # the streams write their last event and end themselves
 
     def login_url(self) -> str:
         """A fresh one-time URL that logs a browser in."""

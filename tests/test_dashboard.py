@@ -9,6 +9,7 @@ import asyncio
 import shutil
 import time
 
+import numpy as np
 import pytest
 
 import pstrain
@@ -188,3 +189,53 @@ async def test_the_dashboard_is_a_server_on_the_shared_core():
         assert await asyncio.wait_for(reader.read(), 30) == b""
         await abort_all([writer])
         await coordinator.close()
+
+
+async def test_the_dashboard_shows_the_tables_a_smoothed_loss_and_a_finished_job():
+    from playwright.async_api import async_playwright
+
+    from pstrain.testing import InProcessCluster
+
+    pstrain.summary.LOG.clear()
+    raw = [1.0 + (0.5 if i % 2 else -0.5) / (1 + i / 10) for i in range(30)]  # noisy, falling
+    async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        with strategy.scope():
+            users = pstrain.DynamicEmbedding(4, name="users", capacity=6)  # 3 rows per ps
+        await users.lookup(np.arange(40, dtype=np.int64))  # admits up to the capacity, evicts
+        stats = await users.statistics()
+        for step, value in enumerate(raw):
+            pstrain.summary.scalar("loss", value, step=step)
+        coordinator.schedule(lambda: None)
+        await coordinator.join()
+        url = await pstrain.dashboard.serve_dashboard(coordinator)
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+            try:
+                page = await browser.new_page()
+                page.set_default_timeout(15_000)
+                assert (await page.goto(url)).status == 200
+                row = page.locator(f'#tables tr[data-table="users"][data-rows="{stats["rows"]}"]')
+                await row.wait_for()
+                cells = [await c.text_content() for c in await row.locator("td").all()]
+                assert cells[:3] == ["users", str(stats["rows"]), "6"], cells
+                assert not await page.locator("#no-tables").is_visible()
+                for k in (0, 1):  # each ps box says what its table rows take
+                    box = page.locator(f'[data-task="ps:{k}"]')
+                    await box.locator("text=/MiB in tables/").wait_for()
+                chart = page.locator(f'[data-scalar="loss"][data-points="{len(raw)}"]')
+                await chart.wait_for()
+                smoothed = raw[0]
+                for y in raw[1:]:
+                    smoothed = 0.6 * smoothed + 0.4 * y
+                shown = float(await chart.get_attribute("data-smoothed"))
+                assert abs(shown - smoothed) < 1e-9 and abs(shown - raw[-1]) > 0.05
+                await page.wait_for_selector('[data-task="worker:0"][data-state="up"]')
+                await coordinator.close()  # the job ends: the page says so, nothing stays "up"
+                await page.wait_for_selector('body[data-finished="true"]')
+                states = await page.locator(".task").evaluate_all("els => els.map(e => e.dataset.state)")
+                assert states and set(states) == {"finished"}, states
+                assert "finished" in await page.locator("#status").text_content()
+            finally:
+                await browser.close()

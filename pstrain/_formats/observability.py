@@ -65,7 +65,7 @@ class _Collector:
                 family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
                     f"pstrain_table_{key}", help_text, labels=[*names, "table"])
                 for table, t in sorted(tables.items()):
-                    family.add_metric([*values, table], float(t[key]))
+                    family.add_metric([*values, table], float(t.get(key, 0)))
                 yield family
         up = GaugeMetricFamily("pstrain_uptime_seconds", "Seconds since the server started", labels=names)
         up.add_metric(values, s.get("uptime_s", 0.0))
@@ -96,7 +96,8 @@ _EXTRA: dict[str, tuple[str, ...]] = {
 _TABLE = (("rows", "gauge", "Rows a dynamic table holds on this ps"),
           ("admitted", "counter", "Rows admitted into a dynamic table on this ps"),
           ("evicted", "counter", "Rows evicted from a dynamic table on this ps"),
-          ("bytes", "gauge", "Bytes a dynamic table takes on this ps (rows, slots, index)"))
+          ("bytes", "gauge", "Bytes a dynamic table takes on this ps (rows, slots, index)"),
+          ("capacity", "gauge", "Rows a dynamic table may hold on this ps (0: no limit)"))
 
 
 def make_registry(labels: dict[str, str], stats: Callable[[], dict[str, Any]]) -> CollectorRegistry:

@@ -93,6 +93,7 @@ class ServerBase(ServerCore):
             self.status = Status.CLOSED
             return
         self.status = Status.CLOSING
+        await self.before_stop()
         self._server.close()
         self.preauth.close()
         for transport in list(self.connections):
@@ -106,6 +107,9 @@ class ServerBase(ServerCore):
         assert self._closed is not None
         self._closed.set()
         logger.info("%s stopped", self.task)
+
+    async def before_stop(self) -> None:
+        """Role-specific goodbyes, while connections are still open (they close next)."""
 
     async def on_stop(self) -> None:
         """Role-specific clean-up; called once the port is closed."""

@@ -7,6 +7,7 @@ const series = {};                 // key -> array aligned with times
 const charts = {};                 // id -> {plot, keys}
 const scalarCharts = {};           // name -> {plot, xs, ys, el}
 let last = null;
+let lastTables = {};
 
 function push(key, value) {
   if (!series[key]) series[key] = times.map(() => null);
@@ -56,11 +57,28 @@ function renderTasks(tasks) {
     if (t.failures) extra.push(t.failures + " failure(s)");
     if (t.closures_per_s !== undefined) extra.push(t.closures_per_s.toFixed(1) + " closures/s");
     if (t.bytes !== undefined) extra.push((t.bytes / 1048576).toFixed(1) + " MiB in variables");
+    if (t.tables && Object.keys(t.tables).length)
+      extra.push((tableBytes(t) / 1048576).toFixed(1) + " MiB in tables");
     if (t.rss_bytes) extra.push((t.rss_bytes / 1048576).toFixed(0) + " MiB RSS");
     el.replaceChildren(textDiv("name", t.task), textDiv("state", t.state),
                        textDiv("meta", t.address || ""), textDiv("meta", extra.join(" · ")));
   }
   for (const el of [...box.children]) if (!seen.has(el.dataset.task)) el.remove();
+}
+
+// The loss of one step is noise: each scalar is drawn smoothed (an exponential moving
+// average, as TensorBoard's smoothing 0.6 does), its raw values a faint line beside it,
+// both read on hover.
+const SMOOTHING = 0.6;
+
+function ema(ys) {
+  const out = [];
+  let acc = null;
+  for (const y of ys) {
+    acc = acc === null ? y : SMOOTHING * acc + (1 - SMOOTHING) * y;
+    out.push(acc);
+  }
+  return out;
 }
 
 function renderScalars(scalars) {
@@ -79,15 +97,57 @@ function renderScalars(scalars) {
     for (const [step, value] of scalars[name]) { c.xs.push(step); c.ys.push(value); }
     // steps may arrive out of order from several workers: draw them sorted
     const order = c.xs.map((_, i) => i).sort((a, b) => c.xs[a] - c.xs[b]);
-    const data = [order.map(i => c.xs[i]), order.map(i => c.ys[i])];
+    const ys = order.map(i => c.ys[i]);
+    const smooth = ema(ys);
+    const data = [order.map(i => c.xs[i]), smooth, ys];
     c.el.dataset.points = String(c.xs.length);
+    c.el.dataset.smoothed = String(smooth[smooth.length - 1]);
     if (!c.plot) {
       c.plot = new uPlot({ title: name, width: 420, height: 220, scales: { x: { time: false } },
-        series: [{ label: "step" }, { label: name, stroke: COLORS[0], width: 2 }] }, data, c.el);
+        series: [{ label: "step" }, { label: name + " (smoothed)", stroke: COLORS[0], width: 2 },
+                 { label: "raw", stroke: "rgba(31,119,180,0.25)", width: 1 }] }, data, c.el);
     } else {
       c.plot.setData(data);
     }
   }
+}
+
+function tableBytes(t) {
+  let n = 0;
+  for (const name in t.tables) n += t.tables[name].bytes || 0;
+  return n;
+}
+
+// Each dynamic table over every ps: rows (against the capacity), admitted and evicted per
+// second, bytes.
+function renderTables(state, dt) {
+  const totals = {};
+  for (const t of state.tasks) {
+    if (t.job !== "ps" || !t.tables) continue;
+    for (const name in t.tables) {
+      const s = t.tables[name];
+      const a = totals[name] || (totals[name] = { rows: 0, capacity: 0, admitted: 0, evicted: 0, bytes: 0, unbounded: false });
+      a.rows += s.rows; a.admitted += s.admitted; a.evicted += s.evicted; a.bytes += s.bytes;
+      if (s.capacity) a.capacity += s.capacity; else a.unbounded = true;
+    }
+  }
+  const rate = (name, key) => {
+    const before = lastTables[name];
+    return before && dt ? Math.max(0, (totals[name][key] - before[key]) / dt).toFixed(1) : "–";
+  };
+  const names = Object.keys(totals).sort();
+  const table = document.getElementById("tables");
+  table.replaceChildren(row("th", ["table", "rows", "capacity", "admitted/s", "evicted/s", "MiB"]),
+    ...names.map(name => {
+      const a = totals[name];
+      const tr = row("td", [name, a.rows.toLocaleString(), a.unbounded ? "no limit" : a.capacity.toLocaleString(),
+                            rate(name, "admitted"), rate(name, "evicted"), (a.bytes / 1048576).toFixed(1)]);
+      tr.dataset.table = name;
+      tr.dataset.rows = String(a.rows);
+      return tr;
+    }));
+  document.getElementById("no-tables").hidden = names.length > 0;
+  lastTables = totals;
 }
 
 function textDiv(cls, text) {
@@ -113,7 +173,23 @@ function renderCheckpoints(saves) {
     row("td", [new Date(s.time * 1000).toLocaleTimeString(), s.path])));
 }
 
+// The job ended: the coordinator said so as it closed. Every task is shown as finished
+// (not "up" under a dead connection) and the page stops reconnecting.
+function finish(state) {
+  source.close();
+  for (const el of document.getElementById("tasks").children) {
+    el.dataset.state = "finished";
+    const st = el.querySelector(".state");
+    if (st) st.textContent = "finished";
+  }
+  document.body.dataset.finished = "true";
+  document.getElementById("status").textContent =
+    `finished · ${new Date(state.time * 1000).toLocaleTimeString()} · the coordinator closed; ` +
+    (last ? `${last.closures.done} closures done` : "");
+}
+
 function update(state) {
+  if (state.finished) { finish(state); return; }
   const now = state.time;
   const dt = last ? Math.max(1e-3, now - last.time) : null;
   times.push(now);
@@ -145,6 +221,7 @@ function update(state) {
   lineChart("chart-requests", "ps requests per second", psReq, psLabels);
   lineChart("chart-bytes", "ps MB per second (in + out)", psBytes, psLabels);
   renderScalars(state.scalars || {});
+  renderTables(state, dt);
   renderCheckpoints(state.checkpoints || []);
   document.getElementById("status").textContent =
     `live · ${new Date(now * 1000).toLocaleTimeString()} · ${c.done} closures done, ` +
@@ -155,4 +232,9 @@ function update(state) {
 
 const source = new EventSource("/events");
 source.onmessage = (e) => update(JSON.parse(e.data));
-source.onerror = () => { document.getElementById("status").textContent = "disconnected: retrying…"; };
+source.onerror = () => {
+  if (document.body.dataset.finished) return;
+  // Not known any more: no box stays green under a dead connection.
+  for (const el of document.getElementById("tasks").children) el.dataset.state = "unknown";
+  document.getElementById("status").textContent = "disconnected: retrying…";
+};

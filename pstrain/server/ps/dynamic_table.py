@@ -370,4 +370,5 @@ class DynamicTable:
 
     def statistics(self) -> dict[str, int]:
         return {"rows": len(self.index), "admitted": self.admitted, "evicted": self.evicted,
-                "bytes": self.nbytes, "candidates": self.candidates}
+                "bytes": self.nbytes, "candidates": self.candidates,
+                "capacity": self.config.capacity or 0}
