@@ -32,6 +32,10 @@ from .scheduling import ClosureQueue
 
 logger = logging.getLogger(__name__)
 
+#: How long closures wait with no worker reachable before a warning says so (a worker
+#: starting up takes about this long to be reached).
+NO_WORKER_WARN_S = 2.0
+
 __all__ = ["Heartbeat"]
 
 
@@ -52,6 +56,7 @@ class Heartbeat:
         self.no_worker_timeout_s = no_worker_timeout_s
         self.spawn = spawn
         self._no_worker_since: float | None = None
+        self._warned = False
 
     @property
     def num_ps(self) -> int:
@@ -75,15 +80,22 @@ class Heartbeat:
         waiting = self.queue.queued + self.queue.in_flight
         if not waiting or any(w.up for w in self.workers) or self.queue.error is not None:
             self._no_worker_since = None
+            self._warned = False
             return
         now = asyncio.get_running_loop().time()
         if self._no_worker_since is None:
             self._no_worker_since = now
             return
-        if self.no_worker_timeout_s is None or now - self._no_worker_since < self.no_worker_timeout_s:
-            return
         down = [f"{w.task} ({w.last_error or 'never reached'})" for w in self.workers]
         down += [f"{task_name('ps', k)} ({why})" for k, why in sorted(self.ps_health.down.items())]
+        if not self._warned and now - self._no_worker_since >= NO_WORKER_WARN_S:
+            self._warned = True  # said once, early: what is awaited, and for how long
+            limit = ("forever" if self.no_worker_timeout_s is None
+                     else f"up to {self.no_worker_timeout_s:g} s (no_worker_timeout_s)")
+            logger.warning("no worker is reachable and %d closure(s) wait; waiting %s for one. "
+                           "Down: %s", waiting, limit, "; ".join(down))
+        if self.no_worker_timeout_s is None or now - self._no_worker_since < self.no_worker_timeout_s:
+            return
         self.queue.record_error(UnavailableError(
             f"no worker has been reachable for {now - self._no_worker_since:.0f} s with "
             f"{waiting} closure(s) waiting; down: {'; '.join(down)}. Restart them (the queued "
