@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench lint fuzz clean sysdeps slurm screenshots chaos
+.PHONY: install test demo bench lint fuzz clean sysdeps slurm screenshots chaos docs
 
 # The table kernels (pstrain/_kernels/compiled.pyx) are C, built by pip: a C compiler and
 # Python's headers are installed with apt-get when missing.
@@ -35,7 +35,7 @@ sysdeps:
 		&& command -v prometheus >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 		apt-get install -y -qq nftables iproute2 slurm-wlm munge chromium prometheus >/dev/null)
 
-# Screenshots of the dashboard during `pstrain demo` (docs/dashboard*.png, for the README).
+# Screenshots of the dashboard during `pstrain demo` (docs/dashboard*.png, for docs/operations.md).
 screenshots: sysdeps $(STAMP)
 	$(PY) benchmarks/dashboard_screenshots.py
 
@@ -49,6 +49,11 @@ slurm: sysdeps $(STAMP)
 # make test runs a sample of it).
 chaos: sysdeps $(STAMP)
 	PSTRAIN_CHAOS=all $(PY) -m pytest -q -p no:cacheprovider tests/test_fault_matrix.py
+
+# The documentation site (MkDocs, Material theme, API reference by mkdocstrings) into site/;
+# strict: a broken link, anchor or reference fails the build. `make test` builds it too.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 demo: $(STAMP)
 	$(PY) -m pstrain.cli demo $(DEMO_ARGS)

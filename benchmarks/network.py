@@ -5,7 +5,7 @@ needed); the coordinator runs here and reaches them through the bridge. Links ar
 shaped both ways with ``tc tbf``. For each link speed (unshaped, 10 Gbit/s,
 1 Gbit/s), W4 (2 ps, 2 workers) is measured, and W5 (1, 2, 4 workers) at 1 Gbit/s.
 
-Two models the figures are compared with (README, "Partitions ..."), from the
+Two models the figures are compared with (docs/failures-and-checkpoints.md, "Partitions ..."), from the
 bytes per step and the unshaped rate measured in the same run:
 
 * *serial*: a W4 step is a pull (rows and dense weights), compute, then a push

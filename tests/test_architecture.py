@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "pstrain"
-README = ROOT.parent / "README.md"
+LAYOUT_DOC = ROOT.parent / "docs" / "design.md"  # its Layout section
 
 #: The layer folders, bottom to top. A module imports only from its own folder or lower ones;
 #: ``server`` (the servers) imports only ``SERVERS_MAY_IMPORT`` and is imported only by the face.
@@ -53,7 +53,7 @@ def layer_of(module: str) -> str:
         return "face"
     if top not in RANK:
         raise AssertionError(f"pstrain/{top}/ is not a layer: add it to RANKS (its place in the "
-                             "order) and to the README's Layout")
+                             "order) and to the Layout of docs/design.md")
     return top
 
 
@@ -226,7 +226,7 @@ def test_facades_only_re_export_and_nothing_inside_imports_them():
             assert not set(deps) & set(facades), f"{module} imports a public façade"
 
 
-#: What each folder holds, as the README's Layout draws it (top of the stack first).
+#: What each folder holds, as the Layout of docs/design.md draws it (top of the stack first).
 LAYER_NOTES = {
     ".": "face: the public modules users import, and the programs",
     "cli": "face: the pstrain command",
@@ -258,7 +258,7 @@ def tree_modules() -> dict[str, list[str]]:
 
 
 def draw_tree(width: int = 96) -> str:
-    """The Layout block of the README, drawn from the tree (see LAYER_NOTES)."""
+    """The Layout block of docs/design.md, drawn from the tree (see LAYER_NOTES)."""
     lines = ["pstrain/"]
     for folder, note in LAYER_NOTES.items():
         label = "." if folder == "." else folder + "/"
@@ -273,13 +273,13 @@ def draw_tree(width: int = 96) -> str:
     return "\n".join(lines) + "\n"
 
 
-def test_the_readme_layout_draws_the_tree():
+def test_the_layout_in_the_design_notes_draws_the_tree():
     assert set(LAYER_NOTES) == set(tree_modules()), set(LAYER_NOTES) ^ set(tree_modules())
-    text = README.read_text()
+    text = LAYOUT_DOC.read_text()
     section = text[text.index("## Layout"):]
     block = re.search(r"```text\n(pstrain/\n.*?)```", section, re.S)
     drawn = block.group(1) if block else ""
-    assert drawn == draw_tree(), "the README's Layout block should read:\n" + draw_tree()
+    assert drawn == draw_tree(), "the Layout block of docs/design.md should read:\n" + draw_tree()
 
 
 def _import_alone(module: str) -> tuple[str, int, str]:

@@ -1,4 +1,5 @@
-"""Every Python block in the README and the porting guide runs."""
+"""Every Python block of the README and the docs site runs; the site builds strict and every
+page of its navigation opens in Chromium."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", ROOT / "docs" / "porting-from-tensorflow.md"]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCKS = [(doc.name, i, code) for doc in DOCS if doc.exists()
           for i, code in enumerate(re.findall(r"```python\n(.*?)```", doc.read_text(), re.S))]
 
@@ -29,7 +30,74 @@ def test_code_block_runs(tmp_path, doc, index, code):
 
 
 def test_there_are_blocks_to_run():
-    assert len(BLOCKS) >= 2
+    assert len(BLOCKS) >= 8 and {doc for doc, _, _ in BLOCKS} >= {
+        "README.md", "recommender-tables.md", "operations.md", "porting-from-tensorflow.md"}
+
+
+def test_the_readme_is_short_and_points_at_the_site():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) < 250
+    for page in ("concepts", "porting-from-tensorflow", "frameworks", "recommender-tables",
+                 "failures-and-checkpoints", "operations", "security", "benchmarks"):
+        assert f"](docs/{page}.md)" in text, page
+
+
+@pytest.mark.timeout(240)
+async def test_the_site_builds_strict_and_every_nav_link_opens_in_chromium(tmp_path):
+
+    import shutil
+
+    from aiohttp import web
+    from playwright.async_api import async_playwright
+
+    site = (tmp_path / "site").resolve()
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    build = subprocess.run([str(Path(sys.executable).with_name("mkdocs")), "build", "--strict",
+                            "--site-dir", str(site)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=200, env=env)
+    assert build.returncode == 0, build.stdout + build.stderr
+    assert (site / "reference" / "index.html").exists()
+    async def serve(request: web.Request) -> web.StreamResponse:  # as a web server serves a site
+        path = (site / request.match_info["path"]).resolve()
+        if path.is_dir():
+            path = path / "index.html"
+        if not path.is_relative_to(site) or not path.is_file():
+            raise web.HTTPNotFound()
+        return web.FileResponse(path)
+
+    app = web.Application()
+    app.router.add_get("/{path:.*}", serve)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    server = web.TCPSite(runner, "127.0.0.1", 0)
+    await server.start()
+    port = runner.addresses[0][1]
+    browser_path = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert browser_path, "the docs test needs Chromium (`make test` installs it)"
+    try:
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(executable_path=browser_path, args=["--no-sandbox"])
+            try:
+                page = await browser.new_page()
+                page.set_default_timeout(15_000)
+                home = f"http://127.0.0.1:{port}/index.html"
+                assert (await page.goto(home)).status == 200
+                hrefs = await page.locator("nav.md-nav--primary a.md-nav__link[href]").evaluate_all(
+                    "els => [...new Set(els.map(e => e.href))]")
+                pages = sorted({h.split("#")[0] for h in hrefs if h.startswith("http://127.0.0.1")})
+                assert len(pages) >= 11, pages
+                for url in pages:
+                    reply = await page.goto(url)
+                    assert reply is not None and reply.status == 200, url
+                    title = await page.locator("article h1").first.text_content()
+                    assert title and title.strip(), url
+                    for img in await page.locator("article img").all():  # the plots load
+                        assert await img.evaluate("i => i.complete && i.naturalWidth > 0"), url
+            finally:
+                await browser.close()
+    finally:
+        await runner.cleanup()
+
 
 
 # -- the porting guide's table: complete, and true ------------------------------------------------

@@ -1,1 +1,1 @@
-"""_base: private; see README "Layout"."""
+"""_base: private; see "Layout" in docs/design.md."""

@@ -1,1 +1,1 @@
-"""_checkpoint: private; see README "Layout"."""
+"""_checkpoint: private; see "Layout" in docs/design.md."""

@@ -1,1 +1,1 @@
-"""_coordinator: private; see README "Layout"."""
+"""_coordinator: private; see "Layout" in docs/design.md."""

@@ -1,1 +1,1 @@
-"""_distribute: private; see README "Layout"."""
+"""_distribute: private; see "Layout" in docs/design.md."""

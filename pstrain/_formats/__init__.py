@@ -1,1 +1,1 @@
-"""_formats: private; see README "Layout"."""
+"""_formats: private; see "Layout" in docs/design.md."""

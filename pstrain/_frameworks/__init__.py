@@ -1,1 +1,1 @@
-"""_frameworks: private; see README "Layout"."""
+"""_frameworks: private; see "Layout" in docs/design.md."""

@@ -1,1 +1,1 @@
-"""_serving: private; see README "Layout"."""
+"""_serving: private; see "Layout" in docs/design.md."""

@@ -1,1 +1,1 @@
-"""_training: private; see README "Layout"."""
+"""_training: private; see "Layout" in docs/design.md."""

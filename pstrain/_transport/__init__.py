@@ -1,1 +1,1 @@
-"""_transport: private; see README "Layout"."""
+"""_transport: private; see "Layout" in docs/design.md."""

@@ -1,1 +1,1 @@
-"""_variables: private; see README "Layout"."""
+"""_variables: private; see "Layout" in docs/design.md."""
