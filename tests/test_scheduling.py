@@ -10,9 +10,10 @@ import asyncio
 
 import pytest
 
+from pstrain._coordinator.closures import Closure, scan_inputs
 from pstrain._coordinator.remote_value import Outcome, RemoteValue
 from pstrain._coordinator.resources import ResourceRegistry, WorkerResource
-from pstrain._coordinator.scheduling import Closure, ClosureQueue, scan_inputs
+from pstrain._coordinator.scheduling import ClosureQueue
 from pstrain._distribute.values import PerWorkerValues
 from pstrain._formats.messages import ResourceRef
 from pstrain.errors import CancelledError, ClosureInputError

@@ -8,12 +8,13 @@ from typing import Protocol
 
 from .._transport.interrupt import REPORT_HOOKS
 
+__all__ = ["track"]
+
 
 class CheckpointManager(Protocol):  # what this module reads of one (no import: no cycle)
     @property
     def latest_checkpoint(self) -> str | None: ...
 
-__all__ = ["track"]
 
 _managers: weakref.WeakSet[CheckpointManager] = weakref.WeakSet()
 

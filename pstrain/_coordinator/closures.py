@@ -9,6 +9,7 @@ from typing import Any
 from .._base.errors import CancelledError, ClosureInputError, InvalidArgumentError
 from .._distribute.values import PerWorkerValues
 from .._formats.messages import ResourceRef
+from .per_worker import ResourceValues
 from .remote_value import Outcome, RemoteValue
 
 __all__ = ["Closure", "scan_inputs"]
@@ -93,12 +94,11 @@ class Closure:
 
 
 def _substitute(obj: Any, index: int) -> tuple[Any, bool]:
+    if isinstance(obj, ResourceValues):  # a per-worker dataset or iterator
+        return obj.ref(index), True
     if isinstance(obj, PerWorkerValues):
         rid = obj.resource_id
         if rid is not None:
-            live = obj.values  # each worker's build of the resource, as a RemoteValue
-            if index < len(live) and isinstance(live[index], RemoteValue) and live[index].done():
-                _ready_value(live[index])  # a build that failed there: its error, not a bare ref
             return ResourceRef(rid), True
         if index >= len(obj.values):
             raise InvalidArgumentError(

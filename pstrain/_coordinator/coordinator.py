@@ -37,6 +37,7 @@ from .._distribute.values import PerWorkerValues
 from .._formats import pickling
 from .._training import summary
 from . import interrupt
+from .closures import Closure, scan_inputs
 from .dispatch import DispatchSettings
 from .endpoint import CoordinatorEndpoint
 from .functions import FunctionCache
@@ -45,7 +46,7 @@ from .per_worker import PerWorkerDataset, as_dataset_fn
 from .ps_health import PsHealth
 from .remote_value import Outcome, RemoteValue
 from .resources import ResourceRegistry
-from .scheduling import Closure, ClosureQueue, scan_inputs
+from .scheduling import ClosureQueue
 from .shutdown import ask_to_leave
 from .workers import Workers
 
@@ -190,9 +191,10 @@ class ClusterCoordinator:
         if not callable(fn):
             raise TypeError(f"schedule needs a callable (a function or coroutine function), "
                             f"got {type(fn).__name__}")
-        if self.closed or self.interrupted:
-            raise (CancelledError(self.interrupted) if self.interrupted else
-                   PstrainError("this ClusterCoordinator is closed"))
+        if self.interrupted:
+            raise CancelledError(self.interrupted)
+        if self.closed:
+            raise PstrainError("this ClusterCoordinator is closed")
         args = tuple(args)
         kwargs = dict(kwargs) if kwargs else {}
         digest, pickled = self._fns.get(fn)

@@ -48,9 +48,10 @@ from .._formats.messages import CANCELLED, OK, exception_from_payload
 from .._formats.operations import CancelClosures, Configure, CreateResource, DropResources, RunClosures
 from .._formats.records import ResultsReply
 from .._transport.rpc import Channel
+from .closures import Closure
 from .membership import SlotState, WorkerSlot
 from .resources import ResourceRegistry, ResourceSpec
-from .scheduling import CANCELLED_MESSAGE, Closure, ClosureQueue
+from .scheduling import CANCELLED_MESSAGE, ClosureQueue
 
 logger = logging.getLogger(__name__)
 

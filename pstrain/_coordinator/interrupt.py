@@ -11,6 +11,8 @@ from typing import Any, Protocol
 from .._transport.interrupt import DRAIN_HOOKS
 from .scheduling import ClosureQueue
 
+__all__ = ["INTERRUPTED", "track"]
+
 
 class ClusterCoordinator(Protocol):  # what this module uses of one (no import: no cycle)
     queue: ClosureQueue
@@ -18,7 +20,6 @@ class ClusterCoordinator(Protocol):  # what this module uses of one (no import: 
     interrupted: str | None
     resources: Any
 
-__all__ = ["INTERRUPTED", "track"]
 
 #: What the closures cancelled by Ctrl-C, and a ``schedule`` after it, raise.
 INTERRUPTED = "The program was interrupted (Ctrl-C): the closure was not run."

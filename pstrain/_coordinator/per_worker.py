@@ -15,11 +15,12 @@ from typing import Any
 
 from .._base.errors import InvalidArgumentError
 from .._distribute.values import PerWorkerValues
+from .._formats.messages import ResourceRef
 from .._formats.pickling import send_modules_by_value
 from .._variables.arrays import creator_scope
 from .resources import ResourceRegistry, ResourceSpec
 
-__all__ = ["PerWorkerDataset", "PerWorkerIterator", "as_dataset_fn"]
+__all__ = ["PerWorkerDataset", "PerWorkerIterator", "ResourceValues", "as_dataset_fn"]
 
 
 class _Constant:
@@ -64,19 +65,28 @@ def as_dataset_fn(dataset_fn: Any) -> Any:
     return _Constant(dataset_fn)
 
 
-class _Live(PerWorkerValues):
+class ResourceValues(PerWorkerValues):
     """Per-worker values of a resource: a worker that joins later adds its value."""
 
     def __init__(self, spec: ResourceSpec) -> None:
         super().__init__((), resource_id=spec.rid)
+        self._rid = spec.rid
         self._live = spec.remote_values
+        self._outcomes = spec.outcomes
+
+    def ref(self, worker: int) -> ResourceRef:
+        """What a closure sent to ``worker`` carries for it; raises the error of its build
+        there, if that failed (the worker then holds nothing under the ref)."""
+        if worker < len(self._outcomes) and self._outcomes[worker].failed():
+            self._outcomes[worker].result()
+        return ResourceRef(self._rid)
 
     @property
     def values(self) -> tuple[Any, ...]:
         return tuple(self._live)
 
 
-class PerWorkerDataset(_Live):
+class PerWorkerDataset(ResourceValues):
     """The datasets made by ``dataset_fn`` on every worker.
 
     Made by the coordinator::
@@ -101,7 +111,7 @@ class PerWorkerDataset(_Live):
         return self
 
 
-class PerWorkerIterator(_Live):
+class PerWorkerIterator(ResourceValues):
     """One iterator per worker; pass it to ``schedule`` and call ``next()`` in the closure."""
 
     def __init__(self, registry: ResourceRegistry, spec: ResourceSpec) -> None:

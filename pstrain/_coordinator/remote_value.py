@@ -80,6 +80,9 @@ class Outcome:
     def done(self) -> bool:
         return self.state != _NOT_READY
 
+    def failed(self) -> bool:
+        return self.state == _FAILED
+
     def result(self) -> Any:
         """The value, or raise the error; only once :meth:`done`."""
         if self.state == _FAILED:

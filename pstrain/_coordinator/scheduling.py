@@ -36,14 +36,9 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from .._base.errors import CancelledError
-from .closures import Closure, scan_inputs
+from .closures import Closure
 
-__all__ = [
-    "CANCELLED_MESSAGE",
-    "Closure",
-    "ClosureQueue",
-    "scan_inputs",
-]  # Closure, scan_inputs: from closures.py
+__all__ = ["CANCELLED_MESSAGE", "ClosureQueue"]
 
 CANCELLED_MESSAGE = "The corresponding function is cancelled. Please reschedule the function."
 

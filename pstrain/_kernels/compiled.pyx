@@ -27,26 +27,29 @@ cdef inline uint64_t _mix64(uint64_t x) noexcept nogil:
     return x
 
 
+cdef inline Py_ssize_t _slot(const int64_t* keys, const uint8_t* state, uint64_t mask,
+                             int64_t key) noexcept nogil:
+    """The slot holding ``key``, -1 where none does: linear probing from its hash, past other
+    ids and tombstones, to an empty slot."""
+    cdef uint64_t q = _mix64(<uint64_t>key) & mask
+    cdef uint8_t st
+    while True:
+        st = state[q]
+        if st == EMPTY:
+            return -1
+        if st == FULL and keys[q] == key:
+            return <Py_ssize_t>q
+        q = (q + 1) & mask
+
+
 def index_get(const int64_t[::1] keys, const int64_t[::1] vals, const uint8_t[::1] state,
               uint64_t mask, const int64_t[::1] ids, int64_t[::1] out):
     """``out[i]``: the value of ``ids[i]``, -1 where the index has none."""
-    cdef Py_ssize_t i, n = ids.shape[0]
-    cdef uint64_t q
-    cdef int64_t key
-    cdef uint8_t st
+    cdef Py_ssize_t i, q, n = ids.shape[0]
     with nogil:
         for i in range(n):
-            key = ids[i]
-            q = _mix64(<uint64_t>key) & mask
-            out[i] = -1
-            while True:
-                st = state[q]
-                if st == EMPTY:
-                    break
-                if st == FULL and keys[q] == key:
-                    out[i] = vals[q]
-                    break
-                q = (q + 1) & mask
+            q = _slot(&keys[0], &state[0], mask, ids[i])
+            out[i] = vals[q] if q >= 0 else -1
 
 
 def index_insert(int64_t[::1] keys, int64_t[::1] vals, uint8_t[::1] state, uint64_t mask,
@@ -72,25 +75,16 @@ def index_delete(const int64_t[::1] keys, const int64_t[::1] vals, uint8_t[::1] 
                  uint64_t mask, const int64_t[::1] ids, int64_t[::1] out):
     """Remove ``ids`` (unique); ``out[i]`` is the value ``ids[i]`` had, -1 where none.
     Returns how many were removed."""
-    cdef Py_ssize_t i, n = ids.shape[0], removed = 0
-    cdef uint64_t q
-    cdef int64_t key
-    cdef uint8_t st
+    cdef Py_ssize_t i, q, n = ids.shape[0], removed = 0
     with nogil:
         for i in range(n):
-            key = ids[i]
-            q = _mix64(<uint64_t>key) & mask
-            out[i] = -1
-            while True:
-                st = state[q]
-                if st == EMPTY:
-                    break
-                if st == FULL and keys[q] == key:
-                    out[i] = vals[q]
-                    state[q] = TOMB
-                    removed += 1
-                    break
-                q = (q + 1) & mask
+            q = _slot(&keys[0], &state[0], mask, ids[i])
+            if q < 0:
+                out[i] = -1
+                continue
+            out[i] = vals[q]
+            state[q] = TOMB
+            removed += 1
     return removed
 
 

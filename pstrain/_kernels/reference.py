@@ -110,10 +110,9 @@ def index_delete(keys: np.ndarray, vals: np.ndarray, state: np.ndarray, mask: in
     return int(s.size)
 
 
-def _checked(name: str, var: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def _checked(name: str, var: np.ndarray, rows: np.ndarray, what: str = "variable") -> np.ndarray:
     """Which of ``rows`` exist (not -1); raises if one is past ``var``'s end."""
     if rows.size and rows.max() >= var.shape[0]:
-        what = "table" if name in ("gather_rows", "mark_seen") else "variable"
         raise IndexError(f"{name}: a row past the {what}'s end")
     return rows >= 0
 
@@ -136,12 +135,12 @@ def adagrad_rows(var: np.ndarray, acc: np.ndarray, rows: np.ndarray, g: np.ndarr
 def gather_rows(table: np.ndarray, pos: np.ndarray, out: np.ndarray, default: float) -> None:
     if out.shape != (pos.size, table.shape[1]):
         raise ValueError("gather_rows: out is not (len(pos), dim)")
-    found = _checked("gather_rows", table, pos).copy()
+    found = _checked("gather_rows", table, pos, "table")
     out[found] = table[pos[found]]
     out[~found] = default
 
 
 def mark_seen(last_seen: np.ndarray, freq: np.ndarray, pos: np.ndarray, clock: int) -> None:
-    hit = pos[_checked("mark_seen", last_seen[:freq.size], pos)]
+    hit = pos[_checked("mark_seen", last_seen[:freq.size], pos, "table")]
     last_seen[hit] = clock
     freq[hit] += 1

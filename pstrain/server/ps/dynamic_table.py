@@ -211,9 +211,10 @@ class DynamicTable:
         self.index.delete(self.ids[rows])
         self.live[rows] = False
         need = self.nfree + rows.size
-        if need > self.free.size:
-            self.free = np.concatenate([self.free[:self.nfree], np.empty(max(need, 2 * self.free.size),
-                                                                       np.int64)])
+        if need > self.free.size:  # the stack grows by doubling
+            grown = np.empty(max(need, 2 * self.free.size), np.int64)
+            grown[:self.nfree] = self.free[:self.nfree]
+            self.free = grown
         self.free[self.nfree:need] = rows
         self.nfree = need
         self.evicted += rows.size
@@ -332,14 +333,14 @@ class DynamicTable:
         Gradients of ids without a row (not admitted, or evicted since) are dropped: the
         rule skips rows of -1, in the same pass (a fused kernel) or before it."""
         pos = self.positions(ids)
-        found = int(np.count_nonzero(pos >= 0))
-        if not found:
+        rows = pos[pos >= 0]
+        if not rows.size:
             return 0
         arrays = {name: self.slot(key, init) for name, (key, init) in slots.items()}
         if self.saves:
-            self._touch(pos[pos >= 0])
+            self._touch(rows)
         rule(self.rows, grad.astype(self.dtype, copy=False), pos, arrays, cfg, t)
-        return found
+        return int(rows.size)
 
     # -- checkpoints -------------------------------------------------------------------------------
     def export(self) -> dict[str, np.ndarray]:
