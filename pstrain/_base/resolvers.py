@@ -87,13 +87,11 @@ class TFConfigClusterResolver(ClusterResolver):
 
     def __init__(self, environ: Mapping[str, str] | None = None, token: str | None = None) -> None:
         env = os.environ if environ is None else environ
-        source = "PSTRAIN_CONFIG" if env.get("PSTRAIN_CONFIG") else "TF_CONFIG"
-        text = env.get(source)
-        if not text:
+        config = read_config(None, env)
+        if config is None:
             raise InvalidArgumentError(
                 "no cluster configuration: set PSTRAIN_CONFIG or TF_CONFIG to the JSON "
                 '{"cluster": {"ps": [...], "worker": [...]}, "task": {"type": ..., "index": ...}}')
-        config = parse_config(text, source)
         self._spec = config[0]
         self.task_type, self.task_id = config[1], config[2]
         self.token = token if token is not None else read_token(env)
@@ -101,6 +99,19 @@ class TFConfigClusterResolver(ClusterResolver):
 
     def cluster_spec(self) -> ClusterSpec:
         return self._spec
+
+
+def read_config(path: str | None, env: Mapping[str, str]
+                ) -> tuple[ClusterSpec, str | None, int | None] | None:
+    """A task's cluster configuration, parsed: the file ``path``, else ``PSTRAIN_CONFIG``,
+    else ``TF_CONFIG``; None when there is none."""
+    if path:
+        with open(path, encoding="utf-8") as f:
+            return parse_config(f.read(), path)
+    for source in ("PSTRAIN_CONFIG", "TF_CONFIG"):
+        if env.get(source):
+            return parse_config(env[source], source)
+    return None
 
 
 def parse_config(text: str, source: str = "config") -> tuple[ClusterSpec, str | None, int | None]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from .._base.cluster import ClusterSpec, parse_address
 from .._base.errors import PstrainError
-from .._base.resolvers import SlurmClusterResolver, parse_config, read_token
+from .._base.resolvers import SlurmClusterResolver, read_config, read_token
 from .._base.tasks import TaskOwner
 from .._formats.protocol import DEFAULT_MAX_BODY
 from .._transport.bridge import run
@@ -96,7 +96,7 @@ def serve_parser(sub: Any) -> None:
                         "SLURM job ends)")
     p.add_argument("--drain-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="worker: on SIGTERM, take no new closures and wait this long for the running "
-                        "ones before leaving (SIGINT stops at once)")
+                        "ones before leaving (on Ctrl-C, at most 4 s)")
     p.add_argument("--closure-threads", type=int, default=4,
                    help="worker: threads that run plain-def closures (default 4)")
     p.add_argument("--metrics-public", action="store_true",
@@ -141,16 +141,9 @@ def serve(args: argparse.Namespace) -> int:
         return 0  # started by a process that has already died
     spec: ClusterSpec | None = None
     role, index = args.role, args.index
-    text = None
-    if args.cluster:
-        with open(args.cluster, encoding="utf-8") as f:
-            text, source = f.read(), args.cluster
-    elif os.environ.get("PSTRAIN_CONFIG"):  # JSON, or the path of a file holding it
-        text, source = os.environ["PSTRAIN_CONFIG"], "PSTRAIN_CONFIG"
-    elif os.environ.get("TF_CONFIG"):
-        text, source = os.environ["TF_CONFIG"], "TF_CONFIG"
-    if text:
-        spec, task_type, task_id = parse_config(text, source)
+    config = read_config(args.cluster, os.environ)  # PSTRAIN_CONFIG: JSON, or a file's path
+    if config is not None:
+        spec, task_type, task_id = config
         role = role or task_type
         index = index if index is not None else task_id
     elif args.slurm_jobs:

@@ -15,7 +15,7 @@ from collections.abc import MutableMapping, Sequence
 
 from .._base.cluster import ClusterSpec, is_loopback, parse_address
 from .._base.errors import PstrainError
-from .._base.resolvers import parse_config
+from .._base.resolvers import read_config
 
 __all__ = ["THREAD_VARS", "presize_serve", "size_threads", "tasks_on_host", "threads_for"]
 
@@ -67,18 +67,12 @@ def presize_serve(argv: Sequence[str], env: MutableMapping[str, str]) -> str | N
     pre.add_argument("--cluster")
     known, _ = pre.parse_known_args(list(argv[1:]))
     try:
-        if known.cluster:
-            with open(known.cluster, encoding="utf-8") as f:
-                text, source = f.read(), known.cluster
-        elif env.get("PSTRAIN_CONFIG"):
-            text, source = env["PSTRAIN_CONFIG"], "PSTRAIN_CONFIG"
-        elif env.get("TF_CONFIG"):
-            text, source = env["TF_CONFIG"], "TF_CONFIG"
-        else:
-            return None
-        spec, task_type, task_id = parse_config(text, source)
+        config = read_config(known.cluster, env)
     except (OSError, PstrainError):
         return None  # serve reports it, with its own message
+    if config is None:
+        return None
+    spec, task_type, task_id = config
     role = known.role or task_type
     index = known.index if known.index is not None else task_id or 0
     if role not in ("ps", "worker"):
