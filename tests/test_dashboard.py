@@ -6,8 +6,11 @@ steps logged. Also: TensorBoard's own reader reads the scalars back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import time
+from collections.abc import AsyncIterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,6 +28,22 @@ def chromium() -> str:
         raise RuntimeError("the dashboard tests need Chromium (Debian: apt-get install chromium); "
                            "`make test` installs it")
     return path
+
+
+@contextlib.asynccontextmanager
+async def logged_in(url: str) -> AsyncIterator[Any]:
+    """A Chromium page that has opened the one-time login URL ``url``."""
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+        try:
+            page = await browser.new_page()
+            page.set_default_timeout(15_000)
+            assert (await page.goto(url)).status == 200
+            yield page
+        finally:
+            await browser.close()
 
 
 async def test_the_dashboard_in_a_real_browser(tmp_path):
@@ -108,7 +127,6 @@ async def test_tensorboard_reads_the_scalars_of_closures_and_the_coordinator(tmp
 async def test_markup_in_every_field_the_dashboard_shows_is_text(tmp_path):
     """A checkpoint path, a task's address, a scalar's name: whatever a job puts there is shown
     as text in Chromium, never run; an address with markup is refused where it enters."""
-    from playwright.async_api import async_playwright
 
     from pstrain.testing import InProcessCluster
 
@@ -129,21 +147,14 @@ async def test_markup_in_every_field_the_dashboard_shows_is_text(tmp_path):
         coordinator.schedule(lambda: None)
         await coordinator.join()
         url = await pstrain.dashboard.serve_dashboard(coordinator)
-        async with async_playwright() as p:
-            browser = await p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
-            try:
-                page = await browser.new_page()
-                page.set_default_timeout(15_000)
-                assert (await page.goto(url)).status == 200
-                await page.wait_for_selector('[data-task="worker:0"][data-state="up"]')
-                cell = page.locator("#checkpoints td", has_text=payload)
-                await cell.first.wait_for()
-                assert payload in await cell.first.text_content()
-                assert await page.locator("#checkpoints img").count() == 0
-                assert await page.evaluate("window.__pwned") is None
-                assert await page.locator("img").count() == 0  # no markup became an element
-            finally:
-                await browser.close()
+        async with logged_in(url) as page:
+            await page.wait_for_selector('[data-task="worker:0"][data-state="up"]')
+            cell = page.locator("#checkpoints td", has_text=payload)
+            await cell.first.wait_for()
+            assert payload in await cell.first.text_content()
+            assert await page.locator("#checkpoints img").count() == 0
+            assert await page.evaluate("window.__pwned") is None
+            assert await page.locator("img").count() == 0  # no markup became an element
         await coordinator.close()
 
 
@@ -192,7 +203,6 @@ async def test_the_dashboard_is_a_server_on_the_shared_core():
 
 
 async def test_the_dashboard_shows_the_tables_a_smoothed_loss_and_a_finished_job():
-    from playwright.async_api import async_playwright
 
     from pstrain.testing import InProcessCluster
 
@@ -210,32 +220,25 @@ async def test_the_dashboard_shows_the_tables_a_smoothed_loss_and_a_finished_job
         coordinator.schedule(lambda: None)
         await coordinator.join()
         url = await pstrain.dashboard.serve_dashboard(coordinator)
-        async with async_playwright() as p:
-            browser = await p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
-            try:
-                page = await browser.new_page()
-                page.set_default_timeout(15_000)
-                assert (await page.goto(url)).status == 200
-                row = page.locator(f'#tables tr[data-table="users"][data-rows="{stats["rows"]}"]')
-                await row.wait_for()
-                cells = [await c.text_content() for c in await row.locator("td").all()]
-                assert cells[:3] == ["users", str(stats["rows"]), "6"], cells
-                assert not await page.locator("#no-tables").is_visible()
-                for k in (0, 1):  # each ps box says what its table rows take
-                    box = page.locator(f'[data-task="ps:{k}"]')
-                    await box.locator("text=/MiB in tables/").wait_for()
-                chart = page.locator(f'[data-scalar="loss"][data-points="{len(raw)}"]')
-                await chart.wait_for()
-                smoothed = raw[0]
-                for y in raw[1:]:
-                    smoothed = 0.6 * smoothed + 0.4 * y
-                shown = float(await chart.get_attribute("data-smoothed"))
-                assert abs(shown - smoothed) < 1e-9 and abs(shown - raw[-1]) > 0.05
-                await page.wait_for_selector('[data-task="worker:0"][data-state="up"]')
-                await coordinator.close()  # the job ends: the page says so, nothing stays "up"
-                await page.wait_for_selector('body[data-finished="true"]')
-                states = await page.locator(".task").evaluate_all("els => els.map(e => e.dataset.state)")
-                assert states and set(states) == {"finished"}, states
-                assert "finished" in await page.locator("#status").text_content()
-            finally:
-                await browser.close()
+        async with logged_in(url) as page:
+            row = page.locator(f'#tables tr[data-table="users"][data-rows="{stats["rows"]}"]')
+            await row.wait_for()
+            cells = [await c.text_content() for c in await row.locator("td").all()]
+            assert cells[:3] == ["users", str(stats["rows"]), "6"], cells
+            assert not await page.locator("#no-tables").is_visible()
+            for k in (0, 1):  # each ps box says what its table rows take
+                box = page.locator(f'[data-task="ps:{k}"]')
+                await box.locator("text=/MiB in tables/").wait_for()
+            chart = page.locator(f'[data-scalar="loss"][data-points="{len(raw)}"]')
+            await chart.wait_for()
+            smoothed = raw[0]
+            for y in raw[1:]:
+                smoothed = 0.6 * smoothed + 0.4 * y
+            shown = float(await chart.get_attribute("data-smoothed"))
+            assert abs(shown - smoothed) < 1e-9 and abs(shown - raw[-1]) > 0.05
+            await page.wait_for_selector('[data-task="worker:0"][data-state="up"]')
+            await coordinator.close()  # the job ends: the page says so, nothing stays "up"
+            await page.wait_for_selector('body[data-finished="true"]')
+            states = await page.locator(".task").evaluate_all("els => els.map(e => e.dataset.state)")
+            assert states and set(states) == {"finished"}, states
+            assert "finished" in await page.locator("#status").text_content()

@@ -14,45 +14,17 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.timeout(120)
 
-#: A user's program: steps that take 0.3 s, many queued, a checkpoint after the first ones.
+#: A user's program: steps that take 0.3 s, many queued, a checkpoint after the first one. On
+#: its own it starts its cluster; under ``pstrain launch`` (a second argument) the cluster
+#: comes from PSTRAIN_CONFIG.
 TRAIN = textwrap.dedent("""
-    import asyncio, os, sys, time
-    import pstrain
-
-    def step(v):
-        time.sleep(0.3)
-        return v.assign_add(1.0)
-
-    async def main():
-        async with pstrain.LocalCluster(num_ps=1, num_workers=2) as cluster:
-            print("pids", *(cluster.pid(job, i) for job, n in (("ps", 1), ("worker", 2))
-                            for i in range(n)), flush=True)
-            strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-            coordinator = pstrain.ClusterCoordinator(strategy)
-            with strategy.scope():
-                v = pstrain.Variable(0.0, name="v")
-            manager = pstrain.checkpoint.CheckpointManager(pstrain.checkpoint.Checkpoint(v=v),
-                                                           sys.argv[1])
-            await coordinator.schedule(step, args=(v,))
-            await manager.save()
-            rvs = [coordinator.schedule(step, args=(v,)) for _ in range(400)]
-            print("training", flush=True)
-            for rv in rvs:
-                await rv
-            print("finished without an interruption", flush=True)
-
-    pstrain.run(main())
-""")
-
-
-#: The same program as ``pstrain launch`` runs it: the cluster comes from TF_CONFIG.
-LAUNCHED = textwrap.dedent("""
     import sys, time
     import pstrain
 
@@ -60,16 +32,30 @@ LAUNCHED = textwrap.dedent("""
         time.sleep(0.3)
         return v.assign_add(1.0)
 
-    async def main():
-        strategy = pstrain.ParameterServerStrategy(pstrain.TFConfigClusterResolver())
+    async def train(resolver):
+        strategy = pstrain.ParameterServerStrategy(resolver)
         coordinator = pstrain.ClusterCoordinator(strategy)
         with strategy.scope():
             v = pstrain.Variable(0.0, name="v")
+        manager = pstrain.checkpoint.CheckpointManager(pstrain.checkpoint.Checkpoint(v=v),
+                                                       sys.argv[1])
+        await coordinator.schedule(step, args=(v,))
+        await manager.save()
         rvs = [coordinator.schedule(step, args=(v,)) for _ in range(400)]
-        print("training", flush=True)
+        await rvs[0]
+        print("stepping", flush=True)  # from here on, steps are in flight
         for rv in rvs:
             await rv
         print("finished without an interruption", flush=True)
+
+    async def main():
+        if len(sys.argv) > 2:
+            await train(pstrain.TFConfigClusterResolver())
+            return
+        async with pstrain.LocalCluster(num_ps=1, num_workers=2) as cluster:
+            print("pids", *(cluster.pid(job, i) for job, n in (("ps", 1), ("worker", 2))
+                            for i in range(n)), flush=True)
+            await train(cluster.resolver)
 
     pstrain.run(main())
 """)
@@ -104,38 +90,45 @@ def _read_until(proc: subprocess.Popen[str], pattern: str) -> list[str]:
             return lines
 
 
-def _interrupt(proc: subprocess.Popen[str]) -> tuple[int, float, str, str]:
-    """Ctrl-C to the process group; (exit status, seconds to exit, rest of stdout, stderr)."""
-    t0 = time.monotonic()
-    os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    return proc.returncode, time.monotonic() - t0, out, err
+def _interrupt_when(args: list[str], cwd: Path, ready: str,
+                   also: Callable[[], bool] = lambda: True) -> tuple[int, float, list[str], str, str]:
+    """Start ``args`` as a job of its own, wait for a line matching ``ready`` (and ``also()``),
+    then Ctrl-C it as a terminal does. (exit status, seconds to exit, the lines before,
+    the rest of stdout, stderr); nothing is left running."""
+    proc = _start(args, cwd)
+    try:
+        lines = _read_until(proc, ready)
+        deadline = time.monotonic() + 60
+        while not also():
+            assert time.monotonic() < deadline, "the job never got ready"
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        return proc.returncode, time.monotonic() - t0, lines, out, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def _said(text: str, prefix: str) -> list[str]:
+    return [line for line in text.splitlines() if prefix in line]
 
 
 def test_ctrl_c_on_a_users_program_finishes_the_steps_in_flight_and_exits_130(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    proc = _start([sys.executable, str(script), str(tmp_path / "ckpt")], tmp_path)
-    try:
-        lines = _read_until(proc, "^training")
-        pids = [int(p) for p in next(line for line in lines if line.startswith("pids")).split()[1:]]
-        time.sleep(0.5)  # let steps be in flight: the point is what happens to them
-        code, seconds, out, err = _interrupt(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    code, seconds, lines, out, err = _interrupt_when(
+        [sys.executable, str(script), str(tmp_path / "ckpt")], tmp_path, "^stepping")
     assert code == 130, (code, err)
-    assert seconds < 8, seconds  # steps of 0.3 s: well within the 5 s grace, plus the stop
-    said = [line for line in err.splitlines() if line.startswith("pstrain: interrupted")]
-    assert len(said) == 1, err
+    assert seconds < 8, seconds  # steps of 0.3 s: well within the 4 s grace, plus the stop
+    said = _said(err, "pstrain: interrupted")
+    assert len(said) == 1 and said[0].startswith("pstrain: interrupted"), err
     assert re.search(r"(\d+) step\(s\) in flight finished, (\d+) queued step\(s\) cancelled", said[0])
     assert "latest checkpoint " + str(tmp_path / "ckpt" / "ckpt-1") in said[0], said[0]
     assert "Traceback" not in err and "finished without" not in out, err
-    wait_for_gone(pids)
-
-
-def wait_for_gone(pids: list[int]) -> None:
+    pids = [int(p) for p in next(line for line in lines if line.startswith("pids")).split()[1:]]
     deadline = time.monotonic() + 15
     while any(_alive(p) for p in pids):
         assert time.monotonic() < deadline, [p for p in pids if _alive(p)]
@@ -143,55 +136,38 @@ def wait_for_gone(pids: list[int]) -> None:
 
 
 def test_ctrl_c_on_pstrain_serve_exits_130_with_one_line(tmp_path):
-    proc = _start([sys.executable, "-m", "pstrain.cli", "serve", "--role", "ps", "--index", "0",
-                   "--port", "0"], tmp_path)
-    try:
-        _read_until(proc, "listening on")
-        code, seconds, _, err = _interrupt(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    code, seconds, _, _, err = _interrupt_when(
+        [sys.executable, "-m", "pstrain.cli", "serve", "--role", "ps", "--index", "0", "--port", "0"],
+        tmp_path, "listening on")
     assert code == 130 and seconds < 5, (code, seconds, err)
-    said = [line for line in err.splitlines() if "interrupted (Ctrl-C)" in line]
+    said = _said(err, "interrupted (Ctrl-C)")
     assert len(said) == 1 and said[0].startswith("pstrain ps:0: interrupted"), err
     assert "Traceback" not in err
 
 
 def test_ctrl_c_on_pstrain_launch_reaches_the_program_once_and_exits_130(tmp_path):
     script = tmp_path / "train.py"
-    script.write_text(LAUNCHED)
-    proc = _start([sys.executable, "-m", "pstrain.cli", "launch", "--ps", "1", "--workers", "2",
-                   "--", sys.executable, str(script), str(tmp_path / "ckpt")], tmp_path)
-    try:
-        _read_until(proc, "training")
-        time.sleep(0.5)
-        code, seconds, out, err = _interrupt(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    script.write_text(TRAIN)
+    code, seconds, _, out, err = _interrupt_when(
+        [sys.executable, "-m", "pstrain.cli", "launch", "--ps", "1", "--workers", "2", "--",
+         sys.executable, str(script), str(tmp_path / "ckpt"), "launched"], tmp_path, "stepping")
     assert code == 130, (code, out, err)
     assert seconds < 10, seconds
-    said = [line for line in out.splitlines() if "pstrain: interrupted (Ctrl-C)" in line]
+    said = _said(out, "pstrain: interrupted (Ctrl-C)")  # the program's line, prefixed [chief]
     assert len(said) == 1 and "in flight finished" in said[0], out + err
+    assert "latest checkpoint" in said[0], said[0]
     assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err
 
 
 def test_ctrl_c_on_pstrain_demo_stops_within_seconds_and_says_what_was_kept(tmp_path):
-    proc = _start([sys.executable, "-m", "pstrain.cli", "demo", "--steps", "100000", "--quiet",
-                   "--output", str(tmp_path / "demo")], tmp_path)
-    try:
-        _read_until(proc, "TensorBoard scalars")
-        time.sleep(3)  # training, with closures in flight
-        code, seconds, out, err = _interrupt(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    checkpoints = tmp_path / "demo" / "checkpoints"
+    code, seconds, _, out, err = _interrupt_when(
+        [sys.executable, "-m", "pstrain.cli", "demo", "--steps", "100000", "--quiet",
+         "--output", str(tmp_path / "demo")], tmp_path, "TensorBoard scalars",
+        also=lambda: checkpoints.exists() and any(checkpoints.glob("*.index.json")))  # training
     assert code == 130, (code, out, err)
     assert seconds < 10, seconds
-    said = [line for line in err.splitlines() if line.startswith("pstrain: interrupted")]
+    said = _said(err, "pstrain: interrupted")
     assert len(said) == 1 and "in flight finished" in said[0], err
+    assert "latest checkpoint" in said[0], said[0]
     assert "Traceback" not in err and "is cancelled" not in err
-
