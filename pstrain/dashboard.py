@@ -26,6 +26,7 @@ With nobody watching it costs nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -72,6 +73,8 @@ class Dashboard(ServerBase):
         self._keys: set[str] = set()
         self._sessions: set[str] = set()
         self._clients: set[asyncio.Queue[bytes]] = set()
+        self._no_clients = asyncio.Event()  # set while no stream is open
+        self._no_clients.set()
         self._ticker: asyncio.Task[None] | None = None
         self.snapshots = 0  # built so far (tests and benchmarks read it)
         self.page("GET", "/login", self._login)
@@ -97,9 +100,8 @@ class Dashboard(ServerBase):
                 q.get_nowait()
             q.put_nowait(finished)
             q.put_nowait(b"")  # ends each stream
-        deadline = time.monotonic() + 1.0
-        while self._clients and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)  # the streams write their last event and end themselves
+        with contextlib.suppress(TimeoutError):  # the streams write it and end themselves
+            await asyncio.wait_for(self._no_clients.wait(), 1.0)
 
     def login_url(self) -> str:
         """A fresh one-time URL that logs a browser in."""
@@ -181,6 +183,7 @@ class Dashboard(ServerBase):
         first = await self._full()  # everything so far, then what is new each second
         await response.write(_event(first))
         self._clients.add(queue)
+        self._no_clients.clear()
         if self._ticker is None or self._ticker.done():
             self._ticker = asyncio.get_running_loop().create_task(self._tick())
         try:
@@ -193,6 +196,8 @@ class Dashboard(ServerBase):
             pass
         finally:
             self._clients.discard(queue)
+            if not self._clients:
+                self._no_clients.set()
         return response
 
     async def _tick(self) -> None:
