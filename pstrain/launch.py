@@ -38,6 +38,7 @@ from ._base.cluster import ClusterSpec
 from ._base.errors import InvalidArgumentError, PstrainError
 from ._base.resolvers import RunningCluster
 from ._base.tasks import TaskOwner
+from ._formats.tensor_files import write_atomically
 from .cli.threads import size_threads, threads_for
 
 logger = logging.getLogger(__name__)
@@ -353,13 +354,9 @@ class RunDirectory:
 
 
 def _write(path: str, text: str, mode: int) -> None:
-    """Write ``text`` to ``path`` through one descriptor created with ``mode`` (replacing a
-    file of an earlier run atomically)."""
-    tmp = f"{path}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    """``text`` to ``path``, created with ``mode`` and replacing a file of an earlier run
+    atomically."""
+    write_atomically(path, lambda f: f.write(text.encode()), mode=mode)
 
 
 def _table(config: dict[str, Any], dashboard: str | None, files: RunDirectory, num_ps: int,

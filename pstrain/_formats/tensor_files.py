@@ -104,12 +104,12 @@ def open_directory(path: str, root: str | None = None) -> int:
     return fd
 
 
-def write_atomically(path: str, write: Callable[[BinaryIO], None], *, overwrite: bool = True,
-                     root: str | None = None) -> int:
+def write_atomically(path: str, write: Callable[[BinaryIO], object], *, overwrite: bool = True,
+                     root: str | None = None, mode: int = 0o644) -> int:
     """``write(f)`` into a new file, then give it the name ``path``: nobody ever sees a
     partial file, and no path is opened twice. Returns the file's size.
 
-    The file is created exclusively (``O_EXCL | O_NOFOLLOW``) under an unpredictable name
+    The file is created exclusively (``O_EXCL | O_NOFOLLOW``, with ``mode``) under an unpredictable name
     relative to a descriptor of its directory (:func:`open_directory`), written and
     fsynced through its own descriptor, then renamed over ``path`` or, with
     ``overwrite=False``, linked to it (refused if ``path`` exists), and the directory is
@@ -122,7 +122,7 @@ def write_atomically(path: str, write: Callable[[BinaryIO], None], *, overwrite:
     tmp = f".{base}.{secrets.token_hex(8)}.tmp"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o644, dir_fd=dir_fd)
+                     mode, dir_fd=dir_fd)
         try:
             with os.fdopen(fd, "wb", closefd=False) as f:
                 write(f)
