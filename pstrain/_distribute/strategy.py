@@ -47,7 +47,7 @@ class _Coordinator(Protocol):
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ParameterServerStrategy", "StrategyExtended"]  # StrategyExtended: extended.py
+__all__ = ["ParameterServerStrategy"]
 
 _USAGE_WARNING = (
     "A `ParameterServerStrategy` method (%s) is invoked without using "
