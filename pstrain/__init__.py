@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
     "Checkpoint": "_checkpoint.checkpoint",
-    "CheckpointManager": "_checkpoint.checkpoint",
+    "CheckpointManager": "_checkpoint.manager",
     "ClusterCoordinator": "_coordinator.coordinator",
     "ClusterResolver": "_base.resolvers",
     "ClusterSpec": "_base.cluster",
@@ -111,10 +111,12 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above 
     from ._checkpoint.checkpoint import (
         Checkpoint as Checkpoint,
         CheckpointLoadStatus as CheckpointLoadStatus,
-        CheckpointManager as CheckpointManager,
     )
     from ._checkpoint.evaluator import (
         SidecarEvaluator as SidecarEvaluator,
+    )
+    from ._checkpoint.manager import (
+        CheckpointManager as CheckpointManager,
     )
     from ._coordinator.coordinator import (
         ClusterCoordinator as ClusterCoordinator,

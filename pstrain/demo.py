@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from . import dashboard
-from ._checkpoint.checkpoint import Checkpoint, CheckpointManager
+from ._checkpoint.checkpoint import Checkpoint
+from ._checkpoint.manager import CheckpointManager
 from ._coordinator.coordinator import ClusterCoordinator
 from ._distribute.strategy import ParameterServerStrategy
 from ._training import summary

@@ -14,6 +14,7 @@
     ├── AuthenticationError     (also PermissionError)  missing or wrong token
     ├── ProtocolError                                   malformed or oversized message
     ├── OutOfRangeError                                 an iterator ran out (TF's name)
+    ├── FailedPreconditionError                         the state does not allow it now
     └── DeadlineExceededError   (also TimeoutError)     no answer in time
 
 Where a meaning matches a builtin the class also derives from it, so callers
@@ -39,6 +40,7 @@ __all__ = [
     "ClosureInputError",
     "DeadlineExceededError",
     "DrainingError",
+    "FailedPreconditionError",
     "InvalidArgumentError",
     "NotFoundError",
     "OutOfRangeError",
@@ -176,6 +178,13 @@ class OutOfRangeError(PstrainError):
     http_status = 400
 
 
+class FailedPreconditionError(PstrainError):
+    """The system is not in the state the operation needs (TF's name): for example a delta
+    checkpoint asked of a ps that restarted since the save it would extend."""
+
+    http_status = 412
+
+
 class DeadlineExceededError(PstrainError, TimeoutError):
     """No answer arrived within the deadline."""
 
@@ -187,7 +196,7 @@ _BY_NAME: dict[str, type[PstrainError]] = {
     for cls in (PstrainError, UnavailableError, DrainingError, CancelledError, ClosureInputError,
                 ClosureAbortedError, InvalidArgumentError, NotFoundError,
                 AlreadyExistsError, AuthenticationError, ProtocolError,
-                OutOfRangeError, DeadlineExceededError)
+                OutOfRangeError, FailedPreconditionError, DeadlineExceededError)
 }
 
 

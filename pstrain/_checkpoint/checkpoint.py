@@ -54,10 +54,8 @@ from __future__ import annotations
 
 import asyncio
 import glob
-import hashlib
 import logging
 import os
-import re
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -65,17 +63,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._base.context import current_channels
-from .._base.errors import AlreadyExistsError, InvalidArgumentError
+from .._base.errors import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError
 from .._base.exports import expose
 from .._formats.checkpoint_files import INDEX, CheckpointReader, write_index
-from .._formats.operations import ListVariables, SaveCheckpoint
+from .._formats.checkpoint_operations import SaveCheckpoint
+from .._formats.delta_files import split_delta
+from .._formats.operations import ListVariables
 from .._formats.records import VariableInfo
 from .._formats.tensor_files import write_tensors
 from .._variables.batched import ensure_created
 from .._variables.dynamic import DynamicEmbedding
 from .._variables.placement import Placement
 from .._variables.variables import Variable
-from . import kept
+from .deltas import Chain, directory_seq, ps_channels, table_tag, take_marks, write_delta
 from .object_graph import Entry, Graph, check_trackable, slot_key, walk
 from .restore_status import CheckpointLoadStatus, targets
 
@@ -84,7 +84,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Checkpoint", "CheckpointLoadStatus", "CheckpointManager", "load_variables", "recent_saves"]
+__all__ = ["Checkpoint", "CheckpointLoadStatus", "load_variables", "recent_saves"]
 
 
 class Checkpoint:
@@ -92,12 +92,14 @@ class Checkpoint:
 
     _objects: dict[str, Any]
     _status: CheckpointLoadStatus | None
+    _chain: Chain | None  # what the next delta extends (deltas.py)
     #: Saves made by :meth:`save` (restored from the checkpoint's index, as TF's counter).
     save_counter: int
 
     def __init__(self, root: Any = None, **objects: Any) -> None:
         object.__setattr__(self, "_objects", {})
         object.__setattr__(self, "_status", None)
+        object.__setattr__(self, "_chain", None)
         object.__setattr__(self, "save_counter", 0)
         if root is not None:
             objects = {"root": root, **objects}
@@ -157,10 +159,10 @@ class Checkpoint:
             raise AlreadyExistsError(f"checkpoint {prefix} exists; a checkpoint is never written "
                                      "over (save to another path)")
         _clear_unfinished(prefix)
-        graph = walk(self._objects)
-        entries = dict(graph.entries)
-        await ensure_created(p for e in entries.values() for p in e.parts)
-        entries.update(await self._slot_entries(graph))
+        graph, entries = await self._entries()
+        marks = await take_marks(ps_channels(entries, graph.tables))  # before: nothing missed
+        chain = self._chain
+        seq = max(directory_seq(os.path.dirname(prefix)), chain.seq if chain else 0) + 1
         by_ps: dict[Channel, tuple[int, dict[str, str]]] = {}
         local: dict[str, np.ndarray] = {}
         index_vars: dict[str, Any] = {}
@@ -187,7 +189,7 @@ class Checkpoint:
         index_tables: dict[str, Any] = {}
 
         async def save_table(path: str, table: DynamicEmbedding) -> None:
-            tag = hashlib.blake2b(path.encode(), digest_size=6).hexdigest()
+            tag = table_tag(path)
             files = [f"{base}.ps{ps}.table-{tag}.safetensors" for ps in range(table.num_ps)]
             slots = _table_slots(graph)  # by optimizer path, as the variables' slots
             sizes = await asyncio.gather(*(table.save_shard(ps, os.path.join(os.path.dirname(prefix), f),
@@ -200,11 +202,42 @@ class Checkpoint:
         if local:
             await asyncio.get_running_loop().run_in_executor(
                 None, write_tensors, f"{prefix}.local.safetensors", local)
-        write_index(prefix, index_vars, self.save_counter, index_tables)
+        write_index(prefix, index_vars, self.save_counter, index_tables, seq)
+        object.__setattr__(self, "_chain", Chain(prefix, 0, seq, marks))
         _SAVED.append({"path": prefix, "time": time.time(), "values": len(index_vars),
                        "tables": len(index_tables)})
         logger.info("saved checkpoint %s (%d values)", prefix, len(index_vars))
         return prefix
+
+    async def _entries(self) -> tuple[Graph, dict[str, Entry]]:
+        """The tracked values now (created first), with their optimizers' slots."""
+        graph = walk(self._objects)
+        entries = dict(graph.entries)
+        await ensure_created(p for e in entries.values() for p in e.parts)
+        entries.update(await self._slot_entries(graph))
+        return graph, entries
+
+    async def write_delta(self) -> str:
+        """Write what changed since the last save or delta of this checkpoint's chain as the
+        chain's next delta (``<base>.delta-<K>``); returns its path. The last full save or
+        restore by this object is the base. FailedPreconditionError if there is none, or a
+        ps cannot give its changes (it restarted): write a full checkpoint then."""
+        chain = self._chain
+        if chain is None:
+            raise FailedPreconditionError("a delta extends a full checkpoint written or restored "
+                                          "by this Checkpoint, and there is none yet: save first")
+        graph, entries = await self._entries()
+        path, new = await write_delta(chain, entries, graph.tables, _table_slots(graph))
+        if self._chain is chain:  # not superseded meanwhile by a full save or a restore
+            object.__setattr__(self, "_chain", new)
+        _SAVED.append({"path": path, "time": time.time(), "values": len(entries),
+                       "tables": len(graph.tables)})
+        return path
+
+    @property
+    def chain_base(self) -> str | None:
+        """The full checkpoint the next delta extends (None: no save or restore yet)."""
+        return self._chain.base if self._chain else None
 
     # -- restore -------------------------------------------------------------------------------
     async def restore(self, save_path: str | None) -> CheckpointLoadStatus:
@@ -230,7 +263,12 @@ class Checkpoint:
         await status.restore_now(targets(graph, reader.variables, graph.entries, {}))
         for path, table in tables:
             files = [os.path.join(reader.base, f) for f in reader.tables[path]["files"]]
-            await table.restore_from(files, {v: k for k, v in _table_slots(graph).items()})
+            await table.restore_from(files, {v: k for k, v in _table_slots(graph).items()},
+                                     reader.table_deltas(path))
+        split = split_delta(os.path.abspath(save_path))
+        base, number = split if split else (os.path.abspath(save_path), 0)
+        marks = await take_marks(ps_channels(graph.entries, graph.tables))  # after: restored
+        object.__setattr__(self, "_chain", Chain(base, number, reader.seq, marks))
         status.watch(graph.modules)
         old = self._status
         if old is not None:
@@ -320,69 +358,6 @@ def load_variables(path: str) -> dict[str, np.ndarray]:
         for key, array in reader.read_table(name).items():
             out[f"{name}/{key}"] = array
     return out
-
-
-class CheckpointManager:
-    """Numbered checkpoints ``<directory>/<checkpoint_name>-<N>`` keeping the last ``max_to_keep``."""
-
-    def __init__(self, checkpoint: Checkpoint, directory: str, max_to_keep: int | None = 5,
-                 checkpoint_name: str = "ckpt") -> None:
-        if max_to_keep is not None and max_to_keep < 1:
-            raise InvalidArgumentError("max_to_keep must be positive (or None to keep all)")
-        self.checkpoint = checkpoint
-        self.directory = os.path.abspath(directory)
-        self.max_to_keep = max_to_keep
-        self.checkpoint_name = checkpoint_name
-        self._pattern = re.compile(re.escape(checkpoint_name) + r"-(\d+)" + re.escape(INDEX) + "$")
-        kept.track(self)  # Ctrl-C says which checkpoint was kept
-
-    def _numbers(self) -> list[int]:
-        found = []
-        for path in glob.glob(os.path.join(glob.escape(self.directory), f"{self.checkpoint_name}-*{INDEX}")):
-            m = self._pattern.search(os.path.basename(path))
-            if m:
-                found.append(int(m.group(1)))
-        return sorted(found)
-
-    def _path(self, number: int) -> str:
-        return os.path.join(self.directory, f"{self.checkpoint_name}-{number}")
-
-    @property
-    def checkpoints(self) -> list[str]:
-        """The complete checkpoints kept, oldest first."""
-        return [self._path(n) for n in self._numbers()]
-
-    @property
-    def latest_checkpoint(self) -> str | None:
-        numbers = self._numbers()
-        return self._path(numbers[-1]) if numbers else None
-
-    async def save(self, checkpoint_number: int | None = None) -> str:
-        """Save the next checkpoint (or number ``checkpoint_number``) and drop old ones."""
-        numbers = self._numbers()
-        number = checkpoint_number if checkpoint_number is not None else (numbers[-1] + 1 if numbers else 1)
-        self.checkpoint.save_counter = max(self.checkpoint.save_counter, number)
-        path = await self.checkpoint.write(self._path(number))
-        if self.max_to_keep is not None:
-            for old in self._numbers()[:-self.max_to_keep]:
-                self._delete(old)
-        return path
-
-    def _delete(self, number: int) -> None:
-        prefix = self._path(number)
-        os.remove(prefix + INDEX)  # first: the checkpoint stops being visible
-        for path in glob.glob(glob.escape(prefix) + ".*"):
-            try:
-                os.remove(path)
-            except FileNotFoundError:
-                pass
-
-    async def restore_or_initialize(self) -> str | None:
-        """Restore the latest checkpoint if there is one; returns its path, else None."""
-        latest = self.latest_checkpoint
-        if latest is not None:
-            await self.checkpoint.restore(latest)
-        return latest
 
 
 expose(globals(), "pstrain.checkpoint")

@@ -33,7 +33,8 @@ import numpy as np
 
 from .._base.errors import InvalidArgumentError, NotFoundError
 from .._base.exports import expose
-from .checkpoint import CheckpointManager, load_variables
+from .checkpoint import load_variables
+from .manager import CheckpointManager
 
 logger = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ import numpy as np
 
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
-from .._formats.checkpoint_files import CheckpointReader, sources
-from .._formats.operations import AbortRestore, CommitRestore, RestoreCheckpoint, RestoreSpec
+from .._formats.checkpoint_files import CheckpointReader
+from .._formats.checkpoint_operations import AbortRestore, CommitRestore, RestoreCheckpoint, RestoreSpec
 from .._formats.tensor_files import read_rows
 from .._training.module import Module, unwatch_attributes, watch_attributes
 from .._variables.batched import ensure_created
@@ -198,7 +198,7 @@ class CheckpointLoadStatus:
 
     def _pieces(
         self, targets: list[_Target]
-    ) -> Iterator[tuple[Variable, list[list[Any]], dict[str, Any] | None]]:
+    ) -> Iterator[tuple[Variable, list[list[list[Any]]], dict[str, Any] | None]]:
         """For each part receiving a target: the variable part (the slot's variable, for a
         slot), the checkpoint rows it takes, and the ``ckpt/restore`` entry for its ps
         (None for a local variable)."""
@@ -208,25 +208,27 @@ class CheckpointLoadStatus:
             _check(self._reader.path, target, meta)
             e = target.entry
             for i, (name, part) in enumerate(zip(target.names, e.parts)):
-                rows = sources(meta, self._reader.base, e.offsets[i], e.offsets[i + 1], not e.shape)
+                rows, patches = self._reader.rows_of(target.key, e.offsets[i], e.offsets[i + 1],
+                                                     not e.shape)
                 if part.ps_index is None:
                     if target.slot:
                         raise InvalidArgumentError(
                             f"{target.key!r} is an optimizer slot of a local variable ({e.name!r}); "
                             "slots live on the ps, so the variable must be created in strategy.scope()")
-                    yield part, rows, None
+                    yield part, [rows, patches], None
                     continue
                 role = ({"trainable": False, "slot_of": part.key} if target.slot
                         else {"trainable": part.trainable})
-                yield part, rows, {"name": name, "dtype": e.dtype.str, "shape": list(part.shape), **role,
-                                   "sources": rows}
+                yield part, [rows, patches], {"name": name, "dtype": e.dtype.str,
+                                              "shape": list(part.shape), **role, "sources": rows,
+                                              "patches": patches}
 
     def restore_deferred(self, targets: list[_Target]) -> None:
         """Queue ``targets`` with their placements' next creations (variables not yet, or
         just, created) or write them at once (local variables)."""
         for part, rows, entry in self._pieces(targets):
             if entry is None:
-                part.restore_local(read_rows(part.shape, part.dtype, rows))
+                part.restore_local(read_rows(part.shape, part.dtype, *rows))
                 continue
             placement, ps = part.creator, part.ps_index
             if not isinstance(placement, Placement) or ps is None:
@@ -244,7 +246,7 @@ class CheckpointLoadStatus:
         local: list[tuple[Variable, np.ndarray]] = []
         for part, rows, entry in self._pieces(targets):
             if entry is None:
-                local.append((part, read_rows(part.shape, part.dtype, rows)))
+                local.append((part, read_rows(part.shape, part.dtype, *rows)))
             else:
                 by_ps.setdefault(part.channel(), []).append(entry)
         await _restore_all_or_nothing(by_ps)

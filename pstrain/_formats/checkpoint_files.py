@@ -32,6 +32,7 @@ import msgspec
 import numpy as np
 
 from .._base.errors import InvalidArgumentError, NotFoundError
+from .delta_files import delta_prefix, read_delta_index, read_table_state, split_delta
 from .tensor_files import read_rows, write_atomically
 
 __all__ = ["FORMAT", "INDEX", "CheckpointReader", "index_path", "read_index", "sources",
@@ -77,6 +78,8 @@ class _Index(msgspec.Struct, forbid_unknown_fields=True):
     variables: dict[str, _Variable]
     save_counter: Annotated[int, msgspec.Meta(ge=0)] = 0
     tables: dict[str, _Table] = {}
+    #: this save's version among the directory's saves, full and delta (the serving feed's)
+    seq: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 def _file_size(base: str, file: str, sizes: dict[str, int]) -> int:
@@ -169,14 +172,14 @@ def read_index(path: str) -> dict[str, Any]:
 
 
 def write_index(prefix: str, variables: dict[str, Any], save_counter: int = 0,
-                tables: dict[str, Any] | None = None) -> None:
+                tables: dict[str, Any] | None = None, seq: int = 0) -> None:
     """Write the index of checkpoint ``prefix`` atomically (temp file, fsync, rename)."""
     path = index_path(prefix)
 
     def write(f: BinaryIO) -> None:
         f.write(json.dumps({"format": FORMAT, "version": VERSION, "save_counter": save_counter,
-                            "variables": variables, **({"tables": tables} if tables else {})},
-                           indent=1).encode())
+                            "seq": seq, "variables": variables,
+                            **({"tables": tables} if tables else {})}, indent=1).encode())
 
     write_atomically(path, write)
 
@@ -198,12 +201,27 @@ def sources(saved: dict[str, Any], base: str, start: int, stop: int, scalar: boo
 
 
 class CheckpointReader:
-    """One checkpoint: its index read and checked once, its variables read when asked."""
+    """One checkpoint: its index read and checked once, its variables read when asked.
+
+    ``path`` may name a delta (``<base>.delta-<K>``, ``delta_files.py``): the reader then
+    gives the state of the base with deltas 1..K applied, in order."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.index = read_index(path)
         self.base = checkpoint_dir(path)
+        split = split_delta(os.path.abspath(path.removesuffix(INDEX)))
+        self.deltas: list[dict[str, Any]] = []
+        if split is None:
+            self.index = read_index(path)
+            return
+        base, number = split
+        self.index = read_index(base)
+        for k in range(1, number + 1):
+            delta = read_delta_index(delta_prefix(base, k))
+            if delta["base"] != os.path.basename(base) or delta["delta"] != k:
+                raise InvalidArgumentError(f"delta {delta_prefix(base, k)} names base "
+                                           f"{delta['base']!r} and number {delta['delta']}")
+            self.deltas.append(delta)
 
     @property
     def keyed_by(self) -> str:
@@ -215,9 +233,23 @@ class CheckpointReader:
         return int(self.index.get("save_counter", 0))
 
     @property
+    def seq(self) -> int:
+        """The version of the state read: its last save's (full or delta)."""
+        return int((self.deltas[-1] if self.deltas else self.index).get("seq", 0))
+
+    @property
     def variables(self) -> dict[str, Any]:
-        """The index's entry of each variable, by path (by name in format 1)."""
-        variables: dict[str, Any] = self.index["variables"]
+        """The index's entry of each variable, by path (by name in format 1); a variable
+        created after the base has the entry of the first delta that holds it whole."""
+        variables: dict[str, Any] = dict(self.index["variables"])
+        for k, delta in enumerate(self.deltas, 1):
+            for name, meta in delta["variables"].items():
+                parts = meta["parts"]
+                if name in variables or not parts or not all(p["whole"] for p in parts):
+                    continue
+                variables[name] = {**meta, "from_delta": k, "parts": [
+                    {"file": p["file"], "key": f"v:{p['key']}:rows", "offset": p["offset"],
+                     "rows": p["rows"]} for p in parts]}
         return variables
 
     @property
@@ -226,23 +258,42 @@ class CheckpointReader:
         tables: dict[str, Any] = self.index.get("tables", {})
         return tables
 
+    def table_deltas(self, path: str) -> list[list[tuple[str, str]]]:
+        """Each delta's ``(file, key prefix)`` pairs of table ``path``, oldest first."""
+        return [[(os.path.join(self.base, f), d["tables"][path]["prefix"] + ":")
+                 for f in d["tables"][path]["files"]] for d in self.deltas if path in d["tables"]]
+
+    def rows_of(self, name: str, start: int, stop: int, scalar: bool
+                ) -> tuple[list[list[Any]], list[list[Any]]]:
+        """Rows ``[start, stop)`` of variable ``name``: the sources (``read_rows``'s) and
+        the deltas' patches that follow them."""
+        meta = self.variables[name]
+        rows = sources(meta, self.base, start, stop, scalar)
+        patches = []
+        for delta in self.deltas[meta.get("from_delta", 0):]:
+            saved = delta["variables"].get(name)
+            if saved is None:
+                continue
+            if saved["shape"] != meta["shape"] or saved["dtype"] != meta["dtype"]:
+                raise InvalidArgumentError(
+                    f"delta {delta['delta']} of {self.path}: {name!r} is {saved['shape']} "
+                    f"{saved['dtype']}, the checkpoint's {meta['shape']} {meta['dtype']}")
+            for p in saved["parts"]:
+                lo, hi = p["offset"], p["offset"] + p["rows"]
+                if scalar or (lo < stop and hi > start):
+                    patches.append([os.path.join(self.base, p["file"]), f"v:{p['key']}:rows",
+                                    None if scalar else f"v:{p['key']}:idx", lo - start])
+        return rows, patches
+
     def read_table(self, path: str) -> dict[str, np.ndarray]:
         """A saved dynamic table whole: ``ids`` (ascending), ``rows`` and ``slot:<key>`` arrays."""
-        from safetensors import safe_open
-
         meta = self.tables[path]
-        parts: dict[str, list[np.ndarray]] = {}
-        for file in meta["files"]:
-            with safe_open(os.path.join(self.base, file), "np") as f:
-                for key in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                    if not key.startswith("init:"):
-                        parts.setdefault(key, []).append(f.get_tensor(key))
-        out = {k: np.concatenate(v) for k, v in parts.items()}
-        live = out.pop("live", None)
-        if live is not None:  # rows handed out and evicted since are not the table's
-            out = {k: v[live] for k, v in out.items()}
-        order = np.argsort(out["ids"], kind="stable")
-        return {k: v[order] for k, v in out.items()}
+        ids, rows, slots, _ = read_table_state(
+            [os.path.join(self.base, f) for f in meta["files"]], self.table_deltas(path), 0, 1,
+            int(meta["dim"]), np.dtype(meta["dtype"]))
+        order = np.argsort(ids, kind="stable")
+        return {"ids": ids[order], "rows": rows[order],
+                **{f"slot:{k}": v[order] for k, v in slots.items()}}
 
     def read(self, name: str) -> np.ndarray | None:
         """Variable ``name`` as a full array (None if the checkpoint does not have it)."""
@@ -251,4 +302,4 @@ class CheckpointReader:
             return None
         shape = tuple(meta["shape"])
         return read_rows(shape, np.dtype(meta["dtype"]),
-                         sources(meta, self.base, 0, shape[0] if shape else 1, not shape))
+                         *self.rows_of(name, 0, shape[0] if shape else 1, not shape))

@@ -34,11 +34,9 @@ from .records import (
     Operation,
     OptimizerRule,
     Owner,
-    Path,
     Record,
     ResourceReply,
     ResultsReply,
-    SaveReply,
     Shape,
     Step,
     StepReply,
@@ -231,68 +229,6 @@ class ExportTable(Operation, tag="dyn/export"):
     name: Name
 
 
-class SaveTable(Operation, tag="dyn/save"):
-    reply = SaveReply
-    name: Name
-    path: Path
-    #: slot key on the ps (``<optimizer name>/<slot>``) -> its key in the file; others are
-    #: not saved. None: every slot, under its own key.
-    slots: dict[Name, Name] | None = None
-
-
-class RestoreTable(Operation, tag="dyn/restore"):
-    """Rows of the ids this ps holds (``shard_of(id, num_shards) == shard``), gathered
-    from every listed file of a saved table."""
-
-    reply = CountReply
-    name: Name
-    config: TableSpec
-    paths: Annotated[list[Path], msgspec.Meta(min_length=1, max_length=1 << 12)]
-    shard: Annotated[int, msgspec.Meta(ge=0)]
-    num_shards: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)]
-    owner: Owner | None = None
-    #: slot key in the file -> slot key on the ps; others are dropped. None: as saved.
-    slots: dict[Name, Name] | None = None
-
-
-# -- the parameter server: checkpoints ---------------------------------------------------------------
-class SaveCheckpoint(Operation, tag="ckpt/save"):
-    reply = SaveReply
-    path: Path
-    tensors: dict[Name, Name]
-
-
-Source = tuple[Path, Name, Count | None, Count | None, Count | None]
-
-
-class RestoreSpec(Record):
-    name: Name
-    dtype: DType
-    shape: Shape
-    sources: Annotated[list[Source], msgspec.Meta(min_length=1, max_length=1 << 16)]
-    trainable: bool = True
-    slot_of: Name | None = None  # an optimizer slot: the variable it belongs to
-
-
-class RestoreCheckpoint(Operation, tag="ckpt/restore"):
-    reply = CountReply
-    vars: Annotated[list[RestoreSpec], msgspec.Meta(max_length=1 << 16)]
-    stage: Annotated[str, msgspec.Meta(max_length=64)] | None = None
-
-
-StageId = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
-
-
-class CommitRestore(Operation, tag="ckpt/commit"):
-    reply = CountReply
-    stage: StageId
-
-
-class AbortRestore(Operation, tag="ckpt/abort"):
-    reply = CountReply
-    stage: StageId
-
-
 # -- the worker ---------------------------------------------------------------------------------------
 Incarnation = Annotated[str, msgspec.Meta(max_length=64)]
 
@@ -367,6 +303,9 @@ class Join(Operation, tag="coordinator/join"):
 
 class Membership(Operation, tag="coordinator/membership"):
     reply = MembershipReply
+
+
+from . import checkpoint_operations  # noqa: E402, F401 - declares the ckpt/*, delta/* ops
 
 
 def _operations(base: type[Operation]) -> dict[str, type[Operation]]:

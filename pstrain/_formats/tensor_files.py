@@ -194,8 +194,12 @@ def _read_into(f: Any, at: int, out: np.ndarray) -> None:
         got += n
 
 
-def read_rows(shape: tuple[int, ...], dtype: np.dtype, parts: list[list[Any]]) -> np.ndarray:
-    """Assemble an array from ``[file, key, src_start, src_stop, dst_start]`` row ranges.
+def read_rows(shape: tuple[int, ...], dtype: np.dtype, parts: list[list[Any]],
+              patches: Sequence[Sequence[Any]] = ()) -> np.ndarray:
+    """Assemble an array from ``[file, key, src_start, src_stop, dst_start]`` row ranges,
+    then put in each patch ``[file, rows key, idx key or None, shift]`` in order (a delta
+    checkpoint's rows: row ``idx[i] + shift``, where it falls in the array, becomes
+    ``rows[i]``; no idx key: the whole value).
 
     Reads go straight into the result (the header is parsed and checked here: safetensors'
     own reader copies out of a memory map, measured at about 60 % of a plain read); only
@@ -229,4 +233,39 @@ def read_rows(shape: tuple[int, ...], dtype: np.dtype, parts: list[list[Any]]) -
     expected = shape[0] if len(shape) else 1
     if filled != expected:
         raise InvalidArgumentError(f"checkpoint sources cover {filled} of {expected} rows")
+    for path, rows_key, idx_key, shift in patches:
+        _patch(out, path, rows_key, idx_key, int(shift))
     return out
+
+
+def read_tensor(path: str, key: str) -> np.ndarray:
+    """Tensor ``key`` of safetensors file ``path`` whole (its size checked against the file's
+    before anything is allocated)."""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            at, dtype, shape = _tensor_location(f, path, key)
+            out = np.empty(shape, dtype)
+            _read_into(f, at, out)
+            return out
+    except FileNotFoundError as exc:
+        raise NotFoundError(f"checkpoint file {path} not found") from exc
+
+
+def _patch(out: np.ndarray, path: str, rows_key: str, idx_key: str | None, shift: int) -> None:
+    rows = read_tensor(path, rows_key)
+    if rows.dtype != out.dtype:
+        raise InvalidArgumentError(f"{rows_key!r} in {path} is {rows.dtype}, expected {out.dtype}")
+    if idx_key is None:
+        if rows.size != out.size:
+            raise InvalidArgumentError(f"{rows_key!r} in {path} has shape {rows.shape}, expected "
+                                       f"{out.shape}")
+        out[...] = rows.reshape(out.shape)
+        return
+    idx = read_tensor(path, idx_key)
+    if idx.dtype != np.int64 or idx.ndim != 1 or not out.ndim or \
+            rows.shape != (idx.size, *out.shape[1:]):
+        raise InvalidArgumentError(f"{idx_key!r} and {rows_key!r} in {path} ({idx.dtype} "
+                                   f"{idx.shape}, {rows.shape}) are not rows of {out.shape}")
+    dst = idx + shift
+    inside = (dst >= 0) & (dst < out.shape[0])
+    out[dst[inside]] = rows[inside]

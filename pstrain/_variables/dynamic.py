@@ -29,14 +29,13 @@ import numpy as np
 from .._base.context import current_channels
 from .._base.errors import InvalidArgumentError, NotFoundError
 from .._base.exports import expose
+from .._formats.checkpoint_operations import RestoreTable, SaveTable
 from .._formats.idhash import shard_of
 from .._formats.initializers import Constant, Initializer, RandomUniform, Zeros
 from .._formats.operations import (
     CreateTable,
     ExportTable,
     LookupTable,
-    RestoreTable,
-    SaveTable,
     TableStatistics,
 )
 from .._formats.records import Operation, TableSpec, validate
@@ -242,13 +241,16 @@ class DynamicEmbedding:
         await self._request(ps, SaveTable(name=self.key, path=path, slots=slots))
         return int((await self._request(ps, TableStatistics(name=self.key)))["rows"])
 
-    async def restore_from(self, files: list[str], slots: dict[str, str] | None = None) -> int:
+    async def restore_from(self, files: list[str], slots: dict[str, str] | None = None,
+                           deltas: list[list[tuple[str, str]]] | None = None) -> int:
         """Replace every shard with the rows saved in ``files`` (all shards of one save, from
-        any number of ps): each ps keeps the ids that hash to it now. ``slots``: saved slot
-        key -> this table's slot key (``<optimizer name>/<slot>``). Returns rows restored."""
+        any number of ps), then each delta of ``deltas`` (``(file, key prefix)`` pairs) in
+        order: each ps keeps the ids that hash to it now. ``slots``: saved slot key -> this
+        table's slot key (``<optimizer name>/<slot>``). Returns rows restored."""
         replies = await asyncio.gather(*(self.channel(ps).request(RestoreTable(
             name=self.key, config=TableSpec(**self.shard_config(ps)), owner=self.owner,
-            paths=files, shard=ps, num_shards=self.num_ps, slots=slots))
+            paths=files, shard=ps, num_shards=self.num_ps, slots=slots,
+            deltas=[list(d) for d in deltas or []]))
             for ps in range(self.num_ps)))
         loop = id(asyncio.get_running_loop())
         self.created_on.update((loop, ps) for ps in range(self.num_ps))

@@ -46,15 +46,9 @@ import numpy as np
 from .._base.context import current_channels
 from .._base.errors import InvalidArgumentError, UnavailableError
 from .._base.tasks import TaskOwner
+from .._formats.checkpoint_operations import CommitRestore, RestoreCheckpoint, RestoreSpec
 from .._formats.initializers import Initializer
-from .._formats.operations import (
-    CREATE_CHUNK_BYTES,
-    CommitRestore,
-    CreateVariables,
-    RestoreCheckpoint,
-    RestoreSpec,
-    VariableSpec,
-)
+from .._formats.operations import CREATE_CHUNK_BYTES, CreateVariables, VariableSpec
 from .._transport.rpc import ChannelPool
 from .arrays import VariableBase, creator_scope, initial_value_array
 from .sharding import ShardedVariable, plan_parts

@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from ..._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
-from ..._formats.idhash import shard_of
-from ..._formats.operations import RestoreCheckpoint, RestoreSpec, SaveCheckpoint
+from ..._formats.checkpoint_operations import RestoreCheckpoint, RestoreSpec, SaveCheckpoint
+from ..._formats.delta_files import TableState, read_table_state
 from ..._formats.tensor_files import SAFETENSORS_DTYPES, read_rows, write_streaming
 from .store import VariableStore
 
@@ -128,68 +128,24 @@ class CheckpointFiles:
         return {"path": path, "bytes": size}
 
     async def read_table_rows(self, paths: list[str], shard: int, num_shards: int, dim: int,
-                              dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray],
-                                                        dict[str, float]]:
+                              dtype: np.dtype, deltas: list[list[tuple[str, str]]] | None = None
+                              ) -> TableState:
         """The ids, rows and slots of a saved dynamic table that shard ``shard`` of
         ``num_shards`` holds, gathered from every file of the save (the table may have been
-        saved from another number of ps)."""
+        saved from another number of ps), then each delta of ``deltas`` (its ``(file,
+        prefix)`` pairs) applied in order: its removed ids dropped, its rows put in."""
         real = [self.confine(p, "dyn/restore: file") for p in paths]
+        real_deltas = [[(self.confine(p, "dyn/restore: delta file"), prefix) for p, prefix in delta]
+                       for delta in deltas or []]
 
-        def read() -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], dict[str, float]]:
-            from safetensors import SafetensorError, safe_open
-
-            ids_parts, row_parts = [], []
-            slot_parts: dict[str, list[np.ndarray]] = {}
-            slot_init: dict[str, float] = {}
-            for path in real:
-                try:
-                    with safe_open(path, "np") as f:
-                        keys = set(f.keys())
-                        if not {"ids", "rows"} <= keys:
-                            raise InvalidArgumentError(f"dyn/restore: {path} is not a saved "
-                                                       "dynamic table (no ids and rows)")
-                        ids = f.get_tensor("ids")
-                        if ids.dtype != np.int64 or ids.ndim != 1:
-                            raise InvalidArgumentError(f"dyn/restore: ids in {path} are not 1-D int64")
-                        mine = shard_of(ids, num_shards) == shard
-                        if "live" in keys:  # rows handed out and evicted since are not the table's
-                            live = f.get_tensor("live")
-                            if live.dtype != np.bool_ or live.shape != ids.shape:
-                                raise InvalidArgumentError(f"dyn/restore: live in {path} is "
-                                                           f"{live.dtype} {live.shape}")
-                            mine &= live
-                        rows = f.get_tensor("rows")
-                        if rows.shape != (ids.size, dim):
-                            raise InvalidArgumentError(f"dyn/restore: rows in {path} are "
-                                                       f"{rows.shape}, expected ({ids.size}, {dim})")
-                        ids_parts.append(ids[mine])
-                        row_parts.append(rows[mine].astype(dtype, copy=False))
-                        for key in sorted(keys):
-                            if key.startswith("slot:"):
-                                arr = f.get_tensor(key)
-                                if arr.shape != rows.shape:
-                                    raise InvalidArgumentError(f"dyn/restore: {key} in {path} is "
-                                                               f"{arr.shape}, its rows {rows.shape}")
-                                slot_parts.setdefault(key[5:], []).append(arr[mine].astype(dtype, copy=False))
-                            elif key.startswith("init:"):
-                                slot_init[key[5:]] = float(f.get_tensor(key).reshape(-1)[0])
-                except (OSError, SafetensorError) as exc:
-                    raise InvalidArgumentError(f"dyn/restore: cannot read {path}: {exc}") from exc
-            ids = np.concatenate(ids_parts) if ids_parts else np.empty(0, np.int64)
-            if np.unique(ids).size != ids.size:
-                raise InvalidArgumentError("dyn/restore: an id appears in two saved shards")
-            rows = np.concatenate(row_parts) if row_parts else np.empty((0, dim), dtype)
-            slots = {k: np.concatenate(v) for k, v in slot_parts.items()}
-            if any(v.shape != rows.shape for v in slots.values()):
-                raise InvalidArgumentError("dyn/restore: a slot is missing from some saved shard")
-            if set(slots) - set(slot_init):
-                raise InvalidArgumentError("dyn/restore: a slot's initial value was not saved")
-            return ids, rows, slots, slot_init
+        def read() -> TableState:
+            return read_table_state(real, real_deltas, shard, num_shards, dim, dtype)
 
         return await asyncio.get_running_loop().run_in_executor(None, read)
 
     # -- restore -----------------------------------------------------------------------------------
-    def _check_sources(self, spec: RestoreSpec) -> tuple[tuple[int, ...], np.dtype, list[list[Any]]]:
+    def _check_sources(self, spec: RestoreSpec) -> tuple[tuple[int, ...], np.dtype, list[list[Any]],
+                                                         list[list[Any]]]:
         where = f"ckpt/restore {spec.name!r}"
         try:
             dtype = np.dtype(spec.dtype)
@@ -228,7 +184,9 @@ class CheckpointFiles:
             pos = hi
         if pos != rows:
             raise InvalidArgumentError(f"{where}: the sources cover {pos} of {rows} rows")
-        return shape, dtype, sources
+        patches = [[self.confine(file, f"{where}: delta file"), rows_key, idx_key, shift]
+                   for file, rows_key, idx_key, shift in spec.patches]
+        return shape, dtype, sources, patches
 
     async def restore(self, req: RestoreCheckpoint) -> dict[str, Any]:
         checked = [(spec, *self._check_sources(spec)) for spec in req.vars]  # all, before any read
@@ -236,7 +194,7 @@ class CheckpointFiles:
         if len(set(names)) != len(names):
             raise InvalidArgumentError("ckpt/restore: a variable is named twice")
         if self.max_store_bytes is not None:  # read values sit beside the live ones until commit
-            adding = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype, _ in checked)
+            adding = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype, *_ in checked)
             held = self.store.nbytes + self.staged_bytes()
             if held + adding > self.max_store_bytes:
                 raise InvalidArgumentError(
@@ -245,8 +203,8 @@ class CheckpointFiles:
                     "--max-store-bytes)")
 
         def build() -> list[tuple[str, np.ndarray, bool, str | None]]:
-            return [(spec.name, read_rows(shape, dtype, sources), spec.trainable, spec.slot_of)
-                    for spec, shape, dtype, sources in checked]
+            return [(spec.name, read_rows(shape, dtype, sources, patches), spec.trainable,
+                     spec.slot_of) for spec, shape, dtype, sources, patches in checked]
 
         built = await asyncio.get_running_loop().run_in_executor(None, build)
         self._check_fits(built)

@@ -41,7 +41,8 @@ from ..._base.errors import InvalidArgumentError
 from ..._formats.idhash import initial_rows, unit_uniform
 from ..._kernels import KERNELS
 from .id_index import IdIndex
-from .store import Snapshot
+from .removed_log import RemovedLog
+from .store import ChangeClock, Snapshot
 from .table_config import TableConfig
 
 __all__ = ["DynamicTable", "TableConfig"]
@@ -56,7 +57,8 @@ class DynamicTable:
     """One shard of a dynamic table; see the module docstring."""
 
     def __init__(self, name: str, config: TableConfig, owner: str | None = None,
-                 max_bytes: int | None = None, kernels: ModuleType | None = None) -> None:
+                 max_bytes: int | None = None, kernels: ModuleType | None = None,
+                 clock: ChangeClock | None = None) -> None:
         self.name = name
         self.config = config
         self.owner = owner
@@ -82,9 +84,8 @@ class DynamicTable:
         self.slots: dict[str, np.ndarray] = {}
         self.slot_init: dict[str, float] = {}
         self.free = np.empty(0, np.int64)  # rows given up by eviction, reused first (a stack)
-        self.nfree = 0
-        self.used = 0  # rows ever handed out (the high-water mark)
-        self.clock = 0  # training lookups served
+        self.nfree = self.used = 0  # free rows; rows ever handed out (the high-water mark)
+        self.lookups = 0  # training lookups served (the LRU clock)
         # Sightings of ids not admitted yet: an index id -> slot of ``_cand_counts``; slots
         # are handed out in order, so the oldest are the lowest (forgotten first).
         self._cand = IdIndex(kernels=self.kernels)
@@ -94,6 +95,10 @@ class DynamicTable:
         self.admitted = 0
         self.evicted = 0
         self.saves: list[dict[str, Snapshot]] = []  # the arrays each save in progress reads
+        # Delta checkpoints: the epoch each row last changed in (the ps's clock), the evictions.
+        self.clock = clock or ChangeClock()
+        self.epochs = np.empty(0, np.uint32)
+        self.removed = RemovedLog(self.clock, config.capacity)
 
     def __len__(self) -> int:
         return len(self.index)
@@ -135,6 +140,7 @@ class DynamicTable:
         self.live = extend(self.live, False)
         self.last_seen = extend(self.last_seen, 0)
         self.freq = extend(self.freq, 0)
+        self.epochs = extend(self.epochs, 0)
         for key, arr in self.slots.items():
             self.slots[key] = extend(arr, self.slot_init[key])
         self.alloc = new
@@ -197,8 +203,9 @@ class DynamicTable:
             arr[rows] = self.slot_init[key]
         self.ids[rows] = new_ids
         self.live[rows] = True
-        self.last_seen[rows] = self.clock
+        self.last_seen[rows] = self.lookups
         self.freq[rows] = 0
+        self.epochs[rows] = self.clock.epoch
         self.index.insert(new_ids, rows)
         self.admitted += new_ids.size
         return rows
@@ -208,8 +215,10 @@ class DynamicTable:
             return
         if self.saves:
             self._touch(rows)
-        self.index.delete(self.ids[rows])
+        gone = self.ids[rows]
+        self.index.delete(gone)
         self.live[rows] = False
+        self.removed.add(gone)
         need = self.nfree + rows.size
         if need > self.free.size:  # the stack grows by doubling
             grown = np.empty(max(need, 2 * self.free.size), np.int64)
@@ -294,7 +303,7 @@ class DynamicTable:
         pos = self.positions(ids)
         if train:
             self.check_room(int(np.count_nonzero(pos < 0)))  # before anything changes
-            self.clock += 1
+            self.lookups += 1
             self._expire()
             missing = np.flatnonzero(pos < 0)
             if missing.size:
@@ -307,17 +316,17 @@ class DynamicTable:
                     new = new[:max(0, cap - len(self.index))]  # never past the capacity
                 if new.size:
                     pos[new] = self._create(ids[new])
-            self.kernels.mark_seen(self.last_seen, self.freq, pos, self.clock)
+            self.kernels.mark_seen(self.last_seen, self.freq, pos, self.lookups)
         out = np.empty((ids.size, self.config.dim), self.dtype)
         self.kernels.gather_rows(self.rows, pos, out, self.config.default_value)
         return out
 
     def _expire(self) -> None:
         age = self.config.max_age
-        if age is None or self.clock % max(1, age // 8):
+        if age is None or self.lookups % max(1, age // 8):
             return
         used = self.used
-        old = np.flatnonzero(self.live[:used] & (self.last_seen[:used] < self.clock - age))
+        old = np.flatnonzero(self.live[:used] & (self.last_seen[:used] < self.lookups - age))
         self._evict_rows(old)
 
     def slot(self, key: str, init: float) -> np.ndarray:
@@ -340,9 +349,23 @@ class DynamicTable:
         if self.saves:
             self._touch(rows)
         rule(self.rows, grad.astype(self.dtype, copy=False), pos, arrays, cfg, t)
+        self.epochs[rows] = self.clock.epoch
         return int(rows.size)
 
     # -- checkpoints -------------------------------------------------------------------------------
+    def changes(self, since: int) -> dict[str, np.ndarray] | None:
+        """What changed after mark ``since`` (a delta), copied: ``ids``, ``rows``, ``slot:<key>``
+        of the rows changed, ``removed`` (evicted and not back); None if not all evictions
+        since were kept. Forgets the evictions up to ``since`` (the caller's base has them)."""
+        gone = self.removed.after(since) if since >= self.removed.since else None
+        if gone is None:
+            return None
+        changed = np.flatnonzero(self.live[:self.used] & (self.epochs[:self.used] > since))
+        out = {"ids": self.ids[changed], "rows": self.rows[changed],
+               **{f"slot:{key}": arr[changed] for key, arr in self.slots.items()}}
+        out["removed"] = gone[self.index.get(gone) < 0]  # evicted, and not admitted again
+        return out
+
     def export(self) -> dict[str, np.ndarray]:
         """``ids``, ``rows`` and each slot (``slot:<key>``) of the live rows, in row order."""
         live = np.flatnonzero(self.live[:self.used])
@@ -354,7 +377,8 @@ class DynamicTable:
     def load(self, ids: np.ndarray, rows: np.ndarray, slots: dict[str, np.ndarray],
              slot_init: dict[str, float]) -> None:
         """Replace every row with those given (a restore)."""
-        fresh = DynamicTable(self.name, self.config, self.owner, self.max_bytes, self.kernels)
+        fresh = DynamicTable(self.name, self.config, self.owner, self.max_bytes, self.kernels,
+                             self.clock)
         fresh.slot_init = dict(slot_init)
         n = ids.size
         fresh._grow(max(n, 1))

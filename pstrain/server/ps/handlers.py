@@ -31,22 +31,26 @@ import numpy as np
 from ..._base.errors import AlreadyExistsError, InvalidArgumentError
 from ..._formats import initializers
 from ..._formats.casting import NUMERIC_KINDS, cast_value
+from ..._formats.checkpoint_operations import (
+    AbortRestore,
+    CommitRestore,
+    RestoreCheckpoint,
+    SaveCheckpoint,
+    SaveDelta,
+    TakeMark,
+)
 from ..._formats.operations import (
     CREATE_CHUNK_BYTES,
-    AbortRestore,
     ApplyGradients,
     Assign,
     AssignAdd,
     AssignSub,
     CallVariables,
-    CommitRestore,
     CreateVariables,
     DeleteVariables,
     Fence,
     ListVariables,
     ReadVariables,
-    RestoreCheckpoint,
-    SaveCheckpoint,
     ScatterAdd,
     ScatterSub,
     ScatterUpdate,
@@ -60,6 +64,7 @@ from ..._serving.base import ServerBase
 from ..._serving.core import Pinned
 from . import checkpoint as ps_checkpoint
 from .compute import apply_gradients, call_function
+from .deltas import Deltas
 from .fencing import Fencing
 from .store import VariableRecord, VariableStore, checked_rows, checked_value
 from .tables import TableHandlers
@@ -136,6 +141,9 @@ class ParameterServer(ServerBase):
         for operation, handler in self.table_handlers.routes().items():
             self.route(operation, handler)
         self.route(SaveCheckpoint, self.save_checkpoint)
+        self.deltas = Deltas(self.checkpoints, self.tables, self.incarnation)
+        self.route(TakeMark, self.deltas.take_mark)
+        self.route(SaveDelta, self.deltas.save_delta)
         self.route(RestoreCheckpoint, self.restore_checkpoint)
         self.route(CommitRestore, self.commit_restore)
         self.route(AbortRestore, self.abort_restore)

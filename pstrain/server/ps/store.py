@@ -30,8 +30,8 @@ import numpy as np
 from ..._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 from ..._formats.casting import cast_value
 
-__all__ = ["BLOCK_BYTES", "SNAPSHOT_MIN_BYTES", "Snapshot", "VariableRecord", "VariableStore",
-           "checked_rows", "checked_value"]
+__all__ = ["BLOCK_BYTES", "SNAPSHOT_MIN_BYTES", "ChangeClock", "Snapshot", "VariableRecord",
+           "VariableStore", "checked_rows", "checked_value"]
 
 #: Arrays at least this large are saved through a Snapshot; smaller ones are pinned.
 SNAPSHOT_MIN_BYTES = 1 << 20
@@ -120,10 +120,30 @@ class Snapshot:
             self._old = kept
 
 
-class VariableRecord:
-    """One variable: its array, how many replies refer to it, and the saves reading it."""
+class ChangeClock:
+    """What changed since a save, for delta checkpoints: every change is stamped with the
+    current *epoch*; :meth:`mark` ends an epoch, so a delta "since mark m" holds exactly the
+    rows stamped after ``m``. One clock per ps (its variables and its tables)."""
 
-    __slots__ = ("name", "array", "trainable", "pins", "gen", "owner", "snapshots")
+    __slots__ = ("epoch",)
+
+    def __init__(self) -> None:
+        self.epoch = 1
+
+    def mark(self) -> int:
+        """End the current epoch: changes stamped up to the returned mark are covered."""
+        m = self.epoch
+        self.epoch += 1
+        return m
+
+
+class VariableRecord:
+    """One variable: its array, how many replies refer to it, the saves reading it, and when
+    its rows last changed (``changed``: the whole array; ``row_epochs``: per row, for arrays
+    of at least ``SNAPSHOT_MIN_BYTES``, whose deltas carry only the rows that changed)."""
+
+    __slots__ = ("name", "array", "trainable", "pins", "gen", "owner", "snapshots", "clock",
+                 "changed", "row_epochs")
 
     def __init__(self, name: str, array: np.ndarray, trainable: bool, owner: str | None = None) -> None:
         self.name = name
@@ -133,13 +153,34 @@ class VariableRecord:
         self.gen = 0
         self.owner = owner  # the strategy instance (coordinator) that created it, if it said
         self.snapshots: list[Snapshot] = []
+        self.clock: ChangeClock | None = None  # set when the record joins a store
+        self.changed = 0  # the epoch the whole array last changed in
+        self.row_epochs: np.ndarray | None = None
+
+    def track(self, clock: ChangeClock) -> None:
+        """Stamp this record's changes on ``clock`` (a store's)."""
+        self.clock = clock
+        arr = self.array
+        big = arr.ndim >= 1 and arr.nbytes >= SNAPSHOT_MIN_BYTES and arr.shape[0] > 1
+        self.row_epochs = np.zeros(arr.shape[0], np.uint32) if big else None
 
     def replace(self, array: np.ndarray) -> None:
         """A new array (the old one stays with whoever pinned or snapshot it)."""
+        same_rows = array.shape[:1] == self.array.shape[:1]
         self.array = array
         self.pins = 0
         self.gen += 1
         self.snapshots = []  # they read the old array, which nobody changes any more
+        if self.clock is not None:
+            self.changed = self.clock.epoch
+            if not same_rows:
+                self.track(self.clock)
+
+    def changed_rows(self, since: int) -> np.ndarray | None:
+        """The rows changed after mark ``since`` (ascending), or None: the whole array."""
+        if self.changed > since or self.row_epochs is None:
+            return None
+        return np.flatnonzero(self.row_epochs > since)
 
     def writable(self, rows: np.ndarray | None = None) -> np.ndarray:
         """The array, safe to change in place: copied first if a reply shares it; a save's
@@ -147,9 +188,17 @@ class VariableRecord:
         arr = self.array
         if self.pins or not arr.flags.writeable:
             arr = arr.copy()
+            gen, changed = self.gen, self.changed
             self.replace(arr)
+            self.gen, self.changed = gen + 1, changed  # the same values: not a change yet
         for snap in self.snapshots:
             snap.before_write(rows)
+        clock = self.clock
+        if clock is not None:
+            if rows is None or self.row_epochs is None:
+                self.changed = clock.epoch
+            else:
+                self.row_epochs[rows] = clock.epoch
         return arr
 
     def snapshot(self) -> Snapshot | None:
@@ -189,6 +238,8 @@ class VariableStore:
 
     def __init__(self, task: str) -> None:
         self.task = task
+        #: Stamps every change, for delta checkpoints (shared with this ps's tables).
+        self.clock = ChangeClock()
         self._records: dict[str, VariableRecord] = {}
         self._slots: dict[str, set[str]] = {}  # variable -> its optimizer slots here
 
@@ -228,6 +279,8 @@ class VariableStore:
         for old in replaced:
             self._drop(old.name)
         for r in records:
+            r.track(self.clock)
+            r.changed = self.clock.epoch  # new: a delta carries it whole
             self._records[r.name] = r
         return replaced
 
@@ -235,9 +288,9 @@ class VariableStore:
         """Create ``name`` or replace its array (a restore); ``slot_of``: its variable."""
         record = self._records.get(name)
         if record is None:
-            self._records[name] = VariableRecord(name, array, trainable)
-        else:
-            record.replace(array)
+            record = self._records[name] = VariableRecord(name, array, trainable)
+            record.track(self.clock)
+        record.replace(array)
         if slot_of is not None:
             self._slots.setdefault(slot_of, set()).add(name)
 
@@ -248,6 +301,8 @@ class VariableStore:
         record = self._records.get(name)
         if record is None:
             record = self._records[name] = VariableRecord(name, np.full(like.shape, init, like.dtype), False)
+            record.track(self.clock)
+            record.changed = self.clock.epoch
             self._slots.setdefault(of, set()).add(name)
         return record.writable(rows)
 

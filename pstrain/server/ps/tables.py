@@ -13,12 +13,11 @@ import msgspec
 import numpy as np
 
 from ..._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from ..._formats.checkpoint_operations import RestoreTable, SaveTable
 from ..._formats.operations import (
     CreateTable,
     ExportTable,
     LookupTable,
-    RestoreTable,
-    SaveTable,
     TableStatistics,
 )
 from ..._formats.records import Operation
@@ -83,7 +82,8 @@ class TableHandlers:
                     f"dynamic table {req.name!r} exists on {self.task} with another configuration "
                     f"({existing.config.as_dict()})")
             return {"created": 0}
-        table = DynamicTable(req.name, config, req.owner, self.max_table_bytes)  # checks first
+        table = DynamicTable(req.name, config, req.owner, self.max_table_bytes,  # checks first
+                             clock=self.checkpoints.store.clock)
         self._taken_over(existing, req.owner)
         self.tables[req.name] = table
         return {"created": 1}
@@ -147,8 +147,9 @@ class TableHandlers:
         config = TableConfig(**msgspec.structs.asdict(req.config))
         if req.shard >= req.num_shards:
             raise InvalidArgumentError(f"dyn/restore: shard {req.shard} of {req.num_shards}")
-        parts = await self.checkpoints.read_table_rows(req.paths, req.shard, req.num_shards,
-                                                       config.dim, np.dtype(config.dtype))
+        parts = await self.checkpoints.read_table_rows(
+            req.paths, req.shard, req.num_shards, config.dim, np.dtype(config.dtype),
+            [[(path, prefix) for path, prefix in delta] for delta in req.deltas])
         ids, rows, slots, slot_init = parts
         if req.slots is not None:
             slots = {req.slots[k]: v for k, v in slots.items() if k in req.slots}
@@ -157,7 +158,8 @@ class TableHandlers:
             raise InvalidArgumentError(
                 f"dyn/restore of {req.name!r}: {ids.size} rows for this shard, more than its "
                 f"capacity of {config.capacity}")
-        table = DynamicTable(req.name, config, req.owner, self.max_table_bytes)
+        table = DynamicTable(req.name, config, req.owner, self.max_table_bytes,
+                             clock=self.checkpoints.store.clock)
         if self.max_table_bytes is not None:
             held = ids.size * config.dim * np.dtype(config.dtype).itemsize * (1 + len(slots))
             if held > self.max_table_bytes:

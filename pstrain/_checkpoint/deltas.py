@@ -1,0 +1,164 @@
+"""The coordinator's side of delta checkpoints: marks, delta files and their index.
+
+A :class:`Chain` is what the next delta extends: its full checkpoint (the
+base), the last delta written on it, the version (``seq``) of its last save,
+and for each ps the mark (incarnation, epoch) that save covers. A full save
+takes the marks *before* it starts (a change after the mark may also be in the
+save: the next delta writes it again, never loses it); a restore takes them
+after. :func:`write_delta` asks each ps for what changed since its mark
+(``delta/save``, ``server/ps/deltas.py``), then writes the delta's index last,
+atomically; only then does the chain move on. A delta that fails leaves no
+index (its files are removed) and the chain where it was, so the next one
+carries its rows too. Formats: ``_formats/delta_files.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._base.errors import FailedPreconditionError
+from .._formats.checkpoint_files import INDEX
+from .._formats.checkpoint_operations import DeltaTable, SaveDelta, TakeMark
+from .._formats.delta_files import delta_prefix, write_delta_index
+from .._formats.tensor_files import write_tensors
+from .._variables.dynamic import DynamicEmbedding
+from .object_graph import Entry
+
+if TYPE_CHECKING:
+    from .._transport.rpc import Channel
+
+logger = logging.getLogger("pstrain.checkpoint")
+
+__all__ = ["Chain", "ps_channels", "take_marks", "table_tag", "write_delta"]
+
+
+@dataclass
+class Chain:
+    """What the next delta extends (see the module docstring)."""
+
+    base: str
+    number: int
+    seq: int
+    marks: dict[int, tuple[str, int]] = field(default_factory=dict)
+
+
+def table_tag(path: str) -> str:
+    """The short tag of a table's object-graph path in file names and keys."""
+    return hashlib.blake2b(path.encode(), digest_size=6).hexdigest()
+
+
+def ps_channels(entries: dict[str, Entry], tables: dict[str, DynamicEmbedding]) -> dict[int, Channel]:
+    """The channel of every ps that holds a tracked value, by ps index."""
+    out: dict[int, Channel] = {}
+    for entry in entries.values():
+        for part in entry.parts:
+            if part.ps_index is not None:
+                out.setdefault(part.ps_index, part.channel())
+    for table in tables.values():
+        for ps in range(table.num_ps):
+            out.setdefault(ps, table.channel(ps))
+    return out
+
+
+async def take_marks(channels: dict[int, Channel]) -> dict[int, tuple[str, int]]:
+    """End the change epoch on each ps: what changes after the mark goes in the next delta."""
+    replies = await asyncio.gather(*(ch.request(TakeMark()) for ch in channels.values()))
+    return {ps: (r.incarnation, int(r.mark)) for ps, r in zip(channels, replies)}
+
+
+def directory_seq(directory: str) -> int:
+    """The highest save version (``seq``) of the checkpoints in ``directory`` (0: none)."""
+    best = 0
+    for path in glob.glob(os.path.join(glob.escape(directory), "*" + INDEX)):
+        try:
+            with open(path, "rb") as f:
+                best = max(best, int(json.load(f).get("seq", 0)))
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue  # not a pstrain index, or damaged: its reader says so when asked
+    return best
+
+
+async def write_delta(chain: Chain, entries: dict[str, Entry], tables: dict[str, DynamicEmbedding],
+                      table_slots: dict[str, str]) -> tuple[str, Chain]:
+    """Write delta ``chain.number + 1`` of ``entries`` and ``tables``; returns its path and the
+    chain it ends. FailedPreconditionError: a ps cannot give what changed since its mark (it
+    restarted, or holds a value no save covers): a full checkpoint is needed."""
+    number = chain.number + 1
+    prefix = delta_prefix(chain.base, number)
+    base = os.path.basename(prefix)
+    channels = ps_channels(entries, tables)
+    missing = sorted(set(channels) - set(chain.marks))
+    if missing:
+        raise FailedPreconditionError(f"ps {missing} hold values no save of {chain.base} covers")
+    for stale in glob.glob(glob.escape(prefix) + ".*"):
+        os.remove(stale)  # an earlier attempt at this delta that never got its index
+    variables: dict[int, dict[str, str]] = {ps: {} for ps in channels}
+    where: dict[str, list[tuple[int | None, str, int, int]]] = {}
+    local: dict[str, Any] = {}
+    for path, entry in entries.items():
+        for i, part in enumerate(entry.parts):
+            rows = entry.offsets[i + 1] - entry.offsets[i]
+            if part.ps_index is None:  # the coordinator's own: small, written whole
+                arr = part.local_array()
+                local[f"v:{path}#{i}:rows"] = arr
+                if arr.ndim:
+                    local[f"v:{path}#{i}:idx"] = np.arange(arr.shape[0], dtype=np.int64)
+                where.setdefault(path, []).append((None, f"{path}#{i}", entry.offsets[i], rows))
+            else:
+                variables[part.ps_index][part.key] = part.key
+                where.setdefault(path, []).append((part.ps_index, part.key, entry.offsets[i], rows))
+    table_specs: dict[int, dict[str, DeltaTable]] = {ps: {} for ps in channels}
+    for path, table in tables.items():
+        for ps in range(table.num_ps):
+            table_specs[ps][table.key] = DeltaTable(prefix=f"t-{table_tag(path)}", slots=table_slots)
+
+    async def save(ps: int, channel: Channel) -> Any:
+        incarnation, mark = chain.marks[ps]
+        return await channel.request(SaveDelta(
+            path=f"{prefix}.ps{ps}.safetensors", since=mark, incarnation=incarnation,
+            variables=variables[ps], tables=table_specs[ps]))
+
+    try:
+        replies = dict(zip(channels, await asyncio.gather(*(save(ps, ch) for ps, ch in channels.items()))))
+        if local:
+            await asyncio.get_running_loop().run_in_executor(
+                None, write_tensors, f"{prefix}.local.safetensors", local)
+    except BaseException:
+        for stale in glob.glob(glob.escape(prefix) + ".*"):
+            os.remove(stale)
+        raise
+    index_vars: dict[str, Any] = {}
+    for path, parts in where.items():
+        entry = entries[path]
+        saved = []
+        for holder, key, offset, nrows in parts:
+            if holder is None:
+                saved.append({"file": f"{base}.local.safetensors", "key": key, "offset": offset,
+                              "rows": nrows, "whole": True})
+            elif key in replies[holder].written:
+                saved.append({"file": f"{base}.ps{holder}.safetensors", "key": key, "offset": offset,
+                              "rows": nrows, "whole": key in replies[holder].whole})
+        if saved:
+            index_vars[path] = {"dtype": entry.dtype.str, "shape": list(entry.shape), "name": entry.name,
+                                "trainable": entry.trainable, "parts": saved}
+    index_tables = {path: {"name": table.name, "prefix": f"t-{table_tag(path)}",
+                           "files": [f"{base}.ps{ps}.safetensors" for ps in range(table.num_ps)]}
+                    for path, table in tables.items()}
+    size = sum(int(r.bytes) for r in replies.values())
+    rows = sum(int(r.rows) for r in replies.values())
+    write_delta_index(prefix, {"base": os.path.basename(chain.base), "delta": number,
+                               "seq": chain.seq + 1, "time": time.time(), "variables": index_vars,
+                               "tables": index_tables, "bytes": size})
+    logger.info("saved delta %s (%d rows, %d bytes)", prefix, rows, size)
+    marks = {ps: (r.incarnation, int(r.mark)) for ps, r in replies.items()}
+    return prefix, Chain(chain.base, number, chain.seq + 1, {**chain.marks, **marks})

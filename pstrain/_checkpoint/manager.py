@@ -1,0 +1,201 @@
+"""Numbered checkpoints in one directory, kept to a number, with deltas between them.
+
+``CheckpointManager(ckpt, directory, max_to_keep=5)`` is TF's: ``save()`` writes
+``<directory>/<checkpoint_name>-<N>`` and drops the oldest past ``max_to_keep``;
+``restore_or_initialize()`` restores the latest.
+
+With ``delta_interval_s``, it also writes a *delta* every that many seconds while
+the program runs (from the first ``save()`` or ``restore_or_initialize()`` on):
+``<checkpoint_name>-<N>.delta-<K>``, the rows changed since the save before
+(``_checkpoint/deltas.py``), so a job killed at any moment loses at most about one
+interval of updates, not one full-save interval. ``latest_checkpoint`` names the
+newest delta of the newest full checkpoint, and restoring it applies base + deltas.
+After ``deltas_per_base`` deltas the next tick *compacts*: it writes a full
+checkpoint (training goes on; deltas keep extending the old one until the new one's
+index is written), which becomes the base of the next deltas; old full
+checkpoints go with their deltas. A delta that cannot be written (a ps restarted
+since the base) is replaced by a full save; one that fails is logged and its rows
+go into the next. ``await manager.close()`` stops the deltas (``asyncio.run``
+cancels them too when the program ends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import logging
+import os
+import re
+import time
+
+from .._base.errors import FailedPreconditionError, InvalidArgumentError
+from .._base.exports import expose
+from .._formats.checkpoint_files import INDEX
+from .._formats.delta_files import delta_prefix, split_delta
+from . import kept
+from .checkpoint import Checkpoint
+
+logger = logging.getLogger("pstrain.checkpoint")
+
+__all__ = ["CheckpointManager"]
+
+
+class CheckpointManager:
+    """Numbered checkpoints ``<directory>/<checkpoint_name>-<N>`` keeping the last
+    ``max_to_keep``; with ``delta_interval_s``, deltas between them (module docstring)."""
+
+    def __init__(self, checkpoint: Checkpoint, directory: str, max_to_keep: int | None = 5,
+                 checkpoint_name: str = "ckpt", *, delta_interval_s: float | None = None,
+                 deltas_per_base: int = 10) -> None:
+        if max_to_keep is not None and max_to_keep < 1:
+            raise InvalidArgumentError("max_to_keep must be positive (or None to keep all)")
+        if delta_interval_s is not None and not delta_interval_s > 0:
+            raise InvalidArgumentError(f"delta_interval_s must be a positive number of seconds "
+                                       f"(or None: no deltas), got {delta_interval_s!r}")
+        if deltas_per_base < 1:
+            raise InvalidArgumentError(f"deltas_per_base must be at least 1, got {deltas_per_base}")
+        self.checkpoint = checkpoint
+        self.directory = os.path.abspath(directory)
+        self.max_to_keep = max_to_keep
+        self.checkpoint_name = checkpoint_name
+        self.delta_interval_s = delta_interval_s
+        self.deltas_per_base = deltas_per_base
+        self._pattern = re.compile(re.escape(checkpoint_name) + r"-(\d+)" + re.escape(INDEX) + "$")
+        self._loop: asyncio.Task[None] | None = None
+        self._compaction: asyncio.Task[str] | None = None
+        self._lock = asyncio.Lock()  # one full save at a time
+        kept.track(self)  # Ctrl-C says which checkpoint was kept
+
+    def _numbers(self) -> list[int]:
+        found = []
+        for path in glob.glob(os.path.join(glob.escape(self.directory), f"{self.checkpoint_name}-*{INDEX}")):
+            m = self._pattern.search(os.path.basename(path))
+            if m:
+                found.append(int(m.group(1)))
+        return sorted(found)
+
+    def _path(self, number: int) -> str:
+        return os.path.join(self.directory, f"{self.checkpoint_name}-{number}")
+
+    def _deltas(self, base: str) -> int:
+        """How many deltas of ``base`` exist, in order from 1."""
+        k = 0
+        while os.path.exists(delta_prefix(base, k + 1) + INDEX):
+            k += 1
+        return k
+
+    @property
+    def checkpoints(self) -> list[str]:
+        """The complete full checkpoints kept, oldest first."""
+        return [self._path(n) for n in self._numbers()]
+
+    @property
+    def latest_checkpoint(self) -> str | None:
+        """The newest state saved: the newest delta of the newest full checkpoint, if it has
+        any, else that checkpoint; None if there is none."""
+        numbers = self._numbers()
+        if not numbers:
+            return None
+        base = self._path(numbers[-1])
+        k = self._deltas(base)
+        return delta_prefix(base, k) if k else base
+
+    async def save(self, checkpoint_number: int | None = None) -> str:
+        """Save the next full checkpoint (or number ``checkpoint_number``) and drop old ones."""
+        async with self._lock:
+            numbers = self._numbers()
+            number = (checkpoint_number if checkpoint_number is not None
+                      else (numbers[-1] + 1 if numbers else 1))
+            self.checkpoint.save_counter = max(self.checkpoint.save_counter, number)
+            path = await self.checkpoint.write(self._path(number))
+            if self.max_to_keep is not None:
+                for old in self._numbers()[:-self.max_to_keep]:
+                    self._delete(old)
+        self._start()
+        return path
+
+    async def save_delta(self) -> str:
+        """Write a delta on the newest full checkpoint (a full save instead if there is none
+        this process wrote or restored, or a ps restarted since); returns its path."""
+        base = self.checkpoint.chain_base
+        if base is None or os.path.dirname(base) != self.directory or not os.path.exists(base + INDEX):
+            return await self.save()
+        try:
+            path = await self.checkpoint.write_delta()
+        except FailedPreconditionError as exc:
+            logger.warning("writing a full checkpoint instead of a delta: %s", exc)
+            return await self.save()
+        split = split_delta(path)
+        if split and not os.path.exists(split[0] + INDEX):  # its base was dropped meanwhile
+            self._remove(path)
+            return self.latest_checkpoint or path
+        self._start()
+        return path
+
+    async def compact(self) -> str:
+        """Fold the deltas into a new full checkpoint (training goes on meanwhile)."""
+        return await self.save()
+
+    def _start(self) -> None:
+        if self.delta_interval_s is not None and self._loop is None:
+            self._loop = asyncio.get_running_loop().create_task(self._deltas_loop(),
+                                                                name="pstrain-deltas")
+
+    async def _deltas_loop(self) -> None:
+        assert self.delta_interval_s is not None
+        due = time.monotonic() + self.delta_interval_s
+        while True:
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            due = max(due + self.delta_interval_s, time.monotonic())
+            try:
+                base = self.checkpoint.chain_base
+                if base is not None and self._deltas(base) >= self.deltas_per_base and \
+                        self._compaction is None:
+                    self._compaction = asyncio.get_running_loop().create_task(self.compact())
+                    self._compaction.add_done_callback(self._compacted)
+                await self.save_delta()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the next delta carries these rows too
+                logger.warning("delta checkpoint failed (the next one carries its rows): %s", exc)
+
+    def _compacted(self, task: asyncio.Task[str]) -> None:
+        self._compaction = None
+        if not task.cancelled() and task.exception() is not None:
+            logger.warning("compacting the deltas into a full checkpoint failed: %s", task.exception())
+
+    async def close(self) -> None:
+        """Stop writing deltas (a compaction under way is let finish)."""
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop
+        if self._compaction is not None:
+            await asyncio.gather(self._compaction, return_exceptions=True)
+
+    def _delete(self, number: int) -> None:
+        self._remove(self._path(number))
+
+    @staticmethod
+    def _remove(prefix: str) -> None:
+        """Remove a checkpoint: its index first (it stops being visible), then its files
+        (and a full checkpoint's deltas)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(prefix + INDEX)
+        for path in glob.glob(glob.escape(prefix) + ".*"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+
+    async def restore_or_initialize(self) -> str | None:
+        """Restore the latest checkpoint (with its deltas) if there is one; returns its path,
+        else None."""
+        latest = self.latest_checkpoint
+        if latest is not None:
+            await self.checkpoint.restore(latest)
+        self._start()
+        return latest
+
+
+expose(globals(), "pstrain.checkpoint")

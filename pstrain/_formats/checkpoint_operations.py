@@ -1,0 +1,151 @@
+"""The parameter server's checkpoint operations: full saves of variables (``ckpt/*``) and of
+dynamic tables (``dyn/save``, ``dyn/restore``), and delta checkpoints (``delta/*``).
+Declared as in ``operations.py``, which registers them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from .records import (
+    Count,
+    CountReply,
+    DType,
+    Name,
+    Operation,
+    Owner,
+    Path,
+    Record,
+    Reply,
+    SaveReply,
+    Shape,
+    TableSpec,
+)
+
+__all__ = ["AbortRestore", "CommitRestore", "DeltaReply", "DeltaTable", "MarkReply", "Patch",
+           "RestoreCheckpoint", "RestoreSpec", "RestoreTable", "SaveCheckpoint", "SaveDelta",
+           "SaveTable", "TakeMark"]
+
+
+class SaveTable(Operation, tag="dyn/save"):
+    reply = SaveReply
+    name: Name
+    path: Path
+    #: slot key on the ps (``<optimizer name>/<slot>``) -> its key in the file; others are
+    #: not saved. None: every slot, under its own key.
+    slots: dict[Name, Name] | None = None
+
+
+#: A delta file of a table: the file and the prefix of the table's keys in it.
+DeltaFile = tuple[Path, Annotated[str, msgspec.Meta(max_length=64)]]
+
+
+class RestoreTable(Operation, tag="dyn/restore"):
+    """Rows of the ids this ps holds (``shard_of(id, num_shards) == shard``), gathered
+    from every listed file of a saved table, then each delta of ``deltas`` applied in
+    order (its removed ids dropped, its rows put in)."""
+
+    reply = CountReply
+    name: Name
+    config: TableSpec
+    #: the full save's files (none: the table was created after it; its deltas hold it)
+    paths: Annotated[list[Path], msgspec.Meta(max_length=1 << 12)]
+    shard: Annotated[int, msgspec.Meta(ge=0)]
+    num_shards: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)]
+    owner: Owner | None = None
+    #: slot key in the file -> slot key on the ps; others are dropped. None: as saved.
+    slots: dict[Name, Name] | None = None
+    #: the delta files to apply after the base, oldest first (each delta: all its files)
+    deltas: Annotated[list[list[DeltaFile]], msgspec.Meta(max_length=1 << 12)] = []
+
+
+class SaveCheckpoint(Operation, tag="ckpt/save"):
+    reply = SaveReply
+    path: Path
+    tensors: dict[Name, Name]
+
+
+Source = tuple[Path, Name, Count | None, Count | None, Count | None]
+#: ``[file, rows key, idx key or None, shift]``: a delta's rows of a variable, put in after
+#: the sources are read: row ``idx[i] + shift`` of this part (if in it) becomes ``rows[i]``;
+#: no idx key: the whole value.
+Patch = tuple[Path, Name, Name | None, int]
+
+
+class RestoreSpec(Record):
+    name: Name
+    dtype: DType
+    shape: Shape
+    sources: Annotated[list[Source], msgspec.Meta(min_length=1, max_length=1 << 16)]
+    trainable: bool = True
+    slot_of: Name | None = None  # an optimizer slot: the variable it belongs to
+    patches: Annotated[list[Patch], msgspec.Meta(max_length=1 << 16)] = []
+
+
+class RestoreCheckpoint(Operation, tag="ckpt/restore"):
+    reply = CountReply
+    vars: Annotated[list[RestoreSpec], msgspec.Meta(max_length=1 << 16)]
+    stage: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+
+
+StageId = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+
+
+class CommitRestore(Operation, tag="ckpt/commit"):
+    reply = CountReply
+    stage: StageId
+
+
+class AbortRestore(Operation, tag="ckpt/abort"):
+    reply = CountReply
+    stage: StageId
+
+
+# -- delta checkpoints -----------------------------------------------------------------------------
+Incarnation = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+
+
+class MarkReply(Reply):
+    incarnation: str
+    mark: Count
+
+
+class TakeMark(Operation, tag="delta/mark"):
+    """End this ps's change epoch: a later delta "since" the mark holds what changed after it."""
+
+    reply = MarkReply
+
+
+class DeltaTable(Record):
+    """A table in a delta: the prefix of its keys in the file and its slots' keys there."""
+
+    prefix: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    #: slot key on the ps (``<optimizer name>/<slot>``) -> its key in the file
+    slots: dict[Name, Name] = {}
+
+
+class DeltaReply(Reply):
+    incarnation: str
+    mark: Count
+    bytes: Count = 0
+    rows: Count = 0
+    removed: Count = 0
+    #: the variables' file keys written, and those written whole
+    written: list[str] = []
+    whole: list[str] = []
+
+
+class SaveDelta(Operation, tag="delta/save"):
+    """Write what changed after mark ``since`` of ps incarnation ``incarnation`` to a new
+    file: of each variable (file key -> variable name), the rows changed and their values;
+    of each table (name -> :class:`DeltaTable`), its changed rows and slots and the ids
+    evicted since. Refused (nothing written) if this ps is another incarnation, or could
+    not keep a table's evictions since then: a full checkpoint is needed."""
+
+    reply = DeltaReply
+    path: Path
+    since: Count
+    incarnation: Incarnation
+    variables: Annotated[dict[Name, Name], msgspec.Meta(max_length=1 << 16)] = {}
+    tables: Annotated[dict[Name, DeltaTable], msgspec.Meta(max_length=1 << 12)] = {}

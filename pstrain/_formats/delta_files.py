@@ -1,0 +1,225 @@
+"""The delta checkpoint format: what changed since a full checkpoint, in small files.
+
+A delta ``<base>.delta-<K>`` of full checkpoint ``<base>`` is
+
+* ``<base>.delta-<K>.ps<P>.safetensors``: what ps P changed since the save before
+  (the base, or delta K-1), written by that ps (keys: ``server/ps/deltas.py``);
+* ``<base>.delta-<K>.index.json``: written last, atomically, by the coordinator:
+  ``format`` ``"pstrain-delta"``, the base's file name, ``delta`` K, ``seq`` (the
+  save's version, counted over every save of the directory, full or delta), and
+  for each variable path the parts written (``file``, ``key``, ``offset``,
+  ``rows``, ``whole``), for each table path its ``prefix`` and ``files``.
+
+The state at delta K is the base, then deltas 1..K applied in order; a delta
+without its index, or after a missing one, does not exist. Variables: a delta's
+rows overwrite the rows they name (by global row, so any number of parts reads
+any other). Tables: a delta's ``removed`` ids are dropped, then its rows put in
+(by id, so any number of ps reads any other). No network here; file I/O only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any, BinaryIO
+
+import msgspec
+import numpy as np
+
+from .._base.errors import InvalidArgumentError, NotFoundError
+from .idhash import shard_of
+from .tensor_files import write_atomically
+
+__all__ = ["DELTA_FORMAT", "TableState", "delta_prefix", "is_delta", "read_delta_index",
+           "read_table_state", "split_delta", "write_delta_index"]
+
+DELTA_FORMAT = "pstrain-delta"
+DELTA_VERSION = 1
+INDEX = ".index.json"
+_DELTA = re.compile(r"^(?P<base>.+)\.delta-(?P<k>[1-9]\d{0,8})$")
+
+FileName = Annotated[str, msgspec.Meta(min_length=1, max_length=255, pattern=r"^[^/\\\x00]+$")]
+Key = Annotated[str, msgspec.Meta(min_length=1, max_length=1100)]
+
+
+class _Part(msgspec.Struct, forbid_unknown_fields=True):
+    file: FileName
+    key: Key
+    offset: Annotated[int, msgspec.Meta(ge=0)]
+    rows: Annotated[int, msgspec.Meta(ge=0)]
+    whole: bool = False
+
+
+class _Variable(msgspec.Struct, forbid_unknown_fields=True):
+    dtype: Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
+    shape: list[Annotated[int, msgspec.Meta(ge=0)]]
+    parts: list[_Part]
+    trainable: bool = True
+    name: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+
+
+class _Table(msgspec.Struct, forbid_unknown_fields=True):
+    name: Annotated[str, msgspec.Meta(max_length=1024)]
+    prefix: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    files: list[FileName]
+    rows: Annotated[int, msgspec.Meta(ge=0)] = 0
+    removed: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class _DeltaIndex(msgspec.Struct, forbid_unknown_fields=True):
+    format: str
+    version: int
+    base: FileName
+    delta: Annotated[int, msgspec.Meta(ge=1)]
+    seq: Annotated[int, msgspec.Meta(ge=0)]
+    time: float = 0.0
+    variables: dict[str, _Variable] = {}
+    tables: dict[str, _Table] = {}
+    bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+def delta_prefix(base: str, number: int) -> str:
+    """The prefix of delta ``number`` of checkpoint ``base``.
+
+    >>> delta_prefix("/tmp/run/ckpt-3", 2)
+    '/tmp/run/ckpt-3.delta-2'
+    """
+    return f"{base}.delta-{number}"
+
+
+def split_delta(path: str) -> tuple[str, int] | None:
+    """``(base prefix, K)`` if ``path`` names a delta (``<base>.delta-<K>``), else None.
+
+    >>> split_delta("/tmp/run/ckpt-3.delta-2"), split_delta("/tmp/run/ckpt-3")
+    (('/tmp/run/ckpt-3', 2), None)
+    """
+    m = _DELTA.match(path.removesuffix(INDEX))
+    return (m.group("base"), int(m.group("k"))) if m else None
+
+
+def is_delta(path: str) -> bool:
+    return split_delta(path) is not None
+
+
+def write_delta_index(prefix: str, index: dict[str, Any]) -> None:
+    """Write the index of delta ``prefix`` atomically (temp file, fsync, rename); checked first."""
+    checked = msgspec.convert({"format": DELTA_FORMAT, "version": DELTA_VERSION, **index}, _DeltaIndex)
+
+    def write(f: BinaryIO) -> None:
+        f.write(msgspec.json.encode(checked))
+
+    write_atomically(prefix + INDEX, write, overwrite=False)
+
+
+def read_delta_index(prefix: str) -> dict[str, Any]:
+    """The index of delta ``prefix``, checked (schema, format, file names)."""
+    path = prefix + INDEX
+    try:
+        with open(path, "rb") as f:
+            raw = json.load(f)
+    except FileNotFoundError as exc:
+        raise NotFoundError(f"no delta checkpoint at {prefix} (missing {path})") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidArgumentError(f"delta index {path} is damaged: {exc}") from exc
+    try:
+        index = msgspec.convert(raw, _DeltaIndex)
+    except msgspec.ValidationError as exc:
+        raise InvalidArgumentError(f"delta index {path} is malformed: {exc}") from None
+    if index.format != DELTA_FORMAT or index.version != DELTA_VERSION:
+        raise InvalidArgumentError(f"{path} is not a pstrain delta (format {index.format!r}, "
+                                   f"version {index.version})")
+    return msgspec.to_builtins(index)
+
+
+#: A table's rows: ids, rows, slots by key, the slots' initial values.
+TableState = tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], dict[str, float]]
+
+
+def read_table_state(base_files: list[str], deltas: list[list[tuple[str, str]]], shard: int,
+                     num_shards: int, dim: int, dtype: np.dtype) -> TableState:
+    """The rows of a saved table that shard ``shard`` of ``num_shards`` holds: gathered from
+    the full save's files (from any number of ps), then each delta (its ``(file, prefix)``
+    pairs) applied in order: its removed ids dropped, its rows put in."""
+    ids, rows, slots, slot_init, _ = _read_table_files([(p, "") for p in base_files], shard,
+                                                       num_shards, dim, dtype)
+    for delta in deltas:
+        d_ids, d_rows, d_slots, d_init, removed = _read_table_files(delta, shard, num_shards, dim, dtype)
+        keep = ~np.isin(ids, np.concatenate([removed, d_ids]))
+        slot_init.update(d_init)
+        for key in set(slots) | set(d_slots):
+            old = slots.get(key)
+            if old is None:
+                old = np.full(rows.shape, slot_init[key], dtype)
+            new = d_slots.get(key)
+            if new is None:
+                new = np.full(d_rows.shape, slot_init[key], dtype)
+            slots[key] = np.concatenate([old[keep], new])
+        ids = np.concatenate([ids[keep], d_ids])
+        rows = np.concatenate([rows[keep], d_rows])
+    return ids, rows, slots, slot_init
+
+
+def _read_table_files(files: list[tuple[str, str]], shard: int, num_shards: int, dim: int,
+                      dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray],
+                                                dict[str, float], np.ndarray]:
+    """The rows of shard ``shard`` in one save of a table (a full one, prefix "", or a
+    delta, prefix ``<p>:``): ids, rows, slots, slots' initial values, and removed ids."""
+    from safetensors import SafetensorError, safe_open
+
+    ids_parts, row_parts, removed_parts = [], [], []
+    slot_parts: dict[str, list[np.ndarray]] = {}
+    slot_init: dict[str, float] = {}
+    for path, prefix in files:
+        try:
+            with safe_open(path, "np") as f:
+                keys = {k[len(prefix):] for k in f.keys() if k.startswith(prefix)}  # noqa: SIM118
+
+                def get(key: str, f: Any = f, prefix: str = prefix) -> np.ndarray:
+                    return f.get_tensor(prefix + key)
+
+                if not {"ids", "rows"} <= keys:
+                    raise InvalidArgumentError(f"dyn/restore: {path} is not a saved dynamic "
+                                               f"table{' ' + prefix if prefix else ''} (no ids and rows)")
+                ids = get("ids")
+                if ids.dtype != np.int64 or ids.ndim != 1:
+                    raise InvalidArgumentError(f"dyn/restore: ids in {path} are not 1-D int64")
+                mine = shard_of(ids, num_shards) == shard
+                if "live" in keys:  # rows handed out and evicted since are not the table's
+                    live = get("live")
+                    if live.dtype != np.bool_ or live.shape != ids.shape:
+                        raise InvalidArgumentError(f"dyn/restore: live in {path} is "
+                                                   f"{live.dtype} {live.shape}")
+                    mine &= live
+                if "removed" in keys:
+                    removed = get("removed")
+                    if removed.dtype != np.int64 or removed.ndim != 1:
+                        raise InvalidArgumentError(f"dyn/restore: removed in {path} is not 1-D int64")
+                    removed_parts.append(removed[shard_of(removed, num_shards) == shard])
+                rows = get("rows")
+                if rows.shape != (ids.size, dim):
+                    raise InvalidArgumentError(f"dyn/restore: rows in {path} are "
+                                               f"{rows.shape}, expected ({ids.size}, {dim})")
+                ids_parts.append(ids[mine])
+                row_parts.append(rows[mine].astype(dtype, copy=False))
+                for key in sorted(keys):
+                    if key.startswith("slot:"):
+                        arr = get(key)
+                        if arr.shape != rows.shape:
+                            raise InvalidArgumentError(f"dyn/restore: {key} in {path} is "
+                                                       f"{arr.shape}, its rows {rows.shape}")
+                        slot_parts.setdefault(key[5:], []).append(arr[mine].astype(dtype, copy=False))
+                    elif key.startswith("init:"):
+                        slot_init[key[5:]] = float(get(key).reshape(-1)[0])
+        except (OSError, SafetensorError) as exc:
+            raise InvalidArgumentError(f"dyn/restore: cannot read {path}: {exc}") from exc
+    ids = np.concatenate(ids_parts) if ids_parts else np.empty(0, np.int64)
+    if np.unique(ids).size != ids.size:
+        raise InvalidArgumentError("dyn/restore: an id appears in two saved shards")
+    rows = np.concatenate(row_parts) if row_parts else np.empty((0, dim), dtype)
+    slots = {k: np.concatenate(v) for k, v in slot_parts.items()}
+    if any(v.shape != rows.shape for v in slots.values()):
+        raise InvalidArgumentError("dyn/restore: a slot is missing from some saved shard")
+    if set(slots) - set(slot_init):
+        raise InvalidArgumentError("dyn/restore: a slot's initial value was not saved")
+    removed = np.concatenate(removed_parts) if removed_parts else np.empty(0, np.int64)
+    return ids, rows, slots, slot_init, removed

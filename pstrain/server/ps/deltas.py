@@ -1,0 +1,120 @@
+"""The ps's side of delta checkpoints: what changed since a mark, written to one file.
+
+Every change on a ps is stamped with the epoch of its
+:class:`~pstrain.server.ps.store.ChangeClock` (a variable's rows in
+``VariableRecord.row_epochs`` or its whole array in ``changed``; a table's rows
+in ``DynamicTable.epochs``, its evictions in a log). ``delta/mark`` ends an
+epoch and returns its number: a save that starts after a mark ``m`` holds every
+change stamped up to ``m``. ``delta/save`` since ``m`` takes, in one step on the
+serving loop (no ``await``: nothing changes meanwhile), a copy of everything
+stamped after ``m`` and ends the epoch, then writes the copy to a new file
+under the checkpoint root on the save thread while training goes on:
+
+* of a variable under file key ``k``: ``v:<k>:rows`` (the rows changed) and
+  ``v:<k>:idx`` (their row numbers in this ps's part), or ``v:<k>:rows``
+  alone, the whole value;
+* of a table with prefix ``p``: ``<p>:ids``, ``<p>:rows``, ``<p>:slot:<key>``
+  and ``<p>:init:<key>`` for its changed rows, and ``<p>:removed``, the ids
+  evicted since and not admitted again.
+
+A mark is only good on the ps that gave it: a delta asked of another
+incarnation (the ps restarted) or of a table whose evictions since the mark were
+not all kept is refused with :class:`~pstrain.errors.FailedPreconditionError`,
+nothing written, and the coordinator writes a full checkpoint instead. The
+coordinator only moves its mark on once the delta's index is written, so a
+delta that fails on one ps is simply taken again, larger, by the next one.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from ..._base.errors import FailedPreconditionError, NotFoundError
+from ..._formats.checkpoint_operations import SaveDelta, TakeMark
+from .checkpoint import CheckpointFiles
+from .dynamic_table import DynamicTable
+
+__all__ = ["Deltas"]
+
+Tensors = list[tuple[str, np.dtype, tuple[int, ...], Any]]
+
+
+class Deltas:
+    """Marks and delta files of one ps."""
+
+    def __init__(self, checkpoints: CheckpointFiles, tables: dict[str, DynamicTable],
+                 incarnation: str) -> None:
+        self.checkpoints = checkpoints
+        self.store = checkpoints.store
+        self.tables = tables
+        self.incarnation = incarnation
+
+    def take_mark(self, req: TakeMark) -> dict[str, Any]:
+        return {"incarnation": self.incarnation, "mark": self.store.clock.mark()}
+
+    async def save_delta(self, req: SaveDelta) -> dict[str, Any]:
+        if req.incarnation != self.incarnation:
+            raise FailedPreconditionError(
+                f"delta/save: {self.store.task} is incarnation {self.incarnation}, not "
+                f"{req.incarnation} (it restarted since the save this delta would extend): "
+                "write a full checkpoint")
+        records = {key: self.store.get(name) for key, name in req.variables.items()}
+        tables = {}
+        for name, spec in req.tables.items():
+            table = self.tables.get(name)
+            if table is None:
+                raise NotFoundError(f"delta/save: dynamic table {name!r} not found on {self.store.task}")
+            if req.since < table.removed.since:
+                raise FailedPreconditionError(
+                    f"delta/save: table {name!r} on {self.store.task} did not keep its "
+                    f"evictions since mark {req.since} (more than it keeps, or it was "
+                    "restored since): write a full checkpoint")
+            tables[name] = (table, spec)
+        # -- one step: copy what changed, end the epoch (no await until the write) --------------
+        tensors: Tensors = []
+        rows = removed = 0
+        written: list[str] = []
+        whole: list[str] = []
+        for key, record in records.items():
+            changed = record.changed_rows(req.since)
+            arr = record.array
+            if changed is None:
+                if record.changed <= req.since:
+                    continue  # a small array, unchanged
+                _add(tensors, f"v:{key}:rows", arr.copy())
+                written.append(key)
+                whole.append(key)
+                if arr.ndim:
+                    _add(tensors, f"v:{key}:idx", np.arange(arr.shape[0], dtype=np.int64))
+                rows += arr.shape[0] if arr.ndim else 1
+            elif changed.size:
+                _add(tensors, f"v:{key}:rows", arr[changed])
+                _add(tensors, f"v:{key}:idx", changed.astype(np.int64))
+                written.append(key)
+                rows += changed.size
+        for table, spec in tables.values():
+            changes = table.changes(req.since)
+            assert changes is not None  # removed_since was checked above
+            p = spec.prefix
+            for key, arr in changes.items():
+                if key.startswith("slot:"):
+                    if key[5:] not in spec.slots:
+                        continue
+                    slot = spec.slots[key[5:]]
+                    _add(tensors, f"{p}:slot:{slot}", arr)
+                    _add(tensors, f"{p}:init:{slot}", np.array([table.slot_init[key[5:]]]))
+                else:
+                    _add(tensors, f"{p}:{key}", arr)
+            rows += changes["ids"].size
+            removed += changes["removed"].size
+        mark = self.store.clock.mark()
+        saved = await self.checkpoints.save_streamed(req.path, tensors)
+        return {"incarnation": self.incarnation, "mark": mark, "bytes": saved["bytes"],
+                "rows": rows, "removed": removed, "written": written, "whole": whole}
+
+
+def _add(tensors: Tensors, key: str, arr: np.ndarray) -> None:
+    tensors.append((key, arr.dtype, arr.shape, functools.partial(iter, (arr,))))
