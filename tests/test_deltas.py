@@ -5,6 +5,7 @@ full save instead of a delta that would miss its rows."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 
@@ -136,3 +137,46 @@ async def test_bad_settings_are_refused_with_what_was_wrong(tmp_path):
         pstrain.checkpoint.CheckpointManager(ckpt, str(tmp_path), deltas_per_base=0)
     with pytest.raises(pstrain.errors.FailedPreconditionError, match="save first"):
         await ckpt.write_delta()
+
+
+async def test_deltas_written_on_their_own_lose_at_most_one_interval_of_steps(tmp_path):
+    root = str(tmp_path)
+    seen: dict[int, int] = {}  # delta number -> steps done when it was first seen
+    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
+                                ps_options={"checkpoint_root": root}) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        table, big, small, opt = _model(strategy)
+        with strategy.scope():
+            done = pstrain.Variable(0, name="steps_done")
+        ckpt = pstrain.Checkpoint(model={"emb": table, "big": big, "small": small}, optimizer=opt,
+                                  done=done)
+        manager = pstrain.checkpoint.CheckpointManager(ckpt, root, delta_interval_s=0.05,
+                                                       deltas_per_base=3)
+        assert await manager.restore_or_initialize() is None
+        steps = 0
+        deadline = asyncio.get_running_loop().time() + 30
+        while not any(k >= 201 for k in seen):  # a delta on the base a compaction wrote
+            assert asyncio.get_running_loop().time() < deadline, f"deltas seen: {seen}"
+            await _step(table, big, small, opt, steps % 9)
+            await done.assign_add(1)
+            steps += 1
+            latest = manager.latest_checkpoint or ""
+            key = (len(manager.checkpoints), int(latest.rsplit("-", 1)[1]) if ".delta-" in latest else 0)
+            seen.setdefault(key[0] * 100 + key[1], steps)
+        last = max(k for k in seen if k % 100)
+        before = max(v for k, v in seen.items() if k < last)  # steps done before it began
+        latest = manager.latest_checkpoint
+        assert len(manager.checkpoints) >= 2  # compacted into a new base while training ran
+        await manager.close()
+        # The job "dies" here: no final save.
+    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
+                                ps_options={"checkpoint_root": root}) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        table, big, small, opt = _model(strategy, name="opt2")
+        with strategy.scope():
+            done = pstrain.Variable(0, name="steps_done")
+        ckpt = pstrain.Checkpoint(model={"emb": table, "big": big, "small": small}, optimizer=opt,
+                                  done=done)
+        assert await pstrain.checkpoint.CheckpointManager(ckpt, root).restore_or_initialize() == latest
+        restored = int(await done.read_value())
+        assert before <= restored <= steps, (before, restored, steps, seen)
