@@ -23,13 +23,15 @@ pytestmark = pytest.mark.timeout(90)
 DIM = 4
 
 
-def _model(strategy: pstrain.ParameterServerStrategy, name: str = "opt"):
+def _model(strategy: pstrain.ParameterServerStrategy, name: str = "opt", **more):
+    """The model, its optimizer, and a checkpoint of them (and of ``more``)."""
     with strategy.scope():
         table = pstrain.DynamicEmbedding(DIM, name="emb", capacity=40)
         big = pstrain.Variable(np.zeros((70_000, DIM), np.float32), name="big")  # row-tracked
         small = pstrain.Variable(np.zeros(3, np.float32), name="small")
         opt = pstrain.optimizers.Adagrad(0.1, name=name)
-    return table, big, small, opt
+    ckpt = pstrain.Checkpoint(model={"emb": table, "big": big, "small": small}, optimizer=opt, **more)
+    return table, big, small, opt, ckpt
 
 
 async def _step(table, big, small, opt, k: int) -> None:
@@ -59,8 +61,7 @@ async def test_base_plus_deltas_restore_the_last_delta_exactly_into_another_ps_c
     async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
                                 ps_options={"checkpoint_root": root}) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-        table, big, small, opt = _model(strategy)
-        ckpt = pstrain.Checkpoint(model={"emb": table, "big": big, "small": small}, optimizer=opt)
+        table, big, small, opt, ckpt = _model(strategy)
         manager = pstrain.checkpoint.CheckpointManager(ckpt, root, deltas_per_base=100)
         await _step(table, big, small, opt, 0)
         base = await manager.save()
@@ -87,8 +88,7 @@ async def test_base_plus_deltas_restore_the_last_delta_exactly_into_another_ps_c
         async with InProcessCluster(num_ps=num_ps, num_workers=1, token=TOKEN,
                                     ps_options={"checkpoint_root": root}) as cluster:
             strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-            table, big, small, opt = _model(strategy, name="opt2")
-            ckpt = pstrain.Checkpoint(model={"emb": table, "big": big, "small": small}, optimizer=opt)
+            table, big, small, opt, ckpt = _model(strategy, name="opt2")
             manager = pstrain.checkpoint.CheckpointManager(ckpt, root)
             assert await manager.restore_or_initialize() == paths[-1]
             got = await _state(table, big, small)
@@ -102,7 +102,7 @@ async def test_base_plus_deltas_restore_the_last_delta_exactly_into_another_ps_c
                 after_restore = await _state(table, big, small)
     async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN) as cluster:  # no saves
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-        table, big, small, opt = _model(strategy)
+        table, big, small, opt, _ = _model(strategy)
         for k in range(7):
             await _step(table, big, small, opt, k)
         straight = await _state(table, big, small)
@@ -115,8 +115,7 @@ async def test_a_restarted_ps_gets_a_full_save_not_a_delta_that_misses_its_rows(
     async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
                                 ps_options={"checkpoint_root": root}) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-        table, big, small, opt = _model(strategy)
-        ckpt = pstrain.Checkpoint(model={"emb": table, "big": big, "small": small}, optimizer=opt)
+        table, big, small, opt, ckpt = _model(strategy)
         manager = pstrain.checkpoint.CheckpointManager(ckpt, root)
         await _step(table, big, small, opt, 0)
         base = await manager.save()
@@ -145,11 +144,9 @@ async def test_deltas_written_on_their_own_lose_at_most_one_interval_of_steps(tm
     async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
                                 ps_options={"checkpoint_root": root}) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-        table, big, small, opt = _model(strategy)
         with strategy.scope():
             done = pstrain.Variable(0, name="steps_done")
-        ckpt = pstrain.Checkpoint(model={"emb": table, "big": big, "small": small}, optimizer=opt,
-                                  done=done)
+        table, big, small, opt, ckpt = _model(strategy, done=done)
         manager = pstrain.checkpoint.CheckpointManager(ckpt, root, delta_interval_s=0.05,
                                                        deltas_per_base=3)
         assert await manager.restore_or_initialize() is None
@@ -172,11 +169,9 @@ async def test_deltas_written_on_their_own_lose_at_most_one_interval_of_steps(tm
     async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
                                 ps_options={"checkpoint_root": root}) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-        table, big, small, opt = _model(strategy, name="opt2")
         with strategy.scope():
             done = pstrain.Variable(0, name="steps_done")
-        ckpt = pstrain.Checkpoint(model={"emb": table, "big": big, "small": small}, optimizer=opt,
-                                  done=done)
+        table, big, small, opt, ckpt = _model(strategy, name="opt2", done=done)
         assert await pstrain.checkpoint.CheckpointManager(ckpt, root).restore_or_initialize() == latest
         restored = int(await done.read_value())
         assert before <= restored <= steps, (before, restored, steps, seen)

@@ -162,7 +162,8 @@ class Checkpoint:
         graph, entries = await self._entries()
         marks = await take_marks(ps_channels(entries, graph.tables))  # before: nothing missed
         chain = self._chain
-        seq = max(directory_seq(os.path.dirname(prefix)), chain.seq if chain else 0) + 1
+        known = chain is not None and os.path.dirname(chain.base) == os.path.dirname(prefix)
+        seq = (chain.seq if known and chain else directory_seq(os.path.dirname(prefix))) + 1
         by_ps: dict[Channel, tuple[int, dict[str, str]]] = {}
         local: dict[str, np.ndarray] = {}
         index_vars: dict[str, Any] = {}

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._base.errors import FailedPreconditionError
-from .._formats.checkpoint_files import INDEX
+from .._formats.checkpoint_files import INDEX, remove_checkpoint
 from .._formats.checkpoint_operations import DeltaTable, SaveDelta, TakeMark
 from .._formats.delta_files import delta_prefix, write_delta_index
 from .._formats.tensor_files import write_tensors
@@ -100,8 +100,7 @@ async def write_delta(chain: Chain, entries: dict[str, Entry], tables: dict[str,
     missing = sorted(set(channels) - set(chain.marks))
     if missing:
         raise FailedPreconditionError(f"ps {missing} hold values no save of {chain.base} covers")
-    for stale in glob.glob(glob.escape(prefix) + ".*"):
-        os.remove(stale)  # an earlier attempt at this delta that never got its index
+    remove_checkpoint(prefix)  # an earlier attempt at this delta that never got its index
     variables: dict[int, dict[str, str]] = {ps: {} for ps in channels}
     where: dict[str, list[tuple[int | None, str, int, int]]] = {}
     local: dict[str, Any] = {}
@@ -134,8 +133,7 @@ async def write_delta(chain: Chain, entries: dict[str, Entry], tables: dict[str,
             await asyncio.get_running_loop().run_in_executor(
                 None, write_tensors, f"{prefix}.local.safetensors", local)
     except BaseException:
-        for stale in glob.glob(glob.escape(prefix) + ".*"):
-            os.remove(stale)
+        remove_checkpoint(prefix)
         raise
     index_vars: dict[str, Any] = {}
     for path, parts in where.items():

@@ -31,7 +31,7 @@ import time
 
 from .._base.errors import FailedPreconditionError, InvalidArgumentError
 from .._base.exports import expose
-from .._formats.checkpoint_files import INDEX
+from .._formats.checkpoint_files import INDEX, remove_checkpoint
 from .._formats.delta_files import delta_prefix, split_delta
 from . import kept
 from .checkpoint import Checkpoint
@@ -128,7 +128,7 @@ class CheckpointManager:
             return await self.save()
         split = split_delta(path)
         if split and not os.path.exists(split[0] + INDEX):  # its base was dropped meanwhile
-            self._remove(path)
+            remove_checkpoint(path)
             return self.latest_checkpoint or path
         self._start()
         return path
@@ -176,17 +176,7 @@ class CheckpointManager:
             await asyncio.gather(self._compaction, return_exceptions=True)
 
     def _delete(self, number: int) -> None:
-        self._remove(self._path(number))
-
-    @staticmethod
-    def _remove(prefix: str) -> None:
-        """Remove a checkpoint: its index first (it stops being visible), then its files
-        (and a full checkpoint's deltas)."""
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(prefix + INDEX)
-        for path in glob.glob(glob.escape(prefix) + ".*"):
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
+        remove_checkpoint(self._path(number))  # with its deltas
 
     async def restore_or_initialize(self) -> str | None:
         """Restore the latest checkpoint (with its deltas) if there is one; returns its path,

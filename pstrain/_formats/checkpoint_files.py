@@ -23,6 +23,9 @@ No network here; file I/O only (the tensor files themselves: ``tensor_files.py``
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import glob
 import json
 import math
 import os
@@ -32,15 +35,14 @@ import msgspec
 import numpy as np
 
 from .._base.errors import InvalidArgumentError, NotFoundError
-from .delta_files import delta_prefix, read_delta_index, read_table_state, split_delta
+from .delta_files import INDEX, delta_prefix, read_delta_index, read_table_state, split_delta
 from .tensor_files import read_rows, write_atomically
 
-__all__ = ["FORMAT", "INDEX", "CheckpointReader", "index_path", "read_index", "sources",
+__all__ = ["FORMAT", "INDEX", "CheckpointReader", "index_path", "read_index", "remove_checkpoint", "sources",
            "write_index"]
 
 FORMAT = "pstrain-checkpoint"
 VERSION = 2
-INDEX = ".index.json"
 
 #: A part file's name: a plain file name in the checkpoint's own directory.
 FileName = Annotated[str, msgspec.Meta(min_length=1, max_length=255, pattern=r"^[^/\\\x00]+$")]
@@ -154,6 +156,14 @@ def index_path(path: str) -> str:
     return path if path.endswith(INDEX) else path + INDEX
 
 
+def remove_checkpoint(prefix: str) -> None:
+    """Remove checkpoint ``prefix`` (full or delta): its index first, so it stops being
+    visible, then every file named ``<prefix>.*`` (a full checkpoint's deltas too)."""
+    for path in [prefix + INDEX, *glob.glob(glob.escape(prefix) + ".*")]:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
 def checkpoint_dir(path: str) -> str:
     """The directory that holds checkpoint ``path``'s files."""
     return os.path.dirname(os.path.abspath(index_path(path)))
@@ -237,7 +247,7 @@ class CheckpointReader:
         """The version of the state read: its last save's (full or delta)."""
         return int((self.deltas[-1] if self.deltas else self.index).get("seq", 0))
 
-    @property
+    @functools.cached_property
     def variables(self) -> dict[str, Any]:
         """The index's entry of each variable, by path (by name in format 1); a variable
         created after the base has the entry of the first delta that holds it whole."""

@@ -30,11 +30,12 @@ from .._base.errors import InvalidArgumentError, NotFoundError
 from .idhash import shard_of
 from .tensor_files import write_atomically
 
-__all__ = ["DELTA_FORMAT", "TableState", "delta_prefix", "is_delta", "read_delta_index",
+__all__ = ["DELTA_FORMAT", "INDEX", "TableState", "delta_prefix", "read_delta_index",
            "read_table_state", "split_delta", "write_delta_index"]
 
 DELTA_FORMAT = "pstrain-delta"
 DELTA_VERSION = 1
+#: The suffix of a checkpoint's index, full or delta (``checkpoint_files.py``).
 INDEX = ".index.json"
 _DELTA = re.compile(r"^(?P<base>.+)\.delta-(?P<k>[1-9]\d{0,8})$")
 
@@ -95,10 +96,6 @@ def split_delta(path: str) -> tuple[str, int] | None:
     """
     m = _DELTA.match(path.removesuffix(INDEX))
     return (m.group("base"), int(m.group("k"))) if m else None
-
-
-def is_delta(path: str) -> bool:
-    return split_delta(path) is not None
 
 
 def write_delta_index(prefix: str, index: dict[str, Any]) -> None:

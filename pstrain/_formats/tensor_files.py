@@ -9,6 +9,7 @@ these files make up (the index, and which rows of which file) is ``checkpoint_fi
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -37,6 +38,11 @@ def write_tensors(path: str, tensors: dict[str, np.ndarray]) -> int:
 SAFETENSORS_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "int64": "I64",
                       "int32": "I32", "int16": "I16", "int8": "I8", "uint64": "U64",
                       "uint32": "U32", "uint16": "U16", "uint8": "U8", "bool": "BOOL"}
+
+
+def whole(key: str, arr: np.ndarray) -> tuple[str, np.dtype, tuple[int, ...], Any]:
+    """``arr`` as one tensor of :func:`write_streaming` (its bytes in one piece)."""
+    return key, arr.dtype, arr.shape, functools.partial(iter, (arr,))
 
 
 def write_streaming(path: str, tensors: Sequence[tuple[str, np.dtype, tuple[int, ...], Any]],

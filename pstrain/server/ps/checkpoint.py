@@ -39,7 +39,7 @@ import numpy as np
 from ..._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 from ..._formats.checkpoint_operations import RestoreCheckpoint, RestoreSpec, SaveCheckpoint
 from ..._formats.delta_files import TableState, read_table_state
-from ..._formats.tensor_files import SAFETENSORS_DTYPES, read_rows, write_streaming
+from ..._formats.tensor_files import SAFETENSORS_DTYPES, read_rows, whole, write_streaming
 from .store import VariableStore
 
 __all__ = ["CheckpointFiles"]
@@ -103,7 +103,7 @@ class CheckpointFiles:
                 tensors.append((key, arr.dtype, arr.shape, snap.blocks))
             else:
                 releases.append(r.pin())
-                tensors.append((key, arr.dtype, arr.shape, functools.partial(iter, (arr,))))
+                tensors.append(whole(key, arr))
         try:
             size = await asyncio.get_running_loop().run_in_executor(
                 _save_thread(), functools.partial(write_streaming, path, tensors, root=self.root))

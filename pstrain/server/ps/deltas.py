@@ -27,13 +27,13 @@ delta that fails on one ps is simply taken again, larger, by the next one.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np
 
 from ..._base.errors import FailedPreconditionError, NotFoundError
 from ..._formats.checkpoint_operations import SaveDelta, TakeMark
+from ..._formats.tensor_files import whole
 from .checkpoint import CheckpointFiles
 from .dynamic_table import DynamicTable
 
@@ -77,22 +77,22 @@ class Deltas:
         tensors: Tensors = []
         rows = removed = 0
         written: list[str] = []
-        whole: list[str] = []
+        written_whole: list[str] = []
         for key, record in records.items():
             changed = record.changed_rows(req.since)
             arr = record.array
             if changed is None:
                 if record.changed <= req.since:
                     continue  # a small array, unchanged
-                _add(tensors, f"v:{key}:rows", arr.copy())
+                tensors.append(whole(f"v:{key}:rows", arr.copy()))
                 written.append(key)
-                whole.append(key)
+                written_whole.append(key)
                 if arr.ndim:
-                    _add(tensors, f"v:{key}:idx", np.arange(arr.shape[0], dtype=np.int64))
+                    tensors.append(whole(f"v:{key}:idx", np.arange(arr.shape[0], dtype=np.int64)))
                 rows += arr.shape[0] if arr.ndim else 1
             elif changed.size:
-                _add(tensors, f"v:{key}:rows", arr[changed])
-                _add(tensors, f"v:{key}:idx", changed.astype(np.int64))
+                tensors.append(whole(f"v:{key}:rows", arr[changed]))
+                tensors.append(whole(f"v:{key}:idx", changed.astype(np.int64)))
                 written.append(key)
                 rows += changed.size
         for table, spec in tables.values():
@@ -104,17 +104,13 @@ class Deltas:
                     if key[5:] not in spec.slots:
                         continue
                     slot = spec.slots[key[5:]]
-                    _add(tensors, f"{p}:slot:{slot}", arr)
-                    _add(tensors, f"{p}:init:{slot}", np.array([table.slot_init[key[5:]]]))
+                    tensors.append(whole(f"{p}:slot:{slot}", arr))
+                    tensors.append(whole(f"{p}:init:{slot}", np.array([table.slot_init[key[5:]]])))
                 else:
-                    _add(tensors, f"{p}:{key}", arr)
+                    tensors.append(whole(f"{p}:{key}", arr))
             rows += changes["ids"].size
             removed += changes["removed"].size
         mark = self.store.clock.mark()
         saved = await self.checkpoints.save_streamed(req.path, tensors)
         return {"incarnation": self.incarnation, "mark": mark, "bytes": saved["bytes"],
-                "rows": rows, "removed": removed, "written": written, "whole": whole}
-
-
-def _add(tensors: Tensors, key: str, arr: np.ndarray) -> None:
-    tensors.append((key, arr.dtype, arr.shape, functools.partial(iter, (arr,))))
+                "rows": rows, "removed": removed, "written": written, "whole": written_whole}

@@ -164,15 +164,17 @@ class VariableRecord:
         big = arr.ndim >= 1 and arr.nbytes >= SNAPSHOT_MIN_BYTES and arr.shape[0] > 1
         self.row_epochs = np.zeros(arr.shape[0], np.uint32) if big else None
 
-    def replace(self, array: np.ndarray) -> None:
-        """A new array (the old one stays with whoever pinned or snapshot it)."""
+    def replace(self, array: np.ndarray, *, change: bool = True) -> None:
+        """A new array (the old one stays with whoever pinned or snapshot it); ``change``:
+        its values are new (a copy of the same values is not a change)."""
         same_rows = array.shape[:1] == self.array.shape[:1]
         self.array = array
         self.pins = 0
         self.gen += 1
         self.snapshots = []  # they read the old array, which nobody changes any more
         if self.clock is not None:
-            self.changed = self.clock.epoch
+            if change:
+                self.changed = self.clock.epoch
             if not same_rows:
                 self.track(self.clock)
 
@@ -188,9 +190,7 @@ class VariableRecord:
         arr = self.array
         if self.pins or not arr.flags.writeable:
             arr = arr.copy()
-            gen, changed = self.gen, self.changed
-            self.replace(arr)
-            self.gen, self.changed = gen + 1, changed  # the same values: not a change yet
+            self.replace(arr, change=False)
         for snap in self.snapshots:
             snap.before_write(rows)
         clock = self.clock

@@ -5,7 +5,6 @@ Every check happens before anything changes, as in ``ps.py``."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -21,6 +20,7 @@ from ..._formats.operations import (
     TableStatistics,
 )
 from ..._formats.records import Operation
+from ..._formats.tensor_files import whole
 from .checkpoint import CheckpointFiles
 from .dynamic_table import DynamicTable, TableConfig
 
@@ -135,9 +135,7 @@ class TableHandlers:
             tensors.append((name, snap.array.dtype, snap.array.shape, snap.blocks))
         for key, init in table.slot_init.items():
             if key in rename:
-                init_array = np.array([init], np.float64)
-                tensors.append((f"init:{rename[key]}", init_array.dtype, init_array.shape,
-                                functools.partial(iter, (init_array,))))
+                tensors.append(whole(f"init:{rename[key]}", np.array([init], np.float64)))
         try:
             return await self.checkpoints.save_streamed(req.path, tensors)
         finally:
