@@ -28,7 +28,7 @@ import numpy as np
 
 from .._base.errors import FailedPreconditionError
 from .._formats.checkpoint_files import INDEX, remove_checkpoint
-from .._formats.checkpoint_operations import DeltaTable, SaveDelta, TakeMark
+from .._formats.checkpoint_operations import DeltaReply, DeltaTable, SaveDelta, TakeMark
 from .._formats.delta_files import delta_prefix, write_delta_index
 from .._formats.tensor_files import write_tensors
 from .._variables.dynamic import DynamicEmbedding
@@ -121,14 +121,22 @@ async def write_delta(chain: Chain, entries: dict[str, Entry], tables: dict[str,
         for ps in range(table.num_ps):
             table_specs[ps][table.key] = DeltaTable(prefix=f"t-{table_tag(path)}", slots=table_slots)
 
-    async def save(ps: int, channel: Channel) -> Any:
+    async def save(ps: int, channel: Channel) -> DeltaReply:
         incarnation, mark = chain.marks[ps]
         return await channel.request(SaveDelta(
             path=f"{prefix}.ps{ps}.safetensors", since=mark, incarnation=incarnation,
             variables=variables[ps], tables=table_specs[ps]))
 
+    # Every ps has finished (written or failed) before anything is cleaned up: a file still
+    # being written when the first failure came back would be left behind otherwise.
+    outcomes = await asyncio.gather(*(save(ps, ch) for ps, ch in channels.items()),
+                                    return_exceptions=True)
+    replies: dict[int, DeltaReply] = {}
     try:
-        replies = dict(zip(channels, await asyncio.gather(*(save(ps, ch) for ps, ch in channels.items()))))
+        for ps, outcome in zip(channels, outcomes):
+            if isinstance(outcome, BaseException):
+                raise outcome
+            replies[ps] = outcome
         if local:
             await asyncio.get_running_loop().run_in_executor(
                 None, write_tensors, f"{prefix}.local.safetensors", local)
