@@ -75,7 +75,7 @@ from .._variables.batched import ensure_created
 from .._variables.dynamic import DynamicEmbedding
 from .._variables.placement import Placement
 from .._variables.variables import Variable
-from .deltas import Chain, directory_seq, ps_channels, table_tag, take_marks, write_delta
+from .deltas import Chain, index_marks, next_seq, ps_channels, table_tag, take_marks, write_delta
 from .object_graph import Entry, Graph, check_trackable, slot_key, walk
 from .restore_status import CheckpointLoadStatus, targets
 
@@ -153,6 +153,17 @@ class Checkpoint:
 
     async def write(self, file_prefix: str) -> str:
         """Save every tracked variable (and optimizer slot) at exactly ``file_prefix``."""
+        return await self._write(file_prefix, compacted=False)
+
+    async def write_compacted(self, file_prefix: str) -> str:
+        """:meth:`write`, as the base that folds the current chain's deltas in: it covers the
+        changes up to the chain's last delta (its marks), not up to now, so a table feed reader
+        at that delta goes on from the new base's deltas without a full read
+        (``_formats/table_feed.py``). Write a delta just before. Without a chain in the same
+        directory, the same as :meth:`write`."""
+        return await self._write(file_prefix, compacted=True)
+
+    async def _write(self, file_prefix: str, compacted: bool) -> str:
         prefix = os.path.abspath(file_prefix)
         os.makedirs(os.path.dirname(prefix), exist_ok=True)
         if os.path.lexists(prefix + INDEX):
@@ -160,10 +171,14 @@ class Checkpoint:
                                      "over (save to another path)")
         _clear_unfinished(prefix)
         graph, entries = await self._entries()
-        marks = await take_marks(ps_channels(entries, graph.tables))  # before: nothing missed
+        seq = next_seq(os.path.dirname(prefix))
+        channels = ps_channels(entries, graph.tables)
         chain = self._chain
-        known = chain is not None and os.path.dirname(chain.base) == os.path.dirname(prefix)
-        seq = (chain.seq if known and chain else directory_seq(os.path.dirname(prefix))) + 1
+        if compacted and chain is not None and os.path.dirname(chain.base) == os.path.dirname(prefix) \
+                and set(channels) <= set(chain.marks):
+            marks = {ps: chain.marks[ps] for ps in channels}  # older marks: more written, nothing missed
+        else:
+            marks = await take_marks(channels)  # before: nothing missed
         by_ps: dict[Channel, tuple[int, dict[str, str]]] = {}
         local: dict[str, np.ndarray] = {}
         index_vars: dict[str, Any] = {}
@@ -195,7 +210,8 @@ class Checkpoint:
             slots = _table_slots(graph)  # by optimizer path, as the variables' slots
             sizes = await asyncio.gather(*(table.save_shard(ps, os.path.join(os.path.dirname(prefix), f),
                                                             slots) for ps, f in enumerate(files)))
-            index_tables[path] = {"name": table.name, "dim": table.dim, "dtype": table.dtype.name,
+            index_tables[path] = {"name": table.name, "key": table.key, "dim": table.dim,
+                                  "dtype": table.dtype.name,
                                   "config": table.config, "files": files, "rows": sum(sizes)}
 
         await asyncio.gather(*(save_ps(ch, ps, t) for ch, (ps, t) in by_ps.items()),
@@ -203,7 +219,7 @@ class Checkpoint:
         if local:
             await asyncio.get_running_loop().run_in_executor(
                 None, write_tensors, f"{prefix}.local.safetensors", local)
-        write_index(prefix, index_vars, self.save_counter, index_tables, seq)
+        write_index(prefix, index_vars, self.save_counter, index_tables, seq, index_marks(marks))
         object.__setattr__(self, "_chain", Chain(prefix, 0, seq, marks))
         _SAVED.append({"path": prefix, "time": time.time(), "values": len(index_vars),
                        "tables": len(index_tables)})

@@ -2,7 +2,9 @@
 
 A :class:`Chain` is what the next delta extends: its full checkpoint (the
 base), the last delta written on it, the version (``seq``) of its last save,
-and for each ps the mark (incarnation, epoch) that save covers. A full save
+and for each ps the mark (incarnation, epoch) that save covers. Versions are
+unique in a directory (:func:`next_seq`) and taken as a save starts; each index
+records its marks, which the ps's serving feed compares (``server/ps/feed.py``). A full save
 takes the marks *before* it starts (a change after the mark may also be in the
 save: the next delta writes it again, never loses it); a restore takes them
 after. :func:`write_delta` asks each ps for what changed since its mark
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("pstrain.checkpoint")
 
-__all__ = ["Chain", "ps_channels", "take_marks", "table_tag", "write_delta"]
+__all__ = ["Chain", "index_marks", "next_seq", "ps_channels", "take_marks", "table_tag", "write_delta"]
 
 
 @dataclass
@@ -74,6 +76,26 @@ async def take_marks(channels: dict[int, Channel]) -> dict[int, tuple[str, int]]
     """End the change epoch on each ps: what changes after the mark goes in the next delta."""
     replies = await asyncio.gather(*(ch.request(TakeMark()) for ch in channels.values()))
     return {ps: (r.incarnation, int(r.mark)) for ps, r in zip(channels, replies)}
+
+
+#: The last version this process gave a save, by directory (read from the directory once).
+_LAST_SEQ: dict[str, int] = {}
+
+
+def next_seq(directory: str) -> int:
+    """A new version (``seq``) for a save in ``directory``: above every save there, full or
+    delta, of any chain. Taken when the save starts, so versions follow the saves' marks."""
+    directory = os.path.abspath(directory)
+    last = _LAST_SEQ.get(directory)
+    if last is None:
+        last = directory_seq(directory)
+    _LAST_SEQ[directory] = last + 1
+    return last + 1
+
+
+def index_marks(marks: dict[int, tuple[str, int]]) -> dict[str, list[Any]]:
+    """Marks as an index records them (the serving feed compares them): ps -> [incarnation, mark]."""
+    return {str(ps): [incarnation, mark] for ps, (incarnation, mark) in sorted(marks.items())}
 
 
 def directory_seq(directory: str) -> int:
@@ -121,6 +143,8 @@ async def write_delta(chain: Chain, entries: dict[str, Entry], tables: dict[str,
         for ps in range(table.num_ps):
             table_specs[ps][table.key] = DeltaTable(prefix=f"t-{table_tag(path)}", slots=table_slots)
 
+    seq = next_seq(os.path.dirname(prefix))
+
     async def save(ps: int, channel: Channel) -> DeltaReply:
         incarnation, mark = chain.marks[ps]
         return await channel.request(SaveDelta(
@@ -157,14 +181,14 @@ async def write_delta(chain: Chain, entries: dict[str, Entry], tables: dict[str,
         if saved:
             index_vars[path] = {"dtype": entry.dtype.str, "shape": list(entry.shape), "name": entry.name,
                                 "trainable": entry.trainable, "parts": saved}
-    index_tables = {path: {"name": table.name, "prefix": f"t-{table_tag(path)}",
+    index_tables = {path: {"name": table.name, "key": table.key, "prefix": f"t-{table_tag(path)}",
                            "files": [f"{base}.ps{ps}.safetensors" for ps in range(table.num_ps)]}
                     for path, table in tables.items()}
     size = sum(int(r.bytes) for r in replies.values())
     rows = sum(int(r.rows) for r in replies.values())
+    marks = {**chain.marks, **{ps: (r.incarnation, int(r.mark)) for ps, r in replies.items()}}
     write_delta_index(prefix, {"base": os.path.basename(chain.base), "delta": number,
-                               "seq": chain.seq + 1, "time": time.time(), "variables": index_vars,
-                               "tables": index_tables, "bytes": size})
+                               "seq": seq, "time": time.time(), "variables": index_vars,
+                               "tables": index_tables, "bytes": size, "marks": index_marks(marks)})
     logger.info("saved delta %s (%d rows, %d bytes)", prefix, rows, size)
-    marks = {ps: (r.incarnation, int(r.mark)) for ps, r in replies.items()}
-    return prefix, Chain(chain.base, number, chain.seq + 1, {**chain.marks, **marks})
+    return prefix, Chain(chain.base, number, seq, marks)

@@ -65,6 +65,7 @@ class CheckpointManager:
         self._loop: asyncio.Task[None] | None = None
         self._compaction: asyncio.Task[str] | None = None
         self._lock = asyncio.Lock()  # one full save at a time
+        self._delta_lock = asyncio.Lock()  # one delta at a time (a compaction writes one too)
         kept.track(self)  # Ctrl-C says which checkpoint was kept
 
     def _numbers(self) -> list[int]:
@@ -103,12 +104,16 @@ class CheckpointManager:
 
     async def save(self, checkpoint_number: int | None = None) -> str:
         """Save the next full checkpoint (or number ``checkpoint_number``) and drop old ones."""
+        return await self._save(checkpoint_number, compacted=False)
+
+    async def _save(self, checkpoint_number: int | None, compacted: bool) -> str:
         async with self._lock:
             numbers = self._numbers()
             number = (checkpoint_number if checkpoint_number is not None
                       else (numbers[-1] + 1 if numbers else 1))
             self.checkpoint.save_counter = max(self.checkpoint.save_counter, number)
-            path = await self.checkpoint.write(self._path(number))
+            write = self.checkpoint.write_compacted if compacted else self.checkpoint.write
+            path = await write(self._path(number))
             if self.max_to_keep is not None:
                 for old in self._numbers()[:-self.max_to_keep]:
                     self._delete(old)
@@ -118,13 +123,17 @@ class CheckpointManager:
     async def save_delta(self) -> str:
         """Write a delta on the newest full checkpoint (a full save instead if there is none
         this process wrote or restored, or a ps restarted since); returns its path."""
-        base = self.checkpoint.chain_base
-        if base is None or os.path.dirname(base) != self.directory or not os.path.exists(base + INDEX):
-            return await self.save()
-        try:
-            path = await self.checkpoint.write_delta()
-        except FailedPreconditionError as exc:
-            logger.warning("writing a full checkpoint instead of a delta: %s", exc)
+        async with self._delta_lock:
+            base = self.checkpoint.chain_base
+            if base is None or os.path.dirname(base) != self.directory or not os.path.exists(base + INDEX):
+                path = None
+            else:
+                try:
+                    path = await self.checkpoint.write_delta()
+                except FailedPreconditionError as exc:
+                    logger.warning("writing a full checkpoint instead of a delta: %s", exc)
+                    path = None
+        if path is None:
             return await self.save()
         split = split_delta(path)
         if split and not os.path.exists(split[0] + INDEX):  # its base was dropped meanwhile
@@ -134,8 +143,15 @@ class CheckpointManager:
         return path
 
     async def compact(self) -> str:
-        """Fold the deltas into a new full checkpoint (training goes on meanwhile)."""
-        return await self.save()
+        """Fold the deltas into a new full checkpoint (training goes on meanwhile).
+
+        A delta is written first and the new base covers the changes up to it, so a table
+        feed reader that has that delta follows the new base's deltas without a full read."""
+        if self.checkpoint.chain_base is not None:
+            written = await self.save_delta()
+            if split_delta(written) is None:  # it became a full save (a ps restarted, say)
+                return written
+        return await self._save(None, compacted=True)
 
     def _start(self) -> None:
         if self.delta_interval_s is not None and self._loop is None:

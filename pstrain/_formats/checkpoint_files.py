@@ -72,6 +72,7 @@ class _Table(msgspec.Struct, forbid_unknown_fields=True):
     config: dict[str, Any]
     files: list[Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]]
     rows: Annotated[int, msgspec.Meta(ge=0)] = 0
+    key: Annotated[str, msgspec.Meta(max_length=1024)] = ""  # its name on the ps
 
 
 class _Index(msgspec.Struct, forbid_unknown_fields=True):
@@ -82,6 +83,8 @@ class _Index(msgspec.Struct, forbid_unknown_fields=True):
     tables: dict[str, _Table] = {}
     #: this save's version among the directory's saves, full and delta (the serving feed's)
     seq: Annotated[int, msgspec.Meta(ge=0)] = 0
+    #: ps -> [incarnation, mark] taken before the save: it holds every change up to them
+    marks: dict[str, tuple[str, int]] = {}
 
 
 def _file_size(base: str, file: str, sizes: dict[str, int]) -> int:
@@ -182,13 +185,14 @@ def read_index(path: str) -> dict[str, Any]:
 
 
 def write_index(prefix: str, variables: dict[str, Any], save_counter: int = 0,
-                tables: dict[str, Any] | None = None, seq: int = 0) -> None:
+                tables: dict[str, Any] | None = None, seq: int = 0,
+                marks: dict[str, Any] | None = None) -> None:
     """Write the index of checkpoint ``prefix`` atomically (temp file, fsync, rename)."""
     path = index_path(prefix)
 
     def write(f: BinaryIO) -> None:
         f.write(json.dumps({"format": FORMAT, "version": VERSION, "save_counter": save_counter,
-                            "seq": seq, "variables": variables,
+                            "seq": seq, "marks": marks or {}, "variables": variables,
                             **({"tables": tables} if tables else {})}, indent=1).encode())
 
     write_atomically(path, write)

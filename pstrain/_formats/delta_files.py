@@ -31,7 +31,7 @@ from .idhash import shard_of
 from .tensor_files import write_atomically
 
 __all__ = ["DELTA_FORMAT", "INDEX", "TableState", "delta_prefix", "read_delta_index",
-           "read_table_state", "split_delta", "write_delta_index"]
+           "read_table_changes", "read_table_state", "split_delta", "write_delta_index"]
 
 DELTA_FORMAT = "pstrain-delta"
 DELTA_VERSION = 1
@@ -65,6 +65,7 @@ class _Table(msgspec.Struct, forbid_unknown_fields=True):
     files: list[FileName]
     rows: Annotated[int, msgspec.Meta(ge=0)] = 0
     removed: Annotated[int, msgspec.Meta(ge=0)] = 0
+    key: Annotated[str, msgspec.Meta(max_length=1024)] = ""  # its name on the ps
 
 
 class _DeltaIndex(msgspec.Struct, forbid_unknown_fields=True):
@@ -77,6 +78,8 @@ class _DeltaIndex(msgspec.Struct, forbid_unknown_fields=True):
     variables: dict[str, _Variable] = {}
     tables: dict[str, _Table] = {}
     bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
+    #: ps -> [incarnation, mark]: the delta's composed state holds every change up to them
+    marks: dict[str, tuple[str, int]] = {}
 
 
 def delta_prefix(base: str, number: int) -> str:
@@ -133,14 +136,16 @@ TableState = tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], dict[str, floa
 
 
 def read_table_state(base_files: list[str], deltas: list[list[tuple[str, str]]], shard: int,
-                     num_shards: int, dim: int, dtype: np.dtype) -> TableState:
+                     num_shards: int, dim: int, dtype: np.dtype, *, with_slots: bool = True) -> TableState:
     """The rows of a saved table that shard ``shard`` of ``num_shards`` holds: gathered from
     the full save's files (from any number of ps), then each delta (its ``(file, prefix)``
-    pairs) applied in order: its removed ids dropped, its rows put in."""
+    pairs) applied in order: its removed ids dropped, its rows put in. ``with_slots=False``:
+    the rows alone (no slot is read)."""
     ids, rows, slots, slot_init, _ = _read_table_files([(p, "") for p in base_files], shard,
-                                                       num_shards, dim, dtype)
+                                                       num_shards, dim, dtype, with_slots)
     for delta in deltas:
-        d_ids, d_rows, d_slots, d_init, removed = _read_table_files(delta, shard, num_shards, dim, dtype)
+        d_ids, d_rows, d_slots, d_init, removed = _read_table_files(delta, shard, num_shards, dim,
+                                                                    dtype, with_slots)
         keep = ~np.isin(ids, np.concatenate([removed, d_ids]))
         slot_init.update(d_init)
         for key in set(slots) | set(d_slots):
@@ -156,9 +161,28 @@ def read_table_state(base_files: list[str], deltas: list[list[tuple[str, str]]],
     return ids, rows, slots, slot_init
 
 
+def read_table_changes(deltas: list[list[tuple[str, str]]], shard: int, num_shards: int, dim: int,
+                       dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What deltas (each its ``(file, prefix)`` pairs) change in shard ``shard`` of
+    ``num_shards``, composed in order: the ids put in and their last rows, and the ids
+    removed and not put in again (ascending, no slots). Applied to the state before the
+    first delta, they give the state after the last."""
+    ids = np.empty(0, np.int64)
+    rows = np.empty((0, dim), dtype)
+    removed = np.empty(0, np.int64)
+    for delta in deltas:
+        d_ids, d_rows, _, _, d_removed = _read_table_files(delta, shard, num_shards, dim, dtype, False)
+        keep = ~np.isin(ids, np.concatenate([d_removed, d_ids]))
+        ids = np.concatenate([ids[keep], d_ids])
+        rows = np.concatenate([rows[keep], d_rows])
+        removed = np.union1d(removed[~np.isin(removed, d_ids)], d_removed)
+    order = np.argsort(ids, kind="stable")
+    return ids[order], rows[order], removed
+
+
 def _read_table_files(files: list[tuple[str, str]], shard: int, num_shards: int, dim: int,
-                      dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray],
-                                                dict[str, float], np.ndarray]:
+                      dtype: np.dtype, with_slots: bool = True
+                      ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], dict[str, float], np.ndarray]:
     """The rows of shard ``shard`` in one save of a table (a full one, prefix "", or a
     delta, prefix ``<p>:``): ids, rows, slots, slots' initial values, and removed ids."""
     from safetensors import SafetensorError, safe_open
@@ -198,7 +222,7 @@ def _read_table_files(files: list[tuple[str, str]], shard: int, num_shards: int,
                                                f"{rows.shape}, expected ({ids.size}, {dim})")
                 ids_parts.append(ids[mine])
                 row_parts.append(rows[mine].astype(dtype, copy=False))
-                for key in sorted(keys):
+                for key in sorted(keys) if with_slots else ():
                     if key.startswith("slot:"):
                         arr = get(key)
                         if arr.shape != rows.shape:

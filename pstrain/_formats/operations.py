@@ -208,6 +208,9 @@ class CreateTable(Operation, tag="dyn/create"):
     name: Name
     config: TableSpec
     owner: Owner | None = None
+    #: which shard of how many this ps holds (ids with ``shard_of(ids, num_shards) == shard``)
+    shard: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    num_shards: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)] | None = None
 
 
 class LookupTable(Operation, tag="dyn/lookup"):

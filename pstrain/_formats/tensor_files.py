@@ -20,8 +20,8 @@ import numpy as np
 
 from .._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, PstrainError
 
-__all__ = ["MAX_HEADER", "SAFETENSORS_DTYPES", "open_directory", "read_rows", "write_atomically",
-           "write_streaming", "write_tensors"]
+__all__ = ["MAX_HEADER", "SAFETENSORS_DTYPES", "open_directory", "read_rows", "safetensors_header",
+           "write_atomically", "write_streaming", "write_tensors"]
 
 
 def write_tensors(path: str, tensors: dict[str, np.ndarray]) -> int:
@@ -45,16 +45,14 @@ def whole(key: str, arr: np.ndarray) -> tuple[str, np.dtype, tuple[int, ...], An
     return key, arr.dtype, arr.shape, functools.partial(iter, (arr,))
 
 
-def write_streaming(path: str, tensors: Sequence[tuple[str, np.dtype, tuple[int, ...], Any]],
-                    root: str | None = None) -> int:
-    """Write a safetensors file whose tensors arrive in pieces: ``(key, dtype, shape,
-    pieces)`` where ``pieces()`` yields the tensor's bytes in row order (so a large array
-    need not be in memory twice). The header is the format's (8-byte length, JSON with
-    dtype, shape and data offsets, space-padded to 8 bytes); reading is safetensors' own.
-    Written like :func:`write_atomically` with ``overwrite=False``; returns the size."""
+def safetensors_header(tensors: Sequence[tuple[str, np.dtype, tuple[int, ...]]],
+                       metadata: dict[str, str] | None = None) -> tuple[bytes, dict[str, Any]]:
+    """The head of a safetensors file holding ``tensors`` ``(key, dtype, shape)`` in that
+    order, and its header: 8-byte length, then JSON (each tensor's dtype, shape and data
+    offsets, and ``__metadata__``), space-padded to 8 bytes. Their bytes follow it."""
     header: dict[str, Any] = {}
     offset = 0
-    for key, dtype, shape, _ in tensors:
+    for key, dtype, shape in tensors:
         tag = SAFETENSORS_DTYPES.get(np.dtype(dtype).name)
         if tag is None:
             raise InvalidArgumentError(f"checkpoint: {key!r} has dtype {dtype}, which safetensors "
@@ -62,11 +60,22 @@ def write_streaming(path: str, tensors: Sequence[tuple[str, np.dtype, tuple[int,
         size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         header[key] = {"dtype": tag, "shape": list(shape), "data_offsets": [offset, offset + size]}
         offset += size
-    raw = json.dumps(header, separators=(",", ":")).encode()
+    head = {"__metadata__": metadata, **header} if metadata else header
+    raw = json.dumps(head, separators=(",", ":")).encode()
     raw += b" " * (-(8 + len(raw)) % 8)
+    return len(raw).to_bytes(8, "little") + raw, header
+
+
+def write_streaming(path: str, tensors: Sequence[tuple[str, np.dtype, tuple[int, ...], Any]],
+                    root: str | None = None) -> int:
+    """Write a safetensors file whose tensors arrive in pieces: ``(key, dtype, shape,
+    pieces)`` where ``pieces()`` yields the tensor's bytes in row order (so a large array
+    need not be in memory twice). The header is the format's (8-byte length, JSON with
+    dtype, shape and data offsets, space-padded to 8 bytes); reading is safetensors' own.
+    Written like :func:`write_atomically` with ``overwrite=False``; returns the size."""
+    raw, header = safetensors_header([(key, dtype, shape) for key, dtype, shape, _ in tensors])
 
     def write(f: BinaryIO) -> None:
-        f.write(len(raw).to_bytes(8, "little"))
         f.write(raw)
         for key, dtype, _, pieces in tensors:
             want = header[key]["data_offsets"][1] - header[key]["data_offsets"][0]

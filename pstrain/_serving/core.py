@@ -42,7 +42,7 @@ from .._formats.records import Operation, validate
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Encoded", "Handler", "Pinned", "Reply", "ServerCore", "Status"]
+__all__ = ["Download", "Encoded", "Handler", "Pinned", "Reply", "ServerCore", "Status"]
 
 
 class Status(enum.Enum):
@@ -84,6 +84,17 @@ class Pinned:
     def __init__(self, value: Any, release: Callable[[], None]) -> None:
         self.value = value
         self.release = release
+
+
+@dataclass
+class Download:
+    """The answer of an HTTP download (:meth:`ServerCore.download`): bytes sent in pieces,
+    with their type and extra headers; ``release`` is called once they have left."""
+
+    chunks: list[bytes | memoryview]
+    content_type: str = "application/octet-stream"
+    headers: dict[str, str] | None = None
+    release: Callable[[], None] | None = None
 
 
 @dataclass
@@ -141,6 +152,8 @@ class ServerCore:
         self.connections: set[asyncio.BaseTransport] = set()
         #: HTTP pages that authenticate requests themselves (see :meth:`page`).
         self.pages: dict[tuple[str, str], Callable[..., Awaitable[Any]]] = {}
+        #: HTTP downloads behind the cluster token (see :meth:`download`).
+        self.downloads: dict[str, Callable[[dict[str, str], dict[str, str]], Awaitable[Download]]] = {}
         self.route(Health, self.health)
         self.route(Statistics, self.statistics)
 
@@ -166,6 +179,13 @@ class ServerCore:
         ``authenticated()`` once it has: that ends the connection's pre-auth deadline, as the
         cluster token does for every other request. Only pages skip the token check."""
         self.pages[(method, path)] = handler
+
+    def download(self, path: str,
+                 handler: Callable[[dict[str, str], dict[str, str]], Awaitable[Download]]) -> None:
+        """Serve ``GET path`` (an aiohttp pattern, ``/v1/tables/{name}/rows``) behind the
+        cluster token with ``handler(path parameters, query parameters)``, which returns a
+        :class:`Download` or raises a pstrain error (sent as JSON with its status)."""
+        self.downloads[path] = handler
 
     def refuse(self, operation: type[Operation], reason: str) -> None:
         """Answer ``operation`` with an InvalidArgumentError giving ``reason``, before its body

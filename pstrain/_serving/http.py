@@ -1,4 +1,5 @@
-"""The HTTP face of a server (aiohttp): ``POST /v1/<op>``, ``/metrics``, ``/healthz``.
+"""The HTTP face of a server (aiohttp): ``POST /v1/<op>``, ``/metrics``, ``/healthz``,
+and a server's own ``GET`` downloads (the ps's table feed).
 
 For clients other than pstrain's own (curl, Prometheus, another language):
 the bearer token is checked by a middleware before the body is read; the
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from .._base.auth import bearer_ok
-from .._base.errors import AuthenticationError, ProtocolError, status_for, to_envelope
+from .._base.errors import AuthenticationError, ProtocolError, PstrainError, status_for, to_envelope
 from .._formats.observability import CONTENT_TYPE as METRICS_TYPE, make_registry, render
 from .._formats.protocol import CONTENT_TYPE, FrameKind
 from .core import Reply
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from .core import ServerCore
 
 __all__ = ["HttpAdapter"]
+
+_PIECE = 1 << 20  # bytes of a resource written at once
 
 
 class HttpAdapter:
@@ -52,6 +55,8 @@ class HttpAdapter:
         app.router.add_route("GET", "/v1/health", self._health)
         app.router.add_route("GET", "/healthz", self._health)
         app.router.add_route("GET", "/metrics", self._metrics)
+        for path, resource in self.server.downloads.items():
+            app.router.add_route("GET", path, self._resource(resource))
         for (method, path), page in self.server.pages.items():
             self._pages.add(app.router.add_route(method, path, self._page(page)))
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
@@ -74,6 +79,28 @@ class HttpAdapter:
 
             response: web.StreamResponse = await page(request, authenticated)
             return response
+        return handle
+
+    def _resource(self, resource: Any) -> Any:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            try:
+                download = await resource(dict(request.match_info), dict(request.query))
+            except PstrainError as exc:
+                return self._json_error(exc)
+            try:
+                chunks = [memoryview(c).cast("B") for c in download.chunks]
+                response = web.StreamResponse(headers={
+                    "Content-Type": download.content_type, **(download.headers or {}),
+                    "Content-Length": str(sum(len(c) for c in chunks))})
+                await response.prepare(request)
+                for chunk in chunks:  # in pieces: the send buffer stays small, the peer paces it
+                    for at in range(0, len(chunk), _PIECE):
+                        await response.write(chunk[at:at + _PIECE])
+                await response.write_eof()
+                return response
+            finally:
+                if download.release is not None:
+                    download.release()
         return handle
 
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:

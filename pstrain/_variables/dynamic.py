@@ -136,7 +136,8 @@ class DynamicEmbedding:
 
     async def _create(self, ps: int) -> None:
         await self.channel(ps).request(CreateTable(
-            name=self.key, config=TableSpec(**self.shard_config(ps)), owner=self.owner))
+            name=self.key, config=TableSpec(**self.shard_config(ps)), owner=self.owner,
+            shard=ps, num_shards=self.num_ps))
         self.created_on.add((id(asyncio.get_running_loop()), ps))
 
     async def shard_ready(self, ps: int) -> None:

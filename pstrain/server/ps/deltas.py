@@ -36,6 +36,7 @@ from ..._formats.checkpoint_operations import SaveDelta, TakeMark
 from ..._formats.tensor_files import whole
 from .checkpoint import CheckpointFiles
 from .dynamic_table import DynamicTable
+from .feed import TableFeed
 
 __all__ = ["Deltas"]
 
@@ -45,11 +46,11 @@ Tensors = list[tuple[str, np.dtype, tuple[int, ...], Any]]
 class Deltas:
     """Marks and delta files of one ps."""
 
-    def __init__(self, checkpoints: CheckpointFiles, tables: dict[str, DynamicTable],
-                 incarnation: str) -> None:
+    def __init__(self, checkpoints: CheckpointFiles, feed: TableFeed, incarnation: str) -> None:
         self.checkpoints = checkpoints
         self.store = checkpoints.store
-        self.tables = tables
+        self.feed = feed  # told where each table's deltas go
+        self.tables: dict[str, DynamicTable] = feed.tables
         self.incarnation = incarnation
 
     def take_mark(self, req: TakeMark) -> dict[str, Any]:
@@ -112,5 +113,7 @@ class Deltas:
             removed += changes["removed"].size
         mark = self.store.clock.mark()
         saved = await self.checkpoints.save_streamed(req.path, tensors)
+        for name in tables:
+            self.feed.saved(name, req.path)
         return {"incarnation": self.incarnation, "mark": mark, "bytes": saved["bytes"],
                 "rows": rows, "removed": removed, "written": written, "whole": written_whole}

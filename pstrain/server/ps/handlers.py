@@ -65,6 +65,7 @@ from ..._serving.core import Pinned
 from . import checkpoint as ps_checkpoint
 from .compute import apply_gradients, call_function
 from .deltas import Deltas
+from .feed import PATH as FEED_PATH, TableFeed
 from .fencing import Fencing
 from .store import VariableRecord, VariableStore, checked_rows, checked_value
 from .tables import TableHandlers
@@ -134,14 +135,17 @@ class ParameterServer(ServerBase):
         self.route(DeleteVariables, self.delete)
         self.route(ListVariables, self.list_variables)
         self.route(ApplyGradients, self.fencing.guarded(self.apply_optimizer))
-        self.table_handlers = TableHandlers(self.task, self.checkpoints, max_gather_bytes,
+        #: The serving feed of the tables (``GET /v1/tables/<name>/rows``).
+        self.feed = TableFeed(self.task, index, {})
+        self.download(FEED_PATH, self.feed.serve)
+        self.table_handlers = TableHandlers(self.task, self.checkpoints, max_gather_bytes, self.feed,
                                             max_table_bytes=max_variable_bytes,
                                             on_takeover=self.fencing.supersede)
         self.tables = self.table_handlers.tables
         for operation, handler in self.table_handlers.routes().items():
             self.route(operation, handler)
         self.route(SaveCheckpoint, self.save_checkpoint)
-        self.deltas = Deltas(self.checkpoints, self.tables, self.incarnation)
+        self.deltas = Deltas(self.checkpoints, self.feed, self.incarnation)
         self.route(TakeMark, self.deltas.take_mark)
         self.route(SaveDelta, self.deltas.save_delta)
         self.route(RestoreCheckpoint, self.restore_checkpoint)

@@ -23,6 +23,7 @@ from ..._formats.records import Operation
 from ..._formats.tensor_files import whole
 from .checkpoint import CheckpointFiles
 from .dynamic_table import DynamicTable, TableConfig
+from .feed import TableFeed
 
 __all__ = ["TableHandlers"]
 
@@ -30,8 +31,8 @@ __all__ = ["TableHandlers"]
 class TableHandlers:
     """The dynamic tables of one ps, by name, and the operations on them."""
 
-    def __init__(self, task: str, checkpoints: CheckpointFiles, max_gather_bytes: int, *,
-                 max_table_bytes: int | None = None,
+    def __init__(self, task: str, checkpoints: CheckpointFiles, max_gather_bytes: int, feed: TableFeed,
+                 *, max_table_bytes: int | None = None,
                  on_takeover: Callable[[set[str | None], str | None], None] | None = None) -> None:
         self.task = task
         self.max_table_bytes = max_table_bytes  # a shard's rows and slots: --max-variable-bytes
@@ -39,7 +40,8 @@ class TableHandlers:
         self.on_takeover = on_takeover
         self.checkpoints = checkpoints
         self.max_gather_bytes = max_gather_bytes
-        self.tables: dict[str, DynamicTable] = {}
+        self.tables: dict[str, DynamicTable] = feed.tables
+        self.feed = feed  # told where each table is saved and which shard it is
 
     def routes(self) -> dict[type[Operation], Callable[..., Any]]:
         return {CreateTable: self.create_table, LookupTable: self.lookup_table,
@@ -75,17 +77,25 @@ class TableHandlers:
         """Create a table's shard here; the same configuration again is a no-op, another
         owner's table of that name is taken over (a restarted coordinator)."""
         config = TableConfig(**msgspec.structs.asdict(req.config))
+        if (req.shard is None) != (req.num_shards is None) or (
+                req.shard is not None and req.num_shards is not None and req.shard >= req.num_shards):
+            raise InvalidArgumentError(f"dyn/create of {req.name!r}: shard {req.shard} of "
+                                       f"{req.num_shards}")
         existing = self.tables.get(req.name)
         if existing is not None and (existing.owner == req.owner or req.owner is None):
             if existing.config != config:
                 raise AlreadyExistsError(
                     f"dynamic table {req.name!r} exists on {self.task} with another configuration "
                     f"({existing.config.as_dict()})")
+            if req.shard is not None and req.name not in self.feed.placement:
+                self.feed.placed(req.name, req.shard, req.num_shards, self.feed.reset_at.get(req.name, 0))
             return {"created": 0}
+        clock = self.checkpoints.store.clock
         table = DynamicTable(req.name, config, req.owner, self.max_table_bytes,  # checks first
-                             clock=self.checkpoints.store.clock)
+                             clock=clock)
         self._taken_over(existing, req.owner)
         self.tables[req.name] = table
+        self.feed.placed(req.name, req.shard, req.num_shards, clock.epoch)
         return {"created": 1}
 
     def _taken_over(self, existing: DynamicTable | None, owner: str | None) -> None:
@@ -137,9 +147,11 @@ class TableHandlers:
             if key in rename:
                 tensors.append(whole(f"init:{rename[key]}", np.array([init], np.float64)))
         try:
-            return await self.checkpoints.save_streamed(req.path, tensors)
+            saved = await self.checkpoints.save_streamed(req.path, tensors)
         finally:
             table.end_snapshot(save)
+        self.feed.saved(req.name, req.path)
+        return saved
 
     async def restore_table(self, req: RestoreTable) -> dict[str, Any]:
         config = TableConfig(**msgspec.structs.asdict(req.config))
@@ -171,6 +183,10 @@ class TableHandlers:
             table.admitted, table.evicted = existing.admitted, existing.evicted
         self._taken_over(existing, req.owner)
         self.tables[req.name] = table
+        self.feed.placed(req.name, req.shard, req.num_shards, self.checkpoints.store.clock.epoch)
+        first = req.paths[0] if req.paths else next((d[0][0] for d in req.deltas if d), None)
+        if first is not None:
+            self.feed.saved(req.name, first)
         return {"restored": int(ids.size)}
 
 def _table_ids(ids: Any, what: str) -> np.ndarray:

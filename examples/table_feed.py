@@ -1,0 +1,128 @@
+"""Keep a numpy copy of a dynamic table in step with training, from the ps's serving feed.
+
+Each ps serves the rows of its shard changed since a version::
+
+    GET /v1/tables/<name>/rows?since=<version>     (Authorization: Bearer <token>)
+
+The reply is a safetensors file (``ids``, ``rows``, ``removed``) and the headers
+``X-Pstrain-Version`` (send it as ``since`` next time) and ``X-Pstrain-Reset``
+(``true``: these rows replace the shard; else drop ``removed``, then put ``ids``
+in). Versions are those of the job's checkpoints and deltas, so a serving copy
+follows training one delta interval behind
+(``CheckpointManager(..., delta_interval_s=...)``).
+
+Run it beside a job whose table is ``emb``::
+
+    PSTRAIN_TOKEN=... python examples/table_feed.py --ps 10.0.0.5:7000,10.0.0.6:7000 --table emb
+
+Only aiohttp, numpy and safetensors are needed: any other language can do the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+
+import aiohttp
+import numpy as np
+from safetensors.numpy import load
+
+
+class ShardCopy:
+    """One ps's shard: ids (ascending) and their rows, at ``version``."""
+
+    def __init__(self) -> None:
+        self.version: int | None = None
+        self.ids = np.empty(0, np.int64)
+        self.rows = np.empty((0, 0), np.float32)
+
+    def apply(self, reset: bool, version: int, ids: np.ndarray, rows: np.ndarray,
+              removed: np.ndarray) -> None:
+        if reset:
+            self.ids, self.rows = ids, rows
+        else:
+            if not self.rows.size:  # nothing held yet: take the rows' width
+                self.rows = np.empty((0, *rows.shape[1:]), rows.dtype)
+            keep = ~np.isin(self.ids, np.concatenate([removed, ids]))
+            self.ids = np.concatenate([self.ids[keep], ids])
+            self.rows = np.concatenate([self.rows[keep], rows])
+            order = np.argsort(self.ids, kind="stable")
+            self.ids, self.rows = self.ids[order], self.rows[order]
+        self.version = version
+
+
+class TableMirror:
+    """A table's rows across every ps, each shard kept at its own version."""
+
+    def __init__(self, endpoints: list[str], table: str, token: str | None = None) -> None:
+        self.endpoints = endpoints
+        self.table = table
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.shards = [ShardCopy() for _ in endpoints]
+        self.resets = 0  # replies that replaced a whole shard
+
+    async def poll(self, session: aiohttp.ClientSession) -> int:
+        """Ask every ps once; returns the rows received."""
+        received = await asyncio.gather(*(self._poll(session, k) for k in range(len(self.endpoints))))
+        return sum(received)
+
+    async def _poll(self, session: aiohttp.ClientSession, k: int) -> int:
+        shard = self.shards[k]
+        params = {} if shard.version is None else {"since": str(shard.version)}
+        url = f"http://{self.endpoints[k]}/v1/tables/{self.table}/rows"
+        async with session.get(url, params=params, headers=self.headers) as response:
+            if response.status != 200:
+                raise RuntimeError(f"{url}: {response.status} {await response.text()}")
+            arrays = load(await response.read())
+            reset = response.headers["X-Pstrain-Reset"] == "true"
+            version = int(response.headers["X-Pstrain-Version"])
+        shard.apply(reset, version, arrays["ids"], arrays["rows"], arrays["removed"])
+        self.resets += reset
+        return int(arrays["ids"].size)
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every id (ascending) and its row."""
+        held = [s for s in self.shards if s.ids.size]
+        if not held:
+            return np.empty(0, np.int64), np.empty((0, 0), np.float32)
+        ids = np.concatenate([s.ids for s in held])
+        rows = np.concatenate([s.rows for s in held])
+        order = np.argsort(ids, kind="stable")
+        return ids[order], rows[order]
+
+    def lookup(self, ids: np.ndarray, default: float = 0.0) -> np.ndarray:
+        """The rows of ``ids`` (``default`` for ids the table does not hold)."""
+        have, rows = self.snapshot()
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        at = np.searchsorted(have, ids)
+        found = at < have.size
+        found[found] = have[at[found]] == ids[found]
+        out = np.full((ids.size, rows.shape[1]), default, rows.dtype)
+        out[found] = rows[at[found]]
+        return out
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ps", required=True, help="the ps's host:port, comma-separated, in order")
+    parser.add_argument("--table", required=True, help="the table's name")
+    parser.add_argument("--every", type=float, default=2.0, help="seconds between polls")
+    parser.add_argument("--token-file", help="the cluster token (default: $PSTRAIN_TOKEN)")
+    args = parser.parse_args()
+    token = os.environ.get("PSTRAIN_TOKEN")
+    if args.token_file:
+        with open(args.token_file, encoding="utf-8") as f:
+            token = f.read().strip()
+    mirror = TableMirror(args.ps.split(","), args.table, token)
+    async with aiohttp.ClientSession() as session:
+        while True:
+            rows = await mirror.poll(session)
+            ids, _ = mirror.snapshot()
+            versions = [s.version for s in mirror.shards]
+            print(f"{ids.size} rows held, {rows} received, versions {versions}", flush=True)
+            await asyncio.sleep(args.every)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

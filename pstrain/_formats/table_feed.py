@@ -1,0 +1,155 @@
+"""The serving feed's reading: what one ps's shard of a table changed since a version,
+from the checkpoints and deltas of one directory.
+
+A *version* is a save's ``seq`` (unique in its directory, full or delta,
+``_checkpoint/deltas.py``). The feed follows one *chain*: the base and deltas
+``1..K`` of the newest save (highest ``seq``) that holds the table. A reader
+that last got version ``s`` gets, in order of preference:
+
+1. ``s`` is the chain's last version: nothing (the same version again).
+2. ``s`` is a save of the chain: the deltas after it, composed.
+3. ``s`` is a save of an older chain (before a compaction): the rest of that
+   chain's deltas, then the chain's deltas whose marks are after the last of them,
+   if that last one's mark on this ps is at least the chain's base's (same
+   incarnation throughout, no table restore since ``s``). A compaction writes a
+   delta and gives the new base that delta's marks (``Checkpoint.write_compacted``),
+   so a reader crosses it without a full read. Every row changed after ``s`` is
+   sent (a few changed before may be sent again, with their last values: putting
+   them in again changes nothing).
+4. Otherwise (no ``s``, a save no longer there, a restarted ps, a restore since):
+   a *reset*: the whole shard at the chain's last version.
+
+Either way the reply names the chain's last version, which the reader sends next
+time. No network here; file I/O only.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._base.errors import FailedPreconditionError, PstrainError
+from .checkpoint_files import read_index
+from .delta_files import INDEX, read_delta_index, read_table_changes, read_table_state, split_delta
+
+__all__ = ["FeedReply", "read_feed"]
+
+
+@dataclass(frozen=True)
+class FeedReply:
+    """One answer of the feed: apply ``removed`` then ``ids``/``rows`` (or, on a reset,
+    replace everything with ``ids``/``rows``), then ask again since ``version``."""
+
+    version: int
+    reset: bool
+    ids: np.ndarray
+    rows: np.ndarray
+    removed: np.ndarray
+    chain: str  # the chain's base, a file name
+    deltas: int  # how many delta files were read
+
+
+@dataclass(frozen=True)
+class _Save:
+    seq: int
+    base: str  # the base's prefix
+    number: int  # 0: the base itself
+    entry: dict[str, Any]  # the table's entry in the index
+    mark: tuple[str, int] | None  # this ps's [incarnation, mark]
+
+
+def _saves(directory: str, key: str, ps: int) -> dict[int, _Save]:
+    """The saves of ``directory`` that hold table ``key`` (its name on the ps), by version."""
+    found: dict[int, _Save] = {}
+    for path in glob.glob(os.path.join(glob.escape(directory), "*" + INDEX)):
+        prefix = path[: -len(INDEX)]
+        split = split_delta(prefix)
+        try:
+            index = read_delta_index(prefix) if split else read_index(prefix)
+        except PstrainError:
+            continue  # removed meanwhile, damaged, or not a pstrain save: not a version
+        entry = next((e for e in index.get("tables", {}).values()
+                      if (e.get("key") or e.get("name")) == key), None)
+        if entry is None:
+            continue
+        mark = index.get("marks", {}).get(str(ps))
+        found[int(index.get("seq", 0))] = _Save(
+            int(index.get("seq", 0)), split[0] if split else prefix, split[1] if split else 0,
+            entry, (str(mark[0]), int(mark[1])) if mark else None)
+    return found
+
+
+def _chain(saves: dict[int, _Save], newest: _Save) -> list[_Save]:
+    """The base and deltas 1..K of save ``newest`` (each delta's index present)."""
+    by_number = {s.number: s for s in saves.values() if s.base == newest.base}
+    chain = []
+    for number in range(newest.number + 1):
+        save = by_number.get(number)
+        if save is None:
+            raise FailedPreconditionError(f"table feed: save {number} of {newest.base} is missing")
+        chain.append(save)
+    return chain
+
+
+def _after(since: _Save, saves: dict[int, _Save], chain: list[_Save], reset_at: int) -> list[_Save] | None:
+    """The deltas that hold every change after save ``since``, another chain's (rule 3 of
+    the module docstring): the rest of ``since``'s own chain, then the deltas of ``chain``
+    after its last save's marks; None if that cannot be known."""
+    mine = sorted((s for s in saves.values() if s.base == since.base and s.number > since.number),
+                  key=lambda s: s.number)
+    bridge = []
+    for k, save in enumerate(mine, since.number + 1):  # contiguous from ``since``
+        if save.number != k:
+            break
+        bridge.append(save)
+    last = bridge[-1] if bridge else since
+    path = [since, *bridge, *chain]
+    if since.mark is None or since.mark[1] < reset_at:
+        return None
+    if any(s.mark is None or s.mark[0] != since.mark[0] for s in path):
+        return None
+    assert last.mark is not None and chain[0].mark is not None
+    if last.mark[1] < chain[0].mark[1]:
+        return None
+    return [*bridge, *(s for s in chain[1:] if s.mark is not None and s.mark[1] > last.mark[1])]
+
+
+def _files(directory: str, save: _Save) -> list[tuple[str, str]]:
+    return [(os.path.join(directory, f), save.entry["prefix"] + ":") for f in save.entry["files"]]
+
+
+def read_feed(directory: str, key: str, ps: int, shard: int, num_shards: int, dim: int,
+              dtype: np.dtype, since: int | None, reset_at: int = 0) -> FeedReply:
+    """What shard ``shard`` of ``num_shards`` of table ``key`` changed since version
+    ``since`` (None: everything), read from ``directory`` (the rules: module docstring).
+    ``ps`` is this ps's number in the saves' marks; ``reset_at`` the mark before which this
+    ps's table was last replaced (a restore): older marks are not comparable."""
+    saves = _saves(directory, key, ps)
+    if not saves:
+        raise FailedPreconditionError(
+            f"table feed: no save of table {key!r} in {directory} yet: the feed serves saved "
+            "versions (CheckpointManager(..., delta_interval_s=...))")
+    chain = _chain(saves, saves[max(saves)])
+    version, name = chain[-1].seq, os.path.basename(chain[0].base)
+    empty = np.empty(0, np.int64)
+    if since == version:
+        return FeedReply(version, False, empty, np.empty((0, dim), dtype), empty, name, 0)
+    deltas: list[_Save] | None = None
+    position = next((i for i, s in enumerate(chain) if s.seq == since), None)
+    if position is not None:
+        deltas = chain[position + 1:]
+    elif since is not None and since in saves:
+        deltas = _after(saves[since], saves, chain, reset_at)
+    if deltas is not None:
+        ids, rows, removed = read_table_changes([_files(directory, s) for s in deltas], shard,
+                                                num_shards, dim, dtype)
+        return FeedReply(version, False, ids, rows, removed, name, len(deltas))
+    base_files = [os.path.join(directory, f) for f in chain[0].entry["files"]]
+    ids, rows, _, _ = read_table_state(base_files, [_files(directory, s) for s in chain[1:]], shard,
+                                       num_shards, dim, dtype, with_slots=False)
+    order = np.argsort(ids, kind="stable")
+    return FeedReply(version, True, ids[order], rows[order], empty, name, len(chain) - 1)

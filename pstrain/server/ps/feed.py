@@ -1,0 +1,116 @@
+"""The serving feed of a ps: ``GET /v1/tables/<name>/rows?since=<version>``.
+
+A serving store follows training by asking each ps, with the cluster token, for
+the rows of its shard of a table changed since the version it last got. The
+answer is read from the table's checkpoint and delta files (the rules:
+``_formats/table_feed.py``), so versions are the saves' own (``seq``) and
+survive a restarted ps: once the coordinator has restored it, it answers for
+the same versions again.
+
+The reply is a safetensors file: ``ids`` (int64), ``rows`` (``[n, dim]``) and
+``removed`` (int64), with ``__metadata__`` ``version``, ``reset`` (``"true"``:
+replace the whole shard with these rows; else drop ``removed``, then put ``ids``
+in), ``since``, ``table``, ``shard``, ``num_shards`` and ``task``; the same
+values come as ``X-Pstrain-*`` headers. Query ``since`` absent: the whole shard.
+
+The ps learns where a table's saves are from the saves and restores it serves
+(``dyn/save``, ``delta/save``, ``dyn/restore``); a table never saved nor restored
+here has no feed yet (FailedPreconditionError, 412).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+
+import numpy as np
+
+from ..._base.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from ..._formats.table_feed import FeedReply, read_feed
+from ..._formats.tensor_files import safetensors_header
+from ..._serving.core import Download
+from .dynamic_table import DynamicTable
+
+__all__ = ["PATH", "TableFeed"]
+
+#: The feed's HTTP path.
+PATH = "/v1/tables/{name}/rows"
+_VERSION = re.compile(r"^\d{1,18}$")
+_ATTEMPTS = 3  # a save pruned while it was read: read the directory again
+
+
+class TableFeed:
+    """Where each table of one ps was saved, its shard, and the feed that reads them."""
+
+    def __init__(self, task: str, index: int, tables: dict[str, DynamicTable]) -> None:
+        self.task = task
+        self.index = index
+        self.tables = tables
+        #: table -> the directory of its last save or restore here
+        self.directories: dict[str, str] = {}
+        #: table -> (shard, number of shards), as its coordinator placed it
+        self.placement: dict[str, tuple[int, int]] = {}
+        #: table -> the change epoch at which its rows were last replaced (created or restored)
+        self.reset_at: dict[str, int] = {}
+
+    def placed(self, name: str, shard: int | None, num_shards: int | None, epoch: int) -> None:
+        """Table ``name`` was (re)created or restored here as shard ``shard`` of ``num_shards``."""
+        if shard is not None and num_shards is not None:
+            self.placement[name] = (shard, num_shards)
+        self.reset_at[name] = epoch
+
+    def saved(self, name: str, path: str) -> None:
+        """Table ``name`` was saved to, or restored from, the file ``path``."""
+        self.directories[name] = os.path.dirname(os.path.abspath(path))
+
+    async def changes(self, name: str, since: int | None) -> FeedReply:
+        """What this ps's shard of ``name`` changed since version ``since``."""
+        table = self.tables.get(name)
+        if table is None:
+            raise NotFoundError(f"table feed: dynamic table {name!r} not found on {self.task}")
+        directory = self.directories.get(name)
+        if directory is None:
+            raise FailedPreconditionError(
+                f"table feed: table {name!r} has not been saved or restored on {self.task} "
+                "since it started: the feed serves saved versions (CheckpointManager(..., "
+                "delta_interval_s=...))")
+        placement = self.placement.get(name)
+        if placement is None:
+            raise FailedPreconditionError(f"table feed: {self.task} does not know which shard of "
+                                          f"{name!r} it holds (created by an older coordinator)")
+        shard, num_shards = placement
+        dim, dtype, reset_at = table.config.dim, table.dtype, self.reset_at.get(name, 0)
+        for attempt in range(_ATTEMPTS):
+            try:
+                return await asyncio.to_thread(read_feed, directory, name, self.index, shard,
+                                               num_shards, dim, dtype, since, reset_at)
+            except (FailedPreconditionError, InvalidArgumentError):
+                if attempt == _ATTEMPTS - 1:  # not a save pruned meanwhile: the directory is bad
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def serve(self, params: dict[str, str], query: dict[str, str]) -> Download:
+        """The HTTP resource (``PATH``)."""
+        name = params.get("name", "")
+        raw = query.get("since")
+        if raw is not None and not _VERSION.match(raw):
+            raise InvalidArgumentError(f"table feed: since={raw!r} is not a version (a number "
+                                       "the feed gave)")
+        unknown = sorted(set(query) - {"since"})
+        if unknown:
+            raise InvalidArgumentError(f"table feed: unknown query parameter(s) {unknown}; "
+                                       "the feed takes since=<version>")
+        since = int(raw) if raw is not None else None
+        reply = await self.changes(name, since)
+        shard, num_shards = self.placement[name]
+        metadata = {"version": str(reply.version), "reset": "true" if reply.reset else "false",
+                    "since": "" if since is None else str(since), "table": name,
+                    "shard": str(shard), "num_shards": str(num_shards), "task": self.task}
+        arrays = {"ids": reply.ids, "rows": np.ascontiguousarray(reply.rows),
+                  "removed": reply.removed}
+        head, _ = safetensors_header([(k, a.dtype, a.shape) for k, a in arrays.items()], metadata)
+        headers = {f"X-Pstrain-{k.replace('_', '-').title()}": v for k, v in metadata.items()
+                   if k in ("version", "reset", "since")}
+        return Download([head, *(a.reshape(-1).view(np.uint8).data for a in arrays.values())],
+                        "application/octet-stream", headers)
