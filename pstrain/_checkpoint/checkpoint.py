@@ -53,6 +53,7 @@ still reads them (by name).
 from __future__ import annotations
 
 import asyncio
+import functools
 import glob
 import logging
 import os
@@ -219,7 +220,9 @@ class Checkpoint:
         if local:
             await asyncio.get_running_loop().run_in_executor(
                 None, write_tensors, f"{prefix}.local.safetensors", local)
-        write_index(prefix, index_vars, self.save_counter, index_tables, seq, index_marks(marks))
+        await asyncio.get_running_loop().run_in_executor(  # off the loop: its fsync may wait
+            None, functools.partial(write_index, prefix, index_vars, self.save_counter, index_tables,
+                                    seq, index_marks(marks)))
         object.__setattr__(self, "_chain", Chain(prefix, 0, seq, marks))
         _SAVED.append({"path": prefix, "time": time.time(), "values": len(index_vars),
                        "tables": len(index_tables)})

@@ -187,8 +187,9 @@ async def write_delta(chain: Chain, entries: dict[str, Entry], tables: dict[str,
     size = sum(int(r.bytes) for r in replies.values())
     rows = sum(int(r.rows) for r in replies.values())
     marks = {**chain.marks, **{ps: (r.incarnation, int(r.mark)) for ps, r in replies.items()}}
-    write_delta_index(prefix, {"base": os.path.basename(chain.base), "delta": number,
-                               "seq": seq, "time": time.time(), "variables": index_vars,
-                               "tables": index_tables, "bytes": size, "marks": index_marks(marks)})
+    index = {"base": os.path.basename(chain.base), "delta": number, "seq": seq, "time": time.time(),
+             "variables": index_vars, "tables": index_tables, "bytes": size, "marks": index_marks(marks)}
+    # Off the loop: its fsync can wait for the deltas' own bytes to reach the disk.
+    await asyncio.get_running_loop().run_in_executor(None, write_delta_index, prefix, index)
     logger.info("saved delta %s (%d rows, %d bytes)", prefix, rows, size)
     return prefix, Chain(chain.base, number, seq, marks)

@@ -63,6 +63,7 @@ class CheckpointManager:
         self.deltas_per_base = deltas_per_base
         self._pattern = re.compile(re.escape(checkpoint_name) + r"-(\d+)" + re.escape(INDEX) + "$")
         self._loop: asyncio.Task[None] | None = None
+        self._closed = False  # close() stops the deltas for good
         self._compaction: asyncio.Task[str] | None = None
         self._lock = asyncio.Lock()  # one full save at a time
         self._delta_lock = asyncio.Lock()  # one delta at a time (a compaction writes one too)
@@ -154,7 +155,7 @@ class CheckpointManager:
         return await self._save(None, compacted=True)
 
     def _start(self) -> None:
-        if self.delta_interval_s is not None and self._loop is None:
+        if self.delta_interval_s is not None and self._loop is None and not self._closed:
             self._loop = asyncio.get_running_loop().create_task(self._deltas_loop(),
                                                                 name="pstrain-deltas")
 
@@ -182,7 +183,8 @@ class CheckpointManager:
             logger.warning("compacting the deltas into a full checkpoint failed: %s", task.exception())
 
     async def close(self) -> None:
-        """Stop writing deltas (a compaction under way is let finish)."""
+        """Stop writing deltas for good (a compaction under way is let finish)."""
+        self._closed = True
         loop, self._loop = self._loop, None
         if loop is not None:
             loop.cancel()

@@ -266,21 +266,42 @@ def read_tensor(path: str, key: str) -> np.ndarray:
         raise NotFoundError(f"checkpoint file {path} not found") from exc
 
 
+#: Rows of a delta read and put in at once (a bounded buffer, not the delta's whole tensor).
+PATCH_ROWS = 1 << 16
+
+
 def _patch(out: np.ndarray, path: str, rows_key: str, idx_key: str | None, shift: int) -> None:
-    rows = read_tensor(path, rows_key)
-    if rows.dtype != out.dtype:
-        raise InvalidArgumentError(f"{rows_key!r} in {path} is {rows.dtype}, expected {out.dtype}")
     if idx_key is None:
+        rows = read_tensor(path, rows_key)
+        if rows.dtype != out.dtype:
+            raise InvalidArgumentError(f"{rows_key!r} in {path} is {rows.dtype}, expected {out.dtype}")
         if rows.size != out.size:
             raise InvalidArgumentError(f"{rows_key!r} in {path} has shape {rows.shape}, expected "
                                        f"{out.shape}")
         out[...] = rows.reshape(out.shape)
         return
     idx = read_tensor(path, idx_key)
-    if idx.dtype != np.int64 or idx.ndim != 1 or not out.ndim or \
-            rows.shape != (idx.size, *out.shape[1:]):
-        raise InvalidArgumentError(f"{idx_key!r} and {rows_key!r} in {path} ({idx.dtype} "
-                                   f"{idx.shape}, {rows.shape}) are not rows of {out.shape}")
-    dst = idx + shift
-    inside = (dst >= 0) & (dst < out.shape[0])
-    out[dst[inside]] = rows[inside]
+    try:
+        with open(path, "rb", buffering=0) as f:
+            at, dtype, shape = _tensor_location(f, path, rows_key)
+            if dtype != out.dtype:
+                raise InvalidArgumentError(f"{rows_key!r} in {path} is {dtype}, expected {out.dtype}")
+            if idx.dtype != np.int64 or idx.ndim != 1 or not out.ndim or \
+                    shape != (idx.size, *out.shape[1:]):
+                raise InvalidArgumentError(f"{idx_key!r} and {rows_key!r} in {path} ({idx.dtype} "
+                                           f"{idx.shape}, {shape}) are not rows of {out.shape}")
+            dst = idx + shift
+            inside = (dst >= 0) & (dst < out.shape[0])
+            row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+            buf = np.empty((min(PATCH_ROWS, idx.size), *out.shape[1:]), dtype)
+            for lo in range(0, idx.size, PATCH_ROWS):  # read in bounded pieces, put each in
+                hi = min(lo + PATCH_ROWS, idx.size)
+                piece = buf[:hi - lo]
+                _read_into(f, at + lo * row_bytes, piece)
+                keep = inside[lo:hi]
+                if keep.all():
+                    out[dst[lo:hi]] = piece
+                else:
+                    out[dst[lo:hi][keep]] = piece[keep]
+    except FileNotFoundError as exc:
+        raise NotFoundError(f"checkpoint file {path} not found") from exc

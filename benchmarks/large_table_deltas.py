@@ -1,0 +1,221 @@
+"""W7 with delta checkpoints: the 25,000,000 x 32 table (W4's model and data) on 2 ps, a full
+base, then a delta every ``--interval`` seconds while training runs; then base + deltas
+restored into a fresh cluster, against a plain read of the same files measured in the same run.
+
+Figures (results/W7-deltas.jsonl, medians over the deltas): training speed while a delta is
+written against the interval before it; delta bytes per minute of training; restore of base +
+``--deltas`` deltas against a plain read of the same bytes (page cache dropped before each, as
+root); each ps's peak RSS over the table and slots it holds. results/W7-deltas.png plots each
+ps's RSS over time with the deltas marked.
+
+    python benchmarks/large_table_deltas.py [--rows 25000000] [--deltas 10] [--interval 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pstrain
+from pstrain.ctr import BATCH, CTRModel, make_step, synthetic
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, emit  # noqa: E402
+from dynamic_tables import rss_mib  # noqa: E402
+from large_table import CHUNK, Sampler, drop_caches, parallel  # noqa: E402
+
+EXTRA = ["--max-variable-bytes", str(8 << 30)]
+
+
+def _read_files(paths: list[str]) -> None:
+    buf = bytearray(CHUNK)
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+
+
+def _model(args, strategy, name: str):
+    model = CTRModel(rows=args.rows, dim=args.dim, name=name)
+    opt = pstrain.optimizers.Adagrad(learning_rate=0.05, initial_accumulator_value=0.1)
+    return model, opt
+
+
+async def train_with_deltas(args, directory: str) -> dict:
+    async with pstrain.LocalCluster(num_ps=2, num_workers=2, extra_args=EXTRA,
+                                    checkpoint_root=directory) as cluster:
+        ps_pids = [cluster.pid("ps", i) for i in range(2)]
+        sampler = Sampler(ps_pids)
+        strategy = pstrain.ParameterServerStrategy(
+            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
+        coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=2)
+        async with strategy.scope():
+            model, opt = _model(args, strategy, "w7")
+        step = make_step(model, opt)
+        rows = args.rows
+
+        def dataset_fn():
+            (ids, dense_x, y), _ = synthetic(1000 * BATCH, 0, rows=rows)
+            return (pstrain.data.Dataset.from_tensor_slices((ids, dense_x, y))
+                    .shuffle(50_000).repeat().batch(BATCH))
+
+        it = iter(coordinator.create_per_worker_dataset(dataset_fn))
+        for _ in range(50):
+            coordinator.schedule(step, args=(it,))
+        await coordinator.join()  # the slots exist now: the ps hold table + slots
+        peers = pstrain.rpc.ChannelPool(cluster.cluster_spec, cluster.token)
+        held = [(await peers.channel("ps", i).call("statistics", {}))["bytes"] for i in range(2)]
+        await peers.close()
+        ckpt = pstrain.Checkpoint(model=model, optimizer=opt)
+        manager = pstrain.checkpoint.CheckpointManager(ckpt, directory, max_to_keep=1,
+                                                       deltas_per_base=args.deltas + 1)
+        t = time.perf_counter()
+        base = await manager.save()
+        base_s = time.perf_counter() - t
+        rounds = []
+        marks = []
+        steps_total, train_s = 0, 0.0
+        for _ in range(args.deltas):
+            # The interval: training alone.
+            t0 = time.perf_counter()
+            done = 0
+            while time.perf_counter() - t0 < args.interval:
+                for _ in range(20):
+                    coordinator.schedule(step, args=(it,))
+                await coordinator.join()
+                done += 20
+            alone_s = time.perf_counter() - t0
+            # A delta, with training going on until it is written.
+            d0 = time.perf_counter()
+            writing = asyncio.ensure_future(manager.save_delta())
+            await asyncio.sleep(0)  # its first requests go out before the next steps
+            during = 0
+            while not writing.done():
+                for _ in range(20):
+                    coordinator.schedule(step, args=(it,))
+                await coordinator.join()
+                during += 20
+            d1 = time.perf_counter()
+            path = await writing
+            marks.append((d0 - sampler.t0, d1 - sampler.t0))
+            size = sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory)
+                       if f.startswith(os.path.basename(path) + "."))
+            rounds.append({"alone": done * BATCH / alone_s, "during": during * BATCH / (d1 - d0),
+                           "delta_s": d1 - d0, "bytes": size})
+            steps_total += done + during
+            train_s += (d1 - t0)
+        sampler.stop()
+        peaks = [rss_mib(p, "VmHWM") for p in ps_pids]
+        latest = manager.latest_checkpoint
+        await manager.close()
+        await coordinator.close()
+    return {"base": base, "base_s": base_s, "latest": latest, "rounds": rounds, "held": held,
+            "peaks": peaks, "samples": sampler.samples, "marks": marks, "train_s": train_s,
+            "steps": steps_total}
+
+
+async def restore(args, directory: str, path: str) -> dict:
+    async with pstrain.LocalCluster(num_ps=2, num_workers=1, extra_args=EXTRA,
+                                    checkpoint_root=directory) as cluster:
+        ps_pids = [cluster.pid("ps", i) for i in range(2)]
+        strategy = pstrain.ParameterServerStrategy(
+            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
+        async with strategy.scope():
+            model, opt = _model(args, strategy, "w7-restored")
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        step = make_step(model, opt)
+        rows = args.rows
+        it = iter(coordinator.create_per_worker_dataset(
+            lambda: iter([synthetic(BATCH, 0, rows=rows)[0]] * 4)))
+        await coordinator.schedule(lambda it: None, args=(it,))  # the worker's data, built first
+        t = time.perf_counter()
+        status = await pstrain.Checkpoint(model=model, optimizer=opt).restore(path)
+        await coordinator.schedule(step, args=(it,))  # the slots are restored as they are created
+        elapsed = time.perf_counter() - t
+        status.assert_consumed()
+        peaks = [rss_mib(p, "VmHWM") for p in ps_pids]
+        await coordinator.close()
+    return {"restore_s": elapsed, "peaks": peaks}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rows", type=int, default=25_000_000)
+    parser.add_argument("--dim", type=int, default=32)
+    parser.add_argument("--deltas", type=int, default=10)
+    parser.add_argument("--interval", type=float, default=10.0, help="seconds of training between deltas")
+    parser.add_argument("--dir", default=None)
+    args = parser.parse_args()
+    directory = tempfile.mkdtemp(prefix="w7d-", dir=args.dir or str(Path(__file__).resolve().parent))
+    try:
+        r = pstrain.run(train_with_deltas(args, directory))
+        files = sorted(os.path.join(directory, f) for f in os.listdir(directory)
+                       if f.endswith(".safetensors"))
+        total = sum(os.path.getsize(f) for f in files)
+        by_ps = [[f for f in files if f".ps{i}." in f] for i in range(2)]
+        by_ps[0] += [f for f in files if ".ps" not in os.path.basename(f)]  # the coordinator's own
+        drop_caches()
+        read_s = parallel(_read_files, [(group,) for group in by_ps])
+        cold = drop_caches()
+        rr = pstrain.run(restore(args, directory, r["latest"]))
+        rounds = r["rounds"]
+        ratios = [x["during"] / x["alone"] for x in rounds]
+        common = {"workers": 2, "ps": 2, "rows": args.rows, "dim": args.dim, "batch": BATCH,
+                  "deltas": len(rounds), "interval_s": args.interval, "page_cache_dropped": cold}
+        emit({**common, "metric": "ratio_during_delta", "value": round(statistics.median(ratios), 3),
+              "examples_per_s_alone": round(statistics.median(x["alone"] for x in rounds), 1),
+              "examples_per_s_during_delta": round(statistics.median(x["during"] for x in rounds), 1),
+              "ratios": [round(x, 3) for x in ratios],
+              "delta_s": [round(x["delta_s"], 2) for x in rounds]}, "W7-deltas")
+        per_min = sum(x["bytes"] for x in rounds) / r["train_s"] * 60
+        emit({**common, "metric": "delta_mib_per_min", "value": round(per_min / 2**20, 1),
+              "delta_mib": [round(x["bytes"] / 2**20, 1) for x in rounds],
+              "table_and_slots_mib": round(sum(r["held"]) / 2**20),
+              "train_s": round(r["train_s"], 1), "steps": r["steps"]}, "W7-deltas")
+        emit({**common, "metric": "restore_ratio_to_plain_read", "value": round(read_s / rr["restore_s"], 3),
+              "restore_s": round(rr["restore_s"], 2), "plain_read_s": round(read_s, 2),
+              "bytes": total, "path": os.path.basename(r["latest"]),
+              "restore_peak_rss_over_held": round(max(
+                  pk * 2**20 / h for pk, h in zip(rr["peaks"], r["held"])), 3)}, "W7-deltas")
+        emit({**common, "metric": "peak_rss_over_held", "value": round(max(
+            pk * 2**20 / h for pk, h in zip(r["peaks"], r["held"])), 3),
+            "peak_rss_mib_per_ps": [round(p) for p in r["peaks"]],
+            "held_mib_per_ps": [round(h / 2**20) for h in r["held"]],
+            "base_save_s": round(r["base_s"], 1)}, "W7-deltas")
+        plot(r)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def plot(r: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    ts = [t for t, _ in r["samples"]]
+    for i in range(2):
+        ax.plot(ts, [s[i] / 1024 for _, s in r["samples"]], label=f"ps {i} RSS")
+    ax.axhline(1.3 * max(r["held"]) / 2**30, color="red", linestyle="--", label="1.3 x table + slots")
+    for k, (a, b) in enumerate(r["marks"]):
+        ax.axvspan(a, b, color="orange", alpha=0.3, label="delta written" if k == 0 else None)
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("GiB")
+    ax.set_title("W7 with deltas: each ps's RSS, a delta every interval during training")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "W7-deltas.png")
+    print(f"wrote {RESULTS / 'W7-deltas.png'}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
