@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import pstrain
+from pstrain.server.ps.store import Snapshot
 from pstrain.testing import InProcessCluster
 
 from .conftest import TOKEN
@@ -77,3 +78,18 @@ def test_a_snapshots_blocks_hold_the_old_rows_and_free_them_once_written(changed
     data = np.concatenate([first, *blocks])
     np.testing.assert_array_equal(data, original)
     assert snap.kept_bytes == 0  # the kept rows were dropped once written
+
+
+def test_a_snapshot_of_some_rows_gives_them_as_they_were_while_they_change():
+    """A delta's changed rows, gathered block by block while updates go on."""
+    a = np.arange(40.0).reshape(20, 2)
+    select = np.array([1, 4, 5, 9, 17])
+    want = a[select].copy()
+    snap = Snapshot(a, block_rows=2, rows=select)
+    blocks = snap.blocks()
+    first = next(blocks)  # rows 1 and 4 are copied
+    snap.before_write(np.array([3, 4, 5, 17]))  # the serving loop, before an update
+    a[[3, 4, 5, 17]] = -1.0
+    rest = list(blocks)
+    np.testing.assert_array_equal(np.concatenate([first, *rest]), want)
+    assert snap.kept_bytes == 0  # rows 5 and 17 kept (not 3: not selected; not 4: copied), then freed

@@ -8,7 +8,9 @@ epoch and returns its number: a save that starts after a mark ``m`` holds every
 change stamped up to ``m``. ``delta/save`` since ``m`` takes, in one step on the
 serving loop (no ``await``: nothing changes meanwhile), a copy of everything
 stamped after ``m`` and ends the epoch, then writes the copy to a new file
-under the checkpoint root on the save thread while training goes on:
+under the checkpoint root on the save thread while training goes on (a large
+variable's changed rows are gathered there, through a snapshot of those rows:
+the loop only finds which rows changed):
 
 * of a variable under file key ``k``: ``v:<k>:rows`` (the rows changed) and
   ``v:<k>:idx`` (their row numbers in this ps's part), or ``v:<k>:rows``
@@ -37,6 +39,7 @@ from ..._formats.tensor_files import whole
 from .checkpoint import CheckpointFiles
 from .dynamic_table import DynamicTable
 from .feed import TableFeed
+from .store import Snapshot, VariableRecord
 
 __all__ = ["Deltas"]
 
@@ -76,6 +79,7 @@ class Deltas:
             tables[name] = (table, spec)
         # -- one step: copy what changed, end the epoch (no await until the write) --------------
         tensors: Tensors = []
+        snaps: list[tuple[VariableRecord, Snapshot]] = []
         rows = removed = 0
         written: list[str] = []
         written_whole: list[str] = []
@@ -92,7 +96,15 @@ class Deltas:
                     tensors.append(whole(f"v:{key}:idx", np.arange(arr.shape[0], dtype=np.int64)))
                 rows += arr.shape[0] if arr.ndim else 1
             elif changed.size:
-                tensors.append(whole(f"v:{key}:rows", arr[changed]))
+                # Gathered by the save thread, block by block; an update meanwhile keeps the
+                # old values of the rows it changes first (as a full save's snapshot does).
+                snap = record.snapshot(changed)
+                if snap is None:
+                    tensors.append(whole(f"v:{key}:rows", arr[changed]))
+                else:
+                    snaps.append((record, snap))
+                    tensors.append((f"v:{key}:rows", arr.dtype, (changed.size, *arr.shape[1:]),
+                                    snap.blocks))
                 tensors.append(whole(f"v:{key}:idx", changed.astype(np.int64)))
                 written.append(key)
                 rows += changed.size
@@ -112,7 +124,11 @@ class Deltas:
             rows += changes["ids"].size
             removed += changes["removed"].size
         mark = self.store.clock.mark()
-        saved = await self.checkpoints.save_streamed(req.path, tensors)
+        try:
+            saved = await self.checkpoints.save_streamed(req.path, tensors)
+        finally:
+            for record, snap in snaps:
+                record.end_snapshot(snap)
         for name in tables:
             self.feed.saved(name, req.path)
         return {"incarnation": self.incarnation, "mark": mark, "bytes": saved["bytes"],

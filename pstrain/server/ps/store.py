@@ -50,9 +50,12 @@ class Snapshot:
     [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]
     """
 
-    def __init__(self, array: np.ndarray, block_rows: int | None = None) -> None:
+    def __init__(self, array: np.ndarray, block_rows: int | None = None,
+                 rows: np.ndarray | None = None) -> None:
         self.array = array
         self.rows = array.shape[0]
+        #: Only these rows (ascending), gathered in order (a delta's changed rows); None: all.
+        self.select = rows
         row_bytes = max(1, array[:1].nbytes)
         self.block_rows = block_rows or max(1, BLOCK_BYTES // row_bytes)
         self.taken = 0  # rows below this are copied by the writer: changes there need nothing
@@ -72,6 +75,9 @@ class Snapshot:
             else:
                 r = np.asarray(rows).reshape(-1)
                 r = r[(r >= self.taken) & (r < self.rows)]  # rows past the snapshot: not its
+            if r.size and self.select is not None:  # only the rows it gathers
+                at = np.minimum(np.searchsorted(self.select, r), self.select.size - 1)
+                r = r[self.select[at] == r]
             if r.size:
                 r = r[~self._kept[r]]
             if not r.size:
@@ -83,15 +89,23 @@ class Snapshot:
             self.kept_bytes += values.nbytes
 
     def blocks(self) -> Iterator[np.ndarray]:
-        """The array as of the snapshot, one block (a copy) at a time (the writer's side)."""
-        for lo in range(0, self.rows, self.block_rows):
-            hi = min(self.rows, lo + self.block_rows)
+        """The array (or its selected rows) as of the snapshot, one block (a copy) at a time
+        (the writer's side)."""
+        select = self.select
+        count = self.rows if select is None else select.size
+        for lo in range(0, count, self.block_rows):
+            hi = min(count, lo + self.block_rows)
             with self._lock:
-                block = self.array[lo:hi].copy()
-                self.taken = hi
-                patches = self._collect(lo, hi)
+                if select is None:
+                    block = self.array[lo:hi].copy()
+                    first, self.taken = lo, hi
+                else:
+                    picked = select[lo:hi]
+                    block = self.array[picked]
+                    first, self.taken = int(picked[0]), int(picked[-1]) + 1
+                patches = self._collect(first, self.taken)
             for r, v in patches:
-                block[r - lo] = v
+                block[r - lo if select is None else np.searchsorted(picked, r)] = v
             yield block
             self._maybe_drop(hi)
         self._drop_written(self.rows)
@@ -106,7 +120,7 @@ class Snapshot:
 
     def _maybe_drop(self, hi: int) -> None:
         if hi % (self.block_rows * 64) == 0:
-            self._drop_written(hi)
+            self._drop_written(self.taken)
 
     def _drop_written(self, upto: int) -> None:
         """Forget kept rows the writer is past (memory back while the save goes on)."""
@@ -201,12 +215,13 @@ class VariableRecord:
                 self.row_epochs[rows] = clock.epoch
         return arr
 
-    def snapshot(self) -> Snapshot | None:
-        """A snapshot for a save (None: too small, or not row-shaped; pin it instead)."""
+    def snapshot(self, rows: np.ndarray | None = None) -> Snapshot | None:
+        """A snapshot for a save, of ``rows`` (ascending) or all of them (None: too small,
+        or not row-shaped; pin it instead)."""
         arr = self.array
         if arr.ndim == 0 or arr.nbytes < SNAPSHOT_MIN_BYTES or not arr.flags.c_contiguous:
             return None
-        snap = Snapshot(arr)
+        snap = Snapshot(arr, rows=rows)
         self.snapshots.append(snap)
         return snap
 
