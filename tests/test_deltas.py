@@ -176,3 +176,28 @@ async def test_deltas_written_on_their_own_lose_at_most_one_interval_of_steps(tm
         assert await pstrain.checkpoint.CheckpointManager(ckpt, root).restore_or_initialize() == latest
         restored = int(await done.read_value())
         assert before <= restored <= steps, (before, restored, steps, seen)
+
+
+def test_a_delta_is_put_in_piece_by_piece_in_order(tmp_path, monkeypatch):
+    """Patches are read in bounded pieces (the next read while one is put in); later deltas
+    win, and rows outside the part are skipped."""
+    from pstrain._formats import tensor_files
+
+    monkeypatch.setattr(tensor_files, "PATCH_ROWS", 3)
+    base = np.arange(40, dtype=np.float32).reshape(20, 2)
+    tensor_files.write_tensors(str(tmp_path / "base.safetensors"), {"w": base})
+    first = np.array([0, 2, 3, 5, 7, 11, 13, 19], np.int64)
+    second = np.array([3, 4, 19], np.int64)
+    tensor_files.write_tensors(str(tmp_path / "d1.safetensors"), {
+        "rows": np.full((first.size, 2), -1, np.float32), "idx": first})
+    tensor_files.write_tensors(str(tmp_path / "d2.safetensors"), {
+        "rows": np.full((second.size, 2), -2, np.float32), "idx": second})
+    # rows 5..15 of the variable: a part, so delta rows outside it are skipped
+    got = tensor_files.read_rows((10, 2), np.dtype(np.float32),
+                                 [[str(tmp_path / "base.safetensors"), "w", 5, 15, 0]],
+                                 [[str(tmp_path / f), "rows", "idx", -5] for f in
+                                  ("d1.safetensors", "d2.safetensors")])
+    want = base.copy()
+    want[first] = -1
+    want[second] = -2
+    np.testing.assert_array_equal(got, want[5:15])

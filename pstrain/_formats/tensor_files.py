@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -293,15 +294,29 @@ def _patch(out: np.ndarray, path: str, rows_key: str, idx_key: str | None, shift
             dst = idx + shift
             inside = (dst >= 0) & (dst < out.shape[0])
             row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
-            buf = np.empty((min(PATCH_ROWS, idx.size), *out.shape[1:]), dtype)
-            for lo in range(0, idx.size, PATCH_ROWS):  # read in bounded pieces, put each in
-                hi = min(lo + PATCH_ROWS, idx.size)
-                piece = buf[:hi - lo]
+            size = min(PATCH_ROWS, idx.size)
+            bufs = [np.empty((size, *out.shape[1:]), dtype) for _ in range(2)]
+
+            def read(k: int) -> np.ndarray:
+                lo = k * PATCH_ROWS
+                piece = bufs[k % 2][:min(PATCH_ROWS, idx.size - lo)]
                 _read_into(f, at + lo * row_bytes, piece)
-                keep = inside[lo:hi]
-                if keep.all():
-                    out[dst[lo:hi]] = piece
-                else:
-                    out[dst[lo:hi][keep]] = piece[keep]
+                return piece
+
+            # Bounded pieces, the next read while this one is put in (the disk and the CPU
+            # both busy: numpy's scatter and the read each let go of the GIL).
+            pieces = -(-idx.size // PATCH_ROWS)
+            with ThreadPoolExecutor(1, thread_name_prefix="pstrain-patch") as reader:
+                pending = reader.submit(read, 0) if pieces else None
+                for k in range(pieces):
+                    assert pending is not None
+                    piece = pending.result()
+                    pending = reader.submit(read, k + 1) if k + 1 < pieces else None
+                    lo, hi = k * PATCH_ROWS, k * PATCH_ROWS + piece.shape[0]
+                    keep = inside[lo:hi]
+                    if keep.all():
+                        out[dst[lo:hi]] = piece
+                    else:
+                        out[dst[lo:hi][keep]] = piece[keep]
     except FileNotFoundError as exc:
         raise NotFoundError(f"checkpoint file {path} not found") from exc
