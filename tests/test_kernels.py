@@ -152,6 +152,25 @@ def test_a_lookups_gather_and_bookkeeping_are_the_same_compiled_and_in_numpy(n, 
     assert seen[0][0] == _bits(want)
 
 
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 50), dim=st.integers(1, 6), pos=st.lists(st.integers(-1, 49), max_size=60),
+       double=st.booleans())
+def test_a_deltas_rows_are_put_in_the_same_compiled_and_in_numpy(n, dim, pos, double):
+    rows = np.array([p if p < n else -1 for p in dict.fromkeys(pos)], np.int64)
+    dtype = np.float64 if double else np.float32
+    values = -np.arange(rows.size * dim, dtype=dtype).reshape(rows.size, dim)
+    got = []
+    for impl in (compiled, reference):
+        out = np.arange(n * dim, dtype=dtype).reshape(n, dim)
+        impl.put_rows(out, rows, values)
+        got.append(_bits(out))
+    assert got[0] == got[1]
+    for impl in (compiled, reference):
+        out = np.zeros((n, dim), dtype)
+        with pytest.raises(IndexError, match="past the array's end"):
+            impl.put_rows(out, np.array([n], np.int64), np.ones((1, dim), dtype))
+
+
 TABLES = st.sampled_from([
     TableConfig(dim=3),
     TableConfig(dim=4, capacity=40, admit_after=2, evict="lru"),

@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from .._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, PstrainError
+from .._kernels import KERNELS
 
 __all__ = ["MAX_HEADER", "SAFETENSORS_DTYPES", "open_directory", "read_rows", "safetensors_header",
            "write_atomically", "write_streaming", "write_tensors"]
@@ -292,7 +293,9 @@ def _patch(out: np.ndarray, path: str, rows_key: str, idx_key: str | None, shift
                 raise InvalidArgumentError(f"{idx_key!r} and {rows_key!r} in {path} ({idx.dtype} "
                                            f"{idx.shape}, {shape}) are not rows of {out.shape}")
             dst = idx + shift
-            inside = (dst >= 0) & (dst < out.shape[0])
+            dst[(dst < 0) | (dst >= out.shape[0])] = -1  # rows of another part: skipped
+            flat = out.reshape(out.shape[0], -1)  # a view: out is C-contiguous
+            compiled = out.dtype in (np.float32, np.float64) and flat.shape[1] > 0
             row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
             size = min(PATCH_ROWS, idx.size)
             bufs = [np.empty((size, *out.shape[1:]), dtype) for _ in range(2)]
@@ -313,10 +316,10 @@ def _patch(out: np.ndarray, path: str, rows_key: str, idx_key: str | None, shift
                     piece = pending.result()
                     pending = reader.submit(read, k + 1) if k + 1 < pieces else None
                     lo, hi = k * PATCH_ROWS, k * PATCH_ROWS + piece.shape[0]
-                    keep = inside[lo:hi]
-                    if keep.all():
-                        out[dst[lo:hi]] = piece
+                    if compiled:  # one C loop without the GIL: twice numpy's scatter, measured
+                        KERNELS.put_rows(flat, dst[lo:hi], piece.reshape(piece.shape[0], -1))
                     else:
+                        keep = dst[lo:hi] >= 0
                         out[dst[lo:hi][keep]] = piece[keep]
     except FileNotFoundError as exc:
         raise NotFoundError(f"checkpoint file {path} not found") from exc

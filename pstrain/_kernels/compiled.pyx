@@ -156,6 +156,27 @@ def gather_rows(const real[:, ::1] table, const int64_t[::1] pos, real[:, ::1] o
         raise IndexError("gather_rows: a row past the table's end")
 
 
+def put_rows(real[:, ::1] out, const int64_t[::1] rows, const real[:, ::1] values):
+    """``out[rows[i]] = values[i]`` for each ``rows[i] >= 0``, in order (a later row wins):
+    a delta checkpoint's rows put into a restored array."""
+    cdef Py_ssize_t i, j, r, n = rows.shape[0], dim = out.shape[1], limit = out.shape[0]
+    cdef bint bad = False
+    if values.shape[0] != n or values.shape[1] != dim:
+        raise ValueError("put_rows: values are not (len(rows), dim)")
+    with nogil:
+        for i in range(n):
+            r = rows[i]
+            if r < 0:
+                continue
+            if r >= limit:
+                bad = True
+                break
+            for j in range(dim):
+                out[r, j] = values[i, j]
+    if bad:
+        raise IndexError("put_rows: a row past the array's end")
+
+
 def mark_seen(int64_t[::1] last_seen, int64_t[::1] freq, const int64_t[::1] pos, int64_t clock):
     """A training lookup's bookkeeping: each row ``pos[i] >= 0`` (unique) was seen at
     ``clock``, once more."""

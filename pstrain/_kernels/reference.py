@@ -140,6 +140,13 @@ def gather_rows(table: np.ndarray, pos: np.ndarray, out: np.ndarray, default: fl
     out[~found] = default
 
 
+def put_rows(out: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+    if values.shape != (rows.size, out.shape[1]):
+        raise ValueError("put_rows: values are not (len(rows), dim)")
+    keep = _checked("put_rows", out, rows, "array")
+    out[rows[keep]] = values[keep]
+
+
 def mark_seen(last_seen: np.ndarray, freq: np.ndarray, pos: np.ndarray, clock: int) -> None:
     hit = pos[_checked("mark_seen", last_seen[:freq.size], pos, "table")]
     last_seen[hit] = clock
