@@ -47,7 +47,7 @@ def _plain_write(path: str, size: int) -> None:
         os.fsync(f.fileno())
 
 
-def _plain_read(path: str) -> None:
+def plain_read(path: str) -> None:
     buf = bytearray(CHUNK)
     with open(path, "rb", buffering=0) as f:
         while f.readinto(buf):
@@ -214,7 +214,7 @@ def main() -> None:
         plain = [os.path.join(directory, f"plain{i}") for i in range(len(sizes))]
         write_s = parallel(_plain_write, list(zip(plain, sizes)))
         cold = drop_caches()
-        read_s = parallel(_plain_read, [(p,) for p in plain])
+        read_s = parallel(plain_read, [(p,) for p in plain])
         for p in plain:
             os.unlink(p)
         drop_caches()
@@ -240,32 +240,37 @@ def main() -> None:
               "ratio_to_plain": round(read_s / rr["restore_s"], 3),
               "restore_s": round(rr["restore_s"], 2),
               "restore_peak_rss_mib_per_ps": [round(p) for p in rr["peaks"]]}, "W7")
-        plot_rss(r)
+        plot_rss(r["samples"], r["held"], [r["save_mark"]], "checkpoint save",
+                 "W7: each ps's RSS (25M x 32 table + Adagrad) with a save during training", "W7.png")
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def plot_rss(r: dict) -> None:
+def plot_rss(samples: list, held: list[int], spans: list[tuple[float, float]], span_label: str,
+             title: str, name: str) -> None:
+    """Each ps's RSS over time against 1.3x what it holds, with ``spans`` shaded; to
+    results/<name>."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-    ts = [t for t, _ in r["samples"]]
-    for i in range(2):
-        ax.plot(ts, [s[i] / 1024 for _, s in r["samples"]], label=f"ps {i} RSS")
-        ax.axhline(r["held"][i] / 2**30, color="grey", linestyle=":", linewidth=1)
-    ax.axhline(1.3 * max(r["held"]) / 2**30, color="red", linestyle="--", label="1.3 x table + slots")
-    ax.axvspan(*r["save_mark"], color="orange", alpha=0.25, label="checkpoint save")
+    ts = [t for t, _ in samples]
+    for i in range(len(held)):
+        ax.plot(ts, [s[i] / 1024 for _, s in samples], label=f"ps {i} RSS")
+        ax.axhline(held[i] / 2**30, color="grey", linestyle=":", linewidth=1)
+    ax.axhline(1.3 * max(held) / 2**30, color="red", linestyle="--", label="1.3 x table + slots")
+    for k, (a, b) in enumerate(spans):
+        ax.axvspan(a, b, color="orange", alpha=0.25, label=span_label if k == 0 else None)
     ax.set_xlabel("seconds")
     ax.set_ylabel("GiB")
-    ax.set_title("W7: each ps's RSS (25M x 32 table + Adagrad) with a save during training")
+    ax.set_title(title)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(RESULTS / "W7.png")
-    print(f"wrote {RESULTS / 'W7.png'}", file=sys.stderr)
+    fig.savefig(RESULTS / name)
+    print(f"wrote {RESULTS / name}", file=sys.stderr)
 
 
 if __name__ == "__main__":

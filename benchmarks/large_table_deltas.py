@@ -27,19 +27,16 @@ import pstrain
 from pstrain.ctr import BATCH, CTRModel, make_step, synthetic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, emit  # noqa: E402
+from common import emit  # noqa: E402
 from dynamic_tables import rss_mib  # noqa: E402
-from large_table import CHUNK, Sampler, drop_caches, parallel  # noqa: E402
+from large_table import Sampler, drop_caches, parallel, plain_read, plot_rss  # noqa: E402
 
 EXTRA = ["--max-variable-bytes", str(8 << 30)]
 
 
 def _read_files(paths: list[str]) -> None:
-    buf = bytearray(CHUNK)
     for path in paths:
-        with open(path, "rb", buffering=0) as f:
-            while f.readinto(buf):
-                pass
+        plain_read(path)
 
 
 def _model(args, strategy, name: str):
@@ -189,32 +186,11 @@ def main() -> None:
             "peak_rss_mib_per_ps": [round(p) for p in r["peaks"]],
             "held_mib_per_ps": [round(h / 2**20) for h in r["held"]],
             "base_save_s": round(r["base_s"], 1)}, "W7-deltas")
-        plot(r)
+        plot_rss(r["samples"], r["held"], r["marks"], "delta written",
+                 "W7 with deltas: each ps's RSS, a delta every interval during training",
+                 "W7-deltas.png")
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-
-
-def plot(r: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-    ts = [t for t, _ in r["samples"]]
-    for i in range(2):
-        ax.plot(ts, [s[i] / 1024 for _, s in r["samples"]], label=f"ps {i} RSS")
-    ax.axhline(1.3 * max(r["held"]) / 2**30, color="red", linestyle="--", label="1.3 x table + slots")
-    for k, (a, b) in enumerate(r["marks"]):
-        ax.axvspan(a, b, color="orange", alpha=0.3, label="delta written" if k == 0 else None)
-    ax.set_xlabel("seconds")
-    ax.set_ylabel("GiB")
-    ax.set_title("W7 with deltas: each ps's RSS, a delta every interval during training")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(RESULTS / "W7-deltas.png")
-    print(f"wrote {RESULTS / 'W7-deltas.png'}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,12 @@ pytestmark = pytest.mark.timeout(90)
 DIM = 4
 
 
+def _cluster(root: str, num_ps: int = 2) -> InProcessCluster:
+    """Real in-process ps that may write under ``root``, and one worker."""
+    return InProcessCluster(num_ps=num_ps, num_workers=1, token=TOKEN,
+                            ps_options={"checkpoint_root": root})
+
+
 def _model(strategy: pstrain.ParameterServerStrategy, name: str = "opt", **more):
     """The model, its optimizer, and a checkpoint of them (and of ``more``)."""
     with strategy.scope():
@@ -58,8 +64,7 @@ async def _state(table, big, small):
 
 async def test_base_plus_deltas_restore_the_last_delta_exactly_into_another_ps_count(tmp_path):
     root = str(tmp_path)
-    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": root}) as cluster:
+    async with _cluster(root) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         table, big, small, opt, ckpt = _model(strategy)
         manager = pstrain.checkpoint.CheckpointManager(ckpt, root, deltas_per_base=100)
@@ -85,8 +90,7 @@ async def test_base_plus_deltas_restore_the_last_delta_exactly_into_another_ps_c
         assert await table.size() == 40 and arrays["model/emb/ids"].size == 40  # evictions applied
 
     for num_ps in (1, 2):  # (a capacity is per shard: 3 shards of 13 may not hold a 2-ps save)
-        async with InProcessCluster(num_ps=num_ps, num_workers=1, token=TOKEN,
-                                    ps_options={"checkpoint_root": root}) as cluster:
+        async with _cluster(root, num_ps) as cluster:
             strategy = pstrain.ParameterServerStrategy(cluster.resolver)
             table, big, small, opt, ckpt = _model(strategy, name="opt2")
             manager = pstrain.checkpoint.CheckpointManager(ckpt, root)
@@ -112,8 +116,7 @@ async def test_base_plus_deltas_restore_the_last_delta_exactly_into_another_ps_c
 
 async def test_a_restarted_ps_gets_a_full_save_not_a_delta_that_misses_its_rows(tmp_path):
     root = str(tmp_path)
-    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": root}) as cluster:
+    async with _cluster(root) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         table, big, small, opt, ckpt = _model(strategy)
         manager = pstrain.checkpoint.CheckpointManager(ckpt, root)
@@ -141,8 +144,7 @@ async def test_bad_settings_are_refused_with_what_was_wrong(tmp_path):
 async def test_deltas_written_on_their_own_lose_at_most_one_interval_of_steps(tmp_path):
     root = str(tmp_path)
     seen: dict[int, int] = {}  # delta number -> steps done before the step it was first seen after
-    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": root}) as cluster:
+    async with _cluster(root) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         with strategy.scope():
             done = pstrain.Variable(0, name="steps_done")
@@ -167,8 +169,7 @@ async def test_deltas_written_on_their_own_lose_at_most_one_interval_of_steps(tm
         assert len(manager.checkpoints) >= 2  # compacted into a new base while training ran
         await manager.close()
         # The job "dies" here: no final save.
-    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": root}) as cluster:
+    async with _cluster(root) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         with strategy.scope():
             done = pstrain.Variable(0, name="steps_done")
@@ -179,8 +180,8 @@ async def test_deltas_written_on_their_own_lose_at_most_one_interval_of_steps(tm
 
 
 def test_a_delta_is_put_in_piece_by_piece_in_order(tmp_path, monkeypatch):
-    """Patches are read in bounded pieces (the next read while one is put in); later deltas
-    win, and rows outside the part are skipped."""
+    """Patches are read and put in bounded pieces; later deltas win, and rows outside the
+    part are skipped."""
     from pstrain._formats import tensor_files
 
     monkeypatch.setattr(tensor_files, "PATCH_ROWS", 3)

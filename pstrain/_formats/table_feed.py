@@ -36,7 +36,7 @@ from .._base.errors import FailedPreconditionError, PstrainError
 from .checkpoint_files import read_index
 from .delta_files import INDEX, read_delta_index, read_table_changes, read_table_state, split_delta
 
-__all__ = ["FeedReply", "read_feed"]
+__all__ = ["FeedReply", "IndexCache", "read_feed"]
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,6 @@ class FeedReply:
     ids: np.ndarray
     rows: np.ndarray
     removed: np.ndarray
-    chain: str  # the chain's base, a file name
-    deltas: int  # how many delta files were read
 
 
 @dataclass(frozen=True)
@@ -62,24 +60,49 @@ class _Save:
     mark: tuple[str, int] | None  # this ps's [incarnation, mark]
 
 
-def _saves(directory: str, key: str, ps: int) -> dict[int, _Save]:
+#: One directory's parsed indexes by path, each with the (inode, mtime) it was read at: an
+#: index is never written over, so a reader polling every few seconds parses each one once.
+IndexCache = dict[str, tuple[tuple[int, int], dict[str, Any] | None]]
+
+
+def _index(path: str, cache: IndexCache) -> dict[str, Any] | None:
+    """The index at ``path`` (full or delta), checked; None if it is not a pstrain save."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None  # removed meanwhile
+    stamp = (st.st_ino, st.st_mtime_ns)
+    held = cache.get(path)
+    if held is not None and held[0] == stamp:
+        return held[1]
+    prefix = path[: -len(INDEX)]
+    try:
+        index: dict[str, Any] | None = read_delta_index(prefix) if split_delta(prefix) else read_index(prefix)
+    except PstrainError:
+        index = None  # removed meanwhile, damaged, or not a pstrain save: not a version
+    cache[path] = (stamp, index)
+    return index
+
+
+def _saves(directory: str, key: str, ps: int, cache: IndexCache) -> dict[int, _Save]:
     """The saves of ``directory`` that hold table ``key`` (its name on the ps), by version."""
     found: dict[int, _Save] = {}
-    for path in glob.glob(os.path.join(glob.escape(directory), "*" + INDEX)):
-        prefix = path[: -len(INDEX)]
-        split = split_delta(prefix)
-        try:
-            index = read_delta_index(prefix) if split else read_index(prefix)
-        except PstrainError:
-            continue  # removed meanwhile, damaged, or not a pstrain save: not a version
+    paths = glob.glob(os.path.join(glob.escape(directory), "*" + INDEX))
+    for gone in set(cache) - set(paths):
+        cache.pop(gone, None)
+    for path in paths:
+        index = _index(path, cache)
+        if index is None:
+            continue
         entry = next((e for e in index.get("tables", {}).values()
                       if (e.get("key") or e.get("name")) == key), None)
         if entry is None:
             continue
+        split = split_delta(path[: -len(INDEX)])
         mark = index.get("marks", {}).get(str(ps))
         found[int(index.get("seq", 0))] = _Save(
-            int(index.get("seq", 0)), split[0] if split else prefix, split[1] if split else 0,
-            entry, (str(mark[0]), int(mark[1])) if mark else None)
+            int(index.get("seq", 0)), split[0] if split else path[: -len(INDEX)],
+            split[1] if split else 0, entry, (str(mark[0]), int(mark[1])) if mark else None)
     return found
 
 
@@ -123,21 +146,23 @@ def _files(directory: str, save: _Save) -> list[tuple[str, str]]:
 
 
 def read_feed(directory: str, key: str, ps: int, shard: int, num_shards: int, dim: int,
-              dtype: np.dtype, since: int | None, reset_at: int = 0) -> FeedReply:
+              dtype: np.dtype, since: int | None, reset_at: int = 0,
+              cache: IndexCache | None = None) -> FeedReply:
     """What shard ``shard`` of ``num_shards`` of table ``key`` changed since version
     ``since`` (None: everything), read from ``directory`` (the rules: module docstring).
     ``ps`` is this ps's number in the saves' marks; ``reset_at`` the mark before which this
-    ps's table was last replaced (a restore): older marks are not comparable."""
-    saves = _saves(directory, key, ps)
+    ps's table was last replaced (a restore): older marks are not comparable. ``cache``
+    keeps this directory's parsed indexes between calls."""
+    saves = _saves(directory, key, ps, {} if cache is None else cache)
     if not saves:
         raise FailedPreconditionError(
             f"table feed: no save of table {key!r} in {directory} yet: the feed serves saved "
             "versions (CheckpointManager(..., delta_interval_s=...))")
     chain = _chain(saves, saves[max(saves)])
-    version, name = chain[-1].seq, os.path.basename(chain[0].base)
+    version = chain[-1].seq
     empty = np.empty(0, np.int64)
     if since == version:
-        return FeedReply(version, False, empty, np.empty((0, dim), dtype), empty, name, 0)
+        return FeedReply(version, False, empty, np.empty((0, dim), dtype), empty)
     deltas: list[_Save] | None = None
     position = next((i for i, s in enumerate(chain) if s.seq == since), None)
     if position is not None:
@@ -147,9 +172,9 @@ def read_feed(directory: str, key: str, ps: int, shard: int, num_shards: int, di
     if deltas is not None:
         ids, rows, removed = read_table_changes([_files(directory, s) for s in deltas], shard,
                                                 num_shards, dim, dtype)
-        return FeedReply(version, False, ids, rows, removed, name, len(deltas))
+        return FeedReply(version, False, ids, rows, removed)
     base_files = [os.path.join(directory, f) for f in chain[0].entry["files"]]
     ids, rows, _, _ = read_table_state(base_files, [_files(directory, s) for s in chain[1:]], shard,
                                        num_shards, dim, dtype, with_slots=False)
     order = np.argsort(ids, kind="stable")
-    return FeedReply(version, True, ids[order], rows[order], empty, name, len(chain) - 1)
+    return FeedReply(version, True, ids[order], rows[order], empty)

@@ -14,7 +14,6 @@ import json
 import os
 import secrets
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -282,9 +281,12 @@ def _patch(out: np.ndarray, path: str, rows_key: str, idx_key: str | None, shift
                                        f"{out.shape}")
         out[...] = rows.reshape(out.shape)
         return
-    idx = read_tensor(path, idx_key)
     try:
-        with open(path, "rb", buffering=0) as f:
+        with open(path, "rb", buffering=0) as f:  # once for both tensors
+            at, dtype, shape = _tensor_location(f, path, idx_key)
+            idx = np.empty(shape, dtype)
+            _read_into(f, at, idx)
+            f.seek(0)
             at, dtype, shape = _tensor_location(f, path, rows_key)
             if dtype != out.dtype:
                 raise InvalidArgumentError(f"{rows_key!r} in {path} is {dtype}, expected {out.dtype}")
@@ -297,29 +299,15 @@ def _patch(out: np.ndarray, path: str, rows_key: str, idx_key: str | None, shift
             flat = out.reshape(out.shape[0], -1)  # a view: out is C-contiguous
             compiled = out.dtype in (np.float32, np.float64) and flat.shape[1] > 0
             row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
-            size = min(PATCH_ROWS, idx.size)
-            bufs = [np.empty((size, *out.shape[1:]), dtype) for _ in range(2)]
-
-            def read(k: int) -> np.ndarray:
-                lo = k * PATCH_ROWS
-                piece = bufs[k % 2][:min(PATCH_ROWS, idx.size - lo)]
+            buf = np.empty((min(PATCH_ROWS, idx.size), *out.shape[1:]), dtype)
+            for lo in range(0, idx.size, PATCH_ROWS):  # bounded pieces, each put in as read
+                hi = min(lo + PATCH_ROWS, idx.size)
+                piece = buf[:hi - lo]
                 _read_into(f, at + lo * row_bytes, piece)
-                return piece
-
-            # Bounded pieces, the next read while this one is put in (the disk and the CPU
-            # both busy: numpy's scatter and the read each let go of the GIL).
-            pieces = -(-idx.size // PATCH_ROWS)
-            with ThreadPoolExecutor(1, thread_name_prefix="pstrain-patch") as reader:
-                pending = reader.submit(read, 0) if pieces else None
-                for k in range(pieces):
-                    assert pending is not None
-                    piece = pending.result()
-                    pending = reader.submit(read, k + 1) if k + 1 < pieces else None
-                    lo, hi = k * PATCH_ROWS, k * PATCH_ROWS + piece.shape[0]
-                    if compiled:  # one C loop without the GIL: twice numpy's scatter, measured
-                        KERNELS.put_rows(flat, dst[lo:hi], piece.reshape(piece.shape[0], -1))
-                    else:
-                        keep = dst[lo:hi] >= 0
-                        out[dst[lo:hi][keep]] = piece[keep]
+                if compiled:  # one C loop without the GIL: twice numpy's scatter, measured
+                    KERNELS.put_rows(flat, dst[lo:hi], piece.reshape(piece.shape[0], -1))
+                else:
+                    keep = dst[lo:hi] >= 0
+                    out[dst[lo:hi][keep]] = piece[keep]
     except FileNotFoundError as exc:
         raise NotFoundError(f"checkpoint file {path} not found") from exc

@@ -89,12 +89,11 @@ class Pinned:
 @dataclass
 class Download:
     """The answer of an HTTP download (:meth:`ServerCore.download`): bytes sent in pieces,
-    with their type and extra headers; ``release`` is called once they have left."""
+    with their type and extra headers."""
 
     chunks: list[bytes | memoryview]
     content_type: str = "application/octet-stream"
     headers: dict[str, str] | None = None
-    release: Callable[[], None] | None = None
 
 
 @dataclass

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HttpAdapter"]
 
-_PIECE = 1 << 20  # bytes of a resource written at once
+_PIECE = 1 << 20  # bytes of a download written at once
 
 
 class HttpAdapter:
@@ -55,8 +55,8 @@ class HttpAdapter:
         app.router.add_route("GET", "/v1/health", self._health)
         app.router.add_route("GET", "/healthz", self._health)
         app.router.add_route("GET", "/metrics", self._metrics)
-        for path, resource in self.server.downloads.items():
-            app.router.add_route("GET", path, self._resource(resource))
+        for path, serve in self.server.downloads.items():
+            app.router.add_route("GET", path, self._download(serve))
         for (method, path), page in self.server.pages.items():
             self._pages.add(app.router.add_route(method, path, self._page(page)))
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
@@ -81,26 +81,22 @@ class HttpAdapter:
             return response
         return handle
 
-    def _resource(self, resource: Any) -> Any:
+    def _download(self, serve: Any) -> Any:
         async def handle(request: web.Request) -> web.StreamResponse:
             try:
-                download = await resource(dict(request.match_info), dict(request.query))
+                download = await serve(dict(request.match_info), dict(request.query))
             except PstrainError as exc:
                 return self._json_error(exc)
-            try:
-                chunks = [memoryview(c).cast("B") for c in download.chunks]
-                response = web.StreamResponse(headers={
-                    "Content-Type": download.content_type, **(download.headers or {}),
-                    "Content-Length": str(sum(len(c) for c in chunks))})
-                await response.prepare(request)
-                for chunk in chunks:  # in pieces: the send buffer stays small, the peer paces it
-                    for at in range(0, len(chunk), _PIECE):
-                        await response.write(chunk[at:at + _PIECE])
-                await response.write_eof()
-                return response
-            finally:
-                if download.release is not None:
-                    download.release()
+            chunks = [memoryview(c).cast("B") for c in download.chunks]
+            response = web.StreamResponse(headers={
+                "Content-Type": download.content_type, **(download.headers or {}),
+                "Content-Length": str(sum(len(c) for c in chunks))})
+            await response.prepare(request)
+            for chunk in chunks:  # in pieces: the send buffer stays small, the peer paces it
+                for at in range(0, len(chunk), _PIECE):
+                    await response.write(chunk[at:at + _PIECE])
+            await response.write_eof()
+            return response
         return handle
 
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:

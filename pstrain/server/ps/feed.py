@@ -27,7 +27,7 @@ import re
 import numpy as np
 
 from ..._base.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
-from ..._formats.table_feed import FeedReply, read_feed
+from ..._formats.table_feed import FeedReply, IndexCache, read_feed
 from ..._formats.tensor_files import safetensors_header
 from ..._serving.core import Download
 from .dynamic_table import DynamicTable
@@ -53,11 +53,16 @@ class TableFeed:
         self.placement: dict[str, tuple[int, int]] = {}
         #: table -> the change epoch at which its rows were last replaced (created or restored)
         self.reset_at: dict[str, int] = {}
+        #: directory -> its parsed indexes (``_formats/table_feed.py``)
+        self.indexes: dict[str, IndexCache] = {}
 
-    def placed(self, name: str, shard: int | None, num_shards: int | None, epoch: int) -> None:
-        """Table ``name`` was (re)created or restored here as shard ``shard`` of ``num_shards``."""
-        if shard is not None and num_shards is not None:
-            self.placement[name] = (shard, num_shards)
+    def placed(self, name: str, shard: int, num_shards: int) -> None:
+        """Table ``name`` here is shard ``shard`` of ``num_shards``."""
+        self.placement[name] = (shard, num_shards)
+
+    def replaced(self, name: str, epoch: int) -> None:
+        """Table ``name``'s rows were replaced (created or restored) at change epoch ``epoch``:
+        marks taken before it do not describe them."""
         self.reset_at[name] = epoch
 
     def saved(self, name: str, path: str) -> None:
@@ -84,7 +89,8 @@ class TableFeed:
         for attempt in range(_ATTEMPTS):
             try:
                 return await asyncio.to_thread(read_feed, directory, name, self.index, shard,
-                                               num_shards, dim, dtype, since, reset_at)
+                                               num_shards, dim, dtype, since, reset_at,
+                                               self.indexes.setdefault(directory, {}))
             except (FailedPreconditionError, InvalidArgumentError):
                 if attempt == _ATTEMPTS - 1:  # not a save pruned meanwhile: the directory is bad
                     raise

@@ -87,15 +87,17 @@ class TableHandlers:
                 raise AlreadyExistsError(
                     f"dynamic table {req.name!r} exists on {self.task} with another configuration "
                     f"({existing.config.as_dict()})")
-            if req.shard is not None and req.name not in self.feed.placement:
-                self.feed.placed(req.name, req.shard, req.num_shards, self.feed.reset_at.get(req.name, 0))
+            if req.shard is not None and req.num_shards is not None:
+                self.feed.placed(req.name, req.shard, req.num_shards)
             return {"created": 0}
         clock = self.checkpoints.store.clock
         table = DynamicTable(req.name, config, req.owner, self.max_table_bytes,  # checks first
                              clock=clock)
         self._taken_over(existing, req.owner)
         self.tables[req.name] = table
-        self.feed.placed(req.name, req.shard, req.num_shards, clock.epoch)
+        if req.shard is not None and req.num_shards is not None:
+            self.feed.placed(req.name, req.shard, req.num_shards)
+        self.feed.replaced(req.name, clock.epoch)
         return {"created": 1}
 
     def _taken_over(self, existing: DynamicTable | None, owner: str | None) -> None:
@@ -183,7 +185,8 @@ class TableHandlers:
             table.admitted, table.evicted = existing.admitted, existing.evicted
         self._taken_over(existing, req.owner)
         self.tables[req.name] = table
-        self.feed.placed(req.name, req.shard, req.num_shards, self.checkpoints.store.clock.epoch)
+        self.feed.placed(req.name, req.shard, req.num_shards)
+        self.feed.replaced(req.name, self.checkpoints.store.clock.epoch)
         first = req.paths[0] if req.paths else next((d[0][0] for d in req.deltas if d), None)
         if first is not None:
             self.feed.saved(req.name, first)
