@@ -15,6 +15,7 @@
     ├── ProtocolError                                   malformed or oversized message
     ├── OutOfRangeError                                 an iterator ran out (TF's name)
     ├── FailedPreconditionError                         the state does not allow it now
+    ├── PlacementChangedError                           the variable moved to another ps
     └── DeadlineExceededError   (also TimeoutError)     no answer in time
 
 Where a meaning matches a builtin the class also derives from it, so callers
@@ -44,6 +45,7 @@ __all__ = [
     "InvalidArgumentError",
     "NotFoundError",
     "OutOfRangeError",
+    "PlacementChangedError",
     "ProtocolError",
     "PsRestartedError",
     "PstrainError",
@@ -185,6 +187,21 @@ class FailedPreconditionError(PstrainError):
     http_status = 412
 
 
+class PlacementChangedError(PstrainError):
+    """A request reached a ps that no longer holds (or does not hold yet) a variable it
+    names: the ps moved it (an elastic ps joined or left). Nothing of the request was
+    applied. ``placement`` is the ps's placement map (which ps holds what, and the map's
+    version); pstrain's clients adopt it and send the request again where it belongs, so
+    user code sees this error only if the variable keeps moving past the retries."""
+
+    http_status = 421  # Misdirected Request
+
+    def __init__(self, message: str = "", *, placement: dict[str, Any] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.placement = placement
+
+
 class DeadlineExceededError(PstrainError, TimeoutError):
     """No answer arrived within the deadline."""
 
@@ -196,7 +213,8 @@ _BY_NAME: dict[str, type[PstrainError]] = {
     for cls in (PstrainError, UnavailableError, DrainingError, CancelledError, ClosureInputError,
                 ClosureAbortedError, InvalidArgumentError, NotFoundError,
                 AlreadyExistsError, AuthenticationError, ProtocolError,
-                OutOfRangeError, FailedPreconditionError, DeadlineExceededError)
+                OutOfRangeError, FailedPreconditionError, DeadlineExceededError,
+                PlacementChangedError)
 }
 
 
@@ -217,6 +235,9 @@ def to_envelope(exc: BaseException, task: str | None = None,
     }
     if pickled is not None:
         envelope["pickled"] = pickled
+    placement = getattr(exc, "placement", None)
+    if isinstance(exc, PlacementChangedError) and placement is not None:
+        envelope["placement"] = placement
     return envelope
 
 
@@ -226,6 +247,10 @@ def from_envelope(env: dict[str, Any]) -> PstrainError:
     message = str(env.get("message", ""))
     if cls is PstrainError and env.get("type") not in (None, "PstrainError"):
         message = f"{env.get('type')}: {message}"
+    if cls is PlacementChangedError:
+        placement = env.get("placement")
+        return cls(message, task=env.get("task"), remote_traceback=env.get("traceback"),
+                   placement=placement if isinstance(placement, dict) else None)
     return cls(message, task=env.get("task"), remote_traceback=env.get("traceback"))
 
 

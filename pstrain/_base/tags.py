@@ -12,9 +12,12 @@ so no variable, optimizer or user code has to pass them along.
   lost, it starts a new epoch for it and tells every ps to refuse the old one,
   so a worker that was only cut off cannot apply updates on top of the
   closures that were rerun elsewhere.
-* ``once = [closure key, n]``: the closure's n-th update to that ps; a ps
-  applies a (key, n) once, so an exactly-once closure rerun after its worker
-  died does not apply its updates twice.
+* ``once = [closure key, n]``: the closure's n-th variable operation (one
+  ``assign_add``, one ``apply_gradients``: every request it sends, to any ps,
+  carries the same n, see :func:`one_operation`); a ps applies (key, n) to each
+  variable once, so an exactly-once closure rerun after its worker died does not
+  apply its updates twice, also when a variable moved to another ps meanwhile
+  (its record of what was applied moves with it).
 
 >>> update_tags("/job:ps/replica:0/task:0")   # outside a closure: nothing
 {}
@@ -22,19 +25,24 @@ so no variable, optimizer or user code has to pass them along.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["set_dispatch", "update_tags"]
+__all__ = ["one_operation", "set_dispatch", "update_tags"]
 
 #: ``(owner, worker index, epoch)`` of the closure running here: the ps refuses updates
 #: of epochs the coordinator has superseded (the worker was declared lost meanwhile), and
 #: of owners a newer coordinator has superseded.
 _fence: contextvars.ContextVar[tuple[str | None, int, int] | None] = contextvars.ContextVar(
     "pstrain_fence", default=None)
-#: An exactly-once closure's key and its per-ps update counters.
+#: An exactly-once closure's key and its operation counter (``{"n": operations so far}``).
 _once: contextvars.ContextVar[tuple[str, dict[str, int]] | None] = contextvars.ContextVar(
     "pstrain_once", default=None)
+#: The number of the variable operation running here (its requests share it).
+_operation: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "pstrain_operation", default=None)
 
 def set_dispatch(fence: tuple[str | None, int, int] | None, once_key: str | None) -> None:
     """Called by a worker in a closure's own context, before the closure runs."""
@@ -56,8 +64,37 @@ def update_tags(task: str, owner: str | None = None) -> dict[str, Any]:
     once = _once.get()
     if once is not None:
         key, counters = once
-        counters[task] = seq = counters.get(task, 0) + 1
+        seq = _operation.get()
+        if seq is None:  # a request outside one_operation() is an operation of its own
+            counters["n"] = seq = counters.get("n", 0) + 1
         tags["once"] = [key, seq]
     return tags
+
+
+@contextlib.contextmanager
+def one_operation() -> Iterator[None]:
+    """The requests sent inside are one operation of an exactly-once closure: they carry
+    the same number, however they are split between ps (a variable that moved is sent to
+    its new ps under the number its first attempt had). Nested uses are the outer one.
+
+    >>> set_dispatch(None, "k")
+    >>> with one_operation():
+    ...     a = update_tags("/job:ps/replica:0/task:0")["once"]
+    ...     b = update_tags("/job:ps/replica:0/task:1")["once"]
+    >>> a, b, update_tags("/job:ps/replica:0/task:0")["once"]
+    (['k', 1], ['k', 1], ['k', 2])
+    >>> set_dispatch(None, None)
+    """
+    once = _once.get()
+    if once is None or _operation.get() is not None:
+        yield
+        return
+    counters = once[1]
+    counters["n"] = seq = counters.get("n", 0) + 1
+    token = _operation.set(seq)
+    try:
+        yield
+    finally:
+        _operation.reset(token)
 
 

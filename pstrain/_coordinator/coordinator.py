@@ -13,10 +13,9 @@ Beyond TF, a RemoteValue may be passed to ``schedule``: it is resolved before
 the closure runs, and a failed producer fails the consumer with
 :class:`~pstrain.errors.ClosureInputError`.
 
-Its parts: the heartbeat and each ps's restarts (``heartbeat.py``), the worker slots
-and their dispatchers (``workers.py``), its endpoint (``endpoint.py``: ``/metrics``,
-joins, membership), the end of a job (``shutdown.py``) and the function cache
-(``functions.py``).
+Its parts: the heartbeat and ps restarts (``heartbeat.py``), the worker slots and their
+dispatchers (``workers.py``), ps that join and leave (``ps_moves.py``), its endpoint
+(``endpoint.py``), the end of a job (``shutdown.py``), the function cache (``functions.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
-from .._base.cluster import is_loopback, parse_address
 from .._base.errors import CancelledError, InvalidArgumentError, NotFoundError, PstrainError
 from .._base.exports import expose
 from .._base.tasks import TaskOwner
@@ -39,11 +37,12 @@ from .._training import summary
 from . import interrupt
 from .closures import Closure, scan_inputs
 from .dispatch import DispatchSettings
-from .endpoint import CoordinatorEndpoint
+from .endpoint import CoordinatorEndpoint, chief_address
 from .functions import FunctionCache
 from .heartbeat import Heartbeat
 from .per_worker import PerWorkerDataset, as_dataset_fn
 from .ps_health import PsHealth
+from .ps_moves import PsChanges
 from .remote_value import Outcome, RemoteValue
 from .resources import ResourceRegistry
 from .scheduling import ClosureQueue
@@ -120,6 +119,8 @@ class ClusterCoordinator:
                                    self.settings, ps_timeout_s=ps_timeout_s,
                                    heartbeat_s=heartbeat_s, no_worker_timeout_s=no_worker_timeout_s,
                                    spawn=self._tasks.spawn)
+        #: The placement map and the moves of variables between ps (elastic ps).
+        self.ps = PsChanges(strategy, self._channels, timeout_s=max(120.0, ps_timeout_s))
         self.session = uuid.uuid4().hex[:16]  # exactly-once keys are unique to this coordinator
         self.interrupted: str | None = None  # why, once Ctrl-C stopped new closures
         interrupt.track(self)
@@ -136,7 +137,7 @@ class ClusterCoordinator:
         self.resources.loop = self._loop
         self.workers.start(self._tasks.spawn)
         self._tasks.spawn(self.heartbeat.run())
-        chief = self._chief_address()
+        chief = chief_address(self.strategy.cluster_resolver, self._channels.cluster_spec)
         if chief is not None:  # TF_CONFIG names this process's address: serve /metrics there
             self._tasks.spawn(self._serve_metrics_or_say(*chief))
         for hook in START_HOOKS:  # add-ons of the face layer (the dashboard) start here
@@ -162,16 +163,6 @@ class ClusterCoordinator:
     def _task_failed(self, exc: BaseException) -> None:
         logger.error("a coordinator task failed", exc_info=exc)
         self.queue.record_error(exc)
-
-    def _chief_address(self) -> tuple[str, int] | None:
-        resolver = self.strategy.cluster_resolver
-        spec = self._channels.cluster_spec
-        if getattr(resolver, "task_type", None) != "chief" or not spec.num_tasks("chief"):
-            return None
-        host, port = parse_address(spec.task_address("chief", 0))
-        if port == 0:
-            return None
-        return ("127.0.0.1" if is_loopback(host) else "0.0.0.0"), port
 
     # -- scheduling ---------------------------------------------------------------------------
     def schedule(self, fn: Callable[..., Any], args: Sequence[Any] = (),
@@ -299,6 +290,15 @@ class ClusterCoordinator:
             raise PstrainError("this ClusterCoordinator is closed")
         return await self.workers.admit(address)
 
+    async def add_ps(self, address: str) -> int:
+        """An empty ps at ``address`` (``pstrain serve --role ps --join``) joins the job, and
+        a share of the variables moves to it while training runs. Returns its index."""
+        return await self.ps.add_ps(address)
+
+    async def remove_ps(self, index: int) -> None:
+        """Move every variable off ps ``index`` while training runs; then it may stop."""
+        await self.ps.remove_ps(index)
+
     @property
     def ps_incarnations(self) -> list[str | None]:
         """Each ps's incarnation as last seen by the heartbeat (None: not seen yet)."""
@@ -324,7 +324,7 @@ class ClusterCoordinator:
         return {"queued": self.queue.queued, "in_flight": self.queue.in_flight,
                 "closures_done": self.queue.done_count, "closures_retried": self.queue.retried_count,
                 "worker_failures": self.worker_failures,
-                "workers_up": sum(self.workers_up)}
+                "workers_up": sum(self.workers_up), **self.ps.statistics()}
 
     def _scalars(self, records: list[Any]) -> None:
         """Scalars a closure logged with pstrain.summary (they came back with its result)."""
@@ -343,6 +343,7 @@ class ClusterCoordinator:
         if self._endpoint is None:
             endpoint = CoordinatorEndpoint(self.statistics, self.admit_worker, self.membership,
                                            host=host, port=port, token=self._channels.token)
+            endpoint.ps_changes = (self.ps.joins(self._tasks.spawn), self.remove_ps)
             await endpoint.start()
             self._endpoint = endpoint
         assert self._endpoint.address is not None

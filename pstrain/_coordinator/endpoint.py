@@ -12,10 +12,22 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .._formats.operations import Join, Membership
+from .._base.cluster import ClusterSpec, is_loopback, parse_address
+from .._formats.operations import Join, JoinPs, LeavePs, Membership
 from .._serving.base import ServerBase
 
-__all__ = ["CoordinatorEndpoint"]
+__all__ = ["CoordinatorEndpoint", "chief_address"]
+
+
+def chief_address(resolver: Any, spec: ClusterSpec) -> tuple[str, int] | None:
+    """Where the coordinator serves its endpoint when the cluster names a chief with a port
+    (``TF_CONFIG``) and this process is it; None otherwise."""
+    if getattr(resolver, "task_type", None) != "chief" or not spec.num_tasks("chief"):
+        return None
+    host, port = parse_address(spec.task_address("chief", 0))
+    if port == 0:
+        return None
+    return ("127.0.0.1" if is_loopback(host) else "0.0.0.0"), port
 
 
 class CoordinatorEndpoint(ServerBase):
@@ -31,6 +43,11 @@ class CoordinatorEndpoint(ServerBase):
         self._membership = membership
         self.route(Join, self._join)
         self.route(Membership, self._members)
+        #: ``(join, leave)`` of elastic ps: ``join(address, index) -> index``, ``leave(index)``.
+        self.ps_changes: tuple[Callable[[str, int | None], Awaitable[int]],
+                               Callable[[int], Awaitable[None]]] | None = None
+        self.route(JoinPs, self._join_ps)
+        self.route(LeavePs, self._leave_ps)
 
     def statistics(self, req: Any) -> dict[str, Any]:
         out = super().statistics(req)
@@ -40,5 +57,14 @@ class CoordinatorEndpoint(ServerBase):
     async def _join(self, req: Join) -> dict[str, Any]:
         return {"index": await self._admit(req.address)}
 
+    async def _join_ps(self, req: JoinPs) -> dict[str, Any]:
+        assert self.ps_changes is not None
+        return {"index": await self.ps_changes[0](req.address, req.index)}
+
+    async def _leave_ps(self, req: LeavePs) -> dict[str, Any]:
+        assert self.ps_changes is not None
+        await self.ps_changes[1](req.index)
+        return {"index": req.index}
+
     def _members(self, _: Any) -> dict[str, Any]:
-        return {"workers": self._membership()}
+        return {"workers": self._membership(), "ps": self._stats().get("placement")}

@@ -58,9 +58,11 @@ class Heartbeat:
         self._no_worker_since: float | None = None
         self._warned = False
 
-    @property
-    def num_ps(self) -> int:
-        return len(self.ps_health.incarnations)
+    def active_ps(self) -> list[int]:
+        """The ps of the job now (the placement map's: an elastic ps joins or leaves)."""
+        active = self.channels.routes.active()
+        self.ps_health.grow(len(self.channels.routes.ps))
+        return active
 
     async def run(self) -> None:
         """Ping every ps (a restart is found even when idle) and, while closures run, their
@@ -70,7 +72,7 @@ class Heartbeat:
             busy = self.queue.in_flight and self.queue.error is None
             await asyncio.gather(*(self._ping_worker(w) for w in self.workers
                                    if busy and w.up and w.in_flight),
-                                 *(self._ping_ps(k) for k in range(self.num_ps)))
+                                 *(self._ping_ps(k) for k in self.active_ps()))
             self._check_some_worker_can_run()
             await asyncio.sleep(self.heartbeat_s)
 
@@ -161,7 +163,7 @@ class Heartbeat:
     async def raise_if_ps_restarted(self) -> None:
         """A variable not found because its ps restarted is that ps's failure (TF's
         UnavailableError), not the closure's."""
-        found = await asyncio.gather(*(self.ps_restarted(k) for k in range(self.num_ps)))
+        found = await asyncio.gather(*(self.ps_restarted(k) for k in self.active_ps()))
         restarted = next((e for e in found if e is not None), self.ps_health.deferred)
         self.ps_health.deferred = None
         if restarted is not None:

@@ -40,6 +40,10 @@ class PsHealth:
         #: A restart found while another error was pending: join reports it next.
         self.deferred: UnavailableError | None = None
 
+    def grow(self, num_ps: int) -> None:
+        """A ps joined: track ``num_ps`` in all."""
+        self.incarnations += [None] * (num_ps - len(self.incarnations))
+
     def answered(self, k: int, incarnation: str | None) -> PsRestartedError | None:
         """Ps ``k`` answered as ``incarnation``: the error to report if it restarted."""
         self.down.pop(k, None)

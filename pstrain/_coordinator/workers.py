@@ -57,7 +57,7 @@ class Workers:
         owner = self.strategy.placement.owner
         await asyncio.gather(*(self.channels.channel("ps", k).request(
             Fence(worker=worker, epoch=epoch, owner=owner), timeout=self.ps_timeout_s)
-            for k in range(self.strategy.num_ps)))
+            for k in self.channels.routes.active()))
 
     async def admit(self, address: str) -> int:
         """A worker joins at ``address``: it takes the first slot whose worker is gone, or

@@ -67,6 +67,14 @@ class _Collector:
                 for table, t in sorted(tables.items()):
                     family.add_metric([*values, table], float(t.get(key, 0)))
                 yield family
+        placement = s.get("placement")
+        if placement:
+            shares = GaugeMetricFamily("pstrain_placement_ps_bytes", "Bytes of variables each ps "
+                                       "holds by the placement map (0: none, or it left)",
+                                       labels=[*names, "ps"])
+            for ps in placement.get("ps", ()):
+                shares.add_metric([*values, str(ps["index"])], float(ps["bytes"]))
+            yield shares
         up = GaugeMetricFamily("pstrain_uptime_seconds", "Seconds since the server started", labels=names)
         up.add_metric(values, s.get("uptime_s", 0.0))
         yield up
@@ -90,6 +98,11 @@ _EXTRA: dict[str, tuple[str, ...]] = {
     "closures_done": ("counter", "Closures finished (any outcome)"),
     "closures_retried": ("counter", "Closures put back after their worker failed"),
     "worker_failures": ("counter", "Worker failures seen by the coordinator"),
+    "placement_version": ("gauge", "Version of the placement map (which ps holds what)"),
+    "moves_in_progress": ("gauge", "Moves of variables between ps under way"),
+    "placement_refusals": ("counter", "Requests refused because a variable they name moved"),
+    "ps_moves": ("counter", "Moves of variables between ps finished"),
+    "ps_moved_bytes": ("counter", "Bytes of variables (and slots) moved between ps"),
 }
 
 

@@ -308,7 +308,25 @@ class Membership(Operation, tag="coordinator/membership"):
     reply = MembershipReply
 
 
-from . import checkpoint_operations  # noqa: E402, F401 - declares the ckpt/*, delta/* ops
+class JoinPs(Operation, tag="coordinator/join_ps"):
+    """An empty ps started with ``--join`` asks for an index (no ``index``), takes it, then
+    asks again with it: it joins, and a share of the variables moves to it."""
+
+    reply = JoinReply
+    address: Annotated[str, msgspec.Meta(min_length=1, max_length=300)]
+    index: Annotated[int, msgspec.Meta(ge=0, le=1 << 16)] | None = None
+
+
+class LeavePs(Operation, tag="coordinator/leave_ps"):
+    """A ps told to stop (SIGTERM) asks the coordinator to move its variables away first;
+    the reply comes once they have."""
+
+    reply = JoinReply
+    index: Annotated[int, msgspec.Meta(ge=0, le=1 << 16)]
+
+
+# declares the ckpt/*, delta/*, ps/placement and ps/move_* ops
+from . import checkpoint_operations, placement_map  # noqa: E402, F401, I001
 
 
 def _operations(base: type[Operation]) -> dict[str, type[Operation]]:

@@ -218,6 +218,8 @@ class JoinReply(Reply):
 
 class MembershipReply(Reply):
     workers: list[dict[str, Any]]
+    #: the placement map: its version, each ps's address and share, the move under way
+    ps: dict[str, Any] | None = None
 
 
 # -- the conversions at each edge -------------------------------------------------------------------

@@ -30,6 +30,7 @@ import numpy as np
 from .._base.context import must_await
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
+from .._base.tags import one_operation
 from .._formats import schedules
 from .._formats.operations import ApplyGradients
 from .._formats.optimizer_rules import slot_specs
@@ -38,6 +39,7 @@ from .._formats.schedules import LearningRateSchedule
 from .._variables.arrays import IndexedSlices
 from .._variables.batched import ensure_created
 from .._variables.dynamic import DynamicEmbedding
+from .._variables.routing import routed
 from .._variables.sharding import ShardedVariable, compact_ids
 from .._variables.variables import Variable
 
@@ -88,8 +90,9 @@ class Optimizer:
     @must_await
     async def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]]) -> int:
         """Apply one step; returns the new ``iterations``. One request per ps, concurrently."""
-        groups: dict[Channel, list[list[Any]]] = {}
-        tables: dict[Channel, list[list[Any]]] = {}
+        # Items to send, each to the ps holding it: ("grad", part, entry), ("table", channel,
+        # entry) and ("count", None, None), the step counter (its own request if alone).
+        items: list[tuple[str, Any, Any]] = []
         touched: list[Variable] = []
         dynamic: list[tuple[DynamicEmbedding, int]] = []
         for grad, var in grads_and_vars:
@@ -101,9 +104,7 @@ class Optimizer:
                         f"the gradient of dynamic table {var.name!r} must be an IndexedSlices "
                         "(values, indices=ids)")
                 for ps, ids, values in var.gradient_groups(grad.indices, grad.values):
-                    channel = var.channel(ps)
-                    tables.setdefault(channel, []).append([var.key, ids, values])
-                    groups.setdefault(channel, [])
+                    items.append(("table", var.channel(ps), [var.key, ids, values]))
                     dynamic.append((var, ps))
                 continue
             for part, rows, values in _split(grad, var):
@@ -111,31 +112,41 @@ class Optimizer:
                     raise InvalidArgumentError("apply_gradients: variables must be created in "
                                                "strategy.scope() (they live on the ps)")
                 touched.append(part)
-                groups.setdefault(part.channel(), []).append([part.key, rows, values])
+                items.append(("grad", part, [part.key, rows, values]))
         it_var = self.iterations
         await ensure_created([it_var, *touched])
         await asyncio.gather(*(table.shard_ready(ps) for table, ps in dynamic))
         rule = OptimizerRule(**self._rule())
-        it_channel = it_var.channel()
-        t: int | None = None
-        if self.needs_step:  # bias correction needs the step: increment first
-            reply = await it_channel.request(ApplyGradients(
-                rule=rule, prefix=self.name, grads=[], iterations=it_var.key))
-            t = reply.t
+        pool = it_var.channels()
+        with one_operation():
+            t: int | None = None
+            if self.needs_step:  # bias correction needs the step: increment first
+                async def count(channel: Channel, _: Any) -> int:
+                    reply = await channel.request(ApplyGradients(
+                        rule=rule, prefix=self.name, grads=[], iterations=it_var.key))
+                    return int(reply.t)
 
-        async def send(channel: Channel, grads: list[list[Any]]) -> int:
-            count_here = channel is it_channel and t is None
-            # grads and tables as lists, not tuples: a list packs flat (a tuple is an ext)
-            reply = await channel.request(ApplyGradients(
-                rule=rule, prefix=self.name, grads=grads, unique_rows=True,  # type: ignore[arg-type]
-                iterations=it_var.key if count_here else None, t=t,
-                tables=tables.get(channel)))  # type: ignore[arg-type]
-            return reply.t if count_here else -1
+                (t,) = await routed(pool, [("count", None, None)], lambda _: it_var.channel(), count)
+            else:
+                items.append(("count", None, None))
 
-        calls = [send(ch, grads) for ch, grads in groups.items()]
-        if t is None and it_channel not in groups:
-            calls.append(send(it_channel, []))
-        results = await asyncio.gather(*calls)
+            def channel_of(item: tuple[str, Any, Any]) -> Channel:
+                kind, where, _ = item
+                if kind == "grad":
+                    return where.channel()
+                return where if kind == "table" else it_var.channel()
+
+            async def send(channel: Channel, group: list[tuple[str, Any, Any]]) -> int:
+                counts = any(kind == "count" for kind, _, _ in group)
+                tables = [entry for kind, _, entry in group if kind == "table"]
+                # grads and tables as lists, not tuples: a list packs flat (a tuple is an ext)
+                reply = await channel.request(ApplyGradients(
+                    rule=rule, prefix=self.name, unique_rows=True,
+                    grads=[entry for kind, _, entry in group if kind == "grad"],
+                    iterations=it_var.key if counts else None, t=t, tables=tables or None))
+                return int(reply.t) if counts else -1
+
+            results = await routed(pool, items, channel_of, send)
         return t if t is not None else max(results)
 
 

@@ -11,9 +11,7 @@ is :class:`~pstrain.errors.UnavailableError` naming the task, a TLS failure
 or a rejected token :class:`~pstrain.errors.AuthenticationError`.
 
 Every channel still open on a loop is known, so :func:`close_loop_channels`
-(which ``pstrain.run`` calls at the end) can close them before the loop
-closes: a transport left to the garbage collector after its loop closed is a
-``ResourceWarning``.
+(which ``pstrain.run`` calls at the end) can close them before the loop closes.
 """
 
 from __future__ import annotations
@@ -40,6 +38,7 @@ from .._base.tags import update_tags
 from .._base.tasks import TaskOwner
 from .._formats import wire
 from .._formats.operations import OPERATIONS
+from .._formats.placement_map import PlacementMap
 from .._formats.protocol import DEFAULT_MAX_BODY, FrameKind
 from .._formats.records import Mutation, Operation, convert_reply
 from .client_protocol import ClientProtocol, cluster_entry, expire, ps_advice
@@ -326,6 +325,9 @@ class ChannelPool:
         #: task -> incarnations of that ps a checkpoint was restored onto through these
         #: channels (the coordinator's PsHealth reads it: such a restart is handled).
         self.restored: dict[str, set[str]] = {}
+        #: Where each variable lives now (the newest placement map these channels know;
+        #: ``_variables/routing.adopt`` replaces it).
+        self.routes = PlacementMap(ps=cluster_spec.job_tasks("ps"))
         self._channels: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, dict[tuple[str, int], Channel]] = weakref.WeakKeyDictionary()
         # The last loop's channels: every variable operation asks, almost always from one loop.

@@ -14,6 +14,7 @@ from .._base.context import must_await
 from .._base.errors import InvalidArgumentError
 from .._formats.operations import ReadVariables, Update, UpdateVariables
 from .arrays import VariableBase, VariableCreator
+from .routing import routed
 from .variables import Variable
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ async def read_variables(variables: Iterable[Any]) -> list[np.ndarray]:
     """
     variables = list(variables)
     out: list[Any] = [None] * len(variables)
-    groups: dict[Channel, list[int]] = {}
+    placed: list[int] = []
     sharded: list[tuple[int, Any]] = []
     for i, v in enumerate(variables):
         if not isinstance(v, VariableBase):
@@ -58,8 +59,8 @@ async def read_variables(variables: Iterable[Any]) -> list[np.ndarray]:
         elif v.ps_index is None:
             out[i] = v.local_array().copy()
         else:
-            groups.setdefault(v.channel(), []).append(i)
-    await ensure_created(variables[i] for indices in groups.values() for i in indices)
+            placed.append(i)
+    await ensure_created(variables[i] for i in placed)
 
     async def read_group(channel: Channel, indices: list[int]) -> None:
         names = list(dict.fromkeys(variables[i].key for i in indices))  # each read once
@@ -68,8 +69,11 @@ async def read_variables(variables: Iterable[Any]) -> list[np.ndarray]:
         for i in indices:
             out[i] = got[variables[i].key]
 
-    await asyncio.gather(*(read_group(ch, idx) for ch, idx in groups.items()),
-                         *(_read_sharded(out, i, v) for i, v in sharded))
+    def channel_of(i: int) -> Channel:
+        return variables[i].channel()
+
+    reads = [routed(variables[placed[0]].channels(), placed, channel_of, read_group)] if placed else []
+    await asyncio.gather(*reads, *(_read_sharded(out, i, v) for i, v in sharded))
     return out
 
 
@@ -84,7 +88,7 @@ async def update_variables(updates: Iterable[tuple[Variable, str, Any]]) -> None
     >>> float(asyncio.run(total.numpy())), float(asyncio.run(count.numpy()))
     (3.0, 1.0)
     """
-    groups: dict[Channel, list[Update]] = {}
+    entries: list[tuple[Variable, Update]] = []
     local = []
     placed = []
     for var, op, value in updates:
@@ -97,12 +101,17 @@ async def update_variables(updates: Iterable[tuple[Variable, str, Any]]) -> None
             local.append((var, op, arr))
             continue
         placed.append(var)
-        groups.setdefault(var.channel(), []).append(Update(op=op, name=var.key, value=arr))  # type: ignore[arg-type]
+        entries.append((var, Update(op=op, name=var.key, value=arr)))  # type: ignore[arg-type]
     for var, op, arr in local:
         await getattr(var, op)(arr)
+    if not entries:
+        return
     await ensure_created(placed)
-    await asyncio.gather(*(ch.request(UpdateVariables(updates=entries))
-                           for ch, entries in groups.items()))
+
+    async def send(channel: Channel, group: list[tuple[Variable, Update]]) -> None:
+        await channel.request(UpdateVariables(updates=[u for _, u in group]))
+
+    await routed(placed[0].channels(), entries, lambda e: e[0].channel(), send)
 
 
 async def _read_sharded(out: list[Any], i: int, v: Any) -> None:

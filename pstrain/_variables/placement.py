@@ -83,6 +83,10 @@ class Placement:
         self.created_upto = 0  # creations sent
         self._lock = threading.Lock()
         self._next_ps = 0
+        #: The ps new variables go to in turn (an elastic ps change updates it).
+        self.active = list(range(num_ps))
+        #: key -> (the ps it was created on, its bytes): what the coordinator may move.
+        self.placed: dict[str, tuple[int, int]] = {}
         self._names: dict[str, int] = {}
         self._colocate: contextvars.ContextVar[int | None] = contextvars.ContextVar(
             "pstrain_colocate", default=None)
@@ -106,7 +110,7 @@ class Placement:
         if colocated is not None:
             return colocated
         with self._lock:
-            ps = self._next_ps % self.num_ps
+            ps = self.active[self._next_ps % len(self.active)]
             self._next_ps += 1
         return ps
 
@@ -196,6 +200,7 @@ class Placement:
         key = self.namespace + name
         entry.update(name=key, dtype=dtype.str, shape=shape, trainable=trainable)
         with self._lock:
+            self.placed[key] = (ps, math.prod(shape) * dtype.itemsize)
             self.issued += 1
             ticket = self.issued
             self._queued.setdefault(ps, []).append(entry)

@@ -25,6 +25,7 @@ from .._base.exports import expose
 from .._formats.operations import RowRead, SparseRead
 from .arrays import IndexedSlices, VariableBase, to_array
 from .batched import ensure_created, read_variables
+from .routing import routed
 from .variables import Variable
 
 if TYPE_CHECKING:
@@ -248,17 +249,16 @@ async def embedding_lookup(params: Any, ids: Any, *, training: bool = True) -> n
     rows = np.empty((unique.size,) + tail, parts[0].dtype)
     part = np.searchsorted(offsets[1:], unique, side="right")
     local: list[tuple[int, np.ndarray]] = []
-    by_ps: dict[Channel, list[tuple[int, np.ndarray]]] = {}
+    placed: list[tuple[int, np.ndarray]] = []
     for p in np.unique(part):
         positions = np.nonzero(part == p)[0]
         v = parts[int(p)]
-        if v.ps_index is None:
-            local.append((int(p), positions))
-        else:
-            by_ps.setdefault(v.channel(), []).append((int(p), positions))
+        (local if v.ps_index is None else placed).append((int(p), positions))
     for p, positions in local:
         rows[positions] = await parts[p].sparse_read(unique[positions] - offsets[p])
-    await ensure_created(parts[p] for group in by_ps.values() for p, _ in group)
+    if not placed:
+        return rows[inverse].reshape(ids.shape + tail)
+    await ensure_created(parts[p] for p, _ in placed)
 
     async def fetch(channel: Channel, group: list[tuple[int, np.ndarray]]) -> None:
         reads = [RowRead(name=parts[p].key, indices=compact_ids(unique[positions] - offsets[p]))
@@ -267,7 +267,7 @@ async def embedding_lookup(params: Any, ids: Any, *, training: bool = True) -> n
         for (_, positions), values in zip(group, reply.values):
             rows[positions] = values
 
-    await asyncio.gather(*(fetch(ch, group) for ch, group in by_ps.items()))
+    await routed(parts[placed[0][0]].channels(), placed, lambda g: parts[g[0]].channel(), fetch)
     return rows[inverse].reshape(ids.shape + tail)
 
 

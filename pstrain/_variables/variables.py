@@ -27,7 +27,7 @@ import numpy as np
 
 from .._base.cluster import task_name
 from .._base.context import current_channels, must_await
-from .._base.errors import InvalidArgumentError
+from .._base.errors import InvalidArgumentError, PstrainError
 from .._base.exports import expose
 from .._formats.operations import ReadVariables, SparseRead, operation
 from .._formats.records import Operation
@@ -44,6 +44,7 @@ from .arrays import (
     initial_value_array,
     to_array,
 )
+from .routing import routed
 
 if TYPE_CHECKING:
     from .._transport.rpc import Channel, ChannelPool
@@ -163,7 +164,21 @@ class Variable(VariableBase):
 
     @property
     def ps_index(self) -> int | None:
-        """Index of the ps holding this variable (None for a local variable)."""
+        """Index of the ps holding this variable now (None for a local variable): where it
+        was created unless an elastic ps change moved it (the placement map says)."""
+        if self._ps is None:
+            return None
+        pool = self._pool
+        if pool is None:
+            try:
+                pool = current_channels()
+            except PstrainError:  # no closure running: the map of this process is unknown
+                return self._ps
+        return pool.routes.moved.get(self._name, self._ps)
+
+    @property
+    def home_ps(self) -> int | None:
+        """Index of the ps this variable was created on (None for a local variable)."""
         return self._ps
 
     @property
@@ -213,13 +228,22 @@ class Variable(VariableBase):
         if self._ps is None:
             raise InvalidArgumentError(f"variable {self._name!r} is local; it has no ps")
         pool = self._pool if self._pool is not None else current_channels()
-        return pool.channel("ps", self._ps)
+        return pool.channel("ps", pool.routes.moved.get(self._name, self._ps))
+
+    def channels(self) -> ChannelPool:
+        """The channel pool this handle uses on the running loop (its placement map too)."""
+        return self._pool if self._pool is not None else current_channels()
 
     async def _request(self, message: Operation) -> Any:
         creator = self._creator
         if creator is not None and creator.created_upto < self._ticket:
             await creator.ensure_created()
-        return await self.channel().request(message)
+
+        async def send(channel: Channel, _: Any) -> Any:
+            return await channel.request(message)
+
+        (reply,) = await routed(self.channels(), (self,), Variable.channel, send)
+        return reply
 
     def checked_value(self, value: Any, what: str) -> np.ndarray:
         """``value`` as an array of this variable's dtype and shape, or InvalidArgumentError."""

@@ -10,12 +10,12 @@ from typing import Any
 
 from .._base.cluster import task_name
 from .._base.errors import PstrainError
-from .._formats.operations import Join, Membership
+from .._formats.operations import Join, JoinPs, LeavePs, Membership
 from .._formats.records import Operation
 from .._transport.bridge import run
 from .._transport.rpc import Channel
 
-__all__ = ["coordinator_call", "evaluate", "join", "membership", "setup_logging"]
+__all__ = ["coordinator_call", "evaluate", "join", "leave", "membership", "setup_logging"]
 
 
 def setup_logging(level: str, tag: str) -> None:
@@ -42,13 +42,27 @@ async def membership(coordinator: str, token: str | None) -> list[dict[str, Any]
     return workers
 
 
-async def join(coordinator: str, address: str, token: str | None) -> int:
-    """Ask the coordinator at ``coordinator`` for a worker slot; returns its index."""
+async def join(coordinator: str, address: str, token: str | None, *, ps: bool = False,
+               index: int | None = None) -> int:
+    """Ask the coordinator at ``coordinator`` for a worker slot (``ps``: a ps index; with
+    ``index``, the ps that took it joins); returns its index."""
+    message = JoinPs(address=address, index=index) if ps else Join(address=address)
     try:
-        reply = await coordinator_call(coordinator, Join(address=address), token, timeout=30.0)
+        reply = await coordinator_call(coordinator, message, token, timeout=30.0)
     except PstrainError as exc:
         raise PstrainError(f"joining {coordinator} failed: {type(exc).__name__}: {exc}") from exc
     return int(reply.index)
+
+
+async def leave(coordinator: str, index: int, token: str | None, timeout: float) -> None:
+    """Ask the coordinator to move ps ``index``'s variables to the other ps, and wait for it
+    (up to ``timeout``); a failure is logged: the ps leaves anyway."""
+    try:
+        await coordinator_call(coordinator, LeavePs(index=index), token, timeout=timeout)
+        logging.getLogger(__name__).info("ps %d drained: its variables moved to the other ps", index)
+    except PstrainError as exc:
+        logging.getLogger(__name__).error("ps %d could not drain within %g s (%s: %s); leaving "
+                                          "anyway", index, timeout, type(exc).__name__, exc)
 
 
 def evaluate(args: argparse.Namespace) -> int:

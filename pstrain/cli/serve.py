@@ -18,7 +18,7 @@ from .._base.tasks import TaskOwner
 from .._formats.protocol import DEFAULT_MAX_BODY
 from .._transport.bridge import run
 from .._transport.interrupt import GRACE_S
-from .common import evaluate, join, setup_logging
+from .common import evaluate, join, leave, setup_logging
 
 logger = logging.getLogger("pstrain.cli")
 
@@ -85,10 +85,12 @@ def serve_parser(sub: Any) -> None:
     p.add_argument("--max-evaluations", type=int, default=None,
                    help="evaluator: stop after this many evaluations (default: run forever)")
     p.add_argument("--join", metavar="HOST:PORT",
-                   help="worker: join a running job through its coordinator's endpoint (the address "
-                        "of its /metrics), taking the slot of a worker that is gone, or growing the job")
+                   help="join a running job through its coordinator's endpoint (the address of its "
+                        "/metrics). A worker takes the slot of a worker that is gone, or grows the "
+                        "job; a ps gets the next index, and a share of the variables moves to it "
+                        "while training runs (on SIGTERM they move away again before it exits)")
     p.add_argument("--advertise", metavar="HOST:PORT",
-                   help="worker with --join: the address the coordinator should use (default: the "
+                   help="with --join: the address the coordinator should use (default: the "
                         "listening address)")
     p.add_argument("--exit-on-shutdown", action="store_true", default=None,
                    help="leave when the coordinator says its job is done "
@@ -96,7 +98,8 @@ def serve_parser(sub: Any) -> None:
                         "SLURM job ends)")
     p.add_argument("--drain-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="worker: on SIGTERM, take no new closures and wait this long for the running "
-                        "ones before leaving (on Ctrl-C, at most 4 s)")
+                        "ones before leaving (on Ctrl-C, at most 4 s); ps started with --join: on "
+                        "SIGTERM, wait this long for its variables to move to the other ps")
     p.add_argument("--closure-threads", type=int, default=4,
                    help="worker: threads that run plain-def closures (default 4)")
     p.add_argument("--metrics-public", action="store_true",
@@ -222,8 +225,16 @@ def serve(args: argparse.Namespace) -> int:
 
         loop.add_signal_handler(signal.SIGTERM, on_term)
         loop.add_signal_handler(signal.SIGINT, on_int)  # before announcing: a signal stops cleanly
+        if args.join:
+            server.answers_any_index = True  # until the coordinator gives it its index
         address = await server.start()
         print(f"pstrain {role}:{index} listening on {address}", flush=True)
+        if role == "ps" and args.join:  # an index first; it answers to that name, then joins
+            given = await join(args.join, args.advertise or address, token, ps=True)
+            server.index, server.answers_any_index = given, False
+            server.store.task = server.fencing.task = server.task
+            await join(args.join, args.advertise or address, token, ps=True, index=given)
+            print(f"pstrain ps joined {args.join} as ps {given}", flush=True)
         if role == "worker" and args.join:
             server.joined = True
             slot = await join(args.join, args.advertise or address, token)
@@ -247,6 +258,8 @@ def serve(args: argparse.Namespace) -> int:
                 interrupts[0] = (f"the {running} closure(s) in flight finished" if done else
                                  f"of {running} closure(s) in flight, some were abandoned after "
                                  f"{limit:g} s")
+        if role == "ps" and args.join and term.is_set():  # a preemption notice: move away first
+            await leave(args.join, server.index, token, args.drain_timeout)
         logger.info("signal received, stopping")
         await watchers.close()
         await server.stop()

@@ -67,6 +67,7 @@ from .compute import apply_gradients, call_function
 from .deltas import Deltas
 from .feed import PATH as FEED_PATH, TableFeed
 from .fencing import Fencing
+from .moves import Moves
 from .store import VariableRecord, VariableStore, checked_rows, checked_value
 from .tables import TableHandlers
 
@@ -135,6 +136,10 @@ class ParameterServer(ServerBase):
         self.route(DeleteVariables, self.delete)
         self.route(ListVariables, self.list_variables)
         self.route(ApplyGradients, self.fencing.guarded(self.apply_optimizer))
+        #: Variables moving in and out (an elastic ps joined or leaves): ``moves.py``.
+        self.moves = Moves(self.store, self.fencing, self.max_store_bytes)
+        for operation, handler in self.moves.routes().items():
+            self.route(operation, handler)
         #: The serving feed of the tables (``GET /v1/tables/<name>/rows``).
         self.feed = TableFeed(self.task, index, {})
         self.download(FEED_PATH, self.feed.serve)
@@ -302,6 +307,7 @@ class ParameterServer(ServerBase):
         out = super().statistics(req)
         out["variables"] = len(self.store)
         out["bytes"] = self.store.nbytes
+        out.update(self.moves.statistics())
         if self.tables:
             out["tables"] = {name: t.statistics() for name, t in self.tables.items()}
         return out

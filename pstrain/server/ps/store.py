@@ -27,7 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from ..._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from ..._base.errors import (
+    AlreadyExistsError,
+    InvalidArgumentError,
+    NotFoundError,
+    PlacementChangedError,
+)
 from ..._formats.casting import cast_value
 
 __all__ = ["BLOCK_BYTES", "SNAPSHOT_MIN_BYTES", "ChangeClock", "Snapshot", "VariableRecord",
@@ -257,6 +262,11 @@ class VariableStore:
         self.clock = ChangeClock()
         self._records: dict[str, VariableRecord] = {}
         self._slots: dict[str, set[str]] = {}  # variable -> its optimizer slots here
+        #: Variables this ps does not serve because of a move: name -> why (``moves.py``).
+        self.away: dict[str, str] = {}
+        #: The placement map a refusal carries (builtins; None before any move).
+        self.placement: dict[str, Any] | None = None
+        self.refusals = 0  # requests refused because a variable they name moved
 
     def __len__(self) -> int:
         return len(self._records)
@@ -271,6 +281,11 @@ class VariableStore:
         """The record of ``name``, or NotFoundError naming it and this ps."""
         record = self._records.get(name) if isinstance(name, str) else None
         if record is None:
+            why = self.away.get(name) if isinstance(name, str) else None
+            if why is not None:  # nothing of the request is applied: handlers check first
+                self.refusals += 1
+                raise PlacementChangedError(f"variable {name!r} {why} {self.task}",
+                                            placement=self.placement)
             raise NotFoundError(f"variable {name!r} not found on {self.task}")
         return record
 
@@ -320,6 +335,18 @@ class VariableStore:
             record.changed = self.clock.epoch
             self._slots.setdefault(of, set()).add(name)
         return record.writable(rows)
+
+    def take(self, name: str) -> list[VariableRecord]:
+        """Remove variable ``name`` and its optimizer slots; returns their records (a move
+        parks them until it is committed)."""
+        records = [self._records.pop(name)]
+        slots = self._slots.pop(name, set())
+        records += [self._records.pop(s) for s in sorted(slots) if s in self._records]
+        return records
+
+    def slots_of(self, name: str) -> list[VariableRecord]:
+        """The optimizer slots of variable ``name`` held here."""
+        return [self._records[s] for s in sorted(self._slots.get(name, ())) if s in self._records]
 
     def _drop(self, name: str) -> None:
         self._records.pop(name, None)

@@ -1,0 +1,254 @@
+"""The coordinator's side of elastic parameter servers: a ps joins, a ps leaves, and the
+variables move between them while training runs.
+
+The coordinator owns the placement map (``_formats/placement_map.py``: its version, the
+ps addresses, the variables not on the ps they were created on). A move follows the
+steps that module lists, one source ps at a time, one move at a time; each new map is
+pushed to every ps, and clients learn it from the ps (a request to the wrong ps is
+refused with the map, and sent again by the client). What is moved: whole variables,
+sharded variables' parts, with their optimizer slots and their exactly-once records.
+Dynamic tables are not moved (a ps holding table shards cannot leave yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from .._base.cluster import parse_address, task_name
+from .._base.errors import FailedPreconditionError, InvalidArgumentError
+from .._distribute.strategy import ParameterServerStrategy
+from .._formats.placement_map import (
+    EndMove,
+    FinishMove,
+    InstallVariables,
+    MoveOut,
+    PlacementMap,
+    SetPlacement,
+)
+from .._transport.rpc import ChannelPool
+from .._variables.routing import adopt
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PsChanges"]
+
+
+class PsChanges:
+    """Adds, removes and rebalances the ps of one coordinator's job."""
+
+    def __init__(self, strategy: ParameterServerStrategy, channels: ChannelPool, *,
+                 timeout_s: float = 120.0) -> None:
+        self.strategy = strategy
+        self.channels = channels
+        self.timeout_s = timeout_s
+        self._lock = asyncio.Lock()
+        #: The move under way: (keys, from ps, to ps, when it started), for status.
+        self.moving: tuple[list[str], int, int, float] | None = None
+        self.moves_done = 0
+        self._reserved: dict[int, str] = {}  # ps index -> the address of the ps it was given to
+        self.bytes_moved = 0
+
+    @property
+    def placement(self) -> PlacementMap:
+        return self.channels.routes
+
+    def shares(self) -> dict[int, int]:
+        """Bytes of variables each active ps holds (their optimizer slots not counted)."""
+        out = {k: 0 for k in self.placement.active()}
+        for key, (home, nbytes) in self.strategy.placement.placed.items():
+            ps = self.placement.ps_of(key, home)
+            out[ps] = out.get(ps, 0) + nbytes
+        return out
+
+    def status(self) -> dict[str, Any]:
+        """The map version, each ps's address and share, and the move under way (if any)."""
+        shares = self.shares()
+        moving = None
+        if self.moving is not None:
+            keys, src, dst, started = self.moving
+            moving = {"variables": keys, "from": src, "to": dst,
+                      "seconds": round(time.monotonic() - started, 3)}
+        return {"version": self.placement.version,
+                "ps": [{"index": i, "address": a, "active": bool(a),
+                        "bytes": shares.get(i, 0)} for i, a in enumerate(self.placement.ps)],
+                "moving": moving, "moves_done": self.moves_done, "bytes_moved": self.bytes_moved}
+
+    def statistics(self) -> dict[str, Any]:
+        """For ``/metrics`` and ``pstrain status``."""
+        return {"placement": self.status(), "placement_version": self.placement.version,
+                "moves_in_progress": int(self.moving is not None), "ps_moves": self.moves_done,
+                "ps_moved_bytes": self.bytes_moved}
+
+    # -- the API ------------------------------------------------------------------------------
+    async def add_ps(self, address: str) -> int:
+        """A new, empty ps at ``address`` joins: it gets the next index, and a share of the
+        variables moves to it. Returns its index."""
+        index = await self.admit_ps(address)
+        await self.rebalance(index)
+        return index
+
+    async def admit_ps(self, address: str, index: int | None = None) -> int:
+        """Give a new ps at ``address`` the next index (or the one reserved for it), and tell
+        every ps (nothing moves yet)."""
+        parse_address(address)
+        async with self._lock:
+            ps = list(self.placement.ps)
+            index = len(ps) if index is None else index
+            self._reserved.pop(index, None)
+            ps += [""] * (index + 1 - len(ps))  # an index given to a ps that never came: unused
+            ps[index] = address
+            await self._publish(self.placement.with_ps(ps))
+            self.strategy.placement.active = self.placement.active()
+        return index
+
+    def joins(self, spawn: Callable[[Coroutine[Any, Any, Any]], Any]
+              ) -> Callable[[str, int | None], Awaitable[int]]:
+        """What ``coordinator/join_ps`` runs. Without ``index``: the index the ps at
+        ``address`` is to take (it answers to that name from then on). With it: the ps
+        joins; the moves run in the background."""
+        async def join(address: str, index: int | None) -> int:
+            parse_address(address)
+            if index is None:
+                index = len(self.placement.ps) + len(self._reserved)
+                self._reserved[index] = address
+                return index
+            if self._reserved.get(index) != address:
+                raise InvalidArgumentError(f"ps index {index} was not given to {address}: ask "
+                                           "for an index first")
+            index = await self.admit_ps(address, index)
+            spawn(self.rebalance(index))
+            return index
+
+        return join
+
+    async def rebalance(self, index: int) -> None:
+        """Move a share of the variables to ps ``index`` (one that just joined)."""
+        plan = self._plan_join(index)
+        for keys in plan:
+            await self.move(keys, index)
+        logger.info("%s joined; %d variable(s) moved to it", task_name("ps", index),
+                    sum(len(k) for k in plan))
+
+    async def remove_ps(self, index: int) -> None:
+        """Move every variable off ps ``index`` (to the least loaded of the others), then
+        take it out of the job: it can stop."""
+        active = self.placement.active()
+        if index not in active:
+            raise InvalidArgumentError(f"no active ps {index}: the job's ps are {active}")
+        if len(active) == 1:
+            raise FailedPreconditionError("the job's only ps cannot leave")
+        stats = await self._channel(index).call("statistics", {}, timeout=self.timeout_s)
+        if stats.get("tables"):
+            raise FailedPreconditionError(
+                f"{task_name('ps', index)} holds dynamic table shards ({sorted(stats['tables'])}): "
+                "moving a table's hash ranges is not supported yet, so it cannot leave")
+        self.strategy.placement.active = [k for k in active if k != index]
+        for key in self._on(index):
+            shares = self.shares()
+            target = min((k for k in shares if k != index), key=lambda k: (shares[k], k))
+            await self.move([key], target)
+        async with self._lock:
+            ps = list(self.placement.ps)
+            ps[index] = ""
+            await self._publish(self.placement.with_ps(ps))
+        logger.info("%s left the job; its variables moved to the others", task_name("ps", index))
+
+    async def move(self, keys: list[str], to: int) -> None:
+        """Move variables ``keys`` (with their optimizer slots) to ps ``to`` while training
+        runs: copy, catch up, switch."""
+        if to not in self.placement.active():
+            raise InvalidArgumentError(f"no active ps {to}: the job's ps are {self.placement.active()}")
+        placed = self.strategy.placement.placed
+        unknown = [k for k in keys if k not in placed]
+        if unknown:
+            raise InvalidArgumentError(f"not variables of this strategy: {unknown}")
+        async with self._lock:
+            by_source: dict[int, list[str]] = {}
+            for key in keys:
+                src = self.placement.ps_of(key, placed[key][0])
+                if src != to:
+                    by_source.setdefault(src, []).append(key)
+            for src, moving in by_source.items():
+                await self._move(moving, src, to)
+
+    # -- the steps ----------------------------------------------------------------------------
+    async def _move(self, keys: list[str], src: int, dst: int) -> None:
+        stage = secrets.token_hex(8)
+        source, target = self._channel(src), self._channel(dst)
+        self.moving = (keys, src, dst, time.monotonic())
+        homes = {k: self.strategy.placement.placed[k][0] for k in keys}
+        finished = False
+        try:
+            out = await source.request(MoveOut(keys=keys, stage=stage), timeout=self.timeout_s)
+            await target.request(InstallVariables(stage=stage, vars=out.vars), timeout=self.timeout_s)
+            new = self.placement.moved_to({k: dst for k in keys}, homes)
+            done = await source.request(FinishMove(keys=keys, stage=stage, mark=out.mark,
+                                                   placement=new), timeout=self.timeout_s)
+            finished = True
+            await target.request(InstallVariables(
+                stage=stage, activate=True, patches=done.patches, once=done.once,
+                fences=done.fences, superseded=done.superseded, placement=new),
+                timeout=self.timeout_s)
+        except BaseException:
+            await self._abort(stage, source, target, new if finished else None)
+            raise
+        finally:
+            self.moving = None
+        await self._publish(new)
+        await source.request(EndMove(stage=stage, commit=True), timeout=self.timeout_s)
+        self.moves_done += 1
+        self.bytes_moved += sum(int(getattr(c.value, "nbytes", 0)) for c in out.vars)
+
+    async def _abort(self, stage: str, source: Any, target: Any,
+                     announced: PlacementMap | None) -> None:
+        """Serve the variables from their source again; the target drops what it staged."""
+        for channel in (source, target):
+            try:
+                await channel.request(EndMove(stage=stage, commit=False), timeout=self.timeout_s)
+            except Exception as exc:  # the error that stopped the move is the one to raise
+                logger.warning("ending move %s on %s failed: %s", stage, channel.task, exc)
+        if announced is not None:  # clients may have learnt it from the source's refusals
+            old = self.placement
+            await self._publish(PlacementMap(version=announced.version + 1, ps=list(old.ps),
+                                             moved=dict(old.moved), home=dict(old.home)))
+
+    async def _publish(self, placement: PlacementMap) -> None:
+        """Route by ``placement`` here and tell every active ps."""
+        adopt(self.channels, placement)
+        await asyncio.gather(*(self._channel(k).request(SetPlacement(placement=placement),
+                                                        timeout=self.timeout_s)
+                               for k in placement.active()))
+
+    def _channel(self, ps: int) -> Any:
+        return self.channels.channel("ps", ps)
+
+    def _on(self, ps: int) -> list[str]:
+        """The variables on ps ``ps`` now, largest first."""
+        placed = self.strategy.placement.placed
+        return sorted((k for k, (home, _) in placed.items() if self.placement.ps_of(k, home) == ps),
+                      key=lambda k: -placed[k][1])
+
+    def _plan_join(self, new: int) -> list[list[str]]:
+        """Which variables move to the new ps ``new``: the largest of the fullest ps, while
+        that leaves the new one below the ps it came from."""
+        shares = self.shares()
+        placed = self.strategy.placement.placed
+        plan: list[list[str]] = []
+        candidates = {k: self._on(k) for k in shares if k != new}
+        while True:
+            fullest = max(candidates, key=lambda k: shares[k], default=None)
+            if fullest is None or not candidates[fullest]:
+                return plan
+            key = next((k for k in candidates[fullest]
+                        if shares[new] + placed[k][1] < shares[fullest]), None)
+            if key is None:
+                return plan
+            candidates[fullest].remove(key)
+            shares[fullest] -= placed[key][1]
+            shares[new] += placed[key][1]
+            plan.append([key])

@@ -1,0 +1,190 @@
+"""The placement map: which ps holds which variable, versioned, and the operations that move
+variables between ps while training runs.
+
+A variable is created on a ps (its *home*, which its handle remembers); the map lists
+only the variables that live elsewhere now (``moved``), so a job that never moves
+anything carries an empty map, and a handle finds its ps with one dict lookup. ``ps``
+lists every ps's address by index (``""`` for one that left: indices are never reused);
+``version`` grows with every change. The coordinator owns the map and pushes each
+version to every ps; clients learn it from the ps themselves, in the error a request
+sent to the wrong ps gets (:class:`~pstrain.errors.PlacementChangedError`).
+
+A move of some variables from ps A to ps B (the coordinator drives it):
+
+1. ``ps/move_out`` on A: their arrays and optimizer slots as they are now, and a mark
+   of A's change clock; A keeps training them.
+2. ``ps/install`` on B (staged): B holds the copies but does not serve them yet.
+3. ``ps/move_finish`` on A, one step on its loop: A stops serving them (requests are
+   refused with the new map) and answers with the rows changed since the mark, and
+   the exactly-once records of those variables.
+4. ``ps/install`` on B (activate): B applies those rows and serves the variables.
+5. ``ps/move_end`` on A: it drops its copies (or, if the move failed, serves them again).
+
+Nothing is applied twice or lost: A refuses from step 3 on, B serves from step 4 on,
+and a request refused by either (or sent between the two) is sent again, by the
+client, where the newest map says.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+from .._base.errors import ProtocolError
+from .records import Count, Name, Operation, Record, Reply
+
+__all__ = ["EndMove", "FinishMove", "FinishReply", "InstallVariables", "MoveOut", "MoveOutReply",
+           "MoveReply", "PlacementMap", "SetPlacement", "VariableCopy"]
+
+Address = Annotated[str, msgspec.Meta(max_length=300)]
+PsIndex = Annotated[int, msgspec.Meta(ge=0, le=1 << 16)]
+Stage = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+Keys = Annotated[list[Name], msgspec.Meta(max_length=1 << 16)]
+
+
+class PlacementMap(Record):
+    """One version of the map.
+
+    >>> m = PlacementMap(version=1, ps=["h:1", "h:2"])
+    >>> m.ps_of("w", 1), m.moved_to({"w": 0}).ps_of("w", 1), m.moved_to({"w": 0}).version
+    (1, 0, 2)
+    """
+
+    version: Count = 0
+    ps: Annotated[list[Address], msgspec.Meta(max_length=1 << 16)] = []
+    #: variable key -> the ps holding it, where that is not the ps it was created on
+    moved: dict[Name, PsIndex] = {}
+    #: variable key -> ps it was created on (for the keys of ``moved``: a move home drops them)
+    home: dict[Name, PsIndex] = {}
+
+    def ps_of(self, key: str, home: int) -> int:
+        """The ps holding variable ``key``, created on ps ``home``."""
+        return self.moved.get(key, home)
+
+    def active(self) -> list[int]:
+        """The ps that are part of the job (those that left have no address)."""
+        return [i for i, address in enumerate(self.ps) if address]
+
+    def moved_to(self, where: dict[str, int], homes: dict[str, int] | None = None) -> PlacementMap:
+        """The next version, with each variable of ``where`` on its ps (``homes``: the
+        ps each was created on, for those not moved before)."""
+        moved, home = dict(self.moved), dict(self.home)
+        for key, ps in where.items():
+            origin = home.get(key, (homes or {}).get(key, -1))
+            if ps == origin:
+                moved.pop(key, None)
+                home.pop(key, None)
+            else:
+                moved[key] = ps
+                home[key] = origin
+        return PlacementMap(version=self.version + 1, ps=list(self.ps), moved=moved, home=home)
+
+    def grown(self, known: list[str]) -> list[str] | None:
+        """The ps addresses to dial, if this map has more ps than ``known`` (those that
+        left keep their known address: their index is never dialled for a variable)."""
+        if len(self.ps) <= len(known):
+            return None
+        return [address or (known[i] if i < len(known) else "127.0.0.1:1")
+                for i, address in enumerate(self.ps)]
+
+    def with_ps(self, ps: list[str]) -> PlacementMap:
+        """The next version, with these ps addresses (a ps joined or left)."""
+        return PlacementMap(version=self.version + 1, ps=list(ps), moved=dict(self.moved),
+                            home=dict(self.home))
+
+    def to_builtins(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self)
+
+    @classmethod
+    def from_builtins(cls, value: Any) -> PlacementMap:
+        """A map sent by a peer (``ProtocolError`` if it is malformed)."""
+        try:
+            return msgspec.convert(value, cls)
+        except msgspec.ValidationError as exc:
+            raise ProtocolError(f"malformed placement map: {exc}") from None
+
+
+# -- the operations of a move --------------------------------------------------------------------
+class MoveReply(Reply):
+    version: int = 0  # ps/placement: the map version the ps holds now
+    staged: int = 0  # ps/install: copies staged
+    installed: int = 0  # ps/install: variables and slots served from now on
+    ended: bool = False  # ps/move_end: there was such a move here
+
+
+class VariableCopy(Record):
+    """One variable (or optimizer slot) in a move."""
+
+    name: Name
+    value: Any  # an array
+    trainable: bool = True
+    owner: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+    slot_of: Name | None = None  # the variable this is an optimizer slot of
+
+
+class MoveOutReply(Reply):
+    mark: int
+    vars: list[VariableCopy]
+
+
+class FinishReply(Reply):
+    patches: list[Any]  # [name, rows | None, values]
+    once: list[Any]  # [closure key, operation, [variables], reply]
+    fences: list[Any]  # [owner, worker, epoch]
+    superseded: list[str]
+
+
+class SetPlacement(Operation, tag="ps/placement"):
+    """The coordinator's newest map: the ps refuses requests for the variables it no
+    longer holds with it."""
+
+    reply = MoveReply
+    placement: PlacementMap
+
+
+class MoveOut(Operation, tag="ps/move_out"):
+    """Step 1: copies of variables ``keys`` and of their optimizer slots, and a mark of the
+    change clock."""
+
+    reply = MoveOutReply
+    keys: Keys
+    stage: Stage
+
+
+class FinishMove(Operation, tag="ps/move_finish"):
+    """Step 3: stop serving ``keys`` (refusing them with ``placement``); reply with the rows
+    changed since ``mark``, the variables' exactly-once records, and the fences."""
+
+    reply = FinishReply
+
+    keys: Keys
+    stage: Stage
+    mark: Count
+    placement: PlacementMap
+
+
+class InstallVariables(Operation, tag="ps/install"):
+    """Steps 2 and 4 on the receiving ps: ``vars`` staged (not served); then, with
+    ``activate``, ``patches`` applied, the exactly-once records and fences merged, and the
+    variables served under ``placement``."""
+
+    reply = MoveReply
+    stage: Stage
+    vars: Annotated[list[VariableCopy], msgspec.Meta(max_length=1 << 16)] = []
+    activate: bool = False
+    patches: Annotated[list[Any], msgspec.Meta(max_length=1 << 16)] = []
+    once: Annotated[list[Any], msgspec.Meta(max_length=1 << 22)] = []
+    fences: Annotated[list[Any], msgspec.Meta(max_length=1 << 16)] = []
+    superseded: Annotated[list[str], msgspec.Meta(max_length=1 << 12)] = []
+    placement: PlacementMap | None = None
+
+
+class EndMove(Operation, tag="ps/move_end"):
+    """Step 5: ``commit``: drop the copies of the variables moved out in ``stage``; else
+    (the move failed) serve them again. On a receiving ps, not committed: drop what was
+    staged."""
+
+    reply = MoveReply
+    stage: Stage
+    commit: bool

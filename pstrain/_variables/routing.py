@@ -1,0 +1,87 @@
+"""Requests sent where the placement map says a variable lives, and sent again when it moved.
+
+A ps that no longer holds (or does not hold yet) a variable a request names refuses the
+whole request, applying nothing, with its newest map
+(:class:`~pstrain.errors.PlacementChangedError`). :func:`routed` groups a request's items
+by the ps holding them, sends one request per ps, and sends a refused group again by the
+newer map: only that group, so nothing is applied twice. When the refusing ps knows no
+newer map (the variables are between the two steps of a move, a few milliseconds), it
+waits a little before asking again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .._base.cluster import ClusterSpec
+from .._base.errors import PlacementChangedError
+from .._base.tags import one_operation
+from .._formats.placement_map import PlacementMap
+
+if TYPE_CHECKING:
+    from .._transport.rpc import Channel, ChannelPool
+
+__all__ = ["MAX_ATTEMPTS", "adopt", "adopt_from", "routed"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+#: How many times a group is sent again before the refusal reaches the caller.
+MAX_ATTEMPTS = 60
+
+
+def adopt(pool: ChannelPool, placement: PlacementMap) -> bool:
+    """``pool`` routes by ``placement`` if it is newer than the map it knows (a ps that
+    joined is dialled at its address from then on). Returns whether it was newer."""
+    if placement.version <= pool.routes.version:
+        return False
+    pool.routes = placement
+    grown = placement.grown(pool.cluster_spec.job_tasks("ps"))
+    if grown is not None:
+        pool.cluster_spec = ClusterSpec({**pool.cluster_spec.as_dict(), "ps": grown})
+    return True
+
+
+def adopt_from(pool: ChannelPool, exc: PlacementChangedError) -> bool:
+    """Route by the map ``exc`` carries, if it is newer than ``pool``'s."""
+    if exc.placement is None:
+        return False
+    return adopt(pool, PlacementMap.from_builtins(exc.placement))
+
+
+async def routed(pool: ChannelPool, items: Sequence[T], channel_of: Callable[[T], Hashable],
+                 send: Callable[[Any, list[T]], Awaitable[R]]) -> list[R]:
+    """``send(channel, group)`` for each group of ``items`` by ``channel_of(item)`` (the
+    channel to the ps holding it), concurrently; returns every send's result. A group a
+    ps refused because the placement changed is grouped and sent again. The requests are
+    one operation of an exactly-once closure (they share its number)."""
+    with one_operation():
+        return await _routed(pool, items, channel_of, send, 0)
+
+
+async def _routed(pool: ChannelPool, items: Sequence[T], channel_of: Callable[[T], Hashable],
+                  send: Callable[[Any, list[T]], Awaitable[R]], attempt: int) -> list[R]:
+    groups: dict[Hashable, list[T]] = {}
+    for item in items:
+        groups.setdefault(channel_of(item), []).append(item)
+    if len(groups) == 1:
+        (channel, group), = groups.items()
+        return await _one(pool, channel, group, channel_of, send, attempt)
+    results = await asyncio.gather(*(_one(pool, channel, group, channel_of, send, attempt)
+                                     for channel, group in groups.items()))
+    return [r for rs in results for r in rs]
+
+
+async def _one(pool: ChannelPool, channel: Channel | Any, group: list[T],
+               channel_of: Callable[[T], Hashable], send: Callable[[Any, list[T]], Awaitable[R]],
+               attempt: int) -> list[R]:
+    try:
+        return [await send(channel, group)]
+    except PlacementChangedError as exc:
+        if attempt >= MAX_ATTEMPTS:
+            raise
+        if not adopt_from(pool, exc):  # mid-move: the map that ends it is on its way
+            await asyncio.sleep(min(0.001 * 2 ** min(attempt, 10), 0.05))
+    return await _routed(pool, group, channel_of, send, attempt + 1)

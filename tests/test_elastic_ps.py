@@ -1,0 +1,170 @@
+"""Elastic parameter servers: a ps joins and leaves while training runs; variables move with
+their optimizer slots and exactly-once records; a request sent by an old map is refused,
+never applied to the wrong ps, and sent again by the client."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import pstrain
+from pstrain._base.tags import set_dispatch
+from pstrain.errors import FailedPreconditionError, InvalidArgumentError, PlacementChangedError
+from pstrain.rpc import Channel
+from pstrain.server import ParameterServer
+from pstrain.testing import InProcessCluster
+
+pytestmark = pytest.mark.timeout(120)
+
+ROWS, DIM, STEPS = 4000, 8, 80
+
+
+def _strategy(cluster: InProcessCluster) -> pstrain.ParameterServerStrategy:
+    return pstrain.ParameterServerStrategy(
+        pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token),
+        variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
+
+
+def _grads(step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Step ``step``'s gradients: whole numbers, so that any order of applying them sums to
+    the same floats."""
+    rng = np.random.default_rng(step)
+    ids = rng.choice(ROWS, 64, replace=False)
+    return ids, rng.integers(-3, 4, (64, DIM)).astype(np.float32), \
+        rng.integers(-3, 4, (DIM,)).astype(np.float32)
+
+
+def _expected() -> tuple[np.ndarray, np.ndarray]:
+    emb, dense = np.zeros((ROWS, DIM), np.float32), np.zeros(DIM, np.float32)
+    for step in range(STEPS):
+        ids, rows, d = _grads(step)
+        emb[ids] -= rows
+        dense -= d
+    return emb, dense
+
+
+async def _wait(cond, what: str, timeout: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def _held(ps: ParameterServer) -> set[str]:
+    return {r.name for r in ps.store}
+
+
+async def test_a_ps_joins_and_leaves_while_training_runs_and_nothing_is_lost_or_doubled():
+    async with InProcessCluster(num_ps=2, num_workers=2) as cluster:
+        extra = ParameterServer(2, token=cluster.token)
+        await extra.start()
+        try:
+            strategy = _strategy(cluster)
+            coordinator = pstrain.ClusterCoordinator(strategy)
+            async with strategy.scope():
+                emb = pstrain.Variable(np.zeros((ROWS, DIM), np.float32), name="emb")
+                dense = pstrain.Variable(np.zeros(DIM, np.float32), name="dense")
+                opt = pstrain.optimizers.SGD(1.0)
+
+            async def step_fn(step: int) -> None:
+                ids, rows, d = _grads(step)
+                await opt.apply_gradients([(pstrain.IndexedSlices(rows, ids), emb), (d, dense)])
+
+            done: list[pstrain.RemoteValue] = []
+            for step in range(STEPS // 4):
+                done.append(coordinator.schedule(step_fn, args=(step,), exactly_once=True))
+            await _wait(lambda: coordinator.closures_done >= 5, "training to start")
+            index = await coordinator.add_ps(extra.address)  # while closures run
+            assert index == 2
+            assert _held(extra) in ({"emb/part_0"}, {"emb/part_1"})  # half the table
+            for step in range(STEPS // 4, STEPS // 2):
+                done.append(coordinator.schedule(step_fn, args=(step,), exactly_once=True))
+            await _wait(lambda: coordinator.closures_done >= STEPS // 2 - 5, "more training")
+            status = coordinator.statistics()["placement"]
+            assert status["version"] >= 2 and status["ps"][2]["bytes"] == ROWS // 2 * DIM * 4
+            # every ps holds what the map says, and nothing else
+            for k, ps in enumerate([*cluster.ps, extra]):
+                on = {key for key, (home, _) in strategy.placement.placed.items()
+                      if coordinator.ps.placement.ps_of(key, home) == k}
+                assert _held(ps) == on  # SGD keeps no slots
+
+            await coordinator.remove_ps(2)  # while closures run
+            for step in range(STEPS // 2, STEPS):
+                done.append(coordinator.schedule(step_fn, args=(step,), exactly_once=True))
+            await coordinator.join()
+            assert _held(extra) == set()
+            # the workers learnt each map from a refusal (nothing pushes maps to them)
+            assert sum(ps.store.refusals for ps in [*cluster.ps, extra]) >= 2
+            assert coordinator.statistics()["placement"]["ps"][2]["active"] is False
+            emb_expected, dense_expected = _expected()
+            np.testing.assert_array_equal(await emb.read_value(), emb_expected)
+            np.testing.assert_array_equal(await dense.read_value(), dense_expected)
+            assert int(await opt.iterations.read_value()) == STEPS
+            await coordinator.close()
+        finally:
+            await extra.stop()
+
+
+async def test_a_request_by_an_old_map_is_refused_with_the_new_map_and_applied_once():
+    async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
+        strategy = pstrain.ParameterServerStrategy(
+            pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        async with strategy.scope():
+            with strategy.placement.colocated(0):
+                v = pstrain.Variable(np.zeros(3, np.float32), name="v")
+        # an exactly-once closure's first attempt adds 1 on ps 0 ...
+        set_dispatch(None, "closure-1")
+        await v.assign_add(np.ones(3, np.float32))
+        await coordinator.ps.move(["v"], 1)
+        assert "v" in _held(cluster.ps[1]) and "v" not in _held(cluster.ps[0])
+        # ... its retry, after the move, is recognised on ps 1 and not applied again
+        set_dispatch(None, "closure-1")
+        await v.assign_add(np.ones(3, np.float32))
+        set_dispatch(None, None)
+        assert (await v.read_value()).tolist() == [1, 1, 1]
+        # a client still on the old map is refused by ps 0 with the new map, applying nothing
+        channel = Channel(cluster.ps[0].address, token=cluster.token,
+                          task="/job:ps/replica:0/task:0")
+        try:
+            with pytest.raises(PlacementChangedError) as caught:
+                await channel.call("vars/assign_add", {"name": "v", "value": np.ones(3, np.float32)})
+            assert caught.value.placement["moved"] == {"v": 1}
+            assert caught.value.placement["version"] == coordinator.ps.placement.version
+        finally:
+            await channel.close()
+        assert (await v.read_value()).tolist() == [1, 1, 1]
+        await v.assign_add(np.ones(3, np.float32))  # the coordinator's own handle follows
+        assert (await v.read_value()).tolist() == [2, 2, 2]
+        await coordinator.ps.move(["v"], 0)  # and back home: the map lists nothing
+        assert coordinator.ps.placement.moved == {}
+        assert (await v.read_value()).tolist() == [2, 2, 2]
+        await coordinator.close()
+
+
+async def test_bad_requests_to_move_are_refused_and_change_nothing():
+    async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
+        strategy = pstrain.ParameterServerStrategy(
+            pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        async with strategy.scope():
+            v = pstrain.Variable(np.zeros(3, np.float32), name="v")
+            await v.read_value()
+        version = coordinator.ps.placement.version
+        with pytest.raises(InvalidArgumentError, match="no active ps 5"):
+            await coordinator.remove_ps(5)
+        with pytest.raises(InvalidArgumentError, match="not variables of this strategy"):
+            await coordinator.ps.move(["nope"], 1)
+        with pytest.raises(InvalidArgumentError, match="no active ps 7"):
+            await coordinator.ps.move(["v"], 7)
+        with pytest.raises(InvalidArgumentError, match="address"):
+            await coordinator.add_ps("not an address")
+        assert coordinator.ps.placement.version == version
+        await coordinator.remove_ps(1)
+        with pytest.raises(FailedPreconditionError, match="only ps"):
+            await coordinator.remove_ps(0)
+        assert (await v.read_value()).tolist() == [0, 0, 0]
+        await coordinator.close()
