@@ -135,10 +135,13 @@ class Moves:
         for name, rows, values in req.patches:
             if name not in arrays:
                 raise InvalidArgumentError(f"ps/install: a patch names {name!r}, not staged")
-            if rows is None:
-                arrays[name] = np.array(values).reshape(arrays[name].shape)
-            else:
-                arrays[name][np.asarray(rows)] = values
+            try:
+                if rows is None:
+                    arrays[name] = np.array(values).reshape(arrays[name].shape)
+                else:
+                    arrays[name][np.asarray(rows)] = values
+            except (IndexError, ValueError, TypeError) as exc:  # nothing is served yet
+                raise InvalidArgumentError(f"ps/install: a bad patch of {name!r}: {exc}") from None
         for copy in staged:
             self.store.put(copy.name, arrays[copy.name], copy.trainable, slot_of=copy.slot_of)
             record = self.store.get(copy.name)
