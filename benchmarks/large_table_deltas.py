@@ -29,7 +29,7 @@ from pstrain.ctr import BATCH, CTRModel, make_step, synthetic
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit  # noqa: E402
 from dynamic_tables import rss_mib  # noqa: E402
-from large_table import Sampler, drop_caches, parallel, plain_read, plot_rss  # noqa: E402
+from large_table import Sampler, drop_caches, parallel, plain_read, plot_rss, restore  # noqa: E402
 
 EXTRA = ["--max-variable-bytes", str(8 << 30)]
 
@@ -37,12 +37,6 @@ EXTRA = ["--max-variable-bytes", str(8 << 30)]
 def _read_files(paths: list[str]) -> None:
     for path in paths:
         plain_read(path)
-
-
-def _model(args, strategy, name: str):
-    model = CTRModel(rows=args.rows, dim=args.dim, name=name)
-    opt = pstrain.optimizers.Adagrad(learning_rate=0.05, initial_accumulator_value=0.1)
-    return model, opt
 
 
 async def train_with_deltas(args, directory: str) -> dict:
@@ -54,7 +48,8 @@ async def train_with_deltas(args, directory: str) -> dict:
             cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
         coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=2)
         async with strategy.scope():
-            model, opt = _model(args, strategy, "w7")
+            model = CTRModel(rows=args.rows, dim=args.dim, name="w7")
+            opt = pstrain.optimizers.Adagrad(learning_rate=0.05, initial_accumulator_value=0.1)
         step = make_step(model, opt)
         rows = args.rows
 
@@ -116,30 +111,6 @@ async def train_with_deltas(args, directory: str) -> dict:
     return {"base": base, "base_s": base_s, "latest": latest, "rounds": rounds, "held": held,
             "peaks": peaks, "samples": sampler.samples, "marks": marks, "train_s": train_s,
             "steps": steps_total}
-
-
-async def restore(args, directory: str, path: str) -> dict:
-    async with pstrain.LocalCluster(num_ps=2, num_workers=1, extra_args=EXTRA,
-                                    checkpoint_root=directory) as cluster:
-        ps_pids = [cluster.pid("ps", i) for i in range(2)]
-        strategy = pstrain.ParameterServerStrategy(
-            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
-        async with strategy.scope():
-            model, opt = _model(args, strategy, "w7-restored")
-        coordinator = pstrain.ClusterCoordinator(strategy)
-        step = make_step(model, opt)
-        rows = args.rows
-        it = iter(coordinator.create_per_worker_dataset(
-            lambda: iter([synthetic(BATCH, 0, rows=rows)[0]] * 4)))
-        await coordinator.schedule(lambda it: None, args=(it,))  # the worker's data, built first
-        t = time.perf_counter()
-        status = await pstrain.Checkpoint(model=model, optimizer=opt).restore(path)
-        await coordinator.schedule(step, args=(it,))  # the slots are restored as they are created
-        elapsed = time.perf_counter() - t
-        status.assert_consumed()
-        peaks = [rss_mib(p, "VmHWM") for p in ps_pids]
-        await coordinator.close()
-    return {"restore_s": elapsed, "peaks": peaks}
 
 
 def main() -> None:

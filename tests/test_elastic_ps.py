@@ -27,6 +27,14 @@ def _strategy(cluster: InProcessCluster) -> pstrain.ParameterServerStrategy:
         variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
 
 
+def _plain(cluster: InProcessCluster) -> tuple[pstrain.ParameterServerStrategy,
+                                               pstrain.ClusterCoordinator]:
+    """A strategy with no partitioner on ``cluster``, and its coordinator."""
+    strategy = pstrain.ParameterServerStrategy(
+        pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+    return strategy, pstrain.ClusterCoordinator(strategy)
+
+
 def _grads(step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Step ``step``'s gradients: whole numbers, so that any order of applying them sums to
     the same floats."""
@@ -110,9 +118,7 @@ async def test_a_ps_joins_and_leaves_while_training_runs_and_nothing_is_lost_or_
 
 async def test_a_request_by_an_old_map_is_refused_with_the_new_map_and_applied_once():
     async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
-        strategy = pstrain.ParameterServerStrategy(
-            pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
-        coordinator = pstrain.ClusterCoordinator(strategy)
+        strategy, coordinator = _plain(cluster)
         async with strategy.scope():
             with strategy.placement.colocated(0):
                 v = pstrain.Variable(np.zeros(3, np.float32), name="v")
@@ -147,9 +153,7 @@ async def test_a_request_by_an_old_map_is_refused_with_the_new_map_and_applied_o
 
 async def test_bad_requests_to_move_are_refused_and_change_nothing():
     async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
-        strategy = pstrain.ParameterServerStrategy(
-            pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
-        coordinator = pstrain.ClusterCoordinator(strategy)
+        strategy, coordinator = _plain(cluster)
         async with strategy.scope():
             v = pstrain.Variable(np.zeros(3, np.float32), name="v")
             await v.read_value()

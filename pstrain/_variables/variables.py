@@ -168,12 +168,10 @@ class Variable(VariableBase):
         was created unless an elastic ps change moved it (the placement map says)."""
         if self._ps is None:
             return None
-        pool = self._pool
-        if pool is None:
-            try:
-                pool = current_channels()
-            except PstrainError:  # no closure running: the map of this process is unknown
-                return self._ps
+        try:
+            pool = self.channels()
+        except PstrainError:  # no closure running: the map of this process is unknown
+            return self._ps
         return pool.routes.moved.get(self._name, self._ps)
 
     @property

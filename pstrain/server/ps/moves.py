@@ -41,7 +41,6 @@ class Moves:
         self.store = store
         self.fencing = fencing
         self.max_store_bytes = max_store_bytes
-        self.placement = PlacementMap()
         #: stage -> the keys being moved out (copied, still served) or parked (no longer served)
         self.outgoing: dict[str, list[str]] = {}
         self.parked: dict[str, list[tuple[VariableRecord, str | None]]] = {}
@@ -54,12 +53,11 @@ class Moves:
 
     def set_placement(self, req: SetPlacement) -> dict[str, Any]:
         self._adopt(req.placement)
-        return {"version": self.placement.version}
+        return {"version": self.store.placement.version}
 
     def _adopt(self, placement: PlacementMap) -> None:
-        if placement.version > self.placement.version:
-            self.placement = placement
-            self.store.placement = placement.to_builtins()
+        if placement.version > self.store.placement.version:
+            self.store.placement = placement
 
     def move_out(self, req: MoveOut) -> Pinned:
         """Step 1: each variable with its slots, as it is now (pinned), and the clock's mark."""
@@ -172,7 +170,7 @@ class Moves:
         return sum(c.value.nbytes for copies in self.incoming.values() for c in copies)
 
     def statistics(self) -> dict[str, Any]:
-        return {"placement_version": self.placement.version,
+        return {"placement_version": self.store.placement.version,
                 "placement_refusals": self.store.refusals,
                 "moves_in_progress": len(self.outgoing) + len(self.parked) + len(self.incoming)}
 

@@ -34,6 +34,7 @@ from ..._base.errors import (
     PlacementChangedError,
 )
 from ..._formats.casting import cast_value
+from ..._formats.placement_map import PlacementMap
 
 __all__ = ["BLOCK_BYTES", "SNAPSHOT_MIN_BYTES", "ChangeClock", "Snapshot", "VariableRecord",
            "VariableStore", "checked_rows", "checked_value"]
@@ -264,8 +265,8 @@ class VariableStore:
         self._slots: dict[str, set[str]] = {}  # variable -> its optimizer slots here
         #: Variables this ps does not serve because of a move: name -> why (``moves.py``).
         self.away: dict[str, str] = {}
-        #: The placement map a refusal carries (builtins; None before any move).
-        self.placement: dict[str, Any] | None = None
+        #: The newest placement map this ps knows: a refusal carries it.
+        self.placement = PlacementMap()
         self.refusals = 0  # requests refused because a variable they name moved
 
     def __len__(self) -> int:
@@ -285,7 +286,7 @@ class VariableStore:
             if why is not None:  # nothing of the request is applied: handlers check first
                 self.refusals += 1
                 raise PlacementChangedError(f"variable {name!r} {why} {self.task}",
-                                            placement=self.placement)
+                                            placement=self.placement.to_builtins())
             raise NotFoundError(f"variable {name!r} not found on {self.task}")
         return record
 
