@@ -35,7 +35,8 @@ from .._base.errors import ProtocolError
 from .records import Count, Name, Operation, Record, Reply
 
 __all__ = ["EndMove", "FinishMove", "FinishReply", "InstallVariables", "MoveOut", "MoveOutReply",
-           "MoveReply", "PlacementMap", "SetPlacement", "VariableCopy"]
+           "MoveReply", "PlacementMap", "PlacementReply", "ReadPlacement", "SetPlacement",
+           "VariableCopy"]
 
 Address = Annotated[str, msgspec.Meta(max_length=300)]
 PsIndex = Annotated[int, msgspec.Meta(ge=0, le=1 << 16)]
@@ -133,6 +134,16 @@ class FinishReply(Reply):
     once: list[Any]  # [closure key, operation, [variables], reply]
     fences: list[Any]  # [owner, worker, epoch]
     superseded: list[str]
+
+
+class PlacementReply(Reply):
+    placement: PlacementMap
+
+
+class ReadPlacement(Operation, tag="ps/placement/read"):
+    """The newest map this ps knows (a client whose ps left asks another)."""
+
+    reply = PlacementReply
 
 
 class SetPlacement(Operation, tag="ps/placement"):

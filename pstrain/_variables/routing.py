@@ -6,7 +6,10 @@ whole request, applying nothing, with its newest map
 by the ps holding them, sends one request per ps, and sends a refused group again by the
 newer map: only that group, so nothing is applied twice. When the refusing ps knows no
 newer map (the variables are between the two steps of a move, a few milliseconds), it
-waits a little before asking again.
+waits a little before asking again. A ps that cannot be reached may have left the job
+(drained, then stopped) before this process learnt the map that says so: the newest map
+is asked of the other ps, and the group is sent again if its variables are elsewhere now
+(otherwise the error is the caller's).
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._base.cluster import ClusterSpec
-from .._base.errors import PlacementChangedError
+from .._base.errors import PlacementChangedError, UnavailableError
 from .._base.tags import one_operation
-from .._formats.placement_map import PlacementMap
+from .._formats.placement_map import PlacementMap, ReadPlacement
 
 if TYPE_CHECKING:
     from .._transport.rpc import Channel, ChannelPool
@@ -84,4 +87,24 @@ async def _one(pool: ChannelPool, channel: Channel | Any, group: list[T],
             raise
         if not adopt_from(pool, exc):  # mid-move: the map that ends it is on its way
             await asyncio.sleep(min(0.001 * 2 ** min(attempt, 10), 0.05))
+    except UnavailableError:
+        if attempt >= MAX_ATTEMPTS or not await _left(pool, channel, group, channel_of):
+            raise
     return await _routed(pool, group, channel_of, send, attempt + 1)
+
+
+async def _left(pool: ChannelPool, channel: Any, group: list[T],
+                channel_of: Callable[[T], Hashable]) -> bool:
+    """Did ``group``'s variables move off ``channel``'s ps, which cannot be reached? The
+    newest map is asked of the other ps of the job."""
+    for k in pool.routes.active():
+        other = pool.channel("ps", k)
+        if other.task == channel.task:
+            continue
+        try:
+            reply = await other.request(ReadPlacement(), timeout=10.0)
+        except UnavailableError:
+            continue
+        adopt(pool, reply.placement)
+        return any(getattr(channel_of(item), "task", None) != channel.task for item in group)
+    return False

@@ -24,6 +24,7 @@ from ..._formats.placement_map import (
     InstallVariables,
     MoveOut,
     PlacementMap,
+    ReadPlacement,
     SetPlacement,
     VariableCopy,
 )
@@ -48,12 +49,16 @@ class Moves:
         self.incoming: dict[str, list[VariableCopy]] = {}
 
     def routes(self) -> dict[type, Any]:
-        return {SetPlacement: self.set_placement, MoveOut: self.move_out, FinishMove: self.finish,
-                InstallVariables: self.install, EndMove: self.end}
+        return {SetPlacement: self.set_placement, ReadPlacement: self.read_placement,
+                MoveOut: self.move_out, FinishMove: self.finish, InstallVariables: self.install,
+                EndMove: self.end}
 
     def set_placement(self, req: SetPlacement) -> dict[str, Any]:
         self._adopt(req.placement)
         return {"version": self.store.placement.version}
+
+    def read_placement(self, _: ReadPlacement) -> dict[str, Any]:
+        return {"placement": self.store.placement}
 
     def _adopt(self, placement: PlacementMap) -> None:
         if placement.version > self.store.placement.version:
