@@ -110,6 +110,8 @@ async def test_a_ps_lost_before_creations_go_out_is_not_a_worker_failure(caplog)
     async with pstrain.LocalCluster(num_ps=2, num_workers=1) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         coordinator = pstrain.ClusterCoordinator(strategy, heartbeat_s=60.0)
+        # A ps never reached may still be starting: creations wait for it (60 s by default).
+        strategy.placement.startup_timeout_s = 2.0
         with strategy.scope():  # queued, not sent yet
             a = pstrain.Variable(np.zeros(2, np.float32), name="a")  # ps 0
             b = pstrain.Variable(np.zeros(2, np.float32), name="b")  # ps 1
