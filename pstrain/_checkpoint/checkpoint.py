@@ -12,12 +12,11 @@ restores into a different number of parts.
 
 ``await ckpt.save(prefix)`` writes ``<prefix>-<N>`` (``N`` counts this
 checkpoint's saves, as TF's ``save_counter``); ``await ckpt.write(path)`` writes
-exactly ``path``. Every ps writes the parts it holds at once
-(``<path>.ps<K>.safetensors``), then the coordinator writes
-``<path>.index.json`` last, atomically: a crash mid-save leaves the earlier
+exactly ``path``. Every ps writes the parts it holds at once (``<path>.ps<K>.safetensors``),
+then the coordinator writes ``<path>.index.json`` last, atomically: a crash mid-save leaves the earlier
 checkpoints intact and this one invisible. The ps write to the path the
 coordinator gives, so on several machines the directory must be shared (as
-with TensorFlow).
+with TensorFlow). No variable moves between ps during a save or restore.
 
 ``status = await ckpt.restore(path)`` puts every matching value back, all or
 nothing across the ps, and returns a :class:`CheckpointLoadStatus`
@@ -76,7 +75,16 @@ from .._variables.batched import ensure_created
 from .._variables.dynamic import DynamicEmbedding
 from .._variables.placement import Placement
 from .._variables.variables import Variable
-from .deltas import Chain, index_marks, next_seq, ps_channels, table_tag, take_marks, write_delta
+from .deltas import (
+    Chain,
+    index_marks,
+    next_seq,
+    placement_lock,
+    ps_channels,
+    table_tag,
+    take_marks,
+    write_delta,
+)
 from .object_graph import Entry, Graph, check_trackable, slot_key, walk
 from .restore_status import CheckpointLoadStatus, targets
 
@@ -130,7 +138,7 @@ class Checkpoint:
             return {}
         pool = _channel_pool(placed[0])
         listing: dict[str, tuple[int, VariableInfo]] = {}
-        for k in range(pool.cluster_spec.num_tasks("ps")):
+        for k in pool.routes.active():  # (not a ps that left the job: an elastic ps)
             for v in (await pool.channel("ps", k).request(ListVariables())).variables:
                 listing[v.name] = (k, v)
         out = {}
@@ -165,6 +173,10 @@ class Checkpoint:
         return await self._write(file_prefix, compacted=True)
 
     async def _write(self, file_prefix: str, compacted: bool) -> str:
+        async with placement_lock(walk(self._objects)):  # no variable moves between ps meanwhile
+            return await self._write_now(file_prefix, compacted)
+
+    async def _write_now(self, file_prefix: str, compacted: bool) -> str:
         prefix = os.path.abspath(file_prefix)
         os.makedirs(os.path.dirname(prefix), exist_ok=True)
         if os.path.lexists(prefix + INDEX):
@@ -246,8 +258,9 @@ class Checkpoint:
         if chain is None:
             raise FailedPreconditionError("a delta extends a full checkpoint written or restored "
                                           "by this Checkpoint, and there is none yet: save first")
-        graph, entries = await self._entries()
-        path, new = await write_delta(chain, entries, graph.tables, _table_slots(graph))
+        async with placement_lock(walk(self._objects)):
+            graph, entries = await self._entries()
+            path, new = await write_delta(chain, entries, graph.tables, _table_slots(graph))
         if self._chain is chain:  # not superseded meanwhile by a full save or a restore
             object.__setattr__(self, "_chain", new)
         _SAVED.append({"path": path, "time": time.time(), "values": len(entries),
@@ -270,6 +283,10 @@ class Checkpoint:
         """
         if save_path is None:
             return CheckpointLoadStatus(self, None, Graph())
+        async with placement_lock(walk(self._objects)):
+            return await self._restore(save_path)
+
+    async def _restore(self, save_path: str) -> CheckpointLoadStatus:
         reader = CheckpointReader(save_path)  # the index is read and checked once, here
         if reader.keyed_by != "path":
             raise InvalidArgumentError(

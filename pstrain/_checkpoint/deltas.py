@@ -17,6 +17,7 @@ carries its rows too. Formats: ``_formats/delta_files.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import hashlib
 import json
@@ -28,20 +29,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._base.context import current_channels
 from .._base.errors import FailedPreconditionError
 from .._formats.checkpoint_files import INDEX, remove_checkpoint
 from .._formats.checkpoint_operations import DeltaReply, DeltaTable, SaveDelta, TakeMark
 from .._formats.delta_files import delta_prefix, write_delta_index
 from .._formats.tensor_files import write_tensors
 from .._variables.dynamic import DynamicEmbedding
-from .object_graph import Entry
+from .object_graph import Entry, Graph
 
 if TYPE_CHECKING:
     from .._transport.rpc import Channel
 
 logger = logging.getLogger("pstrain.checkpoint")
 
-__all__ = ["Chain", "index_marks", "next_seq", "ps_channels", "take_marks", "table_tag", "write_delta"]
+__all__ = ["Chain", "index_marks", "next_seq", "placement_lock", "ps_channels", "take_marks", "table_tag",
+           "write_delta"]
 
 
 @dataclass
@@ -70,6 +73,18 @@ def ps_channels(entries: dict[str, Entry], tables: dict[str, DynamicEmbedding]) 
         for ps in range(table.num_ps):
             out.setdefault(ps, table.channel(ps))
     return out
+
+
+def placement_lock(graph: Graph) -> contextlib.AbstractAsyncContextManager[Any]:
+    """The lock that keeps moves of variables between ps (an elastic ps joining or leaving)
+    out of a save or restore of ``graph``: its channels' (none if nothing is on a ps)."""
+    for entry in graph.entries.values():
+        for part in entry.parts:
+            if part.ps_index is not None:
+                return part.channels().placement_lock
+    for table in graph.tables.values():
+        return (table.pool if table.pool is not None else current_channels()).placement_lock
+    return contextlib.nullcontext()
 
 
 async def take_marks(channels: dict[int, Channel]) -> dict[int, tuple[str, int]]:

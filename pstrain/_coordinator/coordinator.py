@@ -15,7 +15,8 @@ the closure runs, and a failed producer fails the consumer with
 
 Its parts: the heartbeat and ps restarts (``heartbeat.py``), the worker slots and their
 dispatchers (``workers.py``), ps that join and leave (``ps_moves.py``), its endpoint
-(``endpoint.py``), the end of a job (``shutdown.py``), the function cache (``functions.py``).
+(``endpoint.py``), lost ps replaced (``ps_replace.py``), the end of a job (``shutdown.py``),
+the function cache (``functions.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import itertools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._base.errors import CancelledError, InvalidArgumentError, NotFoundError, PstrainError
 from .._base.exports import expose
@@ -37,17 +38,21 @@ from .._training import summary
 from . import interrupt
 from .closures import Closure, scan_inputs
 from .dispatch import DispatchSettings
-from .endpoint import CoordinatorEndpoint, chief_address
+from .endpoint import CoordinatorEndpoint, chief_address, say_if_not_served
 from .functions import FunctionCache
 from .heartbeat import Heartbeat
 from .per_worker import PerWorkerDataset, as_dataset_fn
 from .ps_health import PsHealth
 from .ps_moves import PsChanges
+from .ps_replace import PsReplacement
 from .remote_value import Outcome, RemoteValue
 from .resources import ResourceRegistry
 from .scheduling import ClosureQueue
 from .shutdown import ask_to_leave
 from .workers import Workers
+
+if TYPE_CHECKING:
+    from .._checkpoint.manager import CheckpointManager
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +116,7 @@ class ClusterCoordinator:
         self.closed = False
         self.workers = Workers(strategy, self.queue, self.resources, self.settings,
                                tasks=self._tasks, ps_timeout_s=ps_timeout_s,
-                               on_scalars=self._scalars)
+                               on_scalars=summary.record_from_worker)
         #: The worker slots and their lifecycle (sans-I/O); each dispatcher drives its slot.
         self.slots = self.workers.slots
         self._workers = self.workers.dispatchers
@@ -121,6 +126,7 @@ class ClusterCoordinator:
                                    spawn=self._tasks.spawn)
         #: The placement map and the moves of variables between ps (elastic ps).
         self.ps = PsChanges(strategy, self._channels, timeout_s=max(120.0, ps_timeout_s))
+        self._replacement = PsReplacement(self.ps, self.heartbeat, self.queue, self._tasks.spawn)
         self.session = uuid.uuid4().hex[:16]  # exactly-once keys are unique to this coordinator
         self.interrupted: str | None = None  # why, once Ctrl-C stopped new closures
         interrupt.track(self)
@@ -139,17 +145,10 @@ class ClusterCoordinator:
         self._tasks.spawn(self.heartbeat.run())
         chief = chief_address(self.strategy.cluster_resolver, self._channels.cluster_spec)
         if chief is not None:  # TF_CONFIG names this process's address: serve /metrics there
-            self._tasks.spawn(self._serve_metrics_or_say(*chief))
+            self._tasks.spawn(say_if_not_served(self.serve_metrics(*chief), *chief))
         for hook in START_HOOKS:  # add-ons of the face layer (the dashboard) start here
             hook(self)
         return True
-
-    async def _serve_metrics_or_say(self, host: str, port: int) -> None:
-        try:
-            await self.serve_metrics(host, port)
-        except (PstrainError, OSError) as exc:  # a port in use is the user's to fix: say so, once
-            logger.error("the coordinator could not serve /metrics on %s:%d: %s (training goes "
-                         "on without it)", host, port, exc)
 
     def run_in_background(self, work: Coroutine[Any, Any, Any]) -> None:
         """Run ``work`` on the coordinator's loop until the coordinator closes (an add-on's
@@ -299,6 +298,16 @@ class ClusterCoordinator:
         """Move every variable off ps ``index`` while training runs; then it may stop."""
         await self.ps.remove_ps(index)
 
+    async def replace_ps(self, index: int, manager: CheckpointManager, *, to: int | None = None) -> None:
+        """Put lost ps ``index``'s variables on the other ps (or ps ``to``) from ``manager``'s
+        latest checkpoint, base and deltas, while the others train; ``index`` leaves the job."""
+        await self._replacement.replace(index, manager, to=to)
+
+    def replace_lost_ps(self, manager: CheckpointManager) -> None:
+        """From now on, a ps lost while closures run is replaced by itself from ``manager``
+        (``replace_ps``); the closures it failed run again once that is done."""
+        self._replacement.enable(manager)
+
     @property
     def ps_incarnations(self) -> list[str | None]:
         """Each ps's incarnation as last seen by the heartbeat (None: not seen yet)."""
@@ -323,17 +332,8 @@ class ClusterCoordinator:
         """Counts for /metrics and `pstrain status`."""
         return {"queued": self.queue.queued, "in_flight": self.queue.in_flight,
                 "closures_done": self.queue.done_count, "closures_retried": self.queue.retried_count,
-                "worker_failures": self.worker_failures,
+                "worker_failures": self.worker_failures, "closures_held": self.queue.held,
                 "workers_up": sum(self.workers_up), **self.ps.statistics()}
-
-    def _scalars(self, records: list[Any]) -> None:
-        """Scalars a closure logged with pstrain.summary (they came back with its result)."""
-        for rec in records:
-            try:
-                name, value, step, wall = rec
-                summary.record(str(name), float(value), int(step), float(wall))
-            except (TypeError, ValueError):
-                logger.warning("a worker sent a malformed scalar: %r", rec)
 
     async def serve_metrics(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Serve this coordinator's endpoint; returns its address: ``GET /metrics`` and
@@ -352,11 +352,9 @@ class ClusterCoordinator:
     # -- lifecycle --------------------------------------------------------------------------------
     async def shutdown_cluster(self, startup_wait_s: float = 60.0) -> list[str]:
         """The job is done: ask every ps and worker to leave (those started with
-        ``--exit-on-shutdown``, as ``pstrain serve --slurm-jobs`` is, so that a SLURM job ends
-        COMPLETED). A task never reached yet may still be starting (SLURM starts every rank at
-        once, and a ps the job never used may come up last): it is asked again, with back-off,
-        for up to ``startup_wait_s``. Returns the tasks that did not leave (refused, or
-        unreachable)."""
+        ``--exit-on-shutdown``, as under ``--slurm-jobs``, so that a SLURM job ends COMPLETED).
+        A task never reached yet may still be starting: it is asked again, with back-off, for
+        up to ``startup_wait_s``. Returns the tasks that did not leave (refused, unreachable)."""
         return await ask_to_leave(self._channels, startup_wait_s)
 
     async def close(self) -> None:
@@ -393,7 +391,6 @@ def _runs(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
-
 
 
 expose(globals(), "pstrain", ["ClusterCoordinator"])

@@ -9,14 +9,18 @@ name is the chief's (``/job:chief/replica:0/task:0``).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._base.cluster import ClusterSpec, is_loopback, parse_address
+from .._base.errors import PstrainError
 from .._formats.operations import Join, JoinPs, LeavePs, Membership
 from .._serving.base import ServerBase
 
-__all__ = ["CoordinatorEndpoint", "chief_address"]
+logger = logging.getLogger("pstrain._coordinator.coordinator")
+
+__all__ = ["CoordinatorEndpoint", "chief_address", "say_if_not_served"]
 
 
 def chief_address(resolver: Any, spec: ClusterSpec) -> tuple[str, int] | None:
@@ -68,3 +72,13 @@ class CoordinatorEndpoint(ServerBase):
 
     def _members(self, _: Any) -> dict[str, Any]:
         return {"workers": self._membership(), "ps": self._stats().get("placement")}
+
+
+async def say_if_not_served(serving: Awaitable[Any], host: str, port: int) -> None:
+    """Serve the coordinator's endpoint at TF_CONFIG's address; a port in use is the user's
+    to fix: say so, once, and train on without it."""
+    try:
+        await serving
+    except (PstrainError, OSError) as exc:
+        logger.error("the coordinator could not serve /metrics on %s:%d: %s (training goes "
+                     "on without it)", host, port, exc)

@@ -57,6 +57,9 @@ class Heartbeat:
         self.spawn = spawn
         self._no_worker_since: float | None = None
         self._warned = False
+        #: Called with a ps found lost while closures run and its error: True if that is
+        #: handled (the ps is being replaced, ``ps_replace.py``), else the error is the job's.
+        self.on_ps_lost: Callable[[int, PstrainError], bool] | None = None
 
     def active_ps(self) -> list[int]:
         """The ps of the job now (the placement map's: an elastic ps joins or leaves)."""
@@ -112,8 +115,8 @@ class Heartbeat:
 
     async def _ping_ps(self, k: int) -> None:
         restarted = await self.ps_restarted(k, report_silence=True)
-        if restarted is None:
-            return
+        if restarted is None or (self.on_ps_lost is not None and self.on_ps_lost(k, restarted)):
+            return  # (or it is lost, and replaced while training goes on: ps_replace.py)
         if k in self.ps_health.down:  # silent, not restarted: the workers' links to it stall too
             self.spawn(self._reset_worker_links("ps", k))
         if not self.queue.record_error(restarted) and isinstance(restarted, UnavailableError):
@@ -141,7 +144,7 @@ class Heartbeat:
         except (UnavailableError, DeadlineExceededError) as exc:
             channel.reset()  # a healed ps is reached on a fresh connection, at once
             return health.silent(k, f"{type(exc).__name__}: {exc}",
-                                 busy=report_silence and bool(self.queue.in_flight))
+                                 busy=report_silence and bool(self.queue.in_flight or self.queue.held))
         except (AuthenticationError, ProtocolError) as exc:  # misconfigured: report, once
             health.misconfigured(k, exc)
             return exc if report_silence else None

@@ -29,6 +29,7 @@ from .._formats.placement_map import (
     MoveOut,
     PlacementMap,
     SetPlacement,
+    VariableCopy,
 )
 from .._transport.rpc import ChannelPool
 from .._variables.routing import adopt
@@ -46,12 +47,15 @@ class PsChanges:
         self.strategy = strategy
         self.channels = channels
         self.timeout_s = timeout_s
-        self._lock = asyncio.Lock()
+        self._lock = channels.placement_lock  # moves and checkpoints take turns
         #: The move under way: (keys, from ps, to ps, when it started), for status.
         self.moving: tuple[list[str], int, int, float] | None = None
         self.moves_done = 0
         self._reserved: dict[int, str] = {}  # ps index -> the address of the ps it was given to
         self.bytes_moved = 0
+        #: Lost ps being replaced from a checkpoint, and those replaced (``ps_replace.py``).
+        self.replacing: set[int] = set()
+        self.replaced: list[dict[str, Any]] = []
 
     @property
     def placement(self) -> PlacementMap:
@@ -76,13 +80,14 @@ class PsChanges:
         return {"version": self.placement.version,
                 "ps": [{"index": i, "address": a, "active": bool(a),
                         "bytes": shares.get(i, 0)} for i, a in enumerate(self.placement.ps)],
-                "moving": moving, "moves_done": self.moves_done, "bytes_moved": self.bytes_moved}
+                "moving": moving, "moves_done": self.moves_done, "bytes_moved": self.bytes_moved,
+                "replacing": sorted(self.replacing), "replaced": list(self.replaced)}
 
     def statistics(self) -> dict[str, Any]:
         """For ``/metrics`` and ``pstrain status``."""
         return {"placement": self.status(), "placement_version": self.placement.version,
                 "moves_in_progress": int(self.moving is not None), "ps_moves": self.moves_done,
-                "ps_moved_bytes": self.bytes_moved}
+                "ps_moved_bytes": self.bytes_moved, "ps_replaced": len(self.replaced)}
 
     # -- the API ------------------------------------------------------------------------------
     async def add_ps(self, address: str) -> int:
@@ -142,13 +147,13 @@ class PsChanges:
             raise InvalidArgumentError(f"no active ps {index}: the job's ps are {active}")
         if len(active) == 1:
             raise FailedPreconditionError("the job's only ps cannot leave")
-        stats = await self._channel(index).call("statistics", {}, timeout=self.timeout_s)
+        stats = await self.channel(index).call("statistics", {}, timeout=self.timeout_s)
         if stats.get("tables"):
             raise FailedPreconditionError(
                 f"{task_name('ps', index)} holds dynamic table shards ({sorted(stats['tables'])}): "
                 "moving a table's hash ranges is not supported yet, so it cannot leave")
         self.strategy.placement.active = [k for k in active if k != index]
-        for key in self._on(index):
+        for key in self.on(index):
             shares = self.shares()
             target = min((k for k in shares if k != index), key=lambda k: (shares[k], k))
             await self.move([key], target)
@@ -176,10 +181,54 @@ class PsChanges:
             for src, moving in by_source.items():
                 await self._move(moving, src, to)
 
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Held by each move, and by checkpoints' saves and restores (one at a time)."""
+        return self._lock
+
+    async def retire(self, index: int) -> None:
+        """Ps ``index`` is out of the job (lost): no new variable goes there, the heartbeat
+        stops watching it. Its variables stay where the map says until :meth:`install`
+        puts them elsewhere. Call with :attr:`lock` held."""
+        ps = list(self.placement.ps)
+        ps[index] = ""
+        await self._publish(self.placement.with_ps(ps))
+        self.strategy.placement.active = self.placement.active()
+
+    def spread(self, keys: list[str], to: int | None = None) -> dict[str, int]:
+        """Where each of ``keys`` (largest first) goes: ps ``to``, or the least loaded."""
+        active, placed = self.placement.active(), self.strategy.placement.placed
+        shares = {k: n for k, n in self.shares().items() if k in active}
+        where = {}
+        for key in keys:
+            where[key] = target = to if to is not None else min(shares, key=lambda k: (shares[k], k))
+            shares[target] += placed[key][1]
+        return where
+
+    async def install(self, copies: list[VariableCopy], where: dict[str, int]) -> None:
+        """Put ``copies`` (variables with their optimizer slots, read from a checkpoint) on
+        the ps ``where`` names for each variable, then route to them there (a lost ps's
+        share, replaced). Call with :attr:`lock` held."""
+        placed = self.strategy.placement.placed
+        new = self.placement.moved_to(where, {k: placed[k][0] for k in where})
+        by_ps: dict[int, list[VariableCopy]] = {}
+        for copy in copies:
+            by_ps.setdefault(where[copy.slot_of or copy.name], []).append(copy)
+
+        async def put(ps: int, group: list[VariableCopy]) -> None:
+            stage, channel = secrets.token_hex(8), self.channel(ps)
+            await channel.request(InstallVariables(stage=stage, vars=group), timeout=self.timeout_s)
+            await channel.request(InstallVariables(stage=stage, activate=True, placement=new),
+                                  timeout=self.timeout_s)
+
+        await asyncio.gather(*(put(ps, group) for ps, group in by_ps.items()))
+        await self._publish(new)
+        self.bytes_moved += sum(int(getattr(c.value, "nbytes", 0)) for c in copies)
+
     # -- the steps ----------------------------------------------------------------------------
     async def _move(self, keys: list[str], src: int, dst: int) -> None:
         stage = secrets.token_hex(8)
-        source, target = self._channel(src), self._channel(dst)
+        source, target = self.channel(src), self.channel(dst)
         self.moving = (keys, src, dst, time.monotonic())
         homes = {k: self.strategy.placement.placed[k][0] for k in keys}
         finished = False
@@ -220,14 +269,14 @@ class PsChanges:
     async def _publish(self, placement: PlacementMap) -> None:
         """Route by ``placement`` here and tell every active ps."""
         adopt(self.channels, placement)
-        await asyncio.gather(*(self._channel(k).request(SetPlacement(placement=placement),
+        await asyncio.gather(*(self.channel(k).request(SetPlacement(placement=placement),
                                                         timeout=self.timeout_s)
                                for k in placement.active()))
 
-    def _channel(self, ps: int) -> Any:
+    def channel(self, ps: int) -> Any:
         return self.channels.channel("ps", ps)
 
-    def _on(self, ps: int) -> list[str]:
+    def on(self, ps: int) -> list[str]:
         """The variables on ps ``ps`` now, largest first."""
         placed = self.strategy.placement.placed
         return sorted((k for k, (home, _) in placed.items() if self.placement.ps_of(k, home) == ps),
@@ -239,7 +288,7 @@ class PsChanges:
         shares = self.shares()
         placed = self.strategy.placement.placed
         plan: list[list[str]] = []
-        candidates = {k: self._on(k) for k in shares if k != new}
+        candidates = {k: self.on(k) for k in shares if k != new}
         while True:
             fullest = max(candidates, key=lambda k: shares[k], default=None)
             if fullest is None or not candidates[fullest]:

@@ -31,6 +31,7 @@ are what ``join()`` waits on.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import deque
 from collections.abc import Callable, Collection
 from typing import Any
@@ -49,6 +50,7 @@ class ClosureQueue:
     def __init__(self) -> None:
         self._queue: deque[Closure] = deque()
         self._inflight: dict[int, Closure] = {}
+        self._held: dict[int, Closure] = {}  # failed on a lost ps: back in the queue once it is replaced
         self._per_worker: dict[int, int] = {}
         self._error: BaseException | None = None
         self._cancel: dict[int, list[int]] = {}  # worker -> in-flight ids to cancel there
@@ -57,6 +59,9 @@ class ClosureQueue:
         self._drain_waiters: list[asyncio.Future[None]] = []
         self.done_count = 0
         self.retried_count = 0
+        #: Called with a closure's error and how to put it back: True if it holds the
+        #: closure instead of failing it (a ps lost and replaced, ``ps_replace.py``).
+        self.hold: Callable[[BaseException, Callable[[], Any]], bool] | None = None
         #: No closure is handed out while paused (Ctrl-C: those in flight finish first).
         self.paused = False
         #: Workers whose per-worker iterator ran out: they take no more closures, so that
@@ -84,9 +89,14 @@ class ClosureQueue:
     def in_flight_on(self, worker: int) -> int:
         return self._per_worker.get(worker, 0)
 
+    @property
+    def held(self) -> int:
+        """Closures that failed because a ps was lost, held until it is replaced."""
+        return len(self._held)
+
     def is_idle(self) -> bool:
-        """Nothing queued and nothing in flight."""
-        return not self._queue and not self._inflight
+        """Nothing queued, in flight or held."""
+        return not self._queue and not self._inflight and not self._held
 
     @property
     def error(self) -> BaseException | None:
@@ -112,7 +122,7 @@ class ClosureQueue:
         """Up to ``limit`` closures for ``worker``, now in flight on it."""
         queue = self._queue
         n = min(limit, len(queue))
-        if n <= 0 or worker in self._exhausted or self.paused:
+        if n <= 0 or worker in self._exhausted or self.paused or self._held:
             return []
         batch = [queue.popleft() for _ in range(n)]
         for c in batch:
@@ -155,6 +165,10 @@ class ClosureQueue:
         if c is None:
             return False
         self._ended(c)
+        if not cancelled and self.hold is not None and self.hold(error, functools.partial(self._unhold, cid)):
+            c.worker = None
+            self._held[cid] = c  # until its ps is found alive, or replaced
+            return False
         self.done_count += 1
         c.outcome.set_error(error)
         if not cancelled:
@@ -180,8 +194,9 @@ class ClosureQueue:
         self._progress()
 
     def can_take(self, worker: int) -> bool:
-        """Is there work ``worker`` may take now?"""
-        return bool(self._queue) and worker not in self._exhausted and not self.paused
+        """Is there work ``worker`` may take now? (None while closures are held: they run
+        again before any later closure starts.)"""
+        return bool(self._queue) and worker not in self._exhausted and not self.paused and not self._held
 
     def refreshed(self, worker: int) -> None:
         """``worker``'s iterators were built afresh (it restarted): it takes work again."""
@@ -206,6 +221,15 @@ class ClosureQueue:
         self._wake()
         self._progress()
         return len(lost)
+
+    def _unhold(self, cid: int) -> None:
+        """A held closure goes back to the queue before every later one (held closures run
+        again in the order they were scheduled); it does not count as retried."""
+        c = self._held.pop(cid, None)
+        if c is not None:
+            queue = self._queue
+            queue.insert(next((i for i, q in enumerate(queue) if q.cid > cid), len(queue)), c)
+            self._wake()
 
     # -- errors ------------------------------------------------------------------------------------
     def record_error(self, error: BaseException) -> bool:
@@ -247,7 +271,7 @@ class ClosureQueue:
 
     def cancel_queued(self, message: str) -> int:
         """Fail every queued closure with CancelledError(``message``); returns how many."""
-        n = len(self._queue)
+        n = len(self._queue) + len(self._held)
         self._cancel_queued(message)
         self._progress()
         return n
@@ -255,6 +279,8 @@ class ClosureQueue:
     def _cancel_queued(self, message: str, cause: BaseException | None = None) -> None:
         """Fail every queued closure; with ``cause``, each error names the error that
         cancelled it (a RemoteValue awaited before ``join`` still says why)."""
+        self._queue.extend(self._held.values())
+        self._held.clear()
         while self._queue:
             c = self._queue.popleft()
             error = c.cancel_error(message)

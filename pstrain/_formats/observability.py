@@ -103,6 +103,8 @@ _EXTRA: dict[str, tuple[str, ...]] = {
     "placement_refusals": ("counter", "Requests refused because a variable they name moved"),
     "ps_moves": ("counter", "Moves of variables between ps finished"),
     "ps_moved_bytes": ("counter", "Bytes of variables (and slots) moved between ps"),
+    "ps_replaced": ("counter", "Lost ps whose variables were put on the others from a checkpoint"),
+    "closures_held": ("gauge", "Closures held until a lost ps is replaced"),
 }
 
 

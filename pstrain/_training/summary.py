@@ -21,6 +21,7 @@ scalars only go there.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import threading
 import time
@@ -176,6 +177,16 @@ def record(name: str, value: float, step: int, wall_time: float) -> None:
     writer = _default
     if writer is not None:
         writer.scalar(name, value, step, wall_time)
+
+
+def record_from_worker(records: list[Any]) -> None:
+    """Scalars a closure logged with ``pstrain.summary`` (they came back with its result)."""
+    for rec in records:
+        try:
+            name, value, step, wall = rec
+            record(str(name), float(value), int(step), float(wall))
+        except (TypeError, ValueError):
+            logging.getLogger("pstrain.summary").warning("a worker sent a malformed scalar: %r", rec)
 
 
 def flush() -> None:

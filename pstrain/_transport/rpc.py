@@ -325,9 +325,10 @@ class ChannelPool:
         #: task -> incarnations of that ps a checkpoint was restored onto through these
         #: channels (the coordinator's PsHealth reads it: such a restart is handled).
         self.restored: dict[str, set[str]] = {}
-        #: Where each variable lives now (the newest placement map these channels know;
-        #: ``_variables/routing.adopt`` replaces it).
+        #: Where each variable lives now (the newest map known; ``routing.adopt`` replaces it).
+        #: A move between ps, and a checkpoint's save or restore, hold ``placement_lock``.
         self.routes = PlacementMap(ps=cluster_spec.job_tasks("ps"))
+        self.placement_lock = asyncio.Lock()
         self._channels: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, dict[tuple[str, int], Channel]] = weakref.WeakKeyDictionary()
         # The last loop's channels: every variable operation asks, almost always from one loop.

@@ -61,8 +61,22 @@ class Moves:
         return {"placement": self.store.placement}
 
     def _adopt(self, placement: PlacementMap) -> None:
-        if placement.version > self.store.placement.version:
-            self.store.placement = placement
+        if placement.version <= self.store.placement.version:
+            return
+        self.store.placement = placement
+        task = self.store.task
+        mine = int(task.rsplit(":", 1)[1]) if task.startswith("/job:ps/") else len(placement.ps)
+        if mine < len(placement.ps) and not placement.ps[mine]:
+            self._retire()
+
+    def _retire(self) -> None:
+        """The map says this ps left the job: it was lost, and its variables were put on the
+        others from a checkpoint (a partition that healed). It serves none of them from now
+        on: a client still routing here by an older map is refused with the new one."""
+        slots = {s.name for r in self.store for s in self.store.slots_of(r.name)}
+        for name in [r.name for r in self.store if r.name not in slots]:
+            self.store.take(name)
+            self.store.away[name] = "was replaced on the other ps: it no longer lives on"
 
     def move_out(self, req: MoveOut) -> Pinned:
         """Step 1: each variable with its slots, as it is now (pinned), and the clock's mark."""

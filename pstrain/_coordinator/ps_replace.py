@@ -1,0 +1,216 @@
+"""Replacing a lost ps while the others train (elastic ps, with delta checkpoints).
+
+A ps that is lost (SIGKILLed, its host gone, or restarted empty) took the variables it
+held. :meth:`PsReplacement.replace` puts them back, with their optimizer slots, from a
+:class:`~pstrain.checkpoint.CheckpointManager`'s latest checkpoint (its base and deltas:
+``_checkpoint/shares.py``) on the other ps, or on a ps that joined, and takes the lost one
+out of the job. The updates it took after the latest delta are lost: at most one
+``delta_interval_s``. The steps, with the placement lock held (no save or move meanwhile):
+
+1. a map without the lost ps is published: no new variable goes there, the heartbeat
+   stops watching it;
+2. its variables' values are read from the checkpoint (off the loop);
+3. each target ps stages, then serves them; the map saying where they are now is
+   published, and clients learn it from the ps as after any move.
+
+With :meth:`PsReplacement.enable`, this runs by itself. A closure that failed because a
+ps could not be reached is held; the ps is asked once more (``health``, the heartbeat's
+check); if it is lost (silent, or restarted with a new incarnation) it is replaced, and
+the held closures go back to the front of the queue when that ends. A ps that answers as
+before was not lost: the closure runs again at once. The heartbeat hands over a ps it
+finds lost while closures run the same way. If the replacement fails, its error is the
+job's (the next ``join`` raises it). While closures are held no later closure starts (they
+run again first, in the order they were scheduled); those in flight that touch only the
+other ps finish. Schedule with ``exactly_once=True``: a closure that ran in part before the
+loss is then applied once on the ps that kept its updates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from .._base.cluster import task_name
+from .._base.errors import (
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    PstrainError,
+    UnavailableError,
+)
+from .._checkpoint.object_graph import walk
+from .._checkpoint.shares import read_share
+from .._formats.placement_map import SetPlacement
+from .heartbeat import Heartbeat
+from .ps_moves import PsChanges
+from .scheduling import ClosureQueue
+
+if TYPE_CHECKING:
+    from .._checkpoint.manager import CheckpointManager
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PsReplacement"]
+
+_PS_TASK = "/job:ps/replica:0/task:"
+#: A ps found alive this many times within the window while closures keep failing on it is
+#: not held for: the closures fail (a worker cut off from a ps the coordinator reaches).
+_MAX_ALIVE, _ALIVE_WINDOW_S = 20, 5.0
+#: How long a replaced ps is told, should it answer again, that it left the job.
+FENCE_FOR_S = 600.0
+
+
+class PsReplacement:
+    """Replaces lost ps from a checkpoint manager's deltas, on request or by itself."""
+
+    def __init__(self, changes: PsChanges, heartbeat: Heartbeat, queue: ClosureQueue,
+                 spawn: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
+        self.changes = changes
+        self.heartbeat = heartbeat
+        self.queue = queue
+        self.spawn = spawn
+        #: Where lost ps are replaced from by themselves (None: they fail the job, as in TF).
+        self.manager: CheckpointManager | None = None
+        self._ending: dict[int, asyncio.Event] = {}  # ps index -> set when its replacement ends
+        self.failed: dict[int, BaseException] = {}
+        self._alive: dict[int, collections.deque[float]] = {}  # ps -> when it was found alive
+
+    def enable(self, manager: CheckpointManager) -> None:
+        """Replace a ps lost while closures run from ``manager``'s latest checkpoint."""
+        self.manager = manager
+        self.heartbeat.on_ps_lost = self._found_lost
+        self.queue.hold = self._hold
+
+    async def replace(self, index: int, manager: CheckpointManager, *, to: int | None = None) -> None:
+        """Put lost ps ``index``'s variables (with their slots) on the other ps (or on ps
+        ``to``) from ``manager``'s latest checkpoint; ps ``index`` leaves the job."""
+        ending = self._ending.get(index)
+        if ending is not None and not ending.is_set():
+            raise FailedPreconditionError(f"{task_name('ps', index)} is being replaced already")
+        self._ending[index] = ending = asyncio.Event()
+        try:
+            await self._replace_now(index, manager, to)
+        finally:
+            ending.set()
+            self.changes.replacing.discard(index)
+
+    async def _replace_now(self, index: int, manager: CheckpointManager, to: int | None) -> None:
+        changes = self.changes
+        active = changes.placement.active()
+        if index not in active:
+            raise InvalidArgumentError(f"no active ps {index}: the job's ps are {active}")
+        if to is not None and (to == index or to not in active):
+            raise InvalidArgumentError(f"ps {to} cannot take ps {index}'s variables: the job's "
+                                       f"ps are {active}")
+        if len(active) == 1:
+            raise FailedPreconditionError("the job's only ps cannot be replaced by the others")
+        tables = [t.name for t in walk(manager.checkpoint.tracked_objects()).tables.values()
+                  if index < t.num_ps]
+        if tables:
+            raise FailedPreconditionError(
+                f"{task_name('ps', index)} holds shards of dynamic tables {tables}: moving a "
+                "table's hash ranges is not supported yet, so it cannot be replaced")
+        started = time.monotonic()
+        changes.replacing.add(index)
+        async with changes.lock:  # no save, delta or move meanwhile: the latest delta is whole
+            path = manager.latest_checkpoint
+            if path is None:
+                raise FailedPreconditionError(f"{manager.directory} has no checkpoint to replace "
+                                              f"{task_name('ps', index)}'s variables from")
+            keys = changes.on(index)
+            await changes.retire(index)
+            copies = await asyncio.get_running_loop().run_in_executor(
+                None, read_share, manager.checkpoint, path, set(keys), changes.strategy.placement.owner)
+            await changes.install(copies, changes.spread(keys, to))
+        seconds = time.monotonic() - started
+        self.spawn(self._fence(index))
+        nbytes = sum(int(c.value.nbytes) for c in copies)
+        self.changes.replaced.append({"ps": index, "variables": len(keys), "bytes": nbytes,
+                          "seconds": round(seconds, 3), "checkpoint": path})
+        logger.warning("%s was lost: its %d variable(s) (%d bytes with their slots) were put on "
+                       "the other ps from %s in %.2f s", task_name("ps", index), len(keys), nbytes,
+                       path, seconds)
+
+    async def _fence(self, index: int) -> None:
+        """Tell the lost ps, if it answers again (a partition that healed), that it left the
+        job: it then serves none of its old variables (``server/ps/moves.py``)."""
+        channel = self.changes.channel(index)
+        deadline = time.monotonic() + FENCE_FOR_S
+        while time.monotonic() < deadline:
+            try:
+                await channel.request(SetPlacement(placement=self.changes.placement), timeout=5.0)
+            except (UnavailableError, DeadlineExceededError):
+                await asyncio.sleep(2.0)  # retried while it may come back
+                continue
+            except PstrainError:  # another task at that address now (a ps that joined anew)
+                return
+            logger.info("%s answered again after it was replaced: it serves nothing now",
+                        task_name("ps", index))
+            return
+
+    # -- by itself ------------------------------------------------------------------------------
+    def _found_lost(self, index: int, error: BaseException) -> bool:
+        """The heartbeat found ps ``index`` lost (``error``) while closures run: replace it
+        (True), unless replacing it failed before (False: ``error`` is the job's)."""
+        if self.manager is None or index in self.failed or not isinstance(error, UnavailableError):
+            return False
+        self._start(index, error)
+        return True
+
+    def _hold(self, error: BaseException, put_back: Callable[[], Any]) -> bool:
+        """A closure failed with ``error``: if a ps could not be reached, hold it (True) until
+        that ps is found alive or replaced, then ``put_back()``."""
+        task = getattr(error, "task", None)
+        if self.manager is None or not isinstance(error, UnavailableError) \
+                or not isinstance(task, str) or not task.startswith(_PS_TASK):
+            return False
+        index = int(task[len(_PS_TASK):])
+        if index in self.failed or len(self._alive.get(index, ())) >= _MAX_ALIVE:
+            return False  # its replacement failed; or it answers, yet closures keep failing on it
+        self.spawn(self._check_then_put_back(index, put_back))
+        return True
+
+    async def _check_then_put_back(self, index: int, put_back: Callable[[], Any]) -> None:
+        try:
+            if index not in self._ending and index in self.changes.placement.active():
+                lost = await self.heartbeat.ps_restarted(index, report_silence=True)
+                if lost is None:  # it answers as before: the closure runs again
+                    now = time.monotonic()
+                    alive = self._alive.setdefault(index, collections.deque())
+                    alive.append(now)
+                    while alive and alive[0] < now - _ALIVE_WINDOW_S:
+                        alive.popleft()
+                elif index not in self._ending:
+                    self._start(index, lost)
+            ending = self._ending.get(index)
+            if ending is not None:
+                await ending.wait()
+        finally:
+            put_back()
+
+    def _start(self, index: int, error: BaseException) -> None:
+        if index in self._ending:
+            return
+        logger.warning("%s is lost (%s): replacing it from %s while training goes on",
+                       task_name("ps", index), error, self.manager and self.manager.directory)
+        self._ending[index] = ending = asyncio.Event()
+        self.changes.replacing.add(index)
+        self.spawn(self._replace(index, ending))
+
+    async def _replace(self, index: int, ending: asyncio.Event) -> None:
+        assert self.manager is not None
+        try:
+            await self._replace_now(index, self.manager, None)
+        except Exception as exc:
+            logger.error("replacing %s failed", task_name("ps", index), exc_info=exc)
+            self.failed[index] = exc
+            self.queue.record_error(UnavailableError(
+                f"{task_name('ps', index)} was lost and could not be replaced from "
+                f"{self.manager.directory}: {type(exc).__name__}: {exc}", task=task_name("ps", index)))
+        finally:
+            ending.set()
+            self.changes.replacing.discard(index)
