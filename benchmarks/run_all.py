@@ -14,6 +14,7 @@ SCRIPTS = [
     "train_embedding.py",
     "scaling.py",
     "frameworks.py",
+    "elastic_ps.py",
 ]
 
 if __name__ == "__main__":
