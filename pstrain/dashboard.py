@@ -277,24 +277,30 @@ async def snapshot(coordinator: ClusterCoordinator) -> dict[str, Any]:
     that died shows as down at once, before dispatching would learn of it."""
     spec = coordinator.strategy.channels.cluster_spec
     members = coordinator.membership()
-    incarnations = coordinator.ps_incarnations
+    st = coordinator.statistics()
+    placement = st["placement"]  # which ps is in the job, its share, the move under way
+    left = {p["index"] for p in placement["ps"] if not p["active"]}
+    known = coordinator.ps_incarnations  # a ps that joined later is not in it
+    incarnations = [known[k] if k < len(known) else None for k in range(len(placement["ps"]))]
     stats, answers = await asyncio.gather(
-        asyncio.gather(*(_call(coordinator, "ps", k, Statistics(), 2.0)
-                         for k in range(len(incarnations)))),
+        asyncio.gather(*(_call(coordinator, "ps", k, Statistics(), 2.0) if k not in left
+                         else asyncio.sleep(0, None) for k in range(len(incarnations)))),
         asyncio.gather(*(_call(coordinator, "worker", m["index"], Health(), 1.0) if m["up"]
                          else asyncio.sleep(0, None) for m in members)))
     chief = spec.task_address("chief", 0) if spec.num_tasks("chief") else None
     tasks: list[dict[str, Any]] = [{"job": "chief", "index": 0, "task": "chief:0", "state": "up",
                                     "address": chief or "this process"}]
-    for k, st in enumerate(stats):
+    for k, ps_st in enumerate(stats):
         entry: dict[str, Any] = {
-            "job": "ps", "index": k, "task": f"ps:{k}", "address": spec.task_address("ps", k),
-            "state": "up" if st is not None else ("down" if incarnations[k] else "joining"),
+            "job": "ps", "index": k, "task": f"ps:{k}",
+            "address": placement["ps"][k]["address"] or "(left)",
+            "state": "left" if k in left else "up" if ps_st is not None
+            else ("down" if incarnations[k] else "joining"),
             "incarnation": incarnations[k]}
-        if st is not None:
-            requests = st.get("requests", {}).values()
-            entry.update(bytes=st.get("bytes", 0), variables=st.get("variables", 0),
-                         rss_bytes=st.get("rss_bytes"), tables=st.get("tables", {}),
+        if ps_st is not None:
+            requests = ps_st.get("requests", {}).values()
+            entry.update(bytes=ps_st.get("bytes", 0), variables=ps_st.get("variables", 0),
+                         rss_bytes=ps_st.get("rss_bytes"), tables=ps_st.get("tables", {}),
                          requests=sum(r["count"] for r in requests),
                          wire_bytes=sum(r["bytes_in"] + r["bytes_out"] for r in requests))
         tasks.append(entry)
@@ -305,8 +311,7 @@ async def snapshot(coordinator: ClusterCoordinator) -> dict[str, Any]:
                       "state": task_state(m["up"] and answered is not None, m["leaving"], seen),
                       "incarnation": m["incarnation"], "failures": m["failures"],
                       "completed": m["completed"], "last_error": m["last_error"]})
-    st = coordinator.statistics()
-    return {"time": time.time(), "tasks": tasks,
+    return {"time": time.time(), "tasks": tasks, "placement": placement,
             "closures": {"done": st["closures_done"], "queued": st["queued"],
                          "in_flight": st["in_flight"], "retried": st["closures_retried"],
                          "worker_failures": st["worker_failures"]},

@@ -242,3 +242,41 @@ async def test_the_dashboard_shows_the_tables_a_smoothed_loss_and_a_finished_job
             states = await page.locator(".task").evaluate_all("els => els.map(e => e.dataset.state)")
             assert states and set(states) == {"finished"}, states
             assert "finished" in await page.locator("#status").text_content()
+
+
+async def test_the_dashboard_draws_the_placement_map_as_a_ps_joins_and_leaves():
+    from pstrain.server import ParameterServer
+    from pstrain.testing import InProcessCluster
+
+    async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
+        extra = ParameterServer(2, token=cluster.token)
+        await extra.start()
+        try:
+            strategy = pstrain.ParameterServerStrategy(
+                pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+            coordinator = pstrain.ClusterCoordinator(strategy)
+            async with strategy.scope():
+                for k in range(4):
+                    pstrain.Variable(np.zeros(1 << 18, np.float32), name=f"v{k}")  # 1 MiB each
+            url = await pstrain.dashboard.serve_dashboard(coordinator)
+            async with contextlib.AsyncExitStack() as stack:
+                stack.push_async_callback(coordinator.close)
+                page = await stack.enter_async_context(logged_in(url))
+                await page.wait_for_selector('#placement tr[data-ps="1"]')
+                assert "map version 0" in await page.text_content("#placement-status")
+                await coordinator.add_ps(extra.address)
+                row = page.locator('#placement tr[data-ps="2"]')
+                await row.wait_for()
+                await page.wait_for_function(
+                    "document.querySelector('#placement tr[data-ps=\"2\"]').textContent.includes('1.0 MiB')")
+                assert "yes" in await row.text_content()
+                await page.wait_for_function(
+                    r"/\b[1-9]\d* move\(s\) done/"
+                    ".test(document.getElementById('placement-status').textContent)")
+                await coordinator.remove_ps(2)
+                await page.wait_for_selector('[data-task="ps:2"][data-state="left"]')
+                await page.wait_for_function(
+                    "document.querySelector('#placement tr[data-ps=\"2\"]').textContent.includes('left')")
+                assert "0.0 MiB" in await row.text_content()
+        finally:
+            await extra.stop()

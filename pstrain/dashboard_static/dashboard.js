@@ -167,6 +167,32 @@ function row(tag, cells) {
   return tr;
 }
 
+// The placement map: its version, each ps's share of the variables (a bar against the
+// largest), the move under way and the lost ps replaced from a checkpoint.
+function renderPlacement(p) {
+  if (!p) return;
+  const most = Math.max(1, ...p.ps.map(s => s.bytes));
+  const table = document.getElementById("placement");
+  table.replaceChildren(row("th", ["ps", "address", "in the job", "share", ""]), ...p.ps.map(s => {
+    const tr = row("td", ["ps:" + s.index, s.address || "(left)", s.active ? "yes" : "left",
+                          (s.bytes / 1048576).toFixed(1) + " MiB", ""]);
+    tr.dataset.ps = String(s.index);
+    const bar = document.createElement("span");
+    bar.className = "share";
+    bar.style.width = Math.round(120 * s.bytes / most) + "px";
+    tr.lastChild.appendChild(bar);
+    return tr;
+  }));
+  const parts = [`map version ${p.version}`, `${p.moves_done} move(s) done, ` +
+                 `${(p.bytes_moved / 1048576).toFixed(1)} MiB moved`];
+  if (p.moving) parts.push(`moving ${p.moving.variables.length} variable(s) ps:${p.moving.from} → ` +
+                           `ps:${p.moving.to} (${p.moving.seconds} s)`);
+  for (const r of p.replaced || [])
+    parts.push(`ps:${r.ps} lost, replaced from ${r.checkpoint} in ${r.seconds} s`);
+  if ((p.replacing || []).length) parts.push(`replacing ps:${p.replacing.join(", ps:")}`);
+  document.getElementById("placement-status").textContent = parts.join(" · ");
+}
+
 function renderCheckpoints(saves) {
   const table = document.getElementById("checkpoints");
   table.replaceChildren(row("th", ["saved", "path"]), ...saves.map(s =>
@@ -222,6 +248,7 @@ function update(state) {
   lineChart("chart-bytes", "ps MB per second (in + out)", psBytes, psLabels);
   renderScalars(state.scalars || {});
   renderTables(state, dt);
+  renderPlacement(state.placement);
   renderCheckpoints(state.checkpoints || []);
   document.getElementById("status").textContent =
     `live · ${new Date(now * 1000).toLocaleTimeString()} · ${c.done} closures done, ` +
