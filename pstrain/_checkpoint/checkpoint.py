@@ -66,7 +66,7 @@ from .._base.context import current_channels
 from .._base.errors import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError
 from .._base.exports import expose
 from .._formats.checkpoint_files import INDEX, CheckpointReader, write_index
-from .._formats.checkpoint_operations import SaveCheckpoint
+from .._formats.checkpoint_operations import SaveCheckpoint, TableShardFile
 from .._formats.delta_files import split_delta
 from .._formats.operations import ListVariables
 from .._formats.records import VariableInfo
@@ -192,7 +192,7 @@ class Checkpoint:
             marks = {ps: chain.marks[ps] for ps in channels}  # older marks: more written, nothing missed
         else:
             marks = await take_marks(channels)  # before: nothing missed
-        by_ps: dict[Channel, tuple[int, dict[str, str]]] = {}
+        by_ps: dict[int, tuple[Channel, dict[str, str], list[TableShardFile]]] = {}
         local: dict[str, np.ndarray] = {}
         index_vars: dict[str, Any] = {}
         base = os.path.basename(prefix)
@@ -207,28 +207,27 @@ class Checkpoint:
                 else:
                     file = f"{base}.ps{part.ps_index}.safetensors"
                     key = part.key
-                    by_ps.setdefault(part.channel(), (part.ps_index, {}))[1][key] = part.key
+                    by_ps.setdefault(part.ps_index, (part.channel(), {}, []))[1][key] = part.key
                 parts_meta.append({"file": file, "key": key, "offset": entry.offsets[i], "rows": rows})
             index_vars[path] = {"dtype": entry.dtype.str, "shape": list(entry.shape), "name": entry.name,
                                 "trainable": entry.trainable, "parts": parts_meta}
-
-        async def save_ps(channel: Channel, ps: int, tensors: dict[str, str]) -> None:
-            await channel.request(SaveCheckpoint(path=f"{prefix}.ps{ps}.safetensors", tensors=tensors))
-
+        # A ps's table shards go in its one ckpt/save: taken at the same moment as its variables.
         index_tables: dict[str, Any] = {}
-
-        async def save_table(path: str, table: DynamicEmbedding) -> None:
-            tag = table_tag(path)
-            files = [f"{base}.ps{ps}.table-{tag}.safetensors" for ps in range(table.num_ps)]
-            slots = _table_slots(graph)  # by optimizer path, as the variables' slots
-            sizes = await asyncio.gather(*(table.save_shard(ps, os.path.join(os.path.dirname(prefix), f),
-                                                            slots) for ps, f in enumerate(files)))
+        slots = _table_slots(graph)  # by optimizer path, as the variables' slots
+        for path, table in graph.tables.items():
+            files = [f"{base}.ps{ps}.table-{table_tag(path)}.safetensors" for ps in range(table.num_ps)]
+            for ps, f in enumerate(files):
+                await table.shard_ready(ps)
+                by_ps.setdefault(ps, (table.channel(ps), {}, []))[2].append(TableShardFile(
+                    name=table.key, path=os.path.join(os.path.dirname(prefix), f), slots=slots))
             index_tables[path] = {"name": table.name, "key": table.key, "dim": table.dim,
-                                  "dtype": table.dtype.name,
-                                  "config": table.config, "files": files, "rows": sum(sizes)}
+                                  "dtype": table.dtype.name, "config": table.config, "files": files}
 
-        await asyncio.gather(*(save_ps(ch, ps, t) for ch, (ps, t) in by_ps.items()),
-                             *(save_table(p, t) for p, t in graph.tables.items()))
+        replies = await asyncio.gather(*(ch.request(SaveCheckpoint(
+            path=f"{prefix}.ps{ps}.safetensors", tensors=tensors, tables=shards))
+            for ps, (ch, tensors, shards) in by_ps.items()))
+        for meta in index_tables.values():
+            meta["rows"] = sum(int(r.table_rows.get(meta["key"], 0)) for r in replies)
         if local:
             await asyncio.get_running_loop().run_in_executor(
                 None, write_tensors, f"{prefix}.local.safetensors", local)

@@ -25,7 +25,7 @@ from .records import (
 
 __all__ = ["AbortRestore", "CommitRestore", "DeltaReply", "DeltaTable", "MarkReply", "Patch",
            "RestoreCheckpoint", "RestoreSpec", "RestoreTable", "SaveCheckpoint", "SaveDelta",
-           "SaveTable", "TakeMark"]
+           "SaveTable", "TableShardFile", "TakeMark"]
 
 
 class SaveTable(Operation, tag="dyn/save"):
@@ -60,10 +60,20 @@ class RestoreTable(Operation, tag="dyn/restore"):
     deltas: Annotated[list[list[DeltaFile]], msgspec.Meta(max_length=1 << 12)] = []
 
 
+class TableShardFile(Record):
+    """A dynamic table's shard to write with a ``ckpt/save``: as ``dyn/save`` takes it."""
+    name: Name
+    path: Path
+    slots: dict[Name, Name] | None = None
+
+
 class SaveCheckpoint(Operation, tag="ckpt/save"):
+    """Variables (file key -> variable) to ``path``, and ``tables``' shards on this ps each to
+    its own file: every value is taken at one moment (between two whole updates)."""
     reply = SaveReply
     path: Path
     tensors: dict[Name, Name]
+    tables: list[TableShardFile] = []
 
 
 Source = tuple[Path, Name, Count | None, Count | None, Count | None]

@@ -189,6 +189,8 @@ class StepReply(Reply):
 class SaveReply(Reply):
     path: str
     bytes: Count
+    #: rows written of each table shard saved with the variables (``ckpt/save``'s ``tables``)
+    table_rows: dict[str, Count] = {}
 
 
 class CallReply(Reply):

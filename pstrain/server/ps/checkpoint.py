@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 import logging
 import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -42,7 +43,9 @@ from ..._formats.delta_files import TableState, read_table_state
 from ..._formats.tensor_files import SAFETENSORS_DTYPES, read_rows, whole, write_streaming
 from .store import VariableStore
 
-__all__ = ["CheckpointFiles"]
+__all__ = ["CheckpointFiles", "Pending"]
+
+Tensors = list[tuple[str, np.dtype, tuple[int, ...], Any]]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +56,20 @@ SAVE_NICENESS = 19
 STAGE_TTL_S = 300.0
 #: Restores staged (read, not yet committed) at once on one ps.
 MAX_STAGED = 4
+
+
+@dataclasses.dataclass
+class Pending:
+    """A checkpoint file taken (checked, its values snapshotted), not yet written."""
+    path: str  # as asked
+    real: str  # resolved, under the root
+    tensors: Tensors
+    releases: list[Callable[[], None]]
+
+    def release(self) -> None:
+        for release in self.releases:
+            release()
+        self.releases = []
 
 
 class CheckpointFiles:
@@ -81,41 +98,10 @@ class CheckpointFiles:
         return real
 
     # -- save ------------------------------------------------------------------------------------
-    async def save(self, req: SaveCheckpoint) -> dict[str, Any]:
-        path = self.confine(req.path, "checkpoint file")
-        if os.path.lexists(path):
-            raise AlreadyExistsError(f"checkpoint file {req.path} already exists; a checkpoint "
-                                     "is never written over")
-        directory = os.path.dirname(path)
-        if not os.path.isdir(directory):
-            raise NotFoundError(f"checkpoint directory {directory} does not exist on {self.store.task}")
-        records = {key: self.store.get(name) for key, name in req.tensors.items()}
-        releases: list[Callable[[], None]] = []
-        tensors: list[tuple[str, np.dtype, tuple[int, ...], Any]] = []
-        for key, r in records.items():
-            arr = r.array
-            if arr.dtype.name not in SAFETENSORS_DTYPES:
-                raise InvalidArgumentError(f"ckpt/save: {r.name!r} has dtype {arr.dtype}, which a "
-                                           "checkpoint cannot hold")
-            snap = r.snapshot()  # a large array: read block by block, never copied whole
-            if snap is not None:
-                releases.append(functools.partial(r.end_snapshot, snap))
-                tensors.append((key, arr.dtype, arr.shape, snap.blocks))
-            else:
-                releases.append(r.pin())
-                tensors.append(whole(key, arr))
-        try:
-            size = await asyncio.get_running_loop().run_in_executor(
-                _save_thread(), functools.partial(write_streaming, path, tensors, root=self.root))
-        finally:
-            for release in releases:
-                release()
-        return {"path": req.path, "bytes": size}
-
-    async def save_streamed(self, path: str, tensors: list[tuple[str, np.dtype, tuple[int, ...], Any]]
-                            ) -> dict[str, Any]:
-        """Write ``tensors`` (as ``write_streaming`` takes them) to a new file under the root,
-        on the save thread."""
+    def take(self, path: str, tensors: Tensors, releases: Sequence[Callable[[], None]] = ()
+             ) -> Pending:
+        """A new file ``path`` under the root to hold ``tensors`` (as ``write_streaming``
+        takes them; ``releases`` end their snapshots once written): checked, not written."""
         real = self.confine(path, "checkpoint file")
         if os.path.lexists(real):
             raise AlreadyExistsError(f"checkpoint file {path} already exists; a checkpoint "
@@ -123,9 +109,46 @@ class CheckpointFiles:
         if not os.path.isdir(os.path.dirname(real)):
             raise NotFoundError(f"checkpoint directory {os.path.dirname(path)} does not exist on "
                                 f"{self.store.task}")
-        size = await asyncio.get_running_loop().run_in_executor(
-            _save_thread(), functools.partial(write_streaming, real, tensors, root=self.root))
-        return {"path": path, "bytes": size}
+        return Pending(path, real, tensors, list(releases))
+
+    def take_variables(self, req: SaveCheckpoint) -> Pending:
+        """``req``'s variables as they are now: large ones through snapshots (read block by
+        block while updates go on, never copied whole), small ones pinned."""
+        pending = self.take(req.path, [])
+        records = {key: self.store.get(name) for key, name in req.tensors.items()}
+        for r in records.values():
+            if r.array.dtype.name not in SAFETENSORS_DTYPES:
+                raise InvalidArgumentError(f"ckpt/save: {r.name!r} has dtype {r.array.dtype}, "
+                                           "which a checkpoint cannot hold")
+        try:
+            for key, r in records.items():
+                arr = r.array
+                snap = r.snapshot()
+                if snap is not None:
+                    pending.releases.append(functools.partial(r.end_snapshot, snap))
+                    pending.tensors.append((key, arr.dtype, arr.shape, snap.blocks))
+                else:
+                    pending.releases.append(r.pin())
+                    pending.tensors.append(whole(key, arr))
+        except BaseException:
+            pending.release()
+            raise
+        return pending
+
+    async def write(self, pending: Pending) -> dict[str, Any]:
+        """Write what :meth:`take` checked, on the save thread; its snapshots end after."""
+        try:
+            size = await asyncio.get_running_loop().run_in_executor(
+                _save_thread(), functools.partial(write_streaming, pending.real, pending.tensors,
+                                                  root=self.root))
+        finally:
+            pending.release()
+        return {"path": pending.path, "bytes": size}
+
+    async def save_streamed(self, path: str, tensors: Tensors) -> dict[str, Any]:
+        """Write ``tensors`` (as ``write_streaming`` takes them) to a new file under the root,
+        on the save thread."""
+        return await self.write(self.take(path, tensors))
 
     async def read_table_rows(self, paths: list[str], shard: int, num_shards: int, dim: int,
                               dtype: np.dtype, deltas: list[list[tuple[str, str]]] | None = None

@@ -35,7 +35,6 @@ from ..._formats.checkpoint_operations import (
     AbortRestore,
     CommitRestore,
     RestoreCheckpoint,
-    SaveCheckpoint,
     SaveDelta,
     TakeMark,
 )
@@ -149,7 +148,6 @@ class ParameterServer(ServerBase):
         self.tables = self.table_handlers.tables
         for operation, handler in self.table_handlers.routes().items():
             self.route(operation, handler)
-        self.route(SaveCheckpoint, self.save_checkpoint)
         self.deltas = Deltas(self.checkpoints, self.feed, self.incarnation)
         self.route(TakeMark, self.deltas.take_mark)
         self.route(SaveDelta, self.deltas.save_delta)
@@ -371,10 +369,6 @@ class ParameterServer(ServerBase):
 
     def call_function(self, req: CallVariables) -> dict[str, Any]:
         return call_function(self.store, req)
-
-    async def save_checkpoint(self, req: SaveCheckpoint) -> dict[str, Any]:
-        """Write variables to a safetensors file under the checkpoint root."""
-        return await self.checkpoints.save(req)
 
     async def restore_checkpoint(self, req: RestoreCheckpoint) -> dict[str, Any]:
         """Read variables from checkpoint files; with ``stage``, hold them until committed."""

@@ -5,6 +5,8 @@ Every check happens before anything changes, as in ``ps.py``."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -12,7 +14,7 @@ import msgspec
 import numpy as np
 
 from ..._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
-from ..._formats.checkpoint_operations import RestoreTable, SaveTable
+from ..._formats.checkpoint_operations import RestoreTable, SaveCheckpoint, SaveTable
 from ..._formats.operations import (
     CreateTable,
     ExportTable,
@@ -21,7 +23,7 @@ from ..._formats.operations import (
 )
 from ..._formats.records import Operation
 from ..._formats.tensor_files import whole
-from .checkpoint import CheckpointFiles
+from .checkpoint import CheckpointFiles, Pending
 from .dynamic_table import DynamicTable, TableConfig
 from .feed import TableFeed
 
@@ -46,7 +48,8 @@ class TableHandlers:
     def routes(self) -> dict[type[Operation], Callable[..., Any]]:
         return {CreateTable: self.create_table, LookupTable: self.lookup_table,
                 TableStatistics: self.table_statistics, ExportTable: self.export_table,
-                SaveTable: self.save_table, RestoreTable: self.restore_table}
+                SaveTable: self.save_table, RestoreTable: self.restore_table,
+                SaveCheckpoint: self.save_checkpoint}
 
     def plan(self, grads: Iterable[tuple[str, Any, Any]], prefix: str, specs: dict[str, float]
              ) -> list[tuple[DynamicTable, np.ndarray, np.ndarray, dict[str, tuple[str, float]]]]:
@@ -131,29 +134,58 @@ class TableHandlers:
                 "slots": {k[5:]: v for k, v in exported.items()}, "slot_init": table.slot_init,
                 "stats": table.statistics()}
 
-    async def save_table(self, req: SaveTable) -> dict[str, Any]:
-        """Write a table's shard as it is now while training goes on: its arrays are read
-        through snapshots (an update keeps only the old values of the rows it changes)."""
-        table = self._table(req.name)
-        rename = req.slots if req.slots is not None else {k: k for k in table.slot_init}
+    def _take_shard(self, name: str, path: str, slots: dict[str, str] | None) -> tuple[Pending, int]:
+        """Table ``name``'s shard as it is now (its arrays through snapshots: an update keeps
+        only the old values of the rows it changes), to be written to ``path``; and its rows."""
+        table = self._table(name)
+        rename = slots if slots is not None else {k: k for k in table.slot_init}
+        pending = self.checkpoints.take(path, [])
         save = table.snapshot()
-        tensors: list[tuple[str, np.dtype, tuple[int, ...], Any]] = []
+        pending.releases.append(functools.partial(table.end_snapshot, save))
         for key, snap in save.items():
-            name = key
+            file_key = key
             if key.startswith("slot:"):
                 if key[5:] not in rename:
                     continue
-                name = f"slot:{rename[key[5:]]}"
-            tensors.append((name, snap.array.dtype, snap.array.shape, snap.blocks))
+                file_key = f"slot:{rename[key[5:]]}"
+            pending.tensors.append((file_key, snap.array.dtype, snap.array.shape, snap.blocks))
         for key, init in table.slot_init.items():
             if key in rename:
-                tensors.append(whole(f"init:{rename[key]}", np.array([init], np.float64)))
-        try:
-            saved = await self.checkpoints.save_streamed(req.path, tensors)
-        finally:
-            table.end_snapshot(save)
+                pending.tensors.append(whole(f"init:{rename[key]}", np.array([init], np.float64)))
+        return pending, table.statistics()["rows"]
+
+    async def save_table(self, req: SaveTable) -> dict[str, Any]:
+        """Write a table's shard as it is now while training goes on."""
+        pending, _ = self._take_shard(req.name, req.path, req.slots)
+        saved = await self.checkpoints.write(pending)
         self.feed.saved(req.name, req.path)
         return saved
+
+    async def save_checkpoint(self, req: SaveCheckpoint) -> dict[str, Any]:
+        """Variables, and the table shards ``req.tables``, each to its file, all taken in
+        one step (no ``await`` between them), so the files hold this ps at one moment: an
+        ``opt/apply`` that updates a variable and a table is in both or in neither. With
+        tables and no variables, no variables file is written."""
+        taken: list[Pending] = []
+        rows: dict[str, int] = {}
+        try:
+            if req.tensors or not req.tables:
+                taken.append(self.checkpoints.take_variables(req))
+            for shard in req.tables:
+                pending, rows[shard.name] = self._take_shard(shard.name, shard.path, shard.slots)
+                taken.append(pending)
+        except BaseException:
+            for pending in taken:
+                pending.release()
+            raise
+        results = await asyncio.gather(*(self.checkpoints.write(p) for p in taken),
+                                       return_exceptions=True)
+        written = [r for r in results if not isinstance(r, BaseException)]
+        if len(written) != len(results):
+            raise next(r for r in results if isinstance(r, BaseException))
+        for shard in req.tables:
+            self.feed.saved(shard.name, shard.path)
+        return {"path": req.path, "bytes": sum(r["bytes"] for r in written), "table_rows": rows}
 
     async def restore_table(self, req: RestoreTable) -> dict[str, Any]:
         config = TableConfig(**msgspec.structs.asdict(req.config))
