@@ -22,8 +22,14 @@ $(STAMP): pyproject.toml setup.py pstrain/_kernels/compiled.pyx
 
 install: $(STAMP)
 
-test: lint sysdeps
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+# mypy (about 25 s from a fresh clone) checks while the tests run, its report printed after
+# them; either failing fails the target. The tests wait on conditions, not on CPU time.
+test: sysdeps $(STAMP)
+	$(VENV)/bin/ruff check pstrain tests benchmarks examples fuzz
+	@$(VENV)/bin/mypy > .mypy.out 2>&1 & mypy=$$!; \
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); tests=$$?; \
+	wait $$mypy; typed=$$?; echo "mypy:"; cat .mypy.out; rm -f .mypy.out; \
+	test $$tests -eq 0 && test $$typed -eq 0
 
 # What the multi-host tests need (tests/netlab.py: namespaces, nftables, tc; run as root),
 # the SLURM test (tests/slurmlab.py: the distribution's slurm-wlm and munge), the browser
