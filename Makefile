@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+RUFF := $(VENV)/bin/ruff check pstrain tests benchmarks examples fuzz
 
 .PHONY: install test demo bench lint fuzz clean sysdeps slurm screenshots chaos docs
 
@@ -25,7 +26,7 @@ install: $(STAMP)
 # mypy (about 25 s from a fresh clone) checks while the tests run, its report printed after
 # them; either failing fails the target. The tests wait on conditions, not on CPU time.
 test: sysdeps $(STAMP)
-	$(VENV)/bin/ruff check pstrain tests benchmarks examples fuzz
+	$(RUFF)
 	@$(VENV)/bin/mypy > .mypy.out 2>&1 & mypy=$$!; \
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); tests=$$?; \
 	wait $$mypy; typed=$$?; echo "mypy:"; cat .mypy.out; rm -f .mypy.out; \
@@ -69,7 +70,7 @@ bench: $(STAMP)
 
 # The architecture's static checks (layers and cycles are checked by tests/test_architecture.py).
 lint: $(STAMP)
-	$(VENV)/bin/ruff check pstrain tests benchmarks examples fuzz
+	$(RUFF)
 	$(VENV)/bin/mypy
 
 # Coverage-guided fuzzing of the wire decoder (atheris), FUZZ_SECONDS long (default 300).

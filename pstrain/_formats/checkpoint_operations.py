@@ -1,5 +1,5 @@
 """The parameter server's checkpoint operations: full saves of variables (``ckpt/*``) and of
-dynamic tables (``dyn/save``, ``dyn/restore``), and delta checkpoints (``delta/*``).
+dynamic tables (saved with the variables, ``dyn/restore``), and delta checkpoints (``delta/*``).
 Declared as in ``operations.py``, which registers them."""
 
 from __future__ import annotations
@@ -25,16 +25,7 @@ from .records import (
 
 __all__ = ["AbortRestore", "CommitRestore", "DeltaReply", "DeltaTable", "MarkReply", "Patch",
            "RestoreCheckpoint", "RestoreSpec", "RestoreTable", "SaveCheckpoint", "SaveDelta",
-           "SaveTable", "TableShardFile", "TakeMark"]
-
-
-class SaveTable(Operation, tag="dyn/save"):
-    reply = SaveReply
-    name: Name
-    path: Path
-    #: slot key on the ps (``<optimizer name>/<slot>``) -> its key in the file; others are
-    #: not saved. None: every slot, under its own key.
-    slots: dict[Name, Name] | None = None
+           "TableShardFile", "TakeMark"]
 
 
 #: A delta file of a table: the file and the prefix of the table's keys in it.
@@ -61,9 +52,11 @@ class RestoreTable(Operation, tag="dyn/restore"):
 
 
 class TableShardFile(Record):
-    """A dynamic table's shard to write with a ``ckpt/save``: as ``dyn/save`` takes it."""
+    """A dynamic table's shard to write with a ``ckpt/save``, to its own file ``path``."""
     name: Name
     path: Path
+    #: slot key on the ps (``<optimizer name>/<slot>``) -> its key in the file; others are
+    #: not saved. None: every slot, under its own key.
     slots: dict[Name, Name] | None = None
 
 

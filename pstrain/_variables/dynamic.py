@@ -29,7 +29,7 @@ import numpy as np
 from .._base.context import current_channels
 from .._base.errors import InvalidArgumentError, NotFoundError
 from .._base.exports import expose
-from .._formats.checkpoint_operations import RestoreTable, SaveTable
+from .._formats.checkpoint_operations import RestoreTable
 from .._formats.idhash import shard_of
 from .._formats.initializers import Constant, Initializer, RandomUniform, Zeros
 from .._formats.operations import (
@@ -235,12 +235,6 @@ class DynamicEmbedding:
         table.pool = None
         table.created_on = set()
         return table
-
-    async def save_shard(self, ps: int, path: str, slots: dict[str, str] | None = None) -> int:
-        """Have ps ``ps`` write its shard (ids, rows, slots) to ``path``; returns its rows.
-        ``slots``: which slots (``<optimizer name>/<slot>``) to save, under which keys."""
-        await self._request(ps, SaveTable(name=self.key, path=path, slots=slots))
-        return int((await self._request(ps, TableStatistics(name=self.key)))["rows"])
 
     async def restore_from(self, files: list[str], slots: dict[str, str] | None = None,
                            deltas: list[list[tuple[str, str]]] | None = None) -> int:

@@ -32,7 +32,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -98,10 +98,9 @@ class CheckpointFiles:
         return real
 
     # -- save ------------------------------------------------------------------------------------
-    def take(self, path: str, tensors: Tensors, releases: Sequence[Callable[[], None]] = ()
-             ) -> Pending:
+    def take(self, path: str, tensors: Tensors) -> Pending:
         """A new file ``path`` under the root to hold ``tensors`` (as ``write_streaming``
-        takes them; ``releases`` end their snapshots once written): checked, not written."""
+        takes them): checked, not written; snapshots added to its ``releases`` end once it is."""
         real = self.confine(path, "checkpoint file")
         if os.path.lexists(real):
             raise AlreadyExistsError(f"checkpoint file {path} already exists; a checkpoint "
@@ -109,7 +108,7 @@ class CheckpointFiles:
         if not os.path.isdir(os.path.dirname(real)):
             raise NotFoundError(f"checkpoint directory {os.path.dirname(path)} does not exist on "
                                 f"{self.store.task}")
-        return Pending(path, real, tensors, list(releases))
+        return Pending(path, real, tensors, [])
 
     def take_variables(self, req: SaveCheckpoint) -> Pending:
         """``req``'s variables as they are now: large ones through snapshots (read block by

@@ -14,7 +14,7 @@ in), ``since``, ``table``, ``shard``, ``num_shards`` and ``task``; the same
 values come as ``X-Pstrain-*`` headers. Query ``since`` absent: the whole shard.
 
 The ps learns where a table's saves are from the saves and restores it serves
-(``dyn/save``, ``delta/save``, ``dyn/restore``); a table never saved nor restored
+(``ckpt/save``, ``delta/save``, ``dyn/restore``); a table never saved nor restored
 here has no feed yet (FailedPreconditionError, 412).
 """
 

@@ -14,7 +14,7 @@ import msgspec
 import numpy as np
 
 from ..._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
-from ..._formats.checkpoint_operations import RestoreTable, SaveCheckpoint, SaveTable
+from ..._formats.checkpoint_operations import RestoreTable, SaveCheckpoint
 from ..._formats.operations import (
     CreateTable,
     ExportTable,
@@ -48,8 +48,7 @@ class TableHandlers:
     def routes(self) -> dict[type[Operation], Callable[..., Any]]:
         return {CreateTable: self.create_table, LookupTable: self.lookup_table,
                 TableStatistics: self.table_statistics, ExportTable: self.export_table,
-                SaveTable: self.save_table, RestoreTable: self.restore_table,
-                SaveCheckpoint: self.save_checkpoint}
+                RestoreTable: self.restore_table, SaveCheckpoint: self.save_checkpoint}
 
     def plan(self, grads: Iterable[tuple[str, Any, Any]], prefix: str, specs: dict[str, float]
              ) -> list[tuple[DynamicTable, np.ndarray, np.ndarray, dict[str, tuple[str, float]]]]:
@@ -153,13 +152,6 @@ class TableHandlers:
             if key in rename:
                 pending.tensors.append(whole(f"init:{rename[key]}", np.array([init], np.float64)))
         return pending, table.statistics()["rows"]
-
-    async def save_table(self, req: SaveTable) -> dict[str, Any]:
-        """Write a table's shard as it is now while training goes on."""
-        pending, _ = self._take_shard(req.name, req.path, req.slots)
-        saved = await self.checkpoints.write(pending)
-        self.feed.saved(req.name, req.path)
-        return saved
 
     async def save_checkpoint(self, req: SaveCheckpoint) -> dict[str, Any]:
         """Variables, and the table shards ``req.tables``, each to its file, all taken in
