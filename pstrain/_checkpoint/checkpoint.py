@@ -215,8 +215,9 @@ class Checkpoint:
         index_tables: dict[str, Any] = {}
         slots = _table_slots(graph)  # by optimizer path, as the variables' slots
         for path, table in graph.tables.items():
-            files = [f"{base}.ps{ps}.table-{table_tag(path)}.safetensors" for ps in range(table.num_ps)]
-            for ps, f in enumerate(files):
+            holders = table.holders()
+            files = [f"{base}.ps{ps}.table-{table_tag(path)}.safetensors" for ps in holders]
+            for ps, f in zip(holders, files):
                 await table.shard_ready(ps)
                 by_ps.setdefault(ps, (table.channel(ps), {}, []))[2].append(TableShardFile(
                     name=table.key, path=os.path.join(os.path.dirname(prefix), f), slots=slots))

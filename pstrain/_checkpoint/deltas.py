@@ -70,7 +70,7 @@ def ps_channels(entries: dict[str, Entry], tables: dict[str, DynamicEmbedding]) 
             if part.ps_index is not None:
                 out.setdefault(part.ps_index, part.channel())
     for table in tables.values():
-        for ps in range(table.num_ps):
+        for ps in table.holders():
             out.setdefault(ps, table.channel(ps))
     return out
 
@@ -155,7 +155,7 @@ async def write_delta(chain: Chain, entries: dict[str, Entry], tables: dict[str,
                 where.setdefault(path, []).append((part.ps_index, part.key, entry.offsets[i], rows))
     table_specs: dict[int, dict[str, DeltaTable]] = {ps: {} for ps in channels}
     for path, table in tables.items():
-        for ps in range(table.num_ps):
+        for ps in table.holders():
             table_specs[ps][table.key] = DeltaTable(prefix=f"t-{table_tag(path)}", slots=table_slots)
 
     seq = next_seq(os.path.dirname(prefix))
@@ -197,7 +197,7 @@ async def write_delta(chain: Chain, entries: dict[str, Entry], tables: dict[str,
             index_vars[path] = {"dtype": entry.dtype.str, "shape": list(entry.shape), "name": entry.name,
                                 "trainable": entry.trainable, "parts": saved}
     index_tables = {path: {"name": table.name, "key": table.key, "prefix": f"t-{table_tag(path)}",
-                           "files": [f"{base}.ps{ps}.safetensors" for ps in range(table.num_ps)]}
+                           "files": [f"{base}.ps{ps}.safetensors" for ps in table.holders()]}
                     for path, table in tables.items()}
     size = sum(int(r.bytes) for r in replies.values())
     rows = sum(int(r.rows) for r in replies.values())

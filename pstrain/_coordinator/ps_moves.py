@@ -6,8 +6,10 @@ ps addresses, the variables not on the ps they were created on). A move follows 
 steps that module lists, one source ps at a time, one move at a time; each new map is
 pushed to every ps, and clients learn it from the ps (a request to the wrong ps is
 refused with the map, and sent again by the client). What is moved: whole variables,
-sharded variables' parts, with their optimizer slots and their exactly-once records.
-Dynamic tables are not moved (a ps holding table shards cannot leave yet).
+sharded variables' parts, with their optimizer slots and their exactly-once records; and
+slices of dynamic tables' hash spaces (``slice_plans.py``), with their rows, slots, LRU/LFU
+state, admission sightings and the table's exactly-once records, and their share of its
+capacity.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+import msgspec
+
 from .._base.cluster import parse_address, task_name
-from .._base.errors import FailedPreconditionError, InvalidArgumentError
+from .._base.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from .._distribute.strategy import ParameterServerStrategy
+from .._formats.operations import TableStatistics
 from .._formats.placement_map import (
     EndMove,
     FinishMove,
@@ -29,10 +34,13 @@ from .._formats.placement_map import (
     MoveOut,
     PlacementMap,
     SetPlacement,
+    SliceSet,
+    TableSlices,
     VariableCopy,
 )
 from .._transport.rpc import ChannelPool
 from .._variables.routing import adopt
+from .slice_plans import plan_join, plan_leave, table_slices
 
 logger = logging.getLogger(__name__)
 
@@ -77,9 +85,14 @@ class PsChanges:
             keys, src, dst, started = self.moving
             moving = {"variables": keys, "from": src, "to": dst,
                       "seconds": round(time.monotonic() - started, 3)}
+        slices: dict[int, dict[str, float]] = {i: {} for i in range(len(self.placement.ps))}
+        for table in self.strategy.placement.tables.values():
+            sliced = self.table_slices(table)
+            for ps in set(sliced.owners):
+                slices.setdefault(ps, {})[table.name] = round(len(sliced.held_by(ps)) / sliced.slices, 4)
         return {"version": self.placement.version,
-                "ps": [{"index": i, "address": a, "active": bool(a),
-                        "bytes": shares.get(i, 0)} for i, a in enumerate(self.placement.ps)],
+                "ps": [{"index": i, "address": a, "active": bool(a), "bytes": shares.get(i, 0),
+                        "table_shares": slices.get(i, {})} for i, a in enumerate(self.placement.ps)],
                 "moving": moving, "moves_done": self.moves_done, "bytes_moved": self.bytes_moved,
                 "replacing": sorted(self.replacing), "replaced": list(self.replaced)}
 
@@ -136,8 +149,10 @@ class PsChanges:
         plan = self._plan_join(index)
         for keys in plan:
             await self.move(keys, index)
-        logger.info("%s joined; %d variable(s) moved to it", task_name("ps", index),
-                    sum(len(k) for k in plan))
+        for src, tables in self._plan_tables_join(index).items():
+            await self.move_slices(tables, src, index)
+        logger.info("%s joined; %d variable(s) and a share of %d table(s) moved to it",
+                    task_name("ps", index), sum(len(k) for k in plan), len(self.strategy.placement.tables))
 
     async def remove_ps(self, index: int) -> None:
         """Move every variable off ps ``index`` (to the least loaded of the others), then
@@ -147,16 +162,13 @@ class PsChanges:
             raise InvalidArgumentError(f"no active ps {index}: the job's ps are {active}")
         if len(active) == 1:
             raise FailedPreconditionError("the job's only ps cannot leave")
-        stats = await self.channel(index).call("statistics", {}, timeout=self.timeout_s)
-        if stats.get("tables"):
-            raise FailedPreconditionError(
-                f"{task_name('ps', index)} holds dynamic table shards ({sorted(stats['tables'])}): "
-                "moving a table's hash ranges is not supported yet, so it cannot leave")
         self.strategy.placement.active = [k for k in active if k != index]
         for key in self.on(index):
             shares = self.shares()
             target = min((k for k in shares if k != index), key=lambda k: (shares[k], k))
             await self.move([key], target)
+        for dst, tables in self._plan_tables_leave(index).items():
+            await self.move_slices(tables, index, dst)
         async with self._lock:
             ps = list(self.placement.ps)
             ps[index] = ""
@@ -225,24 +237,92 @@ class PsChanges:
         await self._publish(new)
         self.bytes_moved += sum(int(getattr(c.value, "nbytes", 0)) for c in copies)
 
+    # -- dynamic tables' slices ------------------------------------------------------------------
+    def table_slices(self, table: Any) -> TableSlices:
+        """Which ps holds each slice of ``table`` now (``slice_plans.table_slices``)."""
+        return table_slices(self.placement, table)
+
+    def _plan_tables_join(self, new: int) -> dict[int, dict[str, list[int]]]:
+        return plan_join(self.placement, self.strategy.placement.tables, new)
+
+    def _plan_tables_leave(self, gone: int) -> dict[int, dict[str, list[int]]]:
+        return plan_leave(self.placement, self.strategy.placement.tables, gone)
+
+    async def move_slices(self, tables: dict[str, list[int]], src: int, dst: int) -> None:
+        """Move slices ``tables`` (table key -> slices), all held by ps ``src``, to ps ``dst``."""
+        if dst not in self.placement.active():
+            raise InvalidArgumentError(f"no active ps {dst}: the job's ps are {self.placement.active()}")
+        known = self.strategy.placement.tables
+        unknown = [k for k in tables if k not in known]
+        if unknown:
+            raise InvalidArgumentError(f"not dynamic tables of this strategy: {unknown}")
+        async with self._lock:
+            for key, slices in tables.items():
+                owners = self.table_slices(known[key]).owners
+                if not slices or any(not 0 <= s < len(owners) or owners[s] != src for s in slices):
+                    raise InvalidArgumentError(f"slices {slices} of table {key!r} are not all on "
+                                               f"ps {src}")
+            await self._move([], src, dst, tables)
+
+    async def _capacities(self, key: str, src: int, dst: int, moving: int) -> tuple[Any, Any]:
+        """The capacities of ps ``src`` and ``dst``'s shards of table ``key`` once ``moving``
+        of ``src``'s slices moved: its share of ``src``'s capacity moves with them."""
+        table = self.strategy.placement.tables[key]
+        if table.capacity is None:
+            return None, None
+        sliced = self.table_slices(table)
+        held = len(sliced.held_by(src))
+        current = []
+        for ps in (src, dst):
+            try:
+                stats = await self.channel(ps).request(TableStatistics(name=key), timeout=self.timeout_s)
+                current.append(int(stats["capacity"]))
+            except NotFoundError:
+                current.append(0)
+        moved = current[0] if moving >= held else current[0] * moving // held
+        return max(1, current[0] - moved), max(1, current[1] + moved)
+
     # -- the steps ----------------------------------------------------------------------------
-    async def _move(self, keys: list[str], src: int, dst: int) -> None:
+    async def _move(self, keys: list[str], src: int, dst: int,
+                    tables: dict[str, list[int]] | None = None) -> None:
         stage = secrets.token_hex(8)
         source, target = self.channel(src), self.channel(dst)
-        self.moving = (keys, src, dst, time.monotonic())
+        tables = tables or {}
+        self.moving = (keys + [f"{k} ({len(s)} slices)" for k, s in tables.items()], src, dst,
+                       time.monotonic())
         homes = {k: self.strategy.placement.placed[k][0] for k in keys}
         finished = False
+        new = self.placement.moved_to({k: dst for k in keys}, homes)
+        moving, serving_src, serving_dst, caps, sliced = {}, {}, {}, {}, {}
+        for key, slices in tables.items():
+            before = self.table_slices(self.strategy.placement.tables[key])
+            owners = list(before.owners)
+            for s in slices:
+                owners[s] = dst
+            sliced[key] = TableSlices(slices=before.slices, owners=owners)
+            moving[key] = SliceSet(slices=before.slices, owned=sorted(slices))
+            serving_src[key] = SliceSet(slices=before.slices, owned=sliced[key].held_by(src))
+            serving_dst[key] = SliceSet(slices=before.slices, owned=sliced[key].held_by(dst))
+            caps[key] = await self._capacities(key, src, dst, len(slices))
+        if sliced:
+            new = new.with_tables(sliced).bumped(new.version)
         try:
-            out = await source.request(MoveOut(keys=keys, stage=stage), timeout=self.timeout_s)
-            await target.request(InstallVariables(stage=stage, vars=out.vars), timeout=self.timeout_s)
-            new = self.placement.moved_to({k: dst for k in keys}, homes)
-            done = await source.request(FinishMove(keys=keys, stage=stage, mark=out.mark,
-                                                   placement=new), timeout=self.timeout_s)
+            out = await source.request(MoveOut(keys=keys, stage=stage, tables=moving),
+                                       timeout=self.timeout_s)
+            copies = [msgspec.structs.replace(c, serving=serving_dst[c.name],
+                                              config={**c.config, "capacity": caps[c.name][1]})
+                      for c in out.tables]
+            await target.request(InstallVariables(stage=stage, vars=out.vars, tables=copies),
+                                 timeout=self.timeout_s)
+            done = await source.request(FinishMove(
+                keys=keys, stage=stage, mark=out.mark, placement=new, tables=moving,
+                serving=serving_src, capacity={k: c[0] for k, c in caps.items()}),
+                timeout=self.timeout_s)
             finished = True
             await target.request(InstallVariables(
                 stage=stage, activate=True, patches=done.patches, once=done.once,
-                fences=done.fences, superseded=done.superseded, placement=new),
-                timeout=self.timeout_s)
+                fences=done.fences, superseded=done.superseded, placement=new,
+                table_patches=done.tables), timeout=self.timeout_s)
         except BaseException:
             await self._abort(stage, source, target, new if finished else None)
             raise
@@ -252,6 +332,8 @@ class PsChanges:
         await source.request(EndMove(stage=stage, commit=True), timeout=self.timeout_s)
         self.moves_done += 1
         self.bytes_moved += sum(int(getattr(c.value, "nbytes", 0)) for c in out.vars)
+        self.bytes_moved += sum(int(getattr(a, "nbytes", 0)) for c in out.tables
+                                for a in (c.ids, c.rows, *c.slots.values()))
 
     async def _abort(self, stage: str, source: Any, target: Any,
                      announced: PlacementMap | None) -> None:
@@ -262,9 +344,7 @@ class PsChanges:
             except Exception as exc:  # the error that stopped the move is the one to raise
                 logger.warning("ending move %s on %s failed: %s", stage, channel.task, exc)
         if announced is not None:  # clients may have learnt it from the source's refusals
-            old = self.placement
-            await self._publish(PlacementMap(version=announced.version + 1, ps=list(old.ps),
-                                             moved=dict(old.moved), home=dict(old.home)))
+            await self._publish(self.placement.bumped(announced.version + 1))
 
     async def _publish(self, placement: PlacementMap) -> None:
         """Route by ``placement`` here and tell every active ps."""

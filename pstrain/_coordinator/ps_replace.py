@@ -109,7 +109,7 @@ class PsReplacement:
         if len(active) == 1:
             raise FailedPreconditionError("the job's only ps cannot be replaced by the others")
         tables = [t.name for t in walk(manager.checkpoint.tracked_objects()).tables.values()
-                  if index < t.num_ps]
+                  if index in t.holders()]
         if tables:
             raise FailedPreconditionError(
                 f"{task_name('ps', index)} holds shards of dynamic tables {tables}: moving a "

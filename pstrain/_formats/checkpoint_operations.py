@@ -8,6 +8,7 @@ from typing import Annotated
 
 import msgspec
 
+from .placement_map import SliceSet
 from .records import (
     Count,
     CountReply,
@@ -49,6 +50,8 @@ class RestoreTable(Operation, tag="dyn/restore"):
     slots: dict[Name, Name] | None = None
     #: the delta files to apply after the base, oldest first (each delta: all its files)
     deltas: Annotated[list[list[DeltaFile]], msgspec.Meta(max_length=1 << 12)] = []
+    #: the slices this ps holds, for a table part of which moved (else its ``shard``)
+    owned: SliceSet | None = None
 
 
 class TableShardFile(Record):

@@ -27,7 +27,7 @@ import msgspec
 import numpy as np
 
 from .._base.errors import InvalidArgumentError, NotFoundError
-from .idhash import shard_of
+from .idhash import Shard, in_slices
 from .tensor_files import write_atomically
 
 __all__ = ["DELTA_FORMAT", "INDEX", "TableState", "delta_prefix", "read_delta_index",
@@ -135,7 +135,7 @@ def read_delta_index(prefix: str) -> dict[str, Any]:
 TableState = tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], dict[str, float]]
 
 
-def read_table_state(base_files: list[str], deltas: list[list[tuple[str, str]]], shard: int,
+def read_table_state(base_files: list[str], deltas: list[list[tuple[str, str]]], shard: Shard,
                      num_shards: int, dim: int, dtype: np.dtype, *, with_slots: bool = True) -> TableState:
     """The rows of a saved table that shard ``shard`` of ``num_shards`` holds: gathered from
     the full save's files (from any number of ps), then each delta (its ``(file, prefix)``
@@ -161,7 +161,7 @@ def read_table_state(base_files: list[str], deltas: list[list[tuple[str, str]]],
     return ids, rows, slots, slot_init
 
 
-def read_table_changes(deltas: list[list[tuple[str, str]]], shard: int, num_shards: int, dim: int,
+def read_table_changes(deltas: list[list[tuple[str, str]]], shard: Shard, num_shards: int, dim: int,
                        dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What deltas (each its ``(file, prefix)`` pairs) change in shard ``shard`` of
     ``num_shards``, composed in order: the ids put in and their last rows, and the ids
@@ -180,7 +180,7 @@ def read_table_changes(deltas: list[list[tuple[str, str]]], shard: int, num_shar
     return ids[order], rows[order], removed
 
 
-def _read_table_files(files: list[tuple[str, str]], shard: int, num_shards: int, dim: int,
+def _read_table_files(files: list[tuple[str, str]], shard: Shard, num_shards: int, dim: int,
                       dtype: np.dtype, with_slots: bool = True
                       ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], dict[str, float], np.ndarray]:
     """The rows of shard ``shard`` in one save of a table (a full one, prefix "", or a
@@ -204,7 +204,7 @@ def _read_table_files(files: list[tuple[str, str]], shard: int, num_shards: int,
                 ids = get("ids")
                 if ids.dtype != np.int64 or ids.ndim != 1:
                     raise InvalidArgumentError(f"dyn/restore: ids in {path} are not 1-D int64")
-                mine = shard_of(ids, num_shards) == shard
+                mine = in_slices(ids, num_shards, shard)
                 if "live" in keys:  # rows handed out and evicted since are not the table's
                     live = get("live")
                     if live.dtype != np.bool_ or live.shape != ids.shape:
@@ -215,7 +215,7 @@ def _read_table_files(files: list[tuple[str, str]], shard: int, num_shards: int,
                     removed = get("removed")
                     if removed.dtype != np.int64 or removed.ndim != 1:
                         raise InvalidArgumentError(f"dyn/restore: removed in {path} is not 1-D int64")
-                    removed_parts.append(removed[shard_of(removed, num_shards) == shard])
+                    removed_parts.append(removed[in_slices(removed, num_shards, shard)])
                 rows = get("rows")
                 if rows.shape != (ids.size, dim):
                     raise InvalidArgumentError(f"dyn/restore: rows in {path} are "

@@ -16,11 +16,16 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from .._kernels.reference import mix64
 
-__all__ = ["initial_rows", "mix64", "shard_of", "unit_uniform"]
+__all__ = ["Shard", "in_slices", "initial_rows", "mix64", "shard_of", "unit_uniform"]
+
+#: A ps's part of a table: its shard of ``num_shards``, or the slices of ``num_shards`` it holds.
+Shard = int | Sequence[int]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _SHARD_SALT = np.uint64(0x2545F4914F6CDD1D)
@@ -33,6 +38,22 @@ def _as_u64(ids: np.ndarray) -> np.ndarray:
 def shard_of(ids: np.ndarray, num_shards: int) -> np.ndarray:
     """The shard (ps) of each int64 id: a hash of the id modulo ``num_shards``."""
     return (mix64(_as_u64(ids) ^ _SHARD_SALT) % np.uint64(num_shards)).astype(np.int64)
+
+
+def in_slices(ids: np.ndarray, num_slices: int, owned: Shard) -> np.ndarray:
+    """Which ids fall in slice(s) ``owned`` of the hash space cut in ``num_slices``
+    (``shard_of(ids, num_slices)``): a ps's part of a table, one shard or the slices a
+    move gave it.
+
+    >>> ids = np.arange(-50, 50, dtype=np.int64)
+    >>> bool(np.all(in_slices(ids, 4, 1) == in_slices(ids, 8, [1, 5])))
+    True
+    """
+    if isinstance(owned, (int, np.integer)):
+        return shard_of(ids, num_slices) == int(owned)
+    mask = np.zeros(num_slices, bool)
+    mask[np.asarray(owned, np.int64)] = True
+    return mask[shard_of(ids, num_slices)]
 
 
 def unit_uniform(ids: np.ndarray, salt: int) -> np.ndarray:

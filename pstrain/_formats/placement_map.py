@@ -36,12 +36,40 @@ from .records import Count, Name, Operation, Record, Reply
 
 __all__ = ["EndMove", "FinishMove", "FinishReply", "InstallVariables", "MoveOut", "MoveOutReply",
            "MoveReply", "PlacementMap", "PlacementReply", "ReadPlacement", "SetPlacement",
-           "VariableCopy"]
+           "SliceSet", "TableCopy", "TablePatch", "TableSlices", "VariableCopy"]
 
 Address = Annotated[str, msgspec.Meta(max_length=300)]
 PsIndex = Annotated[int, msgspec.Meta(ge=0, le=1 << 16)]
 Stage = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 Keys = Annotated[list[Name], msgspec.Meta(max_length=1 << 16)]
+NumSlices = Annotated[int, msgspec.Meta(ge=1, le=1 << 16)]
+Slices = Annotated[list[Annotated[int, msgspec.Meta(ge=0, lt=1 << 16)]], msgspec.Meta(max_length=1 << 16)]
+
+
+class TableSlices(Record):
+    """Which ps holds each slice of a dynamic table's hash space (an id is in slice
+    ``shard_of(id, slices)``), for a table part of which moved: ``owners[s]``."""
+
+    slices: NumSlices
+    owners: Annotated[list[PsIndex], msgspec.Meta(max_length=1 << 16)]
+
+    def __post_init__(self) -> None:
+        if len(self.owners) != self.slices:
+            raise ValueError(f"{len(self.owners)} owners for {self.slices} slices")
+
+    def held_by(self, ps: int) -> list[int]:
+        return [s for s, owner in enumerate(self.owners) if owner == ps]
+
+
+class SliceSet(Record):
+    """Part of a table's hash space: slices ``owned`` of ``slices``."""
+
+    slices: NumSlices
+    owned: Slices
+
+    def __post_init__(self) -> None:
+        if any(s >= self.slices for s in self.owned):
+            raise ValueError(f"a slice of {self.owned} is not below {self.slices}")
 
 
 class PlacementMap(Record):
@@ -58,6 +86,8 @@ class PlacementMap(Record):
     moved: dict[Name, PsIndex] = {}
     #: variable key -> ps it was created on (for the keys of ``moved``: a move home drops them)
     home: dict[Name, PsIndex] = {}
+    #: dynamic table key -> the owner of each slice, for the tables part of which moved
+    tables: dict[Name, TableSlices] = {}
 
     def ps_of(self, key: str, home: int) -> int:
         """The ps holding variable ``key``, created on ps ``home``."""
@@ -79,7 +109,17 @@ class PlacementMap(Record):
             else:
                 moved[key] = ps
                 home[key] = origin
-        return PlacementMap(version=self.version + 1, ps=list(self.ps), moved=moved, home=home)
+        return PlacementMap(version=self.version + 1, ps=list(self.ps), moved=moved, home=home,
+                            tables=dict(self.tables))
+
+    def with_tables(self, tables: dict[str, TableSlices]) -> PlacementMap:
+        """The next version, with these tables' slices where ``tables`` says."""
+        return PlacementMap(version=self.version + 1, ps=list(self.ps), moved=dict(self.moved),
+                            home=dict(self.home), tables={**self.tables, **tables})
+
+    def bumped(self, version: int) -> PlacementMap:
+        """This map as version ``version`` (a move that failed after it was announced)."""
+        return msgspec.structs.replace(self, version=version)
 
     def grown(self, known: list[str]) -> list[str] | None:
         """The ps addresses to dial, if this map has more ps than ``known`` (those that
@@ -92,7 +132,7 @@ class PlacementMap(Record):
     def with_ps(self, ps: list[str]) -> PlacementMap:
         """The next version, with these ps addresses (a ps joined or left)."""
         return PlacementMap(version=self.version + 1, ps=list(ps), moved=dict(self.moved),
-                            home=dict(self.home))
+                            home=dict(self.home), tables=dict(self.tables))
 
     def to_builtins(self) -> dict[str, Any]:
         return msgspec.to_builtins(self)
@@ -124,9 +164,41 @@ class VariableCopy(Record):
     slot_of: Name | None = None  # the variable this is an optimizer slot of
 
 
+class TableCopy(Record):
+    """The rows of some slices of a dynamic table's shard, in a move (arrays by row)."""
+
+    name: Name
+    config: dict[str, Any]  # the shard's TableConfig, its capacity the receiver's after the move
+    owner: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+    moving: SliceSet | None = None  # the slices moved
+    serving: SliceSet | None = None  # on the receiver: every slice it holds after the move
+    ids: Any = None
+    rows: Any = None
+    slots: dict[Name, Any] = {}
+    slot_init: dict[Name, float] = {}
+
+
+class TablePatch(Record):
+    """What changed in the slices of a table moved since the copy: ``live`` every id in
+    them now, with ``ages`` (training lookups since each one's last: LRU) and ``freq``
+    (LFU); ``ids`` the rows changed, with ``rows`` and ``slots``; the sightings of ids not
+    admitted yet (``cand_ids``, ``cand_counts``)."""
+
+    name: Name
+    live: Any
+    ages: Any
+    freq: Any
+    ids: Any
+    rows: Any
+    slots: dict[Name, Any] = {}
+    cand_ids: Any = None
+    cand_counts: Any = None
+
+
 class MoveOutReply(Reply):
     mark: int
     vars: list[VariableCopy]
+    tables: list[TableCopy] = []
 
 
 class FinishReply(Reply):
@@ -134,6 +206,7 @@ class FinishReply(Reply):
     once: list[Any]  # [closure key, operation, [variables], reply]
     fences: list[Any]  # [owner, worker, epoch]
     superseded: list[str]
+    tables: list[TablePatch] = []
 
 
 class PlacementReply(Reply):
@@ -161,6 +234,8 @@ class MoveOut(Operation, tag="ps/move_out"):
     reply = MoveOutReply
     keys: Keys
     stage: Stage
+    #: dynamic table key -> the slices of it to move
+    tables: dict[Name, SliceSet] = {}
 
 
 class FinishMove(Operation, tag="ps/move_finish"):
@@ -173,6 +248,11 @@ class FinishMove(Operation, tag="ps/move_finish"):
     stage: Stage
     mark: Count
     placement: PlacementMap
+    tables: dict[Name, SliceSet] = {}  # as MoveOut's
+    #: dynamic table key -> the slices this ps holds once the move ends
+    serving: dict[Name, SliceSet] = {}
+    #: dynamic table key -> this ps's capacity of it once the move ends
+    capacity: dict[Name, Annotated[int, msgspec.Meta(ge=1)] | None] = {}
 
 
 class InstallVariables(Operation, tag="ps/install"):
@@ -189,6 +269,8 @@ class InstallVariables(Operation, tag="ps/install"):
     fences: Annotated[list[Any], msgspec.Meta(max_length=1 << 16)] = []
     superseded: Annotated[list[str], msgspec.Meta(max_length=1 << 12)] = []
     placement: PlacementMap | None = None
+    tables: Annotated[list[TableCopy], msgspec.Meta(max_length=1 << 12)] = []  # staged
+    table_patches: Annotated[list[TablePatch], msgspec.Meta(max_length=1 << 12)] = []  # activate
 
 
 class EndMove(Operation, tag="ps/move_end"):

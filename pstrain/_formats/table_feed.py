@@ -35,6 +35,7 @@ import numpy as np
 from .._base.errors import FailedPreconditionError, PstrainError
 from .checkpoint_files import read_index
 from .delta_files import INDEX, read_delta_index, read_table_changes, read_table_state, split_delta
+from .idhash import Shard
 
 __all__ = ["FeedReply", "IndexCache", "read_feed"]
 
@@ -145,7 +146,7 @@ def _files(directory: str, save: _Save) -> list[tuple[str, str]]:
     return [(os.path.join(directory, f), save.entry["prefix"] + ":") for f in save.entry["files"]]
 
 
-def read_feed(directory: str, key: str, ps: int, shard: int, num_shards: int, dim: int,
+def read_feed(directory: str, key: str, ps: int, shard: Shard, num_shards: int, dim: int,
               dtype: np.dtype, since: int | None, reset_at: int = 0,
               cache: IndexCache | None = None) -> FeedReply:
     """What shard ``shard`` of ``num_shards`` of table ``key`` changed since version

@@ -104,7 +104,7 @@ class Optimizer:
                         f"the gradient of dynamic table {var.name!r} must be an IndexedSlices "
                         "(values, indices=ids)")
                 for ps, ids, values in var.gradient_groups(grad.indices, grad.values):
-                    items.append(("table", var.channel(ps), [var.key, ids, values]))
+                    items.append(("table", (var, ps), [var.key, ids, values]))
                     dynamic.append((var, ps))
                 continue
             for part, rows, values in _split(grad, var):
@@ -134,7 +134,7 @@ class Optimizer:
                 kind, where, _ = item
                 if kind == "grad":
                     return where.channel()
-                return where if kind == "table" else it_var.channel()
+                return where[0].channel(where[1]) if kind == "table" else it_var.channel()
 
             async def send(channel: Channel, group: list[tuple[str, Any, Any]]) -> int:
                 counts = any(kind == "count" for kind, _, _ in group)
@@ -146,8 +146,21 @@ class Optimizer:
                     iterations=it_var.key if counts else None, t=t, tables=tables or None))
                 return int(reply.t) if counts else -1
 
-            results = await routed(pool, items, channel_of, send)
+            results = await routed(pool, items, channel_of, send, _resplit)
         return t if t is not None else max(results)
+
+
+def _resplit(group: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
+    """A refused group's items again, a dynamic table's ids cut by the newer map (part of
+    the table moved to another ps)."""
+    out: list[tuple[str, Any, Any]] = []
+    for kind, where, entry in group:
+        if kind != "table":
+            out.append((kind, where, entry))
+            continue
+        table, (key, ids, values) = where[0], entry
+        out += [("table", (table, ps), [key, ids[pos], values[pos]]) for ps, pos in table.route(ids)]
+    return out
 
 
 def _dedupe(rows: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

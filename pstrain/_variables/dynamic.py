@@ -27,7 +27,13 @@ from typing import Any
 import numpy as np
 
 from .._base.context import current_channels
-from .._base.errors import InvalidArgumentError, NotFoundError
+from .._base.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    PlacementChangedError,
+    UnavailableError,
+)
 from .._base.exports import expose
 from .._formats.checkpoint_operations import RestoreTable
 from .._formats.idhash import shard_of
@@ -38,10 +44,12 @@ from .._formats.operations import (
     LookupTable,
     TableStatistics,
 )
+from .._formats.placement_map import SliceSet, TableSlices
 from .._formats.records import Operation, TableSpec, validate
 from .._transport.rpc import Channel, ChannelPool
 from .arrays import current_creator
 from .placement import Placement
+from .routing import MAX_ATTEMPTS, adopt_from, ask_map, backoff
 
 __all__ = ["DynamicEmbedding"]
 
@@ -87,6 +95,11 @@ class DynamicEmbedding:
                 f"a DynamicEmbedding's initializer is RandomUniform, Zeros or Constant (a row's "
                 f"value must follow from its id alone), got {type(init).__name__}")
         num_ps = placement.num_ps
+        gone = [k for k in range(num_ps) if k not in placement.active]
+        if gone:
+            raise FailedPreconditionError(
+                f"a DynamicEmbedding is created on the job's first {num_ps} ps, and ps {gone} "
+                "left the job: create the table before a ps leaves (its slices then move)")
         if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
                                      or capacity < num_ps):
             raise InvalidArgumentError(
@@ -115,6 +128,7 @@ class DynamicEmbedding:
         self.pool: ChannelPool | None = placement.channels
         #: ``(id(loop), ps)`` where this handle has sent the shard's creation.
         self.created_on: set[tuple[int, int]] = set()
+        placement.tables[self.key] = self
 
     @property
     def shape(self) -> tuple[None, int]:
@@ -130,11 +144,36 @@ class DynamicEmbedding:
         return config
 
     # -- transport -------------------------------------------------------------------------
+    def _pool(self) -> ChannelPool:
+        return self.pool if self.pool is not None else current_channels()
+
     def channel(self, ps: int) -> Channel:
-        pool = self.pool if self.pool is not None else current_channels()
-        return pool.channel("ps", ps)
+        return self._pool().channel("ps", ps)
+
+    def slices(self) -> TableSlices | None:
+        """Which ps holds each slice of the table's hash space, if part of it moved (an
+        elastic ps joined or left); None: shard ``p`` of ``num_ps`` is on ps ``p``."""
+        return self._pool().routes.tables.get(self.key)
+
+    def holders(self) -> list[int]:
+        """The ps holding part of the table now."""
+        sliced = self.slices()
+        return sorted(set(sliced.owners)) if sliced is not None else list(range(self.num_ps))
+
+    def capacity_shares(self, sliced: TableSlices) -> dict[int, int | None]:
+        """Each holder's share of the capacity, by the slices it holds (adding up to it)."""
+        held = {ps: len(sliced.held_by(ps)) for ps in sorted(set(sliced.owners))}
+        if self.capacity is None:
+            return dict.fromkeys(held)
+        shares = {ps: self.capacity * n // sliced.slices for ps, n in held.items()}
+        for ps in sorted(held, key=lambda p: -held[p])[:self.capacity - sum(shares.values())]:
+            shares[ps] += 1
+        return {ps: max(1, n) for ps, n in shares.items()}
 
     async def _create(self, ps: int) -> None:
+        if ps >= self.num_ps:  # a ps that joined: the table's slices arrive there by a move
+            self.created_on.add((id(asyncio.get_running_loop()), ps))
+            return
         await self.channel(ps).request(CreateTable(
             name=self.key, config=TableSpec(**self.shard_config(ps)), owner=self.owner,
             shard=ps, num_shards=self.num_ps))
@@ -159,11 +198,39 @@ class DynamicEmbedding:
 
     def route(self, ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """``(ps, positions)`` of the ids (1-D) each ps holds."""
-        if self.num_ps == 1:
+        sliced = self.slices()
+        if sliced is not None:
+            owners = np.asarray(sliced.owners, np.int64)[shard_of(ids, sliced.slices)]
+            routed = [(p, np.flatnonzero(owners == p)) for p in sorted(set(sliced.owners))]
+        elif self.num_ps == 1:
             return [(0, np.arange(ids.size))] if ids.size else []
-        shards = shard_of(ids, self.num_ps)
-        routed = [(p, np.flatnonzero(shards == p)) for p in range(self.num_ps)]  # no sort
+        else:
+            shards = shard_of(ids, self.num_ps)
+            routed = [(p, np.flatnonzero(shards == p)) for p in range(self.num_ps)]  # no sort
         return [(p, pos) for p, pos in routed if pos.size]
+
+    async def _routed(self, ids: np.ndarray, send: Any) -> None:
+        """``await send(ps, positions)`` for the ids each ps holds, concurrently. Ids a ps
+        refused because slices of the table moved are routed again by the newer map; a ps
+        that cannot be reached may have left: the newest map is asked of the others."""
+        pool = self._pool()
+
+        async def one(ps: int, positions: np.ndarray, attempt: int) -> None:
+            try:
+                return await send(ps, positions)
+            except PlacementChangedError as exc:
+                if attempt >= MAX_ATTEMPTS:
+                    raise
+                if not adopt_from(pool, exc):
+                    await backoff(attempt)
+            except UnavailableError:
+                again = attempt < MAX_ATTEMPTS and await ask_map(pool, self.channel(ps))
+                if not again or all(p == ps for p, _ in self.route(ids[positions])):
+                    raise
+            await asyncio.gather(*(one(p, positions[pos], attempt + 1)
+                                   for p, pos in self.route(ids[positions])))
+
+        await asyncio.gather(*(one(ps, pos, 0) for ps, pos in self.route(ids)))
 
     # -- the API -----------------------------------------------------------------------------
     async def lookup(self, ids: Any, training: bool = True) -> np.ndarray:
@@ -180,7 +247,7 @@ class DynamicEmbedding:
                                                         train=bool(training)))
             rows[positions] = reply.values[0]
 
-        await asyncio.gather(*(fetch(ps, pos) for ps, pos in self.route(unique)))
+        await self._routed(unique, fetch)
         return rows[inverse.reshape(-1)].reshape(np.shape(ids) + (self.dim,))
 
     def gradient_groups(self, ids: Any, values: Any) -> list[tuple[int, np.ndarray, np.ndarray]]:
@@ -203,12 +270,12 @@ class DynamicEmbedding:
 
     async def ensure_created(self) -> None:
         """Create the table's shard on every ps now (otherwise: at its first use)."""
-        await asyncio.gather(*(self._create(ps) for ps in range(self.num_ps)))
+        await asyncio.gather(*(self._create(ps) for ps in self.holders()))
 
     async def statistics(self) -> dict[str, int]:
         """Rows held, admitted, evicted and bytes, summed over the ps."""
         parts = await asyncio.gather(*(self._request(ps, TableStatistics(name=self.key))
-                                       for ps in range(self.num_ps)))
+                                       for ps in self.holders()))
         return {k: sum(int(p[k]) for p in parts) for k in ("rows", "admitted", "evicted", "bytes")}
 
     async def size(self) -> int:
@@ -218,7 +285,7 @@ class DynamicEmbedding:
     async def export(self) -> tuple[np.ndarray, np.ndarray]:
         """Every id and its row (ids ascending), for serving or inspection."""
         parts = await asyncio.gather(*(self._request(ps, ExportTable(name=self.key))
-                                       for ps in range(self.num_ps)))
+                                       for ps in self.holders()))
         ids = np.concatenate([np.asarray(p["ids"], np.int64) for p in parts])
         rows = np.concatenate([np.asarray(p["rows"]).reshape(-1, self.dim) for p in parts])
         order = np.argsort(ids, kind="stable")
@@ -242,13 +309,26 @@ class DynamicEmbedding:
         any number of ps), then each delta of ``deltas`` (``(file, key prefix)`` pairs) in
         order: each ps keeps the ids that hash to it now. ``slots``: saved slot key -> this
         table's slot key (``<optimizer name>/<slot>``). Returns rows restored."""
-        replies = await asyncio.gather(*(self.channel(ps).request(RestoreTable(
-            name=self.key, config=TableSpec(**self.shard_config(ps)), owner=self.owner,
-            paths=files, shard=ps, num_shards=self.num_ps, slots=slots,
-            deltas=[list(d) for d in deltas or []]))
-            for ps in range(self.num_ps)))
+        sliced = self.slices()
+        shares = self.capacity_shares(sliced) if sliced is not None else {}
+
+        def restore(ps: int) -> RestoreTable:
+            if sliced is None:
+                return RestoreTable(
+                    name=self.key, config=TableSpec(**self.shard_config(ps)), owner=self.owner,
+                    paths=files, shard=ps, num_shards=self.num_ps, slots=slots,
+                    deltas=[list(d) for d in deltas or []])
+            config = {**self.shard_config(0), "capacity": shares[ps]}
+            return RestoreTable(
+                name=self.key, config=TableSpec(**{k: v for k, v in config.items() if v is not None}),
+                owner=self.owner, paths=files, shard=0, num_shards=1, slots=slots,
+                deltas=[list(d) for d in deltas or []],
+                owned=SliceSet(slices=sliced.slices, owned=sliced.held_by(ps)))
+
+        holders = self.holders()
+        replies = await asyncio.gather(*(self.channel(ps).request(restore(ps)) for ps in holders))
         loop = id(asyncio.get_running_loop())
-        self.created_on.update((loop, ps) for ps in range(self.num_ps))
+        self.created_on.update((loop, ps) for ps in holders)
         return sum(int(r.restored or 0) for r in replies)
 
     async def export_to(self, path: str) -> int:

@@ -87,6 +87,8 @@ class Placement:
         self.active = list(range(num_ps))
         #: key -> (the ps it was created on, its bytes): what the coordinator may move.
         self.placed: dict[str, tuple[int, int]] = {}
+        #: key -> the dynamic table (its slices are what the coordinator may move).
+        self.tables: dict[str, Any] = {}
         self._names: dict[str, int] = {}
         self._colocate: contextvars.ContextVar[int | None] = contextvars.ContextVar(
             "pstrain_colocate", default=None)

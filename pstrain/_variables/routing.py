@@ -26,7 +26,7 @@ from .._formats.placement_map import PlacementMap, ReadPlacement
 if TYPE_CHECKING:
     from .._transport.rpc import Channel, ChannelPool
 
-__all__ = ["MAX_ATTEMPTS", "adopt", "adopt_from", "routed"]
+__all__ = ["MAX_ATTEMPTS", "adopt", "adopt_from", "ask_map", "backoff", "routed"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -55,48 +55,60 @@ def adopt_from(pool: ChannelPool, exc: PlacementChangedError) -> bool:
 
 
 async def routed(pool: ChannelPool, items: Sequence[T], channel_of: Callable[[T], Hashable],
-                 send: Callable[[Any, list[T]], Awaitable[R]]) -> list[R]:
+                 send: Callable[[Any, list[T]], Awaitable[R]],
+                 resplit: Callable[[list[T]], list[T]] | None = None) -> list[R]:
     """``send(channel, group)`` for each group of ``items`` by ``channel_of(item)`` (the
     channel to the ps holding it), concurrently; returns every send's result. A group a
-    ps refused because the placement changed is grouped and sent again. The requests are
-    one operation of an exactly-once closure (they share its number)."""
+    ps refused because the placement changed is grouped and sent again (its items first
+    cut again by ``resplit``, if given: a dynamic table's ids by the newer map). The
+    requests are one operation of an exactly-once closure (they share its number)."""
     with one_operation():
-        return await _routed(pool, items, channel_of, send, 0)
+        return await _routed(pool, items, channel_of, send, resplit, 0)
 
 
 async def _routed(pool: ChannelPool, items: Sequence[T], channel_of: Callable[[T], Hashable],
-                  send: Callable[[Any, list[T]], Awaitable[R]], attempt: int) -> list[R]:
+                  send: Callable[[Any, list[T]], Awaitable[R]],
+                  resplit: Callable[[list[T]], list[T]] | None, attempt: int) -> list[R]:
     groups: dict[Hashable, list[T]] = {}
     for item in items:
         groups.setdefault(channel_of(item), []).append(item)
     if len(groups) == 1:
         (channel, group), = groups.items()
-        return await _one(pool, channel, group, channel_of, send, attempt)
-    results = await asyncio.gather(*(_one(pool, channel, group, channel_of, send, attempt)
+        return await _one(pool, channel, group, channel_of, send, resplit, attempt)
+    results = await asyncio.gather(*(_one(pool, channel, group, channel_of, send, resplit, attempt)
                                      for channel, group in groups.items()))
     return [r for rs in results for r in rs]
 
 
 async def _one(pool: ChannelPool, channel: Channel | Any, group: list[T],
                channel_of: Callable[[T], Hashable], send: Callable[[Any, list[T]], Awaitable[R]],
-               attempt: int) -> list[R]:
+               resplit: Callable[[list[T]], list[T]] | None, attempt: int) -> list[R]:
     try:
         return [await send(channel, group)]
     except PlacementChangedError as exc:
         if attempt >= MAX_ATTEMPTS:
             raise
         if not adopt_from(pool, exc):  # mid-move: the map that ends it is on its way
-            await asyncio.sleep(min(0.001 * 2 ** min(attempt, 10), 0.05))
+            await backoff(attempt)
+        group = resplit(group) if resplit is not None else group
     except UnavailableError:
-        if attempt >= MAX_ATTEMPTS or not await _left(pool, channel, group, channel_of):
+        if attempt >= MAX_ATTEMPTS or not await ask_map(pool, channel):
             raise
-    return await _routed(pool, group, channel_of, send, attempt + 1)
+        group = resplit(group) if resplit is not None else group
+        if all(getattr(channel_of(item), "task", None) == channel.task for item in group):
+            raise  # still there by the newest map: the ps is down, not gone
+    return await _routed(pool, group, channel_of, send, resplit, attempt + 1)
 
 
-async def _left(pool: ChannelPool, channel: Any, group: list[T],
-                channel_of: Callable[[T], Hashable]) -> bool:
-    """Did ``group``'s variables move off ``channel``'s ps, which cannot be reached? The
-    newest map is asked of the other ps of the job."""
+async def backoff(attempt: int) -> None:
+    """Wait a little before sending a refused request again, when no newer map came with the
+    refusal (the variables are between the two steps of a move: a few milliseconds)."""
+    await asyncio.sleep(min(0.001 * 2 ** min(attempt, 10), 0.05))
+
+
+async def ask_map(pool: ChannelPool, channel: Any) -> bool:
+    """``channel``'s ps cannot be reached; it may have left the job: ask another ps of the
+    job for the newest map and route by it. Returns whether some ps answered."""
     for k in pool.routes.active():
         other = pool.channel("ps", k)
         if other.task == channel.task:
@@ -106,5 +118,5 @@ async def _left(pool: ChannelPool, channel: Any, group: list[T],
         except UnavailableError:
             continue
         adopt(pool, reply.placement)
-        return any(getattr(channel_of(item), "task", None) != channel.task for item in group)
+        return True
     return False

@@ -40,6 +40,7 @@ import numpy as np
 from ..._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 from ..._formats.checkpoint_operations import RestoreCheckpoint, RestoreSpec, SaveCheckpoint
 from ..._formats.delta_files import TableState, read_table_state
+from ..._formats.idhash import Shard
 from ..._formats.tensor_files import SAFETENSORS_DTYPES, read_rows, whole, write_streaming
 from .store import VariableStore
 
@@ -149,7 +150,7 @@ class CheckpointFiles:
         on the save thread."""
         return await self.write(self.take(path, tensors))
 
-    async def read_table_rows(self, paths: list[str], shard: int, num_shards: int, dim: int,
+    async def read_table_rows(self, paths: list[str], shard: Shard, num_shards: int, dim: int,
                               dtype: np.dtype, deltas: list[list[tuple[str, str]]] | None = None
                               ) -> TableState:
         """The ids, rows and slots of a saved dynamic table that shard ``shard`` of

@@ -44,6 +44,7 @@ from .id_index import IdIndex
 from .removed_log import RemovedLog
 from .store import ChangeClock, Snapshot
 from .table_config import TableConfig
+from .table_slices import SlicedRows
 
 __all__ = ["DynamicTable", "TableConfig"]
 
@@ -53,7 +54,7 @@ FIRST_BLOCK_BYTES = 4 << 20  # ... but the first block is at most this large: wi
 EVICT_BATCH = 16
 
 
-class DynamicTable:
+class DynamicTable(SlicedRows):
     """One shard of a dynamic table; see the module docstring."""
 
     def __init__(self, name: str, config: TableConfig, owner: str | None = None,

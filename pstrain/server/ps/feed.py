@@ -10,7 +10,9 @@ the same versions again.
 The reply is a safetensors file: ``ids`` (int64), ``rows`` (``[n, dim]``) and
 ``removed`` (int64), with ``__metadata__`` ``version``, ``reset`` (``"true"``:
 replace the whole shard with these rows; else drop ``removed``, then put ``ids``
-in), ``since``, ``table``, ``shard``, ``num_shards`` and ``task``; the same
+in), ``since``, ``table``, ``shard``, ``num_shards`` and ``task`` (once part of a
+table moved between ps, ``shard`` lists the slices of ``num_shards`` this ps holds,
+comma-separated, and the rows moved in come in its next version); the same
 values come as ``X-Pstrain-*`` headers. Query ``since`` absent: the whole shard.
 
 The ps learns where a table's saves are from the saves and restores it serves
@@ -27,6 +29,7 @@ import re
 import numpy as np
 
 from ..._base.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from ..._formats.idhash import Shard
 from ..._formats.table_feed import FeedReply, IndexCache, read_feed
 from ..._formats.tensor_files import safetensors_header
 from ..._serving.core import Download
@@ -50,14 +53,15 @@ class TableFeed:
         #: table -> the directory of its last save or restore here
         self.directories: dict[str, str] = {}
         #: table -> (shard, number of shards), as its coordinator placed it
-        self.placement: dict[str, tuple[int, int]] = {}
+        self.placement: dict[str, tuple[Shard, int]] = {}
         #: table -> the change epoch at which its rows were last replaced (created or restored)
         self.reset_at: dict[str, int] = {}
         #: directory -> its parsed indexes (``_formats/table_feed.py``)
         self.indexes: dict[str, IndexCache] = {}
 
-    def placed(self, name: str, shard: int, num_shards: int) -> None:
-        """Table ``name`` here is shard ``shard`` of ``num_shards``."""
+    def placed(self, name: str, shard: Shard, num_shards: int) -> None:
+        """Table ``name`` here is shard ``shard`` of ``num_shards`` (or, once part of it
+        moved, the slices ``shard`` of ``num_shards``)."""
         self.placement[name] = (shard, num_shards)
 
     def replaced(self, name: str, epoch: int) -> None:
@@ -112,7 +116,8 @@ class TableFeed:
         shard, num_shards = self.placement[name]
         metadata = {"version": str(reply.version), "reset": "true" if reply.reset else "false",
                     "since": "" if since is None else str(since), "table": name,
-                    "shard": str(shard), "num_shards": str(num_shards), "task": self.task}
+                    "shard": str(shard) if isinstance(shard, int) else ",".join(map(str, shard)),
+                    "num_shards": str(num_shards), "task": self.task}
         arrays = {"ids": reply.ids, "rows": np.ascontiguousarray(reply.rows),
                   "removed": reply.removed}
         head, _ = safetensors_header([(k, a.dtype, a.shape) for k, a in arrays.items()], metadata)

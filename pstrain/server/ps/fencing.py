@@ -8,7 +8,10 @@ the old one still sends is refused (a zombie coordinator cannot write). An updat
 an exactly-once closure is applied once per (key, sequence): a retry gets the first
 attempt's reply. What was applied is kept per variable: a variable that moves to another
 ps takes its records along (:meth:`Fencing.records_of`), and a retry that finds only some
-of its variables applied (they were split between ps differently) applies the rest.
+of its variables applied (they were split between ps differently) applies the rest. For a
+dynamic table the record also keeps the part of the table it covered (the shard, or the
+slices the ps held then): slices of a table move between ps, and a retry's ids in a part
+no record covers are applied, the others not.
 """
 
 from __future__ import annotations
@@ -18,9 +21,15 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from ..._base.errors import CancelledError
+from ..._formats.idhash import in_slices
 from ..._formats.operations import ApplyGradients, Fence, SingleUpdate, UpdateVariables
+
+#: The part of a dynamic table an update covered on a ps: ``(slices, owned)`` (its ids in
+#: ``shard_of(id, slices)`` in ``owned``), or None: every id sent to it.
+Scope = tuple[int, tuple[int, ...]] | None
 
 __all__ = ["ONCE_WINDOW", "SUPERSEDED_WINDOW", "Fencing"]
 
@@ -40,9 +49,13 @@ class Fencing:
         self.fences: dict[tuple[str | None, int], int] = {}
         #: Coordinator incarnations a newer one took over from (their variables replaced).
         self.superseded: collections.OrderedDict[str, None] = collections.OrderedDict()
-        #: closure key -> operation number -> (variables it was applied to here, the reply)
-        self._done: collections.OrderedDict[str, dict[int, tuple[set[str], Any]]] = \
-            collections.OrderedDict()
+        #: closure key -> operation number -> (variables it was applied to here, the reply,
+        #: the parts of each table it covered)
+        self._done: collections.OrderedDict[str, dict[int, tuple[set[str], Any, dict[str, list[Scope]]]]] \
+            = collections.OrderedDict()
+        #: The part of a table an update of these ids covers here (set by the ps: its shard,
+        #: or the slices of the ids).
+        self.scope_of: Callable[[str, Any], Scope] = lambda name, ids: None
 
     def fence(self, req: Fence) -> dict[str, Any]:
         """From now on, refuse updates sent for ``owner`` by ``worker``'s dispatches before
@@ -84,48 +97,56 @@ class Fencing:
             key = req.once if once else None
             if key is None:
                 return fn(req)
-            names = _names(req)
             done = self._done.get(key[0], {}).get(key[1])
             if done is not None:
                 self._done.move_to_end(key[0])
-                rest = [n for n in names if n not in done[0]]
-                if not rest:
+                req = _narrowed(req, done[0], done[2])  # the rest moved here since that attempt
+                if not _names(req):
                     return done[1]  # applied by an earlier attempt of this closure
-                req = _narrowed(req, done[0])  # the rest moved here since that attempt
             reply = fn(req)
-            self._record(key[0], key[1], names, reply)
+            tables = req.tables or () if isinstance(req, ApplyGradients) else ()
+            self._record(key[0], key[1], _names(req), reply,
+                         {t[0]: [self.scope_of(t[0], t[1])] for t in tables})
             return reply
 
         handler.__name__ = getattr(fn, "__name__", "update")
         return handler
 
-    def _record(self, key: str, seq: int, names: Iterable[str], reply: Any) -> None:
+    def _record(self, key: str, seq: int, names: Iterable[str], reply: Any,
+                scopes: dict[str, list[Scope]]) -> None:
         entry = self._done.setdefault(key, {})
         applied = entry.get(seq)
         if applied is None:
-            entry[seq] = (set(names), reply)
+            entry[seq] = (set(names), reply, scopes)
         else:
             applied[0].update(names)
+            for table, parts in scopes.items():
+                applied[2].setdefault(table, []).extend(parts)
         self._done.move_to_end(key)
         while len(self._done) > ONCE_WINDOW:
             self._done.popitem(last=False)
 
     def records_of(self, names: set[str]) -> list[list[Any]]:
-        """The exactly-once records of variables ``names`` (a move takes them along):
-        ``[closure key, operation, [variables], reply]``."""
+        """The exactly-once records of variables and tables ``names`` (a move takes them
+        along): ``[closure key, operation, [names], reply, {table: [part covered]}]``."""
         out = []
         for key, entry in self._done.items():
-            for seq, (applied, reply) in entry.items():
+            for seq, (applied, reply, scopes) in entry.items():
                 mine = applied & names
                 if mine:
-                    out.append([key, seq, sorted(mine), reply])
+                    parts = {t: [list(p) if p is not None else None for p in ps]
+                             for t, ps in scopes.items() if t in mine}
+                    out.append([key, seq, sorted(mine), reply, parts])
         return out
 
     def adopt(self, records: list[list[Any]], fences: list[list[Any]], superseded: list[str]) -> None:
         """Take over what another ps knew of the variables moved here: their exactly-once
         records, and the fences and takeovers (the later of each)."""
-        for key, seq, names, reply in records:
-            self._record(str(key), int(seq), [str(n) for n in names], reply)
+        for key, seq, names, reply, *rest in records:
+            parts = rest[0] if rest and isinstance(rest[0], dict) else {}
+            scopes = {str(t): [(int(p[0]), tuple(int(s) for s in p[1])) if p is not None else None
+                               for p in ps] for t, ps in parts.items()}
+            self._record(str(key), int(seq), [str(n) for n in names], reply, scopes)
         for owner, worker, epoch in fences:
             k = (owner, int(worker))
             self.fences[k] = max(self.fences.get(k, 0), int(epoch))
@@ -137,7 +158,10 @@ class Fencing:
 
 
 def _names(req: Any) -> list[str]:
-    """The variables (and tables) an update names: what its exactly-once record is kept by."""
+    """The variables (and tables) an update names: what its exactly-once record is kept by
+    (none: nothing is left of it to apply)."""
+    if req is None:
+        return []
     if isinstance(req, ApplyGradients):
         names = [g[0] for g in req.grads] + [t[0] for t in req.tables or ()]
         return names + [req.iterations] if req.iterations else names
@@ -148,13 +172,31 @@ def _names(req: Any) -> list[str]:
     return [getattr(req, "op", "request")]
 
 
-def _narrowed(req: Any, applied: set[str]) -> Any:
-    """``req`` without the parts already applied (to the variables of ``applied``)."""
+def _narrowed(req: Any, applied: set[str], scopes: dict[str, list[Scope]]) -> Any:
+    """``req`` without the parts already applied: to the variables of ``applied``, and to
+    the ids of each table in the parts ``scopes`` covered."""
     if isinstance(req, ApplyGradients):
+        tables = [left for t in req.tables or ()  # (a record from before scopes covers all)
+                  if (left := _uncovered(t, scopes.get(t[0], [None] if t[0] in applied else []))) is not None]
         return msgspec.structs.replace(
-            req, grads=[g for g in req.grads if g[0] not in applied],
-            tables=[t for t in req.tables or () if t[0] not in applied] or None,
+            req, grads=[g for g in req.grads if g[0] not in applied], tables=tables or None,
             iterations=None if req.iterations in applied else req.iterations)
     if isinstance(req, UpdateVariables):
         return msgspec.structs.replace(req, updates=[u for u in req.updates if u.name not in applied])
-    return req
+    return None if set(_names(req)) <= applied else req
+
+
+def _uncovered(entry: Any, scopes: list[Scope]) -> Any:
+    """A table's ``[name, ids, values]`` without the ids of the parts ``scopes`` covered."""
+    if not scopes:
+        return entry
+    name, ids, values = entry
+    ids = np.asarray(ids)
+    done = np.zeros(ids.size, bool)
+    for scope in scopes:
+        if scope is None:
+            return None
+        done |= in_slices(ids.astype(np.int64, copy=False), scope[0], list(scope[1]))
+    if bool(np.all(done)):
+        return None
+    return [name, ids[~done], np.asarray(values)[~done]]

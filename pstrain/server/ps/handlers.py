@@ -135,10 +135,6 @@ class ParameterServer(ServerBase):
         self.route(DeleteVariables, self.delete)
         self.route(ListVariables, self.list_variables)
         self.route(ApplyGradients, self.fencing.guarded(self.apply_optimizer))
-        #: Variables moving in and out (an elastic ps joined or leaves): ``moves.py``.
-        self.moves = Moves(self.store, self.fencing, self.max_store_bytes)
-        for operation, handler in self.moves.routes().items():
-            self.route(operation, handler)
         #: The serving feed of the tables (``GET /v1/tables/<name>/rows``).
         self.feed = TableFeed(self.task, index, {})
         self.download(FEED_PATH, self.feed.serve)
@@ -146,7 +142,12 @@ class ParameterServer(ServerBase):
                                             max_table_bytes=max_variable_bytes,
                                             on_takeover=self.fencing.supersede)
         self.tables = self.table_handlers.tables
+        self.fencing.scope_of = self.table_handlers.scope_of
         for operation, handler in self.table_handlers.routes().items():
+            self.route(operation, handler)
+        #: Variables and table slices moving in and out (an elastic ps joined or leaves).
+        self.moves = Moves(self.store, self.fencing, self.max_store_bytes, self.table_handlers)
+        for operation, handler in self.moves.routes().items():
             self.route(operation, handler)
         self.deltas = Deltas(self.checkpoints, self.feed, self.incarnation)
         self.route(TakeMark, self.deltas.take_mark)

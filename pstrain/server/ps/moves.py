@@ -26,11 +26,15 @@ from ..._formats.placement_map import (
     PlacementMap,
     ReadPlacement,
     SetPlacement,
+    SliceSet,
+    TableCopy,
     VariableCopy,
 )
 from ..._serving.core import Pinned
+from .dynamic_table import DynamicTable, TableConfig
 from .fencing import Fencing
 from .store import VariableRecord, VariableStore
+from .tables import TableHandlers
 
 __all__ = ["Moves"]
 
@@ -38,10 +42,18 @@ __all__ = ["Moves"]
 class Moves:
     """The moves in and out of one ps."""
 
-    def __init__(self, store: VariableStore, fencing: Fencing, max_store_bytes: int) -> None:
+    def __init__(self, store: VariableStore, fencing: Fencing, max_store_bytes: int,
+                 tables: TableHandlers) -> None:
         self.store = store
         self.fencing = fencing
         self.max_store_bytes = max_store_bytes
+        self.tables = tables
+        #: stage -> the slices of each table moving out; then, parked (no longer served):
+        #: (table, slices moving, the slices it served before, its capacity after)
+        self.outgoing_tables: dict[str, dict[str, SliceSet]] = {}
+        self.parked_tables: dict[str, list[tuple[str, SliceSet, SliceSet | None, int | None]]] = {}
+        #: stage -> tables receiving slices: (the copy, the slices served before, created here)
+        self.incoming_tables: dict[str, list[tuple[TableCopy, SliceSet | None, bool]]] = {}
         #: stage -> the keys being moved out (copied, still served) or parked (no longer served)
         self.outgoing: dict[str, list[str]] = {}
         self.parked: dict[str, list[tuple[VariableRecord, str | None]]] = {}
@@ -83,6 +95,7 @@ class Moves:
         if req.stage in self.outgoing or req.stage in self.parked:
             raise InvalidArgumentError(f"ps/move_out: stage {req.stage!r} is already in use")
         records = [self.store.get(k) for k in req.keys]  # all or nothing
+        tables = [(self.tables.table(name), moving) for name, moving in req.tables.items()]
         copies, releases = [], []
         for record in records:
             for r, slot_of in [(record, None)] + [(s, record.name)
@@ -90,23 +103,36 @@ class Moves:
                 releases.append(r.pin())
                 copies.append({"name": r.name, "value": r.array, "trainable": r.trainable,
                                "owner": r.owner, "slot_of": slot_of})
+        table_copies = [table.copy_slices(moving) for table, moving in tables]
         mark = self.store.clock.mark()
         self.outgoing[req.stage] = list(req.keys)
+        self.outgoing_tables[req.stage] = dict(req.tables)
 
         def release() -> None:
             for r in releases:
                 r()
 
-        return Pinned({"mark": mark, "vars": copies}, release)
+        return Pinned({"mark": mark, "vars": copies, "tables": table_copies}, release)
 
     def finish(self, req: FinishMove) -> dict[str, Any]:
         """Step 3, atomic on the loop: stop serving the variables and answer with what
         changed since the mark, and their exactly-once records."""
         keys = self.outgoing.get(req.stage)
-        if keys is None or sorted(keys) != sorted(req.keys):
+        tables = self.outgoing_tables.get(req.stage, {})
+        if keys is None or sorted(keys) != sorted(req.keys) or tables != req.tables \
+                or set(req.serving) != set(tables):
             raise FailedPreconditionError(f"ps/move_finish: no move {req.stage!r} of these "
-                                          "variables started here")
+                                          "variables and table slices started here")
         self._adopt(req.placement)
+        table_patches, parked_tables = [], []
+        for name, moving in tables.items():
+            table = self.tables.table(name)
+            parked_tables.append((name, moving, self.tables.guards.get(name),
+                                  req.capacity.get(name, table.config.capacity)))
+            self.tables.guards.set(name, req.serving[name])  # refused from now on
+            table_patches.append(table.patch_slices(moving, req.mark))
+        del self.outgoing_tables[req.stage]
+        self.parked_tables[req.stage] = parked_tables
         patches: list[list[Any]] = []
         parked: list[tuple[VariableRecord, str | None]] = []
         for key in keys:
@@ -121,8 +147,8 @@ class Moves:
         del self.outgoing[req.stage]
         self.parked[req.stage] = parked
         fences, superseded = self.fencing.state()
-        return {"patches": patches, "once": self.fencing.records_of(set(keys)),
-                "fences": fences, "superseded": superseded}
+        return {"patches": patches, "once": self.fencing.records_of(set(keys) | set(tables)),
+                "fences": fences, "superseded": superseded, "tables": table_patches}
 
     def install(self, req: InstallVariables) -> dict[str, Any]:
         """Steps 2 (stage copies) and 4 (apply the changed rows, serve them)."""
@@ -140,14 +166,21 @@ class Moves:
                 raise FailedPreconditionError(
                     f"{self.store.task} cannot take {added} bytes more: it holds "
                     f"{self.store.nbytes} of its {self.max_store_bytes} (--max-store-bytes)")
+            arriving = self._stage_tables(req.tables)
             self.incoming[req.stage] = list(req.vars)
+            self.incoming_tables[req.stage] = arriving
             for copy in req.vars:
                 if copy.slot_of is None:
                     self.store.away[copy.name] = "is arriving at"
-            return {"staged": len(req.vars)}
+            return {"staged": len(req.vars) + len(req.tables)}
         staged = self.incoming.pop(req.stage, None)
         if staged is None:
             raise FailedPreconditionError(f"ps/install: nothing staged as {req.stage!r}")
+        staged_tables = self.incoming_tables.pop(req.stage, [])
+        table_patches = {p.name: p for p in req.table_patches}
+        missing = [c.name for c, _, _ in staged_tables if c.name not in table_patches]
+        if missing:
+            raise InvalidArgumentError(f"ps/install: no patch of the table slices {missing}")
         # the received arrays are this ps's own (a large body lands in a buffer of its own):
         # kept as they are, not copied (a copy of 1 GiB into fresh pages takes seconds here)
         arrays = {c.name: c.value if c.value.flags.writeable else np.array(c.value) for c in staged}
@@ -166,10 +199,47 @@ class Moves:
             record = self.store.get(copy.name)
             record.owner = copy.owner
             self.store.away.pop(copy.name, None)
+        for arrived, _, _ in staged_tables:
+            table = self.tables.table(arrived.name)
+            table.merge_slices(arrived, table_patches[arrived.name])
+            table.with_capacity(TableConfig(**arrived.config).capacity)
+            assert arrived.serving is not None  # (checked when staged)
+            self.tables.guards.set(arrived.name, arrived.serving)
+            self.tables.feed.placed(arrived.name, arrived.serving.owned, arrived.serving.slices)
         self.fencing.adopt(req.once, req.fences, req.superseded)
         if req.placement is not None:
             self._adopt(req.placement)
-        return {"installed": len(staged)}
+        return {"installed": len(staged) + len(staged_tables)}
+
+    def _stage_tables(self, copies: list[TableCopy]) -> list[tuple[TableCopy, SliceSet | None, bool]]:
+        """Check the copies of table slices arriving (all or nothing), then refuse their ids
+        here until the move switches (a table new here is made empty, serving nothing)."""
+        checked = []
+        for copy in copies:
+            if copy.moving is None or copy.serving is None or copy.moving.slices != copy.serving.slices \
+                    or not set(copy.moving.owned) <= set(copy.serving.owned):
+                raise InvalidArgumentError(f"ps/install: the slices of table {copy.name!r} moving "
+                                           "and served after the move do not agree")
+            try:
+                config = TableConfig(**copy.config)
+            except TypeError as exc:
+                raise InvalidArgumentError(f"ps/install: table {copy.name!r}: {exc}") from None
+            existing = self.tables.tables.get(copy.name)
+            table = existing or DynamicTable(copy.name, config, copy.owner, self.tables.max_table_bytes,
+                                             clock=self.store.clock)
+            if table.config.dim != config.dim or table.config.dtype != config.dtype:
+                raise InvalidArgumentError(f"ps/install: table {copy.name!r} is {table.config.dim} "
+                                           f"{table.config.dtype} here, not {config.dim} {config.dtype}")
+            checked.append((copy, table, existing))
+        staged = []
+        for copy, table, existing in checked:
+            assert copy.serving is not None and copy.moving is not None
+            if existing is None:
+                self.tables.tables[copy.name] = table
+            staged.append((copy, self.tables.guards.get(copy.name), existing is None))
+            before = sorted(set(copy.serving.owned) - set(copy.moving.owned))
+            self.tables.guards.set(copy.name, SliceSet(slices=copy.serving.slices, owned=before))
+        return staged
 
     def end(self, req: EndMove) -> dict[str, Any]:
         """Step 5: drop the parked copies (committed) or serve them again (aborted); on the
@@ -185,7 +255,32 @@ class Moves:
         for copy in staged or ():  # clients may route here by the aborted move's map
             if copy.slot_of is None:
                 self.store.away[copy.name] = "moved away from"
-        return {"ended": parked is not None or keys is not None or staged is not None}
+        tables = self._end_tables(req.stage, req.commit)
+        return {"ended": parked is not None or keys is not None or staged is not None or tables}
+
+    def _end_tables(self, stage: str, commit: bool) -> bool:
+        """A move's end for its table slices: dropped from the source (committed) or served
+        there again; a receiving ps that never switched forgets what it staged."""
+        self.outgoing_tables.pop(stage, None)
+        parked = self.parked_tables.pop(stage, None)
+        for name, moving, before, capacity in parked or ():
+            table = self.tables.tables.get(name)
+            if table is None:
+                continue
+            if commit:
+                table.drop_slices(moving)
+                table.with_capacity(capacity)
+                after = self.tables.guards.get(name)
+                if after is not None:
+                    self.tables.feed.placed(name, after.owned, after.slices)
+            else:
+                self.tables.guards.set(name, before)
+        staged = self.incoming_tables.pop(stage, None)
+        for copy, before, created in staged or ():
+            if created:
+                self.tables.tables.pop(copy.name, None)
+            self.tables.guards.set(copy.name, before)
+        return parked is not None or staged is not None
 
     def staged_bytes(self) -> int:
         return sum(c.value.nbytes for copies in self.incoming.values() for c in copies)

@@ -6,6 +6,7 @@ Every check happens before anything changes, as in ``ps.py``."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -15,6 +16,7 @@ import numpy as np
 
 from ..._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 from ..._formats.checkpoint_operations import RestoreTable, SaveCheckpoint
+from ..._formats.idhash import shard_of
 from ..._formats.operations import (
     CreateTable,
     ExportTable,
@@ -26,6 +28,7 @@ from ..._formats.tensor_files import whole
 from .checkpoint import CheckpointFiles, Pending
 from .dynamic_table import DynamicTable, TableConfig
 from .feed import TableFeed
+from .table_slices import SliceGuards
 
 __all__ = ["TableHandlers"]
 
@@ -44,22 +47,39 @@ class TableHandlers:
         self.max_gather_bytes = max_gather_bytes
         self.tables: dict[str, DynamicTable] = feed.tables
         self.feed = feed  # told where each table is saved and which shard it is
+        #: The slices each table serves here, for the tables part of which moved (moves.py).
+        self.guards = SliceGuards(checkpoints.store)
 
     def routes(self) -> dict[type[Operation], Callable[..., Any]]:
         return {CreateTable: self.create_table, LookupTable: self.lookup_table,
                 TableStatistics: self.table_statistics, ExportTable: self.export_table,
                 RestoreTable: self.restore_table, SaveCheckpoint: self.save_checkpoint}
 
+    def scope_of(self, name: str, ids: Any) -> tuple[int, tuple[int, ...]] | None:
+        """The part of table ``name`` an update of ``ids`` here covers (what its exactly-once
+        record keeps): the slices of these ids, if slices of the table moved (a client on an
+        older map sends some of this ps's slices and not others); else this ps's shard (it
+        gets all of an update's ids of its shard); None if it does not know."""
+        scope = self.guards.scope(name)
+        if scope is not None:
+            touched = np.unique(shard_of(np.asarray(ids, np.int64), scope[0]))
+            return scope[0], tuple(touched.tolist())
+        placed = self.feed.placement.get(name)
+        if placed is None or not isinstance(placed[0], int):
+            return None
+        return placed[1], (placed[0],)
+
     def plan(self, grads: Iterable[tuple[str, Any, Any]], prefix: str, specs: dict[str, float]
              ) -> list[tuple[DynamicTable, np.ndarray, np.ndarray, dict[str, tuple[str, float]]]]:
         """The tables' sparse gradients of an ``opt/apply``, checked whole (nothing changes)."""
         planned = []
         for name, ids, values in grads:
-            table = self._table(name)
+            table = self.table(name)
             ids = _table_ids(ids, f"sparse gradient of table {name!r}")
             if not _ascending(ids):
                 raise InvalidArgumentError(f"opt/apply: the ids of table {name!r} must be unique "
                                            "and ascending (as np.unique gives them)")
+            self.guards.check(name, ids)
             grad = np.asarray(values)
             if grad.shape != (ids.size, table.config.dim) or grad.dtype.kind not in "fiu":
                 raise InvalidArgumentError(
@@ -69,7 +89,7 @@ class TableHandlers:
             planned.append((table, ids, grad, slots))
         return planned
 
-    def _table(self, name: str) -> DynamicTable:
+    def table(self, name: str) -> DynamicTable:
         table = self.tables.get(name)
         if table is None:
             raise NotFoundError(f"dynamic table {name!r} not found on {self.task}")
@@ -85,11 +105,13 @@ class TableHandlers:
                                        f"{req.num_shards}")
         existing = self.tables.get(req.name)
         if existing is not None and (existing.owner == req.owner or req.owner is None):
+            if req.name in self.guards:  # slices moved: its capacity is its share of theirs now
+                config = dataclasses.replace(config, capacity=existing.config.capacity)
             if existing.config != config:
                 raise AlreadyExistsError(
                     f"dynamic table {req.name!r} exists on {self.task} with another configuration "
                     f"({existing.config.as_dict()})")
-            if req.shard is not None and req.num_shards is not None:
+            if req.shard is not None and req.num_shards is not None and req.name not in self.guards:
                 self.feed.placed(req.name, req.shard, req.num_shards)
             return {"created": 0}
         clock = self.checkpoints.store.clock
@@ -97,6 +119,7 @@ class TableHandlers:
                              clock=clock)
         self._taken_over(existing, req.owner)
         self.tables[req.name] = table
+        self.guards.set(req.name, None)
         if req.shard is not None and req.num_shards is not None:
             self.feed.placed(req.name, req.shard, req.num_shards)
         self.feed.replaced(req.name, clock.epoch)
@@ -107,11 +130,12 @@ class TableHandlers:
             self.on_takeover({existing.owner}, owner)
 
     def lookup_table(self, req: LookupTable) -> dict[str, Any]:
-        table = self._table(req.name)
+        table = self.table(req.name)
         ids = _table_ids(req.ids, f"dyn/lookup of {req.name!r}")
         if not _ascending(ids):
             raise InvalidArgumentError(f"dyn/lookup of {req.name!r}: ids must be unique and "
                                        "ascending (as np.unique gives them)")
+        self.guards.check(req.name, ids)
         nbytes = ids.size * table.config.dim * table.dtype.itemsize
         if nbytes > self.max_gather_bytes:
             raise InvalidArgumentError(f"dyn/lookup of {req.name!r}: the reply would be {nbytes} "
@@ -119,10 +143,10 @@ class TableHandlers:
         return {"values": [table.lookup(ids, req.train)]}
 
     def table_statistics(self, req: TableStatistics) -> dict[str, Any]:
-        return self._table(req.name).statistics()
+        return self.table(req.name).statistics()
 
     def export_table(self, req: ExportTable) -> dict[str, Any]:
-        table = self._table(req.name)
+        table = self.table(req.name)
         exported = table.export()
         nbytes = sum(a.nbytes for a in exported.values())
         if nbytes > self.max_gather_bytes:
@@ -136,7 +160,7 @@ class TableHandlers:
     def _take_shard(self, name: str, path: str, slots: dict[str, str] | None) -> tuple[Pending, int]:
         """Table ``name``'s shard as it is now (its arrays through snapshots: an update keeps
         only the old values of the rows it changes), to be written to ``path``; and its rows."""
-        table = self._table(name)
+        table = self.table(name)
         rename = slots if slots is not None else {k: k for k in table.slot_init}
         pending = self.checkpoints.take(path, [])
         save = table.snapshot()
@@ -183,8 +207,11 @@ class TableHandlers:
         config = TableConfig(**msgspec.structs.asdict(req.config))
         if req.shard >= req.num_shards:
             raise InvalidArgumentError(f"dyn/restore: shard {req.shard} of {req.num_shards}")
+        # the slices this ps holds, if part of the table moved; else its shard
+        mine: tuple[int | list[int], int] = (req.shard, req.num_shards) if req.owned is None \
+            else (req.owned.owned, req.owned.slices)
         parts = await self.checkpoints.read_table_rows(
-            req.paths, req.shard, req.num_shards, config.dim, np.dtype(config.dtype),
+            req.paths, mine[0], mine[1], config.dim, np.dtype(config.dtype),
             [[(path, prefix) for path, prefix in delta] for delta in req.deltas])
         ids, rows, slots, slot_init = parts
         if req.slots is not None:
@@ -209,7 +236,8 @@ class TableHandlers:
             table.admitted, table.evicted = existing.admitted, existing.evicted
         self._taken_over(existing, req.owner)
         self.tables[req.name] = table
-        self.feed.placed(req.name, req.shard, req.num_shards)
+        self.guards.set(req.name, req.owned)
+        self.feed.placed(req.name, *mine)
         self.feed.replaced(req.name, self.checkpoints.store.clock.epoch)
         first = req.paths[0] if req.paths else next((d[0][0] for d in req.deltas if d), None)
         if first is not None:

@@ -1,0 +1,69 @@
+"""Which slices of dynamic tables move when a ps joins or leaves.
+
+A dynamic table's ids are spread over the ps by a hash (``shard_of(id, num_ps)``). At its
+first move, its hash space is cut into ``SLICES_PER_PS`` slices per ps it was created on
+(``shard_of(id, slices)``; slice ``s`` starts on ps ``s % num_ps``, where its ids already
+are), and the placement map lists the ps of each slice from then on. A ps that joins
+takes slices from the ps holding the most until it holds its even share; a ps that
+leaves gives each of its slices to the ps holding the fewest.
+
+>>> from pstrain._formats.placement_map import PlacementMap
+>>> class Table: key, num_ps = "t", 2
+>>> m = PlacementMap(version=1, ps=["h:1", "h:2", "h:3"])
+>>> plan = plan_join(m, {"t": Table()}, 2)
+>>> sorted(plan), sum(len(p["t"]) for p in plan.values()) == 2 * SLICES_PER_PS // 3
+([0, 1], True)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._formats.placement_map import PlacementMap, TableSlices
+
+__all__ = ["SLICES_PER_PS", "plan_join", "plan_leave", "table_slices"]
+
+#: A dynamic table is cut into this many slices per ps it was created on, at its first move.
+SLICES_PER_PS = 64
+
+
+def table_slices(placement: PlacementMap, table: Any) -> TableSlices:
+    """Which ps holds each slice of ``table`` now (before its first move: slice ``s`` is on
+    ps ``s % num_ps``, the shard every id of it hashed to)."""
+    sliced = placement.tables.get(table.key)
+    if sliced is not None:
+        return sliced
+    count = table.num_ps * min(SLICES_PER_PS, (1 << 16) // table.num_ps)
+    return TableSlices(slices=count, owners=[s % table.num_ps for s in range(count)])
+
+
+def plan_join(placement: PlacementMap, tables: dict[str, Any], new: int) -> dict[int, dict[str, list[int]]]:
+    """Slices for ps ``new`` (just joined): from the ps holding the most of each table, one
+    at a time, until it holds its even share. source -> table -> slices."""
+    plan: dict[int, dict[str, list[int]]] = {}
+    holders = len(placement.active())
+    for key, table in tables.items():
+        owners = list(table_slices(placement, table).owners)
+        held = {ps: [s for s, o in enumerate(owners) if o == ps] for ps in set(owners)}
+        held.setdefault(new, [])
+        while len(held[new]) < len(owners) // holders:
+            src = max((ps for ps in held if ps != new), key=lambda ps: (len(held[ps]), -ps))
+            held[new].append(held[src].pop())
+            plan.setdefault(src, {}).setdefault(key, []).append(held[new][-1])
+    return plan
+
+
+def plan_leave(placement: PlacementMap, tables: dict[str, Any], gone: int) -> dict[int, dict[str, list[int]]]:
+    """Where each slice ps ``gone`` holds goes: to the ps holding the fewest of that table
+    among the others. destination -> table -> slices."""
+    plan: dict[int, dict[str, list[int]]] = {}
+    others = [k for k in placement.active() if k != gone]
+    for key, table in tables.items():
+        owners = table_slices(placement, table).owners
+        count = {k: sum(1 for o in owners if o == k) for k in others}
+        for s, owner in enumerate(owners):
+            if owner == gone:
+                dst = min(others, key=lambda k: (count[k], k))
+                count[dst] += 1
+                plan.setdefault(dst, {}).setdefault(key, []).append(s)
+    return plan

@@ -1,0 +1,232 @@
+"""Slices of a dynamic table's hash space moving between ps (an elastic ps joined or
+leaves): which slices a shard serves, the copy of some slices' rows, what changed in them
+since, and putting them into the receiving shard.
+
+A table part of which moved is cut into ``S`` slices (an id is in slice
+``shard_of(id, S)``); the coordinator's placement map says which ps holds each. A shard
+that gave slices away, or is receiving some, serves only the slices :class:`SliceGuards`
+lists for it: a request with an id of another slice is refused whole, before anything
+changes, with the ps's newest map (:class:`~pstrain.errors.PlacementChangedError`). The
+rows, optimizer slots, LRU ages, LFU counts and admission sightings move with their ids;
+an id moved is neither evicted nor admitted (the counters do not change), and the
+receiving shard stamps every row it takes with its change clock, so its next delta
+checkpoint holds them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..._base.errors import InvalidArgumentError, PlacementChangedError
+from ..._formats.idhash import in_slices, shard_of
+from ..._formats.placement_map import SliceSet, TableCopy, TablePatch
+from .store import VariableStore
+
+if TYPE_CHECKING:
+    from .id_index import IdIndex
+    from .store import ChangeClock, Snapshot
+    from .table_config import TableConfig
+
+__all__ = ["SliceGuards", "SlicedRows"]
+
+
+class SliceGuards:
+    """The slices each table of one ps serves, for the tables part of which moved (a table
+    not listed serves every id sent to it: the shard it was created as)."""
+
+    def __init__(self, store: VariableStore) -> None:
+        self.store = store
+        self._masks: dict[str, tuple[int, np.ndarray]] = {}
+        self._scopes: dict[str, tuple[int, tuple[int, ...]]] = {}  # the same, as exactly-once keeps it
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._masks
+
+    def set(self, name: str, serving: SliceSet | None) -> None:
+        if serving is None:
+            self._masks.pop(name, None)
+            self._scopes.pop(name, None)
+            return
+        mask = np.zeros(serving.slices, bool)
+        mask[np.asarray(serving.owned, np.int64)] = True
+        self._masks[name] = (serving.slices, mask)
+        self._scopes[name] = (serving.slices, tuple(serving.owned))
+
+    def scope(self, name: str) -> tuple[int, tuple[int, ...]] | None:
+        """The slices table ``name`` serves here, None if it is not guarded."""
+        return self._scopes.get(name)
+
+    def get(self, name: str) -> SliceSet | None:
+        entry = self._masks.get(name)
+        if entry is None:
+            return None
+        return SliceSet(slices=entry[0], owned=np.flatnonzero(entry[1]).tolist())
+
+    def check(self, name: str, ids: np.ndarray) -> None:
+        """Refuse (PlacementChangedError with this ps's map) ids of slices not served here."""
+        entry = self._masks.get(name)
+        if entry is None or not ids.size:
+            return
+        slices, mask = entry
+        if not bool(np.all(mask[shard_of(ids, slices)])):
+            self.store.refusals += 1
+            raise PlacementChangedError(
+                f"dynamic table {name!r}: some of these ids are in slices {self.store.task} "
+                "does not hold (they moved, or are arriving)",
+                placement=self.store.placement.to_builtins())
+
+
+def _array(value: Any, dtype: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
+    arr = np.asarray(value) if value is not None else np.empty((0,) + shape[1:], dtype)
+    if arr.shape != shape:
+        raise InvalidArgumentError(f"ps/install: {what} is {arr.shape}, expected {shape}")
+    return arr.astype(dtype, copy=False)
+
+
+
+class SlicedRows:
+    """What a :class:`~pstrain.server.ps.dynamic_table.DynamicTable` does when slices of
+    its hash space move (mixed into it)."""
+
+    if TYPE_CHECKING:  # the table's, as ``dynamic_table.py`` makes them
+        name: str
+        owner: str | None
+        config: TableConfig
+        dtype: np.dtype
+        index: IdIndex
+        clock: ChangeClock
+        rows: np.ndarray
+        ids: np.ndarray
+        live: np.ndarray
+        last_seen: np.ndarray
+        freq: np.ndarray
+        epochs: np.ndarray
+        free: np.ndarray
+        slots: dict[str, np.ndarray]
+        slot_init: dict[str, float]
+        saves: list[dict[str, Snapshot]]
+        used: int
+        nfree: int
+        lookups: int
+        _cand: IdIndex
+        _cand_ids: np.ndarray
+        _cand_counts: np.ndarray
+        _cand_used: int
+
+        def _touch(self, rows: np.ndarray) -> None: ...
+        def _take_rows(self, n: int) -> np.ndarray: ...
+        def _remember(self, ids: np.ndarray) -> None: ...
+        def slot(self, key: str, init: float) -> np.ndarray: ...
+        def positions(self, ids: np.ndarray) -> np.ndarray: ...
+
+    def _rows_in(self, moving: SliceSet) -> np.ndarray:
+        live = np.flatnonzero(self.live[:self.used])
+        return live[in_slices(self.ids[live], moving.slices, moving.owned)]
+
+    def _candidates_in(self, moving: SliceSet) -> tuple[np.ndarray, np.ndarray]:
+        used = self._cand_used
+        ids, counts = self._cand_ids[:used], self._cand_counts[:used]
+        keep = (counts > 0) & in_slices(ids, moving.slices, moving.owned)
+        return ids[keep].copy(), counts[keep].copy()
+
+    def copy_slices(self, moving: SliceSet) -> dict[str, Any]:
+        """The rows of slices ``moving`` as they are now (copies): a ``TableCopy``'s fields (the
+        ages, counts and sightings come with the patch, as they are at the switch)."""
+        rows = self._rows_in(moving)
+        return {"name": self.name, "config": self.config.as_dict(), "owner": self.owner,
+                "moving": moving, "ids": self.ids[rows], "rows": self.rows[rows],
+                "slots": {k: a[rows] for k, a in self.slots.items()}, "slot_init": dict(self.slot_init)}
+
+    def patch_slices(self, moving: SliceSet, mark: int) -> dict[str, Any]:
+        """What slices ``moving`` hold now, against their copy taken at ``mark``: every live id
+        (with LRU ages and LFU counts), the rows changed since, the sightings."""
+        rows = self._rows_in(moving)
+        changed = rows[self.epochs[rows] > mark]
+        cand_ids, cand_counts = self._candidates_in(moving)
+        return {"name": self.name, "live": self.ids[rows], "ages": self.lookups - self.last_seen[rows],
+                "freq": self.freq[rows], "ids": self.ids[changed], "rows": self.rows[changed],
+                "slots": {k: a[changed] for k, a in self.slots.items()},
+                "cand_ids": cand_ids, "cand_counts": cand_counts}
+
+    def drop_slices(self, moving: SliceSet) -> int:
+        """Forget the rows and sightings of slices ``moving`` (they live on another ps now):
+        not evictions (not counted, not in the next delta's removed ids)."""
+        rows = self._rows_in(moving)
+        if self.saves:
+            self._touch(rows)
+        self.index.delete(self.ids[rows])
+        self.live[rows] = False
+        need = self.nfree + rows.size
+        if need > self.free.size:
+            grown = np.empty(max(need, 2 * self.free.size), np.int64)
+            grown[:self.nfree] = self.free[:self.nfree]
+            self.free = grown
+        self.free[self.nfree:need] = rows
+        self.nfree = need
+        cand_ids, _ = self._candidates_in(moving)
+        if cand_ids.size:
+            self._cand_counts[self._cand.get(cand_ids)] = 0
+            self._cand.delete(cand_ids)
+        return int(rows.size)
+
+    def merge_slices(self, copy: TableCopy, patch: TablePatch) -> int:
+        """Put the rows of ``copy``, brought up to date by ``patch``, into ``table`` (checked
+        whole first: nothing changes if any part is wrong). Returns rows put in."""
+        dim, dtype = self.config.dim, self.dtype
+        live = _array(patch.live, np.int64, (np.size(patch.live),), "live")
+        n = live.size
+        ages, freq = _array(patch.ages, np.int64, (n,), "ages"), _array(patch.freq, np.int64, (n,), "freq")
+        c_ids = _array(copy.ids, np.int64, (np.size(copy.ids),), "the copy's ids")
+        p_ids = _array(patch.ids, np.int64, (np.size(patch.ids),), "the patch's ids")
+        c_rows = _array(copy.rows, dtype, (c_ids.size, dim), "the copy's rows")
+        p_rows = _array(patch.rows, dtype, (p_ids.size, dim), "the patch's rows")
+        values = np.empty((n, dim), dtype)
+        slot_init = {**self.slot_init, **copy.slot_init}
+        slots = {k: np.full((n, dim), slot_init[k], dtype) for k in set(copy.slots) | set(patch.slots)
+                 if k in slot_init}
+        if len(slots) != len(set(copy.slots) | set(patch.slots)):
+            raise InvalidArgumentError("ps/install: a moved slot has no initial value")
+        found = np.zeros(n, bool)
+        for ids, rows, slot_arrays in ((c_ids, c_rows, copy.slots), (p_ids, p_rows, patch.slots)):
+            if not ids.size:
+                continue  # the patch, applied second, wins
+            order = np.argsort(ids, kind="stable")
+            at = order[np.searchsorted(ids, live, sorter=order).clip(0, ids.size - 1)]
+            hit = ids[at] == live
+            src = at[hit]
+            values[hit] = rows[src]
+            for key, arr in slot_arrays.items():
+                slots[key][hit] = _array(arr, dtype, (ids.size, dim), f"slot {key!r}")[src]
+            found |= hit
+        if not bool(np.all(found)):
+            raise InvalidArgumentError("ps/install: a moved id has no row in the copy or the patch")
+        if n and bool(np.any(self.positions(live) >= 0)):
+            raise InvalidArgumentError(f"ps/install: {self.name!r} already holds some moved ids")
+        for key, init in copy.slot_init.items():
+            self.slot(key, init)
+        rows = self._take_rows(n)
+        if self.saves:
+            self._touch(rows)
+        self.rows[rows], self.ids[rows], self.live[rows] = values, live, True
+        self.last_seen[rows], self.freq[rows] = self.lookups - ages, freq
+        self.epochs[rows] = self.clock.epoch
+        for key, arr in self.slots.items():
+            arr[rows] = slots[key] if key in slots else self.slot_init[key]
+        self.index.insert(live, rows)
+        if patch.cand_ids is not None and np.size(patch.cand_ids):  # the sightings at the switch
+            cand_ids = np.asarray(patch.cand_ids, np.int64)
+            counts = np.asarray(patch.cand_counts, np.int64).reshape(-1)
+            fresh = (self._cand.get(cand_ids) < 0) & (self.positions(cand_ids) < 0)
+            if fresh.any() and counts.size == cand_ids.size:
+                self._remember(cand_ids[fresh])
+                known = self._cand.get(cand_ids[fresh])  # (the oldest may be forgotten at once)
+                self._cand_counts[known[known >= 0]] = counts[fresh][known >= 0]
+        return n
+
+    def with_capacity(self, capacity: int | None) -> None:
+        """The shard's share of the table's capacity changed (slices moved)."""
+        if capacity != self.config.capacity:
+            self.config = dataclasses.replace(self.config, capacity=capacity)
