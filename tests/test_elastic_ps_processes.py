@@ -1,7 +1,8 @@
 """Elastic ps on real processes: during W4 training (its model and data, a smaller table), a
 third ``pstrain serve --role ps --join`` process joins and takes a share of the variables,
 then SIGTERM drains it and it exits; the final state equals the same training without any
-move, bit for bit (one worker, one closure in flight: a deterministic order)."""
+move, bit for bit (one worker, one closure in flight: a deterministic order). The same
+with W6's model, whose table is a DynamicEmbedding: slices of its hash space move."""
 
 from __future__ import annotations
 
@@ -152,6 +153,90 @@ async def test_a_ps_joins_and_is_drained_by_sigterm_during_w4_and_the_state_is_e
     finally:
         if watcher is not None:
             watcher.cancel()
+        if coordinator is not None:
+            await coordinator.close()
+        for s in [*servers, *([joined] if joined else [])]:
+            s.stop()
+
+
+# -- a dynamic table (W6's model) ---------------------------------------------------------------
+TABLE_STEPS = 240
+
+
+def _build_dynamic(strategy: pstrain.ParameterServerStrategy, batches):
+    with strategy.scope():
+        table = pstrain.DynamicEmbedding(16, name="ctr/dynamic", capacity=60_000)
+        model = CTRModel(table=table)
+        opt = pstrain.optimizers.Adagrad(0.05)
+    inner = make_step(model, opt)
+
+    async def step(k: int) -> float:
+        return await inner(iter([batches[k % len(batches)]]))
+
+    return model, opt, step
+
+
+async def _table_state(model: CTRModel, opt) -> list[np.ndarray]:
+    """The table's ids, rows and Adagrad accumulators (from every ps holding part of it, in
+    id order), the dense variables and the step count."""
+    table = model.table
+    ids, rows, accs = [], [], []
+    for ps in table.holders():
+        reply = await table.channel(ps).call("dyn/export", {"name": table.key})
+        ids.append(np.asarray(reply["ids"]))
+        rows.append(np.asarray(reply["rows"]).reshape(-1, table.dim))
+        accs.append(np.asarray(reply["slots"][f"{opt.name}/accumulator"]).reshape(-1, table.dim))
+    order = np.argsort(np.concatenate(ids))
+    values = [np.concatenate(ids)[order], np.concatenate(rows)[order], np.concatenate(accs)[order]]
+    return values + [await v.read_value() for v in model.dense] + [await opt.iterations.read_value()]
+
+
+async def test_a_dynamic_table_moves_to_a_joining_ps_and_off_it_on_sigterm_and_the_state_is_exact():
+    batches = _batches()
+    async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
+        strategy = _strategy(cluster.cluster_spec.as_dict(), cluster.token)
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        model, opt, step = _build_dynamic(strategy, batches)
+        for k in range(TABLE_STEPS):
+            coordinator.schedule(step, args=(k,), exactly_once=True)
+        await coordinator.join()
+        expected = await _table_state(model, opt)
+        # no eviction (per shard: its choices would depend on the sharding); the capacity's
+        # shares move with the slices all the same
+        assert (await model.table.statistics())["evicted"] == 0
+        await coordinator.close()
+    servers = [ServeProcess("--role", "ps", "--index", str(i), "--port", "0") for i in range(2)]
+    servers.append(ServeProcess("--role", "worker", "--index", "0", "--port", "0"))
+    joined: ServeProcess | None = None
+    coordinator = None
+    try:
+        spec = {"ps": [s.address for s in servers[:2]], "worker": [servers[2].address]}
+        strategy = _strategy(spec, TOKEN)
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        endpoint = await coordinator.serve_metrics()
+        model, opt, step = _build_dynamic(strategy, batches)
+        rvs = [coordinator.schedule(step, args=(k,), exactly_once=True) for k in range(TABLE_STEPS)]
+        await _until(lambda: coordinator.closures_done >= 10, "training to start")
+        joined = await asyncio.to_thread(ServeProcess, "--role", "ps", "--port", "0",
+                                         "--join", endpoint, "--drain-timeout", "60")
+        await _until(lambda: 2 in set(coordinator.ps.table_slices(model.table).owners)
+                     and coordinator.ps.moving is None, "a share of the table to move to the new ps")
+        rows_on_new = (await model.table.channel(2).call("dyn/stats", {"name": model.table.key}))["rows"]
+        assert rows_on_new > 0
+        await _until(lambda: coordinator.closures_done >= TABLE_STEPS // 2, "training on three ps")
+        joined.proc.terminate()  # SIGTERM: a preemption notice
+        code = await asyncio.to_thread(joined.proc.wait, 90)
+        assert code == 0, joined.stderr()
+        assert 2 not in coordinator.ps.table_slices(model.table).owners
+        assert coordinator.closures_done < TABLE_STEPS, "the moves did not overlap training"
+        await coordinator.join()
+        for rv in rvs:
+            await rv
+        state = await _table_state(model, opt)
+        assert len(state) == len(expected)
+        for got, want in zip(state, expected):
+            np.testing.assert_array_equal(got, want)
+    finally:
         if coordinator is not None:
             await coordinator.close()
         for s in [*servers, *([joined] if joined else [])]:
