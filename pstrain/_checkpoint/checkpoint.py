@@ -85,7 +85,7 @@ from .deltas import (
     take_marks,
     write_delta,
 )
-from .object_graph import Entry, Graph, check_trackable, slot_key, walk
+from .object_graph import Entry, Graph, check_trackable, slot_key, table_slots, walk
 from .restore_status import CheckpointLoadStatus, targets
 
 if TYPE_CHECKING:
@@ -213,7 +213,7 @@ class Checkpoint:
                                 "trainable": entry.trainable, "parts": parts_meta}
         # A ps's table shards go in its one ckpt/save: taken at the same moment as its variables.
         index_tables: dict[str, Any] = {}
-        slots = _table_slots(graph)  # by optimizer path, as the variables' slots
+        slots = table_slots(graph)  # by optimizer path, as the variables' slots
         for path, table in graph.tables.items():
             holders = table.holders()
             files = [f"{base}.ps{ps}.table-{table_tag(path)}.safetensors" for ps in holders]
@@ -260,7 +260,7 @@ class Checkpoint:
                                           "by this Checkpoint, and there is none yet: save first")
         async with placement_lock(walk(self._objects)):
             graph, entries = await self._entries()
-            path, new = await write_delta(chain, entries, graph.tables, _table_slots(graph))
+            path, new = await write_delta(chain, entries, graph.tables, table_slots(graph))
         if self._chain is chain:  # not superseded meanwhile by a full save or a restore
             object.__setattr__(self, "_chain", new)
         _SAVED.append({"path": path, "time": time.time(), "values": len(entries),
@@ -300,7 +300,7 @@ class Checkpoint:
         await status.restore_now(targets(graph, reader.variables, graph.entries, {}))
         for path, table in tables:
             files = [os.path.join(reader.base, f) for f in reader.tables[path]["files"]]
-            await table.restore_from(files, {v: k for k, v in _table_slots(graph).items()},
+            await table.restore_from(files, {v: k for k, v in table_slots(graph).items()},
                                      reader.table_deltas(path))
         split = split_delta(os.path.abspath(save_path))
         base, number = split if split else (os.path.abspath(save_path), 0)
@@ -344,13 +344,6 @@ def _clear_unfinished(prefix: str) -> None:
     if stale:
         logger.warning("removed %d file(s) of an unfinished save at %s (its process died before "
                        "the index was written)", len(stale), prefix)
-
-
-def _table_slots(graph: Graph) -> dict[str, str]:
-    """Each tracked optimizer's table slot key on the ps (``<name>/<slot>``) -> its key in a
-    checkpoint (``<optimizer path>/<slot>``): stable across programs, as the variables'."""
-    return {f"{opt.name}/{slot}": f"{path}/{slot}" for path, opt in graph.optimizers.items()
-            for slot in opt.slot_names()}
 
 
 def _check_tables(tables: dict[str, DynamicEmbedding], reader: CheckpointReader,

@@ -53,7 +53,7 @@ from .._variables.dynamic import DynamicEmbedding
 from .._variables.sharding import ShardedVariable
 from .._variables.variables import Variable
 
-__all__ = ["Entry", "Graph", "check_trackable", "escape", "join", "register_view", "slot_key",
+__all__ = ["Entry", "Graph", "check_trackable", "escape", "join", "register_view", "slot_key", "table_slots",
            "walk"]
 
 SLOT_MARK = ".OPTIMIZER_SLOT"
@@ -226,3 +226,10 @@ def walk(roots: dict[str, Any], prefix: str = "", seen: set[int] | None = None) 
                 graph.modules.append((obj, path))
             todo.extend((join(path, k), v) for k, v in _children(obj))
     return graph
+
+
+def table_slots(graph: Graph) -> dict[str, str]:
+    """Each tracked optimizer's table slot key on the ps (``<name>/<slot>``) -> its key in a
+    checkpoint (``<optimizer path>/<slot>``): stable across programs, as the variables'."""
+    return {f"{opt.name}/{slot}": f"{path}/{slot}" for path, opt in graph.optimizers.items()
+            for slot in opt.slot_names()}

@@ -6,12 +6,14 @@ them on the other ps from the latest checkpoint (``_coordinator/ps_replace.py``)
 parts too) that ps held, their values and those of their optimizer slots, as the
 checkpoint at ``path`` has them (a delta path: base and deltas applied, in order). Only
 those rows are read. A variable the checkpoint does not have is an error naming it:
-nothing is put anywhere.
+nothing is put anywhere. :func:`table_sources` gives, for each tracked dynamic table,
+the files (base and deltas) a ps reads the rows of the lost ps's slices from.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import os
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,13 +21,29 @@ from .._base.errors import FailedPreconditionError
 from .._formats.checkpoint_files import CheckpointReader
 from .._formats.placement_map import VariableCopy
 from .._formats.tensor_files import read_rows
-from .object_graph import walk
+from .object_graph import table_slots, walk
 from .restore_status import targets
 
 if TYPE_CHECKING:
     from .checkpoint import Checkpoint
 
-__all__ = ["read_share"]
+__all__ = ["read_share", "table_sources"]
+
+
+def table_sources(checkpoint: Checkpoint, path: str) -> dict[str, tuple[list[str], dict[str, str], Any]]:
+    """Table key -> the full save's files, the slot keys (saved -> on the ps) and the deltas
+    of each tracked dynamic table at ``path``, as a restore reads them."""
+    reader = CheckpointReader(path)
+    graph = walk(checkpoint.tracked_objects())
+    slots = {v: k for k, v in table_slots(graph).items()}
+    out = {}
+    for where, table in graph.tables.items():
+        if where not in reader.tables:
+            raise FailedPreconditionError(f"checkpoint {path} has no dynamic table {where!r} "
+                                          f"({table.name}): it was created after its last save")
+        files = [os.path.join(reader.base, f) for f in reader.tables[where]["files"]]
+        out[table.key] = (files, slots, reader.table_deltas(where))
+    return out
 
 
 def read_share(checkpoint: Checkpoint, path: str, keys: set[str], owner: str | None

@@ -120,7 +120,7 @@ class PsChanges:
             self._reserved.pop(index, None)
             ps += [""] * (index + 1 - len(ps))  # an index given to a ps that never came: unused
             ps[index] = address
-            await self._publish(self.placement.with_ps(ps))
+            await self.publish(self.placement.with_ps(ps))
             self.strategy.placement.active = self.placement.active()
         return index
 
@@ -172,7 +172,7 @@ class PsChanges:
         async with self._lock:
             ps = list(self.placement.ps)
             ps[index] = ""
-            await self._publish(self.placement.with_ps(ps))
+            await self.publish(self.placement.with_ps(ps))
         logger.info("%s left the job; its variables moved to the others", task_name("ps", index))
 
     async def move(self, keys: list[str], to: int) -> None:
@@ -204,7 +204,7 @@ class PsChanges:
         puts them elsewhere. Call with :attr:`lock` held."""
         ps = list(self.placement.ps)
         ps[index] = ""
-        await self._publish(self.placement.with_ps(ps))
+        await self.publish(self.placement.with_ps(ps))
         self.strategy.placement.active = self.placement.active()
 
     def spread(self, keys: list[str], to: int | None = None) -> dict[str, int]:
@@ -234,7 +234,7 @@ class PsChanges:
                                   timeout=self.timeout_s)
 
         await asyncio.gather(*(put(ps, group) for ps, group in by_ps.items()))
-        await self._publish(new)
+        await self.publish(new)
         self.bytes_moved += sum(int(getattr(c.value, "nbytes", 0)) for c in copies)
 
     # -- dynamic tables' slices ------------------------------------------------------------------
@@ -328,7 +328,7 @@ class PsChanges:
             raise
         finally:
             self.moving = None
-        await self._publish(new)
+        await self.publish(new)
         await source.request(EndMove(stage=stage, commit=True), timeout=self.timeout_s)
         self.moves_done += 1
         self.bytes_moved += sum(int(getattr(c.value, "nbytes", 0)) for c in out.vars)
@@ -344,9 +344,9 @@ class PsChanges:
             except Exception as exc:  # the error that stopped the move is the one to raise
                 logger.warning("ending move %s on %s failed: %s", stage, channel.task, exc)
         if announced is not None:  # clients may have learnt it from the source's refusals
-            await self._publish(self.placement.bumped(announced.version + 1))
+            await self.publish(self.placement.bumped(announced.version + 1))
 
-    async def _publish(self, placement: PlacementMap) -> None:
+    async def publish(self, placement: PlacementMap) -> None:
         """Route by ``placement`` here and tell every active ps."""
         adopt(self.channels, placement)
         await asyncio.gather(*(self.channel(k).request(SetPlacement(placement=placement),

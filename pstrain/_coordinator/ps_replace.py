@@ -4,8 +4,10 @@ A ps that is lost (SIGKILLed, its host gone, or restarted empty) took the variab
 held. :meth:`PsReplacement.replace` puts them back, with their optimizer slots, from a
 :class:`~pstrain.checkpoint.CheckpointManager`'s latest checkpoint (its base and deltas:
 ``_checkpoint/shares.py``) on the other ps, or on a ps that joined, and takes the lost one
-out of the job. The updates it took after the latest delta are lost: at most one
-``delta_interval_s``. The steps, with the placement lock held (no save or move meanwhile):
+out of the job; the slices of dynamic tables it held are read from the same checkpoint
+by the ps that take them (``dyn/restore`` with ``merge``). The updates it took after the
+latest delta are lost: at most one ``delta_interval_s``. The steps, with the placement lock
+held (no save or move meanwhile):
 
 1. a map without the lost ps is published: no new variable goes there, the heartbeat
    stops watching it;
@@ -42,12 +44,14 @@ from .._base.errors import (
     PstrainError,
     UnavailableError,
 )
-from .._checkpoint.object_graph import walk
-from .._checkpoint.shares import read_share
-from .._formats.placement_map import SetPlacement
+from .._checkpoint.shares import read_share, table_sources
+from .._formats.checkpoint_operations import RestoreTable
+from .._formats.placement_map import SetPlacement, SliceSet, TableSlices
+from .._formats.records import TableSpec
 from .heartbeat import Heartbeat
 from .ps_moves import PsChanges
 from .scheduling import ClosureQueue
+from .slice_plans import plan_leave
 
 if TYPE_CHECKING:
     from .._checkpoint.manager import CheckpointManager
@@ -108,12 +112,6 @@ class PsReplacement:
                                        f"ps are {active}")
         if len(active) == 1:
             raise FailedPreconditionError("the job's only ps cannot be replaced by the others")
-        tables = [t.name for t in walk(manager.checkpoint.tracked_objects()).tables.values()
-                  if index in t.holders()]
-        if tables:
-            raise FailedPreconditionError(
-                f"{task_name('ps', index)} holds shards of dynamic tables {tables}: moving a "
-                "table's hash ranges is not supported yet, so it cannot be replaced")
         started = time.monotonic()
         changes.replacing.add(index)
         async with changes.lock:  # no save, delta or move meanwhile: the latest delta is whole
@@ -125,15 +123,57 @@ class PsReplacement:
             await changes.retire(index)
             copies = await asyncio.get_running_loop().run_in_executor(
                 None, read_share, manager.checkpoint, path, set(keys), changes.strategy.placement.owner)
+            sources = await asyncio.get_running_loop().run_in_executor(
+                None, table_sources, manager.checkpoint, path)
             await changes.install(copies, changes.spread(keys, to))
+            rows = await self._replace_tables(index, sources, to)
         seconds = time.monotonic() - started
         self.spawn(self._fence(index))
         nbytes = sum(int(c.value.nbytes) for c in copies)
         self.changes.replaced.append({"ps": index, "variables": len(keys), "bytes": nbytes,
-                          "seconds": round(seconds, 3), "checkpoint": path})
+                                      "table_rows": rows, "seconds": round(seconds, 3),
+                                      "checkpoint": path})
         logger.warning("%s was lost: its %d variable(s) (%d bytes with their slots) were put on "
                        "the other ps from %s in %.2f s", task_name("ps", index), len(keys), nbytes,
                        path, seconds)
+
+    async def _replace_tables(self, index: int, sources: dict[str, Any], to: int | None) -> int:
+        """Put the rows of the slices lost ps ``index`` held of each dynamic table on the
+        others (or on ps ``to``), read from ``sources`` (``table_sources``: base, then
+        deltas); then route to them there. Returns the rows put back."""
+        changes = self.changes
+        tables = changes.strategy.placement.tables
+        if to is None:
+            plan = plan_leave(changes.placement, tables, index)
+        else:
+            plan = {to: {k: changes.table_slices(t).held_by(index) for k, t in tables.items()}}
+        after: dict[str, TableSlices] = {}
+        for key, table in tables.items():
+            owners = list(changes.table_slices(table).owners)
+            for dst, per_table in plan.items():
+                for s in per_table.get(key, []):
+                    owners[s] = dst
+            after[key] = TableSlices(slices=len(owners), owners=owners)
+
+        async def put(dst: int, key: str, slices: list[int]) -> int:
+            table, new = tables[key], after[key]
+            files, slots, deltas = sources[key]
+            config = {**table.shard_config(0), "capacity": table.capacity_shares(new).get(dst)}
+            reply = await changes.channel(dst).request(RestoreTable(
+                name=key, config=TableSpec(**{k: v for k, v in config.items() if v is not None}),
+                owner=table.owner, paths=files, shard=0, num_shards=1, slots=slots,
+                deltas=[list(d) for d in deltas], owned=SliceSet(slices=new.slices, owned=slices),
+                merge=SliceSet(slices=new.slices, owned=new.held_by(dst))), timeout=changes.timeout_s)
+            return int(reply.restored or 0)
+
+        puts = [put(dst, key, slices) for dst, per_table in plan.items()
+                for key, slices in per_table.items() if slices]
+        if not puts:
+            return 0
+        rows = sum(await asyncio.gather(*puts))
+        await changes.publish(changes.placement.with_tables(
+            {k: v for k, v in after.items() if index in changes.table_slices(tables[k]).owners}))
+        return rows
 
     async def _fence(self, index: int) -> None:
         """Tell the lost ps, if it answers again (a partition that healed), that it left the

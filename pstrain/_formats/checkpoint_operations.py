@@ -52,6 +52,9 @@ class RestoreTable(Operation, tag="dyn/restore"):
     deltas: Annotated[list[list[DeltaFile]], msgspec.Meta(max_length=1 << 12)] = []
     #: the slices this ps holds, for a table part of which moved (else its ``shard``)
     owned: SliceSet | None = None
+    #: put the rows of slices ``owned`` into the table here, which then serves slices
+    #: ``merge`` (a lost ps's slices, replaced); else the table is replaced
+    merge: SliceSet | None = None
 
 
 class TableShardFile(Record):

@@ -23,6 +23,11 @@ A move of some variables from ps A to ps B (the coordinator drives it):
 Nothing is applied twice or lost: A refuses from step 3 on, B serves from step 4 on,
 and a request refused by either (or sent between the two) is sent again, by the
 client, where the newest map says.
+
+A dynamic table part of which moved is listed in ``tables``: its hash space cut in
+``slices`` (an id is in slice ``shard_of(id, slices)``) and the ps of each slice. Its
+slices move by the same steps (``tables`` of ``ps/move_out`` and ``ps/move_finish``):
+a :class:`TableCopy` of their rows, then a :class:`TablePatch` of what changed since.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from ..._formats.operations import (
     LookupTable,
     TableStatistics,
 )
+from ..._formats.placement_map import TableCopy, TablePatch
 from ..._formats.records import Operation
 from ..._formats.tensor_files import whole
 from .checkpoint import CheckpointFiles, Pending
@@ -217,6 +218,8 @@ class TableHandlers:
         if req.slots is not None:
             slots = {req.slots[k]: v for k, v in slots.items() if k in req.slots}
             slot_init = {req.slots[k]: v for k, v in slot_init.items() if k in req.slots}
+        if req.merge is not None:
+            return self._merge_restored(req, config, ids, rows, slots, slot_init)
         if config.capacity is not None and ids.size > config.capacity:
             raise InvalidArgumentError(
                 f"dyn/restore of {req.name!r}: {ids.size} rows for this shard, more than its "
@@ -243,6 +246,26 @@ class TableHandlers:
         if first is not None:
             self.feed.saved(req.name, first)
         return {"restored": int(ids.size)}
+
+    def _merge_restored(self, req: RestoreTable, config: TableConfig, ids: np.ndarray, rows: np.ndarray,
+                        slots: dict[str, np.ndarray], slot_init: dict[str, float]) -> dict[str, Any]:
+        """Put the restored rows of a lost ps's slices into the table here (made empty if
+        it has none), which serves ``req.merge`` from now on."""
+        assert req.merge is not None
+        table = self.tables.get(req.name) or DynamicTable(
+            req.name, config, req.owner, self.max_table_bytes, clock=self.checkpoints.store.clock)
+        empty = np.empty(0, np.int64)
+        table.merge_slices(
+            TableCopy(name=req.name, config={}, ids=ids, rows=rows, slots=slots, slot_init=slot_init),
+            TablePatch(name=req.name, live=ids, ages=np.zeros(ids.size, np.int64),
+                       freq=np.zeros(ids.size, np.int64), ids=empty,
+                       rows=np.empty((0, config.dim), table.dtype)))
+        table.with_capacity(config.capacity)
+        self.tables[req.name] = table
+        self.guards.set(req.name, req.merge)
+        self.feed.placed(req.name, req.merge.owned, req.merge.slices)
+        return {"restored": int(ids.size)}
+
 
 def _table_ids(ids: Any, what: str) -> np.ndarray:
     """Ids of a dynamic table: a 1-D int64 array (uint64 is viewed as int64)."""
