@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import pstrain
-from pstrain._base.tags import set_dispatch
+from pstrain._base.tags import one_operation, set_dispatch
 from pstrain.errors import FailedPreconditionError, InvalidArgumentError, PlacementChangedError
 from pstrain.rpc import Channel
 from pstrain.server import ParameterServer
@@ -150,6 +150,28 @@ async def test_a_request_by_an_old_map_is_refused_with_the_new_map_and_applied_o
         await coordinator.ps.move(["v"], 0)  # and back home: the map lists nothing
         assert coordinator.ps.placement.moved == {}
         assert (await v.read_value()).tolist() == [2, 2, 2]
+        await coordinator.close()
+
+
+async def test_an_update_outside_exactly_once_closures_sent_again_after_a_move_is_applied_once():
+    """A request whose connection drops before its reply (its ps drained and left) is sent
+    again where the variable is now, under the same operation: the ps that took the
+    variable over knows it was applied, also for code that is not an exactly-once closure
+    (every operation gets a key of its own)."""
+    async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
+        strategy, coordinator = _plain(cluster)
+        async with strategy.scope():
+            with strategy.placement.colocated(0):
+                v = pstrain.Variable(np.zeros(3, np.float32), name="v")
+        with one_operation():  # the operation's first send, then its send again
+            await v.assign_add(np.ones(3, np.float32))
+            await coordinator.ps.move(["v"], 1)
+            await v.assign_add(np.ones(3, np.float32))
+        assert (await v.read_value()).tolist() == [1, 1, 1]
+        with one_operation():  # a new operation is applied
+            await v.assign_add(np.ones(3, np.float32))
+        await v.assign_add(np.ones(3, np.float32))  # (each call its own operation)
+        assert (await v.read_value()).tolist() == [3, 3, 3]
         await coordinator.close()
 
 

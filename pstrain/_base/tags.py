@@ -17,7 +17,10 @@ so no variable, optimizer or user code has to pass them along.
   carries the same n, see :func:`one_operation`); a ps applies (key, n) to each
   variable once, so an exactly-once closure rerun after its worker died does not
   apply its updates twice, also when a variable moved to another ps meanwhile
-  (its record of what was applied moves with it).
+  (its record of what was applied moves with it). An operation of code that is
+  not an exactly-once closure gets a key of its own (``op:...``): a request of it
+  sent again because its connection dropped before the reply (its ps drained and
+  left, the variable moved) is then applied once too.
 
 >>> update_tags("/job:ps/replica:0/task:0")   # outside a closure: nothing
 {}
@@ -27,10 +30,29 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
+import os
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["one_operation", "set_dispatch", "update_tags"]
+__all__ = ["OP_PREFIX", "one_operation", "set_dispatch", "update_tags"]
+
+#: The key of an operation outside exactly-once closures starts so (a ps keeps those
+#: apart, for a short while: they matter while a request may be sent again).
+OP_PREFIX = "op:"
+_op_numbers = itertools.count(1)  # (next() on a count is atomic: threads share it)
+_op_process = ""
+
+
+def _new_process() -> None:
+    """Operation keys of this process start so (again in a forked child: its keys must not
+    be its parent's)."""
+    global _op_process
+    _op_process = f"{OP_PREFIX}{os.urandom(8).hex()}:"
+
+
+_new_process()
+os.register_at_fork(after_in_child=_new_process)
 
 #: ``(owner, worker index, epoch)`` of the closure running here: the ps refuses updates
 #: of epochs the coordinator has superseded (the worker was declared lost meanwhile), and
@@ -86,8 +108,17 @@ def one_operation() -> Iterator[None]:
     >>> set_dispatch(None, None)
     """
     once = _once.get()
-    if once is None or _operation.get() is not None:
+    if _operation.get() is not None:
         yield
+        return
+    if once is None:  # not in an exactly-once closure: the operation gets a key of its own
+        key = _op_process + str(next(_op_numbers))
+        token_once, token_op = _once.set((key, {"n": 1})), _operation.set(1)
+        try:
+            yield
+        finally:
+            _operation.reset(token_op)
+            _once.reset(token_once)
         return
     counters = once[1]
     counters["n"] = seq = counters.get("n", 0) + 1

@@ -17,6 +17,7 @@ no record covers are applied, the others not.
 from __future__ import annotations
 
 import collections
+import itertools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -24,6 +25,7 @@ import msgspec
 import numpy as np
 
 from ..._base.errors import CancelledError
+from ..._base.tags import OP_PREFIX
 from ..._formats.idhash import in_slices
 from ..._formats.operations import ApplyGradients, Fence, SingleUpdate, UpdateVariables
 
@@ -35,6 +37,9 @@ __all__ = ["ONCE_WINDOW", "SUPERSEDED_WINDOW", "Fencing"]
 
 #: Exactly-once closures remembered by a ps (their keys, oldest forgotten first).
 ONCE_WINDOW = 100_000
+#: Operations of code outside exactly-once closures remembered (``op:`` keys): only while
+#: a request of theirs may be sent again after its connection dropped (seconds).
+OP_WINDOW = 16_384
 #: Superseded coordinator incarnations a ps remembers (each a takeover).
 SUPERSEDED_WINDOW = 1024
 
@@ -53,6 +58,8 @@ class Fencing:
         #: the parts of each table it covered)
         self._done: collections.OrderedDict[str, dict[int, tuple[set[str], Any, dict[str, list[Scope]]]]] \
             = collections.OrderedDict()
+        self._ops: collections.OrderedDict[str, dict[int, tuple[set[str], Any, dict[str, list[Scope]]]]] \
+            = collections.OrderedDict()  # the same for ``op:`` keys
         #: The part of a table an update of these ids covers here (set by the ps: its shard,
         #: or the slices of the ids).
         self.scope_of: Callable[[str, Any], Scope] = lambda name, ids: None
@@ -97,9 +104,10 @@ class Fencing:
             key = req.once if once else None
             if key is None:
                 return fn(req)
-            done = self._done.get(key[0], {}).get(key[1])
+            book = self._book(key[0])
+            done = book.get(key[0], {}).get(key[1])
             if done is not None:
-                self._done.move_to_end(key[0])
+                book.move_to_end(key[0])
                 req = _narrowed(req, done[0], done[2])  # the rest moved here since that attempt
                 if not _names(req):
                     return done[1]  # applied by an earlier attempt of this closure
@@ -114,7 +122,8 @@ class Fencing:
 
     def _record(self, key: str, seq: int, names: Iterable[str], reply: Any,
                 scopes: dict[str, list[Scope]]) -> None:
-        entry = self._done.setdefault(key, {})
+        book = self._book(key)
+        entry = book.setdefault(key, {})
         applied = entry.get(seq)
         if applied is None:
             entry[seq] = (set(names), reply, scopes)
@@ -122,15 +131,18 @@ class Fencing:
             applied[0].update(names)
             for table, parts in scopes.items():
                 applied[2].setdefault(table, []).extend(parts)
-        self._done.move_to_end(key)
-        while len(self._done) > ONCE_WINDOW:
-            self._done.popitem(last=False)
+        book.move_to_end(key)
+        while len(book) > (OP_WINDOW if book is self._ops else ONCE_WINDOW):
+            book.popitem(last=False)
+
+    def _book(self, key: str) -> collections.OrderedDict[str, Any]:
+        return self._ops if key.startswith(OP_PREFIX) else self._done
 
     def records_of(self, names: set[str]) -> list[list[Any]]:
         """The exactly-once records of variables and tables ``names`` (a move takes them
         along): ``[closure key, operation, [names], reply, {table: [part covered]}]``."""
         out = []
-        for key, entry in self._done.items():
+        for key, entry in itertools.chain(self._done.items(), self._ops.items()):
             for seq, (applied, reply, scopes) in entry.items():
                 mine = applied & names
                 if mine:
