@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import aiohttp
 import numpy as np
 import pytest
 
@@ -99,6 +100,13 @@ async def test_table_slices_move_to_a_joining_ps_and_off_a_leaving_one_while_tra
             _check_map(coordinator, servers, table)
             shares = coordinator.statistics()["placement"]["ps"][2]["table_shares"]
             assert shares["users"] == pytest.approx(held[2] / sliced.slices, abs=1e-3)
+            endpoint = await coordinator.serve_metrics()
+            async with aiohttp.ClientSession() as session, session.get(
+                    f"http://{endpoint}/metrics", headers={"Authorization": f"Bearer {cluster.token}"}) as r:
+                text = await r.text()
+            line = next(ln for ln in text.splitlines()
+                        if ln.startswith("pstrain_placement_table_share") and 'ps="2"' in ln)
+            assert float(line.split()[-1]) == pytest.approx(shares["users"])
 
             await coordinator.remove_ps(0)  # ps 0 leaves: its slices go to ps 1 and 2
             for step in range(2 * STEPS // 3, STEPS):
@@ -284,4 +292,45 @@ async def test_a_lost_ps_holding_table_slices_is_replaced_from_base_and_deltas(t
         assert sorted(ids.tolist()) == sorted(expected)
         wrong = [i for i, row in zip(ids.tolist(), rows) if not np.array_equal(row, expected[i])]
         assert not wrong, f"{len(wrong)} rows lost or doubled an update"
+        await coordinator.close()
+
+
+async def test_a_drained_ps_leaves_its_evictions_to_the_next_delta_and_a_restore_matches_the_live_table(
+        tmp_path):
+    """Rows evicted on a ps since the last delta, then the ps drains and leaves: the ps that
+    took its slices writes those evictions in the next delta, so base + deltas restored
+    into a fresh cluster is the live table, no row missing and none come back."""
+    async with InProcessCluster(num_ps=3, num_workers=1,
+                                ps_options={"checkpoint_root": str(tmp_path)}) as cluster:
+        strategy = pstrain.ParameterServerStrategy(
+            pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="t", max_age=4)
+            opt = pstrain.optimizers.Adagrad(0.1)
+        manager = pstrain.checkpoint.CheckpointManager(
+            pstrain.checkpoint.Checkpoint(table=table, opt=opt), str(tmp_path))
+        await _train_sequentially(table, opt, range(0, 10))
+        await manager.save()
+        await _train_sequentially(table, opt, range(10, 20))
+        assert (await table.statistics())["evicted"] > 0
+        evicted_on_1 = cluster.ps[1].tables[table.key].evicted
+        await coordinator.remove_ps(1)  # drained: its rows and evictions go to ps 0 and 2
+        assert evicted_on_1 > 0 and _ids_on(cluster.ps[1], table.key).size == 0
+        await _train_sequentially(table, opt, range(20, 22))
+        path = await manager.save_delta()
+        live_ids, live_rows = await table.export()
+        await coordinator.close()
+    async with InProcessCluster(num_ps=2, num_workers=1,
+                                ps_options={"checkpoint_root": str(tmp_path)}) as cluster:
+        strategy = pstrain.ParameterServerStrategy(
+            pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="t", max_age=4)
+            opt = pstrain.optimizers.Adagrad(0.1)
+        (await pstrain.checkpoint.Checkpoint(table=table, opt=opt).restore(path)).assert_consumed()
+        ids, rows = await table.export()
+        np.testing.assert_array_equal(ids, live_ids)
+        np.testing.assert_array_equal(rows, live_rows)
         await coordinator.close()

@@ -198,6 +198,7 @@ class TablePatch(Record):
     slots: dict[Name, Any] = {}
     cand_ids: Any = None
     cand_counts: Any = None
+    removed: Any = None  # ids of these slices evicted since the source's last delta
 
 
 class MoveOutReply(Reply):

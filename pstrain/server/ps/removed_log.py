@@ -43,3 +43,7 @@ class RemovedLog:
         self._log = [(e, a) for e, a in self._log if e > mark]
         self._count = sum(a.size for _, a in self._log)
         return np.unique(np.concatenate([a for _, a in self._log])) if self._log else np.empty(0, np.int64)
+
+    def kept(self) -> np.ndarray:
+        """Every id evicted since ``since`` (unique), without forgetting any."""
+        return np.unique(np.concatenate([a for _, a in self._log])) if self._log else np.empty(0, np.int64)

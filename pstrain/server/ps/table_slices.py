@@ -27,6 +27,7 @@ from .store import VariableStore
 
 if TYPE_CHECKING:
     from .id_index import IdIndex
+    from .removed_log import RemovedLog
     from .store import ChangeClock, Snapshot
     from .table_config import TableConfig
 
@@ -121,6 +122,7 @@ class SlicedRows:
         def _remember(self, ids: np.ndarray) -> None: ...
         def slot(self, key: str, init: float) -> np.ndarray: ...
         def positions(self, ids: np.ndarray) -> np.ndarray: ...
+        removed: RemovedLog
 
     def _rows_in(self, moving: SliceSet) -> np.ndarray:
         live = np.flatnonzero(self.live[:self.used])
@@ -146,10 +148,12 @@ class SlicedRows:
         rows = self._rows_in(moving)
         changed = rows[self.epochs[rows] > mark]
         cand_ids, cand_counts = self._candidates_in(moving)
+        evicted = self.removed.kept()
         return {"name": self.name, "live": self.ids[rows], "ages": self.lookups - self.last_seen[rows],
                 "freq": self.freq[rows], "ids": self.ids[changed], "rows": self.rows[changed],
                 "slots": {k: a[changed] for k, a in self.slots.items()},
-                "cand_ids": cand_ids, "cand_counts": cand_counts}
+                "cand_ids": cand_ids, "cand_counts": cand_counts,
+                "removed": evicted[in_slices(evicted, moving.slices, moving.owned)]}
 
     def drop_slices(self, moving: SliceSet) -> int:
         """Forget the rows and sightings of slices ``moving`` (they live on another ps now):
@@ -216,6 +220,8 @@ class SlicedRows:
         for key, arr in self.slots.items():
             arr[rows] = slots[key] if key in slots else self.slot_init[key]
         self.index.insert(live, rows)
+        if patch.removed is not None and np.size(patch.removed):
+            self.removed.add(np.asarray(patch.removed, np.int64))
         if patch.cand_ids is not None and np.size(patch.cand_ids):  # the sightings at the switch
             cand_ids = np.asarray(patch.cand_ids, np.int64)
             counts = np.asarray(patch.cand_counts, np.int64).reshape(-1)
