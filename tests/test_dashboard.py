@@ -258,6 +258,8 @@ async def test_the_dashboard_draws_the_placement_map_as_a_ps_joins_and_leaves():
             async with strategy.scope():
                 for k in range(4):
                     pstrain.Variable(np.zeros(1 << 18, np.float32), name=f"v{k}")  # 1 MiB each
+                table = pstrain.DynamicEmbedding(4, name="users")
+            await table.lookup(np.arange(1000))
             url = await pstrain.dashboard.serve_dashboard(coordinator)
             async with contextlib.AsyncExitStack() as stack:
                 stack.push_async_callback(coordinator.close)
@@ -270,6 +272,9 @@ async def test_the_dashboard_draws_the_placement_map_as_a_ps_joins_and_leaves():
                 await page.wait_for_function(
                     "document.querySelector('#placement tr[data-ps=\"2\"]').textContent.includes('1.0 MiB')")
                 assert "yes" in await row.text_content()
+                await page.wait_for_function(  # 42 of the table's 128 slices
+                    "document.querySelector('#placement tr[data-ps=\"2\"]').textContent"
+                    ".includes('users 32.8%')")
                 await page.wait_for_function(
                     r"/\b[1-9]\d* move\(s\) done/"
                     ".test(document.getElementById('placement-status').textContent)")

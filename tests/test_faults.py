@@ -297,6 +297,8 @@ async def test_a_worker_joins_a_running_job_at_a_new_address_and_takes_work_with
                 env={**__import__("os").environ, "PSTRAIN_CONFIG": config, "PSTRAIN_TOKEN": cluster.token}))
             assert f"worker 1  up       {joiner.address}" in status.stdout, status.stdout + status.stderr
             assert f"worker 2  up       {grower.address}" in status.stdout, status.stdout + status.stderr
+            assert "placement map version 0" in status.stdout, status.stdout
+            assert f"ps 0  in   {cluster.cluster_spec.job_tasks('ps')[0]}" in status.stdout, status.stdout
         finally:
             joiner.stop()
             if grower is not None:

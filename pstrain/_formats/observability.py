@@ -75,6 +75,13 @@ class _Collector:
             for ps in placement.get("ps", ()):
                 shares.add_metric([*values, str(ps["index"])], float(ps["bytes"]))
             yield shares
+            tables = GaugeMetricFamily("pstrain_placement_table_share", "Fraction of each dynamic "
+                                       "table's hash space each ps holds by the placement map",
+                                       labels=[*names, "ps", "table"])
+            for ps in placement.get("ps", ()):
+                for table, share in sorted(ps.get("table_shares", {}).items()):
+                    tables.add_metric([*values, str(ps["index"]), table], float(share))
+            yield tables
         up = GaugeMetricFamily("pstrain_uptime_seconds", "Seconds since the server started", labels=names)
         up.add_metric(values, s.get("uptime_s", 0.0))
         yield up

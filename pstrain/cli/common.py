@@ -35,11 +35,12 @@ async def coordinator_call(coordinator: str, message: Operation, token: str | No
         await channel.close()
 
 
-async def membership(coordinator: str, token: str | None) -> list[dict[str, Any]]:
-    """The worker slots of the job whose coordinator serves at ``coordinator``."""
+async def membership(coordinator: str, token: str | None
+                     ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The worker slots of the job whose coordinator serves at ``coordinator``, and its
+    placement map (the ps and their shares, the move under way)."""
     reply = await coordinator_call(coordinator, Membership(), token)
-    workers: list[dict[str, Any]] = reply.workers
-    return workers
+    return reply.workers, reply.ps
 
 
 async def join(coordinator: str, address: str, token: str | None, *, ps: bool = False,

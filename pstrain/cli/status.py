@@ -124,11 +124,28 @@ def status(args: argparse.Namespace) -> int:
         if r.get("error") and (r["state"] != "down" or args.verbose):
             print(f"{r['task']}: {r['error']}")
     if args.coordinator:
-        members = run(membership(args.coordinator, token))
+        members, placement = run(membership(args.coordinator, token))
         print(f"\nmembership (from the coordinator at {args.coordinator}):")
         for m in members:
             state = m.get("state") or ("leaving" if m["leaving"] else "up" if m["up"] else "down")
             print(f"  worker {m['index']}  {state:<8} {m['address']}  failures {m['failures']}")
+        if placement:
+            _print_placement(placement)
     return 0 if all(r["state"] == "up" for r in rows if not r["task"].startswith("chief")) else 1
 
 
+def _print_placement(placement: dict[str, Any]) -> None:
+    """The placement map: its version, each ps's share, the move or replacement under way."""
+    print(f"\nplacement map version {placement['version']}, {placement['moves_done']} move(s) done, "
+          f"{_human(placement['bytes_moved'])} moved:")
+    for p in placement["ps"]:
+        tables = ", ".join(f"{name} {100 * share:.1f}%" for name, share in
+                           sorted(p.get("table_shares", {}).items()))
+        print(f"  ps {p['index']}  {'in' if p['active'] else 'left':<4} {p['address'] or '-'}  "
+              f"{_human(p['bytes'])}" + (f"  tables: {tables}" if tables else ""))
+    moving = placement.get("moving")
+    if moving:
+        print(f"  moving ps {moving['from']} -> ps {moving['to']}: {', '.join(moving['variables'])} "
+              f"({moving['seconds']} s)")
+    for index in placement.get("replacing", ()):
+        print(f"  replacing lost ps {index}")

@@ -173,14 +173,17 @@ function renderPlacement(p) {
   if (!p) return;
   const most = Math.max(1, ...p.ps.map(s => s.bytes));
   const table = document.getElementById("placement");
-  table.replaceChildren(row("th", ["ps", "address", "in the job", "share", ""]), ...p.ps.map(s => {
+  const tables = (s) => Object.entries(s.table_shares || {})
+    .map(([name, share]) => `${name} ${(100 * share).toFixed(1)}%`).join(", ");
+  table.replaceChildren(row("th", ["ps", "address", "in the job", "share", "", "dynamic tables"]),
+                        ...p.ps.map(s => {
     const tr = row("td", ["ps:" + s.index, s.address || "(left)", s.active ? "yes" : "left",
-                          (s.bytes / 1048576).toFixed(1) + " MiB", ""]);
+                          (s.bytes / 1048576).toFixed(1) + " MiB", "", tables(s)]);
     tr.dataset.ps = String(s.index);
     const bar = document.createElement("span");
     bar.className = "share";
     bar.style.width = Math.round(120 * s.bytes / most) + "px";
-    tr.lastChild.appendChild(bar);
+    tr.children[4].appendChild(bar);
     return tr;
   }));
   const parts = [`map version ${p.version}`, `${p.moves_done} move(s) done, ` +
