@@ -334,3 +334,39 @@ async def test_a_drained_ps_leaves_its_evictions_to_the_next_delta_and_a_restore
         np.testing.assert_array_equal(ids, live_ids)
         np.testing.assert_array_equal(rows, live_rows)
         await coordinator.close()
+
+
+def test_a_shard_merges_slices_whose_rows_and_slots_changed_between_copy_and_switch():
+    """The ps's own steps of a move, on real table shards: rows admitted and an optimizer
+    slot made after the copy arrive with the patch; the receiver ends equal to the source."""
+    from pstrain._formats.placement_map import SliceSet, TableCopy, TablePatch
+    from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
+    from pstrain.server.ps.store import ChangeClock
+
+    clock = ChangeClock()
+    source = DynamicTable("t", TableConfig(dim=DIM, admit_after=2), clock=clock)
+    ids = np.sort(POOL[:500])
+    source.lookup(ids[:300], True)
+    source.lookup(ids[:300], True)  # admitted at the second sighting
+    source.lookup(ids[300:], True)  # seen once: sightings only
+    everything = SliceSet(slices=4, owned=[0, 1, 2, 3])
+    copy = TableCopy(**source.copy_slices(everything))
+    mark = clock.mark()
+    source.lookup(ids[300:400], True)  # admitted after the copy
+    adagrad = {"accumulator": ("opt/accumulator", 0.1)}
+
+    def rule(rows, grad, pos, arrays, cfg, t):
+        ok = pos >= 0
+        arrays["accumulator"][pos[ok]] += grad[ok] ** 2
+        rows[pos[ok]] -= grad[ok]
+
+    source.apply(rule, ids[:400], np.ones((400, DIM), np.float32), adagrad, {}, 1)  # a slot, new
+    patch = TablePatch(**source.patch_slices(everything, mark))
+    target = DynamicTable("t", TableConfig(dim=DIM, admit_after=2), clock=ChangeClock())
+    assert target.merge_slices(copy, patch) == 400
+    got, want = target.export(), source.export()
+    order_got, order_want = np.argsort(got["ids"]), np.argsort(want["ids"])
+    for key in ("ids", "rows", "slot:opt/accumulator"):
+        np.testing.assert_array_equal(got[key][order_got], want[key][order_want])
+    target.lookup(ids[400:401], True)  # its second sighting, counted on the source first
+    assert len(target) == 401

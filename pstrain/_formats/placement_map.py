@@ -199,6 +199,7 @@ class TablePatch(Record):
     cand_ids: Any = None
     cand_counts: Any = None
     removed: Any = None  # ids of these slices evicted since the source's last delta
+    slot_init: dict[Name, float] = {}  # the slots' initial values (a slot made since the copy)
 
 
 class MoveOutReply(Reply):

@@ -152,7 +152,7 @@ class SlicedRows:
         return {"name": self.name, "live": self.ids[rows], "ages": self.lookups - self.last_seen[rows],
                 "freq": self.freq[rows], "ids": self.ids[changed], "rows": self.rows[changed],
                 "slots": {k: a[changed] for k, a in self.slots.items()},
-                "cand_ids": cand_ids, "cand_counts": cand_counts,
+                "cand_ids": cand_ids, "cand_counts": cand_counts, "slot_init": dict(self.slot_init),
                 "removed": evicted[in_slices(evicted, moving.slices, moving.owned)]}
 
     def drop_slices(self, moving: SliceSet) -> int:
@@ -178,47 +178,60 @@ class SlicedRows:
 
     def merge_slices(self, copy: TableCopy, patch: TablePatch) -> int:
         """Put the rows of ``copy``, brought up to date by ``patch``, into ``table`` (checked
-        whole first: nothing changes if any part is wrong). Returns rows put in."""
+        whole first: nothing changes if any part is wrong). Returns rows put in. Each row is
+        written once, from the copy or the patch, straight into the table's arrays."""
         dim, dtype = self.config.dim, self.dtype
         live = _array(patch.live, np.int64, (np.size(patch.live),), "live")
         n = live.size
         ages, freq = _array(patch.ages, np.int64, (n,), "ages"), _array(patch.freq, np.int64, (n,), "freq")
-        c_ids = _array(copy.ids, np.int64, (np.size(copy.ids),), "the copy's ids")
-        p_ids = _array(patch.ids, np.int64, (np.size(patch.ids),), "the patch's ids")
-        c_rows = _array(copy.rows, dtype, (c_ids.size, dim), "the copy's rows")
-        p_rows = _array(patch.rows, dtype, (p_ids.size, dim), "the patch's rows")
-        values = np.empty((n, dim), dtype)
-        slot_init = {**self.slot_init, **copy.slot_init}
-        slots = {k: np.full((n, dim), slot_init[k], dtype) for k in set(copy.slots) | set(patch.slots)
-                 if k in slot_init}
-        if len(slots) != len(set(copy.slots) | set(patch.slots)):
+        slot_init = {**self.slot_init, **copy.slot_init, **patch.slot_init}
+        if (set(copy.slots) | set(patch.slots)) - set(slot_init):
             raise InvalidArgumentError("ps/install: a moved slot has no initial value")
+        # (where in ``live``, or None: all of it in order; which source row; the source's arrays)
+        puts: list[tuple[np.ndarray | None, np.ndarray | None, np.ndarray, dict[str, np.ndarray]]] = []
         found = np.zeros(n, bool)
-        for ids, rows, slot_arrays in ((c_ids, c_rows, copy.slots), (p_ids, p_rows, patch.slots)):
+        for part, what in ((copy, "the copy's"), (patch, "the patch's")):
+            ids = _array(part.ids, np.int64, (np.size(part.ids),), f"{what} ids")
             if not ids.size:
-                continue  # the patch, applied second, wins
+                continue
+            rows = _array(part.rows, dtype, (ids.size, dim), f"{what} rows")
+            slots = {k: _array(a, dtype, (ids.size, dim), f"{what} slot {k!r}")
+                     for k, a in part.slots.items()}
+            if ids.size == n and np.array_equal(ids, live):  # (nothing changed between the two)
+                puts.append((None, None, rows, slots))
+                found[:] = True
+                continue
             order = np.argsort(ids, kind="stable")
             at = order[np.searchsorted(ids, live, sorter=order).clip(0, ids.size - 1)]
             hit = ids[at] == live
-            src = at[hit]
-            values[hit] = rows[src]
-            for key, arr in slot_arrays.items():
-                slots[key][hit] = _array(arr, dtype, (ids.size, dim), f"slot {key!r}")[src]
+            puts.append((np.flatnonzero(hit), at[hit], rows, slots))
             found |= hit
         if not bool(np.all(found)):
             raise InvalidArgumentError("ps/install: a moved id has no row in the copy or the patch")
         if n and bool(np.any(self.positions(live) >= 0)):
             raise InvalidArgumentError(f"ps/install: {self.name!r} already holds some moved ids")
-        for key, init in copy.slot_init.items():
-            self.slot(key, init)
+        for key in set(copy.slots) | set(patch.slots):
+            self.slot(key, slot_init[key])
         rows = self._take_rows(n)
         if self.saves:
             self._touch(rows)
-        self.rows[rows], self.ids[rows], self.live[rows] = values, live, True
-        self.last_seen[rows], self.freq[rows] = self.lookups - ages, freq
-        self.epochs[rows] = self.clock.epoch
+        # fresh rows are consecutive: written by slices (a copy at memory speed, no gather)
+        to: slice | np.ndarray = slice(int(rows[0]), int(rows[0]) + n) \
+            if n and int(rows[-1]) - int(rows[0]) == n - 1 and bool(np.all(np.diff(rows) == 1)) else rows
         for key, arr in self.slots.items():
-            arr[rows] = slots[key] if key in slots else self.slot_init[key]
+            arr[to] = self.slot_init[key]
+        for where, src, values, slots in puts:
+            if where is None:
+                self.rows[to] = values
+                for key, arr in slots.items():
+                    self.slots[key][to] = arr
+            else:
+                self.rows[rows[where]] = values[src]
+                for key, arr in slots.items():
+                    self.slots[key][rows[where]] = arr[src]
+        self.ids[to], self.live[to] = live, True
+        self.last_seen[to], self.freq[to] = self.lookups - ages, freq
+        self.epochs[to] = self.clock.epoch
         self.index.insert(live, rows)
         if patch.removed is not None and np.size(patch.removed):
             self.removed.add(np.asarray(patch.removed, np.int64))
