@@ -15,6 +15,7 @@ SCRIPTS = [
     "scaling.py",
     "frameworks.py",
     "elastic_ps.py",
+    "elastic_tables.py",
 ]
 
 if __name__ == "__main__":

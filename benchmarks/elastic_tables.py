@@ -1,0 +1,124 @@
+"""Elastic ps with a dynamic table: moving slices of its hash space between ps, against a
+plain copy of the same bytes.
+
+A real cluster (2 ps, 1 worker). A DynamicEmbedding 64 wide (float32) trained with
+Adagrad holds 4,194,304 rows, half on each ps: each ps's half is 1 GiB of rows and
+accumulators. Timed in one run, medians of ``--repeats`` after an untimed round:
+
+* **move**: every slice ps 0 holds goes to ps 1, then back (``coordinator.ps.move_slices``:
+  copy, catch up, switch; the rows' LRU/LFU state and sightings travel too);
+* **plain copy** of the same bytes by the same route: two 512 MiB variables read from ps 0
+  by the coordinator and assigned to two variables on ps 1;
+* **raw loopback TCP** between two processes (the machine's limit).
+
+    python benchmarks/elastic_tables.py [--repeats 3]
+
+Writes ``results/elastic_tables.jsonl`` and ``results/elastic_tables.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+from common import RESULTS, emit, median, raw_tcp_mib_s
+
+import pstrain
+
+DIM, ROWS, BATCH = 64, 1 << 22, 1 << 16  # 4M rows: 1 GiB of rows and accumulators per ps
+COPY_ROWS = 1 << 21  # two variables of COPY_ROWS x DIM float32: 512 MiB each
+
+
+async def _fill(table, opt) -> None:
+    """Every row admitted, and trained once (its accumulator made)."""
+    ids_all = np.arange(ROWS, dtype=np.int64) * 0x9E3779B1 + 12345
+    for start in range(0, ROWS, BATCH):
+        ids = ids_all[start:start + BATCH]
+        await table.lookup(ids)
+        grads = np.full((ids.size, DIM), 0.01, np.float32)
+        await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
+
+
+async def run(repeats: int) -> None:
+    limit_args = ["--max-variable-bytes", str(4 << 30)]
+    async with pstrain.LocalCluster(num_ps=2, num_workers=1, extra_args=limit_args) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="items")
+            opt = pstrain.optimizers.Adagrad(0.05)
+            src, dst = [], []
+            for k in range(2):
+                with strategy.placement.colocated(0):
+                    src.append(pstrain.Variable(pstrain.initializers.Ones(), shape=(COPY_ROWS, DIM),
+                                                dtype=np.float32, name=f"src{k}"))
+                with strategy.placement.colocated(1):
+                    dst.append(pstrain.Variable(pstrain.initializers.Ones(), shape=(COPY_ROWS, DIM),
+                                                dtype=np.float32, name=f"dst{k}"))
+        t = time.perf_counter()
+        await _fill(table, opt)
+        fill_s = time.perf_counter() - t
+        for v in src + dst:
+            await v.read_value()
+        first = coordinator.ps.table_slices(table).held_by(0)
+        rows_on_0 = int((await table.channel(0).call("dyn/stats", {"name": table.key}))["rows"])
+        moves, copies = [], []
+        for k in range(repeats + 1):  # the first round warms up, untimed
+            for a, b in ((0, 1), (1, 0)):
+                t = time.perf_counter()
+                await coordinator.ps.move_slices({table.key: first}, a, b)
+                if k:
+                    moves.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            for s, d in zip(src, dst):
+                await d.assign(await s.read_value())
+            if k:
+                copies.append(time.perf_counter() - t)
+        rows_back = int((await table.channel(0).call("dyn/stats", {"name": table.key}))["rows"])
+        assert rows_back == rows_on_0, (rows_back, rows_on_0)
+        nbytes = rows_on_0 * DIM * 4 * 2  # rows and accumulators
+        copy_bytes = 2 * COPY_ROWS * DIM * 4
+        limit = raw_tcp_mib_s(64 << 20) * (1 << 20) / 1e9
+        row = {"metric": "table_move", "rows": rows_on_0, "bytes": nbytes, "slices": len(first),
+               "move_s": round(median(moves), 3), "copy_bytes": copy_bytes,
+               "copy_s": round(median(copies), 3),
+               "move_gb_s": round(nbytes / median(moves) / 1e9, 3),
+               "copy_gb_s": round(copy_bytes / median(copies) / 1e9, 3),
+               "raw_tcp_gb_s": round(limit, 3), "repeats": repeats, "fill_s": round(fill_s, 1),
+               "all_moves_s": [round(x, 3) for x in moves], "all_copies_s": [round(x, 3) for x in copies]}
+        emit(row, "elastic_tables")
+        _plot(row)
+        await coordinator.close()
+
+
+def _plot(row: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.2), dpi=110)
+    ax.bar(["move of table slices\n(copy, catch up, switch)", "plain copy\n(read + assign)",
+            "raw TCP\n(limit)"], [row["move_gb_s"], row["copy_gb_s"], row["raw_tcp_gb_s"]],
+           color=["C0", "C1", "grey"])
+    ax.set_ylabel("GB/s")
+    ax.set_title(f"{row['bytes'] / 2 ** 30:.2f} GiB of a table's rows and slots between two ps:\n"
+                 f"move {row['move_s']:.2f} s, plain copy of 1 GiB {row['copy_s']:.2f} s")
+    fig.tight_layout()
+    path = RESULTS / "elastic_tables.png"
+    fig.savefig(path)
+    plt.close(fig)
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    pstrain.run(run(args.repeats))
+
+
+if __name__ == "__main__":
+    main()
