@@ -370,3 +370,69 @@ def test_a_shard_merges_slices_whose_rows_and_slots_changed_between_copy_and_swi
         np.testing.assert_array_equal(got[key][order_got], want[key][order_want])
     target.lookup(ids[400:401], True)  # its second sighting, counted on the source first
     assert len(target) == 401
+
+
+async def test_a_serving_feed_reader_follows_the_table_as_its_slices_move(tmp_path):
+    """examples/table_feed.py's mirror, following every ps: after a join and a drain, at the
+    next saved version each ps whose slices changed resets its reader's copy to the slices
+    it holds now, so the mirror is the table again (no row twice, none stale)."""
+    import importlib.util
+    import os
+
+    from .conftest import TOKEN
+
+    spec = importlib.util.spec_from_file_location(
+        "table_feed", os.path.join(os.path.dirname(__file__), "..", "examples", "table_feed.py"))
+    assert spec is not None and spec.loader is not None
+    table_feed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table_feed)
+    root = str(tmp_path)
+    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
+                                ps_options={"checkpoint_root": root}) as cluster:
+        extra = ParameterServer(2, token=TOKEN, checkpoint_root=root)
+        await extra.start()
+        try:
+            strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+            coordinator = pstrain.ClusterCoordinator(strategy)
+            async with strategy.scope():
+                table = pstrain.DynamicEmbedding(DIM, name="emb")
+                opt = pstrain.optimizers.Adagrad(0.1)
+            manager = pstrain.checkpoint.CheckpointManager(
+                pstrain.Checkpoint(table=table, opt=opt), root, deltas_per_base=100)
+            mirror = table_feed.TableMirror([ps.address for ps in cluster.ps], "emb", TOKEN)
+
+            async def same() -> None:
+                ids, rows = await table.export()
+                got_ids, got_rows = mirror.snapshot()
+                np.testing.assert_array_equal(got_ids, ids)
+                np.testing.assert_array_equal(got_rows, rows)
+
+            async with aiohttp.ClientSession() as session:
+                await _train_sequentially(table, opt, range(0, 5))
+                await manager.save()
+                await mirror.poll(session)
+                await same()
+                await coordinator.add_ps(extra.address)
+                mirror.endpoints.append(extra.address)
+                mirror.shards.append(table_feed.ShardCopy())
+                await _train_sequentially(table, opt, range(5, 8))
+                await manager.save()  # (a delta cannot cover a ps that joined since the base)
+                resets = mirror.resets
+                await mirror.poll(session)
+                assert mirror.resets == resets + 3  # each ps's slices changed: each one reset
+                await same()
+                await _train_sequentially(table, opt, range(8, 10))
+                await manager.save_delta()
+                resets = mirror.resets
+                await mirror.poll(session)
+                assert mirror.resets == resets  # nothing moved: only the changes
+                await same()
+                await coordinator.remove_ps(0)
+                await _train_sequentially(table, opt, range(10, 12))
+                await manager.save_delta()
+                await mirror.poll(session)
+                assert mirror.shards[0].ids.size == 0  # ps 0 holds no slice now
+                await same()
+            await coordinator.close()
+        finally:
+            await extra.stop()

@@ -16,8 +16,9 @@ that last got version ``s`` gets, in order of preference:
    so a reader crosses it without a full read. Every row changed after ``s`` is
    sent (a few changed before may be sent again, with their last values: putting
    them in again changes nothing).
-4. Otherwise (no ``s``, a save no longer there, a restarted ps, a restore since):
-   a *reset*: the whole shard at the chain's last version.
+4. Otherwise (no ``s``, a save no longer there, a restarted ps, a restore since,
+   slices of the table moved to or from this ps since ``s``): a *reset*: the whole
+   shard (the slices this ps holds now) at the chain's last version.
 
 Either way the reply names the chain's last version, which the reader sends next
 time. No network here; file I/O only.
@@ -148,12 +149,13 @@ def _files(directory: str, save: _Save) -> list[tuple[str, str]]:
 
 def read_feed(directory: str, key: str, ps: int, shard: Shard, num_shards: int, dim: int,
               dtype: np.dtype, since: int | None, reset_at: int = 0,
-              cache: IndexCache | None = None) -> FeedReply:
+              cache: IndexCache | None = None, moved_at: int = 0) -> FeedReply:
     """What shard ``shard`` of ``num_shards`` of table ``key`` changed since version
     ``since`` (None: everything), read from ``directory`` (the rules: module docstring).
     ``ps`` is this ps's number in the saves' marks; ``reset_at`` the mark before which this
     ps's table was last replaced (a restore): older marks are not comparable. ``cache``
-    keeps this directory's parsed indexes between calls."""
+    keeps this directory's parsed indexes between calls; ``moved_at`` the mark from which
+    this ps holds other slices of the table (a reader's copy from before is reset)."""
     saves = _saves(directory, key, ps, {} if cache is None else cache)
     if not saves:
         raise FailedPreconditionError(
@@ -165,6 +167,8 @@ def read_feed(directory: str, key: str, ps: int, shard: Shard, num_shards: int, 
     if since == version:
         return FeedReply(version, False, empty, np.empty((0, dim), dtype), empty)
     deltas: list[_Save] | None = None
+    if since is not None and since in saves and (saves[since].mark or ("", -1))[1] < moved_at:
+        since = None  # saved before this ps's slices changed: the reader's copy is reset
     position = next((i for i, s in enumerate(chain) if s.seq == since), None)
     if position is not None:
         deltas = chain[position + 1:]

@@ -56,6 +56,8 @@ class TableFeed:
         self.placement: dict[str, tuple[Shard, int]] = {}
         #: table -> the change epoch at which its rows were last replaced (created or restored)
         self.reset_at: dict[str, int] = {}
+        #: table -> the change epoch from which this ps holds its slices (a move ended)
+        self.moved_at: dict[str, int] = {}
         #: directory -> its parsed indexes (``_formats/table_feed.py``)
         self.indexes: dict[str, IndexCache] = {}
 
@@ -63,6 +65,12 @@ class TableFeed:
         """Table ``name`` here is shard ``shard`` of ``num_shards`` (or, once part of it
         moved, the slices ``shard`` of ``num_shards``)."""
         self.placement[name] = (shard, num_shards)
+
+    def moved(self, name: str, slices: list[int], num_slices: int, epoch: int) -> None:
+        """This ps holds slices ``slices`` of ``num_slices`` of table ``name`` from change
+        epoch ``epoch`` on: a reader's copy from an older save is reset."""
+        self.placement[name] = (slices, num_slices)
+        self.moved_at[name] = epoch
 
     def replaced(self, name: str, epoch: int) -> None:
         """Table ``name``'s rows were replaced (created or restored) at change epoch ``epoch``:
@@ -94,7 +102,8 @@ class TableFeed:
             try:
                 return await asyncio.to_thread(read_feed, directory, name, self.index, shard,
                                                num_shards, dim, dtype, since, reset_at,
-                                               self.indexes.setdefault(directory, {}))
+                                               self.indexes.setdefault(directory, {}),
+                                               self.moved_at.get(name, 0))
             except (FailedPreconditionError, InvalidArgumentError):
                 if attempt == _ATTEMPTS - 1:  # not a save pruned meanwhile: the directory is bad
                     raise

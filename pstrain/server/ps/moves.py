@@ -205,7 +205,8 @@ class Moves:
             table.with_capacity(TableConfig(**arrived.config).capacity)
             assert arrived.serving is not None  # (checked when staged)
             self.tables.guards.set(arrived.name, arrived.serving)
-            self.tables.feed.placed(arrived.name, arrived.serving.owned, arrived.serving.slices)
+            self.tables.feed.moved(arrived.name, arrived.serving.owned, arrived.serving.slices,
+                                   self.store.clock.epoch)
         self.fencing.adopt(req.once, req.fences, req.superseded)
         if req.placement is not None:
             self._adopt(req.placement)
@@ -272,7 +273,7 @@ class Moves:
                 table.with_capacity(capacity)
                 after = self.tables.guards.get(name)
                 if after is not None:
-                    self.tables.feed.placed(name, after.owned, after.slices)
+                    self.tables.feed.moved(name, after.owned, after.slices, self.store.clock.epoch)
             else:
                 self.tables.guards.set(name, before)
         staged = self.incoming_tables.pop(stage, None)

@@ -263,7 +263,7 @@ class TableHandlers:
         table.with_capacity(config.capacity)
         self.tables[req.name] = table
         self.guards.set(req.name, req.merge)
-        self.feed.placed(req.name, req.merge.owned, req.merge.slices)
+        self.feed.moved(req.name, req.merge.owned, req.merge.slices, self.checkpoints.store.clock.epoch)
         return {"restored": int(ids.size)}
 
 
