@@ -30,9 +30,11 @@ def _batches() -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
              y[k * BATCH:(k + 1) * BATCH]) for k in range(BATCHES)]
 
 
-def _build(strategy: pstrain.ParameterServerStrategy, batches):
+def _build(strategy: pstrain.ParameterServerStrategy, batches, dynamic: bool = False):
+    """W4's model (``dynamic``: W6's, its table a DynamicEmbedding), Adagrad, a step."""
     with strategy.scope():
-        model = CTRModel(rows=ROWS)
+        table = pstrain.DynamicEmbedding(16, name="ctr/dynamic", capacity=60_000) if dynamic else None
+        model = CTRModel(rows=ROWS, table=table)
         opt = pstrain.optimizers.Adagrad(0.05)
     inner = make_step(model, opt)
 
@@ -163,19 +165,6 @@ async def test_a_ps_joins_and_is_drained_by_sigterm_during_w4_and_the_state_is_e
 TABLE_STEPS = 240
 
 
-def _build_dynamic(strategy: pstrain.ParameterServerStrategy, batches):
-    with strategy.scope():
-        table = pstrain.DynamicEmbedding(16, name="ctr/dynamic", capacity=60_000)
-        model = CTRModel(table=table)
-        opt = pstrain.optimizers.Adagrad(0.05)
-    inner = make_step(model, opt)
-
-    async def step(k: int) -> float:
-        return await inner(iter([batches[k % len(batches)]]))
-
-    return model, opt, step
-
-
 async def _table_state(model: CTRModel, opt) -> list[np.ndarray]:
     """The table's ids, rows and Adagrad accumulators (from every ps holding part of it, in
     id order), the dense variables and the step count."""
@@ -196,7 +185,7 @@ async def test_a_dynamic_table_moves_to_a_joining_ps_and_off_it_on_sigterm_and_t
     async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
         strategy = _strategy(cluster.cluster_spec.as_dict(), cluster.token)
         coordinator = pstrain.ClusterCoordinator(strategy)
-        model, opt, step = _build_dynamic(strategy, batches)
+        model, opt, step = _build(strategy, batches, dynamic=True)
         for k in range(TABLE_STEPS):
             coordinator.schedule(step, args=(k,), exactly_once=True)
         await coordinator.join()
@@ -214,7 +203,7 @@ async def test_a_dynamic_table_moves_to_a_joining_ps_and_off_it_on_sigterm_and_t
         strategy = _strategy(spec, TOKEN)
         coordinator = pstrain.ClusterCoordinator(strategy)
         endpoint = await coordinator.serve_metrics()
-        model, opt, step = _build_dynamic(strategy, batches)
+        model, opt, step = _build(strategy, batches, dynamic=True)
         rvs = [coordinator.schedule(step, args=(k,), exactly_once=True) for k in range(TABLE_STEPS)]
         await _until(lambda: coordinator.closures_done >= 10, "training to start")
         joined = await asyncio.to_thread(ServeProcess, "--role", "ps", "--port", "0",

@@ -5,7 +5,9 @@ request sent by an old map is refused whole and routed again."""
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -18,6 +20,8 @@ from pstrain.errors import InvalidArgumentError, PlacementChangedError
 from pstrain.rpc import Channel
 from pstrain.server import ParameterServer
 from pstrain.testing import InProcessCluster
+
+from .conftest import TOKEN, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,12 +47,32 @@ def _expected(steps: int) -> dict[int, np.ndarray]:
     return rows
 
 
-async def _wait(cond, what: str, timeout: float = 30.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
+@contextlib.asynccontextmanager
+async def _job(num_ps: int = 2, *, workers: int = 1, extra: bool = True, root: str | None = None,
+               token: str | None = None) -> AsyncIterator[tuple[Any, ParameterServer | None, Any, Any]]:
+    """In-process ps and workers (checkpoints under ``root``), a further ps not in the job
+    yet (``extra``), a strategy without partitioner and its coordinator (closed after)."""
+    options = {"checkpoint_root": root} if root else {}
+    async with InProcessCluster(num_ps=num_ps, num_workers=workers, token=token,
+                                ps_options=options or None) as cluster:
+        spare = ParameterServer(num_ps, token=cluster.token, **options) if extra else None
+        if spare is not None:
+            await spare.start()
+        try:
+            strategy = pstrain.ParameterServerStrategy(
+                pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+            coordinator = pstrain.ClusterCoordinator(strategy)
+            yield cluster, spare, strategy, coordinator
+            await coordinator.close()
+        finally:
+            if spare is not None:
+                await spare.stop()
+
+
+def _same_rows(ids: np.ndarray, rows: np.ndarray, expected: dict[int, np.ndarray]) -> None:
+    assert sorted(ids.tolist()) == sorted(expected)
+    wrong = [i for i, row in zip(ids.tolist(), rows) if not np.array_equal(row, expected[i])]
+    assert not wrong, f"{len(wrong)} rows lost or doubled an update"
 
 
 def _ids_on(ps: ParameterServer, key: str) -> np.ndarray:
@@ -69,64 +93,52 @@ def _check_map(coordinator: pstrain.ClusterCoordinator, servers: list[ParameterS
 
 
 async def test_table_slices_move_to_a_joining_ps_and_off_a_leaving_one_while_training_runs():
-    async with InProcessCluster(num_ps=2, num_workers=2) as cluster:
-        extra = ParameterServer(2, token=cluster.token)
-        await extra.start()
-        try:
-            strategy = pstrain.ParameterServerStrategy(
-                pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
-            coordinator = pstrain.ClusterCoordinator(strategy)
-            async with strategy.scope():
-                table = pstrain.DynamicEmbedding(DIM, name="users", initializer=pstrain.initializers.Zeros())
-                opt = pstrain.optimizers.SGD(1.0)
+    async with _job(workers=2) as (cluster, extra, strategy, coordinator):
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="users", initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.SGD(1.0)
 
-            async def step_fn(step: int) -> None:
-                ids, grads = _batch(step)
-                await table.lookup(ids)  # admits them
-                await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
+        async def step_fn(step: int) -> None:
+            ids, grads = _batch(step)
+            await table.lookup(ids)  # admits them
+            await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
 
-            for step in range(STEPS // 3):
-                coordinator.schedule(step_fn, args=(step,), exactly_once=True)
-            await _wait(lambda: coordinator.closures_done >= 5, "training to start")
-            assert await coordinator.add_ps(extra.address) == 2  # while closures run
-            for step in range(STEPS // 3, 2 * STEPS // 3):
-                coordinator.schedule(step_fn, args=(step,), exactly_once=True)
-            await coordinator.join()
-            servers = [*cluster.ps, extra]
-            sliced = coordinator.ps.table_slices(table)
-            held = [len(sliced.held_by(k)) for k in range(3)]
-            assert sum(held) == sliced.slices and min(held) >= sliced.slices // 3
-            assert _ids_on(extra, table.key).size > 0
-            _check_map(coordinator, servers, table)
-            shares = coordinator.statistics()["placement"]["ps"][2]["table_shares"]
-            assert shares["users"] == pytest.approx(held[2] / sliced.slices, abs=1e-3)
-            endpoint = await coordinator.serve_metrics()
-            async with aiohttp.ClientSession() as session, session.get(
-                    f"http://{endpoint}/metrics", headers={"Authorization": f"Bearer {cluster.token}"}) as r:
-                text = await r.text()
-            line = next(ln for ln in text.splitlines()
-                        if ln.startswith("pstrain_placement_table_share") and 'ps="2"' in ln)
-            assert float(line.split()[-1]) == pytest.approx(shares["users"])
+        for step in range(STEPS // 3):
+            coordinator.schedule(step_fn, args=(step,), exactly_once=True)
+        await wait_for(lambda: coordinator.closures_done >= 5, timeout=30, what="training to start")
+        assert await coordinator.add_ps(extra.address) == 2  # while closures run
+        for step in range(STEPS // 3, 2 * STEPS // 3):
+            coordinator.schedule(step_fn, args=(step,), exactly_once=True)
+        await coordinator.join()
+        servers = [*cluster.ps, extra]
+        sliced = coordinator.ps.table_slices(table)
+        held = [len(sliced.held_by(k)) for k in range(3)]
+        assert sum(held) == sliced.slices and min(held) >= sliced.slices // 3
+        assert _ids_on(extra, table.key).size > 0
+        _check_map(coordinator, servers, table)
+        shares = coordinator.statistics()["placement"]["ps"][2]["table_shares"]
+        assert shares["users"] == pytest.approx(held[2] / sliced.slices, abs=1e-3)
+        endpoint = await coordinator.serve_metrics()
+        async with aiohttp.ClientSession() as session, session.get(
+                f"http://{endpoint}/metrics", headers={"Authorization": f"Bearer {cluster.token}"}) as r:
+            text = await r.text()
+        line = next(ln for ln in text.splitlines()
+                    if ln.startswith("pstrain_placement_table_share") and 'ps="2"' in ln)
+        assert float(line.split()[-1]) == pytest.approx(shares["users"])
 
-            await coordinator.remove_ps(0)  # ps 0 leaves: its slices go to ps 1 and 2
-            for step in range(2 * STEPS // 3, STEPS):
-                coordinator.schedule(step_fn, args=(step,), exactly_once=True)
-            await coordinator.join()
-            assert _ids_on(cluster.ps[0], table.key).size == 0
-            assert set(coordinator.ps.table_slices(table).owners) == {1, 2}
-            _check_map(coordinator, servers, table)
-            # workers learnt each map from a refusal
-            assert sum(ps.store.refusals for ps in servers) >= 1
+        await coordinator.remove_ps(0)  # ps 0 leaves: its slices go to ps 1 and 2
+        for step in range(2 * STEPS // 3, STEPS):
+            coordinator.schedule(step_fn, args=(step,), exactly_once=True)
+        await coordinator.join()
+        assert _ids_on(cluster.ps[0], table.key).size == 0
+        assert set(coordinator.ps.table_slices(table).owners) == {1, 2}
+        _check_map(coordinator, servers, table)
+        # workers learnt each map from a refusal
+        assert sum(ps.store.refusals for ps in servers) >= 1
 
-            expected = _expected(STEPS)
-            ids, rows = await table.export()
-            assert sorted(ids.tolist()) == sorted(expected)
-            wrong = [i for i, row in zip(ids.tolist(), rows) if not np.array_equal(row, expected[i])]
-            assert not wrong, f"{len(wrong)} rows lost or doubled an update"
-            assert (await table.statistics())["rows"] == len(expected)
-            await coordinator.close()
-        finally:
-            await extra.stop()
+        expected = _expected(STEPS)
+        _same_rows(*await table.export(), expected)
+        assert (await table.statistics())["rows"] == len(expected)
 
 
 async def _train_sequentially(table, opt, steps: range) -> None:
@@ -138,48 +150,40 @@ async def _train_sequentially(table, opt, steps: range) -> None:
 
 
 async def _adagrad_run(move: bool) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
-    async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
-        extra = ParameterServer(2, token=cluster.token)
-        await extra.start()
-        try:
-            strategy = pstrain.ParameterServerStrategy(
-                pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
-            coordinator = pstrain.ClusterCoordinator(strategy)
-            async with strategy.scope():
-                table = pstrain.DynamicEmbedding(DIM, name="items", capacity=5000, admit_after=2,
-                                                 eviction="lfu")
-                opt = pstrain.optimizers.Adagrad(0.1)
-            await _train_sequentially(table, opt, range(0, 20))
-            if move:
-                await coordinator.add_ps(extra.address)
-                assert _ids_on(extra, table.key).size > 0
-            await _train_sequentially(table, opt, range(20, 40))
-            if move:
-                await coordinator.remove_ps(1)
-                assert _ids_on(cluster.ps[1], table.key).size == 0
-            await _train_sequentially(table, opt, range(40, 50))
-            ids, rows = await table.export()
-            slots, freq, sightings = {}, {}, {}
-            for ps in [*cluster.ps, extra]:
-                shard = ps.tables.get(table.key)
-                if shard is None:
-                    continue
-                used = shard._cand_used
-                sightings.update((int(i), int(c)) for i, c in zip(shard._cand_ids[:used],
-                                                                  shard._cand_counts[:used]) if c)
-                if len(shard):
-                    exported = shard.export()
-                    pos = shard.positions(exported["ids"])
-                    for i, acc, f in zip(exported["ids"].tolist(),
-                                         exported[f"slot:{opt.name}/accumulator"], shard.freq[pos]):
-                        slots[i], freq[i] = acc, int(f)
-            stats = await table.statistics()
-            state = np.concatenate([rows, np.stack([slots[i] for i in ids.tolist()]),
-                                    np.array([[freq[i]] for i in ids.tolist()], np.float32)], axis=1)
-            await coordinator.close()
-            return ids, state, {**stats, "sightings": sightings}
-        finally:
-            await extra.stop()
+    async with _job() as (cluster, extra, strategy, coordinator):
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="items", capacity=5000, admit_after=2,
+                                             eviction="lfu")
+            opt = pstrain.optimizers.Adagrad(0.1)
+        await _train_sequentially(table, opt, range(0, 20))
+        if move:
+            await coordinator.add_ps(extra.address)
+            assert _ids_on(extra, table.key).size > 0
+        await _train_sequentially(table, opt, range(20, 40))
+        if move:
+            await coordinator.remove_ps(1)
+            assert _ids_on(cluster.ps[1], table.key).size == 0
+        await _train_sequentially(table, opt, range(40, 50))
+        ids, rows = await table.export()
+        slots, freq, sightings = {}, {}, {}
+        for ps in [*cluster.ps, extra]:
+            shard = ps.tables.get(table.key)
+            if shard is None:
+                continue
+            used = shard._cand_used
+            sightings.update((int(i), int(c)) for i, c in zip(shard._cand_ids[:used],
+                                                              shard._cand_counts[:used]) if c)
+            if len(shard):
+                exported = shard.export()
+                pos = shard.positions(exported["ids"])
+                for i, acc, f in zip(exported["ids"].tolist(),
+                                     exported[f"slot:{opt.name}/accumulator"], shard.freq[pos]):
+                    slots[i], freq[i] = acc, int(f)
+        stats = await table.statistics()
+        state = np.concatenate([rows, np.stack([slots[i] for i in ids.tolist()]),
+                                np.array([[freq[i]] for i in ids.tolist()], np.float32)], axis=1)
+        return ids, state, {**stats, "sightings": sightings}
+    raise AssertionError("unreachable")
 
 
 async def test_rows_slots_counts_and_sightings_move_exactly():
@@ -195,51 +199,42 @@ async def test_rows_slots_counts_and_sightings_move_exactly():
 
 
 async def test_an_old_map_request_to_a_table_is_refused_whole_and_a_retry_is_applied_once():
-    async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
-        extra = ParameterServer(2, token=cluster.token)
-        await extra.start()
+    async with _job() as (cluster, extra, strategy, coordinator):
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="t", initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.SGD(1.0)
+        ids = np.sort(POOL[:200])
+        await table.lookup(ids)
+        # an exactly-once closure's first attempt applies on ps 0 and 1 ...
+        set_dispatch(None, "closure-7")
+        await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((200, DIM), np.float32), ids),
+                                    table)])
+        await coordinator.add_ps(extra.address)
+        # ... its retry, after slices moved to ps 2, is recognised there and not applied again
+        set_dispatch(None, "closure-7")
+        await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((200, DIM), np.float32), ids),
+                                    table)])
+        set_dispatch(None, None)
+        _, rows = await table.export()
+        np.testing.assert_array_equal(rows, -np.ones((200, DIM), np.float32))
+        # a client on the old map is refused by ps 0, applying nothing
+        on0 = ids[shard_of(ids, 2) == 0]
+        moved = coordinator.ps.table_slices(table)
+        away = on0[np.asarray(moved.owners)[shard_of(on0, moved.slices)] == 2]
+        assert away.size
+        channel = Channel(cluster.ps[0].address, token=cluster.token,
+                          task="/job:ps/replica:0/task:0")
         try:
-            strategy = pstrain.ParameterServerStrategy(
-                pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
-            coordinator = pstrain.ClusterCoordinator(strategy)
-            async with strategy.scope():
-                table = pstrain.DynamicEmbedding(DIM, name="t", initializer=pstrain.initializers.Zeros())
-                opt = pstrain.optimizers.SGD(1.0)
-            ids = np.sort(POOL[:200])
-            await table.lookup(ids)
-            # an exactly-once closure's first attempt applies on ps 0 and 1 ...
-            set_dispatch(None, "closure-7")
-            await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((200, DIM), np.float32), ids),
-                                        table)])
-            await coordinator.add_ps(extra.address)
-            # ... its retry, after slices moved to ps 2, is recognised there and not applied again
-            set_dispatch(None, "closure-7")
-            await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((200, DIM), np.float32), ids),
-                                        table)])
-            set_dispatch(None, None)
-            _, rows = await table.export()
-            np.testing.assert_array_equal(rows, -np.ones((200, DIM), np.float32))
-            # a client on the old map is refused by ps 0, applying nothing
-            on0 = ids[shard_of(ids, 2) == 0]
-            moved = coordinator.ps.table_slices(table)
-            away = on0[np.asarray(moved.owners)[shard_of(on0, moved.slices)] == 2]
-            assert away.size
-            channel = Channel(cluster.ps[0].address, token=cluster.token,
-                              task="/job:ps/replica:0/task:0")
-            try:
-                with pytest.raises(PlacementChangedError) as caught:
-                    await channel.call("dyn/lookup", {"name": table.key, "ids": on0, "train": True})
-                assert caught.value.placement["tables"][table.key]["slices"] == moved.slices
-            finally:
-                await channel.close()
-            assert cluster.ps[0].tables[table.key].lookups == 1  # the refused lookup counted nothing
-            with pytest.raises(InvalidArgumentError, match="not all on ps 1"):
-                await coordinator.ps.move_slices({table.key: [0]}, 1, 0)
-            with pytest.raises(InvalidArgumentError, match="not dynamic tables"):
-                await coordinator.ps.move_slices({"nope": [0]}, 0, 1)
-            await coordinator.close()
+            with pytest.raises(PlacementChangedError) as caught:
+                await channel.call("dyn/lookup", {"name": table.key, "ids": on0, "train": True})
+            assert caught.value.placement["tables"][table.key]["slices"] == moved.slices
         finally:
-            await extra.stop()
+            await channel.close()
+        assert cluster.ps[0].tables[table.key].lookups == 1  # the refused lookup counted nothing
+        with pytest.raises(InvalidArgumentError, match="not all on ps 1"):
+            await coordinator.ps.move_slices({table.key: [0]}, 1, 0)
+        with pytest.raises(InvalidArgumentError, match="not dynamic tables"):
+            await coordinator.ps.move_slices({"nope": [0]}, 0, 1)
 
 
 async def test_a_lost_ps_holding_table_slices_is_replaced_from_base_and_deltas(tmp_path):
@@ -247,11 +242,7 @@ async def test_a_lost_ps_holding_table_slices_is_replaced_from_base_and_deltas(t
     table come back on ps 0 and 2 as of the delta, while training goes on; every other row
     keeps all its updates, once."""
     saved, delta, lost, end = 8, 12, 15, 24
-    async with InProcessCluster(num_ps=3, num_workers=1,
-                                ps_options={"checkpoint_root": str(tmp_path)}) as cluster:
-        strategy = pstrain.ParameterServerStrategy(
-            pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
-        coordinator = pstrain.ClusterCoordinator(strategy)
+    async with _job(3, extra=False, root=str(tmp_path)) as (cluster, _, strategy, coordinator):
         async with strategy.scope():
             table = pstrain.DynamicEmbedding(DIM, name="t", initializer=pstrain.initializers.Zeros())
             opt = pstrain.optimizers.SGD(1.0)
@@ -288,11 +279,7 @@ async def test_a_lost_ps_holding_table_slices_is_replaced_from_base_and_deltas(t
                 if delta <= step < lost and int(shard_of(np.array([i]), 3)[0]) == 1:
                     continue  # on the lost ps after the delta
                 expected[i] = expected.get(i, np.zeros(DIM, np.float32)) - g
-        ids, rows = await table.export()
-        assert sorted(ids.tolist()) == sorted(expected)
-        wrong = [i for i, row in zip(ids.tolist(), rows) if not np.array_equal(row, expected[i])]
-        assert not wrong, f"{len(wrong)} rows lost or doubled an update"
-        await coordinator.close()
+        _same_rows(*await table.export(), expected)
 
 
 async def test_a_drained_ps_leaves_its_evictions_to_the_next_delta_and_a_restore_matches_the_live_table(
@@ -300,11 +287,7 @@ async def test_a_drained_ps_leaves_its_evictions_to_the_next_delta_and_a_restore
     """Rows evicted on a ps since the last delta, then the ps drains and leaves: the ps that
     took its slices writes those evictions in the next delta, so base + deltas restored
     into a fresh cluster is the live table, no row missing and none come back."""
-    async with InProcessCluster(num_ps=3, num_workers=1,
-                                ps_options={"checkpoint_root": str(tmp_path)}) as cluster:
-        strategy = pstrain.ParameterServerStrategy(
-            pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
-        coordinator = pstrain.ClusterCoordinator(strategy)
+    async with _job(3, extra=False, root=str(tmp_path)) as (cluster, _, strategy, coordinator):
         async with strategy.scope():
             table = pstrain.DynamicEmbedding(DIM, name="t", max_age=4)
             opt = pstrain.optimizers.Adagrad(0.1)
@@ -320,12 +303,7 @@ async def test_a_drained_ps_leaves_its_evictions_to_the_next_delta_and_a_restore
         await _train_sequentially(table, opt, range(20, 22))
         path = await manager.save_delta()
         live_ids, live_rows = await table.export()
-        await coordinator.close()
-    async with InProcessCluster(num_ps=2, num_workers=1,
-                                ps_options={"checkpoint_root": str(tmp_path)}) as cluster:
-        strategy = pstrain.ParameterServerStrategy(
-            pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
-        coordinator = pstrain.ClusterCoordinator(strategy)
+    async with _job(extra=False, root=str(tmp_path)) as (cluster, _, strategy, coordinator):
         async with strategy.scope():
             table = pstrain.DynamicEmbedding(DIM, name="t", max_age=4)
             opt = pstrain.optimizers.Adagrad(0.1)
@@ -333,7 +311,6 @@ async def test_a_drained_ps_leaves_its_evictions_to_the_next_delta_and_a_restore
         ids, rows = await table.export()
         np.testing.assert_array_equal(ids, live_ids)
         np.testing.assert_array_equal(rows, live_rows)
-        await coordinator.close()
 
 
 def test_a_shard_merges_slices_whose_rows_and_slots_changed_between_copy_and_switch():
@@ -379,60 +356,49 @@ async def test_a_serving_feed_reader_follows_the_table_as_its_slices_move(tmp_pa
     import importlib.util
     import os
 
-    from .conftest import TOKEN
-
     spec = importlib.util.spec_from_file_location(
         "table_feed", os.path.join(os.path.dirname(__file__), "..", "examples", "table_feed.py"))
     assert spec is not None and spec.loader is not None
     table_feed = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(table_feed)
     root = str(tmp_path)
-    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": root}) as cluster:
-        extra = ParameterServer(2, token=TOKEN, checkpoint_root=root)
-        await extra.start()
-        try:
-            strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-            coordinator = pstrain.ClusterCoordinator(strategy)
-            async with strategy.scope():
-                table = pstrain.DynamicEmbedding(DIM, name="emb")
-                opt = pstrain.optimizers.Adagrad(0.1)
-            manager = pstrain.checkpoint.CheckpointManager(
-                pstrain.Checkpoint(table=table, opt=opt), root, deltas_per_base=100)
-            mirror = table_feed.TableMirror([ps.address for ps in cluster.ps], "emb", TOKEN)
+    async with _job(root=root, token=TOKEN) as (cluster, extra, strategy, coordinator):
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="emb")
+            opt = pstrain.optimizers.Adagrad(0.1)
+        manager = pstrain.checkpoint.CheckpointManager(
+            pstrain.Checkpoint(table=table, opt=opt), root, deltas_per_base=100)
+        mirror = table_feed.TableMirror([ps.address for ps in cluster.ps], "emb", TOKEN)
 
-            async def same() -> None:
-                ids, rows = await table.export()
-                got_ids, got_rows = mirror.snapshot()
-                np.testing.assert_array_equal(got_ids, ids)
-                np.testing.assert_array_equal(got_rows, rows)
+        async def same() -> None:
+            ids, rows = await table.export()
+            got_ids, got_rows = mirror.snapshot()
+            np.testing.assert_array_equal(got_ids, ids)
+            np.testing.assert_array_equal(got_rows, rows)
 
-            async with aiohttp.ClientSession() as session:
-                await _train_sequentially(table, opt, range(0, 5))
-                await manager.save()
-                await mirror.poll(session)
-                await same()
-                await coordinator.add_ps(extra.address)
-                mirror.endpoints.append(extra.address)
-                mirror.shards.append(table_feed.ShardCopy())
-                await _train_sequentially(table, opt, range(5, 8))
-                await manager.save()  # (a delta cannot cover a ps that joined since the base)
-                resets = mirror.resets
-                await mirror.poll(session)
-                assert mirror.resets == resets + 3  # each ps's slices changed: each one reset
-                await same()
-                await _train_sequentially(table, opt, range(8, 10))
-                await manager.save_delta()
-                resets = mirror.resets
-                await mirror.poll(session)
-                assert mirror.resets == resets  # nothing moved: only the changes
-                await same()
-                await coordinator.remove_ps(0)
-                await _train_sequentially(table, opt, range(10, 12))
-                await manager.save_delta()
-                await mirror.poll(session)
-                assert mirror.shards[0].ids.size == 0  # ps 0 holds no slice now
-                await same()
-            await coordinator.close()
-        finally:
-            await extra.stop()
+        async with aiohttp.ClientSession() as session:
+            await _train_sequentially(table, opt, range(0, 5))
+            await manager.save()
+            await mirror.poll(session)
+            await same()
+            await coordinator.add_ps(extra.address)
+            mirror.endpoints.append(extra.address)
+            mirror.shards.append(table_feed.ShardCopy())
+            await _train_sequentially(table, opt, range(5, 8))
+            await manager.save()  # (a delta cannot cover a ps that joined since the base)
+            resets = mirror.resets
+            await mirror.poll(session)
+            assert mirror.resets == resets + 3  # each ps's slices changed: each one reset
+            await same()
+            await _train_sequentially(table, opt, range(8, 10))
+            await manager.save_delta()
+            resets = mirror.resets
+            await mirror.poll(session)
+            assert mirror.resets == resets  # nothing moved: only the changes
+            await same()
+            await coordinator.remove_ps(0)
+            await _train_sequentially(table, opt, range(10, 12))
+            await manager.save_delta()
+            await mirror.poll(session)
+            assert mirror.shards[0].ids.size == 0  # ps 0 holds no slice now
+            await same()

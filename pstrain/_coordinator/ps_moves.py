@@ -178,12 +178,8 @@ class PsChanges:
     async def move(self, keys: list[str], to: int) -> None:
         """Move variables ``keys`` (with their optimizer slots) to ps ``to`` while training
         runs: copy, catch up, switch."""
-        if to not in self.placement.active():
-            raise InvalidArgumentError(f"no active ps {to}: the job's ps are {self.placement.active()}")
         placed = self.strategy.placement.placed
-        unknown = [k for k in keys if k not in placed]
-        if unknown:
-            raise InvalidArgumentError(f"not variables of this strategy: {unknown}")
+        self._check(to, keys, placed, "variables")
         async with self._lock:
             by_source: dict[int, list[str]] = {}
             for key in keys:
@@ -245,17 +241,22 @@ class PsChanges:
     def _plan_tables_join(self, new: int) -> dict[int, dict[str, list[int]]]:
         return plan_join(self.placement, self.strategy.placement.tables, new)
 
+    def _check(self, to: int, keys: list[str], known: dict[str, Any], what: str) -> None:
+        """InvalidArgumentError (nothing moves) unless ps ``to`` is active and every key is
+        one of ``known``."""
+        if to not in self.placement.active():
+            raise InvalidArgumentError(f"no active ps {to}: the job's ps are {self.placement.active()}")
+        unknown = [k for k in keys if k not in known]
+        if unknown:
+            raise InvalidArgumentError(f"not {what} of this strategy: {unknown}")
+
     def _plan_tables_leave(self, gone: int) -> dict[int, dict[str, list[int]]]:
         return plan_leave(self.placement, self.strategy.placement.tables, gone)
 
     async def move_slices(self, tables: dict[str, list[int]], src: int, dst: int) -> None:
         """Move slices ``tables`` (table key -> slices), all held by ps ``src``, to ps ``dst``."""
-        if dst not in self.placement.active():
-            raise InvalidArgumentError(f"no active ps {dst}: the job's ps are {self.placement.active()}")
         known = self.strategy.placement.tables
-        unknown = [k for k in tables if k not in known]
-        if unknown:
-            raise InvalidArgumentError(f"not dynamic tables of this strategy: {unknown}")
+        self._check(dst, list(tables), known, "dynamic tables")
         async with self._lock:
             for key, slices in tables.items():
                 owners = self.table_slices(known[key]).owners
