@@ -45,6 +45,8 @@ def add_demo_parser(sub: Any) -> None:
     p.add_argument("--steps", type=int, default=8000, help="training steps of 512 examples (default 8000)")
     p.add_argument("--output", default="demo-output", help="where checkpoints, plot and results go")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--checkpoint-every", type=int, default=500, metavar="STEPS",
+                   help="steps between checkpoints (default 500)")
     p.add_argument("--dashboard", nargs="?", const="127.0.0.1:0", default=None, metavar="HOST:PORT",
                    help="serve the live dashboard (default 127.0.0.1, any free port) and print "
                         "its one-time login URL")
@@ -52,6 +54,9 @@ def add_demo_parser(sub: Any) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.checkpoint_every < 1:
+        raise SystemExit(f"pstrain demo: --checkpoint-every must be at least 1 step, got "
+                         f"{args.checkpoint_every}")
     return run(_main(args))
 
 
@@ -99,7 +104,7 @@ async def _main(args: argparse.Namespace) -> int:
         iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
         step = make_step(model, opt)
         losses: list[float] = []
-        chunk = 500
+        chunk = args.checkpoint_every
         started = time.perf_counter()
         with Progress(args.steps, "training", quiet=args.quiet) as bar:
             while len(losses) < args.steps:

@@ -362,13 +362,13 @@ async def test_closures_waiting_for_an_unreachable_worker_say_so_at_once(caplog)
         async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as cluster:
             spec = {**cluster.cluster_spec.as_dict(), "worker": [wrong]}
             strategy = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(spec, token=TOKEN))
-            coordinator = pstrain.ClusterCoordinator(strategy, no_worker_timeout_s=8.0)
+            coordinator = pstrain.ClusterCoordinator(strategy, no_worker_timeout_s=4.0)
             try:
                 with caplog.at_level(logging.WARNING, logger="pstrain._coordinator.heartbeat"):
                     rv = coordinator.schedule(lambda: 1)
-                    await wait_for(lambda: "no worker is reachable" in caplog.text, timeout=6,
-                                   what="the wait announced, well before the 8 s limit")
-                    assert "waiting up to 8 s (no_worker_timeout_s)" in caplog.text
+                    await wait_for(lambda: "no worker is reachable" in caplog.text, timeout=3,
+                                   what="the wait announced, well before the 4 s limit")
+                    assert "waiting up to 4 s (no_worker_timeout_s)" in caplog.text
                     assert f'cluster["worker"][0] = "{wrong}"' in caplog.text, caplog.text
                     with pytest.raises(CancelledError, match="no worker has been reachable"):
                         await rv

@@ -163,7 +163,7 @@ def test_ctrl_c_on_pstrain_demo_stops_within_seconds_and_says_what_was_kept(tmp_
     checkpoints = tmp_path / "demo" / "checkpoints"
     code, seconds, _, out, err = _interrupt_when(
         [sys.executable, "-m", "pstrain.cli", "demo", "--steps", "100000", "--quiet",
-         "--output", str(tmp_path / "demo")], tmp_path, "TensorBoard scalars",
+         "--checkpoint-every", "50", "--output", str(tmp_path / "demo")], tmp_path, "TensorBoard scalars",
         also=lambda: checkpoints.exists() and any(checkpoints.glob("*.index.json")))  # training
     assert code == 130, (code, out, err)
     assert seconds < 10, seconds

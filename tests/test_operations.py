@@ -153,7 +153,8 @@ def children(pid: int) -> list[int]:
 
 def test_demo_stops_cleanly_on_ctrl_c(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "pstrain.cli", "demo", "--steps", "100000",
-                             "--output", str(tmp_path), "--quiet"], stdout=subprocess.PIPE,
+                             "--checkpoint-every", "50", "--output", str(tmp_path), "--quiet"],
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         _interrupt_demo(proc, tmp_path)
