@@ -130,20 +130,17 @@ class DynamicTable(SlicedRows):
             new = max(need, min(new, self.max_bytes // self.row_bytes()))
         if cap is not None:
             new = min(new, max(cap, need))
-        n = new - self.alloc
-
-        def extend(arr: np.ndarray, fill: Any) -> np.ndarray:
-            more = np.full((n,) + arr.shape[1:], fill, arr.dtype)
-            return np.concatenate([arr, more])
-
-        self.rows = extend(self.rows, 0)
-        self.ids = extend(self.ids, 0)
-        self.live = extend(self.live, False)
-        self.last_seen = extend(self.last_seen, 0)
-        self.freq = extend(self.freq, 0)
-        self.epochs = extend(self.epochs, 0)
-        for key, arr in self.slots.items():
-            self.slots[key] = extend(arr, self.slot_init[key])
+        old = self.alloc
+        holders = [(self.__dict__, k) for k in ("rows", "ids", "live", "last_seen", "freq", "epochs")]
+        for where, key in holders + [(self.slots, k) for k in self.slots]:
+            try:  # in place (realloc: no second array beside it at its peak), unless a view is out
+                where[key].resize((new,) + where[key].shape[1:], refcheck=True)  # new rows: 0
+            except ValueError:
+                grown = np.zeros((new,) + where[key].shape[1:], where[key].dtype)
+                grown[:old] = where[key]
+                where[key] = grown
+            if where is self.slots and self.slot_init[key]:
+                where[key][old:] = self.slot_init[key]
         self.alloc = new
 
     def row_bytes(self) -> int:
