@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import pstrain
+from pstrain._formats.idhash import shard_of
 from pstrain.ctr import BATCH, CTRModel, make_step, synthetic
 from pstrain.rpc import Channel
 from pstrain.testing import InProcessCluster
@@ -165,6 +166,16 @@ async def test_a_ps_joins_and_is_drained_by_sigterm_during_w4_and_the_state_is_e
 TABLE_STEPS = 240
 
 
+async def _rows_match_the_map(coordinator, table) -> None:
+    """Each ps holds exactly the ids of the slices the placement map gives it (read from the
+    ps processes themselves)."""
+    sliced = coordinator.ps.table_slices(table)
+    owners = np.asarray(sliced.owners)
+    for ps in sorted(set(sliced.owners)):
+        ids = np.asarray((await table.channel(ps).call("dyn/export", {"name": table.key}))["ids"])
+        assert ids.size and np.all(owners[shard_of(ids, sliced.slices)] == ps), ps
+
+
 async def _table_state(model: CTRModel, opt) -> list[np.ndarray]:
     """The table's ids, rows and Adagrad accumulators (from every ps holding part of it, in
     id order), the dense variables and the step count."""
@@ -212,11 +223,13 @@ async def test_a_dynamic_table_moves_to_a_joining_ps_and_off_it_on_sigterm_and_t
                      and coordinator.ps.moving is None, "a share of the table to move to the new ps")
         rows_on_new = (await model.table.channel(2).call("dyn/stats", {"name": model.table.key}))["rows"]
         assert rows_on_new > 0
+        await _rows_match_the_map(coordinator, model.table)
         await _until(lambda: coordinator.closures_done >= TABLE_STEPS // 2, "training on three ps")
         joined.proc.terminate()  # SIGTERM: a preemption notice
         code = await asyncio.to_thread(joined.proc.wait, 90)
         assert code == 0, joined.stderr()
         assert 2 not in coordinator.ps.table_slices(model.table).owners
+        await _rows_match_the_map(coordinator, model.table)
         assert coordinator.closures_done < TABLE_STEPS, "the moves did not overlap training"
         await coordinator.join()
         for rv in rvs:
