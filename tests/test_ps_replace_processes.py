@@ -1,7 +1,9 @@
 """A ps SIGKILLed during W4 training on real processes is replaced from delta checkpoints
 while the others train: the job never fails, the ps that lived apply every step exactly
 once, and the lost ps's share comes back as of its latest delta, so it loses at most the
-updates of about one delta interval (a deterministic counter on each ps says how many)."""
+updates of about one delta interval (a deterministic counter on each ps says how many).
+The same with W6's model: the slices of its DynamicEmbedding the lost ps held come back
+on the others."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import numpy as np
 import pytest
 
 import pstrain
+from pstrain._formats.idhash import shard_of
 from pstrain.checkpoint import Checkpoint, CheckpointManager, load_variables
 from pstrain.ctr import CTRModel, make_step, synthetic
 
@@ -20,7 +23,7 @@ from .conftest import TOKEN, ServeProcess
 
 pytestmark = pytest.mark.timeout(240)
 
-ROWS, STEPS, BATCHES, DELTA_S = 30_000, 400, 16, 0.5
+ROWS, STEPS, BATCHES, DELTA_S = 30_000, 240, 16, 0.5
 
 
 async def _until(cond, what: str, timeout: float = 60.0) -> None:
@@ -30,7 +33,10 @@ async def _until(cond, what: str, timeout: float = 60.0) -> None:
         await asyncio.sleep(0.02)
 
 
-async def test_a_ps_sigkilled_during_w4_is_replaced_from_deltas_while_the_others_train(tmp_path):
+@pytest.mark.parametrize("table", ["fixed", "dynamic"])
+async def test_a_ps_sigkilled_during_w4_is_replaced_from_deltas_while_the_others_train(tmp_path, table):
+    """W4 (``dynamic``: W6, its table a DynamicEmbedding whose slices on the lost ps come
+    back on the others)."""
     root = str(tmp_path)
     servers = [ServeProcess("--role", "ps", "--index", str(i), "--port", "0", "--checkpoint-root", root)
                for i in range(3)]
@@ -44,7 +50,8 @@ async def test_a_ps_sigkilled_during_w4_is_replaced_from_deltas_while_the_others
         coordinator = pstrain.ClusterCoordinator(strategy)
         (ids, dense, y), _ = synthetic(BATCHES * 512, 0, rows=ROWS)
         with strategy.scope():
-            model = CTRModel(rows=ROWS)
+            dynamic = pstrain.DynamicEmbedding(16, name="ctr/dynamic") if table == "dynamic" else None
+            model = CTRModel(rows=ROWS, table=dynamic)
             opt = pstrain.optimizers.Adagrad(0.05)
             counts = []
             for k in range(3):  # one deterministic update stream per ps: +1 per step
@@ -102,7 +109,16 @@ async def test_a_ps_sigkilled_during_w4_is_replaced_from_deltas_while_the_others
         await manager.close()
         last = await manager.save()
         saved = load_variables(last)
-        np.testing.assert_array_equal(saved["model/table"], await model.table.read_value())
+        if dynamic is None:
+            np.testing.assert_array_equal(saved["model/table"], await model.table.read_value())
+        else:  # its rows are on ps 0 and 2, each holding the slices the map gives it
+            assert replaced["table_rows"] > 0
+            sliced = coordinator.ps.table_slices(dynamic)
+            assert set(sliced.owners) == {0, 2}
+            for ps in (0, 2):
+                held = (await dynamic.channel(ps).call("dyn/export", {"name": dynamic.key}))["ids"]
+                held = np.asarray(held)
+                assert np.all(np.asarray(sliced.owners)[shard_of(held, sliced.slices)] == ps)
         assert int(saved["counts/1"]) == STEPS - lost
         print(f"ps 1 replaced in {replaced['seconds']} s from a delta at step {at_delta}; {lost} "
               f"step(s) lost on it; longest pause in training {pause:.2f} s")
