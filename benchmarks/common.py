@@ -105,6 +105,13 @@ def plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tup
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Lay ``fig`` out, write it as PNG to ``path`` and close it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

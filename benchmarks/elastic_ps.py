@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import time
 
 import numpy as np
-from common import RESULTS, emit, median, raw_tcp_mib_s
+from common import RESULTS, emit, median, raw_tcp_mib_s, save_figure
 
 import pstrain
 from pstrain.ctr import BATCH, CTRModel, make_step, synthetic
@@ -162,11 +161,7 @@ def _plot(bulk: dict, limit: float, w4: dict) -> None:
           [w4["before"], w4["during_move"], w4["during_copy"]], color=["grey", "C0", "C1"])
     b.set_ylabel("examples/s")
     b.set_title("W4 (2 workers) while its table moves")
-    fig.tight_layout()
-    path = RESULTS / "elastic_ps.png"
-    fig.savefig(path)
-    plt.close(fig)
-    print(f"wrote {path}", file=sys.stderr)
+    save_figure(fig, RESULTS / "elastic_ps.png")
 
 
 def main() -> None:

@@ -19,11 +19,10 @@ Writes ``results/elastic_tables.jsonl`` and ``results/elastic_tables.png``.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 import numpy as np
-from common import RESULTS, emit, median, raw_tcp_mib_s
+from common import RESULTS, emit, median, raw_tcp_mib_s, save_figure
 
 import pstrain
 
@@ -106,11 +105,7 @@ def _plot(row: dict) -> None:
     ax.set_ylabel("GB/s")
     ax.set_title(f"{row['bytes'] / 2 ** 30:.2f} GiB of a table's rows and slots between two ps:\n"
                  f"move {row['move_s']:.2f} s, plain copy of 1 GiB {row['copy_s']:.2f} s")
-    fig.tight_layout()
-    path = RESULTS / "elastic_tables.png"
-    fig.savefig(path)
-    plt.close(fig)
-    print(f"wrote {path}", file=sys.stderr)
+    save_figure(fig, RESULTS / "elastic_tables.png")
 
 
 def main() -> None:
