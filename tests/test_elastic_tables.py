@@ -16,7 +16,7 @@ import pytest
 import pstrain
 from pstrain._base.tags import set_dispatch
 from pstrain._formats.idhash import shard_of
-from pstrain.errors import InvalidArgumentError, PlacementChangedError
+from pstrain.errors import FailedPreconditionError, InvalidArgumentError, PlacementChangedError
 from pstrain.rpc import Channel
 from pstrain.server import ParameterServer
 from pstrain.testing import InProcessCluster
@@ -235,6 +235,13 @@ async def test_an_old_map_request_to_a_table_is_refused_whole_and_a_retry_is_app
             await coordinator.ps.move_slices({table.key: [0]}, 1, 0)
         with pytest.raises(InvalidArgumentError, match="not dynamic tables"):
             await coordinator.ps.move_slices({"nope": [0]}, 0, 1)
+        # a table cannot be sharded over a ps that left: refused, saying why
+        await coordinator.remove_ps(0)
+        with pytest.raises(FailedPreconditionError, match=r"ps \[0\] left the job"):
+            async with strategy.scope():
+                pstrain.DynamicEmbedding(DIM, name="late")
+        _, rows = await table.export()  # the table itself lives on, on ps 1 and 2
+        np.testing.assert_array_equal(rows, -np.ones((200, DIM), np.float32))
 
 
 async def test_a_lost_ps_holding_table_slices_is_replaced_from_base_and_deltas(tmp_path):
