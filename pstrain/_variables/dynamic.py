@@ -31,8 +31,6 @@ from .._base.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
-    PlacementChangedError,
-    UnavailableError,
 )
 from .._base.exports import expose
 from .._formats.checkpoint_operations import RestoreTable
@@ -49,7 +47,7 @@ from .._formats.records import Operation, TableSpec, validate
 from .._transport.rpc import Channel, ChannelPool
 from .arrays import current_creator
 from .placement import Placement
-from .routing import MAX_ATTEMPTS, adopt_from, ask_map, backoff
+from .routing import routed
 
 __all__ = ["DynamicEmbedding"]
 
@@ -210,27 +208,17 @@ class DynamicEmbedding:
         return [(p, pos) for p, pos in routed if pos.size]
 
     async def _routed(self, ids: np.ndarray, send: Any) -> None:
-        """``await send(ps, positions)`` for the ids each ps holds, concurrently. Ids a ps
-        refused because slices of the table moved are routed again by the newer map; a ps
-        that cannot be reached may have left: the newest map is asked of the others."""
-        pool = self._pool()
+        """``await send(ps, positions)`` for the ids each ps holds, concurrently, through
+        :func:`~pstrain._variables.routing.routed`: ids a ps refused because slices of the
+        table moved, or held by a ps that left, are routed again by the newer map."""
+        def resplit(group: list[tuple[int, np.ndarray]]) -> list[tuple[int, np.ndarray]]:
+            return [(p, pos[sub]) for _, pos in group for p, sub in self.route(ids[pos])]
 
-        async def one(ps: int, positions: np.ndarray, attempt: int) -> None:
-            try:
-                return await send(ps, positions)
-            except PlacementChangedError as exc:
-                if attempt >= MAX_ATTEMPTS:
-                    raise
-                if not adopt_from(pool, exc):
-                    await backoff(attempt)
-            except UnavailableError:
-                again = attempt < MAX_ATTEMPTS and await ask_map(pool, self.channel(ps))
-                if not again or all(p == ps for p, _ in self.route(ids[positions])):
-                    raise
-            await asyncio.gather(*(one(p, positions[pos], attempt + 1)
-                                   for p, pos in self.route(ids[positions])))
+        async def each(_: Channel, group: list[tuple[int, np.ndarray]]) -> None:
+            positions = group[0][1] if len(group) == 1 else np.sort(np.concatenate([p for _, p in group]))
+            await send(group[0][0], positions)
 
-        await asyncio.gather(*(one(ps, pos, 0) for ps, pos in self.route(ids)))
+        await routed(self._pool(), self.route(ids), lambda item: self.channel(item[0]), each, resplit)
 
     # -- the API -----------------------------------------------------------------------------
     async def lookup(self, ids: Any, training: bool = True) -> np.ndarray:

@@ -209,14 +209,17 @@ class DynamicTable(SlicedRows):
         return rows
 
     def _evict_rows(self, rows: np.ndarray) -> None:
-        if not rows.size:
-            return
+        if rows.size:
+            self.removed.add(self.release(rows))
+            self.evicted += rows.size
+
+    def release(self, rows: np.ndarray) -> np.ndarray:
+        """Give up ``rows`` (ids out of the index, rows reused first); returns their ids."""
         if self.saves:
             self._touch(rows)
         gone = self.ids[rows]
         self.index.delete(gone)
         self.live[rows] = False
-        self.removed.add(gone)
         need = self.nfree + rows.size
         if need > self.free.size:  # the stack grows by doubling
             grown = np.empty(max(need, 2 * self.free.size), np.int64)
@@ -224,7 +227,7 @@ class DynamicTable(SlicedRows):
             self.free = grown
         self.free[self.nfree:need] = rows
         self.nfree = need
-        self.evicted += rows.size
+        return gone
 
     def _evict_for(self, n: int, protect: np.ndarray) -> None:
         """Make room for ``n`` rows by evicting rows not in ``protect``."""

@@ -41,7 +41,6 @@ class SliceGuards:
     def __init__(self, store: VariableStore) -> None:
         self.store = store
         self._masks: dict[str, tuple[int, np.ndarray]] = {}
-        self._scopes: dict[str, tuple[int, tuple[int, ...]]] = {}  # the same, as exactly-once keeps it
 
     def __contains__(self, name: object) -> bool:
         return name in self._masks
@@ -49,16 +48,15 @@ class SliceGuards:
     def set(self, name: str, serving: SliceSet | None) -> None:
         if serving is None:
             self._masks.pop(name, None)
-            self._scopes.pop(name, None)
             return
         mask = np.zeros(serving.slices, bool)
         mask[np.asarray(serving.owned, np.int64)] = True
         self._masks[name] = (serving.slices, mask)
-        self._scopes[name] = (serving.slices, tuple(serving.owned))
 
-    def scope(self, name: str) -> tuple[int, tuple[int, ...]] | None:
-        """The slices table ``name`` serves here, None if it is not guarded."""
-        return self._scopes.get(name)
+    def slices(self, name: str) -> int | None:
+        """How many slices table ``name``'s hash space is cut in, None if it is not guarded."""
+        entry = self._masks.get(name)
+        return entry[0] if entry is not None else None
 
     def get(self, name: str) -> SliceSet | None:
         entry = self._masks.get(name)
@@ -118,6 +116,7 @@ class SlicedRows:
         _cand_used: int
 
         def _touch(self, rows: np.ndarray) -> None: ...
+        def release(self, rows: np.ndarray) -> np.ndarray: ...
         def _take_rows(self, n: int) -> np.ndarray: ...
         def _remember(self, ids: np.ndarray) -> None: ...
         def slot(self, key: str, init: float) -> np.ndarray: ...
@@ -159,17 +158,7 @@ class SlicedRows:
         """Forget the rows and sightings of slices ``moving`` (they live on another ps now):
         not evictions (not counted, not in the next delta's removed ids)."""
         rows = self._rows_in(moving)
-        if self.saves:
-            self._touch(rows)
-        self.index.delete(self.ids[rows])
-        self.live[rows] = False
-        need = self.nfree + rows.size
-        if need > self.free.size:
-            grown = np.empty(max(need, 2 * self.free.size), np.int64)
-            grown[:self.nfree] = self.free[:self.nfree]
-            self.free = grown
-        self.free[self.nfree:need] = rows
-        self.nfree = need
+        self.release(rows)
         cand_ids, _ = self._candidates_in(moving)
         if cand_ids.size:
             self._cand_counts[self._cand.get(cand_ids)] = 0

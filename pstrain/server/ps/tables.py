@@ -61,10 +61,9 @@ class TableHandlers:
         record keeps): the slices of these ids, if slices of the table moved (a client on an
         older map sends some of this ps's slices and not others); else this ps's shard (it
         gets all of an update's ids of its shard); None if it does not know."""
-        scope = self.guards.scope(name)
-        if scope is not None:
-            touched = np.unique(shard_of(np.asarray(ids, np.int64), scope[0]))
-            return scope[0], tuple(touched.tolist())
+        slices = self.guards.slices(name)
+        if slices is not None:
+            return slices, tuple(np.unique(shard_of(np.asarray(ids, np.int64), slices)).tolist())
         placed = self.feed.placement.get(name)
         if placed is None or not isinstance(placed[0], int):
             return None
