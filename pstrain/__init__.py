@@ -61,8 +61,8 @@ _EXPORTS: dict[str, str] = {
     "update_variables": "_variables.batched",
     "run": "_transport.bridge",
 }
-_SUBMODULES = ("checkpoint", "dashboard", "data", "errors", "evaluator", "initializers", "metrics",
-               "optimizers", "partitioners", "rpc", "summary", "testing")
+_SUBMODULES = ("checkpoint", "dashboard", "data", "errors", "evaluator", "initializers", "math",
+               "metrics", "optimizers", "partitioners", "rpc", "summary", "testing")
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 
@@ -89,6 +89,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above 
         errors as errors,
         evaluator as evaluator,
         initializers as initializers,
+        math as math,
         metrics as metrics,
         optimizers as optimizers,
         partitioners as partitioners,

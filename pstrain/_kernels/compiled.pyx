@@ -1,8 +1,10 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The table kernels in C (built by ``pip install``): the id index's probe, insert and delete,
-and the fused sparse optimizer steps. Each loop runs without the GIL and without Python per
+the fused sparse optimizer steps, and a batch's unique ids and per-id gradient sums. Each loop runs without the GIL and without Python per
 id; :mod:`pstrain._kernels.reference` is the numpy implementation they are tested against,
 bit for bit. See :mod:`pstrain._kernels`."""
+
+import numpy as np
 
 from libc.math cimport sqrt, sqrtf
 from libc.stdint cimport int64_t, uint8_t, uint64_t
@@ -194,3 +196,57 @@ def mark_seen(int64_t[::1] last_seen, int64_t[::1] freq, const int64_t[::1] pos,
             freq[r] += 1
     if bad:
         raise IndexError("mark_seen: a row past the table's end")
+
+
+def unique_first(const int64_t[::1] ids):
+    """``(unique, inverse)``: the distinct ids in the order they first occur, and for each id
+    its position in ``unique`` (a hash set of twice the batch's size, probed linearly)."""
+    cdef Py_ssize_t n = ids.shape[0], cap = 16, i, m = 0
+    while cap < 2 * n:
+        cap <<= 1
+    cdef uint64_t mask = <uint64_t>(cap - 1), q
+    first = np.full(cap, -1, np.int64)
+    slot_ids = np.empty(cap, np.int64)
+    unique = np.empty(n, np.int64)
+    inverse = np.empty(n, np.int64)
+    cdef int64_t[::1] at = first, key = slot_ids, u = unique, inv = inverse
+    cdef int64_t k, v
+    with nogil:
+        for i in range(n):
+            k = ids[i]
+            q = _mix64(<uint64_t>k) & mask
+            while True:
+                v = at[q]
+                if v < 0:
+                    at[q] = m
+                    key[q] = k
+                    u[m] = k
+                    inv[i] = m
+                    m += 1
+                    break
+                if key[q] == k:
+                    inv[i] = v
+                    break
+                q = (q + 1) & mask
+    return unique[:m].copy(), inverse
+
+
+def segment_sum(real[:, ::1] out, const int64_t[::1] segments, const real[:, ::1] data):
+    """``out[segments[i]] += data[i]`` for each ``segments[i] >= 0``, in order (the sums of
+    ``np.add.at``, bit for bit)."""
+    cdef Py_ssize_t i, j, r, n = segments.shape[0], dim = out.shape[1], limit = out.shape[0]
+    cdef bint bad = False
+    if data.shape[0] != n or data.shape[1] != dim:
+        raise ValueError("segment_sum: data is not (len(segments), dim)")
+    with nogil:
+        for i in range(n):
+            r = segments[i]
+            if r < 0:
+                continue
+            if r >= limit:
+                bad = True
+                break
+            for j in range(dim):
+                out[r, j] = out[r, j] + data[i, j]
+    if bad:
+        raise IndexError("segment_sum: a row past the output's end")

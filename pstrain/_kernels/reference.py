@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["adagrad_rows", "gather_rows", "index_delete", "index_get", "index_insert", "mark_seen",
-           "mix64", "sgd_rows"]
+           "mix64", "segment_sum", "sgd_rows", "unique_first"]
 
 _EMPTY, _FULL, _TOMB = 0, 1, 2
 _SCALAR = 48  # ids left probing below which a Python loop beats another numpy pass
@@ -151,3 +151,18 @@ def mark_seen(last_seen: np.ndarray, freq: np.ndarray, pos: np.ndarray, clock: i
     hit = pos[_checked("mark_seen", last_seen[:freq.size], pos, "table")]
     last_seen[hit] = clock
     freq[hit] += 1
+
+
+def unique_first(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    sorted_ids, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    order = np.argsort(first)  # the distinct ids by where they first occur
+    rank = np.empty(order.size, np.int64)
+    rank[order] = np.arange(order.size)
+    return sorted_ids[order].astype(np.int64), rank[inverse.reshape(-1)]
+
+
+def segment_sum(out: np.ndarray, segments: np.ndarray, data: np.ndarray) -> None:
+    if data.shape != (segments.size, out.shape[1]):
+        raise ValueError("segment_sum: data is not (len(segments), dim)")
+    keep = _checked("segment_sum", out, segments, "output")
+    np.add.at(out, segments[keep], data[keep])

@@ -1,0 +1,91 @@
+"""A batch's distinct ids and the per-id sums of its gradients, compiled: what a numpy model
+needs around an embedding lookup (``tf.unique`` and ``tf.math.unsorted_segment_sum``).
+
+Both run the C kernels of :mod:`pstrain._kernels` on int64 ids and float32/float64 data, and
+give exactly what numpy's ``np.unique`` / ``np.add.at`` give: ``np.add.at`` alone took 3.5 ms
+of W4's step, ``segment_sum`` 0.07 ms. Other dtypes take numpy's path, with the same results.
+
+>>> import numpy as np
+>>> ids = np.array([7, 3, 7, 9])
+>>> unique(ids)
+(array([7, 3, 9]), array([0, 1, 0, 2]))
+>>> unique(ids, sorted=True)
+(array([3, 7, 9]), array([1, 0, 1, 2]))
+>>> unsorted_segment_sum(np.array([1.0, 2.0, 3.0, 4.0]), [1, 0, 1, -1], num_segments=2)
+array([2., 4.])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._base.errors import InvalidArgumentError
+from .._kernels import KERNELS, reference
+
+__all__ = ["unique", "unsorted_segment_sum"]
+
+_COMPILED_DATA = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def unique(x: Any, *, sorted: bool = False) -> tuple[np.ndarray, np.ndarray]:  # noqa: A002
+    """``(y, idx)``: the distinct elements of the 1-D ``x`` and, for each element of ``x``, its
+    position in ``y`` (so ``y[idx]`` is ``x``), as ``tf.unique`` gives them: ``y`` in the order
+    the elements first occur. With ``sorted=True``, ``y`` is ascending, as from
+    ``np.unique(x, return_inverse=True)``. ``idx`` is int64 (numpy's index type; TF's default
+    is int32)."""
+    arr = np.asarray(x)
+    if arr.ndim != 1:
+        raise InvalidArgumentError(f"unique: x must be 1-D, got shape {arr.shape}")
+    if arr.size < 2 or (arr.dtype.kind in "iuf" and bool(np.all(arr[1:] > arr[:-1]))):
+        return arr.copy(), np.arange(arr.size)  # already distinct and ascending (both orders)
+    if arr.dtype.kind in "iu" and arr.dtype.itemsize <= 8:
+        wide = arr.view(np.int64) if arr.dtype == np.uint64 else arr.astype(np.int64, copy=False)
+        found, idx = KERNELS.unique_first(np.ascontiguousarray(wide))
+        y = found.view(np.uint64) if arr.dtype == np.uint64 else found.astype(arr.dtype, copy=False)
+    else:
+        sorted_y, first, inverse = np.unique(arr, return_index=True, return_inverse=True)
+        if sorted:
+            return sorted_y, inverse.reshape(-1).astype(np.int64, copy=False)
+        order = np.argsort(first)
+        y, idx = sorted_y[order], _rank(order)[inverse.reshape(-1)]
+    if not sorted:
+        return y, idx
+    order = np.argsort(y)
+    return y[order], _rank(order)[idx]
+
+
+def _rank(order: np.ndarray) -> np.ndarray:
+    rank = np.empty(order.size, np.int64)
+    rank[order] = np.arange(order.size)
+    return rank
+
+
+def unsorted_segment_sum(data: Any, segment_ids: Any, num_segments: int) -> np.ndarray:
+    """As ``tf.math.unsorted_segment_sum``: ``out[s]`` is the sum of the ``data[i]`` whose
+    ``segment_ids[i]`` is ``s``, for ``s`` in ``range(num_segments)``; ``segment_ids``'s shape
+    is a prefix of ``data``'s, a negative id drops its row, and one of ``num_segments`` or more
+    is refused. The rows are added in order, so the sums are ``np.add.at``'s, bit for bit."""
+    values, ids = np.asarray(data), np.asarray(segment_ids)
+    if ids.dtype.kind not in "iu":
+        raise InvalidArgumentError(f"unsorted_segment_sum: segment_ids must be integers, got {ids.dtype}")
+    if values.shape[:ids.ndim] != ids.shape:
+        raise InvalidArgumentError(f"unsorted_segment_sum: segment_ids' shape {ids.shape} is not a "
+                                   f"prefix of data's {values.shape}")
+    if isinstance(num_segments, bool) or not isinstance(num_segments, (int, np.integer)) \
+            or num_segments < 0:
+        raise InvalidArgumentError(f"unsorted_segment_sum: num_segments must be an integer >= 0, "
+                                   f"got {num_segments!r}")
+    flat = ids.reshape(-1).astype(np.int64, copy=False)
+    if flat.size and int(flat.max()) >= num_segments:
+        at = int(np.argmax(flat >= num_segments))
+        raise InvalidArgumentError(f"unsorted_segment_sum: segment_ids[{at}] = {int(flat[at])} is not "
+                                   f"below num_segments ({num_segments})")
+    tail = values.shape[ids.ndim:]
+    width = int(np.prod(tail, dtype=np.int64))
+    out = np.zeros((int(num_segments),) + tail, values.dtype)
+    kernels = KERNELS if values.dtype in _COMPILED_DATA else reference
+    kernels.segment_sum(out.reshape(int(num_segments), width), np.ascontiguousarray(flat),
+                        np.ascontiguousarray(values.reshape(flat.size, width)))
+    return out

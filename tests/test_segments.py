@@ -1,0 +1,93 @@
+"""pstrain.math: a batch's distinct ids (``tf.unique``) and per-id sums (``tf.math.
+unsorted_segment_sum``), compiled, held to numpy's results bit for bit (property tests)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import pstrain
+from pstrain._kernels import compiled, reference
+from pstrain.errors import InvalidArgumentError
+from pstrain.math import unique, unsorted_segment_sum
+
+pytestmark = pytest.mark.timeout(120)
+
+#: Ids from a small range (many repeats, long probe chains) or the whole 64-bit space.
+IDS = st.lists(st.one_of(st.integers(-20, 60), st.integers(-(2**63), 2**63 - 1)), max_size=400)
+
+
+def _bits(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a).tobytes()
+
+
+@settings(max_examples=150, deadline=None)
+@given(IDS)
+def test_the_distinct_ids_are_the_same_compiled_and_in_numpy_in_first_seen_order(ids):
+    x = np.array(ids, np.int64)
+    fast, slow = compiled.unique_first(x), reference.unique_first(x)
+    assert _bits(fast[0]) == _bits(slow[0]) and _bits(fast[1]) == _bits(slow[1])
+    assert list(fast[0]) == list(dict.fromkeys(ids))  # tf.unique's order: as they first occur
+    assert (fast[0][fast[1]] == x).all() and fast[1].dtype == np.int64
+
+
+@settings(max_examples=150, deadline=None)
+@given(IDS, st.sampled_from([np.int64, np.int32, np.uint64, np.uint8]))
+def test_unique_sorted_is_np_unique_exactly_and_unsorted_keeps_first_occurrence(ids, dtype):
+    x = np.array([i % 256 if dtype == np.uint8 else i for i in ids]).astype(dtype)
+    want_y, want_idx = np.unique(x, return_inverse=True)
+    y, idx = unique(x, sorted=True)
+    assert y.dtype == x.dtype and _bits(y) == _bits(want_y) and (idx == want_idx).all()
+    y, idx = unique(x)
+    assert list(y) == list(dict.fromkeys(x.tolist())) and (y[idx] == x).all()
+
+
+@settings(max_examples=150, deadline=None)
+@given(n_segments=st.integers(0, 30), dim=st.integers(0, 5),
+       ids=st.lists(st.integers(-3, 29), max_size=200), double=st.booleans())
+def test_segment_sums_are_np_add_at_bit_for_bit_compiled_and_in_numpy(n_segments, dim, ids, double):
+    seg = np.array([i for i in ids if i < n_segments], np.int64)
+    dtype = np.float64 if double else np.float32
+    data = np.random.default_rng(len(ids)).standard_normal((seg.size, dim)).astype(dtype)
+    want = np.zeros((n_segments, dim), dtype)
+    np.add.at(want, seg[seg >= 0], data[seg >= 0])  # a negative id drops its row (as TF)
+    for impl in (compiled, reference):
+        out = np.zeros((n_segments, dim), dtype)
+        impl.segment_sum(out, seg, data)
+        assert _bits(out) == _bits(want), impl.__name__
+    got = unsorted_segment_sum(data, seg, n_segments)
+    assert got.dtype == dtype and _bits(got) == _bits(want)
+
+
+def test_segment_ids_may_be_any_prefix_of_datas_shape_and_any_dtype_sums():
+    data = np.arange(24).reshape(2, 3, 4)
+    out = unsorted_segment_sum(data, [[0, 2, 0], [1, 1, -1]], 3)
+    assert out.shape == (3, 4) and out.dtype == data.dtype
+    assert (out == [data[0, 0] + data[0, 2], data[1, 0] + data[1, 1], data[0, 1]]).all()
+    assert (unsorted_segment_sum(np.ones(5, np.float32), np.zeros(5, np.int8), 2) == [5, 0]).all()
+    x = np.array(["b", "a", "b"])
+    assert unique(x)[0].tolist() == ["b", "a"] and unique(x, sorted=True)[1].tolist() == [1, 0, 1]
+
+
+def test_bad_input_is_refused_naming_what_is_wrong():
+    with pytest.raises(InvalidArgumentError, match=r"segment_ids\[1\] = 5 is not below num_segments \(2\)"):
+        unsorted_segment_sum(np.ones((3, 2)), [0, 5, 1], 2)
+    with pytest.raises(InvalidArgumentError, match="segment_ids must be integers, got float64"):
+        unsorted_segment_sum(np.ones(3), [0.0, 1.0, 1.0], 2)
+    with pytest.raises(InvalidArgumentError, match=r"shape \(2,\) is not a prefix of data's \(3, 2\)"):
+        unsorted_segment_sum(np.ones((3, 2)), [0, 1], 2)
+    with pytest.raises(InvalidArgumentError, match="num_segments must be an integer >= 0, got -1"):
+        unsorted_segment_sum(np.ones(1), [0], -1)
+    with pytest.raises(InvalidArgumentError, match=r"x must be 1-D, got shape \(2, 2\)"):
+        unique(np.ones((2, 2), np.int64))
+    for impl in (compiled, reference):  # the kernels' own guard, under the public checks
+        out = np.zeros((2, 1), np.float32)
+        with pytest.raises(IndexError, match="past the output's end"):
+            impl.segment_sum(out, np.array([2], np.int64), np.ones((1, 1), np.float32))
+        assert not out.any()
+
+
+def test_the_public_module_is_the_documented_one():
+    assert pstrain.math.unique is unique and "math" in pstrain.__all__
+    assert pstrain.math.__all__ == ["unique", "unsorted_segment_sum"]
