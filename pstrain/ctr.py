@@ -23,6 +23,7 @@ from ._training.module import Module
 from ._training.optimizers import Optimizer
 from ._variables.arrays import IndexedSlices
 from ._variables.batched import read_variables
+from ._variables.segments import unique, unsorted_segment_sum
 from ._variables.sharding import embedding_lookup
 from ._variables.variables import Variable
 
@@ -102,10 +103,10 @@ def make_step(model: CTRModel, opt: Optimizer) -> Callable[[Any], Awaitable[floa
 
     async def step(it: Any) -> float:
         ids, dense_x, y = next(it)
-        unique, inverse = np.unique(ids, return_inverse=True)
-        rows, params = await asyncio.gather(embedding_lookup(table, unique),
+        rows_used, inverse = unique(ids.reshape(-1), sorted=True)
+        rows, params = await asyncio.gather(embedding_lookup(table, rows_used),
                                             read_variables(dense_vars))
-        x, h_pre, h, p = forward(rows, inverse.reshape(-1), dense_x, params)
+        x, h_pre, h, p = forward(rows, inverse, dense_x, params)
         w1, _, w2, _ = params
         n = len(y)
         dz = ((p - y) / n).astype(np.float32)[:, None]
@@ -113,9 +114,8 @@ def make_step(model: CTRModel, opt: Optimizer) -> Callable[[Any], Awaitable[floa
         dh = (dz @ w2.T) * (h_pre > 0)
         g_w1, g_b1 = x.T @ dh, dh.sum(0)
         d_emb = (dh @ w1[:FEATURES * dim].T).reshape(-1, dim)
-        g_rows = np.zeros((unique.size, dim), np.float32)
-        np.add.at(g_rows, inverse.reshape(-1), d_emb)
-        await opt.apply_gradients([(IndexedSlices(g_rows, unique), table),
+        g_rows = unsorted_segment_sum(d_emb, inverse, rows_used.size)
+        await opt.apply_gradients([(IndexedSlices(g_rows, rows_used), table),
                                    (g_w1, model.w1), (g_b1, model.b1), (g_w2, model.w2),
                                    (g_b2, model.b2)])
         return log_loss(p, y)
@@ -126,12 +126,12 @@ def make_step(model: CTRModel, opt: Optimizer) -> Callable[[Any], Awaitable[floa
 async def evaluate(model: CTRModel, test: Any) -> float:
     """Held-out log loss of ``model`` on ``test`` (ids, dense features, labels)."""
     ids, dense_x, y = test
-    unique, inverse = np.unique(ids, return_inverse=True)
+    rows_used, inverse = unique(ids.reshape(-1), sorted=True)
     table: Any = model.table
     if getattr(table, "dynamic_table", False):
-        rows = await table.lookup(unique, training=False)  # evaluation admits nothing
+        rows = await table.lookup(rows_used, training=False)  # evaluation admits nothing
     else:
-        rows = await embedding_lookup(model.table, unique)
+        rows = await embedding_lookup(model.table, rows_used)
     params = await read_variables(model.dense)
-    _, _, _, p = forward(rows, inverse.reshape(-1), dense_x, params)
+    _, _, _, p = forward(rows, inverse, dense_x, params)
     return log_loss(p, y)

@@ -40,6 +40,7 @@ from .._variables.arrays import IndexedSlices
 from .._variables.batched import ensure_created
 from .._variables.dynamic import DynamicEmbedding
 from .._variables.routing import routed
+from .._variables.segments import unique as distinct, unsorted_segment_sum
 from .._variables.sharding import ShardedVariable, compact_ids
 from .._variables.variables import Variable
 
@@ -166,13 +167,11 @@ def _resplit(group: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
 def _dedupe(rows: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if rows.ndim == 1 and rows.size and bool(np.all(rows[1:] > rows[:-1])):
         return rows, values  # already sorted and unique (e.g. from np.unique)
-    unique, inverse = np.unique(rows, return_inverse=True)
+    unique, inverse = distinct(rows, sorted=True)
     if unique.size == rows.size:
         order = np.argsort(rows, kind="stable")
         return rows[order], values[order]
-    summed = np.zeros((unique.size,) + values.shape[1:], values.dtype)
-    np.add.at(summed, inverse, values)
-    return unique, summed
+    return unique, unsorted_segment_sum(values, inverse, unique.size)
 
 
 def _split(grad: Any, var: Any) -> list[tuple[Variable, np.ndarray | None, np.ndarray]]:

@@ -26,6 +26,7 @@ from .._formats.operations import RowRead, SparseRead
 from .arrays import IndexedSlices, VariableBase, to_array
 from .batched import ensure_created, read_variables
 from .routing import routed
+from .segments import unique as distinct
 from .variables import Variable
 
 if TYPE_CHECKING:
@@ -244,7 +245,7 @@ async def embedding_lookup(params: Any, ids: Any, *, training: bool = True) -> n
     if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= total):
         bad = flat[(flat < 0) | (flat >= total)][0]
         raise InvalidArgumentError(f"embedding_lookup on {name!r}: id {int(bad)} out of range [0, {total})")
-    unique, inverse = np.unique(flat, return_inverse=True)
+    unique, inverse = distinct(flat, sorted=True)
     tail = parts[0].shape[1:]
     rows = np.empty((unique.size,) + tail, parts[0].dtype)
     part = np.searchsorted(offsets[1:], unique, side="right")
