@@ -60,6 +60,7 @@ from .._base.errors import InvalidArgumentError
 from .._variables.arrays import IndexedSlices, VariableBase
 from .._variables.batched import read_variables
 from .._variables.dynamic import DynamicEmbedding
+from .._variables.segments import unique as distinct
 from .._variables.sharding import ShardedVariable, combine_gradients, embedding_lookup
 from .._variables.variables import Variable
 
@@ -142,7 +143,7 @@ class ValueAndGrad:
             bad = next(x for x in leaves if not _is_leaf(x))
             raise InvalidArgumentError(f"value_and_grad: a parameter leaf is a {type(bad).__name__}; "
                                        "leaves must be pstrain variables or lookup(table, ids)")
-        uniques = [np.unique(lk.ids, return_inverse=True) for lk in lookups]
+        uniques = [distinct(np.asarray(lk.ids).reshape(-1), sorted=True) for lk in lookups]
         dense, *gathered = await asyncio.gather(
             read_variables(variables),
             *(embedding_lookup(lk.table, u, training=lk.training)

@@ -70,6 +70,7 @@ from .._formats.initializers import Initializer, RandomUniform
 from .._variables.arrays import IndexedSlices
 from .._variables.batched import read_variables
 from .._variables.dynamic import DynamicEmbedding
+from .._variables.segments import unique as distinct
 from .._variables.sharding import ShardedVariable, combine_gradients, embedding_lookup
 from .._variables.variables import Variable
 
@@ -111,7 +112,7 @@ class Embedding(torch.nn.Module):
         ids = np.asarray(ids)
         if ids.dtype.kind not in "iu":
             raise InvalidArgumentError(f"embedding ids must be integers, got {ids.dtype}")
-        unique, inverse = np.unique(ids, return_inverse=True)
+        unique, inverse = distinct(ids.reshape(-1), sorted=True)
         rows = await embedding_lookup(self.table, unique, training=training)
         self._set(ids, unique, inverse, rows)
 

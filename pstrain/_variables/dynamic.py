@@ -48,6 +48,7 @@ from .._transport.rpc import Channel, ChannelPool
 from .arrays import current_creator
 from .placement import Placement
 from .routing import routed
+from .segments import unique as distinct, unsorted_segment_sum
 
 __all__ = ["DynamicEmbedding"]
 
@@ -227,7 +228,7 @@ class DynamicEmbedding:
         ``training=True`` admits ids (creating rows) and counts them for eviction;
         ``training=False`` (evaluation, serving) changes nothing."""
         flat = _ids(ids, f"lookup of {self.name!r}")
-        unique, inverse = np.unique(flat, return_inverse=True)
+        unique, inverse = distinct(flat, sorted=True)
         rows = np.empty((unique.size, self.dim), self.dtype)
 
         async def fetch(ps: int, positions: np.ndarray) -> None:
@@ -247,13 +248,8 @@ class DynamicEmbedding:
                 f"the gradient of dynamic table {self.name!r} has values of shape {vals.shape} "
                 f"for ids of shape {np.shape(ids)}: expected {np.shape(ids) + (self.dim,)}")
         vals = vals.reshape(flat.size, self.dim)
-        unique, inverse = np.unique(flat, return_inverse=True)
-        if unique.size != flat.size:
-            summed = np.zeros((unique.size, self.dim), self.dtype)
-            np.add.at(summed, inverse, vals)
-        else:
-            summed = np.empty_like(vals)
-            summed[inverse] = vals
+        unique, inverse = distinct(flat, sorted=True)
+        summed = unsorted_segment_sum(vals, inverse, unique.size)
         return [(ps, unique[pos], summed[pos]) for ps, pos in self.route(unique)]
 
     async def ensure_created(self) -> None:
