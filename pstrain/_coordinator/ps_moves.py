@@ -307,30 +307,31 @@ class PsChanges:
             caps[key] = await self._capacities(key, src, dst, len(slices))
         if sliced:
             new = new.with_tables(sliced).bumped(new.version)
-        try:
-            out = await source.request(MoveOut(keys=keys, stage=stage, tables=moving),
-                                       timeout=self.timeout_s)
-            copies = [msgspec.structs.replace(c, serving=serving_dst[c.name],
-                                              config={**c.config, "capacity": caps[c.name][1]})
-                      for c in out.tables]
-            await target.request(InstallVariables(stage=stage, vars=out.vars, tables=copies),
-                                 timeout=self.timeout_s)
-            done = await source.request(FinishMove(
-                keys=keys, stage=stage, mark=out.mark, placement=new, tables=moving,
-                serving=serving_src, capacity={k: c[0] for k, c in caps.items()}),
-                timeout=self.timeout_s)
-            finished = True
-            await target.request(InstallVariables(
-                stage=stage, activate=True, patches=done.patches, once=done.once,
-                fences=done.fences, superseded=done.superseded, placement=new,
-                table_patches=done.tables), timeout=self.timeout_s)
-        except BaseException:
-            await self._abort(stage, source, target, new if finished else None)
-            raise
+        try:  # `moving` is cleared once the source has let go of what moved (or the move aborted)
+            try:
+                out = await source.request(MoveOut(keys=keys, stage=stage, tables=moving),
+                                           timeout=self.timeout_s)
+                copies = [msgspec.structs.replace(c, serving=serving_dst[c.name],
+                                                  config={**c.config, "capacity": caps[c.name][1]})
+                          for c in out.tables]
+                await target.request(InstallVariables(stage=stage, vars=out.vars, tables=copies),
+                                     timeout=self.timeout_s)
+                done = await source.request(FinishMove(
+                    keys=keys, stage=stage, mark=out.mark, placement=new, tables=moving,
+                    serving=serving_src, capacity={k: c[0] for k, c in caps.items()}),
+                    timeout=self.timeout_s)
+                finished = True
+                await target.request(InstallVariables(
+                    stage=stage, activate=True, patches=done.patches, once=done.once,
+                    fences=done.fences, superseded=done.superseded, placement=new,
+                    table_patches=done.tables), timeout=self.timeout_s)
+            except BaseException:
+                await self._abort(stage, source, target, new if finished else None)
+                raise
+            await self.publish(new)
+            await source.request(EndMove(stage=stage, commit=True), timeout=self.timeout_s)
         finally:
             self.moving = None
-        await self.publish(new)
-        await source.request(EndMove(stage=stage, commit=True), timeout=self.timeout_s)
         self.moves_done += 1
         self.bytes_moved += sum(int(getattr(c.value, "nbytes", 0)) for c in out.vars)
         self.bytes_moved += sum(int(getattr(a, "nbytes", 0)) for c in out.tables
