@@ -24,11 +24,15 @@ $(STAMP): pyproject.toml setup.py pstrain/_kernels/compiled.pyx
 install: $(STAMP)
 
 # mypy (about 25 s from a fresh clone) checks while the tests run, its report printed after
-# them; either failing fails the target. The tests wait on conditions, not on CPU time.
+# them; either failing fails the target. The tests wait on conditions, not on CPU time, so
+# two test processes share the cores (pytest-xdist, a test file to each at a time; about half
+# the time a test waits on processes, sockets or timers): PYTEST_WORKERS=0 runs them in one.
+PYTEST_WORKERS ?= 2
 test: sysdeps $(STAMP)
 	$(RUFF)
 	@$(VENV)/bin/mypy > .mypy.out 2>&1 & mypy=$$!; \
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); tests=$$?; \
+	$(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS); \
+	tests=$$?; \
 	wait $$mypy; typed=$$?; echo "mypy:"; cat .mypy.out; rm -f .mypy.out; \
 	test $$tests -eq 0 && test $$typed -eq 0
 

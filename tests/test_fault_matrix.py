@@ -64,7 +64,10 @@ def _cases() -> list[Any]:
     if os.environ.get("PSTRAIN_CHAOS") == "all":
         seed, cases = 0, ALL
     else:
-        seed = int(os.environ.get("PSTRAIN_MATRIX_SEED") or secrets.randbelow(1_000_000))
+        # pytest-xdist's workers each collect the tests: they draw from their run's shared id
+        run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+        drawn = int(run, 16) % 1_000_000 if run else secrets.randbelow(1_000_000)
+        seed = int(os.environ.get("PSTRAIN_MATRIX_SEED") or drawn)
         rng = random.Random(seed)
         model = rng.choice(MODELS)  # one model a run: one fault-free reference run, not three
         cases = rng.sample([c for c in ALL if c[0] == model], SAMPLE)
