@@ -57,6 +57,8 @@ def apply_gradients(store: VariableStore, tables: TableHandlers, req: ApplyGradi
                 summed = np.zeros((rows.shape[0],) + grad.shape[1:], record.array.dtype)
                 np.add.at(summed, inverse, grad)
                 grad = summed
+            # int32 on the wire (half the bytes); the fused kernels take int64 rows
+            rows = rows.astype(np.int64, copy=False)
         slots = {}
         for slot_name, init in specs.items():
             full = f"{req.prefix}/{slot_name}/{record.name}"
