@@ -4,6 +4,7 @@ copies only the rows updated meanwhile, never the whole table."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import tracemalloc
 
 import numpy as np
@@ -93,3 +94,34 @@ def test_a_snapshot_of_some_rows_gives_them_as_they_were_while_they_change():
     rest = list(blocks)
     np.testing.assert_array_equal(np.concatenate([first, *rest]), want)
     assert snap.kept_bytes == 0  # rows 5 and 17 kept (not 3: not selected; not 4: copied), then freed
+
+
+@pytest.mark.parametrize("select", [False, True])
+def test_a_snapshot_copied_while_another_thread_changes_its_rows_is_the_array_as_it_began(select):
+    # The writer copies each block without the snapshot's lock (the serving loop's updates
+    # never wait for a copy): rows changed during a copy must come back as they were.
+    rng = np.random.default_rng(7)
+    array = rng.standard_normal((40_000, 64)).astype(np.float32)
+    before = array.copy()
+    rows = np.unique(rng.integers(0, array.shape[0], 15_000)) if select else None
+    snap = Snapshot(array, block_rows=2048, rows=rows)
+    done = threading.Event()
+
+    def serve():  # what the serving loop does: keep the old values, then change the rows
+        k = 0
+        while not done.is_set() or k < 200:
+            changed = np.unique(rng.integers(0, array.shape[0], 300))
+            snap.before_write(changed)
+            array[changed] += 1.0
+            k += 1
+
+    server = threading.Thread(target=serve)
+    server.start()
+    try:
+        got = np.concatenate([block.copy() for block in snap.blocks()])
+    finally:
+        done.set()
+        server.join(timeout=60)
+    assert not server.is_alive()
+    assert not np.array_equal(array, before)  # the rows did change while it was copied
+    np.testing.assert_array_equal(got, before if rows is None else before[rows])

@@ -101,15 +101,18 @@ class Snapshot:
         count = self.rows if select is None else select.size
         for lo in range(0, count, self.block_rows):
             hi = min(count, lo + self.block_rows)
+            # Copied without the lock (the serving loop's updates do not wait for it): a row
+            # changed meanwhile is past `taken`, so its old values are kept first and put back.
+            if select is None:
+                block = self.array[lo:hi].copy()
+                first, last = lo, hi
+            else:
+                picked = select[lo:hi]
+                block = self.array[picked]
+                first, last = int(picked[0]), int(picked[-1]) + 1
             with self._lock:
-                if select is None:
-                    block = self.array[lo:hi].copy()
-                    first, self.taken = lo, hi
-                else:
-                    picked = select[lo:hi]
-                    block = self.array[picked]
-                    first, self.taken = int(picked[0]), int(picked[-1]) + 1
-                patches = self._collect(first, self.taken)
+                self.taken = last
+                patches = self._collect(first, last)
             for r, v in patches:
                 block[r - lo if select is None else np.searchsorted(picked, r)] = v
             yield block
