@@ -20,6 +20,7 @@ import numpy as np
 
 from .._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, PstrainError
 from .._kernels import KERNELS
+from .direct_writes import DirectWriter
 
 __all__ = ["MAX_HEADER", "SAFETENSORS_DTYPES", "open_directory", "read_rows", "safetensors_header",
            "write_atomically", "write_streaming", "write_tensors"]
@@ -73,10 +74,11 @@ def write_streaming(path: str, tensors: Sequence[tuple[str, np.dtype, tuple[int,
     pieces)`` where ``pieces()`` yields the tensor's bytes in row order (so a large array
     need not be in memory twice). The header is the format's (8-byte length, JSON with
     dtype, shape and data offsets, space-padded to 8 bytes); reading is safetensors' own.
-    Written like :func:`write_atomically` with ``overwrite=False``; returns the size."""
+    Written like :func:`write_atomically` with ``overwrite=False``, past the page cache
+    (:mod:`~pstrain._formats.direct_writes`); returns the size."""
     raw, header = safetensors_header([(key, dtype, shape) for key, dtype, shape, _ in tensors])
 
-    def write(f: BinaryIO) -> None:
+    def write(f: DirectWriter) -> None:
         f.write(raw)
         for key, dtype, _, pieces in tensors:
             want = header[key]["data_offsets"][1] - header[key]["data_offsets"][0]
@@ -88,7 +90,7 @@ def write_streaming(path: str, tensors: Sequence[tuple[str, np.dtype, tuple[int,
             if got != want:
                 raise InvalidArgumentError(f"checkpoint: {key!r} gave {got} bytes, not {want}")
 
-    return write_atomically(path, write, overwrite=False, root=root)
+    return write_atomically(path, write, overwrite=False, root=root, direct=True)
 
 
 def open_directory(path: str, root: str | None = None) -> int:
@@ -120,8 +122,8 @@ def open_directory(path: str, root: str | None = None) -> int:
     return fd
 
 
-def write_atomically(path: str, write: Callable[[BinaryIO], object], *, overwrite: bool = True,
-                     root: str | None = None, mode: int = 0o644) -> int:
+def write_atomically(path: str, write: Callable[[Any], object], *, overwrite: bool = True,
+                     root: str | None = None, mode: int = 0o644, direct: bool = False) -> int:
     """``write(f)`` into a new file, then give it the name ``path``: nobody ever sees a
     partial file, and no path is opened twice. Returns the file's size.
 
@@ -131,7 +133,9 @@ def write_atomically(path: str, write: Callable[[BinaryIO], object], *, overwrit
     ``overwrite=False``, linked to it (refused if ``path`` exists), and the directory is
     fsynced. Before answering, the name ``path`` is checked to be the file written (same
     inode): a file swapped in meanwhile is an error, never a silent success. The temporary
-    name is removed whatever happens.
+    name is removed whatever happens. ``direct``: ``write`` is given a
+    :class:`~pstrain._formats.direct_writes.DirectWriter` (past the page cache) instead of
+    a file object.
     """
     directory, base = os.path.split(path)
     dir_fd = open_directory(directory, root)
@@ -140,8 +144,13 @@ def write_atomically(path: str, write: Callable[[BinaryIO], object], *, overwrit
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      mode, dir_fd=dir_fd)
         try:
-            with os.fdopen(fd, "wb", closefd=False) as f:
-                write(f)
+            if direct:
+                writer = DirectWriter(fd)
+                write(writer)
+                writer.finish()
+            else:
+                with os.fdopen(fd, "wb", closefd=False) as f:
+                    write(f)
             os.fsync(fd)
             mine = os.fstat(fd)
             if overwrite:

@@ -1,0 +1,106 @@
+"""Large checkpoint files written past the page cache (``O_DIRECT``), through one reused
+aligned buffer.
+
+A ps writes saves and deltas while training goes on, on the same cores. Written the usual
+way, every byte is first copied into pages of the page cache, and a file never written
+before takes pages never used before: on the VM the benchmarks run on, that costs 0.19 s of
+CPU per 77 MB (the copy itself: 0.02 s), about three quarters of a delta's CPU on the ps.
+Written with ``O_DIRECT``, the disk reads the bytes straight from one 8 MiB buffer that
+every file of the thread reuses: 0.04–0.08 s for the same rows, gathered and written.
+
+``O_DIRECT`` asks for aligned buffers, offsets and lengths: the bytes are staged into the
+buffer, written a whole buffer at a time, the tail padded to the alignment, and the file
+cut to its size at the end. Where the file system has no ``O_DIRECT`` (tmpfs, ext4 with
+``data=journal``) the same bytes are written the usual way, through the same buffer;
+either way the file holds exactly the bytes given.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import mmap
+import os
+import threading
+from typing import Any
+
+__all__ = ["ALIGN", "CHUNK", "DirectWriter"]
+
+#: Alignment of buffers, offsets and lengths (a page: enough for 512-byte and 4 KiB sectors).
+ALIGN = 4096
+#: Bytes written at a time.
+CHUNK = 8 << 20
+
+logger = logging.getLogger(__name__)
+_buffers = threading.local()  # one staging buffer per thread, reused by each file it writes
+
+
+class DirectWriter:
+    """Writes the bytes given to :meth:`write` to ``fd`` (a new, empty file opened for
+    writing), past the page cache where the file system allows; :meth:`finish` writes the
+    tail and cuts the file to the bytes given. A file-like ``write`` for
+    :func:`~pstrain._formats.tensor_files.write_atomically`."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.size = 0
+        self.fill = 0
+        self.direct = _set_direct(fd, True)
+        buf = getattr(_buffers, "buf", None)
+        if buf is None:
+            buf = _buffers.buf = mmap.mmap(-1, CHUNK)  # page-aligned, as O_DIRECT wants
+        self.view = memoryview(buf)
+
+    def write(self, data: Any) -> int:
+        src = memoryview(data).cast("B")
+        n, pos = len(src), 0
+        while pos < n:
+            take = min(n - pos, CHUNK - self.fill)
+            self.view[self.fill:self.fill + take] = src[pos:pos + take]
+            self.fill += take
+            pos += take
+            if self.fill == CHUNK:
+                self._flush(CHUNK)
+        self.size += n
+        return n
+
+    def finish(self) -> None:
+        """Write what is staged (padded to the alignment) and cut the file to its size."""
+        if self.fill:
+            length = self.fill + (-self.fill % ALIGN) if self.direct else self.fill
+            self.view[self.fill:length] = bytes(length - self.fill)
+            self._flush(length)
+        os.ftruncate(self.fd, self.size)
+        self.view.release()
+
+    def _flush(self, length: int) -> None:
+        chunk = self.view[:length]
+        try:
+            written = os.write(self.fd, chunk)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL or not self.direct:
+                raise
+            # the file system took O_DIRECT at open but not these writes: the usual way, then
+            logger.debug("O_DIRECT writes refused (%s): writing through the page cache", exc)
+            self.direct = _set_direct(self.fd, False)
+            written = os.write(self.fd, chunk)
+        while written < length:  # a regular file writes short only when the disk is full
+            more = os.write(self.fd, chunk[written:])
+            if more == 0:
+                raise OSError(errno.ENOSPC, "checkpoint write made no progress")
+            written += more
+        self.fill = 0
+
+
+def _set_direct(fd: int, on: bool) -> bool:
+    """Turn ``O_DIRECT`` on or off for ``fd``; whether it is on."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return False
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, (flags | flag) if on else (flags & ~flag))
+    except OSError:
+        return False
+    return on and bool(fcntl.fcntl(fd, fcntl.F_GETFL) & flag)
