@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from safetensors.numpy import load_file
 
-from pstrain._formats import direct_writes
+from pstrain._formats import direct_writes, tensor_files
 from pstrain._formats.direct_writes import ALIGN, DirectWriter
 from pstrain._formats.tensor_files import whole, write_streaming
 from pstrain.errors import AlreadyExistsError
@@ -76,3 +76,22 @@ def test_a_streamed_checkpoint_file_reads_back_with_safetensors(tmp_path, small_
     with pytest.raises(AlreadyExistsError):  # never written over
         write_streaming(path, [whole("rows", tensors["rows"])])
     assert [p.name for p in tmp_path.iterdir()] == ["c.safetensors"]  # no temporary left
+
+
+def test_rows_read_back_in_pieces_are_the_rows_written(tmp_path, monkeypatch):
+    # A restore reads in pieces and lets the page cache's copy go behind it: every piece,
+    # the odd-sized last one too, lands where it belongs.
+    monkeypatch.setattr(tensor_files, "READ_CHUNK", ALIGN + 3)
+    rng = np.random.default_rng(1)
+    table = rng.standard_normal((3001, 5)).astype(np.float32)
+    base = str(tmp_path / "base.safetensors")
+    write_streaming(base, [whole("t", table)])
+    delta = str(tmp_path / "delta.safetensors")
+    idx = np.array([5, 2999, 1000], np.int64)
+    write_streaming(delta, [whole("rows", -table[idx]), whole("idx", idx)])
+    got = tensor_files.read_rows((2000, 5), np.dtype(np.float32), [[base, "t", 1001, 3001, 0]],
+                                 [[delta, "rows", "idx", -1001]])
+    want = table[1001:].copy()
+    want[2999 - 1001] = -table[2999]
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(tensor_files.read_tensor(base, "t"), table)

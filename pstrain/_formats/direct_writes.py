@@ -48,7 +48,7 @@ class DirectWriter:
         self.fill = 0
         self.direct = _set_direct(fd, True)
         buf = getattr(_buffers, "buf", None)
-        if buf is None:
+        if buf is None or len(buf) < CHUNK:
             buf = _buffers.buf = mmap.mmap(-1, CHUNK)  # page-aligned, as O_DIRECT wants
         self.view = memoryview(buf)
 

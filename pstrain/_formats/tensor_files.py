@@ -208,14 +208,27 @@ def _tensor_location(f: Any, path: str, key: str) -> tuple[int, np.dtype, tuple[
     return 8 + n + begin, dtype, shape
 
 
+#: Bytes read at a time. The page cache's copy of each piece is let go as soon as it is read
+#: (a restore reads gigabytes once): a 1.6 GB tensor read in one call took 3.8 s on the
+#: benchmarks' VM, in 16 MiB pieces 1.3-2.0 s, and let go behind 0.95-0.99 s, as fast as a
+#: plain read of the file into one reused buffer.
+READ_CHUNK = 16 << 20
+_FADVISE = getattr(os, "posix_fadvise", None)
+
+
 def _read_into(f: Any, at: int, out: np.ndarray) -> None:
+    """Fill ``out`` from file ``f`` at offset ``at`` (``f``'s own position is left alone)."""
     view = out.reshape(-1).view(np.uint8).data  # a view: out is C-contiguous
-    f.seek(at)
+    fd = f.fileno()
+    if _FADVISE is not None and len(view) > READ_CHUNK:
+        _FADVISE(fd, at, len(view), os.POSIX_FADV_SEQUENTIAL)
     got = 0
     while got < len(view):
-        n = f.readinto(view[got:])
+        n = os.preadv(fd, [view[got:got + READ_CHUNK]], at + got)
         if not n:
             raise InvalidArgumentError(f"{f.name} ended early")
+        if _FADVISE is not None:
+            _FADVISE(fd, at + got, n, os.POSIX_FADV_DONTNEED)
         got += n
 
 
