@@ -1,21 +1,19 @@
 """One dispatcher per worker: feeds it closures from the queue over one channel.
 
-A :class:`WorkerDispatcher` connects to its worker (``worker/configure``,
-which also tells the worker's incarnation), builds the per-worker resources
-the registry says are missing, then takes closures from the
-:class:`~pstrain._coordinator.scheduling.ClosureQueue` (up to ``max_inflight_per_worker``)
-and sends them in batches (``worker/run``); results stream back as they
-finish and go to the queue.
+A :class:`WorkerDispatcher` connects to its worker (``worker/configure``, which also tells the
+worker's incarnation), builds the per-worker resources the registry says are missing, then takes
+closures from the :class:`~pstrain._coordinator.scheduling.ClosureQueue` (up to
+``max_inflight_per_worker``) and sends them in batches (``worker/run``); results stream back as
+they finish and go to the queue.
 
-When the worker cannot be reached its closures are put back on the queue for
-the other workers, and it is probed with exponential back-off until it
-answers; a new incarnation (a restarted process) gets its resources rebuilt.
-Every request carries the incarnation it was meant for, so a restarted worker
-refuses work for its predecessor instead of running half of it.
+When the worker cannot be reached its closures are put back on the queue for the other workers, and
+it is probed with exponential back-off until it answers; a new incarnation (a restarted process)
+gets its resources rebuilt. Every request carries the incarnation it was meant for, so a restarted
+worker refuses work for its predecessor instead of running half of it. A draining worker says so
+with its results: nothing more goes to it, and its going is no failure.
 
-The dispatcher does the I/O only: the worker's state (joining, up, draining,
-lost, replaced, refused), its epoch and incarnation are its
-:class:`~pstrain._coordinator.membership.WorkerSlot`, whose events say what to do.
+The dispatcher does the I/O only: the worker's state (joining, up, draining, lost, replaced,
+refused), its epoch and incarnation are its :class:`~pstrain._coordinator.membership.WorkerSlot`.
 """
 
 from __future__ import annotations
@@ -380,6 +378,8 @@ class WorkerDispatcher:
         self._on_results(reply)
 
     def _on_results(self, reply: ResultsReply) -> None:
+        if reply.leaving and self.slot.state is SlotState.UP:  # draining: its going is no failure
+            self.slot.draining()
         finish = self.queue.finish
         queue = self.queue
         scalars = reply.scalars

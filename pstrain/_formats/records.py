@@ -207,6 +207,9 @@ class ResultsReply(Reply):
     #: scalars closures logged with ``pstrain.summary``: ``[name, value, step, wall_time]``
     #: (each checked where it is recorded: one malformed scalar does not lose the results)
     scalars: list[Annotated[list[Any], msgspec.Meta(max_length=4)]] | None = None
+    #: the worker is draining (SIGTERM): it takes no new closures and leaves once these are
+    #: back, so its going is no failure even if a batch was already on its way to it
+    leaving: bool = False
 
 
 class ResourceReply(Reply):

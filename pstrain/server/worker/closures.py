@@ -56,9 +56,13 @@ class Unloadable:
         raise self.error
 
 
-def encode_results(results: list[Any], scalars: list[Any] | None = None) -> Encoded:
-    """Encode results once; a result that cannot travel becomes an error saying so."""
-    extra = {"scalars": scalars} if scalars else {}
+def encode_results(results: list[Any], scalars: list[Any] | None = None,
+                   leaving: bool = False) -> Encoded:
+    """Encode results once; a result that cannot travel becomes an error saying so.
+    ``leaving``: the worker is draining (the coordinator sends it nothing more)."""
+    extra: dict[str, Any] = {"scalars": scalars} if scalars else {}
+    if leaving:
+        extra["leaving"] = True
     try:
         return Encoded(wire.encode_body({"results": results, **extra}, allow_pickle=True))
     except Exception:

@@ -386,12 +386,12 @@ class WorkerServer(ServerBase):
             if batch.remaining == 0:
                 results, batch.results = batch.results, []
                 if not batch.done.done():
-                    batch.done.set_result(encode_results(results, scalars))
+                    batch.done.set_result(encode_results(results, scalars, self.draining))
                     scalars = []
             elif batch.emit is not None:
                 results, batch.results = batch.results, []
                 try:
-                    batch.emit(encode_results(results, scalars))
+                    batch.emit(encode_results(results, scalars, self.draining))
                     scalars = []
                 except Exception:  # connection gone: the coordinator reschedules
                     logger.debug("could not send partial results", exc_info=True)
