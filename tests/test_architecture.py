@@ -243,7 +243,7 @@ LAYER_NOTES = {
     "_transport": "transport: channels, the blocking bridge",
     "_formats": "formats: wire, operations, files (client and server)",
     "_base": "base: errors, cluster, auth, context",
-    "_kernels": "kernels: the id index and sparse optimizer steps, compiled (C) and numpy",
+    "_kernels": "kernels: the id index, sparse optimizer steps, distinct ids and per-id sums; C and numpy",
 }
 
 

@@ -54,7 +54,7 @@ def test_segment_sums_are_np_add_at_bit_for_bit_compiled_and_in_numpy(n_segments
     np.add.at(want, seg[seg >= 0], data[seg >= 0])  # a negative id drops its row (as TF)
     for impl in (compiled, reference):
         out = np.zeros((n_segments, dim), dtype)
-        impl.segment_sum(out, seg, data)
+        impl.put_rows(out, seg, data, True)
         assert _bits(out) == _bits(want), impl.__name__
     got = unsorted_segment_sum(data, seg, n_segments)
     assert got.dtype == dtype and _bits(got) == _bits(want)
@@ -83,8 +83,8 @@ def test_bad_input_is_refused_naming_what_is_wrong():
         unique(np.ones((2, 2), np.int64))
     for impl in (compiled, reference):  # the kernels' own guard, under the public checks
         out = np.zeros((2, 1), np.float32)
-        with pytest.raises(IndexError, match="past the output's end"):
-            impl.segment_sum(out, np.array([2], np.int64), np.ones((1, 1), np.float32))
+        with pytest.raises(IndexError, match="past the array's end"):
+            impl.put_rows(out, np.array([2], np.int64), np.ones((1, 1), np.float32), True)
         assert not out.any()
 
 

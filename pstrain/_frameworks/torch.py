@@ -67,10 +67,10 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 from .._base.errors import InvalidArgumentError
 from .._checkpoint.object_graph import register_view
 from .._formats.initializers import Initializer, RandomUniform
+from .._kernels.batches import distinct
 from .._variables.arrays import IndexedSlices
 from .._variables.batched import read_variables
 from .._variables.dynamic import DynamicEmbedding
-from .._variables.segments import unique as distinct
 from .._variables.sharding import ShardedVariable, combine_gradients, embedding_lookup
 from .._variables.variables import Variable
 

@@ -1,8 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The table kernels in C (built by ``pip install``): the id index's probe, insert and delete,
-the fused sparse optimizer steps, and a batch's unique ids and per-id gradient sums. Each loop runs without the GIL and without Python per
-id; :mod:`pstrain._kernels.reference` is the numpy implementation they are tested against,
-bit for bit. See :mod:`pstrain._kernels`."""
+the fused sparse optimizer steps, and a batch's distinct ids and per-id sums. Each loop runs
+without the GIL and without Python per id; :mod:`pstrain._kernels.reference` is the numpy
+implementation they are tested against, bit for bit. See :mod:`pstrain._kernels`."""
 
 import numpy as np
 
@@ -158,34 +158,28 @@ def gather_rows(const real[:, ::1] table, const int64_t[::1] pos, real[:, ::1] o
         raise IndexError("gather_rows: a row past the table's end")
 
 
-cdef bint _scatter(real[:, ::1] out, const int64_t[::1] rows, const real[:, ::1] values,
-                   bint add) noexcept nogil:
-    """``out[rows[i]] = values[i]`` (``+=`` with ``add``) for each ``rows[i] >= 0``, in order;
-    True when a row is past ``out``'s end (nothing after it is done)."""
+def put_rows(real[:, ::1] out, const int64_t[::1] rows, const real[:, ::1] values, bint add=False):
+    """``out[rows[i]] = values[i]`` for each ``rows[i] >= 0``, in order (a later row wins: a
+    delta checkpoint's rows put into a restored array); with ``add``, ``+=`` (per-id sums of
+    a batch's rows, bit for bit ``np.add.at``'s)."""
     cdef Py_ssize_t i, j, r, n = rows.shape[0], dim = out.shape[1], limit = out.shape[0]
-    for i in range(n):
-        r = rows[i]
-        if r < 0:
-            continue
-        if r >= limit:
-            return True
-        if add:
-            for j in range(dim):
-                out[r, j] = out[r, j] + values[i, j]
-        else:
-            for j in range(dim):
-                out[r, j] = values[i, j]
-    return False
-
-
-def put_rows(real[:, ::1] out, const int64_t[::1] rows, const real[:, ::1] values):
-    """``out[rows[i]] = values[i]`` for each ``rows[i] >= 0``, in order (a later row wins):
-    a delta checkpoint's rows put into a restored array."""
-    cdef bint bad
-    if values.shape[0] != rows.shape[0] or values.shape[1] != out.shape[1]:
+    cdef bint bad = False
+    if values.shape[0] != n or values.shape[1] != dim:
         raise ValueError("put_rows: values are not (len(rows), dim)")
     with nogil:
-        bad = _scatter(out, rows, values, False)
+        for i in range(n):
+            r = rows[i]
+            if r < 0:
+                continue
+            if r >= limit:
+                bad = True
+                break
+            if add:
+                for j in range(dim):
+                    out[r, j] = out[r, j] + values[i, j]
+            else:
+                for j in range(dim):
+                    out[r, j] = values[i, j]
     if bad:
         raise IndexError("put_rows: a row past the array's end")
 
@@ -240,15 +234,3 @@ def unique_first(const int64_t[::1] ids):
                     break
                 q = (q + 1) & mask
     return unique[:m].copy(), inverse
-
-
-def segment_sum(real[:, ::1] out, const int64_t[::1] segments, const real[:, ::1] data):
-    """``out[segments[i]] += data[i]`` for each ``segments[i] >= 0``, in order (the sums of
-    ``np.add.at``, bit for bit)."""
-    cdef bint bad
-    if data.shape[0] != segments.shape[0] or data.shape[1] != out.shape[1]:
-        raise ValueError("segment_sum: data is not (len(segments), dim)")
-    with nogil:
-        bad = _scatter(out, segments, data, True)
-    if bad:
-        raise IndexError("segment_sum: a row past the output's end")

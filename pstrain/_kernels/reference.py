@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["adagrad_rows", "gather_rows", "index_delete", "index_get", "index_insert", "mark_seen",
-           "mix64", "segment_sum", "sgd_rows", "unique_first"]
+           "mix64", "sgd_rows", "unique_first"]
 
 _EMPTY, _FULL, _TOMB = 0, 1, 2
 _SCALAR = 48  # ids left probing below which a Python loop beats another numpy pass
@@ -140,11 +140,14 @@ def gather_rows(table: np.ndarray, pos: np.ndarray, out: np.ndarray, default: fl
     out[~found] = default
 
 
-def put_rows(out: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+def put_rows(out: np.ndarray, rows: np.ndarray, values: np.ndarray, add: bool = False) -> None:
     if values.shape != (rows.size, out.shape[1]):
         raise ValueError("put_rows: values are not (len(rows), dim)")
     keep = _checked("put_rows", out, rows, "array")
-    out[rows[keep]] = values[keep]
+    if add:
+        np.add.at(out, rows[keep], values[keep])
+    else:
+        out[rows[keep]] = values[keep]
 
 
 def mark_seen(last_seen: np.ndarray, freq: np.ndarray, pos: np.ndarray, clock: int) -> None:
@@ -160,9 +163,3 @@ def unique_first(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     rank[order] = np.arange(order.size)
     return sorted_ids[order].astype(np.int64), rank[inverse.reshape(-1)]
 
-
-def segment_sum(out: np.ndarray, segments: np.ndarray, data: np.ndarray) -> None:
-    if data.shape != (segments.size, out.shape[1]):
-        raise ValueError("segment_sum: data is not (len(segments), dim)")
-    keep = _checked("segment_sum", out, segments, "output")
-    np.add.at(out, segments[keep], data[keep])

@@ -36,11 +36,11 @@ from .._formats.operations import ApplyGradients
 from .._formats.optimizer_rules import slot_specs
 from .._formats.records import OptimizerRule
 from .._formats.schedules import LearningRateSchedule
+from .._kernels.batches import merge_duplicates
 from .._variables.arrays import IndexedSlices
 from .._variables.batched import ensure_created
 from .._variables.dynamic import DynamicEmbedding
 from .._variables.routing import routed
-from .._variables.segments import unique as distinct, unsorted_segment_sum
 from .._variables.sharding import ShardedVariable, compact_ids
 from .._variables.variables import Variable
 
@@ -167,11 +167,7 @@ def _resplit(group: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
 def _dedupe(rows: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if rows.ndim == 1 and rows.size and bool(np.all(rows[1:] > rows[:-1])):
         return rows, values  # already sorted and unique (e.g. from np.unique)
-    unique, inverse = distinct(rows, sorted=True)
-    if unique.size == rows.size:
-        order = np.argsort(rows, kind="stable")
-        return rows[order], values[order]
-    return unique, unsorted_segment_sum(values, inverse, unique.size)
+    return merge_duplicates(rows, values)
 
 
 def _split(grad: Any, var: Any) -> list[tuple[Variable, np.ndarray | None, np.ndarray]]:

@@ -44,11 +44,11 @@ from .._formats.operations import (
 )
 from .._formats.placement_map import SliceSet, TableSlices
 from .._formats.records import Operation, TableSpec, validate
+from .._kernels.batches import distinct, merge_duplicates
 from .._transport.rpc import Channel, ChannelPool
 from .arrays import current_creator
 from .placement import Placement
 from .routing import routed
-from .segments import unique as distinct, unsorted_segment_sum
 
 __all__ = ["DynamicEmbedding"]
 
@@ -248,8 +248,7 @@ class DynamicEmbedding:
                 f"the gradient of dynamic table {self.name!r} has values of shape {vals.shape} "
                 f"for ids of shape {np.shape(ids)}: expected {np.shape(ids) + (self.dim,)}")
         vals = vals.reshape(flat.size, self.dim)
-        unique, inverse = distinct(flat, sorted=True)
-        summed = unsorted_segment_sum(vals, inverse, unique.size)
+        unique, summed = merge_duplicates(flat, vals)
         return [(ps, unique[pos], summed[pos]) for ps, pos in self.route(unique)]
 
     async def ensure_created(self) -> None:

@@ -1,9 +1,10 @@
 """A batch's distinct ids and the per-id sums of its gradients, compiled: what a numpy model
 needs around an embedding lookup (``tf.unique`` and ``tf.math.unsorted_segment_sum``).
 
-Both run the C kernels of :mod:`pstrain._kernels` on int64 ids and float32/float64 data, and
-give exactly what numpy's ``np.unique`` / ``np.add.at`` give: ``np.add.at`` alone took 3.5 ms
-of W4's step, ``segment_sum`` 0.07 ms. Other dtypes take numpy's path, with the same results.
+Both run the C kernels of :mod:`pstrain._kernels.batches` on integer ids and float32/float64
+data, and give exactly what numpy's ``np.unique`` / ``np.add.at`` give: ``np.add.at`` alone
+took 3.5 ms of W4's step, the kernel 0.07 ms. Other dtypes take numpy's path, with the same
+results.
 
 >>> import numpy as np
 >>> ids = np.array([7, 3, 7, 9])
@@ -22,11 +23,9 @@ from typing import Any
 import numpy as np
 
 from .._base.errors import InvalidArgumentError
-from .._kernels import KERNELS, reference
+from .._kernels.batches import distinct, sum_into
 
 __all__ = ["unique", "unsorted_segment_sum"]
-
-_COMPILED_DATA = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def unique(x: Any, *, sorted: bool = False) -> tuple[np.ndarray, np.ndarray]:  # noqa: A002
@@ -38,28 +37,16 @@ def unique(x: Any, *, sorted: bool = False) -> tuple[np.ndarray, np.ndarray]:  #
     arr = np.asarray(x)
     if arr.ndim != 1:
         raise InvalidArgumentError(f"unique: x must be 1-D, got shape {arr.shape}")
-    if arr.size < 2 or (arr.dtype.kind in "iuf" and bool(np.all(arr[1:] > arr[:-1]))):
-        return arr.copy(), np.arange(arr.size)  # already distinct and ascending (both orders)
     if arr.dtype.kind in "iu" and arr.dtype.itemsize <= 8:
-        wide = arr.view(np.int64) if arr.dtype == np.uint64 else arr.astype(np.int64, copy=False)
-        found, idx = KERNELS.unique_first(np.ascontiguousarray(wide))
-        y = found.view(np.uint64) if arr.dtype == np.uint64 else found.astype(arr.dtype, copy=False)
-    else:
-        sorted_y, first, inverse = np.unique(arr, return_index=True, return_inverse=True)
-        if sorted:
-            return sorted_y, inverse.reshape(-1).astype(np.int64, copy=False)
-        order = np.argsort(first)
-        y, idx = sorted_y[order], _rank(order)[inverse.reshape(-1)]
-    if not sorted:
-        return y, idx
-    order = np.argsort(y, kind="stable")  # distinct values: any sort; this one is twice as fast
-    return y[order], _rank(order)[idx]
-
-
-def _rank(order: np.ndarray) -> np.ndarray:
+        return distinct(arr, sorted=sorted)
+    sorted_y, first, inverse = np.unique(arr, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1).astype(np.int64, copy=False)
+    if sorted:
+        return sorted_y, inverse
+    order = np.argsort(first)  # the distinct elements by where they first occur
     rank = np.empty(order.size, np.int64)
     rank[order] = np.arange(order.size)
-    return rank
+    return sorted_y[order], rank[inverse]
 
 
 def unsorted_segment_sum(data: Any, segment_ids: Any, num_segments: int) -> np.ndarray:
@@ -82,10 +69,6 @@ def unsorted_segment_sum(data: Any, segment_ids: Any, num_segments: int) -> np.n
         at = int(np.argmax(flat >= num_segments))
         raise InvalidArgumentError(f"unsorted_segment_sum: segment_ids[{at}] = {int(flat[at])} is not "
                                    f"below num_segments ({num_segments})")
-    tail = values.shape[ids.ndim:]
-    width = int(np.prod(tail, dtype=np.int64))
-    out = np.zeros((int(num_segments),) + tail, values.dtype)
-    kernels = KERNELS if values.dtype in _COMPILED_DATA else reference
-    kernels.segment_sum(out.reshape(int(num_segments), width), np.ascontiguousarray(flat),
-                        np.ascontiguousarray(values.reshape(flat.size, width)))
+    out = np.zeros((int(num_segments),) + values.shape[ids.ndim:], values.dtype)
+    sum_into(out, flat, values)
     return out

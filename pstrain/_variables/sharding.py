@@ -23,10 +23,10 @@ from .._base.context import must_await
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from .._formats.operations import RowRead, SparseRead
+from .._kernels.batches import distinct
 from .arrays import IndexedSlices, VariableBase, to_array
 from .batched import ensure_created, read_variables
 from .routing import routed
-from .segments import unique as distinct
 from .variables import Variable
 
 if TYPE_CHECKING:

@@ -13,6 +13,7 @@ from ..._base.errors import InvalidArgumentError
 from ..._formats.operations import ApplyGradients, CallVariables
 from ..._formats.optimizer_rules import RULES, slot_specs
 from ..._formats.schedules import from_spec
+from ..._kernels.batches import merge_duplicates
 from .store import VariableStore, checked_rows, checked_value
 from .tables import TableHandlers
 
@@ -52,13 +53,10 @@ def apply_gradients(store: VariableStore, tables: TableHandlers, req: ApplyGradi
                 raise InvalidArgumentError(f"sparse gradient of {name!r}: rows must be 1-D")
             grad = checked_value(record, values, (rows.shape[0],) + record.array.shape[1:],
                                "sparse gradient")
-            if not req.unique_rows or (rows.size > 1 and not bool(np.all(rows[1:] > rows[:-1]))):
-                rows, inverse = np.unique(rows, return_inverse=True)
-                summed = np.zeros((rows.shape[0],) + grad.shape[1:], record.array.dtype)
-                np.add.at(summed, inverse, grad)
-                grad = summed
             # int32 on the wire (half the bytes); the fused kernels take int64 rows
             rows = rows.astype(np.int64, copy=False)
+            if not req.unique_rows or (rows.size > 1 and not bool(np.all(rows[1:] > rows[:-1]))):
+                rows, grad = merge_duplicates(rows, np.asarray(grad, record.array.dtype))
         slots = {}
         for slot_name, init in specs.items():
             full = f"{req.prefix}/{slot_name}/{record.name}"

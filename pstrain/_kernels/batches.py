@@ -1,0 +1,61 @@
+"""A batch's distinct ids and the per-id sums of its rows, on the kernels chosen
+(:data:`~pstrain._kernels.KERNELS`): what a client merging a sparse gradient's duplicate
+rows, a ps merging a request's, and :mod:`pstrain.math` all do. No checks of the caller's
+input here beyond the kernels' own: the callers check it, each with its own errors.
+
+>>> import numpy as np
+>>> distinct(np.array([7, 3, 7, 9]), sorted=True)
+(array([3, 7, 9]), array([1, 0, 1, 2]))
+>>> merge_duplicates(np.array([7, 3, 7]), np.array([[1.0], [2.0], [4.0]]))
+(array([3, 7]), array([[2.],
+       [5.]]))
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import KERNELS, reference
+
+__all__ = ["distinct", "merge_duplicates", "sum_into"]
+
+_COMPILED = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def distinct(ids: np.ndarray, *, sorted: bool = False) -> tuple[np.ndarray, np.ndarray]:  # noqa: A002
+    """``(distinct ids, each id's position among them)`` of 1-D integer ``ids`` (at most 64
+    bits), in the order they first occur, or ascending (``sorted``: ``np.unique``'s result
+    with ``return_inverse``, bit for bit)."""
+    if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):
+        return ids.copy(), np.arange(ids.size)  # already distinct and ascending (both orders)
+    wide = ids.view(np.int64) if ids.dtype == np.uint64 else ids.astype(np.int64, copy=False)
+    found, idx = KERNELS.unique_first(np.ascontiguousarray(wide))
+    found = found.view(np.uint64) if ids.dtype == np.uint64 else found.astype(ids.dtype, copy=False)
+    if not sorted:
+        return found, idx
+    order = np.argsort(found, kind="stable")  # distinct values: any sort; this one is twice as fast
+    rank = np.empty(order.size, np.int64)
+    rank[order] = np.arange(order.size)
+    return found[order], rank[idx]
+
+
+def sum_into(out: np.ndarray, segments: np.ndarray, values: np.ndarray) -> None:
+    """``out[segments[i]] += values[i]`` in order, skipping negative segments (rows of any
+    shape; C loops for float32 and float64, numpy's ``np.add.at`` otherwise)."""
+    width = int(np.prod(out.shape[1:], dtype=np.int64))
+    kernels = KERNELS if out.dtype in _COMPILED else reference
+    kernels.put_rows(out.reshape(out.shape[0], width), np.ascontiguousarray(segments, np.int64),
+                     np.ascontiguousarray(values, out.dtype).reshape(segments.size, width), True)
+
+
+def merge_duplicates(ids: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(distinct ids ascending, the sum of each one's rows of values, in order)``: a sparse
+    gradient's rows with repeated ids merged, as ``np.unique`` then ``np.add.at`` give them."""
+    unique, inverse = distinct(ids, sorted=True)
+    if unique.size == ids.size:  # only reordered
+        summed = np.empty_like(values)
+        summed[inverse] = values
+        return unique, summed
+    summed = np.zeros((unique.size,) + values.shape[1:], values.dtype)
+    sum_into(summed, inverse, values)
+    return unique, summed
