@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 
@@ -212,7 +213,7 @@ async def _equals(variable, value: float) -> bool:
     return bool(await variable.numpy() == value)
 
 
-async def test_a_draining_worker_says_so_with_its_results_so_its_going_is_no_failure():
+async def test_a_draining_worker_says_so_with_its_results_so_its_going_is_no_failure(tmp_path):
     # The worker leaves once its last results are out. A batch the coordinator sent before it
     # read them used to find the worker gone: counted as a failure (seen under load). The
     # results of a draining worker now say so: the coordinator sends it nothing more.
@@ -224,28 +225,36 @@ async def test_a_draining_worker_says_so_with_its_results_so_its_going_is_no_fai
         async with strategy.scope():
             count = pstrain.Variable(0.0, name="count")
             started = pstrain.Variable(0.0, name="started")
-            gate = pstrain.Variable(0.0, name="gate")
+        gate = str(tmp_path / "gate")
+        os.mkfifo(gate)  # a read of it waits for the test to write: the closures wait on it
+        opened = os.open(gate, os.O_RDWR)  # the test's end (never blocks, keeps it open)
 
-        async def held():  # runs until the gate opens
+        def wait_for_the_gate() -> None:
+            with open(gate, "rb", buffering=0) as f:
+                f.read(1)  # one byte each
+
+        async def held():
             await started.assign_add(1.0)
-            while await gate.numpy() == 0.0:
-                await asyncio.sleep(0.005)
+            await asyncio.to_thread(wait_for_the_gate)
             return pstrain.get_current_worker_index()
 
-        first = [coordinator.schedule(held) for _ in range(4)]
-        await wait_for(lambda: _equals(started, 4.0), timeout=30, what="two closures on each worker")
-        cluster.workers[1].begin_drain()  # what SIGTERM does
-        await gate.assign(1.0)
-        await wait_for(lambda: all(rv.done() for rv in first), timeout=30, what="the first four")
-        slot = coordinator.membership()[1]  # told as its results came back: draining, or left
-        assert slot["state"] in ("draining", "lost") and slot["failures"] == 0, slot
-        rest = [coordinator.schedule(lambda: count.assign_add(1.0)) for _ in range(20)]
-        await coordinator.join()
-        assert sorted([await rv for rv in first]) == [0, 0, 1, 1]
-        assert await count.numpy() == 20.0 and all(rv.done() for rv in rest)
-        assert cluster.workers[1].closures_run == 2  # nothing new went to the draining worker
-        assert coordinator.worker_failures == 0 and coordinator.closures_retried == 0
-        await coordinator.close()
+        try:
+            first = [coordinator.schedule(held) for _ in range(4)]
+            await wait_for(lambda: _equals(started, 4.0), timeout=30, what="two closures on each worker")
+            cluster.workers[1].begin_drain()  # what SIGTERM does
+            os.write(opened, b"go" * 2)  # a byte for each of the four
+            await wait_for(lambda: all(rv.done() for rv in first), timeout=30, what="the first four")
+            slot = coordinator.membership()[1]  # told as its results came back: draining, or left
+            assert slot["state"] in ("draining", "lost") and slot["failures"] == 0, slot
+            rest = [coordinator.schedule(lambda: count.assign_add(1.0)) for _ in range(20)]
+            await coordinator.join()
+            assert sorted([await rv for rv in first]) == [0, 0, 1, 1]
+            assert await count.numpy() == 20.0 and all(rv.done() for rv in rest)
+            assert cluster.workers[1].closures_run == 2  # nothing new went to the draining worker
+            assert coordinator.worker_failures == 0 and coordinator.closures_retried == 0
+            await coordinator.close()
+        finally:
+            os.close(opened)
 
 
 async def test_a_worker_drained_by_sigterm_leaves_with_nothing_lost_and_no_failure():
