@@ -191,6 +191,38 @@ async def test_bad_configurations_and_ids_are_refused_with_clear_errors():
         assert await table.size() == 0  # nothing changed
 
 
+async def test_ids_in_any_order_are_served_and_a_repeated_id_is_refused_by_the_ps():
+    """Clients send each ps its distinct ids in the order first seen (no sort); the ps
+    checks they are distinct, and refuses a repeated id, changing nothing."""
+    from pstrain._formats.operations import ApplyGradients, LookupTable, OptimizerRule
+
+    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            table = pstrain.DynamicEmbedding(4, name="order")
+            opt = pstrain.optimizers.SGD(1.0)
+        ids = np.array([9, -3, 9, 2**62, -3, 7], np.int64)
+        rows = await table.lookup(ids)
+        assert np.array_equal(rows, _init(ids))
+        grad = np.arange(24, dtype=np.float32).reshape(6, 4)
+        await opt.apply_gradients([(pstrain.IndexedSlices(grad, ids), table)])
+        after = await table.lookup(np.array([7, 2**62, -3, 9], np.int64), training=False)
+        summed = {9: grad[0] + grad[2], -3: grad[1] + grad[4], 2**62: grad[3], 7: grad[5]}
+        for got, key in zip(after, [7, 2**62, -3, 9]):
+            assert np.array_equal(got, _init([key])[0] - summed[key])
+        channel = table.channel(0)
+        with pytest.raises(InvalidArgumentError, match="distinct"):
+            await channel.request(LookupTable(name=table.key, ids=np.array([5, 1, 5], np.int64),
+                                              train=True))
+        with pytest.raises(InvalidArgumentError, match="distinct"):
+            await channel.request(ApplyGradients(
+                rule=OptimizerRule(kind="sgd", learning_rate=1.0), prefix=opt.name, grads=[],
+                tables=[(table.key, np.array([7, 9, 7], np.int64), np.ones((3, 4), np.float32))]))
+        assert await table.size() == 4  # neither refused request changed anything
+        again = await table.lookup(np.array([7, 2**62, -3, 9], np.int64), training=False)
+        assert np.array_equal(again, after)
+
+
 async def test_metrics_show_rows_admitted_evicted_and_bytes_per_table():
     import aiohttp
 
@@ -341,9 +373,9 @@ def test_sightings_are_remembered_for_at_most_max_candidates_ids_newest_kept():
 
 
 async def test_a_dynamic_table_saved_during_training_is_a_state_it_was_in(tmp_path, monkeypatch):
-    from pstrain.server.ps import store
+    from pstrain.server.ps import snapshots
 
-    monkeypatch.setattr(store, "BLOCK_BYTES", 4096)  # many blocks: updates land before the writer
+    monkeypatch.setattr(snapshots, "BLOCK_BYTES", 4096)  # many blocks: updates land before the writer
     ids = np.arange(1, 20_001, dtype=np.int64) * 7919
     async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
                                 ps_options={"checkpoint_root": str(tmp_path)}) as cluster:
@@ -370,10 +402,10 @@ async def test_a_dynamic_table_saved_during_training_is_a_state_it_was_in(tmp_pa
 
 def test_a_table_snapshot_holds_the_table_as_it_was_while_rows_change_evict_and_grow(monkeypatch):
     from pstrain._formats.optimizer_rules import RULES
-    from pstrain.server.ps import store
+    from pstrain.server.ps import snapshots
     from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
 
-    monkeypatch.setattr(store, "BLOCK_BYTES", 1024)
+    monkeypatch.setattr(snapshots, "BLOCK_BYTES", 1024)
     t = DynamicTable("t", TableConfig(dim=4, capacity=3000))
     ids = np.arange(1, 5001, dtype=np.int64) * 31
     t.lookup(ids[:2500], train=True)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .._kernels import KERNELS
 from .._kernels.reference import mix64
 
 __all__ = ["Shard", "in_slices", "initial_rows", "mix64", "shard_of", "unit_uniform"]
@@ -29,6 +30,7 @@ Shard = int | Sequence[int]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _SHARD_SALT = np.uint64(0x2545F4914F6CDD1D)
+_SALT = int(_SHARD_SALT)
 
 
 def _as_u64(ids: np.ndarray) -> np.ndarray:
@@ -37,7 +39,7 @@ def _as_u64(ids: np.ndarray) -> np.ndarray:
 
 def shard_of(ids: np.ndarray, num_shards: int) -> np.ndarray:
     """The shard (ps) of each int64 id: a hash of the id modulo ``num_shards``."""
-    return (mix64(_as_u64(ids) ^ _SHARD_SALT) % np.uint64(num_shards)).astype(np.int64)
+    return KERNELS.shard_ids(np.ascontiguousarray(ids, np.int64), int(num_shards), _SALT)
 
 
 def in_slices(ids: np.ndarray, num_slices: int, owned: Shard) -> np.ndarray:

@@ -48,11 +48,15 @@ def sum_into(out: np.ndarray, segments: np.ndarray, values: np.ndarray) -> None:
                      np.ascontiguousarray(values, out.dtype).reshape(segments.size, width), True)
 
 
-def merge_duplicates(ids: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def merge_duplicates(ids: np.ndarray, values: np.ndarray, *,
+                     sorted: bool = True) -> tuple[np.ndarray, np.ndarray]:  # noqa: A002
     """``(distinct ids ascending, the sum of each one's rows of values, in order)``: a sparse
-    gradient's rows with repeated ids merged, as ``np.unique`` then ``np.add.at`` give them."""
-    unique, inverse = distinct(ids, sorted=True)
-    if unique.size == ids.size:  # only reordered
+    gradient's rows with repeated ids merged, as ``np.unique`` then ``np.add.at`` give them.
+    ``sorted=False``: the distinct ids in the order they first occur (no sort)."""
+    unique, inverse = distinct(ids, sorted=sorted)
+    if unique.size == ids.size:  # only reordered, or not even that
+        if not sorted:
+            return unique, values
         summed = np.empty_like(values)
         summed[inverse] = values
         return unique, summed

@@ -234,3 +234,18 @@ def unique_first(const int64_t[::1] ids):
                     break
                 q = (q + 1) & mask
     return unique[:m].copy(), inverse
+
+
+def shard_ids(const int64_t[::1] ids, int64_t num_shards, uint64_t salt):
+    """Each id's shard: ``mix64(id ^ salt) % num_shards`` (the hash routing a dynamic
+    table's ids to the ps, and a ps's slices)."""
+    cdef Py_ssize_t i, n = ids.shape[0]
+    if num_shards < 1:
+        raise ValueError("shard_ids: num_shards must be at least 1")
+    out = np.empty(n, np.int64)
+    cdef int64_t[::1] o = out
+    cdef uint64_t m = <uint64_t>num_shards
+    with nogil:
+        for i in range(n):
+            o[i] = <int64_t>(_mix64(<uint64_t>ids[i] ^ salt) % m)
+    return out

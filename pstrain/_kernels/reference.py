@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["adagrad_rows", "gather_rows", "index_delete", "index_get", "index_insert", "mark_seen",
-           "mix64", "sgd_rows", "unique_first"]
+           "mix64", "sgd_rows", "shard_ids", "unique_first"]
 
 _EMPTY, _FULL, _TOMB = 0, 1, 2
 _SCALAR = 48  # ids left probing below which a Python loop beats another numpy pass
@@ -163,3 +163,11 @@ def unique_first(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     rank[order] = np.arange(order.size)
     return sorted_ids[order].astype(np.int64), rank[inverse.reshape(-1)]
 
+
+
+def shard_ids(ids: np.ndarray, num_shards: int, salt: int) -> np.ndarray:
+    if num_shards < 1:
+        raise ValueError("shard_ids: num_shards must be at least 1")
+    with np.errstate(over="ignore"):
+        h = mix64(ids.view(np.uint64) ^ np.uint64(salt))
+    return (h % np.uint64(num_shards)).astype(np.int64)

@@ -228,7 +228,7 @@ class DynamicEmbedding:
         ``training=True`` admits ids (creating rows) and counts them for eviction;
         ``training=False`` (evaluation, serving) changes nothing."""
         flat = _ids(ids, f"lookup of {self.name!r}")
-        unique, inverse = distinct(flat, sorted=True)
+        unique, inverse = distinct(flat)  # in the order of first sight: no sort
         rows = np.empty((unique.size, self.dim), self.dtype)
 
         async def fetch(ps: int, positions: np.ndarray) -> None:
@@ -248,7 +248,7 @@ class DynamicEmbedding:
                 f"the gradient of dynamic table {self.name!r} has values of shape {vals.shape} "
                 f"for ids of shape {np.shape(ids)}: expected {np.shape(ids) + (self.dim,)}")
         vals = vals.reshape(flat.size, self.dim)
-        unique, summed = merge_duplicates(flat, vals)
+        unique, summed = merge_duplicates(flat, vals, sorted=False)
         return [(ps, unique[pos], summed[pos]) for ps, pos in self.route(unique)]
 
     async def ensure_created(self) -> None:

@@ -26,6 +26,7 @@ from ..._formats.operations import (
 from ..._formats.placement_map import TableCopy, TablePatch
 from ..._formats.records import Operation
 from ..._formats.tensor_files import whole
+from ..._kernels.batches import distinct
 from .checkpoint import CheckpointFiles, Pending
 from .dynamic_table import DynamicTable, TableConfig
 from .feed import TableFeed
@@ -76,9 +77,9 @@ class TableHandlers:
         for name, ids, values in grads:
             table = self.table(name)
             ids = _table_ids(ids, f"sparse gradient of table {name!r}")
-            if not _ascending(ids):
-                raise InvalidArgumentError(f"opt/apply: the ids of table {name!r} must be unique "
-                                           "and ascending (as np.unique gives them)")
+            if not _distinct(ids):
+                raise InvalidArgumentError(f"opt/apply: the ids of table {name!r} must be distinct "
+                                           "(merge the rows of a repeated id first)")
             self.guards.check(name, ids)
             grad = np.asarray(values)
             if grad.shape != (ids.size, table.config.dim) or grad.dtype.kind not in "fiu":
@@ -132,9 +133,9 @@ class TableHandlers:
     def lookup_table(self, req: LookupTable) -> dict[str, Any]:
         table = self.table(req.name)
         ids = _table_ids(req.ids, f"dyn/lookup of {req.name!r}")
-        if not _ascending(ids):
-            raise InvalidArgumentError(f"dyn/lookup of {req.name!r}: ids must be unique and "
-                                       "ascending (as np.unique gives them)")
+        if not _distinct(ids):
+            raise InvalidArgumentError(f"dyn/lookup of {req.name!r}: ids must be distinct "
+                                       "(look up each id once)")
         self.guards.check(req.name, ids)
         nbytes = ids.size * table.config.dim * table.dtype.itemsize
         if nbytes > self.max_gather_bytes:
@@ -277,6 +278,7 @@ def _table_ids(ids: Any, what: str) -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
-def _ascending(ids: np.ndarray) -> bool:
-    """Strictly ascending, so unique: one vectorised comparison, not a sort."""
-    return ids.size < 2 or bool(np.all(ids[1:] > ids[:-1]))
+def _distinct(ids: np.ndarray) -> bool:
+    """No id twice, in any order: strictly ascending ids (one vectorised comparison), else
+    one pass of the hash kernel, never a sort."""
+    return ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])) or distinct(ids)[0].size == ids.size
