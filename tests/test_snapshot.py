@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import pstrain
-from pstrain.server.ps.store import Snapshot
+from pstrain.server.ps.snapshots import Snapshot
 from pstrain.testing import InProcessCluster
 
 from .conftest import TOKEN
@@ -64,7 +64,7 @@ async def test_a_save_during_updates_writes_the_table_as_it_began_without_copyin
 
 @pytest.mark.parametrize("changed", [3, 400])
 def test_a_snapshots_blocks_hold_the_old_rows_and_free_them_once_written(changed):
-    from pstrain.server.ps.store import Snapshot
+    from pstrain.server.ps.snapshots import Snapshot
 
     a = np.arange(4000, dtype=np.float32).reshape(1000, 4)
     original = a.copy()
@@ -96,8 +96,9 @@ def test_a_snapshot_of_some_rows_gives_them_as_they_were_while_they_change():
     assert snap.kept_bytes == 0  # rows 5 and 17 kept (not 3: not selected; not 4: copied), then freed
 
 
+@pytest.mark.parametrize("reuse", [False, True])
 @pytest.mark.parametrize("select", [False, True])
-def test_a_snapshot_copied_while_another_thread_changes_its_rows_is_the_array_as_it_began(select):
+def test_a_snapshot_copied_while_another_thread_changes_its_rows_is_the_array_as_it_began(select, reuse):
     # The writer copies each block without the snapshot's lock (the serving loop's updates
     # never wait for a copy): rows changed during a copy must come back as they were.
     rng = np.random.default_rng(7)
@@ -110,7 +111,9 @@ def test_a_snapshot_copied_while_another_thread_changes_its_rows_is_the_array_as
     def serve():  # what the serving loop does: keep the old values, then change the rows
         k = 0
         while not done.is_set() or k < 200:
-            changed = np.unique(rng.integers(0, array.shape[0], 300))
+            changed = rng.integers(0, array.shape[0], 300)  # repeats, in any order, ...
+            if k % 2:
+                changed = np.unique(changed)  # ... or unique and ascending, as a sparse step's
             snap.before_write(changed)
             array[changed] += 1.0
             k += 1
@@ -118,10 +121,25 @@ def test_a_snapshot_copied_while_another_thread_changes_its_rows_is_the_array_as
     server = threading.Thread(target=serve)
     server.start()
     try:
-        got = np.concatenate([block.copy() for block in snap.blocks()])
+        got = np.concatenate([block.copy() for block in (snap.pieces() if reuse else snap.blocks())])
     finally:
         done.set()
         server.join(timeout=60)
     assert not server.is_alive()
     assert not np.array_equal(array, before)  # the rows did change while it was copied
     np.testing.assert_array_equal(got, before if rows is None else before[rows])
+
+
+def test_a_writers_pieces_reuse_one_buffer_and_hold_the_rows_gathered():
+    array = np.arange(6000, dtype=np.float32).reshape(1000, 6)
+    rows = np.arange(0, 1000, 3)
+    snap = Snapshot(array, block_rows=64, rows=rows)
+    pieces = snap.pieces()
+    first = next(pieces)
+    np.testing.assert_array_equal(first, array[rows[:64]])
+    kept = first.copy()
+    second = next(pieces)
+    assert np.shares_memory(first, second)  # no fresh block (and fresh pages) per piece
+    np.testing.assert_array_equal(second, array[rows[64:128]])
+    rest = [kept, second.copy(), *(p.copy() for p in pieces)]
+    np.testing.assert_array_equal(np.concatenate(rest), array[rows])

@@ -6,22 +6,13 @@ first copies it (copy-on-write), so a reader always sees one consistent
 version and a writer never waits for a slow reader. Everything here runs on
 the serving loop with no ``await``, so each change is atomic.
 
-A checkpoint save does not pin a large array (an update would copy it whole:
-a 3 GB table doubled). It takes a :class:`Snapshot`: the save's writer thread
-walks the array in blocks of about ``BLOCK_BYTES``, copying one block at a time
-to write it; an update first keeps the old values of the rows it changes in
-blocks not yet written (copy-on-write per row, the rows it touches and no
-others), and the writer puts those back into its copy of the block. The file
-holds the array exactly as it was when the save began; the memory a save
-adds is one block plus the rows updated during it. (Whole blocks would be
-copied per update instead of rows if the copy were per block; a sparse step
-touches rows in nearly every block of a hashed table, so that would copy the
-table.)
+A checkpoint save does not pin a large array: it takes a
+:class:`~pstrain.server.ps.snapshots.Snapshot` of it (copy-on-write per row, while
+training goes on), which :mod:`~pstrain.server.ps.snapshots` describes.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,114 +26,13 @@ from ..._base.errors import (
 )
 from ..._formats.casting import cast_value
 from ..._formats.placement_map import PlacementMap
+from .snapshots import BLOCK_BYTES, Snapshot
 
 __all__ = ["BLOCK_BYTES", "SNAPSHOT_MIN_BYTES", "ChangeClock", "Snapshot", "VariableRecord",
            "VariableStore", "checked_rows", "checked_value"]
 
 #: Arrays at least this large are saved through a Snapshot; smaller ones are pinned.
 SNAPSHOT_MIN_BYTES = 1 << 20
-#: About how many bytes a save's writer copies (and writes) at a time.
-BLOCK_BYTES = 8 << 20
-
-
-class Snapshot:
-    """One array as it was when a save began, read block by block while it keeps changing.
-
-    >>> a = np.arange(10.0).reshape(5, 2)
-    >>> snap = Snapshot(a, block_rows=2)
-    >>> snap.before_write(np.array([4, 0]))   # the serving loop, before it changes rows 0 and 4
-    >>> a[[0, 4]] = -1.0
-    >>> np.concatenate(list(snap.blocks())).ravel().tolist()
-    [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]
-    """
-
-    def __init__(self, array: np.ndarray, block_rows: int | None = None,
-                 rows: np.ndarray | None = None) -> None:
-        self.array = array
-        self.rows = array.shape[0]
-        #: Only these rows (ascending), gathered in order (a delta's changed rows); None: all.
-        self.select = rows
-        row_bytes = max(1, array[:1].nbytes)
-        self.block_rows = block_rows or max(1, BLOCK_BYTES // row_bytes)
-        self.taken = 0  # rows below this are copied by the writer: changes there need nothing
-        self._kept = np.zeros(self.rows, bool)  # rows whose old values are kept
-        self._old: list[tuple[np.ndarray, np.ndarray]] = []  # (rows ascending, their old values)
-        self.kept_bytes = 0
-        self._lock = threading.Lock()
-
-    def before_write(self, rows: np.ndarray | None) -> None:
-        """The serving loop is about to change ``rows`` (None: every row): keep their old
-        values where the writer has not copied them yet."""
-        with self._lock:
-            if self.taken >= self.rows:
-                return
-            if rows is None:
-                r = np.arange(self.taken, self.rows)
-            else:
-                r = np.asarray(rows).reshape(-1)
-                r = r[(r >= self.taken) & (r < self.rows)]  # rows past the snapshot: not its
-            if r.size and self.select is not None:  # only the rows it gathers
-                at = np.minimum(np.searchsorted(self.select, r), self.select.size - 1)
-                r = r[self.select[at] == r]
-            if r.size:
-                r = r[~self._kept[r]]
-            if not r.size:
-                return
-            r = np.unique(r)
-            self._kept[r] = True
-            values = self.array[r]
-            self._old.append((r, values))
-            self.kept_bytes += values.nbytes
-
-    def blocks(self) -> Iterator[np.ndarray]:
-        """The array (or its selected rows) as of the snapshot, one block (a copy) at a time
-        (the writer's side)."""
-        select = self.select
-        count = self.rows if select is None else select.size
-        for lo in range(0, count, self.block_rows):
-            hi = min(count, lo + self.block_rows)
-            # Copied without the lock (the serving loop's updates do not wait for it): a row
-            # changed meanwhile is past `taken`, so its old values are kept first and put back.
-            if select is None:
-                block = self.array[lo:hi].copy()
-                first, last = lo, hi
-            else:
-                picked = select[lo:hi]
-                block = self.array[picked]
-                first, last = int(picked[0]), int(picked[-1]) + 1
-            with self._lock:
-                self.taken = last
-                patches = self._collect(first, last)
-            for r, v in patches:
-                block[r - lo if select is None else np.searchsorted(picked, r)] = v
-            yield block
-            self._maybe_drop(hi)
-        self._drop_written(self.rows)
-
-    def _collect(self, lo: int, hi: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        patches = []
-        for r, v in self._old:
-            a, b = np.searchsorted(r, (lo, hi))
-            if a < b:
-                patches.append((r[a:b], v[a:b]))
-        return patches
-
-    def _maybe_drop(self, hi: int) -> None:
-        if hi % (self.block_rows * 64) == 0:
-            self._drop_written(self.taken)
-
-    def _drop_written(self, upto: int) -> None:
-        """Forget kept rows the writer is past (memory back while the save goes on)."""
-        with self._lock:
-            kept = []
-            for r, v in self._old:
-                a = int(np.searchsorted(r, upto))
-                if a < r.size:
-                    kept.append((r[a:], v[a:]))
-                self.kept_bytes -= v[:a].nbytes
-            self._old = kept
-
-
 class ChangeClock:
     """What changed since a save, for delta checkpoints: every change is stamped with the
     current *epoch*; :meth:`mark` ends an epoch, so a delta "since mark m" holds exactly the

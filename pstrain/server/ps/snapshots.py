@@ -1,0 +1,171 @@
+"""A large array as it was when a save began, read block by block while training changes it.
+
+A checkpoint save (full or delta) does not pin a large array (an update would copy it
+whole: a 3 GB table doubled). It takes a :class:`Snapshot`: the save's writer thread walks
+the array (or a delta's changed rows) in blocks of about ``BLOCK_BYTES``, copying one block
+at a time to write it; an update first keeps the old values of the rows it changes in
+blocks not yet written (copy-on-write per row, the rows it touches and no others), and the
+writer puts those back into its copy of the block. The file holds the array exactly as it
+was when the save began; the memory a save adds is one block plus the rows updated during
+it.
+
+The writer's side costs CPU on the cores training runs on, so it is kept small: a writer
+copies each block into one buffer it reuses (:meth:`Snapshot.pieces`: no fresh pages to
+fault in per block), rows are gathered by the compiled kernel, and the serving loop's
+side (:meth:`Snapshot.before_write`, once per update while a save runs) is one lookup per
+row in a byte per row, with no search and no sort.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..._kernels import KERNELS
+
+__all__ = ["BLOCK_BYTES", "Snapshot"]
+
+#: About how many bytes a save's writer copies (and writes) at a time.
+BLOCK_BYTES = 8 << 20
+
+_scratch = threading.local()  # each writer thread's reused block buffer
+_GATHERED = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+class Snapshot:
+    """One array as it was when a save began, read block by block while it keeps changing.
+
+    >>> a = np.arange(10.0).reshape(5, 2)
+    >>> snap = Snapshot(a, block_rows=2)
+    >>> snap.before_write(np.array([4, 0]))   # the serving loop, before it changes rows 0 and 4
+    >>> a[[0, 4]] = -1.0
+    >>> np.concatenate(list(snap.blocks())).ravel().tolist()
+    [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]
+    """
+
+    def __init__(self, array: np.ndarray, block_rows: int | None = None,
+                 rows: np.ndarray | None = None) -> None:
+        self.array = array
+        self.rows = array.shape[0]
+        #: Only these rows (ascending), gathered in order (a delta's changed rows); None: all.
+        self.select = rows
+        row_bytes = max(1, array[:1].nbytes)
+        self.block_rows = block_rows or max(1, BLOCK_BYTES // row_bytes)
+        self.taken = 0  # rows below this are copied by the writer: changes there need nothing
+        # True: nothing to keep for the row (kept already, or not among the rows selected).
+        if rows is None:
+            self._done = np.zeros(self.rows, bool)
+        else:
+            self._done = np.ones(self.rows, bool)
+            self._done[rows] = False
+        self._old: list[tuple[np.ndarray, np.ndarray]] = []  # (rows ascending, their old values)
+        self.kept_bytes = 0
+        self._lock = threading.Lock()
+
+    def before_write(self, rows: np.ndarray | None) -> None:
+        """The serving loop is about to change ``rows`` (None: every row): keep their old
+        values where the writer has not copied them yet."""
+        with self._lock:
+            if self.taken >= self.rows:
+                return
+            if rows is None:
+                r = np.arange(self.taken, self.rows)
+            else:
+                r = np.asarray(rows).reshape(-1)
+                r = r[(r >= self.taken) & (r < self.rows)]  # rows past the snapshot: not its
+            if r.size:
+                r = r[~self._done[r]]
+            if not r.size:
+                return
+            if r.size > 1 and not bool(np.all(r[1:] > r[:-1])):  # a sparse step's rows are
+                r = np.unique(r)                                    # unique and ascending
+            self._done[r] = True
+            values = self.array[r]
+            self._old.append((r, values))
+            self.kept_bytes += values.nbytes
+
+    def blocks(self) -> Iterator[np.ndarray]:
+        """The array (or its selected rows) as of the snapshot, one block (a copy of its
+        own) at a time."""
+        return self._blocks(reuse=False)
+
+    def pieces(self) -> Iterator[np.ndarray]:
+        """:meth:`blocks` for a writer that consumes each block before asking for the next:
+        every block is copied into the same buffer (one per thread)."""
+        return self._blocks(reuse=True)
+
+    def _blocks(self, reuse: bool) -> Iterator[np.ndarray]:
+        select = self.select
+        count = self.rows if select is None else select.size
+        scratch = _buffer(self.array, self.block_rows) if reuse else None
+        for lo in range(0, count, self.block_rows):
+            hi = min(count, lo + self.block_rows)
+            # Copied without the lock (the serving loop's updates do not wait for it): a row
+            # changed meanwhile is past `taken`, so its old values are kept first and put back.
+            if select is None:
+                if scratch is None:
+                    block = self.array[lo:hi].copy()
+                else:
+                    block = scratch[:hi - lo]
+                    np.copyto(block, self.array[lo:hi])
+                first, last = lo, hi
+            else:
+                picked = select[lo:hi]
+                block = _gather(self.array, picked, None if scratch is None else scratch[:hi - lo])
+                first, last = int(picked[0]), int(picked[-1]) + 1
+            with self._lock:
+                self.taken = last
+                patches = self._collect(first, last)
+            for r, v in patches:
+                block[r - lo if select is None else np.searchsorted(picked, r)] = v
+            yield block
+            self._maybe_drop(hi)
+        self._drop_written(self.rows)
+
+    def _collect(self, lo: int, hi: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        patches = []
+        for r, v in self._old:
+            a, b = np.searchsorted(r, (lo, hi))
+            if a < b:
+                patches.append((r[a:b], v[a:b]))
+        return patches
+
+    def _maybe_drop(self, hi: int) -> None:
+        if hi % (self.block_rows * 64) == 0:
+            self._drop_written(self.taken)
+
+    def _drop_written(self, upto: int) -> None:
+        """Forget kept rows the writer is past (memory back while the save goes on)."""
+        with self._lock:
+            kept = []
+            for r, v in self._old:
+                a = int(np.searchsorted(r, upto))
+                if a < r.size:
+                    kept.append((r[a:], v[a:]))
+                self.kept_bytes -= v[:a].nbytes
+            self._old = kept
+
+
+def _buffer(array: np.ndarray, block_rows: int) -> np.ndarray:
+    """This thread's reused buffer, as ``block_rows`` rows shaped like ``array``'s."""
+    shape = (block_rows, *array.shape[1:])
+    nbytes = int(np.prod(shape, dtype=np.int64)) * array.dtype.itemsize
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.nbytes < nbytes:
+        buf = _scratch.buf = np.empty(max(nbytes, BLOCK_BYTES), np.uint8)
+    return buf[:nbytes].view(array.dtype).reshape(shape)
+
+
+def _gather(array: np.ndarray, rows: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """``array[rows]``, into ``out`` if given; float rows by the compiled kernel."""
+    if out is None:
+        out = np.empty((rows.size, *array.shape[1:]), array.dtype)
+    if array.dtype in _GATHERED and array.flags.c_contiguous and array.ndim >= 1:
+        width = int(np.prod(array.shape[1:], dtype=np.int64))
+        KERNELS.gather_rows(array.reshape(array.shape[0], width),
+                            np.ascontiguousarray(rows, np.int64), out.reshape(rows.size, width), 0.0)
+    else:
+        np.take(array, rows, axis=0, out=out)
+    return out
