@@ -225,6 +225,11 @@ class CheckpointFiles:
                     f"limit of {self.max_store_bytes} bytes held ({held} held now; pstrain serve "
                     "--max-store-bytes)")
 
+        for spec, shape, dtype, *_ in checked:  # initial values the restore replaces: their
+            record = self.store.find(spec.name)  # memory back now, not beside the values read
+            if record is not None and record.shape == shape and record.dtype == dtype:
+                record.release_initial()
+
         def build() -> list[tuple[str, np.ndarray, bool, str | None]]:
             return [(spec.name, read_rows(shape, dtype, sources, patches), spec.trainable,
                      spec.slot_of) for spec, shape, dtype, sources, patches in checked]
@@ -246,12 +251,10 @@ class CheckpointFiles:
     def _check_fits(self, built: list[tuple[str, np.ndarray, bool, str | None]]) -> None:
         for name, array, *_ in built:
             record = self.store.find(name)
-            if record is not None and (
-                record.array.shape != array.shape or record.array.dtype != array.dtype
-            ):
+            if record is not None and (record.shape != array.shape or record.dtype != array.dtype):
                 raise InvalidArgumentError(
                     f"checkpoint value for {name!r} is {array.shape} {array.dtype}, the variable "
-                    f"is {record.array.shape} {record.array.dtype}")
+                    f"is {record.shape} {record.dtype}")
 
     def _put(self, built: list[tuple[str, np.ndarray, bool, str | None]]) -> None:
         for name, array, trainable, slot_of in built:

@@ -194,8 +194,9 @@ class ParameterServer(ServerBase):
             built = await asyncio.get_running_loop().run_in_executor(None, build)
             for i, array in zip(needs_work, built):
                 arrays[i] = array
-        records = [VariableRecord(spec.name, array, spec.trainable, req.owner)  # type: ignore[arg-type]
-                   for spec, array in zip(req.vars, arrays)]
+        records = [VariableRecord(spec.name, array, spec.trainable, req.owner,  # type: ignore[arg-type]
+                                  initial=make)
+                   for spec, array, (_, make) in zip(req.vars, arrays, planned)]
         replaced = self.store.add(records)  # checked again: the initializers ran concurrently
         if replaced:
             self.fencing.supersede({r.owner for r in replaced}, req.owner)
@@ -252,8 +253,8 @@ class ParameterServer(ServerBase):
 
     def list_variables(self, req: ListVariables) -> dict[str, Any]:
         return {"variables": [
-            {"name": r.name, "dtype": r.array.dtype.str, "shape": r.array.shape,
-             "trainable": r.trainable, "nbytes": r.array.nbytes}
+            {"name": r.name, "dtype": r.dtype.str, "shape": r.shape,
+             "trainable": r.trainable, "nbytes": r.nbytes}
             for r in self.store]}
 
     # -- reads ---------------------------------------------------------------------------------

@@ -53,14 +53,24 @@ class ChangeClock:
 class VariableRecord:
     """One variable: its array, how many replies refer to it, the saves reading it, and when
     its rows last changed (``changed``: the whole array; ``row_epochs``: per row, for arrays
-    of at least ``SNAPSHOT_MIN_BYTES``, whose deltas carry only the rows that changed)."""
+    of at least ``SNAPSHOT_MIN_BYTES``, whose deltas carry only the rows that changed).
 
-    __slots__ = ("name", "array", "trainable", "pins", "gen", "owner", "snapshots", "clock",
-                 "changed", "row_epochs")
+    ``initial`` makes the variable's initial value again, bit for bit (its seeded
+    initializer), as long as the array holds nothing else: a restore that will replace it
+    gives its memory back first (:meth:`release_initial`), so a job restored at its start
+    never holds the initial values beside the restored ones.
+    """
 
-    def __init__(self, name: str, array: np.ndarray, trainable: bool, owner: str | None = None) -> None:
+    __slots__ = ("name", "_array", "_meta", "initial", "trainable", "pins", "gen", "owner",
+                 "snapshots", "clock", "changed", "row_epochs")
+
+    def __init__(self, name: str, array: np.ndarray, trainable: bool, owner: str | None = None,
+                 initial: Callable[[], np.ndarray] | None = None) -> None:
         self.name = name
-        self.array = array
+        self._array: np.ndarray | None = array
+        self._meta: tuple[tuple[int, ...], np.dtype] = (array.shape, array.dtype)
+        #: Makes the initial value again; None once the array changed (or was given).
+        self.initial = initial
         self.trainable = trainable
         self.pins = 0
         self.gen = 0
@@ -69,6 +79,44 @@ class VariableRecord:
         self.clock: ChangeClock | None = None  # set when the record joins a store
         self.changed = 0  # the epoch the whole array last changed in
         self.row_epochs: np.ndarray | None = None
+
+    @property
+    def array(self) -> np.ndarray:
+        arr = self._array
+        if arr is None:  # given back by release_initial(), and read before a restore replaced it
+            assert self.initial is not None
+            arr = self._array = self.initial()
+        return arr
+
+    @array.setter
+    def array(self, value: np.ndarray) -> None:
+        self._array = value
+        self._meta = (value.shape, value.dtype)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The array's shape (without making a released initial value again)."""
+        return self._meta[0]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._meta[1]
+
+    @property
+    def nbytes(self) -> int:
+        """The array's bytes, counted while released too (it may be made again)."""
+        return int(np.prod(self._meta[0], dtype=np.int64)) * self._meta[1].itemsize
+
+    def release_initial(self) -> bool:
+        """Give back the memory of an array that still holds only its initial values (a
+        restore about to replace them), unless a reply or a save holds it; whether it is
+        released. Read before the restore commits (or after it was aborted), it is made
+        again, the same values."""
+        if self.initial is None:
+            return False
+        if self._array is not None and not self.pins and not self.snapshots:
+            self._array = None
+        return self._array is None
 
     def track(self, clock: ChangeClock) -> None:
         """Stamp this record's changes on ``clock`` (a store's)."""
@@ -80,8 +128,9 @@ class VariableRecord:
     def replace(self, array: np.ndarray, *, change: bool = True) -> None:
         """A new array (the old one stays with whoever pinned or snapshot it); ``change``:
         its values are new (a copy of the same values is not a change)."""
-        same_rows = array.shape[:1] == self.array.shape[:1]
+        same_rows = array.shape[:1] == self.shape[:1]
         self.array = array
+        self.initial = None  # values of its own now, even if a copy of the initial ones
         self.pins = 0
         self.gen += 1
         self.snapshots = []  # they read the old array, which nobody changes any more
@@ -101,6 +150,7 @@ class VariableRecord:
         """The array, safe to change in place: copied first if a reply shares it; a save's
         snapshot keeps the old values of ``rows`` (None: every row) first."""
         arr = self.array
+        self.initial = None  # about to change
         if self.pins or not arr.flags.writeable:
             arr = arr.copy()
             self.replace(arr, change=False)
@@ -257,7 +307,7 @@ class VariableStore:
 
     @property
     def nbytes(self) -> int:
-        return sum(r.array.nbytes for r in self._records.values())
+        return sum(r.nbytes for r in self._records.values())
 
 
 def checked_value(record: VariableRecord, value: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
