@@ -4,6 +4,8 @@ restore stages, and gets them again, bit for bit, if the restore fails."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -38,16 +40,23 @@ async def _saved(tmp_path) -> tuple[str, np.ndarray]:
         return path, await table.numpy()
 
 
-async def test_a_restore_replaces_initial_values_without_holding_them_beside_its_own(tmp_path):
-    path, saved = await _saved(tmp_path)
+@contextlib.asynccontextmanager
+async def _fresh(tmp_path):
+    """A new cluster, with the variable to restore into at its initial values."""
     async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
                                 ps_options={"checkpoint_root": str(tmp_path)}) as cluster:
         with _strategy(cluster).scope():
             table = pstrain.Variable(pstrain.initializers.RandomUniform(-1, 1, seed=9), shape=SHAPE,
                                      name="t")
-        await table.numpy()  # created on the ps (at first use) and read: still its initial values
+        initial = await table.numpy()  # created on the ps (at first use) and read
+        yield cluster, table, initial
+
+
+async def test_a_restore_replaces_initial_values_without_holding_them_beside_its_own(tmp_path):
+    path, saved = await _saved(tmp_path)
+    async with _fresh(tmp_path) as (cluster, table, _):
         records = _records(cluster, table)
-        assert all(r.initial is not None for r in records)
+        assert all(r.initial is not None for r in records)  # a read changes nothing
         status = await pstrain.Checkpoint(table=table).restore(path)
         status.assert_consumed()
         np.testing.assert_array_equal(await table.numpy(), saved)
@@ -57,15 +66,10 @@ async def test_a_restore_replaces_initial_values_without_holding_them_beside_its
 
 async def test_initial_values_given_back_during_a_failed_restore_come_back_bit_for_bit(tmp_path):
     path, _ = await _saved(tmp_path)
-    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": str(tmp_path)}) as cluster:
+    async with _fresh(tmp_path) as (cluster, table, initial):
         # ps 1 may not hold what it would read (--max-store-bytes): the restore fails there,
         # so every ps drops what it staged
         cluster.ps[1].checkpoints.max_store_bytes = 1
-        with _strategy(cluster).scope():
-            table = pstrain.Variable(pstrain.initializers.RandomUniform(-1, 1, seed=9), shape=SHAPE,
-                                     name="t")
-        initial = await table.numpy()
         records = _records(cluster, table)
         with pytest.raises(pstrain.errors.PstrainError):
             await pstrain.Checkpoint(table=table).restore(path)
@@ -78,11 +82,7 @@ async def test_initial_values_given_back_during_a_failed_restore_come_back_bit_f
 
 async def test_a_variable_that_changed_is_not_given_back(tmp_path):
     path, saved = await _saved(tmp_path)
-    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": str(tmp_path)}) as cluster:
-        with _strategy(cluster).scope():
-            table = pstrain.Variable(pstrain.initializers.RandomUniform(-1, 1, seed=9), shape=SHAPE,
-                                     name="t")
+    async with _fresh(tmp_path) as (cluster, table, _):
         await table.assign_add(np.ones(SHAPE, np.float32))
         records = _records(cluster, table)
         assert all(r.initial is None and r.release_initial() is False for r in records)
