@@ -153,6 +153,24 @@ def test_a_lookups_gather_and_bookkeeping_are_the_same_compiled_and_in_numpy(n, 
 
 
 @settings(max_examples=100, deadline=None)
+@given(shape=st.lists(st.integers(0, 4), max_size=2), n=st.integers(1, 300),
+       dtype=st.sampled_from([np.float32, np.float64, np.int32, np.int8]), data=st.data())
+def test_taking_rows_is_numpys_fancy_index_bit_for_bit(shape, n, dtype, data):
+    """What a fixed table's sparse read and a save's writer gather rows with: many rows
+    (past the kernel's prefetch distance), of any width, repeated and unordered."""
+    from pstrain._kernels.batches import take_rows
+
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    array = (rng.standard_normal((n, *shape)) * 100).astype(dtype)
+    rows = np.asarray(data.draw(st.lists(st.integers(0, n - 1), max_size=200)), np.int64)
+    if data.draw(st.booleans()):
+        rows = rows.astype(np.int32)
+    got = take_rows(array, rows)
+    assert got.dtype == array.dtype and got.shape == array[rows].shape
+    np.testing.assert_array_equal(got, array[rows])
+
+
+@settings(max_examples=100, deadline=None)
 @given(n=st.integers(1, 50), dim=st.integers(1, 6), pos=st.lists(st.integers(-1, 49), max_size=60),
        double=st.booleans())
 def test_a_deltas_rows_are_put_in_the_same_compiled_and_in_numpy(n, dim, pos, double):

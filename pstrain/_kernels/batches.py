@@ -17,7 +17,7 @@ import numpy as np
 
 from . import KERNELS, reference
 
-__all__ = ["distinct", "merge_duplicates", "sum_into"]
+__all__ = ["distinct", "merge_duplicates", "sum_into", "take_rows"]
 
 _COMPILED = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -63,3 +63,19 @@ def merge_duplicates(ids: np.ndarray, values: np.ndarray, *,
     summed = np.zeros((unique.size,) + values.shape[1:], values.dtype)
     sum_into(summed, inverse, values)
     return unique, summed
+
+
+def take_rows(array: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``array[rows]`` (rows in range, checked by the caller), into ``out`` if given: float
+    rows by the compiled gather (C, without the GIL, the next rows' memory asked for ahead),
+    other dtypes by ``np.take``."""
+    if out is None:
+        out = np.empty((*np.shape(rows), *array.shape[1:]), array.dtype)
+    if array.dtype in _COMPILED and array.ndim >= 1 and array.flags.c_contiguous:
+        width = int(np.prod(array.shape[1:], dtype=np.int64))
+        flat = np.ascontiguousarray(rows, np.int64).reshape(-1)
+        KERNELS.gather_rows(array.reshape(array.shape[0], width), flat,
+                            out.reshape(flat.size, width), 0.0)
+    else:
+        np.take(array, rows, axis=0, out=out)
+    return out

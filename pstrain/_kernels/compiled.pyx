@@ -8,6 +8,14 @@ import numpy as np
 
 from libc.math cimport sqrt, sqrtf
 from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.string cimport memcpy
+
+cdef extern from *:
+    void __builtin_prefetch(const void*) nogil
+
+#: Rows ahead whose memory a loop over scattered rows asks for before it needs it (the
+#: rows of a batch are far apart: without it each row waits for its cache misses in turn).
+DEF AHEAD = 8
 
 ctypedef fused real:
     float
@@ -17,6 +25,14 @@ cdef enum:
     EMPTY = 0
     FULL = 1
     TOMB = 2
+
+
+cdef inline void _prefetch(const char* row, Py_ssize_t nbytes) noexcept nogil:
+    """Ask for the first cache lines of a row (up to 256 bytes) before they are read."""
+    cdef Py_ssize_t k = 0
+    while k < nbytes and k < 256:
+        __builtin_prefetch(row + k)
+        k += 64
 
 
 cdef inline uint64_t _mix64(uint64_t x) noexcept nogil:
@@ -115,8 +131,12 @@ def adagrad_rows(real[:, ::1] var, real[:, ::1] acc, const int64_t[::1] rows,
     cdef Py_ssize_t i, j, r, n = rows.shape[0], dim = var.shape[1], limit = var.shape[0]
     cdef real gj, a
     cdef bint bad = False
+    cdef Py_ssize_t row_bytes = dim * sizeof(real)
     with nogil:
         for i in range(n):
+            if i + AHEAD < n and 0 <= rows[i + AHEAD] < limit:
+                _prefetch(<const char*>&var[rows[i + AHEAD], 0], row_bytes)
+                _prefetch(<const char*>&acc[rows[i + AHEAD], 0], row_bytes)
             r = rows[i]
             if r < 0:
                 continue
@@ -142,8 +162,11 @@ def gather_rows(const real[:, ::1] table, const int64_t[::1] pos, real[:, ::1] o
     cdef bint bad = False
     if out.shape[0] != n or out.shape[1] != dim:
         raise ValueError("gather_rows: out is not (len(pos), dim)")
+    cdef Py_ssize_t row_bytes = dim * sizeof(real)
     with nogil:
         for i in range(n):
+            if i + AHEAD < n and 0 <= pos[i + AHEAD] < limit:
+                _prefetch(<const char*>&table[pos[i + AHEAD], 0], row_bytes)
             r = pos[i]
             if r < 0:
                 for j in range(dim):
@@ -151,9 +174,8 @@ def gather_rows(const real[:, ::1] table, const int64_t[::1] pos, real[:, ::1] o
             elif r >= limit:
                 bad = True
                 break
-            else:
-                for j in range(dim):
-                    out[i, j] = table[r, j]
+            elif row_bytes:
+                memcpy(&out[i, 0], &table[r, 0], row_bytes)
     if bad:
         raise IndexError("gather_rows: a row past the table's end")
 
@@ -249,3 +271,4 @@ def shard_ids(const int64_t[::1] ids, int64_t num_shards, uint64_t salt):
         for i in range(n):
             o[i] = <int64_t>(_mix64(<uint64_t>ids[i] ^ salt) % m)
     return out
+

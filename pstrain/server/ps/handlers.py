@@ -59,6 +59,7 @@ from ..._formats.operations import (
     UpdateVariables,
     VariableSpec,
 )
+from ..._kernels.batches import take_rows
 from ..._serving.base import ServerBase
 from ..._serving.core import Pinned
 from . import checkpoint as ps_checkpoint
@@ -301,7 +302,7 @@ class ParameterServer(ServerBase):
             raise InvalidArgumentError(
                 f"vars/sparse_read: the reply would be {total} bytes, more than this ps's limit of "
                 f"{self.max_gather_bytes} (ask for unique rows, in smaller requests)")
-        return {"values": [record.array[idx] for record, idx in planned]}
+        return {"values": [take_rows(record.array, idx) for record, idx in planned]}
 
     def statistics(self, req: Any) -> dict[str, Any]:
         out = super().statistics(req)

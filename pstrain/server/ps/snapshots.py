@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..._kernels import KERNELS
+from ..._kernels.batches import take_rows
 
 __all__ = ["BLOCK_BYTES", "Snapshot"]
 
@@ -31,7 +31,6 @@ __all__ = ["BLOCK_BYTES", "Snapshot"]
 BLOCK_BYTES = 8 << 20
 
 _scratch = threading.local()  # each writer thread's reused block buffer
-_GATHERED = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 class Snapshot:
@@ -113,7 +112,7 @@ class Snapshot:
                 first, last = lo, hi
             else:
                 picked = select[lo:hi]
-                block = _gather(self.array, picked, None if scratch is None else scratch[:hi - lo])
+                block = take_rows(self.array, picked, None if scratch is None else scratch[:hi - lo])
                 first, last = int(picked[0]), int(picked[-1]) + 1
             with self._lock:
                 self.taken = last
@@ -156,16 +155,3 @@ def _buffer(array: np.ndarray, block_rows: int) -> np.ndarray:
     if buf is None or buf.nbytes < nbytes:
         buf = _scratch.buf = np.empty(max(nbytes, BLOCK_BYTES), np.uint8)
     return buf[:nbytes].view(array.dtype).reshape(shape)
-
-
-def _gather(array: np.ndarray, rows: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-    """``array[rows]``, into ``out`` if given; float rows by the compiled kernel."""
-    if out is None:
-        out = np.empty((rows.size, *array.shape[1:]), array.dtype)
-    if array.dtype in _GATHERED and array.flags.c_contiguous and array.ndim >= 1:
-        width = int(np.prod(array.shape[1:], dtype=np.int64))
-        KERNELS.gather_rows(array.reshape(array.shape[0], width),
-                            np.ascontiguousarray(rows, np.int64), out.reshape(rows.size, width), 0.0)
-    else:
-        np.take(array, rows, axis=0, out=out)
-    return out
