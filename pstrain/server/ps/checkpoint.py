@@ -42,7 +42,7 @@ from ..._formats.checkpoint_operations import RestoreCheckpoint, RestoreSpec, Sa
 from ..._formats.delta_files import TableState, read_table_state
 from ..._formats.idhash import Shard
 from ..._formats.tensor_files import SAFETENSORS_DTYPES, read_rows, whole, write_streaming
-from .store import VariableStore
+from .store import VariableRecord, VariableStore
 
 __all__ = ["CheckpointFiles", "Pending"]
 
@@ -83,6 +83,8 @@ class CheckpointFiles:
         self.max_store_bytes: int | None = None  # bytes held at most (the ps's --max-store-bytes)
         self.root = os.path.realpath(root or os.getcwd())
         self._staged: dict[str, tuple[float, list[tuple[str, np.ndarray, bool, str | None]]]] = {}
+        #: Per staged restore, the variables whose initial values it released.
+        self._released: dict[str, list[VariableRecord]] = {}
 
     def confine(self, path: str, what: str) -> str:
         """``path`` resolved, if it lies under the root; else InvalidArgumentError."""
@@ -225,17 +227,25 @@ class CheckpointFiles:
                     f"limit of {self.max_store_bytes} bytes held ({held} held now; pstrain serve "
                     "--max-store-bytes)")
 
+        released = []
         for spec, shape, dtype, *_ in checked:  # initial values the restore replaces: their
             record = self.store.find(spec.name)  # memory back now, not beside the values read
             if record is not None and record.shape == shape and record.dtype == dtype:
-                record.release_initial()
+                if record.release_initial():
+                    released.append(record)
 
         def build() -> list[tuple[str, np.ndarray, bool, str | None]]:
             return [(spec.name, read_rows(shape, dtype, sources, patches), spec.trainable,
                      spec.slot_of) for spec, shape, dtype, sources, patches in checked]
 
-        built = await asyncio.get_running_loop().run_in_executor(None, build)
-        self._check_fits(built)
+        try:
+            built = await asyncio.get_running_loop().run_in_executor(None, build)
+            self._check_fits(built)
+        except BaseException:
+            await remake_initial(released)
+            raise
+        if req.stage is not None:
+            self._released[req.stage] = released
         if req.stage is not None:
             self._expire()
             if len(self._staged) >= MAX_STAGED:
@@ -267,12 +277,15 @@ class CheckpointFiles:
             raise NotFoundError(f"no staged restore {stage!r} on {self.store.task} (it expired "
                                 f"after {STAGE_TTL_S:g} s, or was aborted)")
         built = entry[1]
+        self._released.pop(stage, None)
         self._check_fits(built)
         self._put(built)
         return {"restored": len(built)}
 
-    def abort(self, stage: str) -> dict[str, Any]:
-        return {"aborted": self._staged.pop(stage, None) is not None}
+    async def abort(self, stage: str) -> dict[str, Any]:
+        aborted = self._staged.pop(stage, None) is not None
+        await remake_initial(self._released.pop(stage, []))
+        return {"aborted": aborted}
 
     def staged_bytes(self) -> int:
         """Bytes held by restores staged and not yet committed."""
@@ -282,6 +295,7 @@ class CheckpointFiles:
         now = time.monotonic()
         for stage in [s for s, (t, _) in self._staged.items() if now - t > STAGE_TTL_S]:
             del self._staged[stage]
+            self._released.pop(stage, None)  # made again when next read
 
 
 _SAVER: concurrent.futures.ThreadPoolExecutor | None = None
@@ -304,3 +318,13 @@ def _nicer() -> None:
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + SAVE_NICENESS))
     except OSError:  # not allowed here: saves run at the process's priority
         logger.debug("could not lower the priority of the checkpoint thread")
+
+
+async def remake_initial(records: list[VariableRecord]) -> None:
+    """Make the initial values of ``records`` again, off the serving loop (a restore that
+    released them failed or was aborted): a large initializer takes seconds."""
+    loop = asyncio.get_running_loop()
+    for record in records:
+        if record.initial is not None and not record.loaded:
+            array = await loop.run_in_executor(None, record.initial)
+            record.reload(array)

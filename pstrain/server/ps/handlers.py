@@ -382,8 +382,8 @@ class ParameterServer(ServerBase):
         coordinator then knows holds restored state (a restart followed by a restore)."""
         return {**self.checkpoints.commit(req.stage), "incarnation": self.incarnation}
 
-    def abort_restore(self, req: AbortRestore) -> dict[str, Any]:
-        return self.checkpoints.abort(req.stage)
+    async def abort_restore(self, req: AbortRestore) -> dict[str, Any]:
+        return await self.checkpoints.abort(req.stage)
 
 
 def _itemsize(dtype: str) -> int:

@@ -94,6 +94,17 @@ class VariableRecord:
         self._meta = (value.shape, value.dtype)
 
     @property
+    def loaded(self) -> bool:
+        """Whether the array is in memory (not released, or made again since)."""
+        return self._array is not None
+
+    def reload(self, array: np.ndarray) -> None:
+        """Put back a released initial value made again off the serving loop (unless it
+        was read, and so made, meanwhile, or replaced)."""
+        if self._array is None and self.initial is not None:
+            self._array = array
+
+    @property
     def shape(self) -> tuple[int, ...]:
         """The array's shape (without making a released initial value again)."""
         return self._meta[0]
@@ -110,8 +121,8 @@ class VariableRecord:
     def release_initial(self) -> bool:
         """Give back the memory of an array that still holds only its initial values (a
         restore about to replace them), unless a reply or a save holds it; whether it is
-        released. Read before the restore commits (or after it was aborted), it is made
-        again, the same values."""
+        released. A restore that fails or is aborted makes the same values again off the
+        serving loop (:meth:`reload`); a read before that makes them on the read."""
         if self.initial is None:
             return False
         if self._array is not None and not self.pins and not self.snapshots:
