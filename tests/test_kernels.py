@@ -153,6 +153,32 @@ def test_a_lookups_gather_and_bookkeeping_are_the_same_compiled_and_in_numpy(n, 
 
 
 @settings(max_examples=100, deadline=None)
+@given(ids=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40), dim=st.integers(0, 20),
+       seed=st.integers(-(2**63), 2**64 - 1), low=st.floats(-10, 10), span=st.floats(0, 10),
+       dtype=st.sampled_from(["float32", "float64", "float16"]))
+def test_a_new_rows_initial_values_are_the_formulas_bit_for_bit(ids, dim, seed, low, span, dtype):
+    """A dynamic table's new rows: the C kernel, and numpy's reference, give the formula
+    pstrain has always used, so rows and checkpoints of earlier versions stay the same."""
+    from pstrain._formats.idhash import initial_rows, mix64
+
+    arr = np.asarray(ids, np.int64)
+    u = arr.view(np.uint64).reshape(-1, 1)
+    cols = np.arange(dim, dtype=np.uint64).reshape(1, -1)
+    with np.errstate(over="ignore"):
+        key = mix64(u * np.uint64(0x9E3779B97F4A7C15)
+                    ^ mix64(np.uint64(seed & (2**64 - 1)) + cols * np.uint64(0x2545F4914F6CDD1D)))
+    unit = (key >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+    high = low + span
+    want = (low + (high - low) * unit).astype(dtype)
+    got = initial_rows(arr, dim, np.dtype(dtype), seed, low, high)
+    assert got.dtype == want.dtype and got.shape == (arr.size, dim)
+    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+    out = np.empty((arr.size, dim))
+    reference.initial_rows(arr, seed & (2**64 - 1), low, high, out)
+    np.testing.assert_array_equal(out, low + (high - low) * unit)
+
+
+@settings(max_examples=100, deadline=None)
 @given(shape=st.lists(st.integers(0, 4), max_size=2), n=st.integers(1, 300),
        dtype=st.sampled_from([np.float32, np.float64, np.int32, np.int8]), data=st.data())
 def test_taking_rows_is_numpys_fancy_index_bit_for_bit(shape, n, dtype, data):

@@ -31,6 +31,7 @@ Shard = int | Sequence[int]
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _SHARD_SALT = np.uint64(0x2545F4914F6CDD1D)
 _SALT = int(_SHARD_SALT)
+_FILLED = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _as_u64(ids: np.ndarray) -> np.ndarray:
@@ -68,9 +69,9 @@ def unit_uniform(ids: np.ndarray, salt: int) -> np.ndarray:
 def initial_rows(ids: np.ndarray, dim: int, dtype: np.dtype, seed: int, low: float,
                  high: float) -> np.ndarray:
     """Each id's initial row: uniform in [low, high), from (id, seed, column) alone."""
-    u = _as_u64(ids).reshape(-1, 1)
-    cols = np.arange(dim, dtype=np.uint64).reshape(1, -1)
-    with np.errstate(over="ignore"):
-        key = mix64(u * _GOLDEN ^ mix64(np.uint64(seed & 0xFFFFFFFFFFFFFFFF) + cols * _SHARD_SALT))
-    unit = (key >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
-    return (low + (high - low) * unit).astype(dtype)
+    dtype = np.dtype(dtype)
+    wide = np.ascontiguousarray(ids, np.int64).reshape(-1)
+    # float rows are filled in C; others get the float64 values cast (the same formula)
+    out = np.empty((wide.size, dim), dtype if dtype in _FILLED else np.float64)
+    KERNELS.initial_rows(wide, seed & 0xFFFFFFFFFFFFFFFF, float(low), float(high), out)
+    return out if out.dtype == dtype else out.astype(dtype)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["adagrad_rows", "gather_rows", "index_delete", "index_get", "index_insert", "mark_seen",
-           "mix64", "sgd_rows", "shard_ids", "unique_first"]
+           "initial_rows", "mix64", "sgd_rows", "shard_ids", "unique_first"]
 
 _EMPTY, _FULL, _TOMB = 0, 1, 2
 _SCALAR = 48  # ids left probing below which a Python loop beats another numpy pass
@@ -171,3 +171,13 @@ def shard_ids(ids: np.ndarray, num_shards: int, salt: int) -> np.ndarray:
     with np.errstate(over="ignore"):
         h = mix64(ids.view(np.uint64) ^ np.uint64(salt))
     return (h % np.uint64(num_shards)).astype(np.int64)
+
+
+def initial_rows(ids: np.ndarray, seed: int, low: float, high: float, out: np.ndarray) -> None:
+    u = ids.view(np.uint64).reshape(-1, 1)
+    cols = np.arange(out.shape[1], dtype=np.uint64).reshape(1, -1)
+    with np.errstate(over="ignore"):
+        key = mix64(u * np.uint64(0x9E3779B97F4A7C15)
+                    ^ mix64(np.uint64(seed) + cols * np.uint64(0x2545F4914F6CDD1D)))
+    unit = (key >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+    out[...] = low + (high - low) * unit
