@@ -25,6 +25,8 @@ import os
 import threading
 from typing import Any
 
+import numpy as np
+
 __all__ = ["ALIGN", "CHUNK", "DirectWriter"]
 
 #: Alignment of buffers, offsets and lengths (a page: enough for 512-byte and 4 KiB sectors).
@@ -51,13 +53,16 @@ class DirectWriter:
         if buf is None or len(buf) < CHUNK:
             buf = _buffers.buf = mmap.mmap(-1, CHUNK)  # page-aligned, as O_DIRECT wants
         self.view = memoryview(buf)
+        self._bytes = np.frombuffer(self.view, np.uint8)
 
     def write(self, data: Any) -> int:
-        src = memoryview(data).cast("B")
-        n, pos = len(src), 0
+        # Copied by numpy, which lets go of the GIL for it (a memoryview's copy holds it: 2-3
+        # ms per 8 MiB during which the ps's serving loop, in the same process, waits).
+        src = np.frombuffer(memoryview(data).cast("B"), np.uint8)
+        n, pos = src.size, 0
         while pos < n:
             take = min(n - pos, CHUNK - self.fill)
-            self.view[self.fill:self.fill + take] = src[pos:pos + take]
+            np.copyto(self._bytes[self.fill:self.fill + take], src[pos:pos + take])
             self.fill += take
             pos += take
             if self.fill == CHUNK:
@@ -72,6 +77,7 @@ class DirectWriter:
             self.view[self.fill:length] = bytes(length - self.fill)
             self._flush(length)
         os.ftruncate(self.fd, self.size)
+        del self._bytes
         self.view.release()
 
     def _flush(self, length: int) -> None:
