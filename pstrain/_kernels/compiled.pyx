@@ -60,12 +60,24 @@ cdef inline Py_ssize_t _slot(const int64_t* keys, const uint8_t* state, uint64_t
         q = (q + 1) & mask
 
 
+cdef inline void _prefetch_slot(const int64_t* keys, const int64_t* vals, const uint8_t* state,
+                                uint64_t mask, int64_t key) noexcept nogil:
+    """Ask for the memory of ``key``'s first slot (its state, key and value) ahead of the probe."""
+    cdef uint64_t q = _mix64(<uint64_t>key) & mask
+    __builtin_prefetch(state + q)
+    __builtin_prefetch(keys + q)
+    if vals != NULL:
+        __builtin_prefetch(vals + q)
+
+
 def index_get(const int64_t[::1] keys, const int64_t[::1] vals, const uint8_t[::1] state,
               uint64_t mask, const int64_t[::1] ids, int64_t[::1] out):
     """``out[i]``: the value of ``ids[i]``, -1 where the index has none."""
     cdef Py_ssize_t i, q, n = ids.shape[0]
     with nogil:
         for i in range(n):
+            if i + AHEAD < n:
+                _prefetch_slot(&keys[0], &vals[0], &state[0], mask, ids[i + AHEAD])
             q = _slot(&keys[0], &state[0], mask, ids[i])
             out[i] = vals[q] if q >= 0 else -1
 
@@ -78,6 +90,8 @@ def index_insert(int64_t[::1] keys, int64_t[::1] vals, uint8_t[::1] state, uint6
     cdef uint64_t q
     with nogil:
         for i in range(n):
+            if i + AHEAD < n:
+                _prefetch_slot(&keys[0], &vals[0], &state[0], mask, ids[i + AHEAD])
             q = _mix64(<uint64_t>ids[i]) & mask
             while state[q] == FULL:
                 q = (q + 1) & mask
@@ -96,6 +110,8 @@ def index_delete(const int64_t[::1] keys, const int64_t[::1] vals, uint8_t[::1] 
     cdef Py_ssize_t i, q, n = ids.shape[0], removed = 0
     with nogil:
         for i in range(n):
+            if i + AHEAD < n:
+                _prefetch_slot(&keys[0], &vals[0], &state[0], mask, ids[i + AHEAD])
             q = _slot(&keys[0], &state[0], mask, ids[i])
             if q < 0:
                 out[i] = -1
