@@ -227,6 +227,8 @@ class CheckpointFiles:
                     f"limit of {self.max_store_bytes} bytes held ({held} held now; pstrain serve "
                     "--max-store-bytes)")
 
+        if req.stage is not None:  # refused before anything is read or released
+            self._room_to_stage()
         released = []
         for spec, shape, dtype, *_ in checked:  # initial values the restore replaces: their
             record = self.store.find(spec.name)  # memory back now, not beside the values read
@@ -241,22 +243,25 @@ class CheckpointFiles:
         try:
             built = await asyncio.get_running_loop().run_in_executor(None, build)
             self._check_fits(built)
+            if req.stage is not None:  # again: others may have staged while this one read
+                self._room_to_stage()
         except BaseException:
             await remake_initial(released)
             raise
         if req.stage is not None:
-            self._released[req.stage] = released
-        if req.stage is not None:
-            self._expire()
-            if len(self._staged) >= MAX_STAGED:
-                raise InvalidArgumentError(
-                    f"ckpt/restore: {len(self._staged)} restores are staged on {self.store.task} "
-                    f"already (at most {MAX_STAGED}, each kept {STAGE_TTL_S:g} s until committed "
-                    "or aborted): commit or abort them first")
             self._staged[req.stage] = (time.monotonic(), built)
+            self._released[req.stage] = released
             return {"staged": len(built), "stage": req.stage}
         self._put(built)
         return {"restored": len(built)}
+
+    def _room_to_stage(self) -> None:
+        self._expire()
+        if len(self._staged) >= MAX_STAGED:
+            raise InvalidArgumentError(
+                f"ckpt/restore: {len(self._staged)} restores are staged on {self.store.task} "
+                f"already (at most {MAX_STAGED}, each kept {STAGE_TTL_S:g} s until committed "
+                "or aborted): commit or abort them first")
 
     def _check_fits(self, built: list[tuple[str, np.ndarray, bool, str | None]]) -> None:
         for name, array, *_ in built:
