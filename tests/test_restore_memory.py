@@ -92,3 +92,17 @@ async def test_a_variable_that_changed_is_not_given_back(tmp_path):
         assert all(r.initial is None and r.release_initial() is False for r in records)
         await pstrain.Checkpoint(table=table).restore(path)
         np.testing.assert_array_equal(await table.numpy(), saved)
+
+
+async def test_a_restore_refused_for_too_many_staged_releases_nothing(tmp_path, monkeypatch):
+    from pstrain.server.ps import checkpoint
+
+    path, _ = await _saved(tmp_path)
+    async with _fresh(tmp_path) as (cluster, table, initial):
+        monkeypatch.setattr(checkpoint, "MAX_STAGED", 0)  # every staged restore is one too many
+        records = _records(cluster, table)
+        held = [r.array for r in records]
+        with pytest.raises(pstrain.errors.InvalidArgumentError, match="staged"):
+            await pstrain.Checkpoint(table=table).restore(path)
+        assert all(r.loaded and r.array is a for r, a in zip(records, held))  # never released
+        np.testing.assert_array_equal(await table.numpy(), initial)
