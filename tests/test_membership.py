@@ -93,6 +93,19 @@ def test_a_drained_worker_leaving_is_no_failure(membership):
     assert slot.failures == 0 and not slot.up
 
 
+def test_saying_again_that_it_leaves_drains_an_up_worker_and_changes_nothing_else(membership):
+    slot = membership.slot(0)
+    slot.said_leaving()  # joining: nothing to drain
+    assert slot.state is S.JOINING
+    slot.connected("a")
+    slot.said_leaving()
+    slot.said_leaving()  # with the next results too
+    assert slot.state is S.DRAINING and slot.history.count("draining") == 1
+    slot.lost("DrainingError: left")
+    slot.said_leaving()  # a late reply of the worker that left
+    assert slot.state is S.LOST and slot.failures == 0
+
+
 def test_a_lost_slot_never_reached_again_counts_once(membership):
     slot = membership.slot(0)
     slot.lost("UnavailableError: never reached")  # joining: not a failure

@@ -171,8 +171,7 @@ class WorkerDispatcher:
                 backoff = self.settings.probe_initial_s
                 await self._pump()
             except DrainingError as exc:  # leaving: not a failure; probe for a replacement
-                if self.slot.state is SlotState.UP:
-                    self.slot.draining()
+                self.slot.said_leaving()
                 await self._lost(exc)
                 await self._nap(self.settings.probe_max_s)
             except _PERMANENT as exc:  # a configuration error: retrying cannot help
@@ -362,8 +361,7 @@ class WorkerDispatcher:
                 on_partial=self._on_results)
         except DrainingError as exc:  # leaving: those closures go to the other workers
             logger.info("%s is leaving (%s); %d closure(s) go elsewhere", self.task, exc, len(batch))
-            if self.slot.state is SlotState.UP:
-                self.slot.draining()
+            self.slot.said_leaving()
             self.queue.put_back(self.index, {c.cid for c in batch})
             return
         except _LOST as exc:
@@ -378,8 +376,8 @@ class WorkerDispatcher:
         self._on_results(reply)
 
     def _on_results(self, reply: ResultsReply) -> None:
-        if reply.leaving and self.slot.state is SlotState.UP:  # draining: its going is no failure
-            self.slot.draining()
+        if reply.leaving:  # draining: its going is no failure
+            self.slot.said_leaving()
         finish = self.queue.finish
         queue = self.queue
         scalars = reply.scalars

@@ -126,6 +126,12 @@ class WorkerSlot:
         """It said it is leaving: no new work; its departure will not count as a failure."""
         self._go("draining")
 
+    def said_leaving(self) -> None:
+        """It said again that it is leaving (with results, or by refusing work): draining if
+        it was up; once draining, or already lost, the word changes nothing."""
+        if self.state is S.UP:
+            self.draining()
+
     def lost(self, reason: str, in_flight: int = 0) -> int | None:
         """It could not be reached (or left, drained). Returns the epoch to fence off every
         ps before its ``in_flight`` closures run elsewhere, or None when nothing needs it."""

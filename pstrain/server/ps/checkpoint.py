@@ -82,9 +82,9 @@ class CheckpointFiles:
         self.max_variable_bytes = max_variable_bytes  # a restored variable's limit, as a created one
         self.max_store_bytes: int | None = None  # bytes held at most (the ps's --max-store-bytes)
         self.root = os.path.realpath(root or os.getcwd())
-        self._staged: dict[str, tuple[float, list[tuple[str, np.ndarray, bool, str | None]]]] = {}
-        #: Per staged restore, the variables whose initial values it released.
-        self._released: dict[str, list[VariableRecord]] = {}
+        #: stage -> (when, the values read, the variables whose initial values it released)
+        self._staged: dict[str, tuple[float, list[tuple[str, np.ndarray, bool, str | None]],
+                                      list[VariableRecord]]] = {}
 
     def confine(self, path: str, what: str) -> str:
         """``path`` resolved, if it lies under the root; else InvalidArgumentError."""
@@ -249,8 +249,7 @@ class CheckpointFiles:
             await remake_initial(released)
             raise
         if req.stage is not None:
-            self._staged[req.stage] = (time.monotonic(), built)
-            self._released[req.stage] = released
+            self._staged[req.stage] = (time.monotonic(), built, released)
             return {"staged": len(built), "stage": req.stage}
         self._put(built)
         return {"restored": len(built)}
@@ -282,25 +281,24 @@ class CheckpointFiles:
             raise NotFoundError(f"no staged restore {stage!r} on {self.store.task} (it expired "
                                 f"after {STAGE_TTL_S:g} s, or was aborted)")
         built = entry[1]
-        self._released.pop(stage, None)
         self._check_fits(built)
         self._put(built)
         return {"restored": len(built)}
 
     async def abort(self, stage: str) -> dict[str, Any]:
-        aborted = self._staged.pop(stage, None) is not None
-        await remake_initial(self._released.pop(stage, []))
-        return {"aborted": aborted}
+        entry = self._staged.pop(stage, None)
+        if entry is not None:
+            await remake_initial(entry[2])
+        return {"aborted": entry is not None}
 
     def staged_bytes(self) -> int:
         """Bytes held by restores staged and not yet committed."""
-        return sum(a.nbytes for _, built in self._staged.values() for _, a, *_ in built)
+        return sum(a.nbytes for _, built, _ in self._staged.values() for _, a, *_ in built)
 
     def _expire(self) -> None:
         now = time.monotonic()
-        for stage in [s for s, (t, _) in self._staged.items() if now - t > STAGE_TTL_S]:
-            del self._staged[stage]
-            self._released.pop(stage, None)  # made again when next read
+        for stage in [s for s, (t, *_) in self._staged.items() if now - t > STAGE_TTL_S]:
+            del self._staged[stage]  # initial values it released: made again when next read
 
 
 _SAVER: concurrent.futures.ThreadPoolExecutor | None = None
