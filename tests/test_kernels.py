@@ -174,7 +174,8 @@ def test_a_new_rows_initial_values_are_the_formulas_bit_for_bit(ids, dim, seed, 
     assert got.dtype == want.dtype and got.shape == (arr.size, dim)
     np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
     out = np.empty((arr.size, dim))
-    reference.initial_rows(arr, seed & (2**64 - 1), low, high, out)
+    reference.initial_rows(arr, seed & (2**64 - 1), 0x9E3779B97F4A7C15, 0x2545F4914F6CDD1D, low, high,
+                           out)
     np.testing.assert_array_equal(out, low + (high - low) * unit)
 
 

@@ -52,8 +52,7 @@ class DirectWriter:
         buf = getattr(_buffers, "buf", None)
         if buf is None or len(buf) < CHUNK:
             buf = _buffers.buf = mmap.mmap(-1, CHUNK)  # page-aligned, as O_DIRECT wants
-        self.view = memoryview(buf)
-        self._bytes = np.frombuffer(self.view, np.uint8)
+        self.buffer = np.frombuffer(buf, np.uint8)
 
     def write(self, data: Any) -> int:
         # Copied by numpy, which lets go of the GIL for it (a memoryview's copy holds it: 2-3
@@ -62,7 +61,7 @@ class DirectWriter:
         n, pos = src.size, 0
         while pos < n:
             take = min(n - pos, CHUNK - self.fill)
-            np.copyto(self._bytes[self.fill:self.fill + take], src[pos:pos + take])
+            np.copyto(self.buffer[self.fill:self.fill + take], src[pos:pos + take])
             self.fill += take
             pos += take
             if self.fill == CHUNK:
@@ -74,14 +73,12 @@ class DirectWriter:
         """Write what is staged (padded to the alignment) and cut the file to its size."""
         if self.fill:
             length = self.fill + (-self.fill % ALIGN) if self.direct else self.fill
-            self.view[self.fill:length] = bytes(length - self.fill)
+            self.buffer[self.fill:length] = 0
             self._flush(length)
         os.ftruncate(self.fd, self.size)
-        del self._bytes
-        self.view.release()
 
     def _flush(self, length: int) -> None:
-        chunk = self.view[:length]
+        chunk = self.buffer[:length].data
         try:
             written = os.write(self.fd, chunk)
         except OSError as exc:

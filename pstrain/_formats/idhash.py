@@ -28,9 +28,8 @@ __all__ = ["Shard", "in_slices", "initial_rows", "mix64", "shard_of", "unit_unif
 #: A ps's part of a table: its shard of ``num_shards``, or the slices of ``num_shards`` it holds.
 Shard = int | Sequence[int]
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_SHARD_SALT = np.uint64(0x2545F4914F6CDD1D)
-_SALT = int(_SHARD_SALT)
+_GOLDEN = 0x9E3779B97F4A7C15  # an id's multiplier in its initial row's hash
+_SALT = 0x2545F4914F6CDD1D  # mixed into an id's shard, and into each column of its initial row
 _FILLED = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -73,5 +72,5 @@ def initial_rows(ids: np.ndarray, dim: int, dtype: np.dtype, seed: int, low: flo
     wide = np.ascontiguousarray(ids, np.int64).reshape(-1)
     # float rows are filled in C; others get the float64 values cast (the same formula)
     out = np.empty((wide.size, dim), dtype if dtype in _FILLED else np.float64)
-    KERNELS.initial_rows(wide, seed & 0xFFFFFFFFFFFFFFFF, float(low), float(high), out)
+    KERNELS.initial_rows(wide, seed & 0xFFFFFFFFFFFFFFFF, _GOLDEN, _SALT, float(low), float(high), out)
     return out if out.dtype == dtype else out.astype(dtype)

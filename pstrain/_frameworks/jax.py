@@ -57,10 +57,10 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("pstrain.jax needs JAX: pip install 'pstrain[jax]'") from exc
 
 from .._base.errors import InvalidArgumentError
+from .._kernels.batches import distinct
 from .._variables.arrays import IndexedSlices, VariableBase
 from .._variables.batched import read_variables
 from .._variables.dynamic import DynamicEmbedding
-from .._variables.segments import unique as distinct
 from .._variables.sharding import ShardedVariable, combine_gradients, embedding_lookup
 from .._variables.variables import Variable
 

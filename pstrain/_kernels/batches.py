@@ -23,11 +23,17 @@ _COMPILED = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def distinct(ids: np.ndarray, *, sorted: bool = False) -> tuple[np.ndarray, np.ndarray]:  # noqa: A002
-    """``(distinct ids, each id's position among them)`` of 1-D integer ``ids`` (at most 64
-    bits), in the order they first occur, or ascending (``sorted``: ``np.unique``'s result
-    with ``return_inverse``, bit for bit)."""
+    """``(distinct ids, each id's position among them)`` of 1-D ``ids``, in the order they
+    first occur, or ascending (``sorted``: ``np.unique``'s result with ``return_inverse``,
+    bit for bit). Integers of at most 64 bits take the C hash kernel; other elements numpy's
+    sort."""
     if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):
         return ids.copy(), np.arange(ids.size)  # already distinct and ascending (both orders)
+    if ids.dtype.kind not in "iu" or ids.dtype.itemsize > 8:
+        if not sorted:
+            return reference.unique_first(ids)
+        found, inverse = np.unique(ids, return_inverse=True)
+        return found, inverse.reshape(-1).astype(np.int64, copy=False)
     wide = ids.view(np.int64) if ids.dtype == np.uint64 else ids.astype(np.int64, copy=False)
     found, idx = KERNELS.unique_first(np.ascontiguousarray(wide))
     found = found.view(np.uint64) if ids.dtype == np.uint64 else found.astype(ids.dtype, copy=False)

@@ -289,10 +289,11 @@ def shard_ids(const int64_t[::1] ids, int64_t num_shards, uint64_t salt):
     return out
 
 
-
-def initial_rows(const int64_t[::1] ids, uint64_t seed, double low, double high, real[:, ::1] out):
+def initial_rows(const int64_t[::1] ids, uint64_t seed, uint64_t golden, uint64_t salt,
+                 double low, double high, real[:, ::1] out):
     """Each id's initial row into ``out``: ``low + (high - low) * u``, ``u`` uniform in
-    [0, 1) from (id, seed, column) alone (:func:`pstrain._formats.idhash.initial_rows`)."""
+    [0, 1) from (id, seed, column) alone: ``mix64(id * golden ^ mix64(seed + column * salt))``
+    (:func:`pstrain._formats.idhash.initial_rows`, which holds the constants)."""
     cdef Py_ssize_t i, j, n = ids.shape[0], dim = out.shape[1]
     cdef uint64_t x, key
     cdef double span = high - low, unit
@@ -301,10 +302,10 @@ def initial_rows(const int64_t[::1] ids, uint64_t seed, double low, double high,
     columns = np.empty(dim, np.uint64)
     cdef uint64_t[::1] col = columns
     for j in range(dim):
-        col[j] = _mix64(seed + <uint64_t>j * 0x2545F4914F6CDD1DULL)
+        col[j] = _mix64(seed + <uint64_t>j * salt)
     with nogil:
         for i in range(n):
-            x = <uint64_t>ids[i] * 0x9E3779B97F4A7C15ULL
+            x = <uint64_t>ids[i] * golden
             for j in range(dim):
                 key = _mix64(x ^ col[j])
                 unit = <double>(key >> 11) * (1.0 / 9007199254740992.0)

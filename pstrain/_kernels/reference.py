@@ -161,8 +161,7 @@ def unique_first(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     order = np.argsort(first)  # the distinct ids by where they first occur
     rank = np.empty(order.size, np.int64)
     rank[order] = np.arange(order.size)
-    return sorted_ids[order].astype(np.int64), rank[inverse.reshape(-1)]
-
+    return sorted_ids[order], rank[inverse.reshape(-1)]
 
 
 def shard_ids(ids: np.ndarray, num_shards: int, salt: int) -> np.ndarray:
@@ -173,11 +172,11 @@ def shard_ids(ids: np.ndarray, num_shards: int, salt: int) -> np.ndarray:
     return (h % np.uint64(num_shards)).astype(np.int64)
 
 
-def initial_rows(ids: np.ndarray, seed: int, low: float, high: float, out: np.ndarray) -> None:
+def initial_rows(ids: np.ndarray, seed: int, golden: int, salt: int, low: float, high: float,
+                 out: np.ndarray) -> None:
     u = ids.view(np.uint64).reshape(-1, 1)
     cols = np.arange(out.shape[1], dtype=np.uint64).reshape(1, -1)
     with np.errstate(over="ignore"):
-        key = mix64(u * np.uint64(0x9E3779B97F4A7C15)
-                    ^ mix64(np.uint64(seed) + cols * np.uint64(0x2545F4914F6CDD1D)))
+        key = mix64(u * np.uint64(golden) ^ mix64(np.uint64(seed) + cols * np.uint64(salt)))
     unit = (key >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
     out[...] = low + (high - low) * unit

@@ -37,16 +37,7 @@ def unique(x: Any, *, sorted: bool = False) -> tuple[np.ndarray, np.ndarray]:  #
     arr = np.asarray(x)
     if arr.ndim != 1:
         raise InvalidArgumentError(f"unique: x must be 1-D, got shape {arr.shape}")
-    if arr.dtype.kind in "iu" and arr.dtype.itemsize <= 8:
-        return distinct(arr, sorted=sorted)
-    sorted_y, first, inverse = np.unique(arr, return_index=True, return_inverse=True)
-    inverse = inverse.reshape(-1).astype(np.int64, copy=False)
-    if sorted:
-        return sorted_y, inverse
-    order = np.argsort(first)  # the distinct elements by where they first occur
-    rank = np.empty(order.size, np.int64)
-    rank[order] = np.arange(order.size)
-    return sorted_y[order], rank[inverse]
+    return distinct(arr, sorted=sorted)
 
 
 def unsorted_segment_sum(data: Any, segment_ids: Any, num_segments: int) -> np.ndarray:
