@@ -353,3 +353,54 @@ async def test_a_worker_joins_a_running_job_at_a_new_address_and_takes_work_with
             if grower is not None:
                 grower.stop()
         await coordinator.close()
+
+
+async def test_a_connection_attempt_whose_callers_were_cancelled_is_not_handed_to_the_next():
+    """A step cancelled while its channel was connecting to a ps that was down left the
+    attempt behind; its failure ("connection refused") was handed to the first step after
+    the ps came back. Each call after an attempt ended makes its own."""
+    import select
+    import socket
+
+    from pstrain import rpc
+
+    listener = socket.socket()  # accepts connections (the kernel's backlog), never answers
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    ch = rpc.Channel(f"127.0.0.1:{listener.getsockname()[1]}", token="t" * 32, task="ps0",
+                     connect_timeout=0.5)
+    accepted = []
+
+    def connection_waiting() -> bool:
+        if select.select([listener], [], [], 0)[0]:
+            accepted.append(listener.accept()[0])
+        return bool(accepted)
+
+    try:
+        first = asyncio.ensure_future(ch.connected())
+        await wait_for(connection_waiting, timeout=10, what="the first attempt's connection")
+        first.cancel()  # the step waiting on it is cancelled: nobody awaits the attempt now
+        await asyncio.gather(first, return_exceptions=True)
+        conn = accepted.pop()
+        conn.setblocking(False)
+
+        def closed_by_client() -> bool:  # the attempt gave up on the handshake: it ended
+            try:
+                return conn.recv(65536) == b""
+            except BlockingIOError:
+                return False
+            except ConnectionResetError:
+                return True
+
+        await wait_for(closed_by_client, timeout=10, what="the first attempt to end")
+        conn.close()
+        second = asyncio.ensure_future(ch.connected())
+        await wait_for(connection_waiting, timeout=10,
+                       what="a new attempt (not the first one's failure handed back)")
+        second.cancel()
+        await asyncio.gather(second, return_exceptions=True)
+    finally:
+        for c in accepted:
+            c.close()
+        listener.close()
+        await ch.close()

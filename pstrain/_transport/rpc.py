@@ -43,12 +43,11 @@ from .._formats.protocol import DEFAULT_MAX_BODY, FrameKind
 from .._formats.records import Mutation, Operation, convert_reply
 from .client_protocol import ClientProtocol, cluster_entry, expire, ps_advice
 
-logger = logging.getLogger(__name__)
+__all__ = ["Channel", "ChannelPool", "close_loop_channels"]
 
+logger = logging.getLogger(__name__)
 #: Handshakes ended by the server without a byte, in a row, before it is not retried.
 SILENT_CLOSES = 3
-
-__all__ = ["Channel", "ChannelPool", "close_loop_channels"]
 
 #: The open channels of each loop (weakly: a channel nobody holds is already closed).
 _open: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[Channel]] = \
@@ -59,12 +58,9 @@ _open: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[Chan
 class Channel:
     """One multiplexed stream connection to one task, for the loop that made it.
 
-    Made by a :class:`ChannelPool`, or directly for one task::
-
-        ch = Channel("127.0.0.1:2222", token="s3cret", task="/job:ps/replica:0/task:0")
-        listing = await ch.call("vars/list", {})
-        await ch.close()
-    """
+    Made by a :class:`ChannelPool`, or directly for one task: ``ch = Channel("127.0.0.1:2222",
+    token="s3cret", task="/job:ps/replica:0/task:0")``, then ``await ch.call("vars/list", {})``
+    and ``await ch.close()``."""
 
     __pstrain_opaque__ = True  # a checkpoint does not walk into it (object_graph)
 
@@ -162,6 +158,7 @@ class Channel:
             _open.setdefault(self._loop, weakref.WeakSet()).add(self)
         if self._connecting is None:
             self._connecting = self._tasks.spawn(self._connect(), observed=True)
+            self._connecting.add_done_callback(self._connect_ended)
         fut = self._connecting
         try:
             proto = await asyncio.shield(fut)
@@ -171,12 +168,16 @@ class Channel:
                 raise UnavailableError(f"the connection to {self.task} at {self.address} was "
                                        "reset while connecting", task=self.task) from None
             raise
-        finally:
-            if self._connecting is fut and fut.done():
-                self._connecting = None
-        if proto.lost_exc is None:
-            self._proto = proto
-        return proto
+        return proto  # kept by _connect_ended (which runs first: it was added first)
+
+    def _connect_ended(self, fut: asyncio.Task[ClientProtocol]) -> None:
+        """An attempt ended: the next call makes its own, even if this one's callers were all
+        cancelled (it must not get a failure from before the task came back)."""
+        if self._connecting is fut:
+            self._connecting = None
+        if not (self.closed or fut.cancelled()) and fut.exception() is None \
+                and fut.result().lost_exc is None:
+            self._proto = self._proto or fut.result()
 
     async def request(self, message: Operation, *, timeout: float | None = None,
                       on_partial: Callable[[Any], None] | None = None) -> Any:
@@ -300,9 +301,8 @@ class Channel:
 class ChannelPool:
     """The channels of one process to the tasks of a cluster, one set per event loop.
 
-    Channels are bound to the loop that opened them; a process with two loops
-    (a worker serves on one and runs closures on the other) gets two sets
-    from the same pool.
+    Channels are bound to the loop that opened them; a process with two loops (a worker
+    serves on one and runs closures on the other) gets two sets from the same pool.
 
     >>> pool = ChannelPool(ClusterSpec({"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]}),
     ...                    token="s3cret")
