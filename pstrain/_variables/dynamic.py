@@ -237,7 +237,9 @@ class DynamicEmbedding:
             rows[positions] = reply.values[0]
 
         await self._routed(unique, fetch)
-        return rows[inverse.reshape(-1)].reshape(np.shape(ids) + (self.dim,))
+        if unique.size != flat.size:  # else no id repeats: the rows are in the ids' order
+            rows = rows[inverse.reshape(-1)]
+        return rows.reshape(np.shape(ids) + (self.dim,))
 
     def gradient_groups(self, ids: Any, values: Any) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """``(ps, unique ids, summed values)`` of a sparse gradient, per ps."""

@@ -269,6 +269,8 @@ async def embedding_lookup(params: Any, ids: Any, *, training: bool = True) -> n
             rows[positions] = values
 
     await routed(parts[placed[0][0]].channels(), placed, lambda g: parts[g[0]].channel(), fetch)
+    if unique.size == flat.size and np.array_equal(unique, flat):  # distinct, ascending ids
+        return rows.reshape(ids.shape + tail)
     return rows[inverse].reshape(ids.shape + tail)
 
 
