@@ -71,7 +71,7 @@ def test_the_id_index_is_the_same_compiled_and_in_numpy(ops):
         want = [model.get(i, -1) for i in probe.tolist()]
         assert fast.get(probe).tolist() == want == slow.get(probe).tolist()
         assert len(fast) == len(slow) == len(model)
-        assert fast.tombs == slow.tombs and fast.keys.size == slow.keys.size
+        assert fast.tombs == slow.tombs and fast.slots.shape == slow.slots.shape
     for index in (fast, slow):
         keys, vals = index.items()
         assert dict(zip(keys.tolist(), vals.tolist())) == model
@@ -150,6 +150,22 @@ def test_a_lookups_gather_and_bookkeeping_are_the_same_compiled_and_in_numpy(n, 
     assert seen[0] == seen[1]
     want = np.where((rows >= 0)[:, None], table[np.maximum(rows, 0)], np.float32(default))
     assert seen[0][0] == _bits(want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 40), pos=st.lists(st.integers(-1, 45), max_size=60))
+def test_whether_found_rows_repeat_is_the_same_compiled_and_in_numpy(n, pos):
+    """Rows of -1 never count as repeats; the marks are all clear again after, repeat or not."""
+    rows = np.array(pos, np.int64)
+    found = rows[rows >= 0]
+    for impl in (compiled, reference):
+        mark = np.zeros(n, np.uint8)
+        if found.size and found.max() >= n:
+            with pytest.raises(IndexError, match="past the table's end"):
+                impl.rows_distinct(rows, mark)
+        else:
+            assert impl.rows_distinct(rows, mark) == (len(set(found.tolist())) == found.size)
+        assert not mark.any()
 
 
 @settings(max_examples=100, deadline=None)

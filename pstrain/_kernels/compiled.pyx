@@ -16,15 +16,17 @@ cdef extern from *:
 #: Rows ahead whose memory a loop over scattered rows asks for before it needs it (the
 #: rows of a batch are far apart: without it each row waits for its cache misses in turn).
 DEF AHEAD = 8
+#: Ids ahead whose index slot a probe loop asks for (a slot is one cache line: more fit).
+DEF PROBE_AHEAD = 16
 
 ctypedef fused real:
     float
     double
 
-cdef enum:
-    EMPTY = 0
-    FULL = 1
-    TOMB = 2
+# An id index's slot is (id, value), side by side, one probe one cache line: a value of
+# EMPTY or TOMB (a deleted id, probes go past it) marks a slot without an id.
+DEF EMPTY = -1
+DEF TOMB = -2
 
 
 cdef inline void _prefetch(const char* row, Py_ssize_t nbytes) noexcept nogil:
@@ -45,79 +47,73 @@ cdef inline uint64_t _mix64(uint64_t x) noexcept nogil:
     return x
 
 
-cdef inline Py_ssize_t _slot(const int64_t* keys, const uint8_t* state, uint64_t mask,
-                             int64_t key) noexcept nogil:
+cdef inline Py_ssize_t _slot(const int64_t* slots, uint64_t mask, int64_t key) noexcept nogil:
     """The slot holding ``key``, -1 where none does: linear probing from its hash, past other
     ids and tombstones, to an empty slot."""
     cdef uint64_t q = _mix64(<uint64_t>key) & mask
-    cdef uint8_t st
+    cdef int64_t v
     while True:
-        st = state[q]
-        if st == EMPTY:
+        v = slots[2 * q + 1]
+        if v == EMPTY:
             return -1
-        if st == FULL and keys[q] == key:
+        if v >= 0 and slots[2 * q] == key:
             return <Py_ssize_t>q
         q = (q + 1) & mask
 
 
-cdef inline void _prefetch_slot(const int64_t* keys, const int64_t* vals, const uint8_t* state,
-                                uint64_t mask, int64_t key) noexcept nogil:
-    """Ask for the memory of ``key``'s first slot (its state, key and value) ahead of the probe."""
-    cdef uint64_t q = _mix64(<uint64_t>key) & mask
-    __builtin_prefetch(state + q)
-    __builtin_prefetch(keys + q)
-    if vals != NULL:
-        __builtin_prefetch(vals + q)
+cdef inline void _prefetch_slot(const int64_t* slots, uint64_t mask, int64_t key) noexcept nogil:
+    """Ask for the memory of ``key``'s first slot ahead of the probe."""
+    __builtin_prefetch(slots + 2 * (_mix64(<uint64_t>key) & mask))
 
 
-def index_get(const int64_t[::1] keys, const int64_t[::1] vals, const uint8_t[::1] state,
-              uint64_t mask, const int64_t[::1] ids, int64_t[::1] out):
+def index_get(const int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids, int64_t[::1] out):
     """``out[i]``: the value of ``ids[i]``, -1 where the index has none."""
     cdef Py_ssize_t i, q, n = ids.shape[0]
+    cdef const int64_t* s = &slots[0, 0]
     with nogil:
         for i in range(n):
-            if i + AHEAD < n:
-                _prefetch_slot(&keys[0], &vals[0], &state[0], mask, ids[i + AHEAD])
-            q = _slot(&keys[0], &state[0], mask, ids[i])
-            out[i] = vals[q] if q >= 0 else -1
+            if i + PROBE_AHEAD < n:
+                _prefetch_slot(s, mask, ids[i + PROBE_AHEAD])
+            q = _slot(s, mask, ids[i])
+            out[i] = s[2 * q + 1] if q >= 0 else -1
 
 
-def index_insert(int64_t[::1] keys, int64_t[::1] vals, uint8_t[::1] state, uint64_t mask,
-                 const int64_t[::1] ids, const int64_t[::1] rows):
+def index_insert(int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids,
+                 const int64_t[::1] rows):
     """Insert ``ids`` (unique, absent; the caller keeps the table at most half full) with
-    ``rows``; returns how many tombstones they took the place of."""
+    ``rows`` (each at least 0); returns how many tombstones they took the place of."""
     cdef Py_ssize_t i, n = ids.shape[0], reused = 0
     cdef uint64_t q
+    cdef int64_t* s = &slots[0, 0]
     with nogil:
         for i in range(n):
-            if i + AHEAD < n:
-                _prefetch_slot(&keys[0], &vals[0], &state[0], mask, ids[i + AHEAD])
+            if i + PROBE_AHEAD < n:
+                _prefetch_slot(s, mask, ids[i + PROBE_AHEAD])
             q = _mix64(<uint64_t>ids[i]) & mask
-            while state[q] == FULL:
+            while s[2 * q + 1] >= 0:
                 q = (q + 1) & mask
-            if state[q] == TOMB:
+            if s[2 * q + 1] == TOMB:
                 reused += 1
-            keys[q] = ids[i]
-            vals[q] = rows[i]
-            state[q] = FULL
+            s[2 * q] = ids[i]
+            s[2 * q + 1] = rows[i]
     return reused
 
 
-def index_delete(const int64_t[::1] keys, const int64_t[::1] vals, uint8_t[::1] state,
-                 uint64_t mask, const int64_t[::1] ids, int64_t[::1] out):
+def index_delete(int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids, int64_t[::1] out):
     """Remove ``ids`` (unique); ``out[i]`` is the value ``ids[i]`` had, -1 where none.
     Returns how many were removed."""
     cdef Py_ssize_t i, q, n = ids.shape[0], removed = 0
+    cdef int64_t* s = &slots[0, 0]
     with nogil:
         for i in range(n):
-            if i + AHEAD < n:
-                _prefetch_slot(&keys[0], &vals[0], &state[0], mask, ids[i + AHEAD])
-            q = _slot(&keys[0], &state[0], mask, ids[i])
+            if i + PROBE_AHEAD < n:
+                _prefetch_slot(s, mask, ids[i + PROBE_AHEAD])
+            q = _slot(s, mask, ids[i])
             if q < 0:
                 out[i] = -1
                 continue
-            out[i] = vals[q]
-            state[q] = TOMB
+            out[i] = s[2 * q + 1]
+            s[2 * q + 1] = TOMB
             removed += 1
     return removed
 
@@ -239,6 +235,32 @@ def mark_seen(int64_t[::1] last_seen, int64_t[::1] freq, const int64_t[::1] pos,
             freq[r] += 1
     if bad:
         raise IndexError("mark_seen: a row past the table's end")
+
+
+def rows_distinct(const int64_t[::1] pos, uint8_t[::1] mark):
+    """Whether no row ``pos[i] >= 0`` occurs twice (rows of -1 are not looked at): one pass
+    marking each row in ``mark`` (one byte per row of the table, all 0, and all 0 again
+    after), the cheap proof that a batch of ids found in a table has no id twice."""
+    cdef Py_ssize_t i, r, n = pos.shape[0], limit = mark.shape[0], done = 0
+    cdef bint repeated = False, bad = False
+    with nogil:
+        while done < n:
+            r = pos[done]
+            if r >= limit:
+                bad = True
+                break
+            if r >= 0:
+                if mark[r]:
+                    repeated = True  # and on: a row past the end is still an error
+                mark[r] = 1
+            done += 1
+        for i in range(done):  # every row marked above, unmarked
+            r = pos[i]
+            if r >= 0:
+                mark[r] = 0
+    if bad:
+        raise IndexError("rows_distinct: a row past the table's end")
+    return not repeated
 
 
 def unique_first(const int64_t[::1] ids):

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 __all__ = ["adagrad_rows", "gather_rows", "index_delete", "index_get", "index_insert", "mark_seen",
-           "initial_rows", "mix64", "sgd_rows", "shard_ids", "unique_first"]
+           "initial_rows", "mix64", "rows_distinct", "sgd_rows", "shard_ids", "unique_first"]
 
-_EMPTY, _FULL, _TOMB = 0, 1, 2
+_EMPTY, _TOMB = -1, -2  # an index slot's value when it holds no id
 _SCALAR = 48  # ids left probing below which a Python loop beats another numpy pass
 
 
@@ -32,81 +32,78 @@ def mix64(x: Any) -> np.ndarray:
     return x
 
 
-def _find(keys: np.ndarray, state: np.ndarray, mask: int, ids: np.ndarray) -> np.ndarray:
+def _find(slots: np.ndarray, mask: int, ids: np.ndarray) -> np.ndarray:
     """The slot holding each id, -1 where none does."""
+    keys, vals = slots[:, 0], slots[:, 1]
     umask = np.uint64(mask)
-    slots = np.full(ids.size, -1, np.int64)
+    found = np.full(ids.size, -1, np.int64)
     pos = mix64(ids.view(np.uint64)) & umask
     todo = np.arange(ids.size)
     while todo.size > _SCALAR:
         p = pos[todo]
-        st = state[p]
-        hit = (st == _FULL) & (keys[p] == ids[todo])
-        slots[todo[hit]] = p[hit]
-        going = ~hit & (st != _EMPTY)  # past other ids and tombstones
+        v = vals[p]
+        hit = (v >= 0) & (keys[p] == ids[todo])
+        found[todo[hit]] = p[hit]
+        going = ~hit & (v != _EMPTY)  # past other ids and tombstones
         todo = todo[going]
         pos[todo] = (p[going] + np.uint64(1)) & umask
     for i in todo.tolist():  # the long probes' tail: a few ids, cheaper one at a time
         key, q = int(ids[i]), int(pos[i])
         while True:
-            st_q = state[q]
-            if st_q == _FULL and keys[q] == key:
-                slots[i] = q
+            v_q = vals[q]
+            if v_q >= 0 and keys[q] == key:
+                found[i] = q
                 break
-            if st_q == _EMPTY:
+            if v_q == _EMPTY:
                 break
             q = (q + 1) & mask
-    return slots
+    return found
 
 
-def index_get(keys: np.ndarray, vals: np.ndarray, state: np.ndarray, mask: int, ids: np.ndarray,
-              out: np.ndarray) -> None:
-    slots = _find(keys, state, mask, ids)
-    found = slots >= 0
+def index_get(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray) -> None:
+    found = _find(slots, mask, ids)
+    hit = found >= 0
     out[:] = -1
-    out[found] = vals[slots[found]]
+    out[hit] = slots[found[hit], 1]
 
 
-def index_insert(keys: np.ndarray, vals: np.ndarray, state: np.ndarray, mask: int, ids: np.ndarray,
-                 rows: np.ndarray) -> int:
+def index_insert(slots: np.ndarray, mask: int, ids: np.ndarray, rows: np.ndarray) -> int:
+    keys, vals = slots[:, 0], slots[:, 1]
     umask = np.uint64(mask)
     pos = mix64(ids.view(np.uint64)) & umask
     todo = np.arange(ids.size)
     reused = 0
     while todo.size > _SCALAR:
         p = pos[todo]
-        cand = np.flatnonzero(state[p] != _FULL)
+        cand = np.flatnonzero(vals[p] < 0)
         # Of the ids that reach the same free slot now, one takes it: each writes its
-        # position into the free slot's (unused) value, and the one that reads it back won.
+        # position into the free slot's (unused) key, and the one that reads it back won.
         pc = p[cand]
-        vals[pc] = cand
+        keys[pc] = cand
         won = np.zeros(todo.size, bool)
-        won[cand[vals[pc] == cand]] = True
+        won[cand[keys[pc] == cand]] = True
         w = p[won]
-        reused += int(np.count_nonzero(state[w] == _TOMB))
+        reused += int(np.count_nonzero(vals[w] == _TOMB))
         keys[w] = ids[todo[won]]
         vals[w] = rows[todo[won]]
-        state[w] = _FULL
         todo = todo[~won]
         pos[todo] = (p[~won] + np.uint64(1)) & umask
     for i in todo.tolist():  # the long probes' tail, one at a time
         q = int(pos[i])
-        while state[q] == _FULL:
+        while vals[q] >= 0:
             q = (q + 1) & mask
-        if state[q] == _TOMB:
+        if vals[q] == _TOMB:
             reused += 1
-        keys[q], vals[q], state[q] = ids[i], rows[i], _FULL
+        keys[q], vals[q] = ids[i], rows[i]
     return reused
 
 
-def index_delete(keys: np.ndarray, vals: np.ndarray, state: np.ndarray, mask: int, ids: np.ndarray,
-                 out: np.ndarray) -> int:
-    slots = _find(keys, state, mask, ids)
-    found = slots >= 0
-    s = slots[found]
+def index_delete(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray) -> int:
+    found = _find(slots, mask, ids)
+    s = found[found >= 0]
     out[:] = -1
-    out[found] = vals[s]
-    state[s] = _TOMB
+    out[found >= 0] = slots[s, 1]
+    slots[s, 1] = _TOMB
     return int(s.size)
 
 
@@ -154,6 +151,11 @@ def mark_seen(last_seen: np.ndarray, freq: np.ndarray, pos: np.ndarray, clock: i
     hit = pos[_checked("mark_seen", last_seen[:freq.size], pos, "table")]
     last_seen[hit] = clock
     freq[hit] += 1
+
+
+def rows_distinct(pos: np.ndarray, mark: np.ndarray) -> bool:
+    found = pos[_checked("rows_distinct", mark, pos, "table")]
+    return bool(np.unique(found).size == found.size)
 
 
 def unique_first(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -89,8 +89,8 @@ def apply_gradients(store: VariableStore, tables: TableHandlers, req: ApplyGradi
         arrays = {s: store.slot(full, record.array, init, of=record.name, rows=rows)
                   for s, (full, init) in slots.items()}
         rule(var, grad, rows, arrays, cfg, step)
-    for table, ids, grad, slots in table_plan:
-        table.apply(rule, ids, grad, slots, cfg, step)
+    for table, ids, grad, slots, pos in table_plan:
+        table.apply(rule, ids, grad, slots, cfg, step, pos)
     return {"t": step}
 
 

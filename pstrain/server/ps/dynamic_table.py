@@ -38,8 +38,10 @@ from typing import Any
 import numpy as np
 
 from ..._base.errors import InvalidArgumentError
-from ..._formats.idhash import initial_rows, unit_uniform
+from ..._formats.idhash import initial_rows
 from ..._kernels import KERNELS
+from ..._kernels.batches import distinct
+from .admission import Admission
 from .id_index import IdIndex
 from .removed_log import RemovedLog
 from .store import ChangeClock, Snapshot
@@ -54,7 +56,7 @@ FIRST_BLOCK_BYTES = 4 << 20  # ... but the first block is at most this large: wi
 EVICT_BATCH = 16
 
 
-class DynamicTable(SlicedRows):
+class DynamicTable(SlicedRows, Admission):
     """One shard of a dynamic table; see the module docstring."""
 
     def __init__(self, name: str, config: TableConfig, owner: str | None = None,
@@ -99,6 +101,7 @@ class DynamicTable(SlicedRows):
         # Delta checkpoints: the epoch each row last changed in (the ps's clock), the evictions.
         self.clock = clock or ChangeClock()
         self.epochs = np.empty(0, np.uint32)
+        self.marks = np.empty(0, np.uint8)  # all 0: a batch's rows, marked while checked distinct
         self.removed = RemovedLog(self.clock, config.capacity)
 
     def __len__(self) -> int:
@@ -106,19 +109,26 @@ class DynamicTable(SlicedRows):
 
     @property
     def nbytes(self) -> int:
-        per_row = self.rows.itemsize * self.config.dim * (1 + len(self.slots)) + 8 * 3 + 1
+        per_row = self.rows.itemsize * self.config.dim * (1 + len(self.slots)) + 8 * 3 + 4 + 2
         return (self.alloc * per_row + self.index.nbytes + self._cand.nbytes
                 + self._cand_counts.nbytes + self._cand_ids.nbytes)
-
-    @property
-    def candidates(self) -> int:
-        """Ids seen but not admitted yet, remembered."""
-        return len(self._cand)
 
     # -- rows ------------------------------------------------------------------------------------
     def positions(self, ids: np.ndarray) -> np.ndarray:
         """The row of each id, -1 where it has none."""
         return self.index.get(ids)
+
+    def locate(self, ids: np.ndarray) -> np.ndarray | None:
+        """:meth:`positions` of ``ids``, or None if an id occurs twice among them: the ids
+        found are distinct if their rows are (one pass over a byte per row), the others are
+        checked by the hash kernel (a batch's new ids: none, mostly)."""
+        pos = self.index.get(ids)
+        if not self.kernels.rows_distinct(pos, self.marks):
+            return None
+        missing = ids[pos < 0]
+        if missing.size > 1 and distinct(missing)[0].size != missing.size:
+            return None
+        return pos
 
     def _grow(self, need: int) -> None:
         if need <= self.alloc:
@@ -131,7 +141,8 @@ class DynamicTable(SlicedRows):
         if cap is not None:
             new = min(new, max(cap, need))
         old = self.alloc
-        holders = [(self.__dict__, k) for k in ("rows", "ids", "live", "last_seen", "freq", "epochs")]
+        holders = [(self.__dict__, k) for k in ("rows", "ids", "live", "last_seen", "freq", "epochs",
+                                                   "marks")]
         for where, key in holders + [(self.slots, k) for k in self.slots]:
             try:  # in place (realloc: no second array beside it at its peak), unless a view is out
                 where[key].resize((new,) + where[key].shape[1:], refcheck=True)  # new rows: 0
@@ -243,65 +254,11 @@ class DynamicTable(SlicedRows):
         victims = live[np.argpartition(key, n - 1)[:n]] if n < live.size else live
         self._evict_rows(victims)
 
-    def _admit(self, ids: np.ndarray) -> np.ndarray:
-        """Which of ``ids`` (unique, absent) are admitted now; counts the others' sightings."""
-        cfg = self.config
-        if cfg.admit_after is None and cfg.admit_probability is None:
-            return np.ones(ids.size, bool)
-        slots = self._cand.get(ids)
-        seen = slots >= 0
-        counts = np.ones(ids.size, np.int64)
-        counts[seen] += self._cand_counts[slots[seen]]
-        if cfg.admit_after is not None:
-            admit = counts >= cfg.admit_after
-        else:
-            assert cfg.admit_probability is not None
-            admit = unit_uniform(ids ^ counts, cfg.seed + 0x51ED) < cfg.admit_probability
-        self._cand.delete(ids[admit & seen])  # admitted: no longer a candidate
-        self._cand_counts[slots[admit & seen]] = 0
-        again = ~admit & seen
-        self._cand_counts[slots[again]] = counts[again]
-        new = ~admit & ~seen
-        if new.any():
-            self._remember(ids[new])
-        return admit
-
-    def _remember(self, ids: np.ndarray) -> None:
-        """Start counting ``ids`` (one sighting each); past ``max_candidates`` the oldest
-        half is forgotten."""
-        limit = self.config.max_candidates
-        if len(self._cand) + ids.size > limit:
-            # Slots are handed out in order and an admitted id's count is 0: the newest
-            # live sightings are the last nonzero counts, found without a sort.
-            used = self._cand_used
-            live = np.flatnonzero(self._cand_counts[:used] > 0)
-            half = live.size - live.size // 2 if live.size > 1 else 0
-            keep = live[live.size - max(0, min(half, limit - ids.size)):]
-            n = keep.size
-            self._cand_ids[:n] = self._cand_ids[keep]
-            self._cand_counts[:n] = self._cand_counts[keep]
-            self._cand_counts[n:used] = 0
-            self._cand_used = n
-            self._cand.clear()
-            self._cand.insert(self._cand_ids[:n], np.arange(n))
-            ids = ids[max(0, ids.size - limit):]
-        need = self._cand_used + ids.size
-        if need > self._cand_counts.size:
-            size = max(need, 2 * self._cand_counts.size, 1024)
-            self._cand_counts = np.concatenate(
-                [self._cand_counts, np.zeros(size - self._cand_counts.size, np.int64)]
-            )
-            self._cand_ids = np.concatenate([self._cand_ids, np.zeros(size - self._cand_ids.size, np.int64)])
-        slots = np.arange(self._cand_used, need)
-        self._cand_counts[slots] = 1
-        self._cand_ids[slots] = ids
-        self._cand.insert(ids, slots)
-        self._cand_used = need
-
     # -- what the ps serves ----------------------------------------------------------------------
-    def lookup(self, ids: np.ndarray, train: bool) -> np.ndarray:
-        """Rows of ``ids`` (unique); a training lookup admits, creates, evicts and counts."""
-        pos = self.positions(ids)
+    def lookup(self, ids: np.ndarray, train: bool, pos: np.ndarray | None = None) -> np.ndarray:
+        """Rows of ``ids`` (unique); a training lookup admits, creates, evicts and counts.
+        ``pos``: their :meth:`positions` (from :meth:`locate`; changed here), else found here."""
+        pos = self.positions(ids) if pos is None else pos
         if train:
             self.check_room(int(np.count_nonzero(pos < 0)))  # before anything changes
             self.lookups += 1
@@ -338,11 +295,13 @@ class DynamicTable(SlicedRows):
         return arr
 
     def apply(self, rule: Callable[..., None], ids: np.ndarray, grad: np.ndarray,
-              slots: dict[str, tuple[str, float]], cfg: dict[str, Any], t: int) -> int:
+              slots: dict[str, tuple[str, float]], cfg: dict[str, Any], t: int,
+              pos: np.ndarray | None = None) -> int:
         """One optimizer step on the rows of ``ids`` (unique) that exist; returns how many.
         Gradients of ids without a row (not admitted, or evicted since) are dropped: the
-        rule skips rows of -1, in the same pass (a fused kernel) or before it."""
-        pos = self.positions(ids)
+        rule skips rows of -1, in the same pass (a fused kernel) or before it. ``pos``: the
+        ids' :meth:`positions` (from :meth:`locate`, nothing changed since), else found here."""
+        pos = self.positions(ids) if pos is None else pos
         rows = pos[pos >= 0]
         if not rows.size:
             return 0

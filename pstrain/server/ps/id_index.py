@@ -1,11 +1,11 @@
 """A hash index from int64 ids to row numbers, each batch probed in one compiled loop.
 
-Open addressing with linear probing over a power-of-two array of slots, each
-``empty``, ``full`` or a tombstone (a deleted id; probes go past it). Every
-operation takes a whole batch of ids; the probing runs in :mod:`pstrain._kernels`
-(compiled, or the numpy reference with ``PSTRAIN_KERNELS=numpy``). Ids cover the
-whole 64-bit space (the slot states are kept apart from the keys, so no id value
-is reserved). The table is rebuilt when ids and tombstones fill half its slots,
+Open addressing with linear probing over a power-of-two array of slots, each an
+(id, row) pair side by side, so a probe reads one cache line: a row of -1 marks an
+empty slot, -2 a tombstone (a deleted id; probes go past it). Every operation takes
+a whole batch of ids; the probing runs in :mod:`pstrain._kernels` (compiled, or the
+numpy reference with ``PSTRAIN_KERNELS=numpy``). Ids cover the whole 64-bit space
+(a slot's state is in its row, so no id value is reserved); rows are at least 0. The table is rebuilt when ids and tombstones fill half its slots,
 to a size that ids fill at most a quarter of.
 
 >>> index = IdIndex()
@@ -28,7 +28,7 @@ from ..._kernels import KERNELS
 
 __all__ = ["IdIndex"]
 
-_FULL = 1
+_EMPTY = -1
 _LOAD = 2  # slots per id at least: at most half full, tombstones counted
 
 
@@ -45,56 +45,56 @@ class IdIndex:
 
     def _alloc(self, size: int) -> None:
         self.mask = size - 1
-        self.keys = np.zeros(size, np.int64)
-        self.vals = np.zeros(size, np.int64)
-        self.state = np.zeros(size, np.uint8)
+        self.slots = np.zeros((size, 2), np.int64)  # (id, row) per slot
+        self.slots[:, 1] = _EMPTY
 
     def __len__(self) -> int:
         return self.count
 
     @property
     def nbytes(self) -> int:
-        return self.keys.nbytes + self.vals.nbytes + self.state.nbytes
+        return self.slots.nbytes
 
     def get(self, ids: np.ndarray) -> np.ndarray:
         """The row of each id (int64 array), -1 where it has none."""
         ids = np.ascontiguousarray(ids, np.int64)
         out = np.empty(ids.size, np.int64)
-        self.kernels.index_get(self.keys, self.vals, self.state, self.mask, ids, out)
+        self.kernels.index_get(self.slots, self.mask, ids, out)
         return out
 
     def insert(self, ids: np.ndarray, rows: np.ndarray) -> None:
-        """Add ``ids`` (unique, none present yet) with their rows."""
+        """Add ``ids`` (unique, none present yet) with their rows (each at least 0)."""
         ids = np.ascontiguousarray(ids, np.int64)
         rows = np.ascontiguousarray(rows, np.int64)
         if not ids.size:
             return
         if ids.shape != rows.shape:
             raise ValueError(f"IdIndex.insert: {ids.size} ids but {rows.size} rows")
-        if (self.count + self.tombs + ids.size) * _LOAD > self.keys.size:
+        if rows.min() < 0:
+            raise ValueError(f"IdIndex.insert: row {int(rows.min())}: rows are at least 0")
+        if (self.count + self.tombs + ids.size) * _LOAD > self.slots.shape[0]:
             self._rebuild(self.count + ids.size)
-        self.tombs -= self.kernels.index_insert(self.keys, self.vals, self.state, self.mask, ids, rows)
+        self.tombs -= self.kernels.index_insert(self.slots, self.mask, ids, rows)
         self.count += ids.size
 
     def delete(self, ids: np.ndarray) -> np.ndarray:
         """Remove ``ids`` (unique; those present); returns the rows they had (-1 for absent ids)."""
         ids = np.ascontiguousarray(ids, np.int64)
         out = np.empty(ids.size, np.int64)
-        removed = self.kernels.index_delete(self.keys, self.vals, self.state, self.mask, ids, out)
+        removed = self.kernels.index_delete(self.slots, self.mask, ids, out)
         self.count -= removed
         self.tombs += removed
         return out
 
     def clear(self) -> None:
         """Remove every id, keeping the slots' memory."""
-        self.state.fill(0)
+        self.slots[:, 1] = _EMPTY
         self.count = 0
         self.tombs = 0
 
     def _rebuild(self, need: int) -> None:
-        live = self.state == _FULL
-        keys, vals = self.keys[live], self.vals[live]
-        size = self.keys.size
+        keys, vals = self.items()
+        size = self.slots.shape[0]
         # Room for as many inserts again before the next rebuild: a full table that evicts
         # (a tombstone per evicted id) would otherwise rebuild at every eviction batch.
         while need * _LOAD * 2 > size:
@@ -106,5 +106,5 @@ class IdIndex:
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """Every (id, row), in slot order."""
-        live = self.state == _FULL
-        return self.keys[live], self.vals[live]
+        live = self.slots[:, 1] >= 0
+        return self.slots[live, 0], self.slots[live, 1]

@@ -26,7 +26,6 @@ from ..._formats.operations import (
 from ..._formats.placement_map import TableCopy, TablePatch
 from ..._formats.records import Operation
 from ..._formats.tensor_files import whole
-from ..._kernels.batches import distinct
 from .checkpoint import CheckpointFiles, Pending
 from .dynamic_table import DynamicTable, TableConfig
 from .feed import TableFeed
@@ -71,23 +70,26 @@ class TableHandlers:
         return placed[1], (placed[0],)
 
     def plan(self, grads: Iterable[tuple[str, Any, Any]], prefix: str, specs: dict[str, float]
-             ) -> list[tuple[DynamicTable, np.ndarray, np.ndarray, dict[str, tuple[str, float]]]]:
-        """The tables' sparse gradients of an ``opt/apply``, checked whole (nothing changes)."""
+             ) -> list[tuple[DynamicTable, np.ndarray, np.ndarray, dict[str, tuple[str, float]],
+                             np.ndarray]]:
+        """The tables' sparse gradients of an ``opt/apply``, checked whole (nothing changes):
+        ``(table, ids, values, slots, the ids' rows)``."""
         planned = []
         for name, ids, values in grads:
             table = self.table(name)
             ids = _table_ids(ids, f"sparse gradient of table {name!r}")
-            if not _distinct(ids):
+            self.guards.check(name, ids)
+            pos = table.locate(ids)
+            if pos is None:
                 raise InvalidArgumentError(f"opt/apply: the ids of table {name!r} must be distinct "
                                            "(merge the rows of a repeated id first)")
-            self.guards.check(name, ids)
             grad = np.asarray(values)
             if grad.shape != (ids.size, table.config.dim) or grad.dtype.kind not in "fiu":
                 raise InvalidArgumentError(
                     f"sparse gradient of table {name!r}: values must be ({ids.size}, "
                     f"{table.config.dim}) numbers, got {grad.shape} {grad.dtype}")
             slots = {slot: (f"{prefix}/{slot}", init) for slot, init in specs.items()}
-            planned.append((table, ids, grad, slots))
+            planned.append((table, ids, grad, slots, pos))
         return planned
 
     def table(self, name: str) -> DynamicTable:
@@ -133,15 +135,16 @@ class TableHandlers:
     def lookup_table(self, req: LookupTable) -> dict[str, Any]:
         table = self.table(req.name)
         ids = _table_ids(req.ids, f"dyn/lookup of {req.name!r}")
-        if not _distinct(ids):
-            raise InvalidArgumentError(f"dyn/lookup of {req.name!r}: ids must be distinct "
-                                       "(look up each id once)")
         self.guards.check(req.name, ids)
         nbytes = ids.size * table.config.dim * table.dtype.itemsize
         if nbytes > self.max_gather_bytes:
             raise InvalidArgumentError(f"dyn/lookup of {req.name!r}: the reply would be {nbytes} "
                                        f"bytes, more than this ps's limit of {self.max_gather_bytes}")
-        return {"values": [table.lookup(ids, req.train)]}
+        pos = table.locate(ids)
+        if pos is None:
+            raise InvalidArgumentError(f"dyn/lookup of {req.name!r}: ids must be distinct "
+                                       "(look up each id once)")
+        return {"values": [table.lookup(ids, req.train, pos)]}
 
     def table_statistics(self, req: TableStatistics) -> dict[str, Any]:
         return self.table(req.name).statistics()
@@ -277,8 +280,3 @@ def _table_ids(ids: Any, what: str) -> np.ndarray:
         return arr.view(np.int64)
     return arr.astype(np.int64, copy=False)
 
-
-def _distinct(ids: np.ndarray) -> bool:
-    """No id twice, in any order: strictly ascending ids (one vectorised comparison), else
-    one pass of the hash kernel, never a sort."""
-    return ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])) or distinct(ids)[0].size == ids.size
