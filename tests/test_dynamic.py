@@ -211,13 +211,16 @@ async def test_ids_in_any_order_are_served_and_a_repeated_id_is_refused_by_the_p
         for got, key in zip(after, [7, 2**62, -3, 9]):
             assert np.array_equal(got, _init([key])[0] - summed[key])
         channel = table.channel(0)
-        with pytest.raises(InvalidArgumentError, match="distinct"):
-            await channel.request(LookupTable(name=table.key, ids=np.array([5, 1, 5], np.int64),
-                                              train=True))
-        with pytest.raises(InvalidArgumentError, match="distinct"):
-            await channel.request(ApplyGradients(
-                rule=OptimizerRule(kind="sgd", learning_rate=1.0), prefix=opt.name, grads=[],
-                tables=[(table.key, np.array([7, 9, 7], np.int64), np.ones((3, 4), np.float32))]))
+        # a repeat among ids without a row, and among ids with one (checked apart on the ps)
+        for repeated in ([5, 1, 5], [7, 9, 7], [2**62, 5, -3, 5]):
+            with pytest.raises(InvalidArgumentError, match="distinct"):
+                await channel.request(LookupTable(name=table.key, ids=np.array(repeated, np.int64),
+                                                  train=True))
+            with pytest.raises(InvalidArgumentError, match="distinct"):
+                await channel.request(ApplyGradients(
+                    rule=OptimizerRule(kind="sgd", learning_rate=1.0), prefix=opt.name, grads=[],
+                    tables=[(table.key, np.array(repeated, np.int64),
+                             np.ones((len(repeated), 4), np.float32))]))
         assert await table.size() == 4  # neither refused request changed anything
         again = await table.lookup(np.array([7, 2**62, -3, 9], np.int64), training=False)
         assert np.array_equal(again, after)
