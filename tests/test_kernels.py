@@ -135,9 +135,10 @@ def test_a_row_past_the_end_is_refused_by_both_and_nothing_changes():
 
 @settings(max_examples=100, deadline=None)
 @given(n=st.integers(1, 50), dim=st.integers(1, 6), default=st.floats(-2, 2, width=32),
-       pos=st.lists(st.integers(-1, 49), max_size=60), clock=st.integers(0, 2**40))
+       pos=st.lists(st.integers(-1, 49), max_size=60), clock=st.integers(0, 2**40),
+       ages=st.booleans(), counts=st.booleans())
 def test_a_lookups_gather_and_bookkeeping_are_the_same_compiled_and_in_numpy(n, dim, default, pos,
-                                                                                clock):
+                                                                                clock, ages, counts):
     rows = np.array([p if p < n else -1 for p in dict.fromkeys(pos)], np.int64)
     table = np.arange(n * dim, dtype=np.float32).reshape(n, dim)
     seen = []
@@ -145,9 +146,13 @@ def test_a_lookups_gather_and_bookkeeping_are_the_same_compiled_and_in_numpy(n, 
         out = np.full((rows.size, dim), np.nan, np.float32)
         last, freq = np.zeros(n, np.int64), np.arange(n, dtype=np.int64)
         impl.gather_rows(table, rows, out, default)
-        impl.mark_seen(last, freq, rows, clock)
+        impl.mark_seen(last, freq, rows, clock, ages, counts)
         seen.append((_bits(out), _bits(last), _bits(freq)))
     assert seen[0] == seen[1]
+    hit = np.zeros(n, bool)
+    hit[rows[rows >= 0]] = True
+    assert seen[0][1] == _bits(np.where(hit & ages, clock, 0))
+    assert seen[0][2] == _bits(np.arange(n) + (hit & counts))
     want = np.where((rows >= 0)[:, None], table[np.maximum(rows, 0)], np.float32(default))
     assert seen[0][0] == _bits(want)
 

@@ -218,9 +218,11 @@ def put_rows(real[:, ::1] out, const int64_t[::1] rows, const real[:, ::1] value
         raise IndexError("put_rows: a row past the array's end")
 
 
-def mark_seen(int64_t[::1] last_seen, int64_t[::1] freq, const int64_t[::1] pos, int64_t clock):
+def mark_seen(int64_t[::1] last_seen, int64_t[::1] freq, const int64_t[::1] pos, int64_t clock,
+              bint ages=True, bint counts=True):
     """A training lookup's bookkeeping: each row ``pos[i] >= 0`` (unique) was seen at
-    ``clock``, once more."""
+    ``clock`` (``ages``: into ``last_seen``), once more (``counts``: into ``freq``). A table
+    whose eviction reads only one of them keeps only that one (one cache miss per row less)."""
     cdef Py_ssize_t i, r, n = pos.shape[0], limit = min(last_seen.shape[0], freq.shape[0])
     cdef bint bad = False
     with nogil:
@@ -231,8 +233,10 @@ def mark_seen(int64_t[::1] last_seen, int64_t[::1] freq, const int64_t[::1] pos,
             if r >= limit:
                 bad = True
                 break
-            last_seen[r] = clock
-            freq[r] += 1
+            if ages:
+                last_seen[r] = clock
+            if counts:
+                freq[r] += 1
     if bad:
         raise IndexError("mark_seen: a row past the table's end")
 

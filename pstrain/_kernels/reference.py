@@ -147,10 +147,13 @@ def put_rows(out: np.ndarray, rows: np.ndarray, values: np.ndarray, add: bool = 
         out[rows[keep]] = values[keep]
 
 
-def mark_seen(last_seen: np.ndarray, freq: np.ndarray, pos: np.ndarray, clock: int) -> None:
+def mark_seen(last_seen: np.ndarray, freq: np.ndarray, pos: np.ndarray, clock: int,
+              ages: bool = True, counts: bool = True) -> None:
     hit = pos[_checked("mark_seen", last_seen[:freq.size], pos, "table")]
-    last_seen[hit] = clock
-    freq[hit] += 1
+    if ages:
+        last_seen[hit] = clock
+    if counts:
+        freq[hit] += 1
 
 
 def rows_distinct(pos: np.ndarray, mark: np.ndarray) -> bool:

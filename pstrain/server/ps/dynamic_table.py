@@ -89,6 +89,11 @@ class DynamicTable(SlicedRows, Admission):
         self.free = np.empty(0, np.int64)  # rows given up by eviction, reused first (a stack)
         self.nfree = self.used = 0  # free rows; rows ever handed out (the high-water mark)
         self.lookups = 0  # training lookups served (the LRU clock)
+        # What eviction reads, so what a training lookup keeps: each row's last lookup (LRU,
+        # max_age), its count of lookups (LFU). A table without either keeps neither.
+        evicts = config.capacity is not None
+        self._ages = config.max_age is not None or (evicts and config.evict == "lru")
+        self._counts = evicts and config.evict == "lfu"
         # Sightings of ids not admitted yet: an index id -> slot of ``_cand_counts``; slots
         # are handed out in order, so the oldest are the lowest (forgotten first).
         self._cand = IdIndex(kernels=self.kernels)
@@ -274,7 +279,9 @@ class DynamicTable(SlicedRows, Admission):
                     new = new[:max(0, cap - len(self.index))]  # never past the capacity
                 if new.size:
                     pos[new] = self._create(ids[new])
-            self.kernels.mark_seen(self.last_seen, self.freq, pos, self.lookups)
+            if self._ages or self._counts:
+                self.kernels.mark_seen(self.last_seen, self.freq, pos, self.lookups, self._ages,
+                                       self._counts)
         out = np.empty((ids.size, self.config.dim), self.dtype)
         self.kernels.gather_rows(self.rows, pos, out, self.config.default_value)
         return out

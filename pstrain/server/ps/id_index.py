@@ -5,8 +5,9 @@ Open addressing with linear probing over a power-of-two array of slots, each an
 empty slot, -2 a tombstone (a deleted id; probes go past it). Every operation takes
 a whole batch of ids; the probing runs in :mod:`pstrain._kernels` (compiled, or the
 numpy reference with ``PSTRAIN_KERNELS=numpy``). Ids cover the whole 64-bit space
-(a slot's state is in its row, so no id value is reserved); rows are at least 0. The table is rebuilt when ids and tombstones fill half its slots,
-to a size that ids fill at most a quarter of.
+(a slot's state is in its row, so no id value is reserved); rows are at least 0. The
+table is rebuilt when ids and tombstones fill half its slots, to a size that ids fill
+at most a quarter of.
 
 >>> index = IdIndex()
 >>> index.insert(np.array([5, -1, 2**62]), np.array([0, 1, 2]))
