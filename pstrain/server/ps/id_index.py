@@ -46,8 +46,8 @@ class IdIndex:
 
     def _alloc(self, size: int) -> None:
         self.mask = size - 1
-        self.slots = np.zeros((size, 2), np.int64)  # (id, row) per slot
-        self.slots[:, 1] = _EMPTY
+        self.slots = np.full((size, 2), _EMPTY, np.int64)  # (id, row) per slot; an id is
+        # only read in a slot whose row says it holds one
 
     def __len__(self) -> int:
         return self.count
