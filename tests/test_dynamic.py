@@ -467,3 +467,49 @@ async def test_string_ids_are_refused_with_how_to_hash_them(cluster):
     hint = str(info.value).split("e.g. ", 1)[1]
     ids = np.array([eval(hint, {"hashlib": hashlib, "key": k}) for k in ("apple", "pear")])
     assert (await table.lookup(ids)).shape == (2, 2)
+
+
+def test_an_update_takes_the_rows_its_lookup_found_only_while_they_are_still_its_ids():
+    """The ps's update of ids it just looked up reuses that lookup's rows (no second
+    probe). Twin tables get the same calls; one updates through that reuse, the other
+    probes afresh: after evictions that hand a looked-up id's row to another id, and
+    admissions of ids that had no row at the lookup, both hold the same rows."""
+    from pstrain._formats.optimizer_rules import RULES
+    from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
+
+    config = TableConfig(dim=4, capacity=40, admit_after=2)
+    reused, fresh = DynamicTable("t", config), DynamicTable("t", config)
+    slots = {"accumulator": ("opt/accumulator", 0.1)}
+    rng = np.random.default_rng(7)
+    step = 0
+
+    def both(ids, other=None):
+        nonlocal step
+        step += 1
+        grad = rng.standard_normal((ids.size, 4)).astype(np.float32)
+        for table in (reused, fresh):
+            table.lookup(ids, train=True)
+            if other is not None:  # another worker's lookup between this lookup and its update
+                table.lookup(other, train=True)
+        pos = reused.locate_update(ids)
+        assert pos is not None
+        reused.apply(RULES["adagrad"], ids, grad, slots, {"learning_rate": 0.1}, step, pos)
+        fresh.apply(RULES["adagrad"], ids, grad, slots, {"learning_rate": 0.1}, step)
+        a, b = reused.export(), fresh.export()
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+    ids = np.arange(1, 31, dtype=np.int64) * 7
+    both(ids)  # first sightings: nothing admitted, every row -1
+    both(ids)  # admitted now
+    late = np.arange(2000, 2006, dtype=np.int64)
+    both(late, other=late)  # no rows at the lookup; admitted by the next: looked for again
+    both(ids[::-1].copy())  # another order: not the lookup's ids, probed afresh
+    both(ids[:10], other=ids[10:20])  # ids came in between: nothing left
+    newcomers = np.arange(1000, 1040, dtype=np.int64)
+    both(ids[:10], other=newcomers)  # sighted once: no row yet, nothing evicted
+    assert reused.evicted == 0
+    both(ids[:10], other=newcomers)  # admitted past the capacity: rows evicted and reused
+    assert reused.evicted > 0 and reused.evicted == fresh.evicted
+    both(np.concatenate([ids[:5], newcomers[:5]]), other=ids[20:30])

@@ -31,6 +31,7 @@ past that). No I/O and no awaits here: each call is atomic on the serving loop.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -54,6 +55,8 @@ BLOCK_ROWS = 1 << 14  # rows are allocated this many at a time (then doubling, u
 FIRST_BLOCK_BYTES = 4 << 20  # ... but the first block is at most this large: wide rows start small
 #: A full table evicts at least 1/EVICT_BATCH of its capacity at once.
 EVICT_BATCH = 16
+#: Training lookups whose rows an update of the same ids can take (one per worker in flight).
+RECENT = 8
 
 
 class DynamicTable(SlicedRows, Admission):
@@ -107,6 +110,9 @@ class DynamicTable(SlicedRows, Admission):
         self.clock = clock or ChangeClock()
         self.epochs = np.empty(0, np.uint32)
         self.marks = np.empty(0, np.uint8)  # all 0: a batch's rows, marked while checked distinct
+        # The last training lookups' ids and rows, with the index's counts then: the update
+        # that follows a lookup of the same ids takes its rows from here, not another probe.
+        self._looked_up: deque[tuple[np.ndarray, np.ndarray, int, int]] = deque(maxlen=RECENT)
         self.removed = RemovedLog(self.clock, config.capacity)
 
     def __len__(self) -> int:
@@ -134,6 +140,21 @@ class DynamicTable(SlicedRows, Admission):
         if missing.size > 1 and distinct(missing)[0].size != missing.size:
             return None
         return pos
+
+    def locate_update(self, ids: np.ndarray) -> np.ndarray | None:
+        """:meth:`locate` for an update: the rows a recent training lookup of the same ids
+        (in the same order, so distinct) found, while no id has left the index since (its
+        row could be another id's now); ids without a row then are looked for again if ids
+        came in since."""
+        index = self.index
+        for i, (seen, pos, inserted, removed) in enumerate(self._looked_up):
+            if seen.size == ids.size and removed == index.removed and np.array_equal(seen, ids):
+                del self._looked_up[i]
+                if inserted != index.inserted:
+                    absent = np.flatnonzero(pos < 0)
+                    pos[absent] = index.get(ids[absent])
+                return pos
+        return self.locate(ids)
 
     def _grow(self, need: int) -> None:
         if need <= self.alloc:
@@ -282,6 +303,7 @@ class DynamicTable(SlicedRows, Admission):
             if self._ages or self._counts:
                 self.kernels.mark_seen(self.last_seen, self.freq, pos, self.lookups, self._ages,
                                        self._counts)
+            self._looked_up.append((ids.copy(), pos, self.index.inserted, self.index.removed))
         out = np.empty((ids.size, self.config.dim), self.dtype)
         self.kernels.gather_rows(self.rows, pos, out, self.config.default_value)
         return out

@@ -43,6 +43,9 @@ class IdIndex:
         self._alloc(size)
         self.count = 0
         self.tombs = 0
+        #: Ids ever inserted and removed: a row found earlier is still the id's while
+        #: ``removed`` has not moved (and an id without one may have one once ``inserted`` has).
+        self.inserted = self.removed = 0
 
     def _alloc(self, size: int) -> None:
         self.mask = size - 1
@@ -77,6 +80,7 @@ class IdIndex:
             self._rebuild(self.count + ids.size)
         self.tombs -= self.kernels.index_insert(self.slots, self.mask, ids, rows)
         self.count += ids.size
+        self.inserted += ids.size
 
     def delete(self, ids: np.ndarray) -> np.ndarray:
         """Remove ``ids`` (unique; those present); returns the rows they had (-1 for absent ids)."""
@@ -85,11 +89,13 @@ class IdIndex:
         removed = self.kernels.index_delete(self.slots, self.mask, ids, out)
         self.count -= removed
         self.tombs += removed
+        self.removed += removed
         return out
 
     def clear(self) -> None:
         """Remove every id, keeping the slots' memory."""
         self.slots[:, 1] = _EMPTY
+        self.removed += self.count
         self.count = 0
         self.tombs = 0
 

@@ -79,7 +79,7 @@ class TableHandlers:
             table = self.table(name)
             ids = _table_ids(ids, f"sparse gradient of table {name!r}")
             self.guards.check(name, ids)
-            pos = table.locate(ids)
+            pos = table.locate_update(ids)
             if pos is None:
                 raise InvalidArgumentError(f"opt/apply: the ids of table {name!r} must be distinct "
                                            "(merge the rows of a repeated id first)")
