@@ -61,6 +61,11 @@ cdef inline Py_ssize_t _slot(const int64_t* slots, uint64_t mask, int64_t key) n
         q = (q + 1) & mask
 
 
+cdef inline void _check_slots(Py_ssize_t rows, Py_ssize_t width, uint64_t mask) except *:
+    if width != 2 or <uint64_t>rows != mask + 1:
+        raise ValueError(f"an id index's slots are (mask + 1, 2) = ({mask + 1}, 2), got ({rows}, {width})")
+
+
 cdef inline void _prefetch_slot(const int64_t* slots, uint64_t mask, int64_t key) noexcept nogil:
     """Ask for the memory of ``key``'s first slot ahead of the probe."""
     __builtin_prefetch(slots + 2 * (_mix64(<uint64_t>key) & mask))
@@ -70,6 +75,7 @@ def index_get(const int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids
     """``out[i]``: the value of ``ids[i]``, -1 where the index has none."""
     cdef Py_ssize_t i, q, n = ids.shape[0]
     cdef const int64_t* s = &slots[0, 0]
+    _check_slots(slots.shape[0], slots.shape[1], mask)
     with nogil:
         for i in range(n):
             if i + PROBE_AHEAD < n:
@@ -85,6 +91,7 @@ def index_insert(int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids,
     cdef Py_ssize_t i, n = ids.shape[0], reused = 0
     cdef uint64_t q
     cdef int64_t* s = &slots[0, 0]
+    _check_slots(slots.shape[0], slots.shape[1], mask)
     with nogil:
         for i in range(n):
             if i + PROBE_AHEAD < n:
@@ -104,6 +111,7 @@ def index_delete(int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids, i
     Returns how many were removed."""
     cdef Py_ssize_t i, q, n = ids.shape[0], removed = 0
     cdef int64_t* s = &slots[0, 0]
+    _check_slots(slots.shape[0], slots.shape[1], mask)
     with nogil:
         for i in range(n):
             if i + PROBE_AHEAD < n:
