@@ -131,8 +131,8 @@ class DynamicTable(SlicedRows, Admission):
 
     def locate(self, ids: np.ndarray) -> np.ndarray | None:
         """:meth:`positions` of ``ids``, or None if an id occurs twice among them: the ids
-        found are distinct if their rows are (one pass over a byte per row), the others are
-        checked by the hash kernel (a batch's new ids: none, mostly)."""
+        found are distinct if their rows are (one pass over a byte per row); the ids without
+        a row yet are checked by the hash kernel."""
         pos = self.index.get(ids)
         if not self.kernels.rows_distinct(pos, self.marks):
             return None
