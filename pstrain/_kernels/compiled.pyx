@@ -18,6 +18,8 @@ cdef extern from *:
 DEF AHEAD = 8
 #: Ids ahead whose index slot a probe loop asks for (a slot is one cache line: more fit).
 DEF PROBE_AHEAD = 16
+#: Buckets of the key histograms that narrow down an eviction's victims.
+DEF BUCKETS = 65536
 
 ctypedef fused real:
     float
@@ -273,6 +275,93 @@ def rows_distinct(const int64_t[::1] pos, uint8_t[::1] mark):
     if bad:
         raise IndexError("rows_distinct: a row past the table's end")
     return not repeated
+
+
+def pick_victims(const int64_t[::1] key, const uint8_t[::1] live, const int64_t[::1] protect,
+                 uint8_t[::1] mark, Py_ssize_t used, Py_ssize_t n):
+    """The rows an eviction of ``n`` takes: of the rows below ``used`` that are ``live`` and
+    not in ``protect``, the ``n`` of smallest ``key`` (the last lookup for LRU, the count for
+    LFU), ties at the boundary going to the lowest rows; ascending. ``mark`` is the table's
+    byte per row, all 0 (and again after). Histograms of the keys narrow down the n-th
+    smallest (a few passes over the rows, no sort)."""
+    cdef Py_ssize_t r, i, count = 0, limit = min(used, min(key.shape[0], min(live.shape[0], mark.shape[0])))
+    cdef int64_t lo = 0, hi = 0, k, threshold
+    cdef Py_ssize_t need, ties, b, nb
+    cdef uint64_t span, shift
+    cdef bint bad = False
+    hist_arr = np.zeros(BUCKETS, np.int64)
+    cdef int64_t[::1] hist = hist_arr
+    with nogil:
+        for i in range(protect.shape[0]):
+            r = protect[i]
+            if r < 0 or r >= limit:
+                bad = True
+                break
+        if not bad:
+            for i in range(protect.shape[0]):
+                mark[protect[i]] = 1
+            for r in range(limit):
+                if live[r] and not mark[r]:
+                    k = key[r]
+                    if count == 0 or k < lo:
+                        lo = k
+                    if count == 0 or k > hi:
+                        hi = k
+                    count += 1
+    if bad:
+        raise IndexError("pick_victims: a protected row past the table's end")
+    n = max(0, min(n, count))
+    out = np.empty(n, np.int64)
+    cdef int64_t[::1] o = out
+    with nogil:
+        need = n
+        if 0 < n < count:
+            # Narrow [lo, hi] to the bucket holding the n-th smallest key, until a bucket is
+            # one key wide; ``need`` is then how many rows of that key are taken.
+            while True:
+                span = <uint64_t>hi - <uint64_t>lo
+                shift = 0
+                while (span >> shift) >= BUCKETS:
+                    shift += 1
+                nb = <Py_ssize_t>(span >> shift) + 1
+                for b in range(nb):
+                    hist[b] = 0
+                for r in range(limit):
+                    if live[r] and not mark[r]:
+                        k = key[r]
+                        if lo <= k <= hi:
+                            hist[(<uint64_t>k - <uint64_t>lo) >> shift] += 1
+                for b in range(nb):
+                    if hist[b] >= need:
+                        break
+                    need -= hist[b]
+                lo = <int64_t>(<uint64_t>lo + (<uint64_t>b << shift))
+                if shift == 0:
+                    break
+                if <uint64_t>hi - <uint64_t>lo > ((<uint64_t>1 << shift) - 1):
+                    hi = <int64_t>(<uint64_t>lo + ((<uint64_t>1 << shift) - 1))
+            threshold = lo  # the n-th smallest key; ``need`` rows of it are taken, lowest first
+            i = 0
+            ties = need
+            for r in range(limit):
+                if live[r] and not mark[r]:
+                    k = key[r]
+                    if k < threshold:
+                        o[i] = r
+                        i += 1
+                    elif k == threshold and ties > 0:
+                        o[i] = r
+                        i += 1
+                        ties -= 1
+        elif n == count:
+            i = 0
+            for r in range(limit):
+                if live[r] and not mark[r]:
+                    o[i] = r
+                    i += 1
+        for i in range(protect.shape[0]):
+            mark[protect[i]] = 0
+    return out
 
 
 def unique_first(const int64_t[::1] ids):

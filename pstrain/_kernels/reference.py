@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["adagrad_rows", "gather_rows", "index_delete", "index_get", "index_insert", "mark_seen",
-           "initial_rows", "mix64", "rows_distinct", "sgd_rows", "shard_ids", "unique_first"]
+           "initial_rows", "mix64", "pick_victims", "rows_distinct", "sgd_rows", "shard_ids", "unique_first"]
 
 _EMPTY, _TOMB = -1, -2  # an index slot's value when it holds no id
 _SCALAR = 48  # ids left probing below which a Python loop beats another numpy pass
@@ -159,6 +159,26 @@ def mark_seen(last_seen: np.ndarray, freq: np.ndarray, pos: np.ndarray, clock: i
 def rows_distinct(pos: np.ndarray, mark: np.ndarray) -> bool:
     found = pos[_checked("rows_distinct", mark, pos, "table")]
     return bool(np.unique(found).size == found.size)
+
+
+def pick_victims(key: np.ndarray, live: np.ndarray, protect: np.ndarray, mark: np.ndarray,
+                 used: int, n: int) -> np.ndarray:
+    limit = min(used, key.size, live.size, mark.size)
+    if protect.size and (protect.min() < 0 or protect.max() >= limit):
+        raise IndexError("pick_victims: a protected row past the table's end")
+    eligible = live[:limit].astype(bool)
+    eligible[protect] = False
+    rows = np.flatnonzero(eligible)
+    n = max(0, min(n, rows.size))
+    if n == rows.size:
+        return rows
+    k = key[rows]
+    if n == 0:
+        return rows[:0]
+    threshold = np.partition(k, n - 1)[n - 1]
+    take = k < threshold
+    take[np.flatnonzero(k == threshold)[:n - int(np.count_nonzero(take))]] = True
+    return rows[take]
 
 
 def unique_first(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

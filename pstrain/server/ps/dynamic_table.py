@@ -267,17 +267,12 @@ class DynamicTable(SlicedRows, Admission):
         return gone
 
     def _evict_for(self, n: int, protect: np.ndarray) -> None:
-        """Make room for ``n`` rows by evicting rows not in ``protect``."""
-        live = np.flatnonzero(self.live[:self.used])
-        if protect.size:
-            keep = np.zeros(self.used, bool)
-            keep[protect] = True
-            live = live[~keep[live]]
-        n = min(n, live.size)
-        if n <= 0:
-            return
-        key = (self.last_seen if self.config.evict == "lru" else self.freq)[live]
-        victims = live[np.argpartition(key, n - 1)[:n]] if n < live.size else live
+        """Make room for ``n`` rows by evicting rows not in ``protect``: the least recently
+        (LRU) or least often (LFU) looked up, ties to the lowest rows (one compiled pass per
+        key histogram, no sort)."""
+        key = self.last_seen if self.config.evict == "lru" else self.freq
+        victims = self.kernels.pick_victims(key, self.live.view(np.uint8), protect, self.marks,
+                                            self.used, n)
         self._evict_rows(victims)
 
     # -- what the ps serves ----------------------------------------------------------------------
