@@ -27,9 +27,8 @@ ctypedef fused real:
     double
 
 # An id index's slot is (id, value), side by side, one probe one cache line: a value of
-# EMPTY or TOMB (a deleted id, probes go past it) marks a slot without an id.
+# EMPTY marks a slot without an id (a deletion leaves no tombstone).
 DEF EMPTY = -1
-DEF TOMB = -2
 
 
 cdef inline void _prefetch(const char* row, Py_ssize_t nbytes) noexcept nogil:
@@ -52,14 +51,14 @@ cdef inline uint64_t _mix64(uint64_t x) noexcept nogil:
 
 cdef inline Py_ssize_t _slot(const int64_t* slots, uint64_t mask, int64_t key) noexcept nogil:
     """The slot holding ``key``, -1 where none does: linear probing from its hash, past other
-    ids and tombstones, to an empty slot."""
+    ids, to an empty slot."""
     cdef uint64_t q = _mix64(<uint64_t>key) & mask
     cdef int64_t v
     while True:
         v = slots[2 * q + 1]
         if v == EMPTY:
             return -1
-        if v >= 0 and slots[2 * q] == key:
+        if slots[2 * q] == key:
             return <Py_ssize_t>q
         q = (q + 1) & mask
 
@@ -90,8 +89,8 @@ def index_get(const int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids
 def index_insert(int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids,
                  const int64_t[::1] rows):
     """Insert ``ids`` (unique, absent; the caller keeps the table at most half full) with
-    ``rows`` (each at least 0); returns how many tombstones they took the place of."""
-    cdef Py_ssize_t i, n = ids.shape[0], reused = 0
+    ``rows`` (each at least 0), each in the first empty slot of its probe."""
+    cdef Py_ssize_t i, n = ids.shape[0]
     cdef uint64_t q
     cdef int64_t* s = &slots[0, 0]
     _check_slots(slots.shape[0], slots.shape[1], mask)
@@ -102,17 +101,17 @@ def index_insert(int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids,
             q = _mix64(<uint64_t>ids[i]) & mask
             while s[2 * q + 1] >= 0:
                 q = (q + 1) & mask
-            if s[2 * q + 1] == TOMB:
-                reused += 1
             s[2 * q] = ids[i]
             s[2 * q + 1] = rows[i]
-    return reused
 
 
 def index_delete(int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids, int64_t[::1] out):
     """Remove ``ids`` (unique); ``out[i]`` is the value ``ids[i]`` had, -1 where none.
-    Returns how many were removed."""
-    cdef Py_ssize_t i, q, n = ids.shape[0], removed = 0
+    Returns how many were removed. No tombstone is left: the ids after a removed one in its
+    probe run move back into the hole where their own probe would pass it (so a table that
+    evicts as much as it admits never fills up with tombstones, nor needs rebuilding)."""
+    cdef Py_ssize_t i, n = ids.shape[0], removed = 0
+    cdef Py_ssize_t q, j
     cdef int64_t* s = &slots[0, 0]
     _check_slots(slots.shape[0], slots.shape[1], mask)
     with nogil:
@@ -124,8 +123,19 @@ def index_delete(int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids, i
                 out[i] = -1
                 continue
             out[i] = s[2 * q + 1]
-            s[2 * q + 1] = TOMB
             removed += 1
+            j = q
+            while True:
+                j = <Py_ssize_t>((<uint64_t>j + 1) & mask)
+                if s[2 * j + 1] == EMPTY:
+                    break
+                # the id at j may fill the hole at q unless its home lies in (q, j]
+                if ((<uint64_t>j - (_mix64(<uint64_t>s[2 * j]) & mask)) & mask) >= \
+                        ((<uint64_t>j - <uint64_t>q) & mask):
+                    s[2 * q] = s[2 * j]
+                    s[2 * q + 1] = s[2 * j + 1]
+                    q = j
+            s[2 * q + 1] = EMPTY
     return removed
 
 

@@ -16,7 +16,8 @@ import numpy as np
 __all__ = ["adagrad_rows", "gather_rows", "index_delete", "index_get", "index_insert", "mark_seen",
            "initial_rows", "mix64", "pick_victims", "rows_distinct", "sgd_rows", "shard_ids", "unique_first"]
 
-_EMPTY, _TOMB = -1, -2  # an index slot's value when it holds no id
+_EMPTY = -1  # an index slot's value when it holds no id
+_M64 = (1 << 64) - 1
 _SCALAR = 48  # ids left probing below which a Python loop beats another numpy pass
 
 
@@ -42,22 +43,33 @@ def _find(slots: np.ndarray, mask: int, ids: np.ndarray) -> np.ndarray:
     while todo.size > _SCALAR:
         p = pos[todo]
         v = vals[p]
-        hit = (v >= 0) & (keys[p] == ids[todo])
+        hit = (v != _EMPTY) & (keys[p] == ids[todo])
         found[todo[hit]] = p[hit]
-        going = ~hit & (v != _EMPTY)  # past other ids and tombstones
+        going = ~hit & (v != _EMPTY)  # past other ids
         todo = todo[going]
         pos[todo] = (p[going] + np.uint64(1)) & umask
     for i in todo.tolist():  # the long probes' tail: a few ids, cheaper one at a time
         key, q = int(ids[i]), int(pos[i])
         while True:
             v_q = vals[q]
-            if v_q >= 0 and keys[q] == key:
-                found[i] = q
-                break
             if v_q == _EMPTY:
+                break
+            if keys[q] == key:
+                found[i] = q
                 break
             q = (q + 1) & mask
     return found
+
+
+def _home(key: int, mask: int) -> int:
+    """``mix64(key) & mask`` of one id (Python integers)."""
+    x = key & _M64
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & _M64
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & _M64
+    x ^= x >> 31
+    return x & mask
 
 
 def index_get(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray) -> None:
@@ -67,15 +79,14 @@ def index_get(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray) ->
     out[hit] = slots[found[hit], 1]
 
 
-def index_insert(slots: np.ndarray, mask: int, ids: np.ndarray, rows: np.ndarray) -> int:
+def index_insert(slots: np.ndarray, mask: int, ids: np.ndarray, rows: np.ndarray) -> None:
     keys, vals = slots[:, 0], slots[:, 1]
     umask = np.uint64(mask)
     pos = mix64(ids.view(np.uint64)) & umask
     todo = np.arange(ids.size)
-    reused = 0
     while todo.size > _SCALAR:
         p = pos[todo]
-        cand = np.flatnonzero(vals[p] < 0)
+        cand = np.flatnonzero(vals[p] == _EMPTY)
         # Of the ids that reach the same free slot now, one takes it: each writes its
         # position into the free slot's (unused) key, and the one that reads it back won.
         pc = p[cand]
@@ -83,28 +94,41 @@ def index_insert(slots: np.ndarray, mask: int, ids: np.ndarray, rows: np.ndarray
         won = np.zeros(todo.size, bool)
         won[cand[keys[pc] == cand]] = True
         w = p[won]
-        reused += int(np.count_nonzero(vals[w] == _TOMB))
         keys[w] = ids[todo[won]]
         vals[w] = rows[todo[won]]
         todo = todo[~won]
         pos[todo] = (p[~won] + np.uint64(1)) & umask
     for i in todo.tolist():  # the long probes' tail, one at a time
         q = int(pos[i])
-        while vals[q] >= 0:
+        while vals[q] != _EMPTY:
             q = (q + 1) & mask
-        if vals[q] == _TOMB:
-            reused += 1
         keys[q], vals[q] = ids[i], rows[i]
-    return reused
 
 
 def index_delete(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray) -> int:
-    found = _find(slots, mask, ids)
-    s = found[found >= 0]
-    out[:] = -1
-    out[found >= 0] = slots[s, 1]
-    slots[s, 1] = _TOMB
-    return int(s.size)
+    """One id at a time (a removal moves the ids after it back: the next id's slot may
+    have moved), leaving no tombstone."""
+    keys, vals = slots[:, 0], slots[:, 1]
+    removed = 0
+    for i, key in enumerate(ids.tolist()):
+        q = _home(key, mask)
+        while vals[q] != _EMPTY and keys[q] != key:
+            q = (q + 1) & mask
+        if vals[q] == _EMPTY:
+            out[i] = -1
+            continue
+        out[i] = vals[q]
+        removed += 1
+        j = q
+        while True:
+            j = (j + 1) & mask
+            if vals[j] == _EMPTY:
+                break
+            if (j - _home(int(keys[j]), mask)) & mask >= (j - q) & mask:
+                keys[q], vals[q] = keys[j], vals[j]
+                q = j
+        vals[q] = _EMPTY
+    return removed
 
 
 def _checked(name: str, var: np.ndarray, rows: np.ndarray, what: str = "variable") -> np.ndarray:

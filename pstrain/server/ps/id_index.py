@@ -2,12 +2,14 @@
 
 Open addressing with linear probing over a power-of-two array of slots, each an
 (id, row) pair side by side, so a probe reads one cache line: a row of -1 marks an
-empty slot, -2 a tombstone (a deleted id; probes go past it). Every operation takes
-a whole batch of ids; the probing runs in :mod:`pstrain._kernels` (compiled, or the
+empty slot. A deletion leaves no tombstone: the ids after it in its probe run move
+back where their own probe passes the hole, so a table that evicts as much as it
+admits keeps its probes short and is never rebuilt for it. Every operation takes a
+whole batch of ids; the probing runs in :mod:`pstrain._kernels` (compiled, or the
 numpy reference with ``PSTRAIN_KERNELS=numpy``). Ids cover the whole 64-bit space
 (a slot's state is in its row, so no id value is reserved); rows are at least 0. The
-table is rebuilt when ids and tombstones fill half its slots, to a size that ids fill
-at most a quarter of.
+table grows when ids fill half its slots, to a size that they fill at most a quarter
+of.
 
 >>> index = IdIndex()
 >>> index.insert(np.array([5, -1, 2**62]), np.array([0, 1, 2]))
@@ -30,7 +32,7 @@ from ..._kernels import KERNELS
 __all__ = ["IdIndex"]
 
 _EMPTY = -1
-_LOAD = 2  # slots per id at least: at most half full, tombstones counted
+_LOAD = 2  # slots per id at least: at most half full
 
 
 class IdIndex:
@@ -42,7 +44,6 @@ class IdIndex:
         size = 1 << max(4, int(capacity * _LOAD - 1).bit_length())
         self._alloc(size)
         self.count = 0
-        self.tombs = 0
         #: Ids ever inserted and removed: a row found earlier is still the id's while
         #: ``removed`` has not moved (and an id without one may have one once ``inserted`` has).
         self.inserted = self.removed = 0
@@ -76,9 +77,9 @@ class IdIndex:
             raise ValueError(f"IdIndex.insert: {ids.size} ids but {rows.size} rows")
         if rows.min() < 0:
             raise ValueError(f"IdIndex.insert: row {int(rows.min())}: rows are at least 0")
-        if (self.count + self.tombs + ids.size) * _LOAD > self.slots.shape[0]:
+        if (self.count + ids.size) * _LOAD > self.slots.shape[0]:
             self._rebuild(self.count + ids.size)
-        self.tombs -= self.kernels.index_insert(self.slots, self.mask, ids, rows)
+        self.kernels.index_insert(self.slots, self.mask, ids, rows)
         self.count += ids.size
         self.inserted += ids.size
 
@@ -88,7 +89,6 @@ class IdIndex:
         out = np.empty(ids.size, np.int64)
         removed = self.kernels.index_delete(self.slots, self.mask, ids, out)
         self.count -= removed
-        self.tombs += removed
         self.removed += removed
         return out
 
@@ -97,18 +97,15 @@ class IdIndex:
         self.slots[:, 1] = _EMPTY
         self.removed += self.count
         self.count = 0
-        self.tombs = 0
 
     def _rebuild(self, need: int) -> None:
+        """Grow to a size ``need`` ids fill at most a quarter of, and put the ids back."""
         keys, vals = self.items()
         size = self.slots.shape[0]
-        # Room for as many inserts again before the next rebuild: a full table that evicts
-        # (a tombstone per evicted id) would otherwise rebuild at every eviction batch.
         while need * _LOAD * 2 > size:
             size *= 2
         self._alloc(size)
         self.count = 0
-        self.tombs = 0
         self.insert(keys, vals)
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
