@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .._kernels import KERNELS
+from .._kernels import FLOAT_DTYPES, KERNELS
 from .._kernels.reference import mix64
 
 __all__ = ["Shard", "in_slices", "initial_rows", "mix64", "shard_of", "unit_uniform"]
@@ -30,7 +30,6 @@ Shard = int | Sequence[int]
 
 _GOLDEN = 0x9E3779B97F4A7C15  # an id's multiplier in its initial row's hash
 _SALT = 0x2545F4914F6CDD1D  # mixed into an id's shard, and into each column of its initial row
-_FILLED = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _as_u64(ids: np.ndarray) -> np.ndarray:
@@ -71,6 +70,6 @@ def initial_rows(ids: np.ndarray, dim: int, dtype: np.dtype, seed: int, low: flo
     dtype = np.dtype(dtype)
     wide = np.ascontiguousarray(ids, np.int64).reshape(-1)
     # float rows are filled in C; others get the float64 values cast (the same formula)
-    out = np.empty((wide.size, dim), dtype if dtype in _FILLED else np.float64)
+    out = np.empty((wide.size, dim), dtype if dtype in FLOAT_DTYPES else np.float64)
     KERNELS.initial_rows(wide, seed & 0xFFFFFFFFFFFFFFFF, _GOLDEN, _SALT, float(low), float(high), out)
     return out if out.dtype == dtype else out.astype(dtype)

@@ -14,9 +14,11 @@ from __future__ import annotations
 import os
 from types import ModuleType
 
+import numpy as np
+
 from . import reference
 
-__all__ = ["KERNELS", "kernels", "reference"]
+__all__ = ["FLOAT_DTYPES", "KERNELS", "kernels", "reference"]
 
 
 def kernels(name: str | None = None) -> ModuleType:
@@ -39,3 +41,5 @@ def kernels(name: str | None = None) -> ModuleType:
 
 #: The kernels this process uses.
 KERNELS = kernels()
+#: The element types the float kernels (gathers, optimizer steps, sums, initial rows) take.
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))

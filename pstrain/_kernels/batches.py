@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import KERNELS, reference
+from . import FLOAT_DTYPES, KERNELS, reference
 
 __all__ = ["distinct", "merge_duplicates", "sum_into", "take_rows"]
-
-_COMPILED = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def distinct(ids: np.ndarray, *, sorted: bool = False) -> tuple[np.ndarray, np.ndarray]:  # noqa: A002
@@ -49,7 +47,7 @@ def sum_into(out: np.ndarray, segments: np.ndarray, values: np.ndarray) -> None:
     """``out[segments[i]] += values[i]`` in order, skipping negative segments (rows of any
     shape; C loops for float32 and float64, numpy's ``np.add.at`` otherwise)."""
     width = int(np.prod(out.shape[1:], dtype=np.int64))
-    kernels = KERNELS if out.dtype in _COMPILED else reference
+    kernels = KERNELS if out.dtype in FLOAT_DTYPES else reference
     kernels.put_rows(out.reshape(out.shape[0], width), np.ascontiguousarray(segments, np.int64),
                      np.ascontiguousarray(values, out.dtype).reshape(segments.size, width), True)
 
@@ -77,7 +75,7 @@ def take_rows(array: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None
     other dtypes by ``np.take``."""
     if out is None:
         out = np.empty((*np.shape(rows), *array.shape[1:]), array.dtype)
-    if array.dtype in _COMPILED and array.ndim >= 1 and array.flags.c_contiguous:
+    if array.dtype in FLOAT_DTYPES and array.ndim >= 1 and array.flags.c_contiguous:
         width = int(np.prod(array.shape[1:], dtype=np.int64))
         flat = np.ascontiguousarray(rows, np.int64).reshape(-1)
         KERNELS.gather_rows(array.reshape(array.shape[0], width), flat,

@@ -17,7 +17,6 @@ __all__ = ["adagrad_rows", "gather_rows", "index_delete", "index_get", "index_in
            "initial_rows", "mix64", "pick_victims", "rows_distinct", "sgd_rows", "shard_ids", "unique_first"]
 
 _EMPTY = -1  # an index slot's value when it holds no id
-_M64 = (1 << 64) - 1
 _SCALAR = 48  # ids left probing below which a Python loop beats another numpy pass
 
 
@@ -61,17 +60,6 @@ def _find(slots: np.ndarray, mask: int, ids: np.ndarray) -> np.ndarray:
     return found
 
 
-def _home(key: int, mask: int) -> int:
-    """``mix64(key) & mask`` of one id (Python integers)."""
-    x = key & _M64
-    x ^= x >> 30
-    x = (x * 0xBF58476D1CE4E5B9) & _M64
-    x ^= x >> 27
-    x = (x * 0x94D049BB133111EB) & _M64
-    x ^= x >> 31
-    return x & mask
-
-
 def index_get(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray) -> None:
     found = _find(slots, mask, ids)
     hit = found >= 0
@@ -106,29 +94,28 @@ def index_insert(slots: np.ndarray, mask: int, ids: np.ndarray, rows: np.ndarray
 
 
 def index_delete(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray) -> int:
-    """One id at a time (a removal moves the ids after it back: the next id's slot may
-    have moved), leaving no tombstone."""
+    """No tombstone, as in C, but vectorised: the found slots are emptied, then every id
+    after a hole in its run (up to the next empty slot) is inserted again. Where ids land
+    may differ from the C loop's; what each id maps to does not."""
     keys, vals = slots[:, 0], slots[:, 1]
-    removed = 0
-    for i, key in enumerate(ids.tolist()):
-        q = _home(key, mask)
-        while vals[q] != _EMPTY and keys[q] != key:
-            q = (q + 1) & mask
-        if vals[q] == _EMPTY:
-            out[i] = -1
-            continue
-        out[i] = vals[q]
-        removed += 1
-        j = q
-        while True:
-            j = (j + 1) & mask
-            if vals[j] == _EMPTY:
-                break
-            if (j - _home(int(keys[j]), mask)) & mask >= (j - q) & mask:
-                keys[q], vals[q] = keys[j], vals[j]
-                q = j
-        vals[q] = _EMPTY
-    return removed
+    found = _find(slots, mask, ids)
+    hit = found >= 0
+    gone = found[hit]
+    out[:] = -1
+    out[hit] = vals[gone]
+    if not gone.size:
+        return 0
+    start = int(np.flatnonzero(vals == _EMPTY)[0])  # a run never wraps past an empty slot
+    vals[gone] = _EMPTY
+    order = np.roll(np.arange(vals.size), -start)
+    run = np.cumsum(vals[order] == _EMPTY)  # each empty slot starts a new run
+    behind = np.zeros(run[-1] + 1, bool)
+    behind[run[np.argsort(order)[gone]]] = True  # the runs that now start at a hole
+    moved = order[behind[run] & (vals[order] != _EMPTY)]
+    again_ids, again_rows = keys[moved].copy(), vals[moved].copy()
+    vals[moved] = _EMPTY
+    index_insert(slots, mask, again_ids, again_rows)
+    return int(gone.size)
 
 
 def _checked(name: str, var: np.ndarray, rows: np.ndarray, what: str = "variable") -> np.ndarray:
