@@ -77,6 +77,72 @@ def test_the_id_index_is_the_same_compiled_and_in_numpy(ops):
         assert dict(zip(keys.tolist(), vals.tolist())) == model
 
 
+@settings(max_examples=150, deadline=None)
+@given(present=BATCH, batch=st.lists(IDS, max_size=80), data=st.data())
+def test_a_probe_that_checks_its_ids_distinct_is_the_same_compiled_and_in_numpy(present, batch, data):
+    """Ids with rows and ids without, repeated or not: the rows found are ``get``'s, the
+    answer is whether the batch repeats an id, and the marks are all clear again after."""
+    if batch:
+        batch += data.draw(st.lists(st.sampled_from(batch), max_size=3))  # repeats, sometimes
+        batch = data.draw(st.permutations(batch))
+    arr = np.array(batch, np.int64)
+    model = {i: r for r, i in enumerate(present)}
+    for impl in (compiled, reference):
+        index = IdIndex(4, impl)
+        index.insert(np.array(present, np.int64), np.arange(len(present)))
+        marks = np.zeros(max(1, len(present)), np.uint8)
+        got = index.locate(arr, marks)
+        if len(set(batch)) != len(batch):
+            assert got is None
+        else:
+            assert got is not None and got.tolist() == [model.get(i, -1) for i in batch]
+        assert not marks.any()
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps=st.lists(st.lists(st.integers(0, 60), max_size=40).map(lambda b: list(dict.fromkeys(b))),
+                      max_size=12),
+       threshold=st.integers(1, 4), limit=st.integers(1, 30))
+def test_counting_sightings_is_the_same_compiled_and_in_numpy_and_in_python(steps, threshold, limit):
+    """One pass per batch: an id is admitted at its ``threshold``-th sighting (and forgotten
+    as a candidate); the others are counted, the new ones remembered up to ``room`` (the
+    pass stops before the id that would be one more)."""
+    indexes = [IdIndex(4, compiled), IdIndex(4, reference)]
+    arrays = [(np.zeros(64 * 13, np.int64), np.zeros(64 * 13, np.int64)) for _ in indexes]
+    model: dict[int, int] = {}
+    used = 0
+    for batch in steps:
+        ids = np.array(batch, np.int64) * 7919 - 200
+        room = max(0, limit - len(model))
+        results = []
+        for index, (counts, owners) in zip(indexes, arrays):
+            admit = np.full(ids.size, 7, np.uint8)
+            done, added = index.count_sightings(ids, counts, owners, admit, threshold, used, room)
+            results.append((done, added, admit[:done].tolist()))
+        assert results[0] == results[1]
+        done, added, admitted = results[0]
+        want, fresh = [], 0
+        for i in ids.tolist():
+            c = model.get(i, 0) + 1
+            if c < threshold and i not in model:
+                if fresh == room:
+                    break
+                fresh += 1
+            want.append(int(c >= threshold))
+            if c >= threshold:
+                model.pop(i, None)
+            else:
+                model[i] = c
+        assert (done, added, admitted) == (len(want), fresh, want)
+        for index, (counts, owners) in zip(indexes, arrays):
+            keys, slots = index.items()
+            assert {k: int(counts[s]) for k, s in zip(keys.tolist(), slots.tolist())} == model
+            assert all(owners[s] == k for k, s in zip(keys.tolist(), slots.tolist()))
+            gone = np.setdiff1d(np.arange(used + added), slots)
+            assert not counts[gone].any()  # a slot whose id left: count 0 (forgetting reads it)
+        used += added
+
+
 def _bits(a: np.ndarray) -> bytes:
     return np.ascontiguousarray(a).tobytes()
 
@@ -180,22 +246,6 @@ def test_an_evictions_victims_are_the_same_compiled_and_in_numpy(keys, data):
     eligible = [r for r in range(used) if live[r] and r not in set(protect.tolist())]
     want = sorted(sorted(eligible, key=lambda r: (key[r], r))[:max(0, n)])
     assert got[0].tolist() == want
-
-
-@settings(max_examples=200, deadline=None)
-@given(n=st.integers(1, 40), pos=st.lists(st.integers(-1, 45), max_size=60))
-def test_whether_found_rows_repeat_is_the_same_compiled_and_in_numpy(n, pos):
-    """Rows of -1 never count as repeats; the marks are all clear again after, repeat or not."""
-    rows = np.array(pos, np.int64)
-    found = rows[rows >= 0]
-    for impl in (compiled, reference):
-        mark = np.zeros(n, np.uint8)
-        if found.size and found.max() >= n:
-            with pytest.raises(IndexError, match="past the table's end"):
-                impl.rows_distinct(rows, mark)
-        else:
-            assert impl.rows_distinct(rows, mark) == (len(set(found.tolist())) == found.size)
-        assert not mark.any()
 
 
 @settings(max_examples=100, deadline=None)

@@ -86,6 +86,69 @@ def index_get(const int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids
             out[i] = s[2 * q + 1] if q >= 0 else -1
 
 
+def index_locate(const int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids,
+                 int64_t[::1] out, uint8_t[::1] mark):
+    """:func:`index_get` into ``out``, and whether ``ids`` are distinct, in the same pass:
+    the rows found must be (a byte per row in ``mark``, all 0 before and after, one pass
+    marking, one unmarking), and the ids without one (a hash set of just those)."""
+    cdef Py_ssize_t i, q, r, n = ids.shape[0], limit = mark.shape[0], missing = 0, cap = 16
+    cdef const int64_t* s = &slots[0, 0]
+    cdef bint repeated = False, bad = False
+    cdef uint64_t h, m
+    cdef int64_t k
+    _check_slots(slots.shape[0], slots.shape[1], mask)
+    if out.shape[0] < n:
+        raise ValueError(f"index_locate: out has {out.shape[0]} places for {n} ids")
+    with nogil:
+        for i in range(n):
+            if i + PROBE_AHEAD < n:
+                _prefetch_slot(s, mask, ids[i + PROBE_AHEAD])
+            q = _slot(s, mask, ids[i])
+            if q < 0:
+                out[i] = -1
+                missing += 1
+                continue
+            r = s[2 * q + 1]
+            out[i] = r
+            if r >= limit:
+                bad = True
+            elif mark[r]:
+                repeated = True
+            else:
+                mark[r] = 1
+        for i in range(n):  # every row marked above, unmarked
+            r = out[i]
+            if 0 <= r < limit:
+                mark[r] = 0
+    if bad:
+        raise IndexError("index_locate: a row past the table's end")
+    if repeated or missing < 2:
+        return not repeated
+    while cap < 2 * missing:
+        cap <<= 1
+    m = <uint64_t>(cap - 1)
+    keys = np.empty(cap, np.int64)
+    taken = np.zeros(cap, np.uint8)
+    cdef int64_t[::1] key = keys
+    cdef uint8_t[::1] full = taken
+    with nogil:
+        for i in range(n):
+            if out[i] >= 0:
+                continue
+            k = ids[i]
+            h = _mix64(<uint64_t>k) & m
+            while full[h]:
+                if key[h] == k:
+                    repeated = True
+                    break
+                h = (h + 1) & m
+            if repeated:
+                break
+            full[h] = 1
+            key[h] = k
+    return not repeated
+
+
 def index_insert(int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids,
                  const int64_t[::1] rows):
     """Insert ``ids`` (unique, absent; the caller keeps the table at most half full) with
@@ -105,13 +168,28 @@ def index_insert(int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids,
             s[2 * q + 1] = rows[i]
 
 
+cdef inline void _remove_at(int64_t* s, uint64_t mask, Py_ssize_t q) noexcept nogil:
+    """Empty slot ``q``, leaving no tombstone: the ids after it in its probe run move back
+    into the hole where their own probe would pass it."""
+    cdef Py_ssize_t j = q
+    while True:
+        j = <Py_ssize_t>((<uint64_t>j + 1) & mask)
+        if s[2 * j + 1] == EMPTY:
+            break
+        # the id at j may fill the hole at q unless its home lies in (q, j]
+        if ((<uint64_t>j - (_mix64(<uint64_t>s[2 * j]) & mask)) & mask) >= \
+                ((<uint64_t>j - <uint64_t>q) & mask):
+            s[2 * q] = s[2 * j]
+            s[2 * q + 1] = s[2 * j + 1]
+            q = j
+    s[2 * q + 1] = EMPTY
+
+
 def index_delete(int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids, int64_t[::1] out):
     """Remove ``ids`` (unique); ``out[i]`` is the value ``ids[i]`` had, -1 where none.
-    Returns how many were removed. No tombstone is left: the ids after a removed one in its
-    probe run move back into the hole where their own probe would pass it (so a table that
-    evicts as much as it admits never fills up with tombstones, nor needs rebuilding)."""
-    cdef Py_ssize_t i, n = ids.shape[0], removed = 0
-    cdef Py_ssize_t q, j
+    Returns how many were removed. No tombstone is left (:func:`_remove_at`), so a table
+    that evicts as much as it admits never fills up with tombstones, nor needs rebuilding."""
+    cdef Py_ssize_t i, q, n = ids.shape[0], removed = 0
     cdef int64_t* s = &slots[0, 0]
     _check_slots(slots.shape[0], slots.shape[1], mask)
     with nogil:
@@ -124,19 +202,63 @@ def index_delete(int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids, i
                 continue
             out[i] = s[2 * q + 1]
             removed += 1
-            j = q
-            while True:
-                j = <Py_ssize_t>((<uint64_t>j + 1) & mask)
-                if s[2 * j + 1] == EMPTY:
-                    break
-                # the id at j may fill the hole at q unless its home lies in (q, j]
-                if ((<uint64_t>j - (_mix64(<uint64_t>s[2 * j]) & mask)) & mask) >= \
-                        ((<uint64_t>j - <uint64_t>q) & mask):
-                    s[2 * q] = s[2 * j]
-                    s[2 * q + 1] = s[2 * j + 1]
-                    q = j
-            s[2 * q + 1] = EMPTY
+            _remove_at(s, mask, q)
     return removed
+
+
+def count_sightings(int64_t[:, ::1] slots, uint64_t mask, int64_t[::1] counts,
+                    int64_t[::1] owners, const int64_t[::1] ids, uint8_t[::1] admit,
+                    int64_t threshold, Py_ssize_t next_slot, Py_ssize_t room):
+    """One sighting of each of ``ids`` (unique) in a sightings index (id -> slot of
+    ``counts``, whose id ``owners`` holds), in one probe per id. An id whose count reaches
+    ``threshold`` is admitted (``admit[i] = 1``; else 0): it leaves the index and its
+    count becomes 0. Another id in the index counts one more; one not in it is remembered
+    at the next slot from ``next_slot`` with a count of 1, at most ``room`` of them: the
+    loop stops before an id that would be one more (the caller keeps the index at most
+    half full with ``room`` more, and ``counts`` and ``owners`` that long). Returns (ids
+    done, ids remembered, ids removed)."""
+    cdef Py_ssize_t i, q, n = ids.shape[0], added = 0, removed = 0, done = ids.shape[0]
+    cdef Py_ssize_t limit = counts.shape[0]
+    cdef uint64_t h
+    cdef int64_t c, key
+    cdef int64_t* s = &slots[0, 0]
+    _check_slots(slots.shape[0], slots.shape[1], mask)
+    if admit.shape[0] < n or owners.shape[0] < limit or next_slot < 0 or room < 0 \
+            or next_slot + min(room, n) > limit:
+        raise ValueError("count_sightings: admit shorter than the ids, or no room in counts "
+                         f"(next slot {next_slot} + room {room} of {limit})")
+    with nogil:
+        for i in range(n):
+            if i + PROBE_AHEAD < n:
+                _prefetch_slot(s, mask, ids[i + PROBE_AHEAD])
+            key = ids[i]
+            q = _slot(s, mask, key)
+            if q >= 0:
+                c = counts[s[2 * q + 1]] + 1
+                if c >= threshold:
+                    admit[i] = 1
+                    counts[s[2 * q + 1]] = 0
+                    _remove_at(s, mask, q)
+                    removed += 1
+                else:
+                    admit[i] = 0
+                    counts[s[2 * q + 1]] = c
+            elif threshold <= 1:
+                admit[i] = 1
+            elif added == room:
+                done = i
+                break
+            else:
+                admit[i] = 0
+                h = _mix64(<uint64_t>key) & mask
+                while s[2 * h + 1] >= 0:
+                    h = (h + 1) & mask
+                s[2 * h] = key
+                s[2 * h + 1] = next_slot + added
+                counts[next_slot + added] = 1
+                owners[next_slot + added] = key
+                added += 1
+    return done, added, removed
 
 
 def sgd_rows(real[:, ::1] var, const int64_t[::1] rows, const real[:, ::1] g, real lr):
@@ -260,32 +382,6 @@ def mark_seen(int64_t[::1] last_seen, int64_t[::1] freq, const int64_t[::1] pos,
                 freq[r] += 1
     if bad:
         raise IndexError("mark_seen: a row past the table's end")
-
-
-def rows_distinct(const int64_t[::1] pos, uint8_t[::1] mark):
-    """Whether no row ``pos[i] >= 0`` occurs twice (rows of -1 are not looked at): one pass
-    marking each row in ``mark`` (one byte per row of the table, all 0, and all 0 again
-    after), the cheap proof that a batch of ids found in a table has no id twice."""
-    cdef Py_ssize_t i, r, n = pos.shape[0], limit = mark.shape[0], done = 0
-    cdef bint repeated = False, bad = False
-    with nogil:
-        while done < n:
-            r = pos[done]
-            if r >= limit:
-                bad = True
-                break
-            if r >= 0:
-                if mark[r]:
-                    repeated = True  # and on: a row past the end is still an error
-                mark[r] = 1
-            done += 1
-        for i in range(done):  # every row marked above, unmarked
-            r = pos[i]
-            if r >= 0:
-                mark[r] = 0
-    if bad:
-        raise IndexError("rows_distinct: a row past the table's end")
-    return not repeated
 
 
 def pick_victims(const int64_t[::1] key, const uint8_t[::1] live, const int64_t[::1] protect,

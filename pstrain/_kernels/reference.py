@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["adagrad_rows", "gather_rows", "index_delete", "index_get", "index_insert", "mark_seen",
-           "initial_rows", "mix64", "pick_victims", "rows_distinct", "sgd_rows", "shard_ids", "unique_first"]
+__all__ = ["adagrad_rows", "count_sightings", "gather_rows", "index_delete", "index_get",
+           "index_insert", "index_locate", "initial_rows", "mark_seen", "mix64", "pick_victims",
+           "put_rows", "sgd_rows", "shard_ids", "unique_first"]
 
 _EMPTY = -1  # an index slot's value when it holds no id
 _SCALAR = 48  # ids left probing below which a Python loop beats another numpy pass
@@ -67,6 +68,15 @@ def index_get(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray) ->
     out[hit] = slots[found[hit], 1]
 
 
+
+def index_locate(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray,
+                 mark: np.ndarray) -> bool:
+    index_get(slots, mask, ids, out[:ids.size])
+    if not _rows_distinct(out[:ids.size], mark):
+        return False
+    missing = ids[out[:ids.size] < 0]
+    return bool(np.unique(missing).size == missing.size)
+
 def index_insert(slots: np.ndarray, mask: int, ids: np.ndarray, rows: np.ndarray) -> None:
     keys, vals = slots[:, 0], slots[:, 1]
     umask = np.uint64(mask)
@@ -118,6 +128,38 @@ def index_delete(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray)
     return int(gone.size)
 
 
+
+def count_sightings(slots: np.ndarray, mask: int, counts: np.ndarray, owners: np.ndarray,
+                    ids: np.ndarray, admit: np.ndarray, threshold: int, next_slot: int,
+                    room: int) -> tuple[int, int, int]:
+    if admit.size < ids.size or next_slot < 0 or room < 0 or \
+            next_slot + min(room, ids.size) > counts.size:
+        raise ValueError("count_sightings: admit shorter than the ids, or no room in counts "
+                         f"(next slot {next_slot} + room {room} of {counts.size})")
+    found = np.empty(ids.size, np.int64)
+    index_get(slots, mask, ids, found)
+    seen = found >= 0
+    count = np.ones(ids.size, np.int64)
+    count[seen] += counts[found[seen]]
+    yes = count >= threshold
+    new = ~yes & ~seen
+    done = ids.size
+    if np.count_nonzero(new) > room:  # stop before the id that would be one more
+        done = int(np.flatnonzero(new)[room])
+    yes, seen, new, found, count = yes[:done], seen[:done], new[:done], found[:done], count[:done]
+    admit[:done] = yes
+    gone = yes & seen
+    index_delete(slots, mask, ids[:done][gone], np.empty(int(np.count_nonzero(gone)), np.int64))
+    counts[found[gone]] = 0
+    again = ~yes & seen
+    counts[found[again]] = count[again]
+    fresh = ids[:done][new]
+    at = np.arange(next_slot, next_slot + fresh.size, dtype=np.int64)
+    index_insert(slots, mask, fresh, at)
+    counts[at] = 1
+    owners[at] = fresh
+    return done, int(fresh.size), int(np.count_nonzero(gone))
+
 def _checked(name: str, var: np.ndarray, rows: np.ndarray, what: str = "variable") -> np.ndarray:
     """Which of ``rows`` exist (not -1); raises if one is past ``var``'s end."""
     if rows.size and rows.max() >= var.shape[0]:
@@ -167,8 +209,8 @@ def mark_seen(last_seen: np.ndarray, freq: np.ndarray, pos: np.ndarray, clock: i
         freq[hit] += 1
 
 
-def rows_distinct(pos: np.ndarray, mark: np.ndarray) -> bool:
-    found = pos[_checked("rows_distinct", mark, pos, "table")]
+def _rows_distinct(pos: np.ndarray, mark: np.ndarray) -> bool:
+    found = pos[_checked("index_locate", mark, pos, "table")]
     return bool(np.unique(found).size == found.size)
 
 

@@ -39,15 +39,31 @@ class Admission:
         cfg = self.config
         if cfg.admit_after is None and cfg.admit_probability is None:
             return np.ones(ids.size, bool)
+        if cfg.admit_after is None:
+            return self._admit_by_chance(ids)
+        admit = np.zeros(ids.size, np.uint8)
+        done = 0
+        while True:  # one compiled pass, unless the sightings fill up: forget, go on
+            todo = ids.size - done
+            room = max(0, cfg.max_candidates - len(self._cand))
+            self._room_for(min(room, todo))
+            n, added = self._cand.count_sightings(ids[done:], self._cand_counts, self._cand_ids,
+                                                  admit[done:], cfg.admit_after, self._cand_used,
+                                                  room)
+            self._cand_used += added
+            done += n
+            if done == ids.size:
+                return admit.view(bool)
+            self._forget(ids.size - done)
+
+    def _admit_by_chance(self, ids: np.ndarray) -> np.ndarray:
+        cfg = self.config
+        assert cfg.admit_probability is not None
         slots = self._cand.get(ids)
         seen = slots >= 0
         counts = np.ones(ids.size, np.int64)
         counts[seen] += self._cand_counts[slots[seen]]
-        if cfg.admit_after is not None:
-            admit = counts >= cfg.admit_after
-        else:
-            assert cfg.admit_probability is not None
-            admit = unit_uniform(ids ^ counts, cfg.seed + 0x51ED) < cfg.admit_probability
+        admit = unit_uniform(ids ^ counts, cfg.seed + 0x51ED) < cfg.admit_probability
         self._cand.delete(ids[admit & seen])  # admitted: no longer a candidate
         self._cand_counts[slots[admit & seen]] = 0
         again = ~admit & seen
@@ -57,32 +73,40 @@ class Admission:
             self._remember(ids[new])
         return admit
 
+    def _forget(self, coming: int) -> None:
+        """Forget the oldest half of the sightings (at least enough for one more id, at
+        most what leaves room for ``coming``): slots are handed out in order and an
+        admitted id's count is 0, so the newest are the last nonzero counts (no sort)."""
+        limit = self.config.max_candidates
+        used = self._cand_used
+        live = np.flatnonzero(self._cand_counts[:used] > 0)
+        keep = live[live.size - max(0, min(live.size - live.size // 2, limit - coming, limit - 1)):]
+        n = keep.size
+        self._cand_ids[:n] = self._cand_ids[keep]
+        self._cand_counts[:n] = self._cand_counts[keep]
+        self._cand_counts[n:used] = 0
+        self._cand_used = n
+        self._cand.clear()
+        self._cand.insert(self._cand_ids[:n], np.arange(n))
+
+    def _room_for(self, n: int) -> None:
+        """Sighting slots for ``n`` more ids."""
+        need = self._cand_used + n
+        if need > self._cand_counts.size:
+            size = max(need, 2 * self._cand_counts.size, 1024)
+            self._cand_counts = np.concatenate(
+                [self._cand_counts, np.zeros(size - self._cand_counts.size, np.int64)])
+            self._cand_ids = np.concatenate([self._cand_ids, np.zeros(size - self._cand_ids.size, np.int64)])
+
     def _remember(self, ids: np.ndarray) -> None:
         """Start counting ``ids`` (one sighting each); past ``max_candidates`` the oldest
         half is forgotten."""
         limit = self.config.max_candidates
         if len(self._cand) + ids.size > limit:
-            # Slots are handed out in order and an admitted id's count is 0: the newest
-            # live sightings are the last nonzero counts, found without a sort.
-            used = self._cand_used
-            live = np.flatnonzero(self._cand_counts[:used] > 0)
-            half = live.size - live.size // 2 if live.size > 1 else 0
-            keep = live[live.size - max(0, min(half, limit - ids.size)):]
-            n = keep.size
-            self._cand_ids[:n] = self._cand_ids[keep]
-            self._cand_counts[:n] = self._cand_counts[keep]
-            self._cand_counts[n:used] = 0
-            self._cand_used = n
-            self._cand.clear()
-            self._cand.insert(self._cand_ids[:n], np.arange(n))
+            self._forget(ids.size)
             ids = ids[max(0, ids.size - limit):]
+        self._room_for(ids.size)
         need = self._cand_used + ids.size
-        if need > self._cand_counts.size:
-            size = max(need, 2 * self._cand_counts.size, 1024)
-            self._cand_counts = np.concatenate(
-                [self._cand_counts, np.zeros(size - self._cand_counts.size, np.int64)]
-            )
-            self._cand_ids = np.concatenate([self._cand_ids, np.zeros(size - self._cand_ids.size, np.int64)])
         slots = np.arange(self._cand_used, need)
         self._cand_counts[slots] = 1
         self._cand_ids[slots] = ids

@@ -41,7 +41,6 @@ import numpy as np
 from ..._base.errors import InvalidArgumentError
 from ..._formats.idhash import initial_rows
 from ..._kernels import KERNELS
-from ..._kernels.batches import distinct
 from .admission import Admission
 from .id_index import IdIndex
 from .removed_log import RemovedLog
@@ -130,16 +129,10 @@ class DynamicTable(SlicedRows, Admission):
         return self.index.get(ids)
 
     def locate(self, ids: np.ndarray) -> np.ndarray | None:
-        """:meth:`positions` of ``ids``, or None if an id occurs twice among them: the ids
-        found are distinct if their rows are (one pass over a byte per row); the ids without
-        a row yet are checked by the hash kernel."""
-        pos = self.index.get(ids)
-        if not self.kernels.rows_distinct(pos, self.marks):
-            return None
-        missing = ids[pos < 0]
-        if missing.size > 1 and distinct(missing)[0].size != missing.size:
-            return None
-        return pos
+        """:meth:`positions` of ``ids``, or None if an id occurs twice among them (one
+        compiled pass: the rows found are checked distinct by a byte per row, the ids
+        without one by a hash set of just those)."""
+        return self.index.locate(ids, self.marks)
 
     def locate_update(self, ids: np.ndarray) -> np.ndarray | None:
         """:meth:`locate` for an update: the rows a recent training lookup of the same ids

@@ -67,6 +67,14 @@ class IdIndex:
         self.kernels.index_get(self.slots, self.mask, ids, out)
         return out
 
+    def locate(self, ids: np.ndarray, marks: np.ndarray) -> np.ndarray | None:
+        """:meth:`get`, or None if an id occurs twice in ``ids``, in the same compiled pass:
+        the rows found are checked distinct through ``marks`` (a byte per row, all 0, left
+        so), and the ids without a row through a hash set of just them."""
+        ids = np.ascontiguousarray(ids, np.int64)
+        out = np.empty(ids.size, np.int64)
+        return out if self.kernels.index_locate(self.slots, self.mask, ids, out, marks) else None
+
     def insert(self, ids: np.ndarray, rows: np.ndarray) -> None:
         """Add ``ids`` (unique, none present yet) with their rows (each at least 0)."""
         ids = np.ascontiguousarray(ids, np.int64)
@@ -91,6 +99,26 @@ class IdIndex:
         self.count -= removed
         self.removed += removed
         return out
+
+    def count_sightings(self, ids: np.ndarray, counts: np.ndarray, owners: np.ndarray,
+                        admit: np.ndarray, threshold: int, next_slot: int, room: int
+                        ) -> tuple[int, int]:
+        """This index as sightings (id -> slot of ``counts``, whose id ``owners`` holds):
+        one more sighting of each of ``ids`` (unique), in one compiled pass. ``admit[i]``
+        becomes 1 for an id whose count reaches ``threshold`` (it leaves the index, its
+        count 0); an id not here yet is remembered at the next slot from ``next_slot`` with
+        a count of 1, at most ``room`` of them: the pass stops before the id that would be
+        one more. Returns (ids done, ids remembered)."""
+        ids = np.ascontiguousarray(ids, np.int64)
+        room = min(room, ids.size)
+        if (self.count + room) * _LOAD > self.slots.shape[0]:
+            self._rebuild(self.count + room)
+        done, added, removed = self.kernels.count_sightings(
+            self.slots, self.mask, counts, owners, ids, admit, threshold, next_slot, room)
+        self.count += added - removed
+        self.inserted += added
+        self.removed += removed
+        return done, added
 
     def clear(self) -> None:
         """Remove every id, keeping the slots' memory."""
