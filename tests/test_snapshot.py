@@ -9,8 +9,12 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 import pstrain
+from pstrain._formats import direct_writes
+from pstrain._formats.direct_writes import ALIGN
+from pstrain._formats.tensor_files import whole, write_streaming
 from pstrain.server.ps.snapshots import Snapshot
 from pstrain.testing import InProcessCluster
 
@@ -96,13 +100,18 @@ def test_a_snapshot_of_some_rows_gives_them_as_they_were_while_they_change():
     assert snap.kept_bytes == 0  # rows 5 and 17 kept (not 3: not selected; not 4: copied), then freed
 
 
-@pytest.mark.parametrize("reuse", [False, True])
+@pytest.mark.parametrize("how", ["blocks", "pieces", "file", "file, misaligned"])
 @pytest.mark.parametrize("select", [False, True])
-def test_a_snapshot_copied_while_another_thread_changes_its_rows_is_the_array_as_it_began(select, reuse):
+def test_a_snapshot_copied_while_another_thread_changes_its_rows_is_the_array_as_it_began(
+        select, how, tmp_path, monkeypatch):
     # The writer copies each block without the snapshot's lock (the serving loop's updates
-    # never wait for a copy): rows changed during a copy must come back as they were.
+    # never wait for a copy): rows changed during a copy must come back as they were. Into
+    # a file, blocks are gathered straight into the writer's buffer (a small one here, so
+    # rows of 7 floats fall across its end), or copied first where a 3-byte tensor before
+    # them leaves them misaligned.
+    monkeypatch.setattr(direct_writes, "CHUNK", 16 * ALIGN)
     rng = np.random.default_rng(7)
-    array = rng.standard_normal((40_000, 64)).astype(np.float32)
+    array = rng.standard_normal((40_000, 7 if how.startswith("file") else 64)).astype(np.float32)
     before = array.copy()
     rows = np.unique(rng.integers(0, array.shape[0], 15_000)) if select else None
     snap = Snapshot(array, block_rows=2048, rows=rows)
@@ -121,7 +130,20 @@ def test_a_snapshot_copied_while_another_thread_changes_its_rows_is_the_array_as
     server = threading.Thread(target=serve)
     server.start()
     try:
-        got = np.concatenate([block.copy() for block in (snap.pieces() if reuse else snap.blocks())])
+        if how.startswith("file"):
+            in_place = []
+            wrote = direct_writes.DirectWriter.wrote
+            monkeypatch.setattr(direct_writes.DirectWriter, "wrote",
+                                lambda self, n: in_place.append(n) or wrote(self, n))
+            path = str(tmp_path / "s.safetensors")
+            write_streaming(path, [whole("flags", np.ones(3 if "misaligned" in how else 8, bool)),
+                                   ("rows", array.dtype, (snap.select.size if select else array.shape[0],
+                                                          array.shape[1]), snap)])
+            got = load_file(path)["rows"]
+            assert bool(in_place) == ("misaligned" not in how)  # gathered in place where it can
+        else:
+            got = np.concatenate([block.copy() for block in (snap.pieces() if how == "pieces"
+                                                             else snap.blocks())])
     finally:
         done.set()
         server.join(timeout=60)

@@ -69,6 +69,20 @@ class DirectWriter:
         self.size += n
         return n
 
+    def room(self) -> np.ndarray:
+        """The free part of the staging buffer: bytes put there directly (a gather into
+        it, no copy of its own first) are written by :meth:`wrote`."""
+        return self.buffer[self.fill:CHUNK]
+
+    def wrote(self, n: int) -> None:
+        """The first ``n`` bytes of :meth:`room` hold the file's next bytes."""
+        if not 0 <= n <= CHUNK - self.fill:
+            raise ValueError(f"DirectWriter.wrote: {n} bytes, with {CHUNK - self.fill} free")
+        self.fill += n
+        self.size += n
+        if self.fill == CHUNK:
+            self._flush(CHUNK)
+
     def finish(self) -> None:
         """Write what is staged (padded to the alignment) and cut the file to its size."""
         if self.fill:

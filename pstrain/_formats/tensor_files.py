@@ -70,12 +70,14 @@ def safetensors_header(tensors: Sequence[tuple[str, np.dtype, tuple[int, ...]]],
 
 def write_streaming(path: str, tensors: Sequence[tuple[str, np.dtype, tuple[int, ...], Any]],
                     root: str | None = None) -> int:
-    """Write a safetensors file whose tensors arrive in pieces: ``(key, dtype, shape,
-    pieces)`` where ``pieces()`` yields the tensor's bytes in row order (so a large array
-    need not be in memory twice). The header is the format's (8-byte length, JSON with
-    dtype, shape and data offsets, space-padded to 8 bytes); reading is safetensors' own.
-    Written like :func:`write_atomically` with ``overwrite=False``, past the page cache
-    (:mod:`~pstrain._formats.direct_writes`); returns the size."""
+    """Write a safetensors file whose tensors arrive in pieces: ``(key, dtype, shape, pieces)``
+    where ``pieces()`` yields the tensor's bytes in row order (so a large array need not be
+    in memory twice), or ``pieces.write_to(writer)`` puts them into the writer's buffer
+    itself (:meth:`~pstrain.server.ps.snapshots.Snapshot.write_to`: gathered there, not
+    copied there after) and returns how many. The header is the format's (8-byte length,
+    JSON with dtype, shape and data offsets, space-padded to 8 bytes); reading is
+    safetensors' own. Written like :func:`write_atomically` with ``overwrite=False``, past
+    the page cache (:mod:`~pstrain._formats.direct_writes`); returns the size."""
     raw, header = safetensors_header([(key, dtype, shape) for key, dtype, shape, _ in tensors])
 
     def write(f: DirectWriter) -> None:
@@ -83,10 +85,13 @@ def write_streaming(path: str, tensors: Sequence[tuple[str, np.dtype, tuple[int,
         for key, dtype, _, pieces in tensors:
             want = header[key]["data_offsets"][1] - header[key]["data_offsets"][0]
             got = 0
-            for piece in pieces():
-                data = np.ascontiguousarray(piece, dtype).reshape(-1)
-                f.write(data.view(np.uint8).data)
-                got += data.nbytes
+            if hasattr(pieces, "write_to"):  # puts its bytes straight into f's buffer
+                got = pieces.write_to(f)
+            else:
+                for piece in pieces():
+                    data = np.ascontiguousarray(piece, dtype).reshape(-1)
+                    f.write(data.view(np.uint8).data)
+                    got += data.nbytes
             if got != want:
                 raise InvalidArgumentError(f"checkpoint: {key!r} gave {got} bytes, not {want}")
 

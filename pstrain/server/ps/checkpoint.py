@@ -128,7 +128,7 @@ class CheckpointFiles:
                 snap = r.snapshot()
                 if snap is not None:
                     pending.releases.append(functools.partial(r.end_snapshot, snap))
-                    pending.tensors.append((key, arr.dtype, arr.shape, snap.pieces))
+                    pending.tensors.append((key, arr.dtype, arr.shape, snap))
                 else:
                     pending.releases.append(r.pin())
                     pending.tensors.append(whole(key, arr))

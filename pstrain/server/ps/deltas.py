@@ -104,7 +104,7 @@ class Deltas:
                 else:
                     snaps.append((record, snap))
                     tensors.append((f"v:{key}:rows", arr.dtype, (changed.size, *arr.shape[1:]),
-                                    snap.pieces))
+                                    snap))
                 tensors.append(whole(f"v:{key}:idx", changed.astype(np.int64)))
                 written.append(key)
                 rows += changed.size

@@ -10,10 +10,11 @@ was when the save began; the memory a save adds is one block plus the rows updat
 it.
 
 The writer's side costs CPU on the cores training runs on, so it is kept small: a writer
-copies each block into one buffer it reuses (:meth:`Snapshot.pieces`: no fresh pages to
-fault in per block), rows are gathered by the compiled kernel, and the serving loop's
-side (:meth:`Snapshot.before_write`, once per update while a save runs) is one lookup per
-row in a byte per row, with no search and no sort.
+gathers each block straight into the file writer's staging buffer
+(:meth:`Snapshot.write_to`: no block copied twice, no fresh pages to fault in per block),
+rows by the compiled kernel, and the serving loop's side (:meth:`Snapshot.before_write`,
+once per update while a save runs) is one lookup per row in a byte per row, with no search
+and no sort.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ..._formats.direct_writes import DirectWriter
 from ..._kernels.batches import take_rows
 
 __all__ = ["BLOCK_BYTES", "Snapshot"]
@@ -61,6 +63,7 @@ class Snapshot:
             self._done[rows] = False
         self._old: list[tuple[np.ndarray, np.ndarray]] = []  # (rows ascending, their old values)
         self.kept_bytes = 0
+        self._next_drop = self.block_rows * 64  # the writer forgets kept rows it is past
         self._lock = threading.Lock()
 
     def before_write(self, rows: np.ndarray | None) -> None:
@@ -96,32 +99,61 @@ class Snapshot:
         return self._blocks(reuse=True)
 
     def _blocks(self, reuse: bool) -> Iterator[np.ndarray]:
-        select = self.select
-        count = self.rows if select is None else select.size
+        count = self.rows if self.select is None else self.select.size
         scratch = _buffer(self.array, self.block_rows) if reuse else None
         for lo in range(0, count, self.block_rows):
             hi = min(count, lo + self.block_rows)
-            # Copied without the lock (the serving loop's updates do not wait for it): a row
-            # changed meanwhile is past `taken`, so its old values are kept first and put back.
-            if select is None:
-                if scratch is None:
-                    block = self.array[lo:hi].copy()
-                else:
-                    block = scratch[:hi - lo]
-                    np.copyto(block, self.array[lo:hi])
-                first, last = lo, hi
-            else:
-                picked = select[lo:hi]
-                block = take_rows(self.array, picked, None if scratch is None else scratch[:hi - lo])
-                first, last = int(picked[0]), int(picked[-1]) + 1
-            with self._lock:
-                self.taken = last
-                patches = self._collect(first, last)
-            for r, v in patches:
-                block[r - lo if select is None else np.searchsorted(picked, r)] = v
-            yield block
+            yield self._block(lo, hi, None if scratch is None else scratch[:hi - lo])
             self._maybe_drop(hi)
         self._drop_written(self.rows)
+
+    def write_to(self, writer: DirectWriter) -> int:
+        """Write the array (or its selected rows) as of the snapshot to ``writer``, each
+        block gathered straight into the writer's staging buffer (no copy of its own, then
+        a second into the buffer); returns the bytes written."""
+        arr = self.array
+        row_bytes = arr[:1].nbytes
+        count = self.rows if self.select is None else self.select.size
+        lo = 0
+        while lo < count:
+            room = writer.room()
+            aligned = room.ctypes.data % arr.itemsize == 0
+            fits = room.size // row_bytes if row_bytes and aligned else 0
+            hi = min(count, lo + self.block_rows, lo + max(1, fits) if aligned else count)
+            if fits:
+                dest = room[:(hi - lo) * row_bytes].view(arr.dtype).reshape(hi - lo, *arr.shape[1:])
+                self._block(lo, hi, dest)
+                writer.wrote(dest.nbytes)
+            else:  # a row across the buffer's end, or a start not aligned: a copy of its own
+                writer.write(self._block(lo, hi, None))
+            self._maybe_drop(hi)
+            lo = hi
+        self._drop_written(self.rows)
+        return count * row_bytes
+
+    def _block(self, lo: int, hi: int, out: np.ndarray | None) -> np.ndarray:
+        """Rows ``lo:hi`` of the snapshot (of the selected rows) as they were when it began,
+        into ``out`` (a fresh array if None)."""
+        select = self.select
+        # Copied without the lock (the serving loop's updates do not wait for it): a row
+        # changed meanwhile is past `taken`, so its old values are kept first and put back.
+        if select is None:
+            if out is None:
+                block = self.array[lo:hi].copy()
+            else:
+                block = out
+                np.copyto(block, self.array[lo:hi])
+            first, last = lo, hi
+        else:
+            picked = select[lo:hi]
+            block = take_rows(self.array, picked, out)
+            first, last = int(picked[0]), int(picked[-1]) + 1
+        with self._lock:
+            self.taken = last
+            patches = self._collect(first, last)
+        for r, v in patches:
+            block[r - lo if select is None else np.searchsorted(picked, r)] = v
+        return block
 
     def _collect(self, lo: int, hi: int) -> list[tuple[np.ndarray, np.ndarray]]:
         patches = []
@@ -132,7 +164,8 @@ class Snapshot:
         return patches
 
     def _maybe_drop(self, hi: int) -> None:
-        if hi % (self.block_rows * 64) == 0:
+        if hi >= self._next_drop:  # every 64 blocks or so
+            self._next_drop = hi + self.block_rows * 64
             self._drop_written(self.taken)
 
     def _drop_written(self, upto: int) -> None:

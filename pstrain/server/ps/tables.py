@@ -175,7 +175,7 @@ class TableHandlers:
                 if key[5:] not in rename:
                     continue
                 file_key = f"slot:{rename[key[5:]]}"
-            pending.tensors.append((file_key, snap.array.dtype, snap.array.shape, snap.pieces))
+            pending.tensors.append((file_key, snap.array.dtype, snap.array.shape, snap))
         for key, init in table.slot_init.items():
             if key in rename:
                 pending.tensors.append(whole(f"init:{rename[key]}", np.array([init], np.float64)))
