@@ -8,7 +8,7 @@ bit for bit. See :mod:`pstrain._kernels`."""
 import numpy as np
 
 from libc.math cimport sqrt, sqrtf
-from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 cdef extern from *:
@@ -469,6 +469,27 @@ def pick_victims(const int64_t[::1] key, const uint8_t[::1] live, const int64_t[
         for i in range(protect.shape[0]):
             mark[protect[i]] = 0
     return out
+
+
+def rows_after(const uint32_t[::1] epochs, int64_t since, const uint8_t[::1] live=None):
+    """The rows whose epoch is after ``since`` (and, given ``live``, whose byte there is
+    not 0), ascending: what a delta checkpoint writes, found in one pass over the epochs
+    (numpy's compare then ``flatnonzero`` makes two and a temporary the array's length)."""
+    cdef Py_ssize_t i, n = epochs.shape[0], k = 0
+    if live is not None and live.shape[0] < n:
+        raise ValueError(f"rows_after: {live.shape[0]} live flags for {n} rows")
+    out = np.empty(n + 1, np.int64)  # pages only as far as it is filled
+    cdef int64_t[::1] o = out
+    with nogil:  # without a branch: each row is written where the next one found goes
+        if live is None:
+            for i in range(n):
+                o[k] = i
+                k += <int64_t>epochs[i] > since
+        else:
+            for i in range(n):
+                o[k] = i
+                k += (<int64_t>epochs[i] > since) & (live[i] != 0)
+    return out[:k].copy()
 
 
 def unique_first(const int64_t[::1] ids):

@@ -15,7 +15,7 @@ import numpy as np
 
 __all__ = ["adagrad_rows", "count_sightings", "gather_rows", "index_delete", "index_get",
            "index_insert", "index_locate", "initial_rows", "mark_seen", "mix64", "pick_victims",
-           "put_rows", "sgd_rows", "shard_ids", "unique_first"]
+           "put_rows", "rows_after", "sgd_rows", "shard_ids", "unique_first"]
 
 _EMPTY = -1  # an index slot's value when it holds no id
 _SCALAR = 48  # ids left probing below which a Python loop beats another numpy pass
@@ -233,6 +233,15 @@ def pick_victims(key: np.ndarray, live: np.ndarray, protect: np.ndarray, mark: n
     take[np.flatnonzero(k == threshold)[:n - int(np.count_nonzero(take))]] = True
     return rows[take]
 
+
+
+def rows_after(epochs: np.ndarray, since: int, live: np.ndarray | None = None) -> np.ndarray:
+    if live is not None and live.size < epochs.size:
+        raise ValueError(f"rows_after: {live.size} live flags for {epochs.size} rows")
+    after = epochs.astype(np.int64) > since
+    if live is not None:
+        after &= live[:epochs.size].astype(bool)
+    return np.flatnonzero(after)
 
 def unique_first(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     sorted_ids, first, inverse = np.unique(ids, return_index=True, return_inverse=True)

@@ -337,7 +337,7 @@ class DynamicTable(SlicedRows, Admission):
         gone = self.removed.after(since) if since >= self.removed.since else None
         if gone is None:
             return None
-        changed = np.flatnonzero(self.live[:self.used] & (self.epochs[:self.used] > since))
+        changed = self.kernels.rows_after(self.epochs[:self.used], since, self.live.view(np.uint8))
         out = {"ids": self.ids[changed], "rows": self.rows[changed],
                **{f"slot:{key}": arr[changed] for key, arr in self.slots.items()}}
         out["removed"] = gone[self.index.get(gone) < 0]  # evicted, and not admitted again

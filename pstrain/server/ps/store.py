@@ -26,6 +26,7 @@ from ..._base.errors import (
 )
 from ..._formats.casting import cast_value
 from ..._formats.placement_map import PlacementMap
+from ..._kernels import KERNELS
 from .snapshots import BLOCK_BYTES, Snapshot
 
 __all__ = ["BLOCK_BYTES", "SNAPSHOT_MIN_BYTES", "ChangeClock", "Snapshot", "VariableRecord",
@@ -155,7 +156,7 @@ class VariableRecord:
         """The rows changed after mark ``since`` (ascending), or None: the whole array."""
         if self.changed > since or self.row_epochs is None:
             return None
-        return np.flatnonzero(self.row_epochs > since)
+        return KERNELS.rows_after(self.row_epochs, since)
 
     def writable(self, rows: np.ndarray | None = None) -> np.ndarray:
         """The array, safe to change in place: copied first if a reply shares it; a save's
