@@ -105,7 +105,7 @@ class Deltas:
                     snaps.append((record, snap))
                     tensors.append((f"v:{key}:rows", arr.dtype, (changed.size, *arr.shape[1:]),
                                     snap))
-                tensors.append(whole(f"v:{key}:idx", changed.astype(np.int64)))
+                tensors.append(whole(f"v:{key}:idx", changed.astype(np.int64, copy=False)))
                 written.append(key)
                 rows += changed.size
         for table, spec in tables.values():
