@@ -73,6 +73,15 @@ cdef inline void _prefetch_slot(const int64_t* slots, uint64_t mask, int64_t key
     __builtin_prefetch(slots + 2 * (_mix64(<uint64_t>key) & mask))
 
 
+cdef inline Py_ssize_t _probe(const int64_t* s, uint64_t mask, const int64_t* ids, Py_ssize_t i,
+                              Py_ssize_t n) noexcept nogil:
+    """The slot holding ``ids[i]`` (-1 where none), the first slot of ``ids[i + PROBE_AHEAD]``
+    asked for ahead."""
+    if i + PROBE_AHEAD < n:
+        _prefetch_slot(s, mask, ids[i + PROBE_AHEAD])
+    return _slot(s, mask, ids[i])
+
+
 def index_get(const int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids, int64_t[::1] out):
     """``out[i]``: the value of ``ids[i]``, -1 where the index has none."""
     cdef Py_ssize_t i, q, n = ids.shape[0]
@@ -80,9 +89,7 @@ def index_get(const int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids
     _check_slots(slots.shape[0], slots.shape[1], mask)
     with nogil:
         for i in range(n):
-            if i + PROBE_AHEAD < n:
-                _prefetch_slot(s, mask, ids[i + PROBE_AHEAD])
-            q = _slot(s, mask, ids[i])
+            q = _probe(s, mask, &ids[0], i, n)
             out[i] = s[2 * q + 1] if q >= 0 else -1
 
 
@@ -101,9 +108,7 @@ def index_locate(const int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] 
         raise ValueError(f"index_locate: out has {out.shape[0]} places for {n} ids")
     with nogil:
         for i in range(n):
-            if i + PROBE_AHEAD < n:
-                _prefetch_slot(s, mask, ids[i + PROBE_AHEAD])
-            q = _slot(s, mask, ids[i])
+            q = _probe(s, mask, &ids[0], i, n)
             if q < 0:
                 out[i] = -1
                 missing += 1
@@ -194,9 +199,7 @@ def index_delete(int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids, i
     _check_slots(slots.shape[0], slots.shape[1], mask)
     with nogil:
         for i in range(n):
-            if i + PROBE_AHEAD < n:
-                _prefetch_slot(s, mask, ids[i + PROBE_AHEAD])
-            q = _slot(s, mask, ids[i])
+            q = _probe(s, mask, &ids[0], i, n)
             if q < 0:
                 out[i] = -1
                 continue
@@ -229,10 +232,8 @@ def count_sightings(int64_t[:, ::1] slots, uint64_t mask, int64_t[::1] counts,
                          f"(next slot {next_slot} + room {room} of {limit})")
     with nogil:
         for i in range(n):
-            if i + PROBE_AHEAD < n:
-                _prefetch_slot(s, mask, ids[i + PROBE_AHEAD])
             key = ids[i]
-            q = _slot(s, mask, key)
+            q = _probe(s, mask, &ids[0], i, n)
             if q >= 0:
                 c = counts[s[2 * q + 1]] + 1
                 if c >= threshold:
