@@ -100,7 +100,7 @@ def test_a_snapshot_of_some_rows_gives_them_as_they_were_while_they_change():
     assert snap.kept_bytes == 0  # rows 5 and 17 kept (not 3: not selected; not 4: copied), then freed
 
 
-@pytest.mark.parametrize("how", ["blocks", "pieces", "file", "file, misaligned"])
+@pytest.mark.parametrize("how", ["blocks", "file", "file, misaligned"])
 @pytest.mark.parametrize("select", [False, True])
 def test_a_snapshot_copied_while_another_thread_changes_its_rows_is_the_array_as_it_began(
         select, how, tmp_path, monkeypatch):
@@ -142,26 +142,10 @@ def test_a_snapshot_copied_while_another_thread_changes_its_rows_is_the_array_as
             got = load_file(path)["rows"]
             assert bool(in_place) == ("misaligned" not in how)  # gathered in place where it can
         else:
-            got = np.concatenate([block.copy() for block in (snap.pieces() if how == "pieces"
-                                                             else snap.blocks())])
+            got = np.concatenate(list(snap.blocks()))
     finally:
         done.set()
         server.join(timeout=60)
     assert not server.is_alive()
     assert not np.array_equal(array, before)  # the rows did change while it was copied
     np.testing.assert_array_equal(got, before if rows is None else before[rows])
-
-
-def test_a_writers_pieces_reuse_one_buffer_and_hold_the_rows_gathered():
-    array = np.arange(6000, dtype=np.float32).reshape(1000, 6)
-    rows = np.arange(0, 1000, 3)
-    snap = Snapshot(array, block_rows=64, rows=rows)
-    pieces = snap.pieces()
-    first = next(pieces)
-    np.testing.assert_array_equal(first, array[rows[:64]])
-    kept = first.copy()
-    second = next(pieces)
-    assert np.shares_memory(first, second)  # no fresh block (and fresh pages) per piece
-    np.testing.assert_array_equal(second, array[rows[64:128]])
-    rest = [kept, second.copy(), *(p.copy() for p in pieces)]
-    np.testing.assert_array_equal(np.concatenate(rest), array[rows])

@@ -5,6 +5,7 @@ batch's distinct ids and per-id sums. Each loop runs without the GIL and without
 id; :mod:`pstrain._kernels.reference` is the numpy implementation they are tested against,
 bit for bit. See :mod:`pstrain._kernels`."""
 
+cimport cython
 import numpy as np
 
 from libc.math cimport sqrt, sqrtf
@@ -82,6 +83,44 @@ cdef inline Py_ssize_t _probe(const int64_t* s, uint64_t mask, const int64_t* id
     return _slot(s, mask, ids[i])
 
 
+cdef inline void _insert_at(int64_t* s, uint64_t mask, int64_t key, int64_t value) noexcept nogil:
+    """Put ``key`` (absent) with ``value`` (at least 0) in the first empty slot of its probe."""
+    cdef uint64_t q = _mix64(<uint64_t>key) & mask
+    while s[2 * q + 1] >= 0:
+        q = (q + 1) & mask
+    s[2 * q] = key
+    s[2 * q + 1] = value
+
+
+@cython.final
+cdef class _IdSet:
+    """A batch's hash set of ids, twice the size of what it will hold, probed linearly:
+    ``add`` gives the value an id was added with, or -1 after adding it."""
+    cdef object _at, _keys
+    cdef int64_t* at
+    cdef int64_t* keys
+    cdef uint64_t mask
+
+    def __cinit__(self, Py_ssize_t n):
+        cdef Py_ssize_t cap = 16
+        while cap < 2 * n:
+            cap <<= 1
+        self._at = np.full(cap, -1, np.int64)
+        self._keys = np.empty(cap, np.int64)
+        cdef int64_t[::1] at = self._at, keys = self._keys
+        self.at, self.keys, self.mask = &at[0], &keys[0], <uint64_t>(cap - 1)
+
+    cdef inline int64_t add(self, int64_t k, int64_t value) noexcept nogil:
+        cdef uint64_t q = _mix64(<uint64_t>k) & self.mask
+        while self.at[q] >= 0:
+            if self.keys[q] == k:
+                return self.at[q]
+            q = (q + 1) & self.mask
+        self.at[q] = value
+        self.keys[q] = k
+        return -1
+
+
 def index_get(const int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids, int64_t[::1] out):
     """``out[i]``: the value of ``ids[i]``, -1 where the index has none."""
     cdef Py_ssize_t i, q, n = ids.shape[0]
@@ -98,11 +137,9 @@ def index_locate(const int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] 
     """:func:`index_get` into ``out``, and whether ``ids`` are distinct, in the same pass:
     the rows found must be (a byte per row in ``mark``, all 0 before and after, one pass
     marking, one unmarking), and the ids without one (a hash set of just those)."""
-    cdef Py_ssize_t i, q, r, n = ids.shape[0], limit = mark.shape[0], missing = 0, cap = 16
+    cdef Py_ssize_t i, q, r, n = ids.shape[0], limit = mark.shape[0], missing = 0
     cdef const int64_t* s = &slots[0, 0]
     cdef bint repeated = False, bad = False
-    cdef uint64_t h, m
-    cdef int64_t k
     _check_slots(slots.shape[0], slots.shape[1], mask)
     if out.shape[0] < n:
         raise ValueError(f"index_locate: out has {out.shape[0]} places for {n} ids")
@@ -129,28 +166,12 @@ def index_locate(const int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] 
         raise IndexError("index_locate: a row past the table's end")
     if repeated or missing < 2:
         return not repeated
-    while cap < 2 * missing:
-        cap <<= 1
-    m = <uint64_t>(cap - 1)
-    keys = np.empty(cap, np.int64)
-    taken = np.zeros(cap, np.uint8)
-    cdef int64_t[::1] key = keys
-    cdef uint8_t[::1] full = taken
+    cdef _IdSet seen = _IdSet(missing)
     with nogil:
         for i in range(n):
-            if out[i] >= 0:
-                continue
-            k = ids[i]
-            h = _mix64(<uint64_t>k) & m
-            while full[h]:
-                if key[h] == k:
-                    repeated = True
-                    break
-                h = (h + 1) & m
-            if repeated:
+            if out[i] < 0 and seen.add(ids[i], 0) >= 0:
+                repeated = True
                 break
-            full[h] = 1
-            key[h] = k
     return not repeated
 
 
@@ -159,18 +180,13 @@ def index_insert(int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids,
     """Insert ``ids`` (unique, absent; the caller keeps the table at most half full) with
     ``rows`` (each at least 0), each in the first empty slot of its probe."""
     cdef Py_ssize_t i, n = ids.shape[0]
-    cdef uint64_t q
     cdef int64_t* s = &slots[0, 0]
     _check_slots(slots.shape[0], slots.shape[1], mask)
     with nogil:
         for i in range(n):
             if i + PROBE_AHEAD < n:
                 _prefetch_slot(s, mask, ids[i + PROBE_AHEAD])
-            q = _mix64(<uint64_t>ids[i]) & mask
-            while s[2 * q + 1] >= 0:
-                q = (q + 1) & mask
-            s[2 * q] = ids[i]
-            s[2 * q + 1] = rows[i]
+            _insert_at(s, mask, ids[i], rows[i])
 
 
 cdef inline void _remove_at(int64_t* s, uint64_t mask, Py_ssize_t q) noexcept nogil:
@@ -222,7 +238,6 @@ def count_sightings(int64_t[:, ::1] slots, uint64_t mask, int64_t[::1] counts,
     done, ids remembered, ids removed)."""
     cdef Py_ssize_t i, q, n = ids.shape[0], added = 0, removed = 0, done = ids.shape[0]
     cdef Py_ssize_t limit = counts.shape[0]
-    cdef uint64_t h
     cdef int64_t c, key
     cdef int64_t* s = &slots[0, 0]
     _check_slots(slots.shape[0], slots.shape[1], mask)
@@ -251,11 +266,7 @@ def count_sightings(int64_t[:, ::1] slots, uint64_t mask, int64_t[::1] counts,
                 break
             else:
                 admit[i] = 0
-                h = _mix64(<uint64_t>key) & mask
-                while s[2 * h + 1] >= 0:
-                    h = (h + 1) & mask
-                s[2 * h] = key
-                s[2 * h + 1] = next_slot + added
+                _insert_at(s, mask, key, next_slot + added)
                 counts[next_slot + added] = 1
                 owners[next_slot + added] = key
                 added += 1
@@ -496,33 +507,20 @@ def rows_after(const uint32_t[::1] epochs, int64_t since, const uint8_t[::1] liv
 def unique_first(const int64_t[::1] ids):
     """``(unique, inverse)``: the distinct ids in the order they first occur, and for each id
     its position in ``unique`` (a hash set of twice the batch's size, probed linearly)."""
-    cdef Py_ssize_t n = ids.shape[0], cap = 16, i, m = 0
-    while cap < 2 * n:
-        cap <<= 1
-    cdef uint64_t mask = <uint64_t>(cap - 1), q
-    first = np.full(cap, -1, np.int64)
-    slot_ids = np.empty(cap, np.int64)
+    cdef Py_ssize_t n = ids.shape[0], i, m = 0
+    cdef _IdSet seen = _IdSet(n)
     unique = np.empty(n, np.int64)
     inverse = np.empty(n, np.int64)
-    cdef int64_t[::1] at = first, key = slot_ids, u = unique, inv = inverse
-    cdef int64_t k, v
+    cdef int64_t[::1] u = unique, inv = inverse
+    cdef int64_t v
     with nogil:
         for i in range(n):
-            k = ids[i]
-            q = _mix64(<uint64_t>k) & mask
-            while True:
-                v = at[q]
-                if v < 0:
-                    at[q] = m
-                    key[q] = k
-                    u[m] = k
-                    inv[i] = m
-                    m += 1
-                    break
-                if key[q] == k:
-                    inv[i] = v
-                    break
-                q = (q + 1) & mask
+            v = seen.add(ids[i], m)
+            if v < 0:
+                u[m] = ids[i]
+                v = m
+                m += 1
+            inv[i] = v
     return unique[:m].copy(), inverse
 
 

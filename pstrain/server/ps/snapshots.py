@@ -32,9 +32,6 @@ __all__ = ["BLOCK_BYTES", "Snapshot"]
 #: About how many bytes a save's writer copies (and writes) at a time.
 BLOCK_BYTES = 8 << 20
 
-_scratch = threading.local()  # each writer thread's reused block buffer
-
-
 class Snapshot:
     """One array as it was when a save began, read block by block while it keeps changing.
 
@@ -91,19 +88,10 @@ class Snapshot:
     def blocks(self) -> Iterator[np.ndarray]:
         """The array (or its selected rows) as of the snapshot, one block (a copy of its
         own) at a time."""
-        return self._blocks(reuse=False)
-
-    def pieces(self) -> Iterator[np.ndarray]:
-        """:meth:`blocks` for a writer that consumes each block before asking for the next:
-        every block is copied into the same buffer (one per thread)."""
-        return self._blocks(reuse=True)
-
-    def _blocks(self, reuse: bool) -> Iterator[np.ndarray]:
         count = self.rows if self.select is None else self.select.size
-        scratch = _buffer(self.array, self.block_rows) if reuse else None
         for lo in range(0, count, self.block_rows):
             hi = min(count, lo + self.block_rows)
-            yield self._block(lo, hi, None if scratch is None else scratch[:hi - lo])
+            yield self._block(lo, hi, None)
             self._maybe_drop(hi)
         self._drop_written(self.rows)
 
@@ -179,12 +167,3 @@ class Snapshot:
                 self.kept_bytes -= v[:a].nbytes
             self._old = kept
 
-
-def _buffer(array: np.ndarray, block_rows: int) -> np.ndarray:
-    """This thread's reused buffer, as ``block_rows`` rows shaped like ``array``'s."""
-    shape = (block_rows, *array.shape[1:])
-    nbytes = int(np.prod(shape, dtype=np.int64)) * array.dtype.itemsize
-    buf = getattr(_scratch, "buf", None)
-    if buf is None or buf.nbytes < nbytes:
-        buf = _scratch.buf = np.empty(max(nbytes, BLOCK_BYTES), np.uint8)
-    return buf[:nbytes].view(array.dtype).reshape(shape)
