@@ -120,6 +120,23 @@ async def test_lfu_and_age_eviction():
         assert ids.tolist() == [8]  # 7 was not seen for more than 8 lookups
 
 
+def test_an_id_is_not_aged_out_by_its_own_lookup_nor_its_row_given_to_another_id_of_it():
+    # Id 1 turns stale exactly at the lookup that asks for it again, with a new id beside
+    # it: it keeps its row and values, and the new id gets a row of its own.
+    from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
+
+    t = DynamicTable("t", TableConfig(dim=2, max_age=8))
+    first = t.lookup(np.array([1]), train=True).copy()
+    for k in range(8):
+        t.lookup(np.array([100 + k]), train=True)
+    ids = np.array([1, 999])
+    out = t.lookup(ids, train=True, pos=t.locate(ids))
+    np.testing.assert_array_equal(out[0], first[0])
+    np.testing.assert_array_equal(out[1], _init([999], dim=2)[0])
+    rows = t.positions(ids)
+    assert rows.min() >= 0 and rows[0] != rows[1]
+
+
 async def test_slots_follow_rows_under_every_sparse_optimizer_and_match_a_fixed_table():
     ids = np.array([3, 2**40, -5, 17], np.int64)
     grad = np.arange(16, dtype=np.float32).reshape(4, 4) / 10

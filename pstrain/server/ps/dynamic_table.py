@@ -274,10 +274,10 @@ class DynamicTable(SlicedRows, Admission):
         ``pos``: their :meth:`positions` (from :meth:`locate`; changed here), else found here."""
         pos = self.positions(ids) if pos is None else pos
         if train:
-            self.check_room(int(np.count_nonzero(pos < 0)))  # before anything changes
-            self.lookups += 1
-            self._expire()
             missing = np.flatnonzero(pos < 0)
+            self.check_room(missing.size)  # before anything changes
+            self.lookups += 1
+            self._expire(pos)
             if missing.size:
                 new = missing[self._admit(ids[missing])]
                 cap = self.config.capacity
@@ -296,13 +296,17 @@ class DynamicTable(SlicedRows, Admission):
         self.kernels.gather_rows(self.rows, pos, out, self.config.default_value)
         return out
 
-    def _expire(self) -> None:
+    def _expire(self, serving: np.ndarray) -> None:
+        """Evict the rows not looked up in training for ``max_age`` lookups, except those of
+        the lookup being served (``serving``: its rows, -1 for ids without one): an id is
+        never evicted by its own lookup, its row handed to another id of the same batch."""
         age = self.config.max_age
         if age is None or self.lookups % max(1, age // 8):
             return
         used = self.used
-        old = np.flatnonzero(self.live[:used] & (self.last_seen[:used] < self.lookups - age))
-        self._evict_rows(old)
+        stale = self.live[:used] & (self.last_seen[:used] < self.lookups - age)
+        stale[serving[serving >= 0]] = False
+        self._evict_rows(np.flatnonzero(stale))
 
     def slot(self, key: str, init: float) -> np.ndarray:
         arr = self.slots.get(key)
