@@ -93,23 +93,6 @@ async def test_local_cluster_kill_restart_and_teardown_on_error():
         assert not alive(pid)
 
 
-async def test_local_tasks_lead_process_groups_of_their_own_in_the_programs_session():
-    """A terminal's Ctrl-C reaches the program alone (each task leads its own process group,
-    restarted ones too), and the tasks stay in the program's session: Linux shares the CPU
-    among sessions before their threads, so only then does a ps's checkpoint writer, at its
-    lower priority, yield to the workers and not only to its own ps."""
-    async with pstrain.LocalCluster(num_ps=1, num_workers=1) as cluster:
-        await cluster.kill("worker", 0)
-        await cluster.restart("worker", 0)
-        for job in ("ps", "worker"):
-            pid = cluster.pid(job, 0)
-            assert pid is not None
-            assert os.getpgid(pid) == pid != os.getpgid(0), job
-            assert os.getsid(pid) == os.getsid(0), job
-            with open(f"/proc/{pid}/autogroup") as f, open("/proc/self/autogroup") as mine:
-                assert f.read().split(",")[0] == mine.read().split(",")[0], job
-
-
 def test_a_saves_writer_thread_runs_at_the_lowest_priority():
     from pstrain.server.ps.checkpoint import _save_thread
 

@@ -20,8 +20,6 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["serve"] and "--own-process-group" in argv:
-        leave_process_group()
     # Before numpy or PyTorch load (the subcommands' modules import them): they size their
     # thread pools once, from the environment.
     sized = presize_serve(argv, os.environ)
@@ -47,15 +45,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-
-
-def leave_process_group() -> None:
-    """Lead a process group of this process's own (unless it does already), first thing:
-    a terminal's Ctrl-C goes to the foreground group, the starter's, which passes it on.
-    Not a session of its own: Linux shares the CPU between sessions (autogroups) before
-    the threads in them, so a task in a session of its own would take a whole share
-    whatever its threads' priorities, and a save's writer thread at a lower priority
-    would still take CPU from the workers beside it."""
-    if os.getpgid(0) != os.getpid():
-        os.setpgid(0, 0)
 

@@ -122,10 +122,6 @@ def serve_parser(sub: Any) -> None:
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="stop when the process that started this one exits (LocalCluster uses it)")
-    p.add_argument("--own-process-group", action="store_true",
-                   help="leave the starting process's process group at once, staying in its "
-                        "session: a terminal's Ctrl-C is then the starter's to pass on "
-                        "(LocalCluster uses it)")
 
 
 def _raise_open_files_limit(want: int = 8192) -> None:
