@@ -124,9 +124,7 @@ class LocalCluster(RunningCluster):
             # Their own session: a terminal's Ctrl-C (SIGINT to its foreground process group)
             # reaches the program, which finishes its steps and then stops them; they still
             # exit if it dies (--exit-with-parent). A session each also gives each server its
-            # own share of the CPU (autogroups): in the program's session a ps's save writer,
-            # 19 steps nicer, starved on a busy machine and deltas came late (the SIGKILL
-            # drill lost more than two intervals in 3 of 6 runs under load, 0 of 6 this way).
+            # own share of the CPU (Linux autogroups).
             task.proc = await asyncio.create_subprocess_exec(
                 *self._command(task, port), stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT, env=env,  # both, prefixed with the task

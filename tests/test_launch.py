@@ -93,14 +93,15 @@ async def test_local_cluster_kill_restart_and_teardown_on_error():
         assert not alive(pid)
 
 
-def test_a_saves_writer_thread_runs_at_the_lowest_priority():
+def test_a_saves_writer_thread_runs_at_the_serving_loops_priority():
+    # Not nicer: a niced writer starved behind its own ps's loop on a busy machine, and
+    # deltas came later than the SIGKILL guarantee (tests/test_kill_drill.py) allows.
     from pstrain.server.ps.checkpoint import _save_thread
 
     def priority() -> int:
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
-    base = os.getpriority(os.PRIO_PROCESS, 0)
-    assert _save_thread().submit(priority).result(timeout=10) == 19 != base
+    assert _save_thread().submit(priority).result(timeout=10) == os.getpriority(os.PRIO_PROCESS, 0)
 
 
 async def test_servers_exit_when_their_parent_is_killed(tmp_path):
