@@ -101,7 +101,9 @@ def test_a_saves_writer_thread_runs_at_the_serving_loops_priority():
     def priority() -> int:
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
-    assert _save_thread().submit(priority).result(timeout=10) == os.getpriority(os.PRIO_PROCESS, 0)
+    for kind in ("full", "delta"):  # a delta has its own: not held up behind a full save
+        assert _save_thread(kind).submit(priority).result(timeout=10) == os.getpriority(os.PRIO_PROCESS, 0)
+    assert _save_thread("full") is not _save_thread("delta")
 
 
 async def test_servers_exit_when_their_parent_is_killed(tmp_path):

@@ -37,9 +37,8 @@ ps's shard replaced whole (not staged with the variables); ``load_variables``
 gives ``<path>/ids``, ``<path>/rows`` and ``<path>/slot:<optimizer>/<slot>``. The file format
 is ``checkpoint_files.py``.
 
-Checkpoints written before object-graph keys (format 1, keyed by variable
-name) are refused by ``restore`` with a message saying so; ``load_variables``
-still reads them (by name).
+Format 1 checkpoints (keyed by variable name) are refused by ``restore``, which
+says so; ``load_variables`` still reads them (by name).
 
 ::
 
@@ -81,6 +80,7 @@ from .deltas import (
     next_seq,
     placement_lock,
     ps_channels,
+    publish_caught_up,
     table_tag,
     take_marks,
     write_delta,
@@ -102,6 +102,7 @@ class Checkpoint:
     _objects: dict[str, Any]
     _status: CheckpointLoadStatus | None
     _chain: Chain | None  # what the next delta extends (deltas.py)
+    _delta_lock: asyncio.Lock  # one delta at a time (a full save's catch-up delta too)
     #: Saves made by :meth:`save` (restored from the checkpoint's index, as TF's counter).
     save_counter: int
 
@@ -109,6 +110,7 @@ class Checkpoint:
         object.__setattr__(self, "_objects", {})
         object.__setattr__(self, "_status", None)
         object.__setattr__(self, "_chain", None)
+        object.__setattr__(self, "_delta_lock", asyncio.Lock())
         object.__setattr__(self, "save_counter", 0)
         if root is not None:
             objects = {"root": root, **objects}
@@ -160,23 +162,25 @@ class Checkpoint:
         object.__setattr__(self, "save_counter", self.save_counter + 1)
         return await self.write(f"{file_prefix}-{self.save_counter}")
 
-    async def write(self, file_prefix: str) -> str:
-        """Save every tracked variable (and optimizer slot) at exactly ``file_prefix``."""
-        return await self._write(file_prefix, compacted=False)
+    async def write(self, file_prefix: str, *, catch_up: bool = False) -> str:
+        """Save every tracked variable (and optimizer slot) at exactly ``file_prefix``;
+        ``catch_up``: with its delta 1 (``deltas.publish_caught_up``)."""
+        return await self._write(file_prefix, compacted=False, catch_up=catch_up)
 
-    async def write_compacted(self, file_prefix: str) -> str:
+    async def write_compacted(self, file_prefix: str, *, catch_up: bool = False) -> str:
         """:meth:`write`, as the base that folds the current chain's deltas in: it covers the
         changes up to the chain's last delta (its marks), not up to now, so a table feed reader
         at that delta goes on from the new base's deltas without a full read
         (``_formats/table_feed.py``). Write a delta just before. Without a chain in the same
         directory, the same as :meth:`write`."""
-        return await self._write(file_prefix, compacted=True)
+        return await self._write(file_prefix, compacted=True, catch_up=catch_up)
 
-    async def _write(self, file_prefix: str, compacted: bool) -> str:
-        async with placement_lock(walk(self._objects)):  # no variable moves between ps meanwhile
-            return await self._write_now(file_prefix, compacted)
+    async def _write(self, file_prefix: str, compacted: bool, catch_up: bool) -> str:
+        # No variable moves between ps meanwhile; deltas go on (they share the lock).
+        async with placement_lock(walk(self._objects), shared=True):
+            return await self._write_now(file_prefix, compacted, catch_up)
 
-    async def _write_now(self, file_prefix: str, compacted: bool) -> str:
+    async def _write_now(self, file_prefix: str, compacted: bool, catch_up: bool) -> str:
         prefix = os.path.abspath(file_prefix)
         os.makedirs(os.path.dirname(prefix), exist_ok=True)
         if os.path.lexists(prefix + INDEX):
@@ -232,10 +236,11 @@ class Checkpoint:
         if local:
             await asyncio.get_running_loop().run_in_executor(
                 None, write_tensors, f"{prefix}.local.safetensors", local)
-        await asyncio.get_running_loop().run_in_executor(  # off the loop: its fsync may wait
-            None, functools.partial(write_index, prefix, index_vars, self.save_counter, index_tables,
-                                    seq, index_marks(marks)))
-        object.__setattr__(self, "_chain", Chain(prefix, 0, seq, marks))
+        publish = functools.partial(write_index, prefix, index_vars, self.save_counter, index_tables,
+                                    seq, index_marks(marks))
+        new = await publish_caught_up(Chain(prefix, 0, seq, marks), publish, self._delta_lock,
+                                      (entries, graph.tables, slots) if catch_up else None)
+        object.__setattr__(self, "_chain", new)
         _SAVED.append({"path": prefix, "time": time.time(), "values": len(index_vars),
                        "tables": len(index_tables)})
         logger.info("saved checkpoint %s (%d values)", prefix, len(index_vars))
@@ -258,7 +263,8 @@ class Checkpoint:
         if chain is None:
             raise FailedPreconditionError("a delta extends a full checkpoint written or restored "
                                           "by this Checkpoint, and there is none yet: save first")
-        async with placement_lock(walk(self._objects)):
+        async with placement_lock(walk(self._objects), shared=True), self._delta_lock:  # a save's order
+            chain = self._chain or chain
             graph, entries = await self._entries()
             path, new = await write_delta(chain, entries, graph.tables, table_slots(graph))
         if self._chain is chain:  # not superseded meanwhile by a full save or a restore
@@ -337,8 +343,8 @@ def _clear_unfinished(prefix: str) -> None:
     """Remove the files of a save at ``prefix`` that never finished (the process died before
     the index was written: the checkpoint was never visible), so that a job restarted from an
     earlier checkpoint can save at that path again."""
-    pattern = glob.escape(prefix)
-    stale = glob.glob(pattern + ".ps*.safetensors") + glob.glob(pattern + ".local.safetensors")
+    stale = [f for e in (".ps*.safetensors", ".local.safetensors", ".delta-*")
+             for f in glob.glob(glob.escape(prefix) + e)]
     for path in stale:
         os.remove(path)
     if stale:

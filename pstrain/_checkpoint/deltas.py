@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,8 +44,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("pstrain.checkpoint")
 
-__all__ = ["Chain", "index_marks", "next_seq", "placement_lock", "ps_channels", "take_marks", "table_tag",
-           "write_delta"]
+__all__ = ["Chain", "index_marks", "next_seq", "placement_lock", "ps_channels", "publish_caught_up",
+           "take_marks", "table_tag", "write_delta"]
 
 
 @dataclass
@@ -75,16 +76,24 @@ def ps_channels(entries: dict[str, Entry], tables: dict[str, DynamicEmbedding]) 
     return out
 
 
-def placement_lock(graph: Graph) -> contextlib.AbstractAsyncContextManager[Any]:
+def placement_lock(graph: Graph, shared: bool = False) -> contextlib.AbstractAsyncContextManager[Any]:
     """The lock that keeps moves of variables between ps (an elastic ps joining or leaving)
-    out of a save or restore of ``graph``: its channels' (none if nothing is on a ps)."""
+    out of a save or restore of ``graph``: its channels' (none if nothing is on a ps).
+    ``shared``: with other saves (a delta is written while a compaction's base is)."""
+    lock = None
     for entry in graph.entries.values():
         for part in entry.parts:
             if part.ps_index is not None:
-                return part.channels().placement_lock
+                lock = part.channels().placement_lock
+                break
+        if lock is not None:
+            break
     for table in graph.tables.values():
-        return (table.pool if table.pool is not None else current_channels()).placement_lock
-    return contextlib.nullcontext()
+        if lock is None:
+            lock = (table.pool if table.pool is not None else current_channels()).placement_lock
+    if lock is None:
+        return contextlib.nullcontext()
+    return lock.shared() if shared else lock
 
 
 async def take_marks(channels: dict[int, Channel]) -> dict[int, tuple[str, int]]:
@@ -208,3 +217,27 @@ async def write_delta(chain: Chain, entries: dict[str, Entry], tables: dict[str,
     await asyncio.get_running_loop().run_in_executor(None, write_delta_index, prefix, index)
     logger.info("saved delta %s (%d rows, %d bytes)", prefix, rows, size)
     return prefix, Chain(chain.base, number, seq, marks)
+
+
+async def publish_caught_up(chain: Chain, publish: Callable[[], None], lock: asyncio.Lock,
+                            catch_up: tuple[dict[str, Entry], dict[str, DynamicEmbedding],
+                                            dict[str, str]] | None) -> Chain:
+    """Make the full checkpoint of ``chain`` (its files written) visible: ``publish`` writes
+    its index, off the loop (its fsync may wait). With ``catch_up`` (its entries, tables and
+    table slots), delta 1 of it is written first, under ``lock`` (one delta at a time), so
+    that it becomes the latest save already holding what changed while it was written: a
+    large base takes seconds, and deltas of the chain before it went on meanwhile. Returns
+    what the next delta extends. A catch-up delta that fails is logged; the next delta
+    carries its rows."""
+    loop = asyncio.get_running_loop()
+    if catch_up is None:
+        await loop.run_in_executor(None, publish)
+        return chain
+    async with lock:
+        try:
+            _, chain = await write_delta(chain, *catch_up)
+        except Exception as exc:  # the base alone is still a good save
+            logger.warning("the delta written with checkpoint %s failed (the next one carries its "
+                           "rows): %s", chain.base, exc)
+        await loop.run_in_executor(None, publish)
+    return chain

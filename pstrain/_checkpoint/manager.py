@@ -12,11 +12,13 @@ interval of updates, not one full-save interval. ``latest_checkpoint`` names the
 newest delta of the newest full checkpoint, and restoring it applies base + deltas.
 After ``deltas_per_base`` deltas the next tick *compacts*: it writes a full
 checkpoint (training goes on; deltas keep extending the old one until the new one's
-index is written), which becomes the base of the next deltas; old full
+index is written, and that index is written after the new one's first delta, so the
+newest save is never older than about one interval), which becomes the base of the
+next deltas; old full
 checkpoints go with their deltas. A delta that cannot be written (a ps restarted
 since the base) is replaced by a full save; one that fails is logged and its rows
-go into the next. ``await manager.close()`` stops the deltas (``asyncio.run``
-cancels them too when the program ends).
+go into the next. ``await manager.close()`` stops the deltas, after the one being
+written if there is one (``asyncio.run`` cancels them when the program ends).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class CheckpointManager:
         self._loop: asyncio.Task[None] | None = None
         self._closed = False  # close() stops the deltas for good
         self._compaction: asyncio.Task[str] | None = None
+        self._waiting = False  # the deltas' loop waits for its next tick (close() cancels it then)
         self._lock = asyncio.Lock()  # one full save at a time
         self._delta_lock = asyncio.Lock()  # one delta at a time (a compaction writes one too)
         kept.track(self)  # Ctrl-C says which checkpoint was kept
@@ -114,7 +117,10 @@ class CheckpointManager:
                       else (numbers[-1] + 1 if numbers else 1))
             self.checkpoint.save_counter = max(self.checkpoint.save_counter, number)
             write = self.checkpoint.write_compacted if compacted else self.checkpoint.write
-            path = await write(self._path(number))
+            # With deltas under way, the new one becomes visible with its first delta: no older
+            # than the deltas that went on while it was written (seconds, for a large model).
+            catch_up = self.delta_interval_s is not None and self.checkpoint.chain_base is not None
+            path = await write(self._path(number), catch_up=catch_up)
             if self.max_to_keep is not None:
                 for old in self._numbers()[:-self.max_to_keep]:
                     self._delete(old)
@@ -162,8 +168,12 @@ class CheckpointManager:
     async def _deltas_loop(self) -> None:
         assert self.delta_interval_s is not None
         due = time.monotonic() + self.delta_interval_s
-        while True:
-            await asyncio.sleep(max(0.0, due - time.monotonic()))
+        while not self._closed:
+            self._waiting = True
+            try:
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+            finally:
+                self._waiting = False
             due = max(due + self.delta_interval_s, time.monotonic())
             try:
                 base = self.checkpoint.chain_base
@@ -183,11 +193,13 @@ class CheckpointManager:
             logger.warning("compacting the deltas into a full checkpoint failed: %s", task.exception())
 
     async def close(self) -> None:
-        """Stop writing deltas for good (a compaction under way is let finish)."""
+        """Stop writing deltas for good (a delta or compaction under way is let finish: one
+        cancelled half-way leaves a ps writing a file the next save of its name then meets)."""
         self._closed = True
         loop, self._loop = self._loop, None
         if loop is not None:
-            loop.cancel()
+            if self._waiting:
+                loop.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loop
         if self._compaction is not None:

@@ -25,6 +25,7 @@ import msgspec
 
 from .._base.cluster import parse_address, task_name
 from .._base.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from .._base.locks import PlacementLock
 from .._distribute.strategy import ParameterServerStrategy
 from .._formats.operations import TableStatistics
 from .._formats.placement_map import (
@@ -190,8 +191,8 @@ class PsChanges:
                 await self._move(moving, src, to)
 
     @property
-    def lock(self) -> asyncio.Lock:
-        """Held by each move, and by checkpoints' saves and restores (one at a time)."""
+    def lock(self) -> PlacementLock:
+        """Held alone by each move and by checkpoints' restores; saves share it."""
         return self._lock
 
     async def retire(self, index: int) -> None:

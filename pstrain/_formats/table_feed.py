@@ -6,6 +6,8 @@ A *version* is a save's ``seq`` (unique in its directory, full or delta,
 ``1..K`` of the newest save (highest ``seq``) that holds the table. A reader
 that last got version ``s`` gets, in order of preference:
 
+(A delta whose base's index is not written yet is not a version yet.)
+
 1. ``s`` is the chain's last version: nothing (the same version again).
 2. ``s`` is a save of the chain: the deltas after it, composed.
 3. ``s`` is a save of an older chain (before a compaction): the rest of that
@@ -108,16 +110,28 @@ def _saves(directory: str, key: str, ps: int, cache: IndexCache) -> dict[int, _S
     return found
 
 
-def _chain(saves: dict[int, _Save], newest: _Save) -> list[_Save]:
-    """The base and deltas 1..K of save ``newest`` (each delta's index present)."""
+def _chain(saves: dict[int, _Save], newest: _Save) -> list[_Save] | None:
+    """The base and deltas 1..K of save ``newest``; None if one's index is missing (a base
+    is published after its first delta, ``deltas.publish_caught_up``: for a moment that
+    delta is there and its base's index is not)."""
     by_number = {s.number: s for s in saves.values() if s.base == newest.base}
     chain = []
     for number in range(newest.number + 1):
         save = by_number.get(number)
         if save is None:
-            raise FailedPreconditionError(f"table feed: save {number} of {newest.base} is missing")
+            return None
         chain.append(save)
     return chain
+
+
+def _newest_chain(saves: dict[int, _Save]) -> list[_Save]:
+    """The chain of the newest save (highest ``seq``) that is whole."""
+    for seq in sorted(saves, reverse=True):
+        chain = _chain(saves, saves[seq])
+        if chain is not None:
+            return chain
+    raise FailedPreconditionError("table feed: no save of the table is whole yet (a base's index "
+                                  "is missing)")
 
 
 def _after(since: _Save, saves: dict[int, _Save], chain: list[_Save], reset_at: int) -> list[_Save] | None:
@@ -161,7 +175,7 @@ def read_feed(directory: str, key: str, ps: int, shard: Shard, num_shards: int, 
         raise FailedPreconditionError(
             f"table feed: no save of table {key!r} in {directory} yet: the feed serves saved "
             "versions (CheckpointManager(..., delta_interval_s=...))")
-    chain = _chain(saves, saves[max(saves)])
+    chain = _newest_chain(saves)
     version = chain[-1].seq
     empty = np.empty(0, np.int64)
     if since == version:

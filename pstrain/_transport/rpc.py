@@ -34,6 +34,7 @@ from .._base.errors import (
     from_envelope,
 )
 from .._base.exports import expose
+from .._base.locks import PlacementLock
 from .._base.tags import update_tags
 from .._base.tasks import TaskOwner
 from .._formats import wire
@@ -326,9 +327,8 @@ class ChannelPool:
         #: channels (the coordinator's PsHealth reads it: such a restart is handled).
         self.restored: dict[str, set[str]] = {}
         #: Where each variable lives now (the newest map known; ``routing.adopt`` replaces it).
-        #: A move between ps, and a checkpoint's save or restore, hold ``placement_lock``.
         self.routes = PlacementMap(ps=cluster_spec.job_tasks("ps"))
-        self.placement_lock = asyncio.Lock()
+        self.placement_lock = PlacementLock()  # moves and restores alone, saves shared
         self._channels: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, dict[tuple[str, int], Channel]] = weakref.WeakKeyDictionary()
         # The last loop's channels: every variable operation asks, almost always from one loop.

@@ -133,20 +133,21 @@ class CheckpointFiles:
             raise
         return pending
 
-    async def write(self, pending: Pending) -> dict[str, Any]:
-        """Write what :meth:`take` checked, on the save thread; its snapshots end after."""
+    async def write(self, pending: Pending, kind: str = "full") -> dict[str, Any]:
+        """Write what :meth:`take` checked, on the save thread of its ``kind``; its snapshots
+        end after."""
         try:
             size = await asyncio.get_running_loop().run_in_executor(
-                _save_thread(), functools.partial(write_streaming, pending.real, pending.tensors,
-                                                  root=self.root))
+                _save_thread(kind), functools.partial(write_streaming, pending.real, pending.tensors,
+                                                      root=self.root))
         finally:
             pending.release()
         return {"path": pending.path, "bytes": size}
 
     async def save_streamed(self, path: str, tensors: Tensors) -> dict[str, Any]:
-        """Write ``tensors`` (as ``write_streaming`` takes them) to a new file under the root,
-        on the save thread."""
-        return await self.write(self.take(path, tensors))
+        """Write ``tensors`` (a delta's, as ``write_streaming`` takes them) to a new file under
+        the root, on the deltas' save thread."""
+        return await self.write(self.take(path, tensors), "delta")
 
     async def read_table_rows(self, paths: list[str], shard: Shard, num_shards: int, dim: int,
                               dtype: np.dtype, deltas: list[list[tuple[str, str]]] | None = None
@@ -297,19 +298,22 @@ class CheckpointFiles:
             del self._staged[stage]  # initial values it released: made again when next read
 
 
-_SAVER: concurrent.futures.ThreadPoolExecutor | None = None
+_SAVERS: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
 
 
-def _save_thread() -> concurrent.futures.ThreadPoolExecutor:
-    """The thread that writes saves, one per process, made at the first save. It runs at the
+def _save_thread(kind: str = "full") -> concurrent.futures.ThreadPoolExecutor:
+    """The thread that writes saves of ``kind``, one of each per process, made at the first
+    such save: ``"full"`` checkpoints and deltas (``"delta"``), so that a delta (which bounds what a
+    SIGKILL loses) is not held up behind a compaction's full write. Each runs at the
     serving loop's priority: a nicer writer (19 steps, as it once was) gave training no more
     speed during a delta (W7: 0.62 against 0.63) and, on a busy machine, starved behind its
     own ps's loop, so deltas came late (0.2-0.4 s against 0.02-0.04 s at the loop's priority,
     both cores loaded) and a SIGKILL lost more than the delta interval promised."""
-    global _SAVER
-    if _SAVER is None:
-        _SAVER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pstrain-save")
-    return _SAVER
+    saver = _SAVERS.get(kind)
+    if saver is None:
+        saver = _SAVERS[kind] = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"pstrain-save-{kind}")
+    return saver
 
 
 async def remake_initial(records: list[VariableRecord]) -> None:
