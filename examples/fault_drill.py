@@ -27,6 +27,8 @@ from pstrain.ctr import BATCH, synthetic
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the models of ctr_embedding.py
 from ctr_embedding import FRAMEWORKS  # noqa: E402
 
+STALL_S = 60.0  # a drill that makes no progress this long fails, saying where it stood
+
 
 async def drill(steps: int, quiet: bool = False, framework: str = "numpy") -> dict:
     async with pstrain.LocalCluster(num_ps=2, num_workers=2) as cluster:
@@ -48,14 +50,24 @@ async def drill(steps: int, quiet: bool = False, framework: str = "numpy") -> di
         rvs = [coordinator.schedule(step, args=(iterator,)) for _ in range(steps)]
         kills = 0
         for fraction in (0.25, 0.6):
+            deadline = asyncio.get_running_loop().time() + STALL_S
             while sum(rv.done() for rv in rvs) < steps * fraction:
+                if asyncio.get_running_loop().time() > deadline:  # say what the job looks like
+                    raise RuntimeError(
+                        f"no {fraction:.0%} of the steps within {STALL_S:g} s "
+                        f"({sum(rv.done() for rv in rvs)} done): workers {coordinator.membership()}, "
+                        f"{coordinator.statistics()}")
                 await asyncio.sleep(0.05)
             await cluster.kill("worker", 1)
             kills += 1
             if not quiet:
                 print(f"killed worker 1 after {sum(rv.done() for rv in rvs)} steps; restarting it")
             await cluster.restart("worker", 1)
-        await coordinator.join()
+        try:
+            await asyncio.wait_for(coordinator.join(), 2 * STALL_S)
+        except TimeoutError:
+            raise RuntimeError(f"the steps did not finish within {2 * STALL_S:g} s: workers "
+                               f"{coordinator.membership()}, {coordinator.statistics()}") from None
         losses = [await rv for rv in rvs]
         iterations = int(await opt.iterations.numpy())
         _, test = synthetic(steps * BATCH)
