@@ -32,6 +32,7 @@ import numpy as np
 
 from .._base.context import current_channels
 from .._base.errors import FailedPreconditionError
+from .._base.locks import PlacementLock
 from .._formats.checkpoint_files import INDEX, remove_checkpoint
 from .._formats.checkpoint_operations import DeltaReply, DeltaTable, SaveDelta, TakeMark
 from .._formats.delta_files import delta_prefix, write_delta_index
@@ -80,20 +81,20 @@ def placement_lock(graph: Graph, shared: bool = False) -> contextlib.AbstractAsy
     """The lock that keeps moves of variables between ps (an elastic ps joining or leaving)
     out of a save or restore of ``graph``: its channels' (none if nothing is on a ps).
     ``shared``: with other saves (a delta is written while a compaction's base is)."""
-    lock = None
-    for entry in graph.entries.values():
-        for part in entry.parts:
-            if part.ps_index is not None:
-                lock = part.channels().placement_lock
-                break
-        if lock is not None:
-            break
-    for table in graph.tables.values():
-        if lock is None:
-            lock = (table.pool if table.pool is not None else current_channels()).placement_lock
+    lock = _lock_of(graph)
     if lock is None:
         return contextlib.nullcontext()
     return lock.shared() if shared else lock
+
+
+def _lock_of(graph: Graph) -> PlacementLock | None:
+    for entry in graph.entries.values():
+        for part in entry.parts:
+            if part.ps_index is not None:
+                return part.channels().placement_lock
+    for table in graph.tables.values():
+        return (table.pool if table.pool is not None else current_channels()).placement_lock
+    return None
 
 
 async def take_marks(channels: dict[int, Channel]) -> dict[int, tuple[str, int]]:

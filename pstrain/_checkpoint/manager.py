@@ -14,10 +14,9 @@ After ``deltas_per_base`` deltas the next tick *compacts*: it writes a full
 checkpoint (training goes on; deltas keep extending the old one until the new one's
 index is written, and that index is written after the new one's first delta, so the
 newest save is never older than about one interval), which becomes the base of the
-next deltas; old full
-checkpoints go with their deltas. A delta that cannot be written (a ps restarted
-since the base) is replaced by a full save; one that fails is logged and its rows
-go into the next. ``await manager.close()`` stops the deltas, after the one being
+next deltas; old full checkpoints go with their deltas. A delta that cannot be
+written (a ps restarted since the base) is replaced by a full save; one that fails
+is logged and its rows go into the next. ``await manager.close()`` stops the deltas, after the one being
 written if there is one (``asyncio.run`` cancels them when the program ends).
 """
 
