@@ -26,6 +26,10 @@ pytestmark = pytest.mark.timeout(90)
 DIM = 4
 
 
+def _cluster(root: str, num_ps: int = 2) -> InProcessCluster:
+    return InProcessCluster(num_ps=num_ps, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root})
+
+
 def _model(strategy):
     with strategy.scope():
         count = pstrain.Variable(np.zeros(1, np.float32), name="count")
@@ -61,8 +65,7 @@ def _seq(path: str) -> int:
 
 async def test_deltas_go_on_during_a_full_save_which_shows_up_with_its_first_delta(tmp_path):
     root = str(tmp_path)
-    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": root}) as cluster:
+    async with _cluster(root) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         count, table, opt, ckpt = _model(strategy)
         # Deltas on (a long interval: this test writes them itself), so saves catch up.
@@ -106,8 +109,7 @@ async def test_deltas_go_on_during_a_full_save_which_shows_up_with_its_first_del
         await manager.close()
 
     # The whole job restarts from the newest save: 5 steps, nothing lost.
-    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": root}) as cluster:
+    async with _cluster(root) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         count, table, _, ckpt = _model(strategy)
         manager = pstrain.checkpoint.CheckpointManager(ckpt, root)
@@ -120,8 +122,7 @@ async def test_deltas_go_on_during_a_full_save_which_shows_up_with_its_first_del
 
 async def test_close_lets_a_delta_under_way_finish(tmp_path):
     root = str(tmp_path)
-    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": root}) as cluster:
+    async with _cluster(root, num_ps=1) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         count, table, opt, ckpt = _model(strategy)
         manager = pstrain.checkpoint.CheckpointManager(ckpt, root, delta_interval_s=0.05)
