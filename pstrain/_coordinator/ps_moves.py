@@ -56,7 +56,7 @@ class PsChanges:
         self.strategy = strategy
         self.channels = channels
         self.timeout_s = timeout_s
-        self._lock = channels.placement_lock  # moves and checkpoints take turns
+        self._lock = channels.placement_lock  # moves (alone) and checkpoint saves (shared) take turns
         #: The move under way: (keys, from ps, to ps, when it started), for status.
         self.moving: tuple[list[str], int, int, float] | None = None
         self.moves_done = 0
