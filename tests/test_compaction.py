@@ -19,7 +19,7 @@ import pstrain
 from pstrain.server.ps.checkpoint import _save_thread
 from pstrain.testing import InProcessCluster
 
-from .conftest import TOKEN
+from .conftest import TOKEN, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -132,13 +132,10 @@ async def test_close_lets_a_delta_under_way_finish(tmp_path):
         held = _save_thread("delta").submit(gate.wait, 60)  # the next delta's write waits
         try:
             await _step(count, table, opt, 2)
-            deadline = asyncio.get_running_loop().time() + 30
-            while not manager._delta_lock.locked():  # the deltas' loop is writing one
-                assert asyncio.get_running_loop().time() < deadline, "no delta started"
-                await asyncio.sleep(0.01)
+            await wait_for(manager._delta_lock.locked, timeout=30, what="the deltas' loop to write one")
             closing = asyncio.create_task(manager.close())
-            await asyncio.sleep(0)
-            assert not closing.done()
+            await wait_for(lambda: manager._closed, what="close() to begin")
+            assert not closing.done()  # it waits for the delta under way
         finally:
             gate.set()
         held.result(timeout=30)

@@ -9,12 +9,13 @@ import pytest
 
 from pstrain._base.locks import PlacementLock
 
+from .conftest import wait_for
+
 pytestmark = pytest.mark.timeout(30)
 
 
-async def _settle() -> None:
-    for _ in range(5):
-        await asyncio.sleep(0)
+def _waiting(lock: PlacementLock) -> int:
+    return len(lock._waiting)
 
 
 async def test_saves_share_it_and_a_move_waits_for_them_then_saves_asked_later_wait_for_the_move():
@@ -35,24 +36,23 @@ async def test_saves_share_it_and_a_move_waits_for_them_then_saves_asked_later_w
         order.append("move out")
 
     tasks = [asyncio.create_task(save("save1")), asyncio.create_task(save("save2"))]
-    await _settle()
+    await wait_for(lambda: order == ["save1 in", "save2 in"], what="both saves in")
     tasks.append(asyncio.create_task(move()))
-    await _settle()
+    await wait_for(lambda: _waiting(lock) == 1, what="the move to wait")
     tasks.append(asyncio.create_task(save("save3")))  # asked after the move: waits for it
-    await _settle()
-    assert order == ["save1 in", "save2 in"] and lock.locked()
+    await wait_for(lambda: _waiting(lock) == 2, what="the third save to wait")
     release["save1"].set()
-    await _settle()
-    assert order[-1] == "save1 out"  # the move still waits for save2
+    await wait_for(lambda: "save1 out" in order, what="save1 out")
+    assert _waiting(lock) == 2 and "move in" not in order  # the move still waits for save2
     release["save2"].set()
-    await _settle()
-    assert order[-2:] == ["save2 out", "move in"]
+    await wait_for(lambda: "move in" in order, what="the move in")
+    assert order[-2:] == ["save2 out", "move in"] and _waiting(lock) == 1  # save3 waits
     release["move"].set()
-    await _settle()
+    await wait_for(lambda: "save3 in" in order, what="save3 in")
     assert order[-2:] == ["move out", "save3 in"]
     release["save3"].set()
     await asyncio.gather(*tasks)
-    assert not lock.locked()
+    assert not lock.locked() and _waiting(lock) == 0
 
 
 @pytest.mark.parametrize("cancel_at", ["waiting", "granted"])
@@ -66,7 +66,7 @@ async def test_a_cancelled_waiter_leaves_no_trace(cancel_at):
             raise AssertionError("a cancelled move never runs")
 
     mover = asyncio.create_task(move())
-    await _settle()
+    await wait_for(lambda: _waiting(lock) == 1, what="the move to wait")
     if cancel_at == "granted":
         await save.__aexit__(None, None, None)  # granted to the move, which has not run yet
         assert lock.locked()
@@ -76,7 +76,7 @@ async def test_a_cancelled_waiter_leaves_no_trace(cancel_at):
     if cancel_at == "waiting":
         assert lock.locked()  # the save still holds it
         await save.__aexit__(None, None, None)
-    assert not lock.locked()
+    assert not lock.locked() and _waiting(lock) == 0
     async with lock:  # free for anyone
         assert lock.locked()
     async with lock.shared():

@@ -264,7 +264,7 @@ class Checkpoint:
             raise FailedPreconditionError("a delta extends a full checkpoint written or restored "
                                           "by this Checkpoint, and there is none yet: save first")
         async with placement_lock(walk(self._objects), shared=True), self._delta_lock:  # a save's order
-            chain = self._chain or chain
+            chain = self._chain or chain  # a full save may have moved the chain on meanwhile
             graph, entries = await self._entries()
             path, new = await write_delta(chain, entries, graph.tables, table_slots(graph))
         if self._chain is chain:  # not superseded meanwhile by a full save or a restore

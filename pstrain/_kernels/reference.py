@@ -68,7 +68,6 @@ def index_get(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray) ->
     out[hit] = slots[found[hit], 1]
 
 
-
 def index_locate(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray,
                  mark: np.ndarray) -> bool:
     index_get(slots, mask, ids, out[:ids.size])
@@ -76,6 +75,7 @@ def index_locate(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray,
         return False
     missing = ids[out[:ids.size] < 0]
     return bool(np.unique(missing).size == missing.size)
+
 
 def index_insert(slots: np.ndarray, mask: int, ids: np.ndarray, rows: np.ndarray) -> None:
     keys, vals = slots[:, 0], slots[:, 1]
@@ -128,7 +128,6 @@ def index_delete(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray)
     return int(gone.size)
 
 
-
 def count_sightings(slots: np.ndarray, mask: int, counts: np.ndarray, owners: np.ndarray,
                     ids: np.ndarray, admit: np.ndarray, threshold: int, next_slot: int,
                     room: int) -> tuple[int, int, int]:
@@ -159,6 +158,7 @@ def count_sightings(slots: np.ndarray, mask: int, counts: np.ndarray, owners: np
     counts[at] = 1
     owners[at] = fresh
     return done, int(fresh.size), int(np.count_nonzero(gone))
+
 
 def _checked(name: str, var: np.ndarray, rows: np.ndarray, what: str = "variable") -> np.ndarray:
     """Which of ``rows`` exist (not -1); raises if one is past ``var``'s end."""
@@ -234,7 +234,6 @@ def pick_victims(key: np.ndarray, live: np.ndarray, protect: np.ndarray, mark: n
     return rows[take]
 
 
-
 def rows_after(epochs: np.ndarray, since: int, live: np.ndarray | None = None) -> np.ndarray:
     if live is not None and live.size < epochs.size:
         raise ValueError(f"rows_after: {live.size} live flags for {epochs.size} rows")
@@ -242,6 +241,7 @@ def rows_after(epochs: np.ndarray, since: int, live: np.ndarray | None = None) -
     if live is not None:
         after &= live[:epochs.size].astype(bool)
     return np.flatnonzero(after)
+
 
 def unique_first(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     sorted_ids, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
