@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 import pstrain
 from pstrain._formats.idhash import shard_of
@@ -129,6 +131,40 @@ async def test_a_restarted_ps_gets_a_full_save_not_a_delta_that_misses_its_rows(
         assert not [f for f in os.listdir(root) if ".delta-" in f]  # nothing half-written left
         path = await manager.save_delta()
         assert path != base and ".delta-" not in path and manager.checkpoints == [base, path]
+
+
+async def test_a_large_variables_changed_rows_are_found_on_the_save_thread_not_the_loop(
+        tmp_path, monkeypatch):
+    # The serving loop only ends the epoch: a pass over a big variable's row stamps (its
+    # cost grows with the rows the ps holds) runs on the deltas' save thread.
+    from pstrain._kernels import KERNELS
+
+    passes: list[str] = []
+    rows_after = KERNELS.rows_after
+
+    def spy(epochs, *args, **kwargs):
+        if epochs.shape[0] == 70_000:  # big's stamps (the table's are a few dozen)
+            passes.append(threading.current_thread().name)
+        return rows_after(epochs, *args, **kwargs)
+
+    root = str(tmp_path)
+    async with _cluster(root, num_ps=1) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        table, big, small, opt, ckpt = _model(strategy)
+        manager = pstrain.checkpoint.CheckpointManager(ckpt, root)
+        await _step(table, big, small, opt, 0)
+        await manager.save()
+        for k in (1, 2):
+            await _step(table, big, small, opt, k)
+        monkeypatch.setattr(KERNELS, "rows_after", spy)
+        path = await manager.save_delta()
+        monkeypatch.undo()
+        now = await big.read_value()
+    assert passes and all(name.startswith("pstrain-save-delta") for name in passes), passes
+    key = _index(path)["variables"]["model/big"]["parts"][0]["key"]
+    idx = load_file(f"{path}.ps0.safetensors")[f"v:{key}:idx"]
+    assert idx.tolist() == [1, 2, 1001, 1002, 69_997, 69_998]  # the rows steps 1 and 2 changed
+    np.testing.assert_array_equal(pstrain.checkpoint.load_variables(path)["model/big"], now)
 
 
 async def test_bad_settings_are_refused_with_what_was_wrong(tmp_path):

@@ -145,13 +145,15 @@ def test_counting_sightings_is_the_same_compiled_and_in_numpy_and_in_python(step
 
 @settings(max_examples=150, deadline=None)
 @given(epochs=st.lists(st.integers(0, 2**32 - 1), max_size=300), since=st.integers(-1, 2**32),
-       live=st.one_of(st.none(), st.lists(st.booleans(), min_size=300, max_size=310)))
-def test_the_rows_changed_after_a_mark_are_the_same_compiled_and_in_numpy(epochs, since, live):
+       live=st.one_of(st.none(), st.lists(st.booleans(), min_size=300, max_size=310)),
+       until=st.one_of(st.none(), st.integers(-1, 2**32)))
+def test_the_rows_changed_after_a_mark_are_the_same_compiled_and_in_numpy(epochs, since, live, until):
     e = np.array(epochs, np.uint32)
     flags = None if live is None else np.array(live, bool).view(np.uint8)
-    want = [i for i, x in enumerate(epochs) if x > since and (live is None or live[i])]
+    want = [i for i, x in enumerate(epochs)
+            if x > since and (until is None or x <= until) and (live is None or live[i])]
     for impl in (compiled, reference):
-        got = impl.rows_after(e, since, flags)
+        got = impl.rows_after(e, since, flags, until=until)
         assert got.dtype == np.int64 and got.tolist() == want
     with pytest.raises(ValueError, match="live flags"):
         compiled.rows_after(np.zeros(5, np.uint32), 0, np.zeros(4, np.uint8))

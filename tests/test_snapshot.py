@@ -15,7 +15,7 @@ import pstrain
 from pstrain._formats import direct_writes
 from pstrain._formats.direct_writes import ALIGN
 from pstrain._formats.tensor_files import whole, write_streaming
-from pstrain.server.ps.snapshots import Snapshot
+from pstrain.server.ps.snapshots import ChangedRows, Snapshot
 from pstrain.testing import InProcessCluster
 
 from .conftest import TOKEN
@@ -149,3 +149,65 @@ def test_a_snapshot_copied_while_another_thread_changes_its_rows_is_the_array_as
     assert not server.is_alive()
     assert not np.array_equal(array, before)  # the rows did change while it was copied
     np.testing.assert_array_equal(got, before if rows is None else before[rows])
+
+
+@pytest.mark.parametrize("how", ["blocks", "file"])
+def test_the_rows_a_delta_finds_on_its_thread_are_those_changed_by_its_mark_as_they_were(how, tmp_path):
+    # A delta's rows are found by the writer, while the serving loop goes on updating and
+    # stamping rows: those changed after the mark are still written, as they were at it.
+    rng = np.random.default_rng(11)
+    array = rng.standard_normal((40_000, 8)).astype(np.float32)
+    since, mark = 2, 4
+    epochs = rng.integers(0, mark + 1, array.shape[0]).astype(np.uint32)  # none after the mark
+    rows = np.flatnonzero((epochs > since) & (epochs <= mark))
+    want = array[rows].copy()
+    snap = ChangedRows(array, epochs, since, mark, block_rows=1024)
+
+    def update(changed: np.ndarray) -> None:  # the serving loop: keep, change, stamp
+        snap.before_write(changed)
+        array[changed] += 1.0
+        epochs[changed] = mark + 1
+
+    early = rows[::97]
+    update(early)  # before the writer looks: no longer stamped in the range, but kept
+    done = threading.Event()
+
+    def serve():
+        k = 0
+        while not done.is_set() or k < 200:
+            changed = rng.integers(0, array.shape[0], 300)  # repeats, in any order, ...
+            update(np.unique(changed) if k % 2 else changed)  # ... or as a sparse step's
+            k += 1
+
+    server = threading.Thread(target=serve)
+    server.start()
+    try:
+        found = snap.prepare()
+        if how == "file":
+            path = str(tmp_path / "d.safetensors")
+            write_streaming(path, lambda: [("rows", array.dtype, (found.size, 8), snap)])
+            got = load_file(path)["rows"]
+        else:
+            got = np.concatenate(list(snap.blocks()))
+    finally:
+        done.set()
+        server.join(timeout=60)
+    assert not server.is_alive()
+    np.testing.assert_array_equal(found, rows)
+    np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(array[rows], want)  # they did change while it was written
+    assert snap.kept_bytes == 0
+
+
+def test_a_delta_whose_every_row_is_written_meanwhile_keeps_them_once():
+    a = np.arange(20.0).reshape(10, 2)
+    epochs = np.array([0, 3, 3, 1, 3, 0, 0, 2, 3, 0], np.uint32)  # since 1, mark 3: 1, 2, 4, 7, 8
+    snap = ChangedRows(a, epochs, since=1, mark=3)
+    want = a[[1, 2, 4, 7, 8]].copy()
+    snap.before_write(None)  # an assignment of the whole array: no row stamps move
+    a[:] = -1.0
+    kept = snap.kept_bytes
+    snap.before_write(np.array([1, 2]))
+    assert snap.kept_bytes == kept == want.nbytes  # kept once, not again
+    assert snap.prepare().tolist() == [1, 2, 4, 7, 8]
+    np.testing.assert_array_equal(np.concatenate(list(snap.blocks())), want)

@@ -68,7 +68,11 @@ def safetensors_header(tensors: Sequence[tuple[str, np.dtype, tuple[int, ...]]],
     return len(raw).to_bytes(8, "little") + raw, header
 
 
-def write_streaming(path: str, tensors: Sequence[tuple[str, np.dtype, tuple[int, ...], Any]],
+#: ``(key, dtype, shape, pieces)`` of each tensor :func:`write_streaming` writes.
+StreamedTensors = Sequence[tuple[str, np.dtype, tuple[int, ...], Any]]
+
+
+def write_streaming(path: str, tensors: StreamedTensors | Callable[[], StreamedTensors],
                     root: str | None = None) -> int:
     """Write a safetensors file whose tensors arrive in pieces: ``(key, dtype, shape, pieces)``
     where ``pieces()`` yields the tensor's bytes in row order (so a large array need not be
@@ -77,7 +81,11 @@ def write_streaming(path: str, tensors: Sequence[tuple[str, np.dtype, tuple[int,
     copied there after) and returns how many. The header is the format's (8-byte length,
     JSON with dtype, shape and data offsets, space-padded to 8 bytes); reading is
     safetensors' own. Written like :func:`write_atomically` with ``overwrite=False``, past
-    the page cache (:mod:`~pstrain._formats.direct_writes`); returns the size."""
+    the page cache (:mod:`~pstrain._formats.direct_writes`); returns the size. ``tensors``
+    may be a function that makes them, called first (where the file is written: a delta's
+    changed rows are found on the save thread, not where the save was asked for)."""
+    if callable(tensors):
+        tensors = tensors()
     raw, header = safetensors_header([(key, dtype, shape) for key, dtype, shape, _ in tensors])
 
     def write(f: DirectWriter) -> None:

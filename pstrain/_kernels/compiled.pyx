@@ -9,7 +9,7 @@ cimport cython
 import numpy as np
 
 from libc.math cimport sqrt, sqrtf
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport INT64_MAX, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 cdef extern from *:
@@ -483,11 +483,14 @@ def pick_victims(const int64_t[::1] key, const uint8_t[::1] live, const int64_t[
     return out
 
 
-def rows_after(const uint32_t[::1] epochs, int64_t since, const uint8_t[::1] live=None):
-    """The rows whose epoch is after ``since`` (and, given ``live``, whose byte there is
-    not 0), ascending: what a delta checkpoint writes, found in one pass over the epochs
-    (numpy's compare then ``flatnonzero`` makes two and a temporary the array's length)."""
+def rows_after(const uint32_t[::1] epochs, int64_t since, const uint8_t[::1] live=None,
+               until=None):
+    """The rows whose epoch is after ``since`` (and, given ``until``, not after it; given
+    ``live``, whose byte there is not 0), ascending: what a delta checkpoint writes, found
+    in one pass over the epochs (numpy's compares then ``flatnonzero`` make two and a
+    temporary the array's length)."""
     cdef Py_ssize_t i, n = epochs.shape[0], k = 0
+    cdef int64_t last = INT64_MAX if until is None else <int64_t>until
     if live is not None and live.shape[0] < n:
         raise ValueError(f"rows_after: {live.shape[0]} live flags for {n} rows")
     out = np.empty(n + 1, np.int64)  # pages only as far as it is filled
@@ -496,11 +499,11 @@ def rows_after(const uint32_t[::1] epochs, int64_t since, const uint8_t[::1] liv
         if live is None:
             for i in range(n):
                 o[k] = i
-                k += <int64_t>epochs[i] > since
+                k += (<int64_t>epochs[i] > since) & (<int64_t>epochs[i] <= last)
         else:
             for i in range(n):
                 o[k] = i
-                k += (<int64_t>epochs[i] > since) & (live[i] != 0)
+                k += (<int64_t>epochs[i] > since) & (<int64_t>epochs[i] <= last) & (live[i] != 0)
     return out[:k].copy()
 
 

@@ -234,10 +234,13 @@ def pick_victims(key: np.ndarray, live: np.ndarray, protect: np.ndarray, mark: n
     return rows[take]
 
 
-def rows_after(epochs: np.ndarray, since: int, live: np.ndarray | None = None) -> np.ndarray:
+def rows_after(epochs: np.ndarray, since: int, live: np.ndarray | None = None,
+               until: int | None = None) -> np.ndarray:
     if live is not None and live.size < epochs.size:
         raise ValueError(f"rows_after: {live.size} live flags for {epochs.size} rows")
     after = epochs.astype(np.int64) > since
+    if until is not None:
+        after &= epochs.astype(np.int64) <= until
     if live is not None:
         after &= live[:epochs.size].astype(bool)
     return np.flatnonzero(after)

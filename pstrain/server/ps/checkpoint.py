@@ -46,6 +46,8 @@ from .store import VariableRecord, VariableStore
 __all__ = ["CheckpointFiles", "Pending"]
 
 Tensors = list[tuple[str, np.dtype, tuple[int, ...], Any]]
+#: Tensors as ``write_streaming`` takes them, or what makes them on the save thread.
+SomeTensors = Tensors | Callable[[], Tensors]
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +62,7 @@ class Pending:
     """A checkpoint file taken (checked, its values snapshotted), not yet written."""
     path: str  # as asked
     real: str  # resolved, under the root
-    tensors: Tensors
+    tensors: SomeTensors
     releases: list[Callable[[], None]]
 
     def release(self) -> None:
@@ -97,7 +99,7 @@ class CheckpointFiles:
         return real
 
     # -- save ------------------------------------------------------------------------------------
-    def take(self, path: str, tensors: Tensors) -> Pending:
+    def take(self, path: str, tensors: SomeTensors) -> Pending:
         """A new file ``path`` under the root to hold ``tensors`` (as ``write_streaming``
         takes them): checked, not written; snapshots added to its ``releases`` end once it is."""
         real = self.confine(path, "checkpoint file")
@@ -112,7 +114,8 @@ class CheckpointFiles:
     def take_variables(self, req: SaveCheckpoint) -> Pending:
         """``req``'s variables as they are now: large ones through snapshots (read block by
         block while updates go on, never copied whole), small ones pinned."""
-        pending = self.take(req.path, [])
+        tensors: Tensors = []
+        pending = self.take(req.path, tensors)
         records = {key: self.store.get(name) for key, name in req.tensors.items()}
         for r in records.values():
             if r.array.dtype.name not in SAFETENSORS_DTYPES:
@@ -124,10 +127,10 @@ class CheckpointFiles:
                 snap = r.snapshot()
                 if snap is not None:
                     pending.releases.append(functools.partial(r.end_snapshot, snap))
-                    pending.tensors.append((key, arr.dtype, arr.shape, snap))
+                    tensors.append((key, arr.dtype, arr.shape, snap))
                 else:
                     pending.releases.append(r.pin())
-                    pending.tensors.append(whole(key, arr))
+                    tensors.append(whole(key, arr))
         except BaseException:
             pending.release()
             raise
@@ -144,9 +147,9 @@ class CheckpointFiles:
             pending.release()
         return {"path": pending.path, "bytes": size}
 
-    async def save_streamed(self, path: str, tensors: Tensors) -> dict[str, Any]:
-        """Write ``tensors`` (a delta's, as ``write_streaming`` takes them) to a new file under
-        the root, on the deltas' save thread."""
+    async def save_streamed(self, path: str, tensors: SomeTensors) -> dict[str, Any]:
+        """Write ``tensors`` (a delta's, as ``write_streaming`` takes them, or a function the
+        save thread calls for them) to a new file under the root, on the deltas' save thread."""
         return await self.write(self.take(path, tensors), "delta")
 
     async def read_table_rows(self, paths: list[str], shard: Shard, num_shards: int, dim: int,

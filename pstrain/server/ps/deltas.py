@@ -5,12 +5,14 @@ Every change on a ps is stamped with the epoch of its
 ``VariableRecord.row_epochs`` or its whole array in ``changed``; a table's rows
 in ``DynamicTable.epochs``, its evictions in a log). ``delta/mark`` ends an
 epoch and returns its number: a save that starts after a mark ``m`` holds every
-change stamped up to ``m``. ``delta/save`` since ``m`` takes, in one step on the
-serving loop (no ``await``: nothing changes meanwhile), a copy of everything
-stamped after ``m`` and ends the epoch, then writes the copy to a new file
-under the checkpoint root on the save thread while training goes on (a large
-variable's changed rows are gathered there, through a snapshot of those rows:
-the loop only finds which rows changed):
+change stamped up to ``m``. ``delta/save`` since ``m`` ends the epoch and takes,
+in one step on the serving loop (no ``await``: nothing changes meanwhile), a copy
+of everything stamped after ``m``, then writes the copy to a new file under the
+checkpoint root on the save thread while training goes on. A large variable's
+changed rows are not even found on the loop: the save thread finds them (a pass
+over the row stamps) and gathers them, through a snapshot of the rows stamped
+between ``m`` and the mark just taken (:class:`~.snapshots.ChangedRows`), so what
+a delta costs the serving loop does not grow with the rows a ps holds:
 
 * of a variable under file key ``k``: ``v:<k>:rows`` (the rows changed) and
   ``v:<k>:idx`` (their row numbers in this ps's part), or ``v:<k>:rows``
@@ -39,6 +41,7 @@ from ..._formats.tensor_files import whole
 from .checkpoint import CheckpointFiles
 from .dynamic_table import DynamicTable
 from .feed import TableFeed
+from .snapshots import ChangedRows
 from .store import Snapshot, VariableRecord
 
 __all__ = ["Deltas"]
@@ -77,16 +80,17 @@ class Deltas:
                     f"evictions since mark {req.since} (more than it keeps, or it was "
                     "restored since): write a full checkpoint")
             tables[name] = (table, spec)
-        # -- one step: copy what changed, end the epoch (no await until the write) --------------
+        # -- one step: end the epoch, copy what changed (no await until the write) --------------
+        mark = self.store.clock.mark()
         tensors: Tensors = []
         snaps: list[tuple[VariableRecord, Snapshot]] = []
+        found: list[tuple[str, ChangedRows]] = []  # rows the save thread finds, then writes
         rows = removed = 0
         written: list[str] = []
         written_whole: list[str] = []
         for key, record in records.items():
-            changed = record.changed_rows(req.since)
             arr = record.array
-            if changed is None:
+            if record.changed > req.since or record.row_epochs is None:
                 if record.changed <= req.since:
                     continue  # a small array, unchanged
                 tensors.append(whole(f"v:{key}:rows", arr.copy()))
@@ -95,17 +99,18 @@ class Deltas:
                 if arr.ndim:
                     tensors.append(whole(f"v:{key}:idx", np.arange(arr.shape[0], dtype=np.int64)))
                 rows += arr.shape[0] if arr.ndim else 1
-            elif changed.size:
-                # Gathered by the save thread, block by block; an update meanwhile keeps the
-                # old values of the rows it changes first (as a full save's snapshot does).
-                snap = record.snapshot(changed)
-                if snap is None:
-                    tensors.append(whole(f"v:{key}:rows", arr[changed]))
-                else:
-                    snaps.append((record, snap))
-                    tensors.append((f"v:{key}:rows", arr.dtype, (changed.size, *arr.shape[1:]),
-                                    snap))
-                tensors.append(whole(f"v:{key}:idx", changed.astype(np.int64, copy=False)))
+                continue
+            # Its changed rows are found and gathered by the save thread, block by block; an
+            # update meanwhile keeps the old values of the rows it changes first.
+            lazy = record.changes_snapshot(req.since, mark)
+            if lazy is not None:
+                snaps.append((record, lazy))
+                found.append((key, lazy))
+                continue
+            changed = record.changed_rows(req.since)  # not contiguous: copied here, now
+            if changed is not None and changed.size:
+                tensors.append(whole(f"v:{key}:rows", arr[changed]))
+                tensors.append(whole(f"v:{key}:idx", changed))
                 written.append(key)
                 rows += changed.size
         for table, spec in tables.values():
@@ -123,9 +128,21 @@ class Deltas:
                     tensors.append(whole(f"{p}:{key}", arr))
             rows += changes["ids"].size
             removed += changes["removed"].size
-        mark = self.store.clock.mark()
+
+        def everything() -> Tensors:  # on the save thread: the rows each snapshot finds
+            nonlocal rows
+            for key, changes in found:
+                picked = changes.prepare()
+                if picked.size:
+                    arr = changes.array
+                    tensors.append((f"v:{key}:rows", arr.dtype, (picked.size, *arr.shape[1:]), changes))
+                    tensors.append(whole(f"v:{key}:idx", picked))
+                    written.append(key)
+                    rows += int(picked.size)
+            return tensors
+
         try:
-            saved = await self.checkpoints.save_streamed(req.path, tensors)
+            saved = await self.checkpoints.save_streamed(req.path, everything)
         finally:
             for record, snap in snaps:
                 record.end_snapshot(snap)

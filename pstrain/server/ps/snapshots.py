@@ -25,9 +25,10 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..._formats.direct_writes import DirectWriter
+from ..._kernels import KERNELS
 from ..._kernels.batches import take_rows
 
-__all__ = ["BLOCK_BYTES", "Snapshot"]
+__all__ = ["BLOCK_BYTES", "ChangedRows", "Snapshot"]
 
 #: About how many bytes a save's writer copies (and writes) at a time.
 BLOCK_BYTES = 8 << 20
@@ -45,6 +46,15 @@ class Snapshot:
 
     def __init__(self, array: np.ndarray, block_rows: int | None = None,
                  rows: np.ndarray | None = None) -> None:
+        self._setup(array, block_rows, rows)
+        # True: nothing to keep for the row (kept already, or not among the rows selected).
+        if rows is None:
+            self._done = np.zeros(self.rows, bool)
+        else:
+            self._done = np.ones(self.rows, bool)
+            self._done[rows] = False
+
+    def _setup(self, array: np.ndarray, block_rows: int | None, rows: np.ndarray | None) -> None:
         self.array = array
         self.rows = array.shape[0]
         #: Only these rows (ascending), gathered in order (a delta's changed rows); None: all.
@@ -52,12 +62,6 @@ class Snapshot:
         row_bytes = max(1, array[:1].nbytes)
         self.block_rows = block_rows or max(1, BLOCK_BYTES // row_bytes)
         self.taken = 0  # rows below this are copied by the writer: changes there need nothing
-        # True: nothing to keep for the row (kept already, or not among the rows selected).
-        if rows is None:
-            self._done = np.zeros(self.rows, bool)
-        else:
-            self._done = np.ones(self.rows, bool)
-            self._done[rows] = False
         self._old: list[tuple[np.ndarray, np.ndarray]] = []  # (rows ascending, their old values)
         self.kept_bytes = 0
         self._next_drop = self.block_rows * 64  # the writer forgets kept rows it is past
@@ -74,16 +78,21 @@ class Snapshot:
             else:
                 r = np.asarray(rows).reshape(-1)
                 r = r[(r >= self.taken) & (r < self.rows)]  # rows past the snapshot: not its
-            if r.size:
-                r = r[~self._done[r]]
+            r = self._to_keep(r, rows is None)
             if not r.size:
                 return
             if r.size > 1 and not bool(np.all(r[1:] > r[:-1])):  # a sparse step's rows are
                 r = np.unique(r)                                    # unique and ascending
-            self._done[r] = True
             values = self.array[r]
             self._old.append((r, values))
             self.kept_bytes += values.nbytes
+
+    def _to_keep(self, r: np.ndarray, every: bool) -> np.ndarray:
+        """Of rows ``r`` (at or past ``taken``; ``every``: all of them), those whose old values
+        are still to be kept, now counted as kept."""
+        r = r[~self._done[r]]
+        self._done[r] = True
+        return r
 
     def blocks(self) -> Iterator[np.ndarray]:
         """The array (or its selected rows) as of the snapshot, one block (a copy of its
@@ -167,3 +176,65 @@ class Snapshot:
                 self.kept_bytes -= v[:a].nbytes
             self._old = kept
 
+
+
+class ChangedRows(Snapshot):
+    """The rows of ``array`` whose epoch in ``epochs`` is after ``since`` and not after
+    ``mark`` (a delta's rows, ``mark`` just taken: no row is stamped after it yet), as they
+    were at the mark, found by the writer (:meth:`prepare`), not by the serving loop.
+
+    Taking it costs the serving loop nothing per row: the rows are found by a pass over
+    the epochs on the writer's thread, while updates go on. Whoever changes rows calls
+    :meth:`before_write` first, then stamps them with the current epoch (after ``mark``):
+    a row still stamped in ``(since, mark]`` is one of the delta's rows not changed since
+    the mark, so its old values are kept the first time, and only then (its stamp moves on).
+
+    Why the writer's pass finds exactly the rows: it reads each row's epoch at some moment
+    without the lock. A row of the delta not yet changed then is found (its stamp is still
+    in the range); one changed before was kept before its stamp moved on, so it is among
+    the rows kept, taken under the lock after the pass. A row found, or kept, is one of the
+    delta's: stamps only ever move past ``mark``.
+
+    >>> a = np.arange(10.0).reshape(5, 2)
+    >>> epochs = np.array([1, 3, 2, 3, 0], np.uint32)     # changed since mark 1: rows 1, 2, 3
+    >>> snap = ChangedRows(a, epochs, since=1, mark=3)
+    >>> snap.before_write(np.array([2])); a[2] = -1.0; epochs[2] = 4   # an update meanwhile
+    >>> snap.prepare().tolist()
+    [1, 2, 3]
+    >>> np.concatenate(list(snap.blocks())).ravel().tolist()
+    [2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+    """
+
+    def __init__(self, array: np.ndarray, epochs: np.ndarray, since: int, mark: int,
+                 block_rows: int | None = None) -> None:
+        self._setup(array, block_rows, None)
+        if epochs.shape[0] != self.rows:
+            raise ValueError(f"ChangedRows: {epochs.shape[0]} epochs for {self.rows} rows")
+        self.epochs = epochs
+        self.since = since
+        self.mark = mark
+        self._every_kept = False  # every row still to write was kept (an update of them all)
+
+    def _to_keep(self, r: np.ndarray, every: bool) -> np.ndarray:
+        if self._every_kept:
+            return r[:0]
+        if every:
+            self._every_kept = True  # the rows' stamps do not move: keep them once, now
+        e = self.epochs[r]
+        return r[(e > self.since) & (e <= self.mark)]
+
+    def prepare(self) -> np.ndarray:
+        """Find the rows (on the writer's thread, before the first block); returns them."""
+        found = KERNELS.rows_after(self.epochs, self.since, until=self.mark)
+        with self._lock:
+            kept = [r for r, _ in self._old]
+        if kept:
+            k = np.unique(np.concatenate(kept))
+            pos = np.searchsorted(found, k)
+            there = pos < found.size
+            there[there] = found[pos[there]] == k[there]
+            missing = k[~there]
+            if missing.size:
+                found = np.insert(found, np.searchsorted(found, missing), missing)
+        self.select = found
+        return found

@@ -27,7 +27,7 @@ from ..._base.errors import (
 from ..._formats.casting import cast_value
 from ..._formats.placement_map import PlacementMap
 from ..._kernels import KERNELS
-from .snapshots import BLOCK_BYTES, Snapshot
+from .snapshots import BLOCK_BYTES, ChangedRows, Snapshot
 
 __all__ = ["BLOCK_BYTES", "SNAPSHOT_MIN_BYTES", "ChangeClock", "Snapshot", "VariableRecord",
            "VariableStore", "checked_rows", "checked_value"]
@@ -183,6 +183,16 @@ class VariableRecord:
         if arr.ndim == 0 or arr.nbytes < SNAPSHOT_MIN_BYTES or not arr.flags.c_contiguous:
             return None
         snap = Snapshot(arr, rows=rows)
+        self.snapshots.append(snap)
+        return snap
+
+    def changes_snapshot(self, since: int, mark: int) -> ChangedRows | None:
+        """A snapshot of the rows changed after mark ``since`` (``mark``: the epoch just
+        ended), found by the save's writer (None: not row-stamped, or not contiguous)."""
+        arr = self.array
+        if self.row_epochs is None or not arr.flags.c_contiguous:
+            return None
+        snap = ChangedRows(arr, self.row_epochs, since, mark)
         self.snapshots.append(snap)
         return snap
 

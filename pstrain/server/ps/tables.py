@@ -26,7 +26,7 @@ from ..._formats.operations import (
 from ..._formats.placement_map import TableCopy, TablePatch
 from ..._formats.records import Operation
 from ..._formats.tensor_files import whole
-from .checkpoint import CheckpointFiles, Pending
+from .checkpoint import CheckpointFiles, Pending, Tensors
 from .dynamic_table import DynamicTable, TableConfig
 from .feed import TableFeed
 from .table_slices import SliceGuards
@@ -166,7 +166,8 @@ class TableHandlers:
         only the old values of the rows it changes), to be written to ``path``; and its rows."""
         table = self.table(name)
         rename = slots if slots is not None else {k: k for k in table.slot_init}
-        pending = self.checkpoints.take(path, [])
+        tensors: Tensors = []
+        pending = self.checkpoints.take(path, tensors)
         save = table.snapshot()
         pending.releases.append(functools.partial(table.end_snapshot, save))
         for key, snap in save.items():
@@ -175,10 +176,10 @@ class TableHandlers:
                 if key[5:] not in rename:
                     continue
                 file_key = f"slot:{rename[key[5:]]}"
-            pending.tensors.append((file_key, snap.array.dtype, snap.array.shape, snap))
+            tensors.append((file_key, snap.array.dtype, snap.array.shape, snap))
         for key, init in table.slot_init.items():
             if key in rename:
-                pending.tensors.append(whole(f"init:{rename[key]}", np.array([init], np.float64)))
+                tensors.append(whole(f"init:{rename[key]}", np.array([init], np.float64)))
         return pending, table.statistics()["rows"]
 
     async def save_checkpoint(self, req: SaveCheckpoint) -> dict[str, Any]:
