@@ -1,11 +1,14 @@
 """Builds the compiled table kernels (pstrain/_kernels/compiled.pyx); the rest of the
 package is in pyproject.toml."""
 
+import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 setup(ext_modules=cythonize(
     [Extension("pstrain._kernels.compiled", ["pstrain/_kernels/compiled.pyx"],
+               include_dirs=[numpy.get_include()],  # its allocator hooks (NEP 49)
+               define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
                # the numpy reference's arithmetic, bit for bit: no fused multiply-add; sqrt
                # without errno lets the loops vectorise (it stays IEEE's correctly rounded sqrt)
                extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno"])],

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["adagrad_rows", "count_sightings", "gather_rows", "index_delete", "index_get",
-           "index_insert", "index_locate", "initial_rows", "mark_seen", "mix64", "pick_victims",
+__all__ = ["adagrad_rows", "aligned_allocations", "count_sightings", "gather_rows", "index_delete",
+           "index_get", "index_insert", "index_locate", "initial_rows", "mark_seen", "mix64", "pick_victims",
            "put_rows", "rows_after", "sgd_rows", "shard_ids", "unique_first"]
 
 _EMPTY = -1  # an index slot's value when it holds no id
@@ -270,3 +270,9 @@ def initial_rows(ids: np.ndarray, seed: int, golden: int, salt: int, low: float,
         key = mix64(u * np.uint64(golden) ^ mix64(np.uint64(seed) + cols * np.uint64(salt)))
     unit = (key >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
     out[...] = low + (high - low) * unit
+
+
+def aligned_allocations() -> None:
+    """numpy's own allocator stays (the compiled module's puts rows on cache lines; the
+    reference needs no build)."""
+    return None

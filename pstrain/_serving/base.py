@@ -10,8 +10,10 @@ every connection, then cancels the tasks the server owns.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .._base.cluster import listening_socket
@@ -30,6 +32,10 @@ __all__ = ["ServerBase"]
 
 class ServerBase(ServerCore):
     """A :class:`ServerCore` that listens: ``start``, ``join``, ``stop``."""
+
+    #: Called in the context the server starts in, a copy of the caller's: its handlers, its
+    #: tasks and their ``asyncio.to_thread`` calls all run in copies of it (a ps's allocator).
+    setup_context: Callable[[], object] | None = None
 
     def statistics(self, req: Any) -> dict[str, Any]:
         out = super().statistics(req)
@@ -54,6 +60,12 @@ class ServerBase(ServerCore):
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> str:
         """Bind and serve; returns the real ``host:port`` (port 0 picks one)."""
+        context = contextvars.copy_context()
+        if self.setup_context is not None:
+            context.run(self.setup_context)
+        return await asyncio.create_task(self._start(), context=context)
+
+    async def _start(self) -> str:
         if self.status is not Status.INIT:
             raise PstrainError(f"server {self.task} already started")
         loop = asyncio.get_running_loop()

@@ -166,7 +166,7 @@ class CheckpointFiles:
         def read() -> TableState:
             return read_table_state(real, real_deltas, shard, num_shards, dim, dtype)
 
-        return await asyncio.get_running_loop().run_in_executor(None, read)
+        return await asyncio.to_thread(read)
 
     # -- restore -----------------------------------------------------------------------------------
     def _check_sources(self, spec: RestoreSpec) -> tuple[tuple[int, ...], np.dtype, list[list[Any]],
@@ -241,7 +241,7 @@ class CheckpointFiles:
                      spec.slot_of) for spec, shape, dtype, sources, patches in checked]
 
         try:
-            built = await asyncio.get_running_loop().run_in_executor(None, build)
+            built = await asyncio.to_thread(build)  # in this context: its allocator
             self._check_fits(built)
             if req.stage is not None:  # again: others may have staged while this one read
                 self._room_to_stage()
@@ -322,8 +322,7 @@ def _save_thread(kind: str = "full") -> concurrent.futures.ThreadPoolExecutor:
 async def remake_initial(records: list[VariableRecord]) -> None:
     """Make the initial values of ``records`` again, off the serving loop (a restore that
     released them failed or was aborted): a large initializer takes seconds."""
-    loop = asyncio.get_running_loop()
     for record in records:
         if record.initial is not None and not record.loaded:
-            array = await loop.run_in_executor(None, record.initial)
+            array = await asyncio.to_thread(record.initial)
             record.reload(array)
