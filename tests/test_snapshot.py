@@ -4,8 +4,10 @@ copies only the rows updated meanwhile, never the whole table."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import tracemalloc
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -66,6 +68,30 @@ async def test_a_save_during_updates_writes_the_table_as_it_began_without_copyin
         assert peak < 0.5 * nbytes, f"peak {peak / 2**20:.0f} MiB for a {nbytes / 2**20:.0f} MiB table"
 
 
+@contextlib.contextmanager
+def _updates_meanwhile(rng: np.random.Generator, rows: int, update) -> Iterator[None]:
+    """A thread doing what the serving loop does while the block runs (and at least 200
+    times): ``update`` 300 random rows, repeats in any order, or unique and ascending as a
+    sparse step's."""
+    done = threading.Event()
+
+    def serve() -> None:
+        k = 0
+        while not done.is_set() or k < 200:
+            changed = rng.integers(0, rows, 300)
+            update(np.unique(changed) if k % 2 else changed)
+            k += 1
+
+    server = threading.Thread(target=serve)
+    server.start()
+    try:
+        yield
+    finally:
+        done.set()
+        server.join(timeout=60)
+    assert not server.is_alive()
+
+
 @pytest.mark.parametrize("changed", [3, 400])
 def test_a_snapshots_blocks_hold_the_old_rows_and_free_them_once_written(changed):
     from pstrain.server.ps.snapshots import Snapshot
@@ -115,21 +141,12 @@ def test_a_snapshot_copied_while_another_thread_changes_its_rows_is_the_array_as
     before = array.copy()
     rows = np.unique(rng.integers(0, array.shape[0], 15_000)) if select else None
     snap = Snapshot(array, block_rows=2048, rows=rows)
-    done = threading.Event()
 
-    def serve():  # what the serving loop does: keep the old values, then change the rows
-        k = 0
-        while not done.is_set() or k < 200:
-            changed = rng.integers(0, array.shape[0], 300)  # repeats, in any order, ...
-            if k % 2:
-                changed = np.unique(changed)  # ... or unique and ascending, as a sparse step's
-            snap.before_write(changed)
-            array[changed] += 1.0
-            k += 1
+    def update(changed: np.ndarray) -> None:  # the serving loop: keep the old values, change
+        snap.before_write(changed)
+        array[changed] += 1.0
 
-    server = threading.Thread(target=serve)
-    server.start()
-    try:
+    with _updates_meanwhile(rng, array.shape[0], update):
         if how.startswith("file"):
             in_place = []
             wrote = direct_writes.DirectWriter.wrote
@@ -143,10 +160,6 @@ def test_a_snapshot_copied_while_another_thread_changes_its_rows_is_the_array_as
             assert bool(in_place) == ("misaligned" not in how)  # gathered in place where it can
         else:
             got = np.concatenate(list(snap.blocks()))
-    finally:
-        done.set()
-        server.join(timeout=60)
-    assert not server.is_alive()
     assert not np.array_equal(array, before)  # the rows did change while it was copied
     np.testing.assert_array_equal(got, before if rows is None else before[rows])
 
@@ -170,18 +183,7 @@ def test_the_rows_a_delta_finds_on_its_thread_are_those_changed_by_its_mark_as_t
 
     early = rows[::97]
     update(early)  # before the writer looks: no longer stamped in the range, but kept
-    done = threading.Event()
-
-    def serve():
-        k = 0
-        while not done.is_set() or k < 200:
-            changed = rng.integers(0, array.shape[0], 300)  # repeats, in any order, ...
-            update(np.unique(changed) if k % 2 else changed)  # ... or as a sparse step's
-            k += 1
-
-    server = threading.Thread(target=serve)
-    server.start()
-    try:
+    with _updates_meanwhile(rng, array.shape[0], update):
         found = snap.prepare()
         if how == "file":
             path = str(tmp_path / "d.safetensors")
@@ -189,10 +191,6 @@ def test_the_rows_a_delta_finds_on_its_thread_are_those_changed_by_its_mark_as_t
             got = load_file(path)["rows"]
         else:
             got = np.concatenate(list(snap.blocks()))
-    finally:
-        done.set()
-        server.join(timeout=60)
-    assert not server.is_alive()
     np.testing.assert_array_equal(found, rows)
     np.testing.assert_array_equal(got, want)
     assert not np.array_equal(array[rows], want)  # they did change while it was written
