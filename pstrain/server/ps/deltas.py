@@ -131,11 +131,11 @@ class Deltas:
 
         def everything() -> Tensors:  # on the save thread: the rows each snapshot finds
             nonlocal rows
-            for key, changes in found:
-                picked = changes.prepare()
+            for key, lazy in found:
+                picked = lazy.prepare()
                 if picked.size:
-                    arr = changes.array
-                    tensors.append((f"v:{key}:rows", arr.dtype, (picked.size, *arr.shape[1:]), changes))
+                    arr = lazy.array
+                    tensors.append((f"v:{key}:rows", arr.dtype, (picked.size, *arr.shape[1:]), lazy))
                     tensors.append(whole(f"v:{key}:idx", picked))
                     written.append(key)
                     rows += int(picked.size)

@@ -177,7 +177,6 @@ class Snapshot:
             self._old = kept
 
 
-
 class ChangedRows(Snapshot):
     """The rows of ``array`` whose epoch in ``epochs`` is after ``since`` and not after
     ``mark`` (a delta's rows, ``mark`` just taken: no row is stamped after it yet), as they
