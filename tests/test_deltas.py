@@ -16,9 +16,10 @@ from safetensors.numpy import load_file
 
 import pstrain
 from pstrain._formats.idhash import shard_of
+from pstrain.server.ps.checkpoint import _save_thread
 from pstrain.testing import InProcessCluster
 
-from .conftest import TOKEN
+from .conftest import TOKEN, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -165,6 +166,41 @@ async def test_a_large_variables_changed_rows_are_found_on_the_save_thread_not_t
     idx = load_file(f"{path}.ps0.safetensors")[f"v:{key}:idx"]
     assert idx.tolist() == [1, 2, 1001, 1002, 69_997, 69_998]  # the rows steps 1 and 2 changed
     np.testing.assert_array_equal(pstrain.checkpoint.load_variables(path)["model/big"], now)
+
+
+async def test_a_delta_held_behind_its_writer_holds_the_table_as_of_its_mark(tmp_path):
+    # A dynamic table's changed rows, ids and slots are gathered on the save thread too:
+    # updates, evictions and new ids while the delta waits to be written keep their old
+    # values first, so the delta is the table at its mark, not at its write.
+    root = str(tmp_path)
+    async with _cluster(root, num_ps=1) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        table, big, small, opt, ckpt = _model(strategy)
+        manager = pstrain.checkpoint.CheckpointManager(ckpt, root)
+        await _step(table, big, small, opt, 0)
+        await manager.save()
+        for k in (1, 2):
+            await _step(table, big, small, opt, k)
+        at_mark = await _state(table, big, small)
+        emb = cluster.ps[0].tables["emb"]
+        gate = threading.Event()
+        held = _save_thread("delta").submit(gate.wait, 60)  # the ps's deltas wait behind it
+        try:
+            writing = asyncio.ensure_future(manager.save_delta())
+            await wait_for(lambda: bool(emb.saves), what="the delta's snapshot of the table")
+            for k in (3, 4, 5):  # 36 new ids past capacity 40: evictions, rows reused
+                await _step(table, big, small, opt, k)
+        finally:
+            gate.set()
+        held.result(timeout=60)
+        path = await writing
+        after = await _state(table, big, small)
+    assert not np.array_equal(np.sort(after[0]), np.sort(at_mark[0]))  # it changed meanwhile
+    arrays = pstrain.checkpoint.load_variables(path)
+    order, want = np.argsort(arrays["model/emb/ids"]), np.argsort(at_mark[0])
+    np.testing.assert_array_equal(arrays["model/emb/ids"][order], at_mark[0][want])
+    np.testing.assert_array_equal(arrays["model/emb/rows"][order], at_mark[1][want])
+    np.testing.assert_array_equal(arrays["model/big"], at_mark[2])
 
 
 async def test_bad_settings_are_refused_with_what_was_wrong(tmp_path):

@@ -12,7 +12,9 @@ checkpoint root on the save thread while training goes on. A large variable's
 changed rows are not even found on the loop: the save thread finds them (a pass
 over the row stamps) and gathers them, through a snapshot of the rows stamped
 between ``m`` and the mark just taken (:class:`~.snapshots.ChangedRows`), so what
-a delta costs the serving loop does not grow with the rows a ps holds:
+a delta costs the serving loop does not grow with the rows a ps holds. A dynamic
+table's changed rows are found on the loop (one pass over its stamps) and gathered
+on the save thread, through snapshots of those rows of its ids, rows and slots:
 
 * of a variable under file key ``k``: ``v:<k>:rows`` (the rows changed) and
   ``v:<k>:idx`` (their row numbers in this ps's part), or ``v:<k>:rows``
@@ -113,21 +115,27 @@ class Deltas:
                 tensors.append(whole(f"v:{key}:idx", changed))
                 written.append(key)
                 rows += changed.size
+        table_saves: list[tuple[DynamicTable, dict[str, Snapshot]]] = []
         for table, spec in tables.values():
-            changes = table.changes(req.since)
+            changes = table.changes(req.since)  # its rows gathered by the save thread too
             assert changes is not None  # removed_since was checked above
+            save, gone = changes
+            table_saves.append((table, save))
             p = spec.prefix
-            for key, arr in changes.items():
+            count = save["ids"].select.size if save["ids"].select is not None else 0
+            for key, snap in save.items():
+                shape = (count, *snap.array.shape[1:])
                 if key.startswith("slot:"):
                     if key[5:] not in spec.slots:
                         continue
                     slot = spec.slots[key[5:]]
-                    tensors.append(whole(f"{p}:slot:{slot}", arr))
+                    tensors.append((f"{p}:slot:{slot}", snap.array.dtype, shape, snap))
                     tensors.append(whole(f"{p}:init:{slot}", np.array([table.slot_init[key[5:]]])))
                 else:
-                    tensors.append(whole(f"{p}:{key}", arr))
-            rows += changes["ids"].size
-            removed += changes["removed"].size
+                    tensors.append((f"{p}:{key}", snap.array.dtype, shape, snap))
+            tensors.append(whole(f"{p}:removed", gone))
+            rows += count
+            removed += gone.size
 
         def everything() -> Tensors:  # on the save thread: the rows each snapshot finds
             nonlocal rows
@@ -146,6 +154,8 @@ class Deltas:
         finally:
             for record, snap in snaps:
                 record.end_snapshot(snap)
+            for table, save in table_saves:
+                table.end_snapshot(save)
         for name in tables:
             self.feed.saved(name, req.path)
         return {"incarnation": self.incarnation, "mark": mark, "bytes": saved["bytes"],

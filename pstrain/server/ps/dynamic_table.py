@@ -334,18 +334,23 @@ class DynamicTable(SlicedRows, Admission):
         return int(rows.size)
 
     # -- checkpoints -------------------------------------------------------------------------------
-    def changes(self, since: int) -> dict[str, np.ndarray] | None:
-        """What changed after mark ``since`` (a delta), copied: ``ids``, ``rows``, ``slot:<key>``
-        of the rows changed, ``removed`` (evicted and not back); None if not all evictions
-        since were kept. Forgets the evictions up to ``since`` (the caller's base has them)."""
+    def changes(self, since: int) -> tuple[dict[str, Snapshot], np.ndarray] | None:
+        """What changed after mark ``since`` (a delta), for a save thread to copy while
+        training goes on: snapshots of ``ids``, ``rows`` and each slot (``slot:<key>``) over
+        the rows changed (an update meanwhile keeps their old values first, as for a full
+        save; end them with :meth:`end_snapshot`), and the ids removed (evicted and not
+        back). None if not all evictions since were kept. Forgets the evictions up to
+        ``since`` (the caller's base has them)."""
         gone = self.removed.after(since) if since >= self.removed.since else None
         if gone is None:
             return None
         changed = self.kernels.rows_after(self.epochs[:self.used], since, self.live.view(np.uint8))
-        out = {"ids": self.ids[changed], "rows": self.rows[changed],
-               **{f"slot:{key}": arr[changed] for key, arr in self.slots.items()}}
-        out["removed"] = gone[self.index.get(gone) < 0]  # evicted, and not admitted again
-        return out
+        used = self.used
+        arrays = {"ids": self.ids[:used], "rows": self.rows[:used],
+                  **{f"slot:{key}": arr[:used] for key, arr in self.slots.items()}}
+        save = {key: Snapshot(arr, rows=changed) for key, arr in arrays.items()}
+        self.saves.append(save)
+        return save, gone[self.index.get(gone) < 0]  # evicted, and not admitted again
 
     def export(self) -> dict[str, np.ndarray]:
         """``ids``, ``rows`` and each slot (``slot:<key>``) of the live rows, in row order."""
