@@ -6,6 +6,7 @@ full save instead of a delta that would miss its rows."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import threading
@@ -134,6 +135,20 @@ async def test_a_restarted_ps_gets_a_full_save_not_a_delta_that_misses_its_rows(
         assert path != base and ".delta-" not in path and manager.checkpoints == [base, path]
 
 
+@contextlib.asynccontextmanager
+async def _saved_then_stepped(root: str):
+    """One ps: the model stepped once, saved (a manager's base), then steps 1 and 2."""
+    async with _cluster(root, num_ps=1) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        model = _model(strategy)
+        manager = pstrain.checkpoint.CheckpointManager(model[-1], root)
+        await _step(*model[:4], 0)
+        await manager.save()
+        for k in (1, 2):
+            await _step(*model[:4], k)
+        yield cluster, manager, model
+
+
 async def test_a_large_variables_changed_rows_are_found_on_the_save_thread_not_the_loop(
         tmp_path, monkeypatch):
     # The serving loop only ends the epoch: a pass over a big variable's row stamps (its
@@ -148,15 +163,7 @@ async def test_a_large_variables_changed_rows_are_found_on_the_save_thread_not_t
             passes.append(threading.current_thread().name)
         return rows_after(epochs, *args, **kwargs)
 
-    root = str(tmp_path)
-    async with _cluster(root, num_ps=1) as cluster:
-        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-        table, big, small, opt, ckpt = _model(strategy)
-        manager = pstrain.checkpoint.CheckpointManager(ckpt, root)
-        await _step(table, big, small, opt, 0)
-        await manager.save()
-        for k in (1, 2):
-            await _step(table, big, small, opt, k)
+    async with _saved_then_stepped(str(tmp_path)) as (_, manager, (_, big, _, _, _)):
         monkeypatch.setattr(KERNELS, "rows_after", spy)
         path = await manager.save_delta()
         monkeypatch.undo()
@@ -172,15 +179,7 @@ async def test_a_delta_held_behind_its_writer_holds_the_table_as_of_its_mark(tmp
     # A dynamic table's changed rows, ids and slots are gathered on the save thread too:
     # updates, evictions and new ids while the delta waits to be written keep their old
     # values first, so the delta is the table at its mark, not at its write.
-    root = str(tmp_path)
-    async with _cluster(root, num_ps=1) as cluster:
-        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-        table, big, small, opt, ckpt = _model(strategy)
-        manager = pstrain.checkpoint.CheckpointManager(ckpt, root)
-        await _step(table, big, small, opt, 0)
-        await manager.save()
-        for k in (1, 2):
-            await _step(table, big, small, opt, k)
+    async with _saved_then_stepped(str(tmp_path)) as (cluster, manager, (table, big, small, opt, _)):
         at_mark = await _state(table, big, small)
         emb = cluster.ps[0].tables["emb"]
         gate = threading.Event()
