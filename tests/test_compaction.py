@@ -132,7 +132,7 @@ async def test_close_lets_a_delta_under_way_finish(tmp_path):
         held = _save_thread("delta").submit(gate.wait, 60)  # the next delta's write waits
         try:
             await _step(count, table, opt, 2)
-            await wait_for(manager._delta_lock.locked, timeout=30, what="the deltas' loop to write one")
+            await wait_for(ckpt._delta_lock.locked, timeout=30, what="the deltas' loop to write one")
             closing = asyncio.create_task(manager.close())
             await wait_for(lambda: manager._closed, what="close() to begin")
             assert not closing.done()  # it waits for the delta under way

@@ -68,7 +68,6 @@ class CheckpointManager:
         self._compaction: asyncio.Task[str] | None = None
         self._waiting = False  # the deltas' loop waits for its next tick (close() cancels it then)
         self._lock = asyncio.Lock()  # one full save at a time
-        self._delta_lock = asyncio.Lock()  # one delta at a time (a compaction writes one too)
         kept.track(self)  # Ctrl-C says which checkpoint was kept
 
     def _numbers(self) -> list[int]:
@@ -129,16 +128,15 @@ class CheckpointManager:
     async def save_delta(self) -> str:
         """Write a delta on the newest full checkpoint (a full save instead if there is none
         this process wrote or restored, or a ps restarted since); returns its path."""
-        async with self._delta_lock:
-            base = self.checkpoint.chain_base
-            if base is None or os.path.dirname(base) != self.directory or not os.path.exists(base + INDEX):
+        base = self.checkpoint.chain_base  # (the checkpoint writes one delta at a time)
+        if base is None or os.path.dirname(base) != self.directory or not os.path.exists(base + INDEX):
+            path = None
+        else:
+            try:
+                path = await self.checkpoint.write_delta()
+            except FailedPreconditionError as exc:
+                logger.warning("writing a full checkpoint instead of a delta: %s", exc)
                 path = None
-            else:
-                try:
-                    path = await self.checkpoint.write_delta()
-                except FailedPreconditionError as exc:
-                    logger.warning("writing a full checkpoint instead of a delta: %s", exc)
-                    path = None
         if path is None:
             return await self.save()
         split = split_delta(path)

@@ -45,6 +45,7 @@ from .dynamic_table import DynamicTable
 from .feed import TableFeed
 from .snapshots import ChangedRows
 from .store import Snapshot, VariableRecord
+from .tables import shard_tensors
 
 __all__ = ["Deltas"]
 
@@ -121,20 +122,9 @@ class Deltas:
             assert changes is not None  # removed_since was checked above
             save, gone = changes
             table_saves.append((table, save))
-            p = spec.prefix
-            count = save["ids"].select.size if save["ids"].select is not None else 0
-            for key, snap in save.items():
-                shape = (count, *snap.array.shape[1:])
-                if key.startswith("slot:"):
-                    if key[5:] not in spec.slots:
-                        continue
-                    slot = spec.slots[key[5:]]
-                    tensors.append((f"{p}:slot:{slot}", snap.array.dtype, shape, snap))
-                    tensors.append(whole(f"{p}:init:{slot}", np.array([table.slot_init[key[5:]]])))
-                else:
-                    tensors.append((f"{p}:{key}", snap.array.dtype, shape, snap))
-            tensors.append(whole(f"{p}:removed", gone))
-            rows += count
+            tensors.extend(shard_tensors(table, save, spec.slots, f"{spec.prefix}:"))
+            tensors.append(whole(f"{spec.prefix}:removed", gone))
+            rows += save["ids"].shape[0]
             removed += gone.size
 
         def everything() -> Tensors:  # on the save thread: the rows each snapshot finds
@@ -142,8 +132,7 @@ class Deltas:
             for key, lazy in found:
                 picked = lazy.prepare()
                 if picked.size:
-                    arr = lazy.array
-                    tensors.append((f"v:{key}:rows", arr.dtype, (picked.size, *arr.shape[1:]), lazy))
+                    tensors.append((f"v:{key}:rows", lazy.array.dtype, lazy.shape, lazy))
                     tensors.append(whole(f"v:{key}:idx", picked))
                     written.append(key)
                     rows += int(picked.size)

@@ -209,10 +209,17 @@ class DynamicTable(SlicedRows, Admission):
     def snapshot(self) -> dict[str, Snapshot]:
         """The table as of now, for a save that reads it while training goes on: ``ids``,
         ``live``, ``rows`` and each slot (``slot:<key>``) over the rows handed out so far."""
+        return self._snapshot(None)
+
+    def _snapshot(self, rows: np.ndarray | None) -> dict[str, Snapshot]:
+        """Snapshots of ids, rows and slots over the rows handed out so far, all of them
+        (with ``live``; ``rows`` None) or only ``rows``; kept old values by every change."""
         used = self.used
-        arrays = {"ids": self.ids[:used], "live": self.live[:used], "rows": self.rows[:used],
+        arrays = {"ids": self.ids[:used], "rows": self.rows[:used],
                   **{f"slot:{k}": v[:used] for k, v in self.slots.items()}}
-        save = {k: Snapshot(a) for k, a in arrays.items()}
+        if rows is None:
+            arrays["live"] = self.live[:used]
+        save = {k: Snapshot(a, rows=rows) for k, a in arrays.items()}
         self.saves.append(save)
         return save
 
@@ -345,12 +352,7 @@ class DynamicTable(SlicedRows, Admission):
         if gone is None:
             return None
         changed = self.kernels.rows_after(self.epochs[:self.used], since, self.live.view(np.uint8))
-        used = self.used
-        arrays = {"ids": self.ids[:used], "rows": self.rows[:used],
-                  **{f"slot:{key}": arr[:used] for key, arr in self.slots.items()}}
-        save = {key: Snapshot(arr, rows=changed) for key, arr in arrays.items()}
-        self.saves.append(save)
-        return save, gone[self.index.get(gone) < 0]  # evicted, and not admitted again
+        return self._snapshot(changed), gone[self.index.get(gone) < 0]  # evicted, not back
 
     def export(self) -> dict[str, np.ndarray]:
         """``ids``, ``rows`` and each slot (``slot:<key>``) of the live rows, in row order."""

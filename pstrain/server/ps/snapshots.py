@@ -67,6 +67,12 @@ class Snapshot:
         self._next_drop = self.block_rows * 64  # the writer forgets kept rows it is past
         self._lock = threading.Lock()
 
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of what it writes: the array's, or its selected rows'."""
+        count = self.rows if self.select is None else self.select.size
+        return (count, *self.array.shape[1:])
+
     def before_write(self, rows: np.ndarray | None) -> None:
         """The serving loop is about to change ``rows`` (None: every row): keep their old
         values where the writer has not copied them yet."""

@@ -29,9 +29,28 @@ from ..._formats.tensor_files import whole
 from .checkpoint import CheckpointFiles, Pending, Tensors
 from .dynamic_table import DynamicTable, TableConfig
 from .feed import TableFeed
+from .snapshots import Snapshot
 from .table_slices import SliceGuards
 
 __all__ = ["TableHandlers"]
+
+
+def shard_tensors(table: DynamicTable, save: dict[str, Snapshot], rename: dict[str, str],
+                  prefix: str = "") -> Tensors:
+    """A table shard's snapshots (``save``) as a file's tensors: ``<prefix>ids``, ``rows``
+    and the others as they are, each slot in ``rename`` as ``<prefix>slot:<its name>`` with
+    its initial value as ``<prefix>init:<its name>`` (slots not in ``rename`` left out)."""
+    out: Tensors = []
+    for key, snap in save.items():
+        if key.startswith("slot:"):
+            if key[5:] not in rename:
+                continue
+            key = f"slot:{rename[key[5:]]}"
+        out.append((prefix + key, snap.array.dtype, snap.shape, snap))
+    for key, init in table.slot_init.items():
+        if key in rename:
+            out.append(whole(f"{prefix}init:{rename[key]}", np.array([init], np.float64)))
+    return out
 
 
 class TableHandlers:
@@ -170,16 +189,7 @@ class TableHandlers:
         pending = self.checkpoints.take(path, tensors)
         save = table.snapshot()
         pending.releases.append(functools.partial(table.end_snapshot, save))
-        for key, snap in save.items():
-            file_key = key
-            if key.startswith("slot:"):
-                if key[5:] not in rename:
-                    continue
-                file_key = f"slot:{rename[key[5:]]}"
-            tensors.append((file_key, snap.array.dtype, snap.array.shape, snap))
-        for key, init in table.slot_init.items():
-            if key in rename:
-                tensors.append(whole(f"init:{rename[key]}", np.array([init], np.float64)))
+        tensors.extend(shard_tensors(table, save, rename))
         return pending, table.statistics()["rows"]
 
     async def save_checkpoint(self, req: SaveCheckpoint) -> dict[str, Any]:
