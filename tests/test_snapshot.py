@@ -11,13 +11,14 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 from safetensors.numpy import load_file
 
 import pstrain
 from pstrain._formats import direct_writes
 from pstrain._formats.direct_writes import ALIGN
 from pstrain._formats.tensor_files import whole, write_streaming
-from pstrain.server.ps.snapshots import ChangedRows, Snapshot
+from pstrain.server.ps.snapshots import ChangedRows, KeptRows, Snapshot
 from pstrain.testing import InProcessCluster
 
 from .conftest import TOKEN
@@ -209,3 +210,33 @@ def test_a_delta_whose_every_row_is_written_meanwhile_keeps_them_once():
     assert snap.kept_bytes == kept == want.nbytes  # kept once, not again
     assert snap.prepare().tolist() == [1, 2, 4, 7, 8]
     np.testing.assert_array_equal(np.concatenate(list(snap.blocks())), want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(st.one_of(st.tuples(st.just("add"), st.integers(0, 3000)),
+                              st.tuples(st.just("drop"), st.integers(0, 5000))), max_size=30))
+def test_kept_rows_give_back_each_rows_old_values_until_dropped(ops):
+    """A log of kept rows against a dict: each row's values as they were when kept, the
+    rows in any range, and the memory given back as rows are dropped."""
+    rng = np.random.default_rng(len(ops))
+    a = rng.random((5000, 3)).astype(np.float32)
+    kept, model = KeptRows(a), {}
+    fresh = rng.permutation(5000)  # each row kept at most once
+    used = 0
+    for op, n in ops:
+        if op == "add":
+            rows = fresh[used:used + n]
+            used += rows.size
+            kept.add(rows)
+            model.update({int(r): a[r].copy() for r in rows})
+            a[rows] = -1.0  # changed after they were kept
+        else:
+            kept.drop_below(n)
+            model = {r: v for r, v in model.items() if r >= n}
+        assert kept.nbytes == len(model) * a[:1].nbytes
+        lo, hi = sorted(rng.integers(0, 5001, 2))
+        r, v = kept.between(lo, hi)
+        want = sorted(k for k in model if lo <= k < hi)
+        assert sorted(r.tolist()) == want
+        for row, values in zip(r.tolist(), v):
+            np.testing.assert_array_equal(values, model[row])

@@ -28,10 +28,74 @@ from ..._formats.direct_writes import DirectWriter
 from ..._kernels import KERNELS
 from ..._kernels.batches import take_rows
 
-__all__ = ["BLOCK_BYTES", "ChangedRows", "Snapshot"]
+__all__ = ["BLOCK_BYTES", "ChangedRows", "KeptRows", "Snapshot"]
 
 #: About how many bytes a save's writer copies (and writes) at a time.
 BLOCK_BYTES = 8 << 20
+
+class KeptRows:
+    """Old values of rows of ``array``, each row kept at most once, in the order kept: one
+    log of row numbers and one of values, grown by doubling (an update's rows go in with
+    one gather, not as an entry of their own that the writer would search one by one).
+
+    >>> a = np.arange(8.0).reshape(4, 2)
+    >>> kept = KeptRows(a)
+    >>> kept.add(np.array([3, 1]))
+    >>> r, v = kept.between(0, 2)
+    >>> r.tolist(), v.tolist()
+    ([1], [[2.0, 3.0]])
+    >>> kept.drop_below(2); kept.rows().tolist()
+    [3]
+    """
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+        self._rows = np.empty(0, np.int64)
+        self._values = np.empty((0, *array.shape[1:]), array.dtype)
+        self._n = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self._n * self.array[:1].nbytes
+
+    def rows(self) -> np.ndarray:
+        """The rows kept (a view: read it under the snapshot's lock)."""
+        return self._rows[:self._n]
+
+    def add(self, rows: np.ndarray) -> None:
+        """Keep the current values of ``rows`` (none of them kept already)."""
+        n, end = self._n, self._n + rows.size
+        if end > self._rows.size:
+            self._resize(max(end, 2 * self._rows.size, 1024))
+        self._rows[n:end] = rows
+        take_rows(self.array, rows, self._values[n:end])
+        self._n = end
+
+    def between(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """The rows kept in ``lo:hi`` and their old values (copies)."""
+        rows = self._rows[:self._n]
+        at = np.flatnonzero((rows >= lo) & (rows < hi))
+        return rows[at], self._values[at]
+
+    def drop_below(self, upto: int) -> None:
+        """Forget the rows below ``upto``; give the memory back once most of it is unused."""
+        rows = self._rows[:self._n]
+        stay = np.flatnonzero(rows >= upto)
+        if stay.size == self._n:
+            return
+        self._rows[:stay.size] = rows[stay]
+        self._values[:stay.size] = self._values[stay]
+        self._n = stay.size
+        if self._rows.size > 4 * max(self._n, 1024):
+            self._resize(max(2 * self._n, 1024))
+
+    def _resize(self, capacity: int) -> None:
+        rows = np.empty(capacity, np.int64)
+        values = np.empty((capacity, *self.array.shape[1:]), self.array.dtype)
+        rows[:self._n] = self._rows[:self._n]
+        values[:self._n] = self._values[:self._n]
+        self._rows, self._values = rows, values
+
 
 class Snapshot:
     """One array as it was when a save began, read block by block while it keeps changing.
@@ -62,10 +126,14 @@ class Snapshot:
         row_bytes = max(1, array[:1].nbytes)
         self.block_rows = block_rows or max(1, BLOCK_BYTES // row_bytes)
         self.taken = 0  # rows below this are copied by the writer: changes there need nothing
-        self._old: list[tuple[np.ndarray, np.ndarray]] = []  # (rows ascending, their old values)
-        self.kept_bytes = 0
+        self._kept = KeptRows(array)  # old values of rows changed before the writer took them
         self._next_drop = self.block_rows * 64  # the writer forgets kept rows it is past
         self._lock = threading.Lock()
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes of old values kept now (rows changed before the writer took them)."""
+        return self._kept.nbytes
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -89,9 +157,7 @@ class Snapshot:
                 return
             if r.size > 1 and not bool(np.all(r[1:] > r[:-1])):  # a sparse step's rows are
                 r = np.unique(r)                                    # unique and ascending
-            values = self.array[r]
-            self._old.append((r, values))
-            self.kept_bytes += values.nbytes
+            self._kept.add(r)
 
     def _to_keep(self, r: np.ndarray, every: bool) -> np.ndarray:
         """Of rows ``r`` (at or past ``taken``; ``every``: all of them), those whose old values
@@ -153,18 +219,10 @@ class Snapshot:
             first, last = int(picked[0]), int(picked[-1]) + 1
         with self._lock:
             self.taken = last
-            patches = self._collect(first, last)
-        for r, v in patches:
+            r, v = self._kept.between(first, last)
+        if r.size:
             block[r - lo if select is None else np.searchsorted(picked, r)] = v
         return block
-
-    def _collect(self, lo: int, hi: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        patches = []
-        for r, v in self._old:
-            a, b = np.searchsorted(r, (lo, hi))
-            if a < b:
-                patches.append((r[a:b], v[a:b]))
-        return patches
 
     def _maybe_drop(self, hi: int) -> None:
         if hi >= self._next_drop:  # every 64 blocks or so
@@ -174,13 +232,7 @@ class Snapshot:
     def _drop_written(self, upto: int) -> None:
         """Forget kept rows the writer is past (memory back while the save goes on)."""
         with self._lock:
-            kept = []
-            for r, v in self._old:
-                a = int(np.searchsorted(r, upto))
-                if a < r.size:
-                    kept.append((r[a:], v[a:]))
-                self.kept_bytes -= v[:a].nbytes
-            self._old = kept
+            self._kept.drop_below(upto)
 
 
 class ChangedRows(Snapshot):
@@ -232,9 +284,8 @@ class ChangedRows(Snapshot):
         """Find the rows (on the writer's thread, before the first block); returns them."""
         found = KERNELS.rows_after(self.epochs, self.since, until=self.mark)
         with self._lock:
-            kept = [r for r, _ in self._old]
-        if kept:
-            k = np.unique(np.concatenate(kept))
+            k = np.sort(self._kept.rows())
+        if k.size:
             pos = np.searchsorted(found, k)
             there = pos < found.size
             there[there] = found[pos[there]] == k[there]
