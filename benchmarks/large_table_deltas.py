@@ -9,6 +9,7 @@ root); each ps's peak RSS over the table and slots it holds. results/W7-deltas.p
 ps's RSS over time with the deltas marked.
 
     python benchmarks/large_table_deltas.py [--rows 25000000] [--deltas 10] [--interval 10]
+                                            [--write-s 0]
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ async def train_with_deltas(args, directory: str) -> dict:
         await peers.close()
         ckpt = pstrain.Checkpoint(model=model, optimizer=opt)
         manager = pstrain.checkpoint.CheckpointManager(ckpt, directory, max_to_keep=1,
-                                                       deltas_per_base=args.deltas + 1)
+                                                       deltas_per_base=args.deltas + 1,
+                                                       delta_write_s=args.write_s)
         t = time.perf_counter()
         base = await manager.save()
         base_s = time.perf_counter() - t
@@ -119,6 +121,9 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=32)
     parser.add_argument("--deltas", type=int, default=10)
     parser.add_argument("--interval", type=float, default=10.0, help="seconds of training between deltas")
+    parser.add_argument("--write-s", type=float, default=0.0,
+                        help="seconds each ps spreads a delta's write over (CheckpointManager's "
+                             "delta_write_s; 0, the default: as fast as it goes)")
     parser.add_argument("--dir", default=None)
     args = parser.parse_args()
     directory = tempfile.mkdtemp(prefix="w7d-", dir=args.dir or str(Path(__file__).resolve().parent))
@@ -136,7 +141,8 @@ def main() -> None:
         rounds = r["rounds"]
         ratios = [x["during"] / x["alone"] for x in rounds]
         common = {"workers": 2, "ps": 2, "rows": args.rows, "dim": args.dim, "batch": BATCH,
-                  "deltas": len(rounds), "interval_s": args.interval, "page_cache_dropped": cold}
+                  "deltas": len(rounds), "interval_s": args.interval, "write_s": args.write_s,
+                  "page_cache_dropped": cold}
         emit({**common, "metric": "ratio_during_delta", "value": round(statistics.median(ratios), 3),
               "examples_per_s_alone": round(statistics.median(x["alone"] for x in rounds), 1),
               "examples_per_s_during_delta": round(statistics.median(x["during"] for x in rounds), 1),

@@ -208,8 +208,43 @@ async def test_bad_settings_are_refused_with_what_was_wrong(tmp_path):
         pstrain.checkpoint.CheckpointManager(ckpt, str(tmp_path), delta_interval_s=0)
     with pytest.raises(pstrain.errors.InvalidArgumentError, match="deltas_per_base"):
         pstrain.checkpoint.CheckpointManager(ckpt, str(tmp_path), deltas_per_base=0)
+    for bad in (-1.0, float("nan"), True, "1", 1e9):
+        with pytest.raises(pstrain.errors.InvalidArgumentError, match="delta_write_s"):
+            pstrain.checkpoint.CheckpointManager(ckpt, str(tmp_path), delta_write_s=bad)
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="less than delta_interval_s"):
+        pstrain.checkpoint.CheckpointManager(ckpt, str(tmp_path), delta_interval_s=4, delta_write_s=4)
     with pytest.raises(pstrain.errors.FailedPreconditionError, match="save first"):
         await ckpt.write_delta()
+
+
+async def test_a_delta_spread_over_some_seconds_takes_them_on_the_ps_and_holds_the_same_rows(
+        tmp_path, monkeypatch):
+    from pstrain._checkpoint.deltas import ps_channels
+    from pstrain._formats import direct_writes
+    from pstrain._formats.checkpoint_operations import SaveDelta
+
+    monkeypatch.setattr(direct_writes, "CHUNK", 8192)  # the in-process ps: a delta of many buffers
+    root = str(tmp_path)
+    async with _cluster(root, num_ps=1) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        table, big, small, opt, ckpt = _model(strategy)
+        await _step(table, big, small, opt, 0)
+        manager = pstrain.checkpoint.CheckpointManager(ckpt, root, delta_write_s=0.5)
+        await manager.save()
+        values = np.random.default_rng(0).random((70_000, DIM)).astype(np.float32)
+        await big.assign(values)  # 1.1 MB changed: 137 buffers of 8 KiB, spread over 0.5 s
+        t = asyncio.get_running_loop().time()
+        path = await manager.save_delta()
+        assert asyncio.get_running_loop().time() - t >= 0.45
+        np.testing.assert_array_equal(pstrain.checkpoint.load_variables(path)["model/big"], values)
+        with pytest.raises(pstrain.errors.InvalidArgumentError, match="write_s"):
+            await ckpt.write_delta(write_s=-1.0)
+        # The ps itself refuses a spread it cannot take, naming it, and writes nothing.
+        channel = next(iter(ps_channels({}, {"emb": table}).values()))
+        with pytest.raises(pstrain.errors.InvalidArgumentError, match="write_s"):
+            await channel.request(SaveDelta(path=os.path.join(root, "x.safetensors"), since=0,
+                                            incarnation="x", write_s=-1.0))
+        assert not os.path.exists(os.path.join(root, "x.safetensors"))
 
 
 async def test_deltas_written_on_their_own_lose_at_most_one_interval_of_steps(tmp_path):

@@ -4,6 +4,7 @@ O_DIRECT or without it (a file system that has none), across the staging buffer'
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -95,3 +96,73 @@ def test_rows_read_back_in_pieces_are_the_rows_written(tmp_path, monkeypatch):
     want[2999 - 1001] = -table[2999]
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(tensor_files.read_tensor(base, "t"), table)
+
+
+class _Clock:
+    """Time that passes only when the writer sleeps (or a write is said to take some)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.sleeps.append(s)
+        self.now += s
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(0, 5 * ALIGN), max_size=8), rate=st.integers(ALIGN, 8 * ALIGN))
+def test_a_paced_writer_never_gets_ahead_of_its_rate_and_never_waits_for_nothing(
+        tmp_path_factory, sizes, rate):
+    path = tmp_path_factory.mktemp("paced") / "f"
+    clock = _Clock()
+    sent: list[tuple[float, int]] = []  # (time, bytes handed over before it) at each buffer
+    pieces = [bytes([k % 251]) * n for k, n in enumerate(sizes)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(direct_writes, "CHUNK", 2 * ALIGN)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            writer = DirectWriter(fd, rate, clock=clock, sleep=clock.sleep)
+            flush = writer._flush
+
+            def watched(length: int) -> None:
+                before = writer._sent
+                flush(length)
+                sent.append((clock.now, before))
+
+            mp.setattr(writer, "_flush", watched)
+            for piece in pieces:
+                writer.write(piece)
+            writer.finish()
+        finally:
+            os.close(fd)
+    assert path.read_bytes() == b"".join(pieces)
+    for at, before in sent:  # each buffer went out no earlier than the bytes before it were due
+        assert at >= before / rate - 1e-9
+    if sent:  # ... and no later: the writer only waits for that
+        assert clock.now == pytest.approx(sent[-1][1] / rate)
+    assert all(s > 0 for s in clock.sleeps)
+    if len(sent) <= 1:
+        assert clock.sleeps == []  # a file of one buffer goes out at once
+
+
+def test_a_streamed_file_spread_over_some_seconds_takes_them(tmp_path, small_chunks):
+    # 40 buffers of 8 KiB spread over 0.4 s: the 40th may start no earlier than 39/40 of it.
+    data = np.arange(40 * 2 * ALIGN // 4, dtype=np.float32)
+    t = time.monotonic()
+    write_streaming(str(tmp_path / "f.safetensors"), [whole("x", data)], write_s=0.4)
+    assert time.monotonic() - t >= 0.38 * (data.nbytes - 2 * ALIGN) / data.nbytes
+    np.testing.assert_array_equal(load_file(str(tmp_path / "f.safetensors"))["x"], data)
+
+
+@pytest.mark.parametrize("rate", [0, -1.0, float("nan")])
+def test_a_writer_refuses_a_rate_that_is_not_positive(tmp_path, rate):
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        with pytest.raises(ValueError, match="rate must be a positive number"):
+            DirectWriter(fd, rate)
+    finally:
+        os.close(fd)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._base.context import current_channels
-from .._base.errors import FailedPreconditionError
+from .._base.errors import FailedPreconditionError, InvalidArgumentError
 from .._base.locks import PlacementLock
 from .._formats.checkpoint_files import INDEX, remove_checkpoint
 from .._formats.checkpoint_operations import DeltaReply, DeltaTable, SaveDelta, TakeMark
@@ -45,8 +45,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("pstrain.checkpoint")
 
-__all__ = ["Chain", "index_marks", "next_seq", "placement_lock", "ps_channels", "publish_caught_up",
-           "take_marks", "table_tag", "write_delta"]
+__all__ = ["Chain", "MAX_WRITE_S", "check_write_s", "index_marks", "next_seq", "placement_lock",
+           "ps_channels", "publish_caught_up", "take_marks", "table_tag", "write_delta"]
 
 
 @dataclass
@@ -103,6 +103,18 @@ async def take_marks(channels: dict[int, Channel]) -> dict[int, tuple[str, int]]
     return {ps: (r.incarnation, int(r.mark)) for ps, r in zip(channels, replies)}
 
 
+#: The most seconds a ps spreads a delta's write over (``SaveDelta.write_s``'s bound).
+MAX_WRITE_S = 86400.0
+
+
+def check_write_s(write_s: float, name: str = "write_s") -> None:
+    """InvalidArgumentError unless ``write_s`` is a number of seconds a ps takes (0 to a day)."""
+    if isinstance(write_s, bool) or not isinstance(write_s, (int, float)) or \
+            not 0 <= write_s <= MAX_WRITE_S:
+        raise InvalidArgumentError(f"{name} must be a number of seconds from 0 (as fast as the "
+                                   f"disk goes) to {MAX_WRITE_S:g}, got {write_s!r}")
+
+
 #: The last version this process gave a save, by directory (read from the directory once).
 _LAST_SEQ: dict[str, int] = {}
 
@@ -136,10 +148,12 @@ def directory_seq(directory: str) -> int:
 
 
 async def write_delta(chain: Chain, entries: dict[str, Entry], tables: dict[str, DynamicEmbedding],
-                      table_slots: dict[str, str]) -> tuple[str, Chain]:
-    """Write delta ``chain.number + 1`` of ``entries`` and ``tables``; returns its path and the
-    chain it ends. FailedPreconditionError: a ps cannot give what changed since its mark (it
-    restarted, or holds a value no save covers): a full checkpoint is needed."""
+                      table_slots: dict[str, str], write_s: float = 0.0) -> tuple[str, Chain]:
+    """Write delta ``chain.number + 1`` of ``entries`` and ``tables`` (each ps spreading its
+    file over about ``write_s`` seconds if > 0); returns its path and the chain it ends.
+    FailedPreconditionError: a ps cannot give what changed since its mark (it restarted,
+    or holds a value no save covers): a full checkpoint is needed."""
+    check_write_s(write_s)
     number = chain.number + 1
     prefix = delta_prefix(chain.base, number)
     base = os.path.basename(prefix)
@@ -174,7 +188,7 @@ async def write_delta(chain: Chain, entries: dict[str, Entry], tables: dict[str,
         incarnation, mark = chain.marks[ps]
         return await channel.request(SaveDelta(
             path=f"{prefix}.ps{ps}.safetensors", since=mark, incarnation=incarnation,
-            variables=variables[ps], tables=table_specs[ps]))
+            variables=variables[ps], tables=table_specs[ps], write_s=write_s))
 
     # Every ps has finished (written or failed) before anything is cleaned up: a file still
     # being written when the first failure came back would be left behind otherwise.

@@ -36,6 +36,7 @@ from .._formats.checkpoint_files import INDEX, remove_checkpoint
 from .._formats.delta_files import delta_prefix, split_delta
 from . import kept
 from .checkpoint import Checkpoint
+from .deltas import check_write_s
 
 logger = logging.getLogger("pstrain.checkpoint")
 
@@ -48,7 +49,7 @@ class CheckpointManager:
 
     def __init__(self, checkpoint: Checkpoint, directory: str, max_to_keep: int | None = 5,
                  checkpoint_name: str = "ckpt", *, delta_interval_s: float | None = None,
-                 deltas_per_base: int = 10) -> None:
+                 deltas_per_base: int = 10, delta_write_s: float = 0.0) -> None:
         if max_to_keep is not None and max_to_keep < 1:
             raise InvalidArgumentError("max_to_keep must be positive (or None to keep all)")
         if delta_interval_s is not None and not delta_interval_s > 0:
@@ -56,12 +57,18 @@ class CheckpointManager:
                                        f"(or None: no deltas), got {delta_interval_s!r}")
         if deltas_per_base < 1:
             raise InvalidArgumentError(f"deltas_per_base must be at least 1, got {deltas_per_base}")
+        check_write_s(delta_write_s, "delta_write_s")
+        if delta_interval_s is not None and delta_write_s >= delta_interval_s:
+            raise InvalidArgumentError(f"delta_write_s ({delta_write_s!r}) must be less than "
+                                       f"delta_interval_s ({delta_interval_s!r}): each delta is "
+                                       "written before the next is due")
         self.checkpoint = checkpoint
         self.directory = os.path.abspath(directory)
         self.max_to_keep = max_to_keep
         self.checkpoint_name = checkpoint_name
         self.delta_interval_s = delta_interval_s
         self.deltas_per_base = deltas_per_base
+        self.delta_write_s = float(delta_write_s)
         self._pattern = re.compile(re.escape(checkpoint_name) + r"-(\d+)" + re.escape(INDEX) + "$")
         self._loop: asyncio.Task[None] | None = None
         self._closed = False  # close() stops the deltas for good
@@ -133,7 +140,7 @@ class CheckpointManager:
             path = None
         else:
             try:
-                path = await self.checkpoint.write_delta()
+                path = await self.checkpoint.write_delta(write_s=self.delta_write_s)
             except FailedPreconditionError as exc:
                 logger.warning("writing a full checkpoint instead of a delta: %s", exc)
                 path = None

@@ -150,7 +150,8 @@ class SaveDelta(Operation, tag="delta/save"):
     file: of each variable (file key -> variable name), the rows changed and their values;
     of each table (name -> :class:`DeltaTable`), its changed rows and slots and the ids
     evicted since. Refused (nothing written) if this ps is another incarnation, or could
-    not keep a table's evictions since then: a full checkpoint is needed."""
+    not keep a table's evictions since then: a full checkpoint is needed. ``write_s`` > 0:
+    the file's bytes are spread over about that many seconds (0: as fast as they go)."""
 
     reply = DeltaReply
     path: Path
@@ -158,3 +159,4 @@ class SaveDelta(Operation, tag="delta/save"):
     incarnation: Incarnation
     variables: Annotated[dict[Name, Name], msgspec.Meta(max_length=1 << 16)] = {}
     tables: Annotated[dict[Name, DeltaTable], msgspec.Meta(max_length=1 << 12)] = {}
+    write_s: Annotated[float, msgspec.Meta(ge=0, le=86400)] = 0.0  # MAX_WRITE_S

@@ -13,6 +13,11 @@ buffer, written a whole buffer at a time, the tail padded to the alignment, and 
 cut to its size at the end. Where the file system has no ``O_DIRECT`` (tmpfs, ext4 with
 ``data=journal``) the same bytes are written the usual way, through the same buffer;
 either way the file holds exactly the bytes given.
+
+With a ``rate``, the writer does not run ahead of it: before each buffer goes out it waits
+until the bytes already written are due (a delta spread over part of its interval, so the
+disk and the cores training shares are not taken all at once). The first buffer goes out
+at once, and a file of one buffer never waits.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import logging
 import mmap
 import os
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -44,10 +51,19 @@ class DirectWriter:
     tail and cuts the file to the bytes given. A file-like ``write`` for
     :func:`~pstrain._formats.tensor_files.write_atomically`."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, rate: float | None = None, *,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], object] = time.sleep) -> None:
+        if rate is not None and not rate > 0:
+            raise ValueError(f"DirectWriter: rate must be a positive number of bytes per second, "
+                             f"got {rate!r}")
         self.fd = fd
         self.size = 0
         self.fill = 0
+        self.rate = rate
+        self._clock, self._sleep = clock, sleep
+        self._start = clock()
+        self._sent = 0  # bytes handed to the file system so far
         self.direct = _set_direct(fd, True)
         buf = getattr(_buffers, "buf", None)
         if buf is None or len(buf) < CHUNK:
@@ -92,6 +108,11 @@ class DirectWriter:
         os.ftruncate(self.fd, self.size)
 
     def _flush(self, length: int) -> None:
+        if self.rate is not None:
+            early = self._sent / self.rate - (self._clock() - self._start)
+            if early > 0:
+                self._sleep(early)  # the save's own thread: the serving loop goes on meanwhile
+        self._sent += length
         chunk = self.buffer[:length].data
         try:
             written = os.write(self.fd, chunk)

@@ -139,7 +139,7 @@ class Deltas:
             return tensors
 
         try:
-            saved = await self.checkpoints.save_streamed(req.path, everything)
+            saved = await self.checkpoints.save_streamed(req.path, everything, req.write_s)
         finally:
             for record, snap in snaps:
                 record.end_snapshot(snap)
