@@ -7,7 +7,7 @@ at a time to write it; an update first keeps the old values of the rows it chang
 blocks not yet written (copy-on-write per row, the rows it touches and no others), and the
 writer puts those back into its copy of the block. The file holds the array exactly as it
 was when the save began; the memory a save adds is one block plus the rows updated during
-it.
+it (kept in one log, :class:`KeptRows`, which grows by doubling: at most twice those rows).
 
 The writer's side costs CPU on the cores training runs on, so it is kept small: a writer
 gathers each block straight into the file writer's staging buffer
@@ -32,6 +32,7 @@ __all__ = ["BLOCK_BYTES", "ChangedRows", "KeptRows", "Snapshot"]
 
 #: About how many bytes a save's writer copies (and writes) at a time.
 BLOCK_BYTES = 8 << 20
+
 
 class KeptRows:
     """Old values of rows of ``array``, each row kept at most once, in the order kept: one
