@@ -99,7 +99,7 @@ def test_rows_read_back_in_pieces_are_the_rows_written(tmp_path, monkeypatch):
 
 
 class _Clock:
-    """Time that passes only when the writer sleeps (or a write is said to take some)."""
+    """Time that passes only when the writer sleeps."""
 
     def __init__(self) -> None:
         self.now = 0.0
