@@ -34,7 +34,7 @@ from .._base.context import current_channels
 from .._base.errors import FailedPreconditionError, InvalidArgumentError
 from .._base.locks import PlacementLock
 from .._formats.checkpoint_files import INDEX, remove_checkpoint
-from .._formats.checkpoint_operations import DeltaReply, DeltaTable, SaveDelta, TakeMark
+from .._formats.checkpoint_operations import MAX_WRITE_S, DeltaReply, DeltaTable, SaveDelta, TakeMark
 from .._formats.delta_files import delta_prefix, write_delta_index
 from .._formats.tensor_files import write_tensors
 from .._variables.dynamic import DynamicEmbedding
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("pstrain.checkpoint")
 
-__all__ = ["Chain", "MAX_WRITE_S", "check_write_s", "index_marks", "next_seq", "placement_lock",
+__all__ = ["Chain", "check_write_s", "index_marks", "next_seq", "placement_lock",
            "ps_channels", "publish_caught_up", "take_marks", "table_tag", "write_delta"]
 
 
@@ -101,10 +101,6 @@ async def take_marks(channels: dict[int, Channel]) -> dict[int, tuple[str, int]]
     """End the change epoch on each ps: what changes after the mark goes in the next delta."""
     replies = await asyncio.gather(*(ch.request(TakeMark()) for ch in channels.values()))
     return {ps: (r.incarnation, int(r.mark)) for ps, r in zip(channels, replies)}
-
-
-#: The most seconds a ps spreads a delta's write over (``SaveDelta.write_s``'s bound).
-MAX_WRITE_S = 86400.0
 
 
 def check_write_s(write_s: float, name: str = "write_s") -> None:

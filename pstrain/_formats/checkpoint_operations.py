@@ -24,7 +24,7 @@ from .records import (
     TableSpec,
 )
 
-__all__ = ["AbortRestore", "CommitRestore", "DeltaReply", "DeltaTable", "MarkReply", "Patch",
+__all__ = ["MAX_WRITE_S", "AbortRestore", "CommitRestore", "DeltaReply", "DeltaTable", "MarkReply", "Patch",
            "RestoreCheckpoint", "RestoreSpec", "RestoreTable", "SaveCheckpoint", "SaveDelta",
            "TableShardFile", "TakeMark"]
 
@@ -112,6 +112,8 @@ class AbortRestore(Operation, tag="ckpt/abort"):
 
 
 # -- delta checkpoints -----------------------------------------------------------------------------
+#: The most seconds a ps spreads a delta's write over (``SaveDelta.write_s``).
+MAX_WRITE_S = 86400.0
 Incarnation = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 
 
@@ -159,4 +161,4 @@ class SaveDelta(Operation, tag="delta/save"):
     incarnation: Incarnation
     variables: Annotated[dict[Name, Name], msgspec.Meta(max_length=1 << 16)] = {}
     tables: Annotated[dict[Name, DeltaTable], msgspec.Meta(max_length=1 << 12)] = {}
-    write_s: Annotated[float, msgspec.Meta(ge=0, le=86400)] = 0.0  # MAX_WRITE_S
+    write_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_WRITE_S)] = 0.0
