@@ -247,6 +247,30 @@ async def test_a_delta_spread_over_some_seconds_takes_them_on_the_ps_and_holds_t
         assert not os.path.exists(os.path.join(root, "x.safetensors"))
 
 
+async def test_a_ps_that_stops_writes_the_rest_of_a_spread_delta_at_once(tmp_path, monkeypatch):
+    """A delta spread over a minute does not keep a stopping ps's process waiting that long."""
+    from pstrain._formats import direct_writes
+
+    monkeypatch.setattr(direct_writes, "CHUNK", 8192)  # 137 buffers, spread over 60 s
+    root = str(tmp_path)
+    async with _cluster(root, num_ps=1) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        table, big, small, opt, ckpt = _model(strategy)
+        manager = pstrain.checkpoint.CheckpointManager(ckpt, root, delta_write_s=60)
+        await manager.save()
+        await big.assign(np.ones((70_000, DIM), np.float32))
+        writing = asyncio.ensure_future(manager.save_delta())
+        await wait_for(lambda: any(f.endswith(".tmp") for f in os.listdir(root)), timeout=30)
+        t = asyncio.get_running_loop().time()
+        await cluster.ps[0].stop()
+        # The delta's thread is free again (its file written) well before the minute is up.
+        await asyncio.wrap_future(_save_thread("delta").submit(lambda: None))
+        assert asyncio.get_running_loop().time() - t < 20
+        writing.cancel()
+        with contextlib.suppress(BaseException):
+            await writing
+
+
 async def test_deltas_written_on_their_own_lose_at_most_one_interval_of_steps(tmp_path):
     root = str(tmp_path)
     seen: dict[int, int] = {}  # delta number -> steps done before the step it was first seen after

@@ -30,6 +30,7 @@ import functools
 import logging
 import math
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -75,10 +76,13 @@ class CheckpointFiles:
     """Checkpoint files of one ps, confined to ``root``."""
 
     def __init__(self, store: VariableStore, root: str | None = None,
-                 max_variable_bytes: int | None = None) -> None:
+                 max_variable_bytes: int | None = None, max_store_bytes: int | None = None) -> None:
         self.store = store
         self.max_variable_bytes = max_variable_bytes  # a restored variable's limit, as a created one
-        self.max_store_bytes: int | None = None  # bytes held at most (the ps's --max-store-bytes)
+        self.max_store_bytes = max_store_bytes  # bytes held at most (the ps's --max-store-bytes)
+        #: Set when the ps stops: a write spread over some seconds goes on at full speed (the
+        #: process would otherwise wait out its schedule before it exits).
+        self.stopping = threading.Event()
         self.root = os.path.realpath(root or os.getcwd())
         #: stage -> (when, the values read, the variables whose initial values it released)
         self._staged: dict[str, tuple[float, list[tuple[str, np.ndarray, bool, str | None]],
@@ -142,7 +146,8 @@ class CheckpointFiles:
         try:
             size = await asyncio.get_running_loop().run_in_executor(
                 _save_thread(kind), functools.partial(write_streaming, pending.real, pending.tensors,
-                                                      root=self.root, write_s=write_s))
+                                                      root=self.root, write_s=write_s,
+                                                      sleep=self.stopping.wait))
         finally:
             pending.release()
         return {"path": pending.path, "bytes": size}

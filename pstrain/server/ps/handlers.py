@@ -127,8 +127,7 @@ class ParameterServer(ServerBase):
         #: Bytes of variables this ps holds at most (creations past it are refused).
         self.max_store_bytes = max_store_bytes or default_max_store_bytes()
         self.checkpoints = ps_checkpoint.CheckpointFiles(self.store, checkpoint_root,
-                                                         max_variable_bytes)
-        self.checkpoints.max_store_bytes = self.max_store_bytes
+                                                         max_variable_bytes, self.max_store_bytes)
         self.route(CreateVariables, self.create)
         self.route(ReadVariables, self.read)
         #: Fences, superseded coordinators and exactly-once keys: who may still write here.
@@ -166,6 +165,9 @@ class ParameterServer(ServerBase):
         else:
             self.refuse(CallVariables, f"{self.task} refuses pickled functions (started with "
                                      "--no-pickle): strategy.extended.update cannot run here")
+
+    async def on_stop(self) -> None:
+        self.checkpoints.stopping.set()  # a delta spread over some seconds: the rest at once
 
     # -- create / delete / list ----------------------------------------------------------------
     async def create(self, req: CreateVariables) -> dict[str, Any]:
