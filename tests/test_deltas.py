@@ -217,22 +217,30 @@ async def test_bad_settings_are_refused_with_what_was_wrong(tmp_path):
         await ckpt.write_delta()
 
 
-async def test_a_delta_spread_over_some_seconds_takes_them_on_the_ps_and_holds_the_same_rows(
-        tmp_path, monkeypatch):
-    from pstrain._checkpoint.deltas import ps_channels
+@contextlib.asynccontextmanager
+async def _spread(root: str, monkeypatch, write_s: float, values: np.ndarray):
+    """One ps whose ``big`` changed whole (to ``values``) after a base: a delta of 137
+    buffers of 8 KiB, which the manager spreads over ``write_s``."""
     from pstrain._formats import direct_writes
-    from pstrain._formats.checkpoint_operations import SaveDelta
 
     monkeypatch.setattr(direct_writes, "CHUNK", 8192)  # the in-process ps: a delta of many buffers
-    root = str(tmp_path)
     async with _cluster(root, num_ps=1) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         table, big, small, opt, ckpt = _model(strategy)
-        await _step(table, big, small, opt, 0)
-        manager = pstrain.checkpoint.CheckpointManager(ckpt, root, delta_write_s=0.5)
+        manager = pstrain.checkpoint.CheckpointManager(ckpt, root, delta_write_s=write_s)
         await manager.save()
-        values = np.random.default_rng(0).random((70_000, DIM)).astype(np.float32)
-        await big.assign(values)  # 1.1 MB changed: 137 buffers of 8 KiB, spread over 0.5 s
+        await big.assign(values)
+        yield cluster, manager, table, ckpt
+
+
+async def test_a_delta_spread_over_some_seconds_takes_them_on_the_ps_and_holds_the_same_rows(
+        tmp_path, monkeypatch):
+    from pstrain._checkpoint.deltas import ps_channels
+    from pstrain._formats.checkpoint_operations import SaveDelta
+
+    root = str(tmp_path)
+    values = np.random.default_rng(0).random((70_000, DIM)).astype(np.float32)
+    async with _spread(root, monkeypatch, 0.5, values) as (_, manager, table, ckpt):
         t = asyncio.get_running_loop().time()
         path = await manager.save_delta()
         assert asyncio.get_running_loop().time() - t >= 0.45
@@ -249,16 +257,8 @@ async def test_a_delta_spread_over_some_seconds_takes_them_on_the_ps_and_holds_t
 
 async def test_a_ps_that_stops_writes_the_rest_of_a_spread_delta_at_once(tmp_path, monkeypatch):
     """A delta spread over a minute does not keep a stopping ps's process waiting that long."""
-    from pstrain._formats import direct_writes
-
-    monkeypatch.setattr(direct_writes, "CHUNK", 8192)  # 137 buffers, spread over 60 s
     root = str(tmp_path)
-    async with _cluster(root, num_ps=1) as cluster:
-        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-        table, big, small, opt, ckpt = _model(strategy)
-        manager = pstrain.checkpoint.CheckpointManager(ckpt, root, delta_write_s=60)
-        await manager.save()
-        await big.assign(np.ones((70_000, DIM), np.float32))
+    async with _spread(root, monkeypatch, 60, np.ones((70_000, DIM), np.float32)) as (cluster, manager, *_):
         writing = asyncio.ensure_future(manager.save_delta())
         await wait_for(lambda: any(f.endswith(".tmp") for f in os.listdir(root)), timeout=30)
         t = asyncio.get_running_loop().time()
