@@ -159,6 +159,41 @@ def test_the_rows_changed_after_a_mark_are_the_same_compiled_and_in_numpy(epochs
         compiled.rows_after(np.zeros(5, np.uint32), 0, np.zeros(4, np.uint8))
 
 
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(0, 40), dim=st.integers(0, 5), dtype=st.sampled_from([np.float32, np.float64]),
+       data=st.data())
+def test_keeping_a_deltas_rows_is_the_same_compiled_and_in_numpy(n, dim, dtype, data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    array = rng.standard_normal((n, dim)).astype(dtype)
+    epochs = rng.integers(0, 6, n + data.draw(st.integers(0, 3))).astype(np.uint32)
+    rows = np.array(data.draw(st.lists(st.integers(-3, n + 3), max_size=50)), np.int64)
+    if data.draw(st.booleans()):
+        rows = np.unique(rows)  # a sparse step's rows: strictly ascending
+    since, mark = data.draw(st.integers(-1, 6)), data.draw(st.integers(-1, 6))
+    taken = data.draw(st.integers(0, n + 1))
+    start = data.draw(st.integers(0, 4))
+    ascending = bool(np.all(rows[1:] > rows[:-1]))
+    want = [int(r) for r in rows if taken <= r < n and since < epochs[r] <= mark] if ascending else None
+    for impl in (compiled, reference):
+        kept_rows = np.full(start + rows.size + 2, -7, np.int64)
+        kept_values = np.full((start + rows.size + 2, dim), -7.0, dtype)
+        got = impl.keep_changed(rows, epochs, since, mark, taken, array, kept_rows, kept_values, start)
+        if want is None:
+            assert got == -1 and (kept_rows == -7).all() and (kept_values == -7.0).all()
+            continue
+        assert got == len(want)
+        assert kept_rows[start:start + got].tolist() == want
+        assert _bits(kept_values[start:start + got]) == _bits(array[want])
+        assert (kept_rows[:start] == -7).all() and (kept_rows[start + got:] == -7).all()
+    for impl in (compiled, reference):
+        with pytest.raises(ValueError, match="no room"):
+            impl.keep_changed(np.arange(3), np.zeros(5, np.uint32), 0, 1, 0, np.zeros((5, 2), dtype),
+                              np.empty(2, np.int64), np.empty((2, 2), dtype), 0)
+        with pytest.raises(ValueError, match="epochs for"):
+            impl.keep_changed(np.arange(1), np.zeros(1, np.uint32), 0, 1, 0, np.zeros((5, 2), dtype),
+                              np.empty(2, np.int64), np.empty((2, 2), dtype), 0)
+
+
 def _bits(a: np.ndarray) -> bytes:
     return np.ascontiguousarray(a).tobytes()
 

@@ -507,6 +507,46 @@ def rows_after(const uint32_t[::1] epochs, int64_t since, const uint8_t[::1] liv
     return out[:k].copy()
 
 
+def keep_changed(const int64_t[::1] rows, const uint32_t[::1] epochs, int64_t since, int64_t mark,
+                 int64_t taken, const real[:, ::1] array, int64_t[::1] kept_rows,
+                 real[:, ::1] kept_values, Py_ssize_t start):
+    """Of ``rows`` (strictly ascending), those in ``taken:len(array)`` whose epoch is in
+    ``(since, mark]``: each one's number into ``kept_rows`` and its values into
+    ``kept_values``, from ``start`` on, in one pass; returns how many. -1, nothing written:
+    ``rows`` is not strictly ascending. A delta's snapshot keeping the old values of the rows
+    an update is about to change (:class:`~pstrain.server.ps.snapshots.ChangedRows`)."""
+    cdef Py_ssize_t i, n = rows.shape[0], k = start, dim = array.shape[1]
+    cdef Py_ssize_t limit = min(array.shape[0], epochs.shape[0])
+    cdef Py_ssize_t row_bytes = dim * sizeof(real)
+    cdef int64_t r, e
+    if array.shape[0] > epochs.shape[0]:
+        raise ValueError(f"keep_changed: {epochs.shape[0]} epochs for {array.shape[0]} rows")
+    if kept_values.shape[1] != dim:
+        raise ValueError("keep_changed: kept_values is not (capacity, dim)")
+    if start < 0 or kept_rows.shape[0] - start < n or kept_values.shape[0] - start < n:
+        raise ValueError(f"keep_changed: no room for {n} rows from {start}")
+    with nogil:
+        for i in range(1, n):
+            if rows[i] <= rows[i - 1]:
+                k = -1
+                break
+        if k >= 0:
+            for i in range(n):
+                if i + PROBE_AHEAD < n and 0 <= rows[i + PROBE_AHEAD] < limit:
+                    __builtin_prefetch(&epochs[rows[i + PROBE_AHEAD]])
+                r = rows[i]
+                if r < taken or r < 0 or r >= limit:
+                    continue
+                e = epochs[r]
+                if e <= since or e > mark:
+                    continue
+                kept_rows[k] = r
+                if row_bytes:
+                    memcpy(&kept_values[k, 0], &array[r, 0], row_bytes)
+                k += 1
+    return -1 if k < 0 else k - start
+
+
 def unique_first(const int64_t[::1] ids):
     """``(unique, inverse)``: the distinct ids in the order they first occur, and for each id
     its position in ``unique`` (a hash set of twice the batch's size, probed linearly)."""

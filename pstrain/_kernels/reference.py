@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 __all__ = ["adagrad_rows", "aligned_allocations", "count_sightings", "gather_rows", "index_delete",
-           "index_get", "index_insert", "index_locate", "initial_rows", "mark_seen", "mix64", "pick_victims",
-           "put_rows", "rows_after", "sgd_rows", "shard_ids", "unique_first"]
+           "index_get", "index_insert", "index_locate", "initial_rows", "keep_changed", "mark_seen",
+           "mix64", "pick_victims", "put_rows", "rows_after", "sgd_rows", "shard_ids", "unique_first"]
 
 _EMPTY = -1  # an index slot's value when it holds no id
 _SCALAR = 48  # ids left probing below which a Python loop beats another numpy pass
@@ -244,6 +244,25 @@ def rows_after(epochs: np.ndarray, since: int, live: np.ndarray | None = None,
     if live is not None:
         after &= live[:epochs.size].astype(bool)
     return np.flatnonzero(after)
+
+
+def keep_changed(rows: np.ndarray, epochs: np.ndarray, since: int, mark: int, taken: int,
+                 array: np.ndarray, kept_rows: np.ndarray, kept_values: np.ndarray, start: int) -> int:
+    n = rows.size
+    if array.shape[0] > epochs.shape[0]:
+        raise ValueError(f"keep_changed: {epochs.shape[0]} epochs for {array.shape[0]} rows")
+    if kept_values.shape[1:] != array.shape[1:]:
+        raise ValueError("keep_changed: kept_values is not (capacity, dim)")
+    if start < 0 or kept_rows.shape[0] - start < n or kept_values.shape[0] - start < n:
+        raise ValueError(f"keep_changed: no room for {n} rows from {start}")
+    if n > 1 and not bool(np.all(rows[1:] > rows[:-1])):
+        return -1
+    r = rows[(rows >= max(taken, 0)) & (rows < array.shape[0])]
+    e = epochs[r].astype(np.int64)
+    r = r[(e > since) & (e <= mark)]
+    kept_rows[start:start + r.size] = r
+    kept_values[start:start + r.size] = array[r]
+    return int(r.size)
 
 
 def unique_first(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

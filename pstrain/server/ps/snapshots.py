@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..._formats.direct_writes import DirectWriter
-from ..._kernels import KERNELS
+from ..._kernels import FLOAT_DTYPES, KERNELS
 from ..._kernels.batches import take_rows
 
 __all__ = ["BLOCK_BYTES", "ChangedRows", "KeptRows", "Snapshot"]
@@ -71,6 +71,26 @@ class KeptRows:
         self._rows[n:end] = rows
         take_rows(self.array, rows, self._values[n:end])
         self._n = end
+
+    def add_changed(self, rows: np.ndarray, epochs: np.ndarray, since: int, mark: int,
+                    taken: int) -> bool:
+        """Keep the current values of those of ``rows`` (int64, strictly ascending: a sparse
+        step's) in ``taken:`` whose epoch is in ``(since, mark]``, in one compiled pass with
+        no temporary per row; False, nothing kept, where the rows are not strictly ascending
+        or the array's dtype is not one the kernel takes (the caller keeps them another way)."""
+        arr = self.array
+        if arr.dtype not in FLOAT_DTYPES or arr.ndim < 1:
+            return False
+        n, end = self._n, self._n + rows.size
+        if end > self._rows.size:
+            self._resize(max(end, 2 * self._rows.size, 1024))
+        width = int(np.prod(arr.shape[1:], dtype=np.int64))
+        got = KERNELS.keep_changed(rows, epochs, since, mark, taken, arr.reshape(arr.shape[0], width),
+                                   self._rows, self._values.reshape(self._rows.size, width), n)
+        if got < 0:
+            return False
+        self._n = n + got
+        return True
 
     def between(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """The rows kept in ``lo:hi`` and their old values (copies)."""
@@ -272,6 +292,17 @@ class ChangedRows(Snapshot):
         self.since = since
         self.mark = mark
         self._every_kept = False  # every row still to write was kept (an update of them all)
+
+    def before_write(self, rows: np.ndarray | None) -> None:
+        # A sparse step's rows (int64, strictly ascending): kept by one compiled pass.
+        if rows is not None and isinstance(rows, np.ndarray) and rows.dtype == np.int64 \
+                and rows.ndim == 1 and rows.flags.c_contiguous:
+            with self._lock:
+                if self.taken >= self.rows or self._every_kept:
+                    return
+                if self._kept.add_changed(rows, self.epochs, self.since, self.mark, self.taken):
+                    return
+        super().before_write(rows)
 
     def _to_keep(self, r: np.ndarray, every: bool) -> np.ndarray:
         if self._every_kept:
