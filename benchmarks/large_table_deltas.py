@@ -3,7 +3,8 @@ base, then a delta every ``--interval`` seconds while training runs; then base +
 restored into a fresh cluster, against a plain read of the same files measured in the same run.
 
 Figures (results/W7-deltas.jsonl, medians over the deltas): training speed while a delta is
-written against the interval before it; delta bytes per minute of training; restore of base +
+written against the interval before it, with the most the writers' own CPU leaves it
+(:func:`cpu_bound`); delta bytes per minute of training; restore of base +
 ``--deltas`` deltas against a plain read of the same bytes (page cache dropped before each, as
 root); each ps's peak RSS over the table and slots it holds. results/W7-deltas.png plots each
 ps's RSS over time with the deltas marked.
@@ -38,6 +39,48 @@ EXTRA = ["--max-variable-bytes", str(8 << 30)]
 def _read_files(paths: list[str]) -> None:
     for path in paths:
         plain_read(path)
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, all) CPU seconds of the whole machine so far (/proc/stat), summed over cores."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:8]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields) - idle) / _TICK, sum(fields) / _TICK
+
+
+def side_threads_cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system) of every thread but the main one of processes ``pids``:
+    on a ps, the save thread that finds, gathers and writes a delta (its O_DIRECT writes'
+    kernel time included), and the few other threads it has."""
+    total = 0
+    for pid in pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            if int(tid) == pid:
+                continue
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except FileNotFoundError:  # the thread ended meanwhile
+                continue
+            total += int(fields[11]) + int(fields[12])
+    return total / _TICK
+
+
+def cpu_bound(round_: dict) -> float:
+    """The best ratio (speed while a delta is written over speed before it) that training could
+    reach given the CPU the writers used: the cores left over the window (the machine's, less
+    the ps's save threads' CPU beyond their rate before it) against the cores busy before it,
+    at most 1. An upper bound: it counts neither what the serving loops do for the save
+    (keeping old rows) nor what the writes cost the cores through memory and cache."""
+    c = round_["cpu"]
+    window = round_["delta_s"]
+    extra = c["side_during"] - c["side_before"] / c["before_s"] * window
+    left = os.cpu_count() - max(0.0, extra) / window
+    return min(1.0, left / c["busy_cores_before"])
 
 
 async def train_with_deltas(args, directory: str) -> dict:
@@ -79,6 +122,7 @@ async def train_with_deltas(args, directory: str) -> dict:
         for _ in range(args.deltas):
             # The interval: training alone.
             t0 = time.perf_counter()
+            side_start, (busy_start, all_start) = side_threads_cpu(ps_pids), machine_cpu()
             done = 0
             while time.perf_counter() - t0 < args.interval:
                 for _ in range(20):
@@ -86,6 +130,7 @@ async def train_with_deltas(args, directory: str) -> dict:
                 await coordinator.join()
                 done += 20
             alone_s = time.perf_counter() - t0
+            side0, (busy0, all0) = side_threads_cpu(ps_pids), machine_cpu()
             # A delta, with training going on until it is written.
             d0 = time.perf_counter()
             writing = asyncio.ensure_future(manager.save_delta())
@@ -97,12 +142,17 @@ async def train_with_deltas(args, directory: str) -> dict:
                 await coordinator.join()
                 during += 20
             d1 = time.perf_counter()
+            side1 = side_threads_cpu(ps_pids)
             path = await writing
             marks.append((d0 - sampler.t0, d1 - sampler.t0))
             size = sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory)
                        if f.startswith(os.path.basename(path) + "."))
             rounds.append({"alone": done * BATCH / alone_s, "during": during * BATCH / (d1 - d0),
-                           "delta_s": d1 - d0, "bytes": size})
+                           "delta_s": d1 - d0, "bytes": size,
+                           "cpu": {"before_s": alone_s, "side_before": side0 - side_start,
+                                   "side_during": side1 - side0,
+                                   "busy_cores_before": ((busy0 - busy_start) / (all0 - all_start)
+                                                         * os.cpu_count())}})
             steps_total += done + during
             train_s += (d1 - t0)
         sampler.stop()
@@ -147,7 +197,12 @@ def main() -> None:
               "examples_per_s_alone": round(statistics.median(x["alone"] for x in rounds), 1),
               "examples_per_s_during_delta": round(statistics.median(x["during"] for x in rounds), 1),
               "ratios": [round(x, 3) for x in ratios],
-              "delta_s": [round(x["delta_s"], 2) for x in rounds]}, "W7-deltas")
+              "delta_s": [round(x["delta_s"], 2) for x in rounds],
+              "cpu_bound_ratio": round(statistics.median(cpu_bound(x) for x in rounds), 3),
+              "save_threads_cpu_s": round(statistics.median(
+                  x["cpu"]["side_during"] for x in rounds), 3),
+              "busy_cores_before": round(statistics.median(
+                  x["cpu"]["busy_cores_before"] for x in rounds), 2)}, "W7-deltas")
         per_min = sum(x["bytes"] for x in rounds) / r["train_s"] * 60
         emit({**common, "metric": "delta_mib_per_min", "value": round(per_min / 2**20, 1),
               "delta_mib": [round(x["bytes"] / 2**20, 1) for x in rounds],
