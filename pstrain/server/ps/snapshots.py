@@ -13,8 +13,9 @@ The writer's side costs CPU on the cores training runs on, so it is kept small: 
 gathers each block straight into the file writer's staging buffer
 (:meth:`Snapshot.write_to`: no block copied twice, no fresh pages to fault in per block),
 rows by the compiled kernel, and the serving loop's side (:meth:`Snapshot.before_write`,
-once per update while a save runs) is one lookup per row in a byte per row, with no search
-and no sort.
+once per update while a save runs) is one lookup per row, with no search and no sort: in a
+byte per row for a full save; for a delta, of the row's epoch, in the same compiled pass
+that keeps the rows it must (:meth:`KeptRows.add_changed`).
 """
 
 from __future__ import annotations
