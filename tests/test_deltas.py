@@ -237,13 +237,26 @@ async def test_a_delta_spread_over_some_seconds_takes_them_on_the_ps_and_holds_t
         tmp_path, monkeypatch):
     from pstrain._checkpoint.deltas import ps_channels
     from pstrain._formats.checkpoint_operations import SaveDelta
+    from pstrain._formats.direct_writes import DirectWriter
 
     root = str(tmp_path)
     values = np.random.default_rng(0).random((70_000, DIM)).astype(np.float32)
+    staged: list[int] = []  # what each paced writer takes in before any of it goes out
+    init = DirectWriter.__init__
+
+    def watched(self, fd, rate=None, **kwargs):
+        init(self, fd, rate, **kwargs)
+        if rate is not None:
+            staged.append(self.capacity)
+
+    monkeypatch.setattr(DirectWriter, "__init__", watched)
     async with _spread(root, monkeypatch, 0.5, values) as (_, manager, table, ckpt):
         t = asyncio.get_running_loop().time()
         path = await manager.save_delta()
         assert asyncio.get_running_loop().time() - t >= 0.45
+        # The ps gathered the delta ahead of its writes (a quarter of the ~1.1 MB it holds,
+        # as a power of two: 256 KiB), not one 8 KiB buffer at a time.
+        assert staged == [256 << 10]
         np.testing.assert_array_equal(pstrain.checkpoint.load_variables(path)["model/big"], values)
         with pytest.raises(pstrain.errors.InvalidArgumentError, match="write_s"):
             await ckpt.write_delta(write_s=-1.0)

@@ -113,40 +113,78 @@ class _Clock:
         self.now += s
 
 
-@settings(max_examples=40, deadline=None)
-@given(sizes=st.lists(st.integers(0, 5 * ALIGN), max_size=8), rate=st.integers(ALIGN, 8 * ALIGN))
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(0, 5 * ALIGN), max_size=8), rate=st.integers(ALIGN, 8 * ALIGN),
+       ahead=st.sampled_from([0, 3 * ALIGN, 64 * ALIGN]))
 def test_a_paced_writer_never_gets_ahead_of_its_rate_and_never_waits_for_nothing(
-        tmp_path_factory, sizes, rate):
+        tmp_path_factory, sizes, rate, ahead):
     path = tmp_path_factory.mktemp("paced") / "f"
     clock = _Clock()
     sent: list[tuple[float, int]] = []  # (time, bytes handed over before it) at each buffer
+    staged: list[int] = []  # bytes the writer held when each buffer went out
     pieces = [bytes([k % 251]) * n for k, n in enumerate(sizes)]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(direct_writes, "CHUNK", 2 * ALIGN)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            writer = DirectWriter(fd, rate, clock=clock, sleep=clock.sleep)
-            flush = writer._flush
+            writer = DirectWriter(fd, rate, ahead=ahead, clock=clock, sleep=clock.sleep)
+            send = writer._send
 
-            def watched(length: int) -> None:
+            def watched(lo: int, hi: int) -> None:
                 before = writer._sent
-                flush(length)
+                staged.append(writer.fill)
+                send(lo, hi)
                 sent.append((clock.now, before))
 
-            mp.setattr(writer, "_flush", watched)
+            mp.setattr(writer, "_send", watched)
             for piece in pieces:
                 writer.write(piece)
             writer.finish()
         finally:
             os.close(fd)
+    total = sum(sizes)
     assert path.read_bytes() == b"".join(pieces)
     for at, before in sent:  # each buffer went out no earlier than the bytes before it were due
         assert at >= before / rate - 1e-9
     if sent:  # ... and no later: the writer only waits for that
         assert clock.now == pytest.approx(sent[-1][1] / rate)
+        # nothing went out before the writer held all it stages ahead (a delta's rows
+        # gathered in one burst, then sent at the rate)
+        assert writer.capacity >= max(ahead, 2 * ALIGN)
+        assert staged[0] == min(total, writer.capacity)
     assert all(s > 0 for s in clock.sleeps)
     if len(sent) <= 1:
         assert clock.sleeps == []  # a file of one buffer goes out at once
+
+
+@settings(max_examples=100, deadline=None)
+@given(held=st.integers(0, 1 << 42))
+def test_a_paced_write_stages_at_most_a_quarter_of_what_its_ps_holds(held):
+    ahead = direct_writes.ahead_for(held)
+    assert ahead & (ahead - 1) == 0  # a power of two: files of about one size share a buffer
+    assert direct_writes.CHUNK <= ahead <= direct_writes.MAX_AHEAD
+    assert ahead <= max(direct_writes.CHUNK, held // 4)
+    assert ahead * 2 > min(direct_writes.MAX_AHEAD, max(direct_writes.CHUNK, held // 4))
+
+
+def test_a_threads_staging_buffer_is_reused_and_given_back(tmp_path, small_chunks):
+    def staged(name: str, ahead: int) -> np.ndarray:
+        fd = os.open(tmp_path / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            writer = DirectWriter(fd, 1e12, ahead=ahead)
+            writer.write(b"x" * 100)
+            writer.finish()
+            return writer.buffer
+        finally:
+            os.close(fd)
+
+    big = staged("a", 40 * ALIGN)
+    again = staged("b", 50 * ALIGN)  # about the same size: the same memory, no pages anew
+    assert big.size == again.size == 64 * ALIGN
+    assert again.ctypes.data == big.ctypes.data
+    small = staged("c", 0)  # a quarter of it or less: the memory is given back
+    assert small.size == 2 * ALIGN and small.ctypes.data != big.ctypes.data
+    assert (tmp_path / "c").read_bytes() == b"x" * 100
 
 
 def test_a_streamed_file_spread_over_some_seconds_takes_them(tmp_path, small_chunks):

@@ -18,9 +18,11 @@ next deltas; old full checkpoints go with their deltas. A delta that cannot be
 written (a ps restarted since the base) is replaced by a full save; one that fails
 is logged and its rows go into the next. ``await manager.close()`` stops the deltas, after the one being
 written if there is one (``asyncio.run`` cancels them when the program ends).
-``delta_write_s`` > 0: each ps spreads a delta's file over about that many seconds
-(gentler on a disk and cores training shares; it lands that much later, and costs
-training more in total: ``docs/failures-and-checkpoints.md``).
+``delta_write_s`` > 0: each ps gathers a delta's rows at once (up to a quarter of what
+it holds, in memory), then spreads the file's writes over about that many seconds:
+training keeps more of its speed meanwhile and loses less to each delta, the delta
+lands that much later, and the ps keeps the staging memory
+(``docs/failures-and-checkpoints.md``).
 """
 
 from __future__ import annotations

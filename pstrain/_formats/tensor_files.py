@@ -74,7 +74,7 @@ StreamedTensors = Sequence[tuple[str, np.dtype, tuple[int, ...], Any]]
 
 
 def write_streaming(path: str, tensors: StreamedTensors | Callable[[], StreamedTensors],
-                    root: str | None = None, write_s: float = 0.0,
+                    root: str | None = None, write_s: float = 0.0, ahead: int = 0,
                     sleep: Callable[[float], object] = time.sleep) -> int:
     """Write a safetensors file whose tensors arrive in pieces: ``(key, dtype, shape, pieces)``
     where ``pieces()`` yields the tensor's bytes in row order (so a large array need not be
@@ -88,7 +88,8 @@ def write_streaming(path: str, tensors: StreamedTensors | Callable[[], StreamedT
     changed rows are found on the save thread, not where the save was asked for).
     ``write_s`` > 0: the file's bytes are spread over about that many seconds (no faster
     than its size / ``write_s``; a slower disk just takes longer), waiting with ``sleep``
-    (one that returns early, ``Event.wait``, lets the rest go at full speed)."""
+    (one that returns early, ``Event.wait``, lets the rest go at full speed), after taking
+    up to ``ahead`` of them into memory at once (:class:`DirectWriter`)."""
     if callable(tensors):
         tensors = tensors()
     raw, header = safetensors_header([(key, dtype, shape) for key, dtype, shape, _ in tensors])
@@ -110,7 +111,8 @@ def write_streaming(path: str, tensors: StreamedTensors | Callable[[], StreamedT
 
     size = len(raw) + sum(h["data_offsets"][1] - h["data_offsets"][0] for h in header.values())
     return write_atomically(path, write, overwrite=False, root=root, direct=True,
-                            rate=size / write_s if write_s > 0 else None, sleep=sleep)
+                            rate=size / write_s if write_s > 0 else None, ahead=min(size, ahead),
+                            sleep=sleep)
 
 
 def open_directory(path: str, root: str | None = None) -> int:
@@ -144,7 +146,8 @@ def open_directory(path: str, root: str | None = None) -> int:
 
 def write_atomically(path: str, write: Callable[[Any], object], *, overwrite: bool = True,
                      root: str | None = None, mode: int = 0o644, direct: bool = False,
-                     rate: float | None = None, sleep: Callable[[float], object] = time.sleep) -> int:
+                     rate: float | None = None, ahead: int = 0,
+                     sleep: Callable[[float], object] = time.sleep) -> int:
     """``write(f)`` into a new file, then give it the name ``path``: nobody ever sees a
     partial file, and no path is opened twice. Returns the file's size.
 
@@ -156,7 +159,8 @@ def write_atomically(path: str, write: Callable[[Any], object], *, overwrite: bo
     inode): a file swapped in meanwhile is an error, never a silent success. The temporary
     name is removed whatever happens. ``direct``: ``write`` is given a
     :class:`~pstrain._formats.direct_writes.DirectWriter` (past the page cache, no faster
-    than ``rate`` bytes per second if given, waiting with ``sleep``) instead of a file object.
+    than ``rate`` bytes per second if given, waiting with ``sleep``, up to ``ahead`` bytes
+    taken in first) instead of a file object.
     """
     directory, base = os.path.split(path)
     dir_fd = open_directory(directory, root)
@@ -166,7 +170,7 @@ def write_atomically(path: str, write: Callable[[Any], object], *, overwrite: bo
                      mode, dir_fd=dir_fd)
         try:
             if direct:
-                writer = DirectWriter(fd, rate, sleep=sleep)
+                writer = DirectWriter(fd, rate, ahead=ahead, sleep=sleep)
                 write(writer)
                 writer.finish()
             else:

@@ -140,23 +140,26 @@ class CheckpointFiles:
             raise
         return pending
 
-    async def write(self, pending: Pending, kind: str = "full", write_s: float = 0.0) -> dict[str, Any]:
+    async def write(self, pending: Pending, kind: str = "full", write_s: float = 0.0,
+                    ahead: int = 0) -> dict[str, Any]:
         """Write what :meth:`take` checked, on the save thread of its ``kind`` (spread over
-        about ``write_s`` seconds if > 0); its snapshots end after."""
+        about ``write_s`` seconds if > 0, up to ``ahead`` bytes taken in first); its
+        snapshots end after."""
         try:
             size = await asyncio.get_running_loop().run_in_executor(
                 _save_thread(kind), functools.partial(write_streaming, pending.real, pending.tensors,
                                                       root=self.root, write_s=write_s,
-                                                      sleep=self.stopping.wait))
+                                                      ahead=ahead, sleep=self.stopping.wait))
         finally:
             pending.release()
         return {"path": pending.path, "bytes": size}
 
-    async def save_streamed(self, path: str, tensors: SomeTensors, write_s: float = 0.0) -> dict[str, Any]:
+    async def save_streamed(self, path: str, tensors: SomeTensors, write_s: float = 0.0,
+                            ahead: int = 0) -> dict[str, Any]:
         """Write ``tensors`` (a delta's, as ``write_streaming`` takes them, or a function the
         save thread calls for them) to a new file under the root, on the deltas' save thread,
-        spread over about ``write_s`` seconds if > 0."""
-        return await self.write(self.take(path, tensors), "delta", write_s)
+        spread over about ``write_s`` seconds if > 0 (up to ``ahead`` bytes gathered first)."""
+        return await self.write(self.take(path, tensors), "delta", write_s, ahead)
 
     async def read_table_rows(self, paths: list[str], shard: Shard, num_shards: int, dim: int,
                               dtype: np.dtype, deltas: list[list[tuple[str, str]]] | None = None

@@ -39,6 +39,7 @@ import numpy as np
 
 from ..._base.errors import FailedPreconditionError, NotFoundError
 from ..._formats.checkpoint_operations import SaveDelta, TakeMark
+from ..._formats.direct_writes import ahead_for
 from ..._formats.tensor_files import whole
 from .checkpoint import CheckpointFiles
 from .dynamic_table import DynamicTable
@@ -138,8 +139,12 @@ class Deltas:
                     rows += int(picked.size)
             return tensors
 
+        # Spread over some seconds: the rows are gathered at once (up to a quarter of what
+        # the ps holds), then sent at the rate, so updates meanwhile keep few old rows.
+        held = self.store.nbytes + sum(t.nbytes for t in self.tables.values())
         try:
-            saved = await self.checkpoints.save_streamed(req.path, everything, req.write_s)
+            saved = await self.checkpoints.save_streamed(req.path, everything, req.write_s,
+                                                         ahead_for(held))
         finally:
             for record, snap in snaps:
                 record.end_snapshot(snap)
