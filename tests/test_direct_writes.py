@@ -14,7 +14,7 @@ from safetensors.numpy import load_file
 from pstrain._formats import direct_writes, tensor_files
 from pstrain._formats.direct_writes import ALIGN, DirectWriter
 from pstrain._formats.tensor_files import whole, write_streaming
-from pstrain.errors import AlreadyExistsError
+from pstrain.errors import AlreadyExistsError, PstrainError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -77,6 +77,26 @@ def test_a_streamed_checkpoint_file_reads_back_with_safetensors(tmp_path, small_
     with pytest.raises(AlreadyExistsError):  # never written over
         write_streaming(path, [whole("rows", tensors["rows"])])
     assert [p.name for p in tmp_path.iterdir()] == ["c.safetensors"]  # no temporary left
+
+
+@pytest.mark.parametrize("overwrite", [True, False])
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_file_taken_away_during_its_save_fails_the_save_with_pstrains_error(tmp_path, overwrite,
+                                                                                direct):
+    # What a process with write access to the folder can do while a save runs (the race
+    # tests/test_security.py runs at speed): take the temporary name away before it is
+    # renamed or linked to its own. The save fails with pstrain's error, naming the file,
+    # not with the rename's OSError, and nothing is left under either name.
+    def write(f) -> None:
+        f.write(b"x" * 5000)
+        for entry in os.scandir(tmp_path):
+            if entry.name.endswith(".tmp"):
+                os.unlink(entry.path)
+
+    path = str(tmp_path / "c.index.json")
+    with pytest.raises(PstrainError, match="c.index.json: the file written was removed"):
+        tensor_files.write_atomically(path, write, overwrite=overwrite, direct=direct)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_rows_read_back_in_pieces_are_the_rows_written(tmp_path, monkeypatch):

@@ -156,7 +156,8 @@ def write_atomically(path: str, write: Callable[[Any], object], *, overwrite: bo
     fsynced through its own descriptor, then renamed over ``path`` or, with
     ``overwrite=False``, linked to it (refused if ``path`` exists), and the directory is
     fsynced. Before answering, the name ``path`` is checked to be the file written (same
-    inode): a file swapped in meanwhile is an error, never a silent success. The temporary
+    inode): a file swapped in or taken away meanwhile is an error, never a silent success
+    (nor an ``OSError`` of the race: a :class:`~pstrain.errors.PstrainError`). The temporary
     name is removed whatever happens. ``direct``: ``write`` is given a
     :class:`~pstrain._formats.direct_writes.DirectWriter` (past the page cache, no faster
     than ``rate`` bytes per second if given, waiting with ``sleep``, up to ``ahead`` bytes
@@ -178,13 +179,16 @@ def write_atomically(path: str, write: Callable[[Any], object], *, overwrite: bo
                     write(f)
             os.fsync(fd)
             mine = os.fstat(fd)
-            if overwrite:
-                os.rename(tmp, base, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            else:
-                try:
+            try:
+                if overwrite:
+                    os.rename(tmp, base, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                else:
                     os.link(tmp, base, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
-                except FileExistsError:
-                    raise AlreadyExistsError(f"checkpoint file {path} already exists") from None
+            except FileExistsError:
+                raise AlreadyExistsError(f"checkpoint file {path} already exists") from None
+            except FileNotFoundError:  # its temporary name was taken away meanwhile
+                raise PstrainError(f"checkpoint file {path}: the file written was removed from "
+                                   "its folder during the save (the save failed)") from None
             there = os.stat(base, dir_fd=dir_fd, follow_symlinks=False)
             if (there.st_dev, there.st_ino) != (mine.st_dev, mine.st_ino):
                 raise PstrainError(f"checkpoint file {path} is not the file written: something "
