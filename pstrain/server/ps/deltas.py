@@ -141,10 +141,11 @@ class Deltas:
 
         # Spread over some seconds: the rows are gathered at once (up to a quarter of what
         # the ps holds), then sent at the rate, so updates meanwhile keep few old rows.
-        held = self.store.nbytes + sum(t.nbytes for t in self.tables.values())
+        ahead = 0
+        if req.write_s > 0:
+            ahead = ahead_for(self.store.nbytes + sum(t.nbytes for t in self.tables.values()))
         try:
-            saved = await self.checkpoints.save_streamed(req.path, everything, req.write_s,
-                                                         ahead_for(held))
+            saved = await self.checkpoints.save_streamed(req.path, everything, req.write_s, ahead)
         finally:
             for record, snap in snaps:
                 record.end_snapshot(snap)

@@ -66,9 +66,8 @@ class KeptRows:
 
     def add(self, rows: np.ndarray) -> None:
         """Keep the current values of ``rows`` (none of them kept already)."""
-        n, end = self._n, self._n + rows.size
-        if end > self._rows.size:
-            self._resize(max(end, 2 * self._rows.size, 1024))
+        n = self._reserve(rows.size)
+        end = n + rows.size
         self._rows[n:end] = rows
         take_rows(self.array, rows, self._values[n:end])
         self._n = end
@@ -82,9 +81,7 @@ class KeptRows:
         arr = self.array
         if arr.dtype not in FLOAT_DTYPES or arr.ndim < 1:
             return False
-        n, end = self._n, self._n + rows.size
-        if end > self._rows.size:
-            self._resize(max(end, 2 * self._rows.size, 1024))
+        n = self._reserve(rows.size)
         width = int(np.prod(arr.shape[1:], dtype=np.int64))
         got = KERNELS.keep_changed(rows, epochs, since, mark, taken, arr.reshape(arr.shape[0], width),
                                    self._rows, self._values.reshape(self._rows.size, width), n)
@@ -110,6 +107,12 @@ class KeptRows:
         self._n = stay.size
         if self._rows.size > 4 * max(self._n, 1024):
             self._resize(max(2 * self._n, 1024))
+
+    def _reserve(self, count: int) -> int:
+        """Room for ``count`` more rows (the log grows by doubling); returns where they go."""
+        if self._n + count > self._rows.size:
+            self._resize(max(self._n + count, 2 * self._rows.size, 1024))
+        return self._n
 
     def _resize(self, capacity: int) -> None:
         rows = np.empty(capacity, np.int64)
