@@ -37,6 +37,28 @@ def emit(record: dict[str, Any], workload: str) -> None:
         f.write(text + "\n")
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def stat_cpu_seconds(path: str) -> float:
+    """User + system CPU seconds so far of the process or thread whose ``/proc`` stat file
+    is ``path`` (0 if it has ended)."""
+    try:
+        with open(path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return 0.0
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, all) CPU seconds of the whole machine so far (/proc/stat), summed over cores."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:8]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields) - idle) / _TICK, sum(fields) / _TICK
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 

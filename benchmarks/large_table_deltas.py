@@ -29,7 +29,7 @@ import pstrain
 from pstrain.ctr import BATCH, CTRModel, make_step, synthetic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit  # noqa: E402
+from common import emit, machine_cpu, stat_cpu_seconds  # noqa: E402
 from dynamic_tables import rss_mib  # noqa: E402
 from large_table import Sampler, drop_caches, parallel, plain_read, plot_rss, restore  # noqa: E402
 
@@ -41,33 +41,12 @@ def _read_files(paths: list[str]) -> None:
         plain_read(path)
 
 
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def machine_cpu() -> tuple[float, float]:
-    """(busy, all) CPU seconds of the whole machine so far (/proc/stat), summed over cores."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:8]]
-    idle = fields[3] + fields[4]  # idle, iowait
-    return (sum(fields) - idle) / _TICK, sum(fields) / _TICK
-
-
 def side_threads_cpu(pids: list[int]) -> float:
     """CPU seconds (user + system) of every thread but the main one of processes ``pids``:
     on a ps, the save thread that finds, gathers and writes a delta (its O_DIRECT writes'
     kernel time included), and the few other threads it has."""
-    total = 0
-    for pid in pids:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            if int(tid) == pid:
-                continue
-            try:
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except FileNotFoundError:  # the thread ended meanwhile
-                continue
-            total += int(fields[11]) + int(fields[12])
-    return total / _TICK
+    return sum(stat_cpu_seconds(f"/proc/{pid}/task/{tid}/stat")
+               for pid in pids for tid in os.listdir(f"/proc/{pid}/task") if int(tid) != pid)
 
 
 def cpu_bound(round_: dict) -> float:

@@ -13,22 +13,13 @@ from pathlib import Path
 import pstrain
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from common import emit  # noqa: E402
+from common import emit, stat_cpu_seconds  # noqa: E402
 from ctr_embedding import train  # noqa: E402
 
 
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU seconds of these processes so far (from /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-        except (FileNotFoundError, IndexError):
-            pass
-    return total
+    return sum(stat_cpu_seconds(f"/proc/{pid}/stat") for pid in pids)
 
 
 async def run(steps: int, workers: int, max_inflight: int) -> dict:
