@@ -10,7 +10,12 @@ root); each ps's peak RSS over the table and slots it holds. results/W7-deltas.p
 ps's RSS over time with the deltas marked.
 
     python benchmarks/large_table_deltas.py [--rows 25000000] [--deltas 10] [--interval 10]
-                                            [--write-s 0]
+                                            [--write-s S]
+
+Each delta is spread over ``--write-s`` seconds (by default what ``CheckpointManager`` takes
+for ``--interval``: a quarter of it) and starts ``interval - write_s`` seconds after the one
+before, as the manager schedules them, so training runs alone ``interval - 2 * write_s``
+seconds between deltas.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import time
 from pathlib import Path
 
 import pstrain
+from pstrain._checkpoint.manager import DELTA_WRITE_SHARE
 from pstrain.ctr import BATCH, CTRModel, make_step, synthetic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -99,11 +105,11 @@ async def train_with_deltas(args, directory: str) -> dict:
         marks = []
         steps_total, train_s = 0, 0.0
         for _ in range(args.deltas):
-            # The interval: training alone.
+            # Training alone until the next delta is due (the manager's schedule).
             t0 = time.perf_counter()
             side_start, (busy_start, all_start) = side_threads_cpu(ps_pids), machine_cpu()
             done = 0
-            while time.perf_counter() - t0 < args.interval:
+            while time.perf_counter() - t0 < args.interval - 2 * args.write_s:
                 for _ in range(20):
                     coordinator.schedule(step, args=(it,))
                 await coordinator.join()
@@ -150,11 +156,16 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=32)
     parser.add_argument("--deltas", type=int, default=10)
     parser.add_argument("--interval", type=float, default=10.0, help="seconds of training between deltas")
-    parser.add_argument("--write-s", type=float, default=0.0,
+    parser.add_argument("--write-s", type=float, default=None,
                         help="seconds each ps spreads a delta's write over (CheckpointManager's "
-                             "delta_write_s; 0, the default: as fast as it goes)")
+                             "delta_write_s; by default the manager's for --interval; 0: as fast "
+                             "as it goes)")
     parser.add_argument("--dir", default=None)
     args = parser.parse_args()
+    if args.write_s is None:
+        args.write_s = DELTA_WRITE_SHARE * args.interval
+    if not 0 <= 2 * args.write_s < args.interval:
+        parser.error("--write-s must be from 0 to less than half of --interval")
     directory = tempfile.mkdtemp(prefix="w7d-", dir=args.dir or str(Path(__file__).resolve().parent))
     try:
         r = pstrain.run(train_with_deltas(args, directory))

@@ -211,8 +211,14 @@ async def test_bad_settings_are_refused_with_what_was_wrong(tmp_path):
     for bad in (-1.0, float("nan"), True, "1", 1e9):
         with pytest.raises(pstrain.errors.InvalidArgumentError, match="delta_write_s"):
             pstrain.checkpoint.CheckpointManager(ckpt, str(tmp_path), delta_write_s=bad)
-    with pytest.raises(pstrain.errors.InvalidArgumentError, match="less than delta_interval_s"):
-        pstrain.checkpoint.CheckpointManager(ckpt, str(tmp_path), delta_interval_s=4, delta_write_s=4)
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="at most half of delta_interval_s"):
+        pstrain.checkpoint.CheckpointManager(ckpt, str(tmp_path), delta_interval_s=4, delta_write_s=2.5)
+    # By default a delta is spread over a quarter of its interval; without one, not at all.
+    made = pstrain.checkpoint.CheckpointManager
+    assert made(ckpt, str(tmp_path), delta_interval_s=4).delta_write_s == 1.0
+    assert made(ckpt, str(tmp_path), delta_interval_s=4, delta_write_s=2).delta_write_s == 2.0
+    assert made(ckpt, str(tmp_path), delta_interval_s=4, delta_write_s=0).delta_write_s == 0.0
+    assert made(ckpt, str(tmp_path)).delta_write_s == 0.0
     with pytest.raises(pstrain.errors.FailedPreconditionError, match="save first"):
         await ckpt.write_delta()
 
@@ -282,6 +288,29 @@ async def test_a_ps_that_stops_writes_the_rest_of_a_spread_delta_at_once(tmp_pat
         writing.cancel()
         with contextlib.suppress(BaseException):
             await writing
+
+
+async def test_closing_the_manager_has_a_spread_delta_under_way_written_at_once(tmp_path, monkeypatch):
+    """close() waits for the delta being written, not for its minute-long spread: its ps is
+    told to send the rest at once, and the delta holds the rows."""
+    from pstrain._checkpoint.deltas import ps_channels
+    from pstrain._formats.checkpoint_operations import HurryDeltas
+
+    root = str(tmp_path)
+    values = np.full((70_000, DIM), 3.0, np.float32)
+    async with _spread(root, monkeypatch, 60, values) as (cluster, manager, table, _):
+        channel = next(iter(ps_channels({}, {"emb": table}).values()))
+        assert (await channel.request(HurryDeltas())).hurried == 0  # none under way
+        writing = asyncio.ensure_future(manager.save_delta())
+        await wait_for(lambda: any(f.endswith(".tmp") for f in os.listdir(root)), timeout=30)
+        t = asyncio.get_running_loop().time()
+        await manager.close()
+        path = await asyncio.wait_for(writing, 30)
+        assert asyncio.get_running_loop().time() - t < 20
+        assert ".delta-1" in path
+        np.testing.assert_array_equal(pstrain.checkpoint.load_variables(path)["model/big"], values)
+        # The ps itself still spreads the next delta it is asked for.
+        assert cluster.ps[0].checkpoints.stopped is False
 
 
 async def test_deltas_written_on_their_own_lose_at_most_one_interval_of_steps(tmp_path):

@@ -254,12 +254,12 @@ class Checkpoint:
         entries.update(await self._slot_entries(graph))
         return graph, entries
 
-    async def write_delta(self, *, write_s: float = 0.0) -> str:
+    async def write_delta(self, *, write_s: float = 0.0, hurry: asyncio.Event | None = None) -> str:
         """Write what changed since the last save or delta of this checkpoint's chain as the
         chain's next delta (``<base>.delta-<K>``); returns its path. The last full save or
         restore by this object is the base. FailedPreconditionError if there is none, or a
-        ps cannot give its changes (it restarted): write a full checkpoint then. ``write_s``
-        > 0: each ps spreads its file over about that many seconds (``CheckpointManager``)."""
+        ps cannot give its changes (it restarted): write a full checkpoint then. ``write_s``,
+        ``hurry``: the spread of each ps's file (``CheckpointManager``, ``deltas.write_delta``)."""
         chain = self._chain
         if chain is None:
             raise FailedPreconditionError("a delta extends a full checkpoint written or restored "
@@ -267,7 +267,7 @@ class Checkpoint:
         async with placement_lock(walk(self._objects), shared=True), self._delta_lock:  # a save's order
             chain = self._chain or chain  # a full save may have moved the chain on meanwhile
             graph, entries = await self._entries()
-            path, new = await write_delta(chain, entries, graph.tables, table_slots(graph), write_s)
+            path, new = await write_delta(chain, entries, graph.tables, table_slots(graph), write_s, hurry)
         if self._chain is chain:  # not superseded meanwhile by a full save or a restore
             object.__setattr__(self, "_chain", new)
         _SAVED.append({"path": path, "time": time.time(), "values": len(entries),

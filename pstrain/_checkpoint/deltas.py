@@ -34,7 +34,14 @@ from .._base.context import current_channels
 from .._base.errors import FailedPreconditionError, InvalidArgumentError
 from .._base.locks import PlacementLock
 from .._formats.checkpoint_files import INDEX, remove_checkpoint
-from .._formats.checkpoint_operations import MAX_WRITE_S, DeltaReply, DeltaTable, SaveDelta, TakeMark
+from .._formats.checkpoint_operations import (
+    MAX_WRITE_S,
+    DeltaReply,
+    DeltaTable,
+    HurryDeltas,
+    SaveDelta,
+    TakeMark,
+)
 from .._formats.delta_files import delta_prefix, write_delta_index
 from .._formats.tensor_files import write_tensors
 from .._variables.dynamic import DynamicEmbedding
@@ -144,11 +151,13 @@ def directory_seq(directory: str) -> int:
 
 
 async def write_delta(chain: Chain, entries: dict[str, Entry], tables: dict[str, DynamicEmbedding],
-                      table_slots: dict[str, str], write_s: float = 0.0) -> tuple[str, Chain]:
+                      table_slots: dict[str, str], write_s: float = 0.0,
+                      hurry: asyncio.Event | None = None) -> tuple[str, Chain]:
     """Write delta ``chain.number + 1`` of ``entries`` and ``tables`` (each ps spreading its
-    file over about ``write_s`` seconds if > 0); returns its path and the chain it ends.
-    FailedPreconditionError: a ps cannot give what changed since its mark (it restarted,
-    or holds a value no save covers): a full checkpoint is needed."""
+    file over about ``write_s`` seconds if > 0, the rest at once when ``hurry`` is set);
+    returns its path and the chain it ends. FailedPreconditionError: a ps cannot give what
+    changed since its mark (it restarted, or holds a value no save covers): a full
+    checkpoint is needed."""
     check_write_s(write_s)
     number = chain.number + 1
     prefix = delta_prefix(chain.base, number)
@@ -188,8 +197,14 @@ async def write_delta(chain: Chain, entries: dict[str, Entry], tables: dict[str,
 
     # Every ps has finished (written or failed) before anything is cleaned up: a file still
     # being written when the first failure came back would be left behind otherwise.
-    outcomes = await asyncio.gather(*(save(ps, ch) for ps, ch in channels.items()),
-                                    return_exceptions=True)
+    hurrying = (asyncio.get_running_loop().create_task(_hurry(hurry, channels))
+                if hurry is not None and write_s > 0 else None)
+    try:
+        outcomes = await asyncio.gather(*(save(ps, ch) for ps, ch in channels.items()),
+                                        return_exceptions=True)
+    finally:
+        if hurrying is not None:
+            hurrying.cancel()
     replies: dict[int, DeltaReply] = {}
     try:
         for ps, outcome in zip(channels, outcomes):
@@ -228,6 +243,15 @@ async def write_delta(chain: Chain, entries: dict[str, Entry], tables: dict[str,
     await asyncio.get_running_loop().run_in_executor(None, write_delta_index, prefix, index)
     logger.info("saved delta %s (%d rows, %d bytes)", prefix, rows, size)
     return prefix, Chain(chain.base, number, seq, marks)
+
+
+async def _hurry(hurry: asyncio.Event, channels: dict[int, Channel]) -> None:
+    """Once ``hurry`` is set, ask each ps to write the rest of its spread delta at once."""
+    await hurry.wait()
+    for ps, outcome in zip(channels, await asyncio.gather(
+            *(ch.request(HurryDeltas()) for ch in channels.values()), return_exceptions=True)):
+        if isinstance(outcome, Exception):  # it writes at its pace: the delta just lands later
+            logger.warning("ps %d was not told to write its delta at once: %s", ps, outcome)
 
 
 async def publish_caught_up(chain: Chain, publish: Callable[[], None], lock: asyncio.Lock,

@@ -18,10 +18,11 @@ next deltas; old full checkpoints go with their deltas. A delta that cannot be
 written (a ps restarted since the base) is replaced by a full save; one that fails
 is logged and its rows go into the next. ``await manager.close()`` stops the deltas, after the one being
 written if there is one (``asyncio.run`` cancels them when the program ends).
-``delta_write_s`` > 0: each ps gathers a delta's rows at once (up to a quarter of what
-it holds, in memory), then spreads the file's writes over about that many seconds:
-training keeps more of its speed meanwhile and loses less to each delta, the delta
-lands that much later, and the ps keeps the staging memory
+Each delta is spread: its ps gathers the rows at once (up to a quarter of what it holds,
+in memory), then writes the file over ``delta_write_s`` seconds (by default a quarter of
+the interval), so training keeps its speed meanwhile. The manager starts each delta that
+much before it is due, so it lands on the interval and a kill still loses at most about
+one interval; ``delta_write_s=0`` writes as fast as the disk goes
 (``docs/failures-and-checkpoints.md``).
 """
 
@@ -47,6 +48,9 @@ logger = logging.getLogger("pstrain.checkpoint")
 
 __all__ = ["CheckpointManager"]
 
+#: The share of ``delta_interval_s`` a delta is spread over unless ``delta_write_s`` is given.
+DELTA_WRITE_SHARE = 0.25
+
 
 class CheckpointManager:
     """Numbered checkpoints ``<directory>/<checkpoint_name>-<N>`` keeping the last
@@ -54,7 +58,7 @@ class CheckpointManager:
 
     def __init__(self, checkpoint: Checkpoint, directory: str, max_to_keep: int | None = 5,
                  checkpoint_name: str = "ckpt", *, delta_interval_s: float | None = None,
-                 deltas_per_base: int = 10, delta_write_s: float = 0.0) -> None:
+                 deltas_per_base: int = 10, delta_write_s: float | None = None) -> None:
         if max_to_keep is not None and max_to_keep < 1:
             raise InvalidArgumentError("max_to_keep must be positive (or None to keep all)")
         if delta_interval_s is not None and not delta_interval_s > 0:
@@ -62,11 +66,13 @@ class CheckpointManager:
                                        f"(or None: no deltas), got {delta_interval_s!r}")
         if deltas_per_base < 1:
             raise InvalidArgumentError(f"deltas_per_base must be at least 1, got {deltas_per_base}")
+        if delta_write_s is None:
+            delta_write_s = DELTA_WRITE_SHARE * delta_interval_s if delta_interval_s else 0.0
         check_write_s(delta_write_s, "delta_write_s")
-        if delta_interval_s is not None and delta_write_s >= delta_interval_s:
-            raise InvalidArgumentError(f"delta_write_s ({delta_write_s!r}) must be less than "
-                                       f"delta_interval_s ({delta_interval_s!r}): each delta is "
-                                       "written before the next is due")
+        if delta_interval_s is not None and delta_write_s > delta_interval_s / 2:
+            raise InvalidArgumentError(f"delta_write_s ({delta_write_s!r}) must be at most half "
+                                       f"of delta_interval_s ({delta_interval_s!r}): each delta "
+                                       "starts that much early to land on the interval")
         self.checkpoint = checkpoint
         self.directory = os.path.abspath(directory)
         self.max_to_keep = max_to_keep
@@ -80,6 +86,7 @@ class CheckpointManager:
         self._compaction: asyncio.Task[str] | None = None
         self._waiting = False  # the deltas' loop waits for its next tick (close() cancels it then)
         self._lock = asyncio.Lock()  # one full save at a time
+        self._hurry = asyncio.Event()  # set by close(): a spread delta under way goes at once
         kept.track(self)  # Ctrl-C says which checkpoint was kept
 
     def _numbers(self) -> list[int]:
@@ -145,7 +152,7 @@ class CheckpointManager:
             path = None
         else:
             try:
-                path = await self.checkpoint.write_delta(write_s=self.delta_write_s)
+                path = await self.checkpoint.write_delta(write_s=self.delta_write_s, hurry=self._hurry)
             except FailedPreconditionError as exc:
                 logger.warning("writing a full checkpoint instead of a delta: %s", exc)
                 path = None
@@ -176,14 +183,17 @@ class CheckpointManager:
 
     async def _deltas_loop(self) -> None:
         assert self.delta_interval_s is not None
-        due = time.monotonic() + self.delta_interval_s
+        # A delta captures the rows when it starts and lands delta_write_s later: starting
+        # each that much early keeps the newest delta on disk at most one interval old.
+        period = self.delta_interval_s - self.delta_write_s
+        due = time.monotonic() + period
         while not self._closed:
             self._waiting = True
             try:
                 await asyncio.sleep(max(0.0, due - time.monotonic()))
             finally:
                 self._waiting = False
-            due = max(due + self.delta_interval_s, time.monotonic())
+            due = max(due + period, time.monotonic())
             try:
                 base = self.checkpoint.chain_base
                 if base is not None and self._deltas(base) >= self.deltas_per_base and \
@@ -202,9 +212,11 @@ class CheckpointManager:
             logger.warning("compacting the deltas into a full checkpoint failed: %s", task.exception())
 
     async def close(self) -> None:
-        """Stop writing deltas for good (a delta or compaction under way is let finish: one
-        cancelled half-way leaves a ps writing a file the next save of its name then meets)."""
+        """Stop writing deltas for good. A delta or compaction under way is let finish (one
+        cancelled half-way leaves a ps writing a file the next save of its name then meets),
+        its ps told to write the rest of a spread delta at once."""
         self._closed = True
+        self._hurry.set()
         loop, self._loop = self._loop, None
         if loop is not None:
             if self._waiting:

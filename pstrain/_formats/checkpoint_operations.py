@@ -24,9 +24,9 @@ from .records import (
     TableSpec,
 )
 
-__all__ = ["MAX_WRITE_S", "AbortRestore", "CommitRestore", "DeltaReply", "DeltaTable", "MarkReply", "Patch",
-           "RestoreCheckpoint", "RestoreSpec", "RestoreTable", "SaveCheckpoint", "SaveDelta",
-           "TableShardFile", "TakeMark"]
+__all__ = ["MAX_WRITE_S", "AbortRestore", "CommitRestore", "DeltaReply", "DeltaTable", "HurryDeltas",
+           "MarkReply", "Patch", "RestoreCheckpoint", "RestoreSpec", "RestoreTable", "SaveCheckpoint",
+           "SaveDelta", "TableShardFile", "TakeMark"]
 
 
 #: A delta file of a table: the file and the prefix of the table's keys in it.
@@ -162,3 +162,10 @@ class SaveDelta(Operation, tag="delta/save"):
     variables: Annotated[dict[Name, Name], msgspec.Meta(max_length=1 << 16)] = {}
     tables: Annotated[dict[Name, DeltaTable], msgspec.Meta(max_length=1 << 12)] = {}
     write_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_WRITE_S)] = 0.0
+
+
+class HurryDeltas(Operation, tag="delta/hurry"):
+    """Write the rest of this ps's spread deltas as fast as the disk goes (their coordinator
+    stops writing deltas and waits for the one under way); ``hurried``: how many."""
+
+    reply = CountReply

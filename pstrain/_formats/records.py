@@ -164,6 +164,8 @@ class CountReply(Reply):
     cancelling: Count | None = None
     resources: Count | None = None
     fenced: Count | None = None
+    #: ``delta/hurry``: the spread writes told to go at once
+    hurried: Count | None = None
 
 
 class ValuesReply(Reply):

@@ -80,9 +80,11 @@ class CheckpointFiles:
         self.store = store
         self.max_variable_bytes = max_variable_bytes  # a restored variable's limit, as a created one
         self.max_store_bytes = max_store_bytes  # bytes held at most (the ps's --max-store-bytes)
-        #: Set when the ps stops: a write spread over some seconds goes on at full speed (the
-        #: process would otherwise wait out its schedule before it exits).
-        self.stopping = threading.Event()
+        #: The spread writes under way, each with the event that sends its rest at once
+        #: (:meth:`hurry`); once the ps stops, every write goes at once (the process would
+        #: otherwise wait out a schedule before it exits).
+        self._spreading: set[threading.Event] = set()
+        self.stopped = False
         self.root = os.path.realpath(root or os.getcwd())
         #: stage -> (when, the values read, the variables whose initial values it released)
         self._staged: dict[str, tuple[float, list[tuple[str, np.ndarray, bool, str | None]],
@@ -145,14 +147,32 @@ class CheckpointFiles:
         """Write what :meth:`take` checked, on the save thread of its ``kind`` (spread over
         about ``write_s`` seconds if > 0, up to ``ahead`` bytes taken in first); its
         snapshots end after."""
+        pace = threading.Event()
+        if write_s > 0:
+            self._spreading.add(pace)
+            if self.stopped:
+                pace.set()
+
+        def run() -> int:  # until the file is written, even if the request is cancelled
+            try:
+                return write_streaming(pending.real, pending.tensors, root=self.root,
+                                       write_s=write_s, ahead=ahead, sleep=pace.wait)
+            finally:
+                self._spreading.discard(pace)
+
         try:
-            size = await asyncio.get_running_loop().run_in_executor(
-                _save_thread(kind), functools.partial(write_streaming, pending.real, pending.tensors,
-                                                      root=self.root, write_s=write_s,
-                                                      ahead=ahead, sleep=self.stopping.wait))
+            size = await asyncio.get_running_loop().run_in_executor(_save_thread(kind), run)
         finally:
             pending.release()
         return {"path": pending.path, "bytes": size}
+
+    def hurry(self, stop: bool = False) -> int:
+        """Send the rest of every spread write under way at once (and of every later one, if
+        ``stop``: the ps is stopping); returns how many were under way."""
+        self.stopped = self.stopped or stop
+        for pace in list(self._spreading):  # (the save threads take theirs out as they end)
+            pace.set()
+        return len(self._spreading)
 
     async def save_streamed(self, path: str, tensors: SomeTensors, write_s: float = 0.0,
                             ahead: int = 0) -> dict[str, Any]:

@@ -33,13 +33,15 @@ delta that fails on one ps is simply taken again, larger, by the next one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ..._base.errors import FailedPreconditionError, NotFoundError
-from ..._formats.checkpoint_operations import SaveDelta, TakeMark
+from ..._formats.checkpoint_operations import HurryDeltas, SaveDelta, TakeMark
 from ..._formats.direct_writes import ahead_for
+from ..._formats.records import Operation
 from ..._formats.tensor_files import whole
 from .checkpoint import CheckpointFiles
 from .dynamic_table import DynamicTable
@@ -62,6 +64,12 @@ class Deltas:
         self.feed = feed  # told where each table's deltas go
         self.tables: dict[str, DynamicTable] = feed.tables
         self.incarnation = incarnation
+
+    def routes(self) -> dict[type[Operation], Callable[..., Any]]:
+        return {TakeMark: self.take_mark, SaveDelta: self.save_delta, HurryDeltas: self.hurry}
+
+    def hurry(self, req: HurryDeltas) -> dict[str, Any]:
+        return {"hurried": self.checkpoints.hurry()}
 
     def take_mark(self, req: TakeMark) -> dict[str, Any]:
         return {"incarnation": self.incarnation, "mark": self.store.clock.mark()}

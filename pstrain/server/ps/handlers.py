@@ -35,8 +35,6 @@ from ..._formats.checkpoint_operations import (
     AbortRestore,
     CommitRestore,
     RestoreCheckpoint,
-    SaveDelta,
-    TakeMark,
 )
 from ..._formats.operations import (
     CREATE_CHUNK_BYTES,
@@ -155,8 +153,8 @@ class ParameterServer(ServerBase):
         for operation, handler in self.moves.routes().items():
             self.route(operation, handler)
         self.deltas = Deltas(self.checkpoints, self.feed, self.incarnation)
-        self.route(TakeMark, self.deltas.take_mark)
-        self.route(SaveDelta, self.deltas.save_delta)
+        for operation, handler in self.deltas.routes().items():
+            self.route(operation, handler)
         self.route(RestoreCheckpoint, self.restore_checkpoint)
         self.route(CommitRestore, self.commit_restore)
         self.route(AbortRestore, self.abort_restore)
@@ -167,7 +165,7 @@ class ParameterServer(ServerBase):
                                      "--no-pickle): strategy.extended.update cannot run here")
 
     async def on_stop(self) -> None:
-        self.checkpoints.stopping.set()  # a delta spread over some seconds: the rest at once
+        self.checkpoints.hurry(stop=True)  # a delta spread over some seconds: the rest at once
 
     # -- create / delete / list ----------------------------------------------------------------
     async def create(self, req: CreateVariables) -> dict[str, Any]:
