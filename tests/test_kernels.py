@@ -77,14 +77,20 @@ def test_the_id_index_is_the_same_compiled_and_in_numpy(ops):
         assert dict(zip(keys.tolist(), vals.tolist())) == model
 
 
-@settings(max_examples=150, deadline=None)
-@given(present=BATCH, batch=st.lists(IDS, max_size=80), data=st.data())
-def test_a_probe_that_checks_its_ids_distinct_is_the_same_compiled_and_in_numpy(present, batch, data):
-    """Ids with rows and ids without, repeated or not: the rows found are ``get``'s, the
-    answer is whether the batch repeats an id, and the marks are all clear again after."""
+@settings(max_examples=200, deadline=None)
+@given(present=BATCH, batch=st.lists(IDS, max_size=80), data=st.data(),
+       order=st.sampled_from(["drawn", "sorted", "sorted distinct"]))
+def test_a_probe_that_checks_its_ids_distinct_is_the_same_compiled_and_in_numpy(present, batch, data,
+                                                                              order):
+    """Ids with rows and ids without, repeated or not, in any order or ascending (a sorted
+    batch's, which the compiled probe takes as distinct without marks): the rows found are
+    ``get``'s, the answer is whether the batch repeats an id, and the marks are all clear
+    again after."""
     if batch:
         batch += data.draw(st.lists(st.sampled_from(batch), max_size=3))  # repeats, sometimes
         batch = data.draw(st.permutations(batch))
+    if order != "drawn":
+        batch = sorted(set(batch) if order == "sorted distinct" else batch)
     arr = np.array(batch, np.int64)
     model = {i: r for r, i in enumerate(present)}
     for impl in (compiled, reference):

@@ -136,13 +136,29 @@ def index_locate(const int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] 
                  int64_t[::1] out, uint8_t[::1] mark):
     """:func:`index_get` into ``out``, and whether ``ids`` are distinct, in the same pass:
     the rows found must be (a byte per row in ``mark``, all 0 before and after, one pass
-    marking, one unmarking), and the ids without one (a hash set of just those)."""
+    marking, one unmarking), and the ids without one (a hash set of just those). Ids
+    strictly ascending (a sorted batch's) are distinct: their probes are all it takes."""
     cdef Py_ssize_t i, q, r, n = ids.shape[0], limit = mark.shape[0], missing = 0
     cdef const int64_t* s = &slots[0, 0]
-    cdef bint repeated = False, bad = False
+    cdef bint repeated = False, bad = False, ascending = True
     _check_slots(slots.shape[0], slots.shape[1], mask)
     if out.shape[0] < n:
         raise ValueError(f"index_locate: out has {out.shape[0]} places for {n} ids")
+    with nogil:
+        for i in range(1, n):
+            if ids[i] <= ids[i - 1]:
+                ascending = False
+                break
+        if ascending:
+            for i in range(n):
+                q = _probe(s, mask, &ids[0], i, n)
+                r = s[2 * q + 1] if q >= 0 else -1
+                out[i] = r
+                bad = bad or r >= limit
+    if ascending:
+        if bad:
+            raise IndexError("index_locate: a row past the table's end")
+        return True
     with nogil:
         for i in range(n):
             q = _probe(s, mask, &ids[0], i, n)
