@@ -32,6 +32,18 @@ def test_the_distinct_ids_are_the_same_compiled_and_in_numpy_in_first_seen_order
     assert (fast[0][fast[1]] == x).all() and fast[1].dtype == np.int64
 
 
+@settings(max_examples=200, deadline=None)
+@given(IDS, st.booleans(), st.sampled_from([0, 8, 40]))
+def test_the_radix_argsort_is_numpys_stable_argsort_signed_and_unsigned(ids, unsigned, shift):
+    """Repeats keep their order; values sharing high bytes (``shift``: small ids, whose
+    top bytes the sort skips) or spread over all 64 bits; as int64 or as uint64."""
+    x = np.array(ids, np.int64) >> shift if ids else np.array([], np.int64)
+    want = np.argsort(x.view(np.uint64) if unsigned else x, kind="stable")
+    for impl in (compiled, reference):
+        got = impl.argsort_stable(x, unsigned)
+        assert got.dtype == np.int64 and got.tolist() == want.tolist(), impl.__name__
+
+
 @settings(max_examples=150, deadline=None)
 @given(IDS, st.sampled_from([np.int64, np.int32, np.uint64, np.uint8]))
 def test_unique_sorted_is_np_unique_exactly_and_unsorted_keeps_first_occurrence(ids, dtype):

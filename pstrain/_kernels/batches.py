@@ -33,11 +33,11 @@ def distinct(ids: np.ndarray, *, sorted: bool = False) -> tuple[np.ndarray, np.n
         found, inverse = np.unique(ids, return_inverse=True)
         return found, inverse.reshape(-1).astype(np.int64, copy=False)
     wide = ids.view(np.int64) if ids.dtype == np.uint64 else ids.astype(np.int64, copy=False)
-    found, idx = KERNELS.unique_first(np.ascontiguousarray(wide))
-    found = found.view(np.uint64) if ids.dtype == np.uint64 else found.astype(ids.dtype, copy=False)
+    found_wide, idx = KERNELS.unique_first(np.ascontiguousarray(wide))
+    found = found_wide.view(np.uint64) if ids.dtype == np.uint64 else found_wide.astype(ids.dtype, copy=False)
     if not sorted:
         return found, idx
-    order = np.argsort(found, kind="stable")  # distinct values: any sort; this one is twice as fast
+    order = KERNELS.argsort_stable(found_wide, ids.dtype == np.uint64)  # (distinct: any sort does)
     rank = np.empty(order.size, np.int64)
     rank[order] = np.arange(order.size)
     return found[order], rank[idx]

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["adagrad_rows", "aligned_allocations", "count_sightings", "gather_rows", "index_delete",
+__all__ = ["adagrad_rows", "aligned_allocations", "argsort_stable", "count_sightings", "gather_rows",
+           "index_delete",
            "index_get", "index_insert", "index_locate", "initial_rows", "keep_changed", "mark_seen",
            "mix64", "pick_victims", "put_rows", "rows_after", "sgd_rows", "shard_ids", "unique_first"]
 
@@ -271,6 +272,10 @@ def unique_first(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     rank = np.empty(order.size, np.int64)
     rank[order] = np.arange(order.size)
     return sorted_ids[order], rank[inverse.reshape(-1)]
+
+
+def argsort_stable(values: np.ndarray, unsigned: bool = False) -> np.ndarray:
+    return np.argsort(values.view(np.uint64) if unsigned else values, kind="stable").astype(np.int64)
 
 
 def shard_ids(ids: np.ndarray, num_shards: int, salt: int) -> np.ndarray:
