@@ -295,10 +295,21 @@ async def test_closing_the_manager_has_a_spread_delta_under_way_written_at_once(
     told to send the rest at once, and the delta holds the rows."""
     from pstrain._checkpoint.deltas import ps_channels
     from pstrain._formats.checkpoint_operations import HurryDeltas
+    from pstrain._formats.direct_writes import DirectWriter
 
     root = str(tmp_path)
     values = np.full((70_000, DIM), 3.0, np.float32)
-    async with _spread(root, monkeypatch, 60, values) as (cluster, manager, table, _):
+    paced: list[float] = []  # the rate of each paced writer the ps makes
+    init = DirectWriter.__init__
+
+    def watched(self, fd, rate=None, **kwargs):
+        init(self, fd, rate, **kwargs)
+        if rate is not None:
+            paced.append(rate)
+
+    monkeypatch.setattr(DirectWriter, "__init__", watched)
+    async with _spread(root, monkeypatch, 60, values) as (cluster, manager, table, ckpt):
+        big = ckpt.model["big"]
         channel = next(iter(ps_channels({}, {"emb": table}).values()))
         assert (await channel.request(HurryDeltas())).hurried == 0  # none under way
         writing = asyncio.ensure_future(manager.save_delta())
@@ -311,6 +322,13 @@ async def test_closing_the_manager_has_a_spread_delta_under_way_written_at_once(
         np.testing.assert_array_equal(pstrain.checkpoint.load_variables(path)["model/big"], values)
         # The ps itself still spreads the next delta it is asked for.
         assert cluster.ps[0].checkpoints.stopped is False
+        # A delta asked of the closed manager is not spread at all (no hurry can miss it).
+        assert len(paced) == 1
+        await big.assign(values + 1)
+        t = asyncio.get_running_loop().time()
+        path = await asyncio.wait_for(manager.save_delta(), 30)
+        assert asyncio.get_running_loop().time() - t < 20 and len(paced) == 1
+        np.testing.assert_array_equal(pstrain.checkpoint.load_variables(path)["model/big"], values + 1)
 
 
 async def test_deltas_written_on_their_own_lose_at_most_one_interval_of_steps(tmp_path):

@@ -189,6 +189,9 @@ async def write_delta(chain: Chain, entries: dict[str, Entry], tables: dict[str,
 
     seq = next_seq(os.path.dirname(prefix))
 
+    if hurry is not None and hurry.is_set():
+        write_s = 0.0  # asked to hurry already: nothing to spread
+
     async def save(ps: int, channel: Channel) -> DeltaReply:
         incarnation, mark = chain.marks[ps]
         return await channel.request(SaveDelta(
