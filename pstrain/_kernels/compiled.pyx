@@ -74,6 +74,15 @@ cdef inline void _prefetch_slot(const int64_t* slots, uint64_t mask, int64_t key
     __builtin_prefetch(slots + 2 * (_mix64(<uint64_t>key) & mask))
 
 
+cdef inline bint _ascending(const int64_t* v, Py_ssize_t n) noexcept nogil:
+    """Whether ``v[:n]`` is strictly ascending (a sorted batch's: distinct by its order)."""
+    cdef Py_ssize_t i
+    for i in range(1, n):
+        if v[i] <= v[i - 1]:
+            return False
+    return True
+
+
 cdef inline Py_ssize_t _probe(const int64_t* s, uint64_t mask, const int64_t* ids, Py_ssize_t i,
                               Py_ssize_t n) noexcept nogil:
     """The slot holding ``ids[i]`` (-1 where none), the first slot of ``ids[i + PROBE_AHEAD]``
@@ -140,15 +149,12 @@ def index_locate(const int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] 
     strictly ascending (a sorted batch's) are distinct: their probes are all it takes."""
     cdef Py_ssize_t i, q, r, n = ids.shape[0], limit = mark.shape[0], missing = 0
     cdef const int64_t* s = &slots[0, 0]
-    cdef bint repeated = False, bad = False, ascending = True
+    cdef bint repeated = False, bad = False, ascending
     _check_slots(slots.shape[0], slots.shape[1], mask)
     if out.shape[0] < n:
         raise ValueError(f"index_locate: out has {out.shape[0]} places for {n} ids")
     with nogil:
-        for i in range(1, n):
-            if ids[i] <= ids[i - 1]:
-                ascending = False
-                break
+        ascending = n == 0 or _ascending(&ids[0], n)
         if ascending:
             for i in range(n):
                 q = _probe(s, mask, &ids[0], i, n)
@@ -542,10 +548,8 @@ def keep_changed(const int64_t[::1] rows, const uint32_t[::1] epochs, int64_t si
     if start < 0 or kept_rows.shape[0] - start < n or kept_values.shape[0] - start < n:
         raise ValueError(f"keep_changed: no room for {n} rows from {start}")
     with nogil:
-        for i in range(1, n):
-            if rows[i] <= rows[i - 1]:
-                k = -1
-                break
+        if n and not _ascending(&rows[0], n):
+            k = -1
         if k >= 0:
             for i in range(n):
                 if i + PROBE_AHEAD < n and 0 <= rows[i + PROBE_AHEAD] < limit:
