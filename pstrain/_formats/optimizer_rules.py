@@ -14,6 +14,7 @@ and the sparse steps of SGD and Adagrad run as one fused compiled loop
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -39,7 +40,7 @@ _FUSED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 def _rows2d(a: np.ndarray, n: int, like: np.ndarray) -> np.ndarray:
     """``a`` as ``n`` rows of as many numbers as a row of ``like`` has (a view if it can)."""
-    return np.ascontiguousarray(a).reshape(n, int(np.prod(like.shape[1:], dtype=np.int64)))
+    return np.ascontiguousarray(a).reshape(n, math.prod(like.shape[1:]))
 
 
 def _kept(rows: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
