@@ -254,6 +254,10 @@ def test_a_row_past_the_end_is_refused_by_both_and_nothing_changes():
         assert not var.any() and (acc == 1).all()
         with pytest.raises(IndexError, match="past the table's end"):
             impl.gather_rows(var, np.array([0, 4], np.int64), np.empty((2, 2), np.float32), 0.0)
+        epochs = np.zeros(4, np.uint32)
+        with pytest.raises(IndexError, match="past the table's end"):
+            impl.stamp_rows(epochs, np.array([4], np.int64), 7)
+        assert not epochs.any()
 
 
 @settings(max_examples=100, deadline=None)
@@ -278,6 +282,12 @@ def test_a_lookups_gather_and_bookkeeping_are_the_same_compiled_and_in_numpy(n, 
     assert seen[0][2] == _bits(np.arange(n) + (hit & counts))
     want = np.where((rows >= 0)[:, None], table[np.maximum(rows, 0)], np.float32(default))
     assert seen[0][0] == _bits(want)
+    stamped = []  # an update's bookkeeping: the epoch of each row it changed, and how many
+    for impl in (compiled, reference):
+        epochs = np.arange(n, dtype=np.uint32)
+        stamped.append((impl.stamp_rows(epochs, rows, clock % 2**32), _bits(epochs)))
+    assert stamped[0] == stamped[1] == (int(hit.sum()), _bits(np.where(hit, clock % 2**32, np.arange(n))
+                                                               .astype(np.uint32)))
 
 
 @settings(max_examples=300, deadline=None)

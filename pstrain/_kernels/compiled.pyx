@@ -418,6 +418,27 @@ def mark_seen(int64_t[::1] last_seen, int64_t[::1] freq, const int64_t[::1] pos,
         raise IndexError("mark_seen: a row past the table's end")
 
 
+def stamp_rows(uint32_t[::1] epochs, const int64_t[::1] pos, uint32_t epoch):
+    """An update's bookkeeping: each row ``pos[i] >= 0`` changed in ``epoch`` (what a delta
+    checkpoint reads). Returns how many rows that is, in one pass (numpy's keeps the rows
+    found in a temporary first)."""
+    cdef Py_ssize_t i, r, n = pos.shape[0], limit = epochs.shape[0], k = 0
+    cdef bint bad = False
+    with nogil:
+        for i in range(n):
+            r = pos[i]
+            if r < 0:
+                continue
+            if r >= limit:
+                bad = True
+                break
+            epochs[r] = epoch
+            k += 1
+    if bad:
+        raise IndexError("stamp_rows: a row past the table's end")
+    return k
+
+
 def pick_victims(const int64_t[::1] key, const uint8_t[::1] live, const int64_t[::1] protect,
                  uint8_t[::1] mark, Py_ssize_t used, Py_ssize_t n):
     """The rows an eviction of ``n`` takes: of the rows below ``used`` that are ``live`` and

@@ -16,7 +16,7 @@ import numpy as np
 __all__ = ["adagrad_rows", "aligned_allocations", "argsort_stable", "count_sightings", "gather_rows",
            "index_delete", "index_get", "index_insert", "index_locate", "initial_rows", "keep_changed",
            "mark_seen", "mix64", "pick_victims", "put_rows", "rows_after", "sgd_rows", "shard_ids",
-           "unique_first"]
+           "stamp_rows", "unique_first"]
 
 _EMPTY = -1  # an index slot's value when it holds no id
 _SCALAR = 48  # ids left probing below which a Python loop beats another numpy pass
@@ -208,6 +208,12 @@ def mark_seen(last_seen: np.ndarray, freq: np.ndarray, pos: np.ndarray, clock: i
         last_seen[hit] = clock
     if counts:
         freq[hit] += 1
+
+
+def stamp_rows(epochs: np.ndarray, pos: np.ndarray, epoch: int) -> int:
+    hit = pos[_checked("stamp_rows", epochs, pos, "table")]
+    epochs[hit] = epoch
+    return int(hit.size)
 
 
 def _rows_distinct(pos: np.ndarray, mark: np.ndarray) -> bool:

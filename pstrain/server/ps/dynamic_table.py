@@ -330,15 +330,14 @@ class DynamicTable(SlicedRows, Admission):
         rule skips rows of -1, in the same pass (a fused kernel) or before it. ``pos``: the
         ids' :meth:`positions` (from :meth:`locate`, nothing changed since), else found here."""
         pos = self.positions(ids) if pos is None else pos
-        rows = pos[pos >= 0]
-        if not rows.size:
+        changed = self.kernels.stamp_rows(self.epochs, pos, self.clock.epoch)  # for deltas
+        if not changed:
             return 0
         arrays = {name: self.slot(key, init) for name, (key, init) in slots.items()}
         if self.saves:
-            self._touch(rows)
+            self._touch(pos[pos >= 0])
         rule(self.rows, grad.astype(self.dtype, copy=False), pos, arrays, cfg, t)
-        self.epochs[rows] = self.clock.epoch
-        return int(rows.size)
+        return int(changed)
 
     # -- checkpoints -------------------------------------------------------------------------------
     def changes(self, since: int) -> tuple[dict[str, Snapshot], np.ndarray] | None:
