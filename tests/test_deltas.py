@@ -331,6 +331,29 @@ async def test_closing_the_manager_has_a_spread_delta_under_way_written_at_once(
         np.testing.assert_array_equal(pstrain.checkpoint.load_variables(path)["model/big"], values + 1)
 
 
+async def test_a_save_threads_staging_buffer_is_given_back_once_it_writes_nothing_more(
+        tmp_path, monkeypatch):
+    """A spread delta's staging buffer stays for the next delta, then goes once the deltas'
+    thread has written nothing for STAGING_IDLE_S; a delta after that still holds its rows."""
+    from pstrain._formats import direct_writes
+
+    monkeypatch.setattr(direct_writes, "STAGING_IDLE_S", 1.0)
+    values = np.full((70_000, DIM), 5.0, np.float32)
+
+    def delta_thread() -> int:
+        return sum(n for name, n in direct_writes.staging_held().items()
+                   if name.startswith("pstrain-save-delta"))
+
+    async with _spread(str(tmp_path), monkeypatch, 0.2, values) as (_, manager, _table, ckpt):
+        await manager.save_delta()
+        assert delta_thread() >= 256 << 10  # what the spread delta gathered ahead, kept
+        await wait_for(lambda: delta_thread() == 0, timeout=30)
+        await ckpt.model["big"].assign(values + 1)
+        path = await manager.save_delta()
+        np.testing.assert_array_equal(pstrain.checkpoint.load_variables(path)["model/big"], values + 1)
+        assert delta_thread() >= 256 << 10  # made again for it
+
+
 async def test_deltas_written_on_their_own_lose_at_most_one_interval_of_steps(tmp_path):
     root = str(tmp_path)
     seen: dict[int, int] = {}  # delta number -> steps done before the step it was first seen after

@@ -24,8 +24,9 @@ find them taken and keep no old values for it (kept for the whole of a spread wr
 they cost training more than the write itself: W7, a delta spread over 2.5 s cost 0.48 s
 of training with 8 MiB staged, 0.09-0.20 s with the whole delta, as unspread). The
 staging buffer is the thread's own, reused by each file it writes (its pages stay in
-memory: faulted in once, not per delta), and made smaller again once a file needs under a
-quarter of it.
+memory: faulted in once, not per delta), made smaller again once a file needs under a
+quarter of it, and given back (:func:`release_idle_staging`) once the thread has written
+nothing through it for :data:`STAGING_IDLE_S` (a closed manager's deltas, a save long ago).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ALIGN", "CHUNK", "MAX_AHEAD", "DirectWriter", "ahead_for"]
+__all__ = ["ALIGN", "CHUNK", "MAX_AHEAD", "STAGING_IDLE_S", "DirectWriter", "ahead_for",
+           "release_idle_staging", "staging_held"]
 
 #: Alignment of buffers, offsets and lengths (a page: enough for 512-byte and 4 KiB sectors).
 ALIGN = 4096
@@ -51,8 +53,13 @@ CHUNK = 8 << 20
 #: The most a paced writer stages ahead of its disk.
 MAX_AHEAD = 1 << 30
 
+#: A thread's staging buffer is given back after this many seconds without a file written
+#: through it (a spread delta's can be up to :data:`MAX_AHEAD`).
+STAGING_IDLE_S = 60.0
+
 logger = logging.getLogger(__name__)
 _buffers = threading.local()  # one staging buffer per thread, reused by each file it writes
+_held: dict[str, int] = {}  # thread name -> the bytes of its staging buffer
 
 
 def ahead_for(held: int) -> int:
@@ -124,6 +131,7 @@ class DirectWriter:
             self.buffer[self.fill:length] = 0
             self._flush(length)
         os.ftruncate(self.fd, self.size)
+        _buffers.used = time.monotonic()
 
     def _flush(self, length: int) -> None:
         """Send the first ``length`` staged bytes, a buffer (``CHUNK``) at a time."""
@@ -161,7 +169,27 @@ def _staging(size: int) -> np.ndarray:
     buf = getattr(_buffers, "buf", None)
     if buf is None or len(buf) < size or len(buf) > 4 * size:
         buf = _buffers.buf = mmap.mmap(-1, size)  # page-aligned, as O_DIRECT wants
+        _held[threading.current_thread().name] = size
+    _buffers.used = time.monotonic()
     return np.frombuffer(buf, np.uint8)[:size]
+
+
+def release_idle_staging(idle_s: float | None = None) -> int:
+    """Give back this thread's staging buffer if no file has been written through it for
+    ``idle_s`` seconds (default :data:`STAGING_IDLE_S`); returns its bytes, 0 if it was kept
+    (or there was none). Its memory goes once the last writer using it is gone."""
+    buf = getattr(_buffers, "buf", None)
+    idle = STAGING_IDLE_S if idle_s is None else idle_s
+    if buf is None or time.monotonic() - getattr(_buffers, "used", 0.0) < idle:
+        return 0
+    _buffers.buf = None
+    _held.pop(threading.current_thread().name, None)
+    return len(buf)
+
+
+def staging_held() -> dict[str, int]:
+    """The bytes of each thread's staging buffer held now, by thread name."""
+    return dict(_held)
 
 
 def _set_direct(fd: int, on: bool) -> bool:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -38,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from ..._formats import direct_writes
 from ..._formats.checkpoint_operations import RestoreCheckpoint, RestoreSpec, SaveCheckpoint
 from ..._formats.delta_files import TableState, read_table_state
 from ..._formats.idhash import Shard
@@ -85,6 +87,8 @@ class CheckpointFiles:
         #: otherwise wait out a schedule before it exits).
         self._spreading: set[threading.Event] = set()
         self.stopped = False
+        #: Per save thread, the check that gives its staging buffer back once it is idle.
+        self._idle_checks: dict[str, asyncio.TimerHandle] = {}
         self.root = os.path.realpath(root or os.getcwd())
         #: stage -> (when, the values read, the variables whose initial values it released)
         self._staged: dict[str, tuple[float, list[tuple[str, np.ndarray, bool, str | None]],
@@ -164,7 +168,23 @@ class CheckpointFiles:
             size = await asyncio.get_running_loop().run_in_executor(_save_thread(kind), run)
         finally:
             pending.release()
+            self._release_when_idle(kind)
         return {"path": pending.path, "bytes": size}
+
+    def _release_when_idle(self, kind: str) -> None:
+        """Have the save thread of ``kind`` give its staging buffer back (up to 1 GiB for a
+        spread delta) if it writes nothing more for ``STAGING_IDLE_S`` seconds: after the
+        last delta of a closed manager, or a save long ago, it is not held for nothing."""
+        if (old := self._idle_checks.pop(kind, None)) is not None:
+            old.cancel()
+
+        def check() -> None:
+            self._idle_checks.pop(kind, None)
+            with contextlib.suppress(RuntimeError):  # the thread's pool shut down: exiting
+                _save_thread(kind).submit(direct_writes.release_idle_staging)
+
+        self._idle_checks[kind] = asyncio.get_running_loop().call_later(
+            direct_writes.STAGING_IDLE_S, check)
 
     def hurry(self, stop: bool = False) -> int:
         """Send the rest of every spread write under way at once (and of every later one, if
