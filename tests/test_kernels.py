@@ -254,10 +254,12 @@ def test_a_row_past_the_end_is_refused_by_both_and_nothing_changes():
         assert not var.any() and (acc == 1).all()
         with pytest.raises(IndexError, match="past the table's end"):
             impl.gather_rows(var, np.array([0, 4], np.int64), np.empty((2, 2), np.float32), 0.0)
-        epochs = np.zeros(4, np.uint32)
+        epochs, last, freq = np.zeros(4, np.uint32), np.zeros(4, np.int64), np.zeros(4, np.int64)
         with pytest.raises(IndexError, match="past the table's end"):
-            impl.stamp_rows(epochs, np.array([4], np.int64), 7)
-        assert not epochs.any()
+            impl.stamp_rows(epochs, np.array([0, 4], np.int64), 7)
+        with pytest.raises(IndexError, match="past the table's end"):
+            impl.mark_seen(last, freq, np.array([1, 4], np.int64), 7)
+        assert not epochs.any() and not last.any() and not freq.any()
 
 
 @settings(max_examples=100, deadline=None)

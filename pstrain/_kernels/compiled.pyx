@@ -395,47 +395,45 @@ def put_rows(real[:, ::1] out, const int64_t[::1] rows, const real[:, ::1] value
         raise IndexError("put_rows: a row past the array's end")
 
 
+cdef inline bint _past_end(const int64_t[::1] pos, Py_ssize_t limit) noexcept nogil:
+    """Whether a row of ``pos`` (-1: none) lies past ``limit``: checked before a pass writes
+    anything, so a bad row changes nothing."""
+    cdef Py_ssize_t i
+    for i in range(pos.shape[0]):
+        if pos[i] >= limit:
+            return True
+    return False
+
+
 def mark_seen(int64_t[::1] last_seen, int64_t[::1] freq, const int64_t[::1] pos, int64_t clock,
               bint ages=True, bint counts=True):
     """A training lookup's bookkeeping: each row ``pos[i] >= 0`` (unique) was seen at
     ``clock`` (``ages``: into ``last_seen``), once more (``counts``: into ``freq``). A table
     whose eviction reads only one of them keeps only that one (one cache miss per row less)."""
-    cdef Py_ssize_t i, r, n = pos.shape[0], limit = min(last_seen.shape[0], freq.shape[0])
-    cdef bint bad = False
-    with nogil:
-        for i in range(n):
-            r = pos[i]
-            if r < 0:
-                continue
-            if r >= limit:
-                bad = True
-                break
-            if ages:
-                last_seen[r] = clock
-            if counts:
-                freq[r] += 1
-    if bad:
+    cdef Py_ssize_t i, r
+    if _past_end(pos, min(last_seen.shape[0], freq.shape[0])):
         raise IndexError("mark_seen: a row past the table's end")
+    with nogil:
+        for i in range(pos.shape[0]):
+            r = pos[i]
+            if r >= 0 and ages:
+                last_seen[r] = clock
+            if r >= 0 and counts:
+                freq[r] += 1
 
 
 def stamp_rows(uint32_t[::1] epochs, const int64_t[::1] pos, uint32_t epoch):
     """An update's bookkeeping: each row ``pos[i] >= 0`` changed in ``epoch`` (what a delta
     checkpoint reads). Returns how many rows that is, in one pass (numpy's keeps the rows
     found in a temporary first)."""
-    cdef Py_ssize_t i, r, n = pos.shape[0], limit = epochs.shape[0], k = 0
-    cdef bint bad = False
-    with nogil:
-        for i in range(n):
-            r = pos[i]
-            if r < 0:
-                continue
-            if r >= limit:
-                bad = True
-                break
-            epochs[r] = epoch
-            k += 1
-    if bad:
+    cdef Py_ssize_t i, k = 0
+    if _past_end(pos, epochs.shape[0]):
         raise IndexError("stamp_rows: a row past the table's end")
+    with nogil:
+        for i in range(pos.shape[0]):
+            if pos[i] >= 0:
+                epochs[pos[i]] = epoch
+                k += 1
     return k
 
 
