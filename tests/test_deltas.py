@@ -337,7 +337,7 @@ async def test_a_save_threads_staging_buffer_is_given_back_once_it_writes_nothin
     thread has written nothing for STAGING_IDLE_S; a delta after that still holds its rows."""
     from pstrain._formats import direct_writes
 
-    monkeypatch.setattr(direct_writes, "STAGING_IDLE_S", 1.0)
+    monkeypatch.setattr(direct_writes, "STAGING_IDLE_S", 3.0)  # the check right after a delta sees it
     values = np.full((70_000, DIM), 5.0, np.float32)
 
     def delta_thread() -> int:
