@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import secrets
 import time
@@ -290,7 +291,7 @@ def read_rows(shape: tuple[int, ...], dtype: np.dtype, parts: list[list[Any]],
                 if saved_shape[1:] != tuple(shape[1:]) or not 0 <= start < stop <= saved_shape[0]:
                     raise InvalidArgumentError(f"rows {start}..{stop} of {key!r} in {path} "
                                                f"(shape {saved_shape}) do not fit {shape}")
-                row_bytes = int(np.prod(saved_shape[1:], dtype=np.int64)) * dtype.itemsize
+                row_bytes = math.prod(saved_shape[1:]) * dtype.itemsize
                 _read_into(f, at + start * row_bytes, out[dst:dst + (stop - start)])
                 filled += stop - start
         except FileNotFoundError as exc:
@@ -349,7 +350,7 @@ def _patch(out: np.ndarray, path: str, rows_key: str, idx_key: str | None, shift
             dst[(dst < 0) | (dst >= out.shape[0])] = -1  # rows of another part: skipped
             flat = out.reshape(out.shape[0], -1)  # a view: out is C-contiguous
             compiled = out.dtype in (np.float32, np.float64) and flat.shape[1] > 0
-            row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+            row_bytes = math.prod(shape[1:]) * dtype.itemsize
             buf = np.empty((min(PATCH_ROWS, idx.size), *out.shape[1:]), dtype)
             for lo in range(0, idx.size, PATCH_ROWS):  # bounded pieces, each put in as read
                 hi = min(lo + PATCH_ROWS, idx.size)

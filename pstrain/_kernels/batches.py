@@ -13,6 +13,8 @@ input here beyond the kernels' own: the callers check it, each with its own erro
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import FLOAT_DTYPES, KERNELS, reference
@@ -46,7 +48,7 @@ def distinct(ids: np.ndarray, *, sorted: bool = False) -> tuple[np.ndarray, np.n
 def sum_into(out: np.ndarray, segments: np.ndarray, values: np.ndarray) -> None:
     """``out[segments[i]] += values[i]`` in order, skipping negative segments (rows of any
     shape; C loops for float32 and float64, numpy's ``np.add.at`` otherwise)."""
-    width = int(np.prod(out.shape[1:], dtype=np.int64))
+    width = math.prod(out.shape[1:])
     kernels = KERNELS if out.dtype in FLOAT_DTYPES else reference
     kernels.put_rows(out.reshape(out.shape[0], width), np.ascontiguousarray(segments, np.int64),
                      np.ascontiguousarray(values, out.dtype).reshape(segments.size, width), True)
@@ -76,7 +78,7 @@ def take_rows(array: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None
     if out is None:
         out = np.empty((*np.shape(rows), *array.shape[1:]), array.dtype)
     if array.dtype in FLOAT_DTYPES and array.ndim >= 1 and array.flags.c_contiguous:
-        width = int(np.prod(array.shape[1:], dtype=np.int64))
+        width = math.prod(array.shape[1:])
         flat = np.ascontiguousarray(rows, np.int64).reshape(-1)
         KERNELS.gather_rows(array.reshape(array.shape[0], width), flat,
                             out.reshape(flat.size, width), 0.0)

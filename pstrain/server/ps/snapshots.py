@@ -20,6 +20,7 @@ that keeps the rows it must (:meth:`KeptRows.add_changed`).
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Iterator
 
@@ -82,7 +83,7 @@ class KeptRows:
         if arr.dtype not in FLOAT_DTYPES or arr.ndim < 1:
             return False
         n = self._reserve(rows.size)
-        width = int(np.prod(arr.shape[1:], dtype=np.int64))
+        width = math.prod(arr.shape[1:])
         got = KERNELS.keep_changed(rows, epochs, since, mark, taken, arr.reshape(arr.shape[0], width),
                                    self._rows, self._values.reshape(self._rows.size, width), n)
         if got < 0:
