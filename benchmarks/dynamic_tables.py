@@ -94,6 +94,12 @@ async def run_variant(variant: str, steps: int) -> dict:
                 (ids[:n], dense[:n], labels[:n])).shuffle(50_000).repeat().batch(BATCH)
 
         iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+        peers = pstrain.rpc.ChannelPool(strategy.cluster_spec, cluster.resolver.token)
+
+        async def wire_bytes() -> int:  # in and out of every ps, as W4 counts them
+            stats = [await peers.channel("ps", i).call("statistics", {}) for i in range(2)]
+            return sum(r["bytes_in"] + r["bytes_out"] for s in stats for r in s["requests"].values())
+
         samples: list[tuple[float, list[float]]] = []
         stop = threading.Event()
 
@@ -107,6 +113,7 @@ async def run_variant(variant: str, steps: int) -> dict:
         for _ in range(warm):
             coordinator.schedule(step, args=(iterator,))
         await coordinator.join()
+        bytes0 = await wire_bytes()
         cpu0 = cpu_seconds(pids)
         t0 = time.perf_counter()
         for _ in range(steps - warm):
@@ -114,6 +121,7 @@ async def run_variant(variant: str, steps: int) -> dict:
         await coordinator.join()
         elapsed = time.perf_counter() - t0
         cpu = cpu_seconds(pids) - cpu0
+        bytes_per_step = (await wire_bytes() - bytes0) / (steps - warm)
         stop.set()
         sampler.join()
         key, dense, labels, n = w6_data(n_train)
@@ -124,12 +132,13 @@ async def run_variant(variant: str, steps: int) -> dict:
         peaks = [rss_mib(p, "VmHWM") for p in ps_pids]
         half = [s for s in samples if s[0] >= t0 + elapsed / 2]
         await coordinator.close()
+        await peers.close()
         return {"variant": variant, "examples_per_s": (steps - warm) * BATCH / elapsed,
                 "held_out_log_loss": held_out, "base_rate_log_loss": base,
                 "rows_held": held, "peak_rss_mib_per_ps": [round(x) for x in peaks],
                 "rss_mib_second_half_min_max": [round(min(sum(s[1]) for s in half)),
                                                 round(max(sum(s[1]) for s in half))] if half else None,
-                "cpu_ms_per_step": cpu * 1e3 / (steps - warm)}
+                "cpu_ms_per_step": cpu * 1e3 / (steps - warm), "bytes_per_step": bytes_per_step}
 
 
 async def lookup_update_cost(rows: int, batch: int, iters: int, kernels: str = "compiled",
@@ -196,20 +205,23 @@ def main() -> None:
     if args.cost_only:
         return
     results: dict[str, list[dict]] = {}
-    w4 = []
+    w4, w4_bytes = [], []
     for _ in range(args.runs):
         r = pstrain.run(run_w4(args.w4_steps, 2, 2))
         w4.append(r["examples_per_s"])
+        w4_bytes.append(r["bytes_per_step"])
         for variant in args.variants.split(","):
             got = pstrain.run(run_variant(variant, args.steps))
             results.setdefault(variant, []).append(got)
     w4_median = median(w4)
     emit({"workers": 2, "ps": 2, "metric": "examples_per_s", "value": round(w4_median, 1),
-          "steps": args.w4_steps, "batch": BATCH, "runs": len(w4), "note": "W4 in the W6 run"}, "W6")
+          "bytes_per_step": round(median(w4_bytes)), "steps": args.w4_steps, "batch": BATCH,
+          "runs": len(w4), "note": "W4 in the W6 run"}, "W6")
     series = {}
     for variant, runs in results.items():
         best = {k: median([r[k] for r in runs]) for k in ("examples_per_s", "held_out_log_loss",
-                                                          "rows_held", "cpu_ms_per_step")}
+                                                          "rows_held", "cpu_ms_per_step",
+                                                          "bytes_per_step")}
         last = runs[-1]
         emit({"workers": 2, "ps": 2, "variant": variant, "metric": "examples_per_s",
               "value": round(best["examples_per_s"], 1),
@@ -218,7 +230,8 @@ def main() -> None:
               "base_rate_log_loss": round(last["base_rate_log_loss"], 4),
               "rows_held": int(best["rows_held"]), "peak_rss_mib_per_ps": last["peak_rss_mib_per_ps"],
               "rss_mib_second_half_min_max": last["rss_mib_second_half_min_max"],
-              "cpu_ms_per_step": round(best["cpu_ms_per_step"], 2), "steps": args.steps,
+              "cpu_ms_per_step": round(best["cpu_ms_per_step"], 2),
+              "bytes_per_step": round(best["bytes_per_step"]), "steps": args.steps,
               "batch": BATCH, "runs": len(runs)}, "W6")
         series[LABELS[variant]] = ([best["rows_held"]], [best["held_out_log_loss"]])
     plot(RESULTS / "W6.png", "W6: held-out log loss against rows held", "rows held",
