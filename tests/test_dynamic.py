@@ -392,6 +392,25 @@ def test_sightings_are_remembered_for_at_most_max_candidates_ids_newest_kept():
     assert len(t) == 50
 
 
+def test_the_sightings_kept_stay_bounded_however_many_ids_are_admitted_over_time():
+    """An admitted id's sighting slot is not reused: without moving the counted ones down,
+    the slots grew with every id ever admitted (a shard that admits as fast as it evicts
+    grew without end) while at most a batch of ids was counted at once."""
+    from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
+
+    t = DynamicTable("t", TableConfig(dim=2, admit_after=2, capacity=200))
+    sizes = []
+    for lo in range(0, 40_000, 100):  # each id seen twice in a row, then never again
+        ids = np.arange(lo, lo + 100, dtype=np.int64)
+        t.lookup(ids, train=True)
+        assert t.candidates == 100
+        t.lookup(ids, train=True)
+        assert t.candidates == 0 and np.array_equal(np.sort(t.export()["ids"])[-100:], ids)
+        sizes.append(t.statistics()["bytes"])
+    assert t.admitted == 40_000 and len(t) == 200
+    assert max(sizes[100:]) <= max(sizes[:10]), (sizes[:10], sizes[-1])
+
+
 async def test_a_dynamic_table_saved_during_training_is_a_state_it_was_in(tmp_path, monkeypatch):
     from pstrain.server.ps import snapshots
 

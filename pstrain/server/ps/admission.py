@@ -78,10 +78,18 @@ class Admission:
         most what leaves room for ``coming``): slots are handed out in order and an
         admitted id's count is 0, so the newest are the last nonzero counts (no sort)."""
         limit = self.config.max_candidates
-        used = self._cand_used
-        live = np.flatnonzero(self._cand_counts[:used] > 0)
-        keep = live[live.size - max(0, min(live.size - live.size // 2, limit - coming, limit - 1)):]
-        n = keep.size
+        live = self._live_slots()
+        self._compact(live[live.size - max(0, min(live.size - live.size // 2, limit - coming,
+                                                  limit - 1)):])
+
+    def _live_slots(self) -> np.ndarray:
+        """The slots of the ids still counted, oldest first (an admitted id's count is 0)."""
+        return np.flatnonzero(self._cand_counts[:self._cand_used] > 0)
+
+    def _compact(self, keep: np.ndarray) -> None:
+        """Keep only the sightings in slots ``keep`` (ascending), moved to the lowest slots
+        in the same order (the oldest stay lowest)."""
+        n, used = keep.size, self._cand_used
         self._cand_ids[:n] = self._cand_ids[keep]
         self._cand_counts[:n] = self._cand_counts[keep]
         self._cand_counts[n:used] = 0
@@ -90,13 +98,22 @@ class Admission:
         self._cand.insert(self._cand_ids[:n], np.arange(n))
 
     def _room_for(self, n: int) -> None:
-        """Sighting slots for ``n`` more ids."""
+        """Sighting slots for ``n`` more ids. An id's slot is not reused once it is
+        admitted, so when the slots run out and at most half of them would still be
+        counted, the counted ones are moved down instead of the slots growing: the slots
+        stay within twice the ids counted at once, however many are admitted over time."""
         need = self._cand_used + n
-        if need > self._cand_counts.size:
-            size = max(need, 2 * self._cand_counts.size, 1024)
-            self._cand_counts = np.concatenate(
-                [self._cand_counts, np.zeros(size - self._cand_counts.size, np.int64)])
-            self._cand_ids = np.concatenate([self._cand_ids, np.zeros(size - self._cand_ids.size, np.int64)])
+        size = self._cand_counts.size
+        if need <= size:
+            return
+        live = self._live_slots()
+        if live.size + n <= size // 2:
+            self._compact(live)
+            return
+        size = max(need, 2 * size, 1024)
+        self._cand_counts = np.concatenate(
+            [self._cand_counts, np.zeros(size - self._cand_counts.size, np.int64)])
+        self._cand_ids = np.concatenate([self._cand_ids, np.zeros(size - self._cand_ids.size, np.int64)])
 
     def _remember(self, ids: np.ndarray) -> None:
         """Start counting ``ids`` (one sighting each); past ``max_candidates`` the oldest
