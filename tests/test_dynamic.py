@@ -411,6 +411,24 @@ def test_the_sightings_kept_stay_bounded_however_many_ids_are_admitted_over_time
     assert max(sizes[100:]) <= max(sizes[:10]), (sizes[:10], sizes[-1])
 
 
+def test_sightings_moved_down_keep_their_order_so_the_oldest_are_still_forgotten_first():
+    from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
+
+    t = DynamicTable("t", TableConfig(dim=2, admit_after=2, max_candidates=1000))
+    singles = np.arange(1_000_000, 1_000_900, dtype=np.int64)  # each seen once, oldest first
+    for r, single in enumerate(singles):  # between them, ids admitted at once: their slots
+        ids = np.arange(r * 20, r * 20 + 20, dtype=np.int64)  # are moved past many times
+        t.lookup(np.append(ids, single), train=True)
+        t.lookup(ids, train=True)
+    assert t.candidates == 900 and len(t) == 18_000
+    t.lookup(np.arange(-101, 0, dtype=np.int64), train=True)  # past the limit: half forgotten
+    assert t.candidates <= 1000
+    t.lookup(singles[-400:], train=True)  # the newest kept: a second sighting admits them
+    assert np.all(t.positions(singles[-400:]) >= 0)
+    t.lookup(singles[:500], train=True)  # the oldest forgotten: a first sighting again
+    assert np.all(t.positions(singles[:500]) < 0)
+
+
 async def test_a_dynamic_table_saved_during_training_is_a_state_it_was_in(tmp_path, monkeypatch):
     from pstrain.server.ps import snapshots
 
