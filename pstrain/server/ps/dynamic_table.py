@@ -191,6 +191,9 @@ class DynamicTable(SlicedRows, Admission):
                 "capacity (its rows are then evicted), or shard it over more ps")
 
     def _take_rows(self, n: int) -> np.ndarray:
+        if n <= self.nfree:  # a full table: every row from the stack (one numpy call)
+            self.nfree -= n
+            return self.free[self.nfree:self.nfree + n].copy()
         reuse = min(n, self.nfree)
         taken = self.free[self.nfree - reuse:self.nfree]
         self.nfree -= reuse
