@@ -429,6 +429,25 @@ def test_sightings_moved_down_keep_their_order_so_the_oldest_are_still_forgotten
     assert np.all(t.positions(singles[:500]) < 0)
 
 
+def test_rows_a_lookup_admits_are_in_the_next_delta_even_before_an_update():
+    """A row is state from its admission on (a restore without it would answer the default
+    until the id is admitted again), so a delta holds it though no update touched it yet."""
+    from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
+
+    t = DynamicTable("t", TableConfig(dim=2, capacity=4))
+    t.lookup(np.array([1, 2, 3], np.int64), train=True)
+    since = t.clock.mark()
+    t.lookup(np.array([3, 4, 5], np.int64), train=True)  # 4 and 5 admitted, 1 evicted
+    changes = t.changes(since)
+    assert changes is not None
+    save, gone = changes
+    ids = np.concatenate(list(save["ids"].blocks()))
+    rows = np.concatenate(list(save["rows"].blocks()))
+    assert sorted(ids.tolist()) == [4, 5] and gone.tolist() == [1]
+    np.testing.assert_array_equal(rows[np.argsort(ids)], _init([4, 5], dim=2))
+    t.end_snapshot(save)
+
+
 async def test_a_dynamic_table_saved_during_training_is_a_state_it_was_in(tmp_path, monkeypatch):
     from pstrain.server.ps import snapshots
 
