@@ -191,13 +191,12 @@ class DynamicTable(SlicedRows, Admission):
                 "capacity (its rows are then evicted), or shard it over more ps")
 
     def _take_rows(self, n: int) -> np.ndarray:
-        if n <= self.nfree:  # a full table: every row from the stack (one numpy call)
-            self.nfree -= n
-            return self.free[self.nfree:self.nfree + n].copy()
         reuse = min(n, self.nfree)
         taken = self.free[self.nfree - reuse:self.nfree]
         self.nfree -= reuse
         fresh = n - reuse
+        if not fresh:  # a full table: every row from the stack, in one numpy call
+            return taken.copy()
         self._grow(self.used + fresh)
         out = np.concatenate([taken, np.arange(self.used, self.used + fresh, dtype=np.int64)])
         self.used += fresh
