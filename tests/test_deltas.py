@@ -336,13 +336,13 @@ async def test_a_save_threads_staging_buffer_is_given_back_once_it_writes_nothin
     """A spread delta's staging buffer stays for the next delta, then goes once the deltas'
     thread has written nothing for STAGING_IDLE_S; a delta after that still holds its rows."""
     from pstrain._formats import direct_writes
+    from pstrain.server.ps.checkpoint import _save_thread
 
     monkeypatch.setattr(direct_writes, "STAGING_IDLE_S", 3.0)  # the check right after a delta sees it
     values = np.full((70_000, DIM), 5.0, np.float32)
 
-    def delta_thread() -> int:
-        return sum(n for name, n in direct_writes.staging_held().items()
-                   if name.startswith("pstrain-save-delta"))
+    def delta_thread() -> int:  # asked on the deltas' save thread: the buffer is its own
+        return _save_thread("delta").submit(direct_writes.staging_bytes).result(timeout=30)
 
     async with _spread(str(tmp_path), monkeypatch, 0.2, values) as (_, manager, _table, ckpt):
         await manager.save_delta()

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["ALIGN", "CHUNK", "MAX_AHEAD", "STAGING_IDLE_S", "DirectWriter", "ahead_for",
-           "release_idle_staging", "staging_held"]
+           "release_idle_staging", "staging_bytes"]
 
 #: Alignment of buffers, offsets and lengths (a page: enough for 512-byte and 4 KiB sectors).
 ALIGN = 4096
@@ -59,7 +59,6 @@ STAGING_IDLE_S = 60.0
 
 logger = logging.getLogger(__name__)
 _buffers = threading.local()  # one staging buffer per thread, reused by each file it writes
-_held: dict[str, int] = {}  # thread name -> the bytes of its staging buffer
 
 
 def ahead_for(held: int) -> int:
@@ -169,7 +168,6 @@ def _staging(size: int) -> np.ndarray:
     buf = getattr(_buffers, "buf", None)
     if buf is None or len(buf) < size or len(buf) > 4 * size:
         buf = _buffers.buf = mmap.mmap(-1, size)  # page-aligned, as O_DIRECT wants
-        _held[threading.current_thread().name] = size
     _buffers.used = time.monotonic()
     return np.frombuffer(buf, np.uint8)[:size]
 
@@ -183,13 +181,13 @@ def release_idle_staging(idle_s: float | None = None) -> int:
     if buf is None or time.monotonic() - getattr(_buffers, "used", 0.0) < idle:
         return 0
     _buffers.buf = None
-    _held.pop(threading.current_thread().name, None)
     return len(buf)
 
 
-def staging_held() -> dict[str, int]:
-    """The bytes of each thread's staging buffer held now, by thread name."""
-    return dict(_held)
+def staging_bytes() -> int:
+    """The bytes of this thread's staging buffer, 0 if it holds none."""
+    buf = getattr(_buffers, "buf", None)
+    return 0 if buf is None else len(buf)
 
 
 def _set_direct(fd: int, on: bool) -> bool:
