@@ -106,6 +106,32 @@ def test_a_probe_that_checks_its_ids_distinct_is_the_same_compiled_and_in_numpy(
 
 
 @settings(max_examples=150, deadline=None)
+@given(present=BATCH, batch=BATCH, later=BATCH, data=st.data())
+def test_an_updates_rows_brought_up_to_date_are_the_same_compiled_and_in_numpy(present, batch,
+                                                                           later, data):
+    """The rows a lookup found, looked for again after more ids came in: an id that had no
+    row gets the one it has now (or -1 still), an id that had one keeps what the caller
+    holds (never probed again); and two batches are the same ids only in the same order."""
+    later = [i for i in later if i not in set(present)]
+    model = {i: r for r, i in enumerate(present + later)}
+    arr = np.array(batch, np.int64)
+    for impl in (compiled, reference):
+        index = IdIndex(4, impl)
+        index.insert(np.array(present, np.int64), np.arange(len(present)))
+        pos = index.get(arr)
+        pos[pos >= 0] += 10_000  # what the caller holds for them, kept as it is
+        index.insert(np.array(later, np.int64), np.arange(len(present), len(model)))
+        index.refind(arr, pos)
+        assert pos.tolist() == [model[i] + 10_000 if i in set(present) else model.get(i, -1)
+                                for i in batch]
+        with pytest.raises(ValueError, match="rows for"):
+            impl.index_refind(index.slots, index.mask, arr, np.full(arr.size + 1, -1, np.int64))
+    other = data.draw(st.one_of(st.just(list(batch)), st.permutations(batch), BATCH))
+    a, b = arr, np.array(other, np.int64)
+    assert compiled.same_ids(a, b) is reference.same_ids(a, b) is (batch == other)
+
+
+@settings(max_examples=150, deadline=None)
 @given(steps=st.lists(st.lists(st.integers(0, 60), max_size=40).map(lambda b: list(dict.fromkeys(b))),
                       max_size=12),
        threshold=st.integers(1, 4), limit=st.integers(1, 30))

@@ -10,7 +10,7 @@ import numpy as np
 
 from libc.math cimport sqrt, sqrtf
 from libc.stdint cimport INT64_MAX, int64_t, uint8_t, uint32_t, uint64_t
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
 
 cdef extern from *:
     void __builtin_prefetch(const void*) nogil
@@ -139,6 +139,28 @@ def index_get(const int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids
         for i in range(n):
             q = _probe(s, mask, &ids[0], i, n)
             out[i] = s[2 * q + 1] if q >= 0 else -1
+
+
+def index_refind(const int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids,
+                 int64_t[::1] pos):
+    """``pos[i]`` of each ``ids[i]`` without a row there (``pos[i] < 0``): the value the index
+    has for it now, -1 where none (the rows of ids admitted since ``pos`` was found)."""
+    cdef Py_ssize_t i, q, n = ids.shape[0]
+    cdef const int64_t* s = &slots[0, 0]
+    _check_slots(slots.shape[0], slots.shape[1], mask)
+    if pos.shape[0] != n:
+        raise ValueError(f"index_refind: {pos.shape[0]} rows for {n} ids")
+    with nogil:
+        for i in range(n):
+            if pos[i] < 0:
+                q = _slot(s, mask, ids[i])
+                pos[i] = s[2 * q + 1] if q >= 0 else -1
+
+
+def same_ids(const int64_t[::1] a, const int64_t[::1] b):
+    """Whether ``a`` and ``b`` hold the same ids in the same order (one ``memcmp``)."""
+    return a.shape[0] == b.shape[0] and (
+        a.shape[0] == 0 or memcmp(&a[0], &b[0], a.shape[0] * sizeof(int64_t)) == 0)
 
 
 def index_locate(const int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids,

@@ -69,6 +69,19 @@ def index_get(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray) ->
     out[hit] = slots[found[hit], 1]
 
 
+def index_refind(slots: np.ndarray, mask: int, ids: np.ndarray, pos: np.ndarray) -> None:
+    if pos.size != ids.size:
+        raise ValueError(f"index_refind: {pos.size} rows for {ids.size} ids")
+    absent = np.flatnonzero(pos < 0)
+    found = np.empty(absent.size, np.int64)
+    index_get(slots, mask, ids[absent], found)
+    pos[absent] = found
+
+
+def same_ids(a: np.ndarray, b: np.ndarray) -> bool:
+    return bool(np.array_equal(a, b))
+
+
 def index_locate(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray,
                  mark: np.ndarray) -> bool:
     index_get(slots, mask, ids, out[:ids.size])

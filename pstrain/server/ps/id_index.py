@@ -67,6 +67,11 @@ class IdIndex:
         self.kernels.index_get(self.slots, self.mask, ids, out)
         return out
 
+    def refind(self, ids: np.ndarray, pos: np.ndarray) -> None:
+        """``pos`` (``get`` of ``ids`` earlier, int64) brought up to date where it is -1:
+        the rows of ids inserted since, in one compiled pass (no id removed since)."""
+        self.kernels.index_refind(self.slots, self.mask, ids, pos)
+
     def locate(self, ids: np.ndarray, marks: np.ndarray) -> np.ndarray | None:
         """:meth:`get`, or None if an id occurs twice in ``ids``, in the same compiled pass:
         the rows found are checked distinct through ``marks`` (a byte per row, all 0, left
