@@ -111,7 +111,8 @@ def test_an_updates_rows_brought_up_to_date_are_the_same_compiled_and_in_numpy(p
                                                                            later, data):
     """The rows a lookup found, looked for again after more ids came in: an id that had no
     row gets the one it has now (or -1 still), an id that had one keeps what the caller
-    holds (never probed again); and two batches are the same ids only in the same order."""
+    holds (never probed again), and the ids still without one are those ``absent`` gives;
+    two batches are the same ids only in the same order."""
     later = [i for i in later if i not in set(present)]
     model = {i: r for r, i in enumerate(present + later)}
     arr = np.array(batch, np.int64)
@@ -126,6 +127,10 @@ def test_an_updates_rows_brought_up_to_date_are_the_same_compiled_and_in_numpy(p
                                 for i in batch]
         with pytest.raises(ValueError, match="rows for"):
             impl.index_refind(index.slots, index.mask, arr, np.full(arr.size + 1, -1, np.int64))
+        where, which = impl.absent(arr, pos)
+        assert where.dtype == which.dtype == np.int64
+        assert where.tolist() == [i for i, p in enumerate(pos.tolist()) if p < 0]
+        assert which.tolist() == [batch[i] for i in where.tolist()]
     other = data.draw(st.one_of(st.just(list(batch)), st.permutations(batch), BATCH))
     a, b = arr, np.array(other, np.int64)
     assert compiled.same_ids(a, b) is reference.same_ids(a, b) is (batch == other)

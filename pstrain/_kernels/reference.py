@@ -78,6 +78,13 @@ def index_refind(slots: np.ndarray, mask: int, ids: np.ndarray, pos: np.ndarray)
     pos[absent] = found
 
 
+def absent(ids: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if ids.size != pos.size:
+        raise ValueError(f"absent: {pos.size} rows for {ids.size} ids")
+    where = np.flatnonzero(pos < 0)
+    return where, ids[where]
+
+
 def same_ids(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.array_equal(a, b))
 

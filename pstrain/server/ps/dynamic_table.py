@@ -282,14 +282,15 @@ class DynamicTable(SlicedRows, Admission):
     def lookup(self, ids: np.ndarray, train: bool, pos: np.ndarray | None = None) -> np.ndarray:
         """Rows of ``ids`` (unique); a training lookup admits, creates, evicts and counts.
         ``pos``: their :meth:`positions` (from :meth:`locate`; changed here), else found here."""
+        ids = np.ascontiguousarray(ids, np.int64)
         pos = self.positions(ids) if pos is None else pos
         if train:
-            missing = np.flatnonzero(pos < 0)
+            missing, missing_ids = self.kernels.absent(ids, pos)  # one compiled call
             self.check_room(missing.size)  # before anything changes
             self.lookups += 1
             self._expire(pos)
             if missing.size:
-                new = missing[self._admit(ids[missing])]
+                new = missing[self._admit(missing_ids)]
                 cap = self.config.capacity
                 if cap is not None:
                     over = len(self.index) + new.size - cap
