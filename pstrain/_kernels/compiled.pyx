@@ -144,17 +144,28 @@ def index_get(const int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids
 def index_refind(const int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids,
                  int64_t[::1] pos):
     """``pos[i]`` of each ``ids[i]`` without a row there (``pos[i] < 0``): the value the index
-    has for it now, -1 where none (the rows of ids admitted since ``pos`` was found)."""
-    cdef Py_ssize_t i, q, n = ids.shape[0]
+    has for it now, -1 where none (the rows of ids admitted since ``pos`` was found). The
+    slots of the next PROBE_AHEAD such ids are asked for ahead (``ahead`` of them past ``j``)."""
+    cdef Py_ssize_t i, q, j = 0, ahead = 0, n = ids.shape[0]
     cdef const int64_t* s = &slots[0, 0]
     _check_slots(slots.shape[0], slots.shape[1], mask)
     if pos.shape[0] != n:
         raise ValueError(f"index_refind: {pos.shape[0]} rows for {n} ids")
     with nogil:
         for i in range(n):
-            if pos[i] < 0:
-                q = _slot(s, mask, ids[i])
-                pos[i] = s[2 * q + 1] if q >= 0 else -1
+            if pos[i] >= 0:
+                continue
+            if i < j:
+                ahead -= 1  # asked for already
+            else:
+                j = i + 1
+            while j < n and ahead < PROBE_AHEAD:
+                if pos[j] < 0:
+                    _prefetch_slot(s, mask, ids[j])
+                    ahead += 1
+                j += 1
+            q = _slot(s, mask, ids[i])
+            pos[i] = s[2 * q + 1] if q >= 0 else -1
 
 
 def absent(const int64_t[::1] ids, const int64_t[::1] pos):
