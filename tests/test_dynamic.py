@@ -197,6 +197,8 @@ async def test_bad_configurations_and_ids_are_refused_with_clear_errors():
                 pstrain.DynamicEmbedding(4, initializer=pstrain.initializers.GlorotUniform())
             with pytest.raises(InvalidArgumentError, match="dim"):
                 pstrain.DynamicEmbedding(0)
+            with pytest.raises(InvalidArgumentError, match="float32 or float64, got float16"):
+                pstrain.DynamicEmbedding(4, dtype="float16")  # no table kernel takes it
             table = pstrain.DynamicEmbedding(4, name="ok")
             opt = pstrain.optimizers.SGD(0.1)
         with pytest.raises(InvalidArgumentError, match="integers"):
@@ -206,6 +208,10 @@ async def test_bad_configurations_and_ids_are_refused_with_clear_errors():
         with pytest.raises(InvalidArgumentError):
             await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((2, 3)), [1, 2]), table)])
         assert await table.size() == 0  # nothing changed
+    from pstrain.server.ps.table_config import TableConfig
+
+    with pytest.raises(InvalidArgumentError, match="float32 or float64, got float16"):
+        TableConfig(dim=4, dtype="float16")  # what a ps refuses a dyn/create of, sent by hand
 
 
 async def test_ids_in_any_order_are_served_and_a_repeated_id_is_refused_by_the_ps():

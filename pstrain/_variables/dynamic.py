@@ -44,6 +44,7 @@ from .._formats.operations import (
 )
 from .._formats.placement_map import SliceSet, TableSlices
 from .._formats.records import Operation, TableSpec, validate
+from .._kernels import FLOAT_DTYPES
 from .._kernels.batches import distinct, merge_duplicates
 from .._transport.rpc import Channel, ChannelPool
 from .arrays import current_creator
@@ -121,8 +122,9 @@ class DynamicEmbedding:
             raise InvalidArgumentError("give admit_after or admit_probability, not both")
         if low > high:
             raise InvalidArgumentError(f"the initializer's minval {low} is above its maxval {high}")
-        if self.dtype.kind != "f":
-            raise InvalidArgumentError(f"a DynamicEmbedding's dtype must be a float type, got {self.dtype}")
+        if self.dtype not in FLOAT_DTYPES:  # what the ps's table kernels take
+            raise InvalidArgumentError(
+                f"a DynamicEmbedding's dtype must be float32 or float64, got {self.dtype}")
         #: The coordinator's channels (None in a closure: the closure's own).
         self.pool: ChannelPool | None = placement.channels
         #: ``(id(loop), ps)`` where this handle has sent the shard's creation.

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..._base.errors import InvalidArgumentError
+from ..._kernels import FLOAT_DTYPES
 
 __all__ = ["TableConfig"]
 
@@ -34,8 +35,8 @@ class TableConfig:
         if not isinstance(self.dim, int) or self.dim < 1:
             raise InvalidArgumentError(f"a dynamic table's dim must be a positive integer, got {self.dim!r}")
         dtype = np.dtype(self.dtype)
-        if dtype.kind != "f":
-            raise InvalidArgumentError(f"a dynamic table's dtype must be a float type, got {dtype}")
+        if dtype not in FLOAT_DTYPES:  # what the table kernels take
+            raise InvalidArgumentError(f"a dynamic table's dtype must be float32 or float64, got {dtype}")
         if self.capacity is not None and self.capacity < 1:
             raise InvalidArgumentError(f"capacity must be at least 1, got {self.capacity}")
         if self.evict not in ("lru", "lfu"):
