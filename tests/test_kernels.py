@@ -376,6 +376,54 @@ def test_a_new_rows_initial_values_are_the_formulas_bit_for_bit(ids, dim, seed, 
 
 
 @settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 40), dim=st.integers(1, 20), inits=st.lists(st.floats(-1, 1), max_size=3),
+       dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2**64 - 1),
+       low=st.floats(-10, 10), span=st.floats(0, 10), data=st.data())
+def test_a_dynamic_tables_new_rows_are_the_same_compiled_and_in_numpy(n, dim, inits, dtype, seed,
+                                                                    low, span, data):
+    """New rows anywhere in a table, in one pass: their values are the initial-row formula,
+    every optimizer slot its initial value, and their bookkeeping (id, live, last lookup,
+    count, change epoch) set; nothing else changes, the bytes of every array the same
+    compiled and in numpy. A row outside the table is refused by both, nothing written."""
+    from pstrain._formats.idhash import initial_rows, row_hash
+
+    rows = np.array(data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n)), np.int64)
+    new_ids = np.array(data.draw(st.lists(IDS, min_size=rows.size, max_size=rows.size)), np.int64)
+
+    def table():
+        rng = np.random.default_rng(3)
+        return [rng.standard_normal((n, dim)).astype(dtype),
+                *(rng.standard_normal((n, dim)).astype(dtype) for _ in inits),
+                rng.integers(-9, 9, n), rng.integers(0, 2, n).astype(np.uint8),
+                rng.integers(0, 9, n), rng.integers(0, 9, n), rng.integers(0, 9, n).astype(np.uint32)]
+
+    def create(impl, arrays, at, ids):
+        values, *slots, book_ids, live, last_seen, freq, epochs = arrays
+        impl.create_rows(at, ids, values, tuple(slots), tuple(inits), book_ids, live, last_seen,
+                         freq, epochs, 17, 5, *row_hash(seed), low, low + span)
+
+    before, got = table(), []
+    for impl in (compiled, reference):
+        arrays = table()
+        create(impl, arrays, rows, new_ids)
+        got.append(arrays)
+        outside = table()
+        with pytest.raises(IndexError, match="outside the table"):
+            create(impl, outside, np.array([0, n], np.int64), np.array([1, 2], np.int64))
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(outside, before))
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(*got))
+    values, *slots, book_ids, live, last_seen, freq, epochs = got[0]
+    want = initial_rows(new_ids, dim, np.dtype(dtype), seed, low, low + span)
+    assert values[rows].tobytes() == want.tobytes()
+    for slot, init in zip(slots, inits):
+        assert np.all(slot[rows] == dtype(init))
+    assert book_ids[rows].tolist() == new_ids.tolist() and np.all(live[rows] == 1)
+    assert np.all(last_seen[rows] == 17) and np.all(freq[rows] == 0) and np.all(epochs[rows] == 5)
+    others = np.setdiff1d(np.arange(n), rows)
+    assert all(a[others].tobytes() == b[others].tobytes() for a, b in zip(got[0], before))
+
+
+@settings(max_examples=100, deadline=None)
 @given(shape=st.lists(st.integers(0, 4), max_size=2), n=st.integers(1, 300),
        dtype=st.sampled_from([np.float32, np.float64, np.int32, np.int8]), data=st.data())
 def test_taking_rows_is_numpys_fancy_index_bit_for_bit(shape, n, dtype, data):

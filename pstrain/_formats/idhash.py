@@ -23,7 +23,7 @@ import numpy as np
 from .._kernels import FLOAT_DTYPES, KERNELS
 from .._kernels.reference import mix64
 
-__all__ = ["Shard", "in_slices", "initial_rows", "mix64", "shard_of", "unit_uniform"]
+__all__ = ["Shard", "in_slices", "initial_rows", "mix64", "row_hash", "shard_of", "unit_uniform"]
 
 #: A ps's part of a table: its shard of ``num_shards``, or the slices of ``num_shards`` it holds.
 Shard = int | Sequence[int]
@@ -64,6 +64,12 @@ def unit_uniform(ids: np.ndarray, salt: int) -> np.ndarray:
     return (h >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
 
 
+def row_hash(seed: int) -> tuple[int, int, int]:
+    """The constants of :func:`initial_rows`'s formula for ``seed``, as the table kernels
+    take them: (seed as uint64, the ids' multiplier, the columns' salt)."""
+    return seed & 0xFFFFFFFFFFFFFFFF, _GOLDEN, _SALT
+
+
 def initial_rows(ids: np.ndarray, dim: int, dtype: np.dtype, seed: int, low: float,
                  high: float) -> np.ndarray:
     """Each id's initial row: uniform in [low, high), from (id, seed, column) alone."""
@@ -71,5 +77,5 @@ def initial_rows(ids: np.ndarray, dim: int, dtype: np.dtype, seed: int, low: flo
     wide = np.ascontiguousarray(ids, np.int64).reshape(-1)
     # float rows are filled in C; others get the float64 values cast (the same formula)
     out = np.empty((wide.size, dim), dtype if dtype in FLOAT_DTYPES else np.float64)
-    KERNELS.initial_rows(wide, seed & 0xFFFFFFFFFFFFFFFF, _GOLDEN, _SALT, float(low), float(high), out)
+    KERNELS.initial_rows(wide, *row_hash(seed), float(low), float(high), out)
     return out if out.dtype == dtype else out.astype(dtype)

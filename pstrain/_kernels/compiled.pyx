@@ -15,6 +15,12 @@ from libc.string cimport memcmp, memcpy
 cdef extern from *:
     void __builtin_prefetch(const void*) nogil
 
+cdef extern from *:
+    """
+    #define _prefetchw(p) __builtin_prefetch((p), 1, 3)
+    """
+    void _prefetchw(const void*) nogil  # for writing
+
 #: Rows ahead whose memory a loop over scattered rows asks for before it needs it (the
 #: rows of a batch are far apart: without it each row waits for its cache misses in turn).
 DEF AHEAD = 8
@@ -22,6 +28,8 @@ DEF AHEAD = 8
 DEF PROBE_AHEAD = 16
 #: Buckets of the key histograms that narrow down an eviction's victims.
 DEF BUCKETS = 65536
+#: Optimizer slots a new row's kernel fills at most (Adam has two).
+DEF MAX_SLOTS = 8
 
 ctypedef fused real:
     float
@@ -37,6 +45,14 @@ cdef inline void _prefetch(const char* row, Py_ssize_t nbytes) noexcept nogil:
     cdef Py_ssize_t k = 0
     while k < nbytes and k < 256:
         __builtin_prefetch(row + k)
+        k += 64
+
+
+cdef inline void _prefetch_write(char* row, Py_ssize_t nbytes) noexcept nogil:
+    """:func:`_prefetch` of a row about to be written."""
+    cdef Py_ssize_t k = 0
+    while k < nbytes and k < 256:
+        _prefetchw(row + k)
         k += 64
 
 
@@ -744,6 +760,70 @@ def initial_rows(const int64_t[::1] ids, uint64_t seed, uint64_t golden, uint64_
                 key = _mix64(x ^ col[j])
                 unit = <double>(key >> 11) * (1.0 / 9007199254740992.0)
                 out[i, j] = <real>(low + span * unit)
+
+
+def create_rows(const int64_t[::1] rows, const int64_t[::1] new_ids, real[:, ::1] values,
+                tuple slots, tuple inits, int64_t[::1] ids, uint8_t[::1] live,
+                int64_t[::1] last_seen, int64_t[::1] freq, uint32_t[::1] epochs, int64_t lookups,
+                uint32_t epoch, uint64_t seed, uint64_t golden, uint64_t salt, double low,
+                double high):
+    """A dynamic table's new rows ``rows`` for ``new_ids``, in one pass: each row's initial
+    values (as :func:`initial_rows`), each optimizer slot (``slots``, shaped as ``values``)
+    at its initial value (``inits``), and its bookkeeping (id, live, last lookup, a count
+    of 0, change epoch). New rows are far apart, so the memory of the rows AHEAD is asked
+    for, for writing, before it is written: numpy's seven scattered writes wait for each
+    cache miss in turn. A row outside the arrays is refused before anything is written."""
+    cdef Py_ssize_t i, j, k, r, a, n = rows.shape[0], dim = values.shape[1], ns = len(slots)
+    cdef Py_ssize_t limit = min(values.shape[0], ids.shape[0], live.shape[0], last_seen.shape[0],
+                                freq.shape[0], epochs.shape[0])
+    cdef uint64_t x, key
+    cdef double span = high - low, unit
+    cdef real* slot_rows[MAX_SLOTS]
+    cdef real slot_init[MAX_SLOTS]
+    cdef real[:, ::1] view
+    if new_ids.shape[0] != n or len(inits) != ns or ns > MAX_SLOTS:
+        raise ValueError(f"create_rows: {n} rows for {new_ids.shape[0]} ids, {ns} slots for "
+                         f"{len(inits)} initial values (at most {MAX_SLOTS})")
+    for i in range(n):
+        if not 0 <= rows[i] < limit:
+            raise IndexError("create_rows: a row outside the table")
+    if n == 0:
+        return
+    for k in range(ns):
+        view = slots[k]
+        if view.shape[0] != values.shape[0] or view.shape[1] != dim:
+            raise ValueError("create_rows: a slot not shaped as the rows")
+        slot_rows[k], slot_init[k] = &view[0, 0], <real>inits[k]
+    columns = np.empty(dim, np.uint64)
+    cdef uint64_t[::1] col = columns
+    for j in range(dim):
+        col[j] = _mix64(seed + <uint64_t>j * salt)
+    with nogil:
+        for i in range(n):
+            if i + AHEAD < n:
+                a = rows[i + AHEAD]
+                _prefetch_write(<char*>&values[a, 0], dim * sizeof(real))
+                for k in range(ns):
+                    _prefetch_write(<char*>(slot_rows[k] + a * dim), dim * sizeof(real))
+                _prefetchw(&ids[a])
+                _prefetchw(&live[a])
+                _prefetchw(&last_seen[a])
+                _prefetchw(&freq[a])
+                _prefetchw(&epochs[a])
+            r = rows[i]
+            x = <uint64_t>new_ids[i] * golden
+            for j in range(dim):
+                key = _mix64(x ^ col[j])
+                unit = <double>(key >> 11) * (1.0 / 9007199254740992.0)
+                values[r, j] = <real>(low + span * unit)
+            for k in range(ns):
+                for j in range(dim):
+                    slot_rows[k][r * dim + j] = slot_init[k]
+            ids[r] = new_ids[i]
+            live[r] = 1
+            last_seen[r] = lookups
+            freq[r] = 0
+            epochs[r] = epoch
 
 
 # -- memory: rows that start on a cache line ------------------------------------------------

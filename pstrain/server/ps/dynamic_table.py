@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..._base.errors import InvalidArgumentError
-from ..._formats.idhash import initial_rows
+from ..._formats.idhash import row_hash
 from ..._kernels import KERNELS
 from .admission import Admission
 from .id_index import IdIndex
@@ -231,19 +231,18 @@ class DynamicTable(SlicedRows, Admission):
             self.saves.remove(save)
 
     def _create(self, new_ids: np.ndarray) -> np.ndarray:
-        """Rows for ``new_ids`` (unique, absent), at their initial values."""
+        """Rows for ``new_ids`` (unique, absent), at their initial values: values, slots and
+        bookkeeping written in one compiled pass."""
         cfg = self.config
         rows = self._take_rows(new_ids.size)
         if self.saves:
             self._touch(rows)
-        self.rows[rows] = initial_rows(new_ids, cfg.dim, self.dtype, cfg.seed, cfg.init_low, cfg.init_high)
-        for key, arr in self.slots.items():
-            arr[rows] = self.slot_init[key]
-        self.ids[rows] = new_ids
-        self.live[rows] = True
-        self.last_seen[rows] = self.lookups
-        self.freq[rows] = 0
-        self.epochs[rows] = self.clock.epoch
+        keys = tuple(self.slots)
+        self.kernels.create_rows(
+            rows, new_ids, self.rows, tuple(self.slots[k] for k in keys),
+            tuple(float(self.slot_init[k]) for k in keys), self.ids, self.live.view(np.uint8),
+            self.last_seen, self.freq, self.epochs, self.lookups, self.clock.epoch,
+            *row_hash(cfg.seed), float(cfg.init_low), float(cfg.init_high))
         self.index.insert(new_ids, rows)
         self.admitted += new_ids.size
         return rows
