@@ -30,8 +30,8 @@ def argsort_stable(values: np.ndarray, unsigned: bool = False) -> np.ndarray: ..
 def shard_ids(ids: np.ndarray, num_shards: int, salt: int) -> np.ndarray: ...
 def initial_rows(ids: np.ndarray, seed: int, golden: int, salt: int, low: float, high: float,
                  out: np.ndarray) -> None: ...
-def create_rows(rows: np.ndarray, new_ids: np.ndarray, values: np.ndarray, slots: tuple,
-                inits: tuple, ids: np.ndarray, live: np.ndarray, last_seen: np.ndarray,
+def create_rows(rows: np.ndarray, new_ids: np.ndarray, values: np.ndarray, slots: tuple[np.ndarray, ...],
+                inits: tuple[float, ...], ids: np.ndarray, live: np.ndarray, last_seen: np.ndarray,
                 freq: np.ndarray, epochs: np.ndarray, lookups: int, epoch: int, seed: int,
                 golden: int, salt: int, low: float, high: float) -> None: ...
 def count_sightings(slots: np.ndarray, mask: int, counts: np.ndarray, owners: np.ndarray,

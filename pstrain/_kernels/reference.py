@@ -322,8 +322,8 @@ def initial_rows(ids: np.ndarray, seed: int, golden: int, salt: int, low: float,
     out[...] = low + (high - low) * unit
 
 
-def create_rows(rows: np.ndarray, new_ids: np.ndarray, values: np.ndarray, slots: tuple,
-                inits: tuple, ids: np.ndarray, live: np.ndarray, last_seen: np.ndarray,
+def create_rows(rows: np.ndarray, new_ids: np.ndarray, values: np.ndarray, slots: tuple[np.ndarray, ...],
+                inits: tuple[float, ...], ids: np.ndarray, live: np.ndarray, last_seen: np.ndarray,
                 freq: np.ndarray, epochs: np.ndarray, lookups: int, epoch: int, seed: int,
                 golden: int, salt: int, low: float, high: float) -> None:
     n = rows.size
