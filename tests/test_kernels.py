@@ -275,6 +275,8 @@ def test_the_fused_sparse_steps_are_the_numpy_rules_bit_for_bit(kind, dtype, n, 
 
 
 def test_a_row_past_the_end_is_refused_by_both_and_nothing_changes():
+    """A row outside a variable or a table (past its end; below 0 in an id index) is refused
+    by both kernels before anything is written."""
     for impl in (compiled, reference):
         var = np.zeros((4, 2), np.float32)
         acc = np.ones((4, 2), np.float32)
@@ -291,6 +293,11 @@ def test_a_row_past_the_end_is_refused_by_both_and_nothing_changes():
         with pytest.raises(IndexError, match="past the table's end"):
             impl.mark_seen(last, freq, np.array([1, 4], np.int64), 7)
         assert not epochs.any() and not last.any() and not freq.any()
+        index = IdIndex(4, impl)
+        index.insert(np.array([5], np.int64), np.array([0]))
+        with pytest.raises(ValueError, match="row -1: rows are at least 0"):
+            index.insert(np.array([6, 7], np.int64), np.array([1, -1]))
+        assert len(index) == 1 and index.get(np.array([5, 6, 7])).tolist() == [0, -1, -1]
 
 
 @settings(max_examples=100, deadline=None)

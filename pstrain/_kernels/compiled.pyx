@@ -274,6 +274,11 @@ def index_insert(int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids,
     cdef Py_ssize_t i, n = ids.shape[0]
     cdef int64_t* s = &slots[0, 0]
     _check_slots(slots.shape[0], slots.shape[1], mask)
+    if rows.shape[0] != n:
+        raise ValueError(f"index_insert: {n} ids but {rows.shape[0]} rows")
+    for i in range(n):  # checked before anything is written
+        if rows[i] < 0:
+            raise ValueError(f"index_insert: row {rows[i]}: rows are at least 0")
     with nogil:
         for i in range(n):
             if i + PROBE_AHEAD < n:

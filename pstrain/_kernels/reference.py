@@ -99,6 +99,10 @@ def index_locate(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray,
 
 
 def index_insert(slots: np.ndarray, mask: int, ids: np.ndarray, rows: np.ndarray) -> None:
+    if rows.size != ids.size:
+        raise ValueError(f"index_insert: {ids.size} ids but {rows.size} rows")
+    if rows.size and rows.min() < 0:
+        raise ValueError(f"index_insert: row {int(rows.min())}: rows are at least 0")
     keys, vals = slots[:, 0], slots[:, 1]
     umask = np.uint64(mask)
     pos = mix64(ids.view(np.uint64)) & umask

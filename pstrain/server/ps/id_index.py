@@ -88,11 +88,9 @@ class IdIndex:
             return
         if ids.shape != rows.shape:
             raise ValueError(f"IdIndex.insert: {ids.size} ids but {rows.size} rows")
-        if rows.min() < 0:
-            raise ValueError(f"IdIndex.insert: row {int(rows.min())}: rows are at least 0")
         if (self.count + ids.size) * _LOAD > self.slots.shape[0]:
             self._rebuild(self.count + ids.size)
-        self.kernels.index_insert(self.slots, self.mask, ids, rows)
+        self.kernels.index_insert(self.slots, self.mask, ids, rows)  # refuses a row below 0 first
         self.count += ids.size
         self.inserted += ids.size
 
