@@ -206,13 +206,17 @@ def main() -> None:
         return
     results: dict[str, list[dict]] = {}
     w4, w4_bytes = [], []
-    for _ in range(args.runs):
-        r = pstrain.run(run_w4(args.w4_steps, 2, 2))
-        w4.append(r["examples_per_s"])
-        w4_bytes.append(r["bytes_per_step"])
-        for variant in args.variants.split(","):
-            got = pstrain.run(run_variant(variant, args.steps))
-            results.setdefault(variant, []).append(got)
+    jobs = ["W4", *args.variants.split(",")]
+    for i in range(args.runs):
+        # each round in another order (W4 b c, b c W4, c W4 b, ...): none always runs first,
+        # or always after the same one, while the machine's speed drifts over minutes
+        for job in jobs[i % len(jobs):] + jobs[:i % len(jobs)]:
+            if job == "W4":
+                r = pstrain.run(run_w4(args.w4_steps, 2, 2))
+                w4.append(r["examples_per_s"])
+                w4_bytes.append(r["bytes_per_step"])
+            else:
+                results.setdefault(job, []).append(pstrain.run(run_variant(job, args.steps)))
     w4_median = median(w4)
     emit({"workers": 2, "ps": 2, "metric": "examples_per_s", "value": round(w4_median, 1),
           "bytes_per_step": round(median(w4_bytes)), "steps": args.w4_steps, "batch": BATCH,
