@@ -750,21 +750,31 @@ def initial_rows(const int64_t[::1] ids, uint64_t seed, uint64_t golden, uint64_
     [0, 1) from (id, seed, column) alone: ``mix64(id * golden ^ mix64(seed + column * salt))``
     (:func:`pstrain._formats.idhash.initial_rows`, which holds the constants)."""
     cdef Py_ssize_t i, j, n = ids.shape[0], dim = out.shape[1]
-    cdef uint64_t x, key
-    cdef double span = high - low, unit
+    cdef uint64_t x
+    cdef double span = high - low
     if out.shape[0] != n:
         raise ValueError("initial_rows: out is not (len(ids), dim)")
-    columns = np.empty(dim, np.uint64)
-    cdef uint64_t[::1] col = columns
-    for j in range(dim):
-        col[j] = _mix64(seed + <uint64_t>j * salt)
+    cdef uint64_t[::1] col = _columns(dim, seed, salt)
     with nogil:
         for i in range(n):
             x = <uint64_t>ids[i] * golden
             for j in range(dim):
-                key = _mix64(x ^ col[j])
-                unit = <double>(key >> 11) * (1.0 / 9007199254740992.0)
-                out[i, j] = <real>(low + span * unit)
+                out[i, j] = <real>(low + span * _unit(x, col[j]))
+
+
+cdef object _columns(Py_ssize_t dim, uint64_t seed, uint64_t salt):
+    """Each column's key in the initial-row formula: ``mix64(seed + column * salt)``."""
+    columns = np.empty(dim, np.uint64)
+    cdef uint64_t[::1] col = columns
+    cdef Py_ssize_t j
+    for j in range(dim):
+        col[j] = _mix64(seed + <uint64_t>j * salt)
+    return columns
+
+
+cdef inline double _unit(uint64_t x, uint64_t column) noexcept nogil:
+    """The initial-row formula's uniform number in [0, 1) for an id's ``x`` and a column."""
+    return <double>(_mix64(x ^ column) >> 11) * (1.0 / 9007199254740992.0)
 
 
 def create_rows(const int64_t[::1] rows, const int64_t[::1] new_ids, real[:, ::1] values,
@@ -781,8 +791,8 @@ def create_rows(const int64_t[::1] rows, const int64_t[::1] new_ids, real[:, ::1
     cdef Py_ssize_t i, j, k, r, a, n = rows.shape[0], dim = values.shape[1], ns = len(slots)
     cdef Py_ssize_t limit = min(values.shape[0], ids.shape[0], live.shape[0], last_seen.shape[0],
                                 freq.shape[0], epochs.shape[0])
-    cdef uint64_t x, key
-    cdef double span = high - low, unit
+    cdef uint64_t x
+    cdef double span = high - low
     cdef real* slot_rows[MAX_SLOTS]
     cdef real slot_init[MAX_SLOTS]
     cdef real[:, ::1] view
@@ -799,10 +809,7 @@ def create_rows(const int64_t[::1] rows, const int64_t[::1] new_ids, real[:, ::1
         if view.shape[0] != values.shape[0] or view.shape[1] != dim:
             raise ValueError("create_rows: a slot not shaped as the rows")
         slot_rows[k], slot_init[k] = &view[0, 0], <real>inits[k]
-    columns = np.empty(dim, np.uint64)
-    cdef uint64_t[::1] col = columns
-    for j in range(dim):
-        col[j] = _mix64(seed + <uint64_t>j * salt)
+    cdef uint64_t[::1] col = _columns(dim, seed, salt)
     with nogil:
         for i in range(n):
             if i + AHEAD < n:
@@ -818,9 +825,7 @@ def create_rows(const int64_t[::1] rows, const int64_t[::1] new_ids, real[:, ::1
             r = rows[i]
             x = <uint64_t>new_ids[i] * golden
             for j in range(dim):
-                key = _mix64(x ^ col[j])
-                unit = <double>(key >> 11) * (1.0 / 9007199254740992.0)
-                values[r, j] = <real>(low + span * unit)
+                values[r, j] = <real>(low + span * _unit(x, col[j]))
             for k in range(ns):
                 for j in range(dim):
                     slot_rows[k][r * dim + j] = slot_init[k]
