@@ -1,7 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The table kernels in C (built by ``pip install``): the id index's probe, insert and delete,
-the fused sparse optimizer steps, a lookup's bookkeeping, an eviction's victims, and a
-batch's distinct ids (sorted by a radix sort) and per-id sums. Each loop runs without the
+the fused sparse optimizer steps, a lookup's and an update's bookkeeping, a new row's
+creation, an eviction's victims, and a batch's distinct ids (sorted by a radix sort) and
+per-id sums. Each loop runs without the
 GIL and without Python per id; :mod:`pstrain._kernels.reference` is the numpy
 implementation they are tested against, bit for bit. See :mod:`pstrain._kernels`."""
 

@@ -13,10 +13,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["adagrad_rows", "aligned_allocations", "argsort_stable", "count_sightings", "gather_rows",
-           "index_delete", "index_get", "index_insert", "index_locate", "initial_rows", "keep_changed",
-           "mark_seen", "mix64", "pick_victims", "put_rows", "rows_after", "sgd_rows", "shard_ids",
-           "stamp_rows", "unique_first"]
+__all__ = ["absent", "adagrad_rows", "aligned_allocations", "argsort_stable", "count_sightings",
+           "create_rows", "gather_rows", "index_delete", "index_get", "index_insert", "index_locate",
+           "index_refind", "initial_rows", "keep_changed", "mark_seen", "mix64", "pick_victims",
+           "put_rows", "rows_after", "same_ids", "sgd_rows", "shard_ids", "stamp_rows",
+           "unique_first"]
 
 _EMPTY = -1  # an index slot's value when it holds no id
 _SCALAR = 48  # ids left probing below which a Python loop beats another numpy pass
