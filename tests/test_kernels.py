@@ -383,7 +383,7 @@ def test_a_new_rows_initial_values_are_the_formulas_bit_for_bit(ids, dim, seed, 
 
 
 @settings(max_examples=100, deadline=None)
-@given(n=st.integers(1, 40), dim=st.integers(1, 20), inits=st.lists(st.floats(-1, 1), max_size=3),
+@given(n=st.integers(1, 40), dim=st.integers(1, 20), inits=st.lists(st.floats(-1, 1), max_size=10),
        dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2**64 - 1),
        low=st.floats(-10, 10), span=st.floats(0, 10), data=st.data())
 def test_a_dynamic_tables_new_rows_are_the_same_compiled_and_in_numpy(n, dim, inits, dtype, seed,

@@ -10,7 +10,7 @@ cimport cython
 import numpy as np
 
 from libc.math cimport sqrt, sqrtf
-from libc.stdint cimport INT64_MAX, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport INT64_MAX, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
 from libc.string cimport memcmp, memcpy
 
 cdef extern from *:
@@ -29,8 +29,6 @@ DEF AHEAD = 8
 DEF PROBE_AHEAD = 16
 #: Buckets of the key histograms that narrow down an eviction's victims.
 DEF BUCKETS = 65536
-#: Optimizer slots a new row's kernel fills at most (Adam has two).
-DEF MAX_SLOTS = 8
 
 ctypedef fused real:
     float
@@ -794,22 +792,23 @@ def create_rows(const int64_t[::1] rows, const int64_t[::1] new_ids, real[:, ::1
                                 freq.shape[0], epochs.shape[0])
     cdef uint64_t x
     cdef double span = high - low
-    cdef real* slot_rows[MAX_SLOTS]
-    cdef real slot_init[MAX_SLOTS]
     cdef real[:, ::1] view
-    if new_ids.shape[0] != n or len(inits) != ns or ns > MAX_SLOTS:
+    if new_ids.shape[0] != n or len(inits) != ns:
         raise ValueError(f"create_rows: {n} rows for {new_ids.shape[0]} ids, {ns} slots for "
-                         f"{len(inits)} initial values (at most {MAX_SLOTS})")
+                         f"{len(inits)} initial values")
     for i in range(n):
         if not 0 <= rows[i] < limit:
             raise IndexError("create_rows: a row outside the table")
     if n == 0:
         return
+    addresses, initial = np.empty(ns, np.uintp), np.asarray(inits, np.float64)
+    cdef uintptr_t[::1] slot_rows = addresses  # each slot's first row (the arrays in ``slots``)
+    cdef const double[::1] slot_init = initial
     for k in range(ns):
         view = slots[k]
         if view.shape[0] != values.shape[0] or view.shape[1] != dim:
             raise ValueError("create_rows: a slot not shaped as the rows")
-        slot_rows[k], slot_init[k] = &view[0, 0], <real>inits[k]
+        slot_rows[k] = <uintptr_t>&view[0, 0]
     cdef uint64_t[::1] col = _columns(dim, seed, salt)
     with nogil:
         for i in range(n):
@@ -817,7 +816,7 @@ def create_rows(const int64_t[::1] rows, const int64_t[::1] new_ids, real[:, ::1
                 a = rows[i + AHEAD]
                 _prefetch_write(<char*>&values[a, 0], dim * sizeof(real))
                 for k in range(ns):
-                    _prefetch_write(<char*>(slot_rows[k] + a * dim), dim * sizeof(real))
+                    _prefetch_write(<char*>(<real*>slot_rows[k] + a * dim), dim * sizeof(real))
                 _prefetchw(&ids[a])
                 _prefetchw(&live[a])
                 _prefetchw(&last_seen[a])
@@ -829,7 +828,7 @@ def create_rows(const int64_t[::1] rows, const int64_t[::1] new_ids, real[:, ::1
                 values[r, j] = <real>(low + span * _unit(x, col[j]))
             for k in range(ns):
                 for j in range(dim):
-                    slot_rows[k][r * dim + j] = slot_init[k]
+                    (<real*>slot_rows[k])[r * dim + j] = <real>slot_init[k]
             ids[r] = new_ids[i]
             live[r] = 1
             last_seen[r] = lookups
