@@ -25,8 +25,9 @@ import pstrain
 from pstrain._formats.idhash import mix64
 from pstrain.ctr import BATCH, DENSE, DIM, FEATURES, CTRModel, evaluate, log_loss, make_step
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1] / "examples")]
 from common import RESULTS, emit, median, plot  # noqa: E402
+from ctr_embedding import ps_wire_bytes  # noqa: E402
 from train_embedding import cpu_seconds, run as run_w4  # noqa: E402
 
 FIXED_ROWS = 500_000
@@ -96,10 +97,6 @@ async def run_variant(variant: str, steps: int) -> dict:
         iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
         peers = pstrain.rpc.ChannelPool(strategy.cluster_spec, cluster.resolver.token)
 
-        async def wire_bytes() -> int:  # in and out of every ps, as W4 counts them
-            stats = [await peers.channel("ps", i).call("statistics", {}) for i in range(2)]
-            return sum(r["bytes_in"] + r["bytes_out"] for s in stats for r in s["requests"].values())
-
         samples: list[tuple[float, list[float]]] = []
         stop = threading.Event()
 
@@ -113,7 +110,7 @@ async def run_variant(variant: str, steps: int) -> dict:
         for _ in range(warm):
             coordinator.schedule(step, args=(iterator,))
         await coordinator.join()
-        bytes0 = await wire_bytes()
+        bytes0 = await ps_wire_bytes(peers, 2)  # as W4 counts them
         cpu0 = cpu_seconds(pids)
         t0 = time.perf_counter()
         for _ in range(steps - warm):
@@ -121,7 +118,7 @@ async def run_variant(variant: str, steps: int) -> dict:
         await coordinator.join()
         elapsed = time.perf_counter() - t0
         cpu = cpu_seconds(pids) - cpu0
-        bytes_per_step = (await wire_bytes() - bytes0) / (steps - warm)
+        bytes_per_step = (await ps_wire_bytes(peers, 2) - bytes0) / (steps - warm)
         stop.set()
         sampler.join()
         key, dense, labels, n = w6_data(n_train)

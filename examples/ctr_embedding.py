@@ -41,6 +41,16 @@ async def build(strategy):
 FRAMEWORKS = {"numpy": "ctr_embedding", "jax": "ctr_jax", "torch": "ctr_torch"}
 
 
+async def ps_wire_bytes(peers, num_ps: int) -> int:
+    """Bytes in and out of every ps so far, over all its requests (what W4 and W6 count as
+    the bytes on the wire)."""
+    total = 0
+    for i in range(num_ps):
+        stats = await peers.channel("ps", i).call("statistics", {})
+        total += sum(r["bytes_in"] + r["bytes_out"] for r in stats["requests"].values())
+    return total
+
+
 async def train(resolver, steps: int = 1000, quiet: bool = False, max_inflight: int = 1,
                 cpu_clock=None, framework: str = "numpy"):
     """Train; returns a dict of the figures (examples/s, losses, bytes per step)."""
@@ -63,11 +73,7 @@ async def train(resolver, steps: int = 1000, quiet: bool = False, max_inflight: 
     peers = rpc.ChannelPool(strategy.cluster_spec, resolver.token)
 
     async def ps_bytes():
-        total = 0
-        for i in range(strategy.cluster_spec.num_tasks("ps")):
-            stats = await peers.channel("ps", i).call("statistics", {})
-            total += sum(r["bytes_in"] + r["bytes_out"] for r in stats["requests"].values())
-        return total
+        return await ps_wire_bytes(peers, strategy.cluster_spec.num_tasks("ps"))
 
     warm = max(1, steps // 10)
     with Progress(steps, "W4 steps", quiet=quiet) as bar:
