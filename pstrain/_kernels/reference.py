@@ -73,10 +73,10 @@ def index_get(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray) ->
 def index_refind(slots: np.ndarray, mask: int, ids: np.ndarray, pos: np.ndarray) -> None:
     if pos.size != ids.size:
         raise ValueError(f"index_refind: {pos.size} rows for {ids.size} ids")
-    absent = np.flatnonzero(pos < 0)
-    found = np.empty(absent.size, np.int64)
-    index_get(slots, mask, ids[absent], found)
-    pos[absent] = found
+    where, which = absent(ids, pos)
+    found = np.empty(which.size, np.int64)
+    index_get(slots, mask, which, found)
+    pos[where] = found
 
 
 def absent(ids: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -237,12 +237,11 @@ class DynamicTable(SlicedRows, Admission):
         rows = self._take_rows(new_ids.size)
         if self.saves:
             self._touch(rows)
-        keys = tuple(self.slots)
         self.kernels.create_rows(
-            rows, new_ids, self.rows, tuple(self.slots[k] for k in keys),
-            tuple(float(self.slot_init[k]) for k in keys), self.ids, self.live.view(np.uint8),
+            rows, new_ids, self.rows, tuple(self.slots.values()),
+            tuple(self.slot_init[k] for k in self.slots), self.ids, self.live.view(np.uint8),
             self.last_seen, self.freq, self.epochs, self.lookups, self.clock.epoch,
-            *row_hash(cfg.seed), float(cfg.init_low), float(cfg.init_high))
+            *row_hash(cfg.seed), cfg.init_low, cfg.init_high)
         self.index.insert(new_ids, rows)
         self.admitted += new_ids.size
         return rows
