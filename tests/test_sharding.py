@@ -164,6 +164,38 @@ async def test_embedding_lookup_one_request_per_ps_and_no_full_read(ps_pair):
         await ch.close()
 
 
+async def test_read_variables_reads_sharded_and_whole_variables_in_one_request_per_ps(ps_pair):
+    """A model's dense layers, sharded over 2 ps, read each step: their parts travel in the
+    same request as the other variables of their ps, not in a request per variable."""
+    strategy = sharded_strategy(ps_pair, FixedShardsPartitioner(2))
+    async with strategy.scope():
+        w = pstrain.Variable(np.arange(12, dtype=np.float32).reshape(6, 2), name="w")
+        b = pstrain.Variable(np.arange(3, dtype=np.float32), name="b")
+        c = pstrain.Variable(7.0, name="c")  # a scalar: one part
+    local = pstrain.Variable(np.ones(2, np.float32))
+    assert [len(v.variables) for v in (w, b)] == [2, 2]
+    channels = [rpc.Channel(s.address, token=TOKEN, task=f"ps{i}") for i, s in enumerate(ps_pair)]
+
+    async def reads():
+        return [(await ch.call("statistics", {}))["requests"].get("vars/read", {}).get("count", 0)
+                for ch in channels]
+
+    await pstrain.read_variables([w, b, c])  # created on their ps
+    before = await reads()
+    got = await pstrain.read_variables([w, local, b, c, w])
+    after = await reads()
+    assert [x - y for x, y in zip(after, before)] == [1, 1]  # one request per ps
+    np.testing.assert_array_equal(got[0], np.arange(12).reshape(6, 2))
+    np.testing.assert_array_equal(got[1], np.ones(2))
+    np.testing.assert_array_equal(got[2], np.arange(3))
+    assert got[3] == 7.0
+    np.testing.assert_array_equal(got[4], got[0])
+    with pytest.raises(InvalidArgumentError, match="takes variables, got ndarray"):
+        await pstrain.read_variables([w, np.zeros(2)])
+    for ch in channels:
+        await ch.close()
+
+
 async def test_embedding_lookup_sends_only_deduplicated_rows(ps_server):
     strategy = sharded_strategy([ps_server], FixedShardsPartitioner(1))
     async with strategy.scope():

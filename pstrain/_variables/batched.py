@@ -4,7 +4,6 @@ guarantees variables exist on their ps before requests of one's own."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -43,38 +42,45 @@ async def ensure_created(variables: Iterable[Any]) -> None:
 async def read_variables(variables: Iterable[Any]) -> list[np.ndarray]:
     """Read many variables with one request per ps, concurrently.
 
+    >>> import asyncio
     >>> w, b = Variable([1.0, 2.0]), Variable(3)       # local variables: no cluster needed
     >>> [a.tolist() for a in asyncio.run(read_variables([w, b]))]
     [[1.0, 2.0], 3]
     """
     variables = list(variables)
-    out: list[Any] = [None] * len(variables)
-    placed: list[int] = []
-    sharded: list[tuple[int, Any]] = []
-    for i, v in enumerate(variables):
+    for v in variables:
         if not isinstance(v, VariableBase):
             raise InvalidArgumentError(f"read_variables takes variables, got {type(v).__name__}")
-        if not isinstance(v, Variable):  # a ShardedVariable: read its parts, then join
-            sharded.append((i, v))
-        elif v.ps_index is None:
-            out[i] = v.local_array().copy()
+    # a ShardedVariable's parts go in the same requests as the other variables of their ps
+    spans: list[tuple[int, int]] = []
+    parts: list[Variable] = []
+    for v in variables:
+        pieces = [v] if isinstance(v, Variable) else list(v.variables)
+        spans.append((len(parts), len(parts) + len(pieces)))
+        parts.extend(pieces)
+    got: list[Any] = [None] * len(parts)
+    placed: list[int] = []
+    for i, part in enumerate(parts):
+        if part.ps_index is None:
+            got[i] = part.local_array().copy()
         else:
             placed.append(i)
-    await ensure_created(variables[i] for i in placed)
+    await ensure_created(parts[i] for i in placed)
 
     async def read_group(channel: Channel, indices: list[int]) -> None:
-        names = list(dict.fromkeys(variables[i].key for i in indices))  # each read once
+        names = list(dict.fromkeys(parts[i].key for i in indices))  # each read once
         reply = await channel.request(ReadVariables(names=names))
-        got = dict(zip(names, reply.values))
+        values = dict(zip(names, reply.values))
         for i in indices:
-            out[i] = got[variables[i].key]
+            got[i] = values[parts[i].key]
 
     def channel_of(i: int) -> Channel:
-        return variables[i].channel()
+        return parts[i].channel()
 
-    reads = [routed(variables[placed[0]].channels(), placed, channel_of, read_group)] if placed else []
-    await asyncio.gather(*reads, *(_read_sharded(out, i, v) for i, v in sharded))
-    return out
+    if placed:
+        await routed(parts[placed[0]].channels(), placed, channel_of, read_group)
+    return [got[a] if isinstance(v, Variable) else np.concatenate(got[a:b], axis=0)
+            for v, (a, b) in zip(variables, spans)]
 
 
 @must_await
@@ -83,6 +89,7 @@ async def update_variables(updates: Iterable[tuple[Variable, str, Any]]) -> None
 
     ``op`` is ``assign``, ``assign_add`` or ``assign_sub``.
 
+    >>> import asyncio
     >>> total, count = Variable(0.0), Variable(0.0)
     >>> asyncio.run(update_variables([(total, "assign_add", 3.0), (count, "assign_add", 1.0)]))
     >>> float(asyncio.run(total.numpy())), float(asyncio.run(count.numpy()))
@@ -112,7 +119,3 @@ async def update_variables(updates: Iterable[tuple[Variable, str, Any]]) -> None
         await channel.request(UpdateVariables(updates=[u for _, u in group]))
 
     await routed(placed[0].channels(), entries, lambda e: e[0].channel(), send)
-
-
-async def _read_sharded(out: list[Any], i: int, v: Any) -> None:
-    out[i] = await v.read_value()
