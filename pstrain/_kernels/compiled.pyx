@@ -26,7 +26,7 @@ cdef extern from *:
 #: rows of a batch are far apart: without it each row waits for its cache misses in turn).
 DEF AHEAD = 8
 #: Ids ahead whose index slot a probe loop asks for (a slot is one cache line: more fit).
-DEF PROBE_AHEAD = 16
+DEF PROBE_AHEAD = 32
 #: Buckets of the key histograms that narrow down an eviction's victims.
 DEF BUCKETS = 65536
 
@@ -322,25 +322,27 @@ def index_delete(int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids, i
 
 
 def count_sightings(int64_t[:, ::1] slots, uint64_t mask, int64_t[::1] counts,
-                    int64_t[::1] owners, const int64_t[::1] ids, uint8_t[::1] admit,
-                    int64_t threshold, Py_ssize_t next_slot, Py_ssize_t room):
+                    int64_t[::1] owners, const int64_t[::1] ids, const int64_t[::1] where,
+                    int64_t[::1] admitted, int64_t threshold, Py_ssize_t next_slot,
+                    Py_ssize_t room):
     """One sighting of each of ``ids`` (unique) in a sightings index (id -> slot of
     ``counts``, whose id ``owners`` holds), in one probe per id. An id whose count reaches
-    ``threshold`` is admitted (``admit[i] = 1``; else 0): it leaves the index and its
-    count becomes 0. Another id in the index counts one more; one not in it is remembered
-    at the next slot from ``next_slot`` with a count of 1, at most ``room`` of them: the
-    loop stops before an id that would be one more (the caller keeps the index at most
-    half full with ``room`` more, and ``counts`` and ``owners`` that long). Returns (ids
-    done, ids remembered, ids removed)."""
-    cdef Py_ssize_t i, q, n = ids.shape[0], added = 0, removed = 0, done = ids.shape[0]
+    ``threshold`` is admitted: ``where[i]`` (its place in the lookup) goes to the next of
+    ``admitted``, it leaves the index and its count becomes 0. Another id in the index
+    counts one more; one not in it is remembered at the next slot from ``next_slot`` with a
+    count of 1, at most ``room`` of them: the loop stops before an id that would be one
+    more (the caller keeps the index at most half full with ``room`` more, and ``counts``
+    and ``owners`` that long). Returns (ids done, ids remembered, ids removed, ids
+    admitted)."""
+    cdef Py_ssize_t i, q, n = ids.shape[0], added = 0, removed = 0, done = ids.shape[0], k = 0
     cdef Py_ssize_t limit = counts.shape[0]
     cdef int64_t c, key
     cdef int64_t* s = &slots[0, 0]
     _check_slots(slots.shape[0], slots.shape[1], mask)
-    if admit.shape[0] < n or owners.shape[0] < limit or next_slot < 0 or room < 0 \
-            or next_slot + min(room, n) > limit:
-        raise ValueError("count_sightings: admit shorter than the ids, or no room in counts "
-                         f"(next slot {next_slot} + room {room} of {limit})")
+    if where.shape[0] < n or admitted.shape[0] < n or owners.shape[0] < limit or next_slot < 0 \
+            or room < 0 or next_slot + min(room, n) > limit:
+        raise ValueError("count_sightings: where or admitted shorter than the ids, or no room in "
+                         f"counts (next slot {next_slot} + room {room} of {limit})")
     with nogil:
         for i in range(n):
             key = ids[i]
@@ -348,25 +350,25 @@ def count_sightings(int64_t[:, ::1] slots, uint64_t mask, int64_t[::1] counts,
             if q >= 0:
                 c = counts[s[2 * q + 1]] + 1
                 if c >= threshold:
-                    admit[i] = 1
+                    admitted[k] = where[i]
+                    k += 1
                     counts[s[2 * q + 1]] = 0
                     _remove_at(s, mask, q)
                     removed += 1
                 else:
-                    admit[i] = 0
                     counts[s[2 * q + 1]] = c
             elif threshold <= 1:
-                admit[i] = 1
+                admitted[k] = where[i]
+                k += 1
             elif added == room:
                 done = i
                 break
             else:
-                admit[i] = 0
                 _insert_at(s, mask, key, next_slot + added)
                 counts[next_slot + added] = 1
                 owners[next_slot + added] = key
                 added += 1
-    return done, added, removed
+    return done, added, removed, k
 
 
 def sgd_rows(real[:, ::1] var, const int64_t[::1] rows, const real[:, ::1] g, real lr):
@@ -418,27 +420,55 @@ def adagrad_rows(real[:, ::1] var, real[:, ::1] acc, const int64_t[::1] rows,
         raise IndexError("adagrad_rows: a row past the variable's end")
 
 
-def gather_rows(const real[:, ::1] table, const int64_t[::1] pos, real[:, ::1] out, double default):
-    """``out[i] = table[pos[i]]``, or ``default`` in every column where ``pos[i]`` is -1."""
+cdef inline bint _past_end(const int64_t[::1] pos, Py_ssize_t limit) noexcept nogil:
+    """Whether a row of ``pos`` (-1: none) lies past ``limit``: checked before a pass writes
+    anything, so a bad row changes nothing."""
+    cdef Py_ssize_t i
+    for i in range(pos.shape[0]):
+        if pos[i] >= limit:
+            return True
+    return False
+
+
+def gather_rows(const real[:, ::1] table, const int64_t[::1] pos, real[:, ::1] out, double default,
+                int64_t[::1] last_seen=None, int64_t[::1] freq=None, int64_t clock=0):
+    """``out[i] = table[pos[i]]``, or ``default`` in every column where ``pos[i]`` is -1.
+    A training lookup's bookkeeping in the same pass: each row ``pos[i] >= 0`` (unique) was
+    seen at ``clock`` (into ``last_seen``, if given) once more (into ``freq``, if given); a
+    table whose eviction reads only one of them passes only that one."""
     cdef Py_ssize_t i, j, r, n = pos.shape[0], dim = table.shape[1], limit = table.shape[0]
     cdef real fill = <real>default
-    cdef bint bad = False
+    cdef bint bad = False, ages = last_seen is not None, counts = freq is not None
     if out.shape[0] != n or out.shape[1] != dim:
         raise ValueError("gather_rows: out is not (len(pos), dim)")
+    if (ages and last_seen.shape[0] < limit) or (counts and freq.shape[0] < limit):
+        raise ValueError("gather_rows: last_seen or freq shorter than the table")
+    if (ages or counts) and _past_end(pos, limit):  # before any bookkeeping is written
+        raise IndexError("gather_rows: a row past the table's end")
     cdef Py_ssize_t row_bytes = dim * sizeof(real)
     with nogil:
         for i in range(n):
             if i + AHEAD < n and 0 <= pos[i + AHEAD] < limit:
-                _prefetch(<const char*>&table[pos[i + AHEAD], 0], row_bytes)
+                r = pos[i + AHEAD]
+                _prefetch(<const char*>&table[r, 0], row_bytes)
+                if ages:
+                    _prefetchw(&last_seen[r])
+                if counts:
+                    _prefetchw(&freq[r])
             r = pos[i]
             if r < 0:
                 for j in range(dim):
                     out[i, j] = fill
-            elif r >= limit:
+                continue
+            if r >= limit:
                 bad = True
                 break
-            elif row_bytes:
+            if row_bytes:
                 memcpy(&out[i, 0], &table[r, 0], row_bytes)
+            if ages:
+                last_seen[r] = clock
+            if counts:
+                freq[r] += 1
     if bad:
         raise IndexError("gather_rows: a row past the table's end")
 
@@ -469,33 +499,6 @@ def put_rows(real[:, ::1] out, const int64_t[::1] rows, const real[:, ::1] value
         raise IndexError("put_rows: a row past the array's end")
 
 
-cdef inline bint _past_end(const int64_t[::1] pos, Py_ssize_t limit) noexcept nogil:
-    """Whether a row of ``pos`` (-1: none) lies past ``limit``: checked before a pass writes
-    anything, so a bad row changes nothing."""
-    cdef Py_ssize_t i
-    for i in range(pos.shape[0]):
-        if pos[i] >= limit:
-            return True
-    return False
-
-
-def mark_seen(int64_t[::1] last_seen, int64_t[::1] freq, const int64_t[::1] pos, int64_t clock,
-              bint ages=True, bint counts=True):
-    """A training lookup's bookkeeping: each row ``pos[i] >= 0`` (unique) was seen at
-    ``clock`` (``ages``: into ``last_seen``), once more (``counts``: into ``freq``). A table
-    whose eviction reads only one of them keeps only that one (one cache miss per row less)."""
-    cdef Py_ssize_t i, r
-    if _past_end(pos, min(last_seen.shape[0], freq.shape[0])):
-        raise IndexError("mark_seen: a row past the table's end")
-    with nogil:
-        for i in range(pos.shape[0]):
-            r = pos[i]
-            if r >= 0 and ages:
-                last_seen[r] = clock
-            if r >= 0 and counts:
-                freq[r] += 1
-
-
 def stamp_rows(uint32_t[::1] epochs, const int64_t[::1] pos, uint32_t epoch):
     """An update's bookkeeping: each row ``pos[i] >= 0`` changed in ``epoch`` (what a delta
     checkpoint reads). Returns how many rows that is, in one pass (numpy's keeps the rows
@@ -511,18 +514,28 @@ def stamp_rows(uint32_t[::1] epochs, const int64_t[::1] pos, uint32_t epoch):
     return k
 
 
+cdef inline uint64_t _shift(uint64_t span) noexcept nogil:
+    """The bits a key's offset drops for ``span + 1`` keys to fit the histogram's buckets."""
+    cdef uint64_t shift = 0
+    while (span >> shift) >= BUCKETS:
+        shift += 1
+    return shift
+
+
 def pick_victims(const int64_t[::1] key, const uint8_t[::1] live, const int64_t[::1] protect,
-                 uint8_t[::1] mark, Py_ssize_t used, Py_ssize_t n):
+                 uint8_t[::1] mark, Py_ssize_t used, Py_ssize_t n, int64_t low=0, int64_t high=-1):
     """The rows an eviction of ``n`` takes: of the rows below ``used`` that are ``live`` and
     not in ``protect``, the ``n`` of smallest ``key`` (the last lookup for LRU, the count for
     LFU), ties at the boundary going to the lowest rows; ascending. ``mark`` is the table's
     byte per row, all 0 (and again after). Histograms of the keys narrow down the n-th
-    smallest (a few passes over the rows, no sort)."""
+    smallest (a few passes over the rows, no sort). Keys known to lie in [``low``,
+    ``high``] (LRU's: no later than the clock) spare the pass that finds their range; a
+    key outside it, or ``high < low``, and that pass runs."""
     cdef Py_ssize_t r, i, count = 0, limit = min(used, min(key.shape[0], min(live.shape[0], mark.shape[0])))
     cdef int64_t lo = 0, hi = 0, k, threshold
     cdef Py_ssize_t need, ties, b, nb
     cdef uint64_t span, shift
-    cdef bint bad = False
+    cdef bint bad = False, filled = False
     hist_arr = np.zeros(BUCKETS, np.int64)
     cdef int64_t[::1] hist = hist_arr
     with nogil:
@@ -534,14 +547,27 @@ def pick_victims(const int64_t[::1] key, const uint8_t[::1] live, const int64_t[
         if not bad:
             for i in range(protect.shape[0]):
                 mark[protect[i]] = 1
-            for r in range(limit):
-                if live[r] and not mark[r]:
-                    k = key[r]
-                    if count == 0 or k < lo:
-                        lo = k
-                    if count == 0 or k > hi:
-                        hi = k
-                    count += 1
+            if high >= low:  # the first histogram over the bounds, counting the rows with it
+                lo, hi, filled = low, high, True
+                shift = _shift(<uint64_t>hi - <uint64_t>lo)
+                for r in range(limit):
+                    if live[r] and not mark[r]:
+                        k = key[r]
+                        if k < lo or k > hi:
+                            filled = False
+                            break
+                        hist[(<uint64_t>k - <uint64_t>lo) >> shift] += 1
+                        count += 1
+            if not filled:
+                count = 0
+                for r in range(limit):
+                    if live[r] and not mark[r]:
+                        k = key[r]
+                        if count == 0 or k < lo:
+                            lo = k
+                        if count == 0 or k > hi:
+                            hi = k
+                        count += 1
     if bad:
         raise IndexError("pick_victims: a protected row past the table's end")
     n = max(0, min(n, count))
@@ -553,18 +579,17 @@ def pick_victims(const int64_t[::1] key, const uint8_t[::1] live, const int64_t[
             # Narrow [lo, hi] to the bucket holding the n-th smallest key, until a bucket is
             # one key wide; ``need`` is then how many rows of that key are taken.
             while True:
-                span = <uint64_t>hi - <uint64_t>lo
-                shift = 0
-                while (span >> shift) >= BUCKETS:
-                    shift += 1
-                nb = <Py_ssize_t>(span >> shift) + 1
-                for b in range(nb):
-                    hist[b] = 0
-                for r in range(limit):
-                    if live[r] and not mark[r]:
-                        k = key[r]
-                        if lo <= k <= hi:
-                            hist[(<uint64_t>k - <uint64_t>lo) >> shift] += 1
+                shift = _shift(<uint64_t>hi - <uint64_t>lo)
+                nb = <Py_ssize_t>((<uint64_t>hi - <uint64_t>lo) >> shift) + 1
+                if not filled:
+                    for b in range(nb):
+                        hist[b] = 0
+                    for r in range(limit):
+                        if live[r] and not mark[r]:
+                            k = key[r]
+                            if lo <= k <= hi:
+                                hist[(<uint64_t>k - <uint64_t>lo) >> shift] += 1
+                filled = False
                 for b in range(nb):
                     if hist[b] >= need:
                         break

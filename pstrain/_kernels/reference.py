@@ -15,7 +15,7 @@ import numpy as np
 
 __all__ = ["absent", "adagrad_rows", "aligned_allocations", "argsort_stable", "count_sightings",
            "create_rows", "gather_rows", "index_delete", "index_get", "index_insert", "index_locate",
-           "index_refind", "initial_rows", "keep_changed", "mark_seen", "mix64", "pick_victims",
+           "index_refind", "initial_rows", "keep_changed", "mix64", "pick_victims",
            "put_rows", "rows_after", "same_ids", "sgd_rows", "shard_ids", "stamp_rows",
            "unique_first"]
 
@@ -155,12 +155,12 @@ def index_delete(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray)
 
 
 def count_sightings(slots: np.ndarray, mask: int, counts: np.ndarray, owners: np.ndarray,
-                    ids: np.ndarray, admit: np.ndarray, threshold: int, next_slot: int,
-                    room: int) -> tuple[int, int, int]:
-    if admit.size < ids.size or next_slot < 0 or room < 0 or \
+                    ids: np.ndarray, where: np.ndarray, admitted: np.ndarray, threshold: int,
+                    next_slot: int, room: int) -> tuple[int, int, int, int]:
+    if where.size < ids.size or admitted.size < ids.size or next_slot < 0 or room < 0 or \
             next_slot + min(room, ids.size) > counts.size:
-        raise ValueError("count_sightings: admit shorter than the ids, or no room in counts "
-                         f"(next slot {next_slot} + room {room} of {counts.size})")
+        raise ValueError("count_sightings: where or admitted shorter than the ids, or no room in "
+                         f"counts (next slot {next_slot} + room {room} of {counts.size})")
     found = np.empty(ids.size, np.int64)
     index_get(slots, mask, ids, found)
     seen = found >= 0
@@ -172,7 +172,8 @@ def count_sightings(slots: np.ndarray, mask: int, counts: np.ndarray, owners: np
     if np.count_nonzero(new) > room:  # stop before the id that would be one more
         done = int(np.flatnonzero(new)[room])
     yes, seen, new, found, count = yes[:done], seen[:done], new[:done], found[:done], count[:done]
-    admit[:done] = yes
+    chosen = where[:done][yes]
+    admitted[:chosen.size] = chosen
     gone = yes & seen
     index_delete(slots, mask, ids[:done][gone], np.empty(int(np.count_nonzero(gone)), np.int64))
     counts[found[gone]] = 0
@@ -183,7 +184,7 @@ def count_sightings(slots: np.ndarray, mask: int, counts: np.ndarray, owners: np
     index_insert(slots, mask, fresh, at)
     counts[at] = 1
     owners[at] = fresh
-    return done, int(fresh.size), int(np.count_nonzero(gone))
+    return done, int(fresh.size), int(np.count_nonzero(gone)), int(chosen.size)
 
 
 def _checked(name: str, var: np.ndarray, rows: np.ndarray, what: str = "variable") -> np.ndarray:
@@ -208,12 +209,20 @@ def adagrad_rows(var: np.ndarray, acc: np.ndarray, rows: np.ndarray, g: np.ndarr
     var[r] -= var.dtype.type(lr) * gr / np.sqrt(a + var.dtype.type(eps))
 
 
-def gather_rows(table: np.ndarray, pos: np.ndarray, out: np.ndarray, default: float) -> None:
+def gather_rows(table: np.ndarray, pos: np.ndarray, out: np.ndarray, default: float,
+                last_seen: np.ndarray | None = None, freq: np.ndarray | None = None,
+                clock: int = 0) -> None:
     if out.shape != (pos.size, table.shape[1]):
         raise ValueError("gather_rows: out is not (len(pos), dim)")
+    if any(a is not None and a.size < table.shape[0] for a in (last_seen, freq)):
+        raise ValueError("gather_rows: last_seen or freq shorter than the table")
     found = _checked("gather_rows", table, pos, "table")
     out[found] = table[pos[found]]
     out[~found] = default
+    if last_seen is not None:
+        last_seen[pos[found]] = clock
+    if freq is not None:
+        freq[pos[found]] += 1
 
 
 def put_rows(out: np.ndarray, rows: np.ndarray, values: np.ndarray, add: bool = False) -> None:
@@ -224,15 +233,6 @@ def put_rows(out: np.ndarray, rows: np.ndarray, values: np.ndarray, add: bool = 
         np.add.at(out, rows[keep], values[keep])
     else:
         out[rows[keep]] = values[keep]
-
-
-def mark_seen(last_seen: np.ndarray, freq: np.ndarray, pos: np.ndarray, clock: int,
-              ages: bool = True, counts: bool = True) -> None:
-    hit = pos[_checked("mark_seen", last_seen[:freq.size], pos, "table")]
-    if ages:
-        last_seen[hit] = clock
-    if counts:
-        freq[hit] += 1
 
 
 def stamp_rows(epochs: np.ndarray, pos: np.ndarray, epoch: int) -> int:
@@ -247,7 +247,8 @@ def _rows_distinct(pos: np.ndarray, mark: np.ndarray) -> bool:
 
 
 def pick_victims(key: np.ndarray, live: np.ndarray, protect: np.ndarray, mark: np.ndarray,
-                 used: int, n: int) -> np.ndarray:
+                 used: int, n: int, low: int = 0, high: int = -1) -> np.ndarray:
+    # ``low`` and ``high`` only spare the compiled kernel a pass: the answer is the same
     limit = min(used, key.size, live.size, mark.size)
     if protect.size and (protect.min() < 0 or protect.max() >= limit):
         raise IndexError("pick_victims: a protected row past the table's end")

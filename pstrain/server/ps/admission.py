@@ -34,26 +34,29 @@ class Admission:
         """Ids seen but not admitted yet, remembered."""
         return len(self._cand)
 
-    def _admit(self, ids: np.ndarray) -> np.ndarray:
-        """Which of ``ids`` (unique, absent) are admitted now; counts the others' sightings."""
+    def _admit(self, ids: np.ndarray, where: np.ndarray) -> np.ndarray:
+        """``where[i]`` of each of ``ids`` (unique, absent, int64) admitted now, in order;
+        counts the others' sightings."""
         cfg = self.config
         if cfg.admit_after is None and cfg.admit_probability is None:
-            return np.ones(ids.size, bool)
+            return where
         if cfg.admit_after is None:
-            return self._admit_by_chance(ids)
-        admit = np.zeros(ids.size, np.uint8)
-        done = 0
+            return where[self._admit_by_chance(ids)]
+        admitted = np.empty(ids.size, np.int64)
+        done = taken = 0
         while True:  # one compiled pass, unless the sightings fill up: forget, go on
             todo = ids.size - done
-            room = max(0, cfg.max_candidates - len(self._cand))
-            self._room_for(min(room, todo))
-            n, added = self._cand.count_sightings(ids[done:], self._cand_counts, self._cand_ids,
-                                                  admit[done:], cfg.admit_after, self._cand_used,
-                                                  room)
+            room = min(todo, max(0, cfg.max_candidates - self._cand.count))
+            if self._cand_used + room > self._cand_counts.size:
+                self._room_for(room)
+            n, added, admits = self._cand.count_sightings(
+                ids[done:], where[done:], self._cand_counts, self._cand_ids, admitted[taken:],
+                cfg.admit_after, self._cand_used, room)
             self._cand_used += added
             done += n
+            taken += admits
             if done == ids.size:
-                return admit.view(bool)
+                return admitted[:taken]
             self._forget(ids.size - done)
 
     def _admit_by_chance(self, ids: np.ndarray) -> np.ndarray:

@@ -271,9 +271,11 @@ class DynamicTable(SlicedRows, Admission):
         """Make room for ``n`` rows by evicting rows not in ``protect``: the least recently
         (LRU) or least often (LFU) looked up, ties to the lowest rows (one compiled pass per
         key histogram, no sort)."""
-        key = self.last_seen if self.config.evict == "lru" else self.freq
-        victims = self.kernels.pick_victims(key, self.live.view(np.uint8), protect, self.marks,
-                                            self.used, n)
+        lru = self.config.evict == "lru"
+        # LRU's keys are lookups, none later than the clock: the kernel's range pass is spared
+        victims = self.kernels.pick_victims(self.last_seen if lru else self.freq,
+                                            self.live.view(np.uint8), protect, self.marks,
+                                            self.used, n, 0, self.lookups if lru else -1)
         self._evict_rows(victims)
 
     # -- what the ps serves ----------------------------------------------------------------------
@@ -288,7 +290,7 @@ class DynamicTable(SlicedRows, Admission):
             self.lookups += 1
             self._expire(pos)
             if missing.size:
-                new = missing[self._admit(missing_ids)]
+                new = self._admit(missing_ids, missing)
                 cap = self.config.capacity
                 if cap is not None:
                     over = len(self.index) + new.size - cap
@@ -297,12 +299,12 @@ class DynamicTable(SlicedRows, Admission):
                     new = new[:max(0, cap - len(self.index))]  # never past the capacity
                 if new.size:
                     pos[new] = self._create(ids[new])
-            if self._ages or self._counts:
-                self.kernels.mark_seen(self.last_seen, self.freq, pos, self.lookups, self._ages,
-                                       self._counts)
             self._looked_up.append((ids.copy(), pos, self.index.inserted, self.index.removed))
         out = np.empty((ids.size, self.config.dim), self.dtype)
-        self.kernels.gather_rows(self.rows, pos, out, self.config.default_value)
+        # a training lookup's bookkeeping (what eviction reads) in the gather's pass
+        self.kernels.gather_rows(self.rows, pos, out, self.config.default_value,
+                                 self.last_seen if train and self._ages else None,
+                                 self.freq if train and self._counts else None, self.lookups)
         return out
 
     def _expire(self, serving: np.ndarray) -> None:

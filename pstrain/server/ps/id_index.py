@@ -103,25 +103,25 @@ class IdIndex:
         self.removed += removed
         return out
 
-    def count_sightings(self, ids: np.ndarray, counts: np.ndarray, owners: np.ndarray,
-                        admit: np.ndarray, threshold: int, next_slot: int, room: int
-                        ) -> tuple[int, int]:
+    def count_sightings(self, ids: np.ndarray, where: np.ndarray, counts: np.ndarray,
+                        owners: np.ndarray, admitted: np.ndarray, threshold: int, next_slot: int,
+                        room: int) -> tuple[int, int, int]:
         """This index as sightings (id -> slot of ``counts``, whose id ``owners`` holds):
-        one more sighting of each of ``ids`` (unique), in one compiled pass. ``admit[i]``
-        becomes 1 for an id whose count reaches ``threshold`` (it leaves the index, its
-        count 0); an id not here yet is remembered at the next slot from ``next_slot`` with
-        a count of 1, at most ``room`` of them: the pass stops before the id that would be
-        one more. Returns (ids done, ids remembered)."""
-        ids = np.ascontiguousarray(ids, np.int64)
+        one more sighting of each of ``ids`` (unique, int64), in one compiled pass. An id
+        whose count reaches ``threshold`` is admitted: ``where[i]`` goes to the next place
+        of ``admitted`` (it leaves the index, its count 0); an id not here yet is
+        remembered at the next slot from ``next_slot`` with a count of 1, at most ``room``
+        of them: the pass stops before the id that would be one more. Returns (ids done,
+        ids remembered, ids admitted)."""
         room = min(room, ids.size)
         if (self.count + room) * _LOAD > self.slots.shape[0]:
             self._rebuild(self.count + room)
-        done, added, removed = self.kernels.count_sightings(
-            self.slots, self.mask, counts, owners, ids, admit, threshold, next_slot, room)
+        done, added, removed, admits = self.kernels.count_sightings(
+            self.slots, self.mask, counts, owners, ids, where, admitted, threshold, next_slot, room)
         self.count += added - removed
         self.inserted += added
         self.removed += removed
-        return done, added
+        return done, added, admits
 
     def clear(self) -> None:
         """Remove every id, keeping the slots' memory."""
