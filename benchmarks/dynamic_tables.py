@@ -202,7 +202,7 @@ def main() -> None:
     if args.cost_only:
         return
     results: dict[str, list[dict]] = {}
-    w4, w4_bytes = [], []
+    w4, w4_bytes, w4_cpu = [], [], []
     jobs = ["W4", *args.variants.split(",")]
     for i in range(args.runs):
         # each round in another order (W4 b c, b c W4, c W4 b, ...): none always runs first,
@@ -212,11 +212,13 @@ def main() -> None:
                 r = pstrain.run(run_w4(args.w4_steps, 2, 2))
                 w4.append(r["examples_per_s"])
                 w4_bytes.append(r["bytes_per_step"])
+                w4_cpu.append(r["cpu_ms_per_step"])
             else:
                 results.setdefault(job, []).append(pstrain.run(run_variant(job, args.steps)))
     w4_median = median(w4)
     emit({"workers": 2, "ps": 2, "metric": "examples_per_s", "value": round(w4_median, 1),
-          "bytes_per_step": round(median(w4_bytes)), "steps": args.w4_steps, "batch": BATCH,
+          "bytes_per_step": round(median(w4_bytes)), "cpu_ms_per_step": round(median(w4_cpu), 2),
+          "steps": args.w4_steps, "batch": BATCH,
           "runs": len(w4), "note": "W4 in the W6 run"}, "W6")
     series = {}
     for variant, runs in results.items():
