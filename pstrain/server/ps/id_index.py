@@ -107,12 +107,13 @@ class IdIndex:
                         owners: np.ndarray, admitted: np.ndarray, threshold: int, next_slot: int,
                         room: int) -> tuple[int, int, int]:
         """This index as sightings (id -> slot of ``counts``, whose id ``owners`` holds):
-        one more sighting of each of ``ids`` (unique, int64), in one compiled pass. An id
+        one more sighting of each of ``ids`` (unique), in one compiled pass. An id
         whose count reaches ``threshold`` is admitted: ``where[i]`` goes to the next place
         of ``admitted`` (it leaves the index, its count 0); an id not here yet is
         remembered at the next slot from ``next_slot`` with a count of 1, at most ``room``
         of them: the pass stops before the id that would be one more. Returns (ids done,
         ids remembered, ids admitted)."""
+        ids = np.ascontiguousarray(ids, np.int64)
         room = min(room, ids.size)
         if (self.count + room) * _LOAD > self.slots.shape[0]:
             self._rebuild(self.count + room)
