@@ -534,7 +534,7 @@ def pick_victims(const int64_t[::1] key, const uint8_t[::1] live, const int64_t[
     cdef Py_ssize_t r, i, count = 0, limit = min(used, min(key.shape[0], min(live.shape[0], mark.shape[0])))
     cdef int64_t lo = 0, hi = 0, k, threshold
     cdef Py_ssize_t need, ties, b, nb
-    cdef uint64_t span, shift
+    cdef uint64_t shift
     cdef bint bad = False, filled = False
     hist_arr = np.zeros(BUCKETS, np.int64)
     cdef int64_t[::1] hist = hist_arr
