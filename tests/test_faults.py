@@ -404,3 +404,33 @@ async def test_a_connection_attempt_whose_callers_were_cancelled_is_not_handed_t
             c.close()
         listener.close()
         await ch.close()
+
+
+async def test_a_call_cancelled_just_as_its_connection_is_made_stays_cancelled(ps_server):
+    """A coordinator's close() hung, rarely, when it cancelled a worker's dispatcher just as
+    the dispatcher's channel reconnected to a restarted worker: Python 3.11's wait_for, under
+    the connect, returned the connection and dropped the cancel, and the dispatcher went on
+    to wait for work forever. The cancel here arrives in the very step the connection is
+    made (real server, real connection)."""
+    from pstrain import rpc
+
+    from .conftest import TOKEN
+
+    ch = rpc.Channel(ps_server.address, token=TOKEN, task="ps0")
+    connect = ch.connected
+    caller: list[asyncio.Task] = []
+
+    async def connected_then_cancelled():
+        proto = await connect()
+        caller[0].cancel()  # the caller's cancel, in the step the connection is made
+        return proto
+
+    ch.connected = connected_then_cancelled  # type: ignore[method-assign]
+    try:
+        call = asyncio.ensure_future(ch.call("health", {}, timeout=10.0))
+        caller.append(call)
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert call.cancelled()
+    finally:
+        await ch.close()

@@ -228,8 +228,9 @@ class WorkerDispatcher:
 
     async def _nap(self, seconds: float) -> None:
         """Wait before probing the worker again, or less if :meth:`wake_probe` is called."""
-        try:
-            await asyncio.wait_for(self._probe_now.wait(), seconds)
+        try:  # asyncio.timeout: a close's cancel is never lost (see Channel.request)
+            async with asyncio.timeout(seconds):
+                await self._probe_now.wait()
         except TimeoutError:
             pass
         self._probe_now.clear()
@@ -252,7 +253,8 @@ class WorkerDispatcher:
                            self.task, exc, in_flight)
         if epoch is not None and self.fence is not None:
             try:
-                await asyncio.wait_for(self.fence(self.index, epoch), self.settings.worker_timeout_s)
+                async with asyncio.timeout(self.settings.worker_timeout_s):
+                    await self.fence(self.index, epoch)
             except Exception as err:  # a ps we cannot reach cannot take the worker's updates either
                 logger.warning("could not fence %s off every ps: %s", self.task, err)
         self._put_back()

@@ -243,12 +243,11 @@ class Channel:
                        on_partial: Callable[[memoryview], None] | None = None
                        ) -> tuple[FrameKind, memoryview]:
         proto = self._proto
-        if proto is None and timeout is None:
-            proto = await self.connected()
-        elif proto is None:  # a call's deadline covers connecting too
+        if proto is None:  # a call's deadline covers connecting too
             try:
-                proto = await asyncio.wait_for(self.connected(), timeout)
-            except TimeoutError:
+                async with asyncio.timeout(timeout):  # (3.11's wait_for can lose a cancel)
+                    proto = await self.connected()
+            except TimeoutError:  # (connected() raises none of its own: only the deadline's)
                 raise DeadlineExceededError(f"{self.task} at {self.address} could not be reached "
                                             f"within {timeout:g} s for {op!r}", task=self.task) from None
         loop = asyncio.get_running_loop()
