@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .._kernels import FLOAT_DTYPES, KERNELS
+from .._kernels import KERNELS, reference
 from .._kernels.reference import mix64
 
 __all__ = ["Shard", "in_slices", "initial_rows", "mix64", "row_hash", "shard_of", "unit_uniform"]
@@ -73,9 +73,8 @@ def row_hash(seed: int) -> tuple[int, int, int]:
 def initial_rows(ids: np.ndarray, dim: int, dtype: np.dtype, seed: int, low: float,
                  high: float) -> np.ndarray:
     """Each id's initial row: uniform in [low, high), from (id, seed, column) alone."""
-    dtype = np.dtype(dtype)
     wide = np.ascontiguousarray(ids, np.int64).reshape(-1)
-    # float rows are filled in C; others get the float64 values cast (the same formula)
-    out = np.empty((wide.size, dim), dtype if dtype in FLOAT_DTYPES else np.float64)
-    KERNELS.initial_rows(wide, *row_hash(seed), float(low), float(high), out)
-    return out if out.dtype == dtype else out.astype(dtype)
+    # the formula in float64, cast once: what a table's create_rows kernel writes, bit for bit
+    out = np.empty((wide.size, dim), np.float64)
+    reference.initial_rows(wide, *row_hash(seed), float(low), float(high), out)
+    return out.astype(dtype, copy=False)

@@ -2,9 +2,9 @@
 """The table kernels in C (built by ``pip install``): the id index's probe, insert and delete,
 the fused sparse optimizer steps, a lookup's and an update's bookkeeping, a new row's
 creation, an eviction's victims, and a batch's distinct ids (sorted by a radix sort) and
-per-id sums. Each loop runs without the
-GIL and without Python per id; :mod:`pstrain._kernels.reference` is the numpy
-implementation they are tested against, bit for bit. See :mod:`pstrain._kernels`."""
+per-id sums. Each loop runs without the GIL and without Python per id;
+:mod:`pstrain._kernels.reference` is the numpy implementation they are tested against, bit
+for bit. See :mod:`pstrain._kernels`."""
 
 cimport cython
 import numpy as np
@@ -768,24 +768,6 @@ def shard_ids(const int64_t[::1] ids, int64_t num_shards, uint64_t salt):
     return out
 
 
-def initial_rows(const int64_t[::1] ids, uint64_t seed, uint64_t golden, uint64_t salt,
-                 double low, double high, real[:, ::1] out):
-    """Each id's initial row into ``out``: ``low + (high - low) * u``, ``u`` uniform in
-    [0, 1) from (id, seed, column) alone: ``mix64(id * golden ^ mix64(seed + column * salt))``
-    (:func:`pstrain._formats.idhash.initial_rows`, which holds the constants)."""
-    cdef Py_ssize_t i, j, n = ids.shape[0], dim = out.shape[1]
-    cdef uint64_t x
-    cdef double span = high - low
-    if out.shape[0] != n:
-        raise ValueError("initial_rows: out is not (len(ids), dim)")
-    cdef uint64_t[::1] col = _columns(dim, seed, salt)
-    with nogil:
-        for i in range(n):
-            x = <uint64_t>ids[i] * golden
-            for j in range(dim):
-                out[i, j] = <real>(low + span * _unit(x, col[j]))
-
-
 cdef object _columns(Py_ssize_t dim, uint64_t seed, uint64_t salt):
     """Each column's key in the initial-row formula: ``mix64(seed + column * salt)``."""
     columns = np.empty(dim, np.uint64)
@@ -807,9 +789,9 @@ def create_rows(const int64_t[::1] rows, const int64_t[::1] new_ids, real[:, ::1
                 uint32_t epoch, uint64_t seed, uint64_t golden, uint64_t salt, double low,
                 double high):
     """A dynamic table's new rows ``rows`` for ``new_ids``, in one pass: each row's initial
-    values (as :func:`initial_rows`), each optimizer slot (``slots``, shaped as ``values``)
-    at its initial value (``inits``), and its bookkeeping (id, live, last lookup, a count
-    of 0, change epoch). New rows are far apart, so the memory of the rows AHEAD is asked
+    values (the formula of :func:`pstrain._formats.idhash.initial_rows`), each optimizer
+    slot (``slots``, shaped as ``values``) at its initial value (``inits``), and its
+    bookkeeping (id, live, last lookup, a count of 0, change epoch). New rows are far apart, so the memory of the rows AHEAD is asked
     for, for writing, before it is written: numpy's seven scattered writes wait for each
     cache miss in turn. A row outside the arrays is refused before anything is written."""
     cdef Py_ssize_t i, j, k, r, a, n = rows.shape[0], dim = values.shape[1], ns = len(slots)
