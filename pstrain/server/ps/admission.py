@@ -46,9 +46,8 @@ class Admission:
         done = taken = 0
         while True:  # one compiled pass, unless the sightings fill up: forget, go on
             todo = ids.size - done
-            room = min(todo, max(0, cfg.max_candidates - self._cand.count))
-            if self._cand_used + room > self._cand_counts.size:
-                self._room_for(room)
+            room = min(todo, max(0, cfg.max_candidates - len(self._cand)))
+            self._room_for(room)
             n, added, admits = self._cand.count_sightings(
                 ids[done:], where[done:], self._cand_counts, self._cand_ids, admitted[taken:],
                 cfg.admit_after, self._cand_used, room)
