@@ -219,7 +219,8 @@ def main() -> None:
     emit({"workers": 2, "ps": 2, "metric": "examples_per_s", "value": round(w4_median, 1),
           "bytes_per_step": round(median(w4_bytes)), "cpu_ms_per_step": round(median(w4_cpu), 2),
           "steps": args.w4_steps, "batch": BATCH,
-          "runs": len(w4), "note": "W4 in the W6 run"}, "W6")
+          "runs": len(w4), "note": "W4 in the W6 run",
+          "examples_per_s_each_round": [round(x) for x in w4]}, "W6")
     series = {}
     for variant, runs in results.items():
         best = {k: median([r[k] for r in runs]) for k in ("examples_per_s", "held_out_log_loss",
@@ -235,7 +236,10 @@ def main() -> None:
               "rss_mib_second_half_min_max": last["rss_mib_second_half_min_max"],
               "cpu_ms_per_step": round(best["cpu_ms_per_step"], 2),
               "bytes_per_step": round(best["bytes_per_step"]), "steps": args.steps,
-              "batch": BATCH, "runs": len(runs)}, "W6")
+              "batch": BATCH, "runs": len(runs),
+              # each round's ratio to W4's of the same round: the spread of the medians' inputs
+              "ratio_to_w4_each_round": [round(r["examples_per_s"] / x, 3) for r, x in zip(runs, w4)]},
+             "W6")
         series[LABELS[variant]] = ([best["rows_held"]], [best["held_out_log_loss"]])
     plot(RESULTS / "W6.png", "W6: held-out log loss against rows held", "rows held",
          "held-out log loss", series)
