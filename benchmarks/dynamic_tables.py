@@ -204,6 +204,11 @@ def main() -> None:
     results: dict[str, list[dict]] = {}
     w4, w4_bytes, w4_cpu = [], [], []
     jobs = ["W4", *args.variants.split(",")]
+    # The first training of a fresh process often runs slower, every process of its cluster
+    # taking more CPU a step (W4 in the first rounds of runs 69 and 70: 111,751 and 124,389
+    # examples/s, against 142,056-149,666 in their later rounds; not in run 71), and that was
+    # always W4's first round: a short W4 training, not kept, takes it on.
+    pstrain.run(run_w4(max(100, args.w4_steps // 5), 2, 2))
     for i in range(args.runs):
         # each round in another order (W4 b c, b c W4, c W4 b, ...): none always runs first,
         # or always after the same one, while the machine's speed drifts over minutes
