@@ -354,6 +354,27 @@ async def test_a_save_threads_staging_buffer_is_given_back_once_it_writes_nothin
         assert delta_thread() >= 256 << 10  # made again for it
 
 
+async def test_a_staging_buffer_used_after_its_idle_check_was_set_goes_once_idle_after_all(
+        tmp_path, monkeypatch):
+    """The check set when a delta ends finds the buffer taken again since (as a check that
+    fires a little early finds it): it comes again once the buffer has been idle long enough,
+    instead of leaving it held for good."""
+    from pstrain._formats import direct_writes
+    from pstrain.server.ps.checkpoint import _save_thread
+
+    monkeypatch.setattr(direct_writes, "STAGING_IDLE_S", 1.0)
+    values = np.full((70_000, DIM), 5.0, np.float32)
+    thread = _save_thread("delta")
+    async with _spread(str(tmp_path), monkeypatch, 0.2, values) as (_, manager, _table, _ckpt):
+        await manager.save_delta()  # its check is set: it comes 1 s after the delta ended
+        size = thread.submit(direct_writes.staging_bytes).result(timeout=30)
+        assert size >= 256 << 10
+        thread.submit(direct_writes._staging, size).result(timeout=30)  # taken again: not idle
+        assert thread.submit(direct_writes.release_idle_staging).result(timeout=30) > 0  # kept
+        await wait_for(lambda: thread.submit(direct_writes.staging_bytes).result(timeout=30) == 0,
+                       timeout=20, what="the staging buffer given back")
+
+
 async def test_deltas_written_on_their_own_lose_at_most_one_interval_of_steps(tmp_path):
     root = str(tmp_path)
     seen: dict[int, int] = {}  # delta number -> steps done before the step it was first seen after

@@ -172,16 +172,20 @@ def _staging(size: int) -> np.ndarray:
     return np.frombuffer(buf, np.uint8)[:size]
 
 
-def release_idle_staging(idle_s: float | None = None) -> int:
+def release_idle_staging(idle_s: float | None = None) -> float:
     """Give back this thread's staging buffer if no file has been written through it for
-    ``idle_s`` seconds (default :data:`STAGING_IDLE_S`); returns its bytes, 0 if it was kept
-    (or there was none). Its memory goes once the last writer using it is gone."""
+    ``idle_s`` seconds (default :data:`STAGING_IDLE_S`). Returns the seconds until it may
+    go if it was kept (used since, or asked a little early), 0 if it went or there was
+    none. Its memory goes once the last writer using it is gone."""
     buf = getattr(_buffers, "buf", None)
     idle = STAGING_IDLE_S if idle_s is None else idle_s
-    if buf is None or time.monotonic() - getattr(_buffers, "used", 0.0) < idle:
-        return 0
+    if buf is None:
+        return 0.0
+    left = idle - (time.monotonic() - getattr(_buffers, "used", 0.0))
+    if left > 0:
+        return left
     _buffers.buf = None
-    return len(buf)
+    return 0.0
 
 
 def staging_bytes() -> int:

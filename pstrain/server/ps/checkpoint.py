@@ -171,20 +171,28 @@ class CheckpointFiles:
             self._release_when_idle(kind)
         return {"path": pending.path, "bytes": size}
 
-    def _release_when_idle(self, kind: str) -> None:
+    def _release_when_idle(self, kind: str, after: float | None = None) -> None:
         """Have the save thread of ``kind`` give its staging buffer back (up to 1 GiB for a
         spread delta) if it writes nothing more for ``STAGING_IDLE_S`` seconds: after the
-        last delta of a closed manager, or a save long ago, it is not held for nothing."""
+        last delta of a closed manager, or a save long ago, it is not held for nothing. A
+        check that finds it used too recently (since, or by a timer a little early) comes
+        again when it may go (``after`` seconds), rather than leave it held for good."""
         if (old := self._idle_checks.pop(kind, None)) is not None:
             old.cancel()
+        loop = asyncio.get_running_loop()
 
         def check() -> None:
             self._idle_checks.pop(kind, None)
             with contextlib.suppress(RuntimeError):  # the thread's pool shut down: exiting
-                _save_thread(kind).submit(direct_writes.release_idle_staging)
+                _save_thread(kind).submit(direct_writes.release_idle_staging).add_done_callback(again)
 
-        self._idle_checks[kind] = asyncio.get_running_loop().call_later(
-            direct_writes.STAGING_IDLE_S, check)
+        def again(done: concurrent.futures.Future[float]) -> None:  # on the save thread
+            if not done.cancelled() and done.exception() is None and done.result() > 0:
+                with contextlib.suppress(RuntimeError):  # the loop closed: exiting
+                    loop.call_soon_threadsafe(self._release_when_idle, kind, done.result())
+
+        self._idle_checks[kind] = loop.call_later(
+            direct_writes.STAGING_IDLE_S if after is None else after, check)
 
     def hurry(self, stop: bool = False) -> int:
         """Send the rest of every spread write under way at once (and of every later one, if
