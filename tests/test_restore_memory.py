@@ -13,7 +13,7 @@ import pstrain
 from pstrain.partitioners import FixedShardsPartitioner
 from pstrain.testing import InProcessCluster
 
-from .conftest import TOKEN
+from .conftest import TOKEN, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -105,4 +105,27 @@ async def test_a_restore_refused_for_too_many_staged_releases_nothing(tmp_path, 
         with pytest.raises(pstrain.errors.InvalidArgumentError, match="staged"):
             await pstrain.Checkpoint(table=table).restore(path)
         assert all(r.loaded and r.array is a for r, a in zip(records, held))  # never released
+        np.testing.assert_array_equal(await table.numpy(), initial)
+
+
+async def test_a_restore_staged_and_never_committed_goes_when_its_time_is_up(tmp_path, monkeypatch):
+    """A coordinator that stops between staging a restore and committing it (here: its
+    commit is never sent) leaves the values read staged on every ps: they go after
+    STAGE_TTL_S with no other restore to sweep them, and the variable reads its initial
+    values again."""
+    from pstrain._checkpoint import restore_status
+    from pstrain.server.ps import checkpoint
+
+    def never(**_):
+        raise RuntimeError("the coordinator stopped before its commit")
+
+    path, _ = await _saved(tmp_path)
+    async with _fresh(tmp_path) as (cluster, table, initial):
+        monkeypatch.setattr(checkpoint, "STAGE_TTL_S", 2.0)
+        monkeypatch.setattr(restore_status, "CommitRestore", never)
+        with pytest.raises(RuntimeError, match="before its commit"):
+            await pstrain.Checkpoint(table=table).restore(path)
+        assert all(ps.checkpoints.staged_bytes() > 0 for ps in cluster.ps)
+        await wait_for(lambda: all(ps.checkpoints.staged_bytes() == 0 for ps in cluster.ps),
+                       timeout=20, what="the staged restore dropped")
         np.testing.assert_array_equal(await table.numpy(), initial)

@@ -306,7 +306,10 @@ class CheckpointFiles:
             await remake_initial(released)
             raise
         if req.stage is not None:
-            self._staged[req.stage] = (time.monotonic(), built, released)
+            entry = self._staged[req.stage] = (time.monotonic(), built, released)
+            # its time up, it goes, though no other restore comes to sweep it (a coordinator
+            # that stopped between staging and commit would leave it held for good)
+            asyncio.get_running_loop().call_later(STAGE_TTL_S, self._drop_stage, req.stage, entry)
             return {"staged": len(built), "stage": req.stage}
         self._put(built)
         return {"restored": len(built)}
@@ -351,6 +354,10 @@ class CheckpointFiles:
     def staged_bytes(self) -> int:
         """Bytes held by restores staged and not yet committed."""
         return sum(a.nbytes for _, built, _ in self._staged.values() for _, a, *_ in built)
+
+    def _drop_stage(self, stage: str, entry: tuple[Any, ...]) -> None:
+        if self._staged.get(stage) is entry:  # not committed, aborted or swept already
+            del self._staged[stage]  # initial values it released: made again when next read
 
     def _expire(self) -> None:
         now = time.monotonic()
