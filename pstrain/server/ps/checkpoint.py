@@ -32,7 +32,6 @@ import logging
 import math
 import os
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -90,8 +89,9 @@ class CheckpointFiles:
         #: Per save thread, the check that gives its staging buffer back once it is idle.
         self._idle_checks: dict[str, asyncio.TimerHandle] = {}
         self.root = os.path.realpath(root or os.getcwd())
-        #: stage -> (when, the values read, the variables whose initial values it released)
-        self._staged: dict[str, tuple[float, list[tuple[str, np.ndarray, bool, str | None]],
+        #: stage -> (the values read, the variables whose initial values it released); each
+        #: dropped by a timer when STAGE_TTL_S is up, unless committed or aborted first
+        self._staged: dict[str, tuple[list[tuple[str, np.ndarray, bool, str | None]],
                                       list[VariableRecord]]] = {}
 
     def confine(self, path: str, what: str) -> str:
@@ -306,16 +306,14 @@ class CheckpointFiles:
             await remake_initial(released)
             raise
         if req.stage is not None:
-            entry = self._staged[req.stage] = (time.monotonic(), built, released)
-            # its time up, it goes, though no other restore comes to sweep it (a coordinator
-            # that stopped between staging and commit would leave it held for good)
+            entry = self._staged[req.stage] = (built, released)
+            # a coordinator that stopped between staging and commit: not held for good
             asyncio.get_running_loop().call_later(STAGE_TTL_S, self._drop_stage, req.stage, entry)
             return {"staged": len(built), "stage": req.stage}
         self._put(built)
         return {"restored": len(built)}
 
     def _room_to_stage(self) -> None:
-        self._expire()
         if len(self._staged) >= MAX_STAGED:
             raise InvalidArgumentError(
                 f"ckpt/restore: {len(self._staged)} restores are staged on {self.store.task} "
@@ -340,7 +338,7 @@ class CheckpointFiles:
         if entry is None:
             raise NotFoundError(f"no staged restore {stage!r} on {self.store.task} (it expired "
                                 f"after {STAGE_TTL_S:g} s, or was aborted)")
-        built = entry[1]
+        built = entry[0]
         self._check_fits(built)
         self._put(built)
         return {"restored": len(built)}
@@ -348,20 +346,15 @@ class CheckpointFiles:
     async def abort(self, stage: str) -> dict[str, Any]:
         entry = self._staged.pop(stage, None)
         if entry is not None:
-            await remake_initial(entry[2])
+            await remake_initial(entry[1])
         return {"aborted": entry is not None}
 
     def staged_bytes(self) -> int:
         """Bytes held by restores staged and not yet committed."""
-        return sum(a.nbytes for _, built, _ in self._staged.values() for _, a, *_ in built)
+        return sum(a.nbytes for built, _ in self._staged.values() for _, a, *_ in built)
 
     def _drop_stage(self, stage: str, entry: tuple[Any, ...]) -> None:
-        if self._staged.get(stage) is entry:  # not committed, aborted or swept already
-            del self._staged[stage]  # initial values it released: made again when next read
-
-    def _expire(self) -> None:
-        now = time.monotonic()
-        for stage in [s for s, (t, *_) in self._staged.items() if now - t > STAGE_TTL_S]:
+        if self._staged.get(stage) is entry:  # not committed or aborted first
             del self._staged[stage]  # initial values it released: made again when next read
 
 
