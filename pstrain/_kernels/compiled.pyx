@@ -791,9 +791,10 @@ def create_rows(const int64_t[::1] rows, const int64_t[::1] new_ids, real[:, ::1
     """A dynamic table's new rows ``rows`` for ``new_ids``, in one pass: each row's initial
     values (the formula of :func:`pstrain._formats.idhash.initial_rows`), each optimizer
     slot (``slots``, shaped as ``values``) at its initial value (``inits``), and its
-    bookkeeping (id, live, last lookup, a count of 0, change epoch). New rows are far apart, so the memory of the rows AHEAD is asked
-    for, for writing, before it is written: numpy's seven scattered writes wait for each
-    cache miss in turn. A row outside the arrays is refused before anything is written."""
+    bookkeeping (id, live, last lookup, a count of 0, change epoch). New rows are far
+    apart, so the memory of the rows AHEAD is asked for, for writing, before it is written:
+    numpy's seven scattered writes wait for each cache miss in turn. A row outside the
+    arrays is refused before anything is written."""
     cdef Py_ssize_t i, j, k, r, a, n = rows.shape[0], dim = values.shape[1], ns = len(slots)
     cdef Py_ssize_t limit = min(values.shape[0], ids.shape[0], live.shape[0], last_seen.shape[0],
                                 freq.shape[0], epochs.shape[0])
