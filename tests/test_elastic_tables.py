@@ -409,3 +409,63 @@ async def test_a_serving_feed_reader_follows_the_table_as_its_slices_move(tmp_pa
             await mirror.poll(session)
             assert mirror.shards[0].ids.size == 0  # ps 0 holds no slice now
             await same()
+
+
+async def test_a_move_whose_coordinator_stops_after_staging_is_ended_when_its_time_is_up(monkeypatch):
+    """A coordinator that stops after staging a move's copies on the new ps (here: its next
+    step is never sent, nor an abort) leaves them held there and served by no one: they go
+    after MOVE_TTL_S, with the source's marks of the move, and the variable and the table
+    are served whole where they were; a later move of them goes through."""
+    from pstrain._coordinator import ps_moves
+    from pstrain.server.ps import moves
+
+    def stopped(**_):
+        raise RuntimeError("the coordinator stopped before step 3")
+
+    async def gone(*_, **__):  # a stopped coordinator aborts nothing
+        return None
+
+    async with _job() as (cluster, extra, strategy, coordinator):
+        assert extra is not None
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="t", initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.SGD(1.0)
+            with strategy.placement.colocated(0):
+                v = pstrain.Variable(np.arange(4096, dtype=np.float32), name="v")
+            with strategy.placement.colocated(1):
+                w = pstrain.Variable(np.ones(4097, np.float32), name="w")
+        ids, grads = _batch(0)
+        await table.lookup(ids)
+        await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
+        await coordinator.ps.admit_ps(extra.address)
+        monkeypatch.setattr(moves, "MOVE_TTL_S", 2.0)
+        monkeypatch.setattr(ps_moves, "FinishMove", stopped)
+        monkeypatch.setattr(ps_moves.PsChanges, "_abort", gone)
+        with pytest.raises(RuntimeError, match="before step 3"):
+            await coordinator.ps.move(["v"], 2)
+        slices = coordinator.ps.table_slices(table)
+        with pytest.raises(RuntimeError, match="before step 3"):
+            await coordinator.ps.move_slices({table.key: slices.held_by(0)[:2]}, 0, 2)
+        source = cluster.ps[0]
+        assert len(extra.moves.incoming) == 2 and extra.moves.staged_bytes() >= 4096 * 4
+        assert table.key in extra.tables and len(source.moves.outgoing) == 2
+        # the staged copies count against the new ps's --max-store-bytes while they are held
+        monkeypatch.setattr(extra.moves, "max_store_bytes", extra.moves.staged_bytes() + 4096 * 4)
+        with pytest.raises(FailedPreconditionError, match="max-store-bytes"):
+            await coordinator.ps.move(["w"], 2)
+        await wait_for(lambda: not (extra.moves.incoming or extra.moves.incoming_tables
+                                    or source.moves.outgoing or source.moves.outgoing_tables),
+                       timeout=20, what="the stopped move's stages ended")
+        assert extra.moves.staged_bytes() == 0 and table.key not in extra.tables
+        assert extra.moves.statistics()["moves_in_progress"] == 0
+        assert source.moves.statistics()["moves_in_progress"] == 0
+        np.testing.assert_array_equal(await v.read_value(), np.arange(4096, dtype=np.float32))
+        np.testing.assert_array_equal(await w.read_value(), np.ones(4097, np.float32))
+        _same_rows(*await table.export(), _expected(1))
+        monkeypatch.undo()
+        await coordinator.ps.move(["v", "w"], 2)
+        await coordinator.ps.move_slices({table.key: slices.held_by(0)[:2]}, 0, 2)
+        assert "v" in {r.name for r in extra.store} and _ids_on(extra, table.key).size
+        np.testing.assert_array_equal(await v.read_value(), np.arange(4096, dtype=np.float32))
+        np.testing.assert_array_equal(await w.read_value(), np.ones(4097, np.float32))
+        _same_rows(*await table.export(), _expected(1))

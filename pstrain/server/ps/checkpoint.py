@@ -93,6 +93,7 @@ class CheckpointFiles:
         #: dropped by a timer when STAGE_TTL_S is up, unless committed or aborted first
         self._staged: dict[str, tuple[list[tuple[str, np.ndarray, bool, str | None]],
                                       list[VariableRecord]]] = {}
+        store.staged.append(self.staged_bytes)
 
     def confine(self, path: str, what: str) -> str:
         """``path`` resolved, if it lies under the root; else InvalidArgumentError."""
@@ -277,7 +278,7 @@ class CheckpointFiles:
             raise InvalidArgumentError("ckpt/restore: a variable is named twice")
         if self.max_store_bytes is not None:  # read values sit beside the live ones until commit
             adding = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype, *_ in checked)
-            held = self.store.nbytes + self.staged_bytes()
+            held = self.store.held()
             if held + adding > self.max_store_bytes:
                 raise InvalidArgumentError(
                     f"ckpt/restore: reading {adding} bytes would take {self.store.task} past its "

@@ -179,7 +179,7 @@ class ParameterServer(ServerBase):
                 f"vars/create: {len(req.vars)} variables of {adding} bytes in all in one request, "
                 f"more than this ps's limit of {per_request} bytes per request (pstrain serve "
                 "--max-variable-bytes): send them in several requests")
-        held = self.store.nbytes + self.checkpoints.staged_bytes()
+        held = self.store.held()
         if held + adding > self.max_store_bytes:
             raise InvalidArgumentError(
                 f"vars/create: {adding} more bytes of variables would take {self.task} past its "

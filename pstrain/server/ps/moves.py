@@ -9,10 +9,18 @@ that receives them: :meth:`Moves.install` stages the copies, then applies the ch
 rows and serves them. Between the two, each side refuses the variables with
 :class:`~pstrain.errors.PlacementChangedError` carrying its newest map, so a client sends
 its request where they are now.
+
+A move whose coordinator stopped part way is not left half done for good: what a stage
+holds that nothing serves yet (the copies staged on the receiving ps) and the marks of a
+move out not finished are dropped after :data:`MOVE_TTL_S`, as if the move was aborted; a
+coordinator that comes back later is refused and aborts the move. Variables parked on
+the source after its step 3 are kept: they are the only copy until the move ends.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
 import numpy as np
@@ -36,7 +44,13 @@ from .fencing import Fencing
 from .store import VariableRecord, VariableStore
 from .tables import TableHandlers
 
-__all__ = ["Moves"]
+__all__ = ["MOVE_TTL_S", "Moves"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a move's stage may wait for its next step before it is dropped (the coordinator
+#: sends each step within its request timeout, 120 s, of the step before).
+MOVE_TTL_S = 300.0
 
 
 class Moves:
@@ -59,6 +73,7 @@ class Moves:
         self.parked: dict[str, list[tuple[VariableRecord, str | None]]] = {}
         #: stage -> the copies staged here, not served yet: (copy, its slots)
         self.incoming: dict[str, list[VariableCopy]] = {}
+        store.staged.append(self.staged_bytes)
 
     def routes(self) -> dict[type, Any]:
         return {SetPlacement: self.set_placement, ReadPlacement: self.read_placement,
@@ -105,8 +120,9 @@ class Moves:
                                "owner": r.owner, "slot_of": slot_of})
         table_copies = [table.copy_slices(moving) for table, moving in tables]
         mark = self.store.clock.mark()
-        self.outgoing[req.stage] = list(req.keys)
+        self.outgoing[req.stage] = entry = list(req.keys)
         self.outgoing_tables[req.stage] = dict(req.tables)
+        asyncio.get_running_loop().call_later(MOVE_TTL_S, self._expire, self.outgoing, req.stage, entry)
 
         def release() -> None:
             for r in releases:
@@ -162,13 +178,15 @@ class Moves:
                     raise InvalidArgumentError(f"ps/install: {copy.name!r} already exists on "
                                                f"{self.store.task}")
             added = sum(c.value.nbytes for c in req.vars)
-            if self.store.nbytes + self.staged_bytes() + added > self.max_store_bytes:
+            if self.store.held() + added > self.max_store_bytes:
                 raise FailedPreconditionError(
                     f"{self.store.task} cannot take {added} bytes more: it holds "
-                    f"{self.store.nbytes} of its {self.max_store_bytes} (--max-store-bytes)")
+                    f"{self.store.held()} of its {self.max_store_bytes} (--max-store-bytes)")
             arriving = self._stage_tables(req.tables)
-            self.incoming[req.stage] = list(req.vars)
+            self.incoming[req.stage] = entry = list(req.vars)
             self.incoming_tables[req.stage] = arriving
+            asyncio.get_running_loop().call_later(MOVE_TTL_S, self._expire, self.incoming, req.stage,
+                                                  entry)
             for copy in req.vars:
                 if copy.slot_of is None:
                     self.store.away[copy.name] = "is arriving at"
@@ -282,6 +300,14 @@ class Moves:
                 self.tables.tables.pop(copy.name, None)
             self.tables.guards.set(copy.name, before)
         return parked is not None or staged is not None
+
+    def _expire(self, stages: dict[str, Any], stage: str, entry: list[Any]) -> None:
+        """A stage still waiting for its next step when its time is up: the target forgets
+        what it staged, the source the marks of its move out (neither serves anything of it)."""
+        if stages.get(stage) is entry:
+            logger.warning("%s: move %s had no next step in %g s (its coordinator stopped?): "
+                           "ended as aborted", self.store.task, stage, MOVE_TTL_S)
+            self.end(EndMove(stage=stage, commit=False))
 
     def staged_bytes(self) -> int:
         return sum(c.value.nbytes for copies in self.incoming.values() for c in copies)

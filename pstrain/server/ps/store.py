@@ -233,6 +233,9 @@ class VariableStore:
         #: The newest placement map this ps knows: a refusal carries it.
         self.placement = PlacementMap()
         self.refusals = 0  # requests refused because a variable they name moved
+        #: Bytes held beside the variables until a step ends: restores staged, not committed
+        #: yet (``checkpoint.py``) and copies staged by a move (``moves.py``).
+        self.staged: list[Callable[[], int]] = []
 
     def __len__(self) -> int:
         return len(self._records)
@@ -330,6 +333,11 @@ class VariableStore:
     @property
     def nbytes(self) -> int:
         return sum(r.nbytes for r in self._records.values())
+
+    def held(self) -> int:
+        """The bytes this ps holds for variables, staged ones included: what
+        ``--max-store-bytes`` limits."""
+        return self.nbytes + sum(staged() for staged in self.staged)
 
 
 def checked_value(record: VariableRecord, value: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
