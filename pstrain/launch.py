@@ -103,14 +103,15 @@ class LocalCluster(RunningCluster):
     async def __aexit__(self, *exc: Any) -> None:
         await asyncio.shield(self.stop())
 
-    def _command(self, task: _Task, port: int) -> list[str]:
+    def _command(self, task: _Task, port: int, bound: socket.socket | None) -> list[str]:
         return [sys.executable, "-m", "pstrain.cli", "serve", "--role", task.job,
                 "--index", str(task.index), "--host", "127.0.0.1", "--port", str(port),
                 "--log-level", self.log_level, "--exit-with-parent",
+                *(["--listen-fd", str(bound.fileno())] if bound is not None else []),
                 *(["--checkpoint-root", self.checkpoint_root] if task.job == "ps" else []),
                 *self.extra_args]
 
-    async def _spawn(self, task: _Task, port: int = 0) -> None:
+    async def _spawn(self, task: _Task, port: int = 0, bound: socket.socket | None = None) -> None:
         env = dict(os.environ if self.env is None else self.env)
         for key in ("TF_CONFIG", "PSTRAIN_CONFIG", "PSTRAIN_TOKEN_FILE"):
             env.pop(key, None)
@@ -126,9 +127,9 @@ class LocalCluster(RunningCluster):
             # exit if it dies (--exit-with-parent). A session each also gives each server its
             # own share of the CPU (Linux autogroups).
             task.proc = await asyncio.create_subprocess_exec(
-                *self._command(task, port), stdout=asyncio.subprocess.PIPE,
+                *self._command(task, port, bound), stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT, env=env,  # both, prefixed with the task
-                start_new_session=True)
+                start_new_session=True, pass_fds=(bound.fileno(),) if bound is not None else ())
         assert task.proc.stdout is not None
         try:
             line = await asyncio.wait_for(self._read_address(task), self.startup_timeout_s)
@@ -201,14 +202,29 @@ class LocalCluster(RunningCluster):
             await task.proc.wait()
 
     async def restart(self, job: str, index: int) -> None:
-        """Start task ``job:index`` again on its old port (killing it first if alive)."""
+        """Start task ``job:index`` again on its old port (killing it first if alive).
+
+        The port is bound again here as soon as the task is gone, and the socket handed to
+        the new process: no other process can take the port while it starts (a second
+        or so), and until it listens a connection is refused, as by a task that is down.
+        """
         task = self._task(job, index)
         await self.kill(job, index)
         if task.pump is not None:
             task.pump.cancel()
         assert task.address is not None
         port = int(task.address.rsplit(":", 1)[1])
-        await self._spawn(task, port)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as bound:
+            bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the old TIME_WAITs
+            try:
+                bound.bind(("127.0.0.1", port))
+            except OSError as exc:
+                raise PstrainError(f"{job}:{index} cannot start again on its port {port}: "
+                                   f"{exc.strerror or exc} (another process took it)") from None
+            # and then not: Linux lets any number of bound sockets that are not listening
+            # share a port if all of them allow it (the new process allows it again)
+            bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
+            await self._spawn(task, port, bound)  # (this process's copy is closed after)
 
     def pid(self, job: str, index: int) -> int | None:
         proc = self._task(job, index).proc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -257,3 +258,50 @@ async def test_serve_by_hand_sizes_threads_as_launch_does(tmp_path):
     assert launched == by_hand == (expected, expected, int(expected)), (launched, by_hand)
     if cores > 1:
         assert f"OMP_NUM_THREADS={expected}" in log and "2 tasks of the cluster" in log, log
+
+
+async def test_a_restarted_task_holds_its_port_while_its_new_process_starts():
+    """``restart`` binds the task's port again as soon as the task is gone and hands the
+    socket to the new process: while that process starts (about a second), no other
+    process can bind the port (another cluster's task once did, and the restart failed)."""
+    import errno
+    import socket
+
+    async with pstrain.LocalCluster(num_ps=1, num_workers=1) as cluster:
+        address = cluster.cluster_spec.task_address("ps", 0)
+        port = int(address.rsplit(":", 1)[1])
+        old = cluster.pid("ps", 0)
+        await cluster.kill("ps", 0)
+        restarting = asyncio.create_task(cluster.restart("ps", 0))
+        await wait_for(lambda: cluster.pid("ps", 0) not in (None, old), timeout=30,
+                       what="the new process")
+        with socket.socket() as other:
+            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            with pytest.raises(OSError) as caught:
+                other.bind(("127.0.0.1", port))
+            assert caught.value.errno == errno.EADDRINUSE
+        await asyncio.wait_for(restarting, 60)
+        assert cluster.cluster_spec.task_address("ps", 0) == address
+        peers = pstrain.rpc.ChannelPool(cluster.cluster_spec, cluster.token)
+        try:
+            assert (await peers.channel("ps", 0).call("health", {}))["pid"] == cluster.pid("ps", 0)
+        finally:
+            await peers.close()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "127.0.0.2"])
+def test_serve_refuses_a_handed_socket_bound_elsewhere_than_its_host(host):
+    """``--listen-fd``: a socket bound to another address than ``--host`` (all interfaces,
+    here, for a token-less loopback server) is refused with the address it is bound to."""
+    import socket
+
+    with socket.socket() as bound:
+        bound.bind((host, 0))
+        port = bound.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PSTRAIN_", "TF_CONFIG"))}
+        result = subprocess.run(
+            [sys.executable, "-m", "pstrain.cli", "serve", "--role", "ps", "--host", "127.0.0.1",
+             "--port", str(port), "--listen-fd", str(bound.fileno())],
+            pass_fds=(bound.fileno(),), capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode != 0 and "listening on" not in result.stdout + result.stderr
+    assert f"bound to ('{host}', {port})" in result.stderr, result.stderr

@@ -49,21 +49,48 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def listening_socket(host: str, port: int, what: str, backlog: int = 1024) -> socket.socket:
+def listening_socket(host: str, port: int, what: str, backlog: int = 1024,
+                     bound: socket.socket | None = None) -> socket.socket:
     """A non-blocking socket bound to ``host:port`` and listening (port 0 picks one).
 
-    Bound before anyone is told the address: ready means listening.
+    Bound before anyone is told the address: ready means listening. ``bound``: a socket
+    already bound to ``host:port`` by the process that started this one (``LocalCluster``
+    restarts a task on its port so), used if it is bound to exactly that address.
     """
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise PstrainError(f"{what} cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    if bound is not None:
+        _check_bound(bound, host, port, what)
+        sock = bound
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # listens past TIME_WAITs
+    else:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            sock.close()
+            raise PstrainError(f"{what} cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
     sock.listen(backlog)
     sock.setblocking(False)
     return sock
+
+
+def _check_bound(sock: socket.socket, host: str, port: int, what: str) -> None:
+    """PstrainError unless ``sock`` is a TCP socket bound to ``host:port`` (its address,
+    not only its port: a socket bound to all interfaces must not pass for a loopback one)."""
+    try:
+        got = sock.getsockname()
+        family, kind = sock.family, sock.type
+    except OSError as exc:
+        raise PstrainError(f"{what}: the socket handed over is not usable: {exc}") from None
+    try:
+        want = ipaddress.ip_address("127.0.0.1" if host == "localhost" else host)
+    except ValueError:
+        raise PstrainError(f"{what}: a socket handed over needs the host as an address, not "
+                           f"{host!r}") from None
+    if kind != socket.SOCK_STREAM or family not in (socket.AF_INET, socket.AF_INET6) \
+            or ipaddress.ip_address(got[0]) != want or (port and got[1] != port) or not got[1]:
+        raise PstrainError(f"{what}: the socket handed over is bound to {got!r}, not to "
+                           f"{host}:{port or '(a port)'}")
 
 
 #: A connection whose sent data stays unacknowledged this long, or whose idle peer stops

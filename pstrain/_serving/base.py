@@ -70,7 +70,7 @@ class ServerBase(ServerCore):
             raise PstrainError(f"server {self.task} already started")
         loop = asyncio.get_running_loop()
         self._closed = asyncio.Event()
-        sock = listening_socket(self.host, self.port, self.task)
+        sock = listening_socket(self.host, self.port, self.task, bound=self.bound)
         # Past the bearer token a connection leaves the pre-auth set: its deadline and the
         # cap no longer apply (the documented keep-alive and body deadlines do).
         self._http = HttpAdapter(self, authenticated=self.preauth.authenticated)

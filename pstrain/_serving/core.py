@@ -23,6 +23,7 @@ import inspect
 import logging
 import os
 import secrets
+import socket
 import ssl as ssl_module
 import time
 import uuid
@@ -129,6 +130,9 @@ class ServerCore:
         self.index = index
         self.host = host
         self.port = port
+        #: A socket bound to ``host:port`` by the process that started this one, to listen
+        #: on instead of binding (``pstrain serve --listen-fd``).
+        self.bound: socket.socket | None = None
         self.token = token
         self.token_bytes = token.encode() if token else None
         self.ssl_context = ssl_context

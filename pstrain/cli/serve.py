@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import ssl
 import sys
 from typing import Any
@@ -120,6 +121,9 @@ def serve_parser(sub: Any) -> None:
                    help="ps: bytes of variables it holds at most (default 80%% of the machine's "
                         "memory); creations past it are refused")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    p.add_argument("--listen-fd", type=int, default=None, metavar="FD",
+                   help="listen on the TCP socket inherited as this file descriptor, already "
+                        "bound to --host:--port (LocalCluster restarts a task on its port so)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="stop when the process that started this one exits (LocalCluster uses it)")
 
@@ -203,6 +207,11 @@ def serve(args: argparse.Namespace) -> int:
 
         server = WorkerServer(index, cluster_spec=spec, client_ssl=client_ssl(args.tls_ca),
                               closure_threads=args.closure_threads, **options)
+    if args.listen_fd is not None:
+        try:
+            server.bound = socket.socket(fileno=args.listen_fd)
+        except OSError as exc:
+            raise PstrainError(f"--listen-fd {args.listen_fd}: not a socket: {exc}") from None
     if not token:
         logger.warning("no cluster token set: any local process can use this server "
                        "(set PSTRAIN_TOKEN or --token-file)")
