@@ -469,3 +469,54 @@ async def test_a_move_whose_coordinator_stops_after_staging_is_ended_when_its_ti
         np.testing.assert_array_equal(await v.read_value(), np.arange(4096, dtype=np.float32))
         np.testing.assert_array_equal(await w.read_value(), np.ones(4097, np.float32))
         _same_rows(*await table.export(), _expected(1))
+
+
+async def test_a_stopped_moves_time_running_out_leaves_a_later_move_of_the_same_slices_whole(monkeypatch):
+    """A coordinator stops after staging a move; another one moves the same variable and
+    table slices to the same ps before the first move's time is up. When it is, the end
+    of the first move must not undo the second: the table it created there, and the
+    slices the second move switched, stay served."""
+    from pstrain._coordinator import ps_moves
+    from pstrain.server.ps import moves
+
+    def stopped(**_):
+        raise RuntimeError("the coordinator stopped before step 3")
+
+    async def gone(*_, **__):
+        return None
+
+    async with _job() as (cluster, extra, strategy, coordinator):
+        assert extra is not None
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="t", initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.SGD(1.0)
+            with strategy.placement.colocated(0):
+                v = pstrain.Variable(np.zeros(64, np.float32), name="v")
+        ids, grads = _batch(0)
+        await table.lookup(ids)
+        await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
+        await coordinator.ps.admit_ps(extra.address)
+        slices = coordinator.ps.table_slices(table).held_by(0)[:2]
+        with monkeypatch.context() as patch:
+            patch.setattr(moves, "MOVE_TTL_S", 5.0)
+            patch.setattr(ps_moves, "FinishMove", stopped)
+            patch.setattr(ps_moves.PsChanges, "_abort", gone)
+            with pytest.raises(RuntimeError, match="before step 3"):
+                await coordinator.ps.move(["v"], 2)
+            with pytest.raises(RuntimeError, match="before step 3"):
+                await coordinator.ps.move_slices({table.key: slices}, 0, 2)
+        assert len(extra.moves.incoming) == 2
+        await coordinator.ps.move(["v"], 2)  # the second moves, whole, before the first's time
+        await coordinator.ps.move_slices({table.key: slices}, 0, 2)
+        moved = _ids_on(extra, table.key)
+        assert moved.size and extra.moves.incoming
+        await wait_for(lambda: not extra.moves.incoming and not cluster.ps[0].moves.outgoing,
+                       timeout=20, what="the first moves' time up")
+        np.testing.assert_array_equal(np.sort(_ids_on(extra, table.key)), np.sort(moved))
+        await v.assign_add(np.ones(64, np.float32))  # served by the ps it moved to
+        np.testing.assert_array_equal(await v.read_value(), np.ones(64, np.float32))
+        assert "v" in {r.name for r in extra.store}
+        ids, grads = _batch(1)
+        await table.lookup(ids)
+        await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
+        _same_rows(*await table.export(), _expected(2))

@@ -12,9 +12,10 @@ its request where they are now.
 
 A move whose coordinator stopped part way is not left half done for good: what a stage
 holds that nothing serves yet (the copies staged on the receiving ps) and the marks of a
-move out not finished are dropped after :data:`MOVE_TTL_S`, as if the move was aborted; a
-coordinator that comes back later is refused and aborts the move. Variables parked on
-the source after its step 3 are kept: they are the only copy until the move ends.
+move out not finished are dropped after :data:`MOVE_TTL_S`, as if the move was aborted
+(but leaving what a later move of the same variables set up since); a coordinator that
+comes back later is refused and aborts the move. Variables parked on the source after its
+step 3 are kept: they are the only copy until the move ends.
 """
 
 from __future__ import annotations
@@ -302,12 +303,29 @@ class Moves:
         return parked is not None or staged is not None
 
     def _expire(self, stages: dict[str, Any], stage: str, entry: list[Any]) -> None:
-        """A stage still waiting for its next step when its time is up: the target forgets
-        what it staged, the source the marks of its move out (neither serves anything of it)."""
-        if stages.get(stage) is entry:
-            logger.warning("%s: move %s had no next step in %g s (its coordinator stopped?): "
-                           "ended as aborted", self.store.task, stage, MOVE_TTL_S)
-            self.end(EndMove(stage=stage, commit=False))
+        """A stage still waiting for its next step when its time is up: the source forgets
+        its move out, the target what it staged (neither serves anything of it). Unlike an
+        abort, which comes before any later move, what a later move of the same variables
+        or table slices set up since is left as it is."""
+        if stages.get(stage) is not entry:
+            return
+        logger.warning("%s: move %s had no next step in %g s (its coordinator stopped?): "
+                       "ended as aborted", self.store.task, stage, MOVE_TTL_S)
+        if stages is self.outgoing:
+            del self.outgoing[stage]
+            self.outgoing_tables.pop(stage, None)
+            return
+        del self.incoming[stage]  # (a name marked arriving stays refused: no ps routes here)
+        for copy, before, created in self.incoming_tables.pop(stage, []):
+            assert copy.serving is not None and copy.moving is not None  # (checked when staged)
+            mine = SliceSet(slices=copy.serving.slices,
+                            owned=sorted(set(copy.serving.owned) - set(copy.moving.owned)))
+            if self.tables.guards.get(copy.name) != mine or any(
+                    c.name == copy.name for staged in self.incoming_tables.values() for c, _, _ in staged):
+                continue  # another move staged or switched slices of this table since
+            if created:
+                self.tables.tables.pop(copy.name, None)
+            self.tables.guards.set(copy.name, before)
 
     def staged_bytes(self) -> int:
         return sum(c.value.nbytes for copies in self.incoming.values() for c in copies)
