@@ -520,3 +520,74 @@ async def test_a_stopped_moves_time_running_out_leaves_a_later_move_of_the_same_
         await table.lookup(ids)
         await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
         _same_rows(*await table.export(), _expected(2))
+
+
+async def test_a_coordinator_lost_between_a_moves_switches_is_replaced_and_restores(tmp_path, monkeypatch):
+    """The coordinator stops in the milliseconds between the source's switch (step 3: it
+    no longer serves the variable and the table slices) and the target's (step 4), so no
+    ps serves them. A new coordinator creates them again and restores them from the
+    checkpoint, as after any coordinator loss, and trains on."""
+    import gc
+
+    from pstrain._coordinator import ps_moves
+
+    real = ps_moves.InstallVariables
+
+    def install(**kwargs):
+        if kwargs.get("activate"):
+            raise RuntimeError("the coordinator stopped between steps 3 and 4")
+        return real(**kwargs)
+
+    async def gone(*_, **__):
+        return None
+
+    async def made(strategy):
+        async with strategy.scope():
+            with strategy.placement.colocated(0):
+                v = pstrain.Variable(np.zeros(64, np.float32), name="v")
+            table = pstrain.DynamicEmbedding(DIM, name="t", initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.SGD(1.0)
+        return v, table, opt
+
+    async def train(v, table, opt, step):
+        ids, grads = _batch(step)
+        await table.lookup(ids)
+        await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
+        await v.assign_add(np.ones(64, np.float32))
+
+    options = {"checkpoint_root": str(tmp_path)}
+    async with InProcessCluster(num_ps=2, num_workers=1, ps_options=options) as cluster:
+        extra = ParameterServer(2, token=cluster.token, **options)
+        await extra.start()
+        try:
+            strategy = pstrain.ParameterServerStrategy(
+                pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+            coordinator = pstrain.ClusterCoordinator(strategy)
+            v, table, opt = await made(strategy)
+            await train(v, table, opt, 0)
+            path = await pstrain.Checkpoint(v=v, t=table).save(str(tmp_path / "ckpt"))
+            await coordinator.ps.admit_ps(extra.address)
+            slices = coordinator.ps.table_slices(table).held_by(0)[:2]
+            with monkeypatch.context() as patch:
+                patch.setattr(ps_moves, "InstallVariables", install)
+                patch.setattr(ps_moves.PsChanges, "_abort", gone)
+                with pytest.raises(RuntimeError, match="between steps 3 and 4"):
+                    await coordinator.ps.move(["v"], 2)
+                with pytest.raises(RuntimeError, match="between steps 3 and 4"):
+                    await coordinator.ps.move_slices({table.key: slices}, 0, 2)
+            held = {r.name for p in [*cluster.ps, extra] for r in p.store}
+            assert "v" not in held and cluster.ps[0].moves.parked  # served by no ps
+            del v, table, opt, strategy, coordinator
+            gc.collect()  # the old coordinator is gone (a killed chief: nothing closed)
+            strategy = pstrain.ParameterServerStrategy(
+                pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+            v, table, opt = await made(strategy)
+            assert table.key == "t"  # the same keys: the dead one's variables are taken over
+            await pstrain.Checkpoint(v=v, t=table).restore(path)
+            np.testing.assert_array_equal(await v.read_value(), np.ones(64, np.float32))
+            _same_rows(*await table.export(), _expected(1))
+            await train(v, table, opt, 1)
+            np.testing.assert_array_equal(await v.read_value(), np.full(64, 2, np.float32))
+            _same_rows(*await table.export(), _expected(2))
+        finally:
+            await extra.stop()
