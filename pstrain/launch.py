@@ -34,7 +34,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from ._base.cluster import ClusterSpec
+from ._base.cluster import ClusterSpec, reserved_port
 from ._base.errors import InvalidArgumentError, PstrainError
 from ._base.resolvers import RunningCluster
 from ._base.tasks import TaskOwner
@@ -214,16 +214,7 @@ class LocalCluster(RunningCluster):
             task.pump.cancel()
         assert task.address is not None
         port = int(task.address.rsplit(":", 1)[1])
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as bound:
-            bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the old TIME_WAITs
-            try:
-                bound.bind(("127.0.0.1", port))
-            except OSError as exc:
-                raise PstrainError(f"{job}:{index} cannot start again on its port {port}: "
-                                   f"{exc.strerror or exc} (another process took it)") from None
-            # and then not: Linux lets any number of bound sockets that are not listening
-            # share a port if all of them allow it (the new process allows it again)
-            bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
+        with reserved_port("127.0.0.1", port, f"{job}:{index}") as bound:
             await self._spawn(task, port, bound)  # (this process's copy is closed after)
 
     def pid(self, job: str, index: int) -> int | None:

@@ -591,3 +591,47 @@ async def test_a_coordinator_lost_between_a_moves_switches_is_replaced_and_resto
             _same_rows(*await table.export(), _expected(2))
         finally:
             await extra.stop()
+
+
+async def test_a_move_whose_new_ps_is_lost_is_undone_and_the_error_says_so(monkeypatch):
+    """The ps a move goes to stops in the middle of it (here: just before it would serve
+    what moved, step 4 of five). The move is undone: the variable and the table slices are
+    served by their source again, nothing is lost, and the error says that, not that a
+    ps's variables are lost."""
+    from pstrain._formats.placement_map import InstallVariables
+
+    async with _job() as (cluster, extra, strategy, coordinator):
+        assert extra is not None
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="t", initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.SGD(1.0)
+            with strategy.placement.colocated(0):
+                v = pstrain.Variable(np.zeros(64, np.float32), name="v")
+        ids, grads = _batch(0)
+        await table.lookup(ids)
+        await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
+        await coordinator.ps.admit_ps(extra.address)
+        channel = coordinator.ps.channel(2)
+        real = channel.request
+
+        async def request(op, **kwargs):
+            if isinstance(op, InstallVariables) and op.activate:
+                await extra.stop()
+            return await real(op, **kwargs)
+
+        monkeypatch.setattr(channel, "request", request)
+        with pytest.raises(pstrain.errors.UnavailableError,
+                           match=r"moving \['v'\] from ps 0 to ps 2 failed and was undone: ps 0 "
+                                 r"serves them still\. The cause: "):
+            await coordinator.ps.move(["v"], 2)
+        slices = coordinator.ps.table_slices(table).held_by(0)[:2]
+        with pytest.raises(pstrain.errors.UnavailableError,
+                           match=rf"moving \['{table.key} \(2 slices\)'\] from ps 0 to ps 2 failed "
+                                 r"and was undone: ps 0 serves them still"):
+            await coordinator.ps.move_slices({table.key: slices}, 0, 2)
+        await v.assign_add(np.ones(64, np.float32))
+        np.testing.assert_array_equal(await v.read_value(), np.ones(64, np.float32))
+        ids, grads = _batch(1)
+        await table.lookup(ids)
+        await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
+        _same_rows(*await table.export(), _expected(2))

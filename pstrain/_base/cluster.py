@@ -74,6 +74,25 @@ def listening_socket(host: str, port: int, what: str, backlog: int = 1024,
     return sock
 
 
+def reserved_port(host: str, port: int, what: str) -> socket.socket:
+    """A socket bound to ``host:port`` again (past the TIME_WAITs of one that listened
+    there), not listening: no other process can bind the port while it is held, and a
+    connection is refused, until a process it is handed to listens on it
+    (:func:`listening_socket` ``bound=``)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise PstrainError(f"{what} cannot start again on its port {port}: {exc.strerror or exc} "
+                           "(another process took it)") from None
+    # and then not: Linux lets any number of bound sockets that are not listening share a
+    # port if all of them allow it (the process it is handed to allows it again)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
+    return sock
+
+
 def _check_bound(sock: socket.socket, host: str, port: int, what: str) -> None:
     """PstrainError unless ``sock`` is a TCP socket bound to ``host:port`` (its address,
     not only its port: a socket bound to all interfaces must not pass for a loopback one)."""

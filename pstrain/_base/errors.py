@@ -86,6 +86,18 @@ def _rebuild(cls: type, message: str, task: str | None, tb: str | None) -> Pstra
     return cls(message, task=task, remote_traceback=tb)
 
 
+def restated(exc: PstrainError, message: str) -> PstrainError:
+    """``exc`` again, of its class and from its task, saying ``message`` (what it meant to
+    the operation that met it); raise it ``from exc``.
+
+    >>> restated(UnavailableError("refused", task="ps1"), "the move was undone: refused")
+    UnavailableError('the move was undone: refused')
+    """
+    out = _rebuild(type(exc), message, exc.task, exc.remote_traceback)
+    out.__dict__.update({k: v for k, v in exc.__dict__.items() if k not in ("message", "task")})
+    return out
+
+
 class UnavailableError(PstrainError, ConnectionError):
     """A task (ps or worker) cannot be reached: refused, reset or silent."""
 

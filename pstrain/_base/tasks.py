@@ -32,14 +32,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from .errors import PstrainError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TaskOwner"]
+__all__ = ["TaskOwner", "best_effort"]
 
 T = TypeVar("T")
 
@@ -105,3 +105,14 @@ class TaskOwner:
 
     def __repr__(self) -> str:
         return f"<TaskOwner {self.name!r} tasks={len(self._tasks)}>"
+
+
+async def best_effort(step: Awaitable[Any], what: str, log: logging.Logger) -> bool:
+    """Await ``step``; if it fails, log that ``what`` failed and return False (a step whose
+    failure must not hide the error being handled, such as undoing part of a move)."""
+    try:
+        await step
+        return True
+    except Exception as exc:
+        log.warning("%s failed: %s", what, exc)
+        return False

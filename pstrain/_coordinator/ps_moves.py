@@ -24,8 +24,15 @@ from typing import Any
 import msgspec
 
 from .._base.cluster import parse_address, task_name
-from .._base.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from .._base.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    PstrainError,
+    restated,
+)
 from .._base.locks import PlacementLock
+from .._base.tasks import best_effort
 from .._distribute.strategy import ParameterServerStrategy
 from .._formats.operations import TableStatistics
 from .._formats.placement_map import (
@@ -290,8 +297,8 @@ class PsChanges:
         stage = secrets.token_hex(8)
         source, target = self.channel(src), self.channel(dst)
         tables = tables or {}
-        self.moving = (keys + [f"{k} ({len(s)} slices)" for k, s in tables.items()], src, dst,
-                       time.monotonic())
+        what = keys + [f"{k} ({len(s)} slices)" for k, s in tables.items()]
+        self.moving = (what, src, dst, time.monotonic())
         homes = {k: self.strategy.placement.placed[k][0] for k in keys}
         finished = False
         new = self.placement.moved_to({k: dst for k in keys}, homes)
@@ -326,9 +333,13 @@ class PsChanges:
                     stage=stage, activate=True, patches=done.patches, once=done.once,
                     fences=done.fences, superseded=done.superseded, placement=new,
                     table_patches=done.tables), timeout=self.timeout_s)
-            except BaseException:
-                await self._abort(stage, source, target, new if finished else None)
-                raise
+            except BaseException as exc:
+                told = await self._abort(stage, source, target, new if finished else None)
+                if not isinstance(exc, PstrainError):
+                    raise
+                where = "serves them still" if told or not finished else "could not take them back"
+                raise restated(exc, f"moving {what} from ps {src} to ps {dst} failed and was undone: "
+                                    f"ps {src} {where}. The cause: {exc.message or exc}") from exc
             await self.publish(new)
             await source.request(EndMove(stage=stage, commit=True), timeout=self.timeout_s)
         finally:
@@ -339,15 +350,16 @@ class PsChanges:
                                 for a in (c.ids, c.rows, *c.slots.values()))
 
     async def _abort(self, stage: str, source: Any, target: Any,
-                     announced: PlacementMap | None) -> None:
-        """Serve the variables from their source again; the target drops what it staged."""
-        for channel in (source, target):
-            try:
-                await channel.request(EndMove(stage=stage, commit=False), timeout=self.timeout_s)
-            except Exception as exc:  # the error that stopped the move is the one to raise
-                logger.warning("ending move %s on %s failed: %s", stage, channel.task, exc)
+                     announced: PlacementMap | None) -> bool:
+        """Serve the variables from their source again; the target drops what it staged;
+        the ps that can be reached learn a map that withdraws ``announced``. Returns whether
+        the source took them back. (The error that stopped the move is the one to raise.)"""
+        told = [await best_effort(c.request(EndMove(stage=stage, commit=False), timeout=self.timeout_s),
+                                  f"ending move {stage} on {c.task}", logger) for c in (source, target)]
         if announced is not None:  # clients may have learnt it from the source's refusals
-            await self.publish(self.placement.bumped(announced.version + 1))
+            await best_effort(self.publish(self.placement.bumped(announced.version + 1)),
+                              f"withdrawing map {announced.version}", logger)
+        return told[0]
 
     async def publish(self, placement: PlacementMap) -> None:
         """Route by ``placement`` here and tell every active ps."""
