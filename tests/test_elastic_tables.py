@@ -411,6 +411,41 @@ async def test_a_serving_feed_reader_follows_the_table_as_its_slices_move(tmp_pa
             await same()
 
 
+def _stopped(**_):
+    raise RuntimeError("the coordinator stopped before step 3")
+
+
+async def _aborts_nothing(*_, **__):  # a stopped coordinator aborts nothing
+    return None
+
+
+async def _made(strategy: pstrain.ParameterServerStrategy, v: np.ndarray) -> tuple[Any, Any, Any]:
+    """A table ``t``, SGD and a variable ``v`` (valued ``v``) on ps 0."""
+    async with strategy.scope():
+        table = pstrain.DynamicEmbedding(DIM, name="t", initializer=pstrain.initializers.Zeros())
+        opt = pstrain.optimizers.SGD(1.0)
+        with strategy.placement.colocated(0):
+            var = pstrain.Variable(v, name="v")
+    return table, opt, var
+
+
+async def _both_stopped(coordinator: Any, table: Any, match: str) -> list[int]:
+    """Move ``v`` and two of ps 0's slices of ``table`` to ps 2, each stopped part way (by
+    the caller's patches, with ``match``); returns the slices."""
+    slices = coordinator.ps.table_slices(table).held_by(0)[:2]
+    with pytest.raises(RuntimeError, match=match):
+        await coordinator.ps.move(["v"], 2)
+    with pytest.raises(RuntimeError, match=match):
+        await coordinator.ps.move_slices({table.key: slices}, 0, 2)
+    return slices
+
+
+async def _train(table: Any, opt: Any, step: int) -> None:
+    ids, grads = _batch(step)
+    await table.lookup(ids)
+    await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
+
+
 async def test_a_move_whose_coordinator_stops_after_staging_is_ended_when_its_time_is_up(monkeypatch):
     """A coordinator that stops after staging a move's copies on the new ps (here: its next
     step is never sent, nor an abort) leaves them held there and served by no one: they go
@@ -419,33 +454,18 @@ async def test_a_move_whose_coordinator_stops_after_staging_is_ended_when_its_ti
     from pstrain._coordinator import ps_moves
     from pstrain.server.ps import moves
 
-    def stopped(**_):
-        raise RuntimeError("the coordinator stopped before step 3")
-
-    async def gone(*_, **__):  # a stopped coordinator aborts nothing
-        return None
-
     async with _job() as (cluster, extra, strategy, coordinator):
         assert extra is not None
+        table, opt, v = await _made(strategy, np.arange(4096, dtype=np.float32))
         async with strategy.scope():
-            table = pstrain.DynamicEmbedding(DIM, name="t", initializer=pstrain.initializers.Zeros())
-            opt = pstrain.optimizers.SGD(1.0)
-            with strategy.placement.colocated(0):
-                v = pstrain.Variable(np.arange(4096, dtype=np.float32), name="v")
             with strategy.placement.colocated(1):
                 w = pstrain.Variable(np.ones(4097, np.float32), name="w")
-        ids, grads = _batch(0)
-        await table.lookup(ids)
-        await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
+        await _train(table, opt, 0)
         await coordinator.ps.admit_ps(extra.address)
         monkeypatch.setattr(moves, "MOVE_TTL_S", 2.0)
-        monkeypatch.setattr(ps_moves, "FinishMove", stopped)
-        monkeypatch.setattr(ps_moves.PsChanges, "_abort", gone)
-        with pytest.raises(RuntimeError, match="before step 3"):
-            await coordinator.ps.move(["v"], 2)
-        slices = coordinator.ps.table_slices(table)
-        with pytest.raises(RuntimeError, match="before step 3"):
-            await coordinator.ps.move_slices({table.key: slices.held_by(0)[:2]}, 0, 2)
+        monkeypatch.setattr(ps_moves, "FinishMove", _stopped)
+        monkeypatch.setattr(ps_moves.PsChanges, "_abort", _aborts_nothing)
+        slices = await _both_stopped(coordinator, table, "before step 3")
         source = cluster.ps[0]
         assert len(extra.moves.incoming) == 2 and extra.moves.staged_bytes() >= 4096 * 4
         assert table.key in extra.tables and len(source.moves.outgoing) == 2
@@ -464,7 +484,7 @@ async def test_a_move_whose_coordinator_stops_after_staging_is_ended_when_its_ti
         _same_rows(*await table.export(), _expected(1))
         monkeypatch.undo()
         await coordinator.ps.move(["v", "w"], 2)
-        await coordinator.ps.move_slices({table.key: slices.held_by(0)[:2]}, 0, 2)
+        await coordinator.ps.move_slices({table.key: slices}, 0, 2)
         assert "v" in {r.name for r in extra.store} and _ids_on(extra, table.key).size
         np.testing.assert_array_equal(await v.read_value(), np.arange(4096, dtype=np.float32))
         np.testing.assert_array_equal(await w.read_value(), np.ones(4097, np.float32))
@@ -479,32 +499,16 @@ async def test_a_stopped_moves_time_running_out_leaves_a_later_move_of_the_same_
     from pstrain._coordinator import ps_moves
     from pstrain.server.ps import moves
 
-    def stopped(**_):
-        raise RuntimeError("the coordinator stopped before step 3")
-
-    async def gone(*_, **__):
-        return None
-
     async with _job() as (cluster, extra, strategy, coordinator):
         assert extra is not None
-        async with strategy.scope():
-            table = pstrain.DynamicEmbedding(DIM, name="t", initializer=pstrain.initializers.Zeros())
-            opt = pstrain.optimizers.SGD(1.0)
-            with strategy.placement.colocated(0):
-                v = pstrain.Variable(np.zeros(64, np.float32), name="v")
-        ids, grads = _batch(0)
-        await table.lookup(ids)
-        await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
+        table, opt, v = await _made(strategy, np.zeros(64, np.float32))
+        await _train(table, opt, 0)
         await coordinator.ps.admit_ps(extra.address)
-        slices = coordinator.ps.table_slices(table).held_by(0)[:2]
         with monkeypatch.context() as patch:
             patch.setattr(moves, "MOVE_TTL_S", 5.0)
-            patch.setattr(ps_moves, "FinishMove", stopped)
-            patch.setattr(ps_moves.PsChanges, "_abort", gone)
-            with pytest.raises(RuntimeError, match="before step 3"):
-                await coordinator.ps.move(["v"], 2)
-            with pytest.raises(RuntimeError, match="before step 3"):
-                await coordinator.ps.move_slices({table.key: slices}, 0, 2)
+            patch.setattr(ps_moves, "FinishMove", _stopped)
+            patch.setattr(ps_moves.PsChanges, "_abort", _aborts_nothing)
+            slices = await _both_stopped(coordinator, table, "before step 3")
         assert len(extra.moves.incoming) == 2
         await coordinator.ps.move(["v"], 2)  # the second moves, whole, before the first's time
         await coordinator.ps.move_slices({table.key: slices}, 0, 2)
@@ -516,9 +520,7 @@ async def test_a_stopped_moves_time_running_out_leaves_a_later_move_of_the_same_
         await v.assign_add(np.ones(64, np.float32))  # served by the ps it moved to
         np.testing.assert_array_equal(await v.read_value(), np.ones(64, np.float32))
         assert "v" in {r.name for r in extra.store}
-        ids, grads = _batch(1)
-        await table.lookup(ids)
-        await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
+        await _train(table, opt, 1)
         _same_rows(*await table.export(), _expected(2))
 
 
@@ -538,21 +540,8 @@ async def test_a_coordinator_lost_between_a_moves_switches_is_replaced_and_resto
             raise RuntimeError("the coordinator stopped between steps 3 and 4")
         return real(**kwargs)
 
-    async def gone(*_, **__):
-        return None
-
-    async def made(strategy):
-        async with strategy.scope():
-            with strategy.placement.colocated(0):
-                v = pstrain.Variable(np.zeros(64, np.float32), name="v")
-            table = pstrain.DynamicEmbedding(DIM, name="t", initializer=pstrain.initializers.Zeros())
-            opt = pstrain.optimizers.SGD(1.0)
-        return v, table, opt
-
     async def train(v, table, opt, step):
-        ids, grads = _batch(step)
-        await table.lookup(ids)
-        await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
+        await _train(table, opt, step)
         await v.assign_add(np.ones(64, np.float32))
 
     options = {"checkpoint_root": str(tmp_path)}
@@ -563,25 +552,21 @@ async def test_a_coordinator_lost_between_a_moves_switches_is_replaced_and_resto
             strategy = pstrain.ParameterServerStrategy(
                 pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
             coordinator = pstrain.ClusterCoordinator(strategy)
-            v, table, opt = await made(strategy)
+            table, opt, v = await _made(strategy, np.zeros(64, np.float32))
             await train(v, table, opt, 0)
             path = await pstrain.Checkpoint(v=v, t=table).save(str(tmp_path / "ckpt"))
             await coordinator.ps.admit_ps(extra.address)
-            slices = coordinator.ps.table_slices(table).held_by(0)[:2]
             with monkeypatch.context() as patch:
                 patch.setattr(ps_moves, "InstallVariables", install)
-                patch.setattr(ps_moves.PsChanges, "_abort", gone)
-                with pytest.raises(RuntimeError, match="between steps 3 and 4"):
-                    await coordinator.ps.move(["v"], 2)
-                with pytest.raises(RuntimeError, match="between steps 3 and 4"):
-                    await coordinator.ps.move_slices({table.key: slices}, 0, 2)
+                patch.setattr(ps_moves.PsChanges, "_abort", _aborts_nothing)
+                await _both_stopped(coordinator, table, "between steps 3 and 4")
             held = {r.name for p in [*cluster.ps, extra] for r in p.store}
             assert "v" not in held and cluster.ps[0].moves.parked  # served by no ps
             del v, table, opt, strategy, coordinator
             gc.collect()  # the old coordinator is gone (a killed chief: nothing closed)
             strategy = pstrain.ParameterServerStrategy(
                 pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
-            v, table, opt = await made(strategy)
+            table, opt, v = await _made(strategy, np.zeros(64, np.float32))
             assert table.key == "t"  # the same keys: the dead one's variables are taken over
             await pstrain.Checkpoint(v=v, t=table).restore(path)
             np.testing.assert_array_equal(await v.read_value(), np.ones(64, np.float32))
@@ -602,14 +587,8 @@ async def test_a_move_whose_new_ps_is_lost_is_undone_and_the_error_says_so(monke
 
     async with _job() as (cluster, extra, strategy, coordinator):
         assert extra is not None
-        async with strategy.scope():
-            table = pstrain.DynamicEmbedding(DIM, name="t", initializer=pstrain.initializers.Zeros())
-            opt = pstrain.optimizers.SGD(1.0)
-            with strategy.placement.colocated(0):
-                v = pstrain.Variable(np.zeros(64, np.float32), name="v")
-        ids, grads = _batch(0)
-        await table.lookup(ids)
-        await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
+        table, opt, v = await _made(strategy, np.zeros(64, np.float32))
+        await _train(table, opt, 0)
         await coordinator.ps.admit_ps(extra.address)
         channel = coordinator.ps.channel(2)
         real = channel.request
@@ -631,7 +610,5 @@ async def test_a_move_whose_new_ps_is_lost_is_undone_and_the_error_says_so(monke
             await coordinator.ps.move_slices({table.key: slices}, 0, 2)
         await v.assign_add(np.ones(64, np.float32))
         np.testing.assert_array_equal(await v.read_value(), np.ones(64, np.float32))
-        ids, grads = _batch(1)
-        await table.lookup(ids)
-        await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
+        await _train(table, opt, 1)
         _same_rows(*await table.export(), _expected(2))

@@ -62,13 +62,7 @@ def listening_socket(host: str, port: int, what: str, backlog: int = 1024,
         sock = bound
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # listens past TIME_WAITs
     else:
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            sock.close()
-            raise PstrainError(f"{what} cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+        sock = _bound(host, port, f"{what} cannot listen on {host}:{port}")
     sock.listen(backlog)
     sock.setblocking(False)
     return sock
@@ -79,17 +73,23 @@ def reserved_port(host: str, port: int, what: str) -> socket.socket:
     there), not listening: no other process can bind the port while it is held, and a
     connection is refused, until a process it is handed to listens on it
     (:func:`listening_socket` ``bound=``)."""
+    sock = _bound(host, port, f"{what} cannot start again on its port {port} (another process took it?)")
+    # and then not: Linux lets any number of bound sockets that are not listening share a
+    # port if all of them allow it (the process it is handed to allows it again)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
+    return sock
+
+
+def _bound(host: str, port: int, failed: str) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (``SO_REUSEADDR``: past the TIME_WAITs of one that
+    listened there), or PstrainError saying ``failed`` and why."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise PstrainError(f"{what} cannot start again on its port {port}: {exc.strerror or exc} "
-                           "(another process took it)") from None
-    # and then not: Linux lets any number of bound sockets that are not listening share a
-    # port if all of them allow it (the process it is handed to allows it again)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
+        raise PstrainError(f"{failed}: {exc.strerror or exc}") from exc
     return sock
 
 
