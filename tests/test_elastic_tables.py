@@ -612,3 +612,22 @@ async def test_a_move_whose_new_ps_is_lost_is_undone_and_the_error_says_so(monke
         np.testing.assert_array_equal(await v.read_value(), np.ones(64, np.float32))
         await _train(table, opt, 1)
         _same_rows(*await table.export(), _expected(2))
+
+
+async def test_table_slices_a_new_ps_cannot_hold_are_refused_and_stay_where_they_were(monkeypatch):
+    """The rows and slots of table slices staged on a new ps count against its
+    ``--max-store-bytes`` as variables do: past it the move is refused before anything
+    is staged, and the slices are served where they were."""
+    async with _job() as (cluster, extra, strategy, coordinator):
+        assert extra is not None
+        table, opt, _ = await _made(strategy, np.zeros(4, np.float32))
+        await _train(table, opt, 0)
+        await coordinator.ps.admit_ps(extra.address)
+        monkeypatch.setattr(extra.moves, "max_store_bytes", extra.store.held() + 64)
+        slices = coordinator.ps.table_slices(table).held_by(0)
+        with pytest.raises(FailedPreconditionError, match="max-store-bytes"):
+            await coordinator.ps.move_slices({table.key: slices}, 0, 2)
+        assert not extra.moves.incoming_tables and table.key not in extra.tables
+        assert coordinator.ps.table_slices(table).held_by(0) == slices
+        await _train(table, opt, 1)
+        _same_rows(*await table.export(), _expected(2))

@@ -178,7 +178,7 @@ class Moves:
                 if copy.name in self.store:
                     raise InvalidArgumentError(f"ps/install: {copy.name!r} already exists on "
                                                f"{self.store.task}")
-            added = sum(c.value.nbytes for c in req.vars)
+            added = sum(c.value.nbytes for c in req.vars) + sum(map(_table_bytes, req.tables))
             if self.store.held() + added > self.max_store_bytes:
                 raise FailedPreconditionError(
                     f"{self.store.task} cannot take {added} bytes more: it holds "
@@ -328,10 +328,16 @@ class Moves:
             self.tables.guards.set(copy.name, before)
 
     def staged_bytes(self) -> int:
-        return sum(c.value.nbytes for copies in self.incoming.values() for c in copies)
+        """The bytes of the copies staged here, variables and table slices."""
+        return sum(c.value.nbytes for copies in self.incoming.values() for c in copies) + \
+            sum(_table_bytes(c) for staged in self.incoming_tables.values() for c, _, _ in staged)
 
     def statistics(self) -> dict[str, Any]:
         return {"placement_version": self.store.placement.version,
                 "placement_refusals": self.store.refusals,
                 "moves_in_progress": len(self.outgoing) + len(self.parked) + len(self.incoming)}
 
+
+def _table_bytes(copy: TableCopy) -> int:
+    """The bytes of a table copy's arrays (ids, rows, slots) as received."""
+    return sum(int(getattr(a, "nbytes", 0)) for a in (copy.ids, copy.rows, *copy.slots.values()))
