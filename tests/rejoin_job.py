@@ -3,7 +3,7 @@ workers (processes), given in ``cluster.json``; a third ps joins it while it tra
 
 ``first``: train 3 steps, let the ps at ``address`` join (a variable and slices of the
 table move to it), train 2 more, save a checkpoint, print ``saved <path> <moved>`` and
-wait to be SIGKILLed (``<moved>``: the variables moved, and the ps holding slices of the
+wait to be SIGKILLed, reading stdin (``<moved>``: the variables moved, and the ps holding slices of the
 table). ``again``: a coordinator started after that, on the same cluster
 file (it does not list the ps that joined): restore ``path``, train 4 more steps, print
 the state as JSON. Each step subtracts 1 from every table row of ``IDS`` and adds 1 to
@@ -59,7 +59,7 @@ async def main(role: str, cluster_file: str, arg: str) -> None:
         moved = {"moved": coordinator.ps.placement.moved,
                  "table_owners": sorted(set(coordinator.ps.table_slices(table).owners))}
         print("saved", path, json.dumps(moved), flush=True)
-        await asyncio.sleep(3600)  # until SIGKILLed
+        await asyncio.to_thread(sys.stdin.read)  # until SIGKILLed (or the harness is gone)
         return
     await pstrain.Checkpoint(v=v, t=table).restore(arg)
     restored = float((await v.numpy())[0])

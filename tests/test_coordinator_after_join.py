@@ -35,7 +35,8 @@ async def test_a_coordinator_killed_after_a_ps_joined_is_started_again_and_train
             (tmp_path / "cluster.json").write_text(json.dumps(
                 {"ps": spec.job_tasks("ps"), "worker": spec.job_tasks("worker")}))
             with subprocess.Popen([sys.executable, str(JOB), "first", str(tmp_path / "cluster.json"),
-                                   joining.address], env=env, stdout=subprocess.PIPE, text=True) as first:
+                                   joining.address], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True) as first:
                 try:
                     assert first.stdout is not None
                     saved = first.stdout.readline().split(maxsplit=2)
