@@ -346,8 +346,7 @@ class PsChanges:
             self.moving = None
         self.moves_done += 1
         self.bytes_moved += sum(int(getattr(c.value, "nbytes", 0)) for c in out.vars)
-        self.bytes_moved += sum(int(getattr(a, "nbytes", 0)) for c in out.tables
-                                for a in (c.ids, c.rows, *c.slots.values()))
+        self.bytes_moved += sum(c.nbytes for c in out.tables)
 
     async def _abort(self, stage: str, source: Any, target: Any,
                      announced: PlacementMap | None) -> bool:

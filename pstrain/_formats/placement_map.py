@@ -182,6 +182,11 @@ class TableCopy(Record):
     slots: dict[Name, Any] = {}
     slot_init: dict[Name, float] = {}
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes of its arrays (ids, rows, slots) as received."""
+        return sum(int(getattr(a, "nbytes", 0)) for a in (self.ids, self.rows, *self.slots.values()))
+
 
 class TablePatch(Record):
     """What changed in the slices of a table moved since the copy: ``live`` every id in
