@@ -631,3 +631,31 @@ async def test_table_slices_a_new_ps_cannot_hold_are_refused_and_stay_where_they
         assert coordinator.ps.table_slices(table).held_by(0) == slices
         await _train(table, opt, 1)
         _same_rows(*await table.export(), _expected(2))
+
+
+async def test_the_copies_of_an_aborted_move_go_at_once_not_when_its_time_is_up(monkeypatch):
+    """Ending a move as aborted gives the copies staged on the new ps back then: the timer
+    that would have ended it holds the stage's name only, not the copies."""
+    import gc
+    import weakref
+
+    from pstrain._coordinator import ps_moves
+    from pstrain._formats.placement_map import EndMove
+
+    async with _job() as (cluster, extra, strategy, coordinator):
+        assert extra is not None
+        table, opt, _ = await _made(strategy, np.zeros(1 << 16, np.float32))
+        await _train(table, opt, 0)
+        await coordinator.ps.admit_ps(extra.address)
+        with monkeypatch.context() as patch:
+            patch.setattr(ps_moves, "FinishMove", _stopped)
+            patch.setattr(ps_moves.PsChanges, "_abort", _aborts_nothing)
+            await _both_stopped(coordinator, table, "before step 3")
+        staged = [weakref.ref(c.value) for copies in extra.moves.incoming.values() for c in copies]
+        staged += [weakref.ref(c.rows) for copies in extra.moves.incoming_tables.values()
+                   for c, _, _ in copies]
+        assert len(staged) == 2
+        for stage in list(extra.moves.incoming):
+            assert extra.moves.end(EndMove(stage=stage, commit=False))["ended"]
+        gc.collect()
+        assert extra.moves.staged_bytes() == 0 and not [r for r in staged if r() is not None]

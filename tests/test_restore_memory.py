@@ -129,3 +129,30 @@ async def test_a_restore_staged_and_never_committed_goes_when_its_time_is_up(tmp
         await wait_for(lambda: all(ps.checkpoints.staged_bytes() == 0 for ps in cluster.ps),
                        timeout=20, what="the staged restore dropped")
         np.testing.assert_array_equal(await table.numpy(), initial)
+
+
+async def test_the_values_of_an_aborted_restore_go_at_once_not_when_its_time_is_up(tmp_path, monkeypatch):
+    """Aborting a staged restore gives its values' memory back then: the timer that would
+    have dropped it holds its name only, not the values it read."""
+    import gc
+    import weakref
+
+    from pstrain._checkpoint import restore_status
+
+    def never(**_):
+        raise RuntimeError("the coordinator stopped before its commit")
+
+    path, _ = await _saved(tmp_path)
+    async with _fresh(tmp_path) as (cluster, table, _):
+        monkeypatch.setattr(restore_status, "CommitRestore", never)
+        with pytest.raises(RuntimeError, match="before its commit"):
+            await pstrain.Checkpoint(table=table).restore(path)
+        read = [weakref.ref(a) for ps in cluster.ps for built, *_ in ps.checkpoints._staged.values()
+                for _, a, *_ in built]
+        stages = [(ps, stage) for ps in cluster.ps for stage in list(ps.checkpoints._staged)]
+        assert read and stages
+        for ps, stage in stages:
+            assert (await ps.checkpoints.abort(stage))["aborted"]
+        del stages
+        gc.collect()
+        assert not [r for r in read if r() is not None]

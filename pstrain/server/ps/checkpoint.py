@@ -89,10 +89,10 @@ class CheckpointFiles:
         #: Per save thread, the check that gives its staging buffer back once it is idle.
         self._idle_checks: dict[str, asyncio.TimerHandle] = {}
         self.root = os.path.realpath(root or os.getcwd())
-        #: stage -> (the values read, the variables whose initial values it released); each
-        #: dropped by a timer when STAGE_TTL_S is up, unless committed or aborted first
+        #: stage -> (the values read, the variables whose initial values it released, the
+        #: timer that drops it when STAGE_TTL_S is up; cancelled by a commit or an abort)
         self._staged: dict[str, tuple[list[tuple[str, np.ndarray, bool, str | None]],
-                                      list[VariableRecord]]] = {}
+                                      list[VariableRecord], asyncio.TimerHandle]] = {}
         store.staged.append(self.staged_bytes)
 
     def confine(self, path: str, what: str) -> str:
@@ -307,9 +307,11 @@ class CheckpointFiles:
             await remake_initial(released)
             raise
         if req.stage is not None:
-            entry = self._staged[req.stage] = (built, released)
-            # a coordinator that stopped between staging and commit: not held for good
-            asyncio.get_running_loop().call_later(STAGE_TTL_S, self._drop_stage, req.stage, entry)
+            self._take_stage(req.stage)  # (a stage named again replaces the first)
+            # a coordinator that stopped between staging and commit: not held for good (the
+            # timer holds the name only: a stage ended sooner is not kept alive by it)
+            timer = asyncio.get_running_loop().call_later(STAGE_TTL_S, self._staged.pop, req.stage, None)
+            self._staged[req.stage] = (built, released, timer)
             return {"staged": len(built), "stage": req.stage}
         self._put(built)
         return {"restored": len(built)}
@@ -335,7 +337,7 @@ class CheckpointFiles:
 
     def commit(self, stage: str) -> dict[str, Any]:
         """Put a staged restore in place (all its variables at once)."""
-        entry = self._staged.pop(stage, None)
+        entry = self._take_stage(stage)
         if entry is None:
             raise NotFoundError(f"no staged restore {stage!r} on {self.store.task} (it expired "
                                 f"after {STAGE_TTL_S:g} s, or was aborted)")
@@ -345,18 +347,22 @@ class CheckpointFiles:
         return {"restored": len(built)}
 
     async def abort(self, stage: str) -> dict[str, Any]:
-        entry = self._staged.pop(stage, None)
+        entry = self._take_stage(stage)
         if entry is not None:
             await remake_initial(entry[1])
         return {"aborted": entry is not None}
 
     def staged_bytes(self) -> int:
         """Bytes held by restores staged and not yet committed."""
-        return sum(a.nbytes for built, _ in self._staged.values() for _, a, *_ in built)
+        return sum(a.nbytes for built, *_ in self._staged.values() for _, a, *_ in built)
 
-    def _drop_stage(self, stage: str, entry: tuple[Any, ...]) -> None:
-        if self._staged.get(stage) is entry:  # not committed or aborted first
-            del self._staged[stage]  # initial values it released: made again when next read
+    def _take_stage(self, stage: str) -> tuple[Any, ...] | None:
+        """Stage ``stage`` taken out (committed or aborted), its timer cancelled. One the
+        timer drops instead leaves the initial values it released to be made when next read."""
+        entry = self._staged.pop(stage, None)
+        if entry is not None:
+            entry[2].cancel()
+        return entry
 
 
 _SAVERS: dict[str, concurrent.futures.ThreadPoolExecutor] = {}

@@ -74,6 +74,8 @@ class Moves:
         self.parked: dict[str, list[tuple[VariableRecord, str | None]]] = {}
         #: stage -> the copies staged here, not served yet: (copy, its slots)
         self.incoming: dict[str, list[VariableCopy]] = {}
+        #: ("out" or "in", stage) -> the timer that ends it after MOVE_TTL_S (:meth:`_expire`)
+        self._timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
         store.staged.append(self.staged_bytes)
 
     def routes(self) -> dict[type, Any]:
@@ -121,9 +123,9 @@ class Moves:
                                "owner": r.owner, "slot_of": slot_of})
         table_copies = [table.copy_slices(moving) for table, moving in tables]
         mark = self.store.clock.mark()
-        self.outgoing[req.stage] = entry = list(req.keys)
+        self.outgoing[req.stage] = list(req.keys)
         self.outgoing_tables[req.stage] = dict(req.tables)
-        asyncio.get_running_loop().call_later(MOVE_TTL_S, self._expire, self.outgoing, req.stage, entry)
+        self._expire_later("out", req.stage)
 
         def release() -> None:
             for r in releases:
@@ -178,16 +180,15 @@ class Moves:
                 if copy.name in self.store:
                     raise InvalidArgumentError(f"ps/install: {copy.name!r} already exists on "
                                                f"{self.store.task}")
-            added = sum(c.value.nbytes for c in req.vars) + sum(map(_table_bytes, req.tables))
-            if self.store.held() + added > self.max_store_bytes:
+            added = sum(c.value.nbytes for c in req.vars) + sum(c.nbytes for c in req.tables)
+            if (held := self.store.held()) + added > self.max_store_bytes:
                 raise FailedPreconditionError(
                     f"{self.store.task} cannot take {added} bytes more: it holds "
-                    f"{self.store.held()} of its {self.max_store_bytes} (--max-store-bytes)")
+                    f"{held} of its {self.max_store_bytes} (--max-store-bytes)")
             arriving = self._stage_tables(req.tables)
-            self.incoming[req.stage] = entry = list(req.vars)
+            self.incoming[req.stage] = list(req.vars)
             self.incoming_tables[req.stage] = arriving
-            asyncio.get_running_loop().call_later(MOVE_TTL_S, self._expire, self.incoming, req.stage,
-                                                  entry)
+            self._expire_later("in", req.stage)
             for copy in req.vars:
                 if copy.slot_of is None:
                     self.store.away[copy.name] = "is arriving at"
@@ -302,16 +303,26 @@ class Moves:
             self.tables.guards.set(copy.name, before)
         return parked is not None or staged is not None
 
-    def _expire(self, stages: dict[str, Any], stage: str, entry: list[Any]) -> None:
+    def _expire_later(self, side: str, stage: str) -> None:
+        """End ``stage`` on this ``side`` ("out" or "in") after MOVE_TTL_S if it is still
+        waiting for its next step then (a timer set before for the same name goes: a
+        stage whose name comes again is a new move). The timer holds names only."""
+        if (old := self._timers.pop((side, stage), None)) is not None:
+            old.cancel()
+        self._timers[side, stage] = asyncio.get_running_loop().call_later(
+            MOVE_TTL_S, self._expire, side, stage)
+
+    def _expire(self, side: str, stage: str) -> None:
         """A stage still waiting for its next step when its time is up: the source forgets
         its move out, the target what it staged (neither serves anything of it). Unlike an
         abort, which comes before any later move, what a later move of the same variables
         or table slices set up since is left as it is."""
-        if stages.get(stage) is not entry:
-            return
+        self._timers.pop((side, stage), None)
+        if stage not in (self.outgoing if side == "out" else self.incoming):
+            return  # it went on (or ended) in time
         logger.warning("%s: move %s had no next step in %g s (its coordinator stopped?): "
                        "ended as aborted", self.store.task, stage, MOVE_TTL_S)
-        if stages is self.outgoing:
+        if side == "out":
             del self.outgoing[stage]
             self.outgoing_tables.pop(stage, None)
             return
@@ -330,14 +341,9 @@ class Moves:
     def staged_bytes(self) -> int:
         """The bytes of the copies staged here, variables and table slices."""
         return sum(c.value.nbytes for copies in self.incoming.values() for c in copies) + \
-            sum(_table_bytes(c) for staged in self.incoming_tables.values() for c, _, _ in staged)
+            sum(c.nbytes for staged in self.incoming_tables.values() for c, _, _ in staged)
 
     def statistics(self) -> dict[str, Any]:
         return {"placement_version": self.store.placement.version,
                 "placement_refusals": self.store.refusals,
                 "moves_in_progress": len(self.outgoing) + len(self.parked) + len(self.incoming)}
-
-
-def _table_bytes(copy: TableCopy) -> int:
-    """The bytes of a table copy's arrays (ids, rows, slots) as received."""
-    return sum(int(getattr(a, "nbytes", 0)) for a in (copy.ids, copy.rows, *copy.slots.values()))
