@@ -49,6 +49,9 @@ async def test_kill_between_closures_then_restart_counts_exactly(cluster):
     for _ in range(2):
         coordinator.schedule(step)
     await coordinator.join()
+    # worker 1 may have run both closures before worker 0 was first reached: a worker
+    # never reached is not lost when its process goes (no failure counts), so wait
+    await wait_for(lambda: coordinator.workers_up == [True, True], what="both workers up")
     await cluster.kill("worker", 0)
     await cluster.restart("worker", 0)
     for _ in range(20):
