@@ -88,6 +88,7 @@ async def test_both_workers_killed_and_restarted(cluster):
     for _ in range(100):
         coordinator.schedule(make_step(count, 0.01))
     await wait_for(lambda: _at_least(count, 10), what="progress")
+    await wait_for(lambda: coordinator.workers_up == [True, True], what="both workers up")
     await cluster.kill("worker", 0)
     await cluster.kill("worker", 1)
     await cluster.restart("worker", 0)
@@ -119,6 +120,10 @@ async def test_a_worker_that_stays_down(cluster):
     for _ in range(60):
         coordinator.schedule(make_step(count, 0.005))
     await wait_for(lambda: _at_least(count, 5), what="progress")
+    # kill it while it runs a closure: a worker never reached, or idle with nothing left to
+    # run, is not found unreachable
+    await wait_for(lambda: coordinator.workers_up == [True, True]
+                   and coordinator.queue.in_flight_on(1) > 0, what="worker 1 to run closures")
     await cluster.kill("worker", 1)
     await coordinator.join()
     assert await count.numpy() >= 60
