@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -140,6 +141,37 @@ async def test_servers_leave_when_the_coordinators_job_is_done(tmp_path):
     finally:
         ps.stop()
         worker.stop()
+
+
+def test_a_file_or_port_given_wrong_is_one_line_naming_the_flag(tmp_path):
+    """An operator's typo is a one-line error naming the flag, exit status 2, no traceback."""
+    missing = str(tmp_path / "missing")
+    bad_pem = tmp_path / "bad.pem"
+    bad_pem.write_text("not a certificate")
+    cases = [
+        (("serve", "--role", "ps", "--port", "99999"), "argument --port: 99999 is not a port"),
+        (("serve", "--role", "ps", "--port", "x"), "argument --port: 'x' is not a port number"),
+        (("serve", "--role", "ps", "--cluster", missing),
+         f"--cluster {missing}: the file cannot be read (No such file or directory)"),
+        (("serve", "--role", "ps", "--port", "0", "--token-file", missing),
+         f"--token-file {missing}: the file cannot be read"),
+        (("status", "--cluster", str(tmp_path)), f"--cluster {tmp_path}: the file cannot be read "
+                                                 "(Is a directory)"),
+        (("status", "--cluster", missing, "--token-file", missing), f"--cluster {missing}"),
+        (("serve", "--role", "ps", "--port", "0", "--tls-cert", str(bad_pem), "--tls-key",
+          str(bad_pem)), f"--tls-cert {bad_pem} / --tls-key {bad_pem}: cannot be loaded"),
+        (("serve", "--role", "worker", "--port", "0", "--tls-ca", missing),
+         f"--tls-ca {missing}: cannot be loaded"),
+    ]
+    for args, message in cases:
+        result = run_cli(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert message in result.stderr and "Traceback" not in result.stderr, (args, result.stderr)
+    result = run_cli("serve", "--role", "ps", "--port", "0",
+                     env={**{k: v for k, v in os.environ.items() if k != "PSTRAIN_TOKEN"},
+                          "PSTRAIN_TOKEN_FILE": missing})
+    assert result.returncode == 2 and f"PSTRAIN_TOKEN_FILE {missing}: the file cannot be read" \
+        in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
 def test_pstrain_config_may_name_a_file_and_a_path_in_tf_config_says_what_is_wrong(tmp_path):

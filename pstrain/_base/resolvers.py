@@ -101,13 +101,23 @@ class TFConfigClusterResolver(ClusterResolver):
         return self._spec
 
 
+def read_text(path: str, what: str) -> str:
+    """The text of the file ``path`` that ``what`` (a flag or a variable) names, or
+    InvalidArgumentError saying which file could not be read and why."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise InvalidArgumentError(f"{what} {path}: the file cannot be read ({why})") from None
+
+
 def read_config(path: str | None, env: Mapping[str, str]
                 ) -> tuple[ClusterSpec, str | None, int | None] | None:
-    """A task's cluster configuration, parsed: the file ``path``, else ``PSTRAIN_CONFIG``,
-    else ``TF_CONFIG``; None when there is none."""
+    """A task's cluster configuration, parsed: the file ``path`` (``--cluster``), else
+    ``PSTRAIN_CONFIG``, else ``TF_CONFIG``; None when there is none."""
     if path:
-        with open(path, encoding="utf-8") as f:
-            return parse_config(f.read(), path)
+        return parse_config(read_text(path, "--cluster"), path)
     for source in ("PSTRAIN_CONFIG", "TF_CONFIG"):
         if env.get(source):
             return parse_config(env[source], source)
@@ -167,8 +177,7 @@ def read_token(env: Mapping[str, str]) -> str | None:
         return env["PSTRAIN_TOKEN"]
     path = env.get("PSTRAIN_TOKEN_FILE")
     if path:
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip()
+        return read_text(path, "PSTRAIN_TOKEN_FILE").strip()
     return None
 
 

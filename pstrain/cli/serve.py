@@ -14,7 +14,7 @@ from typing import Any
 
 from .._base.cluster import ClusterSpec, parse_address
 from .._base.errors import PstrainError
-from .._base.resolvers import SlurmClusterResolver, read_config, read_token
+from .._base.resolvers import SlurmClusterResolver, read_config, read_text, read_token
 from .._base.tasks import TaskOwner
 from .._formats.protocol import DEFAULT_MAX_BODY
 from .._transport.bridge import run
@@ -43,7 +43,11 @@ def _server_ssl(cert: str | None, key: str | None) -> ssl.SSLContext | None:
     if not (cert and key):
         raise PstrainError("TLS needs both --tls-cert and --tls-key")
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(cert, key)
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise PstrainError(f"--tls-cert {cert} / --tls-key {key}: cannot be loaded "
+                           f"({exc.strerror or exc})") from None
     return ctx
 
 
@@ -51,7 +55,21 @@ def client_ssl(cafile: str | None) -> ssl.SSLContext | None:
     """A client TLS context that verifies servers against ``cafile``."""
     if not cafile:
         return None
-    return ssl.create_default_context(cafile=cafile)
+    try:
+        return ssl.create_default_context(cafile=cafile)
+    except (OSError, ssl.SSLError) as exc:
+        raise PstrainError(f"--tls-ca {cafile}: cannot be loaded ({exc.strerror or exc})") from None
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port: ports are 0 to 65535")
+    return port
 
 
 def serve_parser(sub: Any) -> None:
@@ -66,11 +84,11 @@ def serve_parser(sub: Any) -> None:
     p.add_argument("--slurm-jobs", metavar="JOBS",
                    help="inside a SLURM step: the tasks per job, e.g. chief=1,ps=1,worker=3 "
                         "(role and index then come from SLURM_PROCID)")
-    p.add_argument("--port-base", type=int, default=8888,
+    p.add_argument("--port-base", type=port_number, default=8888,
                    help="with --slurm-jobs: the first port on each node (default 8888)")
     p.add_argument("--host", default=None,
                    help="address to bind (default 127.0.0.1; another address needs a token)")
-    p.add_argument("--port", type=int, default=None,
+    p.add_argument("--port", type=port_number, default=None,
                    help="port to bind (default: this task's port in the cluster; 0 picks a free one)")
     p.add_argument("--token-file", metavar="FILE", help="file holding the cluster token")
     p.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this certificate (PEM)")
@@ -176,8 +194,7 @@ def serve(args: argparse.Namespace) -> int:
     if role == "evaluator":
         return evaluate(args)
     if args.token_file:
-        with open(args.token_file, encoding="utf-8") as f:
-            token: str | None = f.read().strip()
+        token: str | None = read_text(args.token_file, "--token-file").strip()
     else:
         token = read_token(os.environ)
     port = args.port

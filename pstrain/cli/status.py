@@ -9,7 +9,7 @@ from typing import Any
 
 from .._base.cluster import ClusterSpec, task_name
 from .._base.errors import PstrainError
-from .._base.resolvers import parse_config, read_token
+from .._base.resolvers import read_config, read_text, read_token
 from .._formats.operations import Statistics
 from .._transport.bridge import run
 from .._transport.rpc import Channel
@@ -45,13 +45,10 @@ def status_parser(sub: Any) -> None:
 
 
 def _load_cluster(path: str | None) -> ClusterSpec:
-    if path:
-        with open(path, encoding="utf-8") as f:
-            return parse_config(f.read(), path)[0]
-    for var in ("PSTRAIN_CONFIG", "TF_CONFIG"):
-        if os.environ.get(var):
-            return parse_config(os.environ[var], var)[0]
-    raise PstrainError("no cluster: pass --cluster FILE or set PSTRAIN_CONFIG / TF_CONFIG")
+    config = read_config(path, os.environ)
+    if config is None:
+        raise PstrainError("no cluster: pass --cluster FILE or set PSTRAIN_CONFIG / TF_CONFIG")
+    return config[0]
 
 
 def _human(n: float) -> str:
@@ -69,8 +66,7 @@ _STATES = {"AuthenticationError": "refused", "ProtocolError": "foreign", "WrongT
 def status(args: argparse.Namespace) -> int:
     spec = _load_cluster(args.cluster)
     if args.token_file:
-        with open(args.token_file, encoding="utf-8") as f:
-            token: str | None = f.read().strip()
+        token: str | None = read_text(args.token_file, "--token-file").strip()
     else:
         token = read_token(os.environ)
     tasks = [(job, i) for job in ("chief", "ps", "worker", "evaluator") for i in range(spec.num_tasks(job))]
