@@ -30,6 +30,7 @@ from ._training.data import Dataset
 from ._training.optimizers import Adagrad
 from ._transport.bridge import run
 from ._variables.partitioners import FixedShardsPartitioner
+from .cli.arguments import positive_int
 from .ctr import BATCH, CTRModel, evaluate, make_step, synthetic
 from .launch import LocalCluster
 from .progress import Progress
@@ -40,12 +41,13 @@ __all__ = ["add_demo_parser"]
 def add_demo_parser(sub: Any) -> None:
     p = sub.add_parser("demo", help="train a sparse CTR model on a local cluster (about a minute)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
-    p.add_argument("--ps", type=int, default=2, help="parameter-server processes (default 2)")
-    p.add_argument("--steps", type=int, default=8000, help="training steps of 512 examples (default 8000)")
+    p.add_argument("--workers", type=positive_int, default=2, help="worker processes (default 2)")
+    p.add_argument("--ps", type=positive_int, default=2, help="parameter-server processes (default 2)")
+    p.add_argument("--steps", type=positive_int, default=8000,
+                   help="training steps of 512 examples (default 8000)")
     p.add_argument("--output", default="demo-output", help="where checkpoints, plot and results go")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--checkpoint-every", type=int, default=500, metavar="STEPS",
+    p.add_argument("--checkpoint-every", type=positive_int, default=500, metavar="STEPS",
                    help="steps between checkpoints (default 500)")
     p.add_argument("--dashboard", nargs="?", const="127.0.0.1:0", default=None, metavar="HOST:PORT",
                    help="serve the live dashboard (default 127.0.0.1, any free port) and print "

@@ -39,6 +39,7 @@ from ._base.errors import InvalidArgumentError, PstrainError
 from ._base.resolvers import RunningCluster
 from ._base.tasks import TaskOwner
 from ._formats.tensor_files import write_atomically
+from .cli.arguments import log_level, positive_int
 from .cli.threads import size_threads, threads_for
 
 logger = logging.getLogger(__name__)
@@ -239,9 +240,9 @@ def add_launch_parser(sub: Any) -> None:
         description="Start M ps and N worker processes on 127.0.0.1, run CMD with the cluster in "
                     "PSTRAIN_CONFIG and the token in PSTRAIN_TOKEN, and stop everything when CMD "
                     "exits (or on Ctrl-C). Exits with CMD's code.")
-    p.add_argument("--ps", type=int, default=1, help="number of parameter servers (default 1)")
-    p.add_argument("--workers", type=int, default=1, help="number of workers (default 1)")
-    p.add_argument("--log-level", default="WARNING", help="servers' log level (default WARNING)")
+    p.add_argument("--ps", type=positive_int, default=1, help="number of parameter servers (default 1)")
+    p.add_argument("--workers", type=positive_int, default=1, help="number of workers (default 1)")
+    p.add_argument("--log-level", type=log_level, default="WARNING", help="servers' log level (WARNING)")
     p.add_argument("--dashboard", nargs="?", const="127.0.0.1:0", default=None, metavar="HOST:PORT",
                    help="the coordinator CMD makes serves the live dashboard there (default "
                         "127.0.0.1, any free port) and prints its one-time login URL "
@@ -254,12 +255,13 @@ def add_launch_parser(sub: Any) -> None:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    cmd = list(args.cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
+    cmd = list(args.cmd)[1:] if args.cmd[:1] == ["--"] else list(args.cmd)
     if not cmd:
         raise PstrainError("pstrain launch needs a command: pstrain launch --ps 1 --workers 2 -- "
                            "python train.py")
+    if shutil.which(cmd[0]) is None:  # before any server starts
+        raise PstrainError(f"{cmd[0]!r}: no such command (not on PATH, nor an executable file); "
+                           "nothing was started")
     from ._transport.bridge import run
 
     return run(_launch_async(cmd, args.ps, args.workers, args.log_level, args.dashboard,
@@ -322,8 +324,7 @@ def _free_port() -> int:
     """A port free on 127.0.0.1 now (the coordinator binds it a moment later)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        return int(s.getsockname()[1])
 
 
 class RunDirectory:

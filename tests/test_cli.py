@@ -162,6 +162,23 @@ def test_a_file_or_port_given_wrong_is_one_line_naming_the_flag(tmp_path):
           str(bad_pem)), f"--tls-cert {bad_pem} / --tls-key {bad_pem}: cannot be loaded"),
         (("serve", "--role", "worker", "--port", "0", "--tls-ca", missing),
          f"--tls-ca {missing}: cannot be loaded"),
+        (("serve", "--role", "ps", "--port", "0", "--max-body", "-1"),
+         "argument --max-body: '-1' is not a whole number of 1 or more"),
+        (("serve", "--role", "worker", "--port", "0", "--closure-threads", "0"),
+         "argument --closure-threads: '0' is not a whole number of 1 or more"),
+        (("serve", "--role", "ps", "--index", "-1"), "argument --index: '-1' is not a whole number"),
+        (("serve", "--role", "ps", "--port", "0", "--max-store-bytes", "0"), "--max-store-bytes"),
+        (("serve", "--role", "ps", "--port", "0", "--drain-timeout", "nan"),
+         "argument --drain-timeout: 'nan' is not a number of seconds"),
+        (("serve", "--role", "ps", "--port", "0", "--log-level", "LOUD"),
+         "argument --log-level: 'LOUD' is not a log level"),
+        (("serve", "--role", "ps", "--port", "0", "--advertise", "nocolon"),
+         "argument --advertise: malformed address 'nocolon'"),
+        (("status", "--timeout", "-1"), "argument --timeout: '-1' is not a number of seconds"),
+        (("launch", "--workers", "0", "--", "true"), "argument --workers: '0' is not a whole number"),
+        (("launch", "--", missing), f"'{missing}': no such command (not on PATH, nor an executable "
+                                    "file); nothing was started"),
+        (("demo", "--steps", "0"), "argument --steps: '0' is not a whole number of 1 or more"),
     ]
     for args, message in cases:
         result = run_cli(*args)

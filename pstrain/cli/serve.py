@@ -19,6 +19,7 @@ from .._base.tasks import TaskOwner
 from .._formats.protocol import DEFAULT_MAX_BODY
 from .._transport.bridge import run
 from .._transport.interrupt import GRACE_S
+from .arguments import LOG_LEVELS, address, index_number, log_level, port_number, positive_int, seconds
 from .common import evaluate, join, leave, setup_logging
 
 logger = logging.getLogger("pstrain.cli")
@@ -61,24 +62,13 @@ def client_ssl(cafile: str | None) -> ssl.SSLContext | None:
         raise PstrainError(f"--tls-ca {cafile}: cannot be loaded ({exc.strerror or exc})") from None
 
 
-def port_number(text: str) -> int:
-    """An argparse type: a TCP port, 0 to 65535."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{port} is not a port: ports are 0 to 65535")
-    return port
-
-
 def serve_parser(sub: Any) -> None:
     p = sub.add_parser("serve", help="run one task: a ps, a worker or the sidecar evaluator",
                        description="Run one task of a pstrain cluster until SIGTERM or SIGINT.",
                        epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--role", choices=["ps", "worker", "evaluator"],
                    help="which task to run (default: the config's task.type)")
-    p.add_argument("--index", type=int, help="task index within its role (default: task.index)")
+    p.add_argument("--index", type=index_number, help="task index within its role (default: task.index)")
     p.add_argument("--cluster", metavar="FILE",
                    help="cluster config JSON file (TF_CONFIG format)")
     p.add_argument("--slurm-jobs", metavar="JOBS",
@@ -95,31 +85,31 @@ def serve_parser(sub: Any) -> None:
     p.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
     p.add_argument("--tls-ca", metavar="FILE",
                    help="CA file to verify other tasks' certificates (workers -> ps)")
-    p.add_argument("--max-body", type=int, default=None, metavar="BYTES",
+    p.add_argument("--max-body", type=positive_int, default=None, metavar="BYTES",
                    help="largest request body accepted (default 2 GiB); larger -> 413")
     p.add_argument("--checkpoint-dir", metavar="DIR",
                    help="evaluator: the directory the job's CheckpointManager writes")
     p.add_argument("--eval-script", metavar="FILE",
                    help="evaluator: a Python file defining evaluate(variables, iterations) -> metrics")
-    p.add_argument("--max-evaluations", type=int, default=None,
+    p.add_argument("--max-evaluations", type=positive_int, default=None,
                    help="evaluator: stop after this many evaluations (default: run forever)")
-    p.add_argument("--join", metavar="HOST:PORT",
+    p.add_argument("--join", type=address, metavar="HOST:PORT",
                    help="join a running job through its coordinator's endpoint (the address of its "
                         "/metrics). A worker takes the slot of a worker that is gone, or grows the "
                         "job; a ps gets the next index, and a share of the variables moves to it "
                         "while training runs (on SIGTERM they move away again before it exits)")
-    p.add_argument("--advertise", metavar="HOST:PORT",
+    p.add_argument("--advertise", type=address, metavar="HOST:PORT",
                    help="with --join: the address the coordinator should use (default: the "
                         "listening address)")
     p.add_argument("--exit-on-shutdown", action="store_true", default=None,
                    help="leave when the coordinator says its job is done "
                         "(coordinator.shutdown_cluster(); the default with --slurm-jobs, so that the "
                         "SLURM job ends)")
-    p.add_argument("--drain-timeout", type=float, default=60.0, metavar="SECONDS",
+    p.add_argument("--drain-timeout", type=seconds, default=60.0, metavar="SECONDS",
                    help="worker: on SIGTERM, take no new closures and wait this long for the running "
                         "ones before leaving (on Ctrl-C, at most 4 s); ps started with --join: on "
                         "SIGTERM, wait this long for its variables to move to the other ps")
-    p.add_argument("--closure-threads", type=int, default=4,
+    p.add_argument("--closure-threads", type=positive_int, default=4,
                    help="worker: threads that run plain-def closures (default 4)")
     p.add_argument("--metrics-public", action="store_true",
                    help="serve GET /metrics without the token (for a Prometheus without it)")
@@ -129,17 +119,18 @@ def serve_parser(sub: Any) -> None:
     p.add_argument("--checkpoint-root", metavar="DIR", default=None,
                    help="ps: read and write checkpoint files only under DIR (default: the "
                         "directory the ps is started in)")
-    p.add_argument("--max-variable-bytes", type=int, default=None, metavar="BYTES",
+    p.add_argument("--max-variable-bytes", type=positive_int, default=None, metavar="BYTES",
                    help="ps: largest variable (or part of a sharded one) it creates "
                         "(default 512 MiB)")
-    p.add_argument("--max-reply-bytes", type=int, default=None, metavar="BYTES",
+    p.add_argument("--max-reply-bytes", type=positive_int, default=None, metavar="BYTES",
                    help="ps: largest reply of whole variables (vars/read) it sends "
                         "(default 1 GiB; read fewer variables per request past it)")
-    p.add_argument("--max-store-bytes", type=int, default=None, metavar="BYTES",
+    p.add_argument("--max-store-bytes", type=positive_int, default=None, metavar="BYTES",
                    help="ps: bytes of variables it holds at most (default 80%% of the machine's "
                         "memory); creations past it are refused")
-    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
-    p.add_argument("--listen-fd", type=int, default=None, metavar="FD",
+    p.add_argument("--log-level", type=log_level, default="INFO",
+                   help=f"logging level: {', '.join(LOG_LEVELS)} (default INFO)")
+    p.add_argument("--listen-fd", type=index_number, default=None, metavar="FD",
                    help="listen on the TCP socket inherited as this file descriptor, already "
                         "bound to --host:--port (LocalCluster restarts a task on its port so)")
     p.add_argument("--exit-with-parent", action="store_true",

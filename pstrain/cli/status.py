@@ -13,6 +13,7 @@ from .._base.resolvers import read_config, read_text, read_token
 from .._formats.operations import Statistics
 from .._transport.bridge import run
 from .._transport.rpc import Channel
+from .arguments import address, seconds
 from .common import membership
 
 __all__ = ["status", "status_parser"]
@@ -36,9 +37,9 @@ def status_parser(sub: Any) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cluster", metavar="FILE", help="cluster config JSON file (TF_CONFIG format)")
     p.add_argument("--token-file", metavar="FILE", help="file holding the cluster token")
-    p.add_argument("--timeout", type=float, default=2.0, help="seconds before a task counts as down")
+    p.add_argument("--timeout", type=seconds, default=2.0, help="seconds before a task counts as down")
     p.add_argument("--verbose", action="store_true", help="also print why each down task is down")
-    p.add_argument("--coordinator", metavar="HOST:PORT",
+    p.add_argument("--coordinator", type=address, metavar="HOST:PORT",
                    help="also print the running job's worker membership, from its coordinator's "
                         "endpoint (workers that joined or left included)")
     p.set_defaults(func=status)
