@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 
@@ -452,6 +453,26 @@ def test_strategy_api_accepts_tfs_argument_names_and_refuses_what_tf_refuses():
         strategy.run(lambda: strategy.gather(np.ones(2), axis=0))
     np.testing.assert_array_equal(strategy.gather(pstrain.PerReplica([np.ones((2, 3))]), axis=-1),
                                   np.ones((2, 3)))
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"max_inflight_per_worker": 0}, "max_inflight_per_worker must be a whole number of 1 or more"),
+    ({"max_batch": 0}, "max_batch must be a whole number of 1 or more, got 0"),
+    ({"max_batch": 2.5}, "max_batch must be a whole number"),
+    ({"worker_timeout_s": -1}, "worker_timeout_s must be a finite number of seconds above 0"),
+    ({"ps_timeout_s": float("nan")}, "ps_timeout_s must be a finite number of seconds above 0"),
+    ({"heartbeat_s": 0}, "heartbeat_s must be a finite number of seconds above 0, got 0"),
+    ({"probe_initial_s": float("inf")}, "probe_initial_s must be a finite number of seconds"),
+    ({"cancel_grace_s": -0.5}, "cancel_grace_s must be a finite number of seconds of 0 or more"),
+    ({"no_worker_timeout_s": 0}, "no_worker_timeout_s must be a finite number of seconds above 0"),
+])
+def test_coordinator_options_out_of_range_are_refused_before_it_attaches(options, message):
+    """max_batch=0 used to be taken: no closure was ever sent, and join() waited for good."""
+    strategy = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(
+        {"ps": ["127.0.0.1:9"], "worker": ["127.0.0.1:9"]}))
+    with pytest.raises(InvalidArgumentError, match=re.escape(f"ClusterCoordinator: {message}")):
+        pstrain.ClusterCoordinator(strategy, **options)
+    assert strategy.coordinator is None  # nothing changed: a right one can still be made
 
 
 async def test_local_variables_own_their_memory_and_metrics_reset_states():

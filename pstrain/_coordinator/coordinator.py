@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._base.errors import CancelledError, InvalidArgumentError, NotFoundError, PstrainError
+from .._base.errors import CancelledError, InvalidArgumentError, NotFoundError, PstrainError, check_options
 from .._base.exports import expose
 from .._base.tasks import TaskOwner
 from .._distribute.strategy import ParameterServerStrategy
@@ -92,8 +92,12 @@ class ClusterCoordinator:
         if not isinstance(strategy, ParameterServerStrategy):
             raise InvalidArgumentError("ClusterCoordinator needs a ParameterServerStrategy, got "
                                        f"{type(strategy).__name__}")
-        if max_inflight_per_worker < 1:
-            raise InvalidArgumentError("max_inflight_per_worker must be at least 1")
+        check_options("ClusterCoordinator", {"max_inflight_per_worker": max_inflight_per_worker,
+                                             "max_batch": max_batch},
+                      {"worker_timeout_s": worker_timeout_s, "ps_timeout_s": ps_timeout_s,
+                       "heartbeat_s": heartbeat_s, "probe_initial_s": probe_initial_s,
+                       "probe_max_s": probe_max_s, "cancel_grace_s": cancel_grace_s,
+                       "no_worker_timeout_s": no_worker_timeout_s})
         self.strategy = strategy
         strategy.attach_coordinator(self)
         self._channels = strategy.channels
