@@ -475,6 +475,39 @@ def test_coordinator_options_out_of_range_are_refused_before_it_attaches(options
     assert strategy.coordinator is None  # nothing changed: a right one can still be made
 
 
+async def test_what_schedule_or_a_ps_cannot_take_is_refused_at_the_call(cluster):
+    """Each refused at the call that gave it, changing nothing; the same calls done right
+    then work, under the names the refused ones would have taken."""
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    async with strategy.scope():
+        with pytest.raises(InvalidArgumentError, match="a variable's name must be a string, got 7"):
+            pstrain.Variable(1.0, name=7)
+        with pytest.raises(InvalidArgumentError, match="a ps holds numbers and bools, not <U3"):
+            pstrain.Variable(np.array(["abc"]), name="words")
+        with pytest.raises(InvalidArgumentError, match="a ps holds numbers and bools, not object"):
+            pstrain.Variable(pstrain.initializers.Zeros(), name="words", shape=(2,), dtype=object)
+        v = pstrain.Variable(np.zeros(2, np.float32), name="words")
+    assert v.name == "words"  # the refused ones took no name
+    local = pstrain.Variable(np.array(["kept"]))  # outside a scope: strings, as in TF
+    assert (await local.numpy()).tolist() == ["kept"]
+    coordinator = pstrain.ClusterCoordinator(strategy)
+
+    async def add(x):
+        await v.assign_add(x)
+
+    with pytest.raises(TypeError, match="args must be a tuple or a list and kwargs a dict, got int"):
+        coordinator.schedule(add, args=5)
+    with pytest.raises(TypeError, match="kwargs a dict, got tuple and list"):
+        coordinator.schedule(add, args=(), kwargs=[("x", 1)])
+    with pytest.raises(TypeError, match="needs a function returning a dataset .* got int"):
+        coordinator.create_per_worker_dataset(5)
+    assert coordinator.queue.queued == 0 and coordinator.queue.in_flight == 0
+    coordinator.schedule(add, args=[np.ones(2, np.float32)])
+    await coordinator.join()
+    assert (await v.numpy()).tolist() == [1.0, 1.0]
+    await coordinator.close()
+
+
 async def test_local_variables_own_their_memory_and_metrics_reset_states():
     source = np.zeros(3, np.float32)
     v = pstrain.Variable(source)

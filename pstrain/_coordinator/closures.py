@@ -12,7 +12,7 @@ from .._formats.messages import ResourceRef
 from .per_worker import ResourceValues
 from .remote_value import Outcome, RemoteValue
 
-__all__ = ["Closure", "scan_inputs"]
+__all__ = ["Closure", "check_call", "scan_inputs"]
 
 
 def scan_inputs(obj: Any, inputs: list[RemoteValue]) -> bool:
@@ -136,3 +136,14 @@ def _ready_value(rv: RemoteValue) -> Any:
             f"error message is {exc}") from exc
     gen.close()  # pragma: no cover - done() said it was resolved
     raise ClosureInputError("Input is not ready")  # pragma: no cover
+
+
+def check_call(fn: Any, args: Any, kwargs: Any) -> None:
+    """TypeError, as calling it would raise, for what ``schedule`` cannot run: ``fn`` not
+    callable, ``args`` not a tuple or a list, ``kwargs`` not a dict."""
+    if not callable(fn):
+        raise TypeError(f"schedule needs a callable (a function or coroutine function), "
+                        f"got {type(fn).__name__}")
+    if not isinstance(args, (tuple, list)) or not isinstance(kwargs, (dict, type(None))):
+        raise TypeError(f"schedule: args must be a tuple or a list and kwargs a dict, got "
+                        f"{type(args).__name__} and {type(kwargs).__name__}")

@@ -36,7 +36,7 @@ from .._distribute.values import PerWorkerValues
 from .._formats import pickling
 from .._training import summary
 from . import interrupt
-from .closures import Closure, scan_inputs
+from .closures import Closure, check_call, scan_inputs
 from .dispatch import DispatchSettings
 from .endpoint import CoordinatorEndpoint, chief_address, say_if_not_served
 from .functions import FunctionCache
@@ -182,9 +182,7 @@ class ClusterCoordinator:
         reads the variables afresh; on each ps, its first n updates are skipped where the
         dead attempt had applied n. ``extended.update`` calls are fenced, not deduplicated.
         """
-        if not callable(fn):
-            raise TypeError(f"schedule needs a callable (a function or coroutine function), "
-                            f"got {type(fn).__name__}")
+        check_call(fn, args, kwargs)
         if self.interrupted:
             raise CancelledError(self.interrupted)
         if self.closed:

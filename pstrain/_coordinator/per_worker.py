@@ -62,6 +62,9 @@ def as_dataset_fn(dataset_fn: Any) -> Any:
     if callable(dataset_fn) and not hasattr(dataset_fn, "__iter__"):
         send_modules_by_value(dataset_fn)  # as a scheduled function's: workers need not have them
         return _DatasetFn(dataset_fn)
+    if not hasattr(dataset_fn, "__iter__"):
+        raise TypeError("create_per_worker_dataset needs a function returning a dataset (any "
+                        f"iterable) or an iterable, got {type(dataset_fn).__name__}")
     return _Constant(dataset_fn)
 
 

@@ -46,6 +46,7 @@ import numpy as np
 from .._base.context import current_channels
 from .._base.errors import InvalidArgumentError, UnavailableError
 from .._base.tasks import TaskOwner
+from .._formats.casting import NUMERIC_KINDS
 from .._formats.checkpoint_operations import CommitRestore, RestoreCheckpoint, RestoreSpec
 from .._formats.initializers import Initializer
 from .._formats.operations import CREATE_CHUNK_BYTES, CreateVariables, VariableSpec
@@ -149,18 +150,21 @@ class Placement:
         """What ``pstrain.Variable(...)`` does inside a scope: a handle, created lazily."""
         if initial_value is None:
             raise InvalidArgumentError("Variable needs an initial_value")
-        full_name = self.unique_name(name)
+        if name is not None and not isinstance(name, str):
+            raise InvalidArgumentError(f"a variable's name must be a string, got {name!r}")
         if isinstance(initial_value, Initializer):
             if shape is None:
                 raise InvalidArgumentError(f"{initial_value!r} needs shape= to build a variable")
-            var_dtype = np.dtype(dtype) if dtype is not None else np.dtype(np.float32)
+            var_dtype = _placed_dtype(np.dtype(dtype) if dtype is not None else np.float32, name)
             var_shape = tuple(int(d) for d in shape)
             entry: dict[str, Any] = {"init": initial_value.spec()}
+            full_name = self.unique_name(name)  # once nothing can be refused: names count
         elif (callable(initial_value) and not isinstance(initial_value, VariableBase)
               and shape is not None and dtype is not None and self.partitioner is not None
               and tuple(shape) and self._colocate.get() is None):
             # TF: a callable of known shape and dtype is asked for each shard by itself
-            var_shape, var_dtype = tuple(int(d) for d in shape), np.dtype(dtype)
+            var_shape, var_dtype = tuple(int(d) for d in shape), _placed_dtype(dtype, name)
+            full_name = self.unique_name(name)
             parts = plan_parts(self.partitioner, full_name, var_shape, var_dtype)
             if parts is not None:
                 values = _per_shard(initial_value, var_shape, var_dtype, parts)
@@ -169,8 +173,9 @@ class Placement:
             entry = {"value": initial_value_array(initial_value, dtype, shape)}
         else:
             value = initial_value_array(initial_value, dtype, shape)
-            var_dtype, var_shape = value.dtype, value.shape
+            var_dtype, var_shape = _placed_dtype(value.dtype, name), value.shape
             entry = {"value": value}
+            full_name = self.unique_name(name)
         parts = None
         if self.partitioner is not None and var_shape and self._colocate.get() is None:
             parts = plan_parts(self.partitioner, full_name, var_shape, var_dtype)
@@ -333,3 +338,13 @@ def _chunks(entries: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
         chunks[-1].append(entry)
         size += n
     return chunks
+
+
+def _placed_dtype(dtype: Any, name: str | None) -> np.dtype:
+    """``dtype``, if a ps can hold a variable of it (numbers and bools; a local variable may
+    hold strings, as in TF)."""
+    dt = np.dtype(dtype)
+    if dt.kind not in NUMERIC_KINDS or dt.hasobject:
+        raise InvalidArgumentError(f"variable {name or 'Variable'!r}: a ps holds numbers and bools, "
+                                   f"not {dt} (a variable outside strategy.scope() may)")
+    return dt

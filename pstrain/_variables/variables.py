@@ -79,6 +79,8 @@ class Variable(VariableBase):
                  synchronization: VariableSynchronization | str = VariableSynchronization.AUTO) -> None:
         if getattr(self, "_ready", False):
             return  # built by a strategy's creator (__new__ returned a handle)
+        if name is not None and not isinstance(name, str):
+            raise InvalidArgumentError(f"a variable's name must be a string, got {name!r}")
         value = initial_value_array(initial_value, dtype, shape)
         self._setup(name or "Variable", value.shape, value.dtype, trainable, aggregation,
                     synchronization)
