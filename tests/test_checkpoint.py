@@ -287,6 +287,23 @@ async def test_manager_keeps_the_last_n_and_restores_the_latest(ps_server, tmp_p
     assert manager.latest_checkpoint == str(tmp_path / "ckpt-10")
 
 
+async def test_a_file_where_the_checkpoints_directory_should_be_is_a_clear_error(ps_server,
+                                                                                   tmp_path):
+    strategy = make_strategy([ps_server])
+    async with strategy.scope():
+        v = pstrain.Variable(0.0, name="v")
+    blocker = tmp_path / "taken"
+    blocker.write_text("not a directory")
+    with pytest.raises(pstrain.errors.InvalidArgumentError,
+                       match=f"CheckpointManager: {blocker} is a file, not a directory"):
+        CheckpointManager(Checkpoint(v=v), str(blocker))
+    with pytest.raises(pstrain.errors.InvalidArgumentError,
+                       match="its directory cannot be made"):  # was a FileExistsError
+        await Checkpoint(v=v).write(str(blocker / "ckpt"))
+    assert blocker.read_text() == "not a directory"
+    assert await Checkpoint(v=v).write(str(tmp_path / "ok" / "ckpt")) == str(tmp_path / "ok" / "ckpt")
+
+
 def test_missing_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(pstrain.errors.NotFoundError, match="no checkpoint"):
         load_variables(str(tmp_path / "nope"))

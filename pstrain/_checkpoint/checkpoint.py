@@ -64,7 +64,7 @@ import numpy as np
 from .._base.context import current_channels
 from .._base.errors import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError
 from .._base.exports import expose
-from .._formats.checkpoint_files import INDEX, CheckpointReader, write_index
+from .._formats.checkpoint_files import INDEX, CheckpointReader, make_parent, write_index
 from .._formats.checkpoint_operations import SaveCheckpoint, TableShardFile
 from .._formats.delta_files import split_delta
 from .._formats.operations import ListVariables
@@ -182,7 +182,7 @@ class Checkpoint:
 
     async def _write_now(self, file_prefix: str, compacted: bool, catch_up: bool) -> str:
         prefix = os.path.abspath(file_prefix)
-        os.makedirs(os.path.dirname(prefix), exist_ok=True)
+        make_parent(prefix)
         if os.path.lexists(prefix + INDEX):
             raise AlreadyExistsError(f"checkpoint {prefix} exists; a checkpoint is never written "
                                      "over (save to another path)")

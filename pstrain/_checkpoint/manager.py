@@ -73,6 +73,8 @@ class CheckpointManager:
             raise InvalidArgumentError(f"delta_write_s ({delta_write_s!r}) must be at most half "
                                        f"of delta_interval_s ({delta_interval_s!r}): each delta "
                                        "starts that much early to land on the interval")
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            raise InvalidArgumentError(f"CheckpointManager: {directory} is a file, not a directory")
         self.checkpoint = checkpoint
         self.directory = os.path.abspath(directory)
         self.max_to_keep = max_to_keep

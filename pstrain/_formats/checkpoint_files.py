@@ -38,8 +38,8 @@ from .._base.errors import InvalidArgumentError, NotFoundError
 from .delta_files import INDEX, delta_prefix, read_delta_index, read_table_state, split_delta
 from .tensor_files import read_rows, write_atomically
 
-__all__ = ["FORMAT", "INDEX", "CheckpointReader", "index_path", "read_index", "remove_checkpoint", "sources",
-           "write_index"]
+__all__ = ["FORMAT", "INDEX", "CheckpointReader", "index_path", "make_parent", "read_index",
+           "remove_checkpoint", "sources", "write_index"]
 
 FORMAT = "pstrain-checkpoint"
 VERSION = 2
@@ -157,6 +157,16 @@ def index_path(path: str) -> str:
     '/tmp/run/ckpt-3.index.json'
     """
     return path if path.endswith(INDEX) else path + INDEX
+
+
+def make_parent(prefix: str) -> None:
+    """The directory of checkpoint ``prefix``, made if it is not there yet; else
+    InvalidArgumentError saying why it cannot be (a file in its way, no permission)."""
+    try:
+        os.makedirs(os.path.dirname(prefix), exist_ok=True)
+    except OSError as exc:
+        raise InvalidArgumentError(f"checkpoint {prefix}: its directory cannot be made "
+                                   f"({exc.strerror or exc})") from None
 
 
 def remove_checkpoint(prefix: str) -> None:
