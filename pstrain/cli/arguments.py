@@ -33,7 +33,6 @@ def _whole(low: int, what: str) -> Callable[[str], int]:
         if value < low:
             raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
         return value
-    parse.__name__ = what  # argparse names the type by it when a value is refused
     return parse
 
 
