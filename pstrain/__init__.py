@@ -62,7 +62,7 @@ _EXPORTS: dict[str, str] = {
     "run": "_transport.bridge",
 }
 _SUBMODULES = ("checkpoint", "dashboard", "data", "errors", "evaluator", "initializers", "math",
-               "metrics", "optimizers", "partitioners", "rpc", "summary", "testing")
+               "metrics", "optimizers", "partitioners", "rpc", "schedules", "summary", "testing")
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 
@@ -94,6 +94,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above 
         optimizers as optimizers,
         partitioners as partitioners,
         rpc as rpc,
+        schedules as schedules,
         summary as summary,
         testing as testing,
     )

@@ -157,6 +157,27 @@ def test_schedules_refuse_bad_parameters():
         pstrain.optimizers.SGD(learning_rate="fast")
 
 
+@pytest.mark.parametrize("make, message", [
+    (lambda o: o.Adagrad(float("nan")), "learning_rate must be a positive number"),
+    (lambda o: o.SGD(float("inf")), "learning_rate must be a positive number"),
+    (lambda o: o.Adagrad(0.1, initial_accumulator_value=-1), "initial_accumulator_value must be a "
+                                                               "finite number >= 0, got -1"),
+    (lambda o: o.Adagrad(0.1, epsilon=float("nan")), "epsilon must be a finite number >= 0"),
+    (lambda o: o.Adam(0.1, beta_1=1.0), r"beta_1 must be in \[0, 1\), got 1.0"),
+    (lambda o: o.Adam(0.1, beta_2=-0.5), r"beta_2 must be in \[0, 1\)"),
+    (lambda o: o.AdamW(0.1, weight_decay=float("nan")), "weight_decay must be a finite number >= 0"),
+    (lambda o: o.Adam(0.1, epsilon=-1e-7), "epsilon must be a finite number >= 0"),
+    (lambda o: o.Ftrl(0.1, l1_regularization_strength=-1), "l1_regularization_strength must be"),
+    (lambda o: o.Ftrl(0.1, initial_accumulator_value=-0.1), "initial_accumulator_value must be"),
+])
+def test_optimizers_refuse_hyper_parameters_that_cannot_train(make, message):
+    """Refused when made (a NaN learning rate, a negative accumulator, beta 1: Adam's bias
+    correction divides by 1 - beta**t), as TF refuses what it checks, not at the first step."""
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match=message):
+        make(pstrain.optimizers)
+    assert pstrain.schedules.ExponentialDecay is schedules.ExponentialDecay  # import pstrain is enough
+
+
 async def test_per_part_gradients_of_a_sharded_variable(ps_pair):
     """TF's pattern: gradients for ``model.trainable_variables`` (the parts), not the whole."""
     rng = np.random.default_rng(2)

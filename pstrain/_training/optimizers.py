@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -64,7 +65,7 @@ class Optimizer:
             self.learning_rate: float | LearningRateSchedule = learning_rate
             self.needs_step = True  # every ps evaluates the schedule at the same step
         elif isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) \
-                or learning_rate <= 0:
+                or not 0 < learning_rate < math.inf:
             raise InvalidArgumentError(f"learning_rate must be a positive number or a "
                                        f"LearningRateSchedule, got {learning_rate!r}")
         else:
@@ -227,6 +228,7 @@ class Adagrad(Optimizer):
     def __init__(self, learning_rate: float | LearningRateSchedule = 0.001,
                  initial_accumulator_value: float = 0.1,
                  epsilon: float = 1e-7, name: str | None = None) -> None:
+        _at_least(0.0, initial_accumulator_value=initial_accumulator_value, epsilon=epsilon)
         self.initial_accumulator_value, self.epsilon = float(initial_accumulator_value), float(epsilon)
         super().__init__(learning_rate, name)
 
@@ -244,6 +246,10 @@ class Adam(Optimizer):
     def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, beta_1: float = 0.9,
                  beta_2: float = 0.999,
                  epsilon: float = 1e-7, name: str | None = None) -> None:
+        for beta, value in (("beta_1", beta_1), ("beta_2", beta_2)):
+            if not 0 <= value < 1:  # at 1 the bias correction divides by 0
+                raise InvalidArgumentError(f"{beta} must be in [0, 1), got {value!r}")
+        _at_least(0.0, epsilon=epsilon)
         self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(epsilon)
         super().__init__(learning_rate, name)
 
@@ -261,8 +267,7 @@ class AdamW(Adam):
     def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, weight_decay: float = 0.004,
                  beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7,
                  name: str | None = None) -> None:
-        if weight_decay < 0:
-            raise InvalidArgumentError(f"weight_decay must be >= 0, got {weight_decay}")
+        _at_least(0.0, weight_decay=weight_decay)
         self.weight_decay = float(weight_decay)
         super().__init__(learning_rate, beta_1, beta_2, epsilon, name)
 
@@ -303,6 +308,9 @@ class Ftrl(Optimizer):
                  l2_regularization_strength: float = 0.0, name: str | None = None) -> None:
         if learning_rate_power > 0:
             raise InvalidArgumentError("learning_rate_power must be <= 0")
+        _at_least(0.0, initial_accumulator_value=initial_accumulator_value,  # as TF checks
+                  l1_regularization_strength=l1_regularization_strength,
+                  l2_regularization_strength=l2_regularization_strength)
         self.learning_rate_power = float(learning_rate_power)
         self.initial_accumulator_value = float(initial_accumulator_value)
         self.l1_regularization_strength = float(l1_regularization_strength)
@@ -314,6 +322,15 @@ class Ftrl(Optimizer):
                 "initial_accumulator_value": self.initial_accumulator_value,
                 "l1_regularization_strength": self.l1_regularization_strength,
                 "l2_regularization_strength": self.l2_regularization_strength}
+
+
+def _at_least(low: float, **values: float) -> None:
+    """InvalidArgumentError naming the first of ``values`` that is not a finite number of
+    ``low`` or more."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not low <= value < math.inf:
+            raise InvalidArgumentError(f"{name} must be a finite number >= {low:g}, got {value!r}")
 
 
 expose(globals(), "pstrain.optimizers")
