@@ -8,6 +8,7 @@ import pytest
 import pstrain
 from pstrain import rpc
 from pstrain.data import Dataset
+from pstrain.errors import InvalidArgumentError
 
 from .conftest import TOKEN, strategy_for
 
@@ -36,6 +37,21 @@ def test_range_map_take_shard_repeat_prefetch():
     ds = Dataset.range(3)
     assert list(ds) == list(ds)  # every iteration starts again
     assert [int(v) for v in Dataset.range(4).repeat().take(6)] == [0, 1, 2, 3, 0, 1]
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: d.take("a"), "take count must be a whole number, got 'a'"),
+    (lambda d: d.batch(True), "batch_size must be a whole number, got True"),
+    (lambda d: d.batch(2.0), "batch_size must be a whole number, got 2.0"),
+    (lambda d: d.repeat(1.5), "repeat count must be a whole number"),
+    (lambda d: d.shard(2.0, 0), "num_shards must be a whole number"),
+    (lambda d: d.prefetch(-5), r"prefetch buffer_size must be >= 1, or AUTOTUNE \(-1"),
+])
+def test_a_pipeline_step_given_a_count_that_is_no_count_is_refused_when_built(make, message):
+    """Refused when the pipeline is built, not on each worker when it is first iterated."""
+    with pytest.raises(InvalidArgumentError, match=message):
+        make(Dataset.range(5))
+    assert list(Dataset.range(5).prefetch(pstrain.data.AUTOTUNE).take(np.int64(2))) == [0, 1]
 
 
 def test_prefetch_propagates_errors():

@@ -32,7 +32,10 @@ import numpy as np
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 
-__all__ = ["Dataset", "TensorSpec"]
+__all__ = ["AUTOTUNE", "Dataset", "TensorSpec"]
+
+#: ``prefetch(AUTOTUNE)``, as ``tf.data.AUTOTUNE``: a buffer of 1 here.
+AUTOTUNE = -1
 
 
 class TensorSpec:
@@ -222,6 +225,8 @@ class Dataset:
 
     def repeat(self, count: int | None = None) -> Dataset:
         """Repeat ``count`` times (forever when None); each pass re-iterates the input."""
+        if count is not None:
+            _whole(count, "repeat count")
         def repeated(make: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
             def run() -> Iterator[Any]:
                 passes = itertools.count() if count is None or count < 0 else range(count)
@@ -238,6 +243,7 @@ class Dataset:
 
     def take(self, count: int) -> Dataset:
         """The first ``count`` elements (all when negative)."""
+        _whole(count, "take count")
         def taken(make: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
             return lambda: make() if count < 0 else itertools.islice(make(), count)
 
@@ -245,7 +251,7 @@ class Dataset:
 
     def shard(self, num_shards: int, index: int) -> Dataset:
         """Every ``num_shards``-th element, starting at ``index``."""
-        if not 0 <= index < num_shards:
+        if not 0 <= _whole(index, "shard index") < _whole(num_shards, "num_shards"):
             raise InvalidArgumentError(f"shard index {index} out of range for {num_shards} shards")
 
         def sharded(make: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
@@ -255,7 +261,7 @@ class Dataset:
 
     def batch(self, batch_size: int, drop_remainder: bool = False) -> Dataset:
         """Stack ``batch_size`` consecutive elements (component-wise for tuples and dicts)."""
-        if batch_size < 1:
+        if _whole(batch_size, "batch_size") < 1:
             raise InvalidArgumentError(f"batch_size must be >= 1, got {batch_size}")
         if self._indices is not None:
             source, indices = self._source, self._indices
@@ -283,8 +289,11 @@ class Dataset:
 
     def prefetch(self, buffer_size: int = 1) -> Dataset:
         """Produce up to ``buffer_size`` elements ahead in a background thread."""
+        if _whole(buffer_size, "prefetch buffer_size") < -1:
+            raise InvalidArgumentError(f"prefetch buffer_size must be >= 1, or AUTOTUNE (-1: here "
+                                       f"1), got {buffer_size}")
         make = self._make
-        size = max(1, int(buffer_size))
+        size = max(1, buffer_size)
 
         def run() -> Iterator[Any]:
             q: queue.Queue[Any] = queue.Queue(size)
@@ -323,3 +332,11 @@ class Dataset:
 
 
 expose(globals(), "pstrain.data")
+
+
+def _whole(value: Any, what: str) -> int:
+    """``value`` if it is a whole number (a Python or numpy integer, not a bool), else
+    InvalidArgumentError naming ``what``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise InvalidArgumentError(f"{what} must be a whole number, got {value!r}")
+    return int(value)
