@@ -100,6 +100,18 @@ async def test_pstrain_run_refuses_a_running_loop_without_leaving_a_coroutine_be
     assert coro.cr_frame is None  # closed, so no "never awaited" warning
 
 
+def test_pstrain_run_given_a_function_instead_of_its_coroutine_says_to_call_it():
+    async def train():
+        return 3
+
+    with pytest.raises(TypeError, match=r"needs a coroutine, got <function .*train.*: call it, "
+                                        r"pstrain.run\(train\(\)\)"):
+        pstrain.run(train)
+    with pytest.raises(TypeError, match="needs a coroutine, got 5$"):
+        pstrain.run(5)
+    assert pstrain.run(train()) == 3
+
+
 def test_ctrl_c_while_blocked_cancels_the_work():
     cancelled, forever = cancellable()
     import os

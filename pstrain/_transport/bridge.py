@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import inspect
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -146,6 +147,9 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     what was kept and raises ``SystemExit(130)``; a second Ctrl-C cancels at once (see
     :mod:`pstrain._transport.interrupt`).
     """
+    if not inspect.iscoroutine(main):
+        hint = f": call it, pstrain.run({main.__name__}())" if inspect.iscoroutinefunction(main) else ""
+        raise TypeError(f"pstrain.run() needs a coroutine, got {main!r}{hint}")
     if _running_loop() is not None:
         main.close()  # never awaited: say why instead of warning about it
         raise RuntimeError("pstrain.run() starts an event loop, and this thread is already running "
