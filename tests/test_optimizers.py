@@ -229,6 +229,19 @@ async def test_dense_and_sparse_steps_match_the_reference(ps_pair, kind, cls, cf
     assert await opt.iterations.numpy() == 5
 
 
+async def test_apply_gradients_given_no_pairs_says_so_and_applies_nothing(ps_server):
+    strategy = strategy_for(ps_server)
+    async with strategy.scope():
+        v = pstrain.Variable(np.ones(3, np.float32), name="v")
+        opt = pstrain.optimizers.SGD(0.5)
+    with pytest.raises(pstrain.errors.InvalidArgumentError,
+                       match=r"apply_gradients takes \(gradient, variable\) pairs"):
+        await opt.apply_gradients([(np.ones(3, np.float32), v), v])  # the second is no pair
+    assert (await v.numpy()).tolist() == [1, 1, 1] and await opt.iterations.numpy() == 0
+    assert await opt.apply_gradients([(np.ones(3, np.float32), v)]) == 1
+    assert (await v.numpy()).tolist() == [0.5, 0.5, 0.5]
+
+
 async def test_slots_stay_on_the_ps_and_untouched_rows_do_not_move(ps_server):
     strategy = strategy_for(ps_server)
     async with strategy.scope():

@@ -97,7 +97,8 @@ class Optimizer:
         items: list[tuple[str, Any, Any]] = []
         touched: list[Variable] = []
         dynamic: list[tuple[DynamicEmbedding, int]] = []
-        for grad, var in grads_and_vars:
+        for pair in grads_and_vars:
+            grad, var = _pair(pair)
             if grad is None:
                 continue
             if isinstance(var, DynamicEmbedding):
@@ -322,6 +323,15 @@ class Ftrl(Optimizer):
                 "initial_accumulator_value": self.initial_accumulator_value,
                 "l1_regularization_strength": self.l1_regularization_strength,
                 "l2_regularization_strength": self.l2_regularization_strength}
+
+
+def _pair(pair: Any) -> tuple[Any, Any]:
+    """One ``(gradient, variable)`` of ``apply_gradients``, or InvalidArgumentError."""
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        raise InvalidArgumentError("apply_gradients takes (gradient, variable) pairs, as "
+                                   f"zip(grads, variables) gives; got {type(pair).__name__} "
+                                   f"{str(pair)[:60]}")
+    return pair[0], pair[1]
 
 
 def _at_least(low: float, **values: float) -> None:
