@@ -35,11 +35,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._base.cluster import ClusterSpec, reserved_port
-from ._base.errors import InvalidArgumentError, PstrainError
+from ._base.errors import InvalidArgumentError, PstrainError, check_options
 from ._base.resolvers import RunningCluster
 from ._base.tasks import TaskOwner
 from ._formats.tensor_files import write_atomically
-from .cli.arguments import log_level, positive_int
+from .cli.arguments import level_name, log_level, positive_int
 from .cli.threads import size_threads, threads_for
 
 logger = logging.getLogger(__name__)
@@ -71,13 +71,13 @@ class LocalCluster(RunningCluster):
                  startup_timeout_s: float = 60.0, log_level: str = "WARNING",
                  extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
                  checkpoint_root: str | os.PathLike[str] | None = None) -> None:
-        if num_ps < 1 or num_workers < 1:
-            raise InvalidArgumentError("a LocalCluster needs at least one ps and one worker")
+        check_options("LocalCluster", {"num_ps": num_ps, "num_workers": num_workers},
+                      {"startup_timeout_s": startup_timeout_s})  # before any process starts
         self.num_ps = num_ps
         self.num_workers = num_workers
         self.token = token or secrets.token_urlsafe(24)
         self.startup_timeout_s = startup_timeout_s
-        self.log_level = log_level
+        self.log_level = level_name(log_level)
         self.extra_args = list(extra_args)
         self.env = env
         # Where the ps may read and write checkpoints (default: this process's directory).

@@ -508,6 +508,24 @@ async def test_what_schedule_or_a_ps_cannot_take_is_refused_at_the_call(cluster)
     await coordinator.close()
 
 
+def test_a_strategy_or_local_cluster_given_the_wrong_thing_says_what_it_needs():
+    with pytest.raises(InvalidArgumentError, match="needs a cluster resolver .* got None"):
+        pstrain.ParameterServerStrategy(None)
+    with pytest.raises(InvalidArgumentError, match="a LocalCluster's .resolver"):
+        pstrain.ParameterServerStrategy(pstrain.LocalCluster(1, 1))  # the cluster, not its resolver
+    resolver = pstrain.SimpleClusterResolver({"ps": ["127.0.0.1:9"], "worker": ["127.0.0.1:9"]})
+    with pytest.raises(InvalidArgumentError, match="variable_partitioner must be a partitioner"):
+        pstrain.ParameterServerStrategy(resolver, variable_partitioner=2)
+    with pytest.raises(InvalidArgumentError, match="LocalCluster: num_ps must be a whole number "
+                                                   "of 1 or more, got '2'"):
+        pstrain.LocalCluster(num_ps="2")
+    with pytest.raises(InvalidArgumentError, match="'LOUD' is not a log level"):
+        pstrain.LocalCluster(log_level="LOUD")  # refused before any process starts
+    with pytest.raises(InvalidArgumentError, match="startup_timeout_s must be a finite number"):
+        pstrain.LocalCluster(startup_timeout_s=0)
+    assert pstrain.LocalCluster(log_level="debug").log_level == "DEBUG"
+
+
 async def test_local_variables_own_their_memory_and_metrics_reset_states():
     source = np.zeros(3, np.float32)
     v = pstrain.Variable(source)

@@ -97,6 +97,14 @@ class ParameterServerStrategy:
 
     def __init__(self, cluster_resolver: ClusterResolver,
                  variable_partitioner: Callable[..., Sequence[int]] | None = None) -> None:
+        if not callable(getattr(type(cluster_resolver), "cluster_spec", None)):  # no property run
+            raise InvalidArgumentError(
+                "ParameterServerStrategy needs a cluster resolver (pstrain.TFConfigClusterResolver"
+                f"(), SimpleClusterResolver(...), a LocalCluster's .resolver), got {cluster_resolver!r}")
+        if variable_partitioner is not None and not callable(variable_partitioner):
+            raise InvalidArgumentError("variable_partitioner must be a partitioner (a function of "
+                                       "shape and dtype, as pstrain.partitioners' are), got "
+                                       f"{variable_partitioner!r}")
         spec = cluster_resolver.cluster_spec()
         validate_ps_cluster(spec)
         task_type = getattr(cluster_resolver, "task_type", None)

@@ -13,12 +13,13 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from typing import Any
 
 from .._base.cluster import parse_address
-from .._base.errors import PstrainError
+from .._base.errors import InvalidArgumentError, PstrainError
 
-__all__ = ["LOG_LEVELS", "address", "index_number", "log_level", "port_number", "positive_int",
-           "seconds"]
+__all__ = ["LOG_LEVELS", "address", "index_number", "level_name", "log_level", "port_number",
+           "positive_int", "seconds"]
 
 #: What ``--log-level`` takes (in any case).
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -71,8 +72,16 @@ def address(text: str) -> str:
     return text
 
 
+def level_name(value: Any) -> str:
+    """A logging level's name (in any case) in upper case, or InvalidArgumentError."""
+    if not isinstance(value, str) or value.upper() not in LOG_LEVELS:
+        raise InvalidArgumentError(f"{value!r} is not a log level ({', '.join(LOG_LEVELS)})")
+    return value.upper()
+
+
 def log_level(text: str) -> str:
-    """A logging level's name, in any case."""
-    if text.upper() not in LOG_LEVELS:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a log level ({', '.join(LOG_LEVELS)})")
-    return text.upper()
+    """A logging level's name, in any case (``--log-level``)."""
+    try:
+        return level_name(text)
+    except InvalidArgumentError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
