@@ -34,8 +34,9 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from ._base.checks import check_options
 from ._base.cluster import ClusterSpec, reserved_port
-from ._base.errors import InvalidArgumentError, PstrainError, check_options
+from ._base.errors import InvalidArgumentError, PstrainError
 from ._base.resolvers import RunningCluster
 from ._base.tasks import TaskOwner
 from ._formats.tensor_files import write_atomically
@@ -255,7 +256,7 @@ def add_launch_parser(sub: Any) -> None:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    cmd = list(args.cmd)[1:] if args.cmd[:1] == ["--"] else list(args.cmd)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         raise PstrainError("pstrain launch needs a command: pstrain launch --ps 1 --workers 2 -- "
                            "python train.py")

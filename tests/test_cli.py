@@ -149,8 +149,9 @@ def test_a_file_or_port_given_wrong_is_one_line_naming_the_flag(tmp_path):
     bad_pem = tmp_path / "bad.pem"
     bad_pem.write_text("not a certificate")
     cases = [
-        (("serve", "--role", "ps", "--port", "99999"), "argument --port: 99999 is not a port"),
-        (("serve", "--role", "ps", "--port", "x"), "argument --port: 'x' is not a port number"),
+        (("serve", "--role", "ps", "--port", "99999"),
+         "argument --port: a port must be a whole number from 0 to 65535, got 99999"),
+        (("serve", "--role", "ps", "--port", "x"), "argument --port: 'x' is not a number"),
         (("serve", "--role", "ps", "--cluster", missing),
          f"--cluster {missing}: the file cannot be read (No such file or directory)"),
         (("serve", "--role", "ps", "--port", "0", "--token-file", missing),
@@ -163,22 +164,25 @@ def test_a_file_or_port_given_wrong_is_one_line_naming_the_flag(tmp_path):
         (("serve", "--role", "worker", "--port", "0", "--tls-ca", missing),
          f"--tls-ca {missing}: cannot be loaded"),
         (("serve", "--role", "ps", "--port", "0", "--max-body", "-1"),
-         "argument --max-body: '-1' is not a whole number of 1 or more"),
+         "argument --max-body: it must be a whole number of 1 or more, got -1"),
         (("serve", "--role", "worker", "--port", "0", "--closure-threads", "0"),
-         "argument --closure-threads: '0' is not a whole number of 1 or more"),
-        (("serve", "--role", "ps", "--index", "-1"), "argument --index: '-1' is not a whole number"),
+         "argument --closure-threads: it must be a whole number of 1 or more, got 0"),
+        (("serve", "--role", "ps", "--index", "-1"),
+         "argument --index: it must be a whole number of 0 or more, got -1"),
         (("serve", "--role", "ps", "--port", "0", "--max-store-bytes", "0"), "--max-store-bytes"),
         (("serve", "--role", "ps", "--port", "0", "--drain-timeout", "nan"),
-         "argument --drain-timeout: 'nan' is not a number of seconds"),
+         "argument --drain-timeout: a duration must be a finite number of seconds of 0 or more, got nan"),
         (("serve", "--role", "ps", "--port", "0", "--log-level", "LOUD"),
          "argument --log-level: 'LOUD' is not a log level"),
         (("serve", "--role", "ps", "--port", "0", "--advertise", "nocolon"),
          "argument --advertise: malformed address 'nocolon'"),
-        (("status", "--timeout", "-1"), "argument --timeout: '-1' is not a number of seconds"),
-        (("launch", "--workers", "0", "--", "true"), "argument --workers: '0' is not a whole number"),
+        (("status", "--timeout", "-1"),
+         "argument --timeout: a duration must be a finite number of seconds of 0 or more, got -1.0"),
+        (("launch", "--workers", "0", "--", "true"),
+         "argument --workers: it must be a whole number of 1 or more, got 0"),
         (("launch", "--", missing), f"'{missing}': no such command (not on PATH, nor an executable "
                                     "file); nothing was started"),
-        (("demo", "--steps", "0"), "argument --steps: '0' is not a whole number of 1 or more"),
+        (("demo", "--steps", "0"), "argument --steps: it must be a whole number of 1 or more, got 0"),
     ]
     for args, message in cases:
         result = run_cli(*args)

@@ -41,11 +41,12 @@ def test_range_map_take_shard_repeat_prefetch():
 
 @pytest.mark.parametrize("make, message", [
     (lambda d: d.take("a"), "take count must be a whole number, got 'a'"),
-    (lambda d: d.batch(True), "batch_size must be a whole number, got True"),
-    (lambda d: d.batch(2.0), "batch_size must be a whole number, got 2.0"),
+    (lambda d: d.batch(True), "batch_size must be a whole number of 1 or more, got True"),
+    (lambda d: d.batch(2.0), "batch_size must be a whole number of 1 or more, got 2.0"),
     (lambda d: d.repeat(1.5), "repeat count must be a whole number"),
     (lambda d: d.shard(2.0, 0), "num_shards must be a whole number"),
-    (lambda d: d.prefetch(-5), r"prefetch buffer_size must be >= 1, or AUTOTUNE \(-1"),
+    (lambda d: d.prefetch(-5), r"prefetch buffer_size \(AUTOTUNE is -1: here 1\) must be a whole "
+                               r"number of -1 or more, got -5"),
 ])
 def test_a_pipeline_step_given_a_count_that_is_no_count_is_refused_when_built(make, message):
     """Refused when the pipeline is built, not on each worker when it is first iterated."""

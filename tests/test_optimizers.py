@@ -161,12 +161,12 @@ def test_schedules_refuse_bad_parameters():
     (lambda o: o.Adagrad(float("nan")), "learning_rate must be a positive number"),
     (lambda o: o.SGD(float("inf")), "learning_rate must be a positive number"),
     (lambda o: o.Adagrad(0.1, initial_accumulator_value=-1), "initial_accumulator_value must be a "
-                                                               "finite number >= 0, got -1"),
-    (lambda o: o.Adagrad(0.1, epsilon=float("nan")), "epsilon must be a finite number >= 0"),
+                                                               "finite number of 0 or more, got -1"),
+    (lambda o: o.Adagrad(0.1, epsilon=float("nan")), "epsilon must be a finite number of 0 or more"),
     (lambda o: o.Adam(0.1, beta_1=1.0), r"beta_1 must be in \[0, 1\), got 1.0"),
     (lambda o: o.Adam(0.1, beta_2=-0.5), r"beta_2 must be in \[0, 1\)"),
-    (lambda o: o.AdamW(0.1, weight_decay=float("nan")), "weight_decay must be a finite number >= 0"),
-    (lambda o: o.Adam(0.1, epsilon=-1e-7), "epsilon must be a finite number >= 0"),
+    (lambda o: o.AdamW(0.1, weight_decay=float("nan")), "weight_decay must be a finite number of 0 or more"),
+    (lambda o: o.Adam(0.1, epsilon=-1e-7), "epsilon must be a finite number of 0 or more"),
     (lambda o: o.Ftrl(0.1, l1_regularization_strength=-1), "l1_regularization_strength must be"),
     (lambda o: o.Ftrl(0.1, initial_accumulator_value=-0.1), "initial_accumulator_value must be"),
 ])

@@ -29,7 +29,6 @@ Errors cross the wire as an envelope (``type``, ``message``, ``traceback``,
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from .exports import expose
@@ -229,25 +228,6 @@ _BY_NAME: dict[str, type[PstrainError]] = {
                 OutOfRangeError, FailedPreconditionError, DeadlineExceededError,
                 PlacementChangedError)
 }
-
-
-def check_options(owner: str, counts: dict[str, int], seconds: dict[str, float | None]) -> None:
-    """InvalidArgumentError naming the first of ``owner``'s options out of range: each of
-    ``counts`` a whole number of 1 or more; each of ``seconds`` a finite number of seconds,
-    above 0 for a timeout or a period (``*timeout_s``, ``heartbeat_s``), else 0 or more; None
-    is let through (for the options that take it)."""
-    for name, count in counts.items():
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise InvalidArgumentError(f"{owner}: {name} must be a whole number of 1 or more, "
-                                       f"got {count!r}")
-    for name, value in seconds.items():
-        strict = name.endswith("timeout_s") or name == "heartbeat_s"
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not math.isfinite(value) or value < 0 or (strict and value == 0):
-            raise InvalidArgumentError(f"{owner}: {name} must be a finite number of seconds "
-                                       f"{'above 0' if strict else 'of 0 or more'}, got {value!r}")
 
 
 def to_envelope(exc: BaseException, task: str | None = None,

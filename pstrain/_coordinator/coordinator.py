@@ -28,7 +28,8 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._base.errors import CancelledError, InvalidArgumentError, NotFoundError, PstrainError, check_options
+from .._base.checks import check_options
+from .._base.errors import CancelledError, InvalidArgumentError, NotFoundError, PstrainError
 from .._base.exports import expose
 from .._base.tasks import TaskOwner
 from .._distribute.strategy import ParameterServerStrategy

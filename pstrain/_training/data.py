@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from .._base.checks import whole
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 
@@ -226,7 +227,7 @@ class Dataset:
     def repeat(self, count: int | None = None) -> Dataset:
         """Repeat ``count`` times (forever when None); each pass re-iterates the input."""
         if count is not None:
-            _whole(count, "repeat count")
+            whole(count, "repeat count")
         def repeated(make: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
             def run() -> Iterator[Any]:
                 passes = itertools.count() if count is None or count < 0 else range(count)
@@ -243,7 +244,7 @@ class Dataset:
 
     def take(self, count: int) -> Dataset:
         """The first ``count`` elements (all when negative)."""
-        _whole(count, "take count")
+        whole(count, "take count")
         def taken(make: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
             return lambda: make() if count < 0 else itertools.islice(make(), count)
 
@@ -251,7 +252,7 @@ class Dataset:
 
     def shard(self, num_shards: int, index: int) -> Dataset:
         """Every ``num_shards``-th element, starting at ``index``."""
-        if not 0 <= _whole(index, "shard index") < _whole(num_shards, "num_shards"):
+        if not 0 <= whole(index, "shard index") < whole(num_shards, "num_shards", 1):
             raise InvalidArgumentError(f"shard index {index} out of range for {num_shards} shards")
 
         def sharded(make: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
@@ -261,8 +262,7 @@ class Dataset:
 
     def batch(self, batch_size: int, drop_remainder: bool = False) -> Dataset:
         """Stack ``batch_size`` consecutive elements (component-wise for tuples and dicts)."""
-        if _whole(batch_size, "batch_size") < 1:
-            raise InvalidArgumentError(f"batch_size must be >= 1, got {batch_size}")
+        whole(batch_size, "batch_size", 1)
         if self._indices is not None:
             source, indices = self._source, self._indices
 
@@ -289,9 +289,7 @@ class Dataset:
 
     def prefetch(self, buffer_size: int = 1) -> Dataset:
         """Produce up to ``buffer_size`` elements ahead in a background thread."""
-        if _whole(buffer_size, "prefetch buffer_size") < -1:
-            raise InvalidArgumentError(f"prefetch buffer_size must be >= 1, or AUTOTUNE (-1: here "
-                                       f"1), got {buffer_size}")
+        whole(buffer_size, "prefetch buffer_size (AUTOTUNE is -1: here 1)", AUTOTUNE)
         make = self._make
         size = max(1, buffer_size)
 
@@ -333,10 +331,3 @@ class Dataset:
 
 expose(globals(), "pstrain.data")
 
-
-def _whole(value: Any, what: str) -> int:
-    """``value`` if it is a whole number (a Python or numpy integer, not a bool), else
-    InvalidArgumentError naming ``what``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise InvalidArgumentError(f"{what} must be a whole number, got {value!r}")
-    return int(value)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._base.checks import number
 from .._base.context import must_await
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
@@ -229,7 +230,8 @@ class Adagrad(Optimizer):
     def __init__(self, learning_rate: float | LearningRateSchedule = 0.001,
                  initial_accumulator_value: float = 0.1,
                  epsilon: float = 1e-7, name: str | None = None) -> None:
-        _at_least(0.0, initial_accumulator_value=initial_accumulator_value, epsilon=epsilon)
+        number(initial_accumulator_value, "initial_accumulator_value")
+        number(epsilon, "epsilon")
         self.initial_accumulator_value, self.epsilon = float(initial_accumulator_value), float(epsilon)
         super().__init__(learning_rate, name)
 
@@ -250,7 +252,7 @@ class Adam(Optimizer):
         for beta, value in (("beta_1", beta_1), ("beta_2", beta_2)):
             if not 0 <= value < 1:  # at 1 the bias correction divides by 0
                 raise InvalidArgumentError(f"{beta} must be in [0, 1), got {value!r}")
-        _at_least(0.0, epsilon=epsilon)
+        number(epsilon, "epsilon")
         self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(epsilon)
         super().__init__(learning_rate, name)
 
@@ -268,7 +270,7 @@ class AdamW(Adam):
     def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, weight_decay: float = 0.004,
                  beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7,
                  name: str | None = None) -> None:
-        _at_least(0.0, weight_decay=weight_decay)
+        number(weight_decay, "weight_decay")
         self.weight_decay = float(weight_decay)
         super().__init__(learning_rate, beta_1, beta_2, epsilon, name)
 
@@ -309,9 +311,10 @@ class Ftrl(Optimizer):
                  l2_regularization_strength: float = 0.0, name: str | None = None) -> None:
         if learning_rate_power > 0:
             raise InvalidArgumentError("learning_rate_power must be <= 0")
-        _at_least(0.0, initial_accumulator_value=initial_accumulator_value,  # as TF checks
-                  l1_regularization_strength=l1_regularization_strength,
-                  l2_regularization_strength=l2_regularization_strength)
+        for name, value in (("initial_accumulator_value", initial_accumulator_value),  # as TF
+                            ("l1_regularization_strength", l1_regularization_strength),
+                            ("l2_regularization_strength", l2_regularization_strength)):
+            number(value, name)
         self.learning_rate_power = float(learning_rate_power)
         self.initial_accumulator_value = float(initial_accumulator_value)
         self.l1_regularization_strength = float(l1_regularization_strength)
@@ -332,15 +335,6 @@ def _pair(pair: Any) -> tuple[Any, Any]:
                                    f"zip(grads, variables) gives; got {type(pair).__name__} "
                                    f"{str(pair)[:60]}")
     return pair[0], pair[1]
-
-
-def _at_least(low: float, **values: float) -> None:
-    """InvalidArgumentError naming the first of ``values`` that is not a finite number of
-    ``low`` or more."""
-    for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not low <= value < math.inf:
-            raise InvalidArgumentError(f"{name} must be a finite number >= {low:g}, got {value!r}")
 
 
 expose(globals(), "pstrain.optimizers")

@@ -5,18 +5,18 @@ error naming the flag (exit status 2), before anything starts.
 (3, 0, 2.5, 8888)
 >>> positive_int("0")
 Traceback (most recent call last):
-argparse.ArgumentTypeError: '0' is not a whole number of 1 or more
+argparse.ArgumentTypeError: it must be a whole number of 1 or more, got 0
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable
 from typing import Any
 
+from .._base.checks import number, whole
 from .._base.cluster import parse_address
-from .._base.errors import InvalidArgumentError, PstrainError
+from .._base.errors import InvalidArgumentError
 
 __all__ = ["LOG_LEVELS", "address", "index_number", "level_name", "log_level", "port_number",
            "positive_int", "seconds"]
@@ -25,51 +25,22 @@ __all__ = ["LOG_LEVELS", "address", "index_number", "level_name", "log_level", "
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
-def _whole(low: int, what: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
+def _flag_value(convert: Callable[[str], Any], check: Callable[[Any], Any]) -> Callable[[str], Any]:
+    """An argparse type: ``check(convert(text))``, whose refusal is argparse's error."""
+    def parse(text: str) -> Any:
         try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
-        return value
+            return check(convert(text))
+        except ValueError as exc:  # not a number (from convert), or out of range (from check)
+            raise argparse.ArgumentTypeError(
+                str(exc) if isinstance(exc, InvalidArgumentError) else f"{text!r} is not a number"
+            ) from None
     return parse
 
 
-positive_int = _whole(1, "a whole number of 1 or more")
-index_number = _whole(0, "a whole number of 0 or more")
-
-
-def port_number(text: str) -> int:
-    """A TCP port, 0 to 65535."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{port} is not a port: ports are 0 to 65535")
-    return port
-
-
-def seconds(text: str) -> float:
-    """A duration: a finite number of seconds, 0 or more."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0 or more)")
-    return value
-
-
-def address(text: str) -> str:
-    """``host:port``, as a task's address in a cluster."""
-    try:
-        parse_address(text)
-    except PstrainError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
+positive_int = _flag_value(int, lambda v: whole(v, "it", 1))
+index_number = _flag_value(int, lambda v: whole(v, "it", 0))
+port_number = _flag_value(int, lambda v: whole(v, "a port", 0, 65535))
+seconds = _flag_value(float, lambda v: number(v, "a duration", unit=" of seconds"))
 
 
 def level_name(value: Any) -> str:
@@ -79,9 +50,7 @@ def level_name(value: Any) -> str:
     return value.upper()
 
 
-def log_level(text: str) -> str:
-    """A logging level's name, in any case (``--log-level``)."""
-    try:
-        return level_name(text)
-    except InvalidArgumentError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+#: ``host:port``, as a task's address in a cluster.
+address = _flag_value(str, lambda text: parse_address(text) and text)
+#: A logging level's name, in any case (``--log-level``).
+log_level = _flag_value(str, level_name)

@@ -1,0 +1,53 @@
+"""Checks of the values users give options, in one place: each returns the value or raises
+InvalidArgumentError naming the option, its range and what it got.
+
+>>> whole(3, "max_batch", 1), number(0.5, "epsilon")
+(3, 0.5)
+>>> whole(True, "batch_size", 1)
+Traceback (most recent call last):
+pstrain.errors.InvalidArgumentError: batch_size must be a whole number of 1 or more, got True
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+from .errors import InvalidArgumentError
+
+__all__ = ["check_options", "number", "whole"]
+
+
+def whole(value: Any, what: str, low: int | None = None, high: int | None = None) -> int:
+    """``value`` if it is a whole number (a Python or numpy integer, not a bool) from ``low``
+    (when given) up to ``high`` (when given)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
+            or (low is not None and int(value) < low) or (high is not None and int(value) > high):
+        bound = ("" if low is None else f" of {low} or more") if high is None \
+            else f" from {low} to {high}"
+        raise InvalidArgumentError(f"{what} must be a whole number{bound}, got {value!r}")
+    return int(value)
+
+
+def number(value: Any, what: str, low: float = 0.0, *, above: bool = False,
+           unit: str = "") -> float:
+    """``value`` if it is a finite number (not a bool) of ``low`` or more, or above ``low``;
+    ``unit`` (" of seconds") goes into the message."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+            or value < low or (above and value == low):
+        bound = f"above {low:g}" if above else f"of {low:g} or more"
+        raise InvalidArgumentError(f"{what} must be a finite number{unit} {bound}, got {value!r}")
+    return float(value)
+
+
+def check_options(owner: str, counts: dict[str, int], seconds: dict[str, float | None]) -> None:
+    """``owner``'s options: each of ``counts`` a whole number of 1 or more; each of
+    ``seconds`` a finite duration, above 0 for a timeout or a period (``*timeout_s``,
+    ``heartbeat_s``), else 0 or more; None is let through (for the options that take it)."""
+    for name, count in counts.items():
+        whole(count, f"{owner}: {name}", 1)
+    for name, value in seconds.items():
+        if value is not None:
+            number(value, f"{owner}: {name}", above=name.endswith("timeout_s") or name == "heartbeat_s",
+                   unit=" of seconds")
