@@ -196,3 +196,34 @@ async def test_bad_requests_to_move_are_refused_and_change_nothing():
             await coordinator.remove_ps(0)
         assert (await v.read_value()).tolist() == [0, 0, 0]
         await coordinator.close()
+
+
+async def test_a_moves_steps_come_only_from_the_coordinator_that_started_it():
+    """Every step of a move carries its coordinator: a step sent by another one is refused
+    and changes nothing; the one that started the move can still end it."""
+    async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
+        strategy, coordinator = _plain(cluster)
+        async with strategy.scope():
+            with strategy.placement.colocated(0):
+                v = pstrain.Variable(np.arange(3, dtype=np.float32), name="v")
+        await v.read_value()
+        moves = cluster.ps[0].moves
+        channels = {}
+        for owner in ("a" * 32, "b" * 32):
+            channels[owner] = Channel(cluster.ps[0].address, token=cluster.token,
+                                      task="/job:ps/replica:0/task:0")
+            channels[owner].owner = owner
+        first, other = channels.values()
+        try:
+            await first.call("ps/move_out", {"keys": ["v"], "stage": "s1"})
+            assert moves.stages.owners == {("out", "s1"): "a" * 32}
+            with pytest.raises(FailedPreconditionError, match="started here by another coordinator"):
+                await other.call("ps/move_end", {"stage": "s1", "commit": False})
+            assert "s1" in moves.outgoing
+            assert (await first.call("ps/move_end", {"stage": "s1", "commit": False}))["ended"]
+            assert not moves.outgoing and not moves.stages.owners
+        finally:
+            for channel in channels.values():
+                await channel.close()
+        assert (await v.read_value()).tolist() == [0, 1, 2]
+        await coordinator.close()

@@ -528,7 +528,9 @@ async def test_a_coordinator_lost_between_a_moves_switches_is_replaced_and_resto
     """The coordinator stops in the milliseconds between the source's switch (step 3: it
     no longer serves the variable and the table slices) and the target's (step 4), so no
     ps serves them. A new coordinator creates them again and restores them from the
-    checkpoint, as after any coordinator loss, and trains on."""
+    checkpoint, as after any coordinator loss, and trains on. Its takeover drops the
+    copies the old one parked on the source; the old one, waking up to undo its move,
+    is refused and changes nothing."""
     import gc
 
     from pstrain._coordinator import ps_moves
@@ -561,7 +563,9 @@ async def test_a_coordinator_lost_between_a_moves_switches_is_replaced_and_resto
                 patch.setattr(ps_moves.PsChanges, "_abort", _aborts_nothing)
                 await _both_stopped(coordinator, table, "between steps 3 and 4")
             held = {r.name for p in [*cluster.ps, extra] for r in p.store}
-            assert "v" not in held and cluster.ps[0].moves.parked  # served by no ps
+            source = cluster.ps[0]
+            assert "v" not in held and source.moves.parked  # served by no ps
+            old, stages = strategy.placement.owner, list(source.moves.parked)
             del v, table, opt, strategy, coordinator
             gc.collect()  # the old coordinator is gone (a killed chief: nothing closed)
             strategy = pstrain.ParameterServerStrategy(
@@ -572,6 +576,18 @@ async def test_a_coordinator_lost_between_a_moves_switches_is_replaced_and_resto
             np.testing.assert_array_equal(await v.read_value(), np.ones(64, np.float32))
             _same_rows(*await table.export(), _expected(1))
             await train(v, table, opt, 1)
+            np.testing.assert_array_equal(await v.read_value(), np.full(64, 2, np.float32))
+            _same_rows(*await table.export(), _expected(2))
+            assert not source.moves.parked and not source.moves.parked_tables
+            assert source.moves.statistics()["moves_in_progress"] == 0
+            channel = Channel(source.address, token=cluster.token, task="/job:ps/replica:0/task:0")
+            channel.owner = old  # the old coordinator wakes up and undoes its move
+            try:
+                for stage in stages:
+                    with pytest.raises(pstrain.errors.CancelledError, match="newer coordinator"):
+                        await channel.call("ps/move_end", {"stage": stage, "commit": False})
+            finally:
+                await channel.close()
             np.testing.assert_array_equal(await v.read_value(), np.full(64, 2, np.float32))
             _same_rows(*await table.export(), _expected(2))
         finally:
@@ -656,6 +672,7 @@ async def test_the_copies_of_an_aborted_move_go_at_once_not_when_its_time_is_up(
                    for c, _, _ in copies]
         assert len(staged) == 2
         for stage in list(extra.moves.incoming):
-            assert extra.moves.end(EndMove(stage=stage, commit=False))["ended"]
+            assert extra.moves.end(EndMove(stage=stage, commit=False,
+                                           owner=strategy.placement.owner))["ended"]
         gc.collect()
         assert extra.moves.staged_bytes() == 0 and not [r for r in staged if r() is not None]

@@ -37,7 +37,7 @@ from typing import Annotated, Any
 import msgspec
 
 from .._base.errors import ProtocolError
-from .records import Count, Name, Operation, Record, Reply
+from .records import Count, Name, Operation, Owned, Record, Reply
 
 __all__ = ["EndMove", "FinishMove", "FinishReply", "InstallVariables", "MoveOut", "MoveOutReply",
            "MoveReply", "PlacementMap", "PlacementReply", "ReadPlacement", "SetPlacement",
@@ -231,7 +231,7 @@ class ReadPlacement(Operation, tag="ps/placement/read"):
     reply = PlacementReply
 
 
-class SetPlacement(Operation, tag="ps/placement"):
+class SetPlacement(Owned, tag="ps/placement"):
     """The coordinator's newest map: the ps refuses requests for the variables it no
     longer holds with it."""
 
@@ -239,7 +239,7 @@ class SetPlacement(Operation, tag="ps/placement"):
     placement: PlacementMap
 
 
-class MoveOut(Operation, tag="ps/move_out"):
+class MoveOut(Owned, tag="ps/move_out"):
     """Step 1: copies of variables ``keys`` and of their optimizer slots, and a mark of the
     change clock."""
 
@@ -250,7 +250,7 @@ class MoveOut(Operation, tag="ps/move_out"):
     tables: dict[Name, SliceSet] = {}
 
 
-class FinishMove(Operation, tag="ps/move_finish"):
+class FinishMove(Owned, tag="ps/move_finish"):
     """Step 3: stop serving ``keys`` (refusing them with ``placement``); reply with the rows
     changed since ``mark``, the variables' exactly-once records, and the fences."""
 
@@ -267,7 +267,7 @@ class FinishMove(Operation, tag="ps/move_finish"):
     capacity: dict[Name, Annotated[int, msgspec.Meta(ge=1)] | None] = {}
 
 
-class InstallVariables(Operation, tag="ps/install"):
+class InstallVariables(Owned, tag="ps/install"):
     """Steps 2 and 4 on the receiving ps: ``vars`` staged (not served); then, with
     ``activate``, ``patches`` applied, the exactly-once records and fences merged, and the
     variables served under ``placement``."""
@@ -285,7 +285,7 @@ class InstallVariables(Operation, tag="ps/install"):
     table_patches: Annotated[list[TablePatch], msgspec.Meta(max_length=1 << 12)] = []  # activate
 
 
-class EndMove(Operation, tag="ps/move_end"):
+class EndMove(Owned, tag="ps/move_end"):
     """Step 5: ``commit``: drop the copies of the variables moved out in ``stage``; else
     (the move failed) serve them again. On a receiving ps, not committed: drop what was
     staged."""

@@ -25,9 +25,10 @@ import msgspec
 import numpy as np
 
 from .._base.errors import InvalidArgumentError, ProtocolError
+from .._base.tags import update_tags
 
-__all__ = ["Mutation", "OptimizerRule", "Operation", "Record", "Reply", "TableSpec", "convert_reply",
-           "validate"]
+__all__ = ["Mutation", "OptimizerRule", "Operation", "Owned", "Record", "Reply", "TableSpec", "convert_reply",
+           "sender_fields", "validate"]
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
 DType = Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
@@ -72,14 +73,30 @@ class Operation(Record, tag_field="op", kw_only=True):
         return tag
 
 
-class Mutation(Operation, kw_only=True):
+class Owned(Operation, kw_only=True):
+    """An operation a coordinator sends on its own behalf (a move's steps, a new map): it
+    carries the coordinator incarnation that sent it (the channel fills it in), so a ps
+    refuses it once a newer coordinator took that one over."""
+
+    owner: Owner | None = None
+
+
+class Mutation(Owned, kw_only=True):
     """An operation that changes variables: it carries who sent it, fenced per coordinator
     incarnation and worker dispatch, and, from an exactly-once closure, its key and
     position (the channel fills these in from the sender's context)."""
 
-    owner: Owner | None = None
     fence: Fence | None = None
     once: Once | None = None
+
+
+def sender_fields(operation: type[Operation], task: str, owner: str | None) -> dict[str, Any]:
+    """What an operation sent to ``task`` by ``owner`` (a coordinator incarnation) carries
+    of its sender: an update its owner and, in a closure, its dispatch's fence and its
+    exactly-once key; a coordinator's own operation (a move's step) its owner."""
+    if issubclass(operation, Mutation):
+        return update_tags(task, owner)
+    return {"owner": owner} if issubclass(operation, Owned) and owner is not None else {}
 
 
 # -- records inside requests ---------------------------------------------------------------------

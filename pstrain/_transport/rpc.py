@@ -35,13 +35,12 @@ from .._base.errors import (
 )
 from .._base.exports import expose
 from .._base.locks import PlacementLock
-from .._base.tags import update_tags
 from .._base.tasks import TaskOwner
 from .._formats import wire
 from .._formats.operations import OPERATIONS
 from .._formats.placement_map import PlacementMap
 from .._formats.protocol import DEFAULT_MAX_BODY, FrameKind
-from .._formats.records import Mutation, Operation, convert_reply
+from .._formats.records import Operation, convert_reply, sender_fields
 from .client_protocol import ClientProtocol, cluster_entry, expire, ps_advice
 
 __all__ = ["Channel", "ChannelPool", "close_loop_channels"]
@@ -50,10 +49,10 @@ logger = logging.getLogger(__name__)
 #: Handshakes ended by the server without a byte, in a row, before it is not retried.
 SILENT_CLOSES = 3
 
+
 #: The open channels of each loop (weakly: a channel nobody holds is already closed).
 _open: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[Channel]] = \
     weakref.WeakKeyDictionary()
-
 
 
 class Channel:
@@ -185,17 +184,13 @@ class Channel:
         """Send ``message`` (an operation of ``pstrain._formats.operations``) and return its
         reply as the operation's declared reply class (a ProtocolError if it is not one).
 
-        An operation that changes variables carries its sender here: the owner, and in a
-        closure its dispatch's fence and its exactly-once key. ``on_partial(reply)`` is
-        called for each partial reply of a streaming operation.
+        An operation carries its sender here
+        (:func:`~pstrain._formats.records.sender_fields`). ``on_partial(reply)`` is called
+        for each partial reply of a streaming operation.
         """
         cls = type(message)
-        if isinstance(message, Mutation):
-            tags = update_tags(self.task, self.owner)
-            if tags:
-                message.owner = tags.get("owner", message.owner)
-                message.fence = tags.get("fence", message.fence)
-                message.once = tags.get("once", message.once)
+        for field, value in sender_fields(cls, self.task, self.owner).items():
+            setattr(message, field, value)
         op = cls.op()
         chunks = wire.encode_body(message, allow_pickle=cls.pickle)
         partial = None
@@ -217,10 +212,8 @@ class Channel:
         code: workers, and the ps's ``extended.update``).
         """
         operation = OPERATIONS.get(op)
-        if operation is not None and issubclass(operation, Mutation) and isinstance(payload, dict):
-            tags = update_tags(self.task, self.owner)  # owner; in a closure: fence, exactly-once key
-            if tags:
-                payload = {**payload, **tags}
+        if operation is not None and isinstance(payload, dict):
+            payload = {**payload, **sender_fields(operation, self.task, self.owner)}
         chunks = wire.encode_body(payload, allow_pickle=pickle)
         kind, body = await self.call_raw(op, chunks, timeout=timeout)
         reply = self.decode_reply(kind, body, pickle=pickle)

@@ -63,6 +63,8 @@ class Fencing:
         #: The part of a table an update of these ids covers here (set by the ps: its shard,
         #: or the slices of the ids).
         self.scope_of: Callable[[str, Any], Scope] = lambda name, ids: None
+        #: Called with the owners each takeover supersedes (what they left half done goes).
+        self.on_supersede: list[Callable[[set[str]], None]] = []
 
     def fence(self, req: Fence) -> dict[str, Any]:
         """From now on, refuse updates sent for ``owner`` by ``worker``'s dispatches before
@@ -75,14 +77,17 @@ class Fencing:
     def supersede(self, owners: set[str | None], by: str | None) -> None:
         """A coordinator ``by`` took over variables or tables of ``owners``: from now on
         their updates are refused, and their fences are dropped."""
-        for owner in owners - {None, by}:
-            assert owner is not None
+        gone = {owner for owner in owners - {None, by} if owner is not None}
+        for owner in gone:
             self.superseded[owner] = None
             self.superseded.move_to_end(owner)
             while len(self.superseded) > SUPERSEDED_WINDOW:
                 self.superseded.popitem(last=False)
             for key in [k for k in self.fences if k[0] == owner]:
                 del self.fences[key]
+        if gone:
+            for listener in self.on_supersede:
+                listener(gone)
 
     def refuse_superseded(self, owner: str | None, what: str) -> None:
         if owner is not None and owner in self.superseded:

@@ -15,12 +15,18 @@ holds that nothing serves yet (the copies staged on the receiving ps) and the ma
 move out not finished are dropped after :data:`MOVE_TTL_S`, as if the move was aborted
 (but leaving what a later move of the same variables set up since); a coordinator that
 comes back later is refused and aborts the move. Variables parked on the source after its
-step 3 are kept: they are the only copy until the move ends.
+step 3 are kept: they are the only copy until the move ends, or until a newer coordinator
+takes this ps over (it restores them from a checkpoint).
+
+Every step carries the coordinator incarnation that sent it (``owner``): a step of a move
+another coordinator started is refused, and so is every step of a coordinator a newer one
+took over from; the moves such a coordinator left half done here end as its timer would
+end them, at the takeover. An old coordinator that wakes up cannot undo a move over what
+the new one restored.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -42,6 +48,7 @@ from ..._formats.placement_map import (
 from ..._serving.core import Pinned
 from .dynamic_table import DynamicTable, TableConfig
 from .fencing import Fencing
+from .move_stages import Stages
 from .store import VariableRecord, VariableStore
 from .tables import TableHandlers
 
@@ -74,9 +81,10 @@ class Moves:
         self.parked: dict[str, list[tuple[VariableRecord, str | None]]] = {}
         #: stage -> the copies staged here, not served yet: (copy, its slots)
         self.incoming: dict[str, list[VariableCopy]] = {}
-        #: ("out" or "in", stage) -> the timer that ends it after MOVE_TTL_S (:meth:`_expire`)
-        self._timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
+        #: who started each stage, and the timers that end them after MOVE_TTL_S
+        self.stages = Stages(fencing, self._expire)
         store.staged.append(self.staged_bytes)
+        fencing.on_supersede.append(self._superseded)
 
     def routes(self) -> dict[type, Any]:
         return {SetPlacement: self.set_placement, ReadPlacement: self.read_placement,
@@ -84,6 +92,7 @@ class Moves:
                 EndMove: self.end}
 
     def set_placement(self, req: SetPlacement) -> dict[str, Any]:
+        self.fencing.refuse_superseded(req.owner, "a placement map")
         self._adopt(req.placement)
         return {"version": self.store.placement.version}
 
@@ -110,6 +119,7 @@ class Moves:
 
     def move_out(self, req: MoveOut) -> Pinned:
         """Step 1: each variable with its slots, as it is now (pinned), and the clock's mark."""
+        self.fencing.refuse_superseded(req.owner, "a move")
         if req.stage in self.outgoing or req.stage in self.parked:
             raise InvalidArgumentError(f"ps/move_out: stage {req.stage!r} is already in use")
         records = [self.store.get(k) for k in req.keys]  # all or nothing
@@ -125,7 +135,7 @@ class Moves:
         mark = self.store.clock.mark()
         self.outgoing[req.stage] = list(req.keys)
         self.outgoing_tables[req.stage] = dict(req.tables)
-        self._expire_later("out", req.stage)
+        self.stages.start("out", req.stage, req.owner, MOVE_TTL_S)
 
         def release() -> None:
             for r in releases:
@@ -136,12 +146,14 @@ class Moves:
     def finish(self, req: FinishMove) -> dict[str, Any]:
         """Step 3, atomic on the loop: stop serving the variables and answer with what
         changed since the mark, and their exactly-once records."""
+        self.stages.check("out", req)
         keys = self.outgoing.get(req.stage)
         tables = self.outgoing_tables.get(req.stage, {})
         if keys is None or sorted(keys) != sorted(req.keys) or tables != req.tables \
                 or set(req.serving) != set(tables):
             raise FailedPreconditionError(f"ps/move_finish: no move {req.stage!r} of these "
                                           "variables and table slices started here")
+        self.stages.stop_timer("out", req.stage)  # parked now: kept until the move ends
         self._adopt(req.placement)
         table_patches, parked_tables = [], []
         for name, moving in tables.items():
@@ -171,6 +183,7 @@ class Moves:
 
     def install(self, req: InstallVariables) -> dict[str, Any]:
         """Steps 2 (stage copies) and 4 (apply the changed rows, serve them)."""
+        self.fencing.refuse_superseded(req.owner, "a move")
         if not req.activate:
             if req.stage in self.incoming:
                 raise InvalidArgumentError(f"ps/install: stage {req.stage!r} is already in use")
@@ -188,19 +201,22 @@ class Moves:
             arriving = self._stage_tables(req.tables)
             self.incoming[req.stage] = list(req.vars)
             self.incoming_tables[req.stage] = arriving
-            self._expire_later("in", req.stage)
+            self.stages.start("in", req.stage, req.owner, MOVE_TTL_S)
             for copy in req.vars:
                 if copy.slot_of is None:
                     self.store.away[copy.name] = "is arriving at"
             return {"staged": len(req.vars) + len(req.tables)}
-        staged = self.incoming.pop(req.stage, None)
-        if staged is None:
+        if req.stage not in self.incoming:
             raise FailedPreconditionError(f"ps/install: nothing staged as {req.stage!r}")
-        staged_tables = self.incoming_tables.pop(req.stage, [])
+        self.stages.check("in", req)
         table_patches = {p.name: p for p in req.table_patches}
-        missing = [c.name for c, _, _ in staged_tables if c.name not in table_patches]
+        missing = [c.name for c, _, _ in self.incoming_tables.get(req.stage, [])
+                   if c.name not in table_patches]
         if missing:
             raise InvalidArgumentError(f"ps/install: no patch of the table slices {missing}")
+        staged = self.incoming.pop(req.stage)
+        staged_tables = self.incoming_tables.pop(req.stage, [])
+        self.stages.ended("in", req.stage)
         # the received arrays are this ps's own (a large body lands in a buffer of its own):
         # kept as they are, not copied (a copy of 1 GiB into fresh pages takes seconds here)
         arrays = {c.name: c.value if c.value.flags.writeable else np.array(c.value) for c in staged}
@@ -265,13 +281,21 @@ class Moves:
     def end(self, req: EndMove) -> dict[str, Any]:
         """Step 5: drop the parked copies (committed) or serve them again (aborted); on the
         receiving side, aborted: drop what was staged."""
+        self.stages.check("out", req)
+        self.stages.check("in", req)
         parked = self.parked.pop(req.stage, None)
         keys = self.outgoing.pop(req.stage, None)
         if parked is not None and not req.commit:
             for record, slot_of in parked:
+                if record.name in self.store:  # created here since: not replaced by the old copy
+                    logger.warning("%s: move %s undone, but %r was created here since: kept",
+                                   self.store.task, req.stage, record.name)
+                    continue
                 self.store.away.pop(record.name, None)
                 self.store.put(record.name, record.array, record.trainable, slot_of=slot_of)
                 self.store.get(record.name).owner = record.owner
+        self.stages.ended("out", req.stage)
+        self.stages.ended("in", req.stage)
         staged = self.incoming.pop(req.stage, None)
         for copy in staged or ():  # clients may route here by the aborted move's map
             if copy.slot_of is None:
@@ -303,30 +327,41 @@ class Moves:
             self.tables.guards.set(copy.name, before)
         return parked is not None or staged is not None
 
-    def _expire_later(self, side: str, stage: str) -> None:
-        """End ``stage`` on this ``side`` ("out" or "in") after MOVE_TTL_S if it is still
-        waiting for its next step then (a timer set before for the same name goes: a
-        stage whose name comes again is a new move). The timer holds names only."""
-        if (old := self._timers.pop((side, stage), None)) is not None:
-            old.cancel()
-        self._timers[side, stage] = asyncio.get_running_loop().call_later(
-            MOVE_TTL_S, self._expire, side, stage)
+    def _superseded(self, owners: set[str]) -> None:
+        """A newer coordinator took this ps over from ``owners``: the moves they left half
+        done here end as aborted (their steps are refused from now on), and what they
+        parked after step 3 goes: the new coordinator restores those variables itself."""
+        for side, stage in self.stages.of(owners):
+            logger.warning("%s: move %s of a coordinator taken over ended as aborted",
+                           self.store.task, stage)
+            if side == "out":
+                self.outgoing.pop(stage, None)
+                self.outgoing_tables.pop(stage, None)
+                self.parked.pop(stage, None)
+                self.parked_tables.pop(stage, None)  # (their rows go with the table it replaces)
+            else:
+                self._drop_incoming(stage)
 
     def _expire(self, side: str, stage: str) -> None:
         """A stage still waiting for its next step when its time is up: the source forgets
         its move out, the target what it staged (neither serves anything of it). Unlike an
         abort, which comes before any later move, what a later move of the same variables
         or table slices set up since is left as it is."""
-        self._timers.pop((side, stage), None)
         if stage not in (self.outgoing if side == "out" else self.incoming):
             return  # it went on (or ended) in time
         logger.warning("%s: move %s had no next step in %g s (its coordinator stopped?): "
                        "ended as aborted", self.store.task, stage, MOVE_TTL_S)
+        self.stages.ended(side, stage)
         if side == "out":
             del self.outgoing[stage]
             self.outgoing_tables.pop(stage, None)
             return
-        del self.incoming[stage]  # (a name marked arriving stays refused: no ps routes here)
+        self._drop_incoming(stage)
+
+    def _drop_incoming(self, stage: str) -> None:
+        """Forget what ``stage`` staged here, leaving what a later move of the same table
+        slices set up since."""
+        self.incoming.pop(stage, None)  # (a name marked arriving stays refused: no ps routes here)
         for copy, before, created in self.incoming_tables.pop(stage, []):
             assert copy.serving is not None and copy.moving is not None  # (checked when staged)
             mine = SliceSet(slices=copy.serving.slices,
