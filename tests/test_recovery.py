@@ -65,6 +65,44 @@ async def test_a_strategy_taken_over_cannot_write_through_its_handles(ps_server)
     gc.collect()
 
 
+async def test_a_zombie_coordinator_restores_creates_and_maps_nothing_over_a_new_one(ps_server, tmp_path):
+    """A coordinator taken over (a zombie still running) cannot restore its checkpoint over
+    the new one's variables, nor take the ps back by creating variables or tables of the
+    same names again (its optimizer's slots, say), nor send the ps a map."""
+    old = strategy_for(ps_server)
+    async with old.scope():
+        v_old = pstrain.Variable(np.zeros(2, np.float32), name="v")
+        pstrain.DynamicEmbedding(2, name="t")
+    path = await pstrain.Checkpoint(v=v_old).save(str(tmp_path / "old"))
+    new = strategy_for(ps_server)
+    new.placement.namespace = ""  # a restarted coordinator: the same keys as the dead one
+    async with new.scope():
+        v_new = pstrain.Variable(np.full(2, 3.0, np.float32), name="v")
+        t_new = pstrain.DynamicEmbedding(2, name="t")
+    await t_new.lookup(np.array([5]))
+    with pytest.raises(CancelledError, match="newer coordinator"):
+        await pstrain.Checkpoint(v=v_old).restore(path)
+    channel = Channel(ps_server.address, token=TOKEN, task="/job:ps/replica:0/task:0")
+    channel.owner = owner = old.placement.owner
+    try:
+        spec = {"name": "v", "dtype": "<f4", "shape": [2], "value": np.zeros(2, np.float32)}
+        with pytest.raises(CancelledError, match="newer coordinator"):
+            await channel.call("vars/create", {"vars": [spec], "owner": owner})
+        with pytest.raises(CancelledError, match="newer coordinator"):
+            await channel.call("dyn/create", {"name": "t", "config": {"dim": 2}, "owner": owner})
+        placement = (await channel.call("ps/placement/read", {}))["placement"]
+        with pytest.raises(CancelledError, match="newer coordinator"):
+            await channel.call("ps/placement", {"placement": {**placement, "version": 99}})
+    finally:
+        await channel.close()
+    await v_new.assign_add(np.ones(2, np.float32))  # the new coordinator still owns the ps
+    assert (await v_new.numpy()).tolist() == [4, 4]
+    assert len(await t_new.lookup(np.array([5, 6]))) == 2
+    assert ps_server.tables["t"].owner == new.placement.owner
+    del old, v_old
+    gc.collect()
+
+
 # -- framework models in checkpoints, by path -------------------------------------------------------
 torch = pytest.importorskip("torch")  # an extra of the dev install: always present in make test
 

@@ -15,6 +15,7 @@ from .records import (
     DType,
     Name,
     Operation,
+    Owned,
     Owner,
     Path,
     Record,
@@ -92,7 +93,7 @@ class RestoreSpec(Record):
     patches: Annotated[list[Patch], msgspec.Meta(max_length=1 << 16)] = []
 
 
-class RestoreCheckpoint(Operation, tag="ckpt/restore"):
+class RestoreCheckpoint(Owned, tag="ckpt/restore"):
     reply = CountReply
     vars: Annotated[list[RestoreSpec], msgspec.Meta(max_length=1 << 16)]
     stage: Annotated[str, msgspec.Meta(max_length=64)] | None = None
@@ -101,7 +102,7 @@ class RestoreCheckpoint(Operation, tag="ckpt/restore"):
 StageId = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 
 
-class CommitRestore(Operation, tag="ckpt/commit"):
+class CommitRestore(Owned, tag="ckpt/commit"):
     reply = CountReply
     stage: StageId
 

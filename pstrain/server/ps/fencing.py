@@ -17,6 +17,8 @@ no record covers are applied, the others not.
 from __future__ import annotations
 
 import collections
+import functools
+import inspect
 import itertools
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -94,6 +96,20 @@ class Fencing:
             raise CancelledError(
                 f"{self.task} refused {what} from coordinator {owner[:8]}: a newer coordinator "
                 "took this ps over (the old one must stop; its work is the new one's now)")
+
+    def owned(self, fn: Callable[..., Any], what: str) -> Callable[..., Any]:
+        """``fn`` (a handler, plain or async) refusing first a request sent for a coordinator
+        a newer one took this ps over from: a zombie coordinator creates, restores or moves
+        nothing here (nor takes the ps back by creating its variables again)."""
+        if inspect.iscoroutinefunction(fn):
+            async def handler(req: Any, *rest: Any) -> Any:
+                self.refuse_superseded(req.owner, what)
+                return await fn(req, *rest)
+        else:
+            def handler(req: Any, *rest: Any) -> Any:  # type: ignore[misc]
+                self.refuse_superseded(req.owner, what)
+                return fn(req, *rest)
+        return functools.wraps(fn)(handler)
 
     def guarded(self, fn: Callable[[Any], dict[str, Any]], once: bool = True
                  ) -> Callable[[Any], dict[str, Any]]:

@@ -57,6 +57,7 @@ from ..._formats.operations import (
     UpdateVariables,
     VariableSpec,
 )
+from ..._formats.records import Mutation, Operation
 from ..._kernels import KERNELS
 from ..._kernels.batches import take_rows
 from ..._serving.base import ServerBase
@@ -95,16 +96,11 @@ def default_max_store_bytes() -> int:
 
 
 class ParameterServer(ServerBase):
-    """A ps task: ``Server(spec, "ps", k)`` builds one; tests may too.
-
-    Operations (``POST /v1/<op>`` or the stream): ``vars/create``,
-    ``vars/read``, ``vars/update`` (batched), ``vars/assign``,
-    ``vars/assign_add``, ``vars/assign_sub``, ``vars/scatter_add``,
-    ``vars/scatter_update``, ``vars/sparse_read``, ``vars/delete``,
-    ``vars/list``, ``opt/apply``, ``ckpt/save``, ``ckpt/restore`` (staged, then
-    ``ckpt/commit`` or ``ckpt/abort``), ``vars/call``, plus ``health`` and
-    ``statistics``.
-    """
+    """A ps task: ``Server(spec, "ps", k)`` builds one; tests may too. Its operations
+    (``POST /v1/<op>`` or the stream) are those of ``operations.py``,
+    ``checkpoint_operations.py`` and ``placement_map.py`` routed here and in the modules
+    beside this one; one that names its coordinator (``owner``) is refused if a newer
+    coordinator took this ps over from that one."""
 
     #: Arrays this ps makes start on a cache line (rows of 64 bytes' multiples are read
     #: and written in the fewest lines): its handlers run in a context with that allocator.
@@ -126,10 +122,10 @@ class ParameterServer(ServerBase):
         self.max_store_bytes = max_store_bytes or default_max_store_bytes()
         self.checkpoints = ps_checkpoint.CheckpointFiles(self.store, checkpoint_root,
                                                          max_variable_bytes, self.max_store_bytes)
-        self.route(CreateVariables, self.create)
-        self.route(ReadVariables, self.read)
         #: Fences, superseded coordinators and exactly-once keys: who may still write here.
         self.fencing = Fencing(self.task)
+        self.route(CreateVariables, self.create)
+        self.route(ReadVariables, self.read)
         self.route(Fence, self.fencing.fence)
         self.route(UpdateVariables, self.fencing.guarded(self.update))
         for cls in SINGLE_UPDATES:
@@ -163,6 +159,12 @@ class ParameterServer(ServerBase):
         else:
             self.refuse(CallVariables, f"{self.task} refuses pickled functions (started with "
                                      "--no-pickle): strategy.extended.update cannot run here")
+
+    def route(self, operation: type[Operation], fn: Callable[..., Any]) -> None:
+        if "owner" in operation.__struct_fields__ and not issubclass(operation, Mutation):
+            # (an update checks it behind its fence) a zombie coordinator changes nothing here
+            fn = self.fencing.owned(fn, f"{operation.op()}")
+        super().route(operation, fn)
 
     async def on_stop(self) -> None:
         self.checkpoints.hurry(stop=True)  # a delta spread over some seconds: the rest at once

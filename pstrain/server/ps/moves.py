@@ -92,7 +92,6 @@ class Moves:
                 EndMove: self.end}
 
     def set_placement(self, req: SetPlacement) -> dict[str, Any]:
-        self.fencing.refuse_superseded(req.owner, "a placement map")
         self._adopt(req.placement)
         return {"version": self.store.placement.version}
 
@@ -119,7 +118,6 @@ class Moves:
 
     def move_out(self, req: MoveOut) -> Pinned:
         """Step 1: each variable with its slots, as it is now (pinned), and the clock's mark."""
-        self.fencing.refuse_superseded(req.owner, "a move")
         if req.stage in self.outgoing or req.stage in self.parked:
             raise InvalidArgumentError(f"ps/move_out: stage {req.stage!r} is already in use")
         records = [self.store.get(k) for k in req.keys]  # all or nothing
@@ -183,7 +181,6 @@ class Moves:
 
     def install(self, req: InstallVariables) -> dict[str, Any]:
         """Steps 2 (stage copies) and 4 (apply the changed rows, serve them)."""
-        self.fencing.refuse_superseded(req.owner, "a move")
         if not req.activate:
             if req.stage in self.incoming:
                 raise InvalidArgumentError(f"ps/install: stage {req.stage!r} is already in use")
