@@ -594,6 +594,74 @@ async def test_a_coordinator_lost_between_a_moves_switches_is_replaced_and_resto
             await extra.stop()
 
 
+async def test_a_new_coordinator_moves_onto_a_ps_that_served_the_old_one(tmp_path):
+    """A ps joined and took a variable and table slices; the coordinator was lost, and a
+    new one restarted on the original cluster file restored the checkpoint. When the new
+    one admits that ps again and moves the same variable and slices there, it takes over
+    what the old one left there (refused as already there, before), and the ps serves
+    exactly the new coordinator's rows. Every ps knows the new coordinator's maps, not the
+    old one's (whose versions were higher): a client refused learns where a variable is."""
+    import gc
+
+    root = str(tmp_path)
+    async with InProcessCluster(num_ps=2, num_workers=1, ps_options={"checkpoint_root": root}) as cluster:
+        extra = ParameterServer(2, token=cluster.token, checkpoint_root=root)
+        await extra.start()
+        try:
+            strategy = pstrain.ParameterServerStrategy(
+                pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+            coordinator = pstrain.ClusterCoordinator(strategy)
+            table, opt, v = await _made(strategy, np.zeros(64, np.float32))
+            async with strategy.scope():
+                with strategy.placement.colocated(0):
+                    pstrain.Variable(np.zeros(8, np.float32), name="w")
+            await _train(table, opt, 0)
+            await coordinator.ps.admit_ps(extra.address)
+            slices = coordinator.ps.table_slices(table).held_by(0)[:4]
+            await coordinator.ps.move(["v"], 2)
+            await coordinator.ps.move_slices({table.key: slices}, 0, 2)
+            await v.assign_add(np.ones(64, np.float32))
+            path = await pstrain.Checkpoint(v=v, t=table).save(str(tmp_path / "ckpt"))
+            await _train(table, opt, 1)  # after the save: lost with the old coordinator
+            await v.assign_add(np.ones(64, np.float32))
+            old = strategy.placement.owner
+            del v, table, opt, strategy, coordinator
+            gc.collect()  # the old coordinator is gone (a killed chief: nothing closed)
+
+            strategy = pstrain.ParameterServerStrategy(
+                pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+            coordinator = pstrain.ClusterCoordinator(strategy)
+            table, opt, v = await _made(strategy, np.zeros(64, np.float32))
+            async with strategy.scope():
+                with strategy.placement.colocated(0):
+                    pstrain.Variable(np.zeros(8, np.float32), name="w")
+            await pstrain.Checkpoint(v=v, t=table).restore(path)
+            assert await coordinator.ps.admit_ps(extra.address) == 2
+            await coordinator.ps.move(["v", "w"], 2)
+            await coordinator.ps.move_slices({table.key: slices}, 0, 2)
+            for ps in [*cluster.ps, extra]:
+                assert ps.store.placement == coordinator.ps.placement
+            channel = Channel(cluster.ps[0].address, token=cluster.token, task="/job:ps/replica:0/task:0")
+            try:  # a client that routes w by its home is told where it is now
+                with pytest.raises(PlacementChangedError) as caught:
+                    await channel.call("vars/assign_add", {"name": "w", "value": np.ones(8, np.float32)})
+                assert caught.value.placement["moved"]["w"] == 2
+            finally:
+                await channel.close()
+            assert extra.store.get("v").owner == strategy.placement.owner != old
+            assert extra.tables[table.key].owner == strategy.placement.owner
+            np.testing.assert_array_equal(await v.read_value(), np.ones(64, np.float32))
+            _same_rows(*await table.export(), _expected(1))
+            await _train(table, opt, 1)
+            await v.assign_add(np.ones(64, np.float32))
+            np.testing.assert_array_equal(await v.read_value(), np.full(64, 2, np.float32))
+            _same_rows(*await table.export(), _expected(2))
+            _check_map(coordinator, [*cluster.ps, extra], table)
+            await coordinator.close()
+        finally:
+            await extra.stop()
+
+
 async def test_a_move_whose_new_ps_is_lost_is_undone_and_the_error_says_so(monkeypatch):
     """The ps a move goes to stops in the middle of it (here: just before it would serve
     what moved, step 4 of five). The move is undone: the variable and the table slices are

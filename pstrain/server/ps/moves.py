@@ -10,19 +10,14 @@ rows and serves them. Between the two, each side refuses the variables with
 :class:`~pstrain.errors.PlacementChangedError` carrying its newest map, so a client sends
 its request where they are now.
 
-A move whose coordinator stopped part way is not left half done for good: what a stage
-holds that nothing serves yet (the copies staged on the receiving ps) and the marks of a
-move out not finished are dropped after :data:`MOVE_TTL_S`, as if the move was aborted
-(but leaving what a later move of the same variables set up since); a coordinator that
-comes back later is refused and aborts the move. Variables parked on the source after its
-step 3 are kept: they are the only copy until the move ends, or until a newer coordinator
-takes this ps over (it restores them from a checkpoint).
-
-Every step carries the coordinator incarnation that sent it (``owner``): a step of a move
-another coordinator started is refused, and so is every step of a coordinator a newer one
-took over from; the moves such a coordinator left half done here end as its timer would
-end them, at the takeover. An old coordinator that wakes up cannot undo a move over what
-the new one restored.
+A move whose coordinator stopped part way is not left half done for good: a stage that
+waited :data:`MOVE_TTL_S` for its next step ends as aborted (leaving what a later move of
+the same variables set up since); variables parked on the source after step 3, the only
+copy until the move ends, go when a newer coordinator takes this ps over (it restores
+them). Every step names its coordinator (``owner``): a step of another's move, or of a
+coordinator taken over, is refused, so an old one that wakes up cannot undo a move over
+what the new one restored; the new one takes over what the old one left on a ps it moves
+variables to.
 """
 
 from __future__ import annotations
@@ -38,9 +33,6 @@ from ..._formats.placement_map import (
     FinishMove,
     InstallVariables,
     MoveOut,
-    PlacementMap,
-    ReadPlacement,
-    SetPlacement,
     SliceSet,
     TableCopy,
     VariableCopy,
@@ -49,6 +41,7 @@ from ..._serving.core import Pinned
 from .dynamic_table import DynamicTable, TableConfig
 from .fencing import Fencing
 from .move_stages import Stages
+from .ps_map import PsMap
 from .store import VariableRecord, VariableStore
 from .tables import TableHandlers
 
@@ -83,38 +76,13 @@ class Moves:
         self.incoming: dict[str, list[VariableCopy]] = {}
         #: who started each stage, and the timers that end them after MOVE_TTL_S
         self.stages = Stages(fencing, self._expire)
+        self.map = PsMap(store)  # the placement map this ps knows
         store.staged.append(self.staged_bytes)
         fencing.on_supersede.append(self._superseded)
 
     def routes(self) -> dict[type, Any]:
-        return {SetPlacement: self.set_placement, ReadPlacement: self.read_placement,
-                MoveOut: self.move_out, FinishMove: self.finish, InstallVariables: self.install,
-                EndMove: self.end}
-
-    def set_placement(self, req: SetPlacement) -> dict[str, Any]:
-        self._adopt(req.placement)
-        return {"version": self.store.placement.version}
-
-    def read_placement(self, _: ReadPlacement) -> dict[str, Any]:
-        return {"placement": self.store.placement}
-
-    def _adopt(self, placement: PlacementMap) -> None:
-        if placement.version <= self.store.placement.version:
-            return
-        self.store.placement = placement
-        task = self.store.task
-        mine = int(task.rsplit(":", 1)[1]) if task.startswith("/job:ps/") else len(placement.ps)
-        if mine < len(placement.ps) and not placement.ps[mine]:
-            self._retire()
-
-    def _retire(self) -> None:
-        """The map says this ps left the job: it was lost, and its variables were put on the
-        others from a checkpoint (a partition that healed). It serves none of them from now
-        on: a client still routing here by an older map is refused with the new one."""
-        slots = {s.name for r in self.store for s in self.store.slots_of(r.name)}
-        for name in [r.name for r in self.store if r.name not in slots]:
-            self.store.take(name)
-            self.store.away[name] = "was replaced on the other ps: it no longer lives on"
+        return {**self.map.routes(), MoveOut: self.move_out, FinishMove: self.finish,
+                InstallVariables: self.install, EndMove: self.end}
 
     def move_out(self, req: MoveOut) -> Pinned:
         """Step 1: each variable with its slots, as it is now (pinned), and the clock's mark."""
@@ -152,7 +120,7 @@ class Moves:
             raise FailedPreconditionError(f"ps/move_finish: no move {req.stage!r} of these "
                                           "variables and table slices started here")
         self.stages.stop_timer("out", req.stage)  # parked now: kept until the move ends
-        self._adopt(req.placement)
+        self.map.adopt(req.placement, req.owner)
         table_patches, parked_tables = [], []
         for name, moving in tables.items():
             table = self.tables.table(name)
@@ -184,17 +152,20 @@ class Moves:
         if not req.activate:
             if req.stage in self.incoming:
                 raise InvalidArgumentError(f"ps/install: stage {req.stage!r} is already in use")
+            stale = self._stale(req)
             for copy in req.vars:
                 if not isinstance(copy.value, np.ndarray):
                     raise InvalidArgumentError(f"ps/install: {copy.name!r} carries no array")
-                if copy.name in self.store:
+                if copy.name in self.store and copy.name not in stale:
                     raise InvalidArgumentError(f"ps/install: {copy.name!r} already exists on "
                                                f"{self.store.task}")
             added = sum(c.value.nbytes for c in req.vars) + sum(c.nbytes for c in req.tables)
-            if (held := self.store.held()) + added > self.max_store_bytes:
+            held = self.store.held() - sum(h.nbytes for _, h in stale.values() if _ is not None)
+            if held + added > self.max_store_bytes:
                 raise FailedPreconditionError(
                     f"{self.store.task} cannot take {added} bytes more: it holds "
                     f"{held} of its {self.max_store_bytes} (--max-store-bytes)")
+            self._take_over(stale, req.owner)
             arriving = self._stage_tables(req.tables)
             self.incoming[req.stage] = list(req.vars)
             self.incoming_tables[req.stage] = arriving
@@ -242,8 +213,30 @@ class Moves:
                                    self.store.clock.epoch)
         self.fencing.adopt(req.once, req.fences, req.superseded)
         if req.placement is not None:
-            self._adopt(req.placement)
+            self.map.adopt(req.placement, req.owner)
         return {"installed": len(staged) + len(staged_tables)}
+
+    def _stale(self, req: InstallVariables) -> dict[str, tuple[bool | None, Any]]:
+        """What this ps holds under the names of the arriving copies for a coordinator other
+        than theirs: a ps that served an old coordinator, admitted again by a new one, which
+        takes it over as a creation does. Name -> (a variable, not a slot; None for a
+        table), what is held."""
+        arriving: list[tuple[str, str | None, bool | None, Any]] = [
+            (c.name, c.owner, c.slot_of is None, self.store.find(c.name)) for c in req.vars]
+        arriving += [(c.name, c.owner, None, self.tables.tables.get(c.name)) for c in req.tables]
+        return {name: (variable, held) for name, owner, variable, held in arriving
+                if held is not None and owner is not None and held.owner != owner}
+
+    def _take_over(self, stale: dict[str, tuple[bool | None, Any]], owner: str | None) -> None:
+        for name, (variable, _) in stale.items():
+            if variable is None:
+                del self.tables.tables[name]
+                self.tables.guards.set(name, None)
+            elif variable and name in self.store:
+                self.store.take(name)  # with its slots
+        if stale:
+            logger.warning("%s: %s of an old coordinator taken over", self.store.task, sorted(stale))
+            self.fencing.supersede({held.owner for _, held in stale.values()}, owner)
 
     def _stage_tables(self, copies: list[TableCopy]) -> list[tuple[TableCopy, SliceSet | None, bool]]:
         """Check the copies of table slices arriving (all or nothing), then refuse their ids
@@ -326,8 +319,9 @@ class Moves:
 
     def _superseded(self, owners: set[str]) -> None:
         """A newer coordinator took this ps over from ``owners``: the moves they left half
-        done here end as aborted (their steps are refused from now on), and what they
-        parked after step 3 goes: the new coordinator restores those variables itself."""
+        done here end as aborted (their steps are refused from now on), what they parked
+        after step 3 goes (the new coordinator restores those variables itself), and so
+        does their map."""
         for side, stage in self.stages.of(owners):
             logger.warning("%s: move %s of a coordinator taken over ended as aborted",
                            self.store.task, stage)
@@ -338,6 +332,7 @@ class Moves:
                 self.parked_tables.pop(stage, None)  # (their rows go with the table it replaces)
             else:
                 self._drop_incoming(stage)
+        self.map.superseded(owners, {c.name for staged in self.incoming.values() for c in staged})
 
     def _expire(self, side: str, stage: str) -> None:
         """A stage still waiting for its next step when its time is up: the source forgets
@@ -376,6 +371,5 @@ class Moves:
             sum(c.nbytes for staged in self.incoming_tables.values() for c, _, _ in staged)
 
     def statistics(self) -> dict[str, Any]:
-        return {"placement_version": self.store.placement.version,
-                "placement_refusals": self.store.refusals,
+        return {"placement_version": self.store.placement.version, "placement_refusals": self.store.refusals,
                 "moves_in_progress": len(self.outgoing) + len(self.parked) + len(self.incoming)}

@@ -1,0 +1,67 @@
+"""The placement map a ps knows: the newest its coordinator told it (``ps/placement``, and
+with a move's steps), which it hands to a client it refuses (a variable moved away) and
+to whoever asks (``ps/placement/read``).
+
+Maps are ordered by version within one coordinator incarnation. A restarted coordinator
+numbers its maps from the start again, so a map of the one it took over from, however
+high its version, goes with the takeover: the ps then knows no map until the new
+coordinator sends one, and forgets what the old one said moved away from it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..._formats.placement_map import PlacementMap, ReadPlacement, SetPlacement
+from .store import VariableStore
+
+__all__ = ["PsMap"]
+
+
+class PsMap:
+    """The placement map of one ps (kept as ``store.placement``, which refusals carry)."""
+
+    def __init__(self, store: VariableStore) -> None:
+        self.store = store
+        #: The coordinator incarnation that sent the map this ps knows.
+        self.owner: str | None = None
+
+    def routes(self) -> dict[type, Any]:
+        return {SetPlacement: self.set_placement, ReadPlacement: self.read_placement}
+
+    def set_placement(self, req: SetPlacement) -> dict[str, Any]:
+        self.adopt(req.placement, req.owner)
+        return {"version": self.store.placement.version}
+
+    def read_placement(self, _: ReadPlacement) -> dict[str, Any]:
+        return {"placement": self.store.placement}
+
+    def adopt(self, placement: PlacementMap, owner: str | None) -> None:
+        """Know ``placement`` (sent for coordinator ``owner``) if it is newer."""
+        if placement.version <= self.store.placement.version:
+            return
+        self.store.placement = placement
+        self.owner = owner
+        task = self.store.task
+        mine = int(task.rsplit(":", 1)[1]) if task.startswith("/job:ps/") else len(placement.ps)
+        if mine < len(placement.ps) and not placement.ps[mine]:
+            self._retire()
+
+    def superseded(self, owners: set[str], arriving: set[str]) -> None:
+        """A newer coordinator took this ps over from ``owners``: if one of them sent the
+        map, the map goes, and what it said moved away from here (but not the names of
+        copies still ``arriving``, staged for a move of another coordinator)."""
+        if self.owner in owners:
+            self.store.placement = PlacementMap()
+            self.owner = None
+            for name in [n for n in self.store.away if n not in arriving]:
+                del self.store.away[name]
+
+    def _retire(self) -> None:
+        """The map says this ps left the job: it was lost, and its variables were put on the
+        others from a checkpoint (a partition that healed). It serves none of them from now
+        on: a client still routing here by an older map is refused with the new one."""
+        slots = {s.name for r in self.store for s in self.store.slots_of(r.name)}
+        for name in [r.name for r in self.store if r.name not in slots]:
+            self.store.take(name)
+            self.store.away[name] = "was replaced on the other ps: it no longer lives on"
