@@ -227,3 +227,31 @@ async def test_a_moves_steps_come_only_from_the_coordinator_that_started_it():
                 await channel.close()
         assert (await v.read_value()).tolist() == [0, 1, 2]
         await coordinator.close()
+
+
+async def test_a_worker_that_learnt_an_old_coordinators_map_routes_by_the_new_ones():
+    """A worker learnt the old coordinator's map (v moved to ps 1); a new coordinator,
+    restarted on the same cluster file, creates v where it was first created (ps 0).
+    The worker's closures update the new coordinator's v, not the old one's copy."""
+    async def bump(var):
+        await var.assign_add(np.ones(3, np.float32))
+
+    async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
+        values, coordinators = [], []
+        for generation in range(2):
+            strategy, coordinator = _plain(cluster)
+            strategy.placement.namespace = ""  # a restarted coordinator: the same keys
+            coordinators.append(coordinator)
+            async with strategy.scope():
+                with strategy.placement.colocated(0):
+                    v = pstrain.Variable(np.zeros(3, np.float32), name="v")
+                with strategy.placement.colocated(1):  # the new one takes ps 1 over through u
+                    pstrain.Variable(np.zeros(3, np.float32), name="u")
+            if generation == 0:
+                await coordinator.ps.move(["v"], 1)
+            coordinator.schedule(bump, args=(v,))
+            await coordinator.join()
+            values.append((await v.read_value()).tolist())
+        assert values == [[1, 1, 1], [1, 1, 1]]
+        for coordinator in coordinators:
+            await coordinator.close()

@@ -197,7 +197,7 @@ class WorkerDispatcher:
         try:
             reply = await self.channel().request(
                 Configure(cluster=self.cluster_spec.as_dict(), index=self.index,
-                          fresh=self.failures > 0),  # links cut with it may stall
+                          fresh=self.failures > 0 or self.incarnation is None),  # see Configure
                 timeout=self.settings.worker_timeout_s)
         except WrongTaskError as exc:  # the handshake: another task answers at that address
             there = (f"worker {exc.actual.rsplit(':', 1)[-1]}" if "/job:worker/" in exc.actual

@@ -241,7 +241,9 @@ class Configure(Operation, tag="worker/configure"):
 
     reply = ConfigureReply
     cluster: dict[Name, list[Annotated[str, msgspec.Meta(min_length=1, max_length=300)]]]
-    #: the coordinator had lost this worker: drop every connection it has (they may stall)
+    #: the coordinator had lost this worker (the connections it has may stall), or reaches
+    #: it for the first time (it may have served another one, whose maps it knows): drop
+    #: every connection and map it has
     fresh: bool = False
     #: the slot the coordinator addresses; a worker that joined (``--join``) takes it
     index: Annotated[int, msgspec.Meta(ge=0)] | None = None
