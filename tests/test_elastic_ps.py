@@ -253,5 +253,7 @@ async def test_a_worker_that_learnt_an_old_coordinators_map_routes_by_the_new_on
             await coordinator.join()
             values.append((await v.read_value()).tolist())
         assert values == [[1, 1, 1], [1, 1, 1]]
+        # the copy the old one moved to ps 1 went when the new one took ps 1 over (through u)
+        assert {r.name for r in cluster.ps[1].store} == {"u"}
         for coordinator in coordinators:
             await coordinator.close()

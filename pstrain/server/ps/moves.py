@@ -321,7 +321,7 @@ class Moves:
         """A newer coordinator took this ps over from ``owners``: the moves they left half
         done here end as aborted (their steps are refused from now on), what they parked
         after step 3 goes (the new coordinator restores those variables itself), and so
-        does their map."""
+        do their map and their variables and tables still here."""
         for side, stage in self.stages.of(owners):
             logger.warning("%s: move %s of a coordinator taken over ended as aborted",
                            self.store.task, stage)
@@ -333,6 +333,14 @@ class Moves:
             else:
                 self._drop_incoming(stage)
         self.map.superseded(owners, {c.name for staged in self.incoming.values() for c in staged})
+        # what they left here that the new one did not take over by name (a variable they
+        # moved here, say) serves no one now: it goes
+        slots = {s.name for r in self.store for s in self.store.slots_of(r.name)}
+        for name in [r.name for r in self.store if r.owner in owners and r.name not in slots]:
+            self.store.take(name)
+        for name in [n for n, t in self.tables.tables.items() if t.owner in owners]:
+            del self.tables.tables[name]
+            self.tables.guards.set(name, None)
 
     def _expire(self, side: str, stage: str) -> None:
         """A stage still waiting for its next step when its time is up: the source forgets
