@@ -594,6 +594,19 @@ async def test_a_coordinator_lost_between_a_moves_switches_is_replaced_and_resto
             await extra.stop()
 
 
+async def _restarted(cluster: InProcessCluster) -> tuple[Any, Any, tuple[Any, Any, Any]]:
+    """A coordinator (started, or started again) with :func:`_made`'s model and a ``w`` on
+    ps 0."""
+    strategy = pstrain.ParameterServerStrategy(
+        pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+    coordinator = pstrain.ClusterCoordinator(strategy)
+    made = await _made(strategy, np.zeros(64, np.float32))
+    async with strategy.scope():
+        with strategy.placement.colocated(0):
+            pstrain.Variable(np.zeros(8, np.float32), name="w")
+    return strategy, coordinator, made
+
+
 async def test_a_new_coordinator_moves_onto_a_ps_that_served_the_old_one(tmp_path):
     """A ps joined and took a variable and table slices; the coordinator was lost, and a
     new one restarted on the original cluster file restored the checkpoint. When the new
@@ -608,13 +621,7 @@ async def test_a_new_coordinator_moves_onto_a_ps_that_served_the_old_one(tmp_pat
         extra = ParameterServer(2, token=cluster.token, checkpoint_root=root)
         await extra.start()
         try:
-            strategy = pstrain.ParameterServerStrategy(
-                pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
-            coordinator = pstrain.ClusterCoordinator(strategy)
-            table, opt, v = await _made(strategy, np.zeros(64, np.float32))
-            async with strategy.scope():
-                with strategy.placement.colocated(0):
-                    pstrain.Variable(np.zeros(8, np.float32), name="w")
+            strategy, coordinator, (table, opt, v) = await _restarted(cluster)
             await _train(table, opt, 0)
             await coordinator.ps.admit_ps(extra.address)
             slices = coordinator.ps.table_slices(table).held_by(0)[:4]
@@ -628,13 +635,7 @@ async def test_a_new_coordinator_moves_onto_a_ps_that_served_the_old_one(tmp_pat
             del v, table, opt, strategy, coordinator
             gc.collect()  # the old coordinator is gone (a killed chief: nothing closed)
 
-            strategy = pstrain.ParameterServerStrategy(
-                pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
-            coordinator = pstrain.ClusterCoordinator(strategy)
-            table, opt, v = await _made(strategy, np.zeros(64, np.float32))
-            async with strategy.scope():
-                with strategy.placement.colocated(0):
-                    pstrain.Variable(np.zeros(8, np.float32), name="w")
+            strategy, coordinator, (table, opt, v) = await _restarted(cluster)
             await pstrain.Checkpoint(v=v, t=table).restore(path)
             assert await coordinator.ps.admit_ps(extra.address) == 2
             await coordinator.ps.move(["v", "w"], 2)
