@@ -67,12 +67,14 @@ async def test_a_strategy_taken_over_cannot_write_through_its_handles(ps_server)
 
 async def test_a_zombie_coordinator_restores_creates_and_maps_nothing_over_a_new_one(ps_server, tmp_path):
     """A coordinator taken over (a zombie still running) cannot restore its checkpoint over
-    the new one's variables, nor take the ps back by creating variables or tables of the
-    same names again (its optimizer's slots, say), nor send the ps a map."""
+    the new one's variables, nor admit rows into its tables by training lookups, nor take
+    the ps back by creating variables or tables of the same names again (its optimizer's
+    slots, say), nor send the ps a map."""
     old = strategy_for(ps_server)
     async with old.scope():
         v_old = pstrain.Variable(np.zeros(2, np.float32), name="v")
-        pstrain.DynamicEmbedding(2, name="t")
+        t_old = pstrain.DynamicEmbedding(2, name="t")
+    await t_old.lookup(np.array([1]))
     path = await pstrain.Checkpoint(v=v_old).save(str(tmp_path / "old"))
     new = strategy_for(ps_server)
     new.placement.namespace = ""  # a restarted coordinator: the same keys as the dead one
@@ -82,6 +84,9 @@ async def test_a_zombie_coordinator_restores_creates_and_maps_nothing_over_a_new
     await t_new.lookup(np.array([5]))
     with pytest.raises(CancelledError, match="newer coordinator"):
         await pstrain.Checkpoint(v=v_old).restore(path)
+    with pytest.raises(CancelledError, match="newer coordinator"):  # it would admit rows
+        await t_old.lookup(np.array([7, 8]))
+    assert len(ps_server.tables["t"]) == 1
     channel = Channel(ps_server.address, token=TOKEN, task="/job:ps/replica:0/task:0")
     channel.owner = owner = old.placement.owner
     try:
@@ -99,7 +104,7 @@ async def test_a_zombie_coordinator_restores_creates_and_maps_nothing_over_a_new
     assert (await v_new.numpy()).tolist() == [4, 4]
     assert len(await t_new.lookup(np.array([5, 6]))) == 2
     assert ps_server.tables["t"].owner == new.placement.owner
-    del old, v_old
+    del old, v_old, t_old
     gc.collect()
 
 

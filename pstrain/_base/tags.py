@@ -72,6 +72,14 @@ def set_dispatch(fence: tuple[str | None, int, int] | None, once_key: str | None
     _once.set((once_key, {}) if once_key else None)
 
 
+def sender_owner(owner: str | None) -> str | None:
+    """The coordinator a request sent here works for: in a closure, the one that
+    dispatched it; else ``owner``, the channel's own. No counter moves (unlike
+    :func:`update_tags`)."""
+    fence = _fence.get()
+    return (fence[0] or owner) if fence is not None else owner
+
+
 def update_tags(task: str, owner: str | None = None) -> dict[str, Any]:
     """The fields an update sent to ``task`` carries here: ``owner``, ``fence`` and ``once``
     (outside closures only ``owner``, the sender's own, when it has one)."""

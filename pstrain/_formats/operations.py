@@ -33,6 +33,7 @@ from .records import (
     Name,
     Operation,
     OptimizerRule,
+    Owned,
     Owner,
     Record,
     ResourceReply,
@@ -213,7 +214,10 @@ class CreateTable(Operation, tag="dyn/create"):
     num_shards: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)] | None = None
 
 
-class LookupTable(Operation, tag="dyn/lookup"):
+class LookupTable(Owned, tag="dyn/lookup"):
+    """A training lookup admits, evicts and stamps rows: it names its coordinator (from
+    a closure, the one that dispatched it), refused once a newer one took the ps over."""
+
     reply = ValuesReply
     name: Name
     ids: Array

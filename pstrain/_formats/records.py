@@ -25,7 +25,7 @@ import msgspec
 import numpy as np
 
 from .._base.errors import InvalidArgumentError, ProtocolError
-from .._base.tags import update_tags
+from .._base.tags import sender_owner, update_tags
 
 __all__ = ["Mutation", "OptimizerRule", "Operation", "Owned", "Record", "Reply", "TableSpec", "convert_reply",
            "sender_fields", "validate"]
@@ -93,10 +93,13 @@ class Mutation(Owned, kw_only=True):
 def sender_fields(operation: type[Operation], task: str, owner: str | None) -> dict[str, Any]:
     """What an operation sent to ``task`` by ``owner`` (a coordinator incarnation) carries
     of its sender: an update its owner and, in a closure, its dispatch's fence and its
-    exactly-once key; a coordinator's own operation (a move's step) its owner."""
+    exactly-once key; another operation that names its coordinator (a move's step, a
+    table lookup) the owner, in a closure the one that dispatched it."""
     if issubclass(operation, Mutation):
         return update_tags(task, owner)
-    return {"owner": owner} if issubclass(operation, Owned) and owner is not None else {}
+    if not issubclass(operation, Owned) or (sender := sender_owner(owner)) is None:
+        return {}
+    return {"owner": sender}
 
 
 # -- records inside requests ---------------------------------------------------------------------
