@@ -16,7 +16,7 @@ from typing import Any
 
 from .errors import InvalidArgumentError
 
-__all__ = ["check_options", "number", "whole"]
+__all__ = ["check_options", "number", "variable_name", "whole"]
 
 
 def whole(value: Any, what: str, low: int | None = None, high: int | None = None) -> int:
@@ -39,6 +39,13 @@ def number(value: Any, what: str, low: float = 0.0, *, above: bool = False,
         bound = f"above {low:g}" if above else f"of {low:g} or more"
         raise InvalidArgumentError(f"{what} must be a finite number{unit} {bound}, got {value!r}")
     return float(value)
+
+
+def variable_name(name: Any) -> str | None:
+    """``name`` if it can name a variable: a string, or None (the default name)."""
+    if name is not None and not isinstance(name, str):
+        raise InvalidArgumentError(f"a variable's name must be a string, got {name!r}")
+    return name
 
 
 def check_options(owner: str, counts: dict[str, int], seconds: dict[str, float | None]) -> None:

@@ -171,8 +171,11 @@ def parse_config(text: str, source: str = "config") -> tuple[ClusterSpec, str | 
     return spec, task_type, task_id
 
 
-def read_token(env: Mapping[str, str]) -> str | None:
-    """The cluster token from ``PSTRAIN_TOKEN`` or ``PSTRAIN_TOKEN_FILE``."""
+def read_token(env: Mapping[str, str], path: str | None = None) -> str | None:
+    """The cluster token from the file ``path`` (``--token-file``), else ``PSTRAIN_TOKEN``,
+    else ``PSTRAIN_TOKEN_FILE``."""
+    if path:
+        return read_text(path, "--token-file").strip()
     if env.get("PSTRAIN_TOKEN"):
         return env["PSTRAIN_TOKEN"]
     path = env.get("PSTRAIN_TOKEN_FILE")

@@ -74,9 +74,9 @@ class Operation(Record, tag_field="op", kw_only=True):
 
 
 class Owned(Operation, kw_only=True):
-    """An operation a coordinator sends on its own behalf (a move's steps, a new map): it
-    carries the coordinator incarnation that sent it (the channel fills it in), so a ps
-    refuses it once a newer coordinator took that one over."""
+    """An operation that names the coordinator incarnation it works for (a move's steps, a
+    new map, a restore, a table lookup; the channel fills it in), so a ps refuses it once
+    a newer coordinator took that one over."""
 
     owner: Owner | None = None
 

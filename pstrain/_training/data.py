@@ -330,4 +330,3 @@ class Dataset:
 
 
 expose(globals(), "pstrain.data")
-

@@ -49,10 +49,10 @@ logger = logging.getLogger(__name__)
 #: Handshakes ended by the server without a byte, in a row, before it is not retried.
 SILENT_CLOSES = 3
 
-
 #: The open channels of each loop (weakly: a channel nobody holds is already closed).
 _open: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[Channel]] = \
     weakref.WeakKeyDictionary()
+
 
 
 class Channel:
@@ -212,8 +212,9 @@ class Channel:
         code: workers, and the ps's ``extended.update``).
         """
         operation = OPERATIONS.get(op)
-        if operation is not None and isinstance(payload, dict):
-            payload = {**payload, **sender_fields(operation, self.task, self.owner)}
+        if operation is not None and isinstance(payload, dict) \
+                and (fields := sender_fields(operation, self.task, self.owner)):
+            payload = {**payload, **fields}
         chunks = wire.encode_body(payload, allow_pickle=pickle)
         kind, body = await self.call_raw(op, chunks, timeout=timeout)
         reply = self.decode_reply(kind, body, pickle=pickle)

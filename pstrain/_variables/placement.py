@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from .._base.checks import variable_name
 from .._base.context import current_channels
 from .._base.errors import InvalidArgumentError, UnavailableError
 from .._base.tasks import TaskOwner
@@ -150,8 +151,7 @@ class Placement:
         """What ``pstrain.Variable(...)`` does inside a scope: a handle, created lazily."""
         if initial_value is None:
             raise InvalidArgumentError("Variable needs an initial_value")
-        if name is not None and not isinstance(name, str):
-            raise InvalidArgumentError(f"a variable's name must be a string, got {name!r}")
+        variable_name(name)
         if isinstance(initial_value, Initializer):
             if shape is None:
                 raise InvalidArgumentError(f"{initial_value!r} needs shape= to build a variable")

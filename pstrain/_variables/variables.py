@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._base.checks import variable_name
 from .._base.cluster import task_name
 from .._base.context import current_channels, must_await
 from .._base.errors import InvalidArgumentError, PstrainError
@@ -79,8 +80,7 @@ class Variable(VariableBase):
                  synchronization: VariableSynchronization | str = VariableSynchronization.AUTO) -> None:
         if getattr(self, "_ready", False):
             return  # built by a strategy's creator (__new__ returned a handle)
-        if name is not None and not isinstance(name, str):
-            raise InvalidArgumentError(f"a variable's name must be a string, got {name!r}")
+        variable_name(name)
         value = initial_value_array(initial_value, dtype, shape)
         self._setup(name or "Variable", value.shape, value.dtype, trainable, aggregation,
                     synchronization)

@@ -14,7 +14,7 @@ from typing import Any
 
 from .._base.cluster import ClusterSpec, parse_address
 from .._base.errors import PstrainError
-from .._base.resolvers import SlurmClusterResolver, read_config, read_text, read_token
+from .._base.resolvers import SlurmClusterResolver, read_config, read_token
 from .._base.tasks import TaskOwner
 from .._formats.protocol import DEFAULT_MAX_BODY
 from .._transport.bridge import run
@@ -184,10 +184,7 @@ def serve(args: argparse.Namespace) -> int:
         logger.info("%s:%d: %s", role, index, args.threads_sized)
     if role == "evaluator":
         return evaluate(args)
-    if args.token_file:
-        token: str | None = read_text(args.token_file, "--token-file").strip()
-    else:
-        token = read_token(os.environ)
+    token = read_token(os.environ, args.token_file)
     port = args.port
     host = args.host
     if spec is not None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from .._base.cluster import ClusterSpec, task_name
 from .._base.errors import PstrainError
-from .._base.resolvers import read_config, read_text, read_token
+from .._base.resolvers import read_config, read_token
 from .._formats.operations import Statistics
 from .._transport.bridge import run
 from .._transport.rpc import Channel
@@ -66,10 +66,7 @@ _STATES = {"AuthenticationError": "refused", "ProtocolError": "foreign", "WrongT
 
 def status(args: argparse.Namespace) -> int:
     spec = _load_cluster(args.cluster)
-    if args.token_file:
-        token: str | None = read_text(args.token_file, "--token-file").strip()
-    else:
-        token = read_token(os.environ)
+    token = read_token(os.environ, args.token_file)
     tasks = [(job, i) for job in ("chief", "ps", "worker", "evaluator") for i in range(spec.num_tasks(job))]
 
     async def probe(job: str, i: int) -> dict[str, Any]:

@@ -70,8 +70,8 @@ class Fencing:
 
     def fence(self, req: Fence) -> dict[str, Any]:
         """From now on, refuse updates sent for ``owner`` by ``worker``'s dispatches before
-        ``epoch`` (that coordinator declared it lost: its closures run elsewhere)."""
-        self.refuse_superseded(req.owner, f"a fence of worker {req.worker}")
+        ``epoch`` (that coordinator declared it lost: its closures run elsewhere). A
+        superseded coordinator's fence is refused before this (``ParameterServer.route``)."""
         key = (req.owner, req.worker)
         self.fences[key] = max(self.fences.get(key, 0), req.epoch)
         return {"fenced": self.fences[key]}

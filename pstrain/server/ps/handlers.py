@@ -163,7 +163,7 @@ class ParameterServer(ServerBase):
     def route(self, operation: type[Operation], fn: Callable[..., Any]) -> None:
         if "owner" in operation.__struct_fields__ and not issubclass(operation, Mutation):
             # (an update checks it behind its fence) a zombie coordinator changes nothing here
-            fn = self.fencing.owned(fn, f"{operation.op()}")
+            fn = self.fencing.owned(fn, operation.op())
         super().route(operation, fn)
 
     async def on_stop(self) -> None:

@@ -3,7 +3,8 @@ next step does not come (:mod:`pstrain.server.ps.moves` decides what ending it m
 
 A stage is named by its side (``"out"`` on the ps giving variables away, ``"in"`` on the
 one receiving them) and the move's stage name. Its steps must come from the coordinator
-incarnation that started it; none may come from one a newer coordinator took over from.
+incarnation that started it (none comes from one a newer coordinator took over from: the
+ps refuses those before any handler, ``handlers.ParameterServer.route``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 from ..._base.errors import FailedPreconditionError
-from .fencing import Fencing
 
 __all__ = ["Stages"]
 
@@ -24,8 +24,7 @@ class Stages:
     """The stages of moves in progress on one ps: their owners and their timers.
     ``on_expire(side, stage)`` runs when a stage's time is up (it holds names only)."""
 
-    def __init__(self, fencing: Fencing, on_expire: Callable[[str, str], None]) -> None:
-        self.fencing = fencing
+    def __init__(self, on_expire: Callable[[str, str], None]) -> None:
         self.on_expire = on_expire
         self.owners: dict[Stage, str | None] = {}
         self._timers: dict[Stage, asyncio.TimerHandle] = {}
@@ -40,8 +39,7 @@ class Stages:
             ttl_s, self._expired, side, stage)
 
     def check(self, side: str, req: Any) -> None:
-        """Refuse a step of a superseded coordinator, or of a move another one started."""
-        self.fencing.refuse_superseded(req.owner, "a move step")
+        """Refuse a step of a move another coordinator started."""
         started = self.owners.get((side, req.stage), req.owner)
         if started != req.owner:
             raise FailedPreconditionError(

@@ -75,7 +75,7 @@ class Moves:
         #: stage -> the copies staged here, not served yet: (copy, its slots)
         self.incoming: dict[str, list[VariableCopy]] = {}
         #: who started each stage, and the timers that end them after MOVE_TTL_S
-        self.stages = Stages(fencing, self._expire)
+        self.stages = Stages(self._expire)
         self.map = PsMap(store)  # the placement map this ps knows
         store.staged.append(self.staged_bytes)
         fencing.on_supersede.append(self._superseded)
@@ -160,7 +160,7 @@ class Moves:
                     raise InvalidArgumentError(f"ps/install: {copy.name!r} already exists on "
                                                f"{self.store.task}")
             added = sum(c.value.nbytes for c in req.vars) + sum(c.nbytes for c in req.tables)
-            held = self.store.held() - sum(h.nbytes for _, h in stale.values() if _ is not None)
+            held = self.store.held() - sum(h.nbytes for h in stale.values() if isinstance(h, VariableRecord))
             if held + added > self.max_store_bytes:
                 raise FailedPreconditionError(
                     f"{self.store.task} cannot take {added} bytes more: it holds "
@@ -216,27 +216,22 @@ class Moves:
             self.map.adopt(req.placement, req.owner)
         return {"installed": len(staged) + len(staged_tables)}
 
-    def _stale(self, req: InstallVariables) -> dict[str, tuple[bool | None, Any]]:
+    def _stale(self, req: InstallVariables) -> dict[str, Any]:
         """What this ps holds under the names of the arriving copies for a coordinator other
         than theirs: a ps that served an old coordinator, admitted again by a new one, which
-        takes it over as a creation does. Name -> (a variable, not a slot; None for a
-        table), what is held."""
-        arriving: list[tuple[str, str | None, bool | None, Any]] = [
-            (c.name, c.owner, c.slot_of is None, self.store.find(c.name)) for c in req.vars]
-        arriving += [(c.name, c.owner, None, self.tables.tables.get(c.name)) for c in req.tables]
-        return {name: (variable, held) for name, owner, variable, held in arriving
-                if held is not None and owner is not None and held.owner != owner}
+        takes it over as a creation does. Name -> the variable, slot or table held."""
+        arriving: list[tuple[str, str | None, Any]] = [
+            (c.name, c.owner, self.store.find(c.name)) for c in req.vars]
+        arriving += [(c.name, c.owner, self.tables.tables.get(c.name)) for c in req.tables]
+        return {name: held for name, owner, held in arriving
+                if held is not None and None not in (owner, held.owner) and held.owner != owner}
 
-    def _take_over(self, stale: dict[str, tuple[bool | None, Any]], owner: str | None) -> None:
-        for name, (variable, _) in stale.items():
-            if variable is None:
-                del self.tables.tables[name]
-                self.tables.guards.set(name, None)
-            elif variable and name in self.store:
-                self.store.take(name)  # with its slots
+    def _take_over(self, stale: dict[str, Any], owner: str | None) -> None:
+        """Supersede the coordinators that left ``stale`` here: what they left goes with
+        that (:meth:`_superseded`)."""
         if stale:
             logger.warning("%s: %s of an old coordinator taken over", self.store.task, sorted(stale))
-            self.fencing.supersede({held.owner for _, held in stale.values()}, owner)
+            self.fencing.supersede({held.owner for held in stale.values()}, owner)
 
     def _stage_tables(self, copies: list[TableCopy]) -> list[tuple[TableCopy, SliceSet | None, bool]]:
         """Check the copies of table slices arriving (all or nothing), then refuse their ids
@@ -335,9 +330,7 @@ class Moves:
         self.map.superseded(owners, {c.name for staged in self.incoming.values() for c in staged})
         # what they left here that the new one did not take over by name (a variable they
         # moved here, say) serves no one now: it goes
-        slots = {s.name for r in self.store for s in self.store.slots_of(r.name)}
-        for name in [r.name for r in self.store if r.owner in owners and r.name not in slots]:
-            self.store.take(name)
+        self.store.take_all(set(owners))
         for name in [n for n, t in self.tables.tables.items() if t.owner in owners]:
             del self.tables.tables[name]
             self.tables.guards.set(name, None)

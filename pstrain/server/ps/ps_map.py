@@ -61,7 +61,5 @@ class PsMap:
         """The map says this ps left the job: it was lost, and its variables were put on the
         others from a checkpoint (a partition that healed). It serves none of them from now
         on: a client still routing here by an older map is refused with the new one."""
-        slots = {s.name for r in self.store for s in self.store.slots_of(r.name)}
-        for name in [r.name for r in self.store if r.name not in slots]:
-            self.store.take(name)
+        for name in self.store.take_all():
             self.store.away[name] = "was replaced on the other ps: it no longer lives on"

@@ -313,6 +313,16 @@ class VariableStore:
         records += [self._records.pop(s) for s in sorted(slots) if s in self._records]
         return records
 
+    def take_all(self, owners: set[str | None] | None = None) -> list[str]:
+        """Remove every variable (with its slots), or those created by ``owners``; returns
+        their names."""
+        slots = {s for names in self._slots.values() for s in names}
+        gone = [r.name for r in self._records.values()
+                if r.name not in slots and (owners is None or r.owner in owners)]
+        for name in gone:
+            self.take(name)
+        return gone
+
     def slots_of(self, name: str) -> list[VariableRecord]:
         """The optimizer slots of variable ``name`` held here."""
         return [self._records[s] for s in sorted(self._slots.get(name, ())) if s in self._records]
