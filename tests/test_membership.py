@@ -130,6 +130,16 @@ def test_admission_takes_the_known_slot_then_a_vacant_one_then_grows(membership)
     assert (slot.index, grew) == (3, True)
 
 
+def test_a_joining_worker_does_not_take_a_slot_whose_worker_was_not_tried_yet(membership):
+    # a coordinator just started again: its workers are starting or about to be reached
+    slot, grew = membership.admit("127.0.0.1:7")
+    assert (slot.index, grew) == (2, True)
+    assert membership.addresses() == ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:7"]
+    membership.slot(1).lost("UnavailableError: never reached")
+    slot, grew = membership.admit("127.0.0.1:8")  # found unreachable: its slot is taken
+    assert (slot.index, grew, slot.address) == (1, False, "127.0.0.1:8")
+
+
 def test_broken_invariants_are_caught():
     slot = WorkerSlot(0, "127.0.0.1:1", state=S.UP)  # up without an incarnation
     with pytest.raises(AssertionError, match="without an incarnation"):

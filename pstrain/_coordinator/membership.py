@@ -199,8 +199,9 @@ class Membership:
         """A worker at ``address`` asks to join: the slot it takes, and whether the job grows.
 
         The slot already at that address (the same worker asking again), else the first
-        slot whose worker is gone (never reached, or lost), else a new slot at the end. A
-        slot taken over is ``replaced`` (its address changes) and stays reserved for that
+        slot whose worker is gone (found unreachable: a slot not tried yet is its worker's,
+        which may be starting, as after a coordinator restarts), else a new slot at the end.
+        A slot taken over is ``replaced`` (its address changes) and stays reserved for that
         worker until it connects or is found unreachable."""
         known = next((s for s in self._slots if s.address == address and s.state is not S.REFUSED),
                      None)
@@ -208,8 +209,7 @@ class Membership:
             if not known.up:
                 known.replaced(address)
             return known, False
-        vacant = next((s for s in self._slots
-                       if s.state in (S.JOINING, S.LOST)), None)
+        vacant = next((s for s in self._slots if s.state is S.LOST), None)
         if vacant is not None:
             vacant.replaced(address)
             return vacant, False
