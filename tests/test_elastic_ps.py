@@ -11,6 +11,7 @@ import pytest
 
 import pstrain
 from pstrain._base.tags import one_operation, set_dispatch
+from pstrain.cli.common import join
 from pstrain.errors import FailedPreconditionError, InvalidArgumentError, PlacementChangedError
 from pstrain.rpc import Channel
 from pstrain.server import ParameterServer
@@ -173,6 +174,37 @@ async def test_an_update_outside_exactly_once_closures_sent_again_after_a_move_i
         await v.assign_add(np.ones(3, np.float32))  # (each call its own operation)
         assert (await v.read_value()).tolist() == [3, 3, 3]
         await coordinator.close()
+
+
+async def test_a_ps_that_asks_to_join_again_keeps_its_index_and_nothing_changes():
+    async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
+        extra = ParameterServer(2, token=cluster.token)
+        await extra.start()
+        strategy, coordinator = _plain(cluster)
+        try:
+            async with strategy.scope():
+                with strategy.placement.colocated(0):  # two on ps 0: one moves to the new ps
+                    v = pstrain.Variable(np.zeros(3, np.float32), name="v")
+                    w = pstrain.Variable(np.ones(3, np.float32), name="w")
+            endpoint = await coordinator.serve_metrics()
+            given = await join(endpoint, extra.address, cluster.token, ps=True)
+            assert given == 2
+            # asked again before joining (its reply lost): the same index, kept for it
+            assert await join(endpoint, extra.address, cluster.token, ps=True) == 2
+            assert await join(endpoint, extra.address, cluster.token, ps=True, index=given) == 2
+            await _wait(lambda: coordinator.ps.moving is None and coordinator.ps.moves_done >= 1,
+                        "v to move to the ps that joined")
+            placement = coordinator.ps.placement
+            assert placement.ps == [*cluster.cluster_spec.job_tasks("ps"), extra.address]
+            for index in (None, 2):  # asked again once in the job: nothing changes
+                assert await join(endpoint, extra.address, cluster.token, ps=True, index=index) == 2
+            assert coordinator.ps.placement == placement and coordinator.ps.moving is None
+            assert (await v.read_value()).tolist() == [0, 0, 0]
+            assert (await w.read_value()).tolist() == [1, 1, 1]
+            assert len(_held(extra)) == 1
+        finally:
+            await coordinator.close()
+            await extra.stop()
 
 
 async def test_bad_requests_to_move_are_refused_and_change_nothing():

@@ -136,11 +136,14 @@ class PsChanges:
               ) -> Callable[[str, int | None], Awaitable[int]]:
         """What ``coordinator/join_ps`` runs. Without ``index``: the index the ps at
         ``address`` is to take (it answers to that name from then on). With it: the ps
-        joins; the moves run in the background."""
+        joins; the moves run in the background (a ps of the job asking again: its index)."""
         async def join(address: str, index: int | None) -> int:
             parse_address(address)
+            if address in self.placement.ps:  # a ps of the job asking again (its reply was
+                return self.placement.ps.index(address)  # lost, say): it stays as it is
             if index is None:
-                index = len(self.placement.ps) + len(self._reserved)
+                asked = [i for i, a in self._reserved.items() if a == address]
+                index = asked[0] if asked else len(self.placement.ps) + len(self._reserved)
                 self._reserved[index] = address
                 return index
             if self._reserved.get(index) != address:

@@ -64,6 +64,8 @@ class Workers:
         the cluster grows by one worker. Returns the worker's index."""
         parse_address(address)  # InvalidArgumentError for a bad one
         slot, grew = self.slots.admit(address)
+        if slot.up:  # the worker asking again (a reply lost, say): it stays as it is
+            return slot.index
         spec = self.channels.cluster_spec.as_dict()
         spec["worker"] = self.slots.addresses()
         new_spec = ClusterSpec(spec)
