@@ -20,7 +20,8 @@ from .._formats.protocol import DEFAULT_MAX_BODY
 from .._transport.bridge import run
 from .._transport.interrupt import GRACE_S
 from .arguments import LOG_LEVELS, address, index_number, log_level, port_number, positive_int, seconds
-from .common import evaluate, join, leave, setup_logging
+from .common import evaluate, leave, setup_logging
+from .joining import follow, incarnation, join_as
 
 logger = logging.getLogger("pstrain.cli")
 
@@ -97,7 +98,9 @@ def serve_parser(sub: Any) -> None:
                    help="join a running job through its coordinator's endpoint (the address of its "
                         "/metrics). A worker takes the slot of a worker that is gone, or grows the "
                         "job; a ps gets the next index, and a share of the variables moves to it "
-                        "while training runs (on SIGTERM they move away again before it exits)")
+                        "while training runs (on SIGTERM they move away again before it exits). "
+                        "It follows that coordinator: when another one serves there (started again "
+                        "after it was lost), it joins that one too")
     p.add_argument("--advertise", type=address, metavar="HOST:PORT",
                    help="with --join: the address the coordinator should use (default: the "
                         "listening address)")
@@ -243,17 +246,13 @@ def serve(args: argparse.Namespace) -> int:
             server.answers_any_index = True  # until the coordinator gives it its index
         address = await server.start()
         print(f"pstrain {role}:{index} listening on {address}", flush=True)
-        if role == "ps" and args.join:  # an index first; it answers to that name, then joins
-            given = await join(args.join, args.advertise or address, token, ps=True)
-            server.index, server.answers_any_index = given, False
-            server.store.task = server.fencing.task = server.task
-            await join(args.join, args.advertise or address, token, ps=True, index=given)
-            print(f"pstrain ps joined {args.join} as ps {given}", flush=True)
-        if role == "worker" and args.join:
-            server.joined = True
-            slot = await join(args.join, args.advertise or address, token)
-            print(f"pstrain worker joined {args.join} as worker {slot}", flush=True)
         watchers = TaskOwner("pstrain serve")
+        if args.join:  # and again whenever another coordinator serves there (restarted)
+            rejoin = join_as(role, server, args.join, args.advertise or address, token)
+            joined = await incarnation(args.join, token)  # before: one started since is joined too
+            given = await rejoin()
+            print(f"pstrain {role} joined {args.join} as {role} {given}", flush=True)
+            watchers.spawn(follow(role, args.join, token, joined, rejoin))
         if args.exit_with_parent:
             watchers.spawn(_watch_parent(parent, stop))
         watchers.spawn(_on_event(server.shutdown_requested, stop))

@@ -29,8 +29,6 @@ from typing import Any
 import numpy as np
 
 from ..._base.errors import AlreadyExistsError, InvalidArgumentError
-from ..._formats import initializers
-from ..._formats.casting import NUMERIC_KINDS, cast_value
 from ..._formats.checkpoint_operations import (
     AbortRestore,
     CommitRestore,
@@ -55,7 +53,6 @@ from ..._formats.operations import (
     SparseRead,
     Update,
     UpdateVariables,
-    VariableSpec,
 )
 from ..._formats.records import Mutation, Operation
 from ..._kernels import KERNELS
@@ -64,6 +61,7 @@ from ..._serving.base import ServerBase
 from ..._serving.core import Pinned
 from . import checkpoint as ps_checkpoint
 from .compute import apply_gradients, call_function
+from .creation import itemsize, plan_create
 from .deltas import Deltas
 from .feed import PATH as FEED_PATH, TableFeed
 from .fencing import Fencing
@@ -166,6 +164,13 @@ class ParameterServer(ServerBase):
             fn = self.fencing.owned(fn, operation.op())
         super().route(operation, fn)
 
+    def renamed(self, index: int) -> None:
+        """Answer to ps ``index`` from now on: the index the coordinator this ps joined gave
+        it (``pstrain serve --role ps --join``), in its errors, logs and table feed too."""
+        self.index, self.answers_any_index = index, False
+        self.feed.index = index
+        self.store.task = self.fencing.task = self.feed.task = self.table_handlers.task = self.task
+
     async def on_stop(self) -> None:
         self.checkpoints.hurry(stop=True)  # a delta spread over some seconds: the rest at once
 
@@ -174,7 +179,7 @@ class ParameterServer(ServerBase):
         """Create variables, all or none. Initializers run off the serving loop."""
         names: set[str] = set()
         planned = []
-        adding = sum(math.prod(s.shape) * _itemsize(s.dtype) for s in req.vars)
+        adding = sum(math.prod(s.shape) * itemsize(s.dtype) for s in req.vars)
         per_request = max(self.max_variable_bytes, CREATE_CHUNK_BYTES)
         if len(req.vars) > 1 and adding > per_request:
             raise InvalidArgumentError(
@@ -192,7 +197,7 @@ class ParameterServer(ServerBase):
                 raise AlreadyExistsError(f"variable {spec.name!r} is created twice in one request")
             self.store.taken_over(VariableRecord(spec.name, _EMPTY, spec.trainable, req.owner))
             names.add(spec.name)
-            planned.append(self._plan_create(spec))
+            planned.append(plan_create(spec, self.max_variable_bytes))
         needs_work = [i for i, (_, make) in enumerate(planned) if make is not None]
         arrays: list[np.ndarray | None] = [array for array, _ in planned]
         if needs_work:
@@ -213,48 +218,6 @@ class ParameterServer(ServerBase):
                            len(replaced), req.owner, sorted({str(r.owner) for r in replaced}),
                            ", ".join(r.name for r in replaced[:10]))
         return {"created": len(records)}
-
-    def _plan_create(self, spec: VariableSpec) -> tuple[np.ndarray | None, Callable[[], np.ndarray] | None]:
-        """(the array, or None and a function that builds it off the loop)."""
-        where = f"vars/create {spec.name!r}"
-        try:
-            dtype = np.dtype(spec.dtype)
-        except TypeError as exc:
-            raise InvalidArgumentError(f"{where}: bad dtype {spec.dtype!r}") from exc
-        if dtype.kind not in NUMERIC_KINDS or dtype.hasobject:
-            raise InvalidArgumentError(f"{where}: dtype {dtype} is not numeric")
-        shape = tuple(spec.shape)
-        nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes > self.max_variable_bytes:
-            raise InvalidArgumentError(
-                f"{where}: {nbytes} bytes is more than this ps's limit of {self.max_variable_bytes} "
-                "bytes per variable (pstrain serve --max-variable-bytes); shard it "
-                "(variable_partitioner) or raise the limit")
-        if (spec.value is None) == (spec.init is None):
-            raise InvalidArgumentError(f"{where}: give exactly one of 'value' and 'init'")
-        if spec.init is not None:
-            init = initializers.from_spec(spec.init)
-            try:  # a one-element probe: bad parameters are the caller's error, found now
-                init((1,), dtype)
-            except InvalidArgumentError:
-                raise
-            except Exception as exc:
-                raise InvalidArgumentError(f"{where}: bad initializer {spec.init!r}: {exc}") from None
-            offset, full_shape = spec.offset, spec.full_shape
-            if offset is not None and len(offset) != len(shape):
-                raise InvalidArgumentError(f"{where}: offset {offset} does not match shape {shape}")
-            if full_shape is not None and (len(full_shape) != len(shape) or any(
-                    (o or 0) + s > f for o, s, f in zip(offset or [0] * len(shape), shape, full_shape))):
-                raise InvalidArgumentError(f"{where}: part {shape} at {offset} is not inside {full_shape}")
-            return None, lambda: init(shape, dtype, offset=offset, full_shape=full_shape)
-        value = spec.value
-        assert value is not None
-        if value.shape != shape:
-            raise InvalidArgumentError(f"{where}: value has shape {value.shape}, declared {shape}")
-        arr = cast_value(value, dtype, where)
-        if arr is value and (not arr.flags.writeable or arr.ctypes.data % 64):
-            arr = arr.copy()  # its own (the message's bytes go), on a cache line
-        return arr, None
 
     def delete(self, req: DeleteVariables) -> dict[str, Any]:
         return {"deleted": self.store.delete(req.names)}
@@ -392,9 +355,3 @@ class ParameterServer(ServerBase):
     async def abort_restore(self, req: AbortRestore) -> dict[str, Any]:
         return await self.checkpoints.abort(req.stage)
 
-
-def _itemsize(dtype: str) -> int:
-    try:
-        return np.dtype(dtype).itemsize
-    except TypeError:
-        return 0  # refused, with its name, when the variable is planned

@@ -1,0 +1,95 @@
+"""The coordinator of ``tests/test_joined_tasks_follow.py``: a real job on the ps and the
+worker of ``cluster.json`` (processes), whose endpoint a ps and a worker started with
+``pstrain serve --join`` join.
+
+``first``: serve the endpoint, print ``endpoint <address>``, train 3 steps, wait for a ps
+and a worker to join (``v`` moves to the ps), train 2 more, save a checkpoint, print
+``saved <path>`` and wait to be SIGKILLed, reading stdin. ``again``: a coordinator started
+after that on the same cluster file (which lists neither task that joined), serving its
+endpoint at the same address: restore ``path``, wait for the two to join it by themselves,
+train 4 more steps, save again, and print the state as JSON. Each step subtracts 1 from
+every table row of ``IDS`` and adds 1 to ``v``: after the 9 steps each row is -9, ``v`` 9.
+
+    python tests/follow_job.py first cluster.json
+    python tests/follow_job.py again cluster.json <endpoint address> <checkpoint path>
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import pstrain
+
+IDS = np.arange(1, 400, dtype=np.int64) * 7919
+
+
+async def _until(cond, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def main(role: str, cluster_file: str, *args: str) -> None:
+    with open(cluster_file) as f:
+        spec = json.load(f)
+    strategy = pstrain.ParameterServerStrategy(
+        pstrain.SimpleClusterResolver(spec, token=os.environ["PSTRAIN_TOKEN"]))
+    coordinator = pstrain.ClusterCoordinator(strategy)
+    port = int(args[0].rsplit(":", 1)[1]) if role == "again" else 0
+    endpoint = await coordinator.serve_metrics(port=port)
+    async with strategy.scope():
+        with strategy.placement.colocated(0):
+            v = pstrain.Variable(np.zeros(8, np.float32), name="v")
+        table = pstrain.DynamicEmbedding(4, name="t", initializer=pstrain.initializers.Zeros())
+        opt = pstrain.optimizers.SGD(1.0)
+
+    async def step() -> None:
+        await table.lookup(IDS)
+        await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((IDS.size, 4), np.float32), IDS),
+                                    table)])
+        await v.assign_add(np.ones(8, np.float32))
+
+    async def train(steps: int) -> None:
+        for _ in range(steps):
+            coordinator.schedule(step, exactly_once=True)
+        await coordinator.join()
+
+    def joined() -> bool:  # a third ps holds v, and a second worker took a slot
+        placement = coordinator.ps.placement
+        return (len(placement.active()) == 3 and coordinator.ps.moving is None
+                and placement.moved.get(v.key) == 2 and len(coordinator.membership()) == 2)
+
+    if role == "first":
+        print("endpoint", endpoint, flush=True)
+        await train(3)
+        await _until(joined, "a ps and a worker to join")
+        await train(2)
+        path = await pstrain.Checkpoint(v=v, t=table).save(os.path.join(os.path.dirname(cluster_file),
+                                                                       "ckpt"))
+        print("saved", path, flush=True)
+        await asyncio.to_thread(sys.stdin.read)  # until SIGKILLed (or the harness is gone)
+        return
+    assert endpoint == args[0], (endpoint, args[0])
+    await pstrain.Checkpoint(v=v, t=table).restore(args[1])
+    restored = float((await v.numpy())[0])
+    await _until(joined, "the ps and the worker that joined the first coordinator to join")
+    await train(4)
+    await pstrain.Checkpoint(v=v, t=table).save(os.path.join(os.path.dirname(cluster_file), "ckpt2"))
+    ids, rows = await table.export()
+    print(json.dumps({"restored": restored, "v": (await v.numpy()).tolist(), "ids": ids.tolist(),
+                      "rows": rows.tolist(), "ps": coordinator.ps.placement.ps,
+                      "table_owners": sorted(set(coordinator.ps.table_slices(table).owners)),
+                      "workers": coordinator.membership()}), flush=True)
+    await coordinator.close()
+
+
+if __name__ == "__main__":
+    pstrain.run(main(*sys.argv[1:]))
