@@ -289,3 +289,36 @@ async def test_a_worker_that_learnt_an_old_coordinators_map_routes_by_the_new_on
         assert {r.name for r in cluster.ps[1].store} == {"u"}
         for coordinator in coordinators:
             await coordinator.close()
+
+
+async def test_a_coordinators_maps_count_on_a_ps_that_knew_another_ones_higher_versions():
+    """A coordinator that moved variables (its maps at version 4 and up) is gone; another
+    one, whose variables are named apart (nothing of the first is taken over), moves one
+    of its own: its maps start at version 1 again. The ps know its maps, not the first's,
+    so its closures' updates are routed to where its variable is now."""
+    async def bump(var):
+        await var.assign_add(np.ones(3, np.float32))
+
+    async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
+        old_strategy, old = _plain(cluster)
+        async with old_strategy.scope():
+            with old_strategy.placement.colocated(0):
+                a = pstrain.Variable(np.zeros(3, np.float32), name="a")
+        for ps in (1, 0, 1, 0):
+            await old.ps.move([a.key], ps)
+        await old.close()
+        old_version = cluster.ps[0].store.placement.version
+        assert old_version >= 4
+        strategy, coordinator = _plain(cluster)
+        async with strategy.scope():
+            with strategy.placement.colocated(0):
+                v = pstrain.Variable(np.zeros(3, np.float32), name="v")
+        assert v.key != "v"  # named apart: the first strategy still lives in this process
+        await coordinator.ps.move([v.key], 1)
+        assert coordinator.ps.placement.version < old_version  # its maps number from 1
+        for _ in range(3):
+            coordinator.schedule(bump, args=(v,))
+        await coordinator.join()
+        assert (await v.read_value()).tolist() == [3, 3, 3]
+        assert cluster.ps[0].store.placement.moved == {v.key: 1}
+        await coordinator.close()

@@ -5,7 +5,10 @@ to whoever asks (``ps/placement/read``).
 Maps are ordered by version within one coordinator incarnation. A restarted coordinator
 numbers its maps from the start again, so a map of the one it took over from, however
 high its version, goes with the takeover: the ps then knows no map until the new
-coordinator sends one, and forgets what the old one said moved away from it.
+coordinator sends one, and forgets what the old one said moved away from it. A map from
+another coordinator replaces the one the ps knows whatever their versions, as when the
+new one took nothing over here (its variables are named apart): a coordinator a newer
+one took over from is refused before its map gets here.
 """
 
 from __future__ import annotations
@@ -37,8 +40,10 @@ class PsMap:
         return {"placement": self.store.placement}
 
     def adopt(self, placement: PlacementMap, owner: str | None) -> None:
-        """Know ``placement`` (sent for coordinator ``owner``) if it is newer."""
-        if placement.version <= self.store.placement.version:
+        """Know ``placement`` (sent for coordinator ``owner``) if it is newer: a higher
+        version, or a map of another coordinator."""
+        if placement.version <= self.store.placement.version and (
+                owner is None or owner == self.owner or self.owner is None):
             return
         self.store.placement = placement
         self.owner = owner
