@@ -354,4 +354,3 @@ class ParameterServer(ServerBase):
 
     async def abort_restore(self, req: AbortRestore) -> dict[str, Any]:
         return await self.checkpoints.abort(req.stage)
-
