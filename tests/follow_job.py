@@ -8,7 +8,8 @@ and a worker to join (``v`` moves to the ps), train 2 more, save a checkpoint, p
 after that on the same cluster file (which lists neither task that joined), serving its
 endpoint at the same address: restore ``path``, wait for the two to join it by themselves,
 train 4 more steps, save again, and print the state as JSON. Each step subtracts 1 from
-every table row of ``IDS`` and adds 1 to ``v``: after the 9 steps each row is -9, ``v`` 9.
+every table row of ``IDS`` and adds 1 to ``v`` (``rejoin_job.py``'s model): after the 9
+steps each row is -9, ``v`` 9.
 
     python tests/follow_job.py first cluster.json
     python tests/follow_job.py again cluster.json <endpoint address> <checkpoint path>
@@ -22,11 +23,9 @@ import os
 import sys
 import time
 
-import numpy as np
+from rejoin_job import job  # beside this file
 
 import pstrain
-
-IDS = np.arange(1, 400, dtype=np.int64) * 7919
 
 
 async def _until(cond, what: str, timeout: float = 60.0) -> None:
@@ -38,29 +37,9 @@ async def _until(cond, what: str, timeout: float = 60.0) -> None:
 
 
 async def main(role: str, cluster_file: str, *args: str) -> None:
-    with open(cluster_file) as f:
-        spec = json.load(f)
-    strategy = pstrain.ParameterServerStrategy(
-        pstrain.SimpleClusterResolver(spec, token=os.environ["PSTRAIN_TOKEN"]))
-    coordinator = pstrain.ClusterCoordinator(strategy)
+    coordinator, v, table, train = await job(cluster_file)
     port = int(args[0].rsplit(":", 1)[1]) if role == "again" else 0
     endpoint = await coordinator.serve_metrics(port=port)
-    async with strategy.scope():
-        with strategy.placement.colocated(0):
-            v = pstrain.Variable(np.zeros(8, np.float32), name="v")
-        table = pstrain.DynamicEmbedding(4, name="t", initializer=pstrain.initializers.Zeros())
-        opt = pstrain.optimizers.SGD(1.0)
-
-    async def step() -> None:
-        await table.lookup(IDS)
-        await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((IDS.size, 4), np.float32), IDS),
-                                    table)])
-        await v.assign_add(np.ones(8, np.float32))
-
-    async def train(steps: int) -> None:
-        for _ in range(steps):
-            coordinator.schedule(step, exactly_once=True)
-        await coordinator.join()
 
     def joined() -> bool:  # a third ps holds v, and a second worker took a slot
         placement = coordinator.ps.placement

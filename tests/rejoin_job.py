@@ -27,7 +27,10 @@ import pstrain
 IDS = np.arange(1, 400, dtype=np.int64) * 7919
 
 
-async def main(role: str, cluster_file: str, arg: str) -> None:
+async def job(cluster_file: str):
+    """A coordinator on the cluster of ``cluster_file``, ``v`` (on ps 0), table ``t``, and
+    ``train(steps)``: each step subtracts 1 from every row of ``IDS`` in ``t`` and adds 1
+    to ``v``."""
     with open(cluster_file) as f:
         spec = json.load(f)
     strategy = pstrain.ParameterServerStrategy(
@@ -50,6 +53,11 @@ async def main(role: str, cluster_file: str, arg: str) -> None:
             coordinator.schedule(step)
         await coordinator.join()
 
+    return coordinator, v, table, train
+
+
+async def main(role: str, cluster_file: str, arg: str) -> None:
+    coordinator, v, table, train = await job(cluster_file)
     if role == "first":
         await train(3)
         await coordinator.add_ps(arg)

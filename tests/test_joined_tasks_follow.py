@@ -32,7 +32,7 @@ import table_feed  # noqa: E402
 
 
 async def test_a_ps_and_a_worker_that_joined_join_a_restarted_coordinator_by_themselves(tmp_path):
-    from .follow_job import IDS
+    from .rejoin_job import IDS
 
     async with pstrain.LocalCluster(num_ps=2, num_workers=1, checkpoint_root=tmp_path) as cluster:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PSTRAIN_", "TF_CONFIG"))}
