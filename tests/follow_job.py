@@ -23,9 +23,12 @@ import os
 import sys
 import time
 
-from rejoin_job import job  # beside this file
-
 import pstrain
+
+if __package__:  # imported by pytest (its doctest pass imports every module)
+    from .rejoin_job import job
+else:  # run as a script, beside it
+    from rejoin_job import job
 
 
 async def _until(cond, what: str, timeout: float = 60.0) -> None:
