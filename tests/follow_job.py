@@ -21,22 +21,16 @@ import asyncio
 import json
 import os
 import sys
-import time
 
 import pstrain
 
 if __package__:  # imported by pytest (its doctest pass imports every module)
+    from .conftest import wait_for
     from .rejoin_job import job
-else:  # run as a script, beside it
+else:  # run as a script, beside them
     from rejoin_job import job
 
-
-async def _until(cond, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
+    from conftest import wait_for
 
 
 async def main(role: str, cluster_file: str, *args: str) -> None:
@@ -52,7 +46,7 @@ async def main(role: str, cluster_file: str, *args: str) -> None:
     if role == "first":
         print("endpoint", endpoint, flush=True)
         await train(3)
-        await _until(joined, "a ps and a worker to join")
+        await wait_for(joined, 60.0, "a ps and a worker to join")
         await train(2)
         path = await pstrain.Checkpoint(v=v, t=table).save(os.path.join(os.path.dirname(cluster_file),
                                                                        "ckpt"))
@@ -62,7 +56,7 @@ async def main(role: str, cluster_file: str, *args: str) -> None:
     assert endpoint == args[0], (endpoint, args[0])
     await pstrain.Checkpoint(v=v, t=table).restore(args[1])
     restored = float((await v.numpy())[0])
-    await _until(joined, "the ps and the worker that joined the first coordinator to join")
+    await wait_for(joined, 60.0, "the ps and the worker that joined the first coordinator to join")
     await train(4)
     await pstrain.Checkpoint(v=v, t=table).save(os.path.join(os.path.dirname(cluster_file), "ckpt2"))
     ids, rows = await table.export()

@@ -49,10 +49,10 @@ logger = logging.getLogger(__name__)
 #: Handshakes ended by the server without a byte, in a row, before it is not retried.
 SILENT_CLOSES = 3
 
+
 #: The open channels of each loop (weakly: a channel nobody holds is already closed).
 _open: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[Channel]] = \
     weakref.WeakKeyDictionary()
-
 
 
 class Channel:
