@@ -85,7 +85,7 @@ def test_a_probe_that_checks_its_ids_distinct_is_the_same_compiled_and_in_numpy(
     """Ids with rows and ids without, repeated or not, in any order or ascending (a sorted
     batch's, which the compiled probe takes as distinct without marks): the rows found are
     ``get``'s, the answer is whether the batch repeats an id, and the marks are all clear
-    again after."""
+    again after, the index's slots as they were (the compiled probe marks its slots)."""
     if batch:
         batch += data.draw(st.lists(st.sampled_from(batch), max_size=3))  # repeats, sometimes
         batch = data.draw(st.permutations(batch))
@@ -97,7 +97,9 @@ def test_a_probe_that_checks_its_ids_distinct_is_the_same_compiled_and_in_numpy(
         index = IdIndex(4, impl)
         index.insert(np.array(present, np.int64), np.arange(len(present)))
         marks = np.zeros(max(1, len(present)), np.uint8)
+        before = index.slots.copy()
         got = index.locate(arr, marks)
+        np.testing.assert_array_equal(index.slots, before)
         if len(set(batch)) != len(batch):
             assert got is None
         else:

@@ -210,14 +210,20 @@ def same_ids(const int64_t[::1] a, const int64_t[::1] b):
         a.shape[0] == 0 or memcmp(&a[0], &b[0], a.shape[0] * sizeof(int64_t)) == 0)
 
 
-def index_locate(const int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids,
+def index_locate(int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids,
                  int64_t[::1] out, uint8_t[::1] mark):
     """:func:`index_get` into ``out``, and whether ``ids`` are distinct, in the same pass:
-    the rows found must be (a byte per row in ``mark``, all 0 before and after, one pass
-    marking, one unmarking), and the ids without one (a hash set of just those). Ids
-    strictly ascending (a sorted batch's) are distinct: their probes are all it takes."""
+    the slots found must be, and the ids without one (a hash set of just those). Ids
+    strictly ascending (a sorted batch's) are distinct: their probes are all it takes.
+    Otherwise each slot found is marked where it lies, its line just read (its value v
+    becomes -2 - v, which no probe takes for an empty slot), and a second id finding a
+    marked slot is a repeat; a second pass over the same slots restores them, ``out`` holding
+    each id's slot in between. ``mark`` (a byte per row, all 0) is the reference
+    implementation's way; this one leaves it as it is: a byte array of rows beside the
+    index costs a cache miss per id, twice (marking, unmarking)."""
     cdef Py_ssize_t i, q, r, n = ids.shape[0], limit = mark.shape[0], missing = 0
-    cdef const int64_t* s = &slots[0, 0]
+    cdef int64_t* s = &slots[0, 0]
+    cdef int64_t v
     cdef bint repeated = False, bad = False, ascending
     _check_slots(slots.shape[0], slots.shape[1], mask)
     if out.shape[0] < n:
@@ -230,31 +236,30 @@ def index_locate(const int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] 
                 r = s[2 * q + 1] if q >= 0 else -1
                 out[i] = r
                 bad = bad or r >= limit
-    if ascending:
-        if bad:
-            raise IndexError("index_locate: a row past the table's end")
-        return True
-    with nogil:
-        for i in range(n):
-            q = _probe(s, mask, &ids[0], i, n)
-            if q < 0:
-                out[i] = -1
-                missing += 1
-                continue
-            r = s[2 * q + 1]
-            out[i] = r
-            if r >= limit:
-                bad = True
-            elif mark[r]:
-                repeated = True
-            else:
-                mark[r] = 1
-        for i in range(n):  # every row marked above, unmarked
-            r = out[i]
-            if 0 <= r < limit:
-                mark[r] = 0
+        else:
+            for i in range(n):  # out[i]: the slot found, -1 for none
+                q = _probe(s, mask, &ids[0], i, n)
+                out[i] = q
+                if q < 0:
+                    missing += 1
+                elif s[2 * q + 1] >= 0:
+                    s[2 * q + 1] = -2 - s[2 * q + 1]
+                else:
+                    repeated = True
+            for i in range(n):  # every slot marked above restored; out[i]: its row
+                q = out[i]
+                if q < 0:
+                    continue
+                v = s[2 * q + 1]
+                if v < 0:
+                    v = -2 - v
+                    s[2 * q + 1] = v
+                out[i] = v
+                bad = bad or v >= limit
     if bad:
         raise IndexError("index_locate: a row past the table's end")
+    if ascending:
+        return True
     if repeated or missing < 2:
         return not repeated
     cdef _IdSet seen = _IdSet(missing)

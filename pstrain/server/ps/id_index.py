@@ -74,8 +74,9 @@ class IdIndex:
 
     def locate(self, ids: np.ndarray, marks: np.ndarray) -> np.ndarray | None:
         """:meth:`get`, or None if an id occurs twice in ``ids``, in the same compiled pass:
-        the rows found are checked distinct through ``marks`` (a byte per row, all 0, left
-        so), and the ids without a row through a hash set of just them."""
+        the slots found are checked distinct (marked where they lie, then restored; the numpy
+        reference marks ``marks`` instead, a byte per row, all 0, left so), and the ids
+        without a row through a hash set of just them."""
         ids = np.ascontiguousarray(ids, np.int64)
         out = np.empty(ids.size, np.int64)
         return out if self.kernels.index_locate(self.slots, self.mask, ids, out, marks) else None
