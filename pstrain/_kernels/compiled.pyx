@@ -218,7 +218,8 @@ def index_locate(int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids,
     Otherwise each slot found is marked where it lies, its line just read (its value v
     becomes -2 - v, which no probe takes for an empty slot), and a second id finding a
     marked slot is a repeat; a second pass over the same slots restores them, ``out`` holding
-    each id's slot in between. ``mark`` (a byte per row, all 0) is the reference
+    each id's slot in between (a ps reads its indexes on its serving loop alone, so nothing
+    else sees a mark). ``mark`` (a byte per row, all 0) is the reference
     implementation's way; this one leaves it as it is: a byte array of rows beside the
     index costs a cache miss per id, twice (marking, unmarking)."""
     cdef Py_ssize_t i, q, r, n = ids.shape[0], limit = mark.shape[0], missing = 0

@@ -108,7 +108,8 @@ class DynamicTable(SlicedRows, Admission):
         # Delta checkpoints: the epoch each row last changed in (the ps's clock), the evictions.
         self.clock = clock or ChangeClock()
         self.epochs = np.empty(0, np.uint32)
-        self.marks = np.empty(0, np.uint8)  # all 0: a batch's rows, marked while checked distinct
+        # all 0: a batch's rows, marked while checked distinct by the numpy reference kernels
+        self.marks = np.empty(0, np.uint8)
         # The last training lookups' ids and rows, with the index's counts then: the update
         # that follows a lookup of the same ids takes its rows from here, not another probe.
         self._looked_up: deque[tuple[np.ndarray, np.ndarray, int, int]] = deque(maxlen=RECENT)
@@ -130,8 +131,8 @@ class DynamicTable(SlicedRows, Admission):
 
     def locate(self, ids: np.ndarray) -> np.ndarray | None:
         """:meth:`positions` of ``ids``, or None if an id occurs twice among them (one
-        compiled pass: the rows found are checked distinct by a byte per row, the ids
-        without one by a hash set of just those)."""
+        compiled pass: the index slots found are checked distinct, marked where they lie,
+        the ids without one by a hash set of just those)."""
         return self.index.locate(ids, self.marks)
 
     def locate_update(self, ids: np.ndarray) -> np.ndarray | None:
