@@ -204,10 +204,16 @@ async def test_a_delta_held_behind_its_writer_holds_the_table_as_of_its_mark(tmp
 
 async def test_bad_settings_are_refused_with_what_was_wrong(tmp_path):
     ckpt = pstrain.Checkpoint()
-    with pytest.raises(pstrain.errors.InvalidArgumentError, match="delta_interval_s"):
-        pstrain.checkpoint.CheckpointManager(ckpt, str(tmp_path), delta_interval_s=0)
-    with pytest.raises(pstrain.errors.InvalidArgumentError, match="deltas_per_base"):
-        pstrain.checkpoint.CheckpointManager(ckpt, str(tmp_path), deltas_per_base=0)
+    # each refusal names the option, whatever the wrong value's type (an infinite interval
+    # named delta_write_s, a string one raised TypeError, a fractional count passed)
+    for option, bad in (("delta_interval_s", 0), ("delta_interval_s", float("inf")),
+                        ("delta_interval_s", "5"), ("delta_interval_s", True),
+                        ("deltas_per_base", 0), ("deltas_per_base", 1.5),
+                        ("max_to_keep", 0), ("max_to_keep", 2.5),
+                        ("checkpoint_name", ""), ("checkpoint_name", 3)):
+        with pytest.raises(pstrain.errors.InvalidArgumentError, match=f"^{option} .*got {bad!r}$"):
+            pstrain.checkpoint.CheckpointManager(ckpt, str(tmp_path), **{option: bad})
+    assert not os.listdir(tmp_path)  # nothing written for any of them
     for bad in (-1.0, float("nan"), True, "1", 1e9):
         with pytest.raises(pstrain.errors.InvalidArgumentError, match="delta_write_s"):
             pstrain.checkpoint.CheckpointManager(ckpt, str(tmp_path), delta_write_s=bad)

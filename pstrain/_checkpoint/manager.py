@@ -36,6 +36,7 @@ import os
 import re
 import time
 
+from .._base.checks import number, whole
 from .._base.errors import FailedPreconditionError, InvalidArgumentError
 from .._base.exports import expose
 from .._formats.checkpoint_files import INDEX, remove_checkpoint
@@ -59,13 +60,15 @@ class CheckpointManager:
     def __init__(self, checkpoint: Checkpoint, directory: str, max_to_keep: int | None = 5,
                  checkpoint_name: str = "ckpt", *, delta_interval_s: float | None = None,
                  deltas_per_base: int = 10, delta_write_s: float | None = None) -> None:
-        if max_to_keep is not None and max_to_keep < 1:
-            raise InvalidArgumentError("max_to_keep must be positive (or None to keep all)")
-        if delta_interval_s is not None and not delta_interval_s > 0:
-            raise InvalidArgumentError(f"delta_interval_s must be a positive number of seconds "
-                                       f"(or None: no deltas), got {delta_interval_s!r}")
-        if deltas_per_base < 1:
-            raise InvalidArgumentError(f"deltas_per_base must be at least 1, got {deltas_per_base}")
+        if max_to_keep is not None:
+            max_to_keep = whole(max_to_keep, "max_to_keep (None keeps all)", 1)
+        if delta_interval_s is not None:
+            delta_interval_s = number(delta_interval_s, "delta_interval_s (None: no deltas)",
+                                      above=True, unit=" of seconds")
+        deltas_per_base = whole(deltas_per_base, "deltas_per_base", 1)
+        if not isinstance(checkpoint_name, str) or not checkpoint_name:
+            raise InvalidArgumentError(f"checkpoint_name must be a string that is not empty, "
+                                       f"got {checkpoint_name!r}")
         if delta_write_s is None:
             delta_write_s = DELTA_WRITE_SHARE * delta_interval_s if delta_interval_s else 0.0
         check_write_s(delta_write_s, "delta_write_s")
