@@ -191,8 +191,8 @@ async def test_bad_configurations_and_ids_are_refused_with_clear_errors():
         with strategy.scope():
             with pytest.raises(InvalidArgumentError, match="admit_after or admit_probability"):
                 pstrain.DynamicEmbedding(4, admit_after=2, admit_probability=0.5)
-            with pytest.raises(InvalidArgumentError, match="evict"):
-                pstrain.DynamicEmbedding(4, eviction="fifo")
+            with pytest.raises(InvalidArgumentError, match="^DynamicEmbedding eviction .*got 'fifo'"):
+                pstrain.DynamicEmbedding(4, eviction="fifo")  # the option's name, not the wire's
             with pytest.raises(InvalidArgumentError, match="initializer"):
                 pstrain.DynamicEmbedding(4, initializer=pstrain.initializers.GlorotUniform())
             with pytest.raises(InvalidArgumentError, match="dim"):

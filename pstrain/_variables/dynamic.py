@@ -105,6 +105,8 @@ class DynamicEmbedding:
             raise InvalidArgumentError(
                 f"DynamicEmbedding capacity must be a whole number of rows, at least the {num_ps} "
                 f"ps it is sharded over (each holds a share), got {capacity!r}")
+        if eviction not in ("lru", "lfu"):  # "evict" on the wire: named here as the user wrote it
+            raise InvalidArgumentError(f"DynamicEmbedding eviction must be 'lru' or 'lfu', got {eviction!r}")
         self.name = name or f"dynamic_embedding_{next(_names)}"
         self.key = placement.namespace + self.name
         self.dim = dim
