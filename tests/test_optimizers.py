@@ -242,6 +242,25 @@ async def test_apply_gradients_given_no_pairs_says_so_and_applies_nothing(ps_ser
     assert (await v.numpy()).tolist() == [0.5, 0.5, 0.5]
 
 
+async def test_gradients_of_none_are_skipped_with_a_warning_and_all_none_is_refused(ps_server, caplog):
+    """As Keras: a variable whose gradient is None is left as it is, with a warning naming
+    it; a step where every gradient is None (or none is given) is refused, nothing counted."""
+    strategy = strategy_for(ps_server)
+    async with strategy.scope():
+        v = pstrain.Variable(np.ones(3, np.float32), name="v")
+        w = pstrain.Variable(np.ones(2, np.float32), name="w")
+        opt = pstrain.optimizers.SGD(0.5)
+    for pairs in ([(None, v), (None, w)], []):
+        with pytest.raises(pstrain.errors.InvalidArgumentError,
+                           match=r"No gradients provided for any variable"):
+            await opt.apply_gradients(pairs)
+    assert await opt.iterations.numpy() == 0
+    with caplog.at_level("WARNING", logger="pstrain.optimizers"):
+        assert await opt.apply_gradients([(np.ones(3, np.float32), v), (None, w)]) == 1
+    assert "Gradients do not exist for variables ['w']" in caplog.text
+    assert (await v.numpy()).tolist() == [0.5, 0.5, 0.5] and (await w.numpy()).tolist() == [1, 1]
+
+
 async def test_slots_stay_on_the_ps_and_untouched_rows_do_not_move(ps_server):
     strategy = strategy_for(ps_server)
     async with strategy.scope():

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,8 @@ from .._variables.variables import Variable
 
 if TYPE_CHECKING:
     from .._transport.rpc import Channel
+
+logger = logging.getLogger("pstrain.optimizers")
 
 __all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Ftrl", "Optimizer", "RMSprop", "schedules"]
 
@@ -98,8 +101,14 @@ class Optimizer:
         items: list[tuple[str, Any, Any]] = []
         touched: list[Variable] = []
         dynamic: list[tuple[DynamicEmbedding, int]] = []
-        for pair in grads_and_vars:
-            grad, var = _pair(pair)
+        pairs = [_pair(pair) for pair in grads_and_vars]
+        missing = [getattr(var, "name", repr(var)) for grad, var in pairs if grad is None]
+        if len(missing) == len(pairs):  # as Keras: a step without a gradient is a mistake
+            raise InvalidArgumentError(f"No gradients provided for any variable: {missing}")
+        if missing:
+            logger.warning("Gradients do not exist for variables %s when minimizing the loss; "
+                           "they are left as they are", missing)
+        for grad, var in pairs:
             if grad is None:
                 continue
             if isinstance(var, DynamicEmbedding):
