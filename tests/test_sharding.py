@@ -253,3 +253,16 @@ async def test_a_callable_initial_value_is_asked_for_each_shard(ps_pair):
     assert (await a.numpy())[:, 0].tolist() == [0, 0, 0, 3, 3]
     assert whole == [1] and (await b.numpy()).tolist() == np.arange(10).reshape(5, 2).tolist()
     np.testing.assert_array_equal(await c.numpy(), await d.numpy())  # the same shards
+
+
+@pytest.mark.parametrize("shape", [(-1, 3), (2.5, 3), "ab", 5, (True, 2)])
+async def test_a_bad_shape_is_refused_by_name_in_and_out_of_a_scope(ps_pair, shape):
+    """numpy's "negative dimensions are not allowed" named neither the variable's shape nor
+    what was given; in a scope, the shape went on to the ps."""
+    message = r"a variable's shape must be a tuple of whole numbers of 0 or more, got "
+    with pytest.raises(InvalidArgumentError, match=message):
+        pstrain.Variable(pstrain.initializers.Zeros(), shape=shape)
+    strategy = strategy_for(ps_pair[0])
+    with strategy.scope(), pytest.raises(InvalidArgumentError, match=message):
+        pstrain.Variable(pstrain.initializers.Zeros(), shape=shape)
+    assert pstrain.Variable(pstrain.initializers.Zeros(), shape=np.array([2, 3])).shape == (2, 3)

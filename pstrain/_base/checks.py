@@ -16,7 +16,7 @@ from typing import Any
 
 from .errors import InvalidArgumentError
 
-__all__ = ["check_options", "number", "variable_name", "whole"]
+__all__ = ["check_options", "number", "shape", "variable_name", "whole"]
 
 
 def whole(value: Any, what: str, low: int | None = None, high: int | None = None) -> int:
@@ -39,6 +39,19 @@ def number(value: Any, what: str, low: float = 0.0, *, above: bool = False,
         bound = f"above {low:g}" if above else f"of {low:g} or more"
         raise InvalidArgumentError(f"{what} must be a finite number{unit} {bound}, got {value!r}")
     return float(value)
+
+
+def shape(value: Any, what: str = "a variable's shape") -> tuple[int, ...]:
+    """``value`` as a shape: a sequence (tuple, list, array) of whole numbers of 0 or more."""
+    try:
+        dims = None if isinstance(value, (str, bytes)) else tuple(value)
+    except TypeError:
+        dims = None
+    if dims is None or any(isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 0
+                           for d in dims):
+        raise InvalidArgumentError(f"{what} must be a tuple of whole numbers of 0 or more, "
+                                   f"got {value!r}")
+    return tuple(int(d) for d in dims)
 
 
 def variable_name(name: Any) -> str | None:

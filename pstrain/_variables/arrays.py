@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .._base.checks import shape as checked_shape
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from .._formats.casting import cast_value
@@ -155,11 +156,11 @@ def initial_value_array(initial_value: Any, dtype: Any, shape: Sequence[int] | N
     if isinstance(initial_value, Initializer):
         if shape is None:
             raise InvalidArgumentError(f"{initial_value!r} needs shape= to build a variable")
-        return initial_value(shape, np.dtype(dtype) if dtype is not None else np.float32)
+        return initial_value(checked_shape(shape), np.dtype(dtype) if dtype is not None else np.float32)
     if callable(initial_value) and not isinstance(initial_value, VariableBase):
         initial_value = initial_value()
     value = to_array(initial_value, infer_dtype(initial_value, dtype), "initial_value")
-    if shape is not None and tuple(shape) != value.shape:
+    if shape is not None and checked_shape(shape) != value.shape:
         raise InvalidArgumentError(f"initial_value has shape {value.shape}, shape= says {tuple(shape)}")
     return value
 

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from .._base.checks import variable_name
+from .._base.checks import shape as checked_shape, variable_name
 from .._base.context import current_channels
 from .._base.errors import InvalidArgumentError, UnavailableError
 from .._base.tasks import TaskOwner
@@ -156,14 +156,14 @@ class Placement:
             if shape is None:
                 raise InvalidArgumentError(f"{initial_value!r} needs shape= to build a variable")
             var_dtype = _placed_dtype(np.dtype(dtype) if dtype is not None else np.float32, name)
-            var_shape = tuple(int(d) for d in shape)
+            var_shape = checked_shape(shape)
             entry: dict[str, Any] = {"init": initial_value.spec()}
             full_name = self.unique_name(name)  # once nothing can be refused: names count
         elif (callable(initial_value) and not isinstance(initial_value, VariableBase)
               and shape is not None and dtype is not None and self.partitioner is not None
               and tuple(shape) and self._colocate.get() is None):
             # TF: a callable of known shape and dtype is asked for each shard by itself
-            var_shape, var_dtype = tuple(int(d) for d in shape), _placed_dtype(dtype, name)
+            var_shape, var_dtype = checked_shape(shape), _placed_dtype(dtype, name)
             full_name = self.unique_name(name)
             parts = plan_parts(self.partitioner, full_name, var_shape, var_dtype)
             if parts is not None:
