@@ -216,6 +216,8 @@ async def test_bad_requests_to_move_are_refused_and_change_nothing():
         version = coordinator.ps.placement.version
         with pytest.raises(InvalidArgumentError, match="no active ps 5"):
             await coordinator.remove_ps(5)
+        with pytest.raises(InvalidArgumentError, match="no active ps '0'"):  # a string, not ps 0
+            await coordinator.remove_ps("0")
         with pytest.raises(InvalidArgumentError, match="not variables of this strategy"):
             await coordinator.ps.move(["nope"], 1)
         with pytest.raises(InvalidArgumentError, match="no active ps 7"):

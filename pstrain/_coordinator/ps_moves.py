@@ -170,7 +170,7 @@ class PsChanges:
         take it out of the job: it can stop."""
         active = self.placement.active()
         if index not in active:
-            raise InvalidArgumentError(f"no active ps {index}: the job's ps are {active}")
+            raise InvalidArgumentError(f"no active ps {index!r}: the job's ps are {active}")
         if len(active) == 1:
             raise FailedPreconditionError("the job's only ps cannot leave")
         self.strategy.placement.active = [k for k in active if k != index]
@@ -256,7 +256,7 @@ class PsChanges:
         """InvalidArgumentError (nothing moves) unless ps ``to`` is active and every key is
         one of ``known``."""
         if to not in self.placement.active():
-            raise InvalidArgumentError(f"no active ps {to}: the job's ps are {self.placement.active()}")
+            raise InvalidArgumentError(f"no active ps {to!r}: the job's ps are {self.placement.active()}")
         unknown = [k for k in keys if k not in known]
         if unknown:
             raise InvalidArgumentError(f"not {what} of this strategy: {unknown}")

@@ -106,7 +106,7 @@ class PsReplacement:
         changes = self.changes
         active = changes.placement.active()
         if index not in active:
-            raise InvalidArgumentError(f"no active ps {index}: the job's ps are {active}")
+            raise InvalidArgumentError(f"no active ps {index!r}: the job's ps are {active}")
         if to is not None and (to == index or to not in active):
             raise InvalidArgumentError(f"ps {to} cannot take ps {index}'s variables: the job's "
                                        f"ps are {active}")
