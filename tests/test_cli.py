@@ -183,6 +183,10 @@ def test_a_file_or_port_given_wrong_is_one_line_naming_the_flag(tmp_path):
         (("launch", "--", missing), f"'{missing}': no such command (not on PATH, nor an executable "
                                     "file); nothing was started"),
         (("demo", "--steps", "0"), "argument --steps: it must be a whole number of 1 or more, got 0"),
+        (("serve", "--role", "ps", "--port", "0", "--checkpoint-root", str(bad_pem)),
+         f"argument --checkpoint-root: '{bad_pem}' is not a directory"),
+        (("serve", "--role", "ps", "--port", "0", "--checkpoint-root", f"{bad_pem}/ckpts"),
+         f"argument --checkpoint-root: '{bad_pem}/ckpts' cannot be a directory: {bad_pem} is a file"),
     ]
     for args, message in cases:
         result = run_cli(*args)

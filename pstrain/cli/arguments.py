@@ -11,6 +11,7 @@ argparse.ArgumentTypeError: it must be a whole number of 1 or more, got 0
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -18,8 +19,8 @@ from .._base.checks import number, whole
 from .._base.cluster import parse_address
 from .._base.errors import InvalidArgumentError
 
-__all__ = ["LOG_LEVELS", "address", "index_number", "level_name", "log_level", "port_number",
-           "positive_int", "seconds"]
+__all__ = ["LOG_LEVELS", "address", "directory", "index_number", "level_name", "log_level",
+           "port_number", "positive_int", "seconds"]
 
 #: What ``--log-level`` takes (in any case).
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -54,3 +55,21 @@ def level_name(value: Any) -> str:
 address = _flag_value(str, lambda text: parse_address(text) and text)
 #: A logging level's name, in any case (``--log-level``).
 log_level = _flag_value(str, level_name)
+
+
+def directory_path(text: str) -> str:
+    """``text`` if it is a directory, or a path one can be made at (its nearest existing
+    parent is a directory); nothing is made here."""
+    path = os.path.abspath(text)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise InvalidArgumentError(f"{text!r} is not a directory")
+    parent = path
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise InvalidArgumentError(f"{text!r} cannot be a directory: {parent} is a file")
+    return text
+
+
+#: A directory, existing or to be made (``--checkpoint-root``).
+directory = _flag_value(str, directory_path)

@@ -19,7 +19,16 @@ from .._base.tasks import TaskOwner
 from .._formats.protocol import DEFAULT_MAX_BODY
 from .._transport.bridge import run
 from .._transport.interrupt import GRACE_S
-from .arguments import LOG_LEVELS, address, index_number, log_level, port_number, positive_int, seconds
+from .arguments import (
+    LOG_LEVELS,
+    address,
+    directory,
+    index_number,
+    log_level,
+    port_number,
+    positive_int,
+    seconds,
+)
 from .common import evaluate, leave, setup_logging
 from .joining import follow, incarnation, join_as
 
@@ -119,7 +128,7 @@ def serve_parser(sub: Any) -> None:
     p.add_argument("--no-pickle", action="store_true",
                    help="ps: refuse every pickled payload (strategy.extended.update then fails "
                         "with a clear error; nothing else needs pickles on a ps)")
-    p.add_argument("--checkpoint-root", metavar="DIR", default=None,
+    p.add_argument("--checkpoint-root", type=directory, metavar="DIR", default=None,
                    help="ps: read and write checkpoint files only under DIR (default: the "
                         "directory the ps is started in)")
     p.add_argument("--max-variable-bytes", type=positive_int, default=None, metavar="BYTES",
