@@ -108,7 +108,8 @@ class DynamicTable(SlicedRows, Admission):
         # Delta checkpoints: the epoch each row last changed in (the ps's clock), the evictions.
         self.clock = clock or ChangeClock()
         self.epochs = np.empty(0, np.uint32)
-        # all 0: a batch's rows, marked while checked distinct by the numpy reference kernels
+        # all 0: rows marked for a moment (the rows an eviction protects; a batch's rows while
+        # the numpy reference kernels check them distinct)
         self.marks = np.empty(0, np.uint8)
         # The last training lookups' ids and rows, with the index's counts then: the update
         # that follows a lookup of the same ids takes its rows from here, not another probe.
