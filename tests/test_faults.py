@@ -293,6 +293,50 @@ async def test_a_worker_drained_by_sigterm_leaves_with_nothing_lost_and_no_failu
         await coordinator.close()
 
 
+async def test_a_worker_sigterm_while_idle_is_heard_at_the_next_batch_not_counted_a_failure():
+    """SIGTERM with nothing running on the worker: no reply has told the coordinator it is
+    leaving, so it waits (refusing work) until the next batch hears it."""
+    import os
+    import signal
+
+    from pstrain import rpc
+
+    async with pstrain.LocalCluster(num_ps=1, num_workers=2) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=2)
+        async with strategy.scope():
+            count = pstrain.Variable(0.0, name="count")
+
+        async def incr():
+            await count.assign_add(1.0)
+            return pstrain.get_current_worker_index()
+
+        warm = [coordinator.schedule(incr) for _ in range(20)]
+        await coordinator.join()
+        assert {await rv for rv in warm} == {0, 1}  # idle now, its connection to worker 1 open
+        peers = rpc.ChannelPool(cluster.cluster_spec, cluster.token)
+
+        async def draining_or_gone():
+            try:
+                return (await peers.channel("worker", 1).call("statistics", {}))["draining"]
+            except pstrain.errors.UnavailableError:
+                return True  # gone at once (what happened before): the batch below shows it
+
+        try:
+            os.kill(cluster.pid("worker", 1), signal.SIGTERM)
+            await wait_for(draining_or_gone, timeout=30, what="worker 1 draining")
+            rest = [coordinator.schedule(incr) for _ in range(20)]
+            await coordinator.join()
+            assert [await rv for rv in rest] == [0] * 20
+            assert await count.numpy() == 40.0
+            assert coordinator.worker_failures == 0 and coordinator.closures_retried == 0
+            await wait_for(lambda: cluster.pid("worker", 1) is None, timeout=30, what="worker 1 gone")
+            assert coordinator.membership()[1]["failures"] == 0
+        finally:
+            await peers.close()
+        await coordinator.close()
+
+
 async def test_a_worker_joins_a_running_job_at_a_new_address_and_takes_work_within_5_s():
     from .conftest import ServeProcess
 

@@ -30,7 +30,6 @@ from ..._base.cluster import ClusterSpec
 from ..._base.context import watch_unawaited, worker_context
 from ..._base.errors import (
     ClosureAbortedError,
-    DrainingError,
     InvalidArgumentError,
     NotFoundError,
 )
@@ -50,6 +49,7 @@ from ..._serving.core import Encoded
 from ..._transport.bridge import block_on
 from ..._transport.rpc import ChannelPool
 from .closures import Batch, ClosureLoop, Outbox, SyncPool, Unloadable, check_awaited, encode_results
+from .departure import Departure
 from .resources import FailedResource, LockedIterator, dataset_name, resolve
 
 logger = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class WorkerServer(ServerBase):
         self._closure_owner = TaskOwner(f"closures of {self.task}")
         self._closure_tasks: dict[int, asyncio.Task[Any]] = {}
         self._cancelled: set[int] = set()
-        self.draining = False  # leaving: no new closures
+        self.departure = Departure()  # SIGTERM: no new closures, then leave
         self._open_batches = 0  # worker/run requests not yet answered
         self._in_flight: set[int] = set()  # ids started and not yet reported
         self._outbox = Outbox()  # results and scalars on their way back
@@ -129,32 +129,29 @@ class WorkerServer(ServerBase):
         out = super().statistics(req)
         out.update(closures_run=self.closures_run, closures_failed=self.closures_failed,
                    closure_seconds=self._outbox.closure_seconds,
-                   closures_running=len(self._closure_tasks), resources=len(self.resources))
+                   closures_running=len(self._closure_tasks), resources=len(self.resources),
+                   draining=self.departure.draining)
         return out
 
     # -- draining (SIGTERM: a preemption notice) -------------------------------------------------
     def begin_drain(self) -> int:
         """Take no new closures (they are refused with DrainingError and run elsewhere);
         those running finish and report as usual. Returns how many are running."""
-        if not self.draining:
-            self.draining = True
+        if not self.departure.draining:
+            self.departure.draining = True
             logger.info("%s draining: %d closure(s) to finish, no new ones", self.task,
                         len(self._in_flight))
         return len(self._in_flight)
 
     async def drained(self, timeout: float) -> bool:
-        """Wait (at most ``timeout`` s) until the closures running have reported."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while self._in_flight or self._outbox.items or self._open_batches:
-            if asyncio.get_running_loop().time() > deadline:
-                return False
-            await asyncio.sleep(0.02)  # a leaving process polls its own state; no peer waits on it
-        return True
+        """Wait (at most ``timeout`` s) until the closures running have reported, then
+        until the coordinator has heard it is leaving (see :class:`Departure`)."""
+        return await self.departure.wait(
+            lambda: bool(self._in_flight or self._outbox.items or self._open_batches),
+            lambda: bool(self.connections), timeout)
 
     def _refuse_if_draining(self) -> None:
-        if self.draining:
-            raise DrainingError(f"{self.task} is leaving (draining): its closures go to other "
-                                "workers", task=self.task)
+        self.departure.refuse(self.task)
 
     @property
     def joined(self) -> bool:
@@ -386,12 +383,12 @@ class WorkerServer(ServerBase):
             if batch.remaining == 0:
                 results, batch.results = batch.results, []
                 if not batch.done.done():
-                    batch.done.set_result(encode_results(results, scalars, self.draining))
+                    batch.done.set_result(encode_results(results, scalars, self.departure.flag()))
                     scalars = []
             elif batch.emit is not None:
                 results, batch.results = batch.results, []
                 try:
-                    batch.emit(encode_results(results, scalars, self.draining))
+                    batch.emit(encode_results(results, scalars, self.departure.flag()))
                     scalars = []
                 except Exception:  # connection gone: the coordinator reschedules
                     logger.debug("could not send partial results", exc_info=True)
