@@ -57,8 +57,9 @@ class Departure:
             if not busy():
                 if self.told or not connected():
                     return True
-                linger = now + LINGER_S if linger is None else linger
-                if now >= min(linger, deadline):
+                if linger is None:
+                    linger = min(now + LINGER_S, deadline)
+                if now >= linger:
                     return True  # its closures are done; the coordinator learns at its next try
             elif now >= deadline:
                 return False
