@@ -45,9 +45,9 @@ class Departure:
         return self.draining
 
     async def wait(self, busy: Callable[[], bool], connected: Callable[[], bool],
-                   timeout: float) -> bool:
+                   timeout: float, linger_s: float = LINGER_S) -> bool:
         """Wait until nothing is ``busy`` (closures running, results unsent): False if that
-        takes over ``timeout`` s. Then wait up to :data:`LINGER_S` more (within ``timeout``)
+        takes over ``timeout`` s. Then wait up to ``linger_s`` more (within ``timeout``)
         until the coordinator has been told, or no client is ``connected``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -58,7 +58,7 @@ class Departure:
                 if self.told or not connected():
                     return True
                 if linger is None:
-                    linger = min(now + LINGER_S, deadline)
+                    linger = min(now + linger_s, deadline)
                 if now >= linger:
                     return True  # its closures are done; the coordinator learns at its next try
             elif now >= deadline:
