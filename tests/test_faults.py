@@ -302,13 +302,10 @@ async def test_a_worker_sigterm_while_idle_is_heard_at_the_next_batch_not_counte
     from pstrain import rpc
 
     async with pstrain.LocalCluster(num_ps=1, num_workers=2) as cluster:
-        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-        coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=2)
-        async with strategy.scope():
-            count = pstrain.Variable(0.0, name="count")
+        _, coordinator, count = await setup(cluster, max_inflight_per_worker=2)
 
         async def incr():
-            await count.assign_add(1.0)
+            await count.assign_add(1)
             return pstrain.get_current_worker_index()
 
         warm = [coordinator.schedule(incr) for _ in range(20)]
@@ -328,7 +325,7 @@ async def test_a_worker_sigterm_while_idle_is_heard_at_the_next_batch_not_counte
             rest = [coordinator.schedule(incr) for _ in range(20)]
             await coordinator.join()
             assert [await rv for rv in rest] == [0] * 20
-            assert await count.numpy() == 40.0
+            assert await count.numpy() == 40
             assert coordinator.worker_failures == 0 and coordinator.closures_retried == 0
             await wait_for(lambda: cluster.pid("worker", 1) is None, timeout=30, what="worker 1 gone")
             assert coordinator.membership()[1]["failures"] == 0
