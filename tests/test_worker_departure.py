@@ -20,19 +20,19 @@ def test_a_refusal_or_a_flagged_reply_is_what_tells_the_coordinator():
     d = Departure()
     d.refuse("/job:worker/replica:0/task:1")  # not draining: nothing refused
     assert d.flag() is False and not d.told
-    d.draining = True
-    assert not d.told  # draining, but nobody has heard it yet
+    assert d.begin() and not d.begin()  # once
+    assert d.draining and not d.told  # draining, but nobody has heard it yet
     with pytest.raises(DrainingError, match="task:1 is leaving"):
         d.refuse("/job:worker/replica:0/task:1")
     assert d.told
     d = Departure()
-    d.draining = True
+    d.begin()
     assert d.flag() is True and d.told
 
 
 async def test_a_worker_told_nobody_waits_for_the_next_request_then_goes():
     d = Departure()
-    d.draining = True
+    d.begin()
     loop = asyncio.get_running_loop()
 
     def the_next_batch_is_refused():
@@ -47,7 +47,7 @@ async def test_a_worker_told_nobody_waits_for_the_next_request_then_goes():
 
 async def test_without_word_it_goes_at_the_linger_s_end_and_at_once_with_no_client():
     d = Departure()
-    d.draining = True
+    d.begin()
     started = time.monotonic()
     assert await d.wait(lambda: False, lambda: True, timeout=60, linger_s=0.3)
     assert time.monotonic() - started >= 0.3
@@ -58,7 +58,7 @@ async def test_without_word_it_goes_at_the_linger_s_end_and_at_once_with_no_clie
 
 async def test_closures_running_past_the_timeout_say_so_and_the_linger_keeps_within_it():
     d = Departure()
-    d.draining = True
+    d.begin()
     started = time.monotonic()
     assert await d.wait(lambda: True, lambda: True, timeout=0.3) is False
     assert time.monotonic() - started >= 0.3

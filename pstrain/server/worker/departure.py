@@ -32,6 +32,11 @@ class Departure:
         self.draining = False
         self.told = False  # a reply or a refusal has said "leaving" since draining began
 
+    def begin(self) -> bool:
+        """Start draining; False if it had already begun."""
+        begun, self.draining = not self.draining, True
+        return begun
+
     def refuse(self, task: str) -> None:
         """Refuse new work while draining; the refusal itself tells the coordinator."""
         if self.draining:

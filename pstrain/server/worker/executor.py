@@ -137,8 +137,7 @@ class WorkerServer(ServerBase):
     def begin_drain(self) -> int:
         """Take no new closures (they are refused with DrainingError and run elsewhere);
         those running finish and report as usual. Returns how many are running."""
-        if not self.departure.draining:
-            self.departure.draining = True
+        if self.departure.begin():
             logger.info("%s draining: %d closure(s) to finish, no new ones", self.task,
                         len(self._in_flight))
         return len(self._in_flight)
