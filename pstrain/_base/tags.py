@@ -35,7 +35,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["OP_PREFIX", "one_operation", "set_dispatch", "update_tags"]
+__all__ = ["OP_PREFIX", "one_operation", "read_tags", "set_dispatch", "update_tags"]
 
 #: The key of an operation outside exactly-once closures starts so (a ps keeps those
 #: apart, for a short while: they matter while a request may be sent again).
@@ -99,6 +99,31 @@ def update_tags(task: str, owner: str | None = None) -> dict[str, Any]:
             counters["n"] = seq = counters.get("n", 0) + 1
         tags["once"] = [key, seq]
     return tags
+
+
+def read_tags() -> dict[str, Any]:
+    """What a read sent here carries: in an exactly-once closure, ``as_of = [key, n]``, its
+    key and the number of operations it had begun before this read (no counter moves). A ps
+    answers a rerun's read of what its dead attempt's first ``n + 1``-th or later operation
+    changed with the values from before that change (``server/ps/before_images.py``).
+
+    >>> set_dispatch(None, "k")
+    >>> read_tags()
+    {'as_of': ['k', 0]}
+    >>> with one_operation():
+    ...     inside = read_tags()
+    >>> inside, read_tags()
+    ({'as_of': ['k', 0]}, {'as_of': ['k', 1]})
+    >>> set_dispatch(None, None)
+    >>> read_tags()
+    {}
+    """
+    once = _once.get()
+    if once is None or once[0].startswith(OP_PREFIX):
+        return {}
+    current = _operation.get()
+    begun = current - 1 if current is not None else once[1].get("n", 0)
+    return {"as_of": [once[0], begun]}
 
 
 @contextlib.contextmanager

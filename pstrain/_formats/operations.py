@@ -20,6 +20,7 @@ import msgspec
 
 from .records import (
     Array,
+    AsOf,
     CallReply,
     ConfigureReply,
     Count,
@@ -93,6 +94,8 @@ class CreateVariables(Operation, tag="vars/create"):
 class ReadVariables(Operation, tag="vars/read"):
     reply = ValuesReply
     names: Names
+    #: From an exactly-once closure (the channel fills it in): see ``ps/before_images.py``.
+    as_of: AsOf | None = None
 
 
 class DeleteVariables(Operation, tag="vars/delete"):
@@ -168,6 +171,7 @@ class SparseRead(Operation, tag="vars/sparse_read"):
     reads: Annotated[list[RowRead], msgspec.Meta(max_length=1 << 16)] | None = None
     name: Name | None = None
     indices: Array | None = None
+    as_of: AsOf | None = None
 
 
 class CallVariables(Mutation, tag="vars/call"):
@@ -222,6 +226,7 @@ class LookupTable(Owned, tag="dyn/lookup"):
     name: Name
     ids: Array
     train: bool = True
+    as_of: AsOf | None = None
 
 
 class TableStatistics(Operation, tag="dyn/stats"):

@@ -25,10 +25,10 @@ import msgspec
 import numpy as np
 
 from .._base.errors import InvalidArgumentError, ProtocolError
-from .._base.tags import sender_owner, update_tags
+from .._base.tags import read_tags, sender_owner, update_tags
 
-__all__ = ["Mutation", "OptimizerRule", "Operation", "Owned", "Record", "Reply", "TableSpec", "convert_reply",
-           "sender_fields", "validate"]
+__all__ = ["AsOf", "Mutation", "OptimizerRule", "Operation", "Owned", "Record", "Reply", "TableSpec",
+           "convert_reply", "sender_fields", "validate"]
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
 DType = Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
@@ -44,6 +44,9 @@ Owner = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 Fence = tuple[Annotated[int, msgspec.Meta(ge=0)], Annotated[int, msgspec.Meta(ge=0)]]
 #: ``[closure key, sequence]``: an exactly-once closure's n-th update to this ps.
 Once = tuple[Annotated[str, msgspec.Meta(min_length=1, max_length=96)], Annotated[int, msgspec.Meta(ge=1)]]
+#: ``[closure key, operations begun]``: a read of an exactly-once closure that had begun
+#: that many of its operations (a rerun reads what its first attempt read: ``before_images``).
+AsOf = tuple[Annotated[str, msgspec.Meta(min_length=1, max_length=96)], Annotated[int, msgspec.Meta(ge=0)]]
 
 
 class Record(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -94,12 +97,14 @@ def sender_fields(operation: type[Operation], task: str, owner: str | None) -> d
     """What an operation sent to ``task`` by ``owner`` (a coordinator incarnation) carries
     of its sender: an update its owner and, in a closure, its dispatch's fence and its
     exactly-once key; another operation that names its coordinator (a move's step, a
-    table lookup) the owner, in a closure the one that dispatched it."""
+    table lookup) the owner, in a closure the one that dispatched it; a read in an
+    exactly-once closure its key and how many operations it had begun (``as_of``)."""
     if issubclass(operation, Mutation):
         return update_tags(task, owner)
-    if not issubclass(operation, Owned) or (sender := sender_owner(owner)) is None:
-        return {}
-    return {"owner": sender}
+    fields = read_tags() if "as_of" in operation.__struct_fields__ else {}
+    if issubclass(operation, Owned) and (sender := sender_owner(owner)) is not None:
+        fields["owner"] = sender
+    return fields
 
 
 # -- records inside requests ---------------------------------------------------------------------

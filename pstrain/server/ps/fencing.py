@@ -67,6 +67,9 @@ class Fencing:
         self.scope_of: Callable[[str, Any], Scope] = lambda name, ids: None
         #: Called with the owners each takeover supersedes (what they left half done goes).
         self.on_supersede: list[Callable[[set[str]], None]] = []
+        #: Called with an update's ``once`` and the update before it is applied; what it
+        #: returns (if anything) once it has been (the ps's before images).
+        self.before_update: Callable[[Any, Any], Callable[[], None] | None] = lambda once, req: None
 
     def fence(self, req: Fence) -> dict[str, Any]:
         """From now on, refuse updates sent for ``owner`` by ``worker``'s dispatches before
@@ -124,7 +127,7 @@ class Fencing:
                     f"coordinator declared that worker lost (its work runs elsewhere)")
             key = req.once if once else None
             if key is None:
-                return fn(req)
+                return _applied(fn, req, self.before_update(None, req))
             book = self._book(key[0])
             done = book.get(key[0], {}).get(key[1])
             if done is not None:
@@ -132,7 +135,7 @@ class Fencing:
                 req = _narrowed(req, done[0], done[2])  # the rest moved here since that attempt
                 if not _names(req):
                     return done[1]  # applied by an earlier attempt of this closure
-            reply = fn(req)
+            reply = _applied(fn, req, self.before_update(key, req))
             tables = req.tables or () if isinstance(req, ApplyGradients) else ()
             self._record(key[0], key[1], _names(req), reply,
                          {t[0]: [self.scope_of(t[0], t[1])] for t in tables})
@@ -188,6 +191,14 @@ class Fencing:
     def state(self) -> tuple[list[list[Any]], list[str]]:
         """The fences (``[owner, worker, epoch]``) and superseded owners, to pass along."""
         return ([[o, w, e] for (o, w), e in self.fences.items()], list(self.superseded))
+
+
+def _applied(fn: Callable[[Any], dict[str, Any]], req: Any, then: Callable[[], None] | None
+             ) -> dict[str, Any]:
+    reply = fn(req)
+    if then is not None:
+        then()
+    return reply
 
 
 def _names(req: Any) -> list[str]:

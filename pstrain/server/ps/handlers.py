@@ -60,6 +60,7 @@ from ..._kernels.batches import take_rows
 from ..._serving.base import ServerBase
 from ..._serving.core import Pinned
 from . import checkpoint as ps_checkpoint
+from .before_images import BeforeImages
 from .compute import apply_gradients, call_function
 from .creation import itemsize, plan_create
 from .deltas import Deltas
@@ -140,6 +141,10 @@ class ParameterServer(ServerBase):
                                             on_takeover=self.fencing.supersede)
         self.tables = self.table_handlers.tables
         self.fencing.scope_of = self.table_handlers.scope_of
+        #: What a rerun of an exactly-once closure reads: the values its dead attempt read.
+        self.before_images = BeforeImages(self.store, self.tables)
+        self.fencing.before_update = self.before_images.capture
+        self.table_handlers.as_of = self.before_images.table_rows
         for operation, handler in self.table_handlers.routes().items():
             self.route(operation, handler)
         #: Variables and table slices moving in and out (an elastic ps joined or leaves).
@@ -250,7 +255,10 @@ class ParameterServer(ServerBase):
             for r in releases:
                 r()
 
-        return Pinned({"values": [r.array for r in records]}, release)
+        values = [r.array for r in records]
+        if req.as_of is not None:  # a read of an exactly-once closure (a rerun's, maybe)
+            values = [self.before_images.whole(n, req.as_of, v) for n, v in zip(req.names, values)]
+        return Pinned({"values": values}, release)
 
     def sparse_read(self, req: SparseRead) -> dict[str, Any]:
         if req.reads is not None:
@@ -272,7 +280,11 @@ class ParameterServer(ServerBase):
             raise InvalidArgumentError(
                 f"vars/sparse_read: the reply would be {total} bytes, more than this ps's limit of "
                 f"{self.max_gather_bytes} (ask for unique rows, in smaller requests)")
-        return {"values": [take_rows(record.array, idx) for record, idx in planned]}
+        values = [take_rows(record.array, idx) for record, idx in planned]
+        if req.as_of is not None:  # a read of an exactly-once closure (a rerun's, maybe)
+            values = [self.before_images.rows(record.name, req.as_of, idx, v)
+                      for (record, idx), v in zip(planned, values)]
+        return {"values": values}
 
     def statistics(self, req: Any) -> dict[str, Any]:
         out = super().statistics(req)

@@ -69,6 +69,9 @@ class TableHandlers:
         self.feed = feed  # told where each table is saved and which shard it is
         #: The slices each table serves here, for the tables part of which moved (moves.py).
         self.guards = SliceGuards(checkpoints.store)
+        #: A lookup's rows as a read of an exactly-once closure sees them (``as_of``): the
+        #: ps's before images (``before_images.py``).
+        self.as_of: Callable[[str, Any, np.ndarray, np.ndarray], np.ndarray] | None = None
 
     def routes(self) -> dict[type[Operation], Callable[..., Any]]:
         return {CreateTable: self.create_table, LookupTable: self.lookup_table,
@@ -163,7 +166,10 @@ class TableHandlers:
         if pos is None:
             raise InvalidArgumentError(f"dyn/lookup of {req.name!r}: ids must be distinct "
                                        "(look up each id once)")
-        return {"values": [table.lookup(ids, req.train, pos)]}
+        values = table.lookup(ids, req.train, pos)
+        if req.as_of is not None and self.as_of is not None:  # see before_images.py
+            values = self.as_of(req.name, req.as_of, ids, values)
+        return {"values": [values]}
 
     def table_statistics(self, req: TableStatistics) -> dict[str, Any]:
         return self.table(req.name).statistics()

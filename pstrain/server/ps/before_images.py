@@ -1,0 +1,247 @@
+"""What a rerun of an exactly-once closure reads: the values its dead attempt read.
+
+An attempt that dies (its worker killed, cut off, declared lost) may have applied some of
+its updates and not others: one ps took its ``opt/apply`` and the other never got it, or
+it got through its first operation only. The rerun's updates skip what was applied
+(``fencing.py``); but were it to read the variables afresh, it would compute the rest
+from values the dead attempt's updates had already changed, and the job would end in
+another state than a run without the fault.
+
+So a ps keeps, for each variable and table it holds, the values from before the latest
+exactly-once closure changed it (the *before image*: the rows it changed, or the whole
+array; a table's rows by id), and a read sent by an attempt of that same closure before
+the operation that first changed it (``as_of = [key, operations begun]``, filled in by
+the channel, :func:`~pstrain._base.tags.read_tags`) gets those values. A rerun so reads
+what its first attempt read, computes the same updates, and the ones the first attempt
+did not apply are applied as it would have applied them. The first attempt itself never
+meets an image: it reads before its own operations.
+
+Bounds: one image per variable or table, at most its size (the rows a closure changed,
+merged over its operations, each row's value from before the closure's first change of
+it). Any update of another closure, or outside exactly-once closures, drops the image: a
+rerun then reads the current values. A variable or table replaced (a restore, a move,
+a new coordinator's creation) has no image. A closure that changes one variable in
+several operations and reads it between them reads, on a rerun, the values from before
+its first change, or, once it has begun that operation, the current values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..._base.tags import OP_PREFIX
+from ..._formats.operations import ApplyGradients, SingleUpdate, UpdateVariables
+from .dynamic_table import DynamicTable
+from .store import VariableStore
+
+__all__ = ["BeforeImages"]
+
+
+@dataclass
+class _Image:
+    key: str  # the exactly-once closure whose changes it undoes
+    first: int  # its operation that first changed the variable here
+    holder: Any  # the VariableRecord or DynamicTable it belongs to (replaced: no image)
+    rows: np.ndarray | None  # the rows (ids, for a table) it holds, ascending; None: all
+    values: np.ndarray
+    after: Any = None  # a variable's array once changed (another array: replaced since)
+
+
+class BeforeImages:
+    """The before images of one ps's variables (``store``) and tables (``tables``)."""
+
+    def __init__(self, store: VariableStore, tables: Mapping[str, DynamicTable]) -> None:
+        self.store = store
+        self.tables = tables
+        self._images: dict[str, _Image] = {}
+
+    def __len__(self) -> int:
+        return len(self._images)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(i.values.nbytes + (i.rows.nbytes if i.rows is not None else 0)
+                   for i in self._images.values())
+
+    # -- updates ------------------------------------------------------------------------------
+    def capture(self, once: tuple[str, int] | None, req: Any) -> Callable[[], None] | None:
+        """Before ``req`` (an update sent with ``once``) is applied: returns what to call once
+        it has been, which keeps the values it is about to change (an exactly-once closure's)
+        or drops the images of what it changes (another's)."""
+        key = once[0] if once is not None and not once[0].startswith(OP_PREFIX) else None
+        if key is None and not self._images:
+            return None  # nothing kept, nothing to keep: no exactly-once closures here
+        changes = _changes(req)
+        if key is None:
+            return lambda: self._drop([name for name, _ in changes] + _table_names(req))
+        assert once is not None
+        # an image per variable and table, over every change of the request (one name may
+        # change twice), put in place once the request applied
+        pending: dict[str, _Image | None] = {}
+        for name, rows in changes:
+            pending[name] = self._take(name, rows, key, once[1], pending)
+        for name, ids in _table_ids(req):
+            pending[name] = self._take_rows(name, ids, key, once[1], pending)
+
+        def applied() -> None:
+            for name, image in pending.items():
+                if image is None:
+                    self._images.pop(name, None)
+                    continue
+                if not isinstance(image.holder, DynamicTable):
+                    image.after = image.holder.array
+                self._images[name] = image
+        return applied
+
+    def _prior(self, name: str, key: str, holder: Any, pending: dict[str, _Image | None]
+               ) -> _Image | None:
+        """The image of ``name`` this closure's change of it adds to, if any."""
+        if name in pending:
+            image = pending[name]
+        else:
+            image = self._images.get(name)
+            if image is not None and not isinstance(holder, DynamicTable) \
+                    and image.after is not holder.array:
+                image = None  # its array was replaced since (a restore)
+        if image is None or image.key != key or image.holder is not holder:
+            return None
+        return image
+
+    def _take(self, name: str, rows: np.ndarray | None, key: str, seq: int,
+              pending: dict[str, _Image | None]) -> _Image | None:
+        record = self.store.find(name)
+        if record is None:
+            return None
+        arr = record.array
+        if rows is not None:
+            rows = _ascending(rows)
+            if rows.size and (rows[0] < 0 or rows[-1] >= (arr.shape[0] if arr.ndim else 0)):
+                rows = rows[(rows >= 0) & (rows < (arr.shape[0] if arr.ndim else 0))]
+        image = self._prior(name, key, record, pending)
+        if image is None:
+            return _Image(key, seq, record, rows, arr.copy() if rows is None else arr[rows])
+        if image.rows is None:
+            return image  # every row's value from before the closure's first change is kept
+        if rows is None:  # now the whole array: the kept rows as they were, the others now
+            values = arr.copy()
+            values[image.rows] = image.values
+            return _Image(key, image.first, record, None, values)
+        new = np.setdiff1d(rows, image.rows, assume_unique=True)
+        return _merged(image, new, arr[new]) if new.size else image
+
+    def _take_rows(self, name: str, ids: np.ndarray, key: str, seq: int,
+                   pending: dict[str, _Image | None]) -> _Image | None:
+        table = self.tables.get(name)
+        if table is None:
+            return None
+        ids = _ascending(ids)
+        image = self._prior(name, key, table, pending)
+        if image is not None and image.rows is not None:
+            ids = np.setdiff1d(ids, image.rows, assume_unique=True)
+        pos = table.positions(ids)
+        held = pos >= 0
+        ids, values = ids[held], table.rows[pos[held]]
+        if image is None or image.rows is None:
+            return _Image(key, seq, table, ids, values)
+        return _merged(image, ids, values) if ids.size else image
+
+    def _drop(self, names: list[str]) -> None:
+        for name in names:
+            self._images.pop(name, None)
+
+    # -- reads --------------------------------------------------------------------------------
+    def _for(self, name: str, as_of: Any, holder: Any) -> _Image | None:
+        """The image a read ``as_of`` of ``name`` gets, if any."""
+        if as_of is None or not self._images:
+            return None
+        image = self._images.get(name)
+        if image is None or image.key != as_of[0] or as_of[1] >= image.first \
+                or image.holder is not holder:
+            return None
+        if isinstance(holder, DynamicTable) or image.after is holder.array:
+            return image
+        del self._images[name]  # its array was replaced (a restore): the image is stale
+        return None
+
+    def whole(self, name: str, as_of: Any, array: np.ndarray) -> np.ndarray:
+        """Variable ``name`` (now ``array``) as a read ``as_of`` sees it."""
+        image = self._for(name, as_of, self.store.find(name))
+        if image is None:
+            return array
+        if image.rows is None:
+            return image.values
+        out = array.copy()
+        out[image.rows] = image.values
+        return out
+
+    def rows(self, name: str, as_of: Any, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """Rows ``rows`` of variable ``name`` (now ``values``) as a read ``as_of`` sees them."""
+        image = self._for(name, as_of, self.store.find(name))
+        if image is None:
+            return values
+        if image.rows is None:
+            return image.values[np.asarray(rows, np.int64)]
+        return _patched(image, np.asarray(rows, np.int64), values)
+
+    def table_rows(self, name: str, as_of: Any, ids: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """Table ``name``'s rows of ``ids`` (now ``values``) as a read ``as_of`` sees them."""
+        image = self._for(name, as_of, self.tables.get(name))
+        return values if image is None else _patched(image, np.asarray(ids, np.int64), values)
+
+
+def _ascending(keys: Any) -> np.ndarray:
+    """``keys`` (rows or ids) distinct and ascending, as int64 (as they come: no sort)."""
+    keys = np.asarray(keys).reshape(-1).astype(np.int64, copy=False)
+    if keys.size > 1 and not bool(np.all(keys[1:] > keys[:-1])):
+        keys = np.unique(keys)
+    return keys
+
+
+def _merged(image: _Image, rows: np.ndarray, values: np.ndarray) -> _Image:
+    """``image`` with more rows (none of them in it), ascending."""
+    assert image.rows is not None
+    merged = np.concatenate([image.rows, rows])
+    order = np.argsort(merged, kind="stable")
+    return _Image(image.key, image.first, image.holder, merged[order],
+                  np.concatenate([image.values, values])[order])
+
+
+def _patched(image: _Image, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``values`` (of rows or ids ``keys``) with those the image holds from it."""
+    assert image.rows is not None
+    if not image.rows.size or not keys.size:
+        return values
+    at = np.minimum(np.searchsorted(image.rows, keys), image.rows.size - 1)
+    hit = image.rows[at] == keys
+    if not hit.any():
+        return values
+    out = np.array(values, copy=True)
+    out[hit] = image.values[at[hit]]
+    return out
+
+
+def _changes(req: Any) -> list[tuple[str, np.ndarray | None]]:
+    """The variables ``req`` changes, each with its rows (None: all of it)."""
+    if isinstance(req, ApplyGradients):
+        out = [(name, rows) for name, rows, _ in req.grads]
+        return out + [(req.iterations, None)] if req.iterations else out
+    if isinstance(req, UpdateVariables):
+        return [(u.name, u.indices if u.op.startswith("scatter") else None) for u in req.updates]
+    if isinstance(req, SingleUpdate):
+        return [(req.name, req.indices if req.op().startswith("vars/scatter") else None)]
+    names = getattr(req, "vars", None)  # vars/call: any of them, whole
+    return [(str(n), None) for n in names] if isinstance(names, list) else []
+
+
+def _table_ids(req: Any) -> list[tuple[str, np.ndarray]]:
+    if isinstance(req, ApplyGradients) and req.tables:
+        return [(name, ids) for name, ids, _ in req.tables]
+    return []
+
+
+def _table_names(req: Any) -> list[str]:
+    return [name for name, _ in _table_ids(req)]

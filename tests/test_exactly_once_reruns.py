@@ -1,0 +1,155 @@
+"""A rerun of an exactly-once closure whose dead attempt applied part of its updates ends
+in the state of a run without the fault: it reads what the first attempt read
+(``pstrain/server/ps/before_images.py``), so the updates left to apply are the ones the
+first attempt would have applied.
+
+Found by the fault matrix (``tests/test_fault_matrix.py``): a worker cut off while its
+step's ``opt/apply`` had reached one ps and not the other; the rerun read the changed
+half, and every variable ended a little off the run without faults.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+import pstrain
+from pstrain._base.tags import set_dispatch
+from pstrain._variables.batched import read_variables
+
+from .conftest import strategy_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _step(a, b, marker: str):
+    """Reads both variables, then changes ``a`` (one operation), then ``b`` (another) from
+    the values read. Its first attempt kills its own worker between the two."""
+    async def step():
+        va, vb = await read_variables([a, b])
+        await a.assign_add(va * vb)
+        if not os.path.exists(marker):
+            with open(marker, "w"):
+                pass
+            os.kill(os.getpid(), signal.SIGKILL)  # the first attempt dies here: `a` changed
+        await b.assign_add(va + vb)
+        return float(vb[0])
+    return step
+
+
+async def test_a_rerun_after_an_attempt_died_between_its_updates_computes_what_it_would_have(
+        process_cluster, tmp_path):
+    strategy = pstrain.ParameterServerStrategy(process_cluster.resolver)
+    coordinator = pstrain.ClusterCoordinator(strategy)
+    async with strategy.scope():
+        a = pstrain.Variable(np.array([1.0, 3.0]), name="a")
+        b = pstrain.Variable(np.array([2.0, 5.0]), name="b")
+    assert a.ps_index != b.ps_index  # one ps took the first update, the other never got one
+    marker = str(tmp_path / "first-attempt")
+    rv = coordinator.schedule(_step(a, b, marker), exactly_once=True)
+    await coordinator.join()
+    assert os.path.exists(marker) and coordinator.closures_retried >= 1
+    assert await rv.get() == 2.0  # the rerun read b as the first attempt did
+    # the run without the fault: a = a + a*b, b = b + a + b, from the values before it
+    np.testing.assert_array_equal(await a.numpy(), [3.0, 18.0])
+    np.testing.assert_array_equal(await b.numpy(), [5.0, 13.0])  # not [7, 28]: a's new values
+    await coordinator.close()
+
+
+async def _train_step(model, opt, table, ids, only_ps=None):
+    """One step of a tiny model (a dense variable on each ps, an embedding variable read and
+    changed by rows, a dynamic table on both ps): reads, computes the gradients from what it
+    read, applies them; ``only_ps``: send only the gradients of that ps (an attempt whose
+    other request never arrived)."""
+    w, v, e = model
+    rows = await table.lookup(ids)
+    vw, vv = await read_variables([w, v])
+    erows = np.unique(ids % e.shape[0])
+    ve = await e.sparse_read(erows)
+    x = rows.sum(axis=0)
+    grads = [(vw * 0.5 + x[: vw.size], w), (vv * vv - 0.25 + x[: vv.size], v),
+             (pstrain.IndexedSlices(ve * vw[0] + x, erows), e),
+             (pstrain.IndexedSlices(rows * vw.sum() + ve.sum(), ids), table)]
+    if only_ps is not None:
+        kept = [(g, var) for g, var in grads[:3] if var.ps_index == only_ps]
+        groups = [(i, vals) for ps, i, vals in table.gradient_groups(ids, grads[3][0].values)
+                  if ps == only_ps]
+        grads = kept + [(pstrain.IndexedSlices(vals, i), table) for i, vals in groups]
+    await opt.apply_gradients(grads)
+
+
+async def _model(strategy, name, optimizer):
+    async with strategy.scope():
+        w = pstrain.Variable(np.linspace(-1, 1, 4, dtype=np.float32), name=f"{name}/w")
+        v = pstrain.Variable(np.full(3, 0.5, np.float32), name=f"{name}/v")
+        e = pstrain.Variable(np.linspace(0, 1, 40 * 4, dtype=np.float32).reshape(40, 4),
+                             name=f"{name}/e")
+        table = pstrain.DynamicEmbedding(
+            4, name=f"{name}/t", initializer=pstrain.initializers.RandomUniform(-0.1, 0.1, seed=7))
+        opt = (pstrain.optimizers.Adam(0.05, name=f"{name}/opt") if optimizer == "adam"
+               else pstrain.optimizers.Adagrad(learning_rate=0.1, name=f"{name}/opt"))
+    return (w, v, e), opt, table
+
+
+async def _state(model, opt, table, ids):
+    values = await read_variables([*model, opt.iterations])
+    return [*values, await table.lookup(ids, training=False)]
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
+async def test_an_apply_that_reached_one_ps_of_two_is_finished_as_the_first_attempt_computed(
+        ps_pair, optimizer):
+    """In-process: the first attempt's ``opt/apply`` reaches ps0 only; its rerun reads (rows
+    from the table, the variables, rows of one), computes and applies. The state is the one a run
+    without the fault ends in, step after step."""
+    strategy = strategy_for(*ps_pair)
+    ids = np.array([3, 8, 11, 20, 21, 40], np.int64)
+    # (Adam counts the step in an operation of its own first: its bias correction needs it)
+    want_m, want_opt, want_t = await _model(strategy, "want", optimizer)
+    got_m, got_opt, got_t = await _model(strategy, "got", optimizer)
+    assert {want_m[0].ps_index, want_m[1].ps_index} == {0, 1}
+    assert want_m[2].ps_index == 0  # its rows change in the update that arrives
+    for step in range(3):
+        await _train_step(want_m, want_opt, want_t, ids + step)
+        key = f"closure-{step}"
+        set_dispatch(None, key)  # the first attempt: only ps0 gets its update
+        try:
+            await _train_step(got_m, got_opt, got_t, ids + step, only_ps=0)
+            set_dispatch(None, key)  # the rerun (another attempt of the same closure)
+            await _train_step(got_m, got_opt, got_t, ids + step)
+        finally:
+            set_dispatch(None, None)
+        want = await _state(want_m, want_opt, want_t, ids + step)
+        got = await _state(got_m, got_opt, got_t, ids + step)
+        for w_, g_ in zip(want, got):
+            np.testing.assert_array_equal(g_, w_, err_msg=f"step {step}")
+
+
+async def test_a_later_update_of_another_closure_drops_the_before_image(ps_pair):
+    """The image is of the latest exactly-once closure only: once another update changed
+    the variable, a late rerun of the first reads the current values. (Every attempt runs
+    the same operations: a read, an update, a read.)"""
+    strategy = strategy_for(*ps_pair)
+    async with strategy.scope():
+        a = pstrain.Variable(np.zeros(2), name="a")
+
+    async def attempt():
+        before = await a.numpy()
+        await a.assign_add(np.ones(2))
+        return before, await a.numpy()
+
+    try:
+        set_dispatch(None, "first")
+        assert [list(x) for x in await attempt()] == [[0, 0], [1, 1]]
+        set_dispatch(None, "first")  # a rerun, nothing else changed a: it reads what the first did
+        assert [list(x) for x in await attempt()] == [[0, 0], [1, 1]]  # (its update skipped)
+        set_dispatch(None, None)
+        await a.assign_add(np.ones(2))  # outside any closure: the image goes
+        set_dispatch(None, "first")  # a late rerun reads a as it is
+        assert [list(x) for x in await attempt()] == [[2, 2], [2, 2]]
+    finally:
+        set_dispatch(None, None)
+    np.testing.assert_array_equal(await a.numpy(), [2.0, 2.0])
