@@ -15,10 +15,14 @@ import signal
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import pstrain
 from pstrain._base.tags import set_dispatch
+from pstrain._formats.operations import Update, UpdateVariables
 from pstrain._variables.batched import read_variables
+from pstrain.server.ps.before_images import BeforeImages
+from pstrain.server.ps.store import VariableRecord, VariableStore
 
 from .conftest import strategy_for
 
@@ -153,3 +157,61 @@ async def test_a_later_update_of_another_closure_drops_the_before_image(ps_pair)
     finally:
         set_dispatch(None, None)
     np.testing.assert_array_equal(await a.numpy(), [2.0, 2.0])
+
+
+# -- the images on their own, against a model: any run of closures, updates and reads ---------
+_ROWS = 6
+
+
+def _apply(store, images, key, seq, rows, delta):
+    """One update of variable ``v`` (rows, or all of it when ``rows`` is None), as a ps
+    applies it behind its fence: the image taken before, kept after."""
+    req = UpdateVariables(updates=[Update(op="assign_add", name="v", value=delta) if rows is None
+                                   else Update(op="scatter_add", name="v", indices=rows, values=delta)],
+                          once=(key, seq) if key is not None else None)
+    then = images.capture(req.once, req)
+    arr = store.get("v").writable(None if rows is None else rows)
+    if rows is None:
+        arr += delta
+    else:
+        np.add.at(arr, rows, delta)
+    if then is not None:
+        then()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["A", "B", "C", None]),
+                          st.lists(st.one_of(st.none(), st.lists(st.integers(0, _ROWS - 1),
+                                                                 min_size=1, max_size=4)),
+                                   min_size=1, max_size=3),
+                          st.booleans()),
+                min_size=1, max_size=12))
+def test_a_rerun_reads_the_values_from_before_its_closure_whatever_ran_before(runs):
+    """Closures (a key, or None: code outside exactly-once closures) run one after another,
+    each some updates of one variable (whole, or rows); some pin the array between (a
+    reply in flight). After each, a rerun of the latest closure reads, before its first
+    update, the values from before that closure ran; a rerun of any earlier one, and a
+    read past the first update, the values as they are."""
+    store = VariableStore("/job:ps/replica:0/task:0")
+    store.add([VariableRecord("v", np.zeros((_ROWS, 2)), True)])
+    images = BeforeImages(store, {})
+    rng = np.random.default_rng(0)
+    for i, (key, updates, pin) in enumerate(runs):
+        key = None if key is None else f"{key}{i}"  # each run a closure of its own
+        before = store.get("v").array.copy()
+        for seq, rows in enumerate(updates, start=1):
+            if pin:
+                store.get("v").pin()
+            shape = (_ROWS, 2) if rows is None else (len(rows), 2)
+            _apply(store, images, key, seq, None if rows is None else np.array(rows),
+                   rng.integers(1, 9, shape).astype(np.float64))
+        now = store.get("v").array
+        read = images.whole("v", [key, 0], now) if key is not None else now
+        np.testing.assert_array_equal(read, before if key is not None else now)
+        idx = np.array([0, _ROWS - 1, 2])
+        if key is not None:
+            np.testing.assert_array_equal(images.rows("v", [key, 0], idx, now[idx]), before[idx])
+            np.testing.assert_array_equal(images.whole("v", [key, 1], now), now)  # past it
+        for earlier in range(i):
+            for k in "ABC":
+                np.testing.assert_array_equal(images.whole("v", [f"{k}{earlier}", 0], now), now)

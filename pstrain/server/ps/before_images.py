@@ -35,6 +35,7 @@ import numpy as np
 
 from ..._base.tags import OP_PREFIX
 from ..._formats.operations import ApplyGradients, SingleUpdate, UpdateVariables
+from ..._kernels.batches import take_rows
 from .dynamic_table import DynamicTable
 from .store import VariableStore
 
@@ -49,6 +50,9 @@ class _Image:
     rows: np.ndarray | None  # the rows (ids, for a table) it holds, ascending; None: all
     values: np.ndarray
     after: Any = None  # a variable's array once changed (another array: replaced since)
+    #: The arrays ``values`` and ``rows`` are the start of (the next image of the variable
+    #: reuses them: memory already touched, not a fresh allocation each update).
+    memory: tuple[np.ndarray, np.ndarray | None] | None = None
 
 
 class BeforeImages:
@@ -64,7 +68,8 @@ class BeforeImages:
 
     @property
     def nbytes(self) -> int:
-        return sum(i.values.nbytes + (i.rows.nbytes if i.rows is not None else 0)
+        return sum(sum(a.nbytes for a in i.memory if a is not None) if i.memory is not None
+                   else i.values.nbytes + (i.rows.nbytes if i.rows is not None else 0)
                    for i in self._images.values())
 
     # -- updates ------------------------------------------------------------------------------
@@ -123,7 +128,7 @@ class BeforeImages:
                 rows = rows[(rows >= 0) & (rows < (arr.shape[0] if arr.ndim else 0))]
         image = self._prior(name, key, record, pending)
         if image is None:
-            return _Image(key, seq, record, rows, arr.copy() if rows is None else arr[rows])
+            return self._fresh(name, _Image(key, seq, record, rows, arr), arr, rows)
         if image.rows is None:
             return image  # every row's value from before the closure's first change is kept
         if rows is None:  # now the whole array: the kept rows as they were, the others now
@@ -144,10 +149,36 @@ class BeforeImages:
             ids = np.setdiff1d(ids, image.rows, assume_unique=True)
         pos = table.positions(ids)
         held = pos >= 0
-        ids, values = ids[held], table.rows[pos[held]]
+        ids, pos = ids[held], pos[held]
         if image is None or image.rows is None:
-            return _Image(key, seq, table, ids, values)
-        return _merged(image, ids, values) if ids.size else image
+            return self._fresh(name, _Image(key, seq, table, ids, table.rows), table.rows, pos)
+        return _merged(image, ids, table.rows[pos]) if ids.size else image
+
+    def _fresh(self, name: str, image: _Image, source: np.ndarray, take: np.ndarray | None
+               ) -> _Image:
+        """``image`` with its values: ``source`` whole (``take`` None) or its rows ``take``,
+        copied into the memory of the image it replaces where they fit. That image goes now
+        (its memory is overwritten): if the update then fails, the variable has none."""
+        old = self._images.pop(name, None)
+        memory = old.memory if old is not None else None
+        if take is None:
+            values = memory[0] if memory is not None and memory[1] is None else None
+            if values is None or values.shape != source.shape or values.dtype != source.dtype:
+                values = np.empty_like(source)
+            np.copyto(values, source)
+            image.values, image.memory = values, (values, None)
+            return image
+        assert image.rows is not None
+        n = image.rows.size
+        buf, rows_buf = memory if memory is not None and memory[1] is not None else (None, None)
+        if buf is None or rows_buf is None or buf.shape[0] < n or buf.shape[1:] != source.shape[1:] \
+                or buf.dtype != source.dtype:
+            cap = n + n // 4 + 16  # room for the next update's rows, a few more or less
+            buf, rows_buf = np.empty((cap, *source.shape[1:]), source.dtype), np.empty(cap, np.int64)
+        take_rows(source, take, buf[:n])  # (compiled for float rows, the next ones prefetched)
+        rows_buf[:n] = image.rows
+        image.values, image.rows, image.memory = buf[:n], rows_buf[:n], (buf, rows_buf)
+        return image
 
     def _drop(self, names: list[str]) -> None:
         for name in names:
@@ -173,7 +204,7 @@ class BeforeImages:
         if image is None:
             return array
         if image.rows is None:
-            return image.values
+            return image.values.copy()  # (its memory is the next image's)
         out = array.copy()
         out[image.rows] = image.values
         return out
