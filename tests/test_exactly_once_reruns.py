@@ -19,7 +19,7 @@ from hypothesis import given, settings, strategies as st
 
 import pstrain
 from pstrain._base.tags import set_dispatch
-from pstrain._formats.operations import Update, UpdateVariables
+from pstrain._formats.operations import ScatterAdd, Update, UpdateVariables
 from pstrain._variables.batched import read_variables
 from pstrain.server.ps.before_images import BeforeImages
 from pstrain.server.ps.store import VariableRecord, VariableStore
@@ -215,3 +215,25 @@ def test_a_rerun_reads_the_values_from_before_its_closure_whatever_ran_before(ru
         for earlier in range(i):
             for k in "ABC":
                 np.testing.assert_array_equal(images.whole("v", [f"{k}{earlier}", 0], now), now)
+
+
+async def test_a_bad_update_of_an_exactly_once_closure_is_refused_by_name_and_changes_nothing(ps_pair):
+    """Rows out of range, and rows of a scalar, sent by an exactly-once closure: the ps's
+    error names them, the variable is as it was, and a rerun reads it as it is."""
+    strategy = strategy_for(*ps_pair)
+    async with strategy.scope():
+        m = pstrain.Variable(np.zeros((3, 2)), name="m")
+        s = pstrain.Variable(0.0, name="s")
+    try:
+        set_dispatch(None, "bad")
+        with pytest.raises(pstrain.errors.InvalidArgumentError, match="out of range|rows"):
+            await m.channel().request(ScatterAdd(name="m", indices=np.array([1, 7]),
+                                                 values=np.ones((2, 2))))
+        with pytest.raises(pstrain.errors.InvalidArgumentError, match="'s'"):
+            await s.channel().request(ScatterAdd(name="s", indices=np.array([0]),
+                                                 values=np.ones(1)))
+        set_dispatch(None, "bad")
+        np.testing.assert_array_equal(await m.numpy(), np.zeros((3, 2)))
+        assert await s.numpy() == 0.0
+    finally:
+        set_dispatch(None, None)

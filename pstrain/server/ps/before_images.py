@@ -87,10 +87,15 @@ class BeforeImages:
         # an image per variable and table, over every change of the request (one name may
         # change twice), put in place once the request applied
         pending: dict[str, _Image | None] = {}
-        for name, rows in changes:
-            pending[name] = self._take(name, rows, key, once[1], pending)
-        for name, ids in _table_ids(req):
-            pending[name] = self._take_rows(name, ids, key, once[1], pending)
+        try:
+            for name, rows in changes:
+                pending[name] = self._take(name, rows, key, once[1], pending)
+            for name, ids in _table_ids(req):
+                pending[name] = self._take_rows(name, ids, key, once[1], pending)
+        except (ValueError, TypeError, IndexError, OverflowError):
+            # rows or ids no update takes (strings, say): the update's own checks refuse it
+            # by name; its variables keep no image
+            return lambda: self._drop([name for name, _ in changes] + _table_names(req))
 
         def applied() -> None:
             for name, image in pending.items():
@@ -122,6 +127,8 @@ class BeforeImages:
         if record is None:
             return None
         arr = record.array
+        if rows is not None and arr.ndim == 0:
+            rows = None  # (rows of a scalar: the update refuses them)
         if rows is not None:
             rows = _ascending(rows)
             if rows.size and (rows[0] < 0 or rows[-1] >= (arr.shape[0] if arr.ndim else 0)):
