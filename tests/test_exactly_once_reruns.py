@@ -237,3 +237,17 @@ async def test_a_bad_update_of_an_exactly_once_closure_is_refused_by_name_and_ch
         assert await s.numpy() == 0.0
     finally:
         set_dispatch(None, None)
+
+
+def test_the_images_of_variables_that_left_the_ps_are_swept_away():
+    store = VariableStore("/job:ps/replica:0/task:0")
+    store.add([VariableRecord("v", np.zeros((4, 2)), True), VariableRecord("w", np.zeros(3), True)])
+    images = BeforeImages(store, {})
+    _apply(store, images, "k", 1, np.array([1, 2]), np.ones((2, 2)))
+    req = UpdateVariables(updates=[Update(op="assign_add", name="w", value=np.ones(3))], once=("k", 2))
+    images.capture(req.once, req)()
+    assert len(images) == 2 and images.nbytes > 0
+    store.delete(["v"])  # moved away, say
+    images.sweep()
+    assert len(images) == 1
+    np.testing.assert_array_equal(images.whole("w", ["k", 0], np.ones(3)), np.zeros(3))

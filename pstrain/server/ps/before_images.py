@@ -41,6 +41,9 @@ from .store import VariableStore
 
 __all__ = ["BeforeImages"]
 
+#: Captures between two sweeps for images of what left this ps.
+SWEEP_EVERY = 1024
+
 
 @dataclass
 class _Image:
@@ -62,6 +65,7 @@ class BeforeImages:
         self.store = store
         self.tables = tables
         self._images: dict[str, _Image] = {}
+        self._captures = 0
 
     def __len__(self) -> int:
         return len(self._images)
@@ -80,6 +84,9 @@ class BeforeImages:
         key = once[0] if once is not None and not once[0].startswith(OP_PREFIX) else None
         if key is None and not self._images:
             return None  # nothing kept, nothing to keep: no exactly-once closures here
+        self._captures += 1
+        if not self._captures % SWEEP_EVERY:
+            self.sweep()
         changes = _changes(req)
         if key is None:
             return lambda: self._drop([name for name, _ in changes] + _table_names(req))
@@ -186,6 +193,15 @@ class BeforeImages:
         rows_buf[:n] = image.rows
         image.values, image.rows, image.memory = buf[:n], rows_buf[:n], (buf, rows_buf)
         return image
+
+    def sweep(self) -> None:
+        """Drop the images of variables and tables no longer here (moved to another ps,
+        deleted, replaced): their memory goes with them."""
+        for name, image in list(self._images.items()):
+            holder = self.tables.get(name) if isinstance(image.holder, DynamicTable) \
+                else self.store.find(name)
+            if holder is not image.holder:
+                del self._images[name]
 
     def _drop(self, names: list[str]) -> None:
         for name in names:
