@@ -21,6 +21,9 @@ so no variable, optimizer or user code has to pass them along.
   not an exactly-once closure gets a key of its own (``op:...``): a request of it
   sent again because its connection dropped before the reply (its ps drained and
   left, the variable moved) is then applied once too.
+* ``as_of = [closure key, n]`` on a read (:func:`read_tags`): an exactly-once
+  closure's read after n operations; a rerun so reads, of what its dead attempt
+  changed, the values from before (``server/ps/before_images.py``).
 
 >>> update_tags("/job:ps/replica:0/task:0")   # outside a closure: nothing
 {}
