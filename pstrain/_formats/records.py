@@ -269,8 +269,8 @@ def validate(op: str, record: type[Record], payload: Any) -> Any:
     """``payload`` as ``record``, or InvalidArgumentError naming the op and the field.
 
     >>> from pstrain._formats.operations import DeleteVariables, ReadVariables
-    >>> validate("vars/read", ReadVariables, {"names": ["w"]})
-    ReadVariables(names=['w'])
+    >>> validate("vars/read", ReadVariables, {"names": ["w"], "as_of": ["k", 0]})
+    ReadVariables(names=['w'], as_of=('k', 0))
     >>> validate("vars/delete", DeleteVariables, {"names": "w"})
     Traceback (most recent call last):
     ...
