@@ -291,6 +291,9 @@ class ParameterServer(ServerBase):
         out["variables"] = len(self.store)
         out["bytes"] = self.store.nbytes
         out.update(self.moves.statistics())
+        if len(self.before_images):  # kept for reruns of exactly-once closures
+            out["before_images"] = {"count": len(self.before_images),
+                                    "bytes": self.before_images.nbytes}
         if self.tables:
             out["tables"] = {name: t.statistics() for name, t in self.tables.items()}
         return out
