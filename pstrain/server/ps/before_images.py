@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 
 from ..._base.tags import OP_PREFIX
-from ..._formats.operations import ApplyGradients, SingleUpdate, UpdateVariables
 from ..._kernels.batches import take_rows
 from .dynamic_table import DynamicTable
+from .fencing import changed
 from .store import VariableStore
 
 __all__ = ["BeforeImages"]
@@ -87,22 +87,23 @@ class BeforeImages:
         self._captures += 1
         if not self._captures % SWEEP_EVERY:
             self.sweep()
-        changes = _changes(req)
+        variables, tables = changed(req)
+        names = [name for name, _ in variables] + [name for name, _ in tables]
         if key is None:
-            return lambda: self._drop([name for name, _ in changes] + _table_names(req))
+            return lambda: self._drop(names)
         assert once is not None
         # an image per variable and table, over every change of the request (one name may
         # change twice), put in place once the request applied
         pending: dict[str, _Image | None] = {}
         try:
-            for name, rows in changes:
+            for name, rows in variables:
                 pending[name] = self._take(name, rows, key, once[1], pending)
-            for name, ids in _table_ids(req):
+            for name, ids in tables:
                 pending[name] = self._take_rows(name, ids, key, once[1], pending)
         except (ValueError, TypeError, IndexError, OverflowError):
             # rows or ids no update takes (strings, say): the update's own checks refuse it
             # by name; its variables keep no image
-            return lambda: self._drop([name for name, _ in changes] + _table_names(req))
+            return lambda: self._drop(names)
 
         def applied() -> None:
             for name, image in pending.items():
@@ -117,16 +118,18 @@ class BeforeImages:
     def _prior(self, name: str, key: str, holder: Any, pending: dict[str, _Image | None]
                ) -> _Image | None:
         """The image of ``name`` this closure's change of it adds to, if any."""
-        if name in pending:
-            image = pending[name]
-        else:
-            image = self._images.get(name)
-            if image is not None and not isinstance(holder, DynamicTable) \
-                    and image.after is not holder.array:
-                image = None  # its array was replaced since (a restore)
+        image = pending[name] if name in pending else self._images.get(name)
         if image is None or image.key != key or image.holder is not holder:
             return None
-        return image
+        return image if name in pending or self._valid(name, image) else None
+
+    def _valid(self, name: str, image: _Image) -> bool:
+        """Whether ``image`` still undoes the latest change of what ``name`` is here (not
+        moved away, deleted, replaced, or restored since)."""
+        if isinstance(image.holder, DynamicTable):
+            return self.tables.get(name) is image.holder
+        record = self.store.find(name)
+        return record is image.holder and record is not None and image.after is record.array
 
     def _take(self, name: str, rows: np.ndarray | None, key: str, seq: int,
               pending: dict[str, _Image | None]) -> _Image | None:
@@ -164,7 +167,7 @@ class BeforeImages:
         pos = table.positions(ids)
         held = pos >= 0
         ids, pos = ids[held], pos[held]
-        if image is None or image.rows is None:
+        if image is None:
             return self._fresh(name, _Image(key, seq, table, ids, table.rows), table.rows, pos)
         return _merged(image, ids, table.rows[pos]) if ids.size else image
 
@@ -198,9 +201,7 @@ class BeforeImages:
         """Drop the images of variables and tables no longer here (moved to another ps,
         deleted, replaced): their memory goes with them."""
         for name, image in list(self._images.items()):
-            holder = self.tables.get(name) if isinstance(image.holder, DynamicTable) \
-                else self.store.find(name)
-            if holder is not image.holder:
+            if not self._valid(name, image):
                 del self._images[name]
 
     def _drop(self, names: list[str]) -> None:
@@ -216,7 +217,7 @@ class BeforeImages:
         if image is None or image.key != as_of[0] or as_of[1] >= image.first \
                 or image.holder is not holder:
             return None
-        if isinstance(holder, DynamicTable) or image.after is holder.array:
+        if self._valid(name, image):
             return image
         del self._images[name]  # its array was replaced (a restore): the image is stale
         return None
@@ -276,26 +277,3 @@ def _patched(image: _Image, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
     out = np.array(values, copy=True)
     out[hit] = image.values[at[hit]]
     return out
-
-
-def _changes(req: Any) -> list[tuple[str, np.ndarray | None]]:
-    """The variables ``req`` changes, each with its rows (None: all of it)."""
-    if isinstance(req, ApplyGradients):
-        out = [(name, rows) for name, rows, _ in req.grads]
-        return out + [(req.iterations, None)] if req.iterations else out
-    if isinstance(req, UpdateVariables):
-        return [(u.name, u.indices if u.op.startswith("scatter") else None) for u in req.updates]
-    if isinstance(req, SingleUpdate):
-        return [(req.name, req.indices if req.op().startswith("vars/scatter") else None)]
-    names = getattr(req, "vars", None)  # vars/call: any of them, whole
-    return [(str(n), None) for n in names] if isinstance(names, list) else []
-
-
-def _table_ids(req: Any) -> list[tuple[str, np.ndarray]]:
-    if isinstance(req, ApplyGradients) and req.tables:
-        return [(name, ids) for name, ids, _ in req.tables]
-    return []
-
-
-def _table_names(req: Any) -> list[str]:
-    return [name for name, _ in _table_ids(req)]

@@ -29,13 +29,13 @@ import numpy as np
 from ..._base.errors import CancelledError
 from ..._base.tags import OP_PREFIX
 from ..._formats.idhash import in_slices
-from ..._formats.operations import ApplyGradients, Fence, SingleUpdate, UpdateVariables
+from ..._formats.operations import ApplyGradients, CallVariables, Fence, SingleUpdate, UpdateVariables
 
 #: The part of a dynamic table an update covered on a ps: ``(slices, owned)`` (its ids in
 #: ``shard_of(id, slices)`` in ``owned``), or None: every id sent to it.
 Scope = tuple[int, tuple[int, ...]] | None
 
-__all__ = ["ONCE_WINDOW", "SUPERSEDED_WINDOW", "Fencing"]
+__all__ = ["ONCE_WINDOW", "SUPERSEDED_WINDOW", "Fencing", "changed"]
 
 #: Exactly-once closures remembered by a ps (their keys, oldest forgotten first).
 ONCE_WINDOW = 100_000
@@ -201,19 +201,32 @@ def _applied(fn: Callable[[Any], dict[str, Any]], req: Any, then: Callable[[], N
     return reply
 
 
+def changed(req: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+    """What an update changes: its variables, each with its rows (None: all of it), and its
+    dynamic tables, each with its ids."""
+    if isinstance(req, ApplyGradients):
+        variables = [(name, rows) for name, rows, _ in req.grads]
+        if req.iterations:
+            variables.append((req.iterations, None))
+        return variables, [(name, ids) for name, ids, _ in req.tables or ()]
+    if isinstance(req, UpdateVariables):
+        return [(u.name, u.indices if u.op.startswith("scatter") else None) for u in req.updates], []
+    if isinstance(req, SingleUpdate):
+        return [(req.name, req.indices if req.op().startswith("vars/scatter") else None)], []
+    if isinstance(req, CallVariables):  # any of them, whole
+        return [(name, None) for name in req.vars], []
+    return [], []
+
+
 def _names(req: Any) -> list[str]:
     """The variables (and tables) an update names: what its exactly-once record is kept by
     (none: nothing is left of it to apply)."""
     if req is None:
         return []
-    if isinstance(req, ApplyGradients):
-        names = [g[0] for g in req.grads] + [t[0] for t in req.tables or ()]
-        return names + [req.iterations] if req.iterations else names
-    if isinstance(req, UpdateVariables):
-        return list(dict.fromkeys(u.name for u in req.updates))
-    if isinstance(req, SingleUpdate):
-        return [req.name]
-    return [getattr(req, "op", "request")]
+    if not isinstance(req, (ApplyGradients, UpdateVariables, SingleUpdate, CallVariables)):
+        return [type(req).__name__]
+    variables, tables = changed(req)
+    return list(dict.fromkeys([name for name, _ in variables] + [name for name, _ in tables]))
 
 
 def _narrowed(req: Any, applied: set[str], scopes: dict[str, list[Scope]]) -> Any:
