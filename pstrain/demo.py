@@ -20,20 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import dashboard
-from ._checkpoint.checkpoint import Checkpoint
-from ._checkpoint.manager import CheckpointManager
-from ._coordinator.coordinator import ClusterCoordinator
-from ._distribute.strategy import ParameterServerStrategy
-from ._training import summary
-from ._training.data import Dataset
-from ._training.optimizers import Adagrad
-from ._transport.bridge import run
-from ._variables.partitioners import FixedShardsPartitioner
 from .cli.arguments import positive_int
-from .ctr import BATCH, CTRModel, evaluate, make_step, synthetic
-from .launch import LocalCluster
-from .progress import Progress
 
 __all__ = ["add_demo_parser"]
 
@@ -59,10 +46,27 @@ def _demo(args: argparse.Namespace) -> int:
     if args.checkpoint_every < 1:
         raise SystemExit(f"pstrain demo: --checkpoint-every must be at least 1 step, got "
                          f"{args.checkpoint_every}")
+    from ._transport.bridge import run
+
     return run(_main(args))
 
 
 async def _main(args: argparse.Namespace) -> int:
+    # The job's modules load here, not with the module: every ``pstrain`` command builds this
+    # parser, and ``pstrain serve`` starts in half the time without the coordinator's side.
+    from . import dashboard
+    from ._checkpoint.checkpoint import Checkpoint
+    from ._checkpoint.manager import CheckpointManager
+    from ._coordinator.coordinator import ClusterCoordinator
+    from ._distribute.strategy import ParameterServerStrategy
+    from ._training import summary
+    from ._training.data import Dataset
+    from ._training.optimizers import Adagrad
+    from ._variables.partitioners import FixedShardsPartitioner
+    from .ctr import BATCH, CTRModel, evaluate, make_step, synthetic
+    from .launch import LocalCluster
+    from .progress import Progress
+
     out = Path(args.output).resolve()
     out.mkdir(parents=True, exist_ok=True)
     n_train = min(args.steps, 600) * BATCH  # the training set, repeated

@@ -33,6 +33,18 @@ def test_serve_help_documents_every_flag():
     assert "TF_CONFIG" in out and "PSTRAIN_CONFIG" in out
 
 
+def test_serve_starts_without_loading_the_coordinators_side():
+    """Every task of a job runs `pstrain serve`: its parser (which holds `demo`'s too) must
+    not load the coordinator, checkpoints or the dashboard, a second of start-up a process."""
+    code = ("import sys\nfrom pstrain.cli import main\n"
+            "try:\n    main(['serve', '--role', 'ps', '--port', 'x'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('pstrain._coordinator', "
+            "'pstrain._checkpoint', 'pstrain.dashboard', 'pstrain.ctr'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert "argument --port" in out.stderr, out.stderr  # the parser did run
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 def test_refuses_a_public_address_without_a_token():
     result = run_cli("serve", "--role", "ps", "--index", "0", "--host", "0.0.0.0", "--port", "0")
     assert result.returncode == 2
