@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pickle
+import struct
 
+import msgpack
 import numpy as np
 import pytest
 
@@ -51,9 +53,32 @@ def test_non_contiguous_arrays():
 
 
 def test_numpy_scalars_keep_their_type():
-    for scalar in (np.float32(1.5), np.int64(-7), np.uint8(200), np.bool_(True), np.float16(2.0)):
+    for scalar in (np.float32(1.5), np.int64(-7), np.uint8(200), np.bool_(True), np.float16(2.0),
+                   np.str_("ab"), np.str_(""), np.bytes_(b""), np.datetime64("2026-11-29")):
         out = roundtrip(scalar)
         assert type(out) is type(scalar) and out == scalar
+
+
+def scalar_body(dtype_str, raw):
+    """A body holding one scalar ext as a peer could craft it."""
+    ext = msgpack.ExtType(wire._EXT_SCALAR, msgpack.packb((dtype_str, raw)))
+    header = msgpack.packb(ext)
+    return struct.pack("<II", len(header), 0) + header
+
+
+@pytest.mark.parametrize("dtype_str, raw", [
+    ("f4,i4", b"\0" * 8),  # structured: a scalar that would answer s["field"]
+    ("V4", b"\0" * 4),  # void
+    ("<f4", b"\0" * 8),  # two values where one belongs
+    ("<f4", b"\0" * 2),  # half of one
+    ("<i8", b""),
+    ("O", b"\0" * 8),
+    (["<f4"], b"\0" * 4),  # not a dtype string
+])
+def test_crafted_scalars_are_refused(dtype_str, raw):
+    assert wire.decode_body(scalar_body("<f4", b"\0\0\x80?")) == np.float32(1.0)  # the frame is right
+    with pytest.raises(ProtocolError, match="malformed"):
+        wire.decode_body(scalar_body(dtype_str, raw))
 
 
 def test_nested_python_structures_keep_their_types():

@@ -126,7 +126,9 @@ def _default(obj: Any) -> Any:
         return msgpack.ExtType(_EXT_TUPLE, _enc.pack(list(obj)))
     if isinstance(obj, np.generic):
         if obj.dtype.kind in _BUFFER_KINDS:
-            return msgpack.ExtType(_EXT_SCALAR, msgpack.packb((obj.dtype.str, obj.tobytes())))
+            # through an array: an empty np.str_ is dtype '<U0' with 4 bytes, its array '<U1'
+            one = np.asarray(obj)
+            return msgpack.ExtType(_EXT_SCALAR, msgpack.packb((one.dtype.str, one.tobytes())))
     elif type(obj) is int:
         return msgpack.ExtType(_EXT_BIGINT, str(obj).encode())
     elif type(obj) in (bytearray, memoryview):
@@ -269,8 +271,7 @@ class _Decoder:
         if code == _EXT_TUPLE:
             return tuple(self.unpack(data))
         if code == _EXT_SCALAR:
-            dtype_str, raw = msgpack.unpackb(data)
-            return np.frombuffer(raw, dtype=np.dtype(dtype_str))[0]
+            return self._scalar(data)
         if code == _EXT_BIGINT:
             return int(data)
         if code == _EXT_PICKLE:
@@ -287,6 +288,18 @@ class _Decoder:
                     "PYTHONPATH); modules outside site-packages that a scheduled function or a "
                     "dataset_fn names are sent by value") from exc
         raise ProtocolError(f"malformed message: unknown ext type {code}")
+
+    def _scalar(self, data: bytes) -> np.generic:
+        # What the encoder sends: a dtype string of a kind that travels, and its bytes. Not a
+        # structured dtype (a scalar that answers ``s["field"]``), nor a buffer of several.
+        dtype_str, raw = msgpack.unpackb(data)
+        if type(dtype_str) is not str or type(raw) is not bytes:
+            raise ProtocolError("malformed scalar in message: expected a dtype string and bytes")
+        dtype = np.dtype(dtype_str)
+        if dtype.kind not in _BUFFER_KINDS or dtype.fields is not None or dtype.itemsize != len(raw):
+            raise ProtocolError(
+                f"malformed scalar in message: {len(raw)} bytes of dtype {dtype_str!r}")
+        return np.frombuffer(raw, dtype=dtype)[0]
 
     def _array(self, data: bytes) -> np.ndarray:
         try:
