@@ -5,6 +5,7 @@ the declared reply back, typed."""
 from __future__ import annotations
 
 import msgspec
+import numpy as np
 import pytest
 
 from pstrain._formats.operations import OPERATIONS, ReadVariables, Request
@@ -59,6 +60,10 @@ class BadEcho(Operation, tag="test/bad_echo"):
     reply = EchoReply
 
 
+class ArrayEcho(Operation, tag="test/array_echo"):
+    reply = EchoReply
+
+
 class Item(Record):
     n: int
 
@@ -73,6 +78,7 @@ class EchoServer(ServerBase):
         super().__init__("ps", 0, token=TOKEN)
         self.route(Echo, lambda req: {"text": req.text * req.times, "times": req.times})
         self.route(BadEcho, lambda req: {"text": 3})  # a reply not of its declared shape
+        self.route(ArrayEcho, lambda req: np.arange(3))  # an array where the reply's map belongs
         self.route(Sum, lambda req: {"text": "sum", "times": sum(i.n for i in req.items)})
 
 
@@ -93,6 +99,15 @@ async def test_a_new_operation_is_one_declaration_and_one_handler():
         # the client checks the reply against its declared class
         with pytest.raises(ProtocolError, match="malformed reply to test/bad_echo"):
             await channel.request(BadEcho())
+        # an array or a numpy scalar where a record belongs is refused as such, whatever
+        # msgspec does with objects that have __getitem__ (0.23 reads fields from them)
+        with pytest.raises(InvalidArgumentError, match="test/echo: Expected `object`, got `numpy.ndarray`"):
+            await channel.call("test/echo", np.zeros(0, np.float32))
+        with pytest.raises(InvalidArgumentError, match="test/sum: Expected `object`, got an array"):
+            await channel.call("test/sum", {"items": [{"n": 1}, np.float32(2)]})
+        with pytest.raises(ProtocolError, match="malformed reply to test/array_echo"):
+            await channel.request(ArrayEcho())
+        assert server.internal_errors == 0
     finally:
         await channel.close()
         await server.stop()

@@ -37,7 +37,7 @@ from typing import Annotated, Any
 import msgspec
 
 from .._base.errors import ProtocolError
-from .records import Count, Name, Operation, Owned, Record, Reply
+from .records import Count, Name, Operation, Owned, Record, Reply, convert
 
 __all__ = ["EndMove", "FinishMove", "FinishReply", "InstallVariables", "MoveOut", "MoveOutReply",
            "MoveReply", "PlacementMap", "PlacementReply", "ReadPlacement", "SetPlacement",
@@ -146,7 +146,7 @@ class PlacementMap(Record):
     def from_builtins(cls, value: Any) -> PlacementMap:
         """A map sent by a peer (``ProtocolError`` if it is malformed)."""
         try:
-            return msgspec.convert(value, cls)
+            return convert(value, cls)
         except msgspec.ValidationError as exc:
             raise ProtocolError(f"malformed placement map: {exc}") from None
 

@@ -265,6 +265,32 @@ def _dec_hook(tp: type, obj: Any) -> Any:
     raise ValueError(f"unsupported type {tp!r}")
 
 
+def convert(payload: Any, record: type[Any]) -> Any:
+    """``msgspec.convert(payload, record)``, raising ``msgspec.ValidationError`` for every
+    payload that does not fit.
+
+    msgspec 0.23 reads a Struct's fields from any object with ``__getitem__``, so an array or
+    a numpy scalar sent where an object belongs raises numpy's ``IndexError`` out of msgspec
+    instead of a ValidationError. That is the sender's fault, and reported as msgspec reports
+    the others.
+
+    >>> convert(np.zeros(2), TableSpec)
+    Traceback (most recent call last):
+    ...
+    msgspec.ValidationError: Expected `object`, got `numpy.ndarray`
+    """
+    try:
+        return msgspec.convert(payload, record, dec_hook=_dec_hook)
+    except msgspec.ValidationError:
+        raise
+    except (IndexError, KeyError, ValueError) as exc:
+        if isinstance(payload, np.ndarray | np.generic):
+            got = f"`numpy.{type(payload).__name__}`"
+        else:
+            got = "an array or a numpy scalar in one of its fields"
+        raise msgspec.ValidationError(f"Expected `object`, got {got}") from exc
+
+
 def validate(op: str, record: type[Record], payload: Any) -> Any:
     """``payload`` as ``record``, or InvalidArgumentError naming the op and the field.
 
@@ -279,7 +305,7 @@ def validate(op: str, record: type[Record], payload: Any) -> Any:
     if payload is None and not record.__struct_fields__:
         return record()
     try:
-        return msgspec.convert(payload, record, dec_hook=_dec_hook)
+        return convert(payload, record)
     except msgspec.ValidationError as exc:
         raise InvalidArgumentError(f"{op}: {exc}") from None
 
@@ -298,6 +324,6 @@ def convert_reply(op: str, record: type[Reply] | None, payload: Any, task: str) 
     if record is None:
         return payload
     try:
-        return msgspec.convert(payload, record, dec_hook=_dec_hook)
+        return convert(payload, record)
     except msgspec.ValidationError as exc:
         raise ProtocolError(f"malformed reply to {op} from {task}: {exc}") from None
