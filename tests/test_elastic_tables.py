@@ -745,3 +745,29 @@ async def test_the_copies_of_an_aborted_move_go_at_once_not_when_its_time_is_up(
                                            owner=strategy.placement.owner))["ended"]
         gc.collect()
         assert extra.moves.staged_bytes() == 0 and not [r for r in staged if r() is not None]
+
+
+@pytest.mark.parametrize(("config", "named"), [
+    ({"dim": np.arange(2)}, "dim"),
+    ({"dim": 4, "capacity": np.arange(2)}, "capacity"),
+    ({"dim": "4"}, "dim"),
+    ({"dim": 4, "dtype": "float16"}, "float16"),
+    ({"dim": 4, "colour": "red"}, "colour"),
+    (np.zeros(3), "object"),
+])
+async def test_a_table_copy_whose_config_is_malformed_is_refused_whole(ps_server, config, named):
+    """ps/install checks the config of a table's copy as dyn/create checks a new table's: a
+    wrong field is refused, naming it, and nothing is staged."""
+    copy = {"name": "t", "config": config, "moving": {"slices": 4, "owned": [1]},
+            "serving": {"slices": 4, "owned": [1]}, "ids": np.zeros(0, np.int64),
+            "rows": np.zeros((0, 4), np.float32)}
+    channel = Channel(ps_server.address, token=TOKEN, task="ps0")
+    try:
+        with pytest.raises(InvalidArgumentError, match=f"ps/install.*{named}"):
+            await channel.call("ps/install", {"stage": "s1", "tables": [copy]})
+        # the same copy, well formed, is staged
+        await channel.call("ps/install", {"stage": "s1", "tables": [{**copy, "config": {"dim": 4}}]})
+        assert list(ps_server.moves.incoming_tables) == ["s1"]
+    finally:
+        await channel.close()
+    assert ps_server.internal_errors == 0

@@ -322,8 +322,9 @@ class PsChanges:
             try:
                 out = await source.request(MoveOut(keys=keys, stage=stage, tables=moving),
                                            timeout=self.timeout_s)
-                copies = [msgspec.structs.replace(c, serving=serving_dst[c.name],
-                                                  config={**c.config, "capacity": caps[c.name][1]})
+                replace = msgspec.structs.replace
+                copies = [replace(c, serving=serving_dst[c.name],
+                                  config=replace(c.config, capacity=caps[c.name][1]))
                           for c in out.tables]
                 await target.request(InstallVariables(stage=stage, vars=out.vars, tables=copies),
                                      timeout=self.timeout_s)

@@ -37,7 +37,7 @@ from typing import Annotated, Any
 import msgspec
 
 from .._base.errors import ProtocolError
-from .records import Count, Name, Operation, Owned, Record, Reply, convert
+from .records import Count, Name, Operation, Owned, Record, Reply, TableSpec, convert
 
 __all__ = ["EndMove", "FinishMove", "FinishReply", "InstallVariables", "MoveOut", "MoveOutReply",
            "MoveReply", "PlacementMap", "PlacementReply", "ReadPlacement", "SetPlacement",
@@ -173,7 +173,7 @@ class TableCopy(Record):
     """The rows of some slices of a dynamic table's shard, in a move (arrays by row)."""
 
     name: Name
-    config: dict[str, Any]  # the shard's TableConfig, its capacity the receiver's after the move
+    config: TableSpec  # the shard's TableConfig, its capacity the receiver's after the move
     owner: Annotated[str, msgspec.Meta(max_length=64)] | None = None
     moving: SliceSet | None = None  # the slices moved
     serving: SliceSet | None = None  # on the receiver: every slice it holds after the move

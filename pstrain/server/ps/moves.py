@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from ..._base.errors import FailedPreconditionError, InvalidArgumentError
@@ -206,7 +207,7 @@ class Moves:
         for arrived, _, _ in staged_tables:
             table = self.tables.table(arrived.name)
             table.merge_slices(arrived, table_patches[arrived.name])
-            table.with_capacity(TableConfig(**arrived.config).capacity)
+            table.with_capacity(arrived.config.capacity)
             assert arrived.serving is not None  # (checked when staged)
             self.tables.guards.set(arrived.name, arrived.serving)
             self.tables.feed.moved(arrived.name, arrived.serving.owned, arrived.serving.slices,
@@ -243,8 +244,8 @@ class Moves:
                 raise InvalidArgumentError(f"ps/install: the slices of table {copy.name!r} moving "
                                            "and served after the move do not agree")
             try:
-                config = TableConfig(**copy.config)
-            except TypeError as exc:
+                config = TableConfig(**msgspec.structs.asdict(copy.config))
+            except InvalidArgumentError as exc:
                 raise InvalidArgumentError(f"ps/install: table {copy.name!r}: {exc}") from None
             existing = self.tables.tables.get(copy.name)
             table = existing or DynamicTable(copy.name, config, copy.owner, self.tables.max_table_bytes,

@@ -276,7 +276,7 @@ class TableHandlers:
             req.name, config, req.owner, self.max_table_bytes, clock=self.checkpoints.store.clock)
         empty = np.empty(0, np.int64)
         table.merge_slices(
-            TableCopy(name=req.name, config={}, ids=ids, rows=rows, slots=slots, slot_init=slot_init),
+            TableCopy(name=req.name, config=req.config, ids=ids, rows=rows, slots=slots, slot_init=slot_init),
             TablePatch(name=req.name, live=ids, ages=np.zeros(ids.size, np.int64),
                        freq=np.zeros(ids.size, np.int64), ids=empty,
                        rows=np.empty((0, config.dim), table.dtype)))
