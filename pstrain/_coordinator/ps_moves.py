@@ -21,7 +21,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-import msgspec
+from msgspec.structs import replace
 
 from .._base.cluster import parse_address, task_name
 from .._base.errors import (
@@ -322,7 +322,6 @@ class PsChanges:
             try:
                 out = await source.request(MoveOut(keys=keys, stage=stage, tables=moving),
                                            timeout=self.timeout_s)
-                replace = msgspec.structs.replace
                 copies = [replace(c, serving=serving_dst[c.name],
                                   config=replace(c.config, capacity=caps[c.name][1]))
                           for c in out.tables]
