@@ -771,3 +771,31 @@ async def test_a_table_copy_whose_config_is_malformed_is_refused_whole(ps_server
     finally:
         await channel.close()
     assert ps_server.internal_errors == 0
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("once", [7]),
+    ("once", [["k", 1, ["v"], None]]),  # no table parts
+    ("once", [["k", 1, ["v"], None, {"t": [[0, np.arange(2)]]}]]),
+    ("fences", [["owner", -1, 2]]),
+    ("fences", [np.arange(3)]),
+    ("patches", [["v", None]]),
+])
+async def test_a_move_activated_with_malformed_records_is_refused_before_anything_is_served(
+        ps_server, field, value):
+    """The exactly-once records, fences and patches a move's last step carries are checked
+    with the request: a malformed one is refused naming its field, the staged copy stays
+    staged and unserved, and the same step well formed then serves it."""
+    channel = Channel(ps_server.address, token=TOKEN, task="ps0")
+    copy = {"name": "v", "value": np.arange(3, dtype=np.float32)}
+    try:
+        await channel.call("ps/install", {"stage": "s1", "vars": [copy]})
+        with pytest.raises(InvalidArgumentError, match=f"ps/install.*{field}"):
+            await channel.call("ps/install", {"stage": "s1", "activate": True, field: value})
+        assert "s1" in ps_server.moves.incoming and "v" not in ps_server.store
+        await channel.call("ps/install", {"stage": "s1", "activate": True, "once": [
+            ["k", 1, ["v"], {"t": 1}, {}]], "fences": [[None, 0, 2]]})
+        assert ps_server.store.get("v").array.tolist() == [0, 1, 2]
+    finally:
+        await channel.close()
+    assert ps_server.internal_errors == 0

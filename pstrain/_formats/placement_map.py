@@ -37,7 +37,7 @@ from typing import Annotated, Any
 import msgspec
 
 from .._base.errors import ProtocolError
-from .records import Count, Name, Operation, Owned, Record, Reply, TableSpec, convert
+from .records import Count, Name, Operation, Owned, Owner, Record, Reply, TableSpec, convert
 
 __all__ = ["EndMove", "FinishMove", "FinishReply", "InstallVariables", "MoveOut", "MoveOutReply",
            "MoveReply", "PlacementMap", "PlacementReply", "ReadPlacement", "SetPlacement",
@@ -46,6 +46,13 @@ __all__ = ["EndMove", "FinishMove", "FinishReply", "InstallVariables", "MoveOut"
 Address = Annotated[str, msgspec.Meta(max_length=300)]
 PsIndex = Annotated[int, msgspec.Meta(ge=0, le=1 << 16)]
 Stage = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+#: What changed of a variable moved since its copy: ``[name, rows (None: all of it), values]``.
+VariablePatch = tuple[Name, Any, Any]
+#: An exactly-once record a move takes along: ``[closure key, operation, [variables],
+#: reply, {table: [[shard, [slices]] of the ids it covered, or None: all of them]}]``.
+OnceRecord = tuple[Name, Count, list[Name], Any, dict[Name, list[tuple[Count, list[Count]] | None]]]
+#: ``[coordinator incarnation (None: none named), worker, epoch]``.
+FenceRecord = tuple[Owner | None, Count, Count]
 Keys = Annotated[list[Name], msgspec.Meta(max_length=1 << 16)]
 NumSlices = Annotated[int, msgspec.Meta(ge=1, le=1 << 16)]
 Slices = Annotated[list[Annotated[int, msgspec.Meta(ge=0, lt=1 << 16)]], msgspec.Meta(max_length=1 << 16)]
@@ -214,9 +221,9 @@ class MoveOutReply(Reply):
 
 
 class FinishReply(Reply):
-    patches: list[Any]  # [name, rows | None, values]
-    once: list[Any]  # [closure key, operation, [variables], reply]
-    fences: list[Any]  # [owner, worker, epoch]
+    patches: list[VariablePatch]
+    once: list[OnceRecord]
+    fences: list[FenceRecord]
     superseded: list[str]
     tables: list[TablePatch] = []
 
@@ -276,9 +283,9 @@ class InstallVariables(Owned, tag="ps/install"):
     stage: Stage
     vars: Annotated[list[VariableCopy], msgspec.Meta(max_length=1 << 16)] = []
     activate: bool = False
-    patches: Annotated[list[Any], msgspec.Meta(max_length=1 << 16)] = []
-    once: Annotated[list[Any], msgspec.Meta(max_length=1 << 22)] = []
-    fences: Annotated[list[Any], msgspec.Meta(max_length=1 << 16)] = []
+    patches: Annotated[list[VariablePatch], msgspec.Meta(max_length=1 << 16)] = []
+    once: Annotated[list[OnceRecord], msgspec.Meta(max_length=1 << 22)] = []
+    fences: Annotated[list[FenceRecord], msgspec.Meta(max_length=1 << 16)] = []
     superseded: Annotated[list[str], msgspec.Meta(max_length=1 << 12)] = []
     placement: PlacementMap | None = None
     tables: Annotated[list[TableCopy], msgspec.Meta(max_length=1 << 12)] = []  # staged

@@ -30,6 +30,7 @@ from ..._base.errors import CancelledError
 from ..._base.tags import OP_PREFIX
 from ..._formats.idhash import in_slices
 from ..._formats.operations import ApplyGradients, CallVariables, Fence, SingleUpdate, UpdateVariables
+from ..._formats.placement_map import FenceRecord, OnceRecord
 
 #: The part of a dynamic table an update covered on a ps: ``(slices, owned)`` (its ids in
 #: ``shard_of(id, slices)`` in ``owned``), or None: every id sent to it.
@@ -175,17 +176,16 @@ class Fencing:
                     out.append([key, seq, sorted(mine), reply, parts])
         return out
 
-    def adopt(self, records: list[list[Any]], fences: list[list[Any]], superseded: list[str]) -> None:
+    def adopt(self, records: list[OnceRecord], fences: list[FenceRecord], superseded: list[str]) -> None:
         """Take over what another ps knew of the variables moved here: their exactly-once
-        records, and the fences and takeovers (the later of each)."""
-        for key, seq, names, reply, *rest in records:
-            parts = rest[0] if rest and isinstance(rest[0], dict) else {}
-            scopes = {str(t): [(int(p[0]), tuple(int(s) for s in p[1])) if p is not None else None
-                               for p in ps] for t, ps in parts.items()}
-            self._record(str(key), int(seq), [str(n) for n in names], reply, scopes)
+        records, and the fences and takeovers (the later of each). The records arrive
+        checked (``InstallVariables``): nothing here can fail half-way."""
+        for key, seq, names, reply, parts in records:
+            scopes = {t: [(p[0], tuple(p[1])) if p is not None else None for p in ps]
+                      for t, ps in parts.items()}
+            self._record(key, seq, names, reply, scopes)
         for owner, worker, epoch in fences:
-            k = (owner, int(worker))
-            self.fences[k] = max(self.fences.get(k, 0), int(epoch))
+            self.fences[owner, worker] = max(self.fences.get((owner, worker), 0), epoch)
         self.supersede(set(superseded), None)
 
     def state(self) -> tuple[list[list[Any]], list[str]]:
