@@ -799,3 +799,34 @@ async def test_a_move_activated_with_malformed_records_is_refused_before_anythin
     finally:
         await channel.close()
     assert ps_server.internal_errors == 0
+
+
+@pytest.mark.parametrize(("patch", "named"), [
+    ({"removed": ["a", "b"]}, "removed"),
+    ({"live": np.array([5, 5], np.int64), "ages": np.zeros(2, np.int64), "freq": np.zeros(2, np.int64)},
+     "twice"),
+    ({"cand_ids": np.array([9], np.int64), "cand_counts": np.array([1, 2], np.int64)}, "cand_counts"),
+    ({"ages": np.array([0.5], np.float32)}, "ages"),
+    ({"live": [[5], [6, 7]]}, "live"),
+])
+async def test_a_move_whose_table_patch_is_malformed_serves_nothing_of_it(ps_server, patch, named):
+    """The last step of a move checks every table's patch before it serves a variable or
+    a row: one malformed part (evicted ids that are not ids, an id twice, sightings without
+    their counts) is refused naming it, and neither the variable nor the table's rows
+    arrived."""
+    channel = Channel(ps_server.address, token=TOKEN, task="ps0")
+    ids = np.array([5], np.int64)
+    table = {"name": "t", "config": {"dim": 2}, "moving": {"slices": 1, "owned": [0]},
+             "serving": {"slices": 1, "owned": [0]}, "ids": ids, "rows": np.ones((1, 2), np.float32)}
+    good = {"name": "t", "live": ids, "ages": np.zeros(1, np.int64), "freq": np.zeros(1, np.int64),
+            "ids": np.zeros(0, np.int64), "rows": np.zeros((0, 2), np.float32)}
+    try:
+        await channel.call("ps/install", {"stage": "s1", "vars": [{"name": "v", "value": np.ones(3)}],
+                                          "tables": [table]})
+        with pytest.raises(InvalidArgumentError, match=f"ps/install.*{named}"):
+            await channel.call("ps/install", {"stage": "s1", "activate": True,
+                                              "table_patches": [{**good, **patch}]})
+        assert "v" not in ps_server.store and len(ps_server.tables["t"]) == 0
+    finally:
+        await channel.close()
+    assert ps_server.internal_errors == 0

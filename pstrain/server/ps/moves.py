@@ -199,15 +199,16 @@ class Moves:
                     arrays[name][np.asarray(rows)] = values
             except (IndexError, ValueError, TypeError) as exc:  # nothing is served yet
                 raise InvalidArgumentError(f"ps/install: a bad patch of {name!r}: {exc}") from None
+        merges = [self.tables.table(arrived.name).checked_merge(arrived, table_patches[arrived.name])
+                  for arrived, _, _ in staged_tables]  # every table's checked before any is served
         for copy in staged:
             self.store.put(copy.name, arrays[copy.name], copy.trainable, slot_of=copy.slot_of)
             record = self.store.get(copy.name)
             record.owner = copy.owner
             self.store.away.pop(copy.name, None)
-        for arrived, _, _ in staged_tables:
-            table = self.tables.table(arrived.name)
-            table.merge_slices(arrived, table_patches[arrived.name])
-            table.with_capacity(arrived.config.capacity)
+        for (arrived, _, _), merge in zip(staged_tables, merges, strict=True):
+            merge()
+            self.tables.table(arrived.name).with_capacity(arrived.config.capacity)
             assert arrived.serving is not None  # (checked when staged)
             self.tables.guards.set(arrived.name, arrived.serving)
             self.tables.feed.moved(arrived.name, arrived.serving.owned, arrived.serving.slices,

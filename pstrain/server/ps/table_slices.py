@@ -16,6 +16,7 @@ checkpoint holds them.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -79,10 +80,25 @@ class SliceGuards:
 
 
 def _array(value: Any, dtype: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
-    arr = np.asarray(value) if value is not None else np.empty((0,) + shape[1:], dtype)
+    """``value`` as ``dtype`` and ``shape`` (None: empty), or InvalidArgumentError."""
+    try:
+        arr = np.asarray(value) if value is not None else np.empty((0,) + shape[1:], dtype)
+    except ValueError as exc:  # (ragged lists)
+        raise InvalidArgumentError(f"ps/install: {what} is not an array: {exc}") from None
     if arr.shape != shape:
         raise InvalidArgumentError(f"ps/install: {what} is {arr.shape}, expected {shape}")
+    if arr.size and arr.dtype.kind not in ("biu" if np.dtype(dtype).kind in "iu" else "biuf"):
+        raise InvalidArgumentError(f"ps/install: {what} is of dtype {arr.dtype}, expected {np.dtype(dtype)}")
     return arr.astype(dtype, copy=False)
+
+
+def _ids(value: Any, what: str) -> np.ndarray:
+    """``value`` as a vector of int64 ids (None: none)."""
+    try:
+        n = int(np.size(value)) if value is not None else 0
+    except ValueError as exc:  # (ragged lists)
+        raise InvalidArgumentError(f"ps/install: {what} is not an array: {exc}") from None
+    return _array(value, np.int64, (n,), what)
 
 
 
@@ -167,12 +183,20 @@ class SlicedRows:
 
     def merge_slices(self, copy: TableCopy, patch: TablePatch) -> int:
         """Put the rows of ``copy``, brought up to date by ``patch``, into ``table`` (checked
-        whole first: nothing changes if any part is wrong). Returns rows put in. Each row is
-        written once, from the copy or the patch, straight into the table's arrays."""
+        whole first: nothing changes if any part is wrong). Returns rows put in."""
+        return self.checked_merge(copy, patch)()
+
+    def checked_merge(self, copy: TableCopy, patch: TablePatch) -> Callable[[], int]:
+        """Check ``copy`` and ``patch`` whole (InvalidArgumentError naming what is wrong, and
+        nothing changed) and return what puts them in, which cannot fail: a move checks every
+        table's before it serves anything. Each row is written once, from the copy or the
+        patch, straight into the table's arrays."""
         dim, dtype = self.config.dim, self.dtype
-        live = _array(patch.live, np.int64, (np.size(patch.live),), "live")
+        live = _ids(patch.live, "live")
         n = live.size
         ages, freq = _array(patch.ages, np.int64, (n,), "ages"), _array(patch.freq, np.int64, (n,), "freq")
+        removed, cand_ids = _ids(patch.removed, "removed"), _ids(patch.cand_ids, "cand_ids")
+        counts = _array(patch.cand_counts if cand_ids.size else None, np.int64, cand_ids.shape, "cand_counts")
         slot_init = {**self.slot_init, **copy.slot_init, **patch.slot_init}
         if (set(copy.slots) | set(patch.slots)) - set(slot_init):
             raise InvalidArgumentError("ps/install: a moved slot has no initial value")
@@ -180,7 +204,7 @@ class SlicedRows:
         puts: list[tuple[np.ndarray | None, np.ndarray | None, np.ndarray, dict[str, np.ndarray]]] = []
         found = np.zeros(n, bool)
         for part, what in ((copy, "the copy's"), (patch, "the patch's")):
-            ids = _array(part.ids, np.int64, (np.size(part.ids),), f"{what} ids")
+            ids = _ids(part.ids, f"{what} ids")
             if not ids.size:
                 continue
             rows = _array(part.rows, dtype, (ids.size, dim), f"{what} rows")
@@ -197,42 +221,46 @@ class SlicedRows:
             found |= hit
         if not bool(np.all(found)):
             raise InvalidArgumentError("ps/install: a moved id has no row in the copy or the patch")
+        if np.unique(live).size != n:
+            raise InvalidArgumentError("ps/install: the patch names a moved id twice")
         if n and bool(np.any(self.positions(live) >= 0)):
             raise InvalidArgumentError(f"ps/install: {self.name!r} already holds some moved ids")
-        for key in set(copy.slots) | set(patch.slots):
-            self.slot(key, slot_init[key])
-        rows = self._take_rows(n)
-        if self.saves:
-            self._touch(rows)
-        # fresh rows are consecutive: written by slices (a copy at memory speed, no gather)
-        to: slice | np.ndarray = slice(int(rows[0]), int(rows[0]) + n) \
-            if n and int(rows[-1]) - int(rows[0]) == n - 1 and bool(np.all(np.diff(rows) == 1)) else rows
-        for key, arr in self.slots.items():
-            arr[to] = self.slot_init[key]
-        for where, src, values, slots in puts:
-            if where is None:
-                self.rows[to] = values
-                for key, arr in slots.items():
-                    self.slots[key][to] = arr
-            else:
-                self.rows[rows[where]] = values[src]
-                for key, arr in slots.items():
-                    self.slots[key][rows[where]] = arr[src]
-        self.ids[to], self.live[to] = live, True
-        self.last_seen[to], self.freq[to] = self.lookups - ages, freq
-        self.epochs[to] = self.clock.epoch
-        self.index.insert(live, rows)
-        if patch.removed is not None and np.size(patch.removed):
-            self.removed.add(np.asarray(patch.removed, np.int64))
-        if patch.cand_ids is not None and np.size(patch.cand_ids):  # the sightings at the switch
-            cand_ids = np.asarray(patch.cand_ids, np.int64)
-            counts = np.asarray(patch.cand_counts, np.int64).reshape(-1)
-            fresh = (self._cand.get(cand_ids) < 0) & (self.positions(cand_ids) < 0)
-            if fresh.any() and counts.size == cand_ids.size:
-                self._remember(cand_ids[fresh])
-                known = self._cand.get(cand_ids[fresh])  # (the oldest may be forgotten at once)
-                self._cand_counts[known[known >= 0]] = counts[fresh][known >= 0]
-        return n
+
+        def put() -> int:
+            for key in set(copy.slots) | set(patch.slots):
+                self.slot(key, slot_init[key])
+            rows = self._take_rows(n)
+            if self.saves:
+                self._touch(rows)
+            # fresh rows are consecutive: written by slices (a copy at memory speed, no gather)
+            to: slice | np.ndarray = slice(int(rows[0]), int(rows[0]) + n) \
+                if n and int(rows[-1]) - int(rows[0]) == n - 1 and bool(np.all(np.diff(rows) == 1)) else rows
+            for key, arr in self.slots.items():
+                arr[to] = self.slot_init[key]
+            for where, src, values, slots in puts:
+                if where is None:
+                    self.rows[to] = values
+                    for key, arr in slots.items():
+                        self.slots[key][to] = arr
+                else:
+                    self.rows[rows[where]] = values[src]
+                    for key, arr in slots.items():
+                        self.slots[key][rows[where]] = arr[src]
+            self.ids[to], self.live[to] = live, True
+            self.last_seen[to], self.freq[to] = self.lookups - ages, freq
+            self.epochs[to] = self.clock.epoch
+            self.index.insert(live, rows)
+            if removed.size:
+                self.removed.add(removed)
+            if cand_ids.size:  # the sightings at the switch
+                fresh = (self._cand.get(cand_ids) < 0) & (self.positions(cand_ids) < 0)
+                if fresh.any():
+                    self._remember(cand_ids[fresh])
+                    known = self._cand.get(cand_ids[fresh])  # (the oldest may be forgotten at once)
+                    self._cand_counts[known[known >= 0]] = counts[fresh][known >= 0]
+            return n
+
+        return put
 
     def with_capacity(self, capacity: int | None) -> None:
         """The shard's share of the table's capacity changed (slices moved)."""
