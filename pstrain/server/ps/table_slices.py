@@ -188,9 +188,9 @@ class SlicedRows:
 
     def checked_merge(self, copy: TableCopy, patch: TablePatch) -> Callable[[], int]:
         """Check ``copy`` and ``patch`` whole (InvalidArgumentError naming what is wrong, and
-        nothing changed) and return what puts them in, which cannot fail: a move checks every
-        table's before it serves anything. Each row is written once, from the copy or the
-        patch, straight into the table's arrays."""
+        nothing changed) and return what puts them in, which nothing sent can make fail: a
+        move checks every table's before it serves anything. Each row is written once, from
+        the copy or the patch, straight into the table's arrays."""
         dim, dtype = self.config.dim, self.dtype
         live = _ids(patch.live, "live")
         n = live.size
