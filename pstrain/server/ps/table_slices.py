@@ -80,13 +80,15 @@ class SliceGuards:
 
 
 def _array(value: Any, dtype: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
-    """``value`` as ``dtype`` and ``shape`` (None: empty), or InvalidArgumentError."""
+    """``value`` as ``dtype`` and ``shape`` (a -1 in it: any length; None: empty), or
+    InvalidArgumentError."""
     try:
         arr = np.asarray(value) if value is not None else np.empty((0,) + shape[1:], dtype)
     except ValueError as exc:  # (ragged lists)
         raise InvalidArgumentError(f"ps/install: {what} is not an array: {exc}") from None
-    if arr.shape != shape:
-        raise InvalidArgumentError(f"ps/install: {what} is {arr.shape}, expected {shape}")
+    if arr.ndim != len(shape) or any(want not in (-1, got) for got, want in zip(arr.shape, shape)):
+        expected = str(shape).replace("-1", "any length")
+        raise InvalidArgumentError(f"ps/install: {what} is {arr.shape}, expected {expected}")
     if arr.size and arr.dtype.kind not in ("biu" if np.dtype(dtype).kind in "iu" else "biuf"):
         raise InvalidArgumentError(f"ps/install: {what} is of dtype {arr.dtype}, expected {np.dtype(dtype)}")
     return arr.astype(dtype, copy=False)
@@ -94,12 +96,7 @@ def _array(value: Any, dtype: Any, shape: tuple[int, ...], what: str) -> np.ndar
 
 def _ids(value: Any, what: str) -> np.ndarray:
     """``value`` as a vector of int64 ids (None: none)."""
-    try:
-        n = int(np.size(value)) if value is not None else 0
-    except ValueError as exc:  # (ragged lists)
-        raise InvalidArgumentError(f"ps/install: {what} is not an array: {exc}") from None
-    return _array(value, np.int64, (n,), what)
-
+    return _array(value, np.int64, (-1,), what)
 
 
 class SlicedRows:
