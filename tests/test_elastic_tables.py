@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
+import pytest_asyncio
 
 import pstrain
 from pstrain._base.tags import set_dispatch
@@ -747,6 +748,20 @@ async def test_the_copies_of_an_aborted_move_go_at_once_not_when_its_time_is_up(
         assert extra.moves.staged_bytes() == 0 and not [r for r in staged if r() is not None]
 
 
+@pytest_asyncio.fixture
+async def install(ps_server):
+    """Sends ``ps/install`` to ``ps_server`` as a coordinator would; after the test, the ps
+    must have met no internal error."""
+    channel = Channel(ps_server.address, token=TOKEN, task="ps0")
+
+    async def send(**fields: Any) -> Any:
+        return await channel.call("ps/install", {"stage": "s1", **fields})
+
+    yield send
+    await channel.close()
+    assert ps_server.internal_errors == 0
+
+
 @pytest.mark.parametrize(("config", "named"), [
     ({"dim": np.arange(2)}, "dim"),
     ({"dim": 4, "capacity": np.arange(2)}, "capacity"),
@@ -755,22 +770,18 @@ async def test_the_copies_of_an_aborted_move_go_at_once_not_when_its_time_is_up(
     ({"dim": 4, "colour": "red"}, "colour"),
     (np.zeros(3), "object"),
 ])
-async def test_a_table_copy_whose_config_is_malformed_is_refused_whole(ps_server, config, named):
+async def test_a_table_copy_whose_config_is_malformed_is_refused_whole(ps_server, install, config,
+                                                                      named):
     """ps/install checks the config of a table's copy as dyn/create checks a new table's: a
     wrong field is refused, naming it, and nothing is staged."""
     copy = {"name": "t", "config": config, "moving": {"slices": 4, "owned": [1]},
             "serving": {"slices": 4, "owned": [1]}, "ids": np.zeros(0, np.int64),
             "rows": np.zeros((0, 4), np.float32)}
-    channel = Channel(ps_server.address, token=TOKEN, task="ps0")
-    try:
-        with pytest.raises(InvalidArgumentError, match=f"ps/install.*{named}"):
-            await channel.call("ps/install", {"stage": "s1", "tables": [copy]})
-        # the same copy, well formed, is staged
-        await channel.call("ps/install", {"stage": "s1", "tables": [{**copy, "config": {"dim": 4}}]})
-        assert list(ps_server.moves.incoming_tables) == ["s1"]
-    finally:
-        await channel.close()
-    assert ps_server.internal_errors == 0
+    with pytest.raises(InvalidArgumentError, match=f"ps/install.*{named}"):
+        await install(tables=[copy])
+    # the same copy, well formed, is staged
+    await install(tables=[{**copy, "config": {"dim": 4}}])
+    assert list(ps_server.moves.incoming_tables) == ["s1"]
 
 
 @pytest.mark.parametrize(("field", "value"), [
@@ -782,23 +793,17 @@ async def test_a_table_copy_whose_config_is_malformed_is_refused_whole(ps_server
     ("patches", [["v", None]]),
 ])
 async def test_a_move_activated_with_malformed_records_is_refused_before_anything_is_served(
-        ps_server, field, value):
+        ps_server, install, field, value):
     """The exactly-once records, fences and patches a move's last step carries are checked
     with the request: a malformed one is refused naming its field, the staged copy stays
     staged and unserved, and the same step well formed then serves it."""
-    channel = Channel(ps_server.address, token=TOKEN, task="ps0")
     copy = {"name": "v", "value": np.arange(3, dtype=np.float32)}
-    try:
-        await channel.call("ps/install", {"stage": "s1", "vars": [copy]})
-        with pytest.raises(InvalidArgumentError, match=f"ps/install.*{field}"):
-            await channel.call("ps/install", {"stage": "s1", "activate": True, field: value})
-        assert "s1" in ps_server.moves.incoming and "v" not in ps_server.store
-        await channel.call("ps/install", {"stage": "s1", "activate": True, "once": [
-            ["k", 1, ["v"], {"t": 1}, {}]], "fences": [[None, 0, 2]]})
-        assert ps_server.store.get("v").array.tolist() == [0, 1, 2]
-    finally:
-        await channel.close()
-    assert ps_server.internal_errors == 0
+    await install(vars=[copy])
+    with pytest.raises(InvalidArgumentError, match=f"ps/install.*{field}"):
+        await install(**{"activate": True, field: value})
+    assert "s1" in ps_server.moves.incoming and "v" not in ps_server.store
+    await install(activate=True, once=[["k", 1, ["v"], {"t": 1}, {}]], fences=[[None, 0, 2]])
+    assert ps_server.store.get("v").array.tolist() == [0, 1, 2]
 
 
 @pytest.mark.parametrize(("patch", "named"), [
@@ -809,24 +814,18 @@ async def test_a_move_activated_with_malformed_records_is_refused_before_anythin
     ({"ages": np.array([0.5], np.float32)}, "ages"),
     ({"live": [[5], [6, 7]]}, "live"),
 ])
-async def test_a_move_whose_table_patch_is_malformed_serves_nothing_of_it(ps_server, patch, named):
+async def test_a_move_whose_table_patch_is_malformed_serves_nothing_of_it(ps_server, install, patch,
+                                                                         named):
     """The last step of a move checks every table's patch before it serves a variable or
     a row: one malformed part (evicted ids that are not ids, an id twice, sightings without
     their counts) is refused naming it, and neither the variable nor the table's rows
     arrived."""
-    channel = Channel(ps_server.address, token=TOKEN, task="ps0")
     ids = np.array([5], np.int64)
     table = {"name": "t", "config": {"dim": 2}, "moving": {"slices": 1, "owned": [0]},
              "serving": {"slices": 1, "owned": [0]}, "ids": ids, "rows": np.ones((1, 2), np.float32)}
     good = {"name": "t", "live": ids, "ages": np.zeros(1, np.int64), "freq": np.zeros(1, np.int64),
             "ids": np.zeros(0, np.int64), "rows": np.zeros((0, 2), np.float32)}
-    try:
-        await channel.call("ps/install", {"stage": "s1", "vars": [{"name": "v", "value": np.ones(3)}],
-                                          "tables": [table]})
-        with pytest.raises(InvalidArgumentError, match=f"ps/install.*{named}"):
-            await channel.call("ps/install", {"stage": "s1", "activate": True,
-                                              "table_patches": [{**good, **patch}]})
-        assert "v" not in ps_server.store and len(ps_server.tables["t"]) == 0
-    finally:
-        await channel.close()
-    assert ps_server.internal_errors == 0
+    await install(vars=[{"name": "v", "value": np.ones(3)}], tables=[table])
+    with pytest.raises(InvalidArgumentError, match=f"ps/install.*{named}"):
+        await install(activate=True, table_patches=[{**good, **patch}])
+    assert "v" not in ps_server.store and len(ps_server.tables["t"]) == 0
