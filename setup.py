@@ -10,6 +10,8 @@ setup(ext_modules=cythonize(
                include_dirs=[numpy.get_include()],  # its allocator hooks (NEP 49)
                define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
                # the numpy reference's arithmetic, bit for bit: no fused multiply-add; sqrt
-               # without errno lets the loops vectorise (it stays IEEE's correctly rounded sqrt)
-               extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno"])],
+               # without errno lets the loops vectorise (it stays IEEE's correctly rounded sqrt).
+               # No debug information (Python's own flags ask for it): a quarter of the
+               # compile time (20 s against 26 s here), paid at every install and wheel build.
+               extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno", "-g0"])],
     compiler_directives={"language_level": "3"}))
