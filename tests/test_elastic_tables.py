@@ -6,6 +6,8 @@ request sent by an old map is refused whole and routed again."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -81,6 +83,16 @@ def _ids_on(ps: ParameterServer, key: str) -> np.ndarray:
     if table is None:
         return np.empty(0, np.int64)
     return table.export()["ids"]
+
+
+def _table_feed() -> Any:
+    """examples/table_feed.py, the serving feed's example consumer."""
+    spec = importlib.util.spec_from_file_location(
+        "table_feed", os.path.join(os.path.dirname(__file__), "..", "examples", "table_feed.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _check_map(coordinator: pstrain.ClusterCoordinator, servers: list[ParameterServer],
@@ -236,13 +248,84 @@ async def test_an_old_map_request_to_a_table_is_refused_whole_and_a_retry_is_app
             await coordinator.ps.move_slices({table.key: [0]}, 1, 0)
         with pytest.raises(InvalidArgumentError, match="not dynamic tables"):
             await coordinator.ps.move_slices({"nope": [0]}, 0, 1)
-        # a table cannot be sharded over a ps that left: refused, saying why
         await coordinator.remove_ps(0)
-        with pytest.raises(FailedPreconditionError, match=r"ps \[0\] left the job"):
-            async with strategy.scope():
-                pstrain.DynamicEmbedding(DIM, name="late")
         _, rows = await table.export()  # the table itself lives on, on ps 1 and 2
         np.testing.assert_array_equal(rows, -np.ones((200, DIM), np.float32))
+
+
+async def test_a_table_created_after_a_ps_left_is_sliced_over_the_ps_in_the_job(tmp_path):
+    """Ps 1 of 3 leaves before the table exists: the table is made of slices from the
+    start, ps 1's on ps 0 and 2, with the whole capacity shared by them; workers route by
+    them; a ps that joins takes its share by a move; a checkpoint restores exactly."""
+    half = STEPS // 2
+    async with _job(3, workers=2, root=str(tmp_path)) as (cluster, extra, strategy, coordinator):
+        await coordinator.remove_ps(1)
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="late", capacity=100_000,
+                                             initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.SGD(1.0)
+
+        async def step_fn(step: int) -> None:
+            ids, grads = _batch(step)
+            await table.lookup(ids)
+            await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
+
+        async def run(start: int, stop: int) -> None:
+            for step in range(start, stop):
+                coordinator.schedule(step_fn, args=(step,), exactly_once=True)
+            await coordinator.join()
+
+        await run(0, half)
+        servers = [*cluster.ps, extra]
+        sliced = coordinator.ps.table_slices(table)
+        assert set(sliced.owners) == {0, 2} and sliced.slices == 3 * 64
+        assert abs(len(sliced.held_by(0)) - len(sliced.held_by(2))) <= 1
+        assert table.key not in cluster.ps[1].tables
+        _check_map(coordinator, servers, table)
+        assert sum(cluster.ps[k].tables[table.key].config.capacity for k in (0, 2)) == 100_000
+        _same_rows(*await table.export(), _expected(half))
+        manager = pstrain.checkpoint.CheckpointManager(pstrain.Checkpoint(table=table), str(tmp_path))
+        await manager.save()
+        await run(half, half + 4)
+        path = await manager.save_delta()
+        # the serving feed of the ps holding it follows base + delta
+        mirror = _table_feed().TableMirror([cluster.ps[k].address for k in (0, 2)], table.key,
+                                           cluster.token)
+        async with aiohttp.ClientSession() as session:
+            assert await mirror.poll(session) > 0
+        ids, rows = mirror.snapshot()
+        _same_rows(ids, rows, _expected(half + 4))
+
+        assert await coordinator.add_ps(extra.address) == 3
+        await run(half + 4, STEPS)
+        sliced = coordinator.ps.table_slices(table)
+        assert set(sliced.owners) == {0, 2, 3} and _ids_on(extra, table.key).size > 0
+        _check_map(coordinator, servers, table)
+        _same_rows(*await table.export(), _expected(STEPS))
+
+        (await pstrain.Checkpoint(table=table).restore(path)).assert_consumed()  # base + delta
+        _same_rows(*await table.export(), _expected(half + 4))
+        _check_map(coordinator, servers, table)
+
+
+async def test_a_table_created_after_a_ps_joined_is_spread_over_it_too():
+    async with _job() as (cluster, extra, strategy, coordinator):
+        assert await coordinator.add_ps(extra.address) == 2
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="new", capacity=9_000,
+                                             initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.SGD(1.0)
+        for step in range(10):
+            ids, grads = _batch(step)
+            await table.lookup(ids)
+            await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
+        servers = [*cluster.ps, extra]
+        sliced = coordinator.ps.table_slices(table)
+        assert [len(sliced.held_by(k)) for k in range(3)] == [43, 43, 42]
+        assert _ids_on(extra, table.key).size > 0
+        _check_map(coordinator, servers, table)
+        assert sum(ps.tables[table.key].config.capacity for ps in servers) == 9_000
+        _same_rows(*await table.export(), _expected(10))
 
 
 async def test_a_lost_ps_holding_table_slices_is_replaced_from_base_and_deltas(tmp_path):
@@ -361,14 +444,7 @@ async def test_a_serving_feed_reader_follows_the_table_as_its_slices_move(tmp_pa
     """examples/table_feed.py's mirror, following every ps: after a join and a drain, at the
     next saved version each ps whose slices changed resets its reader's copy to the slices
     it holds now, so the mirror is the table again (no row twice, none stale)."""
-    import importlib.util
-    import os
-
-    spec = importlib.util.spec_from_file_location(
-        "table_feed", os.path.join(os.path.dirname(__file__), "..", "examples", "table_feed.py"))
-    assert spec is not None and spec.loader is not None
-    table_feed = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(table_feed)
+    table_feed = _table_feed()
     root = str(tmp_path)
     async with _job(root=root, token=TOKEN) as (cluster, extra, strategy, coordinator):
         async with strategy.scope():

@@ -19,22 +19,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._formats.placement_map import PlacementMap, TableSlices
+from .._formats.placement_map import SLICES_PER_PS, PlacementMap, TableSlices, first_slices
 
 __all__ = ["SLICES_PER_PS", "plan_join", "plan_leave", "table_slices"]
 
-#: A dynamic table is cut into this many slices per ps it was created on, at its first move.
-SLICES_PER_PS = 64
-
 
 def table_slices(placement: PlacementMap, table: Any) -> TableSlices:
-    """Which ps holds each slice of ``table`` now (before its first move: slice ``s`` is on
-    ps ``s % num_ps``, the shard every id of it hashed to)."""
+    """Which ps holds each slice of ``table`` now (before its first move: where it was
+    created, ``first_slices``)."""
     sliced = placement.tables.get(table.key)
     if sliced is not None:
         return sliced
-    count = table.num_ps * min(SLICES_PER_PS, (1 << 16) // table.num_ps)
-    return TableSlices(slices=count, owners=[s % table.num_ps for s in range(count)])
+    return getattr(table, "birth", None) or first_slices(table.num_ps)
 
 
 def plan_join(placement: PlacementMap, tables: dict[str, Any], new: int) -> dict[int, dict[str, list[int]]]:

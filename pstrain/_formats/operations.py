@@ -216,6 +216,8 @@ class CreateTable(Operation, tag="dyn/create"):
     #: which shard of how many this ps holds (ids with ``shard_of(ids, num_shards) == shard``)
     shard: Annotated[int, msgspec.Meta(ge=0)] | None = None
     num_shards: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)] | None = None
+    #: or which slices (a table created while a ps was out of the job: sliced from the start)
+    owned: SliceSet | None = None
 
 
 class LookupTable(Owned, tag="dyn/lookup"):
@@ -338,6 +340,7 @@ class LeavePs(Operation, tag="coordinator/leave_ps"):
 
 # declares the ckpt/*, delta/*, ps/placement and ps/move_* ops
 from . import checkpoint_operations, placement_map  # noqa: E402, F401, I001
+from .placement_map import SliceSet  # noqa: E402  (dyn/create's slices)
 
 
 def _operations(base: type[Operation]) -> dict[str, type[Operation]]:

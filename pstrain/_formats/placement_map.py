@@ -40,8 +40,9 @@ from .._base.errors import ProtocolError
 from .records import Count, Name, Operation, Owned, Owner, Record, Reply, TableSpec, convert
 
 __all__ = ["EndMove", "FinishMove", "FinishReply", "InstallVariables", "MoveOut", "MoveOutReply",
-           "MoveReply", "PlacementMap", "PlacementReply", "ReadPlacement", "SetPlacement",
-           "SliceSet", "TableCopy", "TablePatch", "TableSlices", "VariableCopy"]
+           "MoveReply", "PlacementMap", "PlacementReply", "ReadPlacement", "SLICES_PER_PS",
+           "SetPlacement", "SliceSet", "TableCopy", "TablePatch", "TableSlices", "VariableCopy",
+           "first_slices"]
 
 Address = Annotated[str, msgspec.Meta(max_length=300)]
 PsIndex = Annotated[int, msgspec.Meta(ge=0, le=1 << 16)]
@@ -71,6 +72,42 @@ class TableSlices(Record):
 
     def held_by(self, ps: int) -> list[int]:
         return [s for s, owner in enumerate(self.owners) if owner == ps]
+
+
+#: A dynamic table is cut into this many slices per ps it was created on, at its first move.
+SLICES_PER_PS = 64
+
+
+def first_slices(num_ps: int, active: list[int] | None = None) -> TableSlices:
+    """A table's slices before any of them moved: slice ``s`` on ps ``s % num_ps``, the
+    shard its ids hash to. With ``active``, the ps in the job when the table is created
+    (some of the first ``num_ps`` gone, or others joined): each slice of a ps gone goes to
+    the active ps holding the fewest, then a ps below its even share (one that joined)
+    takes slices from the ps holding the most, as a move to a ps that joins would.
+
+    >>> first_slices(2).owners[:4], first_slices(3, [0, 2]).owners[:6]
+    ([0, 1, 0, 1], [0, 0, 2, 0, 2, 2])
+    >>> sorted(set(first_slices(3, [0, 2, 3]).owners[1::3]))  # ps 1's slices, on ps 3
+    [3]
+    >>> [first_slices(2, [0, 1, 2]).owners.count(k) for k in range(3)]
+    [43, 43, 42]
+    """
+    count = num_ps * min(SLICES_PER_PS, (1 << 16) // num_ps)
+    owners = [s % num_ps for s in range(count)]
+    if active is None:
+        return TableSlices(slices=count, owners=owners)
+    held: dict[int, list[int]] = {k: list(range(k, count, num_ps)) if k < num_ps else []
+                                  for k in active}
+    for s in range(count):
+        if owners[s] not in held:
+            owners[s] = min(held, key=lambda k: (len(held[k]), k))
+            held[owners[s]].append(s)
+    for k in active:
+        while len(held[k]) < count // len(active):
+            src = max(held, key=lambda p: (len(held[p]), -p))
+            owners[held[src][-1]] = k
+            held[k].append(held[src].pop())
+    return TableSlices(slices=count, owners=owners)
 
 
 class SliceSet(Record):

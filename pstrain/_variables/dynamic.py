@@ -14,8 +14,11 @@ A shard is created on its ps at its first use (the configuration travels with
 the table, so a worker's first lookup creates it as well as the
 coordinator's). The capacity counts rows in all: it is split between the ``n`` ps
 in shares that add up to it exactly (``capacity // n``, one more on the first
-``capacity % n``). Checkpoints (:class:`~pstrain.Checkpoint`) save
-ids, rows and slots; a restore re-routes them to any number of ps.
+``capacity % n``). A table created once the ps in the job are not the first ``n``
+(an elastic ps left or joined) is cut into slices from the start, spread over the ps in
+the job (``first_slices``), with the capacity shared by the slices each holds.
+Checkpoints (:class:`~pstrain.Checkpoint`) save ids, rows and slots; a restore re-routes
+them to any number of ps.
 """
 
 from __future__ import annotations
@@ -27,11 +30,7 @@ from typing import Any
 import numpy as np
 
 from .._base.context import current_channels
-from .._base.errors import (
-    FailedPreconditionError,
-    InvalidArgumentError,
-    NotFoundError,
-)
+from .._base.errors import InvalidArgumentError, NotFoundError
 from .._base.exports import expose
 from .._formats.checkpoint_operations import RestoreTable
 from .._formats.idhash import shard_of
@@ -42,7 +41,7 @@ from .._formats.operations import (
     LookupTable,
     TableStatistics,
 )
-from .._formats.placement_map import SliceSet, TableSlices
+from .._formats.placement_map import SliceSet, TableSlices, first_slices
 from .._formats.records import Operation, TableSpec, validate
 from .._kernels import FLOAT_DTYPES
 from .._kernels.batches import distinct, merge_duplicates
@@ -95,11 +94,6 @@ class DynamicEmbedding:
                 f"a DynamicEmbedding's initializer is RandomUniform, Zeros or Constant (a row's "
                 f"value must follow from its id alone), got {type(init).__name__}")
         num_ps = placement.num_ps
-        gone = [k for k in range(num_ps) if k not in placement.active]
-        if gone:
-            raise FailedPreconditionError(
-                f"a DynamicEmbedding is created on the job's first {num_ps} ps, and ps {gone} "
-                "left the job: create the table before a ps leaves (its slices then move)")
         if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
                                      or capacity < num_ps):
             raise InvalidArgumentError(
@@ -114,6 +108,12 @@ class DynamicEmbedding:
         self.num_ps = num_ps
         self.capacity = capacity
         self.owner = placement.owner
+        #: Where its slices are from the start, if the ps in the job are not the first
+        #: ``num_ps`` (one left, or one joined); else None: shard ``p`` on ps ``p``. The
+        #: placement map's, once any moved.
+        self.birth: TableSlices | None = None
+        if sorted(placement.active) != list(range(num_ps)):
+            self.birth = first_slices(num_ps, sorted(placement.active))
         self.config: dict[str, Any] = {
             "dim": dim, "dtype": self.dtype.name, "seed": int(seed), "init_low": low,
             "init_high": high, "default_value": float(default_value), "evict": eviction,
@@ -156,7 +156,7 @@ class DynamicEmbedding:
     def slices(self) -> TableSlices | None:
         """Which ps holds each slice of the table's hash space, if part of it moved (an
         elastic ps joined or left); None: shard ``p`` of ``num_ps`` is on ps ``p``."""
-        return self._pool().routes.tables.get(self.key)
+        return self._pool().routes.tables.get(self.key) or self.birth
 
     def holders(self) -> list[int]:
         """The ps holding part of the table now."""
@@ -174,12 +174,18 @@ class DynamicEmbedding:
         return {ps: max(1, n) for ps, n in shares.items()}
 
     async def _create(self, ps: int) -> None:
-        if ps >= self.num_ps:  # a ps that joined: the table's slices arrive there by a move
-            self.created_on.add((id(asyncio.get_running_loop()), ps))
-            return
-        await self.channel(ps).request(CreateTable(
-            name=self.key, config=TableSpec(**self.shard_config(ps)), owner=self.owner,
-            shard=ps, num_shards=self.num_ps))
+        if self.birth is not None:  # sliced from the start: the slices ps ``ps`` holds now
+            sliced = self.slices()
+            assert sliced is not None
+            if held := sliced.held_by(ps):
+                config = {**self.shard_config(0), "capacity": self.capacity_shares(sliced)[ps]}
+                await self.channel(ps).request(CreateTable(
+                    name=self.key, config=TableSpec(**{k: v for k, v in config.items() if v is not None}),
+                    owner=self.owner, owned=SliceSet(slices=sliced.slices, owned=held)))
+        elif ps < self.num_ps:  # else a ps that joined: the table's slices arrive by a move
+            await self.channel(ps).request(CreateTable(
+                name=self.key, config=TableSpec(**self.shard_config(ps)), owner=self.owner,
+                shard=ps, num_shards=self.num_ps))
         self.created_on.add((id(asyncio.get_running_loop()), ps))
 
     async def shard_ready(self, ps: int) -> None:
@@ -282,12 +288,13 @@ class DynamicEmbedding:
 
     @classmethod
     def handle(cls, name: str, key: str, dim: int, dtype: str, num_ps: int, capacity: int | None,
-               owner: str, config: dict[str, Any]) -> DynamicEmbedding:
+               owner: str, config: dict[str, Any], birth: TableSlices | None = None) -> DynamicEmbedding:
         """A table handle inside a closure (unpickled): it reaches the ps through the
         closure's channels."""
         table = cls.__new__(cls)
         table.name, table.key, table.dim, table.dtype = name, key, dim, np.dtype(dtype)
         table.num_ps, table.capacity, table.owner, table.config = num_ps, capacity, owner, config
+        table.birth = birth
         table.pool = None
         table.created_on = set()
         return table
@@ -336,7 +343,7 @@ class DynamicEmbedding:
 
     def __reduce__(self) -> Any:
         return (_remote_table, (self.name, self.key, self.dim, self.dtype.str, self.num_ps,
-                                self.capacity, self.owner, self.config))
+                                self.capacity, self.owner, self.config, self.birth))
 
     def __repr__(self) -> str:
         return (f"<pstrain.DynamicEmbedding {self.name!r} dim={self.dim} dtype={self.dtype.name} "
@@ -344,8 +351,8 @@ class DynamicEmbedding:
 
 
 def _remote_table(name: str, key: str, dim: int, dtype: str, num_ps: int, capacity: int | None,
-                  owner: str, config: dict[str, Any]) -> DynamicEmbedding:
-    return DynamicEmbedding.handle(name, key, dim, dtype, num_ps, capacity, owner, config)
+                  owner: str, config: dict[str, Any], birth: TableSlices | None = None) -> DynamicEmbedding:
+    return DynamicEmbedding.handle(name, key, dim, dtype, num_ps, capacity, owner, config, birth)
 
 
 def _ids(ids: Any, what: str) -> np.ndarray:

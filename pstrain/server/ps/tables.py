@@ -128,6 +128,9 @@ class TableHandlers:
                 req.shard is not None and req.num_shards is not None and req.shard >= req.num_shards):
             raise InvalidArgumentError(f"dyn/create of {req.name!r}: shard {req.shard} of "
                                        f"{req.num_shards}")
+        if req.owned is not None and (req.shard is not None or not req.owned.owned):
+            raise InvalidArgumentError(f"dyn/create of {req.name!r}: give a shard or some slices "
+                                       "owned, not both, nor no slices")
         existing = self.tables.get(req.name)
         if existing is not None and (existing.owner == req.owner or req.owner is None):
             if req.name in self.guards:  # slices moved: its capacity is its share of theirs now
@@ -144,8 +147,10 @@ class TableHandlers:
                              clock=clock)
         self._taken_over(existing, req.owner)
         self.tables[req.name] = table
-        self.guards.set(req.name, None)
-        if req.shard is not None and req.num_shards is not None:
+        self.guards.set(req.name, req.owned)
+        if req.owned is not None:
+            self.feed.placed(req.name, req.owned.owned, req.owned.slices)
+        elif req.shard is not None and req.num_shards is not None:
             self.feed.placed(req.name, req.shard, req.num_shards)
         self.feed.replaced(req.name, clock.epoch)
         return {"created": 1}
