@@ -326,6 +326,9 @@ async def test_a_table_created_after_a_ps_joined_is_spread_over_it_too():
         _check_map(coordinator, servers, table)
         assert sum(ps.tables[table.key].config.capacity for ps in servers) == 9_000
         _same_rows(*await table.export(), _expected(10))
+        with pytest.raises(InvalidArgumentError, match="at least the 3 ps"):
+            async with strategy.scope():
+                pstrain.DynamicEmbedding(DIM, name="tiny", capacity=2)
 
 
 async def test_a_lost_ps_holding_table_slices_is_replaced_from_base_and_deltas(tmp_path):

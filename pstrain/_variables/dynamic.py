@@ -94,10 +94,16 @@ class DynamicEmbedding:
                 f"a DynamicEmbedding's initializer is RandomUniform, Zeros or Constant (a row's "
                 f"value must follow from its id alone), got {type(init).__name__}")
         num_ps = placement.num_ps
+        # Where its slices are from the start, if the ps in the job are not the first
+        # ``num_ps`` (one left, or one joined); else None: shard ``p`` on ps ``p``.
+        birth = None
+        if sorted(placement.active) != list(range(num_ps)):
+            birth = first_slices(num_ps, sorted(placement.active))
+        spread = num_ps if birth is None else len(set(birth.owners))
         if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
-                                     or capacity < num_ps):
+                                     or capacity < spread):
             raise InvalidArgumentError(
-                f"DynamicEmbedding capacity must be a whole number of rows, at least the {num_ps} "
+                f"DynamicEmbedding capacity must be a whole number of rows, at least the {spread} "
                 f"ps it is sharded over (each holds a share), got {capacity!r}")
         if eviction not in ("lru", "lfu"):  # "evict" on the wire: named here as the user wrote it
             raise InvalidArgumentError(f"DynamicEmbedding eviction must be 'lru' or 'lfu', got {eviction!r}")
@@ -108,12 +114,9 @@ class DynamicEmbedding:
         self.num_ps = num_ps
         self.capacity = capacity
         self.owner = placement.owner
-        #: Where its slices are from the start, if the ps in the job are not the first
-        #: ``num_ps`` (one left, or one joined); else None: shard ``p`` on ps ``p``. The
-        #: placement map's, once any moved.
-        self.birth: TableSlices | None = None
-        if sorted(placement.active) != list(range(num_ps)):
-            self.birth = first_slices(num_ps, sorted(placement.active))
+        #: Its slices from the start (None: shard ``p`` on ps ``p``); the placement map's
+        #: once any moved.
+        self.birth: TableSlices | None = birth
         self.config: dict[str, Any] = {
             "dim": dim, "dtype": self.dtype.name, "seed": int(seed), "init_low": low,
             "init_high": high, "default_value": float(default_value), "evict": eviction,
