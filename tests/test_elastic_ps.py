@@ -5,6 +5,7 @@ never applied to the wrong ps, and sent again by the client."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,7 +13,12 @@ import pytest
 import pstrain
 from pstrain._base.tags import one_operation, set_dispatch
 from pstrain.cli.common import join
-from pstrain.errors import FailedPreconditionError, InvalidArgumentError, PlacementChangedError
+from pstrain.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    PlacementChangedError,
+    UnavailableError,
+)
 from pstrain.rpc import Channel
 from pstrain.server import ParameterServer
 from pstrain.testing import InProcessCluster
@@ -324,3 +330,58 @@ async def test_a_coordinators_maps_count_on_a_ps_that_knew_another_ones_higher_v
         assert (await v.read_value()).tolist() == [3, 3, 3]
         assert cluster.ps[0].store.placement.moved == {v.key: 1}
         await coordinator.close()
+
+
+async def test_a_coordinator_started_again_after_a_ps_left_says_what_to_do_and_then_restores_exactly(
+        tmp_path):
+    """Faults that combine: ps 1 of 3 leaves (its variable and table rows move to the
+    others), the job saves, the coordinator stops, and ps 1's process is gone. A coordinator
+    started again on the same cluster spec cannot reach ps 1: the error says to start a ps
+    there again; an empty one serves, and the restore puts every value back."""
+    root = str(tmp_path)
+
+    def model(strategy: pstrain.ParameterServerStrategy) -> tuple[list[pstrain.Variable], Any]:
+        with strategy.scope():
+            variables = [pstrain.Variable(np.zeros(4, np.float32), name=f"v{i}") for i in range(3)]
+            table = pstrain.DynamicEmbedding(4, name="t", initializer=pstrain.initializers.Zeros())
+        return variables, table
+
+    ids = np.arange(-50, 50, dtype=np.int64) * 7919
+    async with InProcessCluster(num_ps=3, num_workers=1, ps_options={"checkpoint_root": root}) as cluster:
+        strategy, coordinator = _plain(cluster)
+        variables, table = model(strategy)
+        await table.lookup(ids)
+        for i, v in enumerate(variables):
+            await v.assign(np.full(4, i + 1.0, np.float32))
+        with strategy.scope():
+            opt = pstrain.optimizers.SGD(1.0)
+        await opt.apply_gradients([(pstrain.IndexedSlices(-np.ones((ids.size, 4), np.float32), ids),
+                                    table)])
+        await coordinator.remove_ps(1)
+        path = await pstrain.Checkpoint(vs=variables, t=table).save(root + "/ckpt")
+        await coordinator.close()
+        host, port = cluster.ps[1].address.rsplit(":", 1)
+        await cluster.ps[1].stop()
+
+        strategy, coordinator = _plain(cluster)
+        strategy.placement.startup_timeout_s = 1.0
+        variables, table = model(strategy)
+        with pytest.raises(UnavailableError, match="If it left the job before this coordinator "
+                                                   "started .* start a ps there again"):
+            await strategy.flush()
+        await coordinator.close()
+
+        fresh = ParameterServer(1, host=host, port=int(port), token=cluster.token, checkpoint_root=root)
+        await fresh.start()
+        try:
+            strategy, coordinator = _plain(cluster)
+            variables, table = model(strategy)
+            (await pstrain.Checkpoint(vs=variables, t=table).restore(path)).assert_consumed()
+            for i, v in enumerate(variables):
+                np.testing.assert_array_equal(await v.numpy(), np.full(4, i + 1.0, np.float32))
+            got_ids, rows = await table.export()
+            np.testing.assert_array_equal(got_ids, np.sort(ids))
+            np.testing.assert_array_equal(rows, np.ones((ids.size, 4), np.float32))
+            await coordinator.close()
+        finally:
+            await fresh.stop()

@@ -273,7 +273,10 @@ class Placement:
                 if loop.time() + pause > deadline:
                     raise UnavailableError(
                         f"{channel.task} at {channel.address} did not start within "
-                        f"{self.startup_timeout_s:g} s: {exc}", task=channel.task) from exc
+                        f"{self.startup_timeout_s:g} s: {exc}. If it left the job before this "
+                        "coordinator started (drained, or lost and replaced), start a ps there "
+                        "again: an empty one serves, and a restore puts its share back",
+                        task=channel.task) from exc
                 if pause == 0.05:  # said at once, where the user sees it: what, where, how long
                     logger.warning("waiting up to %g s for %s at %s to start: %s",
                                    self.startup_timeout_s, channel.task, channel.address, exc)
