@@ -908,3 +908,29 @@ async def test_a_move_whose_table_patch_is_malformed_serves_nothing_of_it(ps_ser
     with pytest.raises(InvalidArgumentError, match=f"ps/install.*{named}"):
         await install(activate=True, table_patches=[{**good, **patch}])
     assert "v" not in ps_server.store and len(ps_server.tables["t"]) == 0
+
+
+async def test_dyn_create_refuses_a_shard_with_slices_and_no_slice_and_creates_nothing():
+    async with InProcessCluster(num_ps=1, num_workers=1) as cluster:
+        ps = cluster.ps[0]
+        channel = Channel(ps.address, token=cluster.token, task="/job:ps/replica:0/task:0")
+        try:
+            for bad in ({"shard": 0, "num_shards": 2, "owned": {"slices": 4, "owned": [1]}},
+                        {"owned": {"slices": 4, "owned": []}}):
+                with pytest.raises(InvalidArgumentError, match="a shard and slices given both, "
+                                                               "or no slice owned"):
+                    await channel.call("dyn/create", {"name": "t", "config": {"dim": 2}, **bad})
+            assert "t" not in ps.tables
+            with pytest.raises(InvalidArgumentError, match="not below 4"):
+                await channel.call("dyn/create", {"name": "t", "config": {"dim": 2},
+                                                  "owned": {"slices": 4, "owned": [4]}})
+            await channel.call("dyn/create", {"name": "t", "config": {"dim": 2},
+                                              "owned": {"slices": 4, "owned": [1, 3]}})
+            ids = np.arange(200, dtype=np.int64)
+            mine = ids[np.isin(shard_of(ids, 4), [1, 3])]
+            reply = await channel.call("dyn/lookup", {"name": "t", "ids": mine, "train": True})
+            assert np.asarray(reply["values"][0]).shape == (mine.size, 2)
+            with pytest.raises(PlacementChangedError):  # an id of a slice it does not own
+                await channel.call("dyn/lookup", {"name": "t", "ids": ids[:20], "train": True})
+        finally:
+            await channel.close()

@@ -216,7 +216,7 @@ class CreateTable(Operation, tag="dyn/create"):
     #: which shard of how many this ps holds (ids with ``shard_of(ids, num_shards) == shard``)
     shard: Annotated[int, msgspec.Meta(ge=0)] | None = None
     num_shards: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)] | None = None
-    #: or which slices (a table created while a ps was out of the job: sliced from the start)
+    #: or which slices (a table created after a ps left or joined: sliced from the start)
     owned: SliceSet | None = None
 
 

@@ -129,8 +129,8 @@ class TableHandlers:
             raise InvalidArgumentError(f"dyn/create of {req.name!r}: shard {req.shard} of "
                                        f"{req.num_shards}")
         if req.owned is not None and (req.shard is not None or not req.owned.owned):
-            raise InvalidArgumentError(f"dyn/create of {req.name!r}: give a shard or some slices "
-                                       "owned, not both, nor no slices")
+            raise InvalidArgumentError(f"dyn/create of {req.name!r}: a shard and slices given "
+                                       "both, or no slice owned")
         existing = self.tables.get(req.name)
         if existing is not None and (existing.owner == req.owner or req.owner is None):
             if req.name in self.guards:  # slices moved: its capacity is its share of theirs now
