@@ -270,6 +270,16 @@ def _canonical(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
+def _story(tmp: Path, lines: list[str]) -> str:
+    """What a failed drill did, for its failure message (its files go with the run's
+    temporary directory): each step and the worker that ran it, where each incarnation of
+    the job started or restored, and the end of the job's log (its recoveries)."""
+    steps = " ".join(f"{ln.split()[1]}@{ln.split()[-1]}" for ln in lines if ln.startswith("step "))
+    marks = [ln for ln in lines if not ln.startswith("step ")]
+    log = (tmp / "job.log").read_text()[-6000:] if (tmp / "job.log").exists() else ""
+    return f"\nsteps (step@worker): {steps}\nthe job's marks: {marks}\nthe job's log, its end:\n{log}"
+
+
 @pytest.mark.parametrize(("model", "faults", "seed"), _cases())
 def test_a_run_with_faults_ends_in_the_state_of_a_run_without(tmp_path_factory, model, faults,
                                                                seed):
@@ -280,9 +290,10 @@ def test_a_run_with_faults_ends_in_the_state_of_a_run_without(tmp_path_factory, 
     got, (done, lines) = _run(tmp, model, faults, rng)
     got = _canonical(got)
     what = f"{model}: {'; then '.join(done)}"
-    assert sorted(got) == sorted(want), what
+    assert sorted(got) == sorted(want), what + _story(tmp, lines)
     step_key = next(k for k in want if k.endswith("iterations"))
-    assert int(got[step_key]) == STEPS, what  # the exact step count
+    assert int(got[step_key]) == STEPS, what + _story(tmp, lines)  # the exact step count
     differ = [k for k in want if got[k].tobytes() != want[k].tobytes()]
-    assert not differ, f"{what}: these differ from the run without faults: {differ[:8]}"
+    assert not differ, (f"{what}: these differ from the run without faults: {differ[:8]}"
+                        + _story(tmp, lines))
     assert re.search(r"^done$", "\n".join(lines), re.M)
