@@ -370,3 +370,66 @@ async def test_a_save_that_died_before_its_index_does_not_block_the_next_one(ps_
     assert pstrain.checkpoint.load_variables(prefix)["v"].tolist() == [2, 2, 2]
     with pytest.raises(pstrain.errors.AlreadyExistsError, match="never written over"):
         await ckpt.write(prefix)  # a complete checkpoint is never written over
+
+
+async def test_a_restore_fences_a_lost_workers_old_dispatch_again_on_a_ps_that_restarted(tmp_path):
+    """The fault matrix's torch worker_kill+ps_kill, under load: worker 0, busy, is declared
+    lost with a dispatch in flight (fenced off every ps); then ps 1 restarts empty (its
+    fences gone) and the job restores the checkpoint. The old dispatch, still running, must
+    be refused by the new ps 1 as by ps 0, not applied on top of the restored values."""
+    from pstrain._base.tags import set_dispatch
+    from pstrain.server import ParameterServer
+    from pstrain.testing import InProcessCluster
+
+    root = str(tmp_path)
+    async with InProcessCluster(num_ps=2, num_workers=1, ps_options={"checkpoint_root": root}) as cluster:
+        strategy = pstrain.ParameterServerStrategy(
+            pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        with strategy.scope():
+            a = pstrain.Variable(np.zeros(3, np.float32), name="a")  # on ps 0
+            b = pstrain.Variable(np.zeros(3, np.float32), name="b")  # on ps 1
+            table = pstrain.DynamicEmbedding(2, name="t", initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.SGD(1.0)
+        ids = np.arange(40, dtype=np.int64)
+        await table.lookup(ids)
+        ckpt = pstrain.Checkpoint(a=a, b=b, t=table)
+        path = await ckpt.save(root + "/ckpt")
+        owner = strategy.placement.owner
+        await coordinator.workers.fence(0, 2)  # worker 0 lost: dispatch 1 is fenced off
+
+        async def late_update() -> None:  # worker 0's dispatch 1, still running
+            set_dispatch((owner, 0, 1), None)
+            try:
+                await b.assign_add(np.ones(3, np.float32))
+            finally:
+                set_dispatch(None, None)
+
+        async def late_table_update() -> None:
+            set_dispatch((owner, 0, 1), None)
+            try:
+                await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((40, 2), np.float32), ids),
+                                            table)])
+            finally:
+                set_dispatch(None, None)
+
+        with pytest.raises(CancelledError, match="declared that worker lost"):
+            await late_update()
+        host, port = cluster.ps[1].address.rsplit(":", 1)
+        await cluster.ps[1].stop()  # ps 1 restarts, empty
+        fresh = ParameterServer(1, host=host, port=int(port), token=cluster.token, checkpoint_root=root)
+        await fresh.start()
+        try:
+            (await ckpt.restore(path)).assert_consumed()
+            with pytest.raises(CancelledError, match="declared that worker lost"):
+                await late_update()
+            with pytest.raises(CancelledError, match="declared that worker lost"):
+                await late_table_update()
+            np.testing.assert_array_equal(await b.numpy(), np.zeros(3, np.float32))
+            _, rows = await table.export()
+            np.testing.assert_array_equal(rows, np.zeros((40, 2), np.float32))
+            await b.assign_add(np.ones(3, np.float32))  # the coordinator's own update applies
+            np.testing.assert_array_equal(await b.numpy(), np.ones(3, np.float32))
+            await coordinator.close()
+        finally:
+            await fresh.stop()

@@ -28,7 +28,7 @@ from .._formats.checkpoint_operations import AbortRestore, CommitRestore, Restor
 from .._formats.tensor_files import read_rows
 from .._training.module import Module, unwatch_attributes, watch_attributes
 from .._variables.batched import ensure_created
-from .._variables.placement import Placement
+from .._variables.placement import Placement, fences_first
 from .._variables.variables import Variable
 from .object_graph import Entry, Graph, join, slot_key, walk
 
@@ -271,6 +271,7 @@ async def _restore_all_or_nothing(by_ps: dict[Channel, list[dict[str, Any]]]) ->
     one fails, the others drop what they staged and nothing changes anywhere."""
     stage = secrets.token_hex(8)
     channels = list(by_ps)
+    await asyncio.gather(*(fences_first(ch) for ch in channels))
     staged = await asyncio.gather(*(ch.request(RestoreCheckpoint(
         vars=[RestoreSpec(**e) for e in by_ps[ch]], stage=stage)) for ch in channels),
         return_exceptions=True)

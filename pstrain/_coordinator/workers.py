@@ -53,8 +53,10 @@ class Workers:
             spawn(w.run())
 
     async def fence(self, worker: int, epoch: int) -> None:
-        """Every ps refuses ``worker``'s updates from dispatches before ``epoch``."""
+        """Every ps refuses ``worker``'s updates from dispatches before ``epoch`` (a restore
+        sends it again first: a ps that restarted has lost it)."""
         owner = self.strategy.placement.owner
+        self.channels.fences[worker] = max(self.channels.fences.get(worker, 0), epoch)
         await asyncio.gather(*(self.channels.channel("ps", k).request(
             Fence(worker=worker, epoch=epoch, owner=owner), timeout=self.ps_timeout_s)
             for k in self.channels.routes.active()))

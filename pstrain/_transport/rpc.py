@@ -82,6 +82,9 @@ class Channel:
         self.owner: str | None = None
         #: task -> incarnations a checkpoint was restored onto (the pool's, when it has one).
         self.restored: dict[str, set[str]] = {}
+        #: worker -> the epoch its coordinator fenced it before (the pool's): a restore
+        #: fences them again first, on a ps that restarted without them.
+        self.fences: dict[int, int] = {}
         self._proto: ClientProtocol | None = None
         self._connecting: asyncio.Task[ClientProtocol] | None = None
         self._tasks = TaskOwner(f"channel to {task}")
@@ -319,6 +322,7 @@ class ChannelPool:
         #: task -> incarnations of that ps a checkpoint was restored onto through these
         #: channels (the coordinator's PsHealth reads it: such a restart is handled).
         self.restored: dict[str, set[str]] = {}
+        self.fences: dict[int, int] = {}  # worker -> epoch fenced before (see Channel.fences)
         #: Where each variable lives now (the newest map known; ``routing.adopt`` replaces it).
         self.routes = PlacementMap(ps=cluster_spec.job_tasks("ps"))
         self.placement_lock = PlacementLock()  # moves and restores alone, saves shared
@@ -346,7 +350,7 @@ class ChannelPool:
                 task=task_name(job, index), ssl_context=self.ssl_context,
                 max_body=self.max_body, connect_timeout=self.connect_timeout)
             ch.owner = self.owner
-            ch.restored = self.restored
+            ch.restored, ch.fences = self.restored, self.fences
         return ch
 
     async def forget(self, job: str, index: int) -> None:

@@ -47,7 +47,7 @@ from .._kernels import FLOAT_DTYPES
 from .._kernels.batches import distinct, merge_duplicates
 from .._transport.rpc import Channel, ChannelPool
 from .arrays import current_creator
-from .placement import Placement
+from .placement import Placement, fences_first
 from .routing import routed
 
 __all__ = ["DynamicEmbedding"]
@@ -325,6 +325,7 @@ class DynamicEmbedding:
                 owned=SliceSet(slices=sliced.slices, owned=sliced.held_by(ps)))
 
         holders = self.holders()
+        await asyncio.gather(*(fences_first(self.channel(ps)) for ps in holders))
         replies = await asyncio.gather(*(self.channel(ps).request(restore(ps)) for ps in holders))
         loop = id(asyncio.get_running_loop())
         self.created_on.update((loop, ps) for ps in holders)

@@ -50,8 +50,8 @@ from .._base.tasks import TaskOwner
 from .._formats.casting import NUMERIC_KINDS
 from .._formats.checkpoint_operations import CommitRestore, RestoreCheckpoint, RestoreSpec
 from .._formats.initializers import Initializer
-from .._formats.operations import CREATE_CHUNK_BYTES, CreateVariables, VariableSpec
-from .._transport.rpc import ChannelPool
+from .._formats.operations import CREATE_CHUNK_BYTES, CreateVariables, Fence, VariableSpec
+from .._transport.rpc import Channel, ChannelPool
 from .arrays import VariableBase, creator_scope, initial_value_array
 from .sharding import ShardedVariable, plan_parts
 from .variables import Variable
@@ -285,6 +285,7 @@ class Placement:
 
     async def _restore(self, ps: int, entries: list[dict[str, Any]]) -> None:
         channel = self._channel(ps)
+        await fences_first(channel)
         stage = secrets.token_hex(8)
         await channel.request(RestoreCheckpoint(vars=[RestoreSpec(**e) for e in entries],
                                                 stage=stage))
@@ -293,6 +294,15 @@ class Placement:
     def _channel(self, ps: int) -> Any:
         pool = self.channels if self.channels is not None else current_channels()
         return pool.channel("ps", ps)
+
+
+async def fences_first(channel: Channel) -> None:
+    """Send the ps of ``channel`` every fence its coordinator set, before a restore puts
+    values there: a ps that restarted lost them, and a worker declared lost but still
+    running an old dispatch would otherwise apply it on top of the restored values."""
+    fences = list(channel.fences.items())
+    await asyncio.gather(*(channel.request(Fence(worker=w, epoch=e, owner=channel.owner))
+                           for w, e in fences))
 
 
 #: Above this many elements, building a whole value to slice it is worth a warning (TF's).
