@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -83,6 +83,23 @@ def _ids_on(ps: ParameterServer, key: str) -> np.ndarray:
     if table is None:
         return np.empty(0, np.int64)
     return table.export()["ids"]
+
+
+def _runner(coordinator: pstrain.ClusterCoordinator, table: pstrain.DynamicEmbedding,
+            opt: Any) -> Callable[[int, int], Awaitable[None]]:
+    """``await run(start, stop)``: steps ``start`` to ``stop - 1`` (a lookup, then the
+    update), each an exactly-once closure, then ``join``."""
+    async def step_fn(step: int) -> None:
+        ids, grads = _batch(step)
+        await table.lookup(ids)
+        await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
+
+    async def run(start: int, stop: int) -> None:
+        for step in range(start, stop):
+            coordinator.schedule(step_fn, args=(step,), exactly_once=True)
+        await coordinator.join()
+
+    return run
 
 
 def _table_feed() -> Any:
@@ -264,16 +281,7 @@ async def test_a_table_created_after_a_ps_left_is_sliced_over_the_ps_in_the_job(
             table = pstrain.DynamicEmbedding(DIM, name="late", capacity=100_000,
                                              initializer=pstrain.initializers.Zeros())
             opt = pstrain.optimizers.SGD(1.0)
-
-        async def step_fn(step: int) -> None:
-            ids, grads = _batch(step)
-            await table.lookup(ids)
-            await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
-
-        async def run(start: int, stop: int) -> None:
-            for step in range(start, stop):
-                coordinator.schedule(step_fn, args=(step,), exactly_once=True)
-            await coordinator.join()
+        run = _runner(coordinator, table, opt)
 
         await run(0, half)
         servers = [*cluster.ps, extra]
@@ -342,16 +350,7 @@ async def test_a_lost_ps_holding_table_slices_is_replaced_from_base_and_deltas(t
             opt = pstrain.optimizers.SGD(1.0)
         manager = pstrain.checkpoint.CheckpointManager(
             pstrain.checkpoint.Checkpoint(table=table, opt=opt), str(tmp_path))
-
-        async def step_fn(step: int) -> None:
-            ids, grads = _batch(step)
-            await table.lookup(ids)
-            await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
-
-        async def run(start: int, stop: int) -> None:
-            for step in range(start, stop):
-                coordinator.schedule(step_fn, args=(step,), exactly_once=True)
-            await coordinator.join()
+        run = _runner(coordinator, table, opt)
 
         await run(0, saved)
         await manager.save()
