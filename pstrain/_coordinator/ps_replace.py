@@ -47,7 +47,6 @@ from .._base.errors import (
 from .._checkpoint.shares import read_share, table_sources
 from .._formats.checkpoint_operations import RestoreTable
 from .._formats.placement_map import SetPlacement, SliceSet, TableSlices
-from .._formats.records import TableSpec
 from .heartbeat import Heartbeat
 from .ps_moves import PsChanges
 from .scheduling import ClosureQueue
@@ -158,10 +157,9 @@ class PsReplacement:
         async def put(dst: int, key: str, slices: list[int]) -> int:
             table, new = tables[key], after[key]
             files, slots, deltas = sources[key]
-            config = {**table.shard_config(0), "capacity": table.capacity_shares(new).get(dst)}
             reply = await changes.channel(dst).request(RestoreTable(
-                name=key, config=TableSpec(**{k: v for k, v in config.items() if v is not None}),
-                owner=table.owner, paths=files, shard=0, num_shards=1, slots=slots,
+                name=key, config=table.slice_spec(new, dst), owner=table.owner, paths=files,
+                shard=0, num_shards=1, slots=slots,
                 deltas=[list(d) for d in deltas], owned=SliceSet(slices=new.slices, owned=slices),
                 merge=SliceSet(slices=new.slices, owned=new.held_by(dst))), timeout=changes.timeout_s)
             return int(reply.restored or 0)

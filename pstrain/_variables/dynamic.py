@@ -149,6 +149,12 @@ class DynamicEmbedding:
             config["capacity"] = share + (1 if ps < extra else 0)
         return config
 
+    def slice_spec(self, sliced: TableSlices, ps: int) -> TableSpec:
+        """The configuration of the shard on ps ``ps`` when the table is in ``sliced``: the
+        capacity of the slices it holds."""
+        config = {**self.shard_config(0), "capacity": self.capacity_shares(sliced).get(ps)}
+        return TableSpec(**{k: v for k, v in config.items() if v is not None})
+
     # -- transport -------------------------------------------------------------------------
     def _pool(self) -> ChannelPool:
         return self.pool if self.pool is not None else current_channels()
@@ -181,10 +187,9 @@ class DynamicEmbedding:
             sliced = self.slices()
             assert sliced is not None
             if held := sliced.held_by(ps):
-                config = {**self.shard_config(0), "capacity": self.capacity_shares(sliced)[ps]}
                 await self.channel(ps).request(CreateTable(
-                    name=self.key, config=TableSpec(**{k: v for k, v in config.items() if v is not None}),
-                    owner=self.owner, owned=SliceSet(slices=sliced.slices, owned=held)))
+                    name=self.key, config=self.slice_spec(sliced, ps), owner=self.owner,
+                    owned=SliceSet(slices=sliced.slices, owned=held)))
         elif ps < self.num_ps:  # else a ps that joined: the table's slices arrive by a move
             await self.channel(ps).request(CreateTable(
                 name=self.key, config=TableSpec(**self.shard_config(ps)), owner=self.owner,
@@ -309,7 +314,6 @@ class DynamicEmbedding:
         order: each ps keeps the ids that hash to it now. ``slots``: saved slot key -> this
         table's slot key (``<optimizer name>/<slot>``). Returns rows restored."""
         sliced = self.slices()
-        shares = self.capacity_shares(sliced) if sliced is not None else {}
 
         def restore(ps: int) -> RestoreTable:
             if sliced is None:
@@ -317,10 +321,9 @@ class DynamicEmbedding:
                     name=self.key, config=TableSpec(**self.shard_config(ps)), owner=self.owner,
                     paths=files, shard=ps, num_shards=self.num_ps, slots=slots,
                     deltas=[list(d) for d in deltas or []])
-            config = {**self.shard_config(0), "capacity": shares[ps]}
             return RestoreTable(
-                name=self.key, config=TableSpec(**{k: v for k, v in config.items() if v is not None}),
-                owner=self.owner, paths=files, shard=0, num_shards=1, slots=slots,
+                name=self.key, config=self.slice_spec(sliced, ps), owner=self.owner, paths=files,
+                shard=0, num_shards=1, slots=slots,
                 deltas=[list(d) for d in deltas or []],
                 owned=SliceSet(slices=sliced.slices, owned=sliced.held_by(ps)))
 
