@@ -5,6 +5,7 @@ what a closure returns."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import queue
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
@@ -16,8 +17,8 @@ from ..._formats.messages import ERROR, exception_payload
 from ..._serving.core import Encoded
 from ..._transport.bridge import new_event_loop
 
-__all__ = ["MAX_PENDING_SCALARS", "Batch", "ClosureLoop", "Outbox", "SyncPool", "Unloadable", "check_awaited",
-           "encode_results"]
+__all__ = ["MAX_PENDING_SCALARS", "Batch", "ClosureLoop", "Functions", "Outbox", "SyncPool", "Unloadable",
+           "check_awaited", "encode_results"]
 
 #: Scalars closures may log between two results messages; more are dropped (and counted).
 MAX_PENDING_SCALARS = 100_000
@@ -36,14 +37,17 @@ def check_awaited(missed: list[str]) -> None:
 class Batch:
     """One ``worker/run`` request: results go out as partial replies, then the last."""
 
-    __slots__ = ("remaining", "emit", "results", "done")
+    __slots__ = ("remaining", "emit", "results", "done", "epoch", "abandoned", "tasks")
 
     def __init__(self, count: int, emit: Callable[[Any], None] | None,
-                 done: asyncio.Future[Encoded]) -> None:
+                 done: asyncio.Future[Encoded], epoch: int | None = None) -> None:
         self.remaining = count
         self.emit = emit
         self.results: list[Any] = []
         self.done = done
+        self.epoch = epoch  # the coordinator's dispatch it belongs to (``dispatches.py``)
+        self.abandoned = False  # a newer dispatch arrived: start nothing more of it
+        self.tasks: set[asyncio.Task[Any]] = set()  # its async closures running (closure loop)
 
 
 class Unloadable:
@@ -54,6 +58,49 @@ class Unloadable:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise self.error
+
+
+def _unpickle(pickled: bytes) -> Callable[..., Any]:
+    import cloudpickle
+
+    try:
+        return cloudpickle.loads(pickled)
+    except Exception as exc:  # e.g. a module the worker cannot import
+        return Unloadable(exc)
+
+
+class Functions:
+    """The functions sent to a worker, by digest (each travels once per connection).
+
+    They are unpickled on a thread: the first closure of a PyTorch model imports torch,
+    seconds during which the serving loop must go on answering health checks (the
+    coordinator declared such a worker lost, and ran the step again beside it). A batch
+    waits for the functions it calls, also those another batch is still loading.
+    """
+
+    def __init__(self) -> None:
+        self.loaded: dict[bytes, Callable[..., Any]] = {}
+        self.loading: dict[bytes, asyncio.Future[Callable[..., Any]]] = {}
+
+    def get(self, digest: bytes) -> Callable[..., Any] | None:
+        return self.loaded.get(digest)
+
+    async def load(self, fns: dict[bytes, bytes], needed: set[bytes]) -> None:
+        """Unpickle ``fns`` (serving loop), then wait for every one of ``needed`` loading."""
+        loop = asyncio.get_running_loop()
+        for digest, pickled in fns.items():
+            fn = self.loaded.get(digest)
+            if digest in self.loading or (fn is not None and not isinstance(fn, Unloadable)):
+                continue  # loading, or loaded (a function sent again on a new connection)
+            ctx = contextvars.copy_context()  # what unpickling saw on the serving loop
+            self.loading[digest] = loop.run_in_executor(None, ctx.run, _unpickle, pickled)
+        for digest in needed | set(fns):
+            pending = self.loading.get(digest)
+            if pending is not None:
+                fn = await asyncio.shield(pending)
+                if self.loading.get(digest) is pending:
+                    self.loaded[digest] = fn
+                    del self.loading[digest]
 
 
 def encode_results(results: list[Any], scalars: list[Any] | None = None,

@@ -5,8 +5,9 @@ Closures never run on the loop that serves requests, so a worker answers
 closures run on a dedicated *closure loop* thread (where the worker's
 channels to the ps live), plain ``def`` closures on a small thread pool.
 
-The coordinator sends closures in batches (``worker/run``); each function
-travels once per worker and is referred to by digest afterwards. Results
+The coordinator sends closures in batches (``worker/run``); each function travels
+once per worker, is unpickled on a thread (an import may take seconds) and referred to
+by digest afterwards; a newer dispatch ends the older ones' closures (``dispatches.py``). Results
 stream back as partial replies as closures finish, coalesced: one message
 carries every result that finished since the last one.
 
@@ -48,15 +49,14 @@ from ..._serving.base import ServerBase
 from ..._serving.core import Encoded
 from ..._transport.bridge import block_on
 from ..._transport.rpc import ChannelPool
-from .closures import Batch, ClosureLoop, Outbox, SyncPool, Unloadable, check_awaited, encode_results
+from .closures import Batch, ClosureLoop, Functions, Outbox, SyncPool, check_awaited, encode_results
 from .departure import Departure
+from .dispatches import Dispatches
 from .resources import FailedResource, LockedIterator, dataset_name, resolve
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["WorkerServer"]
-
-
 
 
 class WorkerServer(ServerBase):
@@ -71,7 +71,7 @@ class WorkerServer(ServerBase):
         self.channels: ChannelPool | None = None
         if cluster_spec is not None and cluster_spec.num_tasks("ps"):
             self.channels = ChannelPool(cluster_spec, self.token, ssl_context=self.client_ssl)
-        self.fns: dict[bytes, Callable[..., Any]] = {}
+        self.fns = Functions()  # by digest; unpickled on a thread
         self.resources: dict[int, Any] = {}
         self._iterated: set[int] = set()  # datasets an iterator was made from
         self.closures_run = 0
@@ -90,6 +90,7 @@ class WorkerServer(ServerBase):
         self._open_batches = 0  # worker/run requests not yet answered
         self._in_flight: set[int] = set()  # ids started and not yet reported
         self._outbox = Outbox()  # results and scalars on their way back
+        self._dispatches = Dispatches(self.task)  # a newer epoch ends the older ones
         self.route(Configure, self.configure)
         self.route(RunClosures, self.run_closures)
         self.route(CancelClosures, self.cancel)
@@ -180,28 +181,27 @@ class WorkerServer(ServerBase):
     async def run_closures(self, req: RunClosures, emit: Callable[[Any], None] | None) -> Encoded:
         """Run a batch of closures; partial replies carry results as they finish."""
         self._check_incarnation(req.incarnation)
-        fns = req.fns
-        if fns:
-            import cloudpickle
-
-            for digest, pickled in fns.items():
-                try:
-                    self.fns[digest] = cloudpickle.loads(pickled)
-                except Exception as exc:  # e.g. a module the worker cannot import
-                    self.fns[digest] = Unloadable(exc)
         closures = req.closures
-        if not closures:
-            return encode_results([])  # nothing to run: answered at once
-        self._refuse_if_draining()
-        loop = asyncio.get_running_loop()
-        batch = Batch(len(closures), emit, loop.create_future())
-        fence = (req.owner, self.index, req.epoch) if req.epoch is not None else None
-        self._open_batches += 1
+        batch = Batch(len(closures), emit, asyncio.get_running_loop().create_future(), req.epoch)
+        older = [] if req.epoch is None else self._dispatches.arrive(batch, (req.owner, self.index))
         try:
-            self._start_batch(batch, closures, fence, req.once)
-            return await batch.done
+            if req.fns or self.fns.loading:
+                await self.fns.load(req.fns, {c[1] for c in closures})
+            if not closures:
+                return encode_results([])  # nothing to run: answered at once
+            self._refuse_if_draining()
+            self._open_batches += 1
+            try:
+                await self._dispatches.wait_ended(older, self._cloop)
+                if batch.abandoned:  # a newer dispatch arrived meanwhile: this one is fenced
+                    return encode_results([[c[0], CANCELLED, None] for c in closures])
+                fence = (req.owner, self.index, req.epoch) if req.epoch is not None else None
+                self._start_batch(batch, closures, fence, req.once)
+                return await batch.done
+            finally:
+                self._open_batches -= 1
         finally:
-            self._open_batches -= 1
+            self._dispatches.close(batch)
 
     def _check_incarnation(self, expected: str | None) -> None:
         if expected is not None and expected != self.incarnation:
@@ -308,11 +308,13 @@ class WorkerServer(ServerBase):
         loop = self._cloop
         assert loop is not None
         for cid, fn, args, kwargs, ctx in coros:
-            if cid in self._cancelled:
+            if cid in self._cancelled or batch.abandoned:
                 self._deliver(batch, [cid, CANCELLED, None])
                 continue
-            self._closure_tasks[cid] = self._closure_owner.spawn(
-                self._run_async(batch, cid, fn, args, kwargs), context=ctx)  # one each
+            task = self._closure_owner.spawn(self._run_async(batch, cid, fn, args, kwargs),
+                                             context=ctx)  # one each
+            self._closure_tasks[cid] = task
+            batch.tasks.add(task)
 
     async def _run_async(self, batch: Batch, cid: int, fn: Callable[..., Any], args: Any,
                          kwargs: Any) -> None:
@@ -327,13 +329,16 @@ class WorkerServer(ServerBase):
         except BaseException as exc:  # user code: report whatever it raised
             record = [cid, ERROR, exception_payload(exc)]
         finally:
-            self._closure_tasks.pop(cid, None)
+            task = asyncio.current_task()
+            if self._closure_tasks.get(cid) is task:
+                del self._closure_tasks[cid]
+            batch.tasks.discard(task)
         self._deliver(batch, record, time.perf_counter() - started)
 
     def _run_sync(self, item: tuple[Any, ...]) -> None:
         """One plain ``def`` closure, on a pool thread."""
         batch, cid, fn, args, kwargs, ctx = item
-        if cid in self._cancelled:
+        if cid in self._cancelled or batch.abandoned:
             self._cancelled.discard(cid)
             self._deliver(batch, [cid, CANCELLED, None])
             return

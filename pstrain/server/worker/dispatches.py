@@ -1,0 +1,94 @@
+"""One dispatch of a coordinator at a time on a worker: a newer epoch ends the older ones.
+
+When the coordinator declares a worker lost with closures in flight, it fences that
+dispatch (its *epoch*) off every ps and requeues its closures; once the worker answers
+again it sends it closures under a newer epoch. The worker may not have died: it was
+cut off, or too slow to answer a health check. Its old closures may then still be
+running, or not even started. Their updates are refused by every ps, but they share
+this process with the new ones (a ``torch.nn.Module`` a step pulls into and computes
+gradients in, an iterator, any state the user's closure keeps), and the same closure,
+rerun here, would run twice at once. So a batch of a newer epoch (per coordinator
+incarnation, the *owner*, and worker slot):
+
+* marks every open batch of an older epoch *abandoned*: its closures not yet started
+  never start, those running are cancelled (``async def`` closures at their next
+  ``await``; a plain ``def`` closure runs to its end);
+* starts once those batches have ended, or after ``grace_s`` (then with a warning
+  naming what still runs: a closure stuck in code that never awaits);
+* and a batch that arrives with an epoch older than one seen here is answered
+  ``CANCELLED`` without running (its dispatch is fenced everywhere already).
+
+Batches without an epoch (a coordinator's own calls outside its dispatch) are never
+abandoned and never wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from .closures import Batch
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Dispatches"]
+
+Key = tuple[str | None, int]  # (owner, worker slot)
+
+
+class Dispatches:
+    """The newest epoch seen per (owner, slot) and the batches still open (serving loop)."""
+
+    def __init__(self, task: str, grace_s: float = 10.0) -> None:
+        self.task = task
+        self.grace_s = grace_s
+        self.newest: dict[Key, int] = {}
+        self.open: dict[Batch, Key] = {}
+
+    def arrive(self, batch: Batch, key: Key) -> list[Batch]:
+        """Record ``batch`` (with ``batch.epoch`` set); return the open batches it abandons.
+        Call on arrival, before anything is awaited: an older batch still loading its
+        functions then finds itself abandoned before it starts."""
+        epoch = batch.epoch
+        assert epoch is not None
+        if epoch < self.newest.get(key, -1):
+            batch.abandoned = True
+            return []
+        self.newest[key] = epoch
+        older = [b for b, k in self.open.items()
+                 if k == key and not b.abandoned and b.epoch is not None and b.epoch < epoch]
+        for b in older:
+            b.abandoned = True
+        self.open[batch] = key
+        return older
+
+    def close(self, batch: Batch) -> None:
+        """``batch`` is answered: a newer one waiting for it goes on (also when it never
+        started: abandoned while its functions loaded, or refused)."""
+        self.open.pop(batch, None)
+        if not batch.done.done():
+            batch.done.cancel()
+
+    async def wait_ended(self, older: list[Batch], loop: asyncio.AbstractEventLoop | None) -> None:
+        """Cancel the closures of ``older`` (their tasks run on the closure ``loop``) and
+        wait, at most ``grace_s``, until they have ended."""
+        if not older:
+            return
+        if loop is not None:
+            loop.call_soon_threadsafe(_cancel, older)
+        pending: set[asyncio.Future[Any]] = {b.done for b in older if not b.done.done()}
+        if not pending:
+            return
+        _, still = await asyncio.wait(pending, timeout=self.grace_s)
+        if still:
+            logger.warning(
+                "%s: %d closure(s) of an earlier dispatch, abandoned by the coordinator, still "
+                "run after %.0f s (code that never awaits?); the new dispatch starts beside them",
+                self.task, sum(b.remaining for b in older if b.done in still), self.grace_s)
+
+
+def _cancel(batches: list[Batch]) -> None:
+    for batch in batches:
+        for task in list(batch.tasks):
+            task.cancel()

@@ -1,0 +1,120 @@
+"""A worker runs one dispatch of its coordinator at a time, and answers while it loads one.
+
+The coordinator declares a worker lost when it misses health checks with closures in
+flight; it fences that dispatch (epoch) off every ps and sends the closures again,
+under a newer epoch, once the worker answers. The worker may have been alive all along
+(cut off, or busy importing torch for its first closure): its old closures must not run
+beside the new ones, since they share the process (a ``torch.nn.Module`` a step pulls
+into and takes gradients in). The fault matrix met it: both attempts of step 0 ran at
+once on one worker, the rerun's embedding gradient doubled by the stale one's backward
+(CI, seed 913843, torch). Real servers; the worker protocol as the coordinator speaks it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import cloudpickle
+import pytest
+
+import pstrain
+from pstrain import rpc
+from pstrain._formats.messages import CANCELLED, OK
+
+from .conftest import wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+EVENTS: list[str] = []  # what the closures did, in order (they run in this process)
+
+
+async def _waits(name: str, seconds: float) -> str:
+    EVENTS.append(f"{name} start")
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        EVENTS.append(f"{name} end")
+    return name
+
+
+def _computes(name: str, seconds: float) -> str:  # a plain def closure: it cannot be cancelled
+    EVENTS.append(f"{name} start")
+    time.sleep(seconds)
+    EVENTS.append(f"{name} end")
+    return name
+
+
+ASYNC, SYNC = b"waits-0123456789", b"computes-0123456"
+FNS = {ASYNC: cloudpickle.dumps(_waits), SYNC: cloudpickle.dumps(_computes)}
+
+
+def _run(ch: rpc.Channel, digest: bytes, name: str, seconds: float, *, epoch: int,
+         owner: str = "coordinator-a", cid: int = 1) -> asyncio.Task:
+    body = {"fns": FNS, "closures": [[cid, digest, (name, seconds), {}, False]],
+            "epoch": epoch, "owner": owner}
+    return asyncio.ensure_future(ch.call("worker/run", body, pickle=True, timeout=20))
+
+
+async def test_a_newer_dispatch_cancels_the_older_one_and_starts_once_it_ended(cluster):
+    EVENTS.clear()
+    ch = rpc.Channel(cluster.workers[0].address, token=cluster.token, task="w0")
+    old = _run(ch, ASYNC, "old", 30, epoch=1)
+    await wait_for(lambda: "old start" in EVENTS, what="the old dispatch's closure to start")
+    new = _run(ch, ASYNC, "new", 0, epoch=2)  # the same closure (id 1), sent again
+    assert (await new)["results"] == [[1, OK, "new"]]
+    assert (await old)["results"] == [[1, CANCELLED, None]]
+    assert EVENTS == ["old start", "old end", "new start", "new end"]
+
+    # a batch of the old epoch arriving late is answered CANCELLED and never runs
+    assert (await _run(ch, ASYNC, "late", 0, epoch=1))["results"] == [[1, CANCELLED, None]]
+    # epochs are per coordinator incarnation: another one's epoch 1 runs
+    assert (await _run(ch, ASYNC, "other", 0, epoch=1, owner="coordinator-b"))["results"] == [
+        [1, OK, "other"]]
+    assert EVENTS[4:] == ["other start", "other end"]
+    await ch.close()
+
+
+async def test_a_plain_closure_of_an_older_dispatch_runs_to_its_end_before_the_newer_starts(cluster):
+    EVENTS.clear()
+    ch = rpc.Channel(cluster.workers[1].address, token=cluster.token, task="w1")
+    old = _run(ch, SYNC, "old", 1.0, epoch=3)
+    await wait_for(lambda: "old start" in EVENTS, what="the old dispatch's closure to start")
+    new = _run(ch, ASYNC, "new", 0, epoch=4)
+    assert (await new)["results"] == [[1, OK, "new"]]
+    assert (await old)["results"] == [[1, OK, "old"]]  # it ran on (its updates are fenced)
+    assert EVENTS == ["old start", "old end", "new start", "new end"]
+    await ch.close()
+
+
+class _SlowToLoad:
+    """Unpickles as ``time.sleep(seconds)``: as long as torch's first import on a busy machine."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __reduce__(self):
+        return (time.sleep, (self.seconds,))
+
+
+def _slow_to_load(seconds: float):
+    slow = _SlowToLoad(seconds)
+
+    def answer(x):
+        assert slow is None  # what time.sleep returned, at its unpickling
+        return x + 1
+
+    return answer
+
+
+async def test_a_worker_loading_a_slow_function_for_its_first_closure_is_not_declared_lost():
+    """A closure's function is unpickled (its modules imported) on a thread: the worker
+    answers health checks meanwhile, and the coordinator declares nothing lost."""
+    async with pstrain.LocalCluster(num_ps=1, num_workers=1) as cluster:
+        coordinator = pstrain.ClusterCoordinator(
+            pstrain.ParameterServerStrategy(cluster.resolver), worker_timeout_s=1.0, heartbeat_s=0.25)
+        started = time.monotonic()
+        assert await coordinator.schedule(_slow_to_load(4.0), args=(41,)) == 42
+        assert time.monotonic() - started >= 4.0  # it did load slowly
+        assert coordinator.worker_failures == 0, coordinator.membership()
+        await coordinator.close()
