@@ -13,6 +13,8 @@ once on one worker, the rerun's embedding gradient doubled by the stale one's ba
 from __future__ import annotations
 
 import asyncio
+import sys
+import threading
 import time
 
 import cloudpickle
@@ -118,3 +120,52 @@ async def test_a_worker_loading_a_slow_function_for_its_first_closure_is_not_dec
         assert time.monotonic() - started >= 4.0  # it did load slowly
         assert coordinator.worker_failures == 0, coordinator.membership()
         await coordinator.close()
+
+
+STRAGGLING = threading.Event()  # the straggler runs
+RELEASE = threading.Event()  # ... until this is set
+
+
+_HERE = __name__  # closures find the events here (the function travels by value, not they)
+
+
+def _straggler(v):  # a plain def closure: a cancel cannot stop it
+    here = sys.modules[_HERE]
+    here.STRAGGLING.set()
+    here.RELEASE.wait(30)
+    return v.assign_add(1.0)
+
+
+def _fails():
+    raise ValueError("a closure failed")
+
+
+async def test_a_closure_still_running_after_the_cancel_grace_cannot_update_later(cluster):
+    """The job's error cancels the closures in flight (their RemoteValues raise); one that
+    runs on past ``cancel_grace_s`` has its dispatch fenced off every ps: its late update
+    is refused (after the job restored a checkpoint, it would land on top of it)."""
+    STRAGGLING.clear()
+    RELEASE.clear()
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    coordinator = pstrain.ClusterCoordinator(strategy, cancel_grace_s=0.5)
+    async with strategy.scope():
+        v = pstrain.Variable(0.0, name="v")
+    late = coordinator.schedule(_straggler, args=(v,))
+    await wait_for(STRAGGLING.is_set, what="the straggler to run")
+    coordinator.schedule(_fails)
+    with pytest.raises(ValueError, match="a closure failed"):
+        await coordinator.join()
+    with pytest.raises(pstrain.errors.CancelledError):
+        await late
+    ended = sum(w.closures_run + w.closures_failed for w in cluster.workers)
+    RELEASE.set()
+    await wait_for(lambda: sum(w.closures_run + w.closures_failed for w in cluster.workers) > ended,
+                   what="the straggler to end")
+    assert float(await v.numpy()) == 0.0  # its update was refused
+    assert max(s["epoch"] for s in coordinator.membership()) == 2  # its dispatch was given up
+    # the job goes on: the next closures (a new epoch) update as usual
+    for _ in range(4):
+        coordinator.schedule(lambda v: v.assign_add(1.0), args=(v,))
+    await coordinator.join()
+    assert float(await v.numpy()) == 4.0
+    await coordinator.close()

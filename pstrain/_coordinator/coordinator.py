@@ -229,7 +229,8 @@ class ClusterCoordinator:
                 self.queue.record_error(refused[0])  # no worker can ever run what is queued
             if self.queue.error is not None:
                 # Let the cancelled in-flight closures report back (bounded), then raise.
-                await self.queue.wait_drained(self.cancel_grace_s)
+                if not await self.queue.wait_drained(self.cancel_grace_s):
+                    await self.workers.fence_stragglers()  # their late updates are refused
                 if isinstance(self.queue.error, NotFoundError):
                     await self.heartbeat.raise_if_ps_restarted()
                 self._raise_pending()

@@ -84,6 +84,7 @@ class WorkerSlot:
     epoch: int = 1
     incarnation: str | None = None
     failures: int = 0  # times it was found unreachable while up
+    gave_up: int = 0  # dispatches given up while it was up (closures past the cancel grace)
     completed: int = 0  # closures it finished (any outcome)
     last_error: str | None = None  # why it was last lost or refused
     history: list[str] = field(default_factory=list, repr=False)  # events, for debugging
@@ -145,6 +146,17 @@ class WorkerSlot:
             return self.epoch
         return None
 
+    def give_up(self, in_flight: int) -> int | None:
+        """Its ``in_flight`` closures still ran ``cancel_grace_s`` after the job's error
+        (their RemoteValues raised CancelledError). Not a transition: a new epoch, the old
+        one to fence off every ps, so that their late updates are refused (after a
+        restore too). None when nothing needs it."""
+        if not self.up or in_flight <= 0:
+            return None
+        self.gave_up += 1
+        self.epoch += 1
+        return self.epoch
+
     def replaced(self, address: str) -> None:
         """A worker joined at ``address`` and takes this slot."""
         self._go("replaced")
@@ -159,7 +171,8 @@ class WorkerSlot:
         """The invariants of one slot (AssertionError naming the broken one)."""
         assert self.index >= 0, self
         assert self.epoch >= 1 and self.failures >= 0 and self.completed >= 0, self
-        assert self.epoch <= self.failures + 1, f"an epoch starts only with a loss: {self}"
+        assert self.epoch <= self.failures + self.gave_up + 1, (
+            f"an epoch starts only with a loss (or closures given up): {self}")
         if self.state in (S.UP, S.DRAINING):
             assert self.incarnation is not None, f"connected without an incarnation: {self}"
         if self.state is S.JOINING:

@@ -61,6 +61,22 @@ class Workers:
             Fence(worker=worker, epoch=epoch, owner=owner), timeout=self.ps_timeout_s)
             for k in self.channels.routes.active()))
 
+    async def fence_stragglers(self) -> None:
+        """After the job's error, closures still running past ``cancel_grace_s`` (their
+        RemoteValues raised CancelledError) have their dispatch fenced off every ps: an
+        update they send later, after the job restored a checkpoint say, is refused. The
+        worker cancels them when the next batch, under the new epoch, reaches it."""
+        async def fence(d: WorkerDispatcher, epoch: int) -> None:
+            logger.warning("%s: %d closure(s) still run after the job's error and the cancel "
+                           "grace; their updates are refused from now on", d.task, d.in_flight)
+            try:
+                await self.fence(d.index, epoch)
+            except Exception as err:  # a ps we cannot reach cannot take their updates either
+                logger.warning("could not fence %s off every ps: %s", d.task, err)
+
+        await asyncio.gather(*(fence(d, epoch) for d in self.dispatchers
+                               if (epoch := d.slot.give_up(d.in_flight)) is not None))
+
     async def admit(self, address: str) -> int:
         """A worker joins at ``address``: it takes the first slot whose worker is gone, or
         the cluster grows by one worker. Returns the worker's index."""

@@ -125,7 +125,8 @@ class Fencing:
             if fence is not None and fence[1] < self.fences.get((req.owner, fence[0]), 0):
                 raise CancelledError(
                     f"{self.task} refused an update of worker {fence[0]}'s dispatch {fence[1]}: the "
-                    f"coordinator declared that worker lost (its work runs elsewhere)")
+                    f"coordinator declared that worker lost (its work runs elsewhere), or gave "
+                    f"up on that dispatch's closures after an error")
             key = req.once if once else None
             if key is None:
                 return _applied(fn, req, self.before_update(None, req))
