@@ -89,6 +89,24 @@ async def test_a_plain_closure_of_an_older_dispatch_runs_to_its_end_before_the_n
     await ch.close()
 
 
+async def test_closures_whose_coordinator_connection_ended_stop_before_the_next_ones_start(cluster):
+    """A coordinator SIGKILLed (or one that found the worker unreachable) leaves closures
+    running here; its successor's first batch must not run beside them."""
+    EVENTS.clear()
+    ch = rpc.Channel(cluster.workers[0].address, token=cluster.token, task="w0")
+    old = _run(ch, ASYNC, "old", 30, epoch=1, owner="coordinator-a")
+    await wait_for(lambda: "old start" in EVENTS, what="the old coordinator's closure to start")
+    await ch.close()  # its connection ends
+    await wait_for(lambda: "old end" in EVENTS, what="the closure to be cancelled")
+    with pytest.raises(pstrain.errors.PstrainError):
+        await old
+    ch = rpc.Channel(cluster.workers[0].address, token=cluster.token, task="w0")
+    assert (await _run(ch, ASYNC, "next", 0, epoch=1, owner="coordinator-b"))["results"] == [
+        [1, OK, "next"]]
+    assert EVENTS == ["old start", "old end", "next start", "next end"]
+    await ch.close()
+
+
 class _SlowToLoad:
     """Unpickles as ``time.sleep(seconds)``: as long as torch's first import on a busy machine."""
 

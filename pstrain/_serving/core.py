@@ -195,6 +195,10 @@ class ServerCore:
         is decoded."""
         self.handlers[operation.op()] = Handler(_refused, False, False, False, operation, reason)
 
+    def stream_closed(self, connection: Any) -> None:
+        """A stream connection ended (the emitters of its requests carry it as their
+        ``connection``): a server whose handlers outlive their caller stops their work."""
+
     # -- built-in handlers -------------------------------------------------------------
     def health(self, _: Any) -> dict[str, Any]:
         return {"status": self.status.value, "role": self.role, "index": self.index,
@@ -252,6 +256,7 @@ class ServerCore:
             emit(obj.chunks if isinstance(obj, Encoded) else
                  wire.encode_body(obj, allow_pickle=handler.pickle))
 
+        send.connection = getattr(emit, "connection", None)  # type: ignore[attr-defined]
         return send
 
     def _reply(self, op: str, handler: Handler, result: Any, size_in: int, started: float) -> Reply:

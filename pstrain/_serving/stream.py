@@ -44,6 +44,7 @@ class StreamConnection(FrameProtocol):
         super().connection_lost(exc)
         if self.transport is not None:
             self.server.connections.discard(self.transport)
+        self.server.stream_closed(self)
 
     def oversized(self, req_id: int, op: str) -> None:
         exc = ProtocolError(f"request to {op!r} is larger than this server's limit of "
@@ -72,6 +73,7 @@ class StreamConnection(FrameProtocol):
         def emit(chunks: Any) -> None:
             self.send(req_id, FrameKind.PARTIAL, "", chunks)
 
+        emit.connection = self  # type: ignore[attr-defined]  # whose end ``stream_closed`` tells
         return emit
 
     def _send(self, req_id: int, reply: Reply) -> None:

@@ -18,6 +18,11 @@ incarnation, the *owner*, and worker slot):
 * and a batch that arrives with an epoch older than one seen here is answered
   ``CANCELLED`` without running (its dispatch is fenced everywhere already).
 
+A batch whose connection ends is abandoned too: the coordinator put its closures back
+in its queue (it found the worker unreachable), or it died (SIGKILLed, its successor
+takes the ps over and refuses its updates). Every new batch, of any coordinator, starts
+once the abandoned ones have ended (or ``grace_s`` passed).
+
 Batches without an epoch (a coordinator's own calls outside its dispatch) are never
 abandoned and never wait.
 """
@@ -60,8 +65,19 @@ class Dispatches:
                  if k == key and not b.abandoned and b.epoch is not None and b.epoch < epoch]
         for b in older:
             b.abandoned = True
+        older += [b for b in self.open if b.abandoned and b not in older and not b.done.done()]
         self.open[batch] = key
         return older
+
+    def connection_ended(self, connection: Any, loop: asyncio.AbstractEventLoop | None) -> None:
+        """The batches that came over ``connection`` are abandoned: their closures not yet
+        started never start, those running are cancelled (on the closure ``loop``)."""
+        gone = [b for b in self.open
+                if not b.abandoned and getattr(b.emit, "connection", None) is connection]
+        for b in gone:
+            b.abandoned = True
+        if gone and loop is not None:
+            loop.call_soon_threadsafe(_cancel, gone)
 
     def close(self, batch: Batch) -> None:
         """``batch`` is answered: a newer one waiting for it goes on (also when it never

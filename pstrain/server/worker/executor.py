@@ -105,11 +105,8 @@ class WorkerServer(ServerBase):
         return await super().start()
 
     def _context(self) -> contextvars.Context:
-        """A fresh context for one closure or dataset function of this worker.
-
-        Copies of one base context (O(1)), rebuilt when the channels change; each run needs
-        its own copy, since one context cannot be entered by two threads at once.
-        """
+        """A fresh context for one closure or dataset function: a copy (O(1)) of a base one
+        rebuilt when the channels change (one context cannot be entered by two threads)."""
         base = self._base_context
         if base is None or self._base_channels is not self.channels:
             base = self._base_context = worker_context(self.index, self.channels, self._scalar)
@@ -202,6 +199,9 @@ class WorkerServer(ServerBase):
                 self._open_batches -= 1
         finally:
             self._dispatches.close(batch)
+
+    def stream_closed(self, connection: Any) -> None:  # its batches' closures stop here too
+        self._dispatches.connection_ended(connection, self._cloop)
 
     def _check_incarnation(self, expected: str | None) -> None:
         if expected is not None and expected != self.incarnation:
