@@ -5,11 +5,11 @@ Closures never run on the loop that serves requests, so a worker answers
 closures run on a dedicated *closure loop* thread (where the worker's
 channels to the ps live), plain ``def`` closures on a small thread pool.
 
-The coordinator sends closures in batches (``worker/run``); each function travels
-once per worker, is unpickled on a thread (an import may take seconds) and referred to
-by digest afterwards; a newer dispatch ends the older ones' closures (``dispatches.py``). Results
-stream back as partial replies as closures finish, coalesced: one message
-carries every result that finished since the last one.
+The coordinator sends closures in batches (``worker/run``); each function travels once
+per worker, is unpickled on a thread (an import may take seconds), then named by digest;
+a newer dispatch ends the older ones' closures (``dispatches.py``). Results stream back
+as partial replies as closures finish, coalesced: one message carries every result that
+finished since the last one.
 
 Closures and dataset functions run in this worker's ``contextvars`` context
 (``context.worker_context``): ``get_current_worker_index()`` and the
