@@ -442,3 +442,52 @@ def test_a_delta_is_put_in_piece_by_piece_in_order(tmp_path, monkeypatch):
     want[first] = -1
     want[second] = -2
     np.testing.assert_array_equal(got, want[5:15])
+
+
+async def test_a_save_where_one_ps_never_stepped_its_share_of_a_table_restores_into_fewer_ps(tmp_path):
+    """A save taken as training starts: one ps's share of the table has its optimizer slot,
+    the other's not yet (no step reached it). Restored into one ps, the rows of the second
+    get the slot's initial value (it was refused: "a slot is missing from some saved
+    shard", which failed the replacement of a lost ps in a clean clone's run)."""
+    root = str(tmp_path)
+    ids = np.arange(40, dtype=np.int64)
+    first = ids[shard_of(ids, 2) == 0]  # the ids of ps 0's share: the only ones stepped
+
+    async def first_step(table, opt) -> None:  # every id admitted, ps 0's stepped
+        await table.lookup(ids)
+        await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((first.size, DIM), np.float32),
+                                                          first), table)])
+
+    async with _cluster(root) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="emb")
+            opt = pstrain.optimizers.Adagrad(0.1)
+        await first_step(table, opt)
+        assert [bool(ps.tables["emb"].slots) for ps in cluster.ps] == [True, False]
+        path = await pstrain.checkpoint.CheckpointManager(
+            pstrain.Checkpoint(emb=table, optimizer=opt), root).save()
+        before = await table.export()
+    grad = np.full((ids.size, DIM), 0.5, np.float32)
+    async with _cluster(root, num_ps=1) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="emb")
+            opt = pstrain.optimizers.Adagrad(0.1)
+        (await pstrain.Checkpoint(emb=table, optimizer=opt).restore(path)).assert_consumed()
+        got = await table.export()
+        order = np.argsort(got[0])
+        np.testing.assert_array_equal(got[0][order], np.sort(before[0]))
+        await opt.apply_gradients([(pstrain.IndexedSlices(grad, ids), table)])  # every id
+        after = await table.export()
+    async with _cluster(root) as cluster:  # the same steps, no save
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="emb")
+            opt = pstrain.optimizers.Adagrad(0.1)
+        await first_step(table, opt)
+        await opt.apply_gradients([(pstrain.IndexedSlices(grad, ids), table)])
+        straight = await table.export()
+    a, s = np.argsort(after[0]), np.argsort(straight[0])
+    np.testing.assert_array_equal(after[0][a], straight[0][s])
+    np.testing.assert_array_equal(after[1][a], straight[1][s])  # the slots came back right

@@ -188,8 +188,8 @@ def _read_table_files(files: list[tuple[str, str]], shard: Shard, num_shards: in
     from safetensors import SafetensorError, safe_open
 
     ids_parts, row_parts, removed_parts = [], [], []
-    slot_parts: dict[str, list[np.ndarray]] = {}
-    slot_init: dict[str, float] = {}
+    slot_parts: list[dict[str, np.ndarray]] = []  # per file: a ps that never applied a step
+    slot_init: dict[str, float] = {}  # to a table before its save has none of its slots yet
     for path, prefix in files:
         try:
             with safe_open(path, "np") as f:
@@ -222,13 +222,14 @@ def _read_table_files(files: list[tuple[str, str]], shard: Shard, num_shards: in
                                                f"{rows.shape}, expected ({ids.size}, {dim})")
                 ids_parts.append(ids[mine])
                 row_parts.append(rows[mine].astype(dtype, copy=False))
+                slot_parts.append({})
                 for key in sorted(keys) if with_slots else ():
                     if key.startswith("slot:"):
                         arr = get(key)
                         if arr.shape != rows.shape:
                             raise InvalidArgumentError(f"dyn/restore: {key} in {path} is "
                                                        f"{arr.shape}, its rows {rows.shape}")
-                        slot_parts.setdefault(key[5:], []).append(arr[mine].astype(dtype, copy=False))
+                        slot_parts[-1][key[5:]] = arr[mine].astype(dtype, copy=False)
                     elif key.startswith("init:"):
                         slot_init[key[5:]] = float(get(key).reshape(-1)[0])
         except (OSError, SafetensorError) as exc:
@@ -237,10 +238,11 @@ def _read_table_files(files: list[tuple[str, str]], shard: Shard, num_shards: in
     if np.unique(ids).size != ids.size:
         raise InvalidArgumentError("dyn/restore: an id appears in two saved shards")
     rows = np.concatenate(row_parts) if row_parts else np.empty((0, dim), dtype)
-    slots = {k: np.concatenate(v) for k, v in slot_parts.items()}
-    if any(v.shape != rows.shape for v in slots.values()):
-        raise InvalidArgumentError("dyn/restore: a slot is missing from some saved shard")
-    if set(slots) - set(slot_init):
+    names = set().union(*slot_parts)
+    if names - set(slot_init):
         raise InvalidArgumentError("dyn/restore: a slot's initial value was not saved")
+    # a shard without a slot the others have: its rows were never stepped (initial values)
+    slots = {k: np.concatenate([part.get(k, np.full(r.shape, slot_init[k], dtype))
+                                for part, r in zip(slot_parts, row_parts)]) for k in sorted(names)}
     removed = np.concatenate(removed_parts) if removed_parts else np.empty(0, np.int64)
     return ids, rows, slots, slot_init, removed
