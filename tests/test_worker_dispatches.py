@@ -29,31 +29,36 @@ from .conftest import wait_for
 pytestmark = pytest.mark.timeout(60)
 
 EVENTS: list[str] = []  # what the closures did, in order (they run in this process)
+RELEASE = threading.Event()  # ends a plain closure that "computes" until it is set
+_HERE = __name__  # closures find these here (a function sent by value carries no copy)
 
 
-async def _waits(name: str, seconds: float) -> str:
-    EVENTS.append(f"{name} start")
+async def _runs_until_cancelled(name: str, forever: bool) -> str:
+    here = sys.modules[_HERE]
+    here.EVENTS.append(f"{name} start")
     try:
-        await asyncio.sleep(seconds)
+        if forever:
+            await asyncio.Event().wait()  # never set: only a cancel ends it
     finally:
-        EVENTS.append(f"{name} end")
+        here.EVENTS.append(f"{name} end")
     return name
 
 
-def _computes(name: str, seconds: float) -> str:  # a plain def closure: it cannot be cancelled
-    EVENTS.append(f"{name} start")
-    time.sleep(seconds)
-    EVENTS.append(f"{name} end")
+def _computes(name: str, _: bool) -> str:  # a plain def closure: a cancel cannot stop it
+    here = sys.modules[_HERE]
+    here.EVENTS.append(f"{name} start")
+    assert here.RELEASE.wait(30)
+    here.EVENTS.append(f"{name} end")
     return name
 
 
 ASYNC, SYNC = b"waits-0123456789", b"computes-0123456"
-FNS = {ASYNC: cloudpickle.dumps(_waits), SYNC: cloudpickle.dumps(_computes)}
+FNS = {ASYNC: cloudpickle.dumps(_runs_until_cancelled), SYNC: cloudpickle.dumps(_computes)}
 
 
-def _run(ch: rpc.Channel, digest: bytes, name: str, seconds: float, *, epoch: int,
+def _run(ch: rpc.Channel, digest: bytes, name: str, forever: bool = False, *, epoch: int,
          owner: str = "coordinator-a", cid: int = 1) -> asyncio.Task:
-    body = {"fns": FNS, "closures": [[cid, digest, (name, seconds), {}, False]],
+    body = {"fns": FNS, "closures": [[cid, digest, (name, forever), {}, False]],
             "epoch": epoch, "owner": owner}
     return asyncio.ensure_future(ch.call("worker/run", body, pickle=True, timeout=20))
 
@@ -61,17 +66,17 @@ def _run(ch: rpc.Channel, digest: bytes, name: str, seconds: float, *, epoch: in
 async def test_a_newer_dispatch_cancels_the_older_one_and_starts_once_it_ended(cluster):
     EVENTS.clear()
     ch = rpc.Channel(cluster.workers[0].address, token=cluster.token, task="w0")
-    old = _run(ch, ASYNC, "old", 30, epoch=1)
+    old = _run(ch, ASYNC, "old", True, epoch=1)
     await wait_for(lambda: "old start" in EVENTS, what="the old dispatch's closure to start")
-    new = _run(ch, ASYNC, "new", 0, epoch=2)  # the same closure (id 1), sent again
+    new = _run(ch, ASYNC, "new", epoch=2)  # the same closure (id 1), sent again
     assert (await new)["results"] == [[1, OK, "new"]]
     assert (await old)["results"] == [[1, CANCELLED, None]]
     assert EVENTS == ["old start", "old end", "new start", "new end"]
 
     # a batch of the old epoch arriving late is answered CANCELLED and never runs
-    assert (await _run(ch, ASYNC, "late", 0, epoch=1))["results"] == [[1, CANCELLED, None]]
+    assert (await _run(ch, ASYNC, "late", epoch=1))["results"] == [[1, CANCELLED, None]]
     # epochs are per coordinator incarnation: another one's epoch 1 runs
-    assert (await _run(ch, ASYNC, "other", 0, epoch=1, owner="coordinator-b"))["results"] == [
+    assert (await _run(ch, ASYNC, "other", epoch=1, owner="coordinator-b"))["results"] == [
         [1, OK, "other"]]
     assert EVENTS[4:] == ["other start", "other end"]
     await ch.close()
@@ -79,10 +84,16 @@ async def test_a_newer_dispatch_cancels_the_older_one_and_starts_once_it_ended(c
 
 async def test_a_plain_closure_of_an_older_dispatch_runs_to_its_end_before_the_newer_starts(cluster):
     EVENTS.clear()
-    ch = rpc.Channel(cluster.workers[1].address, token=cluster.token, task="w1")
-    old = _run(ch, SYNC, "old", 1.0, epoch=3)
+    RELEASE.clear()
+    worker = cluster.workers[1]
+    ch = rpc.Channel(worker.address, token=cluster.token, task="w1")
+    old = _run(ch, SYNC, "old", epoch=3)
     await wait_for(lambda: "old start" in EVENTS, what="the old dispatch's closure to start")
-    new = _run(ch, ASYNC, "new", 0, epoch=4)
+    new = _run(ch, ASYNC, "new", epoch=4)
+    await wait_for(lambda: worker._open_batches == 2 or "new start" in EVENTS,
+                   what="the worker to hold the new batch")
+    assert EVENTS == ["old start"]  # the new one waits for the old one
+    RELEASE.set()
     assert (await new)["results"] == [[1, OK, "new"]]
     assert (await old)["results"] == [[1, OK, "old"]]  # it ran on (its updates are fenced)
     assert EVENTS == ["old start", "old end", "new start", "new end"]
@@ -94,21 +105,22 @@ async def test_closures_whose_coordinator_connection_ended_stop_before_the_next_
     running here; its successor's first batch must not run beside them."""
     EVENTS.clear()
     ch = rpc.Channel(cluster.workers[0].address, token=cluster.token, task="w0")
-    old = _run(ch, ASYNC, "old", 30, epoch=1, owner="coordinator-a")
+    old = _run(ch, ASYNC, "old", True, epoch=1, owner="coordinator-a")
     await wait_for(lambda: "old start" in EVENTS, what="the old coordinator's closure to start")
     await ch.close()  # its connection ends
     await wait_for(lambda: "old end" in EVENTS, what="the closure to be cancelled")
     with pytest.raises(pstrain.errors.PstrainError):
         await old
     ch = rpc.Channel(cluster.workers[0].address, token=cluster.token, task="w0")
-    assert (await _run(ch, ASYNC, "next", 0, epoch=1, owner="coordinator-b"))["results"] == [
+    assert (await _run(ch, ASYNC, "next", epoch=1, owner="coordinator-b"))["results"] == [
         [1, OK, "next"]]
     assert EVENTS == ["old start", "old end", "next start", "next end"]
     await ch.close()
 
 
 class _SlowToLoad:
-    """Unpickles as ``time.sleep(seconds)``: as long as torch's first import on a busy machine."""
+    """Unpickles as ``time.sleep(seconds)``: the behaviour under test is a load that takes
+    seconds (torch's first import on a busy machine), in another process."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
@@ -140,11 +152,7 @@ async def test_a_worker_loading_a_slow_function_for_its_first_closure_is_not_dec
         await coordinator.close()
 
 
-STRAGGLING = threading.Event()  # the straggler runs
-RELEASE = threading.Event()  # ... until this is set
-
-
-_HERE = __name__  # closures find the events here (the function travels by value, not they)
+STRAGGLING = threading.Event()  # the straggler runs (until RELEASE is set)
 
 
 def _straggler(v):  # a plain def closure: a cancel cannot stop it
