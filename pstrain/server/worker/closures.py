@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import queue
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
@@ -86,21 +87,23 @@ class Functions:
         return self.loaded.get(digest)
 
     async def load(self, fns: dict[bytes, bytes], needed: set[bytes]) -> None:
-        """Unpickle ``fns`` (serving loop), then wait for every one of ``needed`` loading."""
+        """Start unpickling ``fns``, then wait for those of ``needed`` still loading."""
         loop = asyncio.get_running_loop()
         for digest, pickled in fns.items():
             fn = self.loaded.get(digest)
             if digest in self.loading or (fn is not None and not isinstance(fn, Unloadable)):
                 continue  # loading, or loaded (a function sent again on a new connection)
             ctx = contextvars.copy_context()  # what unpickling saw on the serving loop
-            self.loading[digest] = loop.run_in_executor(None, ctx.run, _unpickle, pickled)
-        for digest in needed | set(fns):
+            future = self.loading[digest] = loop.run_in_executor(None, ctx.run, _unpickle, pickled)
+            future.add_done_callback(functools.partial(self._loaded, digest))
+        for digest in needed:
             pending = self.loading.get(digest)
-            if pending is not None:
-                fn = await asyncio.shield(pending)
-                if self.loading.get(digest) is pending:
-                    self.loaded[digest] = fn
-                    del self.loading[digest]
+            if pending is not None:  # (its callback, added first, has run when this wakes)
+                await asyncio.shield(pending)
+
+    def _loaded(self, digest: bytes, future: asyncio.Future[Callable[..., Any]]) -> None:
+        self.loaded[digest] = future.result()  # _unpickle returns, never raises
+        del self.loading[digest]
 
 
 def encode_results(results: list[Any], scalars: list[Any] | None = None,
