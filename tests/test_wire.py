@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pickle
 import struct
+import sys
 
 import msgpack
 import numpy as np
 import pytest
 
+from pstrain._base.errors import ImportNeeded
 from pstrain._formats import wire
 from pstrain.errors import InvalidArgumentError, ProtocolError
 
@@ -148,6 +150,30 @@ def test_pickles_refused_unless_allowed():
     with pytest.raises(ProtocolError, match="pickled"):
         wire.decode_body(body)
     assert wire.decode_body(body, allow_pickle=True)["f"] is len
+
+
+def test_a_decode_that_may_not_import_stops_before_importing_anything(monkeypatch):
+    """A server's loop decodes with ``imports=False``: a pickle naming a module not imported
+    yet (by reference, or a function's global that cloudpickle imports) raises
+    ImportNeeded and imports nothing; the same body decodes where imports may happen."""
+    import colorsys
+    import fractions
+
+    def hue():
+        return colorsys.rgb_to_hsv(0.0, 1.0, 0.0)[0]
+
+    bodies = [b"".join(bytes(c) for c in wire.encode_body(obj, allow_pickle=True))
+              for obj in ([1, fractions.Fraction(1, 3)], {"f": hue})]
+    for name in ("colorsys", "fractions"):
+        monkeypatch.delitem(sys.modules, name)
+    for body, module in zip(bodies, ("fractions", "colorsys"), strict=True):
+        with pytest.raises(ImportNeeded, match=module):
+            wire.decode_body(body, allow_pickle=True, imports=False)
+        assert module not in sys.modules
+    assert wire.decode_body(bodies[0], allow_pickle=True)[1] * 3 == 1
+    assert wire.decode_body(bodies[1], allow_pickle=True)["f"]() == pytest.approx(1 / 3)
+    # what names only modules already imported decodes at once
+    assert wire.decode_body(bodies[0], allow_pickle=True, imports=False)[1] * 3 == 1
 
 
 def test_object_arrays_refused_without_pickle():

@@ -13,6 +13,7 @@ once on one worker, the rerun's embedding gradient doubled by the stale one's ba
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import threading
 import time
@@ -150,6 +151,47 @@ async def test_a_worker_loading_a_slow_function_for_its_first_closure_is_not_dec
         assert time.monotonic() - started >= 5.0  # it did load slowly
         assert coordinator.worker_failures == 0, coordinator.membership()
         await coordinator.close()
+
+
+_SLOW_TO_IMPORT = """
+import os, time
+
+time.sleep(float(os.environ.get("PSTRAIN_TEST_IMPORT_S", "0")))  # torch's first import, say
+
+
+class Payload:
+    def __init__(self, value):
+        self.value = value
+"""
+
+
+def _value_plus_one(payload):
+    return payload.value + 1
+
+
+async def test_an_argument_whose_unpickling_imports_a_slow_module_does_not_lose_the_worker(tmp_path):
+    """A closure's *argument* may name a module the worker has not imported (a torch
+    tensor): the worker decodes that request on a thread and answers health checks
+    meanwhile; the coordinator declares nothing lost."""
+    (tmp_path / "pstrain_slow_to_import.py").write_text(_SLOW_TO_IMPORT)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import pstrain_slow_to_import  # here at once: the delay is the workers' (their env)
+
+        env = dict(os.environ, PSTRAIN_TEST_IMPORT_S="5",
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+        async with pstrain.LocalCluster(num_ps=1, num_workers=1, env=env) as cluster:
+            coordinator = pstrain.ClusterCoordinator(
+                pstrain.ParameterServerStrategy(cluster.resolver), worker_timeout_s=2.0, heartbeat_s=0.25)
+            started = time.monotonic()
+            payload = pstrain_slow_to_import.Payload(41)
+            assert await coordinator.schedule(_value_plus_one, args=(payload,)) == 42
+            assert time.monotonic() - started >= 5.0  # it was imported there, slowly
+            assert coordinator.worker_failures == 0, coordinator.membership()
+            await coordinator.close()
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("pstrain_slow_to_import", None)
 
 
 STRAGGLING = threading.Event()  # the straggler runs (until RELEASE is set)

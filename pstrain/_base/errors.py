@@ -54,6 +54,13 @@ __all__ = [
 ]
 
 
+class ImportNeeded(Exception):
+    """Internal, never raised to a user: decoding would import a module this process has not
+    imported yet (a pickle naming ``torch``, say), and the decode may not import
+    (``wire.decode_body(imports=False)``). Raised before anything is imported; the caller
+    decodes the body again where an import can take its time."""
+
+
 class PstrainError(Exception):
     """Base class of every error pstrain raises.
 

@@ -15,9 +15,11 @@ imports it, and so does :func:`dumps_object`, which every pickle pstrain sends g
 
 from __future__ import annotations
 
+import builtins
 import importlib
 import io
 import os
+import pickle
 import site
 import sys
 import sysconfig
@@ -26,6 +28,9 @@ from functools import lru_cache
 from typing import Any
 
 import cloudpickle
+import cloudpickle.cloudpickle
+
+from .._base.errors import ImportNeeded
 
 _registered: set[str] = set()
 
@@ -109,3 +114,39 @@ def dumps_object(obj: Any) -> bytes:
     buffer = io.BytesIO()
     _Pickler(buffer, protocol=5).dump(obj)
     return buffer.getvalue()
+
+
+def loads(data: bytes) -> Any:
+    """Unpickle what :func:`dumps_object` made (importing the modules it names)."""
+    return cloudpickle.loads(data)
+
+
+def _imported_only(importer: Any) -> Any:
+    def call(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name not in sys.modules:
+            raise ImportNeeded(name)
+        return importer(name, *args, **kwargs)
+
+    return call
+
+
+#: What a pickle may call to import a module (cloudpickle names a function's modules so).
+_IMPORTERS = {("cloudpickle.cloudpickle", "subimport"): cloudpickle.cloudpickle.subimport,
+              ("builtins", "__import__"): builtins.__import__,
+              ("importlib", "import_module"): importlib.import_module}
+
+
+class _ImportedOnly(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module not in sys.modules:
+            raise ImportNeeded(module)
+        importer = _IMPORTERS.get((module, name))
+        if importer is not None:
+            return _imported_only(importer)
+        return super().find_class(module, name)
+
+
+def loads_imported(data: bytes) -> Any:
+    """:func:`loads`, if that imports no module this process has not imported yet; raises
+    :class:`~pstrain._base.errors.ImportNeeded` before importing one."""
+    return _ImportedOnly(io.BytesIO(data)).load()

@@ -30,9 +30,9 @@ import msgpack
 import msgspec
 import numpy as np
 
-from .._base.errors import InvalidArgumentError, ProtocolError
+from .._base.errors import ImportNeeded, InvalidArgumentError, ProtocolError
 
-__all__ = ["body_size", "decode", "decode_body", "encode", "encode_body"]
+__all__ = ["ImportNeeded", "body_size", "decode", "decode_body", "encode", "encode_body"]
 
 _EXT_TUPLE = 1
 _EXT_ARRAY = 2
@@ -200,11 +200,14 @@ def body_size(chunks: Sequence[bytes | memoryview]) -> int:
     return sum(len(c) if isinstance(c, bytes) else c.nbytes for c in chunks)
 
 
-def decode_body(body: bytes | bytearray | memoryview, *, allow_pickle: bool = False) -> Any:
+def decode_body(body: bytes | bytearray | memoryview, *, allow_pickle: bool = False,
+                imports: bool = True) -> Any:
     """Decode a body made by :func:`encode_body`; arrays are views of ``body``.
 
     Raises :class:`ProtocolError` for a malformed or truncated body, and for
-    pickled objects unless ``allow_pickle``.
+    pickled objects unless ``allow_pickle``. Without ``imports``, a pickle that would
+    import a module raises :class:`ImportNeeded` (on a loop that answers health checks,
+    an import of seconds must not run).
     """
     view = memoryview(body)
     if view.ndim != 1 or view.itemsize != 1:
@@ -236,8 +239,8 @@ def decode_body(body: bytes | bytearray | memoryview, *, allow_pickle: bool = Fa
             pos = end + _pad(length)
 
     try:
-        return _Decoder(buffers, allow_pickle).unpack(header)
-    except (ProtocolError, InvalidArgumentError):
+        return _Decoder(buffers, allow_pickle, imports).unpack(header)
+    except (ProtocolError, InvalidArgumentError, ImportNeeded):
         raise
     except Exception as exc:  # msgpack raises several unrelated types
         raise ProtocolError(f"malformed message header: {type(exc).__name__}: {exc}") from exc
@@ -248,11 +251,12 @@ class _Decoder:
     that refer to each other form a cycle that would keep the received body
     (possibly 64 MiB) alive until the cyclic GC happens to run."""
 
-    __slots__ = ("buffers", "allow_pickle", "depth")
+    __slots__ = ("buffers", "allow_pickle", "imports", "depth")
 
-    def __init__(self, buffers: list[memoryview], allow_pickle: bool) -> None:
+    def __init__(self, buffers: list[memoryview], allow_pickle: bool, imports: bool = True) -> None:
         self.buffers = buffers
         self.allow_pickle = allow_pickle
+        self.imports = imports
         self.depth = 0
 
     def unpack(self, data: bytes | memoryview) -> Any:
@@ -277,10 +281,10 @@ class _Decoder:
         if code == _EXT_PICKLE:
             if not self.allow_pickle:
                 raise ProtocolError("this endpoint does not accept pickled objects")
-            import cloudpickle
+            from . import pickling  # deferred: only peers that may execute code need cloudpickle
 
             try:
-                return cloudpickle.loads(data)
+                return pickling.loads(data) if self.imports else pickling.loads_imported(data)
             except ImportError as exc:  # a module the sender has and this task does not
                 raise InvalidArgumentError(
                     f"could not unpickle an object sent by the coordinator: {exc}. Its module "

@@ -18,7 +18,9 @@ have left, or :class:`Encoded` chunks it encoded itself.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
+import functools
 import inspect
 import logging
 import os
@@ -226,7 +228,21 @@ class ServerCore:
                 raise NotFoundError(f"{self.task} has no operation {op!r}")
             if handler.refused is not None:
                 raise InvalidArgumentError(handler.refused)
-            payload = validate(op, handler.request, wire.decode_body(body, allow_pickle=handler.pickle))
+            # An async handler's pickles may not import here (torch's first import takes
+            # seconds, health checks wait meanwhile): such a body is decoded on a thread.
+            decoded = wire.decode_body(body, allow_pickle=handler.pickle,
+                                       imports=not (handler.pickle and handler.is_async))
+        except wire.ImportNeeded:
+            assert handler is not None
+            return self._decoded_on_a_thread(op, handler, body, emit, size_in, started)
+        except Exception as exc:  # every failure is reported to the caller
+            return self.error_reply(op, exc, size_in, started)
+        return self._call(op, handler, decoded, emit, size_in, started)
+
+    def _call(self, op: str, handler: Handler, decoded: Any, emit: Callable[[Any], None] | None,
+              size_in: int, started: float) -> Reply | Coroutine[Any, Any, Reply]:
+        try:
+            payload = validate(op, handler.request, decoded)
             if handler.stream:
                 result = handler.fn(payload, self._encoding_emitter(handler, emit))
             else:
@@ -236,6 +252,18 @@ class ServerCore:
         if handler.is_async:
             return self._awaited(op, handler, result, size_in, started)
         return self._reply(op, handler, result, size_in, started)
+
+    async def _decoded_on_a_thread(self, op: str, handler: Handler, body: memoryview | bytes | bytearray,
+                                   emit: Callable[[Any], None] | None, size_in: int,
+                                   started: float) -> Reply:
+        decode = functools.partial(wire.decode_body, body, allow_pickle=True)
+        try:
+            decoded = await asyncio.get_running_loop().run_in_executor(
+                None, contextvars.copy_context().run, decode)
+        except Exception as exc:
+            return self.error_reply(op, exc, size_in, started)
+        pending = self._call(op, handler, decoded, emit, size_in, started)
+        return pending if isinstance(pending, Reply) else await pending
 
     async def _awaited(self, op: str, handler: Handler, pending: Any, size_in: int,
                        started: float) -> Reply:
