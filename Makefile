@@ -5,9 +5,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RUFF := $(VENV)/bin/ruff check pstrain tests benchmarks examples fuzz
-# Bytecode, written once before a target runs (what is current is skipped): where Python
-# runs with PYTHONDONTWRITEBYTECODE=1 (this machine's image sets it), every process would
-# compile pstrain from source, about 0.2 s of each of the ~230 server processes of a test run.
+# Python writes the bytecode of the modules it imports, in .venv and here: this machine's
+# image sets PYTHONDONTWRITEBYTECODE=1, under which every process compiles every module it
+# imports from source (pstrain's, about 0.2 s of each of the ~230 server processes of a
+# test run; torch's, seconds). So pip installs without compiling: what runs is compiled
+# once, by the first process that imports it, and the rest (sympy, scipy, pip, mypy's
+# sources...) never.
+unexport PYTHONDONTWRITEBYTECODE
+# pstrain's bytecode, written on both cores before a target runs (what is current is skipped).
 BYTECODE := $(PY) -m compileall -q -j 0 pstrain tests
 
 .PHONY: install test demo bench lint fuzz clean sysdeps compiler setup slurm screenshots chaos docs
@@ -22,10 +27,7 @@ compiler:
 
 # The kernels' build requirements (pyproject.toml's build-system) go into .venv first, and
 # pip builds there, not in an environment it makes for each build (the wheel test builds
-# again: the C generated here is reused). pip compiles the bytecode of what it installs
-# one file at a time; compileall does it on every core (2 min 4 s against 2 min 25 s for
-# the whole install here). A file a package ships for a newer Python does not compile:
-# skipped, as pip skips it.
+# again: the C generated here is reused).
 BUILD_REQUIRES = $(PY) -c "import tomllib; \
 	print(*tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires'], sep='\n')"
 $(STAMP): pyproject.toml setup.py pstrain/_kernels/compiled.pyx | compiler
@@ -35,8 +37,6 @@ $(STAMP): pyproject.toml setup.py pstrain/_kernels/compiled.pyx | compiler
 	$(PY) -m pip install --quiet --no-compile -r $(VENV)/build-requires.txt
 	# torch pinned to the CPU build (a range would fetch a CUDA build of several GB)
 	$(PY) -m pip install --quiet --no-compile --no-build-isolation -e '.[dev]' 'torch==2.13.0'
-	$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-		>/dev/null 2>&1 || true
 	touch $(STAMP)
 
 install: $(STAMP)
