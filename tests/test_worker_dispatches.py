@@ -156,7 +156,9 @@ async def test_a_worker_loading_a_slow_function_for_its_first_closure_is_not_dec
 _SLOW_TO_IMPORT = """
 import os, time
 
-time.sleep(float(os.environ.get("PSTRAIN_TEST_IMPORT_S", "0")))  # torch's first import, say
+# The behaviour under test, not a wait: an import that takes seconds (torch's first, say),
+# longer than the coordinator's health deadline, in the worker's process.
+time.sleep(float(os.environ.get("PSTRAIN_TEST_IMPORT_S", "0")))
 
 
 class Payload:

@@ -116,11 +116,6 @@ def dumps_object(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
-def loads(data: bytes) -> Any:
-    """Unpickle what :func:`dumps_object` made (importing the modules it names)."""
-    return cloudpickle.loads(data)
-
-
 def _imported_only(importer: Any) -> Any:
     def call(name: str, *args: Any, **kwargs: Any) -> Any:
         if name not in sys.modules:
@@ -147,6 +142,6 @@ class _ImportedOnly(pickle.Unpickler):
 
 
 def loads_imported(data: bytes) -> Any:
-    """:func:`loads`, if that imports no module this process has not imported yet; raises
+    """``cloudpickle.loads``, if that imports no module this process has not imported yet; raises
     :class:`~pstrain._base.errors.ImportNeeded` before importing one."""
     return _ImportedOnly(io.BytesIO(data)).load()

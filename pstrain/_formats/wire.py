@@ -32,7 +32,7 @@ import numpy as np
 
 from .._base.errors import ImportNeeded, InvalidArgumentError, ProtocolError
 
-__all__ = ["ImportNeeded", "body_size", "decode", "decode_body", "encode", "encode_body"]
+__all__ = ["body_size", "decode", "decode_body", "encode", "encode_body"]
 
 _EXT_TUPLE = 1
 _EXT_ARRAY = 2
@@ -281,10 +281,12 @@ class _Decoder:
         if code == _EXT_PICKLE:
             if not self.allow_pickle:
                 raise ProtocolError("this endpoint does not accept pickled objects")
-            from . import pickling  # deferred: only peers that may execute code need cloudpickle
+            import cloudpickle  # deferred: only peers that may execute code need it
+
+            from . import pickling
 
             try:
-                return pickling.loads(data) if self.imports else pickling.loads_imported(data)
+                return cloudpickle.loads(data) if self.imports else pickling.loads_imported(data)
             except ImportError as exc:  # a module the sender has and this task does not
                 raise InvalidArgumentError(
                     f"could not unpickle an object sent by the coordinator: {exc}. Its module "

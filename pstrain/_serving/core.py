@@ -35,7 +35,13 @@ from typing import Any
 
 from .._base.auth import normalize_token
 from .._base.cluster import is_loopback, task_name
-from .._base.errors import InvalidArgumentError, NotFoundError, PstrainError, to_envelope
+from .._base.errors import (
+    ImportNeeded,
+    InvalidArgumentError,
+    NotFoundError,
+    PstrainError,
+    to_envelope,
+)
 from .._base.exports import expose
 from .._base.tasks import TaskOwner
 from .._formats import wire
@@ -232,7 +238,7 @@ class ServerCore:
             # seconds, health checks wait meanwhile): such a body is decoded on a thread.
             decoded = wire.decode_body(body, allow_pickle=handler.pickle,
                                        imports=not (handler.pickle and handler.is_async))
-        except wire.ImportNeeded:
+        except ImportNeeded:
             assert handler is not None
             return self._decoded_on_a_thread(op, handler, body, emit, size_in, started)
         except Exception as exc:  # every failure is reported to the caller
