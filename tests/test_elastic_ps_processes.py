@@ -2,7 +2,8 @@
 third ``pstrain serve --role ps --join`` process joins and takes a share of the variables,
 then SIGTERM drains it and it exits; the final state equals the same training without any
 move, bit for bit (one worker, one closure in flight: a deterministic order). The same
-with W6's model, whose table is a DynamicEmbedding: slices of its hash space move."""
+with W6's model, whose table is a DynamicEmbedding: slices of its hash space move; and a
+table made after the drain lives on the two ps left and trains from the worker process."""
 
 from __future__ import annotations
 
@@ -238,8 +239,31 @@ async def test_a_dynamic_table_moves_to_a_joining_ps_and_off_it_on_sigterm_and_t
         assert len(state) == len(expected)
         for got, want in zip(state, expected):
             np.testing.assert_array_equal(got, want)
+        await _a_table_made_after_the_drain_trains_on_the_ps_left(strategy, coordinator)
     finally:
         if coordinator is not None:
             await coordinator.close()
         for s in [*servers, *([joined] if joined else [])]:
             s.stop()
+
+
+async def _a_table_made_after_the_drain_trains_on_the_ps_left(strategy, coordinator) -> None:
+    """A table made once ps 2 has been drained and has exited: its slices are on ps 0 and
+    1 only, and a closure on the worker process looks it up and updates it."""
+    with strategy.scope():
+        later = pstrain.DynamicEmbedding(4, name="after/drain")
+        sgd = pstrain.optimizers.SGD(0.5)
+    ids = np.arange(1, 2001, dtype=np.int64) * 7919
+
+    async def train() -> np.ndarray:
+        values = await later.lookup(ids)
+        await sgd.apply_gradients([(pstrain.IndexedSlices(np.ones((ids.size, 4), np.float32), ids),
+                                    later)])
+        return values
+
+    before = await coordinator.schedule(train)
+    assert before.shape == (ids.size, 4)
+    assert set(later.holders()) == {0, 1}
+    assert set(coordinator.ps.table_slices(later).owners) == {0, 1}
+    np.testing.assert_array_equal(await later.lookup(ids, training=False), before - 0.5)
+    assert (await later.statistics())["rows"] == ids.size
