@@ -6,7 +6,6 @@ not, and whatever it allocates through it keeps its values through growth and fr
 from __future__ import annotations
 
 import contextvars
-import os
 
 import numpy as np
 import pytest
@@ -89,34 +88,3 @@ async def test_a_ps_holds_its_variables_slots_tables_and_restores_on_cache_lines
         await ckpt.restore(path)
         assert _aligned(ps.store.get(given_value.name).array)
         np.testing.assert_array_equal(await given_value.read_value(), before)
-
-
-def _advised_huge(a: np.ndarray) -> bool:
-    """Whether the memory of ``a``'s second page lies in a mapping advised for huge pages
-    (``hg`` among its VmFlags in /proc/self/smaps)."""
-    address = (a.ctypes.data + 4096) & ~4095
-    inside = False
-    with open("/proc/self/smaps", encoding="ascii") as f:
-        for line in f:
-            head = line.split(" ", 1)[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo <= address < hi
-            elif inside and line.startswith("VmFlags:"):
-                return "hg" in line.split()[1:]
-    raise AssertionError(f"no mapping holds {address:#x}")
-
-
-def test_an_array_grown_past_4_mib_asks_for_huge_pages_as_one_made_that_large_does():
-    # A dynamic table's rows start small and grow by resize (realloc). Huge pages were asked
-    # for only when a block was made at 4 MiB or more, so a table's rows grown to 16 MiB
-    # had 4 KiB pages where a fixed table's had 2 MiB ones (seen in a ps's smaps).
-    context = contextvars.copy_context()
-    context.run(compiled.aligned_allocations)
-    fresh = context.run(np.zeros, (8 << 20,), np.uint8)
-    grown = context.run(np.zeros, (1 << 20,), np.uint8)
-    grown.resize(8 << 20, refcheck=False)
-    grown[:] = 1
-    assert _aligned(grown)
-    assert _advised_huge(grown) == _advised_huge(fresh)
-    assert _advised_huge(fresh) == os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled")

@@ -875,23 +875,17 @@ cdef extern from *:
     /* Each block is taken ALIGN bytes larger; its data starts at the first multiple of
        ALIGN past the block's start (1 to ALIGN bytes in), and the byte before the data
        says how far in it is. */
-    /* Huge pages for a block of ``size`` bytes (and ALIGN more) at ``base``. */
-    static void pstrain_advise(char *base, size_t size) {
+    static void *pstrain_place(char *base, size_t size) {
+        if (base == NULL) return NULL;
+        size_t shift = PSTRAIN_ALIGN - ((uintptr_t)base % PSTRAIN_ALIGN);
+        base[shift - 1] = (char)shift;
     #ifdef MADV_HUGEPAGE
         if (size >= PSTRAIN_HUGE) {
             uintptr_t start = ((uintptr_t)base + 4095u) & ~(uintptr_t)4095u;
             uintptr_t end = ((uintptr_t)base + size + PSTRAIN_ALIGN) & ~(uintptr_t)4095u;
             if (end > start) madvise((void *)start, end - start, MADV_HUGEPAGE);
         }
-    #else
-        (void)base; (void)size;
     #endif
-    }
-    static void *pstrain_place(char *base, size_t size) {
-        if (base == NULL) return NULL;
-        size_t shift = PSTRAIN_ALIGN - ((uintptr_t)base % PSTRAIN_ALIGN);
-        base[shift - 1] = (char)shift;
-        pstrain_advise(base, size);
         return base + shift;
     }
     static void *pstrain_malloc(void *ctx, size_t size) {
@@ -920,10 +914,7 @@ cdef extern from *:
         /* the data moved with the block, `was` bytes in: both ranges lie inside it */
         if (shift != was) memmove(base + shift, base + was, size);
         base[shift - 1] = (char)shift;
-        /* a block grown past the threshold (a dynamic table's rows, grown by resize) asks
-           for huge pages as one made that large does; advice kept by mremap is asked again */
-        pstrain_advise(base, size);
-        return base + shift;
+        return base + shift;  /* (huge pages: a block moved by mremap keeps its advice) */
     }
 
     static PyDataMem_Handler pstrain_aligned_handler = {
