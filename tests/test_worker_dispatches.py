@@ -154,11 +154,18 @@ async def test_a_worker_loading_a_slow_function_for_its_first_closure_is_not_dec
 
 
 _SLOW_TO_IMPORT = """
-import os, time
+import os, pathlib, time
 
-# The behaviour under test, not a wait: an import that takes seconds (torch's first, say),
-# longer than the coordinator's health deadline, in the worker's process.
-time.sleep(float(os.environ.get("PSTRAIN_TEST_IMPORT_S", "0")))
+# In the worker's process, the import goes on until the test releases it (an import of
+# seconds, torch's first, say), saying first that it has started.
+_mark, _release = os.environ.get("PSTRAIN_TEST_IMPORT_MARK"), os.environ.get("PSTRAIN_TEST_IMPORT_RELEASE")
+if _mark and _release:
+    pathlib.Path(_mark).touch()
+    _deadline = time.monotonic() + 50
+    while not os.path.exists(_release):
+        if time.monotonic() > _deadline:
+            raise RuntimeError("the test never released this import")
+        time.sleep(0.02)
 
 
 class Payload:
@@ -173,22 +180,38 @@ def _value_plus_one(payload):
 
 async def test_an_argument_whose_unpickling_imports_a_slow_module_does_not_lose_the_worker(tmp_path):
     """A closure's *argument* may name a module the worker has not imported (a torch
-    tensor): the worker decodes that request on a thread and answers health checks
-    meanwhile; the coordinator declares nothing lost."""
+    tensor): the worker decodes that request on a thread and answers health checks while
+    the import runs, longer than the coordinator's health deadline; nothing is lost."""
     (tmp_path / "pstrain_slow_to_import.py").write_text(_SLOW_TO_IMPORT)
+    mark, release = tmp_path / "importing", tmp_path / "release"
     sys.path.insert(0, str(tmp_path))
     try:
-        import pstrain_slow_to_import  # here at once: the delay is the workers' (their env)
+        import pstrain_slow_to_import  # here at once: only the workers' env holds the files
 
-        env = dict(os.environ, PSTRAIN_TEST_IMPORT_S="5",
+        env = dict(os.environ, PSTRAIN_TEST_IMPORT_MARK=str(mark), PSTRAIN_TEST_IMPORT_RELEASE=str(release),
                    PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+        timeout_s = 2.0
         async with pstrain.LocalCluster(num_ps=1, num_workers=1, env=env) as cluster:
             coordinator = pstrain.ClusterCoordinator(
-                pstrain.ParameterServerStrategy(cluster.resolver), worker_timeout_s=2.0, heartbeat_s=0.25)
-            started = time.monotonic()
-            payload = pstrain_slow_to_import.Payload(41)
-            assert await coordinator.schedule(_value_plus_one, args=(payload,)) == 42
-            assert time.monotonic() - started >= 5.0  # it was imported there, slowly
+                pstrain.ParameterServerStrategy(cluster.resolver), worker_timeout_s=timeout_s,
+                heartbeat_s=0.25)
+            rv = coordinator.schedule(_value_plus_one, args=(pstrain_slow_to_import.Payload(41),))
+            await wait_for(mark.exists, 30, "the worker to start importing the argument's module")
+            importing_since = time.monotonic()
+            ch = rpc.Channel(cluster.cluster_spec.as_dict()["worker"][0], token=cluster.resolver.token,
+                             task="/job:worker/replica:0/task:0")
+            result = asyncio.ensure_future(rv.get())
+            try:
+                # while it imports, for twice the coordinator's deadline, the closure does not
+                # end and the worker answers health checks, each within a second
+                while time.monotonic() - importing_since < 2 * timeout_s:
+                    done, _ = await asyncio.wait({result}, timeout=0.2)
+                    assert not done, "the closure ended before its argument's import did"
+                    await asyncio.wait_for(ch.call("health", {}), 1.0)
+            finally:
+                await ch.close()
+            release.touch()
+            assert await result == 42
             assert coordinator.worker_failures == 0, coordinator.membership()
             await coordinator.close()
     finally:
