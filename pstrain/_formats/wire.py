@@ -253,7 +253,7 @@ class _Decoder:
 
     __slots__ = ("buffers", "allow_pickle", "imports", "depth")
 
-    def __init__(self, buffers: list[memoryview], allow_pickle: bool, imports: bool = True) -> None:
+    def __init__(self, buffers: list[memoryview], allow_pickle: bool, imports: bool) -> None:
         self.buffers = buffers
         self.allow_pickle = allow_pickle
         self.imports = imports
