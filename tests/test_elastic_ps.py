@@ -336,8 +336,10 @@ async def test_a_coordinator_started_again_after_a_ps_left_says_what_to_do_and_t
         tmp_path):
     """Faults that combine: ps 1 of 3 leaves (its variable and table rows move to the
     others), the job saves, the coordinator stops, and ps 1's process is gone. A coordinator
-    started again on the same cluster spec cannot reach ps 1: the error says to start a ps
-    there again; an empty one serves, and the restore puts every value back."""
+    started again on the same cluster spec cannot reach ps 1: the error names both ways on.
+    One that calls ``remove_ps(1)`` before making the variables places them on the two ps
+    left, restores every value there and trains; or an empty ps started at ps 1's address
+    serves, and the restore puts every value back on three."""
     root = str(tmp_path)
 
     def model(strategy: pstrain.ParameterServerStrategy) -> tuple[list[pstrain.Variable], Any]:
@@ -367,8 +369,27 @@ async def test_a_coordinator_started_again_after_a_ps_left_says_what_to_do_and_t
         strategy.placement.startup_timeout_s = 1.0
         variables, table = model(strategy)
         with pytest.raises(UnavailableError, match="If it left the job before this coordinator "
-                                                   "started .* start a ps there again"):
+                                                   "started .* start a ps there again") as info:
             await strategy.flush()
+        assert "await coordinator.remove_ps(1) before making the variables" in str(info.value)
+        await coordinator.close()
+
+        async def bump(var):
+            await var.assign_add(np.ones(4, np.float32))
+
+        strategy, coordinator = _plain(cluster)  # without ps 1, as the error says
+        await coordinator.remove_ps(1)
+        variables, table = model(strategy)
+        assert sorted({v.ps_index for v in variables}) == [0, 2]
+        (await pstrain.Checkpoint(vs=variables, t=table).restore(path)).assert_consumed()
+        got_ids, rows = await table.export()
+        np.testing.assert_array_equal(got_ids, np.sort(ids))
+        np.testing.assert_array_equal(rows, np.ones((ids.size, 4), np.float32))
+        for v in variables:
+            coordinator.schedule(bump, args=(v,))
+        await coordinator.join()
+        for i, v in enumerate(variables):
+            np.testing.assert_array_equal(await v.numpy(), np.full(4, i + 2.0, np.float32))
         await coordinator.close()
 
         fresh = ParameterServer(1, host=host, port=int(port), token=cluster.token, checkpoint_root=root)

@@ -9,9 +9,8 @@ error a closure raises is raised, with its own type and the remote traceback,
 by the next ``join()``, ``schedule()`` or ``done()``; the closures still
 queued are cancelled, and the coordinator keeps working afterwards.
 
-Beyond TF, a RemoteValue may be passed to ``schedule``: it is resolved before
-the closure runs, and a failed producer fails the consumer with
-:class:`~pstrain.errors.ClosureInputError`.
+Beyond TF, a RemoteValue may be passed to ``schedule``: it is resolved before the closure
+runs, and a failed producer fails the consumer with :class:`~pstrain.errors.ClosureInputError`.
 
 Its parts: the heartbeat and ps restarts (``heartbeat.py``), the worker slots and their
 dispatchers (``workers.py``), ps that join and leave (``ps_moves.py``), its endpoint
@@ -299,7 +298,8 @@ class ClusterCoordinator:
         return await self.ps.add_ps(address)
 
     async def remove_ps(self, index: int) -> None:
-        """Move every variable off ps ``index`` while training runs; then it may stop."""
+        """Move every variable off ps ``index`` while training runs; then it may stop. Before the
+        variables are made: leave out a ps that left before this coordinator started."""
         await self.ps.remove_ps(index)
 
     async def replace_ps(self, index: int, manager: CheckpointManager, *, to: int | None = None) -> None:

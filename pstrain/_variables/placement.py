@@ -275,11 +275,15 @@ class Placement:
                         f"{channel.task} at {channel.address} did not start within "
                         f"{self.startup_timeout_s:g} s: {exc}. If it left the job before this "
                         "coordinator started (drained, or lost and replaced), start a ps there "
-                        "again: an empty one serves, and a restore puts its share back",
+                        "again: an empty one serves, and a restore puts its share back; or go on "
+                        f"without it: await coordinator.remove_ps({ps}) before making the "
+                        "variables, and the restore puts its share on the others",
                         task=channel.task) from exc
                 if pause == 0.05:  # said at once, where the user sees it: what, where, how long
-                    logger.warning("waiting up to %g s for %s at %s to start: %s",
-                                   self.startup_timeout_s, channel.task, channel.address, exc)
+                    logger.warning("waiting up to %g s for %s at %s to start (if it left the job, "
+                                   "await coordinator.remove_ps(%d) before making the variables "
+                                   "goes on without it): %s", self.startup_timeout_s, channel.task,
+                                   channel.address, ps, exc)
             await asyncio.sleep(pause)  # back-off between attempts to reach a starting ps
             pause = min(pause * 2, 1.0)
 
