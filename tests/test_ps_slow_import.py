@@ -6,8 +6,6 @@ loop, in one step, as before. Real processes."""
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 import time
 
 import numpy as np
@@ -17,7 +15,7 @@ import pstrain
 from pstrain import rpc
 
 from .conftest import wait_for
-from .test_worker_dispatches import _SLOW_TO_IMPORT
+from .slow_import import slow_import
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,23 +30,16 @@ async def _sum_of(v):
 
 
 async def test_a_function_whose_unpickling_imports_a_slow_module_does_not_stall_the_ps(tmp_path):
-    (tmp_path / "pstrain_slow_to_import.py").write_text(_SLOW_TO_IMPORT)
-    mark, release = tmp_path / "importing", tmp_path / "release"
-    sys.path.insert(0, str(tmp_path))
-    try:
-        import pstrain_slow_to_import  # here at once: only the servers' env holds the files
-
-        env = dict(os.environ, PSTRAIN_TEST_IMPORT_MARK=str(mark), PSTRAIN_TEST_IMPORT_RELEASE=str(release),
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    with slow_import(tmp_path) as slow:
         timeout_s = 2.0
-        async with pstrain.LocalCluster(num_ps=1, num_workers=1, env=env) as cluster:
+        async with pstrain.LocalCluster(num_ps=1, num_workers=1, env=slow.env) as cluster:
             strategy = pstrain.ParameterServerStrategy(cluster.resolver)
             coordinator = pstrain.ClusterCoordinator(strategy, ps_timeout_s=timeout_s, heartbeat_s=0.25)
             async with strategy.scope():
                 v = pstrain.Variable(np.zeros(3, np.float32), name="v")
             update = asyncio.ensure_future(strategy.extended.update(
-                v, _add_value, args=(pstrain_slow_to_import.Payload(41.0),)))
-            await wait_for(mark.exists, 30, "the ps to start importing the argument's module")
+                v, _add_value, args=(slow.module.Payload(41.0),)))
+            await wait_for(slow.importing, 30, "the ps to start importing the argument's module")
             importing_since = time.monotonic()
             ch = rpc.Channel(cluster.cluster_spec.as_dict()["ps"][0], token=cluster.resolver.token,
                              task="/job:ps/replica:0/task:0")
@@ -62,12 +53,9 @@ async def test_a_function_whose_unpickling_imports_a_slow_module_does_not_stall_
                     assert await asyncio.wait_for(coordinator.schedule(_sum_of, args=(v,)).get(), 2.0) == 0.0
             finally:
                 await ch.close()
-            release.touch()
+            slow.release.touch()
             assert await update == 123.0
             np.testing.assert_array_equal(await v.read_value(), np.full(3, 41.0, np.float32))
             await coordinator.join()
             assert coordinator.worker_failures == 0, coordinator.membership()
             await coordinator.close()
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("pstrain_slow_to_import", None)

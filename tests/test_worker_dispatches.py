@@ -13,7 +13,6 @@ once on one worker, the rerun's embedding gradient doubled by the stale one's ba
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import threading
 import time
@@ -26,6 +25,7 @@ from pstrain import rpc
 from pstrain._formats.messages import CANCELLED, OK
 
 from .conftest import wait_for
+from .slow_import import slow_import
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -153,27 +153,6 @@ async def test_a_worker_loading_a_slow_function_for_its_first_closure_is_not_dec
         await coordinator.close()
 
 
-_SLOW_TO_IMPORT = """
-import os, pathlib, time
-
-# In the worker's process, the import goes on until the test releases it (an import of
-# seconds, torch's first, say), saying first that it has started.
-_mark, _release = os.environ.get("PSTRAIN_TEST_IMPORT_MARK"), os.environ.get("PSTRAIN_TEST_IMPORT_RELEASE")
-if _mark and _release:
-    pathlib.Path(_mark).touch()
-    _deadline = time.monotonic() + 50
-    while not os.path.exists(_release):
-        if time.monotonic() > _deadline:
-            raise RuntimeError("the test never released this import")
-        time.sleep(0.02)
-
-
-class Payload:
-    def __init__(self, value):
-        self.value = value
-"""
-
-
 def _value_plus_one(payload):
     return payload.value + 1
 
@@ -182,21 +161,14 @@ async def test_an_argument_whose_unpickling_imports_a_slow_module_does_not_lose_
     """A closure's *argument* may name a module the worker has not imported (a torch
     tensor): the worker decodes that request on a thread and answers health checks while
     the import runs, longer than the coordinator's health deadline; nothing is lost."""
-    (tmp_path / "pstrain_slow_to_import.py").write_text(_SLOW_TO_IMPORT)
-    mark, release = tmp_path / "importing", tmp_path / "release"
-    sys.path.insert(0, str(tmp_path))
-    try:
-        import pstrain_slow_to_import  # here at once: only the workers' env holds the files
-
-        env = dict(os.environ, PSTRAIN_TEST_IMPORT_MARK=str(mark), PSTRAIN_TEST_IMPORT_RELEASE=str(release),
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    with slow_import(tmp_path) as slow:
         timeout_s = 2.0
-        async with pstrain.LocalCluster(num_ps=1, num_workers=1, env=env) as cluster:
+        async with pstrain.LocalCluster(num_ps=1, num_workers=1, env=slow.env) as cluster:
             coordinator = pstrain.ClusterCoordinator(
                 pstrain.ParameterServerStrategy(cluster.resolver), worker_timeout_s=timeout_s,
                 heartbeat_s=0.25)
-            rv = coordinator.schedule(_value_plus_one, args=(pstrain_slow_to_import.Payload(41),))
-            await wait_for(mark.exists, 30, "the worker to start importing the argument's module")
+            rv = coordinator.schedule(_value_plus_one, args=(slow.module.Payload(41),))
+            await wait_for(slow.importing, 30, "the worker to start importing the argument's module")
             importing_since = time.monotonic()
             ch = rpc.Channel(cluster.cluster_spec.as_dict()["worker"][0], token=cluster.resolver.token,
                              task="/job:worker/replica:0/task:0")
@@ -210,13 +182,10 @@ async def test_an_argument_whose_unpickling_imports_a_slow_module_does_not_lose_
                     await asyncio.wait_for(ch.call("health", {}), 1.0)
             finally:
                 await ch.close()
-            release.touch()
+            slow.release.touch()
             assert await result == 42
             assert coordinator.worker_failures == 0, coordinator.membership()
             await coordinator.close()
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("pstrain_slow_to_import", None)
 
 
 STRAGGLING = threading.Event()  # the straggler runs (until RELEASE is set)
