@@ -238,5 +238,5 @@ def test_kept_rows_give_back_each_rows_old_values_until_dropped(ops):
         r, v = kept.between(lo, hi)
         want = sorted(k for k in model if lo <= k < hi)
         assert sorted(r.tolist()) == want
-        for row, values in zip(r.tolist(), v):
-            np.testing.assert_array_equal(values, model[row])
+        expected = np.array([model[row] for row in r.tolist()], np.float32).reshape(-1, a.shape[1])
+        np.testing.assert_array_equal(v, expected)  # each row's values, in one comparison
