@@ -26,6 +26,13 @@ from pstrain.testing import InProcessCluster
 
 TOKEN = "test-token-0123456789"
 
+# aiohttp builds two TLS client contexts as it is imported, each reading the system's CA
+# bundle: 0.08 s of CPU in each of the ~300 processes a test run starts (servers, the CLI).
+# No test checks a certificate against the system's CAs (pstrain's TLS is checked against
+# the CA each test makes), so the processes a test run starts read none.
+os.environ.setdefault("SSL_CERT_FILE", os.devnull)
+os.environ.setdefault("SSL_CERT_DIR", os.devnull)
+
 
 @pytest_asyncio.fixture(autouse=True)
 async def close_channels() -> AsyncIterator[None]:
