@@ -234,10 +234,10 @@ class ServerCore:
                 raise NotFoundError(f"{self.task} has no operation {op!r}")
             if handler.refused is not None:
                 raise InvalidArgumentError(handler.refused)
-            # Pickles may not import here (torch's first import takes seconds, health checks
-            # and every other request would wait): such a body is decoded on a thread, and
-            # its handler called on this loop after (a plain one still runs in one step).
-            decoded = wire.decode_body(body, allow_pickle=handler.pickle, imports=not handler.pickle)
+            # Nothing imports on this loop (torch's first import takes seconds, health checks
+            # and every other request would wait): a body whose pickles would is decoded on a
+            # thread, and its handler called here after (a plain one still runs in one step).
+            decoded = wire.decode_body(body, allow_pickle=handler.pickle, imports=False)
         except ImportNeeded:
             assert handler is not None
             return self._decoded_on_a_thread(op, handler, body, emit, size_in, started)
