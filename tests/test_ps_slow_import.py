@@ -14,7 +14,6 @@ import pytest
 import pstrain
 from pstrain import rpc
 
-from .conftest import wait_for
 from .slow_import import slow_import
 
 pytestmark = pytest.mark.timeout(60)
@@ -30,7 +29,7 @@ async def _sum_of(v):
 
 
 async def test_a_function_whose_unpickling_imports_a_slow_module_does_not_stall_the_ps(tmp_path):
-    with slow_import(tmp_path) as slow:
+    async with slow_import(tmp_path) as slow:
         timeout_s = 2.0
         async with pstrain.LocalCluster(num_ps=1, num_workers=1, env=slow.env) as cluster:
             strategy = pstrain.ParameterServerStrategy(cluster.resolver)
@@ -39,7 +38,7 @@ async def test_a_function_whose_unpickling_imports_a_slow_module_does_not_stall_
                 v = pstrain.Variable(np.zeros(3, np.float32), name="v")
             update = asyncio.ensure_future(strategy.extended.update(
                 v, _add_value, args=(slow.module.Payload(41.0),)))
-            await wait_for(slow.importing, 30, "the ps to start importing the argument's module")
+            await asyncio.wait_for(slow.started.wait(), 30)  # the ps imports the argument's module
             importing_since = time.monotonic()
             ch = rpc.Channel(cluster.cluster_spec.as_dict()["ps"][0], token=cluster.resolver.token,
                              task="/job:ps/replica:0/task:0")
@@ -53,7 +52,7 @@ async def test_a_function_whose_unpickling_imports_a_slow_module_does_not_stall_
                     assert await asyncio.wait_for(coordinator.schedule(_sum_of, args=(v,)).get(), 2.0) == 0.0
             finally:
                 await ch.close()
-            slow.release.touch()
+            slow.release()
             assert await update == 123.0
             np.testing.assert_array_equal(await v.read_value(), np.full(3, 41.0, np.float32))
             await coordinator.join()

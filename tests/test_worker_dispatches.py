@@ -161,14 +161,14 @@ async def test_an_argument_whose_unpickling_imports_a_slow_module_does_not_lose_
     """A closure's *argument* may name a module the worker has not imported (a torch
     tensor): the worker decodes that request on a thread and answers health checks while
     the import runs, longer than the coordinator's health deadline; nothing is lost."""
-    with slow_import(tmp_path) as slow:
+    async with slow_import(tmp_path) as slow:
         timeout_s = 2.0
         async with pstrain.LocalCluster(num_ps=1, num_workers=1, env=slow.env) as cluster:
             coordinator = pstrain.ClusterCoordinator(
                 pstrain.ParameterServerStrategy(cluster.resolver), worker_timeout_s=timeout_s,
                 heartbeat_s=0.25)
             rv = coordinator.schedule(_value_plus_one, args=(slow.module.Payload(41),))
-            await wait_for(slow.importing, 30, "the worker to start importing the argument's module")
+            await asyncio.wait_for(slow.started.wait(), 30)  # the worker imports the argument's module
             importing_since = time.monotonic()
             ch = rpc.Channel(cluster.cluster_spec.as_dict()["worker"][0], token=cluster.resolver.token,
                              task="/job:worker/replica:0/task:0")
@@ -182,7 +182,7 @@ async def test_an_argument_whose_unpickling_imports_a_slow_module_does_not_lose_
                     await asyncio.wait_for(ch.call("health", {}), 1.0)
             finally:
                 await ch.close()
-            slow.release.touch()
+            slow.release()
             assert await result == 42
             assert coordinator.worker_failures == 0, coordinator.membership()
             await coordinator.close()
