@@ -96,9 +96,11 @@ demo: $(STAMP)
 	$(BYTECODE)
 	$(PY) -m pstrain.cli demo $(DEMO_ARGS)
 
+# Every workload (W1-W7, benchmarks/run_all.py); BENCH=W4,W6 runs some of them, and
+# TF_PYTHON=<a Python with tensorflow-cpu 2.21> adds W4 against TensorFlow in the same session.
 bench: $(STAMP)
 	$(BYTECODE)
-	$(PY) benchmarks/run_all.py
+	$(PY) benchmarks/run_all.py $(if $(BENCH),--only '$(BENCH)') $(if $(TF_PYTHON),--tf-python '$(TF_PYTHON)')
 
 # The architecture's static checks (layers and cycles are checked by tests/test_architecture.py).
 lint: $(STAMP)
