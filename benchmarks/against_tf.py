@@ -59,9 +59,8 @@ def check_tf(python: str, anchor: Path) -> str:
 def tf_round(python: str, anchor: Path, steps: int) -> dict:
     """One TensorFlow W4 run: its repeat line (examples/s, held-out loss, ...), every line it
     printed appended to results/W4-tf-session.jsonl as it printed them."""
-    cmd = [python, str(anchor), "--workload", "W4", "--workers", "2", "--ps", "2", "--repeats", "1"]
-    if steps:
-        cmd += ["--steps", str(steps)]
+    cmd = [python, str(anchor), "--workload", "W4", "--workers", "2", "--ps", "2", "--repeats", "1",
+           "--steps", str(steps)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     lines = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
     runs = [x for x in lines if "repeat" in x and "examples_per_s" in x]
@@ -94,8 +93,7 @@ def main() -> None:
             if system == "pstrain":
                 ours.append(pstrain.run(run_w4(args.steps, 2, 2)))
             else:
-                theirs.append(tf_round(args.tf_python, args.anchor,
-                                       0 if args.steps == 1000 else args.steps))
+                theirs.append(tf_round(args.tf_python, args.anchor, args.steps))
             print(f"round {i + 1}/{args.rounds}: {system} done", file=sys.stderr, flush=True)
     os.environ["PSTRAIN_BENCH_TAG"] = "tf-session"  # emit: results/W4-tf-session.jsonl
     p = [r["examples_per_s"] for r in ours]

@@ -95,7 +95,10 @@ def main() -> int:
     for w, script, extra in jobs:
         print(f"== {w}: {script} {' '.join(extra)}", flush=True)
         code = subprocess.run([sys.executable, str(HERE / script), *extra], cwd=HERE).returncode
-        (failed if code else ran).append(f"{script} (exit {code})" if code else script)
+        if code:
+            failed.append(f"{script} (exit {code})")
+        else:
+            ran.append(script)
     print(f"ran: {', '.join(ran) or 'nothing'}")
     for line in not_run:
         print(f"not run: {line}")
