@@ -39,16 +39,13 @@ class ShardCopy:
 
     def apply(self, reset: bool, version: int, ids: np.ndarray, rows: np.ndarray,
               removed: np.ndarray) -> None:
-        if reset:
-            self.ids, self.rows = ids, rows
-        else:
-            if not self.rows.size:  # nothing held yet: take the rows' width
-                self.rows = np.empty((0, *rows.shape[1:]), rows.dtype)
-            keep = ~np.isin(self.ids, np.concatenate([removed, ids]))
-            self.ids = np.concatenate([self.ids[keep], ids])
-            self.rows = np.concatenate([self.rows[keep], rows])
-            order = np.argsort(self.ids, kind="stable")
-            self.ids, self.rows = self.ids[order], self.rows[order]
+        if reset or not self.rows.size:  # nothing held yet: take the rows' width
+            self.ids, self.rows = self.ids[:0], np.empty((0, *rows.shape[1:]), rows.dtype)
+        keep = ~np.isin(self.ids, np.concatenate([removed, ids]))
+        self.ids = np.concatenate([self.ids[keep], ids])  # a reply's ids come in no set order
+        self.rows = np.concatenate([self.rows[keep], rows])
+        order = np.argsort(self.ids, kind="stable")
+        self.ids, self.rows = self.ids[order], self.rows[order]
         self.version = version
 
 

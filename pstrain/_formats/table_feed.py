@@ -30,29 +30,58 @@ from __future__ import annotations
 
 import glob
 import os
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .._base.errors import FailedPreconditionError, PstrainError
+from .._base.errors import FailedPreconditionError, InvalidArgumentError, PstrainError
 from .checkpoint_files import read_index
-from .delta_files import INDEX, read_delta_index, read_table_changes, read_table_state, split_delta
-from .idhash import Shard
+from .delta_files import INDEX, read_delta_index, split_delta
+from .idhash import Shard, in_slices
+from .tensor_files import TensorFile
 
 __all__ = ["FeedReply", "IndexCache", "read_feed"]
 
 
-@dataclass(frozen=True)
+@dataclass
 class FeedReply:
     """One answer of the feed: apply ``removed`` then ``ids``/``rows`` (or, on a reset,
-    replace everything with ``ids``/``rows``), then ask again since ``version``."""
+    replace everything with ``ids``/``rows``), then ask again since ``version``.
+
+    The rows are not in memory: :meth:`iter_rows` reads them from the save files, held
+    open here (a save pruned meanwhile stays readable), in the order of ``ids``, a bounded
+    piece at a time. :meth:`close` lets the files go."""
 
     version: int
     reset: bool
     ids: np.ndarray
-    rows: np.ndarray
     removed: np.ndarray
+    dim: int
+    dtype: np.dtype
+    #: (file, rows key, which of its rows are sent), in the order of ``ids``
+    sources: list[tuple[TensorFile, str, np.ndarray]] = field(default_factory=list)
+    files: list[TensorFile] = field(default_factory=list)
+
+    @property
+    def rows_nbytes(self) -> int:
+        return int(self.ids.size) * self.dim * self.dtype.itemsize
+
+    def iter_rows(self, piece_rows: int = 1 << 12) -> Iterator[np.ndarray]:
+        """The rows, ``[k, dim]`` pieces of ``dtype`` in the order of ``ids``."""
+        for tensor_file, key, keep in self.sources:
+            yield from tensor_file.iter_rows(key, keep, self.dtype, piece_rows)
+
+    def rows(self) -> np.ndarray:
+        """The rows whole (small replies, tests)."""
+        pieces = list(self.iter_rows())
+        return np.concatenate(pieces) if pieces else np.empty((0, self.dim), self.dtype)
+
+    def close(self) -> None:
+        for tensor_file in self.files:
+            tensor_file.close()
+        self.files = []
 
 
 @dataclass(frozen=True)
@@ -88,13 +117,14 @@ def _index(path: str, cache: IndexCache) -> dict[str, Any] | None:
     return index
 
 
-def _saves(directory: str, key: str, ps: int, cache: IndexCache) -> dict[int, _Save]:
+def _saves(directory: str, key: str, ps: int, cache: IndexCache, confine: Confine) -> dict[int, _Save]:
     """The saves of ``directory`` that hold table ``key`` (its name on the ps), by version."""
     found: dict[int, _Save] = {}
     paths = glob.glob(os.path.join(glob.escape(directory), "*" + INDEX))
     for gone in set(cache) - set(paths):
         cache.pop(gone, None)
     for path in paths:
+        confine(path)  # a link out of the root is refused, never read
         index = _index(path, cache)
         if index is None:
             continue
@@ -157,20 +187,91 @@ def _after(since: _Save, saves: dict[int, _Save], chain: list[_Save], reset_at: 
     return [*bridge, *(s for s in chain[1:] if s.mark is not None and s.mark[1] > last.mark[1])]
 
 
-def _files(directory: str, save: _Save) -> list[tuple[str, str]]:
-    return [(os.path.join(directory, f), save.entry["prefix"] + ":") for f in save.entry["files"]]
+#: Resolves a path the feed is about to read, or raises: a ps confines every file to its
+#: checkpoint root (``server/ps/checkpoint.py``), the same check its restores make.
+Confine = Callable[[str], str]
+
+
+def _open_save(directory: str, save: _Save, confine: Confine, held: list[TensorFile],
+               shard: Shard, num_shards: int
+               ) -> list[tuple[TensorFile, str, np.ndarray, np.ndarray]] | np.ndarray:
+    """The files of one save of the table, opened (kept in ``held``), with the ids of each
+    and which of them this shard holds, and the save's removed ids of this shard last."""
+    out: list[Any] = []
+    removed_parts = []
+    prefix = save.entry["prefix"] + ":" if save.number else ""
+    for name in save.entry["files"]:
+        path = confine(os.path.join(directory, name))
+        tensor_file = TensorFile(path)
+        held.append(tensor_file)
+        keys = tensor_file.tensors
+        if prefix + "ids" not in keys or prefix + "rows" not in keys:
+            raise InvalidArgumentError(f"table feed: {path} is not a saved dynamic table"
+                                       f"{' ' + prefix if prefix else ''} (no ids and rows)")
+        ids = tensor_file.read(prefix + "ids")
+        if ids.dtype != np.int64 or ids.ndim != 1:
+            raise InvalidArgumentError(f"table feed: ids in {path} are not 1-D int64")
+        mine = in_slices(ids, num_shards, shard)
+        if prefix + "live" in keys:  # rows handed out and evicted since are not the table's
+            live = tensor_file.read(prefix + "live")
+            if live.dtype != np.bool_ or live.shape != ids.shape:
+                raise InvalidArgumentError(f"table feed: live in {path} is {live.dtype} {live.shape}")
+            mine &= live
+        if prefix + "removed" in keys:
+            removed = tensor_file.read(prefix + "removed")
+            if removed.dtype != np.int64 or removed.ndim != 1:
+                raise InvalidArgumentError(f"table feed: removed in {path} is not 1-D int64")
+            removed_parts.append(removed[in_slices(removed, num_shards, shard)])
+        out.append((tensor_file, prefix + "rows", ids, mine))
+    mine_ids = np.concatenate([ids[mine] for _, _, ids, mine in out]) if out else np.empty(0, np.int64)
+    if np.unique(mine_ids).size != mine_ids.size:
+        raise InvalidArgumentError(f"table feed: an id appears in two files of save {save.seq}")
+    out.append(np.concatenate(removed_parts) if removed_parts else np.empty(0, np.int64))
+    return out
+
+
+def _compose(directory: str, saves: list[_Save], confine: Confine, reply: FeedReply,
+             shard: Shard, num_shards: int) -> None:
+    """Fill ``reply`` with what ``saves`` (in order) leave in the shard: each row from the
+    last save that put its id in, unless a later one removed it; ``removed``, the ids
+    removed and not put in again."""
+    opened = [_open_save(directory, s, confine, reply.files, shard, num_shards) for s in saves]
+    later = np.empty(0, np.int64)  # ids put in or removed by the saves after the one at hand
+    sources: list[tuple[TensorFile, str, np.ndarray]] = []
+    id_parts: list[np.ndarray] = []
+    for files in reversed(opened):
+        removed = files[-1]
+        here = []
+        for tensor_file, key, ids, mine in files[:-1]:
+            keep = mine & ~np.isin(ids, later)
+            sources.append((tensor_file, key, keep))
+            id_parts.append(ids[keep])
+            here.append(ids[mine])
+        later = np.union1d(later, np.concatenate([removed, *here]))
+    reply.sources = sources[::-1]
+    reply.ids = np.concatenate(id_parts[::-1]) if id_parts else np.empty(0, np.int64)
+    removed_all = np.empty(0, np.int64)
+    if not reply.reset:
+        for files in opened:
+            put = np.concatenate([ids[mine] for _, _, ids, mine in files[:-1]] or
+                                 [np.empty(0, np.int64)])
+            removed_all = np.union1d(removed_all[~np.isin(removed_all, put)], files[-1])
+    reply.removed = removed_all
 
 
 def read_feed(directory: str, key: str, ps: int, shard: Shard, num_shards: int, dim: int,
               dtype: np.dtype, since: int | None, reset_at: int = 0,
-              cache: IndexCache | None = None, moved_at: int = 0) -> FeedReply:
+              cache: IndexCache | None = None, moved_at: int = 0,
+              confine: Confine = os.path.realpath) -> FeedReply:
     """What shard ``shard`` of ``num_shards`` of table ``key`` changed since version
     ``since`` (None: everything), read from ``directory`` (the rules: module docstring).
     ``ps`` is this ps's number in the saves' marks; ``reset_at`` the mark before which this
     ps's table was last replaced (a restore): older marks are not comparable. ``cache``
     keeps this directory's parsed indexes between calls; ``moved_at`` the mark from which
-    this ps holds other slices of the table (a reader's copy from before is reset)."""
-    saves = _saves(directory, key, ps, {} if cache is None else cache)
+    this ps holds other slices of the table (a reader's copy from before is reset).
+    ``confine`` resolves every path read, or refuses it. The reply holds its files open
+    until it is closed; its rows are read as they are sent."""
+    saves = _saves(directory, key, ps, {} if cache is None else cache, confine)
     if not saves:
         raise FailedPreconditionError(
             f"table feed: no save of table {key!r} in {directory} yet: the feed serves saved "
@@ -179,7 +280,7 @@ def read_feed(directory: str, key: str, ps: int, shard: Shard, num_shards: int, 
     version = chain[-1].seq
     empty = np.empty(0, np.int64)
     if since == version:
-        return FeedReply(version, False, empty, np.empty((0, dim), dtype), empty)
+        return FeedReply(version, False, empty, empty, dim, np.dtype(dtype))
     deltas: list[_Save] | None = None
     if since is not None and since in saves and (saves[since].mark or ("", -1))[1] < moved_at:
         since = None  # saved before this ps's slices changed: the reader's copy is reset
@@ -188,12 +289,10 @@ def read_feed(directory: str, key: str, ps: int, shard: Shard, num_shards: int, 
         deltas = chain[position + 1:]
     elif since is not None and since in saves:
         deltas = _after(saves[since], saves, chain, reset_at)
-    if deltas is not None:
-        ids, rows, removed = read_table_changes([_files(directory, s) for s in deltas], shard,
-                                                num_shards, dim, dtype)
-        return FeedReply(version, False, ids, rows, removed)
-    base_files = [os.path.join(directory, f) for f in chain[0].entry["files"]]
-    ids, rows, _, _ = read_table_state(base_files, [_files(directory, s) for s in chain[1:]], shard,
-                                       num_shards, dim, dtype, with_slots=False)
-    order = np.argsort(ids, kind="stable")
-    return FeedReply(version, True, ids[order], rows[order], empty)
+    reply = FeedReply(version, deltas is None, empty, empty, dim, np.dtype(dtype))
+    try:
+        _compose(directory, chain if deltas is None else deltas, confine, reply, shard, num_shards)
+    except BaseException:
+        reply.close()
+        raise
+    return reply

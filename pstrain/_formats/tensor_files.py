@@ -15,7 +15,7 @@ import math
 import os
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -24,8 +24,8 @@ from .._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundErr
 from .._kernels import KERNELS
 from .direct_writes import DirectWriter
 
-__all__ = ["MAX_HEADER", "SAFETENSORS_DTYPES", "open_directory", "read_rows", "safetensors_header",
-           "write_atomically", "write_streaming", "write_tensors"]
+__all__ = ["MAX_HEADER", "SAFETENSORS_DTYPES", "TensorFile", "open_directory", "read_rows",
+           "safetensors_header", "write_atomically", "write_streaming", "write_tensors"]
 
 
 def write_tensors(path: str, tensors: dict[str, np.ndarray]) -> int:
@@ -214,6 +214,15 @@ _DTYPE_OF_TAG = {tag: name for name, tag in SAFETENSORS_DTYPES.items()}
 def _tensor_location(f: Any, path: str, key: str) -> tuple[int, np.dtype, tuple[int, ...]]:
     """Where tensor ``key`` of the open safetensors file ``f`` starts, its dtype and shape,
     all checked against the file's size before anything is allocated."""
+    found = _read_header(f, path).get(key)
+    if found is None:
+        raise InvalidArgumentError(f"cannot read {key!r} from {path}: no such tensor")
+    return found
+
+
+def _read_header(f: Any, path: str) -> dict[str, tuple[int, np.dtype, tuple[int, ...]]]:
+    """Every tensor of the open safetensors file ``f`` (read from its start): where its bytes
+    start, its dtype and shape, each checked against the file's size."""
     size = os.fstat(f.fileno()).st_size
     raw = f.read(8)
     if len(raw) != 8:
@@ -223,19 +232,94 @@ def _tensor_location(f: Any, path: str, key: str) -> tuple[int, np.dtype, tuple[
         raise InvalidArgumentError(f"{path}: its header claims {n} bytes; the file has {size}")
     try:
         header = json.loads(f.read(n))
-        meta = header[key]
-        tag, shape, (begin, end) = meta["dtype"], tuple(int(d) for d in meta["shape"]), meta["data_offsets"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise InvalidArgumentError(f"cannot read {key!r} from {path}: bad header ({exc!r})") from None
-    if tag not in _DTYPE_OF_TAG:
-        raise InvalidArgumentError(f"{key!r} in {path} has dtype {tag!r}")
-    dtype = np.dtype(_DTYPE_OF_TAG[tag])
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin and end - begin == nbytes
-            and 8 + n + end <= size) or any(d < 0 for d in shape):
-        raise InvalidArgumentError(f"{key!r} in {path}: its offsets do not match its shape and "
-                                   "the file's size")
-    return 8 + n + begin, dtype, shape
+        if not isinstance(header, dict):
+            raise TypeError("not an object")
+    except (ValueError, TypeError) as exc:
+        raise InvalidArgumentError(f"{path}: bad safetensors header ({exc!r})") from None
+    tensors = {}
+    for key, meta in header.items():
+        if key == "__metadata__":
+            continue
+        try:
+            tag, shape, (begin, end) = meta["dtype"], tuple(int(d) for d in meta["shape"]), \
+                meta["data_offsets"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InvalidArgumentError(f"cannot read {key!r} from {path}: bad header ({exc!r})") from None
+        if tag not in _DTYPE_OF_TAG:
+            raise InvalidArgumentError(f"{key!r} in {path} has dtype {tag!r}")
+        dtype = np.dtype(_DTYPE_OF_TAG[tag])
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin
+                and end - begin == nbytes and 8 + n + end <= size) or any(d < 0 for d in shape):
+            raise InvalidArgumentError(f"{key!r} in {path}: its offsets do not match its shape and "
+                                       "the file's size")
+        tensors[key] = (8 + n + begin, dtype, shape)
+    return tensors
+
+
+class TensorFile:
+    """An open safetensors file, read through one descriptor: its header is read and every
+    tensor's place checked against the file's size once, before anything is allocated.
+    Held open, it stays readable after its name is removed (a save pruned meanwhile), and
+    a link swapped in for its name later changes nothing. ``path`` must be resolved
+    already (a ps confines it to its checkpoint root first): its last component is never
+    followed if it is a symbolic link."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError as exc:
+            raise NotFoundError(f"checkpoint file {path} not found") from exc
+        except OSError as exc:
+            raise InvalidArgumentError(f"cannot open checkpoint file {path}: {exc.strerror}") from None
+        self._f = os.fdopen(fd, "rb", buffering=0)
+        try:
+            self.tensors = _read_header(self._f, path)
+        except BaseException:
+            self._f.close()
+            raise
+
+    def __enter__(self) -> TensorFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._f.close()
+
+    def read(self, key: str) -> np.ndarray:
+        """Tensor ``key`` whole."""
+        at, dtype, shape = self._locate(key)
+        out = np.empty(shape, dtype)
+        _read_into(self._f, at, out)
+        return out
+
+    def _locate(self, key: str) -> tuple[int, np.dtype, tuple[int, ...]]:
+        found = self.tensors.get(key)
+        if found is None:
+            raise InvalidArgumentError(f"{self.path} has no tensor {key!r}")
+        return found
+
+    def iter_rows(self, key: str, keep: np.ndarray, dtype: np.dtype,
+                  piece_rows: int) -> Iterator[np.ndarray]:
+        """The rows of 2-D tensor ``key`` where ``keep`` (bool, one per row) is true, in
+        order, as ``dtype``: read ``piece_rows`` rows at a time into one reused buffer."""
+        at, saved, shape = self._locate(key)
+        if len(shape) != 2 or shape[0] != keep.size:
+            raise InvalidArgumentError(f"{key!r} in {self.path} has shape {shape}, not "
+                                       f"({keep.size}, dim)")
+        row_bytes = shape[1] * saved.itemsize
+        buf = np.empty((min(piece_rows, shape[0]), shape[1]), saved)
+        for lo in range(0, shape[0], piece_rows):
+            hi = min(lo + piece_rows, shape[0])
+            mask = keep[lo:hi]
+            if not mask.any():
+                continue
+            piece = buf[:hi - lo]
+            _read_into(self._f, at + lo * row_bytes, piece)
+            yield piece[mask].astype(dtype, copy=False)
 
 
 #: Bytes read at a time. The page cache's copy of each piece is let go as soon as it is read

@@ -29,7 +29,7 @@ import socket
 import ssl as ssl_module
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,11 +98,17 @@ class Pinned:
 @dataclass
 class Download:
     """The answer of an HTTP download (:meth:`ServerCore.download`): bytes sent in pieces,
-    with their type and extra headers."""
+    with their type and extra headers. ``chunks`` go first; then ``stream``'s pieces, each
+    made on a thread as the one before has been taken by the peer, ``length`` bytes in
+    all, so a large answer is never in memory whole. ``close`` is called once the download
+    has ended, sent or not."""
 
     chunks: list[bytes | memoryview]
     content_type: str = "application/octet-stream"
     headers: dict[str, str] | None = None
+    stream: Iterator[bytes | memoryview] | None = None
+    length: int = 0
+    close: Callable[[], None] | None = None
 
 
 @dataclass

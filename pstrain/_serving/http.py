@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
 __all__ = ["HttpAdapter"]
 
 _PIECE = 1 << 20  # bytes of a download written at once
+#: Seconds a piece of a download may wait for the peer to take it.
+SEND_TIMEOUT_S = 30.0
+logger = logging.getLogger(__name__)
 
 
 class HttpAdapter:
@@ -87,17 +91,45 @@ class HttpAdapter:
                 download = await serve(dict(request.match_info), dict(request.query))
             except PstrainError as exc:
                 return self._json_error(exc)
-            chunks = [memoryview(c).cast("B") for c in download.chunks]
-            response = web.StreamResponse(headers={
-                "Content-Type": download.content_type, **(download.headers or {}),
-                "Content-Length": str(sum(len(c) for c in chunks))})
-            await response.prepare(request)
-            for chunk in chunks:  # in pieces: the send buffer stays small, the peer paces it
-                for at in range(0, len(chunk), _PIECE):
-                    await response.write(chunk[at:at + _PIECE])
-            await response.write_eof()
-            return response
+            try:
+                return await self._send(request, download)
+            finally:
+                if download.close is not None:
+                    download.close()
         return handle
+
+    async def _send(self, request: web.Request, download: Any) -> web.StreamResponse:
+        """Send a download in pieces, each given ``SEND_TIMEOUT_S`` to leave: the send buffer
+        stays small, the peer paces it, and a peer that stops reading is dropped."""
+        chunks = [memoryview(c).cast("B") for c in download.chunks]
+        response = web.StreamResponse(headers={
+            "Content-Type": download.content_type, **(download.headers or {}),
+            "Content-Length": str(sum(len(c) for c in chunks) + download.length)})
+        await response.prepare(request)
+
+        async def write(chunk: memoryview) -> None:
+            for at in range(0, len(chunk), _PIECE):
+                await asyncio.wait_for(response.write(chunk[at:at + _PIECE]), SEND_TIMEOUT_S)
+
+        try:
+            for chunk in chunks:
+                await write(chunk)
+            if download.stream is not None:
+                sent = 0
+                while (piece := await asyncio.to_thread(next, download.stream, None)) is not None:
+                    piece = memoryview(piece).cast("B")
+                    sent += len(piece)
+                    await write(piece)
+                if sent != download.length:
+                    raise ProtocolError(f"download made {sent} bytes, not {download.length}")
+            await response.write_eof()
+        except (TimeoutError, PstrainError, OSError) as exc:
+            # The status went out with the headers: the peer sees the body cut short.
+            logger.warning("%s: download %s ended early: %s", self.server.task, request.path,
+                           "the peer stopped reading" if isinstance(exc, TimeoutError) else exc)
+            if request.transport is not None:
+                request.transport.close()
+        return response
 
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
         server = self.server
@@ -169,5 +201,7 @@ class HttpAdapter:
         return body
 
     def _json_error(self, exc: BaseException, status: int | None = None) -> web.Response:
+        retry = getattr(exc, "retry_after_s", None)  # a busy resource says when to ask again
         return web.Response(status=status or status_for(exc), content_type="application/json",
-                            text=json.dumps({"error": to_envelope(exc, self.server.task)}))
+                            text=json.dumps({"error": to_envelope(exc, self.server.task)}),
+                            headers={"Retry-After": str(max(1, round(retry)))} if retry else None)

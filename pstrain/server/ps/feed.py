@@ -18,6 +18,13 @@ values come as ``X-Pstrain-*`` headers. Query ``since`` absent: the whole shard.
 The ps learns where a table's saves are from the saves and restores it serves
 (``ckpt/save``, ``delta/save``, ``dyn/restore``); a table never saved nor restored
 here has no feed yet (FailedPreconditionError, 412).
+
+Every file the feed reads is confined to the checkpoint root as a restore's are (a
+link out of it is refused, 400). Memory follows the bytes sent, not the readers: a
+reply holds the ids it sends and its save files open, and reads the rows from them
+a piece at a time as the reader takes them; at most ``max_readers`` replies are
+under way at once (past that: 503 with ``Retry-After``), and a reader that stops
+taking its reply is dropped after ``SEND_TIMEOUT_S`` (``_serving/http.py``).
 """
 
 from __future__ import annotations
@@ -25,12 +32,14 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+from collections.abc import Iterator
 
 import numpy as np
 
-from ..._base.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from ..._base.errors import (FailedPreconditionError, InvalidArgumentError, NotFoundError,
+                             UnavailableError)
 from ..._formats.idhash import Shard
-from ..._formats.table_feed import FeedReply, IndexCache, read_feed
+from ..._formats.table_feed import Confine, FeedReply, IndexCache, read_feed
 from ..._formats.tensor_files import safetensors_header
 from ..._serving.core import Download
 from .dynamic_table import DynamicTable
@@ -41,15 +50,23 @@ __all__ = ["PATH", "TableFeed"]
 PATH = "/v1/tables/{name}/rows"
 _VERSION = re.compile(r"^\d{1,18}$")
 _ATTEMPTS = 3  # a save pruned while it was read: read the directory again
+#: Replies under way at once on one ps (each holds its ids and a piece of rows).
+MAX_READERS = 4
+#: Rows read from the files at a time for one reply.
+PIECE_ROWS = 4096
 
 
 class TableFeed:
     """Where each table of one ps was saved, its shard, and the feed that reads them."""
 
-    def __init__(self, task: str, index: int, tables: dict[str, DynamicTable]) -> None:
+    def __init__(self, task: str, index: int, tables: dict[str, DynamicTable],
+                 confine: Confine, max_readers: int = MAX_READERS) -> None:
         self.task = task
         self.index = index
         self.tables = tables
+        self.confine = confine  # every path read goes through it (the checkpoint root's)
+        self.max_readers = max_readers
+        self.readers = 0  # replies under way
         #: table -> the directory of its last save or restore here
         self.directories: dict[str, str] = {}
         #: table -> (shard, number of shards), as its coordinator placed it
@@ -103,7 +120,7 @@ class TableFeed:
                 return await asyncio.to_thread(read_feed, directory, name, self.index, shard,
                                                num_shards, dim, dtype, since, reset_at,
                                                self.indexes.setdefault(directory, {}),
-                                               self.moved_at.get(name, 0))
+                                               self.moved_at.get(name, 0), self.confine)
             except (FailedPreconditionError, InvalidArgumentError):
                 if attempt == _ATTEMPTS - 1:  # not a save pruned meanwhile: the directory is bad
                     raise
@@ -121,16 +138,37 @@ class TableFeed:
             raise InvalidArgumentError(f"table feed: unknown query parameter(s) {unknown}; "
                                        "the feed takes since=<version>")
         since = int(raw) if raw is not None else None
-        reply = await self.changes(name, since)
+        if self.readers >= self.max_readers:
+            busy = UnavailableError(f"table feed: {self.readers} replies are under way on "
+                                    f"{self.task}, its most at once; ask again shortly")
+            busy.retry_after_s = 1  # type: ignore[attr-defined]
+            raise busy
+        self.readers += 1
+        try:
+            reply = await self.changes(name, since)
+        except BaseException:
+            self.readers -= 1
+            raise
         shard, num_shards = self.placement[name]
         metadata = {"version": str(reply.version), "reset": "true" if reply.reset else "false",
                     "since": "" if since is None else str(since), "table": name,
                     "shard": str(shard) if isinstance(shard, int) else ",".join(map(str, shard)),
                     "num_shards": str(num_shards), "task": self.task}
-        arrays = {"ids": reply.ids, "rows": np.ascontiguousarray(reply.rows),
-                  "removed": reply.removed}
-        head, _ = safetensors_header([(k, a.dtype, a.shape) for k, a in arrays.items()], metadata)
+        n = reply.ids.size
+        head, _ = safetensors_header([("ids", np.dtype(np.int64), (n,)),
+                                      ("rows", reply.dtype, (n, reply.dim)),
+                                      ("removed", np.dtype(np.int64), reply.removed.shape)], metadata)
         headers = {f"X-Pstrain-{k.replace('_', '-').title()}": v for k, v in metadata.items()
                    if k in ("version", "reset", "since")}
-        return Download([head, *(a.reshape(-1).view(np.uint8).data for a in arrays.values())],
-                        "application/octet-stream", headers)
+
+        def pieces() -> Iterator[memoryview]:
+            for rows in reply.iter_rows(PIECE_ROWS):
+                yield np.ascontiguousarray(rows).reshape(-1).view(np.uint8).data
+            yield reply.removed.view(np.uint8).data
+
+        def close() -> None:
+            reply.close()
+            self.readers -= 1
+
+        return Download([head, reply.ids.view(np.uint8).data], "application/octet-stream", headers,
+                        stream=pieces(), length=reply.rows_nbytes + reply.removed.nbytes, close=close)

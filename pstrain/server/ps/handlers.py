@@ -19,6 +19,7 @@ operation that runs a caller's function) before anything is decoded.
 
 from __future__ import annotations
 
+import functools
 import asyncio
 import logging
 import math
@@ -134,7 +135,8 @@ class ParameterServer(ServerBase):
         self.route(ListVariables, self.list_variables)
         self.route(ApplyGradients, self.fencing.guarded(self.apply_optimizer))
         #: The serving feed of the tables (``GET /v1/tables/<name>/rows``).
-        self.feed = TableFeed(self.task, index, {})
+        self.feed = TableFeed(self.task, index, {},
+                              functools.partial(self.checkpoints.confine, what="table feed: file"))
         self.download(FEED_PATH, self.feed.serve)
         self.table_handlers = TableHandlers(self.task, self.checkpoints, max_gather_bytes, self.feed,
                                             max_table_bytes=max_variable_bytes,
