@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -59,9 +60,11 @@ def pytest_asyncio_loop_factories(config, item):
 
 
 class ServeProcess:
-    """A `pstrain serve` process; `address` once it printed its listening line."""
+    """A `pstrain serve` process; `address` once it printed its listening line. ``limits``:
+    resource limits (``resource.RLIMIT_*`` -> (soft, hard)) the process starts under."""
 
-    def __init__(self, *args: str, token: str | None = TOKEN, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *args: str, token: str | None = TOKEN, env: dict[str, str] | None = None,
+                 limits: dict[int, tuple[int, int]] | None = None) -> None:
         full_env = dict(os.environ if env is None else env)
         if token is not None:
             full_env["PSTRAIN_TOKEN"] = token
@@ -70,7 +73,8 @@ class ServeProcess:
         self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pstrain.cli", "serve", *args],
-            stdout=subprocess.PIPE, stderr=self.log, env=full_env, text=True)
+            stdout=subprocess.PIPE, stderr=self.log, env=full_env, text=True,
+            preexec_fn=(lambda: [resource.setrlimit(k, v) for k, v in limits.items()]) if limits else None)
         try:
             self.address = self._wait_listening()
         except BaseException:

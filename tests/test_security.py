@@ -586,3 +586,61 @@ async def test_a_model_larger_than_one_request_is_still_created_whole():
         values = await pstrain.read_variables(vs[:2])
         assert all(v.shape == (MiB // 2,) for v in values)
         assert len(cluster.ps[0].store) == 20
+
+
+def _vm_size() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmSize:"))
+
+
+async def test_headers_claiming_gigabytes_reserve_address_space_only_as_bytes_arrive():
+    import numpy as np
+
+    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as cluster:
+        ps = cluster.ps[0]
+        before = _vm_size()
+        writers = []
+        op = b"vars/create"
+        for _ in range(20):  # 20 x 2 GiB claimed, a byte of each sent
+            _, writer = await _raw_stream(ps.address)
+            writer.write(protocol.FRAME.pack(1, protocol.FrameKind.REQUEST, 0, len(op), 2 << 30)
+                         + op + b"\x00")
+            writers.append(writer)
+        await wait_for(lambda: ps.budget.used >= 20, 10, "every claim's first byte read")
+        grown = _vm_size() - before
+        assert grown < 1 << 30, f"{grown >> 20} MiB of address space for 20 bytes received"
+        assert ps.budget.used <= 20 * protocol.FIRST_BODY_BUFFER
+        ch = rpc.Channel(ps.address, token=TOKEN, task="/job:ps/replica:0/task:0")
+        big = np.ones(16 << 20, np.float32)  # a legitimate 64 MiB body beside them
+        spec = {"name": "w", "dtype": "<f4", "shape": [16 << 20], "value": big}
+        await asyncio.wait_for(ch.call("vars/create", {"vars": [spec]}), 30)
+        values = (await ch.call("vars/read", {"names": ["w"]}))["values"]
+        assert values[0].shape == (16 << 20,) and float(values[0][-1]) == 1.0
+        await ch.close()
+        await abort_all(writers)
+        await wait_for(lambda: ps.budget.used == 0, 10, "the claims' buffers released")
+
+
+async def test_idle_connections_without_a_token_cannot_take_the_descriptors_clients_need():
+    import resource
+
+    import numpy as np
+
+    server = ServeProcess("--role", "ps", "--index", "0", "--port", "0",
+                          limits={resource.RLIMIT_NOFILE: (512, 512)})
+    writers = []
+    try:
+        host, port = server.address.rsplit(":", 1)
+        for _ in range(500):  # idle: no handshake, no request
+            _, writer = await asyncio.open_connection(host, int(port))
+            writers.append(writer)
+        ch = rpc.Channel(server.address, token=TOKEN, task="/job:ps/replica:0/task:0")
+        await asyncio.wait_for(ch.call("vars/create", {"vars": [
+            {"name": "v", "dtype": "<f4", "shape": [3],
+             "value": np.array([1.0, 2.0, 3.0], np.float32)}]}), 30)
+        values = (await asyncio.wait_for(ch.call("vars/read", {"names": ["v"]}), 30))["values"]
+        assert list(values[0]) == [1.0, 2.0, 3.0]
+        await ch.close()
+    finally:
+        await abort_all(writers)
+        server.stop()

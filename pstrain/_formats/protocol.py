@@ -39,6 +39,8 @@ FRAME = struct.Struct("<QBBHQ")  # request id, kind, flags, op length, body leng
 
 #: Bodies above this size are received straight into their own buffer.
 DIRECT_BODY = 64 << 10
+#: A large body's first buffer (it doubles as bytes arrive, up to the body's size).
+FIRST_BODY_BUFFER = 4 << 20
 #: Default largest body a server or client accepts.
 DEFAULT_MAX_BODY = 2 << 30
 #: The HTTP content type of a ``wire`` body.
@@ -57,11 +59,11 @@ class FrameKind(enum.IntEnum):
 class BodyBudget:
     """Bytes of large bodies being received at once, across a server's connections.
 
-    Charged as the bytes arrive, never by what a frame header claims: a header that
-    claims 2 GiB and sends nothing costs nothing and blocks nobody. A large body is
-    received into a buffer of its own size whose pages are only touched as bytes
-    arrive; a chunk that would take the bytes held past ``limit`` drops the connection
-    that sent it (the others go on).
+    Charged with the buffers large bodies are received into, which grow as the bytes
+    arrive (``FIRST_BODY_BUFFER``, then doubling up to the body's size), never by what a
+    frame header claims: a header that claims 2 GiB and sends nothing reserves 4 MiB of
+    address space. A buffer that would take the bytes held past ``limit`` drops the
+    connection that sent it (the others go on).
 
     >>> b = BodyBudget(100)
     >>> b.reserve(60), b.reserve(60), b.release(60), b.reserve(60)
@@ -126,25 +128,31 @@ class FrameProtocol(asyncio.BufferedProtocol, abc.ABC):
         transport.set_write_buffer_limits(high=0)  # type: ignore[attr-defined]
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        if self._dropped:
+            return self._scratch()
         if self._skip_left:
             return self._scratch()[:min(self._skip_left, 1 << 20)]
         if self._direct_view is not None:
+            if self._direct_pos == len(self._direct_view):  # bytes are there: room for them
+                self._grow()
+                if self._dropped:  # over the budget
+                    return self._scratch()
             return self._direct_view[self._direct_pos:]
         if self._end == len(self._stage):
             self._compact()
         return self._view[self._end:]
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._dropped:  # what a dropped connection still sent is not read
+            return
         if self._skip_left:
             self._skip_left -= nbytes
             if not self._skip_left:
                 self.oversized(self._skip_meta[0], self._skip_meta[1])
             return
         if self._direct_view is not None:
-            if not self._charge(nbytes):
-                return
             self._direct_pos += nbytes
-            if self._direct_pos == len(self._direct_view):
+            if self._direct_pos == self._direct_len:
                 body = self._direct
                 assert body is not None
                 req_id, kind, op = self._direct_meta
@@ -178,12 +186,29 @@ class FrameProtocol(asyncio.BufferedProtocol, abc.ABC):
             self._direct = self._direct_view = None
         self._end_large_body()
 
+    def _grow(self) -> None:
+        """The large body's buffer is full and more bytes are there to read: twice the size
+        (at least ``FIRST_BODY_BUFFER``, at most the body's), its bytes copied over.
+        Reserving as the bytes arrive costs at most one more copy of the body; reserving
+        what a header claims let a few headers that claim 2 GiB each take a process's
+        address space before a byte came."""
+        old = self._direct
+        assert old is not None
+        capacity = min(self._direct_len, max(2 * old.size, FIRST_BODY_BUFFER))
+        if not self._charge(capacity - old.size):
+            return
+        body = np.empty(capacity, np.uint8)
+        body[:old.size] = old
+        self._direct = body
+        self._direct_view = body.data
+
     def _charge(self, nbytes: int) -> bool:
-        """Bytes of a large body arrived: hold them against the budget, or drop this
-        connection (it holds more than the server-wide budget leaves)."""
+        """A large body's buffer grows by ``nbytes``: hold them against the budget, or drop
+        this connection (it holds more than the server-wide budget leaves)."""
         if self.budget is None:
             return True
         if not self.budget.reserve(nbytes):
+            self._dropped = True
             self._direct = self._direct_view = None
             self._end_large_body()
             if self.transport is not None:
@@ -208,7 +233,7 @@ class FrameProtocol(asyncio.BufferedProtocol, abc.ABC):
         if view is None or self.transport is None:
             return
         arrived = self._direct_pos - self._progress_mark
-        if arrived < min(len(view) - self._progress_mark, MIN_BODY_RATE * MIN_BODY_DEADLINE_S):
+        if arrived < min(self._direct_len - self._progress_mark, MIN_BODY_RATE * MIN_BODY_DEADLINE_S):
             self.transport.abort()  # connection_lost releases what it held
             return
         self._progress_mark = self._direct_pos
@@ -248,11 +273,13 @@ class FrameProtocol(asyncio.BufferedProtocol, abc.ABC):
                 self._skip_meta = (req_id, op)
                 break
             if body_len >= DIRECT_BODY:
-                # Large: receive the rest straight into the body's own buffer.
+                # Large: receive the rest straight into the body's own buffer, reserved as
+                # the bytes arrive (``_grow``), never as the header claims.
                 have = min(avail - head, body_len)
-                if not self._charge(have):
+                capacity = have  # more is reserved when more is there to read (get_buffer)
+                if not self._charge(capacity):
                     return
-                body = np.empty(body_len, np.uint8)  # pages touched as bytes arrive (no memset)
+                body = np.empty(capacity, np.uint8)  # pages touched as bytes arrive (no memset)
                 body[:have] = np.frombuffer(stage, np.uint8, have, start + head)
                 self._start = start + head + have
                 if have == body_len:
@@ -266,6 +293,7 @@ class FrameProtocol(asyncio.BufferedProtocol, abc.ABC):
                 self._direct = body
                 self._direct_view = body.data
                 self._direct_pos = have
+                self._direct_len = body_len
                 self._direct_meta = (req_id, kind, op)
                 break
             if avail < head + body_len:
@@ -281,6 +309,8 @@ class FrameProtocol(asyncio.BufferedProtocol, abc.ABC):
             self._compact()
 
     _skip_left = 0
+    _dropped = False  # over the budget: aborted, nothing more is read
+    _direct_len = 0  # the large body's size (its buffer grows to it as bytes arrive)
     _charged = 0  # bytes of the current large body held against the budget
     _progress_mark = 0  # where the large body was at the last progress check
     _skip_meta: tuple[int, str] = (0, "")

@@ -22,7 +22,7 @@ from .._base.exports import expose
 from .._formats.operations import Shutdown
 from .core import ServerCore, Status
 from .http import HttpAdapter
-from .preauth import PreAuth
+from .preauth import PreAuth, preauth_cap
 from .stream import Sniffer
 
 logger = logging.getLogger(__name__)
@@ -45,7 +45,8 @@ class ServerBase(ServerCore):
 
     def __init__(self, role: str, index: int, *, exit_on_shutdown: bool = False, **options: Any) -> None:
         super().__init__(role, index, **options)
-        self.preauth = PreAuth(self.max_unauthenticated, self.handshake_timeout_s)
+        # the cap follows the descriptors this process may open (and raises its soft limit)
+        self.preauth = PreAuth(preauth_cap(self.max_unauthenticated), self.handshake_timeout_s)
         #: Set by ``server/shutdown`` (the coordinator's job is done) when allowed at start.
         self.shutdown_requested = asyncio.Event()
         if exit_on_shutdown:

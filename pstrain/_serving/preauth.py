@@ -10,9 +10,36 @@ oldest one of the busiest peer host is dropped to make room.
 from __future__ import annotations
 
 import asyncio
+import resource
 import time
 
-__all__ = ["PreAuth", "Throttle"]
+__all__ = ["PreAuth", "Throttle", "preauth_cap"]
+
+#: Descriptors kept for everything but pre-auth connections when the cap is derived from
+#: the process's limit (authenticated peers, files, the listener, the loop's own).
+RESERVED_FDS = 64
+
+
+def preauth_cap(wanted: int) -> int:
+    """The pre-auth cap for this process: ``wanted``, but never more than half of the
+    descriptors the process may open beyond ``RESERVED_FDS``, so that connections that
+    never authenticate cannot take the descriptors real clients need. The soft limit is
+    raised to the hard one first, where allowed.
+
+    >>> 1 <= preauth_cap(1024) <= 1024
+    True
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass  # not allowed here: the soft limit stands
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, (soft - RESERVED_FDS) // 2))
 
 
 class Throttle:
