@@ -34,7 +34,7 @@ from .._base.errors import (
 from .._base.locks import PlacementLock
 from .._base.tasks import best_effort
 from .._distribute.strategy import ParameterServerStrategy
-from .._formats.operations import TableStatistics
+from .._formats.operations import Health, TableStatistics
 from .._formats.placement_map import (
     EndMove,
     FinishMove,
@@ -46,7 +46,7 @@ from .._formats.placement_map import (
     TableSlices,
     VariableCopy,
 )
-from .._transport.rpc import ChannelPool
+from .._transport.rpc import Channel, ChannelPool
 from .._variables.routing import adopt
 from .slice_plans import plan_join, plan_leave, table_slices
 
@@ -120,17 +120,46 @@ class PsChanges:
 
     async def admit_ps(self, address: str, index: int | None = None) -> int:
         """Give a new ps at ``address`` the next index (or the one reserved for it), and tell
-        every ps (nothing moves yet)."""
+        every ps (nothing moves yet). The new map is published only once the ps answered
+        as that index; if any ps refuses it, it is withdrawn (a newer map without the new
+        ps): a join that fails leaves the job's ps as they were."""
         parse_address(address)
         async with self._lock:
-            ps = list(self.placement.ps)
+            before = self.placement
+            ps = list(before.ps)
             index = len(ps) if index is None else index
-            self._reserved.pop(index, None)
+            reserved = self._reserved.pop(index, None)
             ps += [""] * (index + 1 - len(ps))  # an index given to a ps that never came: unused
             ps[index] = address
-            await self.publish(self.placement.with_ps(ps))
+            joined = before.with_ps(ps)
+            try:
+                await self._answers(address, index)
+                try:
+                    await self.publish(joined)
+                except BaseException:
+                    await best_effort(self.publish(before.bumped(joined.version + 1)),
+                                      f"withdrawing map {joined.version}", logger)
+                    raise
+            except BaseException:
+                if reserved is not None:  # the ps may ask again with the index it was given
+                    self._reserved[index] = reserved
+                raise
             self.strategy.placement.active = self.placement.active()
         return index
+
+    async def _answers(self, address: str, index: int) -> None:
+        """The ps at ``address`` answers as ``ps:index`` (the handshake checks the task it
+        dialled), or the error says it did not and that nothing changed."""
+        pool, task = self.channels, task_name("ps", index)
+        channel = Channel(address, token=pool.token, task=task, ssl_context=pool.ssl_context,
+                          max_body=pool.max_body, connect_timeout=min(pool.connect_timeout, self.timeout_s))
+        try:
+            await channel.request(Health(), timeout=self.timeout_s)
+        except PstrainError as exc:
+            raise restated(exc, f"the ps at {address} did not answer as {task}, so it did not "
+                                f"join (the job's ps are unchanged): {exc.message}") from exc
+        finally:
+            await channel.close()
 
     def joins(self, spawn: Callable[[Coroutine[Any, Any, Any]], Any]
               ) -> Callable[[str, int | None], Awaitable[int]]:
@@ -156,12 +185,25 @@ class PsChanges:
         return join
 
     async def rebalance(self, index: int) -> None:
-        """Move a share of the variables to ps ``index`` (one that just joined)."""
+        """Move a share of the variables to ps ``index`` (one that just joined). If a move
+        fails while nothing lives on the new ps yet (it died, say), it is taken out of the
+        job again before the error is raised."""
         plan = self._plan_join(index)
-        for keys in plan:
-            await self.move(keys, index)
-        for src, tables in self._plan_tables_join(index).items():
-            await self.move_slices(tables, src, index)
+        try:
+            for keys in plan:
+                await self.move(keys, index)
+            for src, tables in self._plan_tables_join(index).items():
+                await self.move_slices(tables, src, index)
+        except PstrainError as exc:
+            held = self.on(index) or any(self.table_slices(t).held_by(index)
+                                         for t in self.strategy.placement.tables.values())
+            if held or index not in self.placement.active():
+                raise  # part of the job lives there now: a lost ps, replaced as any other
+            async with self._lock:
+                await best_effort(self.retire(index), f"withdrawing {task_name('ps', index)}", logger)
+            raise restated(exc, f"{task_name('ps', index)} joined but the first move to it "
+                                f"failed, so it was taken out of the job again (nothing had "
+                                f"moved to it): {exc.message}") from exc
         logger.info("%s joined; %d variable(s) and a share of %d table(s) moved to it",
                     task_name("ps", index), sum(len(k) for k in plan), len(self.strategy.placement.tables))
 

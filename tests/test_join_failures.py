@@ -1,0 +1,154 @@
+"""A ps that fails to join leaves the job's ps as they were: the placement map is published
+only once the new ps answered as its index, withdrawn if any ps refuses it, and a ps that
+dies before anything moved to it is taken out again. One test per failure point: nothing
+listens, the wrong task answers (400), the ps refuses the map (503), the ps never
+answers (timeout), the ps dies during the first move."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import numpy as np
+import pytest
+
+import pstrain
+from pstrain._formats.placement_map import InstallVariables, SetPlacement
+from pstrain.errors import (
+    DeadlineExceededError,
+    InvalidArgumentError,
+    PstrainError,
+    UnavailableError,
+)
+from pstrain.server import ParameterServer
+from pstrain.testing import InProcessCluster
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def _job(cluster: InProcessCluster):
+    strategy = pstrain.ParameterServerStrategy(
+        pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+    coordinator = pstrain.ClusterCoordinator(strategy)
+    coordinator.ps.timeout_s = 3.0
+    async with strategy.scope():
+        v = pstrain.Variable(np.arange(4, dtype=np.float32), name="v")
+        w = pstrain.Variable(np.ones((64, 4), np.float32), name="w")
+        pstrain.Variable(np.ones((64, 4), np.float32), name="u")  # round-robin: on ps 0
+    await v.read_value()
+    return coordinator, v, w
+
+
+async def _unchanged(cluster, coordinator, version: int, v, w) -> None:
+    """The map is as before the join (a newer version may withdraw one that was sent), and
+    the job goes on: a ps can still leave, and the variables read as they were."""
+    placement = coordinator.ps.placement
+    assert placement.active() == [0, 1] and placement.version >= version
+    assert [a for a in placement.ps if a] == [ps.address for ps in cluster.ps]
+    for ps in cluster.ps:  # every ps routes by the withdrawing map too
+        assert ps.store.placement.active() in ([], [0, 1])  # none yet, or the same two
+    await coordinator.remove_ps(1)
+    assert (await v.read_value()).tolist() == [0, 1, 2, 3]
+    assert float((await w.read_value()).sum()) == 256.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_a_join_where_nothing_listens_changes_nothing():
+    async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
+        coordinator, v, w = await _job(cluster)
+        version = coordinator.ps.placement.version
+        with pytest.raises(UnavailableError, match="did not join"):
+            await coordinator.add_ps(f"127.0.0.1:{_free_port()}")
+        assert coordinator.ps.placement.version == version  # nothing was published
+        await _unchanged(cluster, coordinator, version, v, w)
+        await coordinator.close()
+
+
+async def test_a_join_answered_by_another_task_400_changes_nothing():
+    async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
+        coordinator, v, w = await _job(cluster)
+        version = coordinator.ps.placement.version
+        other = ParameterServer(7, token=cluster.token)  # answers as ps 7, not ps 2
+        await other.start()
+        try:
+            with pytest.raises(InvalidArgumentError, match="did not answer as /job:ps/replica:0/task:2"):
+                await coordinator.add_ps(other.address)
+            assert coordinator.ps.placement.version == version
+            await _unchanged(cluster, coordinator, version, v, w)
+        finally:
+            await other.stop()
+        await coordinator.close()
+
+
+async def test_a_join_whose_map_the_new_ps_refuses_503_is_withdrawn():
+    async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
+        coordinator, v, w = await _job(cluster)
+        version = coordinator.ps.placement.version
+        extra = ParameterServer(2, token=cluster.token)
+
+        def refuse(req: SetPlacement) -> None:
+            raise UnavailableError("draining (the test's refusal)")
+
+        extra.route(SetPlacement, refuse)
+        await extra.start()
+        try:
+            with pytest.raises(UnavailableError, match="draining"):
+                await coordinator.add_ps(extra.address)
+            assert coordinator.ps.placement.version == version + 2  # sent, then withdrawn
+            await _unchanged(cluster, coordinator, version, v, w)
+        finally:
+            await extra.stop()
+        await coordinator.close()
+
+
+async def test_a_join_that_never_answers_times_out_and_changes_nothing():
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # accepts, never answers
+        writer.close()
+
+    async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
+        coordinator, v, w = await _job(cluster)
+        version = coordinator.ps.placement.version
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            with pytest.raises((DeadlineExceededError, UnavailableError), match="did not join"):
+                await coordinator.add_ps(f"127.0.0.1:{port}")
+            assert coordinator.ps.placement.version == version
+            await _unchanged(cluster, coordinator, version, v, w)
+        finally:
+            server.close()
+            await server.wait_closed()
+        await coordinator.close()
+
+
+async def test_a_ps_that_dies_during_its_first_move_is_taken_out_again():
+    async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
+        coordinator, v, w = await _job(cluster)
+        version = coordinator.ps.placement.version
+        extra = ParameterServer(2, token=cluster.token)
+        died = asyncio.Event()
+
+        stopping = []
+
+        def die(req: InstallVariables) -> None:  # the ps goes away as the first move reaches it
+            died.set()
+            stopping.append(asyncio.ensure_future(extra.stop()))
+            raise UnavailableError("stopping")
+
+        extra.route(InstallVariables, die)
+        await extra.start()
+        try:
+            with pytest.raises(PstrainError, match="taken out of the job again"):
+                await coordinator.add_ps(extra.address)  # u, on the fullest ps, moves first
+        finally:
+            await asyncio.gather(*stopping)
+            await extra.stop()  # stopped already unless the test failed before
+        assert died.is_set()
+        await _unchanged(cluster, coordinator, version, v, w)
+        await coordinator.close()
