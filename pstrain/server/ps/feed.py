@@ -36,8 +36,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..._base.errors import (FailedPreconditionError, InvalidArgumentError, NotFoundError,
-                             UnavailableError)
+from ..._base.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError, UnavailableError
 from ..._formats.idhash import Shard
 from ..._formats.table_feed import Confine, FeedReply, IndexCache, read_feed
 from ..._formats.tensor_files import safetensors_header

@@ -19,8 +19,8 @@ operation that runs a caller's function) before anything is decoded.
 
 from __future__ import annotations
 
-import functools
 import asyncio
+import functools
 import logging
 import math
 import os
