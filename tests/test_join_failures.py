@@ -152,3 +152,31 @@ async def test_a_ps_that_dies_during_its_first_move_is_taken_out_again():
         assert died.is_set()
         await _unchanged(cluster, coordinator, version, v, w)
         await coordinator.close()
+
+
+async def test_move_out_of_slices_the_ps_does_not_hold_is_refused_at_the_first_step():
+    from pstrain.rpc import Channel
+
+    async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
+        strategy = pstrain.ParameterServerStrategy(
+            pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+        with strategy.scope():
+            table = pstrain.DynamicEmbedding(4, name="emb", capacity=100)
+        await table.lookup(np.arange(20, dtype=np.int64))
+        channel = Channel(cluster.ps[0].address, token=cluster.token, task="/job:ps/replica:0/task:0")
+        moves = cluster.ps[0].moves
+        try:
+            # ps 0 holds shard 0 of 2: slices 0, 2, 4, 6 of 8; slice 1 is ps 1's
+            with pytest.raises(InvalidArgumentError, match=r"does not hold slices \[1\]"):
+                await channel.call("ps/move_out", {"stage": "s1", "keys": [],
+                                                   "tables": {table.key: {"slices": 8, "owned": [0, 1]}}})
+            with pytest.raises(InvalidArgumentError, match="does not hold slices"):
+                await channel.call("ps/move_out", {"stage": "s2", "keys": [],
+                                                   "tables": {table.key: {"slices": 3, "owned": [0]}}})
+            assert not moves.outgoing and not moves.outgoing_tables and not moves.stages.owners
+            out = await channel.call("ps/move_out", {"stage": "s3", "keys": [],
+                                                     "tables": {table.key: {"slices": 8, "owned": [2]}}})
+            assert out["tables"]  # a slice it holds: taken
+            await channel.call("ps/move_end", {"stage": "s3", "commit": False})
+        finally:
+            await channel.close()

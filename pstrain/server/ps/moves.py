@@ -91,6 +91,8 @@ class Moves:
             raise InvalidArgumentError(f"ps/move_out: stage {req.stage!r} is already in use")
         records = [self.store.get(k) for k in req.keys]  # all or nothing
         tables = [(self.tables.table(name), moving) for name, moving in req.tables.items()]
+        for name, moving in req.tables.items():
+            self._check_held(name, moving)
         copies, releases = [], []
         for record in records:
             for r, slot_of in [(record, None)] + [(s, record.name)
@@ -109,6 +111,24 @@ class Moves:
                 r()
 
         return Pinned({"mark": mark, "vars": copies, "tables": table_copies}, release)
+
+    def _check_held(self, name: str, moving: SliceSet) -> None:
+        """InvalidArgumentError unless this ps holds every slice of ``moving`` of table
+        ``name`` (its shard as created, ``s % n == shard``, or the slices moves gave it)."""
+        placed = self.tables.feed.placement.get(name)
+        if placed is None:
+            return  # created by a coordinator that did not say: the next step checks
+        shard, num = placed
+        if isinstance(shard, int):
+            held = {s for s in range(moving.slices) if s % num == shard} \
+                if moving.slices % num == 0 else set()
+        else:
+            held = set(shard) if moving.slices == num else set()
+        missing = sorted(set(moving.owned) - held)
+        if missing:
+            raise InvalidArgumentError(
+                f"ps/move_out: {self.store.task} does not hold slices {missing} of "
+                f"{moving.slices} of table {name!r} (it holds {sorted(held)}); nothing moved")
 
     def finish(self, req: FinishMove) -> dict[str, Any]:
         """Step 3, atomic on the loop: stop serving the variables and answer with what
