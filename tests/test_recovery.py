@@ -433,3 +433,35 @@ async def test_a_restore_fences_a_lost_workers_old_dispatch_again_on_a_ps_that_r
             await coordinator.close()
         finally:
             await fresh.stop()
+
+
+async def test_a_for_loop_over_a_per_worker_iterator_ends_with_the_data_as_in_tf(cluster):
+    """TF: ``for batch in iterator`` inside a closure ends the loop at the end of the data;
+    ``next()`` at the end fails the closure with OutOfRangeError (sync and async alike)."""
+    from pstrain.data import Dataset
+
+    coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(cluster.resolver))
+    per_worker = coordinator.create_per_worker_dataset(lambda: Dataset.range(5))
+
+    async def drain_async(it):
+        return [int(x) for x in it]
+
+    def drain_sync(it):
+        return [int(x) for x in it]
+
+    async def one_more(it):
+        return next(it)
+
+    for drain in (drain_async, drain_sync):
+        it = iter(per_worker)
+        drained = [await coordinator.schedule(drain, args=(it,)) for _ in range(4)]
+        # a worker's first loop takes its five elements, its later loops find the end
+        assert all(d in ([], [0, 1, 2, 3, 4]) for d in drained), drained
+        assert 1 <= drained.count([0, 1, 2, 3, 4]) <= 2, drained
+    it = iter(per_worker)
+    for _ in range(4):
+        coordinator.schedule(drain_sync, args=(it,))
+    coordinator.schedule(one_more, args=(it,))
+    with pytest.raises(pstrain.errors.OutOfRangeError, match="End of sequence"):
+        await coordinator.join()
+    await coordinator.close()

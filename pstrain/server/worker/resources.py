@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from ..._base.errors import ClosureInputError, OutOfRangeError
@@ -22,7 +23,9 @@ class LockedIterator:
 
     At its end ``next()`` raises :class:`~pstrain.errors.OutOfRangeError` naming the
     dataset and the fix, as TF does (a ``StopIteration`` would not cross an ``await``:
-    Python turns it into "coroutine raised StopIteration")."""
+    Python turns it into "coroutine raised StopIteration"), while ``for batch in it``
+    ends its loop there, as TF's does: ``iter()`` gives a view whose end is the
+    ``StopIteration`` a loop expects."""
 
     def __init__(self, iterator: Any, dataset: str = "the dataset", task: str = "") -> None:
         self._it = iterator
@@ -30,8 +33,8 @@ class LockedIterator:
         self._task = task
         self._lock = threading.Lock()
 
-    def __iter__(self) -> LockedIterator:
-        return self
+    def __iter__(self) -> Iterator[Any]:
+        return _Loop(self._it, self._lock)
 
     def __next__(self) -> Any:
         with self._lock:
@@ -47,6 +50,24 @@ class LockedIterator:
     def get_next(self) -> Any:
         """TF's spelling of ``next(it)``."""
         return next(self)
+
+
+class _Loop:
+    """A ``for`` loop over a per-worker iterator: the same elements, under the same lock,
+    ending with ``StopIteration``."""
+
+    __slots__ = ("_it", "_lock")
+
+    def __init__(self, iterator: Any, lock: threading.Lock) -> None:
+        self._it = iterator
+        self._lock = lock
+
+    def __iter__(self) -> _Loop:
+        return self
+
+    def __next__(self) -> Any:
+        with self._lock:
+            return next(self._it)
 
 
 def dataset_name(fn: Any) -> str:
