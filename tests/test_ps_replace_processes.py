@@ -67,8 +67,11 @@ async def test_a_ps_sigkilled_during_w4_is_replaced_from_deltas_while_the_others
                 await c.assign_add(1)
             return loss
 
+        # Retention keeps every save: the test reads the delta the replacement used after
+        # training went on (under load, pruning removed it first once).
         manager = CheckpointManager(Checkpoint(model=model, opt=opt, counts=counts), root,
-                                    delta_interval_s=DELTA_S)
+                                    max_to_keep=None, delta_interval_s=DELTA_S,
+                                    deltas_per_base=10_000)
         await manager.save()
         coordinator.replace_lost_ps(manager)
         done_at: list[float] = []
