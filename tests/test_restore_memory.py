@@ -113,7 +113,7 @@ async def test_a_restore_staged_and_never_committed_goes_when_its_time_is_up(tmp
     commit is never sent) leaves the values read staged on every ps: they go after
     STAGE_TTL_S with no other restore to sweep them, and the variable reads its initial
     values again."""
-    from pstrain._checkpoint import restore_status
+    from pstrain._variables import staged_restore
     from pstrain.server.ps import checkpoint
 
     def never(**_):
@@ -122,7 +122,7 @@ async def test_a_restore_staged_and_never_committed_goes_when_its_time_is_up(tmp
     path, _ = await _saved(tmp_path)
     async with _fresh(tmp_path) as (cluster, table, initial):
         monkeypatch.setattr(checkpoint, "STAGE_TTL_S", 2.0)
-        monkeypatch.setattr(restore_status, "CommitRestore", never)
+        monkeypatch.setattr(staged_restore, "CommitRestore", never)
         with pytest.raises(RuntimeError, match="before its commit"):
             await pstrain.Checkpoint(table=table).restore(path)
         assert all(ps.checkpoints.staged_bytes() > 0 for ps in cluster.ps)
@@ -137,14 +137,14 @@ async def test_the_values_of_an_aborted_restore_go_at_once_not_when_its_time_is_
     import gc
     import weakref
 
-    from pstrain._checkpoint import restore_status
+    from pstrain._variables import staged_restore
 
     def never(**_):
         raise RuntimeError("the coordinator stopped before its commit")
 
     path, _ = await _saved(tmp_path)
     async with _fresh(tmp_path) as (cluster, table, _):
-        monkeypatch.setattr(restore_status, "CommitRestore", never)
+        monkeypatch.setattr(staged_restore, "CommitRestore", never)
         with pytest.raises(RuntimeError, match="before its commit"):
             await pstrain.Checkpoint(table=table).restore(path)
         read = [weakref.ref(a) for ps in cluster.ps for built, *_ in ps.checkpoints._staged.values()

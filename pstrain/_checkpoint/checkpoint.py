@@ -32,8 +32,9 @@ A :class:`~pstrain.DynamicEmbedding` is saved by each ps as its own file
 (``<path>.ps<K>.table-<tag>.safetensors``: ``ids``, ``rows`` and each
 optimizer slot, with the slots' initial values), as of the moment that ps
 copies it; restore re-routes every id to the ps that holds it now, so a table
-restores into any number of ps. Tables are restored after the variables, each
-ps's shard replaced whole (not staged with the variables); ``load_variables``
+restores into any number of ps. Tables are staged with the variables (a restore is all
+or nothing across the ps: ``_variables/staged_restore.py``), each ps's shard replaced
+whole at the commit, with the table's capacity shared as a total; ``load_variables``
 gives ``<path>/ids``, ``<path>/rows`` and ``<path>/slot:<optimizer>/<slot>``. The file format
 is ``checkpoint_files.py``.
 
@@ -73,6 +74,7 @@ from .._formats.tensor_files import write_tensors
 from .._variables.batched import ensure_created
 from .._variables.dynamic import DynamicEmbedding
 from .._variables.placement import Placement
+from .._variables.staged_restore import new_stage
 from .._variables.variables import Variable
 from .deltas import (
     Chain,
@@ -304,11 +306,14 @@ class Checkpoint:
         graph = walk(self._objects)
         status = CheckpointLoadStatus(self, reader, graph)
         tables = _check_tables(graph.tables, reader, save_path)  # before anything changes
-        await status.restore_now(targets(graph, reader.variables, graph.entries, {}))
-        for path, table in tables:
-            files = [os.path.join(reader.base, f) for f in reader.tables[path]["files"]]
-            await table.restore_from(files, {v: k for k, v in table_slots(graph).items()},
-                                     reader.table_deltas(path))
+        stage, slots = new_stage(), {v: k for k, v in table_slots(graph).items()}
+        staged = [(table, *table.restore_requests(
+            [os.path.join(reader.base, f) for f in reader.tables[path]["files"]], slots,
+            reader.table_deltas(path), stage)) for path, table in tables]
+        # the variables and the tables, all or nothing: every ps reads and checks its part first
+        await status.restore_now(targets(graph, reader.variables, graph.entries, {}), staged, stage)
+        for table, requests, _ in staged:
+            table.restored_on(requests)
         split = split_delta(os.path.abspath(save_path))
         base, number = split if split else (os.path.abspath(save_path), 0)
         marks = await take_marks(ps_channels(graph.entries, graph.tables))  # after: restored

@@ -11,9 +11,7 @@ written at once for local variables.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import secrets
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,11 +22,12 @@ import numpy as np
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from .._formats.checkpoint_files import CheckpointReader
-from .._formats.checkpoint_operations import AbortRestore, CommitRestore, RestoreCheckpoint, RestoreSpec
+from .._formats.checkpoint_operations import RestoreSpec, RestoreTable
 from .._formats.tensor_files import read_rows
 from .._training.module import Module, unwatch_attributes, watch_attributes
 from .._variables.batched import ensure_created
-from .._variables.placement import Placement, fences_first
+from .._variables.placement import Placement
+from .._variables.staged_restore import new_stage, restore_staged
 from .._variables.variables import Variable
 from .object_graph import Entry, Graph, join, slot_key, walk
 
@@ -239,17 +238,25 @@ class CheckpointLoadStatus:
         for target in targets:
             logger.info("restored %s (deferred)", target.key)
 
-    async def restore_now(self, targets: list[_Target]) -> None:
-        """Restore ``targets`` all or nothing: every ps stages its values, then all commit."""
+    async def restore_now(self, targets: list[_Target],
+                          tables: list[tuple[Any, dict[int, RestoreTable], dict[int, int | None]]] = (),
+                          stage: str | None = None) -> None:
+        """Restore ``targets`` and ``tables`` (``staged_restore.restore_staged``'s, staged
+        as ``stage``) all or nothing: every ps stages its values, then all commit."""
         await ensure_created(p for t in targets for p in t.entry.parts)
-        by_ps: dict[Channel, list[dict[str, Any]]] = {}
+        by_ps: dict[Channel, list[RestoreSpec]] = {}
         local: list[tuple[Variable, np.ndarray]] = []
         for part, rows, entry in self._pieces(targets):
             if entry is None:
                 local.append((part, read_rows(part.shape, part.dtype, *rows)))
             else:
-                by_ps.setdefault(part.channel(), []).append(entry)
-        await _restore_all_or_nothing(by_ps)
+                by_ps.setdefault(part.channel(), []).append(RestoreSpec(**entry))
+        if by_ps or tables:
+            replies = await restore_staged(by_ps, list(tables), stage or new_stage())
+            for ch, reply in replies.items():
+                if reply.incarnation is not None:
+                    # a restarted ps, now restored: its coordinator's PsHealth knows it is handled
+                    ch.restored.setdefault(ch.task, set()).add(reply.incarnation)
         for part, value in local:
             part.restore_local(value)
         self._matched.update(t.key for t in targets)
@@ -264,27 +271,6 @@ def _describe(reader: CheckpointReader | None, values: list[str], objects: list[
         lines.append(f"  {len(objects)} tracked object(s) with no value in the checkpoint: "
                      + ", ".join(objects[:20]))
     return "\n".join(lines)
-
-
-async def _restore_all_or_nothing(by_ps: dict[Channel, list[dict[str, Any]]]) -> None:
-    """Every ps reads and checks its part of the checkpoint (staged), then all commit; if
-    one fails, the others drop what they staged and nothing changes anywhere."""
-    stage = secrets.token_hex(8)
-    channels = list(by_ps)
-    await asyncio.gather(*(fences_first(ch) for ch in channels))
-    staged = await asyncio.gather(*(ch.request(RestoreCheckpoint(
-        vars=[RestoreSpec(**e) for e in by_ps[ch]], stage=stage)) for ch in channels),
-        return_exceptions=True)
-    failed = [r for r in staged if isinstance(r, BaseException)]
-    if failed:
-        await asyncio.gather(*(ch.request(AbortRestore(stage=stage)) for ch in channels),
-                             return_exceptions=True)
-        raise failed[0]
-    replies = await asyncio.gather(*(ch.request(CommitRestore(stage=stage)) for ch in channels))
-    for ch, reply in zip(channels, replies):
-        if reply.incarnation is not None:
-            # a restarted ps, now restored: its coordinator's PsHealth knows it is handled
-            ch.restored.setdefault(ch.task, set()).add(reply.incarnation)
 
 
 expose(globals(), "pstrain.checkpoint", ["CheckpointLoadStatus"])

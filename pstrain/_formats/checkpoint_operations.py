@@ -30,6 +30,8 @@ __all__ = ["MAX_WRITE_S", "AbortRestore", "CommitRestore", "DeltaReply", "DeltaT
            "SaveDelta", "TableShardFile", "TakeMark"]
 
 
+#: A restore's stage: what ``ckpt/commit`` or ``ckpt/abort`` of it names.
+StageId = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 #: A delta file of a table: the file and the prefix of the table's keys in it.
 DeltaFile = tuple[Path, Annotated[str, msgspec.Meta(max_length=64)]]
 
@@ -56,6 +58,9 @@ class RestoreTable(Operation, tag="dyn/restore"):
     #: put the rows of slices ``owned`` into the table here, which then serves slices
     #: ``merge`` (a lost ps's slices, replaced); else the table is replaced
     merge: SliceSet | None = None
+    #: read and check the rows, and hold them until ``ckpt/commit`` of this stage puts them
+    #: in place (with the share of the capacity it gives); the reply counts them as staged
+    stage: StageId | None = None
 
 
 class TableShardFile(Record):
@@ -99,12 +104,13 @@ class RestoreCheckpoint(Owned, tag="ckpt/restore"):
     stage: Annotated[str, msgspec.Meta(max_length=64)] | None = None
 
 
-StageId = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
-
 
 class CommitRestore(Owned, tag="ckpt/commit"):
     reply = CountReply
     stage: StageId
+    #: table -> this ps's share of its capacity, for the tables staged here (a restore
+    #: shares the capacity as a total: each ps gets at least the rows it restored)
+    tables: dict[Name, Count | None] = {}
 
 
 class AbortRestore(Operation, tag="ckpt/abort"):

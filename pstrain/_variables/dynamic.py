@@ -47,8 +47,9 @@ from .._kernels import FLOAT_DTYPES
 from .._kernels.batches import distinct, merge_duplicates
 from .._transport.rpc import Channel, ChannelPool
 from .arrays import current_creator
-from .placement import Placement, fences_first
+from .placement import Placement
 from .routing import routed
+from .staged_restore import new_stage, restore_staged
 
 __all__ = ["DynamicEmbedding"]
 
@@ -312,27 +313,42 @@ class DynamicEmbedding:
         """Replace every shard with the rows saved in ``files`` (all shards of one save, from
         any number of ps), then each delta of ``deltas`` (``(file, key prefix)`` pairs) in
         order: each ps keeps the ids that hash to it now. ``slots``: saved slot key -> this
-        table's slot key (``<optimizer name>/<slot>``). Returns rows restored."""
+        table's slot key (``<optimizer name>/<slot>``). All or nothing: every shard is read
+        and checked before any is replaced, and the capacity is shared as a total
+        (``staged_restore.py``). Returns rows restored."""
+        stage = new_stage()
+        requests, shares = self.restore_requests(files, slots, deltas, stage)
+        replies = await restore_staged({}, [(self, requests, shares)], stage)
+        self.restored_on(requests)
+        return sum(int(r.restored or 0) for r in replies.values())
+
+    def restore_requests(self, files: list[str], slots: dict[str, str] | None,
+                         deltas: list[list[tuple[str, str]]] | None, stage: str
+                         ) -> tuple[dict[int, RestoreTable], dict[int, int | None]]:
+        """The ``dyn/restore`` each holder stages as ``stage``, and each one's share of the
+        capacity now (``staged_restore.restore_staged`` takes both)."""
         sliced = self.slices()
-
-        def restore(ps: int) -> RestoreTable:
+        requests, shares = {}, {}
+        for ps in self.holders():
             if sliced is None:
-                return RestoreTable(
-                    name=self.key, config=TableSpec(**self.shard_config(ps)), owner=self.owner,
-                    paths=files, shard=ps, num_shards=self.num_ps, slots=slots,
-                    deltas=[list(d) for d in deltas or []])
-            return RestoreTable(
-                name=self.key, config=self.slice_spec(sliced, ps), owner=self.owner, paths=files,
-                shard=0, num_shards=1, slots=slots,
-                deltas=[list(d) for d in deltas or []],
-                owned=SliceSet(slices=sliced.slices, owned=sliced.held_by(ps)))
+                config = TableSpec(**self.shard_config(ps))
+                requests[ps] = RestoreTable(
+                    name=self.key, config=config, owner=self.owner, paths=files, shard=ps,
+                    num_shards=self.num_ps, slots=slots, deltas=[list(d) for d in deltas or []],
+                    stage=stage)
+            else:
+                config = self.slice_spec(sliced, ps)
+                requests[ps] = RestoreTable(
+                    name=self.key, config=config, owner=self.owner, paths=files, shard=0,
+                    num_shards=1, slots=slots, deltas=[list(d) for d in deltas or []],
+                    owned=SliceSet(slices=sliced.slices, owned=sliced.held_by(ps)), stage=stage)
+            shares[ps] = config.capacity
+        return requests, shares
 
-        holders = self.holders()
-        await asyncio.gather(*(fences_first(self.channel(ps)) for ps in holders))
-        replies = await asyncio.gather(*(self.channel(ps).request(restore(ps)) for ps in holders))
+    def restored_on(self, requests: dict[int, RestoreTable]) -> None:
+        """The shards of ``requests`` exist now (restored on this loop's channels)."""
         loop = id(asyncio.get_running_loop())
-        self.created_on.update((loop, ps) for ps in holders)
-        return sum(int(r.restored or 0) for r in replies)
+        self.created_on.update((loop, ps) for ps in requests)
 
     async def export_to(self, path: str) -> int:
         """Write every id and its row to a safetensors file (``ids`` int64, ``rows``) for

@@ -335,6 +335,10 @@ class CheckpointFiles:
         for name, array, trainable, slot_of in built:
             self.store.put(name, array, trainable, slot_of)
 
+    def has_stage(self, stage: str) -> bool:
+        """Whether variables are staged as ``stage``."""
+        return stage in self._staged
+
     def commit(self, stage: str) -> dict[str, Any]:
         """Put a staged restore in place (all its variables at once)."""
         entry = self._take_stage(stage)

@@ -365,9 +365,19 @@ class ParameterServer(ServerBase):
         return await self.checkpoints.restore(req)
 
     def commit_restore(self, req: CommitRestore) -> dict[str, Any]:
-        """Put a staged restore in place; the reply names this ps's incarnation, which the
-        coordinator then knows holds restored state (a restart followed by a restore)."""
-        return {**self.checkpoints.commit(req.stage), "incarnation": self.incarnation}
+        """Put a staged restore in place, its variables and its tables (each with the share
+        of its capacity ``req.tables`` gives it), all checked before any changes; the reply
+        names this ps's incarnation, which the coordinator then knows holds restored state
+        (a restart followed by a restore)."""
+        install_tables = self.table_handlers.commit_tables(req.stage, req.tables)
+        if req.stage in self.table_handlers.staged and not self.checkpoints.has_stage(req.stage):
+            reply: dict[str, Any] = {"restored": 0}  # tables only
+        else:
+            reply = self.checkpoints.commit(req.stage)
+        reply["restored"] += install_tables()
+        return {**reply, "incarnation": self.incarnation}
 
     async def abort_restore(self, req: AbortRestore) -> dict[str, Any]:
-        return await self.checkpoints.abort(req.stage)
+        tables = self.table_handlers.abort_tables(req.stage)
+        reply = await self.checkpoints.abort(req.stage)
+        return {"aborted": bool(reply["aborted"]) or tables}

@@ -26,7 +26,7 @@ from ..._formats.operations import (
 from ..._formats.placement_map import TableCopy, TablePatch
 from ..._formats.records import Operation
 from ..._formats.tensor_files import whole
-from .checkpoint import CheckpointFiles, Pending, Tensors
+from .checkpoint import MAX_STAGED, STAGE_TTL_S, CheckpointFiles, Pending, Tensors
 from .dynamic_table import DynamicTable, TableConfig
 from .feed import TableFeed
 from .snapshots import Snapshot
@@ -69,6 +69,10 @@ class TableHandlers:
         self.feed = feed  # told where each table is saved and which shard it is
         #: The slices each table serves here, for the tables part of which moved (moves.py).
         self.guards = SliceGuards(checkpoints.store)
+        #: Restores staged by ``stage``: each table read and checked, and the timer that
+        #: drops them if no ``ckpt/commit`` or ``ckpt/abort`` comes (``commit_tables``).
+        self.staged: dict[str, tuple[dict[str, tuple[DynamicTable, RestoreTable, Any]],
+                                     asyncio.TimerHandle]] = {}
         #: A lookup's rows as a read of an exactly-once closure sees them (``as_of``): the
         #: ps's before images (``before_images.py``).
         self.as_of: Callable[[str, Any, np.ndarray, np.ndarray], np.ndarray] | None = None
@@ -245,7 +249,7 @@ class TableHandlers:
             slot_init = {req.slots[k]: v for k, v in slot_init.items() if k in req.slots}
         if req.merge is not None:
             return self._merge_restored(req, config, ids, rows, slots, slot_init)
-        if config.capacity is not None and ids.size > config.capacity:
+        if req.stage is None and config.capacity is not None and ids.size > config.capacity:
             raise InvalidArgumentError(
                 f"dyn/restore of {req.name!r}: {ids.size} rows for this shard, more than its "
                 f"capacity of {config.capacity}")
@@ -259,6 +263,53 @@ class TableHandlers:
                     f"{held} bytes on this shard, more than this ps's limit of "
                     f"{self.max_table_bytes} (pstrain serve --max-variable-bytes)")
         table.load(ids, rows, slots, slot_init)
+        if req.stage is not None:  # put in place by ckpt/commit, with its share of the capacity
+            staged = self.staged.get(req.stage)
+            if staged is None:
+                if len(self.staged) >= MAX_STAGED:
+                    raise InvalidArgumentError(
+                        f"dyn/restore: {len(self.staged)} restores are staged on {self.task} "
+                        f"already (at most {MAX_STAGED}): commit or abort them first")
+                timer = asyncio.get_running_loop().call_later(STAGE_TTL_S, self.abort_tables, req.stage)
+                staged = self.staged[req.stage] = ({}, timer)
+            staged[0][req.name] = (table, req, mine)
+            return {"staged": int(ids.size), "stage": req.stage}
+        self._install(table, req, mine)
+        return {"restored": int(ids.size)}
+
+    def commit_tables(self, stage: str, capacities: dict[str, int | None]) -> Callable[[], int]:
+        """Check that the tables staged as ``stage`` fit ``capacities`` (each table's share
+        here; a table not named keeps the share it was staged with); returns what puts them
+        in place (it cannot fail), or raises with nothing changed."""
+        tables = self.staged.get(stage, ({}, None))[0]
+        for name, (table, _, _) in tables.items():
+            capacity = capacities.get(name, table.config.capacity)
+            if capacity is not None and len(table) > capacity:
+                raise InvalidArgumentError(
+                    f"ckpt/commit of {name!r}: {len(table)} rows staged on {self.task}, more "
+                    f"than its share of the capacity, {capacity}")
+
+        def install() -> int:
+            entry = self.staged.pop(stage, None)
+            if entry is None:
+                return 0
+            entry[1].cancel()
+            for name, (table, req, mine) in entry[0].items():
+                table.with_capacity(capacities.get(name, table.config.capacity))
+                self._install(table, req, mine)
+            return len(entry[0])
+
+        return install
+
+    def abort_tables(self, stage: str) -> bool:
+        """Drop the tables staged as ``stage``; whether there were any."""
+        entry = self.staged.pop(stage, None)
+        if entry is not None and entry[1] is not None:
+            entry[1].cancel()
+        return entry is not None
+
+    def _install(self, table: DynamicTable, req: RestoreTable, mine: tuple[int | list[int], int]) -> None:
+        """A restored table replaces the shard here."""
         existing = self.tables.get(req.name)
         if existing is not None:  # counters of this process only go up (Prometheus counters)
             table.admitted, table.evicted = existing.admitted, existing.evicted
@@ -270,7 +321,6 @@ class TableHandlers:
         first = req.paths[0] if req.paths else next((d[0][0] for d in req.deltas if d), None)
         if first is not None:
             self.feed.saved(req.name, first)
-        return {"restored": int(ids.size)}
 
     def _merge_restored(self, req: RestoreTable, config: TableConfig, ids: np.ndarray, rows: np.ndarray,
                         slots: dict[str, np.ndarray], slot_init: dict[str, float]) -> dict[str, Any]:
