@@ -171,3 +171,25 @@ def test_ctrl_c_on_pstrain_demo_stops_within_seconds_and_says_what_was_kept(tmp_
     assert len(said) == 1 and "in flight finished" in said[0], err
     assert "latest checkpoint" in said[0], said[0]
     assert "Traceback" not in err and "is cancelled" not in err
+
+
+def test_ctrl_c_with_deltas_running_keeps_every_finished_step_in_a_last_delta(tmp_path):
+    """Deltas every 10 minutes: none would be due before the Ctrl-C. The last delta,
+    written once the steps in flight finished, holds every step that ran: the counter in
+    the checkpoint the line names is the steps scheduled less those cancelled."""
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN.replace("sys.argv[1])", "sys.argv[1], delta_interval_s=600)"))
+    code, _, _, out, err = _interrupt_when(
+        [sys.executable, str(script), str(tmp_path / "ckpt")], tmp_path, "^stepping")
+    assert code == 130, (code, err)
+    said = _said(err, "pstrain: interrupted")
+    assert len(said) == 1, err
+    counts = re.search(r"(\d+) step\(s\) in flight finished, (\d+) queued step\(s\) cancelled", said[0])
+    assert counts and "abandoned" not in said[0], said[0]
+    kept = re.search(r"latest checkpoint (\S+) \(a last delta, of every step finished\)", said[0])
+    assert kept and kept.group(1) == str(tmp_path / "ckpt" / "ckpt-1.delta-1"), said[0]
+    from pstrain.checkpoint import load_variables
+
+    value = float(load_variables(kept.group(1))["v"])
+    assert value == 401 - int(counts.group(2)), (value, said[0])  # 1 + 400 scheduled
+    assert value > 1

@@ -216,6 +216,19 @@ class CheckpointManager:
         if not task.cancelled() and task.exception() is not None:
             logger.warning("compacting the deltas into a full checkpoint failed: %s", task.exception())
 
+    @property
+    def writing_deltas(self) -> bool:
+        """Whether deltas are being written every ``delta_interval_s`` (on this loop)."""
+        loop = self._loop
+        return loop is not None and not self._closed and not loop.done() and \
+            loop.get_loop() is asyncio.get_running_loop()
+
+    async def keep(self) -> str:
+        """Stop the deltas and write a last one of what is done now, at once (``pstrain.run``
+        does this on Ctrl-C once the steps in flight have finished); returns its path."""
+        await self.close()
+        return await self.save_delta()
+
     async def close(self) -> None:
         """Stop writing deltas for good. A delta or compaction under way is let finish (one
         cancelled half-way leaves a ps writing a file the next save of its name then meets),

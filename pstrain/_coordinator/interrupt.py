@@ -1,6 +1,7 @@
-"""Ctrl-C on the coordinator: no closure is sent any more, those in flight get a few
-seconds to finish, then the queued ones are cancelled and new ones refused (the drain hook
-of :mod:`pstrain._transport.interrupt`, which ``pstrain.run`` runs on SIGINT)."""
+"""Ctrl-C on the coordinator: no closure is sent any more and new ones are refused, those
+in flight get a few seconds to finish (the drain hook of :mod:`pstrain._transport.interrupt`,
+which ``pstrain.run`` runs on SIGINT); once what they did is kept (a last delta), the
+queued ones are cancelled (its stop hook)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import weakref
 from typing import Any, Protocol
 
-from .._transport.interrupt import DRAIN_HOOKS
+from .._transport.interrupt import DRAIN_HOOKS, STOP_HOOKS
 from .scheduling import ClosureQueue
 
 __all__ = ["INTERRUPTED", "track"]
@@ -33,17 +34,18 @@ def track(coordinator: ClusterCoordinator) -> None:
 
 
 async def _interrupt(coordinator: ClusterCoordinator, grace_s: float) -> tuple[int, int, int]:
-    """(finished, cancelled, abandoned) closures of ``coordinator``. Nothing new is sent
-    while those in flight finish (the program, awaiting them, goes on meanwhile: it must
-    not unwind, stopping its cluster, before they are done); then the rest is cancelled."""
+    """(finished, to cancel, abandoned) closures of ``coordinator``. Nothing new is sent
+    while those in flight finish, and ``schedule`` refuses new ones from then on; the
+    program, awaiting its closures, goes on meanwhile: it must not unwind, stopping its
+    cluster, before they are done and kept (``_stop`` cancels the rest after that)."""
     queue = coordinator.queue
     queue.paused = True
     running = queue.in_flight
     await queue.wait_drained(grace_s)
     left = queue.in_flight
     coordinator.interrupted = INTERRUPTED
-    cancelled = queue.cancel_queued(INTERRUPTED)
-    return running - left, cancelled, left
+    _stopping.add(coordinator)
+    return running - left, queue.waiting, left
 
 
 async def _drain(grace_s: float) -> str | None:
@@ -57,4 +59,12 @@ async def _drain(grace_s: float) -> str | None:
     return said + (f", {left} still running abandoned" if left else "")
 
 
+def _stop() -> None:
+    """The queued closures of the coordinators drained are cancelled (what was done is kept)."""
+    while _stopping:
+        _stopping.pop().queue.cancel_queued(INTERRUPTED)
+
+
+_stopping: weakref.WeakSet[ClusterCoordinator] = weakref.WeakSet()
 DRAIN_HOOKS.append(_drain)
+STOP_HOOKS.append(_stop)

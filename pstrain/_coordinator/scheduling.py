@@ -269,6 +269,11 @@ class ClosureQueue:
         self._progress()
         return error
 
+    @property
+    def waiting(self) -> int:
+        """Closures not sent yet: queued, and held back (``cancel_queued`` fails them)."""
+        return len(self._queue) + len(self._held)
+
     def cancel_queued(self, message: str) -> int:
         """Fail every queued closure with CancelledError(``message``); returns how many."""
         n = len(self._queue) + len(self._held)

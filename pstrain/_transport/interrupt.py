@@ -6,9 +6,13 @@ was all a user saw. Under :func:`pstrain.run` the first SIGINT instead
 
 1. runs the *drain hooks* (a coordinator cancels its queued closures, refuses new ones and
    waits for those in flight, together at most :data:`GRACE_S` seconds),
-2. cancels the program's main coroutine,
-3. prints one line to stderr with what each hook and *report hook* said (steps finished,
-   steps cancelled, the latest checkpoint), and ``pstrain.run`` raises ``SystemExit(130)``,
+2. runs the *keep hooks* (a checkpoint manager writing deltas writes a last one, of every
+   step finished: at most :data:`KEEP_S` seconds), while the program still waits on its
+   steps (it must not unwind, stopping its cluster, before they are kept),
+3. runs the *stop hooks* (a coordinator cancels its queued closures), then cancels the
+   program's main coroutine,
+4. prints one line to stderr with what each hook and *report hook* said (steps finished,
+   steps cancelled, the checkpoint kept), and ``pstrain.run`` raises ``SystemExit(130)``,
    the exit status of a program ended by SIGINT.
 
 A second SIGINT cancels the program at once. Hooks are registered by the layers above (the
@@ -24,7 +28,8 @@ import signal
 import threading
 from collections.abc import Awaitable, Callable
 
-__all__ = ["DRAIN_HOOKS", "GRACE_S", "REPORT_HOOKS", "Interruption"]
+__all__ = ["DRAIN_HOOKS", "GRACE_S", "KEEP_HOOKS", "KEEP_S", "REPORT_HOOKS", "STOP_HOOKS",
+           "Interruption"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +37,13 @@ logger = logging.getLogger(__name__)
 GRACE_S = 4.0
 #: ``async hook(grace_s) -> summary or None``: stop taking work, let what runs finish.
 DRAIN_HOOKS: list[Callable[[float], Awaitable[str | None]]] = []
-#: ``hook() -> summary or None``: what was kept (run after the drain hooks).
+#: How long the keep hooks get, together, once the steps have stopped.
+KEEP_S = 60.0
+#: ``async hook() -> summary or None``: keep what the finished steps did (after the drains).
+KEEP_HOOKS: list[Callable[[], Awaitable[str | None]]] = []
+#: ``hook()``: drop the work not run (after the keep hooks, before the program is cancelled).
+STOP_HOOKS: list[Callable[[], None]] = []
+#: ``hook() -> summary or None``: what was kept (run after the drain and keep hooks).
 REPORT_HOOKS: list[Callable[[], str | None]] = []
 
 
@@ -90,6 +101,22 @@ class Interruption:
             self.summaries += [r for r in results if isinstance(r, str) and r]
         except TimeoutError:
             self.summaries.append(f"steps still running after {GRACE_S:g} s were abandoned")
+        try:
+            results = await asyncio.wait_for(
+                asyncio.gather(*(hook() for hook in KEEP_HOOKS), return_exceptions=True), KEEP_S)
+            for r in results:
+                if isinstance(r, BaseException):
+                    logger.error("keeping the finished steps on interruption failed: %s", r)
+                    self.summaries.append(f"the last checkpoint failed ({r})")
+                elif r:
+                    self.summaries.append(r)
+        except TimeoutError:
+            self.summaries.append(f"the last checkpoint took over {KEEP_S:g} s and was abandoned")
+        for stop in STOP_HOOKS:
+            try:
+                stop()
+            except Exception:  # must not keep the program from stopping
+                logger.exception("stopping on interruption failed")
         for report in REPORT_HOOKS:
             try:
                 line = report()
