@@ -69,6 +69,7 @@ async def test_round_trip_of_every_tracked_kind(ps_pair, tmp_path):
     saved = load_variables(path)
     assert set(saved) == {
         "model/table", "model/w", "model/bias", "extra/counters/0", "optimizer/iterations",
+        "optimizer/iterations_mirror",  # the step counter again, on another ps
         "metric/total", "metric/count",
         *(f"model/{v}/.OPTIMIZER_SLOT/optimizer/{s}" for v in ("table", "w") for s in ("m", "v"))}
     assert saved["model/table"].shape == (12, 3)  # one logical variable

@@ -94,12 +94,14 @@ async def test_a_ps_joins_and_leaves_while_training_runs_and_nothing_is_lost_or_
             await _wait(lambda: coordinator.closures_done >= 5, "training to start")
             index = await coordinator.add_ps(extra.address)  # while closures run
             assert index == 2
-            assert _held(extra) in ({"emb/part_0"}, {"emb/part_1"})  # half the table
+            # half the table (and maybe a small part whose move evens the bytes out)
+            assert len(_held(extra) & {"emb/part_0", "emb/part_1"}) == 1
             for step in range(STEPS // 4, STEPS // 2):
                 done.append(coordinator.schedule(step_fn, args=(step,), exactly_once=True))
             await _wait(lambda: coordinator.closures_done >= STEPS // 2 - 5, "more training")
             status = coordinator.statistics()["placement"]
-            assert status["version"] >= 2 and status["ps"][2]["bytes"] == ROWS // 2 * DIM * 4
+            extra_bytes = status["ps"][2]["bytes"] - ROWS // 2 * DIM * 4  # half the table, and
+            assert status["version"] >= 2 and extra_bytes in (0, DIM // 2 * 4)  # maybe a dense part
             # every ps holds what the map says, and nothing else
             for k, ps in enumerate([*cluster.ps, extra]):
                 on = {key for key, (home, _) in strategy.placement.placed.items()

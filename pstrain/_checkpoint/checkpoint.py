@@ -314,6 +314,10 @@ class Checkpoint:
         await status.restore_now(targets(graph, reader.variables, graph.entries, {}), staged, stage)
         for table, requests, _ in staged:
             table.restored_on(requests)
+        for path, optimizer in graph.optimizers.items():  # a save older than the mirror
+            mirrored = optimizer.iterations_mirror is not None
+            if mirrored and f"{path}/iterations_mirror" not in reader.variables:
+                await optimizer.sync_counters(trust="iterations")
         split = split_delta(os.path.abspath(save_path))
         base, number = split if split else (os.path.abspath(save_path), 0)
         marks = await take_marks(ps_channels(graph.entries, graph.tables))  # after: restored

@@ -221,6 +221,8 @@ def walk(roots: dict[str, Any], prefix: str = "", seen: set[int] | None = None) 
         elif isinstance(obj, Optimizer):
             graph.optimizers[path] = obj
             todo.append((join(path, "iterations"), obj.iterations))
+            if obj.iterations_mirror is not None:
+                todo.append((join(path, "iterations_mirror"), obj.iterations_mirror))
         else:
             if isinstance(obj, Module):
                 graph.modules.append((obj, path))

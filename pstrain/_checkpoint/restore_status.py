@@ -103,13 +103,16 @@ class CheckpointLoadStatus:
             raise AssertionError("No checkpoint specified (save_path=None); nothing is being restored.")
 
     def unmatched_values(self) -> list[str]:
-        """Keys in the checkpoint that no object has taken (yet)."""
-        return sorted(set(self._saved) - self._matched)
+        """Keys in the checkpoint that no object has taken (yet). An optimizer's step
+        counter's mirror is not one: a job on one ps has none (it is the step again)."""
+        return sorted(set(self._saved) - self._matched - _mirrors(self._graph))
 
     def objects_without_values(self) -> list[str]:
-        """Paths of variables tracked by the checkpoint now that the checkpoint has no value for."""
+        """Paths of variables tracked by the checkpoint now that the checkpoint has no value
+        for (a mirror of a step counter is not one: the restore sets it to the step)."""
         graph = walk(self._checkpoint.tracked_objects())
-        return sorted(p for p in graph.entries if p not in self._saved)
+        mirrors = _mirrors(graph)
+        return sorted(p for p in graph.entries if p not in self._saved and p not in mirrors)
 
     def assert_consumed(self) -> CheckpointLoadStatus:
         """Every value in the checkpoint was restored and every tracked object got one."""
@@ -260,6 +263,11 @@ class CheckpointLoadStatus:
         for part, value in local:
             part.restore_local(value)
         self._matched.update(t.key for t in targets)
+
+
+def _mirrors(graph: Graph) -> set[str]:
+    """The paths of the tracked optimizers' step counter mirrors (``optimizers.py``)."""
+    return {f"{path}/iterations_mirror" for path in graph.optimizers}
 
 
 def _describe(reader: CheckpointReader | None, values: list[str], objects: list[str]) -> str:

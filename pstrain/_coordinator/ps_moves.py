@@ -266,10 +266,13 @@ class PsChanges:
             shares[target] += placed[key][1]
         return where
 
-    async def install(self, copies: list[VariableCopy], where: dict[str, int]) -> None:
+    async def install(self, copies: list[VariableCopy], where: dict[str, int],
+                      once: dict[str, list[Any]] | None = None) -> None:
         """Put ``copies`` (variables with their optimizer slots, read from a checkpoint) on
-        the ps ``where`` names for each variable, then route to them there (a lost ps's
-        share, replaced). Call with :attr:`lock` held."""
+        the ps ``where`` names for each variable, with the exactly-once records ``once``
+        gives by variable, then route to them there (a lost ps's share, replaced). Call
+        with :attr:`lock` held."""
+        once = once or {}
         placed = self.strategy.placement.placed
         new = self.placement.moved_to(where, {k: placed[k][0] for k in where})
         by_ps: dict[int, list[VariableCopy]] = {}
@@ -279,8 +282,9 @@ class PsChanges:
         async def put(ps: int, group: list[VariableCopy]) -> None:
             stage, channel = secrets.token_hex(8), self.channel(ps)
             await channel.request(InstallVariables(stage=stage, vars=group), timeout=self.timeout_s)
-            await channel.request(InstallVariables(stage=stage, activate=True, placement=new),
-                                  timeout=self.timeout_s)
+            records = [r for copy in group for r in once.get(copy.name, [])]
+            await channel.request(InstallVariables(stage=stage, activate=True, placement=new,
+                                                   once=records), timeout=self.timeout_s)
 
         await asyncio.gather(*(put(ps, group) for ps, group in by_ps.items()))
         await self.publish(new)

@@ -36,6 +36,9 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+from msgspec.structs import replace
+
 from .._base.cluster import task_name
 from .._base.errors import (
     DeadlineExceededError,
@@ -46,7 +49,7 @@ from .._base.errors import (
 )
 from .._checkpoint.shares import read_share, table_sources
 from .._formats.checkpoint_operations import RestoreTable
-from .._formats.placement_map import SetPlacement, SliceSet, TableSlices
+from .._formats.placement_map import ReadRecords, SetPlacement, SliceSet, TableSlices, VariableCopy
 from .heartbeat import Heartbeat
 from .ps_moves import PsChanges
 from .scheduling import ClosureQueue
@@ -124,17 +127,51 @@ class PsReplacement:
                 None, read_share, manager.checkpoint, path, set(keys), changes.strategy.placement.owner)
             sources = await asyncio.get_running_loop().run_in_executor(
                 None, table_sources, manager.checkpoint, path)
-            await changes.install(copies, changes.spread(keys, to))
+            copies, once, steps = await self._counted(set(keys), copies)
+            await changes.install(copies, changes.spread(keys, to), once)
             rows = await self._replace_tables(index, sources, to)
         seconds = time.monotonic() - started
         self.spawn(self._fence(index))
         nbytes = sum(int(c.value.nbytes) for c in copies)
-        self.changes.replaced.append({"ps": index, "variables": len(keys), "bytes": nbytes,
-                                      "table_rows": rows, "seconds": round(seconds, 3),
-                                      "checkpoint": path})
-        logger.warning("%s was lost: its %d variable(s) (%d bytes with their slots) were put on "
-                       "the other ps from %s in %.2f s", task_name("ps", index), len(keys), nbytes,
-                       path, seconds)
+        tables = sorted(k for k, t in changes.strategy.placement.tables.items()
+                        if k in sources and rows)
+        self.changes.replaced.append({
+            "ps": index, "variables": len(keys), "keys": sorted(keys), "tables": tables,
+            "bytes": nbytes, "table_rows": rows, "seconds": round(seconds, 3), "checkpoint": path,
+            "steps_since_checkpoint": steps})
+        shown = ", ".join(sorted(keys)[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
+        logger.warning(
+            "%s was lost and replaced in %.2f s: its %d variable(s) (%s; %d bytes with their "
+            "slots) and %d table row(s) were rolled back to %s and put on the other ps; %s",
+            task_name("ps", index), seconds, len(keys), shown or "none", nbytes, rows, path,
+            f"the step counter kept its count, {steps} step(s) past the checkpoint's: the "
+            "updates to them of those steps were lost, but for those in flight, which ran again"
+            if steps is not None else "no step counter was on it")
+
+    async def _counted(self, lost: set[str], copies: list[VariableCopy]
+                       ) -> tuple[list[VariableCopy], dict[str, list[Any]], int | None]:
+        """An optimizer's step counter (or its mirror) among the ``lost`` variables comes
+        back with the count of the one on a ps that kept its state, and that one's
+        exactly-once records: a step it counted before the loss is not counted again when
+        its closure runs again. Returns the copies, the records by variable, and how many
+        steps the checkpoint's count was behind (None: no counter was lost)."""
+        once: dict[str, list[Any]] = {}
+        behind = None
+        at = {c.name: i for i, c in enumerate(copies)}
+        for optimizer in list(self.changes.strategy.placement.counters):
+            pair = (optimizer.iterations, optimizer.iterations_mirror)
+            gone = [v for v in pair if v.key in lost and v.key in at]
+            if len(gone) != 1:
+                continue
+            kept = pair[1] if gone[0] is pair[0] else pair[0]
+            count = int(await kept.read_value())
+            reply = await self.changes.channel(kept.ps_index).request(ReadRecords(names=[kept.key]))
+            copy = copies[at[gone[0].key]]
+            behind = max(behind or 0, count - int(copy.value))
+            copies[at[copy.name]] = replace(copy, value=np.asarray(count, np.asarray(copy.value).dtype))
+            once[copy.name] = [[key, seq, [copy.name], answer, parts]
+                               for key, seq, _, answer, parts in reply.once]
+        return copies, once, behind
 
     async def _replace_tables(self, index: int, sources: dict[str, Any], to: int | None) -> int:
         """Put the rows of the slices lost ps ``index`` held of each dynamic table on the

@@ -206,6 +206,8 @@ class ApplyGradients(Mutation, tag="opt/apply"):
     unique_rows: bool = False
     iterations: Name | None = None
     t: Step | None = None
+    #: a second step counter (on another ps than ``iterations``) counted in the same step
+    mirror: Name | None = None
 
 
 class CreateTable(Operation, tag="dyn/create"):

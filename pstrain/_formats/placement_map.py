@@ -40,7 +40,8 @@ from .._base.errors import ProtocolError
 from .records import Count, Name, Operation, Owned, Owner, Record, Reply, TableSpec, convert
 
 __all__ = ["EndMove", "FinishMove", "FinishReply", "InstallVariables", "MoveOut", "MoveOutReply",
-           "MoveReply", "PlacementMap", "PlacementReply", "ReadPlacement", "SLICES_PER_PS",
+           "MoveReply", "PlacementMap", "PlacementReply", "ReadPlacement", "ReadRecords",
+           "RecordsReply", "SLICES_PER_PS",
            "SetPlacement", "SliceSet", "TableCopy", "TablePatch", "TableSlices", "VariableCopy",
            "first_slices"]
 
@@ -309,6 +310,19 @@ class FinishMove(Owned, tag="ps/move_finish"):
     serving: dict[Name, SliceSet] = {}
     #: dynamic table key -> this ps's capacity of it once the move ends
     capacity: dict[Name, Annotated[int, msgspec.Meta(ge=1)] | None] = {}
+
+
+class RecordsReply(Reply):
+    once: list[OnceRecord]
+
+
+class ReadRecords(Operation, tag="ps/records"):
+    """The exactly-once records of variables ``names`` on this ps: a replacement hands them
+    to a lost optimizer step counter's copy, with the value of the counter that survived,
+    so that a step counted on the survivor before the loss is not counted again on it."""
+
+    reply = RecordsReply
+    names: Keys
 
 
 class InstallVariables(Owned, tag="ps/install"):

@@ -40,9 +40,10 @@ from .._formats.optimizer_rules import slot_specs
 from .._formats.records import OptimizerRule
 from .._formats.schedules import LearningRateSchedule
 from .._kernels.batches import merge_duplicates
-from .._variables.arrays import IndexedSlices
-from .._variables.batched import ensure_created
+from .._variables.arrays import IndexedSlices, current_creator
+from .._variables.batched import ensure_created, read_variables
 from .._variables.dynamic import DynamicEmbedding
+from .._variables.placement import Placement
 from .._variables.routing import routed
 from .._variables.sharding import ShardedVariable, compact_ids
 from .._variables.variables import Variable
@@ -77,6 +78,29 @@ class Optimizer:
         n = next(_counts.setdefault(type(self).__name__, itertools.count()))
         self.name = name or (type(self).__name__ if n == 0 else f"{type(self).__name__}_{n}")
         self.iterations = Variable(np.int64(0), name=f"{self.name}/iterations", trainable=False)
+        #: A second step counter on another ps, counted in the same requests: the step
+        #: survives the loss of either ps (``sync_counters`` after a replacement).
+        placement = current_creator()
+        self.iterations_mirror = _mirror(self.iterations, f"{self.name}/iterations_mirror", placement)
+        if self.iterations_mirror is not None:
+            assert isinstance(placement, Placement)
+            placement.counters.add(self)  # a replacement syncs them (``ps_replace.py``)
+
+    async def sync_counters(self, *, trust: str = "higher") -> tuple[int, int]:
+        """Make ``iterations`` and its mirror agree: on the higher of the two (``trust=
+        "higher"``: a ps that held one was replaced from an older delta), or on
+        ``iterations`` (``"iterations"``: restored from a checkpoint that may predate the
+        mirror). Returns (the step now, by how much the other one was behind)."""
+        mirror = self.iterations_mirror
+        if mirror is None:
+            return int(await self.iterations.read_value()), 0
+        values = [int(x) for x in await read_variables([self.iterations, mirror])]
+        step = max(values) if trust == "higher" else values[0]
+        behind = [step - v for v in values]
+        for var, gap in zip((self.iterations, mirror), behind):
+            if gap:
+                await var.assign_add(np.int64(gap))
+        return step, max(abs(b) for b in behind)
 
     def get_config(self) -> dict[str, Any]:
         lr = self.learning_rate
@@ -126,8 +150,8 @@ class Optimizer:
                                                "strategy.scope() (they live on the ps)")
                 touched.append(part)
                 items.append(("grad", part, [part.key, rows, values]))
-        it_var = self.iterations
-        await ensure_created([it_var, *touched])
+        it_var, mirror = self.iterations, self.iterations_mirror
+        await ensure_created([it_var, *touched, *([mirror] if mirror is not None else [])])
         await asyncio.gather(*(table.shard_ready(ps) for table, ps in dynamic))
         rule = OptimizerRule(**self._rule())
         pool = it_var.channels()
@@ -142,25 +166,43 @@ class Optimizer:
                 (t,) = await routed(pool, [("count", None, None)], lambda _: it_var.channel(), count)
             else:
                 items.append(("count", None, None))
+            if mirror is not None:
+                items.append(("mirror", None, None))
 
             def channel_of(item: tuple[str, Any, Any]) -> Channel:
                 kind, where, _ = item
                 if kind == "grad":
                     return where.channel()
+                if kind == "mirror":
+                    assert mirror is not None
+                    return mirror.channel()
                 return where[0].channel(where[1]) if kind == "table" else it_var.channel()
 
             async def send(channel: Channel, group: list[tuple[str, Any, Any]]) -> int:
                 counts = any(kind == "count" for kind, _, _ in group)
                 tables = [entry for kind, _, entry in group if kind == "table"]
                 # grads and tables as lists, not tuples: a list packs flat (a tuple is an ext)
+                mirrored = mirror is not None and any(kind == "mirror" for kind, _, _ in group)
                 reply = await channel.request(ApplyGradients(
                     rule=rule, prefix=self.name, unique_rows=True,
                     grads=[entry for kind, _, entry in group if kind == "grad"],
-                    iterations=it_var.key if counts else None, t=t, tables=tables or None))
+                    iterations=it_var.key if counts else None, t=t, tables=tables or None,
+                    mirror=mirror.key if mirrored and mirror is not None else None))
                 return int(reply.t) if counts else -1
 
             results = await routed(pool, items, channel_of, send, _resplit)
         return t if t is not None else max(results)
+
+
+def _mirror(iterations: Variable, name: str, placement: Any) -> Variable | None:
+    """The mirror of step counter ``iterations``: on the next ps of the job (none with one
+    ps, or outside a strategy)."""
+    home = iterations.ps_index
+    if not isinstance(placement, Placement) or home is None or len(placement.active) < 2:
+        return None
+    after = [ps for ps in placement.active if ps > home] or placement.active
+    with placement.colocated(after[0]):
+        return Variable(np.int64(0), name=name, trainable=False)
 
 
 def _resplit(group: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:

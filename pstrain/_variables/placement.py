@@ -38,6 +38,7 @@ import math
 import secrets
 import threading
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
@@ -91,6 +92,8 @@ class Placement:
         self.placed: dict[str, tuple[int, int]] = {}
         #: key -> the dynamic table (its slices are what the coordinator may move).
         self.tables: dict[str, Any] = {}
+        #: The optimizers whose step counter is mirrored on a second ps (``sync_counters``).
+        self.counters: weakref.WeakSet[Any] = weakref.WeakSet()
         self._names: dict[str, int] = {}
         self._colocate: contextvars.ContextVar[int | None] = contextvars.ContextVar(
             "pstrain_colocate", default=None)

@@ -69,18 +69,19 @@ def apply_gradients(store: VariableStore, tables: TableHandlers, req: ApplyGradi
             slots[slot_name] = (full, init)
         plan.append((record, rows, grad, slots))
     table_plan = tables.plan(req.tables or (), req.prefix, specs)
-    it_record = None
-    if req.iterations is not None:
-        it_record = store.get(req.iterations)
-        if it_record.array.shape != () or it_record.array.dtype.kind not in "iu":
-            raise InvalidArgumentError(f"opt/apply: {req.iterations!r} is not an integer "
-                                       "scalar step counter")
+    it_record = store.get(req.iterations) if req.iterations is not None else None
+    counters = [store.get(name) for name in (req.iterations, req.mirror) if name is not None]
+    for record in counters:
+        if record.array.shape != () or record.array.dtype.kind not in "iu":
+            raise InvalidArgumentError(f"opt/apply: {record.name!r} is not an integer scalar "
+                                       "step counter")
     # -- commit: nothing below can fail on the request's account
     t = req.t
-    if it_record is not None:
-        counter = it_record.writable()
+    for record in counters:
+        counter = record.writable()
         counter += 1
-        t = int(counter)
+        if record is it_record or (it_record is None and t is None):  # a mirror says its count
+            t = int(counter)
     step = int(t or 1)
     if schedule is not None:  # Keras reads the rate at iterations before the update
         cfg["learning_rate"] = schedule(step - 1)

@@ -207,8 +207,7 @@ def changed(req: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
     dynamic tables, each with its ids."""
     if isinstance(req, ApplyGradients):
         variables = [(name, rows) for name, rows, _ in req.grads]
-        if req.iterations:
-            variables.append((req.iterations, None))
+        variables += [(counter, None) for counter in (req.iterations, req.mirror) if counter]
         return variables, [(name, ids) for name, ids, _ in req.tables or ()]
     if isinstance(req, UpdateVariables):
         return [(u.name, u.indices if u.op.startswith("scatter") else None) for u in req.updates], []
@@ -238,7 +237,8 @@ def _narrowed(req: Any, applied: set[str], scopes: dict[str, list[Scope]]) -> An
                   if (left := _uncovered(t, scopes.get(t[0], [None] if t[0] in applied else []))) is not None]
         return msgspec.structs.replace(
             req, grads=[g for g in req.grads if g[0] not in applied], tables=tables or None,
-            iterations=None if req.iterations in applied else req.iterations)
+            iterations=None if req.iterations in applied else req.iterations,
+            mirror=None if req.mirror in applied else req.mirror)
     if isinstance(req, UpdateVariables):
         return msgspec.structs.replace(req, updates=[u for u in req.updates if u.name not in applied])
     return None if set(_names(req)) <= applied else req

@@ -34,6 +34,7 @@ from ..._formats.placement_map import (
     FinishMove,
     InstallVariables,
     MoveOut,
+    ReadRecords,
     SliceSet,
     TableCopy,
     VariableCopy,
@@ -83,7 +84,11 @@ class Moves:
 
     def routes(self) -> dict[type, Any]:
         return {**self.map.routes(), MoveOut: self.move_out, FinishMove: self.finish,
-                InstallVariables: self.install, EndMove: self.end}
+                InstallVariables: self.install, EndMove: self.end, ReadRecords: self.read_records}
+
+    def read_records(self, req: ReadRecords) -> dict[str, Any]:
+        """The exactly-once records of variables ``req.names`` here."""
+        return {"once": self.fencing.records_of(set(req.names))}
 
     def move_out(self, req: MoveOut) -> Pinned:
         """Step 1: each variable with its slots, as it is now (pinned), and the clock's mark."""
