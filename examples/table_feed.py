@@ -11,6 +11,12 @@ in). Versions are those of the job's checkpoints and deltas, so a serving copy
 follows training one delta interval behind
 (``CheckpointManager(..., delta_interval_s=...)``).
 
+A ps that cannot be reached (lost, or left the job) keeps serving from its last copy
+until the ps that can be reached say, in their replies' ``shard`` and ``num_shards``,
+that they hold every slice of the table between them (the lost ps's slices were
+restored onto them, or moved there): then its copy is dropped, so no row is held
+twice, and it is asked no more.
+
 Run it beside a job whose table is ``emb``::
 
     PSTRAIN_TOKEN=... python examples/table_feed.py --ps 10.0.0.5:7000,10.0.0.6:7000 --table emb
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 
 import aiohttp
@@ -30,12 +37,26 @@ from safetensors.numpy import load
 
 
 class ShardCopy:
-    """One ps's shard: ids (ascending) and their rows, at ``version``."""
+    """One ps's shard: ids (ascending) and their rows, at ``version``; the slices of the
+    table's hash space it holds (``slices`` of ``num_slices``, from the reply's metadata)."""
 
     def __init__(self) -> None:
         self.version: int | None = None
         self.ids = np.empty(0, np.int64)
         self.rows = np.empty((0, 0), np.float32)
+        self.slices: set[int] = set()
+        self.num_slices = 1
+        self.down = False  # could not be reached at the last poll
+
+    def holds(self, shard: str, num_shards: int) -> None:
+        """The reply's ``shard`` (one number: that shard; else the slices, comma-separated)."""
+        self.slices = {int(s) for s in shard.split(",") if s}  # none: it left the job
+        self.num_slices = num_shards
+
+    def slices_of(self, num: int) -> set[int]:
+        """The slices held, as slices of ``num`` (a multiple of ``num_slices``): shard k
+        of n is slices {k, k + n, k + 2n, ...} of any multiple of n."""
+        return {s for s in range(num) if s % self.num_slices in self.slices}
 
     def apply(self, reset: bool, version: int, ids: np.ndarray, rows: np.ndarray,
               removed: np.ndarray) -> None:
@@ -49,6 +70,12 @@ class ShardCopy:
         self.version = version
 
 
+def _metadata(body: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors file (its 8-byte header length, then JSON)."""
+    n = int.from_bytes(body[:8], "little")
+    return json.loads(body[8:8 + n]).get("__metadata__", {})
+
+
 class TableMirror:
     """A table's rows across every ps, each shard kept at its own version."""
 
@@ -56,31 +83,57 @@ class TableMirror:
         self.endpoints = endpoints
         self.table = table
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.shards = [ShardCopy() for _ in endpoints]
+        self.shards: list[ShardCopy | None] = [ShardCopy() for _ in endpoints]  # None: dropped
         self.resets = 0  # replies that replaced a whole shard
 
     async def poll(self, session: aiohttp.ClientSession) -> int:
-        """Ask every ps once; returns the rows received."""
-        received = await asyncio.gather(*(self._poll(session, k) for k in range(len(self.endpoints))))
+        """Ask every ps once; returns the rows received. A ps that cannot be reached keeps
+        its last copy until the others hold all of the table (then it is dropped)."""
+        asked = [k for k, s in enumerate(self.shards) if s is not None]
+        received = await asyncio.gather(*(self._poll(session, k) for k in asked))
+        self._drop_covered()
         return sum(received)
 
     async def _poll(self, session: aiohttp.ClientSession, k: int) -> int:
         shard = self.shards[k]
+        assert shard is not None
         params = {} if shard.version is None else {"since": str(shard.version)}
         url = f"http://{self.endpoints[k]}/v1/tables/{self.table}/rows"
-        async with session.get(url, params=params, headers=self.headers) as response:
-            if response.status != 200:
-                raise RuntimeError(f"{url}: {response.status} {await response.text()}")
-            arrays = load(await response.read())
-            reset = response.headers["X-Pstrain-Reset"] == "true"
-            version = int(response.headers["X-Pstrain-Version"])
-        shard.apply(reset, version, arrays["ids"], arrays["rows"], arrays["removed"])
-        self.resets += reset
+        try:
+            async with session.get(url, params=params, headers=self.headers) as response:
+                if response.status == 503 and "Retry-After" in response.headers:
+                    return 0  # busy: asked again at the next poll
+                if response.status != 200:
+                    raise RuntimeError(f"{url}: {response.status} {await response.text()}")
+                body = await response.read()
+                headers = response.headers
+        except aiohttp.ClientConnectionError:
+            shard.down = True  # lost, or left the job: its copy serves until others cover it
+            return 0
+        shard.down = False
+        arrays = load(body)
+        shard.apply(headers["X-Pstrain-Reset"] == "true", int(headers["X-Pstrain-Version"]),
+                    arrays["ids"], arrays["rows"], arrays["removed"])
+        metadata = _metadata(body)
+        shard.holds(metadata["shard"], int(metadata["num_shards"]))
+        self.resets += headers["X-Pstrain-Reset"] == "true"
         return int(arrays["ids"].size)
+
+    def _drop_covered(self) -> None:
+        """Drop the copies of the ps that cannot be reached once the others hold every slice."""
+        up = [s for s in self.shards if s is not None and not s.down and s.version is not None]
+        down = [k for k, s in enumerate(self.shards) if s is not None and s.down]
+        if not down or not up:
+            return
+        num = max(s.num_slices for s in up)
+        if all(num % s.num_slices == 0 for s in up) and \
+                set().union(*(s.slices_of(num) for s in up)) == set(range(num)):
+            for k in down:
+                self.shards[k] = None  # its rows are the others' now
 
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         """Every id (ascending) and its row."""
-        held = [s for s in self.shards if s.ids.size]
+        held = [s for s in self.shards if s is not None and s.ids.size]
         if not held:
             return np.empty(0, np.int64), np.empty((0, 0), np.float32)
         ids = np.concatenate([s.ids for s in held])
@@ -116,7 +169,7 @@ async def main() -> None:
         while True:
             rows = await mirror.poll(session)
             ids, _ = mirror.snapshot()
-            versions = [s.version for s in mirror.shards]
+            versions = [s.version if s is not None else "dropped" for s in mirror.shards]
             print(f"{ids.size} rows held, {rows} received, versions {versions}", flush=True)
             await asyncio.sleep(args.every)
 

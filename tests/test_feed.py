@@ -111,3 +111,33 @@ async def test_a_reader_follows_deltas_a_compaction_and_a_restart(tmp_path):
             assert 0 < await mirror.poll(session) <= 9
             await _same(mirror, table)
             assert mirror.resets == 2
+
+
+async def test_a_reader_drops_a_lost_ps_once_the_others_hold_its_slices_and_holds_each_row_once(tmp_path):
+    root = str(tmp_path)
+    async with InProcessCluster(num_ps=3, num_workers=1, token=TOKEN,
+                                ps_options={"checkpoint_root": root}) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        table, opt, ckpt = _model(strategy)
+        manager = pstrain.checkpoint.CheckpointManager(ckpt, root, deltas_per_base=100)
+        mirror = table_feed.TableMirror([ps.address for ps in cluster.ps], "emb", TOKEN)
+        async with aiohttp.ClientSession() as session:
+            await _step(table, opt, 0)
+            await manager.save()
+            await _step(table, opt, 1)
+            await manager.save_delta()
+            await mirror.poll(session)
+            await _same(mirror, table)
+            await cluster.ps[1].stop()  # lost: its copy in the mirror is all a reader has of it
+            await mirror.poll(session)
+            assert mirror.shards[1] is not None and mirror.shards[1].down
+            await coordinator.replace_ps(1, manager)  # its slices, from the delta, onto 0 and 2
+            await _step(table, opt, 2)
+            await manager.save_delta()
+            await mirror.poll(session)
+            assert mirror.shards[1] is None  # the others hold every slice now: dropped
+            await _same(mirror, table)  # each row once, as the table has it
+            ids, _ = mirror.snapshot()
+            assert np.unique(ids).size == ids.size
+        await coordinator.close()
