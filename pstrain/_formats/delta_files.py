@@ -28,7 +28,7 @@ import numpy as np
 
 from .._base.errors import InvalidArgumentError, NotFoundError
 from .idhash import Shard, in_slices
-from .tensor_files import write_atomically
+from .tensor_files import TensorFile, write_atomically
 
 __all__ = ["DELTA_FORMAT", "INDEX", "TableState", "delta_prefix", "read_delta_index",
            "read_table_changes", "read_table_state", "split_delta", "write_delta_index"]
@@ -185,18 +185,16 @@ def _read_table_files(files: list[tuple[str, str]], shard: Shard, num_shards: in
                       ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], dict[str, float], np.ndarray]:
     """The rows of shard ``shard`` in one save of a table (a full one, prefix "", or a
     delta, prefix ``<p>:``): ids, rows, slots, slots' initial values, and removed ids."""
-    from safetensors import SafetensorError, safe_open
-
     ids_parts, row_parts, removed_parts = [], [], []
     slot_parts: list[dict[str, np.ndarray]] = []  # per file: a ps that never applied a step
     slot_init: dict[str, float] = {}  # to a table before its save has none of its slots yet
     for path, prefix in files:
         try:
-            with safe_open(path, "np") as f:
-                keys = {k[len(prefix):] for k in f.keys() if k.startswith(prefix)}  # noqa: SIM118
+            with TensorFile(path) as f:  # each tensor read is checked against its checksums
+                keys = {k[len(prefix):] for k in f.tensors if k.startswith(prefix)}
 
                 def get(key: str, f: Any = f, prefix: str = prefix) -> np.ndarray:
-                    return f.get_tensor(prefix + key)
+                    return f.read(prefix + key)
 
                 if not {"ids", "rows"} <= keys:
                     raise InvalidArgumentError(f"dyn/restore: {path} is not a saved dynamic "
@@ -232,7 +230,7 @@ def _read_table_files(files: list[tuple[str, str]], shard: Shard, num_shards: in
                         slot_parts[-1][key[5:]] = arr[mine].astype(dtype, copy=False)
                     elif key.startswith("init:"):
                         slot_init[key[5:]] = float(get(key).reshape(-1)[0])
-        except (OSError, SafetensorError) as exc:
+        except OSError as exc:
             raise InvalidArgumentError(f"dyn/restore: cannot read {path}: {exc}") from exc
     ids = np.concatenate(ids_parts) if ids_parts else np.empty(0, np.int64)
     if np.unique(ids).size != ids.size:

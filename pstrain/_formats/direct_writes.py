@@ -93,6 +93,8 @@ class DirectWriter:
         #: to a power of two (files of about the same size reuse the same staging buffer).
         self.capacity = CHUNK if rate is None else max(CHUNK, 1 << max(0, ahead - 1).bit_length())
         self.buffer = _staging(self.capacity)
+        #: Called with the file's bytes in order as they go out (the padding left out).
+        self.observe: Callable[[memoryview], None] | None = None
 
     def write(self, data: Any) -> int:
         # Copied by numpy, which lets go of the GIL for it (a memoryview's copy holds it: 2-3
@@ -103,10 +105,10 @@ class DirectWriter:
             take = min(n - pos, self.capacity - self.fill)
             np.copyto(self.buffer[self.fill:self.fill + take], src[pos:pos + take])
             self.fill += take
+            self.size += take  # (before a flush: what it sends is the file's, not padding)
             pos += take
             if self.fill == self.capacity:
                 self._flush(self.capacity)
-        self.size += n
         return n
 
     def room(self) -> np.ndarray:
@@ -132,6 +134,14 @@ class DirectWriter:
         os.ftruncate(self.fd, self.size)
         _buffers.used = time.monotonic()
 
+    def patch(self, offset: int, data: bytes) -> None:
+        """Write ``data`` over the file's bytes at ``offset``, once :meth:`finish` has
+        written them all (a header's checksums: the usual way, not aligned)."""
+        if self.direct:
+            self.direct = _set_direct(self.fd, False)
+        if os.pwrite(self.fd, data, offset) != len(data):
+            raise OSError(errno.EIO, "checkpoint header patch written short")
+
     def _flush(self, length: int) -> None:
         """Send the first ``length`` staged bytes, a buffer (``CHUNK``) at a time."""
         for lo in range(0, length, CHUNK):
@@ -144,8 +154,11 @@ class DirectWriter:
             early = self._sent / self.rate - (self._clock() - self._start)
             if early > 0:
                 self._sleep(early)  # the save's own thread: the serving loop goes on meanwhile
+        real = max(0, min(length, self.size - self._sent))  # the rest is the tail's padding
         self._sent += length
         chunk = self.buffer[lo:hi].data
+        if self.observe is not None and real:
+            self.observe(chunk[:real])
         try:
             written = os.write(self.fd, chunk)
         except OSError as exc:

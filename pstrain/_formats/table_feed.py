@@ -222,6 +222,7 @@ def _open_save(directory: str, save: _Save, confine: Confine, held: list[TensorF
             if removed.dtype != np.int64 or removed.ndim != 1:
                 raise InvalidArgumentError(f"table feed: removed in {path} is not 1-D int64")
             removed_parts.append(removed[in_slices(removed, num_shards, shard)])
+        tensor_file.check(prefix + "rows")  # damage is a refusal now, not a reply cut short
         out.append((tensor_file, prefix + "rows", ids, mine))
     mine_ids = np.concatenate([ids[mine] for _, _, ids, mine in out]) if out else np.empty(0, np.int64)
     if np.unique(mine_ids).size != mine_ids.size:

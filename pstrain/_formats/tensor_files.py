@@ -16,12 +16,13 @@ import os
 import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
 from .._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, PstrainError
 from .._kernels import KERNELS
+from .checksums import DIGEST_PREFIX, StreamDigests, Verifier, chunk_span, digest_entries, digests_of
 from .direct_writes import DirectWriter
 
 __all__ = ["MAX_HEADER", "SAFETENSORS_DTYPES", "TensorFile", "open_directory", "read_rows",
@@ -32,8 +33,11 @@ def write_tensors(path: str, tensors: dict[str, np.ndarray]) -> int:
     """Write ``tensors`` to ``path`` atomically (temp file, fsync, rename); returns bytes."""
     from safetensors.numpy import save
 
+    arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+    metadata = {DIGEST_PREFIX + k: digests_of(a.reshape(-1).view(np.uint8)) for k, a in arrays.items()}
+
     def write(f: BinaryIO) -> None:
-        f.write(save({k: np.ascontiguousarray(v) for k, v in tensors.items()}))
+        f.write(save(arrays, metadata=metadata))
 
     return write_atomically(path, write)
 
@@ -93,9 +97,14 @@ def write_streaming(path: str, tensors: StreamedTensors | Callable[[], StreamedT
     up to ``ahead`` of them into memory at once (:class:`DirectWriter`)."""
     if callable(tensors):
         tensors = tensors()
-    raw, header = safetensors_header([(key, dtype, shape) for key, dtype, shape, _ in tensors])
+    sizes = [(key, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+             for key, dtype, shape, _ in tensors]
+    raw, header = safetensors_header([(key, dtype, shape) for key, dtype, shape, _ in tensors],
+                                     digest_entries(sizes))
+    digests = StreamDigests(len(raw), sizes)
 
     def write(f: DirectWriter) -> None:
+        f.observe = digests.feed
         f.write(raw)
         for key, dtype, _, pieces in tensors:
             want = header[key]["data_offsets"][1] - header[key]["data_offsets"][0]
@@ -110,10 +119,18 @@ def write_streaming(path: str, tensors: StreamedTensors | Callable[[], StreamedT
             if got != want:
                 raise InvalidArgumentError(f"checkpoint: {key!r} gave {got} bytes, not {want}")
 
+    def checksums(f: DirectWriter) -> None:  # the data has gone out: its digests go in
+        if not digests.done:
+            raise InvalidArgumentError(f"checkpoint {path}: its tensors gave fewer bytes than "
+                                       "their shapes (no checksum)")
+        for key, hexes in digests.digests.items():
+            marker = (json.dumps(DIGEST_PREFIX + key) + ':"').encode()
+            f.patch(raw.index(marker) + len(marker), hexes.encode())
+
     size = len(raw) + sum(h["data_offsets"][1] - h["data_offsets"][0] for h in header.values())
     return write_atomically(path, write, overwrite=False, root=root, direct=True,
                             rate=size / write_s if write_s > 0 else None, ahead=min(size, ahead),
-                            sleep=sleep)
+                            sleep=sleep, finished=checksums)
 
 
 def open_directory(path: str, root: str | None = None) -> int:
@@ -148,7 +165,8 @@ def open_directory(path: str, root: str | None = None) -> int:
 def write_atomically(path: str, write: Callable[[Any], object], *, overwrite: bool = True,
                      root: str | None = None, mode: int = 0o644, direct: bool = False,
                      rate: float | None = None, ahead: int = 0,
-                     sleep: Callable[[float], object] = time.sleep) -> int:
+                     sleep: Callable[[float], object] = time.sleep,
+                     finished: Callable[[DirectWriter], object] | None = None) -> int:
     """``write(f)`` into a new file, then give it the name ``path``: nobody ever sees a
     partial file, and no path is opened twice. Returns the file's size.
 
@@ -162,7 +180,8 @@ def write_atomically(path: str, write: Callable[[Any], object], *, overwrite: bo
     name is removed whatever happens. ``direct``: ``write`` is given a
     :class:`~pstrain._formats.direct_writes.DirectWriter` (past the page cache, no faster
     than ``rate`` bytes per second if given, waiting with ``sleep``, up to ``ahead`` bytes
-    taken in first) instead of a file object.
+    taken in first) instead of a file object, and ``finished(writer)`` is called once it
+    has written every byte, before the file is fsynced (its header's checksums go in).
     """
     directory, base = os.path.split(path)
     dir_fd = open_directory(directory, root)
@@ -175,6 +194,8 @@ def write_atomically(path: str, write: Callable[[Any], object], *, overwrite: bo
                 writer = DirectWriter(fd, rate, ahead=ahead, sleep=sleep)
                 write(writer)
                 writer.finish()
+                if finished is not None:
+                    finished(writer)
             else:
                 with os.fdopen(fd, "wb", closefd=False) as f:
                     write(f)
@@ -211,18 +232,35 @@ MAX_HEADER = 100 << 20
 _DTYPE_OF_TAG = {tag: name for name, tag in SAFETENSORS_DTYPES.items()}
 
 
-def _tensor_location(f: Any, path: str, key: str) -> tuple[int, np.dtype, tuple[int, ...]]:
-    """Where tensor ``key`` of the open safetensors file ``f`` starts, its dtype and shape,
-    all checked against the file's size before anything is allocated."""
+class _Tensor(NamedTuple):
+    """A tensor of a safetensors file: where its bytes start, its dtype and shape, and its
+    checksums (``checksums.py``; None in a file written before them)."""
+
+    at: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    digests: str | None
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def verifier(self, path: str, key: str, start: int = 0) -> Verifier | None:
+        return None if self.digests is None else Verifier(path, key, self.digests, self.nbytes, start)
+
+
+def _tensor_location(f: Any, path: str, key: str) -> _Tensor:
+    """Where tensor ``key`` of the open safetensors file ``f`` starts, its dtype, shape and
+    checksums, all checked against the file's size before anything is allocated."""
     found = _read_header(f, path).get(key)
     if found is None:
         raise InvalidArgumentError(f"cannot read {key!r} from {path}: no such tensor")
     return found
 
 
-def _read_header(f: Any, path: str) -> dict[str, tuple[int, np.dtype, tuple[int, ...]]]:
+def _read_header(f: Any, path: str) -> dict[str, _Tensor]:
     """Every tensor of the open safetensors file ``f`` (read from its start): where its bytes
-    start, its dtype and shape, each checked against the file's size."""
+    start, its dtype, shape and checksums, each checked against the file's size."""
     size = os.fstat(f.fileno()).st_size
     raw = f.read(8)
     if len(raw) != 8:
@@ -237,6 +275,8 @@ def _read_header(f: Any, path: str) -> dict[str, tuple[int, np.dtype, tuple[int,
     except (ValueError, TypeError) as exc:
         raise InvalidArgumentError(f"{path}: bad safetensors header ({exc!r})") from None
     tensors = {}
+    metadata = header.get("__metadata__")
+    metadata = metadata if isinstance(metadata, dict) else {}
     for key, meta in header.items():
         if key == "__metadata__":
             continue
@@ -253,7 +293,8 @@ def _read_header(f: Any, path: str) -> dict[str, tuple[int, np.dtype, tuple[int,
                 and end - begin == nbytes and 8 + n + end <= size) or any(d < 0 for d in shape):
             raise InvalidArgumentError(f"{key!r} in {path}: its offsets do not match its shape and "
                                        "the file's size")
-        tensors[key] = (8 + n + begin, dtype, shape)
+        digests = metadata.get(DIGEST_PREFIX + key)
+        tensors[key] = _Tensor(8 + n + begin, dtype, shape, digests if isinstance(digests, str) else None)
     return tensors
 
 
@@ -290,13 +331,29 @@ class TensorFile:
         self._f.close()
 
     def read(self, key: str) -> np.ndarray:
-        """Tensor ``key`` whole."""
-        at, dtype, shape = self._locate(key)
-        out = np.empty(shape, dtype)
-        _read_into(self._f, at, out)
+        """Tensor ``key`` whole, checked against its checksums."""
+        tensor = self._locate(key)
+        out = np.empty(tensor.shape, tensor.dtype)
+        _read_into(self._f, tensor.at, out)
+        _verify_whole(tensor, self.path, key, out)
         return out
 
-    def _locate(self, key: str) -> tuple[int, np.dtype, tuple[int, ...]]:
+    def check(self, key: str) -> None:
+        """Read tensor ``key`` through, a ``READ_CHUNK`` at a time, against its checksums
+        (a reader that sends it while reading checks it first: damage is an error before
+        anything is sent, not a reply cut short)."""
+        tensor = self._locate(key)
+        check = tensor.verifier(self.path, key)
+        if check is None:
+            return
+        buf = np.empty(min(READ_CHUNK, tensor.nbytes), np.uint8)
+        for lo in range(0, tensor.nbytes, READ_CHUNK):
+            piece = buf[:min(READ_CHUNK, tensor.nbytes - lo)]
+            _read_into(self._f, tensor.at + lo, piece)
+            check.update(piece)
+        check.finish()
+
+    def _locate(self, key: str) -> _Tensor:
         found = self.tensors.get(key)
         if found is None:
             raise InvalidArgumentError(f"{self.path} has no tensor {key!r}")
@@ -306,20 +363,27 @@ class TensorFile:
                   piece_rows: int) -> Iterator[np.ndarray]:
         """The rows of 2-D tensor ``key`` where ``keep`` (bool, one per row) is true, in
         order, as ``dtype``: read ``piece_rows`` rows at a time into one reused buffer."""
-        at, saved, shape = self._locate(key)
+        tensor = self._locate(key)
+        at, saved, shape = tensor.at, tensor.dtype, tensor.shape
         if len(shape) != 2 or shape[0] != keep.size:
             raise InvalidArgumentError(f"{key!r} in {self.path} has shape {shape}, not "
                                        f"({keep.size}, dim)")
         row_bytes = shape[1] * saved.itemsize
         buf = np.empty((min(piece_rows, shape[0]), shape[1]), saved)
+        check = tensor.verifier(self.path, key)  # every piece is read: each chunk is checked
         for lo in range(0, shape[0], piece_rows):
             hi = min(lo + piece_rows, shape[0])
             mask = keep[lo:hi]
-            if not mask.any():
+            if check is None and not mask.any():
                 continue
             piece = buf[:hi - lo]
             _read_into(self._f, at + lo * row_bytes, piece)
-            yield piece[mask].astype(dtype, copy=False)
+            if check is not None:
+                check.update(piece.reshape(-1).view(np.uint8))
+            if mask.any():
+                yield piece[mask].astype(dtype, copy=False)
+        if check is not None:
+            check.finish()
 
 
 #: Bytes read at a time. The page cache's copy of each piece is let go as soon as it is read
@@ -361,7 +425,8 @@ def read_rows(shape: tuple[int, ...], dtype: np.dtype, parts: list[list[Any]],
     for path, key, start, stop, dst in parts:
         try:
             with open(path, "rb", buffering=0) as f:
-                at, saved_dtype, saved_shape = _tensor_location(f, path, key)
+                tensor = _tensor_location(f, path, key)
+                at, saved_dtype, saved_shape = tensor.at, tensor.dtype, tensor.shape
                 if saved_dtype != dtype:
                     raise InvalidArgumentError(f"{key!r} in {path} is {saved_dtype}, expected {dtype}")
                 if start is None:
@@ -370,6 +435,7 @@ def read_rows(shape: tuple[int, ...], dtype: np.dtype, parts: list[list[Any]],
                         raise InvalidArgumentError(f"{key!r} in {path} has shape {saved_shape}, "
                                                    f"expected {shape}")
                     _read_into(f, at, out)
+                    _verify_whole(tensor, path, key, out)
                     filled = out.shape[0] if out.ndim else 1
                     continue
                 if saved_shape[1:] != tuple(shape[1:]) or not 0 <= start < stop <= saved_shape[0]:
@@ -377,6 +443,8 @@ def read_rows(shape: tuple[int, ...], dtype: np.dtype, parts: list[list[Any]],
                                                f"(shape {saved_shape}) do not fit {shape}")
                 row_bytes = math.prod(saved_shape[1:]) * dtype.itemsize
                 _read_into(f, at + start * row_bytes, out[dst:dst + (stop - start)])
+                _verify_range(f, tensor, path, key, start * row_bytes, stop * row_bytes,
+                              out[dst:dst + (stop - start)])
                 filled += stop - start
         except FileNotFoundError as exc:
             raise NotFoundError(f"checkpoint file {path} not found") from exc
@@ -395,12 +463,39 @@ def read_tensor(path: str, key: str) -> np.ndarray:
     before anything is allocated)."""
     try:
         with open(path, "rb", buffering=0) as f:
-            at, dtype, shape = _tensor_location(f, path, key)
-            out = np.empty(shape, dtype)
-            _read_into(f, at, out)
+            tensor = _tensor_location(f, path, key)
+            out = np.empty(tensor.shape, tensor.dtype)
+            _read_into(f, tensor.at, out)
+            _verify_whole(tensor, path, key, out)
             return out
     except FileNotFoundError as exc:
         raise NotFoundError(f"checkpoint file {path} not found") from exc
+
+
+def _verify_whole(tensor: _Tensor, path: str, key: str, out: np.ndarray) -> None:
+    """``out`` holds all of ``tensor``: each chunk matches its checksum."""
+    check = tensor.verifier(path, key)
+    if check is not None:
+        check.update(out.reshape(-1).view(np.uint8))
+        check.finish()
+
+
+def _verify_range(f: Any, tensor: _Tensor, path: str, key: str, lo: int, hi: int,
+                  got: np.ndarray) -> None:
+    """``got`` holds bytes ``[lo, hi)`` of ``tensor``: they, with the rest of the chunks
+    they fall in (read here, at most a chunk on each side), match their checksums."""
+    if tensor.digests is None or hi <= lo:
+        return
+    first, last = chunk_span(lo, hi, tensor.nbytes)
+    check = tensor.verifier(path, key, first)
+    assert check is not None
+    before = np.empty(lo - first, np.uint8)
+    after = np.empty(last - hi, np.uint8)
+    _read_into(f, tensor.at + first, before)
+    _read_into(f, tensor.at + hi, after)
+    for part in (before, got.reshape(-1).view(np.uint8), after):
+        check.update(part)
+    check.finish()
 
 
 #: Rows of a delta read and put in at once (a bounded buffer, not the delta's whole tensor).
@@ -419,11 +514,14 @@ def _patch(out: np.ndarray, path: str, rows_key: str, idx_key: str | None, shift
         return
     try:
         with open(path, "rb", buffering=0) as f:  # once for both tensors
-            at, dtype, shape = _tensor_location(f, path, idx_key)
-            idx = np.empty(shape, dtype)
-            _read_into(f, at, idx)
+            tensor = _tensor_location(f, path, idx_key)
+            idx = np.empty(tensor.shape, tensor.dtype)
+            _read_into(f, tensor.at, idx)
+            _verify_whole(tensor, path, idx_key, idx)
             f.seek(0)
-            at, dtype, shape = _tensor_location(f, path, rows_key)
+            tensor = _tensor_location(f, path, rows_key)
+            at, dtype, shape = tensor.at, tensor.dtype, tensor.shape
+            check = tensor.verifier(path, rows_key)
             if dtype != out.dtype:
                 raise InvalidArgumentError(f"{rows_key!r} in {path} is {dtype}, expected {out.dtype}")
             if idx.dtype != np.int64 or idx.ndim != 1 or not out.ndim or \
@@ -440,10 +538,14 @@ def _patch(out: np.ndarray, path: str, rows_key: str, idx_key: str | None, shift
                 hi = min(lo + PATCH_ROWS, idx.size)
                 piece = buf[:hi - lo]
                 _read_into(f, at + lo * row_bytes, piece)
+                if check is not None:
+                    check.update(piece.reshape(-1).view(np.uint8))
                 if compiled:  # one C loop without the GIL: twice numpy's scatter, measured
                     KERNELS.put_rows(flat, dst[lo:hi], piece.reshape(piece.shape[0], -1))
                 else:
                     keep = dst[lo:hi] >= 0
                     out[dst[lo:hi][keep]] = piece[keep]
+            if check is not None:
+                check.finish()
     except FileNotFoundError as exc:
         raise NotFoundError(f"checkpoint file {path} not found") from exc
