@@ -1,4 +1,5 @@
-"""`make bench`: every workload of WORKLOADS.md (W1-W7), results in benchmarks/results/.
+"""`make bench`: every workload of WORKLOADS.md written so far (W1-W7; W8 and W9 are named
+as not run), results in benchmarks/results/.
 
     python benchmarks/run_all.py [--only W4,W6] [--tf-python PATH] [--list]
 
@@ -38,6 +39,11 @@ JOBS: list[tuple[str, str, list[str]]] = [
     ("elastic", "elastic_ps.py", []),
     ("elastic", "elastic_tables.py", []),
 ]
+#: Workloads of WORKLOADS.md with no script yet, and the issue that brings it: named as
+#: not run in every plan, never left out in silence.
+NOT_WRITTEN = {"W8": "many tables, multi-hot pooled lookups against TensorFlow and TorchRec "
+                     "(issue 61)",
+               "W9": "tables larger than memory under a byte budget (issue 64)"}
 #: What W7's scripts need (their docstrings): memory, and disk where they write (beside this file).
 W7_MEMORY, W7_DISK = 8 * GIB, 13 * GIB
 
@@ -78,6 +84,8 @@ def main() -> int:
         else:
             not_run.append("W4 against TensorFlow (against_tf.py): give TF_PYTHON=<a Python with "
                            "tensorflow-cpu 2.21>; against_tf.py says how to make one")
+    if args.only is None:
+        not_run += [f"{w} (no script yet): {what}" for w, what in NOT_WRITTEN.items()]
     if any(w == "W7" for w, _, _ in jobs):
         why = w7_room()
         if why is not None:

@@ -298,6 +298,10 @@ def _read_header(f: Any, path: str) -> dict[str, _Tensor]:
     return tensors
 
 
+#: Bytes a :meth:`TensorFile.check` reads at a time.
+CHECK_READ = 1 << 20
+
+
 class TensorFile:
     """An open safetensors file, read through one descriptor: its header is read and every
     tensor's place checked against the file's size once, before anything is allocated.
@@ -339,16 +343,17 @@ class TensorFile:
         return out
 
     def check(self, key: str) -> None:
-        """Read tensor ``key`` through, a ``READ_CHUNK`` at a time, against its checksums
+        """Read tensor ``key`` through, ``CHECK_READ`` bytes at a time, against its checksums
         (a reader that sends it while reading checks it first: damage is an error before
         anything is sent, not a reply cut short)."""
         tensor = self._locate(key)
         check = tensor.verifier(self.path, key)
         if check is None:
             return
-        buf = np.empty(min(READ_CHUNK, tensor.nbytes), np.uint8)
-        for lo in range(0, tensor.nbytes, READ_CHUNK):
-            piece = buf[:min(READ_CHUNK, tensor.nbytes - lo)]
+        step = CHECK_READ  # a small buffer: many readers may check at once
+        buf = np.empty(min(step, tensor.nbytes), np.uint8)
+        for lo in range(0, tensor.nbytes, step):
+            piece = buf[:min(step, tensor.nbytes - lo)]
             _read_into(self._f, tensor.at + lo, piece)
             check.update(piece)
         check.finish()
