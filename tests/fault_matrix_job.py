@@ -13,6 +13,9 @@ so that it can be SIGKILLed and started again at any moment:
 * a ps lost mid-run (``UnavailableError``): wait for it, restore the latest
   checkpoint, go on from its step (the documented semantics: the steps after
   that checkpoint run again);
+* on SIGUSR1 the largest variable moves to the other ps, on SIGUSR2 the ps at
+  ``--join`` joins and a share of the variables moves to it, while steps run
+  (``moved ...``, ``joined ps N`` or ``... failed: ...`` is printed);
 * at the end, write the whole state (variables, slots, table rows, the step)
   to ``--out`` for the harness to compare with a run without faults.
 
@@ -29,6 +32,7 @@ import asyncio
 import glob
 import json
 import os
+import signal
 import sys
 import time
 
@@ -174,6 +178,33 @@ async def main(args: argparse.Namespace) -> None:
         await restore_latest(manager)
     step = int(await opt.iterations.numpy())
     print(f"start {step}", flush=True)
+    changes: set[asyncio.Task[None]] = set()
+
+    async def change(what: str) -> None:
+        """A ps change while the steps run (the harness's ``ps_move`` and ``ps_join``)."""
+        try:
+            if what == "join":
+                index = await coordinator.add_ps(args.join)
+                print(f"joined ps {index}", flush=True)
+            else:  # the largest variable goes to the other ps it could be on
+                placed = strategy.placement.placed
+                key = max(placed, key=lambda k: placed[k][1])
+                now = coordinator.ps.placement.ps_of(key, placed[key][0])
+                to = next(k for k in coordinator.ps.placement.active() if k != now)
+                await coordinator.ps.move([key], to)
+                print(f"moved {key} from ps {now} to ps {to}", flush=True)
+        except PstrainError as exc:  # it changed nothing: the run goes on as it was
+            print(f"{what} failed: {type(exc).__name__}: {exc}", flush=True)
+
+    def signalled(what: str) -> None:
+        task = asyncio.ensure_future(change(what))
+        changes.add(task)
+        task.add_done_callback(changes.discard)
+
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGUSR1, signalled, "move")
+    loop.add_signal_handler(signal.SIGUSR2, signalled, "join")
+    print("ready for changes", flush=True)
     while step < args.steps:
         try:
             rv = coordinator.schedule(step_fn, args=(step,), exactly_once=True)
@@ -190,6 +221,8 @@ async def main(args: argparse.Namespace) -> None:
             continue
         step += 1
         print(f"step {step} on {worker}", flush=True)
+    for task in list(changes):  # a change under way ends before the state is written
+        await task
     for stale in glob.glob(glob.escape(args.out) + ".*"):  # an earlier incarnation's
         os.remove(stale)
     await ckpt.write(args.out)
@@ -207,6 +240,7 @@ if __name__ == "__main__":
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--work-ms", type=float, default=20.0)
     parser.add_argument("--token", default=None)
+    parser.add_argument("--join", default=None, help="the address of a ps that joins on SIGUSR2")
     try:
         pstrain.run(main(parser.parse_args()))
     except PstrainError as exc:

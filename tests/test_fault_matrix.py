@@ -8,7 +8,15 @@ Faults, each on real processes in their own network namespaces (``netlab.py``):
   lost, then heal it (its late updates must be refused);
 * ``ps_kill``: SIGKILL a ps and start it again, empty: the job restores the latest checkpoint;
 * ``coordinator_kill``: SIGKILL the coordinator and start it again: it restores the
-  latest checkpoint and takes the ps over.
+  latest checkpoint and takes the ps over;
+* ``ps_move``: the largest variable moves to the other ps while steps run;
+* ``ps_join``: a third ps joins while steps run and a share of the variables moves to it
+  (a second join, or one after the coordinator restarted, may be refused: it then
+  changes nothing).
+
+A lost ps *replaced* from deltas is not in the matrix: it loses up to one delta interval
+of its updates by design, so no run with it ends at the fault-free state
+(``tests/test_ps_replace*.py`` check it against the updates it kept).
 
 Models: W4's numpy model, a JAX model (Adam) and a PyTorch model with a
 ``DynamicEmbedding``. The job (``fault_matrix_job.py``) schedules each step
@@ -48,13 +56,14 @@ from pstrain.checkpoint import load_variables
 from .conftest import TOKEN
 from .netlab import NetLab
 
-FAULTS = ("worker_kill", "worker_drain", "worker_partition", "ps_kill", "coordinator_kill")
+FAULTS = ("worker_kill", "worker_drain", "worker_partition", "ps_kill", "coordinator_kill",
+          "ps_move", "ps_join")
 MODELS = ("numpy", "jax", "torch")
 COMBOS = [(f,) for f in FAULTS] + list(itertools.product(FAULTS, repeat=2))
 ALL = [(model, combo) for model in MODELS for combo in COMBOS]
 SAMPLE = 3  # drills in make test, on one model drawn (plus its fault-free reference run); 4
 #             on up to 3 models took the suite past its 10-minute budget, install included;
-#             make chaos runs all 90
+#             make chaos runs all 168
 STEPS = 200
 PORT = 7000
 JOB = Path(__file__).resolve().parent / "fault_matrix_job.py"
@@ -81,7 +90,7 @@ pytestmark = pytest.mark.timeout(300)
 class Cluster:
     """2 ps + 2 workers, each `pstrain serve` in its own namespace, and the job as coordinator."""
 
-    HOSTS = ("ps0", "ps1", "w0", "w1")
+    HOSTS = ("ps0", "ps1", "w0", "w1", "ps2")  # ps2: not in the job's cluster; it may join
 
     def __init__(self, lab: NetLab, tmp: Path, model: str) -> None:
         self.lab, self.tmp, self.model = lab, tmp, model
@@ -89,6 +98,10 @@ class Cluster:
                      "worker": [f"{lab.address(h)}:{PORT}" for h in ("w0", "w1")]}
         self.cluster_file = tmp / "cluster.json"
         self.cluster_file.write_text(json.dumps({"cluster": self.spec}))
+        self.joining = f"{lab.address('ps2')}:{PORT}"
+        grown = {**self.spec, "ps": [*self.spec["ps"], self.joining]}
+        self.grown_file = tmp / "cluster-grown.json"  # what ps2 is started with: it is ps 2
+        self.grown_file.write_text(json.dumps({"cluster": grown}))
         self.env = {k: v for k, v in os.environ.items()
                     if k not in ("TF_CONFIG", "PSTRAIN_CONFIG")}
         self.env.update(PSTRAIN_TOKEN=TOKEN, PYTHONUNBUFFERED="1")
@@ -101,6 +114,7 @@ class Cluster:
         self.failed: int | None = None  # the exit status of a job that ended on its own, badly
         self.readers: list[threading.Thread] = []
         self.last_worker = "0"  # the worker that ran the latest step: worker faults hit it
+        self._started_at = 0
 
     # -- servers ----------------------------------------------------------------------------
     def start_servers(self, hosts: tuple[str, ...] = HOSTS) -> None:
@@ -113,7 +127,8 @@ class Cluster:
         log = open(self.tmp / f"{host}.log", "a")  # noqa: SIM115 - the child keeps its own copy
         try:
             proc = self.lab.start(host, sys.executable, "-m", "pstrain.cli", "serve", "--role", role,
-                                  "--index", str(index), "--cluster", str(self.cluster_file),
+                                  "--index", str(index),
+                                  "--cluster", str(self.grown_file if index == 2 else self.cluster_file),
                                   "--host", self.lab.address(host), "--port", str(PORT),
                                   "--checkpoint-root", str(self.tmp), env=self.env,
                                   stdout=subprocess.PIPE, stderr=log, text=True)
@@ -141,12 +156,15 @@ class Cluster:
     # -- the job (coordinator) --------------------------------------------------------------
     def start_job(self) -> None:
         self.jobs_started += 1
+        with self.cond:
+            self._started_at = len(self.lines)  # this incarnation's lines start here
         log = open(self.tmp / "job.log", "a")  # noqa: SIM115 - the child keeps its own copy
         try:
             self.job = subprocess.Popen(
                 [sys.executable, str(JOB), "--model", self.model, "--cluster", str(self.cluster_file),
                  "--dir", str(self.tmp / "ckpt"), "--out", str(self.tmp / "final"),
-                 "--steps", str(STEPS)], env=self.env, stdout=subprocess.PIPE, stderr=log, text=True)
+                 "--steps", str(STEPS), "--join", self.joining], env=self.env,
+                stdout=subprocess.PIPE, stderr=log, text=True)
         finally:
             log.close()
         reader = threading.Thread(target=self._read, args=(self.job,), daemon=True)
@@ -200,6 +218,16 @@ class Cluster:
             self.job.wait(30)
             self.start_job()
             return "coordinator SIGKILLed and started again"
+        if name in ("ps_move", "ps_join"):
+            said = ("moved ", "move failed") if name == "ps_move" else ("joined ps", "join failed")
+            self.wait(lambda: "ready for changes" in self.lines[self._started_at:], 120,
+                      "the job to take changes")
+            seen = len(self.lines)
+            assert self.job is not None
+            self.job.send_signal(signal.SIGUSR1 if name == "ps_move" else signal.SIGUSR2)
+            self.wait(lambda: any(ln.startswith(said) for ln in self.lines[seen:]), 120,
+                      f"the {name} to end")
+            return next(ln for ln in self.lines[seen:] if ln.startswith(said))
         if name == "ps_kill":
             host = rng.choice(["ps0", "ps1"])
             self.servers[host].kill()
