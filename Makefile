@@ -80,8 +80,8 @@ slurm: sysdeps $(STAMP)
 	$(BYTECODE)
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_slurm.py
 
-# The whole fault matrix (tests/test_fault_matrix.py): 5 faults alone and in every ordered
-# pair, on 3 models, each run compared bit for bit with a run without faults (about 20 min;
+# The whole fault matrix (tests/test_fault_matrix.py): 7 faults alone and in every ordered
+# pair, on 3 models, each run compared bit for bit with a run without faults (about 40 min;
 # make test runs a sample of it).
 chaos: sysdeps $(STAMP)
 	$(BYTECODE)

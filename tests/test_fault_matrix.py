@@ -115,6 +115,7 @@ class Cluster:
         self.readers: list[threading.Thread] = []
         self.last_worker = "0"  # the worker that ran the latest step: worker faults hit it
         self._started_at = 0
+        self.joined = False  # a ps_join was asked for in this run
 
     # -- servers ----------------------------------------------------------------------------
     def start_servers(self, hosts: tuple[str, ...] = HOSTS) -> None:
@@ -227,7 +228,12 @@ class Cluster:
             self.job.send_signal(signal.SIGUSR1 if name == "ps_move" else signal.SIGUSR2)
             self.wait(lambda: any(ln.startswith(said) for ln in self.lines[seen:]), 120,
                       f"the {name} to end")
-            return next(ln for ln in self.lines[seen:] if ln.startswith(said))
+            line = next(ln for ln in self.lines[seen:] if ln.startswith(said))
+            # a move, and a first join into the first coordinator's job, must happen
+            first_join = name == "ps_join" and not self.joined and self.jobs_started == 1
+            assert line.startswith(said[0]) or not (name == "ps_move" or first_join), line
+            self.joined |= name == "ps_join"
+            return line
         if name == "ps_kill":
             host = rng.choice(["ps0", "ps1"])
             self.servers[host].kill()
