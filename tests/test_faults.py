@@ -483,3 +483,47 @@ async def test_a_call_cancelled_just_as_its_connection_is_made_stays_cancelled(p
         assert call.cancelled()
     finally:
         await ch.close()
+
+
+async def test_a_ps_that_fails_while_a_worker_recovers_fails_join_with_unavailable(cluster):
+    """TF's testPSFailureWhileRecoveryFromWokerFailure: a worker and a ps are killed at
+    once and started again (the ps empty) while closures run; join raises UnavailableError
+    (TF accepts it or InvalidArgumentError), never a NotFoundError of the lost variables.
+    The heartbeat is slowed down: the closures meet the restarted ps first."""
+    strategy, coordinator, count = await setup(cluster, heartbeat_s=30.0)
+    with strategy.scope():
+        others = [pstrain.Variable(np.zeros(4, np.float32), name=f"v{i}") for i in range(3)]
+
+    async def step():
+        await asyncio.sleep(0.01)
+        for v in [count, *others]:
+            await v.assign_add(np.ones(v.shape, v.dtype.name) if v.shape else 1)
+
+    for _ in range(20):
+        coordinator.schedule(step)
+    await coordinator.join()
+    await wait_for(lambda: coordinator.workers_up == [True, True], what="both workers up")
+    stop = asyncio.Event()
+
+    async def keep_scheduling() -> BaseException | None:
+        while not stop.is_set():
+            try:
+                coordinator.schedule(step)
+            except pstrain.errors.PstrainError as exc:
+                return exc  # raised here, it is not raised again by join
+            await asyncio.sleep(0.005)
+        return None
+
+    feeder = asyncio.ensure_future(keep_scheduling())
+    await asyncio.gather(cluster.kill("worker", 0), cluster.kill("ps", 0))
+    await asyncio.gather(cluster.restart("worker", 0), cluster.restart("ps", 0))
+    raised: BaseException | None = None
+    try:  # the next schedule or join raises it (TF): the feeder's schedule, or this join
+        await asyncio.wait_for(coordinator.join(), 60)
+    except pstrain.errors.PstrainError as exc:
+        raised = exc
+    stop.set()
+    raised = raised or await feeder
+    assert isinstance(raised, (UnavailableError, pstrain.errors.InvalidArgumentError)), repr(raised)
+    assert not isinstance(raised, pstrain.errors.NotFoundError), repr(raised)
+    await coordinator.close()

@@ -44,6 +44,8 @@ from .._base.errors import (
     DeadlineExceededError,
     FailedPreconditionError,
     InvalidArgumentError,
+    NotFoundError,
+    PsRestartedError,
     PstrainError,
     UnavailableError,
 )
@@ -84,12 +86,12 @@ class PsReplacement:
         self._ending: dict[int, asyncio.Event] = {}  # ps index -> set when its replacement ends
         self.failed: dict[int, BaseException] = {}
         self._alive: dict[int, collections.deque[float]] = {}  # ps -> when it was found alive
+        queue.hold = self._hold  # (a ps that lost a variable a closure named is asked why)
 
     def enable(self, manager: CheckpointManager) -> None:
         """Replace a ps lost while closures run from ``manager``'s latest checkpoint."""
         self.manager = manager
         self.heartbeat.on_ps_lost = self._found_lost
-        self.queue.hold = self._hold
 
     async def replace(self, index: int, manager: CheckpointManager, *, to: int | None = None) -> None:
         """Put lost ps ``index``'s variables (with their slots) on the other ps (or on ps
@@ -236,10 +238,15 @@ class PsReplacement:
         self._start(index, error)
         return True
 
-    def _hold(self, error: BaseException, put_back: Callable[[], Any]) -> bool:
+    def _hold(self, error: BaseException, put_back: Callable[..., Any]) -> bool:
         """A closure failed with ``error``: if a ps could not be reached, hold it (True) until
-        that ps is found alive or replaced, then ``put_back()``."""
+        that ps is found alive or replaced, then ``put_back()``. If a ps did not know a
+        variable it named, hold it while that ps is asked whether it restarted: the
+        closure then fails with that (``UnavailableError``, as TF's), else with ``error``."""
         task = getattr(error, "task", None)
+        if isinstance(error, NotFoundError) and isinstance(task, str) and task.startswith(_PS_TASK):
+            self.spawn(self._restarted_or(int(task[len(_PS_TASK):]), error, put_back))
+            return True
         if self.manager is None or not isinstance(error, UnavailableError) \
                 or not isinstance(task, str) or not task.startswith(_PS_TASK):
             return False
@@ -248,6 +255,14 @@ class PsReplacement:
             return False  # its replacement failed; or it answers, yet closures keep failing on it
         self.spawn(self._check_then_put_back(index, put_back))
         return True
+
+    async def _restarted_or(self, index: int, error: BaseException,
+                            resolve: Callable[[BaseException], Any]) -> None:
+        restarted: BaseException | None = None
+        try:
+            restarted = await self.heartbeat.ps_restarted(index)
+        finally:
+            resolve(restarted if isinstance(restarted, PsRestartedError) else error)
 
     async def _check_then_put_back(self, index: int, put_back: Callable[[], Any]) -> None:
         try:

@@ -222,11 +222,18 @@ class ClosureQueue:
         self._progress()
         return len(lost)
 
-    def _unhold(self, cid: int) -> None:
+    def _unhold(self, cid: int, error: BaseException | None = None) -> None:
         """A held closure goes back to the queue before every later one (held closures run
-        again in the order they were scheduled); it does not count as retried."""
+        again in the order they were scheduled); it does not count as retried. With
+        ``error``, it fails with that instead (what holding it found out)."""
         c = self._held.pop(cid, None)
-        if c is not None:
+        if c is not None and error is not None:
+            self.done_count += 1
+            c.outcome.set_error(error)
+            self.record_error(error)
+            self._wake()
+            self._progress()
+        elif c is not None:
             queue = self._queue
             queue.insert(next((i for i, q in enumerate(queue) if q.cid > cid), len(queue)), c)
             self._wake()
