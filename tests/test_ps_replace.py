@@ -196,3 +196,21 @@ async def test_replace_ps_on_request_moves_onto_a_joined_ps_and_fences_the_old_o
             await coordinator.close()
         finally:
             await extra.stop()
+
+
+async def test_a_replacement_a_ps_refuses_installs_nothing_anywhere(tmp_path):
+    """One of the ps that would take the lost one's variables cannot (it is full): no
+    other ps serves any of them either; the error says why."""
+    async with _cluster(tmp_path) as cluster:
+        strategy, coordinator = _job(cluster)
+        emb, dense, on_lost, on_kept, opt, manager = await _model(strategy, str(tmp_path))
+        await manager.save()
+        lost = {k for k, (home, _) in strategy.placement.placed.items() if home == 1}
+        cluster.ps[2].moves.max_store_bytes = cluster.ps[2].store.held()  # full: takes nothing more
+        await cluster.ps[1].stop()
+        with pytest.raises(FailedPreconditionError, match="cannot take"):
+            await coordinator.replace_ps(1, manager)
+        for ps in (cluster.ps[0], cluster.ps[2]):
+            assert not lost & {r.name for r in ps.store}, "a copy went into service"
+            assert not ps.moves.incoming  # what was staged was dropped
+        await coordinator.close()

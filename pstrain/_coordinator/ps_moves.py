@@ -279,14 +279,24 @@ class PsChanges:
         for copy in copies:
             by_ps.setdefault(where[copy.slot_of or copy.name], []).append(copy)
 
-        async def put(ps: int, group: list[VariableCopy]) -> None:
-            stage, channel = secrets.token_hex(8), self.channel(ps)
-            await channel.request(InstallVariables(stage=stage, vars=group), timeout=self.timeout_s)
-            records = [r for copy in group for r in once.get(copy.name, [])]
-            await channel.request(InstallVariables(stage=stage, activate=True, placement=new,
-                                                   once=records), timeout=self.timeout_s)
+        stage = secrets.token_hex(8)
+        # every ps stages its share first: one that refuses (full, say) changes nothing anywhere
+        staged = await asyncio.gather(*(
+            self.channel(ps).request(InstallVariables(stage=stage, vars=group), timeout=self.timeout_s)
+            for ps, group in by_ps.items()), return_exceptions=True)
+        failed = [r for r in staged if isinstance(r, BaseException)]
+        if failed:
+            await asyncio.gather(*(best_effort(self.channel(ps).request(
+                EndMove(stage=stage, commit=False), timeout=self.timeout_s),
+                f"dropping staged copies on ps {ps}", logger) for ps in by_ps))
+            raise failed[0]
 
-        await asyncio.gather(*(put(ps, group) for ps, group in by_ps.items()))
+        async def activate(ps: int, group: list[VariableCopy]) -> None:
+            records = [r for copy in group for r in once.get(copy.name, [])]
+            await self.channel(ps).request(InstallVariables(stage=stage, activate=True, placement=new,
+                                                            once=records), timeout=self.timeout_s)
+
+        await asyncio.gather(*(activate(ps, group) for ps, group in by_ps.items()))
         await self.publish(new)
         self.bytes_moved += sum(int(getattr(c.value, "nbytes", 0)) for c in copies)
 

@@ -50,8 +50,9 @@ from .._base.errors import (
     UnavailableError,
 )
 from .._checkpoint.shares import read_share, table_sources
-from .._formats.checkpoint_operations import RestoreTable
+from .._formats.checkpoint_operations import AbortRestore, CommitRestore, RestoreTable
 from .._formats.placement_map import ReadRecords, SetPlacement, SliceSet, TableSlices, VariableCopy
+from .._variables.staged_restore import new_stage
 from .heartbeat import Heartbeat
 from .ps_moves import PsChanges
 from .scheduling import ClosureQueue
@@ -193,6 +194,8 @@ class PsReplacement:
                     owners[s] = dst
             after[key] = TableSlices(slices=len(owners), owners=owners)
 
+        stage = new_stage()  # every ps reads and checks its slices first, then all merge them
+
         async def put(dst: int, key: str, slices: list[int]) -> int:
             table, new = tables[key], after[key]
             files, slots, deltas = sources[key]
@@ -200,14 +203,24 @@ class PsReplacement:
                 name=key, config=table.slice_spec(new, dst), owner=table.owner, paths=files,
                 shard=0, num_shards=1, slots=slots,
                 deltas=[list(d) for d in deltas], owned=SliceSet(slices=new.slices, owned=slices),
-                merge=SliceSet(slices=new.slices, owned=new.held_by(dst))), timeout=changes.timeout_s)
-            return int(reply.restored or 0)
+                merge=SliceSet(slices=new.slices, owned=new.held_by(dst)), stage=stage),
+                timeout=changes.timeout_s)
+            return int(reply.staged or 0)
 
-        puts = [put(dst, key, slices) for dst, per_table in plan.items()
+        puts = [(dst, put(dst, key, slices)) for dst, per_table in plan.items()
                 for key, slices in per_table.items() if slices]
         if not puts:
             return 0
-        rows = sum(await asyncio.gather(*puts))
+        staged = await asyncio.gather(*(p for _, p in puts), return_exceptions=True)
+        targets = {dst for dst, _ in puts}
+        failed = [r for r in staged if isinstance(r, BaseException)]
+        if failed:
+            await asyncio.gather(*(changes.channel(dst).request(AbortRestore(stage=stage))
+                                   for dst in targets), return_exceptions=True)
+            raise failed[0]
+        await asyncio.gather(*(changes.channel(dst).request(CommitRestore(stage=stage))
+                               for dst in targets))
+        rows = sum(int(r) for r in staged)
         await changes.publish(changes.placement.with_tables(
             {k: v for k, v in after.items() if index in changes.table_slices(tables[k]).owners}))
         return rows

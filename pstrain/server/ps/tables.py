@@ -53,6 +53,16 @@ def shard_tensors(table: DynamicTable, save: dict[str, Snapshot], rename: dict[s
     return out
 
 
+@dataclasses.dataclass
+class _Staged:
+    """A table's restore held until ``ckpt/commit``: its rows, its share of the capacity as
+    staged, and what puts it in place with the share the commit gives (it cannot fail)."""
+
+    rows: int
+    capacity: int | None
+    install: Callable[[int | None], object]
+
+
 class TableHandlers:
     """The dynamic tables of one ps, by name, and the operations on them."""
 
@@ -71,8 +81,7 @@ class TableHandlers:
         self.guards = SliceGuards(checkpoints.store)
         #: Restores staged by ``stage``: each table read and checked, and the timer that
         #: drops them if no ``ckpt/commit`` or ``ckpt/abort`` comes (``commit_tables``).
-        self.staged: dict[str, tuple[dict[str, tuple[DynamicTable, RestoreTable, Any]],
-                                     asyncio.TimerHandle]] = {}
+        self.staged: dict[str, tuple[dict[str, _Staged], asyncio.TimerHandle]] = {}
         #: A lookup's rows as a read of an exactly-once closure sees them (``as_of``): the
         #: ps's before images (``before_images.py``).
         self.as_of: Callable[[str, Any, np.ndarray, np.ndarray], np.ndarray] | None = None
@@ -248,6 +257,11 @@ class TableHandlers:
             slots = {req.slots[k]: v for k, v in slots.items() if k in req.slots}
             slot_init = {req.slots[k]: v for k, v in slot_init.items() if k in req.slots}
         if req.merge is not None:
+            if req.stage is not None:  # merged by ckpt/commit (a replacement, all or nothing)
+                self._stage(req.stage, req.name, _Staged(
+                    int(ids.size), config.capacity,
+                    lambda _: self._merge_restored(req, config, ids, rows, slots, slot_init)))
+                return {"staged": int(ids.size), "stage": req.stage}
             return self._merge_restored(req, config, ids, rows, slots, slot_init)
         if req.stage is None and config.capacity is not None and ids.size > config.capacity:
             raise InvalidArgumentError(
@@ -264,29 +278,36 @@ class TableHandlers:
                     f"{self.max_table_bytes} (pstrain serve --max-variable-bytes)")
         table.load(ids, rows, slots, slot_init)
         if req.stage is not None:  # put in place by ckpt/commit, with its share of the capacity
-            staged = self.staged.get(req.stage)
-            if staged is None:
-                if len(self.staged) >= MAX_STAGED:
-                    raise InvalidArgumentError(
-                        f"dyn/restore: {len(self.staged)} restores are staged on {self.task} "
-                        f"already (at most {MAX_STAGED}): commit or abort them first")
-                timer = asyncio.get_running_loop().call_later(STAGE_TTL_S, self.abort_tables, req.stage)
-                staged = self.staged[req.stage] = ({}, timer)
-            staged[0][req.name] = (table, req, mine)
+            def install(capacity: int | None) -> None:
+                table.with_capacity(capacity)
+                self._install(table, req, mine)
+
+            self._stage(req.stage, req.name, _Staged(len(table), config.capacity, install))
             return {"staged": int(ids.size), "stage": req.stage}
         self._install(table, req, mine)
         return {"restored": int(ids.size)}
+
+    def _stage(self, stage: str, name: str, staged: _Staged) -> None:
+        entry = self.staged.get(stage)
+        if entry is None:
+            if len(self.staged) >= MAX_STAGED:
+                raise InvalidArgumentError(
+                    f"dyn/restore: {len(self.staged)} restores are staged on {self.task} "
+                    f"already (at most {MAX_STAGED}): commit or abort them first")
+            timer = asyncio.get_running_loop().call_later(STAGE_TTL_S, self.abort_tables, stage)
+            entry = self.staged[stage] = ({}, timer)
+        entry[0][name] = staged
 
     def commit_tables(self, stage: str, capacities: dict[str, int | None]) -> Callable[[], int]:
         """Check that the tables staged as ``stage`` fit ``capacities`` (each table's share
         here; a table not named keeps the share it was staged with); returns what puts them
         in place (it cannot fail), or raises with nothing changed."""
         tables = self.staged.get(stage, ({}, None))[0]
-        for name, (table, _, _) in tables.items():
-            capacity = capacities.get(name, table.config.capacity)
-            if capacity is not None and len(table) > capacity:
+        for name, staged in tables.items():
+            capacity = capacities.get(name, staged.capacity)
+            if capacity is not None and staged.rows > capacity:
                 raise InvalidArgumentError(
-                    f"ckpt/commit of {name!r}: {len(table)} rows staged on {self.task}, more "
+                    f"ckpt/commit of {name!r}: {staged.rows} rows staged on {self.task}, more "
                     f"than its share of the capacity, {capacity}")
 
         def install() -> int:
@@ -294,9 +315,8 @@ class TableHandlers:
             if entry is None:
                 return 0
             entry[1].cancel()
-            for name, (table, req, mine) in entry[0].items():
-                table.with_capacity(capacities.get(name, table.config.capacity))
-                self._install(table, req, mine)
+            for name, staged in entry[0].items():
+                staged.install(capacities.get(name, staged.capacity))
             return len(entry[0])
 
         return install
