@@ -187,6 +187,7 @@ async def test_ps_loss_is_reported_then_restored_from_a_checkpoint(tmp_path):
             await coordinator.join()
         assert time.monotonic() - t < 30
         assert "/job:ps/replica:0/task:1" in str(info.value) + str(info.value.task)
+        assert str(info.value).count("schedule the failed work again") == 1, str(info.value)
 
         before = coordinator.ps_incarnations[1]
         await cluster.restart("ps", 1)
@@ -527,3 +528,28 @@ async def test_a_ps_that_fails_while_a_worker_recovers_fails_join_with_unavailab
     assert isinstance(raised, (UnavailableError, pstrain.errors.InvalidArgumentError)), repr(raised)
     assert not isinstance(raised, pstrain.errors.NotFoundError), repr(raised)
     await coordinator.close()
+
+
+async def test_a_silent_ps_is_reported_with_its_advice_said_once():
+    from pstrain.testing import InProcessCluster
+
+    async with InProcessCluster(num_ps=2, num_workers=1) as in_process:
+        strategy = pstrain.ParameterServerStrategy(in_process.resolver)
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        with strategy.scope():
+            v = pstrain.Variable(0.0, name="v")
+        await v.read_value()
+        release = asyncio.Event()
+
+        async def busy():
+            await release.wait()
+
+        coordinator.schedule(busy)  # closures run: a silent ps is the job's error
+        await wait_for(lambda: coordinator.queue.in_flight, what="the closure running")
+        await in_process.ps[1].stop()
+        error = await coordinator.heartbeat.ps_restarted(1, report_silence=True)
+        release.set()
+        assert isinstance(error, UnavailableError) and "unreachable" in str(error)
+        assert str(error).count("schedule the failed work again") == 1, str(error)
+        assert str(error).count("If the ps restarted") + str(error).count("if it restarted") == 1
+        await coordinator.close()

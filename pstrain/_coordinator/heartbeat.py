@@ -25,6 +25,7 @@ from .._base.errors import (
     UnavailableError,
 )
 from .._formats.operations import Health, ResetChannels
+from .._transport.client_protocol import ps_advice
 from .._transport.rpc import ChannelPool
 from .dispatch import DispatchSettings, WorkerDispatcher
 from .ps_health import PsHealth
@@ -143,7 +144,8 @@ class Heartbeat:
             reply = await channel.request(Health(), timeout=self.ps_timeout_s)
         except (UnavailableError, DeadlineExceededError) as exc:
             channel.reset()  # a healed ps is reached on a fresh connection, at once
-            return health.silent(k, f"{type(exc).__name__}: {exc}",
+            reason = str(exc).removesuffix(ps_advice(channel.task))  # said once, by silent()
+            return health.silent(k, f"{type(exc).__name__}: {reason}",
                                  busy=report_silence and bool(self.queue.in_flight or self.queue.held))
         except (AuthenticationError, ProtocolError) as exc:  # misconfigured: report, once
             health.misconfigured(k, exc)
