@@ -59,6 +59,8 @@ async def test_a_reader_follows_deltas_a_compaction_and_a_restart(tmp_path):
         url = f"http://{endpoints[0]}/v1/tables/emb/rows"
         auth = {"Authorization": f"Bearer {TOKEN}"}
         async with aiohttp.ClientSession() as session:
+            async with session.get(url, headers=auth) as r:  # not created on the ps yet
+                assert r.status == 404 and "not created here yet" in (await r.json())["error"]["message"]
             await _step(table, opt, 0)
             async with session.get(url, headers=auth) as r:  # nothing saved yet
                 assert r.status == 412 and "not been saved" in (await r.json())["error"]["message"]

@@ -101,7 +101,9 @@ class TableFeed:
         """What this ps's shard of ``name`` changed since version ``since``."""
         table = self.tables.get(name)
         if table is None:
-            raise NotFoundError(f"table feed: dynamic table {name!r} not found on {self.task}")
+            raise NotFoundError(f"table feed: dynamic table {name!r} not found on {self.task} "
+                                "(a name it does not know, or a table not created here yet: a "
+                                "table is created on each ps by its first use)")
         directory = self.directories.get(name)
         if directory is None:
             raise FailedPreconditionError(
