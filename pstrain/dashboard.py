@@ -5,7 +5,9 @@ launch --dashboard``, ``pstrain demo --dashboard``) listens on 127.0.0.1 by
 default and returns a *one-time* login URL (``/login?key=...``): opening it
 sets a session cookie (HttpOnly, SameSite=Strict) and the key is spent;
 without the cookie every page and stream answers 401.
-``pstrain.dashboard.login_url(coordinator)`` makes a fresh key. A bearer
+``pstrain.dashboard.login_url(coordinator)`` makes a fresh key, and so does
+``pstrain dashboard-login HOST:PORT`` (``POST /login/new`` with the cluster token) for a
+running job. A bearer
 header with the cluster token also works, for scripts. It is an add-on of the
 face layer: it reads the coordinator through its public API and attaches
 through ``coordinator.extensions``, ``on_close`` and ``START_HOOKS``.
@@ -78,6 +80,7 @@ class Dashboard(ServerBase):
         self._ticker: asyncio.Task[None] | None = None
         self.snapshots = 0  # built so far (tests and benchmarks read it)
         self.page("GET", "/login", self._login)
+        self.page("POST", "/login/new", self._new_login)
         self.page("GET", "/", self._index)
         self.page("GET", "/events", self._events)
         self.page("GET", "/api/state", self._state)
@@ -127,8 +130,25 @@ class Dashboard(ServerBase):
     def _refuse(self) -> web.Response:
         return web.Response(status=401, content_type="text/html", text=(
             "<!doctype html><title>pstrain dashboard</title><h1>401: not logged in</h1>"
-            "<p>Open the one-time URL the coordinator printed, or make a new one with "
-            "<code>coordinator.dashboard_login_url()</code>.</p>"))
+            "<p>Open the one-time URL the coordinator printed, or make a new one: "
+            f"<code>pstrain dashboard-login {self.address}</code> (with the cluster's token: "
+            "<code>--token-file</code> or <code>PSTRAIN_TOKEN</code>), or, in the program, "
+            "<code>pstrain.dashboard.login_url(coordinator)</code>.</p>"))
+
+    async def _new_login(self, request: web.Request, authenticated: Callable[[], None]
+                         ) -> web.StreamResponse:
+        """``POST /login/new``: a fresh one-time login URL, for the cluster's token (without
+        one, for a caller on this machine only: the dashboard then listens on loopback)."""
+        if self.token_bytes is not None:
+            ok = bearer_ok(request.headers.get("Authorization"), self.token_bytes)
+        else:
+            ok = is_loopback(request.remote or "")
+        if not ok:
+            return web.json_response({"error": {"type": "AuthenticationError", "message":
+                                      "missing or wrong cluster token: send 'Authorization: "
+                                      "Bearer <token>'"}}, status=401)
+        authenticated()
+        return web.json_response({"url": self.login_url()})
 
     async def _login(self, request: web.Request, authenticated: Callable[[], None]
                      ) -> web.StreamResponse:

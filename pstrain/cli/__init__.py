@@ -30,6 +30,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     serve_parser(sub)
     status_parser(sub)
+    from .dashboard_login import dashboard_login_parser
+
+    dashboard_login_parser(sub)
     from ..demo import add_demo_parser
 
     add_demo_parser(sub)
