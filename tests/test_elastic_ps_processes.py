@@ -144,6 +144,10 @@ async def test_a_ps_joins_and_is_drained_by_sigterm_during_w4_and_the_state_is_e
         code = await asyncio.to_thread(joined.proc.wait, 90)
         assert code == 0, joined.stderr()
         assert "drained" in joined.stderr()
+        # once given its index it logs as what it is now: ps 2, never the ps 0 it started as
+        after = joined.stderr().split("as ps 2", 1)
+        assert len(after) == 2 and "] INFO" in after[0].splitlines()[-1], joined.stderr()
+        assert "[ps:2]" in after[0].splitlines()[-1] and "[ps:0]" not in after[1], joined.stderr()
         assert coordinator.ps.status()["ps"][2]["active"] is False
         assert coordinator.ps.shares().get(2, 0) == 0
         assert len(done_at) < STEPS - half, "the drain did not overlap training"

@@ -15,13 +15,35 @@ from .._formats.records import Operation
 from .._transport.bridge import run
 from .._transport.rpc import Channel
 
-__all__ = ["coordinator_call", "evaluate", "join", "leave", "membership", "setup_logging"]
+__all__ = ["coordinator_call", "evaluate", "join", "leave", "membership", "retag_logging",
+           "setup_logging"]
+
+
+class _Tag(logging.Filter):
+    """Puts the task's current name into each record (a ps that joined is renamed)."""
+
+    tag = ""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.pstrain_task = self.tag
+        return True
+
+
+_TAG = _Tag()
 
 
 def setup_logging(level: str, tag: str) -> None:
+    _TAG.tag = tag
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
-        format=f"%(asctime)s [{tag}] %(levelname)s %(name)s: %(message)s")
+        format="%(asctime)s [%(pstrain_task)s] %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_TAG)
+
+
+def retag_logging(tag: str) -> None:
+    """The task's log lines say ``tag`` from now on (a ps that joined, under its index)."""
+    _TAG.tag = tag
 
 
 async def coordinator_call(coordinator: str, message: Operation, token: str | None,

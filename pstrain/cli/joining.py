@@ -20,7 +20,7 @@ from typing import Any
 
 from .._base.errors import PstrainError
 from .._formats.operations import Health
-from .common import coordinator_call, join
+from .common import coordinator_call, join, retag_logging
 
 __all__ = ["FOLLOW_PERIOD_S", "follow", "incarnation", "join_as"]
 
@@ -48,6 +48,8 @@ def join_as(role: str, server: Any, coordinator: str, address: str,
         server.answers_any_index = True  # until the coordinator gives it its index
         given = await join(coordinator, address, token, ps=True)
         server.renamed(given)
+        retag_logging(f"ps:{given}")  # its log lines say what it is now
+        logger.info("joining the job at %s as ps %d", coordinator, given)
         return await join(coordinator, address, token, ps=True, index=given)
 
     async def join_worker() -> int:
