@@ -324,6 +324,10 @@ async def snapshot(coordinator: ClusterCoordinator) -> dict[str, Any]:
                          requests=sum(r["count"] for r in requests),
                          wire_bytes=sum(r["bytes_in"] + r["bytes_out"] for r in requests))
         tasks.append(entry)
+        # a ps's share counts its table rows too (the map knows its variables' bytes only)
+        table_bytes = sum(int(t.get("bytes", 0)) for t in (ps_st or {}).get("tables", {}).values())
+        placement["ps"][k] = {**placement["ps"][k], "table_bytes": table_bytes,
+                              "bytes": placement["ps"][k]["bytes"] + table_bytes}
     for m, answered in zip(members, answers):
         seen = m["incarnation"] is not None or m["failures"] > 0
         tasks.append({"job": "worker", "index": m["index"], "task": f"worker:{m['index']}",

@@ -465,3 +465,44 @@ async def test_a_for_loop_over_a_per_worker_iterator_ends_with_the_data_as_in_tf
     with pytest.raises(pstrain.errors.OutOfRangeError, match="End of sequence"):
         await coordinator.join()
     await coordinator.close()
+
+
+async def test_every_size_shown_of_a_ps_counts_its_table_rows(cluster, tmp_path):
+    """``pstrain status`` (its table and the placement map) and the dashboard's placement
+    panel show what a ps holds, table rows included (8.5 KB was shown for 3.9 MiB held)."""
+    import asyncio
+    import json
+    import re
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    coordinator = pstrain.ClusterCoordinator(strategy)
+    with strategy.scope():
+        table = pstrain.DynamicEmbedding(64, name="emb", capacity=100_000)
+    await table.lookup(np.arange(16_000, dtype=np.int64))  # about 4 MiB of rows in all
+    endpoint = await coordinator.serve_metrics()
+    spec = cluster.cluster_spec
+    config = tmp_path / "cluster.json"
+    config.write_text(json.dumps({"cluster": {"chief": [endpoint], "ps": spec.job_tasks("ps"),
+                                              "worker": spec.job_tasks("worker")}}))
+    token = tmp_path / "token"
+    token.write_text(cluster.token)
+    result = await asyncio.to_thread(lambda: subprocess.run(
+        [sys.executable, "-m", "pstrain", "status", "--cluster", str(config), "--token-file",
+         str(token), "--coordinator", endpoint], capture_output=True, text=True, timeout=60))
+    assert result.returncode == 0, result.stdout + result.stderr
+    held = []
+    for line in result.stdout.splitlines():
+        if re.match(r"\s*ps:\d|\s*ps \d", line):
+            value, unit = re.search(r"([\d.]+) (B|KB|MB|GB)\b", line).groups()
+            held.append(float(value) * {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9}[unit])
+    num_ps = len(spec.job_tasks("ps"))
+    assert len(held) == 2 * num_ps, result.stdout  # the table's rows, and the map's lines
+    assert all(h > 16_000 * 64 * 4 / num_ps / 2 for h in held), result.stdout
+    state = await pstrain.dashboard.snapshot(coordinator)
+    shares = [p["bytes"] for p in state["placement"]["ps"]]
+    assert all(s > 16_000 * 64 * 4 / num_ps / 2 for s in shares), shares
+    await coordinator.close()

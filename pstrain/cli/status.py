@@ -26,7 +26,7 @@ STATUS_COLUMNS = """Columns:
   ADDRESS   host:port from the cluster spec
   UPTIME    seconds since the task started
   WORK      ps: variables held; worker: closures run; chief: closures done
-  BYTES     ps: bytes of variables held; others: request and reply bytes so far
+  BYTES     ps: bytes held, variables and table rows; others: request and reply bytes so far
   REQUESTS  requests per second, measured over one second (chief: closures done per second)"""
 
 
@@ -50,6 +50,12 @@ def _load_cluster(path: str | None) -> ClusterSpec:
     if config is None:
         raise PstrainError("no cluster: pass --cluster FILE or set PSTRAIN_CONFIG / TF_CONFIG")
     return config[0]
+
+
+def _held(stats: dict[str, Any]) -> int:
+    """The bytes a ps holds: its variables and its tables' rows (with their slots)."""
+    return int(stats.get("bytes", 0)) + sum(int(t.get("bytes", 0))
+                                            for t in stats.get("tables", {}).values())
 
 
 def _human(n: float) -> str:
@@ -97,9 +103,11 @@ def status(args: argparse.Namespace) -> int:
         work = (f"{second['variables']} variables" if "variables" in second else
                 f"{second['closures_run']} closures" if "closures_run" in second else
                 f"{second.get('closures_done', 0)} done")
+        if "variables" in second:  # a ps: what it holds, for the placement map's shares too
+            row["held"] = _held(second)
         row.update(state="up", uptime=f"{second.get('uptime_s', 0):.0f} s", work=work,
-                   bytes=_human(second.get("bytes", sum(r["bytes_in"] + r["bytes_out"]
-                                                        for r in second["requests"].values()))),
+                   bytes=_human(_held(second) if "variables" in second else
+                                sum(r["bytes_in"] + r["bytes_out"] for r in second["requests"].values())),
                    rate=f"{rate:.0f}/s")
         return row
 
@@ -124,19 +132,22 @@ def status(args: argparse.Namespace) -> int:
             state = m.get("state") or ("leaving" if m["leaving"] else "up" if m["up"] else "down")
             print(f"  worker {m['index']}  {state:<8} {m['address']}  failures {m['failures']}")
         if placement:
-            _print_placement(placement)
+            held = {int(r["task"].split(":")[1]): r["held"] for r in rows
+                    if r["task"].startswith("ps:") and "held" in r}
+            _print_placement(placement, held)
     return 0 if all(r["state"] == "up" for r in rows if not r["task"].startswith("chief")) else 1
 
 
-def _print_placement(placement: dict[str, Any]) -> None:
-    """The placement map: its version, each ps's share, the move or replacement under way."""
+def _print_placement(placement: dict[str, Any], held: dict[int, int]) -> None:
+    """The placement map: its version, each ps's share (what it holds, its table rows
+    included, where it answered), the move or replacement under way."""
     print(f"\nplacement map version {placement['version']}, {placement['moves_done']} move(s) done, "
           f"{_human(placement['bytes_moved'])} moved:")
     for p in placement["ps"]:
         tables = ", ".join(f"{name} {100 * share:.1f}%" for name, share in
                            sorted(p.get("table_shares", {}).items()))
         print(f"  ps {p['index']}  {'in' if p['active'] else 'left':<4} {p['address'] or '-'}  "
-              f"{_human(p['bytes'])}" + (f"  tables: {tables}" if tables else ""))
+              f"{_human(held.get(p['index'], p['bytes']))}" + (f"  tables: {tables}" if tables else ""))
     moving = placement.get("moving")
     if moving:
         print(f"  moving ps {moving['from']} -> ps {moving['to']}: {', '.join(moving['variables'])} "
