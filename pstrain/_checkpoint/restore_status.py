@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -242,7 +242,7 @@ class CheckpointLoadStatus:
             logger.info("restored %s (deferred)", target.key)
 
     async def restore_now(self, targets: list[_Target],
-                          tables: list[tuple[Any, dict[int, RestoreTable], dict[int, int | None]]] = (),
+                          tables: Sequence[tuple[Any, dict[int, RestoreTable], dict[int, int | None]]] = (),
                           stage: str | None = None) -> None:
         """Restore ``targets`` and ``tables`` (``staged_restore.restore_staged``'s, staged
         as ``stage``) all or nothing: every ps stages its values, then all commit."""

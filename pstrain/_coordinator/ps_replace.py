@@ -220,7 +220,7 @@ class PsReplacement:
             raise failed[0]
         await asyncio.gather(*(changes.channel(dst).request(CommitRestore(stage=stage))
                                for dst in targets))
-        rows = sum(int(r) for r in staged)
+        rows = sum(r for r in staged if isinstance(r, int))
         await changes.publish(changes.placement.with_tables(
             {k: v for k, v in after.items() if index in changes.table_slices(tables[k]).owners}))
         return rows

@@ -192,12 +192,15 @@ def _after(since: _Save, saves: dict[int, _Save], chain: list[_Save], reset_at: 
 Confine = Callable[[str], str]
 
 
+#: One file of a save: the file, its rows' key, its ids, and which of them this shard holds.
+_SavedFile = tuple[TensorFile, str, np.ndarray, np.ndarray]
+
+
 def _open_save(directory: str, save: _Save, confine: Confine, held: list[TensorFile],
-               shard: Shard, num_shards: int
-               ) -> list[tuple[TensorFile, str, np.ndarray, np.ndarray]] | np.ndarray:
+               shard: Shard, num_shards: int) -> tuple[list[_SavedFile], np.ndarray]:
     """The files of one save of the table, opened (kept in ``held``), with the ids of each
-    and which of them this shard holds, and the save's removed ids of this shard last."""
-    out: list[Any] = []
+    and which of them this shard holds; and the save's removed ids of this shard."""
+    out: list[_SavedFile] = []
     removed_parts = []
     prefix = save.entry["prefix"] + ":" if save.number else ""
     for name in save.entry["files"]:
@@ -227,8 +230,7 @@ def _open_save(directory: str, save: _Save, confine: Confine, held: list[TensorF
     mine_ids = np.concatenate([ids[mine] for _, _, ids, mine in out]) if out else np.empty(0, np.int64)
     if np.unique(mine_ids).size != mine_ids.size:
         raise InvalidArgumentError(f"table feed: an id appears in two files of save {save.seq}")
-    out.append(np.concatenate(removed_parts) if removed_parts else np.empty(0, np.int64))
-    return out
+    return out, np.concatenate(removed_parts) if removed_parts else np.empty(0, np.int64)
 
 
 def _compose(directory: str, saves: list[_Save], confine: Confine, reply: FeedReply,
@@ -240,10 +242,9 @@ def _compose(directory: str, saves: list[_Save], confine: Confine, reply: FeedRe
     later = np.empty(0, np.int64)  # ids put in or removed by the saves after the one at hand
     sources: list[tuple[TensorFile, str, np.ndarray]] = []
     id_parts: list[np.ndarray] = []
-    for files in reversed(opened):
-        removed = files[-1]
+    for files, removed in reversed(opened):
         here = []
-        for tensor_file, key, ids, mine in files[:-1]:
+        for tensor_file, key, ids, mine in files:
             keep = mine & ~np.isin(ids, later)
             sources.append((tensor_file, key, keep))
             id_parts.append(ids[keep])
@@ -253,10 +254,9 @@ def _compose(directory: str, saves: list[_Save], confine: Confine, reply: FeedRe
     reply.ids = np.concatenate(id_parts[::-1]) if id_parts else np.empty(0, np.int64)
     removed_all = np.empty(0, np.int64)
     if not reply.reset:
-        for files in opened:
-            put = np.concatenate([ids[mine] for _, _, ids, mine in files[:-1]] or
-                                 [np.empty(0, np.int64)])
-            removed_all = np.union1d(removed_all[~np.isin(removed_all, put)], files[-1])
+        for files, removed in opened:
+            put = np.concatenate([ids[mine] for _, _, ids, mine in files] or [np.empty(0, np.int64)])
+            removed_all = np.union1d(removed_all[~np.isin(removed_all, put)], removed)
     reply.removed = removed_all
 
 

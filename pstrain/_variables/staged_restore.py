@@ -88,7 +88,7 @@ async def restore_staged(variables: dict[Channel, list[RestoreSpec]],
         replies = iter(staged[len(variables):])
         try:
             for table, requests, shares in tables:
-                rows = {ps: int(next(replies).staged or 0) for ps in requests}
+                rows = {ps: int(getattr(next(replies), "staged", 0) or 0) for ps in requests}
                 for ps, share in share_capacity(table.capacity, shares, rows, table.key).items():
                     commits[table.channel(ps)][table.key] = share
         except InvalidArgumentError as exc:
