@@ -288,26 +288,32 @@ async def test_an_exhausted_dataset_consumes_every_batch_then_raises_out_of_rang
     await coordinator.close()
 
 
-async def test_pstrain_status_shows_a_running_chief_up_with_its_closures(cluster, tmp_path):
+async def _status(cluster, tmp_path, chief: str, *args: str):
+    """``pstrain status`` of ``cluster`` with its coordinator's endpoint ``chief``."""
     import asyncio
     import json
     import subprocess
     import sys
 
-    coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(cluster.resolver))
-    chief = await coordinator.serve_metrics()
-    for _ in range(3):
-        coordinator.schedule(lambda: None)
-    await coordinator.join()
     spec = cluster.cluster_spec
     config = tmp_path / "cluster.json"
     config.write_text(json.dumps({"cluster": {"chief": [chief], "ps": spec.job_tasks("ps"),
                                               "worker": spec.job_tasks("worker")}}))
     token = tmp_path / "token"
     token.write_text(cluster.token)
-    result = await asyncio.get_running_loop().run_in_executor(None, lambda: subprocess.run(
+    return await asyncio.to_thread(lambda: subprocess.run(
         [sys.executable, "-m", "pstrain", "status", "--cluster", str(config), "--token-file",
-         str(token)], capture_output=True, text=True, timeout=60))
+         str(token), *args], capture_output=True, text=True, timeout=60))
+
+
+async def test_pstrain_status_shows_a_running_chief_up_with_its_closures(cluster, tmp_path):
+
+    coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(cluster.resolver))
+    chief = await coordinator.serve_metrics()
+    for _ in range(3):
+        coordinator.schedule(lambda: None)
+    await coordinator.join()
+    result = await _status(cluster, tmp_path, chief)
     chief_row = next(line for line in result.stdout.splitlines() if line.startswith("chief:0"))
     assert chief_row.split()[1] == "up", result.stdout
     assert "3 done" in chief_row
@@ -470,11 +476,7 @@ async def test_a_for_loop_over_a_per_worker_iterator_ends_with_the_data_as_in_tf
 async def test_every_size_shown_of_a_ps_counts_its_table_rows(cluster, tmp_path):
     """``pstrain status`` (its table and the placement map) and the dashboard's placement
     panel show what a ps holds, table rows included (8.5 KB was shown for 3.9 MiB held)."""
-    import asyncio
-    import json
     import re
-    import subprocess
-    import sys
 
     import numpy as np
 
@@ -485,14 +487,7 @@ async def test_every_size_shown_of_a_ps_counts_its_table_rows(cluster, tmp_path)
     await table.lookup(np.arange(16_000, dtype=np.int64))  # about 4 MiB of rows in all
     endpoint = await coordinator.serve_metrics()
     spec = cluster.cluster_spec
-    config = tmp_path / "cluster.json"
-    config.write_text(json.dumps({"cluster": {"chief": [endpoint], "ps": spec.job_tasks("ps"),
-                                              "worker": spec.job_tasks("worker")}}))
-    token = tmp_path / "token"
-    token.write_text(cluster.token)
-    result = await asyncio.to_thread(lambda: subprocess.run(
-        [sys.executable, "-m", "pstrain", "status", "--cluster", str(config), "--token-file",
-         str(token), "--coordinator", endpoint], capture_output=True, text=True, timeout=60))
+    result = await _status(cluster, tmp_path, endpoint, "--coordinator", endpoint)
     assert result.returncode == 0, result.stdout + result.stderr
     held = []
     for line in result.stdout.splitlines():
