@@ -242,14 +242,13 @@ def _compose(directory: str, saves: list[_Save], confine: Confine, reply: FeedRe
     later = np.empty(0, np.int64)  # ids put in or removed by the saves after the one at hand
     sources: list[tuple[TensorFile, str, np.ndarray]] = []
     id_parts: list[np.ndarray] = []
-    for files, removed in reversed(opened):
-        here = []
+    for n, (files, removed) in enumerate(reversed(opened), 1):
         for tensor_file, key, ids, mine in files:
-            keep = mine & ~np.isin(ids, later)
+            keep = mine & ~np.isin(ids, later) if later.size else mine
             sources.append((tensor_file, key, keep))
             id_parts.append(ids[keep])
-            here.append(ids[mine])
-        later = np.union1d(later, np.concatenate([removed, *here]))
+        if n < len(opened):  # (not after the oldest: nothing is left to compare with it)
+            later = np.union1d(later, np.concatenate([removed, *(ids[mine] for _, _, ids, mine in files)]))
     reply.sources = sources[::-1]
     reply.ids = np.concatenate(id_parts[::-1]) if id_parts else np.empty(0, np.int64)
     removed_all = np.empty(0, np.int64)
