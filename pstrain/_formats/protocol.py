@@ -276,7 +276,10 @@ class FrameProtocol(asyncio.BufferedProtocol, abc.ABC):
                 # Large: receive the rest straight into the body's own buffer, reserved as
                 # the bytes arrive (``_grow``), never as the header claims.
                 have = min(avail - head, body_len)
-                capacity = have  # more is reserved when more is there to read (get_buffer)
+                # Reserved once bytes of it arrived (up to FIRST_BODY_BUFFER, so that most
+                # bodies take one buffer and no copy), grown as more arrive (get_buffer): a
+                # header alone reserves nothing.
+                capacity = min(body_len, max(have, FIRST_BODY_BUFFER)) if have else 0
                 if not self._charge(capacity):
                     return
                 body = np.empty(capacity, np.uint8)  # pages touched as bytes arrive (no memset)
