@@ -496,7 +496,7 @@ async def test_a_ps_that_fails_while_a_worker_recovers_fails_join_with_unavailab
         others = [pstrain.Variable(np.zeros(4, np.float32), name=f"v{i}") for i in range(3)]
 
     async def step():
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # the step's work: the kills land while steps run
         for v in [count, *others]:
             await v.assign_add(np.ones(v.shape, v.dtype.name) if v.shape else 1)
 
@@ -512,7 +512,7 @@ async def test_a_ps_that_fails_while_a_worker_recovers_fails_join_with_unavailab
                 coordinator.schedule(step)
             except pstrain.errors.PstrainError as exc:
                 return exc  # raised here, it is not raised again by join
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.005)  # the pace new work arrives at (not a wait for anything)
         return None
 
     feeder = asyncio.ensure_future(keep_scheduling())
