@@ -339,3 +339,27 @@ def test_the_longest_modules_are_listed_for_a_reviewer(capsys):
     with capsys.disabled():
         print("\nlongest modules: " + ", ".join(f"{m} {n}" for m, n in longest))
     assert len(sizes) == len(TREE.modules) and all(n > 0 for n in sizes.values())
+
+
+#: Files a docstring names that are a user's, not pstrain's (an example of a program).
+USERS_FILES = {"train.py", "model.py"}
+
+
+def test_the_module_maps_name_real_files():
+    # Each ``name.py`` a module's docstring names is a file of the tree: by its path from the
+    # module's folder, its parent, pstrain/, the repository or a folder the docstring names;
+    # a bare name anywhere in pstrain/ (maps went stale as modules moved into folders).
+    everywhere = {p.name for p in ROOT.rglob("*.py")}
+    stale = []
+    for path in ROOT.rglob("*.py"):
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        folders = re.findall(r"``([\w/]+)/``", doc)
+        for name in re.findall(r"``([\w./]+\.py)``", doc):
+            bases = [path.parent, path.parent.parent, ROOT, ROOT.parent,
+                     *(ROOT / d for d in folders), *(path.parent / d for d in folders)]
+            if any((base / name).exists() for base in bases) or name in USERS_FILES:
+                continue
+            if "/" not in name and name in everywhere:
+                continue
+            stale.append(f"{path.relative_to(ROOT.parent)}: {name}")
+    assert not stale, stale

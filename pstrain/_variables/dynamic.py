@@ -2,7 +2,7 @@
 
 A :class:`DynamicEmbedding` is made in ``strategy.scope()``; each ps holds the
 ids that hash to it (:func:`~pstrain._formats.idhash.shard_of`), with their rows and
-optimizer slots (``pstrain/server/dynamic_table.py`` says what a shard does).
+optimizer slots (``server/ps/dynamic_table.py`` says what a shard does).
 In a closure, or on the coordinator::
 
     with strategy.scope():

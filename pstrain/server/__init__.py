@@ -12,10 +12,14 @@ port the spec gives it, or on ``port`` (0 picks a free one).
     ...
     await server.stop()
 
-The package: ``core.py`` (handler table, the one reply path), ``base.py``
-(lifecycle), ``http.py`` and ``stream.py`` (the two transports),
-``store.py`` (the ps's variables), ``ps.py`` and ``ps_checkpoint.py`` (the
-ps's operations), ``worker.py`` (the closure executor).
+The package: ``ps/`` (the parameter server: ``ps/handlers.py`` its operations,
+``ps/store.py`` its variables, ``ps/tables.py`` and ``ps/dynamic_table.py`` its
+dynamic tables, ``ps/checkpoint.py`` and ``ps/deltas.py`` its files, ``ps/moves.py``
+moves between ps, ``ps/feed.py`` the serving feed) and ``worker/`` (the worker:
+``worker/executor.py`` its routes, ``worker/closures.py`` the closure loop). What
+every server shares (the handler table and its one reply path, the lifecycle, the
+two transports) is ``_serving/`` (``core.py``, ``base.py``, ``http.py``,
+``stream.py``), below both.
 """
 
 from __future__ import annotations

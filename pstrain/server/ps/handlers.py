@@ -13,7 +13,7 @@ off the serving loop); a gathered reply (``vars/sparse_read``, which copies
 rows) is at most ``max_gather_bytes``. The variables themselves, with their
 pins and copy-on-write, are the :class:`~pstrain.server.ps.store.VariableStore`;
 optimizer rules come from ``optimizer_rules.py``, checkpoint files from
-``ps_checkpoint.py``. ``allow_pickle=False`` refuses ``vars/call`` (the only
+``checkpoint.py``. ``allow_pickle=False`` refuses ``vars/call`` (the only
 operation that runs a caller's function) before anything is decoded.
 """
 

@@ -1,7 +1,7 @@
 """The ps's dynamic embedding tables: the ``dyn/*`` operations and the tables' part of
 ``opt/apply``. Each table's shard is a :class:`~pstrain.server.ps.dynamic_table.DynamicTable`;
 its checkpoint files go through the ps's :class:`~pstrain.server.ps.checkpoint.CheckpointFiles`.
-Every check happens before anything changes, as in ``ps.py``."""
+Every check happens before anything changes, as in ``handlers.py``."""
 
 from __future__ import annotations
 
