@@ -185,3 +185,9 @@ def test_every_supported_name_exists_and_every_other_is_explained():
         dotted = re.match(r"`(pstrain(?:\.\w+)+)`", ours)
         assert dotted, f"{tf}: give the pstrain name as `pstrain.…` ({ours!r})"
         _resolve(dotted.group(1))  # raises if the name does not exist
+
+
+def test_the_readme_carries_no_dated_measurement():
+    # A manual, not a notebook: measurements live in benchmarks/results/ and the CHANGELOG.
+    dated = re.findall(r"[^\n]*\b20\d\d-[01]\d-[0-3]\d\b[^\n]*", (ROOT / "README.md").read_text())
+    assert not dated, dated
