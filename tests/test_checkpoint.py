@@ -401,3 +401,30 @@ async def test_evaluator_as_a_serve_role(ps_server, tmp_path):
                              "--max-evaluations", "1"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "ckpt-1 iterations=1 {'w0': 0.0}" in result.stdout
+
+
+async def test_a_save_without_a_step_mirror_restores_the_mirror_from_the_step(tmp_path):
+    """A job on one ps keeps no mirror of its step counter; restored into two ps, the
+    mirror takes the step (a later loss of the counter's ps then keeps the count)."""
+    root = str(tmp_path)
+    async with InProcessCluster(num_ps=1, num_workers=1, ps_options={"checkpoint_root": root}) as c:
+        strategy = pstrain.ParameterServerStrategy(c.resolver)
+        with strategy.scope():
+            w = pstrain.Variable(np.zeros(3, np.float32), name="w")
+            opt = pstrain.optimizers.SGD(0.1)
+        for _ in range(5):
+            await opt.apply_gradients([(np.ones(3, np.float32), w)])
+        assert opt.iterations_mirror is None
+        path = await pstrain.Checkpoint(w=w, opt=opt).save(f"{root}/ckpt")
+    async with InProcessCluster(num_ps=2, num_workers=1, ps_options={"checkpoint_root": root}) as c:
+        strategy = pstrain.ParameterServerStrategy(c.resolver)
+        with strategy.scope():
+            w = pstrain.Variable(np.zeros(3, np.float32), name="w")
+            opt = pstrain.optimizers.SGD(0.1)
+        assert opt.iterations_mirror is not None
+        status = await pstrain.Checkpoint(w=w, opt=opt).restore(path)
+        status.assert_consumed()  # the missing mirror is no unmatched object
+        assert int(await opt.iterations.read_value()) == 5
+        assert int(await opt.iterations_mirror.read_value()) == 5
+        await opt.apply_gradients([(np.ones(3, np.float32), w)])
+        assert int(await opt.iterations_mirror.read_value()) == 6

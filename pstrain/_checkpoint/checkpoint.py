@@ -317,7 +317,7 @@ class Checkpoint:
         for path, optimizer in graph.optimizers.items():  # a save older than the mirror
             mirrored = optimizer.iterations_mirror is not None
             if mirrored and f"{path}/iterations_mirror" not in reader.variables:
-                await optimizer.sync_counters(trust="iterations")
+                await optimizer.mirror_iterations()
         split = split_delta(os.path.abspath(save_path))
         base, number = split if split else (os.path.abspath(save_path), 0)
         marks = await take_marks(ps_channels(graph.entries, graph.tables))  # after: restored

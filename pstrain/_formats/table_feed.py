@@ -73,11 +73,6 @@ class FeedReply:
         for tensor_file, key, keep in self.sources:
             yield from tensor_file.iter_rows(key, keep, self.dtype, piece_rows)
 
-    def rows(self) -> np.ndarray:
-        """The rows whole (small replies, tests)."""
-        pieces = list(self.iter_rows())
-        return np.concatenate(pieces) if pieces else np.empty((0, self.dim), self.dtype)
-
     def close(self) -> None:
         for tensor_file in self.files:
             tensor_file.close()

@@ -319,6 +319,7 @@ class TensorFile:
         except OSError as exc:
             raise InvalidArgumentError(f"cannot open checkpoint file {path}: {exc.strerror}") from None
         self._f = os.fdopen(fd, "rb", buffering=0)
+        self._checked: set[str] = set()  # tensors read through against their checksums
         try:
             self.tensors = _read_header(self._f, path)
         except BaseException:
@@ -348,7 +349,7 @@ class TensorFile:
         anything is sent, not a reply cut short)."""
         tensor = self._locate(key)
         check = tensor.verifier(self.path, key)
-        if check is None:
+        if check is None or key in self._checked:
             return
         step = CHECK_READ  # a small buffer: many readers may check at once
         buf = np.empty(min(step, tensor.nbytes), np.uint8)
@@ -357,6 +358,7 @@ class TensorFile:
             _read_into(self._f, tensor.at + lo, piece)
             check.update(piece)
         check.finish()
+        self._checked.add(key)  # the file is held open and never written: it stays so
 
     def _locate(self, key: str) -> _Tensor:
         found = self.tensors.get(key)
@@ -375,7 +377,9 @@ class TensorFile:
                                        f"({keep.size}, dim)")
         row_bytes = shape[1] * saved.itemsize
         buf = np.empty((min(piece_rows, shape[0]), shape[1]), saved)
-        check = tensor.verifier(self.path, key)  # every piece is read: each chunk is checked
+        # a tensor checked through already (``check``) is not again; else every piece is
+        # read, and each chunk checked as it goes
+        check = None if key in self._checked else tensor.verifier(self.path, key)
         for lo in range(0, shape[0], piece_rows):
             hi = min(lo + piece_rows, shape[0])
             mask = keep[lo:hi]

@@ -79,28 +79,21 @@ class Optimizer:
         self.name = name or (type(self).__name__ if n == 0 else f"{type(self).__name__}_{n}")
         self.iterations = Variable(np.int64(0), name=f"{self.name}/iterations", trainable=False)
         #: A second step counter on another ps, counted in the same requests: the step
-        #: survives the loss of either ps (``sync_counters`` after a replacement).
+        #: survives the loss of either ps (a replacement gives the lost one the other's
+        #: count, ``ps_replace.py``).
         placement = current_creator()
         self.iterations_mirror = _mirror(self.iterations, f"{self.name}/iterations_mirror", placement)
         if self.iterations_mirror is not None:
             assert isinstance(placement, Placement)
-            placement.counters.add(self)  # a replacement syncs them (``ps_replace.py``)
+            placement.counters.add(self)
 
-    async def sync_counters(self, *, trust: str = "higher") -> tuple[int, int]:
-        """Make ``iterations`` and its mirror agree: on the higher of the two (``trust=
-        "higher"``: a ps that held one was replaced from an older delta), or on
-        ``iterations`` (``"iterations"``: restored from a checkpoint that may predate the
-        mirror). Returns (the step now, by how much the other one was behind)."""
+    async def mirror_iterations(self) -> None:
+        """Set the mirror to ``iterations`` (restored from a checkpoint older than mirrors)."""
         mirror = self.iterations_mirror
-        if mirror is None:
-            return int(await self.iterations.read_value()), 0
-        values = [int(x) for x in await read_variables([self.iterations, mirror])]
-        step = max(values) if trust == "higher" else values[0]
-        behind = [step - v for v in values]
-        for var, gap in zip((self.iterations, mirror), behind):
-            if gap:
-                await var.assign_add(np.int64(gap))
-        return step, max(abs(b) for b in behind)
+        if mirror is not None:
+            step, mirrored = (int(x) for x in await read_variables([self.iterations, mirror]))
+            if step != mirrored:
+                await mirror.assign_add(np.int64(step - mirrored))
 
     def get_config(self) -> dict[str, Any]:
         lr = self.learning_rate

@@ -92,7 +92,8 @@ class Placement:
         self.placed: dict[str, tuple[int, int]] = {}
         #: key -> the dynamic table (its slices are what the coordinator may move).
         self.tables: dict[str, Any] = {}
-        #: The optimizers whose step counter is mirrored on a second ps (``sync_counters``).
+        #: The optimizers whose step counter is mirrored on a second ps (a replacement of a
+        #: ps that held one of the two gives it the other's count).
         self.counters: weakref.WeakSet[Any] = weakref.WeakSet()
         self._names: dict[str, int] = {}
         self._colocate: contextvars.ContextVar[int | None] = contextvars.ContextVar(
