@@ -53,6 +53,16 @@ _EXPORTS: dict[str, str] = {
     "VariableSynchronization": "_variables.arrays",
     "get_current_worker_index": "_base.context",
     "embedding_lookup": "_variables.sharding",
+    "embedding_lookup_sparse": "_embeddings.pooling",
+    "safe_embedding_lookup_sparse": "_embeddings.pooling",
+    "EmbeddingCollection": "_embeddings.collection",
+    "PooledEmbeddings": "_embeddings.collection",
+    "TableConfig": "_embeddings.collection",
+    "JaggedTensor": "_embeddings.jagged",
+    "RequestCounts": "_transport.traffic",
+    "count_requests": "_transport.traffic",
+    "KeyedJaggedTensor": "_embeddings.jagged",
+    "SparseTensor": "_embeddings.jagged",
     "get_replica_context": "_distribute.distribution",
     "get_strategy": "_distribute.distribution",
     "has_strategy": "_distribute.distribution",
@@ -62,7 +72,7 @@ _EXPORTS: dict[str, str] = {
     "run": "_transport.bridge",
 }
 _SUBMODULES = ("checkpoint", "dashboard", "data", "errors", "evaluator", "initializers", "math",
-               "metrics", "optimizers", "partitioners", "rpc", "schedules", "summary", "testing")
+               "metrics", "nn", "optimizers", "partitioners", "rpc", "schedules", "summary", "testing")
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 

@@ -160,8 +160,10 @@ class ScatterUpdate(SingleUpdate, tag="vars/scatter_update"):
 
 
 class RowRead(Record):
+    """Rows ``indices`` of variable ``name``, or (``indices`` None) the whole variable."""
+
     name: Name
-    indices: Array
+    indices: Array | None = None
 
 
 class SparseRead(Operation, tag="vars/sparse_read"):

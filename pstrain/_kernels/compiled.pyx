@@ -426,6 +426,73 @@ def adagrad_rows(real[:, ::1] var, real[:, ::1] acc, const int64_t[::1] rows,
         raise IndexError("adagrad_rows: a row past the variable's end")
 
 
+def rowwise_adagrad_rows(real[:, ::1] var, real[:, ::1] acc, const int64_t[::1] rows,
+                         const real[:, ::1] g, real lr, real eps):
+    """Row-wise Adagrad (TorchRec's default) on the rows ``rows[i] >= 0`` (unique): one
+    accumulator per row grows by the mean of the squared gradient over the row (every
+    column of ``acc``'s row holds it); ``var -= lr / (sqrt(acc) + eps) * g``."""
+    cdef Py_ssize_t i, j, r, n = rows.shape[0], dim = var.shape[1], limit = var.shape[0]
+    cdef real s, a, step
+    cdef bint bad = False
+    cdef Py_ssize_t row_bytes = dim * sizeof(real)
+    with nogil:
+        for i in range(n):
+            if i + AHEAD < n and 0 <= rows[i + AHEAD] < limit:
+                _prefetch(<const char*>&var[rows[i + AHEAD], 0], row_bytes)
+            r = rows[i]
+            if r < 0:
+                continue
+            if r >= limit:
+                bad = True
+                break
+            s = 0
+            for j in range(dim):
+                s = s + g[i, j] * g[i, j]
+            s = s / <real>dim
+            a = acc[r, 0] + s
+            for j in range(dim):
+                acc[r, j] = a
+            if real is float:
+                step = lr / (sqrtf(a) + eps)
+            else:
+                step = lr / (sqrt(a) + eps)
+            for j in range(dim):
+                var[r, j] = var[r, j] - step * g[i, j]
+    if bad:
+        raise IndexError("rowwise_adagrad_rows: a row past the variable's end")
+
+
+def pool_rows(real[:, ::1] out, const int64_t[::1] seg, const real[:, ::1] src,
+              const int64_t[::1] idx, const real[::1] scale, Py_ssize_t out_col=0,
+              Py_ssize_t src_col=0, Py_ssize_t width=-1):
+    """``out[seg[i], out_col:out_col+width] += scale[i] * src[idx[i], src_col:src_col+width]``
+    in order (``width`` -1: all of ``out``'s columns): a pooled lookup's bags from the
+    distinct rows (``seg``: the bag, ``idx``: the row), and its backward the other way; the
+    columns let many features pool into, or come back from, one side-by-side array."""
+    cdef Py_ssize_t i, j, s, r, n = seg.shape[0]
+    cdef Py_ssize_t n_out = out.shape[0], n_src = src.shape[0]
+    cdef real c
+    cdef bint bad = False
+    if width < 0:
+        width = out.shape[1]
+    if idx.shape[0] != n or scale.shape[0] != n or out_col < 0 or src_col < 0 \
+            or out_col + width > out.shape[1] or src_col + width > src.shape[1]:
+        raise ValueError("pool_rows: seg, idx and scale differ in length, or the columns are "
+                         "outside out or src")
+    with nogil:
+        for i in range(n):  # checked before anything is added: a bad row changes nothing
+            if seg[i] < 0 or seg[i] >= n_out or idx[i] < 0 or idx[i] >= n_src:
+                bad = True
+                break
+    if bad:
+        raise IndexError("pool_rows: a row outside out or src")
+    with nogil:
+        for i in range(n):
+            s, r, c = seg[i], idx[i], scale[i]
+            for j in range(width):
+                out[s, out_col + j] = out[s, out_col + j] + c * src[r, src_col + j]
+
+
 cdef inline bint _past_end(const int64_t[::1] pos, Py_ssize_t limit) noexcept nogil:
     """Whether a row of ``pos`` (-1: none) lies past ``limit``: checked before a pass writes
     anything, so a bad row changes nothing."""

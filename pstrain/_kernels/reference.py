@@ -16,7 +16,8 @@ import numpy as np
 __all__ = ["absent", "adagrad_rows", "aligned_allocations", "argsort_stable", "count_sightings",
            "create_rows", "gather_rows", "index_delete", "index_get", "index_insert", "index_locate",
            "index_refind", "initial_rows", "keep_changed", "mix64", "pick_victims",
-           "put_rows", "rows_after", "same_ids", "sgd_rows", "shard_ids", "stamp_rows",
+           "pool_rows", "put_rows", "rows_after", "rowwise_adagrad_rows", "same_ids", "sgd_rows",
+           "shard_ids", "stamp_rows",
            "unique_first"]
 
 _EMPTY = -1  # an index slot's value when it holds no id
@@ -207,6 +208,34 @@ def adagrad_rows(var: np.ndarray, acc: np.ndarray, rows: np.ndarray, g: np.ndarr
     a = acc[r] + gr * gr
     acc[r] = a
     var[r] -= var.dtype.type(lr) * gr / np.sqrt(a + var.dtype.type(eps))
+
+
+def rowwise_adagrad_rows(var: np.ndarray, acc: np.ndarray, rows: np.ndarray, g: np.ndarray,
+                         lr: float, eps: float) -> None:
+    keep = _checked("rowwise_adagrad_rows", var, rows)
+    r, gr = rows[keep], g[keep]
+    t = var.dtype.type
+    mean_sq = np.zeros(r.size, var.dtype)
+    for j in range(var.shape[1]):  # in column order, as the compiled loop adds them
+        mean_sq += gr[:, j] * gr[:, j]
+    mean_sq /= t(var.shape[1])
+    a = acc[r, 0] + mean_sq
+    acc[r] = a[:, None]
+    var[r] -= (t(lr) / (np.sqrt(a) + t(eps)))[:, None] * gr
+
+
+def pool_rows(out: np.ndarray, seg: np.ndarray, src: np.ndarray, idx: np.ndarray,
+              scale: np.ndarray, out_col: int = 0, src_col: int = 0, width: int = -1) -> None:
+    n = seg.size
+    width = out.shape[1] if width < 0 else width
+    if idx.size != n or scale.size != n or min(out_col, src_col) < 0 \
+            or out_col + width > out.shape[1] or src_col + width > src.shape[1]:
+        raise ValueError("pool_rows: seg, idx and scale differ in length, or the columns are "
+                         "outside out or src")
+    if n and (seg.min() < 0 or idx.min() < 0 or seg.max() >= out.shape[0] or idx.max() >= src.shape[0]):
+        raise IndexError("pool_rows: a row outside out or src")
+    block = out[:, out_col:out_col + width]
+    np.add.at(block, seg, scale[:, None] * src[idx, src_col:src_col + width])
 
 
 def gather_rows(table: np.ndarray, pos: np.ndarray, out: np.ndarray, default: float,

@@ -71,7 +71,18 @@ class TensorSpec:
         return f"TensorSpec(shape={self.shape}, dtype={self.dtype}, name={self.name!r})"
 
 
+def _jagged(x: Any) -> bool:
+    """Is ``x`` a batch of variable-length rows (a ``JaggedTensor`` or ``KeyedJaggedTensor``:
+    ``len``, ``take(rows)`` and ``type(x).concat(parts)``)? Kept whole, taken by rows."""
+    return hasattr(type(x), "take") and hasattr(type(x), "concat") and hasattr(x, "__len__")
+
+
 def _spec(element: Any, partial_batch: bool) -> Any:
+    if _jagged(element):
+        values = getattr(element, "values", None)
+        dtype = values.dtype if isinstance(values, np.ndarray) else np.int64
+        return TensorSpec((None if partial_batch else len(element), None), dtype,
+                          name=type(element).__name__)
     if isinstance(element, dict):
         return {k: _spec(v, partial_batch) for k, v in element.items()}
     if isinstance(element, tuple):
@@ -96,6 +107,8 @@ def _leaves_len(structure: Any) -> int:
 
 
 def _to_arrays(structure: Any) -> Any:
+    if _jagged(structure):
+        return structure
     if isinstance(structure, dict):
         return {k: _to_arrays(v) for k, v in structure.items()}
     if isinstance(structure, tuple):
@@ -104,6 +117,8 @@ def _to_arrays(structure: Any) -> Any:
 
 
 def _take(structure: Any, index: Any) -> Any:
+    if _jagged(structure):  # one row stays a batch of one: batching after a map concatenates
+        return structure.take(np.atleast_1d(index))
     if isinstance(structure, dict):
         return {k: _take(v, index) for k, v in structure.items()}
     if isinstance(structure, tuple):
@@ -113,6 +128,8 @@ def _take(structure: Any, index: Any) -> Any:
 
 def _stack(elements: list[Any]) -> Any:
     first = elements[0]
+    if _jagged(first):
+        return type(first).concat(elements)
     if isinstance(first, dict):
         return {k: _stack([e[k] for e in elements]) for k in first}
     if isinstance(first, tuple):
@@ -152,7 +169,11 @@ class Dataset:
     # -- sources -------------------------------------------------------------------------
     @staticmethod
     def from_tensor_slices(tensors: Any) -> Dataset:
-        """Elements are the rows of ``tensors`` (an array, or a tuple or dict of them)."""
+        """Elements are the rows of ``tensors`` (an array, or a tuple or dict of them). A
+        :class:`~pstrain.JaggedTensor` or :class:`~pstrain.KeyedJaggedTensor` component has
+        a bag (of ids, per feature) per row; an element holds it as a batch of one, and
+        ``batch`` joins the bags (variable-length features batch, shuffle and shard as the
+        arrays beside them)."""
         source = _to_arrays(tensors)
         n = _leaves_len(source)
         return Dataset._slices(source, lambda: iter(range(n)))

@@ -42,6 +42,7 @@ from .._formats.placement_map import PlacementMap
 from .._formats.protocol import DEFAULT_MAX_BODY, FrameKind
 from .._formats.records import Operation, convert_reply, sender_fields
 from .client_protocol import ClientProtocol, cluster_entry, expire, ps_advice
+from .traffic import counted, counting
 
 __all__ = ["Channel", "ChannelPool", "close_loop_channels"]
 
@@ -247,6 +248,7 @@ class Channel:
             except TimeoutError:  # (connected() raises none of its own: only the deadline's)
                 raise DeadlineExceededError(f"{self.task} at {self.address} could not be reached "
                                             f"within {timeout:g} s for {op!r}", task=self.task) from None
+        counters = counted(self.task, op, sum(len(c) for c in chunks)) if counting() else ()
         loop = asyncio.get_running_loop()
         req_id = next(self._ids)
         fut: asyncio.Future[tuple[FrameKind, memoryview]] = loop.create_future()
@@ -261,14 +263,18 @@ class Channel:
             raise UnavailableError(f"connection to {self.task} at {self.address} is closed",
                                    task=self.task) from None
         if timeout is None:
-            return await fut
-        handle = loop.call_later(timeout, expire, fut, self.task, op, timeout)
-        try:
-            return await fut
-        finally:
-            handle.cancel()
-            proto.pending.pop(req_id, None)
-            proto.partials.pop(req_id, None)
+            reply = await fut
+        else:
+            handle = loop.call_later(timeout, expire, fut, self.task, op, timeout)
+            try:
+                reply = await fut
+            finally:
+                handle.cancel()
+                proto.pending.pop(req_id, None)
+                proto.partials.pop(req_id, None)
+        for c in counters:
+            c.bytes_received += len(reply[1])
+        return reply
 
     def reset(self) -> None:
         """Drop the connection (calls in flight fail with UnavailableError); the next call

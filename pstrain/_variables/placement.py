@@ -197,17 +197,41 @@ class Placement:
         return self._sharded(full_name, parts, var_shape, var_dtype, part_entries, trainable,
                              aggregation, synchronization)
 
+    def create_row_sharded(self, initializer: Initializer, name: str, shape: Sequence[int],
+                           dtype: Any, ps: Sequence[int],
+                           trainable: bool = True) -> Variable | ShardedVariable:
+        """A variable of ``shape`` split by rows into ``len(ps)`` parts (TF's "div" layout),
+        part ``i`` on ps ``ps[i]``, each initialised where it lives as the whole would be
+        (what a planner that chose the ps does instead of the strategy's partitioner); one
+        ps: a whole variable there."""
+        var_shape, var_dtype = checked_shape(shape), _placed_dtype(np.dtype(dtype), name)
+        if len(var_shape) < 1 or not ps or len(ps) > var_shape[0]:
+            raise InvalidArgumentError(f"{name!r}: cannot split {var_shape} into {len(ps)} parts")
+        for k in ps:
+            if not 0 <= k < self.num_ps:
+                raise InvalidArgumentError(f"no ps {k}: the cluster has {self.num_ps}")
+        full_name = self.unique_name(name)
+        parts = plan_parts(lambda s, d: [len(ps)] + [1] * (len(s) - 1), full_name, var_shape, var_dtype)
+        if parts is None:  # one part: the whole variable on ps[0]
+            return self._handle(full_name, {"init": initializer.spec()}, var_shape, var_dtype,
+                                trainable, "NONE", "AUTO", ps[0])
+        entries = [{"init": initializer.spec(), "offset": [offset] + [0] * (len(var_shape) - 1),
+                    "full_shape": list(var_shape)} for offset, _ in parts]
+        return self._sharded(full_name, parts, var_shape, var_dtype, entries, trainable, "NONE",
+                             "AUTO", ps)
+
     def _sharded(self, name: str, parts: Sequence[tuple[int, int]], shape: tuple[int, ...],
                  dtype: np.dtype, entries: list[dict[str, Any]], trainable: bool, aggregation: Any,
-                 synchronization: Any) -> ShardedVariable:
+                 synchronization: Any, ps: Sequence[int] | None = None) -> ShardedVariable:
         handles = [self._handle(f"{name}/part_{i}", entry, (rows,) + shape[1:], dtype, trainable,
-                                aggregation, synchronization)
+                                aggregation, synchronization, None if ps is None else ps[i])
                    for i, ((_, rows), entry) in enumerate(zip(parts, entries))]
         return ShardedVariable(handles, name=name)
 
     def _handle(self, name: str, entry: dict[str, Any], shape: tuple[int, ...], dtype: np.dtype,
-                trainable: bool, aggregation: Any, synchronization: Any) -> Variable:
-        ps = self.next_ps()
+                trainable: bool, aggregation: Any, synchronization: Any,
+                ps: int | None = None) -> Variable:
+        ps = self.next_ps() if ps is None else ps
         key = self.namespace + name
         entry.update(name=key, dtype=dtype.str, shape=shape, trainable=trainable)
         with self._lock:

@@ -262,31 +262,56 @@ class ParameterServer(ServerBase):
             values = [self.before_images.whole(n, req.as_of, v) for n, v in zip(req.names, values)]
         return Pinned({"values": values}, release)
 
-    def sparse_read(self, req: SparseRead) -> dict[str, Any]:
+    def sparse_read(self, req: SparseRead) -> dict[str, Any] | Pinned:
+        """Rows of variables (copied), and whole variables (``indices`` None; pinned, not
+        copied): one request reads a step's rows of every table and its dense variables."""
         if req.reads is not None:
             if req.name is not None or req.indices is not None:
                 raise InvalidArgumentError("vars/sparse_read: give 'reads', or 'name' and 'indices'")
             reads: list[tuple[str, np.ndarray | None]] = [(r.name, r.indices) for r in req.reads]
-        elif req.name is not None:
+        elif req.name is not None and req.indices is not None:
             reads = [(req.name, req.indices)]
         else:
             raise InvalidArgumentError("vars/sparse_read: give 'reads', or 'name' and 'indices'")
-        planned = []
-        total = 0
+        planned: list[tuple[VariableRecord, np.ndarray | None]] = []
+        gathered = whole = 0
+        wholes: set[str] = set()
         for name, indices in reads:
             record = self.store.get(name)
+            if indices is None:
+                if name in wholes:
+                    raise InvalidArgumentError(f"vars/sparse_read: variable {name!r} is read whole "
+                                               "more than once (name each variable once)")
+                wholes.add(name)
+                whole += record.array.nbytes
+                planned.append((record, None))
+                continue
             idx = checked_rows(record, indices, "sparse_read")
-            total += idx.size * (record.array.nbytes // max(1, record.array.shape[0]))
+            gathered += idx.size * (record.array.nbytes // max(1, record.array.shape[0]))
             planned.append((record, idx))
-        if total > self.max_gather_bytes:
+        if gathered > self.max_gather_bytes:
             raise InvalidArgumentError(
-                f"vars/sparse_read: the reply would be {total} bytes, more than this ps's limit of "
+                f"vars/sparse_read: the reply would be {gathered} bytes, more than this ps's limit of "
                 f"{self.max_gather_bytes} (ask for unique rows, in smaller requests)")
-        values = [take_rows(record.array, idx) for record, idx in planned]
+        if whole > self.max_reply_bytes:
+            raise InvalidArgumentError(
+                f"vars/sparse_read: the whole variables would be {whole} bytes, more than this "
+                f"ps's limit of {self.max_reply_bytes} (pstrain serve --max-reply-bytes)")
+        values = [record.array if idx is None else take_rows(record.array, idx)
+                  for record, idx in planned]
         if req.as_of is not None:  # a read of an exactly-once closure (a rerun's, maybe)
-            values = [self.before_images.rows(record.name, req.as_of, idx, v)
+            values = [self.before_images.whole(record.name, req.as_of, v) if idx is None
+                      else self.before_images.rows(record.name, req.as_of, idx, v)
                       for (record, idx), v in zip(planned, values)]
-        return {"values": values}
+        if not wholes:
+            return {"values": values}
+        releases = [record.pin() for record, idx in planned if idx is None]
+
+        def release() -> None:
+            for r in releases:
+                r()
+
+        return Pinned({"values": values}, release)
 
     def statistics(self, req: Any) -> dict[str, Any]:
         out = super().statistics(req)

@@ -1,0 +1,1 @@
+"""Embedding tables as ranking models use them: jagged features, pooled lookups, collections of tables."""

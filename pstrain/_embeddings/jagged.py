@@ -1,0 +1,403 @@
+"""Variable-length features: for each example, a bag of ids (and optionally a weight per id).
+
+:class:`JaggedTensor` is one feature over a batch: its ids end to end (``values``), where
+each example's bag starts (``offsets``, one more than the examples) and optional
+``weights``. :class:`KeyedJaggedTensor` is many features of one batch, TorchRec's layout:
+the features' values one after the other, ``lengths`` feature-major. :class:`SparseTensor`
+is TF's ``(indices, values, dense_shape)``; :func:`as_jagged` turns it (or a TF
+``SparseTensor`` or ``RaggedTensor``, or a list of lists, or a dense 2-D array) into a
+:class:`JaggedTensor`.
+
+All are numpy, and ``pstrain.data`` batches, shuffles and shards them like arrays (a
+dataset of them works on row indices: :meth:`JaggedTensor.take`).
+
+>>> jt = JaggedTensor([4, 1, 7, 7, 2], lengths=[2, 0, 3])
+>>> len(jt), jt.lengths.tolist(), jt.offsets.tolist()
+(3, [2, 0, 3], [0, 2, 2, 5])
+>>> jt.take([2, 0]).values.tolist()
+[7, 7, 2, 4, 1]
+>>> kjt = KeyedJaggedTensor(["a", "b"], [1, 2, 3], lengths=[1, 0, 2, 0])
+>>> kjt["b"].values.tolist(), kjt.stride()
+([2, 3], 2)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .._base.errors import InvalidArgumentError
+from .._base.exports import expose
+
+__all__ = ["JaggedTensor", "KeyedJaggedTensor", "SparseTensor", "as_jagged"]
+
+
+def _numpy(x: Any) -> np.ndarray:
+    """An array from numpy, a list, or a framework tensor (``.numpy()``)."""
+    if hasattr(x, "numpy") and not isinstance(x, np.ndarray):
+        x = x.detach().cpu().numpy() if hasattr(x, "detach") else x.numpy()
+    return np.asarray(x)
+
+
+def _ids(values: Any, what: str) -> np.ndarray:
+    arr = _numpy(values)
+    if arr.size == 0:
+        return arr.reshape(0).astype(np.int64)
+    if arr.dtype.kind not in "iu":
+        raise InvalidArgumentError(f"{what}: ids must be integers, got {arr.dtype}")
+    if arr.ndim != 1:
+        raise InvalidArgumentError(f"{what}: ids must be 1-D, got shape {arr.shape}")
+    return arr
+
+
+#: ``JaggedTensor._width`` not worked out yet.
+_UNKNOWN = -1
+
+
+def _offsets(lengths: Any, offsets: Any, n_values: int, what: str) -> np.ndarray:
+    if (lengths is None) == (offsets is None):
+        raise InvalidArgumentError(f"{what}: give lengths or offsets (one of them)")
+    if lengths is not None:
+        ln = _numpy(lengths).reshape(-1)
+        if ln.size and (ln.dtype.kind not in "iu" or int(ln.min()) < 0):
+            raise InvalidArgumentError(f"{what}: lengths must be integers >= 0")
+        out = np.zeros(ln.size + 1, np.int64)
+        np.cumsum(ln, out=out[1:])
+    else:
+        out = _numpy(offsets).reshape(-1).astype(np.int64)
+        if out.size == 0 or out[0] != 0 or (out.size > 1 and bool(np.any(out[1:] < out[:-1]))):
+            raise InvalidArgumentError(f"{what}: offsets must start at 0 and never decrease, "
+                                       f"got {out[:8].tolist()}")
+    if int(out[-1]) != n_values:
+        raise InvalidArgumentError(f"{what}: the bags hold {int(out[-1])} ids but {n_values} "
+                                   "values were given")
+    return out
+
+
+class JaggedTensor:
+    """One feature over a batch: example ``i``'s bag is ``values[offsets[i]:offsets[i+1]]``,
+    with ``weights`` (float, one per id) or None (every weight 1)."""
+
+    __slots__ = ("values", "offsets", "weights", "_width")
+
+    def __init__(self, values: Any, lengths: Any = None, *, offsets: Any = None,
+                 weights: Any = None) -> None:
+        self.values = _ids(values, "JaggedTensor")
+        self.offsets = _offsets(lengths, offsets, self.values.size, "JaggedTensor")
+        self._width: int | None = _UNKNOWN
+        self.weights: np.ndarray | None = None
+        if weights is not None:
+            w = _numpy(weights).reshape(-1)
+            if w.dtype.kind not in "fiu" or w.size != self.values.size:
+                raise InvalidArgumentError(f"JaggedTensor: weights must be {self.values.size} "
+                                           f"numbers (one per id), got {w.size} of {w.dtype}")
+            self.weights = w if w.dtype.kind == "f" else w.astype(np.float32)
+
+    # -- constructors ------------------------------------------------------------------------
+    @classmethod
+    def from_row_splits(cls, values: Any, row_splits: Any, weights: Any = None) -> JaggedTensor:
+        """As ``tf.RaggedTensor.from_row_splits``: ``row_splits`` are the offsets."""
+        return cls(values, offsets=row_splits, weights=weights)
+
+    @classmethod
+    def from_lists(cls, bags: Iterable[Sequence[int]], weights: Iterable[Sequence[float]] | None = None,
+                   ) -> JaggedTensor:
+        """From a list of bags (lists of ids), and optionally their weights alike."""
+        bags = [list(b) for b in bags]
+        values = np.array([i for b in bags for i in b], dtype=np.int64)
+        w = None if weights is None else np.array([x for b in weights for x in b], np.float32)
+        return cls(values, [len(b) for b in bags], weights=w)
+
+    @classmethod
+    def from_dense(cls, ids: Any, weights: Any = None) -> JaggedTensor:
+        """Every example's bag is its row of the 2-D ``ids`` (all bags as long)."""
+        arr = _numpy(ids)
+        if arr.ndim != 2:
+            raise InvalidArgumentError(f"JaggedTensor.from_dense: ids must be 2-D, got {arr.shape}")
+        w = None if weights is None else _numpy(weights).reshape(-1)
+        return cls(arr.reshape(-1), np.full(arr.shape[0], arr.shape[1]), weights=w)
+
+    @classmethod
+    def from_sparse(cls, sp_ids: Any, sp_weights: Any = None) -> JaggedTensor:
+        """From a 2-D :class:`SparseTensor` (or TF's) of ids, in row-major order, and optionally
+        one of weights with the same indices: example ``i``'s bag is the values of row ``i``;
+        a row with no entry is an empty bag."""
+        indices, values, shape = _sparse_parts(sp_ids, "sp_ids")
+        if len(shape) != 2:
+            raise InvalidArgumentError(f"sp_ids must be 2-D, got dense_shape {list(shape)}")
+        rows = indices[:, 0] if indices.size else np.zeros(0, np.int64)
+        if rows.size and (bool(np.any(rows[1:] < rows[:-1])) or int(rows[-1]) >= shape[0]
+                          or int(rows[0]) < 0):
+            raise InvalidArgumentError("sp_ids: indices must be in row-major order and within "
+                                       "dense_shape (tf.sparse.reorder puts them in order)")
+        weights = None
+        if sp_weights is not None:
+            w_indices, weights, w_shape = _sparse_parts(sp_weights, "sp_weights")
+            if w_indices.shape != indices.shape or not np.array_equal(w_indices, indices) \
+                    or list(w_shape) != list(shape):
+                raise InvalidArgumentError("sp_weights must have the same indices and dense_shape "
+                                           "as sp_ids")
+        lengths = np.bincount(rows, minlength=int(shape[0]))
+        return cls(values, lengths, weights=weights)
+
+    # -- what it is --------------------------------------------------------------------------
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return self.offsets.size - 1
+
+    def width(self) -> int | None:
+        """The length of every bag if all are as long (a single-hot feature: 1), else None."""
+        if self._width == _UNKNOWN:
+            n, size = len(self), self.values.size
+            w = size // n if n and size % n == 0 else None
+            if w is not None and not np.array_equal(self.offsets, np.arange(n + 1) * w):
+                w = None
+            self._width = w
+        return self._width
+
+    def segment_ids(self) -> np.ndarray:
+        """The example of each id (``tf.RaggedTensor.value_rowids``)."""
+        return np.repeat(np.arange(len(self), dtype=np.int64), self.lengths)
+
+    def to_lists(self) -> list[list[int]]:
+        o = self.offsets
+        return [self.values[o[i]:o[i + 1]].tolist() for i in range(len(self))]
+
+    def __repr__(self) -> str:
+        w = "" if self.weights is None else ", weighted"
+        return f"JaggedTensor({len(self)} bags, {self.values.size} ids{w})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, JaggedTensor):
+            return NotImplemented
+        if not (np.array_equal(self.values, other.values)
+                and np.array_equal(self.offsets, other.offsets)):
+            return False
+        if self.weights is None or other.weights is None:
+            return self.weights is None and other.weights is None
+        return np.array_equal(self.weights, other.weights)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    # -- rows --------------------------------------------------------------------------------
+    def take(self, rows: Any) -> JaggedTensor:
+        """The bags of examples ``rows`` (an int, a slice or integers), in that order."""
+        n = len(self)
+        if isinstance(rows, slice):
+            idx = np.arange(n)[rows]
+        else:
+            idx = np.asarray(rows).reshape(-1).astype(np.int64)
+            if idx.size and (int(idx.min()) < -n or int(idx.max()) >= n):
+                raise IndexError(f"JaggedTensor: row index out of range for {n} bags")
+            idx = np.where(idx < 0, idx + n, idx)
+        out = JaggedTensor.__new__(JaggedTensor)
+        w = self.width()
+        if w is not None:  # bags all as long (single-hot): rows of a 2-D view
+            out.values = self.values.reshape(-1, w)[idx].reshape(-1) if w else self.values[:0]
+            out.offsets = np.arange(idx.size + 1, dtype=np.int64) * w
+            out.weights = None if self.weights is None else self.weights.reshape(-1, w)[idx].reshape(-1)
+            out._width = w  # noqa: SLF001 - this class's own
+            return out
+        starts, ends = self.offsets[idx], self.offsets[idx + 1]
+        lengths = ends - starts
+        total = int(lengths.sum())
+        # positions of the taken values: each bag's start, then +1 along the bag
+        out_offsets = np.zeros(idx.size + 1, np.int64)
+        np.cumsum(lengths, out=out_offsets[1:])
+        pos = np.arange(total, dtype=np.int64) - np.repeat(out_offsets[:-1] - starts, lengths)
+        out.values = self.values[pos]
+        out.offsets = out_offsets
+        out.weights = None if self.weights is None else self.weights[pos]
+        out._width = _UNKNOWN  # noqa: SLF001
+        return out
+
+    def __getitem__(self, rows: Any) -> JaggedTensor:
+        return self.take(rows)
+
+    @staticmethod
+    def concat(parts: Sequence[JaggedTensor]) -> JaggedTensor:
+        """The bags of ``parts`` one after the other."""
+        if not parts:
+            raise InvalidArgumentError("JaggedTensor.concat needs at least one part")
+        weighted = {p.weights is not None for p in parts}
+        if len(weighted) != 1:
+            raise InvalidArgumentError("JaggedTensor.concat: some parts have weights, some not")
+        values = np.concatenate([p.values for p in parts])
+        lengths = np.concatenate([p.lengths for p in parts])
+        weights = np.concatenate([p.weights for p in parts if p.weights is not None]) \
+            if weighted.pop() else None
+        return JaggedTensor(values, lengths, weights=weights)
+
+
+class SparseTensor:
+    """TF's ``SparseTensor``: ``values[k]`` sits at ``indices[k]`` of a ``dense_shape`` array.
+
+    >>> sp = SparseTensor([[0, 0], [0, 1], [2, 0]], [5, 6, 7], dense_shape=[3, 2])
+    >>> JaggedTensor.from_sparse(sp).to_lists()
+    [[5, 6], [], [7]]
+    """
+
+    __slots__ = ("indices", "values", "dense_shape")
+
+    def __init__(self, indices: Any, values: Any, dense_shape: Any) -> None:
+        self.indices = _numpy(indices).astype(np.int64).reshape(-1, len(_numpy(dense_shape)) or 1)
+        self.values = _numpy(values).reshape(-1)
+        self.dense_shape = _numpy(dense_shape).astype(np.int64).reshape(-1)
+        if self.indices.shape[0] != self.values.size:
+            raise InvalidArgumentError(f"SparseTensor: {self.indices.shape[0]} indices for "
+                                       f"{self.values.size} values")
+
+    def __repr__(self) -> str:
+        return f"SparseTensor({self.values.size} values, dense_shape={self.dense_shape.tolist()})"
+
+
+def _sparse_parts(sp: Any, what: str) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+    if not all(hasattr(sp, a) for a in ("indices", "values", "dense_shape")):
+        raise InvalidArgumentError(f"{what} must be a SparseTensor (indices, values, dense_shape), "
+                                   f"got {type(sp).__name__}")
+    shape = tuple(int(d) for d in _numpy(sp.dense_shape).reshape(-1))
+    indices = _numpy(sp.indices).astype(np.int64).reshape(-1, max(1, len(shape)))
+    return indices, _numpy(sp.values).reshape(-1), shape
+
+
+def as_jagged(ids: Any, weights: Any = None, what: str = "ids") -> JaggedTensor:
+    """``ids`` as a :class:`JaggedTensor`, with ``weights`` (the same kind as ``ids``, or
+    None): a JaggedTensor, a SparseTensor (pstrain's or TF's), a RaggedTensor (TF's:
+    ``values`` and ``row_splits``), a list of lists, or a 2-D array (every bag as long)."""
+    if isinstance(ids, JaggedTensor):
+        if weights is None:
+            return ids
+        return JaggedTensor(ids.values, offsets=ids.offsets, weights=_weights_of(weights, ids))
+    if all(hasattr(ids, a) for a in ("indices", "values", "dense_shape")):
+        return JaggedTensor.from_sparse(ids, weights)
+    if hasattr(ids, "row_splits") and hasattr(ids, "values"):
+        values = getattr(ids, "flat_values", ids.values)
+        return JaggedTensor(values, offsets=_numpy(ids.row_splits),
+                            weights=None if weights is None else _numpy(
+                                getattr(weights, "flat_values", getattr(weights, "values", weights))))
+    if isinstance(ids, (list, tuple)) and all(isinstance(b, (list, tuple, np.ndarray)) for b in ids):
+        return JaggedTensor.from_lists(ids, weights)
+    arr = _numpy(ids)
+    if arr.ndim == 2:
+        return JaggedTensor.from_dense(arr, weights)
+    raise InvalidArgumentError(f"{what}: expected a JaggedTensor, a SparseTensor, a RaggedTensor, "
+                               f"a list of lists or a 2-D array, got {type(ids).__name__} "
+                               f"of shape {getattr(arr, 'shape', '?')}")
+
+
+def _weights_of(weights: Any, ids: JaggedTensor) -> np.ndarray:
+    if isinstance(weights, JaggedTensor):
+        if not np.array_equal(weights.offsets, ids.offsets):
+            raise InvalidArgumentError("weights must have the same bags as the ids")
+        return weights.values
+    if hasattr(weights, "values") and not isinstance(weights, np.ndarray):
+        return _numpy(weights.values)
+    return _numpy(weights)
+
+
+class KeyedJaggedTensor:
+    """Many features of one batch, as TorchRec's ``KeyedJaggedTensor``: ``values`` holds each
+    key's ids one key after the other, ``lengths`` (or ``offsets``) the bag lengths key-major
+    (key 0's ``stride`` bags, then key 1's ...), ``weights`` one per id or None."""
+
+    __slots__ = ("_keys", "_features", "_stride")
+
+    def __init__(self, keys: Sequence[str], values: Any, lengths: Any = None, *,
+                 offsets: Any = None, weights: Any = None, stride: int | None = None) -> None:
+        keys = [str(k) for k in keys]
+        if len(set(keys)) != len(keys):
+            raise InvalidArgumentError(f"KeyedJaggedTensor: keys repeat: {keys}")
+        flat = JaggedTensor(values, lengths, offsets=offsets, weights=weights)
+        n = len(flat)
+        if keys and n % len(keys):
+            raise InvalidArgumentError(f"KeyedJaggedTensor: {n} lengths are not a multiple of "
+                                       f"{len(keys)} keys")
+        b = n // len(keys) if keys else int(stride or 0)
+        if stride is not None and keys and stride != b:
+            raise InvalidArgumentError(f"KeyedJaggedTensor: stride {stride} but {n} lengths for "
+                                       f"{len(keys)} keys")
+        self._keys = keys
+        self._stride = b
+        self._features = {k: flat.take(np.arange(i * b, (i + 1) * b)) for i, k in enumerate(keys)}
+
+    @classmethod
+    def from_jt_dict(cls, features: Mapping[str, JaggedTensor]) -> KeyedJaggedTensor:
+        """From ``{key: JaggedTensor}`` (every feature with the same number of examples)."""
+        strides = {len(jt) for jt in features.values()}
+        if len(strides) > 1:
+            raise InvalidArgumentError(f"KeyedJaggedTensor: features of different batch sizes "
+                                       f"{sorted(strides)}")
+        weighted = {jt.weights is not None for jt in features.values()}
+        if len(weighted) > 1:
+            raise InvalidArgumentError("KeyedJaggedTensor: some features have weights, some not "
+                                       "(give every feature weights, 1 where unweighted)")
+        out = cls.__new__(cls)  # this class's own constructor, without the flat arrays
+        out._keys = [str(k) for k in features]  # noqa: SLF001
+        out._stride = strides.pop() if strides else 0  # noqa: SLF001
+        out._features = {str(k): as_jagged(v, what=f"feature {k!r}")  # noqa: SLF001
+                         for k, v in features.items()}
+        return out
+
+    def keys(self) -> list[str]:
+        return list(self._keys)
+
+    def stride(self) -> int:
+        """The number of examples (the batch size)."""
+        return self._stride
+
+    def __len__(self) -> int:
+        return self._stride
+
+    def __getitem__(self, key: str) -> JaggedTensor:
+        try:
+            return self._features[key]
+        except KeyError:
+            raise InvalidArgumentError(f"KeyedJaggedTensor has no feature {key!r}; it has "
+                                       f"{self._keys}") from None
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._features
+
+    def to_dict(self) -> dict[str, JaggedTensor]:
+        return dict(self._features)
+
+    def values(self) -> np.ndarray:
+        """Every feature's ids, one feature after the other (TorchRec's layout)."""
+        if not self._keys:
+            return np.zeros(0, np.int64)
+        return np.concatenate([f.values for f in self._features.values()])
+
+    def lengths(self) -> np.ndarray:
+        """The bag lengths, feature-major."""
+        if not self._keys:
+            return np.zeros(0, np.int64)
+        return np.concatenate([f.lengths for f in self._features.values()])
+
+    def weights_or_none(self) -> np.ndarray | None:
+        feats = list(self._features.values())
+        if not feats or feats[0].weights is None:
+            return None
+        return np.concatenate([f.weights for f in feats if f.weights is not None])
+
+    def take(self, rows: Any) -> KeyedJaggedTensor:
+        """The examples ``rows`` of every feature (what ``pstrain.data`` batches with)."""
+        return KeyedJaggedTensor.from_jt_dict({k: f.take(rows) for k, f in self._features.items()})
+
+    @staticmethod
+    def concat(parts: Sequence[KeyedJaggedTensor]) -> KeyedJaggedTensor:
+        keys = parts[0].keys()
+        if any(p.keys() != keys for p in parts):
+            raise InvalidArgumentError("KeyedJaggedTensor.concat: parts with other keys")
+        return KeyedJaggedTensor.from_jt_dict(
+            {k: JaggedTensor.concat([p[k] for p in parts]) for k in keys})
+
+    def __repr__(self) -> str:
+        return f"KeyedJaggedTensor(keys={self._keys}, stride={self._stride})"
+
+
+expose(globals(), "pstrain")

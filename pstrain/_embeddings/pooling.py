@@ -1,0 +1,278 @@
+"""Pooled lookups: each example's bag of rows combined into one row, and the way back.
+
+A :class:`Bags` is one feature's batch made ready to pool: the distinct ids to look up,
+and for each id of each bag its bag, its row among the distinct ones and its factor (its
+weight, divided by the bag's total weight for ``"mean"`` or by the root of the sum of the
+squared weights for ``"sqrtn"``, as TF divides: no number for a bag of total 0 gives 0).
+:meth:`Bags.pool` sums the factored rows into bags and :meth:`Bags.backward` sends a bag's
+gradient back to its rows (summed per distinct id), both by one compiled loop
+(``pool_rows``).
+
+:func:`embedding_lookup_sparse` and :func:`safe_embedding_lookup_sparse` are TF's, on
+pstrain's tables (fixed, sharded or dynamic), with TF's rules: combiners ``"sum"``,
+``"mean"`` (the default) and ``"sqrtn"``; the first returns as many rows as the last
+non-empty bag (TF's segment sum), the safe one as many as the batch, drops ids below 0
+(and, unless the combiner is ``"sum"``, ids of weight 0 or less) and gives an empty bag
+``default_id``'s row, or zeros.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._base.errors import InvalidArgumentError
+from .._kernels import FLOAT_DTYPES, KERNELS, reference
+from .._kernels.batches import distinct, merge_duplicates
+from .._variables.arrays import IndexedSlices
+from .._variables.sharding import embedding_lookup
+from .jagged import JaggedTensor, SparseTensor, _numpy, as_jagged
+
+__all__ = ["COMBINERS", "Bags", "embedding_lookup_sparse", "safe_embedding_lookup_sparse"]
+
+#: TF's combiners.
+COMBINERS = ("sum", "mean", "sqrtn")
+
+
+def check_combiner(combiner: Any) -> str:
+    if combiner is None:
+        return "mean"  # TF's default
+    if combiner not in COMBINERS:
+        raise InvalidArgumentError(f"combiner must be one of 'mean', 'sqrtn' or 'sum', got {combiner!r}")
+    return str(combiner)
+
+
+def _pool(out: np.ndarray, seg: np.ndarray, src: np.ndarray, idx: np.ndarray, scale: np.ndarray,
+          out_col: int = 0, src_col: int = 0, width: int = -1) -> None:
+    """``out[seg[i], cols] += scale[i] * src[idx[i], cols]``, by the compiled loop for float
+    rows (``src`` as ``out``'s dtype, contiguous)."""
+    kernels = KERNELS if out.dtype in FLOAT_DTYPES and out.flags.c_contiguous else reference
+    kernels.pool_rows(out, seg, np.ascontiguousarray(src, out.dtype), idx,
+                      np.ascontiguousarray(scale, out.dtype), out_col, src_col, width)
+
+
+class Bags:
+    """One feature's bags, ready to pool: ``unique`` are the ids to look up (ascending);
+    ``n`` bags come out. ``dtype``: the rows' (the factors are computed in it)."""
+
+    __slots__ = ("unique", "inverse", "segments", "scale", "n", "combiner")
+
+    def __init__(self, jagged: JaggedTensor, combiner: str = "sum", dtype: Any = np.float32,
+                 n: int | None = None) -> None:
+        self.combiner = check_combiner(combiner)
+        self.n = len(jagged) if n is None else n
+        self.unique, self.inverse = distinct(jagged.values, sorted=True)
+        self.inverse = np.ascontiguousarray(self.inverse, np.int64)
+        self.segments = jagged.segment_ids()
+        self.scale = _factors(jagged, self.segments, self.combiner, np.dtype(dtype))
+
+    @classmethod
+    def sharing(cls, jaggeds: list[JaggedTensor], combiner: str, dtype: Any,
+                n: int) -> tuple[np.ndarray, list[Bags]]:
+        """The distinct ids of several features of one table (ascending), and each
+        feature's bags, pointing into them."""
+        if len(jaggeds) == 1:
+            b = cls(jaggeds[0], combiner, dtype, n=n)
+            return b.unique, [b]
+        unique, inverse = distinct(np.concatenate([j.values for j in jaggeds]), sorted=True)
+        out = []
+        start = 0
+        for j in jaggeds:
+            b = cls.__new__(cls)
+            b.combiner, b.n, b.unique = check_combiner(combiner), n, unique
+            b.inverse = np.ascontiguousarray(inverse[start:start + j.values.size], np.int64)
+            b.segments = j.segment_ids()
+            b.scale = _factors(j, b.segments, b.combiner, np.dtype(dtype))
+            start += j.values.size
+            out.append(b)
+        return unique, out
+
+    def pool(self, rows: np.ndarray, out: np.ndarray | None = None, column: int = 0) -> np.ndarray:
+        """``[n, dim]``: each bag's combined row, from the rows of ``unique`` (in order);
+        with ``out``, added into its columns from ``column`` on (and ``out`` returned)."""
+        rows = np.asarray(rows)
+        if rows.ndim != 2 or rows.shape[0] != self.unique.size:
+            raise InvalidArgumentError(f"pool: expected {self.unique.size} rows, got shape {rows.shape}")
+        if out is None:
+            dtype = rows.dtype if rows.dtype in FLOAT_DTYPES else np.float32
+            out = np.zeros((self.n, rows.shape[1]), dtype)
+        _pool(out, self.segments, rows, self.inverse, self.scale, column, 0, rows.shape[1])
+        return out
+
+    def backward(self, d_pooled: np.ndarray, out: np.ndarray | None = None, column: int = 0,
+                 dim: int | None = None) -> IndexedSlices:
+        """The gradient of the rows of ``unique`` (summed over their bags) from the gradient
+        of the pooled output (its columns from ``column`` on, ``dim`` of them: all by
+        default), as sparse rows of the table; with ``out``, added into it."""
+        d = np.asarray(d_pooled)
+        dim = d.shape[1] - column if dim is None else dim
+        if d.ndim != 2 or d.shape[0] != self.n or column + dim > d.shape[1]:
+            raise InvalidArgumentError(f"backward: expected a gradient of {self.n} rows, got {d.shape}")
+        if out is None:
+            dtype = d.dtype if d.dtype in FLOAT_DTYPES else np.float32
+            out = np.zeros((self.unique.size, dim), dtype)
+        _pool(out, self.inverse, d, self.segments, self.scale, 0, column, dim)
+        return IndexedSlices(out, self.unique)
+
+
+def _factors(jagged: JaggedTensor, segments: np.ndarray, combiner: str, dtype: np.dtype) -> np.ndarray:
+    """Each id's factor in its bag's combination (TF's: weight, weight / total, weight /
+    sqrt(sum of squares); a total of 0 gives 0, as ``div_no_nan``)."""
+    w = np.ones(jagged.values.size, dtype) if jagged.weights is None else jagged.weights.astype(dtype)
+    if combiner == "sum":
+        return w
+    n = len(jagged)
+    if combiner == "mean":
+        total = np.bincount(segments, weights=w, minlength=n).astype(dtype)
+    else:
+        total = np.sqrt(np.bincount(segments, weights=w * w, minlength=n)).astype(dtype)
+    per_id = total[segments]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(per_id != 0, w / np.where(per_id != 0, per_id, 1), 0).astype(dtype)
+
+
+async def _rows(params: Any, ids: np.ndarray, training: bool) -> np.ndarray:
+    return np.asarray(await embedding_lookup(params, ids, training=training))
+
+
+def _check_weights(jagged: JaggedTensor, what: str) -> None:
+    if jagged.weights is not None and jagged.weights.dtype.kind != "f":
+        raise InvalidArgumentError(f"{what}: weights must be floats, got {jagged.weights.dtype}")
+
+
+async def embedding_lookup_sparse(params: Any, sp_ids: Any, sp_weights: Any = None,
+                                  combiner: str | None = None, max_norm: float | None = None, *,
+                                  training: bool = True) -> np.ndarray:
+    """TF's ``tf.nn.embedding_lookup_sparse``: each row of ``sp_ids`` (a SparseTensor, a
+    RaggedTensor, a :class:`~pstrain.JaggedTensor` ...) is a bag of ids into ``params`` (a
+    variable, a sharded one or a dynamic table), combined with ``sp_weights`` (the same
+    kind, or None: all 1) by ``combiner``. As TF, the result has a row per bag up to the
+    last that is not empty (empty bags before it give zeros); ids must be in range.
+    ``max_norm``: rows whose L2 norm is larger are scaled down to it before combining.
+
+    >>> import asyncio
+    >>> from pstrain import Variable, SparseTensor
+    >>> params = Variable([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]])
+    >>> sp = SparseTensor([[0, 0], [0, 1], [1, 0], [2, 0]], [0, 1, 3, 2], dense_shape=(3, 2))
+    >>> asyncio.run(embedding_lookup_sparse(params, sp, None, combiner="sum")).tolist()
+    [[4.0, 6.0], [7.0, 8.0], [5.0, 6.0]]
+    """
+    combiner = check_combiner(combiner)
+    jagged = as_jagged(sp_ids, sp_weights, "sp_ids")
+    _check_weights(jagged, "sp_weights")
+    lengths = jagged.lengths
+    nonempty = np.flatnonzero(lengths)
+    n = int(nonempty[-1]) + 1 if nonempty.size else 0
+    bags = Bags(jagged, combiner, _dtype_of(params), n=n)
+    rows = await _rows(params, bags.unique, training)
+    return bags.pool(_clipped(rows, max_norm))
+
+
+async def safe_embedding_lookup_sparse(embedding_weights: Any, sparse_ids: Any,
+                                       sparse_weights: Any = None, combiner: str = "mean",
+                                       default_id: int | None = None, max_norm: float | None = None,
+                                       *, training: bool = True) -> np.ndarray:
+    """TF's ``tf.nn.safe_embedding_lookup_sparse``: as :func:`embedding_lookup_sparse`, but
+    ids below 0 are dropped (and, unless ``combiner`` is ``"sum"``, ids whose weight is 0
+    or less), a bag left empty gives ``default_id``'s row (None: zeros), and the result
+    has a row per example: ``dense_shape[:-1] + (dim,)`` for a SparseTensor of any rank.
+
+    >>> import asyncio
+    >>> from pstrain import Variable, SparseTensor
+    >>> params = Variable([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    >>> sp = SparseTensor([[0, 0], [0, 1], [2, 0]], [0, -1, 2], dense_shape=(3, 2))
+    >>> asyncio.run(safe_embedding_lookup_sparse(params, sp)).tolist()
+    [[1.0, 2.0], [0.0, 0.0], [5.0, 6.0]]
+    """
+    combiner = check_combiner(combiner)
+    batch_shape: tuple[int, ...] | None = None
+    if all(hasattr(sparse_ids, a) for a in ("indices", "values", "dense_shape")):
+        shape = tuple(int(d) for d in _numpy(sparse_ids.dense_shape).reshape(-1))
+        if len(shape) < 2:
+            raise InvalidArgumentError(f"sparse_ids must be at least 2-D, got dense_shape {list(shape)}")
+        if len(shape) > 2:  # TF: the leading dimensions are the batch, flattened then restored
+            batch_shape = shape[:-1]
+            sparse_ids = _flattened(sparse_ids, shape)
+            if sparse_weights is not None:
+                sparse_weights = _flattened(sparse_weights, shape)
+    jagged = as_jagged(sparse_ids, sparse_weights, "sparse_ids")
+    _check_weights(jagged, "sparse_weights")
+    jagged = _pruned(jagged, prune_weights=combiner != "sum")
+    empty = jagged.lengths == 0
+    if default_id is not None and bool(empty.any()):
+        jagged = _filled(jagged, empty, int(default_id))
+    bags = Bags(jagged, combiner, _dtype_of(embedding_weights))
+    rows = await _rows(embedding_weights, bags.unique, training)
+    out = bags.pool(_clipped(rows, max_norm))
+    if batch_shape is not None:
+        out = out.reshape(batch_shape + out.shape[1:])
+    return out
+
+
+def _dtype_of(params: Any) -> np.dtype:
+    if isinstance(params, (list, tuple)) and params:
+        params = params[0]
+    dtype = getattr(params, "dtype", np.float32)
+    return np.dtype(dtype) if np.dtype(dtype) in FLOAT_DTYPES else np.dtype(np.float32)
+
+
+def _clipped(rows: np.ndarray, max_norm: float | None) -> np.ndarray:
+    if max_norm is None:
+        return rows
+    norms = np.sqrt(np.einsum("ij,ij->i", rows, rows))
+    factor = np.where(norms > max_norm, max_norm / np.where(norms > 0, norms, 1), 1).astype(rows.dtype)
+    return rows * factor[:, None]
+
+
+def _flattened(sp: Any, shape: tuple[int, ...]) -> SparseTensor:
+    indices = _numpy(sp.indices).astype(np.int64).reshape(-1, len(shape))
+    rows = np.ravel_multi_index(tuple(indices[:, :-1].T), shape[:-1]) if indices.size else \
+        np.zeros(0, np.int64)
+    flat = np.stack([rows, indices[:, -1]], axis=1) if indices.size else np.zeros((0, 2), np.int64)
+    order = np.argsort(rows, kind="stable")
+    return SparseTensor(flat[order], _numpy(sp.values).reshape(-1)[order],
+                        [int(np.prod(shape[:-1])), shape[-1]])
+
+
+def _pruned(jagged: JaggedTensor, prune_weights: bool) -> JaggedTensor:
+    """Without ids below 0 (and weights of 0 or less when ``prune_weights``), as TF's
+    ``_prune_invalid_ids`` and ``_prune_invalid_weights``."""
+    keep = jagged.values >= 0 if jagged.values.dtype.kind == "i" else np.ones(jagged.values.size, bool)
+    if prune_weights and jagged.weights is not None:
+        keep &= jagged.weights > 0
+    if keep.all():
+        return jagged
+    lengths = np.bincount(jagged.segment_ids()[keep], minlength=len(jagged))
+    w = None if jagged.weights is None else jagged.weights[keep]
+    return JaggedTensor(jagged.values[keep], lengths, weights=w)
+
+
+def _filled(jagged: JaggedTensor, empty: np.ndarray, default_id: int) -> JaggedTensor:
+    """Every empty bag holding ``default_id`` (weight 1), as TF's ``sparse_fill_empty_rows``."""
+    lengths = jagged.lengths + empty
+    n_values = int(lengths.sum())
+    offsets = np.zeros(lengths.size + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    filled_at = offsets[:-1][empty]
+    kept = np.ones(n_values, bool)
+    kept[filled_at] = False
+    values = np.empty(n_values, jagged.values.dtype)
+    values[kept] = jagged.values
+    values[filled_at] = default_id
+    weights = None
+    if jagged.weights is not None:
+        weights = np.empty(n_values, jagged.weights.dtype)
+        weights[kept] = jagged.weights
+        weights[filled_at] = 1
+    return JaggedTensor(values, lengths, weights=weights)
+
+
+def merged_gradient(grads: list[IndexedSlices]) -> IndexedSlices:
+    """Several features' gradients of one table as one (duplicate ids summed)."""
+    if len(grads) == 1:
+        return grads[0]
+    ids = np.concatenate([g.indices for g in grads])
+    values = np.concatenate([g.values for g in grads])
+    unique, summed = merge_duplicates(ids, values)
+    return IndexedSlices(summed, unique)
