@@ -280,6 +280,64 @@ def test_the_fused_sparse_steps_are_the_numpy_rules_bit_for_bit(kind, dtype, n, 
     assert (_bits(var), _bits(acc)) == results[0]
 
 
+@settings(max_examples=100, deadline=None)
+@given(dtype=st.sampled_from([np.float32, np.float64]), n=st.integers(1, 40), dim=st.integers(1, 9),
+       data=st.data())
+def test_row_wise_adagrad_is_the_same_compiled_and_in_numpy_and_in_the_rule(dtype, n, dim, data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    rows = np.array(data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n)), np.int64)
+    rows[rng.random(rows.size) < 0.2] = -1  # a table's ids with no row
+    lr, eps = data.draw(st.floats(1e-4, 2.0)), data.draw(st.sampled_from([1e-8, 1e-3]))
+    var0 = rng.standard_normal((n, dim)).astype(dtype)
+    acc0 = np.repeat((rng.random((n, 1)) * 0.5).astype(dtype), dim, axis=1)  # a row's one value
+    g = rng.standard_normal((rows.size, dim)).astype(dtype)
+    results = []
+    for impl in (compiled, reference):
+        var, acc = var0.copy(), acc0.copy()
+        impl.rowwise_adagrad_rows(var, acc, rows, g, lr, eps)
+        results.append((_bits(var), _bits(acc)))
+    var, acc = var0.copy(), acc0.copy()
+    RULES["rowwise_adagrad"](var, g, rows, {"accumulator": acc},
+                             {"learning_rate": lr, "epsilon": eps}, 1)
+    assert results[0] == results[1] == (_bits(var), _bits(acc))
+    keep = rows[rows >= 0]  # and TorchRec's formula, plainly
+    ref_var, ref_acc = var0.astype(np.float64), acc0.astype(np.float64)
+    gk = g[rows >= 0].astype(np.float64)
+    ref_acc[keep] += (gk * gk).mean(1, keepdims=True)
+    ref_var[keep] -= lr * gk / (np.sqrt(ref_acc[keep]) + eps)
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(var, ref_var, rtol=tol, atol=tol)
+    np.testing.assert_allclose(acc, ref_acc, rtol=tol, atol=tol)
+
+
+@settings(max_examples=100, deadline=None)
+@given(dtype=st.sampled_from([np.float32, np.float64]), bags=st.integers(1, 30),
+       rows=st.integers(1, 30), width=st.integers(1, 9), data=st.data())
+def test_pooling_rows_into_bags_is_the_same_compiled_and_in_numpy(dtype, bags, rows, width, data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    n = data.draw(st.integers(0, 80))
+    seg = rng.integers(0, bags, n).astype(np.int64)
+    idx = rng.integers(0, rows, n).astype(np.int64)
+    scale = rng.standard_normal(n).astype(dtype)
+    src = rng.standard_normal((rows, width + 3)).astype(dtype)
+    out_col, src_col = data.draw(st.integers(0, 2)), data.draw(st.integers(0, 3))
+    results = []
+    for impl in (compiled, reference):
+        out = np.ones((bags, width + 2), dtype)
+        impl.pool_rows(out, seg, src, idx, scale, out_col, src_col, width)
+        results.append(_bits(out))
+    expected = np.ones((bags, width + 2), dtype)
+    for i in range(n):
+        expected[seg[i], out_col:out_col + width] += scale[i] * src[idx[i], src_col:src_col + width]
+    assert results[0] == results[1] == _bits(expected)
+    for impl in (compiled, reference):  # a row outside is refused before anything is added
+        out = np.zeros((bags, width), dtype)
+        with pytest.raises(IndexError, match="outside"):
+            impl.pool_rows(out, np.r_[seg, bags], src, np.r_[idx, 0], np.r_[scale, 1].astype(dtype),
+                           0, 0, width)
+        assert not out.any()
+
+
 def test_a_row_past_the_end_is_refused_by_both_and_nothing_changes():
     """A row outside a variable or a table (past its end; below 0 in an id index) is refused
     by both kernels before anything is written."""

@@ -49,6 +49,13 @@ class Reference:
             acc = s["acc"][sel] + g * g
             s["acc"][sel] = acc
             w = w - lr * g / np.sqrt(acc + c.get("epsilon", 1e-7))
+        elif self.kind == "rowwise_adagrad":  # TorchRec's (fbgemm's EXACT_ROWWISE_ADAGRAD)
+            squares = g * g
+            mean_sq = squares.reshape(squares.shape[0], -1).mean(1).reshape(
+                squares.shape[:1] + (1,) * (squares.ndim - 1)) if squares.ndim else squares
+            acc = s["acc"][sel] + mean_sq  # every column of a row holds the row's accumulator
+            s["acc"][sel] = acc
+            w = w - lr * g / (np.sqrt(acc) + c.get("epsilon", 1e-8))
         elif self.kind == "rmsprop":
             rho, eps = c.get("rho", 0.9), c.get("epsilon", 1e-7)
             rms = rho * s["rms"][sel] + (1 - rho) * g * g
@@ -90,6 +97,8 @@ CASES = [
     ("sgd", pstrain.optimizers.SGD, {"learning_rate": 0.1, "momentum": 0.9}),
     ("sgd", pstrain.optimizers.SGD, {"learning_rate": 0.1, "momentum": 0.9, "nesterov": True}),
     ("adagrad", pstrain.optimizers.Adagrad, {"learning_rate": 0.05, "initial_accumulator_value": 0.1}),
+    ("rowwise_adagrad", pstrain.optimizers.RowWiseAdagrad,
+     {"learning_rate": 0.05, "initial_accumulator_value": 0.1}),
     ("adam", pstrain.optimizers.Adam, {"learning_rate": 0.01}),
     ("ftrl", pstrain.optimizers.Ftrl, {"learning_rate": 0.1, "l1_regularization_strength": 0.01,
                                        "l2_regularization_strength": 0.02}),

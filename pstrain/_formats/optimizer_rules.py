@@ -95,6 +95,37 @@ def _adagrad(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None,
         var[rows] -= lr * g / np.sqrt(a + eps)
 
 
+def _rowwise_adagrad(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None,
+                     slots: dict[str, np.ndarray], cfg: dict[str, Any], t: int) -> None:
+    """Row-wise Adagrad (TorchRec's default, fbgemm's ``EXACT_ROWWISE_ADAGRAD``): one
+    accumulator per row, ``acc += mean(g²)`` over the row, ``var -= lr · g / (sqrt(acc) + ε)``.
+    The accumulator is kept as wide as the row (every column holds it), so that
+    checkpoints, deltas, moves and the feed treat it as any slot."""
+    lr, eps = cfg["learning_rate"], cfg.get("epsilon", 1e-8)
+    acc = slots["accumulator"]
+    if rows is not None and _fusable(var, g, rows, lr, eps) and acc.dtype == var.dtype \
+            and acc.flags.c_contiguous and var.ndim == 2:
+        n = var.shape[0]
+        KERNELS.rowwise_adagrad_rows(var, _rows2d(acc, n, var), rows, _rows2d(g, rows.size, var),
+                                     lr, eps)
+        return
+    if rows is not None:
+        rows, g = _kept(rows, g)
+    t_ = var.dtype.type
+    n = var.shape[0] if var.ndim else 1
+    v2 = var.reshape(n, -1)
+    a2 = acc.reshape(n, -1)
+    g2 = np.asarray(g, var.dtype).reshape(-1, v2.shape[1])
+    sel: Any = slice(None) if rows is None else rows
+    mean_sq = np.zeros(g2.shape[0], var.dtype)
+    for j in range(g2.shape[1]):  # column order, as the compiled loop adds them
+        mean_sq += g2[:, j] * g2[:, j]
+    mean_sq /= t_(g2.shape[1])
+    a = a2[sel, 0] + mean_sq
+    a2[sel] = a[:, None]
+    v2[sel] -= (t_(lr) / (np.sqrt(a) + t_(eps)))[:, None] * g2
+
+
 def _adam(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None, slots: dict[str, np.ndarray],
           cfg: dict[str, Any], t: int) -> None:
     lr, b1, b2 = cfg["learning_rate"], cfg.get("beta_1", 0.9), cfg.get("beta_2", 0.999)
@@ -189,9 +220,9 @@ def _skipping_missing(rule: Rule) -> Rule:
     return run
 
 
-RULES: dict[str, Rule] = {"sgd": _sgd, "adagrad": _adagrad, "adam": _skipping_missing(_adam),
-                          "adamw": _skipping_missing(_adamw), "ftrl": _skipping_missing(_ftrl),
-                          "rmsprop": _skipping_missing(_rmsprop)}
+RULES: dict[str, Rule] = {"sgd": _sgd, "adagrad": _adagrad, "rowwise_adagrad": _rowwise_adagrad,
+                          "adam": _skipping_missing(_adam), "adamw": _skipping_missing(_adamw),
+                          "ftrl": _skipping_missing(_ftrl), "rmsprop": _skipping_missing(_rmsprop)}
 
 
 def slot_specs(cfg: dict[str, Any]) -> dict[str, float]:
@@ -201,6 +232,8 @@ def slot_specs(cfg: dict[str, Any]) -> dict[str, float]:
         return {"momentum": 0.0} if cfg.get("momentum") else {}
     if kind == "adagrad":
         return {"accumulator": float(cfg.get("initial_accumulator_value", 0.1))}
+    if kind == "rowwise_adagrad":
+        return {"accumulator": float(cfg.get("initial_accumulator_value", 0.0))}
     if kind in ("adam", "adamw"):
         return {"m": 0.0, "v": 0.0}
     if kind == "rmsprop":

@@ -130,7 +130,7 @@ class CosineDecaySpec(Record, tag="cosine_decay", tag_field="type"):
 
 
 class OptimizerRule(Record):
-    kind: Literal["sgd", "adagrad", "adam", "adamw", "ftrl", "rmsprop"]
+    kind: Literal["sgd", "adagrad", "rowwise_adagrad", "adam", "adamw", "ftrl", "rmsprop"]
     learning_rate: Positive | ExponentialDecaySpec | PiecewiseConstantSpec | CosineDecaySpec
     momentum: float | None = None
     nesterov: bool | None = None

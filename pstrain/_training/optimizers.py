@@ -53,7 +53,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("pstrain.optimizers")
 
-__all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Ftrl", "Optimizer", "RMSprop", "schedules"]
+__all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Ftrl", "Optimizer", "RMSprop", "RowWiseAdagrad",
+           "schedules"]
 
 _counts: dict[str, itertools.count[int]] = {}
 
@@ -274,6 +275,29 @@ class Adagrad(Optimizer):
     def __init__(self, learning_rate: float | LearningRateSchedule = 0.001,
                  initial_accumulator_value: float = 0.1,
                  epsilon: float = 1e-7, name: str | None = None) -> None:
+        number(initial_accumulator_value, "initial_accumulator_value")
+        number(epsilon, "epsilon")
+        self.initial_accumulator_value, self.epsilon = float(initial_accumulator_value), float(epsilon)
+        super().__init__(learning_rate, name)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "initial_accumulator_value": self.initial_accumulator_value,
+                "epsilon": self.epsilon}
+
+
+class RowWiseAdagrad(Optimizer):
+    """Row-wise Adagrad, TorchRec's default for embedding tables (fbgemm's
+    ``EXACT_ROWWISE_ADAGRAD``): a row's one accumulator grows by the mean of its squared
+    gradient, ``acc += mean(g²)``; ``var -= lr · g / (sqrt(acc) + ε)``. A dense variable's
+    rows are its first axis (a vector's elements are rows of one). Its accumulator is kept
+    as wide as the row for now (every column holds the row's value): the arithmetic is
+    TorchRec's, the memory is Adagrad's."""
+
+    kind = "rowwise_adagrad"
+
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.01,
+                 initial_accumulator_value: float = 0.0, epsilon: float = 1e-8,
+                 name: str | None = None) -> None:
         number(initial_accumulator_value, "initial_accumulator_value")
         number(epsilon, "epsilon")
         self.initial_accumulator_value, self.epsilon = float(initial_accumulator_value), float(epsilon)
