@@ -57,7 +57,8 @@ _EXPORTS: dict[str, str] = {
     "safe_embedding_lookup_sparse": "_embeddings.pooling",
     "EmbeddingCollection": "_embeddings.collection",
     "PooledEmbeddings": "_embeddings.collection",
-    "TableConfig": "_embeddings.collection",
+    "GatheredRows": "_embeddings.collection",
+    "TableConfig": "_embeddings.config",
     "JaggedTensor": "_embeddings.jagged",
     "RequestCounts": "_transport.traffic",
     "count_requests": "_transport.traffic",
@@ -101,6 +102,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above 
         initializers as initializers,
         math as math,
         metrics as metrics,
+        nn as nn,
         optimizers as optimizers,
         partitioners as partitioners,
         rpc as rpc,
@@ -158,6 +160,23 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above 
         PerWorkerValues as PerWorkerValues,
         ValueContext as ValueContext,
     )
+    from ._embeddings.collection import (
+        EmbeddingCollection as EmbeddingCollection,
+        GatheredRows as GatheredRows,
+        PooledEmbeddings as PooledEmbeddings,
+    )
+    from ._embeddings.config import (
+        TableConfig as TableConfig,
+    )
+    from ._embeddings.jagged import (
+        JaggedTensor as JaggedTensor,
+        KeyedJaggedTensor as KeyedJaggedTensor,
+        SparseTensor as SparseTensor,
+    )
+    from ._embeddings.pooling import (
+        embedding_lookup_sparse as embedding_lookup_sparse,
+        safe_embedding_lookup_sparse as safe_embedding_lookup_sparse,
+    )
     from ._training.data import (
         TensorSpec as TensorSpec,
     )
@@ -166,6 +185,10 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above 
     )
     from ._transport.bridge import (
         run as run,
+    )
+    from ._transport.traffic import (
+        RequestCounts as RequestCounts,
+        count_requests as count_requests,
     )
     from ._variables.arrays import (
         IndexedSlices as IndexedSlices,

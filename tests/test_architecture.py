@@ -26,8 +26,8 @@ LAYOUT_DOC = ROOT.parent / "docs" / "design.md"  # its Layout section
 #: The layer folders, bottom to top. A module imports only from its own folder or lower ones;
 #: ``server`` (the servers) imports only ``SERVERS_MAY_IMPORT`` and is imported only by the face.
 RANKS: tuple[str, ...] = ("_kernels", "_base", "_formats", "_transport", "_serving", "server",
-                          "_variables", "_training", "_checkpoint", "_frameworks", "_distribute",
-                          "_coordinator", "face")
+                          "_variables", "_training", "_embeddings", "_checkpoint", "_frameworks",
+                          "_distribute", "_coordinator", "face")
 RANK = {layer: i for i, layer in enumerate(RANKS)}
 #: Packages of the face: the ``pstrain`` command's subcommands.
 RANK["cli"] = RANK["face"]
@@ -234,6 +234,7 @@ LAYER_NOTES = {
     "_distribute": "program: the strategy, replicas, distributed values",
     "_frameworks": "training: JAX and PyTorch models",
     "_checkpoint": "training: checkpoints by object graph",
+    "_embeddings": "training: jagged features, pooled lookups, collections of tables",
     "_training": "training: optimizers, metrics, data, summaries",
     "_variables": "variables: handles, placement, sharding, tables",
     "server": "servers: the tasks (only the face starts them)",

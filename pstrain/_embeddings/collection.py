@@ -1,7 +1,7 @@
 """A collection of embedding tables, as a ranking model has: a table per feature (or one
 table serving several features), each feature a bag of ids per example, pooled.
 
-Each :class:`TableConfig` gives a table's rows, width, features, combiner, initializer and
+Each :class:`~pstrain.TableConfig` gives a table's rows, width, features, combiner, initializer and
 (optionally) its own optimizer. :class:`EmbeddingCollection`, built in
 ``strategy.scope()``, places the tables with :func:`~pstrain._embeddings.planner.plan_tables`
 (``collection.plan`` prints it) and creates them. Then each step:
@@ -18,7 +18,7 @@ Each :class:`TableConfig` gives a table's rows, width, features, combiner, initi
   optimizer, if tables have their own).
 
 Pooling happens on the worker: ``benchmarks/pooling_placement.py`` measured it against
-pooling on the ps (see docs/recommender-tables.md).
+pooling on the ps (see docs/ranking-models.md).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import numpy as np
 from .._base.context import must_await
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
-from .._formats.initializers import Initializer, RandomUniform
 from .._formats.operations import RowRead, SparseRead
 from .._kernels.batches import take_rows
 from .._training.module import Module
@@ -44,67 +43,14 @@ from .._variables.placement import Placement
 from .._variables.routing import routed
 from .._variables.sharding import ShardedVariable, compact_ids, embedding_lookup
 from .._variables.variables import Variable
+from .config import TableConfig
 from .jagged import JaggedTensor, KeyedJaggedTensor, as_jagged
 from .planner import DEFAULT_SHARD_ROWS, TablePlan, plan_tables
-from .pooling import Bags, check_combiner
+from .pooling import Bags
 
 logger = logging.getLogger("pstrain.embeddings")
 
-__all__ = ["EmbeddingCollection", "PooledEmbeddings", "TableConfig"]
-
-
-class TableConfig:
-    """One table: ``num_embeddings`` rows (None: a dynamic table keyed by raw ids) of
-    ``embedding_dim`` numbers, looked up by ``feature_names``, each feature's bag pooled by
-    ``combiner`` (``"sum"``, ``"mean"``, ``"sqrtn"``). ``initializer``: default uniform in
-    [-0.05, 0.05] (Keras' embeddings'); ``optimizer``: this table's own, else the one
-    given to :meth:`EmbeddingCollection.apply_gradients`; ``pooling_factor``: the ids a
-    feature's bag holds on average (the planner's expected lookups)."""
-
-    __slots__ = ("name", "num_embeddings", "embedding_dim", "feature_names", "combiner",
-                 "initializer", "optimizer", "dtype", "pooling_factor")
-
-    def __init__(self, name: str, num_embeddings: int | None, embedding_dim: int,
-                 feature_names: Sequence[str] | None = None, combiner: str = "sum",
-                 initializer: Initializer | None = None, optimizer: Any = None,
-                 dtype: Any = np.float32, pooling_factor: float = 1.0) -> None:
-        if not isinstance(name, str) or not name:
-            raise InvalidArgumentError(f"TableConfig: name must be a non-empty string, got {name!r}")
-        if num_embeddings is not None and (isinstance(num_embeddings, bool)
-                                           or not isinstance(num_embeddings, (int, np.integer))
-                                           or num_embeddings < 1):
-            raise InvalidArgumentError(f"table {name!r}: num_embeddings must be a positive integer "
-                                       f"(or None: a dynamic table), got {num_embeddings!r}")
-        if isinstance(embedding_dim, bool) or not isinstance(embedding_dim, (int, np.integer)) \
-                or embedding_dim < 1:
-            raise InvalidArgumentError(f"table {name!r}: embedding_dim must be a positive integer, "
-                                       f"got {embedding_dim!r}")
-        if isinstance(feature_names, str):
-            raise InvalidArgumentError(f"table {name!r}: feature_names is a list of names, got "
-                                       f"the string {feature_names!r}")
-        self.name = name
-        self.num_embeddings = None if num_embeddings is None else int(num_embeddings)
-        self.embedding_dim = int(embedding_dim)
-        self.feature_names = list(feature_names) if feature_names is not None else [name]
-        if not self.feature_names:
-            raise InvalidArgumentError(f"table {name!r}: no feature looks it up")
-        self.combiner = check_combiner(combiner)
-        self.initializer = initializer if initializer is not None else RandomUniform(-0.05, 0.05)
-        if not isinstance(self.initializer, Initializer):
-            raise InvalidArgumentError(f"table {name!r}: initializer must be a pstrain initializer, "
-                                       f"got {type(self.initializer).__name__}")
-        self.optimizer = optimizer
-        self.dtype = np.dtype(dtype)
-        if self.dtype.kind != "f":
-            raise InvalidArgumentError(f"table {name!r}: dtype must be a float type, got {self.dtype}")
-        if not pooling_factor > 0:
-            raise InvalidArgumentError(f"table {name!r}: pooling_factor must be positive")
-        self.pooling_factor = float(pooling_factor)
-
-    def __repr__(self) -> str:
-        rows = "dynamic" if self.num_embeddings is None else self.num_embeddings
-        return (f"TableConfig({self.name!r}, {rows}, {self.embedding_dim}, "
-                f"features={self.feature_names}, combiner={self.combiner!r})")
+__all__ = ["EmbeddingCollection", "GatheredRows", "PooledEmbeddings"]
 
 
 class EmbeddingCollection(Module):
@@ -196,6 +142,22 @@ class EmbeddingCollection(Module):
         """Every feature's pooled rows for the batch ``features`` (a KeyedJaggedTensor or
         ``{feature: bags}``), and the variables ``read`` (whole), in one request per ps.
         ``training=False`` (evaluation, serving): dynamic tables admit no id."""
+        gathered = await self.gather(features, read=read, training=training)
+        batch = gathered.batch
+        columns = self._columns()
+        dtypes = {self.configs[t].dtype for t in self.feature_tables.values()}
+        out = np.zeros((batch, self.output_dim), dtypes.pop() if len(dtypes) == 1 else np.float64)
+        for name, (_, named_bags) in gathered.bags.items():
+            for feature, b in named_bags:
+                b.pool(gathered.rows[name], out, columns[feature])
+        return PooledEmbeddings(self, out, columns, gathered.read, gathered.bags)
+
+    @must_await
+    async def gather(self, features: KeyedJaggedTensor | Mapping[str, Any], *,
+                     read: Iterable[Any] = (), training: bool = True) -> GatheredRows:
+        """The distinct rows each table holds for the batch, unpooled (what a framework
+        adapter pools itself), and the variables ``read``: one request per ps, as
+        :meth:`lookup`."""
         feats = self._features_of(features)
         dense = list(read)
         for v in dense:
@@ -218,13 +180,7 @@ class EmbeddingCollection(Module):
                 for name, (u, _) in per_table.items()}
         values: list[Any] = [None] * len(dense)
         await self._gather(per_table, rows, dense, values, training)
-        columns = self._columns()
-        dtypes = {self.configs[t].dtype for t in self.feature_tables.values()}
-        out = np.zeros((batch, self.output_dim), dtypes.pop() if len(dtypes) == 1 else np.float64)
-        for name, (_, named_bags) in per_table.items():
-            for feature, b in named_bags:
-                b.pool(rows[name], out, columns[feature])
-        return PooledEmbeddings(self, out, columns, values, per_table)
+        return GatheredRows(batch, rows, per_table, values, feats)
 
     def _columns(self) -> dict[str, int]:
         """The first column of each feature's pooled rows in ``pooled.concat()``."""
@@ -318,6 +274,20 @@ async def _read_local(item: tuple[Any, ...], per_table: dict[str, Any]) -> np.nd
         return np.asarray(part.local_array()).copy()
     local = per_table[item[1]][0][item[3]:item[4]] - item[5]
     return take_rows(part.local_array(), np.asarray(local, np.int64))
+
+
+class GatheredRows:
+    """One step's rows before pooling: ``rows[table]`` are the rows of ``bags[table][0]``
+    (its distinct ids, ascending); ``bags[table][1]`` pairs each of its features with its
+    :class:`~pstrain._embeddings.pooling.Bags`; ``read`` the dense variables' values;
+    ``features`` the batch's features by name."""
+
+    __slots__ = ("batch", "rows", "bags", "read", "features")
+
+    def __init__(self, batch: int, rows: dict[str, np.ndarray],
+                 bags: dict[str, tuple[np.ndarray, list[tuple[str, Bags]]]], read: list[np.ndarray],
+                 features: dict[str, JaggedTensor]) -> None:
+        self.batch, self.rows, self.bags, self.read, self.features = batch, rows, bags, read, features
 
 
 class PooledEmbeddings:

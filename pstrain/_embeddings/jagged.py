@@ -332,10 +332,6 @@ class KeyedJaggedTensor:
         if len(strides) > 1:
             raise InvalidArgumentError(f"KeyedJaggedTensor: features of different batch sizes "
                                        f"{sorted(strides)}")
-        weighted = {jt.weights is not None for jt in features.values()}
-        if len(weighted) > 1:
-            raise InvalidArgumentError("KeyedJaggedTensor: some features have weights, some not "
-                                       "(give every feature weights, 1 where unweighted)")
         out = cls.__new__(cls)  # this class's own constructor, without the flat arrays
         out._keys = [str(k) for k in features]  # noqa: SLF001
         out._stride = strides.pop() if strides else 0  # noqa: SLF001
@@ -379,10 +375,13 @@ class KeyedJaggedTensor:
         return np.concatenate([f.lengths for f in self._features.values()])
 
     def weights_or_none(self) -> np.ndarray | None:
+        """Every id's weight, feature-major (1 for a feature without weights), or None if no
+        feature has weights."""
         feats = list(self._features.values())
-        if not feats or feats[0].weights is None:
+        if all(f.weights is None for f in feats):
             return None
-        return np.concatenate([f.weights for f in feats if f.weights is not None])
+        return np.concatenate([np.ones(f.values.size, np.float32) if f.weights is None
+                               else f.weights for f in feats])
 
     def take(self, rows: Any) -> KeyedJaggedTensor:
         """The examples ``rows`` of every feature (what ``pstrain.data`` batches with)."""

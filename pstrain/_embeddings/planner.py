@@ -28,7 +28,7 @@ import numpy as np
 from .._base.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
-    from .collection import TableConfig
+    from .config import TableConfig
 
 __all__ = ["DEFAULT_SHARD_ROWS", "PlacedTable", "TablePlan", "plan_tables"]
 
