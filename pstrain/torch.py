@@ -1,4 +1,9 @@
-"""Public façade: :mod:`pstrain._frameworks.torch` holds the implementation."""
+"""Public façade: :mod:`pstrain._frameworks.torch` (modules whose parameters live on the ps)
+and :mod:`pstrain._frameworks.torch_bags` (pooled embeddings) hold the implementation."""
 
 from ._frameworks.torch import *  # noqa: F403
-from ._frameworks.torch import __all__ as __all__
+from ._frameworks.torch import __all__ as _modules
+from ._frameworks.torch_bags import *  # noqa: F403
+from ._frameworks.torch_bags import __all__ as _bags
+
+__all__ = [*_modules, *_bags]

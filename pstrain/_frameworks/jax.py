@@ -29,6 +29,9 @@ Write a loss function over a pytree of parameters; never a gradient::
   per worker process and input shapes, and reused by every later closure. The
   unique rows are padded to the batch's id count, so the shapes (and the
   compiled code) do not change from batch to batch.
+* A leaf ``pooled_lookup(table, bags, combiner)`` is a pooled (multi-hot) lookup: the
+  loss sees ``[bags, dim]``; the rows and ids it is computed from are padded to powers of
+  two, so bags of new lengths do not compile anew for every batch.
 * The result is ``(loss, grads_and_vars)`` (``((loss, aux), ...)`` with
   ``has_aux=True``), ready for ``await optimizer.apply_gradients(grads)``.
 
@@ -57,6 +60,8 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("pstrain.jax needs JAX: pip install 'pstrain[jax]'") from exc
 
 from .._base.errors import InvalidArgumentError
+from .._embeddings.jagged import as_jagged
+from .._embeddings.pooling import Bags
 from .._kernels.batches import distinct
 from .._variables.arrays import IndexedSlices, VariableBase
 from .._variables.batched import read_variables
@@ -64,7 +69,8 @@ from .._variables.dynamic import DynamicEmbedding
 from .._variables.sharding import ShardedVariable, combine_gradients, embedding_lookup
 from .._variables.variables import Variable
 
-__all__ = ["Lookup", "ValueAndGrad", "lookup", "value_and_grad", "variables_from"]
+__all__ = ["Lookup", "PooledLookup", "ValueAndGrad", "lookup", "pooled_lookup", "value_and_grad",
+           "variables_from"]
 
 
 class Lookup:
@@ -98,8 +104,43 @@ def lookup(table: Variable | ShardedVariable | DynamicEmbedding, ids: Any, *,
     return Lookup(table, ids, training)
 
 
+class PooledLookup:
+    """Each bag of ``bags`` pooled from ``table``'s rows, as a leaf (see :func:`pooled_lookup`)."""
+
+    __slots__ = ("table", "bags", "training")
+
+    def __init__(self, table: Variable | ShardedVariable | DynamicEmbedding, ids: Any,
+                 combiner: str = "sum", weights: Any = None, training: bool = True) -> None:
+        if not (isinstance(table, DynamicEmbedding) or
+                (isinstance(table, (Variable, ShardedVariable)) and len(table.shape) == 2)):
+            raise InvalidArgumentError("pooled_lookup() needs a 2-D pstrain variable or a "
+                                       "DynamicEmbedding (an embedding table)")
+        self.table = table
+        self.bags = Bags(as_jagged(ids, weights, "pooled_lookup ids"), combiner, np.float32)
+        self.training = bool(training)
+
+    def __repr__(self) -> str:
+        return f"pooled_lookup({self.table.name!r}, {self.bags.n} bags)"
+
+
+def pooled_lookup(table: Variable | ShardedVariable | DynamicEmbedding, ids: Any,
+                  combiner: str = "sum", weights: Any = None, *, training: bool = True) -> PooledLookup:
+    """A parameter-tree leaf that the loss sees as ``[bags, dim]``: each bag of ``ids`` (a
+    :class:`~pstrain.JaggedTensor`, a SparseTensor, a list of lists ...) pooled from
+    ``table``'s rows by ``combiner`` (``"sum"``, ``"mean"``, ``"sqrtn"``, TF's), with
+    ``weights`` per id or None. Only the bags' distinct rows are gathered; their gradient
+    goes back as IndexedSlices. The arrays the compiled function sees are padded to powers
+    of two, so bags of new lengths reuse it (a compilation per size class, not per batch)."""
+    return PooledLookup(table, ids, combiner, weights, training)
+
+
+def _bucket(n: int) -> int:
+    """The padded size of ``n`` rows or ids: the next power of two, at least 8."""
+    return max(8, 1 << max(0, int(n) - 1).bit_length())
+
+
 def _is_leaf(x: Any) -> bool:
-    return isinstance(x, (VariableBase, Lookup))
+    return isinstance(x, (VariableBase, Lookup, PooledLookup))
 
 
 class ValueAndGrad:
@@ -119,19 +160,25 @@ class ValueAndGrad:
         if fn is None:
             loss_fn = self.loss_fn
 
-            def loss(dense: list[Any], rows: list[Any], inverses: list[Any], *args: Any) -> Any:
+            def loss(dense: list[Any], rows: list[Any], pooled_rows: list[Any], inverses: list[Any],
+                     pooled_index: list[Any], *args: Any) -> Any:
                 self.compilations += 1  # Python runs here only while jax traces (compiles)
                 dense_it, rows_it = iter(dense), iter(zip(rows, inverses))
+                pooled_it = iter(zip(pooled_rows, pooled_index))
                 leaves = []
                 for kind in kinds:
                     if kind == "v":
                         leaves.append(next(dense_it))
-                    else:
+                    elif kind == "l":
                         r, inv = next(rows_it)
                         leaves.append(jnp.take(r, inv, axis=0))
+                    else:  # padding ids have a scale of 0: they add nothing, and get nothing
+                        r, (inv, seg, scale, bags) = next(pooled_it)
+                        leaves.append(jax.ops.segment_sum(jnp.take(r, inv, axis=0) * scale[:, None],
+                                                          seg, num_segments=bags.shape[0]))
                 return loss_fn(jax.tree_util.tree_unflatten(treedef, leaves), *args)
 
-            fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=self.has_aux))
+            fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=self.has_aux))
             self._compiled[key] = fn
         return fn
 
@@ -139,7 +186,8 @@ class ValueAndGrad:
         leaves, treedef = jax.tree_util.tree_flatten(params, is_leaf=_is_leaf)
         variables = [x for x in leaves if isinstance(x, VariableBase)]
         lookups = [x for x in leaves if isinstance(x, Lookup)]
-        if len(variables) + len(lookups) != len(leaves):
+        pools = [x for x in leaves if isinstance(x, PooledLookup)]
+        if len(variables) + len(lookups) + len(pools) != len(leaves):
             bad = next(x for x in leaves if not _is_leaf(x))
             raise InvalidArgumentError(f"value_and_grad: a parameter leaf is a {type(bad).__name__}; "
                                        "leaves must be pstrain variables or lookup(table, ids)")
@@ -147,19 +195,37 @@ class ValueAndGrad:
         dense, *gathered = await asyncio.gather(
             read_variables(variables),
             *(embedding_lookup(lk.table, u, training=lk.training)
-              for lk, (u, _) in zip(lookups, uniques)))
+              for lk, (u, _) in zip(lookups, uniques)),
+            *(embedding_lookup(p.table, p.bags.unique, training=p.training) for p in pools))
+        pool_rows_got = gathered[len(lookups):]
+        gathered = gathered[:len(lookups)]
+        pooled_rows, pooled_index = [], []
+        for p, got in zip(pools, pool_rows_got):
+            b = p.bags
+            padded = np.zeros((_bucket(b.unique.size), p.table.shape[1]), np.float32)
+            padded[:b.unique.size] = got
+            n = _bucket(b.inverse.size)
+            inv, seg, scale = np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n, np.float32)
+            inv[:b.inverse.size], seg[:b.inverse.size], scale[:b.inverse.size] = \
+                b.inverse, b.segments, b.scale
+            pooled_rows.append(padded)
+            pooled_index.append((inv, seg, scale, np.zeros(b.n, np.int8)))
         rows = []
         for lk, (u, _), got in zip(lookups, uniques, gathered):
             padded = np.zeros((max(lk.ids.size, 1), lk.table.shape[1]), got.dtype)
             padded[:u.size] = got  # a fixed shape: compiled once whatever the batch's duplicates
             rows.append(padded)
         inverses = [inv.reshape(lk.ids.shape).astype(np.int32) for lk, (_, inv) in zip(lookups, uniques)]
-        kinds = tuple("v" if isinstance(x, VariableBase) else "l" for x in leaves)
+        kinds = tuple("v" if isinstance(x, VariableBase) else "l" if isinstance(x, Lookup) else "p"
+                      for x in leaves)
         fn = self._function(treedef, kinds)
-        value, (g_dense, g_rows) = fn(dense, rows, inverses, *args)
+        value, (g_dense, g_rows, g_pooled) = fn(dense, rows, pooled_rows, inverses, pooled_index, *args)
         grads: list[tuple[Any, Any]] = [(np.asarray(g), v) for g, v in zip(g_dense, variables)]
         for lk, (u, _), g in zip(lookups, uniques, g_rows):
             grads.append((IndexedSlices(np.asarray(g)[:u.size], u), lk.table))
+        for p, g in zip(pools, g_pooled):
+            u = p.bags.unique
+            grads.append((IndexedSlices(np.asarray(g)[:u.size], u), p.table))
         grads = combine_gradients(grads)  # a table looked up twice: one gradient
         if self.has_aux:
             loss, aux = value

@@ -1,0 +1,264 @@
+"""Pooled embeddings for PyTorch models: ``nn.EmbeddingBag`` and TorchRec's
+``EmbeddingBagCollection`` with their tables on the ps.
+
+::
+
+    import pstrain.torch as ptorch
+
+    with strategy.scope():
+        ebc = ptorch.EmbeddingBagCollection(tables)   # TableConfigs, or TorchRec's configs
+        # (ptorch.table_configs(torchrec_configs) maps them one to one)
+
+    async def step(iterator):
+        kjt, dense, y = next(iterator)                # a pstrain.KeyedJaggedTensor
+        await ebc.pull(kjt)                           # one request per ps, every table
+        pooled = ebc(kjt)                             # a KeyedTensor: .values() is [B, sum of dims]
+        loss = ...(pooled.values(), dense, y)
+        loss.backward()
+        await optimizer.apply_gradients(ebc.gradients())
+
+Pooling runs as ``torch.nn.functional.embedding_bag`` over the batch's distinct rows (a
+leaf tensor), so the gradients are PyTorch's own, per-sample weights included, and go back
+as :class:`~pstrain.IndexedSlices` over the distinct ids: only looked-up rows travel.
+Modes are ``"sum"`` and ``"mean"`` (``nn.EmbeddingBag``'s; per-sample weights only with
+``"sum"``, as PyTorch); an empty bag pools to zeros.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._base.errors import InvalidArgumentError
+from .._base.exports import expose
+from .._embeddings.collection import EmbeddingCollection, GatheredRows
+from .._embeddings.config import TableConfig
+from .._embeddings.jagged import JaggedTensor, KeyedJaggedTensor, as_jagged
+from .._formats.initializers import Initializer, RandomUniform
+from .._kernels.batches import distinct
+from .._variables.arrays import IndexedSlices
+from .._variables.sharding import embedding_lookup
+from .._variables.variables import Variable
+
+__all__ = ["EmbeddingBag", "EmbeddingBagCollection", "KeyedTensor", "table_configs"]
+
+_MODES = ("sum", "mean")
+
+
+def _writable(array: np.ndarray) -> np.ndarray:
+    return array if array.flags.writeable else array.copy()
+
+
+class KeyedTensor:
+    """TorchRec's ``KeyedTensor``: the features' pooled rows side by side (``values()``,
+    ``[batch, sum of dims]``), with their names (``keys()``) and widths."""
+
+    def __init__(self, keys: list[str], length_per_key: list[int], values: torch.Tensor) -> None:
+        self._keys, self._lengths, self._values = keys, length_per_key, values
+
+    def keys(self) -> list[str]:
+        return list(self._keys)
+
+    def values(self) -> torch.Tensor:
+        return self._values
+
+    def length_per_key(self) -> list[int]:
+        return list(self._lengths)
+
+    def to_dict(self) -> dict[str, torch.Tensor]:
+        out, start = {}, 0
+        for k, n in zip(self._keys, self._lengths):
+            out[k] = self._values[:, start:start + n]
+            start += n
+        return out
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.to_dict()[key]
+
+
+def _bag(weight: torch.Tensor, jagged: JaggedTensor, inverse: np.ndarray, mode: str,
+         what: str) -> torch.Tensor:
+    if jagged.weights is not None and mode != "sum":
+        raise InvalidArgumentError(f"{what}: per-sample weights go only with mode 'sum' "
+                                   f"(as nn.EmbeddingBag), got {mode!r}")
+    weights = None if jagged.weights is None else torch.from_numpy(
+        np.ascontiguousarray(jagged.weights, np.float32)).to(weight.dtype)
+    return torch.nn.functional.embedding_bag(
+        torch.from_numpy(np.ascontiguousarray(inverse, np.int64)), weight,
+        torch.from_numpy(np.ascontiguousarray(jagged.offsets[:-1], np.int64)), mode=mode,
+        per_sample_weights=weights)
+
+
+class EmbeddingBagCollection(torch.nn.Module):
+    """TorchRec's ``EmbeddingBagCollection`` on the ps: the tables of an
+    :class:`~pstrain.EmbeddingCollection` (placed by its planner), pooled by PyTorch. Create
+    it in ``strategy.scope()``; ``tables`` are :class:`~pstrain.TableConfig` (combiner
+    ``"sum"`` or ``"mean"``) or TorchRec ``EmbeddingBagConfig``\\ s (see
+    :func:`table_configs`)."""
+
+    def __init__(self, tables: Sequence[Any], *, shard_rows: int | None = None,
+                 name: str = "embedding_bags") -> None:
+        super().__init__()
+        configs = table_configs(tables)
+        for c in configs:
+            if c.combiner not in _MODES:
+                raise InvalidArgumentError(f"table {c.name!r}: combiner {c.combiner!r} has no "
+                                           f"nn.EmbeddingBag mode (use 'sum' or 'mean')")
+        kwargs = {} if shard_rows is None else {"shard_rows": shard_rows}
+        self.collection = EmbeddingCollection(configs, name=name, **kwargs)
+        self._gathered: GatheredRows | None = None
+        self._rows: dict[str, torch.Tensor] = {}
+
+    @property
+    def plan(self) -> Any:
+        return self.collection.plan
+
+    async def pull(self, features: KeyedJaggedTensor | Mapping[str, Any], *, read: Iterable[Any] = (),
+                   training: bool = True) -> list[np.ndarray]:
+        """Gather every table's rows for the batch (and the variables ``read``, whole): one
+        request per ps. Returns ``read``'s values."""
+        self._gathered = await self.collection.gather(features, read=read, training=training)
+        self._rows = {name: torch.from_numpy(_writable(rows)).requires_grad_(True)
+                      for name, rows in self._gathered.rows.items()}
+        return self._gathered.read
+
+    def forward(self, features: KeyedJaggedTensor | Mapping[str, Any]) -> KeyedTensor:
+        gathered = self._gathered
+        if gathered is None:
+            raise InvalidArgumentError("EmbeddingBagCollection: pull the batch before forward")
+        given = features.to_dict() if isinstance(features, KeyedJaggedTensor) else {
+            str(k): as_jagged(v) for k, v in features.items()}
+        parts: dict[str, torch.Tensor] = {}
+        for name, (_, named) in gathered.bags.items():
+            combiner = self.collection.configs[name].combiner
+            for feature, bags in named:
+                if feature not in given or given[feature] != gathered.features[feature]:
+                    raise InvalidArgumentError(f"EmbeddingBagCollection: forward got other "
+                                               f"features than were pulled ({feature!r})")
+                parts[feature] = _bag(self._rows[name], gathered.features[feature], bags.inverse,
+                                      combiner, f"feature {feature!r}")
+        keys = self.collection.feature_names
+        return KeyedTensor(keys, [parts[f].shape[1] for f in keys],
+                           torch.cat([parts[f] for f in keys], dim=1))
+
+    def gradients(self) -> list[tuple[IndexedSlices, Any]]:
+        """``[(gradient, table), ...]`` after ``backward()``: each table's distinct rows'."""
+        if self._gathered is None:
+            return []
+        out = []
+        for name, rows in self._rows.items():
+            if rows.grad is not None:
+                unique = self._gathered.bags[name][0]
+                out.append((IndexedSlices(rows.grad.numpy(), unique), self.collection.tables[name]))
+        return out
+
+    def trainable_variables(self) -> list[Any]:
+        return list(self.collection.tables.values())
+
+
+class EmbeddingBag(torch.nn.Module):
+    """``nn.EmbeddingBag`` with its table on the ps (sharded by the strategy's partitioner):
+    ``await bag.fetch(input, offsets, per_sample_weights)`` gathers the rows, then
+    ``bag(input, offsets, per_sample_weights)`` pools them as ``nn.EmbeddingBag`` does
+    (``input`` 2-D: fixed-length bags, no offsets)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, mode: str = "mean",
+                 initializer: Initializer | None = None, name: str = "embedding_bag") -> None:
+        super().__init__()
+        if mode not in _MODES:
+            raise InvalidArgumentError(f"EmbeddingBag mode must be 'sum' or 'mean', got {mode!r}")
+        self.mode = mode
+        self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
+        self.table = Variable(initializer or RandomUniform(-0.05, 0.05),
+                              shape=(num_embeddings, embedding_dim), dtype=np.float32, name=name)
+        self._key: tuple[Any, ...] | None = None
+        self._inverse: np.ndarray | None = None
+        self._unique: np.ndarray | None = None
+        self._jagged: JaggedTensor | None = None
+        self.rows: torch.Tensor | None = None
+
+    @staticmethod
+    def _jagged_of(input: Any, offsets: Any, per_sample_weights: Any) -> JaggedTensor:  # noqa: A002
+        ids = input.numpy() if isinstance(input, torch.Tensor) else np.asarray(input)
+        w = None if per_sample_weights is None else (
+            per_sample_weights.detach().numpy() if isinstance(per_sample_weights, torch.Tensor)
+            else np.asarray(per_sample_weights))
+        if ids.ndim == 2:
+            if offsets is not None:
+                raise InvalidArgumentError("EmbeddingBag: a 2-D input takes no offsets")
+            return JaggedTensor.from_dense(ids, w)
+        if offsets is None:
+            raise InvalidArgumentError("EmbeddingBag: a 1-D input needs offsets")
+        o = offsets.numpy() if isinstance(offsets, torch.Tensor) else np.asarray(offsets)
+        return JaggedTensor(ids, offsets=np.r_[o, ids.size],
+                            weights=None if w is None else w.reshape(-1))
+
+    async def fetch(self, input: Any, offsets: Any = None, per_sample_weights: Any = None) -> None:  # noqa: A002
+        """Gather the rows of the bags' ids (deduplicated) from the table's shards."""
+        jagged = self._jagged_of(input, offsets, per_sample_weights)
+        unique, inverse = distinct(jagged.values, sorted=True)
+        rows = await embedding_lookup(self.table, unique)
+        self._jagged, self._unique, self._inverse = jagged, unique, inverse
+        self.rows = torch.from_numpy(_writable(rows)).requires_grad_(True)
+
+    def forward(self, input: Any, offsets: Any = None, per_sample_weights: Any = None) -> torch.Tensor:  # noqa: A002
+        if self.rows is None or self._jagged is None or self._inverse is None:
+            raise InvalidArgumentError("EmbeddingBag: fetch the bags before forward")
+        if per_sample_weights is not None and self.mode != "sum":
+            raise InvalidArgumentError("EmbeddingBag: per_sample_weights go only with mode 'sum' "
+                                       "(as nn.EmbeddingBag)")
+        jagged = self._jagged_of(input, offsets, None)
+        if not (np.array_equal(jagged.values, self._jagged.values)
+                and np.array_equal(jagged.offsets, self._jagged.offsets)):
+            raise InvalidArgumentError("EmbeddingBag: forward got other bags than were fetched")
+        weights = per_sample_weights if isinstance(per_sample_weights, torch.Tensor) or \
+            per_sample_weights is None else torch.as_tensor(np.asarray(per_sample_weights, np.float32))
+        return torch.nn.functional.embedding_bag(
+            torch.from_numpy(np.ascontiguousarray(self._inverse, np.int64)), self.rows,
+            torch.from_numpy(np.ascontiguousarray(jagged.offsets[:-1], np.int64)), mode=self.mode,
+            per_sample_weights=None if weights is None else weights.reshape(-1))
+
+    def gradient(self) -> tuple[IndexedSlices, Any] | None:
+        """The gradient of the fetched rows, as sparse rows of the table (None before backward)."""
+        if self.rows is None or self.rows.grad is None or self._unique is None:
+            return None
+        return IndexedSlices(self.rows.grad.numpy(), self._unique), self.table
+
+
+def table_configs(tables: Sequence[Any]) -> list[TableConfig]:
+    """pstrain :class:`~pstrain.TableConfig`\\ s from TorchRec ``EmbeddingBagConfig``\\ s (or
+    ``TableConfig``\\ s, kept), one to one: ``name``, ``num_embeddings``, ``embedding_dim``,
+    ``feature_names`` as they are; ``pooling`` SUM / MEAN to the combiner ``"sum"`` /
+    ``"mean"``; ``weight_init_min`` / ``weight_init_max`` (TorchRec's default ±sqrt(1 /
+    num_embeddings)) to a uniform initializer; ``data_type`` FP32 / FP64 to the dtype."""
+    out = []
+    for t in tables:
+        if isinstance(t, TableConfig):
+            out.append(t)
+            continue
+        try:
+            rows, dim, name = int(t.num_embeddings), int(t.embedding_dim), str(t.name)
+            features = list(t.feature_names)
+        except AttributeError as exc:
+            raise InvalidArgumentError(f"tables: expected TableConfig or TorchRec's "
+                                       f"EmbeddingBagConfig, got {type(t).__name__}") from exc
+        pooling = getattr(getattr(t, "pooling", None), "name", "SUM")
+        if pooling not in ("SUM", "MEAN"):
+            raise InvalidArgumentError(f"table {name!r}: pooling {pooling} has no pstrain combiner "
+                                       "(SUM or MEAN)")
+        bound = float(np.sqrt(1.0 / rows))
+        low = getattr(t, "weight_init_min", None)
+        high = getattr(t, "weight_init_max", None)
+        dtype = {"FP64": np.float64}.get(getattr(getattr(t, "data_type", None), "name", "FP32"),
+                                         np.float32)
+        out.append(TableConfig(name, rows, dim, features or [name], combiner=pooling.lower(),
+                               initializer=RandomUniform(-bound if low is None else float(low),
+                                                         bound if high is None else float(high)),
+                               dtype=dtype))
+    return out
+
+
+expose(globals(), "pstrain.torch")
