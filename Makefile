@@ -97,10 +97,12 @@ demo: $(STAMP)
 	$(PY) -m pstrain.cli demo $(DEMO_ARGS)
 
 # Every workload (W1-W7, benchmarks/run_all.py); BENCH=W4,W6 runs some of them, and
-# TF_PYTHON=<a Python with tensorflow-cpu 2.21> adds W4 against TensorFlow in the same session.
+# TF_PYTHON=<a Python with tensorflow-cpu 2.21> adds W4 and W8 against TensorFlow in the same
+# session, TORCHREC_PYTHON=<a Python with torchrec 1.9.2> W8 against TorchRec.
 bench: $(STAMP)
 	$(BYTECODE)
-	$(PY) benchmarks/run_all.py $(if $(BENCH),--only '$(BENCH)') $(if $(TF_PYTHON),--tf-python '$(TF_PYTHON)')
+	$(PY) benchmarks/run_all.py $(if $(BENCH),--only '$(BENCH)') $(if $(TF_PYTHON),--tf-python '$(TF_PYTHON)') \
+		$(if $(TORCHREC_PYTHON),--torchrec-python '$(TORCHREC_PYTHON)')
 
 # The architecture's static checks (layers and cycles are checked by tests/test_architecture.py).
 lint: $(STAMP)

@@ -92,6 +92,22 @@ def compute_alone(steps: int) -> dict[str, Any]:
     return {"cpu_ms_per_step": (time.process_time() - t0) * 1e3 / timed, "steps": timed}
 
 
+def check_peer(python: str, module: str, name: str) -> str:
+    """The peer's version in ``python``, or a clear error (before anything is measured)."""
+    try:
+        probe = subprocess.run([python, "-c", f"import {module}; print({module}.__version__)"],
+                               capture_output=True, text=True, timeout=300,
+                               env={"TF_CPP_MIN_LOG_LEVEL": "3", "PATH": "/usr/bin:/bin"})
+    except OSError as exc:
+        raise SystemExit(f"recsys: the {name} Python {python!r} cannot be run ({exc}); "
+                         "../shared/anchors/README.md says how to make it") from None
+    if probe.returncode:
+        why = (probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1]
+        raise SystemExit(f"recsys: {python!r} has no {name} ({why}); ../shared/anchors/README.md "
+                         "says how to make it")
+    return probe.stdout.strip()
+
+
 def peer_round(cmd: list[str], name: str) -> dict[str, Any]:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     lines = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
@@ -130,9 +146,12 @@ def main() -> None:
     if args.rounds < 1 or args.steps < 50:
         parser.error("--rounds must be at least 1 and --steps at least 50")
     systems = ["pstrain", "alone"]
+    versions = {}
     if args.tf_python:
+        versions["tf"] = check_peer(args.tf_python, "tensorflow", "TensorFlow")
         systems.append("tf")
     if args.torchrec_python:
+        versions["torchrec"] = check_peer(args.torchrec_python, "torchrec", "TorchRec")
         systems.append("torchrec")
     got: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
     for i in range(args.rounds):
@@ -174,6 +193,7 @@ def main() -> None:
             row[f"{peer}_examples_per_s_each_round"] = [round(r["examples_per_s"]) for r in theirs]
             row[f"{peer}_held_out_log_loss"] = round(median([r["heldout_logloss"] for r in theirs]), 4)
             row[key] = round(speed / row[f"{peer}_examples_per_s"], 3)
+            row[f"{peer}_version"] = versions[peer]
         else:
             row[key] = None
             row.setdefault("not_run", []).append(f"{peer}: give --{peer}-python")

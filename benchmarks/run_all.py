@@ -1,5 +1,5 @@
-"""`make bench`: every workload of WORKLOADS.md written so far (W1-W7; W8 and W9 are named
-as not run), results in benchmarks/results/.
+"""`make bench`: every workload of WORKLOADS.md written so far (W1-W8; W9 is named as not
+run), results in benchmarks/results/.
 
     python benchmarks/run_all.py [--only W4,W6] [--tf-python PATH] [--list]
 
@@ -10,7 +10,10 @@ the other variants (the ratio to W4 is a ratio of medians in one run); W7 needs 
 With ``--tf-python`` (``make bench TF_PYTHON=...``: a virtual environment with
 tensorflow-cpu 2.21, ``against_tf.py`` says how to make one), W4 is also run against
 TensorFlow's ParameterServerStrategy in the same session; without it that comparison is
-named as not run. The last lines say what ran, what failed and what was not run.
+named as not run. W8 (``recsys.py``) runs against TensorFlow and TorchRec when given
+their Pythons (``--tf-python``, ``--torchrec-python``; env TF_PYTHON, TORCHREC_PYTHON);
+without one, that peer is named as not run. The last lines say what ran, what failed and
+what was not run.
 """
 
 from __future__ import annotations
@@ -35,15 +38,15 @@ JOBS: list[tuple[str, str, list[str]]] = [
     ("W6", "dynamic_tables.py", ["--runs", "5"]),
     ("W7", "large_table.py", []),
     ("W7", "large_table_deltas.py", []),
+    ("W8", "recsys.py", []),
+    ("W8", "pooling_placement.py", []),
     ("frameworks", "frameworks.py", []),
     ("elastic", "elastic_ps.py", []),
     ("elastic", "elastic_tables.py", []),
 ]
 #: Workloads of WORKLOADS.md with no script yet, and the issue that brings it: named as
 #: not run in every plan, never left out in silence.
-NOT_WRITTEN = {"W8": "many tables, multi-hot pooled lookups against TensorFlow and TorchRec "
-                     "(issue 61)",
-               "W9": "tables larger than memory under a byte budget (issue 64)"}
+NOT_WRITTEN = {"W9": "tables larger than memory under a byte budget (issue 64)"}
 #: What W7's scripts need (their docstrings): memory, and disk where they write (beside this file).
 W7_MEMORY, W7_DISK = 8 * GIB, 13 * GIB
 
@@ -68,6 +71,8 @@ def main() -> int:
                         help=f"comma-separated, of {', '.join(names)} (default: all; env BENCH)")
     parser.add_argument("--tf-python", default=os.environ.get("TF_PYTHON") or None,
                         help="a Python with tensorflow-cpu 2.21: W4 against TensorFlow too (env TF_PYTHON)")
+    parser.add_argument("--torchrec-python", default=os.environ.get("TORCHREC_PYTHON") or None,
+                        help="a Python with torchrec 1.9.2: W8 against TorchRec too (env TORCHREC_PYTHON)")
     parser.add_argument("--list", action="store_true", help="print what would run, and stop")
     args = parser.parse_args()
     chosen = set(names) if args.only is None else {x.strip() for x in args.only.split(",") if x.strip()}
@@ -84,6 +89,17 @@ def main() -> int:
         else:
             not_run.append("W4 against TensorFlow (against_tf.py): give TF_PYTHON=<a Python with "
                            "tensorflow-cpu 2.21>; against_tf.py says how to make one")
+    if any(w == "W8" for w, _, _ in jobs):
+        peers = {"tf": ("TensorFlow", "TF_PYTHON", args.tf_python),
+                 "torchrec": ("TorchRec", "TORCHREC_PYTHON", args.torchrec_python)}
+        extra = []
+        for flag, (name, env, python) in peers.items():
+            if python:
+                extra += [f"--{flag}-python", python]
+            else:
+                not_run.append(f"W8 against {name} (recsys.py): give {env}=<its Python>; "
+                               "../shared/anchors/README.md says how to make one")
+        jobs = [(w, script, extra if script == "recsys.py" else e) for w, script, e in jobs]
     if args.only is None:
         not_run += [f"{w} (no script yet): {what}" for w, what in NOT_WRITTEN.items()]
     if any(w == "W7" for w, _, _ in jobs):

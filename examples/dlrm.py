@@ -91,11 +91,12 @@ def save(split: Any, directory: Path) -> None:
 
 
 def load(directory: Path) -> tuple[KeyedJaggedTensor, np.ndarray, np.ndarray]:
-    """A saved split, memory-mapped: (features, dense, labels)."""
-    ids = [np.load(directory / f"ids{f}.npy", mmap_mode="r") for f in range(26)]
+    """A saved split, read into memory (batches gather from it at random: from a memory
+    map, each gather pays the mapping's page faults): (features, dense, labels)."""
+    ids = [np.load(directory / f"ids{f}.npy") for f in range(26)]
     lengths = np.load(directory / "lengths.npy")
-    return (features(ids, lengths), np.load(directory / "dense.npy", mmap_mode="r"),
-            np.load(directory / "labels.npy", mmap_mode="r"))
+    return (features(ids, lengths), np.load(directory / "dense.npy"),
+            np.load(directory / "labels.npy"))
 
 
 def initial_mlp() -> list[np.ndarray]:
@@ -186,7 +187,7 @@ def log_loss(p: np.ndarray, y: np.ndarray) -> float:
 
 async def train(resolver: Any, steps: int = 500, *, data_dir: str | None = None,
                 quiet: bool = False, max_inflight: int = 2, cpu_clock: Any = None,
-                shuffle_buffer: int = 100_000) -> dict[str, Any]:
+                shuffle_buffer: int = 8 * BATCH) -> dict[str, Any]:
     """Train W8; returns its figures (examples/s, held-out and base-rate log loss, requests
     and bytes per step, CPU per step if ``cpu_clock`` is given)."""
     made = data_dir is None
@@ -208,10 +209,16 @@ async def train(resolver: Any, steps: int = 500, *, data_dir: str | None = None,
             print(model.embeddings.plan)
         step = make_step(model, optimizer)
         where = str(directory)
+        workers = strategy.cluster_spec.num_tasks("worker")
 
         def dataset_fn() -> Any:
+            # Each worker its share of the examples (an epoch over all workers sees each
+            # once), shuffled within a window: the examples are drawn independently, and a
+            # batch gathered from a window stays in the caches where one gathered from
+            # the whole split waits on memory for every bag.
             batch, dense, labels = load(Path(where))
             return (pstrain.data.Dataset.from_tensor_slices((batch, dense, labels))
+                    .shard(workers, pstrain.get_current_worker_index())
                     .shuffle(shuffle_buffer).repeat().batch(BATCH, drop_remainder=True).prefetch(2))
 
         iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))

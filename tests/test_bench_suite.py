@@ -41,6 +41,20 @@ def test_make_bench_runs_every_workload_of_workloads_md_or_says_why_not():
 
 
 @pytest.mark.timeout(90)
+def test_w8_runs_against_each_peer_given_and_names_each_one_missing():
+    alone = plan("--only", "W8", env={"PATH": "/usr/bin:/bin"})
+    assert alone.returncode == 0, alone.stderr
+    lines = alone.stdout.splitlines()
+    assert ["W8", "recsys.py"] in [line.split() for line in lines]
+    assert any("W8 against TensorFlow" in x and "TF_PYTHON" in x for x in lines), lines
+    assert any("W8 against TorchRec" in x and "TORCHREC_PYTHON" in x for x in lines), lines
+    both = plan("--only", "W8", "--tf-python", "/tf/python", "--torchrec-python", "/tr/python")
+    (w8,) = [x.split() for x in both.stdout.splitlines() if "recsys.py" in x]
+    assert w8[2:] == ["--tf-python", "/tf/python", "--torchrec-python", "/tr/python"]
+    assert "not run" not in both.stdout
+
+
+@pytest.mark.timeout(90)
 def test_make_bench_refuses_a_selection_it_cannot_run_naming_it():
     unknown = plan("--only", "W4,W9")
     assert unknown.returncode == 2 and "W9" in unknown.stderr and "W1" in unknown.stderr
