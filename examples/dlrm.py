@@ -126,11 +126,15 @@ def forward_backward(pooled: np.ndarray, dense: np.ndarray, labels: np.ndarray |
     """(loss, predictions, the gradient of ``pooled``, the MLP's gradients); ``labels`` None:
     the forward pass only (loss and gradients empty)."""
     wb1, bb1, wb2, bb2, wt1, bt1, wt2, bt2, wt3, bt3 = mlp
-    z1 = np.maximum(dense @ wb1 + bb1, 0)
-    z2 = np.maximum(z1 @ wb2 + bb2, 0)
+
+    def relu(a: np.ndarray) -> np.ndarray:
+        return np.maximum(a, 0, out=a)
+
+    z1 = relu(dense @ wb1 + bb1)
+    z2 = relu(z1 @ wb2 + bb2)
     x = np.concatenate([pooled, z2], axis=1)
-    h1 = np.maximum(x @ wt1 + bt1, 0)
-    h2 = np.maximum(h1 @ wt2 + bt2, 0)
+    h1 = relu(x @ wt1 + bt1)
+    h2 = relu(h1 @ wt2 + bt2)
     logit = (h2 @ wt3 + bt3)[:, 0]
     p = 1 / (1 + np.exp(-logit))
     if labels is None:
@@ -139,15 +143,18 @@ def forward_backward(pooled: np.ndarray, dense: np.ndarray, labels: np.ndarray |
     loss = float(np.mean(np.logaddexp(0, logit) - labels * logit))  # log loss from the logit
     d = ((p - labels) / n).astype(np.float32)[:, None]
     g_wt3, g_bt3 = h2.T @ d, d.sum(0)
-    d_h2 = (d @ wt3.T) * (h2 > 0)
+    d_h2 = d @ wt3.T
+    d_h2 *= h2 > 0
     g_wt2, g_bt2 = h1.T @ d_h2, d_h2.sum(0)
-    d_h1 = (d_h2 @ wt2.T) * (h1 > 0)
+    d_h1 = d_h2 @ wt2.T
+    d_h1 *= h1 > 0
     g_wt1, g_bt1 = x.T @ d_h1, d_h1.sum(0)
     d_x = d_h1 @ wt1.T
     width = pooled.shape[1]
     d_z2 = d_x[:, width:] * (z2 > 0)
     g_wb2, g_bb2 = z1.T @ d_z2, d_z2.sum(0)
-    d_z1 = (d_z2 @ wb2.T) * (z1 > 0)
+    d_z1 = d_z2 @ wb2.T
+    d_z1 *= z1 > 0
     g_wb1, g_bb1 = dense.T @ d_z1, d_z1.sum(0)
     grads = [g_wb1, g_bb1, g_wb2, g_bb2, g_wt1, g_bt1, g_wt2, g_bt2, g_wt3, g_bt3]
     return loss, p, np.ascontiguousarray(d_x[:, :width]), grads

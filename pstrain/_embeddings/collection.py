@@ -167,10 +167,12 @@ class EmbeddingCollection(Module):
         per_table: dict[str, tuple[np.ndarray, list[tuple[str, Bags]]]] = {}
         for name, config in self.configs.items():
             jaggeds = [feats[f] for f in config.feature_names]
+            # ascending: each part's rows are one run, and the gradients go as sorted, unique
+            # rows (which neither the optimizer nor the ps sorts again)
             unique, bags = Bags.sharing(jaggeds, config.combiner, config.dtype, batch)
-            if config.num_embeddings is not None and unique.size and (
-                    int(unique[0]) < 0 or int(unique[-1]) >= config.num_embeddings):
-                bad = int(unique[0]) if int(unique[0]) < 0 else int(unique[-1])
+            low, high = (int(unique.min()), int(unique.max())) if unique.size else (0, 0)
+            if config.num_embeddings is not None and (low < 0 or high >= config.num_embeddings):
+                bad = low if low < 0 else high
                 feature = next(f for f, j in zip(config.feature_names, jaggeds)
                                if j.values.size and bool(np.any(j.values == bad)))
                 raise InvalidArgumentError(f"feature {feature!r}: id {bad} is out of range "
@@ -202,7 +204,7 @@ class EmbeddingCollection(Module):
                 dynamic.append((name, table, unique))
                 continue
             parts, offsets = _parts(table)
-            bounds = np.searchsorted(unique, offsets)
+            bounds = np.searchsorted(unique, offsets) if len(parts) > 1 else [0, unique.size]
             for p, part in enumerate(parts):
                 lo, hi = int(bounds[p]), int(bounds[p + 1])
                 if hi > lo:
