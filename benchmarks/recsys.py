@@ -48,10 +48,10 @@ from common import RESULTS, emit, median, save_figure, stat_cpu_seconds  # noqa:
 ANCHORS = HERE.parents[1] / "shared" / "anchors"
 
 
-async def run_pstrain(steps: int) -> dict[str, Any]:
+async def run_pstrain(steps: int, inflight: int = 2) -> dict[str, Any]:
     async with pstrain.LocalCluster(num_ps=2, num_workers=2) as cluster:
         pids = [os.getpid()] + [cluster.pid(job, i) for job in ("ps", "worker") for i in range(2)]
-        return await dlrm.train(cluster.resolver, steps, quiet=True,
+        return await dlrm.train(cluster.resolver, steps, quiet=True, max_inflight=inflight,
                                 cpu_clock=lambda: sum(stat_cpu_seconds(f"/proc/{p}/stat") for p in pids))
 
 
@@ -138,6 +138,8 @@ def main() -> None:
     parser.add_argument("--torchrec-python", default=os.environ.get("TORCHREC_PYTHON") or None)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--inflight", type=int, default=2,
+                        help="pstrain's closures in flight per worker (1: less stale, slower)")
     parser.add_argument("--compute-alone", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.compute_alone:
@@ -157,7 +159,7 @@ def main() -> None:
     for i in range(args.rounds):
         for system in systems[i % len(systems):] + systems[:i % len(systems)]:
             if system == "pstrain":
-                got[system].append(pstrain.run(run_pstrain(args.steps)))
+                got[system].append(pstrain.run(run_pstrain(args.steps, args.inflight)))
             elif system == "alone":
                 got[system].append(alone_round(args.steps))
             elif system == "tf":
@@ -185,6 +187,7 @@ def main() -> None:
         "bytes_per_step": round(median([r["bytes_per_step"] for r in ours])),
         "ids_per_step": round(median([r["ids_per_step"] for r in ours])),
         "rounds": args.rounds, "steps": args.steps, "batch": dlrm.BATCH,
+        "max_inflight_per_worker": args.inflight,
         "note": "W8 alternated with its peers in one session; medians"}
     for peer, key in (("tf", "ratio_to_tf"), ("torchrec", "ratio_to_torchrec")):
         if peer in got:
