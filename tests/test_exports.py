@@ -91,7 +91,8 @@ ADDED = {"pstrain.errors": {"PsRestartedError", "FailedPreconditionError", "Plac
                      "count_requests"},
          "pstrain.data": {"AUTOTUNE"}, "pstrain.optimizers": {"RowWiseAdagrad"},
          "pstrain.jax": {"PooledLookup", "pooled_lookup"},
-         "pstrain.torch": {"EmbeddingBag", "EmbeddingBagCollection", "KeyedTensor", "table_configs"}}
+         "pstrain.torch": {"EmbeddingBag", "EmbeddingBagCollection", "EmbeddingBagConfig", "KeyedTensor",
+                           "PoolingType", "table_configs"}}
 
 
 @pytest.mark.parametrize("module", sorted(API))

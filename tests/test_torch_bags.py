@@ -108,3 +108,34 @@ async def test_bags_refuse_what_torch_refuses(ps_server):
     with pytest.raises(InvalidArgumentError, match="mode must be"):
         ptorch.EmbeddingBag(5, 2, mode="max")
     assert JaggedTensor.from_dense(np.array([[1, 2]])).to_lists() == [[1, 2]]
+
+
+async def test_a_torchrec_port_keeps_its_configs_and_batches(ps_pair):
+    """TorchRec's names as a port writes them: EmbeddingBagConfig, PoolingType,
+    KeyedJaggedTensor.from_lengths_sync, is_weighted; weighted sums are PyTorch's."""
+    configs = [ptorch.EmbeddingBagConfig(num_embeddings=50, embedding_dim=3, name="t1",
+                                         feature_names=["f1"], pooling=ptorch.PoolingType.SUM),
+               ptorch.EmbeddingBagConfig(num_embeddings=20, embedding_dim=2, name="t2",
+                                         feature_names=["f2"], weight_init_min=-1.0,
+                                         weight_init_max=1.0)]
+    async with strategy_for(*ps_pair).scope():
+        ebc = ptorch.EmbeddingBagCollection(tables=configs, is_weighted=True, device="cpu")
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=["f1", "f2"], values=torch.tensor([4, 4, 49, 3, 7]), lengths=torch.tensor([2, 1, 0, 2]),
+        weights=torch.tensor([0.5, 1.5, 2.0, 1.0, -1.0]))
+    assert kjt.offsets().tolist() == [0, 2, 3, 3, 5] and kjt.weights().tolist() == [0.5, 1.5, 2.0, 1.0, -1.0]
+    tables = {n: torch.tensor(await t.numpy()) for n, t in ebc.collection.tables.items()}
+    await ebc.pull(kjt)
+    got = ebc(kjt).values()
+    want = torch.cat([
+        torch.nn.functional.embedding_bag(torch.tensor([4, 4, 49]), tables["t1"], torch.tensor([0, 2]),
+                                          mode="sum", per_sample_weights=torch.tensor([0.5, 1.5, 2.0])),
+        torch.nn.functional.embedding_bag(torch.tensor([3, 7]), tables["t2"], torch.tensor([0, 0]),
+                                          mode="sum", per_sample_weights=torch.tensor([1.0, -1.0]))], 1)
+    torch.testing.assert_close(got, want)
+    unweighted = KeyedJaggedTensor(["f1", "f2"], [1, 2], lengths=[1, 0, 0, 1])
+    await ebc.pull(unweighted)
+    with pytest.raises(InvalidArgumentError, match="without weights"):
+        ebc(unweighted)
+    with pytest.raises(InvalidArgumentError, match="has no weights"):
+        unweighted.weights()

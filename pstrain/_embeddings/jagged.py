@@ -326,6 +326,18 @@ class KeyedJaggedTensor:
         self._features = {k: flat.take(np.arange(i * b, (i + 1) * b)) for i, k in enumerate(keys)}
 
     @classmethod
+    def from_lengths_sync(cls, keys: Sequence[str], values: Any, lengths: Any,
+                          weights: Any = None, stride: int | None = None) -> KeyedJaggedTensor:
+        """TorchRec's constructor of the same name: bag ``lengths``, key-major."""
+        return cls(keys, values, lengths, weights=weights, stride=stride)
+
+    @classmethod
+    def from_offsets_sync(cls, keys: Sequence[str], values: Any, offsets: Any,
+                          weights: Any = None, stride: int | None = None) -> KeyedJaggedTensor:
+        """TorchRec's constructor of the same name: bag ``offsets`` (one more than the bags)."""
+        return cls(keys, values, offsets=offsets, weights=weights, stride=stride)
+
+    @classmethod
     def from_jt_dict(cls, features: Mapping[str, JaggedTensor]) -> KeyedJaggedTensor:
         """From ``{key: JaggedTensor}`` (every feature with the same number of examples)."""
         strides = {len(jt) for jt in features.values()}
@@ -373,6 +385,20 @@ class KeyedJaggedTensor:
         if not self._keys:
             return np.zeros(0, np.int64)
         return np.concatenate([f.lengths for f in self._features.values()])
+
+    def offsets(self) -> np.ndarray:
+        """Where each bag starts in :meth:`values`, then the end (TorchRec's ``offsets()``)."""
+        out = np.zeros(self.lengths().size + 1, np.int64)
+        np.cumsum(self.lengths(), out=out[1:])
+        return out
+
+    def weights(self) -> np.ndarray:
+        """Every id's weight, feature-major; an error if no feature has weights (TorchRec's
+        ``weights()``; :meth:`weights_or_none` returns None instead)."""
+        w = self.weights_or_none()
+        if w is None:
+            raise InvalidArgumentError("this KeyedJaggedTensor has no weights")
+        return w
 
     def weights_or_none(self) -> np.ndarray | None:
         """Every id's weight, feature-major (1 for a feature without weights), or None if no

@@ -26,6 +26,8 @@ Modes are ``"sum"`` and ``"mean"`` (``nn.EmbeddingBag``'s; per-sample weights on
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -43,7 +45,8 @@ from .._variables.arrays import IndexedSlices
 from .._variables.sharding import embedding_lookup
 from .._variables.variables import Variable
 
-__all__ = ["EmbeddingBag", "EmbeddingBagCollection", "KeyedTensor", "table_configs"]
+__all__ = ["EmbeddingBag", "EmbeddingBagCollection", "EmbeddingBagConfig", "KeyedTensor",
+           "PoolingType", "table_configs"]
 
 _MODES = ("sum", "mean")
 
@@ -92,6 +95,28 @@ def _bag(weight: torch.Tensor, jagged: JaggedTensor, inverse: np.ndarray, mode: 
         per_sample_weights=weights)
 
 
+class PoolingType(enum.Enum):
+    """TorchRec's ``PoolingType``: how a bag's rows combine."""
+
+    SUM = "SUM"
+    MEAN = "MEAN"
+
+
+@dataclasses.dataclass
+class EmbeddingBagConfig:
+    """TorchRec's ``EmbeddingBagConfig``, field for field (``data_type`` a numpy dtype or
+    TorchRec's ``DataType``): a port keeps its table definitions as they are."""
+
+    num_embeddings: int
+    embedding_dim: int
+    name: str = ""
+    feature_names: list[str] = dataclasses.field(default_factory=list)
+    pooling: PoolingType = PoolingType.SUM
+    weight_init_max: float | None = None
+    weight_init_min: float | None = None
+    data_type: Any = None
+
+
 class EmbeddingBagCollection(torch.nn.Module):
     """TorchRec's ``EmbeddingBagCollection`` on the ps: the tables of an
     :class:`~pstrain.EmbeddingCollection` (placed by its planner), pooled by PyTorch. Create
@@ -99,9 +124,12 @@ class EmbeddingBagCollection(torch.nn.Module):
     ``"sum"`` or ``"mean"``) or TorchRec ``EmbeddingBagConfig``\\ s (see
     :func:`table_configs`)."""
 
-    def __init__(self, tables: Sequence[Any], *, shard_rows: int | None = None,
-                 name: str = "embedding_bags") -> None:
+    def __init__(self, tables: Sequence[Any], is_weighted: bool = False, device: Any = None, *,
+                 shard_rows: int | None = None, name: str = "embedding_bags") -> None:
         super().__init__()
+        #: TorchRec's flag: batches carry per-id weights. ``device`` is accepted and unused
+        #: (the tables live on the ps; pooling runs on the CPU of the worker).
+        self.is_weighted = bool(is_weighted)
         configs = table_configs(tables)
         for c in configs:
             if c.combiner not in _MODES:
@@ -131,6 +159,9 @@ class EmbeddingBagCollection(torch.nn.Module):
             raise InvalidArgumentError("EmbeddingBagCollection: pull the batch before forward")
         given = features.to_dict() if isinstance(features, KeyedJaggedTensor) else {
             str(k): as_jagged(v) for k, v in features.items()}
+        if self.is_weighted and any(j.weights is None for j in given.values()):
+            raise InvalidArgumentError("EmbeddingBagCollection(is_weighted=True): the batch has "
+                                       "features without weights")
         parts: dict[str, torch.Tensor] = {}
         for name, (_, named) in gathered.bags.items():
             combiner = self.collection.configs[name].combiner
@@ -246,14 +277,18 @@ def table_configs(tables: Sequence[Any]) -> list[TableConfig]:
             raise InvalidArgumentError(f"tables: expected TableConfig or TorchRec's "
                                        f"EmbeddingBagConfig, got {type(t).__name__}") from exc
         pooling = getattr(getattr(t, "pooling", None), "name", "SUM")
+        name = name or (features[0] if len(features) == 1 else name)
+        if not name:
+            raise InvalidArgumentError("tables: an EmbeddingBagConfig needs a name")
         if pooling not in ("SUM", "MEAN"):
             raise InvalidArgumentError(f"table {name!r}: pooling {pooling} has no pstrain combiner "
                                        "(SUM or MEAN)")
         bound = float(np.sqrt(1.0 / rows))
         low = getattr(t, "weight_init_min", None)
         high = getattr(t, "weight_init_max", None)
-        dtype = {"FP64": np.float64}.get(getattr(getattr(t, "data_type", None), "name", "FP32"),
-                                         np.float32)
+        data_type = getattr(t, "data_type", None)
+        dtype = np.dtype(data_type) if isinstance(data_type, (type, np.dtype, str)) else \
+            {"FP64": np.float64}.get(getattr(data_type, "name", "FP32"), np.float32)
         out.append(TableConfig(name, rows, dim, features or [name], combiner=pooling.lower(),
                                initializer=RandomUniform(-bound if low is None else float(low),
                                                          bound if high is None else float(high)),
