@@ -313,3 +313,37 @@ async def test_a_collection_and_its_row_wise_slots_round_trip_a_checkpoint(ps_pa
         assert (await collection.tables[name].numpy()).tobytes() == \
             (await collection2.tables[name].numpy()).tobytes(), name
     assert int(await opt2.iterations.numpy()) == 4
+
+
+async def test_every_dynamic_table_is_read_in_one_request_per_ps(cluster):
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    async with strategy.scope():
+        collection = EmbeddingCollection(
+            [TableConfig(f"d{i}", None, 2, [f"f{i}"], combiner="mean") for i in range(4)]
+            + [TableConfig("fixed", 10, 2, ["x"])])
+        opt = pstrain.optimizers.SGD(1.0)
+    rng = np.random.default_rng(5)
+    batch = {f"f{i}": JaggedTensor(rng.integers(-2**62, 2**62, 6), [2, 3, 1]) for i in range(4)}
+    batch["x"] = JaggedTensor.from_lists([[1], [2, 3], []])
+    expected = {}
+    for i in range(4):  # each table's own lookups, as a reference (admits the ids first)
+        rows = await collection.tables[f"d{i}"].lookup(batch[f"f{i}"].values)
+        expected[f"f{i}"] = np.stack([rows[0:2].mean(0), rows[2:5].mean(0), rows[5]])
+    with pstrain.count_requests() as reads:
+        pooled = await collection.lookup(batch)
+    assert reads.per_op == {"dyn/lookup_many": 2, "vars/sparse_read": 1}, reads.per_op
+    for f, want in expected.items():
+        np.testing.assert_allclose(pooled.values[f], want, rtol=1e-6)
+    with pstrain.count_requests() as updates:
+        await collection.apply_gradients(pooled.gradients(np.ones((3, 10), np.float32)), opt)
+    assert updates.to("ps") == 2
+    peers = pstrain.rpc.ChannelPool(strategy.cluster_spec, cluster.token)
+    try:  # on the wire: a table named twice, or an id twice, is refused whole
+        key = collection.tables["d0"].key
+        for lookups, match in (([{"name": key, "ids": np.array([1])}, {"name": key, "ids": np.array([2])}],
+                                "named more than once"),
+                               ([{"name": key, "ids": np.array([3, 3])}], "distinct")):
+            with pytest.raises(InvalidArgumentError, match=match):
+                await peers.channel("ps", 0).call("dyn/lookup_many", {"lookups": lookups})
+    finally:
+        await peers.close()

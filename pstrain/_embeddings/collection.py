@@ -9,7 +9,8 @@ Each :class:`~pstrain.TableConfig` gives a table's rows, width, features, combin
 * ``pooled = await collection.lookup(features, read=dense_variables)`` sends **one request
   per ps**: the rows every feature needs from every table there (ids deduplicated per
   table, across the features that share it), and the dense variables it holds, whole.
-  Dynamic tables (``num_embeddings=None``) take their own request per table and ps.
+  Dynamic tables (``num_embeddings=None``) are read in one more request per ps, all of
+  them together.
 * ``pooled.values[feature]`` is ``[batch, dim]``; ``pooled.concat()`` joins them in the
   collection's feature order; ``pooled.read`` are the dense variables' values.
 * ``pooled.gradients(d)`` turns the gradient of the pooled output into one sparse
@@ -38,10 +39,10 @@ from .._kernels.batches import take_rows
 from .._training.module import Module
 from .._variables.arrays import IndexedSlices, current_creator
 from .._variables.batched import ensure_created
-from .._variables.dynamic import DynamicEmbedding
+from .._variables.dynamic import DynamicEmbedding, lookup_tables
 from .._variables.placement import Placement
 from .._variables.routing import routed
-from .._variables.sharding import ShardedVariable, compact_ids, embedding_lookup
+from .._variables.sharding import ShardedVariable, compact_ids
 from .._variables.variables import Variable
 from .config import TableConfig
 from .jagged import JaggedTensor, KeyedJaggedTensor, as_jagged
@@ -228,10 +229,12 @@ class EmbeddingCollection(Module):
             for it, value in zip(group, reply.values):
                 self._put(it, rows, values, value)
 
-        async def dynamic_rows(name: str, table: DynamicEmbedding, unique: np.ndarray) -> None:
-            rows[name][...] = await embedding_lookup(table, unique, training=training)
+        async def dynamic_rows() -> None:  # every dynamic table: one request per ps
+            got = await lookup_tables([(table, unique) for _, table, unique in dynamic], training)
+            for (name, _, _), values in zip(dynamic, got):
+                rows[name][...] = values
 
-        calls: list[Awaitable[Any]] = [dynamic_rows(*d) for d in dynamic]
+        calls: list[Awaitable[Any]] = [dynamic_rows()] if dynamic else []
         if placed:
             calls.append(routed(placed[0][2].channels(), placed, lambda it: it[2].channel(), fetch))
         await asyncio.gather(*calls)

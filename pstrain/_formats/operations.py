@@ -235,6 +235,21 @@ class LookupTable(Owned, tag="dyn/lookup"):
     as_of: AsOf | None = None
 
 
+class TableIds(Record):
+    name: Name
+    ids: Array
+
+
+class LookupTables(Owned, tag="dyn/lookup_many"):
+    """Several tables' rows in one request (a collection's step): each entry as one
+    ``dyn/lookup``, every entry checked before any row is admitted."""
+
+    reply = ValuesReply
+    lookups: Annotated[list[TableIds], msgspec.Meta(min_length=1, max_length=1 << 12)]
+    train: bool = True
+    as_of: AsOf | None = None
+
+
 class TableStatistics(Operation, tag="dyn/stats"):
     """Free-form counters of one table."""
 

@@ -39,6 +39,8 @@ from .._formats.operations import (
     CreateTable,
     ExportTable,
     LookupTable,
+    LookupTables,
+    TableIds,
     TableStatistics,
 )
 from .._formats.placement_map import SliceSet, TableSlices, first_slices
@@ -51,7 +53,7 @@ from .placement import Placement
 from .routing import routed
 from .staged_restore import new_stage, restore_staged
 
-__all__ = ["DynamicEmbedding"]
+__all__ = ["DynamicEmbedding", "lookup_tables"]
 
 _names = itertools.count()
 
@@ -391,6 +393,47 @@ def _ids(ids: Any, what: str) -> np.ndarray:
     if flat.dtype == np.uint64:
         return flat.view(np.int64)
     return flat.astype(np.int64, copy=False)
+
+
+async def lookup_tables(lookups: list[tuple[DynamicEmbedding, np.ndarray]],
+                        training: bool = True) -> list[np.ndarray]:
+    """The rows of each ``(table, distinct ids)``: one ``dyn/lookup_many`` request per ps for
+    all the tables (a collection's step), routed and sent again as each table's own lookups
+    are (slices that moved, a ps that left)."""
+    out = [np.empty((ids.size, t.dim), t.dtype) for t, ids in lookups]
+    items = [(k, ps, pos) for k, (t, ids) in enumerate(lookups) for ps, pos in t.route(ids)]
+    if not items:
+        return out
+
+    def resplit(group: list[tuple[int, int, np.ndarray]]) -> list[tuple[int, int, np.ndarray]]:
+        return [(k, p, pos[sub]) for k, _, pos in group
+                for p, sub in lookups[k][0].route(lookups[k][1][pos])]
+
+    def channel_of(item: tuple[int, int, np.ndarray]) -> Channel:
+        return lookups[item[0]][0].channel(item[1])
+
+    async def send(channel: Channel, group: list[tuple[int, int, np.ndarray]]) -> None:
+        ps = group[0][1]
+        merged: dict[int, np.ndarray] = {}  # a table's positions on this ps, in one entry
+        for k, _, pos in group:
+            merged[k] = pos if k not in merged else np.concatenate([merged[k], pos])
+        tables = [lookups[k][0] for k in merged]
+        await asyncio.gather(*(t.shard_ready(ps) for t in tables))
+        message = LookupTables(lookups=[TableIds(name=lookups[k][0].key, ids=lookups[k][1][pos])
+                                        for k, pos in merged.items()], train=bool(training))
+        try:
+            reply = await channel.request(message)
+        except NotFoundError as exc:  # a shard not there (a ps restarted empty): create, again
+            if "dynamic table" not in str(exc):
+                raise
+            for t in tables:
+                await t._create(ps)  # noqa: SLF001 - this module's class
+            reply = await channel.request(message)
+        for (k, pos), rows in zip(merged.items(), reply.values):
+            out[k][pos] = rows
+
+    await routed(lookups[0][0]._pool(), items, channel_of, send, resplit)  # noqa: SLF001
+    return out
 
 
 expose(globals(), "pstrain", ['DynamicEmbedding'])

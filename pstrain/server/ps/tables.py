@@ -21,6 +21,7 @@ from ..._formats.operations import (
     CreateTable,
     ExportTable,
     LookupTable,
+    LookupTables,
     TableStatistics,
 )
 from ..._formats.placement_map import TableCopy, TablePatch
@@ -88,6 +89,7 @@ class TableHandlers:
 
     def routes(self) -> dict[type[Operation], Callable[..., Any]]:
         return {CreateTable: self.create_table, LookupTable: self.lookup_table,
+                LookupTables: self.lookup_tables,
                 TableStatistics: self.table_statistics, ExportTable: self.export_table,
                 RestoreTable: self.restore_table, SaveCheckpoint: self.save_checkpoint}
 
@@ -173,21 +175,40 @@ class TableHandlers:
             self.on_takeover({existing.owner}, owner)
 
     def lookup_table(self, req: LookupTable) -> dict[str, Any]:
-        table = self.table(req.name)
-        ids = _table_ids(req.ids, f"dyn/lookup of {req.name!r}")
-        self.guards.check(req.name, ids)
-        nbytes = ids.size * table.config.dim * table.dtype.itemsize
-        if nbytes > self.max_gather_bytes:
-            raise InvalidArgumentError(f"dyn/lookup of {req.name!r}: the reply would be {nbytes} "
-                                       f"bytes, more than this ps's limit of {self.max_gather_bytes}")
-        pos = table.locate(ids)
-        if pos is None:
-            raise InvalidArgumentError(f"dyn/lookup of {req.name!r}: ids must be distinct "
-                                       "(look up each id once)")
-        values = table.lookup(ids, req.train, pos)
-        if req.as_of is not None and self.as_of is not None:  # see before_images.py
-            values = self.as_of(req.name, req.as_of, ids, values)
-        return {"values": [values]}
+        return self._lookups([(req.name, req.ids)], req.train, req.as_of, "dyn/lookup")
+
+    def lookup_tables(self, req: LookupTables) -> dict[str, Any]:
+        return self._lookups([(x.name, x.ids) for x in req.lookups], req.train, req.as_of,
+                             "dyn/lookup_many")
+
+    def _lookups(self, lookups: list[tuple[str, Any]], train: bool, as_of: Any,
+                 op: str) -> dict[str, Any]:
+        """Rows of each ``(table, ids)``: everything checked (names, slices held, sizes,
+        distinct ids) before the first row is admitted."""
+        if len({name for name, _ in lookups}) != len(lookups):
+            raise InvalidArgumentError(f"{op}: a table is named more than once (name each once)")
+        planned = []
+        nbytes = 0
+        for name, raw in lookups:
+            table = self.table(name)
+            ids = _table_ids(raw, f"{op} of {name!r}")
+            self.guards.check(name, ids)
+            nbytes += ids.size * table.config.dim * table.dtype.itemsize
+            if nbytes > self.max_gather_bytes:
+                raise InvalidArgumentError(f"{op} of {name!r}: the reply would be more than "
+                                           f"this ps's limit of {self.max_gather_bytes} bytes")
+            pos = table.locate(ids)
+            if pos is None:
+                raise InvalidArgumentError(f"{op} of {name!r}: ids must be distinct "
+                                           "(look up each id once)")
+            planned.append((name, table, ids, pos))
+        values = []
+        for name, table, ids, pos in planned:
+            rows = table.lookup(ids, train, pos)
+            if as_of is not None and self.as_of is not None:  # see before_images.py
+                rows = self.as_of(name, as_of, ids, rows)
+            values.append(rows)
+        return {"values": values}
 
     def table_statistics(self, req: TableStatistics) -> dict[str, Any]:
         return self.table(req.name).statistics()
