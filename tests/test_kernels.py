@@ -602,3 +602,20 @@ async def test_a_sparse_step_sent_by_a_client_runs_the_fused_kernel(monkeypatch)
     acc = np.float32(0.1) + grad * grad
     want[rows] -= np.float32(0.1) * grad / np.sqrt(acc + np.float32(1e-7))
     np.testing.assert_array_equal(got, want)
+
+
+@settings(max_examples=100, deadline=None)
+@given(lengths=st.lists(st.integers(0, 6), min_size=1, max_size=30), data=st.data())
+def test_a_batchs_bag_positions_are_the_same_compiled_and_in_numpy(lengths, data):
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    rows = np.array(data.draw(st.lists(st.integers(0, len(lengths) - 1), max_size=40)), np.int64)
+    got = []
+    for impl in (compiled, reference):
+        out = np.full(rows.size + 1, -7, np.int64)
+        got.append((impl.bag_positions(offsets, rows, out).tolist(), out.tolist()))
+    expected = [j for r in rows for j in range(offsets[r], offsets[r + 1])]
+    assert got[0] == got[1] and got[0][0] == expected
+    assert got[0][1] == np.concatenate([[0], np.cumsum([lengths[r] for r in rows])]).tolist()
+    for impl in (compiled, reference):
+        with pytest.raises(IndexError, match="outside the batch"):
+            impl.bag_positions(offsets, np.array([len(lengths)], np.int64), np.empty(2, np.int64))

@@ -30,6 +30,7 @@ import numpy as np
 
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
+from .._kernels import KERNELS
 
 __all__ = ["JaggedTensor", "KeyedJaggedTensor", "SparseTensor", "as_jagged"]
 
@@ -50,6 +51,21 @@ def _ids(values: Any, what: str) -> np.ndarray:
     if arr.ndim != 1:
         raise InvalidArgumentError(f"{what}: ids must be 1-D, got shape {arr.shape}")
     return arr
+
+
+def _rows(rows: Any, n: int, what: str) -> np.ndarray:
+    """Row indices ``rows`` (an int, a slice or integers; below 0 from the end) of ``n`` rows,
+    as contiguous int64 in range."""
+    if isinstance(rows, slice):
+        return np.arange(n, dtype=np.int64)[rows]
+    idx = np.ascontiguousarray(np.asarray(rows).reshape(-1), np.int64)
+    if idx.size:
+        low, high = int(idx.min()), int(idx.max())
+        if low < -n or high >= n:
+            raise IndexError(f"{what}: row index out of range for {n} bags")
+        if low < 0:
+            idx = np.where(idx < 0, idx + n, idx)
+    return idx
 
 
 #: ``JaggedTensor._width`` not worked out yet.
@@ -187,14 +203,10 @@ class JaggedTensor:
     # -- rows --------------------------------------------------------------------------------
     def take(self, rows: Any) -> JaggedTensor:
         """The bags of examples ``rows`` (an int, a slice or integers), in that order."""
-        n = len(self)
-        if isinstance(rows, slice):
-            idx = np.arange(n)[rows]
-        else:
-            idx = np.asarray(rows).reshape(-1).astype(np.int64)
-            if idx.size and (int(idx.min()) < -n or int(idx.max()) >= n):
-                raise IndexError(f"JaggedTensor: row index out of range for {n} bags")
-            idx = np.where(idx < 0, idx + n, idx)
+        return self._take(_rows(rows, len(self), "JaggedTensor"))
+
+    def _take(self, idx: np.ndarray) -> JaggedTensor:
+        """:meth:`take` of rows already checked: int64, contiguous, each in range."""
         out = JaggedTensor.__new__(JaggedTensor)
         w = self.width()
         if w is not None:  # bags all as long (single-hot): rows of a 2-D view
@@ -203,13 +215,8 @@ class JaggedTensor:
             out.weights = None if self.weights is None else self.weights.reshape(-1, w)[idx].reshape(-1)
             out._width = w  # noqa: SLF001 - this class's own
             return out
-        starts, ends = self.offsets[idx], self.offsets[idx + 1]
-        lengths = ends - starts
-        total = int(lengths.sum())
-        # positions of the taken values: each bag's start, then +1 along the bag
-        out_offsets = np.zeros(idx.size + 1, np.int64)
-        np.cumsum(lengths, out=out_offsets[1:])
-        pos = np.arange(total, dtype=np.int64) - np.repeat(out_offsets[:-1] - starts, lengths)
+        out_offsets = np.empty(idx.size + 1, np.int64)
+        pos = KERNELS.bag_positions(self.offsets, idx, out_offsets)
         out.values = self.values[pos]
         out.offsets = out_offsets
         out.weights = None if self.weights is None else self.weights[pos]
@@ -411,7 +418,12 @@ class KeyedJaggedTensor:
 
     def take(self, rows: Any) -> KeyedJaggedTensor:
         """The examples ``rows`` of every feature (what ``pstrain.data`` batches with)."""
-        return KeyedJaggedTensor.from_jt_dict({k: f.take(rows) for k, f in self._features.items()})
+        idx = _rows(rows, self._stride, "KeyedJaggedTensor")  # checked once for every feature
+        out = KeyedJaggedTensor.__new__(KeyedJaggedTensor)
+        out._keys = list(self._keys)  # noqa: SLF001 - this class's own
+        out._stride = idx.size  # noqa: SLF001
+        out._features = {k: f._take(idx) for k, f in self._features.items()}  # noqa: SLF001
+        return out
 
     @staticmethod
     def concat(parts: Sequence[KeyedJaggedTensor]) -> KeyedJaggedTensor:

@@ -493,6 +493,36 @@ def pool_rows(real[:, ::1] out, const int64_t[::1] seg, const real[:, ::1] src,
                 out[s, out_col + j] = out[s, out_col + j] + c * src[r, src_col + j]
 
 
+def bag_positions(const int64_t[::1] offsets, const int64_t[::1] rows, int64_t[::1] out_offsets):
+    """Bags ``rows`` of a jagged batch (``offsets``: where each bag starts, then the end),
+    taken in order: their offsets into ``out_offsets`` (one more than ``rows``), and the
+    positions of their values, returned (a batch's bags from a dataset, in one pass)."""
+    cdef Py_ssize_t i, j, r, n = rows.shape[0], bags = offsets.shape[0] - 1, total = 0, at = 0
+    cdef bint bad = False
+    if out_offsets.shape[0] != n + 1:
+        raise ValueError("bag_positions: out_offsets is not one longer than rows")
+    with nogil:
+        out_offsets[0] = 0
+        for i in range(n):
+            r = rows[i]
+            if r < 0 or r >= bags:
+                bad = True
+                break
+            total += offsets[r + 1] - offsets[r]
+            out_offsets[i + 1] = total
+    if bad:
+        raise IndexError("bag_positions: a bag outside the batch")
+    pos = np.empty(total, np.int64)
+    cdef int64_t[::1] p = pos
+    with nogil:
+        for i in range(n):
+            r = rows[i]
+            for j in range(offsets[r], offsets[r + 1]):
+                p[at] = j
+                at += 1
+    return pos
+
+
 cdef inline bint _past_end(const int64_t[::1] pos, Py_ssize_t limit) noexcept nogil:
     """Whether a row of ``pos`` (-1: none) lies past ``limit``: checked before a pass writes
     anything, so a bad row changes nothing."""

@@ -13,12 +13,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["absent", "adagrad_rows", "aligned_allocations", "argsort_stable", "count_sightings",
-           "create_rows", "gather_rows", "index_delete", "index_get", "index_insert", "index_locate",
-           "index_refind", "initial_rows", "keep_changed", "mix64", "pick_victims",
-           "pool_rows", "put_rows", "rows_after", "rowwise_adagrad_rows", "same_ids", "sgd_rows",
-           "shard_ids", "stamp_rows",
-           "unique_first"]
+__all__ = ["absent", "adagrad_rows", "aligned_allocations", "argsort_stable", "bag_positions",
+           "count_sightings", "create_rows", "gather_rows", "index_delete", "index_get",
+           "index_insert", "index_locate", "index_refind", "initial_rows", "keep_changed", "mix64",
+           "pick_victims", "pool_rows", "put_rows", "rows_after", "rowwise_adagrad_rows",
+           "same_ids", "sgd_rows", "shard_ids", "stamp_rows", "unique_first"]
 
 _EMPTY = -1  # an index slot's value when it holds no id
 _SCALAR = 48  # ids left probing below which a Python loop beats another numpy pass
@@ -222,6 +221,17 @@ def rowwise_adagrad_rows(var: np.ndarray, acc: np.ndarray, rows: np.ndarray, g: 
     a = acc[r, 0] + mean_sq
     acc[r] = a[:, None]
     var[r] -= (t(lr) / (np.sqrt(a) + t(eps)))[:, None] * gr
+
+
+def bag_positions(offsets: np.ndarray, rows: np.ndarray, out_offsets: np.ndarray) -> np.ndarray:
+    if out_offsets.size != rows.size + 1:
+        raise ValueError("bag_positions: out_offsets is not one longer than rows")
+    if rows.size and (rows.min() < 0 or rows.max() >= offsets.size - 1):
+        raise IndexError("bag_positions: a bag outside the batch")
+    starts, lengths = offsets[rows], offsets[rows + 1] - offsets[rows]
+    out_offsets[0] = 0
+    np.cumsum(lengths, out=out_offsets[1:])
+    return np.arange(int(out_offsets[-1]), dtype=np.int64) - np.repeat(out_offsets[:-1] - starts, lengths)
 
 
 def pool_rows(out: np.ndarray, seg: np.ndarray, src: np.ndarray, idx: np.ndarray,
