@@ -20,16 +20,14 @@ TensorFlow runs in its own virtual environment, made once per machine as
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pstrain
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, emit, median, save_figure  # noqa: E402
+from common import RESULTS, emit, median, peer_run, peer_version, save_figure  # noqa: E402
 from train_embedding import run as run_w4  # noqa: E402
 
 ANCHOR = Path(__file__).resolve().parents[2] / "shared" / "anchors" / "tf_ps.py"
@@ -42,18 +40,7 @@ def check_tf(python: str, anchor: Path) -> str:
     script is not there, or has no TensorFlow."""
     if not anchor.is_file():
         raise SystemExit(f"against_tf: the anchor script {anchor} is not there (--anchor PATH)")
-    try:
-        probe = subprocess.run([python, "-c", "import tensorflow as tf; print(tf.__version__)"],
-                               capture_output=True, text=True, timeout=300,
-                               env={"TF_CPP_MIN_LOG_LEVEL": "3", "PATH": "/usr/bin:/bin"})
-    except OSError as exc:
-        raise SystemExit(f"against_tf: --tf-python {python!r} cannot be run ({exc}); make it "
-                         f"with {SETUP}") from None
-    if probe.returncode:
-        why = (probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1]
-        raise SystemExit(f"against_tf: --tf-python {python!r} has no TensorFlow ({why}); make "
-                         f"it with {SETUP}")
-    return probe.stdout.strip()
+    return peer_version(python, "tensorflow", "TensorFlow", "against_tf: --tf-python", SETUP)
 
 
 def tf_round(python: str, anchor: Path, steps: int) -> dict:
@@ -61,17 +48,7 @@ def tf_round(python: str, anchor: Path, steps: int) -> dict:
     printed appended to results/W4-tf-session.jsonl as it printed them."""
     cmd = [python, str(anchor), "--workload", "W4", "--workers", "2", "--ps", "2", "--repeats", "1",
            "--steps", str(steps)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    lines = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
-    runs = [x for x in lines if "repeat" in x and "examples_per_s" in x]
-    if done.returncode or not runs:
-        raise SystemExit(f"against_tf: TensorFlow's W4 failed (exit {done.returncode}):\n"
-                         f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    RESULTS.mkdir(exist_ok=True)
-    with open(RESULTS / "W4-tf-session.jsonl", "a", encoding="utf-8") as f:
-        for x in lines:
-            f.write(json.dumps(x) + "\n")
-    return runs[0]
+    return peer_run(cmd, "against_tf: TensorFlow's W4", "W4-tf-session.jsonl", timeout=1800)
 
 
 def main() -> None:

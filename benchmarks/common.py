@@ -14,6 +14,7 @@ import multiprocessing as mp
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -57,6 +58,38 @@ def machine_cpu() -> tuple[float, float]:
         fields = [int(x) for x in f.readline().split()[1:8]]
     idle = fields[3] + fields[4]  # idle, iowait
     return (sum(fields) - idle) / _TICK, sum(fields) / _TICK
+
+
+def peer_version(python: str, module: str, name: str, who: str, how: str) -> str:
+    """``module.__version__`` in the peer's interpreter ``python`` (``name``: TensorFlow,
+    TorchRec), or a clear error before anything is measured: ``who`` names the script and
+    its flag, ``how`` says how to make that interpreter."""
+    try:
+        probe = subprocess.run([python, "-c", f"import {module}; print({module}.__version__)"],
+                               capture_output=True, text=True, timeout=300,
+                               env={"TF_CPP_MIN_LOG_LEVEL": "3", "PATH": "/usr/bin:/bin"})
+    except OSError as exc:
+        raise SystemExit(f"{who} {python!r} cannot be run ({exc}); make it with {how}") from None
+    if probe.returncode:
+        why = (probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1]
+        raise SystemExit(f"{who} {python!r} has no {name} ({why}); make it with {how}")
+    return probe.stdout.strip()
+
+
+def peer_run(cmd: list[str], who: str, results: str, timeout: float = 3600) -> dict[str, Any]:
+    """Run a peer's anchor script once: its repeat line (examples/s, held-out loss ...), every
+    line it printed appended to ``results/<results>`` as it printed them."""
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    lines = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
+    runs = [x for x in lines if "repeat" in x and "examples_per_s" in x]
+    if done.returncode or not runs:
+        raise SystemExit(f"{who} failed (exit {done.returncode}):\n"
+                         f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    RESULTS.mkdir(exist_ok=True)
+    with open(RESULTS / results, "a", encoding="utf-8") as f:
+        for x in lines:
+            f.write(json.dumps(x) + "\n")
+    return runs[0]
 
 
 def median(xs: list[float]) -> float:

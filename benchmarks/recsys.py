@@ -43,9 +43,18 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "examples"))
 import dlrm  # noqa: E402
-from common import RESULTS, emit, median, save_figure, stat_cpu_seconds  # noqa: E402
+from common import (  # noqa: E402
+    RESULTS,
+    emit,
+    median,
+    peer_run,
+    peer_version,
+    save_figure,
+    stat_cpu_seconds,
+)
 
 ANCHORS = HERE.parents[1] / "shared" / "anchors"
+SETUP = "the steps of ../shared/anchors/README.md"
 
 
 async def run_pstrain(steps: int, inflight: int = 2) -> dict[str, Any]:
@@ -92,36 +101,6 @@ def compute_alone(steps: int) -> dict[str, Any]:
     return {"cpu_ms_per_step": (time.process_time() - t0) * 1e3 / timed, "steps": timed}
 
 
-def check_peer(python: str, module: str, name: str) -> str:
-    """The peer's version in ``python``, or a clear error (before anything is measured)."""
-    try:
-        probe = subprocess.run([python, "-c", f"import {module}; print({module}.__version__)"],
-                               capture_output=True, text=True, timeout=300,
-                               env={"TF_CPP_MIN_LOG_LEVEL": "3", "PATH": "/usr/bin:/bin"})
-    except OSError as exc:
-        raise SystemExit(f"recsys: the {name} Python {python!r} cannot be run ({exc}); "
-                         "../shared/anchors/README.md says how to make it") from None
-    if probe.returncode:
-        why = (probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1]
-        raise SystemExit(f"recsys: {python!r} has no {name} ({why}); ../shared/anchors/README.md "
-                         "says how to make it")
-    return probe.stdout.strip()
-
-
-def peer_round(cmd: list[str], name: str) -> dict[str, Any]:
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-    lines = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
-    runs = [x for x in lines if "repeat" in x and "examples_per_s" in x]
-    if done.returncode or not runs:
-        raise SystemExit(f"recsys: {name}'s W8 failed (exit {done.returncode}):\n"
-                         f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    RESULTS.mkdir(exist_ok=True)
-    with open(RESULTS / "W8-peers.jsonl", "a", encoding="utf-8") as f:
-        for x in lines:
-            f.write(json.dumps(x) + "\n")
-    return runs[0]
-
-
 def alone_round(steps: int) -> dict[str, Any]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, __file__, "--compute-alone", "--steps", str(steps)],
@@ -150,10 +129,12 @@ def main() -> None:
     systems = ["pstrain", "alone"]
     versions = {}
     if args.tf_python:
-        versions["tf"] = check_peer(args.tf_python, "tensorflow", "TensorFlow")
+        versions["tf"] = peer_version(args.tf_python, "tensorflow", "TensorFlow", "recsys: --tf-python",
+                                      SETUP)
         systems.append("tf")
     if args.torchrec_python:
-        versions["torchrec"] = check_peer(args.torchrec_python, "torchrec", "TorchRec")
+        versions["torchrec"] = peer_version(args.torchrec_python, "torchrec", "TorchRec",
+                                            "recsys: --torchrec-python", SETUP)
         systems.append("torchrec")
     got: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
     for i in range(args.rounds):
@@ -163,13 +144,15 @@ def main() -> None:
             elif system == "alone":
                 got[system].append(alone_round(args.steps))
             elif system == "tf":
-                got[system].append(peer_round(
+                got[system].append(peer_run(
                     [args.tf_python, str(ANCHORS / "tf_ps.py"), "--workload", "W8", "--workers", "2",
-                     "--ps", "2", "--repeats", "1", "--steps", str(args.steps)], "TensorFlow"))
+                     "--ps", "2", "--repeats", "1", "--steps", str(args.steps)],
+                    "recsys: TensorFlow's W8", "W8-peers.jsonl"))
             else:
-                got[system].append(peer_round(
+                got[system].append(peer_run(
                     [args.torchrec_python, str(ANCHORS / "torchrec_w8.py"), "--processes", "2",
-                     "--repeats", "1", "--steps", str(args.steps), "--pipeline"], "TorchRec"))
+                     "--repeats", "1", "--steps", str(args.steps), "--pipeline"],
+                    "recsys: TorchRec's W8", "W8-peers.jsonl"))
             print(f"round {i + 1}/{args.rounds}: {system} done", file=sys.stderr, flush=True)
     ours = got["pstrain"]
     speed = median([r["examples_per_s"] for r in ours])

@@ -81,3 +81,14 @@ def test_the_tensorflow_comparison_says_what_is_missing_before_it_measures_anyth
     without = subprocess.run([sys.executable, str(script), "--tf-python", str(bare)],
                              capture_output=True, text=True, timeout=120)
     assert without.returncode == 1 and "has no TensorFlow" in without.stderr, without.stderr
+
+
+@pytest.mark.timeout(120)
+def test_w8_says_which_peer_is_missing_before_it_measures_anything(tmp_path):
+    bare = tmp_path / "bare-python"  # an interpreter without TorchRec, as Python says it
+    bare.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'torchrec'\" >&2\nexit 1\n")
+    bare.chmod(0o755)
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "recsys.py"),
+                          "--torchrec-python", str(bare)], capture_output=True, text=True, timeout=100)
+    assert out.returncode == 1 and "has no TorchRec" in out.stderr, out.stderr
+    assert "../shared/anchors/README.md" in out.stderr
