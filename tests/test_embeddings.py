@@ -300,7 +300,9 @@ async def test_a_collection_and_its_row_wise_slots_round_trip_a_checkpoint(ps_pa
         await step(collection, opt, batch(), rng.standard_normal((3, 6)).astype(np.float32))
     path = await Checkpoint(model=collection, optimizer=opt).save(str(tmp_path / "ckpt"))
     saved = load_variables(path)
-    assert any(".OPTIMIZER_SLOT" in k and "accumulator" in k for k in saved)
+    slots = {k: v for k, v in saved.items() if ".OPTIMIZER_SLOT" in k and "accumulator" in k}
+    # row-wise: one accumulator per row, not one per number
+    assert sorted(v.shape for v in slots.values()) == [(7, 1), (300, 1)], slots.keys()
     async with strategy.scope():
         pstrain.Variable(np.zeros(3, np.float32))  # shifts every generated name
         collection2, opt2 = make()

@@ -282,14 +282,17 @@ def test_the_fused_sparse_steps_are_the_numpy_rules_bit_for_bit(kind, dtype, n, 
 
 @settings(max_examples=100, deadline=None)
 @given(dtype=st.sampled_from([np.float32, np.float64]), n=st.integers(1, 40), dim=st.integers(1, 9),
-       data=st.data())
-def test_row_wise_adagrad_is_the_same_compiled_and_in_numpy_and_in_the_rule(dtype, n, dim, data):
+       narrow=st.booleans(), data=st.data())
+def test_row_wise_adagrad_is_the_same_compiled_and_in_numpy_and_in_the_rule(dtype, n, dim, narrow,
+                                                                            data):
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     rows = np.array(data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n)), np.int64)
     rows[rng.random(rows.size) < 0.2] = -1  # a table's ids with no row
     lr, eps = data.draw(st.floats(1e-4, 2.0)), data.draw(st.sampled_from([1e-8, 1e-3]))
     var0 = rng.standard_normal((n, dim)).astype(dtype)
-    acc0 = np.repeat((rng.random((n, 1)) * 0.5).astype(dtype), dim, axis=1)  # a row's one value
+    acc0 = (rng.random((n, 1)) * 0.5).astype(dtype)  # a row's one value: a variable's slot,
+    if not narrow:                                     # or repeated, a dynamic table's
+        acc0 = np.repeat(acc0, dim, axis=1)
     g = rng.standard_normal((rows.size, dim)).astype(dtype)
     results = []
     for impl in (compiled, reference):
@@ -303,7 +306,7 @@ def test_row_wise_adagrad_is_the_same_compiled_and_in_numpy_and_in_the_rule(dtyp
     keep = rows[rows >= 0]  # and TorchRec's formula, plainly
     ref_var, ref_acc = var0.astype(np.float64), acc0.astype(np.float64)
     gk = g[rows >= 0].astype(np.float64)
-    ref_acc[keep] += (gk * gk).mean(1, keepdims=True)
+    ref_acc[keep] += (gk * gk).mean(1, keepdims=True)  # (broadcast over a wide slot's columns)
     ref_var[keep] -= lr * gk / (np.sqrt(ref_acc[keep]) + eps)
     tol = 1e-4 if dtype == np.float32 else 1e-10
     np.testing.assert_allclose(var, ref_var, rtol=tol, atol=tol)

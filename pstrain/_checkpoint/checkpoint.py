@@ -69,6 +69,7 @@ from .._formats.checkpoint_files import INDEX, CheckpointReader, make_parent, wr
 from .._formats.checkpoint_operations import SaveCheckpoint, TableShardFile
 from .._formats.delta_files import split_delta
 from .._formats.operations import ListVariables
+from .._formats.optimizer_rules import slot_shape
 from .._formats.records import VariableInfo
 from .._formats.tensor_files import write_tensors
 from .._variables.batched import ensure_created
@@ -156,7 +157,7 @@ class Checkpoint:
                                              listing[n][0], pool, False) for n in names]
                     key = slot_key(path, opt_path, slot)
                     out[key] = Entry(key, f"{opt.name}/{slot}/{entry.name}", parts, entry.offsets,
-                                     entry.shape, entry.dtype, False)
+                                     slot_shape(opt.kind, entry.shape), entry.dtype, False)
         return out
 
     async def save(self, file_prefix: str) -> str:

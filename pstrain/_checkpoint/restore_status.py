@@ -23,6 +23,7 @@ from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from .._formats.checkpoint_files import CheckpointReader
 from .._formats.checkpoint_operations import RestoreSpec, RestoreTable
+from .._formats.optimizer_rules import slot_shape
 from .._formats.tensor_files import read_rows
 from .._training.module import Module, unwatch_attributes, watch_attributes
 from .._variables.batched import ensure_created
@@ -54,6 +55,12 @@ class _Target:
     names: list[str]
     entry: Entry
     slot: bool = False
+    #: the optimizer rule of a slot: its shape follows from its variable's (``slot_shape``)
+    rule: str = ""
+
+    def shape(self, of: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape this target has where its variable (or a part of it) has ``of``."""
+        return slot_shape(self.rule, of) if self.slot else of
 
 
 def targets(graph: Graph, saved: dict[str, Any], entries: dict[str, Entry],
@@ -68,16 +75,18 @@ def targets(graph: Graph, saved: dict[str, Any], entries: dict[str, Entry],
         for slot in opt.slot_names():
             key = slot_key(path, opt_path, slot)
             if key in saved:
-                out.append(_Target(key, [opt.slot_variable_name(p, slot) for p in e.parts], e, slot=True))
+                out.append(_Target(key, [opt.slot_variable_name(p, slot) for p in e.parts], e,
+                                   slot=True, rule=opt.kind))
     return out
 
 
 def _check(path: str, target: _Target, meta: dict[str, Any]) -> None:
     e = target.entry
-    if tuple(meta["shape"]) != e.shape or np.dtype(meta["dtype"]) != e.dtype:
+    shape = target.shape(e.shape)
+    if tuple(meta["shape"]) != shape or np.dtype(meta["dtype"]) != e.dtype:
         raise InvalidArgumentError(
             f"checkpoint {path}: {target.key!r} was saved as {tuple(meta['shape'])} {meta['dtype']}, "
-            f"the object at that path is {e.shape} {e.dtype} (variable {e.name!r})")
+            f"the object at that path is {shape} {e.dtype} (variable {e.name!r})")
 
 
 class CheckpointLoadStatus:
@@ -222,8 +231,8 @@ class CheckpointLoadStatus:
                 role = ({"trainable": False, "slot_of": part.key} if target.slot
                         else {"trainable": part.trainable})
                 yield part, [rows, patches], {"name": name, "dtype": e.dtype.str,
-                                              "shape": list(part.shape), **role, "sources": rows,
-                                              "patches": patches}
+                                              "shape": list(target.shape(part.shape)), **role,
+                                              "sources": rows, "patches": patches}
 
     def restore_deferred(self, targets: list[_Target]) -> None:
         """Queue ``targets`` with their placements' next creations (variables not yet, or

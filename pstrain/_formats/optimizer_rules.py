@@ -23,7 +23,7 @@ import numpy as np
 from .._base.errors import InvalidArgumentError
 from .._kernels import KERNELS
 
-__all__ = ["RULES", "slot_specs"]
+__all__ = ["RULES", "slot_shape", "slot_specs"]
 
 
 def _fusable(var: np.ndarray, g: np.ndarray, rows: np.ndarray, *numbers: Any) -> bool:
@@ -99,14 +99,14 @@ def _rowwise_adagrad(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None,
                      slots: dict[str, np.ndarray], cfg: dict[str, Any], t: int) -> None:
     """Row-wise Adagrad (TorchRec's default, fbgemm's ``EXACT_ROWWISE_ADAGRAD``): one
     accumulator per row, ``acc += mean(g²)`` over the row, ``var -= lr · g / (sqrt(acc) + ε)``.
-    The accumulator is kept as wide as the row (every column holds it), so that
-    checkpoints, deltas, moves and the feed treat it as any slot."""
+    A variable's accumulator is one column (:func:`slot_shape`); a dynamic table's is as
+    wide as its rows (every column holds the row's value), as its other slots are."""
     lr, eps = cfg["learning_rate"], cfg.get("epsilon", 1e-8)
     acc = slots["accumulator"]
     if rows is not None and _fusable(var, g, rows, lr, eps) and acc.dtype == var.dtype \
             and acc.flags.c_contiguous and var.ndim == 2:
         n = var.shape[0]
-        KERNELS.rowwise_adagrad_rows(var, _rows2d(acc, n, var), rows, _rows2d(g, rows.size, var),
+        KERNELS.rowwise_adagrad_rows(var, acc.reshape(n, -1), rows, _rows2d(g, rows.size, var),
                                      lr, eps)
         return
     if rows is not None:
@@ -223,6 +223,15 @@ def _skipping_missing(rule: Rule) -> Rule:
 RULES: dict[str, Rule] = {"sgd": _sgd, "adagrad": _adagrad, "rowwise_adagrad": _rowwise_adagrad,
                           "adam": _skipping_missing(_adam), "adamw": _skipping_missing(_adamw),
                           "ftrl": _skipping_missing(_ftrl), "rmsprop": _skipping_missing(_rmsprop)}
+
+
+def slot_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of a rule's slot for a variable of ``shape``: the variable's, but row-wise
+    Adagrad's accumulator, one number per row (``(rows, 1)``) of a variable of 2 or more
+    dimensions."""
+    if kind == "rowwise_adagrad" and len(shape) >= 2:
+        return (shape[0], 1)
+    return shape
 
 
 def slot_specs(cfg: dict[str, Any]) -> dict[str, float]:

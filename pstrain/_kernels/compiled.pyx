@@ -429,12 +429,16 @@ def adagrad_rows(real[:, ::1] var, real[:, ::1] acc, const int64_t[::1] rows,
 def rowwise_adagrad_rows(real[:, ::1] var, real[:, ::1] acc, const int64_t[::1] rows,
                          const real[:, ::1] g, real lr, real eps):
     """Row-wise Adagrad (TorchRec's default) on the rows ``rows[i] >= 0`` (unique): one
-    accumulator per row grows by the mean of the squared gradient over the row (every
-    column of ``acc``'s row holds it); ``var -= lr / (sqrt(acc) + eps) * g``."""
+    accumulator per row grows by the mean of the squared gradient over the row (``acc``:
+    one column, or as wide as ``var`` with every column holding it);
+    ``var -= lr / (sqrt(acc) + eps) * g``."""
     cdef Py_ssize_t i, j, r, n = rows.shape[0], dim = var.shape[1], limit = var.shape[0]
+    cdef Py_ssize_t width = acc.shape[1]
     cdef real s, a, step
     cdef bint bad = False
     cdef Py_ssize_t row_bytes = dim * sizeof(real)
+    if acc.shape[0] < limit or (width != 1 and width != dim):
+        raise ValueError("rowwise_adagrad_rows: acc is not one column, or var's width, per row")
     with nogil:
         for i in range(n):
             if i + AHEAD < n and 0 <= rows[i + AHEAD] < limit:
@@ -450,7 +454,7 @@ def rowwise_adagrad_rows(real[:, ::1] var, real[:, ::1] acc, const int64_t[::1] 
                 s = s + g[i, j] * g[i, j]
             s = s / <real>dim
             a = acc[r, 0] + s
-            for j in range(dim):
+            for j in range(width):
                 acc[r, j] = a
             if real is float:
                 step = lr / (sqrtf(a) + eps)

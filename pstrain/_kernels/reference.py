@@ -211,6 +211,8 @@ def adagrad_rows(var: np.ndarray, acc: np.ndarray, rows: np.ndarray, g: np.ndarr
 
 def rowwise_adagrad_rows(var: np.ndarray, acc: np.ndarray, rows: np.ndarray, g: np.ndarray,
                          lr: float, eps: float) -> None:
+    if acc.shape[0] < var.shape[0] or acc.shape[1] not in (1, var.shape[1]):
+        raise ValueError("rowwise_adagrad_rows: acc is not one column, or var's width, per row")
     keep = _checked("rowwise_adagrad_rows", var, rows)
     r, gr = rows[keep], g[keep]
     t = var.dtype.type

@@ -289,9 +289,9 @@ class RowWiseAdagrad(Optimizer):
     """Row-wise Adagrad, TorchRec's default for embedding tables (fbgemm's
     ``EXACT_ROWWISE_ADAGRAD``): a row's one accumulator grows by the mean of its squared
     gradient, ``acc += mean(g²)``; ``var -= lr · g / (sqrt(acc) + ε)``. A dense variable's
-    rows are its first axis (a vector's elements are rows of one). Its accumulator is kept
-    as wide as the row for now (every column holds the row's value): the arithmetic is
-    TorchRec's, the memory is Adagrad's."""
+    rows are its first axis (a vector's elements are rows of one). A variable's accumulator
+    is one column, ``(rows, 1)``: a 16-wide table's slot takes a 16th of Adagrad's. A
+    dynamic table keeps it as wide as its rows, as its other slots."""
 
     kind = "rowwise_adagrad"
 

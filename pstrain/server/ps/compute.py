@@ -11,7 +11,7 @@ import numpy as np
 
 from ..._base.errors import InvalidArgumentError
 from ..._formats.operations import ApplyGradients, CallVariables
-from ..._formats.optimizer_rules import RULES, slot_specs
+from ..._formats.optimizer_rules import RULES, slot_shape, slot_specs
 from ..._formats.schedules import from_spec
 from ..._kernels.batches import merge_duplicates
 from .store import VariableStore, checked_rows, checked_value
@@ -58,15 +58,16 @@ def apply_gradients(store: VariableStore, tables: TableHandlers, req: ApplyGradi
             if not req.unique_rows or (rows.size > 1 and not bool(np.all(rows[1:] > rows[:-1]))):
                 rows, grad = merge_duplicates(rows, np.asarray(grad, record.array.dtype))
         slots = {}
+        shape = slot_shape(req.rule.kind, record.array.shape)
         for slot_name, init in specs.items():
             full = f"{req.prefix}/{slot_name}/{record.name}"
             existing = store.find(full)
-            if existing is not None and (existing.array.shape != record.array.shape
+            if existing is not None and (existing.array.shape != shape
                                          or existing.array.dtype != record.array.dtype):
                 raise InvalidArgumentError(f"opt/apply: slot {full!r} is {existing.array.shape} "
-                                           f"{existing.array.dtype}, its variable "
-                                           f"{record.array.shape} {record.array.dtype}")
-            slots[slot_name] = (full, init)
+                                           f"{existing.array.dtype}; {req.rule.kind} keeps it "
+                                           f"{shape} {record.array.dtype}")
+            slots[slot_name] = (full, init, shape)
         plan.append((record, rows, grad, slots))
     table_plan = tables.plan(req.tables or (), req.prefix, specs)
     it_record = store.get(req.iterations) if req.iterations is not None else None
@@ -87,11 +88,11 @@ def apply_gradients(store: VariableStore, tables: TableHandlers, req: ApplyGradi
         cfg["learning_rate"] = schedule(step - 1)
     for record, rows, grad, slots in plan:
         var = record.writable(rows)
-        arrays = {s: store.slot(full, record.array, init, of=record.name, rows=rows)
-                  for s, (full, init) in slots.items()}
+        arrays = {s: store.slot(full, record.array, init, of=record.name, rows=rows, shape=shape)
+                  for s, (full, init, shape) in slots.items()}
         rule(var, grad, rows, arrays, cfg, step)
-    for table, ids, grad, slots, pos in table_plan:
-        table.apply(rule, ids, grad, slots, cfg, step, pos)
+    for table, ids, grad, table_slots, pos in table_plan:
+        table.apply(rule, ids, grad, table_slots, cfg, step, pos)
     return {"t": step}
 
 

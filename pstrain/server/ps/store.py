@@ -294,12 +294,14 @@ class VariableStore:
             self._slots.setdefault(slot_of, set()).add(name)
 
     def slot(self, name: str, like: np.ndarray, init: float, of: str,
-             rows: np.ndarray | None = None) -> np.ndarray:
+             rows: np.ndarray | None = None, shape: tuple[int, ...] | None = None) -> np.ndarray:
         """The writable array of optimizer slot ``name`` of variable ``of``, created full of
-        ``init`` on first use; ``rows``: those about to change (None: all)."""
+        ``init`` on first use (``like``'s shape, or ``shape``, and its dtype); ``rows``: those
+        about to change (None: all)."""
         record = self._records.get(name)
         if record is None:
-            record = self._records[name] = VariableRecord(name, np.full(like.shape, init, like.dtype), False)
+            array = np.full(like.shape if shape is None else shape, init, like.dtype)
+            record = self._records[name] = VariableRecord(name, array, False)
             record.track(self.clock)
             record.changed = self.clock.epoch
             self._slots.setdefault(of, set()).add(name)
