@@ -349,3 +349,33 @@ async def test_every_dynamic_table_is_read_in_one_request_per_ps(cluster):
                 await peers.channel("ps", 0).call("dyn/lookup_many", {"lookups": lookups})
     finally:
         await peers.close()
+
+
+async def test_a_table_with_row_wise_slots_moves_to_another_ps_and_trains_on(cluster):
+    """A move carries the table's part and its one-column accumulator; the next step there is
+    the step the table would have taken where it was."""
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    coordinator = pstrain.ClusterCoordinator(strategy)
+    async with strategy.scope():
+        collection = EmbeddingCollection([TableConfig("t", 40, 4, ["x"])])
+        opt = pstrain.optimizers.RowWiseAdagrad(0.2, initial_accumulator_value=0.1)
+    table = collection.tables["t"]
+    batch = {"x": JaggedTensor.from_lists([[1, 2, 2], [39]])}
+    d = np.ones((2, 4), np.float32)
+    for _ in range(2):
+        pooled = await collection.lookup(batch)
+        await collection.apply_gradients(pooled.gradients(d), opt)
+    before = await table.numpy()
+    home, other = table.ps_index, 1 - table.ps_index
+    slot = opt.slot_variable_name(table, "accumulator")
+    assert cluster.ps[home].store.get(slot).array.shape == (40, 1)
+    await coordinator.ps.move([table.key], other)
+    assert cluster.ps[other].store.get(slot).array.shape == (40, 1)
+    pooled = await collection.lookup(batch)
+    await collection.apply_gradients(pooled.gradients(d), opt)
+    # the third step of rows 1, 39 (g = 1 in each column) and 2 (g = 2): acc = 0.1 + 3 g²
+    after = await table.numpy()
+    for row, g in ((1, 1.0), (2, 2.0), (39, 1.0)):
+        acc = 0.1 + 3 * g * g
+        np.testing.assert_allclose(after[row], before[row] - 0.2 * g / (np.sqrt(acc) + 1e-8), rtol=1e-5)
+    await coordinator.close()
