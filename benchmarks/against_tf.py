@@ -27,7 +27,7 @@ from pathlib import Path
 import pstrain
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, emit, median, peer_run, peer_version, save_figure  # noqa: E402
+from common import RESULTS, emit, median, peer_run, peer_version, plot_rounds  # noqa: E402
 from train_embedding import run as run_w4  # noqa: E402
 
 ANCHOR = Path(__file__).resolve().parents[2] / "shared" / "anchors" / "tf_ps.py"
@@ -85,28 +85,9 @@ def main() -> None:
           "steps": args.steps, "batch": 512,
           "note": "W4 against TensorFlow's ParameterServerStrategy, alternated in one session"},
          "W4")
-    plot_rounds(RESULTS / "W4-tf-session.png", p, t, version)
-
-
-def plot_rounds(path: Path, ours: list[float], theirs: list[float], version: str) -> None:
-    """Both systems' examples/s, round by round, as bars from 0, the ratio of medians above."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-    x = range(1, len(ours) + 1)
-    ax.bar([i - 0.2 for i in x], ours, width=0.4, label="pstrain")
-    ax.bar([i + 0.2 for i in x], theirs, width=0.4, label=f"TensorFlow {version} PS")
-    ax.set_xticks(list(x))
-    ax.set_title(f"W4, 2 ps + 2 workers, alternated in one session: "
-                 f"{median(ours) / median(theirs):.2f}x TensorFlow (medians)")
-    ax.set_xlabel("round")
-    ax.set_ylabel("examples/s")
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8, loc="lower right")
-    save_figure(fig, path)
+    plot_rounds(RESULTS / "W4-tf-session.png", {"pstrain": p, f"TensorFlow {version} PS": t},
+                f"W4, 2 ps + 2 workers, alternated in one session: "
+                f"{median(p) / median(t):.2f}x TensorFlow (medians)")
 
 
 if __name__ == "__main__":

@@ -163,6 +163,27 @@ def plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tup
     save_figure(fig, path)
 
 
+def plot_rounds(path: Path, series: dict[str, list[float]], title: str) -> None:
+    """Each system's examples/s, round by round, as bars side by side from 0."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    width = 0.8 / len(series)
+    for k, (label, values) in enumerate(series.items()):
+        xs = [i + 1 + (k - (len(series) - 1) / 2) * width for i in range(len(values))]
+        ax.bar(xs, values, width=width, label=label)
+    ax.set_xticks(list(range(1, max(len(v) for v in series.values()) + 1)))
+    ax.set_title(title)
+    ax.set_xlabel("round")
+    ax.set_ylabel("examples/s")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8, loc="lower right")
+    save_figure(fig, path)
+
+
 def save_figure(fig: Any, path: Path) -> None:
     """Lay ``fig`` out, write it as PNG to ``path`` and close it."""
     import matplotlib.pyplot as plt

@@ -49,7 +49,7 @@ from common import (  # noqa: E402
     median,
     peer_run,
     peer_version,
-    save_figure,
+    plot_rounds,
     stat_cpu_seconds,
 )
 
@@ -184,29 +184,10 @@ def main() -> None:
             row[key] = None
             row.setdefault("not_run", []).append(f"{peer}: give --{peer}-python")
     emit(row, "W8")
-    plot(RESULTS / "W8.png", got)
-
-
-def plot(path: Path, got: dict[str, list[dict[str, Any]]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     labels = {"pstrain": "pstrain", "tf": "TensorFlow PS", "torchrec": "TorchRec (CPU, pipelined)"}
-    shown = [s for s in labels if s in got]
-    width = 0.8 / len(shown)
-    for k, s in enumerate(shown):
-        xs = [i + 1 + (k - (len(shown) - 1) / 2) * width for i in range(len(got[s]))]
-        ax.bar(xs, [r["examples_per_s"] for r in got[s]], width=width, label=labels[s])
-    ax.set_xticks(list(range(1, len(got["pstrain"]) + 1)))
-    ax.set_title("W8 (26 tables, multi-hot, pooled), 2 ps + 2 workers, alternated")
-    ax.set_xlabel("round")
-    ax.set_ylabel("examples/s")
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8, loc="lower right")
-    save_figure(fig, path)
+    plot_rounds(RESULTS / "W8.png",
+                {labels[s]: [r["examples_per_s"] for r in got[s]] for s in labels if s in got},
+                "W8 (26 tables, multi-hot, pooled), 2 ps + 2 workers, alternated")
 
 
 if __name__ == "__main__":

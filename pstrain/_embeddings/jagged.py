@@ -32,10 +32,10 @@ from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from .._kernels import KERNELS
 
-__all__ = ["JaggedTensor", "KeyedJaggedTensor", "SparseTensor", "as_jagged"]
+__all__ = ["JaggedTensor", "KeyedJaggedTensor", "SparseTensor", "as_jagged", "as_numpy"]
 
 
-def _numpy(x: Any) -> np.ndarray:
+def as_numpy(x: Any) -> np.ndarray:
     """An array from numpy, a list, or a framework tensor (``.numpy()``)."""
     if hasattr(x, "numpy") and not isinstance(x, np.ndarray):
         x = x.detach().cpu().numpy() if hasattr(x, "detach") else x.numpy()
@@ -43,7 +43,7 @@ def _numpy(x: Any) -> np.ndarray:
 
 
 def _ids(values: Any, what: str) -> np.ndarray:
-    arr = _numpy(values)
+    arr = as_numpy(values)
     if arr.size == 0:
         return arr.reshape(0).astype(np.int64)
     if arr.dtype.kind not in "iu":
@@ -76,13 +76,13 @@ def _offsets(lengths: Any, offsets: Any, n_values: int, what: str) -> np.ndarray
     if (lengths is None) == (offsets is None):
         raise InvalidArgumentError(f"{what}: give lengths or offsets (one of them)")
     if lengths is not None:
-        ln = _numpy(lengths).reshape(-1)
+        ln = as_numpy(lengths).reshape(-1)
         if ln.size and (ln.dtype.kind not in "iu" or int(ln.min()) < 0):
             raise InvalidArgumentError(f"{what}: lengths must be integers >= 0")
         out = np.zeros(ln.size + 1, np.int64)
         np.cumsum(ln, out=out[1:])
     else:
-        out = _numpy(offsets).reshape(-1).astype(np.int64)
+        out = as_numpy(offsets).reshape(-1).astype(np.int64)
         if out.size == 0 or out[0] != 0 or (out.size > 1 and bool(np.any(out[1:] < out[:-1]))):
             raise InvalidArgumentError(f"{what}: offsets must start at 0 and never decrease, "
                                        f"got {out[:8].tolist()}")
@@ -105,7 +105,7 @@ class JaggedTensor:
         self._width: int | None = _UNKNOWN
         self.weights: np.ndarray | None = None
         if weights is not None:
-            w = _numpy(weights).reshape(-1)
+            w = as_numpy(weights).reshape(-1)
             if w.dtype.kind not in "fiu" or w.size != self.values.size:
                 raise InvalidArgumentError(f"JaggedTensor: weights must be {self.values.size} "
                                            f"numbers (one per id), got {w.size} of {w.dtype}")
@@ -129,10 +129,10 @@ class JaggedTensor:
     @classmethod
     def from_dense(cls, ids: Any, weights: Any = None) -> JaggedTensor:
         """Every example's bag is its row of the 2-D ``ids`` (all bags as long)."""
-        arr = _numpy(ids)
+        arr = as_numpy(ids)
         if arr.ndim != 2:
             raise InvalidArgumentError(f"JaggedTensor.from_dense: ids must be 2-D, got {arr.shape}")
-        w = None if weights is None else _numpy(weights).reshape(-1)
+        w = None if weights is None else as_numpy(weights).reshape(-1)
         return cls(arr.reshape(-1), np.full(arr.shape[0], arr.shape[1]), weights=w)
 
     @classmethod
@@ -252,9 +252,9 @@ class SparseTensor:
     __slots__ = ("indices", "values", "dense_shape")
 
     def __init__(self, indices: Any, values: Any, dense_shape: Any) -> None:
-        self.indices = _numpy(indices).astype(np.int64).reshape(-1, len(_numpy(dense_shape)) or 1)
-        self.values = _numpy(values).reshape(-1)
-        self.dense_shape = _numpy(dense_shape).astype(np.int64).reshape(-1)
+        self.indices = as_numpy(indices).astype(np.int64).reshape(-1, len(as_numpy(dense_shape)) or 1)
+        self.values = as_numpy(values).reshape(-1)
+        self.dense_shape = as_numpy(dense_shape).astype(np.int64).reshape(-1)
         if self.indices.shape[0] != self.values.size:
             raise InvalidArgumentError(f"SparseTensor: {self.indices.shape[0]} indices for "
                                        f"{self.values.size} values")
@@ -267,9 +267,9 @@ def _sparse_parts(sp: Any, what: str) -> tuple[np.ndarray, np.ndarray, tuple[int
     if not all(hasattr(sp, a) for a in ("indices", "values", "dense_shape")):
         raise InvalidArgumentError(f"{what} must be a SparseTensor (indices, values, dense_shape), "
                                    f"got {type(sp).__name__}")
-    shape = tuple(int(d) for d in _numpy(sp.dense_shape).reshape(-1))
-    indices = _numpy(sp.indices).astype(np.int64).reshape(-1, max(1, len(shape)))
-    return indices, _numpy(sp.values).reshape(-1), shape
+    shape = tuple(int(d) for d in as_numpy(sp.dense_shape).reshape(-1))
+    indices = as_numpy(sp.indices).astype(np.int64).reshape(-1, max(1, len(shape)))
+    return indices, as_numpy(sp.values).reshape(-1), shape
 
 
 def as_jagged(ids: Any, weights: Any = None, what: str = "ids") -> JaggedTensor:
@@ -284,12 +284,12 @@ def as_jagged(ids: Any, weights: Any = None, what: str = "ids") -> JaggedTensor:
         return JaggedTensor.from_sparse(ids, weights)
     if hasattr(ids, "row_splits") and hasattr(ids, "values"):
         values = getattr(ids, "flat_values", ids.values)
-        return JaggedTensor(values, offsets=_numpy(ids.row_splits),
-                            weights=None if weights is None else _numpy(
+        return JaggedTensor(values, offsets=as_numpy(ids.row_splits),
+                            weights=None if weights is None else as_numpy(
                                 getattr(weights, "flat_values", getattr(weights, "values", weights))))
     if isinstance(ids, (list, tuple)) and all(isinstance(b, (list, tuple, np.ndarray)) for b in ids):
         return JaggedTensor.from_lists(ids, weights)
-    arr = _numpy(ids)
+    arr = as_numpy(ids)
     if arr.ndim == 2:
         return JaggedTensor.from_dense(arr, weights)
     raise InvalidArgumentError(f"{what}: expected a JaggedTensor, a SparseTensor, a RaggedTensor, "
@@ -303,8 +303,8 @@ def _weights_of(weights: Any, ids: JaggedTensor) -> np.ndarray:
             raise InvalidArgumentError("weights must have the same bags as the ids")
         return weights.values
     if hasattr(weights, "values") and not isinstance(weights, np.ndarray):
-        return _numpy(weights.values)
-    return _numpy(weights)
+        return as_numpy(weights.values)
+    return as_numpy(weights)
 
 
 class KeyedJaggedTensor:

@@ -27,7 +27,7 @@ from .._kernels import FLOAT_DTYPES, KERNELS, reference
 from .._kernels.batches import distinct, merge_duplicates
 from .._variables.arrays import IndexedSlices
 from .._variables.sharding import embedding_lookup
-from .jagged import JaggedTensor, SparseTensor, _numpy, as_jagged
+from .jagged import JaggedTensor, SparseTensor, as_jagged, as_numpy
 
 __all__ = ["COMBINERS", "Bags", "embedding_lookup_sparse", "safe_embedding_lookup_sparse"]
 
@@ -190,7 +190,7 @@ async def safe_embedding_lookup_sparse(embedding_weights: Any, sparse_ids: Any,
     combiner = check_combiner(combiner)
     batch_shape: tuple[int, ...] | None = None
     if all(hasattr(sparse_ids, a) for a in ("indices", "values", "dense_shape")):
-        shape = tuple(int(d) for d in _numpy(sparse_ids.dense_shape).reshape(-1))
+        shape = tuple(int(d) for d in as_numpy(sparse_ids.dense_shape).reshape(-1))
         if len(shape) < 2:
             raise InvalidArgumentError(f"sparse_ids must be at least 2-D, got dense_shape {list(shape)}")
         if len(shape) > 2:  # TF: the leading dimensions are the batch, flattened then restored
@@ -228,12 +228,12 @@ def _clipped(rows: np.ndarray, max_norm: float | None) -> np.ndarray:
 
 
 def _flattened(sp: Any, shape: tuple[int, ...]) -> SparseTensor:
-    indices = _numpy(sp.indices).astype(np.int64).reshape(-1, len(shape))
+    indices = as_numpy(sp.indices).astype(np.int64).reshape(-1, len(shape))
     rows = np.ravel_multi_index(tuple(indices[:, :-1].T), shape[:-1]) if indices.size else \
         np.zeros(0, np.int64)
     flat = np.stack([rows, indices[:, -1]], axis=1) if indices.size else np.zeros((0, 2), np.int64)
     order = np.argsort(rows, kind="stable")
-    return SparseTensor(flat[order], _numpy(sp.values).reshape(-1)[order],
+    return SparseTensor(flat[order], as_numpy(sp.values).reshape(-1)[order],
                         [int(np.prod(shape[:-1])), shape[-1]])
 
 
