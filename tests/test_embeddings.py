@@ -379,3 +379,19 @@ async def test_a_table_with_row_wise_slots_moves_to_another_ps_and_trains_on(clu
         acc = 0.1 + 3 * g * g
         np.testing.assert_allclose(after[row], before[row] - 0.2 * g / (np.sqrt(acc) + 1e-8), rtol=1e-5)
     await coordinator.close()
+
+
+async def test_a_collection_outside_a_strategy_pools_its_local_tables():
+    collection = EmbeddingCollection([TableConfig("t", 6, 2, ["x", "y"], combiner="sqrtn")])
+    table = await collection.tables["t"].numpy()
+    w = pstrain.Variable(np.arange(4.0).reshape(2, 2), name="w")
+    pooled = await collection.lookup({"x": JaggedTensor.from_lists([[0, 5], []]),
+                                      "y": JaggedTensor.from_lists([[3], [3, 3]])}, read=[w])
+    np.testing.assert_allclose(pooled.values["x"], [(table[0] + table[5]) / np.sqrt(2), [0, 0]],
+                               rtol=1e-6)
+    np.testing.assert_allclose(pooled.values["y"], [table[3], 2 * table[3] / np.sqrt(2)], rtol=1e-6)
+    np.testing.assert_array_equal(pooled.read[0], [[0, 1], [2, 3]])
+    (grad, _), = pooled.gradients(np.ones((2, 4), np.float32))
+    assert grad.indices.tolist() == [0, 3, 5]
+    with pytest.raises(InvalidArgumentError, match="lives on the ps"):
+        EmbeddingCollection([TableConfig("dyn", None, 2)])

@@ -218,7 +218,7 @@ class EmbeddingCollection(Module):
         local = [it for it in items if it[2].ps_index is None]
         placed = [it for it in items if it[2].ps_index is not None]
         for it in local:
-            self._put(it, rows, values, await _read_local(it, per_table))
+            self._put(it, rows, values, _read_local(it, per_table))
         await ensure_created(it[2] for it in placed)
 
         async def fetch(channel: Any, group: list[tuple[Any, ...]]) -> None:
@@ -231,8 +231,8 @@ class EmbeddingCollection(Module):
 
         async def dynamic_rows() -> None:  # every dynamic table: one request per ps
             got = await lookup_tables([(table, unique) for _, table, unique in dynamic], training)
-            for (name, _, _), values in zip(dynamic, got):
-                rows[name][...] = values
+            for (name, _, _), table_rows in zip(dynamic, got):
+                rows[name][...] = table_rows
 
         calls: list[Awaitable[Any]] = [dynamic_rows()] if dynamic else []
         if placed:
@@ -273,7 +273,8 @@ def _parts(table: Variable | ShardedVariable) -> tuple[list[Variable], np.ndarra
     return [table], np.array([0, table.shape[0]], np.int64)
 
 
-async def _read_local(item: tuple[Any, ...], per_table: dict[str, Any]) -> np.ndarray:
+def _read_local(item: tuple[Any, ...], per_table: dict[str, Any]) -> np.ndarray:
+    """What ``item`` reads, from a variable with no ps (a collection outside a strategy)."""
     part = item[2]
     if item[0] == "whole":
         return np.asarray(part.local_array()).copy()

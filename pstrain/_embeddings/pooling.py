@@ -53,31 +53,30 @@ def _pool(out: np.ndarray, seg: np.ndarray, src: np.ndarray, idx: np.ndarray, sc
 
 
 class Bags:
-    """One feature's bags, ready to pool: ``unique`` are the ids to look up (ascending, or
-    with ``sorted=False`` in the order they first occur: no sort); ``n`` bags come out.
-    ``dtype``: the rows' (the factors are computed in it)."""
+    """One feature's bags, ready to pool: ``unique`` are the ids to look up (ascending: a
+    sharded table's parts are runs of them, and their gradients go as sorted, unique rows);
+    ``n`` bags come out. ``dtype``: the rows' (the factors are computed in it)."""
 
     __slots__ = ("unique", "inverse", "segments", "scale", "n", "combiner")
 
     def __init__(self, jagged: JaggedTensor, combiner: str = "sum", dtype: Any = np.float32,
-                 n: int | None = None, *, sorted: bool = True) -> None:  # noqa: A002
+                 n: int | None = None) -> None:
         self.combiner = check_combiner(combiner)
         self.n = len(jagged) if n is None else n
-        self.unique, self.inverse = distinct(jagged.values, sorted=sorted)
+        self.unique, self.inverse = distinct(jagged.values, sorted=True)
         self.inverse = np.ascontiguousarray(self.inverse, np.int64)
         self.segments = jagged.segment_ids()
         self.scale = _factors(jagged, self.segments, self.combiner, np.dtype(dtype))
 
     @classmethod
-    def sharing(cls, jaggeds: list[JaggedTensor], combiner: str, dtype: Any, n: int, *,
-                sorted: bool = True) -> tuple[np.ndarray, list[Bags]]:  # noqa: A002
-        """The distinct ids of several features of one table (ascending, or with
-        ``sorted=False`` in the order they first occur), and each feature's bags, pointing
-        into them."""
+    def sharing(cls, jaggeds: list[JaggedTensor], combiner: str, dtype: Any,
+                n: int) -> tuple[np.ndarray, list[Bags]]:
+        """The distinct ids of several features of one table (ascending), and each
+        feature's bags, pointing into them."""
         if len(jaggeds) == 1:
-            b = cls(jaggeds[0], combiner, dtype, n=n, sorted=sorted)
+            b = cls(jaggeds[0], combiner, dtype, n=n)
             return b.unique, [b]
-        unique, inverse = distinct(np.concatenate([j.values for j in jaggeds]), sorted=sorted)
+        unique, inverse = distinct(np.concatenate([j.values for j in jaggeds]), sorted=True)
         out = []
         start = 0
         for j in jaggeds:
