@@ -59,7 +59,7 @@ async def test_tf_lookups_follow_tfs_rules_on_a_sharded_table(ps_pair):
     ragged_w = Ragged([1.0, 2.0, 3.0], [0, 2, 3, 3])
     np.testing.assert_allclose(
         await embedding_lookup_sparse(params, Ragged([0, 1, 3], [0, 2, 3, 3]), ragged_w, "sqrtn"),
-        [[3.130495, 4.472136], [7, 8]], rtol=1e-6)
+        [[3.130495, 4.472136], [7, 8]], rtol=1e-6, atol=1e-6)
     with pytest.raises(InvalidArgumentError, match=r"combiner must be one of"):
         await embedding_lookup_sparse(params, SP, None, combiner="max")
     with pytest.raises(InvalidArgumentError, match=r"id 4 out of range \[0, 4\)"):
@@ -94,7 +94,7 @@ async def test_lookups_on_a_dynamic_table_pool_its_rows(cluster):
     ids = JaggedTensor.from_lists([[10, 2**40], [], [10]])
     rows = await table.lookup(np.array([10, 2**40]), training=False)
     got = await embedding_lookup_sparse(table, ids, None, combiner="sum", training=False)
-    np.testing.assert_allclose(got, [rows[0] + rows[1], [0, 0, 0], rows[0]], rtol=1e-6)
+    np.testing.assert_allclose(got, [rows[0] + rows[1], [0, 0, 0], rows[0]], rtol=1e-6, atol=1e-6)
 
 
 def test_jagged_features_come_from_every_kind_of_input():
@@ -246,16 +246,17 @@ async def test_tables_with_their_own_optimizers_and_a_dynamic_table(cluster):
     fixed0 = await collection.tables["fixed"].numpy()
     dyn0 = await collection.tables["dyn"].lookup(np.array([7, 2**50]))
     pooled = await collection.lookup(batch)
-    np.testing.assert_allclose(pooled.values["b"], [dyn0[1], dyn0[0] + dyn0[1]], rtol=1e-6)
+    np.testing.assert_allclose(pooled.values["b"], [dyn0[1], dyn0[0] + dyn0[1]], rtol=1e-6, atol=1e-6)
     d = np.ones((2, 4), np.float32)
     await collection.apply_gradients(pooled.gradients(d), plain)
     # row 1 was looked up twice in one bag: gradient 2 in each column; row 3 once
     fixed = await collection.tables["fixed"].numpy()
     for row, g in ((1, 2.0), (3, 1.0)):
         acc = 0.1 + g * g
-        np.testing.assert_allclose(fixed[row], fixed0[row] - 0.5 * g / (np.sqrt(acc) + 1e-8), rtol=1e-6)
+        np.testing.assert_allclose(fixed[row], fixed0[row] - 0.5 * g / (np.sqrt(acc) + 1e-8),
+                                   rtol=1e-6, atol=1e-6)
     dyn = await collection.tables["dyn"].lookup(np.array([7, 2**50]), training=False)
-    np.testing.assert_allclose(dyn, [dyn0[0] - 1.0, dyn0[1] - 2.0], rtol=1e-6)
+    np.testing.assert_allclose(dyn, [dyn0[0] - 1.0, dyn0[1] - 2.0], rtol=1e-6, atol=1e-6)
 
 
 async def test_counting_requests_counts_this_codes_requests_only(ps_server):
@@ -335,7 +336,7 @@ async def test_every_dynamic_table_is_read_in_one_request_per_ps(cluster):
         pooled = await collection.lookup(batch)
     assert reads.per_op == {"dyn/lookup_many": 2, "vars/sparse_read": 1}, reads.per_op
     for f, want in expected.items():
-        np.testing.assert_allclose(pooled.values[f], want, rtol=1e-6)
+        np.testing.assert_allclose(pooled.values[f], want, rtol=1e-6, atol=1e-6)
     with pstrain.count_requests() as updates:
         await collection.apply_gradients(pooled.gradients(np.ones((3, 10), np.float32)), opt)
     assert updates.to("ps") == 2
@@ -377,7 +378,8 @@ async def test_a_table_with_row_wise_slots_moves_to_another_ps_and_trains_on(clu
     after = await table.numpy()
     for row, g in ((1, 1.0), (2, 2.0), (39, 1.0)):
         acc = 0.1 + 3 * g * g
-        np.testing.assert_allclose(after[row], before[row] - 0.2 * g / (np.sqrt(acc) + 1e-8), rtol=1e-5)
+        np.testing.assert_allclose(after[row], before[row] - 0.2 * g / (np.sqrt(acc) + 1e-8),
+                                   rtol=1e-5, atol=1e-6)
     await coordinator.close()
 
 
@@ -388,8 +390,9 @@ async def test_a_collection_outside_a_strategy_pools_its_local_tables():
     pooled = await collection.lookup({"x": JaggedTensor.from_lists([[0, 5], []]),
                                       "y": JaggedTensor.from_lists([[3], [3, 3]])}, read=[w])
     np.testing.assert_allclose(pooled.values["x"], [(table[0] + table[5]) / np.sqrt(2), [0, 0]],
-                               rtol=1e-6)
-    np.testing.assert_allclose(pooled.values["y"], [table[3], 2 * table[3] / np.sqrt(2)], rtol=1e-6)
+                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(pooled.values["y"], [table[3], 2 * table[3] / np.sqrt(2)],
+                               rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(pooled.read[0], [[0, 1], [2, 3]])
     (grad, _), = pooled.gradients(np.ones((2, 4), np.float32))
     assert grad.indices.tolist() == [0, 3, 5]
