@@ -318,13 +318,14 @@ async def test_a_collection_and_its_row_wise_slots_round_trip_a_checkpoint(ps_pa
     assert int(await opt2.iterations.numpy()) == 4
 
 
-async def test_every_dynamic_table_is_read_in_one_request_per_ps(cluster):
+async def test_dynamic_and_fixed_tables_are_read_in_one_request_per_ps(cluster):
     strategy = pstrain.ParameterServerStrategy(cluster.resolver)
     async with strategy.scope():
         collection = EmbeddingCollection(
             [TableConfig(f"d{i}", None, 2, [f"f{i}"], combiner="mean") for i in range(4)]
             + [TableConfig("fixed", 10, 2, ["x"])])
         opt = pstrain.optimizers.SGD(1.0)
+        dense = [pstrain.Variable(np.full((2, 3), float(k), np.float32), name=f"w{k}") for k in range(3)]
     rng = np.random.default_rng(5)
     batch = {f"f{i}": JaggedTensor(rng.integers(-2**62, 2**62, 6), [2, 3, 1]) for i in range(4)}
     batch["x"] = JaggedTensor.from_lists([[1], [2, 3], []])
@@ -332,9 +333,14 @@ async def test_every_dynamic_table_is_read_in_one_request_per_ps(cluster):
     for i in range(4):  # each table's own lookups, as a reference (admits the ids first)
         rows = await collection.tables[f"d{i}"].lookup(batch[f"f{i}"].values)
         expected[f"f{i}"] = np.stack([rows[0:2].mean(0), rows[2:5].mean(0), rows[5]])
+    fixed = await collection.tables["fixed"].numpy()
     with pstrain.count_requests() as reads:
-        pooled = await collection.lookup(batch)
-    assert reads.per_op == {"dyn/lookup_many": 2, "vars/sparse_read": 1}, reads.per_op
+        pooled = await collection.lookup(batch, read=dense)
+    # the fixed table's rows and the dense variables go in the requests of the dynamic tables
+    assert reads.per_op == {"dyn/lookup_many": 2}, reads.per_op
+    assert [v.tolist() for v in pooled.read] == [np.full((2, 3), float(k)).tolist() for k in range(3)]
+    np.testing.assert_allclose(pooled.values["x"], [fixed[1], fixed[2] + fixed[3], [0, 0]],
+                               rtol=1e-6, atol=1e-6)
     for f, want in expected.items():
         np.testing.assert_allclose(pooled.values[f], want, rtol=1e-6, atol=1e-6)
     with pstrain.count_requests() as updates:

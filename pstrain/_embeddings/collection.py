@@ -9,8 +9,7 @@ Each :class:`~pstrain.TableConfig` gives a table's rows, width, features, combin
 * ``pooled = await collection.lookup(features, read=dense_variables)`` sends **one request
   per ps**: the rows every feature needs from every table there (ids deduplicated per
   table, across the features that share it), and the dense variables it holds, whole.
-  Dynamic tables (``num_embeddings=None``) are read in one more request per ps, all of
-  them together.
+  Dynamic tables (``num_embeddings=None``) go in the same request (``dyn/lookup_many``).
 * ``pooled.values[feature]`` is ``[batch, dim]``; ``pooled.concat()`` joins them in the
   collection's feature order; ``pooled.read`` are the dense variables' values.
 * ``pooled.gradients(d)`` turns the gradient of the pooled output into one sparse
@@ -26,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,12 +33,12 @@ import numpy as np
 from .._base.context import must_await
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
-from .._formats.operations import RowRead, SparseRead
+from .._formats.operations import LookupTables, RowRead, SparseRead
 from .._kernels.batches import take_rows
 from .._training.module import Module
 from .._variables.arrays import IndexedSlices, current_creator
 from .._variables.batched import ensure_created
-from .._variables.dynamic import DynamicEmbedding, lookup_tables
+from .._variables.dynamic import DynamicEmbedding, TableLookups
 from .._variables.placement import Placement
 from .._variables.routing import routed
 from .._variables.sharding import ShardedVariable, compact_ids
@@ -220,24 +219,39 @@ class EmbeddingCollection(Module):
         for it in local:
             self._put(it, rows, values, _read_local(it, per_table))
         await ensure_created(it[2] for it in placed)
+        # the dynamic tables' lookups go in the same request per ps as the other reads
+        tables = TableLookups([(table, unique) for _, table, unique in dynamic], training)
+        work: list[tuple[Any, ...]] = [("table", *x) for x in tables.items()] + placed
+
+        def channel_of(it: tuple[Any, ...]) -> Any:
+            return tables.channel_of(it[1:]) if it[0] == "table" else it[2].channel()
+
+        def resplit(group: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+            return [y for it in group for y in (
+                [("table", *x) for x in tables.resplit(it[1:])] if it[0] == "table" else [it])]
 
         async def fetch(channel: Any, group: list[tuple[Any, ...]]) -> None:
             reads = [RowRead(name=it[2].key, indices=compact_ids(
                          per_table[it[1]][0][it[3]:it[4]] - it[5])) if it[0] == "rows"
-                     else RowRead(name=it[2].key) for it in group]
-            reply = await channel.request(SparseRead(reads=reads))
-            for it, value in zip(group, reply.values):
+                     else RowRead(name=it[2].key) for it in group if it[0] != "table"]
+            looked = [it[1:] for it in group if it[0] == "table"]
+            if looked:
+                ps = looked[0][1]
+                entries, merged = await tables.entries(ps, looked)
+                reply = await tables.send(channel, ps, LookupTables(
+                    lookups=entries, reads=reads or None, train=tables.training), merged)
+                tables.put(merged, reply.values[:len(entries)])
+                got = reply.values[len(entries):]
+            else:
+                got = (await channel.request(SparseRead(reads=reads))).values
+            for it, value in zip([it for it in group if it[0] != "table"], got):
                 self._put(it, rows, values, value)
 
-        async def dynamic_rows() -> None:  # every dynamic table: one request per ps
-            got = await lookup_tables([(table, unique) for _, table, unique in dynamic], training)
-            for (name, _, _), table_rows in zip(dynamic, got):
-                rows[name][...] = table_rows
-
-        calls: list[Awaitable[Any]] = [dynamic_rows()] if dynamic else []
-        if placed:
-            calls.append(routed(placed[0][2].channels(), placed, lambda it: it[2].channel(), fetch))
-        await asyncio.gather(*calls)
+        if work:
+            await routed(placed[0][2].channels() if placed else tables.pool(), work, channel_of,
+                         fetch, resplit)
+        for (name, _, _), table_rows in zip(dynamic, tables.out):
+            rows[name][...] = table_rows
         for i, v in enumerate(dense):
             pieces = values[i]
             values[i] = np.concatenate(pieces, axis=0) if isinstance(v, ShardedVariable) else pieces[0]

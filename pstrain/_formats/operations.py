@@ -242,10 +242,13 @@ class TableIds(Record):
 
 class LookupTables(Owned, tag="dyn/lookup_many"):
     """Several tables' rows in one request (a collection's step): each entry as one
-    ``dyn/lookup``, every entry checked before any row is admitted."""
+    ``dyn/lookup``, and ``reads`` as ``vars/sparse_read``'s (rows of variables, or whole
+    ones), every entry checked before any row is admitted. The values come in that order:
+    the tables', then the reads'."""
 
     reply = ValuesReply
     lookups: Annotated[list[TableIds], msgspec.Meta(min_length=1, max_length=1 << 12)]
+    reads: Annotated[list[RowRead], msgspec.Meta(max_length=1 << 16)] | None = None
     train: bool = True
     as_of: AsOf | None = None
 

@@ -53,7 +53,7 @@ from .placement import Placement
 from .routing import routed
 from .staged_restore import new_stage, restore_staged
 
-__all__ = ["DynamicEmbedding", "lookup_tables"]
+__all__ = ["DynamicEmbedding", "TableLookups", "lookup_tables"]
 
 _names = itertools.count()
 
@@ -395,45 +395,78 @@ def _ids(ids: Any, what: str) -> np.ndarray:
     return flat.astype(np.int64, copy=False)
 
 
+class TableLookups:
+    """One step's lookups of several dynamic tables (``(table, distinct ids)`` each), as
+    items to route with other reads: ``(k, ps, positions)`` for table ``k``'s ids on ps
+    ``ps``, split again by the newer map when slices moved or a ps left. ``out[k]`` takes
+    table ``k``'s rows."""
+
+    def __init__(self, lookups: list[tuple[DynamicEmbedding, np.ndarray]], training: bool) -> None:
+        self.lookups = lookups
+        self.training = bool(training)
+        self.out = [np.empty((ids.size, t.dim), t.dtype) for t, ids in lookups]
+
+    def pool(self) -> ChannelPool:
+        """The channels the tables' requests go through (the closure's, on a worker)."""
+        return self.lookups[0][0]._pool()  # noqa: SLF001 - this module's class
+
+    def items(self) -> list[tuple[int, int, np.ndarray]]:
+        return [(k, ps, pos) for k, (t, ids) in enumerate(self.lookups) for ps, pos in t.route(ids)]
+
+    def resplit(self, item: tuple[int, int, np.ndarray]) -> list[tuple[int, int, np.ndarray]]:
+        k, _, pos = item
+        table, ids = self.lookups[k]
+        return [(k, p, pos[sub]) for p, sub in table.route(ids[pos])]
+
+    def channel_of(self, item: tuple[int, int, np.ndarray]) -> Channel:
+        return self.lookups[item[0]][0].channel(item[1])
+
+    async def entries(self, ps: int, group: list[tuple[int, int, np.ndarray]]
+                      ) -> tuple[list[TableIds], dict[int, np.ndarray]]:
+        """The request's entries for ``group`` (one per table, its shard created first) and
+        each table's positions, for :meth:`put`."""
+        merged: dict[int, np.ndarray] = {}
+        for k, _, pos in group:
+            merged[k] = pos if k not in merged else np.concatenate([merged[k], pos])
+        await asyncio.gather(*(self.lookups[k][0].shard_ready(ps) for k in merged))
+        return ([TableIds(name=self.lookups[k][0].key, ids=self.lookups[k][1][pos])
+                 for k, pos in merged.items()], merged)
+
+    async def send(self, channel: Channel, ps: int, message: LookupTables,
+                   merged: dict[int, np.ndarray]) -> Any:
+        """``message``, sent again once if a shard was not there (a ps restarted empty)."""
+        try:
+            return await channel.request(message)
+        except NotFoundError as exc:
+            if "dynamic table" not in str(exc):
+                raise
+            for k in merged:
+                await self.lookups[k][0]._create(ps)  # noqa: SLF001 - this module's class
+            return await channel.request(message)
+
+    def put(self, merged: dict[int, np.ndarray], values: list[np.ndarray]) -> None:
+        for (k, pos), rows in zip(merged.items(), values):
+            self.out[k][pos] = rows
+
+
 async def lookup_tables(lookups: list[tuple[DynamicEmbedding, np.ndarray]],
                         training: bool = True) -> list[np.ndarray]:
     """The rows of each ``(table, distinct ids)``: one ``dyn/lookup_many`` request per ps for
-    all the tables (a collection's step), routed and sent again as each table's own lookups
-    are (slices that moved, a ps that left)."""
-    out = [np.empty((ids.size, t.dim), t.dtype) for t, ids in lookups]
-    items = [(k, ps, pos) for k, (t, ids) in enumerate(lookups) for ps, pos in t.route(ids)]
+    all the tables, routed and sent again as each table's own lookups are."""
+    work = TableLookups(lookups, training)
+    items = work.items()
     if not items:
-        return out
-
-    def resplit(group: list[tuple[int, int, np.ndarray]]) -> list[tuple[int, int, np.ndarray]]:
-        return [(k, p, pos[sub]) for k, _, pos in group
-                for p, sub in lookups[k][0].route(lookups[k][1][pos])]
-
-    def channel_of(item: tuple[int, int, np.ndarray]) -> Channel:
-        return lookups[item[0]][0].channel(item[1])
+        return work.out
 
     async def send(channel: Channel, group: list[tuple[int, int, np.ndarray]]) -> None:
-        ps = group[0][1]
-        merged: dict[int, np.ndarray] = {}  # a table's positions on this ps, in one entry
-        for k, _, pos in group:
-            merged[k] = pos if k not in merged else np.concatenate([merged[k], pos])
-        tables = [lookups[k][0] for k in merged]
-        await asyncio.gather(*(t.shard_ready(ps) for t in tables))
-        message = LookupTables(lookups=[TableIds(name=lookups[k][0].key, ids=lookups[k][1][pos])
-                                        for k, pos in merged.items()], train=bool(training))
-        try:
-            reply = await channel.request(message)
-        except NotFoundError as exc:  # a shard not there (a ps restarted empty): create, again
-            if "dynamic table" not in str(exc):
-                raise
-            for t in tables:
-                await t._create(ps)  # noqa: SLF001 - this module's class
-            reply = await channel.request(message)
-        for (k, pos), rows in zip(merged.items(), reply.values):
-            out[k][pos] = rows
+        entries, merged = await work.entries(group[0][1], group)
+        reply = await work.send(channel, group[0][1],
+                                LookupTables(lookups=entries, train=work.training), merged)
+        work.put(merged, reply.values)
 
-    await routed(lookups[0][0]._pool(), items, channel_of, send, resplit)  # noqa: SLF001
-    return out
+    await routed(work.pool(), items, work.channel_of, send,
+                 lambda group: [x for item in group for x in work.resplit(item)])
+    return work.out
 
 
 expose(globals(), "pstrain", ['DynamicEmbedding'])

@@ -46,6 +46,7 @@ from ..._formats.operations import (
     DeleteVariables,
     Fence,
     ListVariables,
+    LookupTables,
     ReadVariables,
     ScatterAdd,
     ScatterSub,
@@ -149,6 +150,7 @@ class ParameterServer(ServerBase):
         self.table_handlers.as_of = self.before_images.table_rows
         for operation, handler in self.table_handlers.routes().items():
             self.route(operation, handler)
+        self.route(LookupTables, self.lookup_tables)  # tables and variables: both halves here
         #: Variables and table slices moving in and out (an elastic ps joined or leaves).
         self.moves = Moves(self.store, self.fencing, self.max_store_bytes, self.table_handlers)
         for operation, handler in self.moves.routes().items():
@@ -273,6 +275,18 @@ class ParameterServer(ServerBase):
             reads = [(req.name, req.indices)]
         else:
             raise InvalidArgumentError("vars/sparse_read: give 'reads', or 'name' and 'indices'")
+        return self._reads(self._plan_reads(reads, "vars/sparse_read"), [], req.as_of)
+
+    def lookup_tables(self, req: LookupTables) -> dict[str, Any] | Pinned:
+        """``dyn/lookup_many``: dynamic tables' rows and variables' reads in one request; all
+        of it checked before a table admits a row."""
+        planned = self._plan_reads([(r.name, r.indices) for r in req.reads or ()], "dyn/lookup_many")
+        tables = self.table_handlers.lookup_tables(req)["values"]
+        return self._reads(planned, tables, req.as_of)
+
+    def _plan_reads(self, reads: list[tuple[str, np.ndarray | None]],
+                    op: str) -> list[tuple[VariableRecord, np.ndarray | None]]:
+        """``reads`` checked (names, rows, the reply's size), nothing read yet."""
         planned: list[tuple[VariableRecord, np.ndarray | None]] = []
         gathered = whole = 0
         wholes: set[str] = set()
@@ -280,8 +294,8 @@ class ParameterServer(ServerBase):
             record = self.store.get(name)
             if indices is None:
                 if name in wholes:
-                    raise InvalidArgumentError(f"vars/sparse_read: variable {name!r} is read whole "
-                                               "more than once (name each variable once)")
+                    raise InvalidArgumentError(f"{op}: variable {name!r} is read whole more than "
+                                               "once (name each variable once)")
                 wholes.add(name)
                 whole += record.array.nbytes
                 planned.append((record, None))
@@ -291,27 +305,33 @@ class ParameterServer(ServerBase):
             planned.append((record, idx))
         if gathered > self.max_gather_bytes:
             raise InvalidArgumentError(
-                f"vars/sparse_read: the reply would be {gathered} bytes, more than this ps's limit of "
+                f"{op}: the reply would be {gathered} bytes, more than this ps's limit of "
                 f"{self.max_gather_bytes} (ask for unique rows, in smaller requests)")
         if whole > self.max_reply_bytes:
             raise InvalidArgumentError(
-                f"vars/sparse_read: the whole variables would be {whole} bytes, more than this "
-                f"ps's limit of {self.max_reply_bytes} (pstrain serve --max-reply-bytes)")
+                f"{op}: the whole variables would be {whole} bytes, more than this ps's limit of "
+                f"{self.max_reply_bytes} (pstrain serve --max-reply-bytes)")
+        return planned
+
+    def _reads(self, planned: list[tuple[VariableRecord, np.ndarray | None]], first: list[Any],
+               as_of: Any) -> dict[str, Any] | Pinned:
+        """The reply: ``first`` (values already made), then ``planned``'s reads: rows copied,
+        whole variables pinned until the reply is sent."""
         values = [record.array if idx is None else take_rows(record.array, idx)
                   for record, idx in planned]
-        if req.as_of is not None:  # a read of an exactly-once closure (a rerun's, maybe)
-            values = [self.before_images.whole(record.name, req.as_of, v) if idx is None
-                      else self.before_images.rows(record.name, req.as_of, idx, v)
+        if as_of is not None:  # a read of an exactly-once closure (a rerun's, maybe)
+            values = [self.before_images.whole(record.name, as_of, v) if idx is None
+                      else self.before_images.rows(record.name, as_of, idx, v)
                       for (record, idx), v in zip(planned, values)]
-        if not wholes:
-            return {"values": values}
+        if all(idx is not None for _, idx in planned):
+            return {"values": first + values}
         releases = [record.pin() for record, idx in planned if idx is None]
 
         def release() -> None:
             for r in releases:
                 r()
 
-        return Pinned({"values": values}, release)
+        return Pinned({"values": first + values}, release)
 
     def statistics(self, req: Any) -> dict[str, Any]:
         out = super().statistics(req)

@@ -89,7 +89,6 @@ class TableHandlers:
 
     def routes(self) -> dict[type[Operation], Callable[..., Any]]:
         return {CreateTable: self.create_table, LookupTable: self.lookup_table,
-                LookupTables: self.lookup_tables,
                 TableStatistics: self.table_statistics, ExportTable: self.export_table,
                 RestoreTable: self.restore_table, SaveCheckpoint: self.save_checkpoint}
 
@@ -178,6 +177,8 @@ class TableHandlers:
         return self._lookups([(req.name, req.ids)], req.train, req.as_of, "dyn/lookup")
 
     def lookup_tables(self, req: LookupTables) -> dict[str, Any]:
+        """The tables' half of a ``dyn/lookup_many`` (the ps routes it: its reads of
+        variables are the store's)."""
         return self._lookups([(x.name, x.ids) for x in req.lookups], req.train, req.as_of,
                              "dyn/lookup_many")
 
