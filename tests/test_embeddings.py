@@ -18,7 +18,7 @@ from pstrain import (
     embedding_lookup_sparse,
     safe_embedding_lookup_sparse,
 )
-from pstrain.errors import InvalidArgumentError
+from pstrain.errors import InvalidArgumentError, NotFoundError
 from pstrain.partitioners import FixedShardsPartitioner
 
 from .conftest import TOKEN, strategy_for
@@ -404,3 +404,31 @@ async def test_a_collection_outside_a_strategy_pools_its_local_tables():
     assert grad.indices.tolist() == [0, 3, 5]
     with pytest.raises(InvalidArgumentError, match="lives on the ps"):
         EmbeddingCollection([TableConfig("dyn", None, 2)])
+
+
+async def test_a_bad_multi_table_lookup_is_refused_whole_and_admits_nothing(cluster):
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    async with strategy.scope():
+        table = pstrain.DynamicEmbedding(2, name="t")
+        v = pstrain.Variable(np.zeros((3, 2), np.float32), name="v")
+    await table.lookup(np.array([1, 2]))
+    await v.numpy()
+    holder = v.ps_index  # a new id of the table's shard there
+    new_id = next(i for i in range(3, 1000) if int(table.route(np.array([i]))[0][0]) == holder)
+    peers = pstrain.rpc.ChannelPool(strategy.cluster_spec, cluster.token)
+    try:
+        ok = {"name": table.key, "ids": np.array([new_id])}
+        for payload, error, match in (
+                ({"lookups": []}, InvalidArgumentError, "length >= 1"),
+                ({"lookups": [{"name": "nope", "ids": np.array([1])}]}, NotFoundError, "'nope' not found"),
+                ({"lookups": [ok], "reads": [{"name": "v"}, {"name": "v"}]}, InvalidArgumentError,
+                 "read whole more than once"),
+                ({"lookups": [ok], "reads": [{"name": "v", "indices": np.array([9])}]},
+                 InvalidArgumentError, "out of range"),
+                ({"lookups": [{"name": table.key, "ids": np.array([1.5])}]}, InvalidArgumentError,
+                 "integer")):
+            with pytest.raises(error, match=match):
+                await peers.channel("ps", holder).call("dyn/lookup_many", payload)
+    finally:
+        await peers.close()
+    assert (await table.statistics())["rows"] == 2  # the new id was never admitted
