@@ -24,7 +24,7 @@ import numpy as np
 
 from .._base.errors import InvalidArgumentError
 from .._kernels import FLOAT_DTYPES, KERNELS, reference
-from .._kernels.batches import distinct, merge_duplicates
+from .._kernels.batches import distinct
 from .._variables.arrays import IndexedSlices
 from .._variables.sharding import embedding_lookup
 from .jagged import JaggedTensor, SparseTensor, as_jagged, as_numpy
@@ -267,13 +267,3 @@ def _filled(jagged: JaggedTensor, empty: np.ndarray, default_id: int) -> JaggedT
         weights[kept] = jagged.weights
         weights[filled_at] = 1
     return JaggedTensor(values, lengths, weights=weights)
-
-
-def merged_gradient(grads: list[IndexedSlices]) -> IndexedSlices:
-    """Several features' gradients of one table as one (duplicate ids summed)."""
-    if len(grads) == 1:
-        return grads[0]
-    ids = np.concatenate([g.indices for g in grads])
-    values = np.concatenate([g.values for g in grads])
-    unique, summed = merge_duplicates(ids, values)
-    return IndexedSlices(summed, unique)

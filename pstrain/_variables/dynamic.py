@@ -53,7 +53,7 @@ from .placement import Placement
 from .routing import routed
 from .staged_restore import new_stage, restore_staged
 
-__all__ = ["DynamicEmbedding", "TableLookups", "lookup_tables"]
+__all__ = ["DynamicEmbedding", "TableLookups"]
 
 _names = itertools.count()
 
@@ -447,26 +447,6 @@ class TableLookups:
     def put(self, merged: dict[int, np.ndarray], values: list[np.ndarray]) -> None:
         for (k, pos), rows in zip(merged.items(), values):
             self.out[k][pos] = rows
-
-
-async def lookup_tables(lookups: list[tuple[DynamicEmbedding, np.ndarray]],
-                        training: bool = True) -> list[np.ndarray]:
-    """The rows of each ``(table, distinct ids)``: one ``dyn/lookup_many`` request per ps for
-    all the tables, routed and sent again as each table's own lookups are."""
-    work = TableLookups(lookups, training)
-    items = work.items()
-    if not items:
-        return work.out
-
-    async def send(channel: Channel, group: list[tuple[int, int, np.ndarray]]) -> None:
-        entries, merged = await work.entries(group[0][1], group)
-        reply = await work.send(channel, group[0][1],
-                                LookupTables(lookups=entries, train=work.training), merged)
-        work.put(merged, reply.values)
-
-    await routed(work.pool(), items, work.channel_of, send,
-                 lambda group: [x for item in group for x in work.resplit(item)])
-    return work.out
 
 
 expose(globals(), "pstrain", ['DynamicEmbedding'])
