@@ -15,7 +15,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # pstrain's bytecode, written on both cores before a target runs (what is current is skipped).
 BYTECODE := $(PY) -m compileall -q -j 0 pstrain tests
 
-.PHONY: install test demo bench lint fuzz clean sysdeps compiler setup slurm screenshots chaos docs
+.PHONY: install test check demo bench lint fuzz clean sysdeps compiler setup slurm screenshots chaos docs
 
 # The table kernels (pstrain/_kernels/compiled.pyx) are C, built by pip: a C compiler and
 # Python's headers are installed with apt-get when missing.
@@ -60,8 +60,17 @@ test: setup
 	wait $$mypy; typed=$$?; echo "mypy:"; cat .mypy.out; rm -f .mypy.out; \
 	test $$tests -eq 0 && test $$typed -eq 0
 
-# What the multi-host tests need (tests/netlab.py: namespaces, nftables, tc; run as root),
-# the SLURM test (tests/slurmlab.py: the distribution's slurm-wlm and munge), the browser
+# The inner loop: the unit and cluster tiers (tests/unit, tests/cluster and pstrain's
+# doctests; no process, no system package) with ruff, in under two minutes. `make test`
+# runs every tier (tests/README.md).
+check: $(STAMP)
+	$(RUFF)
+	$(BYTECODE)
+	$(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile pstrain tests/unit \
+		tests/cluster $(PYTEST_ARGS)
+
+# What the multi-host tests need (tests/system/netlab.py: namespaces, nftables, tc; run as root),
+# the SLURM test (tests/system/slurmlab.py: the distribution's slurm-wlm and munge), the browser
 # tests of the dashboard (the distribution's chromium, driven by Playwright) and the
 # Prometheus test (the distribution's prometheus).
 sysdeps: compiler
@@ -78,14 +87,14 @@ screenshots: sysdeps $(STAMP)
 # root) runs `sbatch examples/slurm/train.sbatch` and checks that the job ends COMPLETED.
 slurm: sysdeps $(STAMP)
 	$(BYTECODE)
-	$(PY) -m pytest -q -p no:cacheprovider tests/test_slurm.py
+	$(PY) -m pytest -q -p no:cacheprovider tests/system/test_slurm.py
 
-# The whole fault matrix (tests/test_fault_matrix.py): 7 faults alone and in every ordered
+# The whole fault matrix (tests/system/test_fault_matrix.py): 7 faults alone and in every ordered
 # pair, on 3 models, each run compared bit for bit with a run without faults (about 40 min;
 # make test runs a sample of it).
 chaos: sysdeps $(STAMP)
 	$(BYTECODE)
-	PSTRAIN_CHAOS=all $(PY) -m pytest -q -p no:cacheprovider tests/test_fault_matrix.py
+	PSTRAIN_CHAOS=all $(PY) -m pytest -q -p no:cacheprovider tests/system/test_fault_matrix.py
 
 # The documentation site (MkDocs, Material theme, API reference by mkdocstrings) into site/;
 # strict: a broken link, anchor or reference fails the build. `make test` builds it too.
@@ -104,7 +113,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/run_all.py $(if $(BENCH),--only '$(BENCH)') $(if $(TF_PYTHON),--tf-python '$(TF_PYTHON)') \
 		$(if $(TORCHREC_PYTHON),--torchrec-python '$(TORCHREC_PYTHON)')
 
-# The architecture's static checks (layers and cycles are checked by tests/test_architecture.py).
+# The architecture's static checks (layers and cycles are checked by tests/unit/test_architecture.py).
 lint: $(STAMP)
 	$(RUFF)
 	$(VENV)/bin/mypy

@@ -1,6 +1,6 @@
 """W4 and W5 on a simulated network: every ps and worker in its own network namespace.
 
-The hosts (2 ps, 4 workers) are namespaces on a bridge (``tests/netlab.py``; root
+The hosts (2 ps, 4 workers) are namespaces on a bridge (``tests/system/netlab.py``; root
 needed); the coordinator runs here and reaches them through the bridge. Links are
 shaped both ways with ``tc tbf``. For each link speed (unshaped, 10 Gbit/s,
 1 Gbit/s), W4 (2 ps, 2 workers) is measured, and W5 (1, 2, 4 workers) at 1 Gbit/s.

@@ -1,22 +1,23 @@
-"""Shared fixtures: real servers on 127.0.0.1, in this process or as processes; a clean environment.
+"""Shared fixtures: real servers on 127.0.0.1, in this process or as processes; a clean
+environment; the tiers.
 
-Most tests run against :class:`pstrain.testing.InProcessCluster` (servers in
-the test's own loop, with a leak check at teardown). Tests about processes
-(kill, restart, signals, the CLI) use ``process_cluster`` or
-:class:`ServeProcess`.
+Tests sit in four tiers, one folder each (``tests/README.md``): ``unit`` (no process, no
+socket), ``cluster`` (servers in the test's own loop, :class:`pstrain.testing.InProcessCluster`,
+with a leak check at teardown), ``processes`` (real processes: kills, restarts, signals,
+the CLI; ``process_cluster`` or :class:`tests.helpers.ServeProcess`) and ``system``
+(SLURM, Chromium, Prometheus, network namespaces, the wheel). Each test is marked with its
+tier, and a test of the first two tiers that starts what its tier rules out fails, naming
+the tier it belongs in. The doctests of ``pstrain/`` are unit tests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import re
-import resource
+import socket
 import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +26,7 @@ import pytest_asyncio
 import pstrain
 from pstrain.testing import InProcessCluster
 
-TOKEN = "test-token-0123456789"
+from .helpers import TOKEN, ServeProcess
 
 # aiohttp builds two TLS client contexts as it is imported, each reading the system's CA
 # bundle: 0.08 s of CPU in each of the ~300 processes a test run starts (servers, the CLI).
@@ -33,6 +34,65 @@ TOKEN = "test-token-0123456789"
 # the CA each test makes), so the processes a test run starts read none.
 os.environ.setdefault("SSL_CERT_FILE", os.devnull)
 os.environ.setdefault("SSL_CERT_DIR", os.devnull)
+
+
+TIERS = ("unit", "cluster", "processes", "system")
+HERE = Path(__file__).resolve().parent
+
+
+def tier_of(path: Path) -> str:
+    """The tier of a test file: its folder under ``tests/`` (a doctest of pstrain/: unit)."""
+    try:
+        folder = Path(path).resolve().relative_to(HERE).parts[0]
+    except ValueError:
+        return "unit"
+    if folder not in TIERS:
+        raise pytest.UsageError(f"{path}: tests sit in a tier folder, one of {TIERS}")
+    return folder
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(getattr(pytest.mark, tier_of(item.path)))
+
+
+class TierError(AssertionError):
+    """A test did what its tier rules out."""
+
+
+def _refuse(what: str, tier: str, belongs: str) -> Any:
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise TierError(f"a test in tests/{tier}/ {what}: it belongs in tests/{belongs}/")
+    return refused
+
+
+@pytest.fixture(autouse=True)
+def tier_rules(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``unit`` tests start no process and open no network socket; ``cluster`` tests start no
+    process. Checked where processes and sockets start, so a test in the wrong tier fails."""
+    tier = tier_of(request.node.path)
+    if tier not in ("unit", "cluster"):
+        return
+    spawn = _refuse("started a process", tier, "processes")
+    monkeypatch.setattr(subprocess.Popen, "__init__", spawn)
+    monkeypatch.setattr(os, "fork", spawn)
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", spawn)
+    monkeypatch.setattr(asyncio, "create_subprocess_shell", spawn)
+    if tier == "unit":
+        for method in ("bind", "connect", "listen"):
+            original = getattr(socket.socket, method)
+            monkeypatch.setattr(socket.socket, method, _network_only(original, method))
+
+
+def _network_only(original: Any, method: str) -> Any:
+    refused = _refuse(f"called socket.{method} on a network socket", "unit", "cluster")
+
+    def guarded(self: socket.socket, *args: Any) -> Any:
+        if self.family in (socket.AF_INET, socket.AF_INET6):
+            self.close()  # refused, not left for the collector to warn of in a later test
+            return refused()
+        return original(self, *args)
+    return guarded
 
 
 @pytest_asyncio.fixture(autouse=True)
@@ -59,61 +119,6 @@ def pytest_asyncio_loop_factories(config, item):
     return {"uvloop": uvloop.new_event_loop}
 
 
-class ServeProcess:
-    """A `pstrain serve` process; `address` once it printed its listening line. ``limits``:
-    resource limits (``resource.RLIMIT_*`` -> (soft, hard)) the process starts under."""
-
-    def __init__(self, *args: str, token: str | None = TOKEN, env: dict[str, str] | None = None,
-                 limits: dict[int, tuple[int, int]] | None = None) -> None:
-        full_env = dict(os.environ if env is None else env)
-        if token is not None:
-            full_env["PSTRAIN_TOKEN"] = token
-        full_env["PYTHONUNBUFFERED"] = "1"
-        # stderr goes to a file: an unread pipe would fill up and block the server.
-        self.log = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pstrain.cli", "serve", *args],
-            stdout=subprocess.PIPE, stderr=self.log, env=full_env, text=True,
-            preexec_fn=(lambda: [resource.setrlimit(k, v) for k, v in limits.items()]) if limits else None)
-        try:
-            self.address = self._wait_listening()
-        except BaseException:
-            self.stop()
-            raise
-
-    def _wait_listening(self, timeout: float = 30.0) -> str:
-        deadline = time.monotonic() + timeout
-        assert self.proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise AssertionError(f"pstrain serve exited with {self.proc.wait()}: {self.stderr()}")
-            match = re.search(r"listening on (\S+)", line)
-            if match:
-                return match.group(1)
-        raise AssertionError("pstrain serve did not print its listening line in time")
-
-    def stderr(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
-
-    @property
-    def port(self) -> int:
-        return int(self.address.rsplit(":", 1)[1])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        self.log.close()
-
-
 @pytest.fixture
 def ps_process() -> Iterator[ServeProcess]:
     """One `pstrain serve --role ps` process with the test token."""
@@ -138,13 +143,6 @@ async def ps_pair(tmp_path: Any) -> AsyncIterator[list[Any]]:
         yield c.ps
 
 
-def strategy_for(*ps: Any, workers: list[str] | None = None,
-                 token: str | None = TOKEN) -> pstrain.ParameterServerStrategy:
-    """A strategy whose ps are the given servers (workers need not exist for ps tests)."""
-    spec = {"ps": [s.address for s in ps], "worker": workers or ["127.0.0.1:9"]}
-    return pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(spec, token=token))
-
-
 @pytest_asyncio.fixture
 async def cluster(tmp_path: Any) -> AsyncIterator[InProcessCluster]:
     """2 ps + 2 workers as servers in this process, checked for leaks at teardown."""
@@ -160,33 +158,3 @@ async def process_cluster() -> AsyncIterator[pstrain.LocalCluster]:
         yield c
 
 
-def rss(pid: int) -> int:
-    """The resident memory of process ``pid``, in bytes."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
-async def wait_for(predicate, timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll ``predicate`` (sync or async) until true, or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
-async def abort_all(writers: list[asyncio.StreamWriter], timeout: float = 30.0) -> None:
-    """Drop raw test connections and wait until each transport is closed, so none is left
-    for a later test's loop (an open handle fails the loop's close and warns at collection)."""
-    for w in writers:
-        w.transport.abort()
-    await asyncio.wait_for(
-        asyncio.gather(*(w.wait_closed() for w in writers), return_exceptions=True), timeout)

@@ -5,7 +5,7 @@ enum of states with the transitions allowed between them; each event is a
 method that checks the transition, changes the state and returns what the
 caller (a :class:`~pstrain._coordinator.dispatch.WorkerDispatcher`, which does the I/O)
 must do. Nothing here sends, sleeps or spawns, so every combination of events
-is reached by a plain test (``tests/test_membership.py``), and
+is reached by a plain test (``tests/unit/test_membership.py``), and
 :meth:`Membership.check` states the invariants a test checks at teardown, as
 dask/distributed checks its worker state machine::
 

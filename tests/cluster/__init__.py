@@ -1,0 +1,1 @@
+"""cluster tier (see tests/README.md)."""

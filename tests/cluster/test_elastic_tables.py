@@ -1,0 +1,934 @@
+"""Dynamic tables on elastic parameter servers: slices of a table's hash space move to a ps
+that joins and off a ps that leaves, while training runs, with their rows, optimizer
+slots, eviction state and admission sightings; nothing is lost or applied twice, and a
+request sent by an old map is refused whole and routed again."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+import pytest_asyncio
+
+import pstrain
+from pstrain._base.tags import set_dispatch
+from pstrain._formats.idhash import shard_of
+from pstrain.errors import FailedPreconditionError, InvalidArgumentError, PlacementChangedError
+from pstrain.rpc import Channel
+from pstrain.server import ParameterServer
+from pstrain.testing import InProcessCluster
+from tests.helpers import TOKEN, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+DIM, STEPS, BATCH = 4, 60, 96
+#: ids spread over the whole 64-bit space (a table's ids are raw keys)
+POOL = np.random.default_rng(7).integers(-(2 ** 62), 2 ** 62, 3000, dtype=np.int64)
+
+
+def _batch(step: int) -> tuple[np.ndarray, np.ndarray]:
+    """Step ``step``'s ids and whole-number gradients (any order of applying them sums to
+    the same floats)."""
+    rng = np.random.default_rng(step)
+    ids = rng.choice(POOL, BATCH, replace=False)
+    return ids, rng.integers(-3, 4, (BATCH, DIM)).astype(np.float32)
+
+
+def _expected(steps: int) -> dict[int, np.ndarray]:
+    rows: dict[int, np.ndarray] = {}
+    for step in range(steps):
+        ids, grads = _batch(step)
+        for i, g in zip(ids.tolist(), grads):
+            rows[i] = rows.get(i, np.zeros(DIM, np.float32)) - g
+    return rows
+
+
+@contextlib.asynccontextmanager
+async def _job(num_ps: int = 2, *, workers: int = 1, extra: bool = True, root: str | None = None,
+               token: str | None = None) -> AsyncIterator[tuple[Any, ParameterServer | None, Any, Any]]:
+    """In-process ps and workers (checkpoints under ``root``), a further ps not in the job
+    yet (``extra``), a strategy without partitioner and its coordinator (closed after)."""
+    options = {"checkpoint_root": root} if root else {}
+    async with InProcessCluster(num_ps=num_ps, num_workers=workers, token=token,
+                                ps_options=options or None) as cluster:
+        spare = ParameterServer(num_ps, token=cluster.token, **options) if extra else None
+        if spare is not None:
+            await spare.start()
+        try:
+            strategy = pstrain.ParameterServerStrategy(
+                pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+            coordinator = pstrain.ClusterCoordinator(strategy)
+            yield cluster, spare, strategy, coordinator
+            await coordinator.close()
+        finally:
+            if spare is not None:
+                await spare.stop()
+
+
+def _same_rows(ids: np.ndarray, rows: np.ndarray, expected: dict[int, np.ndarray]) -> None:
+    assert sorted(ids.tolist()) == sorted(expected)
+    wrong = [i for i, row in zip(ids.tolist(), rows) if not np.array_equal(row, expected[i])]
+    assert not wrong, f"{len(wrong)} rows lost or doubled an update"
+
+
+def _ids_on(ps: ParameterServer, key: str) -> np.ndarray:
+    table = ps.tables.get(key)
+    if table is None:
+        return np.empty(0, np.int64)
+    return table.export()["ids"]
+
+
+def _runner(coordinator: pstrain.ClusterCoordinator, table: pstrain.DynamicEmbedding,
+            opt: Any) -> Callable[[int, int], Awaitable[None]]:
+    """``await run(start, stop)``: steps ``start`` to ``stop - 1`` (a lookup, then the
+    update), each an exactly-once closure, then ``join``."""
+    async def step_fn(step: int) -> None:
+        ids, grads = _batch(step)
+        await table.lookup(ids)
+        await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
+
+    async def run(start: int, stop: int) -> None:
+        for step in range(start, stop):
+            coordinator.schedule(step_fn, args=(step,), exactly_once=True)
+        await coordinator.join()
+
+    return run
+
+
+def _table_feed() -> Any:
+    """examples/table_feed.py, the serving feed's example consumer."""
+    spec = importlib.util.spec_from_file_location(
+        "table_feed", os.path.join(os.path.dirname(__file__), "..", "..", "examples", "table_feed.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _check_map(coordinator: pstrain.ClusterCoordinator, servers: list[ParameterServer],
+               table: pstrain.DynamicEmbedding) -> None:
+    """Every ps holds exactly the ids of the slices the map gives it."""
+    sliced = coordinator.ps.table_slices(table)
+    for k, ps in enumerate(servers):
+        ids = _ids_on(ps, table.key)
+        owners = np.asarray(sliced.owners)[shard_of(ids, sliced.slices)] if ids.size else ids
+        assert np.all(owners == k), f"ps {k} holds ids of slices it does not own"
+
+
+async def test_table_slices_move_to_a_joining_ps_and_off_a_leaving_one_while_training_runs():
+    async with _job(workers=2) as (cluster, extra, strategy, coordinator):
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="users", initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.SGD(1.0)
+
+        async def step_fn(step: int) -> None:
+            ids, grads = _batch(step)
+            await table.lookup(ids)  # admits them
+            await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
+
+        for step in range(STEPS // 3):
+            coordinator.schedule(step_fn, args=(step,), exactly_once=True)
+        await wait_for(lambda: coordinator.closures_done >= 5, timeout=30, what="training to start")
+        assert await coordinator.add_ps(extra.address) == 2  # while closures run
+        for step in range(STEPS // 3, 2 * STEPS // 3):
+            coordinator.schedule(step_fn, args=(step,), exactly_once=True)
+        await coordinator.join()
+        servers = [*cluster.ps, extra]
+        sliced = coordinator.ps.table_slices(table)
+        held = [len(sliced.held_by(k)) for k in range(3)]
+        assert sum(held) == sliced.slices and min(held) >= sliced.slices // 3
+        assert _ids_on(extra, table.key).size > 0
+        _check_map(coordinator, servers, table)
+        shares = coordinator.statistics()["placement"]["ps"][2]["table_shares"]
+        assert shares["users"] == pytest.approx(held[2] / sliced.slices, abs=1e-3)
+        endpoint = await coordinator.serve_metrics()
+        async with aiohttp.ClientSession() as session, session.get(
+                f"http://{endpoint}/metrics", headers={"Authorization": f"Bearer {cluster.token}"}) as r:
+            text = await r.text()
+        line = next(ln for ln in text.splitlines()
+                    if ln.startswith("pstrain_placement_table_share") and 'ps="2"' in ln)
+        assert float(line.split()[-1]) == pytest.approx(shares["users"])
+
+        await coordinator.remove_ps(0)  # ps 0 leaves: its slices go to ps 1 and 2
+        for step in range(2 * STEPS // 3, STEPS):
+            coordinator.schedule(step_fn, args=(step,), exactly_once=True)
+        await coordinator.join()
+        assert _ids_on(cluster.ps[0], table.key).size == 0
+        assert set(coordinator.ps.table_slices(table).owners) == {1, 2}
+        _check_map(coordinator, servers, table)
+        # workers learnt each map from a refusal
+        assert sum(ps.store.refusals for ps in servers) >= 1
+
+        expected = _expected(STEPS)
+        _same_rows(*await table.export(), expected)
+        assert (await table.statistics())["rows"] == len(expected)
+
+
+async def _train_sequentially(table, opt, steps: range) -> None:
+    for step in steps:
+        ids, grads = _batch(step)
+        await table.lookup(ids[: BATCH // 2])
+        await table.lookup(ids)
+        await opt.apply_gradients([(pstrain.IndexedSlices(grads / 4, ids), table)])
+
+
+async def _adagrad_run(move: bool) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
+    async with _job() as (cluster, extra, strategy, coordinator):
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="items", capacity=5000, admit_after=2,
+                                             eviction="lfu")
+            opt = pstrain.optimizers.Adagrad(0.1)
+        await _train_sequentially(table, opt, range(0, 20))
+        if move:
+            await coordinator.add_ps(extra.address)
+            assert _ids_on(extra, table.key).size > 0
+        await _train_sequentially(table, opt, range(20, 40))
+        if move:
+            await coordinator.remove_ps(1)
+            assert _ids_on(cluster.ps[1], table.key).size == 0
+        await _train_sequentially(table, opt, range(40, 50))
+        ids, rows = await table.export()
+        slots, freq, sightings = {}, {}, {}
+        for ps in [*cluster.ps, extra]:
+            shard = ps.tables.get(table.key)
+            if shard is None:
+                continue
+            used = shard._cand_used
+            sightings.update((int(i), int(c)) for i, c in zip(shard._cand_ids[:used],
+                                                              shard._cand_counts[:used]) if c)
+            if len(shard):
+                exported = shard.export()
+                pos = shard.positions(exported["ids"])
+                for i, acc, f in zip(exported["ids"].tolist(),
+                                     exported[f"slot:{opt.name}/accumulator"], shard.freq[pos]):
+                    slots[i], freq[i] = acc, int(f)
+        stats = await table.statistics()
+        state = np.concatenate([rows, np.stack([slots[i] for i in ids.tolist()]),
+                                np.array([[freq[i]] for i in ids.tolist()], np.float32)], axis=1)
+        return ids, state, {**stats, "sightings": sightings}
+    raise AssertionError("unreachable")
+
+
+async def test_rows_slots_counts_and_sightings_move_exactly():
+    """One client, a fixed order of steps: a run with a join and a leave in it ends with
+    the same rows, Adagrad accumulators, LFU counts and admission sightings as one without
+    (eviction is per shard, so its choices depend on the sharding: not compared)."""
+    ids_a, state_a, stats_a = await _adagrad_run(move=False)
+    ids_b, state_b, stats_b = await _adagrad_run(move=True)
+    np.testing.assert_array_equal(ids_a, ids_b)
+    np.testing.assert_array_equal(state_a, state_b)
+    assert stats_a["sightings"] and stats_a["sightings"] == stats_b["sightings"]
+    assert stats_a["rows"] == stats_b["rows"] == ids_a.size
+
+
+async def test_an_old_map_request_to_a_table_is_refused_whole_and_a_retry_is_applied_once():
+    async with _job() as (cluster, extra, strategy, coordinator):
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="t", initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.SGD(1.0)
+        ids = np.sort(POOL[:200])
+        await table.lookup(ids)
+        # an exactly-once closure's first attempt applies on ps 0 and 1 ...
+        set_dispatch(None, "closure-7")
+        await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((200, DIM), np.float32), ids),
+                                    table)])
+        await coordinator.add_ps(extra.address)
+        # ... its retry, after slices moved to ps 2, is recognised there and not applied again
+        set_dispatch(None, "closure-7")
+        await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((200, DIM), np.float32), ids),
+                                    table)])
+        set_dispatch(None, None)
+        _, rows = await table.export()
+        np.testing.assert_array_equal(rows, -np.ones((200, DIM), np.float32))
+        # a client on the old map is refused by ps 0, applying nothing
+        on0 = ids[shard_of(ids, 2) == 0]
+        moved = coordinator.ps.table_slices(table)
+        away = on0[np.asarray(moved.owners)[shard_of(on0, moved.slices)] == 2]
+        assert away.size
+        channel = Channel(cluster.ps[0].address, token=cluster.token,
+                          task="/job:ps/replica:0/task:0")
+        try:
+            with pytest.raises(PlacementChangedError) as caught:
+                await channel.call("dyn/lookup", {"name": table.key, "ids": on0, "train": True})
+            assert caught.value.placement["tables"][table.key]["slices"] == moved.slices
+        finally:
+            await channel.close()
+        assert cluster.ps[0].tables[table.key].lookups == 1  # the refused lookup counted nothing
+        with pytest.raises(InvalidArgumentError, match="not all on ps 1"):
+            await coordinator.ps.move_slices({table.key: [0]}, 1, 0)
+        with pytest.raises(InvalidArgumentError, match="not dynamic tables"):
+            await coordinator.ps.move_slices({"nope": [0]}, 0, 1)
+        await coordinator.remove_ps(0)
+        _, rows = await table.export()  # the table itself lives on, on ps 1 and 2
+        np.testing.assert_array_equal(rows, -np.ones((200, DIM), np.float32))
+
+
+async def test_a_table_created_after_a_ps_left_is_sliced_over_the_ps_in_the_job(tmp_path):
+    """Ps 1 of 3 leaves before the table exists: the table is made of slices from the
+    start, ps 1's on ps 0 and 2, with the whole capacity shared by them; workers route by
+    them; a ps that joins takes its share by a move; a checkpoint restores exactly."""
+    half = STEPS // 2
+    async with _job(3, workers=2, root=str(tmp_path)) as (cluster, extra, strategy, coordinator):
+        await coordinator.remove_ps(1)
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="late", capacity=100_000,
+                                             initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.SGD(1.0)
+        run = _runner(coordinator, table, opt)
+
+        await run(0, half)
+        servers = [*cluster.ps, extra]
+        sliced = coordinator.ps.table_slices(table)
+        assert set(sliced.owners) == {0, 2} and sliced.slices == 3 * 64
+        assert abs(len(sliced.held_by(0)) - len(sliced.held_by(2))) <= 1
+        assert table.key not in cluster.ps[1].tables
+        _check_map(coordinator, servers, table)
+        assert sum(cluster.ps[k].tables[table.key].config.capacity for k in (0, 2)) == 100_000
+        _same_rows(*await table.export(), _expected(half))
+        manager = pstrain.checkpoint.CheckpointManager(pstrain.Checkpoint(table=table), str(tmp_path))
+        await manager.save()
+        await run(half, half + 4)
+        path = await manager.save_delta()
+        # the serving feed of the ps holding it follows base + delta
+        mirror = _table_feed().TableMirror([cluster.ps[k].address for k in (0, 2)], table.key,
+                                           cluster.token)
+        async with aiohttp.ClientSession() as session:
+            assert await mirror.poll(session) > 0
+        ids, rows = mirror.snapshot()
+        _same_rows(ids, rows, _expected(half + 4))
+
+        assert await coordinator.add_ps(extra.address) == 3
+        await run(half + 4, STEPS)
+        sliced = coordinator.ps.table_slices(table)
+        assert set(sliced.owners) == {0, 2, 3} and _ids_on(extra, table.key).size > 0
+        _check_map(coordinator, servers, table)
+        _same_rows(*await table.export(), _expected(STEPS))
+
+        (await pstrain.Checkpoint(table=table).restore(path)).assert_consumed()  # base + delta
+        _same_rows(*await table.export(), _expected(half + 4))
+        _check_map(coordinator, servers, table)
+
+
+async def test_a_table_created_after_a_ps_joined_is_spread_over_it_too():
+    async with _job() as (cluster, extra, strategy, coordinator):
+        assert await coordinator.add_ps(extra.address) == 2
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="new", capacity=9_000,
+                                             initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.SGD(1.0)
+        for step in range(10):
+            ids, grads = _batch(step)
+            await table.lookup(ids)
+            await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
+        servers = [*cluster.ps, extra]
+        sliced = coordinator.ps.table_slices(table)
+        assert [len(sliced.held_by(k)) for k in range(3)] == [43, 43, 42]
+        assert _ids_on(extra, table.key).size > 0
+        _check_map(coordinator, servers, table)
+        assert sum(ps.tables[table.key].config.capacity for ps in servers) == 9_000
+        _same_rows(*await table.export(), _expected(10))
+        with pytest.raises(InvalidArgumentError, match="at least the 3 ps"):
+            async with strategy.scope():
+                pstrain.DynamicEmbedding(DIM, name="tiny", capacity=2)
+
+
+async def test_a_lost_ps_holding_table_slices_is_replaced_from_base_and_deltas(tmp_path):
+    """Ps 1 of 3 is lost after a full save, a delta and three more steps: its slices of the
+    table come back on ps 0 and 2 as of the delta, while training goes on; every other row
+    keeps all its updates, once."""
+    saved, delta, lost, end = 8, 12, 15, 24
+    async with _job(3, extra=False, root=str(tmp_path)) as (cluster, _, strategy, coordinator):
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="t", initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.SGD(1.0)
+        manager = pstrain.checkpoint.CheckpointManager(
+            pstrain.checkpoint.Checkpoint(table=table, opt=opt), str(tmp_path))
+        run = _runner(coordinator, table, opt)
+
+        await run(0, saved)
+        await manager.save()
+        await run(saved, delta)
+        assert ".delta-" in await manager.save_delta()
+        await run(delta, lost)  # these updates on ps 1 are lost with it
+        coordinator.replace_lost_ps(manager)
+        await cluster.ps[1].stop()
+        await run(lost, end)  # the first closures fail on ps 1, are held, and run again
+
+        status = coordinator.statistics()["placement"]
+        (replaced,) = status["replaced"]
+        assert replaced["ps"] == 1 and replaced["table_rows"] > 0
+        assert 1 not in coordinator.ps.table_slices(table).owners
+        expected: dict[int, np.ndarray] = {}
+        for step in range(end):
+            ids, grads = _batch(step)
+            for i, g in zip(ids.tolist(), grads):
+                if delta <= step < lost and int(shard_of(np.array([i]), 3)[0]) == 1:
+                    continue  # on the lost ps after the delta
+                expected[i] = expected.get(i, np.zeros(DIM, np.float32)) - g
+        _same_rows(*await table.export(), expected)
+
+
+async def test_a_drained_ps_leaves_its_evictions_to_the_next_delta_and_a_restore_matches_the_live_table(
+        tmp_path):
+    """Rows evicted on a ps since the last delta, then the ps drains and leaves: the ps that
+    took its slices writes those evictions in the next delta, so base + deltas restored
+    into a fresh cluster is the live table, no row missing and none come back."""
+    async with _job(3, extra=False, root=str(tmp_path)) as (cluster, _, strategy, coordinator):
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="t", max_age=4)
+            opt = pstrain.optimizers.Adagrad(0.1)
+        manager = pstrain.checkpoint.CheckpointManager(
+            pstrain.checkpoint.Checkpoint(table=table, opt=opt), str(tmp_path))
+        await _train_sequentially(table, opt, range(0, 10))
+        await manager.save()
+        await _train_sequentially(table, opt, range(10, 20))
+        assert (await table.statistics())["evicted"] > 0
+        evicted_on_1 = cluster.ps[1].tables[table.key].evicted
+        await coordinator.remove_ps(1)  # drained: its rows and evictions go to ps 0 and 2
+        assert evicted_on_1 > 0 and _ids_on(cluster.ps[1], table.key).size == 0
+        await _train_sequentially(table, opt, range(20, 22))
+        path = await manager.save_delta()
+        live_ids, live_rows = await table.export()
+    async with _job(extra=False, root=str(tmp_path)) as (cluster, _, strategy, coordinator):
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="t", max_age=4)
+            opt = pstrain.optimizers.Adagrad(0.1)
+        (await pstrain.checkpoint.Checkpoint(table=table, opt=opt).restore(path)).assert_consumed()
+        ids, rows = await table.export()
+        np.testing.assert_array_equal(ids, live_ids)
+        np.testing.assert_array_equal(rows, live_rows)
+
+
+def test_a_shard_merges_slices_whose_rows_and_slots_changed_between_copy_and_switch():
+    """The ps's own steps of a move, on real table shards: rows admitted and an optimizer
+    slot made after the copy arrive with the patch; the receiver ends equal to the source."""
+    from pstrain._formats.placement_map import SliceSet, TableCopy, TablePatch
+    from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
+    from pstrain.server.ps.store import ChangeClock
+
+    clock = ChangeClock()
+    source = DynamicTable("t", TableConfig(dim=DIM, admit_after=2), clock=clock)
+    ids = np.sort(POOL[:500])
+    source.lookup(ids[:300], True)
+    source.lookup(ids[:300], True)  # admitted at the second sighting
+    source.lookup(ids[300:], True)  # seen once: sightings only
+    everything = SliceSet(slices=4, owned=[0, 1, 2, 3])
+    copy = TableCopy(**source.copy_slices(everything))
+    mark = clock.mark()
+    source.lookup(ids[300:400], True)  # admitted after the copy
+    adagrad = {"accumulator": ("opt/accumulator", 0.1)}
+
+    def rule(rows, grad, pos, arrays, cfg, t):
+        ok = pos >= 0
+        arrays["accumulator"][pos[ok]] += grad[ok] ** 2
+        rows[pos[ok]] -= grad[ok]
+
+    source.apply(rule, ids[:400], np.ones((400, DIM), np.float32), adagrad, {}, 1)  # a slot, new
+    patch = TablePatch(**source.patch_slices(everything, mark))
+    target = DynamicTable("t", TableConfig(dim=DIM, admit_after=2), clock=ChangeClock())
+    assert target.merge_slices(copy, patch) == 400
+    got, want = target.export(), source.export()
+    order_got, order_want = np.argsort(got["ids"]), np.argsort(want["ids"])
+    for key in ("ids", "rows", "slot:opt/accumulator"):
+        np.testing.assert_array_equal(got[key][order_got], want[key][order_want])
+    target.lookup(ids[400:401], True)  # its second sighting, counted on the source first
+    assert len(target) == 401
+
+
+async def test_a_serving_feed_reader_follows_the_table_as_its_slices_move(tmp_path):
+    """examples/table_feed.py's mirror, following every ps: after a join and a drain, at the
+    next saved version each ps whose slices changed resets its reader's copy to the slices
+    it holds now, so the mirror is the table again (no row twice, none stale)."""
+    table_feed = _table_feed()
+    root = str(tmp_path)
+    async with _job(root=root, token=TOKEN) as (cluster, extra, strategy, coordinator):
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="emb")
+            opt = pstrain.optimizers.Adagrad(0.1)
+        manager = pstrain.checkpoint.CheckpointManager(
+            pstrain.Checkpoint(table=table, opt=opt), root, deltas_per_base=100)
+        mirror = table_feed.TableMirror([ps.address for ps in cluster.ps], "emb", TOKEN)
+
+        async def same() -> None:
+            ids, rows = await table.export()
+            got_ids, got_rows = mirror.snapshot()
+            np.testing.assert_array_equal(got_ids, ids)
+            np.testing.assert_array_equal(got_rows, rows)
+
+        async with aiohttp.ClientSession() as session:
+            await _train_sequentially(table, opt, range(0, 5))
+            await manager.save()
+            await mirror.poll(session)
+            await same()
+            await coordinator.add_ps(extra.address)
+            mirror.endpoints.append(extra.address)
+            mirror.shards.append(table_feed.ShardCopy())
+            await _train_sequentially(table, opt, range(5, 8))
+            await manager.save()  # (a delta cannot cover a ps that joined since the base)
+            resets = mirror.resets
+            await mirror.poll(session)
+            assert mirror.resets == resets + 3  # each ps's slices changed: each one reset
+            await same()
+            await _train_sequentially(table, opt, range(8, 10))
+            await manager.save_delta()
+            resets = mirror.resets
+            await mirror.poll(session)
+            assert mirror.resets == resets  # nothing moved: only the changes
+            await same()
+            await coordinator.remove_ps(0)
+            await _train_sequentially(table, opt, range(10, 12))
+            await manager.save_delta()
+            await mirror.poll(session)
+            assert mirror.shards[0].ids.size == 0  # ps 0 holds no slice now
+            await same()
+
+
+def _stopped(**_):
+    raise RuntimeError("the coordinator stopped before step 3")
+
+
+async def _aborts_nothing(*_, **__):  # a stopped coordinator aborts nothing
+    return None
+
+
+async def _made(strategy: pstrain.ParameterServerStrategy, v: np.ndarray) -> tuple[Any, Any, Any]:
+    """A table ``t``, SGD and a variable ``v`` (valued ``v``) on ps 0."""
+    async with strategy.scope():
+        table = pstrain.DynamicEmbedding(DIM, name="t", initializer=pstrain.initializers.Zeros())
+        opt = pstrain.optimizers.SGD(1.0)
+        with strategy.placement.colocated(0):
+            var = pstrain.Variable(v, name="v")
+    return table, opt, var
+
+
+async def _both_stopped(coordinator: Any, table: Any, match: str) -> list[int]:
+    """Move ``v`` and two of ps 0's slices of ``table`` to ps 2, each stopped part way (by
+    the caller's patches, with ``match``); returns the slices."""
+    slices = coordinator.ps.table_slices(table).held_by(0)[:2]
+    with pytest.raises(RuntimeError, match=match):
+        await coordinator.ps.move(["v"], 2)
+    with pytest.raises(RuntimeError, match=match):
+        await coordinator.ps.move_slices({table.key: slices}, 0, 2)
+    return slices
+
+
+async def _train(table: Any, opt: Any, step: int) -> None:
+    ids, grads = _batch(step)
+    await table.lookup(ids)
+    await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
+
+
+async def test_a_move_whose_coordinator_stops_after_staging_is_ended_when_its_time_is_up(monkeypatch):
+    """A coordinator that stops after staging a move's copies on the new ps (here: its next
+    step is never sent, nor an abort) leaves them held there and served by no one: they go
+    after MOVE_TTL_S, with the source's marks of the move, and the variable and the table
+    are served whole where they were; a later move of them goes through."""
+    from pstrain._coordinator import ps_moves
+    from pstrain.server.ps import moves
+
+    async with _job() as (cluster, extra, strategy, coordinator):
+        assert extra is not None
+        table, opt, v = await _made(strategy, np.arange(4096, dtype=np.float32))
+        async with strategy.scope():
+            with strategy.placement.colocated(1):
+                w = pstrain.Variable(np.ones(4097, np.float32), name="w")
+        await _train(table, opt, 0)
+        await coordinator.ps.admit_ps(extra.address)
+        monkeypatch.setattr(moves, "MOVE_TTL_S", 2.0)
+        monkeypatch.setattr(ps_moves, "FinishMove", _stopped)
+        monkeypatch.setattr(ps_moves.PsChanges, "_abort", _aborts_nothing)
+        slices = await _both_stopped(coordinator, table, "before step 3")
+        source = cluster.ps[0]
+        assert len(extra.moves.incoming) == 2 and extra.moves.staged_bytes() >= 4096 * 4
+        assert table.key in extra.tables and len(source.moves.outgoing) == 2
+        # the staged copies count against the new ps's --max-store-bytes while they are held
+        monkeypatch.setattr(extra.moves, "max_store_bytes", extra.moves.staged_bytes() + 4096 * 4)
+        with pytest.raises(FailedPreconditionError, match="max-store-bytes"):
+            await coordinator.ps.move(["w"], 2)
+        await wait_for(lambda: not (extra.moves.incoming or extra.moves.incoming_tables
+                                    or source.moves.outgoing or source.moves.outgoing_tables),
+                       timeout=20, what="the stopped move's stages ended")
+        assert extra.moves.staged_bytes() == 0 and table.key not in extra.tables
+        assert extra.moves.statistics()["moves_in_progress"] == 0
+        assert source.moves.statistics()["moves_in_progress"] == 0
+        np.testing.assert_array_equal(await v.read_value(), np.arange(4096, dtype=np.float32))
+        np.testing.assert_array_equal(await w.read_value(), np.ones(4097, np.float32))
+        _same_rows(*await table.export(), _expected(1))
+        monkeypatch.undo()
+        await coordinator.ps.move(["v", "w"], 2)
+        await coordinator.ps.move_slices({table.key: slices}, 0, 2)
+        assert "v" in {r.name for r in extra.store} and _ids_on(extra, table.key).size
+        np.testing.assert_array_equal(await v.read_value(), np.arange(4096, dtype=np.float32))
+        np.testing.assert_array_equal(await w.read_value(), np.ones(4097, np.float32))
+        _same_rows(*await table.export(), _expected(1))
+
+
+async def test_a_stopped_moves_time_running_out_leaves_a_later_move_of_the_same_slices_whole(monkeypatch):
+    """A coordinator stops after staging a move; another one moves the same variable and
+    table slices to the same ps before the first move's time is up. When it is, the end
+    of the first move must not undo the second: the table it created there, and the
+    slices the second move switched, stay served."""
+    from pstrain._coordinator import ps_moves
+    from pstrain.server.ps import moves
+
+    async with _job() as (cluster, extra, strategy, coordinator):
+        assert extra is not None
+        table, opt, v = await _made(strategy, np.zeros(64, np.float32))
+        await _train(table, opt, 0)
+        await coordinator.ps.admit_ps(extra.address)
+        with monkeypatch.context() as patch:
+            patch.setattr(moves, "MOVE_TTL_S", 5.0)
+            patch.setattr(ps_moves, "FinishMove", _stopped)
+            patch.setattr(ps_moves.PsChanges, "_abort", _aborts_nothing)
+            slices = await _both_stopped(coordinator, table, "before step 3")
+        assert len(extra.moves.incoming) == 2
+        await coordinator.ps.move(["v"], 2)  # the second moves, whole, before the first's time
+        await coordinator.ps.move_slices({table.key: slices}, 0, 2)
+        moved = _ids_on(extra, table.key)
+        assert moved.size and extra.moves.incoming
+        await wait_for(lambda: not extra.moves.incoming and not cluster.ps[0].moves.outgoing,
+                       timeout=20, what="the first moves' time up")
+        np.testing.assert_array_equal(np.sort(_ids_on(extra, table.key)), np.sort(moved))
+        await v.assign_add(np.ones(64, np.float32))  # served by the ps it moved to
+        np.testing.assert_array_equal(await v.read_value(), np.ones(64, np.float32))
+        assert "v" in {r.name for r in extra.store}
+        await _train(table, opt, 1)
+        _same_rows(*await table.export(), _expected(2))
+
+
+async def test_a_coordinator_lost_between_a_moves_switches_is_replaced_and_restores(tmp_path, monkeypatch):
+    """The coordinator stops in the milliseconds between the source's switch (step 3: it
+    no longer serves the variable and the table slices) and the target's (step 4), so no
+    ps serves them. A new coordinator creates them again and restores them from the
+    checkpoint, as after any coordinator loss, and trains on. Its takeover drops the
+    copies the old one parked on the source; the old one, waking up to undo its move,
+    is refused and changes nothing."""
+    import gc
+
+    from pstrain._coordinator import ps_moves
+
+    real = ps_moves.InstallVariables
+
+    def install(**kwargs):
+        if kwargs.get("activate"):
+            raise RuntimeError("the coordinator stopped between steps 3 and 4")
+        return real(**kwargs)
+
+    async def train(v, table, opt, step):
+        await _train(table, opt, step)
+        await v.assign_add(np.ones(64, np.float32))
+
+    options = {"checkpoint_root": str(tmp_path)}
+    async with InProcessCluster(num_ps=2, num_workers=1, ps_options=options) as cluster:
+        extra = ParameterServer(2, token=cluster.token, **options)
+        await extra.start()
+        try:
+            strategy = pstrain.ParameterServerStrategy(
+                pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+            coordinator = pstrain.ClusterCoordinator(strategy)
+            table, opt, v = await _made(strategy, np.zeros(64, np.float32))
+            await train(v, table, opt, 0)
+            path = await pstrain.Checkpoint(v=v, t=table).save(str(tmp_path / "ckpt"))
+            await coordinator.ps.admit_ps(extra.address)
+            with monkeypatch.context() as patch:
+                patch.setattr(ps_moves, "InstallVariables", install)
+                patch.setattr(ps_moves.PsChanges, "_abort", _aborts_nothing)
+                await _both_stopped(coordinator, table, "between steps 3 and 4")
+            held = {r.name for p in [*cluster.ps, extra] for r in p.store}
+            source = cluster.ps[0]
+            assert "v" not in held and source.moves.parked  # served by no ps
+            old, stages = strategy.placement.owner, list(source.moves.parked)
+            del v, table, opt, strategy, coordinator
+            gc.collect()  # the old coordinator is gone (a killed chief: nothing closed)
+            strategy = pstrain.ParameterServerStrategy(
+                pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+            table, opt, v = await _made(strategy, np.zeros(64, np.float32))
+            assert table.key == "t"  # the same keys: the dead one's variables are taken over
+            await pstrain.Checkpoint(v=v, t=table).restore(path)
+            np.testing.assert_array_equal(await v.read_value(), np.ones(64, np.float32))
+            _same_rows(*await table.export(), _expected(1))
+            await train(v, table, opt, 1)
+            np.testing.assert_array_equal(await v.read_value(), np.full(64, 2, np.float32))
+            _same_rows(*await table.export(), _expected(2))
+            assert not source.moves.parked and not source.moves.parked_tables
+            assert source.moves.statistics()["moves_in_progress"] == 0
+            channel = Channel(source.address, token=cluster.token, task="/job:ps/replica:0/task:0")
+            channel.owner = old  # the old coordinator wakes up and undoes its move
+            try:
+                for stage in stages:
+                    with pytest.raises(pstrain.errors.CancelledError, match="newer coordinator"):
+                        await channel.call("ps/move_end", {"stage": stage, "commit": False})
+            finally:
+                await channel.close()
+            np.testing.assert_array_equal(await v.read_value(), np.full(64, 2, np.float32))
+            _same_rows(*await table.export(), _expected(2))
+        finally:
+            await extra.stop()
+
+
+async def _restarted(cluster: InProcessCluster) -> tuple[Any, Any, tuple[Any, Any, Any]]:
+    """A coordinator (started, or started again) with :func:`_made`'s model and a ``w`` on
+    ps 0."""
+    strategy = pstrain.ParameterServerStrategy(
+        pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+    coordinator = pstrain.ClusterCoordinator(strategy)
+    made = await _made(strategy, np.zeros(64, np.float32))
+    async with strategy.scope():
+        with strategy.placement.colocated(0):
+            pstrain.Variable(np.zeros(8, np.float32), name="w")
+    return strategy, coordinator, made
+
+
+async def test_a_new_coordinator_moves_onto_a_ps_that_served_the_old_one(tmp_path):
+    """A ps joined and took a variable and table slices; the coordinator was lost, and a
+    new one restarted on the original cluster file restored the checkpoint. When the new
+    one admits that ps again and moves the same variable and slices there, it takes over
+    what the old one left there (refused as already there, before), and the ps serves
+    exactly the new coordinator's rows. Every ps knows the new coordinator's maps, not the
+    old one's (whose versions were higher): a client refused learns where a variable is."""
+    import gc
+
+    root = str(tmp_path)
+    async with InProcessCluster(num_ps=2, num_workers=1, ps_options={"checkpoint_root": root}) as cluster:
+        extra = ParameterServer(2, token=cluster.token, checkpoint_root=root)
+        await extra.start()
+        try:
+            strategy, coordinator, (table, opt, v) = await _restarted(cluster)
+            await _train(table, opt, 0)
+            await coordinator.ps.admit_ps(extra.address)
+            slices = coordinator.ps.table_slices(table).held_by(0)[:4]
+            await coordinator.ps.move(["v"], 2)
+            await coordinator.ps.move_slices({table.key: slices}, 0, 2)
+            await v.assign_add(np.ones(64, np.float32))
+            path = await pstrain.Checkpoint(v=v, t=table).save(str(tmp_path / "ckpt"))
+            await _train(table, opt, 1)  # after the save: lost with the old coordinator
+            await v.assign_add(np.ones(64, np.float32))
+            old = strategy.placement.owner
+            del v, table, opt, strategy, coordinator
+            gc.collect()  # the old coordinator is gone (a killed chief: nothing closed)
+
+            strategy, coordinator, (table, opt, v) = await _restarted(cluster)
+            await pstrain.Checkpoint(v=v, t=table).restore(path)
+            assert await coordinator.ps.admit_ps(extra.address) == 2
+            await coordinator.ps.move(["v", "w"], 2)
+            await coordinator.ps.move_slices({table.key: slices}, 0, 2)
+            for ps in [*cluster.ps, extra]:
+                assert ps.store.placement == coordinator.ps.placement
+            channel = Channel(cluster.ps[0].address, token=cluster.token, task="/job:ps/replica:0/task:0")
+            try:  # a client that routes w by its home is told where it is now
+                with pytest.raises(PlacementChangedError) as caught:
+                    await channel.call("vars/assign_add", {"name": "w", "value": np.ones(8, np.float32)})
+                assert caught.value.placement["moved"]["w"] == 2
+            finally:
+                await channel.close()
+            assert extra.store.get("v").owner == strategy.placement.owner != old
+            assert extra.tables[table.key].owner == strategy.placement.owner
+            np.testing.assert_array_equal(await v.read_value(), np.ones(64, np.float32))
+            _same_rows(*await table.export(), _expected(1))
+            await _train(table, opt, 1)
+            await v.assign_add(np.ones(64, np.float32))
+            np.testing.assert_array_equal(await v.read_value(), np.full(64, 2, np.float32))
+            _same_rows(*await table.export(), _expected(2))
+            _check_map(coordinator, [*cluster.ps, extra], table)
+            await coordinator.close()
+        finally:
+            await extra.stop()
+
+
+async def test_a_move_whose_new_ps_is_lost_is_undone_and_the_error_says_so(monkeypatch):
+    """The ps a move goes to stops in the middle of it (here: just before it would serve
+    what moved, step 4 of five). The move is undone: the variable and the table slices are
+    served by their source again, nothing is lost, and the error says that, not that a
+    ps's variables are lost."""
+    from pstrain._formats.placement_map import InstallVariables
+
+    async with _job() as (cluster, extra, strategy, coordinator):
+        assert extra is not None
+        table, opt, v = await _made(strategy, np.zeros(64, np.float32))
+        await _train(table, opt, 0)
+        await coordinator.ps.admit_ps(extra.address)
+        channel = coordinator.ps.channel(2)
+        real = channel.request
+
+        async def request(op, **kwargs):
+            if isinstance(op, InstallVariables) and op.activate:
+                await extra.stop()
+            return await real(op, **kwargs)
+
+        monkeypatch.setattr(channel, "request", request)
+        with pytest.raises(pstrain.errors.UnavailableError,
+                           match=r"moving \['v'\] from ps 0 to ps 2 failed and was undone: ps 0 "
+                                 r"serves them still\. The cause: "):
+            await coordinator.ps.move(["v"], 2)
+        slices = coordinator.ps.table_slices(table).held_by(0)[:2]
+        with pytest.raises(pstrain.errors.UnavailableError,
+                           match=rf"moving \['{table.key} \(2 slices\)'\] from ps 0 to ps 2 failed "
+                                 r"and was undone: ps 0 serves them still"):
+            await coordinator.ps.move_slices({table.key: slices}, 0, 2)
+        await v.assign_add(np.ones(64, np.float32))
+        np.testing.assert_array_equal(await v.read_value(), np.ones(64, np.float32))
+        await _train(table, opt, 1)
+        _same_rows(*await table.export(), _expected(2))
+
+
+async def test_table_slices_a_new_ps_cannot_hold_are_refused_and_stay_where_they_were(monkeypatch):
+    """The rows and slots of table slices staged on a new ps count against its
+    ``--max-store-bytes`` as variables do: past it the move is refused before anything
+    is staged, and the slices are served where they were."""
+    async with _job() as (cluster, extra, strategy, coordinator):
+        assert extra is not None
+        table, opt, _ = await _made(strategy, np.zeros(4, np.float32))
+        await _train(table, opt, 0)
+        await coordinator.ps.admit_ps(extra.address)
+        monkeypatch.setattr(extra.moves, "max_store_bytes", extra.store.held() + 64)
+        slices = coordinator.ps.table_slices(table).held_by(0)
+        with pytest.raises(FailedPreconditionError, match="max-store-bytes"):
+            await coordinator.ps.move_slices({table.key: slices}, 0, 2)
+        assert not extra.moves.incoming_tables and table.key not in extra.tables
+        assert coordinator.ps.table_slices(table).held_by(0) == slices
+        await _train(table, opt, 1)
+        _same_rows(*await table.export(), _expected(2))
+
+
+async def test_the_copies_of_an_aborted_move_go_at_once_not_when_its_time_is_up(monkeypatch):
+    """Ending a move as aborted gives the copies staged on the new ps back then: the timer
+    that would have ended it holds the stage's name only, not the copies."""
+    import gc
+    import weakref
+
+    from pstrain._coordinator import ps_moves
+    from pstrain._formats.placement_map import EndMove
+
+    async with _job() as (cluster, extra, strategy, coordinator):
+        assert extra is not None
+        table, opt, _ = await _made(strategy, np.zeros(1 << 16, np.float32))
+        await _train(table, opt, 0)
+        await coordinator.ps.admit_ps(extra.address)
+        with monkeypatch.context() as patch:
+            patch.setattr(ps_moves, "FinishMove", _stopped)
+            patch.setattr(ps_moves.PsChanges, "_abort", _aborts_nothing)
+            await _both_stopped(coordinator, table, "before step 3")
+        staged = [weakref.ref(c.value) for copies in extra.moves.incoming.values() for c in copies]
+        staged += [weakref.ref(c.rows) for copies in extra.moves.incoming_tables.values()
+                   for c, _, _ in copies]
+        assert len(staged) == 2
+        for stage in list(extra.moves.incoming):
+            assert extra.moves.end(EndMove(stage=stage, commit=False,
+                                           owner=strategy.placement.owner))["ended"]
+        gc.collect()
+        assert extra.moves.staged_bytes() == 0 and not [r for r in staged if r() is not None]
+
+
+@pytest_asyncio.fixture
+async def install(ps_server):
+    """Sends ``ps/install`` to ``ps_server`` as a coordinator would; after the test, the ps
+    must have met no internal error."""
+    channel = Channel(ps_server.address, token=TOKEN, task="ps0")
+
+    async def send(**fields: Any) -> Any:
+        return await channel.call("ps/install", {"stage": "s1", **fields})
+
+    yield send
+    await channel.close()
+    assert ps_server.internal_errors == 0
+
+
+@pytest.mark.parametrize(("config", "named"), [
+    ({"dim": np.arange(2)}, "dim"),
+    ({"dim": 4, "capacity": np.arange(2)}, "capacity"),
+    ({"dim": "4"}, "dim"),
+    ({"dim": 4, "dtype": "float16"}, "float16"),
+    ({"dim": 4, "colour": "red"}, "colour"),
+    (np.zeros(3), "object"),
+])
+async def test_a_table_copy_whose_config_is_malformed_is_refused_whole(ps_server, install, config,
+                                                                      named):
+    """ps/install checks the config of a table's copy as dyn/create checks a new table's: a
+    wrong field is refused, naming it, and nothing is staged."""
+    copy = {"name": "t", "config": config, "moving": {"slices": 4, "owned": [1]},
+            "serving": {"slices": 4, "owned": [1]}, "ids": np.zeros(0, np.int64),
+            "rows": np.zeros((0, 4), np.float32)}
+    with pytest.raises(InvalidArgumentError, match=f"ps/install.*{named}"):
+        await install(tables=[copy])
+    # the same copy, well formed, is staged
+    await install(tables=[{**copy, "config": {"dim": 4}}])
+    assert list(ps_server.moves.incoming_tables) == ["s1"]
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("once", [7]),
+    ("once", [["k", 1, ["v"], None]]),  # no table parts
+    ("once", [["k", 1, ["v"], None, {"t": [[0, np.arange(2)]]}]]),
+    ("fences", [["owner", -1, 2]]),
+    ("fences", [np.arange(3)]),
+    ("patches", [["v", None]]),
+])
+async def test_a_move_activated_with_malformed_records_is_refused_before_anything_is_served(
+        ps_server, install, field, value):
+    """The exactly-once records, fences and patches a move's last step carries are checked
+    with the request: a malformed one is refused naming its field, the staged copy stays
+    staged and unserved, and the same step well formed then serves it."""
+    copy = {"name": "v", "value": np.arange(3, dtype=np.float32)}
+    await install(vars=[copy])
+    with pytest.raises(InvalidArgumentError, match=f"ps/install.*{field}"):
+        await install(**{"activate": True, field: value})
+    assert "s1" in ps_server.moves.incoming and "v" not in ps_server.store
+    await install(activate=True, once=[["k", 1, ["v"], {"t": 1}, {}]], fences=[[None, 0, 2]])
+    assert ps_server.store.get("v").array.tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize(("patch", "named"), [
+    ({"removed": ["a", "b"]}, "removed"),
+    ({"live": np.array([5, 5], np.int64), "ages": np.zeros(2, np.int64), "freq": np.zeros(2, np.int64)},
+     "twice"),
+    ({"cand_ids": np.array([9], np.int64), "cand_counts": np.array([1, 2], np.int64)}, "cand_counts"),
+    ({"ages": np.array([0.5], np.float32)}, "ages"),
+    ({"live": [[5], [6, 7]]}, "live"),
+])
+async def test_a_move_whose_table_patch_is_malformed_serves_nothing_of_it(ps_server, install, patch,
+                                                                         named):
+    """The last step of a move checks every table's patch before it serves a variable or
+    a row: one malformed part (evicted ids that are not ids, an id twice, sightings without
+    their counts) is refused naming it, and neither the variable nor the table's rows
+    arrived."""
+    ids = np.array([5], np.int64)
+    table = {"name": "t", "config": {"dim": 2}, "moving": {"slices": 1, "owned": [0]},
+             "serving": {"slices": 1, "owned": [0]}, "ids": ids, "rows": np.ones((1, 2), np.float32)}
+    good = {"name": "t", "live": ids, "ages": np.zeros(1, np.int64), "freq": np.zeros(1, np.int64),
+            "ids": np.zeros(0, np.int64), "rows": np.zeros((0, 2), np.float32)}
+    await install(vars=[{"name": "v", "value": np.ones(3)}], tables=[table])
+    with pytest.raises(InvalidArgumentError, match=f"ps/install.*{named}"):
+        await install(activate=True, table_patches=[{**good, **patch}])
+    assert "v" not in ps_server.store and len(ps_server.tables["t"]) == 0
+
+
+async def test_dyn_create_refuses_a_shard_with_slices_and_no_slice_and_creates_nothing():
+    async with InProcessCluster(num_ps=1, num_workers=1) as cluster:
+        ps = cluster.ps[0]
+        channel = Channel(ps.address, token=cluster.token, task="/job:ps/replica:0/task:0")
+        try:
+            for bad in ({"shard": 0, "num_shards": 2, "owned": {"slices": 4, "owned": [1]}},
+                        {"owned": {"slices": 4, "owned": []}}):
+                with pytest.raises(InvalidArgumentError, match="a shard and slices given both, "
+                                                               "or no slice owned"):
+                    await channel.call("dyn/create", {"name": "t", "config": {"dim": 2}, **bad})
+            assert "t" not in ps.tables
+            with pytest.raises(InvalidArgumentError, match="not below 4"):
+                await channel.call("dyn/create", {"name": "t", "config": {"dim": 2},
+                                                  "owned": {"slices": 4, "owned": [4]}})
+            await channel.call("dyn/create", {"name": "t", "config": {"dim": 2},
+                                              "owned": {"slices": 4, "owned": [1, 3]}})
+            ids = np.arange(200, dtype=np.int64)
+            mine = ids[np.isin(shard_of(ids, 4), [1, 3])]
+            reply = await channel.call("dyn/lookup", {"name": "t", "ids": mine, "train": True})
+            assert np.asarray(reply["values"][0]).shape == (mine.size, 2)
+            with pytest.raises(PlacementChangedError):  # an id of a slice it does not own
+                await channel.call("dyn/lookup", {"name": "t", "ids": ids[:20], "train": True})
+        finally:
+            await channel.close()

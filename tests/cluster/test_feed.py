@@ -1,0 +1,144 @@
+"""The serving feed (``GET /v1/tables/<name>/rows?since=``) on real ps: a reader following
+it with the example consumer holds exactly the table's rows at each saved version, through
+deltas, a compaction (no full read) and a restart of the whole job (versions kept)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import aiohttp
+import numpy as np
+import pytest
+
+import pstrain
+from pstrain.testing import InProcessCluster
+from tests.helpers import TOKEN
+
+pytestmark = pytest.mark.timeout(90)
+
+DIM = 4
+_spec = importlib.util.spec_from_file_location(
+    "table_feed", os.path.join(os.path.dirname(__file__), "..", "..", "examples", "table_feed.py"))
+assert _spec is not None and _spec.loader is not None
+table_feed = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(table_feed)
+
+
+def _model(strategy):
+    with strategy.scope():
+        table = pstrain.DynamicEmbedding(DIM, name="emb", capacity=40)
+        opt = pstrain.optimizers.Adagrad(0.1)
+    return table, opt, pstrain.Checkpoint(model={"emb": table}, optimizer=opt)
+
+
+async def _step(table, opt, k: int) -> None:
+    ids = np.arange(7 * k, 7 * k + 9, dtype=np.int64)  # past capacity 40: evictions
+    await table.lookup(ids)
+    await opt.apply_gradients([(pstrain.IndexedSlices(np.full((ids.size, DIM), 0.1 * (k + 1),
+                                                              np.float32), ids), table)])
+
+
+async def _same(mirror, table) -> None:
+    ids, rows = await table.export()
+    got_ids, got_rows = mirror.snapshot()
+    np.testing.assert_array_equal(got_ids, ids)
+    np.testing.assert_array_equal(got_rows, rows)
+
+
+async def test_a_reader_follows_deltas_a_compaction_and_a_restart(tmp_path):
+    root = str(tmp_path)
+    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
+                                ps_options={"checkpoint_root": root}) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        table, opt, ckpt = _model(strategy)
+        manager = pstrain.checkpoint.CheckpointManager(ckpt, root, deltas_per_base=100)
+        endpoints = [ps.address for ps in cluster.ps]
+        mirror = table_feed.TableMirror(endpoints, "emb", TOKEN)
+        url = f"http://{endpoints[0]}/v1/tables/emb/rows"
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        async with aiohttp.ClientSession() as session:
+            async with session.get(url, headers=auth) as r:  # not created on the ps yet
+                assert r.status == 404 and "not created here yet" in (await r.json())["error"]["message"]
+            await _step(table, opt, 0)
+            async with session.get(url, headers=auth) as r:  # nothing saved yet
+                assert r.status == 412 and "not been saved" in (await r.json())["error"]["message"]
+            await manager.save()
+            assert await mirror.poll(session) > 0 and mirror.resets == 2  # first: whole shards
+            await _same(mirror, table)
+            for k in range(1, 4):
+                await _step(table, opt, k)
+                await manager.save_delta()
+                assert await mirror.poll(session) <= 2 * 9  # only the rows the step changed
+                await _same(mirror, table)
+            assert mirror.resets == 2
+            assert await mirror.poll(session) == 0  # the same version again: nothing
+            # A compaction: the reader goes on from the new base's deltas, no full read.
+            await _step(table, opt, 4)
+            base = await manager.compact()
+            await _step(table, opt, 5)
+            await manager.save_delta()
+            assert manager.checkpoints[-1] == base
+            await mirror.poll(session)
+            await _same(mirror, table)
+            assert mirror.resets == 2
+            # Bad requests change nothing and say what was wrong.
+            async with session.get(url) as r:
+                assert r.status == 401
+            async with session.get(url, params={"since": "x1"}, headers=auth) as r:
+                assert r.status == 400 and "since='x1'" in (await r.json())["error"]["message"]
+            async with session.get(url, params={"since": "1", "limit": "2"}, headers=auth) as r:
+                assert r.status == 400 and "limit" in (await r.json())["error"]["message"]
+            async with session.get(url.replace("emb", "nope"), headers=auth) as r:
+                assert r.status == 404
+            async with session.get(url, params={"since": "999999"}, headers=auth) as r:
+                assert r.status == 200 and r.headers["X-Pstrain-Reset"] == "true"
+        versions = [s.version for s in mirror.shards]
+        expected = await table.export()
+
+    # The whole job restarts: the restored ps answer for the same versions.
+    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
+                                ps_options={"checkpoint_root": root}) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        table, opt, ckpt = _model(strategy)
+        manager = pstrain.checkpoint.CheckpointManager(ckpt, root, deltas_per_base=100)
+        await manager.restore_or_initialize()
+        mirror.endpoints = [ps.address for ps in cluster.ps]
+        async with aiohttp.ClientSession() as session:
+            assert await mirror.poll(session) == 0 and [s.version for s in mirror.shards] == versions
+            np.testing.assert_array_equal(mirror.snapshot()[0], expected[0])
+            await _step(table, opt, 6)
+            await manager.save_delta()
+            assert 0 < await mirror.poll(session) <= 9
+            await _same(mirror, table)
+            assert mirror.resets == 2
+
+
+async def test_a_reader_drops_a_lost_ps_once_the_others_hold_its_slices_and_holds_each_row_once(tmp_path):
+    root = str(tmp_path)
+    async with InProcessCluster(num_ps=3, num_workers=1, token=TOKEN,
+                                ps_options={"checkpoint_root": root}) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        table, opt, ckpt = _model(strategy)
+        manager = pstrain.checkpoint.CheckpointManager(ckpt, root, deltas_per_base=100)
+        mirror = table_feed.TableMirror([ps.address for ps in cluster.ps], "emb", TOKEN)
+        async with aiohttp.ClientSession() as session:
+            await _step(table, opt, 0)
+            await manager.save()
+            await _step(table, opt, 1)
+            await manager.save_delta()
+            await mirror.poll(session)
+            await _same(mirror, table)
+            await cluster.ps[1].stop()  # lost: its copy in the mirror is all a reader has of it
+            await mirror.poll(session)
+            assert mirror.shards[1] is not None and mirror.shards[1].down
+            await coordinator.replace_ps(1, manager)  # its slices, from the delta, onto 0 and 2
+            await _step(table, opt, 2)
+            await manager.save_delta()
+            await mirror.poll(session)
+            assert mirror.shards[1] is None  # the others hold every slice now: dropped
+            await _same(mirror, table)  # each row once, as the table has it
+            ids, _ = mirror.snapshot()
+            assert np.unique(ids).size == ids.size
+        await coordinator.close()

@@ -1,0 +1,173 @@
+"""What tests share besides fixtures: the test token, a ``pstrain serve`` process, waiting
+on a condition, a process's memory. Test modules import these by name (``from tests.helpers
+import wait_for``); the fixtures live in ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+import pstrain
+from pstrain._formats import wire
+from pstrain.partitioners import FixedShardsPartitioner
+
+#: The repository's root (tests sit in tiers below ``tests/``).
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "test-token-0123456789"
+MiB = 1 << 20
+
+
+class ServeProcess:
+    """A `pstrain serve` process; `address` once it printed its listening line. ``limits``:
+    resource limits (``resource.RLIMIT_*`` -> (soft, hard)) the process starts under."""
+
+    def __init__(self, *args: str, token: str | None = TOKEN, env: dict[str, str] | None = None,
+                 limits: dict[int, tuple[int, int]] | None = None) -> None:
+        full_env = dict(os.environ if env is None else env)
+        if token is not None:
+            full_env["PSTRAIN_TOKEN"] = token
+        full_env["PYTHONUNBUFFERED"] = "1"
+        # stderr goes to a file: an unread pipe would fill up and block the server.
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pstrain.cli", "serve", *args],
+            stdout=subprocess.PIPE, stderr=self.log, env=full_env, text=True,
+            preexec_fn=(lambda: [resource.setrlimit(k, v) for k, v in limits.items()]) if limits else None)
+        try:
+            self.address = self._wait_listening()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_listening(self, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        assert self.proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise AssertionError(f"pstrain serve exited with {self.proc.wait()}: {self.stderr()}")
+            match = re.search(r"listening on (\S+)", line)
+            if match:
+                return match.group(1)
+        raise AssertionError("pstrain serve did not print its listening line in time")
+
+    def stderr(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rsplit(":", 1)[1])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.log.close()
+
+
+def strategy_for(*ps: Any, workers: list[str] | None = None, token: str | None = TOKEN,
+                 shards: int | None = None) -> pstrain.ParameterServerStrategy:
+    """A strategy whose ps are the given servers (workers need not exist for ps tests);
+    ``shards``: variables split in that many shards."""
+    spec = {"ps": [s.address for s in ps], "worker": workers or ["127.0.0.1:9"]}
+    partitioner = FixedShardsPartitioner(shards) if shards else None
+    return pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(spec, token=token),
+                                           variable_partitioner=partitioner)
+
+
+def rss(pid: int) -> int:
+    """The resident memory of process ``pid``, in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+async def wait_for(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll ``predicate`` (sync or async) until true, or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def abort_all(writers: list[asyncio.StreamWriter], timeout: float = 30.0) -> None:
+    """Drop raw test connections and wait until each transport is closed, so none is left
+    for a later test's loop (an open handle fails the loop's close and warns at collection)."""
+    for w in writers:
+        w.transport.abort()
+    await asyncio.wait_for(
+        asyncio.gather(*(w.wait_closed() for w in writers), return_exceptions=True), timeout)
+
+
+async def join_fails(coordinator: Any, error: type[BaseException], match: str,
+                     within: float = 10.0) -> BaseException:
+    """Schedule a closure and check that ``join`` raises ``error`` (matching ``match``)
+    within ``within`` seconds; returns the error."""
+    coordinator.schedule(lambda: 1)
+    t = time.monotonic()
+    with pytest.raises(error, match=match) as info:
+        await asyncio.wait_for(coordinator.join(), within)
+    assert time.monotonic() - t < within
+    return info.value
+
+
+async def close_writer(writer: asyncio.StreamWriter) -> None:
+    """Close a raw test connection, whatever state the peer left it in."""
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except (ConnectionError, OSError):
+        pass
+
+
+def wire_body(obj: Any) -> bytes:
+    """``obj`` encoded as a request body, as a client sends it."""
+    return b"".join(bytes(c) for c in wire.encode_body(obj))
+
+
+async def http_post(address: str, op: str, data: bytes, token: str | None = TOKEN) -> tuple[int, bytes]:
+    """POST ``data`` to operation ``op`` of a server over plain HTTP: (status, body)."""
+    headers = {"Content-Type": "application/x-pstrain"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"http://{address}/v1/{op}", data=data, headers=headers) as resp:
+            return resp.status, await resp.read()
+
+
+class Touch:
+    """Unpickling this creates the file ``path``: proof that a payload reached an unpickler
+    (or that a relayed pickle ran)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (Path.touch, (Path(self.path),))

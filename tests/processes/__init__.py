@@ -1,0 +1,1 @@
+"""processes tier (see tests/README.md)."""

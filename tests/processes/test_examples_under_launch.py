@@ -1,0 +1,46 @@
+"""The examples as users run them: alone and under ``pstrain launch``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(240)
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def run_example(*args: str, launch: bool = False) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PSTRAIN_", "TF_CONFIG"))}
+    cmd = [sys.executable, *args]
+    if launch:
+        cmd = [sys.executable, "-m", "pstrain.cli", "launch", "--ps", "2", "--workers", "2", "--", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=200, env=env, cwd=EXAMPLES)
+
+
+def test_tf_doc_example_runs_on_its_own_and_under_launch():
+    alone = run_example("tf_doc_example.py")
+    assert alone.returncode == 0, alone.stderr
+    assert "v1 = 1.1000, v2 = -1.2000" in alone.stdout
+    launched = run_example("tf_doc_example.py", launch=True)
+    assert launched.returncode == 0, launched.stderr
+    assert "[chief] v1 = 1.1000" in launched.stdout
+
+
+def test_ctr_example_runs_under_launch():
+    result = run_example("ctr_embedding.py", "--steps", "150", "--quiet", launch=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("module, says", [("mlp_equinox", "W3 (equinox)"), ("ctr_torch", "W4 (torch)")])
+def test_a_framework_model_run_alone_trains_and_says_so(module, says):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PSTRAIN_", "TF_CONFIG"))}
+    run = subprocess.run([sys.executable, str(EXAMPLES / f"{module}.py"), "--steps", "20", "--ps", "1",
+                          "--workers", "1"], capture_output=True, text=True, timeout=170, env=env)
+    assert says in run.stdout, run.stdout + run.stderr

@@ -1,0 +1,1 @@
+"""system tier (see tests/README.md)."""

@@ -1,0 +1,581 @@
+"""The compiled table kernels against the numpy reference, bit for bit (property tests).
+
+Each test drives both implementations (``pstrain._kernels.compiled`` and
+``pstrain._kernels.reference``) with the same random batches and compares everything a caller
+can observe: rows found, rows removed, counts, and the bytes of every array an optimizer step
+or a table writes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from pstrain._formats.optimizer_rules import RULES
+from pstrain._kernels import KERNELS, compiled, kernels, reference
+from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
+from pstrain.server.ps.id_index import IdIndex
+
+pytestmark = pytest.mark.timeout(180)
+
+#: Ids from a small range (long probe runs, ids moved back by deletions) or the whole 64-bit space.
+IDS = st.one_of(st.integers(-40, 400), st.integers(-(2**63), 2**63 - 1))
+BATCH = st.lists(IDS, max_size=300).map(lambda b: list(dict.fromkeys(b)))
+
+
+def test_the_suite_runs_the_compiled_kernels_unless_told_otherwise():
+    expected = "numpy" if os.environ.get("PSTRAIN_KERNELS") == "numpy" else "compiled"
+    assert KERNELS is (reference if expected == "numpy" else compiled)
+    assert kernels("numpy") is reference and kernels("compiled") is compiled
+    with pytest.raises(ValueError, match="PSTRAIN_KERNELS='fast'.*'compiled' or 'numpy'"):
+        kernels("fast")
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["insert", "delete", "get"]), BATCH), max_size=25))
+def test_the_id_index_is_the_same_compiled_and_in_numpy(ops):
+    fast, slow, model, row = IdIndex(4, compiled), IdIndex(4, reference), {}, 0
+    for op, batch in ops:
+        arr = np.array(batch, np.int64)
+        if op == "insert":
+            new = np.array([i for i in batch if i not in model], np.int64)
+            rows = np.arange(row, row + new.size)
+            fast.insert(new, rows)
+            slow.insert(new, rows)
+            model.update(zip(new.tolist(), rows.tolist()))
+            row += new.size
+        elif op == "delete":
+            want = [model.pop(i, -1) for i in batch]
+            assert fast.delete(arr).tolist() == want == slow.delete(arr).tolist()
+        probe = np.array(batch + list(model)[:50], np.int64)
+        want = [model.get(i, -1) for i in probe.tolist()]
+        assert fast.get(probe).tolist() == want == slow.get(probe).tolist()
+        assert len(fast) == len(slow) == len(model)
+        assert fast.slots.shape == slow.slots.shape
+    for index in (fast, slow):
+        keys, vals = index.items()
+        assert dict(zip(keys.tolist(), vals.tolist())) == model
+
+
+@settings(max_examples=200, deadline=None)
+@given(present=BATCH, batch=st.lists(IDS, max_size=80), data=st.data(),
+       order=st.sampled_from(["drawn", "sorted", "sorted distinct"]))
+def test_a_probe_that_checks_its_ids_distinct_is_the_same_compiled_and_in_numpy(present, batch, data,
+                                                                              order):
+    """Ids with rows and ids without, repeated or not, in any order or ascending (a sorted
+    batch's, which the compiled probe takes as distinct without marks): the rows found are
+    ``get``'s, the answer is whether the batch repeats an id, and the marks are all clear
+    again after, the index's slots as they were (the compiled probe marks its slots)."""
+    if batch:
+        batch += data.draw(st.lists(st.sampled_from(batch), max_size=3))  # repeats, sometimes
+        batch = data.draw(st.permutations(batch))
+    if order != "drawn":
+        batch = sorted(set(batch) if order == "sorted distinct" else batch)
+    arr = np.array(batch, np.int64)
+    model = {i: r for r, i in enumerate(present)}
+    for impl in (compiled, reference):
+        index = IdIndex(4, impl)
+        index.insert(np.array(present, np.int64), np.arange(len(present)))
+        marks = np.zeros(max(1, len(present)), np.uint8)
+        before = index.slots.copy()
+        got = index.locate(arr, marks)
+        np.testing.assert_array_equal(index.slots, before)
+        if len(set(batch)) != len(batch):
+            assert got is None
+        else:
+            assert got is not None and got.tolist() == [model.get(i, -1) for i in batch]
+        assert not marks.any()
+
+
+@settings(max_examples=150, deadline=None)
+@given(present=BATCH, batch=BATCH, later=BATCH, data=st.data())
+def test_an_updates_rows_brought_up_to_date_are_the_same_compiled_and_in_numpy(present, batch,
+                                                                           later, data):
+    """The rows a lookup found, looked for again after more ids came in: an id that had no
+    row gets the one it has now (or -1 still), an id that had one keeps what the caller
+    holds (never probed again), and the ids still without one are those ``absent`` gives;
+    two batches are the same ids only in the same order."""
+    later = [i for i in later if i not in set(present)]
+    model = {i: r for r, i in enumerate(present + later)}
+    arr = np.array(batch, np.int64)
+    for impl in (compiled, reference):
+        index = IdIndex(4, impl)
+        index.insert(np.array(present, np.int64), np.arange(len(present)))
+        pos = index.get(arr)
+        pos[pos >= 0] += 10_000  # what the caller holds for them, kept as it is
+        index.insert(np.array(later, np.int64), np.arange(len(present), len(model)))
+        index.refind(arr, pos)
+        assert pos.tolist() == [model[i] + 10_000 if i in set(present) else model.get(i, -1)
+                                for i in batch]
+        with pytest.raises(ValueError, match="rows for"):
+            impl.index_refind(index.slots, index.mask, arr, np.full(arr.size + 1, -1, np.int64))
+        where, which = impl.absent(arr, pos)
+        assert where.dtype == which.dtype == np.int64
+        assert where.tolist() == [i for i, p in enumerate(pos.tolist()) if p < 0]
+        assert which.tolist() == [batch[i] for i in where.tolist()]
+    other = data.draw(st.one_of(st.just(list(batch)), st.permutations(batch), BATCH))
+    a, b = arr, np.array(other, np.int64)
+    assert compiled.same_ids(a, b) is reference.same_ids(a, b) is (batch == other)
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps=st.lists(st.lists(st.integers(0, 60), max_size=40).map(lambda b: list(dict.fromkeys(b))),
+                      max_size=12),
+       threshold=st.integers(1, 4), limit=st.integers(1, 30))
+def test_counting_sightings_is_the_same_compiled_and_in_numpy_and_in_python(steps, threshold, limit):
+    """One pass per batch: an id is admitted at its ``threshold``-th sighting (and forgotten
+    as a candidate); the others are counted, the new ones remembered up to ``room`` (the
+    pass stops before the id that would be one more)."""
+    indexes = [IdIndex(4, compiled), IdIndex(4, reference)]
+    arrays = [(np.zeros(64 * 13, np.int64), np.zeros(64 * 13, np.int64)) for _ in indexes]
+    model: dict[int, int] = {}
+    used = 0
+    for batch in steps:
+        ids = np.array(batch, np.int64) * 7919 - 200
+        room = max(0, limit - len(model))
+        results = []
+        where = np.arange(ids.size, dtype=np.int64) * 3 + 1  # the ids' places in a lookup
+        for index, (counts, owners) in zip(indexes, arrays):
+            admitted = np.full(ids.size, -7, np.int64)
+            done, added, admits = index.count_sightings(ids, where, counts, owners, admitted,
+                                                        threshold, used, room)
+            assert (admitted[admits:] == -7).all()  # nothing written past the ids admitted
+            results.append((done, added, admitted[:admits].tolist()))
+        assert results[0] == results[1]
+        done, added, admitted = results[0]
+        admitted = [int(i in set(admitted)) for i in where[:done].tolist()]
+        want, fresh = [], 0
+        for i in ids.tolist():
+            c = model.get(i, 0) + 1
+            if c < threshold and i not in model:
+                if fresh == room:
+                    break
+                fresh += 1
+            want.append(int(c >= threshold))
+            if c >= threshold:
+                model.pop(i, None)
+            else:
+                model[i] = c
+        assert (done, added, admitted) == (len(want), fresh, want)
+        for index, (counts, owners) in zip(indexes, arrays):
+            keys, slots = index.items()
+            assert {k: int(counts[s]) for k, s in zip(keys.tolist(), slots.tolist())} == model
+            assert all(owners[s] == k for k, s in zip(keys.tolist(), slots.tolist()))
+            gone = np.setdiff1d(np.arange(used + added), slots)
+            assert not counts[gone].any()  # a slot whose id left: count 0 (forgetting reads it)
+        used += added
+
+
+@settings(max_examples=150, deadline=None)
+@given(epochs=st.lists(st.integers(0, 2**32 - 1), max_size=300), since=st.integers(-1, 2**32),
+       live=st.one_of(st.none(), st.lists(st.booleans(), min_size=300, max_size=310)),
+       until=st.one_of(st.none(), st.integers(-1, 2**32)))
+def test_the_rows_changed_after_a_mark_are_the_same_compiled_and_in_numpy(epochs, since, live, until):
+    e = np.array(epochs, np.uint32)
+    flags = None if live is None else np.array(live, bool).view(np.uint8)
+    want = [i for i, x in enumerate(epochs)
+            if x > since and (until is None or x <= until) and (live is None or live[i])]
+    for impl in (compiled, reference):
+        got = impl.rows_after(e, since, flags, until=until)
+        assert got.dtype == np.int64 and got.tolist() == want
+    with pytest.raises(ValueError, match="live flags"):
+        compiled.rows_after(np.zeros(5, np.uint32), 0, np.zeros(4, np.uint8))
+
+
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(0, 40), dim=st.integers(0, 5), dtype=st.sampled_from([np.float32, np.float64]),
+       data=st.data())
+def test_keeping_a_deltas_rows_is_the_same_compiled_and_in_numpy(n, dim, dtype, data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    array = rng.standard_normal((n, dim)).astype(dtype)
+    epochs = rng.integers(0, 6, n + data.draw(st.integers(0, 3))).astype(np.uint32)
+    rows = np.array(data.draw(st.lists(st.integers(-3, n + 3), max_size=50)), np.int64)
+    if data.draw(st.booleans()):
+        rows = np.unique(rows)  # a sparse step's rows: strictly ascending
+    since, mark = data.draw(st.integers(-1, 6)), data.draw(st.integers(-1, 6))
+    taken = data.draw(st.integers(0, n + 1))
+    start = data.draw(st.integers(0, 4))
+    ascending = bool(np.all(rows[1:] > rows[:-1]))
+    want = [int(r) for r in rows if taken <= r < n and since < epochs[r] <= mark] if ascending else None
+    for impl in (compiled, reference):
+        kept_rows = np.full(start + rows.size + 2, -7, np.int64)
+        kept_values = np.full((start + rows.size + 2, dim), -7.0, dtype)
+        got = impl.keep_changed(rows, epochs, since, mark, taken, array, kept_rows, kept_values, start)
+        if want is None:
+            assert got == -1 and (kept_rows == -7).all() and (kept_values == -7.0).all()
+            continue
+        assert got == len(want)
+        assert kept_rows[start:start + got].tolist() == want
+        assert _bits(kept_values[start:start + got]) == _bits(array[want])
+        assert (kept_rows[:start] == -7).all() and (kept_rows[start + got:] == -7).all()
+    for impl in (compiled, reference):
+        with pytest.raises(ValueError, match="no room"):
+            impl.keep_changed(np.arange(3), np.zeros(5, np.uint32), 0, 1, 0, np.zeros((5, 2), dtype),
+                              np.empty(2, np.int64), np.empty((2, 2), dtype), 0)
+        with pytest.raises(ValueError, match="epochs for"):
+            impl.keep_changed(np.arange(1), np.zeros(1, np.uint32), 0, 1, 0, np.zeros((5, 2), dtype),
+                              np.empty(2, np.int64), np.empty((2, 2), dtype), 0)
+
+
+def _bits(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a).tobytes()
+
+
+@settings(max_examples=150, deadline=None)
+@given(kind=st.sampled_from(["sgd", "adagrad"]), dtype=st.sampled_from([np.float32, np.float64]),
+       n=st.integers(1, 60), dim=st.integers(1, 9), data=st.data())
+def test_the_fused_sparse_steps_are_the_numpy_rules_bit_for_bit(kind, dtype, n, dim, data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    rows = np.array(data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n)), np.int64)
+    missing = rng.random(rows.size) < 0.2  # a table's ids with no row come as -1
+    rows[missing] = -1
+    lr = data.draw(st.floats(1e-4, 2.0))
+    eps = data.draw(st.sampled_from([1e-7, 1e-3, 0.1]))
+    var0 = rng.standard_normal((n, dim)).astype(dtype)
+    acc0 = (rng.random((n, dim)) * 0.5 + 0.1).astype(dtype)
+    g = (rng.standard_normal((rows.size, dim)) * rng.choice([1e-3, 1.0, 1e3])).astype(dtype)
+    results = []
+    for impl in (compiled, reference):
+        var, acc = var0.copy(), acc0.copy()
+        if kind == "sgd":
+            impl.sgd_rows(var, rows, g, lr)
+        else:
+            impl.adagrad_rows(var, acc, rows, g, lr, eps)
+        results.append((_bits(var), _bits(acc)))
+    # and the rule as the ps ran it before the kernels (numpy, the rows that exist)
+    keep = rows >= 0
+    var, acc = var0.copy(), acc0.copy()
+    r, gr = rows[keep], g[keep]
+    if kind == "sgd":
+        var[r] -= lr * gr
+    else:
+        a = acc[r] + gr * gr
+        acc[r] = a
+        var[r] -= lr * gr / np.sqrt(a + eps)
+    assert results[0] == results[1] == (_bits(var), _bits(acc))
+    # the rule the ps calls takes the kernel path for these and gives the same bytes
+    var, acc = var0.copy(), acc0.copy()
+    cfg = {"kind": kind, "learning_rate": lr, "epsilon": eps}
+    RULES[kind](var, g, rows, {"accumulator": acc}, cfg, 1)
+    assert (_bits(var), _bits(acc)) == results[0]
+
+
+@settings(max_examples=100, deadline=None)
+@given(dtype=st.sampled_from([np.float32, np.float64]), n=st.integers(1, 40), dim=st.integers(1, 9),
+       narrow=st.booleans(), data=st.data())
+def test_row_wise_adagrad_is_the_same_compiled_and_in_numpy_and_in_the_rule(dtype, n, dim, narrow,
+                                                                            data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    rows = np.array(data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n)), np.int64)
+    rows[rng.random(rows.size) < 0.2] = -1  # a table's ids with no row
+    lr, eps = data.draw(st.floats(1e-4, 2.0)), data.draw(st.sampled_from([1e-8, 1e-3]))
+    var0 = rng.standard_normal((n, dim)).astype(dtype)
+    acc0 = (rng.random((n, 1)) * 0.5).astype(dtype)  # a row's one value: a variable's slot,
+    if not narrow:                                     # or repeated, a dynamic table's
+        acc0 = np.repeat(acc0, dim, axis=1)
+    g = rng.standard_normal((rows.size, dim)).astype(dtype)
+    results = []
+    for impl in (compiled, reference):
+        var, acc = var0.copy(), acc0.copy()
+        impl.rowwise_adagrad_rows(var, acc, rows, g, lr, eps)
+        results.append((_bits(var), _bits(acc)))
+    var, acc = var0.copy(), acc0.copy()
+    RULES["rowwise_adagrad"](var, g, rows, {"accumulator": acc},
+                             {"learning_rate": lr, "epsilon": eps}, 1)
+    assert results[0] == results[1] == (_bits(var), _bits(acc))
+    keep = rows[rows >= 0]  # and TorchRec's formula, plainly
+    ref_var, ref_acc = var0.astype(np.float64), acc0.astype(np.float64)
+    gk = g[rows >= 0].astype(np.float64)
+    ref_acc[keep] += (gk * gk).mean(1, keepdims=True)  # (broadcast over a wide slot's columns)
+    ref_var[keep] -= lr * gk / (np.sqrt(ref_acc[keep]) + eps)
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(var, ref_var, rtol=tol, atol=tol)
+    np.testing.assert_allclose(acc, ref_acc, rtol=tol, atol=tol)
+
+
+@settings(max_examples=100, deadline=None)
+@given(dtype=st.sampled_from([np.float32, np.float64]), bags=st.integers(1, 30),
+       rows=st.integers(1, 30), width=st.integers(1, 9), data=st.data())
+def test_pooling_rows_into_bags_is_the_same_compiled_and_in_numpy(dtype, bags, rows, width, data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    n = data.draw(st.integers(0, 80))
+    seg = rng.integers(0, bags, n).astype(np.int64)
+    idx = rng.integers(0, rows, n).astype(np.int64)
+    scale = rng.standard_normal(n).astype(dtype)
+    src = rng.standard_normal((rows, width + 3)).astype(dtype)
+    out_col, src_col = data.draw(st.integers(0, 2)), data.draw(st.integers(0, 3))
+    results = []
+    for impl in (compiled, reference):
+        out = np.ones((bags, width + 2), dtype)
+        impl.pool_rows(out, seg, src, idx, scale, out_col, src_col, width)
+        results.append(_bits(out))
+    expected = np.ones((bags, width + 2), dtype)
+    for i in range(n):
+        expected[seg[i], out_col:out_col + width] += scale[i] * src[idx[i], src_col:src_col + width]
+    assert results[0] == results[1] == _bits(expected)
+    for impl in (compiled, reference):  # a row outside is refused before anything is added
+        out = np.zeros((bags, width), dtype)
+        with pytest.raises(IndexError, match="outside"):
+            impl.pool_rows(out, np.r_[seg, bags], src, np.r_[idx, 0], np.r_[scale, 1].astype(dtype),
+                           0, 0, width)
+        assert not out.any()
+
+
+def test_a_row_past_the_end_is_refused_by_both_and_nothing_changes():
+    """A row outside a variable or a table (past its end; below 0 in an id index) is refused
+    by both kernels before anything is written."""
+    for impl in (compiled, reference):
+        var = np.zeros((4, 2), np.float32)
+        acc = np.ones((4, 2), np.float32)
+        with pytest.raises(IndexError, match="past the variable's end"):
+            impl.adagrad_rows(var, acc, np.array([4], np.int64), np.ones((1, 2), np.float32), 0.1, 1e-7)
+        with pytest.raises(IndexError, match="past the variable's end"):
+            impl.sgd_rows(var, np.array([9], np.int64), np.ones((1, 2), np.float32), 0.1)
+        assert not var.any() and (acc == 1).all()
+        with pytest.raises(IndexError, match="past the table's end"):
+            impl.gather_rows(var, np.array([0, 4], np.int64), np.empty((2, 2), np.float32), 0.0)
+        epochs, last, freq = np.zeros(4, np.uint32), np.zeros(4, np.int64), np.zeros(4, np.int64)
+        with pytest.raises(IndexError, match="past the table's end"):
+            impl.stamp_rows(epochs, np.array([0, 4], np.int64), 7)
+        with pytest.raises(IndexError, match="past the table's end"):
+            impl.gather_rows(var, np.array([1, 4], np.int64), np.empty((2, 2), np.float32), 0.0,
+                             last, freq, 7)
+        with pytest.raises(ValueError, match="shorter than the table"):
+            impl.gather_rows(var, np.array([1], np.int64), np.empty((1, 2), np.float32), 0.0,
+                             None, freq[:3], 7)
+        assert not epochs.any() and not last.any() and not freq.any()
+        index = IdIndex(4, impl)
+        index.insert(np.array([5], np.int64), np.array([0]))
+        with pytest.raises(ValueError, match="row -1: rows are at least 0"):
+            index.insert(np.array([6, 7], np.int64), np.array([1, -1]))
+        assert len(index) == 1 and index.get(np.array([5, 6, 7])).tolist() == [0, -1, -1]
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 50), dim=st.integers(1, 6), default=st.floats(-2, 2, width=32),
+       pos=st.lists(st.integers(-1, 49), max_size=60), clock=st.integers(0, 2**40),
+       ages=st.booleans(), counts=st.booleans())
+def test_a_lookups_gather_and_bookkeeping_are_the_same_compiled_and_in_numpy(n, dim, default, pos,
+                                                                                clock, ages, counts):
+    rows = np.array([p if p < n else -1 for p in dict.fromkeys(pos)], np.int64)
+    table = np.arange(n * dim, dtype=np.float32).reshape(n, dim)
+    seen = []
+    for impl in (compiled, reference):
+        out = np.full((rows.size, dim), np.nan, np.float32)
+        last, freq = np.zeros(n, np.int64), np.arange(n, dtype=np.int64)
+        impl.gather_rows(table, rows, out, default, last if ages else None,
+                         freq if counts else None, clock)
+        seen.append((_bits(out), _bits(last), _bits(freq)))
+    assert seen[0] == seen[1]
+    hit = np.zeros(n, bool)
+    hit[rows[rows >= 0]] = True
+    assert seen[0][1] == _bits(np.where(hit & ages, clock, 0))
+    assert seen[0][2] == _bits(np.arange(n) + (hit & counts))
+    want = np.where((rows >= 0)[:, None], table[np.maximum(rows, 0)], np.float32(default))
+    assert seen[0][0] == _bits(want)
+    stamped = []  # an update's bookkeeping: the epoch of each row it changed, and how many
+    for impl in (compiled, reference):
+        epochs = np.arange(n, dtype=np.uint32)
+        stamped.append((impl.stamp_rows(epochs, rows, clock % 2**32), _bits(epochs)))
+    assert stamped[0] == stamped[1] == (int(hit.sum()), _bits(np.where(hit, clock % 2**32, np.arange(n))
+                                                               .astype(np.uint32)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(keys=st.lists(st.one_of(st.integers(0, 6), st.integers(0, 2**62),
+                               st.integers(-(2**63), 2**63 - 1)), min_size=1, max_size=80),
+       data=st.data())
+def test_an_evictions_victims_are_the_same_compiled_and_in_numpy(keys, data):
+    """The n live, unprotected rows of smallest key, ties to the lowest rows, ascending: the
+    C histograms against numpy's partition, over small clocks and the whole int64 range."""
+    size = len(keys)
+    key = np.array(keys, np.int64)
+    live = np.array(data.draw(st.lists(st.booleans(), min_size=size, max_size=size)), np.uint8)
+    protect = np.array(data.draw(st.lists(st.integers(0, size - 1), max_size=10, unique=True)),
+                       np.int64)
+    used = data.draw(st.integers(0, size))
+    n = data.draw(st.integers(-1, size + 2))
+    got = []
+    for impl in (compiled, reference):
+        mark = np.zeros(size, np.uint8)
+        got.append(impl.pick_victims(key, live, protect[protect < used], mark, used, n))
+        assert not mark.any()
+    # bounds of the keys spare the kernel a pass (LRU's: 0 and the clock); bounds that miss
+    # a key, or none (high < low), give the same rows
+    lo, hi = min(keys), max(keys)
+    wide = data.draw(st.tuples(st.integers(-(2**63), lo), st.integers(hi, 2**63 - 1)))
+    other = data.draw(st.tuples(st.integers(-(2**63), 2**63 - 1), st.integers(-(2**63), 2**63 - 1)))
+    for low, high in ((lo, hi), wide, other):
+        mark = np.zeros(size, np.uint8)
+        got.append(compiled.pick_victims(key, live, protect[protect < used], mark, used, n, low, high))
+        assert not mark.any()
+    for victims in got[1:]:
+        np.testing.assert_array_equal(got[0], victims)
+    eligible = [r for r in range(used) if live[r] and r not in set(protect.tolist())]
+    want = sorted(sorted(eligible, key=lambda r: (key[r], r))[:max(0, n)])
+    assert got[0].tolist() == want
+
+
+@settings(max_examples=100, deadline=None)
+@given(ids=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40), dim=st.integers(0, 20),
+       seed=st.integers(-(2**63), 2**64 - 1), low=st.floats(-10, 10), span=st.floats(0, 10),
+       dtype=st.sampled_from(["float32", "float64", "float16"]))
+def test_a_new_rows_initial_values_are_the_formulas_bit_for_bit(ids, dim, seed, low, span, dtype):
+    """A dynamic table's new rows: the C kernel, and numpy's reference, give the formula
+    pstrain has always used, so rows and checkpoints of earlier versions stay the same."""
+    from pstrain._formats.idhash import initial_rows, mix64
+
+    arr = np.asarray(ids, np.int64)
+    u = arr.view(np.uint64).reshape(-1, 1)
+    cols = np.arange(dim, dtype=np.uint64).reshape(1, -1)
+    with np.errstate(over="ignore"):
+        key = mix64(u * np.uint64(0x9E3779B97F4A7C15)
+                    ^ mix64(np.uint64(seed & (2**64 - 1)) + cols * np.uint64(0x2545F4914F6CDD1D)))
+    unit = (key >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+    high = low + span
+    want = (low + (high - low) * unit).astype(dtype)
+    got = initial_rows(arr, dim, np.dtype(dtype), seed, low, high)
+    assert got.dtype == want.dtype and got.shape == (arr.size, dim)
+    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+    out = np.empty((arr.size, dim))
+    reference.initial_rows(arr, seed & (2**64 - 1), 0x9E3779B97F4A7C15, 0x2545F4914F6CDD1D, low, high,
+                           out)
+    np.testing.assert_array_equal(out, low + (high - low) * unit)
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 40), dim=st.integers(1, 20), inits=st.lists(st.floats(-1, 1), max_size=10),
+       dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2**64 - 1),
+       low=st.floats(-10, 10), span=st.floats(0, 10), data=st.data())
+def test_a_dynamic_tables_new_rows_are_the_same_compiled_and_in_numpy(n, dim, inits, dtype, seed,
+                                                                    low, span, data):
+    """New rows anywhere in a table, in one pass: their values are the initial-row formula,
+    every optimizer slot its initial value, and their bookkeeping (id, live, last lookup,
+    count, change epoch) set; nothing else changes, the bytes of every array the same
+    compiled and in numpy. A row outside the table is refused by both, nothing written."""
+    from pstrain._formats.idhash import initial_rows, row_hash
+
+    rows = np.array(data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n)), np.int64)
+    new_ids = np.array(data.draw(st.lists(IDS, min_size=rows.size, max_size=rows.size)), np.int64)
+
+    def table():
+        rng = np.random.default_rng(3)
+        return [rng.standard_normal((n, dim)).astype(dtype),
+                *(rng.standard_normal((n, dim)).astype(dtype) for _ in inits),
+                rng.integers(-9, 9, n), rng.integers(0, 2, n).astype(np.uint8),
+                rng.integers(0, 9, n), rng.integers(0, 9, n), rng.integers(0, 9, n).astype(np.uint32)]
+
+    def create(impl, arrays, at, ids):
+        values, *slots, book_ids, live, last_seen, freq, epochs = arrays
+        impl.create_rows(at, ids, values, tuple(slots), tuple(inits), book_ids, live, last_seen,
+                         freq, epochs, 17, 5, *row_hash(seed), low, low + span)
+
+    before, got = table(), []
+    for impl in (compiled, reference):
+        arrays = table()
+        create(impl, arrays, rows, new_ids)
+        got.append(arrays)
+        outside = table()
+        with pytest.raises(IndexError, match="outside the table"):
+            create(impl, outside, np.array([0, n], np.int64), np.array([1, 2], np.int64))
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(outside, before))
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(*got))
+    values, *slots, book_ids, live, last_seen, freq, epochs = got[0]
+    want = initial_rows(new_ids, dim, np.dtype(dtype), seed, low, low + span)
+    assert values[rows].tobytes() == want.tobytes()
+    for slot, init in zip(slots, inits):
+        assert np.all(slot[rows] == dtype(init))
+    assert book_ids[rows].tolist() == new_ids.tolist() and np.all(live[rows] == 1)
+    assert np.all(last_seen[rows] == 17) and np.all(freq[rows] == 0) and np.all(epochs[rows] == 5)
+    others = np.setdiff1d(np.arange(n), rows)
+    assert all(a[others].tobytes() == b[others].tobytes() for a, b in zip(got[0], before))
+
+
+@settings(max_examples=100, deadline=None)
+@given(shape=st.lists(st.integers(0, 4), max_size=2), n=st.integers(1, 300),
+       dtype=st.sampled_from([np.float32, np.float64, np.int32, np.int8]), data=st.data())
+def test_taking_rows_is_numpys_fancy_index_bit_for_bit(shape, n, dtype, data):
+    """What a fixed table's sparse read and a save's writer gather rows with: many rows
+    (past the kernel's prefetch distance), of any width, repeated and unordered."""
+    from pstrain._kernels.batches import take_rows
+
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    array = (rng.standard_normal((n, *shape)) * 100).astype(dtype)
+    rows = np.asarray(data.draw(st.lists(st.integers(0, n - 1), max_size=200)), np.int64)
+    if data.draw(st.booleans()):
+        rows = rows.astype(np.int32)
+    got = take_rows(array, rows)
+    assert got.dtype == array.dtype and got.shape == array[rows].shape
+    np.testing.assert_array_equal(got, array[rows])
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 50), dim=st.integers(1, 6), pos=st.lists(st.integers(-1, 49), max_size=60),
+       double=st.booleans())
+def test_a_deltas_rows_are_put_in_the_same_compiled_and_in_numpy(n, dim, pos, double):
+    rows = np.array([p if p < n else -1 for p in dict.fromkeys(pos)], np.int64)
+    dtype = np.float64 if double else np.float32
+    values = -np.arange(rows.size * dim, dtype=dtype).reshape(rows.size, dim)
+    got = []
+    for impl in (compiled, reference):
+        out = np.arange(n * dim, dtype=dtype).reshape(n, dim)
+        impl.put_rows(out, rows, values)
+        got.append(_bits(out))
+    assert got[0] == got[1]
+    for impl in (compiled, reference):
+        out = np.zeros((n, dim), dtype)
+        with pytest.raises(IndexError, match="past the array's end"):
+            impl.put_rows(out, np.array([n], np.int64), np.ones((1, dim), dtype))
+
+
+TABLES = st.sampled_from([
+    TableConfig(dim=3),
+    TableConfig(dim=4, capacity=40, admit_after=2, evict="lru"),
+    TableConfig(dim=2, capacity=25, evict="lfu", max_candidates=30, admit_after=3),
+    TableConfig(dim=5, admit_probability=0.5, max_age=6),
+])
+
+
+@settings(max_examples=60, deadline=None)
+@given(config=TABLES, kind=st.sampled_from(["sgd", "adagrad", "adam"]),
+       steps=st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 120), max_size=60)),
+                      max_size=20))
+def test_a_dynamic_table_trains_the_same_compiled_and_in_numpy(config, kind, steps):
+    fast = DynamicTable("t", config, kernels=compiled)
+    slow = DynamicTable("t", config, kernels=reference)
+    cfg = {"kind": kind, "learning_rate": 0.1, "epsilon": 1e-7}
+    slots = {"accumulator": ("acc", 0.1)} if kind == "adagrad" else \
+        {"m": ("m", 0.0), "v": ("v", 0.0)} if kind == "adam" else {}
+    for t, (train, batch) in enumerate(steps, 1):
+        ids = np.array(list(dict.fromkeys(batch)), np.int64) * 7919 - 300
+        outs = [table.lookup(ids, train) for table in (fast, slow)]
+        assert _bits(outs[0]) == _bits(outs[1])
+        if train:
+            grad = np.sin(np.outer(ids, np.arange(1, config.dim + 1)) * 0.01).astype(np.float32)
+            assert fast.apply(RULES[kind], ids, grad, slots, cfg, t) == \
+                slow.apply(RULES[kind], ids, grad, slots, cfg, t)
+        assert fast.statistics() == slow.statistics()
+    a, b = fast.export(), slow.export()
+    assert a.keys() == b.keys()
+    for key in a:
+        assert _bits(a[key]) == _bits(b[key]), key
+
+
+@settings(max_examples=100, deadline=None)
+@given(lengths=st.lists(st.integers(0, 6), min_size=1, max_size=30), data=st.data())
+def test_a_batchs_bag_positions_are_the_same_compiled_and_in_numpy(lengths, data):
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    rows = np.array(data.draw(st.lists(st.integers(0, len(lengths) - 1), max_size=40)), np.int64)
+    got = []
+    for impl in (compiled, reference):
+        out = np.full(rows.size + 1, -7, np.int64)
+        got.append((impl.bag_positions(offsets, rows, out).tolist(), out.tolist()))
+    expected = [j for r in rows for j in range(offsets[r], offsets[r + 1])]
+    assert got[0] == got[1] and got[0][0] == expected
+    assert got[0][1] == np.concatenate([[0], np.cumsum([lengths[r] for r in rows])]).tolist()
+    for impl in (compiled, reference):
+        with pytest.raises(IndexError, match="outside the batch"):
+            impl.bag_positions(offsets, np.array([len(lengths)], np.int64), np.empty(2, np.int64))
