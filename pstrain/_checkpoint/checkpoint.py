@@ -25,8 +25,8 @@ nothing across the ps, and returns a :class:`CheckpointLoadStatus`
 *deferred* for what does not exist yet: a variable attached later to a
 restored Module (or to the checkpoint) at a saved path, and the slots an
 optimizer creates on its first ``apply_gradients``, take their saved values.
-``load_variables(path)`` reads a checkpoint into numpy arrays, by path,
-without any cluster.
+``load_variables(path)`` (``offline.py``) reads a checkpoint into numpy arrays, by
+path, without any cluster.
 
 A :class:`~pstrain.DynamicEmbedding` is saved by each ps as its own file
 (``<path>.ps<K>.table-<tag>.safetensors``: ``ids``, ``rows`` and each
@@ -96,7 +96,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Checkpoint", "CheckpointLoadStatus", "load_variables", "recent_saves"]
+__all__ = ["Checkpoint", "CheckpointLoadStatus", "recent_saves"]
 
 
 class Checkpoint:
@@ -387,24 +387,6 @@ def _channel_pool(part: Variable) -> ChannelPool:
     if isinstance(creator, Placement) and creator.channels is not None:
         return creator.channels
     return current_channels()
-
-
-def load_variables(path: str) -> dict[str, np.ndarray]:
-    """Every value of checkpoint ``path`` as a full numpy array, by object-graph path
-    (``model/dense/kernel``; by name for a format 1 checkpoint). No cluster needed.
-
-    ``arrays = pstrain.checkpoint.load_variables("/tmp/run/ckpt-3")``
-    """
-    reader = CheckpointReader(path)
-    out = {}
-    for name in reader.variables:
-        array = reader.read(name)
-        assert array is not None  # every name comes from the index
-        out[name] = array
-    for name in reader.tables:  # a dynamic table: <path>/ids, <path>/rows, <path>/slot:<key>
-        for key, array in reader.read_table(name).items():
-            out[f"{name}/{key}"] = array
-    return out
 
 
 expose(globals(), "pstrain.checkpoint")

@@ -33,8 +33,8 @@ import numpy as np
 
 from .._base.errors import InvalidArgumentError, NotFoundError
 from .._base.exports import expose
-from .checkpoint import load_variables
 from .manager import CheckpointManager
+from .offline import load_variables
 
 logger = logging.getLogger(__name__)
 

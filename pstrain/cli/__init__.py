@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..demo import add_demo_parser
 
     add_demo_parser(sub)
-    from ..launch import add_launch_parser
+    from .launch import add_launch_parser
 
     add_launch_parser(sub)
     args = parser.parse_args(argv)
