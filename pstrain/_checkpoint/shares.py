@@ -1,7 +1,7 @@
 """One ps's share of a checkpoint: the values a lost ps held, read back to be put elsewhere.
 
 A ps that is lost while training runs takes its variables with it; the coordinator puts
-them on the other ps from the latest checkpoint (``_coordinator/ps_replace.py``).
+them on the other ps from the latest checkpoint (``_coordinator/elastic/replace.py``).
 :func:`read_share` gives, for the ps-side keys of the variables (sharded variables'
 parts too) that ps held, their values and those of their optimizer slots, as the
 checkpoint at ``path`` has them (a delta path: base and deltas applied, in order). Only

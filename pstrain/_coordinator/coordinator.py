@@ -13,8 +13,8 @@ Beyond TF, a RemoteValue may be passed to ``schedule``: it is resolved before th
 runs, and a failed producer fails the consumer with :class:`~pstrain.errors.ClosureInputError`.
 
 Its parts: the heartbeat and ps restarts (``heartbeat.py``), the worker slots and their
-dispatchers (``workers.py``), ps that join and leave (``ps_moves.py``), its endpoint
-(``endpoint.py``), lost ps replaced (``ps_replace.py``), the end of a job (``shutdown.py``),
+dispatchers (``workers.py``), ps that join and leave (``elastic/moves.py``), its endpoint
+(``endpoint.py``), lost ps replaced (``elastic/replace.py``), the end of a job (``shutdown.py``),
 the function cache (``functions.py``).
 """
 
@@ -38,13 +38,13 @@ from .._training import summary
 from . import interrupt
 from .closures import Closure, check_call, scan_inputs
 from .dispatch import DispatchSettings
+from .elastic.health import PsHealth
+from .elastic.moves import PsChanges
+from .elastic.replace import PsReplacement
 from .endpoint import CoordinatorEndpoint, chief_address, say_if_not_served
 from .functions import FunctionCache
 from .heartbeat import Heartbeat
 from .per_worker import PerWorkerDataset, as_dataset_fn
-from .ps_health import PsHealth
-from .ps_moves import PsChanges
-from .ps_replace import PsReplacement
 from .remote_value import Outcome, RemoteValue
 from .resources import ResourceRegistry
 from .scheduling import ClosureQueue

@@ -6,7 +6,7 @@ silent while closures run fails the job with ``UnavailableError``; a ps that ans
 a new *incarnation* (it restarted, however quickly, and lost its variables) fails it too,
 with a message saying so. A closure that failed with ``NotFoundError`` because its ps
 restarted is reported the same way by ``join()``. The record of each ps is the sans-I/O
-:class:`~pstrain._coordinator.ps_health.PsHealth`; this module is its I/O.
+:class:`~pstrain._coordinator.elastic.health.PsHealth`; this module is its I/O.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .._formats.operations import Health, ResetChannels
 from .._transport.client_protocol import ps_advice
 from .._transport.rpc import ChannelPool
 from .dispatch import DispatchSettings, WorkerDispatcher
-from .ps_health import PsHealth
+from .elastic.health import PsHealth
 from .scheduling import ClosureQueue
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class Heartbeat:
         self._no_worker_since: float | None = None
         self._warned = False
         #: Called with a ps found lost while closures run and its error: True if that is
-        #: handled (the ps is being replaced, ``ps_replace.py``), else the error is the job's.
+        #: handled (the ps is being replaced, ``elastic/replace.py``), else the error is the job's.
         self.on_ps_lost: Callable[[int, PstrainError], bool] | None = None
 
     def active_ps(self) -> list[int]:
@@ -117,7 +117,7 @@ class Heartbeat:
     async def _ping_ps(self, k: int) -> None:
         restarted = await self.ps_restarted(k, report_silence=True)
         if restarted is None or (self.on_ps_lost is not None and self.on_ps_lost(k, restarted)):
-            return  # (or it is lost, and replaced while training goes on: ps_replace.py)
+            return  # (or it is lost, and replaced while training goes on: elastic/replace.py)
         if k in self.ps_health.down:  # silent, not restarted: the workers' links to it stall too
             self.spawn(self._reset_worker_links("ps", k))
         if not self.queue.record_error(restarted) and isinstance(restarted, UnavailableError):

@@ -60,7 +60,7 @@ class ClosureQueue:
         self.done_count = 0
         self.retried_count = 0
         #: Called with a closure's error and how to put it back: True if it holds the
-        #: closure instead of failing it (a ps lost and replaced, ``ps_replace.py``).
+        #: closure instead of failing it (a ps lost and replaced, ``elastic/replace.py``).
         self.hold: Callable[[BaseException, Callable[[], Any]], bool] | None = None
         #: No closure is handed out while paused (Ctrl-C: those in flight finish first).
         self.paused = False

@@ -81,7 +81,7 @@ class Optimizer:
         self.iterations = Variable(np.int64(0), name=f"{self.name}/iterations", trainable=False)
         #: A second step counter on another ps, counted in the same requests: the step
         #: survives the loss of either ps (a replacement gives the lost one the other's
-        #: count, ``ps_replace.py``).
+        #: count, ``elastic/replace.py``).
         placement = current_creator()
         self.iterations_mirror = _mirror(self.iterations, f"{self.name}/iterations_mirror", placement)
         if self.iterations_mirror is not None:

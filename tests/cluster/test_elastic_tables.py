@@ -529,7 +529,7 @@ async def test_a_move_whose_coordinator_stops_after_staging_is_ended_when_its_ti
     step is never sent, nor an abort) leaves them held there and served by no one: they go
     after MOVE_TTL_S, with the source's marks of the move, and the variable and the table
     are served whole where they were; a later move of them goes through."""
-    from pstrain._coordinator import ps_moves
+    from pstrain._coordinator.elastic import moves as ps_moves
     from pstrain.server.ps import moves
 
     async with _job() as (cluster, extra, strategy, coordinator):
@@ -574,7 +574,7 @@ async def test_a_stopped_moves_time_running_out_leaves_a_later_move_of_the_same_
     table slices to the same ps before the first move's time is up. When it is, the end
     of the first move must not undo the second: the table it created there, and the
     slices the second move switched, stay served."""
-    from pstrain._coordinator import ps_moves
+    from pstrain._coordinator.elastic import moves as ps_moves
     from pstrain.server.ps import moves
 
     async with _job() as (cluster, extra, strategy, coordinator):
@@ -611,7 +611,7 @@ async def test_a_coordinator_lost_between_a_moves_switches_is_replaced_and_resto
     is refused and changes nothing."""
     import gc
 
-    from pstrain._coordinator import ps_moves
+    from pstrain._coordinator.elastic import moves as ps_moves
 
     real = ps_moves.InstallVariables
 
@@ -802,7 +802,7 @@ async def test_the_copies_of_an_aborted_move_go_at_once_not_when_its_time_is_up(
     import gc
     import weakref
 
-    from pstrain._coordinator import ps_moves
+    from pstrain._coordinator.elastic import moves as ps_moves
     from pstrain._formats.placement_map import EndMove
 
     async with _job() as (cluster, extra, strategy, coordinator):

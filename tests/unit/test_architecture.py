@@ -228,6 +228,7 @@ LAYER_NOTES = {
     ".": "face: the public modules users import, and the programs",
     "cli": "face: the pstrain command",
     "_coordinator": "program: ClusterCoordinator and its parts",
+    "_coordinator/elastic": "program: ps health, joins, leaves, moves and replacements",
     "_distribute": "program: the strategy, replicas, distributed values",
     "_frameworks": "training: JAX and PyTorch models",
     "_checkpoint": "training: checkpoints by object graph",

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pstrain._coordinator.membership import IllegalTransition, Membership, SlotState, WorkerSlot
-from pstrain._coordinator.ps_health import PsHealth
+from pstrain._coordinator.elastic.health import PsHealth
 from pstrain.errors import AuthenticationError, UnavailableError
 
 pytestmark = pytest.mark.timeout(60)

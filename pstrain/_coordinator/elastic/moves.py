@@ -7,7 +7,7 @@ steps that module lists, one source ps at a time, one move at a time; each new m
 pushed to every ps, and clients learn it from the ps (a request to the wrong ps is
 refused with the map, and sent again by the client). What is moved: whole variables,
 sharded variables' parts, with their optimizer slots and their exactly-once records; and
-slices of dynamic tables' hash spaces (``slice_plans.py``), with their rows, slots, LRU/LFU
+slices of dynamic tables' hash spaces (``plans.py``), with their rows, slots, LRU/LFU
 state, admission sightings and the table's exactly-once records, and their share of its
 capacity.
 """
@@ -23,19 +23,19 @@ from typing import Any
 
 from msgspec.structs import replace
 
-from .._base.cluster import parse_address, task_name
-from .._base.errors import (
+from ..._base.cluster import parse_address, task_name
+from ..._base.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
     PstrainError,
     restated,
 )
-from .._base.locks import PlacementLock
-from .._base.tasks import best_effort
-from .._distribute.strategy import ParameterServerStrategy
-from .._formats.operations import Health, TableStatistics
-from .._formats.placement_map import (
+from ..._base.locks import PlacementLock
+from ..._base.tasks import best_effort
+from ..._distribute.strategy import ParameterServerStrategy
+from ..._formats.operations import Health, TableStatistics
+from ..._formats.placement_map import (
     EndMove,
     FinishMove,
     InstallVariables,
@@ -46,9 +46,17 @@ from .._formats.placement_map import (
     TableSlices,
     VariableCopy,
 )
-from .._transport.rpc import Channel, ChannelPool
-from .._variables.routing import adopt
-from .slice_plans import plan_join, plan_leave, table_slices
+from ..._transport.rpc import Channel, ChannelPool
+from ..._variables.routing import adopt
+from .plans import (
+    plan_join,
+    plan_leave,
+    plan_variables_join,
+    spread,
+    table_slices,
+    variable_shares,
+    variables_on,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +77,7 @@ class PsChanges:
         self.moves_done = 0
         self._reserved: dict[int, str] = {}  # ps index -> the address of the ps it was given to
         self.bytes_moved = 0
-        #: Lost ps being replaced from a checkpoint, and those replaced (``ps_replace.py``).
+        #: Lost ps being replaced from a checkpoint, and those replaced (``replace.py``).
         self.replacing: set[int] = set()
         self.replaced: list[dict[str, Any]] = []
 
@@ -79,11 +87,7 @@ class PsChanges:
 
     def shares(self) -> dict[int, int]:
         """Bytes of variables each active ps holds (their optimizer slots not counted)."""
-        out = {k: 0 for k in self.placement.active()}
-        for key, (home, nbytes) in self.strategy.placement.placed.items():
-            ps = self.placement.ps_of(key, home)
-            out[ps] = out.get(ps, 0) + nbytes
-        return out
+        return variable_shares(self.placement, self.strategy.placement.placed)
 
     def status(self) -> dict[str, Any]:
         """The map version, each ps's address and share, and the move under way (if any)."""
@@ -188,7 +192,7 @@ class PsChanges:
         """Move a share of the variables to ps ``index`` (one that just joined). If a move
         fails while nothing lives on the new ps yet (it died, say), it is taken out of the
         job again before the error is raised."""
-        plan = self._plan_join(index)
+        plan = plan_variables_join(self.placement, self.strategy.placement.placed, index)
         try:
             for keys in plan:
                 await self.move(keys, index)
@@ -258,13 +262,7 @@ class PsChanges:
 
     def spread(self, keys: list[str], to: int | None = None) -> dict[str, int]:
         """Where each of ``keys`` (largest first) goes: ps ``to``, or the least loaded."""
-        active, placed = self.placement.active(), self.strategy.placement.placed
-        shares = {k: n for k, n in self.shares().items() if k in active}
-        where = {}
-        for key in keys:
-            where[key] = target = to if to is not None else min(shares, key=lambda k: (shares[k], k))
-            shares[target] += placed[key][1]
-        return where
+        return spread(self.placement, self.strategy.placement.placed, keys, to)
 
     async def install(self, copies: list[VariableCopy], where: dict[str, int],
                       once: dict[str, list[Any]] | None = None) -> None:
@@ -302,7 +300,7 @@ class PsChanges:
 
     # -- dynamic tables' slices ------------------------------------------------------------------
     def table_slices(self, table: Any) -> TableSlices:
-        """Which ps holds each slice of ``table`` now (``slice_plans.table_slices``)."""
+        """Which ps holds each slice of ``table`` now (``plans.table_slices``)."""
         return table_slices(self.placement, table)
 
     def _plan_tables_join(self, new: int) -> dict[int, dict[str, list[int]]]:
@@ -431,26 +429,4 @@ class PsChanges:
 
     def on(self, ps: int) -> list[str]:
         """The variables on ps ``ps`` now, largest first."""
-        placed = self.strategy.placement.placed
-        return sorted((k for k, (home, _) in placed.items() if self.placement.ps_of(k, home) == ps),
-                      key=lambda k: -placed[k][1])
-
-    def _plan_join(self, new: int) -> list[list[str]]:
-        """Which variables move to the new ps ``new``: the largest of the fullest ps, while
-        that leaves the new one below the ps it came from."""
-        shares = self.shares()
-        placed = self.strategy.placement.placed
-        plan: list[list[str]] = []
-        candidates = {k: self.on(k) for k in shares if k != new}
-        while True:
-            fullest = max(candidates, key=lambda k: shares[k], default=None)
-            if fullest is None or not candidates[fullest]:
-                return plan
-            key = next((k for k in candidates[fullest]
-                        if shares[new] + placed[k][1] < shares[fullest]), None)
-            if key is None:
-                return plan
-            candidates[fullest].remove(key)
-            shares[fullest] -= placed[key][1]
-            shares[new] += placed[key][1]
-            plan.append([key])
+        return variables_on(self.placement, self.strategy.placement.placed, ps)

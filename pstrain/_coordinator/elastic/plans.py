@@ -1,4 +1,9 @@
-"""Which slices of dynamic tables move when a ps joins or leaves.
+"""What moves when a ps joins or leaves, planned without I/O: whole variables (and sharded
+variables' parts), and slices of dynamic tables. ``moves.py`` carries the plans out.
+
+Variables are balanced by bytes: a ps that joins takes the largest variables of the fullest
+ps while that leaves it below the ps they came from; variables put back (a lost ps's share)
+go, largest first, to the least loaded ps.
 
 A dynamic table's ids are spread over the ps by a hash (``shard_of(id, num_ps)``). At its
 first move, its hash space is cut into ``SLICES_PER_PS`` slices per ps it was created on
@@ -19,9 +24,60 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._formats.placement_map import SLICES_PER_PS, PlacementMap, TableSlices, first_slices
+from ..._formats.placement_map import SLICES_PER_PS, PlacementMap, TableSlices, first_slices
 
-__all__ = ["SLICES_PER_PS", "plan_join", "plan_leave", "table_slices"]
+__all__ = ["SLICES_PER_PS", "plan_join", "plan_leave", "plan_variables_join", "spread", "table_slices",
+           "variable_shares", "variables_on"]
+
+#: A strategy's placed variables: key -> (the ps it was created on, its bytes).
+Placed = dict[str, tuple[int, int]]
+
+
+def variable_shares(placement: PlacementMap, placed: Placed) -> dict[int, int]:
+    """Bytes of variables each active ps holds (their optimizer slots not counted)."""
+    out = {k: 0 for k in placement.active()}
+    for key, (home, nbytes) in placed.items():
+        ps = placement.ps_of(key, home)
+        out[ps] = out.get(ps, 0) + nbytes
+    return out
+
+
+def variables_on(placement: PlacementMap, placed: Placed, ps: int) -> list[str]:
+    """The variables on ps ``ps``, largest first."""
+    return sorted((k for k, (home, _) in placed.items() if placement.ps_of(k, home) == ps),
+                  key=lambda k: -placed[k][1])
+
+
+def spread(placement: PlacementMap, placed: Placed, keys: list[str],
+           to: int | None = None) -> dict[str, int]:
+    """Where each of ``keys`` (largest first) goes: ps ``to``, or the least loaded."""
+    active = placement.active()
+    shares = {k: n for k, n in variable_shares(placement, placed).items() if k in active}
+    where = {}
+    for key in keys:
+        where[key] = target = to if to is not None else min(shares, key=lambda k: (shares[k], k))
+        shares[target] += placed[key][1]
+    return where
+
+
+def plan_variables_join(placement: PlacementMap, placed: Placed, new: int) -> list[list[str]]:
+    """Which variables move to the new ps ``new``: the largest of the fullest ps, while
+    that leaves the new one below the ps it came from."""
+    shares = variable_shares(placement, placed)
+    plan: list[list[str]] = []
+    candidates = {k: variables_on(placement, placed, k) for k in shares if k != new}
+    while True:
+        fullest = max(candidates, key=lambda k: shares[k], default=None)
+        if fullest is None or not candidates[fullest]:
+            return plan
+        key = next((k for k in candidates[fullest]
+                    if shares[new] + placed[k][1] < shares[fullest]), None)
+        if key is None:
+            return plan
+        candidates[fullest].remove(key)
+        shares[fullest] -= placed[key][1]
+        shares[new] += placed[key][1]
+        plan.append([key])
 
 
 def table_slices(placement: PlacementMap, table: Any) -> TableSlices:

@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from msgspec.structs import replace
 
-from .._base.cluster import task_name
-from .._base.errors import (
+from ..._base.cluster import task_name
+from ..._base.errors import (
     DeadlineExceededError,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -49,17 +49,17 @@ from .._base.errors import (
     PstrainError,
     UnavailableError,
 )
-from .._checkpoint.shares import read_share, table_sources
-from .._formats.checkpoint_operations import AbortRestore, CommitRestore, RestoreTable
-from .._formats.placement_map import ReadRecords, SetPlacement, SliceSet, TableSlices, VariableCopy
-from .._variables.staged_restore import new_stage
-from .heartbeat import Heartbeat
-from .ps_moves import PsChanges
-from .scheduling import ClosureQueue
-from .slice_plans import plan_leave
+from ..._checkpoint.shares import read_share, table_sources
+from ..._formats.checkpoint_operations import AbortRestore, CommitRestore, RestoreTable
+from ..._formats.placement_map import ReadRecords, SetPlacement, SliceSet, TableSlices, VariableCopy
+from ..._variables.staged_restore import new_stage
+from ..heartbeat import Heartbeat
+from ..scheduling import ClosureQueue
+from .moves import PsChanges
+from .plans import plan_leave
 
 if TYPE_CHECKING:
-    from .._checkpoint.manager import CheckpointManager
+    from ..._checkpoint.manager import CheckpointManager
 
 logger = logging.getLogger(__name__)
 

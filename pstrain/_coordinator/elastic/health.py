@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from .._base.cluster import task_name
-from .._base.errors import PsRestartedError, PstrainError, UnavailableError
+from ..._base.cluster import task_name
+from ..._base.errors import PsRestartedError, PstrainError, UnavailableError
 
 __all__ = ["PsHealth"]
 
