@@ -1,9 +1,11 @@
-"""The worker: runs closures and keeps per-worker resources (datasets, iterators).
+"""The worker's routes: it runs closures and keeps per-worker resources (datasets,
+iterators).
 
 Closures never run on the loop that serves requests, so a worker answers
 ``health`` and ``worker/cancel`` while a closure burns CPU: ``async def``
 closures run on a dedicated *closure loop* thread (where the worker's
-channels to the ps live), plain ``def`` closures on a small thread pool.
+channels to the ps live), plain ``def`` closures on a small thread pool
+(``runner.py``).
 
 The coordinator sends closures in batches (``worker/run``); each function travels once
 per worker, is unpickled on a thread (an import may take seconds), then named by digest;
@@ -21,22 +23,17 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import inspect
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
 from ..._base.cluster import ClusterSpec
-from ..._base.context import watch_unawaited, worker_context
+from ..._base.context import worker_context
 from ..._base.errors import (
     ClosureAbortedError,
     InvalidArgumentError,
-    NotFoundError,
 )
-from ..._base.tags import set_dispatch
-from ..._base.tasks import TaskOwner
-from ..._formats.messages import CANCELLED, ERROR, OK, exception_payload
+from ..._formats.messages import CANCELLED, exception_payload
 from ..._formats.operations import (
     CancelClosures,
     Configure,
@@ -47,12 +44,12 @@ from ..._formats.operations import (
 )
 from ..._serving.base import ServerBase
 from ..._serving.core import Encoded
-from ..._transport.bridge import block_on
 from ..._transport.rpc import ChannelPool
-from .closures import Batch, ClosureLoop, Functions, Outbox, SyncPool, check_awaited, encode_results
+from .closures import Batch, encode_results
 from .departure import Departure
 from .dispatches import Dispatches
 from .resources import FailedResource, LockedIterator, dataset_name, resolve
+from .runner import ClosureRunner
 
 logger = logging.getLogger(__name__)
 
@@ -71,25 +68,15 @@ class WorkerServer(ServerBase):
         self.channels: ChannelPool | None = None
         if cluster_spec is not None and cluster_spec.num_tasks("ps"):
             self.channels = ChannelPool(cluster_spec, self.token, ssl_context=self.client_ssl)
-        self.fns = Functions()  # by digest; unpickled on a thread
         self.resources: dict[int, Any] = {}
         self._iterated: set[int] = set()  # datasets an iterator was made from
-        self.closures_run = 0
-        self.closures_failed = 0
-        self._loop: asyncio.AbstractEventLoop | None = None  # the serving loop
-        self._closure_loop = ClosureLoop(f"pstrain-worker{index}-closures")
-        self._cloop: asyncio.AbstractEventLoop | None = None  # the closure loop, once started
-        self._sync = SyncPool(self.closure_threads, self._run_sync, f"pstrain-worker{index}-sync")
         self._base_context: contextvars.Context | None = None
         self._base_channels: ChannelPool | None = None
-        # Closure tasks run on the closure loop and belong to this owner; by id for cancels.
-        self._closure_owner = TaskOwner(f"closures of {self.task}")
-        self._closure_tasks: dict[int, asyncio.Task[Any]] = {}
-        self._cancelled: set[int] = set()
         self.departure = Departure()  # SIGTERM: no new closures, then leave
+        self.runner = ClosureRunner(f"worker{index}", self.closure_threads, self._context,
+                                    lambda args: resolve(args, self.resources, self.index),
+                                    self.departure.flag)
         self._open_batches = 0  # worker/run requests not yet answered
-        self._in_flight: set[int] = set()  # ids started and not yet reported
-        self._outbox = Outbox()  # results and scalars on their way back
         self._dispatches = Dispatches(self.task)  # a newer epoch ends the older ones
         self.route(Configure, self.configure)
         self.route(RunClosures, self.run_closures)
@@ -100,34 +87,34 @@ class WorkerServer(ServerBase):
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> str:
-        self._loop = asyncio.get_running_loop()
-        self._cloop = await self._closure_loop.start()
+        await self.runner.start()
         return await super().start()
+
+    @property
+    def closures_run(self) -> int:
+        return self.runner.closures_run
+
+    @property
+    def closures_failed(self) -> int:
+        return self.runner.closures_failed
 
     def _context(self) -> contextvars.Context:
         """A fresh context for one closure or dataset function: a copy (O(1)) of a base one
         rebuilt when the channels change (one context cannot be entered by two threads)."""
         base = self._base_context
         if base is None or self._base_channels is not self.channels:
-            base = self._base_context = worker_context(self.index, self.channels, self._scalar)
+            base = self._base_context = worker_context(self.index, self.channels, self.runner.scalar)
             self._base_channels = self.channels
         return base.copy()
 
     async def on_stop(self) -> None:
-        async def shutdown() -> None:  # on the closure loop
-            await self._closure_owner.close()
-            if self.channels is not None:
-                await self.channels.close()
-
-        await self._closure_loop.stop(shutdown)
-        self._sync.stop()
-        await self._closure_loop.join(5.0)
+        await self.runner.stop(*([self.channels] if self.channels is not None else []))
 
     def statistics(self, req: Any) -> dict[str, Any]:
         out = super().statistics(req)
         out.update(closures_run=self.closures_run, closures_failed=self.closures_failed,
-                   closure_seconds=self._outbox.closure_seconds,
-                   closures_running=len(self._closure_tasks), resources=len(self.resources),
+                   closure_seconds=self.runner.outbox.closure_seconds,
+                   closures_running=len(self.runner.tasks), resources=len(self.resources),
                    draining=self.departure.draining)
         return out
 
@@ -137,14 +124,14 @@ class WorkerServer(ServerBase):
         those running finish and report as usual. Returns how many are running."""
         if self.departure.begin():
             logger.info("%s draining: %d closure(s) to finish, no new ones", self.task,
-                        len(self._in_flight))
-        return len(self._in_flight)
+                        len(self.runner.in_flight))
+        return len(self.runner.in_flight)
 
     async def drained(self, timeout: float) -> bool:
         """Wait (at most ``timeout`` s) until the closures running have reported, then
         until the coordinator has heard it is leaving (see :class:`Departure`)."""
         return await self.departure.wait(
-            lambda: bool(self._in_flight or self._outbox.items or self._open_batches),
+            lambda: bool(self.runner.in_flight or self.runner.outbox.items or self._open_batches),
             lambda: bool(self.connections), timeout)
 
     def _refuse_if_draining(self) -> None:
@@ -171,8 +158,8 @@ class WorkerServer(ServerBase):
         if self.channels is None or self.channels.cluster_spec != spec or req.fresh:
             old = self.channels
             self.channels = ChannelPool(spec, self.token, ssl_context=self.client_ssl)
-            if old is not None and self._cloop is not None:
-                self.tasks.spawn(self._closure_loop.run(old.close()))
+            if old is not None and self.runner.cloop is not None:
+                self.tasks.spawn(self.runner.loop.run(old.close()))
         return {"incarnation": self.incarnation, "index": self.index}
 
     async def run_closures(self, req: RunClosures, emit: Callable[[Any], None] | None) -> Encoded:
@@ -182,18 +169,18 @@ class WorkerServer(ServerBase):
         batch = Batch(len(closures), emit, asyncio.get_running_loop().create_future(), req.epoch)
         older = [] if req.epoch is None else self._dispatches.arrive(batch, (req.owner, self.index))
         try:
-            if req.fns or self.fns.loading:
-                await self.fns.load(req.fns, {c[1] for c in closures})
+            if req.fns or self.runner.fns.loading:
+                await self.runner.fns.load(req.fns, {c[1] for c in closures})
             if not closures:
                 return encode_results([])  # nothing to run: answered at once
             self._refuse_if_draining()
             self._open_batches += 1
             try:
-                await self._dispatches.wait_ended(older, self._cloop)
+                await self._dispatches.wait_ended(older, self.runner.cloop)
                 if batch.abandoned:  # a newer dispatch arrived meanwhile: this one is fenced
                     return encode_results([[c[0], CANCELLED, None] for c in closures])
                 fence = (req.owner, self.index, req.epoch) if req.epoch is not None else None
-                self._start_batch(batch, closures, fence, req.once)
+                self.runner.start_batch(batch, closures, fence, req.once)
                 return await batch.done
             finally:
                 self._open_batches -= 1
@@ -201,7 +188,7 @@ class WorkerServer(ServerBase):
             self._dispatches.close(batch)
 
     def stream_closed(self, connection: Any) -> None:  # its batches' closures stop here too
-        self._dispatches.connection_ended(connection, self._cloop)
+        self._dispatches.connection_ended(connection, self.runner.cloop)
 
     def _check_incarnation(self, expected: str | None) -> None:
         if expected is not None and expected != self.incarnation:
@@ -212,17 +199,7 @@ class WorkerServer(ServerBase):
     def cancel(self, req: CancelClosures) -> dict[str, Any]:
         """Cancel running or queued closures by id; ids of closures not in flight are ignored
         (they would otherwise accumulate and cancel a later closure that reuses the id)."""
-        ids = [cid for cid in req.ids if cid in self._in_flight]
-        self._cancelled.update(ids)
-        if self._cloop is not None:
-            self._cloop.call_soon_threadsafe(self._cancel_tasks, ids)
-        return {"cancelling": len(ids)}
-
-    def _cancel_tasks(self, ids: list[int]) -> None:
-        for cid in ids:
-            task = self._closure_tasks.get(cid)
-            if task is not None:
-                task.cancel()
+        return {"cancelling": len(self.runner.cancel(req.ids))}
 
     async def create_resource(self, req: CreateResource) -> dict[str, Any]:
         """Build a per-worker resource: ``dataset`` (call fn), ``iterator`` (iter of one)."""
@@ -265,136 +242,3 @@ class WorkerServer(ServerBase):
         for rid in req.rids:
             self.resources.pop(rid, None)
         return {"resources": len(self.resources)}
-
-    # -- running closures (closure loop) ---------------------------------------------------------
-    def _closure_context(
-        self, fence: tuple[str | None, int, int] | None, once_key: str | None
-    ) -> contextvars.Context:
-        ctx = self._context()
-        if fence is not None or once_key is not None:
-            ctx.run(set_dispatch, fence, once_key)
-        return ctx
-
-    def _start_batch(self, batch: Batch, closures: list[Any],
-                     fence: tuple[str | None, int, int] | None = None,
-                     once: dict[int, str] | None = None) -> None:
-        """On the serving loop: plain functions go straight to the thread pool; coroutine
-        functions go to the closure loop in one hand-over for the whole batch."""
-        coros = []
-        for cid, digest, args, kwargs, has_refs in closures:
-            self._in_flight.add(cid)
-            fn = self.fns.get(digest)
-            if fn is None:
-                self._deliver(batch, [cid, ERROR, exception_payload(NotFoundError(
-                    f"function {digest.hex()[:12]} was never sent to this worker"))])
-                continue
-            if has_refs:
-                try:
-                    args = resolve(args, self.resources, self.index)
-                    kwargs = resolve(kwargs, self.resources, self.index)
-                except BaseException as exc:
-                    self._deliver(batch, [cid, ERROR, exception_payload(exc)])
-                    continue
-            once_key = once.get(cid) if once else None
-            if inspect.iscoroutinefunction(fn):
-                coros.append((cid, fn, args, kwargs, self._closure_context(fence, once_key)))
-            else:
-                self._sync.submit((batch, cid, fn, args, kwargs, self._closure_context(fence, once_key)))
-        if coros:
-            assert self._cloop is not None
-            self._cloop.call_soon_threadsafe(self._start_coros, batch, coros)
-
-    def _start_coros(self, batch: Batch, coros: list[Any]) -> None:
-        loop = self._cloop
-        assert loop is not None
-        for cid, fn, args, kwargs, ctx in coros:
-            if cid in self._cancelled or batch.abandoned:
-                self._deliver(batch, [cid, CANCELLED, None])
-                continue
-            task = self._closure_owner.spawn(self._run_async(batch, cid, fn, args, kwargs),
-                                             context=ctx)  # one each
-            self._closure_tasks[cid] = task
-            batch.tasks.add(task)
-
-    async def _run_async(self, batch: Batch, cid: int, fn: Callable[..., Any], args: Any,
-                         kwargs: Any) -> None:
-        started = time.perf_counter()
-        try:
-            with watch_unawaited() as missed:
-                value = await fn(*args, **kwargs)
-            check_awaited(missed)
-            record = [cid, OK, value]
-        except asyncio.CancelledError:
-            record = [cid, CANCELLED, None]
-        except BaseException as exc:  # user code: report whatever it raised
-            record = [cid, ERROR, exception_payload(exc)]
-        finally:
-            task = asyncio.current_task()
-            if self._closure_tasks.get(cid) is task:
-                del self._closure_tasks[cid]
-            batch.tasks.discard(task)
-        self._deliver(batch, record, time.perf_counter() - started)
-
-    def _run_sync(self, item: tuple[Any, ...]) -> None:
-        """One plain ``def`` closure, on a pool thread."""
-        batch, cid, fn, args, kwargs, ctx = item
-        if cid in self._cancelled or batch.abandoned:
-            self._cancelled.discard(cid)
-            self._deliver(batch, [cid, CANCELLED, None])
-            return
-        started = time.perf_counter()
-        try:
-            value = ctx.run(self._call_sync, fn, args, kwargs)
-            record = [cid, OK, value]
-        except BaseException as exc:
-            record = [cid, ERROR, exception_payload(exc)]
-        self._deliver(batch, record, time.perf_counter() - started)
-
-    def _call_sync(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-        """A plain ``def`` closure, on a pool thread; an awaitable it returns (``lambda:
-        v.assign_add(1.0)``) finishes on the closure loop, where the channels live."""
-        with watch_unawaited() as missed:
-            value = fn(*args, **kwargs)
-            if inspect.isawaitable(value):
-                value = block_on(lambda: value, self._cloop, what="a closure's awaitable")
-        check_awaited(missed)
-        return value
-
-    def _scalar(self, name: str, value: float, step: int, wall_time: float) -> None:
-        """A closure logged a scalar (any thread): it leaves with the next results."""
-        self._outbox.scalar(name, value, step, wall_time)
-
-    def _deliver(self, batch: Batch, record: list[Any], seconds: float = 0.0) -> None:
-        """Called on any thread when a closure ends; results leave in coalesced messages."""
-        if self._outbox.put(batch, record, seconds):
-            assert self._loop is not None
-            self._loop.call_soon_threadsafe(self._flush)
-
-    def _flush(self) -> None:
-        outbox, scalars = self._outbox.take()
-        touched: dict[int, Batch] = {}
-        for batch, record in outbox:
-            self._cancelled.discard(record[0])
-            self._in_flight.discard(record[0])
-            if record[1] == OK:
-                self.closures_run += 1
-            else:
-                self.closures_failed += record[1] == ERROR
-            batch.results.append(record)
-            batch.remaining -= 1
-            touched[id(batch)] = batch
-        for batch in touched.values():  # a closure's scalars leave with (or before) its result
-            if batch.remaining == 0:
-                results, batch.results = batch.results, []
-                if not batch.done.done():
-                    batch.done.set_result(encode_results(results, scalars, self.departure.flag()))
-                    scalars = []
-            elif batch.emit is not None:
-                results, batch.results = batch.results, []
-                try:
-                    batch.emit(encode_results(results, scalars, self.departure.flag()))
-                    scalars = []
-                except Exception:  # connection gone: the coordinator reschedules
-                    logger.debug("could not send partial results", exc_info=True)
-            # over HTTP (no emit) results wait for the last one
-
