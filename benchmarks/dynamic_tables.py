@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 import pstrain
-from pstrain._formats.idhash import mix64
+from pstrain._formats.numerics.idhash import mix64
 from pstrain.ctr import BATCH, DENSE, DIM, FEATURES, CTRModel, evaluate, log_loss, make_step
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1] / "examples")]

@@ -27,7 +27,7 @@ import numpy as np
 
 import pstrain
 from pstrain._embeddings.pooling import Bags
-from pstrain._formats.operations import CallVariables
+from pstrain._formats.messages.operations import CallVariables
 from pstrain._variables.batched import ensure_created
 
 HERE = Path(__file__).resolve().parent

@@ -67,7 +67,7 @@ async def run_pstrain(steps: int, inflight: int = 2) -> dict[str, Any]:
 def compute_alone(steps: int) -> dict[str, Any]:
     """CPU seconds per step of W8's compute in this process (run it with one thread)."""
     from pstrain._embeddings.pooling import Bags
-    from pstrain._formats.optimizer_rules import RULES
+    from pstrain._formats.numerics.optimizer_rules import RULES
     from pstrain._kernels.batches import take_rows
 
     n = min(steps, 60) * dlrm.BATCH

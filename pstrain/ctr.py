@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ._formats.initializers import RandomUniform
+from ._formats.numerics.initializers import RandomUniform
 from ._training.module import Module
 from ._training.optimizers import Optimizer
 from ._variables.arrays import IndexedSlices

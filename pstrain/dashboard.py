@@ -47,8 +47,8 @@ from ._base.errors import InvalidArgumentError, PstrainError
 from ._checkpoint.checkpoint import recent_saves
 from ._coordinator import coordinator as coordinator_module
 from ._coordinator.coordinator import ClusterCoordinator
-from ._formats.operations import Health, Statistics
-from ._formats.records import Operation
+from ._formats.messages.operations import Health, Statistics
+from ._formats.messages.records import Operation
 from ._serving.base import ServerBase
 from ._training import summary
 

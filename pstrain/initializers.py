@@ -1,4 +1,4 @@
-"""Public façade: :mod:`pstrain._formats.initializers` holds the implementation."""
+"""Public façade: :mod:`pstrain._formats.numerics.initializers` holds the implementation."""
 
-from ._formats.initializers import *  # noqa: F403
-from ._formats.initializers import __all__ as __all__
+from ._formats.numerics.initializers import *  # noqa: F403
+from ._formats.numerics.initializers import __all__ as __all__

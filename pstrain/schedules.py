@@ -1,4 +1,4 @@
-"""Public façade: :mod:`pstrain._formats.schedules` holds the implementation."""
+"""Public façade: :mod:`pstrain._formats.numerics.schedules` holds the implementation."""
 
-from ._formats.schedules import *  # noqa: F403
-from ._formats.schedules import __all__ as __all__
+from ._formats.numerics.schedules import *  # noqa: F403
+from ._formats.numerics.schedules import __all__ as __all__

@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 
 import pstrain
-from pstrain._formats import wire
+from pstrain._formats.codec import wire
 from pstrain.partitioners import FixedShardsPartitioner
 
 #: The repository's root (tests sit in tiers below ``tests/``).

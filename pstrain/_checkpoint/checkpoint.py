@@ -65,13 +65,13 @@ import numpy as np
 from .._base.context import current_channels
 from .._base.errors import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError
 from .._base.exports import expose
-from .._formats.checkpoint_files import INDEX, CheckpointReader, make_parent, write_index
-from .._formats.checkpoint_operations import SaveCheckpoint, TableShardFile
-from .._formats.delta_files import split_delta
-from .._formats.operations import ListVariables
-from .._formats.optimizer_rules import slot_shape
-from .._formats.records import VariableInfo
-from .._formats.tensor_files import write_tensors
+from .._formats.files.checkpoint_files import INDEX, CheckpointReader, make_parent, write_index
+from .._formats.files.delta_files import split_delta
+from .._formats.files.tensor_files import write_tensors
+from .._formats.messages.checkpoint_operations import SaveCheckpoint, TableShardFile
+from .._formats.messages.operations import ListVariables
+from .._formats.messages.records import VariableInfo
+from .._formats.numerics.optimizer_rules import slot_shape
 from .._variables.batched import ensure_created
 from .._variables.dynamic import DynamicEmbedding
 from .._variables.placement import Placement
@@ -174,7 +174,7 @@ class Checkpoint:
         """:meth:`write`, as the base that folds the current chain's deltas in: it covers the
         changes up to the chain's last delta (its marks), not up to now, so a table feed reader
         at that delta goes on from the new base's deltas without a full read
-        (``_formats/table_feed.py``). Write a delta just before. Without a chain in the same
+        (``_formats/files/table_feed.py``). Write a delta just before. Without a chain in the same
         directory, the same as :meth:`write`."""
         return await self._write(file_prefix, compacted=True, catch_up=catch_up)
 

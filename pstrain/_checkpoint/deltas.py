@@ -11,7 +11,7 @@ after. :func:`write_delta` asks each ps for what changed since its mark
 (``delta/save``, ``server/ps/deltas.py``), then writes the delta's index last,
 atomically; only then does the chain move on. A delta that fails leaves no
 index (its files are removed) and the chain where it was, so the next one
-carries its rows too. Formats: ``_formats/delta_files.py``.
+carries its rows too. Formats: ``_formats/files/delta_files.py``.
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ import numpy as np
 from .._base.context import current_channels
 from .._base.errors import FailedPreconditionError, InvalidArgumentError
 from .._base.locks import PlacementLock
-from .._formats.checkpoint_files import INDEX, remove_checkpoint
-from .._formats.checkpoint_operations import (
+from .._formats.files.checkpoint_files import INDEX, remove_checkpoint
+from .._formats.files.delta_files import delta_prefix, write_delta_index
+from .._formats.files.tensor_files import write_tensors
+from .._formats.messages.checkpoint_operations import (
     MAX_WRITE_S,
     DeltaReply,
     DeltaTable,
@@ -42,8 +44,6 @@ from .._formats.checkpoint_operations import (
     SaveDelta,
     TakeMark,
 )
-from .._formats.delta_files import delta_prefix, write_delta_index
-from .._formats.tensor_files import write_tensors
 from .._variables.dynamic import DynamicEmbedding
 from .object_graph import Entry, Graph
 

@@ -39,8 +39,8 @@ import time
 from .._base.checks import number, whole
 from .._base.errors import FailedPreconditionError, InvalidArgumentError
 from .._base.exports import expose
-from .._formats.checkpoint_files import INDEX, remove_checkpoint
-from .._formats.delta_files import delta_prefix, split_delta
+from .._formats.files.checkpoint_files import INDEX, remove_checkpoint
+from .._formats.files.delta_files import delta_prefix, split_delta
 from . import kept
 from .checkpoint import Checkpoint
 from .deltas import check_write_s

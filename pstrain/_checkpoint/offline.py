@@ -1,6 +1,6 @@
 """A checkpoint read without a cluster: :func:`load_variables` gives every value as a numpy
 array, by object-graph path (by name for a format 1 checkpoint), and each dynamic table as
-its ids, rows and slots. The files are read by ``_formats/checkpoint_files.py``; nothing
+its ids, rows and slots. The files are read by ``_formats/files/checkpoint_files.py``; nothing
 here talks to a ps.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._base.exports import expose
-from .._formats.checkpoint_files import CheckpointReader
+from .._formats.files.checkpoint_files import CheckpointReader
 
 __all__ = ["load_variables"]
 

@@ -21,10 +21,10 @@ import numpy as np
 
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
-from .._formats.checkpoint_files import CheckpointReader
-from .._formats.checkpoint_operations import RestoreSpec, RestoreTable
-from .._formats.optimizer_rules import slot_shape
-from .._formats.tensor_files import read_rows
+from .._formats.files.checkpoint_files import CheckpointReader
+from .._formats.files.tensor_files import read_rows
+from .._formats.messages.checkpoint_operations import RestoreSpec, RestoreTable
+from .._formats.numerics.optimizer_rules import slot_shape
 from .._training.module import Module, unwatch_attributes, watch_attributes
 from .._variables.batched import ensure_created
 from .._variables.placement import Placement

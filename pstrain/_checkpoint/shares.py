@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._base.errors import FailedPreconditionError
-from .._formats.checkpoint_files import CheckpointReader
-from .._formats.placement_map import VariableCopy
-from .._formats.tensor_files import read_rows
+from .._formats.files.checkpoint_files import CheckpointReader
+from .._formats.files.tensor_files import read_rows
+from .._formats.messages.placement_map import VariableCopy
 from .object_graph import table_slots, walk
 from .restore_status import targets
 

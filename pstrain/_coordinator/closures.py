@@ -8,7 +8,7 @@ from typing import Any
 
 from .._base.errors import CancelledError, ClosureInputError, InvalidArgumentError
 from .._distribute.values import PerWorkerValues
-from .._formats.messages import ResourceRef
+from .._formats.messages.closures import ResourceRef
 from .per_worker import ResourceValues
 from .remote_value import Outcome, RemoteValue
 

@@ -42,9 +42,15 @@ from .._base.errors import (
     to_envelope,
 )
 from .._base.tasks import TaskOwner
-from .._formats.messages import CANCELLED, OK, exception_from_payload
-from .._formats.operations import CancelClosures, Configure, CreateResource, DropResources, RunClosures
-from .._formats.records import ResultsReply
+from .._formats.messages.closures import CANCELLED, OK, exception_from_payload
+from .._formats.messages.operations import (
+    CancelClosures,
+    Configure,
+    CreateResource,
+    DropResources,
+    RunClosures,
+)
+from .._formats.messages.records import ResultsReply
 from .._transport.rpc import Channel
 from .closures import Closure
 from .membership import SlotState, WorkerSlot

@@ -15,7 +15,7 @@ from typing import Any
 
 from .._base.cluster import ClusterSpec, is_loopback, parse_address
 from .._base.errors import PstrainError
-from .._formats.operations import Join, JoinPs, LeavePs, Membership
+from .._formats.messages.operations import Join, JoinPs, LeavePs, Membership
 from .._serving.base import ServerBase
 
 logger = logging.getLogger("pstrain._coordinator.coordinator")

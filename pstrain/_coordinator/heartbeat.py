@@ -24,7 +24,7 @@ from .._base.errors import (
     PstrainError,
     UnavailableError,
 )
-from .._formats.operations import Health, ResetChannels
+from .._formats.messages.operations import Health, ResetChannels
 from .._transport.client_protocol import ps_advice
 from .._transport.rpc import ChannelPool
 from .dispatch import DispatchSettings, WorkerDispatcher

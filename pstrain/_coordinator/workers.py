@@ -15,7 +15,7 @@ from typing import Any
 
 from .._base.cluster import ClusterSpec, parse_address
 from .._distribute.strategy import ParameterServerStrategy
-from .._formats.operations import Fence
+from .._formats.messages.operations import Fence
 from .._transport.rpc import Channel, ChannelPool
 from .dispatch import DispatchSettings, WorkerDispatcher
 from .membership import Membership

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from .._base.cluster import task_name
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
-from .._formats.operations import CallVariables
+from .._formats.messages.operations import CallVariables
 from .._variables.arrays import current_creator
 from .._variables.batched import ensure_created
 from .._variables.placement import Placement

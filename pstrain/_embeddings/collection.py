@@ -33,7 +33,7 @@ import numpy as np
 from .._base.context import must_await
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
-from .._formats.operations import LookupTables, RowRead, SparseRead
+from .._formats.messages.operations import LookupTables, RowRead, SparseRead
 from .._kernels.batches import take_rows
 from .._training.module import Module
 from .._variables.arrays import IndexedSlices, current_creator

@@ -10,7 +10,7 @@ import numpy as np
 
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
-from .._formats.initializers import Initializer, RandomUniform
+from .._formats.numerics.initializers import Initializer, RandomUniform
 from .pooling import check_combiner
 
 __all__ = ["TableConfig"]

@@ -66,7 +66,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 
 from .._base.errors import InvalidArgumentError
 from .._checkpoint.object_graph import register_view
-from .._formats.initializers import Initializer, RandomUniform
+from .._formats.numerics.initializers import Initializer, RandomUniform
 from .._kernels.batches import distinct
 from .._variables.arrays import IndexedSlices
 from .._variables.batched import read_variables

@@ -39,7 +39,7 @@ from .._base.exports import expose
 from .._embeddings.collection import EmbeddingCollection, GatheredRows
 from .._embeddings.config import TableConfig
 from .._embeddings.jagged import JaggedTensor, KeyedJaggedTensor, as_jagged
-from .._formats.initializers import Initializer, RandomUniform
+from .._formats.numerics.initializers import Initializer, RandomUniform
 from .._kernels.batches import distinct
 from .._variables.arrays import IndexedSlices
 from .._variables.sharding import embedding_lookup

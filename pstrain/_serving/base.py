@@ -19,7 +19,7 @@ from typing import Any
 from .._base.cluster import listening_socket
 from .._base.errors import PstrainError
 from .._base.exports import expose
-from .._formats.operations import Shutdown
+from .._formats.messages.operations import Shutdown
 from .core import ServerCore, Status
 from .http import HttpAdapter
 from .preauth import PreAuth, preauth_cap

@@ -44,10 +44,10 @@ from .._base.errors import (
 )
 from .._base.exports import expose
 from .._base.tasks import TaskOwner
-from .._formats import wire
-from .._formats.operations import Health, Statistics
-from .._formats.protocol import DEFAULT_MAX_BODY, BodyBudget, FrameKind
-from .._formats.records import Operation, validate
+from .._formats.codec import wire
+from .._formats.codec.protocol import DEFAULT_MAX_BODY, BodyBudget, FrameKind
+from .._formats.messages.operations import Health, Statistics
+from .._formats.messages.records import Operation, validate
 
 logger = logging.getLogger(__name__)
 

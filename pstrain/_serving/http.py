@@ -22,8 +22,8 @@ from aiohttp import web
 
 from .._base.auth import bearer_ok
 from .._base.errors import AuthenticationError, ProtocolError, PstrainError, status_for, to_envelope
+from .._formats.codec.protocol import CONTENT_TYPE, FrameKind
 from .._formats.observability import CONTENT_TYPE as METRICS_TYPE, make_registry, render
-from .._formats.protocol import CONTENT_TYPE, FrameKind
 from .core import Reply
 
 if TYPE_CHECKING:

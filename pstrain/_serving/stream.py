@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from .._base.cluster import tune_connection
 from .._base.errors import ProtocolError, PstrainError
-from .._formats.handshake import MAGIC, MAX_PREAUTH, REJECTED, ServerHandshake
-from .._formats.protocol import FrameKind, FrameProtocol
+from .._formats.codec.handshake import MAGIC, MAX_PREAUTH, REJECTED, ServerHandshake
+from .._formats.codec.protocol import FrameKind, FrameProtocol
 from .core import Reply
 
 if TYPE_CHECKING:

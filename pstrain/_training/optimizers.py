@@ -34,11 +34,11 @@ from .._base.context import must_await
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from .._base.tags import one_operation
-from .._formats import schedules
-from .._formats.operations import ApplyGradients
-from .._formats.optimizer_rules import slot_specs
-from .._formats.records import OptimizerRule
-from .._formats.schedules import LearningRateSchedule
+from .._formats.messages.operations import ApplyGradients
+from .._formats.messages.records import OptimizerRule
+from .._formats.numerics import schedules
+from .._formats.numerics.optimizer_rules import slot_specs
+from .._formats.numerics.schedules import LearningRateSchedule
 from .._kernels.batches import merge_duplicates
 from .._variables.arrays import IndexedSlices, current_creator
 from .._variables.batched import ensure_created, read_variables

@@ -16,8 +16,8 @@ from .._base.errors import (
     UnavailableError,
     WrongTaskError,
 )
-from .._formats.handshake import ClientHandshake, HandshakeFailed
-from .._formats.protocol import FrameKind, FrameProtocol
+from .._formats.codec.handshake import ClientHandshake, HandshakeFailed
+from .._formats.codec.protocol import FrameKind, FrameProtocol
 
 
 class Channel(Protocol):

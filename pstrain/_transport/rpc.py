@@ -36,11 +36,11 @@ from .._base.errors import (
 from .._base.exports import expose
 from .._base.locks import PlacementLock
 from .._base.tasks import TaskOwner
-from .._formats import wire
-from .._formats.operations import OPERATIONS
-from .._formats.placement_map import PlacementMap
-from .._formats.protocol import DEFAULT_MAX_BODY, FrameKind
-from .._formats.records import Operation, convert_reply, sender_fields
+from .._formats.codec import wire
+from .._formats.codec.protocol import DEFAULT_MAX_BODY, FrameKind
+from .._formats.messages.operations import OPERATIONS
+from .._formats.messages.placement_map import PlacementMap
+from .._formats.messages.records import Operation, convert_reply, sender_fields
 from .client_protocol import ClientProtocol, cluster_entry, expire, ps_advice
 from .traffic import counted, counting
 
@@ -185,11 +185,11 @@ class Channel:
 
     async def request(self, message: Operation, *, timeout: float | None = None,
                       on_partial: Callable[[Any], None] | None = None) -> Any:
-        """Send ``message`` (an operation of ``pstrain._formats.operations``) and return its
+        """Send ``message`` (an operation of ``pstrain._formats.messages.operations``) and return its
         reply as the operation's declared reply class (a ProtocolError if it is not one).
 
         An operation carries its sender here
-        (:func:`~pstrain._formats.records.sender_fields`). ``on_partial(reply)`` is called
+        (:func:`~pstrain._formats.messages.records.sender_fields`). ``on_partial(reply)`` is called
         for each partial reply of a streaming operation.
         """
         cls = type(message)

@@ -15,8 +15,8 @@ import numpy as np
 from .._base.checks import shape as checked_shape
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
-from .._formats.casting import cast_value
-from .._formats.initializers import Initializer
+from .._formats.numerics.casting import cast_value
+from .._formats.numerics.initializers import Initializer
 
 __all__ = ["IndexedSlices", "VariableAggregation", "VariableBase", "VariableCreator",
            "VariableSynchronization", "as_enum", "check_range", "creator_scope", "current_creator",

@@ -11,7 +11,7 @@ import numpy as np
 
 from .._base.context import must_await
 from .._base.errors import InvalidArgumentError
-from .._formats.operations import ReadVariables, Update, UpdateVariables
+from .._formats.messages.operations import ReadVariables, Update, UpdateVariables
 from .arrays import VariableBase, VariableCreator
 from .routing import routed
 from .variables import Variable

@@ -1,7 +1,7 @@
 """Dynamic embedding tables: rows keyed by raw int64 ids, created when ids are admitted.
 
 A :class:`DynamicEmbedding` is made in ``strategy.scope()``; each ps holds the
-ids that hash to it (:func:`~pstrain._formats.idhash.shard_of`), with their rows and
+ids that hash to it (:func:`~pstrain._formats.numerics.idhash.shard_of`), with their rows and
 optimizer slots (``server/ps/dynamic_table.py`` says what a shard does).
 In a closure, or on the coordinator::
 
@@ -32,10 +32,8 @@ import numpy as np
 from .._base.context import current_channels
 from .._base.errors import InvalidArgumentError, NotFoundError
 from .._base.exports import expose
-from .._formats.checkpoint_operations import RestoreTable
-from .._formats.idhash import shard_of
-from .._formats.initializers import Constant, Initializer, RandomUniform, Zeros
-from .._formats.operations import (
+from .._formats.messages.checkpoint_operations import RestoreTable
+from .._formats.messages.operations import (
     CreateTable,
     ExportTable,
     LookupTable,
@@ -43,8 +41,10 @@ from .._formats.operations import (
     TableIds,
     TableStatistics,
 )
-from .._formats.placement_map import SliceSet, TableSlices, first_slices
-from .._formats.records import Operation, TableSpec, validate
+from .._formats.messages.placement_map import SliceSet, TableSlices, first_slices
+from .._formats.messages.records import Operation, TableSpec, validate
+from .._formats.numerics.idhash import shard_of
+from .._formats.numerics.initializers import Constant, Initializer, RandomUniform, Zeros
 from .._kernels import FLOAT_DTYPES
 from .._kernels.batches import distinct, merge_duplicates
 from .._transport.rpc import Channel, ChannelPool
@@ -355,7 +355,7 @@ class DynamicEmbedding:
     async def export_to(self, path: str) -> int:
         """Write every id and its row to a safetensors file (``ids`` int64, ``rows``) for
         serving; returns the number of rows."""
-        from .._formats.tensor_files import write_tensors
+        from .._formats.files.tensor_files import write_tensors
 
         ids, rows = await self.export()
         await asyncio.get_running_loop().run_in_executor(

@@ -48,10 +48,10 @@ from .._base.checks import shape as checked_shape, variable_name
 from .._base.context import current_channels
 from .._base.errors import InvalidArgumentError, UnavailableError
 from .._base.tasks import TaskOwner
-from .._formats.casting import NUMERIC_KINDS
-from .._formats.checkpoint_operations import CommitRestore, RestoreCheckpoint, RestoreSpec
-from .._formats.initializers import Initializer
-from .._formats.operations import CREATE_CHUNK_BYTES, CreateVariables, Fence, VariableSpec
+from .._formats.messages.checkpoint_operations import CommitRestore, RestoreCheckpoint, RestoreSpec
+from .._formats.messages.operations import CREATE_CHUNK_BYTES, CreateVariables, Fence, VariableSpec
+from .._formats.numerics.casting import NUMERIC_KINDS
+from .._formats.numerics.initializers import Initializer
 from .._transport.rpc import Channel, ChannelPool
 from .arrays import VariableBase, creator_scope, initial_value_array
 from .sharding import ShardedVariable, plan_parts

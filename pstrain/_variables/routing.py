@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .._base.cluster import ClusterSpec
 from .._base.errors import PlacementChangedError, UnavailableError
 from .._base.tags import one_operation
-from .._formats.placement_map import PlacementMap, ReadPlacement
+from .._formats.messages.placement_map import PlacementMap, ReadPlacement
 
 if TYPE_CHECKING:
     from .._transport.rpc import Channel, ChannelPool

@@ -22,7 +22,7 @@ import numpy as np
 from .._base.context import must_await
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
-from .._formats.operations import RowRead, SparseRead
+from .._formats.messages.operations import RowRead, SparseRead
 from .._kernels.batches import distinct
 from .arrays import IndexedSlices, VariableBase, to_array
 from .batched import ensure_created, read_variables

@@ -16,7 +16,7 @@ import secrets
 from typing import Any, Protocol
 
 from .._base.errors import InvalidArgumentError
-from .._formats.checkpoint_operations import (
+from .._formats.messages.checkpoint_operations import (
     AbortRestore,
     CommitRestore,
     RestoreCheckpoint,

@@ -30,8 +30,8 @@ from .._base.cluster import task_name
 from .._base.context import current_channels, must_await
 from .._base.errors import InvalidArgumentError, PstrainError
 from .._base.exports import expose
-from .._formats.operations import ReadVariables, SparseRead, operation
-from .._formats.records import Operation
+from .._formats.messages.operations import ReadVariables, SparseRead, operation
+from .._formats.messages.records import Operation
 from .arrays import (
     IndexedSlices,
     VariableAggregation,

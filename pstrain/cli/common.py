@@ -10,8 +10,8 @@ from typing import Any
 
 from .._base.cluster import task_name
 from .._base.errors import PstrainError
-from .._formats.operations import Join, JoinPs, LeavePs, Membership
-from .._formats.records import Operation
+from .._formats.messages.operations import Join, JoinPs, LeavePs, Membership
+from .._formats.messages.records import Operation
 from .._transport.bridge import run
 from .._transport.rpc import Channel
 

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._base.errors import PstrainError
-from .._formats.operations import Health
+from .._formats.messages.operations import Health
 from .common import coordinator_call, join, retag_logging
 
 __all__ = ["FOLLOW_PERIOD_S", "follow", "incarnation", "join_as"]

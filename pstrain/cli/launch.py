@@ -23,7 +23,7 @@ from typing import Any
 
 from .._base.errors import PstrainError
 from .._base.tasks import TaskOwner
-from .._formats.tensor_files import write_atomically
+from .._formats.files.tensor_files import write_atomically
 from ..launch import LocalCluster
 from .arguments import log_level, positive_int
 

@@ -10,7 +10,7 @@ from typing import Any
 from .._base.cluster import ClusterSpec, task_name
 from .._base.errors import PstrainError
 from .._base.resolvers import read_config, read_token
-from .._formats.operations import Statistics
+from .._formats.messages.operations import Statistics
 from .._transport.bridge import run
 from .._transport.rpc import Channel
 from .arguments import address, seconds

@@ -30,7 +30,7 @@ from typing import Any
 
 from .._base.cluster import ClusterSpec, parse_address
 from .._base.errors import InvalidArgumentError
-from .._formats.protocol import DEFAULT_MAX_BODY
+from .._formats.codec.protocol import DEFAULT_MAX_BODY
 from .._serving.base import ServerBase
 from .._serving.core import Status
 from .ps.handlers import ParameterServer

@@ -18,7 +18,7 @@ import pytest
 
 import pstrain
 from pstrain import rpc
-from pstrain._formats import protocol, wire
+from pstrain._formats.codec import protocol, wire
 from pstrain.errors import (
     AlreadyExistsError,
     AuthenticationError,
@@ -120,7 +120,7 @@ async def test_an_impostor_at_a_tasks_address_learns_nothing_and_is_refused():
             pass
         writer.close()
 
-    from pstrain._formats.handshake import ClientHandshake
+    from pstrain._formats.codec.handshake import ClientHandshake
 
     hello = ClientHandshake(None, "/job:ps/replica:0/task:0").hello()
     who = b"/job:ps/replica:0/task:0#0"
@@ -267,8 +267,8 @@ async def test_a_malformed_index_is_a_clear_error_and_the_evaluator_skips_it(tmp
                                          max_evaluations=1, poll_interval_s=0.05)
     task = asyncio.ensure_future(evaluator.run())
     await wait_for(lambda: not task.done() and len(evaluator.results) == 0, what="the evaluator to poll")
-    from pstrain._formats.checkpoint_files import write_index
-    from pstrain._formats.tensor_files import write_tensors
+    from pstrain._formats.files.checkpoint_files import write_index
+    from pstrain._formats.files.tensor_files import write_tensors
 
     write_tensors(str(tmp_path / "ckpt-3.local.safetensors"), {"it": np.array(5, np.int64)})
     write_index(str(tmp_path / "ckpt-3"), {"opt/iterations": {"dtype": "<i8", "shape": [], "parts": [
@@ -278,7 +278,7 @@ async def test_a_malformed_index_is_a_clear_error_and_the_evaluator_skips_it(tmp
 
 
 def test_the_index_temp_file_is_unpredictable_and_a_planted_link_is_not_followed(tmp_path):
-    from pstrain._formats.checkpoint_files import write_index
+    from pstrain._formats.files.checkpoint_files import write_index
 
     victim = tmp_path / "victim"
     victim.write_text("precious")

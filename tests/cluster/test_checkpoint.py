@@ -234,7 +234,7 @@ async def test_restore_status_edges(ps_server, tmp_path, caplog):
 def test_format_1_checkpoints_are_refused_by_restore_and_read_by_load_variables(tmp_path):
     import json
 
-    from pstrain._formats.tensor_files import write_tensors
+    from pstrain._formats.files.tensor_files import write_tensors
 
     write_tensors(str(tmp_path / "old.local.safetensors"), {"w": np.arange(3, dtype=np.float32)})
     (tmp_path / "old.index.json").write_text(

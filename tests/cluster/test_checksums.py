@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import pstrain
-from pstrain._formats.checksums import CHECK_CHUNK, StreamDigests, Verifier, digests_of
+from pstrain._formats.files.checksums import CHECK_CHUNK, StreamDigests, Verifier, digests_of
 from pstrain.checkpoint import load_variables
 from pstrain.errors import InvalidArgumentError
 from pstrain.testing import InProcessCluster

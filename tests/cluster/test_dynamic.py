@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import pstrain
-from pstrain._formats.idhash import initial_rows, shard_of
+from pstrain._formats.numerics.idhash import initial_rows, shard_of
 from pstrain.errors import InvalidArgumentError
 from pstrain.testing import InProcessCluster
 from tests.helpers import TOKEN
@@ -216,7 +216,7 @@ async def test_bad_configurations_and_ids_are_refused_with_clear_errors():
 async def test_ids_in_any_order_are_served_and_a_repeated_id_is_refused_by_the_ps():
     """Clients send each ps its distinct ids in the order first seen (no sort); the ps
     checks they are distinct, and refuses a repeated id, changing nothing."""
-    from pstrain._formats.operations import ApplyGradients, LookupTable, OptimizerRule
+    from pstrain._formats.messages.operations import ApplyGradients, LookupTable, OptimizerRule
 
     async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
@@ -482,7 +482,7 @@ async def test_a_dynamic_table_saved_during_training_is_a_state_it_was_in(tmp_pa
 
 
 def test_a_table_snapshot_holds_the_table_as_it_was_while_rows_change_evict_and_grow(monkeypatch):
-    from pstrain._formats.optimizer_rules import RULES
+    from pstrain._formats.numerics.optimizer_rules import RULES
     from pstrain.server.ps import snapshots
     from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
 
@@ -552,7 +552,7 @@ def test_an_update_takes_the_rows_its_lookup_found_only_while_they_are_still_its
     probe). Twin tables get the same calls; one updates through that reuse, the other
     probes afresh: after evictions that hand a looked-up id's row to another id, and
     admissions of ids that had no row at the lookup, both hold the same rows."""
-    from pstrain._formats.optimizer_rules import RULES
+    from pstrain._formats.numerics.optimizer_rules import RULES
     from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
 
     config = TableConfig(dim=4, capacity=40, admit_after=2)

@@ -18,7 +18,7 @@ import pytest_asyncio
 
 import pstrain
 from pstrain._base.tags import set_dispatch
-from pstrain._formats.idhash import shard_of
+from pstrain._formats.numerics.idhash import shard_of
 from pstrain.errors import FailedPreconditionError, InvalidArgumentError, PlacementChangedError
 from pstrain.rpc import Channel
 from pstrain.server import ParameterServer
@@ -408,7 +408,7 @@ async def test_a_drained_ps_leaves_its_evictions_to_the_next_delta_and_a_restore
 def test_a_shard_merges_slices_whose_rows_and_slots_changed_between_copy_and_switch():
     """The ps's own steps of a move, on real table shards: rows admitted and an optimizer
     slot made after the copy arrive with the patch; the receiver ends equal to the source."""
-    from pstrain._formats.placement_map import SliceSet, TableCopy, TablePatch
+    from pstrain._formats.messages.placement_map import SliceSet, TableCopy, TablePatch
     from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
     from pstrain.server.ps.store import ChangeClock
 
@@ -746,7 +746,7 @@ async def test_a_move_whose_new_ps_is_lost_is_undone_and_the_error_says_so(monke
     what moved, step 4 of five). The move is undone: the variable and the table slices are
     served by their source again, nothing is lost, and the error says that, not that a
     ps's variables are lost."""
-    from pstrain._formats.placement_map import InstallVariables
+    from pstrain._formats.messages.placement_map import InstallVariables
 
     async with _job() as (cluster, extra, strategy, coordinator):
         assert extra is not None
@@ -803,7 +803,7 @@ async def test_the_copies_of_an_aborted_move_go_at_once_not_when_its_time_is_up(
     import weakref
 
     from pstrain._coordinator.elastic import moves as ps_moves
-    from pstrain._formats.placement_map import EndMove
+    from pstrain._formats.messages.placement_map import EndMove
 
     async with _job() as (cluster, extra, strategy, coordinator):
         assert extra is not None

@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 
 import pstrain
 from pstrain._base.tags import set_dispatch
-from pstrain._formats.operations import ScatterAdd, Update, UpdateVariables
+from pstrain._formats.messages.operations import ScatterAdd, Update, UpdateVariables
 from pstrain._variables.batched import read_variables
 from pstrain.server.ps.before_images import BeforeImages
 from pstrain.server.ps.store import VariableRecord, VariableStore

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import pstrain
-from pstrain._formats.placement_map import InstallVariables, SetPlacement
+from pstrain._formats.messages.placement_map import InstallVariables, SetPlacement
 from pstrain.errors import (
     DeadlineExceededError,
     InvalidArgumentError,

@@ -1,4 +1,4 @@
-"""Each operation is declared once (pstrain._formats.operations): its request class names
+"""Each operation is declared once (pstrain._formats.messages.operations): its request class names
 its op, its reply class and whether it carries pickles; servers route by class, clients get
 the declared reply back, typed."""
 
@@ -8,8 +8,8 @@ import msgspec
 import numpy as np
 import pytest
 
-from pstrain._formats.operations import OPERATIONS, ReadVariables, Request
-from pstrain._formats.records import Mutation, Operation, Record, Reply
+from pstrain._formats.messages.operations import OPERATIONS, ReadVariables, Request
+from pstrain._formats.messages.records import Mutation, Operation, Record, Reply
 from pstrain._serving.base import ServerBase
 from pstrain._transport.rpc import Channel
 from pstrain.errors import InvalidArgumentError, ProtocolError

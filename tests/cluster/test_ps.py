@@ -11,7 +11,7 @@ import pytest
 
 import pstrain
 from pstrain import rpc
-from pstrain._formats import wire
+from pstrain._formats.codec import wire
 from pstrain._variables.variables import Variable
 from pstrain.errors import (
     AlreadyExistsError,

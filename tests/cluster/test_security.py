@@ -21,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pstrain import rpc
-from pstrain._formats import protocol, wire
-from pstrain._formats.handshake import (
+from pstrain._formats.codec import protocol, wire
+from pstrain._formats.codec.handshake import (
     MAGIC,
     MAX_PREAUTH,
     REJECTED,

@@ -15,9 +15,9 @@ from hypothesis import given, settings, strategies as st
 from safetensors.numpy import load_file
 
 import pstrain
-from pstrain._formats import direct_writes
-from pstrain._formats.direct_writes import ALIGN
-from pstrain._formats.tensor_files import whole, write_streaming
+from pstrain._formats.files import direct_writes
+from pstrain._formats.files.direct_writes import ALIGN
+from pstrain._formats.files.tensor_files import whole, write_streaming
 from pstrain.server.ps.snapshots import ChangedRows, KeptRows, Snapshot
 from pstrain.testing import InProcessCluster
 from tests.helpers import TOKEN

@@ -21,7 +21,7 @@ import pytest
 
 import pstrain
 from pstrain import rpc
-from pstrain._formats.messages import CANCELLED, OK
+from pstrain._formats.messages.closures import CANCELLED, OK
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.timeout(60)

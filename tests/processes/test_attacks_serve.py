@@ -12,7 +12,7 @@ import pytest
 
 import pstrain
 from pstrain import rpc
-from pstrain._formats import protocol, wire
+from pstrain._formats.codec import protocol, wire
 from pstrain.errors import (
     InvalidArgumentError,
     ProtocolError,
@@ -39,7 +39,7 @@ def nested_tuples(depth: int) -> bytes:
 
 async def handshake(address: str, token: str | None = TOKEN, target: str = ""):
     """A raw stream connection past the mutual handshake (to send crafted frames)."""
-    from pstrain._formats.handshake import ClientHandshake
+    from pstrain._formats.codec.handshake import ClientHandshake
 
     host, port = address.rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import pstrain
-from pstrain._formats.idhash import shard_of
+from pstrain._formats.numerics.idhash import shard_of
 from pstrain.ctr import BATCH, CTRModel, make_step, synthetic
 from pstrain.rpc import Channel
 from pstrain.testing import InProcessCluster

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import pstrain
-from pstrain._formats.idhash import shard_of
+from pstrain._formats.numerics.idhash import shard_of
 from pstrain.testing import InProcessCluster
 from tests.helpers import TOKEN
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import pstrain
-from pstrain._formats.idhash import shard_of
+from pstrain._formats.numerics.idhash import shard_of
 from pstrain.checkpoint import Checkpoint, CheckpointManager, load_variables
 from pstrain.ctr import CTRModel, make_step, synthetic
 from tests.helpers import TOKEN, ServeProcess

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import pstrain
-from pstrain._formats import protocol, wire
+from pstrain._formats.codec import protocol, wire
 from pstrain.errors import (
     ProtocolError,
 )

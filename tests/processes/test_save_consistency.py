@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import pstrain
-from pstrain._formats.idhash import shard_of
+from pstrain._formats.numerics.idhash import shard_of
 from pstrain.checkpoint import Checkpoint, load_variables
 
 pytestmark = pytest.mark.timeout(60)

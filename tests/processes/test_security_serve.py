@@ -9,8 +9,8 @@ import pickle
 import pytest
 
 from pstrain import rpc
-from pstrain._formats import protocol, wire
-from pstrain._formats.handshake import (
+from pstrain._formats.codec import protocol, wire
+from pstrain._formats.codec.handshake import (
     ACCEPTED,
     MAGIC,
     REJECTED,
@@ -143,7 +143,7 @@ async def test_no_byte_is_decoded_before_the_proof_even_after_a_valid_hello(tmp_
 async def test_small_requests_cannot_make_a_ps_allocate_without_bound(tmp_path):
     import numpy as np
 
-    from pstrain._formats.tensor_files import write_tensors
+    from pstrain._formats.files.tensor_files import write_tensors
     from pstrain.errors import InvalidArgumentError
 
     server = ServeProcess("--role", "ps", "--index", "0", "--port", "0", "--log-level", "ERROR",

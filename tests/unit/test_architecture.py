@@ -240,7 +240,11 @@ LAYER_NOTES = {
     "server/worker": "servers: the worker",
     "_serving": "serving: the server core every task and the coordinator use",
     "_transport": "transport: channels, the blocking bridge",
-    "_formats": "formats: wire, operations, files (client and server)",
+    "_formats": "formats: what both ends of a connection agree on",
+    "_formats/codec": "formats: the wire encoding, frames, the handshake, pickled closures",
+    "_formats/files": "formats: checkpoint, delta and tensor files, checksums, the feed's reading",
+    "_formats/messages": "formats: every operation declared once, and its records",
+    "_formats/numerics": "formats: optimizer rules, initializers, schedules, id hashes, dtype casts",
     "_base": "base: errors, cluster, auth, context",
     "_kernels": "kernels: the id index, sparse optimizer steps, distinct ids and per-id sums; C and numpy",
 }

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from safetensors.numpy import load_file
 
-from pstrain._formats import direct_writes, tensor_files
-from pstrain._formats.direct_writes import ALIGN, DirectWriter
-from pstrain._formats.tensor_files import whole, write_streaming
+from pstrain._formats.files import direct_writes, tensor_files
+from pstrain._formats.files.direct_writes import ALIGN, DirectWriter
+from pstrain._formats.files.tensor_files import whole, write_streaming
 from pstrain.errors import AlreadyExistsError, PstrainError
 
 pytestmark = pytest.mark.timeout(120)

@@ -9,7 +9,7 @@ from pstrain._coordinator.elastic.plans import (
     variable_shares,
     variables_on,
 )
-from pstrain._formats.placement_map import PlacementMap
+from pstrain._formats.messages.placement_map import PlacementMap
 
 #: key -> (the ps it was created on, bytes)
 PLACED = {"a": (0, 400), "b": (0, 300), "c": (0, 100), "d": (1, 200), "e": (1, 50)}

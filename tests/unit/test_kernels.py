@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pstrain._formats.optimizer_rules import RULES
+from pstrain._formats.numerics.optimizer_rules import RULES
 from pstrain._kernels import KERNELS, compiled, kernels, reference
 from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
 from pstrain.server.ps.id_index import IdIndex
@@ -426,7 +426,7 @@ def test_an_evictions_victims_are_the_same_compiled_and_in_numpy(keys, data):
 def test_a_new_rows_initial_values_are_the_formulas_bit_for_bit(ids, dim, seed, low, span, dtype):
     """A dynamic table's new rows: the C kernel, and numpy's reference, give the formula
     pstrain has always used, so rows and checkpoints of earlier versions stay the same."""
-    from pstrain._formats.idhash import initial_rows, mix64
+    from pstrain._formats.numerics.idhash import initial_rows, mix64
 
     arr = np.asarray(ids, np.int64)
     u = arr.view(np.uint64).reshape(-1, 1)
@@ -456,7 +456,7 @@ def test_a_dynamic_tables_new_rows_are_the_same_compiled_and_in_numpy(n, dim, in
     every optimizer slot its initial value, and their bookkeeping (id, live, last lookup,
     count, change epoch) set; nothing else changes, the bytes of every array the same
     compiled and in numpy. A row outside the table is refused by both, nothing written."""
-    from pstrain._formats.idhash import initial_rows, row_hash
+    from pstrain._formats.numerics.idhash import initial_rows, row_hash
 
     rows = np.array(data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n)), np.int64)
     new_ids = np.array(data.draw(st.lists(IDS, min_size=rows.size, max_size=rows.size)), np.int64)

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pstrain._coordinator.membership import IllegalTransition, Membership, SlotState, WorkerSlot
 from pstrain._coordinator.elastic.health import PsHealth
+from pstrain._coordinator.membership import IllegalTransition, Membership, SlotState, WorkerSlot
 from pstrain.errors import AuthenticationError, UnavailableError
 
 pytestmark = pytest.mark.timeout(60)

@@ -15,7 +15,7 @@ from pstrain._coordinator.remote_value import Outcome, RemoteValue
 from pstrain._coordinator.resources import ResourceRegistry, WorkerResource
 from pstrain._coordinator.scheduling import ClosureQueue
 from pstrain._distribute.values import PerWorkerValues
-from pstrain._formats.messages import ResourceRef
+from pstrain._formats.messages.closures import ResourceRef
 from pstrain.errors import CancelledError, ClosureInputError
 
 pytestmark = pytest.mark.timeout(10)

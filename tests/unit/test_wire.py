@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pstrain._base.errors import ImportNeeded
-from pstrain._formats import wire
+from pstrain._formats.codec import wire
 from pstrain.errors import InvalidArgumentError, ProtocolError
 
 DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,

@@ -1,7 +1,7 @@
 """The coordinator's side of elastic parameter servers: a ps joins, a ps leaves, and the
 variables move between them while training runs.
 
-The coordinator owns the placement map (``_formats/placement_map.py``: its version, the
+The coordinator owns the placement map (``_formats/messages/placement_map.py``: its version, the
 ps addresses, the variables not on the ps they were created on). A move follows the
 steps that module lists, one source ps at a time, one move at a time; each new map is
 pushed to every ps, and clients learn it from the ps (a request to the wrong ps is
@@ -34,8 +34,8 @@ from ..._base.errors import (
 from ..._base.locks import PlacementLock
 from ..._base.tasks import best_effort
 from ..._distribute.strategy import ParameterServerStrategy
-from ..._formats.operations import Health, TableStatistics
-from ..._formats.placement_map import (
+from ..._formats.messages.operations import Health, TableStatistics
+from ..._formats.messages.placement_map import (
     EndMove,
     FinishMove,
     InstallVariables,

@@ -12,7 +12,7 @@ are), and the placement map lists the ps of each slice from then on. A ps that j
 takes slices from the ps holding the most until it holds its even share; a ps that
 leaves gives each of its slices to the ps holding the fewest.
 
->>> from pstrain._formats.placement_map import PlacementMap
+>>> from pstrain._formats.messages.placement_map import PlacementMap
 >>> class Table: key, num_ps = "t", 2
 >>> m = PlacementMap(version=1, ps=["h:1", "h:2", "h:3"])
 >>> plan = plan_join(m, {"t": Table()}, 2)
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..._formats.placement_map import SLICES_PER_PS, PlacementMap, TableSlices, first_slices
+from ..._formats.messages.placement_map import SLICES_PER_PS, PlacementMap, TableSlices, first_slices
 
 __all__ = ["SLICES_PER_PS", "plan_join", "plan_leave", "plan_variables_join", "spread", "table_slices",
            "variable_shares", "variables_on"]

@@ -50,8 +50,8 @@ from ..._base.errors import (
     UnavailableError,
 )
 from ..._checkpoint.shares import read_share, table_sources
-from ..._formats.checkpoint_operations import AbortRestore, CommitRestore, RestoreTable
-from ..._formats.placement_map import ReadRecords, SetPlacement, SliceSet, TableSlices, VariableCopy
+from ..._formats.messages.checkpoint_operations import AbortRestore, CommitRestore, RestoreTable
+from ..._formats.messages.placement_map import ReadRecords, SetPlacement, SliceSet, TableSlices, VariableCopy
 from ..._variables.staged_restore import new_stage
 from ..heartbeat import Heartbeat
 from ..scheduling import ClosureQueue

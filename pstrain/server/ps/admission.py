@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..._formats.idhash import unit_uniform
+from ..._formats.numerics.idhash import unit_uniform
 
 if TYPE_CHECKING:
     from .id_index import IdIndex

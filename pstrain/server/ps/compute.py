@@ -10,9 +10,9 @@ import msgspec
 import numpy as np
 
 from ..._base.errors import InvalidArgumentError
-from ..._formats.operations import ApplyGradients, CallVariables
-from ..._formats.optimizer_rules import RULES, slot_shape, slot_specs
-from ..._formats.schedules import from_spec
+from ..._formats.messages.operations import ApplyGradients, CallVariables
+from ..._formats.numerics.optimizer_rules import RULES, slot_shape, slot_specs
+from ..._formats.numerics.schedules import from_spec
 from ..._kernels.batches import merge_duplicates
 from .store import VariableStore, checked_rows, checked_value
 from .tables import TableHandlers

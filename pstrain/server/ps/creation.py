@@ -9,9 +9,9 @@ from collections.abc import Callable
 import numpy as np
 
 from ..._base.errors import InvalidArgumentError
-from ..._formats import initializers
-from ..._formats.casting import NUMERIC_KINDS, cast_value
-from ..._formats.operations import VariableSpec
+from ..._formats.messages.operations import VariableSpec
+from ..._formats.numerics import initializers
+from ..._formats.numerics.casting import NUMERIC_KINDS, cast_value
 
 __all__ = ["itemsize", "plan_create"]
 

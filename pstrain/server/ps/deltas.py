@@ -39,10 +39,10 @@ from typing import Any
 import numpy as np
 
 from ..._base.errors import FailedPreconditionError, NotFoundError
-from ..._formats.checkpoint_operations import HurryDeltas, SaveDelta, TakeMark
-from ..._formats.direct_writes import ahead_for
-from ..._formats.records import Operation
-from ..._formats.tensor_files import whole
+from ..._formats.files.direct_writes import ahead_for
+from ..._formats.files.tensor_files import whole
+from ..._formats.messages.checkpoint_operations import HurryDeltas, SaveDelta, TakeMark
+from ..._formats.messages.records import Operation
 from .checkpoint import CheckpointFiles
 from .dynamic_table import DynamicTable
 from .feed import TableFeed

@@ -5,7 +5,7 @@ lookup, or under a policy after ``admit_after`` sightings, or with
 probability ``admit_probability`` at each sighting (decided by a hash of the
 id and its sighting count, so a retried lookup decides the same). Until then a
 lookup returns ``default_value``. A new row starts at the id's deterministic
-initial value (:func:`~pstrain._formats.idhash.initial_rows`); its optimizer slots start
+initial value (:func:`~pstrain._formats.numerics.idhash.initial_rows`); its optimizer slots start
 at their initial values and live in arrays parallel to the rows, so they are
 created, evicted and restored with them.
 
@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..._base.errors import InvalidArgumentError
-from ..._formats.idhash import row_hash
+from ..._formats.numerics.idhash import row_hash
 from ..._kernels import KERNELS
 from .admission import Admission
 from .id_index import IdIndex

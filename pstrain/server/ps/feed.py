@@ -3,7 +3,7 @@
 A serving store follows training by asking each ps, with the cluster token, for
 the rows of its shard of a table changed since the version it last got. The
 answer is read from the table's checkpoint and delta files (the rules:
-``_formats/table_feed.py``), so versions are the saves' own (``seq``) and
+``_formats/files/table_feed.py``), so versions are the saves' own (``seq``) and
 survive a restarted ps: once the coordinator has restored it, it answers for
 the same versions again.
 
@@ -37,9 +37,9 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..._base.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError, UnavailableError
-from ..._formats.idhash import Shard
-from ..._formats.table_feed import Confine, FeedReply, IndexCache, read_feed
-from ..._formats.tensor_files import safetensors_header
+from ..._formats.files.table_feed import Confine, FeedReply, IndexCache, read_feed
+from ..._formats.files.tensor_files import safetensors_header
+from ..._formats.numerics.idhash import Shard
 from ..._serving.core import Download
 from .dynamic_table import DynamicTable
 
@@ -74,7 +74,7 @@ class TableFeed:
         self.reset_at: dict[str, int] = {}
         #: table -> the change epoch from which this ps holds its slices (a move ended)
         self.moved_at: dict[str, int] = {}
-        #: directory -> its parsed indexes (``_formats/table_feed.py``)
+        #: directory -> its parsed indexes (``_formats/files/table_feed.py``)
         self.indexes: dict[str, IndexCache] = {}
 
     def placed(self, name: str, shard: Shard, num_shards: int) -> None:

@@ -28,9 +28,15 @@ import numpy as np
 
 from ..._base.errors import CancelledError
 from ..._base.tags import OP_PREFIX
-from ..._formats.idhash import in_slices
-from ..._formats.operations import ApplyGradients, CallVariables, Fence, SingleUpdate, UpdateVariables
-from ..._formats.placement_map import FenceRecord, OnceRecord
+from ..._formats.messages.operations import (
+    ApplyGradients,
+    CallVariables,
+    Fence,
+    SingleUpdate,
+    UpdateVariables,
+)
+from ..._formats.messages.placement_map import FenceRecord, OnceRecord
+from ..._formats.numerics.idhash import in_slices
 
 #: The part of a dynamic table an update covered on a ps: ``(slices, owned)`` (its ids in
 #: ``shard_of(id, slices)`` in ``owned``), or None: every id sent to it.

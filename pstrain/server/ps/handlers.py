@@ -30,12 +30,12 @@ from typing import Any
 import numpy as np
 
 from ..._base.errors import AlreadyExistsError, InvalidArgumentError
-from ..._formats.checkpoint_operations import (
+from ..._formats.messages.checkpoint_operations import (
     AbortRestore,
     CommitRestore,
     RestoreCheckpoint,
 )
-from ..._formats.operations import (
+from ..._formats.messages.operations import (
     CREATE_CHUNK_BYTES,
     ApplyGradients,
     Assign,
@@ -56,7 +56,7 @@ from ..._formats.operations import (
     Update,
     UpdateVariables,
 )
-from ..._formats.records import Mutation, Operation
+from ..._formats.messages.records import Mutation, Operation
 from ..._kernels import KERNELS
 from ..._kernels.batches import take_rows
 from ..._serving.base import ServerBase

@@ -1,5 +1,5 @@
 """A ps's side of moving variables to another ps while training runs (an elastic ps joined
-or leaves); ``_formats/placement_map.py`` gives the steps, the coordinator drives them.
+or leaves); ``_formats/messages/placement_map.py`` gives the steps, the coordinator drives them.
 
 On the ps that gives variables away: :meth:`Moves.move_out` copies them (pinned, not
 copied until an update writes them) and marks the change clock; :meth:`Moves.finish`
@@ -29,7 +29,7 @@ import msgspec
 import numpy as np
 
 from ..._base.errors import FailedPreconditionError, InvalidArgumentError
-from ..._formats.placement_map import (
+from ..._formats.messages.placement_map import (
     EndMove,
     FinishMove,
     InstallVariables,

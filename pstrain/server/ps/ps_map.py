@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..._formats.placement_map import PlacementMap, ReadPlacement, SetPlacement
+from ..._formats.messages.placement_map import PlacementMap, ReadPlacement, SetPlacement
 from .store import VariableStore
 
 __all__ = ["PsMap"]

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..._formats.direct_writes import DirectWriter
+from ..._formats.files.direct_writes import DirectWriter
 from ..._kernels import FLOAT_DTYPES, KERNELS
 from ..._kernels.batches import take_rows
 

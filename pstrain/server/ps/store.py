@@ -24,8 +24,8 @@ from ..._base.errors import (
     NotFoundError,
     PlacementChangedError,
 )
-from ..._formats.casting import cast_value
-from ..._formats.placement_map import PlacementMap
+from ..._formats.messages.placement_map import PlacementMap
+from ..._formats.numerics.casting import cast_value
 from ..._kernels import KERNELS
 from .snapshots import BLOCK_BYTES, ChangedRows, Snapshot
 

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..._base.errors import InvalidArgumentError, PlacementChangedError
-from ..._formats.idhash import in_slices, shard_of
-from ..._formats.placement_map import SliceSet, TableCopy, TablePatch
+from ..._formats.messages.placement_map import SliceSet, TableCopy, TablePatch
+from ..._formats.numerics.idhash import in_slices, shard_of
 from .store import VariableStore
 
 if TYPE_CHECKING:

@@ -15,18 +15,18 @@ import msgspec
 import numpy as np
 
 from ..._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
-from ..._formats.checkpoint_operations import RestoreTable, SaveCheckpoint
-from ..._formats.idhash import shard_of
-from ..._formats.operations import (
+from ..._formats.files.tensor_files import whole
+from ..._formats.messages.checkpoint_operations import RestoreTable, SaveCheckpoint
+from ..._formats.messages.operations import (
     CreateTable,
     ExportTable,
     LookupTable,
     LookupTables,
     TableStatistics,
 )
-from ..._formats.placement_map import TableCopy, TablePatch
-from ..._formats.records import Operation
-from ..._formats.tensor_files import whole
+from ..._formats.messages.placement_map import TableCopy, TablePatch
+from ..._formats.messages.records import Operation
+from ..._formats.numerics.idhash import shard_of
 from .checkpoint import MAX_STAGED, STAGE_TTL_S, CheckpointFiles, Pending, Tensors
 from .dynamic_table import DynamicTable, TableConfig
 from .feed import TableFeed

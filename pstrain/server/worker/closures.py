@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from ..._base.errors import InvalidArgumentError
-from ..._formats import wire
-from ..._formats.messages import ERROR, exception_payload
+from ..._formats.codec import wire
+from ..._formats.messages.closures import ERROR, exception_payload
 from ..._serving.core import Encoded
 from ..._transport.bridge import new_event_loop
 

@@ -33,8 +33,8 @@ from ..._base.errors import (
     ClosureAbortedError,
     InvalidArgumentError,
 )
-from ..._formats.messages import CANCELLED, exception_payload
-from ..._formats.operations import (
+from ..._formats.messages.closures import CANCELLED, exception_payload
+from ..._formats.messages.operations import (
     CancelClosures,
     Configure,
     CreateResource,

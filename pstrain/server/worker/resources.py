@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..._base.errors import ClosureInputError, OutOfRangeError
-from ..._formats.messages import ResourceRef
+from ..._formats.messages.closures import ResourceRef
 
 __all__ = ["FailedResource", "LockedIterator", "dataset_name", "resolve"]
 

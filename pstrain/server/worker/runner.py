@@ -23,7 +23,7 @@ from ..._base.context import watch_unawaited
 from ..._base.errors import NotFoundError
 from ..._base.tags import set_dispatch
 from ..._base.tasks import TaskOwner
-from ..._formats.messages import CANCELLED, ERROR, OK, exception_payload
+from ..._formats.messages.closures import CANCELLED, ERROR, OK, exception_payload
 from ..._transport.bridge import block_on
 from .closures import Batch, ClosureLoop, Functions, Outbox, SyncPool, check_awaited, encode_results
 

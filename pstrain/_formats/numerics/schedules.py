@@ -21,8 +21,8 @@ import abc
 import math
 from typing import Any
 
-from .._base.errors import InvalidArgumentError
-from .._base.exports import expose
+from ..._base.errors import InvalidArgumentError
+from ..._base.exports import expose
 
 __all__ = ["CosineDecay", "ExponentialDecay", "LearningRateSchedule", "PiecewiseConstantDecay",
            "evaluate", "from_spec"]

@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from .._base.errors import FailedPreconditionError, InvalidArgumentError, PstrainError
+from ..._base.errors import FailedPreconditionError, InvalidArgumentError, PstrainError
+from ..numerics.idhash import Shard, in_slices
 from .checkpoint_files import read_index
 from .delta_files import INDEX, read_delta_index, split_delta
-from .idhash import Shard, in_slices
 from .tensor_files import TensorFile
 
 __all__ = ["FeedReply", "IndexCache", "read_feed"]

@@ -20,8 +20,8 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from .._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, PstrainError
-from .._kernels import KERNELS
+from ..._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, PstrainError
+from ..._kernels import KERNELS
 from .checksums import DIGEST_PREFIX, StreamDigests, Verifier, chunk_span, digest_entries, digests_of
 from .direct_writes import DirectWriter
 
@@ -88,7 +88,7 @@ def write_streaming(path: str, tensors: StreamedTensors | Callable[[], StreamedT
     copied there after) and returns how many. The header is the format's (8-byte length,
     JSON with dtype, shape and data offsets, space-padded to 8 bytes); reading is
     safetensors' own. Written like :func:`write_atomically` with ``overwrite=False``, past
-    the page cache (:mod:`~pstrain._formats.direct_writes`); returns the size. ``tensors``
+    the page cache (:mod:`~pstrain._formats.files.direct_writes`); returns the size. ``tensors``
     may be a function that makes them, called first (where the file is written: a delta's
     changed rows are found on the save thread, not where the save was asked for).
     ``write_s`` > 0: the file's bytes are spread over about that many seconds (no faster
@@ -178,7 +178,7 @@ def write_atomically(path: str, write: Callable[[Any], object], *, overwrite: bo
     inode): a file swapped in or taken away meanwhile is an error, never a silent success
     (nor an ``OSError`` of the race: a :class:`~pstrain.errors.PstrainError`). The temporary
     name is removed whatever happens. ``direct``: ``write`` is given a
-    :class:`~pstrain._formats.direct_writes.DirectWriter` (past the page cache, no faster
+    :class:`~pstrain._formats.files.direct_writes.DirectWriter` (past the page cache, no faster
     than ``rate`` bytes per second if given, waiting with ``sleep``, up to ``ahead`` bytes
     taken in first) instead of a file object, and ``finished(writer)`` is called once it
     has written every byte, before the file is fsynced (its header's checksums go in).

@@ -5,7 +5,7 @@ stream partial replies.
 Servers route by class (``server.route(ReadVariables, handler)``: the handler receives a
 ``ReadVariables``); clients send an instance (``await channel.request(ReadVariables(
 names=["w"]))``) and get the reply as its declared class. Operations that change
-variables derive from :class:`~pstrain._formats.records.Mutation`, which carries the fence
+variables derive from :class:`~pstrain._formats.messages.records.Mutation`, which carries the fence
 and exactly-once fields. :data:`OPERATIONS` maps each op name to its class; ``Request`` is
 the tagged union of them all. Field types and the reply records are in ``records.py``.
 

@@ -34,7 +34,7 @@ from typing import Annotated, Any, BinaryIO
 import msgspec
 import numpy as np
 
-from .._base.errors import InvalidArgumentError, NotFoundError
+from ..._base.errors import InvalidArgumentError, NotFoundError
 from .delta_files import INDEX, delta_prefix, read_delta_index, read_table_state, split_delta
 from .tensor_files import read_rows, write_atomically
 

@@ -16,7 +16,7 @@ import enum
 import traceback
 from typing import Any
 
-from .._base.errors import OutOfRangeError, PstrainError, to_envelope
+from ..._base.errors import OutOfRangeError, PstrainError, to_envelope
 
 __all__ = ["CANCELLED", "ERROR", "OK", "ClosureStatus", "ResourceRef", "exception_from_payload",
            "exception_payload"]
@@ -60,7 +60,7 @@ def exception_payload(exc: BaseException) -> dict[str, Any]:
     >>> exception_payload(ValueError("bad"))["type"]
     'ValueError'
     """
-    from . import pickling
+    from ..codec import pickling
 
     if isinstance(exc, (StopIteration, StopAsyncIteration)):
         # A StopIteration cannot be re-raised through an await: report it as TF does.

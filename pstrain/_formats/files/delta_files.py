@@ -26,8 +26,8 @@ from typing import Annotated, Any, BinaryIO
 import msgspec
 import numpy as np
 
-from .._base.errors import InvalidArgumentError, NotFoundError
-from .idhash import Shard, in_slices
+from ..._base.errors import InvalidArgumentError, NotFoundError
+from ..numerics.idhash import Shard, in_slices
 from .tensor_files import TensorFile, write_atomically
 
 __all__ = ["DELTA_FORMAT", "INDEX", "TableState", "delta_prefix", "read_delta_index",

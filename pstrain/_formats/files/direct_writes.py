@@ -73,7 +73,7 @@ class DirectWriter:
     """Writes the bytes given to :meth:`write` to ``fd`` (a new, empty file opened for
     writing), past the page cache where the file system allows; :meth:`finish` writes the
     tail and cuts the file to the bytes given. A file-like ``write`` for
-    :func:`~pstrain._formats.tensor_files.write_atomically`."""
+    :func:`~pstrain._formats.files.tensor_files.write_atomically`."""
 
     def __init__(self, fd: int, rate: float | None = None, *, ahead: int = 0,
                  clock: Callable[[], float] = time.monotonic,

@@ -30,7 +30,7 @@ from typing import Any
 import cloudpickle
 import cloudpickle.cloudpickle
 
-from .._base.errors import ImportNeeded
+from ..._base.errors import ImportNeeded
 
 _registered: set[str] = set()
 

@@ -14,7 +14,7 @@ numbers are not arrays. Replies are declared too and converted by the client
 :class:`~pstrain.errors.ProtocolError`, not a ``KeyError`` later.
 
 The operations themselves (each request class, its op name and its reply) are declared
-in :mod:`pstrain._formats.operations`.
+in :mod:`pstrain._formats.messages.operations`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 import numpy as np
 
-from .._base.errors import InvalidArgumentError, ProtocolError
-from .._base.tags import read_tags, sender_owner, update_tags
+from ..._base.errors import InvalidArgumentError, ProtocolError
+from ..._base.tags import read_tags, sender_owner, update_tags
 
 __all__ = ["AsOf", "Mutation", "OptimizerRule", "Operation", "Owned", "Record", "Reply", "TableSpec",
            "convert_reply", "sender_fields", "validate"]
@@ -294,7 +294,7 @@ def convert(payload: Any, record: type[Any]) -> Any:
 def validate(op: str, record: type[Record], payload: Any) -> Any:
     """``payload`` as ``record``, or InvalidArgumentError naming the op and the field.
 
-    >>> from pstrain._formats.operations import DeleteVariables, ReadVariables
+    >>> from pstrain._formats.messages.operations import DeleteVariables, ReadVariables
     >>> validate("vars/read", ReadVariables, {"names": ["w"], "as_of": ["k", 0]})
     ReadVariables(names=['w'], as_of=('k', 0))
     >>> validate("vars/delete", DeleteVariables, {"names": "w"})

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._base.errors import InvalidArgumentError
+from ..._base.errors import InvalidArgumentError
 
 __all__ = ["NUMERIC_KINDS", "cast_value"]
 

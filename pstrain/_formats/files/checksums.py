@@ -24,7 +24,7 @@ from typing import Any
 
 import xxhash
 
-from .._base.errors import InvalidArgumentError
+from ..._base.errors import InvalidArgumentError
 
 __all__ = ["CHECK_CHUNK", "DIGEST_PREFIX", "StreamDigests", "Verifier", "chunk_span",
            "digest_entries", "digests_of", "placeholder"]

@@ -30,7 +30,7 @@ import msgpack
 import msgspec
 import numpy as np
 
-from .._base.errors import ImportNeeded, InvalidArgumentError, ProtocolError
+from ..._base.errors import ImportNeeded, InvalidArgumentError, ProtocolError
 
 __all__ = ["body_size", "decode", "decode_body", "encode", "encode_body"]
 
@@ -111,7 +111,7 @@ def _array(arr: np.ndarray) -> msgpack.ExtType:
 
 
 def _record(obj: msgspec.Struct) -> dict[str, Any]:
-    """A message record (``pstrain._formats.operations``) as the map it travels as: every
+    """A message record (``pstrain._formats.messages.operations``) as the map it travels as: every
     field (the tag, the op name, travels in the frame). ``asdict`` runs in C: leaving out the
     fields at their default would cost more time than the few bytes it saves."""
     return msgspec.structs.asdict(obj)

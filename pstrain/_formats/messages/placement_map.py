@@ -36,7 +36,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from .._base.errors import ProtocolError
+from ..._base.errors import ProtocolError
 from .records import Count, Name, Operation, Owned, Owner, Record, Reply, TableSpec, convert
 
 __all__ = ["EndMove", "FinishMove", "FinishReply", "InstallVariables", "MoveOut", "MoveOutReply",

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .._base.errors import InvalidArgumentError
-from .._kernels import KERNELS
+from ..._base.errors import InvalidArgumentError
+from ..._kernels import KERNELS
 
 __all__ = ["RULES", "slot_shape", "slot_specs"]
 

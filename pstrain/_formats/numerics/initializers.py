@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from .._base.errors import InvalidArgumentError
-from .._base.exports import expose
+from ..._base.errors import InvalidArgumentError
+from ..._base.exports import expose
 
 __all__ = ["Constant", "GlorotUniform", "Initializer", "Ones", "RandomNormal", "RandomUniform",
            "TruncatedNormal", "Zeros", "from_spec"]

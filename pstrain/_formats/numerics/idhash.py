@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .._kernels import KERNELS, reference
-from .._kernels.reference import mix64
+from ..._kernels import KERNELS, reference
+from ..._kernels.reference import mix64
 
 __all__ = ["Shard", "in_slices", "initial_rows", "mix64", "row_hash", "shard_of", "unit_uniform"]
 
