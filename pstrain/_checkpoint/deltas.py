@@ -4,11 +4,11 @@ A :class:`Chain` is what the next delta extends: its full checkpoint (the
 base), the last delta written on it, the version (``seq``) of its last save,
 and for each ps the mark (incarnation, epoch) that save covers. Versions are
 unique in a directory (:func:`next_seq`) and taken as a save starts; each index
-records its marks, which the ps's serving feed compares (``server/ps/feed.py``). A full save
+records its marks, which the ps's serving feed compares (``server/ps/checkpoints/feed.py``). A full save
 takes the marks *before* it starts (a change after the mark may also be in the
 save: the next delta writes it again, never loses it); a restore takes them
 after. :func:`write_delta` asks each ps for what changed since its mark
-(``delta/save``, ``server/ps/deltas.py``), then writes the delta's index last,
+(``delta/save``, ``server/ps/checkpoints/deltas.py``), then writes the delta's index last,
 atomically; only then does the chain move on. A delta that fails leaves no
 index (its files are removed) and the chain where it was, so the next one
 carries its rows too. Formats: ``_formats/files/delta_files.py``.

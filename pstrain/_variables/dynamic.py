@@ -2,7 +2,7 @@
 
 A :class:`DynamicEmbedding` is made in ``strategy.scope()``; each ps holds the
 ids that hash to it (:func:`~pstrain._formats.numerics.idhash.shard_of`), with their rows and
-optimizer slots (``server/ps/dynamic_table.py`` says what a shard does).
+optimizer slots (``server/ps/tables/dynamic_table.py`` says what a shard does).
 In a closure, or on the coordinator::
 
     with strategy.scope():

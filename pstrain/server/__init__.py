@@ -13,11 +13,10 @@ port the spec gives it, or on ``port`` (0 picks a free one).
     await server.stop()
 
 The package: ``ps/`` (the parameter server: ``ps/handlers.py`` its operations,
-``ps/store.py`` its variables, ``ps/tables.py`` and ``ps/dynamic_table.py`` its
-dynamic tables, ``ps/checkpoint.py`` and ``ps/deltas.py`` its files, ``ps/moves.py``
-moves between ps, ``ps/feed.py`` the serving feed) and ``worker/`` (the worker:
-``worker/executor.py`` its routes and resources, ``worker/runner.py`` where closures run and
-how their results come back, ``worker/closures.py`` the runner's parts). What
+``ps/store.py`` its variables, ``ps/tables/`` its dynamic tables, ``ps/checkpoints/`` its
+saves, deltas and serving feed, ``ps/moves/`` moves between ps) and ``worker/`` (the
+worker: ``worker/executor.py`` its routes and resources, ``worker/runner.py`` where closures
+run and how their results come back, ``worker/closures.py`` the runner's parts). What
 every server shares (the handler table and its one reply path, the lifecycle, the
 two transports) is ``_serving/`` (``core.py``, ``base.py``, ``http.py``,
 ``stream.py``), below both.

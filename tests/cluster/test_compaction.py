@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import pstrain
-from pstrain.server.ps.checkpoint import _save_thread
+from pstrain.server.ps.checkpoints.saves import _save_thread
 from pstrain.testing import InProcessCluster
 from tests.helpers import TOKEN, wait_for
 

@@ -17,7 +17,7 @@ from safetensors.numpy import load_file
 
 import pstrain
 from pstrain._formats.numerics.idhash import shard_of
-from pstrain.server.ps.checkpoint import _save_thread
+from pstrain.server.ps.checkpoints.saves import _save_thread
 from pstrain.testing import InProcessCluster
 from tests.helpers import TOKEN, wait_for
 
@@ -341,7 +341,7 @@ async def test_a_save_threads_staging_buffer_is_given_back_once_it_writes_nothin
     """A spread delta's staging buffer stays for the next delta, then goes once the deltas'
     thread has written nothing for STAGING_IDLE_S; a delta after that still holds its rows."""
     from pstrain._formats.files import direct_writes
-    from pstrain.server.ps.checkpoint import _save_thread
+    from pstrain.server.ps.checkpoints.saves import _save_thread
 
     monkeypatch.setattr(direct_writes, "STAGING_IDLE_S", 3.0)  # the check right after a delta sees it
     values = np.full((70_000, DIM), 5.0, np.float32)
@@ -365,7 +365,7 @@ async def test_a_staging_buffer_used_after_its_idle_check_was_set_goes_once_idle
     fires a little early finds it): it comes again once the buffer has been idle long enough,
     instead of leaving it held for good."""
     from pstrain._formats.files import direct_writes
-    from pstrain.server.ps.checkpoint import _save_thread
+    from pstrain.server.ps.checkpoints.saves import _save_thread
 
     monkeypatch.setattr(direct_writes, "STAGING_IDLE_S", 1.0)
     values = np.full((70_000, DIM), 5.0, np.float32)

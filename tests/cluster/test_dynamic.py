@@ -122,7 +122,7 @@ async def test_lfu_and_age_eviction():
 def test_an_id_is_not_aged_out_by_its_own_lookup_nor_its_row_given_to_another_id_of_it():
     # Id 1 turns stale exactly at the lookup that asks for it again, with a new id beside
     # it: it keeps its row and values, and the new id gets a row of its own.
-    from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
+    from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
 
     t = DynamicTable("t", TableConfig(dim=2, max_age=8))
     first = t.lookup(np.array([1]), train=True).copy()
@@ -207,7 +207,7 @@ async def test_bad_configurations_and_ids_are_refused_with_clear_errors():
         with pytest.raises(InvalidArgumentError):
             await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((2, 3)), [1, 2]), table)])
         assert await table.size() == 0  # nothing changed
-    from pstrain.server.ps.table_config import TableConfig
+    from pstrain.server.ps.tables.table_config import TableConfig
 
     with pytest.raises(InvalidArgumentError, match="float32 or float64, got float16"):
         TableConfig(dim=4, dtype="float16")  # what a ps refuses a dyn/create of, sent by hand
@@ -354,7 +354,7 @@ async def test_the_jax_and_pytorch_adapters_take_a_dynamic_table():
 def test_the_id_index_agrees_with_a_dict_under_any_inserts_and_deletes():
     from hypothesis import given, settings, strategies as st
 
-    from pstrain.server.ps.id_index import IdIndex
+    from pstrain.server.ps.tables.id_index import IdIndex
 
     ids64 = st.integers(-(2**63), 2**63 - 1)
 
@@ -384,7 +384,7 @@ def test_the_id_index_agrees_with_a_dict_under_any_inserts_and_deletes():
 
 
 def test_sightings_are_remembered_for_at_most_max_candidates_ids_newest_kept():
-    from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
+    from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
 
     t = DynamicTable("t", TableConfig(dim=2, admit_after=2, max_candidates=100))
     for lo in range(0, 1000, 50):  # 1,000 ids seen once each, 50 per lookup
@@ -401,7 +401,7 @@ def test_the_sightings_kept_stay_bounded_however_many_ids_are_admitted_over_time
     """An admitted id's sighting slot is not reused: without moving the counted ones down,
     the slots grew with every id ever admitted (a shard that admits as fast as it evicts
     grew without end) while at most a batch of ids was counted at once."""
-    from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
+    from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
 
     t = DynamicTable("t", TableConfig(dim=2, admit_after=2, capacity=200))
     sizes = []
@@ -417,7 +417,7 @@ def test_the_sightings_kept_stay_bounded_however_many_ids_are_admitted_over_time
 
 
 def test_sightings_moved_down_keep_their_order_so_the_oldest_are_still_forgotten_first():
-    from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
+    from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
 
     t = DynamicTable("t", TableConfig(dim=2, admit_after=2, max_candidates=1000))
     singles = np.arange(1_000_000, 1_000_900, dtype=np.int64)  # each seen once, oldest first
@@ -437,7 +437,7 @@ def test_sightings_moved_down_keep_their_order_so_the_oldest_are_still_forgotten
 def test_rows_a_lookup_admits_are_in_the_next_delta_even_before_an_update():
     """A row is state from its admission on (a restore without it would answer the default
     until the id is admitted again), so a delta holds it though no update touched it yet."""
-    from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
+    from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
 
     t = DynamicTable("t", TableConfig(dim=2, capacity=4))
     t.lookup(np.array([1, 2, 3], np.int64), train=True)
@@ -454,7 +454,7 @@ def test_rows_a_lookup_admits_are_in_the_next_delta_even_before_an_update():
 
 
 async def test_a_dynamic_table_saved_during_training_is_a_state_it_was_in(tmp_path, monkeypatch):
-    from pstrain.server.ps import snapshots
+    from pstrain.server.ps.checkpoints import snapshots
 
     monkeypatch.setattr(snapshots, "BLOCK_BYTES", 4096)  # many blocks: updates land before the writer
     ids = np.arange(1, 20_001, dtype=np.int64) * 7919
@@ -483,8 +483,8 @@ async def test_a_dynamic_table_saved_during_training_is_a_state_it_was_in(tmp_pa
 
 def test_a_table_snapshot_holds_the_table_as_it_was_while_rows_change_evict_and_grow(monkeypatch):
     from pstrain._formats.numerics.optimizer_rules import RULES
-    from pstrain.server.ps import snapshots
-    from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
+    from pstrain.server.ps.checkpoints import snapshots
+    from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
 
     monkeypatch.setattr(snapshots, "BLOCK_BYTES", 1024)
     t = DynamicTable("t", TableConfig(dim=4, capacity=3000))
@@ -553,7 +553,7 @@ def test_an_update_takes_the_rows_its_lookup_found_only_while_they_are_still_its
     probes afresh: after evictions that hand a looked-up id's row to another id, and
     admissions of ids that had no row at the lookup, both hold the same rows."""
     from pstrain._formats.numerics.optimizer_rules import RULES
-    from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
+    from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
 
     config = TableConfig(dim=4, capacity=40, admit_after=2)
     reused, fresh = DynamicTable("t", config), DynamicTable("t", config)

@@ -409,8 +409,8 @@ def test_a_shard_merges_slices_whose_rows_and_slots_changed_between_copy_and_swi
     """The ps's own steps of a move, on real table shards: rows admitted and an optimizer
     slot made after the copy arrive with the patch; the receiver ends equal to the source."""
     from pstrain._formats.messages.placement_map import SliceSet, TableCopy, TablePatch
-    from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
     from pstrain.server.ps.store import ChangeClock
+    from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
 
     clock = ChangeClock()
     source = DynamicTable("t", TableConfig(dim=DIM, admit_after=2), clock=clock)
@@ -530,7 +530,7 @@ async def test_a_move_whose_coordinator_stops_after_staging_is_ended_when_its_ti
     after MOVE_TTL_S, with the source's marks of the move, and the variable and the table
     are served whole where they were; a later move of them goes through."""
     from pstrain._coordinator.elastic import moves as ps_moves
-    from pstrain.server.ps import moves
+    from pstrain.server.ps.moves import handlers as moves
 
     async with _job() as (cluster, extra, strategy, coordinator):
         assert extra is not None
@@ -575,7 +575,7 @@ async def test_a_stopped_moves_time_running_out_leaves_a_later_move_of_the_same_
     of the first move must not undo the second: the table it created there, and the
     slices the second move switched, stay served."""
     from pstrain._coordinator.elastic import moves as ps_moves
-    from pstrain.server.ps import moves
+    from pstrain.server.ps.moves import handlers as moves
 
     async with _job() as (cluster, extra, strategy, coordinator):
         assert extra is not None

@@ -94,7 +94,7 @@ async def test_a_variable_that_changed_is_not_given_back(tmp_path):
 
 
 async def test_a_restore_refused_for_too_many_staged_releases_nothing(tmp_path, monkeypatch):
-    from pstrain.server.ps import checkpoint
+    from pstrain.server.ps.checkpoints import saves as checkpoint
 
     path, _ = await _saved(tmp_path)
     async with _fresh(tmp_path) as (cluster, table, initial):
@@ -113,7 +113,7 @@ async def test_a_restore_staged_and_never_committed_goes_when_its_time_is_up(tmp
     STAGE_TTL_S with no other restore to sweep them, and the variable reads its initial
     values again."""
     from pstrain._variables import staged_restore
-    from pstrain.server.ps import checkpoint
+    from pstrain.server.ps.checkpoints import saves as checkpoint
 
     def never(**_):
         raise RuntimeError("the coordinator stopped before its commit")

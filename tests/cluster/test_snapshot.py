@@ -18,7 +18,7 @@ import pstrain
 from pstrain._formats.files import direct_writes
 from pstrain._formats.files.direct_writes import ALIGN
 from pstrain._formats.files.tensor_files import whole, write_streaming
-from pstrain.server.ps.snapshots import ChangedRows, KeptRows, Snapshot
+from pstrain.server.ps.checkpoints.snapshots import ChangedRows, KeptRows, Snapshot
 from pstrain.testing import InProcessCluster
 from tests.helpers import TOKEN
 
@@ -94,7 +94,7 @@ def _updates_meanwhile(rng: np.random.Generator, rows: int, update) -> Iterator[
 
 @pytest.mark.parametrize("changed", [3, 400])
 def test_a_snapshots_blocks_hold_the_old_rows_and_free_them_once_written(changed):
-    from pstrain.server.ps.snapshots import Snapshot
+    from pstrain.server.ps.checkpoints.snapshots import Snapshot
 
     a = np.arange(4000, dtype=np.float32).reshape(1000, 4)
     original = a.copy()

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.timeout(180)
 
 def test_a_missing_build_is_an_error_that_says_how_to_build_it():
     code = ("import sys; sys.modules['pstrain._kernels.compiled'] = None\n"
-            "import pstrain, pstrain.server.ps.dynamic_table")  # what a ps loads
+            "import pstrain, pstrain.server.ps.tables.dynamic_table")  # what a ps loads
     env = {k: v for k, v in os.environ.items() if k != "PSTRAIN_KERNELS"}
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env=env)

@@ -96,7 +96,7 @@ async def test_local_cluster_kill_restart_and_teardown_on_error():
 def test_a_saves_writer_thread_runs_at_the_serving_loops_priority():
     # Not nicer: a niced writer starved behind its own ps's loop on a busy machine, and
     # deltas came later than the SIGKILL guarantee (tests/processes/test_kill_drill.py) allows.
-    from pstrain.server.ps.checkpoint import _save_thread
+    from pstrain.server.ps.checkpoints.saves import _save_thread
 
     def priority() -> int:
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())

@@ -16,8 +16,8 @@ from hypothesis import given, settings, strategies as st
 
 from pstrain._formats.numerics.optimizer_rules import RULES
 from pstrain._kernels import KERNELS, compiled, kernels, reference
-from pstrain.server.ps.dynamic_table import DynamicTable, TableConfig
-from pstrain.server.ps.id_index import IdIndex
+from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
+from pstrain.server.ps.tables.id_index import IdIndex
 
 pytestmark = pytest.mark.timeout(180)
 

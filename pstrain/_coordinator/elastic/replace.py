@@ -227,7 +227,7 @@ class PsReplacement:
 
     async def _fence(self, index: int) -> None:
         """Tell the lost ps, if it answers again (a partition that healed), that it left the
-        job: it then serves none of its old variables (``server/ps/moves.py``)."""
+        job: it then serves none of its old variables (``server/ps/moves/handlers.py``)."""
         channel = self.changes.channel(index)
         deadline = time.monotonic() + FENCE_FOR_S
         while time.monotonic() < deadline:

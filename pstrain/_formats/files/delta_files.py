@@ -3,7 +3,7 @@
 A delta ``<base>.delta-<K>`` of full checkpoint ``<base>`` is
 
 * ``<base>.delta-<K>.ps<P>.safetensors``: what ps P changed since the save before
-  (the base, or delta K-1), written by that ps (keys: ``server/ps/deltas.py``);
+  (the base, or delta K-1), written by that ps (keys: ``server/ps/checkpoints/deltas.py``);
 * ``<base>.delta-<K>.index.json``: written last, atomically, by the coordinator:
   ``format`` ``"pstrain-delta"``, the base's file name, ``delta`` K, ``seq`` (the
   save's version, counted over every save of the directory, full or delta), and

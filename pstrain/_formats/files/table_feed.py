@@ -183,7 +183,7 @@ def _after(since: _Save, saves: dict[int, _Save], chain: list[_Save], reset_at: 
 
 
 #: Resolves a path the feed is about to read, or raises: a ps confines every file to its
-#: checkpoint root (``server/ps/checkpoint.py``), the same check its restores make.
+#: checkpoint root (``server/ps/checkpoints/saves.py``), the same check its restores make.
 Confine = Callable[[str], str]
 
 

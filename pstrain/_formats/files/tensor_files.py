@@ -84,7 +84,7 @@ def write_streaming(path: str, tensors: StreamedTensors | Callable[[], StreamedT
     """Write a safetensors file whose tensors arrive in pieces: ``(key, dtype, shape, pieces)``
     where ``pieces()`` yields the tensor's bytes in row order (so a large array need not be
     in memory twice), or ``pieces.write_to(writer)`` puts them into the writer's buffer
-    itself (:meth:`~pstrain.server.ps.snapshots.Snapshot.write_to`: gathered there, not
+    itself (:meth:`~pstrain.server.ps.checkpoints.snapshots.Snapshot.write_to`: gathered there, not
     copied there after) and returns how many. The header is the format's (8-byte length,
     JSON with dtype, shape and data offsets, space-padded to 8 bytes); reading is
     safetensors' own. Written like :func:`write_atomically` with ``overwrite=False``, past

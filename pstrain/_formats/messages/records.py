@@ -149,7 +149,7 @@ class OptimizerRule(Record):
 
 
 class TableSpec(Record):
-    """A dynamic table's fixed configuration (see ``pstrain.server.ps.dynamic_table``)."""
+    """A dynamic table's fixed configuration (see ``pstrain.server.ps.tables.dynamic_table``)."""
 
     dim: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)]
     dtype: DType = "float32"

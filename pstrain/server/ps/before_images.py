@@ -35,9 +35,9 @@ import numpy as np
 
 from ..._base.tags import OP_PREFIX
 from ..._kernels.batches import take_rows
-from .dynamic_table import DynamicTable
 from .fencing import changed
 from .store import VariableStore
+from .tables.dynamic_table import DynamicTable
 
 __all__ = ["BeforeImages"]
 

@@ -15,7 +15,7 @@ from ..._formats.numerics.optimizer_rules import RULES, slot_shape, slot_specs
 from ..._formats.numerics.schedules import from_spec
 from ..._kernels.batches import merge_duplicates
 from .store import VariableStore, checked_rows, checked_value
-from .tables import TableHandlers
+from .tables.handlers import TableHandlers
 
 __all__ = ["apply_gradients", "call_function"]
 

@@ -13,7 +13,7 @@ off the serving loop); a gathered reply (``vars/sparse_read``, which copies
 rows) is at most ``max_gather_bytes``. The variables themselves, with their
 pins and copy-on-write, are the :class:`~pstrain.server.ps.store.VariableStore`;
 optimizer rules come from ``optimizer_rules.py``, checkpoint files from
-``checkpoint.py``. ``allow_pickle=False`` refuses ``vars/call`` (the only
+``checkpoints/saves.py``. ``allow_pickle=False`` refuses ``vars/call`` (the only
 operation that runs a caller's function) before anything is decoded.
 """
 
@@ -61,16 +61,16 @@ from ..._kernels import KERNELS
 from ..._kernels.batches import take_rows
 from ..._serving.base import ServerBase
 from ..._serving.core import Pinned
-from . import checkpoint as ps_checkpoint
 from .before_images import BeforeImages
+from .checkpoints import saves as ps_checkpoint
+from .checkpoints.deltas import Deltas
+from .checkpoints.feed import PATH as FEED_PATH, TableFeed
 from .compute import apply_gradients, call_function
 from .creation import itemsize, plan_create
-from .deltas import Deltas
-from .feed import PATH as FEED_PATH, TableFeed
 from .fencing import Fencing
-from .moves import Moves
+from .moves.handlers import Moves
 from .store import VariableRecord, VariableStore, checked_rows, checked_value
-from .tables import TableHandlers
+from .tables.handlers import TableHandlers
 
 _EMPTY = np.zeros(0)  # the array of a record built only to check a name
 

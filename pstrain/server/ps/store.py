@@ -7,8 +7,8 @@ version and a writer never waits for a slow reader. Everything here runs on
 the serving loop with no ``await``, so each change is atomic.
 
 A checkpoint save does not pin a large array: it takes a
-:class:`~pstrain.server.ps.snapshots.Snapshot` of it (copy-on-write per row, while
-training goes on), which :mod:`~pstrain.server.ps.snapshots` describes.
+:class:`~pstrain.server.ps.checkpoints.snapshots.Snapshot` of it (copy-on-write per row, while
+training goes on), which :mod:`~pstrain.server.ps.checkpoints.snapshots` describes.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ..._base.errors import (
 from ..._formats.messages.placement_map import PlacementMap
 from ..._formats.numerics.casting import cast_value
 from ..._kernels import KERNELS
-from .snapshots import BLOCK_BYTES, ChangedRows, Snapshot
+from .checkpoints.snapshots import BLOCK_BYTES, ChangedRows, Snapshot
 
 __all__ = ["BLOCK_BYTES", "SNAPSHOT_MIN_BYTES", "ChangeClock", "Snapshot", "VariableRecord",
            "VariableStore", "checked_rows", "checked_value"]
@@ -228,13 +228,13 @@ class VariableStore:
         self.clock = ChangeClock()
         self._records: dict[str, VariableRecord] = {}
         self._slots: dict[str, set[str]] = {}  # variable -> its optimizer slots here
-        #: Variables this ps does not serve because of a move: name -> why (``moves.py``).
+        #: Variables this ps does not serve because of a move: name -> why (``moves/handlers.py``).
         self.away: dict[str, str] = {}
         #: The newest placement map this ps knows: a refusal carries it.
         self.placement = PlacementMap()
         self.refusals = 0  # requests refused because a variable they name moved
         #: Bytes held beside the variables until a step ends: restores staged, not committed
-        #: yet (``checkpoint.py``) and copies staged by a move (``moves.py``).
+        #: yet (``checkpoints/saves.py``) and copies staged by a move (``moves/handlers.py``).
         self.staged: list[Callable[[], int]] = []
 
     def __len__(self) -> int:

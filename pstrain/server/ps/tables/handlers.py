@@ -1,6 +1,6 @@
 """The ps's dynamic embedding tables: the ``dyn/*`` operations and the tables' part of
-``opt/apply``. Each table's shard is a :class:`~pstrain.server.ps.dynamic_table.DynamicTable`;
-its checkpoint files go through the ps's :class:`~pstrain.server.ps.checkpoint.CheckpointFiles`.
+``opt/apply``. Each table's shard is a :class:`~pstrain.server.ps.tables.dynamic_table.DynamicTable`;
+its checkpoint files go through the ps's :class:`~pstrain.server.ps.checkpoints.saves.CheckpointFiles`.
 Every check happens before anything changes, as in ``handlers.py``."""
 
 from __future__ import annotations
@@ -14,23 +14,23 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from ..._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
-from ..._formats.files.tensor_files import whole
-from ..._formats.messages.checkpoint_operations import RestoreTable, SaveCheckpoint
-from ..._formats.messages.operations import (
+from ...._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from ...._formats.files.tensor_files import whole
+from ...._formats.messages.checkpoint_operations import RestoreTable, SaveCheckpoint
+from ...._formats.messages.operations import (
     CreateTable,
     ExportTable,
     LookupTable,
     LookupTables,
     TableStatistics,
 )
-from ..._formats.messages.placement_map import TableCopy, TablePatch
-from ..._formats.messages.records import Operation
-from ..._formats.numerics.idhash import shard_of
-from .checkpoint import MAX_STAGED, STAGE_TTL_S, CheckpointFiles, Pending, Tensors
+from ...._formats.messages.placement_map import TableCopy, TablePatch
+from ...._formats.messages.records import Operation
+from ...._formats.numerics.idhash import shard_of
+from ..checkpoints.feed import TableFeed
+from ..checkpoints.saves import MAX_STAGED, STAGE_TTL_S, CheckpointFiles, Pending, Tensors
+from ..checkpoints.snapshots import Snapshot
 from .dynamic_table import DynamicTable, TableConfig
-from .feed import TableFeed
-from .snapshots import Snapshot
 from .table_slices import SliceGuards
 
 __all__ = ["TableHandlers"]

@@ -1,5 +1,5 @@
 """Who started each stage of a move on one ps, and the timer that ends a stage whose
-next step does not come (:mod:`pstrain.server.ps.moves` decides what ending it means).
+next step does not come (:mod:`pstrain.server.ps.moves.handlers` decides what ending it means).
 
 A stage is named by its side (``"out"`` on the ps giving variables away, ``"in"`` on the
 one receiving them) and the move's stage name. Its steps must come from the coordinator
@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from ..._base.errors import FailedPreconditionError
+from ...._base.errors import FailedPreconditionError
 
 __all__ = ["Stages"]
 

@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..._base.errors import InvalidArgumentError, PlacementChangedError
-from ..._formats.messages.placement_map import SliceSet, TableCopy, TablePatch
-from ..._formats.numerics.idhash import in_slices, shard_of
-from .store import VariableStore
+from ...._base.errors import InvalidArgumentError, PlacementChangedError
+from ...._formats.messages.placement_map import SliceSet, TableCopy, TablePatch
+from ...._formats.numerics.idhash import in_slices, shard_of
+from ..store import VariableStore
 
 if TYPE_CHECKING:
+    from ..store import ChangeClock, Snapshot
     from .id_index import IdIndex
     from .removed_log import RemovedLog
-    from .store import ChangeClock, Snapshot
     from .table_config import TableConfig
 
 __all__ = ["SliceGuards", "SlicedRows"]
@@ -100,7 +100,7 @@ def _ids(value: Any, what: str) -> np.ndarray:
 
 
 class SlicedRows:
-    """What a :class:`~pstrain.server.ps.dynamic_table.DynamicTable` does when slices of
+    """What a :class:`~pstrain.server.ps.tables.dynamic_table.DynamicTable` does when slices of
     its hash space move (mixed into it)."""
 
     if TYPE_CHECKING:  # the table's, as ``dynamic_table.py`` makes them

@@ -1,6 +1,6 @@
 """Admission of a dynamic table's ids: the sightings of ids not admitted yet, and the
 policy (``admit_after`` sightings, or ``admit_probability`` at each) that decides when an
-id gets a row. A mixin of :class:`~pstrain.server.ps.dynamic_table.DynamicTable`.
+id gets a row. A mixin of :class:`~pstrain.server.ps.tables.dynamic_table.DynamicTable`.
 
 Sightings live in an id index (id -> slot of ``_cand_counts``), slots handed out in order,
 so the oldest are the lowest and are forgotten first (past ``max_candidates``).
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..._formats.numerics.idhash import unit_uniform
+from ...._formats.numerics.idhash import unit_uniform
 
 if TYPE_CHECKING:
     from .id_index import IdIndex

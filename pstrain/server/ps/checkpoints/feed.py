@@ -36,12 +36,12 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..._base.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError, UnavailableError
-from ..._formats.files.table_feed import Confine, FeedReply, IndexCache, read_feed
-from ..._formats.files.tensor_files import safetensors_header
-from ..._formats.numerics.idhash import Shard
-from ..._serving.core import Download
-from .dynamic_table import DynamicTable
+from ...._base.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError, UnavailableError
+from ...._formats.files.table_feed import Confine, FeedReply, IndexCache, read_feed
+from ...._formats.files.tensor_files import safetensors_header
+from ...._formats.numerics.idhash import Shard
+from ...._serving.core import Download
+from ..tables.dynamic_table import DynamicTable
 
 __all__ = ["PATH", "TableFeed"]
 

@@ -38,13 +38,13 @@ from typing import Any
 
 import numpy as np
 
-from ..._base.errors import InvalidArgumentError
-from ..._formats.numerics.idhash import row_hash
-from ..._kernels import KERNELS
+from ...._base.errors import InvalidArgumentError
+from ...._formats.numerics.idhash import row_hash
+from ...._kernels import KERNELS
+from ..store import ChangeClock, Snapshot
 from .admission import Admission
 from .id_index import IdIndex
 from .removed_log import RemovedLog
-from .store import ChangeClock, Snapshot
 from .table_config import TableConfig
 from .table_slices import SlicedRows
 

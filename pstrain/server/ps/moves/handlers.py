@@ -28,8 +28,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from ..._base.errors import FailedPreconditionError, InvalidArgumentError
-from ..._formats.messages.placement_map import (
+from ...._base.errors import FailedPreconditionError, InvalidArgumentError
+from ...._formats.messages.placement_map import (
     EndMove,
     FinishMove,
     InstallVariables,
@@ -39,13 +39,13 @@ from ..._formats.messages.placement_map import (
     TableCopy,
     VariableCopy,
 )
-from ..._serving.core import Pinned
-from .dynamic_table import DynamicTable, TableConfig
-from .fencing import Fencing
-from .move_stages import Stages
+from ...._serving.core import Pinned
+from ..fencing import Fencing
+from ..store import VariableRecord, VariableStore
+from ..tables.dynamic_table import DynamicTable, TableConfig
+from ..tables.handlers import TableHandlers
 from .ps_map import PsMap
-from .store import VariableRecord, VariableStore
-from .tables import TableHandlers
+from .stages import Stages
 
 __all__ = ["MOVE_TTL_S", "Moves"]
 

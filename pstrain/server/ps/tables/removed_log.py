@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .store import ChangeClock
+from ..store import ChangeClock
 
 __all__ = ["MAX_REMOVED", "RemovedLog"]
 

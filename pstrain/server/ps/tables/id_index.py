@@ -27,7 +27,7 @@ from types import ModuleType
 
 import numpy as np
 
-from ..._kernels import KERNELS
+from ...._kernels import KERNELS
 
 __all__ = ["IdIndex"]
 

@@ -37,13 +37,13 @@ from typing import Any
 
 import numpy as np
 
-from ..._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
-from ..._formats.files import direct_writes
-from ..._formats.files.delta_files import TableState, read_table_state
-from ..._formats.files.tensor_files import SAFETENSORS_DTYPES, read_rows, whole, write_streaming
-from ..._formats.messages.checkpoint_operations import RestoreCheckpoint, RestoreSpec, SaveCheckpoint
-from ..._formats.numerics.idhash import Shard
-from .store import VariableRecord, VariableStore
+from ...._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from ...._formats.files import direct_writes
+from ...._formats.files.delta_files import TableState, read_table_state
+from ...._formats.files.tensor_files import SAFETENSORS_DTYPES, read_rows, whole, write_streaming
+from ...._formats.messages.checkpoint_operations import RestoreCheckpoint, RestoreSpec, SaveCheckpoint
+from ...._formats.numerics.idhash import Shard
+from ..store import VariableRecord, VariableStore
 
 __all__ = ["CheckpointFiles", "Pending"]
 

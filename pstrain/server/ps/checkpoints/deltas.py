@@ -38,17 +38,17 @@ from typing import Any
 
 import numpy as np
 
-from ..._base.errors import FailedPreconditionError, NotFoundError
-from ..._formats.files.direct_writes import ahead_for
-from ..._formats.files.tensor_files import whole
-from ..._formats.messages.checkpoint_operations import HurryDeltas, SaveDelta, TakeMark
-from ..._formats.messages.records import Operation
-from .checkpoint import CheckpointFiles
-from .dynamic_table import DynamicTable
+from ...._base.errors import FailedPreconditionError, NotFoundError
+from ...._formats.files.direct_writes import ahead_for
+from ...._formats.files.tensor_files import whole
+from ...._formats.messages.checkpoint_operations import HurryDeltas, SaveDelta, TakeMark
+from ...._formats.messages.records import Operation
+from ..store import Snapshot, VariableRecord
+from ..tables.dynamic_table import DynamicTable
+from ..tables.handlers import shard_tensors
 from .feed import TableFeed
+from .saves import CheckpointFiles
 from .snapshots import ChangedRows
-from .store import Snapshot, VariableRecord
-from .tables import shard_tensors
 
 __all__ = ["Deltas"]
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..._formats.messages.placement_map import PlacementMap, ReadPlacement, SetPlacement
-from .store import VariableStore
+from ...._formats.messages.placement_map import PlacementMap, ReadPlacement, SetPlacement
+from ..store import VariableStore
 
 __all__ = ["PsMap"]
 

@@ -26,9 +26,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..._formats.files.direct_writes import DirectWriter
-from ..._kernels import FLOAT_DTYPES, KERNELS
-from ..._kernels.batches import take_rows
+from ...._formats.files.direct_writes import DirectWriter
+from ...._kernels import FLOAT_DTYPES, KERNELS
+from ...._kernels.batches import take_rows
 
 __all__ = ["BLOCK_BYTES", "ChangedRows", "KeptRows", "Snapshot"]
 

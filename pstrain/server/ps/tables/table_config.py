@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from ..._base.errors import InvalidArgumentError
-from ..._kernels import FLOAT_DTYPES
+from ...._base.errors import InvalidArgumentError
+from ...._kernels import FLOAT_DTYPES
 
 __all__ = ["TableConfig"]
 
