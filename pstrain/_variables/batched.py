@@ -11,7 +11,7 @@ import numpy as np
 
 from .._base.context import must_await
 from .._base.errors import InvalidArgumentError
-from .._formats.messages.operations import ReadVariables, Update, UpdateVariables
+from .._formats.messages.operations import ReadVariables, Update, UpdateKind, UpdateVariables
 from .arrays import VariableBase, VariableCreator
 from .routing import routed
 from .variables import Variable
@@ -108,7 +108,7 @@ async def update_variables(updates: Iterable[tuple[Variable, str, Any]]) -> None
             local.append((var, op, arr))
             continue
         placed.append(var)
-        entries.append((var, Update(op=op, name=var.key, value=arr)))  # type: ignore[arg-type]
+        entries.append((var, Update(op=UpdateKind(op), name=var.key, value=arr)))
     for var, op, arr in local:
         await getattr(var, op)(arr)
     if not entries:

@@ -30,7 +30,7 @@ from .._base.cluster import task_name
 from .._base.context import current_channels, must_await
 from .._base.errors import InvalidArgumentError, PstrainError
 from .._base.exports import expose
-from .._formats.messages.operations import ReadVariables, SparseRead, operation
+from .._formats.messages.operations import SINGLE_UPDATES, ReadVariables, SparseRead, UpdateKind
 from .._formats.messages.records import Operation
 from .arrays import (
     IndexedSlices,
@@ -271,31 +271,32 @@ class Variable(VariableBase):
     @must_await
     async def assign(self, value: Any) -> Variable:
         """Set the value (same shape; dtype cast within its kind)."""
-        return await self._update("assign", value)
+        return await self._update(UpdateKind.ASSIGN, value)
 
     @must_await
     async def assign_add(self, delta: Any) -> Variable:
         """Add ``delta`` atomically on the ps."""
-        return await self._update("assign_add", delta)
+        return await self._update(UpdateKind.ASSIGN_ADD, delta)
 
     @must_await
     async def assign_sub(self, delta: Any) -> Variable:
         """Subtract ``delta`` atomically on the ps."""
-        return await self._update("assign_sub", delta)
+        return await self._update(UpdateKind.ASSIGN_SUB, delta)
 
-    async def _update(self, op: str, value: Any) -> Variable:
+    async def _update(self, kind: UpdateKind, value: Any) -> Variable:
+        op = kind.value
         arr = self.checked_value(value, op)
         if self._ps is None:
             local = self._local
             assert local is not None
-            if op == "assign":
+            if kind is UpdateKind.ASSIGN:
                 self._local = arr.copy()
-            elif op == "assign_add":
+            elif kind is UpdateKind.ASSIGN_ADD:
                 local += arr
             else:
                 local -= arr
             return self
-        await self._request(operation(f"vars/{op}")(name=self._name, value=arr))
+        await self._request(SINGLE_UPDATES[kind](name=self._name, value=arr))
         return self
 
     def _rows(self, indices: Any, what: str) -> np.ndarray:
@@ -320,19 +321,20 @@ class Variable(VariableBase):
     @must_await
     async def scatter_add(self, sparse_delta: IndexedSlices) -> Variable:
         """Add rows (duplicate ids add up)."""
-        return await self._scatter("scatter_add", sparse_delta)
+        return await self._scatter(UpdateKind.SCATTER_ADD, sparse_delta)
 
     @must_await
     async def scatter_sub(self, sparse_delta: IndexedSlices) -> Variable:
         """Subtract rows (duplicate ids add up)."""
-        return await self._scatter("scatter_sub", sparse_delta)
+        return await self._scatter(UpdateKind.SCATTER_SUB, sparse_delta)
 
     @must_await
     async def scatter_update(self, sparse_delta: IndexedSlices) -> Variable:
         """Replace rows."""
-        return await self._scatter("scatter_update", sparse_delta)
+        return await self._scatter(UpdateKind.SCATTER_UPDATE, sparse_delta)
 
-    async def _scatter(self, op: str, delta: IndexedSlices) -> Variable:
+    async def _scatter(self, kind: UpdateKind, delta: IndexedSlices) -> Variable:
+        op = kind.value
         if not isinstance(delta, IndexedSlices):
             raise InvalidArgumentError(f"{op} takes an IndexedSlices, got {type(delta).__name__}")
         idx = self._rows(delta.indices, op)
@@ -343,13 +345,12 @@ class Variable(VariableBase):
                                        f"{values.shape}, expected {expected}")
         if self._ps is None:
             check_range(idx, self._shape[0], self._name)
-            if op == "scatter_update":
+            if kind is UpdateKind.SCATTER_UPDATE:
                 self._local[idx] = values  # type: ignore[index]
             else:
-                np.add.at(self._local, idx, values if op == "scatter_add" else -values)  # type: ignore[arg-type]
+                np.add.at(self._local, idx, values if kind is UpdateKind.SCATTER_ADD else -values)  # type: ignore[arg-type]
             return self
-        await self._request(operation(f"vars/{op}")(
-            name=self._name, indices=idx, values=values))
+        await self._request(SINGLE_UPDATES[kind](name=self._name, indices=idx, values=values))
         return self
 
 

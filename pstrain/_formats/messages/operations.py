@@ -14,7 +14,8 @@ Adding an operation: declare its class here, and route it to a handler.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+import enum
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 import msgspec
 
@@ -46,7 +47,7 @@ from .records import (
     ValuesReply,
 )
 
-__all__ = ["CREATE_CHUNK_BYTES", "OPERATIONS", "Request", "operation"]
+__all__ = ["CREATE_CHUNK_BYTES", "OPERATIONS", "SINGLE_UPDATES", "Request", "UpdateKind", "operation"]
 
 
 # -- every task ---------------------------------------------------------------------------------------
@@ -107,11 +108,24 @@ class ListVariables(Operation, tag="vars/list"):
     reply = ListReply
 
 
-UpdateOp = Literal["assign", "assign_add", "assign_sub", "scatter_add", "scatter_sub", "scatter_update"]
+class UpdateKind(enum.Enum):
+    """What an update does to a variable (on the wire: its value)."""
+
+    ASSIGN = "assign"
+    ASSIGN_ADD = "assign_add"
+    ASSIGN_SUB = "assign_sub"
+    SCATTER_ADD = "scatter_add"
+    SCATTER_SUB = "scatter_sub"
+    SCATTER_UPDATE = "scatter_update"
+
+    @property
+    def rows(self) -> bool:
+        """Whether it changes rows (a scatter), not the whole variable."""
+        return self.value.startswith("scatter")
 
 
 class Update(Record):
-    op: UpdateOp
+    op: UpdateKind
     name: Name
     value: Array | None = None
     indices: Array | None = None
@@ -126,9 +140,10 @@ class UpdateVariables(Mutation, tag="vars/update"):
 
 
 class SingleUpdate(Mutation):
-    """One variable's update; the op (its class) says which."""
+    """One variable's update; its class says which (``kind``)."""
 
     reply = CountReply
+    kind: ClassVar[UpdateKind]
     name: Name
     value: Array | None = None
     indices: Array | None = None
@@ -136,27 +151,32 @@ class SingleUpdate(Mutation):
 
 
 class Assign(SingleUpdate, tag="vars/assign"):
-    pass
+    kind = UpdateKind.ASSIGN
 
 
 class AssignAdd(SingleUpdate, tag="vars/assign_add"):
-    pass
+    kind = UpdateKind.ASSIGN_ADD
 
 
 class AssignSub(SingleUpdate, tag="vars/assign_sub"):
-    pass
+    kind = UpdateKind.ASSIGN_SUB
 
 
 class ScatterAdd(SingleUpdate, tag="vars/scatter_add"):
-    pass
+    kind = UpdateKind.SCATTER_ADD
 
 
 class ScatterSub(SingleUpdate, tag="vars/scatter_sub"):
-    pass
+    kind = UpdateKind.SCATTER_SUB
 
 
 class ScatterUpdate(SingleUpdate, tag="vars/scatter_update"):
-    pass
+    kind = UpdateKind.SCATTER_UPDATE
+
+
+#: The one-variable update of each kind.
+SINGLE_UPDATES: dict[UpdateKind, type[SingleUpdate]] = {
+    cls.kind: cls for cls in (Assign, AssignAdd, AssignSub, ScatterAdd, ScatterSub, ScatterUpdate)}
 
 
 class RowRead(Record):

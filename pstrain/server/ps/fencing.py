@@ -216,9 +216,9 @@ def changed(req: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
         variables += [(counter, None) for counter in (req.iterations, req.mirror) if counter]
         return variables, [(name, ids) for name, ids, _ in req.tables or ()]
     if isinstance(req, UpdateVariables):
-        return [(u.name, u.indices if u.op.startswith("scatter") else None) for u in req.updates], []
+        return [(u.name, u.indices if u.op.rows else None) for u in req.updates], []
     if isinstance(req, SingleUpdate):
-        return [(req.name, req.indices if req.op().startswith("vars/scatter") else None)], []
+        return [(req.name, req.indices if req.kind.rows else None)], []
     if isinstance(req, CallVariables):  # any of them, whole
         return [(name, None) for name in req.vars], []
     return [], []

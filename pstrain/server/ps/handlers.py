@@ -37,10 +37,8 @@ from ..._formats.messages.checkpoint_operations import (
 )
 from ..._formats.messages.operations import (
     CREATE_CHUNK_BYTES,
+    SINGLE_UPDATES,
     ApplyGradients,
-    Assign,
-    AssignAdd,
-    AssignSub,
     CallVariables,
     CreateVariables,
     DeleteVariables,
@@ -48,12 +46,10 @@ from ..._formats.messages.operations import (
     ListVariables,
     LookupTables,
     ReadVariables,
-    ScatterAdd,
-    ScatterSub,
-    ScatterUpdate,
     SingleUpdate,
     SparseRead,
     Update,
+    UpdateKind,
     UpdateVariables,
 )
 from ..._formats.messages.records import Mutation, Operation
@@ -78,8 +74,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ParameterServer"]
 
-#: The one-variable updates (``vars/assign`` ...): one handler, the op is the class's.
-SINGLE_UPDATES = (Assign, AssignAdd, AssignSub, ScatterAdd, ScatterSub, ScatterUpdate)
 #: Default largest variable a ps creates (its initializer or value), in bytes.
 DEFAULT_MAX_VARIABLE_BYTES = 512 << 20
 #: Default largest reply that copies data (gathered rows), in bytes.
@@ -129,8 +123,8 @@ class ParameterServer(ServerBase):
         self.route(ReadVariables, self.read)
         self.route(Fence, self.fencing.fence)
         self.route(UpdateVariables, self.fencing.guarded(self.update))
-        for cls in SINGLE_UPDATES:
-            self.route(cls, self.fencing.guarded(self._single_update(cls.op().removeprefix("vars/"))))
+        for cls in SINGLE_UPDATES.values():
+            self.route(cls, self.fencing.guarded(self.single_update))
         self.route(SparseRead, self.sparse_read)
         self.route(DeleteVariables, self.delete)
         self.route(ListVariables, self.list_variables)
@@ -346,13 +340,10 @@ class ParameterServer(ServerBase):
         return out
 
     # -- updates -------------------------------------------------------------------------------
-    def _single_update(self, op: str) -> Callable[[SingleUpdate], dict[str, Any]]:
-        def handler(req: SingleUpdate) -> dict[str, Any]:
-            self._plan(op, req)()
-            return {"updated": 1}
-
-        handler.__name__ = f"update_{op}"
-        return handler
+    def single_update(self, req: SingleUpdate) -> dict[str, Any]:
+        """One variable's update, the kind its class says (``vars/assign`` ...)."""
+        self._plan(req.kind, req)()
+        return {"updated": 1}
 
     def update(self, req: UpdateVariables) -> dict[str, Any]:
         """Apply a batch of updates, all or nothing."""
@@ -361,20 +352,21 @@ class ParameterServer(ServerBase):
             apply()
         return {"updated": len(plan)}
 
-    def _plan(self, op: str, entry: Update | SingleUpdate) -> Callable[[], None]:
+    def _plan(self, kind: UpdateKind, entry: Update | SingleUpdate) -> Callable[[], None]:
         record = self.store.get(entry.name)
         shape = record.array.shape
         dtype = record.array.dtype
-        if op in ("assign", "assign_add", "assign_sub"):
+        op = kind.value  # for messages
+        if kind in (UpdateKind.ASSIGN, UpdateKind.ASSIGN_ADD, UpdateKind.ASSIGN_SUB):
             value = checked_value(record, entry.value, shape, op)
-            if op == "assign":
+            if kind is UpdateKind.ASSIGN:
                 def apply() -> None:
                     if value.dtype == dtype and value.flags.writeable and value.base is not None:
                         record.replace(value)  # adopt the received buffer: no copy (where it starts)
                     else:
                         record.replace(value.astype(dtype))
                 return apply
-            sign = 1 if op == "assign_add" else -1
+            sign = 1 if kind is UpdateKind.ASSIGN_ADD else -1
 
             def apply() -> None:
                 arr = record.writable()
@@ -388,11 +380,11 @@ class ParameterServer(ServerBase):
             raise InvalidArgumentError(
                 f"{op} of variable {record.name!r}: row ids must be 1-D, got shape {idx.shape}")
         values = checked_value(record, entry.values, (idx.shape[0],) + shape[1:], op)
-        if op == "scatter_update":
+        if kind is UpdateKind.SCATTER_UPDATE:
             def replace_rows() -> None:
                 record.writable(idx)[idx] = values
             return replace_rows
-        vals = values if op == "scatter_add" else -values
+        vals = values if kind is UpdateKind.SCATTER_ADD else -values
 
         def add_rows() -> None:
             np.add.at(record.writable(idx), idx, vals)
