@@ -48,7 +48,7 @@ from ._checkpoint.checkpoint import recent_saves
 from ._coordinator import coordinator as coordinator_module
 from ._coordinator.coordinator import ClusterCoordinator
 from ._formats.messages.operations import Health, Statistics
-from ._formats.messages.records import Operation
+from ._formats.messages.records import HealthReply, Operation, R
 from ._serving.base import ServerBase
 from ._training import summary
 
@@ -283,8 +283,8 @@ def login_url(coordinator: ClusterCoordinator) -> str:
     return dashboard.login_url()
 
 
-async def _call(coordinator: ClusterCoordinator, job: str, index: int, message: Operation,
-                timeout: float) -> Any:
+async def _call(coordinator: ClusterCoordinator, job: str, index: int, message: Operation[R],
+                timeout: float) -> R | None:
     try:
         return await coordinator.strategy.channels.channel(job, index).request(message, timeout=timeout)
     except PstrainError:
@@ -302,11 +302,15 @@ async def snapshot(coordinator: ClusterCoordinator) -> dict[str, Any]:
     left = {p["index"] for p in placement["ps"] if not p["active"]}
     known = coordinator.ps_incarnations  # a ps that joined later is not in it
     incarnations = [known[k] if k < len(known) else None for k in range(len(placement["ps"]))]
+    async def ps_statistics(k: int) -> dict[str, Any] | None:
+        return None if k in left else await _call(coordinator, "ps", k, Statistics(), 2.0)
+
+    async def worker_health(m: dict[str, Any]) -> HealthReply | None:
+        return await _call(coordinator, "worker", m["index"], Health(), 1.0) if m["up"] else None
+
     stats, answers = await asyncio.gather(
-        asyncio.gather(*(_call(coordinator, "ps", k, Statistics(), 2.0) if k not in left
-                         else asyncio.sleep(0, None) for k in range(len(incarnations)))),
-        asyncio.gather(*(_call(coordinator, "worker", m["index"], Health(), 1.0) if m["up"]
-                         else asyncio.sleep(0, None) for m in members)))
+        asyncio.gather(*(ps_statistics(k) for k in range(len(incarnations)))),
+        asyncio.gather(*(worker_health(m) for m in members)))
     chief = spec.task_address("chief", 0) if spec.num_tasks("chief") else None
     tasks: list[dict[str, Any]] = [{"job": "chief", "index": 0, "task": "chief:0", "state": "up",
                                     "address": chief or "this process"}]

@@ -16,6 +16,7 @@ from typing import Any
 from .._base.cluster import ClusterSpec, is_loopback, parse_address
 from .._base.errors import PstrainError
 from .._formats.messages.operations import Join, JoinPs, LeavePs, Membership
+from .._formats.messages.records import JoinReply, MembershipReply
 from .._serving.base import ServerBase
 
 logger = logging.getLogger("pstrain._coordinator.coordinator")
@@ -58,20 +59,20 @@ class CoordinatorEndpoint(ServerBase):
         out.update(self._stats())
         return out
 
-    async def _join(self, req: Join) -> dict[str, Any]:
-        return {"index": await self._admit(req.address)}
+    async def _join(self, req: Join) -> JoinReply:
+        return JoinReply(index=await self._admit(req.address))
 
-    async def _join_ps(self, req: JoinPs) -> dict[str, Any]:
+    async def _join_ps(self, req: JoinPs) -> JoinReply:
         assert self.ps_changes is not None
-        return {"index": await self.ps_changes[0](req.address, req.index)}
+        return JoinReply(index=await self.ps_changes[0](req.address, req.index))
 
-    async def _leave_ps(self, req: LeavePs) -> dict[str, Any]:
+    async def _leave_ps(self, req: LeavePs) -> JoinReply:
         assert self.ps_changes is not None
         await self.ps_changes[1](req.index)
-        return {"index": req.index}
+        return JoinReply(index=req.index)
 
-    def _members(self, _: Any) -> dict[str, Any]:
-        return {"workers": self._membership(), "ps": self._stats().get("placement")}
+    def _members(self, _: Membership) -> MembershipReply:
+        return MembershipReply(workers=self._membership(), ps=self._stats().get("placement"))
 
 
 async def say_if_not_served(serving: Awaitable[Any], host: str, port: int) -> None:

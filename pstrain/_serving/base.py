@@ -20,6 +20,7 @@ from .._base.cluster import listening_socket
 from .._base.errors import PstrainError
 from .._base.exports import expose
 from .._formats.messages.operations import Shutdown
+from .._formats.messages.records import EmptyReply
 from .core import ServerCore, Status
 from .http import HttpAdapter
 from .preauth import PreAuth, preauth_cap
@@ -94,11 +95,11 @@ class ServerBase(ServerCore):
         if self._closed is not None:
             await self._closed.wait()
 
-    def _shutdown(self, _: Any) -> dict[str, Any]:
+    def _shutdown(self, _: Shutdown) -> EmptyReply:
         """The job that uses this task is done: leave (``pstrain serve`` stops on this)."""
         logger.info("%s: the coordinator's job is done; leaving", self.task)
         self.shutdown_requested.set()
-        return {}
+        return EmptyReply()
 
     async def stop(self) -> None:
         """Stop listening, close every connection, cancel handler tasks."""

@@ -31,7 +31,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Protocol, TypeAlias, Union
 
 from .._base.auth import normalize_token
 from .._base.cluster import is_loopback, task_name
@@ -47,7 +47,7 @@ from .._base.tasks import TaskOwner
 from .._formats.codec import wire
 from .._formats.codec.protocol import DEFAULT_MAX_BODY, BodyBudget, FrameKind
 from .._formats.messages.operations import Health, Statistics
-from .._formats.messages.records import Operation, validate
+from .._formats.messages.records import HealthReply, Operation, R, validate
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class Handler:
     pickle: bool  # decode pickled request objects and encode the reply with pickles
     is_async: bool
     stream: bool  # called as fn(payload, emit); emit(obj) sends a partial reply (None over HTTP)
-    request: type[Operation]  # the operation's declared class (operations.py)
+    request: type[Operation[Any]]  # the operation's declared class (operations.py)
     refused: str | None = None  # an operation this server refuses, and why
 
 
@@ -82,7 +82,7 @@ class Encoded:
         self.chunks = chunks
 
 
-class Pinned:
+class Pinned(Generic[R]):
     """A reply whose arrays are shared with server state until sent.
 
     ``release`` is called once the reply's bytes have left the process.
@@ -90,9 +90,25 @@ class Pinned:
 
     __slots__ = ("value", "release")
 
-    def __init__(self, value: Any, release: Callable[[], None]) -> None:
+    def __init__(self, value: R, release: Callable[[], None]) -> None:
         self.value = value
         self.release = release
+
+
+#: A handler of an operation whose reply is ``R``: plain or async, given the request (and,
+#: for a streaming operation, the function that sends partial replies), it returns the
+#: reply, the reply already encoded (a worker's results), or the reply pinned (arrays
+#: shared with the server until sent).
+HandlerFn: TypeAlias = Callable[  # (written out: mypy matches a nested generic alias poorly)
+    ..., Union[R, Encoded, Pinned[R], Awaitable[Union[R, Encoded, Pinned[R]]]]]  # noqa: UP007
+
+
+class Router(Protocol):
+    """Where handlers are routed (a server's :meth:`ServerCore.route`): the parts of a
+    server route their operations at its construction, each checked by mypy against the
+    operation's declared reply."""
+
+    def __call__(self, operation: type[Operation[R]], fn: HandlerFn[R]) -> None: ...
 
 
 @dataclass
@@ -182,9 +198,10 @@ class ServerCore:
     def task(self) -> str:
         return task_name(self.role, self.index)
 
-    def route(self, operation: type[Operation], fn: Callable[..., Any]) -> None:
+    def route(self, operation: type[Operation[R]], fn: HandlerFn[R]) -> None:
         """Serve ``operation`` (``POST /v1/<op>`` and stream op ``<op>``) with ``fn``, which
-        receives the request as an instance of ``operation``. Whether its body may carry
+        receives the request as an instance of ``operation`` and returns its declared reply
+        (``Operation[R]``: an ``R``, checked by mypy). Whether its body may carry
         pickles and whether ``fn`` streams partial replies (``fn(request, emit)``) are the
         operation's declaration."""
         self.handlers[operation.op()] = Handler(fn, operation.pickle, inspect.iscoroutinefunction(fn),
@@ -204,7 +221,7 @@ class ServerCore:
         :class:`Download` or raises a pstrain error (sent as JSON with its status)."""
         self.downloads[path] = handler
 
-    def refuse(self, operation: type[Operation], reason: str) -> None:
+    def refuse(self, operation: type[Operation[Any]], reason: str) -> None:
         """Answer ``operation`` with an InvalidArgumentError giving ``reason``, before its body
         is decoded."""
         self.handlers[operation.op()] = Handler(_refused, False, False, False, operation, reason)
@@ -214,10 +231,10 @@ class ServerCore:
         ``connection``): a server whose handlers outlive their caller stops their work."""
 
     # -- built-in handlers -------------------------------------------------------------
-    def health(self, _: Any) -> dict[str, Any]:
-        return {"status": self.status.value, "role": self.role, "index": self.index,
-                "task": self.task, "pid": os.getpid(), "incarnation": self.incarnation,
-                "uptime_s": time.time() - self.started_at}
+    def health(self, _: Health) -> HealthReply:
+        return HealthReply(status=self.status.value, role=self.role, index=self.index,
+                           task=self.task, pid=os.getpid(), incarnation=self.incarnation,
+                           uptime_s=time.time() - self.started_at)
 
     def statistics(self, _: Any) -> dict[str, Any]:
         return {"task": self.task, "uptime_s": time.time() - self.started_at,

@@ -18,11 +18,13 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 from aiohttp import web
 
 from .._base.auth import bearer_ok
 from .._base.errors import AuthenticationError, ProtocolError, PstrainError, status_for, to_envelope
 from .._formats.codec.protocol import CONTENT_TYPE, FrameKind
+from .._formats.messages.operations import Health
 from .._formats.observability import CONTENT_TYPE as METRICS_TYPE, make_registry, render
 from .core import Reply
 
@@ -149,7 +151,7 @@ class HttpAdapter:
         return await handler(request)
 
     async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response(self.server.health(None))
+        return web.json_response(msgspec.structs.asdict(self.server.health(Health())))
 
     async def _metrics(self, request: web.Request) -> web.Response:
         server = self.server

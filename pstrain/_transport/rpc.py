@@ -40,7 +40,7 @@ from .._formats.codec import wire
 from .._formats.codec.protocol import DEFAULT_MAX_BODY, FrameKind
 from .._formats.messages.operations import OPERATIONS
 from .._formats.messages.placement_map import PlacementMap
-from .._formats.messages.records import Operation, convert_reply, sender_fields
+from .._formats.messages.records import Operation, R, convert_reply, sender_fields
 from .client_protocol import ClientProtocol, cluster_entry, expire, ps_advice
 from .traffic import counted, counting
 
@@ -183,8 +183,8 @@ class Channel:
                 and fut.result().lost_exc is None:
             self._proto = self._proto or fut.result()
 
-    async def request(self, message: Operation, *, timeout: float | None = None,
-                      on_partial: Callable[[Any], None] | None = None) -> Any:
+    async def request(self, message: Operation[R], *, timeout: float | None = None,
+                      on_partial: Callable[[R], None] | None = None) -> R:
         """Send ``message`` (an operation of ``pstrain._formats.messages.operations``) and return its
         reply as the operation's declared reply class (a ProtocolError if it is not one).
 

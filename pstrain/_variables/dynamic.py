@@ -42,7 +42,7 @@ from .._formats.messages.operations import (
     TableStatistics,
 )
 from .._formats.messages.placement_map import SliceSet, TableSlices, first_slices
-from .._formats.messages.records import Operation, TableSpec, validate
+from .._formats.messages.records import Operation, R, TableSpec, validate
 from .._formats.numerics.idhash import shard_of
 from .._formats.numerics.initializers import Constant, Initializer, RandomUniform, Zeros
 from .._kernels import FLOAT_DTYPES
@@ -204,7 +204,7 @@ class DynamicEmbedding:
         if (id(asyncio.get_running_loop()), ps) not in self.created_on:
             await self._create(ps)
 
-    async def _request(self, ps: int, message: Operation) -> Any:
+    async def _request(self, ps: int, message: Operation[R]) -> R:
         """``message`` to shard ``ps``, creating the shard first where it does not exist yet."""
         if (id(asyncio.get_running_loop()), ps) not in self.created_on:
             await self._create(ps)

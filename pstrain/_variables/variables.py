@@ -31,7 +31,7 @@ from .._base.context import current_channels, must_await
 from .._base.errors import InvalidArgumentError, PstrainError
 from .._base.exports import expose
 from .._formats.messages.operations import SINGLE_UPDATES, ReadVariables, SparseRead, UpdateKind
-from .._formats.messages.records import Operation
+from .._formats.messages.records import Operation, R
 from .arrays import (
     IndexedSlices,
     VariableAggregation,
@@ -234,7 +234,7 @@ class Variable(VariableBase):
         """The channel pool this handle uses on the running loop (its placement map too)."""
         return self._pool if self._pool is not None else current_channels()
 
-    async def _request(self, message: Operation) -> Any:
+    async def _request(self, message: Operation[R]) -> R:
         creator = self._creator
         if creator is not None and creator.created_upto < self._ticket:
             await creator.ensure_created()

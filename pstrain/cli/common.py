@@ -11,7 +11,7 @@ from typing import Any
 from .._base.cluster import task_name
 from .._base.errors import PstrainError
 from .._formats.messages.operations import Join, JoinPs, LeavePs, Membership
-from .._formats.messages.records import Operation
+from .._formats.messages.records import Operation, R
 from .._transport.bridge import run
 from .._transport.rpc import Channel
 
@@ -46,8 +46,8 @@ def retag_logging(tag: str) -> None:
     _TAG.tag = tag
 
 
-async def coordinator_call(coordinator: str, message: Operation, token: str | None,
-                            timeout: float = 10.0) -> Any:
+async def coordinator_call(coordinator: str, message: Operation[R], token: str | None,
+                           timeout: float = 10.0) -> R:
     """``message`` to the coordinator's endpoint (a server like the others: the stream, with
     the cluster token proved both ways)."""
     channel = Channel(coordinator, token=token, task=task_name("chief", 0), connect_timeout=timeout)

@@ -820,7 +820,7 @@ async def test_the_copies_of_an_aborted_move_go_at_once_not_when_its_time_is_up(
         assert len(staged) == 2
         for stage in list(extra.moves.incoming):
             assert extra.moves.end(EndMove(stage=stage, commit=False,
-                                           owner=strategy.placement.owner))["ended"]
+                                           owner=strategy.placement.owner)).ended
         gc.collect()
         assert extra.moves.staged_bytes() == 0 and not [r for r in staged if r() is not None]
 

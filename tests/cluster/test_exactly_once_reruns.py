@@ -139,9 +139,9 @@ _ROWS = 6
 def _apply(store, images, key, seq, rows, delta):
     """One update of variable ``v`` (rows, or all of it when ``rows`` is None), as a ps
     applies it behind its fence: the image taken before, kept after."""
-    req = UpdateVariables(updates=[Update(op=UpdateKind.ASSIGN_ADD, name="v", value=delta) if rows is None
-                                   else Update(op=UpdateKind.SCATTER_ADD, name="v", indices=rows, values=delta)],
-                          once=(key, seq) if key is not None else None)
+    update = (Update(op=UpdateKind.ASSIGN_ADD, name="v", value=delta) if rows is None
+              else Update(op=UpdateKind.SCATTER_ADD, name="v", indices=rows, values=delta))
+    req = UpdateVariables(updates=[update], once=(key, seq) if key is not None else None)
     then = images.capture(req.once, req)
     arr = store.get("v").writable(None if rows is None else rows)
     if rows is None:
@@ -217,7 +217,8 @@ def test_the_images_of_variables_that_left_the_ps_are_swept_away():
     store.add([VariableRecord("v", np.zeros((4, 2)), True), VariableRecord("w", np.zeros(3), True)])
     images = BeforeImages(store, {})
     _apply(store, images, "k", 1, np.array([1, 2]), np.ones((2, 2)))
-    req = UpdateVariables(updates=[Update(op=UpdateKind.ASSIGN_ADD, name="w", value=np.ones(3))], once=("k", 2))
+    req = UpdateVariables(updates=[Update(op=UpdateKind.ASSIGN_ADD, name="w", value=np.ones(3))],
+                          once=("k", 2))
     images.capture(req.once, req)()
     assert len(images) == 2 and images.nbytes > 0
     store.delete(["v"])  # moved away, say

@@ -151,7 +151,7 @@ async def test_the_values_of_an_aborted_restore_go_at_once_not_when_its_time_is_
         stages = [(ps, stage) for ps in cluster.ps for stage in list(ps.checkpoints._staged)]
         assert read and stages
         for ps, stage in stages:
-            assert (await ps.checkpoints.abort(stage))["aborted"]
+            assert await ps.checkpoints.abort(stage)  # there was a stage to drop
         del stages
         gc.collect()
         assert not [r for r in read if r() is not None]

@@ -21,6 +21,7 @@ No I/O here: the codec turns objects into byte chunks and back.
 
 from __future__ import annotations
 
+import enum
 import struct
 import threading
 from collections.abc import Sequence
@@ -122,6 +123,8 @@ def _default(obj: Any) -> Any:
         return _array(obj)
     if isinstance(obj, msgspec.Struct):
         return _record(obj)
+    if isinstance(obj, enum.Enum) and type(obj).__module__.startswith("pstrain."):
+        return obj.value  # a record's enum field (an update's kind); a user's enum is theirs
     if type(obj) is tuple:
         return msgpack.ExtType(_EXT_TUPLE, _enc.pack(list(obj)))
     if isinstance(obj, np.generic):

@@ -10,9 +10,11 @@ import msgspec
 
 from .placement_map import SliceSet
 from .records import (
+    AbortReply,
+    CommitReply,
     Count,
-    CountReply,
     DType,
+    HurriedReply,
     Name,
     Operation,
     Owned,
@@ -20,6 +22,7 @@ from .records import (
     Path,
     Record,
     Reply,
+    RestoreReply,
     SaveReply,
     Shape,
     TableSpec,
@@ -36,12 +39,11 @@ StageId = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 DeltaFile = tuple[Path, Annotated[str, msgspec.Meta(max_length=64)]]
 
 
-class RestoreTable(Operation, tag="dyn/restore"):
+class RestoreTable(Operation[RestoreReply], tag="dyn/restore"):
     """Rows of the ids this ps holds (``shard_of(id, num_shards) == shard``), gathered
     from every listed file of a saved table, then each delta of ``deltas`` applied in
     order (its removed ids dropped, its rows put in)."""
 
-    reply = CountReply
     name: Name
     config: TableSpec
     #: the full save's files (none: the table was created after it; its deltas hold it)
@@ -72,10 +74,9 @@ class TableShardFile(Record):
     slots: dict[Name, Name] | None = None
 
 
-class SaveCheckpoint(Operation, tag="ckpt/save"):
+class SaveCheckpoint(Operation[SaveReply], tag="ckpt/save"):
     """Variables (file key -> variable) to ``path``, and ``tables``' shards on this ps each to
     its own file: every value is taken at one moment (between two whole updates)."""
-    reply = SaveReply
     path: Path
     tensors: dict[Name, Name]
     tables: list[TableShardFile] = []
@@ -98,23 +99,20 @@ class RestoreSpec(Record):
     patches: Annotated[list[Patch], msgspec.Meta(max_length=1 << 16)] = []
 
 
-class RestoreCheckpoint(Owned, tag="ckpt/restore"):
-    reply = CountReply
+class RestoreCheckpoint(Owned[RestoreReply], tag="ckpt/restore"):
     vars: Annotated[list[RestoreSpec], msgspec.Meta(max_length=1 << 16)]
     stage: Annotated[str, msgspec.Meta(max_length=64)] | None = None
 
 
 
-class CommitRestore(Owned, tag="ckpt/commit"):
-    reply = CountReply
+class CommitRestore(Owned[CommitReply], tag="ckpt/commit"):
     stage: StageId
     #: table -> this ps's share of its capacity, for the tables staged here (a restore
     #: shares the capacity as a total: each ps gets at least the rows it restored)
     tables: dict[Name, Count | None] = {}
 
 
-class AbortRestore(Operation, tag="ckpt/abort"):
-    reply = CountReply
+class AbortRestore(Operation[AbortReply], tag="ckpt/abort"):
     stage: StageId
 
 
@@ -129,11 +127,8 @@ class MarkReply(Reply):
     mark: Count
 
 
-class TakeMark(Operation, tag="delta/mark"):
+class TakeMark(Operation[MarkReply], tag="delta/mark"):
     """End this ps's change epoch: a later delta "since" the mark holds what changed after it."""
-
-    reply = MarkReply
-
 
 class DeltaTable(Record):
     """A table in a delta: the prefix of its keys in the file and its slots' keys there."""
@@ -154,7 +149,7 @@ class DeltaReply(Reply):
     whole: list[str] = []
 
 
-class SaveDelta(Operation, tag="delta/save"):
+class SaveDelta(Operation[DeltaReply], tag="delta/save"):
     """Write what changed after mark ``since`` of ps incarnation ``incarnation`` to a new
     file: of each variable (file key -> variable name), the rows changed and their values;
     of each table (name -> :class:`DeltaTable`), its changed rows and slots and the ids
@@ -162,7 +157,6 @@ class SaveDelta(Operation, tag="delta/save"):
     not keep a table's evictions since then: a full checkpoint is needed. ``write_s`` > 0:
     the file's bytes are spread over about that many seconds (0: as fast as they go)."""
 
-    reply = DeltaReply
     path: Path
     since: Count
     incarnation: Incarnation
@@ -171,8 +165,7 @@ class SaveDelta(Operation, tag="delta/save"):
     write_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_WRITE_S)] = 0.0
 
 
-class HurryDeltas(Operation, tag="delta/hurry"):
+class HurryDeltas(Operation[HurriedReply], tag="delta/hurry"):
     """Write the rest of this ps's spread deltas as fast as the disk goes (their coordinator
     stops writing deltas and waits for the one under way); ``hurried``: how many."""
 
-    reply = CountReply

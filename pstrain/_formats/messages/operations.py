@@ -23,10 +23,16 @@ from .records import (
     Array,
     AsOf,
     CallReply,
+    CancelReply,
     ConfigureReply,
     Count,
-    CountReply,
+    CreatedReply,
+    DeletedReply,
+    DroppedReply,
     DType,
+    EmptyReply,
+    FencedReply,
+    FreeForm,
     HealthReply,
     JoinReply,
     ListReply,
@@ -44,6 +50,7 @@ from .records import (
     Step,
     StepReply,
     TableSpec,
+    UpdatedReply,
     ValuesReply,
 )
 
@@ -51,19 +58,16 @@ __all__ = ["CREATE_CHUNK_BYTES", "OPERATIONS", "SINGLE_UPDATES", "Request", "Upd
 
 
 # -- every task ---------------------------------------------------------------------------------------
-class Health(Operation, tag="health"):
-    reply = HealthReply
+class Health(Operation[HealthReply], tag="health"):
+    """Is the task up: its status, role, index, pid, uptime and incarnation."""
 
 
-class Statistics(Operation, tag="statistics"):
+class Statistics(Operation[FreeForm], tag="statistics"):
     """Free-form counters (``pstrain status``, ``/metrics``)."""
 
 
-class Shutdown(Operation, tag="server/shutdown"):
+class Shutdown(Operation[EmptyReply], tag="server/shutdown"):
     """The job is done: a task started with ``--exit-on-shutdown`` leaves."""
-
-    reply = CountReply
-
 
 # -- the parameter server: variables ---------------------------------------------------------------
 #: A ``vars/create`` request may always ask for this many bytes of variables in all (clients
@@ -85,27 +89,24 @@ class VariableSpec(Record):
     full_shape: Shape | None = None
 
 
-class CreateVariables(Operation, tag="vars/create"):
-    reply = CountReply
+class CreateVariables(Operation[CreatedReply], tag="vars/create"):
     vars: Annotated[list[VariableSpec], msgspec.Meta(max_length=1 << 16)]
     #: The strategy instance creating them: a different owner takes over same-named variables.
     owner: Owner | None = None
 
 
-class ReadVariables(Operation, tag="vars/read"):
-    reply = ValuesReply
+class ReadVariables(Operation[ValuesReply], tag="vars/read"):
     names: Names
     #: From an exactly-once closure (the channel fills it in): see ``ps/before_images.py``.
     as_of: AsOf | None = None
 
 
-class DeleteVariables(Operation, tag="vars/delete"):
-    reply = CountReply
+class DeleteVariables(Operation[DeletedReply], tag="vars/delete"):
     names: Names
 
 
-class ListVariables(Operation, tag="vars/list"):
-    reply = ListReply
+class ListVariables(Operation[ListReply], tag="vars/list"):
+    """The variables this ps holds: name, dtype, shape, trainable, bytes."""
 
 
 class UpdateKind(enum.Enum):
@@ -132,17 +133,15 @@ class Update(Record):
     values: Array | None = None
 
 
-class UpdateVariables(Mutation, tag="vars/update"):
+class UpdateVariables(Mutation[UpdatedReply], tag="vars/update"):
     """Many updates, applied in order, in one request."""
 
-    reply = CountReply
     updates: Annotated[list[Update], msgspec.Meta(max_length=1 << 16)]
 
 
-class SingleUpdate(Mutation):
+class SingleUpdate(Mutation[UpdatedReply]):
     """One variable's update; its class says which (``kind``)."""
 
-    reply = CountReply
     kind: ClassVar[UpdateKind]
     name: Name
     value: Array | None = None
@@ -186,20 +185,18 @@ class RowRead(Record):
     indices: Array | None = None
 
 
-class SparseRead(Operation, tag="vars/sparse_read"):
+class SparseRead(Operation[ValuesReply], tag="vars/sparse_read"):
     """Either ``{"reads": [{name, indices}, ...]}`` or one ``{name, indices}``."""
 
-    reply = ValuesReply
     reads: Annotated[list[RowRead], msgspec.Meta(max_length=1 << 16)] | None = None
     name: Name | None = None
     indices: Array | None = None
     as_of: AsOf | None = None
 
 
-class CallVariables(Mutation, tag="vars/call"):
+class CallVariables(Mutation[CallReply], tag="vars/call"):
     """Run a function on the ps, next to the variables it names (pickled: runs code)."""
 
-    reply = CallReply
     pickle = True
     fn: Any
     vars: Annotated[list[Name], msgspec.Meta(min_length=1, max_length=1 << 10)]
@@ -207,19 +204,17 @@ class CallVariables(Mutation, tag="vars/call"):
     kwargs: dict[str, Any] = {}
 
 
-class Fence(Operation, tag="ps/fence"):
+class Fence(Operation[FencedReply], tag="ps/fence"):
     """Refuse updates of ``worker``'s dispatches before ``epoch`` (those sent for ``owner``;
     fences of other coordinators are their own)."""
 
-    reply = CountReply
     worker: Annotated[int, msgspec.Meta(ge=0)]
     epoch: Annotated[int, msgspec.Meta(ge=0)]
     owner: Owner | None = None
 
 
 # -- the parameter server: optimizers and dynamic tables -----------------------------------------
-class ApplyGradients(Mutation, tag="opt/apply"):
-    reply = StepReply
+class ApplyGradients(Mutation[StepReply], tag="opt/apply"):
     rule: OptimizerRule
     prefix: Name
     grads: Annotated[list[tuple[Name, Array | None, Array]], msgspec.Meta(max_length=1 << 16)]
@@ -232,8 +227,7 @@ class ApplyGradients(Mutation, tag="opt/apply"):
     mirror: Name | None = None
 
 
-class CreateTable(Operation, tag="dyn/create"):
-    reply = CountReply
+class CreateTable(Operation[CreatedReply], tag="dyn/create"):
     name: Name
     config: TableSpec
     owner: Owner | None = None
@@ -244,11 +238,10 @@ class CreateTable(Operation, tag="dyn/create"):
     owned: SliceSet | None = None
 
 
-class LookupTable(Owned, tag="dyn/lookup"):
+class LookupTable(Owned[ValuesReply], tag="dyn/lookup"):
     """A training lookup admits, evicts and stamps rows: it names its coordinator (from
     a closure, the one that dispatched it), refused once a newer one took the ps over."""
 
-    reply = ValuesReply
     name: Name
     ids: Array
     train: bool = True
@@ -260,26 +253,25 @@ class TableIds(Record):
     ids: Array
 
 
-class LookupTables(Owned, tag="dyn/lookup_many"):
+class LookupTables(Owned[ValuesReply], tag="dyn/lookup_many"):
     """Several tables' rows in one request (a collection's step): each entry as one
     ``dyn/lookup``, and ``reads`` as ``vars/sparse_read``'s (rows of variables, or whole
     ones), every entry checked before any row is admitted. The values come in that order:
     the tables', then the reads'."""
 
-    reply = ValuesReply
     lookups: Annotated[list[TableIds], msgspec.Meta(min_length=1, max_length=1 << 12)]
     reads: Annotated[list[RowRead], msgspec.Meta(max_length=1 << 16)] | None = None
     train: bool = True
     as_of: AsOf | None = None
 
 
-class TableStatistics(Operation, tag="dyn/stats"):
+class TableStatistics(Operation[FreeForm], tag="dyn/stats"):
     """Free-form counters of one table."""
 
     name: Name
 
 
-class ExportTable(Operation, tag="dyn/export"):
+class ExportTable(Operation[FreeForm], tag="dyn/export"):
     """Every row of one table's shard (free-form: ids, values, slots)."""
 
     name: Name
@@ -289,10 +281,9 @@ class ExportTable(Operation, tag="dyn/export"):
 Incarnation = Annotated[str, msgspec.Meta(max_length=64)]
 
 
-class Configure(Operation, tag="worker/configure"):
+class Configure(Operation[ConfigureReply], tag="worker/configure"):
     """The coordinator tells a worker where the tasks are."""
 
-    reply = ConfigureReply
     cluster: dict[Name, list[Annotated[str, msgspec.Meta(min_length=1, max_length=300)]]]
     #: the coordinator had lost this worker (the connections it has may stall), or reaches
     #: it for the first time (it may have served another one, whose maps it knows): drop
@@ -305,10 +296,9 @@ class Configure(Operation, tag="worker/configure"):
 ClosureEntry = tuple[Count, bytes, Any, Any, bool]
 
 
-class RunClosures(Operation, tag="worker/run"):
+class RunClosures(Operation[ResultsReply], tag="worker/run"):
     """A batch of closures; results stream back as they finish."""
 
-    reply = ResultsReply
     pickle = True
     stream = True
     closures: Annotated[list[ClosureEntry], msgspec.Meta(max_length=1 << 16)]
@@ -321,23 +311,20 @@ class RunClosures(Operation, tag="worker/run"):
     once: dict[Count, Annotated[str, msgspec.Meta(min_length=1, max_length=96)]] = {}
 
 
-class ResetChannels(Operation, tag="worker/reset_channels"):
+class ResetChannels(Operation[EmptyReply], tag="worker/reset_channels"):
     """Drop the worker's connections to one task (a partition)."""
 
-    reply = CountReply
     job: Literal["ps", "worker", "chief"]
     index: Annotated[int, msgspec.Meta(ge=0)]
 
 
-class CancelClosures(Operation, tag="worker/cancel"):
-    reply = CountReply
+class CancelClosures(Operation[CancelReply], tag="worker/cancel"):
     ids: Annotated[list[Count], msgspec.Meta(max_length=1 << 16)]
 
 
-class CreateResource(Operation, tag="worker/resource"):
+class CreateResource(Operation[ResourceReply], tag="worker/resource"):
     """A per-worker dataset (``fn()``) or an iterator of one (pickled: runs code)."""
 
-    reply = ResourceReply
     pickle = True
     rid: Count
     kind: Literal["dataset", "iterator"]
@@ -346,37 +333,33 @@ class CreateResource(Operation, tag="worker/resource"):
     incarnation: Incarnation | None = None
 
 
-class DropResources(Operation, tag="worker/drop_resources"):
-    reply = CountReply
+class DropResources(Operation[DroppedReply], tag="worker/drop_resources"):
     rids: Annotated[list[Count], msgspec.Meta(max_length=1 << 16)]
 
 
 # -- the coordinator's endpoint ---------------------------------------------------------------------
-class Join(Operation, tag="coordinator/join"):
+class Join(Operation[JoinReply], tag="coordinator/join"):
     """A worker started with ``--join`` asks for a slot."""
 
-    reply = JoinReply
     address: Annotated[str, msgspec.Meta(min_length=1, max_length=300)]
 
 
-class Membership(Operation, tag="coordinator/membership"):
-    reply = MembershipReply
+class Membership(Operation[MembershipReply], tag="coordinator/membership"):
+    """The workers a coordinator knows, and its placement map."""
 
 
-class JoinPs(Operation, tag="coordinator/join_ps"):
+class JoinPs(Operation[JoinReply], tag="coordinator/join_ps"):
     """An empty ps started with ``--join`` asks for an index (no ``index``), takes it, then
     asks again with it: it joins, and a share of the variables moves to it."""
 
-    reply = JoinReply
     address: Annotated[str, msgspec.Meta(min_length=1, max_length=300)]
     index: Annotated[int, msgspec.Meta(ge=0, le=1 << 16)] | None = None
 
 
-class LeavePs(Operation, tag="coordinator/leave_ps"):
+class LeavePs(Operation[JoinReply], tag="coordinator/leave_ps"):
     """A ps told to stop (SIGTERM) asks the coordinator to move its variables away first;
     the reply comes once they have."""
 
-    reply = JoinReply
     index: Annotated[int, msgspec.Meta(ge=0, le=1 << 16)]
 
 
@@ -385,8 +368,8 @@ from . import checkpoint_operations, placement_map  # noqa: E402, F401, I001
 from .placement_map import SliceSet  # noqa: E402  (dyn/create's slices)
 
 
-def _operations(base: type[Operation]) -> dict[str, type[Operation]]:
-    found: dict[str, type[Operation]] = {}
+def _operations(base: type[Operation[Any]]) -> dict[str, type[Operation[Any]]]:
+    found: dict[str, type[Operation[Any]]] = {}
     for cls in base.__subclasses__():
         tag = cls.__struct_config__.tag
         if isinstance(tag, str) and tag != cls.__name__:  # a base (Mutation) has its name as tag
@@ -397,11 +380,11 @@ def _operations(base: type[Operation]) -> dict[str, type[Operation]]:
 
 
 #: Every operation by its name.
-OPERATIONS: dict[str, type[Operation]] = _operations(Operation)
+OPERATIONS: dict[str, type[Operation[Any]]] = _operations(Operation)
 #: The tagged union of every request (the tag is ``op``, the operation's name).
 Request = Union[tuple(OPERATIONS.values())]  # type: ignore[valid-type]  # noqa: UP007
 
 
-def operation(op: str) -> type[Operation]:
+def operation(op: str) -> type[Operation[Any]]:
     """The class of operation ``op`` (KeyError if there is none)."""
     return OPERATIONS[op]

@@ -39,11 +39,10 @@ import msgspec
 from ..._base.errors import ProtocolError
 from .records import Count, Name, Operation, Owned, Owner, Record, Reply, TableSpec, convert
 
-__all__ = ["EndMove", "FinishMove", "FinishReply", "InstallVariables", "MoveOut", "MoveOutReply",
-           "MoveReply", "PlacementMap", "PlacementReply", "ReadPlacement", "ReadRecords",
-           "RecordsReply", "SLICES_PER_PS",
-           "SetPlacement", "SliceSet", "TableCopy", "TablePatch", "TableSlices", "VariableCopy",
-           "first_slices"]
+__all__ = ["EndMove", "EndReply", "FinishMove", "FinishReply", "InstallReply", "InstallVariables",
+           "MoveOut", "MoveOutReply", "PlacementMap", "PlacementReply", "ReadPlacement", "ReadRecords",
+           "RecordsReply", "SLICES_PER_PS", "SetPlacement", "SliceSet", "TableCopy", "TablePatch",
+           "TableSlices", "VariableCopy", "VersionReply", "first_slices"]
 
 Address = Annotated[str, msgspec.Meta(max_length=300)]
 PsIndex = Annotated[int, msgspec.Meta(ge=0, le=1 << 16)]
@@ -197,11 +196,24 @@ class PlacementMap(Record):
 
 
 # -- the operations of a move --------------------------------------------------------------------
-class MoveReply(Reply):
-    version: int = 0  # ps/placement: the map version the ps holds now
-    staged: int = 0  # ps/install: copies staged
-    installed: int = 0  # ps/install: variables and slots served from now on
-    ended: bool = False  # ps/move_end: there was such a move here
+class VersionReply(Reply):
+    """``ps/placement``: the map version the ps holds now."""
+
+    version: int
+
+
+class InstallReply(Reply):
+    """``ps/install``: copies staged (the first step), or variables, slots and tables served
+    from now on (``activate``)."""
+
+    staged: int = 0
+    installed: int = 0
+
+
+class EndReply(Reply):
+    """``ps/move_end``: whether there was such a move here."""
+
+    ended: bool
 
 
 class VariableCopy(Record):
@@ -270,36 +282,29 @@ class PlacementReply(Reply):
     placement: PlacementMap
 
 
-class ReadPlacement(Operation, tag="ps/placement/read"):
+class ReadPlacement(Operation[PlacementReply], tag="ps/placement/read"):
     """The newest map this ps knows (a client whose ps left asks another)."""
 
-    reply = PlacementReply
-
-
-class SetPlacement(Owned, tag="ps/placement"):
+class SetPlacement(Owned[VersionReply], tag="ps/placement"):
     """The coordinator's newest map: the ps refuses requests for the variables it no
     longer holds with it."""
 
-    reply = MoveReply
     placement: PlacementMap
 
 
-class MoveOut(Owned, tag="ps/move_out"):
+class MoveOut(Owned[MoveOutReply], tag="ps/move_out"):
     """Step 1: copies of variables ``keys`` and of their optimizer slots, and a mark of the
     change clock."""
 
-    reply = MoveOutReply
     keys: Keys
     stage: Stage
     #: dynamic table key -> the slices of it to move
     tables: dict[Name, SliceSet] = {}
 
 
-class FinishMove(Owned, tag="ps/move_finish"):
+class FinishMove(Owned[FinishReply], tag="ps/move_finish"):
     """Step 3: stop serving ``keys`` (refusing them with ``placement``); reply with the rows
     changed since ``mark``, the variables' exactly-once records, and the fences."""
-
-    reply = FinishReply
 
     keys: Keys
     stage: Stage
@@ -316,21 +321,19 @@ class RecordsReply(Reply):
     once: list[OnceRecord]
 
 
-class ReadRecords(Operation, tag="ps/records"):
+class ReadRecords(Operation[RecordsReply], tag="ps/records"):
     """The exactly-once records of variables ``names`` on this ps: a replacement hands them
     to a lost optimizer step counter's copy, with the value of the counter that survived,
     so that a step counted on the survivor before the loss is not counted again on it."""
 
-    reply = RecordsReply
     names: Keys
 
 
-class InstallVariables(Owned, tag="ps/install"):
+class InstallVariables(Owned[InstallReply], tag="ps/install"):
     """Steps 2 and 4 on the receiving ps: ``vars`` staged (not served); then, with
     ``activate``, ``patches`` applied, the exactly-once records and fences merged, and the
     variables served under ``placement``."""
 
-    reply = MoveReply
     stage: Stage
     vars: Annotated[list[VariableCopy], msgspec.Meta(max_length=1 << 16)] = []
     activate: bool = False
@@ -343,11 +346,10 @@ class InstallVariables(Owned, tag="ps/install"):
     table_patches: Annotated[list[TablePatch], msgspec.Meta(max_length=1 << 12)] = []  # activate
 
 
-class EndMove(Owned, tag="ps/move_end"):
+class EndMove(Owned[EndReply], tag="ps/move_end"):
     """Step 5: ``commit``: drop the copies of the variables moved out in ``stage``; else
     (the move failed) serve them again. On a receiving ps, not committed: drop what was
     staged."""
 
-    reply = MoveReply
     stage: Stage
     commit: bool

@@ -19,7 +19,7 @@ in :mod:`pstrain._formats.messages.operations`.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar, get_args, get_origin
 
 import msgspec
 import numpy as np
@@ -27,8 +27,8 @@ import numpy as np
 from ..._base.errors import InvalidArgumentError, ProtocolError
 from ..._base.tags import read_tags, sender_owner, update_tags
 
-__all__ = ["AsOf", "Mutation", "OptimizerRule", "Operation", "Owned", "Record", "Reply", "TableSpec",
-           "convert_reply", "sender_fields", "validate"]
+__all__ = ["AsOf", "FreeForm", "Mutation", "OptimizerRule", "Operation", "Owned", "Record", "Reply",
+           "TableSpec", "convert_reply", "sender_fields", "validate"]
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
 DType = Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
@@ -58,16 +58,35 @@ class Reply(msgspec.Struct, omit_defaults=True):
     """Base of reply records. Unknown fields are allowed: a newer server may add some."""
 
 
-class Operation(Record, tag_field="op", kw_only=True):
-    """One operation, declared once: a subclass's msgspec tag is the op name (``vars/read``),
-    ``reply`` the class its reply converts to (None: a free-form mapping, as ``statistics``),
+#: An operation's reply: a :class:`Reply` record, or a free-form mapping (``statistics``).
+R = TypeVar("R", covariant=True)
+#: The reply of a free-form operation (counters for ``pstrain status``, a table's export).
+FreeForm = dict[str, Any]
+
+
+class Operation(Record, Generic[R], tag_field="op", kw_only=True):
+    """One operation, declared once: ``class ReadVariables(Operation[ValuesReply],
+    tag="vars/read")``. Its msgspec tag is the op name, its type parameter the class its
+    reply converts to (``reply``, set from it; ``FreeForm``: a mapping left as it is),
     ``pickle`` whether its body may carry pickles (it runs code), ``stream`` whether its
     handler sends partial replies. The op name travels in the frame (or the URL), not in
-    the body: a body without the tag is that operation's."""
+    the body: a body without the tag is that operation's.
+
+    Both ends are typed by the parameter: ``await channel.request(ReadVariables(...))`` is
+    a ``ValuesReply``, and a handler routed to ``ReadVariables`` must return one.
+    """
 
     reply: ClassVar[type[Reply] | None] = None
     pickle: ClassVar[bool] = False
     stream: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in getattr(cls, "__orig_bases__", ()):
+            args = get_args(base)
+            if get_origin(base) is not None and args and not isinstance(args[0], TypeVar):
+                reply = args[0]
+                cls.reply = reply if isinstance(reply, type) and issubclass(reply, Reply) else None
 
     @classmethod
     def op(cls) -> str:
@@ -76,7 +95,7 @@ class Operation(Record, tag_field="op", kw_only=True):
         return tag
 
 
-class Owned(Operation, kw_only=True):
+class Owned(Operation[R], kw_only=True):
     """An operation that names the coordinator incarnation it works for (a move's steps, a
     new map, a restore, a table lookup; the channel fills it in), so a ps refuses it once
     a newer coordinator took that one over."""
@@ -84,7 +103,7 @@ class Owned(Operation, kw_only=True):
     owner: Owner | None = None
 
 
-class Mutation(Owned, kw_only=True):
+class Mutation(Owned[R], kw_only=True):
     """An operation that changes variables: it carries who sent it, fenced per coordinator
     incarnation and worker dispatch, and, from an exactly-once closure, its key and
     position (the channel fills these in from the sender's context)."""
@@ -93,7 +112,7 @@ class Mutation(Owned, kw_only=True):
     once: Once | None = None
 
 
-def sender_fields(operation: type[Operation], task: str, owner: str | None) -> dict[str, Any]:
+def sender_fields(operation: type[Operation[Any]], task: str, owner: str | None) -> dict[str, Any]:
     """What an operation sent to ``task`` by ``owner`` (a coordinator incarnation) carries
     of its sender: an update its owner and, in a closure, its dispatch's fence and its
     exactly-once key; another operation that names its coordinator (a move's step, a
@@ -176,21 +195,71 @@ class HealthReply(Reply):
     incarnation: str | None = None
 
 
-class CountReply(Reply):
-    #: ``ckpt/commit``: the ps's incarnation, which now holds restored state
-    incarnation: str | None = None
-    created: Count | None = None
-    updated: Count | None = None
-    deleted: Count | None = None
+class EmptyReply(Reply):
+    """Done, with nothing to say (``worker/reset_channels``, ``server/shutdown``)."""
+
+
+class CreatedReply(Reply):
+    """``vars/create`` and ``dyn/create``: what was created (0: it existed already)."""
+
+    created: Count
+
+
+class DeletedReply(Reply):
+    deleted: Count
+
+
+class UpdatedReply(Reply):
+    """``vars/update`` and the one-variable updates: the updates applied."""
+
+    updated: Count
+
+
+class FencedReply(Reply):
+    """``ps/fence``: the epoch the worker's updates are fenced below now."""
+
+    fenced: Count
+
+
+class CancelReply(Reply):
+    """``worker/cancel``: the closures in flight that were told to stop."""
+
+    cancelling: Count
+
+
+class DroppedReply(Reply):
+    """``worker/drop_resources``: the resources the worker still holds."""
+
+    resources: Count
+
+
+class HurriedReply(Reply):
+    """``delta/hurry``: the spread writes told to go at once."""
+
+    hurried: Count
+
+
+class RestoreReply(Reply):
+    """``ckpt/restore`` and ``dyn/restore``: values restored now, or staged as ``stage``
+    (committed or aborted later)."""
+
     restored: Count | None = None
     staged: Count | None = None
     stage: str | None = None
-    aborted: bool | None = None
-    cancelling: Count | None = None
-    resources: Count | None = None
-    fenced: Count | None = None
-    #: ``delta/hurry``: the spread writes told to go at once
-    hurried: Count | None = None
+
+
+class CommitReply(Reply):
+    """``ckpt/commit``: what the staged restore put in place, and the ps's incarnation,
+    which now holds restored state."""
+
+    restored: Count
+    incarnation: str
+
+
+class AbortReply(Reply):
+    """``ckpt/abort``: whether anything was staged to drop."""
+
+    aborted: bool
 
 
 class ValuesReply(Reply):

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..._base.errors import InvalidArgumentError
 from ..._formats.messages.operations import ApplyGradients, CallVariables
+from ..._formats.messages.records import CallReply, StepReply
 from ..._formats.numerics.optimizer_rules import RULES, slot_shape, slot_specs
 from ..._formats.numerics.schedules import from_spec
 from ..._kernels.batches import merge_duplicates
@@ -20,7 +21,7 @@ from .tables.handlers import TableHandlers
 __all__ = ["apply_gradients", "call_function"]
 
 
-def apply_gradients(store: VariableStore, tables: TableHandlers, req: ApplyGradients) -> dict[str, Any]:
+def apply_gradients(store: VariableStore, tables: TableHandlers, req: ApplyGradients) -> StepReply:
     """Apply one optimizer step to the gradients of the variables on this ps, all or nothing.
 
     ``grads`` are ``[variable, rows | None, values]``. Slots live here as variables
@@ -93,10 +94,10 @@ def apply_gradients(store: VariableStore, tables: TableHandlers, req: ApplyGradi
         rule(var, grad, rows, arrays, cfg, step)
     for table, ids, grad, table_slots, pos in table_plan:
         table.apply(rule, ids, grad, table_slots, cfg, step, pos)
-    return {"t": step}
+    return StepReply(t=step)
 
 
-def call_function(store: VariableStore, req: CallVariables) -> dict[str, Any]:
+def call_function(store: VariableStore, req: CallVariables) -> CallReply:
     """Run a caller's function on arrays of this ps (``strategy.extended.update``).
 
     ``fn`` gets the variables as writable arrays, then ``args`` where every
@@ -124,4 +125,4 @@ def call_function(store: VariableStore, req: CallVariables) -> dict[str, Any]:
     except Exception as exc:  # the caller's code: say what it raised, not where on this host
         raise InvalidArgumentError(f"the function given to extended.update raised "
                                    f"{type(exc).__name__}: {exc}") from exc
-    return {"result": result}
+    return CallReply(result=result)

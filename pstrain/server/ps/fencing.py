@@ -21,7 +21,7 @@ import functools
 import inspect
 import itertools
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import msgspec
 import numpy as np
@@ -36,8 +36,12 @@ from ..._formats.messages.operations import (
     UpdateVariables,
 )
 from ..._formats.messages.placement_map import FenceRecord, OnceRecord
+from ..._formats.messages.records import FencedReply
 from ..._formats.numerics.idhash import in_slices
 
+#: A handler's reply, and the update it handles.
+T = TypeVar("T")
+M = TypeVar("M")
 #: The part of a dynamic table an update covered on a ps: ``(slices, owned)`` (its ids in
 #: ``shard_of(id, slices)`` in ``owned``), or None: every id sent to it.
 Scope = tuple[int, tuple[int, ...]] | None
@@ -78,13 +82,13 @@ class Fencing:
         #: returns (if anything) once it has been (the ps's before images).
         self.before_update: Callable[[Any, Any], Callable[[], None] | None] = lambda once, req: None
 
-    def fence(self, req: Fence) -> dict[str, Any]:
+    def fence(self, req: Fence) -> FencedReply:
         """From now on, refuse updates sent for ``owner`` by ``worker``'s dispatches before
         ``epoch`` (that coordinator declared it lost: its closures run elsewhere). A
         superseded coordinator's fence is refused before this (``ParameterServer.route``)."""
         key = (req.owner, req.worker)
         self.fences[key] = max(self.fences.get(key, 0), req.epoch)
-        return {"fenced": self.fences[key]}
+        return FencedReply(fenced=self.fences[key])
 
     def supersede(self, owners: set[str | None], by: str | None) -> None:
         """A coordinator ``by`` took over variables or tables of ``owners``: from now on
@@ -107,7 +111,7 @@ class Fencing:
                 f"{self.task} refused {what} from coordinator {owner[:8]}: a newer coordinator "
                 "took this ps over (the old one must stop; its work is the new one's now)")
 
-    def owned(self, fn: Callable[..., Any], what: str) -> Callable[..., Any]:
+    def owned(self, fn: Callable[..., T], what: str) -> Callable[..., T]:
         """``fn`` (a handler, plain or async) refusing first a request sent for a coordinator
         a newer one took this ps over from: a zombie coordinator creates, restores or moves
         nothing here (nor takes the ps back by creating its variables again)."""
@@ -119,13 +123,12 @@ class Fencing:
             def handler(req: Any, *rest: Any) -> Any:  # type: ignore[misc]
                 self.refuse_superseded(req.owner, what)
                 return fn(req, *rest)
-        return functools.wraps(fn)(handler)
+        return cast(Callable[..., T], functools.wraps(fn)(handler))  # plain or async, as fn
 
-    def guarded(self, fn: Callable[[Any], dict[str, Any]], once: bool = True
-                 ) -> Callable[[Any], dict[str, Any]]:
+    def guarded(self, fn: Callable[[M], T], once: bool = True) -> Callable[[M], T]:
         """``fn`` behind the fence, and, with ``once``, applied once per exactly-once key and
         sequence number (a retry gets the first attempt's reply)."""
-        def handler(req: Any) -> dict[str, Any]:
+        def handler(req: Any) -> T:
             self.refuse_superseded(req.owner, "an update")
             fence = req.fence
             if fence is not None and fence[1] < self.fences.get((req.owner, fence[0]), 0):
@@ -142,7 +145,7 @@ class Fencing:
                 book.move_to_end(key[0])
                 req = _narrowed(req, done[0], done[2])  # the rest moved here since that attempt
                 if not _names(req):
-                    return done[1]  # applied by an earlier attempt of this closure
+                    return cast(T, done[1])  # applied by an earlier attempt of this closure
             reply = _applied(fn, req, self.before_update(key, req))
             tables = req.tables or () if isinstance(req, ApplyGradients) else ()
             self._record(key[0], key[1], _names(req), reply,
@@ -170,9 +173,10 @@ class Fencing:
     def _book(self, key: str) -> collections.OrderedDict[str, Any]:
         return self._ops if key.startswith(OP_PREFIX) else self._done
 
-    def records_of(self, names: set[str]) -> list[list[Any]]:
+    def records_of(self, names: set[str]) -> list[OnceRecord]:
         """The exactly-once records of variables and tables ``names`` (a move takes them
-        along): ``[closure key, operation, [names], reply, {table: [part covered]}]``."""
+        along): ``[closure key, operation, [names], reply, {table: [part covered]}]`` (lists
+        on the wire, as the declared tuples are)."""
         out = []
         for key, entry in itertools.chain(self._done.items(), self._ops.items()):
             for seq, (applied, reply, scopes) in entry.items():
@@ -181,7 +185,7 @@ class Fencing:
                     parts = {t: [list(p) if p is not None else None for p in ps]
                              for t, ps in scopes.items() if t in mine}
                     out.append([key, seq, sorted(mine), reply, parts])
-        return out
+        return cast(list[OnceRecord], out)
 
     def adopt(self, records: list[OnceRecord], fences: list[FenceRecord], superseded: list[str]) -> None:
         """Take over what another ps knew of the variables moved here: their exactly-once
@@ -195,13 +199,13 @@ class Fencing:
             self.fences[owner, worker] = max(self.fences.get((owner, worker), 0), epoch)
         self.supersede(set(superseded), None)
 
-    def state(self) -> tuple[list[list[Any]], list[str]]:
+    def state(self) -> tuple[list[FenceRecord], list[str]]:
         """The fences (``[owner, worker, epoch]``) and superseded owners, to pass along."""
-        return ([[o, w, e] for (o, w), e in self.fences.items()], list(self.superseded))
+        return (cast(list[FenceRecord], [[o, w, e] for (o, w), e in self.fences.items()]),
+                list(self.superseded))
 
 
-def _applied(fn: Callable[[Any], dict[str, Any]], req: Any, then: Callable[[], None] | None
-             ) -> dict[str, Any]:
+def _applied(fn: Callable[[Any], T], req: Any, then: Callable[[], None] | None) -> T:
     reply = fn(req)
     if then is not None:
         then()

@@ -52,11 +52,26 @@ from ..._formats.messages.operations import (
     UpdateKind,
     UpdateVariables,
 )
-from ..._formats.messages.records import Mutation, Operation
+from ..._formats.messages.records import (
+    AbortReply,
+    CallReply,
+    CommitReply,
+    CreatedReply,
+    DeletedReply,
+    ListReply,
+    Mutation,
+    Operation,
+    R,
+    RestoreReply,
+    StepReply,
+    UpdatedReply,
+    ValuesReply,
+    VariableInfo,
+)
 from ..._kernels import KERNELS
 from ..._kernels.batches import take_rows
 from ..._serving.base import ServerBase
-from ..._serving.core import Pinned
+from ..._serving.core import HandlerFn, Pinned
 from .before_images import BeforeImages
 from .checkpoints import saves as ps_checkpoint
 from .checkpoints.deltas import Deltas
@@ -142,16 +157,13 @@ class ParameterServer(ServerBase):
         self.before_images = BeforeImages(self.store, self.tables)
         self.fencing.before_update = self.before_images.capture
         self.table_handlers.as_of = self.before_images.table_rows
-        for operation, handler in self.table_handlers.routes().items():
-            self.route(operation, handler)
+        self.table_handlers.install(self.route)
         self.route(LookupTables, self.lookup_tables)  # tables and variables: both halves here
         #: Variables and table slices moving in and out (an elastic ps joined or leaves).
         self.moves = Moves(self.store, self.fencing, self.max_store_bytes, self.table_handlers)
-        for operation, handler in self.moves.routes().items():
-            self.route(operation, handler)
+        self.moves.install_routes(self.route)
         self.deltas = Deltas(self.checkpoints, self.feed, self.incarnation)
-        for operation, handler in self.deltas.routes().items():
-            self.route(operation, handler)
+        self.deltas.install(self.route)
         self.route(RestoreCheckpoint, self.restore_checkpoint)
         self.route(CommitRestore, self.commit_restore)
         self.route(AbortRestore, self.abort_restore)
@@ -161,7 +173,7 @@ class ParameterServer(ServerBase):
             self.refuse(CallVariables, f"{self.task} refuses pickled functions (started with "
                                      "--no-pickle): strategy.extended.update cannot run here")
 
-    def route(self, operation: type[Operation], fn: Callable[..., Any]) -> None:
+    def route(self, operation: type[Operation[R]], fn: HandlerFn[R]) -> None:
         if "owner" in operation.__struct_fields__ and not issubclass(operation, Mutation):
             # (an update checks it behind its fence) a zombie coordinator changes nothing here
             fn = self.fencing.owned(fn, operation.op())
@@ -178,7 +190,7 @@ class ParameterServer(ServerBase):
         self.checkpoints.hurry(stop=True)  # a delta spread over some seconds: the rest at once
 
     # -- create / delete / list ----------------------------------------------------------------
-    async def create(self, req: CreateVariables) -> dict[str, Any]:
+    async def create(self, req: CreateVariables) -> CreatedReply:
         """Create variables, all or none. Initializers run off the serving loop."""
         names: set[str] = set()
         planned = []
@@ -220,19 +232,19 @@ class ParameterServer(ServerBase):
                            "replacing those of %s, with their optimizer slots: %s", self.task,
                            len(replaced), req.owner, sorted({str(r.owner) for r in replaced}),
                            ", ".join(r.name for r in replaced[:10]))
-        return {"created": len(records)}
+        return CreatedReply(created=len(records))
 
-    def delete(self, req: DeleteVariables) -> dict[str, Any]:
-        return {"deleted": self.store.delete(req.names)}
+    def delete(self, req: DeleteVariables) -> DeletedReply:
+        return DeletedReply(deleted=self.store.delete(req.names))
 
-    def list_variables(self, req: ListVariables) -> dict[str, Any]:
-        return {"variables": [
-            {"name": r.name, "dtype": r.dtype.str, "shape": r.shape,
-             "trainable": r.trainable, "nbytes": r.nbytes}
-            for r in self.store]}
+    def list_variables(self, req: ListVariables) -> ListReply:
+        return ListReply(variables=[
+            VariableInfo(name=r.name, dtype=r.dtype.str, shape=list(r.shape), trainable=r.trainable,
+                         nbytes=r.nbytes)
+            for r in self.store])
 
     # -- reads ---------------------------------------------------------------------------------
-    def read(self, req: ReadVariables) -> Pinned:
+    def read(self, req: ReadVariables) -> Pinned[ValuesReply]:
         """The variables named, whole (pinned, not copied). A name may appear once, and the
         reply is at most ``max_reply_bytes``: what a request makes the ps send follows what
         the ps holds, never how often a short request repeats a name."""
@@ -256,9 +268,9 @@ class ParameterServer(ServerBase):
         values = [r.array for r in records]
         if req.as_of is not None:  # a read of an exactly-once closure (a rerun's, maybe)
             values = [self.before_images.whole(n, req.as_of, v) for n, v in zip(req.names, values)]
-        return Pinned({"values": values}, release)
+        return Pinned(ValuesReply(values=values), release)
 
-    def sparse_read(self, req: SparseRead) -> dict[str, Any] | Pinned:
+    def sparse_read(self, req: SparseRead) -> ValuesReply | Pinned[ValuesReply]:
         """Rows of variables (copied), and whole variables (``indices`` None; pinned, not
         copied): one request reads a step's rows of every table and its dense variables."""
         if req.reads is not None:
@@ -271,11 +283,11 @@ class ParameterServer(ServerBase):
             raise InvalidArgumentError("vars/sparse_read: give 'reads', or 'name' and 'indices'")
         return self._reads(self._plan_reads(reads, "vars/sparse_read"), [], req.as_of)
 
-    def lookup_tables(self, req: LookupTables) -> dict[str, Any] | Pinned:
+    def lookup_tables(self, req: LookupTables) -> ValuesReply | Pinned[ValuesReply]:
         """``dyn/lookup_many``: dynamic tables' rows and variables' reads in one request; all
         of it checked before a table admits a row."""
         planned = self._plan_reads([(r.name, r.indices) for r in req.reads or ()], "dyn/lookup_many")
-        tables = self.table_handlers.lookup_tables(req)["values"]
+        tables = self.table_handlers.lookup_tables(req).values
         return self._reads(planned, tables, req.as_of)
 
     def _plan_reads(self, reads: list[tuple[str, np.ndarray | None]],
@@ -308,7 +320,7 @@ class ParameterServer(ServerBase):
         return planned
 
     def _reads(self, planned: list[tuple[VariableRecord, np.ndarray | None]], first: list[Any],
-               as_of: Any) -> dict[str, Any] | Pinned:
+               as_of: Any) -> ValuesReply | Pinned[ValuesReply]:
         """The reply: ``first`` (values already made), then ``planned``'s reads: rows copied,
         whole variables pinned until the reply is sent."""
         values = [record.array if idx is None else take_rows(record.array, idx)
@@ -318,14 +330,14 @@ class ParameterServer(ServerBase):
                       else self.before_images.rows(record.name, as_of, idx, v)
                       for (record, idx), v in zip(planned, values)]
         if all(idx is not None for _, idx in planned):
-            return {"values": first + values}
+            return ValuesReply(values=first + values)
         releases = [record.pin() for record, idx in planned if idx is None]
 
         def release() -> None:
             for r in releases:
                 r()
 
-        return Pinned({"values": first + values}, release)
+        return Pinned(ValuesReply(values=first + values), release)
 
     def statistics(self, req: Any) -> dict[str, Any]:
         out = super().statistics(req)
@@ -340,17 +352,17 @@ class ParameterServer(ServerBase):
         return out
 
     # -- updates -------------------------------------------------------------------------------
-    def single_update(self, req: SingleUpdate) -> dict[str, Any]:
+    def single_update(self, req: SingleUpdate) -> UpdatedReply:
         """One variable's update, the kind its class says (``vars/assign`` ...)."""
         self._plan(req.kind, req)()
-        return {"updated": 1}
+        return UpdatedReply(updated=1)
 
-    def update(self, req: UpdateVariables) -> dict[str, Any]:
+    def update(self, req: UpdateVariables) -> UpdatedReply:
         """Apply a batch of updates, all or nothing."""
         plan = [self._plan(entry.op, entry) for entry in req.updates]  # raises before anything changes
         for apply in plan:
             apply()
-        return {"updated": len(plan)}
+        return UpdatedReply(updated=len(plan))
 
     def _plan(self, kind: UpdateKind, entry: Update | SingleUpdate) -> Callable[[], None]:
         record = self.store.get(entry.name)
@@ -391,30 +403,29 @@ class ParameterServer(ServerBase):
         return add_rows
 
     # -- optimizers and functions run where the variables live (compute.py) ----------------------
-    def apply_optimizer(self, req: ApplyGradients) -> dict[str, Any]:
+    def apply_optimizer(self, req: ApplyGradients) -> StepReply:
         return apply_gradients(self.store, self.table_handlers, req)
 
-    def call_function(self, req: CallVariables) -> dict[str, Any]:
+    def call_function(self, req: CallVariables) -> CallReply:
         return call_function(self.store, req)
 
-    async def restore_checkpoint(self, req: RestoreCheckpoint) -> dict[str, Any]:
+    async def restore_checkpoint(self, req: RestoreCheckpoint) -> RestoreReply:
         """Read variables from checkpoint files; with ``stage``, hold them until committed."""
         return await self.checkpoints.restore(req)
 
-    def commit_restore(self, req: CommitRestore) -> dict[str, Any]:
+    def commit_restore(self, req: CommitRestore) -> CommitReply:
         """Put a staged restore in place, its variables and its tables (each with the share
         of its capacity ``req.tables`` gives it), all checked before any changes; the reply
         names this ps's incarnation, which the coordinator then knows holds restored state
         (a restart followed by a restore)."""
         install_tables = self.table_handlers.commit_tables(req.stage, req.tables)
         if req.stage in self.table_handlers.staged and not self.checkpoints.has_stage(req.stage):
-            reply: dict[str, Any] = {"restored": 0}  # tables only
+            restored = 0  # tables only
         else:
-            reply = self.checkpoints.commit(req.stage)
-        reply["restored"] += install_tables()
-        return {**reply, "incarnation": self.incarnation}
+            restored = self.checkpoints.commit(req.stage)
+        return CommitReply(restored=restored + install_tables(), incarnation=self.incarnation)
 
-    async def abort_restore(self, req: AbortRestore) -> dict[str, Any]:
+    async def abort_restore(self, req: AbortRestore) -> AbortReply:
         tables = self.table_handlers.abort_tables(req.stage)
-        reply = await self.checkpoints.abort(req.stage)
-        return {"aborted": bool(reply["aborted"]) or tables}
+        aborted = await self.checkpoints.abort(req.stage)
+        return AbortReply(aborted=aborted or tables)

@@ -42,6 +42,7 @@ from ..._formats.messages.operations import (
     ResetChannels,
     RunClosures,
 )
+from ..._formats.messages.records import CancelReply, ConfigureReply, DroppedReply, EmptyReply, ResourceReply
 from ..._serving.base import ServerBase
 from ..._serving.core import Encoded
 from ..._transport.rpc import ChannelPool
@@ -147,7 +148,7 @@ class WorkerServer(ServerBase):
     def joined(self, value: bool) -> None:
         self.answers_any_index = value
 
-    def configure(self, req: Configure) -> dict[str, Any]:
+    def configure(self, req: Configure) -> ConfigureReply:
         """The coordinator tells the worker where the ps are."""
         self._refuse_if_draining()
         if self.joined and req.index is not None and req.index != self.index:
@@ -160,7 +161,7 @@ class WorkerServer(ServerBase):
             self.channels = ChannelPool(spec, self.token, ssl_context=self.client_ssl)
             if old is not None and self.runner.cloop is not None:
                 self.tasks.spawn(self.runner.loop.run(old.close()))
-        return {"incarnation": self.incarnation, "index": self.index}
+        return ConfigureReply(incarnation=self.incarnation, index=self.index)
 
     async def run_closures(self, req: RunClosures, emit: Callable[[Any], None] | None) -> Encoded:
         """Run a batch of closures; partial replies carry results as they finish."""
@@ -196,12 +197,12 @@ class WorkerServer(ServerBase):
                 f"{self.task} restarted since the coordinator connected (it has none of the "
                 "functions or resources sent before); reconnect")
 
-    def cancel(self, req: CancelClosures) -> dict[str, Any]:
+    def cancel(self, req: CancelClosures) -> CancelReply:
         """Cancel running or queued closures by id; ids of closures not in flight are ignored
         (they would otherwise accumulate and cancel a later closure that reuses the id)."""
-        return {"cancelling": len(self.runner.cancel(req.ids))}
+        return CancelReply(cancelling=len(self.runner.cancel(req.ids)))
 
-    async def create_resource(self, req: CreateResource) -> dict[str, Any]:
+    async def create_resource(self, req: CreateResource) -> ResourceReply:
         """Build a per-worker resource: ``dataset`` (call fn), ``iterator`` (iter of one)."""
         self._check_incarnation(req.incarnation)
         rid, kind, fn, of = req.rid, req.kind, req.fn, req.of
@@ -228,17 +229,17 @@ class WorkerServer(ServerBase):
             self.resources[rid] = await asyncio.get_running_loop().run_in_executor(None, ctx.run, build)
         except Exception as exc:
             self.resources[rid] = FailedResource(exc)
-            return {"rid": rid, "error": exception_payload(exc)}
-        return {"rid": rid}
+            return ResourceReply(rid=rid, error=exception_payload(exc))
+        return ResourceReply(rid=rid)
 
-    def reset_channels(self, req: ResetChannels) -> dict[str, Any]:
+    def reset_channels(self, req: ResetChannels) -> EmptyReply:
         """The coordinator found ``job:index`` unreachable: drop our connections to it, so the
         closures using them fail now and later ones reach it afresh once it is back."""
         if self.channels is not None:
             self.channels.reset(req.job, req.index)
-        return {}
+        return EmptyReply()
 
-    def drop_resources(self, req: DropResources) -> dict[str, Any]:
+    def drop_resources(self, req: DropResources) -> DroppedReply:
         for rid in req.rids:
             self.resources.pop(rid, None)
-        return {"resources": len(self.resources)}
+        return DroppedReply(resources=len(self.resources))

@@ -33,7 +33,6 @@ delta that fails on one ps is simply taken again, larger, by the next one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -41,8 +40,15 @@ import numpy as np
 from ...._base.errors import FailedPreconditionError, NotFoundError
 from ...._formats.files.direct_writes import ahead_for
 from ...._formats.files.tensor_files import whole
-from ...._formats.messages.checkpoint_operations import HurryDeltas, SaveDelta, TakeMark
-from ...._formats.messages.records import Operation
+from ...._formats.messages.checkpoint_operations import (
+    DeltaReply,
+    HurryDeltas,
+    MarkReply,
+    SaveDelta,
+    TakeMark,
+)
+from ...._formats.messages.records import HurriedReply
+from ...._serving.core import Router
 from ..store import Snapshot, VariableRecord
 from ..tables.dynamic_table import DynamicTable
 from ..tables.handlers import shard_tensors
@@ -65,16 +71,19 @@ class Deltas:
         self.tables: dict[str, DynamicTable] = feed.tables
         self.incarnation = incarnation
 
-    def routes(self) -> dict[type[Operation], Callable[..., Any]]:
-        return {TakeMark: self.take_mark, SaveDelta: self.save_delta, HurryDeltas: self.hurry}
+    def install(self, route: Router) -> None:
+        """Route the delta operations to their handlers here."""
+        route(TakeMark, self.take_mark)
+        route(SaveDelta, self.save_delta)
+        route(HurryDeltas, self.hurry)
 
-    def hurry(self, req: HurryDeltas) -> dict[str, Any]:
-        return {"hurried": self.checkpoints.hurry()}
+    def hurry(self, req: HurryDeltas) -> HurriedReply:
+        return HurriedReply(hurried=self.checkpoints.hurry())
 
-    def take_mark(self, req: TakeMark) -> dict[str, Any]:
-        return {"incarnation": self.incarnation, "mark": self.store.clock.mark()}
+    def take_mark(self, req: TakeMark) -> MarkReply:
+        return MarkReply(incarnation=self.incarnation, mark=self.store.clock.mark())
 
-    async def save_delta(self, req: SaveDelta) -> dict[str, Any]:
+    async def save_delta(self, req: SaveDelta) -> DeltaReply:
         if req.incarnation != self.incarnation:
             raise FailedPreconditionError(
                 f"delta/save: {self.store.task} is incarnation {self.incarnation}, not "
@@ -161,5 +170,5 @@ class Deltas:
                 table.end_snapshot(save)
         for name in tables:
             self.feed.saved(name, req.path)
-        return {"incarnation": self.incarnation, "mark": mark, "bytes": saved["bytes"],
-                "rows": rows, "removed": removed, "written": written, "whole": written_whole}
+        return DeltaReply(incarnation=self.incarnation, mark=mark, bytes=saved["bytes"], rows=rows,
+                          removed=removed, written=written, whole=written_whole)

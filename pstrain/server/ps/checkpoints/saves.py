@@ -42,6 +42,7 @@ from ...._formats.files import direct_writes
 from ...._formats.files.delta_files import TableState, read_table_state
 from ...._formats.files.tensor_files import SAFETENSORS_DTYPES, read_rows, whole, write_streaming
 from ...._formats.messages.checkpoint_operations import RestoreCheckpoint, RestoreSpec, SaveCheckpoint
+from ...._formats.messages.records import RestoreReply
 from ...._formats.numerics.idhash import Shard
 from ..store import VariableRecord, VariableStore
 
@@ -271,7 +272,7 @@ class CheckpointFiles:
                    for file, rows_key, idx_key, shift in spec.patches]
         return shape, dtype, sources, patches
 
-    async def restore(self, req: RestoreCheckpoint) -> dict[str, Any]:
+    async def restore(self, req: RestoreCheckpoint) -> RestoreReply:
         checked = [(spec, *self._check_sources(spec)) for spec in req.vars]  # all, before any read
         names = [spec.name for spec, *_ in checked]
         if len(set(names)) != len(names):
@@ -312,9 +313,9 @@ class CheckpointFiles:
             # timer holds the name only: a stage ended sooner is not kept alive by it)
             timer = asyncio.get_running_loop().call_later(STAGE_TTL_S, self._staged.pop, req.stage, None)
             self._staged[req.stage] = (built, released, timer)
-            return {"staged": len(built), "stage": req.stage}
+            return RestoreReply(staged=len(built), stage=req.stage)
         self._put(built)
-        return {"restored": len(built)}
+        return RestoreReply(restored=len(built))
 
     def _room_to_stage(self) -> None:
         if len(self._staged) >= MAX_STAGED:
@@ -339,7 +340,7 @@ class CheckpointFiles:
         """Whether variables are staged as ``stage``."""
         return stage in self._staged
 
-    def commit(self, stage: str) -> dict[str, Any]:
+    def commit(self, stage: str) -> int:
         """Put a staged restore in place (all its variables at once)."""
         entry = self._take_stage(stage)
         if entry is None:
@@ -348,13 +349,13 @@ class CheckpointFiles:
         built = entry[0]
         self._check_fits(built)
         self._put(built)
-        return {"restored": len(built)}
+        return len(built)  # restored
 
-    async def abort(self, stage: str) -> dict[str, Any]:
+    async def abort(self, stage: str) -> bool:
         entry = self._take_stage(stage)
         if entry is not None:
             await remake_initial(entry[1])
-        return {"aborted": entry is not None}
+        return entry is not None  # aborted
 
     def staged_bytes(self) -> int:
         """Bytes held by restores staged and not yet committed."""

@@ -31,15 +31,22 @@ import numpy as np
 from ...._base.errors import FailedPreconditionError, InvalidArgumentError
 from ...._formats.messages.placement_map import (
     EndMove,
+    EndReply,
     FinishMove,
+    FinishReply,
+    InstallReply,
     InstallVariables,
     MoveOut,
+    MoveOutReply,
     ReadRecords,
+    RecordsReply,
     SliceSet,
     TableCopy,
+    TablePatch,
     VariableCopy,
+    VariablePatch,
 )
-from ...._serving.core import Pinned
+from ...._serving.core import Pinned, Router
 from ..fencing import Fencing
 from ..store import VariableRecord, VariableStore
 from ..tables.dynamic_table import DynamicTable, TableConfig
@@ -82,15 +89,20 @@ class Moves:
         store.staged.append(self.staged_bytes)
         fencing.on_supersede.append(self._superseded)
 
-    def routes(self) -> dict[type, Any]:
-        return {**self.map.routes(), MoveOut: self.move_out, FinishMove: self.finish,
-                InstallVariables: self.install, EndMove: self.end, ReadRecords: self.read_records}
+    def install_routes(self, route: Router) -> None:
+        """Route the move operations (and the placement map's) to their handlers here."""
+        self.map.install(route)
+        route(MoveOut, self.move_out)
+        route(FinishMove, self.finish)
+        route(InstallVariables, self.install)
+        route(EndMove, self.end)
+        route(ReadRecords, self.read_records)
 
-    def read_records(self, req: ReadRecords) -> dict[str, Any]:
+    def read_records(self, req: ReadRecords) -> RecordsReply:
         """The exactly-once records of variables ``req.names`` here."""
-        return {"once": self.fencing.records_of(set(req.names))}
+        return RecordsReply(once=self.fencing.records_of(set(req.names)))
 
-    def move_out(self, req: MoveOut) -> Pinned:
+    def move_out(self, req: MoveOut) -> Pinned[MoveOutReply]:
         """Step 1: each variable with its slots, as it is now (pinned), and the clock's mark."""
         if req.stage in self.outgoing or req.stage in self.parked:
             raise InvalidArgumentError(f"ps/move_out: stage {req.stage!r} is already in use")
@@ -103,9 +115,9 @@ class Moves:
             for r, slot_of in [(record, None)] + [(s, record.name)
                                                     for s in self.store.slots_of(record.name)]:
                 releases.append(r.pin())
-                copies.append({"name": r.name, "value": r.array, "trainable": r.trainable,
-                               "owner": r.owner, "slot_of": slot_of})
-        table_copies = [table.copy_slices(moving) for table, moving in tables]
+                copies.append(VariableCopy(name=r.name, value=r.array, trainable=r.trainable,
+                                           owner=r.owner, slot_of=slot_of))
+        table_copies = [TableCopy(**table.copy_slices(moving)) for table, moving in tables]
         mark = self.store.clock.mark()
         self.outgoing[req.stage] = list(req.keys)
         self.outgoing_tables[req.stage] = dict(req.tables)
@@ -115,7 +127,7 @@ class Moves:
             for r in releases:
                 r()
 
-        return Pinned({"mark": mark, "vars": copies, "tables": table_copies}, release)
+        return Pinned(MoveOutReply(mark=mark, vars=copies, tables=table_copies), release)
 
     def _check_held(self, name: str, moving: SliceSet) -> None:
         """InvalidArgumentError unless this ps holds every slice of ``moving`` of table
@@ -135,7 +147,7 @@ class Moves:
                 f"ps/move_out: {self.store.task} does not hold slices {missing} of "
                 f"{moving.slices} of table {name!r} (it holds {sorted(held)}); nothing moved")
 
-    def finish(self, req: FinishMove) -> dict[str, Any]:
+    def finish(self, req: FinishMove) -> FinishReply:
         """Step 3, atomic on the loop: stop serving the variables and answer with what
         changed since the mark, and their exactly-once records."""
         self.stages.check("out", req)
@@ -153,27 +165,27 @@ class Moves:
             parked_tables.append((name, moving, self.tables.guards.get(name),
                                   req.capacity.get(name, table.config.capacity)))
             self.tables.guards.set(name, req.serving[name])  # refused from now on
-            table_patches.append(table.patch_slices(moving, req.mark))
+            table_patches.append(TablePatch(**table.patch_slices(moving, req.mark)))
         del self.outgoing_tables[req.stage]
         self.parked_tables[req.stage] = parked_tables
-        patches: list[list[Any]] = []
+        patches: list[VariablePatch] = []
         parked: list[tuple[VariableRecord, str | None]] = []
         for key in keys:
             for i, record in enumerate(self.store.take(key)):
                 rows = record.changed_rows(req.mark)
                 if rows is None:
-                    patches.append([record.name, None, record.array])
+                    patches.append((record.name, None, record.array))
                 elif rows.size:
-                    patches.append([record.name, rows, record.array[rows]])
+                    patches.append((record.name, rows, record.array[rows]))
                 parked.append((record, key if i else None))  # the first is the variable
             self.store.away[key] = "moved away from"
         del self.outgoing[req.stage]
         self.parked[req.stage] = parked
         fences, superseded = self.fencing.state()
-        return {"patches": patches, "once": self.fencing.records_of(set(keys) | set(tables)),
-                "fences": fences, "superseded": superseded, "tables": table_patches}
+        return FinishReply(patches=patches, once=self.fencing.records_of(set(keys) | set(tables)),
+                           fences=fences, superseded=superseded, tables=table_patches)
 
-    def install(self, req: InstallVariables) -> dict[str, Any]:
+    def install(self, req: InstallVariables) -> InstallReply:
         """Steps 2 (stage copies) and 4 (apply the changed rows, serve them)."""
         if not req.activate:
             if req.stage in self.incoming:
@@ -199,7 +211,7 @@ class Moves:
             for copy in req.vars:
                 if copy.slot_of is None:
                     self.store.away[copy.name] = "is arriving at"
-            return {"staged": len(req.vars) + len(req.tables)}
+            return InstallReply(staged=len(req.vars) + len(req.tables))
         if req.stage not in self.incoming:
             raise FailedPreconditionError(f"ps/install: nothing staged as {req.stage!r}")
         self.stages.check("in", req)
@@ -241,7 +253,7 @@ class Moves:
         self.fencing.adopt(req.once, req.fences, req.superseded)
         if req.placement is not None:
             self.map.adopt(req.placement, req.owner)
-        return {"installed": len(staged) + len(staged_tables)}
+        return InstallReply(installed=len(staged) + len(staged_tables))
 
     def _stale(self, req: InstallVariables) -> dict[str, Any]:
         """What this ps holds under the names of the arriving copies for a coordinator other
@@ -290,7 +302,7 @@ class Moves:
             self.tables.guards.set(copy.name, SliceSet(slices=copy.serving.slices, owned=before))
         return staged
 
-    def end(self, req: EndMove) -> dict[str, Any]:
+    def end(self, req: EndMove) -> EndReply:
         """Step 5: drop the parked copies (committed) or serve them again (aborted); on the
         receiving side, aborted: drop what was staged."""
         self.stages.check("out", req)
@@ -313,7 +325,7 @@ class Moves:
             if copy.slot_of is None:
                 self.store.away[copy.name] = "moved away from"
         tables = self._end_tables(req.stage, req.commit)
-        return {"ended": parked is not None or keys is not None or staged is not None or tables}
+        return EndReply(ended=parked is not None or keys is not None or staged is not None or tables)
 
     def _end_tables(self, stage: str, commit: bool) -> bool:
         """A move's end for its table slices: dropped from the source (committed) or served

@@ -13,9 +13,14 @@ one took over from is refused before its map gets here.
 
 from __future__ import annotations
 
-from typing import Any
-
-from ...._formats.messages.placement_map import PlacementMap, ReadPlacement, SetPlacement
+from ...._formats.messages.placement_map import (
+    PlacementMap,
+    PlacementReply,
+    ReadPlacement,
+    SetPlacement,
+    VersionReply,
+)
+from ...._serving.core import Router
 from ..store import VariableStore
 
 __all__ = ["PsMap"]
@@ -29,15 +34,17 @@ class PsMap:
         #: The coordinator incarnation that sent the map this ps knows.
         self.owner: str | None = None
 
-    def routes(self) -> dict[type, Any]:
-        return {SetPlacement: self.set_placement, ReadPlacement: self.read_placement}
+    def install(self, route: Router) -> None:
+        """Route the placement map's operations to their handlers here."""
+        route(SetPlacement, self.set_placement)
+        route(ReadPlacement, self.read_placement)
 
-    def set_placement(self, req: SetPlacement) -> dict[str, Any]:
+    def set_placement(self, req: SetPlacement) -> VersionReply:
         self.adopt(req.placement, req.owner)
-        return {"version": self.store.placement.version}
+        return VersionReply(version=self.store.placement.version)
 
-    def read_placement(self, _: ReadPlacement) -> dict[str, Any]:
-        return {"placement": self.store.placement}
+    def read_placement(self, _: ReadPlacement) -> PlacementReply:
+        return PlacementReply(placement=self.store.placement)
 
     def adopt(self, placement: PlacementMap, owner: str | None) -> None:
         """Know ``placement`` (sent for coordinator ``owner``) if it is newer: a higher

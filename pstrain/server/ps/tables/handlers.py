@@ -25,8 +25,9 @@ from ...._formats.messages.operations import (
     TableStatistics,
 )
 from ...._formats.messages.placement_map import TableCopy, TablePatch
-from ...._formats.messages.records import Operation
+from ...._formats.messages.records import CreatedReply, RestoreReply, SaveReply, ValuesReply
 from ...._formats.numerics.idhash import shard_of
+from ...._serving.core import Router
 from ..checkpoints.feed import TableFeed
 from ..checkpoints.saves import MAX_STAGED, STAGE_TTL_S, CheckpointFiles, Pending, Tensors
 from ..checkpoints.snapshots import Snapshot
@@ -87,10 +88,14 @@ class TableHandlers:
         #: ps's before images (``before_images.py``).
         self.as_of: Callable[[str, Any, np.ndarray, np.ndarray], np.ndarray] | None = None
 
-    def routes(self) -> dict[type[Operation], Callable[..., Any]]:
-        return {CreateTable: self.create_table, LookupTable: self.lookup_table,
-                TableStatistics: self.table_statistics, ExportTable: self.export_table,
-                RestoreTable: self.restore_table, SaveCheckpoint: self.save_checkpoint}
+    def install(self, route: Router) -> None:
+        """Route the table operations (and full saves, which write the tables too) here."""
+        route(CreateTable, self.create_table)
+        route(LookupTable, self.lookup_table)
+        route(TableStatistics, self.table_statistics)
+        route(ExportTable, self.export_table)
+        route(RestoreTable, self.restore_table)
+        route(SaveCheckpoint, self.save_checkpoint)
 
     def scope_of(self, name: str, ids: Any) -> tuple[int, tuple[int, ...]] | None:
         """The part of table ``name`` an update of ``ids`` here covers (what its exactly-once
@@ -134,7 +139,7 @@ class TableHandlers:
             raise NotFoundError(f"dynamic table {name!r} not found on {self.task}")
         return table
 
-    def create_table(self, req: CreateTable) -> dict[str, Any]:
+    def create_table(self, req: CreateTable) -> CreatedReply:
         """Create a table's shard here; the same configuration again is a no-op, another
         owner's table of that name is taken over (a restarted coordinator)."""
         config = TableConfig(**msgspec.structs.asdict(req.config))
@@ -155,7 +160,7 @@ class TableHandlers:
                     f"({existing.config.as_dict()})")
             if req.shard is not None and req.num_shards is not None and req.name not in self.guards:
                 self.feed.placed(req.name, req.shard, req.num_shards)
-            return {"created": 0}
+            return CreatedReply(created=0)
         clock = self.checkpoints.store.clock
         table = DynamicTable(req.name, config, req.owner, self.max_table_bytes,  # checks first
                              clock=clock)
@@ -167,23 +172,23 @@ class TableHandlers:
         elif req.shard is not None and req.num_shards is not None:
             self.feed.placed(req.name, req.shard, req.num_shards)
         self.feed.replaced(req.name, clock.epoch)
-        return {"created": 1}
+        return CreatedReply(created=1)
 
     def _taken_over(self, existing: DynamicTable | None, owner: str | None) -> None:
         if existing is not None and existing.owner != owner and self.on_takeover is not None:
             self.on_takeover({existing.owner}, owner)
 
-    def lookup_table(self, req: LookupTable) -> dict[str, Any]:
+    def lookup_table(self, req: LookupTable) -> ValuesReply:
         return self._lookups([(req.name, req.ids)], req.train, req.as_of, "dyn/lookup")
 
-    def lookup_tables(self, req: LookupTables) -> dict[str, Any]:
+    def lookup_tables(self, req: LookupTables) -> ValuesReply:
         """The tables' half of a ``dyn/lookup_many`` (the ps routes it: its reads of
         variables are the store's)."""
         return self._lookups([(x.name, x.ids) for x in req.lookups], req.train, req.as_of,
                              "dyn/lookup_many")
 
     def _lookups(self, lookups: list[tuple[str, Any]], train: bool, as_of: Any,
-                 op: str) -> dict[str, Any]:
+                 op: str) -> ValuesReply:
         """Rows of each ``(table, ids)``: everything checked (names, slices held, sizes,
         distinct ids) before the first row is admitted."""
         if len({name for name, _ in lookups}) != len(lookups):
@@ -209,7 +214,7 @@ class TableHandlers:
             if as_of is not None and self.as_of is not None:  # see before_images.py
                 rows = self.as_of(name, as_of, ids, rows)
             values.append(rows)
-        return {"values": values}
+        return ValuesReply(values=values)
 
     def table_statistics(self, req: TableStatistics) -> dict[str, Any]:
         return self.table(req.name).statistics()
@@ -238,7 +243,7 @@ class TableHandlers:
         tensors.extend(shard_tensors(table, save, rename))
         return pending, table.statistics()["rows"]
 
-    async def save_checkpoint(self, req: SaveCheckpoint) -> dict[str, Any]:
+    async def save_checkpoint(self, req: SaveCheckpoint) -> SaveReply:
         """Variables, and the table shards ``req.tables``, each to its file, all taken in
         one step (no ``await`` between them), so the files hold this ps at one moment: an
         ``opt/apply`` that updates a variable and a table is in both or in neither. With
@@ -262,9 +267,9 @@ class TableHandlers:
             raise next(r for r in results if isinstance(r, BaseException))
         for shard in req.tables:
             self.feed.saved(shard.name, shard.path)
-        return {"path": req.path, "bytes": sum(r["bytes"] for r in written), "table_rows": rows}
+        return SaveReply(path=req.path, bytes=sum(r["bytes"] for r in written), table_rows=rows)
 
-    async def restore_table(self, req: RestoreTable) -> dict[str, Any]:
+    async def restore_table(self, req: RestoreTable) -> RestoreReply:
         config = TableConfig(**msgspec.structs.asdict(req.config))
         if req.shard >= req.num_shards:
             raise InvalidArgumentError(f"dyn/restore: shard {req.shard} of {req.num_shards}")
@@ -283,7 +288,7 @@ class TableHandlers:
                 self._stage(req.stage, req.name, _Staged(
                     int(ids.size), config.capacity,
                     lambda _: self._merge_restored(req, config, ids, rows, slots, slot_init)))
-                return {"staged": int(ids.size), "stage": req.stage}
+                return RestoreReply(staged=int(ids.size), stage=req.stage)
             return self._merge_restored(req, config, ids, rows, slots, slot_init)
         if req.stage is None and config.capacity is not None and ids.size > config.capacity:
             raise InvalidArgumentError(
@@ -305,9 +310,9 @@ class TableHandlers:
                 self._install(table, req, mine)
 
             self._stage(req.stage, req.name, _Staged(len(table), config.capacity, install))
-            return {"staged": int(ids.size), "stage": req.stage}
+            return RestoreReply(staged=int(ids.size), stage=req.stage)
         self._install(table, req, mine)
-        return {"restored": int(ids.size)}
+        return RestoreReply(restored=int(ids.size))
 
     def _stage(self, stage: str, name: str, staged: _Staged) -> None:
         entry = self.staged.get(stage)
@@ -365,7 +370,7 @@ class TableHandlers:
             self.feed.saved(req.name, first)
 
     def _merge_restored(self, req: RestoreTable, config: TableConfig, ids: np.ndarray, rows: np.ndarray,
-                        slots: dict[str, np.ndarray], slot_init: dict[str, float]) -> dict[str, Any]:
+                        slots: dict[str, np.ndarray], slot_init: dict[str, float]) -> RestoreReply:
         """Put the restored rows of a lost ps's slices into the table here (made empty if
         it has none), which serves ``req.merge`` from now on."""
         assert req.merge is not None
@@ -381,7 +386,7 @@ class TableHandlers:
         self.tables[req.name] = table
         self.guards.set(req.name, req.merge)
         self.feed.moved(req.name, req.merge.owned, req.merge.slices, self.checkpoints.store.clock.epoch)
-        return {"restored": int(ids.size)}
+        return RestoreReply(restored=int(ids.size))
 
 
 def _table_ids(ids: Any, what: str) -> np.ndarray:
