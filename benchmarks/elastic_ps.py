@@ -27,6 +27,7 @@ import numpy as np
 from common import RESULTS, emit, median, raw_tcp_mib_s, save_figure
 
 import pstrain
+from pstrain._formats.messages.operations import ReadVariables
 from pstrain.ctr import BATCH, CTRModel, make_step, synthetic
 
 BIG_ROWS, BIG_DIM, BIG_PARTS = 1 << 21, 64, 2  # 1 GiB of float32, in two 512 MiB variables
@@ -129,7 +130,7 @@ async def run(repeats: int, rounds: int, window: float) -> None:
             channel = part.channel()
             while time.perf_counter() - start < window:
                 for _ in range(2):
-                    values = (await channel.call("vars/read", {"names": [table, slot]}))["values"]
+                    values = (await channel.request(ReadVariables(names=[table, slot]))).values
                     await spare_rows.assign(values[0])
                     await spare_slot.assign(values[1])
             rates["during_copy"].append(_rate(done_at, start, time.perf_counter()))

@@ -25,6 +25,7 @@ import numpy as np
 from common import RESULTS, emit, median, raw_tcp_mib_s, save_figure
 
 import pstrain
+from pstrain._formats.messages.operations import TableStatistics
 
 DIM, ROWS, BATCH = 64, 1 << 22, 1 << 16  # 4M rows: 1 GiB of rows and accumulators per ps
 COPY_ROWS = 1 << 21  # two variables of COPY_ROWS x DIM float32: 512 MiB each
@@ -62,7 +63,7 @@ async def run(repeats: int) -> None:
         for v in src + dst:
             await v.read_value()
         first = coordinator.ps.table_slices(table).held_by(0)
-        rows_on_0 = int((await table.channel(0).call("dyn/stats", {"name": table.key}))["rows"])
+        rows_on_0 = int((await table.channel(0).request(TableStatistics(name=table.key)))["rows"])
         moves, copies = [], []
         for k in range(repeats + 1):  # the first round warms up, untimed
             for a, b in ((0, 1), (1, 0)):
@@ -75,7 +76,7 @@ async def run(repeats: int) -> None:
                 await d.assign(await s.read_value())
             if k:
                 copies.append(time.perf_counter() - t)
-        rows_back = int((await table.channel(0).call("dyn/stats", {"name": table.key}))["rows"])
+        rows_back = int((await table.channel(0).request(TableStatistics(name=table.key)))["rows"])
         assert rows_back == rows_on_0, (rows_back, rows_on_0)
         nbytes = rows_on_0 * DIM * 4 * 2  # rows and accumulators
         copy_bytes = 2 * COPY_ROWS * DIM * 4

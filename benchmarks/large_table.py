@@ -128,7 +128,7 @@ async def train_and_save(args, directory: str) -> dict:
             coordinator.schedule(step, args=(it,))
         await coordinator.join()  # the slots exist now: the ps hold table + slots
         peers = pstrain.rpc.ChannelPool(cluster.cluster_spec, cluster.token)
-        held = [(await peers.channel("ps", i).call("statistics", {}))["bytes"] for i in range(2)]
+        held = [(await peers.channel("ps", i).statistics())["bytes"] for i in range(2)]
         await peers.close()
 
         def schedule(n: int) -> None:

@@ -37,16 +37,16 @@ async def main():
         address = cluster.cluster_spec.task_address("ps", 0)
         task = "/job:ps/replica:0/task:0"
         warm = Channel(address, token=cluster.token, task=task)
-        await warm.call("health", None)
+        await warm.health()
         fresh, open_ = [], []
         for _ in range(300):
             t = time.perf_counter()
             ch = Channel(address, token=cluster.token, task=task)
-            await ch.call("health", None)
+            await ch.health()
             fresh.append(time.perf_counter() - t)
             await ch.close()
             t = time.perf_counter()
-            await warm.call("health", None)
+            await warm.health()
             open_.append(time.perf_counter() - t)
         await warm.close()
         print(json.dumps({"connect_ms": statistics.median(fresh) * 1e3,

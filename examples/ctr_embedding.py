@@ -46,7 +46,7 @@ async def ps_wire_bytes(peers, num_ps: int) -> int:
     the bytes on the wire)."""
     total = 0
     for i in range(num_ps):
-        stats = await peers.channel("ps", i).call("statistics", {})
+        stats = await peers.channel("ps", i).statistics()
         total += sum(r["bytes_in"] + r["bytes_out"] for r in stats["requests"].values())
     return total
 

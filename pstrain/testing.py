@@ -35,11 +35,14 @@ from typing import Any
 from ._base.cluster import ClusterSpec
 from ._base.errors import InvalidArgumentError, PstrainError
 from ._base.resolvers import RunningCluster
-from ._transport.rpc import close_loop_channels, open_channels
+from ._formats.codec import wire
+from ._formats.messages.operations import OPERATIONS
+from ._formats.messages.records import convert_reply, sender_fields
+from ._transport.rpc import Channel, close_loop_channels, open_channels
 from .server.ps.handlers import ParameterServer
 from .server.worker.executor import WorkerServer
 
-__all__ = ["InProcessCluster", "LeakError", "dump_task_stacks"]
+__all__ = ["InProcessCluster", "LeakError", "dump_task_stacks", "untyped_call"]
 
 
 class LeakError(AssertionError):
@@ -143,3 +146,26 @@ class InProcessCluster(RunningCluster):
     @property
     def cluster_spec(self) -> ClusterSpec:
         return ClusterSpec({"ps": self._addresses(self.ps), "worker": self._addresses(self.workers)})
+
+
+async def untyped_call(channel: Channel, op: str, payload: Any = None, *, pickle: bool = False,
+                       timeout: float | None = None) -> Any:
+    """Send a hand-built ``payload`` to operation ``op`` and return the decoded reply, checked
+    against the operation's reply class but left as decoded: for tests (and attacks) that
+    build bodies by hand. pstrain itself, and programs, send typed operations
+    (``channel.request(ListVariables())``), whose both ends mypy checks.
+
+    ``pickle`` allows pickled objects both ways (only for peers that run code: workers, and
+    the ps's ``extended.update``). An operation's sender fields (its owner, fence and
+    exactly-once key) are filled in as :meth:`Channel.request` fills them.
+    """
+    operation = OPERATIONS.get(op)
+    if operation is not None and isinstance(payload, dict) \
+            and (fields := sender_fields(operation, channel.task, channel.owner)):
+        payload = {**payload, **fields}
+    chunks = wire.encode_body(payload, allow_pickle=pickle)
+    kind, body = await channel.call_raw(op, chunks, timeout=timeout)
+    reply = channel.decode_reply(kind, body, pickle=pickle)
+    if operation is not None:
+        convert_reply(op, operation.reply, reply, channel.task)
+    return reply

@@ -38,9 +38,9 @@ from .._base.locks import PlacementLock
 from .._base.tasks import TaskOwner
 from .._formats.codec import wire
 from .._formats.codec.protocol import DEFAULT_MAX_BODY, FrameKind
-from .._formats.messages.operations import OPERATIONS
+from .._formats.messages.operations import Health, Statistics
 from .._formats.messages.placement_map import PlacementMap
-from .._formats.messages.records import Operation, R, convert_reply, sender_fields
+from .._formats.messages.records import HealthReply, Operation, R, convert_reply, sender_fields
 from .client_protocol import ClientProtocol, cluster_entry, expire, ps_advice
 from .traffic import counted, counting
 
@@ -60,8 +60,8 @@ class Channel:
     """One multiplexed stream connection to one task, for the loop that made it.
 
     Made by a :class:`ChannelPool`, or directly for one task: ``ch = Channel("127.0.0.1:2222",
-    token="s3cret", task="/job:ps/replica:0/task:0")``, then ``await ch.call("vars/list", {})``
-    and ``await ch.close()``."""
+    token="s3cret", task="/job:ps/replica:0/task:0")``, then ``await ch.statistics()`` (or any
+    operation, typed: ``await ch.request(ListVariables())``) and ``await ch.close()``."""
 
     __pstrain_opaque__ = True  # a checkpoint does not walk into it (object_graph)
 
@@ -206,25 +206,13 @@ class Channel:
         payload = self.decode_reply(kind, body, pickle=cls.pickle)
         return convert_reply(op, cls.reply, payload, self.task)
 
-    async def call(self, op: str, payload: Any = None, *, pickle: bool = False,
-                   timeout: float | None = None) -> Any:
-        """Send a raw ``payload`` to ``op`` and return the decoded reply, checked against the
-        operation's reply class but left as decoded (for tools and tests that build bodies
-        by hand; pstrain itself uses :meth:`request`).
+    async def health(self, *, timeout: float | None = None) -> HealthReply:
+        """The task's health: its status, role, index, pid, uptime and incarnation."""
+        return await self.request(Health(), timeout=timeout)
 
-        ``pickle`` allows pickled objects both ways (only for peers that run
-        code: workers, and the ps's ``extended.update``).
-        """
-        operation = OPERATIONS.get(op)
-        if operation is not None and isinstance(payload, dict) \
-                and (fields := sender_fields(operation, self.task, self.owner)):
-            payload = {**payload, **fields}
-        chunks = wire.encode_body(payload, allow_pickle=pickle)
-        kind, body = await self.call_raw(op, chunks, timeout=timeout)
-        reply = self.decode_reply(kind, body, pickle=pickle)
-        if operation is not None:
-            convert_reply(op, operation.reply, reply, self.task)
-        return reply
+    async def statistics(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """The task's counters (what ``pstrain status`` and ``/metrics`` show), free-form."""
+        return await self.request(Statistics(), timeout=timeout)
 
     def decode_reply(self, kind: FrameKind, body: memoryview, *, pickle: bool = False) -> Any:
         """The payload of a REPLY, or the error an ERROR frame carries, raised."""

@@ -27,6 +27,7 @@ from pstrain.errors import (
     ProtocolError,
     PstrainError,
 )
+from pstrain.testing import untyped_call
 from tests.helpers import TOKEN, close_writer, strategy_for, wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -71,8 +72,8 @@ async def test_amplifying_reads_and_huge_variables_are_refused(ps_server):
     spec = {"name": "huge", "dtype": "<f4", "shape": [1 << 28],
             "init": pstrain.initializers.RandomNormal(seed=1).spec()}
     with pytest.raises(InvalidArgumentError, match="--max-variable-bytes"):
-        await ch.call("vars/create", {"vars": [spec]})
-    assert [v["name"] for v in (await ch.call("vars/list", {}))["variables"]] == ["table"]
+        await untyped_call(ch, "vars/create", {"vars": [spec]})
+    assert [v["name"] for v in (await untyped_call(ch, "vars/list", {}))["variables"]] == ["table"]
     await ch.close()
 
 
@@ -80,13 +81,13 @@ async def test_initializers_run_off_the_serving_loop(ps_server):
     ch = rpc.Channel(ps_server.address, token=TOKEN, task="ps0")
     spec = {"name": "big", "dtype": "<f4", "shape": [48 << 20],  # 192 MiB of normal draws
             "init": pstrain.initializers.RandomNormal(seed=1).spec()}
-    create = asyncio.ensure_future(ch.call("vars/create", {"vars": [spec]}))
+    create = asyncio.ensure_future(untyped_call(ch, "vars/create", {"vars": [spec]}))
     await wait_for(lambda: ps_server.stats.get("vars/create") is None and not create.done(),
                    what="the creation to start")
     slowest = 0.0
     while not create.done():  # health is answered while the initializer runs
         t = asyncio.get_running_loop().time()
-        await ch.call("health", None, timeout=5)
+        await untyped_call(ch, "health", None, timeout=5)
         slowest = max(slowest, asyncio.get_running_loop().time() - t)
     await create
     assert slowest < 0.5
@@ -129,7 +130,7 @@ async def test_an_impostor_at_a_tasks_address_learns_nothing_and_is_refused():
     secret = "the-cluster-token-0123456789"
     ch = rpc.Channel(f"127.0.0.1:{port}", token=secret, task="/job:ps/replica:0/task:0")
     with pytest.raises(AuthenticationError, match="could not prove"):
-        await ch.call("vars/list", {})
+        await untyped_call(ch, "vars/list", {})
     await ch.close()
     server.close()
     await server.wait_closed()
@@ -145,16 +146,16 @@ async def test_refused_requests_change_nothing(ps_server):
         f32 = pstrain.Variable(np.zeros(2, np.float32), name="f32")
     ch = rpc.Channel(ps_server.address, token=TOKEN, task="ps0")
     with pytest.raises(InvalidArgumentError, match="names"):
-        await ch.call("vars/delete", {"names": "w"})  # a string is not a list of names
+        await untyped_call(ch, "vars/delete", {"names": "w"})  # a string is not a list of names
     with pytest.raises(InvalidArgumentError, match="unknown field"):
-        await ch.call("vars/read", {"names": ["w"], "extra": 1})
+        await untyped_call(ch, "vars/read", {"names": ["w"], "extra": 1})
     with pytest.raises(InvalidArgumentError, match="out of range"):
-        await ch.call("vars/assign", {"name": "small", "value": np.array([300, 1], np.uint64)})
+        await untyped_call(ch, "vars/assign", {"name": "small", "value": np.array([300, 1], np.uint64)})
     with pytest.raises(InvalidArgumentError, match="overflow"):
-        await ch.call("vars/assign", {"name": "f32", "value": np.array([1e300, 0.0])})
+        await untyped_call(ch, "vars/assign", {"name": "f32", "value": np.array([1e300, 0.0])})
     with pytest.raises(InvalidArgumentError):
         await small.assign(np.array([300, 1], np.uint64))  # the client refuses too
-    assert [v["name"] for v in (await ch.call("vars/list", {}))["variables"]] == ["w", "small", "f32"]
+    assert [v["name"] for v in (await untyped_call(ch, "vars/list", {}))["variables"]] == ["w", "small", "f32"]
     assert (await small.numpy()).tolist() == [0, 0] and (await f32.numpy()).tolist() == [0.0, 0.0]
     await ch.close()
 
@@ -171,8 +172,8 @@ async def test_a_failing_optimizer_step_changes_nothing(ps_server):
                "prefix": opt.name, "iterations": opt.iterations.name, "unique_rows": True,
                "grads": [["a", None, np.ones(3, np.float32)], ["b", None, np.ones(4, np.float32)]]}
     with pytest.raises(InvalidArgumentError, match="shape"):
-        await ch.call("opt/apply", request)
-    names = {v["name"] for v in (await ch.call("vars/list", {}))["variables"]}
+        await untyped_call(ch, "opt/apply", request)
+    names = {v["name"] for v in (await untyped_call(ch, "vars/list", {}))["variables"]}
     assert names == {"a", "b", opt.iterations.name}  # no slot was created
     assert await opt.iterations.numpy() == 0
     assert (await a.numpy()).tolist() == [1.0, 1.0, 1.0]
@@ -191,7 +192,7 @@ async def test_unexpected_errors_return_an_id_not_a_traceback(tmp_path):
     try:
         ch = rpc.Channel(server.address, token=TOKEN, task="ps0")
         with pytest.raises(PstrainError, match=r"internal error [0-9a-f]{8}") as info:
-            await ch.call("vars/list", {})
+            await untyped_call(ch, "vars/list", {})
         assert str(tmp_path) not in str(info.value) and not info.value.remote_traceback
         assert server.internal_errors == 1
         await ch.close()
@@ -209,15 +210,15 @@ async def test_checkpoint_files_stay_under_the_root_and_are_never_overwritten(ps
     outside = tmp_path.parent / "outside.safetensors"
     for path in (str(outside), f"{tmp_path}/../outside.safetensors", "relative.safetensors"):
         with pytest.raises(InvalidArgumentError):
-            await ch.call("ckpt/save", {"path": path, "tensors": {"w": "w"}})
+            await untyped_call(ch, "ckpt/save", {"path": path, "tensors": {"w": "w"}})
     assert not outside.exists()
     existing = tmp_path / "existing.safetensors"
     existing.write_bytes(b"precious")
     with pytest.raises(AlreadyExistsError):
-        await ch.call("ckpt/save", {"path": str(existing), "tensors": {"w": "w"}})
+        await untyped_call(ch, "ckpt/save", {"path": str(existing), "tensors": {"w": "w"}})
     assert existing.read_bytes() == b"precious"
     with pytest.raises(NotFoundError):  # a failed save leaves no temporary file behind
-        await ch.call("ckpt/save", {"path": str(tmp_path / "new.safetensors"), "tensors": {"w": "nope"}})
+        await untyped_call(ch, "ckpt/save", {"path": str(tmp_path / "new.safetensors"), "tensors": {"w": "nope"}})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["existing.safetensors"]
     await ch.close()
 
@@ -243,7 +244,7 @@ async def test_restore_checks_its_sources_and_is_all_or_nothing_across_ps(ps_pai
                              ([[f0, "a", 0, 2, 0]], "cover"),
                              ([["/etc/passwd", "a", None, None, None]], "outside")):
         with pytest.raises(InvalidArgumentError, match=message):
-            await ch.call("ckpt/restore", {"vars": [{"name": "a", "dtype": "<f4", "shape": [4],
+            await untyped_call(ch, "ckpt/restore", {"vars": [{"name": "a", "dtype": "<f4", "shape": [4],
                                                      "sources": sources}]})
     assert (await a.numpy()).tolist() == [7] * 4
     await ch.close()
@@ -293,14 +294,14 @@ def test_the_index_temp_file_is_unpredictable_and_a_planted_link_is_not_followed
 # -- the worker ------------------------------------------------------------------------------------
 async def test_an_empty_run_is_answered_and_unknown_cancel_ids_are_ignored(cluster):
     ch = rpc.Channel(cluster.workers[0].address, token=cluster.token, task="w0")
-    reply = await ch.call("worker/run", {"fns": {}, "closures": []}, pickle=True, timeout=5)
+    reply = await untyped_call(ch, "worker/run", {"fns": {}, "closures": []}, pickle=True, timeout=5)
     assert reply == {"results": []}
-    assert (await ch.call("worker/cancel", {"ids": [77]}))["cancelling"] == 0
+    assert (await untyped_call(ch, "worker/cancel", {"ids": [77]}))["cancelling"] == 0
     fn = wire.encode_body  # any picklable function of one argument
     import cloudpickle
 
     digest = b"0123456789abcdef"
-    reply = await ch.call("worker/run", {"fns": {digest: cloudpickle.dumps(len)},
+    reply = await untyped_call(ch, "worker/run", {"fns": {digest: cloudpickle.dumps(len)},
                                           "closures": [[77, digest, ("abc",), {}, False]]},
                           pickle=True, timeout=10)
     assert reply["results"] == [[77, 0, 3]]  # id 77 ran: the earlier cancel was not kept
@@ -320,7 +321,7 @@ async def test_a_reply_of_the_wrong_shape_is_a_protocol_error_on_the_client():
     try:
         ch = rpc.Channel(server.address, token=TOKEN, task="ps0")
         with pytest.raises(ProtocolError, match=r"malformed reply to vars/read from ps0"):
-            await ch.call("vars/read", {"names": ["w"]})
+            await untyped_call(ch, "vars/read", {"names": ["w"]})
         await ch.close()
     finally:
         await server.stop()
@@ -333,6 +334,6 @@ async def test_a_reply_of_the_wrong_shape_is_a_protocol_error_on_the_client():
 async def test_bad_initializer_specs_are_refused_clearly(ps_server, init):
     ch = rpc.Channel(ps_server.address, token=TOKEN, task="ps0")
     with pytest.raises(InvalidArgumentError, match="initializer"):
-        await ch.call("vars/create", {"vars": [{"name": "v", "dtype": "<f4", "shape": [3], "init": init}]})
-    assert (await ch.call("vars/list", {}))["variables"] == [] and ps_server.internal_errors == 0
+        await untyped_call(ch, "vars/create", {"vars": [{"name": "v", "dtype": "<f4", "shape": [3], "init": init}]})
+    assert (await untyped_call(ch, "vars/list", {}))["variables"] == [] and ps_server.internal_errors == 0
     await ch.close()

@@ -343,8 +343,8 @@ async def test_worker_stays_responsive_while_a_closure_burns_cpu(cluster):
                    what="both workers busy")
     for index in (0, 1):
         t = time.monotonic()
-        health = await peers.channel("worker", index).call("health", {}, timeout=1.0)
-        assert time.monotonic() - t < 1.0 and health["status"] == "running"
+        health = await peers.channel("worker", index).health(timeout=1.0)
+        assert time.monotonic() - t < 1.0 and health.status == "running"
     assert [await rv for rv in rvs] == ["burnt", "burnt"]
     await peers.close()
     await coordinator.close()
@@ -363,7 +363,7 @@ async def test_each_function_travels_once_per_worker(cluster):
     peers = rpc.ChannelPool(cluster.cluster_spec, cluster.token)
     received = 0
     for index in (0, 1):
-        stats = await peers.channel("worker", index).call("statistics", {})
+        stats = await peers.channel("worker", index).statistics()
         received += stats["requests"].get("worker/run", {}).get("bytes_in", 0)
     assert received < 3 * 400_000  # at most once per worker (plus small per-closure entries)
     await peers.close()

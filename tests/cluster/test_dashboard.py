@@ -67,13 +67,13 @@ async def test_the_dashboard_is_a_server_on_the_shared_core():
                 assert r.status == 401  # not a page: the cluster token, as on every server
         ch = Channel(served.address, token=TOKEN, task=served.task)
         try:
-            assert (await ch.call("health", None))["task"] == served.task
+            assert (await ch.health()).task == served.task
         finally:
             await ch.close()
         with pytest.raises(AuthenticationError):
             wrong = Channel(served.address, token="not the token", task=served.task)
             try:
-                await wrong.call("health", None)
+                await wrong.health()
             finally:
                 await wrong.close()
         # an idle connection that never logs in is closed at the pre-auth deadline

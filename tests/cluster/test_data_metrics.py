@@ -142,7 +142,7 @@ async def test_extended_update_runs_on_the_ps_and_moves_no_table_bytes(ps_server
                                  shape=(1_000_000, 4), name="table")
         scale = pstrain.Variable(np.float32(0.5), name="scale")
     ch = rpc.Channel(ps_server.address, token=TOKEN, task="ps0")
-    before = (await ch.call("statistics", {}))["requests"]
+    before = (await ch.statistics())["requests"]
 
     def clip(t, s, limit):
         np.clip(t, -limit * s * 2, limit * s * 2, out=t)
@@ -150,7 +150,7 @@ async def test_extended_update_runs_on_the_ps_and_moves_no_table_bytes(ps_server
 
     result = await strategy.extended.update(table, clip, args=(scale, 1.0))
     assert result == pytest.approx(1.0)
-    after = (await ch.call("statistics", {}))["requests"]
+    after = (await ch.statistics())["requests"]
     moved = sum(after[k]["bytes_in"] + after[k]["bytes_out"] for k in after) - \
         sum(before[k]["bytes_in"] + before[k]["bytes_out"] for k in before)
     assert moved < 10_000  # the 16 MB table stayed where it is

@@ -21,7 +21,7 @@ from pstrain.errors import (
 )
 from pstrain.rpc import Channel
 from pstrain.server import ParameterServer
-from pstrain.testing import InProcessCluster
+from pstrain.testing import InProcessCluster, untyped_call
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -148,7 +148,7 @@ async def test_a_request_by_an_old_map_is_refused_with_the_new_map_and_applied_o
                           task="/job:ps/replica:0/task:0")
         try:
             with pytest.raises(PlacementChangedError) as caught:
-                await channel.call("vars/assign_add", {"name": "v", "value": np.ones(3, np.float32)})
+                await untyped_call(channel, "vars/assign_add", {"name": "v", "value": np.ones(3, np.float32)})
             assert caught.value.placement["moved"] == {"v": 1}
             assert caught.value.placement["version"] == coordinator.ps.placement.version
         finally:
@@ -257,12 +257,12 @@ async def test_a_moves_steps_come_only_from_the_coordinator_that_started_it():
             channels[owner].owner = owner
         first, other = channels.values()
         try:
-            await first.call("ps/move_out", {"keys": ["v"], "stage": "s1"})
+            await untyped_call(first, "ps/move_out", {"keys": ["v"], "stage": "s1"})
             assert moves.stages.owners == {("out", "s1"): "a" * 32}
             with pytest.raises(FailedPreconditionError, match="started here by another coordinator"):
-                await other.call("ps/move_end", {"stage": "s1", "commit": False})
+                await untyped_call(other, "ps/move_end", {"stage": "s1", "commit": False})
             assert "s1" in moves.outgoing
-            assert (await first.call("ps/move_end", {"stage": "s1", "commit": False}))["ended"]
+            assert (await untyped_call(first, "ps/move_end", {"stage": "s1", "commit": False}))["ended"]
             assert not moves.outgoing and not moves.stages.owners
         finally:
             for channel in channels.values():

@@ -22,7 +22,7 @@ from pstrain._formats.numerics.idhash import shard_of
 from pstrain.errors import FailedPreconditionError, InvalidArgumentError, PlacementChangedError
 from pstrain.rpc import Channel
 from pstrain.server import ParameterServer
-from pstrain.testing import InProcessCluster
+from pstrain.testing import InProcessCluster, untyped_call
 from tests.helpers import TOKEN, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -255,7 +255,7 @@ async def test_an_old_map_request_to_a_table_is_refused_whole_and_a_retry_is_app
                           task="/job:ps/replica:0/task:0")
         try:
             with pytest.raises(PlacementChangedError) as caught:
-                await channel.call("dyn/lookup", {"name": table.key, "ids": on0, "train": True})
+                await untyped_call(channel, "dyn/lookup", {"name": table.key, "ids": on0, "train": True})
             assert caught.value.placement["tables"][table.key]["slices"] == moved.slices
         finally:
             await channel.close()
@@ -663,7 +663,7 @@ async def test_a_coordinator_lost_between_a_moves_switches_is_replaced_and_resto
             try:
                 for stage in stages:
                     with pytest.raises(pstrain.errors.CancelledError, match="newer coordinator"):
-                        await channel.call("ps/move_end", {"stage": stage, "commit": False})
+                        await untyped_call(channel, "ps/move_end", {"stage": stage, "commit": False})
             finally:
                 await channel.close()
             np.testing.assert_array_equal(await v.read_value(), np.full(64, 2, np.float32))
@@ -723,7 +723,7 @@ async def test_a_new_coordinator_moves_onto_a_ps_that_served_the_old_one(tmp_pat
             channel = Channel(cluster.ps[0].address, token=cluster.token, task="/job:ps/replica:0/task:0")
             try:  # a client that routes w by its home is told where it is now
                 with pytest.raises(PlacementChangedError) as caught:
-                    await channel.call("vars/assign_add", {"name": "w", "value": np.ones(8, np.float32)})
+                    await untyped_call(channel, "vars/assign_add", {"name": "w", "value": np.ones(8, np.float32)})
                 assert caught.value.placement["moved"]["w"] == 2
             finally:
                 await channel.close()
@@ -832,7 +832,7 @@ async def install(ps_server):
     channel = Channel(ps_server.address, token=TOKEN, task="ps0")
 
     async def send(**fields: Any) -> Any:
-        return await channel.call("ps/install", {"stage": "s1", **fields})
+        return await untyped_call(channel, "ps/install", {"stage": "s1", **fields})
 
     yield send
     await channel.close()
@@ -917,18 +917,18 @@ async def test_dyn_create_refuses_a_shard_with_slices_and_no_slice_and_creates_n
                         {"owned": {"slices": 4, "owned": []}}):
                 with pytest.raises(InvalidArgumentError, match="a shard and slices given both, "
                                                                "or no slice owned"):
-                    await channel.call("dyn/create", {"name": "t", "config": {"dim": 2}, **bad})
+                    await untyped_call(channel, "dyn/create", {"name": "t", "config": {"dim": 2}, **bad})
             assert "t" not in ps.tables
             with pytest.raises(InvalidArgumentError, match="not below 4"):
-                await channel.call("dyn/create", {"name": "t", "config": {"dim": 2},
+                await untyped_call(channel, "dyn/create", {"name": "t", "config": {"dim": 2},
                                                   "owned": {"slices": 4, "owned": [4]}})
-            await channel.call("dyn/create", {"name": "t", "config": {"dim": 2},
+            await untyped_call(channel, "dyn/create", {"name": "t", "config": {"dim": 2},
                                               "owned": {"slices": 4, "owned": [1, 3]}})
             ids = np.arange(200, dtype=np.int64)
             mine = ids[np.isin(shard_of(ids, 4), [1, 3])]
-            reply = await channel.call("dyn/lookup", {"name": "t", "ids": mine, "train": True})
+            reply = await untyped_call(channel, "dyn/lookup", {"name": "t", "ids": mine, "train": True})
             assert np.asarray(reply["values"][0]).shape == (mine.size, 2)
             with pytest.raises(PlacementChangedError):  # an id of a slice it does not own
-                await channel.call("dyn/lookup", {"name": "t", "ids": ids[:20], "train": True})
+                await untyped_call(channel, "dyn/lookup", {"name": "t", "ids": ids[:20], "train": True})
         finally:
             await channel.close()

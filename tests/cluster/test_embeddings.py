@@ -20,6 +20,7 @@ from pstrain import (
 )
 from pstrain.errors import InvalidArgumentError, NotFoundError
 from pstrain.partitioners import FixedShardsPartitioner
+from pstrain.testing import untyped_call
 from tests.helpers import TOKEN, strategy_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -352,7 +353,7 @@ async def test_dynamic_and_fixed_tables_are_read_in_one_request_per_ps(cluster):
                                 "named more than once"),
                                ([{"name": key, "ids": np.array([3, 3])}], "distinct")):
             with pytest.raises(InvalidArgumentError, match=match):
-                await peers.channel("ps", 0).call("dyn/lookup_many", {"lookups": lookups})
+                await untyped_call(peers.channel("ps", 0), "dyn/lookup_many", {"lookups": lookups})
     finally:
         await peers.close()
 
@@ -427,7 +428,7 @@ async def test_a_bad_multi_table_lookup_is_refused_whole_and_admits_nothing(clus
                 ({"lookups": [{"name": table.key, "ids": np.array([1.5])}]}, InvalidArgumentError,
                  "integer")):
             with pytest.raises(error, match=match):
-                await peers.channel("ps", holder).call("dyn/lookup_many", payload)
+                await untyped_call(peers.channel("ps", holder), "dyn/lookup_many", payload)
     finally:
         await peers.close()
     assert (await table.statistics())["rows"] == 2  # the new id was never admitted

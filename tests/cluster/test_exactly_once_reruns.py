@@ -121,14 +121,14 @@ async def test_a_later_update_of_another_closure_drops_the_before_image(ps_pair)
     np.testing.assert_array_equal(await a.numpy(), [2.0, 2.0])
     # the ps says what it keeps: the image of the late rerun's (skipped) update is gone
     # with it; the statistics name what is kept, and its size
-    stats = await a.channel().call("statistics")
+    stats = await a.channel().statistics()
     assert stats.get("before_images", {"count": 0})["count"] == 0, stats
     set_dispatch(None, "third")
     try:
         await a.assign_add(np.ones(2))
     finally:
         set_dispatch(None, None)
-    stats = await a.channel().call("statistics")
+    stats = await a.channel().statistics()
     assert stats["before_images"] == {"count": 1, "bytes": 16}, stats
 
 

@@ -23,6 +23,7 @@ from pstrain._formats.messages.operations import OPERATIONS
 from pstrain._transport.bridge import new_event_loop
 from pstrain.errors import InvalidArgumentError, ProtocolError, PstrainError
 from pstrain.server.ps import ParameterServer
+from pstrain.testing import untyped_call
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -114,7 +115,7 @@ def test_every_operation_validates_whatever_it_is_sent(tmp_path):
         nonlocal ch
         await server.start()
         ch = rpc.Channel(server.address, token=TOKEN, task="ps0")
-        await ch.call("vars/create", {"vars": [
+        await untyped_call(ch, "vars/create", {"vars": [
             {"name": "w", "dtype": "<f4", "shape": [4], "value": np.arange(4, dtype=np.float32)},
             {"name": "n", "dtype": "<i4", "shape": [2], "value": np.array([1, 2], np.int32)}]})
 
@@ -128,7 +129,7 @@ def test_every_operation_validates_whatever_it_is_sent(tmp_path):
     def one(op, payload):
         before = snapshot()
         try:
-            loop.run_until_complete(ch.call(op, payload, timeout=10))
+            loop.run_until_complete(untyped_call(ch, op, payload, timeout=10))
             outcomes["ok"] += 1
         except PstrainError as exc:
             assert "internal error" not in str(exc), (op, payload, exc)

@@ -21,7 +21,7 @@ from pstrain.errors import (
     UnavailableError,
 )
 from pstrain.server import ParameterServer
-from pstrain.testing import InProcessCluster
+from pstrain.testing import InProcessCluster, untyped_call
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -168,15 +168,15 @@ async def test_move_out_of_slices_the_ps_does_not_hold_is_refused_at_the_first_s
         try:
             # ps 0 holds shard 0 of 2: slices 0, 2, 4, 6 of 8; slice 1 is ps 1's
             with pytest.raises(InvalidArgumentError, match=r"does not hold slices \[1\]"):
-                await channel.call("ps/move_out", {"stage": "s1", "keys": [],
+                await untyped_call(channel, "ps/move_out", {"stage": "s1", "keys": [],
                                                    "tables": {table.key: {"slices": 8, "owned": [0, 1]}}})
             with pytest.raises(InvalidArgumentError, match="does not hold slices"):
-                await channel.call("ps/move_out", {"stage": "s2", "keys": [],
+                await untyped_call(channel, "ps/move_out", {"stage": "s2", "keys": [],
                                                    "tables": {table.key: {"slices": 3, "owned": [0]}}})
             assert not moves.outgoing and not moves.outgoing_tables and not moves.stages.owners
-            out = await channel.call("ps/move_out", {"stage": "s3", "keys": [],
+            out = await untyped_call(channel, "ps/move_out", {"stage": "s3", "keys": [],
                                                      "tables": {table.key: {"slices": 8, "owned": [2]}}})
             assert out["tables"]  # a slice it holds: taken
-            await channel.call("ps/move_end", {"stage": "s3", "commit": False})
+            await untyped_call(channel, "ps/move_end", {"stage": "s3", "commit": False})
         finally:
             await channel.close()

@@ -7,7 +7,9 @@ import pytest
 
 import pstrain
 from pstrain import rpc
+from pstrain._formats.messages.operations import ListVariables
 from pstrain.partitioners import FixedShardsPartitioner
+from pstrain.testing import untyped_call
 from tests.helpers import TOKEN, strategy_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -278,11 +280,11 @@ async def test_slots_stay_on_the_ps_and_untouched_rows_do_not_move(ps_server):
     value = await table.numpy()
     assert (value[3] < 1).all() and (np.delete(value, 3, axis=0) == 1).all()
     ch = rpc.Channel(ps_server.address, token=TOKEN, task="ps0")
-    names = {v["name"] for v in (await ch.call("vars/list", {}))["variables"]}
+    names = {v.name for v in (await ch.request(ListVariables())).variables}
     assert {opt.slot_variable_name(table, "m"), opt.slot_variable_name(table, "v")} <= names
-    stats = (await ch.call("statistics", {}))["requests"]["opt/apply"]
+    stats = (await ch.statistics())["requests"]["opt/apply"]
     assert stats["bytes_out"] < 1000  # nothing but a small acknowledgement comes back
-    m = (await ch.call("vars/read", {"names": [opt.slot_variable_name(table, "m")]}))["values"][0]
+    m = (await untyped_call(ch, "vars/read", {"names": [opt.slot_variable_name(table, "m")]}))["values"][0]
     assert (m[3] != 0).all() and (np.delete(m, 3, axis=0) == 0).all()
     await ch.close()
 
@@ -294,7 +296,7 @@ async def test_apply_gradients_one_request_per_ps(ps_pair):
         opt = pstrain.optimizers.SGD(1.0)
     channels = [rpc.Channel(s.address, token=TOKEN, task=f"ps{i}") for i, s in enumerate(ps_pair)]
     await opt.apply_gradients([(np.ones(4), v) for v in vs])
-    counts = [(await ch.call("statistics", {}))["requests"]["opt/apply"]["count"] for ch in channels]
+    counts = [(await ch.statistics())["requests"]["opt/apply"]["count"] for ch in channels]
     assert counts == [1, 1]
     assert [(await v.numpy()).tolist() for v in vs] == [[-1.0] * 4] * 4
     for ch in channels:

@@ -12,6 +12,7 @@ import pytest
 import pstrain
 from pstrain import rpc
 from pstrain._formats.codec import wire
+from pstrain._formats.messages.operations import ListVariables
 from pstrain._variables.variables import Variable
 from pstrain.errors import (
     AlreadyExistsError,
@@ -19,6 +20,7 @@ from pstrain.errors import (
     InvalidArgumentError,
     NotFoundError,
 )
+from pstrain.testing import untyped_call
 from tests.helpers import TOKEN, http_post, strategy_for, wire_body
 
 pytestmark = pytest.mark.timeout(60)
@@ -55,14 +57,14 @@ async def test_every_endpoint_through_the_variable_api(ps_server):
     assert values[1] == 5
 
     ch = rpc.Channel(ps_server.address, token=TOKEN, task="ps0")
-    listing = {e["name"]: e for e in (await ch.call("vars/list", {}))["variables"]}
+    listing = {e.name: e for e in (await ch.request(ListVariables())).variables}
     assert set(listing) == {"table", "count", "generated"}
-    assert tuple(listing["generated"]["shape"]) == (1000, 4)
-    stats = await ch.call("statistics", {})
+    assert tuple(listing["generated"].shape) == (1000, 4)
+    stats = await ch.statistics()
     # The 16,000-byte table was generated on the ps: the create request carried only its spec.
     assert stats["requests"]["vars/create"]["bytes_in"] < 2000
-    assert (await ch.call("health", {}))["status"] == "running"
-    await ch.call("vars/delete", {"names": ["generated"]})
+    assert (await ch.health()).status == "running"
+    await untyped_call(ch, "vars/delete", {"names": ["generated"]})
     with pytest.raises(NotFoundError, match="'generated' not found on /job:ps/replica:0/task:0"):
         await g.read_value()
     await ch.close()
@@ -100,10 +102,10 @@ async def test_batched_update_with_one_bad_entry_changes_nothing(ps_server):
         ({"op": "explode", "name": "b"}, InvalidArgumentError),
     ]:
         with pytest.raises(error):
-            await ch.call("vars/update", {"updates": [good, {**good, "name": "b"}, bad]})
+            await untyped_call(ch, "vars/update", {"updates": [good, {**good, "name": "b"}, bad]})
     np.testing.assert_array_equal(await a.numpy(), np.zeros(3))
     np.testing.assert_array_equal(await b.numpy(), np.zeros(3))
-    await ch.call("vars/update", {"updates": [good, {**good, "name": "b"}]})
+    await untyped_call(ch, "vars/update", {"updates": [good, {**good, "name": "b"}]})
     np.testing.assert_array_equal(await b.numpy(), np.ones(3))
     await ch.close()
 
@@ -195,7 +197,7 @@ async def test_bad_input_raises_the_matching_error_on_the_client(ps_server):
     with pytest.raises(InvalidArgumentError, match="out of range"):
         await w.sparse_read([7])
     with pytest.raises(AlreadyExistsError, match="'w' already exists"):
-        await rpc.Channel(ps_server.address, token=TOKEN, task="ps0").call(
+        await untyped_call(rpc.Channel(ps_server.address, token=TOKEN, task="ps0"),
             "vars/create", {"vars": [{"name": "w", "dtype": "<f4", "shape": (4,), "value": np.zeros(4)}]})
     np.testing.assert_array_equal(await w.numpy(), np.arange(4, dtype=np.float32))
 
@@ -212,11 +214,11 @@ async def test_requests_without_the_token_are_rejected(ps_server):
     # and is rejected.
     ch = rpc.Channel(ps_server.address, token="wrong", task="ps0")
     with pytest.raises(AuthenticationError, match="rejected the cluster token"):
-        await ch.call("vars/list", {})
+        await untyped_call(ch, "vars/list", {})
     await ch.close()
     ch = rpc.Channel(ps_server.address, token=None, task="ps0")
     with pytest.raises(AuthenticationError):
-        await ch.call("vars/list", {})
+        await untyped_call(ch, "vars/list", {})
     await ch.close()
 
 

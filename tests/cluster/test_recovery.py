@@ -12,13 +12,14 @@ import pytest
 import pstrain
 from pstrain.errors import CancelledError
 from pstrain.rpc import Channel
+from pstrain.testing import untyped_call
 from tests.helpers import TOKEN, strategy_for
 
 pytestmark = pytest.mark.timeout(90)
 
 
 async def _update(channel: Channel, owner: str, worker: int, epoch: int) -> None:
-    await channel.call("vars/assign_add", {"name": "v", "value": np.ones(2, np.float32),
+    await untyped_call(channel, "vars/assign_add", {"name": "v", "value": np.ones(2, np.float32),
                                            "owner": owner, "fence": [worker, epoch]})
 
 
@@ -26,23 +27,23 @@ async def test_a_fence_of_an_old_coordinator_never_refuses_a_new_one(ps_server):
     channel = Channel(ps_server.address, token=TOKEN, task="ps0")
     try:
         spec = {"name": "v", "dtype": "<f4", "shape": [2], "value": np.zeros(2, np.float32)}
-        await channel.call("vars/create", {"vars": [spec], "owner": "old"})
+        await untyped_call(channel, "vars/create", {"vars": [spec], "owner": "old"})
         # the old coordinator lost worker 1 once: its dispatch 1 is fenced off
-        await channel.call("ps/fence", {"worker": 1, "epoch": 2, "owner": "old"})
+        await untyped_call(channel, "ps/fence", {"worker": 1, "epoch": 2, "owner": "old"})
         with pytest.raises(CancelledError, match="declared that worker lost"):
             await _update(channel, "old", 1, 1)
         # a new coordinator takes the ps over; its worker 1 starts at dispatch 1 again
-        await channel.call("vars/create", {"vars": [spec], "owner": "new"})
+        await untyped_call(channel, "vars/create", {"vars": [spec], "owner": "new"})
         await _update(channel, "new", 1, 1)
         # ... and the old one, a zombie still running, can never write again
         with pytest.raises(CancelledError, match="newer coordinator took this ps over"):
             await _update(channel, "old", 1, 2)
         with pytest.raises(CancelledError, match="newer coordinator"):
-            await channel.call("vars/assign", {"name": "v", "value": np.zeros(2, np.float32),
+            await untyped_call(channel, "vars/assign", {"name": "v", "value": np.zeros(2, np.float32),
                                                "owner": "old"})
         with pytest.raises(CancelledError, match="newer coordinator"):
-            await channel.call("ps/fence", {"worker": 0, "epoch": 9, "owner": "old"})
-        value = (await channel.call("vars/read", {"names": ["v"]}))["values"][0]
+            await untyped_call(channel, "ps/fence", {"worker": 0, "epoch": 9, "owner": "old"})
+        value = (await untyped_call(channel, "vars/read", {"names": ["v"]}))["values"][0]
         assert value.tolist() == [1, 1]  # the new coordinator's update alone
     finally:
         await channel.close()
@@ -91,12 +92,12 @@ async def test_a_zombie_coordinator_restores_creates_and_maps_nothing_over_a_new
     try:
         spec = {"name": "v", "dtype": "<f4", "shape": [2], "value": np.zeros(2, np.float32)}
         with pytest.raises(CancelledError, match="newer coordinator"):
-            await channel.call("vars/create", {"vars": [spec], "owner": owner})
+            await untyped_call(channel, "vars/create", {"vars": [spec], "owner": owner})
         with pytest.raises(CancelledError, match="newer coordinator"):
-            await channel.call("dyn/create", {"name": "t", "config": {"dim": 2}, "owner": owner})
-        placement = (await channel.call("ps/placement/read", {}))["placement"]
+            await untyped_call(channel, "dyn/create", {"name": "t", "config": {"dim": 2}, "owner": owner})
+        placement = (await untyped_call(channel, "ps/placement/read", {}))["placement"]
         with pytest.raises(CancelledError, match="newer coordinator"):
-            await channel.call("ps/placement", {"placement": {**placement, "version": 99}})
+            await untyped_call(channel, "ps/placement", {"placement": {**placement, "version": 99}})
     finally:
         await channel.close()
     await v_new.assign_add(np.ones(2, np.float32))  # the new coordinator still owns the ps

@@ -32,7 +32,7 @@ from pstrain._formats.codec.handshake import (
     ServerHandshake,
 )
 from pstrain.errors import AuthenticationError, WrongTaskError
-from pstrain.testing import InProcessCluster
+from pstrain.testing import InProcessCluster, untyped_call
 from tests.helpers import TOKEN, MiB, abort_all, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -43,7 +43,7 @@ async def test_a_client_refuses_a_task_that_proves_the_token_but_is_not_the_one_
         ps1 = cluster.ps[1].address
         ch = rpc.Channel(ps1, token=TOKEN, task="/job:ps/replica:0/task:0")  # ps1 is not ps0
         with pytest.raises(WrongTaskError, match=r"is /job:ps/replica:0/task:1, not"):
-            await ch.call("vars/list", {})
+            await untyped_call(ch, "vars/list", {})
         await ch.close()
 
 
@@ -69,7 +69,7 @@ async def test_rejected_handshakes_are_logged_once_per_interval_with_a_count(cap
         for _ in range(30):
             ch = rpc.Channel(address, token="wrong", task="/job:ps/replica:0/task:0")
             with pytest.raises(AuthenticationError):
-                await ch.call("vars/list", {})
+                await untyped_call(ch, "vars/list", {})
             await ch.close()
         lines = [r for r in caplog.records if "rejected a stream connection" in r.getMessage()]
         assert len(lines) == 1
@@ -243,9 +243,9 @@ async def test_a_header_claiming_gigabytes_reserves_nothing():
         ch = rpc.Channel(ps.address, token=TOKEN, task="/job:ps/replica:0/task:0")
         big = np.ones(1 << 20, np.float32)  # a 4 MiB body: a large one, on the budget
         spec = {"name": "w", "dtype": "<f4", "shape": [1 << 20], "value": big}
-        await asyncio.wait_for(ch.call("vars/create", {"vars": [spec]}), 10)
+        await asyncio.wait_for(untyped_call(ch, "vars/create", {"vars": [spec]}), 10)
         assert ps.budget.used == 0  # what the 4 MiB held went back; the claim never held any
-        values = (await ch.call("vars/read", {"names": ["w"]}))["values"]
+        values = (await untyped_call(ch, "vars/read", {"names": ["w"]}))["values"]
         assert values[0].shape == (1 << 20,)
         await ch.close()
         writer.transport.abort()
@@ -380,8 +380,8 @@ async def test_headers_claiming_gigabytes_reserve_address_space_only_as_bytes_ar
         ch = rpc.Channel(ps.address, token=TOKEN, task="/job:ps/replica:0/task:0")
         big = np.ones(16 << 20, np.float32)  # a legitimate 64 MiB body beside them
         spec = {"name": "w", "dtype": "<f4", "shape": [16 << 20], "value": big}
-        await asyncio.wait_for(ch.call("vars/create", {"vars": [spec]}), 30)
-        values = (await ch.call("vars/read", {"names": ["w"]}))["values"]
+        await asyncio.wait_for(untyped_call(ch, "vars/create", {"vars": [spec]}), 30)
+        values = (await untyped_call(ch, "vars/read", {"names": ["w"]}))["values"]
         assert values[0].shape == (16 << 20,) and float(values[0][-1]) == 1.0
         await ch.close()
         await abort_all(writers)

@@ -83,7 +83,7 @@ async def test_initializer_is_called_per_part_on_its_ps(ps_pair):
     np.testing.assert_array_equal(parts[1], init((500, 8), np.float32, offset=(500, 0),
                                                  full_shape=(1000, 8)))
     ch = rpc.Channel(ps_pair[1].address, token=TOKEN, task="ps1")
-    stats = await ch.call("statistics", {})
+    stats = await ch.statistics()
     assert stats["requests"]["vars/create"]["bytes_in"] < 1000  # 16 KB part generated there
     await ch.close()
 
@@ -136,7 +136,7 @@ async def test_embedding_lookup_one_request_per_ps_and_no_full_read(ps_pair):
     async def counts():
         out = []
         for ch in channels:
-            reqs = (await ch.call("statistics", {}))["requests"]
+            reqs = (await ch.statistics())["requests"]
             out.append((reqs.get("vars/sparse_read", {}).get("count", 0),
                         reqs.get("vars/read", {}).get("count", 0)))
         return out
@@ -176,7 +176,7 @@ async def test_read_variables_reads_sharded_and_whole_variables_in_one_request_p
     channels = [rpc.Channel(s.address, token=TOKEN, task=f"ps{i}") for i, s in enumerate(ps_pair)]
 
     async def reads():
-        return [(await ch.call("statistics", {}))["requests"].get("vars/read", {}).get("count", 0)
+        return [(await ch.statistics())["requests"].get("vars/read", {}).get("count", 0)
                 for ch in channels]
 
     await pstrain.read_variables([w, b, c])  # created on their ps
@@ -202,7 +202,7 @@ async def test_embedding_lookup_sends_only_deduplicated_rows(ps_server):
     ch = rpc.Channel(ps_server.address, token=TOKEN, task="ps0")
     ids = np.repeat(np.arange(100), 50)  # 5,000 ids, 100 distinct
     await pstrain.embedding_lookup(table, ids)
-    stats = (await ch.call("statistics", {}))["requests"]["vars/sparse_read"]
+    stats = (await ch.statistics())["requests"]["vars/sparse_read"]
     assert stats["bytes_out"] < 100 * 16 * 4 + 1000
     await ch.close()
 

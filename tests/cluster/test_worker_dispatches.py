@@ -22,6 +22,7 @@ import pytest
 import pstrain
 from pstrain import rpc
 from pstrain._formats.messages.closures import CANCELLED, OK
+from pstrain.testing import untyped_call
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -58,7 +59,7 @@ def _run(ch: rpc.Channel, digest: bytes, name: str, forever: bool = False, *, ep
          owner: str = "coordinator-a", cid: int = 1) -> asyncio.Task:
     body = {"fns": FNS, "closures": [[cid, digest, (name, forever), {}, False]],
             "epoch": epoch, "owner": owner}
-    return asyncio.ensure_future(ch.call("worker/run", body, pickle=True, timeout=20))
+    return asyncio.ensure_future(untyped_call(ch, "worker/run", body, pickle=True, timeout=20))
 
 
 async def test_a_newer_dispatch_cancels_the_older_one_and_starts_once_it_ended(cluster):

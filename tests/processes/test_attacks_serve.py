@@ -17,6 +17,7 @@ from pstrain.errors import (
     InvalidArgumentError,
     ProtocolError,
 )
+from pstrain.testing import untyped_call
 from tests.helpers import TOKEN, ServeProcess, Touch, abort_all, close_writer, rss, strategy_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -66,7 +67,7 @@ async def alive_and_serving(server: ServeProcess) -> None:
     assert server.proc.poll() is None, server.stderr()
     ch = rpc.Channel(server.address, token=TOKEN, task="ps0", connect_timeout=5)
     try:
-        assert (await ch.call("health", None, timeout=5))["status"] == "running"
+        assert (await untyped_call(ch, "health", None, timeout=5))["status"] == "running"
     finally:
         await ch.close()
 
@@ -194,7 +195,7 @@ async def test_no_pickle_refuses_functions_before_unpickling(tmp_path):
         marker = tmp_path / "unpickled"
         ch = rpc.Channel(server.address, token=TOKEN, task="ps0")
         with pytest.raises(InvalidArgumentError):
-            await ch.call("vars/call", {"fn": Touch(str(marker)), "vars": ["v"]}, pickle=True)
+            await untyped_call(ch, "vars/call", {"fn": Touch(str(marker)), "vars": ["v"]}, pickle=True)
         assert not marker.exists() and (await v.numpy()).tolist() == [0, 0, 0]
         await ch.close()
     finally:

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 import pstrain
+from pstrain._formats.messages.operations import ListVariables
 from pstrain._formats.numerics.idhash import shard_of
 from pstrain.ctr import BATCH, CTRModel, make_step, synthetic
 from pstrain.rpc import Channel
-from pstrain.testing import InProcessCluster
+from pstrain.testing import InProcessCluster, untyped_call
 from tests.helpers import TOKEN, ServeProcess
 
 pytestmark = pytest.mark.timeout(240)
@@ -51,7 +52,7 @@ async def _state(model: CTRModel, opt) -> list[np.ndarray]:
     parts = [p for v in [model.table, *model.dense] for p in getattr(v, "variables", [v])]
     values = [await p.read_value() for p in parts]
     for p in parts:
-        reply = await p.channel().call("vars/read", {"names": [opt.slot_variable_name(p, "accumulator")]})
+        reply = await untyped_call(p.channel(), "vars/read", {"names": [opt.slot_variable_name(p, "accumulator")]})
         values.append(reply["values"][0])
     return values + [await opt.iterations.read_value()]
 
@@ -78,8 +79,8 @@ async def _reference(batches) -> list[np.ndarray]:
 async def _listed(address: str, index: int) -> set[str]:
     channel = Channel(address, token=TOKEN, task=f"/job:ps/replica:0/task:{index}")
     try:
-        reply = await channel.call("vars/list", {})
-        return {v["name"] for v in reply["variables"]}
+        reply = await channel.request(ListVariables())
+        return {v.name for v in reply.variables}
     finally:
         await channel.close()
 
@@ -176,7 +177,7 @@ async def _rows_match_the_map(coordinator, table) -> None:
     sliced = coordinator.ps.table_slices(table)
     owners = np.asarray(sliced.owners)
     for ps in sorted(set(sliced.owners)):
-        ids = np.asarray((await table.channel(ps).call("dyn/export", {"name": table.key}))["ids"])
+        ids = np.asarray((await untyped_call(table.channel(ps), "dyn/export", {"name": table.key}))["ids"])
         assert ids.size and np.all(owners[shard_of(ids, sliced.slices)] == ps), ps
 
 
@@ -186,7 +187,7 @@ async def _table_state(model: CTRModel, opt) -> list[np.ndarray]:
     table = model.table
     ids, rows, accs = [], [], []
     for ps in table.holders():
-        reply = await table.channel(ps).call("dyn/export", {"name": table.key})
+        reply = await untyped_call(table.channel(ps), "dyn/export", {"name": table.key})
         ids.append(np.asarray(reply["ids"]))
         rows.append(np.asarray(reply["rows"]).reshape(-1, table.dim))
         accs.append(np.asarray(reply["slots"][f"{opt.name}/accumulator"]).reshape(-1, table.dim))
@@ -225,7 +226,7 @@ async def test_a_dynamic_table_moves_to_a_joining_ps_and_off_it_on_sigterm_and_t
                                          "--join", endpoint, "--drain-timeout", "60")
         await _until(lambda: 2 in set(coordinator.ps.table_slices(model.table).owners)
                      and coordinator.ps.moving is None, "a share of the table to move to the new ps")
-        rows_on_new = (await model.table.channel(2).call("dyn/stats", {"name": model.table.key}))["rows"]
+        rows_on_new = (await untyped_call(model.table.channel(2), "dyn/stats", {"name": model.table.key}))["rows"]
         assert rows_on_new > 0
         await _rows_match_the_map(coordinator, model.table)
         await _until(lambda: coordinator.closures_done >= TABLE_STEPS // 2, "training on three ps")

@@ -315,7 +315,7 @@ async def test_a_worker_sigterm_while_idle_is_heard_at_the_next_batch_not_counte
 
         async def draining_or_gone():
             try:
-                return (await peers.channel("worker", 1).call("statistics", {}))["draining"]
+                return (await peers.channel("worker", 1).statistics())["draining"]
             except pstrain.errors.UnavailableError:
                 return True  # gone at once (what happened before): the batch below shows it
 
@@ -475,7 +475,7 @@ async def test_a_call_cancelled_just_as_its_connection_is_made_stays_cancelled(p
 
     ch.connected = connected_then_cancelled  # type: ignore[method-assign]
     try:
-        call = asyncio.ensure_future(ch.call("health", {}, timeout=10.0))
+        call = asyncio.ensure_future(ch.health(timeout=10.0))
         caller.append(call)
         with pytest.raises(asyncio.CancelledError):
             await call

@@ -45,7 +45,7 @@ SCRIPT = textwrap.dedent("""
         pids = []
         for job in ("ps", "worker"):
             for i in range(resolver.cluster_spec().num_tasks(job)):
-                pids.append((await peers.channel(job, i).call("health", {}))["pid"])
+                pids.append((await peers.channel(job, i).health()).pid)
         print("pids", *pids)
         await coordinator.close()
 
@@ -283,7 +283,7 @@ async def test_a_restarted_task_holds_its_port_while_its_new_process_starts():
         assert cluster.cluster_spec.task_address("ps", 0) == address
         peers = pstrain.rpc.ChannelPool(cluster.cluster_spec, cluster.token)
         try:
-            assert (await peers.channel("ps", 0).call("health", {}))["pid"] == cluster.pid("ps", 0)
+            assert (await peers.channel("ps", 0).health()).pid == cluster.pid("ps", 0)
         finally:
             await peers.close()
 

@@ -214,9 +214,9 @@ async def test_serve_takes_its_role_from_slurm():
     try:
         assert server.address == f"127.0.0.1:{base}"  # rank 1 = worker 0, the node's second port
         channel = pstrain.rpc.Channel(server.address, token=TOKEN, task="w")
-        health = await channel.call("health", {})
+        health = await channel.health()
         await channel.close()
-        assert (health["role"], health["index"]) == ("worker", 0)
+        assert (health.role, health.index) == ("worker", 0)
     finally:
         server.stop()
 

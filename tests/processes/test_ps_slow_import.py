@@ -48,7 +48,7 @@ async def test_a_function_whose_unpickling_imports_a_slow_module_does_not_stall_
                 while time.monotonic() - importing_since < 2 * timeout_s:
                     done, _ = await asyncio.wait({update}, timeout=0.2)
                     assert not done, "the update ran before its argument's module was imported"
-                    await asyncio.wait_for(ch.call("health", {}), 1.0)
+                    await asyncio.wait_for(ch.health(), 1.0)
                     assert await asyncio.wait_for(coordinator.schedule(_sum_of, args=(v,)).get(), 2.0) == 0.0
             finally:
                 await ch.close()

@@ -17,6 +17,7 @@ from pstrain._formats.codec.handshake import (
     ClientHandshake,
 )
 from pstrain.errors import AuthenticationError, WrongTaskError
+from pstrain.testing import untyped_call
 from tests.helpers import TOKEN, MiB, ServeProcess, Touch, abort_all, rss
 
 pytestmark = pytest.mark.timeout(120)
@@ -74,7 +75,7 @@ async def test_a_relayed_handshake_runs_nothing_on_another_task(tmp_path, rewrit
         ch = rpc.Channel(address, token=TOKEN, task="/job:ps/replica:0/task:0")
         expected = AuthenticationError if rewrite else WrongTaskError
         with pytest.raises(expected):
-            await ch.call("vars/read", {"names": ["w"]})
+            await untyped_call(ch, "vars/read", {"names": ["w"]})
         await ch.close()
         relay.close()
         await relay.wait_closed()
@@ -151,47 +152,47 @@ async def test_small_requests_cannot_make_a_ps_allocate_without_bound(tmp_path):
     ch = rpc.Channel(server.address, token=TOKEN, task="/job:ps/replica:0/task:0")
     try:
         spec = {"name": "big", "dtype": "<f4", "shape": [MiB // 4], "init": {"kind": "zeros"}}
-        await ch.call("vars/create", {"vars": [spec]})
+        await untyped_call(ch, "vars/create", {"vars": [spec]})
         before = rss(server.proc.pid)
         # one 1 MiB variable named 256 times in a 530-byte request
         with pytest.raises(InvalidArgumentError, match="named more than once"):
-            await ch.call("vars/read", {"names": ["big"] * 256})
+            await untyped_call(ch, "vars/read", {"names": ["big"] * 256})
         # a table 4096 wide: one lookup must not allocate thousands of rows ahead
         config = {"dim": 4096, "dtype": "float32"}
         with pytest.raises(InvalidArgumentError, match="max-variable-bytes"):
-            await ch.call("dyn/create", {"name": "t", "config": {**config, "capacity": 1000}})
-        await ch.call("dyn/create", {"name": "t", "config": config})
-        await ch.call("dyn/lookup", {"name": "t", "ids": np.array([7], np.int64)})
+            await untyped_call(ch, "dyn/create", {"name": "t", "config": {**config, "capacity": 1000}})
+        await untyped_call(ch, "dyn/create", {"name": "t", "config": config})
+        await untyped_call(ch, "dyn/lookup", {"name": "t", "ids": np.array([7], np.int64)})
         with pytest.raises(InvalidArgumentError, match="max-variable-bytes"):
-            await ch.call("dyn/create", {"name": "wide", "config": {"dim": 1 << 20}})
+            await untyped_call(ch, "dyn/create", {"name": "wide", "config": {"dim": 1 << 20}})
         # a 1 MiB file listed as 96 row ranges of one variable: a 96 MiB variable
         path = str(tmp_path / "one.safetensors")
         write_tensors(path, {"x": np.zeros((1024, 256), np.float32)})
         sources = [[path, "x", 0, 1024, i * 1024] for i in range(96)]
         with pytest.raises(InvalidArgumentError, match="max-variable-bytes"):
-            await ch.call("ckpt/restore", {"vars": [{"name": "r", "dtype": "<f4",
+            await untyped_call(ch, "ckpt/restore", {"vars": [{"name": "r", "dtype": "<f4",
                                                      "shape": [96 * 1024, 256], "sources": sources}]})
         # absurd shapes in an index are refused, not crashed on
         for shape in ([10**12], [1 << 40, 1 << 40]):
             with pytest.raises(InvalidArgumentError):
-                await ch.call("ckpt/restore", {"vars": [{"name": "s", "dtype": "<f4", "shape": shape,
+                await untyped_call(ch, "ckpt/restore", {"vars": [{"name": "s", "dtype": "<f4", "shape": shape,
                                                          "sources": [[path, "x", None, None, None]]}]})
         with pytest.raises(InvalidArgumentError, match="scalar"):
-            await ch.call("ckpt/restore", {"vars": [{"name": "s", "dtype": "<f4", "shape": [],
+            await untyped_call(ch, "ckpt/restore", {"vars": [{"name": "s", "dtype": "<f4", "shape": [],
                                                      "sources": [[path, "x", 0, 1, 0]]}]})
         # staged restores that are never committed: bounded in number
         small = [[path, "x", 0, 16, 0]]
         refused = 0
         for k in range(20):
             try:
-                await ch.call("ckpt/restore", {"stage": f"s{k}", "vars": [
+                await untyped_call(ch, "ckpt/restore", {"stage": f"s{k}", "vars": [
                     {"name": f"st{k}", "dtype": "<f4", "shape": [16, 256], "sources": small}]})
             except InvalidArgumentError as exc:
                 assert "staged" in str(exc)
                 refused += 1
         assert refused == 16
         assert rss(server.proc.pid) - before < 16 * MiB
-        names = {v["name"] for v in (await ch.call("vars/list", {}))["variables"]}
+        names = {v["name"] for v in (await untyped_call(ch, "vars/list", {}))["variables"]}
         assert names == {"big"}  # nothing a refusal touched was created
     finally:
         await ch.close()
@@ -211,13 +212,13 @@ async def test_a_ps_holds_no_more_than_its_store_limit(tmp_path):
                  for i in range(12)]  # 8 MiB each, generated on the ps
         for k in range(0, 12, 2):  # requests of 16 MiB, each within the per-request limit
             try:
-                await ch.call("vars/create", {"vars": specs[k:k + 2]})
+                await untyped_call(ch, "vars/create", {"vars": specs[k:k + 2]})
             except InvalidArgumentError as exc:
                 assert "max-store-bytes" in str(exc) and k == 6  # the 4th would pass 48 MiB
                 break
         else:
             raise AssertionError("the ps took more than its store limit")
-        names = {v["name"] for v in (await ch.call("vars/list", {}))["variables"]}
+        names = {v["name"] for v in (await untyped_call(ch, "vars/list", {}))["variables"]}
         assert names == {f"v{i}" for i in range(6)}  # the refused request created nothing
         assert rss(server.proc.pid) - before < 56 * MiB
     finally:
@@ -236,8 +237,8 @@ async def test_one_small_request_cannot_create_many_variables_past_the_limit():
         specs = [{"name": f"v{i}", "dtype": "<f4", "shape": [4 * MiB], "init": {"kind": "zeros"}}
                  for i in range(24)]  # 1.5 KB asking for 24 x 16 MiB
         with pytest.raises(InvalidArgumentError, match="per request"):
-            await ch.call("vars/create", {"vars": specs})
-        assert (await ch.call("vars/list", {}))["variables"] == []
+            await untyped_call(ch, "vars/create", {"vars": specs})
+        assert (await untyped_call(ch, "vars/list", {}))["variables"] == []
         assert rss(server.proc.pid) - before < 16 * MiB
     finally:
         await ch.close()
@@ -258,10 +259,10 @@ async def test_idle_connections_without_a_token_cannot_take_the_descriptors_clie
             _, writer = await asyncio.open_connection(host, int(port))
             writers.append(writer)
         ch = rpc.Channel(server.address, token=TOKEN, task="/job:ps/replica:0/task:0")
-        await asyncio.wait_for(ch.call("vars/create", {"vars": [
+        await asyncio.wait_for(untyped_call(ch, "vars/create", {"vars": [
             {"name": "v", "dtype": "<f4", "shape": [3],
              "value": np.array([1.0, 2.0, 3.0], np.float32)}]}), 30)
-        values = (await asyncio.wait_for(ch.call("vars/read", {"names": ["v"]}), 30))["values"]
+        values = (await asyncio.wait_for(untyped_call(ch, "vars/read", {"names": ["v"]}), 30))["values"]
         assert list(values[0]) == [1.0, 2.0, 3.0]
         await ch.close()
     finally:

@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 import pstrain
+from pstrain._formats.messages.operations import ListVariables
 from pstrain.checkpoint import Checkpoint
 from pstrain.errors import AlreadyExistsError, UnavailableError
 from pstrain.rpc import Channel
+from pstrain.testing import untyped_call
 from tests.helpers import TOKEN, strategy_for, wait_for
 
 pytestmark = pytest.mark.timeout(90)
@@ -21,7 +23,7 @@ pytestmark = pytest.mark.timeout(90)
 async def _ps_keys(ps):
     channel = Channel(ps.address, token=TOKEN, task="ps0")
     try:
-        return {v["name"] for v in (await channel.call("vars/list", {}))["variables"]}
+        return {v.name for v in (await channel.request(ListVariables())).variables}
     finally:
         await channel.close()
 
@@ -65,9 +67,9 @@ async def test_a_new_coordinator_takes_over_a_dead_ones_variables_and_slots(ps_s
     channel = Channel(ps_server.address, token=TOKEN, task="ps0")
     spec = {"name": "emb", "dtype": "<f4", "shape": [4, 2], "value": np.zeros((4, 2), np.float32)}
     with pytest.raises(AlreadyExistsError):
-        await channel.call("vars/create", {"vars": [spec], "owner": new.placement.owner})
+        await untyped_call(channel, "vars/create", {"vars": [spec], "owner": new.placement.owner})
     with pytest.raises(AlreadyExistsError):
-        await channel.call("vars/create", {"vars": [spec]})  # no owner: no takeover
+        await untyped_call(channel, "vars/create", {"vars": [spec]})  # no owner: no takeover
     await channel.close()
 
 

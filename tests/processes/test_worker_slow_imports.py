@@ -75,7 +75,7 @@ async def test_an_argument_whose_unpickling_imports_a_slow_module_does_not_lose_
                 while time.monotonic() - importing_since < 2 * timeout_s:
                     done, _ = await asyncio.wait({result}, timeout=0.2)
                     assert not done, "the closure ended before its argument's import did"
-                    await asyncio.wait_for(ch.call("health", {}), 1.0)
+                    await asyncio.wait_for(ch.health(), 1.0)
             finally:
                 await ch.close()
             slow.release()

@@ -153,6 +153,7 @@ class Fencing:
             return reply
 
         handler.__name__ = getattr(fn, "__name__", "update")
+        handler.__wrapped__ = fn  # type: ignore[attr-defined]  # (its declared reply, for tests)
         return handler
 
     def _record(self, key: str, seq: int, names: Iterable[str], reply: Any,
