@@ -5,6 +5,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RUFF := $(VENV)/bin/ruff check pstrain tests benchmarks examples fuzz
+# The formatter owns the layout (line length 110, pyproject.toml): `ruff format` rewrites it.
+FORMAT := $(VENV)/bin/ruff format --check pstrain tests benchmarks examples fuzz
 # Python writes the bytecode of the modules it imports, in .venv and here: this machine's
 # image sets PYTHONDONTWRITEBYTECODE=1, under which every process compiles every module it
 # imports from source (pstrain's, about 0.2 s of each of the ~230 server processes of a
@@ -53,6 +55,7 @@ setup:
 PYTEST_WORKERS ?= 2
 test: setup
 	$(RUFF)
+	$(FORMAT)
 	$(BYTECODE)
 	@$(VENV)/bin/mypy > .mypy.out 2>&1 & mypy=$$!; \
 	$(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS); \
@@ -65,6 +68,7 @@ test: setup
 # runs every tier (tests/README.md).
 check: $(STAMP)
 	$(RUFF)
+	$(FORMAT)
 	$(BYTECODE)
 	$(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile pstrain tests/unit \
 		tests/cluster $(PYTEST_ARGS)
@@ -116,6 +120,7 @@ bench: $(STAMP)
 # The architecture's static checks (layers and cycles are checked by tests/unit/test_architecture.py).
 lint: $(STAMP)
 	$(RUFF)
+	$(FORMAT)
 	$(VENV)/bin/mypy
 
 # Coverage-guided fuzzing of the wire decoder (atheris), FUZZ_SECONDS long (default 300).

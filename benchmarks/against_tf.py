@@ -31,8 +31,10 @@ from common import RESULTS, emit, median, peer_run, peer_version, plot_rounds  #
 from train_embedding import run as run_w4  # noqa: E402
 
 ANCHOR = Path(__file__).resolve().parents[2] / "shared" / "anchors" / "tf_ps.py"
-SETUP = ("python3 -m venv \"$TFENV\" && \"$TFENV/bin/pip\" install -q tensorflow-cpu==2.21.0 "
-         "(../shared/anchors/README.md)")
+SETUP = (
+    'python3 -m venv "$TFENV" && "$TFENV/bin/pip" install -q tensorflow-cpu==2.21.0 '
+    "(../shared/anchors/README.md)"
+)
 
 
 def check_tf(python: str, anchor: Path) -> str:
@@ -46,16 +48,30 @@ def check_tf(python: str, anchor: Path) -> str:
 def tf_round(python: str, anchor: Path, steps: int) -> dict:
     """One TensorFlow W4 run: its repeat line (examples/s, held-out loss, ...), every line it
     printed appended to results/W4-tf-session.jsonl as it printed them."""
-    cmd = [python, str(anchor), "--workload", "W4", "--workers", "2", "--ps", "2", "--repeats", "1",
-           "--steps", str(steps)]
+    cmd = [
+        python,
+        str(anchor),
+        "--workload",
+        "W4",
+        "--workers",
+        "2",
+        "--ps",
+        "2",
+        "--repeats",
+        "1",
+        "--steps",
+        str(steps),
+    ]
     return peer_run(cmd, "against_tf: TensorFlow's W4", "W4-tf-session.jsonl", timeout=1800)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tf-python", required=True,
-                        help="the Python of a virtual environment with tensorflow-cpu 2.21")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--tf-python", required=True, help="the Python of a virtual environment with tensorflow-cpu 2.21"
+    )
     parser.add_argument("--anchor", type=Path, default=ANCHOR, help="tf_ps.py (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=1000, help="W4 steps of each run (both systems)")
@@ -75,19 +91,31 @@ def main() -> None:
     os.environ["PSTRAIN_BENCH_TAG"] = "tf-session"  # emit: results/W4-tf-session.jsonl
     p = [r["examples_per_s"] for r in ours]
     t = [r["examples_per_s"] for r in theirs]
-    emit({"workers": 2, "ps": 2, "metric": "examples_per_s", "value": round(median(p), 1),
-          "examples_per_s_each_round": [round(x) for x in p],
-          "held_out_log_loss": round(median([r["held_out_log_loss"] for r in ours]), 4),
-          "tf_version": version, "tf_examples_per_s": round(median(t), 1),
-          "tf_examples_per_s_each_round": [round(x) for x in t],
-          "tf_held_out_log_loss": round(median([r["heldout_logloss"] for r in theirs]), 4),
-          "ratio_to_tf": round(median(p) / median(t), 3), "rounds": args.rounds,
-          "steps": args.steps, "batch": 512,
-          "note": "W4 against TensorFlow's ParameterServerStrategy, alternated in one session"},
-         "W4")
-    plot_rounds(RESULTS / "W4-tf-session.png", {"pstrain": p, f"TensorFlow {version} PS": t},
-                f"W4, 2 ps + 2 workers, alternated in one session: "
-                f"{median(p) / median(t):.2f}x TensorFlow (medians)")
+    emit(
+        {
+            "workers": 2,
+            "ps": 2,
+            "metric": "examples_per_s",
+            "value": round(median(p), 1),
+            "examples_per_s_each_round": [round(x) for x in p],
+            "held_out_log_loss": round(median([r["held_out_log_loss"] for r in ours]), 4),
+            "tf_version": version,
+            "tf_examples_per_s": round(median(t), 1),
+            "tf_examples_per_s_each_round": [round(x) for x in t],
+            "tf_held_out_log_loss": round(median([r["heldout_logloss"] for r in theirs]), 4),
+            "ratio_to_tf": round(median(p) / median(t), 3),
+            "rounds": args.rounds,
+            "steps": args.steps,
+            "batch": 512,
+            "note": "W4 against TensorFlow's ParameterServerStrategy, alternated in one session",
+        },
+        "W4",
+    )
+    plot_rounds(
+        RESULTS / "W4-tf-session.png",
+        {"pstrain": p, f"TensorFlow {version} PS": t},
+        f"W4, 2 ps + 2 workers, alternated in one session: {median(p) / median(t):.2f}x TensorFlow (medians)",
+    )
 
 
 if __name__ == "__main__":

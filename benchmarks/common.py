@@ -28,8 +28,13 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def emit(record: dict[str, Any], workload: str) -> None:
     """Print a result line and append it to results/<workload>.jsonl (with
     ``PSTRAIN_BENCH_TAG=t`` set, to results/<workload>-t.jsonl: runs of a comparison)."""
-    line = {"workload": workload, "system": "pstrain", "version": pstrain.__version__,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **record}
+    line = {
+        "workload": workload,
+        "system": "pstrain",
+        "version": pstrain.__version__,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        **record,
+    }
     text = json.dumps(line)
     print(text, flush=True)
     RESULTS.mkdir(exist_ok=True)
@@ -65,9 +70,13 @@ def peer_version(python: str, module: str, name: str, who: str, how: str) -> str
     TorchRec), or a clear error before anything is measured: ``who`` names the script and
     its flag, ``how`` says how to make that interpreter."""
     try:
-        probe = subprocess.run([python, "-c", f"import {module}; print({module}.__version__)"],
-                               capture_output=True, text=True, timeout=300,
-                               env={"TF_CPP_MIN_LOG_LEVEL": "3", "PATH": "/usr/bin:/bin"})
+        probe = subprocess.run(
+            [python, "-c", f"import {module}; print({module}.__version__)"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={"TF_CPP_MIN_LOG_LEVEL": "3", "PATH": "/usr/bin:/bin"},
+        )
     except OSError as exc:
         raise SystemExit(f"{who} {python!r} cannot be run ({exc}); make it with {how}") from None
     if probe.returncode:
@@ -83,8 +92,9 @@ def peer_run(cmd: list[str], who: str, results: str, timeout: float = 3600) -> d
     lines = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
     runs = [x for x in lines if "repeat" in x and "examples_per_s" in x]
     if done.returncode or not runs:
-        raise SystemExit(f"{who} failed (exit {done.returncode}):\n"
-                         f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        raise SystemExit(
+            f"{who} failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
     RESULTS.mkdir(exist_ok=True)
     with open(RESULTS / results, "a", encoding="utf-8") as f:
         for x in lines:
@@ -131,7 +141,7 @@ def raw_tcp_mib_s(size: int, repeats: int = 20) -> float:
             conn.recv(1)
             times.append(time.perf_counter() - t)
         conn.close()
-        times = times[max(1, repeats // 10):]
+        times = times[max(1, repeats // 10) :]
         return size / (1 << 20) / median(times)
     finally:
         proc.join(5)
@@ -139,8 +149,16 @@ def raw_tcp_mib_s(size: int, repeats: int = 20) -> float:
             proc.kill()
 
 
-def plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tuple[list, list]],
-         logx: bool = False, hline: tuple[str, float] | None = None, points: bool = False) -> None:
+def plot(
+    path: Path,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    series: dict[str, tuple[list, list]],
+    logx: bool = False,
+    hline: tuple[str, float] | None = None,
+    points: bool = False,
+) -> None:
     """A line plot of ``series`` (label -> (xs, ys)) saved as PNG; ``points``: markers only
     (separate runs, which a line would wrongly join)."""
     import matplotlib

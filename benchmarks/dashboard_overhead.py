@@ -34,12 +34,13 @@ async def bench(n: int, rounds: int, inflight: int) -> None:
         results: dict[tuple[str, str], list[float]] = {}
         cpu: dict[tuple[str, str], list[float]] = {}
         for r in range(rounds):
-            for side in (("closed", "open") if r % 2 == 0 else ("open", "closed")):  # cancels drift
+            for side in ("closed", "open") if r % 2 == 0 else ("open", "closed"):  # cancels drift
                 watcher = None
                 if side == "open":  # a browser's stream, from another process
                     url = pstrain.dashboard.login_url(coordinator)  # each login URL works once
                     watcher = subprocess.Popen(
-                        [sys.executable, "-c", WATCH, url], stdout=subprocess.PIPE, text=True)
+                        [sys.executable, "-c", WATCH, url], stdout=subprocess.PIPE, text=True
+                    )
                     assert watcher.stdout is not None
                     # the first event arrived: the stream is open (read off the loop it needs)
                     await asyncio.get_running_loop().run_in_executor(None, watcher.stdout.readline)
@@ -57,14 +58,26 @@ async def bench(n: int, rounds: int, inflight: int) -> None:
     for name in ("noop", "incr"):
         closed = statistics.median(results[(name, "closed")])
         opened = statistics.median(results[(name, "open")])
-        emit({"workers": 2, "ps": 2, "closure": name, "metric": "closures_per_s_dashboard_open",
-              "value": round(opened, 1), "closed": round(closed, 1),
-              "ratio_open_to_closed": round(opened / closed, 4), "rounds": rounds, "n": n,
-              "max_inflight_per_worker": inflight, "snapshots_sent": snapshots,
-              "coordinator_cpu_us_per_closure_open": round(statistics.median(cpu[(name, "open")]), 2),
-              "coordinator_cpu_us_per_closure_closed": round(statistics.median(cpu[(name, "closed")]), 2),
-              "open_runs": [round(x) for x in results[(name, "open")]],
-              "closed_runs": [round(x) for x in results[(name, "closed")]]}, "W1-dashboard")
+        emit(
+            {
+                "workers": 2,
+                "ps": 2,
+                "closure": name,
+                "metric": "closures_per_s_dashboard_open",
+                "value": round(opened, 1),
+                "closed": round(closed, 1),
+                "ratio_open_to_closed": round(opened / closed, 4),
+                "rounds": rounds,
+                "n": n,
+                "max_inflight_per_worker": inflight,
+                "snapshots_sent": snapshots,
+                "coordinator_cpu_us_per_closure_open": round(statistics.median(cpu[(name, "open")]), 2),
+                "coordinator_cpu_us_per_closure_closed": round(statistics.median(cpu[(name, "closed")]), 2),
+                "open_runs": [round(x) for x in results[(name, "open")]],
+                "closed_runs": [round(x) for x in results[(name, "closed")]],
+            },
+            "W1-dashboard",
+        )
 
 
 #: The watcher: log in with the one-time URL, then read the event stream until killed.

@@ -24,8 +24,18 @@ async def main(steps: int) -> None:
 
     out = tempfile.mkdtemp(prefix="pstrain-demo-")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pstrain", "demo", "--dashboard", "--quiet", "--steps", str(steps),
-        "--output", out, stdout=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "pstrain",
+        "demo",
+        "--dashboard",
+        "--quiet",
+        "--steps",
+        str(steps),
+        "--output",
+        out,
+        stdout=asyncio.subprocess.PIPE,
+    )
     assert proc.stdout is not None
     try:
         url = None
@@ -37,8 +47,7 @@ async def main(steps: int) -> None:
             match = re.search(r"(http://\S+/login\?key=\S+)", line)
             url = match.group(1) if match else None
         async with async_playwright() as p:
-            browser = await p.chromium.launch(executable_path=shutil.which("chromium"),
-                                              args=["--no-sandbox"])
+            browser = await p.chromium.launch(executable_path=shutil.which("chromium"), args=["--no-sandbox"])
             page = await browser.new_page(viewport={"width": 1360, "height": 1000})
             await page.goto(url)
             for name, wait in (("dashboard.png", 20), ("dashboard-later.png", 25)):

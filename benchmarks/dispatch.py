@@ -27,6 +27,7 @@ def noop():
 def make_incr(v):
     async def incr():
         await v.assign_add(1.0)
+
     return incr
 
 
@@ -49,7 +50,7 @@ async def latency(coordinator, fn, n: int) -> tuple[float, float]:
         t = time.perf_counter()
         await coordinator.schedule(fn)
         lat.append(time.perf_counter() - t)
-    lat = np.array(lat[max(1, n // 10):]) * 1e3
+    lat = np.array(lat[max(1, n // 10) :]) * 1e3
     return float(np.percentile(lat, 50)), float(np.percentile(lat, 99))
 
 
@@ -67,13 +68,36 @@ async def bench(n: int, latency_n: int, inflight: int) -> None:
             extra = {}
             if name == "incr":
                 after = float(await v.numpy())
-                extra = {"updates_applied": after - before, "updates_scheduled": n + max(1, n // 10),
-                         "exact": after - before == n + max(1, n // 10)}
-            emit({**settings, "closure": name, "metric": "closures_per_s", "value": round(rate, 1),
-                  "coordinator_cpu_us_per_closure": round(cpu_us, 2), "n": n, **extra}, "W1")
+                extra = {
+                    "updates_applied": after - before,
+                    "updates_scheduled": n + max(1, n // 10),
+                    "exact": after - before == n + max(1, n // 10),
+                }
+            emit(
+                {
+                    **settings,
+                    "closure": name,
+                    "metric": "closures_per_s",
+                    "value": round(rate, 1),
+                    "coordinator_cpu_us_per_closure": round(cpu_us, 2),
+                    "n": n,
+                    **extra,
+                },
+                "W1",
+            )
             p50, p99 = await latency(coordinator, fn, latency_n)
-            emit({**settings, "closure": name, "metric": "latency_ms", "p50": round(p50, 4),
-                  "p99": round(p99, 4), "value": round(p50, 4), "n": latency_n}, "W1")
+            emit(
+                {
+                    **settings,
+                    "closure": name,
+                    "metric": "latency_ms",
+                    "p50": round(p50, 4),
+                    "p99": round(p99, 4),
+                    "value": round(p50, 4),
+                    "n": latency_n,
+                },
+                "W1",
+            )
         await coordinator.close()
 
 

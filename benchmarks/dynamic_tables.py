@@ -43,9 +43,9 @@ def w6_data(n_train: int, n_test: int = 20_000):
     f = np.arange(1, FEATURES + 1, dtype=np.uint64)
     with np.errstate(over="ignore"):
         key = mix64(raw * np.uint64(0x9E3779B97F4A7C15) + f)
-    u1 = (mix64(key ^ np.uint64(0xA5A5A5A5A5A5A5A5)) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
-    u2 = (mix64(key ^ np.uint64(0x5A5A5A5A5A5A5A5A)) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
-    t = np.sqrt(-2 * np.log(u1 + 2.0 ** -54)) * np.cos(2 * np.pi * u2)
+    u1 = (mix64(key ^ np.uint64(0xA5A5A5A5A5A5A5A5)) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    u2 = (mix64(key ^ np.uint64(0x5A5A5A5A5A5A5A5A)) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    t = np.sqrt(-2 * np.log(u1 + 2.0**-54)) * np.cos(2 * np.pi * u2)
     dense = rng.standard_normal((n, DENSE)).astype(np.float32)
     logit = t.sum(1) / np.sqrt(FEATURES) + dense @ t_dense / np.sqrt(DENSE)
     labels = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.float32)
@@ -80,7 +80,8 @@ async def run_variant(variant: str, steps: int) -> dict:
         ps_pids = [cluster.pid("ps", i) for i in range(2)]
         pids = [os.getpid(), *ps_pids, *(cluster.pid("worker", i) for i in range(2))]
         strategy = pstrain.ParameterServerStrategy(
-            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
+            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2)
+        )
         coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=2)
         async with strategy.scope():
             model = w6_model(variant)
@@ -91,8 +92,12 @@ async def run_variant(variant: str, steps: int) -> dict:
         def dataset_fn():
             key, dense, labels, n = w6_data(n_train, 0)
             ids = ids_for(variant, key)
-            return pstrain.data.Dataset.from_tensor_slices(
-                (ids[:n], dense[:n], labels[:n])).shuffle(50_000).repeat().batch(BATCH)
+            return (
+                pstrain.data.Dataset.from_tensor_slices((ids[:n], dense[:n], labels[:n]))
+                .shuffle(50_000)
+                .repeat()
+                .batch(BATCH)
+            )
 
         iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
         peers = pstrain.rpc.ChannelPool(strategy.cluster_spec, cluster.resolver.token)
@@ -130,16 +135,27 @@ async def run_variant(variant: str, steps: int) -> dict:
         half = [s for s in samples if s[0] >= t0 + elapsed / 2]
         await coordinator.close()
         await peers.close()
-        return {"variant": variant, "examples_per_s": (steps - warm) * BATCH / elapsed,
-                "held_out_log_loss": held_out, "base_rate_log_loss": base,
-                "rows_held": held, "peak_rss_mib_per_ps": [round(x) for x in peaks],
-                "rss_mib_second_half_min_max": [round(min(sum(s[1]) for s in half)),
-                                                round(max(sum(s[1]) for s in half))] if half else None,
-                "cpu_ms_per_step": cpu * 1e3 / (steps - warm), "bytes_per_step": bytes_per_step}
+        return {
+            "variant": variant,
+            "examples_per_s": (steps - warm) * BATCH / elapsed,
+            "held_out_log_loss": held_out,
+            "base_rate_log_loss": base,
+            "rows_held": held,
+            "peak_rss_mib_per_ps": [round(x) for x in peaks],
+            "rss_mib_second_half_min_max": [
+                round(min(sum(s[1]) for s in half)),
+                round(max(sum(s[1]) for s in half)),
+            ]
+            if half
+            else None,
+            "cpu_ms_per_step": cpu * 1e3 / (steps - warm),
+            "bytes_per_step": bytes_per_step,
+        }
 
 
-async def lookup_update_cost(rows: int, batch: int, iters: int, kernels: str = "compiled",
-                             ascending: bool = False) -> dict:
+async def lookup_update_cost(
+    rows: int, batch: int, iters: int, kernels: str = "compiled", ascending: bool = False
+) -> dict:
     """ms per (lookup + Adagrad update) of the same ``batch`` unique rows, from the
     coordinator, in a fixed ``rows`` x 16 table and in a dynamic table holding those ids:
     alternated, medians. ``kernels``: the ps's table kernels (``PSTRAIN_KERNELS``).
@@ -149,16 +165,18 @@ async def lookup_update_cost(rows: int, batch: int, iters: int, kernels: str = "
     env = {**os.environ, "PSTRAIN_KERNELS": "numpy" if kernels == "numpy" else "compiled"}
     async with pstrain.LocalCluster(num_ps=2, num_workers=1, env=env) as cluster:
         strategy = pstrain.ParameterServerStrategy(
-            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
+            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2)
+        )
         async with strategy.scope():
-            fixed = pstrain.Variable(pstrain.initializers.RandomUniform(-0.05, 0.05, seed=0),
-                                     shape=(rows, DIM), name="cost/fixed")
+            fixed = pstrain.Variable(
+                pstrain.initializers.RandomUniform(-0.05, 0.05, seed=0), shape=(rows, DIM), name="cost/fixed"
+            )
             dynamic = pstrain.DynamicEmbedding(DIM, name="cost/dynamic")
             opt = pstrain.optimizers.Adagrad(0.05, initial_accumulator_value=0.1)
         rng = np.random.default_rng(0)
         keys = rng.integers(-(2**63), 2**63 - 1, rows, dtype=np.int64)
         for lo in range(0, rows, 65536):  # every id admitted: the same rows exist in both
-            await dynamic.lookup(keys[lo:lo + 65536])
+            await dynamic.lookup(keys[lo : lo + 65536])
         grad = np.full((batch, DIM), 0.01, np.float32)
         times: dict[str, list[float]] = {"fixed": [], "dynamic": []}
         for i in range(iters):
@@ -169,7 +187,7 @@ async def lookup_update_cost(rows: int, batch: int, iters: int, kernels: str = "
             ]:
                 t = time.perf_counter()
                 await pstrain.embedding_lookup(table, ids)
-                await opt.apply_gradients([(pstrain.IndexedSlices(grad[:ids.size], ids), table)])
+                await opt.apply_gradients([(pstrain.IndexedSlices(grad[: ids.size], ids), table)])
                 times[name].append(time.perf_counter() - t)
         fixed_ms, dynamic_ms = (median(times[k]) * 1e3 for k in ("fixed", "dynamic"))
         return {"fixed_ms": fixed_ms, "dynamic_ms": dynamic_ms}
@@ -181,10 +199,12 @@ def main() -> None:
     parser.add_argument("--variants", default="a,b,c")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--w4-steps", type=int, default=1000)
-    parser.add_argument("--cost-only", action="store_true",
-                        help="only the lookup + update cost, fixed against dynamic")
-    parser.add_argument("--plot-only", action="store_true",
-                        help="redraw results/W6.png from every run in results/W6.jsonl")
+    parser.add_argument(
+        "--cost-only", action="store_true", help="only the lookup + update cost, fixed against dynamic"
+    )
+    parser.add_argument(
+        "--plot-only", action="store_true", help="redraw results/W6.png from every run in results/W6.jsonl"
+    )
     args = parser.parse_args()
     if args.plot_only:
         plot_all()
@@ -193,12 +213,22 @@ def main() -> None:
     # the dynamic ids as drawn and ascending (as the fixed table's are)
     for kernels, ascending in (("numpy", False), ("compiled", False), ("compiled", True)):
         cost = pstrain.run(lookup_update_cost(1_000_000, 4096, 200, kernels, ascending))
-        emit({"ps": 2, "metric": "lookup_update_ms", "value": round(cost["dynamic_ms"], 3),
-              "fixed_ms": round(cost["fixed_ms"], 3), "kernels": kernels,
-              "dynamic_ids": "ascending" if ascending else "hash order",
-              "ratio_dynamic_to_fixed": round(cost["dynamic_ms"] / cost["fixed_ms"], 3),
-              "rows": 1_000_000, "batch": 4096, "iterations": 200,
-              "note": "lookup + Adagrad update of the same unique rows, from the coordinator"}, "W6")
+        emit(
+            {
+                "ps": 2,
+                "metric": "lookup_update_ms",
+                "value": round(cost["dynamic_ms"], 3),
+                "fixed_ms": round(cost["fixed_ms"], 3),
+                "kernels": kernels,
+                "dynamic_ids": "ascending" if ascending else "hash order",
+                "ratio_dynamic_to_fixed": round(cost["dynamic_ms"] / cost["fixed_ms"], 3),
+                "rows": 1_000_000,
+                "batch": 4096,
+                "iterations": 200,
+                "note": "lookup + Adagrad update of the same unique rows, from the coordinator",
+            },
+            "W6",
+        )
     if args.cost_only:
         return
     results: dict[str, list[dict]] = {}
@@ -212,7 +242,7 @@ def main() -> None:
     for i in range(args.runs):
         # each round in another order (W4 b c, b c W4, c W4 b, ...): none always runs first,
         # or always after the same one, while the machine's speed drifts over minutes
-        for job in jobs[i % len(jobs):] + jobs[:i % len(jobs)]:
+        for job in jobs[i % len(jobs) :] + jobs[: i % len(jobs)]:
             if job == "W4":
                 r = pstrain.run(run_w4(args.w4_steps, 2, 2))
                 w4.append(r["examples_per_s"])
@@ -221,38 +251,64 @@ def main() -> None:
             else:
                 results.setdefault(job, []).append(pstrain.run(run_variant(job, args.steps)))
     w4_median = median(w4)
-    emit({"workers": 2, "ps": 2, "metric": "examples_per_s", "value": round(w4_median, 1),
-          "bytes_per_step": round(median(w4_bytes)), "cpu_ms_per_step": round(median(w4_cpu), 2),
-          "steps": args.w4_steps, "batch": BATCH,
-          "runs": len(w4), "note": "W4 in the W6 run",
-          "examples_per_s_each_round": [round(x) for x in w4]}, "W6")
+    emit(
+        {
+            "workers": 2,
+            "ps": 2,
+            "metric": "examples_per_s",
+            "value": round(w4_median, 1),
+            "bytes_per_step": round(median(w4_bytes)),
+            "cpu_ms_per_step": round(median(w4_cpu), 2),
+            "steps": args.w4_steps,
+            "batch": BATCH,
+            "runs": len(w4),
+            "note": "W4 in the W6 run",
+            "examples_per_s_each_round": [round(x) for x in w4],
+        },
+        "W6",
+    )
     series = {}
     for variant, runs in results.items():
-        best = {k: median([r[k] for r in runs]) for k in ("examples_per_s", "held_out_log_loss",
-                                                          "rows_held", "cpu_ms_per_step",
-                                                          "bytes_per_step")}
+        best = {
+            k: median([r[k] for r in runs])
+            for k in ("examples_per_s", "held_out_log_loss", "rows_held", "cpu_ms_per_step", "bytes_per_step")
+        }
         last = runs[-1]
-        emit({"workers": 2, "ps": 2, "variant": variant, "metric": "examples_per_s",
-              "value": round(best["examples_per_s"], 1),
-              "ratio_to_w4": round(best["examples_per_s"] / w4_median, 3),
-              "held_out_log_loss": round(best["held_out_log_loss"], 4),
-              "base_rate_log_loss": round(last["base_rate_log_loss"], 4),
-              "rows_held": int(best["rows_held"]), "peak_rss_mib_per_ps": last["peak_rss_mib_per_ps"],
-              "rss_mib_second_half_min_max": last["rss_mib_second_half_min_max"],
-              "cpu_ms_per_step": round(best["cpu_ms_per_step"], 2),
-              "bytes_per_step": round(best["bytes_per_step"]), "steps": args.steps,
-              "batch": BATCH, "runs": len(runs),
-              # each round's ratio to W4's of the same round: the spread of the medians' inputs
-              "ratio_to_w4_each_round": [round(r["examples_per_s"] / x, 3) for r, x in zip(runs, w4)]},
-             "W6")
+        emit(
+            {
+                "workers": 2,
+                "ps": 2,
+                "variant": variant,
+                "metric": "examples_per_s",
+                "value": round(best["examples_per_s"], 1),
+                "ratio_to_w4": round(best["examples_per_s"] / w4_median, 3),
+                "held_out_log_loss": round(best["held_out_log_loss"], 4),
+                "base_rate_log_loss": round(last["base_rate_log_loss"], 4),
+                "rows_held": int(best["rows_held"]),
+                "peak_rss_mib_per_ps": last["peak_rss_mib_per_ps"],
+                "rss_mib_second_half_min_max": last["rss_mib_second_half_min_max"],
+                "cpu_ms_per_step": round(best["cpu_ms_per_step"], 2),
+                "bytes_per_step": round(best["bytes_per_step"]),
+                "steps": args.steps,
+                "batch": BATCH,
+                "runs": len(runs),
+                # each round's ratio to W4's of the same round: the spread of the medians' inputs
+                "ratio_to_w4_each_round": [round(r["examples_per_s"] / x, 3) for r, x in zip(runs, w4)],
+            },
+            "W6",
+        )
         series[LABELS[variant]] = ([best["rows_held"]], [best["held_out_log_loss"]])
-    plot(RESULTS / "W6.png", "W6: held-out log loss against rows held", "rows held",
-         "held-out log loss", series)
+    plot(
+        RESULTS / "W6.png",
+        "W6: held-out log loss against rows held",
+        "rows held",
+        "held-out log loss",
+        series,
+    )
     plot_all()
 
 
-LABELS = {"a": "(a) dynamic, no limit", "b": "(b) capacity 500k, admit 2, LRU",
-          "c": "(c) fixed 500k, hashed"}
+LABELS = {"a": "(a) dynamic, no limit", "b": "(b) capacity 500k, admit 2, LRU", "c": "(c) fixed 500k, hashed"}
 
 
 def plot_all() -> None:
@@ -267,8 +323,15 @@ def plot_all() -> None:
                 xs, ys = series.setdefault(LABELS[r["variant"]], ([], []))
                 xs.append(r["rows_held"])
                 ys.append(r["held_out_log_loss"])
-    plot(RESULTS / "W6.png", "W6: held-out log loss against rows held (each point a run)",
-         "rows held", "held-out log loss", series, logx=True, points=True)
+    plot(
+        RESULTS / "W6.png",
+        "W6: held-out log loss against rows held (each point a run)",
+        "rows held",
+        "held-out log loss",
+        series,
+        logx=True,
+        points=True,
+    )
 
 
 if __name__ == "__main__":

@@ -50,8 +50,13 @@ async def _bulk(coordinator, big, spare, repeats: int) -> dict:
         if k:
             copies.append(time.perf_counter() - t)
     nbytes = sum(b.shape[0] * b.shape[1] * 4 for b in big)
-    return {"bytes": nbytes, "move_s": median(moves), "copy_s": median(copies),
-            "move_gb_s": nbytes / median(moves) / 1e9, "copy_gb_s": nbytes / median(copies) / 1e9}
+    return {
+        "bytes": nbytes,
+        "move_s": median(moves),
+        "copy_s": median(copies),
+        "move_gb_s": nbytes / median(moves) / 1e9,
+        "copy_gb_s": nbytes / median(copies) / 1e9,
+    }
 
 
 async def _trained(coordinator, step, iterator, done_at: list[float], stop: asyncio.Event) -> None:
@@ -73,7 +78,8 @@ def _rate(done_at: list[float], start: float, end: float) -> float:
 async def run(repeats: int, rounds: int, window: float) -> None:
     async with pstrain.LocalCluster(num_ps=3, num_workers=2) as cluster:
         strategy = pstrain.ParameterServerStrategy(
-            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
+            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2)
+        )
         coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=2)
         async with strategy.scope():  # W4's model, as examples/ctr_embedding.py builds it
             model = CTRModel()
@@ -83,16 +89,34 @@ async def run(repeats: int, rounds: int, window: float) -> None:
             big, spare = [], []
             for k in range(BIG_PARTS):
                 with strategy.placement.colocated(0):
-                    big.append(pstrain.Variable(pstrain.initializers.Ones(), shape=(BIG_ROWS, BIG_DIM),
-                                                dtype=np.float32, name=f"big{k}"))
+                    big.append(
+                        pstrain.Variable(
+                            pstrain.initializers.Ones(),
+                            shape=(BIG_ROWS, BIG_DIM),
+                            dtype=np.float32,
+                            name=f"big{k}",
+                        )
+                    )
                 with strategy.placement.colocated(1):
-                    spare.append(pstrain.Variable(pstrain.initializers.Ones(),
-                                                  shape=(BIG_ROWS, BIG_DIM), dtype=np.float32,
-                                                  name=f"spare{k}"))
+                    spare.append(
+                        pstrain.Variable(
+                            pstrain.initializers.Ones(),
+                            shape=(BIG_ROWS, BIG_DIM),
+                            dtype=np.float32,
+                            name=f"spare{k}",
+                        )
+                    )
         limit = raw_tcp_mib_s(64 << 20) * (1 << 20) / 1e9
         bulk = await _bulk(coordinator, big, spare, repeats)
-        emit({"metric": "move_1gib", **{k: round(v, 3) for k, v in bulk.items()},
-              "raw_tcp_gb_s": round(limit, 3), "repeats": repeats}, "elastic_ps")
+        emit(
+            {
+                "metric": "move_1gib",
+                **{k: round(v, 3) for k, v in bulk.items()},
+                "raw_tcp_gb_s": round(limit, 3),
+                "repeats": repeats,
+            },
+            "elastic_ps",
+        )
         part = model.table.variables[0]  # W4's hot table shard
         table, home = part.key, part.ps_index
         slot = opt.slot_variable_name(part, "accumulator")
@@ -136,12 +160,17 @@ async def run(repeats: int, rounds: int, window: float) -> None:
             rates["during_copy"].append(_rate(done_at, start, time.perf_counter()))
         stop.set()
         await trainer
-        row = {"metric": "w4_examples_per_s", "window_s": window, "rounds": rounds,
-               **{k: round(median(v), 1) for k, v in rates.items()},
-               "move_vs_before": round(median(rates["during_move"]) / median(rates["before"]), 3),
-               "copy_vs_before": round(median(rates["during_copy"]) / median(rates["before"]), 3),
-               "moved_bytes_each": moved_bytes, "move_s": round(median(move_times), 3),
-               "all": {k: [round(x) for x in v] for k, v in rates.items()}}
+        row = {
+            "metric": "w4_examples_per_s",
+            "window_s": window,
+            "rounds": rounds,
+            **{k: round(median(v), 1) for k, v in rates.items()},
+            "move_vs_before": round(median(rates["during_move"]) / median(rates["before"]), 3),
+            "copy_vs_before": round(median(rates["during_copy"]) / median(rates["before"]), 3),
+            "moved_bytes_each": moved_bytes,
+            "move_s": round(median(move_times), 3),
+            "all": {k: [round(x) for x in v] for k, v in rates.items()},
+        }
         emit(row, "elastic_ps")
         _plot(bulk, limit, row)
         await coordinator.close()
@@ -154,12 +183,18 @@ def _plot(bulk: dict, limit: float, w4: dict) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4.2), dpi=110)
-    a.bar(["move (copy,\ncatch up, switch)", "plain copy\n(read + assign)", "raw TCP\n(limit)"],
-          [bulk["move_gb_s"], bulk["copy_gb_s"], limit], color=["C0", "C1", "grey"])
+    a.bar(
+        ["move (copy,\ncatch up, switch)", "plain copy\n(read + assign)", "raw TCP\n(limit)"],
+        [bulk["move_gb_s"], bulk["copy_gb_s"], limit],
+        color=["C0", "C1", "grey"],
+    )
     a.set_ylabel("GB/s")
     a.set_title(f"1 GiB between two ps: move {bulk['move_s']:.2f} s, copy {bulk['copy_s']:.2f} s")
-    b.bar(["before", "during moves\nof its table shard", "during plain copies\nof the same bytes"],
-          [w4["before"], w4["during_move"], w4["during_copy"]], color=["grey", "C0", "C1"])
+    b.bar(
+        ["before", "during moves\nof its table shard", "during plain copies\nof the same bytes"],
+        [w4["before"], w4["during_move"], w4["during_copy"]],
+        color=["grey", "C0", "C1"],
+    )
     b.set_ylabel("examples/s")
     b.set_title("W4 (2 workers) while its table moves")
     save_figure(fig, RESULTS / "elastic_ps.png")

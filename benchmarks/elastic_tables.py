@@ -35,7 +35,7 @@ async def _fill(table, opt) -> None:
     """Every row admitted, and trained once (its accumulator made)."""
     ids_all = np.arange(ROWS, dtype=np.int64) * 0x9E3779B1 + 12345
     for start in range(0, ROWS, BATCH):
-        ids = ids_all[start:start + BATCH]
+        ids = ids_all[start : start + BATCH]
         await table.lookup(ids)
         grads = np.full((ids.size, DIM), 0.01, np.float32)
         await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
@@ -52,11 +52,23 @@ async def run(repeats: int) -> None:
             src, dst = [], []
             for k in range(2):
                 with strategy.placement.colocated(0):
-                    src.append(pstrain.Variable(pstrain.initializers.Ones(), shape=(COPY_ROWS, DIM),
-                                                dtype=np.float32, name=f"src{k}"))
+                    src.append(
+                        pstrain.Variable(
+                            pstrain.initializers.Ones(),
+                            shape=(COPY_ROWS, DIM),
+                            dtype=np.float32,
+                            name=f"src{k}",
+                        )
+                    )
                 with strategy.placement.colocated(1):
-                    dst.append(pstrain.Variable(pstrain.initializers.Ones(), shape=(COPY_ROWS, DIM),
-                                                dtype=np.float32, name=f"dst{k}"))
+                    dst.append(
+                        pstrain.Variable(
+                            pstrain.initializers.Ones(),
+                            shape=(COPY_ROWS, DIM),
+                            dtype=np.float32,
+                            name=f"dst{k}",
+                        )
+                    )
         t = time.perf_counter()
         await _fill(table, opt)
         fill_s = time.perf_counter() - t
@@ -81,13 +93,22 @@ async def run(repeats: int) -> None:
         nbytes = rows_on_0 * DIM * 4 * 2  # rows and accumulators
         copy_bytes = 2 * COPY_ROWS * DIM * 4
         limit = raw_tcp_mib_s(64 << 20) * (1 << 20) / 1e9
-        row = {"metric": "table_move", "rows": rows_on_0, "bytes": nbytes, "slices": len(first),
-               "move_s": round(median(moves), 3), "copy_bytes": copy_bytes,
-               "copy_s": round(median(copies), 3),
-               "move_gb_s": round(nbytes / median(moves) / 1e9, 3),
-               "copy_gb_s": round(copy_bytes / median(copies) / 1e9, 3),
-               "raw_tcp_gb_s": round(limit, 3), "repeats": repeats, "fill_s": round(fill_s, 1),
-               "all_moves_s": [round(x, 3) for x in moves], "all_copies_s": [round(x, 3) for x in copies]}
+        row = {
+            "metric": "table_move",
+            "rows": rows_on_0,
+            "bytes": nbytes,
+            "slices": len(first),
+            "move_s": round(median(moves), 3),
+            "copy_bytes": copy_bytes,
+            "copy_s": round(median(copies), 3),
+            "move_gb_s": round(nbytes / median(moves) / 1e9, 3),
+            "copy_gb_s": round(copy_bytes / median(copies) / 1e9, 3),
+            "raw_tcp_gb_s": round(limit, 3),
+            "repeats": repeats,
+            "fill_s": round(fill_s, 1),
+            "all_moves_s": [round(x, 3) for x in moves],
+            "all_copies_s": [round(x, 3) for x in copies],
+        }
         emit(row, "elastic_tables")
         _plot(row)
         await coordinator.close()
@@ -100,12 +121,16 @@ def _plot(row: dict) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4.2), dpi=110)
-    ax.bar(["move of table slices\n(copy, catch up, switch)", "plain copy\n(read + assign)",
-            "raw TCP\n(limit)"], [row["move_gb_s"], row["copy_gb_s"], row["raw_tcp_gb_s"]],
-           color=["C0", "C1", "grey"])
+    ax.bar(
+        ["move of table slices\n(copy, catch up, switch)", "plain copy\n(read + assign)", "raw TCP\n(limit)"],
+        [row["move_gb_s"], row["copy_gb_s"], row["raw_tcp_gb_s"]],
+        color=["C0", "C1", "grey"],
+    )
     ax.set_ylabel("GB/s")
-    ax.set_title(f"{row['bytes'] / 2 ** 30:.2f} GiB of a table's rows and slots between two ps:\n"
-                 f"move {row['move_s']:.2f} s, plain copy of 1 GiB {row['copy_s']:.2f} s")
+    ax.set_title(
+        f"{row['bytes'] / 2**30:.2f} GiB of a table's rows and slots between two ps:\n"
+        f"move {row['move_s']:.2f} s, plain copy of 1 GiB {row['copy_s']:.2f} s"
+    )
     save_figure(fig, RESULTS / "elastic_tables.png")
 
 

@@ -59,7 +59,8 @@ async def w4(steps: int, exactly_once: bool) -> float:
 
     async with pstrain.LocalCluster(num_ps=2, num_workers=2) as cluster:
         strategy = pstrain.ParameterServerStrategy(
-            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
+            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2)
+        )
         coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=2)
         step, _, _ = await build(strategy)
 
@@ -86,8 +87,9 @@ async def w4(steps: int, exactly_once: bool) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--n", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--w4-steps", type=int, default=400)
@@ -95,16 +97,34 @@ def main() -> None:
     args = parser.parse_args()
     rates = pstrain.run(w1(args.n, args.rounds))
     for mode, xs in rates.items():
-        emit({"metric": "closures_per_s", "closure": "incr", "mode": mode,
-              "value": round(statistics.median(xs)),
-              "runs": [round(x) for x in xs], "n": args.n, "max_inflight_per_worker": 256}, "W1-exactly-once")
+        emit(
+            {
+                "metric": "closures_per_s",
+                "closure": "incr",
+                "mode": mode,
+                "value": round(statistics.median(xs)),
+                "runs": [round(x) for x in xs],
+                "n": args.n,
+                "max_inflight_per_worker": 256,
+            },
+            "W1-exactly-once",
+        )
     w4_rates: dict[str, list[float]] = {"plain": [], "exactly_once": []}
     for _ in range(args.w4_runs):
         for mode in ("plain", "exactly_once"):
             w4_rates[mode].append(pstrain.run(w4(args.w4_steps, mode == "exactly_once")))
     for mode, xs in w4_rates.items():
-        emit({"metric": "examples_per_s", "mode": mode, "value": round(statistics.median(xs)),
-              "runs": [round(x) for x in xs], "steps": args.w4_steps, "batch": 512}, "W4-exactly-once")
+        emit(
+            {
+                "metric": "examples_per_s",
+                "mode": mode,
+                "value": round(statistics.median(xs)),
+                "runs": [round(x) for x in xs],
+                "steps": args.w4_steps,
+                "batch": 512,
+            },
+            "W4-exactly-once",
+        )
 
 
 if __name__ == "__main__":

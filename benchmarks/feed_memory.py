@@ -47,8 +47,10 @@ async def main(args: argparse.Namespace) -> None:
         address = cluster.cluster_spec.task_address("ps", 0)
         host, port = address.rsplit(":", 1)
         before = _rss(pid)
-        request = (f"GET /v1/tables/emb/rows?since=987654321 HTTP/1.1\r\nHost: x\r\n"
-                   f"Authorization: Bearer {cluster.token}\r\n\r\n").encode()
+        request = (
+            f"GET /v1/tables/emb/rows?since=987654321 HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: Bearer {cluster.token}\r\n\r\n"
+        ).encode()
         peaks, statuses = [], []
         for _ in range(args.rounds):  # each round: readers that ask, hold, then go
             readers = []
@@ -65,12 +67,17 @@ async def main(args: argparse.Namespace) -> None:
                 line = await asyncio.wait_for(reader.readline(), 10)
                 statuses.append(int(line.split()[1]))
                 writer.transport.abort()
-        result = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "readers": args.readers,
-                  "rounds": args.rounds, "rows_mib": round(rows * 64 * 4 / (1 << 20), 1),
-                  "rss_before_mib": round(before / (1 << 20), 1),
-                  "rss_peak_mib_by_round": [round(p / (1 << 20), 1) for p in peaks],
-                  "grown_mib": round((max(peaks) - before) / (1 << 20), 1),
-                  "answered_200": statuses.count(200), "answered_503": statuses.count(503)}
+        result = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "readers": args.readers,
+            "rounds": args.rounds,
+            "rows_mib": round(rows * 64 * 4 / (1 << 20), 1),
+            "rss_before_mib": round(before / (1 << 20), 1),
+            "rss_peak_mib_by_round": [round(p / (1 << 20), 1) for p in peaks],
+            "grown_mib": round((max(peaks) - before) / (1 << 20), 1),
+            "answered_200": statuses.count(200),
+            "answered_503": statuses.count(503),
+        }
     print(json.dumps(result))
     RESULTS.parent.mkdir(exist_ok=True)
     with open(RESULTS, "a") as f:

@@ -41,27 +41,40 @@ async def run(workload: str, framework: str, steps: int, inflight: int) -> dict:
             return cpu_seconds(pids)
 
         if workload == "W3":
-            rate, accuracy, extra = await train_w3(cluster.resolver, steps, quiet=True,
-                                                   framework=framework, cpu_clock=clock)
+            rate, accuracy, extra = await train_w3(
+                cluster.resolver, steps, quiet=True, framework=framework, cpu_clock=clock
+            )
             return {"examples_per_s": rate, "held_out_accuracy": accuracy, **extra, "batch": 128}
-        r = await train_w4(cluster.resolver, steps, quiet=True, max_inflight=inflight, cpu_clock=clock,
-                           framework=framework)
+        r = await train_w4(
+            cluster.resolver, steps, quiet=True, max_inflight=inflight, cpu_clock=clock, framework=framework
+        )
         return {**r, "batch": 512}
 
 
 def measure(workload: str, framework: str, steps: int, inflight: int) -> dict:
     r = pstrain.run(run(workload, framework, steps, inflight))
     compile_s = max(0.0, r["warmup_s"] - r["warmup_steps"] * r["steady_ms_per_step"] / 1e3)
-    row = {"framework": framework, "workers": 2, "ps": 2, "steps": steps, "batch": r["batch"],
-           "metric": "examples_per_s", "value": round(r["examples_per_s"], 1),
-           "cpu_ms_per_step": round(r["cpu_ms_per_step"], 2), "compile_s": round(compile_s, 2),
-           "warmup_s": round(r["warmup_s"], 2), "max_inflight_per_worker": inflight}
+    row = {
+        "framework": framework,
+        "workers": 2,
+        "ps": 2,
+        "steps": steps,
+        "batch": r["batch"],
+        "metric": "examples_per_s",
+        "value": round(r["examples_per_s"], 1),
+        "cpu_ms_per_step": round(r["cpu_ms_per_step"], 2),
+        "compile_s": round(compile_s, 2),
+        "warmup_s": round(r["warmup_s"], 2),
+        "max_inflight_per_worker": inflight,
+    }
     if workload == "W3":
         row["held_out_accuracy"] = round(r["held_out_accuracy"], 4)
     else:
-        row.update(held_out_log_loss=round(r["held_out_log_loss"], 4),
-                   base_rate_log_loss=round(r["base_rate_log_loss"], 4),
-                   bytes_per_step=round(r["bytes_per_step"]))
+        row.update(
+            held_out_log_loss=round(r["held_out_log_loss"], 4),
+            base_rate_log_loss=round(r["base_rate_log_loss"], 4),
+            bytes_per_step=round(r["bytes_per_step"]),
+        )
     emit(row, f"{workload}-frameworks")
     return row
 
@@ -73,8 +86,10 @@ def plot(summary: dict) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), dpi=110)
-    for ax, key, label in ((axes[0], "value", "examples/s (median)"),
-                           (axes[1], "cpu_ms_per_step", "CPU ms per step, all processes")):
+    for ax, key, label in (
+        (axes[0], "value", "examples/s (median)"),
+        (axes[1], "cpu_ms_per_step", "CPU ms per step, all processes"),
+    ):
         width = 0.25
         for i, fw in enumerate(FRAMEWORKS):
             xs = [j + (i - 1) * width for j in range(2)]
@@ -102,13 +117,17 @@ def main() -> None:
     args = parser.parse_args()
     rows: dict[str, dict[str, list[dict]]] = {w: {f: [] for f in FRAMEWORKS} for w in ("W3", "W4")}
     for run_index in range(args.runs):
-        order = FRAMEWORKS[run_index % 3:] + FRAMEWORKS[:run_index % 3]  # alternate who goes first
+        order = FRAMEWORKS[run_index % 3 :] + FRAMEWORKS[: run_index % 3]  # alternate who goes first
         for workload, steps in (("W3", args.w3_steps), ("W4", args.w4_steps)):
             for fw in order:
                 rows[workload][fw].append(measure(workload, fw, steps, args.inflight))
-    summary = {w: {f: {k: statistics.median(r[k] for r in rs) for k in rs[0]
-                       if isinstance(rs[0][k], (int, float))}
-                   for f, rs in per.items()} for w, per in rows.items()}
+    summary = {
+        w: {
+            f: {k: statistics.median(r[k] for r in rs) for k in rs[0] if isinstance(rs[0][k], (int, float))}
+            for f, rs in per.items()
+        }
+        for w, per in rows.items()
+    }
     print(json.dumps(summary, indent=1))
     plot(summary)
 

@@ -100,12 +100,14 @@ class Sampler:
 
 async def train_and_save(args, directory: str) -> dict:
     extra = ["--max-variable-bytes", str(8 << 30)]
-    async with pstrain.LocalCluster(num_ps=2, num_workers=2, extra_args=extra,
-                                    checkpoint_root=directory) as cluster:
+    async with pstrain.LocalCluster(
+        num_ps=2, num_workers=2, extra_args=extra, checkpoint_root=directory
+    ) as cluster:
         ps_pids = [cluster.pid("ps", i) for i in range(2)]
         sampler = Sampler(ps_pids)
         strategy = pstrain.ParameterServerStrategy(
-            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
+            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2)
+        )
         coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=2)
         async with strategy.scope():
             model = CTRModel(rows=args.rows, dim=args.dim, name="w7")
@@ -166,28 +168,39 @@ async def train_and_save(args, directory: str) -> dict:
         await coordinator.close()
     files = [os.path.join(directory, f) for f in os.listdir(directory) if f.startswith("w7.ps")]
     written = sum(os.path.getsize(f) for f in files)
-    return {"path": path, "rate_before": rate_before, "rate_during": rate_during,
-            "save_s": save_t1 - save_t0, "idle_save_s": idle_s, "written": written, "files": files,
-            "held": held,
-            "peaks": peaks, "samples": sampler.samples,
-            "save_mark": (save_t0 - sampler.t0, save_t1 - sampler.t0)}
+    return {
+        "path": path,
+        "rate_before": rate_before,
+        "rate_during": rate_during,
+        "save_s": save_t1 - save_t0,
+        "idle_save_s": idle_s,
+        "written": written,
+        "files": files,
+        "held": held,
+        "peaks": peaks,
+        "samples": sampler.samples,
+        "save_mark": (save_t0 - sampler.t0, save_t1 - sampler.t0),
+    }
 
 
 async def restore(args, directory: str, path: str) -> dict:
     extra = ["--max-variable-bytes", str(8 << 30)]
-    async with pstrain.LocalCluster(num_ps=2, num_workers=1, extra_args=extra,
-                                    checkpoint_root=directory) as cluster:
+    async with pstrain.LocalCluster(
+        num_ps=2, num_workers=1, extra_args=extra, checkpoint_root=directory
+    ) as cluster:
         ps_pids = [cluster.pid("ps", i) for i in range(2)]
         strategy = pstrain.ParameterServerStrategy(
-            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
+            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2)
+        )
         async with strategy.scope():
             model = CTRModel(rows=args.rows, dim=args.dim, name="w7-restored")
             opt = pstrain.optimizers.Adagrad(learning_rate=0.05, initial_accumulator_value=0.1)
         coordinator = pstrain.ClusterCoordinator(strategy)
         step = make_step(model, opt)
         rows = args.rows
-        it = iter(coordinator.create_per_worker_dataset(
-            lambda: iter([synthetic(BATCH, 0, rows=rows)[0]] * 4)))
+        it = iter(
+            coordinator.create_per_worker_dataset(lambda: iter([synthetic(BATCH, 0, rows=rows)[0]] * 4))
+        )
         await coordinator.schedule(lambda it: None, args=(it,))  # the worker's data, built first
         t = time.perf_counter()
         status = await pstrain.Checkpoint(model=model, optimizer=opt).restore(path)
@@ -221,33 +234,76 @@ def main() -> None:
         rr = pstrain.run(restore(args, directory, r["path"]))
         total = sum(sizes)
         mib = total / 2**20
-        common = {"workers": 2, "ps": 2, "rows": args.rows, "dim": args.dim, "steps": args.steps,
-                  "batch": BATCH, "page_cache_dropped": cold}
-        emit({**common, "metric": "examples_per_s", "value": round(r["rate_before"], 1),
-              "during_save": round(r["rate_during"], 1),
-              "ratio_during_save": round(r["rate_during"] / r["rate_before"], 3)}, "W7")
-        emit({**common, "metric": "peak_rss_over_held", "value": round(max(
-            pk * 2**20 / h for pk, h in zip(r["peaks"], r["held"])), 3),
-            "peak_rss_mib_per_ps": [round(p) for p in r["peaks"]],
-            "held_mib_per_ps": [round(h / 2**20) for h in r["held"]]}, "W7")
-        emit({**common, "metric": "checkpoint_write_mib_s", "value": round(mib / r["save_s"], 1),
-              "plain_write_mib_s": round(mib / write_s, 1),
-              "ratio_to_plain": round(write_s / r["save_s"], 3), "bytes": total,
-              "save_s": round(r["save_s"], 2), "idle_save_mib_s": round(mib / r["idle_save_s"], 1),
-              "idle_ratio_to_plain": round(write_s / r["idle_save_s"], 3)}, "W7")
-        emit({**common, "metric": "restore_mib_s", "value": round(mib / rr["restore_s"], 1),
-              "plain_read_mib_s": round(mib / read_s, 1),
-              "ratio_to_plain": round(read_s / rr["restore_s"], 3),
-              "restore_s": round(rr["restore_s"], 2),
-              "restore_peak_rss_mib_per_ps": [round(p) for p in rr["peaks"]]}, "W7")
-        plot_rss(r["samples"], r["held"], [r["save_mark"]], "checkpoint save",
-                 "W7: each ps's RSS (25M x 32 table + Adagrad) with a save during training", "W7.png")
+        common = {
+            "workers": 2,
+            "ps": 2,
+            "rows": args.rows,
+            "dim": args.dim,
+            "steps": args.steps,
+            "batch": BATCH,
+            "page_cache_dropped": cold,
+        }
+        emit(
+            {
+                **common,
+                "metric": "examples_per_s",
+                "value": round(r["rate_before"], 1),
+                "during_save": round(r["rate_during"], 1),
+                "ratio_during_save": round(r["rate_during"] / r["rate_before"], 3),
+            },
+            "W7",
+        )
+        emit(
+            {
+                **common,
+                "metric": "peak_rss_over_held",
+                "value": round(max(pk * 2**20 / h for pk, h in zip(r["peaks"], r["held"])), 3),
+                "peak_rss_mib_per_ps": [round(p) for p in r["peaks"]],
+                "held_mib_per_ps": [round(h / 2**20) for h in r["held"]],
+            },
+            "W7",
+        )
+        emit(
+            {
+                **common,
+                "metric": "checkpoint_write_mib_s",
+                "value": round(mib / r["save_s"], 1),
+                "plain_write_mib_s": round(mib / write_s, 1),
+                "ratio_to_plain": round(write_s / r["save_s"], 3),
+                "bytes": total,
+                "save_s": round(r["save_s"], 2),
+                "idle_save_mib_s": round(mib / r["idle_save_s"], 1),
+                "idle_ratio_to_plain": round(write_s / r["idle_save_s"], 3),
+            },
+            "W7",
+        )
+        emit(
+            {
+                **common,
+                "metric": "restore_mib_s",
+                "value": round(mib / rr["restore_s"], 1),
+                "plain_read_mib_s": round(mib / read_s, 1),
+                "ratio_to_plain": round(read_s / rr["restore_s"], 3),
+                "restore_s": round(rr["restore_s"], 2),
+                "restore_peak_rss_mib_per_ps": [round(p) for p in rr["peaks"]],
+            },
+            "W7",
+        )
+        plot_rss(
+            r["samples"],
+            r["held"],
+            [r["save_mark"]],
+            "checkpoint save",
+            "W7: each ps's RSS (25M x 32 table + Adagrad) with a save during training",
+            "W7.png",
+        )
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def plot_rss(samples: list, held: list[int], spans: list[tuple[float, float]], span_label: str,
-             title: str, name: str) -> None:
+def plot_rss(
+    samples: list, held: list[int], spans: list[tuple[float, float]], span_label: str, title: str, name: str
+) -> None:
     """Each ps's RSS over time against 1.3x what it holds, with ``spans`` shaded; to
     results/<name>."""
     import matplotlib

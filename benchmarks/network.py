@@ -52,10 +52,32 @@ def start_servers(lab: NetLab, hosts: dict[str, tuple[str, int]], cluster_file: 
     procs = []
     for host, (role, index) in hosts.items():
         with open(os.path.join(logdir, f"{host}.log"), "w") as log:
-            procs.append((host, lab.start(host, sys.executable, "-m", "pstrain.cli", "serve", "--role", role,
-                                          "--index", str(index), "--cluster", cluster_file, "--host",
-                                          lab.address(host), "--port", str(PORT), env=env,
-                                          stdout=subprocess.PIPE, stderr=log, text=True)))
+            procs.append(
+                (
+                    host,
+                    lab.start(
+                        host,
+                        sys.executable,
+                        "-m",
+                        "pstrain.cli",
+                        "serve",
+                        "--role",
+                        role,
+                        "--index",
+                        str(index),
+                        "--cluster",
+                        cluster_file,
+                        "--host",
+                        lab.address(host),
+                        "--port",
+                        str(PORT),
+                        env=env,
+                        stdout=subprocess.PIPE,
+                        stderr=log,
+                        text=True,
+                    ),
+                )
+            )
     for host, proc in procs:
         line = proc.stdout.readline()
         if not re.search("listening on", line):
@@ -75,8 +97,9 @@ def shape(lab: NetLab, rate: str | None) -> None:
         inner = f"{lab.tag}h{lab.hosts.index(host)}"
         for ns, dev in ((lab.switch, f"{lab.tag}p{lab.hosts.index(host)}"), (lab.ns(host), inner)):
             if rate is None:
-                subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"],
-                               capture_output=True)
+                subprocess.run(
+                    ["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"], capture_output=True
+                )
         if rate is not None:
             lab.limit(host, rate)
 
@@ -87,12 +110,20 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=300)
     args = parser.parse_args()
-    hosts = {"ps0": ("ps", 0), "ps1": ("ps", 1), "w0": ("worker", 0), "w1": ("worker", 1),
-             "w2": ("worker", 2), "w3": ("worker", 3)}
+    hosts = {
+        "ps0": ("ps", 0),
+        "ps1": ("ps", 1),
+        "w0": ("worker", 0),
+        "w1": ("worker", 1),
+        "w2": ("worker", 2),
+        "w3": ("worker", 3),
+    }
     rows = []
     with NetLab(list(hosts)) as lab, tempfile.TemporaryDirectory() as tmp:
-        spec = {"ps": [f"{lab.address(h)}:{PORT}" for h in ("ps0", "ps1")],
-                "worker": [f"{lab.address(h)}:{PORT}" for h in ("w0", "w1", "w2", "w3")]}
+        spec = {
+            "ps": [f"{lab.address(h)}:{PORT}" for h in ("ps0", "ps1")],
+            "worker": [f"{lab.address(h)}:{PORT}" for h in ("w0", "w1", "w2", "w3")],
+        }
         cluster_file = os.path.join(tmp, "cluster.json")
         with open(cluster_file, "w") as f:
             json.dump({"cluster": spec}, f)
@@ -100,15 +131,22 @@ def main() -> None:
         base: dict[int, dict] = {}
         for label, tc_rate in (("unshaped", None), ("10gbit", "10gbit"), ("1gbit", "1gbit")):
             shape(lab, tc_rate)
-            for workers in ((2,) if label != "1gbit" else (1, 2, 4)):
+            for workers in (2,) if label != "1gbit" else (1, 2, 4):
                 t = time.perf_counter()
                 r = pstrain.run(w4(spec, workers, args.steps))
                 if label == "unshaped":
                     base[workers] = r
-                row = {"link": label, "workers": workers, "ps": 2, "metric": "examples_per_s",
-                       "value": round(r["examples_per_s"]), "bytes_per_step": round(r["bytes_per_step"]),
-                       "held_out_log_loss": round(r["held_out_log_loss"], 4), "steps": args.steps,
-                       "wall_s": round(time.perf_counter() - t, 1)}
+                row = {
+                    "link": label,
+                    "workers": workers,
+                    "ps": 2,
+                    "metric": "examples_per_s",
+                    "value": round(r["examples_per_s"]),
+                    "bytes_per_step": round(r["bytes_per_step"]),
+                    "held_out_log_loss": round(r["held_out_log_loss"], 4),
+                    "steps": args.steps,
+                    "wall_s": round(time.perf_counter() - t, 1),
+                }
                 rate = RATES[label]
                 if rate is not None:
                     ref = base[workers]
@@ -119,15 +157,23 @@ def main() -> None:
                     link_bound = workers * 512 * rate / per_step  # each worker's link, busy always
                     row["predicted_serial_examples_per_s"] = round(min(serial, ps_bound))
                     row["predicted_overlapped_examples_per_s"] = round(
-                        min(ref["examples_per_s"], link_bound, ps_bound))
+                        min(ref["examples_per_s"], link_bound, ps_bound)
+                    )
                 emit(row, "W4-network")
                 rows.append(row)
             if label == "unshaped":  # W5's baselines at 1 and 4 workers, unshaped too
                 for workers in (1, 4):
                     base[workers] = r = pstrain.run(w4(spec, workers, args.steps))
-                    row = {"link": label, "workers": workers, "ps": 2, "metric": "examples_per_s",
-                           "value": round(r["examples_per_s"]), "bytes_per_step": round(r["bytes_per_step"]),
-                           "held_out_log_loss": round(r["held_out_log_loss"], 4), "steps": args.steps}
+                    row = {
+                        "link": label,
+                        "workers": workers,
+                        "ps": 2,
+                        "metric": "examples_per_s",
+                        "value": round(r["examples_per_s"]),
+                        "bytes_per_step": round(r["bytes_per_step"]),
+                        "held_out_log_loss": round(r["held_out_log_loss"], 4),
+                        "steps": args.steps,
+                    }
                     emit(row, "W4-network")
                     rows.append(row)
     print(json.dumps(rows, indent=1))

@@ -47,8 +47,7 @@ def pool_here(*arrays_and_args: Any) -> list[np.ndarray]:
     out = []
     for table, (local, segments, bags) in zip(arrays, plans):
         partial = np.zeros((bags, table.shape[1]), table.dtype)
-        KERNELS.pool_rows(partial, segments, table, local.astype(np.int64),
-                          np.ones(local.size, table.dtype))
+        KERNELS.pool_rows(partial, segments, table, local.astype(np.int64), np.ones(local.size, table.dtype))
         out.append(partial)
     return out
 
@@ -73,8 +72,15 @@ async def on_ps(collection: Any, batch: Any) -> np.ndarray:
 
     async def ask(items: list[tuple[Any, Any, Any]]) -> None:
         parts = [part for _, part, _ in items]
-        reply = await parts[0].channel().request(CallVariables(
-            fn=pool_here, vars=[p.key for p in parts], args=tuple(plan for _, _, plan in items)))
+        reply = (
+            await parts[0]
+            .channel()
+            .request(
+                CallVariables(
+                    fn=pool_here, vars=[p.key for p in parts], args=tuple(plan for _, _, plan in items)
+                )
+            )
+        )
         for (f, _, _), partial in zip(items, reply.result):
             pooled[f] += partial
 
@@ -86,8 +92,9 @@ async def measure(rounds: int, lookups: int) -> dict[str, Any]:
     (ids, lengths, _, _), _ = dlrm.synthetic(lookups * dlrm.BATCH, 0)
     kjt = dlrm.features(ids, lengths)
     batches = [kjt.take(np.arange(i * dlrm.BATCH, (i + 1) * dlrm.BATCH)) for i in range(lookups)]
-    figures: dict[str, dict[str, list[float]]] = {w: {"ms": [], "bytes": [], "requests": []}
-                                                  for w in ("worker", "ps")}
+    figures: dict[str, dict[str, list[float]]] = {
+        w: {"ms": [], "bytes": [], "requests": []} for w in ("worker", "ps")
+    }
     async with pstrain.LocalCluster(num_ps=2, num_workers=1) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         async with strategy.scope():
@@ -97,7 +104,7 @@ async def measure(rounds: int, lookups: int) -> dict[str, Any]:
         check = await on_ps(collection, batches[0])
         np.testing.assert_allclose(check, first.concat(), rtol=1e-5, atol=1e-6)  # the same bags
         for r in range(rounds):
-            for way in (("worker", "ps") if r % 2 == 0 else ("ps", "worker")):
+            for way in ("worker", "ps") if r % 2 == 0 else ("ps", "worker"):
                 with pstrain.count_requests() as counts:
                     t0 = time.perf_counter()
                     for b in batches:
@@ -112,22 +119,32 @@ async def measure(rounds: int, lookups: int) -> dict[str, Any]:
                 figures[way]["requests"].append(counts.requests / lookups)
         await strategy.flush()
     unique = float(np.mean([sum(Bags(b[f], "sum").unique.size for f in dlrm.FEATURES) for b in batches]))
-    out: dict[str, Any] = {"distinct_rows_per_lookup": round(unique), "rounds": rounds,
-                           "lookups_per_round": lookups, "batch": dlrm.BATCH}
+    out: dict[str, Any] = {
+        "distinct_rows_per_lookup": round(unique),
+        "rounds": rounds,
+        "lookups_per_round": lookups,
+        "batch": dlrm.BATCH,
+    }
     for way, fig in figures.items():
         out[f"pool_on_{way}_ms_per_lookup"] = round(statistics.median(fig["ms"]), 2)
         out[f"pool_on_{way}_bytes_per_lookup"] = round(statistics.median(fig["bytes"]))
         out[f"pool_on_{way}_bytes_per_step"] = 2 * out[f"pool_on_{way}_bytes_per_lookup"]
         out[f"pool_on_{way}_requests_per_lookup"] = statistics.median(fig["requests"])
-    out["chosen"] = "worker" if (out["pool_on_worker_bytes_per_lookup"] <= out["pool_on_ps_bytes_per_lookup"]
-                                 and out["pool_on_worker_ms_per_lookup"] <= out["pool_on_ps_ms_per_lookup"]) \
+    out["chosen"] = (
+        "worker"
+        if (
+            out["pool_on_worker_bytes_per_lookup"] <= out["pool_on_ps_bytes_per_lookup"]
+            and out["pool_on_worker_ms_per_lookup"] <= out["pool_on_ps_ms_per_lookup"]
+        )
         else "measure per table"
+    )
     return out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--lookups", type=int, default=20)
     args = parser.parse_args()

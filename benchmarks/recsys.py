@@ -60,8 +60,13 @@ SETUP = "the steps of ../shared/anchors/README.md"
 async def run_pstrain(steps: int, inflight: int = 2) -> dict[str, Any]:
     async with pstrain.LocalCluster(num_ps=2, num_workers=2) as cluster:
         pids = [os.getpid()] + [cluster.pid(job, i) for job in ("ps", "worker") for i in range(2)]
-        return await dlrm.train(cluster.resolver, steps, quiet=True, max_inflight=inflight,
-                                cpu_clock=lambda: sum(stat_cpu_seconds(f"/proc/{p}/stat") for p in pids))
+        return await dlrm.train(
+            cluster.resolver,
+            steps,
+            quiet=True,
+            max_inflight=inflight,
+            cpu_clock=lambda: sum(stat_cpu_seconds(f"/proc/{p}/stat") for p in pids),
+        )
 
 
 def compute_alone(steps: int) -> dict[str, Any]:
@@ -83,7 +88,7 @@ def compute_alone(steps: int) -> dict[str, Any]:
     batches = []
     order = rng.permutation(n)
     for s in range(n // dlrm.BATCH):
-        idx = order[s * dlrm.BATCH:(s + 1) * dlrm.BATCH]
+        idx = order[s * dlrm.BATCH : (s + 1) * dlrm.BATCH]
         batches.append((kjt.take(idx), dense[idx], labels[idx]))
     warm = 5
     for i, (batch, x, y) in enumerate(batches):
@@ -93,7 +98,7 @@ def compute_alone(steps: int) -> dict[str, Any]:
         pooled = np.concatenate([b.pool(take_rows(t, b.unique)) for b, t in zip(bags, tables)], axis=1)
         _, _, d_pooled, grads = dlrm.forward_backward(pooled, x, y, mlp)
         for f, (b, t, acc) in enumerate(zip(bags, tables, table_acc)):
-            g = b.backward(np.ascontiguousarray(d_pooled[:, f * dlrm.DIM:(f + 1) * dlrm.DIM]))
+            g = b.backward(np.ascontiguousarray(d_pooled[:, f * dlrm.DIM : (f + 1) * dlrm.DIM]))
             adagrad(t, g.values, g.indices.astype(np.int64), {"accumulator": acc}, cfg, i + 1)
         for w, g, acc in zip(mlp, grads, mlp_acc):
             adagrad(w, g.astype(np.float32), None, {"accumulator": acc}, cfg, i + 1)
@@ -103,22 +108,32 @@ def compute_alone(steps: int) -> dict[str, Any]:
 
 def alone_round(steps: int) -> dict[str, Any]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, __file__, "--compute-alone", "--steps", str(steps)],
-                          capture_output=True, text=True, timeout=1800, env=env)
+    done = subprocess.run(
+        [sys.executable, __file__, "--compute-alone", "--steps", str(steps)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
+    )
     if done.returncode:
         raise SystemExit(f"recsys: the compute-alone run failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tf-python", default=os.environ.get("TF_PYTHON") or None)
     parser.add_argument("--torchrec-python", default=os.environ.get("TORCHREC_PYTHON") or None)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=500)
-    parser.add_argument("--inflight", type=int, default=2,
-                        help="pstrain's closures in flight per worker (1: less stale, slower)")
+    parser.add_argument(
+        "--inflight",
+        type=int,
+        default=2,
+        help="pstrain's closures in flight per worker (1: less stale, slower)",
+    )
     parser.add_argument("--compute-alone", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.compute_alone:
@@ -129,49 +144,87 @@ def main() -> None:
     systems = ["pstrain", "alone"]
     versions = {}
     if args.tf_python:
-        versions["tf"] = peer_version(args.tf_python, "tensorflow", "TensorFlow", "recsys: --tf-python",
-                                      SETUP)
+        versions["tf"] = peer_version(
+            args.tf_python, "tensorflow", "TensorFlow", "recsys: --tf-python", SETUP
+        )
         systems.append("tf")
     if args.torchrec_python:
-        versions["torchrec"] = peer_version(args.torchrec_python, "torchrec", "TorchRec",
-                                            "recsys: --torchrec-python", SETUP)
+        versions["torchrec"] = peer_version(
+            args.torchrec_python, "torchrec", "TorchRec", "recsys: --torchrec-python", SETUP
+        )
         systems.append("torchrec")
     got: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
     for i in range(args.rounds):
-        for system in systems[i % len(systems):] + systems[:i % len(systems)]:
+        for system in systems[i % len(systems) :] + systems[: i % len(systems)]:
             if system == "pstrain":
                 got[system].append(pstrain.run(run_pstrain(args.steps, args.inflight)))
             elif system == "alone":
                 got[system].append(alone_round(args.steps))
             elif system == "tf":
-                got[system].append(peer_run(
-                    [args.tf_python, str(ANCHORS / "tf_ps.py"), "--workload", "W8", "--workers", "2",
-                     "--ps", "2", "--repeats", "1", "--steps", str(args.steps)],
-                    "recsys: TensorFlow's W8", "W8-peers.jsonl"))
+                got[system].append(
+                    peer_run(
+                        [
+                            args.tf_python,
+                            str(ANCHORS / "tf_ps.py"),
+                            "--workload",
+                            "W8",
+                            "--workers",
+                            "2",
+                            "--ps",
+                            "2",
+                            "--repeats",
+                            "1",
+                            "--steps",
+                            str(args.steps),
+                        ],
+                        "recsys: TensorFlow's W8",
+                        "W8-peers.jsonl",
+                    )
+                )
             else:
-                got[system].append(peer_run(
-                    [args.torchrec_python, str(ANCHORS / "torchrec_w8.py"), "--processes", "2",
-                     "--repeats", "1", "--steps", str(args.steps), "--pipeline"],
-                    "recsys: TorchRec's W8", "W8-peers.jsonl"))
+                got[system].append(
+                    peer_run(
+                        [
+                            args.torchrec_python,
+                            str(ANCHORS / "torchrec_w8.py"),
+                            "--processes",
+                            "2",
+                            "--repeats",
+                            "1",
+                            "--steps",
+                            str(args.steps),
+                            "--pipeline",
+                        ],
+                        "recsys: TorchRec's W8",
+                        "W8-peers.jsonl",
+                    )
+                )
             print(f"round {i + 1}/{args.rounds}: {system} done", file=sys.stderr, flush=True)
     ours = got["pstrain"]
     speed = median([r["examples_per_s"] for r in ours])
     cpu = median([r["cpu_ms_per_step"] for r in ours])
     alone = median([r["cpu_ms_per_step"] for r in got["alone"]])
     row: dict[str, Any] = {
-        "workers": 2, "ps": 2, "metric": "examples_per_s", "value": round(speed, 1),
+        "workers": 2,
+        "ps": 2,
+        "metric": "examples_per_s",
+        "value": round(speed, 1),
         "examples_per_s_each_round": [round(r["examples_per_s"]) for r in ours],
         "held_out_log_loss": round(median([r["held_out_log_loss"] for r in ours]), 4),
         "base_rate_log_loss": round(ours[0]["base_rate_log_loss"], 4),
-        "cpu_ms_per_step": round(cpu, 2), "compute_alone_cpu_ms_per_step": round(alone, 2),
+        "cpu_ms_per_step": round(cpu, 2),
+        "compute_alone_cpu_ms_per_step": round(alone, 2),
         "cpu_over_compute_alone": round(cpu / alone, 3),
         "requests_per_ps_per_step": max(r["requests_per_ps_per_step"] for r in ours),
         "requests_per_step": median([r["requests_per_step"] for r in ours]),
         "bytes_per_step": round(median([r["bytes_per_step"] for r in ours])),
         "ids_per_step": round(median([r["ids_per_step"] for r in ours])),
-        "rounds": args.rounds, "steps": args.steps, "batch": dlrm.BATCH,
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "batch": dlrm.BATCH,
         "max_inflight_per_worker": args.inflight,
-        "note": "W8 alternated with its peers in one session; medians"}
+        "note": "W8 alternated with its peers in one session; medians",
+    }
     for peer, key in (("tf", "ratio_to_tf"), ("torchrec", "ratio_to_torchrec")):
         if peer in got:
             theirs = got[peer]
@@ -185,9 +238,11 @@ def main() -> None:
             row.setdefault("not_run", []).append(f"{peer}: give --{peer}-python")
     emit(row, "W8")
     labels = {"pstrain": "pstrain", "tf": "TensorFlow PS", "torchrec": "TorchRec (CPU, pipelined)"}
-    plot_rounds(RESULTS / "W8.png",
-                {labels[s]: [r["examples_per_s"] for r in got[s]] for s in labels if s in got},
-                "W8 (26 tables, multi-hot, pooled), 2 ps + 2 workers, alternated")
+    plot_rounds(
+        RESULTS / "W8.png",
+        {labels[s]: [r["examples_per_s"] for r in got[s]] for s in labels if s in got},
+        "W8 (26 tables, multi-hot, pooled), 2 ps + 2 workers, alternated",
+    )
 
 
 if __name__ == "__main__":

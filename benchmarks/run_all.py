@@ -64,15 +64,25 @@ def w7_room() -> str | None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     names = sorted({w for w, _, _ in JOBS} | {"tf"})
-    parser.add_argument("--only", default=os.environ.get("BENCH") or None,
-                        help=f"comma-separated, of {', '.join(names)} (default: all; env BENCH)")
-    parser.add_argument("--tf-python", default=os.environ.get("TF_PYTHON") or None,
-                        help="a Python with tensorflow-cpu 2.21: W4 against TensorFlow too (env TF_PYTHON)")
-    parser.add_argument("--torchrec-python", default=os.environ.get("TORCHREC_PYTHON") or None,
-                        help="a Python with torchrec 1.9.2: W8 against TorchRec too (env TORCHREC_PYTHON)")
+    parser.add_argument(
+        "--only",
+        default=os.environ.get("BENCH") or None,
+        help=f"comma-separated, of {', '.join(names)} (default: all; env BENCH)",
+    )
+    parser.add_argument(
+        "--tf-python",
+        default=os.environ.get("TF_PYTHON") or None,
+        help="a Python with tensorflow-cpu 2.21: W4 against TensorFlow too (env TF_PYTHON)",
+    )
+    parser.add_argument(
+        "--torchrec-python",
+        default=os.environ.get("TORCHREC_PYTHON") or None,
+        help="a Python with torchrec 1.9.2: W8 against TorchRec too (env TORCHREC_PYTHON)",
+    )
     parser.add_argument("--list", action="store_true", help="print what would run, and stop")
     args = parser.parse_args()
     chosen = set(names) if args.only is None else {x.strip() for x in args.only.split(",") if x.strip()}
@@ -87,18 +97,24 @@ def main() -> int:
         elif args.only is not None:
             parser.error("--only tf needs --tf-python (or TF_PYTHON): see benchmarks/against_tf.py")
         else:
-            not_run.append("W4 against TensorFlow (against_tf.py): give TF_PYTHON=<a Python with "
-                           "tensorflow-cpu 2.21>; against_tf.py says how to make one")
+            not_run.append(
+                "W4 against TensorFlow (against_tf.py): give TF_PYTHON=<a Python with "
+                "tensorflow-cpu 2.21>; against_tf.py says how to make one"
+            )
     if any(w == "W8" for w, _, _ in jobs):
-        peers = {"tf": ("TensorFlow", "TF_PYTHON", args.tf_python),
-                 "torchrec": ("TorchRec", "TORCHREC_PYTHON", args.torchrec_python)}
+        peers = {
+            "tf": ("TensorFlow", "TF_PYTHON", args.tf_python),
+            "torchrec": ("TorchRec", "TORCHREC_PYTHON", args.torchrec_python),
+        }
         extra = []
         for flag, (name, env, python) in peers.items():
             if python:
                 extra += [f"--{flag}-python", python]
             else:
-                not_run.append(f"W8 against {name} (recsys.py): give {env}=<its Python>; "
-                               "../shared/anchors/README.md says how to make one")
+                not_run.append(
+                    f"W8 against {name} (recsys.py): give {env}=<its Python>; "
+                    "../shared/anchors/README.md says how to make one"
+                )
         jobs = [(w, script, extra if script == "recsys.py" else e) for w, script, e in jobs]
     if args.only is None:
         not_run += [f"{w} (no script yet): {what}" for w, what in NOT_WRITTEN.items()]

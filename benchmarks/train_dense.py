@@ -1,6 +1,6 @@
 """W3 dense: the MLP of examples/mnist_mlp.py, 2 ps + 2 workers, 2,000 steps.
 
-    python benchmarks/train_dense.py [--steps 2000] [--runs 1]
+python benchmarks/train_dense.py [--steps 2000] [--runs 1]
 """
 
 from __future__ import annotations
@@ -28,8 +28,18 @@ def main() -> None:
     args = parser.parse_args()
     for _ in range(args.runs):
         rate, accuracy = pstrain.run(run(args.steps))
-        emit({"workers": 2, "ps": 2, "metric": "examples_per_s", "value": round(rate, 1),
-              "held_out_accuracy": round(accuracy, 4), "steps": args.steps, "batch": 128}, "W3")
+        emit(
+            {
+                "workers": 2,
+                "ps": 2,
+                "metric": "examples_per_s",
+                "value": round(rate, 1),
+                "held_out_accuracy": round(accuracy, 4),
+                "steps": args.steps,
+                "batch": 128,
+            },
+            "W3",
+        )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """W4 embedding: the CTR model of examples/ctr_embedding.py, 2 ps + 2 workers, 1,000 steps.
 
-    python benchmarks/train_embedding.py [--steps 1000] [--workers 2] [--runs 1]
+python benchmarks/train_embedding.py [--steps 1000] [--workers 2] [--runs 1]
 """
 
 from __future__ import annotations
@@ -24,19 +24,33 @@ def cpu_seconds(pids: list[int]) -> float:
 
 async def run(steps: int, workers: int, max_inflight: int) -> dict:
     async with pstrain.LocalCluster(num_ps=2, num_workers=workers) as cluster:
-        pids = [os.getpid()] + [cluster.pid(job, i) for job, n in (("ps", 2), ("worker", workers))
-                                for i in range(n)]
-        return await train(cluster.resolver, steps, quiet=True, max_inflight=max_inflight,
-                           cpu_clock=lambda: cpu_seconds(pids))
+        pids = [os.getpid()] + [
+            cluster.pid(job, i) for job, n in (("ps", 2), ("worker", workers)) for i in range(n)
+        ]
+        return await train(
+            cluster.resolver,
+            steps,
+            quiet=True,
+            max_inflight=max_inflight,
+            cpu_clock=lambda: cpu_seconds(pids),
+        )
 
 
 def measure(steps: int, workers: int, workload: str = "W4", max_inflight: int = 2) -> dict:
     r = pstrain.run(run(steps, workers, max_inflight))
-    row = {"workers": workers, "ps": 2, "metric": "examples_per_s",
-           "value": round(r["examples_per_s"], 1), "bytes_per_step": round(r["bytes_per_step"]),
-           "held_out_log_loss": round(r["held_out_log_loss"], 4),
-           "base_rate_log_loss": round(r["base_rate_log_loss"], 4), "steps": steps, "batch": 512,
-           "cpu_ms_per_step": round(r["cpu_ms_per_step"], 2), "max_inflight_per_worker": max_inflight}
+    row = {
+        "workers": workers,
+        "ps": 2,
+        "metric": "examples_per_s",
+        "value": round(r["examples_per_s"], 1),
+        "bytes_per_step": round(r["bytes_per_step"]),
+        "held_out_log_loss": round(r["held_out_log_loss"], 4),
+        "base_rate_log_loss": round(r["base_rate_log_loss"], 4),
+        "steps": steps,
+        "batch": 512,
+        "cpu_ms_per_step": round(r["cpu_ms_per_step"], 2),
+        "max_inflight_per_worker": max_inflight,
+    }
     emit(row, workload)
     return row
 

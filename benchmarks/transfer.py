@@ -36,6 +36,7 @@ async def _timed(fn, repeats: int) -> float:
 def _worker_array(n: int):
     def make():
         return itertools.repeat(np.full(n, 2.0, np.float32))
+
     return make
 
 
@@ -78,12 +79,20 @@ async def bench(sizes: list[str], repeats: int, closures: bool) -> list[dict]:
             # The limit: the better of two raw-TCP medians taken around our own measurements.
             tcp = max(tcp_before, raw_tcp_mib_s(nbytes, reps))
             for (side, op), seconds in results.items():
-                row = {"workers": 2, "ps": 2, "side": side, "op": op, "size": label,
-                       "bytes": nbytes, "seconds": seconds, "metric": "MiB_per_s",
-                       "value": round(nbytes / (1 << 20) / seconds, 1),
-                       "raw_tcp_MiB_per_s": round(tcp, 1),
-                       "share_of_raw_tcp": round(nbytes / (1 << 20) / seconds / tcp, 3),
-                       "ms": round(seconds * 1e3, 3)}
+                row = {
+                    "workers": 2,
+                    "ps": 2,
+                    "side": side,
+                    "op": op,
+                    "size": label,
+                    "bytes": nbytes,
+                    "seconds": seconds,
+                    "metric": "MiB_per_s",
+                    "value": round(nbytes / (1 << 20) / seconds, 1),
+                    "raw_tcp_MiB_per_s": round(tcp, 1),
+                    "share_of_raw_tcp": round(nbytes / (1 << 20) / seconds / tcp, 3),
+                    "ms": round(seconds * 1e3, 3),
+                }
                 emit(row, "W2")
                 rows.append(row)
         await coordinator.close()
@@ -108,8 +117,14 @@ def main() -> None:
                 series[f"{side} {op}"] = ([p[0] for p in pts], [p[1] for p in pts])
     tcp = sorted({(r["bytes"], r["raw_tcp_MiB_per_s"]) for r in rows})
     series["raw TCP (same run)"] = ([t[0] for t in tcp], [t[1] for t in tcp])
-    plot(RESULTS / "W2.png", "W2: variable transfer, 2 ps + 2 workers, loopback",
-         "bytes", "MiB/s (median)", series, logx=True)
+    plot(
+        RESULTS / "W2.png",
+        "W2: variable transfer, 2 ps + 2 workers, loopback",
+        "bytes",
+        "MiB/s (median)",
+        series,
+        logx=True,
+    )
 
 
 if __name__ == "__main__":

@@ -58,8 +58,9 @@ pstrain.run(main())
 
 def _run(tree: Path, args: list[str]) -> list[dict]:
     env = dict(os.environ, PYTHONPATH=str(tree), PSTRAIN_BENCH_TAG="versions")
-    out = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True,
-                         timeout=900, cwd=str(HERE))
+    out = subprocess.run(
+        [sys.executable, *args], env=env, capture_output=True, text=True, timeout=900, cwd=str(HERE)
+    )
     if out.returncode:
         raise SystemExit(f"{args} failed on {tree}:\n{out.stderr[-3000:]}")
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
@@ -92,13 +93,21 @@ def main() -> None:
     with open(results, "a", encoding="utf-8") as f:
         for figure in figures["new"]:
             old, new = figures["old"].get(figure, []), figures["new"][figure]
-            line = {"figure": figure, "old_median": statistics.median(old) if old else None,
-                    "new_median": statistics.median(new), "rounds": args.rounds,
-                    "old_tree": str(trees["old"]), "old": old, "new": new}
+            line = {
+                "figure": figure,
+                "old_median": statistics.median(old) if old else None,
+                "new_median": statistics.median(new),
+                "rounds": args.rounds,
+                "old_tree": str(trees["old"]),
+                "old": old,
+                "new": new,
+            }
             f.write(json.dumps(line) + "\n")
             ratio = line["new_median"] / line["old_median"] if line["old_median"] else float("nan")
-            print(f"{figure:34s} old {line['old_median']:10.2f}  new {line['new_median']:10.2f}"
-                  f"  new/old {ratio:.3f}")
+            print(
+                f"{figure:34s} old {line['old_median']:10.2f}  new {line['new_median']:10.2f}"
+                f"  new/old {ratio:.3f}"
+            )
 
 
 if __name__ == "__main__":

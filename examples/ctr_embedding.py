@@ -51,11 +51,18 @@ async def ps_wire_bytes(peers, num_ps: int) -> int:
     return total
 
 
-async def train(resolver, steps: int = 1000, quiet: bool = False, max_inflight: int = 1,
-                cpu_clock=None, framework: str = "numpy"):
+async def train(
+    resolver,
+    steps: int = 1000,
+    quiet: bool = False,
+    max_inflight: int = 1,
+    cpu_clock=None,
+    framework: str = "numpy",
+):
     """Train; returns a dict of the figures (examples/s, losses, bytes per step)."""
     strategy = pstrain.ParameterServerStrategy(
-        resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
+        resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2)
+    )
     coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=max_inflight)
     step, held_out_loss, _ = await importlib.import_module(FRAMEWORKS[framework]).build(strategy)
     n_train = steps * BATCH
@@ -95,15 +102,23 @@ async def train(resolver, steps: int = 1000, quiet: bool = False, max_inflight: 
     held_out = await held_out_loss(test)
     base = float(test[2].mean())
     base_loss = log_loss(np.full_like(test[2], base), test[2])
-    result = {"examples_per_s": (steps - warm) * BATCH / elapsed, "held_out_log_loss": held_out,
-              "base_rate_log_loss": base_loss, "bytes_per_step": bytes_per_step,
-              "train_loss_last": float(np.mean([await rv for rv in rvs[-20:]])),
-              "cpu_ms_per_step": cpu * 1e3 / (steps - warm), "warmup_s": warmup_s,
-              "warmup_steps": warm, "steady_ms_per_step": elapsed * 1e3 / (steps - warm)}
+    result = {
+        "examples_per_s": (steps - warm) * BATCH / elapsed,
+        "held_out_log_loss": held_out,
+        "base_rate_log_loss": base_loss,
+        "bytes_per_step": bytes_per_step,
+        "train_loss_last": float(np.mean([await rv for rv in rvs[-20:]])),
+        "cpu_ms_per_step": cpu * 1e3 / (steps - warm),
+        "warmup_s": warmup_s,
+        "warmup_steps": warm,
+        "steady_ms_per_step": elapsed * 1e3 / (steps - warm),
+    }
     if not quiet:
-        print(f"W4 ({framework}): {steps} steps, {result['examples_per_s']:,.0f} examples/s, "
-              f"{bytes_per_step / 1e6:.2f} MB on the wire per step, held-out log loss "
-              f"{held_out:.4f} (base rate {base_loss:.4f})")
+        print(
+            f"W4 ({framework}): {steps} steps, {result['examples_per_s']:,.0f} examples/s, "
+            f"{bytes_per_step / 1e6:.2f} MB on the wire per step, held-out log loss "
+            f"{held_out:.4f} (base rate {base_loss:.4f})"
+        )
     await peers.close()
     await coordinator.close()
     return result
@@ -111,15 +126,17 @@ async def train(resolver, steps: int = 1000, quiet: bool = False, max_inflight: 
 
 async def main(args):
     if os.environ.get("PSTRAIN_CONFIG") or os.environ.get("TF_CONFIG"):
-        return await train(pstrain.TFConfigClusterResolver(), args.steps, args.quiet,
-                           framework=args.framework)
+        return await train(
+            pstrain.TFConfigClusterResolver(), args.steps, args.quiet, framework=args.framework
+        )
     async with pstrain.LocalCluster(num_ps=args.ps, num_workers=args.workers) as cluster:
         return await train(cluster.resolver, args.steps, args.quiet, framework=args.framework)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--ps", type=int, default=2)

@@ -32,8 +32,13 @@ async def build(strategy):
 
     async def step(it):
         ids, dense_x, y = next(it)
-        params = {"emb": pjax.lookup(model.table, ids), "w1": model.w1, "b1": model.b1,
-                  "w2": model.w2, "b2": model.b2}
+        params = {
+            "emb": pjax.lookup(model.table, ids),
+            "w1": model.w1,
+            "b1": model.b1,
+            "w2": model.w2,
+            "b2": model.b2,
+        }
         loss, grads = await pjax.value_and_grad(loss_fn)(params, dense_x, y)
         await opt.apply_gradients(grads)
         return loss

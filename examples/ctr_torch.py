@@ -51,7 +51,8 @@ async def build(strategy):
         ids, dense_x, y = next(it)
         async with remote.replica({"emb": ids}) as model:  # a module of its own: steps overlap
             loss = torch.nn.functional.binary_cross_entropy_with_logits(
-                model(ids, torch.from_numpy(dense_x)), torch.from_numpy(y))
+                model(ids, torch.from_numpy(dense_x)), torch.from_numpy(y)
+            )
             loss.backward()
             grads = remote.gradients(model)
         await opt.apply_gradients(grads)

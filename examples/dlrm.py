@@ -34,8 +34,34 @@ import pstrain
 from pstrain import EmbeddingCollection, JaggedTensor, KeyedJaggedTensor, TableConfig
 
 #: Rows of each feature's table: Criteo Kaggle's cardinalities capped at 1,000,000.
-ROWS = [1460, 583, 1000000, 1000000, 305, 24, 12517, 633, 3, 93145, 5683, 1000000, 3194, 27,
-        14992, 1000000, 10, 5652, 2173, 4, 1000000, 18, 15, 286181, 105, 142572]
+ROWS = [
+    1460,
+    583,
+    1000000,
+    1000000,
+    305,
+    24,
+    12517,
+    633,
+    3,
+    93145,
+    5683,
+    1000000,
+    3194,
+    27,
+    14992,
+    1000000,
+    10,
+    5652,
+    2173,
+    4,
+    1000000,
+    18,
+    15,
+    286181,
+    105,
+    142572,
+]
 FEATURES = [f"f{i}" for i in range(1, 27)]
 DIM, DENSE, BATCH = 16, 13, 2048
 #: (inputs, outputs) of the bottom MLP's layers, then the top's (ReLU between, sigmoid out).
@@ -79,7 +105,8 @@ def synthetic(n_train: int, n_test: int = 20_000, seed: int = 7) -> tuple[Any, A
 def features(ids: list[np.ndarray], lengths: np.ndarray) -> KeyedJaggedTensor:
     """The 26 features of a split as one KeyedJaggedTensor."""
     return KeyedJaggedTensor.from_jt_dict(
-        {name: JaggedTensor(ids[f], lengths[:, f]) for f, name in enumerate(FEATURES)})
+        {name: JaggedTensor(ids[f], lengths[:, f]) for f, name in enumerate(FEATURES)}
+    )
 
 
 def save(split: Any, directory: Path) -> None:
@@ -95,8 +122,7 @@ def load(directory: Path) -> tuple[KeyedJaggedTensor, np.ndarray, np.ndarray]:
     map, each gather pays the mapping's page faults): (features, dense, labels)."""
     ids = [np.load(directory / f"ids{f}.npy") for f in range(26)]
     lengths = np.load(directory / "lengths.npy")
-    return (features(ids, lengths), np.load(directory / "dense.npy"),
-            np.load(directory / "labels.npy"))
+    return (features(ids, lengths), np.load(directory / "dense.npy"), np.load(directory / "labels.npy"))
 
 
 def initial_mlp() -> list[np.ndarray]:
@@ -115,14 +141,25 @@ class DLRM(pstrain.Module):
     def __init__(self, optimizer: Any = None) -> None:
         super().__init__()
         self.embeddings = EmbeddingCollection(
-            [TableConfig(f"table{f}", rows, DIM, [FEATURES[f - 1]], combiner="sum",
-                         pooling_factor=1.0 if f <= 13 else 4.0, optimizer=optimizer)
-             for f, rows in enumerate(ROWS, 1)])
+            [
+                TableConfig(
+                    f"table{f}",
+                    rows,
+                    DIM,
+                    [FEATURES[f - 1]],
+                    combiner="sum",
+                    pooling_factor=1.0 if f <= 13 else 4.0,
+                    optimizer=optimizer,
+                )
+                for f, rows in enumerate(ROWS, 1)
+            ]
+        )
         self.mlp = [pstrain.Variable(a, name=f"mlp/{i}") for i, a in enumerate(initial_mlp())]
 
 
-def forward_backward(pooled: np.ndarray, dense: np.ndarray, labels: np.ndarray | None,
-                     mlp: list[np.ndarray]) -> tuple[float, np.ndarray, np.ndarray, list[np.ndarray]]:
+def forward_backward(
+    pooled: np.ndarray, dense: np.ndarray, labels: np.ndarray | None, mlp: list[np.ndarray]
+) -> tuple[float, np.ndarray, np.ndarray, list[np.ndarray]]:
     """(loss, predictions, the gradient of ``pooled``, the MLP's gradients); ``labels`` None:
     the forward pass only (loss and gradients empty)."""
     wb1, bb1, wb2, bb2, wt1, bt1, wt2, bt2, wt3, bt3 = mlp
@@ -170,11 +207,14 @@ def make_step(model: DLRM, optimizer: Any) -> Any:
         with pstrain.count_requests() as counts:
             pooled = await collection.lookup(batch, read=mlp)
             loss, _, d_pooled, grads = forward_backward(pooled.concat(), dense, labels, pooled.read)
-            await collection.apply_gradients([*pooled.gradients(d_pooled), *zip(grads, mlp)],
-                                             optimizer)
-        return {"loss": loss, "requests_to_ps": counts.to("ps"), "ps_tasks": len(counts.per_task),
-                "bytes": counts.bytes_sent + counts.bytes_received,
-                "ids": int(sum(batch[f].values.size for f in FEATURES))}
+            await collection.apply_gradients([*pooled.gradients(d_pooled), *zip(grads, mlp)], optimizer)
+        return {
+            "loss": loss,
+            "requests_to_ps": counts.to("ps"),
+            "ps_tasks": len(counts.per_task),
+            "bytes": counts.bytes_sent + counts.bytes_received,
+            "ids": int(sum(batch[f].values.size for f in FEATURES)),
+        }
 
     return step
 
@@ -192,9 +232,16 @@ def log_loss(p: np.ndarray, y: np.ndarray) -> float:
     return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
 
 
-async def train(resolver: Any, steps: int = 500, *, data_dir: str | None = None,
-                quiet: bool = False, max_inflight: int = 2, cpu_clock: Any = None,
-                shuffle_buffer: int = 8 * BATCH) -> dict[str, Any]:
+async def train(
+    resolver: Any,
+    steps: int = 500,
+    *,
+    data_dir: str | None = None,
+    quiet: bool = False,
+    max_inflight: int = 2,
+    cpu_clock: Any = None,
+    shuffle_buffer: int = 8 * BATCH,
+) -> dict[str, Any]:
     """Train W8; returns its figures (examples/s, held-out and base-rate log loss, requests
     and bytes per step, CPU per step if ``cpu_clock`` is given)."""
     made = data_dir is None
@@ -224,9 +271,14 @@ async def train(resolver: Any, steps: int = 500, *, data_dir: str | None = None,
             # batch gathered from a window stays in the caches where one gathered from
             # the whole split waits on memory for every bag.
             batch, dense, labels = load(Path(where))
-            return (pstrain.data.Dataset.from_tensor_slices((batch, dense, labels))
-                    .shard(workers, pstrain.get_current_worker_index())
-                    .shuffle(shuffle_buffer).repeat().batch(BATCH, drop_remainder=True).prefetch(2))
+            return (
+                pstrain.data.Dataset.from_tensor_slices((batch, dense, labels))
+                .shard(workers, pstrain.get_current_worker_index())
+                .shuffle(shuffle_buffer)
+                .repeat()
+                .batch(BATCH, drop_remainder=True)
+                .prefetch(2)
+            )
 
         iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
         warm = max(1, steps // 10)
@@ -245,19 +297,27 @@ async def train(resolver: Any, steps: int = 500, *, data_dir: str | None = None,
         held_out = await evaluate(model, test)
         base = log_loss(np.full(test[2].shape[0], base_rate), test[2])
         timed = steps - warm
-        out = {"examples_per_s": timed * BATCH / elapsed, "held_out_log_loss": held_out,
-               "base_rate_log_loss": base,
-               "train_loss_last": float(np.mean([r["loss"] for r in results[-20:]])),
-               "requests_per_ps_per_step": max(r["requests_to_ps"] / r["ps_tasks"] for r in results),
-               "requests_per_step": float(np.mean([r["requests_to_ps"] for r in results])),
-               "bytes_per_step": float(np.mean([r["bytes"] for r in results])),
-               "ids_per_step": float(np.mean([r["ids"] for r in results])),
-               "cpu_ms_per_step": cpu * 1e3 / timed, "warmup_s": warmup_s, "data_s": data_s,
-               "steps": steps, "batch": BATCH}
+        out = {
+            "examples_per_s": timed * BATCH / elapsed,
+            "held_out_log_loss": held_out,
+            "base_rate_log_loss": base,
+            "train_loss_last": float(np.mean([r["loss"] for r in results[-20:]])),
+            "requests_per_ps_per_step": max(r["requests_to_ps"] / r["ps_tasks"] for r in results),
+            "requests_per_step": float(np.mean([r["requests_to_ps"] for r in results])),
+            "bytes_per_step": float(np.mean([r["bytes"] for r in results])),
+            "ids_per_step": float(np.mean([r["ids"] for r in results])),
+            "cpu_ms_per_step": cpu * 1e3 / timed,
+            "warmup_s": warmup_s,
+            "data_s": data_s,
+            "steps": steps,
+            "batch": BATCH,
+        }
         if not quiet:
-            print(f"W8: {steps} steps, {out['examples_per_s']:,.0f} examples/s, "
-                  f"{out['requests_per_step']:.1f} requests and {out['bytes_per_step'] / 1e6:.2f} MB "
-                  f"per step, held-out log loss {held_out:.4f} (base rate {base:.4f})")
+            print(
+                f"W8: {steps} steps, {out['examples_per_s']:,.0f} examples/s, "
+                f"{out['requests_per_step']:.1f} requests and {out['bytes_per_step'] / 1e6:.2f} MB "
+                f"per step, held-out log loss {held_out:.4f} (base rate {base:.4f})"
+            )
         await coordinator.close()
         return out
     finally:
@@ -273,12 +333,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--ps", type=int, default=2)
-    parser.add_argument("--data-dir", help="a directory every worker can read (default: a "
-                                           "temporary one, removed at the end)")
+    parser.add_argument(
+        "--data-dir", help="a directory every worker can read (default: a temporary one, removed at the end)"
+    )
     result = pstrain.run(main(parser.parse_args()))
     sys.exit(0 if result["held_out_log_loss"] < result["base_rate_log_loss"] else 1)

@@ -33,7 +33,8 @@ STALL_S = 60.0  # a drill that makes no progress this long fails, saying where i
 async def drill(steps: int, quiet: bool = False, framework: str = "numpy") -> dict:
     async with pstrain.LocalCluster(num_ps=2, num_workers=2) as cluster:
         strategy = pstrain.ParameterServerStrategy(
-            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
+            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2)
+        )
         coordinator = pstrain.ClusterCoordinator(strategy)
         step, held_out_loss, opt = await importlib.import_module(FRAMEWORKS[framework]).build(strategy)
 
@@ -56,7 +57,8 @@ async def drill(steps: int, quiet: bool = False, framework: str = "numpy") -> di
                     raise RuntimeError(
                         f"no {fraction:.0%} of the steps within {STALL_S:g} s "
                         f"({sum(rv.done() for rv in rvs)} done): workers {coordinator.membership()}, "
-                        f"{coordinator.statistics()}")
+                        f"{coordinator.statistics()}"
+                    )
                 await asyncio.sleep(0.05)
             await cluster.kill("worker", 1)
             kills += 1
@@ -66,20 +68,30 @@ async def drill(steps: int, quiet: bool = False, framework: str = "numpy") -> di
         try:
             await asyncio.wait_for(coordinator.join(), 2 * STALL_S)
         except TimeoutError:
-            raise RuntimeError(f"the steps did not finish within {2 * STALL_S:g} s: workers "
-                               f"{coordinator.membership()}, {coordinator.statistics()}") from None
+            raise RuntimeError(
+                f"the steps did not finish within {2 * STALL_S:g} s: workers "
+                f"{coordinator.membership()}, {coordinator.statistics()}"
+            ) from None
         losses = [await rv for rv in rvs]
         iterations = int(await opt.iterations.numpy())
         _, test = synthetic(steps * BATCH)
         held_out = await held_out_loss(test)
-        result = {"scheduled": steps, "resolved": len(losses), "iterations": iterations, "kills": kills,
-                  "worker_failures": coordinator.worker_failures,
-                  "retried": coordinator.closures_retried, "held_out_log_loss": held_out,
-                  "final_train_loss": float(np.mean(losses[-20:]))}
+        result = {
+            "scheduled": steps,
+            "resolved": len(losses),
+            "iterations": iterations,
+            "kills": kills,
+            "worker_failures": coordinator.worker_failures,
+            "retried": coordinator.closures_retried,
+            "held_out_log_loss": held_out,
+            "final_train_loss": float(np.mean(losses[-20:])),
+        }
         if not quiet:
-            print(f"{steps} steps scheduled, {len(losses)} resolved, iterations {iterations} "
-                  f"(>= {steps}), {coordinator.worker_failures} worker failures seen, "
-                  f"{coordinator.closures_retried} closures rerun, held-out log loss {held_out:.4f}")
+            print(
+                f"{steps} steps scheduled, {len(losses)} resolved, iterations {iterations} "
+                f"(>= {steps}), {coordinator.worker_failures} worker failures seen, "
+                f"{coordinator.closures_retried} closures rerun, held-out log loss {held_out:.4f}"
+            )
         await coordinator.close()
         return result
 

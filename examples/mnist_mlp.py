@@ -118,8 +118,14 @@ async def build(strategy):
 FRAMEWORKS = {"numpy": "mnist_mlp", "jax": "mlp_jax", "equinox": "mlp_equinox", "torch": "mlp_torch"}
 
 
-async def train(resolver, steps: int = 2000, use_digits: bool = False, quiet: bool = False,
-                framework: str = "numpy", cpu_clock=None):
+async def train(
+    resolver,
+    steps: int = 2000,
+    use_digits: bool = False,
+    quiet: bool = False,
+    framework: str = "numpy",
+    cpu_clock=None,
+):
     """Train and return (examples per second, held-out accuracy); with ``cpu_clock``, also a
     dict of the CPU ms per step and the warm-up seconds (compilation included)."""
     strategy = pstrain.ParameterServerStrategy(resolver)
@@ -155,19 +161,30 @@ async def train(resolver, steps: int = 2000, use_digits: bool = False, quiet: bo
     last = [await rv for rv in rvs[-20:]]
     rate = (steps - warm) * BATCH / elapsed
     if not quiet:
-        print(f"W3 ({framework}): {steps} steps, {rate:,.0f} examples/s, last loss {np.mean(last):.3f}, "
-              f"held-out accuracy {accuracy:.3f}")
+        print(
+            f"W3 ({framework}): {steps} steps, {rate:,.0f} examples/s, last loss {np.mean(last):.3f}, "
+            f"held-out accuracy {accuracy:.3f}"
+        )
     await coordinator.close()
     if cpu_clock:
-        return rate, accuracy, {"cpu_ms_per_step": cpu_ms, "warmup_s": warmup_s, "warmup_steps": warm,
-                                "steady_ms_per_step": elapsed * 1e3 / (steps - warm)}
+        return (
+            rate,
+            accuracy,
+            {
+                "cpu_ms_per_step": cpu_ms,
+                "warmup_s": warmup_s,
+                "warmup_steps": warm,
+                "steady_ms_per_step": elapsed * 1e3 / (steps - warm),
+            },
+        )
     return rate, accuracy
 
 
 async def main(args):
     if os.environ.get("PSTRAIN_CONFIG") or os.environ.get("TF_CONFIG"):
-        return await train(pstrain.TFConfigClusterResolver(), args.steps, args.digits, args.quiet,
-                           args.framework)
+        return await train(
+            pstrain.TFConfigClusterResolver(), args.steps, args.digits, args.quiet, args.framework
+        )
     async with pstrain.LocalCluster(num_ps=args.ps, num_workers=args.workers) as cluster:
         return await train(cluster.resolver, args.steps, args.digits, args.quiet, args.framework)
 

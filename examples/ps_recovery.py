@@ -33,15 +33,15 @@ async def main():
         await coordinator.join()
         await manager.save()
 
-        await cluster.kill("ps", 1)              # the machine holding `b` is preempted
+        await cluster.kill("ps", 1)  # the machine holding `b` is preempted
         coordinator.schedule(step)
         try:
             await coordinator.join()
         except pstrain.errors.UnavailableError as exc:
-            print("lost:", exc.task)             # /job:ps/replica:0/task:1
+            print("lost:", exc.task)  # /job:ps/replica:0/task:1
 
         await cluster.restart("ps", 1)
-        await manager.restore_or_initialize()    # re-creates `b` and its slots on the new ps
+        await manager.restore_or_initialize()  # re-creates `b` and its slots on the new ps
         for _ in range(10):
             coordinator.schedule(step)
         await coordinator.join()

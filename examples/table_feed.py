@@ -58,8 +58,9 @@ class ShardCopy:
         of n is slices {k, k + n, k + 2n, ...} of any multiple of n."""
         return {s for s in range(num) if s % self.num_slices in self.slices}
 
-    def apply(self, reset: bool, version: int, ids: np.ndarray, rows: np.ndarray,
-              removed: np.ndarray) -> None:
+    def apply(
+        self, reset: bool, version: int, ids: np.ndarray, rows: np.ndarray, removed: np.ndarray
+    ) -> None:
         if reset or not self.rows.size:  # nothing held yet: take the rows' width
             self.ids, self.rows = self.ids[:0], np.empty((0, *rows.shape[1:]), rows.dtype)
         keep = ~np.isin(self.ids, np.concatenate([removed, ids]))
@@ -73,7 +74,7 @@ class ShardCopy:
 def _metadata(body: bytes) -> dict[str, str]:
     """The ``__metadata__`` of a safetensors file (its 8-byte header length, then JSON)."""
     n = int.from_bytes(body[:8], "little")
-    return json.loads(body[8:8 + n]).get("__metadata__", {})
+    return json.loads(body[8 : 8 + n]).get("__metadata__", {})
 
 
 class TableMirror:
@@ -112,8 +113,13 @@ class TableMirror:
             return 0
         shard.down = False
         arrays = load(body)
-        shard.apply(headers["X-Pstrain-Reset"] == "true", int(headers["X-Pstrain-Version"]),
-                    arrays["ids"], arrays["rows"], arrays["removed"])
+        shard.apply(
+            headers["X-Pstrain-Reset"] == "true",
+            int(headers["X-Pstrain-Version"]),
+            arrays["ids"],
+            arrays["rows"],
+            arrays["removed"],
+        )
         metadata = _metadata(body)
         shard.holds(metadata["shard"], int(metadata["num_shards"]))
         self.resets += headers["X-Pstrain-Reset"] == "true"
@@ -126,8 +132,9 @@ class TableMirror:
         if not down or not up:
             return
         num = max(s.num_slices for s in up)
-        if all(num % s.num_slices == 0 for s in up) and \
-                set().union(*(s.slices_of(num) for s in up)) == set(range(num)):
+        if all(num % s.num_slices == 0 for s in up) and set().union(*(s.slices_of(num) for s in up)) == set(
+            range(num)
+        ):
             for k in down:
                 self.shards[k] = None  # its rows are the others' now
 

@@ -44,7 +44,8 @@ class Model(pstrain.Module):
         super().__init__()
         rng = np.random.default_rng(1)
         self.embedding = pstrain.Variable(
-            rng.normal(0, 0.1, (VOCAB, DIM)).astype(np.float32), name="embedding")
+            rng.normal(0, 0.1, (VOCAB, DIM)).astype(np.float32), name="embedding"
+        )
         self.dense_w = pstrain.Variable(rng.normal(0, 0.1, DIM).astype(np.float32), name="dense/kernel")
         self.dense_b = pstrain.Variable(np.float32(0.0), name="dense/bias")
 
@@ -58,15 +59,18 @@ def build(strategy: pstrain.ParameterServerStrategy) -> tuple[Model, object, obj
     return model, optimizer, accuracy, epoch
 
 
-async def train(resolver: pstrain.ClusterResolver, run_dir: str, epochs: int, steps_per_epoch: int,
-                quiet: bool = False) -> float:
+async def train(
+    resolver: pstrain.ClusterResolver, run_dir: str, epochs: int, steps_per_epoch: int, quiet: bool = False
+) -> float:
     num_ps = resolver.cluster_spec().num_tasks("ps")
     strategy = pstrain.ParameterServerStrategy(
-        resolver, variable_partitioner=MinSizePartitioner(min_shard_bytes=4 << 10, max_shards=num_ps))
+        resolver, variable_partitioner=MinSizePartitioner(min_shard_bytes=4 << 10, max_shards=num_ps)
+    )
     coordinator = pstrain.ClusterCoordinator(strategy)
     model, optimizer, accuracy, epoch = build(strategy)
-    manager = CheckpointManager(Checkpoint(model=model, optimizer=optimizer, epoch=epoch), run_dir,
-                                max_to_keep=2)
+    manager = CheckpointManager(
+        Checkpoint(model=model, optimizer=optimizer, epoch=epoch), run_dir, max_to_keep=2
+    )
     restored = await manager.restore_or_initialize()
     start = int(await epoch.numpy())
     if restored and not quiet:
@@ -84,18 +88,23 @@ async def train(resolver: pstrain.ClusterResolver, run_dir: str, epochs: int, st
 
     async def step_fn(iterator):
         async def replica_fn(ids, labels):
-            emb = await pstrain.embedding_lookup(model.embedding, ids)         # (B, k, D)
+            emb = await pstrain.embedding_lookup(model.embedding, ids)  # (B, k, D)
             w, b = await pstrain.read_variables([model.dense_w, model.dense_b])
             x = emb.mean(axis=1)
             pred = 1.0 / (1.0 + np.exp(-(x @ w + b)))
             p = np.clip(pred, 1e-7, 1 - 1e-7)
             loss = float(-np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p)))
             dlogit = ((pred - labels) / len(labels)).astype(np.float32)
-            d_emb = np.repeat((dlogit[:, None] * w[None, :] / IDS_PER_EXAMPLE)[:, None, :],
-                              IDS_PER_EXAMPLE, axis=1).reshape(-1, DIM)
-            await optimizer.apply_gradients([
-                (pstrain.IndexedSlices(d_emb, ids.reshape(-1)), model.embedding),
-                (x.T @ dlogit, model.dense_w), (np.float32(dlogit.sum()), model.dense_b)])
+            d_emb = np.repeat(
+                (dlogit[:, None] * w[None, :] / IDS_PER_EXAMPLE)[:, None, :], IDS_PER_EXAMPLE, axis=1
+            ).reshape(-1, DIM)
+            await optimizer.apply_gradients(
+                [
+                    (pstrain.IndexedSlices(d_emb, ids.reshape(-1)), model.embedding),
+                    (x.T @ dlogit, model.dense_w),
+                    (np.float32(dlogit.sum()), model.dense_b),
+                ]
+            )
             await accuracy.update_state(labels, (pred > 0.5).astype(np.int64))
             return loss
 
@@ -111,8 +120,11 @@ async def train(resolver: pstrain.ClusterResolver, run_dir: str, epochs: int, st
         await epoch.assign(i + 1)
         path = await manager.save()
         if not quiet:
-            print(f"Finished epoch {i}, accuracy is {await accuracy.result():.6f}; "
-                  f"saved {os.path.basename(path)}", flush=True)
+            print(
+                f"Finished epoch {i}, accuracy is {await accuracy.result():.6f}; "
+                f"saved {os.path.basename(path)}",
+                flush=True,
+            )
     loss = coordinator.schedule(step_fn, args=(per_worker_iterator,))
     final = float(await loss)
     if not quiet:

@@ -34,7 +34,7 @@ def one_input(data: bytes) -> None:
     for k in range(0, len(data), cut):
         if server.rejected is not None:
             break
-        server.receive(data[k:k + cut])
+        server.receive(data[k : k + cut])
         if server.accepted:
             raise AssertionError("the handshake accepted bytes that hold no proof of the token")
         if len(server.buf) > MAX_PREAUTH:
@@ -42,12 +42,19 @@ def one_input(data: bytes) -> None:
 
 
 def seeds() -> list[bytes]:
-    return [b"".join(bytes(c) for c in wire.encode_body(obj)) for obj in (
-        {"names": ["w"]}, {"name": "w", "value": np.arange(4, dtype=np.float32)},
-        {"updates": [{"op": "assign", "name": "w", "value": np.zeros((2, 2))}]}, ((1, (2,)), [3]),
-        {"t": np.int64(3), "big": 2**70})] + [
+    return [
+        b"".join(bytes(c) for c in wire.encode_body(obj))
+        for obj in (
+            {"names": ["w"]},
+            {"name": "w", "value": np.arange(4, dtype=np.float32)},
+            {"updates": [{"op": "assign", "name": "w", "value": np.zeros((2, 2))}]},
+            ((1, (2,)), [3]),
+            {"t": np.int64(3), "big": 2**70},
+        )
+    ] + [
         ClientHandshake(None, "/job:ps/replica:0/task:0").hello() + bytes(32),
-        ClientHandshake(b"x", "").hello()]
+        ClientHandshake(b"x", "").hello(),
+    ]
 
 
 if __name__ == "__main__":

@@ -72,8 +72,23 @@ _EXPORTS: dict[str, str] = {
     "update_variables": "_variables.batched",
     "run": "_transport.bridge",
 }
-_SUBMODULES = ("checkpoint", "dashboard", "data", "errors", "evaluator", "initializers", "math",
-               "metrics", "nn", "optimizers", "partitioners", "rpc", "schedules", "summary", "testing")
+_SUBMODULES = (
+    "checkpoint",
+    "dashboard",
+    "data",
+    "errors",
+    "evaluator",
+    "initializers",
+    "math",
+    "metrics",
+    "nn",
+    "optimizers",
+    "partitioners",
+    "rpc",
+    "schedules",
+    "summary",
+    "testing",
+)
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 

@@ -63,8 +63,11 @@ class CTRModel(Module):
     def __init__(self, rows: int = ROWS, dim: int = DIM, table: Any = None, name: str = "ctr") -> None:
         super().__init__()
         self.dim = dim
-        self.table = table if table is not None else Variable(
-            RandomUniform(-0.05, 0.05, seed=0), shape=(rows, dim), name=f"{name}/embedding")
+        self.table = (
+            table
+            if table is not None
+            else Variable(RandomUniform(-0.05, 0.05, seed=0), shape=(rows, dim), name=f"{name}/embedding")
+        )
         rng = np.random.default_rng(1)
         width = FEATURES * dim + DENSE
         limit1, limit2 = np.sqrt(6 / (width + HIDDEN)), np.sqrt(6 / (HIDDEN + 1))
@@ -80,8 +83,9 @@ class CTRModel(Module):
         return [self.w1, self.b1, self.w2, self.b2]
 
 
-def forward(rows: np.ndarray, inverse: np.ndarray, dense_x: np.ndarray,
-            params: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def forward(
+    rows: np.ndarray, inverse: np.ndarray, dense_x: np.ndarray, params: list[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     w1, b1, w2, b2 = params
     n = dense_x.shape[0]
     x = np.concatenate([rows[inverse].reshape(n, FEATURES * rows.shape[1]), dense_x], axis=1)
@@ -104,8 +108,7 @@ def make_step(model: CTRModel, opt: Optimizer) -> Callable[[Any], Awaitable[floa
     async def step(it: Any) -> float:
         ids, dense_x, y = next(it)
         rows_used, inverse = unique(ids.reshape(-1), sorted=True)
-        rows, params = await asyncio.gather(embedding_lookup(table, rows_used),
-                                            read_variables(dense_vars))
+        rows, params = await asyncio.gather(embedding_lookup(table, rows_used), read_variables(dense_vars))
         x, h_pre, h, p = forward(rows, inverse, dense_x, params)
         w1, _, w2, _ = params
         n = len(y)
@@ -113,11 +116,17 @@ def make_step(model: CTRModel, opt: Optimizer) -> Callable[[Any], Awaitable[floa
         g_w2, g_b2 = h.T @ dz, dz.sum(0)
         dh = (dz @ w2.T) * (h_pre > 0)
         g_w1, g_b1 = x.T @ dh, dh.sum(0)
-        d_emb = (dh @ w1[:FEATURES * dim].T).reshape(-1, dim)
+        d_emb = (dh @ w1[: FEATURES * dim].T).reshape(-1, dim)
         g_rows = unsorted_segment_sum(d_emb, inverse, rows_used.size)
-        await opt.apply_gradients([(IndexedSlices(g_rows, rows_used), table),
-                                   (g_w1, model.w1), (g_b1, model.b1), (g_w2, model.w2),
-                                   (g_b2, model.b2)])
+        await opt.apply_gradients(
+            [
+                (IndexedSlices(g_rows, rows_used), table),
+                (g_w1, model.w1),
+                (g_b1, model.b1),
+                (g_w2, model.w2),
+                (g_b2, model.b2),
+            ]
+        )
         return log_loss(p, y)
 
     return step

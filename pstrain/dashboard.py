@@ -68,8 +68,9 @@ class Dashboard(ServerBase):
     as the ps, the workers and the coordinator's endpoint (one port, pre-auth deadlines and
     limits, TLS): its pages check the browser's session themselves."""
 
-    def __init__(self, snapshot: Callable[[], Any], token: str | None, host: str = "127.0.0.1",
-                 port: int = 0) -> None:
+    def __init__(
+        self, snapshot: Callable[[], Any], token: str | None, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
         super().__init__("dashboard", 0, host=host, port=port, token=token)
         self._snapshot = snapshot  # async: the coordinator's state, as plain JSON values
         self._keys: set[str] = set()
@@ -121,22 +122,27 @@ class Dashboard(ServerBase):
         session = request.cookies.get(COOKIE)
         ok = session is not None and any(hmac.compare_digest(session, s) for s in self._sessions)
         if not ok:
-            ok = self.token_bytes is not None and bearer_ok(request.headers.get("Authorization"),
-                                                            self.token_bytes)
+            ok = self.token_bytes is not None and bearer_ok(
+                request.headers.get("Authorization"), self.token_bytes
+            )
         if ok:
             authenticated()
         return ok
 
     def _refuse(self) -> web.Response:
-        return web.Response(status=401, content_type="text/html", text=(
-            "<!doctype html><title>pstrain dashboard</title><h1>401: not logged in</h1>"
-            "<p>Open the one-time URL the coordinator printed, or make a new one: "
-            f"<code>pstrain dashboard-login {self.address}</code> (with the cluster's token: "
-            "<code>--token-file</code> or <code>PSTRAIN_TOKEN</code>), or, in the program, "
-            "<code>pstrain.dashboard.login_url(coordinator)</code>.</p>"))
+        return web.Response(
+            status=401,
+            content_type="text/html",
+            text=(
+                "<!doctype html><title>pstrain dashboard</title><h1>401: not logged in</h1>"
+                "<p>Open the one-time URL the coordinator printed, or make a new one: "
+                f"<code>pstrain dashboard-login {self.address}</code> (with the cluster's token: "
+                "<code>--token-file</code> or <code>PSTRAIN_TOKEN</code>), or, in the program, "
+                "<code>pstrain.dashboard.login_url(coordinator)</code>.</p>"
+            ),
+        )
 
-    async def _new_login(self, request: web.Request, authenticated: Callable[[], None]
-                         ) -> web.StreamResponse:
+    async def _new_login(self, request: web.Request, authenticated: Callable[[], None]) -> web.StreamResponse:
         """``POST /login/new``: a fresh one-time login URL, for the cluster's token (without
         one, for a caller on this machine only: the dashboard then listens on loopback)."""
         if self.token_bytes is not None:
@@ -144,14 +150,19 @@ class Dashboard(ServerBase):
         else:
             ok = is_loopback(request.remote or "")
         if not ok:
-            return web.json_response({"error": {"type": "AuthenticationError", "message":
-                                      "missing or wrong cluster token: send 'Authorization: "
-                                      "Bearer <token>'"}}, status=401)
+            return web.json_response(
+                {
+                    "error": {
+                        "type": "AuthenticationError",
+                        "message": "missing or wrong cluster token: send 'Authorization: Bearer <token>'",
+                    }
+                },
+                status=401,
+            )
         authenticated()
         return web.json_response({"url": self.login_url()})
 
-    async def _login(self, request: web.Request, authenticated: Callable[[], None]
-                     ) -> web.StreamResponse:
+    async def _login(self, request: web.Request, authenticated: Callable[[], None]) -> web.StreamResponse:
         key = request.query.get("key", "")
         found = next((k for k in self._keys if hmac.compare_digest(k, key)), None)
         if found is None:
@@ -165,15 +176,12 @@ class Dashboard(ServerBase):
         raise found_page
 
     # -- pages -------------------------------------------------------------------------------------
-    async def _index(self, request: web.Request, authenticated: Callable[[], None]
-                      ) -> web.StreamResponse:
+    async def _index(self, request: web.Request, authenticated: Callable[[], None]) -> web.StreamResponse:
         if not self._allowed(request, authenticated):
             return self._refuse()
-        return web.FileResponse(os.path.join(STATIC, "index.html"),
-                                headers={"Cache-Control": "no-store"})
+        return web.FileResponse(os.path.join(STATIC, "index.html"), headers={"Cache-Control": "no-store"})
 
-    async def _static(self, request: web.Request, authenticated: Callable[[], None]
-                       ) -> web.StreamResponse:
+    async def _static(self, request: web.Request, authenticated: Callable[[], None]) -> web.StreamResponse:
         if not self._allowed(request, authenticated):
             return self._refuse()
         name = request.match_info["name"]
@@ -181,8 +189,7 @@ class Dashboard(ServerBase):
             raise web.HTTPNotFound()
         return web.FileResponse(os.path.join(STATIC, name))
 
-    async def _state(self, request: web.Request, authenticated: Callable[[], None]
-                      ) -> web.StreamResponse:
+    async def _state(self, request: web.Request, authenticated: Callable[[], None]) -> web.StreamResponse:
         if not self._allowed(request, authenticated):
             return self._refuse()
         return web.json_response(await self._full())
@@ -192,12 +199,12 @@ class Dashboard(ServerBase):
         _, state["scalars"] = summary.LOG.since(0)
         return state
 
-    async def _events(self, request: web.Request, authenticated: Callable[[], None]
-                       ) -> web.StreamResponse:
+    async def _events(self, request: web.Request, authenticated: Callable[[], None]) -> web.StreamResponse:
         if not self._allowed(request, authenticated):
             return self._refuse()
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                               "Cache-Control": "no-store"})
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"}
+        )
         await response.prepare(request)
         queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=16)
         first = await self._full()  # everything so far, then what is new each second
@@ -253,8 +260,7 @@ def task_state(up: bool, leaving: bool, seen: bool) -> str:
 
 
 # -- the coordinator's dashboard ------------------------------------------------------------------
-async def serve_dashboard(coordinator: ClusterCoordinator, host: str = "127.0.0.1",
-                          port: int = 0) -> str:
+async def serve_dashboard(coordinator: ClusterCoordinator, host: str = "127.0.0.1", port: int = 0) -> str:
     """Serve ``coordinator``'s live dashboard (once; later calls reuse it) and return a
     one-time login URL. Off loopback the cluster must have a token."""
     dashboard = of(coordinator)
@@ -283,8 +289,9 @@ def login_url(coordinator: ClusterCoordinator) -> str:
     return dashboard.login_url()
 
 
-async def _call(coordinator: ClusterCoordinator, job: str, index: int, message: Operation[R],
-                timeout: float) -> R | None:
+async def _call(
+    coordinator: ClusterCoordinator, job: str, index: int, message: Operation[R], timeout: float
+) -> R | None:
     try:
         return await coordinator.strategy.channels.channel(job, index).request(message, timeout=timeout)
     except PstrainError:
@@ -302,6 +309,7 @@ async def snapshot(coordinator: ClusterCoordinator) -> dict[str, Any]:
     left = {p["index"] for p in placement["ps"] if not p["active"]}
     known = coordinator.ps_incarnations  # a ps that joined later is not in it
     incarnations = [known[k] if k < len(known) else None for k in range(len(placement["ps"]))]
+
     async def ps_statistics(k: int) -> dict[str, Any] | None:
         return None if k in left else await _call(coordinator, "ps", k, Statistics(), 2.0)
 
@@ -310,40 +318,71 @@ async def snapshot(coordinator: ClusterCoordinator) -> dict[str, Any]:
 
     stats, answers = await asyncio.gather(
         asyncio.gather(*(ps_statistics(k) for k in range(len(incarnations)))),
-        asyncio.gather(*(worker_health(m) for m in members)))
+        asyncio.gather(*(worker_health(m) for m in members)),
+    )
     chief = spec.task_address("chief", 0) if spec.num_tasks("chief") else None
-    tasks: list[dict[str, Any]] = [{"job": "chief", "index": 0, "task": "chief:0", "state": "up",
-                                    "address": chief or "this process"}]
+    tasks: list[dict[str, Any]] = [
+        {"job": "chief", "index": 0, "task": "chief:0", "state": "up", "address": chief or "this process"}
+    ]
     for k, ps_st in enumerate(stats):
         entry: dict[str, Any] = {
-            "job": "ps", "index": k, "task": f"ps:{k}",
+            "job": "ps",
+            "index": k,
+            "task": f"ps:{k}",
             "address": placement["ps"][k]["address"] or "(left)",
-            "state": "left" if k in left else "up" if ps_st is not None
+            "state": "left"
+            if k in left
+            else "up"
+            if ps_st is not None
             else ("down" if incarnations[k] else "joining"),
-            "incarnation": incarnations[k]}
+            "incarnation": incarnations[k],
+        }
         if ps_st is not None:
             requests = ps_st.get("requests", {}).values()
-            entry.update(bytes=ps_st.get("bytes", 0), variables=ps_st.get("variables", 0),
-                         rss_bytes=ps_st.get("rss_bytes"), tables=ps_st.get("tables", {}),
-                         requests=sum(r["count"] for r in requests),
-                         wire_bytes=sum(r["bytes_in"] + r["bytes_out"] for r in requests))
+            entry.update(
+                bytes=ps_st.get("bytes", 0),
+                variables=ps_st.get("variables", 0),
+                rss_bytes=ps_st.get("rss_bytes"),
+                tables=ps_st.get("tables", {}),
+                requests=sum(r["count"] for r in requests),
+                wire_bytes=sum(r["bytes_in"] + r["bytes_out"] for r in requests),
+            )
         tasks.append(entry)
         # a ps's share counts its table rows too (the map knows its variables' bytes only)
         table_bytes = sum(int(t.get("bytes", 0)) for t in (ps_st or {}).get("tables", {}).values())
-        placement["ps"][k] = {**placement["ps"][k], "table_bytes": table_bytes,
-                              "bytes": placement["ps"][k]["bytes"] + table_bytes}
+        placement["ps"][k] = {
+            **placement["ps"][k],
+            "table_bytes": table_bytes,
+            "bytes": placement["ps"][k]["bytes"] + table_bytes,
+        }
     for m, answered in zip(members, answers):
         seen = m["incarnation"] is not None or m["failures"] > 0
-        tasks.append({"job": "worker", "index": m["index"], "task": f"worker:{m['index']}",
-                      "address": m["address"],
-                      "state": task_state(m["up"] and answered is not None, m["leaving"], seen),
-                      "incarnation": m["incarnation"], "failures": m["failures"],
-                      "completed": m["completed"], "last_error": m["last_error"]})
-    return {"time": time.time(), "tasks": tasks, "placement": placement,
-            "closures": {"done": st["closures_done"], "queued": st["queued"],
-                         "in_flight": st["in_flight"], "retried": st["closures_retried"],
-                         "worker_failures": st["worker_failures"]},
-            "checkpoints": recent_saves()}
+        tasks.append(
+            {
+                "job": "worker",
+                "index": m["index"],
+                "task": f"worker:{m['index']}",
+                "address": m["address"],
+                "state": task_state(m["up"] and answered is not None, m["leaving"], seen),
+                "incarnation": m["incarnation"],
+                "failures": m["failures"],
+                "completed": m["completed"],
+                "last_error": m["last_error"],
+            }
+        )
+    return {
+        "time": time.time(),
+        "tasks": tasks,
+        "placement": placement,
+        "closures": {
+            "done": st["closures_done"],
+            "queued": st["queued"],
+            "in_flight": st["in_flight"],
+            "retried": st["closures_retried"],
+            "worker_failures": st["worker_failures"],
+        },
+        "checkpoints": recent_saves(),
+    }
 
 
 def _start_from_environment(coordinator: ClusterCoordinator) -> None:
@@ -360,8 +399,7 @@ def _start_from_environment(coordinator: ClusterCoordinator) -> None:
         except (PstrainError, ValueError, OSError) as exc:
             logger.error("the dashboard could not start on %s: %s", where, exc)
             return
-        print(f"pstrain dashboard (one-time login URL; open it once): {url}", file=sys.stderr,
-              flush=True)
+        print(f"pstrain dashboard (one-time login URL; open it once): {url}", file=sys.stderr, flush=True)
 
     coordinator.run_in_background(start())
 

@@ -26,26 +26,42 @@ __all__ = ["add_demo_parser"]
 
 
 def add_demo_parser(sub: Any) -> None:
-    p = sub.add_parser("demo", help="train a sparse CTR model on a local cluster (about a minute)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "demo",
+        help="train a sparse CTR model on a local cluster (about a minute)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--workers", type=positive_int, default=2, help="worker processes (default 2)")
     p.add_argument("--ps", type=positive_int, default=2, help="parameter-server processes (default 2)")
-    p.add_argument("--steps", type=positive_int, default=8000,
-                   help="training steps of 512 examples (default 8000)")
+    p.add_argument(
+        "--steps", type=positive_int, default=8000, help="training steps of 512 examples (default 8000)"
+    )
     p.add_argument("--output", default="demo-output", help="where checkpoints, plot and results go")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--checkpoint-every", type=positive_int, default=500, metavar="STEPS",
-                   help="steps between checkpoints (default 500)")
-    p.add_argument("--dashboard", nargs="?", const="127.0.0.1:0", default=None, metavar="HOST:PORT",
-                   help="serve the live dashboard (default 127.0.0.1, any free port) and print "
-                        "its one-time login URL")
+    p.add_argument(
+        "--checkpoint-every",
+        type=positive_int,
+        default=500,
+        metavar="STEPS",
+        help="steps between checkpoints (default 500)",
+    )
+    p.add_argument(
+        "--dashboard",
+        nargs="?",
+        const="127.0.0.1:0",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve the live dashboard (default 127.0.0.1, any free port) and print its one-time login URL",
+    )
     p.set_defaults(func=_demo)
 
 
 def _demo(args: argparse.Namespace) -> int:
     if args.checkpoint_every < 1:
-        raise SystemExit(f"pstrain demo: --checkpoint-every must be at least 1 step, got "
-                         f"{args.checkpoint_every}")
+        raise SystemExit(
+            f"pstrain demo: --checkpoint-every must be at least 1 step, got {args.checkpoint_every}"
+        )
     from ._transport.bridge import run
 
     return run(_main(args))
@@ -79,22 +95,26 @@ async def _main(args: argparse.Namespace) -> int:
     # and exits 130 (the servers, in their own session, are stopped by the cluster's exit).
     async with LocalCluster(num_ps=args.ps, num_workers=args.workers, checkpoint_root=out) as cluster:
         strategy = ParameterServerStrategy(
-            cluster.resolver, variable_partitioner=FixedShardsPartitioner(args.ps))
+            cluster.resolver, variable_partitioner=FixedShardsPartitioner(args.ps)
+        )
         coordinator = ClusterCoordinator(strategy, max_inflight_per_worker=2)
         async with strategy.scope():
             model = CTRModel()
             opt = Adagrad(0.05, initial_accumulator_value=0.1)
-        manager = CheckpointManager(Checkpoint(model=model, optimizer=opt), str(out / "checkpoints"),
-                                    max_to_keep=3)
+        manager = CheckpointManager(
+            Checkpoint(model=model, optimizer=opt), str(out / "checkpoints"), max_to_keep=3
+        )
         metrics_at = await coordinator.serve_metrics()
         token_file = out / "cluster-token"
         token_file.write_text(cluster.token + "\n")
         token_file.chmod(0o600)
-        say(f"cluster up: ps {cluster.cluster_spec.job_tasks('ps')}, workers "
+        say(
+            f"cluster up: ps {cluster.cluster_spec.job_tasks('ps')}, workers "
             f"{cluster.cluster_spec.job_tasks('worker')}; coordinator metrics at "
             f"http://{metrics_at}/metrics\n  read them with the cluster token as a bearer "
-            f"header: curl -H \"Authorization: Bearer $(cat {token_file})\" "
-            f"http://{metrics_at}/metrics")
+            f'header: curl -H "Authorization: Bearer $(cat {token_file})" '
+            f"http://{metrics_at}/metrics"
+        )
         if args.dashboard is not None:
             host, _, port = args.dashboard.rpartition(":")
             url = await dashboard.serve_dashboard(coordinator, host or "127.0.0.1", int(port or 0))
@@ -124,8 +144,7 @@ async def _main(args: argparse.Namespace) -> int:
                     if len(losses) % 25 == 0:
                         in_chunk = len(losses) % chunk or chunk
                         rate_now = in_chunk * BATCH / (time.perf_counter() - t0)
-                        bar.update(0, loss=f"{np.mean(losses[-200:]):.3f}",
-                                   examples_per_s=f"{rate_now:,.0f}")
+                        bar.update(0, loss=f"{np.mean(losses[-200:]):.3f}", examples_per_s=f"{rate_now:,.0f}")
                 await coordinator.join()
                 await manager.save()
         elapsed = time.perf_counter() - started
@@ -139,12 +158,20 @@ async def _main(args: argparse.Namespace) -> int:
         await coordinator.close()
     rate = len(losses) * BATCH / elapsed
     plot = _plot(out / "loss.png", losses, held_out, base_loss)
-    results = {"steps": len(losses), "examples_per_s": round(rate), "held_out_log_loss": round(held_out, 4),
-               "base_rate_log_loss": round(base_loss, 4), "seconds": round(elapsed, 1),
-               "checkpoint": manager.latest_checkpoint, "plot": plot}
+    results = {
+        "steps": len(losses),
+        "examples_per_s": round(rate),
+        "held_out_log_loss": round(held_out, 4),
+        "base_rate_log_loss": round(base_loss, 4),
+        "seconds": round(elapsed, 1),
+        "checkpoint": manager.latest_checkpoint,
+        "plot": plot,
+    }
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    print(f"\ntrained {len(losses)} steps ({len(losses) * BATCH:,} examples) in {elapsed:.0f} s: "
-          f"{rate:,.0f} examples/s")
+    print(
+        f"\ntrained {len(losses)} steps ({len(losses) * BATCH:,} examples) in {elapsed:.0f} s: "
+        f"{rate:,.0f} examples/s"
+    )
     print(f"held-out log loss {held_out:.4f} (predicting the base rate: {base_loss:.4f})")
     print(f"checkpoint: {manager.latest_checkpoint}")
     print(f"loss curve: {plot}")

@@ -59,12 +59,23 @@ class LocalCluster(RunningCluster):
             strategy = pstrain.ParameterServerStrategy(cluster.resolver)
     """
 
-    def __init__(self, num_ps: int = 1, num_workers: int = 1, token: str | None = None, *,
-                 startup_timeout_s: float = 60.0, log_level: str = "WARNING",
-                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
-                 checkpoint_root: str | os.PathLike[str] | None = None) -> None:
-        check_options("LocalCluster", {"num_ps": num_ps, "num_workers": num_workers},
-                      {"startup_timeout_s": startup_timeout_s})  # before any process starts
+    def __init__(
+        self,
+        num_ps: int = 1,
+        num_workers: int = 1,
+        token: str | None = None,
+        *,
+        startup_timeout_s: float = 60.0,
+        log_level: str = "WARNING",
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        checkpoint_root: str | os.PathLike[str] | None = None,
+    ) -> None:
+        check_options(
+            "LocalCluster",
+            {"num_ps": num_ps, "num_workers": num_workers},
+            {"startup_timeout_s": startup_timeout_s},
+        )  # before any process starts
         self.num_ps = num_ps
         self.num_workers = num_workers
         self.token = token or secrets.token_urlsafe(24)
@@ -97,12 +108,26 @@ class LocalCluster(RunningCluster):
         await asyncio.shield(self.stop())
 
     def _command(self, task: _Task, port: int, bound: socket.socket | None) -> list[str]:
-        return [sys.executable, "-m", "pstrain.cli", "serve", "--role", task.job,
-                "--index", str(task.index), "--host", "127.0.0.1", "--port", str(port),
-                "--log-level", self.log_level, "--exit-with-parent",
-                *(["--listen-fd", str(bound.fileno())] if bound is not None else []),
-                *(["--checkpoint-root", self.checkpoint_root] if task.job == "ps" else []),
-                *self.extra_args]
+        return [
+            sys.executable,
+            "-m",
+            "pstrain.cli",
+            "serve",
+            "--role",
+            task.job,
+            "--index",
+            str(task.index),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            self.log_level,
+            "--exit-with-parent",
+            *(["--listen-fd", str(bound.fileno())] if bound is not None else []),
+            *(["--checkpoint-root", self.checkpoint_root] if task.job == "ps" else []),
+            *self.extra_args,
+        ]
 
     async def _spawn(self, task: _Task, port: int = 0, bound: socket.socket | None = None) -> None:
         env = dict(os.environ if self.env is None else self.env)
@@ -120,15 +145,20 @@ class LocalCluster(RunningCluster):
             # exit if it dies (--exit-with-parent). A session each also gives each server its
             # own share of the CPU (Linux autogroups).
             task.proc = await asyncio.create_subprocess_exec(
-                *self._command(task, port, bound), stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, env=env,  # both, prefixed with the task
-                start_new_session=True, pass_fds=(bound.fileno(),) if bound is not None else ())
+                *self._command(task, port, bound),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,  # both, prefixed with the task
+                start_new_session=True,
+                pass_fds=(bound.fileno(),) if bound is not None else (),
+            )
         assert task.proc.stdout is not None
         try:
             line = await asyncio.wait_for(self._read_address(task), self.startup_timeout_s)
         except TimeoutError:
-            raise PstrainError(f"{task.job}:{task.index} did not start listening within "
-                               f"{self.startup_timeout_s:g} s") from None
+            raise PstrainError(
+                f"{task.job}:{task.index} did not start listening within {self.startup_timeout_s:g} s"
+            ) from None
         task.address = line
         task.pump = self._pumps.spawn(self._forward(task))
 
@@ -138,8 +168,9 @@ class LocalCluster(RunningCluster):
             raw = await task.proc.stdout.readline()
             if not raw:
                 code = await task.proc.wait()
-                raise PstrainError(f"{task.job}:{task.index} exited with code {code} before "
-                                   "listening (see its log above)")
+                raise PstrainError(
+                    f"{task.job}:{task.index} exited with code {code} before listening (see its log above)"
+                )
             line = raw.decode(errors="replace")
             match = _LISTENING.search(line)
             if match:
@@ -219,7 +250,9 @@ class LocalCluster(RunningCluster):
     def cluster_spec(self) -> ClusterSpec:
         if not all(t.address for t in self._tasks.values()):
             raise PstrainError("the LocalCluster is not started")
-        return ClusterSpec({
-            "ps": [str(self._tasks[("ps", i)].address) for i in range(self.num_ps)],
-            "worker": [str(self._tasks[("worker", i)].address) for i in range(self.num_workers)],
-        })
+        return ClusterSpec(
+            {
+                "ps": [str(self._tasks[("ps", i)].address) for i in range(self.num_ps)],
+                "worker": [str(self._tasks[("worker", i)].address) for i in range(self.num_workers)],
+            }
+        )

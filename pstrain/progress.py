@@ -21,16 +21,21 @@ class Progress:
     def __init__(self, total: int, desc: str, *, quiet: bool = False, unit: str = "step") -> None:
         from tqdm import tqdm
 
-        self.bar = tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, leave=True,
-                        disable=quiet or not sys.stderr.isatty())
+        self.bar = tqdm(
+            total=total,
+            desc=desc,
+            unit=unit,
+            dynamic_ncols=True,
+            leave=True,
+            disable=quiet or not sys.stderr.isatty(),
+        )
 
     def update(self, n: int = 1, **postfix: Any) -> None:
         self.bar.update(n)
         if postfix:
             self.bar.set_postfix(postfix, refresh=False)
 
-    async def track(self, remote_values: Sequence[Any], coordinator: Any,
-                    postfix: Any = None) -> None:
+    async def track(self, remote_values: Sequence[Any], coordinator: Any, postfix: Any = None) -> None:
         """Advance as each RemoteValue resolves, then ``join()`` (which raises the first error).
 
         ``postfix(value)`` may return a dict shown beside the bar (e.g. the loss).

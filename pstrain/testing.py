@@ -66,9 +66,16 @@ def dump_task_stacks(file: Any = None) -> str:
 class InProcessCluster(RunningCluster):
     """``num_ps`` ps and ``num_workers`` workers as servers in this process (``async with``)."""
 
-    def __init__(self, num_ps: int = 2, num_workers: int = 2, token: str | None = None, *,
-                 leak_grace_s: float = 2.0, ps_options: dict[str, Any] | None = None,
-                 **server_options: Any) -> None:
+    def __init__(
+        self,
+        num_ps: int = 2,
+        num_workers: int = 2,
+        token: str | None = None,
+        *,
+        leak_grace_s: float = 2.0,
+        ps_options: dict[str, Any] | None = None,
+        **server_options: Any,
+    ) -> None:
         if num_ps < 1 or num_workers < 1:
             raise InvalidArgumentError("a cluster needs at least one ps and one worker")
         self.num_ps = num_ps
@@ -131,8 +138,11 @@ class InProcessCluster(RunningCluster):
             if time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.01)
-        lines = [f"task {t!r}" for t in tasks] + [f"open channel to {c.task}" for c in channels] + \
-            [f"server connection {c!r}" for c in connections]
+        lines = (
+            [f"task {t!r}" for t in tasks]
+            + [f"open channel to {c.task}" for c in channels]
+            + [f"server connection {c!r}" for c in connections]
+        )
         if tasks:
             dump_task_stacks()
         raise LeakError("leaked after the test:\n  " + "\n  ".join(lines))
@@ -148,8 +158,9 @@ class InProcessCluster(RunningCluster):
         return ClusterSpec({"ps": self._addresses(self.ps), "worker": self._addresses(self.workers)})
 
 
-async def untyped_call(channel: Channel, op: str, payload: Any = None, *, pickle: bool = False,
-                       timeout: float | None = None) -> Any:
+async def untyped_call(
+    channel: Channel, op: str, payload: Any = None, *, pickle: bool = False, timeout: float | None = None
+) -> Any:
     """Send a hand-built ``payload`` to operation ``op`` and return the decoded reply, checked
     against the operation's reply class but left as decoded: for tests (and attacks) that
     build bodies by hand. pstrain itself, and programs, send typed operations
@@ -160,8 +171,11 @@ async def untyped_call(channel: Channel, op: str, payload: Any = None, *, pickle
     exactly-once key) are filled in as :meth:`Channel.request` fills them.
     """
     operation = OPERATIONS.get(op)
-    if operation is not None and isinstance(payload, dict) \
-            and (fields := sender_fields(operation, channel.task, channel.owner)):
+    if (
+        operation is not None
+        and isinstance(payload, dict)
+        and (fields := sender_fields(operation, channel.task, channel.owner))
+    ):
         payload = {**payload, **fields}
     chunks = wire.encode_body(payload, allow_pickle=pickle)
     kind, body = await channel.call_raw(op, chunks, timeout=timeout)

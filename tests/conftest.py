@@ -63,6 +63,7 @@ class TierError(AssertionError):
 def _refuse(what: str, tier: str, belongs: str) -> Any:
     def refused(*args: Any, **kwargs: Any) -> Any:
         raise TierError(f"a test in tests/{tier}/ {what}: it belongs in tests/{belongs}/")
+
     return refused
 
 
@@ -92,6 +93,7 @@ def _network_only(original: Any, method: str) -> Any:
             self.close()  # refused, not left for the collector to warn of in a later test
             return refused()
         return original(self, *args)
+
     return guarded
 
 
@@ -130,24 +132,25 @@ def ps_process() -> Iterator[ServeProcess]:
 @pytest_asyncio.fixture
 async def ps_server(tmp_path: Any) -> AsyncIterator[Any]:
     """One in-process ps with the test token; checkpoints go under ``tmp_path``."""
-    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": str(tmp_path)}) as c:
+    async with InProcessCluster(
+        num_ps=1, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(tmp_path)}
+    ) as c:
         yield c.ps[0]
 
 
 @pytest_asyncio.fixture
 async def ps_pair(tmp_path: Any) -> AsyncIterator[list[Any]]:
     """Two in-process ps with the test token; checkpoints go under ``tmp_path``."""
-    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": str(tmp_path)}) as c:
+    async with InProcessCluster(
+        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(tmp_path)}
+    ) as c:
         yield c.ps
 
 
 @pytest_asyncio.fixture
 async def cluster(tmp_path: Any) -> AsyncIterator[InProcessCluster]:
     """2 ps + 2 workers as servers in this process, checked for leaks at teardown."""
-    async with InProcessCluster(num_ps=2, num_workers=2,
-                                ps_options={"checkpoint_root": str(tmp_path)}) as c:
+    async with InProcessCluster(num_ps=2, num_workers=2, ps_options={"checkpoint_root": str(tmp_path)}) as c:
         yield c
 
 
@@ -156,5 +159,3 @@ async def process_cluster() -> AsyncIterator[pstrain.LocalCluster]:
     """2 ps + 2 workers as real processes (for kills, restarts and signals)."""
     async with pstrain.LocalCluster(num_ps=2, num_workers=2) as c:
         yield c
-
-

@@ -33,8 +33,13 @@ class ServeProcess:
     """A `pstrain serve` process; `address` once it printed its listening line. ``limits``:
     resource limits (``resource.RLIMIT_*`` -> (soft, hard)) the process starts under."""
 
-    def __init__(self, *args: str, token: str | None = TOKEN, env: dict[str, str] | None = None,
-                 limits: dict[int, tuple[int, int]] | None = None) -> None:
+    def __init__(
+        self,
+        *args: str,
+        token: str | None = TOKEN,
+        env: dict[str, str] | None = None,
+        limits: dict[int, tuple[int, int]] | None = None,
+    ) -> None:
         full_env = dict(os.environ if env is None else env)
         if token is not None:
             full_env["PSTRAIN_TOKEN"] = token
@@ -43,8 +48,12 @@ class ServeProcess:
         self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pstrain.cli", "serve", *args],
-            stdout=subprocess.PIPE, stderr=self.log, env=full_env, text=True,
-            preexec_fn=(lambda: [resource.setrlimit(k, v) for k, v in limits.items()]) if limits else None)
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            env=full_env,
+            text=True,
+            preexec_fn=(lambda: [resource.setrlimit(k, v) for k, v in limits.items()]) if limits else None,
+        )
         try:
             self.address = self._wait_listening()
         except BaseException:
@@ -84,14 +93,16 @@ class ServeProcess:
         self.log.close()
 
 
-def strategy_for(*ps: Any, workers: list[str] | None = None, token: str | None = TOKEN,
-                 shards: int | None = None) -> pstrain.ParameterServerStrategy:
+def strategy_for(
+    *ps: Any, workers: list[str] | None = None, token: str | None = TOKEN, shards: int | None = None
+) -> pstrain.ParameterServerStrategy:
     """A strategy whose ps are the given servers (workers need not exist for ps tests);
     ``shards``: variables split in that many shards."""
     spec = {"ps": [s.address for s in ps], "worker": workers or ["127.0.0.1:9"]}
     partitioner = FixedShardsPartitioner(shards) if shards else None
-    return pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(spec, token=token),
-                                           variable_partitioner=partitioner)
+    return pstrain.ParameterServerStrategy(
+        pstrain.SimpleClusterResolver(spec, token=token), variable_partitioner=partitioner
+    )
 
 
 def rss(pid: int) -> int:
@@ -123,11 +134,13 @@ async def abort_all(writers: list[asyncio.StreamWriter], timeout: float = 30.0) 
     for w in writers:
         w.transport.abort()
     await asyncio.wait_for(
-        asyncio.gather(*(w.wait_closed() for w in writers), return_exceptions=True), timeout)
+        asyncio.gather(*(w.wait_closed() for w in writers), return_exceptions=True), timeout
+    )
 
 
-async def join_fails(coordinator: Any, error: type[BaseException], match: str,
-                     within: float = 10.0) -> BaseException:
+async def join_fails(
+    coordinator: Any, error: type[BaseException], match: str, within: float = 10.0
+) -> BaseException:
     """Schedule a closure and check that ``join`` raises ``error`` (matching ``match``)
     within ``within`` seconds; returns the error."""
     coordinator.schedule(lambda: 1)

@@ -42,8 +42,19 @@ import hmac
 import re
 import secrets
 
-__all__ = ["NONCE_BYTES", "PROOF_BYTES", "VERSION", "bearer_ok", "identity", "new_nonce",
-           "normalize_token", "proof", "proof_ok", "target_matches", "transcript"]
+__all__ = [
+    "NONCE_BYTES",
+    "PROOF_BYTES",
+    "VERSION",
+    "bearer_ok",
+    "identity",
+    "new_nonce",
+    "normalize_token",
+    "proof",
+    "proof_ok",
+    "target_matches",
+    "transcript",
+]
 
 NONCE_BYTES = 32
 PROOF_BYTES = 32
@@ -69,15 +80,15 @@ def new_nonce() -> bytes:
     return secrets.token_bytes(NONCE_BYTES)
 
 
-def transcript(client_nonce: bytes, target: bytes, server_nonce: bytes,
-               answering: bytes = b"") -> bytes:
+def transcript(client_nonce: bytes, target: bytes, server_nonce: bytes, answering: bytes = b"") -> bytes:
     """What the proofs cover: each part length-prefixed, so no two transcripts collide.
 
     >>> transcript(b"a", b"", b"b") != transcript(b"", b"a", b"b")
     True
     """
-    return b"".join(len(p).to_bytes(2, "big") + p
-                    for p in (VERSION, client_nonce, target, server_nonce, answering))
+    return b"".join(
+        len(p).to_bytes(2, "big") + p for p in (VERSION, client_nonce, target, server_nonce, answering)
+    )
 
 
 def proof(token: bytes | None, direction: bytes, transcript: bytes) -> bytes:

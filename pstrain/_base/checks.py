@@ -22,20 +22,27 @@ __all__ = ["check_options", "number", "shape", "variable_name", "whole"]
 def whole(value: Any, what: str, low: int | None = None, high: int | None = None) -> int:
     """``value`` if it is a whole number (a Python or numpy integer, not a bool) from ``low``
     (when given) up to ``high`` (when given)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
-            or (low is not None and int(value) < low) or (high is not None and int(value) > high):
-        bound = ("" if low is None else f" of {low} or more") if high is None \
-            else f" from {low} to {high}"
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or (low is not None and int(value) < low)
+        or (high is not None and int(value) > high)
+    ):
+        bound = ("" if low is None else f" of {low} or more") if high is None else f" from {low} to {high}"
         raise InvalidArgumentError(f"{what} must be a whole number{bound}, got {value!r}")
     return int(value)
 
 
-def number(value: Any, what: str, low: float = 0.0, *, above: bool = False,
-           unit: str = "") -> float:
+def number(value: Any, what: str, low: float = 0.0, *, above: bool = False, unit: str = "") -> float:
     """``value`` if it is a finite number (not a bool) of ``low`` or more, or above ``low``;
     ``unit`` (" of seconds") goes into the message."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
-            or value < low or (above and value == low):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(value)
+        or value < low
+        or (above and value == low)
+    ):
         bound = f"above {low:g}" if above else f"of {low:g} or more"
         raise InvalidArgumentError(f"{what} must be a finite number{unit} {bound}, got {value!r}")
     return float(value)
@@ -47,10 +54,8 @@ def shape(value: Any, what: str = "a variable's shape") -> tuple[int, ...]:
         dims = None if isinstance(value, (str, bytes)) else tuple(value)
     except TypeError:
         dims = None
-    if dims is None or any(isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 0
-                           for d in dims):
-        raise InvalidArgumentError(f"{what} must be a tuple of whole numbers of 0 or more, "
-                                   f"got {value!r}")
+    if dims is None or any(isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 0 for d in dims):
+        raise InvalidArgumentError(f"{what} must be a tuple of whole numbers of 0 or more, got {value!r}")
     return tuple(int(d) for d in dims)
 
 
@@ -69,5 +74,9 @@ def check_options(owner: str, counts: dict[str, int], seconds: dict[str, float |
         whole(count, f"{owner}: {name}", 1)
     for name, value in seconds.items():
         if value is not None:
-            number(value, f"{owner}: {name}", above=name.endswith("timeout_s") or name == "heartbeat_s",
-                   unit=" of seconds")
+            number(
+                value,
+                f"{owner}: {name}",
+                above=name.endswith("timeout_s") or name == "heartbeat_s",
+                unit=" of seconds",
+            )

@@ -49,8 +49,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def listening_socket(host: str, port: int, what: str, backlog: int = 1024,
-                     bound: socket.socket | None = None) -> socket.socket:
+def listening_socket(
+    host: str, port: int, what: str, backlog: int = 1024, bound: socket.socket | None = None
+) -> socket.socket:
     """A non-blocking socket bound to ``host:port`` and listening (port 0 picks one).
 
     Bound before anyone is told the address: ready means listening. ``bound``: a socket
@@ -104,12 +105,19 @@ def _check_bound(sock: socket.socket, host: str, port: int, what: str) -> None:
     try:
         want = ipaddress.ip_address("127.0.0.1" if host == "localhost" else host)
     except ValueError:
-        raise PstrainError(f"{what}: a socket handed over needs the host as an address, not "
-                           f"{host!r}") from None
-    if kind != socket.SOCK_STREAM or family not in (socket.AF_INET, socket.AF_INET6) \
-            or ipaddress.ip_address(got[0]) != want or (port and got[1] != port) or not got[1]:
-        raise PstrainError(f"{what}: the socket handed over is bound to {got!r}, not to "
-                           f"{host}:{port or '(a port)'}")
+        raise PstrainError(
+            f"{what}: a socket handed over needs the host as an address, not {host!r}"
+        ) from None
+    if (
+        kind != socket.SOCK_STREAM
+        or family not in (socket.AF_INET, socket.AF_INET6)
+        or ipaddress.ip_address(got[0]) != want
+        or (port and got[1] != port)
+        or not got[1]
+    ):
+        raise PstrainError(
+            f"{what}: the socket handed over is bound to {got!r}, not to {host}:{port or '(a port)'}"
+        )
 
 
 #: A connection whose sent data stays unacknowledged this long, or whose idle peer stops
@@ -121,8 +129,11 @@ def tune_connection(sock: socket.socket | None, deadline_s: float = LINK_DEADLIN
     """Give a TCP connection deadlines: keep-alive probes when idle and ``TCP_USER_TIMEOUT``
     when data is unacknowledged, so a partitioned peer is noticed in ``deadline_s``, not
     after the kernel's retransmission back-off (minutes)."""
-    if sock is None or sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET,
-                                                                              socket.AF_INET6):
+    if (
+        sock is None
+        or sock.type != socket.SOCK_STREAM
+        or sock.family not in (socket.AF_INET, socket.AF_INET6)
+    ):
         return
     probes = 3
     idle = max(1, int(deadline_s) - probes)
@@ -146,17 +157,20 @@ def parse_address(address: str) -> tuple[str, int]:
     """
     if not isinstance(address, str) or ":" not in address:
         raise InvalidArgumentError(
-            f"malformed address {address!r}: expected 'host:port', e.g. '127.0.0.1:2222'")
+            f"malformed address {address!r}: expected 'host:port', e.g. '127.0.0.1:2222'"
+        )
     host, _, port_text = address.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
         raise InvalidArgumentError(
-            f"malformed address {address!r}: expected 'host:port' with a port in 0..65535")
+            f"malformed address {address!r}: expected 'host:port' with a port in 0..65535"
+        )
     if not _valid_host(host):
         raise InvalidArgumentError(
             f"malformed address {address!r}: the host must be a host name (letters, digits, "
-            "'-' and '.', as DNS allows) or an IP address")
+            "'-' and '.', as DNS allows) or an IP address"
+        )
     return host, int(port_text)
 
 
@@ -188,7 +202,8 @@ class ClusterSpec:
             cluster = cluster.as_dict()
         if not isinstance(cluster, Mapping):
             raise InvalidArgumentError(
-                f"cluster must be a mapping of job name to addresses, got {type(cluster).__name__}")
+                f"cluster must be a mapping of job name to addresses, got {type(cluster).__name__}"
+            )
         jobs: dict[str, list[str]] = {}
         for job, tasks in cluster.items():
             if not isinstance(job, str) or not job:
@@ -196,14 +211,14 @@ class ClusterSpec:
             if isinstance(tasks, Mapping):
                 indices = sorted(int(i) for i in tasks)
                 if indices != list(range(len(indices))):
-                    raise InvalidArgumentError(
-                        f"job {job!r} has task indices {indices}; they must be 0..N-1")
+                    raise InvalidArgumentError(f"job {job!r} has task indices {indices}; they must be 0..N-1")
                 addresses = [tasks[i] if i in tasks else tasks[str(i)] for i in indices]  # type: ignore[index]
             elif isinstance(tasks, (list, tuple)):
                 addresses = list(tasks)
             else:
                 raise InvalidArgumentError(
-                    f"job {job!r} must list its task addresses, got {type(tasks).__name__}")
+                    f"job {job!r} must list its task addresses, got {type(tasks).__name__}"
+                )
             for address in addresses:
                 parse_address(address)
             jobs[job] = addresses
@@ -225,7 +240,8 @@ class ClusterSpec:
             raise InvalidArgumentError(f"no job {job!r} in the cluster (jobs: {self.jobs})")
         if not 0 <= index < len(tasks):
             raise InvalidArgumentError(
-                f"task index {index} out of range for job {job!r} with {len(tasks)} task(s)")
+                f"task index {index} out of range for job {job!r} with {len(tasks)} task(s)"
+            )
         return tasks[index]
 
     def job_tasks(self, job: str) -> list[str]:
@@ -248,7 +264,8 @@ def validate_ps_cluster(spec: ClusterSpec) -> None:
     unknown = [job for job in spec.jobs if job not in KNOWN_JOBS]
     if unknown:
         raise InvalidArgumentError(
-            f"Disallowed task type found in cluster: {unknown}; allowed: {list(KNOWN_JOBS)}")
+            f"Disallowed task type found in cluster: {unknown}; allowed: {list(KNOWN_JOBS)}"
+        )
     if spec.num_tasks("chief") > 1:
         raise InvalidArgumentError("There must be at most one 'chief' job.")
     if spec.num_tasks("worker") < 1:

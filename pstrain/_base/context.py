@@ -25,16 +25,24 @@ from .exports import expose
 if TYPE_CHECKING:
     from .._transport.rpc import ChannelPool
 
-__all__ = ["current_channels", "get_current_worker_index", "in_closure", "must_await",
-           "watch_unawaited", "worker_context"]
+__all__ = [
+    "current_channels",
+    "get_current_worker_index",
+    "in_closure",
+    "must_await",
+    "watch_unawaited",
+    "worker_context",
+]
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
 _worker_index: contextvars.ContextVar[int | None] = contextvars.ContextVar(
-    "pstrain_worker_index", default=None)
+    "pstrain_worker_index", default=None
+)
 _channels: contextvars.ContextVar[ChannelPool | None] = contextvars.ContextVar(
-    "pstrain_channels", default=None)
+    "pstrain_channels", default=None
+)
 
 
 def in_closure() -> bool:
@@ -52,8 +60,10 @@ def get_current_worker_index() -> int:
     """
     index = _worker_index.get()
     if index is None:
-        raise RuntimeError("Currently accessing worker index inside non-dispatched function: "
-                           "get_current_worker_index() works inside closures and dataset functions")
+        raise RuntimeError(
+            "Currently accessing worker index inside non-dispatched function: "
+            "get_current_worker_index() works inside closures and dataset functions"
+        )
     return index
 
 
@@ -64,12 +74,14 @@ def current_channels() -> ChannelPool:
         raise PstrainError(
             "no cluster is known here: this variable handle was unpickled outside a closure. "
             "Variables reach their ps from inside closures, or through the strategy that "
-            "created them")
+            "created them"
+        )
     return pool
 
 
-def worker_context(index: int, channels: ChannelPool | None,
-                   scalars: ScalarSink | None = None) -> contextvars.Context:
+def worker_context(
+    index: int, channels: ChannelPool | None, scalars: ScalarSink | None = None
+) -> contextvars.Context:
     """A fresh context in which closures of worker ``index`` run (``scalars``: where the
     scalars they log with ``pstrain.summary`` go).
 
@@ -87,7 +99,8 @@ def worker_context(index: int, channels: ChannelPool | None,
 #: ``sink(name, value, step, wall_time)``: where a closure's scalars go (its worker's outbox).
 ScalarSink = Callable[[str, float, int, float], None]
 _scalar_sink: contextvars.ContextVar[ScalarSink | None] = contextvars.ContextVar(
-    "pstrain_scalar_sink", default=None)
+    "pstrain_scalar_sink", default=None
+)
 
 
 def scalar_sink() -> ScalarSink | None:
@@ -98,7 +111,8 @@ def scalar_sink() -> ScalarSink | None:
 # -- operations that must be awaited ------------------------------------------------------------
 #: Inside a closure: the pstrain operations it created and dropped without awaiting.
 _unawaited: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
-    "pstrain_unawaited", default=None)
+    "pstrain_unawaited", default=None
+)
 
 
 @contextlib.contextmanager
@@ -148,8 +162,9 @@ class _Operation(Coroutine[Any, Any, T]):
         if missed is not None:
             missed.append(self._what)
         else:
-            warnings.warn(f"{self._what} was never awaited: it did nothing (add `await`)",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"{self._what} was never awaited: it did nothing (add `await`)", RuntimeWarning, stacklevel=2
+            )
 
 
 def must_await(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
@@ -159,7 +174,8 @@ def must_await(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, T]:
         return _Operation(fn(*args, **kwargs), what)
+
     return wrapper
 
 
-expose(globals(), "pstrain", ['get_current_worker_index'])
+expose(globals(), "pstrain", ["get_current_worker_index"])

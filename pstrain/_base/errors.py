@@ -78,8 +78,9 @@ class PstrainError(Exception):
     #: HTTP status used when this error travels as a reply.
     http_status = 500
 
-    def __init__(self, message: str = "", *, task: str | None = None,
-                 remote_traceback: str | None = None) -> None:
+    def __init__(
+        self, message: str = "", *, task: str | None = None, remote_traceback: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.task = task
@@ -115,8 +116,7 @@ class PsRestartedError(UnavailableError):
     """A parameter server restarted (however quickly) and lost the variables it held:
     restore the latest checkpoint to continue. ``incarnation`` is its new one."""
 
-    def __init__(self, message: str = "", *, incarnation: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, message: str = "", *, incarnation: str | None = None, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.incarnation = incarnation
 
@@ -215,8 +215,7 @@ class PlacementChangedError(PstrainError):
 
     http_status = 421  # Misdirected Request
 
-    def __init__(self, message: str = "", *, placement: dict[str, Any] | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, message: str = "", *, placement: dict[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.placement = placement
 
@@ -229,16 +228,32 @@ class DeadlineExceededError(PstrainError, TimeoutError):
 
 _BY_NAME: dict[str, type[PstrainError]] = {
     cls.__name__: cls
-    for cls in (PstrainError, UnavailableError, DrainingError, CancelledError, ClosureInputError,
-                ClosureAbortedError, InvalidArgumentError, NotFoundError,
-                AlreadyExistsError, AuthenticationError, ProtocolError,
-                OutOfRangeError, FailedPreconditionError, DeadlineExceededError,
-                PlacementChangedError)
+    for cls in (
+        PstrainError,
+        UnavailableError,
+        DrainingError,
+        CancelledError,
+        ClosureInputError,
+        ClosureAbortedError,
+        InvalidArgumentError,
+        NotFoundError,
+        AlreadyExistsError,
+        AuthenticationError,
+        ProtocolError,
+        OutOfRangeError,
+        FailedPreconditionError,
+        DeadlineExceededError,
+        PlacementChangedError,
+    )
 }
 
 
-def to_envelope(exc: BaseException, task: str | None = None,
-                traceback_text: str | None = None, pickled: bytes | None = None) -> dict[str, Any]:
+def to_envelope(
+    exc: BaseException,
+    task: str | None = None,
+    traceback_text: str | None = None,
+    pickled: bytes | None = None,
+) -> dict[str, Any]:
     """The one shape an error travels in (an ERROR reply, a closure's failure, a resource
     that could not be built): its type's name, message, task, traceback and, where the
     receiver may unpickle (a closure's own exception), the pickled exception.
@@ -268,8 +283,12 @@ def from_envelope(env: dict[str, Any]) -> PstrainError:
         message = f"{env.get('type')}: {message}"
     if cls is PlacementChangedError:
         placement = env.get("placement")
-        return cls(message, task=env.get("task"), remote_traceback=env.get("traceback"),
-                   placement=placement if isinstance(placement, dict) else None)
+        return cls(
+            message,
+            task=env.get("task"),
+            remote_traceback=env.get("traceback"),
+            placement=placement if isinstance(placement, dict) else None,
+        )
     return cls(message, task=env.get("task"), remote_traceback=env.get("traceback"))
 
 

@@ -19,8 +19,13 @@ from .cluster import KNOWN_JOBS, ClusterSpec, validate_ps_cluster
 from .errors import InvalidArgumentError
 from .exports import expose
 
-__all__ = ["ClusterResolver", "RunningCluster", "SimpleClusterResolver", "SlurmClusterResolver",
-           "TFConfigClusterResolver"]
+__all__ = [
+    "ClusterResolver",
+    "RunningCluster",
+    "SimpleClusterResolver",
+    "SlurmClusterResolver",
+    "TFConfigClusterResolver",
+]
 
 
 class ClusterResolver:
@@ -42,7 +47,8 @@ class ClusterResolver:
         if self.task_id is not None and not 0 <= self.task_id < max(spec.num_tasks(self.task_type), 1):
             raise InvalidArgumentError(
                 f"task index {self.task_id} out of range for job {self.task_type!r} "
-                f"with {spec.num_tasks(self.task_type)} task(s)")
+                f"with {spec.num_tasks(self.task_type)} task(s)"
+            )
 
 
 class SimpleClusterResolver(ClusterResolver):
@@ -53,8 +59,13 @@ class SimpleClusterResolver(ClusterResolver):
     1
     """
 
-    def __init__(self, cluster_spec: ClusterSpec | Mapping[str, Any], task_type: str | None = None,
-                 task_id: int | None = None, token: str | None = None) -> None:
+    def __init__(
+        self,
+        cluster_spec: ClusterSpec | Mapping[str, Any],
+        task_type: str | None = None,
+        task_id: int | None = None,
+        token: str | None = None,
+    ) -> None:
         self._spec = ClusterSpec(cluster_spec)
         self.task_type = task_type
         self.task_id = task_id
@@ -91,7 +102,8 @@ class TFConfigClusterResolver(ClusterResolver):
         if config is None:
             raise InvalidArgumentError(
                 "no cluster configuration: set PSTRAIN_CONFIG or TF_CONFIG to the JSON "
-                '{"cluster": {"ps": [...], "worker": [...]}, "task": {"type": ..., "index": ...}}')
+                '{"cluster": {"ps": [...], "worker": [...]}, "task": {"type": ..., "index": ...}}'
+            )
         self._spec = config[0]
         self.task_type, self.task_id = config[1], config[2]
         self.token = token if token is not None else read_token(env)
@@ -112,8 +124,9 @@ def read_text(path: str, what: str) -> str:
         raise InvalidArgumentError(f"{what} {path}: the file cannot be read ({why})") from None
 
 
-def read_config(path: str | None, env: Mapping[str, str]
-                ) -> tuple[ClusterSpec, str | None, int | None] | None:
+def read_config(
+    path: str | None, env: Mapping[str, str]
+) -> tuple[ClusterSpec, str | None, int | None] | None:
     """A task's cluster configuration, parsed: the file ``path`` (``--cluster``), else
     ``PSTRAIN_CONFIG``, else ``TF_CONFIG``; None when there is none."""
     if path:
@@ -137,7 +150,8 @@ def parse_config(text: str, source: str = "config") -> tuple[ClusterSpec, str | 
         except OSError as exc:
             raise InvalidArgumentError(
                 f"PSTRAIN_CONFIG is neither JSON nor a readable file: {stripped!r} ({exc.strerror}). "
-                'Give the JSON {"cluster": ...} itself, or the path of a file holding it') from None
+                'Give the JSON {"cluster": ...} itself, or the path of a file holding it'
+            ) from None
     try:
         config = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -167,7 +181,8 @@ def parse_config(text: str, source: str = "config") -> tuple[ClusterSpec, str | 
         if task_type is not None and not 0 <= task_id < max(spec.num_tasks(task_type), 1):
             raise InvalidArgumentError(
                 f"{source}: task index {task_id} out of range for job {task_type!r} "
-                f"with {spec.num_tasks(task_type)} task(s)")
+                f"with {spec.num_tasks(task_type)} task(s)"
+            )
     return spec, task_type, task_id
 
 
@@ -246,8 +261,13 @@ class SlurmClusterResolver(ClusterResolver):
     ('worker', 0, 'n1:8889')
     """
 
-    def __init__(self, jobs: Mapping[str, int] | None = None, port_base: int = 8888,
-                 environ: Mapping[str, str] | None = None, token: str | None = None) -> None:
+    def __init__(
+        self,
+        jobs: Mapping[str, int] | None = None,
+        port_base: int = 8888,
+        environ: Mapping[str, str] | None = None,
+        token: str | None = None,
+    ) -> None:
         env = os.environ if environ is None else environ
         try:
             rank = int(env["SLURM_PROCID"])
@@ -264,7 +284,8 @@ class SlurmClusterResolver(ClusterResolver):
         if sum(jobs.values()) > num_tasks:
             raise InvalidArgumentError(
                 f"Requested more tasks than assigned tasks: jobs {jobs} need {sum(jobs.values())}, "
-                f"the step has {num_tasks}")
+                f"the step has {num_tasks}"
+            )
         placed = sorted(zip(hosts, counts), key=lambda hc: _natural(hc[0]))
         addresses = [f"{host}:{port_base + i}" for host, n in placed for i in range(n)]
         node = env.get("SLURMD_NODENAME")
@@ -272,12 +293,13 @@ class SlurmClusterResolver(ClusterResolver):
             raise InvalidArgumentError(
                 f"SLURM runs rank {rank} on {node}, but laying the step's tasks out node by node "
                 f"({nodelist}, {per_node} tasks each) puts it on {addresses[rank].rsplit(':', 1)[0]}: "
-                "run the step with block distribution (srun --distribution=block, the default)")
+                "run the step with block distribution (srun --distribution=block, the default)"
+            )
         cluster: dict[str, list[str]] = {}
         start = 0
         self.task_type, self.task_id = None, None
         for job, n in sorted(jobs.items()):
-            cluster[job] = addresses[start:start + n]
+            cluster[job] = addresses[start : start + n]
             if start <= rank < start + n:
                 self.task_type, self.task_id = job, rank - start
             start += n
@@ -302,8 +324,7 @@ class RunningCluster(abc.ABC):
     @property
     def resolver(self) -> SimpleClusterResolver:
         """A resolver for the coordinator (task ``chief:0``), carrying the token."""
-        return SimpleClusterResolver(self.cluster_spec, task_type="chief", task_id=0,
-                                     token=self.token)
+        return SimpleClusterResolver(self.cluster_spec, task_type="chief", task_id=0, token=self.token)
 
     def config(self) -> dict[str, Any]:
         """The cluster as PSTRAIN_CONFIG / TF_CONFIG JSON for the coordinator."""

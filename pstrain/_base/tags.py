@@ -61,13 +61,15 @@ os.register_at_fork(after_in_child=_new_process)
 #: of epochs the coordinator has superseded (the worker was declared lost meanwhile), and
 #: of owners a newer coordinator has superseded.
 _fence: contextvars.ContextVar[tuple[str | None, int, int] | None] = contextvars.ContextVar(
-    "pstrain_fence", default=None)
+    "pstrain_fence", default=None
+)
 #: An exactly-once closure's key and its operation counter (``{"n": operations so far}``).
 _once: contextvars.ContextVar[tuple[str, dict[str, int]] | None] = contextvars.ContextVar(
-    "pstrain_once", default=None)
+    "pstrain_once", default=None
+)
 #: The number of the variable operation running here (its requests share it).
-_operation: contextvars.ContextVar[int | None] = contextvars.ContextVar(
-    "pstrain_operation", default=None)
+_operation: contextvars.ContextVar[int | None] = contextvars.ContextVar("pstrain_operation", default=None)
+
 
 def set_dispatch(fence: tuple[str | None, int, int] | None, once_key: str | None) -> None:
     """Called by a worker in a closure's own context, before the closure runs."""
@@ -163,5 +165,3 @@ def one_operation() -> Iterator[None]:
         yield
     finally:
         _operation.reset(token)
-
-

@@ -55,8 +55,13 @@ class TaskOwner:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._observed: set[asyncio.Task[Any]] = set()
 
-    def spawn(self, coro: Coroutine[Any, Any, T], *, observed: bool = False,
-              context: contextvars.Context | None = None) -> asyncio.Task[T]:
+    def spawn(
+        self,
+        coro: Coroutine[Any, Any, T],
+        *,
+        observed: bool = False,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Task[T]:
         """Run ``coro`` as a task of this owner (in ``context``, if given).
 
         ``observed``: the caller awaits the task and handles its error itself.

@@ -153,11 +153,22 @@ class Checkpoint:
                     names = [opt.slot_variable_name(p, slot) for p in entry.parts]
                     if not all(n in listing for n in names):
                         continue
-                    parts = [Variable.handle(n, tuple(listing[n][1].shape), entry.dtype,
-                                             listing[n][0], pool, False) for n in names]
+                    parts = [
+                        Variable.handle(
+                            n, tuple(listing[n][1].shape), entry.dtype, listing[n][0], pool, False
+                        )
+                        for n in names
+                    ]
                     key = slot_key(path, opt_path, slot)
-                    out[key] = Entry(key, f"{opt.name}/{slot}/{entry.name}", parts, entry.offsets,
-                                     slot_shape(opt.kind, entry.shape), entry.dtype, False)
+                    out[key] = Entry(
+                        key,
+                        f"{opt.name}/{slot}/{entry.name}",
+                        parts,
+                        entry.offsets,
+                        slot_shape(opt.kind, entry.shape),
+                        entry.dtype,
+                        False,
+                    )
         return out
 
     async def save(self, file_prefix: str) -> str:
@@ -187,15 +198,20 @@ class Checkpoint:
         prefix = os.path.abspath(file_prefix)
         make_parent(prefix)
         if os.path.lexists(prefix + INDEX):
-            raise AlreadyExistsError(f"checkpoint {prefix} exists; a checkpoint is never written "
-                                     "over (save to another path)")
+            raise AlreadyExistsError(
+                f"checkpoint {prefix} exists; a checkpoint is never written over (save to another path)"
+            )
         _clear_unfinished(prefix)
         graph, entries = await self._entries()
         seq = next_seq(os.path.dirname(prefix))
         channels = ps_channels(entries, graph.tables)
         chain = self._chain
-        if compacted and chain is not None and os.path.dirname(chain.base) == os.path.dirname(prefix) \
-                and set(channels) <= set(chain.marks):
+        if (
+            compacted
+            and chain is not None
+            and os.path.dirname(chain.base) == os.path.dirname(prefix)
+            and set(channels) <= set(chain.marks)
+        ):
             marks = {ps: chain.marks[ps] for ps in channels}  # older marks: more written, nothing missed
         else:
             marks = await take_marks(channels)  # before: nothing missed
@@ -216,8 +232,13 @@ class Checkpoint:
                     key = part.key
                     by_ps.setdefault(part.ps_index, (part.channel(), {}, []))[1][key] = part.key
                 parts_meta.append({"file": file, "key": key, "offset": entry.offsets[i], "rows": rows})
-            index_vars[path] = {"dtype": entry.dtype.str, "shape": list(entry.shape), "name": entry.name,
-                                "trainable": entry.trainable, "parts": parts_meta}
+            index_vars[path] = {
+                "dtype": entry.dtype.str,
+                "shape": list(entry.shape),
+                "name": entry.name,
+                "trainable": entry.trainable,
+                "parts": parts_meta,
+            }
         # A ps's table shards go in its one ckpt/save: taken at the same moment as its variables.
         index_tables: dict[str, Any] = {}
         slots = table_slots(graph)  # by optimizer path, as the variables' slots
@@ -226,26 +247,45 @@ class Checkpoint:
             files = [f"{base}.ps{ps}.table-{table_tag(path)}.safetensors" for ps in holders]
             for ps, f in zip(holders, files):
                 await table.shard_ready(ps)
-                by_ps.setdefault(ps, (table.channel(ps), {}, []))[2].append(TableShardFile(
-                    name=table.key, path=os.path.join(os.path.dirname(prefix), f), slots=slots))
-            index_tables[path] = {"name": table.name, "key": table.key, "dim": table.dim,
-                                  "dtype": table.dtype.name, "config": table.config, "files": files}
+                by_ps.setdefault(ps, (table.channel(ps), {}, []))[2].append(
+                    TableShardFile(name=table.key, path=os.path.join(os.path.dirname(prefix), f), slots=slots)
+                )
+            index_tables[path] = {
+                "name": table.name,
+                "key": table.key,
+                "dim": table.dim,
+                "dtype": table.dtype.name,
+                "config": table.config,
+                "files": files,
+            }
 
-        replies = await asyncio.gather(*(ch.request(SaveCheckpoint(
-            path=f"{prefix}.ps{ps}.safetensors", tensors=tensors, tables=shards))
-            for ps, (ch, tensors, shards) in by_ps.items()))
+        replies = await asyncio.gather(
+            *(
+                ch.request(
+                    SaveCheckpoint(path=f"{prefix}.ps{ps}.safetensors", tensors=tensors, tables=shards)
+                )
+                for ps, (ch, tensors, shards) in by_ps.items()
+            )
+        )
         for meta in index_tables.values():
             meta["rows"] = sum(int(r.table_rows.get(meta["key"], 0)) for r in replies)
         if local:
             await asyncio.get_running_loop().run_in_executor(
-                None, write_tensors, f"{prefix}.local.safetensors", local)
-        publish = functools.partial(write_index, prefix, index_vars, self.save_counter, index_tables,
-                                    seq, index_marks(marks))
-        new = await publish_caught_up(Chain(prefix, 0, seq, marks), publish, self._delta_lock,
-                                      (entries, graph.tables, slots) if catch_up else None)
+                None, write_tensors, f"{prefix}.local.safetensors", local
+            )
+        publish = functools.partial(
+            write_index, prefix, index_vars, self.save_counter, index_tables, seq, index_marks(marks)
+        )
+        new = await publish_caught_up(
+            Chain(prefix, 0, seq, marks),
+            publish,
+            self._delta_lock,
+            (entries, graph.tables, slots) if catch_up else None,
+        )
         object.__setattr__(self, "_chain", new)
-        _SAVED.append({"path": prefix, "time": time.time(), "values": len(index_vars),
-                       "tables": len(index_tables)})
+        _SAVED.append(
+            {"path": prefix, "time": time.time(), "values": len(index_vars), "tables": len(index_tables)}
+        )
         logger.info("saved checkpoint %s (%d values)", prefix, len(index_vars))
         return prefix
 
@@ -265,16 +305,19 @@ class Checkpoint:
         ``hurry``: the spread of each ps's file (``CheckpointManager``, ``deltas.write_delta``)."""
         chain = self._chain
         if chain is None:
-            raise FailedPreconditionError("a delta extends a full checkpoint written or restored "
-                                          "by this Checkpoint, and there is none yet: save first")
+            raise FailedPreconditionError(
+                "a delta extends a full checkpoint written or restored "
+                "by this Checkpoint, and there is none yet: save first"
+            )
         async with placement_lock(walk(self._objects), shared=True), self._delta_lock:  # a save's order
             chain = self._chain or chain  # a full save may have moved the chain on meanwhile
             graph, entries = await self._entries()
             path, new = await write_delta(chain, entries, graph.tables, table_slots(graph), write_s, hurry)
         if self._chain is chain:  # not superseded meanwhile by a full save or a restore
             object.__setattr__(self, "_chain", new)
-        _SAVED.append({"path": path, "time": time.time(), "values": len(entries),
-                       "tables": len(graph.tables)})
+        _SAVED.append(
+            {"path": path, "time": time.time(), "values": len(entries), "tables": len(graph.tables)}
+        )
         return path
 
     @property
@@ -303,14 +346,24 @@ class Checkpoint:
                 f"checkpoint {save_path} was written by an older pstrain that keyed variables by "
                 "name (format 1); names are not stable across programs, so it is not restored by "
                 "path. Read it with pstrain.checkpoint.load_variables(path) (arrays by name) and "
-                "assign them, then save again to get a format 2 checkpoint.")
+                "assign them, then save again to get a format 2 checkpoint."
+            )
         graph = walk(self._objects)
         status = CheckpointLoadStatus(self, reader, graph)
         tables = _check_tables(graph.tables, reader, save_path)  # before anything changes
         stage, slots = new_stage(), {v: k for k, v in table_slots(graph).items()}
-        staged = [(table, *table.restore_requests(
-            [os.path.join(reader.base, f) for f in reader.tables[path]["files"]], slots,
-            reader.table_deltas(path), stage)) for path, table in tables]
+        staged = [
+            (
+                table,
+                *table.restore_requests(
+                    [os.path.join(reader.base, f) for f in reader.tables[path]["files"]],
+                    slots,
+                    reader.table_deltas(path),
+                    stage,
+                ),
+            )
+            for path, table in tables
+        ]
         # the variables and the tables, all or nothing: every ps reads and checks its part first
         await status.restore_now(targets(graph, reader.variables, graph.entries, {}), staged, stage)
         for table, requests, _ in staged:
@@ -331,8 +384,12 @@ class Checkpoint:
         object.__setattr__(self, "save_counter", max(self.save_counter, reader.save_counter))
         missing = [p for p in graph.entries if p not in reader.variables]
         if missing:
-            logger.warning("checkpoint %s has no value for %d tracked variable(s), which keep their "
-                           "current values: %s", save_path, len(missing), ", ".join(missing[:10]))
+            logger.warning(
+                "checkpoint %s has no value for %d tracked variable(s), which keep their current values: %s",
+                save_path,
+                len(missing),
+                ", ".join(missing[:10]),
+            )
         logger.info("restored checkpoint %s", save_path)
         return status
 
@@ -354,29 +411,36 @@ def _clear_unfinished(prefix: str) -> None:
     """Remove the files of a save at ``prefix`` that never finished (the process died before
     the index was written: the checkpoint was never visible), so that a job restarted from an
     earlier checkpoint can save at that path again."""
-    stale = [f for e in (".ps*.safetensors", ".local.safetensors", ".delta-*")
-             for f in glob.glob(glob.escape(prefix) + e)]
+    stale = [
+        f
+        for e in (".ps*.safetensors", ".local.safetensors", ".delta-*")
+        for f in glob.glob(glob.escape(prefix) + e)
+    ]
     for path in stale:
         os.remove(path)
     if stale:
-        logger.warning("removed %d file(s) of an unfinished save at %s (its process died before "
-                       "the index was written)", len(stale), prefix)
+        logger.warning(
+            "removed %d file(s) of an unfinished save at %s (its process died before the index was written)",
+            len(stale),
+            prefix,
+        )
 
 
-def _check_tables(tables: dict[str, DynamicEmbedding], reader: CheckpointReader,
-                  save_path: str) -> list[tuple[str, DynamicEmbedding]]:
+def _check_tables(
+    tables: dict[str, DynamicEmbedding], reader: CheckpointReader, save_path: str
+) -> list[tuple[str, DynamicEmbedding]]:
     """The tracked dynamic tables the checkpoint has, each checked against what was saved."""
     out = []
     for path, table in tables.items():
         saved = reader.tables.get(path)
         if saved is None:
-            logger.warning("checkpoint %s has no dynamic table at %s; it keeps its rows",
-                           save_path, path)
+            logger.warning("checkpoint %s has no dynamic table at %s; it keeps its rows", save_path, path)
             continue
         if saved["dim"] != table.dim or np.dtype(saved["dtype"]) != table.dtype:
             raise InvalidArgumentError(
                 f"checkpoint {save_path}: the dynamic table at {path!r} was saved {saved['dim']} "
-                f"wide of {saved['dtype']}; this one is {table.dim} wide of {table.dtype.name}")
+                f"wide of {saved['dtype']}; this one is {table.dim} wide of {table.dtype.name}"
+            )
         out.append((path, table))
     return out
 

@@ -52,8 +52,18 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("pstrain.checkpoint")
 
-__all__ = ["Chain", "check_write_s", "index_marks", "next_seq", "placement_lock",
-           "ps_channels", "publish_caught_up", "take_marks", "table_tag", "write_delta"]
+__all__ = [
+    "Chain",
+    "check_write_s",
+    "index_marks",
+    "next_seq",
+    "placement_lock",
+    "ps_channels",
+    "publish_caught_up",
+    "take_marks",
+    "table_tag",
+    "write_delta",
+]
 
 
 @dataclass
@@ -112,10 +122,11 @@ async def take_marks(channels: dict[int, Channel]) -> dict[int, tuple[str, int]]
 
 def check_write_s(write_s: float, name: str = "write_s") -> None:
     """InvalidArgumentError unless ``write_s`` is a number of seconds a ps takes (0 to a day)."""
-    if isinstance(write_s, bool) or not isinstance(write_s, (int, float)) or \
-            not 0 <= write_s <= MAX_WRITE_S:
-        raise InvalidArgumentError(f"{name} must be a number of seconds from 0 (as fast as the "
-                                   f"disk goes) to {MAX_WRITE_S:g}, got {write_s!r}")
+    if isinstance(write_s, bool) or not isinstance(write_s, (int, float)) or not 0 <= write_s <= MAX_WRITE_S:
+        raise InvalidArgumentError(
+            f"{name} must be a number of seconds from 0 (as fast as the "
+            f"disk goes) to {MAX_WRITE_S:g}, got {write_s!r}"
+        )
 
 
 #: The last version this process gave a save, by directory (read from the directory once).
@@ -150,9 +161,14 @@ def directory_seq(directory: str) -> int:
     return best
 
 
-async def write_delta(chain: Chain, entries: dict[str, Entry], tables: dict[str, DynamicEmbedding],
-                      table_slots: dict[str, str], write_s: float = 0.0,
-                      hurry: asyncio.Event | None = None) -> tuple[str, Chain]:
+async def write_delta(
+    chain: Chain,
+    entries: dict[str, Entry],
+    tables: dict[str, DynamicEmbedding],
+    table_slots: dict[str, str],
+    write_s: float = 0.0,
+    hurry: asyncio.Event | None = None,
+) -> tuple[str, Chain]:
     """Write delta ``chain.number + 1`` of ``entries`` and ``tables`` (each ps spreading its
     file over about ``write_s`` seconds if > 0, the rest at once when ``hurry`` is set);
     returns its path and the chain it ends. FailedPreconditionError: a ps cannot give what
@@ -194,17 +210,28 @@ async def write_delta(chain: Chain, entries: dict[str, Entry], tables: dict[str,
 
     async def save(ps: int, channel: Channel) -> DeltaReply:
         incarnation, mark = chain.marks[ps]
-        return await channel.request(SaveDelta(
-            path=f"{prefix}.ps{ps}.safetensors", since=mark, incarnation=incarnation,
-            variables=variables[ps], tables=table_specs[ps], write_s=write_s))
+        return await channel.request(
+            SaveDelta(
+                path=f"{prefix}.ps{ps}.safetensors",
+                since=mark,
+                incarnation=incarnation,
+                variables=variables[ps],
+                tables=table_specs[ps],
+                write_s=write_s,
+            )
+        )
 
     # Every ps has finished (written or failed) before anything is cleaned up: a file still
     # being written when the first failure came back would be left behind otherwise.
-    hurrying = (asyncio.get_running_loop().create_task(_hurry(hurry, channels))
-                if hurry is not None and write_s > 0 else None)
+    hurrying = (
+        asyncio.get_running_loop().create_task(_hurry(hurry, channels))
+        if hurry is not None and write_s > 0
+        else None
+    )
     try:
-        outcomes = await asyncio.gather(*(save(ps, ch) for ps, ch in channels.items()),
-                                        return_exceptions=True)
+        outcomes = await asyncio.gather(
+            *(save(ps, ch) for ps, ch in channels.items()), return_exceptions=True
+        )
     finally:
         if hurrying is not None:
             hurrying.cancel()
@@ -216,7 +243,8 @@ async def write_delta(chain: Chain, entries: dict[str, Entry], tables: dict[str,
             replies[ps] = outcome
         if local:
             await asyncio.get_running_loop().run_in_executor(
-                None, write_tensors, f"{prefix}.local.safetensors", local)
+                None, write_tensors, f"{prefix}.local.safetensors", local
+            )
     except BaseException:
         remove_checkpoint(prefix)
         raise
@@ -226,22 +254,55 @@ async def write_delta(chain: Chain, entries: dict[str, Entry], tables: dict[str,
         saved = []
         for holder, key, offset, nrows in parts:
             if holder is None:
-                saved.append({"file": f"{base}.local.safetensors", "key": key, "offset": offset,
-                              "rows": nrows, "whole": True})
+                saved.append(
+                    {
+                        "file": f"{base}.local.safetensors",
+                        "key": key,
+                        "offset": offset,
+                        "rows": nrows,
+                        "whole": True,
+                    }
+                )
             elif key in replies[holder].written:
-                saved.append({"file": f"{base}.ps{holder}.safetensors", "key": key, "offset": offset,
-                              "rows": nrows, "whole": key in replies[holder].whole})
+                saved.append(
+                    {
+                        "file": f"{base}.ps{holder}.safetensors",
+                        "key": key,
+                        "offset": offset,
+                        "rows": nrows,
+                        "whole": key in replies[holder].whole,
+                    }
+                )
         if saved:
-            index_vars[path] = {"dtype": entry.dtype.str, "shape": list(entry.shape), "name": entry.name,
-                                "trainable": entry.trainable, "parts": saved}
-    index_tables = {path: {"name": table.name, "key": table.key, "prefix": f"t-{table_tag(path)}",
-                           "files": [f"{base}.ps{ps}.safetensors" for ps in table.holders()]}
-                    for path, table in tables.items()}
+            index_vars[path] = {
+                "dtype": entry.dtype.str,
+                "shape": list(entry.shape),
+                "name": entry.name,
+                "trainable": entry.trainable,
+                "parts": saved,
+            }
+    index_tables = {
+        path: {
+            "name": table.name,
+            "key": table.key,
+            "prefix": f"t-{table_tag(path)}",
+            "files": [f"{base}.ps{ps}.safetensors" for ps in table.holders()],
+        }
+        for path, table in tables.items()
+    }
     size = sum(int(r.bytes) for r in replies.values())
     rows = sum(int(r.rows) for r in replies.values())
     marks = {**chain.marks, **{ps: (r.incarnation, int(r.mark)) for ps, r in replies.items()}}
-    index = {"base": os.path.basename(chain.base), "delta": number, "seq": seq, "time": time.time(),
-             "variables": index_vars, "tables": index_tables, "bytes": size, "marks": index_marks(marks)}
+    index = {
+        "base": os.path.basename(chain.base),
+        "delta": number,
+        "seq": seq,
+        "time": time.time(),
+        "variables": index_vars,
+        "tables": index_tables,
+        "bytes": size,
+        "marks": index_marks(marks),
+    }
     # Off the loop: its fsync can wait for the deltas' own bytes to reach the disk.
     await asyncio.get_running_loop().run_in_executor(None, write_delta_index, prefix, index)
     logger.info("saved delta %s (%d rows, %d bytes)", prefix, rows, size)
@@ -251,15 +312,22 @@ async def write_delta(chain: Chain, entries: dict[str, Entry], tables: dict[str,
 async def _hurry(hurry: asyncio.Event, channels: dict[int, Channel]) -> None:
     """Once ``hurry`` is set, ask each ps to write the rest of its spread delta at once."""
     await hurry.wait()
-    for ps, outcome in zip(channels, await asyncio.gather(
-            *(ch.request(HurryDeltas()) for ch in channels.values()), return_exceptions=True)):
+    for ps, outcome in zip(
+        channels,
+        await asyncio.gather(
+            *(ch.request(HurryDeltas()) for ch in channels.values()), return_exceptions=True
+        ),
+    ):
         if isinstance(outcome, Exception):  # it writes at its pace: the delta just lands later
             logger.warning("ps %d was not told to write its delta at once: %s", ps, outcome)
 
 
-async def publish_caught_up(chain: Chain, publish: Callable[[], None], lock: asyncio.Lock,
-                            catch_up: tuple[dict[str, Entry], dict[str, DynamicEmbedding],
-                                            dict[str, str]] | None) -> Chain:
+async def publish_caught_up(
+    chain: Chain,
+    publish: Callable[[], None],
+    lock: asyncio.Lock,
+    catch_up: tuple[dict[str, Entry], dict[str, DynamicEmbedding], dict[str, str]] | None,
+) -> Chain:
     """Make the full checkpoint of ``chain`` (its files written) visible: ``publish`` writes
     its index, off the loop (its fsync may wait). With ``catch_up`` (its entries, tables and
     table slots), delta 1 of it is written first, under ``lock`` (one delta at a time), so
@@ -275,7 +343,10 @@ async def publish_caught_up(chain: Chain, publish: Callable[[], None], lock: asy
         try:
             _, chain = await write_delta(chain, *catch_up)
         except Exception as exc:  # the base alone is still a good save
-            logger.warning("the delta written with checkpoint %s failed (the next one carries its "
-                           "rows): %s", chain.base, exc)
+            logger.warning(
+                "the delta written with checkpoint %s failed (the next one carries its rows): %s",
+                chain.base,
+                exc,
+            )
         await loop.run_in_executor(None, publish)
     return chain

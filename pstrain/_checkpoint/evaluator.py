@@ -46,16 +46,25 @@ def restored_iterations(variables: dict[str, np.ndarray]) -> int:
     for name, value in variables.items():
         if name == "iterations" or name.endswith("/iterations"):
             return int(value)
-    raise RuntimeError("`iterations` cannot be loaded from the checkpoint file: save the "
-                       "optimizer in the Checkpoint so the evaluator knows the step")
+    raise RuntimeError(
+        "`iterations` cannot be loaded from the checkpoint file: save the "
+        "optimizer in the Checkpoint so the evaluator knows the step"
+    )
 
 
 class SidecarEvaluator:
     """Evaluates checkpoints from ``checkpoint_dir`` as they appear."""
 
-    def __init__(self, eval_fn: Callable[..., Any], checkpoint_dir: str,
-                 *, checkpoint_name: str = "ckpt", max_evaluations: int | None = None,
-                 poll_interval_s: float = 1.0, hint_after_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        eval_fn: Callable[..., Any],
+        checkpoint_dir: str,
+        *,
+        checkpoint_name: str = "ckpt",
+        max_evaluations: int | None = None,
+        poll_interval_s: float = 1.0,
+        hint_after_s: float = 30.0,
+    ) -> None:
         if not callable(eval_fn):
             raise InvalidArgumentError("eval_fn must be callable: eval_fn(variables, iterations)")
         if max_evaluations is not None and max_evaluations < 1:
@@ -65,8 +74,12 @@ class SidecarEvaluator:
         self.max_evaluations = max_evaluations
         self.poll_interval_s = poll_interval_s
         self.hint_after_s = hint_after_s
-        self._manager = CheckpointManager(None, checkpoint_dir, max_to_keep=None,  # type: ignore[arg-type]
-                                          checkpoint_name=checkpoint_name)
+        self._manager = CheckpointManager(
+            None,  # type: ignore[arg-type]
+            checkpoint_dir,
+            max_to_keep=None,
+            checkpoint_name=checkpoint_name,
+        )
         self.results: list[tuple[str, int, Any]] = []
 
     async def evaluate(self, path: str) -> Any:
@@ -113,8 +126,11 @@ class SidecarEvaluator:
                 except (NotFoundError, OSError) as exc:  # still being written, or just deleted
                     logger.warning("could not read %s yet (%s); retrying", latest, exc)
             elif time.monotonic() - waiting_since > self.hint_after_s:
-                logger.info("no new checkpoint in %s for %.0f s; still waiting", self.checkpoint_dir,
-                            time.monotonic() - waiting_since)
+                logger.info(
+                    "no new checkpoint in %s for %.0f s; still waiting",
+                    self.checkpoint_dir,
+                    time.monotonic() - waiting_since,
+                )
                 waiting_since = time.monotonic()
             await asyncio.sleep(self.poll_interval_s)
         return self.results

@@ -57,25 +57,37 @@ class CheckpointManager:
     """Numbered checkpoints ``<directory>/<checkpoint_name>-<N>`` keeping the last
     ``max_to_keep``; with ``delta_interval_s``, deltas between them (module docstring)."""
 
-    def __init__(self, checkpoint: Checkpoint, directory: str, max_to_keep: int | None = 5,
-                 checkpoint_name: str = "ckpt", *, delta_interval_s: float | None = None,
-                 deltas_per_base: int = 10, delta_write_s: float | None = None) -> None:
+    def __init__(
+        self,
+        checkpoint: Checkpoint,
+        directory: str,
+        max_to_keep: int | None = 5,
+        checkpoint_name: str = "ckpt",
+        *,
+        delta_interval_s: float | None = None,
+        deltas_per_base: int = 10,
+        delta_write_s: float | None = None,
+    ) -> None:
         if max_to_keep is not None:
             max_to_keep = whole(max_to_keep, "max_to_keep (None keeps all)", 1)
         if delta_interval_s is not None:
-            delta_interval_s = number(delta_interval_s, "delta_interval_s (None: no deltas)",
-                                      above=True, unit=" of seconds")
+            delta_interval_s = number(
+                delta_interval_s, "delta_interval_s (None: no deltas)", above=True, unit=" of seconds"
+            )
         deltas_per_base = whole(deltas_per_base, "deltas_per_base", 1)
         if not isinstance(checkpoint_name, str) or not checkpoint_name:
-            raise InvalidArgumentError(f"checkpoint_name must be a string that is not empty, "
-                                       f"got {checkpoint_name!r}")
+            raise InvalidArgumentError(
+                f"checkpoint_name must be a string that is not empty, got {checkpoint_name!r}"
+            )
         if delta_write_s is None:
             delta_write_s = DELTA_WRITE_SHARE * delta_interval_s if delta_interval_s else 0.0
         check_write_s(delta_write_s, "delta_write_s")
         if delta_interval_s is not None and delta_write_s > delta_interval_s / 2:
-            raise InvalidArgumentError(f"delta_write_s ({delta_write_s!r}) must be at most half "
-                                       f"of delta_interval_s ({delta_interval_s!r}): each delta "
-                                       "starts that much early to land on the interval")
+            raise InvalidArgumentError(
+                f"delta_write_s ({delta_write_s!r}) must be at most half "
+                f"of delta_interval_s ({delta_interval_s!r}): each delta "
+                "starts that much early to land on the interval"
+            )
         if os.path.exists(directory) and not os.path.isdir(directory):
             raise InvalidArgumentError(f"CheckpointManager: {directory} is a file, not a directory")
         self.checkpoint = checkpoint
@@ -135,8 +147,9 @@ class CheckpointManager:
     async def _save(self, checkpoint_number: int | None, compacted: bool) -> str:
         async with self._lock:
             numbers = self._numbers()
-            number = (checkpoint_number if checkpoint_number is not None
-                      else (numbers[-1] + 1 if numbers else 1))
+            number = (
+                checkpoint_number if checkpoint_number is not None else (numbers[-1] + 1 if numbers else 1)
+            )
             self.checkpoint.save_counter = max(self.checkpoint.save_counter, number)
             write = self.checkpoint.write_compacted if compacted else self.checkpoint.write
             # With deltas under way, the new one becomes visible with its first delta: no older
@@ -144,7 +157,7 @@ class CheckpointManager:
             catch_up = self.delta_interval_s is not None and self.checkpoint.chain_base is not None
             path = await write(self._path(number), catch_up=catch_up)
             if self.max_to_keep is not None:
-                for old in self._numbers()[:-self.max_to_keep]:
+                for old in self._numbers()[: -self.max_to_keep]:
                     self._delete(old)
         self._start()
         return path
@@ -183,8 +196,7 @@ class CheckpointManager:
 
     def _start(self) -> None:
         if self.delta_interval_s is not None and self._loop is None and not self._closed:
-            self._loop = asyncio.get_running_loop().create_task(self._deltas_loop(),
-                                                                name="pstrain-deltas")
+            self._loop = asyncio.get_running_loop().create_task(self._deltas_loop(), name="pstrain-deltas")
 
     async def _deltas_loop(self) -> None:
         assert self.delta_interval_s is not None
@@ -201,8 +213,11 @@ class CheckpointManager:
             due = max(due + period, time.monotonic())
             try:
                 base = self.checkpoint.chain_base
-                if base is not None and self._deltas(base) >= self.deltas_per_base and \
-                        self._compaction is None:
+                if (
+                    base is not None
+                    and self._deltas(base) >= self.deltas_per_base
+                    and self._compaction is None
+                ):
                     self._compaction = asyncio.get_running_loop().create_task(self.compact())
                     self._compaction.add_done_callback(self._compacted)
                 await self.save_delta()
@@ -220,8 +235,12 @@ class CheckpointManager:
     def writing_deltas(self) -> bool:
         """Whether deltas are being written every ``delta_interval_s`` (on this loop)."""
         loop = self._loop
-        return loop is not None and not self._closed and not loop.done() and \
-            loop.get_loop() is asyncio.get_running_loop()
+        return (
+            loop is not None
+            and not self._closed
+            and not loop.done()
+            and loop.get_loop() is asyncio.get_running_loop()
+        )
 
     async def keep(self) -> str:
         """Stop the deltas and write a last one of what is done now, at once (``pstrain.run``

@@ -53,19 +53,47 @@ from .._variables.dynamic import DynamicEmbedding
 from .._variables.sharding import ShardedVariable
 from .._variables.variables import Variable
 
-__all__ = ["Entry", "Graph", "check_trackable", "escape", "join", "register_view", "slot_key", "table_slots",
-           "walk"]
+__all__ = [
+    "Entry",
+    "Graph",
+    "check_trackable",
+    "escape",
+    "join",
+    "register_view",
+    "slot_key",
+    "table_slots",
+    "walk",
+]
 
 SLOT_MARK = ".OPTIMIZER_SLOT"
 
-_SKIP = (types.ModuleType, types.FunctionType, types.MethodType, type, np.ndarray, str, bytes,
-         int, float, complex, bool)
+_SKIP = (
+    types.ModuleType,
+    types.FunctionType,
+    types.MethodType,
+    type,
+    np.ndarray,
+    str,
+    bytes,
+    int,
+    float,
+    complex,
+    bool,
+)
 #: Runtime objects a model may hold a reference to but whose state is not the model's: the
 #: packages of the runtime, and classes that say so (public ones report ``pstrain`` as their
 #: module, like the model's own classes, so the module alone cannot tell).
-_OPAQUE_MODULES = ("pstrain._distribute.", "pstrain._coordinator.", "pstrain._transport.",
-                   "pstrain._variables.placement", "pstrain.launch", "pstrain.testing", "asyncio",
-                   "logging", "threading")
+_OPAQUE_MODULES = (
+    "pstrain._distribute.",
+    "pstrain._coordinator.",
+    "pstrain._transport.",
+    "pstrain._variables.placement",
+    "pstrain.launch",
+    "pstrain.testing",
+    "asyncio",
+    "logging",
+    "threading",
+)
 OPAQUE_MARK = "__pstrain_opaque__"
 
 
@@ -89,8 +117,9 @@ def _view(obj: Any) -> dict[tuple[str, ...], Any] | None:
 
 
 def _is_torch_module(obj: Any) -> bool:
-    return any(c.__name__ == "Module" and c.__module__ == "torch.nn.modules.module"
-               for c in type(obj).__mro__)
+    return any(
+        c.__name__ == "Module" and c.__module__ == "torch.nn.modules.module" for c in type(obj).__mro__
+    )
 
 
 def _is_foreign_array(obj: Any) -> bool:
@@ -105,25 +134,33 @@ def check_trackable(name: str, obj: Any) -> None:
     Containers and pstrain Modules are accepted empty (variables attached later are
     tracked then); any other object must hold at least one pstrain variable, table or
     optimizer. ``InvalidArgumentError`` names the object and the fix."""
-    if isinstance(obj, (Variable, ShardedVariable, DynamicEmbedding, Optimizer, Module, dict,
-                        list, tuple)) or _view(obj) is not None:
+    if (
+        isinstance(obj, (Variable, ShardedVariable, DynamicEmbedding, Optimizer, Module, dict, list, tuple))
+        or _view(obj) is not None
+    ):
         return
     graph = walk({name: obj})
     if graph.entries or graph.tables or graph.optimizers:
         return
     if _is_torch_module(obj):
-        fix = ("its parameters are torch tensors of this process: create "
-               "pstrain.torch.RemoteModule(model) in strategy.scope() first (the checkpoint then "
-               "saves the ps variables, keyed by parameter path)")
+        fix = (
+            "its parameters are torch tensors of this process: create "
+            "pstrain.torch.RemoteModule(model) in strategy.scope() first (the checkpoint then "
+            "saves the ps variables, keyed by parameter path)"
+        )
     elif _is_foreign_array(obj) or hasattr(obj, "__jax_array__"):
-        fix = ("it is an array of this process: put the model on the ps with "
-               "pstrain.jax.variables_from(model) in strategy.scope() and checkpoint that")
+        fix = (
+            "it is an array of this process: put the model on the ps with "
+            "pstrain.jax.variables_from(model) in strategy.scope() and checkpoint that"
+        )
     else:
-        fix = ("a checkpoint tracks pstrain variables, tables, optimizers and Modules, and "
-               "objects or containers that hold them")
+        fix = (
+            "a checkpoint tracks pstrain variables, tables, optimizers and Modules, and "
+            "objects or containers that hold them"
+        )
     raise InvalidArgumentError(
-        f"Checkpoint({name}=...) cannot track a {type(obj).__module__}.{type(obj).__qualname__}: "
-        f"{fix}")
+        f"Checkpoint({name}=...) cannot track a {type(obj).__module__}.{type(obj).__qualname__}: {fix}"
+    )
 
 
 def escape(name: str) -> str:
@@ -159,8 +196,7 @@ class Entry:
     @classmethod
     def of(cls, path: str, v: Variable | ShardedVariable) -> Entry:
         if isinstance(v, ShardedVariable):
-            return cls(path, v.name, v.variables, [int(o) for o in v.offsets], v.shape, v.dtype,
-                       v.trainable)
+            return cls(path, v.name, v.variables, [int(o) for o in v.offsets], v.shape, v.dtype, v.trainable)
         rows = v.shape[0] if v.shape else 1
         return cls(path, v.name, [v], [0, rows], v.shape, v.dtype, v.trainable)
 
@@ -194,8 +230,9 @@ def _children(obj: Any) -> list[tuple[str, Any]]:
     if isinstance(obj, Module):
         return [(k, v) for k, v in vars(obj).items() if not k.startswith("_module_")]
     cls = type(obj)
-    if hasattr(obj, "__dict__") and not (getattr(cls, OPAQUE_MARK, False)
-                                         or cls.__module__.startswith(_OPAQUE_MODULES)):
+    if hasattr(obj, "__dict__") and not (
+        getattr(cls, OPAQUE_MARK, False) or cls.__module__.startswith(_OPAQUE_MODULES)
+    ):
         return list(vars(obj).items())
     return []
 
@@ -233,5 +270,8 @@ def walk(roots: dict[str, Any], prefix: str = "", seen: set[int] | None = None) 
 def table_slots(graph: Graph) -> dict[str, str]:
     """Each tracked optimizer's table slot key on the ps (``<name>/<slot>``) -> its key in a
     checkpoint (``<optimizer path>/<slot>``): stable across programs, as the variables'."""
-    return {f"{opt.name}/{slot}": f"{path}/{slot}" for path, opt in graph.optimizers.items()
-            for slot in opt.slot_names()}
+    return {
+        f"{opt.name}/{slot}": f"{path}/{slot}"
+        for path, opt in graph.optimizers.items()
+        for slot in opt.slot_names()
+    }

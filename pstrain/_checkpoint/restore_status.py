@@ -63,20 +63,28 @@ class _Target:
         return slot_shape(self.rule, of) if self.slot else of
 
 
-def targets(graph: Graph, saved: dict[str, Any], entries: dict[str, Entry],
-             optimizers: dict[str, Any]) -> list[_Target]:
+def targets(
+    graph: Graph, saved: dict[str, Any], entries: dict[str, Entry], optimizers: dict[str, Any]
+) -> list[_Target]:
     """The saved values for ``entries`` and for the slots ``optimizers`` keep of
     ``graph``'s variables (and ``graph``'s optimizers of ``entries``)."""
     out = [_Target(path, [p.key for p in e.parts], e) for path, e in entries.items() if path in saved]
     pairs = [(op, o, path, e) for op, o in graph.optimizers.items() for path, e in entries.items()]
-    pairs += [(op, o, path, e) for op, o in optimizers.items() for path, e in graph.entries.items()
-              if path not in entries]
+    pairs += [
+        (op, o, path, e)
+        for op, o in optimizers.items()
+        for path, e in graph.entries.items()
+        if path not in entries
+    ]
     for opt_path, opt, path, e in pairs:
         for slot in opt.slot_names():
             key = slot_key(path, opt_path, slot)
             if key in saved:
-                out.append(_Target(key, [opt.slot_variable_name(p, slot) for p in e.parts], e,
-                                   slot=True, rule=opt.kind))
+                out.append(
+                    _Target(
+                        key, [opt.slot_variable_name(p, slot) for p in e.parts], e, slot=True, rule=opt.kind
+                    )
+                )
     return out
 
 
@@ -86,7 +94,8 @@ def _check(path: str, target: _Target, meta: dict[str, Any]) -> None:
     if tuple(meta["shape"]) != shape or np.dtype(meta["dtype"]) != e.dtype:
         raise InvalidArgumentError(
             f"checkpoint {path}: {target.key!r} was saved as {tuple(meta['shape'])} {meta['dtype']}, "
-            f"the object at that path is {shape} {e.dtype} (variable {e.name!r})")
+            f"the object at that path is {shape} {e.dtype} (variable {e.name!r})"
+        )
 
 
 class CheckpointLoadStatus:
@@ -96,8 +105,7 @@ class CheckpointLoadStatus:
     at saved paths, and slots created later, are restored and counted.
     """
 
-    def __init__(self, checkpoint: _Tracker, reader: CheckpointReader | None,
-                 graph: Graph) -> None:
+    def __init__(self, checkpoint: _Tracker, reader: CheckpointReader | None, graph: Graph) -> None:
         self._checkpoint = checkpoint
         self._reader = reader
         self._saved: dict[str, Any] = reader.variables if reader is not None else {}
@@ -131,9 +139,11 @@ class CheckpointLoadStatus:
             raise AssertionError(_describe(self._reader, values, objects))
         tracked = walk(self._checkpoint.tracked_objects())
         if not (tracked.entries or tracked.tables or tracked.optimizers):
-            raise AssertionError("the checkpoint tracks no variable, table or optimizer: nothing "
-                                 "was restored (give Checkpoint the model whose variables live "
-                                 "on the ps)")
+            raise AssertionError(
+                "the checkpoint tracks no variable, table or optimizer: nothing "
+                "was restored (give Checkpoint the model whose variables live "
+                "on the ps)"
+            )
         return self
 
     def assert_existing_objects_matched(self) -> CheckpointLoadStatus:
@@ -148,8 +158,10 @@ class CheckpointLoadStatus:
         """At least one value of the checkpoint was restored."""
         self._no_checkpoint()
         if not self._matched:
-            raise AssertionError(f"nothing in checkpoint {self._reader.path if self._reader else None} "
-                                 "matched the objects tracked (no common path)")
+            raise AssertionError(
+                f"nothing in checkpoint {self._reader.path if self._reader else None} "
+                "matched the objects tracked (no common path)"
+            )
         return self
 
     def expect_partial(self) -> CheckpointLoadStatus:
@@ -167,9 +179,14 @@ class CheckpointLoadStatus:
         try:
             left = self.unmatched_values()
             if left and not self._expect_partial and self._reader is not None:
-                logger.warning("checkpoint %s: %d value(s) were never restored (no object at their "
-                               "path): %s. Call expect_partial() on the restore status if that is "
-                               "intended.", self._reader.path, len(left), ", ".join(left[:10]))
+                logger.warning(
+                    "checkpoint %s: %d value(s) were never restored (no object at their "
+                    "path): %s. Call expect_partial() on the restore status if that is "
+                    "intended.",
+                    self._reader.path,
+                    len(left),
+                    ", ".join(left[:10]),
+                )
             for ref, callback in self._watching:
                 module = ref()
                 if module is not None:
@@ -192,13 +209,18 @@ class CheckpointLoadStatus:
             status = me()
             if status is not None:
                 status.attached(path, name, value)
+
         return attached
 
     def attached(self, prefix: str, name: str, value: Any) -> None:
         """``value`` was set as attribute ``name`` of the object at ``prefix``: restore what
         the checkpoint saved under that path (deferred restoration)."""
-        if not any(k == join(prefix, name) or k.startswith(join(prefix, name) + "/") or
-                   f"/.OPTIMIZER_SLOT/{join(prefix, name)}/" in k for k in self._saved):
+        if not any(
+            k == join(prefix, name)
+            or k.startswith(join(prefix, name) + "/")
+            or f"/.OPTIMIZER_SLOT/{join(prefix, name)}/" in k
+            for k in self._saved
+        ):
             return
         sub = walk({name: value}, prefix)
         found = targets(self._graph, self._saved, sub.entries, sub.optimizers)
@@ -219,20 +241,32 @@ class CheckpointLoadStatus:
             _check(self._reader.path, target, meta)
             e = target.entry
             for i, (name, part) in enumerate(zip(target.names, e.parts)):
-                rows, patches = self._reader.rows_of(target.key, e.offsets[i], e.offsets[i + 1],
-                                                     not e.shape)
+                rows, patches = self._reader.rows_of(target.key, e.offsets[i], e.offsets[i + 1], not e.shape)
                 if part.ps_index is None:
                     if target.slot:
                         raise InvalidArgumentError(
                             f"{target.key!r} is an optimizer slot of a local variable ({e.name!r}); "
-                            "slots live on the ps, so the variable must be created in strategy.scope()")
+                            "slots live on the ps, so the variable must be created in strategy.scope()"
+                        )
                     yield part, [rows, patches], None
                     continue
-                role = ({"trainable": False, "slot_of": part.key} if target.slot
-                        else {"trainable": part.trainable})
-                yield part, [rows, patches], {"name": name, "dtype": e.dtype.str,
-                                              "shape": list(target.shape(part.shape)), **role,
-                                              "sources": rows, "patches": patches}
+                role = (
+                    {"trainable": False, "slot_of": part.key}
+                    if target.slot
+                    else {"trainable": part.trainable}
+                )
+                yield (
+                    part,
+                    [rows, patches],
+                    {
+                        "name": name,
+                        "dtype": e.dtype.str,
+                        "shape": list(target.shape(part.shape)),
+                        **role,
+                        "sources": rows,
+                        "patches": patches,
+                    },
+                )
 
     def restore_deferred(self, targets: list[_Target]) -> None:
         """Queue ``targets`` with their placements' next creations (variables not yet, or
@@ -243,16 +277,20 @@ class CheckpointLoadStatus:
                 continue
             placement, ps = part.creator, part.ps_index
             if not isinstance(placement, Placement) or ps is None:
-                raise InvalidArgumentError(f"cannot restore into {part.name!r}: the variable was not "
-                                           "created by a strategy here")
+                raise InvalidArgumentError(
+                    f"cannot restore into {part.name!r}: the variable was not created by a strategy here"
+                )
             placement.queue_restore(ps, entry, [part])
         self._matched.update(t.key for t in targets)
         for target in targets:
             logger.info("restored %s (deferred)", target.key)
 
-    async def restore_now(self, targets: list[_Target],
-                          tables: Sequence[tuple[Any, dict[int, RestoreTable], dict[int, int | None]]] = (),
-                          stage: str | None = None) -> None:
+    async def restore_now(
+        self,
+        targets: list[_Target],
+        tables: Sequence[tuple[Any, dict[int, RestoreTable], dict[int, int | None]]] = (),
+        stage: str | None = None,
+    ) -> None:
         """Restore ``targets`` and ``tables`` (``staged_restore.restore_staged``'s, staged
         as ``stage``) all or nothing: every ps stages its values, then all commit."""
         await ensure_created(p for t in targets for p in t.entry.parts)
@@ -282,11 +320,13 @@ def _mirrors(graph: Graph) -> set[str]:
 def _describe(reader: CheckpointReader | None, values: list[str], objects: list[str]) -> str:
     lines = [f"checkpoint {reader.path if reader else None} does not match the objects tracked:"]
     if values:
-        lines.append(f"  {len(values)} value(s) in the checkpoint restored into nothing: "
-                     + ", ".join(values[:20]))
+        lines.append(
+            f"  {len(values)} value(s) in the checkpoint restored into nothing: " + ", ".join(values[:20])
+        )
     if objects:
-        lines.append(f"  {len(objects)} tracked object(s) with no value in the checkpoint: "
-                     + ", ".join(objects[:20]))
+        lines.append(
+            f"  {len(objects)} tracked object(s) with no value in the checkpoint: " + ", ".join(objects[:20])
+        )
     return "\n".join(lines)
 
 

@@ -39,15 +39,16 @@ def table_sources(checkpoint: Checkpoint, path: str) -> dict[str, tuple[list[str
     out = {}
     for where, table in graph.tables.items():
         if where not in reader.tables:
-            raise FailedPreconditionError(f"checkpoint {path} has no dynamic table {where!r} "
-                                          f"({table.name}): it was created after its last save")
+            raise FailedPreconditionError(
+                f"checkpoint {path} has no dynamic table {where!r} "
+                f"({table.name}): it was created after its last save"
+            )
         files = [os.path.join(reader.base, f) for f in reader.tables[where]["files"]]
         out[table.key] = (files, slots, reader.table_deltas(where))
     return out
 
 
-def read_share(checkpoint: Checkpoint, path: str, keys: set[str], owner: str | None
-               ) -> list[VariableCopy]:
+def read_share(checkpoint: Checkpoint, path: str, keys: set[str], owner: str | None) -> list[VariableCopy]:
     """The values at ``path`` of variables ``keys`` (ps-side keys) and of their optimizer
     slots. FailedPreconditionError if the checkpoint has no value for one of ``keys``."""
     reader = CheckpointReader(path)
@@ -63,9 +64,15 @@ def read_share(checkpoint: Checkpoint, path: str, keys: set[str], owner: str | N
             lo, hi = entry.offsets[j], entry.offsets[j + 1]
             shape = entry.shape if whole else (hi - lo, *entry.shape[1:])
             value = read_rows(shape, entry.dtype, *reader.rows_of(target.key, lo, hi, not entry.shape))
-            out.append(VariableCopy(name=name, value=np.array(value, order="C"),
-                                    trainable=entry.trainable and not target.slot, owner=owner,
-                                    slot_of=part.key if target.slot else None))
+            out.append(
+                VariableCopy(
+                    name=name,
+                    value=np.array(value, order="C"),
+                    trainable=entry.trainable and not target.slot,
+                    owner=owner,
+                    slot_of=part.key if target.slot else None,
+                )
+            )
             if not target.slot:
                 found.add(part.key)
     missing = sorted(keys - found)
@@ -73,5 +80,6 @@ def read_share(checkpoint: Checkpoint, path: str, keys: set[str], owner: str | N
         raise FailedPreconditionError(
             f"checkpoint {path} has no value for {len(missing)} variable(s) of the lost ps "
             f"({', '.join(missing[:10])}): they are not tracked by its Checkpoint, or were created "
-            "after its last save")
+            "after its last save"
+        )
     return out

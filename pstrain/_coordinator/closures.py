@@ -44,12 +44,33 @@ def scan_inputs(obj: Any, inputs: list[RemoteValue]) -> bool:
 class Closure:
     """One scheduled call: the function (pickled once), its arguments and its outcome."""
 
-    __slots__ = ("cid", "fn", "digest", "pickled", "args", "kwargs", "outcome", "walk", "inputs",
-                 "worker", "once_key")
+    __slots__ = (
+        "cid",
+        "fn",
+        "digest",
+        "pickled",
+        "args",
+        "kwargs",
+        "outcome",
+        "walk",
+        "inputs",
+        "worker",
+        "once_key",
+    )
 
-    def __init__(self, cid: int, fn: Any, digest: bytes, pickled: bytes, args: tuple[Any, ...],
-                 kwargs: dict[str, Any], outcome: Outcome, walk: bool = False,
-                 inputs: list[RemoteValue] | None = None, once_key: str | None = None) -> None:
+    def __init__(
+        self,
+        cid: int,
+        fn: Any,
+        digest: bytes,
+        pickled: bytes,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        outcome: Outcome,
+        walk: bool = False,
+        inputs: list[RemoteValue] | None = None,
+        once_key: str | None = None,
+    ) -> None:
         self.cid = cid
         self.fn = fn
         self.digest = digest
@@ -104,12 +125,14 @@ def _substitute(obj: Any, index: int) -> tuple[Any, bool]:
             raise InvalidArgumentError(
                 f"a PerWorkerValues of {len(obj.values)} values was given to a closure that runs "
                 f"on worker {index}, a worker that joined later: build per-worker values with "
-                "coordinator.create_per_worker_dataset, which covers joining workers")
+                "coordinator.create_per_worker_dataset, which covers joining workers"
+            )
         return _substitute(obj.values[index], index)
     if isinstance(obj, RemoteValue):
         if not obj.done():
-            raise ClosureInputError("Input is not ready: a RemoteValue input must resolve before "
-                                    "its consumer is sent")
+            raise ClosureInputError(
+                "Input is not ready: a RemoteValue input must resolve before its consumer is sent"
+            )
         return _ready_value(obj), False
     if type(obj) is tuple or type(obj) is list:
         items = [_substitute(x, index) for x in obj]
@@ -132,8 +155,8 @@ def _ready_value(rv: RemoteValue) -> Any:
         raise  # already says which input failed and why
     except BaseException as exc:
         raise ClosureInputError(
-            f"Input has an error, the original exception is {type(exc).__name__}, "
-            f"error message is {exc}") from exc
+            f"Input has an error, the original exception is {type(exc).__name__}, error message is {exc}"
+        ) from exc
     gen.close()  # pragma: no cover - done() said it was resolved
     raise ClosureInputError("Input is not ready")  # pragma: no cover
 
@@ -142,8 +165,11 @@ def check_call(fn: Any, args: Any, kwargs: Any) -> None:
     """TypeError, as calling it would raise, for what ``schedule`` cannot run: ``fn`` not
     callable, ``args`` not a tuple or a list, ``kwargs`` not a dict."""
     if not callable(fn):
-        raise TypeError(f"schedule needs a callable (a function or coroutine function), "
-                        f"got {type(fn).__name__}")
+        raise TypeError(
+            f"schedule needs a callable (a function or coroutine function), got {type(fn).__name__}"
+        )
     if not isinstance(args, (tuple, list)) or not isinstance(kwargs, (dict, type(None))):
-        raise TypeError(f"schedule: args must be a tuple or a list and kwargs a dict, got "
-                        f"{type(args).__name__} and {type(kwargs).__name__}")
+        raise TypeError(
+            f"schedule: args must be a tuple or a list and kwargs a dict, got "
+            f"{type(args).__name__} and {type(kwargs).__name__}"
+        )

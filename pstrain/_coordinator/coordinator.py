@@ -82,28 +82,49 @@ class ClusterCoordinator:
             return existing
         return super().__new__(cls)
 
-    def __init__(self, strategy: ParameterServerStrategy, max_inflight_per_worker: int = 1, *,
-                 max_batch: int = 1024, worker_timeout_s: float = 10.0,
-                 ps_timeout_s: float = 10.0, heartbeat_s: float = 1.0,
-                 probe_initial_s: float = 0.05, probe_max_s: float = 1.0,
-                 cancel_grace_s: float = 10.0, no_worker_timeout_s: float | None = 60.0) -> None:
+    def __init__(
+        self,
+        strategy: ParameterServerStrategy,
+        max_inflight_per_worker: int = 1,
+        *,
+        max_batch: int = 1024,
+        worker_timeout_s: float = 10.0,
+        ps_timeout_s: float = 10.0,
+        heartbeat_s: float = 1.0,
+        probe_initial_s: float = 0.05,
+        probe_max_s: float = 1.0,
+        cancel_grace_s: float = 10.0,
+        no_worker_timeout_s: float | None = 60.0,
+    ) -> None:
         if getattr(self, "strategy", None) is not None:
             return  # the existing coordinator of this strategy
         if not isinstance(strategy, ParameterServerStrategy):
-            raise InvalidArgumentError("ClusterCoordinator needs a ParameterServerStrategy, got "
-                                       f"{type(strategy).__name__}")
-        check_options("ClusterCoordinator", {"max_inflight_per_worker": max_inflight_per_worker,
-                                             "max_batch": max_batch},
-                      {"worker_timeout_s": worker_timeout_s, "ps_timeout_s": ps_timeout_s,
-                       "heartbeat_s": heartbeat_s, "probe_initial_s": probe_initial_s,
-                       "probe_max_s": probe_max_s, "cancel_grace_s": cancel_grace_s,
-                       "no_worker_timeout_s": no_worker_timeout_s})
+            raise InvalidArgumentError(
+                f"ClusterCoordinator needs a ParameterServerStrategy, got {type(strategy).__name__}"
+            )
+        check_options(
+            "ClusterCoordinator",
+            {"max_inflight_per_worker": max_inflight_per_worker, "max_batch": max_batch},
+            {
+                "worker_timeout_s": worker_timeout_s,
+                "ps_timeout_s": ps_timeout_s,
+                "heartbeat_s": heartbeat_s,
+                "probe_initial_s": probe_initial_s,
+                "probe_max_s": probe_max_s,
+                "cancel_grace_s": cancel_grace_s,
+                "no_worker_timeout_s": no_worker_timeout_s,
+            },
+        )
         self.strategy = strategy
         strategy.attach_coordinator(self)
         self._channels = strategy.channels
-        self.settings = DispatchSettings(max_inflight_per_worker=max_inflight_per_worker,
-                                         max_batch=max_batch, worker_timeout_s=worker_timeout_s,
-                                         probe_initial_s=probe_initial_s, probe_max_s=probe_max_s)
+        self.settings = DispatchSettings(
+            max_inflight_per_worker=max_inflight_per_worker,
+            max_batch=max_batch,
+            worker_timeout_s=worker_timeout_s,
+            probe_initial_s=probe_initial_s,
+            probe_max_s=probe_max_s,
+        )
         self.cancel_grace_s = cancel_grace_s
         self.queue = ClosureQueue()
         self.resources = ResourceRegistry(strategy.num_workers)
@@ -118,16 +139,29 @@ class ClusterCoordinator:
         #: Each ps's incarnation and health (sans-I/O; the heartbeat feeds it).
         self.ps_health = PsHealth(strategy.num_ps, self._channels.restored)
         self.closed = False
-        self.workers = Workers(strategy, self.queue, self.resources, self.settings,
-                               tasks=self._tasks, ps_timeout_s=ps_timeout_s,
-                               on_scalars=summary.record_from_worker)
+        self.workers = Workers(
+            strategy,
+            self.queue,
+            self.resources,
+            self.settings,
+            tasks=self._tasks,
+            ps_timeout_s=ps_timeout_s,
+            on_scalars=summary.record_from_worker,
+        )
         #: The worker slots and their lifecycle (sans-I/O); each dispatcher drives its slot.
         self.slots = self.workers.slots
         self._workers = self.workers.dispatchers
-        self.heartbeat = Heartbeat(self._channels, self.queue, self.ps_health, self._workers,
-                                   self.settings, ps_timeout_s=ps_timeout_s,
-                                   heartbeat_s=heartbeat_s, no_worker_timeout_s=no_worker_timeout_s,
-                                   spawn=self._tasks.spawn)
+        self.heartbeat = Heartbeat(
+            self._channels,
+            self.queue,
+            self.ps_health,
+            self._workers,
+            self.settings,
+            ps_timeout_s=ps_timeout_s,
+            heartbeat_s=heartbeat_s,
+            no_worker_timeout_s=no_worker_timeout_s,
+            spawn=self._tasks.spawn,
+        )
         #: The placement map and the moves of variables between ps (elastic ps).
         self.ps = PsChanges(strategy, self._channels, timeout_s=max(120.0, ps_timeout_s))
         self._replacement = PsReplacement(self.ps, self.heartbeat, self.queue, self._tasks.spawn)
@@ -168,8 +202,14 @@ class ClusterCoordinator:
         self.queue.record_error(exc)
 
     # -- scheduling ---------------------------------------------------------------------------
-    def schedule(self, fn: Callable[..., Any], args: Sequence[Any] = (),
-                 kwargs: dict[str, Any] | None = None, *, exactly_once: bool = False) -> RemoteValue:
+    def schedule(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        exactly_once: bool = False,
+    ) -> RemoteValue:
         """Queue ``fn(*args, **kwargs)`` to run on some worker; returns at once.
 
         The function is pickled once, on its first schedule, and sent to each
@@ -195,8 +235,18 @@ class ClusterCoordinator:
         loop = self._loop
         outcome = Outcome(loop)
         cid = next(self._ids)
-        closure = Closure(cid, fn, digest, pickled, args, kwargs, outcome, walk, inputs,
-                          once_key=f"{self.session}:{cid}" if exactly_once else None)
+        closure = Closure(
+            cid,
+            fn,
+            digest,
+            pickled,
+            args,
+            kwargs,
+            outcome,
+            walk,
+            inputs,
+            once_key=f"{self.session}:{cid}" if exactly_once else None,
+        )
         if loop is None:  # nothing started yet: start on the running loop, if there is one
             if self._start():
                 outcome.loop = self._loop  # else: dispatch starts with the first join()
@@ -334,10 +384,16 @@ class ClusterCoordinator:
 
     def statistics(self) -> dict[str, Any]:
         """Counts for /metrics and `pstrain status`."""
-        return {"queued": self.queue.queued, "in_flight": self.queue.in_flight,
-                "closures_done": self.queue.done_count, "closures_retried": self.queue.retried_count,
-                "worker_failures": self.worker_failures, "closures_held": self.queue.held,
-                "workers_up": sum(self.workers_up), **self.ps.statistics()}
+        return {
+            "queued": self.queue.queued,
+            "in_flight": self.queue.in_flight,
+            "closures_done": self.queue.done_count,
+            "closures_retried": self.queue.retried_count,
+            "worker_failures": self.worker_failures,
+            "closures_held": self.queue.held,
+            "workers_up": sum(self.workers_up),
+            **self.ps.statistics(),
+        }
 
     async def serve_metrics(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Serve this coordinator's endpoint; returns its address: ``GET /metrics`` and
@@ -345,8 +401,14 @@ class ClusterCoordinator:
         ``coordinator/membership``, on the server core every ps and worker uses (the stream
         and HTTP on one port, the cluster token both ways)."""
         if self._endpoint is None:
-            endpoint = CoordinatorEndpoint(self.statistics, self.admit_worker, self.membership,
-                                           host=host, port=port, token=self._channels.token)
+            endpoint = CoordinatorEndpoint(
+                self.statistics,
+                self.admit_worker,
+                self.membership,
+                host=host,
+                port=port,
+                token=self._channels.token,
+            )
             endpoint.ps_changes = (self.ps.joins(self._tasks.spawn), self.remove_ps)
             await endpoint.start()
             self._endpoint = endpoint
@@ -385,8 +447,10 @@ class ClusterCoordinator:
         raise TypeError("a ClusterCoordinator lives on the coordinator; a closure cannot capture it")
 
     def __repr__(self) -> str:
-        return (f"ClusterCoordinator(workers={len(self._workers)}, queued={self.queue.queued}, "
-                f"in_flight={self.queue.in_flight})")
+        return (
+            f"ClusterCoordinator(workers={len(self._workers)}, queued={self.queue.queued}, "
+            f"in_flight={self.queue.in_flight})"
+        )
 
 
 def _runs(loop: asyncio.AbstractEventLoop) -> bool:

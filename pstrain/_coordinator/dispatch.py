@@ -42,7 +42,7 @@ from .._base.errors import (
     to_envelope,
 )
 from .._base.tasks import TaskOwner
-from .._formats.messages.closures import CANCELLED, OK, exception_from_payload
+from .._formats.messages.closures import ClosureStatus, exception_from_payload
 from .._formats.messages.operations import (
     CancelClosures,
     Configure,
@@ -50,7 +50,7 @@ from .._formats.messages.operations import (
     DropResources,
     RunClosures,
 )
-from .._formats.messages.records import ResultsReply
+from .._formats.messages.records import ClosureCall, ResultsReply
 from .._transport.rpc import Channel
 from .closures import Closure
 from .membership import SlotState, WorkerSlot
@@ -75,13 +75,13 @@ class DispatchSettings:
     probe_max_s: float = 1.0
 
 
-
 class _Mismatch(InvalidArgumentError):
     """The task at a worker's address is not that worker (the cluster specs disagree)."""
 
 
 #: Failures of configuration: the dispatcher reports them and stops (no retry loop).
 _PERMANENT = (AuthenticationError, ProtocolError, _Mismatch)
+
 
 class WorkerDispatcher:
     """Feeds worker ``index`` from ``queue``; builds its resources from ``registry``.
@@ -90,14 +90,21 @@ class WorkerDispatcher:
     creations still queued), or None.
     """
 
-    def __init__(self, slot: WorkerSlot, queue: ClosureQueue, registry: ResourceRegistry,
-                 channel: Callable[[], Channel], cluster_spec: ClusterSpec, tasks: TaskOwner,
-                 settings: DispatchSettings,
-                 before_send: Callable[[], Awaitable[None] | None] | None = None,
-                 fence: Callable[[int, int], Awaitable[None]] | None = None,
-                 on_scalars: Callable[[list[Any]], None] | None = None,
-                 owner: str | None = None,
-                 peers: Callable[[], list[int]] | None = None) -> None:
+    def __init__(
+        self,
+        slot: WorkerSlot,
+        queue: ClosureQueue,
+        registry: ResourceRegistry,
+        channel: Callable[[], Channel],
+        cluster_spec: ClusterSpec,
+        tasks: TaskOwner,
+        settings: DispatchSettings,
+        before_send: Callable[[], Awaitable[None] | None] | None = None,
+        fence: Callable[[int, int], Awaitable[None]] | None = None,
+        on_scalars: Callable[[list[Any]], None] | None = None,
+        owner: str | None = None,
+        peers: Callable[[], list[int]] | None = None,
+    ) -> None:
         self.slot = slot
         self.index = index = slot.index
         #: The indices of the workers up now (where a closure whose iterator ran out here
@@ -193,38 +200,57 @@ class WorkerDispatcher:
                 backoff = min(backoff * 2, self.settings.probe_max_s)
             except Exception as exc:  # a bug: surface it from join(), keep this worker fed
                 logger.exception("dispatcher of %s failed", self.task)
-                self.queue.record_error(PstrainError(
-                    f"the dispatcher of {self.task} failed: {type(exc).__name__}: {exc}",
-                    task=self.task))
+                self.queue.record_error(
+                    PstrainError(
+                        f"the dispatcher of {self.task} failed: {type(exc).__name__}: {exc}", task=self.task
+                    )
+                )
                 await self._lost(exc)
                 await self._nap(backoff)
 
     async def _connect(self) -> None:
         try:
             reply = await self.channel().request(
-                Configure(cluster=self.cluster_spec.as_dict(), index=self.index,
-                          fresh=self.failures > 0 or self.incarnation is None),  # see Configure
-                timeout=self.settings.worker_timeout_s)
+                Configure(
+                    cluster=self.cluster_spec.as_dict(),
+                    index=self.index,
+                    fresh=self.failures > 0 or self.incarnation is None,
+                ),  # see Configure
+                timeout=self.settings.worker_timeout_s,
+            )
         except WrongTaskError as exc:  # the handshake: another task answers at that address
-            there = (f"worker {exc.actual.rsplit(':', 1)[-1]}" if "/job:worker/" in exc.actual
-                     else f"not a worker ({exc.actual})")
-            raise _Mismatch(f"the cluster says {self.task} is at {self.channel().address}, but "
-                            f"the task there is {there}: the coordinator's cluster spec does not "
-                            "match the tasks' (TF_CONFIG / PSTRAIN_CONFIG)", task=self.task) from exc
+            there = (
+                f"worker {exc.actual.rsplit(':', 1)[-1]}"
+                if "/job:worker/" in exc.actual
+                else f"not a worker ({exc.actual})"
+            )
+            raise _Mismatch(
+                f"the cluster says {self.task} is at {self.channel().address}, but "
+                f"the task there is {there}: the coordinator's cluster spec does not "
+                "match the tasks' (TF_CONFIG / PSTRAIN_CONFIG)",
+                task=self.task,
+            ) from exc
         except NotFoundError as exc:  # the task there has no such operation
-            raise _Mismatch(f"the cluster says {self.task} is at {self.channel().address}, but "
-                            f"the task there is not a worker ({exc}): fix the cluster spec "
-                            "(TF_CONFIG / PSTRAIN_CONFIG)", task=self.task) from exc
+            raise _Mismatch(
+                f"the cluster says {self.task} is at {self.channel().address}, but "
+                f"the task there is not a worker ({exc}): fix the cluster spec "
+                "(TF_CONFIG / PSTRAIN_CONFIG)",
+                task=self.task,
+            ) from exc
         index = reply.index
         if index != self.index:
-            raise _Mismatch(f"the cluster says {self.task} is at {self.channel().address}, but "
-                            f"the task there is worker {index}: the coordinator's cluster spec "
-                            "does not match the tasks' (TF_CONFIG / PSTRAIN_CONFIG)", task=self.task)
+            raise _Mismatch(
+                f"the cluster says {self.task} is at {self.channel().address}, but "
+                f"the task there is worker {index}: the coordinator's cluster spec "
+                "does not match the tasks' (TF_CONFIG / PSTRAIN_CONFIG)",
+                task=self.task,
+            )
         known = self.slot.incarnation
         if self.slot.connected(reply.incarnation):
             if known is not None:
-                logger.warning("%s restarted; rebuilding its %d per-worker resource(s)", self.task,
-                               len(self.registry))
+                logger.warning(
+                    "%s restarted; rebuilding its %d per-worker resource(s)", self.task, len(self.registry)
+                )
             self.sent.clear()
             self.registry.worker_restarted(self.index)
             self.queue.refreshed(self.index)  # its iterators start again from the beginning
@@ -255,8 +281,9 @@ class WorkerDispatcher:
         if was is SlotState.DRAINING:
             logger.info("%s left (drained)", self.task)
         elif was is SlotState.UP:
-            logger.warning("%s is unreachable (%s); its %d closure(s) go back to the queue",
-                           self.task, exc, in_flight)
+            logger.warning(
+                "%s is unreachable (%s); its %d closure(s) go back to the queue", self.task, exc, in_flight
+            )
         if epoch is not None and self.fence is not None:
             try:
                 async with asyncio.timeout(self.settings.worker_timeout_s):
@@ -308,7 +335,8 @@ class WorkerDispatcher:
     async def _build(self, spec: ResourceSpec) -> None:
         try:
             reply = await self.channel().request(
-                CreateResource(**spec.request(), incarnation=self.incarnation))
+                CreateResource(**spec.request(), incarnation=self.incarnation)
+            )
             error = reply.error
         except _LOST:
             raise  # the worker failed: handled by run()
@@ -318,8 +346,7 @@ class WorkerDispatcher:
 
     async def _send_cancel(self, ids: list[int]) -> None:
         try:
-            await self.channel().request(CancelClosures(ids=ids),
-                                         timeout=self.settings.worker_timeout_s)
+            await self.channel().request(CancelClosures(ids=ids), timeout=self.settings.worker_timeout_s)
         except PstrainError:
             pass  # the worker is gone; its closures are put back, then cancelled
 
@@ -344,7 +371,7 @@ class WorkerDispatcher:
 
     async def _send_now(self, batch: list[Closure]) -> None:
         fns: dict[bytes, bytes] = {}
-        entries: list[Any] = []  # lists, not tuples: they pack flat (a tuple is an ext)
+        entries: list[ClosureCall] = []
         sent = self.sent
         for c in batch:
             if c.walk:
@@ -353,9 +380,9 @@ class WorkerDispatcher:
                 except (ClosureInputError, InvalidArgumentError) as exc:
                     self.queue.fail(c.cid, exc)
                     continue
-                entries.append([c.cid, c.digest, args, kwargs, has_refs])
+                entries.append(ClosureCall(c.cid, c.digest, args, kwargs, has_refs))
             else:
-                entries.append([c.cid, c.digest, c.args, c.kwargs, False])
+                entries.append(ClosureCall(c.cid, c.digest, c.args, c.kwargs))
             if c.digest not in sent:
                 fns[c.digest] = c.pickled
         if not entries:
@@ -364,9 +391,16 @@ class WorkerDispatcher:
         self.sent.update(fns)
         try:
             reply = await self.channel().request(
-                RunClosures(fns=fns, closures=entries, incarnation=self.incarnation,
-                            epoch=self.epoch, owner=self.owner, once=once),
-                on_partial=self._on_results)
+                RunClosures(
+                    fns=fns,
+                    closures=entries,
+                    incarnation=self.incarnation,
+                    epoch=self.epoch,
+                    owner=self.owner,
+                    once=once,
+                ),
+                on_partial=self._on_results,
+            )
         except DrainingError as exc:  # leaving: those closures go to the other workers
             logger.info("%s is leaving (%s); %d closure(s) go elsewhere", self.task, exc, len(batch))
             self.slot.said_leaving()
@@ -392,13 +426,14 @@ class WorkerDispatcher:
         if scalars and self.on_scalars is not None:
             self.on_scalars(scalars)
         self.slot.completed += len(reply.results)
-        for cid, status, value in reply.results:
-            if status == OK:
-                finish(cid, value)
-            elif status == CANCELLED:
+        for result in reply.results:
+            cid = result.id
+            if result.status is ClosureStatus.OK:
+                finish(cid, result.value)
+            elif result.status is ClosureStatus.CANCELLED:
                 queue.fail(cid, CancelledError(CANCELLED_MESSAGE, task=self.task), cancelled=True)
             else:
-                exc = exception_from_payload(value, self.task)
+                exc = exception_from_payload(result.value, self.task)
                 if isinstance(exc, OutOfRangeError):  # this worker's data ran out
                     queue.out_of_range(cid, exc, self.index, self.peers())
                 else:

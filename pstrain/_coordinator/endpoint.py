@@ -39,9 +39,16 @@ class CoordinatorEndpoint(ServerBase):
     """The coordinator's port. ``stats`` adds the coordinator's counters to ``statistics``
     (and so to ``/metrics``); ``join`` admits a worker and returns its index."""
 
-    def __init__(self, stats: Callable[[], dict[str, Any]], join: Callable[[str], Awaitable[int]],
-                 membership: Callable[[], list[dict[str, Any]]], *, host: str = "127.0.0.1",
-                 port: int = 0, token: str | None = None) -> None:
+    def __init__(
+        self,
+        stats: Callable[[], dict[str, Any]],
+        join: Callable[[str], Awaitable[int]],
+        membership: Callable[[], list[dict[str, Any]]],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+    ) -> None:
         super().__init__("chief", 0, host=host, port=port, token=token)
         self._stats = stats
         self._admit = join
@@ -49,8 +56,9 @@ class CoordinatorEndpoint(ServerBase):
         self.route(Join, self._join)
         self.route(Membership, self._members)
         #: ``(join, leave)`` of elastic ps: ``join(address, index) -> index``, ``leave(index)``.
-        self.ps_changes: tuple[Callable[[str, int | None], Awaitable[int]],
-                               Callable[[int], Awaitable[None]]] | None = None
+        self.ps_changes: (
+            tuple[Callable[[str, int | None], Awaitable[int]], Callable[[int], Awaitable[None]]] | None
+        ) = None
         self.route(JoinPs, self._join_ps)
         self.route(LeavePs, self._leave_ps)
 
@@ -81,5 +89,9 @@ async def say_if_not_served(serving: Awaitable[Any], host: str, port: int) -> No
     try:
         await serving
     except (PstrainError, OSError) as exc:
-        logger.error("the coordinator could not serve /metrics on %s:%d: %s (training goes "
-                     "on without it)", host, port, exc)
+        logger.error(
+            "the coordinator could not serve /metrics on %s:%d: %s (training goes on without it)",
+            host,
+            port,
+            exc,
+        )

@@ -30,7 +30,8 @@ class FunctionCache:
             except Exception as exc:
                 raise InvalidArgumentError(
                     f"cannot send {fn!r} to the workers: it does not pickle ({exc}); closures "
-                    "may capture variables, arrays and plain values, not open files or locks") from exc
+                    "may capture variables, arrays and plain values, not open files or locks"
+                ) from exc
             cached = (hashlib.blake2b(pickled, digest_size=16).digest(), pickled)
             try:
                 self._fns[fn] = cached

@@ -43,10 +43,19 @@ __all__ = ["Heartbeat"]
 class Heartbeat:
     """Pings the ps and busy workers; turns silence and restarts into the job's errors."""
 
-    def __init__(self, channels: ChannelPool, queue: ClosureQueue, ps_health: PsHealth,
-                 workers: list[WorkerDispatcher], settings: DispatchSettings, *,
-                 ps_timeout_s: float, heartbeat_s: float, no_worker_timeout_s: float | None,
-                 spawn: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
+    def __init__(
+        self,
+        channels: ChannelPool,
+        queue: ClosureQueue,
+        ps_health: PsHealth,
+        workers: list[WorkerDispatcher],
+        settings: DispatchSettings,
+        *,
+        ps_timeout_s: float,
+        heartbeat_s: float,
+        no_worker_timeout_s: float | None,
+        spawn: Callable[[Coroutine[Any, Any, Any]], Any],
+    ) -> None:
         self.channels = channels
         self.queue = queue
         self.ps_health = ps_health
@@ -74,9 +83,10 @@ class Heartbeat:
         rescheduled; a ps fails the job)."""
         while True:
             busy = self.queue.in_flight and self.queue.error is None
-            await asyncio.gather(*(self._ping_worker(w) for w in self.workers
-                                   if busy and w.up and w.in_flight),
-                                 *(self._ping_ps(k) for k in self.active_ps()))
+            await asyncio.gather(
+                *(self._ping_worker(w) for w in self.workers if busy and w.up and w.in_flight),
+                *(self._ping_ps(k) for k in self.active_ps()),
+            )
             self._check_some_worker_can_run()
             await asyncio.sleep(self.heartbeat_s)
 
@@ -96,16 +106,26 @@ class Heartbeat:
         down += [f"{task_name('ps', k)} ({why})" for k, why in sorted(self.ps_health.down.items())]
         if not self._warned and now - self._no_worker_since >= NO_WORKER_WARN_S:
             self._warned = True  # said once, early: what is awaited, and for how long
-            limit = ("forever" if self.no_worker_timeout_s is None
-                     else f"up to {self.no_worker_timeout_s:g} s (no_worker_timeout_s)")
-            logger.warning("no worker is reachable and %d closure(s) wait; waiting %s for one. "
-                           "Down: %s", waiting, limit, "; ".join(down))
+            limit = (
+                "forever"
+                if self.no_worker_timeout_s is None
+                else f"up to {self.no_worker_timeout_s:g} s (no_worker_timeout_s)"
+            )
+            logger.warning(
+                "no worker is reachable and %d closure(s) wait; waiting %s for one. Down: %s",
+                waiting,
+                limit,
+                "; ".join(down),
+            )
         if self.no_worker_timeout_s is None or now - self._no_worker_since < self.no_worker_timeout_s:
             return
-        self.queue.record_error(UnavailableError(
-            f"no worker has been reachable for {now - self._no_worker_since:.0f} s with "
-            f"{waiting} closure(s) waiting; down: {'; '.join(down)}. Restart them (the queued "
-            "closures were cancelled), or raise no_worker_timeout_s to wait longer"))
+        self.queue.record_error(
+            UnavailableError(
+                f"no worker has been reachable for {now - self._no_worker_since:.0f} s with "
+                f"{waiting} closure(s) waiting; down: {'; '.join(down)}. Restart them (the queued "
+                "closures were cancelled), or raise no_worker_timeout_s to wait longer"
+            )
+        )
 
     async def _ping_worker(self, w: WorkerDispatcher) -> None:
         try:
@@ -127,12 +147,16 @@ class Heartbeat:
         """Have every reachable worker drop its connections to ``job:index``: its closures
         stuck on them fail now, and once the task is back, workers reach it afresh instead
         of after TCP's retransmission back-off."""
+
         async def reset(w: WorkerDispatcher) -> None:
             try:
-                await w.channel().request(ResetChannels(job=job, index=index),  # type: ignore[arg-type]
-                                          timeout=self.settings.worker_timeout_s)
+                await w.channel().request(
+                    ResetChannels(job=job, index=index),  # type: ignore[arg-type]
+                    timeout=self.settings.worker_timeout_s,
+                )
             except PstrainError:
                 pass  # that worker is unreachable too: its dispatcher handles it
+
         await asyncio.gather(*(reset(w) for w in self.workers if w.up))
 
     async def ps_restarted(self, k: int, report_silence: bool = False) -> PstrainError | None:
@@ -145,8 +169,11 @@ class Heartbeat:
         except (UnavailableError, DeadlineExceededError) as exc:
             channel.reset()  # a healed ps is reached on a fresh connection, at once
             reason = str(exc).removesuffix(ps_advice(channel.task))  # said once, by silent()
-            return health.silent(k, f"{type(exc).__name__}: {reason}",
-                                 busy=report_silence and bool(self.queue.in_flight or self.queue.held))
+            return health.silent(
+                k,
+                f"{type(exc).__name__}: {reason}",
+                busy=report_silence and bool(self.queue.in_flight or self.queue.held),
+            )
         except (AuthenticationError, ProtocolError) as exc:  # misconfigured: report, once
             health.misconfigured(k, exc)
             return exc if report_silence else None
@@ -162,8 +189,10 @@ class Heartbeat:
                     health.deferred = None
                 else:
                     self.queue.take_error()
-                logger.info("%s restarted, and a checkpoint was restored onto it: carrying on",
-                            getattr(error, "task", "a ps"))
+                logger.info(
+                    "%s restarted, and a checkpoint was restored onto it: carrying on",
+                    getattr(error, "task", "a ps"),
+                )
 
     async def raise_if_ps_restarted(self) -> None:
         """A variable not found because its ps restarted is that ps's failure (TF's

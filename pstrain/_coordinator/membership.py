@@ -62,8 +62,7 @@ _ALLOWED: dict[SlotState, dict[str, SlotState]] = {
     S.UP: {"lost": S.LOST, "draining": S.DRAINING, "refused": S.REFUSED},
     S.DRAINING: {"lost": S.LOST, "refused": S.REFUSED},
     S.LOST: {"connected": S.UP, "lost": S.LOST, "replaced": S.REPLACED, "refused": S.REFUSED},
-    S.REPLACED: {"connected": S.UP, "lost": S.LOST, "replaced": S.REPLACED,
-                 "refused": S.REFUSED},
+    S.REPLACED: {"connected": S.UP, "lost": S.LOST, "replaced": S.REPLACED, "refused": S.REFUSED},
     S.REFUSED: {},
 }
 
@@ -92,8 +91,10 @@ class WorkerSlot:
     def _go(self, event: str) -> SlotState:
         new = _ALLOWED[self.state].get(event)
         if new is None:
-            raise IllegalTransition(f"worker slot {self.index}: {event!r} is not allowed in "
-                                    f"state {self.state.value!r} (after {self.history[-5:]})")
+            raise IllegalTransition(
+                f"worker slot {self.index}: {event!r} is not allowed in "
+                f"state {self.state.value!r} (after {self.history[-5:]})"
+            )
         self.history.append(event)
         if len(self.history) > 64:
             del self.history[:32]
@@ -172,7 +173,8 @@ class WorkerSlot:
         assert self.index >= 0, self
         assert self.epoch >= 1 and self.failures >= 0 and self.completed >= 0, self
         assert self.epoch <= self.failures + self.gave_up + 1, (
-            f"an epoch starts only with a loss (or closures given up): {self}")
+            f"an epoch starts only with a loss (or closures given up): {self}"
+        )
         if self.state in (S.UP, S.DRAINING):
             assert self.incarnation is not None, f"connected without an incarnation: {self}"
         if self.state is S.JOINING:
@@ -182,11 +184,19 @@ class WorkerSlot:
 
     def as_dict(self) -> dict[str, Any]:
         """What ``/v1/membership``, the dashboard and ``pstrain status`` show."""
-        return {"index": self.index, "task": f"/job:worker/replica:0/task:{self.index}",
-                "address": self.address, "state": self.state.value, "up": self.up,
-                "leaving": self.leaving, "failures": self.failures, "epoch": self.epoch,
-                "incarnation": self.incarnation, "completed": self.completed,
-                "last_error": self.last_error}
+        return {
+            "index": self.index,
+            "task": f"/job:worker/replica:0/task:{self.index}",
+            "address": self.address,
+            "state": self.state.value,
+            "up": self.up,
+            "leaving": self.leaving,
+            "failures": self.failures,
+            "epoch": self.epoch,
+            "incarnation": self.incarnation,
+            "completed": self.completed,
+            "last_error": self.last_error,
+        }
 
 
 class Membership:
@@ -216,8 +226,7 @@ class Membership:
         which may be starting, as after a coordinator restarts), else a new slot at the end.
         A slot taken over is ``replaced`` (its address changes) and stays reserved for that
         worker until it connects or is found unreachable."""
-        known = next((s for s in self._slots if s.address == address and s.state is not S.REFUSED),
-                     None)
+        known = next((s for s in self._slots if s.address == address and s.state is not S.REFUSED), None)
         if known is not None:
             if not known.up:
                 known.replaced(address)

@@ -63,8 +63,10 @@ def as_dataset_fn(dataset_fn: Any) -> Any:
         send_modules_by_value(dataset_fn)  # as a scheduled function's: workers need not have them
         return _DatasetFn(dataset_fn)
     if not hasattr(dataset_fn, "__iter__"):
-        raise TypeError("create_per_worker_dataset needs a function returning a dataset (any "
-                        f"iterable) or an iterable, got {type(dataset_fn).__name__}")
+        raise TypeError(
+            "create_per_worker_dataset needs a function returning a dataset (any "
+            f"iterable) or an iterable, got {type(dataset_fn).__name__}"
+        )
     return _Constant(dataset_fn)
 
 
@@ -124,7 +126,8 @@ class PerWorkerIterator(ResourceValues):
     def __next__(self) -> Any:
         raise NotImplementedError(
             "Iterating over a per-worker iterator on the coordinator is not supported; pass it to "
-            "coordinator.schedule and call next() inside the closure")
+            "coordinator.schedule and call next() inside the closure"
+        )
 
     def __iter__(self) -> PerWorkerIterator:
         return self

@@ -147,8 +147,10 @@ class RemoteValue:
         return f"<RemoteValue {state}>"
 
     def __reduce__(self) -> Any:
-        raise TypeError("a RemoteValue cannot be captured by a closure; pass it as an argument "
-                        "to coordinator.schedule (it is resolved before the closure runs)")
+        raise TypeError(
+            "a RemoteValue cannot be captured by a closure; pass it as an argument "
+            "to coordinator.schedule (it is resolved before the closure runs)"
+        )
 
 
 def _wake(fut: asyncio.Future[None]) -> None:
@@ -169,4 +171,4 @@ def _set_none(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-expose(globals(), "pstrain", ['RemoteValue'])
+expose(globals(), "pstrain", ["RemoteValue"])

@@ -39,8 +39,14 @@ class WorkerResource:
 class ResourceSpec:
     """How to build one per-worker resource, and its outcome on each worker."""
 
-    def __init__(self, rid: int, kind: str, num_workers: int,
-                 loop: asyncio.AbstractEventLoop | None, fields: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        rid: int,
+        kind: str,
+        num_workers: int,
+        loop: asyncio.AbstractEventLoop | None,
+        fields: dict[str, Any],
+    ) -> None:
         self.rid = rid
         self.kind = kind
         self.fields = fields
@@ -142,9 +148,13 @@ class ResourceRegistry:
         if error is None:
             outcome.set_value(WorkerResource(spec.rid, worker))
         else:
-            outcome.set_error(ClosureInputError(
-                f"Input has an error, the original exception is {error.get('type')}, error "
-                f"message is {error.get('message')}", remote_traceback=error.get("traceback")))
+            outcome.set_error(
+                ClosureInputError(
+                    f"Input has an error, the original exception is {error.get('type')}, error "
+                    f"message is {error.get('message')}",
+                    remote_traceback=error.get("traceback"),
+                )
+            )
 
     def worker_lost(self, worker: int) -> None:
         """``worker`` is unreachable: its resources are unknown until it is back."""

@@ -297,8 +297,9 @@ class ClosureQueue:
             c = self._queue.popleft()
             error = c.cancel_error(message)
             if cause is not None and isinstance(error, CancelledError):
-                error = CancelledError(f"{message} It was cancelled by an earlier error: "
-                                       f"{type(cause).__name__}: {cause}")
+                error = CancelledError(
+                    f"{message} It was cancelled by an earlier error: {type(cause).__name__}: {cause}"
+                )
                 error.__cause__ = cause
             c.outcome.set_error(error)
 

@@ -30,9 +30,17 @@ __all__ = ["Workers"]
 class Workers:
     """The worker slots of one coordinator and their dispatchers."""
 
-    def __init__(self, strategy: ParameterServerStrategy, queue: ClosureQueue,
-                 resources: ResourceRegistry, settings: DispatchSettings, *, tasks: Any,
-                 ps_timeout_s: float, on_scalars: Callable[[list[Any]], None]) -> None:
+    def __init__(
+        self,
+        strategy: ParameterServerStrategy,
+        queue: ClosureQueue,
+        resources: ResourceRegistry,
+        settings: DispatchSettings,
+        *,
+        tasks: Any,
+        ps_timeout_s: float,
+        on_scalars: Callable[[list[Any]], None],
+    ) -> None:
         self.strategy = strategy
         self.channels: ChannelPool = strategy.channels
         self.queue = queue
@@ -57,25 +65,36 @@ class Workers:
         sends it again first: a ps that restarted has lost it)."""
         owner = self.strategy.placement.owner
         self.channels.fences[worker] = max(self.channels.fences.get(worker, 0), epoch)
-        await asyncio.gather(*(self.channels.channel("ps", k).request(
-            Fence(worker=worker, epoch=epoch, owner=owner), timeout=self.ps_timeout_s)
-            for k in self.channels.routes.active()))
+        await asyncio.gather(
+            *(
+                self.channels.channel("ps", k).request(
+                    Fence(worker=worker, epoch=epoch, owner=owner), timeout=self.ps_timeout_s
+                )
+                for k in self.channels.routes.active()
+            )
+        )
 
     async def fence_stragglers(self) -> None:
         """After the job's error, closures still running past ``cancel_grace_s`` (their
         RemoteValues raised CancelledError) have their dispatch fenced off every ps: an
         update they send later, after the job restored a checkpoint say, is refused. The
         worker cancels them when the next batch, under the new epoch, reaches it."""
+
         async def fence(d: WorkerDispatcher, epoch: int) -> None:
-            logger.warning("%s: %d closure(s) still run after the job's error and the cancel "
-                           "grace; their updates are refused from now on", d.task, d.in_flight)
+            logger.warning(
+                "%s: %d closure(s) still run after the job's error and the cancel "
+                "grace; their updates are refused from now on",
+                d.task,
+                d.in_flight,
+            )
             try:
                 await self.fence(d.index, epoch)
             except Exception as err:  # a ps we cannot reach cannot take their updates either
                 logger.warning("could not fence %s off every ps: %s", d.task, err)
 
-        await asyncio.gather(*(fence(d, epoch) for d in self.dispatchers
-                               if (epoch := d.slot.give_up(d.in_flight)) is not None))
+        await asyncio.gather(
+            *(fence(d, epoch) for d in self.dispatchers if (epoch := d.slot.give_up(d.in_flight)) is not None)
+        )
 
     async def admit(self, address: str) -> int:
         """A worker joins at ``address``: it takes the first slot whose worker is gone, or
@@ -98,8 +117,9 @@ class Workers:
             self.strategy.worker_joined()
             if self.started:
                 self.tasks.spawn(w.run())
-            logger.info("%s joined at %s (the cluster grew to %d workers)", w.task, address,
-                        len(self.dispatchers))
+            logger.info(
+                "%s joined at %s (the cluster grew to %d workers)", w.task, address, len(self.dispatchers)
+            )
         else:
             w = self.dispatchers[slot.index]
             await self.channels.forget("worker", slot.index)
@@ -114,7 +134,17 @@ class Workers:
         def channel() -> Channel:
             return pool.channel("worker", index)
 
-        return WorkerDispatcher(self.slots.slot(index), self.queue, self.resources, channel, spec,
-                                self.tasks, self.settings, before_send=placement.creations_to_send,
-                                fence=self.fence, on_scalars=self.on_scalars,
-                                owner=placement.owner, peers=self.slots.up)
+        return WorkerDispatcher(
+            self.slots.slot(index),
+            self.queue,
+            self.resources,
+            channel,
+            spec,
+            self.tasks,
+            self.settings,
+            before_send=placement.creations_to_send,
+            fence=self.fence,
+            on_scalars=self.on_scalars,
+            owner=placement.owner,
+            peers=self.slots.up,
+        )

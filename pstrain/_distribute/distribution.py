@@ -30,8 +30,14 @@ from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from .values import DistributedValues, PerReplica, ValueContext
 
-__all__ = ["ReduceOp", "ReplicaContext", "get_replica_context", "get_strategy", "has_strategy",
-           "in_cross_replica_context"]
+__all__ = [
+    "ReduceOp",
+    "ReplicaContext",
+    "get_replica_context",
+    "get_strategy",
+    "has_strategy",
+    "in_cross_replica_context",
+]
 
 
 class ReduceOp(enum.Enum):
@@ -74,13 +80,15 @@ class ReplicaContext:
         ReduceOp.parse(reduce_op)
         return value
 
-    def merge_call(self, merge_fn: Callable[..., Any], args: Sequence[Any] = (),
-                   kwargs: dict[str, Any] | None = None) -> Any:
+    def merge_call(
+        self, merge_fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         """Call ``merge_fn(strategy, *args, **kwargs)`` in cross-replica context; its result
         comes back to the replica. With one replica per worker, values pass as they are."""
         if not isinstance(args, (list, tuple)):
-            raise InvalidArgumentError(f"merge_call: args must be a list or a tuple, got "
-                                       f"{type(args).__name__}")
+            raise InvalidArgumentError(
+                f"merge_call: args must be a list or a tuple, got {type(args).__name__}"
+            )
         token = _replica.set(None)
         try:
             with _strategy_scope(self.strategy):
@@ -101,8 +109,13 @@ class _DefaultStrategy:
     def scope(self) -> Iterator[_DefaultStrategy]:
         yield self
 
-    def run(self, fn: Callable[..., Any], args: Sequence[Any] = (),
-            kwargs: dict[str, Any] | None = None, options: Any = None) -> Any:
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        options: Any = None,
+    ) -> Any:
         with replica_scope(ReplicaContext(self)):
             return fn(*args, **(kwargs or {}))
 
@@ -117,8 +130,9 @@ class _DefaultStrategy:
     def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
         return value.values if isinstance(value, DistributedValues) else (value,)
 
-    def experimental_distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]
-                                                     ) -> PerReplica:
+    def experimental_distribute_values_from_function(
+        self, value_fn: Callable[[ValueContext], Any]
+    ) -> PerReplica:
         return PerReplica([value_fn(ValueContext(0, 1))])
 
     def __repr__(self) -> str:
@@ -129,7 +143,8 @@ _DEFAULT = _DefaultStrategy()
 
 _strategy: contextvars.ContextVar[Any] = contextvars.ContextVar("pstrain_strategy", default=None)
 _replica: contextvars.ContextVar[ReplicaContext | None] = contextvars.ContextVar(
-    "pstrain_replica_context", default=None)
+    "pstrain_replica_context", default=None
+)
 
 
 @contextlib.contextmanager
@@ -147,7 +162,8 @@ def enter_strategy(strategy: Any) -> contextvars.Token[Any]:
     if current is not None and current is not strategy:
         raise InvalidArgumentError(
             f"Mixing different strategies is not allowed: {strategy!r} entered inside the scope "
-            f"of {current!r}")
+            f"of {current!r}"
+        )
     return _strategy.set(strategy)
 
 

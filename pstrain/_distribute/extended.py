@@ -35,8 +35,9 @@ class _Strategy(Protocol):
     @property
     def placement(self) -> Placement: ...
 
-    def run(self, fn: Callable[..., Any], args: Sequence[Any] = (),
-            kwargs: dict[str, Any] | None = None) -> Any: ...
+    def run(
+        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any: ...
 
     def reduce(self, reduce_op: ReduceOp | str, value: Any, axis: Any = None) -> Any: ...
 
@@ -53,8 +54,7 @@ class StrategyExtended:
 
     @property
     def worker_devices(self) -> tuple[str, ...]:
-        return tuple(task_name("worker", i) + "/device:CPU:0"
-                     for i in range(self._strategy.num_workers))
+        return tuple(task_name("worker", i) + "/device:CPU:0" for i in range(self._strategy.num_workers))
 
     @property
     def experimental_require_static_shapes(self) -> bool:
@@ -65,16 +65,24 @@ class StrategyExtended:
     def colocate_vars_with(self, colocate_with_variable: Any) -> Iterator[None]:
         """Variables created inside go to the ps of ``colocate_with_variable`` (inside the scope)."""
         if current_creator() is not self._strategy.placement:
-            raise InvalidArgumentError("colocate_vars_with must be used inside strategy.scope(): "
-                                       "outside it, variables are local and go nowhere")
+            raise InvalidArgumentError(
+                "colocate_vars_with must be used inside strategy.scope(): "
+                "outside it, variables are local and go nowhere"
+            )
         ps = getattr(colocate_with_variable, "ps_index", None)
         if ps is None:
             raise InvalidArgumentError("colocate_vars_with needs a variable placed on a ps")
         with self._strategy.placement.colocated(ps):
             yield
 
-    async def update(self, var: Any, fn: Callable[..., Any], args: Sequence[Any] = (),
-                     kwargs: dict[str, Any] | None = None, group: bool = True) -> Any:
+    async def update(
+        self,
+        var: Any,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        group: bool = True,
+    ) -> Any:
         """Run ``fn(var_array, *args, **kwargs)`` on the ps holding ``var``; return its result.
 
         ``var`` arrives as a writable numpy array; variables in ``args``/``kwargs`` that live
@@ -94,7 +102,8 @@ class StrategyExtended:
             if isinstance(obj, Variable):
                 if obj.ps_index != var.ps_index:
                     raise InvalidArgumentError(
-                        f"variable {obj.name!r} is on {obj.device}, not colocated with {var.name!r}")
+                        f"variable {obj.name!r} is on {obj.device}, not colocated with {var.name!r}"
+                    )
                 return {"__pstrain_var__": obj.key}
             if type(obj) is tuple:
                 return tuple(ref(x) for x in obj)
@@ -102,27 +111,38 @@ class StrategyExtended:
                 return [ref(x) for x in obj]
             return obj
 
-        reply = await var.channel().request(CallVariables(
-            fn=fn, vars=[var.key], args=ref(tuple(args)),
-            kwargs={k: ref(v) for k, v in (kwargs or {}).items()}))
+        reply = await var.channel().request(
+            CallVariables(
+                fn=fn,
+                vars=[var.key],
+                args=ref(tuple(args)),
+                kwargs={k: ref(v) for k, v in (kwargs or {}).items()},
+            )
+        )
         return reply.result
 
-    def call_for_each_replica(self, fn: Callable[..., Any], args: Sequence[Any] = (),
-                              kwargs: dict[str, Any] | None = None) -> Any:
+    def call_for_each_replica(
+        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         """Run ``fn`` once per replica (once: one replica per worker), as ``strategy.run``."""
         return self._strategy.run(fn, args, kwargs)
 
-    def reduce_to(self, reduce_op: ReduceOp | str, value: Any, destinations: Any = None,
-                  options: Any = None) -> Any:
+    def reduce_to(
+        self, reduce_op: ReduceOp | str, value: Any, destinations: Any = None, options: Any = None
+    ) -> Any:
         """Combine a per-replica ``value`` for ``destinations`` (one replica per worker here).
 
         ``options`` (TF's communication options) has no effect.
         """
         return self._strategy.reduce(reduce_op, value, axis=None)
 
-    def batch_reduce_to(self, reduce_op: ReduceOp | str,
-                        value_destination_pairs: Sequence[tuple[Any, Any]], options: Any = None,
-                        experimental_hints: Any = None) -> list[Any]:
+    def batch_reduce_to(
+        self,
+        reduce_op: ReduceOp | str,
+        value_destination_pairs: Sequence[tuple[Any, Any]],
+        options: Any = None,
+        experimental_hints: Any = None,
+    ) -> list[Any]:
         """:meth:`reduce_to` over ``(value, destinations)`` pairs (TF's hints have no effect)."""
         return [self.reduce_to(reduce_op, v, d) for v, d in value_destination_pairs]
 

@@ -45,18 +45,26 @@ class InputOptions:
     worker none changes what a worker reads (there is no device to prefetch to).
     ``PER_REPLICA`` replication is refused, as TF refuses it for this strategy."""
 
-    def __init__(self, experimental_fetch_to_device: bool | None = None,
-                 experimental_replication_mode: InputReplicationMode = InputReplicationMode.PER_WORKER,
-                 experimental_place_dataset_on_device: bool = False,
-                 experimental_per_replica_buffer_size: int = 1,
-                 experimental_prefetch_to_device: bool | None = None) -> None:
+    def __init__(
+        self,
+        experimental_fetch_to_device: bool | None = None,
+        experimental_replication_mode: InputReplicationMode = InputReplicationMode.PER_WORKER,
+        experimental_place_dataset_on_device: bool = False,
+        experimental_per_replica_buffer_size: int = 1,
+        experimental_prefetch_to_device: bool | None = None,
+    ) -> None:
         if experimental_replication_mode is not InputReplicationMode.PER_WORKER:
-            raise InvalidArgumentError("InputReplicationMode.PER_REPLICA is not supported by "
-                                       "ParameterServerStrategy (one input pipeline per worker)")
-        if experimental_place_dataset_on_device and (experimental_fetch_to_device or
-                                                     experimental_prefetch_to_device):
-            raise InvalidArgumentError("`experimental_place_dataset_on_device` can not be set to True "
-                                       "when experimental_fetch_to_device is True")
+            raise InvalidArgumentError(
+                "InputReplicationMode.PER_REPLICA is not supported by "
+                "ParameterServerStrategy (one input pipeline per worker)"
+            )
+        if experimental_place_dataset_on_device and (
+            experimental_fetch_to_device or experimental_prefetch_to_device
+        ):
+            raise InvalidArgumentError(
+                "`experimental_place_dataset_on_device` can not be set to True "
+                "when experimental_fetch_to_device is True"
+            )
         if experimental_per_replica_buffer_size < 1:
             raise InvalidArgumentError("experimental_per_replica_buffer_size must be >= 1")
         fetch = experimental_fetch_to_device
@@ -68,8 +76,10 @@ class InputOptions:
         self.experimental_per_replica_buffer_size = experimental_per_replica_buffer_size
 
     def __repr__(self) -> str:
-        return (f"InputOptions(experimental_fetch_to_device={self.experimental_fetch_to_device}, "
-                f"experimental_replication_mode={self.experimental_replication_mode.name})")
+        return (
+            f"InputOptions(experimental_fetch_to_device={self.experimental_fetch_to_device}, "
+            f"experimental_replication_mode={self.experimental_replication_mode.name})"
+        )
 
 
 class InputContext:
@@ -79,11 +89,13 @@ class InputContext:
     16
     """
 
-    def __init__(self, num_input_pipelines: int = 1, input_pipeline_id: int = 0,
-                 num_replicas_in_sync: int = 1) -> None:
+    def __init__(
+        self, num_input_pipelines: int = 1, input_pipeline_id: int = 0, num_replicas_in_sync: int = 1
+    ) -> None:
         if not 0 <= input_pipeline_id < num_input_pipelines:
-            raise InvalidArgumentError(f"input_pipeline_id {input_pipeline_id} is not in "
-                                       f"[0, {num_input_pipelines})")
+            raise InvalidArgumentError(
+                f"input_pipeline_id {input_pipeline_id} is not in [0, {num_input_pipelines})"
+            )
         self._num_input_pipelines = num_input_pipelines
         self._input_pipeline_id = input_pipeline_id
         self._num_replicas_in_sync = num_replicas_in_sync
@@ -105,13 +117,16 @@ class InputContext:
         if global_batch_size % self._num_replicas_in_sync != 0:
             raise InvalidArgumentError(
                 f"The `global_batch_size` {global_batch_size!r} is not divisible by "
-                f"`num_replicas_in_sync` {self._num_replicas_in_sync!r}")
+                f"`num_replicas_in_sync` {self._num_replicas_in_sync!r}"
+            )
         return global_batch_size // self._num_replicas_in_sync
 
     def __repr__(self) -> str:
-        return (f"InputContext(num_input_pipelines={self._num_input_pipelines}, "
-                f"input_pipeline_id={self._input_pipeline_id}, "
-                f"num_replicas_in_sync={self._num_replicas_in_sync})")
+        return (
+            f"InputContext(num_input_pipelines={self._num_input_pipelines}, "
+            f"input_pipeline_id={self._input_pipeline_id}, "
+            f"num_replicas_in_sync={self._num_replicas_in_sync})"
+        )
 
 
 class DistributedDataset:
@@ -119,16 +134,23 @@ class DistributedDataset:
     transformations (as TF). Built where it is first iterated (on each worker when
     passed to ``create_per_worker_dataset``)."""
 
-    def __init__(self, dataset: Any = None, dataset_fn: Callable[[InputContext], Any] | None = None,
-                 context: InputContext | None = None, options: InputOptions | None = None) -> None:
+    def __init__(
+        self,
+        dataset: Any = None,
+        dataset_fn: Callable[[InputContext], Any] | None = None,
+        context: InputContext | None = None,
+        options: InputOptions | None = None,
+    ) -> None:
         if (dataset is None) == (dataset_fn is None):
             raise InvalidArgumentError("DistributedDataset needs a dataset or a dataset_fn")
         if dataset is not None and not hasattr(dataset, "__iter__"):
-            raise InvalidArgumentError(f"experimental_distribute_dataset needs a dataset (an "
-                                       f"iterable), got {type(dataset).__name__}")
+            raise InvalidArgumentError(
+                f"experimental_distribute_dataset needs a dataset (an iterable), got {type(dataset).__name__}"
+            )
         if dataset_fn is not None and not callable(dataset_fn):
-            raise InvalidArgumentError("distribute_datasets_from_function needs a function "
-                                       "taking an InputContext")
+            raise InvalidArgumentError(
+                "distribute_datasets_from_function needs a function taking an InputContext"
+            )
         if options is not None and not isinstance(options, InputOptions):
             raise InvalidArgumentError(f"options must be an InputOptions, got {type(options).__name__}")
         self._dataset = dataset
@@ -141,8 +163,9 @@ class DistributedDataset:
             assert self._dataset_fn is not None
             dataset = self._dataset_fn(self._context)
             if not hasattr(dataset, "__iter__"):
-                raise InvalidArgumentError(f"dataset_fn returned {type(dataset).__name__}, not a "
-                                           "dataset (an iterable)")
+                raise InvalidArgumentError(
+                    f"dataset_fn returned {type(dataset).__name__}, not a dataset (an iterable)"
+                )
             self._dataset = dataset
         return self._dataset
 
@@ -154,8 +177,9 @@ class DistributedDataset:
         """The type specification of the elements (the dataset's own, one replica)."""
         spec = getattr(self._built(), "element_spec", None)
         if spec is None:
-            raise InvalidArgumentError("element_spec needs a pstrain.data.Dataset; this one is a "
-                                       f"{type(self._built()).__name__}")
+            raise InvalidArgumentError(
+                f"element_spec needs a pstrain.data.Dataset; this one is a {type(self._built()).__name__}"
+            )
         return spec
 
     def __getstate__(self) -> dict[str, Any]:
@@ -169,4 +193,4 @@ class DistributedDataset:
         return f"<DistributedDataset of {self._dataset_fn or type(self._dataset).__name__}>"
 
 
-expose(globals(), "pstrain", ['DistributedDataset', 'InputContext', 'InputOptions', 'InputReplicationMode'])
+expose(globals(), "pstrain", ["DistributedDataset", "InputContext", "InputOptions", "InputReplicationMode"])

@@ -45,6 +45,7 @@ class _Coordinator(Protocol):
 
     closed: bool
 
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["ParameterServerStrategy"]
@@ -52,7 +53,8 @@ __all__ = ["ParameterServerStrategy"]
 _USAGE_WARNING = (
     "A `ParameterServerStrategy` method (%s) is invoked without using "
     "`ClusterCoordinator.schedule`. If you are not tracing a function for "
-    "`ClusterCoordinator.schedule`, this runs on the coordinator, not on a worker.")
+    "`ClusterCoordinator.schedule`, this runs on the coordinator, not on a worker."
+)
 
 
 class _Scope:
@@ -95,28 +97,50 @@ class ParameterServerStrategy:
 
     __pstrain_opaque__ = True  # a checkpoint does not walk into it (object_graph)
 
-    def __init__(self, cluster_resolver: ClusterResolver,
-                 variable_partitioner: Callable[..., Sequence[int]] | None = None) -> None:
+    def __init__(
+        self,
+        cluster_resolver: ClusterResolver,
+        variable_partitioner: Callable[..., Sequence[int]] | None = None,
+    ) -> None:
         if not callable(getattr(type(cluster_resolver), "cluster_spec", None)):  # no property run
             raise InvalidArgumentError(
                 "ParameterServerStrategy needs a cluster resolver (pstrain.TFConfigClusterResolver"
-                f"(), SimpleClusterResolver(...), a LocalCluster's .resolver), got {cluster_resolver!r}")
+                f"(), SimpleClusterResolver(...), a LocalCluster's .resolver), got {cluster_resolver!r}"
+            )
         if variable_partitioner is not None and not callable(variable_partitioner):
-            raise InvalidArgumentError("variable_partitioner must be a partitioner (a function of "
-                                       "shape and dtype, as pstrain.partitioners' are), got "
-                                       f"{variable_partitioner!r}")
+            raise InvalidArgumentError(
+                "variable_partitioner must be a partitioner (a function of "
+                "shape and dtype, as pstrain.partitioners' are), got "
+                f"{variable_partitioner!r}"
+            )
         spec = cluster_resolver.cluster_spec()
         validate_ps_cluster(spec)
         task_type = getattr(cluster_resolver, "task_type", None)
         if task_type not in (None, "chief", "ps", "worker", "evaluator"):
             raise InvalidArgumentError(f"Unrecognized task_type: {task_type}")
-        channels = ChannelPool(spec, getattr(cluster_resolver, "token", None),
-                               ssl_context=getattr(cluster_resolver, "ssl_context", None))
-        self._init_state(cluster_resolver, variable_partitioner, spec.num_tasks("ps"),
-                         spec.num_tasks("worker"), channels, _namespace(self, spec))
+        channels = ChannelPool(
+            spec,
+            getattr(cluster_resolver, "token", None),
+            ssl_context=getattr(cluster_resolver, "ssl_context", None),
+        )
+        self._init_state(
+            cluster_resolver,
+            variable_partitioner,
+            spec.num_tasks("ps"),
+            spec.num_tasks("worker"),
+            channels,
+            _namespace(self, spec),
+        )
 
-    def _init_state(self, resolver: ClusterResolver | None, partitioner: Any, num_ps: int,
-                    num_workers: int, channels: ChannelPool | None, namespace: str = "") -> None:
+    def _init_state(
+        self,
+        resolver: ClusterResolver | None,
+        partitioner: Any,
+        num_ps: int,
+        num_workers: int,
+        channels: ChannelPool | None,
+        namespace: str = "",
+    ) -> None:
         """State shared by the coordinator's strategy and its copy on a worker."""
         self._cluster_resolver = resolver
         self._variable_partitioner = partitioner
@@ -161,8 +185,9 @@ class ParameterServerStrategy:
     def channels(self) -> ChannelPool:
         """The channels to the cluster's tasks (on the coordinator)."""
         if self._channels is None:
-            raise InvalidArgumentError("this strategy was captured by a closure; it has no "
-                                       "channels of its own on a worker")
+            raise InvalidArgumentError(
+                "this strategy was captured by a closure; it has no channels of its own on a worker"
+            )
         return self._channels
 
     @property
@@ -195,13 +220,19 @@ class ParameterServerStrategy:
         await self._placement.ensure_created()
 
     # -- replica API -------------------------------------------------------------------------
-    def run(self, fn: Callable[..., Any], args: Sequence[Any] = (),
-            kwargs: dict[str, Any] | None = None, options: Any = None) -> Any:
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        options: Any = None,
+    ) -> Any:
         """Call ``fn`` as the replica of this worker, inside this strategy's scope;
         awaitable for a coroutine function. ``options`` (TF's ``RunOptions``) has no effect."""
         if not isinstance(args, (list, tuple)):
-            raise InvalidArgumentError(f"strategy.run: args must be a list or a tuple, got "
-                                       f"{type(args).__name__}")
+            raise InvalidArgumentError(
+                f"strategy.run: args must be a list or a tuple, got {type(args).__name__}"
+            )
         self._warn_outside_schedule("run")
         n = self.num_replicas_in_sync
         args = tuple(self._replica_value(a, n) for a in args)
@@ -224,7 +255,8 @@ class ParameterServerStrategy:
             if len(value.values) != replicas:
                 raise InvalidArgumentError(
                     f"strategy.run: a {type(value).__name__} with {len(value.values)} parts, for "
-                    f"{replicas} replica(s) in sync (one per worker)")
+                    f"{replicas} replica(s) in sync (one per worker)"
+                )
             return value.values[0]
         return value
 
@@ -247,13 +279,15 @@ class ParameterServerStrategy:
         same shape except along ``axis`` (TF's rules).
         """
         if current_replica() is not None:
-            raise InvalidArgumentError("strategy.gather can only be called in the cross-replica "
-                                       "context (outside strategy.run)")
+            raise InvalidArgumentError(
+                "strategy.gather can only be called in the cross-replica context (outside strategy.run)"
+            )
         parts = [np.asarray(v) for v in self.experimental_local_results(value)]
         rank = parts[0].ndim
         if rank == 0:
-            raise InvalidArgumentError("strategy.gather: components must have a rank of at least 1 "
-                                       "(expand their dims first)")
+            raise InvalidArgumentError(
+                "strategy.gather: components must have a rank of at least 1 (expand their dims first)"
+            )
         if not -rank <= axis < rank:
             raise InvalidArgumentError(f"strategy.gather: axis {axis} is out of range for rank {rank}")
         ax = axis % rank
@@ -262,8 +296,9 @@ class ParameterServerStrategy:
                 p.ndim != rank
                 or p.shape[:ax] + p.shape[ax + 1 :] != parts[0].shape[:ax] + parts[0].shape[ax + 1 :]
             ):
-                raise InvalidArgumentError(f"strategy.gather: shapes {parts[0].shape} and {p.shape} "
-                                           f"differ outside axis {axis}")
+                raise InvalidArgumentError(
+                    f"strategy.gather: shapes {parts[0].shape} and {p.shape} differ outside axis {axis}"
+                )
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
 
     def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
@@ -272,26 +307,30 @@ class ParameterServerStrategy:
             return value.values
         return (value,)
 
-    def experimental_distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]
-                                                     ) -> PerReplica:
+    def experimental_distribute_values_from_function(
+        self, value_fn: Callable[[ValueContext], Any]
+    ) -> PerReplica:
         """Call ``value_fn`` once per replica with its :class:`ValueContext`."""
         n = self.num_replicas_in_sync
         return PerReplica([value_fn(ValueContext(i, n)) for i in range(n)])
 
     # -- input -------------------------------------------------------------------------------
-    def experimental_distribute_dataset(self, dataset: Any, options: InputOptions | None = None
-                                        ) -> DistributedDataset:
+    def experimental_distribute_dataset(
+        self, dataset: Any, options: InputOptions | None = None
+    ) -> DistributedDataset:
         """``dataset`` distributed over the replicas: one replica per worker, so its elements
         are unchanged (batches keep the global batch size). Pass it, or a function returning
         it, to ``coordinator.create_per_worker_dataset``."""
         return DistributedDataset(dataset, options=options)
 
-    def distribute_datasets_from_function(self, dataset_fn: Callable[[InputContext], Any],
-                                          options: InputOptions | None = None) -> DistributedDataset:
+    def distribute_datasets_from_function(
+        self, dataset_fn: Callable[[InputContext], Any], options: InputOptions | None = None
+    ) -> DistributedDataset:
         """A dataset made by ``dataset_fn(InputContext)`` where it is iterated (on each worker
         inside ``create_per_worker_dataset``); the context has one input pipeline per worker."""
-        context = InputContext(num_input_pipelines=1, input_pipeline_id=0,
-                               num_replicas_in_sync=self.num_replicas_in_sync)
+        context = InputContext(
+            num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=self.num_replicas_in_sync
+        )
         return DistributedDataset(dataset_fn=dataset_fn, context=context, options=options)
 
     def __repr__(self) -> str:
@@ -308,7 +347,7 @@ _LIVE: dict[tuple[str, ...], weakref.WeakSet[ParameterServerStrategy]] = {}
 
 
 def _namespace(strategy: ParameterServerStrategy, spec: ClusterSpec) -> str:
-    """"" for the only live strategy on a cluster; ``strategy_<n>/`` for a second one made
+    """ "" for the only live strategy on a cluster; ``strategy_<n>/`` for a second one made
     while the first lives (its variables must not collide with the first's on the ps)."""
     live = _LIVE.setdefault(tuple(spec.job_tasks("ps")), weakref.WeakSet())
     taken = {s.placement.namespace for s in live}

@@ -48,8 +48,10 @@ class ValueContext:
         self.num_replicas_in_sync = num_replicas_in_sync
 
     def __repr__(self) -> str:
-        return (f"ValueContext(replica_id_in_sync_group={self.replica_id_in_sync_group}, "
-                f"num_replicas_in_sync={self.num_replicas_in_sync})")
+        return (
+            f"ValueContext(replica_id_in_sync_group={self.replica_id_in_sync_group}, "
+            f"num_replicas_in_sync={self.num_replicas_in_sync})"
+        )
 
 
 class PerWorkerValues:
@@ -75,11 +77,13 @@ class PerWorkerValues:
         return self._values
 
     def __iter__(self) -> Any:
-        raise TypeError("iterate a per-worker dataset with iter(...) and pass the result to "
-                        "coordinator.schedule; its elements live on the workers")
+        raise TypeError(
+            "iterate a per-worker dataset with iter(...) and pass the result to "
+            "coordinator.schedule; its elements live on the workers"
+        )
 
     def __repr__(self) -> str:
         return f"PerWorkerValues({len(self.values)} workers)"
 
 
-expose(globals(), "pstrain", ['DistributedValues', 'PerReplica', 'PerWorkerValues', 'ValueContext'])
+expose(globals(), "pstrain", ["DistributedValues", "PerReplica", "PerWorkerValues", "ValueContext"])

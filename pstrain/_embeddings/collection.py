@@ -59,8 +59,9 @@ class EmbeddingCollection(Module):
     process, with nothing to send). ``shard_rows``: tables with more rows are row-sharded
     over every ps."""
 
-    def __init__(self, tables: Sequence[TableConfig], *, shard_rows: int = DEFAULT_SHARD_ROWS,
-                 name: str = "embeddings") -> None:
+    def __init__(
+        self, tables: Sequence[TableConfig], *, shard_rows: int = DEFAULT_SHARD_ROWS, name: str = "embeddings"
+    ) -> None:
         super().__init__(name)
         tables = list(tables)
         if not tables or not all(isinstance(t, TableConfig) for t in tables):
@@ -75,8 +76,9 @@ class EmbeddingCollection(Module):
         for t in tables:
             for f in t.feature_names:
                 if f in self.feature_tables:
-                    raise InvalidArgumentError(f"feature {f!r} looks up two tables: "
-                                               f"{self.feature_tables[f]!r} and {t.name!r}")
+                    raise InvalidArgumentError(
+                        f"feature {f!r} looks up two tables: {self.feature_tables[f]!r} and {t.name!r}"
+                    )
                 self.feature_tables[f] = t.name
         placement = current_creator()
         on_ps = isinstance(placement, Placement) and placement.channels is not None
@@ -88,14 +90,17 @@ class EmbeddingCollection(Module):
         if on_ps:
             logger.info("embedding tables placed:\n%s", self.plan)
 
-    def _create(self, t: TableConfig, placement: Any, active: list[int],
-                prefix: str) -> Variable | ShardedVariable | DynamicEmbedding:
+    def _create(
+        self, t: TableConfig, placement: Any, active: list[int], prefix: str
+    ) -> Variable | ShardedVariable | DynamicEmbedding:
         key = f"{prefix}/{t.name}"
         if t.num_embeddings is None:
             if placement is None:
-                raise InvalidArgumentError(f"table {t.name!r} is dynamic (num_embeddings=None): "
-                                           "it lives on the ps; create the collection in "
-                                           "strategy.scope()")
+                raise InvalidArgumentError(
+                    f"table {t.name!r} is dynamic (num_embeddings=None): "
+                    "it lives on the ps; create the collection in "
+                    "strategy.scope()"
+                )
             return DynamicEmbedding(t.embedding_dim, t.dtype, name=key, initializer=t.initializer)
         shape = (t.num_embeddings, t.embedding_dim)
         if placement is None:
@@ -115,8 +120,9 @@ class EmbeddingCollection(Module):
         return sum(self.configs[t].embedding_dim for t in self.feature_tables.values())
 
     def __repr__(self) -> str:
-        return (f"<pstrain.EmbeddingCollection {len(self.configs)} tables, "
-                f"{len(self.feature_tables)} features>")
+        return (
+            f"<pstrain.EmbeddingCollection {len(self.configs)} tables, {len(self.feature_tables)} features>"
+        )
 
     # -- a step ------------------------------------------------------------------------------
     def _features_of(self, features: Any) -> dict[str, JaggedTensor]:
@@ -125,20 +131,27 @@ class EmbeddingCollection(Module):
         elif isinstance(features, Mapping):
             given = {str(k): as_jagged(v, what=f"feature {k!r}") for k, v in features.items()}
         else:
-            raise InvalidArgumentError(f"lookup takes a KeyedJaggedTensor or a dict of features, "
-                                       f"got {type(features).__name__}")
+            raise InvalidArgumentError(
+                f"lookup takes a KeyedJaggedTensor or a dict of features, got {type(features).__name__}"
+            )
         missing = [f for f in self.feature_tables if f not in given]
         if missing:
-            raise InvalidArgumentError(f"lookup: features {missing} are missing (the batch has "
-                                       f"{sorted(given)})")
+            raise InvalidArgumentError(
+                f"lookup: features {missing} are missing (the batch has {sorted(given)})"
+            )
         sizes = {len(given[f]) for f in self.feature_tables}
         if len(sizes) != 1:
             raise InvalidArgumentError(f"lookup: the features have different batch sizes {sorted(sizes)}")
         return {f: given[f] for f in self.feature_tables}
 
     @must_await
-    async def lookup(self, features: KeyedJaggedTensor | Mapping[str, Any], *,
-                     read: Iterable[Any] = (), training: bool = True) -> PooledEmbeddings:
+    async def lookup(
+        self,
+        features: KeyedJaggedTensor | Mapping[str, Any],
+        *,
+        read: Iterable[Any] = (),
+        training: bool = True,
+    ) -> PooledEmbeddings:
         """Every feature's pooled rows for the batch ``features`` (a KeyedJaggedTensor or
         ``{feature: bags}``), and the variables ``read`` (whole), in one request per ps.
         ``training=False`` (evaluation, serving): dynamic tables admit no id."""
@@ -153,8 +166,13 @@ class EmbeddingCollection(Module):
         return PooledEmbeddings(self, out, columns, gathered.read, gathered.bags)
 
     @must_await
-    async def gather(self, features: KeyedJaggedTensor | Mapping[str, Any], *,
-                     read: Iterable[Any] = (), training: bool = True) -> GatheredRows:
+    async def gather(
+        self,
+        features: KeyedJaggedTensor | Mapping[str, Any],
+        *,
+        read: Iterable[Any] = (),
+        training: bool = True,
+    ) -> GatheredRows:
         """The distinct rows each table holds for the batch, unpooled (what a framework
         adapter pools itself), and the variables ``read``: one request per ps, as
         :meth:`lookup`."""
@@ -173,13 +191,20 @@ class EmbeddingCollection(Module):
             low, high = (int(unique.min()), int(unique.max())) if unique.size else (0, 0)
             if config.num_embeddings is not None and (low < 0 or high >= config.num_embeddings):
                 bad = low if low < 0 else high
-                feature = next(f for f, j in zip(config.feature_names, jaggeds)
-                               if j.values.size and bool(np.any(j.values == bad)))
-                raise InvalidArgumentError(f"feature {feature!r}: id {bad} is out of range "
-                                           f"[0, {config.num_embeddings}) of table {name!r}")
+                feature = next(
+                    f
+                    for f, j in zip(config.feature_names, jaggeds)
+                    if j.values.size and bool(np.any(j.values == bad))
+                )
+                raise InvalidArgumentError(
+                    f"feature {feature!r}: id {bad} is out of range "
+                    f"[0, {config.num_embeddings}) of table {name!r}"
+                )
             per_table[name] = (unique, list(zip(config.feature_names, bags)))
-        rows = {name: np.empty((u.size, self.configs[name].embedding_dim), self.configs[name].dtype)
-                for name, (u, _) in per_table.items()}
+        rows = {
+            name: np.empty((u.size, self.configs[name].embedding_dim), self.configs[name].dtype)
+            for name, (u, _) in per_table.items()
+        }
         values: list[Any] = [None] * len(dense)
         await self._gather(per_table, rows, dense, values, training)
         return GatheredRows(batch, rows, per_table, values, feats)
@@ -192,9 +217,14 @@ class EmbeddingCollection(Module):
             start += self.configs[t].embedding_dim
         return columns
 
-    async def _gather(self, per_table: dict[str, tuple[np.ndarray, list[tuple[str, Bags]]]],
-                      rows: dict[str, np.ndarray], dense: list[Any], values: list[Any],
-                      training: bool) -> None:
+    async def _gather(
+        self,
+        per_table: dict[str, tuple[np.ndarray, list[tuple[str, Bags]]]],
+        rows: dict[str, np.ndarray],
+        dense: list[Any],
+        values: list[Any],
+        training: bool,
+    ) -> None:
         # items: ("rows", table, part variable, first, end, offset) and ("whole", i, part, j)
         items: list[tuple[Any, ...]] = []
         dynamic = []
@@ -227,29 +257,41 @@ class EmbeddingCollection(Module):
             return tables.channel_of(it[1:]) if it[0] == "table" else it[2].channel()
 
         def resplit(group: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-            return [y for it in group for y in (
-                [("table", *x) for x in tables.resplit(it[1:])] if it[0] == "table" else [it])]
+            return [
+                y
+                for it in group
+                for y in ([("table", *x) for x in tables.resplit(it[1:])] if it[0] == "table" else [it])
+            ]
 
         async def fetch(channel: Any, group: list[tuple[Any, ...]]) -> None:
-            reads = [RowRead(name=it[2].key, indices=compact_ids(
-                         per_table[it[1]][0][it[3]:it[4]] - it[5])) if it[0] == "rows"
-                     else RowRead(name=it[2].key) for it in group if it[0] != "table"]
+            reads = [
+                RowRead(name=it[2].key, indices=compact_ids(per_table[it[1]][0][it[3] : it[4]] - it[5]))
+                if it[0] == "rows"
+                else RowRead(name=it[2].key)
+                for it in group
+                if it[0] != "table"
+            ]
             looked = [it[1:] for it in group if it[0] == "table"]
             if looked:
                 ps = looked[0][1]
                 entries, merged = await tables.entries(ps, looked)
-                reply = await tables.send(channel, ps, LookupTables(
-                    lookups=entries, reads=reads or None, train=tables.training), merged)
-                tables.put(merged, reply.values[:len(entries)])
-                got = reply.values[len(entries):]
+                reply = await tables.send(
+                    channel,
+                    ps,
+                    LookupTables(lookups=entries, reads=reads or None, train=tables.training),
+                    merged,
+                )
+                tables.put(merged, reply.values[: len(entries)])
+                got = reply.values[len(entries) :]
             else:
                 got = (await channel.request(SparseRead(reads=reads))).values
             for it, value in zip([it for it in group if it[0] != "table"], got):
                 self._put(it, rows, values, value)
 
         if work:
-            await routed(placed[0][2].channels() if placed else tables.pool(), work, channel_of,
-                         fetch, resplit)
+            await routed(
+                placed[0][2].channels() if placed else tables.pool(), work, channel_of, fetch, resplit
+            )
         for (name, _, _), table_rows in zip(dynamic, tables.out):
             rows[name][...] = table_rows
         for i, v in enumerate(dense):
@@ -259,13 +301,12 @@ class EmbeddingCollection(Module):
     @staticmethod
     def _put(item: tuple[Any, ...], rows: dict[str, np.ndarray], values: list[Any], value: Any) -> None:
         if item[0] == "rows":
-            rows[item[1]][item[3]:item[4]] = value
+            rows[item[1]][item[3] : item[4]] = value
         else:
             values[item[1]][item[3]] = np.asarray(value)
 
     @must_await
-    async def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]],
-                              optimizer: Any = None) -> None:
+    async def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]], optimizer: Any = None) -> None:
         """Apply the tables' gradients (``pooled.gradients(d)``) and any others: each table's
         with its own optimizer if its config names one, everything else with ``optimizer``,
         one request per ps per optimizer (so, with one optimizer, one per ps)."""
@@ -274,9 +315,11 @@ class EmbeddingCollection(Module):
         for pair in grads_and_vars:
             opt = owners.get(id(pair[1])) or optimizer
             if opt is None:
-                raise InvalidArgumentError(f"apply_gradients: no optimizer for "
-                                           f"{getattr(pair[1], 'name', pair[1])!r} (give one, or "
-                                           "one in its table's TableConfig)")
+                raise InvalidArgumentError(
+                    f"apply_gradients: no optimizer for "
+                    f"{getattr(pair[1], 'name', pair[1])!r} (give one, or "
+                    "one in its table's TableConfig)"
+                )
             groups.setdefault(id(opt), (opt, []))[1].append(pair)
         await asyncio.gather(*(opt.apply_gradients(pairs) for opt, pairs in groups.values()))
 
@@ -292,7 +335,7 @@ def _read_local(item: tuple[Any, ...], per_table: dict[str, Any]) -> np.ndarray:
     part = item[2]
     if item[0] == "whole":
         return np.asarray(part.local_array()).copy()
-    local = per_table[item[1]][0][item[3]:item[4]] - item[5]
+    local = per_table[item[1]][0][item[3] : item[4]] - item[5]
     return take_rows(part.local_array(), np.asarray(local, np.int64))
 
 
@@ -304,9 +347,14 @@ class GatheredRows:
 
     __slots__ = ("batch", "rows", "bags", "read", "features")
 
-    def __init__(self, batch: int, rows: dict[str, np.ndarray],
-                 bags: dict[str, tuple[np.ndarray, list[tuple[str, Bags]]]], read: list[np.ndarray],
-                 features: dict[str, JaggedTensor]) -> None:
+    def __init__(
+        self,
+        batch: int,
+        rows: dict[str, np.ndarray],
+        bags: dict[str, tuple[np.ndarray, list[tuple[str, Bags]]]],
+        read: list[np.ndarray],
+        features: dict[str, JaggedTensor],
+    ) -> None:
         self.batch, self.rows, self.bags, self.read, self.features = batch, rows, bags, read, features
 
 
@@ -315,9 +363,14 @@ class PooledEmbeddings:
     (them side by side), ``read`` (the dense variables asked for), and the way back
     (:meth:`gradients`)."""
 
-    def __init__(self, collection: EmbeddingCollection, pooled: np.ndarray, columns: dict[str, int],
-                 read: list[np.ndarray],
-                 bags: dict[str, tuple[np.ndarray, list[tuple[str, Bags]]]]) -> None:
+    def __init__(
+        self,
+        collection: EmbeddingCollection,
+        pooled: np.ndarray,
+        columns: dict[str, int],
+        read: list[np.ndarray],
+        bags: dict[str, tuple[np.ndarray, list[tuple[str, Bags]]]],
+    ) -> None:
         self.collection = collection
         self._pooled = pooled
         self._columns = columns
@@ -327,7 +380,7 @@ class PooledEmbeddings:
     @property
     def values(self) -> dict[str, np.ndarray]:
         """Each feature's pooled rows, ``[batch, dim]`` (views of :meth:`concat`)."""
-        return {f: self._pooled[:, c:c + self._dim(f)] for f, c in self._columns.items()}
+        return {f: self._pooled[:, c : c + self._dim(f)] for f, c in self._columns.items()}
 
     def _dim(self, feature: str) -> int:
         return self.collection.configs[self.collection.feature_tables[feature]].embedding_dim
@@ -361,14 +414,17 @@ class PooledEmbeddings:
             for f, c in self._columns.items():
                 g = np.asarray(d[f])
                 if g.shape != (shape[0], self._dim(f)):
-                    raise InvalidArgumentError(f"gradients: feature {f!r} has shape "
-                                               f"{[shape[0], self._dim(f)]}, its gradient {list(g.shape)}")
-                joined[:, c:c + self._dim(f)] = g
+                    raise InvalidArgumentError(
+                        f"gradients: feature {f!r} has shape "
+                        f"{[shape[0], self._dim(f)]}, its gradient {list(g.shape)}"
+                    )
+                joined[:, c : c + self._dim(f)] = g
             return joined
         arr = np.asarray(d)
         if arr.shape != shape:
-            raise InvalidArgumentError(f"gradients: expected {list(shape)} (the shape of concat()), "
-                                       f"got {list(arr.shape)}")
+            raise InvalidArgumentError(
+                f"gradients: expected {list(shape)} (the shape of concat()), got {list(arr.shape)}"
+            )
         return np.ascontiguousarray(arr, self._pooled.dtype)
 
 

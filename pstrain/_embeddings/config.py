@@ -24,27 +24,53 @@ class TableConfig:
     given to :meth:`EmbeddingCollection.apply_gradients`; ``pooling_factor``: the ids a
     feature's bag holds on average (the planner's expected lookups)."""
 
-    __slots__ = ("name", "num_embeddings", "embedding_dim", "feature_names", "combiner",
-                 "initializer", "optimizer", "dtype", "pooling_factor")
+    __slots__ = (
+        "name",
+        "num_embeddings",
+        "embedding_dim",
+        "feature_names",
+        "combiner",
+        "initializer",
+        "optimizer",
+        "dtype",
+        "pooling_factor",
+    )
 
-    def __init__(self, name: str, num_embeddings: int | None, embedding_dim: int,
-                 feature_names: Sequence[str] | None = None, combiner: str = "sum",
-                 initializer: Initializer | None = None, optimizer: Any = None,
-                 dtype: Any = np.float32, pooling_factor: float = 1.0) -> None:
+    def __init__(
+        self,
+        name: str,
+        num_embeddings: int | None,
+        embedding_dim: int,
+        feature_names: Sequence[str] | None = None,
+        combiner: str = "sum",
+        initializer: Initializer | None = None,
+        optimizer: Any = None,
+        dtype: Any = np.float32,
+        pooling_factor: float = 1.0,
+    ) -> None:
         if not isinstance(name, str) or not name:
             raise InvalidArgumentError(f"TableConfig: name must be a non-empty string, got {name!r}")
-        if num_embeddings is not None and (isinstance(num_embeddings, bool)
-                                           or not isinstance(num_embeddings, (int, np.integer))
-                                           or num_embeddings < 1):
-            raise InvalidArgumentError(f"table {name!r}: num_embeddings must be a positive integer "
-                                       f"(or None: a dynamic table), got {num_embeddings!r}")
-        if isinstance(embedding_dim, bool) or not isinstance(embedding_dim, (int, np.integer)) \
-                or embedding_dim < 1:
-            raise InvalidArgumentError(f"table {name!r}: embedding_dim must be a positive integer, "
-                                       f"got {embedding_dim!r}")
+        if num_embeddings is not None and (
+            isinstance(num_embeddings, bool)
+            or not isinstance(num_embeddings, (int, np.integer))
+            or num_embeddings < 1
+        ):
+            raise InvalidArgumentError(
+                f"table {name!r}: num_embeddings must be a positive integer "
+                f"(or None: a dynamic table), got {num_embeddings!r}"
+            )
+        if (
+            isinstance(embedding_dim, bool)
+            or not isinstance(embedding_dim, (int, np.integer))
+            or embedding_dim < 1
+        ):
+            raise InvalidArgumentError(
+                f"table {name!r}: embedding_dim must be a positive integer, got {embedding_dim!r}"
+            )
         if isinstance(feature_names, str):
-            raise InvalidArgumentError(f"table {name!r}: feature_names is a list of names, got "
-                                       f"the string {feature_names!r}")
+            raise InvalidArgumentError(
+                f"table {name!r}: feature_names is a list of names, got the string {feature_names!r}"
+            )
         self.name = name
         self.num_embeddings = None if num_embeddings is None else int(num_embeddings)
         self.embedding_dim = int(embedding_dim)
@@ -54,8 +80,10 @@ class TableConfig:
         self.combiner = check_combiner(combiner)
         self.initializer = initializer if initializer is not None else RandomUniform(-0.05, 0.05)
         if not isinstance(self.initializer, Initializer):
-            raise InvalidArgumentError(f"table {name!r}: initializer must be a pstrain initializer, "
-                                       f"got {type(self.initializer).__name__}")
+            raise InvalidArgumentError(
+                f"table {name!r}: initializer must be a pstrain initializer, "
+                f"got {type(self.initializer).__name__}"
+            )
         self.optimizer = optimizer
         self.dtype = np.dtype(dtype)
         if self.dtype.kind != "f":
@@ -66,8 +94,10 @@ class TableConfig:
 
     def __repr__(self) -> str:
         rows = "dynamic" if self.num_embeddings is None else self.num_embeddings
-        return (f"TableConfig({self.name!r}, {rows}, {self.embedding_dim}, "
-                f"features={self.feature_names}, combiner={self.combiner!r})")
+        return (
+            f"TableConfig({self.name!r}, {rows}, {self.embedding_dim}, "
+            f"features={self.feature_names}, combiner={self.combiner!r})"
+        )
 
 
 expose(globals(), "pstrain")

@@ -84,11 +84,13 @@ def _offsets(lengths: Any, offsets: Any, n_values: int, what: str) -> np.ndarray
     else:
         out = as_numpy(offsets).reshape(-1).astype(np.int64)
         if out.size == 0 or out[0] != 0 or (out.size > 1 and bool(np.any(out[1:] < out[:-1]))):
-            raise InvalidArgumentError(f"{what}: offsets must start at 0 and never decrease, "
-                                       f"got {out[:8].tolist()}")
+            raise InvalidArgumentError(
+                f"{what}: offsets must start at 0 and never decrease, got {out[:8].tolist()}"
+            )
     if int(out[-1]) != n_values:
-        raise InvalidArgumentError(f"{what}: the bags hold {int(out[-1])} ids but {n_values} "
-                                   "values were given")
+        raise InvalidArgumentError(
+            f"{what}: the bags hold {int(out[-1])} ids but {n_values} values were given"
+        )
     return out
 
 
@@ -98,8 +100,7 @@ class JaggedTensor:
 
     __slots__ = ("values", "offsets", "weights", "_width")
 
-    def __init__(self, values: Any, lengths: Any = None, *, offsets: Any = None,
-                 weights: Any = None) -> None:
+    def __init__(self, values: Any, lengths: Any = None, *, offsets: Any = None, weights: Any = None) -> None:
         self.values = _ids(values, "JaggedTensor")
         self.offsets = _offsets(lengths, offsets, self.values.size, "JaggedTensor")
         self._width: int | None = _UNKNOWN
@@ -107,8 +108,10 @@ class JaggedTensor:
         if weights is not None:
             w = as_numpy(weights).reshape(-1)
             if w.dtype.kind not in "fiu" or w.size != self.values.size:
-                raise InvalidArgumentError(f"JaggedTensor: weights must be {self.values.size} "
-                                           f"numbers (one per id), got {w.size} of {w.dtype}")
+                raise InvalidArgumentError(
+                    f"JaggedTensor: weights must be {self.values.size} "
+                    f"numbers (one per id), got {w.size} of {w.dtype}"
+                )
             self.weights = w if w.dtype.kind == "f" else w.astype(np.float32)
 
     # -- constructors ------------------------------------------------------------------------
@@ -118,8 +121,11 @@ class JaggedTensor:
         return cls(values, offsets=row_splits, weights=weights)
 
     @classmethod
-    def from_lists(cls, bags: Iterable[Sequence[int]], weights: Iterable[Sequence[float]] | None = None,
-                   ) -> JaggedTensor:
+    def from_lists(
+        cls,
+        bags: Iterable[Sequence[int]],
+        weights: Iterable[Sequence[float]] | None = None,
+    ) -> JaggedTensor:
         """From a list of bags (lists of ids), and optionally their weights alike."""
         bags = [list(b) for b in bags]
         values = np.array([i for b in bags for i in b], dtype=np.int64)
@@ -144,17 +150,22 @@ class JaggedTensor:
         if len(shape) != 2:
             raise InvalidArgumentError(f"sp_ids must be 2-D, got dense_shape {list(shape)}")
         rows = indices[:, 0] if indices.size else np.zeros(0, np.int64)
-        if rows.size and (bool(np.any(rows[1:] < rows[:-1])) or int(rows[-1]) >= shape[0]
-                          or int(rows[0]) < 0):
-            raise InvalidArgumentError("sp_ids: indices must be in row-major order and within "
-                                       "dense_shape (tf.sparse.reorder puts them in order)")
+        if rows.size and (
+            bool(np.any(rows[1:] < rows[:-1])) or int(rows[-1]) >= shape[0] or int(rows[0]) < 0
+        ):
+            raise InvalidArgumentError(
+                "sp_ids: indices must be in row-major order and within "
+                "dense_shape (tf.sparse.reorder puts them in order)"
+            )
         weights = None
         if sp_weights is not None:
             w_indices, weights, w_shape = _sparse_parts(sp_weights, "sp_weights")
-            if w_indices.shape != indices.shape or not np.array_equal(w_indices, indices) \
-                    or list(w_shape) != list(shape):
-                raise InvalidArgumentError("sp_weights must have the same indices and dense_shape "
-                                           "as sp_ids")
+            if (
+                w_indices.shape != indices.shape
+                or not np.array_equal(w_indices, indices)
+                or list(w_shape) != list(shape)
+            ):
+                raise InvalidArgumentError("sp_weights must have the same indices and dense_shape as sp_ids")
         lengths = np.bincount(rows, minlength=int(shape[0]))
         return cls(values, lengths, weights=weights)
 
@@ -182,7 +193,7 @@ class JaggedTensor:
 
     def to_lists(self) -> list[list[int]]:
         o = self.offsets
-        return [self.values[o[i]:o[i + 1]].tolist() for i in range(len(self))]
+        return [self.values[o[i] : o[i + 1]].tolist() for i in range(len(self))]
 
     def __repr__(self) -> str:
         w = "" if self.weights is None else ", weighted"
@@ -191,8 +202,7 @@ class JaggedTensor:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, JaggedTensor):
             return NotImplemented
-        if not (np.array_equal(self.values, other.values)
-                and np.array_equal(self.offsets, other.offsets)):
+        if not (np.array_equal(self.values, other.values) and np.array_equal(self.offsets, other.offsets)):
             return False
         if self.weights is None or other.weights is None:
             return self.weights is None and other.weights is None
@@ -236,8 +246,9 @@ class JaggedTensor:
             raise InvalidArgumentError("JaggedTensor.concat: some parts have weights, some not")
         values = np.concatenate([p.values for p in parts])
         lengths = np.concatenate([p.lengths for p in parts])
-        weights = np.concatenate([p.weights for p in parts if p.weights is not None]) \
-            if weighted.pop() else None
+        weights = (
+            np.concatenate([p.weights for p in parts if p.weights is not None]) if weighted.pop() else None
+        )
         return JaggedTensor(values, lengths, weights=weights)
 
 
@@ -256,8 +267,9 @@ class SparseTensor:
         self.values = as_numpy(values).reshape(-1)
         self.dense_shape = as_numpy(dense_shape).astype(np.int64).reshape(-1)
         if self.indices.shape[0] != self.values.size:
-            raise InvalidArgumentError(f"SparseTensor: {self.indices.shape[0]} indices for "
-                                       f"{self.values.size} values")
+            raise InvalidArgumentError(
+                f"SparseTensor: {self.indices.shape[0]} indices for {self.values.size} values"
+            )
 
     def __repr__(self) -> str:
         return f"SparseTensor({self.values.size} values, dense_shape={self.dense_shape.tolist()})"
@@ -265,8 +277,9 @@ class SparseTensor:
 
 def _sparse_parts(sp: Any, what: str) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
     if not all(hasattr(sp, a) for a in ("indices", "values", "dense_shape")):
-        raise InvalidArgumentError(f"{what} must be a SparseTensor (indices, values, dense_shape), "
-                                   f"got {type(sp).__name__}")
+        raise InvalidArgumentError(
+            f"{what} must be a SparseTensor (indices, values, dense_shape), got {type(sp).__name__}"
+        )
     shape = tuple(int(d) for d in as_numpy(sp.dense_shape).reshape(-1))
     indices = as_numpy(sp.indices).astype(np.int64).reshape(-1, max(1, len(shape)))
     return indices, as_numpy(sp.values).reshape(-1), shape
@@ -284,17 +297,23 @@ def as_jagged(ids: Any, weights: Any = None, what: str = "ids") -> JaggedTensor:
         return JaggedTensor.from_sparse(ids, weights)
     if hasattr(ids, "row_splits") and hasattr(ids, "values"):
         values = getattr(ids, "flat_values", ids.values)
-        return JaggedTensor(values, offsets=as_numpy(ids.row_splits),
-                            weights=None if weights is None else as_numpy(
-                                getattr(weights, "flat_values", getattr(weights, "values", weights))))
+        return JaggedTensor(
+            values,
+            offsets=as_numpy(ids.row_splits),
+            weights=None
+            if weights is None
+            else as_numpy(getattr(weights, "flat_values", getattr(weights, "values", weights))),
+        )
     if isinstance(ids, (list, tuple)) and all(isinstance(b, (list, tuple, np.ndarray)) for b in ids):
         return JaggedTensor.from_lists(ids, weights)
     arr = as_numpy(ids)
     if arr.ndim == 2:
         return JaggedTensor.from_dense(arr, weights)
-    raise InvalidArgumentError(f"{what}: expected a JaggedTensor, a SparseTensor, a RaggedTensor, "
-                               f"a list of lists or a 2-D array, got {type(ids).__name__} "
-                               f"of shape {getattr(arr, 'shape', '?')}")
+    raise InvalidArgumentError(
+        f"{what}: expected a JaggedTensor, a SparseTensor, a RaggedTensor, "
+        f"a list of lists or a 2-D array, got {type(ids).__name__} "
+        f"of shape {getattr(arr, 'shape', '?')}"
+    )
 
 
 def _weights_of(weights: Any, ids: JaggedTensor) -> np.ndarray:
@@ -314,33 +333,45 @@ class KeyedJaggedTensor:
 
     __slots__ = ("_keys", "_features", "_stride")
 
-    def __init__(self, keys: Sequence[str], values: Any, lengths: Any = None, *,
-                 offsets: Any = None, weights: Any = None, stride: int | None = None) -> None:
+    def __init__(
+        self,
+        keys: Sequence[str],
+        values: Any,
+        lengths: Any = None,
+        *,
+        offsets: Any = None,
+        weights: Any = None,
+        stride: int | None = None,
+    ) -> None:
         keys = [str(k) for k in keys]
         if len(set(keys)) != len(keys):
             raise InvalidArgumentError(f"KeyedJaggedTensor: keys repeat: {keys}")
         flat = JaggedTensor(values, lengths, offsets=offsets, weights=weights)
         n = len(flat)
         if keys and n % len(keys):
-            raise InvalidArgumentError(f"KeyedJaggedTensor: {n} lengths are not a multiple of "
-                                       f"{len(keys)} keys")
+            raise InvalidArgumentError(
+                f"KeyedJaggedTensor: {n} lengths are not a multiple of {len(keys)} keys"
+            )
         b = n // len(keys) if keys else int(stride or 0)
         if stride is not None and keys and stride != b:
-            raise InvalidArgumentError(f"KeyedJaggedTensor: stride {stride} but {n} lengths for "
-                                       f"{len(keys)} keys")
+            raise InvalidArgumentError(
+                f"KeyedJaggedTensor: stride {stride} but {n} lengths for {len(keys)} keys"
+            )
         self._keys = keys
         self._stride = b
         self._features = {k: flat.take(np.arange(i * b, (i + 1) * b)) for i, k in enumerate(keys)}
 
     @classmethod
-    def from_lengths_sync(cls, keys: Sequence[str], values: Any, lengths: Any,
-                          weights: Any = None, stride: int | None = None) -> KeyedJaggedTensor:
+    def from_lengths_sync(
+        cls, keys: Sequence[str], values: Any, lengths: Any, weights: Any = None, stride: int | None = None
+    ) -> KeyedJaggedTensor:
         """TorchRec's constructor of the same name: bag ``lengths``, key-major."""
         return cls(keys, values, lengths, weights=weights, stride=stride)
 
     @classmethod
-    def from_offsets_sync(cls, keys: Sequence[str], values: Any, offsets: Any,
-                          weights: Any = None, stride: int | None = None) -> KeyedJaggedTensor:
+    def from_offsets_sync(
+        cls, keys: Sequence[str], values: Any, offsets: Any, weights: Any = None, stride: int | None = None
+    ) -> KeyedJaggedTensor:
         """TorchRec's constructor of the same name: bag ``offsets`` (one more than the bags)."""
         return cls(keys, values, offsets=offsets, weights=weights, stride=stride)
 
@@ -349,13 +380,15 @@ class KeyedJaggedTensor:
         """From ``{key: JaggedTensor}`` (every feature with the same number of examples)."""
         strides = {len(jt) for jt in features.values()}
         if len(strides) > 1:
-            raise InvalidArgumentError(f"KeyedJaggedTensor: features of different batch sizes "
-                                       f"{sorted(strides)}")
+            raise InvalidArgumentError(
+                f"KeyedJaggedTensor: features of different batch sizes {sorted(strides)}"
+            )
         out = cls.__new__(cls)  # this class's own constructor, without the flat arrays
         out._keys = [str(k) for k in features]  # noqa: SLF001
         out._stride = strides.pop() if strides else 0  # noqa: SLF001
-        out._features = {str(k): as_jagged(v, what=f"feature {k!r}")  # noqa: SLF001
-                         for k, v in features.items()}
+        out._features = {  # noqa: SLF001
+            str(k): as_jagged(v, what=f"feature {k!r}") for k, v in features.items()
+        }
         return out
 
     def keys(self) -> list[str]:
@@ -372,8 +405,9 @@ class KeyedJaggedTensor:
         try:
             return self._features[key]
         except KeyError:
-            raise InvalidArgumentError(f"KeyedJaggedTensor has no feature {key!r}; it has "
-                                       f"{self._keys}") from None
+            raise InvalidArgumentError(
+                f"KeyedJaggedTensor has no feature {key!r}; it has {self._keys}"
+            ) from None
 
     def __contains__(self, key: object) -> bool:
         return key in self._features
@@ -413,8 +447,9 @@ class KeyedJaggedTensor:
         feats = list(self._features.values())
         if all(f.weights is None for f in feats):
             return None
-        return np.concatenate([np.ones(f.values.size, np.float32) if f.weights is None
-                               else f.weights for f in feats])
+        return np.concatenate(
+            [np.ones(f.values.size, np.float32) if f.weights is None else f.weights for f in feats]
+        )
 
     def take(self, rows: Any) -> KeyedJaggedTensor:
         """The examples ``rows`` of every feature (what ``pstrain.data`` batches with)."""
@@ -430,8 +465,7 @@ class KeyedJaggedTensor:
         keys = parts[0].keys()
         if any(p.keys() != keys for p in parts):
             raise InvalidArgumentError("KeyedJaggedTensor.concat: parts with other keys")
-        return KeyedJaggedTensor.from_jt_dict(
-            {k: JaggedTensor.concat([p[k] for p in parts]) for k in keys})
+        return KeyedJaggedTensor.from_jt_dict({k: JaggedTensor.concat([p[k] for p in parts]) for k in keys})
 
     def __repr__(self) -> str:
         return f"KeyedJaggedTensor(keys={self._keys}, stride={self._stride})"

@@ -67,16 +67,18 @@ class TablePlan:
         lines = [f"{'table':<24} {'kind':<12} {'ps':<10} {'MB':>9} {'lookups/ex':>10}"]
         for t in self.tables:
             where = ",".join(map(str, t.ps)) if len(t.ps) < 5 else f"0-{self.num_ps - 1}"
-            lines.append(f"{t.name:<24} {t.kind:<12} {where:<10} {t.nbytes / 1e6:>9.2f} "
-                         f"{t.lookups:>10.2f}")
+            lines.append(f"{t.name:<24} {t.kind:<12} {where:<10} {t.nbytes / 1e6:>9.2f} {t.lookups:>10.2f}")
         for k in range(self.num_ps):
-            lines.append(f"ps {k}: {self.bytes_per_ps[k] / 1e6:.2f} MB, "
-                         f"{self.lookups_per_ps[k]:.2f} lookups per example")
+            lines.append(
+                f"ps {k}: {self.bytes_per_ps[k] / 1e6:.2f} MB, "
+                f"{self.lookups_per_ps[k]:.2f} lookups per example"
+            )
         return "\n".join(lines)
 
 
-def plan_tables(configs: Sequence[TableConfig], num_ps: int,
-                shard_rows: int = DEFAULT_SHARD_ROWS, slots: int = 0) -> TablePlan:
+def plan_tables(
+    configs: Sequence[TableConfig], num_ps: int, shard_rows: int = DEFAULT_SHARD_ROWS, slots: int = 0
+) -> TablePlan:
     """Place ``configs`` on ``num_ps`` ps (see the module's docstring). ``slots``: optimizer
     slots per row as wide as the row (an Adagrad accumulator: 1), counted in the bytes."""
     if num_ps < 1:

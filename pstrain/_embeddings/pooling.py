@@ -43,13 +43,29 @@ def check_combiner(combiner: Any) -> str:
     return str(combiner)
 
 
-def _pool(out: np.ndarray, seg: np.ndarray, src: np.ndarray, idx: np.ndarray, scale: np.ndarray,
-          out_col: int = 0, src_col: int = 0, width: int = -1) -> None:
+def _pool(
+    out: np.ndarray,
+    seg: np.ndarray,
+    src: np.ndarray,
+    idx: np.ndarray,
+    scale: np.ndarray,
+    out_col: int = 0,
+    src_col: int = 0,
+    width: int = -1,
+) -> None:
     """``out[seg[i], cols] += scale[i] * src[idx[i], cols]``, by the compiled loop for float
     rows (``src`` as ``out``'s dtype, contiguous)."""
     kernels = KERNELS if out.dtype in FLOAT_DTYPES and out.flags.c_contiguous else reference
-    kernels.pool_rows(out, seg, np.ascontiguousarray(src, out.dtype), idx,
-                      np.ascontiguousarray(scale, out.dtype), out_col, src_col, width)
+    kernels.pool_rows(
+        out,
+        seg,
+        np.ascontiguousarray(src, out.dtype),
+        idx,
+        np.ascontiguousarray(scale, out.dtype),
+        out_col,
+        src_col,
+        width,
+    )
 
 
 class Bags:
@@ -59,8 +75,9 @@ class Bags:
 
     __slots__ = ("unique", "inverse", "segments", "scale", "n", "combiner")
 
-    def __init__(self, jagged: JaggedTensor, combiner: str = "sum", dtype: Any = np.float32,
-                 n: int | None = None) -> None:
+    def __init__(
+        self, jagged: JaggedTensor, combiner: str = "sum", dtype: Any = np.float32, n: int | None = None
+    ) -> None:
         self.combiner = check_combiner(combiner)
         self.n = len(jagged) if n is None else n
         self.unique, self.inverse = distinct(jagged.values, sorted=True)
@@ -69,8 +86,9 @@ class Bags:
         self.scale = _factors(jagged, self.segments, self.combiner, np.dtype(dtype))
 
     @classmethod
-    def sharing(cls, jaggeds: list[JaggedTensor], combiner: str, dtype: Any,
-                n: int) -> tuple[np.ndarray, list[Bags]]:
+    def sharing(
+        cls, jaggeds: list[JaggedTensor], combiner: str, dtype: Any, n: int
+    ) -> tuple[np.ndarray, list[Bags]]:
         """The distinct ids of several features of one table (ascending), and each
         feature's bags, pointing into them."""
         if len(jaggeds) == 1:
@@ -82,7 +100,7 @@ class Bags:
         for j in jaggeds:
             b = cls.__new__(cls)
             b.combiner, b.n, b.unique = check_combiner(combiner), n, unique
-            b.inverse = np.ascontiguousarray(inverse[start:start + j.values.size], np.int64)
+            b.inverse = np.ascontiguousarray(inverse[start : start + j.values.size], np.int64)
             b.segments = j.segment_ids()
             b.scale = _factors(j, b.segments, b.combiner, np.dtype(dtype))
             start += j.values.size
@@ -101,8 +119,9 @@ class Bags:
         _pool(out, self.segments, rows, self.inverse, self.scale, column, 0, rows.shape[1])
         return out
 
-    def backward(self, d_pooled: np.ndarray, out: np.ndarray | None = None, column: int = 0,
-                 dim: int | None = None) -> IndexedSlices:
+    def backward(
+        self, d_pooled: np.ndarray, out: np.ndarray | None = None, column: int = 0, dim: int | None = None
+    ) -> IndexedSlices:
         """The gradient of the rows of ``unique`` (summed over their bags) from the gradient
         of the pooled output (its columns from ``column`` on, ``dim`` of them: all by
         default), as sparse rows of the table; with ``out``, added into it."""
@@ -142,9 +161,15 @@ def _check_weights(jagged: JaggedTensor, what: str) -> None:
         raise InvalidArgumentError(f"{what}: weights must be floats, got {jagged.weights.dtype}")
 
 
-async def embedding_lookup_sparse(params: Any, sp_ids: Any, sp_weights: Any = None,
-                                  combiner: str | None = None, max_norm: float | None = None, *,
-                                  training: bool = True) -> np.ndarray:
+async def embedding_lookup_sparse(
+    params: Any,
+    sp_ids: Any,
+    sp_weights: Any = None,
+    combiner: str | None = None,
+    max_norm: float | None = None,
+    *,
+    training: bool = True,
+) -> np.ndarray:
     """TF's ``tf.nn.embedding_lookup_sparse``: each row of ``sp_ids`` (a SparseTensor, a
     RaggedTensor, a :class:`~pstrain.JaggedTensor` ...) is a bag of ids into ``params`` (a
     variable, a sharded one or a dynamic table), combined with ``sp_weights`` (the same
@@ -170,10 +195,16 @@ async def embedding_lookup_sparse(params: Any, sp_ids: Any, sp_weights: Any = No
     return bags.pool(_clipped(rows, max_norm))
 
 
-async def safe_embedding_lookup_sparse(embedding_weights: Any, sparse_ids: Any,
-                                       sparse_weights: Any = None, combiner: str = "mean",
-                                       default_id: int | None = None, max_norm: float | None = None,
-                                       *, training: bool = True) -> np.ndarray:
+async def safe_embedding_lookup_sparse(
+    embedding_weights: Any,
+    sparse_ids: Any,
+    sparse_weights: Any = None,
+    combiner: str = "mean",
+    default_id: int | None = None,
+    max_norm: float | None = None,
+    *,
+    training: bool = True,
+) -> np.ndarray:
     """TF's ``tf.nn.safe_embedding_lookup_sparse``: as :func:`embedding_lookup_sparse`, but
     ids below 0 are dropped (and, unless ``combiner`` is ``"sum"``, ids whose weight is 0
     or less), a bag left empty gives ``default_id``'s row (None: zeros), and the result
@@ -228,12 +259,14 @@ def _clipped(rows: np.ndarray, max_norm: float | None) -> np.ndarray:
 
 def _flattened(sp: Any, shape: tuple[int, ...]) -> SparseTensor:
     indices = as_numpy(sp.indices).astype(np.int64).reshape(-1, len(shape))
-    rows = np.ravel_multi_index(tuple(indices[:, :-1].T), shape[:-1]) if indices.size else \
-        np.zeros(0, np.int64)
+    rows = (
+        np.ravel_multi_index(tuple(indices[:, :-1].T), shape[:-1]) if indices.size else np.zeros(0, np.int64)
+    )
     flat = np.stack([rows, indices[:, -1]], axis=1) if indices.size else np.zeros((0, 2), np.int64)
     order = np.argsort(rows, kind="stable")
-    return SparseTensor(flat[order], as_numpy(sp.values).reshape(-1)[order],
-                        [int(np.prod(shape[:-1])), shape[-1]])
+    return SparseTensor(
+        flat[order], as_numpy(sp.values).reshape(-1)[order], [int(np.prod(shape[:-1])), shape[-1]]
+    )
 
 
 def _pruned(jagged: JaggedTensor, prune_weights: bool) -> JaggedTensor:

@@ -33,14 +33,18 @@ class _Collector:
     def collect(self) -> Iterator[Any]:
         s = self.stats()
         names, values = list(self.labels), list(self.labels.values())
-        requests = CounterMetricFamily("pstrain_requests", "Requests served, by operation",
-                                       labels=[*names, "op"])
-        bytes_in = CounterMetricFamily("pstrain_request_received_bytes", "Request body bytes received",
-                                       labels=[*names, "op"])
-        bytes_out = CounterMetricFamily("pstrain_reply_sent_bytes", "Reply body bytes sent",
-                                        labels=[*names, "op"])
-        latency = SummaryMetricFamily("pstrain_request_seconds", "Time spent handling requests",
-                                      labels=[*names, "op"])
+        requests = CounterMetricFamily(
+            "pstrain_requests", "Requests served, by operation", labels=[*names, "op"]
+        )
+        bytes_in = CounterMetricFamily(
+            "pstrain_request_received_bytes", "Request body bytes received", labels=[*names, "op"]
+        )
+        bytes_out = CounterMetricFamily(
+            "pstrain_reply_sent_bytes", "Reply body bytes sent", labels=[*names, "op"]
+        )
+        latency = SummaryMetricFamily(
+            "pstrain_request_seconds", "Time spent handling requests", labels=[*names, "op"]
+        )
         for op, r in s.get("requests", {}).items():
             requests.add_metric([*values, op], r["count"])
             bytes_in.add_metric([*values, op], r["bytes_in"])
@@ -50,34 +54,42 @@ class _Collector:
         for key, (kind, help_text, *metric) in _EXTRA.items():
             if key in s and s[key] is not None:
                 family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
-                    f"pstrain_{metric[0] if metric else key}", help_text, labels=names)
+                    f"pstrain_{metric[0] if metric else key}", help_text, labels=names
+                )
                 family.add_metric(values, float(s[key]))
                 yield family
         if "closure_seconds" in s:
-            fam = SummaryMetricFamily("pstrain_worker_closure_seconds", "Closure run time",
-                                      labels=names)
-            fam.add_metric(values, count_value=s.get("closures_run", 0) + s.get("closures_failed", 0),
-                           sum_value=s["closure_seconds"])
+            fam = SummaryMetricFamily("pstrain_worker_closure_seconds", "Closure run time", labels=names)
+            fam.add_metric(
+                values,
+                count_value=s.get("closures_run", 0) + s.get("closures_failed", 0),
+                sum_value=s["closure_seconds"],
+            )
             yield fam
         tables = s.get("tables")
         if tables:
             for key, kind, help_text in _TABLE:
                 family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
-                    f"pstrain_table_{key}", help_text, labels=[*names, "table"])
+                    f"pstrain_table_{key}", help_text, labels=[*names, "table"]
+                )
                 for table, t in sorted(tables.items()):
                     family.add_metric([*values, table], float(t.get(key, 0)))
                 yield family
         placement = s.get("placement")
         if placement:
-            shares = GaugeMetricFamily("pstrain_placement_ps_bytes", "Bytes of variables each ps "
-                                       "holds by the placement map (0: none, or it left)",
-                                       labels=[*names, "ps"])
+            shares = GaugeMetricFamily(
+                "pstrain_placement_ps_bytes",
+                "Bytes of variables each ps holds by the placement map (0: none, or it left)",
+                labels=[*names, "ps"],
+            )
             for ps in placement.get("ps", ()):
                 shares.add_metric([*values, str(ps["index"])], float(ps["bytes"]))
             yield shares
-            tables = GaugeMetricFamily("pstrain_placement_table_share", "Fraction of each dynamic "
-                                       "table's hash space each ps holds by the placement map",
-                                       labels=[*names, "ps", "table"])
+            tables = GaugeMetricFamily(
+                "pstrain_placement_table_share",
+                "Fraction of each dynamic table's hash space each ps holds by the placement map",
+                labels=[*names, "ps", "table"],
+            )
             for ps in placement.get("ps", ()):
                 for table, share in sorted(ps.get("table_shares", {}).items()):
                     tables.add_metric([*values, str(ps["index"]), table], float(share))
@@ -115,11 +127,13 @@ _EXTRA: dict[str, tuple[str, ...]] = {
 }
 
 
-_TABLE = (("rows", "gauge", "Rows a dynamic table holds on this ps"),
-          ("admitted", "counter", "Rows admitted into a dynamic table on this ps"),
-          ("evicted", "counter", "Rows evicted from a dynamic table on this ps"),
-          ("bytes", "gauge", "Bytes a dynamic table takes on this ps (rows, slots, index)"),
-          ("capacity", "gauge", "Rows a dynamic table may hold on this ps (0: no limit)"))
+_TABLE = (
+    ("rows", "gauge", "Rows a dynamic table holds on this ps"),
+    ("admitted", "counter", "Rows admitted into a dynamic table on this ps"),
+    ("evicted", "counter", "Rows evicted from a dynamic table on this ps"),
+    ("bytes", "gauge", "Bytes a dynamic table takes on this ps (rows, slots, index)"),
+    ("capacity", "gauge", "Rows a dynamic table may hold on this ps (0: no limit)"),
+)
 
 
 def make_registry(labels: dict[str, str], stats: Callable[[], dict[str, Any]]) -> CollectorRegistry:
@@ -131,4 +145,3 @@ def make_registry(labels: dict[str, str], stats: Callable[[], dict[str, Any]]) -
 def render(registry: CollectorRegistry) -> bytes:
     """The registry in Prometheus text format."""
     return generate_latest(registry)
-

@@ -69,8 +69,15 @@ from .._variables.dynamic import DynamicEmbedding
 from .._variables.sharding import ShardedVariable, combine_gradients, embedding_lookup
 from .._variables.variables import Variable
 
-__all__ = ["Lookup", "PooledLookup", "ValueAndGrad", "lookup", "pooled_lookup", "value_and_grad",
-           "variables_from"]
+__all__ = [
+    "Lookup",
+    "PooledLookup",
+    "ValueAndGrad",
+    "lookup",
+    "pooled_lookup",
+    "value_and_grad",
+    "variables_from",
+]
 
 
 class Lookup:
@@ -78,12 +85,16 @@ class Lookup:
 
     __slots__ = ("table", "ids", "training")
 
-    def __init__(self, table: Variable | ShardedVariable | DynamicEmbedding, ids: Any,
-                 training: bool = True) -> None:
-        if not (isinstance(table, DynamicEmbedding) or
-                (isinstance(table, (Variable, ShardedVariable)) and len(table.shape) == 2)):
-            raise InvalidArgumentError("lookup() needs a 2-D pstrain variable or a "
-                                       "DynamicEmbedding (an embedding table)")
+    def __init__(
+        self, table: Variable | ShardedVariable | DynamicEmbedding, ids: Any, training: bool = True
+    ) -> None:
+        if not (
+            isinstance(table, DynamicEmbedding)
+            or (isinstance(table, (Variable, ShardedVariable)) and len(table.shape) == 2)
+        ):
+            raise InvalidArgumentError(
+                "lookup() needs a 2-D pstrain variable or a DynamicEmbedding (an embedding table)"
+            )
         ids = np.asarray(ids)
         if ids.dtype.kind not in "iu":
             raise InvalidArgumentError(f"lookup ids must be integers, got {ids.dtype}")
@@ -95,8 +106,9 @@ class Lookup:
         return f"lookup({self.table.name!r}, ids of shape {self.ids.shape})"
 
 
-def lookup(table: Variable | ShardedVariable | DynamicEmbedding, ids: Any, *,
-           training: bool = True) -> Lookup:
+def lookup(
+    table: Variable | ShardedVariable | DynamicEmbedding, ids: Any, *, training: bool = True
+) -> Lookup:
     """A parameter-tree leaf that the loss sees as ``table[ids]`` (shape ``ids.shape + (dim,)``).
 
     ``training=False`` (evaluation, serving): a dynamic table admits no id and counts no
@@ -109,12 +121,21 @@ class PooledLookup:
 
     __slots__ = ("table", "bags", "training")
 
-    def __init__(self, table: Variable | ShardedVariable | DynamicEmbedding, ids: Any,
-                 combiner: str = "sum", weights: Any = None, training: bool = True) -> None:
-        if not (isinstance(table, DynamicEmbedding) or
-                (isinstance(table, (Variable, ShardedVariable)) and len(table.shape) == 2)):
-            raise InvalidArgumentError("pooled_lookup() needs a 2-D pstrain variable or a "
-                                       "DynamicEmbedding (an embedding table)")
+    def __init__(
+        self,
+        table: Variable | ShardedVariable | DynamicEmbedding,
+        ids: Any,
+        combiner: str = "sum",
+        weights: Any = None,
+        training: bool = True,
+    ) -> None:
+        if not (
+            isinstance(table, DynamicEmbedding)
+            or (isinstance(table, (Variable, ShardedVariable)) and len(table.shape) == 2)
+        ):
+            raise InvalidArgumentError(
+                "pooled_lookup() needs a 2-D pstrain variable or a DynamicEmbedding (an embedding table)"
+            )
         self.table = table
         self.bags = Bags(as_jagged(ids, weights, "pooled_lookup ids"), combiner, np.float32)
         self.training = bool(training)
@@ -123,8 +144,14 @@ class PooledLookup:
         return f"pooled_lookup({self.table.name!r}, {self.bags.n} bags)"
 
 
-def pooled_lookup(table: Variable | ShardedVariable | DynamicEmbedding, ids: Any,
-                  combiner: str = "sum", weights: Any = None, *, training: bool = True) -> PooledLookup:
+def pooled_lookup(
+    table: Variable | ShardedVariable | DynamicEmbedding,
+    ids: Any,
+    combiner: str = "sum",
+    weights: Any = None,
+    *,
+    training: bool = True,
+) -> PooledLookup:
     """A parameter-tree leaf that the loss sees as ``[bags, dim]``: each bag of ``ids`` (a
     :class:`~pstrain.JaggedTensor`, a SparseTensor, a list of lists ...) pooled from
     ``table``'s rows by ``combiner`` (``"sum"``, ``"mean"``, ``"sqrtn"``, TF's), with
@@ -160,8 +187,14 @@ class ValueAndGrad:
         if fn is None:
             loss_fn = self.loss_fn
 
-            def loss(dense: list[Any], rows: list[Any], pooled_rows: list[Any], inverses: list[Any],
-                     pooled_index: list[Any], *args: Any) -> Any:
+            def loss(
+                dense: list[Any],
+                rows: list[Any],
+                pooled_rows: list[Any],
+                inverses: list[Any],
+                pooled_index: list[Any],
+                *args: Any,
+            ) -> Any:
                 self.compilations += 1  # Python runs here only while jax traces (compiles)
                 dense_it, rows_it = iter(dense), iter(zip(rows, inverses))
                 pooled_it = iter(zip(pooled_rows, pooled_index))
@@ -174,8 +207,11 @@ class ValueAndGrad:
                         leaves.append(jnp.take(r, inv, axis=0))
                     else:  # padding ids have a scale of 0: they add nothing, and get nothing
                         r, (inv, seg, scale, bags) = next(pooled_it)
-                        leaves.append(jax.ops.segment_sum(jnp.take(r, inv, axis=0) * scale[:, None],
-                                                          seg, num_segments=bags.shape[0]))
+                        leaves.append(
+                            jax.ops.segment_sum(
+                                jnp.take(r, inv, axis=0) * scale[:, None], seg, num_segments=bags.shape[0]
+                            )
+                        )
                 return loss_fn(jax.tree_util.tree_unflatten(treedef, leaves), *args)
 
             fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=self.has_aux))
@@ -189,43 +225,49 @@ class ValueAndGrad:
         pools = [x for x in leaves if isinstance(x, PooledLookup)]
         if len(variables) + len(lookups) + len(pools) != len(leaves):
             bad = next(x for x in leaves if not _is_leaf(x))
-            raise InvalidArgumentError(f"value_and_grad: a parameter leaf is a {type(bad).__name__}; "
-                                       "leaves must be pstrain variables or lookup(table, ids)")
+            raise InvalidArgumentError(
+                f"value_and_grad: a parameter leaf is a {type(bad).__name__}; "
+                "leaves must be pstrain variables or lookup(table, ids)"
+            )
         uniques = [distinct(np.asarray(lk.ids).reshape(-1), sorted=True) for lk in lookups]
         dense, *gathered = await asyncio.gather(
             read_variables(variables),
-            *(embedding_lookup(lk.table, u, training=lk.training)
-              for lk, (u, _) in zip(lookups, uniques)),
-            *(embedding_lookup(p.table, p.bags.unique, training=p.training) for p in pools))
-        pool_rows_got = gathered[len(lookups):]
-        gathered = gathered[:len(lookups)]
+            *(embedding_lookup(lk.table, u, training=lk.training) for lk, (u, _) in zip(lookups, uniques)),
+            *(embedding_lookup(p.table, p.bags.unique, training=p.training) for p in pools),
+        )
+        pool_rows_got = gathered[len(lookups) :]
+        gathered = gathered[: len(lookups)]
         pooled_rows, pooled_index = [], []
         for p, got in zip(pools, pool_rows_got):
             b = p.bags
             padded = np.zeros((_bucket(b.unique.size), p.table.shape[1]), np.float32)
-            padded[:b.unique.size] = got
+            padded[: b.unique.size] = got
             n = _bucket(b.inverse.size)
             inv, seg, scale = np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n, np.float32)
-            inv[:b.inverse.size], seg[:b.inverse.size], scale[:b.inverse.size] = \
-                b.inverse, b.segments, b.scale
+            inv[: b.inverse.size], seg[: b.inverse.size], scale[: b.inverse.size] = (
+                b.inverse,
+                b.segments,
+                b.scale,
+            )
             pooled_rows.append(padded)
             pooled_index.append((inv, seg, scale, np.zeros(b.n, np.int8)))
         rows = []
         for lk, (u, _), got in zip(lookups, uniques, gathered):
             padded = np.zeros((max(lk.ids.size, 1), lk.table.shape[1]), got.dtype)
-            padded[:u.size] = got  # a fixed shape: compiled once whatever the batch's duplicates
+            padded[: u.size] = got  # a fixed shape: compiled once whatever the batch's duplicates
             rows.append(padded)
         inverses = [inv.reshape(lk.ids.shape).astype(np.int32) for lk, (_, inv) in zip(lookups, uniques)]
-        kinds = tuple("v" if isinstance(x, VariableBase) else "l" if isinstance(x, Lookup) else "p"
-                      for x in leaves)
+        kinds = tuple(
+            "v" if isinstance(x, VariableBase) else "l" if isinstance(x, Lookup) else "p" for x in leaves
+        )
         fn = self._function(treedef, kinds)
         value, (g_dense, g_rows, g_pooled) = fn(dense, rows, pooled_rows, inverses, pooled_index, *args)
         grads: list[tuple[Any, Any]] = [(np.asarray(g), v) for g, v in zip(g_dense, variables)]
         for lk, (u, _), g in zip(lookups, uniques, g_rows):
-            grads.append((IndexedSlices(np.asarray(g)[:u.size], u), lk.table))
+            grads.append((IndexedSlices(np.asarray(g)[: u.size], u), lk.table))
         for p, g in zip(pools, g_pooled):
             u = p.bags.unique
-            grads.append((IndexedSlices(np.asarray(g)[:u.size], u), p.table))
+            grads.append((IndexedSlices(np.asarray(g)[: u.size], u), p.table))
         grads = combine_gradients(grads)  # a table looked up twice: one gradient
         if self.has_aux:
             loss, aux = value
@@ -253,6 +295,7 @@ def value_and_grad(loss_fn: Callable[..., Any], has_aux: bool = False) -> ValueA
 def variables_from(tree: Any, name: str = "params", trainable: bool = True) -> Any:
     """The pytree ``tree`` with each array leaf replaced by a pstrain ``Variable`` holding it
     (call inside ``strategy.scope()`` to place them on the ps), named ``name/<path>``."""
+
     def make(path: Any, leaf: Any) -> Any:
         if leaf is None:
             return None

@@ -83,15 +83,22 @@ class Embedding(torch.nn.Module):
     :meth:`fetch`) gathers the batch's rows; ``forward(ids)`` returns them as
     ``ids.shape + (embedding_dim,)``."""
 
-    def __init__(self, num_embeddings: int | None, embedding_dim: int,
-                 initializer: Initializer | None = None, name: str = "embedding", *,
-                 table: DynamicEmbedding | None = None) -> None:
+    def __init__(
+        self,
+        num_embeddings: int | None,
+        embedding_dim: int,
+        initializer: Initializer | None = None,
+        name: str = "embedding",
+        *,
+        table: DynamicEmbedding | None = None,
+    ) -> None:
         super().__init__()
         self.table: Variable | ShardedVariable | DynamicEmbedding
         if table is not None:  # rows keyed by raw ids: no fixed number of rows
             if not isinstance(table, DynamicEmbedding) or table.dim != embedding_dim:
-                raise InvalidArgumentError(f"Embedding(table=...) takes a DynamicEmbedding "
-                                           f"{embedding_dim} wide")
+                raise InvalidArgumentError(
+                    f"Embedding(table=...) takes a DynamicEmbedding {embedding_dim} wide"
+                )
             self.num_embeddings, self.embedding_dim = None, int(embedding_dim)
             self.table = table
         else:
@@ -99,8 +106,11 @@ class Embedding(torch.nn.Module):
                 raise InvalidArgumentError("Embedding needs positive num_embeddings and embedding_dim")
             self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
             self.table = Variable(
-                initializer or RandomUniform(-0.05, 0.05), shape=(num_embeddings, embedding_dim),
-                dtype=np.float32, name=name)
+                initializer or RandomUniform(-0.05, 0.05),
+                shape=(num_embeddings, embedding_dim),
+                dtype=np.float32,
+                name=name,
+            )
         self._ids: np.ndarray | None = None
         self._unique: np.ndarray | None = None
         self._inverse: torch.Tensor | None = None
@@ -156,13 +166,17 @@ class RemoteModule:
         self.variables: list[Variable | ShardedVariable] = []
         for pname, param in module.named_parameters():
             self.names.append(pname)
-            self.variables.append(Variable(param.detach().cpu().numpy().copy(), name=f"{name}/{pname}",
-                                           trainable=param.requires_grad))
+            self.variables.append(
+                Variable(
+                    param.detach().cpu().numpy().copy(), name=f"{name}/{pname}", trainable=param.requires_grad
+                )
+            )
         self._spare: list[torch.nn.Module] = []  # replicas not in use (per process)
         # Checkpoints key each parameter by its path in the module (tower/0/weight), whether
         # given the module or this RemoteModule: never by position.
-        view: dict[tuple[str, ...], Any] = {tuple(p.split(".")): v
-                                            for p, v in zip(self.names, self.variables)}
+        view: dict[tuple[str, ...], Any] = {
+            tuple(p.split(".")): v for p, v in zip(self.names, self.variables)
+        }
         for mname, emb in self._embeddings(module).items():
             view[(*(mname.split(".") if mname else []), "table")] = emb.table
         register_view(self, view)
@@ -181,8 +195,13 @@ class RemoteModule:
         for pname in self.names:
             yield params[pname]
 
-    async def pull(self, lookups: Mapping[Embedding | str, Any] | None = None,
-                   module: torch.nn.Module | None = None, *, training: bool = True) -> None:
+    async def pull(
+        self,
+        lookups: Mapping[Embedding | str, Any] | None = None,
+        module: torch.nn.Module | None = None,
+        *,
+        training: bool = True,
+    ) -> None:
         """Fill the module's parameters from the ps, and gather each embedding's rows for
         its ids (keyed by the Embedding or its name in the module), all concurrently (one
         request per ps for the parameters). ``module``: a replica instead of the module.
@@ -192,8 +211,7 @@ class RemoteModule:
         fetches = []
         template = self._embeddings(self.module)
         for key, ids in (lookups or {}).items():
-            name = key if isinstance(key, str) else next(
-                (n for n, m in template.items() if m is key), None)
+            name = key if isinstance(key, str) else next((n for n, m in template.items() if m is key), None)
             if name not in embeddings:
                 raise InvalidArgumentError(f"pull: {key!r} is not a pstrain.torch.Embedding of the module")
             fetches.append(embeddings[name].fetch(ids, training=training))
@@ -204,8 +222,9 @@ class RemoteModule:
                 param.grad = None
 
     @contextlib.asynccontextmanager
-    async def replica(self, lookups: Mapping[Embedding | str, Any] | None = None, *,
-                      training: bool = True) -> AsyncIterator[torch.nn.Module]:
+    async def replica(
+        self, lookups: Mapping[Embedding | str, Any] | None = None, *, training: bool = True
+    ) -> AsyncIterator[torch.nn.Module]:
         """A copy of the module of this step's own, pulled (see :meth:`pull`); back to the
         pool after the block. For several steps in flight on one worker."""
         module = self._spare.pop() if self._spare else copy.deepcopy(self.module)

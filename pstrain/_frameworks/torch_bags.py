@@ -45,8 +45,14 @@ from .._variables.arrays import IndexedSlices
 from .._variables.sharding import embedding_lookup
 from .._variables.variables import Variable
 
-__all__ = ["EmbeddingBag", "EmbeddingBagCollection", "EmbeddingBagConfig", "KeyedTensor",
-           "PoolingType", "table_configs"]
+__all__ = [
+    "EmbeddingBag",
+    "EmbeddingBagCollection",
+    "EmbeddingBagConfig",
+    "KeyedTensor",
+    "PoolingType",
+    "table_configs",
+]
 
 _MODES = ("sum", "mean")
 
@@ -74,7 +80,7 @@ class KeyedTensor:
     def to_dict(self) -> dict[str, torch.Tensor]:
         out, start = {}, 0
         for k, n in zip(self._keys, self._lengths):
-            out[k] = self._values[:, start:start + n]
+            out[k] = self._values[:, start : start + n]
             start += n
         return out
 
@@ -82,17 +88,25 @@ class KeyedTensor:
         return self.to_dict()[key]
 
 
-def _bag(weight: torch.Tensor, jagged: JaggedTensor, inverse: np.ndarray, mode: str,
-         what: str) -> torch.Tensor:
+def _bag(
+    weight: torch.Tensor, jagged: JaggedTensor, inverse: np.ndarray, mode: str, what: str
+) -> torch.Tensor:
     if jagged.weights is not None and mode != "sum":
-        raise InvalidArgumentError(f"{what}: per-sample weights go only with mode 'sum' "
-                                   f"(as nn.EmbeddingBag), got {mode!r}")
-    weights = None if jagged.weights is None else torch.from_numpy(
-        np.ascontiguousarray(jagged.weights, np.float32)).to(weight.dtype)
+        raise InvalidArgumentError(
+            f"{what}: per-sample weights go only with mode 'sum' (as nn.EmbeddingBag), got {mode!r}"
+        )
+    weights = (
+        None
+        if jagged.weights is None
+        else torch.from_numpy(np.ascontiguousarray(jagged.weights, np.float32)).to(weight.dtype)
+    )
     return torch.nn.functional.embedding_bag(
-        torch.from_numpy(np.ascontiguousarray(inverse, np.int64)), weight,
-        torch.from_numpy(np.ascontiguousarray(jagged.offsets[:-1], np.int64)), mode=mode,
-        per_sample_weights=weights)
+        torch.from_numpy(np.ascontiguousarray(inverse, np.int64)),
+        weight,
+        torch.from_numpy(np.ascontiguousarray(jagged.offsets[:-1], np.int64)),
+        mode=mode,
+        per_sample_weights=weights,
+    )
 
 
 class PoolingType(enum.Enum):
@@ -124,8 +138,15 @@ class EmbeddingBagCollection(torch.nn.Module):
     ``"sum"`` or ``"mean"``) or TorchRec ``EmbeddingBagConfig``\\ s (see
     :func:`table_configs`)."""
 
-    def __init__(self, tables: Sequence[Any], is_weighted: bool = False, device: Any = None, *,
-                 shard_rows: int | None = None, name: str = "embedding_bags") -> None:
+    def __init__(
+        self,
+        tables: Sequence[Any],
+        is_weighted: bool = False,
+        device: Any = None,
+        *,
+        shard_rows: int | None = None,
+        name: str = "embedding_bags",
+    ) -> None:
         super().__init__()
         #: TorchRec's flag: batches carry per-id weights. ``device`` is accepted and unused
         #: (the tables live on the ps; pooling runs on the CPU of the worker).
@@ -133,8 +154,10 @@ class EmbeddingBagCollection(torch.nn.Module):
         configs = table_configs(tables)
         for c in configs:
             if c.combiner not in _MODES:
-                raise InvalidArgumentError(f"table {c.name!r}: combiner {c.combiner!r} has no "
-                                           f"nn.EmbeddingBag mode (use 'sum' or 'mean')")
+                raise InvalidArgumentError(
+                    f"table {c.name!r}: combiner {c.combiner!r} has no "
+                    f"nn.EmbeddingBag mode (use 'sum' or 'mean')"
+                )
         kwargs = {} if shard_rows is None else {"shard_rows": shard_rows}
         self.collection = EmbeddingCollection(configs, name=name, **kwargs)
         self._gathered: GatheredRows | None = None
@@ -144,36 +167,54 @@ class EmbeddingBagCollection(torch.nn.Module):
     def plan(self) -> Any:
         return self.collection.plan
 
-    async def pull(self, features: KeyedJaggedTensor | Mapping[str, Any], *, read: Iterable[Any] = (),
-                   training: bool = True) -> list[np.ndarray]:
+    async def pull(
+        self,
+        features: KeyedJaggedTensor | Mapping[str, Any],
+        *,
+        read: Iterable[Any] = (),
+        training: bool = True,
+    ) -> list[np.ndarray]:
         """Gather every table's rows for the batch (and the variables ``read``, whole): one
         request per ps. Returns ``read``'s values."""
         self._gathered = await self.collection.gather(features, read=read, training=training)
-        self._rows = {name: torch.from_numpy(_writable(rows)).requires_grad_(True)
-                      for name, rows in self._gathered.rows.items()}
+        self._rows = {
+            name: torch.from_numpy(_writable(rows)).requires_grad_(True)
+            for name, rows in self._gathered.rows.items()
+        }
         return self._gathered.read
 
     def forward(self, features: KeyedJaggedTensor | Mapping[str, Any]) -> KeyedTensor:
         gathered = self._gathered
         if gathered is None:
             raise InvalidArgumentError("EmbeddingBagCollection: pull the batch before forward")
-        given = features.to_dict() if isinstance(features, KeyedJaggedTensor) else {
-            str(k): as_jagged(v) for k, v in features.items()}
+        given = (
+            features.to_dict()
+            if isinstance(features, KeyedJaggedTensor)
+            else {str(k): as_jagged(v) for k, v in features.items()}
+        )
         if self.is_weighted and any(j.weights is None for j in given.values()):
-            raise InvalidArgumentError("EmbeddingBagCollection(is_weighted=True): the batch has "
-                                       "features without weights")
+            raise InvalidArgumentError(
+                "EmbeddingBagCollection(is_weighted=True): the batch has features without weights"
+            )
         parts: dict[str, torch.Tensor] = {}
         for name, (_, named) in gathered.bags.items():
             combiner = self.collection.configs[name].combiner
             for feature, bags in named:
                 if feature not in given or given[feature] != gathered.features[feature]:
-                    raise InvalidArgumentError(f"EmbeddingBagCollection: forward got other "
-                                               f"features than were pulled ({feature!r})")
-                parts[feature] = _bag(self._rows[name], gathered.features[feature], bags.inverse,
-                                      combiner, f"feature {feature!r}")
+                    raise InvalidArgumentError(
+                        f"EmbeddingBagCollection: forward got other features than were pulled ({feature!r})"
+                    )
+                parts[feature] = _bag(
+                    self._rows[name],
+                    gathered.features[feature],
+                    bags.inverse,
+                    combiner,
+                    f"feature {feature!r}",
+                )
         keys = self.collection.feature_names
-        return KeyedTensor(keys, [parts[f].shape[1] for f in keys],
-                           torch.cat([parts[f] for f in keys], dim=1))
+        return KeyedTensor(
+            keys, [parts[f].shape[1] for f in keys], torch.cat([parts[f] for f in keys], dim=1)
+        )
 
     def gradients(self) -> list[tuple[IndexedSlices, Any]]:
         """``[(gradient, table), ...]`` after ``backward()``: each table's distinct rows'."""
@@ -196,15 +237,25 @@ class EmbeddingBag(torch.nn.Module):
     ``bag(input, offsets, per_sample_weights)`` pools them as ``nn.EmbeddingBag`` does
     (``input`` 2-D: fixed-length bags, no offsets)."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, mode: str = "mean",
-                 initializer: Initializer | None = None, name: str = "embedding_bag") -> None:
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        mode: str = "mean",
+        initializer: Initializer | None = None,
+        name: str = "embedding_bag",
+    ) -> None:
         super().__init__()
         if mode not in _MODES:
             raise InvalidArgumentError(f"EmbeddingBag mode must be 'sum' or 'mean', got {mode!r}")
         self.mode = mode
         self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
-        self.table = Variable(initializer or RandomUniform(-0.05, 0.05),
-                              shape=(num_embeddings, embedding_dim), dtype=np.float32, name=name)
+        self.table = Variable(
+            initializer or RandomUniform(-0.05, 0.05),
+            shape=(num_embeddings, embedding_dim),
+            dtype=np.float32,
+            name=name,
+        )
         self._key: tuple[Any, ...] | None = None
         self._inverse: np.ndarray | None = None
         self._unique: np.ndarray | None = None
@@ -214,9 +265,15 @@ class EmbeddingBag(torch.nn.Module):
     @staticmethod
     def _jagged_of(input: Any, offsets: Any, per_sample_weights: Any) -> JaggedTensor:  # noqa: A002
         ids = input.numpy() if isinstance(input, torch.Tensor) else np.asarray(input)
-        w = None if per_sample_weights is None else (
-            per_sample_weights.detach().numpy() if isinstance(per_sample_weights, torch.Tensor)
-            else np.asarray(per_sample_weights))
+        w = (
+            None
+            if per_sample_weights is None
+            else (
+                per_sample_weights.detach().numpy()
+                if isinstance(per_sample_weights, torch.Tensor)
+                else np.asarray(per_sample_weights)
+            )
+        )
         if ids.ndim == 2:
             if offsets is not None:
                 raise InvalidArgumentError("EmbeddingBag: a 2-D input takes no offsets")
@@ -224,8 +281,7 @@ class EmbeddingBag(torch.nn.Module):
         if offsets is None:
             raise InvalidArgumentError("EmbeddingBag: a 1-D input needs offsets")
         o = offsets.numpy() if isinstance(offsets, torch.Tensor) else np.asarray(offsets)
-        return JaggedTensor(ids, offsets=np.r_[o, ids.size],
-                            weights=None if w is None else w.reshape(-1))
+        return JaggedTensor(ids, offsets=np.r_[o, ids.size], weights=None if w is None else w.reshape(-1))
 
     async def fetch(self, input: Any, offsets: Any = None, per_sample_weights: Any = None) -> None:  # noqa: A002
         """Gather the rows of the bags' ids (deduplicated) from the table's shards."""
@@ -239,18 +295,27 @@ class EmbeddingBag(torch.nn.Module):
         if self.rows is None or self._jagged is None or self._inverse is None:
             raise InvalidArgumentError("EmbeddingBag: fetch the bags before forward")
         if per_sample_weights is not None and self.mode != "sum":
-            raise InvalidArgumentError("EmbeddingBag: per_sample_weights go only with mode 'sum' "
-                                       "(as nn.EmbeddingBag)")
+            raise InvalidArgumentError(
+                "EmbeddingBag: per_sample_weights go only with mode 'sum' (as nn.EmbeddingBag)"
+            )
         jagged = self._jagged_of(input, offsets, None)
-        if not (np.array_equal(jagged.values, self._jagged.values)
-                and np.array_equal(jagged.offsets, self._jagged.offsets)):
+        if not (
+            np.array_equal(jagged.values, self._jagged.values)
+            and np.array_equal(jagged.offsets, self._jagged.offsets)
+        ):
             raise InvalidArgumentError("EmbeddingBag: forward got other bags than were fetched")
-        weights = per_sample_weights if isinstance(per_sample_weights, torch.Tensor) or \
-            per_sample_weights is None else torch.as_tensor(np.asarray(per_sample_weights, np.float32))
+        weights = (
+            per_sample_weights
+            if isinstance(per_sample_weights, torch.Tensor) or per_sample_weights is None
+            else torch.as_tensor(np.asarray(per_sample_weights, np.float32))
+        )
         return torch.nn.functional.embedding_bag(
-            torch.from_numpy(np.ascontiguousarray(self._inverse, np.int64)), self.rows,
-            torch.from_numpy(np.ascontiguousarray(jagged.offsets[:-1], np.int64)), mode=self.mode,
-            per_sample_weights=None if weights is None else weights.reshape(-1))
+            torch.from_numpy(np.ascontiguousarray(self._inverse, np.int64)),
+            self.rows,
+            torch.from_numpy(np.ascontiguousarray(jagged.offsets[:-1], np.int64)),
+            mode=self.mode,
+            per_sample_weights=None if weights is None else weights.reshape(-1),
+        )
 
     def gradient(self) -> tuple[IndexedSlices, Any] | None:
         """The gradient of the fetched rows, as sparse rows of the table (None before backward)."""
@@ -274,25 +339,39 @@ def table_configs(tables: Sequence[Any]) -> list[TableConfig]:
             rows, dim, name = int(t.num_embeddings), int(t.embedding_dim), str(t.name)
             features = list(t.feature_names)
         except AttributeError as exc:
-            raise InvalidArgumentError(f"tables: expected TableConfig or TorchRec's "
-                                       f"EmbeddingBagConfig, got {type(t).__name__}") from exc
+            raise InvalidArgumentError(
+                f"tables: expected TableConfig or TorchRec's EmbeddingBagConfig, got {type(t).__name__}"
+            ) from exc
         pooling = getattr(getattr(t, "pooling", None), "name", "SUM")
         name = name or (features[0] if len(features) == 1 else name)
         if not name:
             raise InvalidArgumentError("tables: an EmbeddingBagConfig needs a name")
         if pooling not in ("SUM", "MEAN"):
-            raise InvalidArgumentError(f"table {name!r}: pooling {pooling} has no pstrain combiner "
-                                       "(SUM or MEAN)")
+            raise InvalidArgumentError(
+                f"table {name!r}: pooling {pooling} has no pstrain combiner (SUM or MEAN)"
+            )
         bound = float(np.sqrt(1.0 / rows))
         low = getattr(t, "weight_init_min", None)
         high = getattr(t, "weight_init_max", None)
         data_type = getattr(t, "data_type", None)
-        dtype = np.dtype(data_type) if isinstance(data_type, (type, np.dtype, str)) else \
-            {"FP64": np.float64}.get(getattr(data_type, "name", "FP32"), np.float32)
-        out.append(TableConfig(name, rows, dim, features or [name], combiner=pooling.lower(),
-                               initializer=RandomUniform(-bound if low is None else float(low),
-                                                         bound if high is None else float(high)),
-                               dtype=dtype))
+        dtype = (
+            np.dtype(data_type)
+            if isinstance(data_type, (type, np.dtype, str))
+            else {"FP64": np.float64}.get(getattr(data_type, "name", "FP32"), np.float32)
+        )
+        out.append(
+            TableConfig(
+                name,
+                rows,
+                dim,
+                features or [name],
+                combiner=pooling.lower(),
+                initializer=RandomUniform(
+                    -bound if low is None else float(low), bound if high is None else float(high)
+                ),
+                dtype=dtype,
+            )
+        )
     return out
 
 

@@ -35,7 +35,8 @@ def kernels(name: str | None = None) -> ModuleType:
         raise ImportError(
             "pstrain's compiled table kernels (pstrain/_kernels/compiled.pyx) are not built: "
             "install pstrain with pip (`pip install -e .` in a clone; it needs a C compiler), "
-            "or set PSTRAIN_KERNELS=numpy to run the numpy ones") from exc
+            "or set PSTRAIN_KERNELS=numpy to run the numpy ones"
+        ) from exc
     return compiled
 
 

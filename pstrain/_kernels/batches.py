@@ -50,12 +50,20 @@ def sum_into(out: np.ndarray, segments: np.ndarray, values: np.ndarray) -> None:
     shape; C loops for float32 and float64, numpy's ``np.add.at`` otherwise)."""
     width = math.prod(out.shape[1:])
     kernels = KERNELS if out.dtype in FLOAT_DTYPES else reference
-    kernels.put_rows(out.reshape(out.shape[0], width), np.ascontiguousarray(segments, np.int64),
-                     np.ascontiguousarray(values, out.dtype).reshape(segments.size, width), True)
+    kernels.put_rows(
+        out.reshape(out.shape[0], width),
+        np.ascontiguousarray(segments, np.int64),
+        np.ascontiguousarray(values, out.dtype).reshape(segments.size, width),
+        True,
+    )
 
 
-def merge_duplicates(ids: np.ndarray, values: np.ndarray, *,
-                     sorted: bool = True) -> tuple[np.ndarray, np.ndarray]:  # noqa: A002
+def merge_duplicates(
+    ids: np.ndarray,
+    values: np.ndarray,
+    *,
+    sorted: bool = True,  # noqa: A002
+) -> tuple[np.ndarray, np.ndarray]:
     """``(distinct ids ascending, the sum of each one's rows of values, in order)``: a sparse
     gradient's rows with repeated ids merged, as ``np.unique`` then ``np.add.at`` give them.
     ``sorted=False``: the distinct ids in the order they first occur (no sort)."""
@@ -80,8 +88,7 @@ def take_rows(array: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None
     if array.dtype in FLOAT_DTYPES and array.ndim >= 1 and array.flags.c_contiguous:
         width = math.prod(array.shape[1:])
         flat = np.ascontiguousarray(rows, np.int64).reshape(-1)
-        KERNELS.gather_rows(array.reshape(array.shape[0], width), flat,
-                            out.reshape(flat.size, width), 0.0)
+        KERNELS.gather_rows(array.reshape(array.shape[0], width), flat, out.reshape(flat.size, width), 0.0)
     else:
         np.take(array, rows, axis=0, out=out)
     return out

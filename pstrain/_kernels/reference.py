@@ -13,11 +13,34 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["absent", "adagrad_rows", "aligned_allocations", "argsort_stable", "bag_positions",
-           "count_sightings", "create_rows", "gather_rows", "index_delete", "index_get",
-           "index_insert", "index_locate", "index_refind", "initial_rows", "keep_changed", "mix64",
-           "pick_victims", "pool_rows", "put_rows", "rows_after", "rowwise_adagrad_rows",
-           "same_ids", "sgd_rows", "shard_ids", "stamp_rows", "unique_first"]
+__all__ = [
+    "absent",
+    "adagrad_rows",
+    "aligned_allocations",
+    "argsort_stable",
+    "bag_positions",
+    "count_sightings",
+    "create_rows",
+    "gather_rows",
+    "index_delete",
+    "index_get",
+    "index_insert",
+    "index_locate",
+    "index_refind",
+    "initial_rows",
+    "keep_changed",
+    "mix64",
+    "pick_victims",
+    "pool_rows",
+    "put_rows",
+    "rows_after",
+    "rowwise_adagrad_rows",
+    "same_ids",
+    "sgd_rows",
+    "shard_ids",
+    "stamp_rows",
+    "unique_first",
+]
 
 _EMPTY = -1  # an index slot's value when it holds no id
 _SCALAR = 48  # ids left probing below which a Python loop beats another numpy pass
@@ -90,12 +113,11 @@ def same_ids(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.array_equal(a, b))
 
 
-def index_locate(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray,
-                 mark: np.ndarray) -> bool:
-    index_get(slots, mask, ids, out[:ids.size])
-    if not _rows_distinct(out[:ids.size], mark):
+def index_locate(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray, mark: np.ndarray) -> bool:
+    index_get(slots, mask, ids, out[: ids.size])
+    if not _rows_distinct(out[: ids.size], mark):
         return False
-    missing = ids[out[:ids.size] < 0]
+    missing = ids[out[: ids.size] < 0]
     return bool(np.unique(missing).size == missing.size)
 
 
@@ -154,13 +176,29 @@ def index_delete(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray)
     return int(gone.size)
 
 
-def count_sightings(slots: np.ndarray, mask: int, counts: np.ndarray, owners: np.ndarray,
-                    ids: np.ndarray, where: np.ndarray, admitted: np.ndarray, threshold: int,
-                    next_slot: int, room: int) -> tuple[int, int, int, int]:
-    if where.size < ids.size or admitted.size < ids.size or next_slot < 0 or room < 0 or \
-            next_slot + min(room, ids.size) > counts.size:
-        raise ValueError("count_sightings: where or admitted shorter than the ids, or no room in "
-                         f"counts (next slot {next_slot} + room {room} of {counts.size})")
+def count_sightings(
+    slots: np.ndarray,
+    mask: int,
+    counts: np.ndarray,
+    owners: np.ndarray,
+    ids: np.ndarray,
+    where: np.ndarray,
+    admitted: np.ndarray,
+    threshold: int,
+    next_slot: int,
+    room: int,
+) -> tuple[int, int, int, int]:
+    if (
+        where.size < ids.size
+        or admitted.size < ids.size
+        or next_slot < 0
+        or room < 0
+        or next_slot + min(room, ids.size) > counts.size
+    ):
+        raise ValueError(
+            "count_sightings: where or admitted shorter than the ids, or no room in "
+            f"counts (next slot {next_slot} + room {room} of {counts.size})"
+        )
     found = np.empty(ids.size, np.int64)
     index_get(slots, mask, ids, found)
     seen = found >= 0
@@ -173,7 +211,7 @@ def count_sightings(slots: np.ndarray, mask: int, counts: np.ndarray, owners: np
         done = int(np.flatnonzero(new)[room])
     yes, seen, new, found, count = yes[:done], seen[:done], new[:done], found[:done], count[:done]
     chosen = where[:done][yes]
-    admitted[:chosen.size] = chosen
+    admitted[: chosen.size] = chosen
     gone = yes & seen
     index_delete(slots, mask, ids[:done][gone], np.empty(int(np.count_nonzero(gone)), np.int64))
     counts[found[gone]] = 0
@@ -200,8 +238,9 @@ def sgd_rows(var: np.ndarray, rows: np.ndarray, g: np.ndarray, lr: float) -> Non
     var[r] -= var.dtype.type(lr) * gr
 
 
-def adagrad_rows(var: np.ndarray, acc: np.ndarray, rows: np.ndarray, g: np.ndarray, lr: float,
-                 eps: float) -> None:
+def adagrad_rows(
+    var: np.ndarray, acc: np.ndarray, rows: np.ndarray, g: np.ndarray, lr: float, eps: float
+) -> None:
     keep = _checked("adagrad_rows", var, rows)
     r, gr = rows[keep], g[keep]
     a = acc[r] + gr * gr
@@ -209,8 +248,9 @@ def adagrad_rows(var: np.ndarray, acc: np.ndarray, rows: np.ndarray, g: np.ndarr
     var[r] -= var.dtype.type(lr) * gr / np.sqrt(a + var.dtype.type(eps))
 
 
-def rowwise_adagrad_rows(var: np.ndarray, acc: np.ndarray, rows: np.ndarray, g: np.ndarray,
-                         lr: float, eps: float) -> None:
+def rowwise_adagrad_rows(
+    var: np.ndarray, acc: np.ndarray, rows: np.ndarray, g: np.ndarray, lr: float, eps: float
+) -> None:
     if acc.shape[0] < var.shape[0] or acc.shape[1] not in (1, var.shape[1]):
         raise ValueError("rowwise_adagrad_rows: acc is not one column, or var's width, per row")
     keep = _checked("rowwise_adagrad_rows", var, rows)
@@ -236,23 +276,43 @@ def bag_positions(offsets: np.ndarray, rows: np.ndarray, out_offsets: np.ndarray
     return np.arange(int(out_offsets[-1]), dtype=np.int64) - np.repeat(out_offsets[:-1] - starts, lengths)
 
 
-def pool_rows(out: np.ndarray, seg: np.ndarray, src: np.ndarray, idx: np.ndarray,
-              scale: np.ndarray, out_col: int = 0, src_col: int = 0, width: int = -1) -> None:
+def pool_rows(
+    out: np.ndarray,
+    seg: np.ndarray,
+    src: np.ndarray,
+    idx: np.ndarray,
+    scale: np.ndarray,
+    out_col: int = 0,
+    src_col: int = 0,
+    width: int = -1,
+) -> None:
     n = seg.size
     width = out.shape[1] if width < 0 else width
-    if idx.size != n or scale.size != n or min(out_col, src_col) < 0 \
-            or out_col + width > out.shape[1] or src_col + width > src.shape[1]:
-        raise ValueError("pool_rows: seg, idx and scale differ in length, or the columns are "
-                         "outside out or src")
+    if (
+        idx.size != n
+        or scale.size != n
+        or min(out_col, src_col) < 0
+        or out_col + width > out.shape[1]
+        or src_col + width > src.shape[1]
+    ):
+        raise ValueError(
+            "pool_rows: seg, idx and scale differ in length, or the columns are outside out or src"
+        )
     if n and (seg.min() < 0 or idx.min() < 0 or seg.max() >= out.shape[0] or idx.max() >= src.shape[0]):
         raise IndexError("pool_rows: a row outside out or src")
-    block = out[:, out_col:out_col + width]
-    np.add.at(block, seg, scale[:, None] * src[idx, src_col:src_col + width])
+    block = out[:, out_col : out_col + width]
+    np.add.at(block, seg, scale[:, None] * src[idx, src_col : src_col + width])
 
 
-def gather_rows(table: np.ndarray, pos: np.ndarray, out: np.ndarray, default: float,
-                last_seen: np.ndarray | None = None, freq: np.ndarray | None = None,
-                clock: int = 0) -> None:
+def gather_rows(
+    table: np.ndarray,
+    pos: np.ndarray,
+    out: np.ndarray,
+    default: float,
+    last_seen: np.ndarray | None = None,
+    freq: np.ndarray | None = None,
+    clock: int = 0,
+) -> None:
     if out.shape != (pos.size, table.shape[1]):
         raise ValueError("gather_rows: out is not (len(pos), dim)")
     if any(a is not None and a.size < table.shape[0] for a in (last_seen, freq)):
@@ -287,8 +347,16 @@ def _rows_distinct(pos: np.ndarray, mark: np.ndarray) -> bool:
     return bool(np.unique(found).size == found.size)
 
 
-def pick_victims(key: np.ndarray, live: np.ndarray, protect: np.ndarray, mark: np.ndarray,
-                 used: int, n: int, low: int = 0, high: int = -1) -> np.ndarray:
+def pick_victims(
+    key: np.ndarray,
+    live: np.ndarray,
+    protect: np.ndarray,
+    mark: np.ndarray,
+    used: int,
+    n: int,
+    low: int = 0,
+    high: int = -1,
+) -> np.ndarray:
     # ``low`` and ``high`` only spare the compiled kernel a pass: the answer is the same
     limit = min(used, key.size, live.size, mark.size)
     if protect.size and (protect.min() < 0 or protect.max() >= limit):
@@ -304,24 +372,34 @@ def pick_victims(key: np.ndarray, live: np.ndarray, protect: np.ndarray, mark: n
         return rows[:0]
     threshold = np.partition(k, n - 1)[n - 1]
     take = k < threshold
-    take[np.flatnonzero(k == threshold)[:n - int(np.count_nonzero(take))]] = True
+    take[np.flatnonzero(k == threshold)[: n - int(np.count_nonzero(take))]] = True
     return rows[take]
 
 
-def rows_after(epochs: np.ndarray, since: int, live: np.ndarray | None = None,
-               until: int | None = None) -> np.ndarray:
+def rows_after(
+    epochs: np.ndarray, since: int, live: np.ndarray | None = None, until: int | None = None
+) -> np.ndarray:
     if live is not None and live.size < epochs.size:
         raise ValueError(f"rows_after: {live.size} live flags for {epochs.size} rows")
     after = epochs.astype(np.int64) > since
     if until is not None:
         after &= epochs.astype(np.int64) <= until
     if live is not None:
-        after &= live[:epochs.size].astype(bool)
+        after &= live[: epochs.size].astype(bool)
     return np.flatnonzero(after)
 
 
-def keep_changed(rows: np.ndarray, epochs: np.ndarray, since: int, mark: int, taken: int,
-                 array: np.ndarray, kept_rows: np.ndarray, kept_values: np.ndarray, start: int) -> int:
+def keep_changed(
+    rows: np.ndarray,
+    epochs: np.ndarray,
+    since: int,
+    mark: int,
+    taken: int,
+    array: np.ndarray,
+    kept_rows: np.ndarray,
+    kept_values: np.ndarray,
+    start: int,
+) -> int:
     n = rows.size
     if array.shape[0] > epochs.shape[0]:
         raise ValueError(f"keep_changed: {epochs.shape[0]} epochs for {array.shape[0]} rows")
@@ -334,8 +412,8 @@ def keep_changed(rows: np.ndarray, epochs: np.ndarray, since: int, mark: int, ta
     r = rows[(rows >= max(taken, 0)) & (rows < array.shape[0])]
     e = epochs[r].astype(np.int64)
     r = r[(e > since) & (e <= mark)]
-    kept_rows[start:start + r.size] = r
-    kept_values[start:start + r.size] = array[r]
+    kept_rows[start : start + r.size] = r
+    kept_values[start : start + r.size] = array[r]
     return int(r.size)
 
 
@@ -359,24 +437,42 @@ def shard_ids(ids: np.ndarray, num_shards: int, salt: int) -> np.ndarray:
     return (h % np.uint64(num_shards)).astype(np.int64)
 
 
-def initial_rows(ids: np.ndarray, seed: int, golden: int, salt: int, low: float, high: float,
-                 out: np.ndarray) -> None:
+def initial_rows(
+    ids: np.ndarray, seed: int, golden: int, salt: int, low: float, high: float, out: np.ndarray
+) -> None:
     u = ids.view(np.uint64).reshape(-1, 1)
     cols = np.arange(out.shape[1], dtype=np.uint64).reshape(1, -1)
     with np.errstate(over="ignore"):
         key = mix64(u * np.uint64(golden) ^ mix64(np.uint64(seed) + cols * np.uint64(salt)))
-    unit = (key >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+    unit = (key >> np.uint64(11)).astype(np.float64) * 2.0**-53
     out[...] = low + (high - low) * unit
 
 
-def create_rows(rows: np.ndarray, new_ids: np.ndarray, values: np.ndarray, slots: tuple[np.ndarray, ...],
-                inits: tuple[float, ...], ids: np.ndarray, live: np.ndarray, last_seen: np.ndarray,
-                freq: np.ndarray, epochs: np.ndarray, lookups: int, epoch: int, seed: int,
-                golden: int, salt: int, low: float, high: float) -> None:
+def create_rows(
+    rows: np.ndarray,
+    new_ids: np.ndarray,
+    values: np.ndarray,
+    slots: tuple[np.ndarray, ...],
+    inits: tuple[float, ...],
+    ids: np.ndarray,
+    live: np.ndarray,
+    last_seen: np.ndarray,
+    freq: np.ndarray,
+    epochs: np.ndarray,
+    lookups: int,
+    epoch: int,
+    seed: int,
+    golden: int,
+    salt: int,
+    low: float,
+    high: float,
+) -> None:
     n = rows.size
     if new_ids.size != n or len(inits) != len(slots) or any(s.shape != values.shape for s in slots):
-        raise ValueError(f"create_rows: {n} rows for {new_ids.size} ids, {len(slots)} slots for "
-                         f"{len(inits)} initial values, or a slot not shaped as the rows")
+        raise ValueError(
+            f"create_rows: {n} rows for {new_ids.size} ids, {len(slots)} slots for "
+            f"{len(inits)} initial values, or a slot not shaped as the rows"
+        )
     limit = min(a.shape[0] for a in (values, ids, live, last_seen, freq, epochs))
     if n and not (rows.min() >= 0 and rows.max() < limit):
         raise IndexError("create_rows: a row outside the table")

@@ -40,8 +40,11 @@ class ServerBase(ServerCore):
 
     def statistics(self, req: Any) -> dict[str, Any]:
         out = super().statistics(req)
-        out.update(preauth_waiting=len(self.preauth), preauth_expired=self.preauth.expired,
-                   preauth_evicted=self.preauth.evicted)
+        out.update(
+            preauth_waiting=len(self.preauth),
+            preauth_expired=self.preauth.expired,
+            preauth_evicted=self.preauth.evicted,
+        )
         return out
 
     def __init__(self, role: str, index: int, *, exit_on_shutdown: bool = False, **options: Any) -> None:
@@ -53,8 +56,10 @@ class ServerBase(ServerCore):
         if exit_on_shutdown:
             self.route(Shutdown, self._shutdown)
         else:
-            self.refuse(Shutdown, f"{self.task} was not started with --exit-on-shutdown: it "
-                                           "outlives the jobs that use it")
+            self.refuse(
+                Shutdown,
+                f"{self.task} was not started with --exit-on-shutdown: it outlives the jobs that use it",
+            )
         self._server: asyncio.AbstractServer | None = None
         self._http: HttpAdapter | None = None
         self._closed: asyncio.Event | None = None
@@ -78,7 +83,8 @@ class ServerBase(ServerCore):
         self._http = HttpAdapter(self, authenticated=self.preauth.authenticated)
         http_factory = await self._http.start()
         self._server = await loop.create_server(
-            lambda: Sniffer(self, self.preauth, http_factory), sock=sock, ssl=self.ssl_context)
+            lambda: Sniffer(self, self.preauth, http_factory), sock=sock, ssl=self.ssl_context
+        )
         host, port = sock.getsockname()[:2]
         self.port = port
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -86,8 +92,11 @@ class ServerBase(ServerCore):
         self.started_at = time.time()
         logger.info("%s listening on %s", self.task, self.address)
         if self.token_bytes is None:
-            logger.warning("%s has no cluster token: any local user can run code through it "
-                           "(set PSTRAIN_TOKEN or --token-file)", self.task)
+            logger.warning(
+                "%s has no cluster token: any local user can run code through it "
+                "(set PSTRAIN_TOKEN or --token-file)",
+                self.task,
+            )
         return self.address
 
     async def join(self) -> None:

@@ -99,8 +99,8 @@ class Pinned(Generic[R]):
 #: for a streaming operation, the function that sends partial replies), it returns the
 #: reply, the reply already encoded (a worker's results), or the reply pinned (arrays
 #: shared with the server until sent).
-HandlerFn: TypeAlias = Callable[  # (written out: mypy matches a nested generic alias poorly)
-    ..., Union[R, Encoded, Pinned[R], Awaitable[Union[R, Encoded, Pinned[R]]]]]  # noqa: UP007
+# (written out, and with Union: mypy matches a nested generic alias poorly)
+HandlerFn: TypeAlias = Callable[..., Union[R, Encoded, Pinned[R], Awaitable[Union[R, Encoded, Pinned[R]]]]]  # noqa: UP007, E501
 
 
 class Router(Protocol):
@@ -144,18 +144,30 @@ class Reply:
 class ServerCore:
     """The handler table of one task, and the path from a request to its reply."""
 
-    def __init__(self, role: str, index: int, *, host: str = "127.0.0.1", port: int = 0,
-                 token: str | None = None, ssl_context: ssl_module.SSLContext | None = None,
-                 max_body: int = DEFAULT_MAX_BODY, metrics_public: bool = False,
-                 handshake_timeout_s: float = 5.0, max_unauthenticated: int = 1024,
-                 max_backlog_bytes: int = 16 << 20, large_body_budget: int = DEFAULT_MAX_BODY,
-                 keepalive_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        role: str,
+        index: int,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        ssl_context: ssl_module.SSLContext | None = None,
+        max_body: int = DEFAULT_MAX_BODY,
+        metrics_public: bool = False,
+        handshake_timeout_s: float = 5.0,
+        max_unauthenticated: int = 1024,
+        max_backlog_bytes: int = 16 << 20,
+        large_body_budget: int = DEFAULT_MAX_BODY,
+        keepalive_s: float = 30.0,
+    ) -> None:
         token = normalize_token(token)  # an empty token is no token
         if not is_loopback(host) and not token:
             raise InvalidArgumentError(
                 f"refusing to listen on {host!r} without a cluster token: anyone who can reach "
                 "it could run code on this cluster. Set PSTRAIN_TOKEN or --token-file, "
-                "or bind 127.0.0.1")
+                "or bind 127.0.0.1"
+            )
         self.role = role
         self.index = index
         self.host = host
@@ -204,8 +216,9 @@ class ServerCore:
         (``Operation[R]``: an ``R``, checked by mypy). Whether its body may carry
         pickles and whether ``fn`` streams partial replies (``fn(request, emit)``) are the
         operation's declaration."""
-        self.handlers[operation.op()] = Handler(fn, operation.pickle, inspect.iscoroutinefunction(fn),
-                                                operation.stream, operation)
+        self.handlers[operation.op()] = Handler(
+            fn, operation.pickle, inspect.iscoroutinefunction(fn), operation.stream, operation
+        )
 
     def page(self, method: str, path: str, handler: Callable[..., Awaitable[Any]]) -> None:
         """Serve the HTTP page ``method path`` with ``handler(request, authenticated)``, which
@@ -214,8 +227,9 @@ class ServerCore:
         cluster token does for every other request. Only pages skip the token check."""
         self.pages[(method, path)] = handler
 
-    def download(self, path: str,
-                 handler: Callable[[dict[str, str], dict[str, str]], Awaitable[Download]]) -> None:
+    def download(
+        self, path: str, handler: Callable[[dict[str, str], dict[str, str]], Awaitable[Download]]
+    ) -> None:
         """Serve ``GET path`` (an aiohttp pattern, ``/v1/tables/{name}/rows``) behind the
         cluster token with ``handler(path parameters, query parameters)``, which returns a
         :class:`Download` or raises a pstrain error (sent as JSON with its status)."""
@@ -232,19 +246,32 @@ class ServerCore:
 
     # -- built-in handlers -------------------------------------------------------------
     def health(self, _: Health) -> HealthReply:
-        return HealthReply(status=self.status.value, role=self.role, index=self.index,
-                           task=self.task, pid=os.getpid(), incarnation=self.incarnation,
-                           uptime_s=time.time() - self.started_at)
+        return HealthReply(
+            status=self.status.value,
+            role=self.role,
+            index=self.index,
+            task=self.task,
+            pid=os.getpid(),
+            incarnation=self.incarnation,
+            uptime_s=time.time() - self.started_at,
+        )
 
     def statistics(self, _: Any) -> dict[str, Any]:
-        return {"task": self.task, "uptime_s": time.time() - self.started_at,
-                "task_failures": self.tasks.failures, "rss_bytes": _rss_bytes(),
-                "requests": {op: {"count": c, "bytes_in": bi, "bytes_out": bo, "seconds": sec}
-                             for op, (c, bi, bo, sec) in self.stats.items()}}
+        return {
+            "task": self.task,
+            "uptime_s": time.time() - self.started_at,
+            "task_failures": self.tasks.failures,
+            "rss_bytes": _rss_bytes(),
+            "requests": {
+                op: {"count": c, "bytes_in": bi, "bytes_out": bo, "seconds": sec}
+                for op, (c, bi, bo, sec) in self.stats.items()
+            },
+        }
 
     # -- the one path from request bytes to a reply -----------------------------------------
-    def handle(self, op: str, body: memoryview | bytes | bytearray,
-               emit: Callable[[Any], None] | None) -> Reply | Coroutine[Any, Any, Reply]:
+    def handle(
+        self, op: str, body: memoryview | bytes | bytearray, emit: Callable[[Any], None] | None
+    ) -> Reply | Coroutine[Any, Any, Reply]:
         """The reply to ``op`` with ``body``: at once for a plain handler, else a coroutine.
 
         ``emit`` sends partial replies for streaming handlers (None over HTTP).
@@ -268,8 +295,15 @@ class ServerCore:
             return self.error_reply(op, exc, size_in, started)
         return self._call(op, handler, decoded, emit, size_in, started)
 
-    def _call(self, op: str, handler: Handler, decoded: Any, emit: Callable[[Any], None] | None,
-              size_in: int, started: float) -> Reply | Coroutine[Any, Any, Reply]:
+    def _call(
+        self,
+        op: str,
+        handler: Handler,
+        decoded: Any,
+        emit: Callable[[Any], None] | None,
+        size_in: int,
+        started: float,
+    ) -> Reply | Coroutine[Any, Any, Reply]:
         try:
             payload = validate(op, handler.request, decoded)
             if handler.stream:
@@ -282,20 +316,26 @@ class ServerCore:
             return self._awaited(op, handler, result, size_in, started)
         return self._reply(op, handler, result, size_in, started)
 
-    async def _decoded_on_a_thread(self, op: str, handler: Handler, body: memoryview | bytes | bytearray,
-                                   emit: Callable[[Any], None] | None, size_in: int,
-                                   started: float) -> Reply:
+    async def _decoded_on_a_thread(
+        self,
+        op: str,
+        handler: Handler,
+        body: memoryview | bytes | bytearray,
+        emit: Callable[[Any], None] | None,
+        size_in: int,
+        started: float,
+    ) -> Reply:
         decode = functools.partial(wire.decode_body, body, allow_pickle=True)
         try:
             decoded = await asyncio.get_running_loop().run_in_executor(
-                None, contextvars.copy_context().run, decode)
+                None, contextvars.copy_context().run, decode
+            )
         except Exception as exc:
             return self.error_reply(op, exc, size_in, started)
         pending = self._call(op, handler, decoded, emit, size_in, started)
         return pending if isinstance(pending, Reply) else await pending
 
-    async def _awaited(self, op: str, handler: Handler, pending: Any, size_in: int,
-                       started: float) -> Reply:
+    async def _awaited(self, op: str, handler: Handler, pending: Any, size_in: int, started: float) -> Reply:
         try:
             result = await pending
         except asyncio.CancelledError:
@@ -304,14 +344,16 @@ class ServerCore:
             return self.error_reply(op, exc, size_in, started)
         return self._reply(op, handler, result, size_in, started)
 
-    def _encoding_emitter(self, handler: Handler,
-                          emit: Callable[[Any], None] | None) -> Callable[[Any], None] | None:
+    def _encoding_emitter(
+        self, handler: Handler, emit: Callable[[Any], None] | None
+    ) -> Callable[[Any], None] | None:
         if emit is None:
             return None
 
         def send(obj: Any) -> None:
-            emit(obj.chunks if isinstance(obj, Encoded) else
-                 wire.encode_body(obj, allow_pickle=handler.pickle))
+            emit(
+                obj.chunks if isinstance(obj, Encoded) else wire.encode_body(obj, allow_pickle=handler.pickle)
+            )
 
         send.connection = getattr(emit, "connection", None)  # type: ignore[attr-defined]
         return send
@@ -321,8 +363,11 @@ class ServerCore:
         if isinstance(result, Pinned):
             result, release = result.value, result.release
         try:
-            chunks = result.chunks if isinstance(result, Encoded) else \
-                wire.encode_body(result, allow_pickle=handler.pickle)
+            chunks = (
+                result.chunks
+                if isinstance(result, Encoded)
+                else wire.encode_body(result, allow_pickle=handler.pickle)
+            )
         except Exception as exc:
             if release is not None:
                 release()
@@ -330,8 +375,9 @@ class ServerCore:
         self._count(op, size_in, wire.body_size(chunks), time.perf_counter() - started)
         return Reply(FrameKind.REPLY, chunks, release)
 
-    def error_reply(self, op: str, exc: BaseException, size_in: int = 0,
-                    started: float | None = None) -> Reply:
+    def error_reply(
+        self, op: str, exc: BaseException, size_in: int = 0, started: float | None = None
+    ) -> Reply:
         """An ERROR reply for ``exc``.
 
         A pstrain error travels as itself. Anything else is a bug of this server: it is
@@ -344,8 +390,9 @@ class ServerCore:
             incident = secrets.token_hex(4)
             logger.error("%s: internal error %s serving %s", self.task, incident, op, exc_info=exc)
             self.internal_errors += 1
-            exc = PstrainError(f"internal error {incident} on {self.task} while serving {op!r}; "
-                               "its log has the details")
+            exc = PstrainError(
+                f"internal error {incident} on {self.task} while serving {op!r}; its log has the details"
+            )
         status = exc.http_status
         envelope = to_envelope(exc, self.task, None)
         return Reply(FrameKind.ERROR, wire.encode_body(envelope), None, status, envelope)

@@ -42,8 +42,9 @@ logger = logging.getLogger(__name__)
 class HttpAdapter:
     """An aiohttp application serving one server's handler table."""
 
-    def __init__(self, server: ServerCore,
-                 authenticated: Callable[[asyncio.BaseTransport], None] | None = None) -> None:
+    def __init__(
+        self, server: ServerCore, authenticated: Callable[[asyncio.BaseTransport], None] | None = None
+    ) -> None:
         self.server = server
         self.authenticated = authenticated  # told of each connection past the token check
         self._runner: web.AppRunner | None = None
@@ -52,6 +53,7 @@ class HttpAdapter:
 
     async def start(self) -> Any:
         """Set the application up; returns the protocol factory the sniffer hands HTTP to."""
+
         @web.middleware
         async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
             return await self._auth(request, handler)
@@ -65,8 +67,9 @@ class HttpAdapter:
             app.router.add_route("GET", path, self._download(serve))
         for (method, path), page in self.server.pages.items():
             self._pages.add(app.router.add_route(method, path, self._page(page)))
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                                     keepalive_timeout=self.server.keepalive_s)
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, keepalive_timeout=self.server.keepalive_s
+        )
         await self._runner.setup()
         factory = self._runner.server
         assert factory is not None
@@ -85,6 +88,7 @@ class HttpAdapter:
 
             response: web.StreamResponse = await page(request, authenticated)
             return response
+
         return handle
 
     def _download(self, serve: Any) -> Any:
@@ -98,20 +102,25 @@ class HttpAdapter:
             finally:
                 if download.close is not None:
                     download.close()
+
         return handle
 
     async def _send(self, request: web.Request, download: Any) -> web.StreamResponse:
         """Send a download in pieces, each given ``SEND_TIMEOUT_S`` to leave: the send buffer
         stays small, the peer paces it, and a peer that stops reading is dropped."""
         chunks = [memoryview(c).cast("B") for c in download.chunks]
-        response = web.StreamResponse(headers={
-            "Content-Type": download.content_type, **(download.headers or {}),
-            "Content-Length": str(sum(len(c) for c in chunks) + download.length)})
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": download.content_type,
+                **(download.headers or {}),
+                "Content-Length": str(sum(len(c) for c in chunks) + download.length),
+            }
+        )
         await response.prepare(request)
 
         async def write(chunk: memoryview) -> None:
             for at in range(0, len(chunk), _PIECE):
-                await asyncio.wait_for(response.write(chunk[at:at + _PIECE]), SEND_TIMEOUT_S)
+                await asyncio.wait_for(response.write(chunk[at : at + _PIECE]), SEND_TIMEOUT_S)
 
         try:
             for chunk in chunks:
@@ -127,8 +136,12 @@ class HttpAdapter:
             await response.write_eof()
         except (TimeoutError, PstrainError, OSError) as exc:
             # The status went out with the headers: the peer sees the body cut short.
-            logger.warning("%s: download %s ended early: %s", self.server.task, request.path,
-                           "the peer stopped reading" if isinstance(exc, TimeoutError) else exc)
+            logger.warning(
+                "%s: download %s ended early: %s",
+                self.server.task,
+                request.path,
+                "the peer stopped reading" if isinstance(exc, TimeoutError) else exc,
+            )
             if request.transport is not None:
                 request.transport.close()
         return response
@@ -140,14 +153,17 @@ class HttpAdapter:
         if request.match_info.route in self._pages:  # a page checks its requests itself
             return await handler(request)
         if not bearer_ok(request.headers.get("Authorization"), server.token_bytes):
-            return self._json_error(AuthenticationError(
-                "missing or wrong cluster token: send 'Authorization: Bearer <token>'"), 401)
+            return self._json_error(
+                AuthenticationError("missing or wrong cluster token: send 'Authorization: Bearer <token>'"),
+                401,
+            )
         if request.transport is not None and self.authenticated is not None:
             self.authenticated(request.transport)  # past the token: no pre-auth deadline
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
-            return self._json_error(ProtocolError(
-                f"Content-Encoding {encoding!r} is not accepted: send the body as it is"), 415)
+            return self._json_error(
+                ProtocolError(f"Content-Encoding {encoding!r} is not accepted: send the body as it is"), 415
+            )
         return await handler(request)
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -156,8 +172,9 @@ class HttpAdapter:
     async def _metrics(self, request: web.Request) -> web.Response:
         server = self.server
         if self._registry is None:
-            self._registry = make_registry({"role": server.role, "task": str(server.index)},
-                                           lambda: server.statistics(None))
+            self._registry = make_registry(
+                {"role": server.role, "task": str(server.index)}, lambda: server.statistics(None)
+            )
         return web.Response(body=render(self._registry), headers={"Content-Type": METRICS_TYPE})
 
     async def _op(self, request: web.Request) -> web.StreamResponse:
@@ -165,21 +182,30 @@ class HttpAdapter:
         op = request.match_info["op"]
         length = request.content_length
         if length is not None and length > server.max_body:
-            return self._json_error(ProtocolError(
-                f"request body of {length} bytes is larger than this server's limit of "
-                f"{server.max_body} bytes"), 413)
+            return self._json_error(
+                ProtocolError(
+                    f"request body of {length} bytes is larger than this server's limit of "
+                    f"{server.max_body} bytes"
+                ),
+                413,
+            )
         try:
             body = await self._read_body(request, length)
         except web.HTTPRequestEntityTooLarge:
-            return self._json_error(ProtocolError(
-                f"request body is larger than this server's limit of {server.max_body} bytes"), 413)
+            return self._json_error(
+                ProtocolError(f"request body is larger than this server's limit of {server.max_body} bytes"),
+                413,
+            )
         except ProtocolError as exc:
             return self._json_error(exc)
         pending = server.handle(op, body, None)
         reply = pending if isinstance(pending, Reply) else await pending
         if reply.kind == FrameKind.ERROR:
-            return web.Response(status=reply.status, content_type="application/json",
-                                text=json.dumps({"error": reply.envelope}))
+            return web.Response(
+                status=reply.status,
+                content_type="application/json",
+                text=json.dumps({"error": reply.envelope}),
+            )
         try:
             out = b"".join(reply.chunks)
         finally:
@@ -195,8 +221,9 @@ class HttpAdapter:
             if len(body) + len(chunk) > limit:
                 if length is not None:
                     raise ProtocolError("request body is longer than its Content-Length")
-                raise ProtocolError(f"request body is larger than this server's limit of "
-                                    f"{self.server.max_body} bytes")
+                raise ProtocolError(
+                    f"request body is larger than this server's limit of {self.server.max_body} bytes"
+                )
             body += chunk
         if length is not None and len(body) != length:
             raise ProtocolError(f"truncated request body: {len(body)} of {length} bytes")
@@ -204,6 +231,9 @@ class HttpAdapter:
 
     def _json_error(self, exc: BaseException, status: int | None = None) -> web.Response:
         retry = getattr(exc, "retry_after_s", None)  # a busy resource says when to ask again
-        return web.Response(status=status or status_for(exc), content_type="application/json",
-                            text=json.dumps({"error": to_envelope(exc, self.server.task)}),
-                            headers={"Retry-After": str(max(1, round(retry)))} if retry else None)
+        return web.Response(
+            status=status or status_for(exc),
+            content_type="application/json",
+            text=json.dumps({"error": to_envelope(exc, self.server.task)}),
+            headers={"Retry-After": str(max(1, round(retry)))} if retry else None,
+        )

@@ -47,8 +47,9 @@ class StreamConnection(FrameProtocol):
         self.server.stream_closed(self)
 
     def oversized(self, req_id: int, op: str) -> None:
-        exc = ProtocolError(f"request to {op!r} is larger than this server's limit of "
-                            f"{self.server.max_body} bytes (413)")
+        exc = ProtocolError(
+            f"request to {op!r} is larger than this server's limit of {self.server.max_body} bytes (413)"
+        )
         self._send(req_id, self.server.error_reply(op, exc))
 
     def handle_frame(self, req_id: int, kind: FrameKind, op: str, body: memoryview) -> None:
@@ -64,8 +65,9 @@ class StreamConnection(FrameProtocol):
         try:
             reply = await pending
         except asyncio.CancelledError:
-            self._send(req_id, self.server.error_reply(
-                op, PstrainError(f"{self.server.task} is shutting down")))
+            self._send(
+                req_id, self.server.error_reply(op, PstrainError(f"{self.server.task} is shutting down"))
+            )
             raise
         self._send(req_id, reply)
 
@@ -86,8 +88,9 @@ class StreamConnection(FrameProtocol):
 class Sniffer(asyncio.Protocol):
     """Decides per connection: the pstrain stream (and runs its handshake) or HTTP."""
 
-    def __init__(self, server: ServerCore, preauth: PreAuth,
-                 http_factory: Callable[[], asyncio.Protocol]) -> None:
+    def __init__(
+        self, server: ServerCore, preauth: PreAuth, http_factory: Callable[[], asyncio.Protocol]
+    ) -> None:
         self.server = server
         self.preauth = preauth
         self.http_factory = http_factory
@@ -115,8 +118,8 @@ class Sniffer(asyncio.Protocol):
                 return
             server = self.server
             shake = self.handshake = ServerHandshake(
-                server.token_bytes, server.task, server.incarnation,
-                any_index=server.answers_any_index)
+                server.token_bytes, server.task, server.incarnation, any_index=server.answers_any_index
+            )
             data, self.buf = bytes(buf), bytearray()
         if len(shake.buf) + len(data) > MAX_PREAUTH + 4096:
             self._reject(transport, "sent more than a handshake before authenticating", REJECTED)
@@ -149,9 +152,13 @@ class Sniffer(asyncio.Protocol):
     def _reject(self, transport: asyncio.Transport, why: str, answer: bytes) -> None:
         held = self.preauth.rejections.allow()  # anyone who connects could fill the log
         if held is not None:
-            logger.warning("%s: rejected a stream connection from %s: %s%s", self.server.task,
-                           transport.get_extra_info("peername"), why,
-                           f" ({held} more rejected since the last such line)" if held else "")
+            logger.warning(
+                "%s: rejected a stream connection from %s: %s%s",
+                self.server.task,
+                transport.get_extra_info("peername"),
+                why,
+                f" ({held} more rejected since the last such line)" if held else "",
+            )
         transport.write(answer)
         transport.close()
 

@@ -55,8 +55,11 @@ class TensorSpec:
         self.name = name
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, TensorSpec) and (self.shape, self.dtype, self.name)
-                == (other.shape, other.dtype, other.name))
+        return isinstance(other, TensorSpec) and (self.shape, self.dtype, self.name) == (
+            other.shape,
+            other.dtype,
+            other.name,
+        )
 
     def __hash__(self) -> int:
         return hash((self.shape, self.dtype, self.name))
@@ -64,8 +67,11 @@ class TensorSpec:
     def is_compatible_with(self, value: Any) -> bool:
         """Does ``value`` (an array) fit this spec?"""
         arr = np.asarray(value)
-        return arr.dtype == self.dtype and arr.ndim == len(self.shape) and all(
-            d is None or d == n for d, n in zip(self.shape, arr.shape))
+        return (
+            arr.dtype == self.dtype
+            and arr.ndim == len(self.shape)
+            and all(d is None or d == n for d, n in zip(self.shape, arr.shape))
+        )
 
     def __repr__(self) -> str:
         return f"TensorSpec(shape={self.shape}, dtype={self.dtype}, name={self.name!r})"
@@ -81,8 +87,7 @@ def _spec(element: Any, partial_batch: bool) -> Any:
     if _jagged(element):
         values = getattr(element, "values", None)
         dtype = values.dtype if isinstance(values, np.ndarray) else np.int64
-        return TensorSpec((None if partial_batch else len(element), None), dtype,
-                          name=type(element).__name__)
+        return TensorSpec((None if partial_batch else len(element), None), dtype, name=type(element).__name__)
     if isinstance(element, dict):
         return {k: _spec(v, partial_batch) for k, v in element.items()}
     if isinstance(element, tuple):
@@ -140,13 +145,19 @@ def _stack(elements: list[Any]) -> Any:
 class Dataset:
     """An iterable pipeline; every ``iter()`` starts from the beginning."""
 
-    def __init__(self, make: Callable[[], Iterator[Any]], *, source: Any = None,
-                 indices: Callable[[], Iterator[int]] | None = None, spec: Any = None,
-                 partial_batch: bool = False) -> None:
+    def __init__(
+        self,
+        make: Callable[[], Iterator[Any]],
+        *,
+        source: Any = None,
+        indices: Callable[[], Iterator[int]] | None = None,
+        spec: Any = None,
+        partial_batch: bool = False,
+    ) -> None:
         self._make = make
-        self._source = source       # slices mode: the arrays...
-        self._indices = indices     # ...and a factory of row-index iterators
-        self._spec = spec           # a declared element_spec (from_generator's signature)
+        self._source = source  # slices mode: the arrays...
+        self._indices = indices  # ...and a factory of row-index iterators
+        self._spec = spec  # a declared element_spec (from_generator's signature)
         self._partial_batch = partial_batch  # batched without drop_remainder
 
     def __iter__(self) -> Iterator[Any]:
@@ -163,8 +174,10 @@ class Dataset:
             return self._spec
         for element in self:
             return _spec(element, self._partial_batch)
-        raise InvalidArgumentError("element_spec of an empty dataset is unknown here: "
-                                   "declare it with from_generator(output_signature=...)")
+        raise InvalidArgumentError(
+            "element_spec of an empty dataset is unknown here: "
+            "declare it with from_generator(output_signature=...)"
+        )
 
     # -- sources -------------------------------------------------------------------------
     @staticmethod
@@ -196,8 +209,11 @@ class Dataset:
         return Dataset(lambda: iter(generator()), spec=output_signature)
 
     # -- transformations -----------------------------------------------------------------------
-    def _derive(self, index_op: Callable[[Callable[[], Iterator[int]]], Callable[[], Iterator[int]]] | None,
-                elem_op: Callable[[Callable[[], Iterator[Any]]], Callable[[], Iterator[Any]]]) -> Dataset:
+    def _derive(
+        self,
+        index_op: Callable[[Callable[[], Iterator[int]]], Callable[[], Iterator[int]]] | None,
+        elem_op: Callable[[Callable[[], Iterator[Any]]], Callable[[], Iterator[Any]]],
+    ) -> Dataset:
         if self._indices is not None and index_op is not None:
             return Dataset._slices(self._source, index_op(self._indices))
         return Dataset(elem_op(self._make), spec=self._spec, partial_batch=self._partial_batch)
@@ -212,8 +228,9 @@ class Dataset:
 
         return Dataset(run)
 
-    def shuffle(self, buffer_size: int, seed: int | None = None,
-                reshuffle_each_iteration: bool = True) -> Dataset:
+    def shuffle(
+        self, buffer_size: int, seed: int | None = None, reshuffle_each_iteration: bool = True
+    ) -> Dataset:
         """TF's buffer shuffle: keep ``buffer_size`` elements, emit a random one, refill."""
         if buffer_size < 1:
             raise InvalidArgumentError(f"buffer_size must be >= 1, got {buffer_size}")
@@ -241,6 +258,7 @@ class Dataset:
                 order = r.permutation(len(buf))
                 for k in order:
                     yield buf[k]
+
             return run
 
         return self._derive(shuffled, shuffled)
@@ -249,6 +267,7 @@ class Dataset:
         """Repeat ``count`` times (forever when None); each pass re-iterates the input."""
         if count is not None:
             whole(count, "repeat count")
+
         def repeated(make: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
             def run() -> Iterator[Any]:
                 passes = itertools.count() if count is None or count < 0 else range(count)
@@ -259,6 +278,7 @@ class Dataset:
                         yield x
                     if empty:
                         return
+
             return run
 
         return self._derive(repeated, repeated)
@@ -266,6 +286,7 @@ class Dataset:
     def take(self, count: int) -> Dataset:
         """The first ``count`` elements (all when negative)."""
         whole(count, "take count")
+
         def taken(make: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
             return lambda: make() if count < 0 else itertools.islice(make(), count)
 

@@ -142,8 +142,9 @@ class SparseCategoricalAccuracy(_Averaged):
         y_pred = np.asarray(y_pred)
         pred = y_pred.reshape(-1, y_pred.shape[-1]).argmax(axis=-1)
         if pred.shape != y_true.shape:
-            raise InvalidArgumentError(f"SparseCategoricalAccuracy: {y_true.size} labels for "
-                                       f"{pred.size} predictions")
+            raise InvalidArgumentError(
+                f"SparseCategoricalAccuracy: {y_true.size} labels for {pred.size} predictions"
+            )
         await self._accumulate((pred == y_true).astype(np.float64), sample_weight)
 
 
@@ -167,8 +168,10 @@ class AUC(Metric):
         y_pred = np.asarray(y_pred, np.float64).reshape(-1)
         w = _weights(y_pred, sample_weight).reshape(-1)
         counts = {}
-        for label, (above, below) in ((True, ("true_positives", "false_negatives")),
-                                      (False, ("false_positives", "true_negatives"))):
+        for label, (above, below) in (
+            (True, ("true_positives", "false_negatives")),
+            (False, ("false_positives", "true_negatives")),
+        ):
             mask = y_true == label
             preds, weights = y_pred[mask], w[mask]
             order = np.argsort(preds)
@@ -180,8 +183,9 @@ class AUC(Metric):
 
     async def result(self) -> float:
         s = await self._values()
-        tp, fp, tn, fn = (s[k] for k in ("true_positives", "false_positives", "true_negatives",
-                                         "false_negatives"))
+        tp, fp, tn, fn = (
+            s[k] for k in ("true_positives", "false_positives", "true_negatives", "false_negatives")
+        )
         with np.errstate(divide="ignore", invalid="ignore"):
             tpr = np.nan_to_num(tp / (tp + fn))
             fpr = np.nan_to_num(fp / (fp + tn))

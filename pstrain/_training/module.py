@@ -100,7 +100,7 @@ def _collect(obj: Any, out: list[Any], seen_vars: set[int], seen: set[int]) -> N
         return
     seen.add(id(obj))
     if isinstance(obj, VariableBase):
-        for v in (obj.variables if isinstance(obj, ShardedVariable) else [obj]):
+        for v in obj.variables if isinstance(obj, ShardedVariable) else [obj]:
             if id(v) not in seen_vars:
                 seen_vars.add(id(v))
                 out.append(v)
@@ -120,4 +120,4 @@ def _submodules(obj: Any, out: list[Module], seen: set[int]) -> None:
             _submodules(child, out, seen)
 
 
-expose(globals(), "pstrain", ['Module'])
+expose(globals(), "pstrain", ["Module"])

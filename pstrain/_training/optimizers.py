@@ -53,8 +53,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("pstrain.optimizers")
 
-__all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Ftrl", "Optimizer", "RMSprop", "RowWiseAdagrad",
-           "schedules"]
+__all__ = ["SGD", "Adagrad", "Adam", "AdamW", "Ftrl", "Optimizer", "RMSprop", "RowWiseAdagrad", "schedules"]
 
 _counts: dict[str, itertools.count[int]] = {}
 
@@ -70,10 +69,14 @@ class Optimizer:
         if isinstance(learning_rate, LearningRateSchedule):
             self.learning_rate: float | LearningRateSchedule = learning_rate
             self.needs_step = True  # every ps evaluates the schedule at the same step
-        elif isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) \
-                or not 0 < learning_rate < math.inf:
-            raise InvalidArgumentError(f"learning_rate must be a positive number or a "
-                                       f"LearningRateSchedule, got {learning_rate!r}")
+        elif (
+            isinstance(learning_rate, bool)
+            or not isinstance(learning_rate, (int, float))
+            or not 0 < learning_rate < math.inf
+        ):
+            raise InvalidArgumentError(
+                f"learning_rate must be a positive number or a LearningRateSchedule, got {learning_rate!r}"
+            )
         else:
             self.learning_rate = float(learning_rate)
         n = next(_counts.setdefault(type(self).__name__, itertools.count()))
@@ -124,8 +127,10 @@ class Optimizer:
         if len(missing) == len(pairs):  # as Keras: a step without a gradient is a mistake
             raise InvalidArgumentError(f"No gradients provided for any variable: {missing}")
         if missing:
-            logger.warning("Gradients do not exist for variables %s when minimizing the loss; "
-                           "they are left as they are", missing)
+            logger.warning(
+                "Gradients do not exist for variables %s when minimizing the loss; they are left as they are",
+                missing,
+            )
         for grad, var in pairs:
             if grad is None:
                 continue
@@ -133,15 +138,17 @@ class Optimizer:
                 if not isinstance(grad, IndexedSlices):
                     raise InvalidArgumentError(
                         f"the gradient of dynamic table {var.name!r} must be an IndexedSlices "
-                        "(values, indices=ids)")
+                        "(values, indices=ids)"
+                    )
                 for ps, ids, values in var.gradient_groups(grad.indices, grad.values):
                     items.append(("table", (var, ps), [var.key, ids, values]))
                     dynamic.append((var, ps))
                 continue
             for part, rows, values in _split(grad, var):
                 if part.ps_index is None:
-                    raise InvalidArgumentError("apply_gradients: variables must be created in "
-                                               "strategy.scope() (they live on the ps)")
+                    raise InvalidArgumentError(
+                        "apply_gradients: variables must be created in strategy.scope() (they live on the ps)"
+                    )
                 touched.append(part)
                 items.append(("grad", part, [part.key, rows, values]))
         it_var, mirror = self.iterations, self.iterations_mirror
@@ -152,9 +159,11 @@ class Optimizer:
         with one_operation():
             t: int | None = None
             if self.needs_step:  # bias correction needs the step: increment first
+
                 async def count(channel: Channel, _: Any) -> int:
-                    reply = await channel.request(ApplyGradients(
-                        rule=rule, prefix=self.name, grads=[], iterations=it_var.key))
+                    reply = await channel.request(
+                        ApplyGradients(rule=rule, prefix=self.name, grads=[], iterations=it_var.key)
+                    )
                     return int(reply.t)
 
                 (t,) = await routed(pool, [("count", None, None)], lambda _: it_var.channel(), count)
@@ -177,11 +186,18 @@ class Optimizer:
                 tables = [entry for kind, _, entry in group if kind == "table"]
                 # grads and tables as lists, not tuples: a list packs flat (a tuple is an ext)
                 mirrored = mirror is not None and any(kind == "mirror" for kind, _, _ in group)
-                reply = await channel.request(ApplyGradients(
-                    rule=rule, prefix=self.name, unique_rows=True,
-                    grads=[entry for kind, _, entry in group if kind == "grad"],
-                    iterations=it_var.key if counts else None, t=t, tables=tables or None,
-                    mirror=mirror.key if mirrored and mirror is not None else None))
+                reply = await channel.request(
+                    ApplyGradients(
+                        rule=rule,
+                        prefix=self.name,
+                        unique_rows=True,
+                        grads=[entry for kind, _, entry in group if kind == "grad"],
+                        iterations=it_var.key if counts else None,
+                        t=t,
+                        tables=tables or None,
+                        mirror=mirror.key if mirrored and mirror is not None else None,
+                    )
+                )
                 return int(reply.t) if counts else -1
 
             results = await routed(pool, items, channel_of, send, _resplit)
@@ -234,7 +250,7 @@ def _split(grad: Any, var: Any) -> list[tuple[Variable, np.ndarray | None, np.nd
         g = np.asarray(grad, var.dtype)
         if g.shape != var.shape:
             raise InvalidArgumentError(f"gradient of {var.name!r} has shape {g.shape}, expected {var.shape}")
-        return [(parts[i], None, g[offsets[i]:offsets[i + 1]]) for i in range(len(parts))]
+        return [(parts[i], None, g[offsets[i] : offsets[i + 1]]) for i in range(len(parts))]
     if not isinstance(var, Variable):
         raise InvalidArgumentError(f"apply_gradients: {type(var).__name__} is not a variable")
     if isinstance(grad, IndexedSlices):
@@ -272,17 +288,24 @@ class Adagrad(Optimizer):
 
     kind = "adagrad"
 
-    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001,
-                 initial_accumulator_value: float = 0.1,
-                 epsilon: float = 1e-7, name: str | None = None) -> None:
+    def __init__(
+        self,
+        learning_rate: float | LearningRateSchedule = 0.001,
+        initial_accumulator_value: float = 0.1,
+        epsilon: float = 1e-7,
+        name: str | None = None,
+    ) -> None:
         number(initial_accumulator_value, "initial_accumulator_value")
         number(epsilon, "epsilon")
         self.initial_accumulator_value, self.epsilon = float(initial_accumulator_value), float(epsilon)
         super().__init__(learning_rate, name)
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "initial_accumulator_value": self.initial_accumulator_value,
-                "epsilon": self.epsilon}
+        return {
+            **super().get_config(),
+            "initial_accumulator_value": self.initial_accumulator_value,
+            "epsilon": self.epsilon,
+        }
 
 
 class RowWiseAdagrad(Optimizer):
@@ -295,17 +318,24 @@ class RowWiseAdagrad(Optimizer):
 
     kind = "rowwise_adagrad"
 
-    def __init__(self, learning_rate: float | LearningRateSchedule = 0.01,
-                 initial_accumulator_value: float = 0.0, epsilon: float = 1e-8,
-                 name: str | None = None) -> None:
+    def __init__(
+        self,
+        learning_rate: float | LearningRateSchedule = 0.01,
+        initial_accumulator_value: float = 0.0,
+        epsilon: float = 1e-8,
+        name: str | None = None,
+    ) -> None:
         number(initial_accumulator_value, "initial_accumulator_value")
         number(epsilon, "epsilon")
         self.initial_accumulator_value, self.epsilon = float(initial_accumulator_value), float(epsilon)
         super().__init__(learning_rate, name)
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "initial_accumulator_value": self.initial_accumulator_value,
-                "epsilon": self.epsilon}
+        return {
+            **super().get_config(),
+            "initial_accumulator_value": self.initial_accumulator_value,
+            "epsilon": self.epsilon,
+        }
 
 
 class Adam(Optimizer):
@@ -314,9 +344,14 @@ class Adam(Optimizer):
     kind = "adam"
     needs_step = True
 
-    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, beta_1: float = 0.9,
-                 beta_2: float = 0.999,
-                 epsilon: float = 1e-7, name: str | None = None) -> None:
+    def __init__(
+        self,
+        learning_rate: float | LearningRateSchedule = 0.001,
+        beta_1: float = 0.9,
+        beta_2: float = 0.999,
+        epsilon: float = 1e-7,
+        name: str | None = None,
+    ) -> None:
         for beta, value in (("beta_1", beta_1), ("beta_2", beta_2)):
             if not 0 <= value < 1:  # at 1 the bias correction divides by 0
                 raise InvalidArgumentError(f"{beta} must be in [0, 1), got {value!r}")
@@ -325,8 +360,7 @@ class Adam(Optimizer):
         super().__init__(learning_rate, name)
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2,
-                "epsilon": self.epsilon}
+        return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon}
 
 
 class AdamW(Adam):
@@ -335,9 +369,15 @@ class AdamW(Adam):
 
     kind = "adamw"
 
-    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, weight_decay: float = 0.004,
-                 beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7,
-                 name: str | None = None) -> None:
+    def __init__(
+        self,
+        learning_rate: float | LearningRateSchedule = 0.001,
+        weight_decay: float = 0.004,
+        beta_1: float = 0.9,
+        beta_2: float = 0.999,
+        epsilon: float = 1e-7,
+        name: str | None = None,
+    ) -> None:
         number(weight_decay, "weight_decay")
         self.weight_decay = float(weight_decay)
         super().__init__(learning_rate, beta_1, beta_2, epsilon, name)
@@ -353,9 +393,15 @@ class RMSprop(Optimizer):
 
     kind = "rmsprop"
 
-    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, rho: float = 0.9,
-                 momentum: float = 0.0, epsilon: float = 1e-7, centered: bool = False,
-                 name: str | None = None) -> None:
+    def __init__(
+        self,
+        learning_rate: float | LearningRateSchedule = 0.001,
+        rho: float = 0.9,
+        momentum: float = 0.0,
+        epsilon: float = 1e-7,
+        centered: bool = False,
+        name: str | None = None,
+    ) -> None:
         if not 0 <= rho <= 1:
             raise InvalidArgumentError(f"rho must be in [0, 1], got {rho}")
         if not 0 <= momentum <= 1:
@@ -365,8 +411,13 @@ class RMSprop(Optimizer):
         super().__init__(learning_rate, name)
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "rho": self.rho, "momentum": self.momentum,
-                "epsilon": self.epsilon, "centered": self.centered}
+        return {
+            **super().get_config(),
+            "rho": self.rho,
+            "momentum": self.momentum,
+            "epsilon": self.epsilon,
+            "centered": self.centered,
+        }
 
 
 class Ftrl(Optimizer):
@@ -374,14 +425,22 @@ class Ftrl(Optimizer):
 
     kind = "ftrl"
 
-    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, learning_rate_power: float = -0.5,
-                 initial_accumulator_value: float = 0.1, l1_regularization_strength: float = 0.0,
-                 l2_regularization_strength: float = 0.0, name: str | None = None) -> None:
+    def __init__(
+        self,
+        learning_rate: float | LearningRateSchedule = 0.001,
+        learning_rate_power: float = -0.5,
+        initial_accumulator_value: float = 0.1,
+        l1_regularization_strength: float = 0.0,
+        l2_regularization_strength: float = 0.0,
+        name: str | None = None,
+    ) -> None:
         if learning_rate_power > 0:
             raise InvalidArgumentError("learning_rate_power must be <= 0")
-        for name, value in (("initial_accumulator_value", initial_accumulator_value),  # as TF
-                            ("l1_regularization_strength", l1_regularization_strength),
-                            ("l2_regularization_strength", l2_regularization_strength)):
+        for name, value in (
+            ("initial_accumulator_value", initial_accumulator_value),  # as TF
+            ("l1_regularization_strength", l1_regularization_strength),
+            ("l2_regularization_strength", l2_regularization_strength),
+        ):
             number(value, name)
         self.learning_rate_power = float(learning_rate_power)
         self.initial_accumulator_value = float(initial_accumulator_value)
@@ -390,18 +449,23 @@ class Ftrl(Optimizer):
         super().__init__(learning_rate, name)
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "learning_rate_power": self.learning_rate_power,
-                "initial_accumulator_value": self.initial_accumulator_value,
-                "l1_regularization_strength": self.l1_regularization_strength,
-                "l2_regularization_strength": self.l2_regularization_strength}
+        return {
+            **super().get_config(),
+            "learning_rate_power": self.learning_rate_power,
+            "initial_accumulator_value": self.initial_accumulator_value,
+            "l1_regularization_strength": self.l1_regularization_strength,
+            "l2_regularization_strength": self.l2_regularization_strength,
+        }
 
 
 def _pair(pair: Any) -> tuple[Any, Any]:
     """One ``(gradient, variable)`` of ``apply_gradients``, or InvalidArgumentError."""
     if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-        raise InvalidArgumentError("apply_gradients takes (gradient, variable) pairs, as "
-                                   f"zip(grads, variables) gives; got {type(pair).__name__} "
-                                   f"{str(pair)[:60]}")
+        raise InvalidArgumentError(
+            "apply_gradients takes (gradient, variable) pairs, as "
+            f"zip(grads, variables) gives; got {type(pair).__name__} "
+            f"{str(pair)[:60]}"
+        )
     return pair[0], pair[1]
 
 

@@ -146,11 +146,13 @@ def _checked(name: Any, data: Any, step: Any) -> tuple[str, float, int]:
     try:
         value = float(data)
     except (TypeError, ValueError):
-        raise InvalidArgumentError(f"summary {name!r}: the value must be a number, got "
-                                   f"{type(data).__name__}") from None
+        raise InvalidArgumentError(
+            f"summary {name!r}: the value must be a number, got {type(data).__name__}"
+        ) from None
     if step is None:
-        raise InvalidArgumentError(f"summary {name!r}: give a step (as tf.summary.scalar does "
-                                   "when no default step is set)")
+        raise InvalidArgumentError(
+            f"summary {name!r}: give a step (as tf.summary.scalar does when no default step is set)"
+        )
     if isinstance(step, bool) or not isinstance(step, int) and not hasattr(step, "__index__"):
         raise InvalidArgumentError(f"summary {name!r}: step must be an integer, got {step!r}")
     return name, value, int(step)

@@ -58,15 +58,21 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-def block_on(make: Callable[[], Awaitable[T]], loop: asyncio.AbstractEventLoop | None = None, *,
-             timeout: float | None = None, what: str = "this call") -> T:
+def block_on(
+    make: Callable[[], Awaitable[T]],
+    loop: asyncio.AbstractEventLoop | None = None,
+    *,
+    timeout: float | None = None,
+    what: str = "this call",
+) -> T:
     """Block this thread until ``make()`` has been awaited on ``loop``; return its result.
 
     With ``loop=None`` a fresh loop runs here for the duration (``pstrain.run``).
     """
     if _running_loop() is not None:
-        raise RuntimeError(f"{what} blocks, and this thread is running an event loop; "
-                           "use 'await' here instead")
+        raise RuntimeError(
+            f"{what} blocks, and this thread is running an event loop; use 'await' here instead"
+        )
     if loop is None:
         return _run_here(make, timeout)
     if loop.is_closed():
@@ -126,8 +132,9 @@ def _copy_outcome(task: asyncio.Task[T], done: concurrent.futures.Future[T]) -> 
         done.set_result(task.result())
 
 
-def _cancel(loop: asyncio.AbstractEventLoop, done: concurrent.futures.Future[Any],
-            started: list[asyncio.Task[Any]]) -> None:
+def _cancel(
+    loop: asyncio.AbstractEventLoop, done: concurrent.futures.Future[Any], started: list[asyncio.Task[Any]]
+) -> None:
     done.cancel()
     if loop.is_closed():
         return
@@ -152,8 +159,10 @@ def run(main: Coroutine[Any, Any, T]) -> T:
         raise TypeError(f"pstrain.run() needs a coroutine, got {main!r}{hint}")
     if _running_loop() is not None:
         main.close()  # never awaited: say why instead of warning about it
-        raise RuntimeError("pstrain.run() starts an event loop, and this thread is already running "
-                           "one; 'await' the coroutine here instead")
+        raise RuntimeError(
+            "pstrain.run() starts an event loop, and this thread is already running "
+            "one; 'await' the coroutine here instead"
+        )
 
     interruption = Interruption()
 
@@ -175,4 +184,4 @@ def run(main: Coroutine[Any, Any, T]) -> T:
         raise SystemExit(130) from None
 
 
-expose(globals(), "pstrain", ['run'])
+expose(globals(), "pstrain", ["run"])

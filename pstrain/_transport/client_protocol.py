@@ -31,6 +31,7 @@ class Channel(Protocol):
 
     def connection_lost(self, proto: ClientProtocol) -> None: ...
 
+
 __all__ = ["ClientProtocol", "cluster_entry", "expire", "foreign_server", "ps_advice"]
 
 
@@ -49,10 +50,15 @@ def foreign_server(channel: Channel, first: bytes) -> PstrainError:
     if first[:1] in (b"\x15", b"\x16"):  # a TLS record: alert or handshake
         return AuthenticationError(
             f"{where} speaks TLS and this client does not: give the coordinator the cluster's "
-            "TLS settings (the resolver's ssl_context, or --tls-ca)", task=channel.task)
+            "TLS settings (the resolver's ssl_context, or --tls-ca)",
+            task=channel.task,
+        )
     return ProtocolError(
         f"{where} is not a pstrain server (it answered {first[:32]!r}): check the cluster's "
-        "addresses (TF_CONFIG / PSTRAIN_CONFIG)", task=channel.task)
+        "addresses (TF_CONFIG / PSTRAIN_CONFIG)",
+        task=channel.task,
+    )
+
 
 class ClientProtocol(FrameProtocol):
     """The client end of a stream: the mutual handshake (``handshake.py``), then frames."""
@@ -77,7 +83,7 @@ class ClientProtocol(FrameProtocol):
             return
         # Handshake bytes land in the staging buffer but are not kept there: the machine
         # takes them, and only what follows the handshake becomes frames.
-        data = bytes(self._stage[self._end:self._end + nbytes])
+        data = bytes(self._stage[self._end : self._end + nbytes])
         self.received += nbytes
         try:
             out = self.shake.receive(data)
@@ -103,20 +109,27 @@ class ClientProtocol(FrameProtocol):
             return WrongTaskError(
                 f"the task at {ch.address} is {exc.actual}, not {ch.task}: the cluster spec does "
                 "not match the running tasks (TF_CONFIG / PSTRAIN_CONFIG, or the cluster file)",
-                actual=exc.actual, task=ch.task)
+                actual=exc.actual,
+                task=ch.task,
+            )
         if exc.kind == "impostor":
             return AuthenticationError(
                 f"{ch.address} proved the cluster token but answered as {exc.actual}, not "
                 f"{ch.task}: the connection was relayed to another task, or the cluster spec "
-                "does not match the running tasks", task=ch.task)
+                "does not match the running tasks",
+                task=ch.task,
+            )
         if exc.kind == "unproven":
             return AuthenticationError(
                 f"{where} could not prove it knows the cluster token: it is not a task of this "
                 "cluster, or it has another token (set the same PSTRAIN_TOKEN / --token-file on "
-                "every task)", task=ch.task)
+                "every task)",
+                task=ch.task,
+            )
         return AuthenticationError(
-            f"{where} rejected the cluster token (set the same PSTRAIN_TOKEN / --token-file on "
-            "every task)", task=ch.task)
+            f"{where} rejected the cluster token (set the same PSTRAIN_TOKEN / --token-file on every task)",
+            task=ch.task,
+        )
 
     def _fail_handshake(self, exc: BaseException) -> None:
         if not self.handshake.done():
@@ -140,7 +153,10 @@ class ClientProtocol(FrameProtocol):
         self.channel.connection_lost(self)
         err = UnavailableError(
             f"connection to {self.channel.task} at {self.channel.address} was lost"
-            + (f": {exc}" if exc else "") + ps_advice(self.channel.task), task=self.channel.task)
+            + (f": {exc}" if exc else "")
+            + ps_advice(self.channel.task),
+            task=self.channel.task,
+        )
         self.lost_exc = self.lost_exc or err
         if not self.handshake.done():
             self.handshake.set_exception(err)
@@ -151,27 +167,30 @@ class ClientProtocol(FrameProtocol):
         self.partials.clear()
 
 
-
 def cluster_entry(task: str, address: str) -> str:
     """Where ``task``'s address comes from, for an error about reaching it: its entry in the
     cluster configuration (``cluster["ps"][0] = "host:port"``)."""
     m = re.fullmatch(r"/job:([^/]+)/replica:\d+/task:(\d+)", task)
     entry = f'cluster["{m.group(1)}"][{m.group(2)}]' if m else f"the entry of {task}"
-    return (f'{entry} = "{address}" in the cluster configuration (the cluster file, '
-            "PSTRAIN_CONFIG or TF_CONFIG)")
+    return (
+        f'{entry} = "{address}" in the cluster configuration (the cluster file, PSTRAIN_CONFIG or TF_CONFIG)'
+    )
 
 
 def ps_advice(task: str) -> str:
     """What to do when a ps cannot be reached (said in the error a closure gets)."""
     if "/job:ps/" not in task:
         return ""
-    return (". If the ps restarted, its variables are lost: the coordinator's join() says so, "
-            "and the latest checkpoint must be restored; if it answers again (a partition), "
-            "schedule the failed work again")
+    return (
+        ". If the ps restarted, its variables are lost: the coordinator's join() says so, "
+        "and the latest checkpoint must be restored; if it answers again (a partition), "
+        "schedule the failed work again"
+    )
 
 
 def expire(fut: asyncio.Future[Any], task: str, op: str, timeout: float) -> None:
     """A call's deadline passed: fail its future (if no reply came first)."""
     if not fut.done():
-        fut.set_exception(DeadlineExceededError(
-            f"{task} did not answer {op!r} within {timeout:g} s", task=task))
+        fut.set_exception(
+            DeadlineExceededError(f"{task} did not answer {op!r} within {timeout:g} s", task=task)
+        )

@@ -28,8 +28,7 @@ import signal
 import threading
 from collections.abc import Awaitable, Callable
 
-__all__ = ["DRAIN_HOOKS", "GRACE_S", "KEEP_HOOKS", "KEEP_S", "REPORT_HOOKS", "STOP_HOOKS",
-           "Interruption"]
+__all__ = ["DRAIN_HOOKS", "GRACE_S", "KEEP_HOOKS", "KEEP_S", "REPORT_HOOKS", "STOP_HOOKS", "Interruption"]
 
 logger = logging.getLogger(__name__)
 
@@ -97,13 +96,15 @@ class Interruption:
         try:
             results = await asyncio.wait_for(
                 asyncio.gather(*(hook(GRACE_S) for hook in DRAIN_HOOKS), return_exceptions=True),
-                GRACE_S + 1.0)
+                GRACE_S + 1.0,
+            )
             self.summaries += [r for r in results if isinstance(r, str) and r]
         except TimeoutError:
             self.summaries.append(f"steps still running after {GRACE_S:g} s were abandoned")
         try:
             results = await asyncio.wait_for(
-                asyncio.gather(*(hook() for hook in KEEP_HOOKS), return_exceptions=True), KEEP_S)
+                asyncio.gather(*(hook() for hook in KEEP_HOOKS), return_exceptions=True), KEEP_S
+            )
             for r in results:
                 if isinstance(r, BaseException):
                     logger.error("keeping the finished steps on interruption failed: %s", r)

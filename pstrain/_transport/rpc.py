@@ -52,8 +52,9 @@ SILENT_CLOSES = 3
 
 
 #: The open channels of each loop (weakly: a channel nobody holds is already closed).
-_open: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[Channel]] = \
+_open: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[Channel]] = (
     weakref.WeakKeyDictionary()
+)
 
 
 class Channel:
@@ -67,9 +68,16 @@ class Channel:
 
     _ids = itertools.count(1)
 
-    def __init__(self, address: str, *, token: str | None, task: str,
-                 ssl_context: ssl_module.SSLContext | None = None,
-                 max_body: int = DEFAULT_MAX_BODY, connect_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str | None,
+        task: str,
+        ssl_context: ssl_module.SSLContext | None = None,
+        max_body: int = DEFAULT_MAX_BODY,
+        connect_timeout: float = 10.0,
+    ) -> None:
         self.address = address
         self.host, self.port = parse_address(address)
         self.token = normalize_token(token)
@@ -104,32 +112,50 @@ class Channel:
     async def _connect(self) -> ClientProtocol:
         loop = asyncio.get_running_loop()
         try:
-            _, proto = await asyncio.wait_for(loop.create_connection(
-                lambda: ClientProtocol(self), self.host, self.port, ssl=self.ssl_context,
-                server_hostname=self.host if self.ssl_context else None), self.connect_timeout)
+            _, proto = await asyncio.wait_for(
+                loop.create_connection(
+                    lambda: ClientProtocol(self),
+                    self.host,
+                    self.port,
+                    ssl=self.ssl_context,
+                    server_hostname=self.host if self.ssl_context else None,
+                ),
+                self.connect_timeout,
+            )
         except TimeoutError as exc:
             raise UnavailableError(
                 f"{self.task} at {self.address} did not accept a connection within "
-                f"{self.connect_timeout:g} s", task=self.task) from exc
+                f"{self.connect_timeout:g} s",
+                task=self.task,
+            ) from exc
         except ssl_module.SSLError as exc:
             raise AuthenticationError(
                 f"TLS handshake with {self.task} at {self.address} failed: {exc}. If the "
                 "cluster does not use TLS, give the coordinator no ssl_context; if it does, "
-                "give it the cluster's CA (--tls-ca)", task=self.task) from exc
+                "give it the cluster's CA (--tls-ca)",
+                task=self.task,
+            ) from exc
         except OSError as exc:
-            advice = ps_advice(self.task) if self.ever_connected else (
-                f". If it should be up, check {cluster_entry(self.task, self.address)}")
+            advice = (
+                ps_advice(self.task)
+                if self.ever_connected
+                else (f". If it should be up, check {cluster_entry(self.task, self.address)}")
+            )
             raise UnavailableError(
-                f"{self.task} at {self.address} cannot be reached: {exc.strerror or exc}"
-                + advice, task=self.task) from exc
+                f"{self.task} at {self.address} cannot be reached: {exc.strerror or exc}" + advice,
+                task=self.task,
+            ) from exc
         assert proto.transport is not None
         tune_connection(proto.transport.get_extra_info("socket"))
         try:
             await asyncio.wait_for(asyncio.shield(proto.handshake), self.connect_timeout)
         except TimeoutError as exc:
             proto.transport.abort()
-            raise UnavailableError(f"{self.task} at {self.address} did not answer the handshake "
-                                   f"within {self.connect_timeout:g} s", task=self.task) from exc
+            raise UnavailableError(
+                f"{self.task} at {self.address} did not answer the handshake "
+                f"within {self.connect_timeout:g} s",
+                task=self.task,
+            ) from exc
         except UnavailableError as exc:
             proto.transport.abort()
             if proto.received:
@@ -143,7 +169,9 @@ class Channel:
                 f"{self.task} at {self.address} closed the connection {self._silent_closes} times "
                 "in a row during the handshake without answering: it probably expects TLS (give "
                 "the coordinator the cluster's TLS settings: the resolver's ssl_context, or "
-                "--tls-ca) or is not a pstrain server", task=self.task) from exc
+                "--tls-ca) or is not a pstrain server",
+                task=self.task,
+            ) from exc
         except BaseException:
             proto.transport.abort()
             raise
@@ -169,8 +197,10 @@ class Channel:
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if fut.cancelled() and not (task is not None and task.cancelling()):
-                raise UnavailableError(f"the connection to {self.task} at {self.address} was "
-                                       "reset while connecting", task=self.task) from None
+                raise UnavailableError(
+                    f"the connection to {self.task} at {self.address} was reset while connecting",
+                    task=self.task,
+                ) from None
             raise
         return proto  # kept by _connect_ended (which runs first: it was added first)
 
@@ -179,12 +209,16 @@ class Channel:
         cancelled (it must not get a failure from before the task came back)."""
         if self._connecting is fut:
             self._connecting = None
-        if not (self.closed or fut.cancelled()) and fut.exception() is None \
-                and fut.result().lost_exc is None:
+        if not (self.closed or fut.cancelled()) and fut.exception() is None and fut.result().lost_exc is None:
             self._proto = self._proto or fut.result()
 
-    async def request(self, message: Operation[R], *, timeout: float | None = None,
-                      on_partial: Callable[[R], None] | None = None) -> R:
+    async def request(
+        self,
+        message: Operation[R],
+        *,
+        timeout: float | None = None,
+        on_partial: Callable[[R], None] | None = None,
+    ) -> R:
         """Send ``message`` (an operation of ``pstrain._formats.messages.operations``) and return its
         reply as the operation's declared reply class (a ProtocolError if it is not one).
 
@@ -199,9 +233,12 @@ class Channel:
         chunks = wire.encode_body(message, allow_pickle=cls.pickle)
         partial = None
         if on_partial is not None:
+
             def partial(body: memoryview) -> None:
-                on_partial(convert_reply(op, cls.reply, wire.decode_body(body, allow_pickle=cls.pickle),
-                                         self.task))
+                on_partial(
+                    convert_reply(op, cls.reply, wire.decode_body(body, allow_pickle=cls.pickle), self.task)
+                )
+
         kind, body = await self.call_raw(op, chunks, timeout=timeout, on_partial=partial)
         payload = self.decode_reply(kind, body, pickle=cls.pickle)
         return convert_reply(op, cls.reply, payload, self.task)
@@ -224,18 +261,24 @@ class Channel:
         envelope.setdefault("task", self.task)
         raise from_envelope(envelope)
 
-    async def call_raw(self, op: str, chunks: Sequence[bytes | memoryview], *,
-                       timeout: float | None = None,
-                       on_partial: Callable[[memoryview], None] | None = None
-                       ) -> tuple[FrameKind, memoryview]:
+    async def call_raw(
+        self,
+        op: str,
+        chunks: Sequence[bytes | memoryview],
+        *,
+        timeout: float | None = None,
+        on_partial: Callable[[memoryview], None] | None = None,
+    ) -> tuple[FrameKind, memoryview]:
         proto = self._proto
         if proto is None:  # a call's deadline covers connecting too
             try:
                 async with asyncio.timeout(timeout):  # (3.11's wait_for can lose a cancel)
                     proto = await self.connected()
             except TimeoutError:  # (connected() raises none of its own: only the deadline's)
-                raise DeadlineExceededError(f"{self.task} at {self.address} could not be reached "
-                                            f"within {timeout:g} s for {op!r}", task=self.task) from None
+                raise DeadlineExceededError(
+                    f"{self.task} at {self.address} could not be reached within {timeout:g} s for {op!r}",
+                    task=self.task,
+                ) from None
         counters = counted(self.task, op, sum(len(c) for c in chunks)) if counting() else ()
         loop = asyncio.get_running_loop()
         req_id = next(self._ids)
@@ -248,8 +291,9 @@ class Channel:
         except UnavailableError:
             proto.pending.pop(req_id, None)
             proto.partials.pop(req_id, None)
-            raise UnavailableError(f"connection to {self.task} at {self.address} is closed",
-                                   task=self.task) from None
+            raise UnavailableError(
+                f"connection to {self.task} at {self.address} is closed", task=self.task
+            ) from None
         if timeout is None:
             reply = await fut
         else:
@@ -303,9 +347,15 @@ class ChannelPool:
 
     __pstrain_opaque__ = True  # a checkpoint does not walk into it (object_graph)
 
-    def __init__(self, cluster_spec: ClusterSpec, token: str | None, *,
-                 ssl_context: ssl_module.SSLContext | None = None,
-                 max_body: int = DEFAULT_MAX_BODY, connect_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        cluster_spec: ClusterSpec,
+        token: str | None,
+        *,
+        ssl_context: ssl_module.SSLContext | None = None,
+        max_body: int = DEFAULT_MAX_BODY,
+        connect_timeout: float = 10.0,
+    ) -> None:
         self.cluster_spec = cluster_spec
         self.token = normalize_token(token)
         self.ssl_context = ssl_context
@@ -321,10 +371,12 @@ class ChannelPool:
         self.routes = PlacementMap(ps=cluster_spec.job_tasks("ps"))
         self.placement_lock = PlacementLock()  # moves and restores alone, saves shared
         self._channels: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, dict[tuple[str, int], Channel]] = weakref.WeakKeyDictionary()
+            asyncio.AbstractEventLoop, dict[tuple[str, int], Channel]
+        ] = weakref.WeakKeyDictionary()
         # The last loop's channels: every variable operation asks, almost always from one loop.
-        self._last: tuple[weakref.ref[asyncio.AbstractEventLoop],
-                          dict[tuple[str, int], Channel]] | None = None
+        self._last: tuple[weakref.ref[asyncio.AbstractEventLoop], dict[tuple[str, int], Channel]] | None = (
+            None
+        )
 
     def channel(self, job: str, index: int) -> Channel:
         """The channel to task ``job:index`` on the running loop (made on first use)."""
@@ -340,9 +392,13 @@ class ChannelPool:
         ch = channels.get((job, index))
         if ch is None or ch.closed:
             ch = channels[(job, index)] = Channel(
-                self.cluster_spec.task_address(job, index), token=self.token,
-                task=task_name(job, index), ssl_context=self.ssl_context,
-                max_body=self.max_body, connect_timeout=self.connect_timeout)
+                self.cluster_spec.task_address(job, index),
+                token=self.token,
+                task=task_name(job, index),
+                ssl_context=self.ssl_context,
+                max_body=self.max_body,
+                connect_timeout=self.connect_timeout,
+            )
             ch.owner = self.owner
             ch.restored, ch.fences = self.restored, self.fences
         return ch

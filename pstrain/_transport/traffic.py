@@ -27,7 +27,8 @@ __all__ = ["RequestCounts", "count_requests", "counted", "counting"]
 
 #: The counters open in this context, innermost last.
 _open: contextvars.ContextVar[tuple[RequestCounts, ...]] = contextvars.ContextVar(
-    "pstrain_request_counts", default=())
+    "pstrain_request_counts", default=()
+)
 
 
 class RequestCounts:
@@ -53,13 +54,19 @@ class RequestCounts:
         return sum(n for task, n in self.per_task.items() if task.startswith(f"/job:{job}/"))
 
     def as_dict(self) -> dict[str, Any]:
-        return {"requests": self.requests, "per_task": dict(self.per_task),
-                "per_op": dict(self.per_op), "bytes_sent": self.bytes_sent,
-                "bytes_received": self.bytes_received}
+        return {
+            "requests": self.requests,
+            "per_task": dict(self.per_task),
+            "per_op": dict(self.per_op),
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+        }
 
     def __repr__(self) -> str:
-        return (f"RequestCounts(requests={self.requests}, bytes_sent={self.bytes_sent}, "
-                f"bytes_received={self.bytes_received})")
+        return (
+            f"RequestCounts(requests={self.requests}, bytes_sent={self.bytes_sent}, "
+            f"bytes_received={self.bytes_received})"
+        )
 
 
 @contextlib.contextmanager

@@ -18,9 +18,19 @@ from .._base.exports import expose
 from .._formats.numerics.casting import cast_value
 from .._formats.numerics.initializers import Initializer
 
-__all__ = ["IndexedSlices", "VariableAggregation", "VariableBase", "VariableCreator",
-           "VariableSynchronization", "as_enum", "check_range", "creator_scope", "current_creator",
-           "initial_value_array", "to_array"]
+__all__ = [
+    "IndexedSlices",
+    "VariableAggregation",
+    "VariableBase",
+    "VariableCreator",
+    "VariableSynchronization",
+    "as_enum",
+    "check_range",
+    "creator_scope",
+    "current_creator",
+    "initial_value_array",
+    "to_array",
+]
 
 
 class VariableAggregation(enum.Enum):
@@ -59,12 +69,15 @@ class IndexedSlices:
         if self.indices.ndim != 1 or self.values.shape[:1] != self.indices.shape:
             raise InvalidArgumentError(
                 f"IndexedSlices needs 1-D indices and one row of values per index; got indices "
-                f"{self.indices.shape} and values {self.values.shape}")
+                f"{self.indices.shape} and values {self.values.shape}"
+            )
         self.dense_shape = tuple(dense_shape) if dense_shape is not None else None
 
     def __repr__(self) -> str:
-        return (f"IndexedSlices(values=<{self.values.shape} {self.values.dtype}>, "
-                f"indices=<{self.indices.shape}>, dense_shape={self.dense_shape})")
+        return (
+            f"IndexedSlices(values=<{self.values.shape} {self.values.dtype}>, "
+            f"indices=<{self.indices.shape}>, dense_shape={self.dense_shape})"
+        )
 
 
 class VariableCreator(Protocol):
@@ -84,7 +97,8 @@ class VariableCreator(Protocol):
 
 #: The variable creator of the active strategy scope (None outside any scope).
 _creator: contextvars.ContextVar[VariableCreator | None] = contextvars.ContextVar(
-    "pstrain_variable_creator", default=None)
+    "pstrain_variable_creator", default=None
+)
 
 
 def current_creator() -> VariableCreator | None:
@@ -126,8 +140,9 @@ def to_array(value: Any, dtype: np.dtype, what: str) -> np.ndarray:
     """``value`` as an array of ``dtype``; refuses conversions that lose information
     (``casting.py``: float -> int, overflow, out-of-range integers)."""
     if isinstance(value, VariableBase):
-        raise InvalidArgumentError(f"{what}: pass an array, not a variable handle "
-                                   "(read it first: await v.read_value())")
+        raise InvalidArgumentError(
+            f"{what}: pass an array, not a variable handle (read it first: await v.read_value())"
+        )
     arr = value if isinstance(value, np.ndarray) else np.asarray(value)
     if arr.dtype == dtype:
         return arr

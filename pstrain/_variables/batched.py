@@ -79,8 +79,10 @@ async def read_variables(variables: Iterable[Any]) -> list[np.ndarray]:
 
     if placed:
         await routed(parts[placed[0]].channels(), placed, channel_of, read_group)
-    return [got[a] if isinstance(v, Variable) else np.concatenate(got[a:b], axis=0)
-            for v, (a, b) in zip(variables, spans)]
+    return [
+        got[a] if isinstance(v, Variable) else np.concatenate(got[a:b], axis=0)
+        for v, (a, b) in zip(variables, spans)
+    ]
 
 
 @must_await

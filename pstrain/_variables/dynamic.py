@@ -72,15 +72,27 @@ class DynamicEmbedding:
 
     dynamic_table = True  # what embedding_lookup and the adapters recognise
 
-    def __init__(self, dim: int, dtype: Any = "float32", *, name: str | None = None,
-                 initializer: Initializer | None = None, default_value: float = 0.0,
-                 capacity: int | None = None, eviction: str = "lru", max_age: int | None = None,
-                 admit_after: int | None = None, admit_probability: float | None = None) -> None:
+    def __init__(
+        self,
+        dim: int,
+        dtype: Any = "float32",
+        *,
+        name: str | None = None,
+        initializer: Initializer | None = None,
+        default_value: float = 0.0,
+        capacity: int | None = None,
+        eviction: str = "lru",
+        max_age: int | None = None,
+        admit_after: int | None = None,
+        admit_probability: float | None = None,
+    ) -> None:
         placement = current_creator()
         if not isinstance(placement, Placement) or placement.channels is None:
-            raise InvalidArgumentError("a DynamicEmbedding lives on the ps: create it in "
-                                       "strategy.scope() of a ParameterServerStrategy, on the "
-                                       "coordinator")
+            raise InvalidArgumentError(
+                "a DynamicEmbedding lives on the ps: create it in "
+                "strategy.scope() of a ParameterServerStrategy, on the "
+                "coordinator"
+            )
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
             raise InvalidArgumentError(f"DynamicEmbedding dim must be a positive integer, got {dim!r}")
         init = initializer if initializer is not None else RandomUniform()
@@ -95,7 +107,8 @@ class DynamicEmbedding:
         else:
             raise InvalidArgumentError(
                 f"a DynamicEmbedding's initializer is RandomUniform, Zeros or Constant (a row's "
-                f"value must follow from its id alone), got {type(init).__name__}")
+                f"value must follow from its id alone), got {type(init).__name__}"
+            )
         num_ps = placement.num_ps
         # Where its slices are from the start, if the ps in the job are not the first
         # ``num_ps`` (one left, or one joined); else None: shard ``p`` on ps ``p``.
@@ -103,11 +116,13 @@ class DynamicEmbedding:
         if sorted(placement.active) != list(range(num_ps)):
             birth = first_slices(num_ps, sorted(placement.active))
         spread = num_ps if birth is None else len(set(birth.owners))
-        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
-                                     or capacity < spread):
+        if capacity is not None and (
+            isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < spread
+        ):
             raise InvalidArgumentError(
                 f"DynamicEmbedding capacity must be a whole number of rows, at least the {spread} "
-                f"ps it is sharded over (each holds a share), got {capacity!r}")
+                f"ps it is sharded over (each holds a share), got {capacity!r}"
+            )
         if eviction not in ("lru", "lfu"):  # "evict" on the wire: named here as the user wrote it
             raise InvalidArgumentError(f"DynamicEmbedding eviction must be 'lru' or 'lfu', got {eviction!r}")
         self.name = name or f"dynamic_embedding_{next(_names)}"
@@ -121,10 +136,18 @@ class DynamicEmbedding:
         #: once any moved.
         self.birth: TableSlices | None = birth
         self.config: dict[str, Any] = {
-            "dim": dim, "dtype": self.dtype.name, "seed": int(seed), "init_low": low,
-            "init_high": high, "default_value": float(default_value), "evict": eviction,
+            "dim": dim,
+            "dtype": self.dtype.name,
+            "seed": int(seed),
+            "init_low": low,
+            "init_high": high,
+            "default_value": float(default_value),
+            "evict": eviction,
             "capacity": capacity,
-            "max_age": max_age, "admit_after": admit_after, "admit_probability": admit_probability}
+            "max_age": max_age,
+            "admit_after": admit_after,
+            "admit_probability": admit_probability,
+        }
         validate("DynamicEmbedding", TableSpec, self.shard_config(0))
         if admit_after is not None and admit_probability is not None:
             raise InvalidArgumentError("give admit_after or admit_probability, not both")
@@ -132,7 +155,8 @@ class DynamicEmbedding:
             raise InvalidArgumentError(f"the initializer's minval {low} is above its maxval {high}")
         if self.dtype not in FLOAT_DTYPES:  # what the ps's table kernels take
             raise InvalidArgumentError(
-                f"a DynamicEmbedding's dtype must be float32 or float64, got {self.dtype}")
+                f"a DynamicEmbedding's dtype must be float32 or float64, got {self.dtype}"
+            )
         #: The coordinator's channels (None in a closure: the closure's own).
         self.pool: ChannelPool | None = placement.channels
         #: ``(id(loop), ps)`` where this handle has sent the shard's creation.
@@ -181,7 +205,7 @@ class DynamicEmbedding:
         if self.capacity is None:
             return dict.fromkeys(held)
         shares = {ps: self.capacity * n // sliced.slices for ps, n in held.items()}
-        for ps in sorted(held, key=lambda p: -held[p])[:self.capacity - sum(shares.values())]:
+        for ps in sorted(held, key=lambda p: -held[p])[: self.capacity - sum(shares.values())]:
             shares[ps] += 1
         return {ps: max(1, n) for ps, n in shares.items()}
 
@@ -190,13 +214,24 @@ class DynamicEmbedding:
             sliced = self.slices()
             assert sliced is not None
             if held := sliced.held_by(ps):
-                await self.channel(ps).request(CreateTable(
-                    name=self.key, config=self.slice_spec(sliced, ps), owner=self.owner,
-                    owned=SliceSet(slices=sliced.slices, owned=held)))
+                await self.channel(ps).request(
+                    CreateTable(
+                        name=self.key,
+                        config=self.slice_spec(sliced, ps),
+                        owner=self.owner,
+                        owned=SliceSet(slices=sliced.slices, owned=held),
+                    )
+                )
         elif ps < self.num_ps:  # else a ps that joined: the table's slices arrive by a move
-            await self.channel(ps).request(CreateTable(
-                name=self.key, config=TableSpec(**self.shard_config(ps)), owner=self.owner,
-                shard=ps, num_shards=self.num_ps))
+            await self.channel(ps).request(
+                CreateTable(
+                    name=self.key,
+                    config=TableSpec(**self.shard_config(ps)),
+                    owner=self.owner,
+                    shard=ps,
+                    num_shards=self.num_ps,
+                )
+            )
         self.created_on.add((id(asyncio.get_running_loop()), ps))
 
     async def shard_ready(self, ps: int) -> None:
@@ -233,6 +268,7 @@ class DynamicEmbedding:
         """``await send(ps, positions)`` for the ids each ps holds, concurrently, through
         :func:`~pstrain._variables.routing.routed`: ids a ps refused because slices of the
         table moved, or held by a ps that left, are routed again by the newer map."""
+
         def resplit(group: list[tuple[int, np.ndarray]]) -> list[tuple[int, np.ndarray]]:
             return [(p, pos[sub]) for _, pos in group for p, sub in self.route(ids[pos])]
 
@@ -253,8 +289,9 @@ class DynamicEmbedding:
         rows = np.empty((unique.size, self.dim), self.dtype)
 
         async def fetch(ps: int, positions: np.ndarray) -> None:
-            reply = await self._request(ps, LookupTable(name=self.key, ids=unique[positions],
-                                                        train=bool(training)))
+            reply = await self._request(
+                ps, LookupTable(name=self.key, ids=unique[positions], train=bool(training))
+            )
             rows[positions] = reply.values[0]
 
         await self._routed(unique, fetch)
@@ -269,7 +306,8 @@ class DynamicEmbedding:
         if vals.shape != np.shape(ids) + (self.dim,):
             raise InvalidArgumentError(
                 f"the gradient of dynamic table {self.name!r} has values of shape {vals.shape} "
-                f"for ids of shape {np.shape(ids)}: expected {np.shape(ids) + (self.dim,)}")
+                f"for ids of shape {np.shape(ids)}: expected {np.shape(ids) + (self.dim,)}"
+            )
         vals = vals.reshape(flat.size, self.dim)
         unique, summed = merge_duplicates(flat, vals, sorted=False)
         return [(ps, unique[pos], summed[pos]) for ps, pos in self.route(unique)]
@@ -280,8 +318,9 @@ class DynamicEmbedding:
 
     async def statistics(self) -> dict[str, int]:
         """Rows held, admitted, evicted and bytes, summed over the ps."""
-        parts = await asyncio.gather(*(self._request(ps, TableStatistics(name=self.key))
-                                       for ps in self.holders()))
+        parts = await asyncio.gather(
+            *(self._request(ps, TableStatistics(name=self.key)) for ps in self.holders())
+        )
         return {k: sum(int(p[k]) for p in parts) for k in ("rows", "admitted", "evicted", "bytes")}
 
     async def size(self) -> int:
@@ -290,16 +329,27 @@ class DynamicEmbedding:
 
     async def export(self) -> tuple[np.ndarray, np.ndarray]:
         """Every id and its row (ids ascending), for serving or inspection."""
-        parts = await asyncio.gather(*(self._request(ps, ExportTable(name=self.key))
-                                       for ps in self.holders()))
+        parts = await asyncio.gather(
+            *(self._request(ps, ExportTable(name=self.key)) for ps in self.holders())
+        )
         ids = np.concatenate([np.asarray(p["ids"], np.int64) for p in parts])
         rows = np.concatenate([np.asarray(p["rows"]).reshape(-1, self.dim) for p in parts])
         order = np.argsort(ids, kind="stable")
         return ids[order], rows[order].astype(self.dtype, copy=False)
 
     @classmethod
-    def handle(cls, name: str, key: str, dim: int, dtype: str, num_ps: int, capacity: int | None,
-               owner: str, config: dict[str, Any], birth: TableSlices | None = None) -> DynamicEmbedding:
+    def handle(
+        cls,
+        name: str,
+        key: str,
+        dim: int,
+        dtype: str,
+        num_ps: int,
+        capacity: int | None,
+        owner: str,
+        config: dict[str, Any],
+        birth: TableSlices | None = None,
+    ) -> DynamicEmbedding:
         """A table handle inside a closure (unpickled): it reaches the ps through the
         closure's channels."""
         table = cls.__new__(cls)
@@ -310,8 +360,12 @@ class DynamicEmbedding:
         table.created_on = set()
         return table
 
-    async def restore_from(self, files: list[str], slots: dict[str, str] | None = None,
-                           deltas: list[list[tuple[str, str]]] | None = None) -> int:
+    async def restore_from(
+        self,
+        files: list[str],
+        slots: dict[str, str] | None = None,
+        deltas: list[list[tuple[str, str]]] | None = None,
+    ) -> int:
         """Replace every shard with the rows saved in ``files`` (all shards of one save, from
         any number of ps), then each delta of ``deltas`` (``(file, key prefix)`` pairs) in
         order: each ps keeps the ids that hash to it now. ``slots``: saved slot key -> this
@@ -324,9 +378,13 @@ class DynamicEmbedding:
         self.restored_on(requests)
         return sum(int(r.restored or 0) for r in replies.values())
 
-    def restore_requests(self, files: list[str], slots: dict[str, str] | None,
-                         deltas: list[list[tuple[str, str]]] | None, stage: str
-                         ) -> tuple[dict[int, RestoreTable], dict[int, int | None]]:
+    def restore_requests(
+        self,
+        files: list[str],
+        slots: dict[str, str] | None,
+        deltas: list[list[tuple[str, str]]] | None,
+        stage: str,
+    ) -> tuple[dict[int, RestoreTable], dict[int, int | None]]:
         """The ``dyn/restore`` each holder stages as ``stage``, and each one's share of the
         capacity now (``staged_restore.restore_staged`` takes both)."""
         sliced = self.slices()
@@ -335,15 +393,30 @@ class DynamicEmbedding:
             if sliced is None:
                 config = TableSpec(**self.shard_config(ps))
                 requests[ps] = RestoreTable(
-                    name=self.key, config=config, owner=self.owner, paths=files, shard=ps,
-                    num_shards=self.num_ps, slots=slots, deltas=[list(d) for d in deltas or []],
-                    stage=stage)
+                    name=self.key,
+                    config=config,
+                    owner=self.owner,
+                    paths=files,
+                    shard=ps,
+                    num_shards=self.num_ps,
+                    slots=slots,
+                    deltas=[list(d) for d in deltas or []],
+                    stage=stage,
+                )
             else:
                 config = self.slice_spec(sliced, ps)
                 requests[ps] = RestoreTable(
-                    name=self.key, config=config, owner=self.owner, paths=files, shard=0,
-                    num_shards=1, slots=slots, deltas=[list(d) for d in deltas or []],
-                    owned=SliceSet(slices=sliced.slices, owned=sliced.held_by(ps)), stage=stage)
+                    name=self.key,
+                    config=config,
+                    owner=self.owner,
+                    paths=files,
+                    shard=0,
+                    num_shards=1,
+                    slots=slots,
+                    deltas=[list(d) for d in deltas or []],
+                    owned=SliceSet(slices=sliced.slices, owned=sliced.held_by(ps)),
+                    stage=stage,
+                )
             shares[ps] = config.capacity
         return requests, shares
 
@@ -359,7 +432,8 @@ class DynamicEmbedding:
 
         ids, rows = await self.export()
         await asyncio.get_running_loop().run_in_executor(
-            None, write_tensors, path, {"ids": ids, "rows": rows})
+            None, write_tensors, path, {"ids": ids, "rows": rows}
+        )
         return int(ids.size)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> DynamicEmbedding:
@@ -367,16 +441,39 @@ class DynamicEmbedding:
         return self
 
     def __reduce__(self) -> Any:
-        return (_remote_table, (self.name, self.key, self.dim, self.dtype.str, self.num_ps,
-                                self.capacity, self.owner, self.config, self.birth))
+        return (
+            _remote_table,
+            (
+                self.name,
+                self.key,
+                self.dim,
+                self.dtype.str,
+                self.num_ps,
+                self.capacity,
+                self.owner,
+                self.config,
+                self.birth,
+            ),
+        )
 
     def __repr__(self) -> str:
-        return (f"<pstrain.DynamicEmbedding {self.name!r} dim={self.dim} dtype={self.dtype.name} "
-                f"ps={self.num_ps}>")
+        return (
+            f"<pstrain.DynamicEmbedding {self.name!r} dim={self.dim} dtype={self.dtype.name} "
+            f"ps={self.num_ps}>"
+        )
 
 
-def _remote_table(name: str, key: str, dim: int, dtype: str, num_ps: int, capacity: int | None,
-                  owner: str, config: dict[str, Any], birth: TableSlices | None = None) -> DynamicEmbedding:
+def _remote_table(
+    name: str,
+    key: str,
+    dim: int,
+    dtype: str,
+    num_ps: int,
+    capacity: int | None,
+    owner: str,
+    config: dict[str, Any],
+    birth: TableSlices | None = None,
+) -> DynamicEmbedding:
     return DynamicEmbedding.handle(name, key, dim, dtype, num_ps, capacity, owner, config, birth)
 
 
@@ -385,9 +482,11 @@ def _ids(ids: Any, what: str) -> np.ndarray:
     if arr.dtype.kind not in "iu" or arr.dtype.itemsize > 8:
         hint = ""
         if arr.dtype.kind in "USO":  # strings, bytes, Python objects
-            hint = (" (strings?). A table is keyed by int64: hash each key once, the same way "
-                    "everywhere, e.g. int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8)"
-                    ".digest(), 'little', signed=True)")
+            hint = (
+                " (strings?). A table is keyed by int64: hash each key once, the same way "
+                "everywhere, e.g. int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8)"
+                ".digest(), 'little', signed=True)"
+            )
         raise InvalidArgumentError(f"{what}: ids must be integers, got {arr.dtype}{hint}")
     flat = arr.reshape(-1)
     if flat.dtype == np.uint64:
@@ -421,19 +520,23 @@ class TableLookups:
     def channel_of(self, item: tuple[int, int, np.ndarray]) -> Channel:
         return self.lookups[item[0]][0].channel(item[1])
 
-    async def entries(self, ps: int, group: list[tuple[int, int, np.ndarray]]
-                      ) -> tuple[list[TableIds], dict[int, np.ndarray]]:
+    async def entries(
+        self, ps: int, group: list[tuple[int, int, np.ndarray]]
+    ) -> tuple[list[TableIds], dict[int, np.ndarray]]:
         """The request's entries for ``group`` (one per table, its shard created first) and
         each table's positions, for :meth:`put`."""
         merged: dict[int, np.ndarray] = {}
         for k, _, pos in group:
             merged[k] = pos if k not in merged else np.concatenate([merged[k], pos])
         await asyncio.gather(*(self.lookups[k][0].shard_ready(ps) for k in merged))
-        return ([TableIds(name=self.lookups[k][0].key, ids=self.lookups[k][1][pos])
-                 for k, pos in merged.items()], merged)
+        return (
+            [TableIds(name=self.lookups[k][0].key, ids=self.lookups[k][1][pos]) for k, pos in merged.items()],
+            merged,
+        )
 
-    async def send(self, channel: Channel, ps: int, message: LookupTables,
-                   merged: dict[int, np.ndarray]) -> Any:
+    async def send(
+        self, channel: Channel, ps: int, message: LookupTables, merged: dict[int, np.ndarray]
+    ) -> Any:
         """``message``, sent again once if a shard was not there (a ps restarted empty)."""
         try:
             return await channel.request(message)
@@ -449,4 +552,4 @@ class TableLookups:
             self.out[k][pos] = rows
 
 
-expose(globals(), "pstrain", ['DynamicEmbedding'])
+expose(globals(), "pstrain", ["DynamicEmbedding"])

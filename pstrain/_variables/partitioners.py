@@ -59,8 +59,9 @@ class MinSizePartitioner:
     [2, 1]
     """
 
-    def __init__(self, min_shard_bytes: int = 256 << 10, max_shards: int = 1,
-                 bytes_per_string: int = 16) -> None:
+    def __init__(
+        self, min_shard_bytes: int = 256 << 10, max_shards: int = 1, bytes_per_string: int = 16
+    ) -> None:
         if min_shard_bytes < 1:
             raise InvalidArgumentError(f"min_shard_bytes must be positive, got {min_shard_bytes}")
         if max_shards < 1:
@@ -87,8 +88,9 @@ class MaxSizePartitioner:
     [6, 1]
     """
 
-    def __init__(self, max_shard_bytes: int, max_shards: int | None = None,
-                 bytes_per_string: int = 16) -> None:
+    def __init__(
+        self, max_shard_bytes: int, max_shards: int | None = None, bytes_per_string: int = 16
+    ) -> None:
         if max_shard_bytes < 1:
             raise InvalidArgumentError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
         if max_shards is not None and max_shards < 1:

@@ -63,6 +63,7 @@ __all__ = ["Placement"]
 
 STARTUP_TIMEOUT_S = 60.0  # how long variable creation waits for a ps that has never answered
 
+
 class Placement:
     """Names, places and creates the variables of one strategy.
 
@@ -71,9 +72,14 @@ class Placement:
     ('w', 'w_1', [0, 1, 0])
     """
 
-    def __init__(self, num_ps: int, channels: ChannelPool | None,
-                 partitioner: Callable[..., Sequence[int]] | None = None, *,
-                 namespace: str = "") -> None:
+    def __init__(
+        self,
+        num_ps: int,
+        channels: ChannelPool | None,
+        partitioner: Callable[..., Sequence[int]] | None = None,
+        *,
+        namespace: str = "",
+    ) -> None:
         self.num_ps = num_ps
         self.namespace = namespace  # prefix of the ps keys ("" for the first strategy)
         self.owner = uuid.uuid4().hex
@@ -97,7 +103,8 @@ class Placement:
         self.counters: weakref.WeakSet[Any] = weakref.WeakSet()
         self._names: dict[str, int] = {}
         self._colocate: contextvars.ContextVar[int | None] = contextvars.ContextVar(
-            "pstrain_colocate", default=None)
+            "pstrain_colocate", default=None
+        )
         self._queued: dict[int, list[dict[str, Any]]] = {}
         self._restores: dict[int, list[dict[str, Any]]] = {}
         self._sending: asyncio.Task[None] | None = None
@@ -148,10 +155,16 @@ class Placement:
             handle.wait_for(ticket)
 
     # -- creation ---------------------------------------------------------------------------------
-    def create_variable(self, initial_value: Any = None, name: str | None = None,
-                        dtype: Any = None, shape: Sequence[int] | None = None,
-                        trainable: bool = True, aggregation: Any = "NONE",
-                        synchronization: Any = "AUTO") -> Variable | ShardedVariable:
+    def create_variable(
+        self,
+        initial_value: Any = None,
+        name: str | None = None,
+        dtype: Any = None,
+        shape: Sequence[int] | None = None,
+        trainable: bool = True,
+        aggregation: Any = "NONE",
+        synchronization: Any = "AUTO",
+    ) -> Variable | ShardedVariable:
         """What ``pstrain.Variable(...)`` does inside a scope: a handle, created lazily."""
         if initial_value is None:
             raise InvalidArgumentError("Variable needs an initial_value")
@@ -163,17 +176,24 @@ class Placement:
             var_shape = checked_shape(shape)
             entry: dict[str, Any] = {"init": initial_value.spec()}
             full_name = self.unique_name(name)  # once nothing can be refused: names count
-        elif (callable(initial_value) and not isinstance(initial_value, VariableBase)
-              and shape is not None and dtype is not None and self.partitioner is not None
-              and tuple(shape) and self._colocate.get() is None):
+        elif (
+            callable(initial_value)
+            and not isinstance(initial_value, VariableBase)
+            and shape is not None
+            and dtype is not None
+            and self.partitioner is not None
+            and tuple(shape)
+            and self._colocate.get() is None
+        ):
             # TF: a callable of known shape and dtype is asked for each shard by itself
             var_shape, var_dtype = checked_shape(shape), _placed_dtype(dtype, name)
             full_name = self.unique_name(name)
             parts = plan_parts(self.partitioner, full_name, var_shape, var_dtype)
             if parts is not None:
                 values = _per_shard(initial_value, var_shape, var_dtype, parts)
-                return self._sharded(full_name, parts, var_shape, var_dtype, values, trainable,
-                                     aggregation, synchronization)
+                return self._sharded(
+                    full_name, parts, var_shape, var_dtype, values, trainable, aggregation, synchronization
+                )
             entry = {"value": initial_value_array(initial_value, dtype, shape)}
         else:
             value = initial_value_array(initial_value, dtype, shape)
@@ -184,22 +204,34 @@ class Placement:
         if self.partitioner is not None and var_shape and self._colocate.get() is None:
             parts = plan_parts(self.partitioner, full_name, var_shape, var_dtype)
         if parts is None:
-            return self._handle(full_name, entry, var_shape, var_dtype, trainable, aggregation,
-                                synchronization)
+            return self._handle(
+                full_name, entry, var_shape, var_dtype, trainable, aggregation, synchronization
+            )
         part_entries: list[dict[str, Any]] = []
         for offset, rows in parts:
             if "init" in entry:
-                part_entries.append({
-                    "init": entry["init"], "offset": [offset] + [0] * (len(var_shape) - 1),
-                    "full_shape": list(var_shape)})
+                part_entries.append(
+                    {
+                        "init": entry["init"],
+                        "offset": [offset] + [0] * (len(var_shape) - 1),
+                        "full_shape": list(var_shape),
+                    }
+                )
             else:
-                part_entries.append({"value": entry["value"][offset:offset + rows]})
-        return self._sharded(full_name, parts, var_shape, var_dtype, part_entries, trainable,
-                             aggregation, synchronization)
+                part_entries.append({"value": entry["value"][offset : offset + rows]})
+        return self._sharded(
+            full_name, parts, var_shape, var_dtype, part_entries, trainable, aggregation, synchronization
+        )
 
-    def create_row_sharded(self, initializer: Initializer, name: str, shape: Sequence[int],
-                           dtype: Any, ps: Sequence[int],
-                           trainable: bool = True) -> Variable | ShardedVariable:
+    def create_row_sharded(
+        self,
+        initializer: Initializer,
+        name: str,
+        shape: Sequence[int],
+        dtype: Any,
+        ps: Sequence[int],
+        trainable: bool = True,
+    ) -> Variable | ShardedVariable:
         """A variable of ``shape`` split by rows into ``len(ps)`` parts (TF's "div" layout),
         part ``i`` on ps ``ps[i]``, each initialised where it lives as the whole would be
         (what a planner that chose the ps does instead of the strategy's partitioner); one
@@ -213,24 +245,64 @@ class Placement:
         full_name = self.unique_name(name)
         parts = plan_parts(lambda s, d: [len(ps)] + [1] * (len(s) - 1), full_name, var_shape, var_dtype)
         if parts is None:  # one part: the whole variable on ps[0]
-            return self._handle(full_name, {"init": initializer.spec()}, var_shape, var_dtype,
-                                trainable, "NONE", "AUTO", ps[0])
-        entries = [{"init": initializer.spec(), "offset": [offset] + [0] * (len(var_shape) - 1),
-                    "full_shape": list(var_shape)} for offset, _ in parts]
-        return self._sharded(full_name, parts, var_shape, var_dtype, entries, trainable, "NONE",
-                             "AUTO", ps)
+            return self._handle(
+                full_name,
+                {"init": initializer.spec()},
+                var_shape,
+                var_dtype,
+                trainable,
+                "NONE",
+                "AUTO",
+                ps[0],
+            )
+        entries = [
+            {
+                "init": initializer.spec(),
+                "offset": [offset] + [0] * (len(var_shape) - 1),
+                "full_shape": list(var_shape),
+            }
+            for offset, _ in parts
+        ]
+        return self._sharded(full_name, parts, var_shape, var_dtype, entries, trainable, "NONE", "AUTO", ps)
 
-    def _sharded(self, name: str, parts: Sequence[tuple[int, int]], shape: tuple[int, ...],
-                 dtype: np.dtype, entries: list[dict[str, Any]], trainable: bool, aggregation: Any,
-                 synchronization: Any, ps: Sequence[int] | None = None) -> ShardedVariable:
-        handles = [self._handle(f"{name}/part_{i}", entry, (rows,) + shape[1:], dtype, trainable,
-                                aggregation, synchronization, None if ps is None else ps[i])
-                   for i, ((_, rows), entry) in enumerate(zip(parts, entries))]
+    def _sharded(
+        self,
+        name: str,
+        parts: Sequence[tuple[int, int]],
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        entries: list[dict[str, Any]],
+        trainable: bool,
+        aggregation: Any,
+        synchronization: Any,
+        ps: Sequence[int] | None = None,
+    ) -> ShardedVariable:
+        handles = [
+            self._handle(
+                f"{name}/part_{i}",
+                entry,
+                (rows,) + shape[1:],
+                dtype,
+                trainable,
+                aggregation,
+                synchronization,
+                None if ps is None else ps[i],
+            )
+            for i, ((_, rows), entry) in enumerate(zip(parts, entries))
+        ]
         return ShardedVariable(handles, name=name)
 
-    def _handle(self, name: str, entry: dict[str, Any], shape: tuple[int, ...], dtype: np.dtype,
-                trainable: bool, aggregation: Any, synchronization: Any,
-                ps: int | None = None) -> Variable:
+    def _handle(
+        self,
+        name: str,
+        entry: dict[str, Any],
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        trainable: bool,
+        aggregation: Any,
+        synchronization: Any,
+        ps: int | None = None,
+    ) -> Variable:
         ps = self.next_ps() if ps is None else ps
         key = self.namespace + name
         entry.update(name=key, dtype=dtype.str, shape=shape, trainable=trainable)
@@ -239,8 +311,19 @@ class Placement:
             self.issued += 1
             ticket = self.issued
             self._queued.setdefault(ps, []).append(entry)
-        return Variable.handle(key, shape, dtype, ps, self.channels, trainable, aggregation,
-                               synchronization, creator=self, ticket=ticket, display_name=name)
+        return Variable.handle(
+            key,
+            shape,
+            dtype,
+            ps,
+            self.channels,
+            trainable,
+            aggregation,
+            synchronization,
+            creator=self,
+            ticket=ticket,
+            display_name=name,
+        )
 
     def creations_to_send(self) -> Awaitable[None] | None:
         """``ensure_created()`` if creations are queued, else None (a check that costs nothing)."""
@@ -259,20 +342,20 @@ class Placement:
                     queued, self._queued = self._queued, {}
                     restores, self._restores = self._restores, {}
                     upto = self.issued
-                sending = self._sending = self._tasks.spawn(self._send(queued, restores, upto),
-                                                            observed=True)
+                sending = self._sending = self._tasks.spawn(self._send(queued, restores, upto), observed=True)
             await asyncio.shield(sending)
 
-    async def _send(self, queued: dict[int, list[dict[str, Any]]],
-                    restores: dict[int, list[dict[str, Any]]], upto: int) -> None:
+    async def _send(
+        self, queued: dict[int, list[dict[str, Any]]], restores: dict[int, list[dict[str, Any]]], upto: int
+    ) -> None:
         try:
             results = await asyncio.gather(
-                *(self._create_on(ps, entries) for ps, entries in queued.items()),
-                return_exceptions=True)
+                *(self._create_on(ps, entries) for ps, entries in queued.items()), return_exceptions=True
+            )
             if restores and not any(isinstance(r, BaseException) for r in results):
                 results = await asyncio.gather(
-                    *(self._restore(ps, entries) for ps, entries in restores.items()),
-                    return_exceptions=True)
+                    *(self._restore(ps, entries) for ps, entries in restores.items()), return_exceptions=True
+                )
         finally:
             self.created_upto = max(self.created_upto, upto)  # sent, whatever the answer
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -292,8 +375,9 @@ class Placement:
                 # In requests of at most CREATE_CHUNK_BYTES (a larger variable alone): a ps
                 # refuses a request that would make more than one variable's limit at once.
                 for chunk in _chunks(entries):
-                    await channel.request(CreateVariables(
-                        vars=[VariableSpec(**e) for e in chunk], owner=self.owner))
+                    await channel.request(
+                        CreateVariables(vars=[VariableSpec(**e) for e in chunk], owner=self.owner)
+                    )
                 return None
             except UnavailableError as exc:
                 if channel.ever_connected or channel.closed:
@@ -306,12 +390,19 @@ class Placement:
                         "again: an empty one serves, and a restore puts its share back; or go on "
                         f"without it: await coordinator.remove_ps({ps}) before making the "
                         "variables, and the restore puts its share on the others",
-                        task=channel.task) from exc
+                        task=channel.task,
+                    ) from exc
                 if pause == 0.05:  # said at once, where the user sees it: what, where, how long
-                    logger.warning("waiting up to %g s for %s at %s to start (if it left the job, "
-                                   "await coordinator.remove_ps(%d) before making the variables "
-                                   "goes on without it): %s", self.startup_timeout_s, channel.task,
-                                   channel.address, ps, exc)
+                    logger.warning(
+                        "waiting up to %g s for %s at %s to start (if it left the job, "
+                        "await coordinator.remove_ps(%d) before making the variables "
+                        "goes on without it): %s",
+                        self.startup_timeout_s,
+                        channel.task,
+                        channel.address,
+                        ps,
+                        exc,
+                    )
             await asyncio.sleep(pause)  # back-off between attempts to reach a starting ps
             pause = min(pause * 2, 1.0)
 
@@ -319,8 +410,7 @@ class Placement:
         channel = self._channel(ps)
         await fences_first(channel)
         stage = secrets.token_hex(8)
-        await channel.request(RestoreCheckpoint(vars=[RestoreSpec(**e) for e in entries],
-                                                stage=stage))
+        await channel.request(RestoreCheckpoint(vars=[RestoreSpec(**e) for e in entries], stage=stage))
         await channel.request(CommitRestore(stage=stage))
 
     def _channel(self, ps: int) -> Any:
@@ -333,16 +423,16 @@ async def fences_first(channel: Channel) -> None:
     values there: a ps that restarted lost them, and a worker declared lost but still
     running an old dispatch would otherwise apply it on top of the restored values."""
     fences = list(channel.fences.items())
-    await asyncio.gather(*(channel.request(Fence(worker=w, epoch=e, owner=channel.owner))
-                           for w, e in fences))
+    await asyncio.gather(*(channel.request(Fence(worker=w, epoch=e, owner=channel.owner)) for w, e in fences))
 
 
 #: Above this many elements, building a whole value to slice it is worth a warning (TF's).
-_LARGE = 10 ** 9
+_LARGE = 10**9
 
 
-def _per_shard(init: Callable[..., Any], shape: tuple[int, ...], dtype: np.dtype,
-               parts: Sequence[tuple[int, int]]) -> list[dict[str, Any]]:
+def _per_shard(
+    init: Callable[..., Any], shape: tuple[int, ...], dtype: np.dtype, parts: Sequence[tuple[int, int]]
+) -> list[dict[str, Any]]:
     """Each shard's value from ``init(partition_shape=, partition_offset=)`` (TF's rule);
     a callable that refuses those arguments, or answers with another shape, is called
     once for the whole value, which is then sliced."""
@@ -350,19 +440,24 @@ def _per_shard(init: Callable[..., Any], shape: tuple[int, ...], dtype: np.dtype
     try:
         for offset, rows in parts:
             part_shape = (rows,) + shape[1:]
-            value = np.asarray(init(partition_shape=part_shape,
-                                    partition_offset=(offset,) + (0,) * (len(shape) - 1)), dtype)
+            value = np.asarray(
+                init(partition_shape=part_shape, partition_offset=(offset,) + (0,) * (len(shape) - 1)), dtype
+            )
             if value.shape != part_shape:
                 raise ValueError(f"shard of shape {value.shape}, not {part_shape}")
             values.append({"value": value})
         return values
     except (TypeError, ValueError):
         if int(np.prod(shape)) > _LARGE:
-            logger.warning("the initial value of a %s variable is built whole, then sliced into "
-                           "%d shards: give a callable that accepts partition_shape and "
-                           "partition_offset", shape, len(parts))
+            logger.warning(
+                "the initial value of a %s variable is built whole, then sliced into "
+                "%d shards: give a callable that accepts partition_shape and "
+                "partition_offset",
+                shape,
+                len(parts),
+            )
         full = initial_value_array(init, dtype, shape)
-        return [{"value": full[offset:offset + rows]} for offset, rows in parts]
+        return [{"value": full[offset : offset + rows]} for offset, rows in parts]
 
 
 def _chunks(entries: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -390,6 +485,8 @@ def _placed_dtype(dtype: Any, name: str | None) -> np.dtype:
     hold strings, as in TF)."""
     dt = np.dtype(dtype)
     if dt.kind not in NUMERIC_KINDS or dt.hasobject:
-        raise InvalidArgumentError(f"variable {name or 'Variable'!r}: a ps holds numbers and bools, "
-                                   f"not {dt} (a variable outside strategy.scope() may)")
+        raise InvalidArgumentError(
+            f"variable {name or 'Variable'!r}: a ps holds numbers and bools, "
+            f"not {dt} (a variable outside strategy.scope() may)"
+        )
     return dt

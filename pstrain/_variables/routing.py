@@ -54,9 +54,13 @@ def adopt_from(pool: ChannelPool, exc: PlacementChangedError) -> bool:
     return adopt(pool, PlacementMap.from_builtins(exc.placement))
 
 
-async def routed(pool: ChannelPool, items: Sequence[T], channel_of: Callable[[T], Hashable],
-                 send: Callable[[Any, list[T]], Awaitable[R]],
-                 resplit: Callable[[list[T]], list[T]] | None = None) -> list[R]:
+async def routed(
+    pool: ChannelPool,
+    items: Sequence[T],
+    channel_of: Callable[[T], Hashable],
+    send: Callable[[Any, list[T]], Awaitable[R]],
+    resplit: Callable[[list[T]], list[T]] | None = None,
+) -> list[R]:
     """``send(channel, group)`` for each group of ``items`` by ``channel_of(item)`` (the
     channel to the ps holding it), concurrently; returns every send's result. A group a
     ps refused because the placement changed is grouped and sent again (its items first
@@ -66,23 +70,35 @@ async def routed(pool: ChannelPool, items: Sequence[T], channel_of: Callable[[T]
         return await _routed(pool, items, channel_of, send, resplit, 0)
 
 
-async def _routed(pool: ChannelPool, items: Sequence[T], channel_of: Callable[[T], Hashable],
-                  send: Callable[[Any, list[T]], Awaitable[R]],
-                  resplit: Callable[[list[T]], list[T]] | None, attempt: int) -> list[R]:
+async def _routed(
+    pool: ChannelPool,
+    items: Sequence[T],
+    channel_of: Callable[[T], Hashable],
+    send: Callable[[Any, list[T]], Awaitable[R]],
+    resplit: Callable[[list[T]], list[T]] | None,
+    attempt: int,
+) -> list[R]:
     groups: dict[Hashable, list[T]] = {}
     for item in items:
         groups.setdefault(channel_of(item), []).append(item)
     if len(groups) == 1:
-        (channel, group), = groups.items()
+        ((channel, group),) = groups.items()
         return await _one(pool, channel, group, channel_of, send, resplit, attempt)
-    results = await asyncio.gather(*(_one(pool, channel, group, channel_of, send, resplit, attempt)
-                                     for channel, group in groups.items()))
+    results = await asyncio.gather(
+        *(_one(pool, channel, group, channel_of, send, resplit, attempt) for channel, group in groups.items())
+    )
     return [r for rs in results for r in rs]
 
 
-async def _one(pool: ChannelPool, channel: Channel | Any, group: list[T],
-               channel_of: Callable[[T], Hashable], send: Callable[[Any, list[T]], Awaitable[R]],
-               resplit: Callable[[list[T]], list[T]] | None, attempt: int) -> list[R]:
+async def _one(
+    pool: ChannelPool,
+    channel: Channel | Any,
+    group: list[T],
+    channel_of: Callable[[T], Hashable],
+    send: Callable[[Any, list[T]], Awaitable[R]],
+    resplit: Callable[[list[T]], list[T]] | None,
+    attempt: int,
+) -> list[R]:
     try:
         return [await send(channel, group)]
     except PlacementChangedError as exc:

@@ -48,18 +48,21 @@ def unsorted_segment_sum(data: Any, segment_ids: Any, num_segments: int) -> np.n
     values, ids = np.asarray(data), np.asarray(segment_ids)
     if ids.dtype.kind not in "iu":
         raise InvalidArgumentError(f"unsorted_segment_sum: segment_ids must be integers, got {ids.dtype}")
-    if values.shape[:ids.ndim] != ids.shape:
-        raise InvalidArgumentError(f"unsorted_segment_sum: segment_ids' shape {ids.shape} is not a "
-                                   f"prefix of data's {values.shape}")
-    if isinstance(num_segments, bool) or not isinstance(num_segments, (int, np.integer)) \
-            or num_segments < 0:
-        raise InvalidArgumentError(f"unsorted_segment_sum: num_segments must be an integer >= 0, "
-                                   f"got {num_segments!r}")
+    if values.shape[: ids.ndim] != ids.shape:
+        raise InvalidArgumentError(
+            f"unsorted_segment_sum: segment_ids' shape {ids.shape} is not a prefix of data's {values.shape}"
+        )
+    if isinstance(num_segments, bool) or not isinstance(num_segments, (int, np.integer)) or num_segments < 0:
+        raise InvalidArgumentError(
+            f"unsorted_segment_sum: num_segments must be an integer >= 0, got {num_segments!r}"
+        )
     flat = ids.reshape(-1).astype(np.int64, copy=False)
     if flat.size and int(flat.max()) >= num_segments:
         at = int(np.argmax(flat >= num_segments))
-        raise InvalidArgumentError(f"unsorted_segment_sum: segment_ids[{at}] = {int(flat[at])} is not "
-                                   f"below num_segments ({num_segments})")
-    out = np.zeros((int(num_segments),) + values.shape[ids.ndim:], values.dtype)
+        raise InvalidArgumentError(
+            f"unsorted_segment_sum: segment_ids[{at}] = {int(flat[at])} is not "
+            f"below num_segments ({num_segments})"
+        )
+    out = np.zeros((int(num_segments),) + values.shape[ids.ndim :], values.dtype)
     sum_into(out, flat, values)
     return out

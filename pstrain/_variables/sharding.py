@@ -41,8 +41,9 @@ def div_sizes(n: int, k: int) -> list[int]:
     return [base + 1 if i < extra else base for i in range(k)]
 
 
-def plan_parts(partitioner: Any, name: str, shape: tuple[int, ...],
-               dtype: np.dtype) -> list[tuple[int, int]] | None:
+def plan_parts(
+    partitioner: Any, name: str, shape: tuple[int, ...], dtype: np.dtype
+) -> list[tuple[int, int]] | None:
     """``(offset, rows)`` of each part ``partitioner`` asks for (None: keep it whole)."""
     try:
         parts = partitioner(tuple(shape), dtype)
@@ -50,12 +51,18 @@ def plan_parts(partitioner: Any, name: str, shape: tuple[int, ...],
         raise
     except Exception as exc:
         raise InvalidArgumentError(f"variable_partitioner failed for {name!r}: {exc}") from exc
-    if (not isinstance(parts, (list, tuple)) or not parts or len(parts) != len(shape)
-            or not all(isinstance(p, (int, np.integer)) for p in parts)
-            or parts[0] < 1 or any(p != 1 for p in parts[1:])):
+    if (
+        not isinstance(parts, (list, tuple))
+        or not parts
+        or len(parts) != len(shape)
+        or not all(isinstance(p, (int, np.integer)) for p in parts)
+        or parts[0] < 1
+        or any(p != 1 for p in parts[1:])
+    ):
         raise InvalidArgumentError(
             f"variable_partitioner must return one count per axis with a positive first element "
-            f"and 1 elsewhere; got {parts!r} for {name!r} of shape {shape}")
+            f"and 1 elsewhere; got {parts!r} for {name!r} of shape {shape}"
+        )
     k = min(int(parts[0]), shape[0])
     if k <= 1:
         return None
@@ -82,15 +89,20 @@ class ShardedVariable(VariableBase):
     __slots__ = ("_variables", "_name", "_offsets", "_shape", "__weakref__")
 
     def __init__(self, variables: Sequence[Variable], name: str | None = None) -> None:
-        if not isinstance(variables, (list, tuple)) or not variables or \
-                not all(isinstance(v, Variable) for v in variables):
-            raise TypeError(f"ShardedVariable variables should be a non-empty list of Variables, "
-                            f"got {variables!r}")
+        if (
+            not isinstance(variables, (list, tuple))
+            or not variables
+            or not all(isinstance(v, Variable) for v in variables)
+        ):
+            raise TypeError(
+                f"ShardedVariable variables should be a non-empty list of Variables, got {variables!r}"
+            )
         if len({v.dtype for v in variables}) != 1:
             raise InvalidArgumentError("ShardedVariable parts must have the same dtype")
         if len({v.shape[1:] for v in variables}) != 1 or any(not v.shape for v in variables):
-            raise InvalidArgumentError("ShardedVariable parts must have the same shapes except "
-                                       "for the first axis")
+            raise InvalidArgumentError(
+                "ShardedVariable parts must have the same shapes except for the first axis"
+            )
         self._variables = list(variables)
         self._name = name or variables[0].name.rsplit("/part_", 1)[0]
         sizes = [v.shape[0] for v in variables]
@@ -124,8 +136,10 @@ class ShardedVariable(VariableBase):
         return self._offsets.copy()
 
     def __repr__(self) -> str:
-        return (f"<pstrain.ShardedVariable {self._name!r} shape={self._shape} dtype={self.dtype} "
-                f"parts={len(self._variables)}>")
+        return (
+            f"<pstrain.ShardedVariable {self._name!r} shape={self._shape} dtype={self.dtype} "
+            f"parts={len(self._variables)}>"
+        )
 
     # -- reads and writes ----------------------------------------------------------------------
     @must_await
@@ -139,10 +153,11 @@ class ShardedVariable(VariableBase):
     def _split(self, value: Any, what: str) -> list[np.ndarray]:
         arr = to_array(value, self.dtype, f"{what} of variable {self._name!r}")
         if arr.shape != self._shape:
-            raise InvalidArgumentError(f"{what} of variable {self._name!r}: value has shape "
-                                       f"{arr.shape}, expected {self._shape}")
+            raise InvalidArgumentError(
+                f"{what} of variable {self._name!r}: value has shape {arr.shape}, expected {self._shape}"
+            )
         o = self._offsets
-        return [arr[o[i]:o[i + 1]] for i in range(len(self._variables))]
+        return [arr[o[i] : o[i + 1]] for i in range(len(self._variables))]
 
     async def _each(self, op: str, value: Any) -> ShardedVariable:
         pieces = self._split(value, op)
@@ -165,8 +180,9 @@ class ShardedVariable(VariableBase):
         """(part index, row within the part) of each global row id."""
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self._shape[0]):
             bad = ids[(ids < 0) | (ids >= self._shape[0])].reshape(-1)[0]
-            raise InvalidArgumentError(f"variable {self._name!r}: row id {int(bad)} out of range "
-                                       f"[0, {self._shape[0]})")
+            raise InvalidArgumentError(
+                f"variable {self._name!r}: row id {int(bad)} out of range [0, {self._shape[0]})"
+            )
         part = np.searchsorted(self._offsets[1:], ids, side="right")
         return part, ids - self._offsets[part]
 
@@ -217,8 +233,10 @@ def _as_parts(params: Any) -> tuple[list[Variable], np.ndarray, str]:
     if isinstance(params, (list, tuple)) and params and all(isinstance(v, Variable) for v in params):
         sizes = [v.shape[0] for v in params]
         return list(params), np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), params[0].name
-    raise InvalidArgumentError("embedding_lookup takes a Variable, a list of Variables or a "
-                               f"ShardedVariable, got {type(params).__name__}")
+    raise InvalidArgumentError(
+        "embedding_lookup takes a Variable, a list of Variables or a "
+        f"ShardedVariable, got {type(params).__name__}"
+    )
 
 
 async def embedding_lookup(params: Any, ids: Any, *, training: bool = True) -> np.ndarray:
@@ -262,8 +280,10 @@ async def embedding_lookup(params: Any, ids: Any, *, training: bool = True) -> n
     await ensure_created(parts[p] for p, _ in placed)
 
     async def fetch(channel: Channel, group: list[tuple[int, np.ndarray]]) -> None:
-        reads = [RowRead(name=parts[p].key, indices=compact_ids(unique[positions] - offsets[p]))
-                 for p, positions in group]
+        reads = [
+            RowRead(name=parts[p].key, indices=compact_ids(unique[positions] - offsets[p]))
+            for p, positions in group
+        ]
         reply = await channel.request(SparseRead(reads=reads))
         for (_, positions), values in zip(group, reply.values):
             rows[positions] = values
@@ -291,9 +311,11 @@ def combine_gradients(grads_and_vars: Sequence[tuple[Any, Any]]) -> list[tuple[A
         if seen is None:
             merged[id(var)] = [grad, var]
         elif isinstance(grad, IndexedSlices) and isinstance(seen[0], IndexedSlices):
-            seen[0] = IndexedSlices(np.concatenate([seen[0].values, grad.values]),
-                                    np.concatenate([seen[0].indices, grad.indices]),
-                                    seen[0].dense_shape)
+            seen[0] = IndexedSlices(
+                np.concatenate([seen[0].values, grad.values]),
+                np.concatenate([seen[0].indices, grad.indices]),
+                seen[0].dense_shape,
+            )
         elif grad is None or seen[0] is None:
             seen[0] = grad if seen[0] is None else seen[0]
         else:
@@ -305,11 +327,12 @@ def _dense(grad: Any, var: Any) -> np.ndarray:
     if not isinstance(grad, IndexedSlices):
         return np.asarray(grad)
     if var.shape is None or None in var.shape:
-        raise InvalidArgumentError(f"a dense and a sparse gradient for {var.name!r}, a dynamic "
-                                   "table: give it sparse gradients only")
+        raise InvalidArgumentError(
+            f"a dense and a sparse gradient for {var.name!r}, a dynamic table: give it sparse gradients only"
+        )
     out = np.zeros(var.shape, grad.values.dtype)
     np.add.at(out, grad.indices, grad.values)
     return out
 
 
-expose(globals(), "pstrain", ['ShardedVariable', 'embedding_lookup'])
+expose(globals(), "pstrain", ["ShardedVariable", "embedding_lookup"])

@@ -42,8 +42,9 @@ def new_stage() -> str:
     return secrets.token_hex(8)
 
 
-def share_capacity(capacity: int | None, shares: dict[int, int | None], rows: dict[int, int],
-                   name: str) -> dict[int, int | None]:
+def share_capacity(
+    capacity: int | None, shares: dict[int, int | None], rows: dict[int, int], name: str
+) -> dict[int, int | None]:
     """Each ps's share of a table's ``capacity`` once it holds ``rows[ps]`` restored rows:
     at least those rows, the rest spread in proportion to ``shares`` (each ps's share
     before), adding up to ``capacity``.
@@ -55,20 +56,24 @@ def share_capacity(capacity: int | None, shares: dict[int, int | None], rows: di
         return dict.fromkeys(rows)
     total = sum(rows.values())
     if total > capacity:
-        raise InvalidArgumentError(f"restore of table {name!r}: the save holds {total} rows, more "
-                                   f"than the table's capacity of {capacity}")
+        raise InvalidArgumentError(
+            f"restore of table {name!r}: the save holds {total} rows, more "
+            f"than the table's capacity of {capacity}"
+        )
     spare = capacity - total
     weights = {ps: shares.get(ps) or 1 for ps in rows}
     weight = sum(weights.values())
     out = {ps: rows[ps] + spare * weights[ps] // weight for ps in rows}
-    for ps in sorted(rows, key=lambda p: (-weights[p], p))[:capacity - sum(out.values())]:
+    for ps in sorted(rows, key=lambda p: (-weights[p], p))[: capacity - sum(out.values())]:
         out[ps] += 1
     return {ps: max(1, n) for ps, n in out.items()}
 
 
-async def restore_staged(variables: dict[Channel, list[RestoreSpec]],
-                         tables: list[tuple[StagedTable, dict[int, RestoreTable], dict[int, int | None]]],
-                         stage: str) -> dict[Channel, Any]:
+async def restore_staged(
+    variables: dict[Channel, list[RestoreSpec]],
+    tables: list[tuple[StagedTable, dict[int, RestoreTable], dict[int, int | None]]],
+    stage: str,
+) -> dict[Channel, Any]:
     """Stage ``variables`` (by the channel of the ps holding them) and each table's
     requests (``(table, {ps: RestoreTable with this stage}, {ps: its share before})``) on
     every ps, then commit them everywhere with each table's capacity shared as a total;
@@ -77,15 +82,16 @@ async def restore_staged(variables: dict[Channel, list[RestoreSpec]],
     for table, requests, _ in tables:
         channels.update(dict.fromkeys(table.channel(ps) for ps in requests))
     await asyncio.gather(*(fences_first(ch) for ch in channels))
-    staging: list[Any] = [ch.request(RestoreCheckpoint(vars=specs, stage=stage))
-                          for ch, specs in variables.items()]
+    staging: list[Any] = [
+        ch.request(RestoreCheckpoint(vars=specs, stage=stage)) for ch, specs in variables.items()
+    ]
     for table, requests, _ in tables:
         staging += [table.channel(ps).request(req) for ps, req in requests.items()]
     staged = await asyncio.gather(*staging, return_exceptions=True)
     failed = [r for r in staged if isinstance(r, BaseException)]
     commits: dict[Channel, dict[str, int | None]] = {ch: {} for ch in channels}
     if not failed:
-        replies = iter(staged[len(variables):])
+        replies = iter(staged[len(variables) :])
         try:
             for table, requests, shares in tables:
                 rows = {ps: int(getattr(next(replies), "staged", 0) or 0) for ps in requests}
@@ -94,9 +100,11 @@ async def restore_staged(variables: dict[Channel, list[RestoreSpec]],
         except InvalidArgumentError as exc:
             failed.append(exc)
     if failed:
-        await asyncio.gather(*(ch.request(AbortRestore(stage=stage)) for ch in channels),
-                             return_exceptions=True)
+        await asyncio.gather(
+            *(ch.request(AbortRestore(stage=stage)) for ch in channels), return_exceptions=True
+        )
         raise failed[0]
-    done = await asyncio.gather(*(ch.request(CommitRestore(stage=stage, tables=commits[ch]))
-                                  for ch in channels))
+    done = await asyncio.gather(
+        *(ch.request(CommitRestore(stage=stage, tables=commits[ch])) for ch in channels)
+    )
     return dict(zip(channels, done))

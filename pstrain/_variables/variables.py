@@ -63,9 +63,22 @@ class Variable(VariableBase):
     3.0
     """
 
-    __slots__ = ("_name", "_display", "_shape", "_dtype", "_trainable", "_aggregation",
-                 "_synchronization", "_ps", "_pool", "_creator", "_ticket", "_local", "_ready",
-                 "__weakref__")
+    __slots__ = (
+        "_name",
+        "_display",
+        "_shape",
+        "_dtype",
+        "_trainable",
+        "_aggregation",
+        "_synchronization",
+        "_ps",
+        "_pool",
+        "_creator",
+        "_ticket",
+        "_local",
+        "_ready",
+        "__weakref__",
+    )
     _local: np.ndarray | None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -74,22 +87,34 @@ class Variable(VariableBase):
             return creator.create_variable(*args, **kwargs)  # a placed Variable, or a ShardedVariable
         return super().__new__(cls)
 
-    def __init__(self, initial_value: Any = None, name: str | None = None, dtype: Any = None,
-                 shape: Sequence[int] | None = None, trainable: bool = True,
-                 aggregation: VariableAggregation | str = VariableAggregation.NONE,
-                 synchronization: VariableSynchronization | str = VariableSynchronization.AUTO) -> None:
+    def __init__(
+        self,
+        initial_value: Any = None,
+        name: str | None = None,
+        dtype: Any = None,
+        shape: Sequence[int] | None = None,
+        trainable: bool = True,
+        aggregation: VariableAggregation | str = VariableAggregation.NONE,
+        synchronization: VariableSynchronization | str = VariableSynchronization.AUTO,
+    ) -> None:
         if getattr(self, "_ready", False):
             return  # built by a strategy's creator (__new__ returned a handle)
         variable_name(name)
         value = initial_value_array(initial_value, dtype, shape)
-        self._setup(name or "Variable", value.shape, value.dtype, trainable, aggregation,
-                    synchronization)
+        self._setup(name or "Variable", value.shape, value.dtype, trainable, aggregation, synchronization)
         # A local variable owns its memory: never an alias of the caller's array.
         shared = isinstance(initial_value, np.ndarray) and np.may_share_memory(value, initial_value)
         self._local = value.copy() if shared or not value.flags.writeable else value
 
-    def _setup(self, name: str, shape: Sequence[int], dtype: Any, trainable: bool,
-               aggregation: Any, synchronization: Any) -> None:
+    def _setup(
+        self,
+        name: str,
+        shape: Sequence[int],
+        dtype: Any,
+        trainable: bool,
+        aggregation: Any,
+        synchronization: Any,
+    ) -> None:
         self._name = name  # the key on the ps
         self._display = name  # the name TF shows (the key without a strategy's qualifier)
         self._shape = tuple(int(d) for d in shape)
@@ -105,12 +130,21 @@ class Variable(VariableBase):
         self._ready = True
 
     @classmethod
-    def handle(cls, name: str, shape: Sequence[int], dtype: Any, ps: int,
-               channels: ChannelPool | None, trainable: bool = True,
-               aggregation: Any = VariableAggregation.NONE,
-               synchronization: Any = VariableSynchronization.AUTO, *,
-               creator: VariableCreator | None = None, ticket: int = 0,
-               display_name: str | None = None) -> Variable:
+    def handle(
+        cls,
+        name: str,
+        shape: Sequence[int],
+        dtype: Any,
+        ps: int,
+        channels: ChannelPool | None,
+        trainable: bool = True,
+        aggregation: Any = VariableAggregation.NONE,
+        synchronization: Any = VariableSynchronization.AUTO,
+        *,
+        creator: VariableCreator | None = None,
+        ticket: int = 0,
+        display_name: str | None = None,
+    ) -> Variable:
         """A handle to variable ``name`` (its key) on ps ``ps`` (no request is sent).
 
         ``creator`` and ``ticket``: the variable exists once ``creator`` has
@@ -203,8 +237,10 @@ class Variable(VariableBase):
     def local_array(self) -> np.ndarray:
         """The array of a local variable itself (not a copy): ``extended.update`` changes it in place."""
         if self._local is None:
-            raise InvalidArgumentError(f"variable {self._name!r} lives on {self.device}; it has "
-                                       "no local array (read it with await v.read_value())")
+            raise InvalidArgumentError(
+                f"variable {self._name!r} lives on {self.device}; it has "
+                "no local array (read it with await v.read_value())"
+            )
         return self._local
 
     @property
@@ -212,15 +248,26 @@ class Variable(VariableBase):
         return int(np.prod(self._shape, dtype=np.int64))
 
     def __repr__(self) -> str:
-        return (f"<pstrain.Variable {self._name!r} shape={self._shape} dtype={self._dtype} "
-                f"device={self.device}>")
+        return (
+            f"<pstrain.Variable {self._name!r} shape={self._shape} dtype={self._dtype} device={self.device}>"
+        )
 
     def __reduce__(self) -> Any:
         if self._ps is None:
             return (_local_variable, (self._name, self._local, self._trainable))
-        return (_remote_handle, (self._name, self._shape, self._dtype.str, self._ps,
-                                 self._trainable, self._aggregation.value,
-                                 self._synchronization.value, self._display))
+        return (
+            _remote_handle,
+            (
+                self._name,
+                self._shape,
+                self._dtype.str,
+                self._ps,
+                self._trainable,
+                self._aggregation.value,
+                self._synchronization.value,
+                self._display,
+            ),
+        )
 
     # -- transport -------------------------------------------------------------------------
     def channel(self) -> Channel:
@@ -249,8 +296,9 @@ class Variable(VariableBase):
         """``value`` as an array of this variable's dtype and shape, or InvalidArgumentError."""
         arr = to_array(value, self._dtype, f"{what} of variable {self._name!r}")
         if arr.shape != self._shape:
-            raise InvalidArgumentError(f"{what} of variable {self._name!r}: value has shape "
-                                       f"{arr.shape}, expected {self._shape}")
+            raise InvalidArgumentError(
+                f"{what} of variable {self._name!r}: value has shape {arr.shape}, expected {self._shape}"
+            )
         return arr
 
     # -- operations ------------------------------------------------------------------------
@@ -302,8 +350,9 @@ class Variable(VariableBase):
     def _rows(self, indices: Any, what: str) -> np.ndarray:
         idx = np.asarray(indices)
         if idx.dtype.kind not in "iu":
-            raise InvalidArgumentError(f"{what} of variable {self._name!r}: row ids must be "
-                                       f"integers, got {idx.dtype}")
+            raise InvalidArgumentError(
+                f"{what} of variable {self._name!r}: row ids must be integers, got {idx.dtype}"
+            )
         if not self._shape:
             raise InvalidArgumentError(f"{what}: variable {self._name!r} is a scalar and has no rows")
         return idx
@@ -341,8 +390,9 @@ class Variable(VariableBase):
         values = to_array(delta.values, self._dtype, f"{op} of variable {self._name!r}")
         expected = (idx.shape[0],) + self._shape[1:]
         if values.shape != expected:
-            raise InvalidArgumentError(f"{op} of variable {self._name!r}: values have shape "
-                                       f"{values.shape}, expected {expected}")
+            raise InvalidArgumentError(
+                f"{op} of variable {self._name!r}: values have shape {values.shape}, expected {expected}"
+            )
         if self._ps is None:
             check_range(idx, self._shape[0], self._name)
             if kind is UpdateKind.SCATTER_UPDATE:
@@ -354,11 +404,27 @@ class Variable(VariableBase):
         return self
 
 
-def _remote_handle(name: str, shape: tuple[int, ...], dtype: str, ps: int, trainable: bool,
-                   aggregation: int, synchronization: int, display: str | None = None) -> Variable:
-    return Variable.handle(name, shape, dtype, ps, None, trainable,
-                           VariableAggregation(aggregation), VariableSynchronization(synchronization),
-                           display_name=display)
+def _remote_handle(
+    name: str,
+    shape: tuple[int, ...],
+    dtype: str,
+    ps: int,
+    trainable: bool,
+    aggregation: int,
+    synchronization: int,
+    display: str | None = None,
+) -> Variable:
+    return Variable.handle(
+        name,
+        shape,
+        dtype,
+        ps,
+        None,
+        trainable,
+        VariableAggregation(aggregation),
+        VariableSynchronization(synchronization),
+        display_name=display,
+    )
 
 
 def _local_variable(name: str, value: np.ndarray, trainable: bool) -> Variable:

@@ -19,8 +19,17 @@ from .._base.checks import number, whole
 from .._base.cluster import parse_address
 from .._base.errors import InvalidArgumentError
 
-__all__ = ["LOG_LEVELS", "address", "directory", "index_number", "level_name", "log_level",
-           "port_number", "positive_int", "seconds"]
+__all__ = [
+    "LOG_LEVELS",
+    "address",
+    "directory",
+    "index_number",
+    "level_name",
+    "log_level",
+    "port_number",
+    "positive_int",
+    "seconds",
+]
 
 #: What ``--log-level`` takes (in any case).
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -28,6 +37,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 def _flag_value(convert: Callable[[str], Any], check: Callable[[Any], Any]) -> Callable[[str], Any]:
     """An argparse type: ``check(convert(text))``, whose refusal is argparse's error."""
+
     def parse(text: str) -> Any:
         try:
             return check(convert(text))
@@ -35,6 +45,7 @@ def _flag_value(convert: Callable[[str], Any], check: Callable[[Any], Any]) -> C
             raise argparse.ArgumentTypeError(
                 str(exc) if isinstance(exc, InvalidArgumentError) else f"{text!r} is not a number"
             ) from None
+
     return parse
 
 

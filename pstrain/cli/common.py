@@ -15,8 +15,7 @@ from .._formats.messages.records import Operation, R
 from .._transport.bridge import run
 from .._transport.rpc import Channel
 
-__all__ = ["coordinator_call", "evaluate", "join", "leave", "membership", "retag_logging",
-           "setup_logging"]
+__all__ = ["coordinator_call", "evaluate", "join", "leave", "membership", "retag_logging", "setup_logging"]
 
 
 class _Tag(logging.Filter):
@@ -35,8 +34,10 @@ _TAG = _Tag()
 def setup_logging(level: str, tag: str) -> None:
     _TAG.tag = tag
     logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
-        format="%(asctime)s [%(pstrain_task)s] %(levelname)s %(name)s: %(message)s")
+        level=getattr(logging, level.upper(), logging.INFO),
+        stream=sys.stderr,
+        format="%(asctime)s [%(pstrain_task)s] %(levelname)s %(name)s: %(message)s",
+    )
     for handler in logging.getLogger().handlers:
         handler.addFilter(_TAG)
 
@@ -46,8 +47,9 @@ def retag_logging(tag: str) -> None:
     _TAG.tag = tag
 
 
-async def coordinator_call(coordinator: str, message: Operation[R], token: str | None,
-                           timeout: float = 10.0) -> R:
+async def coordinator_call(
+    coordinator: str, message: Operation[R], token: str | None, timeout: float = 10.0
+) -> R:
     """``message`` to the coordinator's endpoint (a server like the others: the stream, with
     the cluster token proved both ways)."""
     channel = Channel(coordinator, token=token, task=task_name("chief", 0), connect_timeout=timeout)
@@ -57,16 +59,18 @@ async def coordinator_call(coordinator: str, message: Operation[R], token: str |
         await channel.close()
 
 
-async def membership(coordinator: str, token: str | None
-                     ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+async def membership(
+    coordinator: str, token: str | None
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """The worker slots of the job whose coordinator serves at ``coordinator``, and its
     placement map (the ps and their shares, the move under way)."""
     reply = await coordinator_call(coordinator, Membership(), token)
     return reply.workers, reply.ps
 
 
-async def join(coordinator: str, address: str, token: str | None, *, ps: bool = False,
-               index: int | None = None) -> int:
+async def join(
+    coordinator: str, address: str, token: str | None, *, ps: bool = False, index: int | None = None
+) -> int:
     """Ask the coordinator at ``coordinator`` for a worker slot (``ps``: a ps index; with
     ``index``, the ps that took it joins); returns its index."""
     message = JoinPs(address=address, index=index) if ps else Join(address=address)
@@ -84,8 +88,13 @@ async def leave(coordinator: str, index: int, token: str | None, timeout: float)
         await coordinator_call(coordinator, LeavePs(index=index), token, timeout=timeout)
         logging.getLogger(__name__).info("ps %d drained: its variables moved to the other ps", index)
     except PstrainError as exc:
-        logging.getLogger(__name__).error("ps %d could not drain within %g s (%s: %s); leaving "
-                                          "anyway", index, timeout, type(exc).__name__, exc)
+        logging.getLogger(__name__).error(
+            "ps %d could not drain within %g s (%s: %s); leaving anyway",
+            index,
+            timeout,
+            type(exc).__name__,
+            exc,
+        )
 
 
 def evaluate(args: argparse.Namespace) -> int:
@@ -98,8 +107,9 @@ def evaluate(args: argparse.Namespace) -> int:
     namespace = runpy.run_path(args.eval_script)
     if not callable(namespace.get("evaluate")):
         raise PstrainError(f"{args.eval_script} must define evaluate(variables, iterations)")
-    evaluator = SidecarEvaluator(namespace["evaluate"], args.checkpoint_dir,
-                                 max_evaluations=args.max_evaluations)
+    evaluator = SidecarEvaluator(
+        namespace["evaluate"], args.checkpoint_dir, max_evaluations=args.max_evaluations
+    )
     print(f"pstrain evaluator watching {args.checkpoint_dir}", flush=True)
     for path, iterations, result in run(evaluator.run()):
         print(f"{path} iterations={iterations} {result}", flush=True)

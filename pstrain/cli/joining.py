@@ -35,15 +35,18 @@ async def incarnation(coordinator: str, token: str | None) -> str:
     try:
         reply = await coordinator_call(coordinator, Health(), token)
     except PstrainError as exc:
-        raise PstrainError(f"the coordinator at {coordinator} did not answer: "
-                           f"{type(exc).__name__}: {exc}") from exc
+        raise PstrainError(
+            f"the coordinator at {coordinator} did not answer: {type(exc).__name__}: {exc}"
+        ) from exc
     return str(reply.incarnation)
 
 
-def join_as(role: str, server: Any, coordinator: str, address: str,
-            token: str | None) -> Callable[[], Awaitable[int]]:
+def join_as(
+    role: str, server: Any, coordinator: str, address: str, token: str | None
+) -> Callable[[], Awaitable[int]]:
     """What joins ``server`` (a ps or a worker, serving at ``address``) to the coordinator at
     ``coordinator``; returns its index there."""
+
     async def join_ps() -> int:
         server.answers_any_index = True  # until the coordinator gives it its index
         given = await join(coordinator, address, token, ps=True)
@@ -59,8 +62,14 @@ def join_as(role: str, server: Any, coordinator: str, address: str,
     return join_ps if role == "ps" else join_worker
 
 
-async def follow(role: str, coordinator: str, token: str | None, joined: str,
-                 rejoin: Callable[[], Awaitable[int]], period: float = FOLLOW_PERIOD_S) -> None:
+async def follow(
+    role: str,
+    coordinator: str,
+    token: str | None,
+    joined: str,
+    rejoin: Callable[[], Awaitable[int]],
+    period: float = FOLLOW_PERIOD_S,
+) -> None:
     """A ``role`` task: join again (``rejoin``) each time a coordinator other than
     incarnation ``joined`` serves at ``coordinator``; runs until cancelled."""
     unreachable = False
@@ -79,9 +88,14 @@ async def follow(role: str, coordinator: str, token: str | None, joined: str,
         try:
             index = await rejoin()
         except PstrainError as exc:
-            logger.warning("another coordinator serves at %s, and joining it failed (%s); "
-                           "trying again in %g s", coordinator, exc, period)
+            logger.warning(
+                "another coordinator serves at %s, and joining it failed (%s); trying again in %g s",
+                coordinator,
+                exc,
+                period,
+            )
             continue
         joined = now
-        print(f"pstrain {role} joined {coordinator} again (another coordinator) as {role} {index}",
-              flush=True)
+        print(
+            f"pstrain {role} joined {coordinator} again (another coordinator) as {role} {index}", flush=True
+        )

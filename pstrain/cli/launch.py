@@ -32,20 +32,31 @@ __all__ = ["RunDirectory", "add_launch_parser"]
 
 def add_launch_parser(sub: Any) -> None:
     p = sub.add_parser(
-        "launch", help="start a local cluster and run a command as its coordinator",
+        "launch",
+        help="start a local cluster and run a command as its coordinator",
         description="Start M ps and N worker processes on 127.0.0.1, run CMD with the cluster in "
-                    "PSTRAIN_CONFIG and the token in PSTRAIN_TOKEN, and stop everything when CMD "
-                    "exits (or on Ctrl-C). Exits with CMD's code.")
+        "PSTRAIN_CONFIG and the token in PSTRAIN_TOKEN, and stop everything when CMD "
+        "exits (or on Ctrl-C). Exits with CMD's code.",
+    )
     p.add_argument("--ps", type=positive_int, default=1, help="number of parameter servers (default 1)")
     p.add_argument("--workers", type=positive_int, default=1, help="number of workers (default 1)")
     p.add_argument("--log-level", type=log_level, default="WARNING", help="servers' log level (WARNING)")
-    p.add_argument("--dashboard", nargs="?", const="127.0.0.1:0", default=None, metavar="HOST:PORT",
-                   help="the coordinator CMD makes serves the live dashboard there (default "
-                        "127.0.0.1, any free port) and prints its one-time login URL "
-                        "(PSTRAIN_DASHBOARD)")
-    p.add_argument("--run-dir", metavar="DIR",
-                   help="where to write cluster.json, token (0600) and targets.json while the job "
-                        "runs (default: a new temporary directory, removed at the end)")
+    p.add_argument(
+        "--dashboard",
+        nargs="?",
+        const="127.0.0.1:0",
+        default=None,
+        metavar="HOST:PORT",
+        help="the coordinator CMD makes serves the live dashboard there (default "
+        "127.0.0.1, any free port) and prints its one-time login URL "
+        "(PSTRAIN_DASHBOARD)",
+    )
+    p.add_argument(
+        "--run-dir",
+        metavar="DIR",
+        help="where to write cluster.json, token (0600) and targets.json while the job "
+        "runs (default: a new temporary directory, removed at the end)",
+    )
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     p.set_defaults(func=_launch)
 
@@ -53,19 +64,26 @@ def add_launch_parser(sub: Any) -> None:
 def _launch(args: argparse.Namespace) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
-        raise PstrainError("pstrain launch needs a command: pstrain launch --ps 1 --workers 2 -- "
-                           "python train.py")
+        raise PstrainError(
+            "pstrain launch needs a command: pstrain launch --ps 1 --workers 2 -- python train.py"
+        )
     if shutil.which(cmd[0]) is None:  # before any server starts
-        raise PstrainError(f"{cmd[0]!r}: no such command (not on PATH, nor an executable file); "
-                           "nothing was started")
+        raise PstrainError(
+            f"{cmd[0]!r}: no such command (not on PATH, nor an executable file); nothing was started"
+        )
     from .._transport.bridge import run
 
-    return run(_launch_async(cmd, args.ps, args.workers, args.log_level, args.dashboard,
-                             args.run_dir))
+    return run(_launch_async(cmd, args.ps, args.workers, args.log_level, args.dashboard, args.run_dir))
 
 
-async def _launch_async(cmd: list[str], num_ps: int, num_workers: int, log_level: str,
-                        dashboard: str | None = None, run_dir: str | None = None) -> int:
+async def _launch_async(
+    cmd: list[str],
+    num_ps: int,
+    num_workers: int,
+    log_level: str,
+    dashboard: str | None = None,
+    run_dir: str | None = None,
+) -> int:
     async with LocalCluster(num_ps, num_workers, log_level=log_level) as cluster:
         chief = f"127.0.0.1:{_free_port()}"  # the coordinator serves its endpoint there
         config = cluster.config()
@@ -80,8 +98,7 @@ async def _launch_async(cmd: list[str], num_ps: int, num_workers: int, log_level
         env["PSTRAIN_TOKEN"] = cluster.token
         env.setdefault("PYTHONUNBUFFERED", "1")
         with RunDirectory(run_dir, config, cluster.token) as files:
-            print(_table(config, dashboard, files, num_ps, num_workers, cmd), file=sys.stderr,
-                  flush=True)
+            print(_table(config, dashboard, files, num_ps, num_workers, cmd), file=sys.stderr, flush=True)
             return await _run_coordinator(cmd, env)
 
 
@@ -90,9 +107,13 @@ async def _run_coordinator(cmd: list[str], env: dict[str, str]) -> int:
     to it (SIGKILL if it has not ended 10 s later). Returns its exit code."""
     # In its own process group: a terminal's Ctrl-C reaches only this process, which passes
     # it on once (a second SIGINT would tell the program to stop at once).
-    proc = await asyncio.create_subprocess_exec(*cmd, env=env, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.STDOUT,
-                                                start_new_session=True)
+    proc = await asyncio.create_subprocess_exec(
+        *cmd,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
+    )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -142,8 +163,10 @@ class RunDirectory:
         os.makedirs(self.path, mode=0o700, exist_ok=True)
         _write(self.token_file, self.token + "\n", 0o600)
         _write(self.cluster, json.dumps(self.config, indent=1) + "\n", 0o644)
-        groups = [{"targets": addresses, "labels": {"job": "pstrain", "role": role}}
-                  for role, addresses in self.config["cluster"].items()]
+        groups = [
+            {"targets": addresses, "labels": {"job": "pstrain", "role": role}}
+            for role, addresses in self.config["cluster"].items()
+        ]
         _write(self.targets, json.dumps(groups, indent=1) + "\n", 0o644)
         return self
 
@@ -164,8 +187,14 @@ def _write(path: str, text: str, mode: int) -> None:
     write_atomically(path, lambda f: f.write(text.encode()), mode=mode)
 
 
-def _table(config: dict[str, Any], dashboard: str | None, files: RunDirectory, num_ps: int,
-           num_workers: int, cmd: list[str]) -> str:
+def _table(
+    config: dict[str, Any],
+    dashboard: str | None,
+    files: RunDirectory,
+    num_ps: int,
+    num_workers: int,
+    cmd: list[str],
+) -> str:
     """What ``pstrain launch`` prints once the cluster is up."""
     rows = [("TASK", "ADDRESS")]
     for job in ("chief", "ps", "worker"):
@@ -178,10 +207,12 @@ def _table(config: dict[str, Any], dashboard: str | None, files: RunDirectory, n
     width = max(len(r[0]) for r in rows)
     lines = [f"pstrain launch: {num_ps} ps, {num_workers} worker(s) up; running {' '.join(cmd)}"]
     lines += [f"  {task:<{width}}  {address}" for task, address in rows]
-    lines += [f"  cluster file  {files.cluster}",
-              f"  token file    {files.token_file}  (mode 0600)",
-              f"  prometheus    {files.targets}  (file_sd_configs; credentials_file: the token file)",
-              f"  watch with    pstrain status --cluster {files.cluster} --token-file {files.token_file}"]
+    lines += [
+        f"  cluster file  {files.cluster}",
+        f"  token file    {files.token_file}  (mode 0600)",
+        f"  prometheus    {files.targets}  (file_sd_configs; credentials_file: the token file)",
+        f"  watch with    pstrain status --cluster {files.cluster} --token-file {files.token_file}",
+    ]
     return "\n".join(lines)
 
 

@@ -57,8 +57,9 @@ def _server_ssl(cert: str | None, key: str | None) -> ssl.SSLContext | None:
     try:
         ctx.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as exc:
-        raise PstrainError(f"--tls-cert {cert} / --tls-key {key}: cannot be loaded "
-                           f"({exc.strerror or exc})") from None
+        raise PstrainError(
+            f"--tls-cert {cert} / --tls-key {key}: cannot be loaded ({exc.strerror or exc})"
+        ) from None
     return ctx
 
 
@@ -73,80 +74,169 @@ def client_ssl(cafile: str | None) -> ssl.SSLContext | None:
 
 
 def serve_parser(sub: Any) -> None:
-    p = sub.add_parser("serve", help="run one task: a ps, a worker or the sidecar evaluator",
-                       description="Run one task of a pstrain cluster until SIGTERM or SIGINT.",
-                       epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--role", choices=["ps", "worker", "evaluator"],
-                   help="which task to run (default: the config's task.type)")
+    p = sub.add_parser(
+        "serve",
+        help="run one task: a ps, a worker or the sidecar evaluator",
+        description="Run one task of a pstrain cluster until SIGTERM or SIGINT.",
+        epilog=SERVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--role",
+        choices=["ps", "worker", "evaluator"],
+        help="which task to run (default: the config's task.type)",
+    )
     p.add_argument("--index", type=index_number, help="task index within its role (default: task.index)")
-    p.add_argument("--cluster", metavar="FILE",
-                   help="cluster config JSON file (TF_CONFIG format)")
-    p.add_argument("--slurm-jobs", metavar="JOBS",
-                   help="inside a SLURM step: the tasks per job, e.g. chief=1,ps=1,worker=3 "
-                        "(role and index then come from SLURM_PROCID)")
-    p.add_argument("--port-base", type=port_number, default=8888,
-                   help="with --slurm-jobs: the first port on each node (default 8888)")
-    p.add_argument("--host", default=None,
-                   help="address to bind (default 127.0.0.1; another address needs a token)")
-    p.add_argument("--port", type=port_number, default=None,
-                   help="port to bind (default: this task's port in the cluster; 0 picks a free one)")
+    p.add_argument("--cluster", metavar="FILE", help="cluster config JSON file (TF_CONFIG format)")
+    p.add_argument(
+        "--slurm-jobs",
+        metavar="JOBS",
+        help="inside a SLURM step: the tasks per job, e.g. chief=1,ps=1,worker=3 "
+        "(role and index then come from SLURM_PROCID)",
+    )
+    p.add_argument(
+        "--port-base",
+        type=port_number,
+        default=8888,
+        help="with --slurm-jobs: the first port on each node (default 8888)",
+    )
+    p.add_argument(
+        "--host", default=None, help="address to bind (default 127.0.0.1; another address needs a token)"
+    )
+    p.add_argument(
+        "--port",
+        type=port_number,
+        default=None,
+        help="port to bind (default: this task's port in the cluster; 0 picks a free one)",
+    )
     p.add_argument("--token-file", metavar="FILE", help="file holding the cluster token")
     p.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this certificate (PEM)")
     p.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
-    p.add_argument("--tls-ca", metavar="FILE",
-                   help="CA file to verify other tasks' certificates (workers -> ps)")
-    p.add_argument("--max-body", type=positive_int, default=None, metavar="BYTES",
-                   help="largest request body accepted (default 2 GiB); larger -> 413")
-    p.add_argument("--checkpoint-dir", metavar="DIR",
-                   help="evaluator: the directory the job's CheckpointManager writes")
-    p.add_argument("--eval-script", metavar="FILE",
-                   help="evaluator: a Python file defining evaluate(variables, iterations) -> metrics")
-    p.add_argument("--max-evaluations", type=positive_int, default=None,
-                   help="evaluator: stop after this many evaluations (default: run forever)")
-    p.add_argument("--join", type=address, metavar="HOST:PORT",
-                   help="join a running job through its coordinator's endpoint (the address of its "
-                        "/metrics). A worker takes the slot of a worker that is gone, or grows the "
-                        "job; a ps gets the next index, and a share of the variables moves to it "
-                        "while training runs (on SIGTERM they move away again before it exits). "
-                        "It follows that coordinator: when another one serves there (started again "
-                        "after it was lost), it joins that one too")
-    p.add_argument("--advertise", type=address, metavar="HOST:PORT",
-                   help="with --join: the address the coordinator should use (default: the "
-                        "listening address)")
-    p.add_argument("--exit-on-shutdown", action="store_true", default=None,
-                   help="leave when the coordinator says its job is done "
-                        "(coordinator.shutdown_cluster(); the default with --slurm-jobs, so that the "
-                        "SLURM job ends)")
-    p.add_argument("--drain-timeout", type=seconds, default=60.0, metavar="SECONDS",
-                   help="worker: on SIGTERM, take no new closures and wait this long for the running "
-                        "ones before leaving (on Ctrl-C, at most 4 s); ps started with --join: on "
-                        "SIGTERM, wait this long for its variables to move to the other ps")
-    p.add_argument("--closure-threads", type=positive_int, default=4,
-                   help="worker: threads that run plain-def closures (default 4)")
-    p.add_argument("--metrics-public", action="store_true",
-                   help="serve GET /metrics without the token (for a Prometheus without it)")
-    p.add_argument("--no-pickle", action="store_true",
-                   help="ps: refuse every pickled payload (strategy.extended.update then fails "
-                        "with a clear error; nothing else needs pickles on a ps)")
-    p.add_argument("--checkpoint-root", type=directory, metavar="DIR", default=None,
-                   help="ps: read and write checkpoint files only under DIR (default: the "
-                        "directory the ps is started in)")
-    p.add_argument("--max-variable-bytes", type=positive_int, default=None, metavar="BYTES",
-                   help="ps: largest variable (or part of a sharded one) it creates "
-                        "(default 512 MiB)")
-    p.add_argument("--max-reply-bytes", type=positive_int, default=None, metavar="BYTES",
-                   help="ps: largest reply of whole variables (vars/read) it sends "
-                        "(default 1 GiB; read fewer variables per request past it)")
-    p.add_argument("--max-store-bytes", type=positive_int, default=None, metavar="BYTES",
-                   help="ps: bytes of variables it holds at most (default 80%% of the machine's "
-                        "memory); creations past it are refused")
-    p.add_argument("--log-level", type=log_level, default="INFO",
-                   help=f"logging level: {', '.join(LOG_LEVELS)} (default INFO)")
-    p.add_argument("--listen-fd", type=index_number, default=None, metavar="FD",
-                   help="listen on the TCP socket inherited as this file descriptor, already "
-                        "bound to --host:--port (LocalCluster restarts a task on its port so)")
-    p.add_argument("--exit-with-parent", action="store_true",
-                   help="stop when the process that started this one exits (LocalCluster uses it)")
+    p.add_argument(
+        "--tls-ca", metavar="FILE", help="CA file to verify other tasks' certificates (workers -> ps)"
+    )
+    p.add_argument(
+        "--max-body",
+        type=positive_int,
+        default=None,
+        metavar="BYTES",
+        help="largest request body accepted (default 2 GiB); larger -> 413",
+    )
+    p.add_argument(
+        "--checkpoint-dir", metavar="DIR", help="evaluator: the directory the job's CheckpointManager writes"
+    )
+    p.add_argument(
+        "--eval-script",
+        metavar="FILE",
+        help="evaluator: a Python file defining evaluate(variables, iterations) -> metrics",
+    )
+    p.add_argument(
+        "--max-evaluations",
+        type=positive_int,
+        default=None,
+        help="evaluator: stop after this many evaluations (default: run forever)",
+    )
+    p.add_argument(
+        "--join",
+        type=address,
+        metavar="HOST:PORT",
+        help="join a running job through its coordinator's endpoint (the address of its "
+        "/metrics). A worker takes the slot of a worker that is gone, or grows the "
+        "job; a ps gets the next index, and a share of the variables moves to it "
+        "while training runs (on SIGTERM they move away again before it exits). "
+        "It follows that coordinator: when another one serves there (started again "
+        "after it was lost), it joins that one too",
+    )
+    p.add_argument(
+        "--advertise",
+        type=address,
+        metavar="HOST:PORT",
+        help="with --join: the address the coordinator should use (default: the listening address)",
+    )
+    p.add_argument(
+        "--exit-on-shutdown",
+        action="store_true",
+        default=None,
+        help="leave when the coordinator says its job is done "
+        "(coordinator.shutdown_cluster(); the default with --slurm-jobs, so that the "
+        "SLURM job ends)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="worker: on SIGTERM, take no new closures and wait this long for the running "
+        "ones before leaving (on Ctrl-C, at most 4 s); ps started with --join: on "
+        "SIGTERM, wait this long for its variables to move to the other ps",
+    )
+    p.add_argument(
+        "--closure-threads",
+        type=positive_int,
+        default=4,
+        help="worker: threads that run plain-def closures (default 4)",
+    )
+    p.add_argument(
+        "--metrics-public",
+        action="store_true",
+        help="serve GET /metrics without the token (for a Prometheus without it)",
+    )
+    p.add_argument(
+        "--no-pickle",
+        action="store_true",
+        help="ps: refuse every pickled payload (strategy.extended.update then fails "
+        "with a clear error; nothing else needs pickles on a ps)",
+    )
+    p.add_argument(
+        "--checkpoint-root",
+        type=directory,
+        metavar="DIR",
+        default=None,
+        help="ps: read and write checkpoint files only under DIR (default: the "
+        "directory the ps is started in)",
+    )
+    p.add_argument(
+        "--max-variable-bytes",
+        type=positive_int,
+        default=None,
+        metavar="BYTES",
+        help="ps: largest variable (or part of a sharded one) it creates (default 512 MiB)",
+    )
+    p.add_argument(
+        "--max-reply-bytes",
+        type=positive_int,
+        default=None,
+        metavar="BYTES",
+        help="ps: largest reply of whole variables (vars/read) it sends "
+        "(default 1 GiB; read fewer variables per request past it)",
+    )
+    p.add_argument(
+        "--max-store-bytes",
+        type=positive_int,
+        default=None,
+        metavar="BYTES",
+        help="ps: bytes of variables it holds at most (default 80%% of the machine's "
+        "memory); creations past it are refused",
+    )
+    p.add_argument(
+        "--log-level",
+        type=log_level,
+        default="INFO",
+        help=f"logging level: {', '.join(LOG_LEVELS)} (default INFO)",
+    )
+    p.add_argument(
+        "--listen-fd",
+        type=index_number,
+        default=None,
+        metavar="FD",
+        help="listen on the TCP socket inherited as this file descriptor, already "
+        "bound to --host:--port (LocalCluster restarts a task on its port so)",
+    )
+    p.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop when the process that started this one exits (LocalCluster uses it)",
+    )
 
 
 def _raise_open_files_limit(want: int = 8192) -> None:
@@ -188,8 +278,10 @@ def serve(args: argparse.Namespace) -> int:
         if args.host is None:
             args.host = "0.0.0.0"  # other nodes must reach it; a token is then required
     if role not in ("ps", "worker", "evaluator"):
-        raise PstrainError("pstrain serve needs --role ps|worker|evaluator (or a config whose "
-                           f"task.type is one of them; got {role!r})")
+        raise PstrainError(
+            "pstrain serve needs --role ps|worker|evaluator (or a config whose "
+            f"task.type is one of them; got {role!r})"
+        )
     index = index or 0
     setup_logging(args.log_level, f"{role}:{index}")
     if getattr(args, "threads_sized", None):
@@ -204,14 +296,21 @@ def serve(args: argparse.Namespace) -> int:
         port = spec_port if port is None else port
     exit_on_shutdown = args.exit_on_shutdown if args.exit_on_shutdown is not None else bool(args.slurm_jobs)
     options: dict[str, Any] = dict(
-        host=host or "127.0.0.1", port=port or 0, token=token, exit_on_shutdown=exit_on_shutdown,
+        host=host or "127.0.0.1",
+        port=port or 0,
+        token=token,
+        exit_on_shutdown=exit_on_shutdown,
         ssl_context=_server_ssl(args.tls_cert, args.tls_key),
-        max_body=args.max_body or DEFAULT_MAX_BODY, metrics_public=args.metrics_public)
+        max_body=args.max_body or DEFAULT_MAX_BODY,
+        metrics_public=args.metrics_public,
+    )
     if role == "ps":
         from ..server.ps.handlers import ParameterServer
 
-        ps_options: dict[str, Any] = {"allow_pickle": not args.no_pickle,
-                                      "checkpoint_root": args.checkpoint_root}
+        ps_options: dict[str, Any] = {
+            "allow_pickle": not args.no_pickle,
+            "checkpoint_root": args.checkpoint_root,
+        }
         if args.max_variable_bytes is not None:
             ps_options["max_variable_bytes"] = args.max_variable_bytes
         if args.max_reply_bytes is not None:
@@ -222,16 +321,22 @@ def serve(args: argparse.Namespace) -> int:
     else:
         from ..server.worker.executor import WorkerServer
 
-        server = WorkerServer(index, cluster_spec=spec, client_ssl=client_ssl(args.tls_ca),
-                              closure_threads=args.closure_threads, **options)
+        server = WorkerServer(
+            index,
+            cluster_spec=spec,
+            client_ssl=client_ssl(args.tls_ca),
+            closure_threads=args.closure_threads,
+            **options,
+        )
     if args.listen_fd is not None:
         try:
             server.bound = socket.socket(fileno=args.listen_fd)
         except OSError as exc:
             raise PstrainError(f"--listen-fd {args.listen_fd}: not a socket: {exc}") from None
     if not token:
-        logger.warning("no cluster token set: any local process can use this server "
-                       "(set PSTRAIN_TOKEN or --token-file)")
+        logger.warning(
+            "no cluster token set: any local process can use this server (set PSTRAIN_TOKEN or --token-file)"
+        )
 
     interrupts: list[str] = []  # what a Ctrl-C left, said in one line at the end
 
@@ -277,9 +382,11 @@ def serve(args: argparse.Namespace) -> int:
             if not done:
                 logger.warning("closures still running after %g s of draining; leaving anyway", limit)
             if interrupts:
-                interrupts[0] = (f"the {running} closure(s) in flight finished" if done else
-                                 f"of {running} closure(s) in flight, some were abandoned after "
-                                 f"{limit:g} s")
+                interrupts[0] = (
+                    f"the {running} closure(s) in flight finished"
+                    if done
+                    else f"of {running} closure(s) in flight, some were abandoned after {limit:g} s"
+                )
         if role == "ps" and args.join and term.is_set():  # a preemption notice: move away first
             await leave(args.join, server.index, token, args.drain_timeout)
         logger.info("signal received, stopping")
@@ -288,8 +395,11 @@ def serve(args: argparse.Namespace) -> int:
 
     run(main())
     if interrupts:
-        said = interrupts[0] or ("stopped; its variables live until the process ends: the "
-                                 "coordinator's checkpoints keep them" if role == "ps" else "stopped")
+        said = interrupts[0] or (
+            "stopped; its variables live until the process ends: the coordinator's checkpoints keep them"
+            if role == "ps"
+            else "stopped"
+        )
         print(f"pstrain {role}:{index}: interrupted (Ctrl-C): {said}", file=sys.stderr, flush=True)
         return 130
     return 0

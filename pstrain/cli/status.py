@@ -31,17 +31,24 @@ STATUS_COLUMNS = """Columns:
 
 
 def status_parser(sub: Any) -> None:
-    p = sub.add_parser("status", help="show every task of a cluster: up or down, load",
-                       description="Probe every task of the cluster (from --cluster, PSTRAIN_CONFIG "
-                                   "or TF_CONFIG) and print a table.\n\n" + STATUS_COLUMNS,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "status",
+        help="show every task of a cluster: up or down, load",
+        description="Probe every task of the cluster (from --cluster, PSTRAIN_CONFIG "
+        "or TF_CONFIG) and print a table.\n\n" + STATUS_COLUMNS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--cluster", metavar="FILE", help="cluster config JSON file (TF_CONFIG format)")
     p.add_argument("--token-file", metavar="FILE", help="file holding the cluster token")
     p.add_argument("--timeout", type=seconds, default=2.0, help="seconds before a task counts as down")
     p.add_argument("--verbose", action="store_true", help="also print why each down task is down")
-    p.add_argument("--coordinator", type=address, metavar="HOST:PORT",
-                   help="also print the running job's worker membership, from its coordinator's "
-                        "endpoint (workers that joined or left included)")
+    p.add_argument(
+        "--coordinator",
+        type=address,
+        metavar="HOST:PORT",
+        help="also print the running job's worker membership, from its coordinator's "
+        "endpoint (workers that joined or left included)",
+    )
     p.set_defaults(func=status)
 
 
@@ -54,8 +61,7 @@ def _load_cluster(path: str | None) -> ClusterSpec:
 
 def _held(stats: dict[str, Any]) -> int:
     """The bytes a ps holds: its variables and its tables' rows (with their slots)."""
-    return int(stats.get("bytes", 0)) + sum(int(t.get("bytes", 0))
-                                            for t in stats.get("tables", {}).values())
+    return int(stats.get("bytes", 0)) + sum(int(t.get("bytes", 0)) for t in stats.get("tables", {}).values())
 
 
 def _human(n: float) -> str:
@@ -90,9 +96,13 @@ def status(args: argparse.Namespace) -> int:
         finally:
             await ch.close()
         if second.get("task") not in (None, task_name(job, i)):
-            row.update(state="mismatch", error=f"the task at {address} is {second['task']}, not "
-                       f"{task_name(job, i)}: the cluster spec does not match the running tasks")
+            row.update(
+                state="mismatch",
+                error=f"the task at {address} is {second['task']}, not "
+                f"{task_name(job, i)}: the cluster spec does not match the running tasks",
+            )
             return row
+
         def count(stats: dict[str, Any]) -> int:
             return sum(r["count"] for r in stats["requests"].values())
 
@@ -100,23 +110,41 @@ def status(args: argparse.Namespace) -> int:
             rate = max(0, second.get("closures_done", 0) - first.get("closures_done", 0))
         else:
             rate = max(0, count(second) - count(first) - 1) / 1.0  # minus our own second call
-        work = (f"{second['variables']} variables" if "variables" in second else
-                f"{second['closures_run']} closures" if "closures_run" in second else
-                f"{second.get('closures_done', 0)} done")
+        work = (
+            f"{second['variables']} variables"
+            if "variables" in second
+            else f"{second['closures_run']} closures"
+            if "closures_run" in second
+            else f"{second.get('closures_done', 0)} done"
+        )
         if "variables" in second:  # a ps: what it holds, for the placement map's shares too
             row["held"] = _held(second)
-        row.update(state="up", uptime=f"{second.get('uptime_s', 0):.0f} s", work=work,
-                   bytes=_human(_held(second) if "variables" in second else
-                                sum(r["bytes_in"] + r["bytes_out"] for r in second["requests"].values())),
-                   rate=f"{rate:.0f}/s")
+        row.update(
+            state="up",
+            uptime=f"{second.get('uptime_s', 0):.0f} s",
+            work=work,
+            bytes=_human(
+                _held(second)
+                if "variables" in second
+                else sum(r["bytes_in"] + r["bytes_out"] for r in second["requests"].values())
+            ),
+            rate=f"{rate:.0f}/s",
+        )
         return row
 
     async def main() -> list[dict[str, Any]]:
         return list(await asyncio.gather(*(probe(job, i) for job, i in tasks)))
 
     rows = run(main())
-    cols = [("TASK", "task"), ("STATE", "state"), ("ADDRESS", "address"), ("UPTIME", "uptime"),
-            ("WORK", "work"), ("BYTES", "bytes"), ("REQUESTS", "rate")]
+    cols = [
+        ("TASK", "task"),
+        ("STATE", "state"),
+        ("ADDRESS", "address"),
+        ("UPTIME", "uptime"),
+        ("WORK", "work"),
+        ("BYTES", "bytes"),
+        ("REQUESTS", "rate"),
+    ]
     widths = [max(len(h), *(len(str(r.get(k, "-"))) for r in rows)) for h, k in cols]
     print("  ".join(h.ljust(w) for (h, _), w in zip(cols, widths)))
     for r in rows:
@@ -132,8 +160,11 @@ def status(args: argparse.Namespace) -> int:
             state = m.get("state") or ("leaving" if m["leaving"] else "up" if m["up"] else "down")
             print(f"  worker {m['index']}  {state:<8} {m['address']}  failures {m['failures']}")
         if placement:
-            held = {int(r["task"].split(":")[1]): r["held"] for r in rows
-                    if r["task"].startswith("ps:") and "held" in r}
+            held = {
+                int(r["task"].split(":")[1]): r["held"]
+                for r in rows
+                if r["task"].startswith("ps:") and "held" in r
+            }
             _print_placement(placement, held)
     return 0 if all(r["state"] == "up" for r in rows if not r["task"].startswith("chief")) else 1
 
@@ -141,16 +172,23 @@ def status(args: argparse.Namespace) -> int:
 def _print_placement(placement: dict[str, Any], held: dict[int, int]) -> None:
     """The placement map: its version, each ps's share (what it holds, its table rows
     included, where it answered), the move or replacement under way."""
-    print(f"\nplacement map version {placement['version']}, {placement['moves_done']} move(s) done, "
-          f"{_human(placement['bytes_moved'])} moved:")
+    print(
+        f"\nplacement map version {placement['version']}, {placement['moves_done']} move(s) done, "
+        f"{_human(placement['bytes_moved'])} moved:"
+    )
     for p in placement["ps"]:
-        tables = ", ".join(f"{name} {100 * share:.1f}%" for name, share in
-                           sorted(p.get("table_shares", {}).items()))
-        print(f"  ps {p['index']}  {'in' if p['active'] else 'left':<4} {p['address'] or '-'}  "
-              f"{_human(held.get(p['index'], p['bytes']))}" + (f"  tables: {tables}" if tables else ""))
+        tables = ", ".join(
+            f"{name} {100 * share:.1f}%" for name, share in sorted(p.get("table_shares", {}).items())
+        )
+        print(
+            f"  ps {p['index']}  {'in' if p['active'] else 'left':<4} {p['address'] or '-'}  "
+            f"{_human(held.get(p['index'], p['bytes']))}" + (f"  tables: {tables}" if tables else "")
+        )
     moving = placement.get("moving")
     if moving:
-        print(f"  moving ps {moving['from']} -> ps {moving['to']}: {', '.join(moving['variables'])} "
-              f"({moving['seconds']} s)")
+        print(
+            f"  moving ps {moving['from']} -> ps {moving['to']}: {', '.join(moving['variables'])} "
+            f"({moving['seconds']} s)"
+        )
     for index in placement.get("replacing", ()):
         print(f"  replacing lost ps {index}")

@@ -31,6 +31,7 @@ def threads_for(tasks: int, cpus: int | None = None) -> int:
 def tasks_on_host(spec: ClusterSpec, role: str, index: int) -> int:
     """The ps and workers of ``spec`` on the host of task ``role:index`` (loopback
     addresses are one host), that task included."""
+
     def host(address: str) -> str:
         name = parse_address(address)[0]
         return "loopback" if is_loopback(name) else name
@@ -51,7 +52,8 @@ def size_threads(env: MutableMapping[str, str], threads: int) -> dict[str, str]:
             env[var] = chosen[var] = str(threads)
     if threads == 1 and "xla_cpu_multi_thread_eigen" not in env.get("XLA_FLAGS", ""):
         env["XLA_FLAGS"] = chosen["XLA_FLAGS"] = (
-            env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
+            env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
+        ).strip()
     return chosen
 
 
@@ -82,5 +84,7 @@ def presize_serve(argv: Sequence[str], env: MutableMapping[str, str]) -> str | N
     chosen = size_threads(env, threads)
     if not chosen or tasks == 1:
         return None
-    return (f"{tasks} tasks of the cluster share this machine's {os.cpu_count()} cores: "
-            f"{', '.join(f'{k}={v}' for k, v in chosen.items())} (set them to choose)")
+    return (
+        f"{tasks} tasks of the cluster share this machine's {os.cpu_count()} cores: "
+        f"{', '.join(f'{k}={v}' for k, v in chosen.items())} (set them to choose)"
+    )

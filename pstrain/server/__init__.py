@@ -45,20 +45,34 @@ class Server:
     until it stops, ``await stop()`` stops it.
     """
 
-    def __init__(self, cluster_spec: ClusterSpec | dict[str, Any], job_name: str, task_index: int,
-                 port: int | None = None, token: str | None = None, *, host: str | None = None,
-                 ssl_context: ssl_module.SSLContext | None = None,
-                 max_body: int = DEFAULT_MAX_BODY, protocol: str | None = None,
-                 **options: Any) -> None:
+    def __init__(
+        self,
+        cluster_spec: ClusterSpec | dict[str, Any],
+        job_name: str,
+        task_index: int,
+        port: int | None = None,
+        token: str | None = None,
+        *,
+        host: str | None = None,
+        ssl_context: ssl_module.SSLContext | None = None,
+        max_body: int = DEFAULT_MAX_BODY,
+        protocol: str | None = None,
+        **options: Any,
+    ) -> None:
         if protocol not in (None, "grpc", "pstrain"):
-            raise InvalidArgumentError(f"unknown protocol {protocol!r}: pstrain servers speak their "
-                                       "own stream and HTTP (TF's 'grpc' is accepted and ignored)")
+            raise InvalidArgumentError(
+                f"unknown protocol {protocol!r}: pstrain servers speak their "
+                "own stream and HTTP (TF's 'grpc' is accepted and ignored)"
+            )
         spec = ClusterSpec(cluster_spec)
         spec_host, spec_port = parse_address(spec.task_address(job_name, task_index))
         kwargs: dict[str, Any] = dict(
             host=host if host is not None else "127.0.0.1",
-            port=spec_port if port is None else port, token=token, ssl_context=ssl_context,
-            max_body=max_body)
+            port=spec_port if port is None else port,
+            token=token,
+            ssl_context=ssl_context,
+            max_body=max_body,
+        )
         self.impl: ServerBase
         if job_name == "ps":
             self.impl = ParameterServer(task_index, **kwargs, **options)
@@ -67,7 +81,8 @@ class Server:
         else:
             raise InvalidArgumentError(
                 f"no server for job {job_name!r}: 'pstrain serve' runs ps and worker tasks "
-                "(the chief runs your script; the evaluator runs SidecarEvaluator)")
+                "(the chief runs your script; the evaluator runs SidecarEvaluator)"
+            )
         self.cluster_spec = spec
         self.job_name = job_name
         self.task_index = task_index

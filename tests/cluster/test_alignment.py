@@ -35,8 +35,11 @@ def test_arrays_made_in_an_aligned_context_start_on_a_cache_line_and_only_there(
 
 
 @settings(max_examples=40, deadline=None)
-@given(steps=st.lists(st.tuples(st.integers(0, 200_000), st.integers(0, 400_000), st.booleans()),
-                      min_size=1, max_size=25))
+@given(
+    steps=st.lists(
+        st.tuples(st.integers(0, 200_000), st.integers(0, 400_000), st.booleans()), min_size=1, max_size=25
+    )
+)
 def test_a_resized_array_keeps_its_values_and_its_line(steps):
     # realloc may move a block so that its data no longer starts where it did: the data moves
     # with it (small blocks from the heap, large ones by mremap).
@@ -47,7 +50,7 @@ def test_a_resized_array_keeps_its_values_and_its_line(steps):
         a = context.run(np.full, size, i % 251, np.uint8)
         a.resize(new, refcheck=False)
         assert _aligned(a)
-        assert (a[:min(size, new)] == i % 251).all() and not a[size:].any()
+        assert (a[: min(size, new)] == i % 251).all() and not a[size:].any()
         if keep:
             kept.append((a, i % 251, min(size, new)))
     for a, value, n in kept:  # nothing freed or moved under another's feet
@@ -56,21 +59,26 @@ def test_a_resized_array_keeps_its_values_and_its_line(steps):
 
 async def test_a_ps_holds_its_variables_slots_tables_and_restores_on_cache_lines(tmp_path):
     root = str(tmp_path)
-    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": root}) as cluster:
+    async with InProcessCluster(
+        num_ps=1, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
+    ) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         async with strategy.scope():
             given_value = pstrain.Variable(np.ones((20_000, 32), np.float32), name="given")
-            made = pstrain.Variable(pstrain.initializers.RandomUniform(seed=1), shape=(20_000, 32),
-                                    name="made")
+            made = pstrain.Variable(
+                pstrain.initializers.RandomUniform(seed=1), shape=(20_000, 32), name="made"
+            )
             table = pstrain.DynamicEmbedding(16, name="emb")
             opt = pstrain.optimizers.Adagrad(0.1)
         ids = np.arange(50_000, dtype=np.int64)  # past the table's first size: it grows
         await table.lookup(ids)
-        await opt.apply_gradients([
-            (pstrain.IndexedSlices(np.ones((3, 32), np.float32), np.array([1, 2, 3])), given_value),
-            (pstrain.IndexedSlices(np.ones((3, 32), np.float32), np.array([4, 5, 6])), made),
-            (pstrain.IndexedSlices(np.ones((ids.size, 16), np.float32), ids), table)])
+        await opt.apply_gradients(
+            [
+                (pstrain.IndexedSlices(np.ones((3, 32), np.float32), np.array([1, 2, 3])), given_value),
+                (pstrain.IndexedSlices(np.ones((3, 32), np.float32), np.array([4, 5, 6])), made),
+                (pstrain.IndexedSlices(np.ones((ids.size, 16), np.float32), ids), table),
+            ]
+        )
         ckpt = pstrain.Checkpoint(given=given_value, made=made, emb=table, opt=opt)
         path = await ckpt.save(f"{root}/ckpt")
         before = (await given_value.read_value()).copy()

@@ -69,8 +69,12 @@ async def test_amplifying_reads_and_huge_variables_are_refused(ps_server):
     with pytest.raises(InvalidArgumentError, match="limit"):
         await table.sparse_read(np.zeros(100_000, np.int64))  # 100 MB from one row
     ch = rpc.Channel(ps_server.address, token=TOKEN, task="ps0")
-    spec = {"name": "huge", "dtype": "<f4", "shape": [1 << 28],
-            "init": pstrain.initializers.RandomNormal(seed=1).spec()}
+    spec = {
+        "name": "huge",
+        "dtype": "<f4",
+        "shape": [1 << 28],
+        "init": pstrain.initializers.RandomNormal(seed=1).spec(),
+    }
     with pytest.raises(InvalidArgumentError, match="--max-variable-bytes"):
         await untyped_call(ch, "vars/create", {"vars": [spec]})
     assert [v["name"] for v in (await untyped_call(ch, "vars/list", {}))["variables"]] == ["table"]
@@ -79,11 +83,16 @@ async def test_amplifying_reads_and_huge_variables_are_refused(ps_server):
 
 async def test_initializers_run_off_the_serving_loop(ps_server):
     ch = rpc.Channel(ps_server.address, token=TOKEN, task="ps0")
-    spec = {"name": "big", "dtype": "<f4", "shape": [48 << 20],  # 192 MiB of normal draws
-            "init": pstrain.initializers.RandomNormal(seed=1).spec()}
+    spec = {
+        "name": "big",
+        "dtype": "<f4",
+        "shape": [48 << 20],  # 192 MiB of normal draws
+        "init": pstrain.initializers.RandomNormal(seed=1).spec(),
+    }
     create = asyncio.ensure_future(untyped_call(ch, "vars/create", {"vars": [spec]}))
-    await wait_for(lambda: ps_server.stats.get("vars/create") is None and not create.done(),
-                   what="the creation to start")
+    await wait_for(
+        lambda: ps_server.stats.get("vars/create") is None and not create.done(), what="the creation to start"
+    )
     slowest = 0.0
     while not create.done():  # health is answered while the initializer runs
         t = asyncio.get_running_loop().time()
@@ -155,7 +164,11 @@ async def test_refused_requests_change_nothing(ps_server):
         await untyped_call(ch, "vars/assign", {"name": "f32", "value": np.array([1e300, 0.0])})
     with pytest.raises(InvalidArgumentError):
         await small.assign(np.array([300, 1], np.uint64))  # the client refuses too
-    assert [v["name"] for v in (await untyped_call(ch, "vars/list", {}))["variables"]] == ["w", "small", "f32"]
+    assert [v["name"] for v in (await untyped_call(ch, "vars/list", {}))["variables"]] == [
+        "w",
+        "small",
+        "f32",
+    ]
     assert (await small.numpy()).tolist() == [0, 0] and (await f32.numpy()).tolist() == [0.0, 0.0]
     await ch.close()
 
@@ -168,9 +181,13 @@ async def test_a_failing_optimizer_step_changes_nothing(ps_server):
         opt = pstrain.optimizers.Adagrad(0.1)
     await strategy.flush()
     ch = rpc.Channel(ps_server.address, token=TOKEN, task="ps0")
-    request = {"rule": {"kind": "adagrad", "learning_rate": 0.1, "initial_accumulator_value": 0.1},
-               "prefix": opt.name, "iterations": opt.iterations.name, "unique_rows": True,
-               "grads": [["a", None, np.ones(3, np.float32)], ["b", None, np.ones(4, np.float32)]]}
+    request = {
+        "rule": {"kind": "adagrad", "learning_rate": 0.1, "initial_accumulator_value": 0.1},
+        "prefix": opt.name,
+        "iterations": opt.iterations.name,
+        "unique_rows": True,
+        "grads": [["a", None, np.ones(3, np.float32)], ["b", None, np.ones(4, np.float32)]],
+    }
     with pytest.raises(InvalidArgumentError, match="shape"):
         await untyped_call(ch, "opt/apply", request)
     names = {v["name"] for v in (await untyped_call(ch, "vars/list", {}))["variables"]}
@@ -218,7 +235,9 @@ async def test_checkpoint_files_stay_under_the_root_and_are_never_overwritten(ps
         await untyped_call(ch, "ckpt/save", {"path": str(existing), "tensors": {"w": "w"}})
     assert existing.read_bytes() == b"precious"
     with pytest.raises(NotFoundError):  # a failed save leaves no temporary file behind
-        await untyped_call(ch, "ckpt/save", {"path": str(tmp_path / "new.safetensors"), "tensors": {"w": "nope"}})
+        await untyped_call(
+            ch, "ckpt/save", {"path": str(tmp_path / "new.safetensors"), "tensors": {"w": "nope"}}
+        )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["existing.safetensors"]
     await ch.close()
 
@@ -240,12 +259,17 @@ async def test_restore_checks_its_sources_and_is_all_or_nothing_across_ps(ps_pai
     # sources overlapping, outside the root, or not covering every row are refused unread
     ch = rpc.Channel(ps_pair[0].address, token=TOKEN, task="ps0")
     f0 = f"{path}.ps0.safetensors"
-    for sources, message in (([[f0, "a", 0, 3, 0], [f0, "a", 1, 4, 1]], "overlap"),
-                             ([[f0, "a", 0, 2, 0]], "cover"),
-                             ([["/etc/passwd", "a", None, None, None]], "outside")):
+    for sources, message in (
+        ([[f0, "a", 0, 3, 0], [f0, "a", 1, 4, 1]], "overlap"),
+        ([[f0, "a", 0, 2, 0]], "cover"),
+        ([["/etc/passwd", "a", None, None, None]], "outside"),
+    ):
         with pytest.raises(InvalidArgumentError, match=message):
-            await untyped_call(ch, "ckpt/restore", {"vars": [{"name": "a", "dtype": "<f4", "shape": [4],
-                                                     "sources": sources}]})
+            await untyped_call(
+                ch,
+                "ckpt/restore",
+                {"vars": [{"name": "a", "dtype": "<f4", "shape": [4], "sources": sources}]},
+            )
     assert (await a.numpy()).tolist() == [7] * 4
     await ch.close()
 
@@ -253,27 +277,42 @@ async def test_restore_checks_its_sources_and_is_all_or_nothing_across_ps(ps_pai
 async def test_a_malformed_index_is_a_clear_error_and_the_evaluator_skips_it(tmp_path):
     from pstrain.checkpoint import CheckpointManager, load_variables
 
-    index = {"format": "pstrain-checkpoint", "version": 1,
-             "variables": {"w": {"dtype": "<f4", "shape": "four", "parts": []}}}
+    index = {
+        "format": "pstrain-checkpoint",
+        "version": 1,
+        "variables": {"w": {"dtype": "<f4", "shape": "four", "parts": []}},
+    }
     (tmp_path / "ckpt-1.index.json").write_text(json.dumps(index))
     with pytest.raises(InvalidArgumentError, match=r"shape"):
         load_variables(str(tmp_path / "ckpt-1"))
-    index["variables"]["w"] = {"dtype": "<f4", "shape": [2], "parts": [
-        {"file": "../../etc/passwd", "key": "w", "offset": 0, "rows": 2}]}
+    index["variables"]["w"] = {
+        "dtype": "<f4",
+        "shape": [2],
+        "parts": [{"file": "../../etc/passwd", "key": "w", "offset": 0, "rows": 2}],
+    }
     (tmp_path / "ckpt-2.index.json").write_text(json.dumps(index))
     with pytest.raises(InvalidArgumentError, match="file"):
         load_variables(str(tmp_path / "ckpt-2"))
     evaluated = []
-    evaluator = pstrain.SidecarEvaluator(lambda v, i: evaluated.append(i), str(tmp_path),
-                                         max_evaluations=1, poll_interval_s=0.05)
+    evaluator = pstrain.SidecarEvaluator(
+        lambda v, i: evaluated.append(i), str(tmp_path), max_evaluations=1, poll_interval_s=0.05
+    )
     task = asyncio.ensure_future(evaluator.run())
     await wait_for(lambda: not task.done() and len(evaluator.results) == 0, what="the evaluator to poll")
     from pstrain._formats.files.checkpoint_files import write_index
     from pstrain._formats.files.tensor_files import write_tensors
 
     write_tensors(str(tmp_path / "ckpt-3.local.safetensors"), {"it": np.array(5, np.int64)})
-    write_index(str(tmp_path / "ckpt-3"), {"opt/iterations": {"dtype": "<i8", "shape": [], "parts": [
-        {"file": "ckpt-3.local.safetensors", "key": "it", "offset": 0, "rows": 1}]}})
+    write_index(
+        str(tmp_path / "ckpt-3"),
+        {
+            "opt/iterations": {
+                "dtype": "<i8",
+                "shape": [],
+                "parts": [{"file": "ckpt-3.local.safetensors", "key": "it", "offset": 0, "rows": 1}],
+            }
+        },
+    )
     assert [it for _, it, _ in await asyncio.wait_for(task, 20)] == [5]
     assert CheckpointManager(None, str(tmp_path), max_to_keep=None).latest_checkpoint.endswith("ckpt-3")
 
@@ -301,9 +340,13 @@ async def test_an_empty_run_is_answered_and_unknown_cancel_ids_are_ignored(clust
     import cloudpickle
 
     digest = b"0123456789abcdef"
-    reply = await untyped_call(ch, "worker/run", {"fns": {digest: cloudpickle.dumps(len)},
-                                          "closures": [[77, digest, ("abc",), {}, False]]},
-                          pickle=True, timeout=10)
+    reply = await untyped_call(
+        ch,
+        "worker/run",
+        {"fns": {digest: cloudpickle.dumps(len)}, "closures": [[77, digest, ("abc",), {}, False]]},
+        pickle=True,
+        timeout=10,
+    )
     assert reply["results"] == [[77, 0, 3]]  # id 77 ran: the earlier cancel was not kept
     del fn
     await ch.close()
@@ -327,13 +370,21 @@ async def test_a_reply_of_the_wrong_shape_is_a_protocol_error_on_the_client():
         await server.stop()
 
 
-@pytest.mark.parametrize("init", [{"kind": "random_normal", "stddev": "x"},
-                                  {"kind": "random_normal", "seed": "s"},
-                                  {"kind": "random_uniform", "minval": 1, "maxval": 0},
-                                  {"kind": "nope"}, {"kind": "zeros", "extra": 1}])
+@pytest.mark.parametrize(
+    "init",
+    [
+        {"kind": "random_normal", "stddev": "x"},
+        {"kind": "random_normal", "seed": "s"},
+        {"kind": "random_uniform", "minval": 1, "maxval": 0},
+        {"kind": "nope"},
+        {"kind": "zeros", "extra": 1},
+    ],
+)
 async def test_bad_initializer_specs_are_refused_clearly(ps_server, init):
     ch = rpc.Channel(ps_server.address, token=TOKEN, task="ps0")
     with pytest.raises(InvalidArgumentError, match="initializer"):
-        await untyped_call(ch, "vars/create", {"vars": [{"name": "v", "dtype": "<f4", "shape": [3], "init": init}]})
+        await untyped_call(
+            ch, "vars/create", {"vars": [{"name": "v", "dtype": "<f4", "shape": [3], "init": init}]}
+        )
     assert (await untyped_call(ch, "vars/list", {}))["variables"] == [] and ps_server.internal_errors == 0
     await ch.close()

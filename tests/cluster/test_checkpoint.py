@@ -21,16 +21,16 @@ pytestmark = pytest.mark.timeout(90)
 class Model(pstrain.Module):
     def __init__(self, table_init=None):
         super().__init__()
-        self.table = pstrain.Variable(table_init if table_init is not None else np.zeros((12, 3), np.float32),
-                                      name="table")
+        self.table = pstrain.Variable(
+            table_init if table_init is not None else np.zeros((12, 3), np.float32), name="table"
+        )
         self.w = pstrain.Variable(np.zeros((4, 2)), name="w")
         self.bias = pstrain.Variable(np.float32(0.0), name="bias")
 
 
 def fresh_ps(n, root):
     """``n`` new ps, in this process (``async with fresh_ps(4, tmp_path) as cluster: cluster.ps``)."""
-    return InProcessCluster(num_ps=n, num_workers=1, token=TOKEN,
-                            ps_options={"checkpoint_root": str(root)})
+    return InProcessCluster(num_ps=n, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(root)})
 
 
 @pytest_asyncio.fixture
@@ -48,18 +48,25 @@ async def test_round_trip_of_every_tracked_kind(ps_pair, tmp_path):
         mean = pstrain.metrics.Mean()
         step = pstrain.Variable(np.int64(7), name="step")
     extra = {"counters": [step]}
-    await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((2, 3)), [1, 10]), model.table),
-                               (np.ones((4, 2)), model.w)])
+    await opt.apply_gradients(
+        [(pstrain.IndexedSlices(np.ones((2, 3)), [1, 10]), model.table), (np.ones((4, 2)), model.w)]
+    )
     await mean.update_state([1.0, 3.0])
     ckpt = Checkpoint(model=model, optimizer=opt, metric=mean, extra=extra)
     path = await ckpt.save(str(tmp_path / "ckpt"))
     assert path == str(tmp_path / "ckpt-1")  # TF's save_counter numbering
     saved = load_variables(path)
     assert set(saved) == {
-        "model/table", "model/w", "model/bias", "extra/counters/0", "optimizer/iterations",
+        "model/table",
+        "model/w",
+        "model/bias",
+        "extra/counters/0",
+        "optimizer/iterations",
         "optimizer/iterations_mirror",  # the step counter again, on another ps
-        "metric/total", "metric/count",
-        *(f"model/{v}/.OPTIMIZER_SLOT/optimizer/{s}" for v in ("table", "w") for s in ("m", "v"))}
+        "metric/total",
+        "metric/count",
+        *(f"model/{v}/.OPTIMIZER_SLOT/optimizer/{s}" for v in ("table", "w") for s in ("m", "v")),
+    }
     assert saved["model/table"].shape == (12, 3)  # one logical variable
     before = {k: v.copy() for k, v in saved.items()}
     # change everything, then restore
@@ -138,17 +145,21 @@ class Tower(pstrain.Module):
     def __init__(self, seed):
         super().__init__()
         self.embedding = pstrain.Variable(
-            np.random.default_rng(seed).standard_normal((16, 4)).astype(np.float32))
+            np.random.default_rng(seed).standard_normal((16, 4)).astype(np.float32)
+        )
         self.dense = Dense(4, 2, seed + 1)
 
 
 async def _train(model, opt, steps, seed):
     rng = np.random.default_rng(seed)
     for _ in range(steps):
-        await opt.apply_gradients([
-            (pstrain.IndexedSlices(rng.standard_normal((3, 4)), rng.integers(0, 16, 3)), model.embedding),
-            (rng.standard_normal((4, 2)), model.dense.kernel),
-            (rng.standard_normal(2), model.dense.bias)])
+        await opt.apply_gradients(
+            [
+                (pstrain.IndexedSlices(rng.standard_normal((3, 4)), rng.integers(0, 16, 3)), model.embedding),
+                (rng.standard_normal((4, 2)), model.dense.kernel),
+                (rng.standard_normal(2), model.dense.bias),
+            ]
+        )
 
 
 async def test_restore_is_keyed_by_path_not_by_name(four_ps, tmp_path):
@@ -171,15 +182,23 @@ async def test_restore_is_keyed_by_path_not_by_name(four_ps, tmp_path):
     assert opt2.name != opt.name and model2.dense.kernel.name != model.dense.kernel.name
     status = await Checkpoint(model=model2, optimizer=opt2).restore(path)
     status.assert_existing_objects_matched().assert_nontrivial_match()
-    for key, var in (("model/embedding", model2.embedding), ("model/dense/kernel", model2.dense.kernel),
-                     ("model/dense/bias", model2.dense.bias), ("optimizer/iterations", opt2.iterations)):
+    for key, var in (
+        ("model/embedding", model2.embedding),
+        ("model/dense/kernel", model2.dense.kernel),
+        ("model/dense/bias", model2.dense.bias),
+        ("optimizer/iterations", opt2.iterations),
+    ):
         assert (await var.numpy()).tobytes() == saved[key].tobytes(), key
     # slots: created lazily by the first apply_gradients, yet they carry the saved values.
     await _train(model, opt, 1, seed=7)
     await _train(model2, opt2, 1, seed=7)
     status.assert_consumed()
-    for a, b in ((model.embedding, model2.embedding), (model.dense.kernel, model2.dense.kernel),
-                 (model.dense.bias, model2.dense.bias), (opt.iterations, opt2.iterations)):
+    for a, b in (
+        (model.embedding, model2.embedding),
+        (model.dense.kernel, model2.dense.kernel),
+        (model.dense.bias, model2.dense.bias),
+        (opt.iterations, opt2.iterations),
+    ):
         assert (await a.numpy()).tobytes() == (await b.numpy()).tobytes()
     after = load_variables(await Checkpoint(model=model2, optimizer=opt2).write(str(tmp_path / "b")))
     before = load_variables(await Checkpoint(model=model, optimizer=opt).write(str(tmp_path / "a")))
@@ -221,6 +240,7 @@ async def test_restore_status_edges(ps_server, tmp_path, caplog):
     with caplog.at_level("WARNING", logger="pstrain.checkpoint"):
         del status
         import gc
+
         gc.collect()
     assert "never restored" in caplog.text and "'w'" not in caplog.text and " w" in caplog.text
     # shape mismatch at the same path: a clear error, nothing changed
@@ -276,18 +296,19 @@ async def test_manager_keeps_the_last_n_and_restores_the_latest(ps_server, tmp_p
     assert manager.latest_checkpoint == str(tmp_path / "ckpt-10")
 
 
-async def test_a_file_where_the_checkpoints_directory_should_be_is_a_clear_error(ps_server,
-                                                                                   tmp_path):
+async def test_a_file_where_the_checkpoints_directory_should_be_is_a_clear_error(ps_server, tmp_path):
     strategy = strategy_for(ps_server)
     async with strategy.scope():
         v = pstrain.Variable(0.0, name="v")
     blocker = tmp_path / "taken"
     blocker.write_text("not a directory")
-    with pytest.raises(pstrain.errors.InvalidArgumentError,
-                       match=f"CheckpointManager: {blocker} is a file, not a directory"):
+    with pytest.raises(
+        pstrain.errors.InvalidArgumentError, match=f"CheckpointManager: {blocker} is a file, not a directory"
+    ):
         CheckpointManager(Checkpoint(v=v), str(blocker))
-    with pytest.raises(pstrain.errors.InvalidArgumentError,
-                       match="its directory cannot be made"):  # was a FileExistsError
+    with pytest.raises(
+        pstrain.errors.InvalidArgumentError, match="its directory cannot be made"
+    ):  # was a FileExistsError
         await Checkpoint(v=v).write(str(blocker / "ckpt"))
     assert blocker.read_text() == "not a directory"
     assert await Checkpoint(v=v).write(str(tmp_path / "ok" / "ckpt")) == str(tmp_path / "ok" / "ckpt")
@@ -310,8 +331,9 @@ async def test_sidecar_evaluator_follows_a_running_job(ps_server, tmp_path):
         seen.append(iterations)
         return {"w_sum": float(variables["w"].sum())}
 
-    evaluator = pstrain.evaluator.SidecarEvaluator(evaluate, str(tmp_path), max_evaluations=3,
-                                                   poll_interval_s=0.05)
+    evaluator = pstrain.evaluator.SidecarEvaluator(
+        evaluate, str(tmp_path), max_evaluations=3, poll_interval_s=0.05
+    )
     task = asyncio.ensure_future(evaluator.run())
 
     async def job():  # a running job: keeps training and saving until the evaluator is done

@@ -45,7 +45,7 @@ def test_digests_taken_as_bytes_stream_match_those_of_the_whole_and_find_a_flipp
     stream = StreamDigests(5, [("a", data.size), ("b", 0), ("c", 7)])
     raw = b"hdr!!" + data.tobytes() + b"tail!!!"
     for lo in range(0, len(raw), 1_000_003):  # pieces that do not fall on chunk boundaries
-        stream.feed(raw[lo:lo + 1_000_003])
+        stream.feed(raw[lo : lo + 1_000_003])
     assert stream.done and stream.digests["a"] == digests_of(data) and stream.digests["b"] == ""
     check = Verifier("f", "a", stream.digests["a"], data.size)
     check.update(data)
@@ -73,8 +73,9 @@ async def _saved(root: str, cluster):
 
 async def test_a_flipped_bit_in_a_delta_fails_restore_load_and_feed_and_changes_nothing(tmp_path):
     root = str(tmp_path)
-    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": root}) as cluster:
+    async with InProcessCluster(
+        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
+    ) as cluster:
         w, table, ckpt, manager, delta = await _saved(root, cluster)
         assert float(load_variables(delta)["w"][0, 0]) == 1.0  # undamaged: reads back
         with open(f"{delta}.index.json") as f:
@@ -102,7 +103,8 @@ async def test_a_flipped_bit_in_a_full_save_fails_a_restore_into_another_number_
     root = str(tmp_path)
     async with InProcessCluster(num_ps=1, num_workers=1, ps_options={"checkpoint_root": root}) as cluster:
         strategy = pstrain.ParameterServerStrategy(
-            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(1))
+            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(1)
+        )
         with strategy.scope():
             w = pstrain.Variable(np.ones((CHECK_CHUNK // 2, 4), np.float32), name="w")  # 2 chunks x 4
         path = await pstrain.Checkpoint(w=w).save(f"{root}/ckpt")
@@ -110,7 +112,8 @@ async def test_a_flipped_bit_in_a_full_save_fails_a_restore_into_another_number_
     _flip(os.path.join(root, part), at=0.9)  # in the last rows: the part a second ps reads
     async with InProcessCluster(num_ps=2, num_workers=1, ps_options={"checkpoint_root": root}) as cluster:
         strategy = pstrain.ParameterServerStrategy(
-            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
+            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2)
+        )
         with strategy.scope():
             w = pstrain.Variable(np.zeros((CHECK_CHUNK // 2, 4), np.float32), name="w")
         with pytest.raises(InvalidArgumentError, match="do not match their checksum"):

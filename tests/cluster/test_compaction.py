@@ -41,9 +41,12 @@ async def _step(count, table, opt, k: int) -> None:
     """Step ``k`` (from 1): count is k after it; id k gets row k."""
     ids = np.array([k], np.int64)
     await table.lookup(ids)
-    await opt.apply_gradients([(np.full(1, -1.0, np.float32), count),
-                               (pstrain.IndexedSlices(np.full((1, DIM), -float(k), np.float32), ids),
-                                table)])
+    await opt.apply_gradients(
+        [
+            (np.full(1, -1.0, np.float32), count),
+            (pstrain.IndexedSlices(np.full((1, DIM), -float(k), np.float32), ids), table),
+        ]
+    )
 
 
 def _count(path: str) -> int:
@@ -51,8 +54,9 @@ def _count(path: str) -> int:
 
 
 async def _feed_version(session, address: str) -> int:
-    async with session.get(f"http://{address}/v1/tables/emb/rows",
-                           headers={"Authorization": f"Bearer {TOKEN}"}) as r:
+    async with session.get(
+        f"http://{address}/v1/tables/emb/rows", headers={"Authorization": f"Bearer {TOKEN}"}
+    ) as r:
         assert r.status == 200, await r.text()
         return int(r.headers["X-Pstrain-Version"])
 

@@ -33,8 +33,9 @@ async def test_an_address_that_is_not_a_pstrain_server():
     server = await asyncio.start_server(http, sock=sock)
     address = f"127.0.0.1:{sock.getsockname()[1]}"
     try:
-        strategy = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(
-            {"ps": ["127.0.0.1:9"], "worker": [address]}, token=TOKEN))
+        strategy = pstrain.ParameterServerStrategy(
+            pstrain.SimpleClusterResolver({"ps": ["127.0.0.1:9"], "worker": [address]}, token=TOKEN)
+        )
         coordinator = pstrain.ClusterCoordinator(strategy)
         err = await join_fails(coordinator, ProtocolError, "is not a pstrain server")
         assert "HTTP/1.1 400" in str(err) and address in str(err)
@@ -90,8 +91,9 @@ async def test_join_fails_when_no_worker_can_ever_run_the_queue():
     addresses = [f"127.0.0.1:{s.getsockname()[1]}" for s in dead]
     for s in dead:
         s.close()  # reserved, then closed: connections are refused
-    strategy = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(
-        {"ps": ["127.0.0.1:9"], "worker": addresses}, token=TOKEN))
+    strategy = pstrain.ParameterServerStrategy(
+        pstrain.SimpleClusterResolver({"ps": ["127.0.0.1:9"], "worker": addresses}, token=TOKEN)
+    )
     coordinator = pstrain.ClusterCoordinator(strategy, heartbeat_s=0.1, no_worker_timeout_s=1.0)
     err = await join_fails(coordinator, UnavailableError, "no worker has been reachable")
     for k in range(2):
@@ -113,8 +115,9 @@ async def test_variable_creation_waits_for_a_ps_that_is_still_starting_and_then_
     held = socket.socket()
     held.bind(("127.0.0.1", 0))
     address = f"127.0.0.1:{held.getsockname()[1]}"
-    strategy = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(
-        {"ps": [address], "worker": ["127.0.0.1:9"]}, token=TOKEN))
+    strategy = pstrain.ParameterServerStrategy(
+        pstrain.SimpleClusterResolver({"ps": [address], "worker": ["127.0.0.1:9"]}, token=TOKEN)
+    )
     with strategy.scope():
         v = pstrain.Variable(3.0, name="late")
     creating = asyncio.ensure_future(strategy.flush())
@@ -141,8 +144,9 @@ async def test_variable_creation_waits_for_a_ps_that_is_still_starting_and_then_
         await server.stop()
         await strategy.channels.close()
 
-    never = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(
-        {"ps": ["127.0.0.1:9"], "worker": ["127.0.0.1:9"]}, token=TOKEN))
+    never = pstrain.ParameterServerStrategy(
+        pstrain.SimpleClusterResolver({"ps": ["127.0.0.1:9"], "worker": ["127.0.0.1:9"]}, token=TOKEN)
+    )
     never.placement.startup_timeout_s = 0.5
     with never.scope():
         pstrain.Variable(1.0, name="never")
@@ -161,8 +165,11 @@ async def test_a_chief_whose_metrics_port_is_taken_says_so_in_one_line_and_train
         async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as cluster:
             spec = {**cluster.cluster_spec.as_dict(), "chief": [f"127.0.0.1:{taken.getsockname()[1]}"]}
             resolver = pstrain.TFConfigClusterResolver(
-                {"TF_CONFIG": json.dumps({"cluster": spec, "task": {"type": "chief", "index": 0}}),
-                 "PSTRAIN_TOKEN": TOKEN})
+                {
+                    "TF_CONFIG": json.dumps({"cluster": spec, "task": {"type": "chief", "index": 0}}),
+                    "PSTRAIN_TOKEN": TOKEN,
+                }
+            )
             strategy = pstrain.ParameterServerStrategy(resolver)
             coordinator = pstrain.ClusterCoordinator(strategy)
             with caplog.at_level(logging.ERROR, logger="pstrain._coordinator.coordinator"):
@@ -170,8 +177,9 @@ async def test_a_chief_whose_metrics_port_is_taken_says_so_in_one_line_and_train
                 await coordinator.join()
                 from tests.helpers import wait_for
 
-                await wait_for(lambda: "could not serve /metrics" in caplog.text, timeout=10,
-                               what="the error logged")
+                await wait_for(
+                    lambda: "could not serve /metrics" in caplog.text, timeout=10, what="the error logged"
+                )
             records = [r for r in caplog.records if "could not serve /metrics" in r.getMessage()]
             assert len(records) == 1 and records[0].exc_info is None
             await coordinator.close()
@@ -191,8 +199,9 @@ async def test_shutdown_reaches_a_ps_that_comes_up_after_the_job_is_done():
     held = socket.socket()
     held.bind(("127.0.0.1", 0))
     port = held.getsockname()[1]
-    strategy = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(
-        {"ps": [f"127.0.0.1:{port}"], "worker": [worker.address]}, token=TOKEN))
+    strategy = pstrain.ParameterServerStrategy(
+        pstrain.SimpleClusterResolver({"ps": [f"127.0.0.1:{port}"], "worker": [worker.address]}, token=TOKEN)
+    )
     coordinator = pstrain.ClusterCoordinator(strategy)
     assert await coordinator.schedule(lambda: 1) == 1  # the job ran without that ps
     leaving = asyncio.ensure_future(coordinator.shutdown_cluster())
@@ -235,8 +244,11 @@ async def test_a_wrong_ps_port_says_at_once_what_it_waits_for_and_ends_at_the_cl
                         v = pstrain.Variable(1.0, name="v")
                     rv = coordinator.schedule(lambda: v.read_value())
                     # said at once, where a user sees it (WARNING): what, where, how long
-                    await wait_for(lambda: "waiting up to 4 s for /job:ps/replica:0/task:0" in caplog.text,
-                                   timeout=3, what="the wait announced")
+                    await wait_for(
+                        lambda: "waiting up to 4 s for /job:ps/replica:0/task:0" in caplog.text,
+                        timeout=3,
+                        what="the wait announced",
+                    )
                     entry = f'cluster["ps"][0] = "{wrong}"'
                     assert entry in caplog.text, caplog.text
                     # the closure that waited says why it did not run; join raises the cause
@@ -289,8 +301,11 @@ async def test_closures_waiting_for_an_unreachable_worker_say_so_at_once(caplog)
             try:
                 with caplog.at_level(logging.WARNING, logger="pstrain._coordinator.heartbeat"):
                     rv = coordinator.schedule(lambda: 1)
-                    await wait_for(lambda: "no worker is reachable" in caplog.text, timeout=3,
-                                   what="the wait announced, well before the 4 s limit")
+                    await wait_for(
+                        lambda: "no worker is reachable" in caplog.text,
+                        timeout=3,
+                        what="the wait announced, well before the 4 s limit",
+                    )
                     assert "waiting up to 4 s (no_worker_timeout_s)" in caplog.text
                     assert f'cluster["worker"][0] = "{wrong}"' in caplog.text, caplog.text
                     with pytest.raises(CancelledError, match="no worker has been reachable"):

@@ -192,7 +192,8 @@ async def test_placement_is_round_robin_and_colocation(tmp_path):
         assert c.device == vs[1].device
         assert after.device == "/job:ps/replica:0/task:1/device:CPU:0"
         assert strategy.extended.parameter_devices == tuple(
-            f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(3))
+            f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(3)
+        )
         assert strategy.extended.worker_devices == ("/job:worker/replica:0/task:0/device:CPU:0",)
         assert [await v.numpy() for v in vs] == [0.0, 1.0, 2.0, 3.0]
         local = pstrain.Variable(3.0)  # outside any scope: local to this process
@@ -212,17 +213,27 @@ async def test_run_reduce_and_replica_context_inside_a_closure(cluster):
         async def replica_fn(x):
             ctx = pstrain.get_replica_context()
             value = await v.read_value()
-            return (ctx.all_reduce("sum", x + value), x - value, ctx.replica_id_in_sync_group,
-                    ctx.num_replicas_in_sync)
+            return (
+                ctx.all_reduce("sum", x + value),
+                x - value,
+                ctx.replica_id_in_sync_group,
+                ctx.num_replicas_in_sync,
+            )
 
         a, b, rid, n = await strategy.run(replica_fn, args=(x,))
-        return (strategy.reduce("SUM", a, axis=None), strategy.reduce(pstrain.ReduceOp.MEAN, b, axis=None),
-                rid, n, len(strategy.experimental_local_results(a)))
+        return (
+            strategy.reduce("SUM", a, axis=None),
+            strategy.reduce(pstrain.ReduceOp.MEAN, b, axis=None),
+            rid,
+            n,
+            len(strategy.experimental_local_results(a)),
+        )
 
     assert await coordinator.schedule(step, args=(3.0,)) == (4.0, 2.0, 0, 1, 1)
     assert strategy.num_replicas_in_sync == 1
     values = strategy.experimental_distribute_values_from_function(
-        lambda ctx: np.array([ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync]))
+        lambda ctx: np.array([ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync])
+    )
     assert isinstance(values, pstrain.DistributedValues)
     np.testing.assert_array_equal(strategy.gather(values, axis=0), [0, 1])
     per = pstrain.PerReplica([np.array([1.0, 2.0]), np.array([3.0, 4.0])])
@@ -325,8 +336,9 @@ async def test_schedule_rejects_non_callables_and_is_a_singleton(cluster):
 
 
 async def test_worker_stays_responsive_while_a_closure_burns_cpu(cluster):
-    coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(cluster.resolver),
-                                             max_inflight_per_worker=1)
+    coordinator = pstrain.ClusterCoordinator(
+        pstrain.ParameterServerStrategy(cluster.resolver), max_inflight_per_worker=1
+    )
 
     def burn():
         end = time.time() + 3
@@ -339,8 +351,7 @@ async def test_worker_stays_responsive_while_a_closure_burns_cpu(cluster):
 
     rvs = [coordinator.schedule(burn), coordinator.schedule(burn_async)]
     peers = rpc.ChannelPool(cluster.cluster_spec, cluster.token)
-    await wait_for(lambda: all(coordinator.queue.in_flight_on(i) for i in (0, 1)),
-                   what="both workers busy")
+    await wait_for(lambda: all(coordinator.queue.in_flight_on(i) for i in (0, 1)), what="both workers busy")
     for index in (0, 1):
         t = time.monotonic()
         health = await peers.channel("worker", index).health(timeout=1.0)
@@ -376,11 +387,13 @@ async def test_strategy_validates_the_cluster():
     with pytest.raises(InvalidArgumentError, match="at least one ps"):
         pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver({"worker": ["h:1"]}))
     with pytest.raises(InvalidArgumentError, match="at most one 'chief'"):
-        pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(
-            {"chief": ["h:1", "h:2"], "ps": ["h:3"], "worker": ["h:4"]}))
+        pstrain.ParameterServerStrategy(
+            pstrain.SimpleClusterResolver({"chief": ["h:1", "h:2"], "ps": ["h:3"], "worker": ["h:4"]})
+        )
     with pytest.raises(InvalidArgumentError, match="Disallowed task type"):
-        pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(
-            {"ps": ["h:3"], "worker": ["h:4"], "foo": ["h:5"]}))
+        pstrain.ParameterServerStrategy(
+            pstrain.SimpleClusterResolver({"ps": ["h:3"], "worker": ["h:4"], "foo": ["h:5"]})
+        )
 
 
 def test_module_collects_variables():
@@ -427,8 +440,9 @@ async def test_a_wrong_token_fails_join_fast_without_a_retry_loop(cluster, caplo
 
 
 def test_strategy_api_accepts_tfs_argument_names_and_refuses_what_tf_refuses():
-    strategy = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(
-        {"ps": ["127.0.0.1:9"], "worker": ["127.0.0.1:9"]}))
+    strategy = pstrain.ParameterServerStrategy(
+        pstrain.SimpleClusterResolver({"ps": ["127.0.0.1:9"], "worker": ["127.0.0.1:9"]})
+    )
     assert strategy.run(lambda x: x + 1, args=(1,), options=None) == 2
     with pytest.raises(InvalidArgumentError, match="list or a tuple"):
         strategy.run(lambda x: x, args=np.ones(2))
@@ -442,33 +456,39 @@ def test_strategy_api_accepts_tfs_argument_names_and_refuses_what_tf_refuses():
         with strategy.extended.colocate_vars_with(made):
             pass
     assert strategy.extended.experimental_require_static_shapes is False
-    assert strategy.extended.batch_reduce_to("SUM", [(pstrain.PerReplica([np.ones(2)]), None)],
-                                             experimental_hints=None)[0].tolist() == [1, 1]
+    assert strategy.extended.batch_reduce_to(
+        "SUM", [(pstrain.PerReplica([np.ones(2)]), None)], experimental_hints=None
+    )[0].tolist() == [1, 1]
     with pytest.raises(InvalidArgumentError, match="rank"):
         strategy.gather(pstrain.PerReplica([np.float32(1)]), axis=0)
     with pytest.raises(InvalidArgumentError, match="out of range"):
         strategy.gather(pstrain.PerReplica([np.ones((2, 3))]), axis=2)
     with pytest.raises(InvalidArgumentError, match="cross-replica"):
         strategy.run(lambda: strategy.gather(np.ones(2), axis=0))
-    np.testing.assert_array_equal(strategy.gather(pstrain.PerReplica([np.ones((2, 3))]), axis=-1),
-                                  np.ones((2, 3)))
+    np.testing.assert_array_equal(
+        strategy.gather(pstrain.PerReplica([np.ones((2, 3))]), axis=-1), np.ones((2, 3))
+    )
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"max_inflight_per_worker": 0}, "max_inflight_per_worker must be a whole number of 1 or more"),
-    ({"max_batch": 0}, "max_batch must be a whole number of 1 or more, got 0"),
-    ({"max_batch": 2.5}, "max_batch must be a whole number"),
-    ({"worker_timeout_s": -1}, "worker_timeout_s must be a finite number of seconds above 0"),
-    ({"ps_timeout_s": float("nan")}, "ps_timeout_s must be a finite number of seconds above 0"),
-    ({"heartbeat_s": 0}, "heartbeat_s must be a finite number of seconds above 0, got 0"),
-    ({"probe_initial_s": float("inf")}, "probe_initial_s must be a finite number of seconds"),
-    ({"cancel_grace_s": -0.5}, "cancel_grace_s must be a finite number of seconds of 0 or more"),
-    ({"no_worker_timeout_s": 0}, "no_worker_timeout_s must be a finite number of seconds above 0"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"max_inflight_per_worker": 0}, "max_inflight_per_worker must be a whole number of 1 or more"),
+        ({"max_batch": 0}, "max_batch must be a whole number of 1 or more, got 0"),
+        ({"max_batch": 2.5}, "max_batch must be a whole number"),
+        ({"worker_timeout_s": -1}, "worker_timeout_s must be a finite number of seconds above 0"),
+        ({"ps_timeout_s": float("nan")}, "ps_timeout_s must be a finite number of seconds above 0"),
+        ({"heartbeat_s": 0}, "heartbeat_s must be a finite number of seconds above 0, got 0"),
+        ({"probe_initial_s": float("inf")}, "probe_initial_s must be a finite number of seconds"),
+        ({"cancel_grace_s": -0.5}, "cancel_grace_s must be a finite number of seconds of 0 or more"),
+        ({"no_worker_timeout_s": 0}, "no_worker_timeout_s must be a finite number of seconds above 0"),
+    ],
+)
 def test_coordinator_options_out_of_range_are_refused_before_it_attaches(options, message):
     """max_batch=0 used to be taken: no closure was ever sent, and join() waited for good."""
-    strategy = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(
-        {"ps": ["127.0.0.1:9"], "worker": ["127.0.0.1:9"]}))
+    strategy = pstrain.ParameterServerStrategy(
+        pstrain.SimpleClusterResolver({"ps": ["127.0.0.1:9"], "worker": ["127.0.0.1:9"]})
+    )
     with pytest.raises(InvalidArgumentError, match=re.escape(f"ClusterCoordinator: {message}")):
         pstrain.ClusterCoordinator(strategy, **options)
     assert strategy.coordinator is None  # nothing changed: a right one can still be made
@@ -515,8 +535,9 @@ def test_a_strategy_or_local_cluster_given_the_wrong_thing_says_what_it_needs():
     resolver = pstrain.SimpleClusterResolver({"ps": ["127.0.0.1:9"], "worker": ["127.0.0.1:9"]})
     with pytest.raises(InvalidArgumentError, match="variable_partitioner must be a partitioner"):
         pstrain.ParameterServerStrategy(resolver, variable_partitioner=2)
-    with pytest.raises(InvalidArgumentError, match="LocalCluster: num_ps must be a whole number "
-                                                   "of 1 or more, got '2'"):
+    with pytest.raises(
+        InvalidArgumentError, match="LocalCluster: num_ps must be a whole number of 1 or more, got '2'"
+    ):
         pstrain.LocalCluster(num_ps="2")
     with pytest.raises(InvalidArgumentError, match="'LOUD' is not a log level"):
         pstrain.LocalCluster(log_level="LOUD")  # refused before any process starts
@@ -555,7 +576,9 @@ async def test_a_dropped_per_worker_iterator_is_released_on_the_workers(cluster)
     await wait_for(lambda: all(len(w.resources) == 2 for w in cluster.workers), what="built")
     del it
     gc.collect()
-    await wait_for(lambda: all(len(w.resources) == 1 for w in cluster.workers),
-                   what="the iterators dropped on every worker (the dataset stays)")
+    await wait_for(
+        lambda: all(len(w.resources) == 1 for w in cluster.workers),
+        what="the iterators dropped on every worker (the dataset stays)",
+    )
     assert dataset is not None
     await coordinator.close()

@@ -60,8 +60,7 @@ async def test_the_dashboard_is_a_server_on_the_shared_core():
         async with aiohttp.ClientSession() as session:
             async with session.get(base + "/api/state") as r:
                 assert r.status == 401  # a page, without a session
-            async with session.get(base + "/api/state",
-                                   headers={"Authorization": f"Bearer {TOKEN}"}) as r:
+            async with session.get(base + "/api/state", headers={"Authorization": f"Bearer {TOKEN}"}) as r:
                 assert r.status == 200 and "tasks" in await r.json()
             async with session.get(base + "/metrics") as r:
                 assert r.status == 401  # not a page: the cluster token, as on every server
@@ -83,5 +82,3 @@ async def test_the_dashboard_is_a_server_on_the_shared_core():
         assert await asyncio.wait_for(reader.read(), 30) == b""
         await abort_all([writer])
         await coordinator.close()
-
-

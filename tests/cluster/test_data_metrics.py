@@ -38,15 +38,21 @@ def test_range_map_take_shard_repeat_prefetch():
     assert [int(v) for v in Dataset.range(4).repeat().take(6)] == [0, 1, 2, 3, 0, 1]
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda d: d.take("a"), "take count must be a whole number, got 'a'"),
-    (lambda d: d.batch(True), "batch_size must be a whole number of 1 or more, got True"),
-    (lambda d: d.batch(2.0), "batch_size must be a whole number of 1 or more, got 2.0"),
-    (lambda d: d.repeat(1.5), "repeat count must be a whole number"),
-    (lambda d: d.shard(2.0, 0), "num_shards must be a whole number"),
-    (lambda d: d.prefetch(-5), r"prefetch buffer_size \(AUTOTUNE is -1: here 1\) must be a whole "
-                               r"number of -1 or more, got -5"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda d: d.take("a"), "take count must be a whole number, got 'a'"),
+        (lambda d: d.batch(True), "batch_size must be a whole number of 1 or more, got True"),
+        (lambda d: d.batch(2.0), "batch_size must be a whole number of 1 or more, got 2.0"),
+        (lambda d: d.repeat(1.5), "repeat count must be a whole number"),
+        (lambda d: d.shard(2.0, 0), "num_shards must be a whole number"),
+        (
+            lambda d: d.prefetch(-5),
+            r"prefetch buffer_size \(AUTOTUNE is -1: here 1\) must be a whole "
+            r"number of -1 or more, got -5",
+        ),
+    ],
+)
 def test_a_pipeline_step_given_a_count_that_is_no_count_is_refused_when_built(make, message):
     """Refused when the pipeline is built, not on each worker when it is first iterated."""
     with pytest.raises(InvalidArgumentError, match=message):
@@ -69,9 +75,9 @@ def test_shuffle_is_a_permutation_seeded_or_not():
 
     a = order(1)
     assert sorted(a) == list(range(100)) and a != list(range(100))
-    assert order(1) == a                      # same seed, same order
-    assert order(2) != a                      # another seed, another order
-    assert order(None) != order(None)         # unseeded: fresh randomness each time
+    assert order(1) == a  # same seed, same order
+    assert order(2) != a  # another seed, another order
+    assert order(None) != order(None)  # unseeded: fresh randomness each time
     epochs = [int(v) for v in Dataset.from_tensor_slices(np.arange(50)).shuffle(50, seed=3).repeat(2)]
     assert sorted(epochs[:50]) == sorted(epochs[50:]) and epochs[:50] != epochs[50:]
 
@@ -82,6 +88,7 @@ async def test_shuffle_differs_between_workers_unless_seeded(cluster):
     def maker(seed):
         def make():
             return Dataset.from_tensor_slices(np.arange(1000)).shuffle(1000, seed=seed).batch(1000).repeat()
+
         return make
 
     def first_batch(it):
@@ -138,8 +145,9 @@ async def test_metrics_add_up_across_workers(cluster):
 async def test_extended_update_runs_on_the_ps_and_moves_no_table_bytes(ps_server):
     strategy = strategy_for(ps_server)
     async with strategy.scope():
-        table = pstrain.Variable(pstrain.initializers.RandomNormal(stddev=1.0, seed=0),
-                                 shape=(1_000_000, 4), name="table")
+        table = pstrain.Variable(
+            pstrain.initializers.RandomNormal(stddev=1.0, seed=0), shape=(1_000_000, 4), name="table"
+        )
         scale = pstrain.Variable(np.float32(0.5), name="scale")
     ch = rpc.Channel(ps_server.address, token=TOKEN, task="ps0")
     before = (await ch.statistics())["requests"]
@@ -151,8 +159,9 @@ async def test_extended_update_runs_on_the_ps_and_moves_no_table_bytes(ps_server
     result = await strategy.extended.update(table, clip, args=(scale, 1.0))
     assert result == pytest.approx(1.0)
     after = (await ch.statistics())["requests"]
-    moved = sum(after[k]["bytes_in"] + after[k]["bytes_out"] for k in after) - \
-        sum(before[k]["bytes_in"] + before[k]["bytes_out"] for k in before)
+    moved = sum(after[k]["bytes_in"] + after[k]["bytes_out"] for k in after) - sum(
+        before[k]["bytes_in"] + before[k]["bytes_out"] for k in before
+    )
     assert moved < 10_000  # the 16 MB table stayed where it is
     rows = await table.sparse_read([0, 1, 2])
     assert np.abs(rows).max() <= 1.0

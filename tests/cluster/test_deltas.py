@@ -28,8 +28,7 @@ DIM = 4
 
 def _cluster(root: str, num_ps: int = 2) -> InProcessCluster:
     """Real in-process ps that may write under ``root``, and one worker."""
-    return InProcessCluster(num_ps=num_ps, num_workers=1, token=TOKEN,
-                            ps_options={"checkpoint_root": root})
+    return InProcessCluster(num_ps=num_ps, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root})
 
 
 def _model(strategy: pstrain.ParameterServerStrategy, name: str = "opt", **more):
@@ -49,10 +48,13 @@ async def _step(table, big, small, opt, k: int) -> None:
     await table.lookup(ids)
     grad = np.full((ids.size, DIM), 0.01 * (k + 1), np.float32)
     rows = np.array([k, 1000 + k, 69_999 - k])
-    await opt.apply_gradients([
-        (pstrain.IndexedSlices(grad, ids), table),
-        (pstrain.IndexedSlices(np.full((3, DIM), 0.5, np.float32), rows), big),
-        (np.full(3, 0.25, np.float32), small)])
+    await opt.apply_gradients(
+        [
+            (pstrain.IndexedSlices(grad, ids), table),
+            (pstrain.IndexedSlices(np.full((3, DIM), 0.5, np.float32), rows), big),
+            (np.full(3, 0.25, np.float32), small),
+        ]
+    )
 
 
 def _index(prefix: str) -> dict:
@@ -149,7 +151,8 @@ async def _saved_then_stepped(root: str):
 
 
 async def test_a_large_variables_changed_rows_are_found_on_the_save_thread_not_the_loop(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     # The serving loop only ends the epoch: a pass over a big variable's row stamps (its
     # cost grows with the rows the ps holds) runs on the deltas' save thread.
     from pstrain._kernels import KERNELS
@@ -205,11 +208,18 @@ async def test_bad_settings_are_refused_with_what_was_wrong(tmp_path):
     ckpt = pstrain.Checkpoint()
     # each refusal names the option, whatever the wrong value's type (an infinite interval
     # named delta_write_s, a string one raised TypeError, a fractional count passed)
-    for option, bad in (("delta_interval_s", 0), ("delta_interval_s", float("inf")),
-                        ("delta_interval_s", "5"), ("delta_interval_s", True),
-                        ("deltas_per_base", 0), ("deltas_per_base", 1.5),
-                        ("max_to_keep", 0), ("max_to_keep", 2.5),
-                        ("checkpoint_name", ""), ("checkpoint_name", 3)):
+    for option, bad in (
+        ("delta_interval_s", 0),
+        ("delta_interval_s", float("inf")),
+        ("delta_interval_s", "5"),
+        ("delta_interval_s", True),
+        ("deltas_per_base", 0),
+        ("deltas_per_base", 1.5),
+        ("max_to_keep", 0),
+        ("max_to_keep", 2.5),
+        ("checkpoint_name", ""),
+        ("checkpoint_name", 3),
+    ):
         with pytest.raises(pstrain.errors.InvalidArgumentError, match=f"^{option} .*got {bad!r}$"):
             pstrain.checkpoint.CheckpointManager(ckpt, str(tmp_path), **{option: bad})
     assert not os.listdir(tmp_path)  # nothing written for any of them
@@ -245,7 +255,8 @@ async def _spread(root: str, monkeypatch, write_s: float, values: np.ndarray):
 
 
 async def test_a_delta_spread_over_some_seconds_takes_them_on_the_ps_and_holds_the_same_rows(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     from pstrain._checkpoint.deltas import ps_channels
     from pstrain._formats.files.direct_writes import DirectWriter
     from pstrain._formats.messages.checkpoint_operations import SaveDelta
@@ -274,8 +285,9 @@ async def test_a_delta_spread_over_some_seconds_takes_them_on_the_ps_and_holds_t
         # The ps itself refuses a spread it cannot take, naming it, and writes nothing.
         channel = next(iter(ps_channels({}, {"emb": table}).values()))
         with pytest.raises(pstrain.errors.InvalidArgumentError, match="write_s"):
-            await channel.request(SaveDelta(path=os.path.join(root, "x.safetensors"), since=0,
-                                            incarnation="x", write_s=-1.0))
+            await channel.request(
+                SaveDelta(path=os.path.join(root, "x.safetensors"), since=0, incarnation="x", write_s=-1.0)
+            )
         assert not os.path.exists(os.path.join(root, "x.safetensors"))
 
 
@@ -336,8 +348,7 @@ async def test_closing_the_manager_has_a_spread_delta_under_way_written_at_once(
         np.testing.assert_array_equal(pstrain.checkpoint.load_variables(path)["model/big"], values + 1)
 
 
-async def test_a_save_threads_staging_buffer_is_given_back_once_it_writes_nothing_more(
-        tmp_path, monkeypatch):
+async def test_a_save_threads_staging_buffer_is_given_back_once_it_writes_nothing_more(tmp_path, monkeypatch):
     """A spread delta's staging buffer stays for the next delta, then goes once the deltas'
     thread has written nothing for STAGING_IDLE_S; a delta after that still holds its rows."""
     from pstrain._formats.files import direct_writes
@@ -360,7 +371,8 @@ async def test_a_save_threads_staging_buffer_is_given_back_once_it_writes_nothin
 
 
 async def test_a_staging_buffer_used_after_its_idle_check_was_set_goes_once_idle_after_all(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     """The check set when a delta ends finds the buffer taken again since (as a check that
     fires a little early finds it): it comes again once the buffer has been idle long enough,
     instead of leaving it held for good."""
@@ -376,8 +388,11 @@ async def test_a_staging_buffer_used_after_its_idle_check_was_set_goes_once_idle
         assert size >= 256 << 10
         thread.submit(direct_writes._staging, size).result(timeout=30)  # taken again: not idle
         assert thread.submit(direct_writes.release_idle_staging).result(timeout=30) > 0  # kept
-        await wait_for(lambda: thread.submit(direct_writes.staging_bytes).result(timeout=30) == 0,
-                       timeout=20, what="the staging buffer given back")
+        await wait_for(
+            lambda: thread.submit(direct_writes.staging_bytes).result(timeout=30) == 0,
+            timeout=20,
+            what="the staging buffer given back",
+        )
 
 
 async def test_deltas_written_on_their_own_lose_at_most_one_interval_of_steps(tmp_path):
@@ -388,8 +403,7 @@ async def test_deltas_written_on_their_own_lose_at_most_one_interval_of_steps(tm
         with strategy.scope():
             done = pstrain.Variable(0, name="steps_done")
         table, big, small, opt, ckpt = _model(strategy, done=done)
-        manager = pstrain.checkpoint.CheckpointManager(ckpt, root, delta_interval_s=0.05,
-                                                       deltas_per_base=3)
+        manager = pstrain.checkpoint.CheckpointManager(ckpt, root, delta_interval_s=0.05, deltas_per_base=3)
         assert await manager.restore_or_initialize() is None
         steps = 0
         deadline = asyncio.get_running_loop().time() + 30
@@ -428,15 +442,19 @@ def test_a_delta_is_put_in_piece_by_piece_in_order(tmp_path, monkeypatch):
     tensor_files.write_tensors(str(tmp_path / "base.safetensors"), {"w": base})
     first = np.array([0, 2, 3, 5, 7, 11, 13, 19], np.int64)
     second = np.array([3, 4, 19], np.int64)
-    tensor_files.write_tensors(str(tmp_path / "d1.safetensors"), {
-        "rows": np.full((first.size, 2), -1, np.float32), "idx": first})
-    tensor_files.write_tensors(str(tmp_path / "d2.safetensors"), {
-        "rows": np.full((second.size, 2), -2, np.float32), "idx": second})
+    tensor_files.write_tensors(
+        str(tmp_path / "d1.safetensors"), {"rows": np.full((first.size, 2), -1, np.float32), "idx": first}
+    )
+    tensor_files.write_tensors(
+        str(tmp_path / "d2.safetensors"), {"rows": np.full((second.size, 2), -2, np.float32), "idx": second}
+    )
     # rows 5..15 of the variable: a part, so delta rows outside it are skipped
-    got = tensor_files.read_rows((10, 2), np.dtype(np.float32),
-                                 [[str(tmp_path / "base.safetensors"), "w", 5, 15, 0]],
-                                 [[str(tmp_path / f), "rows", "idx", -5] for f in
-                                  ("d1.safetensors", "d2.safetensors")])
+    got = tensor_files.read_rows(
+        (10, 2),
+        np.dtype(np.float32),
+        [[str(tmp_path / "base.safetensors"), "w", 5, 15, 0]],
+        [[str(tmp_path / f), "rows", "idx", -5] for f in ("d1.safetensors", "d2.safetensors")],
+    )
     want = base.copy()
     want[first] = -1
     want[second] = -2
@@ -454,8 +472,9 @@ async def test_a_save_where_one_ps_never_stepped_its_share_of_a_table_restores_i
 
     async def first_step(table, opt) -> None:  # every id admitted, ps 0's stepped
         await table.lookup(ids)
-        await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((first.size, DIM), np.float32),
-                                                          first), table)])
+        await opt.apply_gradients(
+            [(pstrain.IndexedSlices(np.ones((first.size, DIM), np.float32), first), table)]
+        )
 
     async with _cluster(root) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
@@ -465,7 +484,8 @@ async def test_a_save_where_one_ps_never_stepped_its_share_of_a_table_restores_i
         await first_step(table, opt)
         assert [bool(ps.tables["emb"].slots) for ps in cluster.ps] == [True, False]
         path = await pstrain.checkpoint.CheckpointManager(
-            pstrain.Checkpoint(emb=table, optimizer=opt), root).save()
+            pstrain.Checkpoint(emb=table, optimizer=opt), root
+        ).save()
         before = await table.export()
     grad = np.full((ids.size, DIM), 0.5, np.float32)
     async with _cluster(root, num_ps=1) as cluster:

@@ -139,10 +139,12 @@ def test_an_id_is_not_aged_out_by_its_own_lookup_nor_its_row_given_to_another_id
 async def test_slots_follow_rows_under_every_sparse_optimizer_and_match_a_fixed_table():
     ids = np.array([3, 2**40, -5, 17], np.int64)
     grad = np.arange(16, dtype=np.float32).reshape(4, 4) / 10
-    for make in (lambda: pstrain.optimizers.SGD(0.1, momentum=0.9),
-                 lambda: pstrain.optimizers.Adagrad(0.1),
-                 lambda: pstrain.optimizers.Adam(0.01),
-                 lambda: pstrain.optimizers.Ftrl(0.1)):
+    for make in (
+        lambda: pstrain.optimizers.SGD(0.1, momentum=0.9),
+        lambda: pstrain.optimizers.Adagrad(0.1),
+        lambda: pstrain.optimizers.Adam(0.01),
+        lambda: pstrain.optimizers.Ftrl(0.1),
+    ):
         async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN) as cluster:
             strategy = pstrain.ParameterServerStrategy(cluster.resolver)
             with strategy.scope():
@@ -153,8 +155,9 @@ async def test_slots_follow_rows_under_every_sparse_optimizer_and_match_a_fixed_
             for _ in range(3):
                 await opt_d.apply_gradients([(pstrain.IndexedSlices(grad, ids), table)])
                 await opt_f.apply_gradients([(pstrain.IndexedSlices(grad, np.arange(4)), fixed)])
-            np.testing.assert_allclose(await table.lookup(ids), await fixed.numpy(), rtol=1e-6,
-                                       err_msg=type(opt_d).__name__)
+            np.testing.assert_allclose(
+                await table.lookup(ids), await fixed.numpy(), rtol=1e-6, err_msg=type(opt_d).__name__
+            )
 
 
 async def test_a_closure_retried_sees_the_same_rows_and_tables_reach_workers(tmp_path):
@@ -236,13 +239,20 @@ async def test_ids_in_any_order_are_served_and_a_repeated_id_is_refused_by_the_p
         # a repeat among ids without a row, and among ids with one (checked apart on the ps)
         for repeated in ([5, 1, 5], [7, 9, 7], [2**62, 5, -3, 5]):
             with pytest.raises(InvalidArgumentError, match="distinct"):
-                await channel.request(LookupTable(name=table.key, ids=np.array(repeated, np.int64),
-                                                  train=True))
+                await channel.request(
+                    LookupTable(name=table.key, ids=np.array(repeated, np.int64), train=True)
+                )
             with pytest.raises(InvalidArgumentError, match="distinct"):
-                await channel.request(ApplyGradients(
-                    rule=OptimizerRule(kind="sgd", learning_rate=1.0), prefix=opt.name, grads=[],
-                    tables=[(table.key, np.array(repeated, np.int64),
-                             np.ones((len(repeated), 4), np.float32))]))
+                await channel.request(
+                    ApplyGradients(
+                        rule=OptimizerRule(kind="sgd", learning_rate=1.0),
+                        prefix=opt.name,
+                        grads=[],
+                        tables=[
+                            (table.key, np.array(repeated, np.int64), np.ones((len(repeated), 4), np.float32))
+                        ],
+                    )
+                )
         assert await table.size() == 4  # neither refused request changed anything
         again = await table.lookup(np.array([7, 2**62, -3, 9], np.int64), training=False)
         assert np.array_equal(again, after)
@@ -257,8 +267,9 @@ async def test_metrics_show_rows_admitted_evicted_and_bytes_per_table():
             table = pstrain.DynamicEmbedding(4, name="m", capacity=5)
         await table.lookup(np.arange(8))
         async with aiohttp.ClientSession() as session:
-            async with session.get(f"http://{cluster.ps[0].address}/metrics",
-                                   headers={"Authorization": f"Bearer {TOKEN}"}) as resp:
+            async with session.get(
+                f"http://{cluster.ps[0].address}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}
+            ) as resp:
                 text = await resp.text()
         assert 'pstrain_table_rows{role="ps",table="m",task="0"} 5.0' in text, text
         assert 'pstrain_table_admitted_total{role="ps",table="m",task="0"} 5.0' in text
@@ -269,8 +280,9 @@ async def test_metrics_show_rows_admitted_evicted_and_bytes_per_table():
 async def test_a_checkpoint_of_a_dynamic_table_restores_bit_for_bit_into_1_2_and_3_ps(tmp_path):
     ids = np.array([5, -9, 2**62, 77, 3, 123456789, -(2**63), 11], np.int64)
     grad = np.linspace(-1, 1, ids.size * 4, dtype=np.float32).reshape(ids.size, 4)
-    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": str(tmp_path)}) as cluster:
+    async with InProcessCluster(
+        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(tmp_path)}
+    ) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         with strategy.scope():
             table = pstrain.DynamicEmbedding(4, name="emb", capacity=100)
@@ -293,8 +305,9 @@ async def test_a_checkpoint_of_a_dynamic_table_restores_bit_for_bit_into_1_2_and
         np.testing.assert_array_equal(served["rows"], saved_rows)
 
     for num_ps in (1, 2, 3):
-        async with InProcessCluster(num_ps=num_ps, num_workers=1, token=TOKEN,
-                                    ps_options={"checkpoint_root": str(tmp_path)}) as cluster:
+        async with InProcessCluster(
+            num_ps=num_ps, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(tmp_path)}
+        ) as cluster:
             strategy = pstrain.ParameterServerStrategy(cluster.resolver)
             with strategy.scope():
                 fresh = pstrain.DynamicEmbedding(4, name="other-name", capacity=100)
@@ -458,8 +471,9 @@ async def test_a_dynamic_table_saved_during_training_is_a_state_it_was_in(tmp_pa
 
     monkeypatch.setattr(snapshots, "BLOCK_BYTES", 4096)  # many blocks: updates land before the writer
     ids = np.arange(1, 20_001, dtype=np.int64) * 7919
-    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": str(tmp_path)}) as cluster:
+    async with InProcessCluster(
+        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(tmp_path)}
+    ) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         with strategy.scope():
             table = pstrain.DynamicEmbedding(8, name="live", capacity=19_000)
@@ -469,15 +483,18 @@ async def test_a_dynamic_table_saved_during_training_is_a_state_it_was_in(tmp_pa
 
         async def train():
             for k in range(6):  # every row changes, and new ids evict old ones
-                batch = ids[k * 300:k * 300 + 18_000] if k < 5 else ids[2_000:]
+                batch = ids[k * 300 : k * 300 + 18_000] if k < 5 else ids[2_000:]
                 await table.lookup(batch)
                 await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((batch.size, 8)), batch), table)])
                 states.append(await table.export())
 
         path, _ = await asyncio.gather(pstrain.Checkpoint(t=table).save(str(tmp_path / "c")), train())
         saved = pstrain.checkpoint.load_variables(path)
-        match = [i for i, (i_ids, i_rows) in enumerate(states)
-                 if np.array_equal(i_ids, saved["t/ids"]) and np.array_equal(i_rows, saved["t/rows"])]
+        match = [
+            i
+            for i, (i_ids, i_rows) in enumerate(states)
+            if np.array_equal(i_ids, saved["t/ids"]) and np.array_equal(i_rows, saved["t/rows"])
+        ]
         assert match, "the saved table is no state the table was in"
 
 
@@ -491,15 +508,20 @@ def test_a_table_snapshot_holds_the_table_as_it_was_while_rows_change_evict_and_
     ids = np.arange(1, 5001, dtype=np.int64) * 31
     t.lookup(ids[:2500], train=True)
     slots = {"accumulator": ("opt/accumulator", 0.1)}
-    t.apply(RULES["adagrad"], ids[:2500], np.ones((2500, 4), np.float32), slots,
-            {"learning_rate": 0.1}, 1)
+    t.apply(RULES["adagrad"], ids[:2500], np.ones((2500, 4), np.float32), slots, {"learning_rate": 0.1}, 1)
     before = {k: v.copy() for k, v in t.export().items()}
     save = t.snapshot()
     readers = {k: s.blocks() for k, s in save.items()}
     got = {k: [next(r)] for k, r in readers.items()}  # the writer has taken the first block
     t.lookup(ids[2000:5000], train=True)  # new rows, evictions, growth
-    t.apply(RULES["adagrad"], ids[2000:5000], np.full((3000, 4), 2.0, np.float32), slots,
-            {"learning_rate": 0.1}, 2)
+    t.apply(
+        RULES["adagrad"],
+        ids[2000:5000],
+        np.full((3000, 4), 2.0, np.float32),
+        slots,
+        {"learning_rate": 0.1},
+        2,
+    )
     for k, r in readers.items():
         got[k].extend(r)
     arrays = {k: np.concatenate(v) for k, v in got.items()}
@@ -508,16 +530,18 @@ def test_a_table_snapshot_holds_the_table_as_it_was_while_rows_change_evict_and_
     np.testing.assert_array_equal(arrays["ids"][live][order], np.sort(before["ids"]))
     by_id = np.argsort(before["ids"])
     np.testing.assert_array_equal(arrays["rows"][live][order], before["rows"][by_id])
-    np.testing.assert_array_equal(arrays["slot:opt/accumulator"][live][order],
-                                  before["slot:opt/accumulator"][by_id])
+    np.testing.assert_array_equal(
+        arrays["slot:opt/accumulator"][live][order], before["slot:opt/accumulator"][by_id]
+    )
     t.end_snapshot(save)
     assert not t.saves
 
 
 async def test_a_restore_keeps_the_table_counters_of_the_ps_it_lands_on(tmp_path):
     # /metrics exports them as Prometheus counters: within one ps process they never go down
-    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": str(tmp_path)}) as cluster:
+    async with InProcessCluster(
+        num_ps=1, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(tmp_path)}
+    ) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         with strategy.scope():
             table = pstrain.DynamicEmbedding(2, name="emb", capacity=4)
@@ -538,8 +562,10 @@ async def test_string_ids_are_refused_with_how_to_hash_them(cluster):
     strategy = pstrain.ParameterServerStrategy(cluster.resolver)
     with strategy.scope():
         table = pstrain.DynamicEmbedding(2, name="words")
-    with pytest.raises(pstrain.errors.InvalidArgumentError,
-                       match=r"ids must be integers, got <U5 \(strings\?\).*hashlib.blake2b") as info:
+    with pytest.raises(
+        pstrain.errors.InvalidArgumentError,
+        match=r"ids must be integers, got <U5 \(strings\?\).*hashlib.blake2b",
+    ) as info:
         await table.lookup(np.array(["apple", "pear"]))
     # the hint, as written, gives valid ids
     hint = str(info.value).split("e.g. ", 1)[1]

@@ -31,14 +31,15 @@ ROWS, DIM, STEPS = 4000, 8, 80
 def _strategy(cluster: InProcessCluster) -> pstrain.ParameterServerStrategy:
     return pstrain.ParameterServerStrategy(
         pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token),
-        variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
+        variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2),
+    )
 
 
-def _plain(cluster: InProcessCluster) -> tuple[pstrain.ParameterServerStrategy,
-                                               pstrain.ClusterCoordinator]:
+def _plain(cluster: InProcessCluster) -> tuple[pstrain.ParameterServerStrategy, pstrain.ClusterCoordinator]:
     """A strategy with no partitioner on ``cluster``, and its coordinator."""
     strategy = pstrain.ParameterServerStrategy(
-        pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+        pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token)
+    )
     return strategy, pstrain.ClusterCoordinator(strategy)
 
 
@@ -47,8 +48,11 @@ def _grads(step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     the same floats."""
     rng = np.random.default_rng(step)
     ids = rng.choice(ROWS, 64, replace=False)
-    return ids, rng.integers(-3, 4, (64, DIM)).astype(np.float32), \
-        rng.integers(-3, 4, (DIM,)).astype(np.float32)
+    return (
+        ids,
+        rng.integers(-3, 4, (64, DIM)).astype(np.float32),
+        rng.integers(-3, 4, (DIM,)).astype(np.float32),
+    )
 
 
 def _expected() -> tuple[np.ndarray, np.ndarray]:
@@ -104,8 +108,11 @@ async def test_a_ps_joins_and_leaves_while_training_runs_and_nothing_is_lost_or_
             assert status["version"] >= 2 and extra_bytes in (0, DIM // 2 * 4)  # maybe a dense part
             # every ps holds what the map says, and nothing else
             for k, ps in enumerate([*cluster.ps, extra]):
-                on = {key for key, (home, _) in strategy.placement.placed.items()
-                      if coordinator.ps.placement.ps_of(key, home) == k}
+                on = {
+                    key
+                    for key, (home, _) in strategy.placement.placed.items()
+                    if coordinator.ps.placement.ps_of(key, home) == k
+                }
                 assert _held(ps) == on  # SGD keeps no slots
 
             await coordinator.join()  # the workers' maps still put half the table on ps 2
@@ -144,8 +151,7 @@ async def test_a_request_by_an_old_map_is_refused_with_the_new_map_and_applied_o
         set_dispatch(None, None)
         assert (await v.read_value()).tolist() == [1, 1, 1]
         # a client still on the old map is refused by ps 0 with the new map, applying nothing
-        channel = Channel(cluster.ps[0].address, token=cluster.token,
-                          task="/job:ps/replica:0/task:0")
+        channel = Channel(cluster.ps[0].address, token=cluster.token, task="/job:ps/replica:0/task:0")
         try:
             with pytest.raises(PlacementChangedError) as caught:
                 await untyped_call(channel, "vars/assign_add", {"name": "v", "value": np.ones(3, np.float32)})
@@ -200,8 +206,10 @@ async def test_a_ps_that_asks_to_join_again_keeps_its_index_and_nothing_changes(
             # asked again before joining (its reply lost): the same index, kept for it
             assert await join(endpoint, extra.address, cluster.token, ps=True) == 2
             assert await join(endpoint, extra.address, cluster.token, ps=True, index=given) == 2
-            await _wait(lambda: coordinator.ps.moving is None and coordinator.ps.moves_done >= 1,
-                        "v to move to the ps that joined")
+            await _wait(
+                lambda: coordinator.ps.moving is None and coordinator.ps.moves_done >= 1,
+                "v to move to the ps that joined",
+            )
             placement = coordinator.ps.placement
             assert placement.ps == [*cluster.cluster_spec.job_tasks("ps"), extra.address]
             for index in (None, 2):  # asked again once in the job: nothing changes
@@ -252,8 +260,9 @@ async def test_a_moves_steps_come_only_from_the_coordinator_that_started_it():
         moves = cluster.ps[0].moves
         channels = {}
         for owner in ("a" * 32, "b" * 32):
-            channels[owner] = Channel(cluster.ps[0].address, token=cluster.token,
-                                      task="/job:ps/replica:0/task:0")
+            channels[owner] = Channel(
+                cluster.ps[0].address, token=cluster.token, task="/job:ps/replica:0/task:0"
+            )
             channels[owner].owner = owner
         first, other = channels.values()
         try:
@@ -275,6 +284,7 @@ async def test_a_worker_that_learnt_an_old_coordinators_map_routes_by_the_new_on
     """A worker learnt the old coordinator's map (v moved to ps 1); a new coordinator,
     restarted on the same cluster file, creates v where it was first created (ps 0).
     The worker's closures update the new coordinator's v, not the old one's copy."""
+
     async def bump(var):
         await var.assign_add(np.ones(3, np.float32))
 
@@ -306,6 +316,7 @@ async def test_a_coordinators_maps_count_on_a_ps_that_knew_another_ones_higher_v
     one, whose variables are named apart (nothing of the first is taken over), moves one
     of its own: its maps start at version 1 again. The ps know its maps, not the first's,
     so its closures' updates are routed to where its variable is now."""
+
     async def bump(var):
         await var.assign_add(np.ones(3, np.float32))
 
@@ -335,7 +346,8 @@ async def test_a_coordinators_maps_count_on_a_ps_that_knew_another_ones_higher_v
 
 
 async def test_a_coordinator_started_again_after_a_ps_left_says_what_to_do_and_then_restores_exactly(
-        tmp_path):
+    tmp_path,
+):
     """Faults that combine: ps 1 of 3 leaves (its variable and table rows move to the
     others), the job saves, the coordinator stops, and ps 1's process is gone. A coordinator
     started again on the same cluster spec cannot reach ps 1: the error names both ways on.
@@ -359,8 +371,7 @@ async def test_a_coordinator_started_again_after_a_ps_left_says_what_to_do_and_t
             await v.assign(np.full(4, i + 1.0, np.float32))
         with strategy.scope():
             opt = pstrain.optimizers.SGD(1.0)
-        await opt.apply_gradients([(pstrain.IndexedSlices(-np.ones((ids.size, 4), np.float32), ids),
-                                    table)])
+        await opt.apply_gradients([(pstrain.IndexedSlices(-np.ones((ids.size, 4), np.float32), ids), table)])
         await coordinator.remove_ps(1)
         path = await pstrain.Checkpoint(vs=variables, t=table).save(root + "/ckpt")
         await coordinator.close()
@@ -370,8 +381,10 @@ async def test_a_coordinator_started_again_after_a_ps_left_says_what_to_do_and_t
         strategy, coordinator = _plain(cluster)
         strategy.placement.startup_timeout_s = 1.0
         variables, table = model(strategy)
-        with pytest.raises(UnavailableError, match="If it left the job before this coordinator "
-                                                   "started .* start a ps there again") as info:
+        with pytest.raises(
+            UnavailableError,
+            match="If it left the job before this coordinator started .* start a ps there again",
+        ) as info:
             await strategy.flush()
         assert "await coordinator.remove_ps(1) before making the variables" in str(info.value)
         await coordinator.close()

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(120)
 
 DIM, STEPS, BATCH = 4, 60, 96
 #: ids spread over the whole 64-bit space (a table's ids are raw keys)
-POOL = np.random.default_rng(7).integers(-(2 ** 62), 2 ** 62, 3000, dtype=np.int64)
+POOL = np.random.default_rng(7).integers(-(2**62), 2**62, 3000, dtype=np.int64)
 
 
 def _batch(step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -50,19 +50,27 @@ def _expected(steps: int) -> dict[int, np.ndarray]:
 
 
 @contextlib.asynccontextmanager
-async def _job(num_ps: int = 2, *, workers: int = 1, extra: bool = True, root: str | None = None,
-               token: str | None = None) -> AsyncIterator[tuple[Any, ParameterServer | None, Any, Any]]:
+async def _job(
+    num_ps: int = 2,
+    *,
+    workers: int = 1,
+    extra: bool = True,
+    root: str | None = None,
+    token: str | None = None,
+) -> AsyncIterator[tuple[Any, ParameterServer | None, Any, Any]]:
     """In-process ps and workers (checkpoints under ``root``), a further ps not in the job
     yet (``extra``), a strategy without partitioner and its coordinator (closed after)."""
     options = {"checkpoint_root": root} if root else {}
-    async with InProcessCluster(num_ps=num_ps, num_workers=workers, token=token,
-                                ps_options=options or None) as cluster:
+    async with InProcessCluster(
+        num_ps=num_ps, num_workers=workers, token=token, ps_options=options or None
+    ) as cluster:
         spare = ParameterServer(num_ps, token=cluster.token, **options) if extra else None
         if spare is not None:
             await spare.start()
         try:
             strategy = pstrain.ParameterServerStrategy(
-                pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+                pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token)
+            )
             coordinator = pstrain.ClusterCoordinator(strategy)
             yield cluster, spare, strategy, coordinator
             await coordinator.close()
@@ -84,10 +92,12 @@ def _ids_on(ps: ParameterServer, key: str) -> np.ndarray:
     return table.export()["ids"]
 
 
-def _runner(coordinator: pstrain.ClusterCoordinator, table: pstrain.DynamicEmbedding,
-            opt: Any) -> Callable[[int, int], Awaitable[None]]:
+def _runner(
+    coordinator: pstrain.ClusterCoordinator, table: pstrain.DynamicEmbedding, opt: Any
+) -> Callable[[int, int], Awaitable[None]]:
     """``await run(start, stop)``: steps ``start`` to ``stop - 1`` (a lookup, then the
     update), each an exactly-once closure, then ``join``."""
+
     async def step_fn(step: int) -> None:
         ids, grads = _batch(step)
         await table.lookup(ids)
@@ -104,15 +114,17 @@ def _runner(coordinator: pstrain.ClusterCoordinator, table: pstrain.DynamicEmbed
 def _table_feed() -> Any:
     """examples/table_feed.py, the serving feed's example consumer."""
     spec = importlib.util.spec_from_file_location(
-        "table_feed", os.path.join(os.path.dirname(__file__), "..", "..", "examples", "table_feed.py"))
+        "table_feed", os.path.join(os.path.dirname(__file__), "..", "..", "examples", "table_feed.py")
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def _check_map(coordinator: pstrain.ClusterCoordinator, servers: list[ParameterServer],
-               table: pstrain.DynamicEmbedding) -> None:
+def _check_map(
+    coordinator: pstrain.ClusterCoordinator, servers: list[ParameterServer], table: pstrain.DynamicEmbedding
+) -> None:
     """Every ps holds exactly the ids of the slices the map gives it."""
     sliced = coordinator.ps.table_slices(table)
     for k, ps in enumerate(servers):
@@ -148,11 +160,18 @@ async def test_table_slices_move_to_a_joining_ps_and_off_a_leaving_one_while_tra
         shares = coordinator.statistics()["placement"]["ps"][2]["table_shares"]
         assert shares["users"] == pytest.approx(held[2] / sliced.slices, abs=1e-3)
         endpoint = await coordinator.serve_metrics()
-        async with aiohttp.ClientSession() as session, session.get(
-                f"http://{endpoint}/metrics", headers={"Authorization": f"Bearer {cluster.token}"}) as r:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(
+                f"http://{endpoint}/metrics", headers={"Authorization": f"Bearer {cluster.token}"}
+            ) as r,
+        ):
             text = await r.text()
-        line = next(ln for ln in text.splitlines()
-                    if ln.startswith("pstrain_placement_table_share") and 'ps="2"' in ln)
+        line = next(
+            ln
+            for ln in text.splitlines()
+            if ln.startswith("pstrain_placement_table_share") and 'ps="2"' in ln
+        )
         assert float(line.split()[-1]) == pytest.approx(shares["users"])
 
         await coordinator.remove_ps(0)  # ps 0 leaves: its slices go to ps 1 and 2
@@ -181,8 +200,7 @@ async def _train_sequentially(table, opt, steps: range) -> None:
 async def _adagrad_run(move: bool) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
     async with _job() as (cluster, extra, strategy, coordinator):
         async with strategy.scope():
-            table = pstrain.DynamicEmbedding(DIM, name="items", capacity=5000, admit_after=2,
-                                             eviction="lfu")
+            table = pstrain.DynamicEmbedding(DIM, name="items", capacity=5000, admit_after=2, eviction="lfu")
             opt = pstrain.optimizers.Adagrad(0.1)
         await _train_sequentially(table, opt, range(0, 20))
         if move:
@@ -200,17 +218,25 @@ async def _adagrad_run(move: bool) -> tuple[np.ndarray, np.ndarray, dict[str, in
             if shard is None:
                 continue
             used = shard._cand_used
-            sightings.update((int(i), int(c)) for i, c in zip(shard._cand_ids[:used],
-                                                              shard._cand_counts[:used]) if c)
+            sightings.update(
+                (int(i), int(c)) for i, c in zip(shard._cand_ids[:used], shard._cand_counts[:used]) if c
+            )
             if len(shard):
                 exported = shard.export()
                 pos = shard.positions(exported["ids"])
-                for i, acc, f in zip(exported["ids"].tolist(),
-                                     exported[f"slot:{opt.name}/accumulator"], shard.freq[pos]):
+                for i, acc, f in zip(
+                    exported["ids"].tolist(), exported[f"slot:{opt.name}/accumulator"], shard.freq[pos]
+                ):
                     slots[i], freq[i] = acc, int(f)
         stats = await table.statistics()
-        state = np.concatenate([rows, np.stack([slots[i] for i in ids.tolist()]),
-                                np.array([[freq[i]] for i in ids.tolist()], np.float32)], axis=1)
+        state = np.concatenate(
+            [
+                rows,
+                np.stack([slots[i] for i in ids.tolist()]),
+                np.array([[freq[i]] for i in ids.tolist()], np.float32),
+            ],
+            axis=1,
+        )
         return ids, state, {**stats, "sightings": sightings}
     raise AssertionError("unreachable")
 
@@ -236,13 +262,11 @@ async def test_an_old_map_request_to_a_table_is_refused_whole_and_a_retry_is_app
         await table.lookup(ids)
         # an exactly-once closure's first attempt applies on ps 0 and 1 ...
         set_dispatch(None, "closure-7")
-        await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((200, DIM), np.float32), ids),
-                                    table)])
+        await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((200, DIM), np.float32), ids), table)])
         await coordinator.add_ps(extra.address)
         # ... its retry, after slices moved to ps 2, is recognised there and not applied again
         set_dispatch(None, "closure-7")
-        await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((200, DIM), np.float32), ids),
-                                    table)])
+        await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((200, DIM), np.float32), ids), table)])
         set_dispatch(None, None)
         _, rows = await table.export()
         np.testing.assert_array_equal(rows, -np.ones((200, DIM), np.float32))
@@ -251,8 +275,7 @@ async def test_an_old_map_request_to_a_table_is_refused_whole_and_a_retry_is_app
         moved = coordinator.ps.table_slices(table)
         away = on0[np.asarray(moved.owners)[shard_of(on0, moved.slices)] == 2]
         assert away.size
-        channel = Channel(cluster.ps[0].address, token=cluster.token,
-                          task="/job:ps/replica:0/task:0")
+        channel = Channel(cluster.ps[0].address, token=cluster.token, task="/job:ps/replica:0/task:0")
         try:
             with pytest.raises(PlacementChangedError) as caught:
                 await untyped_call(channel, "dyn/lookup", {"name": table.key, "ids": on0, "train": True})
@@ -277,8 +300,9 @@ async def test_a_table_created_after_a_ps_left_is_sliced_over_the_ps_in_the_job(
     async with _job(3, workers=2, root=str(tmp_path)) as (cluster, extra, strategy, coordinator):
         await coordinator.remove_ps(1)
         async with strategy.scope():
-            table = pstrain.DynamicEmbedding(DIM, name="late", capacity=100_000,
-                                             initializer=pstrain.initializers.Zeros())
+            table = pstrain.DynamicEmbedding(
+                DIM, name="late", capacity=100_000, initializer=pstrain.initializers.Zeros()
+            )
             opt = pstrain.optimizers.SGD(1.0)
         run = _runner(coordinator, table, opt)
 
@@ -296,8 +320,7 @@ async def test_a_table_created_after_a_ps_left_is_sliced_over_the_ps_in_the_job(
         await run(half, half + 4)
         path = await manager.save_delta()
         # the serving feed of the ps holding it follows base + delta
-        mirror = _table_feed().TableMirror([cluster.ps[k].address for k in (0, 2)], table.key,
-                                           cluster.token)
+        mirror = _table_feed().TableMirror([cluster.ps[k].address for k in (0, 2)], table.key, cluster.token)
         async with aiohttp.ClientSession() as session:
             assert await mirror.poll(session) > 0
         ids, rows = mirror.snapshot()
@@ -319,8 +342,9 @@ async def test_a_table_created_after_a_ps_joined_is_spread_over_it_too():
     async with _job() as (cluster, extra, strategy, coordinator):
         assert await coordinator.add_ps(extra.address) == 2
         async with strategy.scope():
-            table = pstrain.DynamicEmbedding(DIM, name="new", capacity=9_000,
-                                             initializer=pstrain.initializers.Zeros())
+            table = pstrain.DynamicEmbedding(
+                DIM, name="new", capacity=9_000, initializer=pstrain.initializers.Zeros()
+            )
             opt = pstrain.optimizers.SGD(1.0)
         for step in range(10):
             ids, grads = _batch(step)
@@ -348,7 +372,8 @@ async def test_a_lost_ps_holding_table_slices_is_replaced_from_base_and_deltas(t
             table = pstrain.DynamicEmbedding(DIM, name="t", initializer=pstrain.initializers.Zeros())
             opt = pstrain.optimizers.SGD(1.0)
         manager = pstrain.checkpoint.CheckpointManager(
-            pstrain.checkpoint.Checkpoint(table=table, opt=opt), str(tmp_path))
+            pstrain.checkpoint.Checkpoint(table=table, opt=opt), str(tmp_path)
+        )
         run = _runner(coordinator, table, opt)
 
         await run(0, saved)
@@ -375,7 +400,8 @@ async def test_a_lost_ps_holding_table_slices_is_replaced_from_base_and_deltas(t
 
 
 async def test_a_drained_ps_leaves_its_evictions_to_the_next_delta_and_a_restore_matches_the_live_table(
-        tmp_path):
+    tmp_path,
+):
     """Rows evicted on a ps since the last delta, then the ps drains and leaves: the ps that
     took its slices writes those evictions in the next delta, so base + deltas restored
     into a fresh cluster is the live table, no row missing and none come back."""
@@ -384,7 +410,8 @@ async def test_a_drained_ps_leaves_its_evictions_to_the_next_delta_and_a_restore
             table = pstrain.DynamicEmbedding(DIM, name="t", max_age=4)
             opt = pstrain.optimizers.Adagrad(0.1)
         manager = pstrain.checkpoint.CheckpointManager(
-            pstrain.checkpoint.Checkpoint(table=table, opt=opt), str(tmp_path))
+            pstrain.checkpoint.Checkpoint(table=table, opt=opt), str(tmp_path)
+        )
         await _train_sequentially(table, opt, range(0, 10))
         await manager.save()
         await _train_sequentially(table, opt, range(10, 20))
@@ -452,7 +479,8 @@ async def test_a_serving_feed_reader_follows_the_table_as_its_slices_move(tmp_pa
             table = pstrain.DynamicEmbedding(DIM, name="emb")
             opt = pstrain.optimizers.Adagrad(0.1)
         manager = pstrain.checkpoint.CheckpointManager(
-            pstrain.Checkpoint(table=table, opt=opt), root, deltas_per_base=100)
+            pstrain.Checkpoint(table=table, opt=opt), root, deltas_per_base=100
+        )
         mirror = table_feed.TableMirror([ps.address for ps in cluster.ps], "emb", TOKEN)
 
         async def same() -> None:
@@ -551,9 +579,18 @@ async def test_a_move_whose_coordinator_stops_after_staging_is_ended_when_its_ti
         monkeypatch.setattr(extra.moves, "max_store_bytes", extra.moves.staged_bytes() + 4096 * 4)
         with pytest.raises(FailedPreconditionError, match="max-store-bytes"):
             await coordinator.ps.move(["w"], 2)
-        await wait_for(lambda: not (extra.moves.incoming or extra.moves.incoming_tables
-                                    or source.moves.outgoing or source.moves.outgoing_tables),
-                       timeout=20, what="the stopped move's stages ended")
+        await wait_for(
+            lambda: (
+                not (
+                    extra.moves.incoming
+                    or extra.moves.incoming_tables
+                    or source.moves.outgoing
+                    or source.moves.outgoing_tables
+                )
+            ),
+            timeout=20,
+            what="the stopped move's stages ended",
+        )
         assert extra.moves.staged_bytes() == 0 and table.key not in extra.tables
         assert extra.moves.statistics()["moves_in_progress"] == 0
         assert source.moves.statistics()["moves_in_progress"] == 0
@@ -592,8 +629,11 @@ async def test_a_stopped_moves_time_running_out_leaves_a_later_move_of_the_same_
         await coordinator.ps.move_slices({table.key: slices}, 0, 2)
         moved = _ids_on(extra, table.key)
         assert moved.size and extra.moves.incoming
-        await wait_for(lambda: not extra.moves.incoming and not cluster.ps[0].moves.outgoing,
-                       timeout=20, what="the first moves' time up")
+        await wait_for(
+            lambda: not extra.moves.incoming and not cluster.ps[0].moves.outgoing,
+            timeout=20,
+            what="the first moves' time up",
+        )
         np.testing.assert_array_equal(np.sort(_ids_on(extra, table.key)), np.sort(moved))
         await v.assign_add(np.ones(64, np.float32))  # served by the ps it moved to
         np.testing.assert_array_equal(await v.read_value(), np.ones(64, np.float32))
@@ -630,7 +670,8 @@ async def test_a_coordinator_lost_between_a_moves_switches_is_replaced_and_resto
         await extra.start()
         try:
             strategy = pstrain.ParameterServerStrategy(
-                pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+                pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token)
+            )
             coordinator = pstrain.ClusterCoordinator(strategy)
             table, opt, v = await _made(strategy, np.zeros(64, np.float32))
             await train(v, table, opt, 0)
@@ -647,7 +688,8 @@ async def test_a_coordinator_lost_between_a_moves_switches_is_replaced_and_resto
             del v, table, opt, strategy, coordinator
             gc.collect()  # the old coordinator is gone (a killed chief: nothing closed)
             strategy = pstrain.ParameterServerStrategy(
-                pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+                pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token)
+            )
             table, opt, v = await _made(strategy, np.zeros(64, np.float32))
             assert table.key == "t"  # the same keys: the dead one's variables are taken over
             await pstrain.Checkpoint(v=v, t=table).restore(path)
@@ -676,7 +718,8 @@ async def _restarted(cluster: InProcessCluster) -> tuple[Any, Any, tuple[Any, An
     """A coordinator (started, or started again) with :func:`_made`'s model and a ``w`` on
     ps 0."""
     strategy = pstrain.ParameterServerStrategy(
-        pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+        pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token)
+    )
     coordinator = pstrain.ClusterCoordinator(strategy)
     made = await _made(strategy, np.zeros(64, np.float32))
     async with strategy.scope():
@@ -723,7 +766,9 @@ async def test_a_new_coordinator_moves_onto_a_ps_that_served_the_old_one(tmp_pat
             channel = Channel(cluster.ps[0].address, token=cluster.token, task="/job:ps/replica:0/task:0")
             try:  # a client that routes w by its home is told where it is now
                 with pytest.raises(PlacementChangedError) as caught:
-                    await untyped_call(channel, "vars/assign_add", {"name": "w", "value": np.ones(8, np.float32)})
+                    await untyped_call(
+                        channel, "vars/assign_add", {"name": "w", "value": np.ones(8, np.float32)}
+                    )
                 assert caught.value.placement["moved"]["w"] == 2
             finally:
                 await channel.close()
@@ -762,14 +807,18 @@ async def test_a_move_whose_new_ps_is_lost_is_undone_and_the_error_says_so(monke
             return await real(op, **kwargs)
 
         monkeypatch.setattr(channel, "request", request)
-        with pytest.raises(pstrain.errors.UnavailableError,
-                           match=r"moving \['v'\] from ps 0 to ps 2 failed and was undone: ps 0 "
-                                 r"serves them still\. The cause: "):
+        with pytest.raises(
+            pstrain.errors.UnavailableError,
+            match=r"moving \['v'\] from ps 0 to ps 2 failed and was undone: ps 0 "
+            r"serves them still\. The cause: ",
+        ):
             await coordinator.ps.move(["v"], 2)
         slices = coordinator.ps.table_slices(table).held_by(0)[:2]
-        with pytest.raises(pstrain.errors.UnavailableError,
-                           match=rf"moving \['{table.key} \(2 slices\)'\] from ps 0 to ps 2 failed "
-                                 r"and was undone: ps 0 serves them still"):
+        with pytest.raises(
+            pstrain.errors.UnavailableError,
+            match=rf"moving \['{table.key} \(2 slices\)'\] from ps 0 to ps 2 failed "
+            r"and was undone: ps 0 serves them still",
+        ):
             await coordinator.ps.move_slices({table.key: slices}, 0, 2)
         await v.assign_add(np.ones(64, np.float32))
         np.testing.assert_array_equal(await v.read_value(), np.ones(64, np.float32))
@@ -815,12 +864,12 @@ async def test_the_copies_of_an_aborted_move_go_at_once_not_when_its_time_is_up(
             patch.setattr(ps_moves.PsChanges, "_abort", _aborts_nothing)
             await _both_stopped(coordinator, table, "before step 3")
         staged = [weakref.ref(c.value) for copies in extra.moves.incoming.values() for c in copies]
-        staged += [weakref.ref(c.rows) for copies in extra.moves.incoming_tables.values()
-                   for c, _, _ in copies]
+        staged += [
+            weakref.ref(c.rows) for copies in extra.moves.incoming_tables.values() for c, _, _ in copies
+        ]
         assert len(staged) == 2
         for stage in list(extra.moves.incoming):
-            assert extra.moves.end(EndMove(stage=stage, commit=False,
-                                           owner=strategy.placement.owner)).ended
+            assert extra.moves.end(EndMove(stage=stage, commit=False, owner=strategy.placement.owner)).ended
         gc.collect()
         assert extra.moves.staged_bytes() == 0 and not [r for r in staged if r() is not None]
 
@@ -839,21 +888,28 @@ async def install(ps_server):
     assert ps_server.internal_errors == 0
 
 
-@pytest.mark.parametrize(("config", "named"), [
-    ({"dim": np.arange(2)}, "dim"),
-    ({"dim": 4, "capacity": np.arange(2)}, "capacity"),
-    ({"dim": "4"}, "dim"),
-    ({"dim": 4, "dtype": "float16"}, "float16"),
-    ({"dim": 4, "colour": "red"}, "colour"),
-    (np.zeros(3), "object"),
-])
-async def test_a_table_copy_whose_config_is_malformed_is_refused_whole(ps_server, install, config,
-                                                                      named):
+@pytest.mark.parametrize(
+    ("config", "named"),
+    [
+        ({"dim": np.arange(2)}, "dim"),
+        ({"dim": 4, "capacity": np.arange(2)}, "capacity"),
+        ({"dim": "4"}, "dim"),
+        ({"dim": 4, "dtype": "float16"}, "float16"),
+        ({"dim": 4, "colour": "red"}, "colour"),
+        (np.zeros(3), "object"),
+    ],
+)
+async def test_a_table_copy_whose_config_is_malformed_is_refused_whole(ps_server, install, config, named):
     """ps/install checks the config of a table's copy as dyn/create checks a new table's: a
     wrong field is refused, naming it, and nothing is staged."""
-    copy = {"name": "t", "config": config, "moving": {"slices": 4, "owned": [1]},
-            "serving": {"slices": 4, "owned": [1]}, "ids": np.zeros(0, np.int64),
-            "rows": np.zeros((0, 4), np.float32)}
+    copy = {
+        "name": "t",
+        "config": config,
+        "moving": {"slices": 4, "owned": [1]},
+        "serving": {"slices": 4, "owned": [1]},
+        "ids": np.zeros(0, np.int64),
+        "rows": np.zeros((0, 4), np.float32),
+    }
     with pytest.raises(InvalidArgumentError, match=f"ps/install.*{named}"):
         await install(tables=[copy])
     # the same copy, well formed, is staged
@@ -861,16 +917,20 @@ async def test_a_table_copy_whose_config_is_malformed_is_refused_whole(ps_server
     assert list(ps_server.moves.incoming_tables) == ["s1"]
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("once", [7]),
-    ("once", [["k", 1, ["v"], None]]),  # no table parts
-    ("once", [["k", 1, ["v"], None, {"t": [[0, np.arange(2)]]}]]),
-    ("fences", [["owner", -1, 2]]),
-    ("fences", [np.arange(3)]),
-    ("patches", [["v", None]]),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("once", [7]),
+        ("once", [["k", 1, ["v"], None]]),  # no table parts
+        ("once", [["k", 1, ["v"], None, {"t": [[0, np.arange(2)]]}]]),
+        ("fences", [["owner", -1, 2]]),
+        ("fences", [np.arange(3)]),
+        ("patches", [["v", None]]),
+    ],
+)
 async def test_a_move_activated_with_malformed_records_is_refused_before_anything_is_served(
-        ps_server, install, field, value):
+    ps_server, install, field, value
+):
     """The exactly-once records, fences and patches a move's last step carries are checked
     with the request: a malformed one is refused naming its field, the staged copy stays
     staged and unserved, and the same step well formed then serves it."""
@@ -883,25 +943,45 @@ async def test_a_move_activated_with_malformed_records_is_refused_before_anythin
     assert ps_server.store.get("v").array.tolist() == [0, 1, 2]
 
 
-@pytest.mark.parametrize(("patch", "named"), [
-    ({"removed": ["a", "b"]}, "removed"),
-    ({"live": np.array([5, 5], np.int64), "ages": np.zeros(2, np.int64), "freq": np.zeros(2, np.int64)},
-     "twice"),
-    ({"cand_ids": np.array([9], np.int64), "cand_counts": np.array([1, 2], np.int64)}, "cand_counts"),
-    ({"ages": np.array([0.5], np.float32)}, "ages"),
-    ({"live": [[5], [6, 7]]}, "live"),
-])
-async def test_a_move_whose_table_patch_is_malformed_serves_nothing_of_it(ps_server, install, patch,
-                                                                         named):
+@pytest.mark.parametrize(
+    ("patch", "named"),
+    [
+        ({"removed": ["a", "b"]}, "removed"),
+        (
+            {
+                "live": np.array([5, 5], np.int64),
+                "ages": np.zeros(2, np.int64),
+                "freq": np.zeros(2, np.int64),
+            },
+            "twice",
+        ),
+        ({"cand_ids": np.array([9], np.int64), "cand_counts": np.array([1, 2], np.int64)}, "cand_counts"),
+        ({"ages": np.array([0.5], np.float32)}, "ages"),
+        ({"live": [[5], [6, 7]]}, "live"),
+    ],
+)
+async def test_a_move_whose_table_patch_is_malformed_serves_nothing_of_it(ps_server, install, patch, named):
     """The last step of a move checks every table's patch before it serves a variable or
     a row: one malformed part (evicted ids that are not ids, an id twice, sightings without
     their counts) is refused naming it, and neither the variable nor the table's rows
     arrived."""
     ids = np.array([5], np.int64)
-    table = {"name": "t", "config": {"dim": 2}, "moving": {"slices": 1, "owned": [0]},
-             "serving": {"slices": 1, "owned": [0]}, "ids": ids, "rows": np.ones((1, 2), np.float32)}
-    good = {"name": "t", "live": ids, "ages": np.zeros(1, np.int64), "freq": np.zeros(1, np.int64),
-            "ids": np.zeros(0, np.int64), "rows": np.zeros((0, 2), np.float32)}
+    table = {
+        "name": "t",
+        "config": {"dim": 2},
+        "moving": {"slices": 1, "owned": [0]},
+        "serving": {"slices": 1, "owned": [0]},
+        "ids": ids,
+        "rows": np.ones((1, 2), np.float32),
+    }
+    good = {
+        "name": "t",
+        "live": ids,
+        "ages": np.zeros(1, np.int64),
+        "freq": np.zeros(1, np.int64),
+        "ids": np.zeros(0, np.int64),
+        "rows": np.zeros((0, 2), np.float32),
+    }
     await install(vars=[{"name": "v", "value": np.ones(3)}], tables=[table])
     with pytest.raises(InvalidArgumentError, match=f"ps/install.*{named}"):
         await install(activate=True, table_patches=[{**good, **patch}])
@@ -913,17 +993,26 @@ async def test_dyn_create_refuses_a_shard_with_slices_and_no_slice_and_creates_n
         ps = cluster.ps[0]
         channel = Channel(ps.address, token=cluster.token, task="/job:ps/replica:0/task:0")
         try:
-            for bad in ({"shard": 0, "num_shards": 2, "owned": {"slices": 4, "owned": [1]}},
-                        {"owned": {"slices": 4, "owned": []}}):
-                with pytest.raises(InvalidArgumentError, match="a shard and slices given both, "
-                                                               "or no slice owned"):
+            for bad in (
+                {"shard": 0, "num_shards": 2, "owned": {"slices": 4, "owned": [1]}},
+                {"owned": {"slices": 4, "owned": []}},
+            ):
+                with pytest.raises(
+                    InvalidArgumentError, match="a shard and slices given both, or no slice owned"
+                ):
                     await untyped_call(channel, "dyn/create", {"name": "t", "config": {"dim": 2}, **bad})
             assert "t" not in ps.tables
             with pytest.raises(InvalidArgumentError, match="not below 4"):
-                await untyped_call(channel, "dyn/create", {"name": "t", "config": {"dim": 2},
-                                                  "owned": {"slices": 4, "owned": [4]}})
-            await untyped_call(channel, "dyn/create", {"name": "t", "config": {"dim": 2},
-                                              "owned": {"slices": 4, "owned": [1, 3]}})
+                await untyped_call(
+                    channel,
+                    "dyn/create",
+                    {"name": "t", "config": {"dim": 2}, "owned": {"slices": 4, "owned": [4]}},
+                )
+            await untyped_call(
+                channel,
+                "dyn/create",
+                {"name": "t", "config": {"dim": 2}, "owned": {"slices": 4, "owned": [1, 3]}},
+            )
             ids = np.arange(200, dtype=np.int64)
             mine = ids[np.isin(shard_of(ids, 4), [1, 3])]
             reply = await untyped_call(channel, "dyn/lookup", {"name": "t", "ids": mine, "train": True})

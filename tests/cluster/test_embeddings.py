@@ -32,8 +32,9 @@ SP = SparseTensor([[0, 0], [0, 1], [2, 0]], [0, 1, 3], dense_shape=[4, 2])
 
 def sharded_strategy(ps):
     spec = {"ps": [s.address for s in ps], "worker": ["127.0.0.1:9"]}
-    return pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(spec, token=TOKEN),
-                                           variable_partitioner=FixedShardsPartitioner(2))
+    return pstrain.ParameterServerStrategy(
+        pstrain.SimpleClusterResolver(spec, token=TOKEN), variable_partitioner=FixedShardsPartitioner(2)
+    )
 
 
 class Ragged:
@@ -52,14 +53,18 @@ async def test_tf_lookups_follow_tfs_rules_on_a_sharded_table(ps_pair):
     np.testing.assert_array_equal(got, [[4, 6], [0, 0], [7, 8]])
     w = SparseTensor(SP.indices, [1.0, 0.0, 0.0], SP.dense_shape)
     for combiner in ("mean", "sqrtn"):  # a bag of total weight 0 gives 0 (div_no_nan)
-        np.testing.assert_array_equal(await embedding_lookup_sparse(params, SP, w, combiner=combiner),
-                                      [[1, 2], [0, 0], [0, 0]])
+        np.testing.assert_array_equal(
+            await embedding_lookup_sparse(params, SP, w, combiner=combiner), [[1, 2], [0, 0], [0, 0]]
+        )
     # TF's default combiner is "mean"
     np.testing.assert_array_equal(await embedding_lookup_sparse(params, SP, None), [[2, 3], [0, 0], [7, 8]])
     ragged_w = Ragged([1.0, 2.0, 3.0], [0, 2, 3, 3])
     np.testing.assert_allclose(
         await embedding_lookup_sparse(params, Ragged([0, 1, 3], [0, 2, 3, 3]), ragged_w, "sqrtn"),
-        [[3.130495, 4.472136], [7, 8]], rtol=1e-6, atol=1e-6)
+        [[3.130495, 4.472136], [7, 8]],
+        rtol=1e-6,
+        atol=1e-6,
+    )
     with pytest.raises(InvalidArgumentError, match=r"combiner must be one of"):
         await embedding_lookup_sparse(params, SP, None, combiner="max")
     with pytest.raises(InvalidArgumentError, match=r"id 4 out of range \[0, 4\)"):
@@ -73,18 +78,22 @@ async def test_the_safe_lookup_prunes_fills_and_keeps_the_batch_shape(ps_server)
         params = pstrain.Variable(PARAMS, name="params")
     w = SparseTensor(SP.indices, [1.0, 0.0, 0.0], SP.dense_shape)
     # weights of 0 or less are dropped unless the combiner is "sum"; empty bags give zeros
-    np.testing.assert_array_equal(await safe_embedding_lookup_sparse(params, SP, w, "mean"),
-                                  [[1, 2], [0, 0], [0, 0], [0, 0]])
+    np.testing.assert_array_equal(
+        await safe_embedding_lookup_sparse(params, SP, w, "mean"), [[1, 2], [0, 0], [0, 0], [0, 0]]
+    )
     negative = SparseTensor(SP.indices, [2.0, -1.0, 0.5], SP.dense_shape)
-    np.testing.assert_array_equal(await safe_embedding_lookup_sparse(params, SP, negative, "sum"),
-                                  [[-1, 0], [0, 0], [3.5, 4], [0, 0]])
+    np.testing.assert_array_equal(
+        await safe_embedding_lookup_sparse(params, SP, negative, "sum"), [[-1, 0], [0, 0], [3.5, 4], [0, 0]]
+    )
     bad_ids = SparseTensor(SP.indices, [0, -1, 3], SP.dense_shape)  # ids below 0 are dropped
     np.testing.assert_array_equal(
         await safe_embedding_lookup_sparse(params, bad_ids, None, "mean", default_id=2),
-        [[1, 2], [5, 6], [7, 8], [5, 6]])
+        [[1, 2], [5, 6], [7, 8], [5, 6]],
+    )
     rank3 = SparseTensor([[0, 0, 0], [0, 1, 1], [1, 0, 0]], [0, 1, 3], [2, 2, 2])
-    np.testing.assert_array_equal(await safe_embedding_lookup_sparse(params, rank3, None, "sum"),
-                                  [[[1, 2], [3, 4]], [[7, 8], [0, 0]]])
+    np.testing.assert_array_equal(
+        await safe_embedding_lookup_sparse(params, rank3, None, "sum"), [[[1, 2], [3, 4]], [[7, 8], [0, 0]]]
+    )
 
 
 async def test_lookups_on_a_dynamic_table_pool_its_rows(cluster):
@@ -103,27 +112,29 @@ def test_jagged_features_come_from_every_kind_of_input():
     assert JaggedTensor.from_row_splits([0, 1, 3], [0, 2, 2, 3, 3]) == from_sparse
     assert JaggedTensor.from_lists([[0, 1], [], [3], []]) == from_sparse
     assert JaggedTensor.from_dense(np.array([[1, 2], [3, 4]])).to_lists() == [[1, 2], [3, 4]]
-    kjt = KeyedJaggedTensor(["a", "b"], [1, 2, 3, 4], lengths=[1, 0, 2, 1],
-                            weights=[0.5, 1.0, 1.0, 2.0])
+    kjt = KeyedJaggedTensor(["a", "b"], [1, 2, 3, 4], lengths=[1, 0, 2, 1], weights=[0.5, 1.0, 1.0, 2.0])
     assert kjt.keys() == ["a", "b"] and kjt.stride() == 2
     assert kjt["a"].to_lists() == [[1], []] and kjt["b"].to_lists() == [[2, 3], [4]]
     assert kjt["b"].weights.tolist() == [1.0, 1.0, 2.0]
     assert kjt.lengths().tolist() == [1, 0, 2, 1] and kjt.values().tolist() == [1, 2, 3, 4]
     taken = kjt.take([1, 1, 0])
     assert taken["b"].to_lists() == [[4], [4], [2, 3]] and taken["a"].to_lists() == [[], [], [1]]
-    for bad, match in ((lambda: JaggedTensor([1.5], [1]), "integers"),
-                       (lambda: JaggedTensor([1, 2], [1]), "hold 1 ids but 2"),
-                       (lambda: JaggedTensor([1], offsets=[1, 1]), "start at 0"),
-                       (lambda: KeyedJaggedTensor(["a", "b"], [1], lengths=[1, 0, 0]), "multiple"),
-                       (lambda: JaggedTensor([1], [1], weights=[1.0, 2.0]), "one per id")):
+    for bad, match in (
+        (lambda: JaggedTensor([1.5], [1]), "integers"),
+        (lambda: JaggedTensor([1, 2], [1]), "hold 1 ids but 2"),
+        (lambda: JaggedTensor([1], offsets=[1, 1]), "start at 0"),
+        (lambda: KeyedJaggedTensor(["a", "b"], [1], lengths=[1, 0, 0]), "multiple"),
+        (lambda: JaggedTensor([1], [1], weights=[1.0, 2.0]), "one per id"),
+    ):
         with pytest.raises(InvalidArgumentError, match=match):
             bad()
 
 
 def test_datasets_batch_shuffle_and_shard_variable_length_features():
     bags = JaggedTensor.from_lists([[i] * (i % 3) for i in range(10)])
-    kjt = KeyedJaggedTensor.from_jt_dict({"x": bags, "y": JaggedTensor.from_dense(
-        np.arange(10).reshape(10, 1))})
+    kjt = KeyedJaggedTensor.from_jt_dict(
+        {"x": bags, "y": JaggedTensor.from_dense(np.arange(10).reshape(10, 1))}
+    )
     ds = pstrain.data.Dataset.from_tensor_slices((kjt, np.arange(10))).shuffle(10, seed=3).batch(4)
     seen = []
     for features, labels in ds:
@@ -149,12 +160,12 @@ def reference_step(tables, features, configs, d_pooled, lr=0.1, acc0=0.1):
             out = np.zeros((len(bags), config.embedding_dim))
             k = 0
             for b, bag in enumerate(bags):
-                w = np.ones(len(bag)) if weights is None else weights[k:k + len(bag)]
+                w = np.ones(len(bag)) if weights is None else weights[k : k + len(bag)]
                 k += len(bag)
                 scale = w if config.combiner == "sum" else w / (w.sum() or np.inf)
                 for i, s in zip(bag, scale):
                     out[b] += s * tables[config.name][i]
-                    grads[config.name][i] += s * d_pooled[b, column:column + config.embedding_dim]
+                    grads[config.name][i] += s * d_pooled[b, column : column + config.embedding_dim]
             pooled.append(out)
             column += config.embedding_dim
     updated = {}
@@ -167,8 +178,10 @@ def reference_step(tables, features, configs, d_pooled, lr=0.1, acc0=0.1):
 
 
 async def test_a_collection_reads_and_updates_with_one_request_per_ps(ps_pair):
-    configs = [TableConfig("big", 1000, 4, ["a", "a_too"]),  # row-sharded, two features
-               TableConfig("mean", 50, 2, ["m"], combiner="mean")]
+    configs = [
+        TableConfig("big", 1000, 4, ["a", "a_too"]),  # row-sharded, two features
+        TableConfig("mean", 50, 2, ["m"], combiner="mean"),
+    ]
     configs += [TableConfig(f"t{i}", 20 + i, 3, [f"f{i}"]) for i in range(10)]
     strategy = strategy_for(*ps_pair)
     async with strategy.scope():
@@ -181,12 +194,19 @@ async def test_a_collection_reads_and_updates_with_one_request_per_ps(ps_pair):
     assert "big" in str(plan) and "ps 1:" in str(plan)
     rng = np.random.default_rng(0)
     batch = 5
-    features = {"a": JaggedTensor.from_lists([[1, 999, 1], [], [500], [0], [999]]),
-                "a_too": JaggedTensor.from_lists([[999], [2, 2], [], [1], []]),
-                "m": JaggedTensor(rng.integers(0, 50, 9), [2, 0, 3, 1, 3],
-                                  weights=rng.random(9).astype(np.float32))}
-    features.update({f"f{i}": JaggedTensor.from_lists(
-        [list(rng.integers(0, 20, rng.integers(0, 4))) for _ in range(batch)]) for i in range(10)})
+    features = {
+        "a": JaggedTensor.from_lists([[1, 999, 1], [], [500], [0], [999]]),
+        "a_too": JaggedTensor.from_lists([[999], [2, 2], [], [1], []]),
+        "m": JaggedTensor(rng.integers(0, 50, 9), [2, 0, 3, 1, 3], weights=rng.random(9).astype(np.float32)),
+    }
+    features.update(
+        {
+            f"f{i}": JaggedTensor.from_lists(
+                [list(rng.integers(0, 20, rng.integers(0, 4))) for _ in range(batch)]
+            )
+            for i in range(10)
+        }
+    )
     before = {name: np.asarray(await t.numpy(), np.float64) for name, t in collection.tables.items()}
     with pstrain.count_requests() as reads:
         pooled = await collection.lookup(KeyedJaggedTensor.from_jt_dict(features), read=[dense])
@@ -197,12 +217,12 @@ async def test_a_collection_reads_and_updates_with_one_request_per_ps(ps_pair):
     np.testing.assert_allclose(pooled.values["m"], want_pooled[:, 8:10], rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(pooled.read[0], np.ones((4, 2)))
     with pstrain.count_requests() as updates:
-        await collection.apply_gradients([*pooled.gradients(d_pooled),
-                                          (np.zeros((4, 2), np.float32), dense)], opt)
+        await collection.apply_gradients(
+            [*pooled.gradients(d_pooled), (np.zeros((4, 2), np.float32), dense)], opt
+        )
     assert updates.to("ps") == 2 and updates.per_op == {"opt/apply": 2}
     for name, t in collection.tables.items():
-        np.testing.assert_allclose(await t.numpy(), want_tables[name], rtol=1e-5, atol=1e-6,
-                                   err_msg=name)
+        np.testing.assert_allclose(await t.numpy(), want_tables[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 async def test_a_collection_refuses_bad_batches_and_changes_nothing(ps_server):
@@ -210,8 +230,11 @@ async def test_a_collection_refuses_bad_batches_and_changes_nothing(ps_server):
         collection = EmbeddingCollection([TableConfig("t", 10, 2, ["x", "y"])])
     before = await collection.tables["t"].numpy()
     ok = JaggedTensor.from_lists([[1], [2]])
-    with pytest.raises(InvalidArgumentError, match=r"feature 'y': id 10 is out of range \[0, 10\) "
-                                                   r"of table 't'"):
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"feature 'y': id 10 is out of range \[0, 10\) "
+        r"of table 't'",
+    ):
         await collection.lookup({"x": ok, "y": JaggedTensor.from_lists([[10], []])})
     with pytest.raises(InvalidArgumentError, match=r"features \['y'\] are missing"):
         await collection.lookup({"x": ok})
@@ -223,11 +246,15 @@ async def test_a_collection_refuses_bad_batches_and_changes_nothing(ps_server):
     with pytest.raises(InvalidArgumentError, match="no optimizer"):
         await collection.apply_gradients(pooled.gradients(np.ones((2, 4))))
     np.testing.assert_array_equal(await collection.tables["t"].numpy(), before)
-    for bad, match in ((lambda: TableConfig("t", 0, 2), "num_embeddings"),
-                       (lambda: TableConfig("t", 5, 2, "x"), "list of names"),
-                       (lambda: TableConfig("t", 5, 2, combiner="max"), "combiner"),
-                       (lambda: EmbeddingCollection([TableConfig("a", 5, 2, ["x"]),
-                                                     TableConfig("b", 5, 2, ["x"])]), "two tables")):
+    for bad, match in (
+        (lambda: TableConfig("t", 0, 2), "num_embeddings"),
+        (lambda: TableConfig("t", 5, 2, "x"), "list of names"),
+        (lambda: TableConfig("t", 5, 2, combiner="max"), "combiner"),
+        (
+            lambda: EmbeddingCollection([TableConfig("a", 5, 2, ["x"]), TableConfig("b", 5, 2, ["x"])]),
+            "two tables",
+        ),
+    ):
         with pytest.raises(InvalidArgumentError, match=match):
             bad()
 
@@ -237,12 +264,11 @@ async def test_tables_with_their_own_optimizers_and_a_dynamic_table(cluster):
     async with strategy.scope():
         rowwise = pstrain.optimizers.RowWiseAdagrad(0.5, initial_accumulator_value=0.1)
         plain = pstrain.optimizers.SGD(1.0)
-        collection = EmbeddingCollection([
-            TableConfig("fixed", 8, 2, ["a"], optimizer=rowwise),
-            TableConfig("dyn", None, 2, ["b"])])
+        collection = EmbeddingCollection(
+            [TableConfig("fixed", 8, 2, ["a"], optimizer=rowwise), TableConfig("dyn", None, 2, ["b"])]
+        )
     assert collection.plan["dyn"].kind == "dynamic"
-    batch = {"a": JaggedTensor.from_lists([[1, 1], [3]]),
-             "b": JaggedTensor.from_lists([[2**50], [7, 2**50]])}
+    batch = {"a": JaggedTensor.from_lists([[1, 1], [3]]), "b": JaggedTensor.from_lists([[2**50], [7, 2**50]])}
     fixed0 = await collection.tables["fixed"].numpy()
     dyn0 = await collection.tables["dyn"].lookup(np.array([7, 2**50]))
     pooled = await collection.lookup(batch)
@@ -253,8 +279,9 @@ async def test_tables_with_their_own_optimizers_and_a_dynamic_table(cluster):
     fixed = await collection.tables["fixed"].numpy()
     for row, g in ((1, 2.0), (3, 1.0)):
         acc = 0.1 + g * g
-        np.testing.assert_allclose(fixed[row], fixed0[row] - 0.5 * g / (np.sqrt(acc) + 1e-8),
-                                   rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(
+            fixed[row], fixed0[row] - 0.5 * g / (np.sqrt(acc) + 1e-8), rtol=1e-6, atol=1e-6
+        )
     dyn = await collection.tables["dyn"].lookup(np.array([7, 2**50]), training=False)
     np.testing.assert_allclose(dyn, [dyn0[0] - 1.0, dyn0[1] - 2.0], rtol=1e-6, atol=1e-6)
 
@@ -279,16 +306,19 @@ async def test_a_collection_and_its_row_wise_slots_round_trip_a_checkpoint(ps_pa
     from pstrain.checkpoint import Checkpoint, load_variables
 
     def make():
-        collection = EmbeddingCollection([TableConfig("big", 300, 4, ["a"]),
-                                          TableConfig("small", 7, 2, ["b"], combiner="mean")],
-                                         shard_rows=100)
+        collection = EmbeddingCollection(
+            [TableConfig("big", 300, 4, ["a"]), TableConfig("small", 7, 2, ["b"], combiner="mean")],
+            shard_rows=100,
+        )
         return collection, pstrain.optimizers.RowWiseAdagrad(0.3, initial_accumulator_value=0.1)
 
     rng = np.random.default_rng(4)
 
     def batch():
-        return {"a": JaggedTensor(rng.integers(0, 300, 9), [4, 0, 5]),
-                "b": JaggedTensor(rng.integers(0, 7, 4), [1, 2, 1])}
+        return {
+            "a": JaggedTensor(rng.integers(0, 300, 9), [4, 0, 5]),
+            "b": JaggedTensor(rng.integers(0, 7, 4), [1, 2, 1]),
+        }
 
     async def step(collection, opt, features, d):
         pooled = await collection.lookup(features)
@@ -313,8 +343,9 @@ async def test_a_collection_and_its_row_wise_slots_round_trip_a_checkpoint(ps_pa
     await step(collection2, opt2, features, d)
     status.assert_consumed()
     for name in ("big", "small"):
-        assert (await collection.tables[name].numpy()).tobytes() == \
-            (await collection2.tables[name].numpy()).tobytes(), name
+        assert (await collection.tables[name].numpy()).tobytes() == (
+            await collection2.tables[name].numpy()
+        ).tobytes(), name
     assert int(await opt2.iterations.numpy()) == 4
 
 
@@ -323,11 +354,12 @@ async def test_dynamic_and_fixed_tables_are_read_in_one_request_per_ps(cluster):
     async with strategy.scope():
         collection = EmbeddingCollection(
             [TableConfig(f"d{i}", None, 2, [f"f{i}"], combiner="mean") for i in range(4)]
-            + [TableConfig("fixed", 10, 2, ["x"])])
+            + [TableConfig("fixed", 10, 2, ["x"])]
+        )
         opt = pstrain.optimizers.SGD(1.0)
         dense = [pstrain.Variable(np.full((2, 3), float(k), np.float32), name=f"w{k}") for k in range(3)]
     rng = np.random.default_rng(5)
-    batch = {f"f{i}": JaggedTensor(rng.integers(-2**62, 2**62, 6), [2, 3, 1]) for i in range(4)}
+    batch = {f"f{i}": JaggedTensor(rng.integers(-(2**62), 2**62, 6), [2, 3, 1]) for i in range(4)}
     batch["x"] = JaggedTensor.from_lists([[1], [2, 3], []])
     expected = {}
     for i in range(4):  # each table's own lookups, as a reference (admits the ids first)
@@ -339,8 +371,9 @@ async def test_dynamic_and_fixed_tables_are_read_in_one_request_per_ps(cluster):
     # the fixed table's rows and the dense variables go in the requests of the dynamic tables
     assert reads.per_op == {"dyn/lookup_many": 2}, reads.per_op
     assert [v.tolist() for v in pooled.read] == [np.full((2, 3), float(k)).tolist() for k in range(3)]
-    np.testing.assert_allclose(pooled.values["x"], [fixed[1], fixed[2] + fixed[3], [0, 0]],
-                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        pooled.values["x"], [fixed[1], fixed[2] + fixed[3], [0, 0]], rtol=1e-6, atol=1e-6
+    )
     for f, want in expected.items():
         np.testing.assert_allclose(pooled.values[f], want, rtol=1e-6, atol=1e-6)
     with pstrain.count_requests() as updates:
@@ -349,9 +382,13 @@ async def test_dynamic_and_fixed_tables_are_read_in_one_request_per_ps(cluster):
     peers = pstrain.rpc.ChannelPool(strategy.cluster_spec, cluster.token)
     try:  # on the wire: a table named twice, or an id twice, is refused whole
         key = collection.tables["d0"].key
-        for lookups, match in (([{"name": key, "ids": np.array([1])}, {"name": key, "ids": np.array([2])}],
-                                "named more than once"),
-                               ([{"name": key, "ids": np.array([3, 3])}], "distinct")):
+        for lookups, match in (
+            (
+                [{"name": key, "ids": np.array([1])}, {"name": key, "ids": np.array([2])}],
+                "named more than once",
+            ),
+            ([{"name": key, "ids": np.array([3, 3])}], "distinct"),
+        ):
             with pytest.raises(InvalidArgumentError, match=match):
                 await untyped_call(peers.channel("ps", 0), "dyn/lookup_many", {"lookups": lookups})
     finally:
@@ -384,8 +421,9 @@ async def test_a_table_with_row_wise_slots_moves_to_another_ps_and_trains_on(clu
     after = await table.numpy()
     for row, g in ((1, 1.0), (2, 2.0), (39, 1.0)):
         acc = 0.1 + 3 * g * g
-        np.testing.assert_allclose(after[row], before[row] - 0.2 * g / (np.sqrt(acc) + 1e-8),
-                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            after[row], before[row] - 0.2 * g / (np.sqrt(acc) + 1e-8), rtol=1e-5, atol=1e-6
+        )
     await coordinator.close()
 
 
@@ -393,14 +431,17 @@ async def test_a_collection_outside_a_strategy_pools_its_local_tables():
     collection = EmbeddingCollection([TableConfig("t", 6, 2, ["x", "y"], combiner="sqrtn")])
     table = await collection.tables["t"].numpy()
     w = pstrain.Variable(np.arange(4.0).reshape(2, 2), name="w")
-    pooled = await collection.lookup({"x": JaggedTensor.from_lists([[0, 5], []]),
-                                      "y": JaggedTensor.from_lists([[3], [3, 3]])}, read=[w])
-    np.testing.assert_allclose(pooled.values["x"], [(table[0] + table[5]) / np.sqrt(2), [0, 0]],
-                               rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(pooled.values["y"], [table[3], 2 * table[3] / np.sqrt(2)],
-                               rtol=1e-6, atol=1e-6)
+    pooled = await collection.lookup(
+        {"x": JaggedTensor.from_lists([[0, 5], []]), "y": JaggedTensor.from_lists([[3], [3, 3]])}, read=[w]
+    )
+    np.testing.assert_allclose(
+        pooled.values["x"], [(table[0] + table[5]) / np.sqrt(2), [0, 0]], rtol=1e-6, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        pooled.values["y"], [table[3], 2 * table[3] / np.sqrt(2)], rtol=1e-6, atol=1e-6
+    )
     np.testing.assert_array_equal(pooled.read[0], [[0, 1], [2, 3]])
-    (grad, _), = pooled.gradients(np.ones((2, 4), np.float32))
+    ((grad, _),) = pooled.gradients(np.ones((2, 4), np.float32))
     assert grad.indices.tolist() == [0, 3, 5]
     with pytest.raises(InvalidArgumentError, match="lives on the ps"):
         EmbeddingCollection([TableConfig("dyn", None, 2)])
@@ -419,14 +460,20 @@ async def test_a_bad_multi_table_lookup_is_refused_whole_and_admits_nothing(clus
     try:
         ok = {"name": table.key, "ids": np.array([new_id])}
         for payload, error, match in (
-                ({"lookups": []}, InvalidArgumentError, "length >= 1"),
-                ({"lookups": [{"name": "nope", "ids": np.array([1])}]}, NotFoundError, "'nope' not found"),
-                ({"lookups": [ok], "reads": [{"name": "v"}, {"name": "v"}]}, InvalidArgumentError,
-                 "read whole more than once"),
-                ({"lookups": [ok], "reads": [{"name": "v", "indices": np.array([9])}]},
-                 InvalidArgumentError, "out of range"),
-                ({"lookups": [{"name": table.key, "ids": np.array([1.5])}]}, InvalidArgumentError,
-                 "integer")):
+            ({"lookups": []}, InvalidArgumentError, "length >= 1"),
+            ({"lookups": [{"name": "nope", "ids": np.array([1])}]}, NotFoundError, "'nope' not found"),
+            (
+                {"lookups": [ok], "reads": [{"name": "v"}, {"name": "v"}]},
+                InvalidArgumentError,
+                "read whole more than once",
+            ),
+            (
+                {"lookups": [ok], "reads": [{"name": "v", "indices": np.array([9])}]},
+                InvalidArgumentError,
+                "out of range",
+            ),
+            ({"lookups": [{"name": table.key, "ids": np.array([1.5])}]}, InvalidArgumentError, "integer"),
+        ):
             with pytest.raises(error, match=match):
                 await untyped_call(peers.channel("ps", holder), "dyn/lookup_many", payload)
     finally:

@@ -36,13 +36,17 @@ async def _train_step(model, opt, table, ids, only_ps=None):
     erows = np.unique(ids % e.shape[0])
     ve = await e.sparse_read(erows)
     x = rows.sum(axis=0)
-    grads = [(vw * 0.5 + x[: vw.size], w), (vv * vv - 0.25 + x[: vv.size], v),
-             (pstrain.IndexedSlices(ve * vw[0] + x, erows), e),
-             (pstrain.IndexedSlices(rows * vw.sum() + ve.sum(), ids), table)]
+    grads = [
+        (vw * 0.5 + x[: vw.size], w),
+        (vv * vv - 0.25 + x[: vv.size], v),
+        (pstrain.IndexedSlices(ve * vw[0] + x, erows), e),
+        (pstrain.IndexedSlices(rows * vw.sum() + ve.sum(), ids), table),
+    ]
     if only_ps is not None:
         kept = [(g, var) for g, var in grads[:3] if var.ps_index == only_ps]
-        groups = [(i, vals) for ps, i, vals in table.gradient_groups(ids, grads[3][0].values)
-                  if ps == only_ps]
+        groups = [
+            (i, vals) for ps, i, vals in table.gradient_groups(ids, grads[3][0].values) if ps == only_ps
+        ]
         grads = kept + [(pstrain.IndexedSlices(vals, i), table) for i, vals in groups]
     await opt.apply_gradients(grads)
 
@@ -51,12 +55,15 @@ async def _model(strategy, name, optimizer):
     async with strategy.scope():
         w = pstrain.Variable(np.linspace(-1, 1, 4, dtype=np.float32), name=f"{name}/w")
         v = pstrain.Variable(np.full(3, 0.5, np.float32), name=f"{name}/v")
-        e = pstrain.Variable(np.linspace(0, 1, 40 * 4, dtype=np.float32).reshape(40, 4),
-                             name=f"{name}/e")
+        e = pstrain.Variable(np.linspace(0, 1, 40 * 4, dtype=np.float32).reshape(40, 4), name=f"{name}/e")
         table = pstrain.DynamicEmbedding(
-            4, name=f"{name}/t", initializer=pstrain.initializers.RandomUniform(-0.1, 0.1, seed=7))
-        opt = (pstrain.optimizers.Adam(0.05, name=f"{name}/opt") if optimizer == "adam"
-               else pstrain.optimizers.Adagrad(learning_rate=0.1, name=f"{name}/opt"))
+            4, name=f"{name}/t", initializer=pstrain.initializers.RandomUniform(-0.1, 0.1, seed=7)
+        )
+        opt = (
+            pstrain.optimizers.Adam(0.05, name=f"{name}/opt")
+            if optimizer == "adam"
+            else pstrain.optimizers.Adagrad(learning_rate=0.1, name=f"{name}/opt")
+        )
     return (w, v, e), opt, table
 
 
@@ -67,7 +74,8 @@ async def _state(model, opt, table, ids):
 
 @pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
 async def test_an_apply_that_reached_one_ps_of_two_is_finished_as_the_first_attempt_computed(
-        ps_pair, optimizer):
+    ps_pair, optimizer
+):
     """In-process: the first attempt's ``opt/apply`` reaches ps0 only; its rerun reads (rows
     from the table, the variables, rows of one), computes and applies. The state is the one a run
     without the fault ends in, step after step."""
@@ -139,8 +147,11 @@ _ROWS = 6
 def _apply(store, images, key, seq, rows, delta):
     """One update of variable ``v`` (rows, or all of it when ``rows`` is None), as a ps
     applies it behind its fence: the image taken before, kept after."""
-    update = (Update(op=UpdateKind.ASSIGN_ADD, name="v", value=delta) if rows is None
-              else Update(op=UpdateKind.SCATTER_ADD, name="v", indices=rows, values=delta))
+    update = (
+        Update(op=UpdateKind.ASSIGN_ADD, name="v", value=delta)
+        if rows is None
+        else Update(op=UpdateKind.SCATTER_ADD, name="v", indices=rows, values=delta)
+    )
     req = UpdateVariables(updates=[update], once=(key, seq) if key is not None else None)
     then = images.capture(req.once, req)
     arr = store.get("v").writable(None if rows is None else rows)
@@ -153,12 +164,21 @@ def _apply(store, images, key, seq, rows, delta):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["A", "B", "C", None]),
-                          st.lists(st.one_of(st.none(), st.lists(st.integers(0, _ROWS - 1),
-                                                                 min_size=1, max_size=4)),
-                                   min_size=1, max_size=3),
-                          st.booleans()),
-                min_size=1, max_size=12))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["A", "B", "C", None]),
+            st.lists(
+                st.one_of(st.none(), st.lists(st.integers(0, _ROWS - 1), min_size=1, max_size=4)),
+                min_size=1,
+                max_size=3,
+            ),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
 def test_a_rerun_reads_the_values_from_before_its_closure_whatever_ran_before(runs):
     """Closures (a key, or None: code outside exactly-once closures) run one after another,
     each some updates of one variable (whole, or rows); some pin the array between (a
@@ -176,8 +196,14 @@ def test_a_rerun_reads_the_values_from_before_its_closure_whatever_ran_before(ru
             if pin:
                 store.get("v").pin()
             shape = (_ROWS, 2) if rows is None else (len(rows), 2)
-            _apply(store, images, key, seq, None if rows is None else np.array(rows),
-                   rng.integers(1, 9, shape).astype(np.float64))
+            _apply(
+                store,
+                images,
+                key,
+                seq,
+                None if rows is None else np.array(rows),
+                rng.integers(1, 9, shape).astype(np.float64),
+            )
         now = store.get("v").array
         read = images.whole("v", [key, 0], now) if key is not None else now
         np.testing.assert_array_equal(read, before if key is not None else now)
@@ -200,11 +226,9 @@ async def test_a_bad_update_of_an_exactly_once_closure_is_refused_by_name_and_ch
     try:
         set_dispatch(None, "bad")
         with pytest.raises(pstrain.errors.InvalidArgumentError, match="out of range|rows"):
-            await m.channel().request(ScatterAdd(name="m", indices=np.array([1, 7]),
-                                                 values=np.ones((2, 2))))
+            await m.channel().request(ScatterAdd(name="m", indices=np.array([1, 7]), values=np.ones((2, 2))))
         with pytest.raises(pstrain.errors.InvalidArgumentError, match="'s'"):
-            await s.channel().request(ScatterAdd(name="s", indices=np.array([0]),
-                                                 values=np.ones(1)))
+            await s.channel().request(ScatterAdd(name="s", indices=np.array([0]), values=np.ones(1)))
         set_dispatch(None, "bad")
         np.testing.assert_array_equal(await m.numpy(), np.zeros((3, 2)))
         assert await s.numpy() == 0.0
@@ -217,8 +241,9 @@ def test_the_images_of_variables_that_left_the_ps_are_swept_away():
     store.add([VariableRecord("v", np.zeros((4, 2)), True), VariableRecord("w", np.zeros(3), True)])
     images = BeforeImages(store, {})
     _apply(store, images, "k", 1, np.array([1, 2]), np.ones((2, 2)))
-    req = UpdateVariables(updates=[Update(op=UpdateKind.ASSIGN_ADD, name="w", value=np.ones(3))],
-                          once=("k", 2))
+    req = UpdateVariables(
+        updates=[Update(op=UpdateKind.ASSIGN_ADD, name="w", value=np.ones(3))], once=("k", 2)
+    )
     images.capture(req.once, req)()
     assert len(images) == 2 and images.nbytes > 0
     store.delete(["v"])  # moved away, say

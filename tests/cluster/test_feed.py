@@ -19,7 +19,8 @@ pytestmark = pytest.mark.timeout(90)
 
 DIM = 4
 _spec = importlib.util.spec_from_file_location(
-    "table_feed", os.path.join(os.path.dirname(__file__), "..", "..", "examples", "table_feed.py"))
+    "table_feed", os.path.join(os.path.dirname(__file__), "..", "..", "examples", "table_feed.py")
+)
 assert _spec is not None and _spec.loader is not None
 table_feed = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(table_feed)
@@ -35,8 +36,9 @@ def _model(strategy):
 async def _step(table, opt, k: int) -> None:
     ids = np.arange(7 * k, 7 * k + 9, dtype=np.int64)  # past capacity 40: evictions
     await table.lookup(ids)
-    await opt.apply_gradients([(pstrain.IndexedSlices(np.full((ids.size, DIM), 0.1 * (k + 1),
-                                                              np.float32), ids), table)])
+    await opt.apply_gradients(
+        [(pstrain.IndexedSlices(np.full((ids.size, DIM), 0.1 * (k + 1), np.float32), ids), table)]
+    )
 
 
 async def _same(mirror, table) -> None:
@@ -48,8 +50,9 @@ async def _same(mirror, table) -> None:
 
 async def test_a_reader_follows_deltas_a_compaction_and_a_restart(tmp_path):
     root = str(tmp_path)
-    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": root}) as cluster:
+    async with InProcessCluster(
+        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
+    ) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         table, opt, ckpt = _model(strategy)
         manager = pstrain.checkpoint.CheckpointManager(ckpt, root, deltas_per_base=100)
@@ -97,8 +100,9 @@ async def test_a_reader_follows_deltas_a_compaction_and_a_restart(tmp_path):
         expected = await table.export()
 
     # The whole job restarts: the restored ps answer for the same versions.
-    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": root}) as cluster:
+    async with InProcessCluster(
+        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
+    ) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         table, opt, ckpt = _model(strategy)
         manager = pstrain.checkpoint.CheckpointManager(ckpt, root, deltas_per_base=100)
@@ -116,8 +120,9 @@ async def test_a_reader_follows_deltas_a_compaction_and_a_restart(tmp_path):
 
 async def test_a_reader_drops_a_lost_ps_once_the_others_hold_its_slices_and_holds_each_row_once(tmp_path):
     root = str(tmp_path)
-    async with InProcessCluster(num_ps=3, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": root}) as cluster:
+    async with InProcessCluster(
+        num_ps=3, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
+    ) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         coordinator = pstrain.ClusterCoordinator(strategy)
         table, opt, ckpt = _model(strategy)

@@ -40,8 +40,9 @@ async def test_a_table_file_linked_out_of_the_root_is_refused_not_served(tmp_pat
     outside = tmp_path / "outside"
     root.mkdir()
     outside.mkdir()
-    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": str(root)}) as cluster:
+    async with InProcessCluster(
+        num_ps=1, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(root)}
+    ) as cluster:
         table, manager = await _saved_table(str(root), cluster.resolver, 300)
         url = f"http://{cluster.ps[0].address}/v1/tables/emb/rows"
         async with aiohttp.ClientSession() as session:
@@ -67,18 +68,20 @@ async def test_a_table_file_linked_out_of_the_root_is_refused_not_served(tmp_pat
                 assert "outside" in (await r.json())["error"]["message"]
 
 
-async def test_readers_at_once_are_bounded_and_a_reader_that_stops_reading_is_dropped(
-        tmp_path, monkeypatch):
+async def test_readers_at_once_are_bounded_and_a_reader_that_stops_reading_is_dropped(tmp_path, monkeypatch):
     monkeypatch.setattr(http_adapter, "SEND_TIMEOUT_S", 1.0)
     root = str(tmp_path)
     rows, dim = 120_000, 64  # about 31 MiB of rows: more than the sockets buffer
-    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": root}) as cluster:
+    async with InProcessCluster(
+        num_ps=1, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
+    ) as cluster:
         await _saved_table(root, cluster.resolver, rows, dim)
         feed = cluster.ps[0].feed
         host, port = cluster.ps[0].address.rsplit(":", 1)
-        request = (f"GET /v1/tables/emb/rows?since=123456 HTTP/1.1\r\nHost: x\r\n"
-                   f"Authorization: Bearer {TOKEN}\r\n\r\n").encode()
+        request = (
+            f"GET /v1/tables/emb/rows?since=123456 HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: Bearer {TOKEN}\r\n\r\n"
+        ).encode()
         before = rss(os.getpid())
         stalled = []  # readers that ask for the whole shard and never read a byte
         for _ in range(feed.max_readers):

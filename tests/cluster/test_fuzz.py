@@ -28,8 +28,7 @@ from pstrain.testing import untyped_call
 pytestmark = pytest.mark.timeout(120)
 
 TOKEN = "fuzz-token"
-FUZZ = settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck),
-                derandomize=True)
+FUZZ = settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
 
 @FUZZ
@@ -42,8 +41,14 @@ def test_the_decoder_survives_any_bytes(data):
 
 
 ext_codes = st.sampled_from([1, 2, 3, 4, 5, 6, 99])
-leaves = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.floats(), st.text(max_size=8),
-                   st.binary(max_size=8))
+leaves = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+)
 
 
 def _packable(children):
@@ -64,8 +69,11 @@ def _ext(obj):
 @given(st.recursive(leaves, _packable, max_leaves=20), st.lists(st.binary(max_size=64), max_size=3))
 def test_the_decoder_survives_structured_garbage(header_obj, buffers):
     header = msgpack.packb(header_obj, default=_ext)
-    head = struct.pack("<II", len(header), len(buffers)) + struct.pack(f"<{len(buffers)}Q",
-                                                                      *(len(b) for b in buffers)) + header
+    head = (
+        struct.pack("<II", len(header), len(buffers))
+        + struct.pack(f"<{len(buffers)}Q", *(len(b) for b in buffers))
+        + header
+    )
     data = head + bytes((-len(head)) & 7) + b"".join(b + bytes((-len(b)) & 7) for b in buffers)
     try:
         wire.decode_body(data)
@@ -73,15 +81,51 @@ def test_the_decoder_survives_structured_garbage(header_obj, buffers):
         pass
 
 
-arrays = st.builds(lambda dtype, n: (np.arange(n) - 2).astype(dtype),
-                   st.sampled_from(["<f4", "<f8", "<i4", "<i8", "<u8", "|i1", "|b1", "<c8"]),
-                   st.integers(0, 6))
-values = st.recursive(st.one_of(leaves, arrays), lambda c: st.one_of(
-    st.lists(c, max_size=3), st.dictionaries(st.sampled_from(
-        ["name", "names", "value", "indices", "values", "op", "vars", "updates", "reads", "dtype",
-         "shape", "init", "rule", "grads", "prefix", "iterations", "t", "path", "tensors", "kind",
-         "learning_rate", "sources", "stage", "unique_rows", "trainable"]), c, max_size=4)),
-    max_leaves=12)
+arrays = st.builds(
+    lambda dtype, n: (np.arange(n) - 2).astype(dtype),
+    st.sampled_from(["<f4", "<f8", "<i4", "<i8", "<u8", "|i1", "|b1", "<c8"]),
+    st.integers(0, 6),
+)
+values = st.recursive(
+    st.one_of(leaves, arrays),
+    lambda c: st.one_of(
+        st.lists(c, max_size=3),
+        st.dictionaries(
+            st.sampled_from(
+                [
+                    "name",
+                    "names",
+                    "value",
+                    "indices",
+                    "values",
+                    "op",
+                    "vars",
+                    "updates",
+                    "reads",
+                    "dtype",
+                    "shape",
+                    "init",
+                    "rule",
+                    "grads",
+                    "prefix",
+                    "iterations",
+                    "t",
+                    "path",
+                    "tensors",
+                    "kind",
+                    "learning_rate",
+                    "sources",
+                    "stage",
+                    "unique_rows",
+                    "trainable",
+                ]
+            ),
+            c,
+            max_size=4,
+        ),
+    ),
+    max_leaves=12,
+)
 names = st.sampled_from(["w", "n", "missing", ""])
 
 
@@ -92,14 +136,30 @@ def payloads():
         st.fixed_dictionaries({"names": st.lists(names, max_size=3)}),
         st.fixed_dictionaries({"name": names, "value": arrays}),
         st.fixed_dictionaries({"name": names, "indices": arrays, "values": arrays}),
-        st.fixed_dictionaries({"updates": st.lists(st.fixed_dictionaries(
-            {"op": st.sampled_from(["assign", "assign_add", "scatter_add", "boom"]), "name": names,
-             "value": arrays}), max_size=3)}),
-        st.fixed_dictionaries({"rule": st.fixed_dictionaries(
-            {"kind": st.sampled_from(["sgd", "adam", "nope"]), "learning_rate": st.floats(-1, 1)}),
-            "prefix": st.just("opt"), "grads": st.lists(st.tuples(names, st.none() | arrays, arrays),
-                                                         max_size=2),
-            "iterations": st.none() | names}),
+        st.fixed_dictionaries(
+            {
+                "updates": st.lists(
+                    st.fixed_dictionaries(
+                        {
+                            "op": st.sampled_from(["assign", "assign_add", "scatter_add", "boom"]),
+                            "name": names,
+                            "value": arrays,
+                        }
+                    ),
+                    max_size=3,
+                )
+            }
+        ),
+        st.fixed_dictionaries(
+            {
+                "rule": st.fixed_dictionaries(
+                    {"kind": st.sampled_from(["sgd", "adam", "nope"]), "learning_rate": st.floats(-1, 1)}
+                ),
+                "prefix": st.just("opt"),
+                "grads": st.lists(st.tuples(names, st.none() | arrays, arrays), max_size=2),
+                "iterations": st.none() | names,
+            }
+        ),
     )
 
 
@@ -115,9 +175,16 @@ def test_every_operation_validates_whatever_it_is_sent(tmp_path):
         nonlocal ch
         await server.start()
         ch = rpc.Channel(server.address, token=TOKEN, task="ps0")
-        await untyped_call(ch, "vars/create", {"vars": [
-            {"name": "w", "dtype": "<f4", "shape": [4], "value": np.arange(4, dtype=np.float32)},
-            {"name": "n", "dtype": "<i4", "shape": [2], "value": np.array([1, 2], np.int32)}]})
+        await untyped_call(
+            ch,
+            "vars/create",
+            {
+                "vars": [
+                    {"name": "w", "dtype": "<f4", "shape": [4], "value": np.arange(4, dtype=np.float32)},
+                    {"name": "n", "dtype": "<i4", "shape": [2], "value": np.array([1, 2], np.int32)},
+                ]
+            },
+        )
 
     def snapshot():
         return {r.name: r.array.tobytes() for r in server.store}

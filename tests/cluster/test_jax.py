@@ -16,14 +16,15 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def loss_fn(params, x, y):
-    emb = params["emb"].mean(axis=1)                         # (B, D)
+    emb = params["emb"].mean(axis=1)  # (B, D)
     h = jnp.tanh(jnp.concatenate([emb, x], axis=1) @ params["w"] + params["b"])
     return jnp.mean((h[:, 0] - y) ** 2)
 
 
 def make(cluster, rows=40, dim=4):
-    strategy = pstrain.ParameterServerStrategy(cluster.resolver,
-                                               variable_partitioner=FixedShardsPartitioner(2))
+    strategy = pstrain.ParameterServerStrategy(
+        cluster.resolver, variable_partitioner=FixedShardsPartitioner(2)
+    )
     rng = np.random.default_rng(0)
     with strategy.scope():
         table = pstrain.Variable(rng.normal(0, 0.5, (rows, dim)).astype(np.float32), name="emb")
@@ -87,15 +88,28 @@ async def test_only_looked_up_rows_travel_and_it_compiles_once(cluster):
             total += sum(s[1] + s[2] for s in server.stats.values())
         return total
 
-    await coordinator.schedule(step, args=(rng.integers(0, 200_000, (64, 4)),
-                                           rng.normal(size=(64, 3)).astype(np.float32),
-                                           rng.normal(size=64).astype(np.float32)))
+    await coordinator.schedule(
+        step,
+        args=(
+            rng.integers(0, 200_000, (64, 4)),
+            rng.normal(size=(64, 3)).astype(np.float32),
+            rng.normal(size=64).astype(np.float32),
+        ),
+    )
     start = traffic()
     results = []
     for k in range(6):  # batches with more and fewer duplicate ids: same compiled code
         ids = rng.integers(0, 200_000 if k % 2 else 50, (64, 4))
-        results.append(coordinator.schedule(step, args=(ids, rng.normal(size=(64, 3)).astype(np.float32),
-                                                        rng.normal(size=64).astype(np.float32))))
+        results.append(
+            coordinator.schedule(
+                step,
+                args=(
+                    ids,
+                    rng.normal(size=(64, 3)).astype(np.float32),
+                    rng.normal(size=64).astype(np.float32),
+                ),
+            )
+        )
     await coordinator.join()
     per_step = (traffic() - start) / 6
     # 256 ids x 16 floats out and back, plus the dense layer: a few tens of KB, not 12.8 MB

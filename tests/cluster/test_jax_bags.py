@@ -29,15 +29,19 @@ def pooled(table, jt, combiner):
         w = jnp.ones(hi - lo) if jt.weights is None else jnp.asarray(jt.weights[lo:hi])
         rows = table[jt.values[lo:hi]] * w[:, None]
         total = {"sum": 1.0, "mean": w.sum(), "sqrtn": jnp.sqrt((w * w).sum())}[combiner]
-        out.append(jnp.where(total > 0, rows.sum(0) / jnp.where(total > 0, total, 1), 0.0)
-                   if hi > lo else jnp.zeros(table.shape[1]))
+        out.append(
+            jnp.where(total > 0, rows.sum(0) / jnp.where(total > 0, total, 1), 0.0)
+            if hi > lo
+            else jnp.zeros(table.shape[1])
+        )
     return jnp.stack(out)
 
 
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
 async def test_pooled_lookups_have_jaxs_own_gradients(cluster, combiner):
-    strategy = pstrain.ParameterServerStrategy(cluster.resolver,
-                                               variable_partitioner=FixedShardsPartitioner(2))
+    strategy = pstrain.ParameterServerStrategy(
+        cluster.resolver, variable_partitioner=FixedShardsPartitioner(2)
+    )
     rng = np.random.default_rng(0)
     with strategy.scope():
         table = pstrain.Variable(rng.normal(0, 0.5, (30, 3)).astype(np.float32), name="t")
@@ -48,8 +52,9 @@ async def test_pooled_lookups_have_jaxs_own_gradients(cluster, combiner):
     y = rng.normal(size=4).astype(np.float32)
     t0, w0 = await table.numpy(), await w.numpy()
     grad_fn = pjax.value_and_grad(loss_fn)
-    loss, grads = await grad_fn({"a": pjax.pooled_lookup(table, a, combiner),
-                                 "b": pjax.pooled_lookup(table, b, combiner), "w": w}, y)
+    loss, grads = await grad_fn(
+        {"a": pjax.pooled_lookup(table, a, combiner), "b": pjax.pooled_lookup(table, b, combiner), "w": w}, y
+    )
     await opt.apply_gradients(grads)
 
     def full(t, w_):

@@ -28,7 +28,8 @@ pytestmark = pytest.mark.timeout(120)
 
 async def _job(cluster: InProcessCluster):
     strategy = pstrain.ParameterServerStrategy(
-        pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+        pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token)
+    )
     coordinator = pstrain.ClusterCoordinator(strategy)
     coordinator.ps.timeout_s = 3.0
     async with strategy.scope():
@@ -159,7 +160,8 @@ async def test_move_out_of_slices_the_ps_does_not_hold_is_refused_at_the_first_s
 
     async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
         strategy = pstrain.ParameterServerStrategy(
-            pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+            pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token)
+        )
         with strategy.scope():
             table = pstrain.DynamicEmbedding(4, name="emb", capacity=100)
         await table.lookup(np.arange(20, dtype=np.int64))
@@ -168,14 +170,23 @@ async def test_move_out_of_slices_the_ps_does_not_hold_is_refused_at_the_first_s
         try:
             # ps 0 holds shard 0 of 2: slices 0, 2, 4, 6 of 8; slice 1 is ps 1's
             with pytest.raises(InvalidArgumentError, match=r"does not hold slices \[1\]"):
-                await untyped_call(channel, "ps/move_out", {"stage": "s1", "keys": [],
-                                                   "tables": {table.key: {"slices": 8, "owned": [0, 1]}}})
+                await untyped_call(
+                    channel,
+                    "ps/move_out",
+                    {"stage": "s1", "keys": [], "tables": {table.key: {"slices": 8, "owned": [0, 1]}}},
+                )
             with pytest.raises(InvalidArgumentError, match="does not hold slices"):
-                await untyped_call(channel, "ps/move_out", {"stage": "s2", "keys": [],
-                                                   "tables": {table.key: {"slices": 3, "owned": [0]}}})
+                await untyped_call(
+                    channel,
+                    "ps/move_out",
+                    {"stage": "s2", "keys": [], "tables": {table.key: {"slices": 3, "owned": [0]}}},
+                )
             assert not moves.outgoing and not moves.outgoing_tables and not moves.stages.owners
-            out = await untyped_call(channel, "ps/move_out", {"stage": "s3", "keys": [],
-                                                     "tables": {table.key: {"slices": 8, "owned": [2]}}})
+            out = await untyped_call(
+                channel,
+                "ps/move_out",
+                {"stage": "s3", "keys": [], "tables": {table.key: {"slices": 8, "owned": [2]}}},
+            )
             assert out["tables"]  # a slice it holds: taken
             await untyped_call(channel, "ps/move_end", {"stage": "s3", "commit": False})
         finally:

@@ -23,7 +23,8 @@ async def test_a_sparse_step_sent_by_a_client_runs_the_fused_kernel(monkeypatch)
     grad = np.arange(16, dtype=np.float32).reshape(4, 4) / 10
     async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
         strategy = pstrain.ParameterServerStrategy(
-            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
+            cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2)
+        )
         async with strategy.scope():
             table = pstrain.Variable(np.ones((1000, 4), np.float32), name="t")
             opt = pstrain.optimizers.Adagrad(0.1)

@@ -30,9 +30,17 @@ def test_every_operation_names_its_reply():
 
 def test_the_operations_that_change_variables_carry_the_fence_and_once_fields():
     mutations = {op for op, cls in OPERATIONS.items() if issubclass(cls, Mutation)}
-    assert mutations == {"vars/update", "vars/assign", "vars/assign_add", "vars/assign_sub",
-                         "vars/scatter_add", "vars/scatter_sub", "vars/scatter_update",
-                         "opt/apply", "vars/call"}
+    assert mutations == {
+        "vars/update",
+        "vars/assign",
+        "vars/assign_add",
+        "vars/assign_sub",
+        "vars/scatter_add",
+        "vars/scatter_sub",
+        "vars/scatter_update",
+        "opt/apply",
+        "vars/call",
+    }
     for op in mutations:
         assert {"owner", "fence", "once"} <= set(OPERATIONS[op].__struct_fields__)
 

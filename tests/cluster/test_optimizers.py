@@ -22,10 +22,15 @@ class Reference:
         self.kind, self.cfg, self.var, self.t = kind, cfg, np.array(var, np.float64), 0
         self.lr_at = lr_at or (lambda step: cfg["learning_rate"])
         init = cfg.get("initial_accumulator_value", 0.1)
-        self.s = {"m": np.zeros_like(self.var), "v": np.zeros_like(self.var),
-                  "acc": np.full_like(self.var, init), "lin": np.zeros_like(self.var),
-                  "rms": np.zeros_like(self.var), "mom": np.zeros_like(self.var),
-                  "mg": np.zeros_like(self.var)}
+        self.s = {
+            "m": np.zeros_like(self.var),
+            "v": np.zeros_like(self.var),
+            "acc": np.full_like(self.var, init),
+            "lin": np.zeros_like(self.var),
+            "rms": np.zeros_like(self.var),
+            "mom": np.zeros_like(self.var),
+            "mg": np.zeros_like(self.var),
+        }
 
     def step(self, g, rows=None):
         self.t += 1
@@ -52,8 +57,13 @@ class Reference:
             w = w - lr * g / np.sqrt(acc + c.get("epsilon", 1e-7))
         elif self.kind == "rowwise_adagrad":  # TorchRec's (fbgemm's EXACT_ROWWISE_ADAGRAD)
             squares = g * g
-            mean_sq = squares.reshape(squares.shape[0], -1).mean(1).reshape(
-                squares.shape[:1] + (1,) * (squares.ndim - 1)) if squares.ndim else squares
+            mean_sq = (
+                squares.reshape(squares.shape[0], -1)
+                .mean(1)
+                .reshape(squares.shape[:1] + (1,) * (squares.ndim - 1))
+                if squares.ndim
+                else squares
+            )
             acc = s["acc"][sel] + mean_sq  # every column of a row holds the row's accumulator
             s["acc"][sel] = acc
             w = w - lr * g / (np.sqrt(acc) + c.get("epsilon", 1e-8))
@@ -79,15 +89,15 @@ class Reference:
             m = s["m"][sel] + (g - s["m"][sel]) * (1 - b1)
             v = s["v"][sel] + (g * g - s["v"][sel]) * (1 - b2)
             s["m"][sel], s["v"][sel] = m, v
-            alpha = lr * np.sqrt(1 - b2 ** self.t) / (1 - b1 ** self.t)
+            alpha = lr * np.sqrt(1 - b2**self.t) / (1 - b1**self.t)
             w = w - alpha * m / (np.sqrt(v) + eps)
         elif self.kind == "ftrl":
             p = c.get("learning_rate_power", -0.5)
             l1, l2 = c.get("l1_regularization_strength", 0.0), c.get("l2_regularization_strength", 0.0)
             acc, lin = s["acc"][sel], s["lin"][sel]
             new_acc = acc + g * g
-            lin = lin + g - (new_acc ** -p - acc ** -p) / lr * w
-            quad = new_acc ** -p / lr + 2 * l2
+            lin = lin + g - (new_acc**-p - acc**-p) / lr * w
+            quad = new_acc**-p / lr + 2 * l2
             w = (np.clip(lin, -l1, l1) - lin) / quad
             s["acc"][sel], s["lin"][sel] = new_acc, lin
         self.var[sel] = w
@@ -98,16 +108,26 @@ CASES = [
     ("sgd", pstrain.optimizers.SGD, {"learning_rate": 0.1, "momentum": 0.9}),
     ("sgd", pstrain.optimizers.SGD, {"learning_rate": 0.1, "momentum": 0.9, "nesterov": True}),
     ("adagrad", pstrain.optimizers.Adagrad, {"learning_rate": 0.05, "initial_accumulator_value": 0.1}),
-    ("rowwise_adagrad", pstrain.optimizers.RowWiseAdagrad,
-     {"learning_rate": 0.05, "initial_accumulator_value": 0.1}),
+    (
+        "rowwise_adagrad",
+        pstrain.optimizers.RowWiseAdagrad,
+        {"learning_rate": 0.05, "initial_accumulator_value": 0.1},
+    ),
     ("adam", pstrain.optimizers.Adam, {"learning_rate": 0.01}),
-    ("ftrl", pstrain.optimizers.Ftrl, {"learning_rate": 0.1, "l1_regularization_strength": 0.01,
-                                       "l2_regularization_strength": 0.02}),
+    (
+        "ftrl",
+        pstrain.optimizers.Ftrl,
+        {"learning_rate": 0.1, "l1_regularization_strength": 0.01, "l2_regularization_strength": 0.02},
+    ),
     ("rmsprop", pstrain.optimizers.RMSprop, {"learning_rate": 0.01}),
-    ("rmsprop", pstrain.optimizers.RMSprop, {"learning_rate": 0.01, "rho": 0.8, "momentum": 0.5,
-                                             "centered": True}),
+    (
+        "rmsprop",
+        pstrain.optimizers.RMSprop,
+        {"learning_rate": 0.01, "rho": 0.8, "momentum": 0.5, "centered": True},
+    ),
     ("adamw", pstrain.optimizers.AdamW, {"learning_rate": 0.01, "weight_decay": 0.1}),
 ]
+
 
 @pytest.mark.parametrize("kind, cls, cfg", CASES, ids=lambda x: str(x) if isinstance(x, str) else "")
 async def test_scalar_variables(ps_server, kind, cls, cfg):
@@ -125,26 +145,39 @@ async def test_scalar_variables(ps_server, kind, cls, cfg):
 schedules = pstrain.optimizers.schedules
 #: (schedule, the same schedule written out independently)
 SCHEDULES = [
-    (schedules.ExponentialDecay(0.1, decay_steps=2, decay_rate=0.5),
-     lambda step: 0.1 * 0.5 ** (step / 2)),
-    (schedules.ExponentialDecay(0.1, decay_steps=2, decay_rate=0.5, staircase=True),
-     lambda step: 0.1 * 0.5 ** (step // 2)),
-    (schedules.PiecewiseConstantDecay([1, 3], [0.1, 0.05, 0.01]),
-     lambda step: 0.1 if step <= 1 else 0.05 if step <= 3 else 0.01),
-    (schedules.CosineDecay(0.1, decay_steps=4, alpha=0.2),
-     lambda step: 0.1 * (0.8 * 0.5 * (1 + np.cos(np.pi * min(step, 4) / 4)) + 0.2)),
+    (schedules.ExponentialDecay(0.1, decay_steps=2, decay_rate=0.5), lambda step: 0.1 * 0.5 ** (step / 2)),
+    (
+        schedules.ExponentialDecay(0.1, decay_steps=2, decay_rate=0.5, staircase=True),
+        lambda step: 0.1 * 0.5 ** (step // 2),
+    ),
+    (
+        schedules.PiecewiseConstantDecay([1, 3], [0.1, 0.05, 0.01]),
+        lambda step: 0.1 if step <= 1 else 0.05 if step <= 3 else 0.01,
+    ),
+    (
+        schedules.CosineDecay(0.1, decay_steps=4, alpha=0.2),
+        lambda step: 0.1 * (0.8 * 0.5 * (1 + np.cos(np.pi * min(step, 4) / 4)) + 0.2),
+    ),
 ]
 
 
-@pytest.mark.parametrize("kind, cls", [("sgd", pstrain.optimizers.SGD), ("adam", pstrain.optimizers.Adam),
-                                       ("rmsprop", pstrain.optimizers.RMSprop)])
+@pytest.mark.parametrize(
+    "kind, cls",
+    [
+        ("sgd", pstrain.optimizers.SGD),
+        ("adam", pstrain.optimizers.Adam),
+        ("rmsprop", pstrain.optimizers.RMSprop),
+    ],
+)
 @pytest.mark.parametrize("schedule, reference", SCHEDULES)
 async def test_learning_rate_schedules_are_evaluated_on_the_ps_from_iterations(
-        ps_pair, kind, cls, schedule, reference):
+    ps_pair, kind, cls, schedule, reference
+):
     rng = np.random.default_rng(1)
     spec = {"ps": [s.address for s in ps_pair], "worker": ["127.0.0.1:9"]}
-    strategy = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(spec, token=TOKEN),
-                                               variable_partitioner=FixedShardsPartitioner(2))
+    strategy = pstrain.ParameterServerStrategy(
+        pstrain.SimpleClusterResolver(spec, token=TOKEN), variable_partitioner=FixedShardsPartitioner(2)
+    )
     w0 = rng.standard_normal((6, 3))
     async with strategy.scope():
         w = pstrain.Variable(w0.copy())  # two parts on two ps: both must use the same step
@@ -167,19 +200,27 @@ def test_schedules_refuse_bad_parameters():
         pstrain.optimizers.SGD(learning_rate="fast")
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda o: o.Adagrad(float("nan")), "learning_rate must be a positive number"),
-    (lambda o: o.SGD(float("inf")), "learning_rate must be a positive number"),
-    (lambda o: o.Adagrad(0.1, initial_accumulator_value=-1), "initial_accumulator_value must be a "
-                                                               "finite number of 0 or more, got -1"),
-    (lambda o: o.Adagrad(0.1, epsilon=float("nan")), "epsilon must be a finite number of 0 or more"),
-    (lambda o: o.Adam(0.1, beta_1=1.0), r"beta_1 must be in \[0, 1\), got 1.0"),
-    (lambda o: o.Adam(0.1, beta_2=-0.5), r"beta_2 must be in \[0, 1\)"),
-    (lambda o: o.AdamW(0.1, weight_decay=float("nan")), "weight_decay must be a finite number of 0 or more"),
-    (lambda o: o.Adam(0.1, epsilon=-1e-7), "epsilon must be a finite number of 0 or more"),
-    (lambda o: o.Ftrl(0.1, l1_regularization_strength=-1), "l1_regularization_strength must be"),
-    (lambda o: o.Ftrl(0.1, initial_accumulator_value=-0.1), "initial_accumulator_value must be"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda o: o.Adagrad(float("nan")), "learning_rate must be a positive number"),
+        (lambda o: o.SGD(float("inf")), "learning_rate must be a positive number"),
+        (
+            lambda o: o.Adagrad(0.1, initial_accumulator_value=-1),
+            "initial_accumulator_value must be a finite number of 0 or more, got -1",
+        ),
+        (lambda o: o.Adagrad(0.1, epsilon=float("nan")), "epsilon must be a finite number of 0 or more"),
+        (lambda o: o.Adam(0.1, beta_1=1.0), r"beta_1 must be in \[0, 1\), got 1.0"),
+        (lambda o: o.Adam(0.1, beta_2=-0.5), r"beta_2 must be in \[0, 1\)"),
+        (
+            lambda o: o.AdamW(0.1, weight_decay=float("nan")),
+            "weight_decay must be a finite number of 0 or more",
+        ),
+        (lambda o: o.Adam(0.1, epsilon=-1e-7), "epsilon must be a finite number of 0 or more"),
+        (lambda o: o.Ftrl(0.1, l1_regularization_strength=-1), "l1_regularization_strength must be"),
+        (lambda o: o.Ftrl(0.1, initial_accumulator_value=-0.1), "initial_accumulator_value must be"),
+    ],
+)
 def test_optimizers_refuse_hyper_parameters_that_cannot_train(make, message):
     """Refused when made (a NaN learning rate, a negative accumulator, beta 1: Adam's bias
     correction divides by 1 - beta**t), as TF refuses what it checks, not at the first step."""
@@ -192,8 +233,9 @@ async def test_per_part_gradients_of_a_sharded_variable(ps_pair):
     """TF's pattern: gradients for ``model.trainable_variables`` (the parts), not the whole."""
     rng = np.random.default_rng(2)
     spec = {"ps": [s.address for s in ps_pair], "worker": ["127.0.0.1:9"]}
-    strategy = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(spec, token=TOKEN),
-                                               variable_partitioner=FixedShardsPartitioner(2))
+    strategy = pstrain.ParameterServerStrategy(
+        pstrain.SimpleClusterResolver(spec, token=TOKEN), variable_partitioner=FixedShardsPartitioner(2)
+    )
     e0 = rng.standard_normal((8, 2))
     model = pstrain.Module()
     async with strategy.scope():
@@ -217,12 +259,13 @@ async def test_per_part_gradients_of_a_sharded_variable(ps_pair):
 async def test_dense_and_sparse_steps_match_the_reference(ps_pair, kind, cls, cfg):
     rng = np.random.default_rng(0)
     spec = {"ps": [s.address for s in ps_pair], "worker": ["127.0.0.1:9"]}
-    strategy = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(spec, token=TOKEN),
-                                               variable_partitioner=FixedShardsPartitioner(2))
+    strategy = pstrain.ParameterServerStrategy(
+        pstrain.SimpleClusterResolver(spec, token=TOKEN), variable_partitioner=FixedShardsPartitioner(2)
+    )
     w0 = rng.standard_normal((6, 3))
     e0 = rng.standard_normal((9, 4))
     async with strategy.scope():
-        w = pstrain.Variable(w0.copy(), name="w")          # float64, sharded in 2
+        w = pstrain.Variable(w0.copy(), name="w")  # float64, sharded in 2
         table = pstrain.Variable(e0.copy(), name="table")  # sharded in 2
         opt = cls(**cfg)
     ref_w, ref_t = Reference(kind, cfg, w0), Reference(kind, cfg, e0)
@@ -244,8 +287,9 @@ async def test_apply_gradients_given_no_pairs_says_so_and_applies_nothing(ps_ser
     async with strategy.scope():
         v = pstrain.Variable(np.ones(3, np.float32), name="v")
         opt = pstrain.optimizers.SGD(0.5)
-    with pytest.raises(pstrain.errors.InvalidArgumentError,
-                       match=r"apply_gradients takes \(gradient, variable\) pairs"):
+    with pytest.raises(
+        pstrain.errors.InvalidArgumentError, match=r"apply_gradients takes \(gradient, variable\) pairs"
+    ):
         await opt.apply_gradients([(np.ones(3, np.float32), v), v])  # the second is no pair
     assert (await v.numpy()).tolist() == [1, 1, 1] and await opt.iterations.numpy() == 0
     assert await opt.apply_gradients([(np.ones(3, np.float32), v)]) == 1
@@ -261,8 +305,9 @@ async def test_gradients_of_none_are_skipped_with_a_warning_and_all_none_is_refu
         w = pstrain.Variable(np.ones(2, np.float32), name="w")
         opt = pstrain.optimizers.SGD(0.5)
     for pairs in ([(None, v), (None, w)], []):
-        with pytest.raises(pstrain.errors.InvalidArgumentError,
-                           match=r"No gradients provided for any variable"):
+        with pytest.raises(
+            pstrain.errors.InvalidArgumentError, match=r"No gradients provided for any variable"
+        ):
             await opt.apply_gradients(pairs)
     assert await opt.iterations.numpy() == 0
     with caplog.at_level("WARNING", logger="pstrain.optimizers"):

@@ -31,8 +31,9 @@ async def test_every_endpoint_through_the_variable_api(ps_server):
     async with strategy.scope():
         v = pstrain.Variable(np.arange(12, dtype=np.float32).reshape(4, 3), name="table")
         s = pstrain.Variable(5, name="count")
-        g = pstrain.Variable(pstrain.initializers.RandomNormal(stddev=1.0, seed=7), shape=(1000, 4),
-                             name="generated")
+        g = pstrain.Variable(
+            pstrain.initializers.RandomNormal(stddev=1.0, seed=7), shape=(1000, 4), name="generated"
+        )
     assert v.device == "/job:ps/replica:0/task:0/device:CPU:0"
     assert s.dtype == np.int32 and v.shape == (4, 3)
     np.testing.assert_array_equal(await v.read_value(), np.arange(12, dtype=np.float32).reshape(4, 3))
@@ -97,8 +98,10 @@ async def test_batched_update_with_one_bad_entry_changes_nothing(ps_server):
     for bad, error in [
         ({"op": "assign_add", "name": "nope", "value": np.ones(3, np.float32)}, NotFoundError),
         ({"op": "assign", "name": "b", "value": np.ones(4, np.float32)}, InvalidArgumentError),
-        ({"op": "scatter_add", "name": "b", "indices": np.array([5]), "values": np.ones((1,))},
-         InvalidArgumentError),
+        (
+            {"op": "scatter_add", "name": "b", "indices": np.array([5]), "values": np.ones((1,))},
+            InvalidArgumentError,
+        ),
         ({"op": "explode", "name": "b"}, InvalidArgumentError),
     ]:
         with pytest.raises(error):
@@ -197,8 +200,11 @@ async def test_bad_input_raises_the_matching_error_on_the_client(ps_server):
     with pytest.raises(InvalidArgumentError, match="out of range"):
         await w.sparse_read([7])
     with pytest.raises(AlreadyExistsError, match="'w' already exists"):
-        await untyped_call(rpc.Channel(ps_server.address, token=TOKEN, task="ps0"),
-            "vars/create", {"vars": [{"name": "w", "dtype": "<f4", "shape": (4,), "value": np.zeros(4)}]})
+        await untyped_call(
+            rpc.Channel(ps_server.address, token=TOKEN, task="ps0"),
+            "vars/create",
+            {"vars": [{"name": "w", "dtype": "<f4", "shape": (4,), "value": np.zeros(4)}]},
+        )
     np.testing.assert_array_equal(await w.numpy(), np.arange(4, dtype=np.float32))
 
 
@@ -260,8 +266,9 @@ async def test_server_api_in_process():
     server = pstrain.Server(spec, "ps", 0, port=0, token=TOKEN)
     address = await server.start()
     assert server.status is pstrain.server.Status.RUNNING and address.startswith("127.0.0.1:")
-    strategy = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(
-        {"ps": [address], "worker": ["127.0.0.1:9"]}, token=TOKEN))
+    strategy = pstrain.ParameterServerStrategy(
+        pstrain.SimpleClusterResolver({"ps": [address], "worker": ["127.0.0.1:9"]}, token=TOKEN)
+    )
     async with strategy.scope():
         v = pstrain.Variable(2.0)
     assert await v.numpy() == 2.0

@@ -25,8 +25,11 @@ SAVED, DELTA, LOST, END = 10, 15, 18, 30  # full save after step 9, a delta afte
 def _grads(step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(step)
     ids = rng.choice(ROWS, 32, replace=False)
-    return ids, rng.integers(-3, 4, (32, DIM)).astype(np.float32), \
-        rng.integers(-3, 4, (DIM,)).astype(np.float32)
+    return (
+        ids,
+        rng.integers(-3, 4, (32, DIM)).astype(np.float32),
+        rng.integers(-3, 4, (DIM,)).astype(np.float32),
+    )
 
 
 def _expected(lost_rows: slice | None, dense_lost: bool) -> dict[str, np.ndarray]:
@@ -69,7 +72,8 @@ def _cluster(root) -> InProcessCluster:
 def _job(cluster: InProcessCluster):
     strategy = pstrain.ParameterServerStrategy(
         pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token),
-        variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(3))
+        variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(3),
+    )
     return strategy, pstrain.ClusterCoordinator(strategy)
 
 

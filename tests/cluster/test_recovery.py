@@ -19,8 +19,11 @@ pytestmark = pytest.mark.timeout(90)
 
 
 async def _update(channel: Channel, owner: str, worker: int, epoch: int) -> None:
-    await untyped_call(channel, "vars/assign_add", {"name": "v", "value": np.ones(2, np.float32),
-                                           "owner": owner, "fence": [worker, epoch]})
+    await untyped_call(
+        channel,
+        "vars/assign_add",
+        {"name": "v", "value": np.ones(2, np.float32), "owner": owner, "fence": [worker, epoch]},
+    )
 
 
 async def test_a_fence_of_an_old_coordinator_never_refuses_a_new_one(ps_server):
@@ -39,8 +42,9 @@ async def test_a_fence_of_an_old_coordinator_never_refuses_a_new_one(ps_server):
         with pytest.raises(CancelledError, match="newer coordinator took this ps over"):
             await _update(channel, "old", 1, 2)
         with pytest.raises(CancelledError, match="newer coordinator"):
-            await untyped_call(channel, "vars/assign", {"name": "v", "value": np.zeros(2, np.float32),
-                                               "owner": "old"})
+            await untyped_call(
+                channel, "vars/assign", {"name": "v", "value": np.zeros(2, np.float32), "owner": "old"}
+            )
         with pytest.raises(CancelledError, match="newer coordinator"):
             await untyped_call(channel, "ps/fence", {"worker": 0, "epoch": 9, "owner": "old"})
         value = (await untyped_call(channel, "vars/read", {"names": ["v"]}))["values"][0]
@@ -221,8 +225,9 @@ async def test_a_jax_model_looking_a_table_up_twice_gets_one_gradient(cluster):
     import pstrain.jax as pjax
     from pstrain.partitioners import FixedShardsPartitioner
 
-    strategy = pstrain.ParameterServerStrategy(cluster.resolver,
-                                               variable_partitioner=FixedShardsPartitioner(2))
+    strategy = pstrain.ParameterServerStrategy(
+        cluster.resolver, variable_partitioner=FixedShardsPartitioner(2)
+    )
     with strategy.scope():
         items = pstrain.Variable(np.ones((6, 2), np.float32), name="items")
         opt = pstrain.optimizers.SGD(1.0)
@@ -231,8 +236,7 @@ async def test_a_jax_model_looking_a_table_up_twice_gets_one_gradient(cluster):
         return (p["query"] * p["candidate"]).sum()
 
     grad_fn = pjax.value_and_grad(loss)
-    _, grads = await grad_fn({"query": pjax.lookup(items, [0, 4]),
-                              "candidate": pjax.lookup(items, [4, 5])})
+    _, grads = await grad_fn({"query": pjax.lookup(items, [0, 4]), "candidate": pjax.lookup(items, [4, 5])})
     assert len(grads) == 1
     await opt.apply_gradients(grads)
     # d/d row: row 0 gets candidate row 4 (1), row 4 gets both partners (2), row 5 gets row 4 (1)
@@ -317,7 +321,8 @@ async def test_a_restore_fences_a_lost_workers_old_dispatch_again_on_a_ps_that_r
     root = str(tmp_path)
     async with InProcessCluster(num_ps=2, num_workers=1, ps_options={"checkpoint_root": root}) as cluster:
         strategy = pstrain.ParameterServerStrategy(
-            pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+            pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token)
+        )
         coordinator = pstrain.ClusterCoordinator(strategy)
         with strategy.scope():
             a = pstrain.Variable(np.zeros(3, np.float32), name="a")  # on ps 0
@@ -341,8 +346,7 @@ async def test_a_restore_fences_a_lost_workers_old_dispatch_again_on_a_ps_that_r
         async def late_table_update() -> None:
             set_dispatch((owner, 0, 1), None)
             try:
-                await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((40, 2), np.float32), ids),
-                                            table)])
+                await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((40, 2), np.float32), ids), table)])
             finally:
                 set_dispatch(None, None)
 
@@ -398,5 +402,3 @@ async def test_a_for_loop_over_a_per_worker_iterator_ends_with_the_data_as_in_tf
     with pytest.raises(pstrain.errors.OutOfRangeError, match="End of sequence"):
         await coordinator.join()
     await coordinator.close()
-
-

@@ -36,8 +36,9 @@ async def test_a_nearly_full_table_saved_on_two_ps_restores_into_one_to_four(tmp
         assert saved_ids.size > 1900  # nearly full: each shard close to its half
         path = await pstrain.Checkpoint(table=table, dense=dense).save(f"{root}/ckpt")
     for num_ps in (1, 3, 4):
-        async with InProcessCluster(num_ps=num_ps, num_workers=1,
-                                    ps_options={"checkpoint_root": root}) as cluster:
+        async with InProcessCluster(
+            num_ps=num_ps, num_workers=1, ps_options={"checkpoint_root": root}
+        ) as cluster:
             table, dense = _model(cluster)
             await pstrain.Checkpoint(table=table, dense=dense).restore(path)
             ids, rows = await table.export()

@@ -20,8 +20,7 @@ SHAPE = (4096, 64)
 
 
 def _strategy(cluster):
-    return pstrain.ParameterServerStrategy(cluster.resolver,
-                                           variable_partitioner=FixedShardsPartitioner(2))
+    return pstrain.ParameterServerStrategy(cluster.resolver, variable_partitioner=FixedShardsPartitioner(2))
 
 
 def _records(cluster, table):
@@ -29,11 +28,11 @@ def _records(cluster, table):
 
 
 async def _saved(tmp_path) -> tuple[str, np.ndarray]:
-    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": str(tmp_path)}) as cluster:
+    async with InProcessCluster(
+        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(tmp_path)}
+    ) as cluster:
         with _strategy(cluster).scope():
-            table = pstrain.Variable(pstrain.initializers.RandomUniform(-1, 1, seed=5), shape=SHAPE,
-                                     name="t")
+            table = pstrain.Variable(pstrain.initializers.RandomUniform(-1, 1, seed=5), shape=SHAPE, name="t")
         await table.assign_add(np.ones(SHAPE, np.float32))
         path = await pstrain.Checkpoint(table=table).save(str(tmp_path / "c"))
         return path, await table.numpy()
@@ -42,11 +41,11 @@ async def _saved(tmp_path) -> tuple[str, np.ndarray]:
 @contextlib.asynccontextmanager
 async def _fresh(tmp_path):
     """A new cluster, with the variable to restore into at its initial values."""
-    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": str(tmp_path)}) as cluster:
+    async with InProcessCluster(
+        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(tmp_path)}
+    ) as cluster:
         with _strategy(cluster).scope():
-            table = pstrain.Variable(pstrain.initializers.RandomUniform(-1, 1, seed=9), shape=SHAPE,
-                                     name="t")
+            table = pstrain.Variable(pstrain.initializers.RandomUniform(-1, 1, seed=9), shape=SHAPE, name="t")
         initial = await table.numpy()  # created on the ps (at first use) and read
         yield cluster, table, initial
 
@@ -125,8 +124,11 @@ async def test_a_restore_staged_and_never_committed_goes_when_its_time_is_up(tmp
         with pytest.raises(RuntimeError, match="before its commit"):
             await pstrain.Checkpoint(table=table).restore(path)
         assert all(ps.checkpoints.staged_bytes() > 0 for ps in cluster.ps)
-        await wait_for(lambda: all(ps.checkpoints.staged_bytes() == 0 for ps in cluster.ps),
-                       timeout=20, what="the staged restore dropped")
+        await wait_for(
+            lambda: all(ps.checkpoints.staged_bytes() == 0 for ps in cluster.ps),
+            timeout=20,
+            what="the staged restore dropped",
+        )
         np.testing.assert_array_equal(await table.numpy(), initial)
 
 
@@ -146,8 +148,12 @@ async def test_the_values_of_an_aborted_restore_go_at_once_not_when_its_time_is_
         monkeypatch.setattr(staged_restore, "CommitRestore", never)
         with pytest.raises(RuntimeError, match="before its commit"):
             await pstrain.Checkpoint(table=table).restore(path)
-        read = [weakref.ref(a) for ps in cluster.ps for built, *_ in ps.checkpoints._staged.values()
-                for _, a, *_ in built]
+        read = [
+            weakref.ref(a)
+            for ps in cluster.ps
+            for built, *_ in ps.checkpoints._staged.values()
+            for _, a, *_ in built
+        ]
         stages = [(ps, stage) for ps in cluster.ps for stage in list(ps.checkpoints._staged)]
         assert read and stages
         for ps, stage in stages:

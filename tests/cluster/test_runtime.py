@@ -103,8 +103,11 @@ def test_pstrain_run_given_a_function_instead_of_its_coroutine_says_to_call_it()
     async def train():
         return 3
 
-    with pytest.raises(TypeError, match=r"needs a coroutine, got <function .*train.*: call it, "
-                                        r"pstrain.run\(train\(\)\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"needs a coroutine, got <function .*train.*: call it, "
+        r"pstrain.run\(train\(\)\)",
+    ):
         pstrain.run(train)
     with pytest.raises(TypeError, match="needs a coroutine, got 5$"):
         pstrain.run(5)
@@ -171,8 +174,7 @@ async def test_task_owner_reports_failures_and_cancels_on_close():
 
 # -- placement -----------------------------------------------------------------------------------------
 def test_placement_names_round_robin_colocation_and_partitioning():
-    p = Placement(num_ps=3, channels=None,
-                  partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
+    p = Placement(num_ps=3, channels=None, partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
     with p.scope():
         a = pstrain.Variable(1.0, name="a")
         b = pstrain.Variable(2.0, name="a")
@@ -199,8 +201,10 @@ async def test_many_concurrent_ensure_created_calls_make_one_request_per_ps_and_
             vs = [pstrain.Variable(float(i), name=f"v{i}") for i in range(10)]
         # Twenty concurrent callers, and more variables created while the first send runs.
         callers = [asyncio.ensure_future(placement.ensure_created()) for _ in range(20)]
-        await wait_for(lambda: any("vars/create" in s.stats for s in cluster.ps),
-                       what="the first creations to reach a ps")
+        await wait_for(
+            lambda: any("vars/create" in s.stats for s in cluster.ps),
+            what="the first creations to reach a ps",
+        )
         with strategy.scope():
             late = pstrain.Variable(99.0, name="late")
         callers.append(asyncio.ensure_future(placement.ensure_created()))

@@ -104,8 +104,10 @@ async def test_an_authenticated_slow_body_and_a_flood_of_idle_connections():
         host, port = c.ps[0].address.rsplit(":", 1)
         body = b"".join(bytes(x) for x in wire.encode_body({}))
         reader, writer = await asyncio.open_connection(host, int(port))
-        writer.write(f"POST /v1/vars/list HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}"
-                     f"\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+        writer.write(
+            f"POST /v1/vars/list HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}"
+            f"\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        )
         await writer.drain()
         await wait_for(lambda: len(c.ps[0].preauth) == 0, what="the token checked on the headers")
         hostile = []
@@ -182,7 +184,7 @@ def test_any_byte_changed_on_the_wire_fails_the_handshake(message, position, xor
         if i != message or not data:
             return data
         j = position % len(data)
-        return data[:j] + bytes([data[j] ^ xor]) + data[j + 1:]
+        return data[:j] + bytes([data[j] ^ xor]) + data[j + 1 :]
 
     try:
         _run(client, server, tamper)
@@ -199,7 +201,7 @@ def test_the_server_end_never_accepts_noise_and_never_holds_much(data):
     for k in range(0, len(data), 37):
         if server.rejected is not None:
             break
-        out = server.receive(data[k:k + 37])
+        out = server.receive(data[k : k + 37])
         assert not server.accepted
         assert out[:1] in (b"", REJECTED, WRONG_TASK) or out.startswith(MAGIC)
         assert len(server.buf) <= MAX_PREAUTH
@@ -285,8 +287,9 @@ async def test_a_symlink_swapped_into_a_checkpoint_folder_never_redirects_a_save
                     except OSError:
                         pass
 
-    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": str(root)}) as cluster:
+    async with InProcessCluster(
+        num_ps=1, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(root)}
+    ) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         async with strategy.scope():
             v = pstrain.Variable(np.arange(1 << 16, dtype=np.float32), name="v")
@@ -320,8 +323,9 @@ async def test_an_index_with_absurd_shapes_is_refused_before_anything_is_allocat
     import pstrain
     from pstrain.errors import InvalidArgumentError
 
-    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": str(tmp_path)}) as cluster:
+    async with InProcessCluster(
+        num_ps=1, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(tmp_path)}
+    ) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         async with strategy.scope():
             v = pstrain.Variable(np.ones((4, 4), np.float32), name="v")
@@ -344,12 +348,17 @@ async def test_a_model_larger_than_one_request_is_still_created_whole():
 
     import pstrain
 
-    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN,
-                                ps_options={"max_variable_bytes": 4 * MiB}) as cluster:
+    async with InProcessCluster(
+        num_ps=1, num_workers=1, token=TOKEN, ps_options={"max_variable_bytes": 4 * MiB}
+    ) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         async with strategy.scope():  # 20 variables of 2 MiB: 40 MiB on one ps, 4 MiB limit
-            vs = [pstrain.Variable(pstrain.initializers.Zeros(), shape=(MiB // 2,),
-                                   dtype=np.float32, name=f"v{i}") for i in range(20)]
+            vs = [
+                pstrain.Variable(
+                    pstrain.initializers.Zeros(), shape=(MiB // 2,), dtype=np.float32, name=f"v{i}"
+                )
+                for i in range(20)
+            ]
         values = await pstrain.read_variables(vs[:2])
         assert all(v.shape == (MiB // 2,) for v in values)
         assert len(cluster.ps[0].store) == 20
@@ -370,8 +379,9 @@ async def test_headers_claiming_gigabytes_reserve_address_space_only_as_bytes_ar
         op = b"vars/create"
         for _ in range(20):  # 20 x 2 GiB claimed, a byte of each sent
             _, writer = await _raw_stream(ps.address)
-            writer.write(protocol.FRAME.pack(1, protocol.FrameKind.REQUEST, 0, len(op), 2 << 30)
-                         + op + b"\x00")
+            writer.write(
+                protocol.FRAME.pack(1, protocol.FrameKind.REQUEST, 0, len(op), 2 << 30) + op + b"\x00"
+            )
             writers.append(writer)
         await wait_for(lambda: ps.budget.used >= 20, 10, "every claim's first byte read")
         grown = _vm_size() - before
@@ -386,5 +396,3 @@ async def test_headers_claiming_gigabytes_reserve_address_space_only_as_bytes_ar
         await ch.close()
         await abort_all(writers)
         await wait_for(lambda: ps.budget.used == 0, 10, "the claims' buffers released")
-
-

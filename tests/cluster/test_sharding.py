@@ -14,17 +14,20 @@ from tests.helpers import TOKEN, strategy_for
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.mark.parametrize("partitioner, shape, dtype, expected", [
-    (MinSizePartitioner(min_shard_bytes=4, max_shards=2), (6, 1), np.float32, [2, 1]),
-    (MinSizePartitioner(min_shard_bytes=4, max_shards=10), (6, 1), np.float32, [6, 1]),
-    (MinSizePartitioner(min_shard_bytes=256 << 10, max_shards=2), (1024, 1024), np.float32, [2, 1]),
-    (MinSizePartitioner(min_shard_bytes=64 << 20, max_shards=2), (10,), np.int64, [1]),
-    (MaxSizePartitioner(max_shard_bytes=4), (6, 1), np.float32, [6, 1]),
-    (MaxSizePartitioner(max_shard_bytes=4, max_shards=2), (6, 1), np.float32, [2, 1]),
-    (MaxSizePartitioner(max_shard_bytes=1024), (6, 1), np.float32, [1, 1]),
-    (FixedShardsPartitioner(2), (10, 3), np.float32, [2, 1]),
-    (FixedShardsPartitioner(4), (3,), np.float32, [3]),
-])
+@pytest.mark.parametrize(
+    "partitioner, shape, dtype, expected",
+    [
+        (MinSizePartitioner(min_shard_bytes=4, max_shards=2), (6, 1), np.float32, [2, 1]),
+        (MinSizePartitioner(min_shard_bytes=4, max_shards=10), (6, 1), np.float32, [6, 1]),
+        (MinSizePartitioner(min_shard_bytes=256 << 10, max_shards=2), (1024, 1024), np.float32, [2, 1]),
+        (MinSizePartitioner(min_shard_bytes=64 << 20, max_shards=2), (10,), np.int64, [1]),
+        (MaxSizePartitioner(max_shard_bytes=4), (6, 1), np.float32, [6, 1]),
+        (MaxSizePartitioner(max_shard_bytes=4, max_shards=2), (6, 1), np.float32, [2, 1]),
+        (MaxSizePartitioner(max_shard_bytes=1024), (6, 1), np.float32, [1, 1]),
+        (FixedShardsPartitioner(2), (10, 3), np.float32, [2, 1]),
+        (FixedShardsPartitioner(4), (3,), np.float32, [3]),
+    ],
+)
 def test_partitioner_counts_match_tf(partitioner, shape, dtype, expected):
     assert partitioner(shape, np.dtype(dtype)) == expected
 
@@ -40,8 +43,9 @@ def test_partitioner_validation():
 
 def sharded_strategy(ps, partitioner):
     spec = {"ps": [s.address for s in ps], "worker": ["127.0.0.1:9"]}
-    return pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(spec, token=TOKEN),
-                                           variable_partitioner=partitioner)
+    return pstrain.ParameterServerStrategy(
+        pstrain.SimpleClusterResolver(spec, token=TOKEN), variable_partitioner=partitioner
+    )
 
 
 async def test_div_layout_names_placement_and_values(ps_pair):
@@ -80,8 +84,7 @@ async def test_initializer_is_called_per_part_on_its_ps(ps_pair):
         table = pstrain.Variable(init, shape=(1000, 8), name="table")
     parts = [await p.numpy() for p in table.variables]
     assert parts[0].shape == (500, 8) and not np.array_equal(parts[0], parts[1])
-    np.testing.assert_array_equal(parts[1], init((500, 8), np.float32, offset=(500, 0),
-                                                 full_shape=(1000, 8)))
+    np.testing.assert_array_equal(parts[1], init((500, 8), np.float32, offset=(500, 0), full_shape=(1000, 8)))
     ch = rpc.Channel(ps_pair[1].address, token=TOKEN, task="ps1")
     stats = await ch.statistics()
     assert stats["requests"]["vars/create"]["bytes_in"] < 1000  # 16 KB part generated there
@@ -89,8 +92,12 @@ async def test_initializer_is_called_per_part_on_its_ps(ps_pair):
 
 
 async def test_invalid_partitioner_output_names_variable_partitioner(ps_pair):
-    for bad in (lambda shape, dtype: None, lambda shape, dtype: [],
-                lambda shape, dtype: [0, 1], lambda shape, dtype: [2, 2]):
+    for bad in (
+        lambda shape, dtype: None,
+        lambda shape, dtype: [],
+        lambda shape, dtype: [0, 1],
+        lambda shape, dtype: [2, 2],
+    ):
         strategy = sharded_strategy(ps_pair, bad)
         with pytest.raises(InvalidArgumentError, match="variable_partitioner"):
             with strategy.scope():
@@ -137,8 +144,9 @@ async def test_embedding_lookup_one_request_per_ps_and_no_full_read(ps_pair):
         out = []
         for ch in channels:
             reqs = (await ch.statistics())["requests"]
-            out.append((reqs.get("vars/sparse_read", {}).get("count", 0),
-                        reqs.get("vars/read", {}).get("count", 0)))
+            out.append(
+                (reqs.get("vars/sparse_read", {}).get("count", 0), reqs.get("vars/read", {}).get("count", 0))
+            )
         return out
 
     before = await counts()
@@ -151,8 +159,7 @@ async def test_embedding_lookup_one_request_per_ps_and_no_full_read(ps_pair):
     out = await pstrain.embedding_lookup(table, ids)
     assert out.shape == (2, 3, 2)
     np.testing.assert_array_equal(out, (np.arange(1, 11).reshape(5, 2))[ids])
-    np.testing.assert_array_equal(await pstrain.embedding_lookup(table.variables, [4, 0]),
-                                  [[9, 10], [1, 2]])
+    np.testing.assert_array_equal(await pstrain.embedding_lookup(table.variables, [4, 0]), [[9, 10], [1, 2]])
     with pytest.raises(InvalidArgumentError, match="out of range"):
         await pstrain.embedding_lookup(table, [5])
     plain = strategy_for(ps_pair[0])
@@ -176,8 +183,7 @@ async def test_read_variables_reads_sharded_and_whole_variables_in_one_request_p
     channels = [rpc.Channel(s.address, token=TOKEN, task=f"ps{i}") for i, s in enumerate(ps_pair)]
 
     async def reads():
-        return [(await ch.statistics())["requests"].get("vars/read", {}).get("count", 0)
-                for ch in channels]
+        return [(await ch.statistics())["requests"].get("vars/read", {}).get("count", 0) for ch in channels]
 
     await pstrain.read_variables([w, b, c])  # created on their ps
     before = await reads()
@@ -226,9 +232,11 @@ async def test_a_callable_initial_value_is_asked_for_each_shard(ps_pair):
     import functools
 
     strategy = pstrain.ParameterServerStrategy(
-        pstrain.SimpleClusterResolver({"ps": [s.address for s in ps_pair], "worker": ["127.0.0.1:9"]},
-                                      token=TOKEN),
-        variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
+        pstrain.SimpleClusterResolver(
+            {"ps": [s.address for s in ps_pair], "worker": ["127.0.0.1:9"]}, token=TOKEN
+        ),
+        variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2),
+    )
     calls = []
 
     def per_shard(partition_shape=None, partition_offset=None):
@@ -245,8 +253,9 @@ async def test_a_callable_initial_value_is_asked_for_each_shard(ps_pair):
     async with strategy.scope():
         a = pstrain.Variable(per_shard, shape=(5, 2), dtype=np.float32)
         b = pstrain.Variable(plain, shape=(5, 2), dtype=np.float32)
-        c = pstrain.Variable(functools.partial(uniform, shape=(5, 2), dtype=np.float32),
-                             shape=(5, 2), dtype=np.float32)
+        c = pstrain.Variable(
+            functools.partial(uniform, shape=(5, 2), dtype=np.float32), shape=(5, 2), dtype=np.float32
+        )
         d = pstrain.Variable(uniform, shape=(5, 2), dtype=np.float32)  # generated on the ps
     assert calls == [((3, 2), (0, 0)), ((2, 2), (3, 0))]
     assert (await a.numpy())[:, 0].tolist() == [0, 0, 0, 3, 3]

@@ -28,12 +28,14 @@ ROWS, DIM = 2_000_000, 8  # 64 MB of float32
 
 
 async def test_a_save_during_updates_writes_the_table_as_it_began_without_copying_it(tmp_path):
-    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": str(tmp_path)}) as cluster:
+    async with InProcessCluster(
+        num_ps=1, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(tmp_path)}
+    ) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         async with strategy.scope():
-            table = pstrain.Variable(pstrain.initializers.RandomUniform(-1, 1, seed=3),
-                                     shape=(ROWS, DIM), name="big")
+            table = pstrain.Variable(
+                pstrain.initializers.RandomUniform(-1, 1, seed=3), shape=(ROWS, DIM), name="big"
+            )
         nbytes = ROWS * DIM * 4
         rng = np.random.default_rng(0)
         before = await table.numpy()
@@ -129,7 +131,8 @@ def test_a_snapshot_of_some_rows_gives_them_as_they_were_while_they_change():
 @pytest.mark.parametrize("how", ["blocks", "file", "file, misaligned"])
 @pytest.mark.parametrize("select", [False, True])
 def test_a_snapshot_copied_while_another_thread_changes_its_rows_is_the_array_as_it_began(
-        select, how, tmp_path, monkeypatch):
+    select, how, tmp_path, monkeypatch
+):
     # The writer copies each block without the snapshot's lock (the serving loop's updates
     # never wait for a copy): rows changed during a copy must come back as they were. Into
     # a file, blocks are gathered straight into the writer's buffer (a small one here, so
@@ -150,12 +153,22 @@ def test_a_snapshot_copied_while_another_thread_changes_its_rows_is_the_array_as
         if how.startswith("file"):
             in_place = []
             wrote = direct_writes.DirectWriter.wrote
-            monkeypatch.setattr(direct_writes.DirectWriter, "wrote",
-                                lambda self, n: in_place.append(n) or wrote(self, n))
+            monkeypatch.setattr(
+                direct_writes.DirectWriter, "wrote", lambda self, n: in_place.append(n) or wrote(self, n)
+            )
             path = str(tmp_path / "s.safetensors")
-            write_streaming(path, [whole("flags", np.ones(3 if "misaligned" in how else 8, bool)),
-                                   ("rows", array.dtype, (snap.select.size if select else array.shape[0],
-                                                          array.shape[1]), snap)])
+            write_streaming(
+                path,
+                [
+                    whole("flags", np.ones(3 if "misaligned" in how else 8, bool)),
+                    (
+                        "rows",
+                        array.dtype,
+                        (snap.select.size if select else array.shape[0], array.shape[1]),
+                        snap,
+                    ),
+                ],
+            )
             got = load_file(path)["rows"]
             assert bool(in_place) == ("misaligned" not in how)  # gathered in place where it can
         else:
@@ -212,8 +225,14 @@ def test_a_delta_whose_every_row_is_written_meanwhile_keeps_them_once():
 
 
 @settings(max_examples=60, deadline=None)
-@given(ops=st.lists(st.one_of(st.tuples(st.just("add"), st.integers(0, 3000)),
-                              st.tuples(st.just("drop"), st.integers(0, 5000))), max_size=30))
+@given(
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("add"), st.integers(0, 3000)), st.tuples(st.just("drop"), st.integers(0, 5000))
+        ),
+        max_size=30,
+    )
+)
 def test_kept_rows_give_back_each_rows_old_values_until_dropped(ops):
     """A log of kept rows against a dict: each row's values as they were when kept, the
     rows in any range, and the memory given back as rows are dropped."""
@@ -224,7 +243,7 @@ def test_kept_rows_give_back_each_rows_old_values_until_dropped(ops):
     used = 0
     for op, n in ops:
         if op == "add":
-            rows = fresh[used:used + n]
+            rows = fresh[used : used + n]
             used += rows.size
             kept.add(rows)
             model.update({int(r): a[r].copy() for r in rows})

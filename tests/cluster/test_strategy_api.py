@@ -52,9 +52,10 @@ def test_the_seed_pages_value_examples(cluster):
     strategy = pstrain.ParameterServerStrategy(cluster.resolver)
     values = strategy.experimental_distribute_values_from_function(lambda ctx: np.float32(1.0))
     assert strategy.experimental_local_results(values) == (1.0,)
-    array_value = np.array([3., 2., 1.])
+    array_value = np.array([3.0, 2.0, 1.0])
     values = strategy.experimental_distribute_values_from_function(
-        lambda ctx: array_value[ctx.replica_id_in_sync_group])
+        lambda ctx: array_value[ctx.replica_id_in_sync_group]
+    )
     assert strategy.experimental_local_results(values) == (3.0,)
     values = strategy.experimental_distribute_values_from_function(lambda ctx: ctx.num_replicas_in_sync)
     assert strategy.experimental_local_results(values) == (1,)
@@ -81,7 +82,8 @@ def test_experimental_distribute_dataset_as_on_the_page(cluster):
     assert [r.tolist() for r in result] == [[0, 2], [4, 6]]
     assert dist_dataset.element_spec == TensorSpec((None,), np.int64)
     assert strategy.experimental_distribute_dataset(
-        Dataset.range(4).batch(2, drop_remainder=True)).element_spec == TensorSpec((2,), np.int64)
+        Dataset.range(4).batch(2, drop_remainder=True)
+    ).element_spec == TensorSpec((2,), np.int64)
     with pytest.raises(InvalidArgumentError, match="PER_REPLICA"):
         pstrain.InputOptions(experimental_replication_mode=pstrain.InputReplicationMode.PER_REPLICA)
     with pytest.raises(InvalidArgumentError, match="options must be an InputOptions"):
@@ -100,10 +102,13 @@ async def test_tutorial_input_pipeline_on_every_worker(cluster):
 
     def dataset_fn(input_context):
         batch = input_context.get_per_replica_batch_size(8)
-        info = (input_context.num_input_pipelines, input_context.input_pipeline_id,
-                input_context.num_replicas_in_sync, pstrain.get_current_worker_index())
-        return Dataset.from_tensor_slices(features).shuffle(32).batch(batch).repeat().map(
-            lambda b: (b, info))
+        info = (
+            input_context.num_input_pipelines,
+            input_context.input_pipeline_id,
+            input_context.num_replicas_in_sync,
+            pstrain.get_current_worker_index(),
+        )
+        return Dataset.from_tensor_slices(features).shuffle(32).batch(batch).repeat().map(lambda b: (b, info))
 
     def per_worker_dataset_fn():
         return strategy.distribute_datasets_from_function(dataset_fn)
@@ -149,8 +154,10 @@ async def test_run_and_reduce_on_the_coordinator_warn_once(cluster, caplog):
     strategy = pstrain.ParameterServerStrategy(cluster.resolver)
     coordinator = pstrain.ClusterCoordinator(strategy)
     with caplog.at_level(logging.WARNING, logger="pstrain._distribute.strategy"):
-        assert await coordinator.schedule(lambda: strategy.reduce("SUM", strategy.run(lambda: 2.0),
-                                                                  axis=None)) == 2.0
+        assert (
+            await coordinator.schedule(lambda: strategy.reduce("SUM", strategy.run(lambda: 2.0), axis=None))
+            == 2.0
+        )
         assert "without using `ClusterCoordinator.schedule`" not in caplog.text
         strategy.run(lambda: 1.0)
         strategy.reduce("SUM", 1.0, axis=None)
@@ -175,16 +182,14 @@ async def test_the_seed_pages_run_reduce_scope_and_distributed_values_examples(c
     assert strategy.run(lambda x: pstrain.get_replica_context().all_reduce("sum", x), args=(values,)) == 0
     # scope: a variable inside lives on a ps; outside it is a regular (local) variable
     with strategy.scope():
-        placed = pstrain.Variable(1.)
-    regular = pstrain.Variable(1.)
+        placed = pstrain.Variable(1.0)
+    regular = pstrain.Variable(1.0)
     assert placed.name == regular.name == "Variable"
     assert placed.device.startswith("/job:ps/") and regular.device.startswith("/job:chief/")
     assert await placed.numpy() == await regular.numpy() == 1.0
     # DistributedValues page: iterate a distributed dataset, run, reduce, local results
-    dataset = Dataset.from_tensor_slices(np.array([5., 6., 7., 8.], np.float32)).batch(2)
+    dataset = Dataset.from_tensor_slices(np.array([5.0, 6.0, 7.0, 8.0], np.float32)).batch(2)
     distributed_values = next(iter(strategy.experimental_distribute_dataset(dataset)))
     assert strategy.run(lambda x: x + 1.0, args=(distributed_values,)).tolist() == [6.0, 7.0]
     assert strategy.reduce(pstrain.ReduceOp.SUM, distributed_values, axis=0) == 11.0
     assert [v.tolist() for v in strategy.experimental_local_results(distributed_values)] == [[5.0, 6.0]]
-
-

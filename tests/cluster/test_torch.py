@@ -26,12 +26,14 @@ class Net(torch.nn.Module):
 
 def mse_step(net, remote, opt):
     """The training step a user writes: pull, forward, backward, apply on the ps."""
+
     async def step(ids, x, y):
         await remote.pull({net.emb: ids})
         loss = torch.mean((net(ids, x) - y) ** 2)
         loss.backward()
         await opt.apply_gradients(remote.gradients())
         return loss.item()
+
     return step
 
 
@@ -75,11 +77,12 @@ async def test_gradients_applied_on_the_ps_equal_torchs_own(cluster):
     ref.backward()
     assert abs(loss - ref.item()) < 1e-6
     np.testing.assert_allclose(before["table"] - await net.emb.table.numpy(), table.grad.numpy(), atol=1e-5)
-    np.testing.assert_allclose(before["fc.weight"] - await remote.variables[0].numpy(),
-                               fc.weight.grad.numpy(),
-                               atol=1e-5)
-    np.testing.assert_allclose(before["fc.bias"] - await remote.variables[1].numpy(), fc.bias.grad.numpy(),
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        before["fc.weight"] - await remote.variables[0].numpy(), fc.weight.grad.numpy(), atol=1e-5
+    )
+    np.testing.assert_allclose(
+        before["fc.bias"] - await remote.variables[1].numpy(), fc.bias.grad.numpy(), atol=1e-5
+    )
     await coordinator.close()
 
 
@@ -143,8 +146,10 @@ async def test_steps_in_flight_together_each_use_a_replica(cluster):
         await opt.apply_gradients(grads)
         return len(grads)
 
-    rvs = [coordinator.schedule(step, args=(rng.integers(0, 100, (8, 3)), torch.randn(8, 2), torch.randn(8)))
-           for _ in range(40)]
+    rvs = [
+        coordinator.schedule(step, args=(rng.integers(0, 100, (8, 3)), torch.randn(8, 2), torch.randn(8)))
+        for _ in range(40)
+    ]
     await coordinator.join()
     assert {await r for r in rvs} == {3}  # fc.weight, fc.bias and the embedding rows, every time
     assert await opt.iterations.numpy() == 40

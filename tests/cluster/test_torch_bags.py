@@ -22,8 +22,9 @@ pytestmark = pytest.mark.timeout(120)
 
 def sharded_strategy(ps):
     spec = {"ps": [s.address for s in ps], "worker": ["127.0.0.1:9"]}
-    return pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(spec, token=TOKEN),
-                                           variable_partitioner=FixedShardsPartitioner(2))
+    return pstrain.ParameterServerStrategy(
+        pstrain.SimpleClusterResolver(spec, token=TOKEN), variable_partitioner=FixedShardsPartitioner(2)
+    )
 
 
 @pytest.mark.parametrize("mode, weighted", [("sum", False), ("sum", True), ("mean", False)])
@@ -52,25 +53,40 @@ async def test_an_embedding_bag_matches_torchs_outputs_and_gradients(ps_pair, mo
 
 async def test_an_embedding_bag_collection_trains_as_torch_does(ps_pair):
     """TorchRec's configs map one to one; a step matches nn.EmbeddingBag + SGD in PyTorch."""
-    configs = [SimpleNamespace(name="big", num_embeddings=400, embedding_dim=4,
-                               feature_names=["a", "b"], pooling=SimpleNamespace(name="SUM"),
-                               weight_init_min=None, weight_init_max=None),
-               SimpleNamespace(name="small", num_embeddings=9, embedding_dim=2, feature_names=["c"],
-                               pooling=SimpleNamespace(name="MEAN"), weight_init_min=-0.5,
-                               weight_init_max=0.5, data_type=SimpleNamespace(name="FP32"))]
+    configs = [
+        SimpleNamespace(
+            name="big",
+            num_embeddings=400,
+            embedding_dim=4,
+            feature_names=["a", "b"],
+            pooling=SimpleNamespace(name="SUM"),
+            weight_init_min=None,
+            weight_init_max=None,
+        ),
+        SimpleNamespace(
+            name="small",
+            num_embeddings=9,
+            embedding_dim=2,
+            feature_names=["c"],
+            pooling=SimpleNamespace(name="MEAN"),
+            weight_init_min=-0.5,
+            weight_init_max=0.5,
+            data_type=SimpleNamespace(name="FP32"),
+        ),
+    ]
     mapped = ptorch.table_configs(configs)
-    assert [(t.name, t.num_embeddings, t.embedding_dim, t.feature_names, t.combiner)
-            for t in mapped] == [("big", 400, 4, ["a", "b"], "sum"), ("small", 9, 2, ["c"], "mean")]
+    assert [(t.name, t.num_embeddings, t.embedding_dim, t.feature_names, t.combiner) for t in mapped] == [
+        ("big", 400, 4, ["a", "b"], "sum"),
+        ("small", 9, 2, ["c"], "mean"),
+    ]
     assert mapped[0].initializer.maxval == pytest.approx(0.05)  # TorchRec: sqrt(1 / rows)
     strategy = strategy_for(*ps_pair)
     async with strategy.scope():
         ebc = ptorch.EmbeddingBagCollection(configs, shard_rows=100)
         opt = pstrain.optimizers.SGD(0.1)
     assert ebc.plan["big"].kind == "row-sharded"
-    weights = {n: torch.tensor(await t.numpy(), requires_grad=True)
-               for n, t in ebc.collection.tables.items()}
-    kjt = KeyedJaggedTensor(["a", "b", "c"], [1, 399, 1, 5, 5, 0, 8, 8, 2],
-                            lengths=[3, 0, 2, 1, 1, 2])
+    weights = {n: torch.tensor(await t.numpy(), requires_grad=True) for n, t in ebc.collection.tables.items()}
+    kjt = KeyedJaggedTensor(["a", "b", "c"], [1, 399, 1, 5, 5, 0, 8, 8, 2], lengths=[3, 0, 2, 1, 1, 2])
     with pstrain.count_requests() as reads:
         await ebc.pull(kjt)
     assert reads.to("ps") == 2
@@ -83,8 +99,11 @@ async def test_an_embedding_bag_collection_trains_as_torch_does(ps_pair):
     want = []
     for feature, table, mode in (("a", "big", "sum"), ("b", "big", "sum"), ("c", "small", "mean")):
         jt = kjt[feature]
-        want.append(torch.nn.functional.embedding_bag(
-            torch.from_numpy(jt.values), weights[table], torch.from_numpy(jt.offsets[:-1]), mode=mode))
+        want.append(
+            torch.nn.functional.embedding_bag(
+                torch.from_numpy(jt.values), weights[table], torch.from_numpy(jt.offsets[:-1]), mode=mode
+            )
+        )
     ((torch.cat(want, 1) - target) ** 2).sum().backward()
     torch.testing.assert_close(pooled.values(), torch.cat(want, 1))
     with pstrain.count_requests() as updates:
@@ -112,25 +131,54 @@ async def test_bags_refuse_what_torch_refuses(ps_server):
 async def test_a_torchrec_port_keeps_its_configs_and_batches(ps_pair):
     """TorchRec's names as a port writes them: EmbeddingBagConfig, PoolingType,
     KeyedJaggedTensor.from_lengths_sync, is_weighted; weighted sums are PyTorch's."""
-    configs = [ptorch.EmbeddingBagConfig(num_embeddings=50, embedding_dim=3, name="t1",
-                                         feature_names=["f1"], pooling=ptorch.PoolingType.SUM),
-               ptorch.EmbeddingBagConfig(num_embeddings=20, embedding_dim=2, name="t2",
-                                         feature_names=["f2"], weight_init_min=-1.0,
-                                         weight_init_max=1.0)]
+    configs = [
+        ptorch.EmbeddingBagConfig(
+            num_embeddings=50,
+            embedding_dim=3,
+            name="t1",
+            feature_names=["f1"],
+            pooling=ptorch.PoolingType.SUM,
+        ),
+        ptorch.EmbeddingBagConfig(
+            num_embeddings=20,
+            embedding_dim=2,
+            name="t2",
+            feature_names=["f2"],
+            weight_init_min=-1.0,
+            weight_init_max=1.0,
+        ),
+    ]
     async with strategy_for(*ps_pair).scope():
         ebc = ptorch.EmbeddingBagCollection(tables=configs, is_weighted=True, device="cpu")
     kjt = KeyedJaggedTensor.from_lengths_sync(
-        keys=["f1", "f2"], values=torch.tensor([4, 4, 49, 3, 7]), lengths=torch.tensor([2, 1, 0, 2]),
-        weights=torch.tensor([0.5, 1.5, 2.0, 1.0, -1.0]))
+        keys=["f1", "f2"],
+        values=torch.tensor([4, 4, 49, 3, 7]),
+        lengths=torch.tensor([2, 1, 0, 2]),
+        weights=torch.tensor([0.5, 1.5, 2.0, 1.0, -1.0]),
+    )
     assert kjt.offsets().tolist() == [0, 2, 3, 3, 5] and kjt.weights().tolist() == [0.5, 1.5, 2.0, 1.0, -1.0]
     tables = {n: torch.tensor(await t.numpy()) for n, t in ebc.collection.tables.items()}
     await ebc.pull(kjt)
     got = ebc(kjt).values()
-    want = torch.cat([
-        torch.nn.functional.embedding_bag(torch.tensor([4, 4, 49]), tables["t1"], torch.tensor([0, 2]),
-                                          mode="sum", per_sample_weights=torch.tensor([0.5, 1.5, 2.0])),
-        torch.nn.functional.embedding_bag(torch.tensor([3, 7]), tables["t2"], torch.tensor([0, 0]),
-                                          mode="sum", per_sample_weights=torch.tensor([1.0, -1.0]))], 1)
+    want = torch.cat(
+        [
+            torch.nn.functional.embedding_bag(
+                torch.tensor([4, 4, 49]),
+                tables["t1"],
+                torch.tensor([0, 2]),
+                mode="sum",
+                per_sample_weights=torch.tensor([0.5, 1.5, 2.0]),
+            ),
+            torch.nn.functional.embedding_bag(
+                torch.tensor([3, 7]),
+                tables["t2"],
+                torch.tensor([0, 0]),
+                mode="sum",
+                per_sample_weights=torch.tensor([1.0, -1.0]),
+            ),
+        ],
+        1,
+    )
     torch.testing.assert_close(got, want)
     unweighted = KeyedJaggedTensor(["f1", "f2"], [1, 2], lengths=[1, 0, 0, 1])
     await ebc.pull(unweighted)

@@ -42,12 +42,12 @@ async def test_w4_in_jax_and_in_torch_matches_the_numpy_model(cluster):
     is within 0.01 of the hand-written model's, and only looked-up rows travel."""
     from ctr_embedding import train
 
-    results = {f: await train(cluster.resolver, steps=200, quiet=True, framework=f)
-               for f in ("numpy", "jax", "torch")}
+    results = {
+        f: await train(cluster.resolver, steps=200, quiet=True, framework=f)
+        for f in ("numpy", "jax", "torch")
+    }
     for framework in ("jax", "torch"):
         r = results[framework]
         assert abs(r["held_out_log_loss"] - results["numpy"]["held_out_log_loss"]) < 0.01, results
         assert r["held_out_log_loss"] < r["base_rate_log_loss"]
         assert r["bytes_per_step"] < 1.1e6
-
-

@@ -55,10 +55,22 @@ ASYNC, SYNC = b"waits-0123456789", b"computes-0123456"
 FNS = {ASYNC: cloudpickle.dumps(_runs_until_cancelled), SYNC: cloudpickle.dumps(_computes)}
 
 
-def _run(ch: rpc.Channel, digest: bytes, name: str, forever: bool = False, *, epoch: int,
-         owner: str = "coordinator-a", cid: int = 1) -> asyncio.Task:
-    body = {"fns": FNS, "closures": [[cid, digest, (name, forever), {}, False]],
-            "epoch": epoch, "owner": owner}
+def _run(
+    ch: rpc.Channel,
+    digest: bytes,
+    name: str,
+    forever: bool = False,
+    *,
+    epoch: int,
+    owner: str = "coordinator-a",
+    cid: int = 1,
+) -> asyncio.Task:
+    body = {
+        "fns": FNS,
+        "closures": [[cid, digest, (name, forever), {}, False]],
+        "epoch": epoch,
+        "owner": owner,
+    }
     return asyncio.ensure_future(untyped_call(ch, "worker/run", body, pickle=True, timeout=20))
 
 
@@ -75,8 +87,7 @@ async def test_a_newer_dispatch_cancels_the_older_one_and_starts_once_it_ended(c
     # a batch of the old epoch arriving late is answered CANCELLED and never runs
     assert (await _run(ch, ASYNC, "late", epoch=1))["results"] == [[1, CANCELLED, None]]
     # epochs are per coordinator incarnation: another one's epoch 1 runs
-    assert (await _run(ch, ASYNC, "other", epoch=1, owner="coordinator-b"))["results"] == [
-        [1, OK, "other"]]
+    assert (await _run(ch, ASYNC, "other", epoch=1, owner="coordinator-b"))["results"] == [[1, OK, "other"]]
     assert EVENTS[4:] == ["other start", "other end"]
     await ch.close()
 
@@ -89,8 +100,9 @@ async def test_a_plain_closure_of_an_older_dispatch_runs_to_its_end_before_the_n
     old = _run(ch, SYNC, "old", epoch=3)
     await wait_for(lambda: "old start" in EVENTS, what="the old dispatch's closure to start")
     new = _run(ch, ASYNC, "new", epoch=4)
-    await wait_for(lambda: worker._open_batches == 2 or "new start" in EVENTS,
-                   what="the worker to hold the new batch")
+    await wait_for(
+        lambda: worker._open_batches == 2 or "new start" in EVENTS, what="the worker to hold the new batch"
+    )
     assert EVENTS == ["old start"]  # the new one waits for the old one
     RELEASE.set()
     assert (await new)["results"] == [[1, OK, "new"]]
@@ -111,8 +123,7 @@ async def test_closures_whose_coordinator_connection_ended_stop_before_the_next_
     with pytest.raises(pstrain.errors.PstrainError):
         await old
     ch = rpc.Channel(cluster.workers[0].address, token=cluster.token, task="w0")
-    assert (await _run(ch, ASYNC, "next", epoch=1, owner="coordinator-b"))["results"] == [
-        [1, OK, "next"]]
+    assert (await _run(ch, ASYNC, "next", epoch=1, owner="coordinator-b"))["results"] == [[1, OK, "next"]]
     assert EVENTS == ["old start", "old end", "next start", "next end"]
     await ch.close()
 
@@ -150,8 +161,10 @@ async def test_a_closure_still_running_after_the_cancel_grace_cannot_update_late
         await late
     ended = sum(w.closures_run + w.closures_failed for w in cluster.workers)
     RELEASE.set()
-    await wait_for(lambda: sum(w.closures_run + w.closures_failed for w in cluster.workers) > ended,
-                   what="the straggler to end")
+    await wait_for(
+        lambda: sum(w.closures_run + w.closures_failed for w in cluster.workers) > ended,
+        what="the straggler to end",
+    )
     assert float(await v.numpy()) == 0.0  # its update was refused
     assert max(s["epoch"] for s in coordinator.membership()) == 2  # its dispatch was given up
     # the job goes on: the next closures (a new epoch) update as usual

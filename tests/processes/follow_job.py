@@ -43,16 +43,21 @@ async def main(role: str, cluster_file: str, *args: str) -> None:
 
     def joined() -> bool:  # a third ps holds v, and a second worker took a slot
         placement = coordinator.ps.placement
-        return (len(placement.active()) == 3 and coordinator.ps.moving is None
-                and placement.moved.get(v.key) == 2 and len(coordinator.membership()) == 2)
+        return (
+            len(placement.active()) == 3
+            and coordinator.ps.moving is None
+            and placement.moved.get(v.key) == 2
+            and len(coordinator.membership()) == 2
+        )
 
     if role == "first":
         print("endpoint", endpoint, flush=True)
         await train(3)
         await wait_for(joined, 60.0, "a ps and a worker to join")
         await train(2)
-        path = await pstrain.Checkpoint(v=v, t=table).save(os.path.join(os.path.dirname(cluster_file),
-                                                                       "ckpt"))
+        path = await pstrain.Checkpoint(v=v, t=table).save(
+            os.path.join(os.path.dirname(cluster_file), "ckpt")
+        )
         print("saved", path, flush=True)
         await asyncio.to_thread(sys.stdin.read)  # until SIGKILLed (or the harness is gone)
         return
@@ -63,10 +68,20 @@ async def main(role: str, cluster_file: str, *args: str) -> None:
     await train(4)
     await pstrain.Checkpoint(v=v, t=table).save(os.path.join(os.path.dirname(cluster_file), "ckpt2"))
     ids, rows = await table.export()
-    print(json.dumps({"restored": restored, "v": (await v.numpy()).tolist(), "ids": ids.tolist(),
-                      "rows": rows.tolist(), "ps": coordinator.ps.placement.ps,
-                      "table_owners": sorted(set(coordinator.ps.table_slices(table).owners)),
-                      "workers": coordinator.membership()}), flush=True)
+    print(
+        json.dumps(
+            {
+                "restored": restored,
+                "v": (await v.numpy()).tolist(),
+                "ids": ids.tolist(),
+                "rows": rows.tolist(),
+                "ps": coordinator.ps.placement.ps,
+                "table_owners": sorted(set(coordinator.ps.table_slices(table).owners)),
+                "workers": coordinator.membership(),
+            }
+        ),
+        flush=True,
+    )
     await coordinator.close()
 
 

@@ -46,9 +46,12 @@ async def step(counts, rows, table, opt, k: int) -> None:
     value = np.float32(k + 1)
     await opt.apply_gradients(
         [(np.full(1, -1.0, np.float32), c) for c in counts]
-        + [(pstrain.IndexedSlices(np.full((1, DIM), -value, np.float32), np.array([k % ROWS])), r)
-           for r in rows]
-        + [(pstrain.IndexedSlices(np.full((ids.size, DIM), -value, np.float32), ids), table)])
+        + [
+            (pstrain.IndexedSlices(np.full((1, DIM), -value, np.float32), np.array([k % ROWS])), r)
+            for r in rows
+        ]
+        + [(pstrain.IndexedSlices(np.full((ids.size, DIM), -value, np.float32), ids), table)]
+    )
 
 
 def expected(n: int) -> tuple[np.ndarray, dict[int, np.ndarray]]:
@@ -64,12 +67,16 @@ def expected(n: int) -> tuple[np.ndarray, dict[int, np.ndarray]]:
 
 async def main(directory: str) -> None:
     async with pstrain.LocalCluster(num_ps=2, num_workers=1, checkpoint_root=directory) as cluster:
-        print("pids", json.dumps([cluster.pid("ps", 0), cluster.pid("ps", 1),
-                                  cluster.pid("worker", 0)]), flush=True)
+        print(
+            "pids",
+            json.dumps([cluster.pid("ps", 0), cluster.pid("ps", 1), cluster.pid("worker", 0)]),
+            flush=True,
+        )
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         counts, rows, table, opt, ckpt = build(strategy)
-        manager = pstrain.checkpoint.CheckpointManager(ckpt, directory, delta_interval_s=INTERVAL,
-                                                       deltas_per_base=4, max_to_keep=2)
+        manager = pstrain.checkpoint.CheckpointManager(
+            ckpt, directory, delta_interval_s=INTERVAL, deltas_per_base=4, max_to_keep=2
+        )
         await manager.save()  # the base; deltas follow on their own
         k = 0
         while True:

@@ -34,7 +34,8 @@ async def job(cluster_file: str):
     with open(cluster_file) as f:
         spec = json.load(f)
     strategy = pstrain.ParameterServerStrategy(
-        pstrain.SimpleClusterResolver(spec, token=os.environ["PSTRAIN_TOKEN"]))
+        pstrain.SimpleClusterResolver(spec, token=os.environ["PSTRAIN_TOKEN"])
+    )
     coordinator = pstrain.ClusterCoordinator(strategy)
     async with strategy.scope():
         with strategy.placement.colocated(0):
@@ -44,8 +45,7 @@ async def job(cluster_file: str):
 
     async def step() -> None:
         await table.lookup(IDS)
-        await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((IDS.size, 4), np.float32), IDS),
-                                    table)])
+        await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((IDS.size, 4), np.float32), IDS), table)])
         await v.assign_add(np.ones(8, np.float32))
 
     async def train(steps: int) -> None:
@@ -62,10 +62,13 @@ async def main(role: str, cluster_file: str, arg: str) -> None:
         await train(3)
         await coordinator.add_ps(arg)
         await train(2)
-        path = await pstrain.Checkpoint(v=v, t=table).save(os.path.join(os.path.dirname(cluster_file),
-                                                                       "ckpt"))
-        moved = {"moved": coordinator.ps.placement.moved,
-                 "table_owners": sorted(set(coordinator.ps.table_slices(table).owners))}
+        path = await pstrain.Checkpoint(v=v, t=table).save(
+            os.path.join(os.path.dirname(cluster_file), "ckpt")
+        )
+        moved = {
+            "moved": coordinator.ps.placement.moved,
+            "table_owners": sorted(set(coordinator.ps.table_slices(table).owners)),
+        }
         print("saved", path, json.dumps(moved), flush=True)
         await asyncio.to_thread(sys.stdin.read)  # until SIGKILLed (or the harness is gone)
         return
@@ -73,8 +76,17 @@ async def main(role: str, cluster_file: str, arg: str) -> None:
     restored = float((await v.numpy())[0])
     await train(4)
     ids, rows = await table.export()
-    print(json.dumps({"restored": restored, "v": (await v.numpy()).tolist(), "ids": ids.tolist(),
-                      "rows": rows.tolist()}), flush=True)
+    print(
+        json.dumps(
+            {
+                "restored": restored,
+                "v": (await v.numpy()).tolist(),
+                "ids": ids.tolist(),
+                "rows": rows.tolist(),
+            }
+        ),
+        flush=True,
+    )
     await coordinator.close()
 
 

@@ -100,9 +100,11 @@ async def test_http_content_length_claims_cost_nothing(ps_proc):
     writers = []
     for _ in range(3):
         reader, writer = await asyncio.open_connection(host, int(port))
-        writer.write(f"POST /v1/vars/read HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
-                     f"Content-Length: {512 * MiB}\r\nContent-Type: application/x-pstrain\r\n\r\n"
-                     .encode() + b"0123456789abcdef")
+        writer.write(
+            f"POST /v1/vars/read HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"Content-Length: {512 * MiB}\r\nContent-Type: application/x-pstrain\r\n\r\n".encode()
+            + b"0123456789abcdef"
+        )
         await writer.drain()
         writers.append(writer)
     await alive_and_serving(ps_proc)  # served after the three claims were read
@@ -117,8 +119,11 @@ async def test_stream_frame_claims_cost_nothing_and_a_stalled_body_is_dropped(ps
     for _ in range(3):
         reader, writer = await handshake(ps_proc.address)
         op = b"vars/read"
-        writer.write(protocol.FRAME.pack(1, protocol.FrameKind.REQUEST, 0, len(op), 512 * MiB) + op
-                     + b"0123456789abcdef")
+        writer.write(
+            protocol.FRAME.pack(1, protocol.FrameKind.REQUEST, 0, len(op), 512 * MiB)
+            + op
+            + b"0123456789abcdef"
+        )
         await writer.drain()
         conns.append((reader, writer))
     await alive_and_serving(ps_proc)
@@ -157,6 +162,7 @@ async def test_hostile_idle_connections_do_not_lock_out_a_client_and_are_closed(
             writer.write(openings[i % len(openings)])
             idle.append((reader, writer))
         await alive_and_serving(server)  # a legitimate client gets in
+
         # every hostile connection is closed by the server (evicted, or after its deadline)
         async def closed(reader) -> bool:
             try:
@@ -165,6 +171,7 @@ async def test_hostile_idle_connections_do_not_lock_out_a_client_and_are_closed(
             except (ConnectionError, OSError):
                 pass
             return True
+
         assert all(await asyncio.gather(*(closed(r) for r, _ in idle)))
         await abort_all([w for _, w in idle])
         await alive_and_serving(server)
@@ -178,14 +185,20 @@ def test_an_empty_token_is_no_token(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PSTRAIN_")}
     env["PSTRAIN_TOKEN"] = ""
-    out = subprocess.run([sys.executable, "-m", "pstrain.cli", "serve", "--role", "ps", "--host",
-                          "0.0.0.0", "--port", "0"], env=env, capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-m", "pstrain.cli", "serve", "--role", "ps", "--host", "0.0.0.0", "--port", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode != 0 and "without a cluster token" in out.stderr
 
 
 async def test_no_pickle_refuses_functions_before_unpickling(tmp_path):
-    server = ServeProcess("--role", "ps", "--index", "0", "--port", "0", "--no-pickle",
-                          "--log-level", "ERROR")
+    server = ServeProcess(
+        "--role", "ps", "--index", "0", "--port", "0", "--no-pickle", "--log-level", "ERROR"
+    )
     try:
         strategy = strategy_for(server)
         async with strategy.scope():

@@ -17,8 +17,9 @@ WORKLOADS = ROOT.parent / "shared" / "WORKLOADS.md"
 
 
 def plan(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(RUN_ALL), "--list", *args], capture_output=True,
-                          text=True, timeout=60, env=env)
+    return subprocess.run(
+        [sys.executable, str(RUN_ALL), "--list", *args], capture_output=True, text=True, timeout=60, env=env
+    )
 
 
 @pytest.mark.timeout(90)
@@ -70,16 +71,20 @@ def test_make_bench_refuses_a_selection_it_cannot_run_naming_it():
 @pytest.mark.timeout(90)
 def test_the_tensorflow_comparison_says_what_is_missing_before_it_measures_anything(tmp_path):
     script = ROOT / "benchmarks" / "against_tf.py"
-    missing = subprocess.run([sys.executable, str(script), "--tf-python", str(tmp_path / "python")],
-                             capture_output=True, text=True, timeout=60)
+    missing = subprocess.run(
+        [sys.executable, str(script), "--tf-python", str(tmp_path / "python")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert missing.returncode == 1 and "cannot be run" in missing.stderr
     assert "tensorflow-cpu==2.21.0" in missing.stderr  # how to make one
     bare = tmp_path / "bare-python"  # an interpreter without TensorFlow, as Python says it
-    bare.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'tensorflow'\" >&2\n"
-                    "exit 1\n")
+    bare.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'tensorflow'\" >&2\nexit 1\n")
     bare.chmod(0o755)
-    without = subprocess.run([sys.executable, str(script), "--tf-python", str(bare)],
-                             capture_output=True, text=True, timeout=120)
+    without = subprocess.run(
+        [sys.executable, str(script), "--tf-python", str(bare)], capture_output=True, text=True, timeout=120
+    )
     assert without.returncode == 1 and "has no TensorFlow" in without.stderr, without.stderr
 
 
@@ -88,7 +93,11 @@ def test_w8_says_which_peer_is_missing_before_it_measures_anything(tmp_path):
     bare = tmp_path / "bare-python"  # an interpreter without TorchRec, as Python says it
     bare.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'torchrec'\" >&2\nexit 1\n")
     bare.chmod(0o755)
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "recsys.py"),
-                          "--torchrec-python", str(bare)], capture_output=True, text=True, timeout=100)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "recsys.py"), "--torchrec-python", str(bare)],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
     assert out.returncode == 1 and "has no TorchRec" in out.stderr, out.stderr
     assert "../shared/anchors/README.md" in out.stderr

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.timeout(90)
 async def test_sigkill_during_save_leaves_the_previous_checkpoint_loadable(ps_process, tmp_path):
     ps_server = ps_process  # a process: this test blocks its loop reading the saver's output
     script = tmp_path / "saver.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import numpy as np, pstrain
         from pstrain.checkpoint import Checkpoint, CheckpointManager
         async def main():
@@ -29,14 +30,15 @@ async def test_sigkill_during_save_leaves_the_previous_checkpoint_loadable(ps_pr
             s = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(spec, token="{TOKEN}"))
             async with s.scope():
                 big = pstrain.Variable(pstrain.initializers.Ones(), shape=(4_000_000, 8), name="big")
-            manager = CheckpointManager(Checkpoint(big=big), "{tmp_path / 'run'}", max_to_keep=None)
+            manager = CheckpointManager(Checkpoint(big=big), "{tmp_path / "run"}", max_to_keep=None)
             await manager.save()
             print("saved", flush=True)
             while True:
                 await big.assign_add(np.ones((4_000_000, 8), np.float32))
                 await manager.save()
         pstrain.run(main())
-    """))
+    """)
+    )
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "saved"
@@ -65,8 +67,24 @@ async def test_evaluator_as_a_serve_role(ps_server, tmp_path):
     await CheckpointManager(Checkpoint(w=w, optimizer=opt), str(tmp_path / "run")).save()
     script = tmp_path / "eval.py"
     script.write_text("def evaluate(variables, iterations):\n    return {'w0': float(variables['w'][0])}\n")
-    result = subprocess.run([sys.executable, "-m", "pstrain.cli", "serve", "--role", "evaluator",
-                             "--checkpoint-dir", str(tmp_path / "run"), "--eval-script", str(script),
-                             "--max-evaluations", "1"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pstrain.cli",
+            "serve",
+            "--role",
+            "evaluator",
+            "--checkpoint-dir",
+            str(tmp_path / "run"),
+            "--eval-script",
+            str(script),
+            "--max-evaluations",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert "ckpt-1 iterations=1 {'w0': 0.0}" in result.stdout

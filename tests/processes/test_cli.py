@@ -21,14 +21,27 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def run_cli(*args: str, env=None, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pstrain.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "pstrain.cli", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def test_serve_help_documents_every_flag():
     out = run_cli("serve", "--help").stdout
-    for flag in ("--role", "--index", "--cluster", "--host", "--port", "--token-file", "--tls-cert",
-                 "--tls-key", "--tls-ca", "--max-body", "--log-level", "--closure-threads"):
+    for flag in (
+        "--role",
+        "--index",
+        "--cluster",
+        "--host",
+        "--port",
+        "--token-file",
+        "--tls-cert",
+        "--tls-key",
+        "--tls-ca",
+        "--max-body",
+        "--log-level",
+        "--closure-threads",
+    ):
         assert flag in out
     assert "TF_CONFIG" in out and "PSTRAIN_CONFIG" in out
 
@@ -36,10 +49,12 @@ def test_serve_help_documents_every_flag():
 def test_serve_starts_without_loading_the_coordinators_side():
     """Every task of a job runs `pstrain serve`: its parser (which holds `demo`'s too) must
     not load the coordinator, checkpoints or the dashboard, a second of start-up a process."""
-    code = ("import sys\nfrom pstrain.cli import main\n"
-            "try:\n    main(['serve', '--role', 'ps', '--port', 'x'])\nexcept SystemExit:\n    pass\n"
-            "print(sorted(m for m in sys.modules if m.startswith(('pstrain._coordinator', "
-            "'pstrain._checkpoint', 'pstrain.dashboard', 'pstrain.ctr'))))")
+    code = (
+        "import sys\nfrom pstrain.cli import main\n"
+        "try:\n    main(['serve', '--role', 'ps', '--port', 'x'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('pstrain._coordinator', "
+        "'pstrain._checkpoint', 'pstrain.dashboard', 'pstrain.ctr'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert "argument --port" in out.stderr, out.stderr  # the parser did run
     assert out.stdout.strip() == "[]", out.stdout
@@ -57,8 +72,10 @@ def test_role_and_port_from_tf_config(tmp_path):
     with socket.socket() as s:  # a port for the config; the server binds it itself
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    config = {"cluster": {"ps": [f"127.0.0.1:{port}"], "worker": ["127.0.0.1:1"]},
-              "task": {"type": "ps", "index": 0}}
+    config = {
+        "cluster": {"ps": [f"127.0.0.1:{port}"], "worker": ["127.0.0.1:1"]},
+        "task": {"type": "ps", "index": 0},
+    }
     import os
 
     env = dict(os.environ, TF_CONFIG=json.dumps(config))
@@ -97,11 +114,31 @@ def test_bad_config_is_a_clear_error(tmp_path):
 
 async def test_tls(tmp_path):
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-    server = ServeProcess("--role", "ps", "--index", "0", "--port", "0", "--tls-cert", str(cert),
-                          "--tls-key", str(key))
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    server = ServeProcess(
+        "--role", "ps", "--index", "0", "--port", "0", "--tls-cert", str(cert), "--tls-key", str(key)
+    )
     try:
         spec = {"ps": [server.address], "worker": ["127.0.0.1:9"]}
         resolver = pstrain.SimpleClusterResolver(spec, token=TOKEN)
@@ -161,44 +198,78 @@ def test_a_file_or_port_given_wrong_is_one_line_naming_the_flag(tmp_path):
     bad_pem = tmp_path / "bad.pem"
     bad_pem.write_text("not a certificate")
     cases = [
-        (("serve", "--role", "ps", "--port", "99999"),
-         "argument --port: a port must be a whole number from 0 to 65535, got 99999"),
+        (
+            ("serve", "--role", "ps", "--port", "99999"),
+            "argument --port: a port must be a whole number from 0 to 65535, got 99999",
+        ),
         (("serve", "--role", "ps", "--port", "x"), "argument --port: 'x' is not a number"),
-        (("serve", "--role", "ps", "--cluster", missing),
-         f"--cluster {missing}: the file cannot be read (No such file or directory)"),
-        (("serve", "--role", "ps", "--port", "0", "--token-file", missing),
-         f"--token-file {missing}: the file cannot be read"),
-        (("status", "--cluster", str(tmp_path)), f"--cluster {tmp_path}: the file cannot be read "
-                                                 "(Is a directory)"),
+        (
+            ("serve", "--role", "ps", "--cluster", missing),
+            f"--cluster {missing}: the file cannot be read (No such file or directory)",
+        ),
+        (
+            ("serve", "--role", "ps", "--port", "0", "--token-file", missing),
+            f"--token-file {missing}: the file cannot be read",
+        ),
+        (
+            ("status", "--cluster", str(tmp_path)),
+            f"--cluster {tmp_path}: the file cannot be read (Is a directory)",
+        ),
         (("status", "--cluster", missing, "--token-file", missing), f"--cluster {missing}"),
-        (("serve", "--role", "ps", "--port", "0", "--tls-cert", str(bad_pem), "--tls-key",
-          str(bad_pem)), f"--tls-cert {bad_pem} / --tls-key {bad_pem}: cannot be loaded"),
-        (("serve", "--role", "worker", "--port", "0", "--tls-ca", missing),
-         f"--tls-ca {missing}: cannot be loaded"),
-        (("serve", "--role", "ps", "--port", "0", "--max-body", "-1"),
-         "argument --max-body: it must be a whole number of 1 or more, got -1"),
-        (("serve", "--role", "worker", "--port", "0", "--closure-threads", "0"),
-         "argument --closure-threads: it must be a whole number of 1 or more, got 0"),
-        (("serve", "--role", "ps", "--index", "-1"),
-         "argument --index: it must be a whole number of 0 or more, got -1"),
+        (
+            ("serve", "--role", "ps", "--port", "0", "--tls-cert", str(bad_pem), "--tls-key", str(bad_pem)),
+            f"--tls-cert {bad_pem} / --tls-key {bad_pem}: cannot be loaded",
+        ),
+        (
+            ("serve", "--role", "worker", "--port", "0", "--tls-ca", missing),
+            f"--tls-ca {missing}: cannot be loaded",
+        ),
+        (
+            ("serve", "--role", "ps", "--port", "0", "--max-body", "-1"),
+            "argument --max-body: it must be a whole number of 1 or more, got -1",
+        ),
+        (
+            ("serve", "--role", "worker", "--port", "0", "--closure-threads", "0"),
+            "argument --closure-threads: it must be a whole number of 1 or more, got 0",
+        ),
+        (
+            ("serve", "--role", "ps", "--index", "-1"),
+            "argument --index: it must be a whole number of 0 or more, got -1",
+        ),
         (("serve", "--role", "ps", "--port", "0", "--max-store-bytes", "0"), "--max-store-bytes"),
-        (("serve", "--role", "ps", "--port", "0", "--drain-timeout", "nan"),
-         "argument --drain-timeout: a duration must be a finite number of seconds of 0 or more, got nan"),
-        (("serve", "--role", "ps", "--port", "0", "--log-level", "LOUD"),
-         "argument --log-level: 'LOUD' is not a log level"),
-        (("serve", "--role", "ps", "--port", "0", "--advertise", "nocolon"),
-         "argument --advertise: malformed address 'nocolon'"),
-        (("status", "--timeout", "-1"),
-         "argument --timeout: a duration must be a finite number of seconds of 0 or more, got -1.0"),
-        (("launch", "--workers", "0", "--", "true"),
-         "argument --workers: it must be a whole number of 1 or more, got 0"),
-        (("launch", "--", missing), f"'{missing}': no such command (not on PATH, nor an executable "
-                                    "file); nothing was started"),
+        (
+            ("serve", "--role", "ps", "--port", "0", "--drain-timeout", "nan"),
+            "argument --drain-timeout: a duration must be a finite number of seconds of 0 or more, got nan",
+        ),
+        (
+            ("serve", "--role", "ps", "--port", "0", "--log-level", "LOUD"),
+            "argument --log-level: 'LOUD' is not a log level",
+        ),
+        (
+            ("serve", "--role", "ps", "--port", "0", "--advertise", "nocolon"),
+            "argument --advertise: malformed address 'nocolon'",
+        ),
+        (
+            ("status", "--timeout", "-1"),
+            "argument --timeout: a duration must be a finite number of seconds of 0 or more, got -1.0",
+        ),
+        (
+            ("launch", "--workers", "0", "--", "true"),
+            "argument --workers: it must be a whole number of 1 or more, got 0",
+        ),
+        (
+            ("launch", "--", missing),
+            f"'{missing}': no such command (not on PATH, nor an executable file); nothing was started",
+        ),
         (("demo", "--steps", "0"), "argument --steps: it must be a whole number of 1 or more, got 0"),
-        (("serve", "--role", "ps", "--port", "0", "--checkpoint-root", str(bad_pem)),
-         f"argument --checkpoint-root: '{bad_pem}' is not a directory"),
-        (("serve", "--role", "ps", "--port", "0", "--checkpoint-root", f"{bad_pem}/ckpts"),
-         f"argument --checkpoint-root: '{bad_pem}/ckpts' cannot be a directory: {bad_pem} is a file"),
+        (
+            ("serve", "--role", "ps", "--port", "0", "--checkpoint-root", str(bad_pem)),
+            f"argument --checkpoint-root: '{bad_pem}' is not a directory",
+        ),
+        (
+            ("serve", "--role", "ps", "--port", "0", "--checkpoint-root", f"{bad_pem}/ckpts"),
+            f"argument --checkpoint-root: '{bad_pem}/ckpts' cannot be a directory: {bad_pem} is a file",
+        ),
     ]
     # each case a process of its own (about 0.7 s of imports each), three at a time
     with ThreadPoolExecutor(3) as pool:
@@ -206,11 +277,19 @@ def test_a_file_or_port_given_wrong_is_one_line_naming_the_flag(tmp_path):
     for (args, message), result in zip(cases, results, strict=True):
         assert result.returncode == 2, (args, result.stderr)
         assert message in result.stderr and "Traceback" not in result.stderr, (args, result.stderr)
-    result = run_cli("serve", "--role", "ps", "--port", "0",
-                     env={**{k: v for k, v in os.environ.items() if k != "PSTRAIN_TOKEN"},
-                          "PSTRAIN_TOKEN_FILE": missing})
-    assert result.returncode == 2 and f"PSTRAIN_TOKEN_FILE {missing}: the file cannot be read" \
-        in result.stderr and "Traceback" not in result.stderr, result.stderr
+    result = run_cli(
+        "serve",
+        "--role",
+        "ps",
+        "--port",
+        "0",
+        env={**{k: v for k, v in os.environ.items() if k != "PSTRAIN_TOKEN"}, "PSTRAIN_TOKEN_FILE": missing},
+    )
+    assert (
+        result.returncode == 2
+        and f"PSTRAIN_TOKEN_FILE {missing}: the file cannot be read" in result.stderr
+        and "Traceback" not in result.stderr
+    ), result.stderr
 
 
 def test_pstrain_config_may_name_a_file_and_a_path_in_tf_config_says_what_is_wrong(tmp_path):
@@ -218,8 +297,9 @@ def test_pstrain_config_may_name_a_file_and_a_path_in_tf_config_says_what_is_wro
     from pstrain.errors import InvalidArgumentError
 
     config = tmp_path / "cluster.json"
-    config.write_text(json.dumps({"cluster": {"ps": ["h:1"], "worker": ["h:2"]},
-                                  "task": {"type": "worker", "index": 0}}))
+    config.write_text(
+        json.dumps({"cluster": {"ps": ["h:1"], "worker": ["h:2"]}, "task": {"type": "worker", "index": 0}})
+    )
     spec, task_type, index = parse_config(str(config), "PSTRAIN_CONFIG")
     assert spec.job_tasks("ps") == ["h:1"] and (task_type, index) == ("worker", 0)
     with pytest.raises(InvalidArgumentError, match="neither JSON nor a readable file"):
@@ -244,14 +324,32 @@ def test_launch_prefixes_every_line_the_servers_write():
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-m", "pstrain", "launch", "--ps", "1", "--workers", "1", "--log-level",
-         "INFO", "--", sys.executable, "-c", "print('hello from the chief')"],
-        capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "pstrain",
+            "launch",
+            "--ps",
+            "1",
+            "--workers",
+            "1",
+            "--log-level",
+            "INFO",
+            "--",
+            sys.executable,
+            "-c",
+            "print('hello from the chief')",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert "[chief] hello from the chief" in result.stdout
     server_lines = [ln for ln in result.stderr.splitlines() if "pstrain.server" in ln]
-    assert server_lines and all(ln.startswith(("[ps:0] ", "[worker:0] ")) for ln in server_lines), \
+    assert server_lines and all(ln.startswith(("[ps:0] ", "[worker:0] ")) for ln in server_lines), (
         result.stderr
+    )
 
 
 def test_a_closure_that_cannot_reach_its_ps_is_told_what_to_do():

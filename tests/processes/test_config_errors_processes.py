@@ -24,28 +24,48 @@ pytestmark = pytest.mark.timeout(90)
 def tls_files(tmp_path_factory):
     d = tmp_path_factory.mktemp("tls")
     cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return cert, key
 
 
 async def test_tls_mismatch_both_ways_is_permanent(tls_files, caplog):
     cert, key = tls_files
-    tls_worker = ServeProcess("--role", "worker", "--index", "0", "--port", "0",
-                              "--tls-cert", str(cert), "--tls-key", str(key))
+    tls_worker = ServeProcess(
+        "--role", "worker", "--index", "0", "--port", "0", "--tls-cert", str(cert), "--tls-key", str(key)
+    )
     plain_worker = ServeProcess("--role", "worker", "--index", "0", "--port", "0")
     try:
         ps = "127.0.0.1:9"  # never reached: only the workers matter here
-        plain = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(
-            {"ps": [ps], "worker": [tls_worker.address]}, token=TOKEN))
+        plain = pstrain.ParameterServerStrategy(
+            pstrain.SimpleClusterResolver({"ps": [ps], "worker": [tls_worker.address]}, token=TOKEN)
+        )
         coordinator = pstrain.ClusterCoordinator(plain)
         err = await join_fails(coordinator, ProtocolError, "expects TLS")
         assert err.task == "/job:worker/replica:0/task:0"
         await coordinator.close()
 
-        resolver = pstrain.SimpleClusterResolver({"ps": [ps], "worker": [plain_worker.address]},
-                                                 token=TOKEN)
+        resolver = pstrain.SimpleClusterResolver({"ps": [ps], "worker": [plain_worker.address]}, token=TOKEN)
         resolver.ssl_context = client_ssl(str(cert))
         coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(resolver))
         await join_fails(coordinator, AuthenticationError, "TLS handshake .* failed")
@@ -60,15 +80,28 @@ async def test_tls_mismatch_both_ways_is_permanent(tls_files, caplog):
 async def test_pstrain_status_names_refused_and_mismatched_tasks(cluster, tmp_path):
     spec = cluster.cluster_spec
     config = tmp_path / "cluster.json"
-    config.write_text(json.dumps({"cluster": {"ps": spec.job_tasks("ps"),
-                                              "worker": spec.job_tasks("worker")[::-1]}}))
+    config.write_text(
+        json.dumps({"cluster": {"ps": spec.job_tasks("ps"), "worker": spec.job_tasks("worker")[::-1]}})
+    )
     token = tmp_path / "token"
     token.write_text(cluster.token)
 
     def status(token_file):
-        return subprocess.run([sys.executable, "-m", "pstrain", "status", "--cluster", str(config),
-                               "--token-file", str(token_file)], capture_output=True, text=True,
-                              timeout=60)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pstrain",
+                "status",
+                "--cluster",
+                str(config),
+                "--token-file",
+                str(token_file),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     result = await asyncio.get_running_loop().run_in_executor(None, status, token)
     assert result.returncode == 1

@@ -45,11 +45,17 @@ async def _login_again(coordinator: Any, token: str) -> None:
     def cli(with_token: str) -> subprocess.CompletedProcess[str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PSTRAIN_")}
         env["PSTRAIN_TOKEN"] = with_token
-        return subprocess.run([sys.executable, "-m", "pstrain.cli", "dashboard-login",
-                               served.address], capture_output=True, text=True, env=env, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "pstrain.cli", "dashboard-login", served.address],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
 
-    wrong, right = await asyncio.gather(asyncio.to_thread(cli, "not-the-token"),
-                                        asyncio.to_thread(cli, token))
+    wrong, right = await asyncio.gather(
+        asyncio.to_thread(cli, "not-the-token"), asyncio.to_thread(cli, token)
+    )
     assert wrong.returncode == 2 and "refused the token" in wrong.stderr and not wrong.stdout
     assert right.returncode == 0, right.stderr
     fresh = right.stdout.strip()

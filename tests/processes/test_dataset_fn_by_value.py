@@ -10,13 +10,13 @@ import pstrain
 pytestmark = pytest.mark.timeout(60)
 
 
-HELPERS = '''
+HELPERS = """
 import numpy as np
 import pstrain
 
 def make():
     return pstrain.data.Dataset.from_tensor_slices(np.arange(8.0)).repeat().batch(4)
-'''
+"""
 
 
 @pytest.mark.timeout(120)

@@ -28,8 +28,10 @@ ROWS, STEPS, BATCHES = 100_000, 500, 24  # step k trains on batch k % BATCHES
 
 def _batches() -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     (ids, dense, y), _ = synthetic(BATCHES * BATCH, 0, rows=ROWS)
-    return [(ids[k * BATCH:(k + 1) * BATCH], dense[k * BATCH:(k + 1) * BATCH],
-             y[k * BATCH:(k + 1) * BATCH]) for k in range(BATCHES)]
+    return [
+        (ids[k * BATCH : (k + 1) * BATCH], dense[k * BATCH : (k + 1) * BATCH], y[k * BATCH : (k + 1) * BATCH])
+        for k in range(BATCHES)
+    ]
 
 
 def _build(strategy: pstrain.ParameterServerStrategy, batches, dynamic: bool = False):
@@ -52,7 +54,9 @@ async def _state(model: CTRModel, opt) -> list[np.ndarray]:
     parts = [p for v in [model.table, *model.dense] for p in getattr(v, "variables", [v])]
     values = [await p.read_value() for p in parts]
     for p in parts:
-        reply = await untyped_call(p.channel(), "vars/read", {"names": [opt.slot_variable_name(p, "accumulator")]})
+        reply = await untyped_call(
+            p.channel(), "vars/read", {"names": [opt.slot_variable_name(p, "accumulator")]}
+        )
         values.append(reply["values"][0])
     return values + [await opt.iterations.read_value()]
 
@@ -60,7 +64,8 @@ async def _state(model: CTRModel, opt) -> list[np.ndarray]:
 def _strategy(spec: dict, token: str) -> pstrain.ParameterServerStrategy:
     return pstrain.ParameterServerStrategy(
         pstrain.SimpleClusterResolver(spec, token=token),
-        variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
+        variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2),
+    )
 
 
 async def _reference(batches) -> list[np.ndarray]:
@@ -113,19 +118,22 @@ async def test_a_ps_joins_and_is_drained_by_sigterm_during_w4_and_the_state_is_e
                 await rv
                 done_at.append(time.monotonic())
 
-        watcher = asyncio.ensure_future(watch(
-            [coordinator.schedule(step, args=(k,), exactly_once=True) for k in range(half)]))
+        watcher = asyncio.ensure_future(
+            watch([coordinator.schedule(step, args=(k,), exactly_once=True) for k in range(half)])
+        )
         await _until(lambda: len(done_at) >= 4, "training to start")
-        joined = await asyncio.to_thread(ServeProcess, "--role", "ps", "--port", "0",
-                                         "--join", endpoint, "--drain-timeout", "60")
-        await _until(lambda: coordinator.ps.moves_done >= 1 and coordinator.ps.moving is None,
-                     "a share of the variables to move to the new ps")
+        joined = await asyncio.to_thread(
+            ServeProcess, "--role", "ps", "--port", "0", "--join", endpoint, "--drain-timeout", "60"
+        )
+        await _until(
+            lambda: coordinator.ps.moves_done >= 1 and coordinator.ps.moving is None,
+            "a share of the variables to move to the new ps",
+        )
         status = coordinator.ps.status()
         assert [p["active"] for p in status["ps"]] == [True, True, True]
         placed = strategy.placement.placed
         for k, address in enumerate(status and [p["address"] for p in status["ps"]]):
-            on = {key for key, (home, _) in placed.items()
-                  if coordinator.ps.placement.ps_of(key, home) == k}
+            on = {key for key, (home, _) in placed.items() if coordinator.ps.placement.ps_of(key, home) == k}
             held = await _listed(address, k)
             slots = f"{opt.name}/accumulator/"
             assert {n for n in held if not n.startswith(slots)} == on
@@ -136,8 +144,9 @@ async def test_a_ps_joins_and_is_drained_by_sigterm_during_w4_and_the_state_is_e
         await watcher
         gaps = list(np.diff(done_at))
         done_at.clear()
-        watcher = asyncio.ensure_future(watch(
-            [coordinator.schedule(step, args=(k,), exactly_once=True) for k in range(half, STEPS)]))
+        watcher = asyncio.ensure_future(
+            watch([coordinator.schedule(step, args=(k,), exactly_once=True) for k in range(half, STEPS)])
+        )
         await _until(lambda: len(done_at) >= 4, "training on three ps")
 
         joined.proc.terminate()  # SIGTERM: a preemption notice
@@ -222,11 +231,18 @@ async def test_a_dynamic_table_moves_to_a_joining_ps_and_off_it_on_sigterm_and_t
         model, opt, step = _build(strategy, batches, dynamic=True)
         rvs = [coordinator.schedule(step, args=(k,), exactly_once=True) for k in range(TABLE_STEPS)]
         await _until(lambda: coordinator.closures_done >= 10, "training to start")
-        joined = await asyncio.to_thread(ServeProcess, "--role", "ps", "--port", "0",
-                                         "--join", endpoint, "--drain-timeout", "60")
-        await _until(lambda: 2 in set(coordinator.ps.table_slices(model.table).owners)
-                     and coordinator.ps.moving is None, "a share of the table to move to the new ps")
-        rows_on_new = (await untyped_call(model.table.channel(2), "dyn/stats", {"name": model.table.key}))["rows"]
+        joined = await asyncio.to_thread(
+            ServeProcess, "--role", "ps", "--port", "0", "--join", endpoint, "--drain-timeout", "60"
+        )
+        await _until(
+            lambda: (
+                2 in set(coordinator.ps.table_slices(model.table).owners) and coordinator.ps.moving is None
+            ),
+            "a share of the table to move to the new ps",
+        )
+        rows_on_new = (await untyped_call(model.table.channel(2), "dyn/stats", {"name": model.table.key}))[
+            "rows"
+        ]
         assert rows_on_new > 0
         await _rows_match_the_map(coordinator, model.table)
         await _until(lambda: coordinator.closures_done >= TABLE_STEPS // 2, "training on three ps")
@@ -261,8 +277,7 @@ async def _a_table_made_after_the_drain_trains_on_the_ps_left(strategy, coordina
 
     async def train() -> np.ndarray:
         values = await later.lookup(ids)
-        await sgd.apply_gradients([(pstrain.IndexedSlices(np.ones((ids.size, 4), np.float32), ids),
-                                    later)])
+        await sgd.apply_gradients([(pstrain.IndexedSlices(np.ones((ids.size, 4), np.float32), ids), later)])
         return values
 
     before = await coordinator.schedule(train)

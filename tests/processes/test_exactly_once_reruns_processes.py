@@ -17,6 +17,7 @@ pytestmark = pytest.mark.timeout(120)
 def _step(a, b, marker: str):
     """Reads both variables, then changes ``a`` (one operation), then ``b`` (another) from
     the values read. Its first attempt kills its own worker between the two."""
+
     async def step():
         va, vb = await read_variables([a, b])
         await a.assign_add(va * vb)
@@ -26,11 +27,13 @@ def _step(a, b, marker: str):
             os.kill(os.getpid(), signal.SIGKILL)  # the first attempt dies here: `a` changed
         await b.assign_add(va + vb)
         return float(vb[0])
+
     return step
 
 
 async def test_a_rerun_after_an_attempt_died_between_its_updates_computes_what_it_would_have(
-        process_cluster, tmp_path):
+    process_cluster, tmp_path
+):
     strategy = pstrain.ParameterServerStrategy(process_cluster.resolver)
     coordinator = pstrain.ClusterCoordinator(strategy)
     async with strategy.scope():

@@ -41,6 +41,11 @@ def test_ctr_example_runs_under_launch():
 @pytest.mark.parametrize("module, says", [("mlp_equinox", "W3 (equinox)"), ("ctr_torch", "W4 (torch)")])
 def test_a_framework_model_run_alone_trains_and_says_so(module, says):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PSTRAIN_", "TF_CONFIG"))}
-    run = subprocess.run([sys.executable, str(EXAMPLES / f"{module}.py"), "--steps", "20", "--ps", "1",
-                          "--workers", "1"], capture_output=True, text=True, timeout=170, env=env)
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLES / f"{module}.py"), "--steps", "20", "--ps", "1", "--workers", "1"],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        env=env,
+    )
     assert says in run.stdout, run.stdout + run.stderr

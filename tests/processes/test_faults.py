@@ -39,6 +39,7 @@ def make_step(count, delay=0.0):
             await asyncio.sleep(delay)
         await count.assign_add(1)
         return 1
+
     return step
 
 
@@ -104,8 +105,10 @@ async def test_one_worker_killed_twice_in_a_row(cluster):
         coordinator.schedule(make_step(count, 0.01))
     for _ in range(2):
         # kill it while it runs closures, so that each loss is seen
-        await wait_for(lambda: coordinator.workers_up[0] and coordinator.queue.in_flight_on(0) > 0,
-                       what="worker 0 to run closures")
+        await wait_for(
+            lambda: coordinator.workers_up[0] and coordinator.queue.in_flight_on(0) > 0,
+            what="worker 0 to run closures",
+        )
         await cluster.kill("worker", 0)
         await cluster.restart("worker", 0)
     await coordinator.join()
@@ -121,8 +124,10 @@ async def test_a_worker_that_stays_down(cluster):
     await wait_for(lambda: _at_least(count, 5), what="progress")
     # kill it while it runs a closure: a worker never reached, or idle with nothing left to
     # run, is not found unreachable
-    await wait_for(lambda: coordinator.workers_up == [True, True]
-                   and coordinator.queue.in_flight_on(1) > 0, what="worker 1 to run closures")
+    await wait_for(
+        lambda: coordinator.workers_up == [True, True] and coordinator.queue.in_flight_on(1) > 0,
+        what="worker 1 to run closures",
+    )
     await cluster.kill("worker", 1)
     await coordinator.join()
     assert await count.numpy() >= 60
@@ -163,14 +168,15 @@ async def test_ps_loss_is_reported_then_restored_from_a_checkpoint(tmp_path):
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         coordinator = pstrain.ClusterCoordinator(strategy, ps_timeout_s=5.0)
         async with strategy.scope():
-            w = pstrain.Variable(np.zeros(4, np.float32), name="w")      # ps 0
+            w = pstrain.Variable(np.zeros(4, np.float32), name="w")  # ps 0
             table = pstrain.Variable(np.zeros((50, 4), np.float32), name="table")  # ps 1
             opt = pstrain.optimizers.Adagrad(0.1)
         manager = CheckpointManager(Checkpoint(w=w, table=table, optimizer=opt), str(tmp_path))
 
         async def step():
-            await opt.apply_gradients([(np.ones(4, np.float32), w),
-                                       (pstrain.IndexedSlices(np.ones((2, 4)), [1, 7]), table)])
+            await opt.apply_gradients(
+                [(np.ones(4, np.float32), w), (pstrain.IndexedSlices(np.ones((2, 4)), [1, 7]), table)]
+            )
 
         for _ in range(10):
             coordinator.schedule(step)
@@ -192,8 +198,11 @@ async def test_ps_loss_is_reported_then_restored_from_a_checkpoint(tmp_path):
         await cluster.restart("ps", 1)
         # The heartbeat sees the new incarnation first (its "restarted" error is pending);
         # the restore onto that incarnation then makes it moot: work goes on.
-        await wait_for(lambda: coordinator.ps_incarnations[1] not in (None, before), timeout=30,
-                       what="the restarted ps seen")
+        await wait_for(
+            lambda: coordinator.ps_incarnations[1] not in (None, before),
+            timeout=30,
+            what="the restarted ps seen",
+        )
         await Checkpoint(w=w, table=table, optimizer=opt).restore(manager.latest_checkpoint)
         for name, var in (("w", w), ("table", table)):
             assert (await var.numpy()).tobytes() == saved[name].tobytes()  # bit for bit
@@ -212,8 +221,12 @@ def test_fault_drill_example_accounts_for_every_step(framework):
     from pathlib import Path
 
     example = Path(__file__).resolve().parents[2] / "examples" / "fault_drill.py"
-    result = subprocess.run([sys.executable, str(example), "--steps", "120", "--quiet",
-                             "--framework", framework], capture_output=True, text=True, timeout=110)
+    result = subprocess.run(
+        [sys.executable, str(example), "--steps", "120", "--quiet", "--framework", framework],
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
 
 
@@ -370,11 +383,13 @@ async def test_a_worker_joins_a_running_job_at_a_new_address_and_takes_work_with
             assert await count.numpy() == 1 + len(rvs) + 40
 
             # Every slot is up: a third worker grows the cluster, with its own dataset.
-            grower = ServeProcess("--role", "worker", "--port", "0", "--join", endpoint,
-                                  token=cluster.token)
+            grower = ServeProcess("--role", "worker", "--port", "0", "--join", endpoint, token=cluster.token)
             started = time.monotonic()
-            await wait_for(lambda: len(coordinator.workers_up) == 3 and coordinator.workers_up[2],
-                           timeout=5, what="the cluster grown to 3 workers")
+            await wait_for(
+                lambda: len(coordinator.workers_up) == 3 and coordinator.workers_up[2],
+                timeout=5,
+                what="the cluster grown to 3 workers",
+            )
             late = [coordinator.schedule(incr, args=(it,)) for _ in range(60)]
             await coordinator.join()
             on_2 = [(await rv)[1] for rv in late if (await rv)[0] == 2]
@@ -389,10 +404,20 @@ async def test_a_worker_joins_a_running_job_at_a_new_address_and_takes_work_with
             import sys
 
             config = json.dumps({"cluster": cluster.cluster_spec.as_dict()})
-            status = await asyncio.get_running_loop().run_in_executor(None, lambda: subprocess.run(
-                [sys.executable, "-m", "pstrain", "status", "--coordinator", endpoint],
-                capture_output=True, text=True, timeout=60,
-                env={**__import__("os").environ, "PSTRAIN_CONFIG": config, "PSTRAIN_TOKEN": cluster.token}))
+            status = await asyncio.get_running_loop().run_in_executor(
+                None,
+                lambda: subprocess.run(
+                    [sys.executable, "-m", "pstrain", "status", "--coordinator", endpoint],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    env={
+                        **__import__("os").environ,
+                        "PSTRAIN_CONFIG": config,
+                        "PSTRAIN_TOKEN": cluster.token,
+                    },
+                ),
+            )
             assert f"worker 1  up       {joiner.address}" in status.stdout, status.stdout + status.stderr
             assert f"worker 2  up       {grower.address}" in status.stdout, status.stdout + status.stderr
             assert "placement map version 0" in status.stdout, status.stdout
@@ -416,8 +441,9 @@ async def test_a_connection_attempt_whose_callers_were_cancelled_is_not_handed_t
     listener = socket.socket()  # accepts connections (the kernel's backlog), never answers
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
-    ch = rpc.Channel(f"127.0.0.1:{listener.getsockname()[1]}", token="t" * 32, task="ps0",
-                     connect_timeout=0.5)
+    ch = rpc.Channel(
+        f"127.0.0.1:{listener.getsockname()[1]}", token="t" * 32, task="ps0", connect_timeout=0.5
+    )
     accepted = []
 
     def connection_waiting() -> bool:
@@ -444,8 +470,9 @@ async def test_a_connection_attempt_whose_callers_were_cancelled_is_not_handed_t
         await wait_for(closed_by_client, timeout=10, what="the first attempt to end")
         conn.close()
         second = asyncio.ensure_future(ch.connected())
-        await wait_for(connection_waiting, timeout=10,
-                       what="a new attempt (not the first one's failure handed back)")
+        await wait_for(
+            connection_waiting, timeout=10, what="a new attempt (not the first one's failure handed back)"
+        )
         second.cancel()
         await asyncio.gather(second, return_exceptions=True)
     finally:

@@ -51,8 +51,9 @@ for name in sys.argv[1:]:
 
 
 def _import_alone(names: list[str]) -> list[tuple[str, int, str]]:
-    out = subprocess.run([sys.executable, "-c", _FORK_EACH, *names], capture_output=True, text=True,
-                         timeout=150)
+    out = subprocess.run(
+        [sys.executable, "-c", _FORK_EACH, *names], capture_output=True, text=True, timeout=150
+    )
     results = [ast.literal_eval(line) for line in out.stdout.splitlines()]
     if out.returncode != 0 or len(results) != len(names):
         results.append(("(the helper)", out.returncode or 1, out.stderr[-2000:]))

@@ -75,8 +75,15 @@ def _alive(pid: int) -> bool:
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PSTRAIN_", "TF_CONFIG"))}
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=cwd, start_new_session=True)  # its own group, as a shell's job
+    return subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )  # its own group, as a shell's job
 
 
 def _read_until(proc: subprocess.Popen[str], pattern: str) -> list[str]:
@@ -90,8 +97,9 @@ def _read_until(proc: subprocess.Popen[str], pattern: str) -> list[str]:
             return lines
 
 
-def _interrupt_when(args: list[str], cwd: Path, ready: str,
-                   also: Callable[[], bool] = lambda: True) -> tuple[int, float, list[str], str, str]:
+def _interrupt_when(
+    args: list[str], cwd: Path, ready: str, also: Callable[[], bool] = lambda: True
+) -> tuple[int, float, list[str], str, str]:
     """Start ``args`` as a job of its own, wait for a line matching ``ready`` (and ``also()``),
     then Ctrl-C it as a terminal does. (exit status, seconds to exit, the lines before,
     the rest of stdout, stderr); nothing is left running."""
@@ -120,7 +128,8 @@ def test_ctrl_c_on_a_users_program_finishes_the_steps_in_flight_and_exits_130(tm
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     code, seconds, lines, out, err = _interrupt_when(
-        [sys.executable, str(script), str(tmp_path / "ckpt")], tmp_path, "^stepping")
+        [sys.executable, str(script), str(tmp_path / "ckpt")], tmp_path, "^stepping"
+    )
     assert code == 130, (code, err)
     assert seconds < 8, seconds  # steps of 0.3 s: well within the 4 s grace, plus the stop
     said = _said(err, "pstrain: interrupted")
@@ -138,7 +147,9 @@ def test_ctrl_c_on_a_users_program_finishes_the_steps_in_flight_and_exits_130(tm
 def test_ctrl_c_on_pstrain_serve_exits_130_with_one_line(tmp_path):
     code, seconds, _, _, err = _interrupt_when(
         [sys.executable, "-m", "pstrain.cli", "serve", "--role", "ps", "--index", "0", "--port", "0"],
-        tmp_path, "listening on")
+        tmp_path,
+        "listening on",
+    )
     assert code == 130 and seconds < 5, (code, seconds, err)
     said = _said(err, "interrupted (Ctrl-C)")
     assert len(said) == 1 and said[0].startswith("pstrain ps:0: interrupted"), err
@@ -149,8 +160,24 @@ def test_ctrl_c_on_pstrain_launch_reaches_the_program_once_and_exits_130(tmp_pat
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     code, seconds, _, out, err = _interrupt_when(
-        [sys.executable, "-m", "pstrain.cli", "launch", "--ps", "1", "--workers", "2", "--",
-         sys.executable, str(script), str(tmp_path / "ckpt"), "launched"], tmp_path, "stepping")
+        [
+            sys.executable,
+            "-m",
+            "pstrain.cli",
+            "launch",
+            "--ps",
+            "1",
+            "--workers",
+            "2",
+            "--",
+            sys.executable,
+            str(script),
+            str(tmp_path / "ckpt"),
+            "launched",
+        ],
+        tmp_path,
+        "stepping",
+    )
     assert code == 130, (code, out, err)
     assert seconds < 10, seconds
     said = _said(out, "pstrain: interrupted (Ctrl-C)")  # the program's line, prefixed [chief]
@@ -162,9 +189,23 @@ def test_ctrl_c_on_pstrain_launch_reaches_the_program_once_and_exits_130(tmp_pat
 def test_ctrl_c_on_pstrain_demo_stops_within_seconds_and_says_what_was_kept(tmp_path):
     checkpoints = tmp_path / "demo" / "checkpoints"
     code, seconds, _, out, err = _interrupt_when(
-        [sys.executable, "-m", "pstrain.cli", "demo", "--steps", "100000", "--quiet",
-         "--checkpoint-every", "50", "--output", str(tmp_path / "demo")], tmp_path, "TensorBoard scalars",
-        also=lambda: checkpoints.exists() and any(checkpoints.glob("*.index.json")))  # training
+        [
+            sys.executable,
+            "-m",
+            "pstrain.cli",
+            "demo",
+            "--steps",
+            "100000",
+            "--quiet",
+            "--checkpoint-every",
+            "50",
+            "--output",
+            str(tmp_path / "demo"),
+        ],
+        tmp_path,
+        "TensorBoard scalars",
+        also=lambda: checkpoints.exists() and any(checkpoints.glob("*.index.json")),
+    )  # training
     assert code == 130, (code, out, err)
     assert seconds < 10, seconds
     said = _said(err, "pstrain: interrupted")
@@ -180,7 +221,8 @@ def test_ctrl_c_with_deltas_running_keeps_every_finished_step_in_a_last_delta(tm
     script = tmp_path / "train.py"
     script.write_text(TRAIN.replace("sys.argv[1])", "sys.argv[1], delta_interval_s=600)"))
     code, _, _, out, err = _interrupt_when(
-        [sys.executable, str(script), str(tmp_path / "ckpt")], tmp_path, "^stepping")
+        [sys.executable, str(script), str(tmp_path / "ckpt")], tmp_path, "^stepping"
+    )
     assert code == 130, (code, err)
     said = _said(err, "pstrain: interrupted")
     assert len(said) == 1, err

@@ -60,14 +60,20 @@ async def test_sigkill_of_every_process_loses_at_most_about_one_delta_interval(t
     directory.mkdir()
     log = tmp_path / "job.log"
     with open(log, "w") as out:
-        job = subprocess.Popen([sys.executable, str(JOB), str(directory)], stdout=out,
-                               stderr=subprocess.STDOUT)
+        job = subprocess.Popen(
+            [sys.executable, str(JOB), str(directory)], stdout=out, stderr=subprocess.STDOUT
+        )
     pids: list[int] = []
     try:
         # Run past a compaction (a second base), then kill at a random moment.
-        await _wait(lambda: len([f for f in os.listdir(directory) if f.endswith(".index.json")
-                                 and ".delta-" not in f]) >= 2 or job.poll() is not None,
-                    "a second full checkpoint")
+        await _wait(
+            lambda: (
+                len([f for f in os.listdir(directory) if f.endswith(".index.json") and ".delta-" not in f])
+                >= 2
+                or job.poll() is not None
+            ),
+            "a second full checkpoint",
+        )
         assert job.poll() is None, log.read_text()[-2000:]
         await asyncio.sleep(random.Random(seed).uniform(0, 3 * INTERVAL))  # the moment drawn
         pids = _progress(log)[0]
@@ -86,8 +92,9 @@ async def test_sigkill_of_every_process_loses_at_most_about_one_delta_interval(t
     assert steps, log.read_text()[-2000:]
     done = steps[-1][0]
 
-    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN,
-                                ps_options={"checkpoint_root": str(directory)}) as cluster:
+    async with InProcessCluster(
+        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(directory)}
+    ) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         counts, rows, table, _, ckpt = build(strategy)
         manager = pstrain.checkpoint.CheckpointManager(ckpt, str(directory))

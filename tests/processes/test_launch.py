@@ -59,8 +59,24 @@ def test_launch_runs_the_script_and_tears_everything_down(tmp_path):
     script.write_text(SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PSTRAIN_", "TF_CONFIG"))}
     result = subprocess.run(
-        [sys.executable, "-m", "pstrain.cli", "launch", "--ps", "1", "--workers", "2", "--",
-         sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+        [
+            sys.executable,
+            "-m",
+            "pstrain.cli",
+            "launch",
+            "--ps",
+            "1",
+            "--workers",
+            "2",
+            "--",
+            sys.executable,
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert result.returncode == 3, result.stderr
     assert "[chief] total 10.0" in result.stdout
     pids = [int(p) for p in result.stdout.split("pids", 1)[1].split()]
@@ -70,8 +86,12 @@ def test_launch_runs_the_script_and_tears_everything_down(tmp_path):
 
 
 def test_launch_needs_a_command():
-    result = subprocess.run([sys.executable, "-m", "pstrain.cli", "launch", "--ps", "1"],
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "pstrain.cli", "launch", "--ps", "1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 2 and "needs a command" in result.stderr
 
 
@@ -108,14 +128,16 @@ def test_a_saves_writer_thread_runs_at_the_serving_loops_priority():
 
 async def test_servers_exit_when_their_parent_is_killed(tmp_path):
     script = tmp_path / "parent.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import asyncio, pstrain
         async def main():
             cluster = await pstrain.LocalCluster(1, 1).start()
             print(cluster.pid("ps", 0), cluster.pid("worker", 0), flush=True)
             await asyncio.sleep(600)
         pstrain.run(main())
-    """))
+    """)
+    )
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
@@ -157,9 +179,27 @@ def test_a_launched_job_can_be_watched_with_the_files_it_writes(tmp_path):
     script.write_text(WATCHED)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PSTRAIN_", "TF_CONFIG"))}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pstrain.cli", "launch", "--ps", "1", "--workers", "2",
-         "--run-dir", str(run_dir), "--", sys.executable, str(script), str(done)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        [
+            sys.executable,
+            "-m",
+            "pstrain.cli",
+            "launch",
+            "--ps",
+            "1",
+            "--workers",
+            "2",
+            "--run-dir",
+            str(run_dir),
+            "--",
+            sys.executable,
+            str(script),
+            str(done),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         lines: list[str] = []
         assert proc.stderr is not None and proc.stdout is not None
@@ -175,21 +215,37 @@ def test_a_launched_job_can_be_watched_with_the_files_it_writes(tmp_path):
         config = json.loads((run_dir / "cluster.json").read_text())
         groups = json.loads((run_dir / "targets.json").read_text())
         assert {g["labels"]["role"] for g in groups} == {"chief", "ps", "worker"}
-        assert sorted(a for g in groups for a in g["targets"]) == \
-            sorted(a for addrs in config["cluster"].values() for a in addrs)
+        assert sorted(a for g in groups for a in g["targets"]) == sorted(
+            a for addrs in config["cluster"].values() for a in addrs
+        )
         while "trained" not in proc.stdout.readline():
             pass
         # what the table says to run, as it is: every task up, the coordinator included
         status = subprocess.run(
-            [sys.executable, "-m", "pstrain.cli", "status", "--cluster", str(run_dir / "cluster.json"),
-             "--token-file", str(token)], capture_output=True, text=True, timeout=60, env=env)
+            [
+                sys.executable,
+                "-m",
+                "pstrain.cli",
+                "status",
+                "--cluster",
+                str(run_dir / "cluster.json"),
+                "--token-file",
+                str(token),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
         assert status.returncode == 0, status.stdout + status.stderr
         assert re.search(r"^chief:0\s+up\s", status.stdout, re.M), status.stdout
         # and what Prometheus scrapes with file_sd_configs + credentials_file: the coordinator too
         import urllib.request
+
         chief = next(g["targets"][0] for g in groups if g["labels"]["role"] == "chief")
-        request = urllib.request.Request(f"http://{chief}/metrics",
-                                         headers={"Authorization": f"Bearer {token.read_text().strip()}"})
+        request = urllib.request.Request(
+            f"http://{chief}/metrics", headers={"Authorization": f"Bearer {token.read_text().strip()}"}
+        )
         with urllib.request.urlopen(request, timeout=10) as reply:
             assert reply.status == 200 and b"pstrain_" in reply.read()
         done.write_text("")
@@ -210,8 +266,7 @@ def _threads() -> tuple[str | None, str | None, int]:
 
     import torch
 
-    return os.environ.get("OMP_NUM_THREADS"), os.environ.get("OPENBLAS_NUM_THREADS"), \
-        torch.get_num_threads()
+    return os.environ.get("OMP_NUM_THREADS"), os.environ.get("OPENBLAS_NUM_THREADS"), torch.get_num_threads()
 
 
 async def _closure_threads(resolver) -> tuple[str | None, str | None, int]:
@@ -229,9 +284,12 @@ async def test_serve_by_hand_sizes_threads_as_launch_does(tmp_path):
 
     from tests.helpers import TOKEN, ServeProcess
 
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PSTRAIN_", "TF_CONFIG")) and k not in
-           ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "XLA_FLAGS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PSTRAIN_", "TF_CONFIG"))
+        and k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "XLA_FLAGS")
+    }
     async with pstrain.LocalCluster(num_ps=1, num_workers=1, env=env) as cluster:
         launched = await _closure_threads(cluster.resolver)
     ps = ServeProcess("--role", "ps", "--index", "0", "--port", "0", env=env)
@@ -240,11 +298,12 @@ async def test_serve_by_hand_sizes_threads_as_launch_does(tmp_path):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        config = {"cluster": {"ps": [ps.address], "worker": [f"127.0.0.1:{port}"]},
-                  "task": {"type": "worker", "index": 0}}
+        config = {
+            "cluster": {"ps": [ps.address], "worker": [f"127.0.0.1:{port}"]},
+            "task": {"type": "worker", "index": 0},
+        }
         (tmp_path / "cluster.json").write_text(json.dumps(config))
-        worker = ServeProcess("--cluster", str(tmp_path / "cluster.json"), "--log-level", "INFO",
-                              env=env)
+        worker = ServeProcess("--cluster", str(tmp_path / "cluster.json"), "--log-level", "INFO", env=env)
         resolver = pstrain.SimpleClusterResolver(config["cluster"], token=TOKEN)
         by_hand = await _closure_threads(resolver)
         log = worker.stderr()
@@ -272,8 +331,7 @@ async def test_a_restarted_task_holds_its_port_while_its_new_process_starts():
         old = cluster.pid("ps", 0)
         await cluster.kill("ps", 0)
         restarting = asyncio.create_task(cluster.restart("ps", 0))
-        await wait_for(lambda: cluster.pid("ps", 0) not in (None, old), timeout=30,
-                       what="the new process")
+        await wait_for(lambda: cluster.pid("ps", 0) not in (None, old), timeout=30, what="the new process")
         with socket.socket() as other:
             other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             with pytest.raises(OSError) as caught:
@@ -299,8 +357,25 @@ def test_serve_refuses_a_handed_socket_bound_elsewhere_than_its_host(host):
         port = bound.getsockname()[1]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PSTRAIN_", "TF_CONFIG"))}
         result = subprocess.run(
-            [sys.executable, "-m", "pstrain.cli", "serve", "--role", "ps", "--host", "127.0.0.1",
-             "--port", str(port), "--listen-fd", str(bound.fileno())],
-            pass_fds=(bound.fileno(),), capture_output=True, text=True, timeout=60, env=env)
+            [
+                sys.executable,
+                "-m",
+                "pstrain.cli",
+                "serve",
+                "--role",
+                "ps",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--listen-fd",
+                str(bound.fileno()),
+            ],
+            pass_fds=(bound.fileno(),),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
     assert result.returncode != 0 and "listening on" not in result.stdout + result.stderr
     assert f"bound to ('{host}', {port})" in result.stderr, result.stderr

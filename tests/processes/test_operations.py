@@ -45,8 +45,11 @@ async def test_metrics_on_ps_worker_and_coordinator_move_during_training(cluster
     chief = await coordinator.serve_metrics()
     async with strategy.scope():
         v = pstrain.Variable(0.0, name="v")
-    addresses = {"ps": cluster.cluster_spec.task_address("ps", 0),
-                 "worker": cluster.cluster_spec.task_address("worker", 0), "chief": chief}
+    addresses = {
+        "ps": cluster.cluster_spec.task_address("ps", 0),
+        "worker": cluster.cluster_spec.task_address("worker", 0),
+        "chief": chief,
+    }
     for address in addresses.values():
         assert (await scrape(address, None))[0] == 401
         assert (await scrape(address, "wrong"))[0] == 401
@@ -57,7 +60,7 @@ async def test_metrics_on_ps_worker_and_coordinator_move_during_training(cluster
     after = {k: samples((await scrape(a, cluster.token))[1]) for k, a in addresses.items()}
     assert total(after["ps"], "pstrain_requests_total") > total(before["ps"], "pstrain_requests_total")
     assert total(after["ps"], "pstrain_variables") >= 1 and total(after["ps"], "pstrain_variable_bytes") >= 4
-    assert ("pstrain_request_seconds_count" in {n for n, _ in after["ps"]})
+    assert "pstrain_request_seconds_count" in {n for n, _ in after["ps"]}
     ran = total(after["worker"], "pstrain_closures_run_total")
     assert ran > total(before["worker"], "pstrain_closures_run_total")
     assert total(after["chief"], "pstrain_closures_done_total") >= 40
@@ -84,8 +87,13 @@ async def test_status_shows_a_killed_worker_as_down_quickly(process_cluster, tmp
     env = dict(os.environ, PSTRAIN_TOKEN=cluster.token)
     await cluster.kill("worker", 1)
     t = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "pstrain.cli", "status", "--cluster", str(path)],
-                            capture_output=True, text=True, timeout=30, env=env)
+    result = subprocess.run(
+        [sys.executable, "-m", "pstrain.cli", "status", "--cluster", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
     assert time.monotonic() - t < 5
     lines = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
     assert " down " in lines["worker:1"] and " up " in lines["worker:0"]
@@ -94,8 +102,13 @@ async def test_status_shows_a_killed_worker_as_down_quickly(process_cluster, tmp
 
 
 def test_slurm_resolver_with_the_environment_srun_sets():
-    env = {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "7", "SLURM_STEP_NODELIST": "node[001-003],gpu7",
-           "SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "PSTRAIN_TOKEN": "t"}
+    env = {
+        "SLURM_PROCID": "3",
+        "SLURM_STEP_NUM_TASKS": "7",
+        "SLURM_STEP_NODELIST": "node[001-003],gpu7",
+        "SLURM_STEP_TASKS_PER_NODE": "2(x3),1",
+        "PSTRAIN_TOKEN": "t",
+    }
     r = SlurmClusterResolver(jobs={"chief": 1, "ps": 2, "worker": 4}, port_base=8888, environ=env)
     assert r.cluster_spec().as_dict() == {
         "chief": ["gpu7:8888"],
@@ -110,14 +123,21 @@ def test_slurm_resolver_with_the_environment_srun_sets():
 
 
 def test_slurm_node_names_that_do_not_sort_as_strings_keep_slurms_rank_order():
-    env = {"SLURM_PROCID": "2", "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_NODELIST": "n[8-10]",
-           "SLURM_STEP_TASKS_PER_NODE": "1(x3)", "SLURMD_NODENAME": "n10", "PSTRAIN_TOKEN": "t"}
+    env = {
+        "SLURM_PROCID": "2",
+        "SLURM_STEP_NUM_TASKS": "3",
+        "SLURM_STEP_NODELIST": "n[8-10]",
+        "SLURM_STEP_TASKS_PER_NODE": "1(x3)",
+        "SLURMD_NODENAME": "n10",
+        "PSTRAIN_TOKEN": "t",
+    }
     r = SlurmClusterResolver(jobs={"chief": 1, "ps": 1, "worker": 1}, port_base=8888, environ=env)
     assert r.cluster_spec().as_dict() == {"chief": ["n8:8888"], "ps": ["n9:8888"], "worker": ["n10:8888"]}
     assert (r.task_type, r.task_id) == ("worker", 0)  # rank 2 runs on n10, as SLURM placed it
     with pytest.raises(pstrain.errors.InvalidArgumentError, match="rank 2 on n8.*distribution=block"):
-        SlurmClusterResolver(jobs={"chief": 1, "ps": 1, "worker": 1},
-                             environ={**env, "SLURMD_NODENAME": "n8"})
+        SlurmClusterResolver(
+            jobs={"chief": 1, "ps": 1, "worker": 1}, environ={**env, "SLURMD_NODENAME": "n8"}
+        )
 
 
 def test_tfjob_tf_config_as_the_operator_injects_it(monkeypatch):
@@ -150,10 +170,24 @@ def children(pid: int) -> list[int]:
 
 
 def test_demo_stops_cleanly_on_ctrl_c(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "pstrain.cli", "demo", "--steps", "100000",
-                             "--checkpoint-every", "50", "--output", str(tmp_path), "--quiet"],
-                            stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pstrain.cli",
+            "demo",
+            "--steps",
+            "100000",
+            "--checkpoint-every",
+            "50",
+            "--output",
+            str(tmp_path),
+            "--quiet",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _interrupt_demo(proc, tmp_path)
     finally:
@@ -207,10 +241,16 @@ async def test_serve_takes_its_role_from_slurm():
     with socket.socket() as s:  # a base port for the SLURM layout (the server binds it itself)
         s.bind(("127.0.0.1", 0))
         base = s.getsockname()[1]
-    env = dict(os.environ, SLURM_PROCID="1", SLURM_STEP_NUM_TASKS="2", SLURM_STEP_NODELIST="127.0.0.1",
-               SLURM_STEP_TASKS_PER_NODE="2")
-    server = ServeProcess("--slurm-jobs", "ps=1,worker=1", "--port-base", str(base - 1),
-                          "--host", "127.0.0.1", env=env)
+    env = dict(
+        os.environ,
+        SLURM_PROCID="1",
+        SLURM_STEP_NUM_TASKS="2",
+        SLURM_STEP_NODELIST="127.0.0.1",
+        SLURM_STEP_TASKS_PER_NODE="2",
+    )
+    server = ServeProcess(
+        "--slurm-jobs", "ps=1,worker=1", "--port-base", str(base - 1), "--host", "127.0.0.1", env=env
+    )
     try:
         assert server.address == f"127.0.0.1:{base}"  # rank 1 = worker 0, the node's second port
         channel = pstrain.rpc.Channel(server.address, token=TOKEN, task="w")
@@ -246,5 +286,3 @@ async def test_coordinator_serves_metrics_at_its_chief_address(cluster):
         assert total(samples(text), "pstrain_closures_done_total") == 1
     finally:
         await coordinator.close()
-
-

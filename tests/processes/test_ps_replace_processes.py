@@ -38,15 +38,18 @@ async def test_a_ps_sigkilled_during_w4_is_replaced_from_deltas_while_the_others
     """W4 (``dynamic``: W6, its table a DynamicEmbedding whose slices on the lost ps come
     back on the others)."""
     root = str(tmp_path)
-    servers = [ServeProcess("--role", "ps", "--index", str(i), "--port", "0", "--checkpoint-root", root)
-               for i in range(3)]
+    servers = [
+        ServeProcess("--role", "ps", "--index", str(i), "--port", "0", "--checkpoint-root", root)
+        for i in range(3)
+    ]
     servers += [ServeProcess("--role", "worker", "--index", str(i), "--port", "0") for i in range(2)]
     coordinator = manager = watcher = None
     try:
         spec = {"ps": [s.address for s in servers[:3]], "worker": [s.address for s in servers[3:]]}
         strategy = pstrain.ParameterServerStrategy(
             pstrain.SimpleClusterResolver(spec, token=TOKEN),
-            variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(3))
+            variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(3),
+        )
         coordinator = pstrain.ClusterCoordinator(strategy)
         (ids, dense, y), _ = synthetic(BATCHES * 512, 0, rows=ROWS)
         with strategy.scope():
@@ -61,17 +64,30 @@ async def test_a_ps_sigkilled_during_w4_is_replaced_from_deltas_while_the_others
 
         async def step(k: int) -> float:
             b = k % BATCHES
-            loss = await inner(iter([(ids[b * 512:(b + 1) * 512], dense[b * 512:(b + 1) * 512],
-                                      y[b * 512:(b + 1) * 512])]))
+            loss = await inner(
+                iter(
+                    [
+                        (
+                            ids[b * 512 : (b + 1) * 512],
+                            dense[b * 512 : (b + 1) * 512],
+                            y[b * 512 : (b + 1) * 512],
+                        )
+                    ]
+                )
+            )
             for c in counts:
                 await c.assign_add(1)
             return loss
 
         # Retention keeps every save: the test reads the delta the replacement used after
         # training went on (under load, pruning removed it first once).
-        manager = CheckpointManager(Checkpoint(model=model, opt=opt, counts=counts), root,
-                                    max_to_keep=None, delta_interval_s=DELTA_S,
-                                    deltas_per_base=10_000)
+        manager = CheckpointManager(
+            Checkpoint(model=model, opt=opt, counts=counts),
+            root,
+            max_to_keep=None,
+            delta_interval_s=DELTA_S,
+            deltas_per_base=10_000,
+        )
         await manager.save()
         coordinator.replace_lost_ps(manager)
         done_at: list[float] = []
@@ -81,10 +97,13 @@ async def test_a_ps_sigkilled_during_w4_is_replaced_from_deltas_while_the_others
                 await rv  # every step ends well: none fails because a ps was lost
                 done_at.append(time.monotonic())
 
-        watcher = asyncio.ensure_future(watch(
-            [coordinator.schedule(step, args=(k,), exactly_once=True) for k in range(STEPS)]))
-        await _until(lambda: len(done_at) >= STEPS // 4 and ".delta-" in (manager.latest_checkpoint or ""),
-                     "training, and a delta written")
+        watcher = asyncio.ensure_future(
+            watch([coordinator.schedule(step, args=(k,), exactly_once=True) for k in range(STEPS)])
+        )
+        await _until(
+            lambda: len(done_at) >= STEPS // 4 and ".delta-" in (manager.latest_checkpoint or ""),
+            "training, and a delta written",
+        )
         servers[1].proc.send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
         servers[1].proc.wait(10)
@@ -123,8 +142,10 @@ async def test_a_ps_sigkilled_during_w4_is_replaced_from_deltas_while_the_others
                 held = np.asarray(held)
                 assert np.all(np.asarray(sliced.owners)[shard_of(held, sliced.slices)] == ps)
         assert int(saved["counts/1"]) == STEPS - lost
-        print(f"ps 1 replaced in {replaced['seconds']} s from a delta at step {at_delta}; {lost} "
-              f"step(s) lost on it; longest pause in training {pause:.2f} s")
+        print(
+            f"ps 1 replaced in {replaced['seconds']} s from a delta at step {at_delta}; {lost} "
+            f"step(s) lost on it; longest pause in training {pause:.2f} s"
+        )
     finally:
         if watcher is not None:
             watcher.cancel()

@@ -25,8 +25,9 @@ async def test_oversized_request_is_413_and_the_stream_stays_usable():
         strategy = strategy_for(server)
         async with strategy.scope():
             w = pstrain.Variable(np.zeros(16, np.float32), name="w")
-        status, reply = await http_post(server.address, "vars/assign",
-                                        wire_body({"name": "w", "value": np.ones(4096, np.float32)}))
+        status, reply = await http_post(
+            server.address, "vars/assign", wire_body({"name": "w", "value": np.ones(4096, np.float32)})
+        )
         assert status == 413 and json.loads(reply)["error"]["type"] == "ProtocolError"
         big = pstrain.Variable.handle("w", (4096,), np.float32, 0, strategy.channels)
         with pytest.raises(ProtocolError, match="larger than this server's limit"):
@@ -41,9 +42,13 @@ async def test_unauthenticated_requests_never_reach_the_unpickler(tmp_path):
     worker = ServeProcess("--role", "worker", "--index", "0", "--port", "0")
     try:
         marker = tmp_path / "unpickled"
-        payload = b"".join(bytes(c) for c in wire.encode_body(
-            {"fns": {b"d": b""}, "closures": [[1, b"d", (Touch(str(marker)),), {}, False]]},
-            allow_pickle=True))
+        payload = b"".join(
+            bytes(c)
+            for c in wire.encode_body(
+                {"fns": {b"d": b""}, "closures": [[1, b"d", (Touch(str(marker)),), {}, False]]},
+                allow_pickle=True,
+            )
+        )
         for token in (None, "wrong"):
             status, _ = await http_post(worker.address, "worker/run", payload, token=token)
             assert status == 401
@@ -51,9 +56,15 @@ async def test_unauthenticated_requests_never_reach_the_unpickler(tmp_path):
         # Over the stream, a bad proof closes the connection before any frame is read.
         reader, writer = await asyncio.open_connection(*worker.address.rsplit(":", 1))
         op = b"worker/run"
-        writer.write(protocol.MAGIC + bytes(32) + b"\x00" + b"not the proof of the token......"
-                     + protocol.FRAME.pack(1, protocol.FrameKind.REQUEST, 0, len(op), len(payload))
-                     + op + payload)
+        writer.write(
+            protocol.MAGIC
+            + bytes(32)
+            + b"\x00"
+            + b"not the proof of the token......"
+            + protocol.FRAME.pack(1, protocol.FrameKind.REQUEST, 0, len(op), len(payload))
+            + op
+            + payload
+        )
         await writer.drain()
         answer = b""
         while chunk := await reader.read(4096):

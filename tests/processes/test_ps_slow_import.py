@@ -36,12 +36,16 @@ async def test_a_function_whose_unpickling_imports_a_slow_module_does_not_stall_
             coordinator = pstrain.ClusterCoordinator(strategy, ps_timeout_s=timeout_s, heartbeat_s=0.25)
             async with strategy.scope():
                 v = pstrain.Variable(np.zeros(3, np.float32), name="v")
-            update = asyncio.ensure_future(strategy.extended.update(
-                v, _add_value, args=(slow.module.Payload(41.0),)))
+            update = asyncio.ensure_future(
+                strategy.extended.update(v, _add_value, args=(slow.module.Payload(41.0),))
+            )
             await asyncio.wait_for(slow.started.wait(), 30)  # the ps imports the argument's module
             importing_since = time.monotonic()
-            ch = rpc.Channel(cluster.cluster_spec.as_dict()["ps"][0], token=cluster.resolver.token,
-                             task="/job:ps/replica:0/task:0")
+            ch = rpc.Channel(
+                cluster.cluster_spec.as_dict()["ps"][0],
+                token=cluster.resolver.token,
+                task="/job:ps/replica:0/task:0",
+            )
             try:
                 # while it imports, for twice the coordinator's ps deadline, the update does
                 # not run, and the ps answers health checks and a worker's closure's read

@@ -22,13 +22,31 @@ async def _status(cluster, tmp_path, chief: str, *args: str):
 
     spec = cluster.cluster_spec
     config = tmp_path / "cluster.json"
-    config.write_text(json.dumps({"cluster": {"chief": [chief], "ps": spec.job_tasks("ps"),
-                                              "worker": spec.job_tasks("worker")}}))
+    config.write_text(
+        json.dumps(
+            {"cluster": {"chief": [chief], "ps": spec.job_tasks("ps"), "worker": spec.job_tasks("worker")}}
+        )
+    )
     token = tmp_path / "token"
     token.write_text(cluster.token)
-    return await asyncio.to_thread(lambda: subprocess.run(
-        [sys.executable, "-m", "pstrain", "status", "--cluster", str(config), "--token-file",
-         str(token), *args], capture_output=True, text=True, timeout=60))
+    return await asyncio.to_thread(
+        lambda: subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pstrain",
+                "status",
+                "--cluster",
+                str(config),
+                "--token-file",
+                str(token),
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    )
 
 
 async def test_pstrain_status_shows_a_running_chief_up_with_its_closures(cluster, tmp_path):
@@ -63,8 +81,9 @@ async def test_a_restarted_coordinator_is_not_fenced_out_after_an_earlier_worker
             return pstrain.get_current_worker_index()
 
         rvs = [coordinator.schedule(incr) for _ in range(80)]
-        await wait_for(lambda: coordinator.queue.in_flight_on(1) > 0, timeout=30,
-                       what="closures in flight on worker 1")
+        await wait_for(
+            lambda: coordinator.queue.in_flight_on(1) > 0, timeout=30, what="closures in flight on worker 1"
+        )
         await cluster.kill("worker", 1)  # lost with work in flight: its epoch is fenced off
         await cluster.restart("worker", 1)
         await coordinator.join()
@@ -90,7 +109,6 @@ async def test_every_size_shown_of_a_ps_counts_its_table_rows(cluster, tmp_path)
     """``pstrain status`` (its table and the placement map) and the dashboard's placement
     panel show what a ps holds, table rows included (8.5 KB was shown for 3.9 MiB held)."""
     import re
-
 
     strategy = pstrain.ParameterServerStrategy(cluster.resolver)
     coordinator = pstrain.ClusterCoordinator(strategy)

@@ -42,7 +42,8 @@ async def test_a_save_during_updates_holds_each_ps_at_one_moment(tmp_path):
                 await table.lookup(ids)
                 await opt.apply_gradients(
                     [(np.full(1, -1.0, np.float32), c) for c in counts]
-                    + [(pstrain.IndexedSlices(np.full((ids.size, 1), -1.0, np.float32), ids), table)])
+                    + [(pstrain.IndexedSlices(np.full((ids.size, 1), -1.0, np.float32), ids), table)]
+                )
                 steps += 1
 
         runners = [asyncio.create_task(updates()) for _ in range(4)]

@@ -61,16 +61,19 @@ async def test_a_relayed_handshake_runs_nothing_on_another_task(tmp_path, rewrit
     worker = ServeProcess("--role", "worker", "--index", "0", "--port", "0", "--log-level", "ERROR")
     marker = tmp_path / "ran"
     try:
-        payload = b"".join(bytes(c) for c in wire.encode_body(
-            {"fns": {b"d": pickle.dumps(Touch(str(marker)))},
-             "closures": [[1, b"d", (), {}, False]]}, allow_pickle=True))
+        payload = b"".join(
+            bytes(c)
+            for c in wire.encode_body(
+                {"fns": {b"d": pickle.dumps(Touch(str(marker)))}, "closures": [[1, b"d", (), {}, False]]},
+                allow_pickle=True,
+            )
+        )
         op = b"worker/run"
-        injected = protocol.FRAME.pack(7, protocol.FrameKind.REQUEST, 0, len(op), len(payload)) \
-            + op + payload
+        injected = protocol.FRAME.pack(7, protocol.FrameKind.REQUEST, 0, len(op), len(payload)) + op + payload
         seen: list[bytes] = []
-        relay, address = await _relay(worker.address,
-                                      "/job:worker/replica:0/task:0" if rewrite else None,
-                                      injected, seen)
+        relay, address = await _relay(
+            worker.address, "/job:worker/replica:0/task:0" if rewrite else None, injected, seen
+        )
         # The coordinator believes it dials ps:0 (whose port the relay now holds).
         ch = rpc.Channel(address, token=TOKEN, task="/job:ps/replica:0/task:0")
         expected = AuthenticationError if rewrite else WrongTaskError
@@ -121,9 +124,13 @@ async def test_no_byte_is_decoded_before_the_proof_even_after_a_valid_hello(tmp_
     worker = ServeProcess("--role", "worker", "--index", "0", "--port", "0", "--log-level", "ERROR")
     try:
         host, port = worker.address.rsplit(":", 1)
-        payload = b"".join(bytes(c) for c in wire.encode_body(
-            {"fns": {b"d": pickle.dumps(Touch(str(marker)))}, "closures": [[1, b"d", (), {}, False]]},
-            allow_pickle=True))
+        payload = b"".join(
+            bytes(c)
+            for c in wire.encode_body(
+                {"fns": {b"d": pickle.dumps(Touch(str(marker)))}, "closures": [[1, b"d", (), {}, False]]},
+                allow_pickle=True,
+            )
+        )
         op = b"worker/run"
         frame = protocol.FRAME.pack(1, protocol.FrameKind.REQUEST, 0, len(op), len(payload)) + op
         reader, writer = await asyncio.open_connection(host, int(port))
@@ -147,8 +154,20 @@ async def test_small_requests_cannot_make_a_ps_allocate_without_bound(tmp_path):
     from pstrain._formats.files.tensor_files import write_tensors
     from pstrain.errors import InvalidArgumentError
 
-    server = ServeProcess("--role", "ps", "--index", "0", "--port", "0", "--log-level", "ERROR",
-                          "--max-variable-bytes", str(MiB), "--checkpoint-root", str(tmp_path))
+    server = ServeProcess(
+        "--role",
+        "ps",
+        "--index",
+        "0",
+        "--port",
+        "0",
+        "--log-level",
+        "ERROR",
+        "--max-variable-bytes",
+        str(MiB),
+        "--checkpoint-root",
+        str(tmp_path),
+    )
     ch = rpc.Channel(server.address, token=TOKEN, task="/job:ps/replica:0/task:0")
     try:
         spec = {"name": "big", "dtype": "<f4", "shape": [MiB // 4], "init": {"kind": "zeros"}}
@@ -170,23 +189,47 @@ async def test_small_requests_cannot_make_a_ps_allocate_without_bound(tmp_path):
         write_tensors(path, {"x": np.zeros((1024, 256), np.float32)})
         sources = [[path, "x", 0, 1024, i * 1024] for i in range(96)]
         with pytest.raises(InvalidArgumentError, match="max-variable-bytes"):
-            await untyped_call(ch, "ckpt/restore", {"vars": [{"name": "r", "dtype": "<f4",
-                                                     "shape": [96 * 1024, 256], "sources": sources}]})
+            await untyped_call(
+                ch,
+                "ckpt/restore",
+                {"vars": [{"name": "r", "dtype": "<f4", "shape": [96 * 1024, 256], "sources": sources}]},
+            )
         # absurd shapes in an index are refused, not crashed on
         for shape in ([10**12], [1 << 40, 1 << 40]):
             with pytest.raises(InvalidArgumentError):
-                await untyped_call(ch, "ckpt/restore", {"vars": [{"name": "s", "dtype": "<f4", "shape": shape,
-                                                         "sources": [[path, "x", None, None, None]]}]})
+                await untyped_call(
+                    ch,
+                    "ckpt/restore",
+                    {
+                        "vars": [
+                            {
+                                "name": "s",
+                                "dtype": "<f4",
+                                "shape": shape,
+                                "sources": [[path, "x", None, None, None]],
+                            }
+                        ]
+                    },
+                )
         with pytest.raises(InvalidArgumentError, match="scalar"):
-            await untyped_call(ch, "ckpt/restore", {"vars": [{"name": "s", "dtype": "<f4", "shape": [],
-                                                     "sources": [[path, "x", 0, 1, 0]]}]})
+            await untyped_call(
+                ch,
+                "ckpt/restore",
+                {"vars": [{"name": "s", "dtype": "<f4", "shape": [], "sources": [[path, "x", 0, 1, 0]]}]},
+            )
         # staged restores that are never committed: bounded in number
         small = [[path, "x", 0, 16, 0]]
         refused = 0
         for k in range(20):
             try:
-                await untyped_call(ch, "ckpt/restore", {"stage": f"s{k}", "vars": [
-                    {"name": f"st{k}", "dtype": "<f4", "shape": [16, 256], "sources": small}]})
+                await untyped_call(
+                    ch,
+                    "ckpt/restore",
+                    {
+                        "stage": f"s{k}",
+                        "vars": [{"name": f"st{k}", "dtype": "<f4", "shape": [16, 256], "sources": small}],
+                    },
+                )
             except InvalidArgumentError as exc:
                 assert "staged" in str(exc)
                 refused += 1
@@ -202,17 +245,30 @@ async def test_small_requests_cannot_make_a_ps_allocate_without_bound(tmp_path):
 async def test_a_ps_holds_no_more_than_its_store_limit(tmp_path):
     from pstrain.errors import InvalidArgumentError
 
-    server = ServeProcess("--role", "ps", "--index", "0", "--port", "0", "--log-level", "ERROR",
-                          "--max-variable-bytes", str(16 * MiB), "--max-store-bytes",
-                          str(48 * MiB))
+    server = ServeProcess(
+        "--role",
+        "ps",
+        "--index",
+        "0",
+        "--port",
+        "0",
+        "--log-level",
+        "ERROR",
+        "--max-variable-bytes",
+        str(16 * MiB),
+        "--max-store-bytes",
+        str(48 * MiB),
+    )
     ch = rpc.Channel(server.address, token=TOKEN, task="/job:ps/replica:0/task:0")
     try:
         before = rss(server.proc.pid)
-        specs = [{"name": f"v{i}", "dtype": "<f4", "shape": [2 * MiB], "init": {"kind": "zeros"}}
-                 for i in range(12)]  # 8 MiB each, generated on the ps
+        specs = [
+            {"name": f"v{i}", "dtype": "<f4", "shape": [2 * MiB], "init": {"kind": "zeros"}}
+            for i in range(12)
+        ]  # 8 MiB each, generated on the ps
         for k in range(0, 12, 2):  # requests of 16 MiB, each within the per-request limit
             try:
-                await untyped_call(ch, "vars/create", {"vars": specs[k:k + 2]})
+                await untyped_call(ch, "vars/create", {"vars": specs[k : k + 2]})
             except InvalidArgumentError as exc:
                 assert "max-store-bytes" in str(exc) and k == 6  # the 4th would pass 48 MiB
                 break
@@ -229,13 +285,25 @@ async def test_a_ps_holds_no_more_than_its_store_limit(tmp_path):
 async def test_one_small_request_cannot_create_many_variables_past_the_limit():
     from pstrain.errors import InvalidArgumentError
 
-    server = ServeProcess("--role", "ps", "--index", "0", "--port", "0", "--log-level", "ERROR",
-                          "--max-variable-bytes", str(16 * MiB))
+    server = ServeProcess(
+        "--role",
+        "ps",
+        "--index",
+        "0",
+        "--port",
+        "0",
+        "--log-level",
+        "ERROR",
+        "--max-variable-bytes",
+        str(16 * MiB),
+    )
     ch = rpc.Channel(server.address, token=TOKEN, task="/job:ps/replica:0/task:0")
     try:
         before = rss(server.proc.pid)
-        specs = [{"name": f"v{i}", "dtype": "<f4", "shape": [4 * MiB], "init": {"kind": "zeros"}}
-                 for i in range(24)]  # 1.5 KB asking for 24 x 16 MiB
+        specs = [
+            {"name": f"v{i}", "dtype": "<f4", "shape": [4 * MiB], "init": {"kind": "zeros"}}
+            for i in range(24)
+        ]  # 1.5 KB asking for 24 x 16 MiB
         with pytest.raises(InvalidArgumentError, match="per request"):
             await untyped_call(ch, "vars/create", {"vars": specs})
         assert (await untyped_call(ch, "vars/list", {}))["variables"] == []
@@ -250,8 +318,9 @@ async def test_idle_connections_without_a_token_cannot_take_the_descriptors_clie
 
     import numpy as np
 
-    server = ServeProcess("--role", "ps", "--index", "0", "--port", "0",
-                          limits={resource.RLIMIT_NOFILE: (512, 512)})
+    server = ServeProcess(
+        "--role", "ps", "--index", "0", "--port", "0", limits={resource.RLIMIT_NOFILE: (512, 512)}
+    )
     writers = []
     try:
         host, port = server.address.rsplit(":", 1)
@@ -259,9 +328,23 @@ async def test_idle_connections_without_a_token_cannot_take_the_descriptors_clie
             _, writer = await asyncio.open_connection(host, int(port))
             writers.append(writer)
         ch = rpc.Channel(server.address, token=TOKEN, task="/job:ps/replica:0/task:0")
-        await asyncio.wait_for(untyped_call(ch, "vars/create", {"vars": [
-            {"name": "v", "dtype": "<f4", "shape": [3],
-             "value": np.array([1.0, 2.0, 3.0], np.float32)}]}), 30)
+        await asyncio.wait_for(
+            untyped_call(
+                ch,
+                "vars/create",
+                {
+                    "vars": [
+                        {
+                            "name": "v",
+                            "dtype": "<f4",
+                            "shape": [3],
+                            "value": np.array([1.0, 2.0, 3.0], np.float32),
+                        }
+                    ]
+                },
+            ),
+            30,
+        )
         values = (await asyncio.wait_for(untyped_call(ch, "vars/read", {"names": ["v"]}), 30))["values"]
         assert list(values[0]) == [1.0, 2.0, 3.0]
         await ch.close()

@@ -41,7 +41,8 @@ async def test_a_worker_loading_a_slow_function_for_its_first_closure_is_not_dec
     answers health checks meanwhile, and the coordinator declares nothing lost."""
     async with pstrain.LocalCluster(num_ps=1, num_workers=1) as cluster:
         coordinator = pstrain.ClusterCoordinator(
-            pstrain.ParameterServerStrategy(cluster.resolver), worker_timeout_s=2.0, heartbeat_s=0.25)
+            pstrain.ParameterServerStrategy(cluster.resolver), worker_timeout_s=2.0, heartbeat_s=0.25
+        )
         started = time.monotonic()
         assert await coordinator.schedule(_slow_to_load(5.0), args=(41,)) == 42
         assert time.monotonic() - started >= 5.0  # it did load slowly
@@ -61,13 +62,18 @@ async def test_an_argument_whose_unpickling_imports_a_slow_module_does_not_lose_
         timeout_s = 2.0
         async with pstrain.LocalCluster(num_ps=1, num_workers=1, env=slow.env) as cluster:
             coordinator = pstrain.ClusterCoordinator(
-                pstrain.ParameterServerStrategy(cluster.resolver), worker_timeout_s=timeout_s,
-                heartbeat_s=0.25)
+                pstrain.ParameterServerStrategy(cluster.resolver),
+                worker_timeout_s=timeout_s,
+                heartbeat_s=0.25,
+            )
             rv = coordinator.schedule(_value_plus_one, args=(slow.module.Payload(41),))
             await asyncio.wait_for(slow.started.wait(), 30)  # the worker imports the argument's module
             importing_since = time.monotonic()
-            ch = rpc.Channel(cluster.cluster_spec.as_dict()["worker"][0], token=cluster.resolver.token,
-                             task="/job:worker/replica:0/task:0")
+            ch = rpc.Channel(
+                cluster.cluster_spec.as_dict()["worker"][0],
+                token=cluster.resolver.token,
+                task="/job:worker/replica:0/task:0",
+            )
             result = asyncio.ensure_future(rv.get())
             try:
                 # while it imports, for twice the coordinator's deadline, the closure does not

@@ -89,8 +89,13 @@ async def jax_model(strategy):
 
     async def step(i):
         ids, dense_x, y = batch(i)
-        params = {"emb": pjax.lookup(model.table, ids), "w1": model.w1, "b1": model.b1,
-                  "w2": model.w2, "b2": model.b2}
+        params = {
+            "emb": pjax.lookup(model.table, ids),
+            "w1": model.w1,
+            "b1": model.b1,
+            "w2": model.w2,
+            "b2": model.b2,
+        }
         loss, grads = await pjax.value_and_grad(loss_fn)(params, dense_x, y)
         await opt.apply_gradients(grads)
         return loss
@@ -109,8 +114,9 @@ async def torch_model(strategy):
             super().__init__()
             torch.manual_seed(0)
             self.emb = ptorch.Embedding(None, DIM, table=table)
-            self.tower = torch.nn.Sequential(torch.nn.Linear(FEATURES * DIM + DENSE, 16),
-                                             torch.nn.ReLU(), torch.nn.Linear(16, 1))
+            self.tower = torch.nn.Sequential(
+                torch.nn.Linear(FEATURES * DIM + DENSE, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)
+            )
 
         def forward(self, ids, dense_x):
             x = torch.cat([self.emb(ids).flatten(1), dense_x], 1)
@@ -118,7 +124,8 @@ async def torch_model(strategy):
 
     async with strategy.scope():
         table = pstrain.DynamicEmbedding(
-            DIM, name="items", initializer=pstrain.initializers.RandomUniform(-0.05, 0.05, seed=3))
+            DIM, name="items", initializer=pstrain.initializers.RandomUniform(-0.05, 0.05, seed=3)
+        )
         net = Net(table)
         remote = ptorch.RemoteModule(net)
         opt = pstrain.optimizers.Adagrad(learning_rate=0.05, initial_accumulator_value=0.1)
@@ -159,9 +166,11 @@ async def main(args: argparse.Namespace) -> None:
         spec = json.load(f)["cluster"]
     resolver = pstrain.SimpleClusterResolver(spec, token=args.token or os.environ.get("PSTRAIN_TOKEN"))
     strategy = pstrain.ParameterServerStrategy(
-        resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2))
-    coordinator = pstrain.ClusterCoordinator(strategy, worker_timeout_s=2.0, heartbeat_s=0.25,
-                                             ps_timeout_s=3.0, probe_max_s=0.5)
+        resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2)
+    )
+    coordinator = pstrain.ClusterCoordinator(
+        strategy, worker_timeout_s=2.0, heartbeat_s=0.25, ps_timeout_s=3.0, probe_max_s=0.5
+    )
     train_step, model, opt = await MODELS[args.model](strategy)
     work_s = args.work_ms / 1000
 
@@ -213,8 +222,7 @@ async def main(args: argparse.Namespace) -> None:
             if (step + 1) % args.every == 0:  # a ps lost mid-save: recovered like mid-step
                 await manager.save(checkpoint_number=step + 1)
         except (UnavailableError, NotFoundError, CancelledError) as exc:
-            print(f"recovering at step {step}: {type(exc).__name__}: {exc}", file=sys.stderr,
-                  flush=True)
+            print(f"recovering at step {step}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             await restore_latest(manager)
             step = int(await opt.iterations.numpy())
             print(f"restored {step}", flush=True)

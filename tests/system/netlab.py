@@ -62,12 +62,16 @@ class NetLab:
 
     def __init__(self, hosts: list[str]) -> None:
         if os.geteuid() != 0:
-            raise RuntimeError("the multi-host tests need root (network namespaces, nftables, tc); "
-                               "run them as root, as `make test` on the CI machine does")
+            raise RuntimeError(
+                "the multi-host tests need root (network namespaces, nftables, tc); "
+                "run them as root, as `make test` on the CI machine does"
+            )
         missing = [t for t in TOOLS if shutil.which(t) is None]
         if missing:
-            raise RuntimeError(f"the multi-host tests need {', '.join(missing)} (Debian: apt-get "
-                               "install iproute2 nftables); `make test` installs them")
+            raise RuntimeError(
+                f"the multi-host tests need {', '.join(missing)} (Debian: apt-get "
+                "install iproute2 nftables); `make test` installs them"
+            )
         self.hosts = list(hosts)
         self.tag = "pl" + secrets.token_hex(3)
         self.subnet = _free_subnet()
@@ -104,12 +108,19 @@ class NetLab:
         self._made_ns.append(sw)
         _run("ip", "-n", sw, "link", "add", "br0", "type", "bridge")
         _run("ip", "-n", sw, "link", "set", "br0", "up")
-        rules = ("table bridge lab {\n"
-                 "  set cut { type ifname; }\n"
-                 "  chain forward_chain { type filter hook forward priority 0;\n"
-                 "    iifname @cut drop\n    oifname @cut drop\n  }\n}\n")
-        result = subprocess.run(["ip", "netns", "exec", sw, "nft", "-f", "-"], input=rules,
-                                capture_output=True, text=True, timeout=30)
+        rules = (
+            "table bridge lab {\n"
+            "  set cut { type ifname; }\n"
+            "  chain forward_chain { type filter hook forward priority 0;\n"
+            "    iifname @cut drop\n    oifname @cut drop\n  }\n}\n"
+        )
+        result = subprocess.run(
+            ["ip", "netns", "exec", sw, "nft", "-f", "-"],
+            input=rules,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         if result.returncode:
             raise RuntimeError(f"nft failed: {result.stderr.strip()}")
         for host in self.hosts:
@@ -149,8 +160,9 @@ class NetLab:
         self._made_links.clear()
 
     # -- processes ------------------------------------------------------------------------------
-    def start(self, host: str, *args: str, env: dict[str, str] | None = None,
-              **popen: Any) -> subprocess.Popen[Any]:
+    def start(
+        self, host: str, *args: str, env: dict[str, str] | None = None, **popen: Any
+    ) -> subprocess.Popen[Any]:
         """Run ``args`` in ``host``'s namespace; stopped (by PID) when the lab closes."""
         proc = subprocess.Popen(["ip", "netns", "exec", self.ns(host), *args], env=env, **popen)
         self._procs.append(proc)
@@ -159,24 +171,81 @@ class NetLab:
     # -- faults ---------------------------------------------------------------------------------
     def cut(self, host: str) -> None:
         """Drop every packet to and from ``host`` (both directions), until :meth:`heal`."""
-        _run("ip", "netns", "exec", self.switch, "nft", "add", "element", "bridge", "lab", "cut",
-             f"{{ {self._port(host)} }}")
+        _run(
+            "ip",
+            "netns",
+            "exec",
+            self.switch,
+            "nft",
+            "add",
+            "element",
+            "bridge",
+            "lab",
+            "cut",
+            f"{{ {self._port(host)} }}",
+        )
 
     def heal(self, host: str) -> None:
-        _run("ip", "netns", "exec", self.switch, "nft", "delete", "element", "bridge", "lab", "cut",
-             f"{{ {self._port(host)} }}")
+        _run(
+            "ip",
+            "netns",
+            "exec",
+            self.switch,
+            "nft",
+            "delete",
+            "element",
+            "bridge",
+            "lab",
+            "cut",
+            f"{{ {self._port(host)} }}",
+        )
 
     def limit(self, host: str, rate: str) -> None:
         """Shape ``host``'s link to ``rate`` (tc syntax: ``1gbit``) in both directions."""
         inner = f"{self.tag}h{self.hosts.index(host)}"
         for ns, dev in ((self.switch, self._port(host)), (self.ns(host), inner)):
-            _run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
-                 "rate", rate, "burst", "256kb", "latency", "50ms")
+            _run(
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                "tc",
+                "qdisc",
+                "replace",
+                "dev",
+                dev,
+                "root",
+                "tbf",
+                "rate",
+                rate,
+                "burst",
+                "256kb",
+                "latency",
+                "50ms",
+            )
 
     def drop(self, host: str, percent: int) -> None:
         """Lose ``percent`` % of the packets to and from ``host``."""
         port = self._port(host)
         for direction in ("iifname", "oifname"):
-            _run("ip", "netns", "exec", self.switch, "nft", "add", "rule", "bridge", "lab",
-                 "forward_chain", direction, port, "numgen", "random", "mod", "100", "<",
-                 str(int(percent)), "drop")
+            _run(
+                "ip",
+                "netns",
+                "exec",
+                self.switch,
+                "nft",
+                "add",
+                "rule",
+                "bridge",
+                "lab",
+                "forward_chain",
+                direction,
+                port,
+                "numgen",
+                "random",
+                "mod",
+                "100",
+                "<",
+                str(int(percent)),
+                "drop",
+            )

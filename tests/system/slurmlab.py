@@ -35,11 +35,12 @@ BINARIES = ("slurmctld", "slurmd", "sbatch", "scontrol", "munged")
 
 class SlurmLab:
     def __init__(self, nodes: list[str], cpus: int = 8) -> None:
-        missing = [b for b in BINARIES
-                   if shutil.which(b) is None and not os.path.exists(f"/usr/sbin/{b}")]
+        missing = [b for b in BINARIES if shutil.which(b) is None and not os.path.exists(f"/usr/sbin/{b}")]
         if missing:
-            raise RuntimeError(f"the SLURM test needs {', '.join(missing)} (Debian: apt-get install "
-                               "slurm-wlm munge); `make test` installs them")
+            raise RuntimeError(
+                f"the SLURM test needs {', '.join(missing)} (Debian: apt-get install "
+                "slurm-wlm munge); `make test` installs them"
+            )
         self.nodes = list(nodes)
         self.cpus = cpus
         self.net = NetLab(self.nodes)
@@ -70,12 +71,24 @@ class SlurmLab:
             f.write(os.urandom(128))
         os.chmod(f"{d}/munge.key", 0o600)
         self.munge_socket = f"{d}/munge.socket"
-        self._spawn([self._bin("munged"), "--foreground", "--force", f"--socket={self.munge_socket}",
-                     f"--key-file={d}/munge.key", f"--pid-file={d}/munged.pid",
-                     f"--log-file={d}/munged.log", f"--seed-file={d}/munged.seed"])
+        self._spawn(
+            [
+                self._bin("munged"),
+                "--foreground",
+                "--force",
+                f"--socket={self.munge_socket}",
+                f"--key-file={d}/munge.key",
+                f"--pid-file={d}/munged.pid",
+                f"--log-file={d}/munged.log",
+                f"--seed-file={d}/munged.seed",
+            ]
+        )
         self._wait(lambda: os.path.exists(self.munge_socket), 20, "munged's socket")
-        hosts = "127.0.0.1 localhost\n" + "".join(
-            f"{self.net.address(n)} {n}\n" for n in self.nodes) + f"{self.net.gateway} slurmctl\n"
+        hosts = (
+            "127.0.0.1 localhost\n"
+            + "".join(f"{self.net.address(n)} {n}\n" for n in self.nodes)
+            + f"{self.net.gateway} slurmctl\n"
+        )
         if not os.path.isdir("/etc/netns"):
             os.makedirs("/etc/netns")
             self._made_etc_netns = True
@@ -85,8 +98,10 @@ class SlurmLab:
             self._netns_dirs.append(path)
             with open(f"{path}/hosts", "w", encoding="utf-8") as f:
                 f.write(hosts)
-        nodes = "".join(f"NodeName={n} NodeAddr={self.net.address(n)} CPUs={self.cpus} "
-                        "RealMemory=1000 State=UNKNOWN\n" for n in self.nodes)
+        nodes = "".join(
+            f"NodeName={n} NodeAddr={self.net.address(n)} CPUs={self.cpus} RealMemory=1000 State=UNKNOWN\n"
+            for n in self.nodes
+        )
         self.conf = f"{d}/slurm.conf"
         with open(self.conf, "w", encoding="utf-8") as f:
             f.write(f"""ClusterName=pstrainlab
@@ -127,19 +142,34 @@ KillWait=5
         self._spawn([self._bin("slurmctld"), "-D", "-i", "-f", self.conf], env=env)
         for n in self.nodes:
             os.makedirs(f"{d}/spool-{n}")
-            proc = self.net.start(n, self._bin("slurmd"), "-D", "-f", self.conf, "-N", n, env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            proc = self.net.start(
+                n,
+                self._bin("slurmd"),
+                "-D",
+                "-f",
+                self.conf,
+                "-N",
+                n,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             self._procs.append(proc)
         self._wait(self._nodes_idle, 60, "every node idle in sinfo")
 
     def __exit__(self, *exc: Any) -> None:
         if self._jobs:  # this lab's jobs end first, so that slurmd stops their steps
-            subprocess.run([self._bin("scancel"), *map(str, self._jobs)], env=self.env(),
-                           capture_output=True, timeout=30)
+            subprocess.run(
+                [self._bin("scancel"), *map(str, self._jobs)], env=self.env(), capture_output=True, timeout=30
+            )
             try:
-                self._wait(lambda: all(self.job_state(j)[0] not in ("RUNNING", "PENDING",
-                                                                     "COMPLETING")
-                                       for j in self._jobs), 30, "the lab's jobs ended")
+                self._wait(
+                    lambda: all(
+                        self.job_state(j)[0] not in ("RUNNING", "PENDING", "COMPLETING") for j in self._jobs
+                    ),
+                    30,
+                    "the lab's jobs ended",
+                )
             except (TimeoutError, RuntimeError):
                 pass  # the daemons are stopped below regardless
             self._jobs.clear()
@@ -167,15 +197,18 @@ KillWait=5
         return {**os.environ, "SLURM_CONF": self.conf, **extra}
 
     def _spawn(self, args: list[str], env: dict[str, str] | None = None) -> None:
-        self._procs.append(subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL,
-                                            stderr=subprocess.DEVNULL))
+        self._procs.append(
+            subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        )
 
     def _wait(self, ready: Any, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         while not ready():
             if time.monotonic() > deadline:
-                raise TimeoutError(f"SLURM lab: {what} not reached within {timeout:.0f} s; logs in "
-                                   f"{self.dir}: {self.logs()[-3000:]}")
+                raise TimeoutError(
+                    f"SLURM lab: {what} not reached within {timeout:.0f} s; logs in "
+                    f"{self.dir}: {self.logs()[-3000:]}"
+                )
             dead = [p.args for p in self._procs if p.poll() is not None]
             if dead:
                 raise RuntimeError(f"SLURM lab: {dead[0]} exited; {self.logs()[-3000:]}")
@@ -190,14 +223,25 @@ KillWait=5
         return "\n".join(out)
 
     def _nodes_idle(self) -> bool:
-        result = subprocess.run([self._bin("sinfo"), "-h", "-N", "-o", "%N %t"], env=self.env(),
-                                capture_output=True, text=True, timeout=30)
+        result = subprocess.run(
+            [self._bin("sinfo"), "-h", "-N", "-o", "%N %t"],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         states = dict(line.split() for line in result.stdout.splitlines() if line.strip())
         return all(states.get(n) == "idle" for n in self.nodes)
 
     def sbatch(self, *args: str, env: dict[str, str] | None = None, cwd: str | None = None) -> int:
-        result = subprocess.run([self._bin("sbatch"), "--parsable", *args], env=env or self.env(),
-                                cwd=cwd, capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [self._bin("sbatch"), "--parsable", *args],
+            env=env or self.env(),
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if result.returncode:
             raise RuntimeError(f"sbatch failed: {result.stderr.strip()}")
         job = int(result.stdout.strip().split(";")[0])
@@ -206,8 +250,13 @@ KillWait=5
 
     def job_state(self, job: int) -> tuple[str, str]:
         """(JobState, ExitCode) as ``scontrol show job`` gives them."""
-        out = subprocess.run([self._bin("scontrol"), "show", "job", str(job)], env=self.env(),
-                             capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run(
+            [self._bin("scontrol"), "show", "job", str(job)],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
         state = re.search(r"JobState=(\S+)", out)
         code = re.search(r"ExitCode=(\S+)", out)
         return (state.group(1) if state else "UNKNOWN", code.group(1) if code else "?")

@@ -22,8 +22,9 @@ STEPS = 40
 def chromium() -> str:
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
-        raise RuntimeError("the dashboard tests need Chromium (Debian: apt-get install chromium); "
-                           "`make test` installs it")
+        raise RuntimeError(
+            "the dashboard tests need Chromium (Debian: apt-get install chromium); `make test` installs it"
+        )
     return path
 
 
@@ -103,8 +104,9 @@ async def test_markup_in_every_field_the_dashboard_shows_is_text(tmp_path):
     root = tmp_path / payload
     root.mkdir()
     pstrain.summary.LOG.clear()
-    async with InProcessCluster(num_ps=1, num_workers=1,
-                                ps_options={"checkpoint_root": str(tmp_path)}) as cluster:
+    async with InProcessCluster(
+        num_ps=1, num_workers=1, ps_options={"checkpoint_root": str(tmp_path)}
+    ) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         coordinator = pstrain.ClusterCoordinator(strategy)
         async with strategy.scope():
@@ -178,7 +180,8 @@ async def test_the_dashboard_draws_the_placement_map_as_a_ps_joins_and_leaves():
         await extra.start()
         try:
             strategy = pstrain.ParameterServerStrategy(
-                pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token))
+                pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token)
+            )
             coordinator = pstrain.ClusterCoordinator(strategy)
             async with strategy.scope():
                 for k in range(4):
@@ -196,18 +199,22 @@ async def test_the_dashboard_draws_the_placement_map_as_a_ps_joins_and_leaves():
                 await row.wait_for()
                 await page.wait_for_function(  # a 1 MiB variable, and its share of the table's rows
                     r"/[1-9]\.\d MiB/.test("
-                    "document.querySelector('#placement tr[data-ps=\"2\"]').textContent)")
+                    "document.querySelector('#placement tr[data-ps=\"2\"]').textContent)"
+                )
                 assert "yes" in await row.text_content()
                 await page.wait_for_function(  # 42 of the table's 128 slices
                     "document.querySelector('#placement tr[data-ps=\"2\"]').textContent"
-                    ".includes('users 32.8%')")
+                    ".includes('users 32.8%')"
+                )
                 await page.wait_for_function(
                     r"/\b[1-9]\d* move\(s\) done/"
-                    ".test(document.getElementById('placement-status').textContent)")
+                    ".test(document.getElementById('placement-status').textContent)"
+                )
                 await coordinator.remove_ps(2)
                 await page.wait_for_selector('[data-task="ps:2"][data-state="left"]')
                 await page.wait_for_function(
-                    "document.querySelector('#placement tr[data-ps=\"2\"]').textContent.includes('left')")
+                    "document.querySelector('#placement tr[data-ps=\"2\"]').textContent.includes('left')"
+                )
                 assert "0.0 MiB" in await row.text_content()
         finally:
             await extra.stop()

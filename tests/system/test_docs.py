@@ -13,8 +13,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-BLOCKS = [(doc.name, i, code) for doc in DOCS if doc.exists()
-          for i, code in enumerate(re.findall(r"```python\n(.*?)```", doc.read_text(), re.S))]
+BLOCKS = [
+    (doc.name, i, code)
+    for doc in DOCS
+    if doc.exists()
+    for i, code in enumerate(re.findall(r"```python\n(.*?)```", doc.read_text(), re.S))
+]
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -24,21 +28,34 @@ def test_code_block_runs(tmp_path, doc, index, code):
     script = tmp_path / "block.py"
     script.write_text(code)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PSTRAIN_", "TF_CONFIG"))}
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            timeout=100, env=env, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=100, env=env, cwd=tmp_path
+    )
     assert result.returncode == 0, f"{doc} block {index} failed:\n{result.stderr[-3000:]}"
 
 
 def test_there_are_blocks_to_run():
     assert len(BLOCKS) >= 8 and {doc for doc, _, _ in BLOCKS} >= {
-        "README.md", "recommender-tables.md", "operations.md", "porting-from-tensorflow.md"}
+        "README.md",
+        "recommender-tables.md",
+        "operations.md",
+        "porting-from-tensorflow.md",
+    }
 
 
 def test_the_readme_is_short_and_points_at_the_site():
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) < 250
-    for page in ("concepts", "porting-from-tensorflow", "frameworks", "recommender-tables",
-                 "failures-and-checkpoints", "operations", "security", "benchmarks"):
+    for page in (
+        "concepts",
+        "porting-from-tensorflow",
+        "frameworks",
+        "recommender-tables",
+        "failures-and-checkpoints",
+        "operations",
+        "security",
+        "benchmarks",
+    ):
         assert f"](docs/{page}.md)" in text, page
 
 
@@ -52,11 +69,17 @@ async def test_the_site_builds_strict_and_every_nav_link_opens_in_chromium(tmp_p
 
     site = (tmp_path / "site").resolve()
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    build = subprocess.run([str(Path(sys.executable).with_name("mkdocs")), "build", "--strict",
-                            "--site-dir", str(site)], cwd=ROOT, capture_output=True, text=True,
-                           timeout=200, env=env)
+    build = subprocess.run(
+        [str(Path(sys.executable).with_name("mkdocs")), "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=200,
+        env=env,
+    )
     assert build.returncode == 0, build.stdout + build.stderr
     assert (site / "reference" / "index.html").exists()
+
     async def serve(request: web.Request) -> web.StreamResponse:  # as a web server serves a site
         path = (site / request.match_info["path"]).resolve()
         if path.is_dir():
@@ -83,7 +106,8 @@ async def test_the_site_builds_strict_and_every_nav_link_opens_in_chromium(tmp_p
                 home = f"http://127.0.0.1:{port}/index.html"
                 assert (await page.goto(home)).status == 200
                 hrefs = await page.locator("nav.md-nav--primary a.md-nav__link[href]").evaluate_all(
-                    "els => [...new Set(els.map(e => e.href))]")
+                    "els => [...new Set(els.map(e => e.href))]"
+                )
                 pages = sorted({h.split("#")[0] for h in hrefs if h.startswith("http://127.0.0.1")})
                 assert len(pages) >= 11, pages
                 for url in pages:
@@ -97,7 +121,6 @@ async def test_the_site_builds_strict_and_every_nav_link_opens_in_chromium(tmp_p
                 await browser.close()
     finally:
         await runner.cleanup()
-
 
 
 # -- the porting guide's table: complete, and true ------------------------------------------------
@@ -125,7 +148,7 @@ def _resolve(dotted: str) -> object:
         try:
             obj = getattr(obj, name)
         except AttributeError:
-            obj = importlib.import_module(".".join(parts[:i + 1]))
+            obj = importlib.import_module(".".join(parts[: i + 1]))
     return obj
 
 
@@ -139,18 +162,48 @@ def _names_on_the_pages() -> set[str]:
     remote = (REFERENCE / "tf-remote-value.txt").read_text()
     names |= {f"RemoteValue.{m}" for m in re.findall(r"^### `(\w+)`", remote, re.M)}
     extended = (REFERENCE / "tf-distribute-experimental.txt").read_text()
-    names |= set(re.findall(r"^(experimental_require_static_shapes|parameter_devices|worker_devices) ",
-                            extended, re.M))
-    names |= {"colocate_vars_with", "update", "reduce_to", "batch_reduce_to", "merge_call",
-              "get_replica_context", "VariableAggregation", "DistributedValues", "DistributedDataset",
-              "replica_id_in_sync_group", "ClusterCoordinator", "create_per_worker_dataset",
-              "schedule", "join", "done", "fetch", "Server", "TFConfigClusterResolver",
-              "MinSizePartitioner", "get_current_worker_index", "ReduceOp",
-              # the tutorial's custom training loop
-              "RMSprop", "Accuracy", "reset_states", "GradientTape", "apply_gradients",
-              "trainable_variables", "StringLookup", "Embedding", "BinaryCrossentropy",
-              "compute_average_loss", "Checkpoint", "CheckpointManager", "InputContext",
-              "element_spec", "tf.function"}
+    names |= set(
+        re.findall(r"^(experimental_require_static_shapes|parameter_devices|worker_devices) ", extended, re.M)
+    )
+    names |= {
+        "colocate_vars_with",
+        "update",
+        "reduce_to",
+        "batch_reduce_to",
+        "merge_call",
+        "get_replica_context",
+        "VariableAggregation",
+        "DistributedValues",
+        "DistributedDataset",
+        "replica_id_in_sync_group",
+        "ClusterCoordinator",
+        "create_per_worker_dataset",
+        "schedule",
+        "join",
+        "done",
+        "fetch",
+        "Server",
+        "TFConfigClusterResolver",
+        "MinSizePartitioner",
+        "get_current_worker_index",
+        "ReduceOp",
+        # the tutorial's custom training loop
+        "RMSprop",
+        "Accuracy",
+        "reset_states",
+        "GradientTape",
+        "apply_gradients",
+        "trainable_variables",
+        "StringLookup",
+        "Embedding",
+        "BinaryCrossentropy",
+        "compute_average_loss",
+        "Checkpoint",
+        "CheckpointManager",
+        "InputContext",
+        "element_spec",
+        "tf.function",
+    }
     return names
 
 
@@ -158,8 +211,11 @@ NAMES_FILE = ROOT / "tests" / "system" / "data" / "tf_api_names.txt"
 
 
 def _vendored_names() -> set[str]:
-    return {line.strip() for line in NAMES_FILE.read_text().splitlines()
-            if line.strip() and not line.startswith("#")}
+    return {
+        line.strip()
+        for line in NAMES_FILE.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
 
 
 def test_the_porting_table_covers_every_name_on_tfs_pages():

@@ -56,8 +56,15 @@ from tests.helpers import TOKEN
 
 from .netlab import NetLab
 
-FAULTS = ("worker_kill", "worker_drain", "worker_partition", "ps_kill", "coordinator_kill",
-          "ps_move", "ps_join")
+FAULTS = (
+    "worker_kill",
+    "worker_drain",
+    "worker_partition",
+    "ps_kill",
+    "coordinator_kill",
+    "ps_move",
+    "ps_join",
+)
 MODELS = ("numpy", "jax", "torch")
 COMBOS = [(f,) for f in FAULTS] + list(itertools.product(FAULTS, repeat=2))
 ALL = [(model, combo) for model in MODELS for combo in COMBOS]
@@ -80,8 +87,9 @@ def _cases() -> list[Any]:
         rng = random.Random(seed)
         model = rng.choice(MODELS)  # one model a run: one fault-free reference run, not three
         cases = rng.sample([c for c in ALL if c[0] == model], SAMPLE)
-    return [pytest.param(model, combo, seed, id=f"seed{seed}-{model}-{'+'.join(combo)}")
-            for model, combo in cases]
+    return [
+        pytest.param(model, combo, seed, id=f"seed{seed}-{model}-{'+'.join(combo)}") for model, combo in cases
+    ]
 
 
 pytestmark = pytest.mark.timeout(300)
@@ -94,16 +102,17 @@ class Cluster:
 
     def __init__(self, lab: NetLab, tmp: Path, model: str) -> None:
         self.lab, self.tmp, self.model = lab, tmp, model
-        self.spec = {"ps": [f"{lab.address(h)}:{PORT}" for h in ("ps0", "ps1")],
-                     "worker": [f"{lab.address(h)}:{PORT}" for h in ("w0", "w1")]}
+        self.spec = {
+            "ps": [f"{lab.address(h)}:{PORT}" for h in ("ps0", "ps1")],
+            "worker": [f"{lab.address(h)}:{PORT}" for h in ("w0", "w1")],
+        }
         self.cluster_file = tmp / "cluster.json"
         self.cluster_file.write_text(json.dumps({"cluster": self.spec}))
         self.joining = f"{lab.address('ps2')}:{PORT}"
         grown = {**self.spec, "ps": [*self.spec["ps"], self.joining]}
         self.grown_file = tmp / "cluster-grown.json"  # what ps2 is started with: it is ps 2
         self.grown_file.write_text(json.dumps({"cluster": grown}))
-        self.env = {k: v for k, v in os.environ.items()
-                    if k not in ("TF_CONFIG", "PSTRAIN_CONFIG")}
+        self.env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "PSTRAIN_CONFIG")}
         self.env.update(PSTRAIN_TOKEN=TOKEN, PYTHONUNBUFFERED="1")
         self.servers: dict[str, subprocess.Popen[str]] = {}
         self.job: subprocess.Popen[str] | None = None
@@ -127,12 +136,29 @@ class Cluster:
         role, index = ("ps", int(host[2])) if host.startswith("ps") else ("worker", int(host[1]))
         log = open(self.tmp / f"{host}.log", "a")  # noqa: SIM115 - the child keeps its own copy
         try:
-            proc = self.lab.start(host, sys.executable, "-m", "pstrain.cli", "serve", "--role", role,
-                                  "--index", str(index),
-                                  "--cluster", str(self.grown_file if index == 2 else self.cluster_file),
-                                  "--host", self.lab.address(host), "--port", str(PORT),
-                                  "--checkpoint-root", str(self.tmp), env=self.env,
-                                  stdout=subprocess.PIPE, stderr=log, text=True)
+            proc = self.lab.start(
+                host,
+                sys.executable,
+                "-m",
+                "pstrain.cli",
+                "serve",
+                "--role",
+                role,
+                "--index",
+                str(index),
+                "--cluster",
+                str(self.grown_file if index == 2 else self.cluster_file),
+                "--host",
+                self.lab.address(host),
+                "--port",
+                str(PORT),
+                "--checkpoint-root",
+                str(self.tmp),
+                env=self.env,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+            )
         finally:
             log.close()
         self.servers[host] = proc
@@ -162,10 +188,27 @@ class Cluster:
         log = open(self.tmp / "job.log", "a")  # noqa: SIM115 - the child keeps its own copy
         try:
             self.job = subprocess.Popen(
-                [sys.executable, str(JOB), "--model", self.model, "--cluster", str(self.cluster_file),
-                 "--dir", str(self.tmp / "ckpt"), "--out", str(self.tmp / "final"),
-                 "--steps", str(STEPS), "--join", self.joining], env=self.env,
-                stdout=subprocess.PIPE, stderr=log, text=True)
+                [
+                    sys.executable,
+                    str(JOB),
+                    "--model",
+                    self.model,
+                    "--cluster",
+                    str(self.cluster_file),
+                    "--dir",
+                    str(self.tmp / "ckpt"),
+                    "--out",
+                    str(self.tmp / "final"),
+                    "--steps",
+                    str(STEPS),
+                    "--join",
+                    self.joining,
+                ],
+                env=self.env,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+            )
         finally:
             log.close()
         reader = threading.Thread(target=self._read, args=(self.job,), daemon=True)
@@ -191,11 +234,14 @@ class Cluster:
     def wait(self, predicate: Any, timeout: float, what: str) -> None:
         with self.cond:
             if not self.cond.wait_for(lambda: predicate() or self.failed is not None, timeout):
-                raise AssertionError(f"timed out waiting for {what}; job said {self.lines[-8:]}\n"
-                                     f"job log: {self.log('job')}")
+                raise AssertionError(
+                    f"timed out waiting for {what}; job said {self.lines[-8:]}\njob log: {self.log('job')}"
+                )
             if self.failed is not None and not predicate():
-                raise AssertionError(f"the job exited with {self.failed} waiting for {what}; job "
-                                     f"said {self.lines[-8:]}\njob log: {self.log('job')}")
+                raise AssertionError(
+                    f"the job exited with {self.failed} waiting for {what}; job "
+                    f"said {self.lines[-8:]}\njob log: {self.log('job')}"
+                )
 
     def finish(self) -> dict[str, np.ndarray]:
         self.wait(lambda: "done" in self.lines, 180, "the job to finish")
@@ -221,13 +267,13 @@ class Cluster:
             return "coordinator SIGKILLed and started again"
         if name in ("ps_move", "ps_join"):
             said = ("moved ", "move failed") if name == "ps_move" else ("joined ps", "join failed")
-            self.wait(lambda: "ready for changes" in self.lines[self._started_at:], 120,
-                      "the job to take changes")
+            self.wait(
+                lambda: "ready for changes" in self.lines[self._started_at :], 120, "the job to take changes"
+            )
             seen = len(self.lines)
             assert self.job is not None
             self.job.send_signal(signal.SIGUSR1 if name == "ps_move" else signal.SIGUSR2)
-            self.wait(lambda: any(ln.startswith(said) for ln in self.lines[seen:]), 120,
-                      f"the {name} to end")
+            self.wait(lambda: any(ln.startswith(said) for ln in self.lines[seen:]), 120, f"the {name} to end")
             line = next(ln for ln in self.lines[seen:] if ln.startswith(said))
             # a move, and a first join into the first coordinator's job, must happen
             first_join = name == "ps_join" and not self.joined and self.jobs_started == 1
@@ -315,8 +361,7 @@ def _story(tmp: Path, lines: list[str]) -> str:
 
 
 @pytest.mark.parametrize(("model", "faults", "seed"), _cases())
-def test_a_run_with_faults_ends_in_the_state_of_a_run_without(tmp_path_factory, model, faults,
-                                                               seed):
+def test_a_run_with_faults_ends_in_the_state_of_a_run_without(tmp_path_factory, model, faults, seed):
     tmp_root = tmp_path_factory.getbasetemp()
     want = _canonical(_reference(tmp_root, model))
     rng = random.Random(f"{seed}-{model}-{'+'.join(faults)}")
@@ -328,6 +373,5 @@ def test_a_run_with_faults_ends_in_the_state_of_a_run_without(tmp_path_factory, 
     step_key = next(k for k in want if k.endswith("iterations"))
     assert int(got[step_key]) == STEPS, what + _story(tmp, lines)  # the exact step count
     differ = [k for k in want if got[k].tobytes() != want[k].tobytes()]
-    assert not differ, (f"{what}: these differ from the run without faults: {differ[:8]}"
-                        + _story(tmp, lines))
+    assert not differ, f"{what}: these differ from the run without faults: {differ[:8]}" + _story(tmp, lines)
     assert re.search(r"^done$", "\n".join(lines), re.M)

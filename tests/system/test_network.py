@@ -35,9 +35,27 @@ def serve(lab: NetLab, host: str, role: str, index: int, cluster_file: str, log_
     for key in ("TF_CONFIG", "PSTRAIN_CONFIG"):
         env.pop(key, None)
     with open(log_path, "w") as log:  # the child keeps its own descriptor
-        proc = lab.start(host, sys.executable, "-m", "pstrain.cli", "serve", "--role", role, "--index",
-                         str(index), "--cluster", cluster_file, "--host", lab.address(host), "--port",
-                         str(PORT), env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+        proc = lab.start(
+            host,
+            sys.executable,
+            "-m",
+            "pstrain.cli",
+            "serve",
+            "--role",
+            role,
+            "--index",
+            str(index),
+            "--cluster",
+            cluster_file,
+            "--host",
+            lab.address(host),
+            "--port",
+            str(PORT),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
@@ -52,8 +70,10 @@ def serve(lab: NetLab, host: str, role: str, index: int, cluster_file: str, log_
 @pytest.fixture
 def lab(tmp_path):
     with NetLab(["ps0", "w0", "w1"]) as lab:
-        spec = {"ps": [f"{lab.address('ps0')}:{PORT}"],
-                "worker": [f"{lab.address(h)}:{PORT}" for h in ("w0", "w1")]}
+        spec = {
+            "ps": [f"{lab.address('ps0')}:{PORT}"],
+            "worker": [f"{lab.address(h)}:{PORT}" for h in ("w0", "w1")],
+        }
         cluster_file = tmp_path / "cluster.json"
         cluster_file.write_text(json.dumps({"cluster": spec}))
         for role, index, host in (("ps", 0, "ps0"), ("worker", 0, "w0"), ("worker", 1, "w1")):
@@ -64,8 +84,7 @@ def lab(tmp_path):
 
 def coordinator_for(lab, **options):
     strategy = pstrain.ParameterServerStrategy(pstrain.SimpleClusterResolver(lab.spec, token=TOKEN))
-    settings = dict(max_inflight_per_worker=4, worker_timeout_s=2.0, heartbeat_s=0.25,
-                    ps_timeout_s=3.0)
+    settings = dict(max_inflight_per_worker=4, worker_timeout_s=2.0, heartbeat_s=0.25, ps_timeout_s=3.0)
     settings.update(options)
     return strategy, pstrain.ClusterCoordinator(strategy, **settings)
 
@@ -157,5 +176,5 @@ async def test_exactly_once_closures_count_exactly_through_a_sigkill():
         await coordinator.join()
         assert all(rv.done() for rv in rvs)
         assert coordinator.closures_retried >= 1  # closures did run twice...
-        assert await count.numpy() == 200.0       # ...and their updates counted once
+        assert await count.numpy() == 200.0  # ...and their updates counted once
         await coordinator.close()

@@ -32,8 +32,9 @@ scrape_configs:
 def prometheus() -> str:
     path = shutil.which("prometheus")
     if path is None:
-        raise RuntimeError("this test needs Prometheus (Debian: apt-get install prometheus); "
-                           "`make test` installs it")
+        raise RuntimeError(
+            "this test needs Prometheus (Debian: apt-get install prometheus); `make test` installs it"
+        )
     return path
 
 
@@ -50,17 +51,26 @@ async def test_a_real_prometheus_scrapes_every_task_with_the_token(tmp_path):
         token_file = tmp_path / "token"
         token_file.write_text(cluster.token)
         token_file.chmod(0o600)
-        targets = [cluster.cluster_spec.task_address("ps", 0),
-                   cluster.cluster_spec.task_address("worker", 0), chief]
+        targets = [
+            cluster.cluster_spec.task_address("ps", 0),
+            cluster.cluster_spec.task_address("worker", 0),
+            chief,
+        ]
         config = tmp_path / "prometheus.yml"
         config.write_text(SCRAPE.format(token_file=token_file, targets=", ".join(targets)))
         port_sock = listening_socket("127.0.0.1", 0, "prometheus")
         port = port_sock.getsockname()[1]
         port_sock.close()
-        proc = subprocess.Popen([prometheus(), f"--config.file={config}",
-                                 f"--storage.tsdb.path={tmp_path / 'data'}",
-                                 f"--web.listen-address=127.0.0.1:{port}"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [
+                prometheus(),
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         try:
             api = f"http://127.0.0.1:{port}/api/v1/query"
             async with aiohttp.ClientSession() as session:
@@ -81,7 +91,10 @@ async def test_a_real_prometheus_scrapes_every_task_with_the_token(tmp_path):
                 await wait_for(all_up, timeout=60, what="every target scraped and up")
                 uptime = await query("pstrain_uptime_seconds")
                 assert {(r["metric"]["role"], r["metric"]["task"]) for r in uptime} == {
-                    ("ps", "0"), ("worker", "0"), ("chief", "0")}
+                    ("ps", "0"),
+                    ("worker", "0"),
+                    ("chief", "0"),
+                }
                 updates = await query('sum(pstrain_requests_total{role="ps",op="vars/assign_add"})')
                 assert float(updates[0]["value"][1]) == 10
                 assert await query('pstrain_closures_done_total{role="chief"}')

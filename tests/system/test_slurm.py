@@ -20,14 +20,23 @@ def test_the_slurm_example_trains_and_its_job_ends_completed_on_nodes_that_sort_
         out = os.path.join(lab.dir, "job.out")
         bin_dir = os.path.dirname(sys.executable)
         env = lab.env(PATH=f"{bin_dir}:{os.environ['PATH']}", PSTRAIN_TOKEN=os.urandom(16).hex())
-        job = lab.sbatch("--chdir", os.path.abspath(EXAMPLE), "--output", out,
-                         os.path.abspath(os.path.join(EXAMPLE, "train.sbatch")), env=env)
+        job = lab.sbatch(
+            "--chdir",
+            os.path.abspath(EXAMPLE),
+            "--output",
+            out,
+            os.path.abspath(os.path.join(EXAMPLE, "train.sbatch")),
+            env=env,
+        )
         state, code = lab.wait_job(job, timeout=120, output=out)
         with open(out, encoding="utf-8") as f:
             log = f.read()
         assert (state, code) == ("COMPLETED", "0:0"), log[-4000:]
         assert "w = [100. 100. 100." in log, log[-4000:]
         spec = json.loads(re.search(r"^cluster: (.*)$", log, re.M).group(1))
-        assert spec == {"chief": ["n8:8888"], "ps": ["n8:8889", "n8:8890"],
-                        "worker": ["n9:8888", "n9:8889", "n10:8888", "n10:8889"]}
+        assert spec == {
+            "chief": ["n8:8888"],
+            "ps": ["n8:8889", "n8:8890"],
+            "worker": ["n9:8888", "n9:8889", "n10:8888", "n10:8889"],
+        }
         assert log.count("the coordinator's job is done; leaving") == 6  # every server left

@@ -22,9 +22,22 @@ LAYOUT_DOC = ROOT.parent / "docs" / "design.md"  # its Layout section
 
 #: The layer folders, bottom to top. A module imports only from its own folder or lower ones;
 #: ``server`` (the servers) imports only ``SERVERS_MAY_IMPORT`` and is imported only by the face.
-RANKS: tuple[str, ...] = ("_kernels", "_base", "_formats", "_transport", "_serving", "server",
-                          "_variables", "_training", "_embeddings", "_checkpoint", "_frameworks",
-                          "_distribute", "_coordinator", "face")
+RANKS: tuple[str, ...] = (
+    "_kernels",
+    "_base",
+    "_formats",
+    "_transport",
+    "_serving",
+    "server",
+    "_variables",
+    "_training",
+    "_embeddings",
+    "_checkpoint",
+    "_frameworks",
+    "_distribute",
+    "_coordinator",
+    "face",
+)
 RANK = {layer: i for i, layer in enumerate(RANKS)}
 #: Packages of the face: the ``pstrain`` command's subcommands.
 RANK["cli"] = RANK["face"]
@@ -49,8 +62,10 @@ def layer_of(module: str) -> str:
     if "." not in module:
         return "face"
     if top not in RANK:
-        raise AssertionError(f"pstrain/{top}/ is not a layer: add it to RANKS (its place in the "
-                             "order) and to the Layout of docs/design.md")
+        raise AssertionError(
+            f"pstrain/{top}/ is not a layer: add it to RANKS (its place in the "
+            "order) and to the Layout of docs/design.md"
+        )
     return top
 
 
@@ -73,7 +88,7 @@ class _Imports(ast.NodeVisitor):
 
     def _resolve(self, level: int, target: str | None) -> str:
         package = self.module.split(".")[:-1] if self.module != "__init__" else []
-        base = package[:len(package) - (level - 1)] if level > 1 else package
+        base = package[: len(package) - (level - 1)] if level > 1 else package
         return ".".join([*base, *([target] if target else [])])
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
@@ -104,8 +119,7 @@ class Tree:
         self.root = root
         self.modules = set(all_modules(root))
         self.graph = {m: self.imports_of(m) for m in self.modules}
-        self.typed_graph = {m: self.imports_of(m, type_checking=m != "__init__")
-                            for m in self.modules}
+        self.typed_graph = {m: self.imports_of(m, type_checking=m != "__init__") for m in self.modules}
 
     def imports_of(self, module: str, type_checking: bool = False) -> set[str]:
         path = self.root / (module.replace(".", "/") + ".py")
@@ -141,7 +155,7 @@ class Tree:
             path.append(m)
             for dep in sorted(graph[m]):
                 if state.get(dep) == 1:
-                    return path[path.index(dep):] + [dep]
+                    return path[path.index(dep) :] + [dep]
                 if dep not in state and (found := visit(dep)):
                     return found
             path.pop()
@@ -180,13 +194,17 @@ def test_an_injected_layer_violation_is_caught(tmp_path):
     copy = tmp_path / "pstrain"
     shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__", "dashboard_static"))
     tags = copy / "_base" / "tags.py"
-    tags.write_text(tags.read_text() + "\n\ndef _late():\n    from .._coordinator import scheduling\n"
-                    "    return scheduling\n")
+    tags.write_text(
+        tags.read_text() + "\n\ndef _late():\n    from .._coordinator import scheduling\n"
+        "    return scheduling\n"
+    )
     worker = copy / "server" / "worker" / "executor.py"
     worker.write_text(worker.read_text() + "\nfrom ..._variables import variables  # noqa\n")
     wrong = Tree(copy).layer_violations()
-    assert wrong == ["_base.tags (_base) imports _coordinator.scheduling (_coordinator)",
-                     "server.worker.executor (server) imports _variables.variables (_variables)"]
+    assert wrong == [
+        "_base.tags (_base) imports _coordinator.scheduling (_coordinator)",
+        "server.worker.executor (server) imports _variables.variables (_variables)",
+    ]
     (copy / "_widgets").mkdir()
     (copy / "_widgets" / "__init__.py").write_text("")
     with pytest.raises(AssertionError, match="_widgets/ is not a layer"):
@@ -215,8 +233,9 @@ def test_facades_only_re_export_and_nothing_inside_imports_them():
             continue
         facades.append(path.stem)
         body = tree.body[1:]
-        assert body and all(isinstance(node, ast.ImportFrom) or _is_all(node) for node in body), \
+        assert body and all(isinstance(node, ast.ImportFrom) or _is_all(node) for node in body), (
             f"pstrain/{path.name} is a façade: imports only (and its __all__)"
+        )
     assert {"errors", "checkpoint", "optimizers", "rpc"} <= set(facades)
     for module, deps in TREE.graph.items():
         if layer_of(module) != "face":
@@ -282,7 +301,7 @@ def draw_tree(width: int = 96) -> str:
 def test_the_layout_in_the_design_notes_draws_the_tree():
     assert set(LAYER_NOTES) == set(tree_modules()), set(LAYER_NOTES) ^ set(tree_modules())
     text = LAYOUT_DOC.read_text()
-    section = text[text.index("## Layout"):]
+    section = text[text.index("## Layout") :]
     block = re.search(r"```text\n(pstrain/\n.*?)```", section, re.S)
     drawn = block.group(1) if block else ""
     assert drawn == draw_tree(), "the Layout block of docs/design.md should read:\n" + draw_tree()
@@ -292,8 +311,7 @@ def test_the_longest_modules_are_listed_for_a_reviewer(capsys):
     # DESIGN.md: a module that holds two concepts is split along its seam, whatever its
     # length; a length is a prompt to look for a seam, never a budget. So nothing fails on
     # a number: the ten longest modules are printed for whoever reviews the tree.
-    sizes = {m: len((ROOT / (m.replace(".", "/") + ".py")).read_text().splitlines())
-             for m in TREE.modules}
+    sizes = {m: len((ROOT / (m.replace(".", "/") + ".py")).read_text().splitlines()) for m in TREE.modules}
     longest = sorted(sizes.items(), key=lambda kv: -kv[1])[:10]
     with capsys.disabled():
         print("\nlongest modules: " + ", ".join(f"{m} {n}" for m, n in longest))
@@ -314,8 +332,14 @@ def test_the_module_maps_name_real_files():
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
         folders = re.findall(r"``([\w/]+)/``", doc)
         for name in re.findall(r"``([\w./]+\.py)``", doc):
-            bases = [path.parent, path.parent.parent, ROOT, ROOT.parent,
-                     *(ROOT / d for d in folders), *(path.parent / d for d in folders)]
+            bases = [
+                path.parent,
+                path.parent.parent,
+                ROOT,
+                ROOT.parent,
+                *(ROOT / d for d in folders),
+                *(path.parent / d for d in folders),
+            ]
             if any((base / name).exists() for base in bases) or name in USERS_FILES:
                 continue
             if "/" not in name and name in everywhere:

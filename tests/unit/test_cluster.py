@@ -10,8 +10,11 @@ import pstrain
 from pstrain.cluster import parse_address
 from pstrain.errors import InvalidArgumentError
 
-SPEC = {"chief": ["127.0.0.1:2220"], "ps": ["127.0.0.1:2221", "127.0.0.1:2222"],
-        "worker": ["127.0.0.1:2223", "127.0.0.1:2224", "127.0.0.1:2225"]}
+SPEC = {
+    "chief": ["127.0.0.1:2220"],
+    "ps": ["127.0.0.1:2221", "127.0.0.1:2222"],
+    "worker": ["127.0.0.1:2223", "127.0.0.1:2224", "127.0.0.1:2225"],
+}
 
 
 def test_cluster_spec_basics():
@@ -71,18 +74,25 @@ def test_token_file(monkeypatch, tmp_path):
     assert pstrain.TFConfigClusterResolver().token == "from-file"
 
 
-@pytest.mark.parametrize("config, message", [
-    ({"cluster": {"ps": ["h:1"]}}, "at least one worker"),
-    ({"cluster": {"worker": ["h:1"]}}, "at least one ps"),
-    ({"cluster": {"chief": ["h:1", "h:2"], "ps": ["h:3"], "worker": ["h:4"]}}, "at most one 'chief'"),
-    ({"cluster": {"ps": ["h:1"], "worker": ["h:2"], "master": ["h:3"]}}, "Disallowed task type"),
-    ({"cluster": {"ps": ["h:1"], "worker": ["h:2"]}, "task": {"type": "foobar", "index": 0}},
-     "Unrecognized task_type: foobar"),
-    ({"cluster": {"ps": ["h:1"], "worker": ["h:2"]}, "task": {"type": "worker", "index": 3}},
-     "index 3 out of range"),
-    ({"cluster": {"ps": ["nocolon"], "worker": ["h:2"]}}, "malformed address"),
-    ({"task": {"type": "worker"}}, "'cluster'"),
-])
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"cluster": {"ps": ["h:1"]}}, "at least one worker"),
+        ({"cluster": {"worker": ["h:1"]}}, "at least one ps"),
+        ({"cluster": {"chief": ["h:1", "h:2"], "ps": ["h:3"], "worker": ["h:4"]}}, "at most one 'chief'"),
+        ({"cluster": {"ps": ["h:1"], "worker": ["h:2"], "master": ["h:3"]}}, "Disallowed task type"),
+        (
+            {"cluster": {"ps": ["h:1"], "worker": ["h:2"]}, "task": {"type": "foobar", "index": 0}},
+            "Unrecognized task_type: foobar",
+        ),
+        (
+            {"cluster": {"ps": ["h:1"], "worker": ["h:2"]}, "task": {"type": "worker", "index": 3}},
+            "index 3 out of range",
+        ),
+        ({"cluster": {"ps": ["nocolon"], "worker": ["h:2"]}}, "malformed address"),
+        ({"task": {"type": "worker"}}, "'cluster'"),
+    ],
+)
 def test_invalid_configs_name_the_problem(monkeypatch, config, message):
     monkeypatch.setenv("TF_CONFIG", json.dumps(config))
     with pytest.raises(InvalidArgumentError, match=message):
@@ -100,9 +110,17 @@ def test_missing_and_malformed_config(monkeypatch):
 def test_error_tree():
     from pstrain import errors
 
-    for cls in (errors.UnavailableError, errors.CancelledError, errors.ClosureInputError,
-                errors.InvalidArgumentError, errors.NotFoundError, errors.AlreadyExistsError,
-                errors.AuthenticationError, errors.ProtocolError, errors.DeadlineExceededError):
+    for cls in (
+        errors.UnavailableError,
+        errors.CancelledError,
+        errors.ClosureInputError,
+        errors.InvalidArgumentError,
+        errors.NotFoundError,
+        errors.AlreadyExistsError,
+        errors.AuthenticationError,
+        errors.ProtocolError,
+        errors.DeadlineExceededError,
+    ):
         assert issubclass(cls, errors.PstrainError)
     assert issubclass(errors.UnavailableError, ConnectionError)
     assert issubclass(errors.DeadlineExceededError, TimeoutError)

@@ -19,8 +19,9 @@ from pstrain.errors import AlreadyExistsError, PstrainError
 pytestmark = pytest.mark.timeout(120)
 
 #: Sizes around the alignment and the (shrunk) staging buffer's edges.
-SIZES = st.one_of(st.integers(0, 3 * ALIGN + 7), st.sampled_from([ALIGN - 1, ALIGN, ALIGN + 1,
-                                                                  2 * ALIGN, 3 * ALIGN]))
+SIZES = st.one_of(
+    st.integers(0, 3 * ALIGN + 7), st.sampled_from([ALIGN - 1, ALIGN, ALIGN + 1, 2 * ALIGN, 3 * ALIGN])
+)
 
 
 @pytest.fixture
@@ -42,8 +43,7 @@ def _write(path, pieces: list[bytes]) -> DirectWriter:
 
 @settings(max_examples=60, deadline=None)
 @given(sizes=st.lists(SIZES, max_size=6), direct=st.booleans())
-def test_a_file_holds_exactly_the_bytes_written_with_or_without_o_direct(tmp_path_factory, sizes,
-                                                                           direct):
+def test_a_file_holds_exactly_the_bytes_written_with_or_without_o_direct(tmp_path_factory, sizes, direct):
     rng = np.random.default_rng(len(sizes))
     pieces = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes]
     path = tmp_path_factory.mktemp("direct") / "f"
@@ -65,9 +65,12 @@ def test_the_disk_under_the_tests_takes_o_direct(tmp_path):
 
 def test_a_streamed_checkpoint_file_reads_back_with_safetensors(tmp_path, small_chunks):
     rng = np.random.default_rng(0)
-    tensors = {"rows": rng.standard_normal((1001, 7)).astype(np.float32),
-               "idx": np.arange(1001, dtype=np.int64), "empty": np.zeros((0, 3), np.float64),
-               "flag": np.array([True, False, True])}
+    tensors = {
+        "rows": rng.standard_normal((1001, 7)).astype(np.float32),
+        "idx": np.arange(1001, dtype=np.int64),
+        "empty": np.zeros((0, 3), np.float64),
+        "flag": np.array([True, False, True]),
+    }
     path = str(tmp_path / "c.safetensors")
     size = write_streaming(path, [whole(k, v) for k, v in tensors.items()])
     assert size == os.path.getsize(path)
@@ -81,8 +84,7 @@ def test_a_streamed_checkpoint_file_reads_back_with_safetensors(tmp_path, small_
 
 @pytest.mark.parametrize("overwrite", [True, False])
 @pytest.mark.parametrize("direct", [True, False])
-def test_a_file_taken_away_during_its_save_fails_the_save_with_pstrains_error(tmp_path, overwrite,
-                                                                                direct):
+def test_a_file_taken_away_during_its_save_fails_the_save_with_pstrains_error(tmp_path, overwrite, direct):
     # What a process with write access to the folder can do while a save runs (the race
     # tests/cluster/test_security.py runs at speed): take the temporary name away before it is
     # renamed or linked to its own. The save fails with pstrain's error, naming the file,
@@ -110,8 +112,9 @@ def test_rows_read_back_in_pieces_are_the_rows_written(tmp_path, monkeypatch):
     delta = str(tmp_path / "delta.safetensors")
     idx = np.array([5, 2999, 1000], np.int64)
     write_streaming(delta, [whole("rows", -table[idx]), whole("idx", idx)])
-    got = tensor_files.read_rows((2000, 5), np.dtype(np.float32), [[base, "t", 1001, 3001, 0]],
-                                 [[delta, "rows", "idx", -1001]])
+    got = tensor_files.read_rows(
+        (2000, 5), np.dtype(np.float32), [[base, "t", 1001, 3001, 0]], [[delta, "rows", "idx", -1001]]
+    )
     want = table[1001:].copy()
     want[2999 - 1001] = -table[2999]
     np.testing.assert_array_equal(got, want)
@@ -134,10 +137,14 @@ class _Clock:
 
 
 @settings(max_examples=60, deadline=None)
-@given(sizes=st.lists(st.integers(0, 5 * ALIGN), max_size=8), rate=st.integers(ALIGN, 8 * ALIGN),
-       ahead=st.sampled_from([0, 3 * ALIGN, 64 * ALIGN]))
+@given(
+    sizes=st.lists(st.integers(0, 5 * ALIGN), max_size=8),
+    rate=st.integers(ALIGN, 8 * ALIGN),
+    ahead=st.sampled_from([0, 3 * ALIGN, 64 * ALIGN]),
+)
 def test_a_paced_writer_never_gets_ahead_of_its_rate_and_never_waits_for_nothing(
-        tmp_path_factory, sizes, rate, ahead):
+    tmp_path_factory, sizes, rate, ahead
+):
     path = tmp_path_factory.mktemp("paced") / "f"
     clock = _Clock()
     sent: list[tuple[float, int]] = []  # (time, bytes handed over before it) at each buffer

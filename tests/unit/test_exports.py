@@ -17,8 +17,11 @@ INIT = Path(pstrain.__file__)
 def type_checking_names() -> dict[str, str]:
     """``name -> module`` as the ``if TYPE_CHECKING:`` block of __init__.py imports them."""
     tree = ast.parse(INIT.read_text())
-    block = next(node for node in tree.body if isinstance(node, ast.If)
-                 and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+    block = next(
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+    )
     names: dict[str, str] = {}
     for node in block.body:
         assert isinstance(node, ast.ImportFrom) and node.level == 1, ast.dump(node)
@@ -37,8 +40,9 @@ def test_all_is_the_sorted_union_of_the_lazy_table_and_the_submodules():
 def test_type_checkers_see_exactly_the_names_that_run():
     seen = type_checking_names()
     lazy = {**pstrain._EXPORTS, **{m: m for m in pstrain._SUBMODULES}}
-    assert set(seen) == set(lazy), f"only in TYPE_CHECKING: {set(seen) - set(lazy)}; " \
-                                   f"only in the table: {set(lazy) - set(seen)}"
+    assert set(seen) == set(lazy), (
+        f"only in TYPE_CHECKING: {set(seen) - set(lazy)}; only in the table: {set(lazy) - set(seen)}"
+    )
     for name, module in lazy.items():
         assert seen[name] == module, (
             f"{name}: TYPE_CHECKING imports it from {seen[name]}, the table from {module}"
@@ -73,19 +77,39 @@ API = json.loads((Path(__file__).parent / "public_api.json").read_text())
 
 
 #: Names added since the snapshot (each a deliberate addition to the API).
-ADDED = {"pstrain.errors": {"PsRestartedError", "FailedPreconditionError", "PlacementChangedError"},
-         "pstrain": {"math", "schedules",
-                     # ranking models (issue 61)
-                     "nn", "embedding_lookup_sparse", "safe_embedding_lookup_sparse",
-                     "EmbeddingCollection", "GatheredRows", "PooledEmbeddings", "TableConfig",
-                     "JaggedTensor", "KeyedJaggedTensor", "SparseTensor", "RequestCounts",
-                     "count_requests"},
-         "pstrain.data": {"AUTOTUNE"}, "pstrain.optimizers": {"RowWiseAdagrad"},
-         "pstrain.jax": {"PooledLookup", "pooled_lookup"},
-         "pstrain.torch": {"EmbeddingBag", "EmbeddingBagCollection", "EmbeddingBagConfig", "KeyedTensor",
-                           "PoolingType", "table_configs"},
-         # the untyped call, moved here from Channel.call (issue 62)
-         "pstrain.testing": {"untyped_call"}}
+ADDED = {
+    "pstrain.errors": {"PsRestartedError", "FailedPreconditionError", "PlacementChangedError"},
+    "pstrain": {
+        "math",
+        "schedules",
+        # ranking models (issue 61)
+        "nn",
+        "embedding_lookup_sparse",
+        "safe_embedding_lookup_sparse",
+        "EmbeddingCollection",
+        "GatheredRows",
+        "PooledEmbeddings",
+        "TableConfig",
+        "JaggedTensor",
+        "KeyedJaggedTensor",
+        "SparseTensor",
+        "RequestCounts",
+        "count_requests",
+    },
+    "pstrain.data": {"AUTOTUNE"},
+    "pstrain.optimizers": {"RowWiseAdagrad"},
+    "pstrain.jax": {"PooledLookup", "pooled_lookup"},
+    "pstrain.torch": {
+        "EmbeddingBag",
+        "EmbeddingBagCollection",
+        "EmbeddingBagConfig",
+        "KeyedTensor",
+        "PoolingType",
+        "table_configs",
+    },
+    # the untyped call, moved here from Channel.call (issue 62)
+    "pstrain.testing": {"untyped_call"},
+}
 
 
 @pytest.mark.parametrize("module", sorted(API))
@@ -94,7 +118,7 @@ def test_the_public_api_is_what_it_was(module):
     # modules moved into layer folders: moving code does not change what users import.
     mod = importlib.import_module(module)
     now = set(getattr(mod, "__all__", ["main"] if module == "pstrain.cli" else []))
-    assert now - ADDED.get(module, set()) == set(API[module]), (now ^ set(API[module]))
+    assert now - ADDED.get(module, set()) == set(API[module]), now ^ set(API[module])
     for name in API[module]:
         assert getattr(mod, name) is not None
 
@@ -111,5 +135,3 @@ def test_public_classes_report_their_public_module():
             obj = getattr(mod, name)
             if isinstance(obj, type) and obj.__module__.startswith("pstrain"):
                 assert "._" not in obj.__module__, f"{module}.{name} reports {obj.__module__}"
-
-

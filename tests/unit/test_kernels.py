@@ -61,10 +61,13 @@ def test_the_id_index_is_the_same_compiled_and_in_numpy(ops):
 
 
 @settings(max_examples=200, deadline=None)
-@given(present=BATCH, batch=st.lists(IDS, max_size=80), data=st.data(),
-       order=st.sampled_from(["drawn", "sorted", "sorted distinct"]))
-def test_a_probe_that_checks_its_ids_distinct_is_the_same_compiled_and_in_numpy(present, batch, data,
-                                                                              order):
+@given(
+    present=BATCH,
+    batch=st.lists(IDS, max_size=80),
+    data=st.data(),
+    order=st.sampled_from(["drawn", "sorted", "sorted distinct"]),
+)
+def test_a_probe_that_checks_its_ids_distinct_is_the_same_compiled_and_in_numpy(present, batch, data, order):
     """Ids with rows and ids without, repeated or not, in any order or ascending (a sorted
     batch's, which the compiled probe takes as distinct without marks): the rows found are
     ``get``'s, the answer is whether the batch repeats an id, and the marks are all clear
@@ -92,8 +95,7 @@ def test_a_probe_that_checks_its_ids_distinct_is_the_same_compiled_and_in_numpy(
 
 @settings(max_examples=150, deadline=None)
 @given(present=BATCH, batch=BATCH, later=BATCH, data=st.data())
-def test_an_updates_rows_brought_up_to_date_are_the_same_compiled_and_in_numpy(present, batch,
-                                                                           later, data):
+def test_an_updates_rows_brought_up_to_date_are_the_same_compiled_and_in_numpy(present, batch, later, data):
     """The rows a lookup found, looked for again after more ids came in: an id that had no
     row gets the one it has now (or -1 still), an id that had one keeps what the caller
     holds (never probed again), and the ids still without one are those ``absent`` gives;
@@ -108,8 +110,7 @@ def test_an_updates_rows_brought_up_to_date_are_the_same_compiled_and_in_numpy(p
         pos[pos >= 0] += 10_000  # what the caller holds for them, kept as it is
         index.insert(np.array(later, np.int64), np.arange(len(present), len(model)))
         index.refind(arr, pos)
-        assert pos.tolist() == [model[i] + 10_000 if i in set(present) else model.get(i, -1)
-                                for i in batch]
+        assert pos.tolist() == [model[i] + 10_000 if i in set(present) else model.get(i, -1) for i in batch]
         with pytest.raises(ValueError, match="rows for"):
             impl.index_refind(index.slots, index.mask, arr, np.full(arr.size + 1, -1, np.int64))
         where, which = impl.absent(arr, pos)
@@ -122,9 +123,13 @@ def test_an_updates_rows_brought_up_to_date_are_the_same_compiled_and_in_numpy(p
 
 
 @settings(max_examples=150, deadline=None)
-@given(steps=st.lists(st.lists(st.integers(0, 60), max_size=40).map(lambda b: list(dict.fromkeys(b))),
-                      max_size=12),
-       threshold=st.integers(1, 4), limit=st.integers(1, 30))
+@given(
+    steps=st.lists(
+        st.lists(st.integers(0, 60), max_size=40).map(lambda b: list(dict.fromkeys(b))), max_size=12
+    ),
+    threshold=st.integers(1, 4),
+    limit=st.integers(1, 30),
+)
 def test_counting_sightings_is_the_same_compiled_and_in_numpy_and_in_python(steps, threshold, limit):
     """One pass per batch: an id is admitted at its ``threshold``-th sighting (and forgotten
     as a candidate); the others are counted, the new ones remembered up to ``room`` (the
@@ -140,8 +145,9 @@ def test_counting_sightings_is_the_same_compiled_and_in_numpy_and_in_python(step
         where = np.arange(ids.size, dtype=np.int64) * 3 + 1  # the ids' places in a lookup
         for index, (counts, owners) in zip(indexes, arrays):
             admitted = np.full(ids.size, -7, np.int64)
-            done, added, admits = index.count_sightings(ids, where, counts, owners, admitted,
-                                                        threshold, used, room)
+            done, added, admits = index.count_sightings(
+                ids, where, counts, owners, admitted, threshold, used, room
+            )
             assert (admitted[admits:] == -7).all()  # nothing written past the ids admitted
             results.append((done, added, admitted[:admits].tolist()))
         assert results[0] == results[1]
@@ -170,14 +176,20 @@ def test_counting_sightings_is_the_same_compiled_and_in_numpy_and_in_python(step
 
 
 @settings(max_examples=150, deadline=None)
-@given(epochs=st.lists(st.integers(0, 2**32 - 1), max_size=300), since=st.integers(-1, 2**32),
-       live=st.one_of(st.none(), st.lists(st.booleans(), min_size=300, max_size=310)),
-       until=st.one_of(st.none(), st.integers(-1, 2**32)))
+@given(
+    epochs=st.lists(st.integers(0, 2**32 - 1), max_size=300),
+    since=st.integers(-1, 2**32),
+    live=st.one_of(st.none(), st.lists(st.booleans(), min_size=300, max_size=310)),
+    until=st.one_of(st.none(), st.integers(-1, 2**32)),
+)
 def test_the_rows_changed_after_a_mark_are_the_same_compiled_and_in_numpy(epochs, since, live, until):
     e = np.array(epochs, np.uint32)
     flags = None if live is None else np.array(live, bool).view(np.uint8)
-    want = [i for i, x in enumerate(epochs)
-            if x > since and (until is None or x <= until) and (live is None or live[i])]
+    want = [
+        i
+        for i, x in enumerate(epochs)
+        if x > since and (until is None or x <= until) and (live is None or live[i])
+    ]
     for impl in (compiled, reference):
         got = impl.rows_after(e, since, flags, until=until)
         assert got.dtype == np.int64 and got.tolist() == want
@@ -186,8 +198,12 @@ def test_the_rows_changed_after_a_mark_are_the_same_compiled_and_in_numpy(epochs
 
 
 @settings(max_examples=150, deadline=None)
-@given(n=st.integers(0, 40), dim=st.integers(0, 5), dtype=st.sampled_from([np.float32, np.float64]),
-       data=st.data())
+@given(
+    n=st.integers(0, 40),
+    dim=st.integers(0, 5),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    data=st.data(),
+)
 def test_keeping_a_deltas_rows_is_the_same_compiled_and_in_numpy(n, dim, dtype, data):
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     array = rng.standard_normal((n, dim)).astype(dtype)
@@ -208,16 +224,34 @@ def test_keeping_a_deltas_rows_is_the_same_compiled_and_in_numpy(n, dim, dtype, 
             assert got == -1 and (kept_rows == -7).all() and (kept_values == -7.0).all()
             continue
         assert got == len(want)
-        assert kept_rows[start:start + got].tolist() == want
-        assert _bits(kept_values[start:start + got]) == _bits(array[want])
-        assert (kept_rows[:start] == -7).all() and (kept_rows[start + got:] == -7).all()
+        assert kept_rows[start : start + got].tolist() == want
+        assert _bits(kept_values[start : start + got]) == _bits(array[want])
+        assert (kept_rows[:start] == -7).all() and (kept_rows[start + got :] == -7).all()
     for impl in (compiled, reference):
         with pytest.raises(ValueError, match="no room"):
-            impl.keep_changed(np.arange(3), np.zeros(5, np.uint32), 0, 1, 0, np.zeros((5, 2), dtype),
-                              np.empty(2, np.int64), np.empty((2, 2), dtype), 0)
+            impl.keep_changed(
+                np.arange(3),
+                np.zeros(5, np.uint32),
+                0,
+                1,
+                0,
+                np.zeros((5, 2), dtype),
+                np.empty(2, np.int64),
+                np.empty((2, 2), dtype),
+                0,
+            )
         with pytest.raises(ValueError, match="epochs for"):
-            impl.keep_changed(np.arange(1), np.zeros(1, np.uint32), 0, 1, 0, np.zeros((5, 2), dtype),
-                              np.empty(2, np.int64), np.empty((2, 2), dtype), 0)
+            impl.keep_changed(
+                np.arange(1),
+                np.zeros(1, np.uint32),
+                0,
+                1,
+                0,
+                np.zeros((5, 2), dtype),
+                np.empty(2, np.int64),
+                np.empty((2, 2), dtype),
+                0,
+            )
 
 
 def _bits(a: np.ndarray) -> bytes:
@@ -225,8 +259,13 @@ def _bits(a: np.ndarray) -> bytes:
 
 
 @settings(max_examples=150, deadline=None)
-@given(kind=st.sampled_from(["sgd", "adagrad"]), dtype=st.sampled_from([np.float32, np.float64]),
-       n=st.integers(1, 60), dim=st.integers(1, 9), data=st.data())
+@given(
+    kind=st.sampled_from(["sgd", "adagrad"]),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    n=st.integers(1, 60),
+    dim=st.integers(1, 9),
+    data=st.data(),
+)
 def test_the_fused_sparse_steps_are_the_numpy_rules_bit_for_bit(kind, dtype, n, dim, data):
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     rows = np.array(data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n)), np.int64)
@@ -264,17 +303,21 @@ def test_the_fused_sparse_steps_are_the_numpy_rules_bit_for_bit(kind, dtype, n, 
 
 
 @settings(max_examples=100, deadline=None)
-@given(dtype=st.sampled_from([np.float32, np.float64]), n=st.integers(1, 40), dim=st.integers(1, 9),
-       narrow=st.booleans(), data=st.data())
-def test_row_wise_adagrad_is_the_same_compiled_and_in_numpy_and_in_the_rule(dtype, n, dim, narrow,
-                                                                            data):
+@given(
+    dtype=st.sampled_from([np.float32, np.float64]),
+    n=st.integers(1, 40),
+    dim=st.integers(1, 9),
+    narrow=st.booleans(),
+    data=st.data(),
+)
+def test_row_wise_adagrad_is_the_same_compiled_and_in_numpy_and_in_the_rule(dtype, n, dim, narrow, data):
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     rows = np.array(data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n)), np.int64)
     rows[rng.random(rows.size) < 0.2] = -1  # a table's ids with no row
     lr, eps = data.draw(st.floats(1e-4, 2.0)), data.draw(st.sampled_from([1e-8, 1e-3]))
     var0 = rng.standard_normal((n, dim)).astype(dtype)
     acc0 = (rng.random((n, 1)) * 0.5).astype(dtype)  # a row's one value: a variable's slot,
-    if not narrow:                                     # or repeated, a dynamic table's
+    if not narrow:  # or repeated, a dynamic table's
         acc0 = np.repeat(acc0, dim, axis=1)
     g = rng.standard_normal((rows.size, dim)).astype(dtype)
     results = []
@@ -283,8 +326,7 @@ def test_row_wise_adagrad_is_the_same_compiled_and_in_numpy_and_in_the_rule(dtyp
         impl.rowwise_adagrad_rows(var, acc, rows, g, lr, eps)
         results.append((_bits(var), _bits(acc)))
     var, acc = var0.copy(), acc0.copy()
-    RULES["rowwise_adagrad"](var, g, rows, {"accumulator": acc},
-                             {"learning_rate": lr, "epsilon": eps}, 1)
+    RULES["rowwise_adagrad"](var, g, rows, {"accumulator": acc}, {"learning_rate": lr, "epsilon": eps}, 1)
     assert results[0] == results[1] == (_bits(var), _bits(acc))
     keep = rows[rows >= 0]  # and TorchRec's formula, plainly
     ref_var, ref_acc = var0.astype(np.float64), acc0.astype(np.float64)
@@ -297,8 +339,13 @@ def test_row_wise_adagrad_is_the_same_compiled_and_in_numpy_and_in_the_rule(dtyp
 
 
 @settings(max_examples=100, deadline=None)
-@given(dtype=st.sampled_from([np.float32, np.float64]), bags=st.integers(1, 30),
-       rows=st.integers(1, 30), width=st.integers(1, 9), data=st.data())
+@given(
+    dtype=st.sampled_from([np.float32, np.float64]),
+    bags=st.integers(1, 30),
+    rows=st.integers(1, 30),
+    width=st.integers(1, 9),
+    data=st.data(),
+)
 def test_pooling_rows_into_bags_is_the_same_compiled_and_in_numpy(dtype, bags, rows, width, data):
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     n = data.draw(st.integers(0, 80))
@@ -314,13 +361,14 @@ def test_pooling_rows_into_bags_is_the_same_compiled_and_in_numpy(dtype, bags, r
         results.append(_bits(out))
     expected = np.ones((bags, width + 2), dtype)
     for i in range(n):
-        expected[seg[i], out_col:out_col + width] += scale[i] * src[idx[i], src_col:src_col + width]
+        expected[seg[i], out_col : out_col + width] += scale[i] * src[idx[i], src_col : src_col + width]
     assert results[0] == results[1] == _bits(expected)
     for impl in (compiled, reference):  # a row outside is refused before anything is added
         out = np.zeros((bags, width), dtype)
         with pytest.raises(IndexError, match="outside"):
-            impl.pool_rows(out, np.r_[seg, bags], src, np.r_[idx, 0], np.r_[scale, 1].astype(dtype),
-                           0, 0, width)
+            impl.pool_rows(
+                out, np.r_[seg, bags], src, np.r_[idx, 0], np.r_[scale, 1].astype(dtype), 0, 0, width
+            )
         assert not out.any()
 
 
@@ -341,11 +389,13 @@ def test_a_row_past_the_end_is_refused_by_both_and_nothing_changes():
         with pytest.raises(IndexError, match="past the table's end"):
             impl.stamp_rows(epochs, np.array([0, 4], np.int64), 7)
         with pytest.raises(IndexError, match="past the table's end"):
-            impl.gather_rows(var, np.array([1, 4], np.int64), np.empty((2, 2), np.float32), 0.0,
-                             last, freq, 7)
+            impl.gather_rows(
+                var, np.array([1, 4], np.int64), np.empty((2, 2), np.float32), 0.0, last, freq, 7
+            )
         with pytest.raises(ValueError, match="shorter than the table"):
-            impl.gather_rows(var, np.array([1], np.int64), np.empty((1, 2), np.float32), 0.0,
-                             None, freq[:3], 7)
+            impl.gather_rows(
+                var, np.array([1], np.int64), np.empty((1, 2), np.float32), 0.0, None, freq[:3], 7
+            )
         assert not epochs.any() and not last.any() and not freq.any()
         index = IdIndex(4, impl)
         index.insert(np.array([5], np.int64), np.array([0]))
@@ -355,19 +405,25 @@ def test_a_row_past_the_end_is_refused_by_both_and_nothing_changes():
 
 
 @settings(max_examples=100, deadline=None)
-@given(n=st.integers(1, 50), dim=st.integers(1, 6), default=st.floats(-2, 2, width=32),
-       pos=st.lists(st.integers(-1, 49), max_size=60), clock=st.integers(0, 2**40),
-       ages=st.booleans(), counts=st.booleans())
-def test_a_lookups_gather_and_bookkeeping_are_the_same_compiled_and_in_numpy(n, dim, default, pos,
-                                                                                clock, ages, counts):
+@given(
+    n=st.integers(1, 50),
+    dim=st.integers(1, 6),
+    default=st.floats(-2, 2, width=32),
+    pos=st.lists(st.integers(-1, 49), max_size=60),
+    clock=st.integers(0, 2**40),
+    ages=st.booleans(),
+    counts=st.booleans(),
+)
+def test_a_lookups_gather_and_bookkeeping_are_the_same_compiled_and_in_numpy(
+    n, dim, default, pos, clock, ages, counts
+):
     rows = np.array([p if p < n else -1 for p in dict.fromkeys(pos)], np.int64)
     table = np.arange(n * dim, dtype=np.float32).reshape(n, dim)
     seen = []
     for impl in (compiled, reference):
         out = np.full((rows.size, dim), np.nan, np.float32)
         last, freq = np.zeros(n, np.int64), np.arange(n, dtype=np.int64)
-        impl.gather_rows(table, rows, out, default, last if ages else None,
-                         freq if counts else None, clock)
+        impl.gather_rows(table, rows, out, default, last if ages else None, freq if counts else None, clock)
         seen.append((_bits(out), _bits(last), _bits(freq)))
     assert seen[0] == seen[1]
     hit = np.zeros(n, bool)
@@ -380,22 +436,29 @@ def test_a_lookups_gather_and_bookkeeping_are_the_same_compiled_and_in_numpy(n, 
     for impl in (compiled, reference):
         epochs = np.arange(n, dtype=np.uint32)
         stamped.append((impl.stamp_rows(epochs, rows, clock % 2**32), _bits(epochs)))
-    assert stamped[0] == stamped[1] == (int(hit.sum()), _bits(np.where(hit, clock % 2**32, np.arange(n))
-                                                               .astype(np.uint32)))
+    assert (
+        stamped[0]
+        == stamped[1]
+        == (int(hit.sum()), _bits(np.where(hit, clock % 2**32, np.arange(n)).astype(np.uint32)))
+    )
 
 
 @settings(max_examples=300, deadline=None)
-@given(keys=st.lists(st.one_of(st.integers(0, 6), st.integers(0, 2**62),
-                               st.integers(-(2**63), 2**63 - 1)), min_size=1, max_size=80),
-       data=st.data())
+@given(
+    keys=st.lists(
+        st.one_of(st.integers(0, 6), st.integers(0, 2**62), st.integers(-(2**63), 2**63 - 1)),
+        min_size=1,
+        max_size=80,
+    ),
+    data=st.data(),
+)
 def test_an_evictions_victims_are_the_same_compiled_and_in_numpy(keys, data):
     """The n live, unprotected rows of smallest key, ties to the lowest rows, ascending: the
     C histograms against numpy's partition, over small clocks and the whole int64 range."""
     size = len(keys)
     key = np.array(keys, np.int64)
     live = np.array(data.draw(st.lists(st.booleans(), min_size=size, max_size=size)), np.uint8)
-    protect = np.array(data.draw(st.lists(st.integers(0, size - 1), max_size=10, unique=True)),
-                       np.int64)
+    protect = np.array(data.draw(st.lists(st.integers(0, size - 1), max_size=10, unique=True)), np.int64)
     used = data.draw(st.integers(0, size))
     n = data.draw(st.integers(-1, size + 2))
     got = []
@@ -415,14 +478,19 @@ def test_an_evictions_victims_are_the_same_compiled_and_in_numpy(keys, data):
     for victims in got[1:]:
         np.testing.assert_array_equal(got[0], victims)
     eligible = [r for r in range(used) if live[r] and r not in set(protect.tolist())]
-    want = sorted(sorted(eligible, key=lambda r: (key[r], r))[:max(0, n)])
+    want = sorted(sorted(eligible, key=lambda r: (key[r], r))[: max(0, n)])
     assert got[0].tolist() == want
 
 
 @settings(max_examples=100, deadline=None)
-@given(ids=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40), dim=st.integers(0, 20),
-       seed=st.integers(-(2**63), 2**64 - 1), low=st.floats(-10, 10), span=st.floats(0, 10),
-       dtype=st.sampled_from(["float32", "float64", "float16"]))
+@given(
+    ids=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40),
+    dim=st.integers(0, 20),
+    seed=st.integers(-(2**63), 2**64 - 1),
+    low=st.floats(-10, 10),
+    span=st.floats(0, 10),
+    dtype=st.sampled_from(["float32", "float64", "float16"]),
+)
 def test_a_new_rows_initial_values_are_the_formulas_bit_for_bit(ids, dim, seed, low, span, dtype):
     """A dynamic table's new rows: the C kernel, and numpy's reference, give the formula
     pstrain has always used, so rows and checkpoints of earlier versions stay the same."""
@@ -432,26 +500,35 @@ def test_a_new_rows_initial_values_are_the_formulas_bit_for_bit(ids, dim, seed, 
     u = arr.view(np.uint64).reshape(-1, 1)
     cols = np.arange(dim, dtype=np.uint64).reshape(1, -1)
     with np.errstate(over="ignore"):
-        key = mix64(u * np.uint64(0x9E3779B97F4A7C15)
-                    ^ mix64(np.uint64(seed & (2**64 - 1)) + cols * np.uint64(0x2545F4914F6CDD1D)))
-    unit = (key >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+        key = mix64(
+            u * np.uint64(0x9E3779B97F4A7C15)
+            ^ mix64(np.uint64(seed & (2**64 - 1)) + cols * np.uint64(0x2545F4914F6CDD1D))
+        )
+    unit = (key >> np.uint64(11)).astype(np.float64) * 2.0**-53
     high = low + span
     want = (low + (high - low) * unit).astype(dtype)
     got = initial_rows(arr, dim, np.dtype(dtype), seed, low, high)
     assert got.dtype == want.dtype and got.shape == (arr.size, dim)
     np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
     out = np.empty((arr.size, dim))
-    reference.initial_rows(arr, seed & (2**64 - 1), 0x9E3779B97F4A7C15, 0x2545F4914F6CDD1D, low, high,
-                           out)
+    reference.initial_rows(arr, seed & (2**64 - 1), 0x9E3779B97F4A7C15, 0x2545F4914F6CDD1D, low, high, out)
     np.testing.assert_array_equal(out, low + (high - low) * unit)
 
 
 @settings(max_examples=100, deadline=None)
-@given(n=st.integers(1, 40), dim=st.integers(1, 20), inits=st.lists(st.floats(-1, 1), max_size=10),
-       dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2**64 - 1),
-       low=st.floats(-10, 10), span=st.floats(0, 10), data=st.data())
-def test_a_dynamic_tables_new_rows_are_the_same_compiled_and_in_numpy(n, dim, inits, dtype, seed,
-                                                                    low, span, data):
+@given(
+    n=st.integers(1, 40),
+    dim=st.integers(1, 20),
+    inits=st.lists(st.floats(-1, 1), max_size=10),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    seed=st.integers(0, 2**64 - 1),
+    low=st.floats(-10, 10),
+    span=st.floats(0, 10),
+    data=st.data(),
+)
+def test_a_dynamic_tables_new_rows_are_the_same_compiled_and_in_numpy(
+    n, dim, inits, dtype, seed, low, span, data
+):
     """New rows anywhere in a table, in one pass: their values are the initial-row formula,
     every optimizer slot its initial value, and their bookkeeping (id, live, last lookup,
     count, change epoch) set; nothing else changes, the bytes of every array the same
@@ -463,15 +540,35 @@ def test_a_dynamic_tables_new_rows_are_the_same_compiled_and_in_numpy(n, dim, in
 
     def table():
         rng = np.random.default_rng(3)
-        return [rng.standard_normal((n, dim)).astype(dtype),
-                *(rng.standard_normal((n, dim)).astype(dtype) for _ in inits),
-                rng.integers(-9, 9, n), rng.integers(0, 2, n).astype(np.uint8),
-                rng.integers(0, 9, n), rng.integers(0, 9, n), rng.integers(0, 9, n).astype(np.uint32)]
+        return [
+            rng.standard_normal((n, dim)).astype(dtype),
+            *(rng.standard_normal((n, dim)).astype(dtype) for _ in inits),
+            rng.integers(-9, 9, n),
+            rng.integers(0, 2, n).astype(np.uint8),
+            rng.integers(0, 9, n),
+            rng.integers(0, 9, n),
+            rng.integers(0, 9, n).astype(np.uint32),
+        ]
 
     def create(impl, arrays, at, ids):
         values, *slots, book_ids, live, last_seen, freq, epochs = arrays
-        impl.create_rows(at, ids, values, tuple(slots), tuple(inits), book_ids, live, last_seen,
-                         freq, epochs, 17, 5, *row_hash(seed), low, low + span)
+        impl.create_rows(
+            at,
+            ids,
+            values,
+            tuple(slots),
+            tuple(inits),
+            book_ids,
+            live,
+            last_seen,
+            freq,
+            epochs,
+            17,
+            5,
+            *row_hash(seed),
+            low,
+            low + span,
+        )
 
     before, got = table(), []
     for impl in (compiled, reference):
@@ -495,8 +592,12 @@ def test_a_dynamic_tables_new_rows_are_the_same_compiled_and_in_numpy(n, dim, in
 
 
 @settings(max_examples=100, deadline=None)
-@given(shape=st.lists(st.integers(0, 4), max_size=2), n=st.integers(1, 300),
-       dtype=st.sampled_from([np.float32, np.float64, np.int32, np.int8]), data=st.data())
+@given(
+    shape=st.lists(st.integers(0, 4), max_size=2),
+    n=st.integers(1, 300),
+    dtype=st.sampled_from([np.float32, np.float64, np.int32, np.int8]),
+    data=st.data(),
+)
 def test_taking_rows_is_numpys_fancy_index_bit_for_bit(shape, n, dtype, data):
     """What a fixed table's sparse read and a save's writer gather rows with: many rows
     (past the kernel's prefetch distance), of any width, repeated and unordered."""
@@ -513,8 +614,12 @@ def test_taking_rows_is_numpys_fancy_index_bit_for_bit(shape, n, dtype, data):
 
 
 @settings(max_examples=100, deadline=None)
-@given(n=st.integers(1, 50), dim=st.integers(1, 6), pos=st.lists(st.integers(-1, 49), max_size=60),
-       double=st.booleans())
+@given(
+    n=st.integers(1, 50),
+    dim=st.integers(1, 6),
+    pos=st.lists(st.integers(-1, 49), max_size=60),
+    double=st.booleans(),
+)
 def test_a_deltas_rows_are_put_in_the_same_compiled_and_in_numpy(n, dim, pos, double):
     rows = np.array([p if p < n else -1 for p in dict.fromkeys(pos)], np.int64)
     dtype = np.float64 if double else np.float32
@@ -531,32 +636,42 @@ def test_a_deltas_rows_are_put_in_the_same_compiled_and_in_numpy(n, dim, pos, do
             impl.put_rows(out, np.array([n], np.int64), np.ones((1, dim), dtype))
 
 
-TABLES = st.sampled_from([
-    TableConfig(dim=3),
-    TableConfig(dim=4, capacity=40, admit_after=2, evict="lru"),
-    TableConfig(dim=2, capacity=25, evict="lfu", max_candidates=30, admit_after=3),
-    TableConfig(dim=5, admit_probability=0.5, max_age=6),
-])
+TABLES = st.sampled_from(
+    [
+        TableConfig(dim=3),
+        TableConfig(dim=4, capacity=40, admit_after=2, evict="lru"),
+        TableConfig(dim=2, capacity=25, evict="lfu", max_candidates=30, admit_after=3),
+        TableConfig(dim=5, admit_probability=0.5, max_age=6),
+    ]
+)
 
 
 @settings(max_examples=60, deadline=None)
-@given(config=TABLES, kind=st.sampled_from(["sgd", "adagrad", "adam"]),
-       steps=st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 120), max_size=60)),
-                      max_size=20))
+@given(
+    config=TABLES,
+    kind=st.sampled_from(["sgd", "adagrad", "adam"]),
+    steps=st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 120), max_size=60)), max_size=20),
+)
 def test_a_dynamic_table_trains_the_same_compiled_and_in_numpy(config, kind, steps):
     fast = DynamicTable("t", config, kernels=compiled)
     slow = DynamicTable("t", config, kernels=reference)
     cfg = {"kind": kind, "learning_rate": 0.1, "epsilon": 1e-7}
-    slots = {"accumulator": ("acc", 0.1)} if kind == "adagrad" else \
-        {"m": ("m", 0.0), "v": ("v", 0.0)} if kind == "adam" else {}
+    slots = (
+        {"accumulator": ("acc", 0.1)}
+        if kind == "adagrad"
+        else {"m": ("m", 0.0), "v": ("v", 0.0)}
+        if kind == "adam"
+        else {}
+    )
     for t, (train, batch) in enumerate(steps, 1):
         ids = np.array(list(dict.fromkeys(batch)), np.int64) * 7919 - 300
         outs = [table.lookup(ids, train) for table in (fast, slow)]
         assert _bits(outs[0]) == _bits(outs[1])
         if train:
             grad = np.sin(np.outer(ids, np.arange(1, config.dim + 1)) * 0.01).astype(np.float32)
-            assert fast.apply(RULES[kind], ids, grad, slots, cfg, t) == \
-                slow.apply(RULES[kind], ids, grad, slots, cfg, t)
+            assert fast.apply(RULES[kind], ids, grad, slots, cfg, t) == slow.apply(
+                RULES[kind], ids, grad, slots, cfg, t
+            )
         assert fast.statistics() == slow.statistics()
     a, b = fast.export(), slow.export()
     assert a.keys() == b.keys()

@@ -19,14 +19,23 @@ S = SlotState
 EVENTS = ("connected", "draining", "lost", "replaced", "refused")
 #: What the issue asks for, written out independently of the module's own table.
 LEGAL = {
-    (S.JOINING, "connected"): S.UP, (S.JOINING, "lost"): S.LOST,
-    (S.JOINING, "replaced"): S.REPLACED, (S.JOINING, "refused"): S.REFUSED,
-    (S.UP, "lost"): S.LOST, (S.UP, "draining"): S.DRAINING, (S.UP, "refused"): S.REFUSED,
-    (S.DRAINING, "lost"): S.LOST, (S.DRAINING, "refused"): S.REFUSED,
-    (S.LOST, "connected"): S.UP, (S.LOST, "lost"): S.LOST, (S.LOST, "replaced"): S.REPLACED,
+    (S.JOINING, "connected"): S.UP,
+    (S.JOINING, "lost"): S.LOST,
+    (S.JOINING, "replaced"): S.REPLACED,
+    (S.JOINING, "refused"): S.REFUSED,
+    (S.UP, "lost"): S.LOST,
+    (S.UP, "draining"): S.DRAINING,
+    (S.UP, "refused"): S.REFUSED,
+    (S.DRAINING, "lost"): S.LOST,
+    (S.DRAINING, "refused"): S.REFUSED,
+    (S.LOST, "connected"): S.UP,
+    (S.LOST, "lost"): S.LOST,
+    (S.LOST, "replaced"): S.REPLACED,
     (S.LOST, "refused"): S.REFUSED,
-    (S.REPLACED, "connected"): S.UP, (S.REPLACED, "lost"): S.LOST,
-    (S.REPLACED, "replaced"): S.REPLACED, (S.REPLACED, "refused"): S.REFUSED,
+    (S.REPLACED, "connected"): S.UP,
+    (S.REPLACED, "lost"): S.LOST,
+    (S.REPLACED, "replaced"): S.REPLACED,
+    (S.REPLACED, "refused"): S.REFUSED,
 }
 
 
@@ -51,8 +60,12 @@ def _fire(slot: WorkerSlot, event: str, in_flight: int = 0) -> object:
 
 
 _PATHS = {  # a way into each state from joining
-    S.JOINING: [], S.UP: ["connected"], S.DRAINING: ["connected", "draining"],
-    S.LOST: ["connected", "lost"], S.REPLACED: ["replaced"], S.REFUSED: ["refused"],
+    S.JOINING: [],
+    S.UP: ["connected"],
+    S.DRAINING: ["connected", "draining"],
+    S.LOST: ["connected", "lost"],
+    S.REPLACED: ["replaced"],
+    S.REFUSED: ["refused"],
 }
 
 
@@ -150,8 +163,7 @@ def test_broken_invariants_are_caught():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from(EVENTS), st.integers(0, 2)),
-                max_size=60))
+@given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from(EVENTS), st.integers(0, 2)), max_size=60))
 def test_any_sequence_of_events_keeps_the_invariants(events):
     m = Membership(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"])
     for index, event, in_flight in events:

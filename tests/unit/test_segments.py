@@ -56,8 +56,12 @@ def test_unique_sorted_is_np_unique_exactly_and_unsorted_keeps_first_occurrence(
 
 
 @settings(max_examples=150, deadline=None)
-@given(n_segments=st.integers(0, 30), dim=st.integers(0, 5),
-       ids=st.lists(st.integers(-3, 29), max_size=200), double=st.booleans())
+@given(
+    n_segments=st.integers(0, 30),
+    dim=st.integers(0, 5),
+    ids=st.lists(st.integers(-3, 29), max_size=200),
+    double=st.booleans(),
+)
 def test_segment_sums_are_np_add_at_bit_for_bit_compiled_and_in_numpy(n_segments, dim, ids, double):
     seg = np.array([i for i in ids if i < n_segments], np.int64)
     dtype = np.float64 if double else np.float32

@@ -57,8 +57,9 @@ def test_every_routed_handler_returns_its_operations_reply_class(server):
         if declared is None:
             assert allowed & {dict[str, typing.Any]}, f"{server} {op}: returns {returned}"
         else:
-            assert allowed <= {declared, Pinned[declared], Encoded}, \
+            assert allowed <= {declared, Pinned[declared], Encoded}, (
                 f"{server} {op}: declared {declared.__name__}, the handler returns {returned}"
+            )
         checked += 1
     assert checked >= {"ps": 35, "worker": 8, "coordinator": 6}[server]
 
@@ -76,21 +77,30 @@ UNTYPED = re.compile(r"\.call\(\"")
 
 
 def _sources() -> list:
-    return [p for d in ("pstrain", "tests", "benchmarks", "examples", "fuzz")
-            for p in (ROOT / d).rglob("*.py")]
+    return [
+        p for d in ("pstrain", "tests", "benchmarks", "examples", "fuzz") for p in (ROOT / d).rglob("*.py")
+    ]
 
 
 def test_no_operation_is_built_or_dispatched_by_its_name():
     built = re.compile(r"operation\(f[\"']|OPERATIONS\[f[\"']")
     dispatched = re.compile(r"\.op\(\)\s*(==|!=|\.startswith|in\b)|\.op\(\)\.removeprefix")
-    found = [f"{p.relative_to(ROOT)}:{i}" for p in (ROOT / "pstrain").rglob("*.py")
-             for i, line in enumerate(p.read_text().splitlines(), 1)
-             if built.search(line) or dispatched.search(line)]
+    found = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in (ROOT / "pstrain").rglob("*.py")
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if built.search(line) or dispatched.search(line)
+    ]
     assert not found, found
 
 
 def test_no_untyped_call_outside_pstrain_testing():
-    found = [f"{p.relative_to(ROOT)}:{i}" for p in _sources() if p not in (UNTYPED_HOME, THIS)
-             for i, line in enumerate(p.read_text().splitlines(), 1) if UNTYPED.search(line)]
+    found = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in _sources()
+        if p not in (UNTYPED_HOME, THIS)
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if UNTYPED.search(line)
+    ]
     assert not found, found
     assert "async def untyped_call(" in UNTYPED_HOME.read_text()

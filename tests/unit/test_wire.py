@@ -14,8 +14,22 @@ from pstrain._base.errors import ImportNeeded
 from pstrain._formats.codec import wire
 from pstrain.errors import InvalidArgumentError, ProtocolError
 
-DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
-          np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128]
+DTYPES = [
+    np.bool_,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.uint8,
+    np.uint16,
+    np.uint32,
+    np.uint64,
+    np.float16,
+    np.float32,
+    np.float64,
+    np.complex64,
+    np.complex128,
+]
 
 
 def roundtrip(obj, **kw):
@@ -36,10 +50,16 @@ def test_nan_and_negative_zero_survive():
     assert roundtrip(arr).tobytes() == arr.tobytes()
 
 
-@pytest.mark.parametrize("arr", [
-    np.array(3.5, np.float32), np.zeros((0,), np.float32), np.zeros((0, 4), np.int64),
-    np.zeros((2, 0, 3), np.float64), np.array(True),
-])
+@pytest.mark.parametrize(
+    "arr",
+    [
+        np.array(3.5, np.float32),
+        np.zeros((0,), np.float32),
+        np.zeros((0, 4), np.int64),
+        np.zeros((2, 0, 3), np.float64),
+        np.array(True),
+    ],
+)
 def test_zero_d_and_empty_arrays(arr):
     out = roundtrip(arr)
     assert out.shape == arr.shape and out.dtype == arr.dtype
@@ -55,8 +75,17 @@ def test_non_contiguous_arrays():
 
 
 def test_numpy_scalars_keep_their_type():
-    for scalar in (np.float32(1.5), np.int64(-7), np.uint8(200), np.bool_(True), np.float16(2.0),
-                   np.str_("ab"), np.str_(""), np.bytes_(b""), np.datetime64("2026-11-29")):
+    for scalar in (
+        np.float32(1.5),
+        np.int64(-7),
+        np.uint8(200),
+        np.bool_(True),
+        np.float16(2.0),
+        np.str_("ab"),
+        np.str_(""),
+        np.bytes_(b""),
+        np.datetime64("2026-11-29"),
+    ):
         out = roundtrip(scalar)
         assert type(out) is type(scalar) and out == scalar
 
@@ -68,15 +97,18 @@ def scalar_body(dtype_str, raw):
     return struct.pack("<II", len(header), 0) + header
 
 
-@pytest.mark.parametrize("dtype_str, raw", [
-    ("f4,i4", b"\0" * 8),  # structured: a scalar that would answer s["field"]
-    ("V4", b"\0" * 4),  # void
-    ("<f4", b"\0" * 8),  # two values where one belongs
-    ("<f4", b"\0" * 2),  # half of one
-    ("<i8", b""),
-    ("O", b"\0" * 8),
-    (["<f4"], b"\0" * 4),  # not a dtype string
-])
+@pytest.mark.parametrize(
+    "dtype_str, raw",
+    [
+        ("f4,i4", b"\0" * 8),  # structured: a scalar that would answer s["field"]
+        ("V4", b"\0" * 4),  # void
+        ("<f4", b"\0" * 8),  # two values where one belongs
+        ("<f4", b"\0" * 2),  # half of one
+        ("<i8", b""),
+        ("O", b"\0" * 8),
+        (["<f4"], b"\0" * 4),  # not a dtype string
+    ],
+)
 def test_crafted_scalars_are_refused(dtype_str, raw):
     assert wire.decode_body(scalar_body("<f4", b"\0\0\x80?")) == np.float32(1.0)  # the frame is right
     with pytest.raises(ProtocolError, match="malformed"):
@@ -84,8 +116,14 @@ def test_crafted_scalars_are_refused(dtype_str, raw):
 
 
 def test_nested_python_structures_keep_their_types():
-    obj = {"t": (1, (2.5, None), [3, (4,)]), "l": [b"raw", "text", True, None],
-           (1, "k"): {"inner": ()}, 7: [], "big": 2**70, "neg": -(2**65)}
+    obj = {
+        "t": (1, (2.5, None), [3, (4,)]),
+        "l": [b"raw", "text", True, None],
+        (1, "k"): {"inner": ()},
+        7: [],
+        "big": 2**70,
+        "neg": -(2**65),
+    }
     out = roundtrip(obj)
     assert out == obj
     assert type(out["t"]) is tuple and type(out["t"][1]) is tuple and type(out["t"][2]) is list
@@ -162,8 +200,10 @@ def test_a_decode_that_may_not_import_stops_before_importing_anything(monkeypatc
     def hue():
         return colorsys.rgb_to_hsv(0.0, 1.0, 0.0)[0]
 
-    bodies = [b"".join(bytes(c) for c in wire.encode_body(obj, allow_pickle=True))
-              for obj in ([1, fractions.Fraction(1, 3)], {"f": hue})]
+    bodies = [
+        b"".join(bytes(c) for c in wire.encode_body(obj, allow_pickle=True))
+        for obj in ([1, fractions.Fraction(1, 3)], {"f": hue})
+    ]
     for name in ("colorsys", "fractions"):
         monkeypatch.delitem(sys.modules, name)
     for body, module in zip(bodies, ("fractions", "colorsys"), strict=True):
@@ -186,3 +226,43 @@ def test_pstrain_errors_pickle_with_their_fields():
 
     err = pickle.loads(pickle.dumps(NotFoundError("gone", task="/job:ps/replica:0/task:1")))
     assert isinstance(err, NotFoundError) and err.task == "/job:ps/replica:0/task:1"
+
+
+def test_closures_and_their_results_travel_as_compact_arrays_and_come_back_typed():
+    from pstrain._formats.messages.closures import ClosureStatus
+    from pstrain._formats.messages.operations import RunClosures, Update, UpdateKind, UpdateVariables
+    from pstrain._formats.messages.records import (
+        ClosureCall,
+        ClosureResult,
+        ResultsReply,
+        convert_reply,
+        validate,
+    )
+
+    body = b"".join(
+        bytes(c)
+        for c in wire.encode_body(
+            ResultsReply(
+                results=[
+                    ClosureResult(3, ClosureStatus.OK, np.arange(2)),
+                    ClosureResult(4, ClosureStatus.CANCELLED),
+                ]
+            )
+        )
+    )
+    decoded = wire.decode_body(body)
+    assert decoded["results"][1] == [4, 2, None]  # an array, the status as its value
+    reply = convert_reply("worker/run", ResultsReply, decoded, "worker0")
+    assert [r.status for r in reply.results] == [ClosureStatus.OK, ClosureStatus.CANCELLED]
+    np.testing.assert_array_equal(reply.results[0].value, np.arange(2))
+
+    sent = RunClosures(closures=[ClosureCall(1, b"d", (2,), {}, False)])
+    got = validate(
+        "worker/run", RunClosures, wire.decode_body(b"".join(bytes(c) for c in wire.encode_body(sent)))
+    )
+    assert got.closures == [ClosureCall(1, b"d", (2,), {}, False)]
+    update = UpdateVariables(updates=[Update(op=UpdateKind.ASSIGN_ADD, name="v", value=np.ones(2))])
+    raw = wire.decode_body(b"".join(bytes(c) for c in wire.encode_body(update)))
+    assert raw["updates"][0]["op"] == "assign_add"
+    with pytest.raises(InvalidArgumentError, match="status|Invalid enum"):
+        validate("worker/run", ResultsReply, {"results": [[1, 7, None]]})

@@ -55,7 +55,10 @@ class PsHealth:
         return PsRestartedError(
             f"parameter server {task} restarted (incarnation {known[:8]} is now "
             f"{str(incarnation)[:8]}): the variables it held are lost; restore the latest "
-            "checkpoint to continue", task=task, incarnation=incarnation)
+            "checkpoint to continue",
+            task=task,
+            incarnation=incarnation,
+        )
 
     def silent(self, k: int, reason: str, busy: bool) -> UnavailableError | None:
         """Ps ``k`` did not answer: while closures run (``busy``), that fails the job."""
@@ -67,7 +70,9 @@ class PsHealth:
             f"parameter server {task} is unreachable ({reason}). If it answers again (a "
             "network partition), its state is intact: schedule the failed work again; if "
             "it restarted, the next error says so, and the latest checkpoint must be "
-            "restored", task=task)
+            "restored",
+            task=task,
+        )
 
     def misconfigured(self, k: int, error: PstrainError) -> None:
         """Ps ``k`` refused us (a wrong token, not a pstrain server)."""
@@ -77,7 +82,8 @@ class PsHealth:
         """Is ``error`` a restart the program has since handled (it restored a checkpoint
         onto that very incarnation, having learnt of the loss another way)?"""
         return isinstance(error, PsRestartedError) and self._was_restored(
-            str(error.task or ""), error.incarnation)
+            str(error.task or ""), error.incarnation
+        )
 
     def _was_restored(self, task: str, incarnation: str | None) -> bool:
         return incarnation is not None and incarnation in self._restored.get(task, ())

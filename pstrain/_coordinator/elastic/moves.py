@@ -66,8 +66,9 @@ __all__ = ["PsChanges"]
 class PsChanges:
     """Adds, removes and rebalances the ps of one coordinator's job."""
 
-    def __init__(self, strategy: ParameterServerStrategy, channels: ChannelPool, *,
-                 timeout_s: float = 120.0) -> None:
+    def __init__(
+        self, strategy: ParameterServerStrategy, channels: ChannelPool, *, timeout_s: float = 120.0
+    ) -> None:
         self.strategy = strategy
         self.channels = channels
         self.timeout_s = timeout_s
@@ -95,24 +96,46 @@ class PsChanges:
         moving = None
         if self.moving is not None:
             keys, src, dst, started = self.moving
-            moving = {"variables": keys, "from": src, "to": dst,
-                      "seconds": round(time.monotonic() - started, 3)}
+            moving = {
+                "variables": keys,
+                "from": src,
+                "to": dst,
+                "seconds": round(time.monotonic() - started, 3),
+            }
         slices: dict[int, dict[str, float]] = {i: {} for i in range(len(self.placement.ps))}
         for table in self.strategy.placement.tables.values():
             sliced = self.table_slices(table)
             for ps in set(sliced.owners):
                 slices.setdefault(ps, {})[table.name] = round(len(sliced.held_by(ps)) / sliced.slices, 4)
-        return {"version": self.placement.version,
-                "ps": [{"index": i, "address": a, "active": bool(a), "bytes": shares.get(i, 0),
-                        "table_shares": slices.get(i, {})} for i, a in enumerate(self.placement.ps)],
-                "moving": moving, "moves_done": self.moves_done, "bytes_moved": self.bytes_moved,
-                "replacing": sorted(self.replacing), "replaced": list(self.replaced)}
+        return {
+            "version": self.placement.version,
+            "ps": [
+                {
+                    "index": i,
+                    "address": a,
+                    "active": bool(a),
+                    "bytes": shares.get(i, 0),
+                    "table_shares": slices.get(i, {}),
+                }
+                for i, a in enumerate(self.placement.ps)
+            ],
+            "moving": moving,
+            "moves_done": self.moves_done,
+            "bytes_moved": self.bytes_moved,
+            "replacing": sorted(self.replacing),
+            "replaced": list(self.replaced),
+        }
 
     def statistics(self) -> dict[str, Any]:
         """For ``/metrics`` and ``pstrain status``."""
-        return {"placement": self.status(), "placement_version": self.placement.version,
-                "moves_in_progress": int(self.moving is not None), "ps_moves": self.moves_done,
-                "ps_moved_bytes": self.bytes_moved, "ps_replaced": len(self.replaced)}
+        return {
+            "placement": self.status(),
+            "placement_version": self.placement.version,
+            "moves_in_progress": int(self.moving is not None),
+            "ps_moves": self.moves_done,
+            "ps_moved_bytes": self.bytes_moved,
+            "ps_replaced": len(self.replaced),
+        }
 
     # -- the API ------------------------------------------------------------------------------
     async def add_ps(self, address: str) -> int:
@@ -141,8 +164,11 @@ class PsChanges:
                 try:
                     await self.publish(joined)
                 except BaseException:
-                    await best_effort(self.publish(before.bumped(joined.version + 1)),
-                                      f"withdrawing map {joined.version}", logger)
+                    await best_effort(
+                        self.publish(before.bumped(joined.version + 1)),
+                        f"withdrawing map {joined.version}",
+                        logger,
+                    )
                     raise
             except BaseException:
                 if reserved is not None:  # the ps may ask again with the index it was given
@@ -155,21 +181,32 @@ class PsChanges:
         """The ps at ``address`` answers as ``ps:index`` (the handshake checks the task it
         dialled), or the error says it did not and that nothing changed."""
         pool, task = self.channels, task_name("ps", index)
-        channel = Channel(address, token=pool.token, task=task, ssl_context=pool.ssl_context,
-                          max_body=pool.max_body, connect_timeout=min(pool.connect_timeout, self.timeout_s))
+        channel = Channel(
+            address,
+            token=pool.token,
+            task=task,
+            ssl_context=pool.ssl_context,
+            max_body=pool.max_body,
+            connect_timeout=min(pool.connect_timeout, self.timeout_s),
+        )
         try:
             await channel.request(Health(), timeout=self.timeout_s)
         except PstrainError as exc:
-            raise restated(exc, f"the ps at {address} did not answer as {task}, so it did not "
-                                f"join (the job's ps are unchanged): {exc.message}") from exc
+            raise restated(
+                exc,
+                f"the ps at {address} did not answer as {task}, so it did not "
+                f"join (the job's ps are unchanged): {exc.message}",
+            ) from exc
         finally:
             await channel.close()
 
-    def joins(self, spawn: Callable[[Coroutine[Any, Any, Any]], Any]
-              ) -> Callable[[str, int | None], Awaitable[int]]:
+    def joins(
+        self, spawn: Callable[[Coroutine[Any, Any, Any]], Any]
+    ) -> Callable[[str, int | None], Awaitable[int]]:
         """What ``coordinator/join_ps`` runs. Without ``index``: the index the ps at
         ``address`` is to take (it answers to that name from then on). With it: the ps
         joins; the moves run in the background (a ps of the job asking again: its index)."""
+
         async def join(address: str, index: int | None) -> int:
             parse_address(address)
             if address in self.placement.ps:  # a ps of the job asking again (its reply was
@@ -180,8 +217,9 @@ class PsChanges:
                 self._reserved[index] = address
                 return index
             if self._reserved.get(index) != address:
-                raise InvalidArgumentError(f"ps index {index} was not given to {address}: ask "
-                                           "for an index first")
+                raise InvalidArgumentError(
+                    f"ps index {index} was not given to {address}: ask for an index first"
+                )
             index = await self.admit_ps(address, index)
             spawn(self.rebalance(index))
             return index
@@ -199,17 +237,25 @@ class PsChanges:
             for src, tables in self._plan_tables_join(index).items():
                 await self.move_slices(tables, src, index)
         except PstrainError as exc:
-            held = self.on(index) or any(self.table_slices(t).held_by(index)
-                                         for t in self.strategy.placement.tables.values())
+            held = self.on(index) or any(
+                self.table_slices(t).held_by(index) for t in self.strategy.placement.tables.values()
+            )
             if held or index not in self.placement.active():
                 raise  # part of the job lives there now: a lost ps, replaced as any other
             async with self._lock:
                 await best_effort(self.retire(index), f"withdrawing {task_name('ps', index)}", logger)
-            raise restated(exc, f"{task_name('ps', index)} joined but the first move to it "
-                                f"failed, so it was taken out of the job again (nothing had "
-                                f"moved to it): {exc.message}") from exc
-        logger.info("%s joined; %d variable(s) and a share of %d table(s) moved to it",
-                    task_name("ps", index), sum(len(k) for k in plan), len(self.strategy.placement.tables))
+            raise restated(
+                exc,
+                f"{task_name('ps', index)} joined but the first move to it "
+                f"failed, so it was taken out of the job again (nothing had "
+                f"moved to it): {exc.message}",
+            ) from exc
+        logger.info(
+            "%s joined; %d variable(s) and a share of %d table(s) moved to it",
+            task_name("ps", index),
+            sum(len(k) for k in plan),
+            len(self.strategy.placement.tables),
+        )
 
     async def remove_ps(self, index: int) -> None:
         """Move every variable off ps ``index`` (to the least loaded of the others), then
@@ -264,8 +310,9 @@ class PsChanges:
         """Where each of ``keys`` (largest first) goes: ps ``to``, or the least loaded."""
         return spread(self.placement, self.strategy.placement.placed, keys, to)
 
-    async def install(self, copies: list[VariableCopy], where: dict[str, int],
-                      once: dict[str, list[Any]] | None = None) -> None:
+    async def install(
+        self, copies: list[VariableCopy], where: dict[str, int], once: dict[str, list[Any]] | None = None
+    ) -> None:
         """Put ``copies`` (variables with their optimizer slots, read from a checkpoint) on
         the ps ``where`` names for each variable, with the exactly-once records ``once``
         gives by variable, then route to them there (a lost ps's share, replaced). Call
@@ -279,20 +326,33 @@ class PsChanges:
 
         stage = secrets.token_hex(8)
         # every ps stages its share first: one that refuses (full, say) changes nothing anywhere
-        staged = await asyncio.gather(*(
-            self.channel(ps).request(InstallVariables(stage=stage, vars=group), timeout=self.timeout_s)
-            for ps, group in by_ps.items()), return_exceptions=True)
+        staged = await asyncio.gather(
+            *(
+                self.channel(ps).request(InstallVariables(stage=stage, vars=group), timeout=self.timeout_s)
+                for ps, group in by_ps.items()
+            ),
+            return_exceptions=True,
+        )
         failed = [r for r in staged if isinstance(r, BaseException)]
         if failed:
-            await asyncio.gather(*(best_effort(self.channel(ps).request(
-                EndMove(stage=stage, commit=False), timeout=self.timeout_s),
-                f"dropping staged copies on ps {ps}", logger) for ps in by_ps))
+            await asyncio.gather(
+                *(
+                    best_effort(
+                        self.channel(ps).request(EndMove(stage=stage, commit=False), timeout=self.timeout_s),
+                        f"dropping staged copies on ps {ps}",
+                        logger,
+                    )
+                    for ps in by_ps
+                )
+            )
             raise failed[0]
 
         async def activate(ps: int, group: list[VariableCopy]) -> None:
             records = [r for copy in group for r in once.get(copy.name, [])]
-            await self.channel(ps).request(InstallVariables(stage=stage, activate=True, placement=new,
-                                                            once=records), timeout=self.timeout_s)
+            await self.channel(ps).request(
+                InstallVariables(stage=stage, activate=True, placement=new, once=records),
+                timeout=self.timeout_s,
+            )
 
         await asyncio.gather(*(activate(ps, group) for ps, group in by_ps.items()))
         await self.publish(new)
@@ -326,8 +386,7 @@ class PsChanges:
             for key, slices in tables.items():
                 owners = self.table_slices(known[key]).owners
                 if not slices or any(not 0 <= s < len(owners) or owners[s] != src for s in slices):
-                    raise InvalidArgumentError(f"slices {slices} of table {key!r} are not all on "
-                                               f"ps {src}")
+                    raise InvalidArgumentError(f"slices {slices} of table {key!r} are not all on ps {src}")
             await self._move([], src, dst, tables)
 
     async def _capacities(self, key: str, src: int, dst: int, moving: int) -> tuple[Any, Any]:
@@ -349,8 +408,9 @@ class PsChanges:
         return max(1, current[0] - moved), max(1, current[1] + moved)
 
     # -- the steps ----------------------------------------------------------------------------
-    async def _move(self, keys: list[str], src: int, dst: int,
-                    tables: dict[str, list[int]] | None = None) -> None:
+    async def _move(
+        self, keys: list[str], src: int, dst: int, tables: dict[str, list[int]] | None = None
+    ) -> None:
         stage = secrets.token_hex(8)
         source, target = self.channel(src), self.channel(dst)
         tables = tables or {}
@@ -374,29 +434,54 @@ class PsChanges:
             new = new.with_tables(sliced).bumped(new.version)
         try:  # `moving` is cleared once the source has let go of what moved (or the move aborted)
             try:
-                out = await source.request(MoveOut(keys=keys, stage=stage, tables=moving),
-                                           timeout=self.timeout_s)
-                copies = [replace(c, serving=serving_dst[c.name],
-                                  config=replace(c.config, capacity=caps[c.name][1]))
-                          for c in out.tables]
-                await target.request(InstallVariables(stage=stage, vars=out.vars, tables=copies),
-                                     timeout=self.timeout_s)
-                done = await source.request(FinishMove(
-                    keys=keys, stage=stage, mark=out.mark, placement=new, tables=moving,
-                    serving=serving_src, capacity={k: c[0] for k, c in caps.items()}),
-                    timeout=self.timeout_s)
+                out = await source.request(
+                    MoveOut(keys=keys, stage=stage, tables=moving), timeout=self.timeout_s
+                )
+                copies = [
+                    replace(
+                        c, serving=serving_dst[c.name], config=replace(c.config, capacity=caps[c.name][1])
+                    )
+                    for c in out.tables
+                ]
+                await target.request(
+                    InstallVariables(stage=stage, vars=out.vars, tables=copies), timeout=self.timeout_s
+                )
+                done = await source.request(
+                    FinishMove(
+                        keys=keys,
+                        stage=stage,
+                        mark=out.mark,
+                        placement=new,
+                        tables=moving,
+                        serving=serving_src,
+                        capacity={k: c[0] for k, c in caps.items()},
+                    ),
+                    timeout=self.timeout_s,
+                )
                 finished = True
-                await target.request(InstallVariables(
-                    stage=stage, activate=True, patches=done.patches, once=done.once,
-                    fences=done.fences, superseded=done.superseded, placement=new,
-                    table_patches=done.tables), timeout=self.timeout_s)
+                await target.request(
+                    InstallVariables(
+                        stage=stage,
+                        activate=True,
+                        patches=done.patches,
+                        once=done.once,
+                        fences=done.fences,
+                        superseded=done.superseded,
+                        placement=new,
+                        table_patches=done.tables,
+                    ),
+                    timeout=self.timeout_s,
+                )
             except BaseException as exc:
                 told = await self._abort(stage, source, target, new if finished else None)
                 if not isinstance(exc, PstrainError):
                     raise
                 where = "serves them still" if told or not finished else "could not take them back"
-                raise restated(exc, f"moving {what} from ps {src} to ps {dst} failed and was undone: "
-                                    f"ps {src} {where}. The cause: {exc.message or exc}") from exc
+                raise restated(
+                    exc,
+                    f"moving {what} from ps {src} to ps {dst} failed and was undone: "
+                    f"ps {src} {where}. The cause: {exc.message or exc}",
+                ) from exc
             await self.publish(new)
             await source.request(EndMove(stage=stage, commit=True), timeout=self.timeout_s)
         finally:
@@ -405,24 +490,35 @@ class PsChanges:
         self.bytes_moved += sum(int(getattr(c.value, "nbytes", 0)) for c in out.vars)
         self.bytes_moved += sum(c.nbytes for c in out.tables)
 
-    async def _abort(self, stage: str, source: Any, target: Any,
-                     announced: PlacementMap | None) -> bool:
+    async def _abort(self, stage: str, source: Any, target: Any, announced: PlacementMap | None) -> bool:
         """Serve the variables from their source again; the target drops what it staged;
         the ps that can be reached learn a map that withdraws ``announced``. Returns whether
         the source took them back. (The error that stopped the move is the one to raise.)"""
-        told = [await best_effort(c.request(EndMove(stage=stage, commit=False), timeout=self.timeout_s),
-                                  f"ending move {stage} on {c.task}", logger) for c in (source, target)]
+        told = [
+            await best_effort(
+                c.request(EndMove(stage=stage, commit=False), timeout=self.timeout_s),
+                f"ending move {stage} on {c.task}",
+                logger,
+            )
+            for c in (source, target)
+        ]
         if announced is not None:  # clients may have learnt it from the source's refusals
-            await best_effort(self.publish(self.placement.bumped(announced.version + 1)),
-                              f"withdrawing map {announced.version}", logger)
+            await best_effort(
+                self.publish(self.placement.bumped(announced.version + 1)),
+                f"withdrawing map {announced.version}",
+                logger,
+            )
         return told[0]
 
     async def publish(self, placement: PlacementMap) -> None:
         """Route by ``placement`` here and tell every active ps."""
         adopt(self.channels, placement)
-        await asyncio.gather(*(self.channel(k).request(SetPlacement(placement=placement),
-                                                        timeout=self.timeout_s)
-                               for k in placement.active()))
+        await asyncio.gather(
+            *(
+                self.channel(k).request(SetPlacement(placement=placement), timeout=self.timeout_s)
+                for k in placement.active()
+            )
+        )
 
     def channel(self, ps: int) -> Any:
         return self.channels.channel("ps", ps)

@@ -26,8 +26,16 @@ from typing import Any
 
 from ..._formats.messages.placement_map import SLICES_PER_PS, PlacementMap, TableSlices, first_slices
 
-__all__ = ["SLICES_PER_PS", "plan_join", "plan_leave", "plan_variables_join", "spread", "table_slices",
-           "variable_shares", "variables_on"]
+__all__ = [
+    "SLICES_PER_PS",
+    "plan_join",
+    "plan_leave",
+    "plan_variables_join",
+    "spread",
+    "table_slices",
+    "variable_shares",
+    "variables_on",
+]
 
 #: A strategy's placed variables: key -> (the ps it was created on, its bytes).
 Placed = dict[str, tuple[int, int]]
@@ -44,12 +52,12 @@ def variable_shares(placement: PlacementMap, placed: Placed) -> dict[int, int]:
 
 def variables_on(placement: PlacementMap, placed: Placed, ps: int) -> list[str]:
     """The variables on ps ``ps``, largest first."""
-    return sorted((k for k, (home, _) in placed.items() if placement.ps_of(k, home) == ps),
-                  key=lambda k: -placed[k][1])
+    return sorted(
+        (k for k, (home, _) in placed.items() if placement.ps_of(k, home) == ps), key=lambda k: -placed[k][1]
+    )
 
 
-def spread(placement: PlacementMap, placed: Placed, keys: list[str],
-           to: int | None = None) -> dict[str, int]:
+def spread(placement: PlacementMap, placed: Placed, keys: list[str], to: int | None = None) -> dict[str, int]:
     """Where each of ``keys`` (largest first) goes: ps ``to``, or the least loaded."""
     active = placement.active()
     shares = {k: n for k, n in variable_shares(placement, placed).items() if k in active}
@@ -70,8 +78,7 @@ def plan_variables_join(placement: PlacementMap, placed: Placed, new: int) -> li
         fullest = max(candidates, key=lambda k: shares[k], default=None)
         if fullest is None or not candidates[fullest]:
             return plan
-        key = next((k for k in candidates[fullest]
-                    if shares[new] + placed[k][1] < shares[fullest]), None)
+        key = next((k for k in candidates[fullest] if shares[new] + placed[k][1] < shares[fullest]), None)
         if key is None:
             return plan
         candidates[fullest].remove(key)

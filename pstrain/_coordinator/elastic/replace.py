@@ -76,8 +76,13 @@ FENCE_FOR_S = 600.0
 class PsReplacement:
     """Replaces lost ps from a checkpoint manager's deltas, on request or by itself."""
 
-    def __init__(self, changes: PsChanges, heartbeat: Heartbeat, queue: ClosureQueue,
-                 spawn: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
+    def __init__(
+        self,
+        changes: PsChanges,
+        heartbeat: Heartbeat,
+        queue: ClosureQueue,
+        spawn: Callable[[Coroutine[Any, Any, Any]], Any],
+    ) -> None:
         self.changes = changes
         self.heartbeat = heartbeat
         self.queue = queue
@@ -113,8 +118,9 @@ class PsReplacement:
         if index not in active:
             raise InvalidArgumentError(f"no active ps {index!r}: the job's ps are {active}")
         if to is not None and (to == index or to not in active):
-            raise InvalidArgumentError(f"ps {to} cannot take ps {index}'s variables: the job's "
-                                       f"ps are {active}")
+            raise InvalidArgumentError(
+                f"ps {to} cannot take ps {index}'s variables: the job's ps are {active}"
+            )
         if len(active) == 1:
             raise FailedPreconditionError("the job's only ps cannot be replaced by the others")
         started = time.monotonic()
@@ -122,37 +128,58 @@ class PsReplacement:
         async with changes.lock:  # no save, delta or move meanwhile: the latest delta is whole
             path = manager.latest_checkpoint
             if path is None:
-                raise FailedPreconditionError(f"{manager.directory} has no checkpoint to replace "
-                                              f"{task_name('ps', index)}'s variables from")
+                raise FailedPreconditionError(
+                    f"{manager.directory} has no checkpoint to replace "
+                    f"{task_name('ps', index)}'s variables from"
+                )
             keys = changes.on(index)
             await changes.retire(index)
             copies = await asyncio.get_running_loop().run_in_executor(
-                None, read_share, manager.checkpoint, path, set(keys), changes.strategy.placement.owner)
+                None, read_share, manager.checkpoint, path, set(keys), changes.strategy.placement.owner
+            )
             sources = await asyncio.get_running_loop().run_in_executor(
-                None, table_sources, manager.checkpoint, path)
+                None, table_sources, manager.checkpoint, path
+            )
             copies, once, steps = await self._counted(set(keys), copies)
             await changes.install(copies, changes.spread(keys, to), once)
             rows = await self._replace_tables(index, sources, to)
         seconds = time.monotonic() - started
         self.spawn(self._fence(index))
         nbytes = sum(int(c.value.nbytes) for c in copies)
-        tables = sorted(k for k, t in changes.strategy.placement.tables.items()
-                        if k in sources and rows)
-        self.changes.replaced.append({
-            "ps": index, "variables": len(keys), "keys": sorted(keys), "tables": tables,
-            "bytes": nbytes, "table_rows": rows, "seconds": round(seconds, 3), "checkpoint": path,
-            "steps_since_checkpoint": steps})
+        tables = sorted(k for k, t in changes.strategy.placement.tables.items() if k in sources and rows)
+        self.changes.replaced.append(
+            {
+                "ps": index,
+                "variables": len(keys),
+                "keys": sorted(keys),
+                "tables": tables,
+                "bytes": nbytes,
+                "table_rows": rows,
+                "seconds": round(seconds, 3),
+                "checkpoint": path,
+                "steps_since_checkpoint": steps,
+            }
+        )
         shown = ", ".join(sorted(keys)[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
         logger.warning(
             "%s was lost and replaced in %.2f s: its %d variable(s) (%s; %d bytes with their "
             "slots) and %d table row(s) were rolled back to %s and put on the other ps; %s",
-            task_name("ps", index), seconds, len(keys), shown or "none", nbytes, rows, path,
+            task_name("ps", index),
+            seconds,
+            len(keys),
+            shown or "none",
+            nbytes,
+            rows,
+            path,
             f"the step counter kept its count, {steps} step(s) past the checkpoint's: the "
             "updates to them of those steps were lost, but for those in flight, which ran again"
-            if steps is not None else "no step counter was on it")
+            if steps is not None
+            else "no step counter was on it",
+        )
 
-    async def _counted(self, lost: set[str], copies: list[VariableCopy]
-                       ) -> tuple[list[VariableCopy], dict[str, list[Any]], int | None]:
+    async def _counted(
+        self, lost: set[str], copies: list[VariableCopy]
+    ) -> tuple[list[VariableCopy], dict[str, list[Any]], int | None]:
         """An optimizer's step counter (or its mirror) among the ``lost`` variables comes
         back with the count of the one on a ps that kept its state, and that one's
         exactly-once records: a step it counted before the loss is not counted again when
@@ -172,8 +199,9 @@ class PsReplacement:
             copy = copies[at[gone[0].key]]
             behind = max(behind or 0, count - int(copy.value))
             copies[at[copy.name]] = replace(copy, value=np.asarray(count, np.asarray(copy.value).dtype))
-            once[copy.name] = [[key, seq, [copy.name], answer, parts]
-                               for key, seq, _, answer, parts in reply.once]
+            once[copy.name] = [
+                [key, seq, [copy.name], answer, parts] for key, seq, _, answer, parts in reply.once
+            ]
         return copies, once, behind
 
     async def _replace_tables(self, index: int, sources: dict[str, Any], to: int | None) -> int:
@@ -199,30 +227,48 @@ class PsReplacement:
         async def put(dst: int, key: str, slices: list[int]) -> int:
             table, new = tables[key], after[key]
             files, slots, deltas = sources[key]
-            reply = await changes.channel(dst).request(RestoreTable(
-                name=key, config=table.slice_spec(new, dst), owner=table.owner, paths=files,
-                shard=0, num_shards=1, slots=slots,
-                deltas=[list(d) for d in deltas], owned=SliceSet(slices=new.slices, owned=slices),
-                merge=SliceSet(slices=new.slices, owned=new.held_by(dst)), stage=stage),
-                timeout=changes.timeout_s)
+            reply = await changes.channel(dst).request(
+                RestoreTable(
+                    name=key,
+                    config=table.slice_spec(new, dst),
+                    owner=table.owner,
+                    paths=files,
+                    shard=0,
+                    num_shards=1,
+                    slots=slots,
+                    deltas=[list(d) for d in deltas],
+                    owned=SliceSet(slices=new.slices, owned=slices),
+                    merge=SliceSet(slices=new.slices, owned=new.held_by(dst)),
+                    stage=stage,
+                ),
+                timeout=changes.timeout_s,
+            )
             return int(reply.staged or 0)
 
-        puts = [(dst, put(dst, key, slices)) for dst, per_table in plan.items()
-                for key, slices in per_table.items() if slices]
+        puts = [
+            (dst, put(dst, key, slices))
+            for dst, per_table in plan.items()
+            for key, slices in per_table.items()
+            if slices
+        ]
         if not puts:
             return 0
         staged = await asyncio.gather(*(p for _, p in puts), return_exceptions=True)
         targets = {dst for dst, _ in puts}
         failed = [r for r in staged if isinstance(r, BaseException)]
         if failed:
-            await asyncio.gather(*(changes.channel(dst).request(AbortRestore(stage=stage))
-                                   for dst in targets), return_exceptions=True)
+            await asyncio.gather(
+                *(changes.channel(dst).request(AbortRestore(stage=stage)) for dst in targets),
+                return_exceptions=True,
+            )
             raise failed[0]
-        await asyncio.gather(*(changes.channel(dst).request(CommitRestore(stage=stage))
-                               for dst in targets))
+        await asyncio.gather(*(changes.channel(dst).request(CommitRestore(stage=stage)) for dst in targets))
         rows = sum(r for r in staged if isinstance(r, int))
-        await changes.publish(changes.placement.with_tables(
-            {k: v for k, v in after.items() if index in changes.table_slices(tables[k]).owners}))
+        await changes.publish(
+            changes.placement.with_tables(
+                {k: v for k, v in after.items() if index in changes.table_slices(tables[k]).owners}
+            )
+        )
         return rows
 
     async def _fence(self, index: int) -> None:
@@ -238,8 +284,9 @@ class PsReplacement:
                 continue
             except PstrainError:  # another task at that address now (a ps that joined anew)
                 return
-            logger.info("%s answered again after it was replaced: it serves nothing now",
-                        task_name("ps", index))
+            logger.info(
+                "%s answered again after it was replaced: it serves nothing now", task_name("ps", index)
+            )
             return
 
     # -- by itself ------------------------------------------------------------------------------
@@ -258,19 +305,24 @@ class PsReplacement:
         closure then fails with that (``UnavailableError``, as TF's), else with ``error``."""
         task = getattr(error, "task", None)
         if isinstance(error, NotFoundError) and isinstance(task, str) and task.startswith(_PS_TASK):
-            self.spawn(self._restarted_or(int(task[len(_PS_TASK):]), error, put_back))
+            self.spawn(self._restarted_or(int(task[len(_PS_TASK) :]), error, put_back))
             return True
-        if self.manager is None or not isinstance(error, UnavailableError) \
-                or not isinstance(task, str) or not task.startswith(_PS_TASK):
+        if (
+            self.manager is None
+            or not isinstance(error, UnavailableError)
+            or not isinstance(task, str)
+            or not task.startswith(_PS_TASK)
+        ):
             return False
-        index = int(task[len(_PS_TASK):])
+        index = int(task[len(_PS_TASK) :])
         if index in self.failed or len(self._alive.get(index, ())) >= _MAX_ALIVE:
             return False  # its replacement failed; or it answers, yet closures keep failing on it
         self.spawn(self._check_then_put_back(index, put_back))
         return True
 
-    async def _restarted_or(self, index: int, error: BaseException,
-                            resolve: Callable[[BaseException], Any]) -> None:
+    async def _restarted_or(
+        self, index: int, error: BaseException, resolve: Callable[[BaseException], Any]
+    ) -> None:
         restarted: BaseException | None = None
         try:
             restarted = await self.heartbeat.ps_restarted(index)
@@ -298,8 +350,12 @@ class PsReplacement:
     def _start(self, index: int, error: BaseException) -> None:
         if index in self._ending:
             return
-        logger.warning("%s is lost (%s): replacing it from %s while training goes on",
-                       task_name("ps", index), error, self.manager and self.manager.directory)
+        logger.warning(
+            "%s is lost (%s): replacing it from %s while training goes on",
+            task_name("ps", index),
+            error,
+            self.manager and self.manager.directory,
+        )
         self._ending[index] = ending = asyncio.Event()
         self.changes.replacing.add(index)
         self.spawn(self._replace(index, ending))
@@ -311,9 +367,13 @@ class PsReplacement:
         except Exception as exc:
             logger.error("replacing %s failed", task_name("ps", index), exc_info=exc)
             self.failed[index] = exc
-            self.queue.record_error(UnavailableError(
-                f"{task_name('ps', index)} was lost and could not be replaced from "
-                f"{self.manager.directory}: {type(exc).__name__}: {exc}", task=task_name("ps", index)))
+            self.queue.record_error(
+                UnavailableError(
+                    f"{task_name('ps', index)} was lost and could not be replaced from "
+                    f"{self.manager.directory}: {type(exc).__name__}: {exc}",
+                    task=task_name("ps", index),
+                )
+            )
         finally:
             ending.set()
             self.changes.replacing.discard(index)

@@ -33,8 +33,16 @@ from ..._base.auth import (
     transcript,
 )
 
-__all__ = ["ACCEPTED", "MAGIC", "MAX_PREAUTH", "REJECTED", "WRONG_TASK", "ClientHandshake",
-           "HandshakeFailed", "ServerHandshake"]
+__all__ = [
+    "ACCEPTED",
+    "MAGIC",
+    "MAX_PREAUTH",
+    "REJECTED",
+    "WRONG_TASK",
+    "ClientHandshake",
+    "HandshakeFailed",
+    "ServerHandshake",
+]
 
 MAGIC = b"PSTRAIN3"  # 3: proofs bound to both ends (2: to the nonces only; 1: the token itself)
 ACCEPTED, REJECTED, WRONG_TASK = b"\x00", b"\x01", b"\x02"
@@ -59,8 +67,7 @@ class ServerHandshake:
     ``rest``: bytes after the handshake, for the frame reader) or ``rejected`` (a reason
     for the log; the caller sends what was returned and closes)."""
 
-    def __init__(self, token: bytes | None, task: str, incarnation: str, *,
-                 any_index: bool = False) -> None:
+    def __init__(self, token: bytes | None, task: str, incarnation: str, *, any_index: bool = False) -> None:
         self.token, self.task, self.incarnation, self.any_index = token, task, incarnation, any_index
         self.buf = bytearray()
         self.client_nonce: bytes | None = None
@@ -76,12 +83,12 @@ class ServerHandshake:
         buf = self.buf
         buf.extend(data)
         if self.client_nonce is None:
-            if not MAGIC.startswith(bytes(buf[:len(MAGIC)])):
+            if not MAGIC.startswith(bytes(buf[: len(MAGIC)])):
                 return self._reject("not a pstrain hello")
             if len(buf) < _HELLO_FIXED or len(buf) < _HELLO_FIXED + buf[_HELLO_FIXED - 1]:
                 return b""
             end = _HELLO_FIXED + buf[_HELLO_FIXED - 1]
-            self.client_nonce = bytes(buf[len(MAGIC):len(MAGIC) + NONCE_BYTES])
+            self.client_nonce = bytes(buf[len(MAGIC) : len(MAGIC) + NONCE_BYTES])
             self.target = bytes(buf[_HELLO_FIXED:end])
             del buf[:end]
             if not target_matches(self.target, self.task, any_index=self.any_index):
@@ -102,8 +109,7 @@ class ServerHandshake:
         self.accepted = True
         self.rest = bytes(buf[PROOF_BYTES:])
         buf.clear()
-        answer = proof(self.token, SERVER, transcript(self.client_nonce, self.target,
-                                                      self.server_nonce, me))
+        answer = proof(self.token, SERVER, transcript(self.client_nonce, self.target, self.server_nonce, me))
         return out + ACCEPTED + bytes([len(me)]) + me + answer
 
     def _reject(self, why: str) -> bytes:
@@ -138,14 +144,15 @@ class ClientHandshake:
             if buf[:1] == WRONG_TASK:
                 if len(buf) < 2 or len(buf) < 2 + buf[1]:
                     return b""
-                raise HandshakeFailed("wrong_task", actual=bytes(buf[2:2 + buf[1]]).decode(
-                    "utf-8", "replace"))
-            if not MAGIC.startswith(bytes(buf[:len(MAGIC)])):
+                raise HandshakeFailed(
+                    "wrong_task", actual=bytes(buf[2 : 2 + buf[1]]).decode("utf-8", "replace")
+                )
+            if not MAGIC.startswith(bytes(buf[: len(MAGIC)])):
                 raise HandshakeFailed("foreign", first=bytes(buf[:32]))
             if len(buf) < len(MAGIC) + NONCE_BYTES:
                 return b""
-            self.server_nonce = bytes(buf[len(MAGIC):len(MAGIC) + NONCE_BYTES])
-            del buf[:len(MAGIC) + NONCE_BYTES]
+            self.server_nonce = bytes(buf[len(MAGIC) : len(MAGIC) + NONCE_BYTES])
+            del buf[: len(MAGIC) + NONCE_BYTES]
             out = proof(self.token, CLIENT, transcript(self.nonce, self.target, self.server_nonce))
         else:
             out = b""
@@ -157,7 +164,7 @@ class ClientHandshake:
             return out
         end = 2 + buf[1]
         answering = bytes(buf[2:end])
-        given = bytes(buf[end:end + PROOF_BYTES])
+        given = bytes(buf[end : end + PROOF_BYTES])
         seen = transcript(self.nonce, self.target, self.server_nonce, answering)
         if not proof_ok(self.token, SERVER, seen, given):
             raise HandshakeFailed("unproven")
@@ -165,7 +172,7 @@ class ClientHandshake:
         if not target_matches(self.target, task, any_index=False) and not _joined(self.target, task):
             raise HandshakeFailed("impostor", actual=task)
         self.identity = answering.decode("utf-8", "replace")
-        self.rest = bytes(buf[end + PROOF_BYTES:])
+        self.rest = bytes(buf[end + PROOF_BYTES :])
         buf.clear()
         self.done = True
         return out

@@ -126,9 +126,11 @@ def _imported_only(importer: Any) -> Any:
 
 
 #: What a pickle may call to import a module (cloudpickle names a function's modules so).
-_IMPORTERS = {("cloudpickle.cloudpickle", "subimport"): cloudpickle.cloudpickle.subimport,
-              ("builtins", "__import__"): builtins.__import__,
-              ("importlib", "import_module"): importlib.import_module}
+_IMPORTERS = {
+    ("cloudpickle.cloudpickle", "subimport"): cloudpickle.cloudpickle.subimport,
+    ("builtins", "__import__"): builtins.__import__,
+    ("importlib", "import_module"): importlib.import_module,
+}
 
 
 class _ImportedOnly(pickle.Unpickler):

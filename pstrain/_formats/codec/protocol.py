@@ -32,8 +32,17 @@ from ..._base.errors import UnavailableError
 from . import wire
 from .handshake import ACCEPTED, MAGIC, REJECTED
 
-__all__ = ["ACCEPTED", "CONTENT_TYPE", "DEFAULT_MAX_BODY", "DIRECT_BODY", "FRAME", "MAGIC",
-           "REJECTED", "FrameKind", "FrameProtocol"]
+__all__ = [
+    "ACCEPTED",
+    "CONTENT_TYPE",
+    "DEFAULT_MAX_BODY",
+    "DIRECT_BODY",
+    "FRAME",
+    "MAGIC",
+    "REJECTED",
+    "FrameKind",
+    "FrameProtocol",
+]
 
 FRAME = struct.Struct("<QBBHQ")  # request id, kind, flags, op length, body length
 
@@ -102,8 +111,9 @@ class FrameProtocol(asyncio.BufferedProtocol, abc.ABC):
     to be sent (a peer that does not read its replies cannot grow our memory).
     """
 
-    def __init__(self, max_body: int, budget: BodyBudget | None = None,
-                 max_backlog: int | None = None) -> None:
+    def __init__(
+        self, max_body: int, budget: BodyBudget | None = None, max_backlog: int | None = None
+    ) -> None:
         self.max_body = max_body
         self.budget = budget
         self.max_backlog = max_backlog
@@ -131,16 +141,16 @@ class FrameProtocol(asyncio.BufferedProtocol, abc.ABC):
         if self._dropped:
             return self._scratch()
         if self._skip_left:
-            return self._scratch()[:min(self._skip_left, 1 << 20)]
+            return self._scratch()[: min(self._skip_left, 1 << 20)]
         if self._direct_view is not None:
             if self._direct_pos == len(self._direct_view):  # bytes are there: room for them
                 self._grow()
                 if self._dropped:  # over the budget
                     return self._scratch()
-            return self._direct_view[self._direct_pos:]
+            return self._direct_view[self._direct_pos :]
         if self._end == len(self._stage):
             self._compact()
-        return self._view[self._end:]
+        return self._view[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._dropped:  # what a dropped connection still sent is not read
@@ -198,7 +208,7 @@ class FrameProtocol(asyncio.BufferedProtocol, abc.ABC):
         if not self._charge(capacity - old.size):
             return
         body = np.empty(capacity, np.uint8)
-        body[:old.size] = old
+        body[: old.size] = old
         self._direct = body
         self._direct_view = body.data
 
@@ -237,14 +247,13 @@ class FrameProtocol(asyncio.BufferedProtocol, abc.ABC):
             self.transport.abort()  # connection_lost releases what it held
             return
         self._progress_mark = self._direct_pos
-        self._deadline = asyncio.get_running_loop().call_later(MIN_BODY_DEADLINE_S,
-                                                               self._check_progress)
+        self._deadline = asyncio.get_running_loop().call_later(MIN_BODY_DEADLINE_S, self._check_progress)
 
     # -- framing -------------------------------------------------------------------
     def _compact(self) -> None:
         remaining = self._end - self._start
         if self._start:
-            self._stage[:remaining] = self._stage[self._start:self._end]
+            self._stage[:remaining] = self._stage[self._start : self._end]
         self._start, self._end = 0, remaining
         if remaining == len(self._stage):  # a header bigger than the stage: grow it
             self._stage.extend(bytes(len(self._stage)))
@@ -261,7 +270,7 @@ class FrameProtocol(asyncio.BufferedProtocol, abc.ABC):
             head = FRAME.size + op_len
             if avail < head:
                 break
-            op = stage[start + FRAME.size:start + head].decode("utf-8", "replace")
+            op = stage[start + FRAME.size : start + head].decode("utf-8", "replace")
             if body_len > self.max_body:
                 # Oversized: discard the body as it arrives; the connection stays usable.
                 have = min(avail - head, body_len)
@@ -292,7 +301,8 @@ class FrameProtocol(asyncio.BufferedProtocol, abc.ABC):
                 if self.budget is not None:
                     self._progress_mark = have
                     self._deadline = asyncio.get_running_loop().call_later(
-                        MIN_BODY_DEADLINE_S, self._check_progress)
+                        MIN_BODY_DEADLINE_S, self._check_progress
+                    )
                 self._direct = body
                 self._direct_view = body.data
                 self._direct_pos = have
@@ -303,7 +313,7 @@ class FrameProtocol(asyncio.BufferedProtocol, abc.ABC):
                 if head + body_len > len(stage) - start:
                     self._compact()
                 break
-            small = stage[start + head:start + head + body_len]  # a bytearray: writable arrays
+            small = stage[start + head : start + head + body_len]  # a bytearray: writable arrays
             self._start = start + head + body_len
             self.handle_frame(req_id, kind, op, memoryview(small))
         if self._start == self._end:
@@ -332,8 +342,14 @@ class FrameProtocol(asyncio.BufferedProtocol, abc.ABC):
         """A frame over ``max_body`` (or over the budget) was skipped."""
 
     # -- sending -------------------------------------------------------------------
-    def send(self, req_id: int, kind: FrameKind, op: str, chunks: Sequence[bytes | memoryview],
-             on_flushed: Callable[[], None] | None = None) -> None:
+    def send(
+        self,
+        req_id: int,
+        kind: FrameKind,
+        op: str,
+        chunks: Sequence[bytes | memoryview],
+        on_flushed: Callable[[], None] | None = None,
+    ) -> None:
         transport = self.transport
         if transport is None or transport.is_closing():
             if on_flushed is not None:
@@ -346,8 +362,11 @@ class FrameProtocol(asyncio.BufferedProtocol, abc.ABC):
             transport.write(first + chunks[0])
         else:
             transport.writelines([first, *chunks])
-        if (self.max_backlog is not None and not self._reads_paused
-                and transport.get_write_buffer_size() > self.max_backlog):
+        if (
+            self.max_backlog is not None
+            and not self._reads_paused
+            and transport.get_write_buffer_size() > self.max_backlog
+        ):
             self._reads_paused = True  # resume_writing resumes once the peer has read it all
             transport.pause_reading()
         if on_flushed is not None:

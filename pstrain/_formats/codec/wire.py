@@ -70,11 +70,9 @@ class _Encoder(threading.local):
     def pack(self, obj: Any) -> bytes:
         depth = self.depth
         if depth >= MAX_DEPTH:
-            raise InvalidArgumentError(
-                f"cannot encode message: tuples nested more than {MAX_DEPTH} deep")
+            raise InvalidArgumentError(f"cannot encode message: tuples nested more than {MAX_DEPTH} deep")
         if depth == len(self.packers):
-            self.packers.append(msgpack.Packer(default=_default, strict_types=True,
-                                               use_bin_type=True))
+            self.packers.append(msgpack.Packer(default=_default, strict_types=True, use_bin_type=True))
         self.depth = depth + 1
         try:
             return self.packers[depth].pack(obj)
@@ -102,7 +100,8 @@ def _array(arr: np.ndarray) -> msgpack.ExtType:
         if _enc.allow_pickle:
             return _pickle(arr)
         raise InvalidArgumentError(
-            f"arrays of dtype {arr.dtype} cannot travel; use a numeric, bool or string dtype")
+            f"arrays of dtype {arr.dtype} cannot travel; use a numeric, bool or string dtype"
+        )
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
     buffers = _enc.buffers
@@ -111,10 +110,13 @@ def _array(arr: np.ndarray) -> msgpack.ExtType:
     return msgpack.ExtType(_EXT_ARRAY, msgpack.packb((arr.dtype.str, arr.shape, index)))
 
 
-def _record(obj: msgspec.Struct) -> dict[str, Any]:
+def _record(obj: msgspec.Struct) -> dict[str, Any] | list[Any]:
     """A message record (``pstrain._formats.messages.operations``) as the map it travels as: every
-    field (the tag, the op name, travels in the frame). ``asdict`` runs in C: leaving out the
-    fields at their default would cost more time than the few bytes it saves."""
+    field (the tag, the op name, travels in the frame); a record declared ``array_like`` as the
+    array of its fields. ``asdict`` runs in C: leaving out the fields at their default would
+    cost more time than the few bytes it saves."""
+    if obj.__struct_config__.array_like:  # (a closure and its result: compact, as declared)
+        return list(msgspec.structs.astuple(obj))
     return msgspec.structs.asdict(obj)
 
 
@@ -146,7 +148,8 @@ def _default(obj: Any) -> Any:
             return base(obj)
     raise InvalidArgumentError(
         f"cannot encode an object of type {type(obj).__name__} here "
-        "(only numbers, strings, bytes, None, lists, tuples, dicts and numpy arrays)")
+        "(only numbers, strings, bytes, None, lists, tuples, dicts and numpy arrays)"
+    )
 
 
 def encode_body(obj: Any, *, allow_pickle: bool = False) -> list[bytes | memoryview]:
@@ -189,8 +192,9 @@ def encode(obj: Any, *, allow_pickle: bool = False) -> bytes:
     >>> decode(encode((1, "a")))
     (1, 'a')
     """
-    return b"".join(bytes(c) if isinstance(c, memoryview) else c
-                    for c in encode_body(obj, allow_pickle=allow_pickle))
+    return b"".join(
+        bytes(c) if isinstance(c, memoryview) else c for c in encode_body(obj, allow_pickle=allow_pickle)
+    )
 
 
 def decode(data: bytes | bytearray | memoryview, *, allow_pickle: bool = False) -> Any:
@@ -203,8 +207,9 @@ def body_size(chunks: Sequence[bytes | memoryview]) -> int:
     return sum(len(c) if isinstance(c, bytes) else c.nbytes for c in chunks)
 
 
-def decode_body(body: bytes | bytearray | memoryview, *, allow_pickle: bool = False,
-                imports: bool = True) -> Any:
+def decode_body(
+    body: bytes | bytearray | memoryview, *, allow_pickle: bool = False, imports: bool = True
+) -> Any:
     """Decode a body made by :func:`encode_body`; arrays are views of ``body``.
 
     Raises :class:`ProtocolError` for a malformed or truncated body, and for
@@ -224,10 +229,11 @@ def decode_body(body: bytes | bytearray | memoryview, *, allow_pickle: bool = Fa
     pos = _PREFIX.size
     if pos + 8 * n + header_len > total:
         raise ProtocolError(
-            f"truncated message: header claims {header_len} bytes and {n} buffers, body has {total}")
+            f"truncated message: header claims {header_len} bytes and {n} buffers, body has {total}"
+        )
     lengths = struct.unpack_from(f"<{n}Q", view, pos) if n else ()
     pos += 8 * n
-    header = view[pos:pos + header_len]
+    header = view[pos : pos + header_len]
     pos += header_len
     buffers: list[memoryview] = []
     if n:
@@ -237,7 +243,8 @@ def decode_body(body: bytes | bytearray | memoryview, *, allow_pickle: bool = Fa
             if end > total:
                 raise ProtocolError(
                     f"truncated message: buffer of {length} bytes at offset {pos} runs past the "
-                    f"end of a {total}-byte body")
+                    f"end of a {total}-byte body"
+                )
             buffers.append(view[pos:end])
             pos = end + _pad(length)
 
@@ -267,8 +274,7 @@ class _Decoder:
             raise ProtocolError(f"malformed message: tuples nested more than {MAX_DEPTH} deep")
         self.depth += 1
         try:
-            return msgpack.unpackb(data, ext_hook=self, raw=False, strict_map_key=False,
-                                   use_list=True)
+            return msgpack.unpackb(data, ext_hook=self, raw=False, strict_map_key=False, use_list=True)
         finally:
             self.depth -= 1
 
@@ -295,7 +301,8 @@ class _Decoder:
                     f"could not unpickle an object sent by the coordinator: {exc}. Its module "
                     "must be importable on every task (install it there, or put it on "
                     "PYTHONPATH); modules outside site-packages that a scheduled function or a "
-                    "dataset_fn names are sent by value") from exc
+                    "dataset_fn names are sent by value"
+                ) from exc
         raise ProtocolError(f"malformed message: unknown ext type {code}")
 
     def _scalar(self, data: bytes) -> np.generic:
@@ -306,8 +313,7 @@ class _Decoder:
             raise ProtocolError("malformed scalar in message: expected a dtype string and bytes")
         dtype = np.dtype(dtype_str)
         if dtype.kind not in _BUFFER_KINDS or dtype.fields is not None or dtype.itemsize != len(raw):
-            raise ProtocolError(
-                f"malformed scalar in message: {len(raw)} bytes of dtype {dtype_str!r}")
+            raise ProtocolError(f"malformed scalar in message: {len(raw)} bytes of dtype {dtype_str!r}")
         return np.frombuffer(raw, dtype=dtype)[0]
 
     def _array(self, data: bytes) -> np.ndarray:
@@ -325,7 +331,8 @@ class _Decoder:
         if dtype.kind not in _BUFFER_KINDS or count * dtype.itemsize != buf.nbytes:
             raise ProtocolError(
                 f"malformed array: shape {tuple(shape)} of {dtype} needs "
-                f"{count * dtype.itemsize} bytes, buffer has {buf.nbytes}")
+                f"{count * dtype.itemsize} bytes, buffer has {buf.nbytes}"
+            )
         if count == 0:
             return np.empty(shape, dtype)
         return np.frombuffer(buf, dtype=dtype).reshape(shape)

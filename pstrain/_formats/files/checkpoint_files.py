@@ -38,8 +38,17 @@ from ..._base.errors import InvalidArgumentError, NotFoundError
 from .delta_files import INDEX, delta_prefix, read_delta_index, read_table_state, split_delta
 from .tensor_files import read_rows, write_atomically
 
-__all__ = ["FORMAT", "INDEX", "CheckpointReader", "index_path", "make_parent", "read_index",
-           "remove_checkpoint", "sources", "write_index"]
+__all__ = [
+    "FORMAT",
+    "INDEX",
+    "CheckpointReader",
+    "index_path",
+    "make_parent",
+    "read_index",
+    "remove_checkpoint",
+    "sources",
+    "write_index",
+]
 
 FORMAT = "pstrain-checkpoint"
 VERSION = 2
@@ -106,14 +115,16 @@ def _check_index(path: str, raw: Any) -> dict[str, Any]:
     base = os.path.dirname(path)
     sizes: dict[str, int] = {}
     if index.format != FORMAT or index.version not in (1, VERSION):
-        raise InvalidArgumentError(f"{path} is not a pstrain checkpoint (format {index.format!r}, "
-                                   f"version {index.version})")
+        raise InvalidArgumentError(
+            f"{path} is not a pstrain checkpoint (format {index.format!r}, version {index.version})"
+        )
     for name, var in index.variables.items():
         try:
             dtype = np.dtype(var.dtype)
         except TypeError:
-            raise InvalidArgumentError(f"checkpoint index {path}: {name!r} has bad dtype "
-                                       f"{var.dtype!r}") from None
+            raise InvalidArgumentError(
+                f"checkpoint index {path}: {name!r} has bad dtype {var.dtype!r}"
+            ) from None
         if dtype.kind not in "biufc":
             raise InvalidArgumentError(f"checkpoint index {path}: {name!r} has dtype {dtype}")
         if any(p.file in (".", "..") for p in var.parts):
@@ -127,17 +138,21 @@ def _check_index(path: str, raw: Any) -> dict[str, Any]:
         if nbytes > on_disk:
             raise InvalidArgumentError(
                 f"checkpoint index {path}: {name!r} claims {var.shape} {dtype} ({nbytes} bytes), "
-                f"more than its files hold ({on_disk} bytes)")
+                f"more than its files hold ({on_disk} bytes)"
+            )
         rows = var.shape[0] if var.shape else 1
         pos = 0
         for p in sorted(var.parts, key=lambda p: p.offset):
             if p.offset != pos:
-                raise InvalidArgumentError(f"checkpoint index {path}: the parts of {name!r} "
-                                           f"{'overlap' if p.offset < pos else 'leave a gap'} at row {pos}")
+                raise InvalidArgumentError(
+                    f"checkpoint index {path}: the parts of {name!r} "
+                    f"{'overlap' if p.offset < pos else 'leave a gap'} at row {pos}"
+                )
             pos += p.rows
         if pos != rows:
-            raise InvalidArgumentError(f"checkpoint index {path}: the parts of {name!r} cover "
-                                       f"{pos} of its {rows} rows")
+            raise InvalidArgumentError(
+                f"checkpoint index {path}: the parts of {name!r} cover {pos} of its {rows} rows"
+            )
     for name, table in index.tables.items():
         if any(os.path.basename(f) != f or f in (".", "..") for f in table.files):
             raise InvalidArgumentError(f"checkpoint index {path}: table {name!r} names a bad file")
@@ -145,8 +160,9 @@ def _check_index(path: str, raw: Any) -> dict[str, Any]:
             if np.dtype(table.dtype).kind != "f":
                 raise TypeError
         except TypeError:
-            raise InvalidArgumentError(f"checkpoint index {path}: table {name!r} has dtype "
-                                       f"{table.dtype!r}") from None
+            raise InvalidArgumentError(
+                f"checkpoint index {path}: table {name!r} has dtype {table.dtype!r}"
+            ) from None
     return msgspec.to_builtins(index)
 
 
@@ -165,8 +181,9 @@ def make_parent(prefix: str) -> None:
     try:
         os.makedirs(os.path.dirname(prefix), exist_ok=True)
     except OSError as exc:
-        raise InvalidArgumentError(f"checkpoint {prefix}: its directory cannot be made "
-                                   f"({exc.strerror or exc})") from None
+        raise InvalidArgumentError(
+            f"checkpoint {prefix}: its directory cannot be made ({exc.strerror or exc})"
+        ) from None
 
 
 def remove_checkpoint(prefix: str) -> None:
@@ -194,16 +211,32 @@ def read_index(path: str) -> dict[str, Any]:
     return _check_index(index_path(path), index)
 
 
-def write_index(prefix: str, variables: dict[str, Any], save_counter: int = 0,
-                tables: dict[str, Any] | None = None, seq: int = 0,
-                marks: dict[str, Any] | None = None) -> None:
+def write_index(
+    prefix: str,
+    variables: dict[str, Any],
+    save_counter: int = 0,
+    tables: dict[str, Any] | None = None,
+    seq: int = 0,
+    marks: dict[str, Any] | None = None,
+) -> None:
     """Write the index of checkpoint ``prefix`` atomically (temp file, fsync, rename)."""
     path = index_path(prefix)
 
     def write(f: BinaryIO) -> None:
-        f.write(json.dumps({"format": FORMAT, "version": VERSION, "save_counter": save_counter,
-                            "seq": seq, "marks": marks or {}, "variables": variables,
-                            **({"tables": tables} if tables else {})}, indent=1).encode())
+        f.write(
+            json.dumps(
+                {
+                    "format": FORMAT,
+                    "version": VERSION,
+                    "save_counter": save_counter,
+                    "seq": seq,
+                    "marks": marks or {},
+                    "variables": variables,
+                    **({"tables": tables} if tables else {}),
+                },
+                indent=1,
+            ).encode()
+        )
 
     write_atomically(path, write)
 
@@ -243,8 +276,9 @@ class CheckpointReader:
         for k in range(1, number + 1):
             delta = read_delta_index(delta_prefix(base, k))
             if delta["base"] != os.path.basename(base) or delta["delta"] != k:
-                raise InvalidArgumentError(f"delta {delta_prefix(base, k)} names base "
-                                           f"{delta['base']!r} and number {delta['delta']}")
+                raise InvalidArgumentError(
+                    f"delta {delta_prefix(base, k)} names base {delta['base']!r} and number {delta['delta']}"
+                )
             self.deltas.append(delta)
 
     @property
@@ -271,9 +305,19 @@ class CheckpointReader:
                 parts = meta["parts"]
                 if name in variables or not parts or not all(p["whole"] for p in parts):
                     continue
-                variables[name] = {**meta, "from_delta": k, "parts": [
-                    {"file": p["file"], "key": f"v:{p['key']}:rows", "offset": p["offset"],
-                     "rows": p["rows"]} for p in parts]}
+                variables[name] = {
+                    **meta,
+                    "from_delta": k,
+                    "parts": [
+                        {
+                            "file": p["file"],
+                            "key": f"v:{p['key']}:rows",
+                            "offset": p["offset"],
+                            "rows": p["rows"],
+                        }
+                        for p in parts
+                    ],
+                }
         return variables
 
     @property
@@ -284,40 +328,58 @@ class CheckpointReader:
 
     def table_deltas(self, path: str) -> list[list[tuple[str, str]]]:
         """Each delta's ``(file, key prefix)`` pairs of table ``path``, oldest first."""
-        return [[(os.path.join(self.base, f), d["tables"][path]["prefix"] + ":")
-                 for f in d["tables"][path]["files"]] for d in self.deltas if path in d["tables"]]
+        return [
+            [
+                (os.path.join(self.base, f), d["tables"][path]["prefix"] + ":")
+                for f in d["tables"][path]["files"]
+            ]
+            for d in self.deltas
+            if path in d["tables"]
+        ]
 
-    def rows_of(self, name: str, start: int, stop: int, scalar: bool
-                ) -> tuple[list[list[Any]], list[list[Any]]]:
+    def rows_of(
+        self, name: str, start: int, stop: int, scalar: bool
+    ) -> tuple[list[list[Any]], list[list[Any]]]:
         """Rows ``[start, stop)`` of variable ``name``: the sources (``read_rows``'s) and
         the deltas' patches that follow them."""
         meta = self.variables[name]
         rows = sources(meta, self.base, start, stop, scalar)
         patches = []
-        for delta in self.deltas[meta.get("from_delta", 0):]:
+        for delta in self.deltas[meta.get("from_delta", 0) :]:
             saved = delta["variables"].get(name)
             if saved is None:
                 continue
             if saved["shape"] != meta["shape"] or saved["dtype"] != meta["dtype"]:
                 raise InvalidArgumentError(
                     f"delta {delta['delta']} of {self.path}: {name!r} is {saved['shape']} "
-                    f"{saved['dtype']}, the checkpoint's {meta['shape']} {meta['dtype']}")
+                    f"{saved['dtype']}, the checkpoint's {meta['shape']} {meta['dtype']}"
+                )
             for p in saved["parts"]:
                 lo, hi = p["offset"], p["offset"] + p["rows"]
                 if scalar or (lo < stop and hi > start):
-                    patches.append([os.path.join(self.base, p["file"]), f"v:{p['key']}:rows",
-                                    None if scalar else f"v:{p['key']}:idx", lo - start])
+                    patches.append(
+                        [
+                            os.path.join(self.base, p["file"]),
+                            f"v:{p['key']}:rows",
+                            None if scalar else f"v:{p['key']}:idx",
+                            lo - start,
+                        ]
+                    )
         return rows, patches
 
     def read_table(self, path: str) -> dict[str, np.ndarray]:
         """A saved dynamic table whole: ``ids`` (ascending), ``rows`` and ``slot:<key>`` arrays."""
         meta = self.tables[path]
         ids, rows, slots, _ = read_table_state(
-            [os.path.join(self.base, f) for f in meta["files"]], self.table_deltas(path), 0, 1,
-            int(meta["dim"]), np.dtype(meta["dtype"]))
+            [os.path.join(self.base, f) for f in meta["files"]],
+            self.table_deltas(path),
+            0,
+            1,
+            int(meta["dim"]),
+            np.dtype(meta["dtype"]),
+        )
         order = np.argsort(ids, kind="stable")
-        return {"ids": ids[order], "rows": rows[order],
-                **{f"slot:{k}": v[order] for k, v in slots.items()}}
+        return {"ids": ids[order], "rows": rows[order], **{f"slot:{k}": v[order] for k, v in slots.items()}}
 
     def read(self, name: str) -> np.ndarray | None:
         """Variable ``name`` as a full array (None if the checkpoint does not have it)."""
@@ -325,5 +387,6 @@ class CheckpointReader:
         if meta is None:
             return None
         shape = tuple(meta["shape"])
-        return read_rows(shape, np.dtype(meta["dtype"]),
-                         *self.rows_of(name, 0, shape[0] if shape else 1, not shape))
+        return read_rows(
+            shape, np.dtype(meta["dtype"]), *self.rows_of(name, 0, shape[0] if shape else 1, not shape)
+        )

@@ -26,8 +26,16 @@ import xxhash
 
 from ..._base.errors import InvalidArgumentError
 
-__all__ = ["CHECK_CHUNK", "DIGEST_PREFIX", "StreamDigests", "Verifier", "chunk_span",
-           "digest_entries", "digests_of", "placeholder"]
+__all__ = [
+    "CHECK_CHUNK",
+    "DIGEST_PREFIX",
+    "StreamDigests",
+    "Verifier",
+    "chunk_span",
+    "digest_entries",
+    "digests_of",
+    "placeholder",
+]
 
 #: Bytes of a tensor's data per digest.
 CHECK_CHUNK = 4 << 20
@@ -52,8 +60,9 @@ def digests_of(data: Any) -> str:
     True
     """
     view = memoryview(data).cast("B")
-    return "".join(xxhash.xxh3_64_hexdigest(view[lo:lo + CHECK_CHUNK])
-                   for lo in range(0, len(view), CHECK_CHUNK))
+    return "".join(
+        xxhash.xxh3_64_hexdigest(view[lo : lo + CHECK_CHUNK]) for lo in range(0, len(view), CHECK_CHUNK)
+    )
 
 
 def digest_entries(tensors: Sequence[tuple[str, int]]) -> dict[str, str]:
@@ -114,8 +123,9 @@ class Verifier:
 
     def __init__(self, path: str, key: str, digests: str, nbytes: int, start: int = 0) -> None:
         if start % CHECK_CHUNK or len(digests) != _HEX * _chunks(nbytes):
-            raise InvalidArgumentError(f"{path}: the checksums of {key!r} do not fit its "
-                                       f"{nbytes} bytes (the file is damaged)")
+            raise InvalidArgumentError(
+                f"{path}: the checksums of {key!r} do not fit its {nbytes} bytes (the file is damaged)"
+            )
         self.path, self.key, self.digests, self.nbytes = path, key, digests, nbytes
         self._at = start
         self._chunk = xxhash.xxh3_64()
@@ -136,18 +146,18 @@ class Verifier:
     def finish(self) -> None:
         """The bytes fed end here: they must end a chunk (or the tensor)."""
         if self._fill:
-            raise InvalidArgumentError(f"{self.path}: a read of {self.key!r} ended inside a "
-                                       "checked chunk")
+            raise InvalidArgumentError(f"{self.path}: a read of {self.key!r} ended inside a checked chunk")
 
     def _check(self) -> None:
         index = self._at // CHECK_CHUNK
-        want = self.digests[_HEX * index:_HEX * (index + 1)]
+        want = self.digests[_HEX * index : _HEX * (index + 1)]
         if self._chunk.hexdigest() != want:
             lo = self._at
             raise InvalidArgumentError(
                 f"checkpoint file {self.path} is damaged: bytes {lo}..{lo + self._fill} of "
                 f"tensor {self.key!r} do not match their checksum (xxh3); restore an "
-                "earlier checkpoint")
+                "earlier checkpoint"
+            )
         self._at += self._fill
         self._fill = 0
         self._chunk.reset()
@@ -156,4 +166,3 @@ class Verifier:
 def chunk_span(lo: int, hi: int, nbytes: int) -> tuple[int, int]:
     """The chunk-aligned bytes that cover ``[lo, hi)`` of a tensor of ``nbytes``."""
     return lo - lo % CHECK_CHUNK, min(nbytes, -(-hi // CHECK_CHUNK) * CHECK_CHUNK)
-

@@ -30,8 +30,17 @@ from ..._base.errors import InvalidArgumentError, NotFoundError
 from ..numerics.idhash import Shard, in_slices
 from .tensor_files import TensorFile, write_atomically
 
-__all__ = ["DELTA_FORMAT", "INDEX", "TableState", "delta_prefix", "read_delta_index",
-           "read_table_changes", "read_table_state", "split_delta", "write_delta_index"]
+__all__ = [
+    "DELTA_FORMAT",
+    "INDEX",
+    "TableState",
+    "delta_prefix",
+    "read_delta_index",
+    "read_table_changes",
+    "read_table_state",
+    "split_delta",
+    "write_delta_index",
+]
 
 DELTA_FORMAT = "pstrain-delta"
 DELTA_VERSION = 1
@@ -126,8 +135,9 @@ def read_delta_index(prefix: str) -> dict[str, Any]:
     except msgspec.ValidationError as exc:
         raise InvalidArgumentError(f"delta index {path} is malformed: {exc}") from None
     if index.format != DELTA_FORMAT or index.version != DELTA_VERSION:
-        raise InvalidArgumentError(f"{path} is not a pstrain delta (format {index.format!r}, "
-                                   f"version {index.version})")
+        raise InvalidArgumentError(
+            f"{path} is not a pstrain delta (format {index.format!r}, version {index.version})"
+        )
     return msgspec.to_builtins(index)
 
 
@@ -135,17 +145,27 @@ def read_delta_index(prefix: str) -> dict[str, Any]:
 TableState = tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], dict[str, float]]
 
 
-def read_table_state(base_files: list[str], deltas: list[list[tuple[str, str]]], shard: Shard,
-                     num_shards: int, dim: int, dtype: np.dtype, *, with_slots: bool = True) -> TableState:
+def read_table_state(
+    base_files: list[str],
+    deltas: list[list[tuple[str, str]]],
+    shard: Shard,
+    num_shards: int,
+    dim: int,
+    dtype: np.dtype,
+    *,
+    with_slots: bool = True,
+) -> TableState:
     """The rows of a saved table that shard ``shard`` of ``num_shards`` holds: gathered from
     the full save's files (from any number of ps), then each delta (its ``(file, prefix)``
     pairs) applied in order: its removed ids dropped, its rows put in. ``with_slots=False``:
     the rows alone (no slot is read)."""
-    ids, rows, slots, slot_init, _ = _read_table_files([(p, "") for p in base_files], shard,
-                                                       num_shards, dim, dtype, with_slots)
+    ids, rows, slots, slot_init, _ = _read_table_files(
+        [(p, "") for p in base_files], shard, num_shards, dim, dtype, with_slots
+    )
     for delta in deltas:
-        d_ids, d_rows, d_slots, d_init, removed = _read_table_files(delta, shard, num_shards, dim,
-                                                                    dtype, with_slots)
+        d_ids, d_rows, d_slots, d_init, removed = _read_table_files(
+            delta, shard, num_shards, dim, dtype, with_slots
+        )
         keep = ~np.isin(ids, np.concatenate([removed, d_ids]))
         slot_init.update(d_init)
         for key in set(slots) | set(d_slots):
@@ -161,8 +181,9 @@ def read_table_state(base_files: list[str], deltas: list[list[tuple[str, str]]],
     return ids, rows, slots, slot_init
 
 
-def read_table_changes(deltas: list[list[tuple[str, str]]], shard: Shard, num_shards: int, dim: int,
-                       dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def read_table_changes(
+    deltas: list[list[tuple[str, str]]], shard: Shard, num_shards: int, dim: int, dtype: np.dtype
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What deltas (each its ``(file, prefix)`` pairs) change in shard ``shard`` of
     ``num_shards``, composed in order: the ids put in and their last rows, and the ids
     removed and not put in again (ascending, no slots). Applied to the state before the
@@ -180,9 +201,14 @@ def read_table_changes(deltas: list[list[tuple[str, str]]], shard: Shard, num_sh
     return ids[order], rows[order], removed
 
 
-def _read_table_files(files: list[tuple[str, str]], shard: Shard, num_shards: int, dim: int,
-                      dtype: np.dtype, with_slots: bool = True
-                      ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], dict[str, float], np.ndarray]:
+def _read_table_files(
+    files: list[tuple[str, str]],
+    shard: Shard,
+    num_shards: int,
+    dim: int,
+    dtype: np.dtype,
+    with_slots: bool = True,
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], dict[str, float], np.ndarray]:
     """The rows of shard ``shard`` in one save of a table (a full one, prefix "", or a
     delta, prefix ``<p>:``): ids, rows, slots, slots' initial values, and removed ids."""
     ids_parts, row_parts, removed_parts = [], [], []
@@ -191,14 +217,16 @@ def _read_table_files(files: list[tuple[str, str]], shard: Shard, num_shards: in
     for path, prefix in files:
         try:
             with TensorFile(path) as f:  # each tensor read is checked against its checksums
-                keys = {k[len(prefix):] for k in f.tensors if k.startswith(prefix)}
+                keys = {k[len(prefix) :] for k in f.tensors if k.startswith(prefix)}
 
                 def get(key: str, f: Any = f, prefix: str = prefix) -> np.ndarray:
                     return f.read(prefix + key)
 
                 if not {"ids", "rows"} <= keys:
-                    raise InvalidArgumentError(f"dyn/restore: {path} is not a saved dynamic "
-                                               f"table{' ' + prefix if prefix else ''} (no ids and rows)")
+                    raise InvalidArgumentError(
+                        f"dyn/restore: {path} is not a saved dynamic "
+                        f"table{' ' + prefix if prefix else ''} (no ids and rows)"
+                    )
                 ids = get("ids")
                 if ids.dtype != np.int64 or ids.ndim != 1:
                     raise InvalidArgumentError(f"dyn/restore: ids in {path} are not 1-D int64")
@@ -206,8 +234,9 @@ def _read_table_files(files: list[tuple[str, str]], shard: Shard, num_shards: in
                 if "live" in keys:  # rows handed out and evicted since are not the table's
                     live = get("live")
                     if live.dtype != np.bool_ or live.shape != ids.shape:
-                        raise InvalidArgumentError(f"dyn/restore: live in {path} is "
-                                                   f"{live.dtype} {live.shape}")
+                        raise InvalidArgumentError(
+                            f"dyn/restore: live in {path} is {live.dtype} {live.shape}"
+                        )
                     mine &= live
                 if "removed" in keys:
                     removed = get("removed")
@@ -216,8 +245,9 @@ def _read_table_files(files: list[tuple[str, str]], shard: Shard, num_shards: in
                     removed_parts.append(removed[in_slices(removed, num_shards, shard)])
                 rows = get("rows")
                 if rows.shape != (ids.size, dim):
-                    raise InvalidArgumentError(f"dyn/restore: rows in {path} are "
-                                               f"{rows.shape}, expected ({ids.size}, {dim})")
+                    raise InvalidArgumentError(
+                        f"dyn/restore: rows in {path} are {rows.shape}, expected ({ids.size}, {dim})"
+                    )
                 ids_parts.append(ids[mine])
                 row_parts.append(rows[mine].astype(dtype, copy=False))
                 slot_parts.append({})
@@ -225,8 +255,9 @@ def _read_table_files(files: list[tuple[str, str]], shard: Shard, num_shards: in
                     if key.startswith("slot:"):
                         arr = get(key)
                         if arr.shape != rows.shape:
-                            raise InvalidArgumentError(f"dyn/restore: {key} in {path} is "
-                                                       f"{arr.shape}, its rows {rows.shape}")
+                            raise InvalidArgumentError(
+                                f"dyn/restore: {key} in {path} is {arr.shape}, its rows {rows.shape}"
+                            )
                         slot_parts[-1][key[5:]] = arr[mine].astype(dtype, copy=False)
                     elif key.startswith("init:"):
                         slot_init[key[5:]] = float(get(key).reshape(-1)[0])
@@ -240,7 +271,11 @@ def _read_table_files(files: list[tuple[str, str]], shard: Shard, num_shards: in
     if names - set(slot_init):
         raise InvalidArgumentError("dyn/restore: a slot's initial value was not saved")
     # a shard without a slot the others have: its rows were never stepped (initial values)
-    slots = {k: np.concatenate([part.get(k, np.full(r.shape, slot_init[k], dtype))
-                                for part, r in zip(slot_parts, row_parts)]) for k in sorted(names)}
+    slots = {
+        k: np.concatenate(
+            [part.get(k, np.full(r.shape, slot_init[k], dtype)) for part, r in zip(slot_parts, row_parts)]
+        )
+        for k in sorted(names)
+    }
     removed = np.concatenate(removed_parts) if removed_parts else np.empty(0, np.int64)
     return ids, rows, slots, slot_init, removed

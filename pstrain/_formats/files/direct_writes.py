@@ -43,8 +43,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ALIGN", "CHUNK", "MAX_AHEAD", "STAGING_IDLE_S", "DirectWriter", "ahead_for",
-           "release_idle_staging", "staging_bytes"]
+__all__ = [
+    "ALIGN",
+    "CHUNK",
+    "MAX_AHEAD",
+    "STAGING_IDLE_S",
+    "DirectWriter",
+    "ahead_for",
+    "release_idle_staging",
+    "staging_bytes",
+]
 
 #: Alignment of buffers, offsets and lengths (a page: enough for 512-byte and 4 KiB sectors).
 ALIGN = 4096
@@ -75,12 +83,19 @@ class DirectWriter:
     tail and cuts the file to the bytes given. A file-like ``write`` for
     :func:`~pstrain._formats.files.tensor_files.write_atomically`."""
 
-    def __init__(self, fd: int, rate: float | None = None, *, ahead: int = 0,
-                 clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], object] = time.sleep) -> None:
+    def __init__(
+        self,
+        fd: int,
+        rate: float | None = None,
+        *,
+        ahead: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], object] = time.sleep,
+    ) -> None:
         if rate is not None and not rate > 0:
-            raise ValueError(f"DirectWriter: rate must be a positive number of bytes per second, "
-                             f"got {rate!r}")
+            raise ValueError(
+                f"DirectWriter: rate must be a positive number of bytes per second, got {rate!r}"
+            )
         self.fd = fd
         self.size = 0
         self.fill = 0
@@ -103,7 +118,7 @@ class DirectWriter:
         n, pos = src.size, 0
         while pos < n:
             take = min(n - pos, self.capacity - self.fill)
-            np.copyto(self.buffer[self.fill:self.fill + take], src[pos:pos + take])
+            np.copyto(self.buffer[self.fill : self.fill + take], src[pos : pos + take])
             self.fill += take
             self.size += take  # (before a flush: what it sends is the file's, not padding)
             pos += take
@@ -114,7 +129,7 @@ class DirectWriter:
     def room(self) -> np.ndarray:
         """The free part of the staging buffer: bytes put there directly (a gather into
         it, no copy of its own first) are written by :meth:`wrote`."""
-        return self.buffer[self.fill:self.capacity]
+        return self.buffer[self.fill : self.capacity]
 
     def wrote(self, n: int) -> None:
         """The first ``n`` bytes of :meth:`room` hold the file's next bytes."""
@@ -129,7 +144,7 @@ class DirectWriter:
         """Write what is staged (padded to the alignment) and cut the file to its size."""
         if self.fill:
             length = self.fill + (-self.fill % ALIGN) if self.direct else self.fill
-            self.buffer[self.fill:length] = 0
+            self.buffer[self.fill : length] = 0
             self._flush(length)
         os.ftruncate(self.fd, self.size)
         _buffers.used = time.monotonic()

@@ -123,15 +123,20 @@ def _saves(directory: str, key: str, ps: int, cache: IndexCache, confine: Confin
         index = _index(path, cache)
         if index is None:
             continue
-        entry = next((e for e in index.get("tables", {}).values()
-                      if (e.get("key") or e.get("name")) == key), None)
+        entry = next(
+            (e for e in index.get("tables", {}).values() if (e.get("key") or e.get("name")) == key), None
+        )
         if entry is None:
             continue
         split = split_delta(path[: -len(INDEX)])
         mark = index.get("marks", {}).get(str(ps))
         found[int(index.get("seq", 0))] = _Save(
-            int(index.get("seq", 0)), split[0] if split else path[: -len(INDEX)],
-            split[1] if split else 0, entry, (str(mark[0]), int(mark[1])) if mark else None)
+            int(index.get("seq", 0)),
+            split[0] if split else path[: -len(INDEX)],
+            split[1] if split else 0,
+            entry,
+            (str(mark[0]), int(mark[1])) if mark else None,
+        )
     return found
 
 
@@ -155,16 +160,17 @@ def _newest_chain(saves: dict[int, _Save]) -> list[_Save]:
         chain = _chain(saves, saves[seq])
         if chain is not None:
             return chain
-    raise FailedPreconditionError("table feed: no save of the table is whole yet (a base's index "
-                                  "is missing)")
+    raise FailedPreconditionError("table feed: no save of the table is whole yet (a base's index is missing)")
 
 
 def _after(since: _Save, saves: dict[int, _Save], chain: list[_Save], reset_at: int) -> list[_Save] | None:
     """The deltas that hold every change after save ``since``, another chain's (rule 3 of
     the module docstring): the rest of ``since``'s own chain, then the deltas of ``chain``
     after its last save's marks; None if that cannot be known."""
-    mine = sorted((s for s in saves.values() if s.base == since.base and s.number > since.number),
-                  key=lambda s: s.number)
+    mine = sorted(
+        (s for s in saves.values() if s.base == since.base and s.number > since.number),
+        key=lambda s: s.number,
+    )
     bridge = []
     for k, save in enumerate(mine, since.number + 1):  # contiguous from ``since``
         if save.number != k:
@@ -191,8 +197,9 @@ Confine = Callable[[str], str]
 _SavedFile = tuple[TensorFile, str, np.ndarray, np.ndarray]
 
 
-def _open_save(directory: str, save: _Save, confine: Confine, held: list[TensorFile],
-               shard: Shard, num_shards: int) -> tuple[list[_SavedFile], np.ndarray]:
+def _open_save(
+    directory: str, save: _Save, confine: Confine, held: list[TensorFile], shard: Shard, num_shards: int
+) -> tuple[list[_SavedFile], np.ndarray]:
     """The files of one save of the table, opened (kept in ``held``), with the ids of each
     and which of them this shard holds; and the save's removed ids of this shard."""
     out: list[_SavedFile] = []
@@ -204,8 +211,10 @@ def _open_save(directory: str, save: _Save, confine: Confine, held: list[TensorF
         held.append(tensor_file)
         keys = tensor_file.tensors
         if prefix + "ids" not in keys or prefix + "rows" not in keys:
-            raise InvalidArgumentError(f"table feed: {path} is not a saved dynamic table"
-                                       f"{' ' + prefix if prefix else ''} (no ids and rows)")
+            raise InvalidArgumentError(
+                f"table feed: {path} is not a saved dynamic table"
+                f"{' ' + prefix if prefix else ''} (no ids and rows)"
+            )
         ids = tensor_file.read(prefix + "ids")
         if ids.dtype != np.int64 or ids.ndim != 1:
             raise InvalidArgumentError(f"table feed: ids in {path} are not 1-D int64")
@@ -228,8 +237,9 @@ def _open_save(directory: str, save: _Save, confine: Confine, held: list[TensorF
     return out, np.concatenate(removed_parts) if removed_parts else np.empty(0, np.int64)
 
 
-def _compose(directory: str, saves: list[_Save], confine: Confine, reply: FeedReply,
-             shard: Shard, num_shards: int) -> None:
+def _compose(
+    directory: str, saves: list[_Save], confine: Confine, reply: FeedReply, shard: Shard, num_shards: int
+) -> None:
     """Fill ``reply`` with what ``saves`` (in order) leave in the shard: each row from the
     last save that put its id in, unless a later one removed it; ``removed``, the ids
     removed and not put in again."""
@@ -254,10 +264,20 @@ def _compose(directory: str, saves: list[_Save], confine: Confine, reply: FeedRe
     reply.removed = removed_all
 
 
-def read_feed(directory: str, key: str, ps: int, shard: Shard, num_shards: int, dim: int,
-              dtype: np.dtype, since: int | None, reset_at: int = 0,
-              cache: IndexCache | None = None, moved_at: int = 0,
-              confine: Confine = os.path.realpath) -> FeedReply:
+def read_feed(
+    directory: str,
+    key: str,
+    ps: int,
+    shard: Shard,
+    num_shards: int,
+    dim: int,
+    dtype: np.dtype,
+    since: int | None,
+    reset_at: int = 0,
+    cache: IndexCache | None = None,
+    moved_at: int = 0,
+    confine: Confine = os.path.realpath,
+) -> FeedReply:
     """What shard ``shard`` of ``num_shards`` of table ``key`` changed since version
     ``since`` (None: everything), read from ``directory`` (the rules: module docstring).
     ``ps`` is this ps's number in the saves' marks; ``reset_at`` the mark before which this
@@ -270,7 +290,8 @@ def read_feed(directory: str, key: str, ps: int, shard: Shard, num_shards: int, 
     if not saves:
         raise FailedPreconditionError(
             f"table feed: no save of table {key!r} in {directory} yet: the feed serves saved "
-            "versions (CheckpointManager(..., delta_interval_s=...))")
+            "versions (CheckpointManager(..., delta_interval_s=...))"
+        )
     chain = _newest_chain(saves)
     version = chain[-1].seq
     empty = np.empty(0, np.int64)
@@ -281,7 +302,7 @@ def read_feed(directory: str, key: str, ps: int, shard: Shard, num_shards: int, 
         since = None  # saved before this ps's slices changed: the reader's copy is reset
     position = next((i for i, s in enumerate(chain) if s.seq == since), None)
     if position is not None:
-        deltas = chain[position + 1:]
+        deltas = chain[position + 1 :]
     elif since is not None and since in saves:
         deltas = _after(saves[since], saves, chain, reset_at)
     reply = FeedReply(version, deltas is None, empty, empty, dim, np.dtype(dtype))

@@ -25,8 +25,17 @@ from ..._kernels import KERNELS
 from .checksums import DIGEST_PREFIX, StreamDigests, Verifier, chunk_span, digest_entries, digests_of
 from .direct_writes import DirectWriter
 
-__all__ = ["MAX_HEADER", "SAFETENSORS_DTYPES", "TensorFile", "open_directory", "read_rows",
-           "safetensors_header", "write_atomically", "write_streaming", "write_tensors"]
+__all__ = [
+    "MAX_HEADER",
+    "SAFETENSORS_DTYPES",
+    "TensorFile",
+    "open_directory",
+    "read_rows",
+    "safetensors_header",
+    "write_atomically",
+    "write_streaming",
+    "write_tensors",
+]
 
 
 def write_tensors(path: str, tensors: dict[str, np.ndarray]) -> int:
@@ -43,9 +52,20 @@ def write_tensors(path: str, tensors: dict[str, np.ndarray]) -> int:
 
 
 #: numpy dtype -> safetensors dtype tag (the format's own names).
-SAFETENSORS_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "int64": "I64",
-                      "int32": "I32", "int16": "I16", "int8": "I8", "uint64": "U64",
-                      "uint32": "U32", "uint16": "U16", "uint8": "U8", "bool": "BOOL"}
+SAFETENSORS_DTYPES = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint64": "U64",
+    "uint32": "U32",
+    "uint16": "U16",
+    "uint8": "U8",
+    "bool": "BOOL",
+}
 
 
 def whole(key: str, arr: np.ndarray) -> tuple[str, np.dtype, tuple[int, ...], Any]:
@@ -53,8 +73,9 @@ def whole(key: str, arr: np.ndarray) -> tuple[str, np.dtype, tuple[int, ...], An
     return key, arr.dtype, arr.shape, functools.partial(iter, (arr,))
 
 
-def safetensors_header(tensors: Sequence[tuple[str, np.dtype, tuple[int, ...]]],
-                       metadata: dict[str, str] | None = None) -> tuple[bytes, dict[str, Any]]:
+def safetensors_header(
+    tensors: Sequence[tuple[str, np.dtype, tuple[int, ...]]], metadata: dict[str, str] | None = None
+) -> tuple[bytes, dict[str, Any]]:
     """The head of a safetensors file holding ``tensors`` ``(key, dtype, shape)`` in that
     order, and its header: 8-byte length, then JSON (each tensor's dtype, shape and data
     offsets, and ``__metadata__``), space-padded to 8 bytes. Their bytes follow it."""
@@ -63,8 +84,9 @@ def safetensors_header(tensors: Sequence[tuple[str, np.dtype, tuple[int, ...]]],
     for key, dtype, shape in tensors:
         tag = SAFETENSORS_DTYPES.get(np.dtype(dtype).name)
         if tag is None:
-            raise InvalidArgumentError(f"checkpoint: {key!r} has dtype {dtype}, which safetensors "
-                                       "cannot hold")
+            raise InvalidArgumentError(
+                f"checkpoint: {key!r} has dtype {dtype}, which safetensors cannot hold"
+            )
         size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         header[key] = {"dtype": tag, "shape": list(shape), "data_offsets": [offset, offset + size]}
         offset += size
@@ -78,9 +100,14 @@ def safetensors_header(tensors: Sequence[tuple[str, np.dtype, tuple[int, ...]]],
 StreamedTensors = Sequence[tuple[str, np.dtype, tuple[int, ...], Any]]
 
 
-def write_streaming(path: str, tensors: StreamedTensors | Callable[[], StreamedTensors],
-                    root: str | None = None, write_s: float = 0.0, ahead: int = 0,
-                    sleep: Callable[[float], object] = time.sleep) -> int:
+def write_streaming(
+    path: str,
+    tensors: StreamedTensors | Callable[[], StreamedTensors],
+    root: str | None = None,
+    write_s: float = 0.0,
+    ahead: int = 0,
+    sleep: Callable[[float], object] = time.sleep,
+) -> int:
     """Write a safetensors file whose tensors arrive in pieces: ``(key, dtype, shape, pieces)``
     where ``pieces()`` yields the tensor's bytes in row order (so a large array need not be
     in memory twice), or ``pieces.write_to(writer)`` puts them into the writer's buffer
@@ -97,10 +124,13 @@ def write_streaming(path: str, tensors: StreamedTensors | Callable[[], StreamedT
     up to ``ahead`` of them into memory at once (:class:`DirectWriter`)."""
     if callable(tensors):
         tensors = tensors()
-    sizes = [(key, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
-             for key, dtype, shape, _ in tensors]
-    raw, header = safetensors_header([(key, dtype, shape) for key, dtype, shape, _ in tensors],
-                                     digest_entries(sizes))
+    sizes = [
+        (key, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+        for key, dtype, shape, _ in tensors
+    ]
+    raw, header = safetensors_header(
+        [(key, dtype, shape) for key, dtype, shape, _ in tensors], digest_entries(sizes)
+    )
     digests = StreamDigests(len(raw), sizes)
 
     def write(f: DirectWriter) -> None:
@@ -121,16 +151,25 @@ def write_streaming(path: str, tensors: StreamedTensors | Callable[[], StreamedT
 
     def checksums(f: DirectWriter) -> None:  # the data has gone out: its digests go in
         if not digests.done:
-            raise InvalidArgumentError(f"checkpoint {path}: its tensors gave fewer bytes than "
-                                       "their shapes (no checksum)")
+            raise InvalidArgumentError(
+                f"checkpoint {path}: its tensors gave fewer bytes than their shapes (no checksum)"
+            )
         for key, hexes in digests.digests.items():
             marker = (json.dumps(DIGEST_PREFIX + key) + ':"').encode()
             f.patch(raw.index(marker) + len(marker), hexes.encode())
 
     size = len(raw) + sum(h["data_offsets"][1] - h["data_offsets"][0] for h in header.values())
-    return write_atomically(path, write, overwrite=False, root=root, direct=True,
-                            rate=size / write_s if write_s > 0 else None, ahead=min(size, ahead),
-                            sleep=sleep, finished=checksums)
+    return write_atomically(
+        path,
+        write,
+        overwrite=False,
+        root=root,
+        direct=True,
+        rate=size / write_s if write_s > 0 else None,
+        ahead=min(size, ahead),
+        sleep=sleep,
+        finished=checksums,
+    )
 
 
 def open_directory(path: str, root: str | None = None) -> int:
@@ -153,7 +192,8 @@ def open_directory(path: str, root: str | None = None) -> int:
             except OSError as exc:
                 raise InvalidArgumentError(
                     f"checkpoint directory {path}: {part!r} is not a directory under the root "
-                    f"(a symbolic link is never followed): {exc.strerror}") from None
+                    f"(a symbolic link is never followed): {exc.strerror}"
+                ) from None
             os.close(fd)
             fd = nxt
     except BaseException:
@@ -162,11 +202,19 @@ def open_directory(path: str, root: str | None = None) -> int:
     return fd
 
 
-def write_atomically(path: str, write: Callable[[Any], object], *, overwrite: bool = True,
-                     root: str | None = None, mode: int = 0o644, direct: bool = False,
-                     rate: float | None = None, ahead: int = 0,
-                     sleep: Callable[[float], object] = time.sleep,
-                     finished: Callable[[DirectWriter], object] | None = None) -> int:
+def write_atomically(
+    path: str,
+    write: Callable[[Any], object],
+    *,
+    overwrite: bool = True,
+    root: str | None = None,
+    mode: int = 0o644,
+    direct: bool = False,
+    rate: float | None = None,
+    ahead: int = 0,
+    sleep: Callable[[float], object] = time.sleep,
+    finished: Callable[[DirectWriter], object] | None = None,
+) -> int:
     """``write(f)`` into a new file, then give it the name ``path``: nobody ever sees a
     partial file, and no path is opened twice. Returns the file's size.
 
@@ -187,8 +235,9 @@ def write_atomically(path: str, write: Callable[[Any], object], *, overwrite: bo
     dir_fd = open_directory(directory, root)
     tmp = f".{base}.{secrets.token_hex(8)}.tmp"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     mode, dir_fd=dir_fd)
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd
+        )
         try:
             if direct:
                 writer = DirectWriter(fd, rate, ahead=ahead, sleep=sleep)
@@ -209,12 +258,16 @@ def write_atomically(path: str, write: Callable[[Any], object], *, overwrite: bo
             except FileExistsError:
                 raise AlreadyExistsError(f"checkpoint file {path} already exists") from None
             except FileNotFoundError:  # its temporary name was taken away meanwhile
-                raise PstrainError(f"checkpoint file {path}: the file written was removed from "
-                                   "its folder during the save (the save failed)") from None
+                raise PstrainError(
+                    f"checkpoint file {path}: the file written was removed from "
+                    "its folder during the save (the save failed)"
+                ) from None
             there = os.stat(base, dir_fd=dir_fd, follow_symlinks=False)
             if (there.st_dev, there.st_ino) != (mine.st_dev, mine.st_ino):
-                raise PstrainError(f"checkpoint file {path} is not the file written: something "
-                                   "replaced it during the save (the save failed)")
+                raise PstrainError(
+                    f"checkpoint file {path} is not the file written: something "
+                    "replaced it during the save (the save failed)"
+                )
             os.fsync(dir_fd)
             return mine.st_size
         finally:
@@ -281,18 +334,27 @@ def _read_header(f: Any, path: str) -> dict[str, _Tensor]:
         if key == "__metadata__":
             continue
         try:
-            tag, shape, (begin, end) = meta["dtype"], tuple(int(d) for d in meta["shape"]), \
-                meta["data_offsets"]
+            tag, shape, (begin, end) = (
+                meta["dtype"],
+                tuple(int(d) for d in meta["shape"]),
+                meta["data_offsets"],
+            )
         except (ValueError, KeyError, TypeError) as exc:
             raise InvalidArgumentError(f"cannot read {key!r} from {path}: bad header ({exc!r})") from None
         if tag not in _DTYPE_OF_TAG:
             raise InvalidArgumentError(f"{key!r} in {path} has dtype {tag!r}")
         dtype = np.dtype(_DTYPE_OF_TAG[tag])
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin
-                and end - begin == nbytes and 8 + n + end <= size) or any(d < 0 for d in shape):
-            raise InvalidArgumentError(f"{key!r} in {path}: its offsets do not match its shape and "
-                                       "the file's size")
+        if not (
+            isinstance(begin, int)
+            and isinstance(end, int)
+            and 0 <= begin
+            and end - begin == nbytes
+            and 8 + n + end <= size
+        ) or any(d < 0 for d in shape):
+            raise InvalidArgumentError(
+                f"{key!r} in {path}: its offsets do not match its shape and the file's size"
+            )
         digests = metadata.get(DIGEST_PREFIX + key)
         tensors[key] = _Tensor(8 + n + begin, dtype, shape, digests if isinstance(digests, str) else None)
     return tensors
@@ -354,7 +416,7 @@ class TensorFile:
         step = CHECK_READ  # a small buffer: many readers may check at once
         buf = np.empty(min(step, tensor.nbytes), np.uint8)
         for lo in range(0, tensor.nbytes, step):
-            piece = buf[:min(step, tensor.nbytes - lo)]
+            piece = buf[: min(step, tensor.nbytes - lo)]
             _read_into(self._f, tensor.at + lo, piece)
             check.update(piece)
         check.finish()
@@ -366,15 +428,13 @@ class TensorFile:
             raise InvalidArgumentError(f"{self.path} has no tensor {key!r}")
         return found
 
-    def iter_rows(self, key: str, keep: np.ndarray, dtype: np.dtype,
-                  piece_rows: int) -> Iterator[np.ndarray]:
+    def iter_rows(self, key: str, keep: np.ndarray, dtype: np.dtype, piece_rows: int) -> Iterator[np.ndarray]:
         """The rows of 2-D tensor ``key`` where ``keep`` (bool, one per row) is true, in
         order, as ``dtype``: read ``piece_rows`` rows at a time into one reused buffer."""
         tensor = self._locate(key)
         at, saved, shape = tensor.at, tensor.dtype, tensor.shape
         if len(shape) != 2 or shape[0] != keep.size:
-            raise InvalidArgumentError(f"{key!r} in {self.path} has shape {shape}, not "
-                                       f"({keep.size}, dim)")
+            raise InvalidArgumentError(f"{key!r} in {self.path} has shape {shape}, not ({keep.size}, dim)")
         row_bytes = shape[1] * saved.itemsize
         buf = np.empty((min(piece_rows, shape[0]), shape[1]), saved)
         # a tensor checked through already (``check``) is not again; else every piece is
@@ -385,7 +445,7 @@ class TensorFile:
             mask = keep[lo:hi]
             if check is None and not mask.any():
                 continue
-            piece = buf[:hi - lo]
+            piece = buf[: hi - lo]
             _read_into(self._f, at + lo * row_bytes, piece)
             if check is not None:
                 check.update(piece.reshape(-1).view(np.uint8))
@@ -411,7 +471,7 @@ def _read_into(f: Any, at: int, out: np.ndarray) -> None:
         _FADVISE(fd, at, len(view), os.POSIX_FADV_SEQUENTIAL)
     got = 0
     while got < len(view):
-        n = os.preadv(fd, [view[got:got + READ_CHUNK]], at + got)
+        n = os.preadv(fd, [view[got : got + READ_CHUNK]], at + got)
         if not n:
             raise InvalidArgumentError(f"{f.name} ended early")
         if _FADVISE is not None:
@@ -419,8 +479,9 @@ def _read_into(f: Any, at: int, out: np.ndarray) -> None:
         got += n
 
 
-def read_rows(shape: tuple[int, ...], dtype: np.dtype, parts: list[list[Any]],
-              patches: Sequence[Sequence[Any]] = ()) -> np.ndarray:
+def read_rows(
+    shape: tuple[int, ...], dtype: np.dtype, parts: list[list[Any]], patches: Sequence[Sequence[Any]] = ()
+) -> np.ndarray:
     """Assemble an array from ``[file, key, src_start, src_stop, dst_start]`` row ranges,
     then put in each patch ``[file, rows key, idx key or None, shift]`` in order (a delta
     checkpoint's rows: row ``idx[i] + shift``, where it falls in the array, becomes
@@ -439,21 +500,25 @@ def read_rows(shape: tuple[int, ...], dtype: np.dtype, parts: list[list[Any]],
                 if saved_dtype != dtype:
                     raise InvalidArgumentError(f"{key!r} in {path} is {saved_dtype}, expected {dtype}")
                 if start is None:
-                    if int(np.prod(saved_shape, dtype=np.int64)) != out.size or \
-                            (saved_shape != tuple(shape) and saved_shape != (1,)):
-                        raise InvalidArgumentError(f"{key!r} in {path} has shape {saved_shape}, "
-                                                   f"expected {shape}")
+                    if int(np.prod(saved_shape, dtype=np.int64)) != out.size or (
+                        saved_shape != tuple(shape) and saved_shape != (1,)
+                    ):
+                        raise InvalidArgumentError(
+                            f"{key!r} in {path} has shape {saved_shape}, expected {shape}"
+                        )
                     _read_into(f, at, out)
                     _verify_whole(tensor, path, key, out)
                     filled = out.shape[0] if out.ndim else 1
                     continue
                 if saved_shape[1:] != tuple(shape[1:]) or not 0 <= start < stop <= saved_shape[0]:
-                    raise InvalidArgumentError(f"rows {start}..{stop} of {key!r} in {path} "
-                                               f"(shape {saved_shape}) do not fit {shape}")
+                    raise InvalidArgumentError(
+                        f"rows {start}..{stop} of {key!r} in {path} (shape {saved_shape}) do not fit {shape}"
+                    )
                 row_bytes = math.prod(saved_shape[1:]) * dtype.itemsize
-                _read_into(f, at + start * row_bytes, out[dst:dst + (stop - start)])
-                _verify_range(f, tensor, path, key, start * row_bytes, stop * row_bytes,
-                              out[dst:dst + (stop - start)])
+                _read_into(f, at + start * row_bytes, out[dst : dst + (stop - start)])
+                _verify_range(
+                    f, tensor, path, key, start * row_bytes, stop * row_bytes, out[dst : dst + (stop - start)]
+                )
                 filled += stop - start
         except FileNotFoundError as exc:
             raise NotFoundError(f"checkpoint file {path} not found") from exc
@@ -489,8 +554,7 @@ def _verify_whole(tensor: _Tensor, path: str, key: str, out: np.ndarray) -> None
         check.finish()
 
 
-def _verify_range(f: Any, tensor: _Tensor, path: str, key: str, lo: int, hi: int,
-                  got: np.ndarray) -> None:
+def _verify_range(f: Any, tensor: _Tensor, path: str, key: str, lo: int, hi: int, got: np.ndarray) -> None:
     """``got`` holds bytes ``[lo, hi)`` of ``tensor``: they, with the rest of the chunks
     they fall in (read here, at most a chunk on each side), match their checksums."""
     if tensor.digests is None or hi <= lo:
@@ -517,8 +581,7 @@ def _patch(out: np.ndarray, path: str, rows_key: str, idx_key: str | None, shift
         if rows.dtype != out.dtype:
             raise InvalidArgumentError(f"{rows_key!r} in {path} is {rows.dtype}, expected {out.dtype}")
         if rows.size != out.size:
-            raise InvalidArgumentError(f"{rows_key!r} in {path} has shape {rows.shape}, expected "
-                                       f"{out.shape}")
+            raise InvalidArgumentError(f"{rows_key!r} in {path} has shape {rows.shape}, expected {out.shape}")
         out[...] = rows.reshape(out.shape)
         return
     try:
@@ -533,10 +596,11 @@ def _patch(out: np.ndarray, path: str, rows_key: str, idx_key: str | None, shift
             check = tensor.verifier(path, rows_key)
             if dtype != out.dtype:
                 raise InvalidArgumentError(f"{rows_key!r} in {path} is {dtype}, expected {out.dtype}")
-            if idx.dtype != np.int64 or idx.ndim != 1 or not out.ndim or \
-                    shape != (idx.size, *out.shape[1:]):
-                raise InvalidArgumentError(f"{idx_key!r} and {rows_key!r} in {path} ({idx.dtype} "
-                                           f"{idx.shape}, {shape}) are not rows of {out.shape}")
+            if idx.dtype != np.int64 or idx.ndim != 1 or not out.ndim or shape != (idx.size, *out.shape[1:]):
+                raise InvalidArgumentError(
+                    f"{idx_key!r} and {rows_key!r} in {path} ({idx.dtype} "
+                    f"{idx.shape}, {shape}) are not rows of {out.shape}"
+                )
             dst = idx + shift
             dst[(dst < 0) | (dst >= out.shape[0])] = -1  # rows of another part: skipped
             flat = out.reshape(out.shape[0], -1)  # a view: out is C-contiguous
@@ -545,7 +609,7 @@ def _patch(out: np.ndarray, path: str, rows_key: str, idx_key: str | None, shift
             buf = np.empty((min(PATCH_ROWS, idx.size), *out.shape[1:]), dtype)
             for lo in range(0, idx.size, PATCH_ROWS):  # bounded pieces, each put in as read
                 hi = min(lo + PATCH_ROWS, idx.size)
-                piece = buf[:hi - lo]
+                piece = buf[: hi - lo]
                 _read_into(f, at + lo * row_bytes, piece)
                 if check is not None:
                     check.update(piece.reshape(-1).view(np.uint8))

@@ -28,9 +28,23 @@ from .records import (
     TableSpec,
 )
 
-__all__ = ["MAX_WRITE_S", "AbortRestore", "CommitRestore", "DeltaReply", "DeltaTable", "HurryDeltas",
-           "MarkReply", "Patch", "RestoreCheckpoint", "RestoreSpec", "RestoreTable", "SaveCheckpoint",
-           "SaveDelta", "TableShardFile", "TakeMark"]
+__all__ = [
+    "MAX_WRITE_S",
+    "AbortRestore",
+    "CommitRestore",
+    "DeltaReply",
+    "DeltaTable",
+    "HurryDeltas",
+    "MarkReply",
+    "Patch",
+    "RestoreCheckpoint",
+    "RestoreSpec",
+    "RestoreTable",
+    "SaveCheckpoint",
+    "SaveDelta",
+    "TableShardFile",
+    "TakeMark",
+]
 
 
 #: A restore's stage: what ``ckpt/commit`` or ``ckpt/abort`` of it names.
@@ -67,6 +81,7 @@ class RestoreTable(Operation[RestoreReply], tag="dyn/restore"):
 
 class TableShardFile(Record):
     """A dynamic table's shard to write with a ``ckpt/save``, to its own file ``path``."""
+
     name: Name
     path: Path
     #: slot key on the ps (``<optimizer name>/<slot>``) -> its key in the file; others are
@@ -77,6 +92,7 @@ class TableShardFile(Record):
 class SaveCheckpoint(Operation[SaveReply], tag="ckpt/save"):
     """Variables (file key -> variable) to ``path``, and ``tables``' shards on this ps each to
     its own file: every value is taken at one moment (between two whole updates)."""
+
     path: Path
     tensors: dict[Name, Name]
     tables: list[TableShardFile] = []
@@ -104,7 +120,6 @@ class RestoreCheckpoint(Owned[RestoreReply], tag="ckpt/restore"):
     stage: Annotated[str, msgspec.Meta(max_length=64)] | None = None
 
 
-
 class CommitRestore(Owned[CommitReply], tag="ckpt/commit"):
     stage: StageId
     #: table -> this ps's share of its capacity, for the tables staged here (a restore
@@ -129,6 +144,7 @@ class MarkReply(Reply):
 
 class TakeMark(Operation[MarkReply], tag="delta/mark"):
     """End this ps's change epoch: a later delta "since" the mark holds what changed after it."""
+
 
 class DeltaTable(Record):
     """A table in a delta: the prefix of its keys in the file and its slots' keys there."""
@@ -168,4 +184,3 @@ class SaveDelta(Operation[DeltaReply], tag="delta/save"):
 class HurryDeltas(Operation[HurriedReply], tag="delta/hurry"):
     """Write the rest of this ps's spread deltas as fast as the disk goes (their coordinator
     stops writing deltas and waits for the one under way); ``hurried``: how many."""
-

@@ -1,7 +1,7 @@
 """What the coordinator and a worker say about closures, shared by both sides.
 
-* :class:`ClosureStatus`: how a closure ended, in each ``[id, status, value]``
-  result a worker streams back.
+* :class:`ClosureStatus`: how a closure ended, in each result a worker streams back
+  (``records.ClosureResult``).
 * :class:`ResourceRef`: stands for a per-worker resource (a dataset or an
   iterator) in a closure's arguments; the worker puts its own object there.
 * :func:`exception_payload` / :func:`exception_from_payload`: a closure's
@@ -18,21 +18,26 @@ from typing import Any
 
 from ..._base.errors import OutOfRangeError, PstrainError, to_envelope
 
-__all__ = ["CANCELLED", "ERROR", "OK", "ClosureStatus", "ResourceRef", "exception_from_payload",
-           "exception_payload"]
+__all__ = [
+    "CANCELLED",
+    "ERROR",
+    "OK",
+    "ClosureStatus",
+    "ResourceRef",
+    "exception_from_payload",
+    "exception_payload",
+]
 
 
 class ClosureStatus(enum.IntEnum):
-    """How a closure ended. Sent as a plain ``int``: :data:`OK`, :data:`ERROR`, :data:`CANCELLED`."""
+    """How a closure ended; on the wire, its value."""
 
     OK = 0
     ERROR = 1
     CANCELLED = 2
 
 
-# Plain ints for the wire and the hot paths: an IntEnum member is not an int to the codec
-# (it would be pickled with every result).
-OK, ERROR, CANCELLED = (int(s) for s in ClosureStatus)
+OK, ERROR, CANCELLED = ClosureStatus.OK, ClosureStatus.ERROR, ClosureStatus.CANCELLED
 
 
 class ResourceRef:
@@ -65,8 +70,10 @@ def exception_payload(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, (StopIteration, StopAsyncIteration)):
         # A StopIteration cannot be re-raised through an await: report it as TF does.
         stop = exc
-        exc = OutOfRangeError("End of sequence: a closure called next() on an exhausted "
-                              "iterator (repeat the dataset, or schedule fewer steps)")
+        exc = OutOfRangeError(
+            "End of sequence: a closure called next() on an exhausted "
+            "iterator (repeat the dataset, or schedule fewer steps)"
+        )
         exc.__traceback__ = stop.__traceback__
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
@@ -92,8 +99,11 @@ def exception_from_payload(payload: dict[str, Any], task: str) -> BaseException:
         except Exception:
             exc = None
     if not isinstance(exc, BaseException):
-        exc = PstrainError(f"{payload.get('type')}: {payload.get('message')}", task=task,
-                           remote_traceback=payload.get("traceback"))
+        exc = PstrainError(
+            f"{payload.get('type')}: {payload.get('message')}",
+            task=task,
+            remote_traceback=payload.get("traceback"),
+        )
     if isinstance(exc, PstrainError):
         exc.task = exc.task or task
         exc.remote_traceback = exc.remote_traceback or payload.get("traceback")

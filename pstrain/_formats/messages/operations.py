@@ -24,6 +24,7 @@ from .records import (
     AsOf,
     CallReply,
     CancelReply,
+    ClosureCall,
     ConfigureReply,
     Count,
     CreatedReply,
@@ -68,6 +69,7 @@ class Statistics(Operation[FreeForm], tag="statistics"):
 
 class Shutdown(Operation[EmptyReply], tag="server/shutdown"):
     """The job is done: a task started with ``--exit-on-shutdown`` leaves."""
+
 
 # -- the parameter server: variables ---------------------------------------------------------------
 #: A ``vars/create`` request may always ask for this many bytes of variables in all (clients
@@ -175,7 +177,8 @@ class ScatterUpdate(SingleUpdate, tag="vars/scatter_update"):
 
 #: The one-variable update of each kind.
 SINGLE_UPDATES: dict[UpdateKind, type[SingleUpdate]] = {
-    cls.kind: cls for cls in (Assign, AssignAdd, AssignSub, ScatterAdd, ScatterSub, ScatterUpdate)}
+    cls.kind: cls for cls in (Assign, AssignAdd, AssignSub, ScatterAdd, ScatterSub, ScatterUpdate)
+}
 
 
 class RowRead(Record):
@@ -293,15 +296,12 @@ class Configure(Operation[ConfigureReply], tag="worker/configure"):
     index: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
 
-ClosureEntry = tuple[Count, bytes, Any, Any, bool]
-
-
 class RunClosures(Operation[ResultsReply], tag="worker/run"):
     """A batch of closures; results stream back as they finish."""
 
     pickle = True
     stream = True
-    closures: Annotated[list[ClosureEntry], msgspec.Meta(max_length=1 << 16)]
+    closures: Annotated[list[ClosureCall], msgspec.Meta(max_length=1 << 16)]
     fns: dict[bytes, bytes] = {}
     incarnation: Incarnation | None = None
     epoch: Annotated[int, msgspec.Meta(ge=0)] | None = None

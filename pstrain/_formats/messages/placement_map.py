@@ -39,10 +39,30 @@ import msgspec
 from ..._base.errors import ProtocolError
 from .records import Count, Name, Operation, Owned, Owner, Record, Reply, TableSpec, convert
 
-__all__ = ["EndMove", "EndReply", "FinishMove", "FinishReply", "InstallReply", "InstallVariables",
-           "MoveOut", "MoveOutReply", "PlacementMap", "PlacementReply", "ReadPlacement", "ReadRecords",
-           "RecordsReply", "SLICES_PER_PS", "SetPlacement", "SliceSet", "TableCopy", "TablePatch",
-           "TableSlices", "VariableCopy", "VersionReply", "first_slices"]
+__all__ = [
+    "EndMove",
+    "EndReply",
+    "FinishMove",
+    "FinishReply",
+    "InstallReply",
+    "InstallVariables",
+    "MoveOut",
+    "MoveOutReply",
+    "PlacementMap",
+    "PlacementReply",
+    "ReadPlacement",
+    "ReadRecords",
+    "RecordsReply",
+    "SLICES_PER_PS",
+    "SetPlacement",
+    "SliceSet",
+    "TableCopy",
+    "TablePatch",
+    "TableSlices",
+    "VariableCopy",
+    "VersionReply",
+    "first_slices",
+]
 
 Address = Annotated[str, msgspec.Meta(max_length=300)]
 PsIndex = Annotated[int, msgspec.Meta(ge=0, le=1 << 16)]
@@ -96,8 +116,7 @@ def first_slices(num_ps: int, active: list[int] | None = None) -> TableSlices:
     owners = [s % num_ps for s in range(count)]
     if active is None:
         return TableSlices(slices=count, owners=owners)
-    held: dict[int, list[int]] = {k: list(range(k, count, num_ps)) if k < num_ps else []
-                                  for k in active}
+    held: dict[int, list[int]] = {k: list(range(k, count, num_ps)) if k < num_ps else [] for k in active}
     for s in range(count):
         if owners[s] not in held:
             owners[s] = min(held, key=lambda k: (len(held[k]), k))
@@ -158,13 +177,19 @@ class PlacementMap(Record):
             else:
                 moved[key] = ps
                 home[key] = origin
-        return PlacementMap(version=self.version + 1, ps=list(self.ps), moved=moved, home=home,
-                            tables=dict(self.tables))
+        return PlacementMap(
+            version=self.version + 1, ps=list(self.ps), moved=moved, home=home, tables=dict(self.tables)
+        )
 
     def with_tables(self, tables: dict[str, TableSlices]) -> PlacementMap:
         """The next version, with these tables' slices where ``tables`` says."""
-        return PlacementMap(version=self.version + 1, ps=list(self.ps), moved=dict(self.moved),
-                            home=dict(self.home), tables={**self.tables, **tables})
+        return PlacementMap(
+            version=self.version + 1,
+            ps=list(self.ps),
+            moved=dict(self.moved),
+            home=dict(self.home),
+            tables={**self.tables, **tables},
+        )
 
     def bumped(self, version: int) -> PlacementMap:
         """This map as version ``version`` (a move that failed after it was announced)."""
@@ -175,13 +200,19 @@ class PlacementMap(Record):
         left keep their known address: their index is never dialled for a variable)."""
         if len(self.ps) <= len(known):
             return None
-        return [address or (known[i] if i < len(known) else "127.0.0.1:1")
-                for i, address in enumerate(self.ps)]
+        return [
+            address or (known[i] if i < len(known) else "127.0.0.1:1") for i, address in enumerate(self.ps)
+        ]
 
     def with_ps(self, ps: list[str]) -> PlacementMap:
         """The next version, with these ps addresses (a ps joined or left)."""
-        return PlacementMap(version=self.version + 1, ps=list(ps), moved=dict(self.moved),
-                            home=dict(self.home), tables=dict(self.tables))
+        return PlacementMap(
+            version=self.version + 1,
+            ps=list(ps),
+            moved=dict(self.moved),
+            home=dict(self.home),
+            tables=dict(self.tables),
+        )
 
     def to_builtins(self) -> dict[str, Any]:
         return msgspec.to_builtins(self)
@@ -284,6 +315,7 @@ class PlacementReply(Reply):
 
 class ReadPlacement(Operation[PlacementReply], tag="ps/placement/read"):
     """The newest map this ps knows (a client whose ps left asks another)."""
+
 
 class SetPlacement(Owned[VersionReply], tag="ps/placement"):
     """The coordinator's newest map: the ps refuses requests for the variables it no

@@ -26,9 +26,22 @@ import numpy as np
 
 from ..._base.errors import InvalidArgumentError, ProtocolError
 from ..._base.tags import read_tags, sender_owner, update_tags
+from .closures import ClosureStatus
 
-__all__ = ["AsOf", "FreeForm", "Mutation", "OptimizerRule", "Operation", "Owned", "Record", "Reply",
-           "TableSpec", "convert_reply", "sender_fields", "validate"]
+__all__ = [
+    "AsOf",
+    "FreeForm",
+    "Mutation",
+    "OptimizerRule",
+    "Operation",
+    "Owned",
+    "Record",
+    "Reply",
+    "TableSpec",
+    "convert_reply",
+    "sender_fields",
+    "validate",
+]
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
 DType = Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
@@ -298,8 +311,30 @@ class ConfigureReply(Reply):
     index: Count
 
 
+class ClosureCall(Record, array_like=True):
+    """One closure of a ``worker/run`` batch: its id, its function's digest (the function
+    travels once per worker, in ``fns``), its arguments, and whether they hold resource
+    references. On the wire an array, in this order."""
+
+    id: Count
+    fn: bytes
+    args: Any
+    kwargs: Any
+    has_refs: bool = False
+
+
+class ClosureResult(Reply, array_like=True):
+    """How one closure ended (``status``) and its value: what it returned, the exception it
+    raised (as :func:`~pstrain._formats.messages.closures.exception_payload` made it), or
+    None (cancelled). On the wire an array, in this order."""
+
+    id: Count
+    status: ClosureStatus
+    value: Any = None
+
+
 class ResultsReply(Reply):
-    results: list[tuple[Count, Annotated[int, msgspec.Meta(ge=0, le=2)], Any]]
+    results: list[ClosureResult]
     #: scalars closures logged with ``pstrain.summary``: ``[name, value, step, wall_time]``
     #: (each checked where it is recorded: one malformed scalar does not lose the results)
     scalars: list[Annotated[list[Any], msgspec.Meta(max_length=4)]] | None = None

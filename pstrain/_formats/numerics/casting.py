@@ -45,8 +45,9 @@ def cast_value(arr: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
     if src == dtype:
         return arr
     if src.kind not in NUMERIC_KINDS or dtype.kind not in NUMERIC_KINDS:
-        raise InvalidArgumentError(f"{what}: a value of dtype {src} cannot be used for a "
-                                   f"variable of dtype {dtype}")
+        raise InvalidArgumentError(
+            f"{what}: a value of dtype {src} cannot be used for a variable of dtype {dtype}"
+        )
     if np.can_cast(src, dtype, "safe"):
         return arr.astype(dtype)
     if src.kind in "iu" and dtype.kind in "iu":
@@ -55,15 +56,17 @@ def cast_value(arr: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
             lo, hi = int(arr.min()), int(arr.max())
             if lo < info.min or hi > info.max:
                 bad = lo if lo < info.min else hi
-                raise InvalidArgumentError(f"{what}: values of dtype {src} do not fit in {dtype} "
-                                           f"({bad} is out of range)")
+                raise InvalidArgumentError(
+                    f"{what}: values of dtype {src} do not fit in {dtype} ({bad} is out of range)"
+                )
         return arr.astype(dtype)
     if src.kind == "f" and dtype.kind == "f":
         with np.errstate(over="ignore"):
             out = arr.astype(dtype)
         if arr.size and bool(np.any(np.isinf(out) & np.isfinite(arr))):
-            raise InvalidArgumentError(f"{what}: values of dtype {src} overflow {dtype} "
-                                       "(they would become infinite)")
+            raise InvalidArgumentError(
+                f"{what}: values of dtype {src} overflow {dtype} (they would become infinite)"
+            )
         return out
     if src.kind in "iub" and dtype.kind in "fc":
         out = arr.astype(dtype)
@@ -78,5 +81,7 @@ def cast_value(arr: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
         if arr.size and bool(np.any(np.isinf(out) & np.isfinite(arr))):
             raise InvalidArgumentError(f"{what}: values of dtype {src} overflow {dtype}")
         return out
-    raise InvalidArgumentError(f"{what}: a value of dtype {src} cannot be used for a variable of "
-                               f"dtype {dtype} (it would lose information)")
+    raise InvalidArgumentError(
+        f"{what}: a value of dtype {src} cannot be used for a variable of "
+        f"dtype {dtype} (it would lose information)"
+    )

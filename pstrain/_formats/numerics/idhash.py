@@ -61,7 +61,7 @@ def unit_uniform(ids: np.ndarray, salt: int) -> np.ndarray:
     """A number in [0, 1) per id, a pure function of (id, salt)."""
     with np.errstate(over="ignore"):
         h = mix64(_as_u64(ids) ^ mix64(np.uint64(salt & 0xFFFFFFFFFFFFFFFF)))
-    return (h >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+    return (h >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
 def row_hash(seed: int) -> tuple[int, int, int]:
@@ -70,8 +70,9 @@ def row_hash(seed: int) -> tuple[int, int, int]:
     return seed & 0xFFFFFFFFFFFFFFFF, _GOLDEN, _SALT
 
 
-def initial_rows(ids: np.ndarray, dim: int, dtype: np.dtype, seed: int, low: float,
-                 high: float) -> np.ndarray:
+def initial_rows(
+    ids: np.ndarray, dim: int, dtype: np.dtype, seed: int, low: float, high: float
+) -> np.ndarray:
     """Each id's initial row: uniform in [low, high), from (id, seed, column) alone."""
     wide = np.ascontiguousarray(ids, np.int64).reshape(-1)
     # the formula in float64, cast once: what a table's create_rows kernel writes, bit for bit

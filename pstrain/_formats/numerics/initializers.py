@@ -30,8 +30,17 @@ import numpy as np
 from ..._base.errors import InvalidArgumentError
 from ..._base.exports import expose
 
-__all__ = ["Constant", "GlorotUniform", "Initializer", "Ones", "RandomNormal", "RandomUniform",
-           "TruncatedNormal", "Zeros", "from_spec"]
+__all__ = [
+    "Constant",
+    "GlorotUniform",
+    "Initializer",
+    "Ones",
+    "RandomNormal",
+    "RandomUniform",
+    "TruncatedNormal",
+    "Zeros",
+    "from_spec",
+]
 
 
 class Initializer(abc.ABC):
@@ -50,22 +59,29 @@ class Initializer(abc.ABC):
             cfg["seed"] = secrets.randbits(63)
         return {"kind": self.kind, **cfg}
 
-    def __call__(self, shape: Sequence[int], dtype: Any = np.float32, *,
-                 offset: Sequence[int] | None = None,
-                 full_shape: Sequence[int] | None = None,
-                 partition_shape: Sequence[int] | None = None,
-                 partition_offset: Sequence[int] | None = None) -> np.ndarray:
+    def __call__(
+        self,
+        shape: Sequence[int],
+        dtype: Any = np.float32,
+        *,
+        offset: Sequence[int] | None = None,
+        full_shape: Sequence[int] | None = None,
+        partition_shape: Sequence[int] | None = None,
+        partition_offset: Sequence[int] | None = None,
+    ) -> np.ndarray:
         if partition_shape is not None:  # Keras' names: ``shape`` is the whole variable's
             full_shape, shape = shape, partition_shape
             offset = partition_offset or (0,) * len(shape)
         shape = tuple(int(d) for d in shape)
         dtype = np.dtype(dtype)
-        return np.asarray(self._generate(shape, dtype, tuple(offset or ()),
-                                         tuple(full_shape or shape))).astype(dtype, copy=False)
+        return np.asarray(
+            self._generate(shape, dtype, tuple(offset or ()), tuple(full_shape or shape))
+        ).astype(dtype, copy=False)
 
     @abc.abstractmethod
-    def _generate(self, shape: tuple[int, ...], dtype: np.dtype, offset: tuple[int, ...],
-                  full_shape: tuple[int, ...]) -> np.ndarray:
+    def _generate(
+        self, shape: tuple[int, ...], dtype: np.dtype, offset: tuple[int, ...], full_shape: tuple[int, ...]
+    ) -> np.ndarray:
         """Rows ``offset...`` of a ``full_shape`` value, ``shape`` of them."""
 
     def __repr__(self) -> str:
@@ -129,8 +145,9 @@ class Constant(Initializer):
 
     def __init__(self, value: float = 0.0) -> None:
         if np.ndim(value) != 0:
-            raise InvalidArgumentError("Constant takes a scalar value; pass an array as the "
-                                       "initial value of the variable instead")
+            raise InvalidArgumentError(
+                "Constant takes a scalar value; pass an array as the initial value of the variable instead"
+            )
         self.value = value.item() if isinstance(value, np.generic) else value
 
     def config(self) -> dict[str, Any]:
@@ -155,8 +172,7 @@ class RandomNormal(Initializer):
         _float_dtype(dtype, "RandomNormal")
         rng = _rng(self.seed, offset)
         draw = np.float32 if dtype == np.float32 else np.float64
-        return _filled(shape, dtype,
-                       lambda n: rng.standard_normal(n, dtype=draw) * self.stddev + self.mean)
+        return _filled(shape, dtype, lambda n: rng.standard_normal(n, dtype=draw) * self.stddev + self.mean)
 
 
 class RandomUniform(Initializer):
@@ -231,8 +247,8 @@ def _fans(shape: tuple[int, ...]) -> tuple[float, float]:
 
 
 _KINDS: dict[str, type[Initializer]] = {
-    cls.kind: cls for cls in (Zeros, Ones, Constant, RandomNormal, RandomUniform,
-                              TruncatedNormal, GlorotUniform)
+    cls.kind: cls
+    for cls in (Zeros, Ones, Constant, RandomNormal, RandomUniform, TruncatedNormal, GlorotUniform)
 }
 
 
@@ -243,8 +259,7 @@ def from_spec(spec: dict[str, Any]) -> Initializer:
     args = dict(spec)
     cls = _KINDS.get(args.pop("kind", None))
     if cls is None:
-        raise InvalidArgumentError(
-            f"unknown initializer {spec.get('kind')!r}; known: {sorted(_KINDS)}")
+        raise InvalidArgumentError(f"unknown initializer {spec.get('kind')!r}; known: {sorted(_KINDS)}")
     try:
         return cls(**args)
     except (TypeError, ValueError) as exc:

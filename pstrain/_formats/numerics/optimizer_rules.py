@@ -30,9 +30,14 @@ def _fusable(var: np.ndarray, g: np.ndarray, rows: np.ndarray, *numbers: Any) ->
     """Whether a fused kernel takes this sparse step: float32/float64 rows of a C-contiguous
     variable, and hyper-parameters that are Python floats (numpy scalars would change the
     arithmetic numpy does, which the kernels reproduce)."""
-    return (var.dtype in _FUSED_DTYPES and var.ndim >= 1 and var.flags.c_contiguous
-            and g.dtype == var.dtype and rows.dtype == np.int64
-            and all(type(x) is float for x in numbers))
+    return (
+        var.dtype in _FUSED_DTYPES
+        and var.ndim >= 1
+        and var.flags.c_contiguous
+        and g.dtype == var.dtype
+        and rows.dtype == np.int64
+        and all(type(x) is float for x in numbers)
+    )
 
 
 _FUSED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -49,8 +54,14 @@ def _kept(rows: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return (rows, g) if keep.all() else (rows[keep], g[keep])
 
 
-def _sgd(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None, slots: dict[str, np.ndarray],
-         cfg: dict[str, Any], t: int) -> None:
+def _sgd(
+    var: np.ndarray,
+    g: np.ndarray,
+    rows: np.ndarray | None,
+    slots: dict[str, np.ndarray],
+    cfg: dict[str, Any],
+    t: int,
+) -> None:
     lr, momentum = cfg["learning_rate"], cfg.get("momentum", 0.0)
     if not momentum:
         if rows is None:
@@ -77,8 +88,14 @@ def _sgd(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None, slots: dict[st
         var[rows] += (momentum * mr - lr * g) if cfg.get("nesterov") else mr
 
 
-def _adagrad(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None,
-             slots: dict[str, np.ndarray], cfg: dict[str, Any], t: int) -> None:
+def _adagrad(
+    var: np.ndarray,
+    g: np.ndarray,
+    rows: np.ndarray | None,
+    slots: dict[str, np.ndarray],
+    cfg: dict[str, Any],
+    t: int,
+) -> None:
     lr, eps = cfg["learning_rate"], cfg.get("epsilon", 1e-7)
     acc = slots["accumulator"]
     if rows is None:
@@ -86,8 +103,9 @@ def _adagrad(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None,
         var -= lr * g / np.sqrt(acc + eps)
     elif _fusable(var, g, rows, lr, eps) and acc.dtype == var.dtype and acc.flags.c_contiguous:
         n = var.shape[0]
-        KERNELS.adagrad_rows(_rows2d(var, n, var), _rows2d(acc, n, var), rows,
-                             _rows2d(g, rows.size, var), lr, eps)
+        KERNELS.adagrad_rows(
+            _rows2d(var, n, var), _rows2d(acc, n, var), rows, _rows2d(g, rows.size, var), lr, eps
+        )
     else:
         rows, g = _kept(rows, g)
         a = acc[rows] + g * g
@@ -95,19 +113,29 @@ def _adagrad(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None,
         var[rows] -= lr * g / np.sqrt(a + eps)
 
 
-def _rowwise_adagrad(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None,
-                     slots: dict[str, np.ndarray], cfg: dict[str, Any], t: int) -> None:
+def _rowwise_adagrad(
+    var: np.ndarray,
+    g: np.ndarray,
+    rows: np.ndarray | None,
+    slots: dict[str, np.ndarray],
+    cfg: dict[str, Any],
+    t: int,
+) -> None:
     """Row-wise Adagrad (TorchRec's default, fbgemm's ``EXACT_ROWWISE_ADAGRAD``): one
     accumulator per row, ``acc += mean(g²)`` over the row, ``var -= lr · g / (sqrt(acc) + ε)``.
     A variable's accumulator is one column (:func:`slot_shape`); a dynamic table's is as
     wide as its rows (every column holds the row's value), as its other slots are."""
     lr, eps = cfg["learning_rate"], cfg.get("epsilon", 1e-8)
     acc = slots["accumulator"]
-    if rows is not None and _fusable(var, g, rows, lr, eps) and acc.dtype == var.dtype \
-            and acc.flags.c_contiguous and var.ndim == 2:
+    if (
+        rows is not None
+        and _fusable(var, g, rows, lr, eps)
+        and acc.dtype == var.dtype
+        and acc.flags.c_contiguous
+        and var.ndim == 2
+    ):
         n = var.shape[0]
-        KERNELS.rowwise_adagrad_rows(var, acc.reshape(n, -1), rows, _rows2d(g, rows.size, var),
-                                     lr, eps)
+        KERNELS.rowwise_adagrad_rows(var, acc.reshape(n, -1), rows, _rows2d(g, rows.size, var), lr, eps)
         return
     if rows is not None:
         rows, g = _kept(rows, g)
@@ -126,11 +154,17 @@ def _rowwise_adagrad(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None,
     v2[sel] -= (t_(lr) / (np.sqrt(a) + t_(eps)))[:, None] * g2
 
 
-def _adam(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None, slots: dict[str, np.ndarray],
-          cfg: dict[str, Any], t: int) -> None:
+def _adam(
+    var: np.ndarray,
+    g: np.ndarray,
+    rows: np.ndarray | None,
+    slots: dict[str, np.ndarray],
+    cfg: dict[str, Any],
+    t: int,
+) -> None:
     lr, b1, b2 = cfg["learning_rate"], cfg.get("beta_1", 0.9), cfg.get("beta_2", 0.999)
     eps = cfg.get("epsilon", 1e-7)
-    alpha = lr * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+    alpha = lr * np.sqrt(1 - b2**t) / (1 - b1**t)
     m, v = slots["m"], slots["v"]
     if rows is None:
         m += (g - m) * (1 - b1)
@@ -145,8 +179,9 @@ def _adam(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None, slots: dict[s
         var[rows] -= alpha * mr / (np.sqrt(vr) + eps)
 
 
-def _ftrl_update(w: np.ndarray, g: np.ndarray, accum: np.ndarray, linear: np.ndarray,
-                 cfg: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _ftrl_update(
+    w: np.ndarray, g: np.ndarray, accum: np.ndarray, linear: np.ndarray, cfg: dict[str, Any]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     lr = cfg["learning_rate"]
     power = cfg.get("learning_rate_power", -0.5)
     l1 = cfg.get("l1_regularization_strength", 0.0)
@@ -160,8 +195,14 @@ def _ftrl_update(w: np.ndarray, g: np.ndarray, accum: np.ndarray, linear: np.nda
     return (clipped - linear) / quadratic, new_accum, linear
 
 
-def _ftrl(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None, slots: dict[str, np.ndarray],
-          cfg: dict[str, Any], t: int) -> None:
+def _ftrl(
+    var: np.ndarray,
+    g: np.ndarray,
+    rows: np.ndarray | None,
+    slots: dict[str, np.ndarray],
+    cfg: dict[str, Any],
+    t: int,
+) -> None:
     accum, linear = slots["accumulator"], slots["linear"]
     if rows is None:
         w, a, lin = _ftrl_update(var, g, accum, linear, cfg)
@@ -171,8 +212,14 @@ def _ftrl(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None, slots: dict[s
         var[rows], accum[rows], linear[rows] = w, a, lin
 
 
-def _rmsprop(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None,
-             slots: dict[str, np.ndarray], cfg: dict[str, Any], t: int) -> None:
+def _rmsprop(
+    var: np.ndarray,
+    g: np.ndarray,
+    rows: np.ndarray | None,
+    slots: dict[str, np.ndarray],
+    cfg: dict[str, Any],
+    t: int,
+) -> None:
     """Keras' RMSprop: with momentum, TF's ApplyRMSProp (epsilon inside the root)."""
     lr, rho, eps = cfg["learning_rate"], cfg.get("rho", 0.9), cfg.get("epsilon", 1e-7)
     momentum, centered = cfg.get("momentum", 0.0), cfg.get("centered", False)
@@ -192,8 +239,14 @@ def _rmsprop(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None,
         var[sel] -= lr * g / (np.sqrt(denom) + eps)
 
 
-def _adamw(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None, slots: dict[str, np.ndarray],
-           cfg: dict[str, Any], t: int) -> None:
+def _adamw(
+    var: np.ndarray,
+    g: np.ndarray,
+    rows: np.ndarray | None,
+    slots: dict[str, np.ndarray],
+    cfg: dict[str, Any],
+    t: int,
+) -> None:
     """Keras' AdamW: decoupled weight decay ``var -= lr * weight_decay * var`` first (only the
     rows of a sparse gradient), then Adam."""
     decay = cfg["learning_rate"] * cfg.get("weight_decay", 0.004)
@@ -204,14 +257,22 @@ def _adamw(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None, slots: dict[
     _adam(var, g, rows, slots, cfg, t)
 
 
-Rule = Callable[[np.ndarray, np.ndarray, "np.ndarray | None", dict[str, np.ndarray], dict[str, Any], int],
-                None]
+Rule = Callable[
+    [np.ndarray, np.ndarray, "np.ndarray | None", dict[str, np.ndarray], dict[str, Any], int], None
+]
 
 
 def _skipping_missing(rule: Rule) -> Rule:
     """``rule`` with the sparse rows of -1 (and their gradients) left out first."""
-    def run(var: np.ndarray, g: np.ndarray, rows: np.ndarray | None, slots: dict[str, np.ndarray],
-            cfg: dict[str, Any], t: int) -> None:
+
+    def run(
+        var: np.ndarray,
+        g: np.ndarray,
+        rows: np.ndarray | None,
+        slots: dict[str, np.ndarray],
+        cfg: dict[str, Any],
+        t: int,
+    ) -> None:
         if rows is not None:
             rows, g = _kept(rows, g)
         rule(var, g, rows, slots, cfg, t)
@@ -220,9 +281,15 @@ def _skipping_missing(rule: Rule) -> Rule:
     return run
 
 
-RULES: dict[str, Rule] = {"sgd": _sgd, "adagrad": _adagrad, "rowwise_adagrad": _rowwise_adagrad,
-                          "adam": _skipping_missing(_adam), "adamw": _skipping_missing(_adamw),
-                          "ftrl": _skipping_missing(_ftrl), "rmsprop": _skipping_missing(_rmsprop)}
+RULES: dict[str, Rule] = {
+    "sgd": _sgd,
+    "adagrad": _adagrad,
+    "rowwise_adagrad": _rowwise_adagrad,
+    "adam": _skipping_missing(_adam),
+    "adamw": _skipping_missing(_adamw),
+    "ftrl": _skipping_missing(_ftrl),
+    "rmsprop": _skipping_missing(_rmsprop),
+}
 
 
 def slot_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:

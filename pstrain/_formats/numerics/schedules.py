@@ -24,8 +24,14 @@ from typing import Any
 from ..._base.errors import InvalidArgumentError
 from ..._base.exports import expose
 
-__all__ = ["CosineDecay", "ExponentialDecay", "LearningRateSchedule", "PiecewiseConstantDecay",
-           "evaluate", "from_spec"]
+__all__ = [
+    "CosineDecay",
+    "ExponentialDecay",
+    "LearningRateSchedule",
+    "PiecewiseConstantDecay",
+    "evaluate",
+    "from_spec",
+]
 
 
 def _positive(value: Any, what: str) -> float:
@@ -61,8 +67,14 @@ class ExponentialDecay(LearningRateSchedule):
 
     kind = "exponential_decay"
 
-    def __init__(self, initial_learning_rate: float, decay_steps: float, decay_rate: float,
-                 staircase: bool = False, name: str | None = None) -> None:
+    def __init__(
+        self,
+        initial_learning_rate: float,
+        decay_steps: float,
+        decay_rate: float,
+        staircase: bool = False,
+        name: str | None = None,
+    ) -> None:
         self.initial_learning_rate = _positive(initial_learning_rate, "initial_learning_rate")
         self.decay_steps = _positive(decay_steps, "decay_steps")
         self.decay_rate = _positive(decay_rate, "decay_rate")
@@ -73,11 +85,15 @@ class ExponentialDecay(LearningRateSchedule):
         p = step / self.decay_steps
         if self.staircase:
             p = math.floor(p)
-        return self.initial_learning_rate * self.decay_rate ** p
+        return self.initial_learning_rate * self.decay_rate**p
 
     def get_config(self) -> dict[str, Any]:
-        return {"initial_learning_rate": self.initial_learning_rate, "decay_steps": self.decay_steps,
-                "decay_rate": self.decay_rate, "staircase": self.staircase}
+        return {
+            "initial_learning_rate": self.initial_learning_rate,
+            "decay_steps": self.decay_steps,
+            "decay_rate": self.decay_rate,
+            "staircase": self.staircase,
+        }
 
 
 class PiecewiseConstantDecay(LearningRateSchedule):
@@ -88,8 +104,10 @@ class PiecewiseConstantDecay(LearningRateSchedule):
 
     def __init__(self, boundaries: list[float], values: list[float], name: str | None = None) -> None:
         if len(values) != len(boundaries) + 1:
-            raise InvalidArgumentError("The length of boundaries should be 1 less than the length "
-                                       f"of values (got {len(boundaries)} and {len(values)})")
+            raise InvalidArgumentError(
+                "The length of boundaries should be 1 less than the length "
+                f"of values (got {len(boundaries)} and {len(values)})"
+            )
         if any(b2 <= b1 for b1, b2 in zip(boundaries, boundaries[1:])):
             raise InvalidArgumentError(f"boundaries must increase, got {boundaries}")
         self.boundaries = [float(b) for b in boundaries]
@@ -112,8 +130,9 @@ class CosineDecay(LearningRateSchedule):
 
     kind = "cosine_decay"
 
-    def __init__(self, initial_learning_rate: float, decay_steps: float, alpha: float = 0.0,
-                 name: str | None = None) -> None:
+    def __init__(
+        self, initial_learning_rate: float, decay_steps: float, alpha: float = 0.0, name: str | None = None
+    ) -> None:
         self.initial_learning_rate = _positive(initial_learning_rate, "initial_learning_rate")
         self.decay_steps = _positive(decay_steps, "decay_steps")
         if not 0.0 <= alpha <= 1.0:
@@ -127,12 +146,16 @@ class CosineDecay(LearningRateSchedule):
         return self.initial_learning_rate * ((1.0 - self.alpha) * cosine + self.alpha)
 
     def get_config(self) -> dict[str, Any]:
-        return {"initial_learning_rate": self.initial_learning_rate, "decay_steps": self.decay_steps,
-                "alpha": self.alpha}
+        return {
+            "initial_learning_rate": self.initial_learning_rate,
+            "decay_steps": self.decay_steps,
+            "alpha": self.alpha,
+        }
 
 
 _KINDS: dict[str, type[LearningRateSchedule]] = {
-    c.kind: c for c in (ExponentialDecay, PiecewiseConstantDecay, CosineDecay)}
+    c.kind: c for c in (ExponentialDecay, PiecewiseConstantDecay, CosineDecay)
+}
 
 
 def from_spec(spec: dict[str, Any]) -> LearningRateSchedule:
@@ -140,8 +163,9 @@ def from_spec(spec: dict[str, Any]) -> LearningRateSchedule:
     params = dict(spec)
     cls = _KINDS.get(params.pop("type", None))
     if cls is None:
-        raise InvalidArgumentError(f"unknown learning-rate schedule {spec.get('type')!r}; known: "
-                                   f"{sorted(_KINDS)}")
+        raise InvalidArgumentError(
+            f"unknown learning-rate schedule {spec.get('type')!r}; known: {sorted(_KINDS)}"
+        )
     return cls(**params)
 
 

@@ -72,9 +72,12 @@ class BeforeImages:
 
     @property
     def nbytes(self) -> int:
-        return sum(sum(a.nbytes for a in i.memory if a is not None) if i.memory is not None
-                   else i.values.nbytes + (i.rows.nbytes if i.rows is not None else 0)
-                   for i in self._images.values())
+        return sum(
+            sum(a.nbytes for a in i.memory if a is not None)
+            if i.memory is not None
+            else i.values.nbytes + (i.rows.nbytes if i.rows is not None else 0)
+            for i in self._images.values()
+        )
 
     # -- updates ------------------------------------------------------------------------------
     def capture(self, once: tuple[str, int] | None, req: Any) -> Callable[[], None] | None:
@@ -113,10 +116,10 @@ class BeforeImages:
                 if not isinstance(image.holder, DynamicTable):
                     image.after = image.holder.array
                 self._images[name] = image
+
         return applied
 
-    def _prior(self, name: str, key: str, holder: Any, pending: dict[str, _Image | None]
-               ) -> _Image | None:
+    def _prior(self, name: str, key: str, holder: Any, pending: dict[str, _Image | None]) -> _Image | None:
         """The image of ``name`` this closure's change of it adds to, if any."""
         image = pending[name] if name in pending else self._images.get(name)
         if image is None or image.key != key or image.holder is not holder:
@@ -131,8 +134,9 @@ class BeforeImages:
         record = self.store.find(name)
         return record is image.holder and record is not None and image.after is record.array
 
-    def _take(self, name: str, rows: np.ndarray | None, key: str, seq: int,
-              pending: dict[str, _Image | None]) -> _Image | None:
+    def _take(
+        self, name: str, rows: np.ndarray | None, key: str, seq: int, pending: dict[str, _Image | None]
+    ) -> _Image | None:
         record = self.store.find(name)
         if record is None:
             return None
@@ -155,8 +159,9 @@ class BeforeImages:
         new = np.setdiff1d(rows, image.rows, assume_unique=True)
         return _merged(image, new, arr[new]) if new.size else image
 
-    def _take_rows(self, name: str, ids: np.ndarray, key: str, seq: int,
-                   pending: dict[str, _Image | None]) -> _Image | None:
+    def _take_rows(
+        self, name: str, ids: np.ndarray, key: str, seq: int, pending: dict[str, _Image | None]
+    ) -> _Image | None:
         table = self.tables.get(name)
         if table is None:
             return None
@@ -171,8 +176,7 @@ class BeforeImages:
             return self._fresh(name, _Image(key, seq, table, ids, table.rows), table.rows, pos)
         return _merged(image, ids, table.rows[pos]) if ids.size else image
 
-    def _fresh(self, name: str, image: _Image, source: np.ndarray, take: np.ndarray | None
-               ) -> _Image:
+    def _fresh(self, name: str, image: _Image, source: np.ndarray, take: np.ndarray | None) -> _Image:
         """``image`` with its values: ``source`` whole (``take`` None) or its rows ``take``,
         copied into the memory of the image it replaces where they fit. That image goes now
         (its memory is overwritten): if the update then fails, the variable has none."""
@@ -188,8 +192,13 @@ class BeforeImages:
         assert image.rows is not None
         n = image.rows.size
         buf, rows_buf = memory if memory is not None and memory[1] is not None else (None, None)
-        if buf is None or rows_buf is None or buf.shape[0] < n or buf.shape[1:] != source.shape[1:] \
-                or buf.dtype != source.dtype:
+        if (
+            buf is None
+            or rows_buf is None
+            or buf.shape[0] < n
+            or buf.shape[1:] != source.shape[1:]
+            or buf.dtype != source.dtype
+        ):
             cap = n + n // 4 + 16  # room for the next update's rows, a few more or less
             buf, rows_buf = np.empty((cap, *source.shape[1:]), source.dtype), np.empty(cap, np.int64)
         take_rows(source, take, buf[:n])  # (compiled for float rows, the next ones prefetched)
@@ -214,8 +223,7 @@ class BeforeImages:
         if as_of is None or not self._images:
             return None
         image = self._images.get(name)
-        if image is None or image.key != as_of[0] or as_of[1] >= image.first \
-                or image.holder is not holder:
+        if image is None or image.key != as_of[0] or as_of[1] >= image.first or image.holder is not holder:
             return None
         if self._valid(name, image):
             return image
@@ -261,8 +269,9 @@ def _merged(image: _Image, rows: np.ndarray, values: np.ndarray) -> _Image:
     assert image.rows is not None
     merged = np.concatenate([image.rows, rows])
     order = np.argsort(merged, kind="stable")
-    return _Image(image.key, image.first, image.holder, merged[order],
-                  np.concatenate([image.values, values])[order])
+    return _Image(
+        image.key, image.first, image.holder, merged[order], np.concatenate([image.values, values])[order]
+    )
 
 
 def _patched(image: _Image, keys: np.ndarray, values: np.ndarray) -> np.ndarray:

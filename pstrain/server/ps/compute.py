@@ -44,16 +44,16 @@ def apply_gradients(store: VariableStore, tables: TableHandlers, req: ApplyGradi
         seen.add(name)
         record = store.get(name)
         if record.array.dtype.kind not in "fc":
-            raise InvalidArgumentError(f"opt/apply: variable {name!r} of dtype "
-                                       f"{record.array.dtype} cannot be trained")
+            raise InvalidArgumentError(
+                f"opt/apply: variable {name!r} of dtype {record.array.dtype} cannot be trained"
+            )
         if rows is None:
             grad = checked_value(record, values, record.array.shape, "gradient")
         else:
             rows = checked_rows(record, rows, "sparse gradient")
             if rows.ndim != 1:
                 raise InvalidArgumentError(f"sparse gradient of {name!r}: rows must be 1-D")
-            grad = checked_value(record, values, (rows.shape[0],) + record.array.shape[1:],
-                               "sparse gradient")
+            grad = checked_value(record, values, (rows.shape[0],) + record.array.shape[1:], "sparse gradient")
             # int32 on the wire (half the bytes); the fused kernels take int64 rows
             rows = rows.astype(np.int64, copy=False)
             if not req.unique_rows or (rows.size > 1 and not bool(np.all(rows[1:] > rows[:-1]))):
@@ -63,11 +63,14 @@ def apply_gradients(store: VariableStore, tables: TableHandlers, req: ApplyGradi
         for slot_name, init in specs.items():
             full = f"{req.prefix}/{slot_name}/{record.name}"
             existing = store.find(full)
-            if existing is not None and (existing.array.shape != shape
-                                         or existing.array.dtype != record.array.dtype):
-                raise InvalidArgumentError(f"opt/apply: slot {full!r} is {existing.array.shape} "
-                                           f"{existing.array.dtype}; {req.rule.kind} keeps it "
-                                           f"{shape} {record.array.dtype}")
+            if existing is not None and (
+                existing.array.shape != shape or existing.array.dtype != record.array.dtype
+            ):
+                raise InvalidArgumentError(
+                    f"opt/apply: slot {full!r} is {existing.array.shape} "
+                    f"{existing.array.dtype}; {req.rule.kind} keeps it "
+                    f"{shape} {record.array.dtype}"
+                )
             slots[slot_name] = (full, init, shape)
         plan.append((record, rows, grad, slots))
     table_plan = tables.plan(req.tables or (), req.prefix, specs)
@@ -75,8 +78,7 @@ def apply_gradients(store: VariableStore, tables: TableHandlers, req: ApplyGradi
     counters = [store.get(name) for name in (req.iterations, req.mirror) if name is not None]
     for record in counters:
         if record.array.shape != () or record.array.dtype.kind not in "iu":
-            raise InvalidArgumentError(f"opt/apply: {record.name!r} is not an integer scalar "
-                                       "step counter")
+            raise InvalidArgumentError(f"opt/apply: {record.name!r} is not an integer scalar step counter")
     # -- commit: nothing below can fail on the request's account
     t = req.t
     for record in counters:
@@ -89,8 +91,10 @@ def apply_gradients(store: VariableStore, tables: TableHandlers, req: ApplyGradi
         cfg["learning_rate"] = schedule(step - 1)
     for record, rows, grad, slots in plan:
         var = record.writable(rows)
-        arrays = {s: store.slot(full, record.array, init, of=record.name, rows=rows, shape=shape)
-                  for s, (full, init, shape) in slots.items()}
+        arrays = {
+            s: store.slot(full, record.array, init, of=record.name, rows=rows, shape=shape)
+            for s, (full, init, shape) in slots.items()
+        }
         rule(var, grad, rows, arrays, cfg, step)
     for table, ids, grad, table_slots, pos in table_plan:
         table.apply(rule, ids, grad, table_slots, cfg, step, pos)
@@ -123,6 +127,7 @@ def call_function(store: VariableStore, req: CallVariables) -> CallReply:
     try:
         result = req.fn(*arrays, *(args if isinstance(args, (tuple, list)) else (args,)), **kwargs)
     except Exception as exc:  # the caller's code: say what it raised, not where on this host
-        raise InvalidArgumentError(f"the function given to extended.update raised "
-                                   f"{type(exc).__name__}: {exc}") from exc
+        raise InvalidArgumentError(
+            f"the function given to extended.update raised {type(exc).__name__}: {exc}"
+        ) from exc
     return CallReply(result=result)

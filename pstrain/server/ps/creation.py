@@ -16,8 +16,9 @@ from ..._formats.numerics.casting import NUMERIC_KINDS, cast_value
 __all__ = ["itemsize", "plan_create"]
 
 
-def plan_create(spec: VariableSpec, max_variable_bytes: int
-                ) -> tuple[np.ndarray | None, Callable[[], np.ndarray] | None]:
+def plan_create(
+    spec: VariableSpec, max_variable_bytes: int
+) -> tuple[np.ndarray | None, Callable[[], np.ndarray] | None]:
     """The array of the variable ``spec`` asks for (checked: dtype, shape, size, value or
     initializer), or None and a function that builds it off the serving loop."""
     where = f"vars/create {spec.name!r}"
@@ -33,7 +34,8 @@ def plan_create(spec: VariableSpec, max_variable_bytes: int
         raise InvalidArgumentError(
             f"{where}: {nbytes} bytes is more than this ps's limit of {max_variable_bytes} "
             "bytes per variable (pstrain serve --max-variable-bytes); shard it "
-            "(variable_partitioner) or raise the limit")
+            "(variable_partitioner) or raise the limit"
+        )
     if (spec.value is None) == (spec.init is None):
         raise InvalidArgumentError(f"{where}: give exactly one of 'value' and 'init'")
     if spec.init is not None:
@@ -47,8 +49,10 @@ def plan_create(spec: VariableSpec, max_variable_bytes: int
         offset, full_shape = spec.offset, spec.full_shape
         if offset is not None and len(offset) != len(shape):
             raise InvalidArgumentError(f"{where}: offset {offset} does not match shape {shape}")
-        if full_shape is not None and (len(full_shape) != len(shape) or any(
-                (o or 0) + s > f for o, s, f in zip(offset or [0] * len(shape), shape, full_shape))):
+        if full_shape is not None and (
+            len(full_shape) != len(shape)
+            or any((o or 0) + s > f for o, s, f in zip(offset or [0] * len(shape), shape, full_shape))
+        ):
             raise InvalidArgumentError(f"{where}: part {shape} at {offset} is not inside {full_shape}")
         return None, lambda: init(shape, dtype, offset=offset, full_shape=full_shape)
     value = spec.value

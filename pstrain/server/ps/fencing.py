@@ -69,10 +69,12 @@ class Fencing:
         self.superseded: collections.OrderedDict[str, None] = collections.OrderedDict()
         #: closure key -> operation number -> (variables it was applied to here, the reply,
         #: the parts of each table it covered)
-        self._done: collections.OrderedDict[str, dict[int, tuple[set[str], Any, dict[str, list[Scope]]]]] \
-            = collections.OrderedDict()
-        self._ops: collections.OrderedDict[str, dict[int, tuple[set[str], Any, dict[str, list[Scope]]]]] \
-            = collections.OrderedDict()  # the same for ``op:`` keys
+        self._done: collections.OrderedDict[str, dict[int, tuple[set[str], Any, dict[str, list[Scope]]]]] = (
+            collections.OrderedDict()
+        )
+        self._ops: collections.OrderedDict[str, dict[int, tuple[set[str], Any, dict[str, list[Scope]]]]] = (
+            collections.OrderedDict()
+        )  # the same for ``op:`` keys
         #: The part of a table an update of these ids covers here (set by the ps: its shard,
         #: or the slices of the ids).
         self.scope_of: Callable[[str, Any], Scope] = lambda name, ids: None
@@ -109,25 +111,30 @@ class Fencing:
         if owner is not None and owner in self.superseded:
             raise CancelledError(
                 f"{self.task} refused {what} from coordinator {owner[:8]}: a newer coordinator "
-                "took this ps over (the old one must stop; its work is the new one's now)")
+                "took this ps over (the old one must stop; its work is the new one's now)"
+            )
 
     def owned(self, fn: Callable[..., T], what: str) -> Callable[..., T]:
         """``fn`` (a handler, plain or async) refusing first a request sent for a coordinator
         a newer one took this ps over from: a zombie coordinator creates, restores or moves
         nothing here (nor takes the ps back by creating its variables again)."""
         if inspect.iscoroutinefunction(fn):
+
             async def handler(req: Any, *rest: Any) -> Any:
                 self.refuse_superseded(req.owner, what)
                 return await fn(req, *rest)
         else:
+
             def handler(req: Any, *rest: Any) -> Any:  # type: ignore[misc]
                 self.refuse_superseded(req.owner, what)
                 return fn(req, *rest)
+
         return cast(Callable[..., T], functools.wraps(fn)(handler))  # plain or async, as fn
 
     def guarded(self, fn: Callable[[M], T], once: bool = True) -> Callable[[M], T]:
         """``fn`` behind the fence, and, with ``once``, applied once per exactly-once key and
         sequence number (a retry gets the first attempt's reply)."""
+
         def handler(req: Any) -> T:
             self.refuse_superseded(req.owner, "an update")
             fence = req.fence
@@ -135,7 +142,8 @@ class Fencing:
                 raise CancelledError(
                     f"{self.task} refused an update of worker {fence[0]}'s dispatch {fence[1]}: the "
                     f"coordinator declared that worker lost (its work runs elsewhere), or gave "
-                    f"up on that dispatch's closures after an error")
+                    f"up on that dispatch's closures after an error"
+                )
             key = req.once if once else None
             if key is None:
                 return _applied(fn, req, self.before_update(None, req))
@@ -148,16 +156,18 @@ class Fencing:
                     return cast(T, done[1])  # applied by an earlier attempt of this closure
             reply = _applied(fn, req, self.before_update(key, req))
             tables = req.tables or () if isinstance(req, ApplyGradients) else ()
-            self._record(key[0], key[1], _names(req), reply,
-                         {t[0]: [self.scope_of(t[0], t[1])] for t in tables})
+            self._record(
+                key[0], key[1], _names(req), reply, {t[0]: [self.scope_of(t[0], t[1])] for t in tables}
+            )
             return reply
 
         handler.__name__ = getattr(fn, "__name__", "update")
         handler.__wrapped__ = fn  # type: ignore[attr-defined]  # (its declared reply, for tests)
         return handler
 
-    def _record(self, key: str, seq: int, names: Iterable[str], reply: Any,
-                scopes: dict[str, list[Scope]]) -> None:
+    def _record(
+        self, key: str, seq: int, names: Iterable[str], reply: Any, scopes: dict[str, list[Scope]]
+    ) -> None:
         book = self._book(key)
         entry = book.setdefault(key, {})
         applied = entry.get(seq)
@@ -183,8 +193,11 @@ class Fencing:
             for seq, (applied, reply, scopes) in entry.items():
                 mine = applied & names
                 if mine:
-                    parts = {t: [list(p) if p is not None else None for p in ps]
-                             for t, ps in scopes.items() if t in mine}
+                    parts = {
+                        t: [list(p) if p is not None else None for p in ps]
+                        for t, ps in scopes.items()
+                        if t in mine
+                    }
                     out.append([key, seq, sorted(mine), reply, parts])
         return cast(list[OnceRecord], out)
 
@@ -193,8 +206,9 @@ class Fencing:
         records, and the fences and takeovers (the later of each). The records arrive
         checked (``InstallVariables``): nothing here can fail half-way."""
         for key, seq, names, reply, parts in records:
-            scopes = {t: [(p[0], tuple(p[1])) if p is not None else None for p in ps]
-                      for t, ps in parts.items()}
+            scopes = {
+                t: [(p[0], tuple(p[1])) if p is not None else None for p in ps] for t, ps in parts.items()
+            }
             self._record(key, seq, names, reply, scopes)
         for owner, worker, epoch in fences:
             self.fences[owner, worker] = max(self.fences.get((owner, worker), 0), epoch)
@@ -202,8 +216,10 @@ class Fencing:
 
     def state(self) -> tuple[list[FenceRecord], list[str]]:
         """The fences (``[owner, worker, epoch]``) and superseded owners, to pass along."""
-        return (cast(list[FenceRecord], [[o, w, e] for (o, w), e in self.fences.items()]),
-                list(self.superseded))
+        return (
+            cast(list[FenceRecord], [[o, w, e] for (o, w), e in self.fences.items()]),
+            list(self.superseded),
+        )
 
 
 def _applied(fn: Callable[[Any], T], req: Any, then: Callable[[], None] | None) -> T:
@@ -244,12 +260,18 @@ def _narrowed(req: Any, applied: set[str], scopes: dict[str, list[Scope]]) -> An
     """``req`` without the parts already applied: to the variables of ``applied``, and to
     the ids of each table in the parts ``scopes`` covered."""
     if isinstance(req, ApplyGradients):
-        tables = [left for t in req.tables or ()  # (a record from before scopes covers all)
-                  if (left := _uncovered(t, scopes.get(t[0], [None] if t[0] in applied else []))) is not None]
+        tables = [
+            left
+            for t in req.tables or ()  # (a record from before scopes covers all)
+            if (left := _uncovered(t, scopes.get(t[0], [None] if t[0] in applied else []))) is not None
+        ]
         return msgspec.structs.replace(
-            req, grads=[g for g in req.grads if g[0] not in applied], tables=tables or None,
+            req,
+            grads=[g for g in req.grads if g[0] not in applied],
+            tables=tables or None,
             iterations=None if req.iterations in applied else req.iterations,
-            mirror=None if req.mirror in applied else req.mirror)
+            mirror=None if req.mirror in applied else req.mirror,
+        )
     if isinstance(req, UpdateVariables):
         return msgspec.structs.replace(req, updates=[u for u in req.updates if u.name not in applied])
     return None if set(_names(req)) <= applied else req

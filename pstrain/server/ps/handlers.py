@@ -116,12 +116,18 @@ class ParameterServer(ServerBase):
     #: and written in the fewest lines): its handlers run in a context with that allocator.
     setup_context = staticmethod(KERNELS.aligned_allocations)
 
-    def __init__(self, index: int, *, allow_pickle: bool = True,
-                 max_variable_bytes: int = DEFAULT_MAX_VARIABLE_BYTES,
-                 max_gather_bytes: int = DEFAULT_MAX_GATHER_BYTES,
-                 max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
-                 max_store_bytes: int | None = None,
-                 checkpoint_root: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        index: int,
+        *,
+        allow_pickle: bool = True,
+        max_variable_bytes: int = DEFAULT_MAX_VARIABLE_BYTES,
+        max_gather_bytes: int = DEFAULT_MAX_GATHER_BYTES,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+        max_store_bytes: int | None = None,
+        checkpoint_root: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__("ps", index, **kwargs)
         self.store = VariableStore(self.task)
         self.allow_pickle = allow_pickle
@@ -130,8 +136,9 @@ class ParameterServer(ServerBase):
         self.max_reply_bytes = max_reply_bytes
         #: Bytes of variables this ps holds at most (creations past it are refused).
         self.max_store_bytes = max_store_bytes or default_max_store_bytes()
-        self.checkpoints = ps_checkpoint.CheckpointFiles(self.store, checkpoint_root,
-                                                         max_variable_bytes, self.max_store_bytes)
+        self.checkpoints = ps_checkpoint.CheckpointFiles(
+            self.store, checkpoint_root, max_variable_bytes, self.max_store_bytes
+        )
         #: Fences, superseded coordinators and exactly-once keys: who may still write here.
         self.fencing = Fencing(self.task)
         self.route(CreateVariables, self.create)
@@ -145,12 +152,18 @@ class ParameterServer(ServerBase):
         self.route(ListVariables, self.list_variables)
         self.route(ApplyGradients, self.fencing.guarded(self.apply_optimizer))
         #: The serving feed of the tables (``GET /v1/tables/<name>/rows``).
-        self.feed = TableFeed(self.task, index, {},
-                              functools.partial(self.checkpoints.confine, what="table feed: file"))
+        self.feed = TableFeed(
+            self.task, index, {}, functools.partial(self.checkpoints.confine, what="table feed: file")
+        )
         self.download(FEED_PATH, self.feed.serve)
-        self.table_handlers = TableHandlers(self.task, self.checkpoints, max_gather_bytes, self.feed,
-                                            max_table_bytes=max_variable_bytes,
-                                            on_takeover=self.fencing.supersede)
+        self.table_handlers = TableHandlers(
+            self.task,
+            self.checkpoints,
+            max_gather_bytes,
+            self.feed,
+            max_table_bytes=max_variable_bytes,
+            on_takeover=self.fencing.supersede,
+        )
         self.tables = self.table_handlers.tables
         self.fencing.scope_of = self.table_handlers.scope_of
         #: What a rerun of an exactly-once closure reads: the values its dead attempt read.
@@ -170,8 +183,11 @@ class ParameterServer(ServerBase):
         if allow_pickle:
             self.route(CallVariables, self.fencing.guarded(self.call_function, once=False))
         else:
-            self.refuse(CallVariables, f"{self.task} refuses pickled functions (started with "
-                                     "--no-pickle): strategy.extended.update cannot run here")
+            self.refuse(
+                CallVariables,
+                f"{self.task} refuses pickled functions (started with "
+                "--no-pickle): strategy.extended.update cannot run here",
+            )
 
     def route(self, operation: type[Operation[R]], fn: HandlerFn[R]) -> None:
         if "owner" in operation.__struct_fields__ and not issubclass(operation, Mutation):
@@ -200,13 +216,15 @@ class ParameterServer(ServerBase):
             raise InvalidArgumentError(
                 f"vars/create: {len(req.vars)} variables of {adding} bytes in all in one request, "
                 f"more than this ps's limit of {per_request} bytes per request (pstrain serve "
-                "--max-variable-bytes): send them in several requests")
+                "--max-variable-bytes): send them in several requests"
+            )
         held = self.store.held()
         if held + adding > self.max_store_bytes:
             raise InvalidArgumentError(
                 f"vars/create: {adding} more bytes of variables would take {self.task} past its "
                 f"limit of {self.max_store_bytes} bytes held ({held} held now; pstrain serve "
-                "--max-store-bytes): shard over more ps, or raise the limit")
+                "--max-store-bytes): shard over more ps, or raise the limit"
+            )
         for spec in req.vars:
             if spec.name in names:
                 raise AlreadyExistsError(f"variable {spec.name!r} is created twice in one request")
@@ -216,32 +234,53 @@ class ParameterServer(ServerBase):
         needs_work = [i for i, (_, make) in enumerate(planned) if make is not None]
         arrays: list[np.ndarray | None] = [array for array, _ in planned]
         if needs_work:
+
             def build() -> list[np.ndarray]:
                 return [planned[i][1]() for i in needs_work]  # type: ignore[misc]
 
             built = await asyncio.to_thread(build)  # in this context: its allocator
             for i, array in zip(needs_work, built):
                 arrays[i] = array
-        records = [VariableRecord(spec.name, array, spec.trainable, req.owner,  # type: ignore[arg-type]
-                                  initial=make)
-                   for spec, array, (_, make) in zip(req.vars, arrays, planned)]
+        records = [
+            VariableRecord(
+                spec.name,
+                array,  # type: ignore[arg-type]
+                spec.trainable,
+                req.owner,
+                initial=make,
+            )
+            for spec, array, (_, make) in zip(req.vars, arrays, planned)
+        ]
         replaced = self.store.add(records)  # checked again: the initializers ran concurrently
         if replaced:
             self.fencing.supersede({r.owner for r in replaced}, req.owner)
-            logger.warning("%s: %d variable(s) taken over by a new coordinator (strategy %s), "
-                           "replacing those of %s, with their optimizer slots: %s", self.task,
-                           len(replaced), req.owner, sorted({str(r.owner) for r in replaced}),
-                           ", ".join(r.name for r in replaced[:10]))
+            logger.warning(
+                "%s: %d variable(s) taken over by a new coordinator (strategy %s), "
+                "replacing those of %s, with their optimizer slots: %s",
+                self.task,
+                len(replaced),
+                req.owner,
+                sorted({str(r.owner) for r in replaced}),
+                ", ".join(r.name for r in replaced[:10]),
+            )
         return CreatedReply(created=len(records))
 
     def delete(self, req: DeleteVariables) -> DeletedReply:
         return DeletedReply(deleted=self.store.delete(req.names))
 
     def list_variables(self, req: ListVariables) -> ListReply:
-        return ListReply(variables=[
-            VariableInfo(name=r.name, dtype=r.dtype.str, shape=list(r.shape), trainable=r.trainable,
-                         nbytes=r.nbytes)
-            for r in self.store])
+        return ListReply(
+            variables=[
+                VariableInfo(
+                    name=r.name,
+                    dtype=r.dtype.str,
+                    shape=list(r.shape),
+                    trainable=r.trainable,
+                    nbytes=r.nbytes,
+                )
+                for r in self.store
+            ]
+        )
 
     # -- reads ---------------------------------------------------------------------------------
     def read(self, req: ReadVariables) -> Pinned[ValuesReply]:
@@ -250,15 +289,17 @@ class ParameterServer(ServerBase):
         the ps holds, never how often a short request repeats a name."""
         if len(set(req.names)) != len(req.names):
             twice = next(n for i, n in enumerate(req.names) if n in req.names[:i])
-            raise InvalidArgumentError(f"vars/read: variable {twice!r} is named more than once "
-                                       "(name each variable once)")
+            raise InvalidArgumentError(
+                f"vars/read: variable {twice!r} is named more than once (name each variable once)"
+            )
         records = [self.store.get(n) for n in req.names]
         total = sum(r.array.nbytes for r in records)
         if total > self.max_reply_bytes:
             raise InvalidArgumentError(
                 f"vars/read: the reply would be {total} bytes, more than this ps's limit of "
                 f"{self.max_reply_bytes} (pstrain serve --max-reply-bytes): read the variables "
-                "in several requests of fewer variables")
+                "in several requests of fewer variables"
+            )
         releases = [r.pin() for r in records]
 
         def release() -> None:
@@ -290,8 +331,9 @@ class ParameterServer(ServerBase):
         tables = self.table_handlers.lookup_tables(req).values
         return self._reads(planned, tables, req.as_of)
 
-    def _plan_reads(self, reads: list[tuple[str, np.ndarray | None]],
-                    op: str) -> list[tuple[VariableRecord, np.ndarray | None]]:
+    def _plan_reads(
+        self, reads: list[tuple[str, np.ndarray | None]], op: str
+    ) -> list[tuple[VariableRecord, np.ndarray | None]]:
         """``reads`` checked (names, rows, the reply's size), nothing read yet."""
         planned: list[tuple[VariableRecord, np.ndarray | None]] = []
         gathered = whole = 0
@@ -300,8 +342,9 @@ class ParameterServer(ServerBase):
             record = self.store.get(name)
             if indices is None:
                 if name in wholes:
-                    raise InvalidArgumentError(f"{op}: variable {name!r} is read whole more than "
-                                               "once (name each variable once)")
+                    raise InvalidArgumentError(
+                        f"{op}: variable {name!r} is read whole more than once (name each variable once)"
+                    )
                 wholes.add(name)
                 whole += record.array.nbytes
                 planned.append((record, None))
@@ -312,23 +355,28 @@ class ParameterServer(ServerBase):
         if gathered > self.max_gather_bytes:
             raise InvalidArgumentError(
                 f"{op}: the reply would be {gathered} bytes, more than this ps's limit of "
-                f"{self.max_gather_bytes} (ask for unique rows, in smaller requests)")
+                f"{self.max_gather_bytes} (ask for unique rows, in smaller requests)"
+            )
         if whole > self.max_reply_bytes:
             raise InvalidArgumentError(
                 f"{op}: the whole variables would be {whole} bytes, more than this ps's limit of "
-                f"{self.max_reply_bytes} (pstrain serve --max-reply-bytes)")
+                f"{self.max_reply_bytes} (pstrain serve --max-reply-bytes)"
+            )
         return planned
 
-    def _reads(self, planned: list[tuple[VariableRecord, np.ndarray | None]], first: list[Any],
-               as_of: Any) -> ValuesReply | Pinned[ValuesReply]:
+    def _reads(
+        self, planned: list[tuple[VariableRecord, np.ndarray | None]], first: list[Any], as_of: Any
+    ) -> ValuesReply | Pinned[ValuesReply]:
         """The reply: ``first`` (values already made), then ``planned``'s reads: rows copied,
         whole variables pinned until the reply is sent."""
-        values = [record.array if idx is None else take_rows(record.array, idx)
-                  for record, idx in planned]
+        values = [record.array if idx is None else take_rows(record.array, idx) for record, idx in planned]
         if as_of is not None:  # a read of an exactly-once closure (a rerun's, maybe)
-            values = [self.before_images.whole(record.name, as_of, v) if idx is None
-                      else self.before_images.rows(record.name, as_of, idx, v)
-                      for (record, idx), v in zip(planned, values)]
+            values = [
+                self.before_images.whole(record.name, as_of, v)
+                if idx is None
+                else self.before_images.rows(record.name, as_of, idx, v)
+                for (record, idx), v in zip(planned, values)
+            ]
         if all(idx is not None for _, idx in planned):
             return ValuesReply(values=first + values)
         releases = [record.pin() for record, idx in planned if idx is None]
@@ -345,8 +393,7 @@ class ParameterServer(ServerBase):
         out["bytes"] = self.store.nbytes
         out.update(self.moves.statistics())
         if len(self.before_images):  # kept for reruns of exactly-once closures
-            out["before_images"] = {"count": len(self.before_images),
-                                    "bytes": self.before_images.nbytes}
+            out["before_images"] = {"count": len(self.before_images), "bytes": self.before_images.nbytes}
         if self.tables:
             out["tables"] = {name: t.statistics() for name, t in self.tables.items()}
         return out
@@ -372,11 +419,13 @@ class ParameterServer(ServerBase):
         if kind in (UpdateKind.ASSIGN, UpdateKind.ASSIGN_ADD, UpdateKind.ASSIGN_SUB):
             value = checked_value(record, entry.value, shape, op)
             if kind is UpdateKind.ASSIGN:
+
                 def apply() -> None:
                     if value.dtype == dtype and value.flags.writeable and value.base is not None:
                         record.replace(value)  # adopt the received buffer: no copy (where it starts)
                     else:
                         record.replace(value.astype(dtype))
+
                 return apply
             sign = 1 if kind is UpdateKind.ASSIGN_ADD else -1
 
@@ -386,20 +435,25 @@ class ParameterServer(ServerBase):
                     np.add(arr, value, out=arr)
                 else:
                     np.subtract(arr, value, out=arr)
+
             return apply
         idx = checked_rows(record, entry.indices, op)
         if idx.ndim != 1:
             raise InvalidArgumentError(
-                f"{op} of variable {record.name!r}: row ids must be 1-D, got shape {idx.shape}")
+                f"{op} of variable {record.name!r}: row ids must be 1-D, got shape {idx.shape}"
+            )
         values = checked_value(record, entry.values, (idx.shape[0],) + shape[1:], op)
         if kind is UpdateKind.SCATTER_UPDATE:
+
             def replace_rows() -> None:
                 record.writable(idx)[idx] = values
+
             return replace_rows
         vals = values if kind is UpdateKind.SCATTER_ADD else -values
 
         def add_rows() -> None:
             np.add.at(record.writable(idx), idx, vals)
+
         return add_rows
 
     # -- optimizers and functions run where the variables live (compute.py) ----------------------

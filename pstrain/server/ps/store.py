@@ -29,11 +29,21 @@ from ..._formats.numerics.casting import cast_value
 from ..._kernels import KERNELS
 from .checkpoints.snapshots import BLOCK_BYTES, ChangedRows, Snapshot
 
-__all__ = ["BLOCK_BYTES", "SNAPSHOT_MIN_BYTES", "ChangeClock", "Snapshot", "VariableRecord",
-           "VariableStore", "checked_rows", "checked_value"]
+__all__ = [
+    "BLOCK_BYTES",
+    "SNAPSHOT_MIN_BYTES",
+    "ChangeClock",
+    "Snapshot",
+    "VariableRecord",
+    "VariableStore",
+    "checked_rows",
+    "checked_value",
+]
 
 #: Arrays at least this large are saved through a Snapshot; smaller ones are pinned.
 SNAPSHOT_MIN_BYTES = 1 << 20
+
+
 class ChangeClock:
     """What changed since a save, for delta checkpoints: every change is stamped with the
     current *epoch*; :meth:`mark` ends an epoch, so a delta "since mark m" holds exactly the
@@ -62,11 +72,29 @@ class VariableRecord:
     never holds the initial values beside the restored ones.
     """
 
-    __slots__ = ("name", "_array", "_meta", "initial", "trainable", "pins", "gen", "owner",
-                 "snapshots", "clock", "changed", "row_epochs")
+    __slots__ = (
+        "name",
+        "_array",
+        "_meta",
+        "initial",
+        "trainable",
+        "pins",
+        "gen",
+        "owner",
+        "snapshots",
+        "clock",
+        "changed",
+        "row_epochs",
+    )
 
-    def __init__(self, name: str, array: np.ndarray, trainable: bool, owner: str | None = None,
-                 initial: Callable[[], np.ndarray] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        array: np.ndarray,
+        trainable: bool,
+        owner: str | None = None,
+        initial: Callable[[], np.ndarray] | None = None,
+    ) -> None:
         self.name = name
         self._array: np.ndarray | None = array
         self._meta: tuple[tuple[int, ...], np.dtype] = (array.shape, array.dtype)
@@ -253,8 +281,9 @@ class VariableStore:
             why = self.away.get(name) if isinstance(name, str) else None
             if why is not None:  # nothing of the request is applied: handlers check first
                 self.refusals += 1
-                raise PlacementChangedError(f"variable {name!r} {why} {self.task}",
-                                            placement=self.placement.to_builtins())
+                raise PlacementChangedError(
+                    f"variable {name!r} {why} {self.task}", placement=self.placement.to_builtins()
+                )
             raise NotFoundError(f"variable {name!r} not found on {self.task}")
         return record
 
@@ -293,8 +322,15 @@ class VariableStore:
         if slot_of is not None:
             self._slots.setdefault(slot_of, set()).add(name)
 
-    def slot(self, name: str, like: np.ndarray, init: float, of: str,
-             rows: np.ndarray | None = None, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    def slot(
+        self,
+        name: str,
+        like: np.ndarray,
+        init: float,
+        of: str,
+        rows: np.ndarray | None = None,
+        shape: tuple[int, ...] | None = None,
+    ) -> np.ndarray:
         """The writable array of optimizer slot ``name`` of variable ``of``, created full of
         ``init`` on first use (``like``'s shape, or ``shape``, and its dtype); ``rows``: those
         about to change (None: all)."""
@@ -319,8 +355,11 @@ class VariableStore:
         """Remove every variable (with its slots), or those created by ``owners``; returns
         their names."""
         slots = {s for names in self._slots.values() for s in names}
-        gone = [r.name for r in self._records.values()
-                if r.name not in slots and (owners is None or r.owner in owners)]
+        gone = [
+            r.name
+            for r in self._records.values()
+            if r.name not in slots and (owners is None or r.owner in owners)
+        ]
         for name in gone:
             self.take(name)
         return gone
@@ -359,7 +398,8 @@ def checked_value(record: VariableRecord, value: Any, shape: tuple[int, ...], wh
     arr = cast_value(value, record.array.dtype, f"{what} of variable {record.name!r}")
     if arr.shape != shape:
         raise InvalidArgumentError(
-            f"{what} of variable {record.name!r}: value has shape {arr.shape}, expected {shape}")
+            f"{what} of variable {record.name!r}: value has shape {arr.shape}, expected {shape}"
+        )
     return arr
 
 
@@ -369,12 +409,14 @@ def checked_rows(record: VariableRecord, idx: Any, what: str) -> np.ndarray:
         raise InvalidArgumentError(f"{what} of variable {record.name!r}: missing row ids")
     if idx.dtype.kind not in "iu":
         raise InvalidArgumentError(
-            f"{what} of variable {record.name!r}: row ids must be integers, got {idx.dtype}")
+            f"{what} of variable {record.name!r}: row ids must be integers, got {idx.dtype}"
+        )
     if record.array.ndim == 0:
         raise InvalidArgumentError(f"{what}: variable {record.name!r} is a scalar and has no rows")
     n = record.array.shape[0]
     if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
         bad = idx[(idx < 0) | (idx >= n)].reshape(-1)[0]
         raise InvalidArgumentError(
-            f"{what} of variable {record.name!r}: row id {int(bad)} out of range [0, {n})")
+            f"{what} of variable {record.name!r}: row id {int(bad)} out of range [0, {n})"
+        )
     return idx

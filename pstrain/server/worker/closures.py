@@ -15,11 +15,21 @@ from typing import Any
 from ..._base.errors import InvalidArgumentError
 from ..._formats.codec import wire
 from ..._formats.messages.closures import ERROR, exception_payload
+from ..._formats.messages.records import ClosureResult
 from ..._serving.core import Encoded
 from ..._transport.bridge import new_event_loop
 
-__all__ = ["MAX_PENDING_SCALARS", "Batch", "ClosureLoop", "Functions", "Outbox", "SyncPool", "Unloadable",
-           "check_awaited", "encode_results"]
+__all__ = [
+    "MAX_PENDING_SCALARS",
+    "Batch",
+    "ClosureLoop",
+    "Functions",
+    "Outbox",
+    "SyncPool",
+    "Unloadable",
+    "check_awaited",
+    "encode_results",
+]
 
 #: Scalars closures may log between two results messages; more are dropped (and counted).
 MAX_PENDING_SCALARS = 100_000
@@ -32,7 +42,8 @@ def check_awaited(missed: list[str]) -> None:
         raise InvalidArgumentError(
             f"the closure called {', '.join(sorted(set(missed)))} without `await`: "
             "the operation never ran. Write `await` before it (in an `async def` closure), or "
-            "return it from a plain `def` closure")
+            "return it from a plain `def` closure"
+        )
 
 
 class Batch:
@@ -40,11 +51,16 @@ class Batch:
 
     __slots__ = ("remaining", "emit", "results", "done", "epoch", "abandoned", "tasks")
 
-    def __init__(self, count: int, emit: Callable[[Any], None] | None,
-                 done: asyncio.Future[Encoded], epoch: int | None = None) -> None:
+    def __init__(
+        self,
+        count: int,
+        emit: Callable[[Any], None] | None,
+        done: asyncio.Future[Encoded],
+        epoch: int | None = None,
+    ) -> None:
         self.remaining = count
         self.emit = emit
-        self.results: list[Any] = []
+        self.results: list[ClosureResult] = []
         self.done = done
         self.epoch = epoch  # the coordinator's dispatch it belongs to (``dispatches.py``)
         self.abandoned = False  # a newer dispatch arrived: start nothing more of it
@@ -106,8 +122,9 @@ class Functions:
         del self.loading[digest]
 
 
-def encode_results(results: list[Any], scalars: list[Any] | None = None,
-                   leaving: bool = False) -> Encoded:
+def encode_results(
+    results: list[ClosureResult], scalars: list[Any] | None = None, leaving: bool = False
+) -> Encoded:
     """Encode results once; a result that cannot travel becomes an error saying so.
     ``leaving``: the worker is draining (the coordinator sends it nothing more)."""
     extra: dict[str, Any] = {"scalars": scalars} if scalars else {}
@@ -123,9 +140,11 @@ def encode_results(results: list[Any], scalars: list[Any] | None = None,
             wire.encode_body(record, allow_pickle=True)
             out.append(record)
         except Exception as exc:
-            err = TypeError(f"the closure's result of type {type(record[2]).__name__} cannot be "
-                            f"sent back to the coordinator: {exc}")
-            out.append([record[0], ERROR, exception_payload(err)])
+            err = TypeError(
+                f"the closure's result of type {type(record.value).__name__} cannot be "
+                f"sent back to the coordinator: {exc}"
+            )
+            out.append(ClosureResult(record.id, ERROR, exception_payload(err)))
     return Encoded(wire.encode_body({"results": out, **extra}, allow_pickle=True))
 
 
@@ -176,7 +195,7 @@ class Outbox:
     puts; the serving loop takes them all at once: one message carries them)."""
 
     def __init__(self) -> None:
-        self.items: list[tuple[Batch, list[Any]]] = []
+        self.items: list[tuple[Batch, ClosureResult]] = []
         self.scalars: list[list[Any]] = []  # pstrain.summary scalars waiting to leave
         self.scalars_dropped = 0  # past MAX_PENDING_SCALARS (a closure logging in a tight loop)
         self.closure_seconds = 0.0
@@ -190,7 +209,7 @@ class Outbox:
             else:
                 self.scalars_dropped += 1
 
-    def put(self, batch: Batch, record: list[Any], seconds: float) -> bool:
+    def put(self, batch: Batch, record: ClosureResult, seconds: float) -> bool:
         """Add a result; True when the caller must schedule a flush (none is pending)."""
         with self._lock:
             self.closure_seconds += seconds
@@ -200,7 +219,7 @@ class Outbox:
             self._flush_scheduled = True
             return True
 
-    def take(self) -> tuple[list[tuple[Batch, list[Any]]], list[list[Any]]]:
+    def take(self) -> tuple[list[tuple[Batch, ClosureResult]], list[list[Any]]]:
         with self._lock:
             items, self.items = self.items, []
             scalars, self.scalars = self.scalars, []
@@ -220,8 +239,7 @@ class ClosureLoop:
     async def start(self) -> asyncio.AbstractEventLoop:
         serving = asyncio.get_running_loop()
         ready: asyncio.Future[None] = serving.create_future()
-        self._thread = threading.Thread(target=self._main, args=(serving, ready), name=self.name,
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._main, args=(serving, ready), name=self.name, daemon=True)
         self._thread.start()
         await ready
         assert self.loop is not None
@@ -246,6 +264,7 @@ class ClosureLoop:
         """``await shutdown()`` on the closure loop, then stop it."""
         loop = self.loop
         if loop is not None and loop.is_running():
+
             async def last() -> None:
                 await shutdown()
 

@@ -41,16 +41,20 @@ class Departure:
         """Refuse new work while draining; the refusal itself tells the coordinator."""
         if self.draining:
             self.told = True
-            raise DrainingError(f"{task} is leaving (draining): its closures go to other "
-                                "workers", task=task)
+            raise DrainingError(f"{task} is leaving (draining): its closures go to other workers", task=task)
 
     def flag(self) -> bool:
         """The ``leaving`` flag of a reply about to be sent."""
         self.told |= self.draining
         return self.draining
 
-    async def wait(self, busy: Callable[[], bool], connected: Callable[[], bool],
-                   timeout: float, linger_s: float = LINGER_S) -> bool:
+    async def wait(
+        self,
+        busy: Callable[[], bool],
+        connected: Callable[[], bool],
+        timeout: float,
+        linger_s: float = LINGER_S,
+    ) -> bool:
         """Wait until nothing is ``busy`` (closures running, results unsent): False if that
         takes over ``timeout`` s. Then wait up to ``linger_s`` more (within ``timeout``)
         until the coordinator has been told, or no client is ``connected``."""

@@ -61,8 +61,11 @@ class Dispatches:
             batch.abandoned = True
             return []
         self.newest[key] = epoch
-        older = [b for b, k in self.open.items()
-                 if k == key and not b.abandoned and b.epoch is not None and b.epoch < epoch]
+        older = [
+            b
+            for b, k in self.open.items()
+            if k == key and not b.abandoned and b.epoch is not None and b.epoch < epoch
+        ]
         for b in older:
             b.abandoned = True
         older += [b for b in self.open if b.abandoned and b not in older and not b.done.done()]
@@ -72,8 +75,7 @@ class Dispatches:
     def connection_ended(self, connection: Any, loop: asyncio.AbstractEventLoop | None) -> None:
         """The batches that came over ``connection`` are abandoned: their closures not yet
         started never start, those running are cancelled (on the closure ``loop``)."""
-        gone = [b for b in self.open
-                if not b.abandoned and getattr(b.emit, "connection", None) is connection]
+        gone = [b for b in self.open if not b.abandoned and getattr(b.emit, "connection", None) is connection]
         for b in gone:
             b.abandoned = True
         if gone and loop is not None:
@@ -101,7 +103,10 @@ class Dispatches:
             logger.warning(
                 "%s: %d closure(s) of an earlier dispatch, abandoned by the coordinator, still "
                 "run after %.0f s (code that never awaits?); the new dispatch starts beside them",
-                self.task, sum(b.remaining for b in older if b.done in still), self.grace_s)
+                self.task,
+                sum(b.remaining for b in older if b.done in still),
+                self.grace_s,
+            )
 
 
 def _cancel(batches: list[Batch]) -> None:

@@ -42,7 +42,14 @@ from ..._formats.messages.operations import (
     ResetChannels,
     RunClosures,
 )
-from ..._formats.messages.records import CancelReply, ConfigureReply, DroppedReply, EmptyReply, ResourceReply
+from ..._formats.messages.records import (
+    CancelReply,
+    ClosureResult,
+    ConfigureReply,
+    DroppedReply,
+    EmptyReply,
+    ResourceReply,
+)
 from ..._serving.base import ServerBase
 from ..._serving.core import Encoded
 from ..._transport.rpc import ChannelPool
@@ -61,8 +68,15 @@ class WorkerServer(ServerBase):
     """A worker task. Operations: ``worker/configure``, ``worker/run``,
     ``worker/cancel``, ``worker/resource``, ``worker/drop_resources``."""
 
-    def __init__(self, index: int, *, cluster_spec: ClusterSpec | None = None,
-                 client_ssl: Any = None, closure_threads: int = 4, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        index: int,
+        *,
+        cluster_spec: ClusterSpec | None = None,
+        client_ssl: Any = None,
+        closure_threads: int = 4,
+        **kwargs: Any,
+    ) -> None:
         super().__init__("worker", index, **kwargs)
         self.client_ssl = client_ssl
         self.closure_threads = max(1, closure_threads)
@@ -74,9 +88,13 @@ class WorkerServer(ServerBase):
         self._base_context: contextvars.Context | None = None
         self._base_channels: ChannelPool | None = None
         self.departure = Departure()  # SIGTERM: no new closures, then leave
-        self.runner = ClosureRunner(f"worker{index}", self.closure_threads, self._context,
-                                    lambda args: resolve(args, self.resources, self.index),
-                                    self.departure.flag)
+        self.runner = ClosureRunner(
+            f"worker{index}",
+            self.closure_threads,
+            self._context,
+            lambda args: resolve(args, self.resources, self.index),
+            self.departure.flag,
+        )
         self._open_batches = 0  # worker/run requests not yet answered
         self._dispatches = Dispatches(self.task)  # a newer epoch ends the older ones
         self.route(Configure, self.configure)
@@ -113,10 +131,14 @@ class WorkerServer(ServerBase):
 
     def statistics(self, req: Any) -> dict[str, Any]:
         out = super().statistics(req)
-        out.update(closures_run=self.closures_run, closures_failed=self.closures_failed,
-                   closure_seconds=self.runner.outbox.closure_seconds,
-                   closures_running=len(self.runner.tasks), resources=len(self.resources),
-                   draining=self.departure.draining)
+        out.update(
+            closures_run=self.closures_run,
+            closures_failed=self.closures_failed,
+            closure_seconds=self.runner.outbox.closure_seconds,
+            closures_running=len(self.runner.tasks),
+            resources=len(self.resources),
+            draining=self.departure.draining,
+        )
         return out
 
     # -- draining (SIGTERM: a preemption notice) -------------------------------------------------
@@ -124,8 +146,9 @@ class WorkerServer(ServerBase):
         """Take no new closures (they are refused with DrainingError and run elsewhere);
         those running finish and report as usual. Returns how many are running."""
         if self.departure.begin():
-            logger.info("%s draining: %d closure(s) to finish, no new ones", self.task,
-                        len(self.runner.in_flight))
+            logger.info(
+                "%s draining: %d closure(s) to finish, no new ones", self.task, len(self.runner.in_flight)
+            )
         return len(self.runner.in_flight)
 
     async def drained(self, timeout: float) -> bool:
@@ -133,7 +156,9 @@ class WorkerServer(ServerBase):
         until the coordinator has heard it is leaving (see :class:`Departure`)."""
         return await self.departure.wait(
             lambda: bool(self.runner.in_flight or self.runner.outbox.items or self._open_batches),
-            lambda: bool(self.connections), timeout)
+            lambda: bool(self.connections),
+            timeout,
+        )
 
     def _refuse_if_draining(self) -> None:
         self.departure.refuse(self.task)
@@ -171,7 +196,7 @@ class WorkerServer(ServerBase):
         older = [] if req.epoch is None else self._dispatches.arrive(batch, (req.owner, self.index))
         try:
             if req.fns or self.runner.fns.loading:
-                await self.runner.fns.load(req.fns, {c[1] for c in closures})
+                await self.runner.fns.load(req.fns, {c.fn for c in closures})
             if not closures:
                 return encode_results([])  # nothing to run: answered at once
             self._refuse_if_draining()
@@ -179,7 +204,7 @@ class WorkerServer(ServerBase):
             try:
                 await self._dispatches.wait_ended(older, self.runner.cloop)
                 if batch.abandoned:  # a newer dispatch arrived meanwhile: this one is fenced
-                    return encode_results([[c[0], CANCELLED, None] for c in closures])
+                    return encode_results([ClosureResult(c.id, CANCELLED) for c in closures])
                 fence = (req.owner, self.index, req.epoch) if req.epoch is not None else None
                 self.runner.start_batch(batch, closures, fence, req.once)
                 return await batch.done
@@ -195,7 +220,8 @@ class WorkerServer(ServerBase):
         if expected is not None and expected != self.incarnation:
             raise ClosureAbortedError(
                 f"{self.task} restarted since the coordinator connected (it has none of the "
-                "functions or resources sent before); reconnect")
+                "functions or resources sent before); reconnect"
+            )
 
     def cancel(self, req: CancelClosures) -> CancelReply:
         """Cancel running or queued closures by id; ids of closures not in flight are ignored

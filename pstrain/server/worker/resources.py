@@ -11,6 +11,7 @@ from ..._formats.messages.closures import ResourceRef
 
 __all__ = ["FailedResource", "LockedIterator", "dataset_name", "resolve"]
 
+
 class FailedResource:
     __slots__ = ("error",)
 
@@ -45,7 +46,8 @@ class LockedIterator:
                     f"End of sequence: the per-worker iterator of {self._dataset} on {self._task} "
                     "is exhausted. Repeat the dataset (.repeat() on a pstrain.data.Dataset, or "
                     "itertools.cycle) and schedule a fixed number of steps, as TF recommends",
-                    task=self._task) from None
+                    task=self._task,
+                ) from None
 
     def get_next(self) -> Any:
         """TF's spelling of ``next(it)``."""
@@ -87,7 +89,8 @@ def resolve(obj: Any, resources: dict[int, Any], index: int) -> Any:
         if isinstance(res, FailedResource):
             raise ClosureInputError(
                 f"Input has an error, the original exception is {type(res.error).__name__}, "
-                f"error message is {res.error}")
+                f"error message is {res.error}"
+            )
         return res
     if type(obj) is tuple:
         return tuple(resolve(x, resources, index) for x in obj)

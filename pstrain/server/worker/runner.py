@@ -24,6 +24,7 @@ from ..._base.errors import NotFoundError
 from ..._base.tags import set_dispatch
 from ..._base.tasks import TaskOwner
 from ..._formats.messages.closures import CANCELLED, ERROR, OK, exception_payload
+from ..._formats.messages.records import ClosureCall, ClosureResult
 from ..._transport.bridge import block_on
 from .closures import Batch, ClosureLoop, Functions, Outbox, SyncPool, check_awaited, encode_results
 
@@ -38,8 +39,14 @@ class ClosureRunner:
     their references, ``departing()`` says whether the worker is leaving (sent with the
     results)."""
 
-    def __init__(self, task: str, threads: int, new_context: Callable[[], contextvars.Context],
-                 resolve: Callable[[Any], Any], departing: Callable[[], Any]) -> None:
+    def __init__(
+        self,
+        task: str,
+        threads: int,
+        new_context: Callable[[], contextvars.Context],
+        resolve: Callable[[Any], Any],
+        departing: Callable[[], Any],
+    ) -> None:
         self.fns = Functions()  # by digest; unpickled on a thread
         self.loop = ClosureLoop(f"pstrain-{task}-closures")
         self.cloop: asyncio.AbstractEventLoop | None = None  # the closure loop, once started
@@ -64,6 +71,7 @@ class ClosureRunner:
     async def stop(self, *closing: Any) -> None:
         """End the closures (and close ``closing``: channel pools living on the closure
         loop), then the closure loop and the pool."""
+
         async def shutdown() -> None:  # on the closure loop
             await self._owner.close()
             for pool in closing:
@@ -96,24 +104,29 @@ class ClosureRunner:
             ctx.run(set_dispatch, fence, once_key)
         return ctx
 
-    def start_batch(self, batch: Batch, closures: list[Any],
-                     fence: tuple[str | None, int, int] | None = None,
-                     once: dict[int, str] | None = None) -> None:
+    def start_batch(
+        self,
+        batch: Batch,
+        closures: list[ClosureCall],
+        fence: tuple[str | None, int, int] | None = None,
+        once: dict[int, str] | None = None,
+    ) -> None:
         """On the serving loop: plain functions go straight to the thread pool; coroutine
         functions go to the closure loop in one hand-over for the whole batch."""
         coros = []
-        for cid, digest, args, kwargs, has_refs in closures:
+        for call in closures:
+            cid, args, kwargs = call.id, call.args, call.kwargs
             self.in_flight.add(cid)
-            fn = self.fns.get(digest)
+            fn = self.fns.get(call.fn)
             if fn is None:
-                self._deliver(batch, [cid, ERROR, exception_payload(NotFoundError(
-                    f"function {digest.hex()[:12]} was never sent to this worker"))])
+                missing = NotFoundError(f"function {call.fn.hex()[:12]} was never sent to this worker")
+                self._deliver(batch, ClosureResult(cid, ERROR, exception_payload(missing)))
                 continue
-            if has_refs:
+            if call.has_refs:
                 try:
                     args, kwargs = self._resolve(args), self._resolve(kwargs)
                 except BaseException as exc:
-                    self._deliver(batch, [cid, ERROR, exception_payload(exc)])
+                    self._deliver(batch, ClosureResult(cid, ERROR, exception_payload(exc)))
                     continue
             once_key = once.get(cid) if once else None
             if inspect.iscoroutinefunction(fn):
@@ -129,25 +142,25 @@ class ClosureRunner:
         assert loop is not None
         for cid, fn, args, kwargs, ctx in coros:
             if cid in self.cancelled or batch.abandoned:
-                self._deliver(batch, [cid, CANCELLED, None])
+                self._deliver(batch, ClosureResult(cid, CANCELLED))
                 continue
-            task = self._owner.spawn(self._run_async(batch, cid, fn, args, kwargs),
-                                             context=ctx)  # one each
+            task = self._owner.spawn(self._run_async(batch, cid, fn, args, kwargs), context=ctx)  # one each
             self.tasks[cid] = task
             batch.tasks.add(task)
 
-    async def _run_async(self, batch: Batch, cid: int, fn: Callable[..., Any], args: Any,
-                         kwargs: Any) -> None:
+    async def _run_async(
+        self, batch: Batch, cid: int, fn: Callable[..., Any], args: Any, kwargs: Any
+    ) -> None:
         started = time.perf_counter()
         try:
             with watch_unawaited() as missed:
                 value = await fn(*args, **kwargs)
             check_awaited(missed)
-            record = [cid, OK, value]
+            record = ClosureResult(cid, OK, value)
         except asyncio.CancelledError:
-            record = [cid, CANCELLED, None]
+            record = ClosureResult(cid, CANCELLED)
         except BaseException as exc:  # user code: report whatever it raised
-            record = [cid, ERROR, exception_payload(exc)]
+            record = ClosureResult(cid, ERROR, exception_payload(exc))
         finally:
             task = asyncio.current_task()
             if self.tasks.get(cid) is task:
@@ -160,14 +173,14 @@ class ClosureRunner:
         batch, cid, fn, args, kwargs, ctx = item
         if cid in self.cancelled or batch.abandoned:
             self.cancelled.discard(cid)
-            self._deliver(batch, [cid, CANCELLED, None])
+            self._deliver(batch, ClosureResult(cid, CANCELLED))
             return
         started = time.perf_counter()
         try:
             value = ctx.run(self._call_sync, fn, args, kwargs)
-            record = [cid, OK, value]
+            record = ClosureResult(cid, OK, value)
         except BaseException as exc:
-            record = [cid, ERROR, exception_payload(exc)]
+            record = ClosureResult(cid, ERROR, exception_payload(exc))
         self._deliver(batch, record, time.perf_counter() - started)
 
     def _call_sync(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
@@ -184,7 +197,7 @@ class ClosureRunner:
         """A closure logged a scalar (any thread): it leaves with the next results."""
         self.outbox.scalar(name, value, step, wall_time)
 
-    def _deliver(self, batch: Batch, record: list[Any], seconds: float = 0.0) -> None:
+    def _deliver(self, batch: Batch, record: ClosureResult, seconds: float = 0.0) -> None:
         """Called on any thread when a closure ends; results leave in coalesced messages."""
         if self.outbox.put(batch, record, seconds):
             assert self._serving is not None
@@ -194,12 +207,12 @@ class ClosureRunner:
         outbox, scalars = self.outbox.take()
         touched: dict[int, Batch] = {}
         for batch, record in outbox:
-            self.cancelled.discard(record[0])
-            self.in_flight.discard(record[0])
-            if record[1] == OK:
+            self.cancelled.discard(record.id)
+            self.in_flight.discard(record.id)
+            if record.status is OK:
                 self.closures_run += 1
             else:
-                self.closures_failed += record[1] == ERROR
+                self.closures_failed += record.status is ERROR
             batch.results.append(record)
             batch.remaining -= 1
             touched[id(batch)] = batch
@@ -217,4 +230,3 @@ class ClosureRunner:
                 except Exception:  # connection gone: the coordinator reschedules
                     logger.debug("could not send partial results", exc_info=True)
             # over HTTP (no emit) results wait for the last one
-

@@ -88,7 +88,8 @@ class Deltas:
             raise FailedPreconditionError(
                 f"delta/save: {self.store.task} is incarnation {self.incarnation}, not "
                 f"{req.incarnation} (it restarted since the save this delta would extend): "
-                "write a full checkpoint")
+                "write a full checkpoint"
+            )
         records = {key: self.store.get(name) for key, name in req.variables.items()}
         tables = {}
         for name, spec in req.tables.items():
@@ -99,7 +100,8 @@ class Deltas:
                 raise FailedPreconditionError(
                     f"delta/save: table {name!r} on {self.store.task} did not keep its "
                     f"evictions since mark {req.since} (more than it keeps, or it was "
-                    "restored since): write a full checkpoint")
+                    "restored since): write a full checkpoint"
+                )
             tables[name] = (table, spec)
         # -- one step: end the epoch, copy what changed (no await until the write) --------------
         mark = self.store.clock.mark()
@@ -170,5 +172,12 @@ class Deltas:
                 table.end_snapshot(save)
         for name in tables:
             self.feed.saved(name, req.path)
-        return DeltaReply(incarnation=self.incarnation, mark=mark, bytes=saved["bytes"], rows=rows,
-                          removed=removed, written=written, whole=written_whole)
+        return DeltaReply(
+            incarnation=self.incarnation,
+            mark=mark,
+            bytes=saved["bytes"],
+            rows=rows,
+            removed=removed,
+            written=written,
+            whole=written_whole,
+        )

@@ -58,8 +58,14 @@ PIECE_ROWS = 4096
 class TableFeed:
     """Where each table of one ps was saved, its shard, and the feed that reads them."""
 
-    def __init__(self, task: str, index: int, tables: dict[str, DynamicTable],
-                 confine: Confine, max_readers: int = MAX_READERS) -> None:
+    def __init__(
+        self,
+        task: str,
+        index: int,
+        tables: dict[str, DynamicTable],
+        confine: Confine,
+        max_readers: int = MAX_READERS,
+    ) -> None:
         self.task = task
         self.index = index
         self.tables = tables
@@ -101,27 +107,43 @@ class TableFeed:
         """What this ps's shard of ``name`` changed since version ``since``."""
         table = self.tables.get(name)
         if table is None:
-            raise NotFoundError(f"table feed: dynamic table {name!r} not found on {self.task} "
-                                "(a name it does not know, or a table not created here yet: a "
-                                "table is created on each ps by its first use)")
+            raise NotFoundError(
+                f"table feed: dynamic table {name!r} not found on {self.task} "
+                "(a name it does not know, or a table not created here yet: a "
+                "table is created on each ps by its first use)"
+            )
         directory = self.directories.get(name)
         if directory is None:
             raise FailedPreconditionError(
                 f"table feed: table {name!r} has not been saved or restored on {self.task} "
                 "since it started: the feed serves saved versions (CheckpointManager(..., "
-                "delta_interval_s=...))")
+                "delta_interval_s=...))"
+            )
         placement = self.placement.get(name)
         if placement is None:
-            raise FailedPreconditionError(f"table feed: {self.task} does not know which shard of "
-                                          f"{name!r} it holds (created by an older coordinator)")
+            raise FailedPreconditionError(
+                f"table feed: {self.task} does not know which shard of "
+                f"{name!r} it holds (created by an older coordinator)"
+            )
         shard, num_shards = placement
         dim, dtype, reset_at = table.config.dim, table.dtype, self.reset_at.get(name, 0)
         for attempt in range(_ATTEMPTS):
             try:
-                return await asyncio.to_thread(read_feed, directory, name, self.index, shard,
-                                               num_shards, dim, dtype, since, reset_at,
-                                               self.indexes.setdefault(directory, {}),
-                                               self.moved_at.get(name, 0), self.confine)
+                return await asyncio.to_thread(
+                    read_feed,
+                    directory,
+                    name,
+                    self.index,
+                    shard,
+                    num_shards,
+                    dim,
+                    dtype,
+                    since,
+                    reset_at,
+                    self.indexes.setdefault(directory, {}),
+                    self.moved_at.get(name, 0),
+                    self.confine,
+                )
             except (FailedPreconditionError, InvalidArgumentError):
                 if attempt == _ATTEMPTS - 1:  # not a save pruned meanwhile: the directory is bad
                     raise
@@ -132,16 +154,18 @@ class TableFeed:
         name = params.get("name", "")
         raw = query.get("since")
         if raw is not None and not _VERSION.match(raw):
-            raise InvalidArgumentError(f"table feed: since={raw!r} is not a version (a number "
-                                       "the feed gave)")
+            raise InvalidArgumentError(f"table feed: since={raw!r} is not a version (a number the feed gave)")
         unknown = sorted(set(query) - {"since"})
         if unknown:
-            raise InvalidArgumentError(f"table feed: unknown query parameter(s) {unknown}; "
-                                       "the feed takes since=<version>")
+            raise InvalidArgumentError(
+                f"table feed: unknown query parameter(s) {unknown}; the feed takes since=<version>"
+            )
         since = int(raw) if raw is not None else None
         if self.readers >= self.max_readers:
-            busy = UnavailableError(f"table feed: {self.readers} replies are under way on "
-                                    f"{self.task}, its most at once; ask again shortly")
+            busy = UnavailableError(
+                f"table feed: {self.readers} replies are under way on "
+                f"{self.task}, its most at once; ask again shortly"
+            )
             busy.retry_after_s = 1  # type: ignore[attr-defined]
             raise busy
         self.readers += 1
@@ -151,16 +175,29 @@ class TableFeed:
             self.readers -= 1
             raise
         shard, num_shards = self.placement[name]
-        metadata = {"version": str(reply.version), "reset": "true" if reply.reset else "false",
-                    "since": "" if since is None else str(since), "table": name,
-                    "shard": str(shard) if isinstance(shard, int) else ",".join(map(str, shard)),
-                    "num_shards": str(num_shards), "task": self.task}
+        metadata = {
+            "version": str(reply.version),
+            "reset": "true" if reply.reset else "false",
+            "since": "" if since is None else str(since),
+            "table": name,
+            "shard": str(shard) if isinstance(shard, int) else ",".join(map(str, shard)),
+            "num_shards": str(num_shards),
+            "task": self.task,
+        }
         n = reply.ids.size
-        head, _ = safetensors_header([("ids", np.dtype(np.int64), (n,)),
-                                      ("rows", reply.dtype, (n, reply.dim)),
-                                      ("removed", np.dtype(np.int64), reply.removed.shape)], metadata)
-        headers = {f"X-Pstrain-{k.replace('_', '-').title()}": v for k, v in metadata.items()
-                   if k in ("version", "reset", "since")}
+        head, _ = safetensors_header(
+            [
+                ("ids", np.dtype(np.int64), (n,)),
+                ("rows", reply.dtype, (n, reply.dim)),
+                ("removed", np.dtype(np.int64), reply.removed.shape),
+            ],
+            metadata,
+        )
+        headers = {
+            f"X-Pstrain-{k.replace('_', '-').title()}": v
+            for k, v in metadata.items()
+            if k in ("version", "reset", "since")
+        }
 
         def pieces() -> Iterator[memoryview]:
             for rows in reply.iter_rows(PIECE_ROWS):
@@ -171,5 +208,11 @@ class TableFeed:
             reply.close()
             self.readers -= 1
 
-        return Download([head, reply.ids.view(np.uint8).data], "application/octet-stream", headers,
-                        stream=pieces(), length=reply.rows_nbytes + reply.removed.nbytes, close=close)
+        return Download(
+            [head, reply.ids.view(np.uint8).data],
+            "application/octet-stream",
+            headers,
+            stream=pieces(),
+            length=reply.rows_nbytes + reply.removed.nbytes,
+            close=close,
+        )

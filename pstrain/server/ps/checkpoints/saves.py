@@ -63,6 +63,7 @@ MAX_STAGED = 4
 @dataclasses.dataclass
 class Pending:
     """A checkpoint file taken (checked, its values snapshotted), not yet written."""
+
     path: str  # as asked
     real: str  # resolved, under the root
     tensors: SomeTensors
@@ -77,8 +78,13 @@ class Pending:
 class CheckpointFiles:
     """Checkpoint files of one ps, confined to ``root``."""
 
-    def __init__(self, store: VariableStore, root: str | None = None,
-                 max_variable_bytes: int | None = None, max_store_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        store: VariableStore,
+        root: str | None = None,
+        max_variable_bytes: int | None = None,
+        max_store_bytes: int | None = None,
+    ) -> None:
         self.store = store
         self.max_variable_bytes = max_variable_bytes  # a restored variable's limit, as a created one
         self.max_store_bytes = max_store_bytes  # bytes held at most (the ps's --max-store-bytes)
@@ -92,22 +98,26 @@ class CheckpointFiles:
         self.root = os.path.realpath(root or os.getcwd())
         #: stage -> (the values read, the variables whose initial values it released, the
         #: timer that drops it when STAGE_TTL_S is up; cancelled by a commit or an abort)
-        self._staged: dict[str, tuple[list[tuple[str, np.ndarray, bool, str | None]],
-                                      list[VariableRecord], asyncio.TimerHandle]] = {}
+        self._staged: dict[
+            str,
+            tuple[list[tuple[str, np.ndarray, bool, str | None]], list[VariableRecord], asyncio.TimerHandle],
+        ] = {}
         store.staged.append(self.staged_bytes)
 
     def confine(self, path: str, what: str) -> str:
         """``path`` resolved, if it lies under the root; else InvalidArgumentError."""
         if "\x00" in path or not os.path.isabs(path):
-            raise InvalidArgumentError(f"{what} {path!r}: give an absolute path under this ps's "
-                                       f"checkpoint root {self.root}")
+            raise InvalidArgumentError(
+                f"{what} {path!r}: give an absolute path under this ps's checkpoint root {self.root}"
+            )
         if ".." in path.split(os.sep):
             raise InvalidArgumentError(f"{what} {path!r}: '..' is not allowed in checkpoint paths")
         real = os.path.realpath(path)
         if real != self.root and not real.startswith(self.root + os.sep):
             raise InvalidArgumentError(
                 f"{what} {path!r} is outside this ps's checkpoint root {self.root} "
-                "(pstrain serve --checkpoint-root)")
+                "(pstrain serve --checkpoint-root)"
+            )
         return real
 
     # -- save ------------------------------------------------------------------------------------
@@ -116,11 +126,13 @@ class CheckpointFiles:
         takes them): checked, not written; snapshots added to its ``releases`` end once it is."""
         real = self.confine(path, "checkpoint file")
         if os.path.lexists(real):
-            raise AlreadyExistsError(f"checkpoint file {path} already exists; a checkpoint "
-                                     "is never written over")
+            raise AlreadyExistsError(
+                f"checkpoint file {path} already exists; a checkpoint is never written over"
+            )
         if not os.path.isdir(os.path.dirname(real)):
-            raise NotFoundError(f"checkpoint directory {os.path.dirname(path)} does not exist on "
-                                f"{self.store.task}")
+            raise NotFoundError(
+                f"checkpoint directory {os.path.dirname(path)} does not exist on {self.store.task}"
+            )
         return Pending(path, real, tensors, [])
 
     def take_variables(self, req: SaveCheckpoint) -> Pending:
@@ -131,8 +143,9 @@ class CheckpointFiles:
         records = {key: self.store.get(name) for key, name in req.tensors.items()}
         for r in records.values():
             if r.array.dtype.name not in SAFETENSORS_DTYPES:
-                raise InvalidArgumentError(f"ckpt/save: {r.name!r} has dtype {r.array.dtype}, "
-                                           "which a checkpoint cannot hold")
+                raise InvalidArgumentError(
+                    f"ckpt/save: {r.name!r} has dtype {r.array.dtype}, which a checkpoint cannot hold"
+                )
         try:
             for key, r in records.items():
                 arr = r.array
@@ -148,8 +161,9 @@ class CheckpointFiles:
             raise
         return pending
 
-    async def write(self, pending: Pending, kind: str = "full", write_s: float = 0.0,
-                    ahead: int = 0) -> dict[str, Any]:
+    async def write(
+        self, pending: Pending, kind: str = "full", write_s: float = 0.0, ahead: int = 0
+    ) -> dict[str, Any]:
         """Write what :meth:`take` checked, on the save thread of its ``kind`` (spread over
         about ``write_s`` seconds if > 0, up to ``ahead`` bytes taken in first); its
         snapshots end after."""
@@ -161,8 +175,14 @@ class CheckpointFiles:
 
         def run() -> int:  # until the file is written, even if the request is cancelled
             try:
-                return write_streaming(pending.real, pending.tensors, root=self.root,
-                                       write_s=write_s, ahead=ahead, sleep=pace.wait)
+                return write_streaming(
+                    pending.real,
+                    pending.tensors,
+                    root=self.root,
+                    write_s=write_s,
+                    ahead=ahead,
+                    sleep=pace.wait,
+                )
             finally:
                 self._spreading.discard(pace)
 
@@ -194,7 +214,8 @@ class CheckpointFiles:
                     loop.call_soon_threadsafe(self._release_when_idle, kind, done.result())
 
         self._idle_checks[kind] = loop.call_later(
-            direct_writes.STAGING_IDLE_S if after is None else after, check)
+            direct_writes.STAGING_IDLE_S if after is None else after, check
+        )
 
     def hurry(self, stop: bool = False) -> int:
         """Send the rest of every spread write under way at once (and of every later one, if
@@ -204,23 +225,32 @@ class CheckpointFiles:
             pace.set()
         return len(self._spreading)
 
-    async def save_streamed(self, path: str, tensors: SomeTensors, write_s: float = 0.0,
-                            ahead: int = 0) -> dict[str, Any]:
+    async def save_streamed(
+        self, path: str, tensors: SomeTensors, write_s: float = 0.0, ahead: int = 0
+    ) -> dict[str, Any]:
         """Write ``tensors`` (a delta's, as ``write_streaming`` takes them, or a function the
         save thread calls for them) to a new file under the root, on the deltas' save thread,
         spread over about ``write_s`` seconds if > 0 (up to ``ahead`` bytes gathered first)."""
         return await self.write(self.take(path, tensors), "delta", write_s, ahead)
 
-    async def read_table_rows(self, paths: list[str], shard: Shard, num_shards: int, dim: int,
-                              dtype: np.dtype, deltas: list[list[tuple[str, str]]] | None = None
-                              ) -> TableState:
+    async def read_table_rows(
+        self,
+        paths: list[str],
+        shard: Shard,
+        num_shards: int,
+        dim: int,
+        dtype: np.dtype,
+        deltas: list[list[tuple[str, str]]] | None = None,
+    ) -> TableState:
         """The ids, rows and slots of a saved dynamic table that shard ``shard`` of
         ``num_shards`` holds, gathered from every file of the save (the table may have been
         saved from another number of ps), then each delta of ``deltas`` (its ``(file,
         prefix)`` pairs) applied in order: its removed ids dropped, its rows put in."""
         real = [self.confine(p, "dyn/restore: file") for p in paths]
-        real_deltas = [[(self.confine(p, "dyn/restore: delta file"), prefix) for p, prefix in delta]
-                       for delta in deltas or []]
+        real_deltas = [
+            [(self.confine(p, "dyn/restore: delta file"), prefix) for p, prefix in delta]
+            for delta in deltas or []
+        ]
 
         def read() -> TableState:
             return read_table_state(real, real_deltas, shard, num_shards, dim, dtype)
@@ -228,8 +258,9 @@ class CheckpointFiles:
         return await asyncio.to_thread(read)
 
     # -- restore -----------------------------------------------------------------------------------
-    def _check_sources(self, spec: RestoreSpec) -> tuple[tuple[int, ...], np.dtype, list[list[Any]],
-                                                         list[list[Any]]]:
+    def _check_sources(
+        self, spec: RestoreSpec
+    ) -> tuple[tuple[int, ...], np.dtype, list[list[Any]], list[list[Any]]]:
         where = f"ckpt/restore {spec.name!r}"
         try:
             dtype = np.dtype(spec.dtype)
@@ -242,7 +273,8 @@ class CheckpointFiles:
         if self.max_variable_bytes is not None and nbytes > self.max_variable_bytes:
             raise InvalidArgumentError(
                 f"{where}: {shape} {dtype} is {nbytes} bytes, more than this ps's limit of "
-                f"{self.max_variable_bytes} bytes per variable (pstrain serve --max-variable-bytes)")
+                f"{self.max_variable_bytes} bytes per variable (pstrain serve --max-variable-bytes)"
+            )
         rows = shape[0] if shape else 1
         sources = []
         covered: list[tuple[int, int]] = []
@@ -268,8 +300,10 @@ class CheckpointFiles:
             pos = hi
         if pos != rows:
             raise InvalidArgumentError(f"{where}: the sources cover {pos} of {rows} rows")
-        patches = [[self.confine(file, f"{where}: delta file"), rows_key, idx_key, shift]
-                   for file, rows_key, idx_key, shift in spec.patches]
+        patches = [
+            [self.confine(file, f"{where}: delta file"), rows_key, idx_key, shift]
+            for file, rows_key, idx_key, shift in spec.patches
+        ]
         return shape, dtype, sources, patches
 
     async def restore(self, req: RestoreCheckpoint) -> RestoreReply:
@@ -284,7 +318,8 @@ class CheckpointFiles:
                 raise InvalidArgumentError(
                     f"ckpt/restore: reading {adding} bytes would take {self.store.task} past its "
                     f"limit of {self.max_store_bytes} bytes held ({held} held now; pstrain serve "
-                    "--max-store-bytes)")
+                    "--max-store-bytes)"
+                )
 
         if req.stage is not None:  # refused before anything is read or released
             self._room_to_stage()
@@ -296,8 +331,10 @@ class CheckpointFiles:
                     released.append(record)
 
         def build() -> list[tuple[str, np.ndarray, bool, str | None]]:
-            return [(spec.name, read_rows(shape, dtype, sources, patches), spec.trainable,
-                     spec.slot_of) for spec, shape, dtype, sources, patches in checked]
+            return [
+                (spec.name, read_rows(shape, dtype, sources, patches), spec.trainable, spec.slot_of)
+                for spec, shape, dtype, sources, patches in checked
+            ]
 
         try:
             built = await asyncio.to_thread(build)  # in this context: its allocator
@@ -322,7 +359,8 @@ class CheckpointFiles:
             raise InvalidArgumentError(
                 f"ckpt/restore: {len(self._staged)} restores are staged on {self.store.task} "
                 f"already (at most {MAX_STAGED}, each kept {STAGE_TTL_S:g} s until committed "
-                "or aborted): commit or abort them first")
+                "or aborted): commit or abort them first"
+            )
 
     def _check_fits(self, built: list[tuple[str, np.ndarray, bool, str | None]]) -> None:
         for name, array, *_ in built:
@@ -330,7 +368,8 @@ class CheckpointFiles:
             if record is not None and (record.shape != array.shape or record.dtype != array.dtype):
                 raise InvalidArgumentError(
                     f"checkpoint value for {name!r} is {array.shape} {array.dtype}, the variable "
-                    f"is {record.shape} {record.dtype}")
+                    f"is {record.shape} {record.dtype}"
+                )
 
     def _put(self, built: list[tuple[str, np.ndarray, bool, str | None]]) -> None:
         for name, array, trainable, slot_of in built:
@@ -344,8 +383,10 @@ class CheckpointFiles:
         """Put a staged restore in place (all its variables at once)."""
         entry = self._take_stage(stage)
         if entry is None:
-            raise NotFoundError(f"no staged restore {stage!r} on {self.store.task} (it expired "
-                                f"after {STAGE_TTL_S:g} s, or was aborted)")
+            raise NotFoundError(
+                f"no staged restore {stage!r} on {self.store.task} (it expired "
+                f"after {STAGE_TTL_S:g} s, or was aborted)"
+            )
         built = entry[0]
         self._check_fits(built)
         self._put(built)
@@ -384,7 +425,8 @@ def _save_thread(kind: str = "full") -> concurrent.futures.ThreadPoolExecutor:
     saver = _SAVERS.get(kind)
     if saver is None:
         saver = _SAVERS[kind] = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=f"pstrain-save-{kind}")
+            max_workers=1, thread_name_prefix=f"pstrain-save-{kind}"
+        )
     return saver
 
 

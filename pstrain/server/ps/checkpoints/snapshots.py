@@ -63,7 +63,7 @@ class KeptRows:
 
     def rows(self) -> np.ndarray:
         """The rows kept (a view: read it under the snapshot's lock)."""
-        return self._rows[:self._n]
+        return self._rows[: self._n]
 
     def add(self, rows: np.ndarray) -> None:
         """Keep the current values of ``rows`` (none of them kept already)."""
@@ -73,8 +73,7 @@ class KeptRows:
         take_rows(self.array, rows, self._values[n:end])
         self._n = end
 
-    def add_changed(self, rows: np.ndarray, epochs: np.ndarray, since: int, mark: int,
-                    taken: int) -> bool:
+    def add_changed(self, rows: np.ndarray, epochs: np.ndarray, since: int, mark: int, taken: int) -> bool:
         """Keep the current values of those of ``rows`` (int64, strictly ascending: a sparse
         step's) in ``taken:`` whose epoch is in ``(since, mark]``, in one compiled pass with
         no temporary per row; False, nothing kept, where the rows are not strictly ascending
@@ -84,8 +83,17 @@ class KeptRows:
             return False
         n = self._reserve(rows.size)
         width = math.prod(arr.shape[1:])
-        got = KERNELS.keep_changed(rows, epochs, since, mark, taken, arr.reshape(arr.shape[0], width),
-                                   self._rows, self._values.reshape(self._rows.size, width), n)
+        got = KERNELS.keep_changed(
+            rows,
+            epochs,
+            since,
+            mark,
+            taken,
+            arr.reshape(arr.shape[0], width),
+            self._rows,
+            self._values.reshape(self._rows.size, width),
+            n,
+        )
         if got < 0:
             return False
         self._n = n + got
@@ -93,18 +101,18 @@ class KeptRows:
 
     def between(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """The rows kept in ``lo:hi`` and their old values (copies)."""
-        rows = self._rows[:self._n]
+        rows = self._rows[: self._n]
         at = np.flatnonzero((rows >= lo) & (rows < hi))
         return rows[at], self._values[at]
 
     def drop_below(self, upto: int) -> None:
         """Forget the rows below ``upto``; give the memory back once most of it is unused."""
-        rows = self._rows[:self._n]
+        rows = self._rows[: self._n]
         stay = np.flatnonzero(rows >= upto)
         if stay.size == self._n:
             return
-        self._rows[:stay.size] = rows[stay]
-        self._values[:stay.size] = self._values[stay]
+        self._rows[: stay.size] = rows[stay]
+        self._values[: stay.size] = self._values[stay]
         self._n = stay.size
         if self._rows.size > 4 * max(self._n, 1024):
             self._resize(max(2 * self._n, 1024))
@@ -118,8 +126,8 @@ class KeptRows:
     def _resize(self, capacity: int) -> None:
         rows = np.empty(capacity, np.int64)
         values = np.empty((capacity, *self.array.shape[1:]), self.array.dtype)
-        rows[:self._n] = self._rows[:self._n]
-        values[:self._n] = self._values[:self._n]
+        rows[: self._n] = self._rows[: self._n]
+        values[: self._n] = self._values[: self._n]
         self._rows, self._values = rows, values
 
 
@@ -134,8 +142,9 @@ class Snapshot:
     [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]
     """
 
-    def __init__(self, array: np.ndarray, block_rows: int | None = None,
-                 rows: np.ndarray | None = None) -> None:
+    def __init__(
+        self, array: np.ndarray, block_rows: int | None = None, rows: np.ndarray | None = None
+    ) -> None:
         self._setup(array, block_rows, rows)
         # True: nothing to keep for the row (kept already, or not among the rows selected).
         if rows is None:
@@ -182,7 +191,7 @@ class Snapshot:
             if not r.size:
                 return
             if r.size > 1 and not bool(np.all(r[1:] > r[:-1])):  # a sparse step's rows are
-                r = np.unique(r)                                    # unique and ascending
+                r = np.unique(r)  # unique and ascending
             self._kept.add(r)
 
     def _to_keep(self, r: np.ndarray, every: bool) -> np.ndarray:
@@ -216,7 +225,7 @@ class Snapshot:
             fits = room.size // row_bytes if row_bytes and aligned else 0
             hi = min(count, lo + self.block_rows, lo + max(1, fits) if aligned else count)
             if fits:
-                dest = room[:(hi - lo) * row_bytes].view(arr.dtype).reshape(hi - lo, *arr.shape[1:])
+                dest = room[: (hi - lo) * row_bytes].view(arr.dtype).reshape(hi - lo, *arr.shape[1:])
                 self._block(lo, hi, dest)
                 writer.wrote(dest.nbytes)
             else:  # a row across the buffer's end, or a start not aligned: a copy of its own
@@ -288,8 +297,9 @@ class ChangedRows(Snapshot):
     [2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
     """
 
-    def __init__(self, array: np.ndarray, epochs: np.ndarray, since: int, mark: int,
-                 block_rows: int | None = None) -> None:
+    def __init__(
+        self, array: np.ndarray, epochs: np.ndarray, since: int, mark: int, block_rows: int | None = None
+    ) -> None:
         self._setup(array, block_rows, None)
         if epochs.shape[0] != self.rows:
             raise ValueError(f"ChangedRows: {epochs.shape[0]} epochs for {self.rows} rows")
@@ -300,8 +310,13 @@ class ChangedRows(Snapshot):
 
     def before_write(self, rows: np.ndarray | None) -> None:
         # A sparse step's rows (int64, strictly ascending): kept by one compiled pass.
-        if rows is not None and isinstance(rows, np.ndarray) and rows.dtype == np.int64 \
-                and rows.ndim == 1 and rows.flags.c_contiguous:
+        if (
+            rows is not None
+            and isinstance(rows, np.ndarray)
+            and rows.dtype == np.int64
+            and rows.ndim == 1
+            and rows.flags.c_contiguous
+        ):
             with self._lock:
                 if self.taken >= self.rows or self._every_kept:
                     return

@@ -66,8 +66,9 @@ MOVE_TTL_S = 300.0
 class Moves:
     """The moves in and out of one ps."""
 
-    def __init__(self, store: VariableStore, fencing: Fencing, max_store_bytes: int,
-                 tables: TableHandlers) -> None:
+    def __init__(
+        self, store: VariableStore, fencing: Fencing, max_store_bytes: int, tables: TableHandlers
+    ) -> None:
         self.store = store
         self.fencing = fencing
         self.max_store_bytes = max_store_bytes
@@ -112,11 +113,13 @@ class Moves:
             self._check_held(name, moving)
         copies, releases = [], []
         for record in records:
-            for r, slot_of in [(record, None)] + [(s, record.name)
-                                                    for s in self.store.slots_of(record.name)]:
+            for r, slot_of in [(record, None)] + [(s, record.name) for s in self.store.slots_of(record.name)]:
                 releases.append(r.pin())
-                copies.append(VariableCopy(name=r.name, value=r.array, trainable=r.trainable,
-                                           owner=r.owner, slot_of=slot_of))
+                copies.append(
+                    VariableCopy(
+                        name=r.name, value=r.array, trainable=r.trainable, owner=r.owner, slot_of=slot_of
+                    )
+                )
         table_copies = [TableCopy(**table.copy_slices(moving)) for table, moving in tables]
         mark = self.store.clock.mark()
         self.outgoing[req.stage] = list(req.keys)
@@ -137,15 +140,17 @@ class Moves:
             return  # created by a coordinator that did not say: the next step checks
         shard, num = placed
         if isinstance(shard, int):
-            held = {s for s in range(moving.slices) if s % num == shard} \
-                if moving.slices % num == 0 else set()
+            held = (
+                {s for s in range(moving.slices) if s % num == shard} if moving.slices % num == 0 else set()
+            )
         else:
             held = set(shard) if moving.slices == num else set()
         missing = sorted(set(moving.owned) - held)
         if missing:
             raise InvalidArgumentError(
                 f"ps/move_out: {self.store.task} does not hold slices {missing} of "
-                f"{moving.slices} of table {name!r} (it holds {sorted(held)}); nothing moved")
+                f"{moving.slices} of table {name!r} (it holds {sorted(held)}); nothing moved"
+            )
 
     def finish(self, req: FinishMove) -> FinishReply:
         """Step 3, atomic on the loop: stop serving the variables and answer with what
@@ -153,17 +158,23 @@ class Moves:
         self.stages.check("out", req)
         keys = self.outgoing.get(req.stage)
         tables = self.outgoing_tables.get(req.stage, {})
-        if keys is None or sorted(keys) != sorted(req.keys) or tables != req.tables \
-                or set(req.serving) != set(tables):
-            raise FailedPreconditionError(f"ps/move_finish: no move {req.stage!r} of these "
-                                          "variables and table slices started here")
+        if (
+            keys is None
+            or sorted(keys) != sorted(req.keys)
+            or tables != req.tables
+            or set(req.serving) != set(tables)
+        ):
+            raise FailedPreconditionError(
+                f"ps/move_finish: no move {req.stage!r} of these variables and table slices started here"
+            )
         self.stages.stop_timer("out", req.stage)  # parked now: kept until the move ends
         self.map.adopt(req.placement, req.owner)
         table_patches, parked_tables = [], []
         for name, moving in tables.items():
             table = self.tables.table(name)
-            parked_tables.append((name, moving, self.tables.guards.get(name),
-                                  req.capacity.get(name, table.config.capacity)))
+            parked_tables.append(
+                (name, moving, self.tables.guards.get(name), req.capacity.get(name, table.config.capacity))
+            )
             self.tables.guards.set(name, req.serving[name])  # refused from now on
             table_patches.append(TablePatch(**table.patch_slices(moving, req.mark)))
         del self.outgoing_tables[req.stage]
@@ -182,8 +193,13 @@ class Moves:
         del self.outgoing[req.stage]
         self.parked[req.stage] = parked
         fences, superseded = self.fencing.state()
-        return FinishReply(patches=patches, once=self.fencing.records_of(set(keys) | set(tables)),
-                           fences=fences, superseded=superseded, tables=table_patches)
+        return FinishReply(
+            patches=patches,
+            once=self.fencing.records_of(set(keys) | set(tables)),
+            fences=fences,
+            superseded=superseded,
+            tables=table_patches,
+        )
 
     def install(self, req: InstallVariables) -> InstallReply:
         """Steps 2 (stage copies) and 4 (apply the changed rows, serve them)."""
@@ -195,14 +211,16 @@ class Moves:
                 if not isinstance(copy.value, np.ndarray):
                     raise InvalidArgumentError(f"ps/install: {copy.name!r} carries no array")
                 if copy.name in self.store and copy.name not in stale:
-                    raise InvalidArgumentError(f"ps/install: {copy.name!r} already exists on "
-                                               f"{self.store.task}")
+                    raise InvalidArgumentError(
+                        f"ps/install: {copy.name!r} already exists on {self.store.task}"
+                    )
             added = sum(c.value.nbytes for c in req.vars) + sum(c.nbytes for c in req.tables)
             held = self.store.held() - sum(h.nbytes for h in stale.values() if isinstance(h, VariableRecord))
             if held + added > self.max_store_bytes:
                 raise FailedPreconditionError(
                     f"{self.store.task} cannot take {added} bytes more: it holds "
-                    f"{held} of its {self.max_store_bytes} (--max-store-bytes)")
+                    f"{held} of its {self.max_store_bytes} (--max-store-bytes)"
+                )
             self._take_over(stale, req.owner)
             arriving = self._stage_tables(req.tables)
             self.incoming[req.stage] = list(req.vars)
@@ -216,8 +234,9 @@ class Moves:
             raise FailedPreconditionError(f"ps/install: nothing staged as {req.stage!r}")
         self.stages.check("in", req)
         table_patches = {p.name: p for p in req.table_patches}
-        missing = [c.name for c, _, _ in self.incoming_tables.get(req.stage, [])
-                   if c.name not in table_patches]
+        missing = [
+            c.name for c, _, _ in self.incoming_tables.get(req.stage, []) if c.name not in table_patches
+        ]
         if missing:
             raise InvalidArgumentError(f"ps/install: no patch of the table slices {missing}")
         staged = self.incoming.pop(req.stage)
@@ -236,8 +255,10 @@ class Moves:
                     arrays[name][np.asarray(rows)] = values
             except (IndexError, ValueError, TypeError) as exc:  # nothing is served yet
                 raise InvalidArgumentError(f"ps/install: a bad patch of {name!r}: {exc}") from None
-        merges = [self.tables.table(arrived.name).checked_merge(arrived, table_patches[arrived.name])
-                  for arrived, _, _ in staged_tables]  # every table's checked before any is served
+        merges = [
+            self.tables.table(arrived.name).checked_merge(arrived, table_patches[arrived.name])
+            for arrived, _, _ in staged_tables
+        ]  # every table's checked before any is served
         for copy in staged:
             self.store.put(copy.name, arrays[copy.name], copy.trainable, slot_of=copy.slot_of)
             record = self.store.get(copy.name)
@@ -248,8 +269,9 @@ class Moves:
             self.tables.table(arrived.name).with_capacity(arrived.config.capacity)
             assert arrived.serving is not None  # (checked when staged)
             self.tables.guards.set(arrived.name, arrived.serving)
-            self.tables.feed.moved(arrived.name, arrived.serving.owned, arrived.serving.slices,
-                                   self.store.clock.epoch)
+            self.tables.feed.moved(
+                arrived.name, arrived.serving.owned, arrived.serving.slices, self.store.clock.epoch
+            )
         self.fencing.adopt(req.once, req.fences, req.superseded)
         if req.placement is not None:
             self.map.adopt(req.placement, req.owner)
@@ -260,10 +282,14 @@ class Moves:
         than theirs: a ps that served an old coordinator, admitted again by a new one, which
         takes it over as a creation does. Name -> the variable, slot or table held."""
         arriving: list[tuple[str, str | None, Any]] = [
-            (c.name, c.owner, self.store.find(c.name)) for c in req.vars]
+            (c.name, c.owner, self.store.find(c.name)) for c in req.vars
+        ]
         arriving += [(c.name, c.owner, self.tables.tables.get(c.name)) for c in req.tables]
-        return {name: held for name, owner, held in arriving
-                if held is not None and None not in (owner, held.owner) and held.owner != owner}
+        return {
+            name: held
+            for name, owner, held in arriving
+            if held is not None and None not in (owner, held.owner) and held.owner != owner
+        }
 
     def _take_over(self, stale: dict[str, Any], owner: str | None) -> None:
         """Supersede the coordinators that left ``stale`` here: what they left goes with
@@ -277,20 +303,29 @@ class Moves:
         here until the move switches (a table new here is made empty, serving nothing)."""
         checked = []
         for copy in copies:
-            if copy.moving is None or copy.serving is None or copy.moving.slices != copy.serving.slices \
-                    or not set(copy.moving.owned) <= set(copy.serving.owned):
-                raise InvalidArgumentError(f"ps/install: the slices of table {copy.name!r} moving "
-                                           "and served after the move do not agree")
+            if (
+                copy.moving is None
+                or copy.serving is None
+                or copy.moving.slices != copy.serving.slices
+                or not set(copy.moving.owned) <= set(copy.serving.owned)
+            ):
+                raise InvalidArgumentError(
+                    f"ps/install: the slices of table {copy.name!r} moving "
+                    "and served after the move do not agree"
+                )
             try:
                 config = TableConfig(**msgspec.structs.asdict(copy.config))
             except InvalidArgumentError as exc:
                 raise InvalidArgumentError(f"ps/install: table {copy.name!r}: {exc}") from None
             existing = self.tables.tables.get(copy.name)
-            table = existing or DynamicTable(copy.name, config, copy.owner, self.tables.max_table_bytes,
-                                             clock=self.store.clock)
+            table = existing or DynamicTable(
+                copy.name, config, copy.owner, self.tables.max_table_bytes, clock=self.store.clock
+            )
             if table.config.dim != config.dim or table.config.dtype != config.dtype:
-                raise InvalidArgumentError(f"ps/install: table {copy.name!r} is {table.config.dim} "
-                                           f"{table.config.dtype} here, not {config.dim} {config.dtype}")
+                raise InvalidArgumentError(
+                    f"ps/install: table {copy.name!r} is {table.config.dim} "
+                    f"{table.config.dtype} here, not {config.dim} {config.dtype}"
+                )
             checked.append((copy, table, existing))
         staged = []
         for copy, table, existing in checked:
@@ -312,8 +347,12 @@ class Moves:
         if parked is not None and not req.commit:
             for record, slot_of in parked:
                 if record.name in self.store:  # created here since: not replaced by the old copy
-                    logger.warning("%s: move %s undone, but %r was created here since: kept",
-                                   self.store.task, req.stage, record.name)
+                    logger.warning(
+                        "%s: move %s undone, but %r was created here since: kept",
+                        self.store.task,
+                        req.stage,
+                        record.name,
+                    )
                     continue
                 self.store.away.pop(record.name, None)
                 self.store.put(record.name, record.array, record.trainable, slot_of=slot_of)
@@ -357,8 +396,7 @@ class Moves:
         after step 3 goes (the new coordinator restores those variables itself), and so
         do their map and their variables and tables still here."""
         for side, stage in self.stages.of(owners):
-            logger.warning("%s: move %s of a coordinator taken over ended as aborted",
-                           self.store.task, stage)
+            logger.warning("%s: move %s of a coordinator taken over ended as aborted", self.store.task, stage)
             if side == "out":
                 self.outgoing.pop(stage, None)
                 self.outgoing_tables.pop(stage, None)
@@ -381,8 +419,12 @@ class Moves:
         or table slices set up since is left as it is."""
         if stage not in (self.outgoing if side == "out" else self.incoming):
             return  # it went on (or ended) in time
-        logger.warning("%s: move %s had no next step in %g s (its coordinator stopped?): "
-                       "ended as aborted", self.store.task, stage, MOVE_TTL_S)
+        logger.warning(
+            "%s: move %s had no next step in %g s (its coordinator stopped?): ended as aborted",
+            self.store.task,
+            stage,
+            MOVE_TTL_S,
+        )
         self.stages.ended(side, stage)
         if side == "out":
             del self.outgoing[stage]
@@ -396,10 +438,12 @@ class Moves:
         self.incoming.pop(stage, None)  # (a name marked arriving stays refused: no ps routes here)
         for copy, before, created in self.incoming_tables.pop(stage, []):
             assert copy.serving is not None and copy.moving is not None  # (checked when staged)
-            mine = SliceSet(slices=copy.serving.slices,
-                            owned=sorted(set(copy.serving.owned) - set(copy.moving.owned)))
+            mine = SliceSet(
+                slices=copy.serving.slices, owned=sorted(set(copy.serving.owned) - set(copy.moving.owned))
+            )
             if self.tables.guards.get(copy.name) != mine or any(
-                    c.name == copy.name for staged in self.incoming_tables.values() for c, _, _ in staged):
+                c.name == copy.name for staged in self.incoming_tables.values() for c, _, _ in staged
+            ):
                 continue  # another move staged or switched slices of this table since
             if created:
                 self.tables.tables.pop(copy.name, None)
@@ -407,9 +451,13 @@ class Moves:
 
     def staged_bytes(self) -> int:
         """The bytes of the copies staged here, variables and table slices."""
-        return sum(c.value.nbytes for copies in self.incoming.values() for c in copies) + \
-            sum(c.nbytes for staged in self.incoming_tables.values() for c, _, _ in staged)
+        return sum(c.value.nbytes for copies in self.incoming.values() for c in copies) + sum(
+            c.nbytes for staged in self.incoming_tables.values() for c, _, _ in staged
+        )
 
     def statistics(self) -> dict[str, Any]:
-        return {"placement_version": self.store.placement.version, "placement_refusals": self.store.refusals,
-                "moves_in_progress": len(self.outgoing) + len(self.parked) + len(self.incoming)}
+        return {
+            "placement_version": self.store.placement.version,
+            "placement_refusals": self.store.refusals,
+            "moves_in_progress": len(self.outgoing) + len(self.parked) + len(self.incoming),
+        }

@@ -50,7 +50,8 @@ class PsMap:
         """Know ``placement`` (sent for coordinator ``owner``) if it is newer: a higher
         version, or a map of another coordinator."""
         if placement.version <= self.store.placement.version and (
-                owner is None or owner == self.owner or self.owner is None):
+            owner is None or owner == self.owner or self.owner is None
+        ):
             return
         self.store.placement = placement
         self.owner = owner

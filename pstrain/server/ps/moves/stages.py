@@ -35,15 +35,15 @@ class Stages:
         comes again is a new move)."""
         self.owners[side, stage] = owner
         self.stop_timer(side, stage)
-        self._timers[side, stage] = asyncio.get_running_loop().call_later(
-            ttl_s, self._expired, side, stage)
+        self._timers[side, stage] = asyncio.get_running_loop().call_later(ttl_s, self._expired, side, stage)
 
     def check(self, side: str, req: Any) -> None:
         """Refuse a step of a move another coordinator started."""
         started = self.owners.get((side, req.stage), req.owner)
         if started != req.owner:
             raise FailedPreconditionError(
-                f"{type(req).op()}: move {req.stage!r} was started here by another coordinator")
+                f"{type(req).op()}: move {req.stage!r} was started here by another coordinator"
+            )
 
     def stop_timer(self, side: str, stage: str) -> None:
         """``stage`` waits without a time limit from now on (or has ended)."""

@@ -49,8 +49,15 @@ class Admission:
             room = min(todo, max(0, cfg.max_candidates - len(self._cand)))
             self._room_for(room)
             n, added, admits = self._cand.count_sightings(
-                ids[done:], where[done:], self._cand_counts, self._cand_ids, admitted[taken:],
-                cfg.admit_after, self._cand_used, room)
+                ids[done:],
+                where[done:],
+                self._cand_counts,
+                self._cand_ids,
+                admitted[taken:],
+                cfg.admit_after,
+                self._cand_used,
+                room,
+            )
             self._cand_used += added
             done += n
             taken += admits
@@ -81,12 +88,11 @@ class Admission:
         admitted id's count is 0, so the newest are the last nonzero counts (no sort)."""
         limit = self.config.max_candidates
         live = self._live_slots()
-        self._compact(live[live.size - max(0, min(live.size - live.size // 2, limit - coming,
-                                                  limit - 1)):])
+        self._compact(live[live.size - max(0, min(live.size - live.size // 2, limit - coming, limit - 1)) :])
 
     def _live_slots(self) -> np.ndarray:
         """The slots of the ids still counted, oldest first (an admitted id's count is 0)."""
-        return np.flatnonzero(self._cand_counts[:self._cand_used] > 0)
+        return np.flatnonzero(self._cand_counts[: self._cand_used] > 0)
 
     def _compact(self, keep: np.ndarray) -> None:
         """Keep only the sightings in slots ``keep`` (ascending), moved to the lowest slots
@@ -114,7 +120,8 @@ class Admission:
             return
         size = max(need, 2 * size, 1024)
         self._cand_counts = np.concatenate(
-            [self._cand_counts, np.zeros(size - self._cand_counts.size, np.int64)])
+            [self._cand_counts, np.zeros(size - self._cand_counts.size, np.int64)]
+        )
         self._cand_ids = np.concatenate([self._cand_ids, np.zeros(size - self._cand_ids.size, np.int64)])
 
     def _remember(self, ids: np.ndarray) -> None:
@@ -123,7 +130,7 @@ class Admission:
         limit = self.config.max_candidates
         if len(self._cand) + ids.size > limit:
             self._forget(ids.size)
-            ids = ids[max(0, ids.size - limit):]
+            ids = ids[max(0, ids.size - limit) :]
         self._room_for(ids.size)
         need = self._cand_used + ids.size
         slots = np.arange(self._cand_used, need)

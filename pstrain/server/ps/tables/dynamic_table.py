@@ -61,9 +61,15 @@ RECENT = 8
 class DynamicTable(SlicedRows, Admission):
     """One shard of a dynamic table; see the module docstring."""
 
-    def __init__(self, name: str, config: TableConfig, owner: str | None = None,
-                 max_bytes: int | None = None, kernels: ModuleType | None = None,
-                 clock: ChangeClock | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: TableConfig,
+        owner: str | None = None,
+        max_bytes: int | None = None,
+        kernels: ModuleType | None = None,
+        clock: ChangeClock | None = None,
+    ) -> None:
         self.name = name
         self.config = config
         self.owner = owner
@@ -71,13 +77,15 @@ class DynamicTable(SlicedRows, Admission):
         #: The ps's ``--max-variable-bytes``: a shard's rows (and their slots) stay within it.
         self.max_bytes = max_bytes
         row = config.dim * self.dtype.itemsize
-        if max_bytes is not None and (row > max_bytes or (
-                config.capacity is not None and config.capacity * row > max_bytes)):
+        if max_bytes is not None and (
+            row > max_bytes or (config.capacity is not None and config.capacity * row > max_bytes)
+        ):
             rows = "a row" if row > max_bytes else f"capacity {config.capacity} rows"
             raise InvalidArgumentError(
                 f"dynamic table {name!r}: {rows} of dim {config.dim} ({config.dtype}) is more "
                 f"than this ps's limit of {max_bytes} bytes per variable (pstrain serve "
-                "--max-variable-bytes): lower the capacity or the dim, or shard over more ps")
+                "--max-variable-bytes): lower the capacity or the dim, or shard over more ps"
+            )
         self.kernels = kernels or KERNELS
         self.index = IdIndex(kernels=self.kernels)  # id -> row
         self.alloc = 0
@@ -122,8 +130,13 @@ class DynamicTable(SlicedRows, Admission):
     @property
     def nbytes(self) -> int:
         per_row = self.rows.itemsize * self.config.dim * (1 + len(self.slots)) + 8 * 3 + 4 + 2
-        return (self.alloc * per_row + self.index.nbytes + self._cand.nbytes
-                + self._cand_counts.nbytes + self._cand_ids.nbytes)
+        return (
+            self.alloc * per_row
+            + self.index.nbytes
+            + self._cand.nbytes
+            + self._cand_counts.nbytes
+            + self._cand_ids.nbytes
+        )
 
     # -- rows ------------------------------------------------------------------------------------
     def positions(self, ids: np.ndarray) -> np.ndarray:
@@ -163,8 +176,9 @@ class DynamicTable(SlicedRows, Admission):
         if cap is not None:
             new = min(new, max(cap, need))
         old = self.alloc
-        holders = [(self.__dict__, k) for k in ("rows", "ids", "live", "last_seen", "freq", "epochs",
-                                                   "marks")]
+        holders = [
+            (self.__dict__, k) for k in ("rows", "ids", "live", "last_seen", "freq", "epochs", "marks")
+        ]
         for where, key in holders + [(self.slots, k) for k in self.slots]:
             try:  # in place (realloc: no second array beside it at its peak), unless a view is out
                 where[key].resize((new,) + where[key].shape[1:], refcheck=True)  # new rows: 0
@@ -191,11 +205,12 @@ class DynamicTable(SlicedRows, Admission):
                 f"dynamic table {self.name!r}: admitting up to {new_rows} more rows would take "
                 f"this shard to {total} bytes (rows and slots), more than this ps's limit of "
                 f"{self.max_bytes} (pstrain serve --max-variable-bytes): give the table a "
-                "capacity (its rows are then evicted), or shard it over more ps")
+                "capacity (its rows are then evicted), or shard it over more ps"
+            )
 
     def _take_rows(self, n: int) -> np.ndarray:
         reuse = min(n, self.nfree)
-        taken = self.free[self.nfree - reuse:self.nfree]
+        taken = self.free[self.nfree - reuse : self.nfree]
         self.nfree -= reuse
         fresh = n - reuse
         if not fresh:  # a full table: every row from the stack, in one numpy call
@@ -220,8 +235,11 @@ class DynamicTable(SlicedRows, Admission):
         """Snapshots of ids, rows and slots over the rows handed out so far, all of them
         (with ``live``; ``rows`` None) or only ``rows``; kept old values by every change."""
         used = self.used
-        arrays = {"ids": self.ids[:used], "rows": self.rows[:used],
-                  **{f"slot:{k}": v[:used] for k, v in self.slots.items()}}
+        arrays = {
+            "ids": self.ids[:used],
+            "rows": self.rows[:used],
+            **{f"slot:{k}": v[:used] for k, v in self.slots.items()},
+        }
         if rows is None:
             arrays["live"] = self.live[:used]
         save = {k: Snapshot(a, rows=rows) for k, a in arrays.items()}
@@ -240,10 +258,22 @@ class DynamicTable(SlicedRows, Admission):
         if self.saves:
             self._touch(rows)
         self.kernels.create_rows(
-            rows, new_ids, self.rows, tuple(self.slots.values()),
-            tuple(self.slot_init[k] for k in self.slots), self.ids, self.live.view(np.uint8),
-            self.last_seen, self.freq, self.epochs, self.lookups, self.clock.epoch,
-            *row_hash(cfg.seed), cfg.init_low, cfg.init_high)
+            rows,
+            new_ids,
+            self.rows,
+            tuple(self.slots.values()),
+            tuple(self.slot_init[k] for k in self.slots),
+            self.ids,
+            self.live.view(np.uint8),
+            self.last_seen,
+            self.freq,
+            self.epochs,
+            self.lookups,
+            self.clock.epoch,
+            *row_hash(cfg.seed),
+            cfg.init_low,
+            cfg.init_high,
+        )
         self.index.insert(new_ids, rows)
         self.admitted += new_ids.size
         return rows
@@ -263,9 +293,9 @@ class DynamicTable(SlicedRows, Admission):
         need = self.nfree + rows.size
         if need > self.free.size:  # the stack grows by doubling
             grown = np.empty(max(need, 2 * self.free.size), np.int64)
-            grown[:self.nfree] = self.free[:self.nfree]
+            grown[: self.nfree] = self.free[: self.nfree]
             self.free = grown
-        self.free[self.nfree:need] = rows
+        self.free[self.nfree : need] = rows
         self.nfree = need
         return gone
 
@@ -275,9 +305,16 @@ class DynamicTable(SlicedRows, Admission):
         key histogram, no sort)."""
         lru = self.config.evict == "lru"
         # LRU's keys are lookups, none later than the clock: the kernel's range pass is spared
-        victims = self.kernels.pick_victims(self.last_seen if lru else self.freq,
-                                            self.live.view(np.uint8), protect, self.marks,
-                                            self.used, n, 0, self.lookups if lru else -1)
+        victims = self.kernels.pick_victims(
+            self.last_seen if lru else self.freq,
+            self.live.view(np.uint8),
+            protect,
+            self.marks,
+            self.used,
+            n,
+            0,
+            self.lookups if lru else -1,
+        )
         self._evict_rows(victims)
 
     # -- what the ps serves ----------------------------------------------------------------------
@@ -298,15 +335,21 @@ class DynamicTable(SlicedRows, Admission):
                     over = len(self.index) + new.size - cap
                     if over > 0:  # a batch at a time: the scan for victims is not paid per lookup
                         self._evict_for(max(over, cap // EVICT_BATCH), pos[pos >= 0])
-                    new = new[:max(0, cap - len(self.index))]  # never past the capacity
+                    new = new[: max(0, cap - len(self.index))]  # never past the capacity
                 if new.size:
                     pos[new] = self._create(ids[new])
             self._looked_up.append((ids.copy(), pos, self.index.inserted, self.index.removed))
         out = np.empty((ids.size, self.config.dim), self.dtype)
         # a training lookup's bookkeeping (what eviction reads) in the gather's pass
-        self.kernels.gather_rows(self.rows, pos, out, self.config.default_value,
-                                 self.last_seen if train and self._ages else None,
-                                 self.freq if train and self._counts else None, self.lookups)
+        self.kernels.gather_rows(
+            self.rows,
+            pos,
+            out,
+            self.config.default_value,
+            self.last_seen if train and self._ages else None,
+            self.freq if train and self._counts else None,
+            self.lookups,
+        )
         return out
 
     def _expire(self, serving: np.ndarray) -> None:
@@ -328,9 +371,16 @@ class DynamicTable(SlicedRows, Admission):
             self.slot_init[key] = init
         return arr
 
-    def apply(self, rule: Callable[..., None], ids: np.ndarray, grad: np.ndarray,
-              slots: dict[str, tuple[str, float]], cfg: dict[str, Any], t: int,
-              pos: np.ndarray | None = None) -> int:
+    def apply(
+        self,
+        rule: Callable[..., None],
+        ids: np.ndarray,
+        grad: np.ndarray,
+        slots: dict[str, tuple[str, float]],
+        cfg: dict[str, Any],
+        t: int,
+        pos: np.ndarray | None = None,
+    ) -> int:
         """One optimizer step on the rows of ``ids`` (unique) that exist; returns how many.
         Gradients of ids without a row (not admitted, or evicted since) are dropped: the
         rule skips rows of -1, in the same pass (a fused kernel) or before it. ``pos``: the
@@ -356,22 +406,22 @@ class DynamicTable(SlicedRows, Admission):
         gone = self.removed.after(since) if since >= self.removed.since else None
         if gone is None:
             return None
-        changed = self.kernels.rows_after(self.epochs[:self.used], since, self.live.view(np.uint8))
+        changed = self.kernels.rows_after(self.epochs[: self.used], since, self.live.view(np.uint8))
         return self._snapshot(changed), gone[self.index.get(gone) < 0]  # evicted, not back
 
     def export(self) -> dict[str, np.ndarray]:
         """``ids``, ``rows`` and each slot (``slot:<key>``) of the live rows, in row order."""
-        live = np.flatnonzero(self.live[:self.used])
+        live = np.flatnonzero(self.live[: self.used])
         out = {"ids": self.ids[live], "rows": self.rows[live]}
         for key, arr in self.slots.items():
             out[f"slot:{key}"] = arr[live]
         return out
 
-    def load(self, ids: np.ndarray, rows: np.ndarray, slots: dict[str, np.ndarray],
-             slot_init: dict[str, float]) -> None:
+    def load(
+        self, ids: np.ndarray, rows: np.ndarray, slots: dict[str, np.ndarray], slot_init: dict[str, float]
+    ) -> None:
         """Replace every row with those given (a restore)."""
-        fresh = DynamicTable(self.name, self.config, self.owner, self.max_bytes, self.kernels,
-                             self.clock)
+        fresh = DynamicTable(self.name, self.config, self.owner, self.max_bytes, self.kernels, self.clock)
         fresh.slot_init = dict(slot_init)
         n = ids.size
         fresh._grow(max(n, 1))
@@ -387,6 +437,11 @@ class DynamicTable(SlicedRows, Admission):
         self.__dict__.update(fresh.__dict__)
 
     def statistics(self) -> dict[str, int]:
-        return {"rows": len(self.index), "admitted": self.admitted, "evicted": self.evicted,
-                "bytes": self.nbytes, "candidates": self.candidates,
-                "capacity": self.config.capacity or 0}
+        return {
+            "rows": len(self.index),
+            "admitted": self.admitted,
+            "evicted": self.evicted,
+            "bytes": self.nbytes,
+            "candidates": self.candidates,
+            "capacity": self.config.capacity or 0,
+        }

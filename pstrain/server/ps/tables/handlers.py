@@ -37,8 +37,9 @@ from .table_slices import SliceGuards
 __all__ = ["TableHandlers"]
 
 
-def shard_tensors(table: DynamicTable, save: dict[str, Snapshot], rename: dict[str, str],
-                  prefix: str = "") -> Tensors:
+def shard_tensors(
+    table: DynamicTable, save: dict[str, Snapshot], rename: dict[str, str], prefix: str = ""
+) -> Tensors:
     """A table shard's snapshots (``save``) as a file's tensors: ``<prefix>ids``, ``rows``
     and the others as they are, each slot in ``rename`` as ``<prefix>slot:<its name>`` with
     its initial value as ``<prefix>init:<its name>`` (slots not in ``rename`` left out)."""
@@ -68,9 +69,16 @@ class _Staged:
 class TableHandlers:
     """The dynamic tables of one ps, by name, and the operations on them."""
 
-    def __init__(self, task: str, checkpoints: CheckpointFiles, max_gather_bytes: int, feed: TableFeed,
-                 *, max_table_bytes: int | None = None,
-                 on_takeover: Callable[[set[str | None], str | None], None] | None = None) -> None:
+    def __init__(
+        self,
+        task: str,
+        checkpoints: CheckpointFiles,
+        max_gather_bytes: int,
+        feed: TableFeed,
+        *,
+        max_table_bytes: int | None = None,
+        on_takeover: Callable[[set[str | None], str | None], None] | None = None,
+    ) -> None:
         self.task = task
         self.max_table_bytes = max_table_bytes  # a shard's rows and slots: --max-variable-bytes
         #: Called with (the owners replaced, the new owner) when a coordinator takes a table over.
@@ -110,9 +118,9 @@ class TableHandlers:
             return None
         return placed[1], (placed[0],)
 
-    def plan(self, grads: Iterable[tuple[str, Any, Any]], prefix: str, specs: dict[str, float]
-             ) -> list[tuple[DynamicTable, np.ndarray, np.ndarray, dict[str, tuple[str, float]],
-                             np.ndarray]]:
+    def plan(
+        self, grads: Iterable[tuple[str, Any, Any]], prefix: str, specs: dict[str, float]
+    ) -> list[tuple[DynamicTable, np.ndarray, np.ndarray, dict[str, tuple[str, float]], np.ndarray]]:
         """The tables' sparse gradients of an ``opt/apply``, checked whole (nothing changes):
         ``(table, ids, values, slots, the ids' rows)``."""
         planned = []
@@ -122,13 +130,16 @@ class TableHandlers:
             self.guards.check(name, ids)
             pos = table.locate_update(ids)
             if pos is None:
-                raise InvalidArgumentError(f"opt/apply: the ids of table {name!r} must be distinct "
-                                           "(merge the rows of a repeated id first)")
+                raise InvalidArgumentError(
+                    f"opt/apply: the ids of table {name!r} must be distinct "
+                    "(merge the rows of a repeated id first)"
+                )
             grad = np.asarray(values)
             if grad.shape != (ids.size, table.config.dim) or grad.dtype.kind not in "fiu":
                 raise InvalidArgumentError(
                     f"sparse gradient of table {name!r}: values must be ({ids.size}, "
-                    f"{table.config.dim}) numbers, got {grad.shape} {grad.dtype}")
+                    f"{table.config.dim}) numbers, got {grad.shape} {grad.dtype}"
+                )
             slots = {slot: (f"{prefix}/{slot}", init) for slot, init in specs.items()}
             planned.append((table, ids, grad, slots, pos))
         return planned
@@ -144,12 +155,13 @@ class TableHandlers:
         owner's table of that name is taken over (a restarted coordinator)."""
         config = TableConfig(**msgspec.structs.asdict(req.config))
         if (req.shard is None) != (req.num_shards is None) or (
-                req.shard is not None and req.num_shards is not None and req.shard >= req.num_shards):
-            raise InvalidArgumentError(f"dyn/create of {req.name!r}: shard {req.shard} of "
-                                       f"{req.num_shards}")
+            req.shard is not None and req.num_shards is not None and req.shard >= req.num_shards
+        ):
+            raise InvalidArgumentError(f"dyn/create of {req.name!r}: shard {req.shard} of {req.num_shards}")
         if req.owned is not None and (req.shard is not None or not req.owned.owned):
-            raise InvalidArgumentError(f"dyn/create of {req.name!r}: a shard and slices given "
-                                       "both, or no slice owned")
+            raise InvalidArgumentError(
+                f"dyn/create of {req.name!r}: a shard and slices given both, or no slice owned"
+            )
         existing = self.tables.get(req.name)
         if existing is not None and (existing.owner == req.owner or req.owner is None):
             if req.name in self.guards:  # slices moved: its capacity is its share of theirs now
@@ -157,13 +169,19 @@ class TableHandlers:
             if existing.config != config:
                 raise AlreadyExistsError(
                     f"dynamic table {req.name!r} exists on {self.task} with another configuration "
-                    f"({existing.config.as_dict()})")
+                    f"({existing.config.as_dict()})"
+                )
             if req.shard is not None and req.num_shards is not None and req.name not in self.guards:
                 self.feed.placed(req.name, req.shard, req.num_shards)
             return CreatedReply(created=0)
         clock = self.checkpoints.store.clock
-        table = DynamicTable(req.name, config, req.owner, self.max_table_bytes,  # checks first
-                             clock=clock)
+        table = DynamicTable(
+            req.name,
+            config,
+            req.owner,
+            self.max_table_bytes,  # checks first
+            clock=clock,
+        )
         self._taken_over(existing, req.owner)
         self.tables[req.name] = table
         self.guards.set(req.name, req.owned)
@@ -184,11 +202,9 @@ class TableHandlers:
     def lookup_tables(self, req: LookupTables) -> ValuesReply:
         """The tables' half of a ``dyn/lookup_many`` (the ps routes it: its reads of
         variables are the store's)."""
-        return self._lookups([(x.name, x.ids) for x in req.lookups], req.train, req.as_of,
-                             "dyn/lookup_many")
+        return self._lookups([(x.name, x.ids) for x in req.lookups], req.train, req.as_of, "dyn/lookup_many")
 
-    def _lookups(self, lookups: list[tuple[str, Any]], train: bool, as_of: Any,
-                 op: str) -> ValuesReply:
+    def _lookups(self, lookups: list[tuple[str, Any]], train: bool, as_of: Any, op: str) -> ValuesReply:
         """Rows of each ``(table, ids)``: everything checked (names, slices held, sizes,
         distinct ids) before the first row is admitted."""
         if len({name for name, _ in lookups}) != len(lookups):
@@ -201,12 +217,13 @@ class TableHandlers:
             self.guards.check(name, ids)
             nbytes += ids.size * table.config.dim * table.dtype.itemsize
             if nbytes > self.max_gather_bytes:
-                raise InvalidArgumentError(f"{op} of {name!r}: the reply would be more than "
-                                           f"this ps's limit of {self.max_gather_bytes} bytes")
+                raise InvalidArgumentError(
+                    f"{op} of {name!r}: the reply would be more than "
+                    f"this ps's limit of {self.max_gather_bytes} bytes"
+                )
             pos = table.locate(ids)
             if pos is None:
-                raise InvalidArgumentError(f"{op} of {name!r}: ids must be distinct "
-                                           "(look up each id once)")
+                raise InvalidArgumentError(f"{op} of {name!r}: ids must be distinct (look up each id once)")
             planned.append((name, table, ids, pos))
         values = []
         for name, table, ids, pos in planned:
@@ -226,10 +243,15 @@ class TableHandlers:
         if nbytes > self.max_gather_bytes:
             raise InvalidArgumentError(
                 f"dyn/export of {req.name!r}: {nbytes} bytes, more than this ps's limit of "
-                f"{self.max_gather_bytes}; save a checkpoint and read it with load_variables")
-        return {"ids": exported.pop("ids"), "rows": exported.pop("rows"),
-                "slots": {k[5:]: v for k, v in exported.items()}, "slot_init": table.slot_init,
-                "stats": table.statistics()}
+                f"{self.max_gather_bytes}; save a checkpoint and read it with load_variables"
+            )
+        return {
+            "ids": exported.pop("ids"),
+            "rows": exported.pop("rows"),
+            "slots": {k[5:]: v for k, v in exported.items()},
+            "slot_init": table.slot_init,
+            "stats": table.statistics(),
+        }
 
     def _take_shard(self, name: str, path: str, slots: dict[str, str] | None) -> tuple[Pending, int]:
         """Table ``name``'s shard as it is now (its arrays through snapshots: an update keeps
@@ -260,8 +282,7 @@ class TableHandlers:
             for pending in taken:
                 pending.release()
             raise
-        results = await asyncio.gather(*(self.checkpoints.write(p) for p in taken),
-                                       return_exceptions=True)
+        results = await asyncio.gather(*(self.checkpoints.write(p) for p in taken), return_exceptions=True)
         written = [r for r in results if not isinstance(r, BaseException)]
         if len(written) != len(results):
             raise next(r for r in results if isinstance(r, BaseException))
@@ -274,37 +295,53 @@ class TableHandlers:
         if req.shard >= req.num_shards:
             raise InvalidArgumentError(f"dyn/restore: shard {req.shard} of {req.num_shards}")
         # the slices this ps holds, if part of the table moved; else its shard
-        mine: tuple[int | list[int], int] = (req.shard, req.num_shards) if req.owned is None \
-            else (req.owned.owned, req.owned.slices)
+        mine: tuple[int | list[int], int] = (
+            (req.shard, req.num_shards) if req.owned is None else (req.owned.owned, req.owned.slices)
+        )
         parts = await self.checkpoints.read_table_rows(
-            req.paths, mine[0], mine[1], config.dim, np.dtype(config.dtype),
-            [[(path, prefix) for path, prefix in delta] for delta in req.deltas])
+            req.paths,
+            mine[0],
+            mine[1],
+            config.dim,
+            np.dtype(config.dtype),
+            [[(path, prefix) for path, prefix in delta] for delta in req.deltas],
+        )
         ids, rows, slots, slot_init = parts
         if req.slots is not None:
             slots = {req.slots[k]: v for k, v in slots.items() if k in req.slots}
             slot_init = {req.slots[k]: v for k, v in slot_init.items() if k in req.slots}
         if req.merge is not None:
             if req.stage is not None:  # merged by ckpt/commit (a replacement, all or nothing)
-                self._stage(req.stage, req.name, _Staged(
-                    int(ids.size), config.capacity,
-                    lambda _: self._merge_restored(req, config, ids, rows, slots, slot_init)))
+                self._stage(
+                    req.stage,
+                    req.name,
+                    _Staged(
+                        int(ids.size),
+                        config.capacity,
+                        lambda _: self._merge_restored(req, config, ids, rows, slots, slot_init),
+                    ),
+                )
                 return RestoreReply(staged=int(ids.size), stage=req.stage)
             return self._merge_restored(req, config, ids, rows, slots, slot_init)
         if req.stage is None and config.capacity is not None and ids.size > config.capacity:
             raise InvalidArgumentError(
                 f"dyn/restore of {req.name!r}: {ids.size} rows for this shard, more than its "
-                f"capacity of {config.capacity}")
-        table = DynamicTable(req.name, config, req.owner, self.max_table_bytes,
-                             clock=self.checkpoints.store.clock)
+                f"capacity of {config.capacity}"
+            )
+        table = DynamicTable(
+            req.name, config, req.owner, self.max_table_bytes, clock=self.checkpoints.store.clock
+        )
         if self.max_table_bytes is not None:
             held = ids.size * config.dim * np.dtype(config.dtype).itemsize * (1 + len(slots))
             if held > self.max_table_bytes:
                 raise InvalidArgumentError(
                     f"dyn/restore of {req.name!r}: {ids.size} rows with {len(slots)} slot(s) are "
                     f"{held} bytes on this shard, more than this ps's limit of "
-                    f"{self.max_table_bytes} (pstrain serve --max-variable-bytes)")
+                    f"{self.max_table_bytes} (pstrain serve --max-variable-bytes)"
+                )
         table.load(ids, rows, slots, slot_init)
         if req.stage is not None:  # put in place by ckpt/commit, with its share of the capacity
+
             def install(capacity: int | None) -> None:
                 table.with_capacity(capacity)
                 self._install(table, req, mine)
@@ -320,7 +357,8 @@ class TableHandlers:
             if len(self.staged) >= MAX_STAGED:
                 raise InvalidArgumentError(
                     f"dyn/restore: {len(self.staged)} restores are staged on {self.task} "
-                    f"already (at most {MAX_STAGED}): commit or abort them first")
+                    f"already (at most {MAX_STAGED}): commit or abort them first"
+                )
             timer = asyncio.get_running_loop().call_later(STAGE_TTL_S, self.abort_tables, stage)
             entry = self.staged[stage] = ({}, timer)
         entry[0][name] = staged
@@ -335,7 +373,8 @@ class TableHandlers:
             if capacity is not None and staged.rows > capacity:
                 raise InvalidArgumentError(
                     f"ckpt/commit of {name!r}: {staged.rows} rows staged on {self.task}, more "
-                    f"than its share of the capacity, {capacity}")
+                    f"than its share of the capacity, {capacity}"
+                )
 
         def install() -> int:
             entry = self.staged.pop(stage, None)
@@ -369,19 +408,33 @@ class TableHandlers:
         if first is not None:
             self.feed.saved(req.name, first)
 
-    def _merge_restored(self, req: RestoreTable, config: TableConfig, ids: np.ndarray, rows: np.ndarray,
-                        slots: dict[str, np.ndarray], slot_init: dict[str, float]) -> RestoreReply:
+    def _merge_restored(
+        self,
+        req: RestoreTable,
+        config: TableConfig,
+        ids: np.ndarray,
+        rows: np.ndarray,
+        slots: dict[str, np.ndarray],
+        slot_init: dict[str, float],
+    ) -> RestoreReply:
         """Put the restored rows of a lost ps's slices into the table here (made empty if
         it has none), which serves ``req.merge`` from now on."""
         assert req.merge is not None
         table = self.tables.get(req.name) or DynamicTable(
-            req.name, config, req.owner, self.max_table_bytes, clock=self.checkpoints.store.clock)
+            req.name, config, req.owner, self.max_table_bytes, clock=self.checkpoints.store.clock
+        )
         empty = np.empty(0, np.int64)
         table.merge_slices(
             TableCopy(name=req.name, config=req.config, ids=ids, rows=rows, slots=slots, slot_init=slot_init),
-            TablePatch(name=req.name, live=ids, ages=np.zeros(ids.size, np.int64),
-                       freq=np.zeros(ids.size, np.int64), ids=empty,
-                       rows=np.empty((0, config.dim), table.dtype)))
+            TablePatch(
+                name=req.name,
+                live=ids,
+                ages=np.zeros(ids.size, np.int64),
+                freq=np.zeros(ids.size, np.int64),
+                ids=empty,
+                rows=np.empty((0, config.dim), table.dtype),
+            ),
+        )
         table.with_capacity(config.capacity)
         self.tables[req.name] = table
         self.guards.set(req.name, req.merge)
@@ -393,9 +446,7 @@ def _table_ids(ids: Any, what: str) -> np.ndarray:
     """Ids of a dynamic table: a 1-D int64 array (uint64 is viewed as int64)."""
     arr = np.asarray(ids)
     if arr.ndim != 1 or arr.dtype.kind not in "iu" or arr.dtype.itemsize > 8:
-        raise InvalidArgumentError(f"{what}: ids must be a 1-D integer array, got {arr.dtype} "
-                                   f"{arr.shape}")
+        raise InvalidArgumentError(f"{what}: ids must be a 1-D integer array, got {arr.dtype} {arr.shape}")
     if arr.dtype == np.uint64:
         return arr.view(np.int64)
     return arr.astype(np.int64, copy=False)
-

@@ -104,9 +104,17 @@ class IdIndex:
         self.removed += removed
         return out
 
-    def count_sightings(self, ids: np.ndarray, where: np.ndarray, counts: np.ndarray,
-                        owners: np.ndarray, admitted: np.ndarray, threshold: int, next_slot: int,
-                        room: int) -> tuple[int, int, int]:
+    def count_sightings(
+        self,
+        ids: np.ndarray,
+        where: np.ndarray,
+        counts: np.ndarray,
+        owners: np.ndarray,
+        admitted: np.ndarray,
+        threshold: int,
+        next_slot: int,
+        room: int,
+    ) -> tuple[int, int, int]:
         """This index as sightings (id -> slot of ``counts``, whose id ``owners`` holds):
         one more sighting of each of ``ids`` (unique), in one compiled pass. An id
         whose count reaches ``threshold`` is admitted: ``where[i]`` goes to the next place
@@ -119,7 +127,8 @@ class IdIndex:
         if (self.count + room) * _LOAD > self.slots.shape[0]:
             self._rebuild(self.count + room)
         done, added, removed, admits = self.kernels.count_sightings(
-            self.slots, self.mask, counts, owners, ids, where, admitted, threshold, next_slot, room)
+            self.slots, self.mask, counts, owners, ids, where, admitted, threshold, next_slot, room
+        )
         self.count += added - removed
         self.inserted += added
         self.removed += removed

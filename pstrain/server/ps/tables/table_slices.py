@@ -76,7 +76,8 @@ class SliceGuards:
             raise PlacementChangedError(
                 f"dynamic table {name!r}: some of these ids are in slices {self.store.task} "
                 "does not hold (they moved, or are arriving)",
-                placement=self.store.placement.to_builtins())
+                placement=self.store.placement.to_builtins(),
+            )
 
 
 def _array(value: Any, dtype: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
@@ -134,10 +135,11 @@ class SlicedRows:
         def _remember(self, ids: np.ndarray) -> None: ...
         def slot(self, key: str, init: float) -> np.ndarray: ...
         def positions(self, ids: np.ndarray) -> np.ndarray: ...
+
         removed: RemovedLog
 
     def _rows_in(self, moving: SliceSet) -> np.ndarray:
-        live = np.flatnonzero(self.live[:self.used])
+        live = np.flatnonzero(self.live[: self.used])
         return live[in_slices(self.ids[live], moving.slices, moving.owned)]
 
     def _candidates_in(self, moving: SliceSet) -> tuple[np.ndarray, np.ndarray]:
@@ -150,9 +152,16 @@ class SlicedRows:
         """The rows of slices ``moving`` as they are now (copies): a ``TableCopy``'s fields (the
         ages, counts and sightings come with the patch, as they are at the switch)."""
         rows = self._rows_in(moving)
-        return {"name": self.name, "config": self.config.as_dict(), "owner": self.owner,
-                "moving": moving, "ids": self.ids[rows], "rows": self.rows[rows],
-                "slots": {k: a[rows] for k, a in self.slots.items()}, "slot_init": dict(self.slot_init)}
+        return {
+            "name": self.name,
+            "config": self.config.as_dict(),
+            "owner": self.owner,
+            "moving": moving,
+            "ids": self.ids[rows],
+            "rows": self.rows[rows],
+            "slots": {k: a[rows] for k, a in self.slots.items()},
+            "slot_init": dict(self.slot_init),
+        }
 
     def patch_slices(self, moving: SliceSet, mark: int) -> dict[str, Any]:
         """What slices ``moving`` hold now, against their copy taken at ``mark``: every live id
@@ -161,11 +170,19 @@ class SlicedRows:
         changed = rows[self.epochs[rows] > mark]
         cand_ids, cand_counts = self._candidates_in(moving)
         evicted = self.removed.kept()
-        return {"name": self.name, "live": self.ids[rows], "ages": self.lookups - self.last_seen[rows],
-                "freq": self.freq[rows], "ids": self.ids[changed], "rows": self.rows[changed],
-                "slots": {k: a[changed] for k, a in self.slots.items()},
-                "cand_ids": cand_ids, "cand_counts": cand_counts, "slot_init": dict(self.slot_init),
-                "removed": evicted[in_slices(evicted, moving.slices, moving.owned)]}
+        return {
+            "name": self.name,
+            "live": self.ids[rows],
+            "ages": self.lookups - self.last_seen[rows],
+            "freq": self.freq[rows],
+            "ids": self.ids[changed],
+            "rows": self.rows[changed],
+            "slots": {k: a[changed] for k, a in self.slots.items()},
+            "cand_ids": cand_ids,
+            "cand_counts": cand_counts,
+            "slot_init": dict(self.slot_init),
+            "removed": evicted[in_slices(evicted, moving.slices, moving.owned)],
+        }
 
     def drop_slices(self, moving: SliceSet) -> int:
         """Forget the rows and sightings of slices ``moving`` (they live on another ps now):
@@ -205,8 +222,9 @@ class SlicedRows:
             if not ids.size:
                 continue
             rows = _array(part.rows, dtype, (ids.size, dim), f"{what} rows")
-            slots = {k: _array(a, dtype, (ids.size, dim), f"{what} slot {k!r}")
-                     for k, a in part.slots.items()}
+            slots = {
+                k: _array(a, dtype, (ids.size, dim), f"{what} slot {k!r}") for k, a in part.slots.items()
+            }
             if ids.size == n and np.array_equal(ids, live):  # (nothing changed between the two)
                 puts.append((None, None, rows, slots))
                 found[:] = True
@@ -230,8 +248,11 @@ class SlicedRows:
             if self.saves:
                 self._touch(rows)
             # fresh rows are consecutive: written by slices (a copy at memory speed, no gather)
-            to: slice | np.ndarray = slice(int(rows[0]), int(rows[0]) + n) \
-                if n and int(rows[-1]) - int(rows[0]) == n - 1 and bool(np.all(np.diff(rows) == 1)) else rows
+            to: slice | np.ndarray = (
+                slice(int(rows[0]), int(rows[0]) + n)
+                if n and int(rows[-1]) - int(rows[0]) == n - 1 and bool(np.all(np.diff(rows) == 1))
+                else rows
+            )
             for key, arr in self.slots.items():
                 arr[to] = self.slot_init[key]
             for where, src, values, slots in puts:
