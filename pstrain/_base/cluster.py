@@ -12,6 +12,7 @@ import ipaddress
 import re
 import socket
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from .errors import InvalidArgumentError, PstrainError
 from .exports import expose
@@ -33,6 +34,34 @@ KNOWN_JOBS = ("chief", "evaluator", "ps", "worker")
 def task_name(job: str, index: int) -> str:
     """The TF-style task name, e.g. ``/job:ps/replica:0/task:1``."""
     return f"/job:{job}/replica:0/task:{index}"
+
+
+class Named(Protocol):
+    """What knows a task's name as it is now: a server (a ps that joined a job takes the
+    index its coordinator gives it, and every part of it answers as that one)."""
+
+    @property
+    def task(self) -> str: ...
+
+    @property
+    def index(self) -> int: ...
+
+
+class FixedName:
+    """A name that does not change: a part built on its own (a tool, a test).
+
+    >>> FixedName("/job:ps/replica:0/task:1").index
+    1
+    """
+
+    def __init__(self, task: str) -> None:
+        self.task = task
+        self.index = int(task.rsplit(":", 1)[1]) if task.rsplit(":", 1)[-1].isdigit() else 0
+
+
+def named(who: str | Named) -> Named:
+    """``who`` as a :class:`Named`: a task name as a fixed one."""
+    return FixedName(who) if isinstance(who, str) else who
 
 
 def is_loopback(host: str) -> bool:

@@ -26,6 +26,7 @@ from typing import Any, TypeVar, cast
 import msgspec
 import numpy as np
 
+from ..._base.cluster import Named, named
 from ..._base.errors import CancelledError
 from ..._base.tags import OP_PREFIX
 from ..._formats.messages.operations import (
@@ -60,8 +61,14 @@ SUPERSEDED_WINDOW = 1024
 class Fencing:
     """The fences, takeovers and exactly-once keys of one ps (``task``)."""
 
-    def __init__(self, task: str) -> None:
-        self.task = task
+    def __init__(
+        self,
+        task: str | Named,
+        *,
+        scope_of: Callable[[str, Any], Scope] | None = None,
+        before_update: Callable[[Any, Any], Callable[[], None] | None] | None = None,
+    ) -> None:
+        self._name = named(task)  # the ps's name as it is now (a ps that joined is renamed)
         #: (owner, worker) -> the first epoch of that worker's dispatches accepted from that
         #: coordinator incarnation: a new coordinator starts with no fences of its own.
         self.fences: dict[tuple[str | None, int], int] = {}
@@ -75,14 +82,20 @@ class Fencing:
         self._ops: collections.OrderedDict[str, dict[int, tuple[set[str], Any, dict[str, list[Scope]]]]] = (
             collections.OrderedDict()
         )  # the same for ``op:`` keys
-        #: The part of a table an update of these ids covers here (set by the ps: its shard,
-        #: or the slices of the ids).
-        self.scope_of: Callable[[str, Any], Scope] = lambda name, ids: None
+        #: The part of a table an update of these ids covers here (the ps's tables: its
+        #: shard, or the slices of the ids; None: not known).
+        self.scope_of: Callable[[str, Any], Scope] = scope_of or (lambda name, ids: None)
         #: Called with the owners each takeover supersedes (what they left half done goes).
         self.on_supersede: list[Callable[[set[str]], None]] = []
         #: Called with an update's ``once`` and the update before it is applied; what it
         #: returns (if anything) once it has been (the ps's before images).
-        self.before_update: Callable[[Any, Any], Callable[[], None] | None] = lambda once, req: None
+        self.before_update: Callable[[Any, Any], Callable[[], None] | None] = before_update or (
+            lambda once, req: None
+        )
+
+    @property
+    def task(self) -> str:
+        return self._name.task
 
     def fence(self, req: Fence) -> FencedReply:
         """From now on, refuse updates sent for ``owner`` by ``worker``'s dispatches before

@@ -81,7 +81,8 @@ from .creation import itemsize, plan_create
 from .fencing import Fencing
 from .moves.handlers import Moves
 from .store import VariableRecord, VariableStore, checked_rows, checked_value
-from .tables.handlers import TableHandlers
+from .tables.handlers import TableHandlers, table_scope
+from .tables.table_slices import SliceGuards
 
 _EMPTY = np.zeros(0)  # the array of a record built only to check a name
 
@@ -129,7 +130,9 @@ class ParameterServer(ServerBase):
         **kwargs: Any,
     ) -> None:
         super().__init__("ps", index, **kwargs)
-        self.store = VariableStore(self.task)
+        # Every part is wired here, at construction, and reads the ps's name from it (a ps
+        # that joined a job takes the index its coordinator gives it: ``renamed``).
+        self.store = VariableStore(self)
         self.allow_pickle = allow_pickle
         self.max_variable_bytes = max_variable_bytes
         self.max_gather_bytes = max_gather_bytes
@@ -139,8 +142,30 @@ class ParameterServer(ServerBase):
         self.checkpoints = ps_checkpoint.CheckpointFiles(
             self.store, checkpoint_root, max_variable_bytes, self.max_store_bytes
         )
+        #: The serving feed of the tables (``GET /v1/tables/<name>/rows``).
+        self.feed = TableFeed(self, {}, functools.partial(self.checkpoints.confine, what="table feed: file"))
+        self.download(FEED_PATH, self.feed.serve)
+        self.tables = self.feed.tables
+        #: The slices each table serves here, for the tables part of which moved.
+        guards = SliceGuards(self.store)
+        #: What a rerun of an exactly-once closure reads: the values its dead attempt read.
+        self.before_images = BeforeImages(self.store, self.tables)
         #: Fences, superseded coordinators and exactly-once keys: who may still write here.
-        self.fencing = Fencing(self.task)
+        self.fencing = Fencing(
+            self,
+            scope_of=functools.partial(table_scope, guards, self.feed),
+            before_update=self.before_images.capture,
+        )
+        self.table_handlers = TableHandlers(
+            self,
+            self.checkpoints,
+            max_gather_bytes,
+            self.feed,
+            guards,
+            max_table_bytes=max_variable_bytes,
+            on_takeover=self.fencing.supersede,
+            as_of=self.before_images.table_rows,
+        )
         self.route(CreateVariables, self.create)
         self.route(ReadVariables, self.read)
         self.route(Fence, self.fencing.fence)
@@ -151,25 +176,6 @@ class ParameterServer(ServerBase):
         self.route(DeleteVariables, self.delete)
         self.route(ListVariables, self.list_variables)
         self.route(ApplyGradients, self.fencing.guarded(self.apply_optimizer))
-        #: The serving feed of the tables (``GET /v1/tables/<name>/rows``).
-        self.feed = TableFeed(
-            self.task, index, {}, functools.partial(self.checkpoints.confine, what="table feed: file")
-        )
-        self.download(FEED_PATH, self.feed.serve)
-        self.table_handlers = TableHandlers(
-            self.task,
-            self.checkpoints,
-            max_gather_bytes,
-            self.feed,
-            max_table_bytes=max_variable_bytes,
-            on_takeover=self.fencing.supersede,
-        )
-        self.tables = self.table_handlers.tables
-        self.fencing.scope_of = self.table_handlers.scope_of
-        #: What a rerun of an exactly-once closure reads: the values its dead attempt read.
-        self.before_images = BeforeImages(self.store, self.tables)
-        self.fencing.before_update = self.before_images.capture
-        self.table_handlers.as_of = self.before_images.table_rows
         self.table_handlers.install(self.route)
         self.route(LookupTables, self.lookup_tables)  # tables and variables: both halves here
         #: Variables and table slices moving in and out (an elastic ps joined or leaves).
@@ -198,9 +204,7 @@ class ParameterServer(ServerBase):
     def renamed(self, index: int) -> None:
         """Answer to ps ``index`` from now on: the index the coordinator this ps joined gave
         it (``pstrain serve --role ps --join``), in its errors, logs and table feed too."""
-        self.index, self.answers_any_index = index, False
-        self.feed.index = index
-        self.store.task = self.fencing.task = self.feed.task = self.table_handlers.task = self.task
+        self.index, self.answers_any_index = index, False  # its parts read the name from it
 
     async def on_stop(self) -> None:
         self.checkpoints.hurry(stop=True)  # a delta spread over some seconds: the rest at once

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..._base.cluster import Named, named
 from ..._base.errors import (
     AlreadyExistsError,
     InvalidArgumentError,
@@ -250,8 +251,8 @@ class VariableStore:
     ((3,), 1)
     """
 
-    def __init__(self, task: str) -> None:
-        self.task = task
+    def __init__(self, task: str | Named) -> None:
+        self._name = named(task)  # the ps's name as it is now (a ps that joined is renamed)
         #: Stamps every change, for delta checkpoints (shared with this ps's tables).
         self.clock = ChangeClock()
         self._records: dict[str, VariableRecord] = {}
@@ -264,6 +265,10 @@ class VariableStore:
         #: Bytes held beside the variables until a step ends: restores staged, not committed
         #: yet (``checkpoints/saves.py``) and copies staged by a move (``moves/handlers.py``).
         self.staged: list[Callable[[], int]] = []
+
+    @property
+    def task(self) -> str:
+        return self._name.task
 
     def __len__(self) -> int:
         return len(self._records)

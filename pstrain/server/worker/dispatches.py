@@ -33,6 +33,7 @@ import asyncio
 import logging
 from typing import Any
 
+from ..._base.cluster import Named, named
 from .closures import Batch
 
 logger = logging.getLogger(__name__)
@@ -45,11 +46,15 @@ Key = tuple[str | None, int]  # (owner, worker slot)
 class Dispatches:
     """The newest epoch seen per (owner, slot) and the batches still open (serving loop)."""
 
-    def __init__(self, task: str, grace_s: float = 10.0) -> None:
-        self.task = task
+    def __init__(self, task: str | Named, grace_s: float = 10.0) -> None:
+        self._name = named(task)  # the worker's name as it is now (a joined worker takes a slot)
         self.grace_s = grace_s
         self.newest: dict[Key, int] = {}
         self.open: dict[Batch, Key] = {}
+
+    @property
+    def task(self) -> str:
+        return self._name.task
 
     def arrive(self, batch: Batch, key: Key) -> list[Batch]:
         """Record ``batch`` (with ``batch.epoch`` set); return the open batches it abandons.

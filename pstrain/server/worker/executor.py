@@ -96,7 +96,7 @@ class WorkerServer(ServerBase):
             self.departure.flag,
         )
         self._open_batches = 0  # worker/run requests not yet answered
-        self._dispatches = Dispatches(self.task)  # a newer epoch ends the older ones
+        self._dispatches = Dispatches(self)  # a newer epoch ends the older ones
         self.route(Configure, self.configure)
         self.route(RunClosures, self.run_closures)
         self.route(CancelClosures, self.cancel)

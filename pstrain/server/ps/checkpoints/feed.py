@@ -36,6 +36,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ...._base.cluster import Named, named
 from ...._base.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError, UnavailableError
 from ...._formats.files.table_feed import Confine, FeedReply, IndexCache, read_feed
 from ...._formats.files.tensor_files import safetensors_header
@@ -60,14 +61,12 @@ class TableFeed:
 
     def __init__(
         self,
-        task: str,
-        index: int,
+        task: str | Named,
         tables: dict[str, DynamicTable],
         confine: Confine,
         max_readers: int = MAX_READERS,
     ) -> None:
-        self.task = task
-        self.index = index
+        self._name = named(task)  # the ps's name and index as they are now (renamed on a join)
         self.tables = tables
         self.confine = confine  # every path read goes through it (the checkpoint root's)
         self.max_readers = max_readers
@@ -82,6 +81,14 @@ class TableFeed:
         self.moved_at: dict[str, int] = {}
         #: directory -> its parsed indexes (``_formats/files/table_feed.py``)
         self.indexes: dict[str, IndexCache] = {}
+
+    @property
+    def task(self) -> str:
+        return self._name.task
+
+    @property
+    def index(self) -> int:
+        return self._name.index
 
     def placed(self, name: str, shard: Shard, num_shards: int) -> None:
         """Table ``name`` here is shard ``shard`` of ``num_shards`` (or, once part of it

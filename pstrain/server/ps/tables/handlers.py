@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from ...._base.cluster import Named, named
 from ...._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 from ...._formats.files.tensor_files import whole
 from ...._formats.messages.checkpoint_operations import RestoreTable, SaveCheckpoint
@@ -66,20 +67,38 @@ class _Staged:
     install: Callable[[int | None], object]
 
 
+def table_scope(
+    guards: SliceGuards, feed: TableFeed, name: str, ids: Any
+) -> tuple[int, tuple[int, ...]] | None:
+    """The part of table ``name`` an update of ``ids`` on this ps covers (what its
+    exactly-once record keeps): the slices of these ids, if slices of the table moved (a
+    client on an older map sends some of this ps's slices and not others); else this ps's
+    shard (it gets all of an update's ids of its shard); None if it does not know."""
+    slices = guards.slices(name)
+    if slices is not None:
+        return slices, tuple(np.unique(shard_of(np.asarray(ids, np.int64), slices)).tolist())
+    placed = feed.placement.get(name)
+    if placed is None or not isinstance(placed[0], int):
+        return None
+    return placed[1], (placed[0],)
+
+
 class TableHandlers:
     """The dynamic tables of one ps, by name, and the operations on them."""
 
     def __init__(
         self,
-        task: str,
+        task: str | Named,
         checkpoints: CheckpointFiles,
         max_gather_bytes: int,
         feed: TableFeed,
+        guards: SliceGuards,
         *,
         max_table_bytes: int | None = None,
         on_takeover: Callable[[set[str | None], str | None], None] | None = None,
+        as_of: Callable[[str, Any, np.ndarray, np.ndarray], np.ndarray] | None = None,
     ) -> None:
-        self.task = task
+        self._name = named(task)  # the ps's name as it is now (a ps that joined is renamed)
         self.max_table_bytes = max_table_bytes  # a shard's rows and slots: --max-variable-bytes
         #: Called with (the owners replaced, the new owner) when a coordinator takes a table over.
         self.on_takeover = on_takeover
@@ -88,13 +107,17 @@ class TableHandlers:
         self.tables: dict[str, DynamicTable] = feed.tables
         self.feed = feed  # told where each table is saved and which shard it is
         #: The slices each table serves here, for the tables part of which moved (moves.py).
-        self.guards = SliceGuards(checkpoints.store)
+        self.guards = guards
         #: Restores staged by ``stage``: each table read and checked, and the timer that
         #: drops them if no ``ckpt/commit`` or ``ckpt/abort`` comes (``commit_tables``).
         self.staged: dict[str, tuple[dict[str, _Staged], asyncio.TimerHandle]] = {}
         #: A lookup's rows as a read of an exactly-once closure sees them (``as_of``): the
         #: ps's before images (``before_images.py``).
-        self.as_of: Callable[[str, Any, np.ndarray, np.ndarray], np.ndarray] | None = None
+        self.as_of = as_of
+
+    @property
+    def task(self) -> str:
+        return self._name.task
 
     def install(self, route: Router) -> None:
         """Route the table operations (and full saves, which write the tables too) here."""
@@ -106,17 +129,8 @@ class TableHandlers:
         route(SaveCheckpoint, self.save_checkpoint)
 
     def scope_of(self, name: str, ids: Any) -> tuple[int, tuple[int, ...]] | None:
-        """The part of table ``name`` an update of ``ids`` here covers (what its exactly-once
-        record keeps): the slices of these ids, if slices of the table moved (a client on an
-        older map sends some of this ps's slices and not others); else this ps's shard (it
-        gets all of an update's ids of its shard); None if it does not know."""
-        slices = self.guards.slices(name)
-        if slices is not None:
-            return slices, tuple(np.unique(shard_of(np.asarray(ids, np.int64), slices)).tolist())
-        placed = self.feed.placement.get(name)
-        if placed is None or not isinstance(placed[0], int):
-            return None
-        return placed[1], (placed[0],)
+        """The part of table ``name`` an update of ``ids`` here covers: :func:`table_scope`."""
+        return table_scope(self.guards, self.feed, name, ids)
 
     def plan(
         self, grads: Iterable[tuple[str, Any, Any]], prefix: str, specs: dict[str, float]
