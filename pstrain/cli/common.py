@@ -3,7 +3,6 @@ membership), and the evaluator role."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from typing import Any
@@ -14,6 +13,7 @@ from .._formats.messages.operations import Join, JoinPs, LeavePs, Membership
 from .._formats.messages.records import Operation, R
 from .._transport.bridge import run
 from .._transport.rpc import Channel
+from ..server.config import EvaluatorConfig
 
 __all__ = ["coordinator_call", "evaluate", "join", "leave", "membership", "retag_logging", "setup_logging"]
 
@@ -97,20 +97,20 @@ async def leave(coordinator: str, index: int, token: str | None, timeout: float)
         )
 
 
-def evaluate(args: argparse.Namespace) -> int:
+def evaluate(config: EvaluatorConfig) -> int:
     import runpy
 
     from .._checkpoint.evaluator import SidecarEvaluator  # numpy and safetensors: only for this role
 
-    if not args.checkpoint_dir or not args.eval_script:
+    if not config.checkpoint_dir or not config.eval_script:
         raise PstrainError("the evaluator needs --checkpoint-dir and --eval-script")
-    namespace = runpy.run_path(args.eval_script)
+    namespace = runpy.run_path(config.eval_script)
     if not callable(namespace.get("evaluate")):
-        raise PstrainError(f"{args.eval_script} must define evaluate(variables, iterations)")
+        raise PstrainError(f"{config.eval_script} must define evaluate(variables, iterations)")
     evaluator = SidecarEvaluator(
-        namespace["evaluate"], args.checkpoint_dir, max_evaluations=args.max_evaluations
+        namespace["evaluate"], config.checkpoint_dir, max_evaluations=config.max_evaluations
     )
-    print(f"pstrain evaluator watching {args.checkpoint_dir}", flush=True)
+    print(f"pstrain evaluator watching {config.checkpoint_dir}", flush=True)
     for path, iterations, result in run(evaluator.run()):
         print(f"{path} iterations={iterations} {result}", flush=True)
     return 0

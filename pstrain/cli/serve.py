@@ -7,9 +7,8 @@ import asyncio
 import logging
 import os
 import signal
-import socket
-import ssl
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from .._base.cluster import ClusterSpec, parse_address
@@ -19,6 +18,8 @@ from .._base.tasks import TaskOwner
 from .._formats.codec.protocol import DEFAULT_MAX_BODY
 from .._transport.bridge import run
 from .._transport.interrupt import GRACE_S
+from ..server import Server
+from ..server.config import EvaluatorConfig, PsLimits, ServeConfig, client_ssl
 from .arguments import (
     LOG_LEVELS,
     address,
@@ -46,31 +47,6 @@ JSON TensorFlow uses, e.g.
 starts (workers learn the ps addresses from the coordinator).
 The token comes from --token-file, else PSTRAIN_TOKEN, else PSTRAIN_TOKEN_FILE.
 """
-
-
-def _server_ssl(cert: str | None, key: str | None) -> ssl.SSLContext | None:
-    if not cert and not key:
-        return None
-    if not (cert and key):
-        raise PstrainError("TLS needs both --tls-cert and --tls-key")
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    try:
-        ctx.load_cert_chain(cert, key)
-    except (OSError, ssl.SSLError) as exc:
-        raise PstrainError(
-            f"--tls-cert {cert} / --tls-key {key}: cannot be loaded ({exc.strerror or exc})"
-        ) from None
-    return ctx
-
-
-def client_ssl(cafile: str | None) -> ssl.SSLContext | None:
-    """A client TLS context that verifies servers against ``cafile``."""
-    if not cafile:
-        return None
-    try:
-        return ssl.create_default_context(cafile=cafile)
-    except (OSError, ssl.SSLError) as exc:
-        raise PstrainError(f"--tls-ca {cafile}: cannot be loaded ({exc.strerror or exc})") from None
 
 
 def serve_parser(sub: Any) -> None:
@@ -252,14 +228,13 @@ def _raise_open_files_limit(want: int = 8192) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
-def serve(args: argparse.Namespace) -> int:
-    parent = os.getppid()  # now, before the parent has any chance to be gone
-    _raise_open_files_limit()
-    if args.exit_with_parent and parent == 1:
-        return 0  # started by a process that has already died
+def serve_config(args: argparse.Namespace, environ: Mapping[str, str]) -> ServeConfig:
+    """The task ``pstrain serve``'s flags and the environment describe: its role and index
+    (flags first, then ``PSTRAIN_CONFIG``/``TF_CONFIG`` or SLURM's variables), where it
+    listens, its token, and what its role needs. Built once; nothing after reads a flag."""
     spec: ClusterSpec | None = None
-    role, index = args.role, args.index
-    config = read_config(args.cluster, os.environ)  # PSTRAIN_CONFIG: JSON, or a file's path
+    role, index, host = args.role, args.index, args.host
+    config = read_config(args.cluster, environ)  # PSTRAIN_CONFIG: JSON, or a file's path
     if config is not None:
         spec, task_type, task_id = config
         role = role or task_type
@@ -275,64 +250,64 @@ def serve(args: argparse.Namespace) -> int:
         spec = slurm.cluster_spec()
         role = role or slurm.task_type
         index = index if index is not None else slurm.task_id
-        if args.host is None:
-            args.host = "0.0.0.0"  # other nodes must reach it; a token is then required
+        if host is None:
+            host = "0.0.0.0"  # other nodes must reach it; a token is then required
     if role not in ("ps", "worker", "evaluator"):
         raise PstrainError(
             "pstrain serve needs --role ps|worker|evaluator (or a config whose "
             f"task.type is one of them; got {role!r})"
         )
     index = index or 0
-    setup_logging(args.log_level, f"{role}:{index}")
-    if getattr(args, "threads_sized", None):
-        logger.info("%s:%d: %s", role, index, args.threads_sized)
-    if role == "evaluator":
-        return evaluate(args)
-    token = read_token(os.environ, args.token_file)
     port = args.port
-    host = args.host
-    if spec is not None:
-        spec_host, spec_port = parse_address(spec.task_address(role, index))
+    if spec is not None and role != "evaluator":
+        _, spec_port = parse_address(spec.task_address(role, index))
         port = spec_port if port is None else port
     exit_on_shutdown = args.exit_on_shutdown if args.exit_on_shutdown is not None else bool(args.slurm_jobs)
-    options: dict[str, Any] = dict(
+    return ServeConfig(
+        role=role,
+        index=index,
+        spec=spec,
         host=host or "127.0.0.1",
         port=port or 0,
-        token=token,
-        exit_on_shutdown=exit_on_shutdown,
-        ssl_context=_server_ssl(args.tls_cert, args.tls_key),
+        token=read_token(environ, args.token_file) if role != "evaluator" else None,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_ca=args.tls_ca,
         max_body=args.max_body or DEFAULT_MAX_BODY,
         metrics_public=args.metrics_public,
+        exit_on_shutdown=exit_on_shutdown,
+        listen_fd=args.listen_fd,
+        ps=PsLimits(
+            allow_pickle=not args.no_pickle,
+            checkpoint_root=args.checkpoint_root,
+            max_variable_bytes=args.max_variable_bytes,
+            max_reply_bytes=args.max_reply_bytes,
+            max_store_bytes=args.max_store_bytes,
+        ),
+        closure_threads=args.closure_threads,
+        join=args.join,
+        advertise=args.advertise,
+        drain_timeout=args.drain_timeout,
+        exit_with_parent=args.exit_with_parent,
+        log_level=args.log_level,
+        evaluator=EvaluatorConfig(args.checkpoint_dir, args.eval_script, args.max_evaluations),
+        threads_sized=getattr(args, "threads_sized", None),
     )
-    if role == "ps":
-        from ..server.ps.handlers import ParameterServer
 
-        ps_options: dict[str, Any] = {
-            "allow_pickle": not args.no_pickle,
-            "checkpoint_root": args.checkpoint_root,
-        }
-        if args.max_variable_bytes is not None:
-            ps_options["max_variable_bytes"] = args.max_variable_bytes
-        if args.max_reply_bytes is not None:
-            ps_options["max_reply_bytes"] = args.max_reply_bytes
-        if args.max_store_bytes is not None:
-            ps_options["max_store_bytes"] = args.max_store_bytes
-        server: Any = ParameterServer(index, **options, **ps_options)
-    else:
-        from ..server.worker.executor import WorkerServer
 
-        server = WorkerServer(
-            index,
-            cluster_spec=spec,
-            client_ssl=client_ssl(args.tls_ca),
-            closure_threads=args.closure_threads,
-            **options,
-        )
-    if args.listen_fd is not None:
-        try:
-            server.bound = socket.socket(fileno=args.listen_fd)
-        except OSError as exc:
-            raise PstrainError(f"--listen-fd {args.listen_fd}: not a socket: {exc}") from None
+def serve(args: argparse.Namespace) -> int:
+    parent = os.getppid()  # now, before the parent has any chance to be gone
+    _raise_open_files_limit()
+    if args.exit_with_parent and parent == 1:
+        return 0  # started by a process that has already died
+    config = serve_config(args, os.environ)
+    role, index, token = config.role, config.index, config.token
+    setup_logging(config.log_level, f"{role}:{index}")
+    if config.threads_sized:
+        logger.info("%s:%d: %s", role, index, config.threads_sized)
+    if role == "evaluator":
+        return evaluate(config.evaluator)
+    server: Any = Server(config).impl
     if not token:
         logger.warning(
             "no cluster token set: any local process can use this server (set PSTRAIN_TOKEN or --token-file)"
@@ -356,24 +331,24 @@ def serve(args: argparse.Namespace) -> int:
 
         loop.add_signal_handler(signal.SIGTERM, on_term)
         loop.add_signal_handler(signal.SIGINT, on_int)  # before announcing: a signal stops cleanly
-        if args.join:
+        if config.join:
             server.answers_any_index = True  # until the coordinator gives it its index
         address = await server.start()
         print(f"pstrain {role}:{index} listening on {address}", flush=True)
         watchers = TaskOwner("pstrain serve")
-        if args.join:  # and again whenever another coordinator serves there (restarted)
-            rejoin = join_as(role, server, args.join, args.advertise or address, token)
-            joined = await incarnation(args.join, token)  # before: one started since is joined too
+        if config.join:  # and again whenever another coordinator serves there (restarted)
+            rejoin = join_as(role, server, config.join, config.advertise or address, token)
+            joined = await incarnation(config.join, token)  # before: one started since is joined too
             given = await rejoin()
-            print(f"pstrain {role} joined {args.join} as {role} {given}", flush=True)
-            watchers.spawn(follow(role, args.join, token, joined, rejoin))
-        if args.exit_with_parent:
+            print(f"pstrain {role} joined {config.join} as {role} {given}", flush=True)
+            watchers.spawn(follow(role, config.join, token, joined, rejoin))
+        if config.exit_with_parent:
             watchers.spawn(_watch_parent(parent, stop))
         watchers.spawn(_on_event(server.shutdown_requested, stop))
         await stop.wait()
         if role == "worker" and (term.is_set() or interrupts):  # hand work back, then go
             running = server.begin_drain()
-            limit = min(args.drain_timeout, GRACE_S) if interrupts else args.drain_timeout
+            limit = min(config.drain_timeout, GRACE_S) if interrupts else config.drain_timeout
             waits = [asyncio.ensure_future(server.drained(limit)), asyncio.ensure_future(forced.wait())]
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             done = waits[0].done() and waits[0].result()
@@ -387,8 +362,8 @@ def serve(args: argparse.Namespace) -> int:
                     if done
                     else f"of {running} closure(s) in flight, some were abandoned after {limit:g} s"
                 )
-        if role == "ps" and args.join and term.is_set():  # a preemption notice: move away first
-            await leave(args.join, server.index, token, args.drain_timeout)
+        if role == "ps" and config.join and term.is_set():  # a preemption notice: move away first
+            await leave(config.join, server.index, token, config.drain_timeout)
         logger.info("signal received, stopping")
         await watchers.close()
         await server.stop()

@@ -24,14 +24,16 @@ two transports) is ``_serving/`` (``core.py``, ``base.py``, ``http.py``,
 
 from __future__ import annotations
 
+import socket
 import ssl as ssl_module
 from typing import Any
 
 from .._base.cluster import ClusterSpec, parse_address
-from .._base.errors import InvalidArgumentError
+from .._base.errors import InvalidArgumentError, PstrainError
 from .._formats.codec.protocol import DEFAULT_MAX_BODY
 from .._serving.base import ServerBase
 from .._serving.core import Status
+from .config import ServeConfig, client_ssl
 from .ps.handlers import ParameterServer
 from .worker.executor import WorkerServer
 
@@ -39,7 +41,9 @@ __all__ = ["ParameterServer", "Server", "ServerBase", "Status", "WorkerServer"]
 
 
 class Server:
-    """The server of task ``job_name:task_index`` of ``cluster_spec``.
+    """The server of task ``job_name:task_index`` of ``cluster_spec``, or of the task a
+    :class:`~pstrain.server.config.ServeConfig` describes (``Server(config)``: what
+    ``pstrain serve`` builds from its flags and environment).
 
     ``await start()`` binds and returns the address, ``await join()`` waits
     until it stops, ``await stop()`` stops it.
@@ -47,9 +51,9 @@ class Server:
 
     def __init__(
         self,
-        cluster_spec: ClusterSpec | dict[str, Any],
-        job_name: str,
-        task_index: int,
+        cluster_spec: ClusterSpec | dict[str, Any] | ServeConfig,
+        job_name: str | None = None,
+        task_index: int | None = None,
         port: int | None = None,
         token: str | None = None,
         *,
@@ -64,6 +68,14 @@ class Server:
                 f"unknown protocol {protocol!r}: pstrain servers speak their "
                 "own stream and HTTP (TF's 'grpc' is accepted and ignored)"
             )
+        if isinstance(cluster_spec, ServeConfig):
+            given = [job_name, task_index, port, token, host, ssl_context, *options.values()]
+            if any(v is not None for v in given) or max_body != DEFAULT_MAX_BODY:
+                raise InvalidArgumentError("Server(config) takes the ServeConfig alone: it has everything")
+            self._from_config(cluster_spec)
+            return
+        if job_name is None or task_index is None:
+            raise InvalidArgumentError("Server(cluster_spec, job_name, task_index): give the task")
         spec = ClusterSpec(cluster_spec)
         spec_host, spec_port = parse_address(spec.task_address(job_name, task_index))
         kwargs: dict[str, Any] = dict(
@@ -83,9 +95,31 @@ class Server:
                 f"no server for job {job_name!r}: 'pstrain serve' runs ps and worker tasks "
                 "(the chief runs your script; the evaluator runs SidecarEvaluator)"
             )
-        self.cluster_spec = spec
+        self.cluster_spec: ClusterSpec | None = spec
         self.job_name = job_name
         self.task_index = task_index
+
+    def _from_config(self, config: ServeConfig) -> None:
+        if config.role == "ps":
+            self.impl = ParameterServer(config.index, **config.server_options(), **config.ps.options())
+        elif config.role == "worker":
+            self.impl = WorkerServer(
+                config.index,
+                cluster_spec=config.spec,
+                client_ssl=client_ssl(config.tls_ca),
+                closure_threads=config.closure_threads,
+                **config.server_options(),
+            )
+        else:
+            raise InvalidArgumentError(f"no server for role {config.role!r} (ps and worker have one)")
+        if config.listen_fd is not None:
+            try:
+                self.impl.bound = socket.socket(fileno=config.listen_fd)
+            except OSError as exc:
+                raise PstrainError(f"--listen-fd {config.listen_fd}: not a socket: {exc}") from None
+        self.cluster_spec = config.spec
+        self.job_name = config.role
+        self.task_index = config.index
 
     @property
     def address(self) -> str | None:

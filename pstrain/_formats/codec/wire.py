@@ -117,7 +117,16 @@ def _record(obj: msgspec.Struct) -> dict[str, Any] | list[Any]:
     cost more time than the few bytes it saves."""
     if obj.__struct_config__.array_like:  # (a closure and its result: compact, as declared)
         return list(msgspec.structs.astuple(obj))
-    return msgspec.structs.asdict(obj)
+    fields = msgspec.structs.asdict(obj)
+    for name, value in fields.items():  # a batch of array-like records: in one pass, not one hook each
+        if (
+            type(value) is list
+            and value
+            and isinstance(value[0], msgspec.Struct)
+            and value[0].__struct_config__.array_like
+        ):
+            fields[name] = [list(msgspec.structs.astuple(v)) for v in value]
+    return fields
 
 
 def _default(obj: Any) -> Any:

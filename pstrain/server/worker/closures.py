@@ -125,26 +125,28 @@ class Functions:
 def encode_results(
     results: list[ClosureResult], scalars: list[Any] | None = None, leaving: bool = False
 ) -> Encoded:
-    """Encode results once; a result that cannot travel becomes an error saying so.
+    """Encode results once (each as ``ClosureResult``'s array, written out here: the hottest
+    reply, one per finished closure); a result that cannot travel becomes an error saying so.
     ``leaving``: the worker is draining (the coordinator sends it nothing more)."""
     extra: dict[str, Any] = {"scalars": scalars} if scalars else {}
     if leaving:
         extra["leaving"] = True
+    arrays = [[r.id, r.status.value, r.value] for r in results]
     try:
-        return Encoded(wire.encode_body({"results": results, **extra}, allow_pickle=True))
+        return Encoded(wire.encode_body({"results": arrays, **extra}, allow_pickle=True))
     except Exception:
         pass
     out = []
-    for record in results:
+    for record in arrays:
         try:
             wire.encode_body(record, allow_pickle=True)
             out.append(record)
         except Exception as exc:
             err = TypeError(
-                f"the closure's result of type {type(record.value).__name__} cannot be "
+                f"the closure's result of type {type(record[2]).__name__} cannot be "
                 f"sent back to the coordinator: {exc}"
             )
-            out.append(ClosureResult(record.id, ERROR, exception_payload(err)))
+            out.append([record[0], ERROR.value, exception_payload(err)])
     return Encoded(wire.encode_body({"results": out, **extra}, allow_pickle=True))
 
 
