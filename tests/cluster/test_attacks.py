@@ -12,6 +12,8 @@ import json
 import os
 import struct
 
+import aiohttp
+import cloudpickle
 import msgpack
 import numpy as np
 import pytest
@@ -19,6 +21,10 @@ import pytest
 import pstrain
 from pstrain import rpc
 from pstrain._formats.codec import protocol, wire
+from pstrain._formats.codec.handshake import ClientHandshake
+from pstrain._formats.files.checkpoint_files import write_index
+from pstrain._formats.files.tensor_files import write_tensors
+from pstrain.checkpoint import CheckpointManager, load_variables
 from pstrain.errors import (
     AlreadyExistsError,
     AuthenticationError,
@@ -27,6 +33,7 @@ from pstrain.errors import (
     ProtocolError,
     PstrainError,
 )
+from pstrain.server.ps import ParameterServer
 from pstrain.testing import untyped_call
 from tests.helpers import TOKEN, close_writer, strategy_for, wait_for
 
@@ -50,7 +57,6 @@ def test_buffer_indexes_out_of_range_are_refused():
 
 
 async def test_compressed_http_bodies_are_refused(ps_server):
-    import aiohttp
 
     async with aiohttp.ClientSession() as session:
         async with session.post(
@@ -130,8 +136,6 @@ async def test_an_impostor_at_a_tasks_address_learns_nothing_and_is_refused():
             pass
         writer.close()
 
-    from pstrain._formats.codec.handshake import ClientHandshake
-
     hello = ClientHandshake(None, "/job:ps/replica:0/task:0").hello()
     who = b"/job:ps/replica:0/task:0#0"
     server = await asyncio.start_server(impostor, "127.0.0.1", 0)
@@ -198,7 +202,6 @@ async def test_a_failing_optimizer_step_changes_nothing(ps_server):
 
 
 async def test_unexpected_errors_return_an_id_not_a_traceback(tmp_path):
-    from pstrain.server.ps import ParameterServer
 
     class Broken(ParameterServer):
         def list_variables(self, req):
@@ -275,7 +278,6 @@ async def test_restore_checks_its_sources_and_is_all_or_nothing_across_ps(ps_pai
 
 
 async def test_a_malformed_index_is_a_clear_error_and_the_evaluator_skips_it(tmp_path):
-    from pstrain.checkpoint import CheckpointManager, load_variables
 
     index = {
         "format": "pstrain-checkpoint",
@@ -299,8 +301,6 @@ async def test_a_malformed_index_is_a_clear_error_and_the_evaluator_skips_it(tmp
     )
     task = asyncio.ensure_future(evaluator.run())
     await wait_for(lambda: not task.done() and len(evaluator.results) == 0, what="the evaluator to poll")
-    from pstrain._formats.files.checkpoint_files import write_index
-    from pstrain._formats.files.tensor_files import write_tensors
 
     write_tensors(str(tmp_path / "ckpt-3.local.safetensors"), {"it": np.array(5, np.int64)})
     write_index(
@@ -318,7 +318,6 @@ async def test_a_malformed_index_is_a_clear_error_and_the_evaluator_skips_it(tmp
 
 
 def test_the_index_temp_file_is_unpredictable_and_a_planted_link_is_not_followed(tmp_path):
-    from pstrain._formats.files.checkpoint_files import write_index
 
     victim = tmp_path / "victim"
     victim.write_text("precious")
@@ -337,7 +336,6 @@ async def test_an_empty_run_is_answered_and_unknown_cancel_ids_are_ignored(clust
     assert reply == {"results": []}
     assert (await untyped_call(ch, "worker/cancel", {"ids": [77]}))["cancelling"] == 0
     fn = wire.encode_body  # any picklable function of one argument
-    import cloudpickle
 
     digest = b"0123456789abcdef"
     reply = await untyped_call(
@@ -353,7 +351,6 @@ async def test_an_empty_run_is_answered_and_unknown_cancel_ids_are_ignored(clust
 
 
 async def test_a_reply_of_the_wrong_shape_is_a_protocol_error_on_the_client():
-    from pstrain.server.ps import ParameterServer
 
     class Lying(ParameterServer):
         def read(self, req):

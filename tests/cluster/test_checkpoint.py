@@ -4,6 +4,7 @@ resharding, delayed restore, crash safety, evaluator."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 
 import numpy as np
@@ -11,6 +12,8 @@ import pytest
 import pytest_asyncio
 
 import pstrain
+from pstrain._checkpoint.evaluator import restored_iterations
+from pstrain._formats.files.tensor_files import write_tensors
 from pstrain.checkpoint import Checkpoint, CheckpointManager, load_variables
 from pstrain.testing import InProcessCluster, untyped_call
 from tests.helpers import TOKEN, strategy_for
@@ -252,9 +255,6 @@ async def test_restore_status_edges(ps_server, tmp_path, caplog):
 
 
 def test_format_1_checkpoints_are_refused_by_restore_and_read_by_load_variables(tmp_path):
-    import json
-
-    from pstrain._formats.files.tensor_files import write_tensors
 
     write_tensors(str(tmp_path / "old.local.safetensors"), {"w": np.arange(3, dtype=np.float32)})
     (tmp_path / "old.index.json").write_text(
@@ -353,7 +353,6 @@ async def test_sidecar_evaluator_follows_a_running_job(ps_server, tmp_path):
 
 
 def test_evaluator_needs_iterations(tmp_path):
-    from pstrain._checkpoint.evaluator import restored_iterations
 
     with pytest.raises(RuntimeError, match="`iterations` cannot be loaded"):
         restored_iterations({"w": np.zeros(2)})

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import socket
 import time
 
 import pytest
@@ -12,12 +14,16 @@ import pytest
 import pstrain
 from pstrain.cluster import listening_socket
 from pstrain.errors import (
+    CancelledError,
     InvalidArgumentError,
     ProtocolError,
     UnavailableError,
     WrongTaskError,
 )
-from tests.helpers import TOKEN, join_fails
+from pstrain.server.ps import ParameterServer
+from pstrain.server.worker import WorkerServer
+from pstrain.testing import InProcessCluster
+from tests.helpers import TOKEN, join_fails, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -105,10 +111,6 @@ async def test_join_fails_when_no_worker_can_ever_run_the_queue():
 async def test_variable_creation_waits_for_a_ps_that_is_still_starting_and_then_gives_up(caplog):
     # SLURM and Kubernetes start every task at once: the coordinator's first creation can
     # reach a ps before it listens. A port bound but not listening refuses connections.
-    import logging
-    import socket
-
-    from pstrain.server.ps import ParameterServer
 
     caplog.set_level(logging.INFO, logger="pstrain._variables.placement")
 
@@ -121,7 +123,6 @@ async def test_variable_creation_waits_for_a_ps_that_is_still_starting_and_then_
     with strategy.scope():
         v = pstrain.Variable(3.0, name="late")
     creating = asyncio.ensure_future(strategy.flush())
-    from tests.helpers import wait_for
 
     await wait_for(lambda: "to start" in caplog.text, timeout=10, what="the wait logged")
     assert not creating.done()
@@ -156,9 +157,6 @@ async def test_variable_creation_waits_for_a_ps_that_is_still_starting_and_then_
 
 
 async def test_a_chief_whose_metrics_port_is_taken_says_so_in_one_line_and_trains_on(caplog):
-    import logging
-
-    from pstrain.testing import InProcessCluster
 
     taken = listening_socket("127.0.0.1", 0, "a test port")
     try:
@@ -189,10 +187,6 @@ async def test_a_chief_whose_metrics_port_is_taken_says_so_in_one_line_and_train
 
 async def test_shutdown_reaches_a_ps_that_comes_up_after_the_job_is_done():
     # SLURM starts every rank at once: a ps the job never used may start listening last.
-    import socket
-
-    from pstrain.server.ps import ParameterServer
-    from pstrain.server.worker import WorkerServer
 
     worker = WorkerServer(0, token=TOKEN, exit_on_shutdown=True)
     await worker.start()
@@ -205,7 +199,6 @@ async def test_shutdown_reaches_a_ps_that_comes_up_after_the_job_is_done():
     coordinator = pstrain.ClusterCoordinator(strategy)
     assert await coordinator.schedule(lambda: 1) == 1  # the job ran without that ps
     leaving = asyncio.ensure_future(coordinator.shutdown_cluster())
-    from tests.helpers import wait_for
 
     await wait_for(lambda: worker.shutdown_requested.is_set(), timeout=10, what="the worker told")
     assert not leaving.done()  # still asking the ps, which refuses connections for now
@@ -223,12 +216,6 @@ async def test_shutdown_reaches_a_ps_that_comes_up_after_the_job_is_done():
 
 @pytest.mark.timeout(60)
 async def test_a_wrong_ps_port_says_at_once_what_it_waits_for_and_ends_at_the_cluster_entry(caplog):
-    import logging
-    import socket
-
-    from pstrain.errors import CancelledError
-    from pstrain.testing import InProcessCluster
-    from tests.helpers import wait_for
 
     with socket.socket() as nobody:  # bound, never listening: connections are refused
         nobody.bind(("127.0.0.1", 0))
@@ -264,7 +251,6 @@ async def test_a_wrong_ps_port_says_at_once_what_it_waits_for_and_ends_at_the_cl
 
 @pytest.mark.timeout(60)
 async def test_a_ps_address_that_is_a_workers_names_both_roles():
-    from pstrain.testing import InProcessCluster
 
     async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as cluster:
         spec = cluster.cluster_spec.as_dict()
@@ -284,12 +270,6 @@ async def test_a_ps_address_that_is_a_workers_names_both_roles():
 
 @pytest.mark.timeout(60)
 async def test_closures_waiting_for_an_unreachable_worker_say_so_at_once(caplog):
-    import logging
-    import socket
-
-    from pstrain.errors import CancelledError
-    from pstrain.testing import InProcessCluster
-    from tests.helpers import wait_for
 
     with socket.socket() as nobody:  # bound, never listening
         nobody.bind(("127.0.0.1", 0))

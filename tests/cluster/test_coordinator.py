@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
 import threading
 import time
@@ -559,9 +560,6 @@ async def test_local_variables_own_their_memory_and_metrics_reset_states():
 
 async def test_a_dropped_per_worker_iterator_is_released_on_the_workers(cluster):
     """Neither the dispatcher nor a worker thread keeps the last closure's arguments."""
-    import gc
-
-    from tests.helpers import wait_for
 
     coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(cluster.resolver))
     dataset = coordinator.create_per_worker_dataset(lambda: pstrain.data.Dataset.range(100))

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import asyncio
 
+import aiohttp
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import pstrain
+from pstrain._transport.rpc import Channel
+from pstrain.errors import AuthenticationError
+from tests.helpers import TOKEN, abort_all, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
 
 async def test_tensorboard_reads_the_scalars_of_closures_and_the_coordinator(tmp_path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     async with pstrain.testing.InProcessCluster(num_ps=1, num_workers=2) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
@@ -45,11 +49,6 @@ async def test_tensorboard_reads_the_scalars_of_closures_and_the_coordinator(tmp
 async def test_the_dashboard_is_a_server_on_the_shared_core():
     # Its pages check the browser's session; everything else on its port is a server like
     # the others: the stream with the cluster token proved both ways, pre-auth deadlines.
-    import aiohttp
-
-    from pstrain._transport.rpc import Channel
-    from pstrain.errors import AuthenticationError
-    from tests.helpers import TOKEN, abort_all, wait_for
 
     async with pstrain.testing.InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as c:
         coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(c.resolver))

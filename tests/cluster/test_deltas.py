@@ -16,7 +16,12 @@ import pytest
 from safetensors.numpy import load_file
 
 import pstrain
+from pstrain._checkpoint.deltas import ps_channels
+from pstrain._formats.files import direct_writes, tensor_files
+from pstrain._formats.files.direct_writes import DirectWriter
+from pstrain._formats.messages.checkpoint_operations import HurryDeltas, SaveDelta
 from pstrain._formats.numerics.idhash import shard_of
+from pstrain._kernels import KERNELS
 from pstrain.server.ps.checkpoints.saves import _save_thread
 from pstrain.testing import InProcessCluster
 from tests.helpers import TOKEN, wait_for
@@ -155,7 +160,6 @@ async def test_a_large_variables_changed_rows_are_found_on_the_save_thread_not_t
 ):
     # The serving loop only ends the epoch: a pass over a big variable's row stamps (its
     # cost grows with the rows the ps holds) runs on the deltas' save thread.
-    from pstrain._kernels import KERNELS
 
     passes: list[str] = []
     rows_after = KERNELS.rows_after
@@ -242,7 +246,6 @@ async def test_bad_settings_are_refused_with_what_was_wrong(tmp_path):
 async def _spread(root: str, monkeypatch, write_s: float, values: np.ndarray):
     """One ps whose ``big`` changed whole (to ``values``) after a base: a delta of 137
     buffers of 8 KiB, which the manager spreads over ``write_s``."""
-    from pstrain._formats.files import direct_writes
 
     monkeypatch.setattr(direct_writes, "CHUNK", 8192)  # the in-process ps: a delta of many buffers
     async with _cluster(root, num_ps=1) as cluster:
@@ -257,9 +260,6 @@ async def _spread(root: str, monkeypatch, write_s: float, values: np.ndarray):
 async def test_a_delta_spread_over_some_seconds_takes_them_on_the_ps_and_holds_the_same_rows(
     tmp_path, monkeypatch
 ):
-    from pstrain._checkpoint.deltas import ps_channels
-    from pstrain._formats.files.direct_writes import DirectWriter
-    from pstrain._formats.messages.checkpoint_operations import SaveDelta
 
     root = str(tmp_path)
     values = np.random.default_rng(0).random((70_000, DIM)).astype(np.float32)
@@ -310,9 +310,6 @@ async def test_a_ps_that_stops_writes_the_rest_of_a_spread_delta_at_once(tmp_pat
 async def test_closing_the_manager_has_a_spread_delta_under_way_written_at_once(tmp_path, monkeypatch):
     """close() waits for the delta being written, not for its minute-long spread: its ps is
     told to send the rest at once, and the delta holds the rows."""
-    from pstrain._checkpoint.deltas import ps_channels
-    from pstrain._formats.files.direct_writes import DirectWriter
-    from pstrain._formats.messages.checkpoint_operations import HurryDeltas
 
     root = str(tmp_path)
     values = np.full((70_000, DIM), 3.0, np.float32)
@@ -351,8 +348,6 @@ async def test_closing_the_manager_has_a_spread_delta_under_way_written_at_once(
 async def test_a_save_threads_staging_buffer_is_given_back_once_it_writes_nothing_more(tmp_path, monkeypatch):
     """A spread delta's staging buffer stays for the next delta, then goes once the deltas'
     thread has written nothing for STAGING_IDLE_S; a delta after that still holds its rows."""
-    from pstrain._formats.files import direct_writes
-    from pstrain.server.ps.checkpoints.saves import _save_thread
 
     monkeypatch.setattr(direct_writes, "STAGING_IDLE_S", 3.0)  # the check right after a delta sees it
     values = np.full((70_000, DIM), 5.0, np.float32)
@@ -376,8 +371,6 @@ async def test_a_staging_buffer_used_after_its_idle_check_was_set_goes_once_idle
     """The check set when a delta ends finds the buffer taken again since (as a check that
     fires a little early finds it): it comes again once the buffer has been idle long enough,
     instead of leaving it held for good."""
-    from pstrain._formats.files import direct_writes
-    from pstrain.server.ps.checkpoints.saves import _save_thread
 
     monkeypatch.setattr(direct_writes, "STAGING_IDLE_S", 1.0)
     values = np.full((70_000, DIM), 5.0, np.float32)
@@ -435,7 +428,6 @@ async def test_deltas_written_on_their_own_lose_at_most_one_interval_of_steps(tm
 def test_a_delta_is_put_in_piece_by_piece_in_order(tmp_path, monkeypatch):
     """Patches are read and put in bounded pieces; later deltas win, and rows outside the
     part are skipped."""
-    from pstrain._formats.files import tensor_files
 
     monkeypatch.setattr(tensor_files, "PATCH_ROWS", 3)
     base = np.arange(40, dtype=np.float32).reshape(20, 2)

@@ -4,13 +4,24 @@ deterministic rows, optimizers, closures, /metrics, and checkpoints into 1, 2 an
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
+import aiohttp
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import pstrain
+import pstrain.jax as pjax
+import pstrain.torch as ptorch
+from pstrain._formats.messages.operations import ApplyGradients, LookupTable, OptimizerRule
 from pstrain._formats.numerics.idhash import initial_rows, shard_of
+from pstrain._formats.numerics.optimizer_rules import RULES
 from pstrain.errors import InvalidArgumentError
+from pstrain.server.ps.checkpoints import snapshots
+from pstrain.server.ps.tables.dynamic_table import DynamicTable
+from pstrain.server.ps.tables.id_index import IdIndex
+from pstrain.server.ps.tables.table_config import TableConfig
 from pstrain.testing import InProcessCluster
 from tests.helpers import TOKEN
 
@@ -122,7 +133,6 @@ async def test_lfu_and_age_eviction():
 def test_an_id_is_not_aged_out_by_its_own_lookup_nor_its_row_given_to_another_id_of_it():
     # Id 1 turns stale exactly at the lookup that asks for it again, with a new id beside
     # it: it keeps its row and values, and the new id gets a row of its own.
-    from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
 
     t = DynamicTable("t", TableConfig(dim=2, max_age=8))
     first = t.lookup(np.array([1]), train=True).copy()
@@ -210,7 +220,6 @@ async def test_bad_configurations_and_ids_are_refused_with_clear_errors():
         with pytest.raises(InvalidArgumentError):
             await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((2, 3)), [1, 2]), table)])
         assert await table.size() == 0  # nothing changed
-    from pstrain.server.ps.tables.table_config import TableConfig
 
     with pytest.raises(InvalidArgumentError, match="float32 or float64, got float16"):
         TableConfig(dim=4, dtype="float16")  # what a ps refuses a dyn/create of, sent by hand
@@ -219,7 +228,6 @@ async def test_bad_configurations_and_ids_are_refused_with_clear_errors():
 async def test_ids_in_any_order_are_served_and_a_repeated_id_is_refused_by_the_ps():
     """Clients send each ps its distinct ids in the order first seen (no sort); the ps
     checks they are distinct, and refuses a repeated id, changing nothing."""
-    from pstrain._formats.messages.operations import ApplyGradients, LookupTable, OptimizerRule
 
     async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
@@ -259,7 +267,6 @@ async def test_ids_in_any_order_are_served_and_a_repeated_id_is_refused_by_the_p
 
 
 async def test_metrics_show_rows_admitted_evicted_and_bytes_per_table():
-    import aiohttp
 
     async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
@@ -328,9 +335,6 @@ async def test_a_checkpoint_of_a_dynamic_table_restores_bit_for_bit_into_1_2_and
 async def test_the_jax_and_pytorch_adapters_take_a_dynamic_table():
     import torch
 
-    import pstrain.jax as pjax
-    import pstrain.torch as ptorch
-
     ids = np.array([[2**50, 7], [7, -3]], np.int64)
     unique = np.unique(ids)
     counts = np.array([np.sum(ids == i) for i in unique], np.float32)[:, None]
@@ -365,9 +369,6 @@ async def test_the_jax_and_pytorch_adapters_take_a_dynamic_table():
 
 @pytest.mark.timeout(120)
 def test_the_id_index_agrees_with_a_dict_under_any_inserts_and_deletes():
-    from hypothesis import given, settings, strategies as st
-
-    from pstrain.server.ps.tables.id_index import IdIndex
 
     ids64 = st.integers(-(2**63), 2**63 - 1)
 
@@ -397,7 +398,6 @@ def test_the_id_index_agrees_with_a_dict_under_any_inserts_and_deletes():
 
 
 def test_sightings_are_remembered_for_at_most_max_candidates_ids_newest_kept():
-    from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
 
     t = DynamicTable("t", TableConfig(dim=2, admit_after=2, max_candidates=100))
     for lo in range(0, 1000, 50):  # 1,000 ids seen once each, 50 per lookup
@@ -414,7 +414,6 @@ def test_the_sightings_kept_stay_bounded_however_many_ids_are_admitted_over_time
     """An admitted id's sighting slot is not reused: without moving the counted ones down,
     the slots grew with every id ever admitted (a shard that admits as fast as it evicts
     grew without end) while at most a batch of ids was counted at once."""
-    from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
 
     t = DynamicTable("t", TableConfig(dim=2, admit_after=2, capacity=200))
     sizes = []
@@ -430,7 +429,6 @@ def test_the_sightings_kept_stay_bounded_however_many_ids_are_admitted_over_time
 
 
 def test_sightings_moved_down_keep_their_order_so_the_oldest_are_still_forgotten_first():
-    from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
 
     t = DynamicTable("t", TableConfig(dim=2, admit_after=2, max_candidates=1000))
     singles = np.arange(1_000_000, 1_000_900, dtype=np.int64)  # each seen once, oldest first
@@ -450,7 +448,6 @@ def test_sightings_moved_down_keep_their_order_so_the_oldest_are_still_forgotten
 def test_rows_a_lookup_admits_are_in_the_next_delta_even_before_an_update():
     """A row is state from its admission on (a restore without it would answer the default
     until the id is admitted again), so a delta holds it though no update touched it yet."""
-    from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
 
     t = DynamicTable("t", TableConfig(dim=2, capacity=4))
     t.lookup(np.array([1, 2, 3], np.int64), train=True)
@@ -467,7 +464,6 @@ def test_rows_a_lookup_admits_are_in_the_next_delta_even_before_an_update():
 
 
 async def test_a_dynamic_table_saved_during_training_is_a_state_it_was_in(tmp_path, monkeypatch):
-    from pstrain.server.ps.checkpoints import snapshots
 
     monkeypatch.setattr(snapshots, "BLOCK_BYTES", 4096)  # many blocks: updates land before the writer
     ids = np.arange(1, 20_001, dtype=np.int64) * 7919
@@ -499,9 +495,6 @@ async def test_a_dynamic_table_saved_during_training_is_a_state_it_was_in(tmp_pa
 
 
 def test_a_table_snapshot_holds_the_table_as_it_was_while_rows_change_evict_and_grow(monkeypatch):
-    from pstrain._formats.numerics.optimizer_rules import RULES
-    from pstrain.server.ps.checkpoints import snapshots
-    from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
 
     monkeypatch.setattr(snapshots, "BLOCK_BYTES", 1024)
     t = DynamicTable("t", TableConfig(dim=4, capacity=3000))
@@ -557,7 +550,6 @@ async def test_a_restore_keeps_the_table_counters_of_the_ps_it_lands_on(tmp_path
 
 
 async def test_string_ids_are_refused_with_how_to_hash_them(cluster):
-    import hashlib
 
     strategy = pstrain.ParameterServerStrategy(cluster.resolver)
     with strategy.scope():
@@ -578,8 +570,6 @@ def test_an_update_takes_the_rows_its_lookup_found_only_while_they_are_still_its
     probe). Twin tables get the same calls; one updates through that reuse, the other
     probes afresh: after evictions that hand a looked-up id's row to another id, and
     admissions of ids that had no row at the lookup, both hold the same rows."""
-    from pstrain._formats.numerics.optimizer_rules import RULES
-    from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
 
     config = TableConfig(dim=4, capacity=40, admit_after=2)
     reused, fresh = DynamicTable("t", config), DynamicTable("t", config)

@@ -6,8 +6,10 @@ request sent by an old map is refused whole and routed again."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.util
 import os
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -18,10 +20,15 @@ import pytest_asyncio
 
 import pstrain
 from pstrain._base.tags import set_dispatch
+from pstrain._coordinator.elastic import moves as ps_moves
+from pstrain._formats.messages.placement_map import EndMove, InstallVariables, SliceSet, TableCopy, TablePatch
 from pstrain._formats.numerics.idhash import shard_of
 from pstrain.errors import FailedPreconditionError, InvalidArgumentError, PlacementChangedError
 from pstrain.rpc import Channel
 from pstrain.server import ParameterServer
+from pstrain.server.ps.moves import handlers as moves
+from pstrain.server.ps.store import ChangeClock
+from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
 from pstrain.testing import InProcessCluster, untyped_call
 from tests.helpers import TOKEN, wait_for
 
@@ -435,9 +442,6 @@ async def test_a_drained_ps_leaves_its_evictions_to_the_next_delta_and_a_restore
 def test_a_shard_merges_slices_whose_rows_and_slots_changed_between_copy_and_switch():
     """The ps's own steps of a move, on real table shards: rows admitted and an optimizer
     slot made after the copy arrive with the patch; the receiver ends equal to the source."""
-    from pstrain._formats.messages.placement_map import SliceSet, TableCopy, TablePatch
-    from pstrain.server.ps.store import ChangeClock
-    from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
 
     clock = ChangeClock()
     source = DynamicTable("t", TableConfig(dim=DIM, admit_after=2), clock=clock)
@@ -557,8 +561,6 @@ async def test_a_move_whose_coordinator_stops_after_staging_is_ended_when_its_ti
     step is never sent, nor an abort) leaves them held there and served by no one: they go
     after MOVE_TTL_S, with the source's marks of the move, and the variable and the table
     are served whole where they were; a later move of them goes through."""
-    from pstrain._coordinator.elastic import moves as ps_moves
-    from pstrain.server.ps.moves import handlers as moves
 
     async with _job() as (cluster, extra, strategy, coordinator):
         assert extra is not None
@@ -611,8 +613,6 @@ async def test_a_stopped_moves_time_running_out_leaves_a_later_move_of_the_same_
     table slices to the same ps before the first move's time is up. When it is, the end
     of the first move must not undo the second: the table it created there, and the
     slices the second move switched, stay served."""
-    from pstrain._coordinator.elastic import moves as ps_moves
-    from pstrain.server.ps.moves import handlers as moves
 
     async with _job() as (cluster, extra, strategy, coordinator):
         assert extra is not None
@@ -649,9 +649,6 @@ async def test_a_coordinator_lost_between_a_moves_switches_is_replaced_and_resto
     checkpoint, as after any coordinator loss, and trains on. Its takeover drops the
     copies the old one parked on the source; the old one, waking up to undo its move,
     is refused and changes nothing."""
-    import gc
-
-    from pstrain._coordinator.elastic import moves as ps_moves
 
     real = ps_moves.InstallVariables
 
@@ -735,7 +732,6 @@ async def test_a_new_coordinator_moves_onto_a_ps_that_served_the_old_one(tmp_pat
     what the old one left there (refused as already there, before), and the ps serves
     exactly the new coordinator's rows. Every ps knows the new coordinator's maps, not the
     old one's (whose versions were higher): a client refused learns where a variable is."""
-    import gc
 
     root = str(tmp_path)
     async with InProcessCluster(num_ps=2, num_workers=1, ps_options={"checkpoint_root": root}) as cluster:
@@ -791,7 +787,6 @@ async def test_a_move_whose_new_ps_is_lost_is_undone_and_the_error_says_so(monke
     what moved, step 4 of five). The move is undone: the variable and the table slices are
     served by their source again, nothing is lost, and the error says that, not that a
     ps's variables are lost."""
-    from pstrain._formats.messages.placement_map import InstallVariables
 
     async with _job() as (cluster, extra, strategy, coordinator):
         assert extra is not None
@@ -848,11 +843,6 @@ async def test_table_slices_a_new_ps_cannot_hold_are_refused_and_stay_where_they
 async def test_the_copies_of_an_aborted_move_go_at_once_not_when_its_time_is_up(monkeypatch):
     """Ending a move as aborted gives the copies staged on the new ps back then: the timer
     that would have ended it holds the stage's name only, not the copies."""
-    import gc
-    import weakref
-
-    from pstrain._coordinator.elastic import moves as ps_moves
-    from pstrain._formats.messages.placement_map import EndMove
 
     async with _job() as (cluster, extra, strategy, coordinator):
         assert extra is not None

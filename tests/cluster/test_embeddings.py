@@ -18,6 +18,7 @@ from pstrain import (
     embedding_lookup_sparse,
     safe_embedding_lookup_sparse,
 )
+from pstrain.checkpoint import Checkpoint, load_variables
 from pstrain.errors import InvalidArgumentError, NotFoundError
 from pstrain.partitioners import FixedShardsPartitioner
 from pstrain.testing import untyped_call
@@ -303,7 +304,6 @@ async def test_counting_requests_counts_this_codes_requests_only(ps_server):
 async def test_a_collection_and_its_row_wise_slots_round_trip_a_checkpoint(ps_pair, tmp_path):
     """Restored into a new collection (a new process's names), the next step is bit for bit the
     step the original takes: tables, row-wise accumulators and the step counter came back."""
-    from pstrain.checkpoint import Checkpoint, load_variables
 
     def make():
         collection = EmbeddingCollection(

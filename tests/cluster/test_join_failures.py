@@ -20,6 +20,7 @@ from pstrain.errors import (
     PstrainError,
     UnavailableError,
 )
+from pstrain.rpc import Channel
 from pstrain.server import ParameterServer
 from pstrain.testing import InProcessCluster, untyped_call
 
@@ -156,7 +157,6 @@ async def test_a_ps_that_dies_during_its_first_move_is_taken_out_again():
 
 
 async def test_move_out_of_slices_the_ps_does_not_hold_is_refused_at_the_first_step():
-    from pstrain.rpc import Channel
 
     async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
         strategy = pstrain.ParameterServerStrategy(

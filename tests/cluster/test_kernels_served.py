@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import pstrain
 from pstrain._kernels import KERNELS
+from pstrain.testing import InProcessCluster
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -13,8 +15,6 @@ pytestmark = pytest.mark.timeout(180)
 async def test_a_sparse_step_sent_by_a_client_runs_the_fused_kernel(monkeypatch):
     # Row ids travel as int32 (half the bytes); the ps must still take the fused kernel, not
     # numpy's three passes (it did not: W4's and W7's fixed tables ran on numpy).
-    import pstrain
-    from pstrain.testing import InProcessCluster
 
     calls = []
     fused = KERNELS.adagrad_rows

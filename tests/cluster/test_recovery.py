@@ -5,14 +5,21 @@ in TF. Each test is a finding of the recovery issue and failed before its fix.""
 from __future__ import annotations
 
 import gc
+import os
 
 import numpy as np
 import pytest
 
 import pstrain
+import pstrain.jax as pjax
+import pstrain.torch as ptorch
+from pstrain._base.tags import set_dispatch
+from pstrain.data import Dataset
 from pstrain.errors import CancelledError
+from pstrain.partitioners import FixedShardsPartitioner
 from pstrain.rpc import Channel
-from pstrain.testing import untyped_call
+from pstrain.server import ParameterServer
+from pstrain.testing import InProcessCluster, untyped_call
 from tests.helpers import TOKEN, strategy_for
 
 pytestmark = pytest.mark.timeout(90)
@@ -128,7 +135,6 @@ def _towers(first: str) -> torch.nn.Module:
 
 @pytest.mark.parametrize("give", ["module", "remote"])
 async def test_a_pytorch_model_restores_by_parameter_path_not_position(cluster, tmp_path, give):
-    import pstrain.torch as ptorch
 
     saved_strategy = pstrain.ParameterServerStrategy(cluster.resolver)
     with saved_strategy.scope():
@@ -175,8 +181,6 @@ async def test_an_equinox_model_restores_by_field_path(cluster, tmp_path):
     eqx = pytest.importorskip("equinox")
     import jax
 
-    import pstrain.jax as pjax
-
     class AB(eqx.Module):
         a: jax.Array
         b: jax.Array
@@ -199,8 +203,6 @@ async def test_an_equinox_model_restores_by_field_path(cluster, tmp_path):
 
 # -- adapters: evaluation changes nothing; a table looked up twice has one gradient ---------------
 async def test_evaluation_through_every_adapter_admits_no_row(cluster):
-    import pstrain.jax as pjax
-    import pstrain.torch as ptorch
 
     strategy = pstrain.ParameterServerStrategy(cluster.resolver)
     with strategy.scope():
@@ -222,8 +224,6 @@ async def test_evaluation_through_every_adapter_admits_no_row(cluster):
 
 
 async def test_a_jax_model_looking_a_table_up_twice_gets_one_gradient(cluster):
-    import pstrain.jax as pjax
-    from pstrain.partitioners import FixedShardsPartitioner
 
     strategy = pstrain.ParameterServerStrategy(
         cluster.resolver, variable_partitioner=FixedShardsPartitioner(2)
@@ -261,7 +261,6 @@ async def test_a_dynamic_table_holds_exactly_its_capacity_in_all(cluster):
 
 # -- datasets end as in TF --------------------------------------------------------------------
 async def test_an_exhausted_dataset_consumes_every_batch_then_raises_out_of_range(cluster):
-    from pstrain.data import Dataset
 
     coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(cluster.resolver))
 
@@ -293,7 +292,6 @@ async def test_an_exhausted_dataset_consumes_every_batch_then_raises_out_of_rang
 
 
 async def test_a_save_that_died_before_its_index_does_not_block_the_next_one(ps_server, tmp_path):
-    import os
 
     strategy = strategy_for(ps_server)
     async with strategy.scope():
@@ -314,9 +312,6 @@ async def test_a_restore_fences_a_lost_workers_old_dispatch_again_on_a_ps_that_r
     lost with a dispatch in flight (fenced off every ps); then ps 1 restarts empty (its
     fences gone) and the job restores the checkpoint. The old dispatch, still running, must
     be refused by the new ps 1 as by ps 0, not applied on top of the restored values."""
-    from pstrain._base.tags import set_dispatch
-    from pstrain.server import ParameterServer
-    from pstrain.testing import InProcessCluster
 
     root = str(tmp_path)
     async with InProcessCluster(num_ps=2, num_workers=1, ps_options={"checkpoint_root": root}) as cluster:
@@ -375,7 +370,6 @@ async def test_a_restore_fences_a_lost_workers_old_dispatch_again_on_a_ps_that_r
 async def test_a_for_loop_over_a_per_worker_iterator_ends_with_the_data_as_in_tf(cluster):
     """TF: ``for batch in iterator`` inside a closure ends the loop at the end of the data;
     ``next()`` at the end fails the closure with OutOfRangeError (sync and async alike)."""
-    from pstrain.data import Dataset
 
     coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(cluster.resolver))
     per_worker = coordinator.create_per_worker_dataset(lambda: Dataset.range(5))

@@ -5,12 +5,16 @@ restore stages, and gets them again, bit for bit, if the restore fails."""
 from __future__ import annotations
 
 import contextlib
+import gc
+import weakref
 
 import numpy as np
 import pytest
 
 import pstrain
+from pstrain._variables import staged_restore
 from pstrain.partitioners import FixedShardsPartitioner
+from pstrain.server.ps.checkpoints import saves as checkpoint
 from pstrain.testing import InProcessCluster
 from tests.helpers import TOKEN, wait_for
 
@@ -93,7 +97,6 @@ async def test_a_variable_that_changed_is_not_given_back(tmp_path):
 
 
 async def test_a_restore_refused_for_too_many_staged_releases_nothing(tmp_path, monkeypatch):
-    from pstrain.server.ps.checkpoints import saves as checkpoint
 
     path, _ = await _saved(tmp_path)
     async with _fresh(tmp_path) as (cluster, table, initial):
@@ -111,8 +114,6 @@ async def test_a_restore_staged_and_never_committed_goes_when_its_time_is_up(tmp
     commit is never sent) leaves the values read staged on every ps: they go after
     STAGE_TTL_S with no other restore to sweep them, and the variable reads its initial
     values again."""
-    from pstrain._variables import staged_restore
-    from pstrain.server.ps.checkpoints import saves as checkpoint
 
     def never(**_):
         raise RuntimeError("the coordinator stopped before its commit")
@@ -135,10 +136,6 @@ async def test_a_restore_staged_and_never_committed_goes_when_its_time_is_up(tmp
 async def test_the_values_of_an_aborted_restore_go_at_once_not_when_its_time_is_up(tmp_path, monkeypatch):
     """Aborting a staged restore gives its values' memory back then: the timer that would
     have dropped it holds its name only, not the values it read."""
-    import gc
-    import weakref
-
-    from pstrain._variables import staged_restore
 
     def never(**_):
         raise RuntimeError("the coordinator stopped before its commit")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
+import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -116,8 +118,6 @@ def test_pstrain_run_given_a_function_instead_of_its_coroutine_says_to_call_it()
 
 def test_ctrl_c_while_blocked_cancels_the_work():
     cancelled, forever = cancellable()
-    import os
-    import signal
 
     # Python's own Ctrl-C handler, even where the shell started us with SIGINT ignored
     # (a backgrounded job): this is about block_on, not about the shell.

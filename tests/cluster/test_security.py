@@ -13,13 +13,17 @@ and property tests (hypothesis) of the handshake machines.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import threading
 
 import aiohttp
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+import pstrain
 from pstrain import rpc
 from pstrain._formats.codec import protocol, wire
 from pstrain._formats.codec.handshake import (
@@ -31,7 +35,7 @@ from pstrain._formats.codec.handshake import (
     HandshakeFailed,
     ServerHandshake,
 )
-from pstrain.errors import AuthenticationError, WrongTaskError
+from pstrain.errors import AuthenticationError, InvalidArgumentError, WrongTaskError
 from pstrain.testing import InProcessCluster, untyped_call
 from tests.helpers import TOKEN, MiB, abort_all, wait_for
 
@@ -234,7 +238,6 @@ async def _raw_stream(address: str, target: str = "/job:ps/replica:0/task:0"):
 
 
 async def test_a_header_claiming_gigabytes_reserves_nothing():
-    import numpy as np
 
     async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as cluster:
         ps = cluster.ps[0]
@@ -262,11 +265,6 @@ async def test_a_symlink_swapped_into_a_checkpoint_folder_never_redirects_a_save
     file it sees with a link to a file outside the root, as fast as it can, while the ps
     saves 80 times: no byte lands outside, and no save answers OK for a file it did not
     write."""
-    import threading
-
-    import numpy as np
-
-    import pstrain
 
     root = tmp_path / "root"
     ckpt = root / "ckpt"
@@ -316,12 +314,6 @@ async def test_a_symlink_swapped_into_a_checkpoint_folder_never_redirects_a_save
 
 @pytest.mark.parametrize("shape", [[10**12], [1 << 40, 1 << 40], [-1, 4]])
 async def test_an_index_with_absurd_shapes_is_refused_before_anything_is_allocated(tmp_path, shape):
-    import json
-
-    import numpy as np
-
-    import pstrain
-    from pstrain.errors import InvalidArgumentError
 
     async with InProcessCluster(
         num_ps=1, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(tmp_path)}
@@ -344,9 +336,6 @@ async def test_an_index_with_absurd_shapes_is_refused_before_anything_is_allocat
 
 
 async def test_a_model_larger_than_one_request_is_still_created_whole():
-    import numpy as np
-
-    import pstrain
 
     async with InProcessCluster(
         num_ps=1, num_workers=1, token=TOKEN, ps_options={"max_variable_bytes": 4 * MiB}
@@ -370,7 +359,6 @@ def _vm_size() -> int:
 
 
 async def test_headers_claiming_gigabytes_reserve_address_space_only_as_bytes_arrive():
-    import numpy as np
 
     async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as cluster:
         ps = cluster.ps[0]

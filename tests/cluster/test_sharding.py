@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -229,7 +231,6 @@ def test_sharded_variable_validation():
 async def test_a_callable_initial_value_is_asked_for_each_shard(ps_pair):
     """TF: a callable of known shape and dtype gets partition_shape and partition_offset;
     one that refuses them is called once and sliced."""
-    import functools
 
     strategy = pstrain.ParameterServerStrategy(
         pstrain.SimpleClusterResolver(

@@ -96,7 +96,6 @@ def _updates_meanwhile(rng: np.random.Generator, rows: int, update) -> Iterator[
 
 @pytest.mark.parametrize("changed", [3, 400])
 def test_a_snapshots_blocks_hold_the_old_rows_and_free_them_once_written(changed):
-    from pstrain.server.ps.checkpoints.snapshots import Snapshot
 
     a = np.arange(4000, dtype=np.float32).reshape(1000, 4)
     original = a.copy()

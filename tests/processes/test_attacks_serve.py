@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import struct
+import subprocess
+import sys
 
 import msgpack
 import numpy as np
@@ -13,6 +15,7 @@ import pytest
 import pstrain
 from pstrain import rpc
 from pstrain._formats.codec import protocol, wire
+from pstrain._formats.codec.handshake import ClientHandshake
 from pstrain.errors import (
     InvalidArgumentError,
     ProtocolError,
@@ -40,7 +43,6 @@ def nested_tuples(depth: int) -> bytes:
 
 async def handshake(address: str, token: str | None = TOKEN, target: str = ""):
     """A raw stream connection past the mutual handshake (to send crafted frames)."""
-    from pstrain._formats.codec.handshake import ClientHandshake
 
     host, port = address.rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))
@@ -180,8 +182,6 @@ async def test_hostile_idle_connections_do_not_lock_out_a_client_and_are_closed(
 
 
 def test_an_empty_token_is_no_token(tmp_path):
-    import subprocess
-    import sys
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PSTRAIN_")}
     env["PSTRAIN_TOKEN"] = ""

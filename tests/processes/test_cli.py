@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -13,8 +15,12 @@ import numpy as np
 import pytest
 
 import pstrain
+from pstrain._base.resolvers import parse_config
+from pstrain._transport.rpc import ps_advice
+from pstrain.cli import main
 from pstrain.cli.serve import client_ssl
-from pstrain.errors import ProtocolError
+from pstrain.cluster import listening_socket
+from pstrain.errors import InvalidArgumentError, ProtocolError
 from tests.helpers import TOKEN, ServeProcess
 
 pytestmark = pytest.mark.timeout(60)
@@ -67,7 +73,6 @@ def test_refuses_a_public_address_without_a_token():
 
 
 def test_role_and_port_from_tf_config(tmp_path):
-    import socket
 
     with socket.socket() as s:  # a port for the config; the server binds it itself
         s.bind(("127.0.0.1", 0))
@@ -76,7 +81,6 @@ def test_role_and_port_from_tf_config(tmp_path):
         "cluster": {"ps": [f"127.0.0.1:{port}"], "worker": ["127.0.0.1:1"]},
         "task": {"type": "ps", "index": 0},
     }
-    import os
 
     env = dict(os.environ, TF_CONFIG=json.dumps(config))
     server = ServeProcess(env=env)
@@ -161,10 +165,6 @@ async def test_tls(tmp_path):
 
 async def test_servers_leave_when_the_coordinators_job_is_done(tmp_path):
     """What ends a SLURM job: pstrain serve --exit-on-shutdown leaves on shutdown_cluster()."""
-    import asyncio
-    import json
-
-    from pstrain.cluster import listening_socket
 
     reserved = [listening_socket("127.0.0.1", 0, "a test port") for _ in range(2)]
     ports = [s.getsockname()[1] for s in reserved]
@@ -293,8 +293,6 @@ def test_a_file_or_port_given_wrong_is_one_line_naming_the_flag(tmp_path):
 
 
 def test_pstrain_config_may_name_a_file_and_a_path_in_tf_config_says_what_is_wrong(tmp_path):
-    from pstrain._base.resolvers import parse_config
-    from pstrain.errors import InvalidArgumentError
 
     config = tmp_path / "cluster.json"
     config.write_text(
@@ -309,7 +307,6 @@ def test_pstrain_config_may_name_a_file_and_a_path_in_tf_config_says_what_is_wro
 
 
 def test_help_names_the_evaluator_and_status_explains_its_columns(capsys):
-    from pstrain.cli import main
 
     for argv in (["--help"], ["status", "--help"]):
         with pytest.raises(SystemExit) as info:
@@ -321,7 +318,6 @@ def test_help_names_the_evaluator_and_status_explains_its_columns(capsys):
 
 
 def test_launch_prefixes_every_line_the_servers_write():
-    import sys
 
     result = subprocess.run(
         [
@@ -353,7 +349,6 @@ def test_launch_prefixes_every_line_the_servers_write():
 
 
 def test_a_closure_that_cannot_reach_its_ps_is_told_what_to_do():
-    from pstrain._transport.rpc import ps_advice
 
     assert (
         "restore" in ps_advice("/job:ps/replica:0/task:1") and ps_advice("/job:worker/replica:0/task:0") == ""

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from typing import Any
 
+import aiohttp
 import pytest
 
 import pstrain
+from tests.helpers import TOKEN
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -16,7 +21,6 @@ async def test_a_new_login_url_comes_from_the_cli_for_a_running_job(tmp_path):
     """The one-time URL the coordinator printed is spent (a browser that hung opened it):
     ``pstrain dashboard-login`` gets a new one with the cluster's token; a wrong token gets
     nothing; the 401 page names that command."""
-    from tests.helpers import TOKEN
 
     async with pstrain.testing.InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as c:
         coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(c.resolver))
@@ -27,11 +31,6 @@ async def test_a_new_login_url_comes_from_the_cli_for_a_running_job(tmp_path):
 
 
 async def _login_again(coordinator: Any, token: str) -> None:
-    import os
-    import subprocess
-    import sys
-
-    import aiohttp
 
     spent = await pstrain.dashboard.serve_dashboard(coordinator)
     served = pstrain.dashboard.of(coordinator)

@@ -3,9 +3,14 @@ that cannot import it."""
 
 from __future__ import annotations
 
+import functools
+import importlib
+import uuid
+
 import pytest
 
 import pstrain
+from pstrain.errors import ClosureInputError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -24,11 +29,6 @@ async def test_a_dataset_fn_from_a_module_the_workers_lack_is_sent_by_value(tmp_
     """The dataset_fn's helper module is on the coordinator's path only (a script's sibling
     module): it travels by value, as a scheduled function's does. One that cannot (hidden in
     a partial) fails with the import error and what to do, not 'resource does not exist'."""
-    import functools
-    import importlib
-    import uuid
-
-    from pstrain.errors import ClosureInputError
 
     name, hidden_name = (f"{kind}_{uuid.uuid4().hex[:8]}" for kind in ("helpers", "hidden"))
     for module in (name, hidden_name):

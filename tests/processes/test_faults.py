@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import pstrain
+from pstrain import rpc
 from pstrain.checkpoint import Checkpoint, CheckpointManager, load_variables
 from pstrain.errors import UnavailableError
-from tests.helpers import wait_for
+from pstrain.testing import InProcessCluster
+from tests.helpers import TOKEN, ServeProcess, wait_for
 
 
 @pytest.fixture
@@ -216,9 +224,6 @@ async def test_ps_loss_is_reported_then_restored_from_a_checkpoint(tmp_path):
 
 @pytest.mark.parametrize("framework", ["numpy", "jax"])
 def test_fault_drill_example_accounts_for_every_step(framework):
-    import subprocess
-    import sys
-    from pathlib import Path
 
     example = Path(__file__).resolve().parents[2] / "examples" / "fault_drill.py"
     result = subprocess.run(
@@ -238,7 +243,6 @@ async def test_a_draining_worker_says_so_with_its_results_so_its_going_is_no_fai
     # The worker leaves once its last results are out. A batch the coordinator sent before it
     # read them used to find the worker gone: counted as a failure (seen under load). The
     # results of a draining worker now say so: the coordinator sends it nothing more.
-    from pstrain.testing import InProcessCluster
 
     async with InProcessCluster(num_ps=1, num_workers=2) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
@@ -279,8 +283,6 @@ async def test_a_draining_worker_says_so_with_its_results_so_its_going_is_no_fai
 
 
 async def test_a_worker_drained_by_sigterm_leaves_with_nothing_lost_and_no_failure():
-    import os
-    import signal
 
     async with pstrain.LocalCluster(num_ps=1, num_workers=2) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
@@ -309,10 +311,6 @@ async def test_a_worker_drained_by_sigterm_leaves_with_nothing_lost_and_no_failu
 async def test_a_worker_sigterm_while_idle_is_heard_at_the_next_batch_not_counted_a_failure():
     """SIGTERM with nothing running on the worker: no reply has told the coordinator it is
     leaving, so it waits (refusing work) until the next batch hears it."""
-    import os
-    import signal
-
-    from pstrain import rpc
 
     async with pstrain.LocalCluster(num_ps=1, num_workers=2) as cluster:
         _, coordinator, count = await setup(cluster, max_inflight_per_worker=2)
@@ -348,7 +346,6 @@ async def test_a_worker_sigterm_while_idle_is_heard_at_the_next_batch_not_counte
 
 
 async def test_a_worker_joins_a_running_job_at_a_new_address_and_takes_work_within_5_s():
-    from tests.helpers import ServeProcess
 
     async with pstrain.LocalCluster(num_ps=1, num_workers=2) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
@@ -433,10 +430,6 @@ async def test_a_connection_attempt_whose_callers_were_cancelled_is_not_handed_t
     """A step cancelled while its channel was connecting to a ps that was down left the
     attempt behind; its failure ("connection refused") was handed to the first step after
     the ps came back. Each call after an attempt ended makes its own."""
-    import select
-    import socket
-
-    from pstrain import rpc
 
     listener = socket.socket()  # accepts connections (the kernel's backlog), never answers
     listener.bind(("127.0.0.1", 0))
@@ -488,8 +481,6 @@ async def test_a_call_cancelled_just_as_its_connection_is_made_stays_cancelled(p
     the connect, returned the connection and dropped the cancel, and the dispatcher went on
     to wait for work forever. The cancel here arrives in the very step the connection is
     made (real server, real connection)."""
-    from pstrain import rpc
-    from tests.helpers import TOKEN
 
     ch = rpc.Channel(ps_server.address, token=TOKEN, task="ps0")
     connect = ch.connected
@@ -556,7 +547,6 @@ async def test_a_ps_that_fails_while_a_worker_recovers_fails_join_with_unavailab
 
 
 async def test_a_silent_ps_is_reported_with_its_advice_said_once():
-    from pstrain.testing import InProcessCluster
 
     async with InProcessCluster(num_ps=2, num_workers=1) as in_process:
         strategy = pstrain.ParameterServerStrategy(in_process.resolver)

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from pstrain.checkpoint import load_variables
+
 pytestmark = pytest.mark.timeout(120)
 
 #: A user's program: steps that take 0.3 s, many queued, a checkpoint after the first one. On
@@ -230,7 +232,6 @@ def test_ctrl_c_with_deltas_running_keeps_every_finished_step_in_a_last_delta(tm
     assert counts and "abandoned" not in said[0], said[0]
     kept = re.search(r"latest checkpoint (\S+) \(a last delta, of every step finished\)", said[0])
     assert kept and kept.group(1) == str(tmp_path / "ckpt" / "ckpt-1.delta-1"), said[0]
-    from pstrain.checkpoint import load_variables
 
     value = float(load_variables(kept.group(1))["v"])
     assert value == 401 - int(counts.group(2)), (value, said[0])  # 1 + 400 scheduled

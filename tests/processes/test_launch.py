@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import json
 import os
+import re
+import socket
+import stat
 import subprocess
 import sys
 import textwrap
@@ -12,7 +17,8 @@ import threading
 import pytest
 
 import pstrain
-from tests.helpers import wait_for
+from pstrain.server.ps.checkpoints.saves import _save_thread
+from tests.helpers import TOKEN, ServeProcess, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -116,7 +122,6 @@ async def test_local_cluster_kill_restart_and_teardown_on_error():
 def test_a_saves_writer_thread_runs_at_the_serving_loops_priority():
     # Not nicer: a niced writer starved behind its own ps's loop on a busy machine, and
     # deltas came later than the SIGKILL guarantee (tests/processes/test_kill_drill.py) allows.
-    from pstrain.server.ps.checkpoints.saves import _save_thread
 
     def priority() -> int:
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
@@ -171,9 +176,6 @@ WATCHED = textwrap.dedent("""
 
 @pytest.mark.timeout(120)
 def test_a_launched_job_can_be_watched_with_the_files_it_writes(tmp_path):
-    import json
-    import re
-    import stat
 
     script, done, run_dir = tmp_path / "train.py", tmp_path / "done", tmp_path / "run"
     script.write_text(WATCHED)
@@ -262,7 +264,6 @@ def test_a_launched_job_can_be_watched_with_the_files_it_writes(tmp_path):
 
 def _threads() -> tuple[str | None, str | None, int]:
     """What a closure sees of its thread pools (PyTorch loads here, in the closure)."""
-    import os
 
     import torch
 
@@ -279,10 +280,6 @@ async def _closure_threads(resolver) -> tuple[str | None, str | None, int]:
 
 
 async def test_serve_by_hand_sizes_threads_as_launch_does(tmp_path):
-    import json
-    import socket
-
-    from tests.helpers import TOKEN, ServeProcess
 
     env = {
         k: v
@@ -322,8 +319,6 @@ async def test_a_restarted_task_holds_its_port_while_its_new_process_starts():
     """``restart`` binds the task's port again as soon as the task is gone and hands the
     socket to the new process: while that process starts (about a second), no other
     process can bind the port (another cluster's task once did, and the restart failed)."""
-    import errno
-    import socket
 
     async with pstrain.LocalCluster(num_ps=1, num_workers=1) as cluster:
         address = cluster.cluster_spec.task_address("ps", 0)
@@ -350,7 +345,6 @@ async def test_a_restarted_task_holds_its_port_while_its_new_process_starts():
 def test_serve_refuses_a_handed_socket_bound_elsewhere_than_its_host(host):
     """``--listen-fd``: a socket bound to another address than ``--host`` (all interfaces,
     here, for a token-less loopback server) is refused with the address it is bound to."""
-    import socket
 
     with socket.socket() as bound:
         bound.bind((host, 0))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -236,7 +237,6 @@ def _running(pid: int) -> bool:
 
 
 async def test_serve_takes_its_role_from_slurm():
-    import socket
 
     with socket.socket() as s:  # a base port for the SLURM layout (the server binds it itself)
         s.bind(("127.0.0.1", 0))
@@ -262,7 +262,6 @@ async def test_serve_takes_its_role_from_slurm():
 
 
 async def test_coordinator_serves_metrics_at_its_chief_address(cluster):
-    import socket
 
     with socket.socket() as s:  # the chief's port as a TF_CONFIG would name it
         s.bind(("127.0.0.1", 0))

@@ -3,22 +3,24 @@ coordinator, the sizes each ps shows."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import json
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import pstrain
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
 
 async def _status(cluster, tmp_path, chief: str, *args: str):
     """``pstrain status`` of ``cluster`` with its coordinator's endpoint ``chief``."""
-    import asyncio
-    import json
-    import subprocess
-    import sys
 
     spec = cluster.cluster_spec
     config = tmp_path / "cluster.json"
@@ -65,9 +67,6 @@ async def test_pstrain_status_shows_a_running_chief_up_with_its_closures(cluster
 
 
 async def test_a_restarted_coordinator_is_not_fenced_out_after_an_earlier_worker_loss():
-    import asyncio
-
-    from tests.helpers import wait_for
 
     async with pstrain.LocalCluster(num_ps=2, num_workers=2) as cluster:
         first = pstrain.ParameterServerStrategy(cluster.resolver)
@@ -108,7 +107,6 @@ async def test_a_restarted_coordinator_is_not_fenced_out_after_an_earlier_worker
 async def test_every_size_shown_of_a_ps_counts_its_table_rows(cluster, tmp_path):
     """``pstrain status`` (its table and the placement map) and the dashboard's placement
     panel show what a ps holds, table rows included (8.5 KB was shown for 3.9 MiB held)."""
-    import re
 
     strategy = pstrain.ParameterServerStrategy(cluster.resolver)
     coordinator = pstrain.ClusterCoordinator(strategy)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 import pickle
+import resource
 
+import numpy as np
 import pytest
 
 from pstrain import rpc
@@ -16,7 +18,8 @@ from pstrain._formats.codec.handshake import (
     REJECTED,
     ClientHandshake,
 )
-from pstrain.errors import AuthenticationError, WrongTaskError
+from pstrain._formats.files.tensor_files import write_tensors
+from pstrain.errors import AuthenticationError, InvalidArgumentError, WrongTaskError
 from pstrain.testing import untyped_call
 from tests.helpers import TOKEN, MiB, ServeProcess, Touch, abort_all, rss
 
@@ -149,10 +152,6 @@ async def test_no_byte_is_decoded_before_the_proof_even_after_a_valid_hello(tmp_
 
 
 async def test_small_requests_cannot_make_a_ps_allocate_without_bound(tmp_path):
-    import numpy as np
-
-    from pstrain._formats.files.tensor_files import write_tensors
-    from pstrain.errors import InvalidArgumentError
 
     server = ServeProcess(
         "--role",
@@ -243,7 +242,6 @@ async def test_small_requests_cannot_make_a_ps_allocate_without_bound(tmp_path):
 
 
 async def test_a_ps_holds_no_more_than_its_store_limit(tmp_path):
-    from pstrain.errors import InvalidArgumentError
 
     server = ServeProcess(
         "--role",
@@ -283,7 +281,6 @@ async def test_a_ps_holds_no_more_than_its_store_limit(tmp_path):
 
 
 async def test_one_small_request_cannot_create_many_variables_past_the_limit():
-    from pstrain.errors import InvalidArgumentError
 
     server = ServeProcess(
         "--role",
@@ -314,9 +311,6 @@ async def test_one_small_request_cannot_create_many_variables_past_the_limit():
 
 
 async def test_idle_connections_without_a_token_cannot_take_the_descriptors_clients_need():
-    import resource
-
-    import numpy as np
 
     server = ServeProcess(
         "--role", "ps", "--index", "0", "--port", "0", limits={resource.RLIMIT_NOFILE: (512, 512)}

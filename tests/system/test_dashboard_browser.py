@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 import pstrain
+from pstrain.server import ParameterServer
+from pstrain.testing import InProcessCluster
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -98,8 +100,6 @@ async def test_markup_in_every_field_the_dashboard_shows_is_text(tmp_path):
     """A checkpoint path, a task's address, a scalar's name: whatever a job puts there is shown
     as text in Chromium, never run; an address with markup is refused where it enters."""
 
-    from pstrain.testing import InProcessCluster
-
     payload = "<img src=x onerror=window.__pwned=1>"
     root = tmp_path / payload
     root.mkdir()
@@ -130,8 +130,6 @@ async def test_markup_in_every_field_the_dashboard_shows_is_text(tmp_path):
 
 
 async def test_the_dashboard_shows_the_tables_a_smoothed_loss_and_a_finished_job():
-
-    from pstrain.testing import InProcessCluster
 
     pstrain.summary.LOG.clear()
     raw = [1.0 + (0.5 if i % 2 else -0.5) / (1 + i / 10) for i in range(30)]  # noisy, falling
@@ -172,8 +170,6 @@ async def test_the_dashboard_shows_the_tables_a_smoothed_loss_and_a_finished_job
 
 
 async def test_the_dashboard_draws_the_placement_map_as_a_ps_joins_and_leaves():
-    from pstrain.server import ParameterServer
-    from pstrain.testing import InProcessCluster
 
     async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
         extra = ParameterServer(2, token=cluster.token)

@@ -3,13 +3,16 @@ page of its navigation opens in Chromium."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -62,9 +65,6 @@ def test_the_readme_is_short_and_points_at_the_site():
 @pytest.mark.timeout(240)
 async def test_the_site_builds_strict_and_every_nav_link_opens_in_chromium(tmp_path):
 
-    import shutil
-
-    from aiohttp import web
     from playwright.async_api import async_playwright
 
     site = (tmp_path / "site").resolve()
@@ -140,7 +140,6 @@ def _table() -> list[tuple[str, str, str, str]]:
 
 
 def _resolve(dotted: str) -> object:
-    import importlib
 
     parts = dotted.split(".")
     obj: object = importlib.import_module(parts[0])

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,6 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.mark.timeout(180)
 def test_demo_runs_from_the_built_wheel_away_from_the_source_tree(tmp_path):
-    import zipfile
 
     root = Path(__file__).resolve().parents[2]
     # Built in this environment (make installs pyproject.toml's build requirements here),

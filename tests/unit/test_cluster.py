@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
 import pstrain
+from pstrain import errors
 from pstrain.cluster import parse_address
 from pstrain.errors import InvalidArgumentError
 
@@ -108,7 +110,6 @@ def test_missing_and_malformed_config(monkeypatch):
 
 
 def test_error_tree():
-    from pstrain import errors
 
     for cls in (
         errors.UnavailableError,
@@ -126,6 +127,5 @@ def test_error_tree():
     assert issubclass(errors.DeadlineExceededError, TimeoutError)
     assert issubclass(errors.InvalidArgumentError, ValueError)
     assert issubclass(errors.NotFoundError, LookupError)
-    import asyncio
 
     assert not issubclass(errors.CancelledError, asyncio.CancelledError)

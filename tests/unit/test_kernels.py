@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from pstrain._formats.numerics.idhash import initial_rows, mix64, row_hash
 from pstrain._formats.numerics.optimizer_rules import RULES
 from pstrain._kernels import KERNELS, compiled, kernels, reference
+from pstrain._kernels.batches import take_rows
 from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
 from pstrain.server.ps.tables.id_index import IdIndex
 
@@ -494,7 +496,6 @@ def test_an_evictions_victims_are_the_same_compiled_and_in_numpy(keys, data):
 def test_a_new_rows_initial_values_are_the_formulas_bit_for_bit(ids, dim, seed, low, span, dtype):
     """A dynamic table's new rows: the C kernel, and numpy's reference, give the formula
     pstrain has always used, so rows and checkpoints of earlier versions stay the same."""
-    from pstrain._formats.numerics.idhash import initial_rows, mix64
 
     arr = np.asarray(ids, np.int64)
     u = arr.view(np.uint64).reshape(-1, 1)
@@ -533,7 +534,6 @@ def test_a_dynamic_tables_new_rows_are_the_same_compiled_and_in_numpy(
     every optimizer slot its initial value, and their bookkeeping (id, live, last lookup,
     count, change epoch) set; nothing else changes, the bytes of every array the same
     compiled and in numpy. A row outside the table is refused by both, nothing written."""
-    from pstrain._formats.numerics.idhash import initial_rows, row_hash
 
     rows = np.array(data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n)), np.int64)
     new_ids = np.array(data.draw(st.lists(IDS, min_size=rows.size, max_size=rows.size)), np.int64)
@@ -601,7 +601,6 @@ def test_a_dynamic_tables_new_rows_are_the_same_compiled_and_in_numpy(
 def test_taking_rows_is_numpys_fancy_index_bit_for_bit(shape, n, dtype, data):
     """What a fixed table's sparse read and a save's writer gather rows with: many rows
     (past the kernel's prefetch distance), of any width, repeated and unordered."""
-    from pstrain._kernels.batches import take_rows
 
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     array = (rng.standard_normal((n, *shape)) * 100).astype(dtype)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import colorsys
+import fractions
 import pickle
 import struct
 import sys
@@ -12,7 +14,16 @@ import pytest
 
 from pstrain._base.errors import ImportNeeded
 from pstrain._formats.codec import wire
-from pstrain.errors import InvalidArgumentError, ProtocolError
+from pstrain._formats.messages.closures import ClosureStatus
+from pstrain._formats.messages.operations import RunClosures, Update, UpdateKind, UpdateVariables
+from pstrain._formats.messages.records import (
+    ClosureCall,
+    ClosureResult,
+    ResultsReply,
+    convert_reply,
+    validate,
+)
+from pstrain.errors import InvalidArgumentError, NotFoundError, ProtocolError
 
 DTYPES = [
     np.bool_,
@@ -194,8 +205,6 @@ def test_a_decode_that_may_not_import_stops_before_importing_anything(monkeypatc
     """A server's loop decodes with ``imports=False``: a pickle naming a module not imported
     yet (by reference, or a function's global that cloudpickle imports) raises
     ImportNeeded and imports nothing; the same body decodes where imports may happen."""
-    import colorsys
-    import fractions
 
     def hue():
         return colorsys.rgb_to_hsv(0.0, 1.0, 0.0)[0]
@@ -222,22 +231,12 @@ def test_object_arrays_refused_without_pickle():
 
 
 def test_pstrain_errors_pickle_with_their_fields():
-    from pstrain.errors import NotFoundError
 
     err = pickle.loads(pickle.dumps(NotFoundError("gone", task="/job:ps/replica:0/task:1")))
     assert isinstance(err, NotFoundError) and err.task == "/job:ps/replica:0/task:1"
 
 
 def test_closures_and_their_results_travel_as_compact_arrays_and_come_back_typed():
-    from pstrain._formats.messages.closures import ClosureStatus
-    from pstrain._formats.messages.operations import RunClosures, Update, UpdateKind, UpdateVariables
-    from pstrain._formats.messages.records import (
-        ClosureCall,
-        ClosureResult,
-        ResultsReply,
-        convert_reply,
-        validate,
-    )
 
     body = b"".join(
         bytes(c)
