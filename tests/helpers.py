@@ -184,3 +184,12 @@ class Touch:
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (Path.touch, (Path(self.path),))
+
+
+def self_signed_cert(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, made by openssl in ``directory``: (cert, key)."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    cmd = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+    cmd += ["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"]
+    subprocess.run([*cmd, "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return cert, key

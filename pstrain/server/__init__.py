@@ -12,6 +12,9 @@ port the spec gives it, or on ``port`` (0 picks a free one).
     ...
     await server.stop()
 
+``config.py`` holds :class:`~pstrain.server.config.ServeConfig`, what a task is started with
+(``Server(config)``; ``pstrain serve`` builds it from its flags and environment).
+
 The package: ``ps/`` (the parameter server: ``ps/handlers.py`` its operations,
 ``ps/store.py`` its variables, ``ps/tables/`` its dynamic tables, ``ps/checkpoints/`` its
 saves, deltas and serving feed, ``ps/moves/`` moves between ps) and ``worker/`` (the

@@ -21,7 +21,7 @@ from pstrain.cli import main
 from pstrain.cli.serve import client_ssl
 from pstrain.cluster import listening_socket
 from pstrain.errors import InvalidArgumentError, ProtocolError
-from tests.helpers import TOKEN, ServeProcess
+from tests.helpers import TOKEN, ServeProcess, self_signed_cert
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -117,29 +117,7 @@ def test_bad_config_is_a_clear_error(tmp_path):
 
 
 async def test_tls(tmp_path):
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    cert, key = self_signed_cert(tmp_path)
     server = ServeProcess(
         "--role", "ps", "--index", "0", "--port", "0", "--tls-cert", str(cert), "--tls-key", str(key)
     )

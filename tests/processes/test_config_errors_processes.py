@@ -15,38 +15,14 @@ from pstrain.errors import (
     AuthenticationError,
     ProtocolError,
 )
-from tests.helpers import TOKEN, ServeProcess, join_fails
+from tests.helpers import TOKEN, ServeProcess, join_fails, self_signed_cert
 
 pytestmark = pytest.mark.timeout(90)
 
 
 @pytest.fixture(scope="module")
 def tls_files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
+    return self_signed_cert(tmp_path_factory.mktemp("tls"))
 
 
 async def test_tls_mismatch_both_ways_is_permanent(tls_files, caplog):
