@@ -38,7 +38,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["OP_PREFIX", "one_operation", "read_tags", "set_dispatch", "update_tags"]
+__all__ = ["OP_PREFIX", "cause", "one_operation", "read_tags", "set_dispatch", "update_tags"]
 
 #: The key of an operation outside exactly-once closures starts so (a ps keeps those
 #: apart, for a short while: they matter while a request may be sent again).
@@ -69,6 +69,19 @@ _once: contextvars.ContextVar[tuple[str, dict[str, int]] | None] = contextvars.C
 )
 #: The number of the variable operation running here (its requests share it).
 _operation: contextvars.ContextVar[int | None] = contextvars.ContextVar("pstrain_operation", default=None)
+
+
+def cause(worker: int, epoch: int) -> str:
+    """The cause id of what happens to dispatch ``epoch`` of worker ``worker``: the
+    coordinator declaring it lost and fencing it, the worker abandoning it for a newer
+    one, a ps refusing its late updates. Each of their log lines carries it (``cause=``),
+    so one lost-worker incident can be followed across the coordinator's, the worker's
+    and every ps's logs (as dask's ``stimulus_id``).
+
+    >>> cause(1, 3)
+    'w1.d3'
+    """
+    return f"w{worker}.d{epoch}"
 
 
 def set_dispatch(fence: tuple[str | None, int, int] | None, once_key: str | None) -> None:

@@ -41,6 +41,7 @@ from .._base.errors import (
     WrongTaskError,
     to_envelope,
 )
+from .._base.tags import cause
 from .._base.tasks import TaskOwner
 from .._formats.messages.closures import ClosureStatus, exception_from_payload
 from .._formats.messages.operations import (
@@ -282,7 +283,11 @@ class WorkerDispatcher:
             logger.info("%s left (drained)", self.task)
         elif was is SlotState.UP:
             logger.warning(
-                "%s is unreachable (%s); its %d closure(s) go back to the queue", self.task, exc, in_flight
+                "%s is unreachable (%s); its %d closure(s) go back to the queue%s",
+                self.task,
+                exc,
+                in_flight,
+                f" (cause={cause(self.index, epoch - 1)})" if epoch is not None else "",
             )
         if epoch is not None and self.fence is not None:
             try:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from .._base.cluster import ClusterSpec, parse_address
+from .._base.tags import cause
 from .._distribute.strategy import ParameterServerStrategy
 from .._formats.messages.operations import Fence
 from .._transport.rpc import Channel, ChannelPool
@@ -64,6 +65,12 @@ class Workers:
         """Every ps refuses ``worker``'s updates from dispatches before ``epoch`` (a restore
         sends it again first: a ps that restarted has lost it)."""
         owner = self.strategy.placement.owner
+        logger.info(
+            "fencing worker %d's dispatches before %d off every ps (cause=%s)",
+            worker,
+            epoch,
+            cause(worker, epoch - 1),
+        )
         self.channels.fences[worker] = max(self.channels.fences.get(worker, 0), epoch)
         await asyncio.gather(
             *(

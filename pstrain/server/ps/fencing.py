@@ -20,6 +20,7 @@ import collections
 import functools
 import inspect
 import itertools
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, cast
 
@@ -28,7 +29,7 @@ import numpy as np
 
 from ..._base.cluster import Named, named
 from ..._base.errors import CancelledError
-from ..._base.tags import OP_PREFIX
+from ..._base.tags import OP_PREFIX, cause
 from ..._formats.messages.operations import (
     ApplyGradients,
     CallVariables,
@@ -39,6 +40,8 @@ from ..._formats.messages.operations import (
 from ..._formats.messages.placement_map import FenceRecord, OnceRecord
 from ..._formats.messages.records import FencedReply
 from ..._formats.numerics.idhash import in_slices
+
+logger = logging.getLogger(__name__)
 
 #: A handler's reply, and the update it handles.
 T = TypeVar("T")
@@ -102,6 +105,14 @@ class Fencing:
         ``epoch`` (that coordinator declared it lost: its closures run elsewhere). A
         superseded coordinator's fence is refused before this (``ParameterServer.route``)."""
         key = (req.owner, req.worker)
+        if req.epoch > self.fences.get(key, 0):
+            logger.info(
+                "%s: worker %d's updates from dispatches before %d refused from now on (cause=%s)",
+                self.task,
+                req.worker,
+                req.epoch,
+                cause(req.worker, req.epoch - 1),
+            )
         self.fences[key] = max(self.fences.get(key, 0), req.epoch)
         return FencedReply(fenced=self.fences[key])
 
@@ -152,10 +163,11 @@ class Fencing:
             self.refuse_superseded(req.owner, "an update")
             fence = req.fence
             if fence is not None and fence[1] < self.fences.get((req.owner, fence[0]), 0):
+                logger.info("%s: refused an update of a fenced dispatch (cause=%s)", self.task, cause(*fence))
                 raise CancelledError(
                     f"{self.task} refused an update of worker {fence[0]}'s dispatch {fence[1]}: the "
                     f"coordinator declared that worker lost (its work runs elsewhere), or gave "
-                    f"up on that dispatch's closures after an error"
+                    f"up on that dispatch's closures after an error (cause={cause(*fence)})"
                 )
             key = req.once if once else None
             if key is None:

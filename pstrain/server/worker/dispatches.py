@@ -34,6 +34,7 @@ import logging
 from typing import Any
 
 from ..._base.cluster import Named, named
+from ..._base.tags import cause
 from .closures import Batch
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,13 @@ class Dispatches:
         ]
         for b in older:
             b.abandoned = True
+            logger.info(
+                "%s: dispatch %d of the coordinator ends dispatch %d's closures (cause=%s)",
+                self.task,
+                epoch,
+                b.epoch,
+                cause(key[1], b.epoch or 0),
+            )
         older += [b for b in self.open if b.abandoned and b not in older and not b.done.done()]
         self.open[batch] = key
         return older
