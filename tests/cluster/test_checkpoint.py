@@ -14,8 +14,9 @@ import pytest_asyncio
 import pstrain
 from pstrain._checkpoint.evaluator import restored_iterations
 from pstrain._formats.files.tensor_files import write_tensors
+from pstrain._formats.messages.operations import ReadVariables
 from pstrain.checkpoint import Checkpoint, CheckpointManager, load_variables
-from pstrain.testing import InProcessCluster, untyped_call
+from pstrain.testing import InProcessCluster
 from tests.helpers import TOKEN, strategy_for
 
 pytestmark = pytest.mark.timeout(90)
@@ -83,7 +84,7 @@ async def test_round_trip_of_every_tracked_kind(ps_pair, tmp_path):
     assert await mean.result() == 2.0
     ch = pstrain.rpc.Channel(ps_pair[0].address, token=TOKEN, task="ps0")
     m_name = f"{opt.name}/m/table/part_0"  # "Adam" unless another Adam was made first
-    m_part = (await untyped_call(ch, "vars/read", {"names": [m_name]}))["values"][0]
+    m_part = (await ch.request(ReadVariables(names=[m_name]))).values[0]
     assert m_part.tobytes() == before["model/table/.OPTIMIZER_SLOT/optimizer/m"][:6].tobytes()
     await ch.close()
 

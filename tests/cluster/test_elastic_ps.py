@@ -12,6 +12,8 @@ import pytest
 
 import pstrain
 from pstrain._base.tags import one_operation, set_dispatch
+from pstrain._formats.messages.operations import AssignAdd
+from pstrain._formats.messages.placement_map import EndMove, MoveOut
 from pstrain.cli.common import join
 from pstrain.errors import (
     FailedPreconditionError,
@@ -21,7 +23,7 @@ from pstrain.errors import (
 )
 from pstrain.rpc import Channel
 from pstrain.server import ParameterServer
-from pstrain.testing import InProcessCluster, untyped_call
+from pstrain.testing import InProcessCluster
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -154,7 +156,7 @@ async def test_a_request_by_an_old_map_is_refused_with_the_new_map_and_applied_o
         channel = Channel(cluster.ps[0].address, token=cluster.token, task="/job:ps/replica:0/task:0")
         try:
             with pytest.raises(PlacementChangedError) as caught:
-                await untyped_call(channel, "vars/assign_add", {"name": "v", "value": np.ones(3, np.float32)})
+                await channel.request(AssignAdd(name="v", value=np.ones(3, np.float32)))
             assert caught.value.placement["moved"] == {"v": 1}
             assert caught.value.placement["version"] == coordinator.ps.placement.version
         finally:
@@ -266,12 +268,12 @@ async def test_a_moves_steps_come_only_from_the_coordinator_that_started_it():
             channels[owner].owner = owner
         first, other = channels.values()
         try:
-            await untyped_call(first, "ps/move_out", {"keys": ["v"], "stage": "s1"})
+            await first.request(MoveOut(keys=["v"], stage="s1"))
             assert moves.stages.owners == {("out", "s1"): "a" * 32}
             with pytest.raises(FailedPreconditionError, match="started here by another coordinator"):
-                await untyped_call(other, "ps/move_end", {"stage": "s1", "commit": False})
+                await other.request(EndMove(stage="s1", commit=False))
             assert "s1" in moves.outgoing
-            assert (await untyped_call(first, "ps/move_end", {"stage": "s1", "commit": False}))["ended"]
+            assert (await first.request(EndMove(stage="s1", commit=False))).ended
             assert not moves.outgoing and not moves.stages.owners
         finally:
             for channel in channels.values():

@@ -702,7 +702,7 @@ async def test_a_coordinator_lost_between_a_moves_switches_is_replaced_and_resto
             try:
                 for stage in stages:
                     with pytest.raises(pstrain.errors.CancelledError, match="newer coordinator"):
-                        await untyped_call(channel, "ps/move_end", {"stage": stage, "commit": False})
+                        await channel.request(EndMove(stage=stage, commit=False))
             finally:
                 await channel.close()
             np.testing.assert_array_equal(await v.read_value(), np.full(64, 2, np.float32))

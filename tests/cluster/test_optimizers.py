@@ -7,9 +7,8 @@ import pytest
 
 import pstrain
 from pstrain import rpc
-from pstrain._formats.messages.operations import ListVariables
+from pstrain._formats.messages.operations import ListVariables, ReadVariables
 from pstrain.partitioners import FixedShardsPartitioner
-from pstrain.testing import untyped_call
 from tests.helpers import TOKEN, strategy_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -329,7 +328,7 @@ async def test_slots_stay_on_the_ps_and_untouched_rows_do_not_move(ps_server):
     assert {opt.slot_variable_name(table, "m"), opt.slot_variable_name(table, "v")} <= names
     stats = (await ch.statistics())["requests"]["opt/apply"]
     assert stats["bytes_out"] < 1000  # nothing but a small acknowledgement comes back
-    m = (await untyped_call(ch, "vars/read", {"names": [opt.slot_variable_name(table, "m")]}))["values"][0]
+    m = (await ch.request(ReadVariables(names=[opt.slot_variable_name(table, "m")]))).values[0]
     assert (m[3] != 0).all() and (np.delete(m, 3, axis=0) == 0).all()
     await ch.close()
 

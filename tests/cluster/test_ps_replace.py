@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 import pstrain
+from pstrain._formats.messages.operations import AssignAdd
 from pstrain.checkpoint import Checkpoint, CheckpointManager, load_variables
 from pstrain.errors import FailedPreconditionError, InvalidArgumentError, PlacementChangedError
 from pstrain.rpc import Channel
 from pstrain.server import ParameterServer
-from pstrain.testing import InProcessCluster, untyped_call
+from pstrain.testing import InProcessCluster
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -190,7 +191,7 @@ async def test_replace_ps_on_request_moves_onto_a_joined_ps_and_fences_the_old_o
             channel = Channel(cluster.ps[1].address, token=cluster.token, task="/job:ps/replica:0/task:1")
             try:
                 with pytest.raises(PlacementChangedError) as caught:  # a client on the old map
-                    await untyped_call(channel, "vars/assign_add", {"name": "on_lost", "value": np.int64(1)})
+                    await channel.request(AssignAdd(name="on_lost", value=np.asarray(np.int64(1))))
                 assert caught.value.placement["moved"]["on_lost"] == to
             finally:
                 await channel.close()

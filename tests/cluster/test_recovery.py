@@ -14,6 +14,7 @@ import pstrain
 import pstrain.jax as pjax
 import pstrain.torch as ptorch
 from pstrain._base.tags import set_dispatch
+from pstrain._formats.messages.operations import ReadVariables
 from pstrain.data import Dataset
 from pstrain.errors import CancelledError
 from pstrain.partitioners import FixedShardsPartitioner
@@ -54,7 +55,7 @@ async def test_a_fence_of_an_old_coordinator_never_refuses_a_new_one(ps_server):
             )
         with pytest.raises(CancelledError, match="newer coordinator"):
             await untyped_call(channel, "ps/fence", {"worker": 0, "epoch": 9, "owner": "old"})
-        value = (await untyped_call(channel, "vars/read", {"names": ["v"]}))["values"][0]
+        value = (await channel.request(ReadVariables(names=["v"]))).values[0]
         assert value.tolist() == [1, 1]  # the new coordinator's update alone
     finally:
         await channel.close()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import pstrain
-from pstrain._formats.messages.operations import ListVariables
+from pstrain._formats.messages.operations import ExportTable, ListVariables, TableStatistics
 from pstrain._formats.numerics.idhash import shard_of
 from pstrain.ctr import BATCH, CTRModel, make_step, synthetic
 from pstrain.rpc import Channel
@@ -186,7 +186,7 @@ async def _rows_match_the_map(coordinator, table) -> None:
     sliced = coordinator.ps.table_slices(table)
     owners = np.asarray(sliced.owners)
     for ps in sorted(set(sliced.owners)):
-        ids = np.asarray((await untyped_call(table.channel(ps), "dyn/export", {"name": table.key}))["ids"])
+        ids = np.asarray((await table.channel(ps).request(ExportTable(name=table.key)))["ids"])
         assert ids.size and np.all(owners[shard_of(ids, sliced.slices)] == ps), ps
 
 
@@ -196,7 +196,7 @@ async def _table_state(model: CTRModel, opt) -> list[np.ndarray]:
     table = model.table
     ids, rows, accs = [], [], []
     for ps in table.holders():
-        reply = await untyped_call(table.channel(ps), "dyn/export", {"name": table.key})
+        reply = await table.channel(ps).request(ExportTable(name=table.key))
         ids.append(np.asarray(reply["ids"]))
         rows.append(np.asarray(reply["rows"]).reshape(-1, table.dim))
         accs.append(np.asarray(reply["slots"][f"{opt.name}/accumulator"]).reshape(-1, table.dim))
@@ -240,9 +240,7 @@ async def test_a_dynamic_table_moves_to_a_joining_ps_and_off_it_on_sigterm_and_t
             ),
             "a share of the table to move to the new ps",
         )
-        rows_on_new = (await untyped_call(model.table.channel(2), "dyn/stats", {"name": model.table.key}))[
-            "rows"
-        ]
+        rows_on_new = (await model.table.channel(2).request(TableStatistics(name=model.table.key)))["rows"]
         assert rows_on_new > 0
         await _rows_match_the_map(coordinator, model.table)
         await _until(lambda: coordinator.closures_done >= TABLE_STEPS // 2, "training on three ps")

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import pstrain
+from pstrain._formats.messages.operations import ExportTable
 from pstrain._formats.numerics.idhash import shard_of
 from pstrain.checkpoint import Checkpoint, CheckpointManager, load_variables
 from pstrain.ctr import CTRModel, make_step, synthetic
-from pstrain.testing import untyped_call
 from tests.helpers import TOKEN, ServeProcess
 
 pytestmark = pytest.mark.timeout(240)
@@ -138,7 +138,7 @@ async def test_a_ps_sigkilled_during_w4_is_replaced_from_deltas_while_the_others
             sliced = coordinator.ps.table_slices(dynamic)
             assert set(sliced.owners) == {0, 2}
             for ps in (0, 2):
-                held = (await untyped_call(dynamic.channel(ps), "dyn/export", {"name": dynamic.key}))["ids"]
+                held = (await dynamic.channel(ps).request(ExportTable(name=dynamic.key)))["ids"]
                 held = np.asarray(held)
                 assert np.all(np.asarray(sliced.owners)[shard_of(held, sliced.slices)] == ps)
         assert int(saved["counts/1"]) == STEPS - lost
