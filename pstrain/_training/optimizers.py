@@ -308,7 +308,7 @@ class Adagrad(Optimizer):
         }
 
 
-class RowWiseAdagrad(Optimizer):
+class RowWiseAdagrad(Adagrad):
     """Row-wise Adagrad, TorchRec's default for embedding tables (fbgemm's
     ``EXACT_ROWWISE_ADAGRAD``): a row's one accumulator grows by the mean of its squared
     gradient, ``acc += mean(g²)``; ``var -= lr · g / (sqrt(acc) + ε)``. A dense variable's
@@ -324,18 +324,8 @@ class RowWiseAdagrad(Optimizer):
         initial_accumulator_value: float = 0.0,
         epsilon: float = 1e-8,
         name: str | None = None,
-    ) -> None:
-        number(initial_accumulator_value, "initial_accumulator_value")
-        number(epsilon, "epsilon")
-        self.initial_accumulator_value, self.epsilon = float(initial_accumulator_value), float(epsilon)
-        super().__init__(learning_rate, name)
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            **super().get_config(),
-            "initial_accumulator_value": self.initial_accumulator_value,
-            "epsilon": self.epsilon,
-        }
+    ) -> None:  # Adagrad's settings, with fbgemm's defaults
+        super().__init__(learning_rate, initial_accumulator_value, epsilon, name)
 
 
 class Adam(Optimizer):

@@ -128,10 +128,6 @@ class TableHandlers:
         route(RestoreTable, self.restore_table)
         route(SaveCheckpoint, self.save_checkpoint)
 
-    def scope_of(self, name: str, ids: Any) -> tuple[int, tuple[int, ...]] | None:
-        """The part of table ``name`` an update of ``ids`` here covers: :func:`table_scope`."""
-        return table_scope(self.guards, self.feed, name, ids)
-
     def plan(
         self, grads: Iterable[tuple[str, Any, Any]], prefix: str, specs: dict[str, float]
     ) -> list[tuple[DynamicTable, np.ndarray, np.ndarray, dict[str, tuple[str, float]], np.ndarray]]:
