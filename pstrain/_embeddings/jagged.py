@@ -30,7 +30,7 @@ import numpy as np
 
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
-from .._kernels import KERNELS
+from .._kernels.batches import take_bags, take_examples
 
 __all__ = ["JaggedTensor", "KeyedJaggedTensor", "SparseTensor", "as_jagged", "as_numpy"]
 
@@ -220,16 +220,19 @@ class JaggedTensor:
         out = JaggedTensor.__new__(JaggedTensor)
         w = self.width()
         if w is not None:  # bags all as long (single-hot): rows of a 2-D view
-            out.values = self.values.reshape(-1, w)[idx].reshape(-1) if w else self.values[:0]
+            out.values = take_examples(self.values.reshape(-1, w), idx).reshape(-1) if w else self.values[:0]
             out.offsets = np.arange(idx.size + 1, dtype=np.int64) * w
-            out.weights = None if self.weights is None else self.weights.reshape(-1, w)[idx].reshape(-1)
+            out.weights = (
+                None if self.weights is None else take_examples(self.weights.reshape(-1, w), idx).reshape(-1)
+            )
             out._width = w  # noqa: SLF001 - this class's own
             return out
         out_offsets = np.empty(idx.size + 1, np.int64)
-        pos = KERNELS.bag_positions(self.offsets, idx, out_offsets)
-        out.values = self.values[pos]
+        out.values = take_bags(self.values, self.offsets, idx, out_offsets)
         out.offsets = out_offsets
-        out.weights = None if self.weights is None else self.weights[pos]
+        out.weights = (
+            None if self.weights is None else take_bags(self.weights, self.offsets, idx, out_offsets)
+        )
         out._width = _UNKNOWN  # noqa: SLF001
         return out
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import FLOAT_DTYPES, KERNELS, reference
 
-__all__ = ["distinct", "merge_duplicates", "sum_into", "take_rows"]
+__all__ = ["distinct", "merge_duplicates", "sum_into", "take_bags", "take_examples", "take_rows"]
 
 
 def distinct(ids: np.ndarray, *, sorted: bool = False) -> tuple[np.ndarray, np.ndarray]:  # noqa: A002
@@ -92,3 +92,30 @@ def take_rows(array: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None
     else:
         np.take(array, rows, axis=0, out=out)
     return out
+
+
+def take_examples(array: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``array[rows]`` along the first axis (``rows``: int64, contiguous, each in range, as
+    the caller checked), for any dtype: a dataset's batch of one of its arrays, each example
+    one copy, the next examples' memory asked for ahead. What numpy's fancy indexing gives."""
+    width = array.itemsize * math.prod(array.shape[1:])
+    if array.ndim == 0 or width == 0 or not array.flags.c_contiguous or array.dtype.hasobject:
+        return array[rows]
+    out = np.empty((rows.size, *array.shape[1:]), array.dtype)
+    KERNELS.take_fixed(
+        array.reshape(-1).view(np.uint8).reshape(array.shape[0], width),
+        rows,
+        out.reshape(-1).view(np.uint8).reshape(rows.size, width),
+    )
+    return out
+
+
+def take_bags(
+    values: np.ndarray, offsets: np.ndarray, rows: np.ndarray, out_offsets: np.ndarray
+) -> np.ndarray:
+    """The values of bags ``rows`` of a jagged batch, end to end (``offsets``: where each bag
+    starts, then the end; their offsets go into ``out_offsets``), each bag one copy."""
+    if not values.flags.c_contiguous or values.dtype.hasobject or values.ndim != 1:
+        return values[KERNELS.bag_positions(offsets, rows, out_offsets)]
+    got = KERNELS.take_bags(values.view(np.uint8), values.itemsize, offsets, rows, out_offsets)
+    return got.view(values.dtype)

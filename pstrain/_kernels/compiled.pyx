@@ -27,6 +27,9 @@ cdef extern from *:
 DEF AHEAD = 8
 #: Ids ahead whose index slot a probe loop asks for (a slot is one cache line: more fit).
 DEF PROBE_AHEAD = 32
+#: Bags (or examples) ahead whose memory a dataset's batch asks for: a bag is a few ids,
+#: two cache misses (its offsets, then its values) that more bags in flight hide.
+DEF BAG_AHEAD = 24
 #: Buckets of the key histograms that narrow down an eviction's victims.
 DEF BUCKETS = 65536
 
@@ -525,6 +528,87 @@ def bag_positions(const int64_t[::1] offsets, const int64_t[::1] rows, int64_t[:
                 p[at] = j
                 at += 1
     return pos
+
+
+cdef inline void _copy_items(uint8_t* dst, const uint8_t* src, Py_ssize_t n, Py_ssize_t itemsize) noexcept nogil:
+    """Copy ``n`` items of ``itemsize`` bytes: ids of 4 and 8 bytes one by one (a bag holds a
+    few: a call to memcpy costs more than the copy), anything else by memcpy."""
+    cdef Py_ssize_t k
+    if itemsize == 4:
+        for k in range(n):
+            (<uint32_t*>dst)[k] = (<const uint32_t*>src)[k]
+    elif itemsize == 8:
+        for k in range(n):
+            (<uint64_t*>dst)[k] = (<const uint64_t*>src)[k]
+    else:
+        memcpy(dst, src, n * itemsize)
+
+
+def take_bags(
+    const uint8_t[::1] values,
+    Py_ssize_t itemsize,
+    const int64_t[::1] offsets,
+    const int64_t[::1] rows,
+    int64_t[::1] out_offsets,
+):
+    """:func:`bag_positions` and the gather of the values in one pass: the bytes of bags
+    ``rows`` (``values``: the batch's values as bytes, ``itemsize`` bytes each), end to end,
+    with their offsets into ``out_offsets``. Each bag is one copy, its memory asked for
+    :data:`BAG_AHEAD` bags before (a dataset's batch takes bags scattered over all of it)."""
+    cdef Py_ssize_t i, r, n = rows.shape[0], bags = offsets.shape[0] - 1, total = 0, k
+    cdef bint bad = False, bad_offsets = False
+    if out_offsets.shape[0] != n + 1:
+        raise ValueError("take_bags: out_offsets is not one longer than rows")
+    if itemsize <= 0 or values.shape[0] % itemsize:
+        raise ValueError("take_bags: values are not a whole number of items")
+    with nogil:
+        out_offsets[0] = 0
+        for i in range(n):
+            if i + BAG_AHEAD < n and 0 <= rows[i + BAG_AHEAD] < bags:
+                __builtin_prefetch(&offsets[rows[i + BAG_AHEAD]])
+            r = rows[i]
+            if r < 0 or r >= bags:
+                bad = True
+                break
+            if offsets[r] < 0 or offsets[r + 1] < offsets[r] or offsets[r + 1] * itemsize > values.shape[0]:
+                bad_offsets = True
+                break
+            total += offsets[r + 1] - offsets[r]
+            out_offsets[i + 1] = total
+    if bad:
+        raise IndexError("take_bags: a bag outside the batch")
+    if bad_offsets:
+        raise IndexError("take_bags: a bag's offsets outside its values")
+    out = np.empty(total * itemsize, np.uint8)
+    cdef uint8_t[::1] o = out
+    if total == 0:
+        return out
+    with nogil:
+        for i in range(n):
+            if i + BAG_AHEAD < n:
+                k = offsets[rows[i + BAG_AHEAD]] * itemsize
+                _prefetch(<const char*>&values[0] + k, (offsets[rows[i + BAG_AHEAD] + 1] - offsets[rows[i + BAG_AHEAD]]) * itemsize)
+            r = rows[i]
+            _copy_items(&o[out_offsets[i] * itemsize], &values[offsets[r] * itemsize], offsets[r + 1] - offsets[r], itemsize)
+    return out
+
+
+def take_fixed(const uint8_t[:, ::1] src, const int64_t[::1] rows, uint8_t[:, ::1] out):
+    """``out[i] = src[rows[i]]`` for rows of any bytes (a batch of a rectangular array, or of
+    bags all one long), each row's memory asked for :data:`BAG_AHEAD` rows before."""
+    cdef Py_ssize_t i, r, n = rows.shape[0], width = src.shape[1], limit = src.shape[0]
+    if out.shape[0] != n or out.shape[1] != width:
+        raise ValueError("take_fixed: out is not (len(rows), the rows' bytes)")
+    for i in range(n):
+        if rows[i] < 0 or rows[i] >= limit:
+            raise IndexError("take_fixed: a row outside the array")
+    if width == 0:
+        return
+    with nogil:
+        for i in range(n):
+            if i + BAG_AHEAD < n:
+                _prefetch(<const char*>&src[rows[i + BAG_AHEAD], 0], width)
+            _copy_items(&out[i, 0], &src[rows[i], 0], 1, width)
 
 
 cdef inline bint _past_end(const int64_t[::1] pos, Py_ssize_t limit) noexcept nogil:

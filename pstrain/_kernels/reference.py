@@ -37,6 +37,8 @@ __all__ = [
     "rowwise_adagrad_rows",
     "same_ids",
     "sgd_rows",
+    "take_bags",
+    "take_fixed",
     "shard_ids",
     "stamp_rows",
     "unique_first",
@@ -274,6 +276,30 @@ def bag_positions(offsets: np.ndarray, rows: np.ndarray, out_offsets: np.ndarray
     out_offsets[0] = 0
     np.cumsum(lengths, out=out_offsets[1:])
     return np.arange(int(out_offsets[-1]), dtype=np.int64) - np.repeat(out_offsets[:-1] - starts, lengths)
+
+
+def take_bags(
+    values: np.ndarray, itemsize: int, offsets: np.ndarray, rows: np.ndarray, out_offsets: np.ndarray
+) -> np.ndarray:
+    if out_offsets.size != rows.size + 1:
+        raise ValueError("take_bags: out_offsets is not one longer than rows")
+    if itemsize <= 0 or values.size % itemsize:
+        raise ValueError("take_bags: values are not a whole number of items")
+    if rows.size and (rows.min() < 0 or rows.max() >= offsets.size - 1):
+        raise IndexError("take_bags: a bag outside the batch")
+    starts, ends = offsets[rows], offsets[rows + 1]
+    if rows.size and (starts.min() < 0 or np.any(ends < starts) or ends.max() * itemsize > values.size):
+        raise IndexError("take_bags: a bag's offsets outside its values")
+    pos = bag_positions(offsets, rows, out_offsets)
+    return values.reshape(-1, itemsize)[pos].reshape(-1)
+
+
+def take_fixed(src: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    if out.shape != (rows.size, src.shape[1]):
+        raise ValueError("take_fixed: out is not (len(rows), the rows' bytes)")
+    if rows.size and (rows.min() < 0 or rows.max() >= src.shape[0]):
+        raise IndexError("take_fixed: a row outside the array")
+    np.take(src, rows, axis=0, out=out)
 
 
 def pool_rows(

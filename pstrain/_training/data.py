@@ -32,6 +32,7 @@ import numpy as np
 from .._base.checks import whole
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
+from .._kernels.batches import take_examples
 
 __all__ = ["AUTOTUNE", "Dataset", "TensorSpec"]
 
@@ -128,6 +129,8 @@ def _take(structure: Any, index: Any) -> Any:
         return {k: _take(v, index) for k, v in structure.items()}
     if isinstance(structure, tuple):
         return tuple(_take(v, index) for v in structure)
+    if isinstance(structure, np.ndarray) and isinstance(index, np.ndarray) and index.dtype == np.int64:
+        return take_examples(structure, index)  # a batch's rows: the indices are in range
     return structure[index]
 
 

@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 from pstrain._formats.numerics.idhash import initial_rows, mix64, row_hash
 from pstrain._formats.numerics.optimizer_rules import RULES
 from pstrain._kernels import KERNELS, compiled, kernels, reference
-from pstrain._kernels.batches import take_rows
+from pstrain._kernels.batches import take_examples, take_rows
 from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
 from pstrain.server.ps.tables.id_index import IdIndex
 
@@ -676,6 +676,85 @@ def test_a_dynamic_table_trains_the_same_compiled_and_in_numpy(config, kind, ste
     assert a.keys() == b.keys()
     for key in a:
         assert _bits(a[key]) == _bits(b[key]), key
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 6), min_size=1, max_size=30),
+    dtype=st.sampled_from([np.int32, np.int64, np.uint64, np.float32, np.float64, np.int16]),
+    data=st.data(),
+)
+def test_a_batchs_bags_are_taken_alike_compiled_and_in_numpy(lengths, dtype, data):
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    values = np.arange(offsets[-1], dtype=np.int64).astype(dtype) * 3 + 1
+    rows = np.array(data.draw(st.lists(st.integers(0, len(lengths) - 1), max_size=60)), np.int64)
+    got = []
+    for impl in (compiled, reference):
+        out = np.full(rows.size + 1, -7, np.int64)
+        taken = impl.take_bags(values.view(np.uint8), values.itemsize, offsets, rows, out)
+        got.append((taken.view(dtype).tolist(), out.tolist()))
+    expected = [values[j] for r in rows for j in range(offsets[r], offsets[r + 1])]
+    assert got[0] == got[1] and got[0][0] == expected
+    for impl in (compiled, reference):
+        with pytest.raises(IndexError, match="outside the batch"):
+            impl.take_bags(
+                values.view(np.uint8),
+                values.itemsize,
+                offsets,
+                np.array([-1], np.int64),
+                np.empty(2, np.int64),
+            )
+        broken = offsets.copy()
+        broken[-1] = offsets[-1] + 5  # past the values
+        with pytest.raises(IndexError, match="outside its values"):
+            impl.take_bags(
+                values.view(np.uint8),
+                values.itemsize,
+                broken,
+                np.array([len(lengths) - 1], np.int64),
+                np.empty(2, np.int64),
+            )
+        with pytest.raises(ValueError, match="one longer"):
+            impl.take_bags(
+                values.view(np.uint8), values.itemsize, offsets, rows, np.empty(rows.size + 3, np.int64)
+            )
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    n=st.integers(1, 40),
+    width=st.integers(1, 70),
+    data=st.data(),
+)
+def test_an_arrays_examples_are_taken_alike_compiled_and_in_numpy(n, width, data):
+    src = np.arange(n * width, dtype=np.int64).astype(np.uint8).reshape(n, width)
+    rows = np.array(data.draw(st.lists(st.integers(0, n - 1), max_size=60)), np.int64)
+    for impl in (compiled, reference):
+        out = np.zeros((rows.size, width), np.uint8)
+        impl.take_fixed(src, rows, out)
+        assert np.array_equal(out, src[rows])
+        with pytest.raises(IndexError, match="outside the array"):
+            impl.take_fixed(src, np.array([n], np.int64), np.zeros((1, width), np.uint8))
+
+
+def test_a_dataset_batches_every_dtype_as_numpy_indexing_would():
+    """The compiled gather behind ``batch`` gives what ``array[idx]`` gives, for any dtype
+    and shape (and numpy's own indexing where it cannot: objects, views)."""
+    rng = np.random.default_rng(3)
+    idx = rng.integers(0, 50, 17).astype(np.int64)
+    arrays = [
+        rng.standard_normal((50, 3, 2)).astype(np.float32),
+        rng.integers(0, 9, 50).astype(np.int8),
+        np.array([f"s{i}" for i in range(50)]),
+        np.array([{"i": i} for i in range(50)], dtype=object),
+        rng.standard_normal((50, 4))[:, ::2],  # not contiguous
+        np.zeros((50, 0)),
+        (rng.standard_normal((50, 2)) + 1j).astype(np.complex64),
+    ]
+    for a in arrays:
+        got = take_examples(a, idx)
+        assert got.dtype == a.dtype and got.shape == a[idx].shape
+        assert np.array_equal(got, a[idx]) if a.dtype != object else list(got) == list(a[idx])
 
 
 @settings(max_examples=100, deadline=None)
