@@ -216,8 +216,13 @@ class ParameterServerStrategy:
         return _Scope(self)
 
     async def flush(self) -> None:
-        """Send every pending variable creation: one request per ps, concurrently."""
+        """Send every pending variable creation (one request per ps, concurrently), and
+        create every dynamic table on the ps that hold it, where this loop has not yet
+        (else a table is created on each ps by its first use): from then on each ps knows
+        it, and its serving feed answers 412 until a save, not 404."""
         await self._placement.ensure_created()
+        tables = list(self._placement.tables.values())
+        await asyncio.gather(*(t.shard_ready(ps) for t in tables for ps in t.holders()))
 
     # -- replica API -------------------------------------------------------------------------
     def run(

@@ -48,6 +48,31 @@ async def _same(mirror, table) -> None:
     np.testing.assert_array_equal(got_rows, rows)
 
 
+async def test_a_table_created_in_the_scope_answers_412_until_its_first_save(tmp_path):
+    """As the docs say: a table created (``async with strategy.scope()`` creates it on every
+    ps) but not yet saved is 412 on every ps, and a name no ps knows is 404."""
+    root = str(tmp_path)
+    async with InProcessCluster(
+        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
+    ) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="emb")
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        async with aiohttp.ClientSession() as session:
+            for ps in cluster.ps:
+                async with session.get(f"http://{ps.address}/v1/tables/emb/rows", headers=auth) as r:
+                    body = await r.json()
+                    assert r.status == 412 and "not been saved" in body["error"]["message"]
+                async with session.get(f"http://{ps.address}/v1/tables/other/rows", headers=auth) as r:
+                    assert r.status == 404
+            manager = pstrain.checkpoint.CheckpointManager(pstrain.Checkpoint(emb=table), root)
+            await manager.save()
+            for ps in cluster.ps:
+                async with session.get(f"http://{ps.address}/v1/tables/emb/rows", headers=auth) as r:
+                    assert r.status == 200 and r.headers["X-Pstrain-Reset"] == "true"
+
+
 async def test_a_reader_follows_deltas_a_compaction_and_a_restart(tmp_path):
     root = str(tmp_path)
     async with InProcessCluster(
