@@ -375,7 +375,8 @@ def serve(args: argparse.Namespace) -> int:
             if role == "ps"
             else "stopped"
         )
-        print(f"pstrain {role}:{index}: interrupted (Ctrl-C): {said}", file=sys.stderr, flush=True)
+        now = getattr(server, "index", index)  # a ps that joined: the index it was given
+        print(f"pstrain {role}:{now}: interrupted (Ctrl-C): {said}", file=sys.stderr, flush=True)
         return 130
     return 0
 
