@@ -15,7 +15,7 @@ import importlib
 import os as _os
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _EXPORTS: dict[str, str] = {
     "Checkpoint": "_checkpoint.checkpoint",

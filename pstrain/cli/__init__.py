@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from .. import __version__
 from .._base.errors import PstrainError
 from .threads import presize_serve
 
@@ -27,6 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .status import status_parser
 
     parser = argparse.ArgumentParser(prog="pstrain", description="Parameter-server training runtime.")
+    parser.add_argument("--version", action="version", version=f"pstrain {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve_parser(sub)
     status_parser(sub)
