@@ -1,1 +1,1 @@
-"""_base: private; see "Layout" in docs/design.md."""
+"""_base: private; see "Layout" in docs/architecture.md."""

@@ -1,1 +1,1 @@
-"""_checkpoint: private; see "Layout" in docs/design.md."""
+"""_checkpoint: private; see "Layout" in docs/architecture.md."""

@@ -1,1 +1,1 @@
-"""_coordinator: private; see "Layout" in docs/design.md."""
+"""_coordinator: private; see "Layout" in docs/architecture.md."""

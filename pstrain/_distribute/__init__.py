@@ -1,1 +1,1 @@
-"""_distribute: private; see "Layout" in docs/design.md."""
+"""_distribute: private; see "Layout" in docs/architecture.md."""

@@ -3,4 +3,4 @@
 declared once, and its records), ``files/`` (checkpoint, delta and tensor files) and
 ``numerics/`` (optimizer rules, initializers, schedules, id hashes, dtype casts);
 ``observability.py`` renders every task's metrics for Prometheus. See "Layout" in
-docs/design.md."""
+docs/architecture.md."""

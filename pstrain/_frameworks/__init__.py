@@ -1,1 +1,1 @@
-"""_frameworks: private; see "Layout" in docs/design.md."""
+"""_frameworks: private; see "Layout" in docs/architecture.md."""

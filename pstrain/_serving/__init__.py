@@ -1,1 +1,1 @@
-"""_serving: private; see "Layout" in docs/design.md."""
+"""_serving: private; see "Layout" in docs/architecture.md."""

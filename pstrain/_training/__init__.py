@@ -1,1 +1,1 @@
-"""_training: private; see "Layout" in docs/design.md."""
+"""_training: private; see "Layout" in docs/architecture.md."""

@@ -1,1 +1,1 @@
-"""_transport: private; see "Layout" in docs/design.md."""
+"""_transport: private; see "Layout" in docs/architecture.md."""

@@ -1,1 +1,1 @@
-"""_variables: private; see "Layout" in docs/design.md."""
+"""_variables: private; see "Layout" in docs/architecture.md."""

@@ -50,6 +50,9 @@ def test_the_readme_is_short_and_points_at_the_site():
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) < 250
     for page in (
+        "tutorial",
+        "architecture",
+        "decisions",
         "concepts",
         "porting-from-tensorflow",
         "frameworks",
@@ -242,7 +245,31 @@ def test_every_supported_name_exists_and_every_other_is_explained():
         _resolve(dotted.group(1))  # raises if the name does not exist
 
 
-def test_the_readme_carries_no_dated_measurement():
-    # A manual, not a notebook: measurements live in benchmarks/results/ and the CHANGELOG.
-    dated = re.findall(r"[^\n]*\b20\d\d-[01]\d-[0-3]\d\b[^\n]*", (ROOT / "README.md").read_text())
-    assert not dated, dated
+#: The pages that are the history or the figures, not the manual: the changelog (its
+#: versions' dates) and the benchmarks page (its current table); the notebook is outside.
+NOT_GUIDES = {"changelog.md", "benchmarks.md"}
+
+
+def test_the_readme_and_the_guides_carry_no_dated_measurement():
+    # A manual, not a notebook: measurements live in benchmarks/results/, the benchmarks page
+    # and notebook/; a date in the README or a guide is a measurement's or a bug's history.
+    pages = [
+        ROOT / "README.md",
+        *(p for p in sorted((ROOT / "docs").glob("*.md")) if p.name not in NOT_GUIDES),
+    ]
+    dated = [
+        f"{page.name}: {line.strip()}"
+        for page in pages
+        for line in re.findall(r"[^\n]*\b20\d\d-[01]\d-[0-3]\d\b[^\n]*", page.read_text())
+    ]
+    assert len(pages) >= 12 and not dated, dated
+
+
+def test_the_docs_link_nothing_outside_the_repository():
+    outside = [
+        f"{page.name}: {m}"
+        for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+        for m in re.findall(r"\]\((\.\./[^)]*)\)", page.read_text())
+        if not (page.parent / m).resolve().is_relative_to(ROOT)
+    ]
+    assert not outside, outside

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "pstrain"
-LAYOUT_DOC = ROOT.parent / "docs" / "design.md"  # its Layout section
+LAYOUT_DOC = ROOT.parent / "docs" / "architecture.md"  # its Layout section
 
 #: The layer folders, bottom to top. A module imports only from its own folder or lower ones;
 #: ``server`` (the servers) imports only ``SERVERS_MAY_IMPORT`` and is imported only by the face.
@@ -64,7 +64,7 @@ def layer_of(module: str) -> str:
     if top not in RANK:
         raise AssertionError(
             f"pstrain/{top}/ is not a layer: add it to RANKS (its place in the "
-            "order) and to the Layout of docs/design.md"
+            "order) and to the Layout of docs/architecture.md"
         )
     return top
 
@@ -242,7 +242,7 @@ def test_facades_only_re_export_and_nothing_inside_imports_them():
             assert not set(deps) & set(facades), f"{module} imports a public façade"
 
 
-#: What each folder holds, as the Layout of docs/design.md draws it (top of the stack first).
+#: What each folder holds, as the Layout of docs/architecture.md draws it (top of the stack first).
 LAYER_NOTES = {
     ".": "face: the public modules users import, and the programs",
     "cli": "face: the pstrain command",
@@ -283,7 +283,7 @@ def tree_modules() -> dict[str, list[str]]:
 
 
 def draw_tree(width: int = 96) -> str:
-    """The Layout block of docs/design.md, drawn from the tree (see LAYER_NOTES)."""
+    """The Layout block of docs/architecture.md, drawn from the tree (see LAYER_NOTES)."""
     lines = ["pstrain/"]
     for folder, note in LAYER_NOTES.items():
         label = "." if folder == "." else folder + "/"
@@ -304,7 +304,7 @@ def test_the_layout_in_the_design_notes_draws_the_tree():
     section = text[text.index("## Layout") :]
     block = re.search(r"```text\n(pstrain/\n.*?)```", section, re.S)
     drawn = block.group(1) if block else ""
-    assert drawn == draw_tree(), "the Layout block of docs/design.md should read:\n" + draw_tree()
+    assert drawn == draw_tree(), "the Layout block of docs/architecture.md should read:\n" + draw_tree()
 
 
 def test_the_longest_modules_are_listed_for_a_reviewer(capsys):
