@@ -242,12 +242,14 @@ class LocalCluster(RunningCluster):
             await self._spawn(task, port, bound)  # (this process's copy is closed after)
 
     def pid(self, job: str, index: int) -> int | None:
+        """The process id of task ``job:index``, or None while it is not running (killed, or not started)."""
         proc = self._task(job, index).proc
         return proc.pid if proc is not None and proc.returncode is None else None
 
     # -- what the coordinator needs ------------------------------------------------------------------
     @property
     def cluster_spec(self) -> ClusterSpec:
+        """The tasks' addresses on 127.0.0.1 (once started), as a :class:`ClusterSpec`."""
         if not all(t.address for t in self._tasks.values()):
             raise PstrainError("the LocalCluster is not started")
         return ClusterSpec(

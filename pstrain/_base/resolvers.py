@@ -37,6 +37,7 @@ class ClusterResolver:
     rpc_layer: str = "http"
 
     def cluster_spec(self) -> ClusterSpec:
+        """The cluster's tasks and their addresses, as a :class:`ClusterSpec`."""
         raise NotImplementedError  # pragma: no cover - abstract
 
     def _check_task(self, spec: ClusterSpec) -> None:
@@ -73,6 +74,7 @@ class SimpleClusterResolver(ClusterResolver):
         self._check_task(self._spec)
 
     def cluster_spec(self) -> ClusterSpec:
+        """The :class:`ClusterSpec` this resolver was given."""
         return self._spec
 
 
@@ -110,6 +112,7 @@ class TFConfigClusterResolver(ClusterResolver):
         self._check_task(self._spec)
 
     def cluster_spec(self) -> ClusterSpec:
+        """The ``cluster`` of ``TF_CONFIG`` (or ``PSTRAIN_CONFIG``), as a :class:`ClusterSpec`."""
         return self._spec
 
 
@@ -308,6 +311,7 @@ class SlurmClusterResolver(ClusterResolver):
         self.rank = rank
 
     def cluster_spec(self) -> ClusterSpec:
+        """The tasks of this SLURM step (from its nodes and the jobs given), as a :class:`ClusterSpec`."""
         return self._spec
 
 

@@ -73,6 +73,7 @@ class ReplicaContext:
 
     @property
     def devices(self) -> tuple[str, ...]:
+        """The replica's devices: its worker's CPU."""
         return ("/device:CPU:0",)
 
     def all_reduce(self, reduce_op: ReduceOp | str, value: Any) -> Any:

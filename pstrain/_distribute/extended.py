@@ -50,10 +50,12 @@ class StrategyExtended:
 
     @property
     def parameter_devices(self) -> tuple[str, ...]:
+        """The parameter servers' device names, one per ps."""
         return tuple(task_name("ps", i) + "/device:CPU:0" for i in range(self._strategy.num_ps))
 
     @property
     def worker_devices(self) -> tuple[str, ...]:
+        """The workers' device names, one per worker."""
         return tuple(task_name("worker", i) + "/device:CPU:0" for i in range(self._strategy.num_workers))
 
     @property

@@ -102,14 +102,17 @@ class InputContext:
 
     @property
     def num_input_pipelines(self) -> int:
+        """How many input pipelines there are: one per worker."""
         return self._num_input_pipelines
 
     @property
     def input_pipeline_id(self) -> int:
+        """This pipeline's index among them: the worker's index."""
         return self._input_pipeline_id
 
     @property
     def num_replicas_in_sync(self) -> int:
+        """Replicas that take one global batch between them."""
         return self._num_replicas_in_sync
 
     def get_per_replica_batch_size(self, global_batch_size: int) -> int:

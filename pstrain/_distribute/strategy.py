@@ -170,10 +170,12 @@ class ParameterServerStrategy:
 
     @property
     def num_ps(self) -> int:
+        """The number of parameter servers in the cluster."""
         return self._num_ps
 
     @property
     def num_workers(self) -> int:
+        """The number of workers in the cluster."""
         return self._num_workers
 
     @property
@@ -192,6 +194,7 @@ class ParameterServerStrategy:
 
     @property
     def cluster_spec(self) -> ClusterSpec:
+        """The cluster the strategy was built on, as a :class:`ClusterSpec`."""
         return self.channels.cluster_spec
 
     @property
@@ -208,6 +211,7 @@ class ParameterServerStrategy:
         self._num_workers += 1
 
     def detach_coordinator(self, coordinator: _Coordinator) -> None:
+        """Forget ``coordinator`` (its ``close()`` calls this): another may be made for the strategy."""
         if self._coordinator is coordinator:
             self._coordinator = None
 

@@ -29,6 +29,7 @@ class DistributedValues:
 
     @property
     def values(self) -> tuple[Any, ...]:
+        """The value of each replica, in replica order."""
         return self._values
 
     def __repr__(self) -> str:
@@ -74,6 +75,7 @@ class PerWorkerValues:
 
     @property
     def values(self) -> tuple[Any, ...]:
+        """The value on each worker, in worker order."""
         return self._values
 
     def __iter__(self) -> Any:

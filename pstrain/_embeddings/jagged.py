@@ -172,6 +172,7 @@ class JaggedTensor:
     # -- what it is --------------------------------------------------------------------------
     @property
     def lengths(self) -> np.ndarray:
+        """Each bag's number of ids (int64, one per bag)."""
         return np.diff(self.offsets)
 
     def __len__(self) -> int:
@@ -192,6 +193,7 @@ class JaggedTensor:
         return np.repeat(np.arange(len(self), dtype=np.int64), self.lengths)
 
     def to_lists(self) -> list[list[int]]:
+        """The bags as Python lists of ids."""
         o = self.offsets
         return [self.values[o[i] : o[i + 1]].tolist() for i in range(len(self))]
 
@@ -395,6 +397,7 @@ class KeyedJaggedTensor:
         return out
 
     def keys(self) -> list[str]:
+        """The feature names, in order."""
         return list(self._keys)
 
     def stride(self) -> int:
@@ -416,6 +419,7 @@ class KeyedJaggedTensor:
         return key in self._features
 
     def to_dict(self) -> dict[str, JaggedTensor]:
+        """``{feature: JaggedTensor}``, in the order of :meth:`keys`."""
         return dict(self._features)
 
     def values(self) -> np.ndarray:

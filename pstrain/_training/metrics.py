@@ -56,6 +56,7 @@ class Metric:
 
     @property
     def variables(self) -> list[Variable]:
+        """The metric's state variables (on the ps)."""
         return list(self._vars.values())
 
     async def _add(self, **deltas: Any) -> None:
@@ -106,6 +107,7 @@ class Mean(_Averaged):
     """The (weighted) mean of everything passed to ``update_state``."""
 
     async def update_state(self, values: Any, sample_weight: Any = None) -> None:
+        """Add ``values`` (weighted by ``sample_weight``) to the running mean."""
         await self._accumulate(values, sample_weight)
 
 
@@ -117,10 +119,12 @@ class Sum(Metric):
         self.total = self._state("total", np.float64(0.0))
 
     async def update_state(self, values: Any, sample_weight: Any = None) -> None:
+        """Add ``values`` (weighted by ``sample_weight``) to the sum."""
         v = np.asarray(values, np.float64)
         await self._add(total=np.float64((v * _weights(v, sample_weight)).sum()))
 
     async def result(self) -> float:
+        """The sum so far."""
         return float((await self._values())["total"])
 
 
@@ -128,6 +132,7 @@ class Accuracy(_Averaged):
     """How often ``y_pred`` equals ``y_true``."""
 
     async def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        """Add how often ``y_pred`` equals ``y_true`` (weighted by ``sample_weight``) to the running mean."""
         y_true, y_pred = np.asarray(y_true), np.asarray(y_pred)
         if y_true.shape != y_pred.shape:
             raise InvalidArgumentError(f"Accuracy: y_true {y_true.shape} and y_pred {y_pred.shape} differ")
@@ -138,6 +143,7 @@ class SparseCategoricalAccuracy(_Averaged):
     """How often ``argmax(y_pred)`` equals the integer label ``y_true``."""
 
     async def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        """Add how often the highest score of ``y_pred`` is at the label ``y_true`` to the running mean."""
         y_true = np.asarray(y_true).reshape(-1)
         y_pred = np.asarray(y_pred)
         pred = y_pred.reshape(-1, y_pred.shape[-1]).argmax(axis=-1)
@@ -164,6 +170,7 @@ class AUC(Metric):
             self._state(slot, zeros)
 
     async def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        """Add the predictions to the thresholds' true and false positive and negative counts."""
         y_true = np.asarray(y_true).reshape(-1).astype(bool)
         y_pred = np.asarray(y_pred, np.float64).reshape(-1)
         w = _weights(y_pred, sample_weight).reshape(-1)
@@ -182,6 +189,7 @@ class AUC(Metric):
         await self._add(**counts)
 
     async def result(self) -> float:
+        """The area under the ROC curve, from the counts so far."""
         s = await self._values()
         tp, fp, tn, fn = (
             s[k] for k in ("true_positives", "false_positives", "true_negatives", "false_negatives")

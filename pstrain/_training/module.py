@@ -65,6 +65,7 @@ class Module:
 
     @property
     def name(self) -> str:
+        """The module's name: its class name unless one was given."""
         return getattr(self, "_module_name", type(self).__name__)
 
     @property
@@ -76,10 +77,14 @@ class Module:
 
     @property
     def trainable_variables(self) -> tuple[Any, ...]:
+        """The trainable variables of this module and its submodules (a sharded variable as its parts, as TF
+        lists them)."""
         return tuple(v for v in self.variables if v.trainable)
 
     @property
     def submodules(self) -> tuple[Module, ...]:
+        """Every module reachable from this one's attributes (and the lists, tuples and dicts among them),
+        depth first, each once."""
         out: list[Module] = []
         _submodules(self, out, {id(self)})
         return tuple(out)

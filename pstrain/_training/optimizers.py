@@ -100,6 +100,7 @@ class Optimizer:
                 await mirror.assign_add(np.int64(step - mirrored))
 
     def get_config(self) -> dict[str, Any]:
+        """The optimizer's settings, as Keras' ``get_config``."""
         lr = self.learning_rate
         return {"learning_rate": lr.spec() if isinstance(lr, LearningRateSchedule) else lr}
 
@@ -280,6 +281,7 @@ class SGD(Optimizer):
         super().__init__(learning_rate, name)
 
     def get_config(self) -> dict[str, Any]:
+        """The optimizer's settings, as Keras' ``get_config``."""
         return {**super().get_config(), "momentum": self.momentum, "nesterov": self.nesterov}
 
 
@@ -301,6 +303,7 @@ class Adagrad(Optimizer):
         super().__init__(learning_rate, name)
 
     def get_config(self) -> dict[str, Any]:
+        """The optimizer's settings, as Keras' ``get_config``."""
         return {
             **super().get_config(),
             "initial_accumulator_value": self.initial_accumulator_value,
@@ -350,6 +353,7 @@ class Adam(Optimizer):
         super().__init__(learning_rate, name)
 
     def get_config(self) -> dict[str, Any]:
+        """The optimizer's settings, as Keras' ``get_config``."""
         return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon}
 
 
@@ -373,6 +377,7 @@ class AdamW(Adam):
         super().__init__(learning_rate, beta_1, beta_2, epsilon, name)
 
     def get_config(self) -> dict[str, Any]:
+        """The optimizer's settings, as Keras' ``get_config``."""
         return {**super().get_config(), "weight_decay": self.weight_decay}
 
 
@@ -401,6 +406,7 @@ class RMSprop(Optimizer):
         super().__init__(learning_rate, name)
 
     def get_config(self) -> dict[str, Any]:
+        """The optimizer's settings, as Keras' ``get_config``."""
         return {
             **super().get_config(),
             "rho": self.rho,
@@ -439,6 +445,7 @@ class Ftrl(Optimizer):
         super().__init__(learning_rate, name)
 
     def get_config(self) -> dict[str, Any]:
+        """The optimizer's settings, as Keras' ``get_config``."""
         return {
             **super().get_config(),
             "learning_rate_power": self.learning_rate_power,

@@ -49,6 +49,7 @@ class ScalarLog:
         self._seq = 0
 
     def add(self, name: str, value: float, step: int, wall_time: float | None = None) -> None:
+        """Record ``value`` of scalar ``name`` at ``step``."""
         with self._lock:
             self._seq += 1
             points = self._points.get(name)
@@ -57,10 +58,12 @@ class ScalarLog:
             points.append((self._seq, step, value, wall_time or time.time()))
 
     def points(self, name: str) -> list[tuple[int, float]]:
+        """``(step, value)`` of scalar ``name``, in the order recorded."""
         with self._lock:
             return [(step, value) for _, step, value, _ in self._points.get(name, ())]
 
     def names(self) -> list[str]:
+        """The names of the scalars recorded."""
         with self._lock:
             return sorted(self._points)
 
@@ -79,6 +82,7 @@ class ScalarLog:
             return self._seq, out
 
     def clear(self) -> None:
+        """Forget every point."""
         with self._lock:
             self._points.clear()
 
@@ -102,14 +106,17 @@ class SummaryWriter:
         self._lock = threading.Lock()
 
     def scalar(self, name: str, value: float, step: int, wall_time: float | None = None) -> None:
+        """Write ``value`` of scalar ``name`` at ``step`` (TensorBoard's event file)."""
         with self._lock:
             self._writer.add_scalar(name, value, global_step=step, walltime=wall_time)
 
     def flush(self) -> None:
+        """Write what is buffered to the event file."""
         with self._lock:
             self._writer.flush()
 
     def close(self) -> None:
+        """Flush and close the event file."""
         global _default
         with self._lock:
             self._writer.close()
@@ -117,6 +124,7 @@ class SummaryWriter:
             _default = None
 
     def set_as_default(self) -> None:
+        """Make this writer the one ``pstrain.summary.scalar`` writes to (until it is closed)."""
         global _default
         _default = self
 

@@ -47,6 +47,7 @@ class RequestCounts:
 
     @property
     def requests(self) -> int:
+        """Requests sent to every task while counting."""
         return sum(self.per_task.values())
 
     def to(self, job: str) -> int:
@@ -54,6 +55,8 @@ class RequestCounts:
         return sum(n for task, n in self.per_task.items() if task.startswith(f"/job:{job}/"))
 
     def as_dict(self) -> dict[str, Any]:
+        """The counts as a dictionary: ``requests``, ``per_task``, ``per_op``, ``bytes_sent`` and
+        ``bytes_received``."""
         return {
             "requests": self.requests,
             "per_task": dict(self.per_task),

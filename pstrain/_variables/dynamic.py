@@ -187,6 +187,7 @@ class DynamicEmbedding:
         return self.pool if self.pool is not None else current_channels()
 
     def channel(self, ps: int) -> Channel:
+        """The channel to the ps holding shard ``ps`` (for pstrain's own use and tests)."""
         return self._pool().channel("ps", ps)
 
     def slices(self) -> TableSlices | None:

@@ -112,22 +112,27 @@ class ShardedVariable(VariableBase):
     # -- properties ----------------------------------------------------------------------------
     @property
     def variables(self) -> list[Variable]:
+        """The parts, in row order (each a :class:`Variable` on its ps)."""
         return list(self._variables)
 
     @property
     def name(self) -> str:
+        """The name of the whole variable."""
         return self._name
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The shape of the whole variable (the parts' rows added up)."""
         return self._shape
 
     @property
     def dtype(self) -> np.dtype:
+        """The element type."""
         return self._variables[0].dtype
 
     @property
     def trainable(self) -> bool:
+        """Whether ``trainable_variables`` lists its parts."""
         return self._variables[0].trainable
 
     @property
@@ -144,10 +149,12 @@ class ShardedVariable(VariableBase):
     # -- reads and writes ----------------------------------------------------------------------
     @must_await
     async def read_value(self) -> np.ndarray:
+        """The whole value: every part read (one request per ps) and concatenated."""
         return np.concatenate(await read_variables(self._variables), axis=0)
 
     @must_await
     async def numpy(self) -> np.ndarray:
+        """The whole value as a numpy array (as :meth:`read_value`)."""
         return await self.read_value()
 
     def _split(self, value: Any, what: str) -> list[np.ndarray]:
@@ -166,14 +173,17 @@ class ShardedVariable(VariableBase):
 
     @must_await
     async def assign(self, value: Any) -> ShardedVariable:
+        """Set the whole value (each part its rows)."""
         return await self._each("assign", value)
 
     @must_await
     async def assign_add(self, delta: Any) -> ShardedVariable:
+        """Add ``delta`` (the whole variable's shape) to the value."""
         return await self._each("assign_add", delta)
 
     @must_await
     async def assign_sub(self, delta: Any) -> ShardedVariable:
+        """Subtract ``delta`` (the whole variable's shape) from the value."""
         return await self._each("assign_sub", delta)
 
     def route(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -188,6 +198,7 @@ class ShardedVariable(VariableBase):
 
     @must_await
     async def sparse_read(self, indices: Any) -> np.ndarray:
+        """Rows ``indices`` of the whole variable, each read from the part that holds it."""
         return await embedding_lookup(self, indices)
 
     async def _scatter(self, op: str, delta: IndexedSlices) -> ShardedVariable:
@@ -207,14 +218,17 @@ class ShardedVariable(VariableBase):
 
     @must_await
     async def scatter_add(self, sparse_delta: IndexedSlices) -> ShardedVariable:
+        """Add the rows of ``sparse_delta`` (an :class:`IndexedSlices` in whole-variable rows)."""
         return await self._scatter("scatter_add", sparse_delta)
 
     @must_await
     async def scatter_sub(self, sparse_delta: IndexedSlices) -> ShardedVariable:
+        """Subtract the rows of ``sparse_delta`` (an :class:`IndexedSlices` in whole-variable rows)."""
         return await self._scatter("scatter_sub", sparse_delta)
 
     @must_await
     async def scatter_update(self, sparse_delta: IndexedSlices) -> ShardedVariable:
+        """Set the rows of ``sparse_delta`` (an :class:`IndexedSlices` in whole-variable rows)."""
         return await self._scatter("scatter_update", sparse_delta)
 
 

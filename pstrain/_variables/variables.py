@@ -174,26 +174,33 @@ class Variable(VariableBase):
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The variable's shape."""
         return self._shape
 
     @property
     def dtype(self) -> np.dtype:
+        """The element type."""
         return self._dtype
 
     @property
     def trainable(self) -> bool:
+        """Whether ``trainable_variables`` lists it."""
         return self._trainable
 
     @property
     def aggregation(self) -> VariableAggregation:
+        """How replicas' updates combine (TF's ``VariableAggregation``; kept for TF's API)."""
         return self._aggregation
 
     @property
     def synchronization(self) -> VariableSynchronization:
+        """TF's ``VariableSynchronization`` (kept for TF's API)."""
         return self._synchronization
 
     @property
     def device(self) -> str:
+        """The device name of the ps holding it (``/job:ps/replica:0/task:<i>/device:CPU:0``; the
+        coordinator's for a variable made outside a strategy)."""
         if self._ps is None:
             return "/job:chief/replica:0/task:0/device:CPU:0"  # TF: the coordinator's
         return task_name("ps", self._ps) + "/device:CPU:0"
@@ -245,6 +252,7 @@ class Variable(VariableBase):
 
     @property
     def size(self) -> int:
+        """The number of elements."""
         return int(np.prod(self._shape, dtype=np.int64))
 
     def __repr__(self) -> str:

@@ -126,17 +126,22 @@ class Server:
 
     @property
     def address(self) -> str | None:
+        """``host:port`` it listens on, once started (None before)."""
         return self.impl.address
 
     @property
     def status(self) -> Status:
+        """Where the server is in its life: ``Status.INIT``, ``RUNNING``, ``CLOSING`` or ``CLOSED``."""
         return self.impl.status
 
     async def start(self) -> str:
+        """Start listening; returns the address (``host:port``)."""
         return await self.impl.start()
 
     async def join(self) -> None:
+        """Wait until the server stops (TF's ``server.join()``)."""
         await self.impl.join()
 
     async def stop(self) -> None:
+        """Stop serving and close its connections."""
         await self.impl.stop()

@@ -3,7 +3,9 @@ and ``pstrain --version`` is the installed version."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
+import inspect
 import sys
 import tomllib
 from pathlib import Path
@@ -43,3 +45,41 @@ def test_the_changelog_has_a_section_for_this_version_and_says_how_to_upgrade():
     text = (ROOT / "CHANGELOG.md").read_text()
     section = text.split(f"## {pstrain.__version__} ", 1)[1].split("\n## ", 1)[0]
     assert "### Upgrading" in section and "### Added" in section and "### Fixed" in section
+
+
+PUBLIC_MODULES = [
+    "pstrain",
+    "pstrain.checkpoint",
+    "pstrain.optimizers",
+    "pstrain.data",
+    "pstrain.errors",
+    "pstrain.nn",
+    "pstrain.math",
+    "pstrain.initializers",
+    "pstrain.partitioners",
+    "pstrain.schedules",
+    "pstrain.metrics",
+    "pstrain.summary",
+    "pstrain.dashboard",
+]
+
+
+def test_every_public_name_and_member_has_a_docstring():
+    """The reference is generated from docstrings: a public name without one is missing from
+    it (``LocalCluster.pid`` was)."""
+    missing = []
+    for module_name in PUBLIC_MODULES:
+        module = importlib.import_module(module_name)
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+                continue
+            if not inspect.getdoc(obj):
+                missing.append(f"{module_name}.{name}")
+            for member, value in vars(obj).items() if inspect.isclass(obj) else ():
+                f = value.fget if isinstance(value, property) else value
+                if member.startswith("_") or not (inspect.isfunction(f) or isinstance(value, property)):
+                    continue
+                if not (getattr(f, "__doc__", None) or "").strip():
+                    missing.append(f"{module_name}.{name}.{member}")
+    assert not missing, f"public names without a docstring: {sorted(set(missing))}"

@@ -50,6 +50,7 @@ class Initializer(abc.ABC):
     kind = ""
 
     def config(self) -> dict[str, Any]:
+        """The initializer's settings (what a ps needs to make the same values)."""
         return {}
 
     def spec(self) -> dict[str, Any]:
@@ -151,6 +152,7 @@ class Constant(Initializer):
         self.value = value.item() if isinstance(value, np.generic) else value
 
     def config(self) -> dict[str, Any]:
+        """The initializer's settings (what a ps needs to make the same values)."""
         return {"value": self.value}
 
     def _generate(self, shape, dtype, offset, full_shape):  # type: ignore[no-untyped-def]
@@ -166,6 +168,7 @@ class RandomNormal(Initializer):
         self.mean, self.stddev, self.seed = float(mean), float(stddev), seed
 
     def config(self) -> dict[str, Any]:
+        """The initializer's settings (what a ps needs to make the same values)."""
         return {"mean": self.mean, "stddev": self.stddev, "seed": self.seed}
 
     def _generate(self, shape, dtype, offset, full_shape):  # type: ignore[no-untyped-def]
@@ -184,6 +187,7 @@ class RandomUniform(Initializer):
         self.minval, self.maxval, self.seed = float(minval), float(maxval), seed
 
     def config(self) -> dict[str, Any]:
+        """The initializer's settings (what a ps needs to make the same values)."""
         return {"minval": self.minval, "maxval": self.maxval, "seed": self.seed}
 
     def _generate(self, shape, dtype, offset, full_shape):  # type: ignore[no-untyped-def]
@@ -203,6 +207,7 @@ class TruncatedNormal(Initializer):
         self.mean, self.stddev, self.seed = float(mean), float(stddev), seed
 
     def config(self) -> dict[str, Any]:
+        """The initializer's settings (what a ps needs to make the same values)."""
         return {"mean": self.mean, "stddev": self.stddev, "seed": self.seed}
 
     def _generate(self, shape, dtype, offset, full_shape):  # type: ignore[no-untyped-def]
@@ -225,6 +230,7 @@ class GlorotUniform(Initializer):
         self.seed = seed
 
     def config(self) -> dict[str, Any]:
+        """The initializer's settings (what a ps needs to make the same values)."""
         return {"seed": self.seed}
 
     def _generate(self, shape, dtype, offset, full_shape):  # type: ignore[no-untyped-def]

@@ -54,6 +54,7 @@ class LearningRateSchedule(abc.ABC):
         """The parameters, as the constructor takes them."""
 
     def spec(self) -> dict[str, Any]:
+        """The schedule as the ps evaluates it (its kind and settings)."""
         return {"type": self.kind, **self.get_config()}
 
     def __repr__(self) -> str:
@@ -88,6 +89,7 @@ class ExponentialDecay(LearningRateSchedule):
         return self.initial_learning_rate * self.decay_rate**p
 
     def get_config(self) -> dict[str, Any]:
+        """The schedule's settings, as Keras' ``get_config``."""
         return {
             "initial_learning_rate": self.initial_learning_rate,
             "decay_steps": self.decay_steps,
@@ -121,6 +123,7 @@ class PiecewiseConstantDecay(LearningRateSchedule):
         return self.values[-1]
 
     def get_config(self) -> dict[str, Any]:
+        """The schedule's settings, as Keras' ``get_config``."""
         return {"boundaries": self.boundaries, "values": self.values}
 
 
@@ -146,6 +149,7 @@ class CosineDecay(LearningRateSchedule):
         return self.initial_learning_rate * ((1.0 - self.alpha) * cosine + self.alpha)
 
     def get_config(self) -> dict[str, Any]:
+        """The schedule's settings, as Keras' ``get_config``."""
         return {
             "initial_learning_rate": self.initial_learning_rate,
             "decay_steps": self.decay_steps,
