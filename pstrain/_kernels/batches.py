@@ -97,10 +97,11 @@ def take_rows(array: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None
 def take_examples(array: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """``array[rows]`` along the first axis (``rows``: int64, contiguous, each in range, as
     the caller checked), for any dtype: a dataset's batch of one of its arrays, each example
-    one copy, the next examples' memory asked for ahead. What numpy's fancy indexing gives."""
+    one copy, the next examples' memory asked for ahead (rows of a number or none: numpy's
+    own indexing). What numpy's fancy indexing gives."""
     width = array.itemsize * math.prod(array.shape[1:])
-    if array.ndim == 0 or width == 0 or not array.flags.c_contiguous or array.dtype.hasobject:
-        return array[rows]
+    if width <= 8 or not array.flags.c_contiguous or array.dtype.hasobject:
+        return array[rows]  # (numbers one by one: numpy's own loop is as fast)
     out = np.empty((rows.size, *array.shape[1:]), array.dtype)
     KERNELS.take_fixed(
         array.reshape(-1).view(np.uint8).reshape(array.shape[0], width),
