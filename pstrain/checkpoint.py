@@ -1,5 +1,5 @@
-"""Public façade: :mod:`pstrain._checkpoint.checkpoint`, :mod:`pstrain._checkpoint.manager` and
-:mod:`pstrain._checkpoint.offline` hold the implementation."""
+"""Checkpoints: ``Checkpoint`` and ``CheckpointManager`` (TF's, with delta checkpoints), and
+``load_variables`` to read a checkpoint's variables without a cluster."""
 
 from ._checkpoint.checkpoint import *  # noqa: F403
 from ._checkpoint.checkpoint import __all__ as _checkpoint_all

@@ -1,5 +1,5 @@
-"""Public façade: :mod:`pstrain._base.cluster` and :mod:`pstrain._base.resolvers` hold the
-implementation."""
+"""Cluster descriptions: ``ClusterSpec`` and the resolvers (``TFConfigClusterResolver``,
+``SimpleClusterResolver``, ``SlurmClusterResolver``)."""
 
 from ._base.cluster import *  # noqa: F403
 from ._base.cluster import __all__ as _spec

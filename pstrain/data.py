@@ -1,4 +1,5 @@
-"""Public façade: :mod:`pstrain._training.data` holds the implementation."""
+"""Input pipelines: ``Dataset`` (TF's ``tf.data`` subset: batches, shuffles and shards arrays
+and jagged features), per-worker datasets and their iterators."""
 
 from ._training.data import *  # noqa: F403
 from ._training.data import __all__ as __all__

@@ -1,4 +1,5 @@
-"""Public façade: :mod:`pstrain._training.metrics` holds the implementation."""
+"""Metrics whose state lives on the ps (Keras': ``Mean``, ``Sum``, ``Accuracy``,
+``SparseCategoricalAccuracy``, ``AUC``), updated from any worker."""
 
 from ._training.metrics import *  # noqa: F403
 from ._training.metrics import __all__ as __all__

@@ -1,4 +1,5 @@
-"""Public façade: :mod:`pstrain._formats.numerics.schedules` holds the implementation."""
+"""Learning-rate schedules, evaluated on the ps at the optimizer's step (Keras'
+``ExponentialDecay``, ``PiecewiseConstantDecay``, ``CosineDecay``)."""
 
 from ._formats.numerics.schedules import *  # noqa: F403
 from ._formats.numerics.schedules import __all__ as __all__

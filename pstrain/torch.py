@@ -1,5 +1,5 @@
-"""Public façade: :mod:`pstrain._frameworks.torch` (modules whose parameters live on the ps)
-and :mod:`pstrain._frameworks.torch_bags` (pooled embeddings) hold the implementation."""
+"""PyTorch modules whose parameters live on the ps, and pooled embeddings
+(``EmbeddingBag``, ``EmbeddingBagCollection``: TorchRec's configs map one to one)."""
 
 from ._frameworks.torch import *  # noqa: F403
 from ._frameworks.torch import __all__ as _modules

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["expose"]
+__all__ = ["expose", "internal"]
+
+_F = TypeVar("_F")
 
 
 def expose(namespace: dict[str, Any], module: str, names: Iterable[str] | None = None) -> None:
@@ -27,3 +29,10 @@ def expose(namespace: dict[str, Any], module: str, names: Iterable[str] | None =
             continue
         obj.__module__ = module
         tests[name] = obj
+
+
+def internal(member: _F) -> _F:
+    """Mark a public-named member of a public class as pstrain's own (its layers call it
+    across modules; a program should not): the API reference leaves it out (the griffe
+    extension in ``tools/griffe_doctests.py`` drops what carries it). Nothing at run time."""
+    return member

@@ -22,7 +22,7 @@ import numpy as np
 from .._base.cluster import ClusterSpec, validate_ps_cluster
 from .._base.context import in_closure
 from .._base.errors import InvalidArgumentError
-from .._base.exports import expose
+from .._base.exports import expose, internal
 from .._base.resolvers import ClusterResolver
 from .._transport.rpc import ChannelPool
 from .._variables.arrays import creator_scope
@@ -179,11 +179,13 @@ class ParameterServerStrategy:
         return self._num_workers
 
     @property
+    @internal
     def placement(self) -> Placement:
         """Where this strategy's variables go (names, round-robin, colocation, creation)."""
         return self._placement
 
     @property
+    @internal
     def channels(self) -> ChannelPool:
         """The channels to the cluster's tasks (on the coordinator)."""
         if self._channels is None:
@@ -198,18 +200,22 @@ class ParameterServerStrategy:
         return self.channels.cluster_spec
 
     @property
+    @internal
     def coordinator(self) -> _Coordinator | None:
         """The ClusterCoordinator of this strategy, if one was made and is open."""
         return self._coordinator
 
+    @internal
     def attach_coordinator(self, coordinator: _Coordinator) -> None:
         """Called by ``ClusterCoordinator(strategy)``: one coordinator per strategy."""
         self._coordinator = coordinator
 
+    @internal
     def worker_joined(self) -> None:
         """Called by the coordinator when a worker joins beyond the configured ones."""
         self._num_workers += 1
 
+    @internal
     def detach_coordinator(self, coordinator: _Coordinator) -> None:
         """Forget ``coordinator`` (its ``close()`` calls this): another may be made for the strategy."""
         if self._coordinator is coordinator:

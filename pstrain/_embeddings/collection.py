@@ -342,7 +342,7 @@ def _read_local(item: tuple[Any, ...], per_table: dict[str, Any]) -> np.ndarray:
 class GatheredRows:
     """One step's rows before pooling: ``rows[table]`` are the rows of ``bags[table][0]``
     (its distinct ids, ascending); ``bags[table][1]`` pairs each of its features with its
-    :class:`~pstrain._embeddings.pooling.Bags`; ``read`` the dense variables' values;
+    bags (each bag's rows among them, and each id's factor); ``read`` the dense variables' values;
     ``features`` the batch's features by name."""
 
     __slots__ = ("batch", "rows", "bags", "read", "features")

@@ -152,7 +152,7 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     The blocking door of a program: ``pstrain.run(train())``. Ctrl-C (SIGINT) lets the
     steps in flight finish (a few seconds at most), cancels ``main``, prints one line saying
     what was kept and raises ``SystemExit(130)``; a second Ctrl-C cancels at once (see
-    :mod:`pstrain._transport.interrupt`).
+    Operations in the docs).
     """
     if not inspect.iscoroutine(main):
         hint = f": call it, pstrain.run({main.__name__}())" if inspect.iscoroutinefunction(main) else ""

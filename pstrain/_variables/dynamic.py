@@ -31,7 +31,7 @@ import numpy as np
 
 from .._base.context import current_channels
 from .._base.errors import InvalidArgumentError, NotFoundError
-from .._base.exports import expose
+from .._base.exports import expose, internal
 from .._formats.messages.checkpoint_operations import RestoreTable
 from .._formats.messages.operations import (
     CreateTable,
@@ -168,6 +168,7 @@ class DynamicEmbedding:
         """``(None, dim)``: any number of rows, ``dim`` wide."""
         return (None, self.dim)
 
+    @internal
     def shard_config(self, ps: int) -> dict[str, Any]:
         """The configuration of the shard on ps ``ps``: its share of the capacity."""
         config = {k: v for k, v in self.config.items() if v is not None}
@@ -176,6 +177,7 @@ class DynamicEmbedding:
             config["capacity"] = share + (1 if ps < extra else 0)
         return config
 
+    @internal
     def slice_spec(self, sliced: TableSlices, ps: int) -> TableSpec:
         """The configuration of the shard on ps ``ps`` when the table is in ``sliced``: the
         capacity of the slices it holds."""
@@ -186,20 +188,24 @@ class DynamicEmbedding:
     def _pool(self) -> ChannelPool:
         return self.pool if self.pool is not None else current_channels()
 
+    @internal
     def channel(self, ps: int) -> Channel:
         """The channel to the ps holding shard ``ps`` (for pstrain's own use and tests)."""
         return self._pool().channel("ps", ps)
 
+    @internal
     def slices(self) -> TableSlices | None:
         """Which ps holds each slice of the table's hash space, if part of it moved (an
         elastic ps joined or left); None: shard ``p`` of ``num_ps`` is on ps ``p``."""
         return self._pool().routes.tables.get(self.key) or self.birth
 
+    @internal
     def holders(self) -> list[int]:
         """The ps holding part of the table now."""
         sliced = self.slices()
         return sorted(set(sliced.owners)) if sliced is not None else list(range(self.num_ps))
 
+    @internal
     def capacity_shares(self, sliced: TableSlices) -> dict[int, int | None]:
         """Each holder's share of the capacity, by the slices it holds (adding up to it)."""
         held = {ps: len(sliced.held_by(ps)) for ps in sorted(set(sliced.owners))}
@@ -235,6 +241,7 @@ class DynamicEmbedding:
             )
         self.created_on.add((id(asyncio.get_running_loop()), ps))
 
+    @internal
     async def shard_ready(self, ps: int) -> None:
         """Create shard ``ps`` if this loop has not yet (before an update that needs it)."""
         if (id(asyncio.get_running_loop()), ps) not in self.created_on:
@@ -252,6 +259,7 @@ class DynamicEmbedding:
             await self._create(ps)
             return await self.channel(ps).request(message)
 
+    @internal
     def route(self, ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """``(ps, positions)`` of the ids (1-D) each ps holds."""
         sliced = self.slices()
@@ -300,6 +308,7 @@ class DynamicEmbedding:
             rows = rows[inverse.reshape(-1)]
         return rows.reshape(np.shape(ids) + (self.dim,))
 
+    @internal
     def gradient_groups(self, ids: Any, values: Any) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """``(ps, unique ids, summed values)`` of a sparse gradient, per ps."""
         flat = _ids(ids, f"gradient of {self.name!r}")
@@ -339,6 +348,7 @@ class DynamicEmbedding:
         return ids[order], rows[order].astype(self.dtype, copy=False)
 
     @classmethod
+    @internal
     def handle(
         cls,
         name: str,
@@ -361,6 +371,7 @@ class DynamicEmbedding:
         table.created_on = set()
         return table
 
+    @internal
     async def restore_from(
         self,
         files: list[str],
@@ -379,6 +390,7 @@ class DynamicEmbedding:
         self.restored_on(requests)
         return sum(int(r.restored or 0) for r in replies.values())
 
+    @internal
     def restore_requests(
         self,
         files: list[str],
@@ -421,6 +433,7 @@ class DynamicEmbedding:
             shares[ps] = config.capacity
         return requests, shares
 
+    @internal
     def restored_on(self, requests: dict[int, RestoreTable]) -> None:
         """The shards of ``requests`` exist now (restored on this loop's channels)."""
         loop = id(asyncio.get_running_loop())

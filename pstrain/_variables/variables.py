@@ -29,7 +29,7 @@ from .._base.checks import variable_name
 from .._base.cluster import task_name
 from .._base.context import current_channels, must_await
 from .._base.errors import InvalidArgumentError, PstrainError
-from .._base.exports import expose
+from .._base.exports import expose, internal
 from .._formats.messages.operations import SINGLE_UPDATES, ReadVariables, SparseRead, UpdateKind
 from .._formats.messages.records import Operation, R
 from .arrays import (
@@ -168,6 +168,7 @@ class Variable(VariableBase):
         return self._display
 
     @property
+    @internal
     def key(self) -> str:
         """The variable's key on its ps (its name, qualified for a second strategy)."""
         return self._name
@@ -206,6 +207,7 @@ class Variable(VariableBase):
         return task_name("ps", self._ps) + "/device:CPU:0"
 
     @property
+    @internal
     def ps_index(self) -> int | None:
         """Index of the ps holding this variable now (None for a local variable): where it
         was created unless an elastic ps change moved it (the placement map says)."""
@@ -218,29 +220,35 @@ class Variable(VariableBase):
         return pool.routes.moved.get(self._name, self._ps)
 
     @property
+    @internal
     def home_ps(self) -> int | None:
         """Index of the ps this variable was created on (None for a local variable)."""
         return self._ps
 
     @property
+    @internal
     def creator(self) -> VariableCreator | None:
         """The placement that sends this variable's creation (None once on a worker, or local)."""
         return self._creator
 
+    @internal
     def is_created(self) -> bool:
         """Has the creation of this variable been sent (always True for a local one)?"""
         creator = self._creator
         return creator is None or creator.created_upto >= self._ticket
 
+    @internal
     def wait_for(self, ticket: int) -> None:
         """Operations on this handle first wait for its creator's ``ticket`` (a queued restore)."""
         self._ticket = max(self._ticket, ticket)
 
+    @internal
     def restore_local(self, value: np.ndarray) -> None:
         """Overwrite a local variable's value in place (a checkpoint restore; same shape)."""
         local = self.local_array()
         local[...] = value
 
+    @internal
     def local_array(self) -> np.ndarray:
         """The array of a local variable itself (not a copy): ``extended.update`` changes it in place."""
         if self._local is None:
@@ -278,6 +286,7 @@ class Variable(VariableBase):
         )
 
     # -- transport -------------------------------------------------------------------------
+    @internal
     def channel(self) -> Channel:
         """The channel to this variable's ps on the running loop (for batched requests)."""
         if self._ps is None:
@@ -285,6 +294,7 @@ class Variable(VariableBase):
         pool = self._pool if self._pool is not None else current_channels()
         return pool.channel("ps", pool.routes.moved.get(self._name, self._ps))
 
+    @internal
     def channels(self) -> ChannelPool:
         """The channel pool this handle uses on the running loop (its placement map too)."""
         return self._pool if self._pool is not None else current_channels()
@@ -300,6 +310,7 @@ class Variable(VariableBase):
         (reply,) = await routed(self.channels(), (self,), Variable.channel, send)
         return reply
 
+    @internal
     def checked_value(self, value: Any, what: str) -> np.ndarray:
         """``value`` as an array of this variable's dtype and shape, or InvalidArgumentError."""
         arr = to_array(value, self._dtype, f"{what} of variable {self._name!r}")

@@ -83,3 +83,15 @@ def test_every_public_name_and_member_has_a_docstring():
                 if not (getattr(f, "__doc__", None) or "").strip():
                     missing.append(f"{module_name}.{name}.{member}")
     assert not missing, f"public names without a docstring: {sorted(set(missing))}"
+
+
+def test_the_reference_lists_every_public_name_of_pstrain():
+    """``docs/reference.md`` names the members of ``pstrain`` one by one (so that nothing
+    private is rendered): the list is ``pstrain.__all__``'s classes and functions."""
+    text = (ROOT / "docs" / "reference.md").read_text()
+    block = text.split("::: pstrain\n", 1)[1].split("\n\n", 1)[0]
+    listed = [line.strip()[2:] for line in block.splitlines() if line.strip().startswith("- ")]
+    public = [
+        n for n in pstrain.__all__ if not n.startswith("_") and not inspect.ismodule(getattr(pstrain, n))
+    ]
+    assert listed == public
