@@ -6,21 +6,47 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
 import pytest
 
+import pstrain
+
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.mark.timeout(180)
-def test_demo_runs_from_the_built_wheel_away_from_the_source_tree(tmp_path):
+def _run(args: list[str], timeout: float, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kwargs)  # type: ignore[call-overload]
 
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The release as a user gets it: the sdist, and the wheel built from that sdist (in this
+    environment, which has pyproject.toml's build requirements, as `make install` builds:
+    one compile of the kernels, not one in an isolated environment pip would make)."""
     root = Path(__file__).resolve().parents[2]
-    # Built in this environment (make installs pyproject.toml's build requirements here),
-    # as `make install` builds: not in one pip would make for it (a third of the time).
-    build = subprocess.run(
+    dist = tmp_path_factory.mktemp("dist")
+    sdist = _run(
+        [sys.executable, "setup.py", "-q", "sdist", "--dist-dir", str(dist)],
+        120,
+        cwd=root,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert sdist.returncode == 0, sdist.stderr[-3000:]
+    (archive,) = dist.glob("pstrain-*.tar.gz")
+    with tarfile.open(archive) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    for needed in (
+        "pyproject.toml",
+        "setup.py",
+        "README.md",
+        "pstrain/_kernels/compiled.pyx",
+        "pstrain/py.typed",
+    ):
+        assert needed in names, f"the sdist lacks {needed}"
+    build = _run(
         [
             sys.executable,
             "-m",
@@ -30,15 +56,40 @@ def test_demo_runs_from_the_built_wheel_away_from_the_source_tree(tmp_path):
             "--no-build-isolation",
             "-q",
             "-w",
-            str(tmp_path / "dist"),
-            str(root),
+            str(dist),
+            str(archive),
         ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+        240,
     )
-    assert build.returncode == 0, build.stderr
-    (wheel,) = (tmp_path / "dist").glob("pstrain-*.whl")
+    assert build.returncode == 0, build.stderr[-3000:]
+    (wheel,) = dist.glob("pstrain-*.whl")
+    return archive, wheel
+
+
+@pytest.mark.timeout(300)
+def test_the_wheel_installs_in_a_clean_virtual_environment(tmp_path, release):
+    """A fresh venv, the wheel and its dependencies from the package index: the command says
+    its version, and the README's first program runs there."""
+    _, wheel = release
+    venv = tmp_path / "venv"
+    made = _run([sys.executable, "-m", "venv", str(venv)], 60)
+    assert made.returncode == 0, made.stderr
+    python = venv / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PSTRAIN_", "TF_CONFIG", "PYTHONPATH"))}
+    install = _run([str(python), "-m", "pip", "install", "-q", "--no-compile", str(wheel)], 240, env=env)
+    assert install.returncode == 0, install.stderr[-3000:]
+    version = _run([str(venv / "bin" / "pstrain"), "--version"], 60, env=env, cwd=tmp_path)
+    assert version.stdout.strip() == f"pstrain {pstrain.__version__}", version.stdout + version.stderr
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    program = readme.split("## A first program", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "first.py").write_text(program)
+    first = _run([str(python), "-P", "first.py"], 120, env=env, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+
+
+@pytest.mark.timeout(180)
+def test_demo_runs_from_the_built_wheel_away_from_the_source_tree(tmp_path, release):
+    _, wheel = release
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     assert (site / "pstrain" / "ctr.py").exists()  # the demo's model ships in the package
