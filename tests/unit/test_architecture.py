@@ -54,6 +54,7 @@ FACADES = {
     "jax",
     "math",
     "metrics",
+    "nn",
     "optimizers",
     "partitioners",
     "rpc",
