@@ -174,7 +174,7 @@ async def untyped_call(
     if (
         operation is not None
         and isinstance(payload, dict)
-        and (fields := sender_fields(operation, channel.task, channel.owner))
+        and (fields := sender_fields(operation, channel.task, channel.session.owner))
     ):
         payload = {**payload, **fields}
     chunks = wire.encode_body(payload, allow_pickle=pickle)

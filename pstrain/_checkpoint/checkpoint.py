@@ -143,7 +143,7 @@ class Checkpoint:
             return {}
         pool = _channel_pool(placed[0])
         listing: dict[str, tuple[int, VariableInfo]] = {}
-        for k in pool.routes.active():  # (not a ps that left the job: an elastic ps)
+        for k in pool.session.routes.active():  # (not a ps that left the job: an elastic ps)
             for v in (await pool.channel("ps", k).request(ListVariables())).variables:
                 listing[v.name] = (k, v)
         out = {}

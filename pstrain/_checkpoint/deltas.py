@@ -108,9 +108,9 @@ def _lock_of(graph: Graph) -> PlacementLock | None:
     for entry in graph.entries.values():
         for part in entry.parts:
             if part.ps_index is not None:
-                return part.channels().placement_lock
+                return part.channels().session.placement_lock
     for table in graph.tables.values():
-        return (table.pool if table.pool is not None else current_channels()).placement_lock
+        return (table.pool if table.pool is not None else current_channels()).session.placement_lock
     return None
 
 

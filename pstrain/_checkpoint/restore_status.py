@@ -306,7 +306,7 @@ class CheckpointLoadStatus:
             for ch, reply in replies.items():
                 if reply.incarnation is not None:
                     # a restarted ps, now restored: its coordinator's PsHealth knows it is handled
-                    ch.restored.setdefault(ch.task, set()).add(reply.incarnation)
+                    ch.session.restored.setdefault(ch.task, set()).add(reply.incarnation)
         for part, value in local:
             part.restore_local(value)
         self._matched.update(t.key for t in targets)

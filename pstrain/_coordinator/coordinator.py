@@ -137,7 +137,7 @@ class ClusterCoordinator:
         #: What add-ons of the face layer keep on this coordinator (the dashboard's server).
         self.extensions: dict[str, Any] = {}
         #: Each ps's incarnation and health (sans-I/O; the heartbeat feeds it).
-        self.ps_health = PsHealth(strategy.num_ps, self._channels.restored)
+        self.ps_health = PsHealth(strategy.num_ps, self._channels.session.restored)
         self.closed = False
         self.workers = Workers(
             strategy,

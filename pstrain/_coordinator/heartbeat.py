@@ -73,8 +73,8 @@ class Heartbeat:
 
     def active_ps(self) -> list[int]:
         """The ps of the job now (the placement map's: an elastic ps joins or leaves)."""
-        active = self.channels.routes.active()
-        self.ps_health.grow(len(self.channels.routes.ps))
+        active = self.channels.session.routes.active()
+        self.ps_health.grow(len(self.channels.session.routes.ps))
         return active
 
     async def run(self) -> None:

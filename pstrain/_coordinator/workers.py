@@ -71,13 +71,13 @@ class Workers:
             epoch,
             cause(worker, epoch - 1),
         )
-        self.channels.fences[worker] = max(self.channels.fences.get(worker, 0), epoch)
+        self.channels.session.fences[worker] = max(self.channels.session.fences.get(worker, 0), epoch)
         await asyncio.gather(
             *(
                 self.channels.channel("ps", k).request(
                     Fence(worker=worker, epoch=epoch, owner=owner), timeout=self.ps_timeout_s
                 )
-                for k in self.channels.routes.active()
+                for k in self.channels.session.routes.active()
             )
         )
 

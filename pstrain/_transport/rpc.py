@@ -34,14 +34,13 @@ from .._base.errors import (
     from_envelope,
 )
 from .._base.exports import expose
-from .._base.locks import PlacementLock
 from .._base.tasks import TaskOwner
 from .._formats.codec import wire
 from .._formats.codec.protocol import DEFAULT_MAX_BODY, FrameKind
 from .._formats.messages.operations import Health, Statistics
-from .._formats.messages.placement_map import PlacementMap
 from .._formats.messages.records import HealthReply, Operation, R, convert_reply, sender_fields
 from .client_protocol import ClientProtocol, cluster_entry, expire, ps_advice
+from .session import JobSession
 from .traffic import counted, counting
 
 __all__ = ["Channel", "ChannelPool", "close_loop_channels"]
@@ -86,14 +85,9 @@ class Channel:
         self.ssl_context = ssl_context
         self.max_body = max_body
         self.connect_timeout = connect_timeout
-        #: The coordinator incarnation this process's updates work for (None on a worker:
-        #: a closure's own comes with its dispatch).
-        self.owner: str | None = None
-        #: task -> incarnations a checkpoint was restored onto (the pool's, when it has one).
-        self.restored: dict[str, set[str]] = {}
-        #: worker -> the epoch its coordinator fenced it before (the pool's): a restore
-        #: fences them again first, on a ps that restarted without them.
-        self.fences: dict[int, int] = {}
+        #: The job's state these requests carry (its owner) and update (the pool's session
+        #: when a pool opened it, else its own).
+        self.session = JobSession()
         self._proto: ClientProtocol | None = None
         self._connecting: asyncio.Task[ClientProtocol] | None = None
         self._tasks = TaskOwner(f"channel to {task}")
@@ -103,6 +97,16 @@ class Channel:
         self.peer: str | None = None
         self.ever_connected = False  # False: the task may still be starting
         self.closed = False
+
+    @property
+    def owner(self) -> str | None:
+        """The coordinator incarnation whose updates this channel sends: ``session.owner``
+        (the name 0.1 had, kept)."""
+        return self.session.owner
+
+    @owner.setter
+    def owner(self, owner: str | None) -> None:
+        self.session.owner = owner
 
     def connection_lost(self, proto: ClientProtocol) -> None:
         """Called by the protocol: the next call reconnects."""
@@ -227,7 +231,7 @@ class Channel:
         for each partial reply of a streaming operation.
         """
         cls = type(message)
-        for field, value in sender_fields(cls, self.task, self.owner).items():
+        for field, value in sender_fields(cls, self.task, self.session.owner).items():
             setattr(message, field, value)
         op = cls.op()
         chunks = wire.encode_body(message, allow_pickle=cls.pickle)
@@ -361,15 +365,8 @@ class ChannelPool:
         self.ssl_context = ssl_context
         self.max_body = max_body
         self.connect_timeout = connect_timeout
-        #: The coordinator incarnation (strategy owner id) whose updates these channels send.
-        self.owner: str | None = None
-        #: task -> incarnations of that ps a checkpoint was restored onto through these
-        #: channels (the coordinator's PsHealth reads it: such a restart is handled).
-        self.restored: dict[str, set[str]] = {}
-        self.fences: dict[int, int] = {}  # worker -> epoch fenced before (see Channel.fences)
-        #: Where each variable lives now (the newest map known; ``routing.adopt`` replaces it).
-        self.routes = PlacementMap(ps=cluster_spec.job_tasks("ps"))
-        self.placement_lock = PlacementLock()  # moves and restores alone, saves shared
+        #: The job's state: owner, fences, restored incarnations, placement map and lock.
+        self.session = JobSession(cluster_spec.job_tasks("ps"))
         self._channels: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, dict[tuple[str, int], Channel]
         ] = weakref.WeakKeyDictionary()
@@ -399,8 +396,7 @@ class ChannelPool:
                 max_body=self.max_body,
                 connect_timeout=self.connect_timeout,
             )
-            ch.owner = self.owner
-            ch.restored, ch.fences = self.restored, self.fences
+            ch.session = self.session
         return ch
 
     async def forget(self, job: str, index: int) -> None:

@@ -197,7 +197,7 @@ class DynamicEmbedding:
     def slices(self) -> TableSlices | None:
         """Which ps holds each slice of the table's hash space, if part of it moved (an
         elastic ps joined or left); None: shard ``p`` of ``num_ps`` is on ps ``p``."""
-        return self._pool().routes.tables.get(self.key) or self.birth
+        return self._pool().session.routes.tables.get(self.key) or self.birth
 
     @internal
     def holders(self) -> list[int]:

@@ -86,7 +86,7 @@ class Placement:
         self.startup_timeout_s = STARTUP_TIMEOUT_S
         self.channels = channels  # None on a worker: the closure's channels
         if channels is not None:  # this strategy's updates say which coordinator sent them
-            channels.owner = self.owner
+            channels.session.owner = self.owner
         self.partitioner = partitioner
         self.issued = 0  # creations accepted (the last ticket given)
         self.created_upto = 0  # creations sent
@@ -422,8 +422,10 @@ async def fences_first(channel: Channel) -> None:
     """Send the ps of ``channel`` every fence its coordinator set, before a restore puts
     values there: a ps that restarted lost them, and a worker declared lost but still
     running an old dispatch would otherwise apply it on top of the restored values."""
-    fences = list(channel.fences.items())
-    await asyncio.gather(*(channel.request(Fence(worker=w, epoch=e, owner=channel.owner)) for w, e in fences))
+    fences = list(channel.session.fences.items())
+    await asyncio.gather(
+        *(channel.request(Fence(worker=w, epoch=e, owner=channel.session.owner)) for w, e in fences)
+    )
 
 
 #: Above this many elements, building a whole value to slice it is worth a warning (TF's).

@@ -38,9 +38,9 @@ MAX_ATTEMPTS = 60
 def adopt(pool: ChannelPool, placement: PlacementMap) -> bool:
     """``pool`` routes by ``placement`` if it is newer than the map it knows (a ps that
     joined is dialled at its address from then on). Returns whether it was newer."""
-    if placement.version <= pool.routes.version:
+    if placement.version <= pool.session.routes.version:
         return False
-    pool.routes = placement
+    pool.session.routes = placement
     grown = placement.grown(pool.cluster_spec.job_tasks("ps"))
     if grown is not None:
         pool.cluster_spec = ClusterSpec({**pool.cluster_spec.as_dict(), "ps": grown})
@@ -125,7 +125,7 @@ async def backoff(attempt: int) -> None:
 async def ask_map(pool: ChannelPool, channel: Any) -> bool:
     """``channel``'s ps cannot be reached; it may have left the job: ask another ps of the
     job for the newest map and route by it. Returns whether some ps answered."""
-    for k in pool.routes.active():
+    for k in pool.session.routes.active():
         other = pool.channel("ps", k)
         if other.task == channel.task:
             continue

@@ -217,7 +217,7 @@ class Variable(VariableBase):
             pool = self.channels()
         except PstrainError:  # no closure running: the map of this process is unknown
             return self._ps
-        return pool.routes.moved.get(self._name, self._ps)
+        return pool.session.routes.moved.get(self._name, self._ps)
 
     @property
     @internal
@@ -292,7 +292,7 @@ class Variable(VariableBase):
         if self._ps is None:
             raise InvalidArgumentError(f"variable {self._name!r} is local; it has no ps")
         pool = self._pool if self._pool is not None else current_channels()
-        return pool.channel("ps", pool.routes.moved.get(self._name, self._ps))
+        return pool.channel("ps", pool.session.routes.moved.get(self._name, self._ps))
 
     @internal
     def channels(self) -> ChannelPool:

@@ -265,7 +265,7 @@ async def test_a_moves_steps_come_only_from_the_coordinator_that_started_it():
             channels[owner] = Channel(
                 cluster.ps[0].address, token=cluster.token, task="/job:ps/replica:0/task:0"
             )
-            channels[owner].owner = owner
+            channels[owner].session.owner = owner
         first, other = channels.values()
         try:
             await first.request(MoveOut(keys=["v"], stage="s1"))

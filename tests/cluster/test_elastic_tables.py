@@ -698,7 +698,7 @@ async def test_a_coordinator_lost_between_a_moves_switches_is_replaced_and_resto
             assert not source.moves.parked and not source.moves.parked_tables
             assert source.moves.statistics()["moves_in_progress"] == 0
             channel = Channel(source.address, token=cluster.token, task="/job:ps/replica:0/task:0")
-            channel.owner = old  # the old coordinator wakes up and undoes its move
+            channel.session.owner = old  # the old coordinator wakes up and undoes its move
             try:
                 for stage in stages:
                     with pytest.raises(pstrain.errors.CancelledError, match="newer coordinator"):

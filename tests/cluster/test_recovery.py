@@ -100,7 +100,7 @@ async def test_a_zombie_coordinator_restores_creates_and_maps_nothing_over_a_new
         await t_old.lookup(np.array([7, 8]))
     assert len(ps_server.tables["t"]) == 1
     channel = Channel(ps_server.address, token=TOKEN, task="/job:ps/replica:0/task:0")
-    channel.owner = owner = old.placement.owner
+    channel.session.owner = owner = old.placement.owner
     try:
         spec = {"name": "v", "dtype": "<f4", "shape": [2], "value": np.zeros(2, np.float32)}
         with pytest.raises(CancelledError, match="newer coordinator"):

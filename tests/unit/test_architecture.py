@@ -278,7 +278,7 @@ LAYER_NOTES = {
     "server/ps/tables": "servers: the ps's dynamic embedding tables",
     "server/worker": "servers: the worker",
     "_serving": "serving: the server core every task and the coordinator use",
-    "_transport": "transport: channels, the blocking bridge",
+    "_transport": "transport: channels, the job session, the blocking bridge",
     "_formats": "formats: what both ends of a connection agree on",
     "_formats/codec": "formats: the wire encoding, frames, the handshake, pickled closures",
     "_formats/files": "formats: checkpoint, delta and tensor files, checksums, the feed's reading",

@@ -6,7 +6,7 @@ The coordinator pings every ps (``health``) and hands each outcome to
 the user to restore), unless the program already restored a checkpoint onto
 that very incarnation; a ps silent while closures run fails the job; a ps that
 refuses the token is misconfigured. The restores the program made are recorded
-by its channel pool (``ChannelPool.restored``), one per strategy, not in a
+by its job session (``JobSession.restored``), one per strategy, not in a
 process global, so two coordinators in one process never see each other's.
 
 >>> health = PsHealth(1, restored={})

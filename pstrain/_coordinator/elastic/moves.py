@@ -72,7 +72,7 @@ class PsChanges:
         self.strategy = strategy
         self.channels = channels
         self.timeout_s = timeout_s
-        self._lock = channels.placement_lock  # moves (alone) and checkpoint saves (shared) take turns
+        self._lock = channels.session.placement_lock  # moves (alone) and checkpoint saves (shared) take turns
         #: The move under way: (keys, from ps, to ps, when it started), for status.
         self.moving: tuple[list[str], int, int, float] | None = None
         self.moves_done = 0
@@ -84,7 +84,7 @@ class PsChanges:
 
     @property
     def placement(self) -> PlacementMap:
-        return self.channels.routes
+        return self.channels.session.routes
 
     def shares(self) -> dict[int, int]:
         """Bytes of variables each active ps holds (their optimizer slots not counted)."""
