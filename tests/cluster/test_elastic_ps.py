@@ -4,7 +4,6 @@ never applied to the wrong ps, and sent again by the client."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import numpy as np
@@ -24,6 +23,7 @@ from pstrain.errors import (
 from pstrain.rpc import Channel
 from pstrain.server import ParameterServer
 from pstrain.testing import InProcessCluster
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,14 +66,6 @@ def _expected() -> tuple[np.ndarray, np.ndarray]:
     return emb, dense
 
 
-async def _wait(cond, what: str, timeout: float = 30.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 def _held(ps: ParameterServer) -> set[str]:
     return {r.name for r in ps.store}
 
@@ -97,14 +89,16 @@ async def test_a_ps_joins_and_leaves_while_training_runs_and_nothing_is_lost_or_
             done: list[pstrain.RemoteValue] = []
             for step in range(STEPS // 4):
                 done.append(coordinator.schedule(step_fn, args=(step,), exactly_once=True))
-            await _wait(lambda: coordinator.closures_done >= 5, "training to start")
+            await wait_for(lambda: coordinator.closures_done >= 5, timeout=30.0, what="training to start")
             index = await coordinator.add_ps(extra.address)  # while closures run
             assert index == 2
             # half the table (and maybe a small part whose move evens the bytes out)
             assert len(_held(extra) & {"emb/part_0", "emb/part_1"}) == 1
             for step in range(STEPS // 4, STEPS // 2):
                 done.append(coordinator.schedule(step_fn, args=(step,), exactly_once=True))
-            await _wait(lambda: coordinator.closures_done >= STEPS // 2 - 5, "more training")
+            await wait_for(
+                lambda: coordinator.closures_done >= STEPS // 2 - 5, timeout=30.0, what="more training"
+            )
             status = coordinator.statistics()["placement"]
             extra_bytes = status["ps"][2]["bytes"] - ROWS // 2 * DIM * 4  # half the table, and
             assert status["version"] >= 2 and extra_bytes in (0, DIM // 2 * 4)  # maybe a dense part
@@ -208,9 +202,10 @@ async def test_a_ps_that_asks_to_join_again_keeps_its_index_and_nothing_changes(
             # asked again before joining (its reply lost): the same index, kept for it
             assert await join(endpoint, extra.address, cluster.token, ps=True) == 2
             assert await join(endpoint, extra.address, cluster.token, ps=True, index=given) == 2
-            await _wait(
+            await wait_for(
                 lambda: coordinator.ps.moving is None and coordinator.ps.moves_done >= 1,
-                "v to move to the ps that joined",
+                timeout=30.0,
+                what="v to move to the ps that joined",
             )
             placement = coordinator.ps.placement
             assert placement.ps == [*cluster.cluster_spec.job_tasks("ps"), extra.address]

@@ -4,8 +4,6 @@ again, and the ps that kept their updates apply them once (exactly-once closures
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import pytest
 
@@ -16,6 +14,7 @@ from pstrain.errors import FailedPreconditionError, InvalidArgumentError, Placem
 from pstrain.rpc import Channel
 from pstrain.server import ParameterServer
 from pstrain.testing import InProcessCluster
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -53,15 +52,6 @@ def _expected(lost_rows: slice | None, dense_lost: bool) -> dict[str, np.ndarray
             m_dense = np.float32(MOMENTUM) * m_dense - np.float32(LR) * d
             dense += m_dense
     return {"emb": emb, "m_emb": m_emb, "dense": dense, "m_dense": m_dense}
-
-
-async def _until(cond, what: str, timeout: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def _cluster(root) -> InProcessCluster:
@@ -187,7 +177,9 @@ async def test_replace_ps_on_request_moves_onto_a_joined_ps_and_fences_the_old_o
             await coordinator.replace_ps(1, manager, to=to)
             assert {r.name for r in extra.store} >= {"on_lost", "dense"}
             assert int(await on_lost.read_value()) == 7
-            await _until(lambda: len(cluster.ps[1].store) == 0, "ps 1 to be fenced")  # told it left
+            await wait_for(
+                lambda: len(cluster.ps[1].store) == 0, timeout=30.0, what="ps 1 to be fenced"
+            )  # told it left
             channel = Channel(cluster.ps[1].address, token=cluster.token, task="/job:ps/replica:0/task:1")
             try:
                 with pytest.raises(PlacementChangedError) as caught:  # a client on the old map

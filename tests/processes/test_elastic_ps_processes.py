@@ -19,7 +19,7 @@ from pstrain._formats.numerics.idhash import shard_of
 from pstrain.ctr import BATCH, CTRModel, make_step, synthetic
 from pstrain.rpc import Channel
 from pstrain.testing import InProcessCluster, untyped_call
-from tests.helpers import TOKEN, ServeProcess
+from tests.helpers import TOKEN, ServeProcess, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -90,13 +90,6 @@ async def _listed(address: str, index: int) -> set[str]:
         await channel.close()
 
 
-async def _until(cond, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
 async def test_a_ps_joins_and_is_drained_by_sigterm_during_w4_and_the_state_is_exact():
     batches = _batches()
     expected = await _reference(batches)
@@ -121,13 +114,14 @@ async def test_a_ps_joins_and_is_drained_by_sigterm_during_w4_and_the_state_is_e
         watcher = asyncio.ensure_future(
             watch([coordinator.schedule(step, args=(k,), exactly_once=True) for k in range(half)])
         )
-        await _until(lambda: len(done_at) >= 4, "training to start")
+        await wait_for(lambda: len(done_at) >= 4, timeout=60.0, what="training to start")
         joined = await asyncio.to_thread(
             ServeProcess, "--role", "ps", "--port", "0", "--join", endpoint, "--drain-timeout", "60"
         )
-        await _until(
+        await wait_for(
             lambda: coordinator.ps.moves_done >= 1 and coordinator.ps.moving is None,
-            "a share of the variables to move to the new ps",
+            timeout=60.0,
+            what="a share of the variables to move to the new ps",
         )
         status = coordinator.ps.status()
         assert [p["active"] for p in status["ps"]] == [True, True, True]
@@ -147,7 +141,7 @@ async def test_a_ps_joins_and_is_drained_by_sigterm_during_w4_and_the_state_is_e
         watcher = asyncio.ensure_future(
             watch([coordinator.schedule(step, args=(k,), exactly_once=True) for k in range(half, STEPS)])
         )
-        await _until(lambda: len(done_at) >= 4, "training on three ps")
+        await wait_for(lambda: len(done_at) >= 4, timeout=60.0, what="training on three ps")
 
         joined.proc.terminate()  # SIGTERM: a preemption notice
         code = await asyncio.to_thread(joined.proc.wait, 90)
@@ -230,20 +224,23 @@ async def test_a_dynamic_table_moves_to_a_joining_ps_and_off_it_on_sigterm_and_t
         endpoint = await coordinator.serve_metrics()
         model, opt, step = _build(strategy, batches, dynamic=True)
         rvs = [coordinator.schedule(step, args=(k,), exactly_once=True) for k in range(TABLE_STEPS)]
-        await _until(lambda: coordinator.closures_done >= 10, "training to start")
+        await wait_for(lambda: coordinator.closures_done >= 10, timeout=60.0, what="training to start")
         joined = await asyncio.to_thread(
             ServeProcess, "--role", "ps", "--port", "0", "--join", endpoint, "--drain-timeout", "60"
         )
-        await _until(
+        await wait_for(
             lambda: (
                 2 in set(coordinator.ps.table_slices(model.table).owners) and coordinator.ps.moving is None
             ),
-            "a share of the table to move to the new ps",
+            timeout=60.0,
+            what="a share of the table to move to the new ps",
         )
         rows_on_new = (await model.table.channel(2).request(TableStatistics(name=model.table.key)))["rows"]
         assert rows_on_new > 0
         await _rows_match_the_map(coordinator, model.table)
-        await _until(lambda: coordinator.closures_done >= TABLE_STEPS // 2, "training on three ps")
+        await wait_for(
+            lambda: coordinator.closures_done >= TABLE_STEPS // 2, timeout=60.0, what="training on three ps"
+        )
         joined.proc.terminate()  # SIGTERM: a preemption notice
         code = await asyncio.to_thread(joined.proc.wait, 90)
         assert code == 0, joined.stderr()

@@ -24,7 +24,7 @@ import pytest
 import pstrain
 from pstrain._formats.numerics.idhash import shard_of
 from pstrain.testing import InProcessCluster
-from tests.helpers import TOKEN
+from tests.helpers import TOKEN, wait_for
 
 from .kill_drill_job import HOT, INTERVAL, build, expected
 
@@ -46,13 +46,6 @@ def _progress(log: Path) -> tuple[list[int], list[tuple[int, float]]]:
     return pids, steps
 
 
-async def _wait(condition, what: str, timeout: float = 60.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
 async def test_sigkill_of_every_process_loses_at_most_about_one_delta_interval(tmp_path):
     seed = int(os.environ.get("PSTRAIN_KILL_SEED") or secrets.randbelow(1_000_000))
     print(f"PSTRAIN_KILL_SEED={seed}")
@@ -66,13 +59,14 @@ async def test_sigkill_of_every_process_loses_at_most_about_one_delta_interval(t
     pids: list[int] = []
     try:
         # Run past a compaction (a second base), then kill at a random moment.
-        await _wait(
+        await wait_for(
             lambda: (
                 len([f for f in os.listdir(directory) if f.endswith(".index.json") and ".delta-" not in f])
                 >= 2
                 or job.poll() is not None
             ),
-            "a second full checkpoint",
+            timeout=60.0,
+            what="a second full checkpoint",
         )
         assert job.poll() is None, log.read_text()[-2000:]
         await asyncio.sleep(random.Random(seed).uniform(0, 3 * INTERVAL))  # the moment drawn

@@ -19,18 +19,11 @@ from pstrain._formats.messages.operations import ExportTable
 from pstrain._formats.numerics.idhash import shard_of
 from pstrain.checkpoint import Checkpoint, CheckpointManager, load_variables
 from pstrain.ctr import CTRModel, make_step, synthetic
-from tests.helpers import TOKEN, ServeProcess
+from tests.helpers import TOKEN, ServeProcess, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
 ROWS, STEPS, BATCHES, DELTA_S = 30_000, 240, 16, 0.5
-
-
-async def _until(cond, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 @pytest.mark.parametrize("table", ["fixed", "dynamic"])
@@ -100,14 +93,15 @@ async def test_a_ps_sigkilled_during_w4_is_replaced_from_deltas_while_the_others
         watcher = asyncio.ensure_future(
             watch([coordinator.schedule(step, args=(k,), exactly_once=True) for k in range(STEPS)])
         )
-        await _until(
+        await wait_for(
             lambda: len(done_at) >= STEPS // 4 and ".delta-" in (manager.latest_checkpoint or ""),
-            "training, and a delta written",
+            timeout=60.0,
+            what="training, and a delta written",
         )
         servers[1].proc.send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
         servers[1].proc.wait(10)
-        await _until(lambda: coordinator.ps.replaced, "ps 1 to be replaced")
+        await wait_for(lambda: coordinator.ps.replaced, timeout=60.0, what="ps 1 to be replaced")
         assert len(done_at) < STEPS, "training ended before the replacement"
         await coordinator.join()
         await watcher
