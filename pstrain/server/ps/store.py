@@ -201,6 +201,8 @@ class VariableRecord:
         if clock is not None:
             if rows is None or self.row_epochs is None:
                 self.changed = clock.epoch
+            elif rows.dtype == np.int64 and rows.ndim == 1 and rows.flags.c_contiguous:
+                KERNELS.stamp_rows(self.row_epochs, rows, clock.epoch)  # (the rows are in range)
             else:
                 self.row_epochs[rows] = clock.epoch
         return arr
