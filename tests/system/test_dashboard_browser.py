@@ -30,6 +30,13 @@ def chromium() -> str:
     return path
 
 
+@pytest.fixture(autouse=True)
+def _chromium_first() -> None:
+    """Every test here drives Chromium: without it, fail before a test starts a cluster or
+    a server it would leave open (an open listener keeps the test loop from closing)."""
+    chromium()
+
+
 @contextlib.asynccontextmanager
 async def logged_in(url: str) -> AsyncIterator[Any]:
     """A Chromium page that has opened the one-time login URL ``url``."""

@@ -70,6 +70,8 @@ async def test_the_site_builds_strict_and_every_nav_link_opens_in_chromium(tmp_p
 
     from playwright.async_api import async_playwright
 
+    browser_path = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert browser_path, "the docs test needs Chromium (`make test` installs it)"  # before any server
     site = (tmp_path / "site").resolve()
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     build = subprocess.run(
@@ -109,8 +111,6 @@ async def test_the_site_builds_strict_and_every_nav_link_opens_in_chromium(tmp_p
     server = web.TCPSite(runner, "127.0.0.1", 0)
     await server.start()
     port = runner.addresses[0][1]
-    browser_path = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert browser_path, "the docs test needs Chromium (`make test` installs it)"
     try:
         async with async_playwright() as p:
             browser = await p.chromium.launch(executable_path=browser_path, args=["--no-sandbox"])
