@@ -231,8 +231,7 @@ class ParameterServerStrategy:
         (else a table is created on each ps by its first use): from then on each ps knows
         it, and its serving feed answers 412 until a save, not 404."""
         await self._placement.ensure_created()
-        tables = list(self._placement.tables.values())
-        await asyncio.gather(*(t.shard_ready(ps) for t in tables for ps in t.holders()))
+        await asyncio.gather(*(t.ensure_created() for t in list(self._placement.tables.values())))
 
     # -- replica API -------------------------------------------------------------------------
     def run(

@@ -323,8 +323,9 @@ class DynamicEmbedding:
         return [(ps, unique[pos], summed[pos]) for ps, pos in self.route(unique)]
 
     async def ensure_created(self) -> None:
-        """Create the table's shard on every ps now (otherwise: at its first use)."""
-        await asyncio.gather(*(self._create(ps) for ps in self.holders()))
+        """Create the table's shard on every ps that holds part of it now, where this loop
+        has not yet (otherwise: at its first use)."""
+        await asyncio.gather(*(self.shard_ready(ps) for ps in self.holders()))
 
     async def statistics(self) -> dict[str, int]:
         """Rows held, admitted, evicted and bytes, summed over the ps."""
