@@ -19,8 +19,8 @@ import atheris
 with atheris.instrument_imports():
     import numpy as np
 
-    from pstrain._formats.codec import wire
-    from pstrain._formats.codec.handshake import MAX_PREAUTH, ClientHandshake, ServerHandshake
+    from pstrain._transport import wire
+    from pstrain._transport.handshake import MAX_PREAUTH, ClientHandshake, ServerHandshake
     from pstrain.errors import InvalidArgumentError, ProtocolError
 
 

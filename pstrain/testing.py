@@ -35,10 +35,10 @@ from typing import Any
 from ._base.cluster import ClusterSpec
 from ._base.errors import InvalidArgumentError, PstrainError
 from ._base.resolvers import RunningCluster
-from ._formats.codec import wire
 from ._formats.messages.operations import OPERATIONS
 from ._formats.messages.records import convert_reply, sender_fields
-from ._transport.rpc import Channel, close_loop_channels, open_channels
+from ._transport import wire
+from ._transport.channels import Channel, close_loop_channels, open_channels
 from .server.ps.handlers import ParameterServer
 from .server.worker.executor import WorkerServer
 

@@ -23,7 +23,7 @@ from .errors import PstrainError
 from .exports import expose
 
 if TYPE_CHECKING:
-    from .._transport.rpc import ChannelPool
+    from .._transport.channels import ChannelPool
 
 __all__ = [
     "current_channels",

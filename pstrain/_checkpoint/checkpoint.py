@@ -92,7 +92,7 @@ from .object_graph import Entry, Graph, check_trackable, slot_key, table_slots, 
 from .restore_status import CheckpointLoadStatus, targets
 
 if TYPE_CHECKING:
-    from .._transport.rpc import Channel, ChannelPool
+    from .._transport.channels import Channel, ChannelPool
 
 logger = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ from .._variables.dynamic import DynamicEmbedding
 from .object_graph import Entry, Graph
 
 if TYPE_CHECKING:
-    from .._transport.rpc import Channel
+    from .._transport.channels import Channel
 
 logger = logging.getLogger("pstrain.checkpoint")
 

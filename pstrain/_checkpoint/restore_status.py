@@ -33,7 +33,7 @@ from .._variables.variables import Variable
 from .object_graph import Entry, Graph, join, slot_key, walk
 
 if TYPE_CHECKING:
-    from .._transport.rpc import Channel
+    from .._transport.channels import Channel
 
 logger = logging.getLogger("pstrain.checkpoint")
 

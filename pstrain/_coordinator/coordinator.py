@@ -33,7 +33,7 @@ from .._base.exports import expose
 from .._base.tasks import TaskOwner
 from .._distribute.strategy import ParameterServerStrategy
 from .._distribute.values import PerWorkerValues
-from .._formats.codec import pickling
+from .._formats.messages import pickling
 from .._training import summary
 from . import interrupt
 from .closures import Closure, check_call, scan_inputs

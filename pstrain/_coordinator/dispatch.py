@@ -52,7 +52,7 @@ from .._formats.messages.operations import (
     RunClosures,
 )
 from .._formats.messages.records import ClosureCall, ResultsReply
-from .._transport.rpc import Channel
+from .._transport.channels import Channel
 from .closures import Closure
 from .membership import SlotState, WorkerSlot
 from .resources import ResourceRegistry, ResourceSpec

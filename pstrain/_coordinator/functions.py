@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._base.errors import InvalidArgumentError
-from .._formats.codec import pickling
+from .._formats.messages import pickling
 
 __all__ = ["FunctionCache"]
 

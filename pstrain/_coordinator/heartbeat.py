@@ -25,8 +25,8 @@ from .._base.errors import (
     UnavailableError,
 )
 from .._formats.messages.operations import Health, ResetChannels
-from .._transport.client_protocol import ps_advice
-from .._transport.rpc import ChannelPool
+from .._transport.channels import ChannelPool
+from .._transport.client import ps_advice
 from .dispatch import DispatchSettings, WorkerDispatcher
 from .elastic.health import PsHealth
 from .scheduling import ClosureQueue

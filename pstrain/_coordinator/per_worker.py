@@ -15,8 +15,8 @@ from typing import Any
 
 from .._base.errors import InvalidArgumentError
 from .._distribute.values import PerWorkerValues
-from .._formats.codec.pickling import send_modules_by_value
 from .._formats.messages.closures import ResourceRef
+from .._formats.messages.pickling import send_modules_by_value
 from .._variables.arrays import creator_scope
 from .resources import ResourceRegistry, ResourceSpec
 

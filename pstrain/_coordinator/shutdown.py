@@ -8,7 +8,7 @@ import logging
 from .._base.cluster import task_name
 from .._base.errors import PstrainError, UnavailableError
 from .._formats.messages.operations import Shutdown
-from .._transport.rpc import ChannelPool
+from .._transport.channels import ChannelPool
 
 logger = logging.getLogger(__name__)
 

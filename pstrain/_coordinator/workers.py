@@ -17,7 +17,7 @@ from .._base.cluster import ClusterSpec, parse_address
 from .._base.tags import cause
 from .._distribute.strategy import ParameterServerStrategy
 from .._formats.messages.operations import Fence
-from .._transport.rpc import Channel, ChannelPool
+from .._transport.channels import Channel, ChannelPool
 from .dispatch import DispatchSettings, WorkerDispatcher
 from .membership import Membership
 from .resources import ResourceRegistry

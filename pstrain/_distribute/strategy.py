@@ -24,7 +24,7 @@ from .._base.context import in_closure
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose, internal
 from .._base.resolvers import ClusterResolver
-from .._transport.rpc import ChannelPool
+from .._transport.channels import ChannelPool
 from .._variables.arrays import creator_scope
 from .._variables.placement import Placement
 from .distribution import (

@@ -1,7 +1,7 @@
 """A server's lifecycle: bind one port, serve both transports, stop cleanly.
 
 ``await server.start()`` binds (port 0 picks one) and returns the real
-address; each accepted connection is sniffed (``stream.py``): one that opens
+address; each accepted connection is sniffed (``_transport/listener.py``): one that opens
 with the stream's ``MAGIC`` is pstrain's own multiplexed stream, anything
 else goes to aiohttp (``http.py``). ``await stop()`` closes the listener and
 every connection, then cancels the tasks the server owns.
@@ -21,10 +21,10 @@ from .._base.errors import PstrainError
 from .._base.exports import expose
 from .._formats.messages.operations import Shutdown
 from .._formats.messages.records import EmptyReply
+from .._transport.listener import Sniffer
+from .._transport.preauth import PreAuth, preauth_cap
 from .core import ServerCore, Status
 from .http import HttpAdapter
-from .preauth import PreAuth, preauth_cap
-from .stream import Sniffer
 
 logger = logging.getLogger(__name__)
 

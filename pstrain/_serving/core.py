@@ -1,7 +1,7 @@
 """What every pstrain server shares: a handler table and the one reply path.
 
 A server (``base.py`` adds its lifecycle) receives operations over two
-transports: the pstrain stream (``stream.py``) and HTTP (``http.py``). Both
+transports: the pstrain stream (``_transport/listener.py``) and HTTP (``http.py``). Both
 call :meth:`ServerCore.handle`, the one path from an operation's bytes to
 its reply: look the handler up, decode the body, call the handler, encode
 the result or the error, count it. So an operation behaves the same either
@@ -44,14 +44,15 @@ from .._base.errors import (
 )
 from .._base.exports import expose
 from .._base.tasks import TaskOwner
-from .._formats.codec import wire
-from .._formats.codec.protocol import DEFAULT_MAX_BODY, BodyBudget, FrameKind
 from .._formats.messages.operations import Health, Statistics
 from .._formats.messages.records import HealthReply, Operation, R, validate
+from .._transport import wire
+from .._transport.frames import DEFAULT_MAX_BODY, BodyBudget, FrameKind
+from .._transport.listener import Reply
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Download", "Encoded", "Handler", "Pinned", "Reply", "ServerCore", "Status"]
+__all__ = ["Download", "Encoded", "Handler", "Pinned", "ServerCore", "Status"]
 
 
 class Status(enum.Enum):
@@ -125,20 +126,6 @@ class Download:
     stream: Iterator[bytes | memoryview] | None = None
     length: int = 0
     close: Callable[[], None] | None = None
-
-
-@dataclass
-class Reply:
-    """What a transport sends back: a REPLY or an ERROR frame's chunks.
-
-    ``release`` (from :class:`Pinned`) must be called once the chunks have left.
-    """
-
-    kind: FrameKind
-    chunks: list[bytes | memoryview]
-    release: Callable[[], None] | None = None
-    status: int = 200  # for HTTP
-    envelope: dict[str, Any] | None = None  # an ERROR's envelope (HTTP sends it as JSON)
 
 
 class ServerCore:

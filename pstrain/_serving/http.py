@@ -23,10 +23,10 @@ from aiohttp import web
 
 from .._base.auth import bearer_ok
 from .._base.errors import AuthenticationError, ProtocolError, PstrainError, status_for, to_envelope
-from .._formats.codec.protocol import CONTENT_TYPE, FrameKind
 from .._formats.messages.operations import Health
 from .._formats.observability import CONTENT_TYPE as METRICS_TYPE, make_registry, render
-from .core import Reply
+from .._transport.frames import CONTENT_TYPE, FrameKind
+from .._transport.listener import Reply
 
 if TYPE_CHECKING:
     from .core import ServerCore

@@ -49,7 +49,7 @@ from .._variables.sharding import ShardedVariable, compact_ids
 from .._variables.variables import Variable
 
 if TYPE_CHECKING:
-    from .._transport.rpc import Channel
+    from .._transport.channels import Channel
 
 logger = logging.getLogger("pstrain.optimizers")
 

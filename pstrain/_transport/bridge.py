@@ -34,8 +34,8 @@ from typing import Any, TypeVar
 
 from .._base.errors import DeadlineExceededError, PstrainError
 from .._base.exports import expose
+from .channels import close_loop_channels
 from .interrupt import Interruption
-from .rpc import close_loop_channels
 
 __all__ = ["block_on", "run"]
 

@@ -6,7 +6,7 @@ dispatches its coordinator fenced (sent again to a ps before a restore, which a 
 lost), the ps incarnations a checkpoint was restored onto (a restart already handled), where
 each variable and table slice lives now (the placement map), and the lock that lets saves
 share the placement and moves and restores hold it alone. A
-:class:`~pstrain._transport.rpc.ChannelPool` carries one session, and each channel it opens
+:class:`~pstrain._transport.channels.ChannelPool` carries one session, and each channel it opens
 reads it; a channel made alone has its own, empty one.
 """
 

@@ -17,7 +17,7 @@ from .routing import routed
 from .variables import Variable
 
 if TYPE_CHECKING:
-    from .._transport.rpc import Channel
+    from .._transport.channels import Channel
 
 __all__ = ["ensure_created", "read_variables", "update_variables"]
 

@@ -47,7 +47,7 @@ from .._formats.numerics.idhash import shard_of
 from .._formats.numerics.initializers import Constant, Initializer, RandomUniform, Zeros
 from .._kernels import FLOAT_DTYPES
 from .._kernels.batches import distinct, merge_duplicates
-from .._transport.rpc import Channel, ChannelPool
+from .._transport.channels import Channel, ChannelPool
 from .arrays import current_creator
 from .placement import Placement
 from .routing import routed

@@ -52,7 +52,7 @@ from .._formats.messages.checkpoint_operations import CommitRestore, RestoreChec
 from .._formats.messages.operations import CREATE_CHUNK_BYTES, CreateVariables, Fence, VariableSpec
 from .._formats.numerics.casting import NUMERIC_KINDS
 from .._formats.numerics.initializers import Initializer
-from .._transport.rpc import Channel, ChannelPool
+from .._transport.channels import Channel, ChannelPool
 from .arrays import VariableBase, creator_scope, initial_value_array
 from .sharding import ShardedVariable, plan_parts
 from .variables import Variable

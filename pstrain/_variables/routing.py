@@ -24,7 +24,7 @@ from .._base.tags import one_operation
 from .._formats.messages.placement_map import PlacementMap, ReadPlacement
 
 if TYPE_CHECKING:
-    from .._transport.rpc import Channel, ChannelPool
+    from .._transport.channels import Channel, ChannelPool
 
 __all__ = ["MAX_ATTEMPTS", "adopt", "adopt_from", "ask_map", "backoff", "routed"]
 

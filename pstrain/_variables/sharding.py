@@ -30,7 +30,7 @@ from .routing import routed
 from .variables import Variable
 
 if TYPE_CHECKING:
-    from .._transport.rpc import Channel
+    from .._transport.channels import Channel
 
 __all__ = ["ShardedVariable", "compact_ids", "div_sizes", "embedding_lookup", "plan_parts"]
 

@@ -23,7 +23,7 @@ from .._formats.messages.checkpoint_operations import (
     RestoreSpec,
     RestoreTable,
 )
-from .._transport.rpc import Channel
+from .._transport.channels import Channel
 from .placement import fences_first
 
 __all__ = ["StagedTable", "new_stage", "restore_staged", "share_capacity"]

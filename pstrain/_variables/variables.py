@@ -48,7 +48,7 @@ from .arrays import (
 from .routing import routed
 
 if TYPE_CHECKING:
-    from .._transport.rpc import Channel, ChannelPool
+    from .._transport.channels import Channel, ChannelPool
 
 __all__ = ["Variable"]
 

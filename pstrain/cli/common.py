@@ -12,7 +12,7 @@ from .._base.errors import PstrainError
 from .._formats.messages.operations import Join, JoinPs, LeavePs, Membership
 from .._formats.messages.records import Operation, R
 from .._transport.bridge import run
-from .._transport.rpc import Channel
+from .._transport.channels import Channel
 from ..server.config import EvaluatorConfig
 
 __all__ = ["coordinator_call", "evaluate", "join", "leave", "membership", "retag_logging", "setup_logging"]

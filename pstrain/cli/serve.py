@@ -15,8 +15,8 @@ from .._base.cluster import ClusterSpec, parse_address
 from .._base.errors import PstrainError
 from .._base.resolvers import SlurmClusterResolver, read_config, read_token
 from .._base.tasks import TaskOwner
-from .._formats.codec.protocol import DEFAULT_MAX_BODY
 from .._transport.bridge import run
+from .._transport.frames import DEFAULT_MAX_BODY
 from .._transport.interrupt import GRACE_S
 from ..server import Server
 from ..server.config import EvaluatorConfig, PsLimits, ServeConfig, client_ssl

@@ -12,7 +12,7 @@ from .._base.errors import PstrainError
 from .._base.resolvers import read_config, read_token
 from .._formats.messages.operations import Statistics
 from .._transport.bridge import run
-from .._transport.rpc import Channel
+from .._transport.channels import Channel
 from .arguments import address, seconds
 from .common import membership
 

@@ -21,8 +21,8 @@ saves, deltas and serving feed, ``ps/moves/`` moves between ps) and ``worker/`` 
 worker: ``worker/executor.py`` its routes and resources, ``worker/runner.py`` where closures
 run and how their results come back, ``worker/closures.py`` the runner's parts). What
 every server shares (the handler table and its one reply path, the lifecycle, the
-two transports) is ``_serving/`` (``core.py``, ``base.py``, ``http.py``,
-``stream.py``), below both.
+HTTP transport) is ``_serving/`` (``core.py``, ``base.py``, ``http.py``), below both; the
+stream's listening end is ``_transport/listener.py``, beside its client end.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from typing import Any
 
 from .._base.cluster import ClusterSpec, parse_address
 from .._base.errors import InvalidArgumentError, PstrainError
-from .._formats.codec.protocol import DEFAULT_MAX_BODY
 from .._serving.base import ServerBase
 from .._serving.core import Status
+from .._transport.frames import DEFAULT_MAX_BODY
 from .config import ServeConfig, client_ssl
 from .ps.handlers import ParameterServer
 from .worker.executor import WorkerServer

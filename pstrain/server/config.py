@@ -15,7 +15,7 @@ from typing import Any
 
 from .._base.cluster import ClusterSpec
 from .._base.errors import PstrainError
-from .._formats.codec.protocol import DEFAULT_MAX_BODY
+from .._transport.frames import DEFAULT_MAX_BODY
 
 __all__ = ["EvaluatorConfig", "PsLimits", "ServeConfig", "client_ssl", "server_ssl"]
 

@@ -20,10 +20,10 @@ import pytest
 
 import pstrain
 from pstrain import rpc
-from pstrain._formats.codec import protocol, wire
-from pstrain._formats.codec.handshake import ClientHandshake
 from pstrain._formats.files.checkpoint_files import write_index
 from pstrain._formats.files.tensor_files import write_tensors
+from pstrain._transport import frames, wire
+from pstrain._transport.handshake import ClientHandshake
 from pstrain.checkpoint import CheckpointManager, load_variables
 from pstrain.errors import (
     AlreadyExistsError,
@@ -126,9 +126,9 @@ async def test_an_impostor_at_a_tasks_address_learns_nothing_and_is_refused():
     async def impostor(reader, writer):
         # Pretend to be a ps: answer the hello with a challenge it cannot prove.
         received.extend(await reader.readexactly(len(hello)))
-        writer.write(protocol.MAGIC + os.urandom(32))  # a challenge; then it must prove itself
+        writer.write(frames.MAGIC + os.urandom(32))  # a challenge; then it must prove itself
         received.extend(await reader.readexactly(32))  # the client's proof (it proves first)
-        writer.write(protocol.ACCEPTED + bytes([len(who)]) + who + os.urandom(32))
+        writer.write(frames.ACCEPTED + bytes([len(who)]) + who + os.urandom(32))
         try:
             while data := await reader.read(4096):
                 received.extend(data)

@@ -12,7 +12,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import pstrain
-from pstrain._transport.rpc import Channel
+from pstrain._transport.channels import Channel
 from pstrain.errors import AuthenticationError
 from tests.helpers import TOKEN, abort_all, wait_for
 

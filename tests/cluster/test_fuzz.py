@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pstrain import rpc
-from pstrain._formats.codec import wire
 from pstrain._formats.messages.operations import OPERATIONS
+from pstrain._transport import wire
 from pstrain._transport.bridge import new_event_loop
 from pstrain.errors import InvalidArgumentError, ProtocolError, PstrainError
 from pstrain.server.ps import ParameterServer

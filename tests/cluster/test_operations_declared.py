@@ -11,7 +11,7 @@ import pytest
 from pstrain._formats.messages.operations import OPERATIONS, ReadVariables, Request
 from pstrain._formats.messages.records import Mutation, Operation, Record, Reply
 from pstrain._serving.base import ServerBase
-from pstrain._transport.rpc import Channel
+from pstrain._transport.channels import Channel
 from pstrain.errors import InvalidArgumentError, ProtocolError
 from pstrain.testing import untyped_call
 from tests.helpers import TOKEN

@@ -11,8 +11,8 @@ import pytest
 
 import pstrain
 from pstrain import rpc
-from pstrain._formats.codec import wire
 from pstrain._formats.messages.operations import ListVariables
+from pstrain._transport import wire
 from pstrain._variables.variables import Variable
 from pstrain.errors import (
     AlreadyExistsError,

@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import pstrain
 from pstrain import rpc
-from pstrain._formats.codec import protocol, wire
-from pstrain._formats.codec.handshake import (
+from pstrain._transport import frames, wire
+from pstrain._transport.handshake import (
     MAGIC,
     MAX_PREAUTH,
     REJECTED,
@@ -67,7 +67,7 @@ async def test_the_server_proves_nothing_before_the_client_does():
 
 
 async def test_rejected_handshakes_are_logged_once_per_interval_with_a_count(caplog):
-    caplog.set_level(logging.WARNING, logger="pstrain._serving.stream")
+    caplog.set_level(logging.WARNING, logger="pstrain._transport.listener")
     async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as cluster:
         address = cluster.ps[0].address
         for _ in range(30):
@@ -243,7 +243,7 @@ async def test_a_header_claiming_gigabytes_reserves_nothing():
         ps = cluster.ps[0]
         _, writer = await _raw_stream(ps.address)
         op = b"vars/create"
-        writer.write(protocol.FRAME.pack(1, protocol.FrameKind.REQUEST, 0, len(op), 2 << 30) + op)
+        writer.write(frames.FRAME.pack(1, frames.FrameKind.REQUEST, 0, len(op), 2 << 30) + op)
         await writer.drain()  # 2 GiB claimed, not a byte of it sent
         ch = rpc.Channel(ps.address, token=TOKEN, task="/job:ps/replica:0/task:0")
         big = np.ones(1 << 20, np.float32)  # a 4 MiB body: a large one, on the budget
@@ -367,14 +367,12 @@ async def test_headers_claiming_gigabytes_reserve_address_space_only_as_bytes_ar
         op = b"vars/create"
         for _ in range(20):  # 20 x 2 GiB claimed, a byte of each sent
             _, writer = await _raw_stream(ps.address)
-            writer.write(
-                protocol.FRAME.pack(1, protocol.FrameKind.REQUEST, 0, len(op), 2 << 30) + op + b"\x00"
-            )
+            writer.write(frames.FRAME.pack(1, frames.FrameKind.REQUEST, 0, len(op), 2 << 30) + op + b"\x00")
             writers.append(writer)
         await wait_for(lambda: ps.budget.used >= 20, 10, "every claim's first byte read")
         grown = _vm_size() - before
         assert grown < 1 << 30, f"{grown >> 20} MiB of address space for 20 bytes received"
-        assert ps.budget.used <= 20 * protocol.FIRST_BODY_BUFFER
+        assert ps.budget.used <= 20 * frames.FIRST_BODY_BUFFER
         ch = rpc.Channel(ps.address, token=TOKEN, task="/job:ps/replica:0/task:0")
         big = np.ones(16 << 20, np.float32)  # a legitimate 64 MiB body beside them
         spec = {"name": "w", "dtype": "<f4", "shape": [16 << 20], "value": big}

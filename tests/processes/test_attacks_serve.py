@@ -14,8 +14,8 @@ import pytest
 
 import pstrain
 from pstrain import rpc
-from pstrain._formats.codec import protocol, wire
-from pstrain._formats.codec.handshake import ClientHandshake
+from pstrain._transport import frames, wire
+from pstrain._transport.handshake import ClientHandshake
 from pstrain.errors import (
     InvalidArgumentError,
     ProtocolError,
@@ -122,9 +122,7 @@ async def test_stream_frame_claims_cost_nothing_and_a_stalled_body_is_dropped(ps
         reader, writer = await handshake(ps_proc.address)
         op = b"vars/read"
         writer.write(
-            protocol.FRAME.pack(1, protocol.FrameKind.REQUEST, 0, len(op), 512 * MiB)
-            + op
-            + b"0123456789abcdef"
+            frames.FRAME.pack(1, frames.FrameKind.REQUEST, 0, len(op), 512 * MiB) + op + b"0123456789abcdef"
         )
         await writer.drain()
         conns.append((reader, writer))
@@ -142,7 +140,7 @@ async def test_a_client_that_never_reads_its_replies_is_not_read_either(ps_proc)
     reader, writer = await handshake(ps_proc.address)
     request = body({"name": "table", "indices": np.arange(4096)})  # a 4 MiB reply each
     op = b"vars/sparse_read"
-    frame = protocol.FRAME.pack(1, protocol.FrameKind.REQUEST, 0, len(op), len(request)) + op + request
+    frame = frames.FRAME.pack(1, frames.FrameKind.REQUEST, 0, len(op), len(request)) + op + request
     for _ in range(1000):  # 4 GiB of replies, if they were all produced
         writer.write(frame)
     with pytest.raises(TimeoutError):  # the server stopped reading: our requests cannot drain
@@ -158,7 +156,7 @@ async def test_hostile_idle_connections_do_not_lock_out_a_client_and_are_closed(
     try:
         host, port = server.address.rsplit(":", 1)
         idle = []
-        openings = [b"", protocol.MAGIC[:5], protocol.MAGIC + bytes(10), b"POST /v1/vars/list HTTP/1.1\r\nHo"]
+        openings = [b"", frames.MAGIC[:5], frames.MAGIC + bytes(10), b"POST /v1/vars/list HTTP/1.1\r\nHo"]
         for i in range(500):
             reader, writer = await asyncio.open_connection(host, int(port))
             writer.write(openings[i % len(openings)])

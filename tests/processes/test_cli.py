@@ -16,7 +16,7 @@ import pytest
 
 import pstrain
 from pstrain._base.resolvers import parse_config
-from pstrain._transport.rpc import ps_advice
+from pstrain._transport.channels import ps_advice
 from pstrain.cli import main
 from pstrain.cli.serve import client_ssl
 from pstrain.cluster import listening_socket

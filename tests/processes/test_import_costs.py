@@ -22,7 +22,7 @@ def test_a_class_pickles_by_reference_before_its_facade_is_imported():
     code = (
         "import sys, pickle\n"
         "from pstrain._training.optimizers import Adagrad\n"
-        "from pstrain._formats.codec.pickling import dumps_object\n"
+        "from pstrain._formats.messages.pickling import dumps_object\n"
         "assert 'pstrain.optimizers' not in sys.modules\n"
         "data = dumps_object(Adagrad(0.1))\n"
         "assert pickle.loads(data).__class__ is Adagrad, 'not the same class'\n"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import pstrain
-from pstrain._formats.codec import protocol, wire
+from pstrain._transport import frames, wire
 from pstrain.errors import (
     ProtocolError,
 )
@@ -57,11 +57,11 @@ async def test_unauthenticated_requests_never_reach_the_unpickler(tmp_path):
         reader, writer = await asyncio.open_connection(*worker.address.rsplit(":", 1))
         op = b"worker/run"
         writer.write(
-            protocol.MAGIC
+            frames.MAGIC
             + bytes(32)
             + b"\x00"
             + b"not the proof of the token......"
-            + protocol.FRAME.pack(1, protocol.FrameKind.REQUEST, 0, len(op), len(payload))
+            + frames.FRAME.pack(1, frames.FrameKind.REQUEST, 0, len(op), len(payload))
             + op
             + payload
         )
@@ -69,7 +69,7 @@ async def test_unauthenticated_requests_never_reach_the_unpickler(tmp_path):
         answer = b""
         while chunk := await reader.read(4096):
             answer += chunk
-        assert len(answer) == len(protocol.MAGIC) + 32 + 1 and answer.endswith(protocol.REJECTED)
+        assert len(answer) == len(frames.MAGIC) + 32 + 1 and answer.endswith(frames.REJECTED)
         writer.close()
         await writer.wait_closed()
         assert not marker.exists()

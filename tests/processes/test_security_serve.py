@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from pstrain import rpc
-from pstrain._formats.codec import protocol, wire
-from pstrain._formats.codec.handshake import (
+from pstrain._formats.files.tensor_files import write_tensors
+from pstrain._transport import frames, wire
+from pstrain._transport.handshake import (
     ACCEPTED,
     MAGIC,
     REJECTED,
     ClientHandshake,
 )
-from pstrain._formats.files.tensor_files import write_tensors
 from pstrain.errors import AuthenticationError, InvalidArgumentError, WrongTaskError
 from pstrain.testing import untyped_call
 from tests.helpers import TOKEN, MiB, ServeProcess, Touch, abort_all, rss
@@ -72,7 +72,7 @@ async def test_a_relayed_handshake_runs_nothing_on_another_task(tmp_path, rewrit
             )
         )
         op = b"worker/run"
-        injected = protocol.FRAME.pack(7, protocol.FrameKind.REQUEST, 0, len(op), len(payload)) + op + payload
+        injected = frames.FRAME.pack(7, frames.FrameKind.REQUEST, 0, len(op), len(payload)) + op + payload
         seen: list[bytes] = []
         relay, address = await _relay(
             worker.address, "/job:worker/replica:0/task:0" if rewrite else None, injected, seen
@@ -135,7 +135,7 @@ async def test_no_byte_is_decoded_before_the_proof_even_after_a_valid_hello(tmp_
             )
         )
         op = b"worker/run"
-        frame = protocol.FRAME.pack(1, protocol.FrameKind.REQUEST, 0, len(op), len(payload)) + op
+        frame = frames.FRAME.pack(1, frames.FrameKind.REQUEST, 0, len(op), len(payload)) + op
         reader, writer = await asyncio.open_connection(host, int(port))
         hello = ClientHandshake(None, "/job:worker/replica:0/task:0").hello()
         writer.write(hello + os.urandom(32) + frame + payload)

@@ -231,10 +231,11 @@ def test_an_injected_layer_violation_is_caught(tmp_path):
 def test_the_graph_sees_function_level_imports():
     # The checks above would pass vacuously if the parser missed imports.
     graph, typed = TREE.graph, TREE.typed_graph
-    assert "_transport.rpc" in graph["_transport.bridge"] and "server.ps.handlers" in graph["testing"]
+    assert "_transport.channels" in graph["_transport.bridge"] and "server.ps.handlers" in graph["testing"]
     assert "_coordinator.scheduling" in graph["_coordinator.coordinator"]
     assert "__init__" not in graph["_coordinator.coordinator"]
-    assert "_transport.rpc" in typed["_base.context"] and "_transport.rpc" not in graph["_base.context"]
+    assert "_transport.channels" in typed["_base.context"]
+    assert "_transport.channels" not in graph["_base.context"]
 
 
 def _is_all(node: ast.stmt) -> bool:
@@ -278,11 +279,10 @@ LAYER_NOTES = {
     "server/ps/tables": "servers: the ps's dynamic embedding tables",
     "server/worker": "servers: the worker",
     "_serving": "serving: the server core every task and the coordinator use",
-    "_transport": "transport: channels, the job session, the blocking bridge",
+    "_transport": "transport: the connection, both ends: codec, frames, handshake, channels, listener",
     "_formats": "formats: what both ends of a connection agree on",
-    "_formats/codec": "formats: the wire encoding, frames, the handshake, pickled closures",
     "_formats/files": "formats: checkpoint, delta and tensor files, checksums, the feed's reading",
-    "_formats/messages": "formats: every operation declared once, and its records",
+    "_formats/messages": "formats: every operation declared once, its records, pickled closures",
     "_formats/numerics": "formats: optimizer rules, initializers, schedules, id hashes, dtype casts",
     "_base": "base: errors, cluster, auth, context",
     "_kernels": "kernels: the id index, sparse optimizer steps, distinct ids and per-id sums; C and numpy",

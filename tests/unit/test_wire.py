@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from pstrain._base.errors import ImportNeeded
-from pstrain._formats.codec import wire
 from pstrain._formats.messages.closures import ClosureStatus
 from pstrain._formats.messages.operations import RunClosures, Update, UpdateKind, UpdateVariables
 from pstrain._formats.messages.records import (
@@ -23,6 +22,7 @@ from pstrain._formats.messages.records import (
     convert_reply,
     validate,
 )
+from pstrain._transport import wire
 from pstrain.errors import InvalidArgumentError, NotFoundError, ProtocolError
 
 DTYPES = [

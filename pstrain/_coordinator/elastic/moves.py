@@ -46,7 +46,7 @@ from ..._formats.messages.placement_map import (
     TableSlices,
     VariableCopy,
 )
-from ..._transport.rpc import Channel, ChannelPool
+from ..._transport.channels import Channel, ChannelPool
 from ..._variables.routing import adopt
 from .plans import (
     plan_join,

@@ -65,7 +65,7 @@ def exception_payload(exc: BaseException) -> dict[str, Any]:
     >>> exception_payload(ValueError("bad"))["type"]
     'ValueError'
     """
-    from ..codec import pickling
+    from . import pickling
 
     if isinstance(exc, (StopIteration, StopAsyncIteration)):
         # A StopIteration cannot be re-raised through an await: report it as TF does.

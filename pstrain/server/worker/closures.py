@@ -13,10 +13,10 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from ..._base.errors import InvalidArgumentError
-from ..._formats.codec import wire
 from ..._formats.messages.closures import ERROR, exception_payload
 from ..._formats.messages.records import ClosureResult
 from ..._serving.core import Encoded
+from ..._transport import wire
 from ..._transport.bridge import new_event_loop
 
 __all__ = [

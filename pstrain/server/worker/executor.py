@@ -52,7 +52,7 @@ from ..._formats.messages.records import (
 )
 from ..._serving.base import ServerBase
 from ..._serving.core import Encoded
-from ..._transport.rpc import ChannelPool
+from ..._transport.channels import ChannelPool
 from .closures import Batch, encode_results
 from .departure import Departure
 from .dispatches import Dispatches

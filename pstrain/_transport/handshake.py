@@ -20,7 +20,7 @@ True
 
 from __future__ import annotations
 
-from ..._base.auth import (
+from .._base.auth import (
     CLIENT,
     NONCE_BYTES,
     PROOF_BYTES,

@@ -1,6 +1,6 @@
 """Channels: the client side of pstrain's stream protocol.
 
-A :class:`Channel` is one multiplexed connection (``protocol.py``) from this
+A :class:`Channel` is one multiplexed connection (``frames.py``) from this
 process to one task, for the event loop that opened it; calls on it are
 matched to replies by request id, so any number may be in flight. A
 :class:`ChannelPool` holds the channels of one cluster, one set per loop (a
@@ -35,11 +35,11 @@ from .._base.errors import (
 )
 from .._base.exports import expose
 from .._base.tasks import TaskOwner
-from .._formats.codec import wire
-from .._formats.codec.protocol import DEFAULT_MAX_BODY, FrameKind
 from .._formats.messages.operations import Health, Statistics
 from .._formats.messages.records import HealthReply, Operation, R, convert_reply, sender_fields
-from .client_protocol import ClientProtocol, cluster_entry, expire, ps_advice
+from . import wire
+from .client import ClientProtocol, cluster_entry, expire, ps_advice
+from .frames import DEFAULT_MAX_BODY, FrameKind
 from .session import JobSession
 from .traffic import counted, counting
 

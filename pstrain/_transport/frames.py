@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..._base.errors import UnavailableError
+from .._base.errors import UnavailableError
 from . import wire
 from .handshake import ACCEPTED, MAGIC, REJECTED
 

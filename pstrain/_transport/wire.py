@@ -31,7 +31,7 @@ import msgpack
 import msgspec
 import numpy as np
 
-from ..._base.errors import ImportNeeded, InvalidArgumentError, ProtocolError
+from .._base.errors import ImportNeeded, InvalidArgumentError, ProtocolError
 
 __all__ = ["body_size", "decode", "decode_body", "encode", "encode_body"]
 
@@ -90,7 +90,7 @@ _enc = _Encoder()
 
 
 def _pickle(obj: Any) -> msgpack.ExtType:
-    from . import pickling  # deferred: only peers that may execute code need cloudpickle
+    from .._formats.messages import pickling  # deferred: only peers that may execute code need cloudpickle
 
     return msgpack.ExtType(_EXT_PICKLE, pickling.dumps_object(obj))
 
@@ -301,7 +301,7 @@ class _Decoder:
                 raise ProtocolError("this endpoint does not accept pickled objects")
             import cloudpickle  # deferred: only peers that may execute code need it
 
-            from . import pickling
+            from .._formats.messages import pickling
 
             try:
                 return cloudpickle.loads(data) if self.imports else pickling.loads_imported(data)

@@ -1,5 +1,5 @@
 """The client end of one stream connection: the handshake, then frames matched to the
-calls of its :class:`~pstrain._transport.rpc.Channel` by request id."""
+calls of its :class:`~pstrain._transport.channels.Channel` by request id."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from .._base.errors import (
     UnavailableError,
     WrongTaskError,
 )
-from .._formats.codec.handshake import ClientHandshake, HandshakeFailed
-from .._formats.codec.protocol import FrameKind, FrameProtocol
+from .frames import FrameKind, FrameProtocol
+from .handshake import ClientHandshake, HandshakeFailed
 
 
 class Channel(Protocol):

@@ -5,7 +5,7 @@ with :class:`PreAuth` (a deadline, a cap). A connection that opens with
 ``protocol.MAGIC`` is pstrain's stream: the mutual handshake of ``auth.py``
 runs on fixed-size messages before any frame is read (an unauthenticated byte
 never reaches a decoder), then a :class:`StreamConnection` reads frames and
-answers each request through :meth:`ServerCore.handle`. Anything else is
+answers each request through :meth:`Listening.handle` (``_serving.ServerCore``). Anything else is
 handed to aiohttp with the bytes already read; it stays pre-auth until one of
 its requests passes the bearer-token check.
 """
@@ -14,29 +14,83 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._base.cluster import tune_connection
 from .._base.errors import ProtocolError, PstrainError
-from .._formats.codec.handshake import MAGIC, MAX_PREAUTH, REJECTED, ServerHandshake
-from .._formats.codec.protocol import FrameKind, FrameProtocol
-from .core import Reply
+from .frames import FrameKind, FrameProtocol
+from .handshake import MAGIC, MAX_PREAUTH, REJECTED, ServerHandshake
 
 if TYPE_CHECKING:
-    from .core import ServerCore
+    from .._base.tasks import TaskOwner
+    from .frames import BodyBudget
     from .preauth import PreAuth
 
 logger = logging.getLogger(__name__)
 
 
-__all__ = ["Sniffer", "StreamConnection"]
+__all__ = ["Listening", "Reply", "Sniffer", "StreamConnection"]
+
+
+@dataclass
+class Reply:
+    """What a transport sends back: a REPLY or an ERROR frame's chunks.
+
+    ``release`` (from :class:`Pinned`) must be called once the chunks have left.
+    """
+
+    kind: FrameKind
+    chunks: list[bytes | memoryview]
+    release: Callable[[], None] | None = None
+    status: int = 200  # for HTTP
+    envelope: dict[str, Any] | None = None  # an ERROR's envelope (HTTP sends it as JSON)
+
+
+class Listening(Protocol):
+    """What the listening side needs of the server it serves (``_serving.ServerCore``)."""
+
+    @property
+    def task(self) -> str: ...
+
+    @property
+    def incarnation(self) -> str: ...
+
+    @property
+    def token_bytes(self) -> bytes | None: ...
+
+    @property
+    def answers_any_index(self) -> bool: ...
+
+    @property
+    def max_body(self) -> int: ...
+
+    @property
+    def max_backlog_bytes(self) -> int: ...
+
+    @property
+    def budget(self) -> BodyBudget: ...
+
+    @property
+    def tasks(self) -> TaskOwner: ...
+
+    @property
+    def connections(self) -> set[asyncio.BaseTransport]: ...
+
+    def handle(
+        self, op: str, body: memoryview, emit: Callable[[Any], None]
+    ) -> Reply | Coroutine[Any, Any, Reply]: ...
+
+    def error_reply(self, op: str, exc: BaseException) -> Reply: ...
+
+    def stream_closed(self, connection: Any) -> None: ...
 
 
 class StreamConnection(FrameProtocol):
     """The server end of a stream connection (after the handshake)."""
 
-    def __init__(self, server: ServerCore) -> None:
+    def __init__(self, server: Listening) -> None:
         super().__init__(server.max_body, server.budget, server.max_backlog_bytes)
         self.server = server
 
@@ -89,7 +143,7 @@ class Sniffer(asyncio.Protocol):
     """Decides per connection: the pstrain stream (and runs its handshake) or HTTP."""
 
     def __init__(
-        self, server: ServerCore, preauth: PreAuth, http_factory: Callable[[], asyncio.Protocol]
+        self, server: Listening, preauth: PreAuth, http_factory: Callable[[], asyncio.Protocol]
     ) -> None:
         self.server = server
         self.preauth = preauth
