@@ -16,7 +16,7 @@ import asyncio
 import os
 import socket
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import pytest_asyncio
 import pstrain
 from pstrain.testing import InProcessCluster
 
-from .helpers import TOKEN, ServeProcess
+from .helpers import TOKEN, Drill, ServeProcess
 
 # aiohttp builds two TLS client contexts as it is imported, each reading the system's CA
 # bundle: 0.08 s of CPU in each of the ~300 processes a test run starts (servers, the CLI).
@@ -123,11 +123,9 @@ def pytest_asyncio_loop_factories(config, item):
 
 
 @pytest.fixture
-def ps_process() -> Iterator[ServeProcess]:
+def ps_process(drill: Drill) -> ServeProcess:
     """One `pstrain serve --role ps` process with the test token."""
-    server = ServeProcess("--role", "ps", "--index", "0", "--port", "0", "--checkpoint-root", "/tmp")
-    yield server
-    server.stop()
+    return drill.serve("--role", "ps", "--index", "0", "--port", "0", "--checkpoint-root", "/tmp")
 
 
 @pytest_asyncio.fixture
@@ -156,7 +154,17 @@ async def cluster(tmp_path: Any) -> AsyncIterator[InProcessCluster]:
 
 
 @pytest_asyncio.fixture
-async def process_cluster() -> AsyncIterator[pstrain.LocalCluster]:
+async def drill() -> AsyncIterator[Drill]:
+    """The fault drills' one fixture: clusters, ``pstrain serve`` processes and jobs the
+    test starts through it are stopped when it ends (:class:`tests.helpers.Drill`)."""
+    started = Drill()
+    try:
+        yield started
+    finally:
+        await started.close()
+
+
+@pytest_asyncio.fixture
+async def process_cluster(drill: Drill) -> pstrain.LocalCluster:
     """2 ps + 2 workers as real processes (for kills, restarts and signals)."""
-    async with pstrain.LocalCluster(num_ps=2, num_workers=2) as c:
-        yield c
+    return await drill.cluster(num_ps=2, num_workers=2)

@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 
 import pstrain
-from pstrain._formats.codec import wire
+from pstrain._transport import wire
 from pstrain.partitioners import FixedShardsPartitioner
 
 #: The repository's root (tests sit in tiers below ``tests/``).
@@ -91,6 +91,52 @@ class ServeProcess:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self.log.close()
+
+
+class Drill:
+    """What a fault drill starts, stopped when the test ends however it ends: the fault
+    drills' one fixture (``drill`` in ``conftest.py``).
+
+    ``await drill.cluster(num_ps, num_workers, ...)`` starts a :class:`pstrain.LocalCluster`
+    (its processes' output goes to the test's captured stderr, so a failing drill shows
+    every task's log); ``drill.serve(...)`` starts a ``pstrain serve`` process (a task that
+    joins, a ps started by hand); ``drill.job(argv)`` runs a coordinator script whose
+    stdout the test reads. Each is stopped at teardown (SIGTERM, then SIGKILL), so a drill
+    needs no ``try``/``finally`` of its own.
+    """
+
+    def __init__(self) -> None:
+        self._clusters: list[pstrain.LocalCluster] = []
+        self._servers: list[ServeProcess] = []
+        self._jobs: list[subprocess.Popen[str]] = []
+
+    async def cluster(self, num_ps: int = 2, num_workers: int = 2, **options: Any) -> pstrain.LocalCluster:
+        cluster = pstrain.LocalCluster(num_ps=num_ps, num_workers=num_workers, **options)
+        self._clusters.append(cluster)
+        return await cluster.start()
+
+    def serve(self, *args: str, **options: Any) -> ServeProcess:
+        """A ``pstrain serve`` process, blocking until it listens (call it through
+        ``asyncio.to_thread`` to keep the test's loop serving meanwhile)."""
+        server = ServeProcess(*args, **options)
+        self._servers.append(server)
+        return server
+
+    def job(self, argv: list[str], *, stdout: Any = subprocess.PIPE, **options: Any) -> subprocess.Popen[str]:
+        """A process (a coordinator's script), its stdout a text pipe unless given."""
+        proc = subprocess.Popen(argv, stdout=stdout, text=True, **options)
+        self._jobs.append(proc)
+        return proc
+
+    async def close(self) -> None:
+        for proc in self._jobs:
+            if proc.poll() is None:
+                proc.kill()
+            await asyncio.to_thread(proc.communicate)
+        for server in self._servers:
+            await asyncio.to_thread(server.stop)
+        for cluster in reversed(self._clusters):
+            await asyncio.shield(cluster.stop())
 
 
 def strategy_for(

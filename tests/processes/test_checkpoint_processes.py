@@ -18,7 +18,7 @@ from tests.helpers import TOKEN, strategy_for
 pytestmark = pytest.mark.timeout(90)
 
 
-async def test_sigkill_during_save_leaves_the_previous_checkpoint_loadable(ps_process, tmp_path):
+async def test_sigkill_during_save_leaves_the_previous_checkpoint_loadable(ps_process, tmp_path, drill):
     ps_server = ps_process  # a process: this test blocks its loop reading the saver's output
     script = tmp_path / "saver.py"
     script.write_text(
@@ -39,18 +39,15 @@ async def test_sigkill_during_save_leaves_the_previous_checkpoint_loadable(ps_pr
         pstrain.run(main())
     """)
     )
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "saved"
-        run_dir = tmp_path / "run"
-        deadline = asyncio.get_running_loop().time() + 60
-        while not any(".tmp" in n for n in os.listdir(run_dir)):  # a later save is being written
-            assert asyncio.get_running_loop().time() < deadline
-            await asyncio.sleep(0.005)
-    finally:
-        proc.kill()
-        proc.wait()
-        proc.stdout.close()
+    proc = drill.job([sys.executable, str(script)])
+    assert proc.stdout.readline().strip() == "saved"
+    run_dir = tmp_path / "run"
+    deadline = asyncio.get_running_loop().time() + 60
+    while not any(".tmp" in n for n in os.listdir(run_dir)):  # a later save is being written
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.005)
+    proc.kill()  # mid-save
+    proc.wait()
     manager = CheckpointManager(None, str(run_dir), max_to_keep=None)
     assert manager.checkpoints  # every visible checkpoint is complete and loads
     for path in manager.checkpoints:

@@ -15,61 +15,51 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import pstrain
-from tests.helpers import ServeProcess
-
 pytestmark = pytest.mark.timeout(180)
 
 JOB = Path(__file__).resolve().parent / "rejoin_job.py"
 
 
-async def test_a_coordinator_killed_after_a_ps_joined_is_started_again_and_trains_exactly(tmp_path):
-    async with pstrain.LocalCluster(num_ps=2, num_workers=2, checkpoint_root=tmp_path) as cluster:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PSTRAIN_", "TF_CONFIG"))}
-        env.update(PSTRAIN_TOKEN=cluster.token, PYTHONUNBUFFERED="1")
-        joining = ServeProcess(
-            "--role",
-            "ps",
-            "--index",
-            "2",
-            "--port",
-            "0",
-            "--checkpoint-root",
-            str(tmp_path),
-            token=cluster.token,
-            env=env,
-        )
-        try:
-            spec = cluster.cluster_spec
-            (tmp_path / "cluster.json").write_text(
-                json.dumps({"ps": spec.job_tasks("ps"), "worker": spec.job_tasks("worker")})
-            )
-            with subprocess.Popen(
-                [sys.executable, str(JOB), "first", str(tmp_path / "cluster.json"), joining.address],
-                env=env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-            ) as first:
-                try:
-                    assert first.stdout is not None
-                    saved = first.stdout.readline().split(maxsplit=2)
-                    assert saved[0] == "saved", saved
-                    # v and slices of the table live on the ps that joined
-                    assert json.loads(saved[2]) == {"moved": {"v": 2}, "table_owners": [0, 1, 2]}
-                finally:
-                    first.send_signal(signal.SIGKILL)
-                    first.wait(timeout=30)
-            again = subprocess.run(
-                [sys.executable, str(JOB), "again", str(tmp_path / "cluster.json"), saved[1]],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            assert again.returncode == 0, again.stderr[-3000:]
-        finally:
-            joining.stop()
+async def test_a_coordinator_killed_after_a_ps_joined_is_started_again_and_trains_exactly(tmp_path, drill):
+    cluster = await drill.cluster(num_ps=2, num_workers=2, checkpoint_root=tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PSTRAIN_", "TF_CONFIG"))}
+    env.update(PSTRAIN_TOKEN=cluster.token, PYTHONUNBUFFERED="1")
+    joining = drill.serve(
+        "--role",
+        "ps",
+        "--index",
+        "2",
+        "--port",
+        "0",
+        "--checkpoint-root",
+        str(tmp_path),
+        token=cluster.token,
+        env=env,
+    )
+    spec = cluster.cluster_spec
+    (tmp_path / "cluster.json").write_text(
+        json.dumps({"ps": spec.job_tasks("ps"), "worker": spec.job_tasks("worker")})
+    )
+    first = drill.job(
+        [sys.executable, str(JOB), "first", str(tmp_path / "cluster.json"), joining.address],
+        env=env,
+        stdin=subprocess.PIPE,
+    )
+    assert first.stdout is not None
+    saved = first.stdout.readline().split(maxsplit=2)
+    assert saved[0] == "saved", saved
+    # v and slices of the table live on the ps that joined
+    assert json.loads(saved[2]) == {"moved": {"v": 2}, "table_owners": [0, 1, 2]}
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
+    again = subprocess.run(
+        [sys.executable, str(JOB), "again", str(tmp_path / "cluster.json"), saved[1]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
     state = json.loads(again.stdout.strip().splitlines()[-1])
     from .rejoin_job import IDS
 

@@ -19,7 +19,7 @@ from pstrain._formats.numerics.idhash import shard_of
 from pstrain.ctr import BATCH, CTRModel, make_step, synthetic
 from pstrain.rpc import Channel
 from pstrain.testing import InProcessCluster, untyped_call
-from tests.helpers import TOKEN, ServeProcess, wait_for
+from tests.helpers import TOKEN, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -90,12 +90,11 @@ async def _listed(address: str, index: int) -> set[str]:
         await channel.close()
 
 
-async def test_a_ps_joins_and_is_drained_by_sigterm_during_w4_and_the_state_is_exact():
+async def test_a_ps_joins_and_is_drained_by_sigterm_during_w4_and_the_state_is_exact(drill):
     batches = _batches()
     expected = await _reference(batches)
-    servers = [ServeProcess("--role", "ps", "--index", str(i), "--port", "0") for i in range(2)]
-    servers.append(ServeProcess("--role", "worker", "--index", "0", "--port", "0"))
-    joined: ServeProcess | None = None
+    servers = [drill.serve("--role", "ps", "--index", str(i), "--port", "0") for i in range(2)]
+    servers.append(drill.serve("--role", "worker", "--index", "0", "--port", "0"))
     coordinator = watcher = None
     try:
         spec = {"ps": [s.address for s in servers[:2]], "worker": [servers[2].address]}
@@ -116,7 +115,7 @@ async def test_a_ps_joins_and_is_drained_by_sigterm_during_w4_and_the_state_is_e
         )
         await wait_for(lambda: len(done_at) >= 4, timeout=60.0, what="training to start")
         joined = await asyncio.to_thread(
-            ServeProcess, "--role", "ps", "--port", "0", "--join", endpoint, "--drain-timeout", "60"
+            drill.serve, "--role", "ps", "--port", "0", "--join", endpoint, "--drain-timeout", "60"
         )
         await wait_for(
             lambda: coordinator.ps.moves_done >= 1 and coordinator.ps.moving is None,
@@ -166,8 +165,6 @@ async def test_a_ps_joins_and_is_drained_by_sigterm_during_w4_and_the_state_is_e
             watcher.cancel()
         if coordinator is not None:
             await coordinator.close()
-        for s in [*servers, *([joined] if joined else [])]:
-            s.stop()
 
 
 # -- a dynamic table (W6's model) ---------------------------------------------------------------
@@ -199,7 +196,7 @@ async def _table_state(model: CTRModel, opt) -> list[np.ndarray]:
     return values + [await v.read_value() for v in model.dense] + [await opt.iterations.read_value()]
 
 
-async def test_a_dynamic_table_moves_to_a_joining_ps_and_off_it_on_sigterm_and_the_state_is_exact():
+async def test_a_dynamic_table_moves_to_a_joining_ps_and_off_it_on_sigterm_and_the_state_is_exact(drill):
     batches = _batches()
     async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
         strategy = _strategy(cluster.cluster_spec.as_dict(), cluster.token)
@@ -213,9 +210,8 @@ async def test_a_dynamic_table_moves_to_a_joining_ps_and_off_it_on_sigterm_and_t
         # shares move with the slices all the same
         assert (await model.table.statistics())["evicted"] == 0
         await coordinator.close()
-    servers = [ServeProcess("--role", "ps", "--index", str(i), "--port", "0") for i in range(2)]
-    servers.append(ServeProcess("--role", "worker", "--index", "0", "--port", "0"))
-    joined: ServeProcess | None = None
+    servers = [drill.serve("--role", "ps", "--index", str(i), "--port", "0") for i in range(2)]
+    servers.append(drill.serve("--role", "worker", "--index", "0", "--port", "0"))
     coordinator = None
     try:
         spec = {"ps": [s.address for s in servers[:2]], "worker": [servers[2].address]}
@@ -226,7 +222,7 @@ async def test_a_dynamic_table_moves_to_a_joining_ps_and_off_it_on_sigterm_and_t
         rvs = [coordinator.schedule(step, args=(k,), exactly_once=True) for k in range(TABLE_STEPS)]
         await wait_for(lambda: coordinator.closures_done >= 10, timeout=60.0, what="training to start")
         joined = await asyncio.to_thread(
-            ServeProcess, "--role", "ps", "--port", "0", "--join", endpoint, "--drain-timeout", "60"
+            drill.serve, "--role", "ps", "--port", "0", "--join", endpoint, "--drain-timeout", "60"
         )
         await wait_for(
             lambda: (
@@ -258,8 +254,6 @@ async def test_a_dynamic_table_moves_to_a_joining_ps_and_off_it_on_sigterm_and_t
     finally:
         if coordinator is not None:
             await coordinator.close()
-        for s in [*servers, *([joined] if joined else [])]:
-            s.stop()
 
 
 async def _a_table_made_after_the_drain_trains_on_the_ps_left(strategy, coordinator) -> None:

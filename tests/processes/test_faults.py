@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import select
 import signal
@@ -21,7 +22,7 @@ from pstrain import rpc
 from pstrain.checkpoint import Checkpoint, CheckpointManager, load_variables
 from pstrain.errors import UnavailableError
 from pstrain.testing import InProcessCluster
-from tests.helpers import TOKEN, ServeProcess, wait_for
+from tests.helpers import TOKEN, wait_for
 
 
 @pytest.fixture
@@ -143,83 +144,83 @@ async def test_a_worker_that_stays_down(cluster):
     await coordinator.close()
 
 
-async def test_restarted_workers_iterator_is_rebuilt():
-    async with pstrain.LocalCluster(num_ps=1, num_workers=1) as cluster:
-        coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(cluster.resolver))
-        it = iter(coordinator.create_per_worker_dataset(lambda: pstrain.data.Dataset.range(1000)))
-        first = [int(await coordinator.schedule(lambda it: next(it), args=(it,))) for _ in range(3)]
-        assert first == [0, 1, 2]
-        await cluster.kill("worker", 0)
-        await cluster.restart("worker", 0)
-        again = int(await coordinator.schedule(lambda it: next(it), args=(it,)))
-        assert again == 0  # rebuilt on the new process, from the beginning
-        await coordinator.close()
+async def test_restarted_workers_iterator_is_rebuilt(drill):
+    cluster = await drill.cluster(num_ps=1, num_workers=1)
+    coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(cluster.resolver))
+    it = iter(coordinator.create_per_worker_dataset(lambda: pstrain.data.Dataset.range(1000)))
+    first = [int(await coordinator.schedule(lambda it: next(it), args=(it,))) for _ in range(3)]
+    assert first == [0, 1, 2]
+    await cluster.kill("worker", 0)
+    await cluster.restart("worker", 0)
+    again = int(await coordinator.schedule(lambda it: next(it), args=(it,)))
+    assert again == 0  # rebuilt on the new process, from the beginning
+    await coordinator.close()
 
 
-async def test_results_stay_readable_after_their_worker_died():
-    async with pstrain.LocalCluster(num_ps=1, num_workers=1) as cluster:
-        coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(cluster.resolver))
-        rv = coordinator.schedule(lambda: {"value": np.arange(3)})
-        await coordinator.join()
-        await cluster.kill("worker", 0)
-        np.testing.assert_array_equal((await rv)["value"], [0, 1, 2])
-        got = []
-        thread = threading.Thread(target=lambda: got.append(rv.fetch()))
-        thread.start()
-        await asyncio.get_running_loop().run_in_executor(None, thread.join, 10)
-        np.testing.assert_array_equal(got[0]["value"], [0, 1, 2])
-        await coordinator.close()
+async def test_results_stay_readable_after_their_worker_died(drill):
+    cluster = await drill.cluster(num_ps=1, num_workers=1)
+    coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(cluster.resolver))
+    rv = coordinator.schedule(lambda: {"value": np.arange(3)})
+    await coordinator.join()
+    await cluster.kill("worker", 0)
+    np.testing.assert_array_equal((await rv)["value"], [0, 1, 2])
+    got = []
+    thread = threading.Thread(target=lambda: got.append(rv.fetch()))
+    thread.start()
+    await asyncio.get_running_loop().run_in_executor(None, thread.join, 10)
+    np.testing.assert_array_equal(got[0]["value"], [0, 1, 2])
+    await coordinator.close()
 
 
-async def test_ps_loss_is_reported_then_restored_from_a_checkpoint(tmp_path):
-    async with pstrain.LocalCluster(num_ps=2, num_workers=2, checkpoint_root=tmp_path) as cluster:
-        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-        coordinator = pstrain.ClusterCoordinator(strategy, ps_timeout_s=5.0)
-        async with strategy.scope():
-            w = pstrain.Variable(np.zeros(4, np.float32), name="w")  # ps 0
-            table = pstrain.Variable(np.zeros((50, 4), np.float32), name="table")  # ps 1
-            opt = pstrain.optimizers.Adagrad(0.1)
-        manager = CheckpointManager(Checkpoint(w=w, table=table, optimizer=opt), str(tmp_path))
+async def test_ps_loss_is_reported_then_restored_from_a_checkpoint(tmp_path, drill):
+    cluster = await drill.cluster(num_ps=2, num_workers=2, checkpoint_root=tmp_path)
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    coordinator = pstrain.ClusterCoordinator(strategy, ps_timeout_s=5.0)
+    async with strategy.scope():
+        w = pstrain.Variable(np.zeros(4, np.float32), name="w")  # ps 0
+        table = pstrain.Variable(np.zeros((50, 4), np.float32), name="table")  # ps 1
+        opt = pstrain.optimizers.Adagrad(0.1)
+    manager = CheckpointManager(Checkpoint(w=w, table=table, optimizer=opt), str(tmp_path))
 
-        async def step():
-            await opt.apply_gradients(
-                [(np.ones(4, np.float32), w), (pstrain.IndexedSlices(np.ones((2, 4)), [1, 7]), table)]
-            )
-
-        for _ in range(10):
-            coordinator.schedule(step)
-        await coordinator.join()
-        path = await manager.save()
-        saved = load_variables(path)
-
-        await cluster.kill("ps", 1)
-        t = time.monotonic()
-        for _ in range(5):
-            coordinator.schedule(step)
-        with pytest.raises(UnavailableError) as info:
-            await coordinator.join()
-        assert time.monotonic() - t < 30
-        assert "/job:ps/replica:0/task:1" in str(info.value) + str(info.value.task)
-        assert str(info.value).count("schedule the failed work again") == 1, str(info.value)
-
-        before = coordinator.ps_incarnations[1]
-        await cluster.restart("ps", 1)
-        # The heartbeat sees the new incarnation first (its "restarted" error is pending);
-        # the restore onto that incarnation then makes it moot: work goes on.
-        await wait_for(
-            lambda: coordinator.ps_incarnations[1] not in (None, before),
-            timeout=30,
-            what="the restarted ps seen",
+    async def step():
+        await opt.apply_gradients(
+            [(np.ones(4, np.float32), w), (pstrain.IndexedSlices(np.ones((2, 4)), [1, 7]), table)]
         )
-        await Checkpoint(w=w, table=table, optimizer=opt).restore(manager.latest_checkpoint)
-        for name, var in (("w", w), ("table", table)):
-            assert (await var.numpy()).tobytes() == saved[name].tobytes()  # bit for bit
-        assert await opt.iterations.numpy() == 10
-        for _ in range(5):
-            coordinator.schedule(step)
+
+    for _ in range(10):
+        coordinator.schedule(step)
+    await coordinator.join()
+    path = await manager.save()
+    saved = load_variables(path)
+
+    await cluster.kill("ps", 1)
+    t = time.monotonic()
+    for _ in range(5):
+        coordinator.schedule(step)
+    with pytest.raises(UnavailableError) as info:
         await coordinator.join()
-        assert await opt.iterations.numpy() == 15
-        await coordinator.close()
+    assert time.monotonic() - t < 30
+    assert "/job:ps/replica:0/task:1" in str(info.value) + str(info.value.task)
+    assert str(info.value).count("schedule the failed work again") == 1, str(info.value)
+
+    before = coordinator.ps_incarnations[1]
+    await cluster.restart("ps", 1)
+    # The heartbeat sees the new incarnation first (its "restarted" error is pending);
+    # the restore onto that incarnation then makes it moot: work goes on.
+    await wait_for(
+        lambda: coordinator.ps_incarnations[1] not in (None, before),
+        timeout=30,
+        what="the restarted ps seen",
+    )
+    await Checkpoint(w=w, table=table, optimizer=opt).restore(manager.latest_checkpoint)
+    for name, var in (("w", w), ("table", table)):
+        assert (await var.numpy()).tobytes() == saved[name].tobytes()  # bit for bit
+    assert await opt.iterations.numpy() == 10
+    for _ in range(5):
+        coordinator.schedule(step)
+    await coordinator.join()
+    assert await opt.iterations.numpy() == 15
+    await coordinator.close()
 
 
 @pytest.mark.parametrize("framework", ["numpy", "jax"])
@@ -282,156 +283,146 @@ async def test_a_draining_worker_says_so_with_its_results_so_its_going_is_no_fai
             os.close(opened)
 
 
-async def test_a_worker_drained_by_sigterm_leaves_with_nothing_lost_and_no_failure():
+async def test_a_worker_drained_by_sigterm_leaves_with_nothing_lost_and_no_failure(drill):
 
-    async with pstrain.LocalCluster(num_ps=1, num_workers=2) as cluster:
-        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-        coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=4)
-        async with strategy.scope():
-            count = pstrain.Variable(0.0, name="count")
+    cluster = await drill.cluster(num_ps=1, num_workers=2)
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=4)
+    async with strategy.scope():
+        count = pstrain.Variable(0.0, name="count")
 
-        async def incr():
-            await asyncio.sleep(0.03)  # the closure's work: some are in flight at the SIGTERM
-            await count.assign_add(1.0)
-            return pstrain.get_current_worker_index()
+    async def incr():
+        await asyncio.sleep(0.03)  # the closure's work: some are in flight at the SIGTERM
+        await count.assign_add(1.0)
+        return pstrain.get_current_worker_index()
 
-        rvs = [coordinator.schedule(incr) for _ in range(150)]
-        await wait_for(lambda: sum(rv.done() for rv in rvs) >= 30, timeout=30, what="30 done")
-        pid = cluster.pid("worker", 1)
-        os.kill(pid, signal.SIGTERM)  # a spot machine's preemption notice
-        await coordinator.join()
-        ran_on = [await rv for rv in rvs]  # every closure resolved
-        assert await count.numpy() == 150.0  # each ran exactly once: drained, not killed
-        assert coordinator.worker_failures == 0 and coordinator.closures_retried == 0
-        assert ran_on.count(1) > 0 and ran_on[-1] == 0  # worker 1 took work, then handed it on
-        await wait_for(lambda: cluster.pid("worker", 1) is None, timeout=30, what="worker 1 gone")
-        await coordinator.close()
+    rvs = [coordinator.schedule(incr) for _ in range(150)]
+    await wait_for(lambda: sum(rv.done() for rv in rvs) >= 30, timeout=30, what="30 done")
+    pid = cluster.pid("worker", 1)
+    os.kill(pid, signal.SIGTERM)  # a spot machine's preemption notice
+    await coordinator.join()
+    ran_on = [await rv for rv in rvs]  # every closure resolved
+    assert await count.numpy() == 150.0  # each ran exactly once: drained, not killed
+    assert coordinator.worker_failures == 0 and coordinator.closures_retried == 0
+    assert ran_on.count(1) > 0 and ran_on[-1] == 0  # worker 1 took work, then handed it on
+    await wait_for(lambda: cluster.pid("worker", 1) is None, timeout=30, what="worker 1 gone")
+    await coordinator.close()
 
 
-async def test_a_worker_sigterm_while_idle_is_heard_at_the_next_batch_not_counted_a_failure():
+async def test_a_worker_sigterm_while_idle_is_heard_at_the_next_batch_not_counted_a_failure(drill):
     """SIGTERM with nothing running on the worker: no reply has told the coordinator it is
     leaving, so it waits (refusing work) until the next batch hears it."""
 
-    async with pstrain.LocalCluster(num_ps=1, num_workers=2) as cluster:
-        _, coordinator, count = await setup(cluster, max_inflight_per_worker=2)
+    cluster = await drill.cluster(num_ps=1, num_workers=2)
+    _, coordinator, count = await setup(cluster, max_inflight_per_worker=2)
 
-        async def incr():
-            await count.assign_add(1)
-            return pstrain.get_current_worker_index()
+    async def incr():
+        await count.assign_add(1)
+        return pstrain.get_current_worker_index()
 
-        # until both workers have run closures (on a loaded machine one may take a whole batch):
-        # then worker 1 is idle, its connection open
-        seen: set[int] = set()
-        warmed = 0
-        deadline = time.monotonic() + 60
-        while seen != {0, 1}:
-            assert time.monotonic() < deadline, f"only workers {seen} ran closures"
-            warm = [coordinator.schedule(incr) for _ in range(20)]
-            await coordinator.join()
-            seen |= {await rv for rv in warm}
-            warmed += 20
-        peers = rpc.ChannelPool(cluster.cluster_spec, cluster.token)
-
-        async def draining_or_gone():
-            try:
-                return (await peers.channel("worker", 1).statistics())["draining"]
-            except pstrain.errors.UnavailableError:
-                return True  # gone at once (what happened before): the batch below shows it
-
-        try:
-            os.kill(cluster.pid("worker", 1), signal.SIGTERM)
-            await wait_for(draining_or_gone, timeout=30, what="worker 1 draining")
-            rest = [coordinator.schedule(incr) for _ in range(20)]
-            await coordinator.join()
-            assert [await rv for rv in rest] == [0] * 20
-            assert await count.numpy() == warmed + 20
-            assert coordinator.worker_failures == 0 and coordinator.closures_retried == 0
-            await wait_for(lambda: cluster.pid("worker", 1) is None, timeout=30, what="worker 1 gone")
-            assert coordinator.membership()[1]["failures"] == 0
-        finally:
-            await peers.close()
-        await coordinator.close()
-
-
-async def test_a_worker_joins_a_running_job_at_a_new_address_and_takes_work_within_5_s():
-
-    async with pstrain.LocalCluster(num_ps=1, num_workers=2) as cluster:
-        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-        coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=2)
-        endpoint = await coordinator.serve_metrics()
-        async with strategy.scope():
-            count = pstrain.Variable(0.0, name="count")
-        it = iter(coordinator.create_per_worker_dataset(lambda: iter(range(10**6))))
-
-        async def incr(it):
-            await asyncio.sleep(0.01)  # the closure's work (its duration, not a wait)
-            await count.assign_add(1.0)
-            return pstrain.get_current_worker_index(), next(it)
-
-        await coordinator.schedule(incr, args=(it,))
-        await cluster.kill("worker", 1)  # preempted for good; its replacement comes elsewhere
-        rvs = [coordinator.schedule(incr, args=(it,)) for _ in range(20)]
+    # until both workers have run closures (on a loaded machine one may take a whole batch):
+    # then worker 1 is idle, its connection open
+    seen: set[int] = set()
+    warmed = 0
+    deadline = time.monotonic() + 60
+    while seen != {0, 1}:
+        assert time.monotonic() < deadline, f"only workers {seen} ran closures"
+        warm = [coordinator.schedule(incr) for _ in range(20)]
         await coordinator.join()
-        await wait_for(lambda: not coordinator.workers_up[1], timeout=30, what="worker 1 seen gone")
-        old = coordinator.membership()[1]["address"]
-        joiner = ServeProcess("--role", "worker", "--port", "0", "--join", endpoint, token=cluster.token)
-        grower = None
+        seen |= {await rv for rv in warm}
+        warmed += 20
+    peers = rpc.ChannelPool(cluster.cluster_spec, cluster.token)
+
+    async def draining_or_gone():
         try:
-            started = time.monotonic()
-            await wait_for(lambda: coordinator.workers_up[1], timeout=5, what="the joiner up")
-            more = [coordinator.schedule(incr, args=(it,)) for _ in range(40)]
-            await coordinator.join()
-            assert 1 in {(await rv)[0] for rv in more}  # it takes closures as worker 1
-            assert time.monotonic() - started < 5
-            member = coordinator.membership()[1]
-            assert member["up"] and member["address"] == joiner.address != old
-            assert await count.numpy() == 1 + len(rvs) + 40
+            return (await peers.channel("worker", 1).statistics())["draining"]
+        except pstrain.errors.UnavailableError:
+            return True  # gone at once (what happened before): the batch below shows it
 
-            # Every slot is up: a third worker grows the cluster, with its own dataset.
-            grower = ServeProcess("--role", "worker", "--port", "0", "--join", endpoint, token=cluster.token)
-            started = time.monotonic()
-            await wait_for(
-                lambda: len(coordinator.workers_up) == 3 and coordinator.workers_up[2],
-                timeout=5,
-                what="the cluster grown to 3 workers",
-            )
-            late = [coordinator.schedule(incr, args=(it,)) for _ in range(60)]
-            await coordinator.join()
-            on_2 = [(await rv)[1] for rv in late if (await rv)[0] == 2]
-            assert on_2 and on_2 == list(range(len(on_2)))  # its own iterator, from the start
-            assert time.monotonic() - started < 5
-            assert strategy.num_workers == 3 and len(it.values) == 3
-            assert [m["address"] for m in coordinator.membership()][2] == grower.address
-            assert await count.numpy() == 1 + len(rvs) + 40 + 60
-            assert coordinator.worker_failures == 1  # the preempted worker only
-            import json
-            import subprocess
-            import sys
+    try:
+        os.kill(cluster.pid("worker", 1), signal.SIGTERM)
+        await wait_for(draining_or_gone, timeout=30, what="worker 1 draining")
+        rest = [coordinator.schedule(incr) for _ in range(20)]
+        await coordinator.join()
+        assert [await rv for rv in rest] == [0] * 20
+        assert await count.numpy() == warmed + 20
+        assert coordinator.worker_failures == 0 and coordinator.closures_retried == 0
+        await wait_for(lambda: cluster.pid("worker", 1) is None, timeout=30, what="worker 1 gone")
+        assert coordinator.membership()[1]["failures"] == 0
+    finally:
+        await peers.close()
+    await coordinator.close()
 
-            config = json.dumps({"cluster": cluster.cluster_spec.as_dict()})
-            status = await asyncio.get_running_loop().run_in_executor(
-                None,
-                lambda: subprocess.run(
-                    [sys.executable, "-m", "pstrain", "status", "--coordinator", endpoint],
-                    capture_output=True,
-                    text=True,
-                    timeout=60,
-                    env={
-                        **__import__("os").environ,
-                        "PSTRAIN_CONFIG": config,
-                        "PSTRAIN_TOKEN": cluster.token,
-                    },
-                ),
-            )
-            assert f"worker 1  up       {joiner.address}" in status.stdout, status.stdout + status.stderr
-            assert f"worker 2  up       {grower.address}" in status.stdout, status.stdout + status.stderr
-            assert "placement map version 0" in status.stdout, status.stdout
-            assert f"ps 0  in   {cluster.cluster_spec.job_tasks('ps')[0]}" in status.stdout, status.stdout
-        finally:
-            joiner.stop()
-            if grower is not None:
-                grower.stop()
-        await coordinator.close()
+
+async def test_a_worker_joins_a_running_job_at_a_new_address_and_takes_work_within_5_s(drill):
+
+    cluster = await drill.cluster(num_ps=1, num_workers=2)
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=2)
+    endpoint = await coordinator.serve_metrics()
+    async with strategy.scope():
+        count = pstrain.Variable(0.0, name="count")
+    it = iter(coordinator.create_per_worker_dataset(lambda: iter(range(10**6))))
+
+    async def incr(it):
+        await asyncio.sleep(0.01)  # the closure's work (its duration, not a wait)
+        await count.assign_add(1.0)
+        return pstrain.get_current_worker_index(), next(it)
+
+    await coordinator.schedule(incr, args=(it,))
+    await cluster.kill("worker", 1)  # preempted for good; its replacement comes elsewhere
+    rvs = [coordinator.schedule(incr, args=(it,)) for _ in range(20)]
+    await coordinator.join()
+    await wait_for(lambda: not coordinator.workers_up[1], timeout=30, what="worker 1 seen gone")
+    old = coordinator.membership()[1]["address"]
+    joiner = drill.serve("--role", "worker", "--port", "0", "--join", endpoint, token=cluster.token)
+    started = time.monotonic()
+    await wait_for(lambda: coordinator.workers_up[1], timeout=5, what="the joiner up")
+    more = [coordinator.schedule(incr, args=(it,)) for _ in range(40)]
+    await coordinator.join()
+    assert 1 in {(await rv)[0] for rv in more}  # it takes closures as worker 1
+    assert time.monotonic() - started < 5
+    member = coordinator.membership()[1]
+    assert member["up"] and member["address"] == joiner.address != old
+    assert await count.numpy() == 1 + len(rvs) + 40
+
+    # Every slot is up: a third worker grows the cluster, with its own dataset.
+    grower = drill.serve("--role", "worker", "--port", "0", "--join", endpoint, token=cluster.token)
+    started = time.monotonic()
+    await wait_for(
+        lambda: len(coordinator.workers_up) == 3 and coordinator.workers_up[2],
+        timeout=5,
+        what="the cluster grown to 3 workers",
+    )
+    late = [coordinator.schedule(incr, args=(it,)) for _ in range(60)]
+    await coordinator.join()
+    on_2 = [(await rv)[1] for rv in late if (await rv)[0] == 2]
+    assert on_2 and on_2 == list(range(len(on_2)))  # its own iterator, from the start
+    assert time.monotonic() - started < 5
+    assert strategy.num_workers == 3 and len(it.values) == 3
+    assert [m["address"] for m in coordinator.membership()][2] == grower.address
+    assert await count.numpy() == 1 + len(rvs) + 40 + 60
+    assert coordinator.worker_failures == 1  # the preempted worker only
+    config = json.dumps({"cluster": cluster.cluster_spec.as_dict()})
+    status = await asyncio.get_running_loop().run_in_executor(
+        None,
+        lambda: subprocess.run(
+            [sys.executable, "-m", "pstrain", "status", "--coordinator", endpoint],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={
+                **os.environ,
+                "PSTRAIN_CONFIG": config,
+                "PSTRAIN_TOKEN": cluster.token,
+            },
+        ),
+    )
+    assert f"worker 1  up       {joiner.address}" in status.stdout, status.stdout + status.stderr
+    assert f"worker 2  up       {grower.address}" in status.stdout, status.stdout + status.stderr
+    assert "placement map version 0" in status.stdout, status.stdout
+    assert f"ps 0  in   {cluster.cluster_spec.job_tasks('ps')[0]}" in status.stdout, status.stdout
+    await coordinator.close()
 
 
 async def test_a_connection_attempt_whose_callers_were_cancelled_is_not_handed_to_the_next():

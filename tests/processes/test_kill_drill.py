@@ -46,16 +46,14 @@ def _progress(log: Path) -> tuple[list[int], list[tuple[int, float]]]:
     return pids, steps
 
 
-async def test_sigkill_of_every_process_loses_at_most_about_one_delta_interval(tmp_path):
+async def test_sigkill_of_every_process_loses_at_most_about_one_delta_interval(tmp_path, drill):
     seed = int(os.environ.get("PSTRAIN_KILL_SEED") or secrets.randbelow(1_000_000))
     print(f"PSTRAIN_KILL_SEED={seed}")
     directory = tmp_path / "ckpt"
     directory.mkdir()
     log = tmp_path / "job.log"
     with open(log, "w") as out:
-        job = subprocess.Popen(
-            [sys.executable, str(JOB), str(directory)], stdout=out, stderr=subprocess.STDOUT
-        )
+        job = drill.job([sys.executable, str(JOB), str(directory)], stdout=out, stderr=subprocess.STDOUT)
     pids: list[int] = []
     try:
         # Run past a compaction (a second base), then kill at a random moment.
@@ -80,8 +78,6 @@ async def test_sigkill_of_every_process_loses_at_most_about_one_delta_interval(t
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        job.kill()
-        job.wait(timeout=10)
     _, steps = _progress(log)
     assert steps, log.read_text()[-2000:]
     done = steps[-1][0]

@@ -19,7 +19,7 @@ from pstrain._formats.messages.operations import ExportTable
 from pstrain._formats.numerics.idhash import shard_of
 from pstrain.checkpoint import Checkpoint, CheckpointManager, load_variables
 from pstrain.ctr import CTRModel, make_step, synthetic
-from tests.helpers import TOKEN, ServeProcess, wait_for
+from tests.helpers import TOKEN, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -27,15 +27,17 @@ ROWS, STEPS, BATCHES, DELTA_S = 30_000, 240, 16, 0.5
 
 
 @pytest.mark.parametrize("table", ["fixed", "dynamic"])
-async def test_a_ps_sigkilled_during_w4_is_replaced_from_deltas_while_the_others_train(tmp_path, table):
+async def test_a_ps_sigkilled_during_w4_is_replaced_from_deltas_while_the_others_train(
+    tmp_path, table, drill
+):
     """W4 (``dynamic``: W6, its table a DynamicEmbedding whose slices on the lost ps come
     back on the others)."""
     root = str(tmp_path)
     servers = [
-        ServeProcess("--role", "ps", "--index", str(i), "--port", "0", "--checkpoint-root", root)
+        drill.serve("--role", "ps", "--index", str(i), "--port", "0", "--checkpoint-root", root)
         for i in range(3)
     ]
-    servers += [ServeProcess("--role", "worker", "--index", str(i), "--port", "0") for i in range(2)]
+    servers += [drill.serve("--role", "worker", "--index", str(i), "--port", "0") for i in range(2)]
     coordinator = manager = watcher = None
     try:
         spec = {"ps": [s.address for s in servers[:3]], "worker": [s.address for s in servers[3:]]}
@@ -147,5 +149,3 @@ async def test_a_ps_sigkilled_during_w4_is_replaced_from_deltas_while_the_others
             await manager.close()
         if coordinator is not None:
             await coordinator.close()
-        for s in servers:
-            s.stop()

@@ -66,42 +66,42 @@ async def test_pstrain_status_shows_a_running_chief_up_with_its_closures(cluster
     await coordinator.close()
 
 
-async def test_a_restarted_coordinator_is_not_fenced_out_after_an_earlier_worker_loss():
+async def test_a_restarted_coordinator_is_not_fenced_out_after_an_earlier_worker_loss(drill):
 
-    async with pstrain.LocalCluster(num_ps=2, num_workers=2) as cluster:
-        first = pstrain.ParameterServerStrategy(cluster.resolver)
-        coordinator = pstrain.ClusterCoordinator(first, max_inflight_per_worker=4)
-        async with first.scope():
-            count = pstrain.Variable(0.0, name="count")
+    cluster = await drill.cluster(num_ps=2, num_workers=2)
+    first = pstrain.ParameterServerStrategy(cluster.resolver)
+    coordinator = pstrain.ClusterCoordinator(first, max_inflight_per_worker=4)
+    async with first.scope():
+        count = pstrain.Variable(0.0, name="count")
 
-        async def incr():
-            await asyncio.sleep(0.05)  # the closure's work: some are in flight at the kill
-            await count.assign_add(1.0)
-            return pstrain.get_current_worker_index()
+    async def incr():
+        await asyncio.sleep(0.05)  # the closure's work: some are in flight at the kill
+        await count.assign_add(1.0)
+        return pstrain.get_current_worker_index()
 
-        rvs = [coordinator.schedule(incr) for _ in range(80)]
-        await wait_for(
-            lambda: coordinator.queue.in_flight_on(1) > 0, timeout=30, what="closures in flight on worker 1"
-        )
-        await cluster.kill("worker", 1)  # lost with work in flight: its epoch is fenced off
-        await cluster.restart("worker", 1)
-        await coordinator.join()
-        assert len(rvs) == 80 and coordinator.slots.slot(1).epoch >= 2
-        await coordinator.close()  # the coordinator dies; a new one takes the ps over
-        rvs.clear()
-        gc.collect()
+    rvs = [coordinator.schedule(incr) for _ in range(80)]
+    await wait_for(
+        lambda: coordinator.queue.in_flight_on(1) > 0, timeout=30, what="closures in flight on worker 1"
+    )
+    await cluster.kill("worker", 1)  # lost with work in flight: its epoch is fenced off
+    await cluster.restart("worker", 1)
+    await coordinator.join()
+    assert len(rvs) == 80 and coordinator.slots.slot(1).epoch >= 2
+    await coordinator.close()  # the coordinator dies; a new one takes the ps over
+    rvs.clear()
+    gc.collect()
 
-        second = pstrain.ParameterServerStrategy(cluster.resolver)
-        second.placement.namespace = ""  # a restarted coordinator: the same keys
-        again = pstrain.ClusterCoordinator(second, max_inflight_per_worker=4)
-        async with second.scope():
-            count = pstrain.Variable(0.0, name="count")
-        rvs = [again.schedule(incr) for _ in range(40)]
-        await again.join()  # refused from worker 1's dispatch 1 before the fix
-        ran_on = {await rv for rv in rvs}
-        assert ran_on == {0, 1}
-        assert await count.numpy() == 40.0
-        await again.close()
+    second = pstrain.ParameterServerStrategy(cluster.resolver)
+    second.placement.namespace = ""  # a restarted coordinator: the same keys
+    again = pstrain.ClusterCoordinator(second, max_inflight_per_worker=4)
+    async with second.scope():
+        count = pstrain.Variable(0.0, name="count")
+    rvs = [again.schedule(incr) for _ in range(40)]
+    await again.join()  # refused from worker 1's dispatch 1 before the fix
+    ran_on = {await rv for rv in rvs}
+    assert ran_on == {0, 1}
+    assert await count.numpy() == 40.0
+    await again.close()
 
 
 async def test_every_size_shown_of_a_ps_counts_its_table_rows(cluster, tmp_path):

@@ -74,56 +74,54 @@ async def test_a_new_coordinator_takes_over_a_dead_ones_variables_and_slots(ps_s
 
 
 @pytest.mark.parametrize("idle", [False, True], ids=["busy", "idle"])
-async def test_a_ps_that_restarts_at_once_is_reported_and_a_restore_continues(tmp_path, idle):
-    async with pstrain.LocalCluster(num_ps=2, num_workers=1, checkpoint_root=tmp_path) as cluster:
-        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-        coordinator = pstrain.ClusterCoordinator(strategy, heartbeat_s=0.2 if idle else 60.0)
-        async with strategy.scope():
-            a = pstrain.Variable(np.zeros(2, np.float32), name="a")  # ps 0
-            b = pstrain.Variable(np.zeros(2, np.float32), name="b")  # ps 1
+async def test_a_ps_that_restarts_at_once_is_reported_and_a_restore_continues(tmp_path, idle, drill):
+    cluster = await drill.cluster(num_ps=2, num_workers=1, checkpoint_root=tmp_path)
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    coordinator = pstrain.ClusterCoordinator(strategy, heartbeat_s=0.2 if idle else 60.0)
+    async with strategy.scope():
+        a = pstrain.Variable(np.zeros(2, np.float32), name="a")  # ps 0
+        b = pstrain.Variable(np.zeros(2, np.float32), name="b")  # ps 1
 
-        async def step():
-            await a.assign_add(np.ones(2, np.float32))
-            await b.assign_add(np.ones(2, np.float32))
+    async def step():
+        await a.assign_add(np.ones(2, np.float32))
+        await b.assign_add(np.ones(2, np.float32))
 
+    coordinator.schedule(step)
+    await coordinator.join()
+    await wait_for(lambda: all(coordinator.ps_incarnations), what="the first heartbeat")
+    path = await Checkpoint(a=a, b=b).save(str(tmp_path / "ckpt"))
+    await cluster.restart("ps", 1)  # back on the same port, its variables gone
+    if idle:  # the heartbeat notices with nothing running; the next join reports it
+        with pytest.raises(UnavailableError, match="restarted") as info:
+            await wait_for(lambda: coordinator.done() and False, timeout=20, what="the report")
+    else:  # the closure finds b missing; join says why
         coordinator.schedule(step)
-        await coordinator.join()
-        await wait_for(lambda: all(coordinator.ps_incarnations), what="the first heartbeat")
-        path = await Checkpoint(a=a, b=b).save(str(tmp_path / "ckpt"))
-        await cluster.restart("ps", 1)  # back on the same port, its variables gone
-        if idle:  # the heartbeat notices with nothing running; the next join reports it
-            with pytest.raises(UnavailableError, match="restarted") as info:
-                await wait_for(lambda: coordinator.done() and False, timeout=20, what="the report")
-        else:  # the closure finds b missing; join says why
-            coordinator.schedule(step)
-            with pytest.raises(UnavailableError, match="restarted") as info:
-                await coordinator.join()
-        assert info.value.task == "/job:ps/replica:0/task:1"
-        assert "restore the latest checkpoint" in str(info.value)
-        (await Checkpoint(a=a, b=b).restore(path)).assert_consumed()
-        coordinator.schedule(step)
-        await coordinator.join()
-        assert (await b.numpy()).tolist() == [2, 2]
-        await coordinator.close()
-
-
-async def test_a_ps_lost_before_creations_go_out_is_not_a_worker_failure(caplog):
-    async with pstrain.LocalCluster(num_ps=2, num_workers=1) as cluster:
-        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-        coordinator = pstrain.ClusterCoordinator(strategy, heartbeat_s=60.0)
-        # A ps never reached may still be starting: creations wait for it (60 s by default).
-        strategy.placement.startup_timeout_s = 2.0
-        with strategy.scope():  # queued, not sent yet
-            a = pstrain.Variable(np.zeros(2, np.float32), name="a")  # ps 0
-            b = pstrain.Variable(np.zeros(2, np.float32), name="b")  # ps 1
-        await cluster.kill("ps", 1)
-        coordinator.schedule(lambda: 1)  # the dispatcher sends the creations first
-        with pytest.raises(UnavailableError) as info:
+        with pytest.raises(UnavailableError, match="restarted") as info:
             await coordinator.join()
-        assert info.value.task == "/job:ps/replica:0/task:1"
-        assert coordinator.worker_failures == 0
-        assert not [
-            r for r in caplog.records if "worker" in r.getMessage() and "unreachable" in r.getMessage()
-        ]
-        assert a.name == "a" and b.name == "b"
-        await coordinator.close()
+    assert info.value.task == "/job:ps/replica:0/task:1"
+    assert "restore the latest checkpoint" in str(info.value)
+    (await Checkpoint(a=a, b=b).restore(path)).assert_consumed()
+    coordinator.schedule(step)
+    await coordinator.join()
+    assert (await b.numpy()).tolist() == [2, 2]
+    await coordinator.close()
+
+
+async def test_a_ps_lost_before_creations_go_out_is_not_a_worker_failure(caplog, drill):
+    cluster = await drill.cluster(num_ps=2, num_workers=1)
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    coordinator = pstrain.ClusterCoordinator(strategy, heartbeat_s=60.0)
+    # A ps never reached may still be starting: creations wait for it (60 s by default).
+    strategy.placement.startup_timeout_s = 2.0
+    with strategy.scope():  # queued, not sent yet
+        a = pstrain.Variable(np.zeros(2, np.float32), name="a")  # ps 0
+        b = pstrain.Variable(np.zeros(2, np.float32), name="b")  # ps 1
+    await cluster.kill("ps", 1)
+    coordinator.schedule(lambda: 1)  # the dispatcher sends the creations first
+    with pytest.raises(UnavailableError) as info:
+        await coordinator.join()
+    assert info.value.task == "/job:ps/replica:0/task:1"
+    assert coordinator.worker_failures == 0
+    assert not [r for r in caplog.records if "worker" in r.getMessage() and "unreachable" in r.getMessage()]
+    assert a.name == "a" and b.name == "b"
+    await coordinator.close()
