@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from ._base.checks import check_options
+from ._base.checks import byte_size, check_options
 from ._base.cluster import ClusterSpec, reserved_port
 from ._base.errors import InvalidArgumentError, PstrainError
 from ._base.resolvers import RunningCluster
@@ -57,6 +57,10 @@ class LocalCluster(RunningCluster):
 
         async with pstrain.LocalCluster(num_ps=2, num_workers=2) as cluster:
             strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+
+    ``memory_budget`` (bytes, or ``"512MiB"``) and ``table_dir`` tier every ps's dynamic
+    tables, as ``pstrain serve --memory-budget --table-dir`` does: each ps keeps their rows,
+    slots and indexes within the budget in RAM, and the rest on disk under ``table_dir``.
     """
 
     def __init__(
@@ -70,7 +74,14 @@ class LocalCluster(RunningCluster):
         extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         checkpoint_root: str | os.PathLike[str] | None = None,
+        memory_budget: int | str | None = None,
+        table_dir: str | os.PathLike[str] | None = None,
     ) -> None:
+        if (memory_budget is None) != (table_dir is None):
+            raise InvalidArgumentError(
+                "LocalCluster: memory_budget needs table_dir, and table_dir memory_budget (each ps "
+                "keeps its tables' rows within the budget in RAM, the rest under table_dir)"
+            )
         check_options(
             "LocalCluster",
             {"num_ps": num_ps, "num_workers": num_workers},
@@ -85,6 +96,9 @@ class LocalCluster(RunningCluster):
         self.env = env
         # Where the ps may read and write checkpoints (default: this process's directory).
         self.checkpoint_root = os.path.abspath(checkpoint_root or os.getcwd())
+        #: Each ps's budget for its tables in RAM, in bytes, and where the rest goes.
+        self.memory_budget = byte_size(memory_budget, "memory_budget") if memory_budget is not None else None
+        self.table_dir = os.path.abspath(table_dir) if table_dir is not None else None
         self._tasks = {("ps", i): _Task("ps", i) for i in range(num_ps)}
         self._tasks.update({("worker", i): _Task("worker", i) for i in range(num_workers)})
         self._started = False
@@ -126,6 +140,11 @@ class LocalCluster(RunningCluster):
             "--exit-with-parent",
             *(["--listen-fd", str(bound.fileno())] if bound is not None else []),
             *(["--checkpoint-root", self.checkpoint_root] if task.job == "ps" else []),
+            *(
+                ["--memory-budget", str(self.memory_budget), "--table-dir", self.table_dir]
+                if task.job == "ps" and self.memory_budget is not None and self.table_dir is not None
+                else []
+            ),
             *self.extra_args,
         ]
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from typing import Any
 
 from .errors import InvalidArgumentError
 
-__all__ = ["check_options", "number", "shape", "variable_name", "whole"]
+__all__ = ["byte_size", "check_options", "number", "shape", "variable_name", "whole"]
 
 
 def whole(value: Any, what: str, low: int | None = None, high: int | None = None) -> int:
@@ -46,6 +47,37 @@ def number(value: Any, what: str, low: float = 0.0, *, above: bool = False, unit
         bound = f"above {low:g}" if above else f"of {low:g} or more"
         raise InvalidArgumentError(f"{what} must be a finite number{unit} {bound}, got {value!r}")
     return float(value)
+
+
+_UNITS = {
+    "": 1,
+    "k": 10**3,
+    "m": 10**6,
+    "g": 10**9,
+    "t": 10**12,
+    "ki": 1 << 10,
+    "mi": 1 << 20,
+    "gi": 1 << 30,
+    "ti": 1 << 40,
+}
+
+
+def byte_size(value: Any, what: str) -> int:
+    """``value`` as a positive number of bytes: an integer, or a string with a unit
+    (``"512MiB"``, ``"2GiB"``, ``"1.5G"``, ``"4096"``; ``B`` optional, any case).
+
+    >>> byte_size("512MiB", "--memory-budget"), byte_size("1.5k", "x"), byte_size(4096, "x")
+    (536870912, 1500, 4096)
+    >>> byte_size("lots", "the budget")
+    Traceback (most recent call last):
+    pstrain.errors.InvalidArgumentError: the budget must be a size in bytes such as 512MiB, got 'lots'
+    """
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?)?b?\s*", value.lower())
+        if match is None:
+            raise InvalidArgumentError(f"{what} must be a size in bytes such as 512MiB, got {value!r}")
+        value = int(float(match.group(1)) * _UNITS[match.group(2) or ""])
+    return whole(value, what, 1)
 
 
 def shape(value: Any, what: str = "a variable's shape") -> tuple[int, ...]:

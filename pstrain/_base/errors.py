@@ -49,6 +49,7 @@ __all__ = [
     "ProtocolError",
     "PsRestartedError",
     "PstrainError",
+    "ResourceExhaustedError",
     "UnavailableError",
     "WrongTaskError",
 ]
@@ -220,6 +221,14 @@ class PlacementChangedError(PstrainError):
         self.placement = placement
 
 
+class ResourceExhaustedError(PstrainError):
+    """A ps refused what would take it past a resource it was given (TF's name): its
+    ``--memory-budget`` for a tiered table's rows, or the disk under ``--table-dir``.
+    Nothing of the request was applied; the refusal is counted in the ps's statistics."""
+
+    http_status = 507  # Insufficient Storage
+
+
 class DeadlineExceededError(PstrainError, TimeoutError):
     """No answer arrived within the deadline."""
 
@@ -244,6 +253,7 @@ _BY_NAME: dict[str, type[PstrainError]] = {
         FailedPreconditionError,
         DeadlineExceededError,
         PlacementChangedError,
+        ResourceExhaustedError,
     )
 }
 

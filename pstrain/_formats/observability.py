@@ -133,6 +133,22 @@ _TABLE = (
     ("evicted", "counter", "Rows evicted from a dynamic table on this ps"),
     ("bytes", "gauge", "Bytes a dynamic table takes on this ps (rows, slots, index)"),
     ("capacity", "gauge", "Rows a dynamic table may hold on this ps (0: no limit)"),
+    # tiered tables (a ps with --memory-budget and --table-dir); 0 for tables wholly in RAM
+    ("hot_rows", "gauge", "Rows of a tiered table in RAM on this ps"),
+    ("cold_rows", "gauge", "Rows of a tiered table on this ps's disk"),
+    ("disk_bytes", "gauge", "Bytes a tiered table's rows take on this ps's disk (dead records too)"),
+    ("looked_up", "counter", "Ids of training lookups of a tiered table on this ps"),
+    ("promoted", "counter", "Rows of a tiered table read back from disk into RAM on this ps"),
+    ("demoted", "counter", "Rows of a tiered table moved from RAM to disk on this ps"),
+    ("compacted", "counter", "Rows of a tiered table copied out of half-dead segments on this ps's disk"),
+    ("cold_reads", "counter", "Reads of a tiered table's rows from this ps's disk (one per request)"),
+    ("cold_read_p50_us", "gauge", "Median latency of the last 1024 reads from disk, in microseconds"),
+    (
+        "cold_read_p99_us",
+        "gauge",
+        "99th percentile latency of the last 1024 reads from disk, in microseconds",
+    ),
+    ("refused", "counter", "Requests a tiered table refused: past the budget, or the disk full"),
 )
 
 

@@ -58,6 +58,20 @@ __all__ = ["DynamicEmbedding", "TableLookups"]
 _names = itertools.count()
 
 
+#: What a tiered table's shard reports besides an untiered one's (summed over the ps).
+TIERED_STATISTICS = (
+    "hot_rows",
+    "cold_rows",
+    "disk_bytes",
+    "looked_up",
+    "promoted",
+    "demoted",
+    "compacted",
+    "cold_reads",
+    "refused",
+)
+
+
 class DynamicEmbedding:
     """A table of ``dim``-wide rows keyed by int64 ids over the whole 64-bit space.
 
@@ -328,11 +342,17 @@ class DynamicEmbedding:
         await asyncio.gather(*(self.shard_ready(ps) for ps in self.holders()))
 
     async def statistics(self) -> dict[str, int]:
-        """Rows held, admitted, evicted and bytes, summed over the ps."""
+        """Rows held, admitted, evicted and bytes (in RAM), summed over the ps; on ps that
+        tier their tables (``--memory-budget``, ``--table-dir``) also the rows in RAM
+        (``hot_rows``) and on disk (``cold_rows``), ``disk_bytes``, the ids of training
+        lookups (``looked_up``), rows read back from disk (``promoted``) and moved to it
+        (``demoted``), reads from disk (``cold_reads``) and refusals (``refused``)."""
         parts = await asyncio.gather(
             *(self._request(ps, TableStatistics(name=self.key)) for ps in self.holders())
         )
-        return {k: sum(int(p[k]) for p in parts) for k in ("rows", "admitted", "evicted", "bytes")}
+        keys = ["rows", "admitted", "evicted", "bytes"]
+        keys += [k for k in TIERED_STATISTICS if any(k in p for p in parts)]
+        return {k: sum(int(p.get(k, 0)) for p in parts) for k in keys}
 
     async def size(self) -> int:
         """Rows held now, in all."""

@@ -15,13 +15,14 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .._base.checks import number, whole
+from .._base.checks import byte_size, number, whole
 from .._base.cluster import parse_address
 from .._base.errors import InvalidArgumentError
 
 __all__ = [
     "LOG_LEVELS",
     "address",
+    "bytes_flag",
     "directory",
     "index_number",
     "level_name",
@@ -53,6 +54,8 @@ positive_int = _flag_value(int, lambda v: whole(v, "it", 1))
 index_number = _flag_value(int, lambda v: whole(v, "it", 0))
 port_number = _flag_value(int, lambda v: whole(v, "a port", 0, 65535))
 seconds = _flag_value(float, lambda v: number(v, "a duration", unit=" of seconds"))
+#: A size in bytes, with a unit or not (``512MiB``, ``2GiB``, ``1000000``).
+bytes_flag = _flag_value(str, lambda text: byte_size(text, "it"))
 
 
 def level_name(value: Any) -> str:

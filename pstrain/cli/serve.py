@@ -23,6 +23,7 @@ from ..server.config import EvaluatorConfig, PsLimits, ServeConfig, client_ssl
 from .arguments import (
     LOG_LEVELS,
     address,
+    bytes_flag,
     directory,
     index_number,
     log_level,
@@ -195,6 +196,23 @@ def serve_parser(sub: Any) -> None:
         "memory); creations past it are refused",
     )
     p.add_argument(
+        "--memory-budget",
+        type=bytes_flag,
+        default=None,
+        metavar="SIZE",
+        help="ps: bytes its dynamic tables' rows, optimizer slots and indexes may take in RAM "
+        "(512MiB, 2GiB ...); rows past it live under --table-dir, and a table that cannot fit is "
+        "refused (ResourceExhaustedError). Needs --table-dir",
+    )
+    p.add_argument(
+        "--table-dir",
+        type=directory,
+        default=None,
+        metavar="DIR",
+        help="ps: where rows past --memory-budget live (local disk; each ps process keeps its "
+        "own directory inside, removed when it stops). Needs --memory-budget",
+    )
+    p.add_argument(
         "--log-level",
         type=log_level,
         default="INFO",
@@ -283,6 +301,8 @@ def serve_config(args: argparse.Namespace, environ: Mapping[str, str]) -> ServeC
             max_variable_bytes=args.max_variable_bytes,
             max_reply_bytes=args.max_reply_bytes,
             max_store_bytes=args.max_store_bytes,
+            memory_budget=int(args.memory_budget) if args.memory_budget else None,
+            table_dir=args.table_dir,
         ),
         closure_threads=args.closure_threads,
         join=args.join,

@@ -64,6 +64,26 @@ def _held(stats: dict[str, Any]) -> int:
     return int(stats.get("bytes", 0)) + sum(int(t.get("bytes", 0)) for t in stats.get("tables", {}).values())
 
 
+def _tiers(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
+    """One line per tiered table of a ps: its rows in RAM and on disk, the bytes on disk,
+    the hit rate of its lookups, its reads from disk per second (over the one second
+    between ``first`` and ``second``) and their latency."""
+    lines = []
+    for name, t in sorted(second.get("tables", {}).items()):
+        if "cold_rows" not in t:
+            continue
+        before = first.get("tables", {}).get(name, {})
+        looked, promoted = int(t["looked_up"]), int(t["promoted"])
+        hit = f"{100 * (1 - promoted / looked):.1f} %" if looked else "-"
+        reads = max(0, int(t["cold_reads"]) - int(before.get("cold_reads", 0)))
+        lines.append(
+            f"{name}: {t['hot_rows']} rows in RAM, {t['cold_rows']} on disk ({_human(t['disk_bytes'])}), "
+            f"hit rate {hit}, {reads} reads from disk/s (p50 {t['cold_read_p50_us']} us, "
+            f"p99 {t['cold_read_p99_us']} us), {t['refused']} refused"
+        )
+    return lines
+
+
 def _human(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if abs(n) < 1000:
@@ -119,6 +139,7 @@ def status(args: argparse.Namespace) -> int:
         )
         if "variables" in second:  # a ps: what it holds, for the placement map's shares too
             row["held"] = _held(second)
+            row["tiers"] = _tiers(first, second)
         row.update(
             state="up",
             uptime=f"{second.get('uptime_s', 0):.0f} s",
@@ -150,6 +171,11 @@ def status(args: argparse.Namespace) -> int:
     for r in rows:
         print("  ".join(str(r.get(k, "-")).ljust(w) for (_, k), w in zip(cols, widths)))
     print("(pstrain status --help explains the columns)")
+    tiered = [(r["task"], line) for r in rows for line in r.get("tiers", ())]
+    if tiered:
+        print("\ntiered tables (rows in RAM within --memory-budget, the rest on disk):")
+        for task, line in tiered:
+            print(f"  {task}  {line}")
     for r in rows:
         if r.get("error") and (r["state"] != "down" or args.verbose):
             print(f"{r['task']}: {r['error']}")

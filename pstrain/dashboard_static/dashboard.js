@@ -119,16 +119,22 @@ function tableBytes(t) {
 }
 
 // Each dynamic table over every ps: rows (against the capacity), admitted and evicted per
-// second, bytes.
+// second, bytes; for tables tiered on their ps (--memory-budget), the rows on disk, the hit
+// rate of lookups, reads from disk per second and their worst p99 latency.
 function renderTables(state, dt) {
   const totals = {};
   for (const t of state.tasks) {
     if (t.job !== "ps" || !t.tables) continue;
     for (const name in t.tables) {
       const s = t.tables[name];
-      const a = totals[name] || (totals[name] = { rows: 0, capacity: 0, admitted: 0, evicted: 0, bytes: 0, unbounded: false });
+      const a = totals[name] || (totals[name] = { rows: 0, capacity: 0, admitted: 0, evicted: 0, bytes: 0, unbounded: false,
+                                                   tiered: false, cold: 0, disk: 0, looked: 0, promoted: 0, reads: 0, p99: 0 });
       a.rows += s.rows; a.admitted += s.admitted; a.evicted += s.evicted; a.bytes += s.bytes;
       if (s.capacity) a.capacity += s.capacity; else a.unbounded = true;
+      if (s.cold_rows !== undefined) {
+        a.tiered = true; a.cold += s.cold_rows; a.disk += s.disk_bytes; a.looked += s.looked_up;
+        a.promoted += s.promoted; a.reads += s.cold_reads; a.p99 = Math.max(a.p99, s.cold_read_p99_us);
+      }
     }
   }
   const rate = (name, key) => {
@@ -137,13 +143,19 @@ function renderTables(state, dt) {
   };
   const names = Object.keys(totals).sort();
   const table = document.getElementById("tables");
-  table.replaceChildren(row("th", ["table", "rows", "capacity", "admitted/s", "evicted/s", "MiB"]),
+  table.replaceChildren(row("th", ["table", "rows", "capacity", "admitted/s", "evicted/s", "MiB", "on disk", "hit %",
+                                   "disk reads/s", "p99 µs"]),
     ...names.map(name => {
       const a = totals[name];
+      const tiered = (text) => a.tiered ? text : "–";
       const tr = row("td", [name, a.rows.toLocaleString(), a.unbounded ? "no limit" : a.capacity.toLocaleString(),
-                            rate(name, "admitted"), rate(name, "evicted"), (a.bytes / 1048576).toFixed(1)]);
+                            rate(name, "admitted"), rate(name, "evicted"), (a.bytes / 1048576).toFixed(1),
+                            tiered(a.cold.toLocaleString() + " (" + (a.disk / 1048576).toFixed(1) + " MiB)"),
+                            tiered(a.looked ? (100 * (1 - a.promoted / a.looked)).toFixed(1) : "–"),
+                            tiered(rate(name, "reads")), tiered(String(a.p99))]);
       tr.dataset.table = name;
       tr.dataset.rows = String(a.rows);
+      if (a.tiered) tr.dataset.cold = String(a.cold);
       return tr;
     }));
   document.getElementById("no-tables").hidden = names.length > 0;

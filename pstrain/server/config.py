@@ -29,11 +29,32 @@ class PsLimits:
     max_variable_bytes: int | None = None
     max_reply_bytes: int | None = None
     max_store_bytes: int | None = None
+    #: bytes the tables' rows, slots and indexes may take in RAM; the rest under ``table_dir``
+    memory_budget: int | None = None
+    table_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.memory_budget is None) != (self.table_dir is None):
+            given, missing = (
+                ("--memory-budget", "--table-dir")
+                if self.table_dir is None
+                else ("--table-dir", "--memory-budget")
+            )
+            raise PstrainError(
+                f"{given} needs {missing}: a ps tiers its tables with both (a budget in RAM, "
+                "and a directory on local disk for the rows past it)"
+            )
 
     def options(self) -> dict[str, Any]:
         """The ``ParameterServer`` keyword arguments these set."""
         out: dict[str, Any] = {"allow_pickle": self.allow_pickle, "checkpoint_root": self.checkpoint_root}
-        for name in ("max_variable_bytes", "max_reply_bytes", "max_store_bytes"):
+        for name in (
+            "max_variable_bytes",
+            "max_reply_bytes",
+            "max_store_bytes",
+            "memory_budget",
+            "table_dir",
+        ):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         return out

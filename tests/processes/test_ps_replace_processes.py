@@ -26,15 +26,16 @@ pytestmark = pytest.mark.timeout(240)
 ROWS, STEPS, BATCHES, DELTA_S = 30_000, 240, 16, 0.5
 
 
-@pytest.mark.parametrize("table", ["fixed", "dynamic"])
+@pytest.mark.parametrize("table", ["fixed", "dynamic", "tiered"])
 async def test_a_ps_sigkilled_during_w4_is_replaced_from_deltas_while_the_others_train(
     tmp_path, table, drill
 ):
     """W4 (``dynamic``: W6, its table a DynamicEmbedding whose slices on the lost ps come
-    back on the others)."""
+    back on the others; ``tiered``: the same on ps that keep part of its rows on disk)."""
     root = str(tmp_path)
+    tier = ["--memory-budget", "3MiB", "--table-dir", f"{root}/tier"] if table == "tiered" else []
     servers = [
-        drill.serve("--role", "ps", "--index", str(i), "--port", "0", "--checkpoint-root", root)
+        drill.serve("--role", "ps", "--index", str(i), "--port", "0", "--checkpoint-root", root, *tier)
         for i in range(3)
     ]
     servers += [drill.serve("--role", "worker", "--index", str(i), "--port", "0") for i in range(2)]
@@ -48,7 +49,7 @@ async def test_a_ps_sigkilled_during_w4_is_replaced_from_deltas_while_the_others
         coordinator = pstrain.ClusterCoordinator(strategy)
         (ids, dense, y), _ = synthetic(BATCHES * 512, 0, rows=ROWS)
         with strategy.scope():
-            dynamic = pstrain.DynamicEmbedding(16, name="ctr/dynamic") if table == "dynamic" else None
+            dynamic = pstrain.DynamicEmbedding(16, name="ctr/dynamic") if table != "fixed" else None
             model = CTRModel(rows=ROWS, table=dynamic)
             opt = pstrain.optimizers.Adagrad(0.05)
             counts = []
@@ -131,6 +132,9 @@ async def test_a_ps_sigkilled_during_w4_is_replaced_from_deltas_while_the_others
             np.testing.assert_array_equal(saved["model/table"], await model.table.read_value())
         else:  # its rows are on ps 0 and 2, each holding the slices the map gives it
             assert replaced["table_rows"] > 0
+            if table == "tiered":  # rows on disk, the lost ps's among them
+                stats = await dynamic.statistics()
+                assert stats["cold_rows"] > stats["hot_rows"] and stats["refused"] == 0, stats
             sliced = coordinator.ps.table_slices(dynamic)
             assert set(sliced.owners) == {0, 2}
             for ps in (0, 2):

@@ -221,3 +221,26 @@ async def test_the_dashboard_draws_the_placement_map_as_a_ps_joins_and_leaves():
                 assert "0.0 MiB" in await row.text_content()
         finally:
             await extra.stop()
+
+
+async def test_the_dashboard_shows_a_tiered_tables_rows_on_disk(tmp_path):
+    options = {"memory_budget": 1 << 20, "table_dir": str(tmp_path / "tier")}
+    async with InProcessCluster(num_ps=2, num_workers=1, ps_options=options) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        with strategy.scope():
+            users = pstrain.DynamicEmbedding(16, name="users")
+        for k in range(6):
+            await users.lookup(np.arange(1000 * k, 1000 * k + 1000, dtype=np.int64))
+        await users.lookup(np.arange(0, 500, dtype=np.int64))  # some back from disk
+        stats = await users.statistics()
+        assert stats["cold_rows"] > 0
+        url = await pstrain.dashboard.serve_dashboard(coordinator)
+        async with logged_in(url) as page:
+            row = page.locator(f'#tables tr[data-table="users"][data-cold="{stats["cold_rows"]}"]')
+            await row.wait_for()
+            cells = [await c.text_content() for c in await row.locator("td").all()]
+            assert cells[6].startswith(f"{stats['cold_rows']:,} ("), cells
+            hit = 100 * (1 - stats["promoted"] / stats["looked_up"])
+            assert cells[7] == f"{hit:.1f}", cells
+        await coordinator.close()

@@ -24,6 +24,9 @@ import functools
 import logging
 import math
 import os
+import re
+import secrets
+import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -83,6 +86,7 @@ from .moves.handlers import Moves
 from .store import VariableRecord, VariableStore, checked_rows, checked_value
 from .tables.handlers import TableHandlers, table_scope
 from .tables.table_slices import SliceGuards
+from .tables.tiered_table import Tiering
 
 _EMPTY = np.zeros(0)  # the array of a record built only to check a name
 
@@ -96,6 +100,36 @@ DEFAULT_MAX_VARIABLE_BYTES = 512 << 20
 DEFAULT_MAX_GATHER_BYTES = 32 << 20
 #: Default largest reply of whole variables (``vars/read``), in bytes.
 DEFAULT_MAX_REPLY_BYTES = 1 << 30
+
+
+def tier_directory(budget: int | None, table_dir: str | None, segment_rows: int = 1 << 20) -> Tiering | None:
+    """This process's tiering under ``table_dir`` (None without a budget and a directory):
+    a directory of its own, ``pstrain-<pid>-<random>``, after removing those of processes
+    that are gone (a ps that was killed left its rows there; restores come from checkpoints)."""
+    if budget is None or table_dir is None:
+        if (budget is None) != (table_dir is None):
+            raise InvalidArgumentError(
+                "a ps tiers its tables with both memory_budget and table_dir, or neither"
+            )
+        return None
+    os.makedirs(table_dir, exist_ok=True)
+    for entry in os.listdir(table_dir):
+        match = re.fullmatch(r"pstrain-(\d+)-[0-9a-f]+", entry)
+        if match and not _alive(int(match.group(1))):
+            shutil.rmtree(os.path.join(table_dir, entry), ignore_errors=True)
+    own = os.path.join(table_dir, f"pstrain-{os.getpid()}-{secrets.token_hex(4)}")
+    os.makedirs(own)
+    return Tiering(budget=budget, directory=own, segment_rows=segment_rows)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def default_max_store_bytes() -> int:
@@ -127,6 +161,9 @@ class ParameterServer(ServerBase):
         max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
         max_store_bytes: int | None = None,
         checkpoint_root: str | None = None,
+        memory_budget: int | None = None,
+        table_dir: str | None = None,
+        table_segment_rows: int = 1 << 20,
         **kwargs: Any,
     ) -> None:
         super().__init__("ps", index, **kwargs)
@@ -165,6 +202,8 @@ class ParameterServer(ServerBase):
             max_table_bytes=max_variable_bytes,
             on_takeover=self.fencing.supersede,
             as_of=self.before_images.table_rows,
+            tiering=tier_directory(memory_budget, table_dir, table_segment_rows),
+            spawn=self.tasks.spawn,
         )
         self.route(CreateVariables, self.create)
         self.route(ReadVariables, self.read)
@@ -175,9 +214,19 @@ class ParameterServer(ServerBase):
         self.route(SparseRead, self.sparse_read)
         self.route(DeleteVariables, self.delete)
         self.route(ListVariables, self.list_variables)
-        self.route(ApplyGradients, self.fencing.guarded(self.apply_optimizer))
+        in_ram = self.table_handlers.rows_in_ram  # rows on disk read back first, off the loop
+        self.route(
+            ApplyGradients,
+            in_ram(
+                self.fencing.guarded(self.apply_optimizer),
+                lambda req: [(n, i) for n, i, _ in req.tables or ()],
+            ),
+        )
         self.table_handlers.install(self.route)
-        self.route(LookupTables, self.lookup_tables)  # tables and variables: both halves here
+        # tables and variables: both halves here
+        self.route(
+            LookupTables, in_ram(self.lookup_tables, lambda req: [(x.name, x.ids) for x in req.lookups])
+        )
         #: Variables and table slices moving in and out (an elastic ps joined or leaves).
         self.moves = Moves(self.store, self.fencing, self.max_store_bytes, self.table_handlers)
         self.moves.install_routes(self.route)
@@ -208,6 +257,8 @@ class ParameterServer(ServerBase):
 
     async def on_stop(self) -> None:
         self.checkpoints.hurry(stop=True)  # a delta spread over some seconds: the rest at once
+        if self.table_handlers.tiering is not None:  # the rows on disk live as long as the ps
+            shutil.rmtree(self.table_handlers.tiering.directory, ignore_errors=True)
 
     # -- create / delete / list ----------------------------------------------------------------
     async def create(self, req: CreateVariables) -> CreatedReply:

@@ -166,8 +166,11 @@ class DynamicTable(SlicedRows, Admission):
         return self.locate(ids)
 
     def _grow(self, need: int) -> None:
-        if need <= self.alloc:
-            return
+        if need > self.alloc:
+            self._resize(self._next_size(need))
+
+    def _next_size(self, need: int) -> int:
+        """Rows to allocate for ``need``: doubling, within the limit and the capacity."""
         cap = self.config.capacity
         first = max(1, min(BLOCK_ROWS, FIRST_BLOCK_BYTES // (self.config.dim * self.dtype.itemsize)))
         new = max(need, first, self.alloc * 2)
@@ -175,6 +178,10 @@ class DynamicTable(SlicedRows, Admission):
             new = max(need, min(new, self.max_bytes // self.row_bytes()))
         if cap is not None:
             new = min(new, max(cap, need))
+        return new
+
+    def _resize(self, new: int) -> None:
+        """Every per-row array to ``new`` rows (new rows: 0, slots at their initial value)."""
         old = self.alloc
         holders = [
             (self.__dict__, k) for k in ("rows", "ids", "live", "last_seen", "freq", "epochs", "marks")
@@ -329,13 +336,7 @@ class DynamicTable(SlicedRows, Admission):
             self.lookups += 1
             self._expire(pos)
             if missing.size:
-                new = self._admit(missing_ids, missing)
-                cap = self.config.capacity
-                if cap is not None:
-                    over = len(self.index) + new.size - cap
-                    if over > 0:  # a batch at a time: the scan for victims is not paid per lookup
-                        self._evict_for(max(over, cap // EVICT_BATCH), pos[pos >= 0])
-                    new = new[: max(0, cap - len(self.index))]  # never past the capacity
+                new = self._room(self._admit(missing_ids, missing), pos)
                 if new.size:
                     pos[new] = self._create(ids[new])
             self._looked_up.append((ids.copy(), pos, self.index.inserted, self.index.removed))
@@ -351,6 +352,17 @@ class DynamicTable(SlicedRows, Admission):
             self.lookups,
         )
         return out
+
+    def _room(self, new: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """Room for the admitted ``new`` (where in the lookup's ids), evicting past the
+        capacity, never rows of the lookup (``pos``); returns those that get a row."""
+        cap = self.config.capacity
+        if cap is not None:
+            over = len(self) + new.size - cap
+            if over > 0:  # a batch at a time: the scan for victims is not paid per lookup
+                self._evict_for(max(over, cap // EVICT_BATCH), pos[pos >= 0])
+            new = new[: max(0, cap - len(self))]  # never past the capacity
+        return new
 
     def _expire(self, serving: np.ndarray) -> None:
         """Evict the rows not looked up in training for ``max_age`` lookups, except those of
@@ -424,7 +436,7 @@ class DynamicTable(SlicedRows, Admission):
         fresh = DynamicTable(self.name, self.config, self.owner, self.max_bytes, self.kernels, self.clock)
         fresh.slot_init = dict(slot_init)
         n = ids.size
-        fresh._grow(max(n, 1))
+        fresh._resize(max(n, 1))  # just what is restored (admissions then double it)
         fresh.slots = {k: np.full(fresh.rows.shape, slot_init[k], self.dtype) for k in slots}
         fresh.rows[:n] = rows
         fresh.ids[:n] = ids

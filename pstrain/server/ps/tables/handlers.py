@@ -8,14 +8,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-from collections.abc import Callable, Iterable
-from typing import Any
+import inspect
+import logging
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, TypeVar
 
 import msgspec
 import numpy as np
 
 from ...._base.cluster import Named, named
-from ...._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from ...._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, ResourceExhaustedError
 from ...._formats.files.tensor_files import whole
 from ...._formats.messages.checkpoint_operations import RestoreTable, SaveCheckpoint
 from ...._formats.messages.operations import (
@@ -34,8 +36,13 @@ from ..checkpoints.saves import MAX_STAGED, STAGE_TTL_S, CheckpointFiles, Pendin
 from ..checkpoints.snapshots import Snapshot
 from .dynamic_table import DynamicTable, TableConfig
 from .table_slices import SliceGuards
+from .tiered_table import TieredTable, Tiering
 
 __all__ = ["TableHandlers"]
+
+logger = logging.getLogger(__name__)
+
+Q = TypeVar("Q")
 
 
 def shard_tensors(
@@ -97,6 +104,8 @@ class TableHandlers:
         max_table_bytes: int | None = None,
         on_takeover: Callable[[set[str | None], str | None], None] | None = None,
         as_of: Callable[[str, Any, np.ndarray, np.ndarray], np.ndarray] | None = None,
+        tiering: Tiering | None = None,
+        spawn: Callable[[Coroutine[Any, Any, None]], object] | None = None,
     ) -> None:
         self._name = named(task)  # the ps's name as it is now (a ps that joined is renamed)
         self.max_table_bytes = max_table_bytes  # a shard's rows and slots: --max-variable-bytes
@@ -114,6 +123,108 @@ class TableHandlers:
         #: A lookup's rows as a read of an exactly-once closure sees them (``as_of``): the
         #: ps's before images (``before_images.py``).
         self.as_of = as_of
+        #: The ps's byte budget and table directory: its tables are tiered (None: in RAM).
+        self.tiering = tiering
+        self._tiers = 0  # tiered tables made (each its own directory)
+        self.spawn = spawn  # runs the compaction of a tiered table's segments (the ps's tasks)
+
+    def held(self) -> int:
+        """What this ps holds in RAM for variables and tables (what its budget covers)."""
+        return self.checkpoints.store.held() + sum(t.nbytes for t in self.tables.values())
+
+    def new_table(self, name: str, config: TableConfig, owner: str | None) -> DynamicTable:
+        """A shard of table ``name``: tiered if this ps has a budget and a table directory."""
+        clock = self.checkpoints.store.clock
+        if self.tiering is None:
+            return DynamicTable(name, config, owner, self.max_table_bytes, clock=clock)
+        self._tiers += 1
+        return TieredTable(
+            name,
+            config,
+            owner,
+            clock=clock,
+            directory=self.tiering.table_directory(name, self._tiers),
+            budget=self.tiering.budget,
+            held=self.held,
+            segment_rows=self.tiering.segment_rows,
+        )
+
+    def rows_in_ram(
+        self, fn: Callable[[Q], Any], ids_of: Callable[[Q], Iterable[tuple[str, Any]]]
+    ) -> Callable[[Q], Any]:
+        """``fn`` (a handler that runs in one step on the loop) behind a stage that first
+        brings back into RAM, read on a thread, the rows on disk that its request names
+        (``ids_of``: its ``(table, ids)``); ``fn`` itself if this ps tiers nothing."""
+        if self.tiering is None:
+            return fn
+
+        async def run(req: Q) -> Any:
+            wanted = list(ids_of(req))
+            await self.stage(wanted)
+            out = fn(req)  # no await between the stage and the handler: its rows stay in RAM
+            for name, _ in wanted:
+                self.compact(name)
+            return (await out) if inspect.isawaitable(out) else out
+
+        functools.update_wrapper(run, fn)
+        return run
+
+    def compact(self, name: str) -> None:
+        """Start copying the live rows of a half-dead segment of table ``name`` (if tiered,
+        and none is being copied): read on a thread, written at the end on the loop."""
+        table = self.tables.get(name)
+        if not isinstance(table, TieredTable) or table.compacting or self.spawn is None:
+            return
+        number = table.cold.compactable()
+        if number is not None:
+            table.compacting = True
+            self.spawn(self._compact(table, number))
+
+    async def _compact(self, table: TieredTable, number: int) -> None:
+        try:
+            slots, places = table.cold.live_in(number)
+            table.cold.reading += 1
+            try:
+                records = await asyncio.to_thread(table.cold.read, places, dict(table.slot_init))
+            finally:
+                table.cold.reading -= 1
+            if self.tables.get(table.name) is table:
+                table.compacted += table.cold.rewrite(slots, places, records)
+        except ResourceExhaustedError as exc:  # a full disk: the segment stays, tried again later
+            logger.warning("%s: compaction of table %r put off: %s", self.task, table.name, exc)
+        finally:
+            table.compacting = False
+
+    async def stage(self, wanted: Iterable[tuple[str, Any]]) -> None:
+        """Read the rows of ``wanted`` that are on disk (one thread call for all of them),
+        then put them back in RAM. A request the handler will refuse (a table not here,
+        ids that are not ids) is left to the handler."""
+        reads = []
+        for name, raw in wanted:
+            table = self.tables.get(name)
+            if not isinstance(table, TieredTable) or not len(table.cold):
+                continue
+            try:
+                ids = np.asarray(raw)
+            except (TypeError, ValueError):
+                continue
+            if ids.ndim != 1 or ids.dtype.kind not in "iu":
+                continue
+            cold_ids, places, gens = table.cold_wanted(ids.astype(np.int64, copy=False))
+            if cold_ids.size:
+                reads.append((table, ids, cold_ids, places, gens))
+        if not reads:
+            return
+        for table, *_ in reads:
+            table.cold.reading += 1
+        try:
+            got = await asyncio.to_thread(lambda: [t.read_cold(p) for t, _, _, p, _ in reads])
+        finally:
+            for table, *_ in reads:
+                table.cold.reading -= 1
+        for (table, ids, cold_ids, _, gens), records in zip(reads, got):
+            if self.tables.get(table.name) is table:  # (not replaced meanwhile)
+                table.promote(cold_ids, gens, records, ids.astype(np.int64, copy=False))
 
     @property
     def task(self) -> str:
@@ -122,7 +233,7 @@ class TableHandlers:
     def install(self, route: Router) -> None:
         """Route the table operations (and full saves, which write the tables too) here."""
         route(CreateTable, self.create_table)
-        route(LookupTable, self.lookup_table)
+        route(LookupTable, self.rows_in_ram(self.lookup_table, lambda req: [(req.name, req.ids)]))
         route(TableStatistics, self.table_statistics)
         route(ExportTable, self.export_table)
         route(RestoreTable, self.restore_table)
@@ -184,14 +295,7 @@ class TableHandlers:
             if req.shard is not None and req.num_shards is not None and req.name not in self.guards:
                 self.feed.placed(req.name, req.shard, req.num_shards)
             return CreatedReply(created=0)
-        clock = self.checkpoints.store.clock
-        table = DynamicTable(
-            req.name,
-            config,
-            req.owner,
-            self.max_table_bytes,  # checks first
-            clock=clock,
-        )
+        table = self.new_table(req.name, config, req.owner)  # checks first
         self._taken_over(existing, req.owner)
         self.tables[req.name] = table
         self.guards.set(req.name, req.owned)
@@ -199,7 +303,7 @@ class TableHandlers:
             self.feed.placed(req.name, req.owned.owned, req.owned.slices)
         elif req.shard is not None and req.num_shards is not None:
             self.feed.placed(req.name, req.shard, req.num_shards)
-        self.feed.replaced(req.name, clock.epoch)
+        self.feed.replaced(req.name, self.checkpoints.store.clock.epoch)
         return CreatedReply(created=1)
 
     def _taken_over(self, existing: DynamicTable | None, owner: str | None) -> None:
@@ -248,13 +352,14 @@ class TableHandlers:
 
     def export_table(self, req: ExportTable) -> dict[str, Any]:
         table = self.table(req.name)
-        exported = table.export()
-        nbytes = sum(a.nbytes for a in exported.values())
+        # sized before anything is gathered (a tiered table's rows on disk are read for it)
+        nbytes = len(table) * (8 + table.config.dim * table.dtype.itemsize * (1 + len(table.slots)))
         if nbytes > self.max_gather_bytes:
             raise InvalidArgumentError(
                 f"dyn/export of {req.name!r}: {nbytes} bytes, more than this ps's limit of "
                 f"{self.max_gather_bytes}; save a checkpoint and read it with load_variables"
             )
+        exported = table.export()
         return {
             "ids": exported.pop("ids"),
             "rows": exported.pop("rows"),
@@ -338,10 +443,8 @@ class TableHandlers:
                 f"dyn/restore of {req.name!r}: {ids.size} rows for this shard, more than its "
                 f"capacity of {config.capacity}"
             )
-        table = DynamicTable(
-            req.name, config, req.owner, self.max_table_bytes, clock=self.checkpoints.store.clock
-        )
-        if self.max_table_bytes is not None:
+        table = self.new_table(req.name, config, req.owner)
+        if self.max_table_bytes is not None and self.tiering is None:
             held = ids.size * config.dim * np.dtype(config.dtype).itemsize * (1 + len(slots))
             if held > self.max_table_bytes:
                 raise InvalidArgumentError(
@@ -430,9 +533,7 @@ class TableHandlers:
         """Put the restored rows of a lost ps's slices into the table here (made empty if
         it has none), which serves ``req.merge`` from now on."""
         assert req.merge is not None
-        table = self.tables.get(req.name) or DynamicTable(
-            req.name, config, req.owner, self.max_table_bytes, clock=self.checkpoints.store.clock
-        )
+        table = self.tables.get(req.name) or self.new_table(req.name, config, req.owner)
         empty = np.empty(0, np.int64)
         table.merge_slices(
             TableCopy(name=req.name, config=req.config, ids=ids, rows=rows, slots=slots, slot_init=slot_init),

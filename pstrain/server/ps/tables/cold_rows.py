@@ -1,0 +1,405 @@
+"""The cold tier of a dynamic table's shard: rows on local disk, an index of them in RAM.
+
+A tiered shard (a ps started with ``--table-dir`` and ``--memory-budget``) keeps its hot
+rows in RAM, as every table does, and the rest here. Rows come here when the hot set is
+full (the least recently, or least often, looked up: the table's own LRU/LFU statistics)
+and go back when a request names them; a row here is never changed in place.
+
+On disk: append-only *segments* of at most ``segment_rows`` records, one file per column
+(``<n>.ids``, ``<n>.meta``, ``<n>.rows``, and ``<n>.slot<i>`` for its ``i``-th slot): a
+save streams one column of every segment after the other, and reading a batch of rows is
+one ``preadv`` per column and run of neighbouring records. A record taken back (or
+evicted) is only counted dead; a segment whose records are all dead is deleted (never
+while a save or a read may need it).
+
+In RAM, per cold row: its id in an :class:`IdIndex` (id -> cold slot), its place
+(segment and record), the epoch it last changed in (so a delta finds it without reading
+the disk) and its eviction key (last lookup or lookup count).
+
+A save sees the tier as it was when it began: it takes the places of the rows here
+then (:meth:`places_now`), and no segment is deleted until it ends (:meth:`begin_save`,
+:meth:`end_save`); the records at those places never change.
+
+Reads (:meth:`read`) run on a thread, never on the serving loop; writes (:meth:`put`)
+append a batch of records in one call per column. A disk that fills raises
+:class:`~pstrain.errors.ResourceExhaustedError` with nothing changed here.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import ModuleType
+
+import numpy as np
+
+from ...._base.errors import ResourceExhaustedError
+from .id_index import IdIndex
+
+__all__ = ["META", "ColdRows"]
+
+#: Per record: the epoch it last changed in, its last training lookup and its lookup count.
+META = np.dtype([("epoch", "<u4"), ("pad", "<u4"), ("last_seen", "<i8"), ("freq", "<i8")])
+#: A place: segment number << PLACE_BITS | record number.
+PLACE_BITS = 32
+
+
+@dataclass
+class _Segment:
+    number: int
+    rows: int = 0  # records written
+    dead: int = 0  # records taken back or evicted
+    slots: tuple[str, ...] = ()  # the optimizer slots its records carry (others: their initial value)
+
+
+class ColdRows:
+    """One shard's cold rows; see the module docstring."""
+
+    def __init__(
+        self,
+        directory: str,
+        dim: int,
+        dtype: np.dtype,
+        *,
+        segment_rows: int = 1 << 20,
+        kernels: ModuleType | None = None,
+    ) -> None:
+        if os.path.exists(directory):  # a tier lives as long as its ps: restores come from checkpoints
+            shutil.rmtree(directory)
+        os.makedirs(directory)
+        self.directory = directory
+        self.dim = dim
+        self.dtype = np.dtype(dtype)
+        self.segment_rows = segment_rows
+        self.index = IdIndex(kernels=kernels)  # id -> cold slot
+        self.places = np.empty(0, np.int64)  # cold slot -> place
+        self.epochs = np.empty(0, np.uint32)
+        self.keys = np.empty(0, np.int64)  # eviction key: last lookup (LRU) or count (LFU)
+        self.live = np.empty(0, bool)
+        #: Bumped when a slot takes a row (not when compaction moves its record): a read of
+        #: the slot's record is still the row's while its generation has not moved.
+        self.gens = np.empty(0, np.uint32)
+        self.free = np.empty(0, np.int64)
+        self.nfree = self.used = 0
+        self.segments: dict[int, _Segment] = {}
+        self.open: _Segment | None = None
+        self.saves = 0  # saves reading now: no segment is deleted meanwhile
+        self.reading = 0  # reads on threads now: no segment is deleted meanwhile
+        self.reads = self.rows_read = self.rows_written = 0
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @property
+    def nbytes(self) -> int:
+        """RAM this tier takes: its index and per-row arrays."""
+        return int(
+            self.index.nbytes
+            + self.places.nbytes
+            + self.epochs.nbytes
+            + self.keys.nbytes
+            + self.live.nbytes
+            + self.gens.nbytes
+            + self.free.nbytes
+        )
+
+    #: RAM a cold row takes at most: its index entry at the index's lowest load (a quarter:
+    #: 64 bytes), its place, epoch, key, live flag, generation and a free-list entry.
+    ROW_RAM = 64 + 8 + 4 + 8 + 1 + 4 + 8
+
+    def disk_bytes(self) -> int:
+        total = 0
+        for seg in self.segments.values():
+            total += seg.rows * (8 + META.itemsize + self.dim * self.dtype.itemsize * (1 + len(seg.slots)))
+        return total
+
+    def _path(self, number: int, column: str) -> str:
+        return os.path.join(self.directory, f"{number}.{column}")
+
+    # -- finding --------------------------------------------------------------------------------
+    def find(self, ids: np.ndarray) -> np.ndarray:
+        """The cold slot of each id, -1 where it is not here."""
+        return self.index.get(ids) if len(self.index) else np.full(len(ids), -1, np.int64)
+
+    def ids_of(self, slots: np.ndarray) -> np.ndarray:
+        """The ids of cold ``slots`` (from the index: no disk read)."""
+        keys, vals = self.index.items()
+        order = np.argsort(vals)
+        return keys[order[np.searchsorted(vals, slots, sorter=order)]]
+
+    # -- writing --------------------------------------------------------------------------------
+    def put(
+        self,
+        ids: np.ndarray,
+        rows: np.ndarray,
+        slots: dict[str, np.ndarray],
+        meta: np.ndarray,
+        keys: np.ndarray,
+    ) -> None:
+        """Add ``ids`` (none here yet) with their rows, slots and ``META`` records; on a full
+        disk, ResourceExhaustedError and nothing changed."""
+        n = ids.size
+        if not n:
+            return
+        places = self._append(ids, rows, slots, meta)
+        cold = self._take_slots(n)
+        self.places[cold] = places
+        self.epochs[cold] = meta["epoch"]
+        self.keys[cold] = keys
+        self.live[cold] = True
+        self.gens[cold] += 1
+        self.index.insert(ids, cold)
+        self.rows_written += n
+
+    def _append(
+        self, ids: np.ndarray, rows: np.ndarray, slots: dict[str, np.ndarray], meta: np.ndarray
+    ) -> np.ndarray:
+        """Write records at the end of the open segment (opening new ones as they fill);
+        returns their places. On a full disk, ResourceExhaustedError and every segment as it
+        was (bytes written past a segment's count are never read, and cut before the next
+        write there)."""
+        n = ids.size
+        placed: list[tuple[_Segment, int, int]] = []  # (segment, first record, count)
+        done = 0
+        key_names = tuple(sorted(slots))
+        counts = {s.number: s.rows for s in self.segments.values()}
+        opened: list[_Segment] = []
+        try:
+            while done < n:
+                seg = self.open
+                if seg is None or seg.rows >= self.segment_rows or seg.slots != key_names:
+                    seg = _Segment(number=max(self.segments, default=-1) + 1 + len(opened), slots=key_names)
+                    opened.append(seg)
+                    self.open = seg
+                take = min(n - done, self.segment_rows - seg.rows)
+                part = slice(done, done + take)
+                columns = {
+                    "ids": ids[part],
+                    "meta": meta[part],
+                    "rows": rows[part],
+                    **{f"slot{i}": slots[k][part] for i, k in enumerate(key_names)},
+                }
+                for column, values in columns.items():
+                    data = np.ascontiguousarray(values)
+                    with open(self._path(seg.number, column), "ab") as f:
+                        if f.tell() != seg.rows * data[:1].nbytes:
+                            f.truncate(seg.rows * data[:1].nbytes)  # a failed write's tail
+                            f.seek(0, os.SEEK_END)
+                        f.write(data.data)
+                placed.append((seg, seg.rows, take))
+                seg.rows += take
+                done += take
+        except OSError as exc:
+            for seg in self.segments.values():
+                seg.rows = counts[seg.number]
+            self.open = None
+            for seg in opened:
+                self._delete_files(seg)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise ResourceExhaustedError(
+                    f"the table directory {self.directory} is full: {n} rows could not move to "
+                    "disk (free some space, or give the ps a larger disk with --table-dir)"
+                ) from None
+            raise
+        for seg in opened:
+            self.segments[seg.number] = seg
+        return np.concatenate(
+            [(np.int64(seg.number) << PLACE_BITS) + np.arange(first, first + k) for seg, first, k in placed]
+        )
+
+    def _take_slots(self, n: int) -> np.ndarray:
+        reuse = min(n, self.nfree)
+        taken = self.free[self.nfree - reuse : self.nfree].copy()
+        self.nfree -= reuse
+        fresh = n - reuse
+        if self.used + fresh > self.places.size:
+            size = max(self.used + fresh, 2 * self.places.size, 1024)
+            for name in ("places", "epochs", "keys", "live", "gens"):
+                arr = getattr(self, name)
+                grown = np.zeros(size, arr.dtype)
+                grown[: arr.size] = arr
+                setattr(self, name, grown)
+        out = np.concatenate([taken, np.arange(self.used, self.used + fresh, dtype=np.int64)])
+        self.used += fresh
+        return out
+
+    # -- taking out -------------------------------------------------------------------------------
+    def remove(self, ids: np.ndarray) -> np.ndarray:
+        """Take ``ids`` out (those here): promoted to RAM, or evicted. Returns their cold
+        slots as they were (-1 for ids not here); their records become dead."""
+        cold = self.index.delete(ids) if len(self.index) else np.full(len(ids), -1, np.int64)
+        gone = cold[cold >= 0]
+        if not gone.size:
+            return cold
+        places = self.places[gone]
+        self.live[gone] = False
+        need = self.nfree + gone.size
+        if need > self.free.size:
+            grown = np.empty(max(need, 2 * self.free.size), np.int64)
+            grown[: self.nfree] = self.free[: self.nfree]
+            self.free = grown
+        self.free[self.nfree : need] = gone
+        self.nfree = need
+        numbers, counts = np.unique(places >> PLACE_BITS, return_counts=True)
+        for number, count in zip(numbers.tolist(), counts.tolist()):
+            self.segments[number].dead += count
+        self.collect()
+        return cold
+
+    def collect(self) -> int:
+        """Delete the segments whose every record is dead (none while a save or a read may
+        need them; not the one being written). Returns how many."""
+        if self.saves or self.reading:
+            return 0
+        gone = [s for s in self.segments.values() if s.dead >= s.rows and s is not self.open and s.rows]
+        for seg in gone:
+            del self.segments[seg.number]
+            self._delete_files(seg)
+        return len(gone)
+
+    def _delete_files(self, seg: _Segment) -> None:
+        for column in ("ids", "meta", "rows", *(f"slot{i}" for i in range(len(seg.slots)))):
+            try:
+                os.unlink(self._path(seg.number, column))
+            except FileNotFoundError:
+                pass
+
+    # -- compaction ---------------------------------------------------------------------------
+    def compactable(self) -> int | None:
+        """A segment at least half dead (not the one being written), to copy its live
+        records to the end and delete it; None if none, or while a save reads."""
+        if self.saves:
+            return None
+        for seg in self.segments.values():
+            if seg is not self.open and seg.rows and 2 * seg.dead >= seg.rows and seg.dead < seg.rows:
+                return seg.number
+        return None
+
+    def live_in(self, number: int) -> tuple[np.ndarray, np.ndarray]:
+        """The cold slots of the rows in segment ``number``, and their places."""
+        live = np.flatnonzero(self.live[: self.used])
+        places = self.places[live]
+        there = (places >> PLACE_BITS) == number
+        return live[there], places[there]
+
+    def rewrite(self, slots: np.ndarray, places: np.ndarray, records: dict[str, np.ndarray]) -> int:
+        """Write the records read from ``places`` again at the end, for the cold ``slots``
+        still there (a row taken back meanwhile is not); their old records die. Returns
+        how many moved."""
+        still = self.live[slots] & (self.places[slots] == places)
+        if not still.any():
+            return 0
+        slots = slots[still]
+        slot_values = {k[5:]: v[still] for k, v in records.items() if k.startswith("slot:")}
+        new = self._append(records["ids"][still], records["rows"][still], slot_values, records["meta"][still])
+        numbers, counts = np.unique(places[still] >> PLACE_BITS, return_counts=True)
+        self.places[slots] = new
+        for number, count in zip(numbers.tolist(), counts.tolist()):
+            self.segments[number].dead += count
+        self.collect()
+        return int(slots.size)
+
+    def victims(self, n: int) -> np.ndarray:
+        """The ids of the ``n`` cold rows with the lowest eviction keys."""
+        live = np.flatnonzero(self.live[: self.used])
+        if n >= live.size:
+            picked = live
+        else:
+            picked = live[np.argpartition(self.keys[live], n)[:n]]
+        return self.ids_of(picked)
+
+    # -- reading ------------------------------------------------------------------------------------
+    def read(self, places: np.ndarray, slot_init: dict[str, float]) -> dict[str, np.ndarray]:
+        """The records at ``places`` (any order): ``ids``, ``meta``, ``rows`` and
+        ``slot:<k>`` for each slot of ``slot_init`` (its initial value where a segment does
+        not carry it). Safe on a thread while the loop appends: records are never changed,
+        and no segment is deleted while ``reading``."""
+        n = places.size
+        self.reads += 1
+        self.rows_read += n
+        out: dict[str, np.ndarray] = {
+            "ids": np.empty(n, np.int64),
+            "meta": np.empty(n, META),
+            "rows": np.empty((n, self.dim), self.dtype),
+            **{f"slot:{k}": np.empty((n, self.dim), self.dtype) for k in slot_init},
+        }
+        order = np.argsort(places, kind="stable")
+        sorted_places = places[order]
+        numbers = sorted_places >> PLACE_BITS
+        bounds = np.flatnonzero(np.diff(numbers)) + 1
+        for part in np.split(np.arange(n), bounds):
+            if not part.size:
+                continue
+            number = int(numbers[part[0]])
+            records = sorted_places[part] & ((1 << PLACE_BITS) - 1)
+            seg = self.segments[number]
+            dest = order[part]
+            for column, key in (("ids", "ids"), ("meta", "meta"), ("rows", "rows")):
+                out[key][dest] = self._gather(number, column, records, out[key][:1])
+            for k, init in slot_init.items():
+                if k in seg.slots:
+                    column = f"slot{seg.slots.index(k)}"
+                    out[f"slot:{k}"][dest] = self._gather(number, column, records, out["rows"][:1])
+                else:
+                    out[f"slot:{k}"][dest] = init
+        return out
+
+    def _gather(self, number: int, column: str, records: np.ndarray, like: np.ndarray) -> np.ndarray:
+        """Records ``records`` (ascending) of one column: one ``preadv`` per run of
+        neighbouring records."""
+        width = like[:1].nbytes if like.size else like.itemsize * int(np.prod(like.shape[1:]))
+        out = np.empty((records.size,) + like.shape[1:], like.dtype)
+        raw = out.view(np.uint8).reshape(records.size, width)
+        fd = os.open(self._path(number, column), os.O_RDONLY)
+        try:
+            breaks = np.flatnonzero(np.diff(records) != 1) + 1
+            starts = np.concatenate([[0], breaks])
+            ends = np.concatenate([breaks, [records.size]])
+            for lo, hi in zip(starts.tolist(), ends.tolist()):
+                got = os.preadv(fd, [raw[lo:hi].data], int(records[lo]) * width)
+                if got != (hi - lo) * width:
+                    raise OSError(errno.EIO, f"short read of {self._path(number, column)}")
+        finally:
+            os.close(fd)
+        return out
+
+    # -- saves ----------------------------------------------------------------------------------------
+    def begin_save(self) -> None:
+        """A save reads places taken now: no segment is deleted until :meth:`end_save`."""
+        self.saves += 1
+
+    def end_save(self) -> None:
+        self.saves = max(0, self.saves - 1)
+        self.collect()
+
+    def places_now(self, since: int | None = None) -> np.ndarray:
+        """The places of the rows here now (changed after epoch ``since``, if given),
+        ascending: what a save taken now reads, while records there never change."""
+        live = np.flatnonzero(self.live[: self.used])
+        if since is not None:
+            live = live[self.epochs[live] > since]
+        return np.sort(self.places[live])
+
+    def column(
+        self, places: np.ndarray, key: str, slot_init: dict[str, float], block: int
+    ) -> Iterator[np.ndarray]:
+        """Column ``key`` (``ids``, ``rows``, ``live`` or ``slot:<k>``) of the records at
+        ``places`` (ascending), ``block`` records at a time: what a save writes."""
+        for lo in range(0, places.size, block):
+            part = places[lo : lo + block]
+            if key == "live":
+                yield np.ones(part.size, bool)
+                continue
+            wanted = {key[5:]: slot_init[key[5:]]} if key.startswith("slot:") else {}
+            yield self.read(part, wanted)[key]
+
+    def reset(self) -> None:
+        """Forget every row (a restore replaces them all)."""
+        for seg in list(self.segments.values()):
+            self._delete_files(seg)
+        self.__init__(  # type: ignore[misc]
+            self.directory, self.dim, self.dtype, segment_rows=self.segment_rows, kernels=self.index.kernels
+        )

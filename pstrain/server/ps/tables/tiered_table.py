@@ -1,0 +1,507 @@
+"""A dynamic table's shard larger than the memory it may use: a hot set in RAM, the rest on
+local disk (:class:`~pstrain.server.ps.tables.cold_rows.ColdRows`).
+
+A :class:`TieredTable` is a :class:`~pstrain.server.ps.tables.dynamic_table.DynamicTable`
+whose RAM part is held within the ps's byte budget. When a training lookup admits rows
+and the hot set has no room, the hot rows looked up least recently (LRU) or least often
+(LFU), never those of the request, move to disk with their optimizer slots and
+bookkeeping (*demoted*). A request that names rows on disk gets them back first
+(*promoted*): the ps reads them on a thread (:meth:`cold_wanted`, :meth:`promote`, which
+``TableHandlers.stage`` calls before the request's handler), so the handler itself, which
+runs in one step on the serving loop, finds every row in RAM. A row evicted (past the
+table's capacity, or ``max_age``) leaves the disk too, the coldest first.
+
+The budget: the hot arrays grow while the ps's tables, variables and indexes stay within
+``HOT_SHARE`` of ``--memory-budget`` (the rest is for the index of the rows on disk);
+past the budget a lookup that would admit rows is refused whole with
+:class:`~pstrain.errors.ResourceExhaustedError` (counted), as is one whose rows cannot all
+be in RAM at once. Saves and deltas write the rows of both tiers into the same files as
+an untiered table's (the disk part streamed from its segments), so restores,
+``load_variables`` and the serving feed read them as they read any table. A lost ps's
+rows merged into a tiered shard (its replacement) go to disk. Moving slices of a tiered
+table between ps (a join, a drain) is not supported yet: it is refused, naming the table.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from ...._base.errors import InvalidArgumentError, ResourceExhaustedError
+from ..checkpoints.snapshots import Snapshot
+from ..store import ChangeClock
+from .cold_rows import META, ColdRows
+from .dynamic_table import EVICT_BATCH, DynamicTable
+from .table_config import TableConfig
+
+if TYPE_CHECKING:
+    from ...._formats.messages.placement_map import TableCopy, TablePatch
+
+__all__ = ["HOT_SHARE", "Tiering", "TieredTable"]
+
+#: Of a ps's ``--memory-budget``, what its tables' hot rows (and everything else it holds)
+#: may grow to; the rest is kept for the indexes of rows on disk (about 90 bytes a row:
+#: half the budget indexes four to five times the rows the other half holds, for rows of
+#: 32 floats with one slot).
+HOT_SHARE = 0.5
+#: Bytes of bookkeeping per hot row besides its values and slots (ids, ages, counts,
+#: epochs, marks, live, the index at its fullest).
+HOT_ROW_EXTRA = 8 + 8 + 8 + 4 + 1 + 1 + 64
+#: Optimizer slots a row in RAM is budgeted for (Adam's and FTRL's two; Adagrad has one).
+SLOTS = 2
+#: Rows a save reads from disk at a time.
+SAVE_BLOCK = 1 << 14
+
+
+@dataclass(frozen=True)
+class Tiering:
+    """A ps's tiered tables: its byte budget and the directory of its rows on disk (this
+    ps's own: ``pstrain serve`` makes one per process under ``--table-dir``)."""
+
+    budget: int
+    directory: str
+    segment_rows: int = 1 << 20
+
+    def table_directory(self, name: str, serial: int) -> str:
+        """Where the shard of table ``name`` made ``serial``-th keeps its rows (a restore
+        staged beside a live shard gets its own)."""
+        return os.path.join(self.directory, f"{serial}-{urllib.parse.quote(name, safe='')}")
+
+
+class _Tiered:
+    """A save's source for one array of a tiered table: its hot part (a :class:`Snapshot`)
+    then its rows on disk, at the places taken with it."""
+
+    def __init__(
+        self, hot: Snapshot, cold: ColdRows, places: np.ndarray, key: str, slot_init: dict[str, float]
+    ) -> None:
+        self.hot, self.cold, self.places, self.key, self.slot_init = hot, cold, places, key, slot_init
+        self.array = hot.array
+        self.select = hot.select
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.hot.shape[0] + self.places.size, *self.hot.shape[1:])
+
+    def before_write(self, rows: np.ndarray | None) -> None:
+        self.hot.before_write(rows)
+
+    def blocks(self) -> Iterator[np.ndarray]:
+        yield from self.hot.blocks()
+        yield from self.cold.column(self.places, self.key, self.slot_init, SAVE_BLOCK)
+
+    def write_to(self, writer: Any) -> int:
+        got = self.hot.write_to(writer)
+        for block in self.cold.column(self.places, self.key, self.slot_init, SAVE_BLOCK):
+            data = np.ascontiguousarray(block, self.array.dtype)
+            writer.write(data.reshape(-1).view(np.uint8).data)
+            got += data.nbytes
+        return got
+
+
+class TieredTable(DynamicTable):
+    """A dynamic table's shard with its hot set in RAM and the rest on disk; see the
+    module docstring. ``budget``: the ps's ``--memory-budget``; ``held``: what the ps holds
+    in RAM now (its variables, every table's arrays and indexes), in bytes."""
+
+    def __init__(
+        self,
+        name: str,
+        config: TableConfig,
+        owner: str | None = None,
+        kernels: ModuleType | None = None,
+        clock: ChangeClock | None = None,
+        *,
+        directory: str,
+        budget: int,
+        held: Callable[[], int],
+        segment_rows: int = 1 << 20,
+    ) -> None:
+        super().__init__(name, config, owner, None, kernels, clock)  # the budget limits it, not a size
+        self.budget = budget
+        self.held = held
+        self.cold = ColdRows(
+            directory, config.dim, self.dtype, segment_rows=segment_rows, kernels=self.kernels
+        )
+        self.promoted = self.demoted = self.refused = 0
+        self.looked_up = 0  # ids of training lookups (the hit rate: 1 - promoted / looked_up)
+        self.loop_reads = 0  # reads from disk on the serving loop (no stage before the handler)
+        self.compacting = False  # a segment's live rows being copied (``TableHandlers.compact``)
+        self.compacted = 0  # rows copied out of half-dead segments
+        self.cold_latency: list[float] = []  # seconds of each cold read (the last 1024)
+
+    def __len__(self) -> int:
+        return len(self.index) + len(self.cold)
+
+    @property
+    def nbytes(self) -> int:
+        return super().nbytes + self.cold.nbytes
+
+    def hot_row_bytes(self) -> int:
+        """What a row in RAM may take: its values, ``SLOTS`` optimizer slots' (or more, if it
+        has more; slots come with the first update, for every row allocated) and
+        ``HOT_ROW_EXTRA``."""
+        return self.config.dim * self.dtype.itemsize * (1 + max(SLOTS, len(self.slots))) + HOT_ROW_EXTRA
+
+    # -- the budget ----------------------------------------------------------------------------
+    def _next_size(self, need: int) -> int:
+        """Doubling, within ``HOT_SHARE`` of the budget (``need`` at least: :meth:`_hot_room`
+        checked it fits) and the capacity."""
+        most = self._hot_limit()
+        want = max(need, min(max(self.alloc * 2, 1024), most))
+        if self.config.capacity is not None:
+            want = min(want, max(self.config.capacity, need))
+        return want
+
+    def _hot_limit(self) -> int:
+        """Rows the hot set may hold now: what is allocated, and what the budget's hot
+        share lets it grow to."""
+        spare = int(self.budget * HOT_SHARE) - self.held()
+        return self.alloc + max(0, spare) // self.hot_row_bytes()
+
+    def _hot_room(self, n: int, protect: np.ndarray) -> None:
+        """Make room in RAM for ``n`` more rows, moving hot rows not in ``protect`` to disk;
+        ResourceExhaustedError (nothing changed) if they cannot fit."""
+        limit = self._hot_limit()
+        free = limit - len(self.index)
+        if n <= free:
+            return
+        if n > limit - protect.size:
+            self.refused += 1
+            raise ResourceExhaustedError(
+                f"dynamic table {self.name!r}: a request needs {n + protect.size} rows in RAM at "
+                f"once, and the hot set of this shard holds {limit} within the ps's budget of "
+                f"{self.budget} bytes (pstrain serve --memory-budget): raise the budget, shard "
+                "the table over more ps, or send smaller batches"
+            )
+        cold_room = self.budget - self.held()
+        moving = max(n - free, min(len(self.index) - protect.size, max(1, limit // EVICT_BATCH)))
+        if cold_room < moving * ColdRows.ROW_RAM:
+            self.refused += 1
+            raise ResourceExhaustedError(
+                f"dynamic table {self.name!r}: moving {moving} more rows to disk would take the "
+                f"index of the rows on disk past the ps's budget of {self.budget} bytes "
+                "(pstrain serve --memory-budget): raise the budget, give the table a capacity, "
+                "or shard it over more ps"
+            )
+        lru = self.config.evict == "lru" or self.config.max_age is not None
+        victims = self.kernels.pick_victims(
+            self.last_seen if lru else self.freq,
+            self.live.view(np.uint8),
+            protect,
+            self.marks,
+            self.used,
+            moving,
+            0,
+            self.lookups if lru else -1,
+        )
+        self.demote(victims)
+
+    def demote(self, rows: np.ndarray) -> None:
+        """Move hot ``rows`` to disk (written first: a full disk changes nothing)."""
+        if not rows.size:
+            return
+        meta = np.zeros(rows.size, META)
+        meta["epoch"], meta["last_seen"], meta["freq"] = (
+            self.epochs[rows],
+            self.last_seen[rows],
+            self.freq[rows],
+        )
+        lru = self.config.evict == "lru" or self.config.max_age is not None
+        try:
+            self.cold.put(
+                self.ids[rows],
+                self.rows[rows],
+                {k: a[rows] for k, a in self.slots.items()},
+                meta,
+                meta["last_seen"] if lru else meta["freq"],
+            )
+        except ResourceExhaustedError:
+            self.refused += 1
+            raise
+        self.release(rows)
+        self.demoted += rows.size
+
+    # -- promotion ---------------------------------------------------------------------------------
+    def cold_wanted(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Of ``ids``, those on disk now, their places (what a thread reads) and their cold
+        slots' generations (what :meth:`promote` checks: compaction may move a record
+        meanwhile, never change it)."""
+        ids = np.ascontiguousarray(ids, np.int64)
+        if not len(self.cold):
+            return ids[:0], np.empty(0, np.int64), np.empty(0, np.uint32)
+        slots = self.cold.find(ids)
+        there = slots >= 0
+        return ids[there], self.cold.places[slots[there]], self.cold.gens[slots[there]]
+
+    def read_cold(self, places: np.ndarray) -> dict[str, np.ndarray]:
+        """The records at ``places``; on a thread, no segment is deleted meanwhile."""
+        started = time.perf_counter()
+        self.cold.reading += 1
+        try:
+            got = self.cold.read(places, dict(self.slot_init))
+        finally:
+            self.cold.reading -= 1
+        self.cold_latency = [*self.cold_latency[-1023:], time.perf_counter() - started]
+        return got
+
+    def promote(
+        self, ids: np.ndarray, gens: np.ndarray, records: dict[str, np.ndarray], keep: np.ndarray
+    ) -> None:
+        """Put the records read for ``ids`` back in RAM, those still on disk as they were
+        (``gens``: another request may have taken some back, and moved them out again,
+        meanwhile), never moving out the rows of ``keep`` (the request's ids) for room."""
+        slots = self.cold.find(ids)
+        still = slots >= 0
+        still[still] = self.cold.gens[slots[still]] == gens[still]
+        if not still.any():
+            return
+        ids = ids[still]
+        protect = self.positions(keep)
+        self._hot_room(ids.size, protect[protect >= 0])
+        self.cold.remove(ids)
+        rows = self._take_rows(ids.size)
+        if self.saves:
+            self._touch(rows)
+        for key in self.slot_init:
+            if key not in self.slots:
+                self.slot(key, self.slot_init[key])
+        meta = records["meta"][still]
+        self.rows[rows] = records["rows"][still]
+        for key, arr in self.slots.items():
+            arr[rows] = records[f"slot:{key}"][still]
+        self.ids[rows], self.live[rows] = ids, True
+        self.last_seen[rows], self.freq[rows], self.epochs[rows] = (
+            meta["last_seen"],
+            meta["freq"],
+            meta["epoch"],
+        )
+        self.index.insert(ids, rows)
+        self.promoted += ids.size
+
+    def _ensure_hot(self, ids: np.ndarray) -> None:
+        """Promote, reading here, the ids on disk that no stage promoted first (a request
+        routed without one): correct, if slower for the loop."""
+        cold_ids, places, gens = self.cold_wanted(ids)
+        if cold_ids.size:
+            self.loop_reads += 1
+            self.promote(cold_ids, gens, self.read_cold(places), ids)
+
+    # -- what the ps serves --------------------------------------------------------------------
+    def lookup(self, ids: np.ndarray, train: bool, pos: np.ndarray | None = None) -> np.ndarray:
+        ids = np.ascontiguousarray(ids, np.int64)
+        if len(self.cold):
+            before = len(self.index)
+            self._ensure_hot(ids)
+            if len(self.index) != before or pos is None:
+                pos = self.positions(ids)
+        if train:
+            self.looked_up += ids.size
+        return super().lookup(ids, train, pos)
+
+    def _room(self, new: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        new = super()._room(new, pos)
+        if new.size:
+            self._hot_room(new.size, pos[pos >= 0])
+        return new
+
+    def _evict_for(self, n: int, protect: np.ndarray) -> None:
+        """Past the capacity: the coldest rows go, those on disk first."""
+        if len(self.cold):
+            gone = self.cold.victims(min(n, len(self.cold)))
+            self.cold.remove(gone)
+            self.removed.add(gone)
+            self.evicted += gone.size
+            n -= gone.size
+        if n > 0:
+            super()._evict_for(n, protect)
+
+    def _expire(self, serving: np.ndarray) -> None:
+        super()._expire(serving)
+        age = self.config.max_age
+        if age is None or not len(self.cold) or self.lookups % max(1, age // 8):
+            return
+        live = np.flatnonzero(self.cold.live[: self.cold.used])
+        stale = live[self.cold.keys[live] < self.lookups - age]
+        if stale.size:
+            gone = self.cold.ids_of(stale)
+            self.cold.remove(gone)
+            self.removed.add(gone)
+            self.evicted += gone.size
+
+    def apply(
+        self,
+        rule: Callable[..., None],
+        ids: np.ndarray,
+        grad: np.ndarray,
+        slots: dict[str, tuple[str, float]],
+        cfg: dict[str, Any],
+        t: int,
+        pos: np.ndarray | None = None,
+    ) -> int:
+        if len(self.cold):
+            before = len(self.index)
+            self._ensure_hot(np.ascontiguousarray(ids, np.int64))
+            if len(self.index) != before:
+                pos = None
+        return super().apply(rule, ids, grad, slots, cfg, t, pos)
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    def _snapshot(self, rows: np.ndarray | None, since: int | None = None) -> dict[str, Any]:
+        hot = super()._snapshot(rows)
+        places = self.cold.places_now(since)
+        self.cold.begin_save()
+        init = dict(self.slot_init)
+        save = {key: _Tiered(snap, self.cold, places, key, init) for key, snap in hot.items()}
+        # read as the table reads a Snapshot (before_write) and as a save writes one
+        self.saves[-1] = cast("dict[str, Snapshot]", save)
+        return save
+
+    def end_snapshot(self, save: dict[str, Any]) -> None:
+        if save in self.saves:
+            self.saves.remove(save)
+            self.cold.end_save()
+
+    def changes(self, since: int) -> tuple[dict[str, Any], np.ndarray] | None:
+        gone = self.removed.after(since) if since >= self.removed.since else None
+        if gone is None:
+            return None
+        changed = self.kernels.rows_after(self.epochs[: self.used], since, self.live.view(np.uint8))
+        return self._snapshot(changed, since), gone[(self.index.get(gone) < 0) & (self.cold.find(gone) < 0)]
+
+    def export(self) -> dict[str, np.ndarray]:
+        out = super().export()
+        places = self.cold.places_now()
+        if places.size:
+            cold = self.cold.read(places, dict(self.slot_init))
+            out["ids"] = np.concatenate([out["ids"], cold["ids"]])
+            out["rows"] = np.concatenate([out["rows"], cold["rows"]])
+            for key in self.slots:
+                out[f"slot:{key}"] = np.concatenate([out[f"slot:{key}"], cold[f"slot:{key}"]])
+        return out
+
+    def load(
+        self, ids: np.ndarray, rows: np.ndarray, slots: dict[str, np.ndarray], slot_init: dict[str, float]
+    ) -> None:
+        """Replace every row with those given: as many as the hot share lets in RAM, the
+        rest on disk (ResourceExhaustedError if the disk or the budget cannot take them)."""
+        self.cold.reset()
+        spare = int(self.budget * HOT_SHARE) - (self.held() - super().nbytes)
+        per = self.config.dim * self.dtype.itemsize * (1 + len(slots)) + HOT_ROW_EXTRA
+        hot = min(ids.size, max(1, spare // per))
+        cold_ram = (ids.size - hot) * ColdRows.ROW_RAM
+        if cold_ram > self.budget - int(self.budget * HOT_SHARE):
+            self.refused += 1
+            raise ResourceExhaustedError(
+                f"dynamic table {self.name!r}: {ids.size} rows do not fit this ps's budget of "
+                f"{self.budget} bytes with the rows on disk indexed in RAM (pstrain serve "
+                "--memory-budget): raise the budget or shard over more ps"
+            )
+        super().load(ids[:hot], rows[:hot], {k: v[:hot] for k, v in slots.items()}, slot_init)
+        if ids.size > hot:
+            rest = slice(hot, ids.size)
+            meta = np.zeros(ids.size - hot, META)
+            self.cold.put(
+                np.ascontiguousarray(ids[rest], np.int64),
+                np.ascontiguousarray(rows[rest], self.dtype),
+                {k: np.ascontiguousarray(v[rest], self.dtype) for k, v in slots.items()},
+                meta,
+                np.zeros(ids.size - hot, np.int64),
+            )
+
+    def statistics(self) -> dict[str, int]:
+        lat = np.sort(np.asarray(self.cold_latency)) if self.cold_latency else np.zeros(1)
+        return {
+            **super().statistics(),
+            "rows": len(self),
+            "hot_rows": len(self.index),
+            "cold_rows": len(self.cold),
+            "disk_bytes": self.cold.disk_bytes(),
+            "cold_reads": self.cold.reads,
+            "cold_rows_read": self.cold.rows_read,
+            "cold_read_p50_us": int(lat[len(lat) // 2] * 1e6),
+            "cold_read_p99_us": int(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6),
+            "looked_up": self.looked_up,
+            "promoted": self.promoted,
+            "demoted": self.demoted,
+            "compacted": self.compacted,
+            "refused": self.refused,
+            "budget": self.budget,
+        }
+
+    # -- a lost ps's rows, put in (a replacement) ---------------------------------------------------
+    def checked_merge(self, copy: TableCopy, patch: TablePatch) -> Callable[[], int]:
+        """As an untiered table's (every check first, nothing changed), but the rows go to
+        disk, read back as they are looked up: a lost ps's share of a table may be far more
+        than the hot set. ResourceExhaustedError if the budget cannot index them."""
+        super().checked_merge(copy, patch)  # the checks; its way of putting them in is not used
+        live = np.ascontiguousarray(patch.live, np.int64)
+        n = live.size
+        if n and len(self.cold) and bool(np.any(self.cold.find(live) >= 0)):
+            raise InvalidArgumentError(f"ps/install: {self.name!r} already holds some moved ids")
+        if n * ColdRows.ROW_RAM > self.budget - self.held():
+            self.refused += 1
+            raise ResourceExhaustedError(
+                f"dynamic table {self.name!r}: {n} more rows on disk would take their index past "
+                f"this ps's budget of {self.budget} bytes (pstrain serve --memory-budget)"
+            )
+        dim, dtype = self.config.dim, self.dtype
+        slot_init = {**self.slot_init, **copy.slot_init, **patch.slot_init}
+        keys = set(self.slots) | set(copy.slots) | set(patch.slots)
+        rows = np.zeros((n, dim), dtype)
+        slots = {k: np.full((n, dim), slot_init[k], dtype) for k in keys}
+        order = np.argsort(live, kind="stable")
+        for part in (copy, patch):  # the patch's rows are the newer
+            ids = np.ascontiguousarray(part.ids if part.ids is not None else [], np.int64)
+            if not ids.size:
+                continue
+            at = order[np.searchsorted(live, ids, sorter=order).clip(0, n - 1)]
+            hit = live[at] == ids
+            rows[at[hit]] = np.asarray(part.rows, dtype)[hit]
+            for k, values in part.slots.items():
+                slots[k][at[hit]] = np.asarray(values, dtype)[hit]
+        meta = np.zeros(n, META)
+        meta["epoch"] = self.clock.epoch  # in the next delta, as an untiered table's merge
+        meta["last_seen"] = self.lookups - np.asarray(patch.ages, np.int64)
+        meta["freq"] = np.asarray(patch.freq, np.int64)
+        removed = np.ascontiguousarray(patch.removed if patch.removed is not None else [], np.int64)
+        cand_ids = np.ascontiguousarray(patch.cand_ids if patch.cand_ids is not None else [], np.int64)
+        counts = np.asarray(patch.cand_counts if cand_ids.size else [], np.int64)
+        lru = self.config.evict == "lru" or self.config.max_age is not None
+
+        def put() -> int:
+            for key in keys:
+                self.slot(key, slot_init[key])
+            self.cold.put(live, rows, slots, meta, meta["last_seen"] if lru else meta["freq"])
+            if removed.size:
+                self.removed.add(removed)
+            if cand_ids.size:  # the sightings of ids not admitted yet
+                fresh = (
+                    (self._cand.get(cand_ids) < 0)
+                    & (self.positions(cand_ids) < 0)
+                    & (self.cold.find(cand_ids) < 0)
+                )
+                if fresh.any():
+                    self._remember(cand_ids[fresh])
+                    known = self._cand.get(cand_ids[fresh])
+                    self._cand_counts[known[known >= 0]] = counts[fresh][known >= 0]
+            return n
+
+        return put
+
+    # -- moves: not yet ------------------------------------------------------------------------------
+    def _not_movable(self, *_: Any, **__: Any) -> Any:
+        raise InvalidArgumentError(
+            f"dynamic table {self.name!r} is tiered (part of it on this ps's disk): moving its "
+            "slices between ps is not supported yet (drain or join ps without tiered tables, "
+            "or restore the job from its checkpoint on the ps it has)"
+        )
+
+    copy_slices = patch_slices = drop_slices = _not_movable

@@ -1,0 +1,128 @@
+"""Tiered dynamic tables on real ps (``memory_budget`` and ``table_dir``): training that
+matches a ps holding everything in RAM, saves and restores of both tiers, /metrics, and
+refusals that change nothing."""
+
+from __future__ import annotations
+
+import os
+
+import aiohttp
+import numpy as np
+import pytest
+
+import pstrain
+from pstrain.errors import ResourceExhaustedError
+from pstrain.testing import InProcessCluster
+from tests.helpers import TOKEN
+
+pytestmark = pytest.mark.timeout(120)
+
+DIM, STEPS, BATCH, IDS = 16, 24, 512, 20_000
+BUDGET = 1 << 20  # a few thousand rows in RAM on each ps: most of the table goes to disk
+
+
+def _batches() -> list[np.ndarray]:
+    rng = np.random.default_rng(7)
+    out = []
+    for _ in range(STEPS):  # skewed, as real ids are: a few hot, most seen rarely
+        ids = np.unique((rng.zipf(1.2, 4 * BATCH) * 7919) % IDS)[:BATCH]
+        out.append(np.concatenate([ids, rng.integers(0, IDS, BATCH // 2)]))
+    return [np.unique(b).astype(np.int64) for b in out]
+
+
+async def _train(cluster: InProcessCluster, batches: list[np.ndarray]):
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    with strategy.scope():
+        table = pstrain.DynamicEmbedding(DIM, name="emb")
+        opt = pstrain.optimizers.Adagrad(0.1)
+    for ids in batches:
+        rows = await table.lookup(ids)
+        grad = np.tanh(rows + np.sin(ids)[:, None]).astype(np.float32)
+        await opt.apply_gradients([(pstrain.IndexedSlices(grad, ids), table)])
+    return table, opt
+
+
+def _tiered(tmp_path, **kw) -> InProcessCluster:
+    options = {
+        "memory_budget": BUDGET,
+        "table_dir": str(tmp_path / "tier"),
+        "checkpoint_root": str(tmp_path),
+        "table_segment_rows": 256,  # small segments: some die, some are compacted
+    }
+    return InProcessCluster(num_ps=2, num_workers=1, token=TOKEN, ps_options=options, **kw)
+
+
+async def test_a_tiered_table_trains_as_one_in_ram_saves_both_tiers_and_restores_anywhere(tmp_path):
+    batches = _batches()
+    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN) as ram:
+        table, _ = await _train(ram, batches)
+        want_ids, want_rows = await table.export()
+    async with _tiered(tmp_path) as cluster:
+        table, opt = await _train(cluster, batches)
+        stats = await table.statistics()
+        assert stats["rows"] == want_ids.size == stats["hot_rows"] + stats["cold_rows"]
+        assert stats["cold_rows"] > stats["hot_rows"] > 0, stats  # most of it on disk
+        assert stats["promoted"] > 0 and stats["demoted"] > 0 and stats["refused"] == 0, stats
+        for ps in cluster.ps:  # each ps within its budget, its rows on disk in its own directory
+            assert ps.table_handlers.held() <= BUDGET
+            shard = ps.tables["emb"]
+            assert shard.cold.disk_bytes() > 0 and os.listdir(shard.cold.directory)
+            assert shard.loop_reads == 0  # every read from disk ran on a thread, before its handler
+        got_ids, got_rows = await table.export()
+        np.testing.assert_array_equal(got_ids, want_ids)
+        np.testing.assert_array_equal(got_rows, want_rows)  # bit for bit
+        path = await pstrain.Checkpoint(model={"emb": table}, optimizer=opt).save(str(tmp_path / "c"))
+        # a save holds both tiers, as load_variables reads any table
+        saved = pstrain.checkpoint.load_variables(path)
+        np.testing.assert_array_equal(saved["model/emb/ids"], want_ids)
+        np.testing.assert_array_equal(saved["model/emb/rows"], want_rows)
+        # /metrics shows the tiers
+        async with aiohttp.ClientSession() as session:
+            async with session.get(
+                f"http://{cluster.ps[0].address}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}
+            ) as resp:
+                text = await resp.text()
+        cold = [ln for ln in text.splitlines() if ln.startswith("pstrain_table_cold_rows{")]
+        assert cold and float(cold[0].rsplit(" ", 1)[1]) > 0, text
+        assert "pstrain_table_promoted_total{" in text and "pstrain_table_cold_read_p99_us{" in text
+    # into ps that hold everything in RAM, and into tiered ones again: the same rows
+    for tiered in (False, True):
+        cluster = (
+            _tiered(tmp_path)
+            if tiered
+            else InProcessCluster(
+                num_ps=3, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(tmp_path)}
+            )
+        )
+        async with cluster:
+            strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+            with strategy.scope():
+                fresh = pstrain.DynamicEmbedding(DIM, name="emb")
+                opt2 = pstrain.optimizers.Adagrad(0.1)
+            await pstrain.Checkpoint(model={"emb": fresh}, optimizer=opt2).restore(path)
+            got_ids, got_rows = await fresh.export()
+            np.testing.assert_array_equal(got_ids, want_ids)
+            np.testing.assert_array_equal(got_rows, want_rows)
+            if tiered:
+                assert (await fresh.statistics())["cold_rows"] > 0
+
+
+async def test_a_batch_that_cannot_fit_the_budget_is_refused_and_changes_nothing(tmp_path):
+    async with _tiered(tmp_path) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="emb")
+        await table.lookup(np.arange(1000))
+        before = await table.export()
+        with pytest.raises(ResourceExhaustedError, match="memory-budget"):
+            await table.lookup(np.arange(10_000, 10_000 + 200_000))
+        after = await table.export()
+        np.testing.assert_array_equal(before[0], after[0])
+        np.testing.assert_array_equal(before[1], after[1])
+        assert (await table.statistics())["refused"] >= 1
+
+
+async def test_a_ps_needs_both_a_budget_and_a_directory(tmp_path):
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="both memory_budget and table_dir"):
+        async with InProcessCluster(num_ps=1, num_workers=1, ps_options={"memory_budget": BUDGET}):
+            pass

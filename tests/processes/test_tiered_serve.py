@@ -1,0 +1,90 @@
+"""``pstrain serve --memory-budget --table-dir``: a ps that keeps its tables' rows past its
+budget on disk, in a directory of its own that it removes when it stops, or that the next
+ps started on the same directory removes after a SIGKILL; and flags given wrong."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import pstrain
+from tests.helpers import TOKEN, strategy_for, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def test_a_tiered_ps_process_trains_past_its_budget_and_cleans_its_directory(drill, tmp_path):
+    tier = tmp_path / "tier"
+    ps = drill.serve(
+        "--role", "ps", "--index", "0", "--port", "0", "--memory-budget", "2MiB", "--table-dir", str(tier)
+    )
+    (own,) = os.listdir(tier)  # its own directory, named for its process
+    assert own.startswith(f"pstrain-{ps.proc.pid}-")
+    strategy = strategy_for(ps)
+    with strategy.scope():
+        table = pstrain.DynamicEmbedding(16, name="emb")
+    for k in range(8):
+        await table.lookup(np.arange(1000 * k, 1000 * k + 1000))
+    stats = await table.statistics()
+    assert stats["rows"] == 8000 and stats["cold_rows"] > 2000, stats
+    rows = await table.lookup(np.arange(0, 1000), training=False)  # read back from disk
+    assert rows.shape == (1000, 16) and (await table.statistics())["promoted"] >= 1000
+    # SIGKILL: its directory stays; the next ps on the same --table-dir removes it
+    ps.proc.send_signal(signal.SIGKILL)
+    ps.proc.wait(30)
+    assert os.listdir(tier) == [own]
+    again = drill.serve(
+        "--role", "ps", "--index", "0", "--port", "0", "--memory-budget", "2MiB", "--table-dir", str(tier)
+    )
+    (now,) = os.listdir(tier)
+    assert now != own and now.startswith(f"pstrain-{again.proc.pid}-")
+    # a ps that stops removes its own
+    again.proc.send_signal(signal.SIGTERM)
+    assert again.proc.wait(30) == 0
+    await wait_for(lambda: not os.listdir(tier), timeout=10, what="the directory removed")
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--memory-budget", "1GiB"], "--memory-budget needs --table-dir"),
+        (["--table-dir", "/tmp"], "--table-dir needs --memory-budget"),
+        (["--memory-budget", "lots", "--table-dir", "/tmp"], "--memory-budget: it must be a size in bytes"),
+    ],
+)
+def test_tiering_flags_given_wrong_are_one_line_naming_them(flags, says):
+    env = {**os.environ, "PSTRAIN_TOKEN": TOKEN}
+    out = subprocess.run(
+        [sys.executable, "-m", "pstrain.cli", "serve", "--role", "ps", "--index", "0", "--port", "0", *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert out.returncode != 0
+    assert says in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+async def test_a_local_cluster_tiers_its_ps_as_asked(drill, tmp_path):
+    cluster = await drill.cluster(1, 1, memory_budget="2MiB", table_dir=tmp_path / "tier")
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    with strategy.scope():
+        table = pstrain.DynamicEmbedding(16, name="emb")
+    for k in range(8):
+        await table.lookup(np.arange(1000 * k, 1000 * k + 1000))
+    assert (await table.statistics())["cold_rows"] > 2000
+    (own,) = os.listdir(tmp_path / "tier")
+    assert own.startswith(f"pstrain-{cluster.pid('ps', 0)}-")
+
+
+def test_a_local_cluster_needs_both_a_budget_and_a_directory(tmp_path):
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="memory_budget needs table_dir"):
+        pstrain.LocalCluster(memory_budget="1GiB")
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="memory_budget must be a size"):
+        pstrain.LocalCluster(memory_budget="much", table_dir=tmp_path)

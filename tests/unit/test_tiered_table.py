@@ -1,0 +1,282 @@
+"""A tiered dynamic table (hot rows in RAM, the rest on disk) against the same table kept
+wholly in RAM: the same rows, slots and lookups, whatever moved to disk and back; its
+saves and deltas hold every row of both tiers; refusals change nothing."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from pstrain._formats.numerics.optimizer_rules import RULES
+from pstrain.errors import InvalidArgumentError, ResourceExhaustedError
+from pstrain.server.ps.tables.cold_rows import META, ColdRows
+from pstrain.server.ps.tables.dynamic_table import DynamicTable
+from pstrain.server.ps.tables.table_config import TableConfig
+from pstrain.server.ps.tables.tiered_table import HOT_SHARE, TieredTable
+
+pytestmark = pytest.mark.timeout(120)
+
+ADAGRAD = {"accumulator": ("acc", 0.1)}
+CFG = {"kind": "adagrad", "learning_rate": 0.1, "epsilon": 1e-7}
+
+
+def tiered(tmp_path, config: TableConfig, hot_rows: int, **kw) -> TieredTable:
+    """A tiered table whose budget's hot share lets about ``hot_rows`` rows stay in RAM
+    (the other share indexes the rows on disk)."""
+    box: list[TieredTable] = []
+    table = TieredTable(
+        "t",
+        config,
+        directory=str(tmp_path / "cold"),
+        budget=1 << 40,
+        held=lambda: box[0].nbytes if box else 0,
+        segment_rows=64,
+        **kw,
+    )
+    per = table.hot_row_bytes()
+    table.budget = int((table.nbytes + hot_rows * per) / HOT_SHARE)
+    box.append(table)
+    return table
+
+
+def train(table: DynamicTable, ids: np.ndarray, t: int) -> np.ndarray:
+    out = table.lookup(ids, True)
+    grad = np.sin(np.outer(ids, np.arange(1, table.config.dim + 1)) * 0.01).astype(np.float32)
+    table.apply(RULES["adagrad"], ids, grad, ADAGRAD, CFG, t)
+    return out
+
+
+def by_id(exported: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    order = np.argsort(exported["ids"])
+    return {k: v[order] for k, v in exported.items()}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=st.lists(st.lists(st.integers(0, 400), min_size=1, max_size=40), min_size=1, max_size=30))
+def test_a_tiered_table_trains_exactly_as_one_wholly_in_ram(tmp_path_factory, batches):
+    config = TableConfig(dim=4)
+    ram = DynamicTable("t", config)
+    disk = tiered(tmp_path_factory.mktemp("tier"), config, hot_rows=48)
+    for t, batch in enumerate(batches, 1):
+        ids = np.array(list(dict.fromkeys(batch)), np.int64) * 7919 - 300
+        np.testing.assert_array_equal(train(disk, ids, t), train(ram, ids, t))
+        assert len(disk) == len(ram)
+        assert len(disk.index) <= disk._hot_limit()
+    a, b = by_id(disk.export()), by_id(ram.export())
+    assert a.keys() == b.keys()
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_rows_move_to_disk_and_back_and_the_statistics_say_so(tmp_path):
+    config = TableConfig(dim=8)
+    table = tiered(tmp_path, config, hot_rows=100)
+    first = np.arange(90, dtype=np.int64)
+    before = train(table, first, 1)
+    for k in range(2, 8):  # other ids push the first ones to disk
+        train(table, np.arange(100 * k, 100 * k + 90, dtype=np.int64), k)
+    stats = table.statistics()
+    assert stats["cold_rows"] > 0 and stats["hot_rows"] <= table._hot_limit()
+    assert stats["rows"] == 7 * 90 == stats["hot_rows"] + stats["cold_rows"]
+    assert stats["demoted"] >= stats["cold_rows"] and stats["disk_bytes"] > 0
+    assert set(table.cold_wanted(first)[0].tolist()) == set(first.tolist())  # all on disk now
+    # back in RAM, as trained (one Adagrad step from their initial values)
+    again = table.lookup(first, False)
+    assert table.statistics()["promoted"] >= 90
+    assert not np.array_equal(again, before)  # the update came back with them
+    ram = DynamicTable("t", config)
+    train(ram, first, 1)
+    np.testing.assert_array_equal(again, ram.lookup(first, False))
+
+
+def test_a_request_larger_than_the_hot_set_is_refused_and_changes_nothing(tmp_path):
+    table = tiered(tmp_path, TableConfig(dim=8), hot_rows=50)
+    train(table, np.arange(40, dtype=np.int64), 1)
+    before = by_id(table.export())
+    with pytest.raises(ResourceExhaustedError, match="--memory-budget"):
+        table.lookup(np.arange(1000, 1000 + 5 * table._hot_limit(), dtype=np.int64), True)
+    assert table.statistics()["refused"] == 1
+    after = by_id(table.export())
+    for key in before:
+        np.testing.assert_array_equal(before[key], after[key])
+
+
+def test_a_full_disk_is_refused_and_changes_nothing(tmp_path, monkeypatch):
+    table = tiered(tmp_path, TableConfig(dim=8), hot_rows=50)
+    train(table, np.arange(45, dtype=np.int64), 1)
+    before = by_id(table.export())
+    real_open = open
+
+    def full(path, mode="r", *args, **kwargs):
+        if "a" in mode and str(path).startswith(table.cold.directory):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", full)
+    with pytest.raises(ResourceExhaustedError, match="is full"):
+        table.lookup(np.arange(100, 140, dtype=np.int64), True)
+    monkeypatch.undo()
+    assert table.statistics()["refused"] == 1
+    after = by_id(table.export())
+    for key in before:
+        np.testing.assert_array_equal(before[key], after[key])
+    train(table, np.arange(100, 140, dtype=np.int64), 2)  # and with room again, it goes on
+    assert table.statistics()["cold_rows"] > 0
+
+
+def test_a_save_holds_both_tiers_as_they_were_when_it_began(tmp_path):
+    config = TableConfig(dim=4)
+    table = tiered(tmp_path, config, hot_rows=60)
+    for k in range(6):
+        train(table, np.arange(50 * k, 50 * k + 50, dtype=np.int64), k + 1)
+    assert table.statistics()["cold_rows"] > 0
+    expected = by_id(table.export())
+    save = table.snapshot()
+    # training goes on while the save is read: promotions, demotions, updates
+    for k in range(6, 9):
+        train(table, np.arange(50 * (k - 6), 50 * (k - 6) + 50, dtype=np.int64), k + 1)
+    arrays = {key: np.concatenate(list(src.blocks())) for key, src in save.items()}
+    table.end_snapshot(save)
+    live = arrays["live"].astype(bool)
+    got = by_id(
+        {"ids": arrays["ids"][live], "rows": arrays["rows"][live], "slot:acc": arrays["slot:acc"][live]}
+    )
+    np.testing.assert_array_equal(got["ids"], expected["ids"])
+    np.testing.assert_array_equal(got["rows"], expected["rows"])
+    np.testing.assert_array_equal(got["slot:acc"], expected["slot:acc"])
+
+
+def test_a_delta_holds_the_rows_changed_in_either_tier(tmp_path):
+    table = tiered(tmp_path, TableConfig(dim=4), hot_rows=60)
+    for k in range(4):
+        train(table, np.arange(50 * k, 50 * k + 50, dtype=np.int64), k + 1)
+    mark = table.clock.mark()
+    changed = np.arange(0, 30, dtype=np.int64)  # on disk now: promoted, changed, maybe demoted again
+    train(table, changed, 9)
+    for k in range(4, 6):
+        table.lookup(np.arange(50 * k, 50 * k + 50, dtype=np.int64), False)
+    result = table.changes(mark)
+    assert result is not None
+    save, gone = result
+    ids = np.concatenate(list(save["ids"].blocks()))
+    table.end_snapshot(save)
+    assert set(ids.tolist()) == set(changed.tolist()) and gone.size == 0
+
+
+def test_a_restore_puts_what_fits_in_ram_and_the_rest_on_disk(tmp_path):
+    config = TableConfig(dim=4)
+    table = tiered(tmp_path, config, hot_rows=40)
+    n = 1500
+    ids = np.arange(n, dtype=np.int64) * 3
+    rows = np.random.default_rng(0).normal(size=(n, 4)).astype(np.float32)
+    acc = np.full((n, 4), 0.5, np.float32)
+    table.load(ids, rows, {"acc": acc}, {"acc": 0.1})
+    stats = table.statistics()
+    assert len(table) == n and stats["cold_rows"] > n // 4 and stats["hot_rows"] + stats["cold_rows"] == n
+    assert table.nbytes <= table.budget
+    got = by_id(table.export())
+    np.testing.assert_array_equal(got["ids"], ids)
+    np.testing.assert_array_equal(got["rows"], rows)
+    np.testing.assert_array_equal(got["slot:acc"], acc)
+    np.testing.assert_array_equal(table.lookup(ids[-10:], False), rows[-10:])
+
+
+def test_past_its_capacity_a_tiered_table_evicts_from_disk_first_and_the_disk_forgets(tmp_path):
+    table = tiered(tmp_path, TableConfig(dim=4, capacity=200), hot_rows=50)
+    for k in range(10):
+        train(table, np.arange(40 * k, 40 * k + 40, dtype=np.int64), k + 1)
+    assert len(table) <= 200 and table.evicted >= 200
+    # the rows evicted are gone from both tiers, and from the disk once their segments die
+    assert table.cold_wanted(np.arange(0, 40, dtype=np.int64))[0].size == 0
+    assert table.positions(np.arange(0, 40, dtype=np.int64)).max() < 0
+    files = os.listdir(table.cold.directory)
+    assert len(files) <= 4 * (len(table.cold.segments))
+
+
+def test_moving_slices_of_a_tiered_table_is_refused_by_name(tmp_path):
+    table = tiered(tmp_path, TableConfig(dim=4), hot_rows=50)
+    with pytest.raises(InvalidArgumentError, match="'t' is tiered"):
+        table.copy_slices(None)
+
+
+def test_the_cold_store_reads_back_what_it_wrote_across_segments(tmp_path):
+    cold = ColdRows(str(tmp_path / "c"), 3, np.dtype(np.float32), segment_rows=7)
+    ids = np.arange(30, dtype=np.int64) * 11
+    rows = np.arange(90, dtype=np.float32).reshape(30, 3)
+    meta = np.zeros(30, META)
+    meta["epoch"] = np.arange(30)
+    cold.put(ids, rows, {"acc": rows + 0.5}, meta, np.arange(30))
+    assert len(cold.segments) == 5 and len(cold) == 30
+    pick = np.array([29, 3, 14, 0], np.int64)
+    got = cold.read(cold.places[cold.find(ids[pick])], {"acc": 0.1, "m": 7.0})
+    np.testing.assert_array_equal(got["ids"], ids[pick])
+    np.testing.assert_array_equal(got["rows"], rows[pick])
+    np.testing.assert_array_equal(got["slot:acc"], rows[pick] + 0.5)
+    np.testing.assert_array_equal(got["slot:m"], np.full((4, 3), 7.0, np.float32))
+    assert got["meta"]["epoch"].tolist() == [29, 3, 14, 0]
+    cold.remove(ids[:7])  # the first segment is all dead: deleted
+    assert len(cold.segments) == 4 and not os.path.exists(os.path.join(cold.directory, "0.rows"))
+    np.testing.assert_array_equal(np.sort(cold.victims(3)), ids[7:10])
+
+
+def test_a_half_dead_segment_is_copied_to_the_end_and_deleted(tmp_path):
+    cold = ColdRows(str(tmp_path / "c"), 2, np.dtype(np.float32), segment_rows=10)
+    ids = np.arange(25, dtype=np.int64) + 100
+    rows = np.arange(50, dtype=np.float32).reshape(25, 2)
+    cold.put(ids, rows, {}, np.zeros(25, META), np.zeros(25, np.int64))
+    assert cold.compactable() is None
+    cold.remove(ids[[0, 2, 4, 6, 8]])  # half of segment 0
+    assert cold.compactable() == 0
+    slots, places = cold.live_in(0)
+    records = cold.read(places, {})
+    cold.remove(ids[[1]])  # taken back between the read and the rewrite: not copied
+    assert cold.rewrite(slots, places, records) == 4
+    assert 0 not in cold.segments and not os.path.exists(os.path.join(cold.directory, "0.rows"))
+    live = ids[[3, 5, 7, 9]]
+    got = cold.read(cold.places[cold.find(live)], {})
+    np.testing.assert_array_equal(got["ids"], live)
+    np.testing.assert_array_equal(got["rows"], rows[[3, 5, 7, 9]])
+    assert len(cold) == 19
+
+
+def test_a_lost_ps_rows_merged_into_a_tiered_shard_go_to_disk_and_read_back(tmp_path):
+    from pstrain._formats.messages.placement_map import TableCopy, TablePatch
+
+    table = tiered(tmp_path, TableConfig(dim=4), hot_rows=40)
+    train(table, np.arange(30, dtype=np.int64), 1)
+    ids = np.arange(1000, 1600, dtype=np.int64)
+    rows = np.arange(2400, dtype=np.float32).reshape(600, 4)
+    acc = rows + 0.25
+    empty = np.empty(0, np.int64)
+    copy = TableCopy(
+        name="t",
+        config=table.config.as_dict(),
+        ids=ids,
+        rows=rows,
+        slots={"acc": acc},
+        slot_init={"acc": 0.1},
+    )
+    patch = TablePatch(
+        name="t",
+        live=ids,
+        ages=np.zeros(600, np.int64),
+        freq=np.zeros(600, np.int64),
+        ids=empty,
+        rows=None,
+        slots={},
+        cand_ids=empty,
+        cand_counts=empty,
+        slot_init={},
+        removed=empty,
+    )
+    assert table.merge_slices(copy, patch) == 600
+    assert len(table) == 630 and table.statistics()["cold_rows"] >= 600
+    np.testing.assert_array_equal(table.lookup(ids[::20], False), rows[::20])
+    got = by_id(table.export())
+    np.testing.assert_array_equal(got["slot:acc"][-600:], acc)
+    with pytest.raises(InvalidArgumentError, match="already holds some moved ids"):
+        table.merge_slices(copy, patch)
