@@ -35,6 +35,8 @@ from tests.helpers import TOKEN, wait_for
 pytestmark = pytest.mark.timeout(120)
 
 DIM, STEPS, BATCH = 4, 60, 96
+#: A ps's budget in the tiered runs: a few hundred of its rows in RAM, the rest on disk.
+TIER_BUDGET = 240 << 10
 #: ids spread over the whole 64-bit space (a table's ids are raw keys)
 POOL = np.random.default_rng(7).integers(-(2**62), 2**62, 3000, dtype=np.int64)
 
@@ -64,10 +66,14 @@ async def _job(
     extra: bool = True,
     root: str | None = None,
     token: str | None = None,
+    tier: str | None = None,
 ) -> AsyncIterator[tuple[Any, ParameterServer | None, Any, Any]]:
     """In-process ps and workers (checkpoints under ``root``), a further ps not in the job
-    yet (``extra``), a strategy without partitioner and its coordinator (closed after)."""
-    options = {"checkpoint_root": root} if root else {}
+    yet (``extra``), a strategy without partitioner and its coordinator (closed after);
+    ``tier``: every ps keeps its tables' rows past a small budget on disk under it."""
+    options: dict[str, Any] = {"checkpoint_root": root} if root else {}
+    if tier:
+        options.update(memory_budget=TIER_BUDGET, table_dir=tier, table_segment_rows=128)
     async with InProcessCluster(
         num_ps=num_ps, num_workers=workers, token=token, ps_options=options or None
     ) as cluster:
@@ -194,6 +200,29 @@ async def test_table_slices_move_to_a_joining_ps_and_off_a_leaving_one_while_tra
         expected = _expected(STEPS)
         _same_rows(*await table.export(), expected)
         assert (await table.statistics())["rows"] == len(expected)
+
+
+async def test_a_tiered_tables_slices_move_with_their_rows_on_disk_while_training_runs(tmp_path):
+    async with _job(workers=2, tier=str(tmp_path / "tier")) as (cluster, extra, strategy, coordinator):
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="users", initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.SGD(1.0)
+        run = _runner(coordinator, table, opt)
+        await run(0, STEPS // 3)
+        assert (await table.statistics())["cold_rows"] > 0
+        assert await coordinator.add_ps(extra.address) == 2
+        await run(STEPS // 3, 2 * STEPS // 3)
+        servers = [*cluster.ps, extra]
+        assert extra.tables[table.key].statistics()["rows"] > 0
+        _check_map(coordinator, servers, table)
+        await coordinator.remove_ps(0)  # its rows, on disk and in RAM, go to ps 1 and 2
+        await run(2 * STEPS // 3, STEPS)
+        assert _ids_on(cluster.ps[0], table.key).size == 0
+        _check_map(coordinator, servers, table)
+        expected = _expected(STEPS)
+        _same_rows(*await table.export(), expected)
+        stats = await table.statistics()
+        assert stats["rows"] == len(expected) and stats["cold_rows"] > 0 and stats["refused"] == 0, stats
 
 
 async def _train_sequentially(table, opt, steps: range) -> None:

@@ -197,10 +197,37 @@ def test_past_its_capacity_a_tiered_table_evicts_from_disk_first_and_the_disk_fo
     assert len(files) <= 4 * (len(table.cold.segments))
 
 
-def test_moving_slices_of_a_tiered_table_is_refused_by_name(tmp_path):
-    table = tiered(tmp_path, TableConfig(dim=4), hot_rows=50)
-    with pytest.raises(InvalidArgumentError, match="'t' is tiered"):
-        table.copy_slices(None)
+def test_slices_of_a_tiered_table_move_with_their_rows_on_disk(tmp_path):
+    from pstrain._formats.messages.placement_map import SliceSet, TableCopy, TablePatch
+    from pstrain._formats.numerics.idhash import in_slices
+
+    table = tiered(tmp_path, TableConfig(dim=4), hot_rows=60)
+    for k in range(6):
+        train(table, np.arange(50 * k, 50 * k + 50, dtype=np.int64), k + 1)
+    assert table.statistics()["cold_rows"] > 100
+    moving = SliceSet(slices=4, owned=[1, 3])
+    everything = by_id(table.export())
+    mine = in_slices(everything["ids"], 4, [1, 3])
+    copy = table.copy_slices(moving)
+    mark = table.clock.mark()
+    train(table, np.arange(0, 40, dtype=np.int64), 9)  # changes after the copy: in the patch
+    after = by_id(table.export())
+    patch = table.patch_slices(moving, mark)
+    other = DynamicTable("t", TableConfig(dim=4), clock=table.clock)
+    assert other.merge_slices(TableCopy(**copy), TablePatch(**patch)) == int(mine.sum())
+    got = by_id(other.export())
+    np.testing.assert_array_equal(got["ids"], after["ids"][mine])
+    np.testing.assert_array_equal(got["rows"], after["rows"][mine])
+    np.testing.assert_array_equal(got["slot:acc"], after["slot:acc"][mine])
+    assert table.drop_slices(moving) == int(mine.sum())
+    left = by_id(table.export())
+    np.testing.assert_array_equal(left["ids"], after["ids"][~mine])
+    assert len(table) == int((~mine).sum())
+    # and into a tiered shard: onto its disk
+    back = tiered(tmp_path / "back", TableConfig(dim=4), hot_rows=60)
+    assert back.merge_slices(TableCopy(**copy), TablePatch(**patch)) == int(mine.sum())
+    assert back.statistics()["cold_rows"] == int(mine.sum())
+    np.testing.assert_array_equal(by_id(back.export())["rows"], after["rows"][mine])
 
 
 def test_the_cold_store_reads_back_what_it_wrote_across_segments(tmp_path):

@@ -17,9 +17,10 @@ past the budget a lookup that would admit rows is refused whole with
 :class:`~pstrain.errors.ResourceExhaustedError` (counted), as is one whose rows cannot all
 be in RAM at once. Saves and deltas write the rows of both tiers into the same files as
 an untiered table's (the disk part streamed from its segments), so restores,
-``load_variables`` and the serving feed read them as they read any table. A lost ps's
-rows merged into a tiered shard (its replacement) go to disk. Moving slices of a tiered
-table between ps (a join, a drain) is not supported yet: it is refused, naming the table.
+``load_variables`` and the serving feed read them as they read any table. Slices moving
+to another ps (a join, a drain) take their rows on disk with them (read when the move's
+copy and patch are taken); rows merged into a tiered shard (a move's, or a lost ps's in
+its replacement) go to its disk.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from ...._base.errors import InvalidArgumentError, ResourceExhaustedError
+from ...._formats.numerics.idhash import in_slices
 from ..checkpoints.snapshots import Snapshot
 from ..store import ChangeClock
 from .cold_rows import META, ColdRows
@@ -42,7 +44,7 @@ from .dynamic_table import EVICT_BATCH, DynamicTable
 from .table_config import TableConfig
 
 if TYPE_CHECKING:
-    from ...._formats.messages.placement_map import TableCopy, TablePatch
+    from ...._formats.messages.placement_map import SliceSet, TableCopy, TablePatch
 
 __all__ = ["HOT_SHARE", "Tiering", "TieredTable"]
 
@@ -496,12 +498,49 @@ class TieredTable(DynamicTable):
 
         return put
 
-    # -- moves: not yet ------------------------------------------------------------------------------
-    def _not_movable(self, *_: Any, **__: Any) -> Any:
-        raise InvalidArgumentError(
-            f"dynamic table {self.name!r} is tiered (part of it on this ps's disk): moving its "
-            "slices between ps is not supported yet (drain or join ps without tiered tables, "
-            "or restore the job from its checkpoint on the ps it has)"
-        )
+    # -- moves of slices between ps ------------------------------------------------------------------
+    def _cold_in(self, moving: SliceSet) -> tuple[np.ndarray, np.ndarray]:
+        """The cold slots and ids of the rows on disk in slices ``moving``."""
+        live = np.flatnonzero(self.cold.live[: self.cold.used])
+        if not live.size:
+            return live, np.empty(0, np.int64)
+        ids = self.cold.ids_of(live)
+        keep = in_slices(ids, moving.slices, moving.owned)
+        return live[keep], ids[keep]
 
-    copy_slices = patch_slices = drop_slices = _not_movable
+    def copy_slices(self, moving: SliceSet) -> dict[str, Any]:
+        """An untiered table's copy, and the rows of those slices on disk (read here: a
+        move's copy is taken in one step)."""
+        out = super().copy_slices(moving)
+        slots, _ = self._cold_in(moving)
+        if slots.size:
+            cold = self.cold.read(self.cold.places[slots], dict(self.slot_init))
+            out["ids"] = np.concatenate([out["ids"], cold["ids"]])
+            out["rows"] = np.concatenate([out["rows"], cold["rows"]])
+            out["slots"] = {k: np.concatenate([v, cold[f"slot:{k}"]]) for k, v in out["slots"].items()}
+        return out
+
+    def patch_slices(self, moving: SliceSet, mark: int) -> dict[str, Any]:
+        """An untiered table's patch, with the rows on disk: every id (its age and count
+        from its record), and those changed since ``mark``."""
+        out = super().patch_slices(moving, mark)
+        slots, ids = self._cold_in(moving)
+        if slots.size:
+            cold = self.cold.read(self.cold.places[slots], dict(self.slot_init))
+            meta = cold["meta"]
+            out["live"] = np.concatenate([out["live"], cold["ids"]])
+            out["ages"] = np.concatenate([out["ages"], self.lookups - meta["last_seen"]])
+            out["freq"] = np.concatenate([out["freq"], meta["freq"]])
+            changed = meta["epoch"] > mark
+            out["ids"] = np.concatenate([out["ids"], cold["ids"][changed]])
+            out["rows"] = np.concatenate([out["rows"], cold["rows"][changed]])
+            out["slots"] = {
+                k: np.concatenate([v, cold[f"slot:{k}"][changed]]) for k, v in out["slots"].items()
+            }
+        return out
+
+    def drop_slices(self, moving: SliceSet) -> int:
+        dropped = super().drop_slices(moving)
+        _, ids = self._cold_in(moving)
+        self.cold.remove(ids)
+        return dropped + int(ids.size)
