@@ -17,7 +17,9 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -75,14 +77,24 @@ def rss_mib(pid: int, field: str = "VmRSS") -> float:
     return float("nan")
 
 
-async def run_variant(variant: str, steps: int) -> dict:
-    async with pstrain.LocalCluster(num_ps=2, num_workers=2) as cluster:
+async def run_variant(
+    variant: str,
+    steps: int,
+    cluster_options: dict | None = None,
+    sample_s: float = 0.25,
+    after: Callable[[Any, Any], Awaitable[dict]] | None = None,
+) -> dict:
+    """One training of ``variant`` (``cluster_options``: ``LocalCluster``'s, such as a tiered
+    ps's budget); each ps's RSS sampled every ``sample_s``; ``after(model, cluster)``: more
+    figures, taken when training ends."""
+    async with pstrain.LocalCluster(num_ps=2, num_workers=2, **(cluster_options or {})) as cluster:
         ps_pids = [cluster.pid("ps", i) for i in range(2)]
         pids = [os.getpid(), *ps_pids, *(cluster.pid("worker", i) for i in range(2))]
         strategy = pstrain.ParameterServerStrategy(
             cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2)
         )
         coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=2)
+        at_start = [rss_mib(p) for p in ps_pids]  # each ps before it holds anything
         async with strategy.scope():
             model = w6_model(variant)
             opt = pstrain.optimizers.Adagrad(learning_rate=0.05, initial_accumulator_value=0.1)
@@ -106,7 +118,7 @@ async def run_variant(variant: str, steps: int) -> dict:
         stop = threading.Event()
 
         def sample() -> None:
-            while not stop.wait(0.25):  # the sampling period of the RSS curve
+            while not stop.wait(sample_s):  # the sampling period of the RSS curve
                 samples.append((time.perf_counter(), [rss_mib(p) for p in ps_pids]))
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -133,9 +145,15 @@ async def run_variant(variant: str, steps: int) -> dict:
         base = log_loss(np.full_like(y, y.mean()), y)
         peaks = [rss_mib(p, "VmHWM") for p in ps_pids]
         half = [s for s in samples if s[0] >= t0 + elapsed / 2]
+        more = await after(model, cluster) if after is not None else {}
         await coordinator.close()
         await peers.close()
         return {
+            **more,
+            "rss_mib_at_start_per_ps": [round(x) for x in at_start],
+            "rss_mib_samples_max_per_ps": [round(max(s[1][k] for s in samples)) for k in range(2)]
+            if samples
+            else None,
             "variant": variant,
             "examples_per_s": (steps - warm) * BATCH / elapsed,
             "held_out_log_loss": held_out,

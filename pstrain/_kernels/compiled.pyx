@@ -11,7 +11,9 @@ import numpy as np
 
 from libc.math cimport sqrt, sqrtf
 from libc.stdint cimport INT64_MAX, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
+from libc.errno cimport errno
 from libc.string cimport memcmp, memcpy
+from posix.unistd cimport pread
 
 cdef extern from *:
     void __builtin_prefetch(const void*) nogil
@@ -1119,3 +1121,27 @@ def aligned_allocations():
     """Arrays made from now on in the current context (and in tasks and ``to_thread`` calls
     that copy it) start on a 64-byte boundary; returns the allocator that was in use."""
     return cnp.PyDataMem_SetHandler(_ALIGNED)
+
+
+def pread_records(int fd, const int64_t[::1] records, Py_ssize_t width, uint8_t[:, ::1] out):
+    """Records ``records`` (ascending) of ``width`` bytes each of the file ``fd`` into the rows
+    of ``out``: one ``pread`` per run of neighbouring records, without the GIL (a tiered
+    table's rows read from disk). Returns 0, the errno of a failed read, or -1 for a short
+    one (a file that holds fewer records than asked)."""
+    cdef Py_ssize_t i = 0, j, n = records.shape[0]
+    cdef ssize_t got, want
+    cdef int err = 0
+    if out.shape[0] < n or out.shape[1] != width:
+        raise ValueError("pread_records: out must be (records, width)")
+    with nogil:
+        while i < n:
+            j = i + 1
+            while j < n and records[j] == records[j - 1] + 1:
+                j += 1
+            want = (j - i) * width
+            got = pread(fd, &out[i, 0], want, records[i] * width)
+            if got != want:
+                err = errno if got < 0 else -1
+                break
+            i = j
+    return err

@@ -9,6 +9,7 @@ long probes left, so it is a fair numpy implementation, not a strawman.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ __all__ = [
     "mix64",
     "pick_victims",
     "pool_rows",
+    "pread_records",
     "put_rows",
     "rows_after",
     "rowwise_adagrad_rows",
@@ -518,3 +520,21 @@ def aligned_allocations() -> None:
     """numpy's own allocator stays (the compiled module's puts rows on cache lines; the
     reference needs no build)."""
     return None
+
+
+def pread_records(fd: int, records: np.ndarray, width: int, out: np.ndarray) -> int:
+    if out.shape[0] < records.size or out.shape[1] != width:
+        raise ValueError("pread_records: out must be (records, width)")
+    n = records.size
+    breaks = np.flatnonzero(np.diff(records) != 1) + 1
+    for lo, hi in zip([0, *breaks.tolist()], [*breaks.tolist(), n]):
+        if lo >= hi:
+            continue
+        want = (hi - lo) * width
+        try:
+            got = os.preadv(fd, [out[lo:hi].data], int(records[lo]) * width)
+        except OSError as exc:
+            return exc.errno or -1
+        if got != want:
+            return -1
+    return 0

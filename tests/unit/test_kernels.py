@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pstrain._formats.numerics.idhash import initial_rows, mix64, row_hash
 from pstrain._formats.numerics.optimizer_rules import RULES
@@ -772,3 +772,22 @@ def test_a_batchs_bag_positions_are_the_same_compiled_and_in_numpy(lengths, data
     for impl in (compiled, reference):
         with pytest.raises(IndexError, match="outside the batch"):
             impl.bag_positions(offsets, np.array([len(lengths)], np.int64), np.empty(2, np.int64))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(picks=st.lists(st.integers(0, 199), max_size=60), width=st.sampled_from([1, 8, 24, 100]))
+def test_records_read_from_a_file_are_the_same_compiled_and_in_numpy(tmp_path_factory, picks, width):
+    path = tmp_path_factory.mktemp("records") / "column"
+    data = np.random.default_rng(width).integers(0, 256, (200, width), dtype=np.uint8)
+    path.write_bytes(data.tobytes())
+    records = np.unique(np.asarray(picks, np.int64))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for k in (compiled, reference):
+            out = np.zeros((records.size, width), np.uint8)
+            assert k.pread_records(fd, records, width, out) == 0
+            np.testing.assert_array_equal(out, data[records])
+            past = np.array([198, 199, 200], np.int64)  # a record past the file's end: a short read
+            assert k.pread_records(fd, past, width, np.zeros((3, width), np.uint8)) == -1
+    finally:
+        os.close(fd)

@@ -37,6 +37,7 @@ from types import ModuleType
 import numpy as np
 
 from ...._base.errors import ResourceExhaustedError
+from ...._kernels import KERNELS
 from .id_index import IdIndex
 
 __all__ = ["META", "ColdRows"]
@@ -74,7 +75,8 @@ class ColdRows:
         self.dim = dim
         self.dtype = np.dtype(dtype)
         self.segment_rows = segment_rows
-        self.index = IdIndex(kernels=kernels)  # id -> cold slot
+        self.kernels = kernels or KERNELS
+        self.index = IdIndex(kernels=self.kernels)  # id -> cold slot
         self.places = np.empty(0, np.int64)  # cold slot -> place
         self.epochs = np.empty(0, np.uint32)
         self.keys = np.empty(0, np.int64)  # eviction key: last lookup (LRU) or count (LFU)
@@ -348,22 +350,25 @@ class ColdRows:
         return out
 
     def _gather(self, number: int, column: str, records: np.ndarray, like: np.ndarray) -> np.ndarray:
-        """Records ``records`` (ascending) of one column: one ``preadv`` per run of
-        neighbouring records."""
-        width = like[:1].nbytes if like.size else like.itemsize * int(np.prod(like.shape[1:]))
-        out = np.empty((records.size,) + like.shape[1:], like.dtype)
-        raw = out.view(np.uint8).reshape(records.size, width)
+        """Records ``records`` (ascending) of one column: one ``pread`` per run of
+        neighbouring records, in a compiled loop without the GIL (the serving loop goes on
+        meanwhile). Read, not mapped: mapped pages of the page cache would count in the
+        process's memory, large folios of them at a time."""
+        shape = like.shape[1:]
+        width = like.itemsize * int(np.prod(shape, dtype=np.int64))
+        out = np.empty((records.size, *shape), like.dtype)
+        if not records.size:
+            return out
         fd = os.open(self._path(number, column), os.O_RDONLY)
         try:
-            breaks = np.flatnonzero(np.diff(records) != 1) + 1
-            starts = np.concatenate([[0], breaks])
-            ends = np.concatenate([breaks, [records.size]])
-            for lo, hi in zip(starts.tolist(), ends.tolist()):
-                got = os.preadv(fd, [raw[lo:hi].data], int(records[lo]) * width)
-                if got != (hi - lo) * width:
-                    raise OSError(errno.EIO, f"short read of {self._path(number, column)}")
+            err = self.kernels.pread_records(
+                fd, records, width, out.view(np.uint8).reshape(records.size, width)
+            )
         finally:
             os.close(fd)
+        if err:
+            what = os.strerror(err) if err > 0 else "fewer records than its index says"
+            raise OSError(err if err > 0 else errno.EIO, f"reading {self._path(number, column)}: {what}")
         return out
 
     # -- saves ----------------------------------------------------------------------------------------
@@ -401,5 +406,5 @@ class ColdRows:
         for seg in list(self.segments.values()):
             self._delete_files(seg)
         self.__init__(  # type: ignore[misc]
-            self.directory, self.dim, self.dtype, segment_rows=self.segment_rows, kernels=self.index.kernels
+            self.directory, self.dim, self.dtype, segment_rows=self.segment_rows, kernels=self.kernels
         )

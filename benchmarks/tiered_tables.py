@@ -1,0 +1,114 @@
+"""W9 in its dynamic-table form: a table larger than its ps's memory budget, against the same
+training with the table wholly in RAM, alternated in one run.
+
+WORKLOADS.md's W9 is W7's fixed 25,000,000-row table; pstrain tiers dynamic tables only so
+far (a fixed table stays in RAM), so this runs W6's training (W4's model, a
+``DynamicEmbedding`` keyed by W6's Zipf ids over the 64-bit space, Adagrad, 2 ps and 2
+workers) on ps started with ``--memory-budget`` and ``--table-dir``, and the same on ps
+without. Reported (medians): examples per second and ``ratio_to_in_ram``; each ps's RSS
+sampled every 100 ms, its peak over the RSS it had before holding anything
+(``peak_rss_over_budget``: that peak / the budget); rows in RAM and on disk; the hit rate
+of lookups; reads from disk per step and their p50/p99 latency; held-out log loss of both.
+
+    python benchmarks/tiered_tables.py [--steps 1200] [--budget 80MiB] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pstrain
+from pstrain._base.checks import byte_size
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import emit, median  # noqa: E402
+from dynamic_tables import run_variant  # noqa: E402
+
+
+async def table_figures(model: Any, cluster: pstrain.LocalCluster) -> dict:
+    """The tiers of the table, summed and on each ps (its latencies are per ps)."""
+    per_ps = []
+    for k in range(2):
+        address = cluster.cluster_spec.task_address("ps", k)
+        channel = pstrain.rpc.Channel(address, token=cluster.token, task=f"/job:ps/replica:0/task:{k}")
+        try:
+            per_ps.append((await channel.statistics()).get("tables", {}).get(model.table.key, {}))
+        finally:
+            await channel.close()
+    return {"table": await model.table.statistics(), "table_per_ps": per_ps}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=1200)
+    parser.add_argument("--budget", default="80MiB", help="each ps's --memory-budget")
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    budget = byte_size(args.budget, "--budget")
+    runs: dict[str, list[dict]] = {"ram": [], "tiered": []}
+    with tempfile.TemporaryDirectory(prefix="pstrain-w9-") as tier:
+        for i in range(args.runs):
+            for job in ("ram", "tiered") if i % 2 == 0 else ("tiered", "ram"):
+                options = {"memory_budget": budget, "table_dir": tier} if job == "tiered" else None
+                runs[job].append(
+                    pstrain.run(run_variant("a", args.steps, options, sample_s=0.1, after=table_figures))
+                )
+    ram, tiered = runs["ram"], runs["tiered"]
+    speed = median([r["examples_per_s"] for r in tiered])
+    in_ram = median([r["examples_per_s"] for r in ram])
+    over = [
+        max(
+            peak - start for peak, start in zip(r["rss_mib_samples_max_per_ps"], r["rss_mib_at_start_per_ps"])
+        )
+        * (1 << 20)
+        / budget
+        for r in tiered
+    ]
+    last = tiered[-1]["table"]
+    per_ps = tiered[-1]["table_per_ps"]
+    looked = max(1, last.get("looked_up", 0))
+    emit(
+        {
+            "workers": 2,
+            "ps": 2,
+            "table": "DynamicEmbedding (W6's ids), not W7's fixed table",
+            "budget_bytes_per_ps": budget,
+            "metric": "examples_per_s",
+            "value": round(speed, 1),
+            "in_ram_examples_per_s": round(in_ram, 1),
+            "ratio_to_in_ram": round(speed / in_ram, 3),
+            "ratio_to_in_ram_each_round": [
+                round(t["examples_per_s"] / r["examples_per_s"], 3) for t, r in zip(tiered, ram)
+            ],
+            "peak_rss_over_budget": round(median(over), 3),
+            "peak_rss_over_budget_each_round": [round(x, 3) for x in over],
+            "in_ram_peak_rss_mib_per_ps": ram[-1]["rss_mib_samples_max_per_ps"],
+            "tiered_peak_rss_mib_per_ps": tiered[-1]["rss_mib_samples_max_per_ps"],
+            "rss_mib_at_start_per_ps": tiered[-1]["rss_mib_at_start_per_ps"],
+            "rows": last.get("rows"),
+            "rows_in_ram": last.get("hot_rows"),
+            "rows_on_disk": last.get("cold_rows"),
+            "disk_bytes": last.get("disk_bytes"),
+            "hit_rate": round(1 - last.get("promoted", 0) / looked, 4),
+            "cold_reads_per_step": round(last.get("cold_reads", 0) / args.steps, 2),
+            "rows_read_from_disk_per_step": round(last.get("promoted", 0) / args.steps, 1),
+            "cold_read_p50_us_per_ps": [t.get("cold_read_p50_us") for t in per_ps],
+            "cold_read_p99_us_per_ps": [t.get("cold_read_p99_us") for t in per_ps],
+            "refused": last.get("refused"),
+            "held_out_log_loss": round(median([r["held_out_log_loss"] for r in tiered]), 4),
+            "in_ram_held_out_log_loss": round(median([r["held_out_log_loss"] for r in ram]), 4),
+            "steps": args.steps,
+            "runs": args.runs,
+        },
+        "W9",
+    )
+
+
+if __name__ == "__main__":
+    main()
