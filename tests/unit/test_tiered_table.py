@@ -307,3 +307,20 @@ def test_a_lost_ps_rows_merged_into_a_tiered_shard_go_to_disk_and_read_back(tmp_
     np.testing.assert_array_equal(got["slot:acc"][-600:], acc)
     with pytest.raises(InvalidArgumentError, match="already holds some moved ids"):
         table.merge_slices(copy, patch)
+
+
+def test_a_promotion_that_moves_as_many_rows_out_leaves_no_id_in_both_tiers(tmp_path):
+    # the hot set full: reading rows back moves as many out, so its size does not change;
+    # the lookup must still see where they went (an id once got a second row here)
+    table = tiered(tmp_path, TableConfig(dim=4), hot_rows=60)
+    for k in range(8):
+        train(table, np.arange(40 * k, 40 * k + 40, dtype=np.int64), k + 1)
+    for k in range(8):  # each batch half back from disk, half new
+        ids = np.concatenate([np.arange(40 * k, 40 * k + 20), np.arange(10_000 + 20 * k, 10_020 + 20 * k)])
+        train(table, ids.astype(np.int64), 10 + k)
+        hot, _ = table.index.items()
+        assert not np.intersect1d(hot, table.cold_wanted(hot)[0]).size
+    exported = table.export()["ids"]
+    assert exported.size == np.unique(exported).size == len(table)
+    dup = np.array([5, 5, 7], np.int64)  # a request repeating an id: taken back once
+    assert table.cold_wanted(dup)[0].tolist() == sorted(set(table.cold_wanted(dup)[0].tolist()))

@@ -241,7 +241,10 @@ class TieredTable(DynamicTable):
             return ids[:0], np.empty(0, np.int64), np.empty(0, np.uint32)
         slots = self.cold.find(ids)
         there = slots >= 0
-        return ids[there], self.cold.places[slots[there]], self.cold.gens[slots[there]]
+        # each once (a request the handler refuses for repeating an id reaches here first)
+        cold, first = np.unique(ids[there], return_index=True)
+        slots = slots[there][first]
+        return cold, self.cold.places[slots], self.cold.gens[slots]
 
     def read_cold(self, places: np.ndarray) -> dict[str, np.ndarray]:
         """The records at ``places``; on a thread, no segment is deleted meanwhile."""
@@ -300,9 +303,9 @@ class TieredTable(DynamicTable):
     def lookup(self, ids: np.ndarray, train: bool, pos: np.ndarray | None = None) -> np.ndarray:
         ids = np.ascontiguousarray(ids, np.int64)
         if len(self.cold):
-            before = len(self.index)
+            before = self.promoted  # (a promotion may move as many rows out: count them in)
             self._ensure_hot(ids)
-            if len(self.index) != before or pos is None:
+            if self.promoted != before or pos is None:
                 pos = self.positions(ids)
         if train:
             self.looked_up += ids.size
@@ -349,9 +352,9 @@ class TieredTable(DynamicTable):
         pos: np.ndarray | None = None,
     ) -> int:
         if len(self.cold):
-            before = len(self.index)
+            before = self.promoted
             self._ensure_hot(np.ascontiguousarray(ids, np.int64))
-            if len(self.index) != before:
+            if self.promoted != before:  # rows moved: the positions given are stale
                 pos = None
         return super().apply(rule, ids, grad, slots, cfg, t, pos)
 
