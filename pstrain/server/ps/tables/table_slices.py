@@ -195,6 +195,21 @@ class SlicedRows:
             self._cand.delete(cand_ids)
         return int(rows.size)
 
+    def has_row(self, ids: np.ndarray) -> np.ndarray:
+        """Which of ``ids`` have a row here."""
+        return self.positions(ids) >= 0
+
+    def merge_sightings(self, cand_ids: np.ndarray, counts: np.ndarray) -> None:
+        """The admission sightings a move brings (at its switch), for ids with neither a
+        row nor sightings here."""
+        if not cand_ids.size:
+            return
+        fresh = (self._cand.get(cand_ids) < 0) & ~self.has_row(cand_ids)
+        if fresh.any():
+            self._remember(cand_ids[fresh])
+            known = self._cand.get(cand_ids[fresh])  # (the oldest may be forgotten at once)
+            self._cand_counts[known[known >= 0]] = counts[fresh][known >= 0]
+
     def merge_slices(self, copy: TableCopy, patch: TablePatch) -> int:
         """Put the rows of ``copy``, brought up to date by ``patch``, into ``table`` (checked
         whole first: nothing changes if any part is wrong). Returns rows put in."""
@@ -238,7 +253,7 @@ class SlicedRows:
             raise InvalidArgumentError("ps/install: a moved id has no row in the copy or the patch")
         if np.unique(live).size != n:
             raise InvalidArgumentError("ps/install: the patch names a moved id twice")
-        if n and bool(np.any(self.positions(live) >= 0)):
+        if n and bool(np.any(self.has_row(live))):
             raise InvalidArgumentError(f"ps/install: {self.name!r} already holds some moved ids")
 
         def put() -> int:
@@ -270,12 +285,7 @@ class SlicedRows:
             self.index.insert(live, rows)
             if removed.size:
                 self.removed.add(removed)
-            if cand_ids.size:  # the sightings at the switch
-                fresh = (self._cand.get(cand_ids) < 0) & (self.positions(cand_ids) < 0)
-                if fresh.any():
-                    self._remember(cand_ids[fresh])
-                    known = self._cand.get(cand_ids[fresh])  # (the oldest may be forgotten at once)
-                    self._cand_counts[known[known >= 0]] = counts[fresh][known >= 0]
+            self.merge_sightings(cand_ids, counts)
             return n
 
         return put

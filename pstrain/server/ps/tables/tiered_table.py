@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from ...._base.errors import InvalidArgumentError, ResourceExhaustedError
+from ...._base.errors import ResourceExhaustedError
 from ...._formats.numerics.idhash import in_slices
 from ..checkpoints.snapshots import Snapshot
 from ..store import ChangeClock
@@ -441,6 +441,13 @@ class TieredTable(DynamicTable):
             "budget": self.budget,
         }
 
+    def has_row(self, ids: np.ndarray) -> np.ndarray:
+        """Which of ``ids`` have a row here, in RAM or on disk."""
+        held = super().has_row(ids)
+        if len(self.cold):
+            held |= self.cold.find(ids) >= 0
+        return held
+
     # -- a lost ps's rows, put in (a replacement) ---------------------------------------------------
     def checked_merge(self, copy: TableCopy, patch: TablePatch) -> Callable[[], int]:
         """As an untiered table's (every check first, nothing changed), but the rows go to
@@ -449,8 +456,6 @@ class TieredTable(DynamicTable):
         super().checked_merge(copy, patch)  # the checks; its way of putting them in is not used
         live = np.ascontiguousarray(patch.live, np.int64)
         n = live.size
-        if n and len(self.cold) and bool(np.any(self.cold.find(live) >= 0)):
-            raise InvalidArgumentError(f"ps/install: {self.name!r} already holds some moved ids")
         if n * ColdRows.ROW_RAM > self.budget - self.held():
             self.refused += 1
             raise ResourceExhaustedError(
@@ -487,16 +492,7 @@ class TieredTable(DynamicTable):
             self.cold.put(live, rows, slots, meta, meta["last_seen"] if lru else meta["freq"])
             if removed.size:
                 self.removed.add(removed)
-            if cand_ids.size:  # the sightings of ids not admitted yet
-                fresh = (
-                    (self._cand.get(cand_ids) < 0)
-                    & (self.positions(cand_ids) < 0)
-                    & (self.cold.find(cand_ids) < 0)
-                )
-                if fresh.any():
-                    self._remember(cand_ids[fresh])
-                    known = self._cand.get(cand_ids[fresh])
-                    self._cand_counts[known[known >= 0]] = counts[fresh][known >= 0]
+            self.merge_sightings(cand_ids, counts)
             return n
 
         return put
