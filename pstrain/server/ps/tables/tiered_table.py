@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 __all__ = ["HOT_SHARE", "Tiering", "TieredTable"]
 
 #: Of a ps's ``--memory-budget``, what its tables' hot rows (and everything else it holds)
-#: may grow to; the rest is kept for the indexes of rows on disk (about 90 bytes a row:
+#: may grow to; the rest is kept for the indexes of rows on disk (about 100 bytes a row:
 #: half the budget indexes four to five times the rows the other half holds, for rows of
 #: 32 floats with one slot).
 HOT_SHARE = 0.5
