@@ -4,6 +4,8 @@ ps started on the same directory removes after a SIGKILL; and flags given wrong.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -34,6 +36,23 @@ async def test_a_tiered_ps_process_trains_past_its_budget_and_cleans_its_directo
     assert stats["rows"] == 8000 and stats["cold_rows"] > 2000, stats
     rows = await table.lookup(np.arange(0, 1000), training=False)  # read back from disk
     assert rows.shape == (1000, 16) and (await table.statistics())["promoted"] >= 1000
+    # pstrain status: a line for the tiered table, its rows in RAM and on disk
+    worker = drill.serve("--role", "worker", "--index", "0", "--port", "0")
+    spec = {"cluster": {"ps": [ps.address], "worker": [worker.address]}}
+    (tmp_path / "cluster.json").write_text(json.dumps(spec))
+    status = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "pstrain", "status", "--cluster", str(tmp_path / "cluster.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PSTRAIN_TOKEN": TOKEN},
+    )
+    assert status.returncode == 0, status.stdout + status.stderr
+    stats = await table.statistics()
+    line = next(ln for ln in status.stdout.splitlines() if "emb:" in ln)
+    assert f"{stats['hot_rows']} rows in RAM, {stats['cold_rows']} on disk" in line, status.stdout
+    assert "hit rate" in line and "reads from disk/s" in line and "0 refused" in line
     # SIGKILL: its directory stays; the next ps on the same --table-dir removes it
     ps.proc.send_signal(signal.SIGKILL)
     ps.proc.wait(30)
