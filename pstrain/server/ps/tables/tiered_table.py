@@ -247,13 +247,10 @@ class TieredTable(DynamicTable):
         return cold, self.cold.places[slots], self.cold.gens[slots]
 
     def read_cold(self, places: np.ndarray) -> dict[str, np.ndarray]:
-        """The records at ``places``; on a thread, no segment is deleted meanwhile."""
+        """The records at ``places``, timed. A caller that reads on a thread counts itself
+        in ``cold.reading`` from before it awaits, so no segment is deleted meanwhile."""
         started = time.perf_counter()
-        self.cold.reading += 1
-        try:
-            got = self.cold.read(places, dict(self.slot_init))
-        finally:
-            self.cold.reading -= 1
+        got = self.cold.read(places, dict(self.slot_init))
         self.cold_latency = [*self.cold_latency[-1023:], time.perf_counter() - started]
         return got
 
