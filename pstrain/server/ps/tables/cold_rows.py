@@ -5,10 +5,10 @@ rows in RAM, as every table does, and the rest here. Rows come here when the hot
 full (the least recently, or least often, looked up: the table's own LRU/LFU statistics)
 and go back when a request names them; a row here is never changed in place.
 
-On disk: append-only *segments* of at most ``segment_rows`` records, one file per column
-(``<n>.ids``, ``<n>.meta``, ``<n>.rows``, and ``<n>.slot<i>`` for its ``i``-th slot): a
-save streams one column of every segment after the other, and reading a batch of rows is
-one ``preadv`` per column and run of neighbouring records. A record taken back (or
+On disk: append-only *segments* of at most ``segment_rows`` records, a file each
+(``<n>.rec``); a record is a row whole (its id, epoch, ages, values and each slot's, packed),
+so reading a batch of rows is one ``pread`` per run of neighbouring records, and a save
+reads each segment in large runs once per array it writes. A record taken back (or
 evicted) is only counted dead; a segment whose records are all dead is deleted (never
 while a save or a read may need it).
 
@@ -21,7 +21,7 @@ then (:meth:`places_now`), and no segment is deleted until it ends (:meth:`begin
 :meth:`end_save`); the records at those places never change.
 
 Reads (:meth:`read`) run on a thread, never on the serving loop; writes (:meth:`put`)
-append a batch of records in one call per column. A disk that fills raises
+append a batch of records in one write. A disk that fills raises
 :class:`~pstrain.errors.ResourceExhaustedError` with nothing changed here.
 """
 
@@ -44,6 +44,8 @@ __all__ = ["META", "ColdRows"]
 
 #: Per record: the epoch it last changed in, its last training lookup and its lookup count.
 META = np.dtype([("epoch", "<u4"), ("pad", "<u4"), ("last_seen", "<i8"), ("freq", "<i8")])
+#: ``META``'s fields, for the records that carry them.
+META_FIELDS = ("epoch", "pad", "last_seen", "freq")
 #: A place: segment number << PLACE_BITS | record number.
 PLACE_BITS = 32
 
@@ -115,11 +117,21 @@ class ColdRows:
     def disk_bytes(self) -> int:
         total = 0
         for seg in self.segments.values():
-            total += seg.rows * (8 + META.itemsize + self.dim * self.dtype.itemsize * (1 + len(seg.slots)))
+            total += seg.rows * self.record(seg.slots).itemsize
         return total
 
-    def _path(self, number: int, column: str) -> str:
-        return os.path.join(self.directory, f"{number}.{column}")
+    def _path(self, number: int) -> str:
+        return os.path.join(self.directory, f"{number}.rec")
+
+    def record(self, slots: tuple[str, ...]) -> np.dtype:
+        """A record of a segment whose rows carry ``slots``: the id, ``META``'s fields, the
+        row, then each slot, packed."""
+        cell = (self.dtype, (self.dim,))
+        return np.dtype(
+            [("id", "<i8"), ("epoch", "<u4"), ("pad", "<u4"), ("last_seen", "<i8"), ("freq", "<i8")]
+            + [("row", *cell)]
+            + [(f"slot{i}", *cell) for i in range(len(slots))]
+        )
 
     # -- finding --------------------------------------------------------------------------------
     def find(self, ids: np.ndarray) -> np.ndarray:
@@ -178,19 +190,18 @@ class ColdRows:
                     self.open = seg
                 take = min(n - done, self.segment_rows - seg.rows)
                 part = slice(done, done + take)
-                columns = {
-                    "ids": ids[part],
-                    "meta": meta[part],
-                    "rows": rows[part],
-                    **{f"slot{i}": slots[k][part] for i, k in enumerate(key_names)},
-                }
-                for column, values in columns.items():
-                    data = np.ascontiguousarray(values)
-                    with open(self._path(seg.number, column), "ab") as f:
-                        if f.tell() != seg.rows * data[:1].nbytes:
-                            f.truncate(seg.rows * data[:1].nbytes)  # a failed write's tail
-                            f.seek(0, os.SEEK_END)
-                        f.write(data.data)
+                records = np.empty(take, self.record(key_names))
+                records["id"] = ids[part]
+                for name in META_FIELDS:
+                    records[name] = meta[name][part]
+                records["row"] = rows[part]
+                for i, k in enumerate(key_names):
+                    records[f"slot{i}"] = slots[k][part]
+                with open(self._path(seg.number), "ab") as f:
+                    if f.tell() != seg.rows * records.itemsize:
+                        f.truncate(seg.rows * records.itemsize)  # a failed write's tail
+                        f.seek(0, os.SEEK_END)
+                    f.write(records.data)
                 placed.append((seg, seg.rows, take))
                 seg.rows += take
                 done += take
@@ -263,11 +274,10 @@ class ColdRows:
         return len(gone)
 
     def _delete_files(self, seg: _Segment) -> None:
-        for column in ("ids", "meta", "rows", *(f"slot{i}" for i in range(len(seg.slots)))):
-            try:
-                os.unlink(self._path(seg.number, column))
-            except FileNotFoundError:
-                pass
+        try:
+            os.unlink(self._path(seg.number))
+        except FileNotFoundError:
+            pass
 
     # -- compaction ---------------------------------------------------------------------------
     def compactable(self) -> int | None:
@@ -339,36 +349,36 @@ class ColdRows:
             records = sorted_places[part] & ((1 << PLACE_BITS) - 1)
             seg = self.segments[number]
             dest = order[part]
-            for column, key in (("ids", "ids"), ("meta", "meta"), ("rows", "rows")):
-                out[key][dest] = self._gather(number, column, records, out[key][:1])
+            got = self._gather(number, records, self.record(seg.slots))
+            out["ids"][dest] = got["id"]
+            for name in META_FIELDS:
+                out["meta"][name][dest] = got[name]
+            out["rows"][dest] = got["row"]
             for k, init in slot_init.items():
                 if k in seg.slots:
-                    column = f"slot{seg.slots.index(k)}"
-                    out[f"slot:{k}"][dest] = self._gather(number, column, records, out["rows"][:1])
+                    out[f"slot:{k}"][dest] = got[f"slot{seg.slots.index(k)}"]
                 else:
                     out[f"slot:{k}"][dest] = init
         return out
 
-    def _gather(self, number: int, column: str, records: np.ndarray, like: np.ndarray) -> np.ndarray:
-        """Records ``records`` (ascending) of one column: one ``pread`` per run of
+    def _gather(self, number: int, records: np.ndarray, record: np.dtype) -> np.ndarray:
+        """Records ``records`` (ascending) of segment ``number``: one ``pread`` per run of
         neighbouring records, in a compiled loop without the GIL (the serving loop goes on
         meanwhile). Read, not mapped: mapped pages of the page cache would count in the
         process's memory, large folios of them at a time."""
-        shape = like.shape[1:]
-        width = like.itemsize * int(np.prod(shape, dtype=np.int64))
-        out = np.empty((records.size, *shape), like.dtype)
+        out = np.empty(records.size, record)
         if not records.size:
             return out
-        fd = os.open(self._path(number, column), os.O_RDONLY)
+        path = self._path(number)
+        fd = os.open(path, os.O_RDONLY)
         try:
-            err = self.kernels.pread_records(
-                fd, records, width, out.view(np.uint8).reshape(records.size, width)
-            )
+            raw = out.view(np.uint8).reshape(records.size, record.itemsize)
+            err = self.kernels.pread_records(fd, records, record.itemsize, raw)
         finally:
             os.close(fd)
         if err:
             what = os.strerror(err) if err > 0 else "fewer records than its index says"
-            raise OSError(err if err > 0 else errno.EIO, f"reading {self._path(number, column)}: {what}")
+            raise OSError(err if err > 0 else errno.EIO, f"reading {path}: {what}")
         return out
 
     # -- saves ----------------------------------------------------------------------------------------
