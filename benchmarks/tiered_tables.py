@@ -8,7 +8,9 @@ workers) on ps started with ``--memory-budget`` and ``--table-dir``, and the sam
 without. Reported (medians): examples per second and ``ratio_to_in_ram``; each ps's RSS
 sampled every 100 ms, its peak over the RSS it had before holding anything
 (``peak_rss_over_budget``: that peak / the budget); rows in RAM and on disk; the hit rate
-of lookups; reads from disk per step and their p50/p99 latency; held-out log loss of both.
+of lookups; reads from disk per step and their p50/p99 latency; a full save of the table
+against a plain sequential write of as many bytes to the same disk (``save_over_plain_write``);
+held-out log loss of both.
 
     python benchmarks/tiered_tables.py [--steps 1200] [--budget 80MiB] [--runs 3]
 """
@@ -16,10 +18,14 @@ of lookups; reads from disk per step and their p50/p99 latency; held-out log los
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 import pstrain
 from pstrain._base.checks import byte_size
@@ -39,7 +45,37 @@ async def table_figures(model: Any, cluster: pstrain.LocalCluster) -> dict:
             per_ps.append((await channel.statistics()).get("tables", {}).get(model.table.key, {}))
         finally:
             await channel.close()
-    return {"table": await model.table.statistics(), "table_per_ps": per_ps}
+    # a full save of the table (both tiers), against a plain sequential write of as many
+    # bytes to the same disk, one after the other
+    target = Path(cluster.checkpoint_root) / f"save-{os.getpid()}-{time.monotonic_ns()}"
+    started = time.perf_counter()
+    path = await pstrain.Checkpoint(table=model.table).save(str(target))
+    save_s = time.perf_counter() - started
+    written = sum(f.stat().st_size for f in Path(path).parent.glob(Path(path).name + "*"))
+    plain = plain_write_s(Path(cluster.checkpoint_root) / "plain.bin", written)
+    for f in Path(path).parent.glob(Path(path).name + "*"):
+        f.unlink()
+    return {
+        "table": await model.table.statistics(),
+        "table_per_ps": per_ps,
+        "save_bytes": written,
+        "save_over_plain_write": plain / save_s,
+    }
+
+
+def plain_write_s(path: Path, nbytes: int) -> float:
+    """Seconds to write ``nbytes`` to ``path`` and sync it (then the file is removed)."""
+    block = np.zeros(8 << 20, np.uint8).tobytes()
+    started = time.perf_counter()
+    with open(path, "wb") as f:
+        left = nbytes
+        while left > 0:
+            left -= f.write(block[: min(left, len(block))])
+        f.flush()
+        os.fsync(f.fileno())
+    took = time.perf_counter() - started
+    path.unlink()
+    return took
 
 
 def main() -> None:
@@ -55,7 +91,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="pstrain-w9-") as tier:
         for i in range(args.runs):
             for job in ("ram", "tiered") if i % 2 == 0 else ("tiered", "ram"):
-                options = {"memory_budget": budget, "table_dir": tier} if job == "tiered" else None
+                options: dict[str, Any] = {"checkpoint_root": tier}
+                if job == "tiered":
+                    options.update(memory_budget=budget, table_dir=tier)
                 runs[job].append(
                     pstrain.run(run_variant("a", args.steps, options, sample_s=0.1, after=table_figures))
                 )
@@ -101,6 +139,9 @@ def main() -> None:
             "cold_read_p50_us_per_ps": [t.get("cold_read_p50_us") for t in per_ps],
             "cold_read_p99_us_per_ps": [t.get("cold_read_p99_us") for t in per_ps],
             "refused": last.get("refused"),
+            "save_over_plain_write": round(median([r["save_over_plain_write"] for r in tiered]), 3),
+            "in_ram_save_over_plain_write": round(median([r["save_over_plain_write"] for r in ram]), 3),
+            "save_bytes": tiered[-1]["save_bytes"],
             "held_out_log_loss": round(median([r["held_out_log_loss"] for r in tiered]), 4),
             "in_ram_held_out_log_loss": round(median([r["held_out_log_loss"] for r in ram]), 4),
             "steps": args.steps,
