@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import pytest
 
 import pstrain
 from pstrain.checkpoint import Checkpoint, CheckpointManager, load_variables
-from tests.helpers import TOKEN, strategy_for
+from tests.helpers import TOKEN, strategy_for, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -42,10 +41,9 @@ async def test_sigkill_during_save_leaves_the_previous_checkpoint_loadable(ps_pr
     proc = drill.job([sys.executable, str(script)])
     assert proc.stdout.readline().strip() == "saved"
     run_dir = tmp_path / "run"
-    deadline = asyncio.get_running_loop().time() + 60
-    while not any(".tmp" in n for n in os.listdir(run_dir)):  # a later save is being written
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.005)
+    await wait_for(  # a later save is being written
+        lambda: any(".tmp" in n for n in os.listdir(run_dir)), timeout=60, what="a save under way"
+    )
     proc.kill()  # mid-save
     proc.wait()
     manager = CheckpointManager(None, str(run_dir), max_to_keep=None)
