@@ -49,10 +49,12 @@ setup:
 	$(MAKE) --no-print-directory -j2 sysdeps $(STAMP)
 
 # mypy (about 25 s from a fresh clone) checks while the tests run, its report printed after
-# them; either failing fails the target. The tests wait on conditions, not on CPU time, so
-# two test processes share the cores (pytest-xdist, a test file to each at a time; about half
-# the time a test waits on processes, sockets or timers): PYTEST_WORKERS=0 runs them in one.
-PYTEST_WORKERS ?= 2
+# them; either failing fails the target. The tests wait on conditions, not on CPU time, and
+# a quarter of the time a test waits on processes, sockets or timers: with two test
+# processes (pytest-xdist, a test file to each at a time) the two cores were busy 1.5 of
+# the time, with three they are busy (the tests took 305 s instead of 347 s). PYTEST_WORKERS=0
+# runs them in one process.
+PYTEST_WORKERS ?= 3
 test: setup
 	$(RUFF)
 	$(FORMAT)
