@@ -11,6 +11,7 @@ name a higher one's type in an annotation).
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import shutil
 from pathlib import Path
@@ -135,13 +136,20 @@ class Tree:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.modules = set(all_modules(root))
-        self.graph = {m: self.imports_of(m) for m in self.modules}
-        self.typed_graph = {m: self.imports_of(m, type_checking=m != "__init__") for m in self.modules}
+        self.graph: dict[str, set[str]] = {}
+        self.typed_graph: dict[str, set[str]] = {}
+        for m in self.modules:
+            path = self.root / (m.replace(".", "/") + ".py")
+            tree = ast.parse(path.read_text(), str(path))  # once for both graphs
+            self.graph[m] = self.imports_of(m, tree=tree)
+            self.typed_graph[m] = self.imports_of(m, type_checking=m != "__init__", tree=tree)
 
-    def imports_of(self, module: str, type_checking: bool = False) -> set[str]:
-        path = self.root / (module.replace(".", "/") + ".py")
+    def imports_of(self, module: str, type_checking: bool = False, tree: ast.AST | None = None) -> set[str]:
+        if tree is None:
+            path = self.root / (module.replace(".", "/") + ".py")
+            tree = ast.parse(path.read_text(), str(path))
         visitor = _Imports(module, self.modules, type_checking)
-        visitor.visit(ast.parse(path.read_text(), str(path)))
+        visitor.visit(tree)
         found = {m if m in self.modules else f"{m}.__init__" for m in visitor.found}
         found.discard(module)
         return {m for m in found if m in self.modules}
@@ -185,11 +193,15 @@ class Tree:
         return None
 
 
-TREE = Tree(ROOT)
+@functools.cache
+def package_tree() -> Tree:
+    """The package's import graph, made when a test first asks (not as the file is
+    collected: every test process collects every file)."""
+    return Tree(ROOT)
 
 
 def test_every_module_sits_in_a_layer_folder():
-    for module in TREE.modules:
+    for module in package_tree().modules:
         layer_of(module)
     # the layer folders are packages, with nothing else at their level
     folders = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
@@ -197,12 +209,12 @@ def test_every_module_sits_in_a_layer_folder():
 
 
 def test_the_import_graph_has_no_cycle():
-    cycle = TREE.cycle()
+    cycle = package_tree().cycle()
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
 def test_imports_follow_the_layers():
-    wrong = TREE.layer_violations()
+    wrong = package_tree().layer_violations()
     assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
 
 
@@ -230,7 +242,7 @@ def test_an_injected_layer_violation_is_caught(tmp_path):
 
 def test_the_graph_sees_function_level_imports():
     # The checks above would pass vacuously if the parser missed imports.
-    graph, typed = TREE.graph, TREE.typed_graph
+    graph, typed = package_tree().graph, package_tree().typed_graph
     assert "_transport.channels" in graph["_transport.bridge"] and "server.ps.handlers" in graph["testing"]
     assert "_coordinator.scheduling" in graph["_coordinator.coordinator"]
     assert "__init__" not in graph["_coordinator.coordinator"]
@@ -255,7 +267,7 @@ def test_facades_only_re_export_and_nothing_inside_imports_them():
             f"pstrain/{path.name} is a façade: imports only (and its __all__)"
         )
     assert set(facades) == FACADES
-    for module, deps in TREE.graph.items():
+    for module, deps in package_tree().graph.items():
         if layer_of(module) != "face":
             assert not set(deps) & set(facades), f"{module} imports a public façade"
 
@@ -292,7 +304,7 @@ LAYER_NOTES = {
 def tree_modules() -> dict[str, list[str]]:
     """``folder -> module names`` of the package ("." is the top)."""
     actual: dict[str, list[str]] = {}
-    for module in TREE.modules:
+    for module in package_tree().modules:
         parts = module.split(".")
         folder = "." if len(parts) == 1 else "/".join(parts[:-1])
         actual.setdefault(folder, []).append(parts[-1])
@@ -328,11 +340,14 @@ def test_the_longest_modules_are_listed_for_a_reviewer(capsys):
     # DESIGN.md: a module that holds two concepts is split along its seam, whatever its
     # length; a length is a prompt to look for a seam, never a budget. So nothing fails on
     # a number: the ten longest modules are printed for whoever reviews the tree.
-    sizes = {m: len((ROOT / (m.replace(".", "/") + ".py")).read_text().splitlines()) for m in TREE.modules}
+    sizes = {
+        m: len((ROOT / (m.replace(".", "/") + ".py")).read_text().splitlines())
+        for m in package_tree().modules
+    }
     longest = sorted(sizes.items(), key=lambda kv: -kv[1])[:10]
     with capsys.disabled():
         print("\nlongest modules: " + ", ".join(f"{m} {n}" for m, n in longest))
-    assert len(sizes) == len(TREE.modules) and all(n > 0 for n in sizes.values())
+    assert len(sizes) == len(package_tree().modules) and all(n > 0 for n in sizes.values())
 
 
 #: Files a docstring names that are a user's, not pstrain's (an example of a program).
