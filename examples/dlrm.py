@@ -161,37 +161,43 @@ def forward_backward(
     pooled: np.ndarray, dense: np.ndarray, labels: np.ndarray | None, mlp: list[np.ndarray]
 ) -> tuple[float, np.ndarray, np.ndarray, list[np.ndarray]]:
     """(loss, predictions, the gradient of ``pooled``, the MLP's gradients); ``labels`` None:
-    the forward pass only (loss and gradients empty)."""
+    the forward pass only (loss and gradients empty). Each layer's bias and ReLU, and each
+    ReLU's gradient, work in place on the product they follow: a batch's activations are
+    megabytes, and every temporary array is one more pass over them."""
     wb1, bb1, wb2, bb2, wt1, bt1, wt2, bt2, wt3, bt3 = mlp
 
-    def relu(a: np.ndarray) -> np.ndarray:
-        return np.maximum(a, 0, out=a)
+    def layer(a: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+        out = a @ w
+        out += b
+        return np.maximum(out, 0, out=out)
 
-    z1 = relu(dense @ wb1 + bb1)
-    z2 = relu(z1 @ wb2 + bb2)
+    def cut(d_out: np.ndarray, h: np.ndarray) -> np.ndarray:  # through a ReLU: 0 where h was cut
+        d_out *= h > 0
+        return d_out
+
+    z1 = layer(dense, wb1, bb1)
+    z2 = layer(z1, wb2, bb2)
     x = np.concatenate([pooled, z2], axis=1)
-    h1 = relu(x @ wt1 + bt1)
-    h2 = relu(h1 @ wt2 + bt2)
-    logit = (h2 @ wt3 + bt3)[:, 0]
+    h1 = layer(x, wt1, bt1)
+    h2 = layer(h1, wt2, bt2)
+    logit = h2 @ wt3[:, 0]
+    logit += bt3[0]
     p = 1 / (1 + np.exp(-logit))
     if labels is None:
         return float("nan"), p, np.zeros(0), []
     n = labels.shape[0]
     loss = float(np.mean(np.logaddexp(0, logit) - labels * logit))  # log loss from the logit
-    d = ((p - labels) / n).astype(np.float32)[:, None]
-    g_wt3, g_bt3 = h2.T @ d, d.sum(0)
-    d_h2 = d @ wt3.T
-    d_h2 *= h2 > 0
+    d = ((p - labels) / n).astype(np.float32)
+    g_wt3, g_bt3 = (h2.T @ d)[:, None], d.sum(keepdims=True)
+    d_h2 = cut(np.multiply.outer(d, wt3[:, 0]), h2)
     g_wt2, g_bt2 = h1.T @ d_h2, d_h2.sum(0)
-    d_h1 = d_h2 @ wt2.T
-    d_h1 *= h1 > 0
+    d_h1 = cut(d_h2 @ wt2.T, h1)
     g_wt1, g_bt1 = x.T @ d_h1, d_h1.sum(0)
     d_x = d_h1 @ wt1.T
     width = pooled.shape[1]
-    d_z2 = d_x[:, width:] * (z2 > 0)
+    d_z2 = cut(d_x[:, width:], z2)
     g_wb2, g_bb2 = z1.T @ d_z2, d_z2.sum(0)
-    d_z1 = d_z2 @ wb2.T
-    d_z1 *= z1 > 0
+    d_z1 = cut(d_z2 @ wb2.T, z1)
     g_wb1, g_bb1 = dense.T @ d_z1, d_z1.sum(0)
     grads = [g_wb1, g_bb1, g_wb2, g_bb2, g_wt1, g_bt1, g_wt2, g_bt2, g_wt3, g_bt3]
     return loss, p, np.ascontiguousarray(d_x[:, :width]), grads
