@@ -211,6 +211,7 @@ def main() -> None:
         "value": round(speed, 1),
         "examples_per_s_each_round": [round(r["examples_per_s"]) for r in ours],
         "held_out_log_loss": round(median([r["held_out_log_loss"] for r in ours]), 4),
+        "held_out_log_loss_each_round": [round(r["held_out_log_loss"], 4) for r in ours],
         "base_rate_log_loss": round(ours[0]["base_rate_log_loss"], 4),
         "cpu_ms_per_step": round(cpu, 2),
         "compute_alone_cpu_ms_per_step": round(alone, 2),
@@ -231,6 +232,7 @@ def main() -> None:
             row[f"{peer}_examples_per_s"] = round(median([r["examples_per_s"] for r in theirs]), 1)
             row[f"{peer}_examples_per_s_each_round"] = [round(r["examples_per_s"]) for r in theirs]
             row[f"{peer}_held_out_log_loss"] = round(median([r["heldout_logloss"] for r in theirs]), 4)
+            row[f"{peer}_held_out_log_loss_each_round"] = [round(r["heldout_logloss"], 4) for r in theirs]
             row[key] = round(speed / row[f"{peer}_examples_per_s"], 3)
             row[f"{peer}_version"] = versions[peer]
         else:
