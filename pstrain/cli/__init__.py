@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from .. import __version__
 from .._base.errors import PstrainError
-from .threads import presize_serve
+from .threads import pin_serve, presize_serve
 
 __all__ = ["main"]
 
@@ -24,6 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Before numpy or PyTorch load (the subcommands' modules import them): they size their
     # thread pools once, from the environment.
     sized = presize_serve(argv, os.environ)
+    pinned = pin_serve(argv)  # before any thread starts: each one it starts inherits the cores
     from .serve import serve, serve_parser
     from .status import status_parser
 
@@ -43,6 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_launch_parser(sub)
     args = parser.parse_args(argv)
     args.threads_sized = sized
+    args.cpus_pinned = pinned
     try:
         return int(args.func(args)) if hasattr(args, "func") else serve(args)
     except PstrainError as exc:

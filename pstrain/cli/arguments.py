@@ -18,11 +18,13 @@ from typing import Any
 from .._base.checks import byte_size, number, whole
 from .._base.cluster import parse_address
 from .._base.errors import InvalidArgumentError
+from .threads import cpu_list
 
 __all__ = [
     "LOG_LEVELS",
     "address",
     "bytes_flag",
+    "cpus_flag",
     "directory",
     "index_number",
     "level_name",
@@ -56,6 +58,16 @@ port_number = _flag_value(int, lambda v: whole(v, "a port", 0, 65535))
 seconds = _flag_value(float, lambda v: number(v, "a duration", unit=" of seconds"))
 #: A size in bytes, with a unit or not (``512MiB``, ``2GiB``, ``1000000``).
 bytes_flag = _flag_value(str, lambda text: byte_size(text, "it"))
+
+
+def cpus_flag(text: str) -> str:
+    """A list of cores this process may run on (``0-3,6``), as given; argparse's error
+    naming the flag otherwise."""
+    try:
+        cpu_list(text)
+    except InvalidArgumentError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def level_name(value: Any) -> str:

@@ -57,6 +57,12 @@ def add_launch_parser(sub: Any) -> None:
         help="where to write cluster.json, token (0600) and targets.json while the job "
         "runs (default: a new temporary directory, removed at the end)",
     )
+    p.add_argument(
+        "--pin-cpus",
+        action="store_true",
+        help="run each server on its share of the cores (pstrain serve --cpus; "
+        "LocalCluster(pin_cpus=True)): ps i and worker i share a core when the tasks outnumber them",
+    )
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     p.set_defaults(func=_launch)
 
@@ -73,7 +79,9 @@ def _launch(args: argparse.Namespace) -> int:
         )
     from .._transport.bridge import run
 
-    return run(_launch_async(cmd, args.ps, args.workers, args.log_level, args.dashboard, args.run_dir))
+    return run(
+        _launch_async(cmd, args.ps, args.workers, args.log_level, args.dashboard, args.run_dir, args.pin_cpus)
+    )
 
 
 async def _launch_async(
@@ -83,8 +91,9 @@ async def _launch_async(
     log_level: str,
     dashboard: str | None = None,
     run_dir: str | None = None,
+    pin_cpus: bool = False,
 ) -> int:
-    async with LocalCluster(num_ps, num_workers, log_level=log_level) as cluster:
+    async with LocalCluster(num_ps, num_workers, log_level=log_level, pin_cpus=pin_cpus) as cluster:
         chief = f"127.0.0.1:{_free_port()}"  # the coordinator serves its endpoint there
         config = cluster.config()
         config["cluster"]["chief"] = [chief]

@@ -24,6 +24,7 @@ from .arguments import (
     LOG_LEVELS,
     address,
     bytes_flag,
+    cpus_flag,
     directory,
     index_number,
     log_level,
@@ -231,6 +232,14 @@ def serve_parser(sub: Any) -> None:
         action="store_true",
         help="stop when the process that started this one exits (LocalCluster uses it)",
     )
+    p.add_argument(
+        "--cpus",
+        type=cpus_flag,
+        default=None,
+        metavar="LIST",
+        help="run on these cores only (0-3,6 ...; LocalCluster(pin_cpus=True) gives each task "
+        "its share): tasks sharing a machine keep their caches (default: any core)",
+    )
 
 
 def _raise_open_files_limit(want: int = 8192) -> None:
@@ -311,7 +320,10 @@ def serve_config(args: argparse.Namespace, environ: Mapping[str, str]) -> ServeC
         exit_with_parent=args.exit_with_parent,
         log_level=args.log_level,
         evaluator=EvaluatorConfig(args.checkpoint_dir, args.eval_script, args.max_evaluations),
-        threads_sized=getattr(args, "threads_sized", None),
+        threads_sized="; ".join(
+            x for x in (getattr(args, "threads_sized", None), getattr(args, "cpus_pinned", None)) if x
+        )
+        or None,
     )
 
 

@@ -14,10 +14,19 @@ import os
 from collections.abc import MutableMapping, Sequence
 
 from .._base.cluster import ClusterSpec, is_loopback, parse_address
-from .._base.errors import PstrainError
+from .._base.errors import InvalidArgumentError, PstrainError
 from .._base.resolvers import read_config
 
-__all__ = ["THREAD_VARS", "presize_serve", "size_threads", "tasks_on_host", "threads_for"]
+__all__ = [
+    "THREAD_VARS",
+    "cpu_list",
+    "cpu_shares",
+    "pin_serve",
+    "presize_serve",
+    "size_threads",
+    "tasks_on_host",
+    "threads_for",
+]
 
 #: What OpenBLAS, MKL, OpenMP and PyTorch (its intra-op pool) read at load.
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -55,6 +64,64 @@ def size_threads(env: MutableMapping[str, str], threads: int) -> dict[str, str]:
             env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
         ).strip()
     return chosen
+
+
+def cpu_list(text: str) -> list[int]:
+    """The cores of ``text`` (``"0"``, ``"0-3"``, ``"0,2,4-5"``), each of them one this
+    process may run on, ascending; InvalidArgumentError naming what is wrong otherwise."""
+    allowed = os.sched_getaffinity(0)
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            first, last = int(lo), int(hi if sep else lo)
+        except ValueError:
+            raise InvalidArgumentError(f"{text!r} is not a list of cores (0-3,6, say)") from None
+        if first < 0 or last < first:
+            raise InvalidArgumentError(f"{part.strip()!r} in {text!r} is not a range of cores")
+        cpus.update(range(first, last + 1))
+    outside = sorted(cpus - allowed)
+    if outside:
+        raise InvalidArgumentError(
+            f"cores {outside} are not among those this process may run on {sorted(allowed)}"
+        )
+    return sorted(cpus)
+
+
+def cpu_shares(tasks: int, cpus: Sequence[int]) -> list[list[int]]:
+    """Cores for each of ``tasks`` tasks of one machine: as many tasks as cores or more,
+    task ``k`` on core ``k mod n`` (ps ``i`` beside worker ``i`` when the ps come first);
+    fewer, each task its own run of ``n // tasks`` cores.
+
+    >>> cpu_shares(4, [0, 1])
+    [[0], [1], [0], [1]]
+    >>> cpu_shares(2, [0, 1, 2, 3, 4])
+    [[0, 1], [2, 3]]
+    """
+    n = len(cpus)
+    if tasks >= n:
+        return [[cpus[k % n]] for k in range(tasks)]
+    each = n // tasks
+    return [list(cpus[k * each : (k + 1) * each]) for k in range(tasks)]
+
+
+def pin_serve(argv: Sequence[str]) -> str | None:
+    """For ``pstrain serve --cpus LIST``: run this process (and every thread it starts
+    later) on those cores, before any thread starts. Returns what to log; a list given
+    wrong is left to the flag's own error."""
+    if not argv or argv[0] != "serve":
+        return None
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--cpus")
+    known, _ = pre.parse_known_args(list(argv[1:]))
+    if known.cpus is None:
+        return None
+    try:
+        cpus = cpu_list(known.cpus)
+    except InvalidArgumentError:
+        return None  # serve's parser refuses it, naming the flag
+    os.sched_setaffinity(0, cpus)
+    return f"running on cores {known.cpus} (--cpus)"
 
 
 def presize_serve(argv: Sequence[str], env: MutableMapping[str, str]) -> str | None:

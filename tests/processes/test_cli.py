@@ -181,6 +181,11 @@ def test_a_file_or_port_given_wrong_is_one_line_naming_the_flag(tmp_path):
             "argument --port: a port must be a whole number from 0 to 65535, got 99999",
         ),
         (("serve", "--role", "ps", "--port", "x"), "argument --port: 'x' is not a number"),
+        (("serve", "--role", "ps", "--cpus", "one"), "argument --cpus: 'one' is not a list of cores"),
+        (
+            ("serve", "--role", "ps", "--cpus", f"{max(os.sched_getaffinity(0)) + 1}"),
+            f"argument --cpus: cores [{max(os.sched_getaffinity(0)) + 1}] are not among those",
+        ),
         (
             ("serve", "--role", "ps", "--cluster", missing),
             f"--cluster {missing}: the file cannot be read (No such file or directory)",

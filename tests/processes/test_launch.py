@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -373,3 +374,43 @@ def test_serve_refuses_a_handed_socket_bound_elsewhere_than_its_host(host):
         )
     assert result.returncode != 0 and "listening on" not in result.stdout + result.stderr
     assert f"bound to ('{host}', {port})" in result.stderr, result.stderr
+
+
+def cores_of(pid: int) -> set[str]:
+    """The cores each thread of process ``pid`` may run on (as /proc lists them)."""
+    return {
+        Path(f"/proc/{pid}/task/{tid}/status").read_text().split("Cpus_allowed_list:")[1].split()[0]
+        for tid in os.listdir(f"/proc/{pid}/task")
+    }
+
+
+async def test_pinned_tasks_run_on_their_share_of_the_cores_and_unpinned_ones_anywhere():
+    allowed = sorted(os.sched_getaffinity(0))
+    async with pstrain.LocalCluster(num_ps=2, num_workers=2, pin_cpus=True) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        async with strategy.scope():
+            v = pstrain.Variable(0.0)
+
+        async def add() -> None:
+            await v.assign_add(1.0)
+
+        for _ in range(8):  # the closure threads, started by now, run where their process does
+            coordinator.schedule(add)
+        await coordinator.join()
+        assert float(await v.numpy()) == 8.0
+        for k, task in enumerate([("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1)]):
+            if len(allowed) <= 4:  # ps i beside worker i
+                want = {str(allowed[k % len(allowed)])}
+            else:  # each its own run of cores
+                each = len(allowed) // 4
+                want = {",".join(map(str, allowed[k * each : (k + 1) * each]))}
+            assert cluster.cpus is not None and cluster.cpus[task] == [
+                int(c) for c in next(iter(want)).split(",")
+            ]
+            assert cores_of(cluster.pid(*task)) == want, (task, cores_of(cluster.pid(*task)))
+        await coordinator.close()
+    async with pstrain.LocalCluster(num_ps=1, num_workers=1) as cluster:
+        assert cluster.cpus is None
+        anywhere = cores_of(os.getpid())
+        assert cores_of(cluster.pid("ps", 0)) == cores_of(cluster.pid("worker", 0)) == anywhere
