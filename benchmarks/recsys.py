@@ -3,7 +3,8 @@ one session, alternated round by round, against the model's own compute alone.
 
 Each round runs, in an order that rotates from round to round:
 
-* pstrain's W8 (``examples/dlrm.py``: 2 ps, 2 workers, 500 steps), with the CPU seconds of
+* pstrain's W8 (``examples/dlrm.py``: 2 ps, 2 workers, 500 steps, each task on its core:
+  ``LocalCluster(pin_cpus=True)``, ``--no-pin`` leaves them anywhere), with the CPU seconds of
   all five processes over the timed steps and the requests and bytes each step sent (its
   closures count them with ``pstrain.count_requests``);
 * TensorFlow's (``../shared/anchors/tf_ps.py --workload W8``), given ``--tf-python``;
@@ -57,8 +58,8 @@ ANCHORS = HERE.parents[1] / "shared" / "anchors"
 SETUP = "the steps of ../shared/anchors/README.md"
 
 
-async def run_pstrain(steps: int, inflight: int = 2) -> dict[str, Any]:
-    async with pstrain.LocalCluster(num_ps=2, num_workers=2) as cluster:
+async def run_pstrain(steps: int, inflight: int = 2, pin_cpus: bool = True) -> dict[str, Any]:
+    async with pstrain.LocalCluster(num_ps=2, num_workers=2, pin_cpus=pin_cpus) as cluster:
         pids = [os.getpid()] + [cluster.pid(job, i) for job in ("ps", "worker") for i in range(2)]
         return await dlrm.train(
             cluster.resolver,
@@ -134,6 +135,12 @@ def main() -> None:
         default=2,
         help="pstrain's closures in flight per worker (1: less stale, slower)",
     )
+    parser.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="leave pstrain's tasks on any core (default: LocalCluster(pin_cpus=True), ps i and "
+        "worker i on core i)",
+    )
     parser.add_argument("--compute-alone", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.compute_alone:
@@ -157,7 +164,7 @@ def main() -> None:
     for i in range(args.rounds):
         for system in systems[i % len(systems) :] + systems[: i % len(systems)]:
             if system == "pstrain":
-                got[system].append(pstrain.run(run_pstrain(args.steps, args.inflight)))
+                got[system].append(pstrain.run(run_pstrain(args.steps, args.inflight, not args.no_pin)))
             elif system == "alone":
                 got[system].append(alone_round(args.steps))
             elif system == "tf":
@@ -224,6 +231,7 @@ def main() -> None:
         "steps": args.steps,
         "batch": dlrm.BATCH,
         "max_inflight_per_worker": args.inflight,
+        "pin_cpus": not args.no_pin,
         "note": "W8 alternated with its peers in one session; medians",
     }
     for peer, key in (("tf", "ratio_to_tf"), ("torchrec", "ratio_to_torchrec")):
