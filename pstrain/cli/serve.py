@@ -320,10 +320,8 @@ def serve_config(args: argparse.Namespace, environ: Mapping[str, str]) -> ServeC
         exit_with_parent=args.exit_with_parent,
         log_level=args.log_level,
         evaluator=EvaluatorConfig(args.checkpoint_dir, args.eval_script, args.max_evaluations),
-        threads_sized="; ".join(
-            x for x in (getattr(args, "threads_sized", None), getattr(args, "cpus_pinned", None)) if x
-        )
-        or None,
+        threads_sized=getattr(args, "threads_sized", None),
+        cpus_pinned=getattr(args, "cpus_pinned", None),
     )
 
 
@@ -335,8 +333,9 @@ def serve(args: argparse.Namespace) -> int:
     config = serve_config(args, os.environ)
     role, index, token = config.role, config.index, config.token
     setup_logging(config.log_level, f"{role}:{index}")
-    if config.threads_sized:
-        logger.info("%s:%d: %s", role, index, config.threads_sized)
+    for said in (config.threads_sized, config.cpus_pinned):
+        if said:
+            logger.info("%s:%d: %s", role, index, said)
     if role == "evaluator":
         return evaluate(config.evaluator)
     server: Any = Server(config).impl

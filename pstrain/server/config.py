@@ -99,6 +99,8 @@ class ServeConfig:
     evaluator: EvaluatorConfig = dataclasses.field(default_factory=EvaluatorConfig)
     #: what the command set of the numeric libraries' thread counts (said once it logs)
     threads_sized: str | None = None
+    #: the cores the command pinned the task to (``--cpus``; said once it logs)
+    cpus_pinned: str | None = None
 
     def server_options(self) -> dict[str, Any]:
         """What every server of this task is built with."""
