@@ -66,6 +66,20 @@ def size_threads(env: MutableMapping[str, str], threads: int) -> dict[str, str]:
     return chosen
 
 
+def _serve_flags(argv: Sequence[str]) -> argparse.Namespace | None:
+    """The flags of ``pstrain serve ...`` read before its modules load (None: another
+    command); the rest, and their errors, are serve's own parser's."""
+    if not argv or argv[0] != "serve":
+        return None
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--role")
+    pre.add_argument("--index", type=int)
+    pre.add_argument("--cluster")
+    pre.add_argument("--cpus")
+    known, _ = pre.parse_known_args(list(argv[1:]))
+    return known
+
+
 def cpu_list(text: str) -> list[int]:
     """The cores of ``text`` (``"0"``, ``"0-3"``, ``"0,2,4-5"``), each of them one this
     process may run on, ascending; InvalidArgumentError naming what is wrong otherwise."""
@@ -109,12 +123,8 @@ def pin_serve(argv: Sequence[str]) -> str | None:
     """For ``pstrain serve --cpus LIST``: run this process (and every thread it starts
     later) on those cores, before any thread starts. Returns what to log; a list given
     wrong is left to the flag's own error."""
-    if not argv or argv[0] != "serve":
-        return None
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--cpus")
-    known, _ = pre.parse_known_args(list(argv[1:]))
-    if known.cpus is None:
+    known = _serve_flags(argv)
+    if known is None or known.cpus is None:
         return None
     try:
         cpus = cpu_list(known.cpus)
@@ -128,13 +138,9 @@ def presize_serve(argv: Sequence[str], env: MutableMapping[str, str]) -> str | N
     """For ``pstrain serve ...``: size the threads before numpy or PyTorch load (they read
     the variables once, at load). Returns what to log once logging is set up (None: the
     task has the machine to itself, or its cluster is not known yet)."""
-    if not argv or argv[0] != "serve":
+    known = _serve_flags(argv)
+    if known is None:
         return None
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--role")
-    pre.add_argument("--index", type=int)
-    pre.add_argument("--cluster")
-    known, _ = pre.parse_known_args(list(argv[1:]))
     try:
         config = read_config(known.cluster, env)
     except (OSError, PstrainError):
