@@ -242,12 +242,15 @@ def _split(grad: Any, var: Any) -> list[tuple[Variable, np.ndarray | None, np.nd
         offsets = var.offsets
         if isinstance(grad, IndexedSlices):
             rows, values = _dedupe(np.asarray(grad.indices), np.asarray(grad.values, var.dtype))
-            part, local = var.route(rows)
-            out: list[tuple[Variable, np.ndarray | None, np.ndarray]] = []
-            for p in np.unique(part):
-                mask = part == p
-                out.append((parts[int(p)], compact_ids(local[mask]), values[mask]))
-            return out
+            if rows.ndim != 1 or (rows.size and (rows[0] < 0 or rows[-1] >= var.shape[0])):
+                var.route(rows)  # raises, naming the row out of range
+            # ascending and unique: each part's rows are one run, sliced without a copy
+            bounds = np.searchsorted(rows, offsets)
+            return [
+                (parts[p], compact_ids(rows[lo:hi] - offsets[p]), values[lo:hi])
+                for p, (lo, hi) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+                if hi > lo
+            ]
         g = np.asarray(grad, var.dtype)
         if g.shape != var.shape:
             raise InvalidArgumentError(f"gradient of {var.name!r} has shape {g.shape}, expected {var.shape}")
