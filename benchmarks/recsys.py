@@ -12,7 +12,8 @@ Each round runs, in an order that rotates from round to round:
   ``--torchrec-python``;
 * the compute alone: the same lookups, pooling, MLP forward and backward and Adagrad
   steps on the same batches, in one process of one thread with no network (its CPU
-  seconds per step; the batches are made before the clock starts).
+  seconds per step; the batches are made before the clock starts; malloc keeps freed
+  memory as a worker's does).
 
 Medians over the rounds go to ``results/W8.jsonl`` (``ratio_to_tf``, ``ratio_to_torchrec``,
 ``cpu_over_compute_alone``, ``requests_per_ps_per_step``), every peer line to
@@ -71,11 +72,14 @@ async def run_pstrain(steps: int, inflight: int = 2, pin_cpus: bool = True) -> d
 
 
 def compute_alone(steps: int) -> dict[str, Any]:
-    """CPU seconds per step of W8's compute in this process (run it with one thread)."""
+    """CPU seconds per step of W8's compute in this process (run it with one thread), with
+    malloc keeping freed memory as a worker's does (``pstrain serve --keep-freed``)."""
     from pstrain._embeddings.pooling import Bags
     from pstrain._formats.numerics.optimizer_rules import RULES
     from pstrain._kernels.batches import take_rows
+    from pstrain.cli.memory import DEFAULT_KEEP, keep_freed
 
+    keep_freed(DEFAULT_KEEP)
     n = min(steps, 60) * dlrm.BATCH
     (ids, lengths, dense, labels), _ = dlrm.synthetic(n, 0)
     kjt = dlrm.features(ids, lengths)

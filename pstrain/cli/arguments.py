@@ -18,6 +18,7 @@ from typing import Any
 from .._base.checks import byte_size, number, whole
 from .._base.cluster import parse_address
 from .._base.errors import InvalidArgumentError
+from .memory import keep_freed_size
 from .threads import cpu_list
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "cpus_flag",
     "directory",
     "index_number",
+    "keep_freed_flag",
     "level_name",
     "log_level",
     "port_number",
@@ -58,6 +60,8 @@ port_number = _flag_value(int, lambda v: whole(v, "a port", 0, 65535))
 seconds = _flag_value(float, lambda v: number(v, "a duration", unit=" of seconds"))
 #: A size in bytes, with a unit or not (``512MiB``, ``2GiB``, ``1000000``).
 bytes_flag = _flag_value(str, lambda text: byte_size(text, "it"))
+#: ``--keep-freed``: a size, or 0.
+keep_freed_flag = _flag_value(str, keep_freed_size)
 
 
 def cpus_flag(text: str) -> str:

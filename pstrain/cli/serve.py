@@ -27,6 +27,7 @@ from .arguments import (
     cpus_flag,
     directory,
     index_number,
+    keep_freed_flag,
     log_level,
     port_number,
     positive_int,
@@ -34,6 +35,7 @@ from .arguments import (
 )
 from .common import evaluate, leave, setup_logging
 from .joining import follow, incarnation, join_as
+from .memory import DEFAULT_KEEP, keep_freed
 
 logger = logging.getLogger("pstrain.cli")
 
@@ -147,6 +149,15 @@ def serve_parser(sub: Any) -> None:
         help="worker: on SIGTERM, take no new closures and wait this long for the running "
         "ones before leaving (on Ctrl-C, at most 4 s); ps started with --join: on "
         "SIGTERM, wait this long for its variables to move to the other ps",
+    )
+    p.add_argument(
+        "--keep-freed",
+        type=keep_freed_flag,
+        default=None,
+        metavar="SIZE",
+        help="worker: freed memory its malloc keeps for the next steps' arrays instead of "
+        "returning it to the system, which then faults every page in again each step "
+        "(default 256MiB; 0: glibc's own behaviour; other roles: 0)",
     )
     p.add_argument(
         "--closure-threads",
@@ -314,6 +325,7 @@ def serve_config(args: argparse.Namespace, environ: Mapping[str, str]) -> ServeC
             table_dir=args.table_dir,
         ),
         closure_threads=args.closure_threads,
+        keep_freed=(DEFAULT_KEEP if role == "worker" else 0) if args.keep_freed is None else args.keep_freed,
         join=args.join,
         advertise=args.advertise,
         drain_timeout=args.drain_timeout,
@@ -333,7 +345,7 @@ def serve(args: argparse.Namespace) -> int:
     config = serve_config(args, os.environ)
     role, index, token = config.role, config.index, config.token
     setup_logging(config.log_level, f"{role}:{index}")
-    for said in (config.threads_sized, config.cpus_pinned):
+    for said in (config.threads_sized, config.cpus_pinned, keep_freed(config.keep_freed)):
         if said:
             logger.info("%s:%d: %s", role, index, said)
     if role == "evaluator":

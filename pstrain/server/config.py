@@ -90,6 +90,8 @@ class ServeConfig:
     listen_fd: int | None = None
     ps: PsLimits = dataclasses.field(default_factory=PsLimits)
     closure_threads: int = 4  # worker: threads that run plain ``def`` closures
+    #: bytes of freed memory malloc keeps for the next steps (``cli/memory.py``; 0: glibc's way)
+    keep_freed: int = 0
     #: a running job's coordinator endpoint to join, and the address to give it
     join: str | None = None
     advertise: str | None = None

@@ -183,6 +183,14 @@ def test_a_file_or_port_given_wrong_is_one_line_naming_the_flag(tmp_path):
         (("serve", "--role", "ps", "--port", "x"), "argument --port: 'x' is not a number"),
         (("serve", "--role", "ps", "--cpus", "one"), "argument --cpus: 'one' is not a list of cores"),
         (
+            ("serve", "--role", "worker", "--keep-freed", "3GiB"),
+            "argument --keep-freed: --keep-freed must be at most 2GiB, got 3221225472",
+        ),
+        (
+            ("serve", "--role", "worker", "--keep-freed", "lots"),
+            "argument --keep-freed: --keep-freed must be a size in bytes such as 512MiB, got 'lots'",
+        ),
+        (
             ("serve", "--role", "ps", "--cpus", f"{max(os.sched_getaffinity(0)) + 1}"),
             f"argument --cpus: cores [{max(os.sched_getaffinity(0)) + 1}] are not among those",
         ),

@@ -1,0 +1,71 @@
+"""How much freed memory a worker keeps for its next steps' arrays.
+
+A training step allocates its batch, its pooled rows, its activations and its gradients
+afresh, megabytes each, and frees them when it ends. glibc's malloc gives memory that large
+back to the kernel (an array over its mmap threshold is unmapped when freed; a thread's heap
+is trimmed once its free top passes the trim threshold), so the next step faults every page
+in again, each one zeroed by the kernel: thousands of page faults a step, paid in kernel
+time on the core the step runs on. ``pstrain serve --role worker`` has malloc keep up to
+``--keep-freed`` bytes of freed memory (256 MiB unless told) and serve every array under
+32 MiB from it, as TensorFlow's own allocator keeps its memory (and as TorchRec's CPU
+guides have jemalloc or tcmalloc do). The price is that the worker's resident memory stays
+at its largest step's, up to that many bytes more. Other roles keep glibc's behaviour: a ps
+allocates little per step. glibc only: elsewhere (musl, macOS) nothing is changed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from .._base.checks import byte_size
+from .._base.errors import InvalidArgumentError
+
+__all__ = ["DEFAULT_KEEP", "KEEP_MAX", "keep_freed", "keep_freed_size"]
+
+#: ``mallopt``'s parameters (glibc's malloc.h).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+#: glibc's largest mmap threshold on 64-bit (half a thread heap): larger arrays are still
+#: mapped and unmapped one by one.
+MMAP_THRESHOLD_MAX = 32 << 20
+#: What a worker keeps unless ``--keep-freed`` says otherwise.
+DEFAULT_KEEP = 256 << 20
+#: The most ``mallopt`` takes (an ``int``).
+KEEP_MAX = (1 << 31) - 1
+
+
+def keep_freed_size(text: str) -> int:
+    """``--keep-freed``'s value: a size (``256MiB``), or 0 for glibc's own behaviour.
+
+    >>> keep_freed_size("64MiB"), keep_freed_size("0")
+    (67108864, 0)
+    >>> keep_freed_size("3GiB")
+    Traceback (most recent call last):
+    pstrain.errors.InvalidArgumentError: --keep-freed must be at most 2GiB, got 3221225472
+    """
+    if text.strip() == "0":
+        return 0
+    size = byte_size(text, "--keep-freed")
+    if size > KEEP_MAX:
+        raise InvalidArgumentError(f"--keep-freed must be at most 2GiB, got {size}")  # (an int to malloc)
+    return size
+
+
+def keep_freed(keep: int) -> str | None:
+    """Have this process's malloc keep up to ``keep`` bytes of freed memory and serve
+    arrays under 32 MiB from it; returns what it set, to log, or None: nothing changed
+    (``keep`` 0, or not glibc)."""
+    if keep <= 0:
+        return None
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # noqa: B018 - glibc's alone: other mallocs read mallopt otherwise
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return None
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    keep = min(keep, KEEP_MAX)
+    if not (mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) and mallopt(_M_TRIM_THRESHOLD, keep)):
+        return None
+    return f"malloc keeps up to {keep >> 20} MiB of freed memory for the next steps' arrays (--keep-freed)"
