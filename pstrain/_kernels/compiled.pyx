@@ -595,6 +595,26 @@ def take_bags(
     return out
 
 
+def shuffle_through(int64_t[::1] buf, const int64_t[::1] incoming, const double[::1] draws,
+                    int64_t[::1] out):
+    """A buffer shuffle's steady state: for each incoming row ``i``, ``out[i]`` is the row
+    in slot ``int(draws[i] * len(buf))`` of the buffer, which then holds ``incoming[i]``
+    (``draws`` in [0, 1)): TF's ``shuffle``, a random row out for each row in."""
+    cdef Py_ssize_t i, k, n = incoming.shape[0], size = buf.shape[0]
+    if draws.shape[0] != n or out.shape[0] != n:
+        raise ValueError("shuffle_through: incoming, draws and out differ in length")
+    if n and size == 0:
+        raise ValueError("shuffle_through: an empty buffer")
+    for i in range(n):
+        if not 0.0 <= draws[i] < 1.0:
+            raise ValueError("shuffle_through: a draw outside [0, 1)")
+    with nogil:
+        for i in range(n):
+            k = <Py_ssize_t>(draws[i] * size)
+            out[i] = buf[k]
+            buf[k] = incoming[i]
+
+
 def take_fixed(const uint8_t[:, ::1] src, const int64_t[::1] rows, uint8_t[:, ::1] out):
     """``out[i] = src[rows[i]]`` for rows of any bytes (a batch of a rectangular array, or of
     bags all one long), each row's memory asked for :data:`BAG_AHEAD` rows before."""

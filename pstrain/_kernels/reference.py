@@ -296,6 +296,20 @@ def take_bags(
     return values.reshape(-1, itemsize)[pos].reshape(-1)
 
 
+def shuffle_through(buf: np.ndarray, incoming: np.ndarray, draws: np.ndarray, out: np.ndarray) -> None:
+    if draws.shape[0] != incoming.shape[0] or out.shape[0] != incoming.shape[0]:
+        raise ValueError("shuffle_through: incoming, draws and out differ in length")
+    if incoming.size and buf.size == 0:
+        raise ValueError("shuffle_through: an empty buffer")
+    if incoming.size and not bool(np.all((draws >= 0.0) & (draws < 1.0))):
+        raise ValueError("shuffle_through: a draw outside [0, 1)")
+    size = buf.shape[0]
+    for i, (x, d) in enumerate(zip(incoming.tolist(), draws.tolist())):
+        k = int(d * size)
+        out[i] = buf[k]
+        buf[k] = x
+
+
 def take_fixed(src: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
     if out.shape != (rows.size, src.shape[1]):
         raise ValueError("take_fixed: out is not (len(rows), the rows' bytes)")

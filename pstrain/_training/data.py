@@ -33,6 +33,8 @@ from .._base.checks import whole
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from .._kernels.batches import take_examples
+from . import row_indices
+from .row_indices import Blocks
 
 __all__ = ["AUTOTUNE", "Dataset", "TensorSpec"]
 
@@ -153,13 +155,13 @@ class Dataset:
         make: Callable[[], Iterator[Any]],
         *,
         source: Any = None,
-        indices: Callable[[], Iterator[int]] | None = None,
+        indices: Blocks | None = None,
         spec: Any = None,
         partial_batch: bool = False,
     ) -> None:
         self._make = make
         self._source = source  # slices mode: the arrays...
-        self._indices = indices  # ...and a factory of row-index iterators
+        self._indices = indices  # ...and its rows, in blocks (``row_indices.py``)
         self._spec = spec  # a declared element_spec (from_generator's signature)
         self._partial_batch = partial_batch  # batched without drop_remainder
 
@@ -192,11 +194,13 @@ class Dataset:
         arrays beside them)."""
         source = _to_arrays(tensors)
         n = _leaves_len(source)
-        return Dataset._slices(source, lambda: iter(range(n)))
+        return Dataset._slices(source, row_indices.rows(n))
 
     @staticmethod
-    def _slices(source: Any, indices: Callable[[], Iterator[int]]) -> Dataset:
-        return Dataset(lambda: (_take(source, i) for i in indices()), source=source, indices=indices)
+    def _slices(source: Any, indices: Blocks) -> Dataset:
+        return Dataset(
+            lambda: (_take(source, i) for i in row_indices.each(indices)), source=source, indices=indices
+        )
 
     @staticmethod
     def range(*args: int) -> Dataset:
@@ -214,7 +218,7 @@ class Dataset:
     # -- transformations -----------------------------------------------------------------------
     def _derive(
         self,
-        index_op: Callable[[Callable[[], Iterator[int]]], Callable[[], Iterator[int]]] | None,
+        index_op: Callable[[Blocks], Blocks] | None,
         elem_op: Callable[[Callable[[], Iterator[Any]]], Callable[[], Iterator[Any]]],
     ) -> Dataset:
         if self._indices is not None and index_op is not None:
@@ -264,7 +268,7 @@ class Dataset:
 
             return run
 
-        return self._derive(shuffled, shuffled)
+        return self._derive(lambda blocks: row_indices.shuffled(blocks, buffer_size, rng), shuffled)
 
     def repeat(self, count: int | None = None) -> Dataset:
         """Repeat ``count`` times (forever when None); each pass re-iterates the input."""
@@ -284,7 +288,7 @@ class Dataset:
 
             return run
 
-        return self._derive(repeated, repeated)
+        return self._derive(lambda blocks: row_indices.repeated(blocks, count), repeated)
 
     def take(self, count: int) -> Dataset:
         """The first ``count`` elements (all when negative)."""
@@ -293,7 +297,7 @@ class Dataset:
         def taken(make: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
             return lambda: make() if count < 0 else itertools.islice(make(), count)
 
-        return self._derive(taken, taken)
+        return self._derive(lambda blocks: row_indices.taken(blocks, count), taken)
 
     def shard(self, num_shards: int, index: int) -> Dataset:
         """Every ``num_shards``-th element, starting at ``index``."""
@@ -303,20 +307,17 @@ class Dataset:
         def sharded(make: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
             return lambda: itertools.islice(make(), index, None, num_shards)
 
-        return self._derive(sharded, sharded)
+        return self._derive(lambda blocks: row_indices.sharded(blocks, num_shards, index), sharded)
 
     def batch(self, batch_size: int, drop_remainder: bool = False) -> Dataset:
         """Stack ``batch_size`` consecutive elements (component-wise for tuples and dicts)."""
         whole(batch_size, "batch_size", 1)
         if self._indices is not None:
-            source, indices = self._source, self._indices
+            source = self._source
+            batch_rows = row_indices.batches(self._indices, batch_size, drop_remainder)
 
             def gather() -> Iterator[Any]:
-                it = indices()
-                while True:
-                    idx = np.fromiter(itertools.islice(it, batch_size), np.int64)
-                    if idx.size == 0 or (drop_remainder and idx.size < batch_size):
-                        return
+                for idx in batch_rows():
                     yield _take(source, idx)
 
             return Dataset(gather, partial_batch=not drop_remainder)

@@ -791,3 +791,29 @@ def test_records_read_from_a_file_are_the_same_compiled_and_in_numpy(tmp_path_fa
             assert k.pread_records(fd, past, width, np.zeros((3, width), np.uint8)) == -1
     finally:
         os.close(fd)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    buf=st.lists(st.integers(0, 10**6), min_size=1, max_size=40),
+    incoming=st.lists(st.integers(0, 10**6), max_size=120),
+    data=st.data(),
+)
+def test_a_shuffles_steady_state_is_the_same_compiled_and_in_numpy(buf, incoming, data):
+    draws = np.array(
+        data.draw(
+            st.lists(st.floats(0, 1, exclude_max=True), min_size=len(incoming), max_size=len(incoming))
+        ),
+        np.float64,
+    )
+    got = {}
+    for name, k in (("compiled", compiled), ("numpy", reference)):
+        b, out = np.array(buf, np.int64), np.empty(len(incoming), np.int64)
+        k.shuffle_through(b, np.array(incoming, np.int64), draws, out)
+        got[name] = (b.tolist(), out.tolist())
+    assert got["compiled"] == got["numpy"]
+    # each row out was in the buffer, and the buffer keeps the rest: nothing lost or repeated
+    assert sorted(got["numpy"][0] + got["numpy"][1]) == sorted(buf + incoming)
+    for k in (compiled, reference):
+        with pytest.raises(ValueError, match="a draw outside"):
+            k.shuffle_through(np.zeros(3, np.int64), np.zeros(1, np.int64), np.ones(1), np.empty(1, np.int64))
