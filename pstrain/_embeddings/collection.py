@@ -188,7 +188,7 @@ class EmbeddingCollection(Module):
             # ascending: each part's rows are one run, and the gradients go as sorted, unique
             # rows (which neither the optimizer nor the ps sorts again)
             unique, bags = Bags.sharing(jaggeds, config.combiner, config.dtype, batch)
-            low, high = (int(unique.min()), int(unique.max())) if unique.size else (0, 0)
+            low, high = (int(unique[0]), int(unique[-1])) if unique.size else (0, 0)  # (ascending)
             if config.num_embeddings is not None and (low < 0 or high >= config.num_embeddings):
                 bad = low if low < 0 else high
                 feature = next(
@@ -301,7 +301,19 @@ class EmbeddingCollection(Module):
     @staticmethod
     def _put(item: tuple[Any, ...], rows: dict[str, np.ndarray], values: list[Any], value: Any) -> None:
         if item[0] == "rows":
-            rows[item[1]][item[3] : item[4]] = value
+            mine = rows[item[1]]
+            if (  # a table's rows from one part: the reply's array itself (a view of its body)
+                item[3] == 0
+                and item[4] == mine.shape[0]
+                and isinstance(value, np.ndarray)
+                and value.shape == mine.shape
+                and value.dtype == mine.dtype
+                and value.flags.writeable
+                and value.flags.c_contiguous
+            ):
+                rows[item[1]] = value
+            else:
+                mine[item[3] : item[4]] = value
         else:
             values[item[1]][item[3]] = np.asarray(value)
 
