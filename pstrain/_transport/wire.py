@@ -66,6 +66,8 @@ class _Encoder(threading.local):
         self.allow_pickle = False
         self.depth = 0
         self.packers: list[msgpack.Packer] = []
+        #: packs an array's (dtype, shape, buffer index): one per thread, not one per array
+        self.meta = msgpack.Packer()  # (as msgpack.packb packs: a tuple as an array)
 
     def pack(self, obj: Any) -> bytes:
         depth = self.depth
@@ -107,7 +109,15 @@ def _array(arr: np.ndarray) -> msgpack.ExtType:
     buffers = _enc.buffers
     index = len(buffers)
     buffers.append(arr.reshape(-1).view(np.uint8).data if arr.size else memoryview(b""))
-    return msgpack.ExtType(_EXT_ARRAY, msgpack.packb((arr.dtype.str, arr.shape, index)))
+    # (ExtType's own constructor checks its two fields' types in Python: these are an int
+    # and bytes by construction, and an array is the one ext a message holds many of)
+    return _ext(_EXT_ARRAY, _enc.meta.pack((arr.dtype.str, arr.shape, index)))
+
+
+def _ext(code: int, data: bytes) -> msgpack.ExtType:
+    """``msgpack.ExtType(code, data)`` for a ``code`` and ``data`` known to be an int in
+    range and bytes."""
+    return tuple.__new__(msgpack.ExtType, (code, data))
 
 
 def _record(obj: msgspec.Struct) -> dict[str, Any] | list[Any]:
