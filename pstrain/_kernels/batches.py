@@ -19,7 +19,15 @@ import numpy as np
 
 from . import FLOAT_DTYPES, KERNELS, reference
 
-__all__ = ["distinct", "merge_duplicates", "sum_into", "take_bags", "take_examples", "take_rows"]
+__all__ = [
+    "ascending_rows",
+    "distinct",
+    "merge_duplicates",
+    "sum_into",
+    "take_bags",
+    "take_examples",
+    "take_rows",
+]
 
 
 def distinct(ids: np.ndarray, *, sorted: bool = False) -> tuple[np.ndarray, np.ndarray]:  # noqa: A002
@@ -77,6 +85,19 @@ def merge_duplicates(
     summed = np.zeros((unique.size,) + values.shape[1:], values.dtype)
     sum_into(summed, inverse, values)
     return unique, summed
+
+
+def ascending_rows(rows: np.ndarray, n: int) -> tuple[np.ndarray, int, bool]:
+    """1-D integer ``rows`` as int64 (themselves if they are), the position of the first
+    outside ``[0, n)`` (-1: none) and whether they ascend strictly, in one pass."""
+    if rows.dtype not in (np.int32, np.int64) or not rows.flags.c_contiguous:
+        rows = np.ascontiguousarray(rows, np.int64)  # (an id past int64 becomes negative: outside)
+    if rows.dtype == np.int64:
+        bad, up = KERNELS.ascending_rows(rows, n)
+        return rows, bad, up
+    out = np.empty(rows.size, np.int64)
+    bad, up = KERNELS.ascending_rows(rows, n, out)
+    return out, bad, up
 
 
 def take_rows(array: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

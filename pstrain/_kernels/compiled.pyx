@@ -10,7 +10,7 @@ cimport cython
 import numpy as np
 
 from libc.math cimport sqrt, sqrtf
-from libc.stdint cimport INT64_MAX, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
+from libc.stdint cimport INT64_MAX, int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
 from libc.errno cimport errno
 from libc.string cimport memcmp, memcpy
 from posix.unistd cimport pread
@@ -38,6 +38,10 @@ DEF BUCKETS = 65536
 ctypedef fused real:
     float
     double
+
+ctypedef fused index_t:
+    int32_t
+    int64_t
 
 # An id index's slot is (id, value), side by side, one probe one cache line: a value of
 # EMPTY marks a slot without an id (a deletion leaves no tombstone).
@@ -710,6 +714,29 @@ def put_rows(real[:, ::1] out, const int64_t[::1] rows, const real[:, ::1] value
                     out[r, j] = values[i, j]
     if bad:
         raise IndexError("put_rows: a row past the array's end")
+
+
+def ascending_rows(const index_t[::1] rows, int64_t n, int64_t[::1] out=None):
+    """A request's row ids checked in one pass: returns ``(the position of the first outside
+    [0, n) or -1, whether they ascend strictly)`` (sorted and distinct, as a client's
+    merged gradient sends them), copying them into ``out`` as int64 if given."""
+    cdef Py_ssize_t i, m = rows.shape[0], bad = -1
+    cdef int64_t r, prev = -1
+    cdef bint up = True, copy = out is not None
+    if copy and out.shape[0] != m:
+        raise ValueError("ascending_rows: out is not as long as rows")
+    with nogil:
+        for i in range(m):
+            r = rows[i]
+            if r < 0 or r >= n:
+                bad = i
+                break
+            if r <= prev:
+                up = False
+            prev = r
+            if copy:
+                out[i] = r
+    return bad, up
 
 
 def stamp_rows(uint32_t[::1] epochs, const int64_t[::1] pos, uint32_t epoch):

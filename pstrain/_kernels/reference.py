@@ -378,6 +378,18 @@ def put_rows(out: np.ndarray, rows: np.ndarray, values: np.ndarray, add: bool = 
         out[rows[keep]] = values[keep]
 
 
+def ascending_rows(rows: np.ndarray, n: int, out: np.ndarray | None = None) -> tuple[int, bool]:
+    if out is not None and out.shape[0] != rows.shape[0]:
+        raise ValueError("ascending_rows: out is not as long as rows")
+    wide = rows.astype(np.int64)
+    outside = np.flatnonzero((wide < 0) | (wide >= n))
+    bad = int(outside[0]) if outside.size else -1
+    seen = wide if bad < 0 else wide[:bad]
+    if out is not None:
+        out[: seen.size] = seen
+    return bad, bool(np.all(seen[1:] > seen[:-1]))
+
+
 def stamp_rows(epochs: np.ndarray, pos: np.ndarray, epoch: int) -> int:
     hit = pos[_checked("stamp_rows", epochs, pos, "table")]
     epochs[hit] = epoch

@@ -817,3 +817,25 @@ def test_a_shuffles_steady_state_is_the_same_compiled_and_in_numpy(buf, incoming
     for k in (compiled, reference):
         with pytest.raises(ValueError, match="a draw outside"):
             k.shuffle_through(np.zeros(3, np.int64), np.zeros(1, np.int64), np.ones(1), np.empty(1, np.int64))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(st.integers(-3, 60), max_size=80),
+    n=st.integers(0, 60),
+    dtype=st.sampled_from([np.int32, np.int64]),
+    sort=st.booleans(),
+)
+def test_checking_a_requests_rows_is_the_same_compiled_and_in_numpy(rows, n, dtype, sort):
+    ids = np.array(sorted(set(rows)) if sort else rows, dtype)
+    got = []
+    for k in (compiled, reference):
+        out = np.full(ids.size, -7, np.int64)
+        got.append((k.ascending_rows(ids, n, out), out.tolist(), k.ascending_rows(ids.astype(np.int64), n)))
+    assert got[0] == got[1]
+    bad, ascending = got[0][0]
+    inside = [i for i, r in enumerate(ids.tolist()) if not 0 <= r < n]
+    assert bad == (inside[0] if inside else -1)
+    seen = ids.tolist()[: bad if bad >= 0 else None]
+    assert ascending == all(a < b for a, b in zip(seen, seen[1:]))
+    assert got[0][1][: len(seen)] == seen

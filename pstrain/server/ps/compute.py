@@ -15,7 +15,7 @@ from ..._formats.messages.records import CallReply, StepReply
 from ..._formats.numerics.optimizer_rules import RULES, slot_shape, slot_specs
 from ..._formats.numerics.schedules import from_spec
 from ..._kernels.batches import merge_duplicates
-from .store import VariableStore, checked_rows, checked_value
+from .store import VariableStore, checked_row_order, checked_value
 from .tables.handlers import TableHandlers
 
 __all__ = ["apply_gradients", "call_function"]
@@ -50,13 +50,12 @@ def apply_gradients(store: VariableStore, tables: TableHandlers, req: ApplyGradi
         if rows is None:
             grad = checked_value(record, values, record.array.shape, "gradient")
         else:
-            rows = checked_rows(record, rows, "sparse gradient")
+            # int32 on the wire (half the bytes); the fused kernels take them as int64
+            rows, ascending = checked_row_order(record, rows, "sparse gradient")
             if rows.ndim != 1:
                 raise InvalidArgumentError(f"sparse gradient of {name!r}: rows must be 1-D")
             grad = checked_value(record, values, (rows.shape[0],) + record.array.shape[1:], "sparse gradient")
-            # int32 on the wire (half the bytes); the fused kernels take int64 rows
-            rows = rows.astype(np.int64, copy=False)
-            if not req.unique_rows or (rows.size > 1 and not bool(np.all(rows[1:] > rows[:-1]))):
+            if not (req.unique_rows and ascending):
                 rows, grad = merge_duplicates(rows, np.asarray(grad, record.array.dtype))
         slots = {}
         shape = slot_shape(req.rule.kind, record.array.shape)

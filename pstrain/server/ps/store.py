@@ -28,6 +28,7 @@ from ..._base.errors import (
 from ..._formats.messages.placement_map import PlacementMap
 from ..._formats.numerics.casting import cast_value
 from ..._kernels import KERNELS
+from ..._kernels.batches import ascending_rows
 from .checkpoints.snapshots import BLOCK_BYTES, ChangedRows, Snapshot
 
 __all__ = [
@@ -411,7 +412,13 @@ def checked_value(record: VariableRecord, value: Any, shape: tuple[int, ...], wh
 
 
 def checked_rows(record: VariableRecord, idx: Any, what: str) -> np.ndarray:
-    """``idx``, row ids of ``record`` in range, or InvalidArgumentError."""
+    """``idx``, row ids of ``record`` in range (int64 if 1-D), or InvalidArgumentError."""
+    return checked_row_order(record, idx, what)[0]
+
+
+def checked_row_order(record: VariableRecord, idx: Any, what: str) -> tuple[np.ndarray, bool]:
+    """:func:`checked_rows`, and whether they ascend strictly (1-D, sorted and distinct: a
+    merged gradient's), found in the same pass."""
     if idx is None:
         raise InvalidArgumentError(f"{what} of variable {record.name!r}: missing row ids")
     if idx.dtype.kind not in "iu":
@@ -421,9 +428,13 @@ def checked_rows(record: VariableRecord, idx: Any, what: str) -> np.ndarray:
     if record.array.ndim == 0:
         raise InvalidArgumentError(f"{what}: variable {record.name!r} is a scalar and has no rows")
     n = record.array.shape[0]
-    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
+    if idx.ndim == 1:
+        rows, first_bad, ascending = ascending_rows(idx, n)
+        if first_bad < 0:
+            return rows, ascending
+        bad = idx[first_bad]
+    elif idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
         bad = idx[(idx < 0) | (idx >= n)].reshape(-1)[0]
-        raise InvalidArgumentError(
-            f"{what} of variable {record.name!r}: row id {int(bad)} out of range [0, {n})"
-        )
-    return idx
+    else:
+        return idx, False
+    raise InvalidArgumentError(f"{what} of variable {record.name!r}: row id {int(bad)} out of range [0, {n})")
