@@ -6,9 +6,9 @@
 component-wise. Iterating a dataset again starts it again.
 
 Pipelines built from ``from_tensor_slices`` work on *row indices* until a
-``map`` or ``batch``: shuffling and repeating move integers, and ``batch``
-gathers each batch with one fancy-indexing call per array, so a training
-step's input costs microseconds, not a Python loop over its examples.
+``map`` or ``batch``: shuffling and repeating move arrays of them, a block at a
+time (``row_indices.py``), and ``batch`` gathers each batch with one call per
+array, so a training step's input costs no Python loop over its examples.
 
 ``shuffle`` without a seed draws fresh randomness per iterator, so two workers
 shuffle differently; with a seed, every worker gets the same order (and each

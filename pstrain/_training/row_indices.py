@@ -13,6 +13,7 @@ in the same order: a seeded shuffle draws the same numbers and emits the same ro
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -83,7 +84,7 @@ def repeated(blocks: Blocks, count: int | None) -> Blocks:
     iteration of ``blocks``; none at all if a pass has none."""
 
     def run() -> Iterator[np.ndarray]:
-        passes = range(count) if count is not None and count >= 0 else iter(int, 1)
+        passes = range(count) if count is not None and count >= 0 else itertools.count()
         for _ in passes:
             empty = True
             for block in blocks():
