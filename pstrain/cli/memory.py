@@ -8,9 +8,10 @@ in again, each one zeroed by the kernel: thousands of page faults a step, paid i
 time on the core the step runs on. ``pstrain serve --role worker`` has malloc keep up to
 ``--keep-freed`` bytes of freed memory (256 MiB unless told) and serve every array under
 32 MiB from it, as TensorFlow's own allocator keeps its memory (and as the jemalloc or
-tcmalloc that PyTorch's CPU tuning guide has users preload do). The price is that the worker's resident memory stays
-at its largest step's, up to that many bytes more. Other roles keep glibc's behaviour: a ps
-allocates little per step. glibc only: elsewhere (musl, macOS) nothing is changed.
+tcmalloc that PyTorch's CPU tuning guide has users preload do). The price is that the
+worker's resident memory stays at its largest step's, up to that many bytes more. Other
+roles keep glibc's behaviour: a ps allocates little per step. glibc only: elsewhere (musl,
+macOS) nothing is changed.
 """
 
 from __future__ import annotations
