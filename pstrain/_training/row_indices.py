@@ -131,7 +131,8 @@ def shuffled(blocks: Blocks, buffer_size: int, rng: Callable[[], np.random.Gener
                 used += take
                 need -= take
             out = np.empty(block.size, np.int64)
-            KERNELS.shuffle_through(buf, np.ascontiguousarray(block, np.int64), np.concatenate(parts), out)
+            chosen = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            KERNELS.shuffle_through(buf, np.ascontiguousarray(block, np.int64), chosen, out)
             return out
 
         if rest is not None:
@@ -160,7 +161,7 @@ def batches(blocks: Blocks, batch_size: int, drop_remainder: bool) -> Blocks:
             joined = np.concatenate(pending) if len(pending) > 1 else pending[0]
             start = 0
             while held - start >= batch_size:
-                yield np.ascontiguousarray(joined[start : start + batch_size])
+                yield joined[start : start + batch_size]  # (blocks are contiguous: so is a slice)
                 start += batch_size
             pending = [joined[start:]] if start < held else []
             held -= start
