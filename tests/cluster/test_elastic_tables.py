@@ -35,26 +35,27 @@ from tests.helpers import TOKEN, wait_for
 pytestmark = pytest.mark.timeout(120)
 
 DIM, STEPS, BATCH = 4, 60, 96
-#: A ps's budget in the tiered runs: a few hundred of its rows in RAM, the rest on disk.
-TIER_BUDGET = 240 << 10
+#: A ps's budget in the tiered runs: a few hundred of its rows in RAM, the rest on disk
+#: (rows of TIER_DIM floats, so that they, not the fixed sizes of empty indexes, fill it).
+TIER_BUDGET, TIER_DIM = 352 << 10, 64
 #: ids spread over the whole 64-bit space (a table's ids are raw keys)
 POOL = np.random.default_rng(7).integers(-(2**62), 2**62, 3000, dtype=np.int64)
 
 
-def _batch(step: int) -> tuple[np.ndarray, np.ndarray]:
+def _batch(step: int, dim: int = DIM) -> tuple[np.ndarray, np.ndarray]:
     """Step ``step``'s ids and whole-number gradients (any order of applying them sums to
     the same floats)."""
     rng = np.random.default_rng(step)
     ids = rng.choice(POOL, BATCH, replace=False)
-    return ids, rng.integers(-3, 4, (BATCH, DIM)).astype(np.float32)
+    return ids, rng.integers(-3, 4, (BATCH, dim)).astype(np.float32)
 
 
-def _expected(steps: int) -> dict[int, np.ndarray]:
+def _expected(steps: int, dim: int = DIM) -> dict[int, np.ndarray]:
     rows: dict[int, np.ndarray] = {}
     for step in range(steps):
-        ids, grads = _batch(step)
+        ids, grads = _batch(step, dim)
         for i, g in zip(ids.tolist(), grads):
-            rows[i] = rows.get(i, np.zeros(DIM, np.float32)) - g
+            rows[i] = rows.get(i, np.zeros(dim, np.float32)) - g
     return rows
 
 
@@ -106,13 +107,13 @@ def _ids_on(ps: ParameterServer, key: str) -> np.ndarray:
 
 
 def _runner(
-    coordinator: pstrain.ClusterCoordinator, table: pstrain.DynamicEmbedding, opt: Any
+    coordinator: pstrain.ClusterCoordinator, table: pstrain.DynamicEmbedding, opt: Any, dim: int = DIM
 ) -> Callable[[int, int], Awaitable[None]]:
     """``await run(start, stop)``: steps ``start`` to ``stop - 1`` (a lookup, then the
     update), each an exactly-once closure, then ``join``."""
 
     async def step_fn(step: int) -> None:
-        ids, grads = _batch(step)
+        ids, grads = _batch(step, dim)
         await table.lookup(ids)
         await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
 
@@ -205,21 +206,23 @@ async def test_table_slices_move_to_a_joining_ps_and_off_a_leaving_one_while_tra
 async def test_a_tiered_tables_slices_move_with_their_rows_on_disk_while_training_runs(tmp_path):
     async with _job(workers=2, tier=str(tmp_path / "tier")) as (cluster, extra, strategy, coordinator):
         async with strategy.scope():
-            table = pstrain.DynamicEmbedding(DIM, name="users", initializer=pstrain.initializers.Zeros())
+            table = pstrain.DynamicEmbedding(TIER_DIM, name="users", initializer=pstrain.initializers.Zeros())
             opt = pstrain.optimizers.SGD(1.0)
-        run = _runner(coordinator, table, opt)
+        run = _runner(coordinator, table, opt, TIER_DIM)
         await run(0, STEPS // 3)
         assert (await table.statistics())["cold_rows"] > 0
         assert await coordinator.add_ps(extra.address) == 2
         await run(STEPS // 3, 2 * STEPS // 3)
         servers = [*cluster.ps, extra]
-        assert extra.tables[table.key].statistics()["rows"] > 0
+        joined = extra.tables[table.key].statistics()
+        # the ps that joined tiers its share too, within its own budget
+        assert joined["rows"] > 0 and joined["budget"] == TIER_BUDGET and joined["cold_rows"] > 0, joined
         _check_map(coordinator, servers, table)
         await coordinator.remove_ps(0)  # its rows, on disk and in RAM, go to ps 1 and 2
         await run(2 * STEPS // 3, STEPS)
         assert _ids_on(cluster.ps[0], table.key).size == 0
         _check_map(coordinator, servers, table)
-        expected = _expected(STEPS)
+        expected = _expected(STEPS, TIER_DIM)
         _same_rows(*await table.export(), expected)
         stats = await table.statistics()
         assert stats["rows"] == len(expected) and stats["cold_rows"] > 0 and stats["refused"] == 0, stats

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+from typing import Any
 
 import numpy as np
 import pytest
@@ -38,7 +39,7 @@ def tiered(tmp_path, config: TableConfig, hot_rows: int, **kw) -> TieredTable:
         **kw,
     )
     per = table.hot_row_bytes()
-    table.budget = int((table.nbytes + hot_rows * per) / HOT_SHARE)
+    table.budget = int((table.nbytes - table.cold.nbytes + hot_rows * per) / HOT_SHARE)
     box.append(table)
     return table
 
@@ -169,7 +170,7 @@ def test_a_delta_holds_the_rows_changed_in_either_tier(tmp_path):
 
 def test_a_restore_puts_what_fits_in_ram_and_the_rest_on_disk(tmp_path):
     config = TableConfig(dim=4)
-    table = tiered(tmp_path, config, hot_rows=40)
+    table = tiered(tmp_path, config, hot_rows=500)  # (the other half indexes the rest on disk)
     n = 1500
     ids = np.arange(n, dtype=np.int64) * 3
     rows = np.random.default_rng(0).normal(size=(n, 4)).astype(np.float32)
@@ -270,14 +271,10 @@ def test_a_half_dead_segment_is_copied_to_the_end_and_deleted(tmp_path):
     assert len(cold) == 19
 
 
-def test_a_lost_ps_rows_merged_into_a_tiered_shard_go_to_disk_and_read_back(tmp_path):
+def moved_in(table: TieredTable, ids: np.ndarray, rows: np.ndarray, acc: np.ndarray) -> tuple[Any, Any]:
+    """The copy and patch of a move (or of a lost ps's rows) bringing ``ids`` here."""
     from pstrain._formats.messages.placement_map import TableCopy, TablePatch
 
-    table = tiered(tmp_path, TableConfig(dim=4), hot_rows=40)
-    train(table, np.arange(30, dtype=np.int64), 1)
-    ids = np.arange(1000, 1600, dtype=np.int64)
-    rows = np.arange(2400, dtype=np.float32).reshape(600, 4)
-    acc = rows + 0.25
     empty = np.empty(0, np.int64)
     copy = TableCopy(
         name="t",
@@ -290,8 +287,8 @@ def test_a_lost_ps_rows_merged_into_a_tiered_shard_go_to_disk_and_read_back(tmp_
     patch = TablePatch(
         name="t",
         live=ids,
-        ages=np.zeros(600, np.int64),
-        freq=np.zeros(600, np.int64),
+        ages=np.zeros(ids.size, np.int64),
+        freq=np.zeros(ids.size, np.int64),
         ids=empty,
         rows=None,
         slots={},
@@ -300,6 +297,16 @@ def test_a_lost_ps_rows_merged_into_a_tiered_shard_go_to_disk_and_read_back(tmp_
         slot_init={},
         removed=empty,
     )
+    return copy, patch
+
+
+def test_a_lost_ps_rows_merged_into_a_tiered_shard_go_to_disk_and_read_back(tmp_path):
+    table = tiered(tmp_path, TableConfig(dim=4), hot_rows=500)  # (the other half indexes the disk's)
+    train(table, np.arange(30, dtype=np.int64), 1)
+    ids = np.arange(1000, 1600, dtype=np.int64)
+    rows = np.arange(2400, dtype=np.float32).reshape(600, 4)
+    acc = rows + 0.25
+    copy, patch = moved_in(table, ids, rows, acc)
     assert table.merge_slices(copy, patch) == 600
     assert len(table) == 630 and table.statistics()["cold_rows"] >= 600
     np.testing.assert_array_equal(table.lookup(ids[::20], False), rows[::20])
@@ -324,3 +331,43 @@ def test_a_promotion_that_moves_as_many_rows_out_leaves_no_id_in_both_tiers(tmp_
     assert exported.size == np.unique(exported).size == len(table)
     dup = np.array([5, 5, 7], np.int64)  # a request repeating an id: taken back once
     assert table.cold_wanted(dup)[0].tolist() == sorted(set(table.cold_wanted(dup)[0].tolist()))
+
+
+def test_a_read_from_before_a_row_changed_and_went_back_to_disk_is_not_put_back(tmp_path):
+    # A request's stage reads a row's record on a thread; meanwhile another request takes
+    # the row back, updates it and it goes to disk again, into another cold slot. The
+    # stale read must not come back over the update (it did when a slot's own count of
+    # its rows, which the new slot could match, told the reads apart: an update was lost).
+    table = tiered(tmp_path, TableConfig(dim=4), hot_rows=50)
+    x, z = np.array([1], np.int64), np.array([2], np.int64)
+    train(table, np.array([1, 2], np.int64), 1)
+    table.demote(table.positions(x))
+    stale_ids, places, gens = table.cold_wanted(x)
+    stale = table.read_cold(places)  # (what the stage's thread read)
+    train(table, x, 2)  # taken back (on the loop) and updated
+    updated = table.lookup(x, False)
+    table.demote(table.positions(z))  # takes the cold slot x left
+    table.demote(table.positions(x))  # x goes to a fresh one
+    table.promote(stale_ids, gens, stale, stale_ids)  # the stage, done at last
+    np.testing.assert_array_equal(table.lookup(x, False), updated)
+    assert np.array_equal(table.cold_wanted(z)[0], z)  # z untouched, still on disk
+
+
+def test_the_hot_set_grows_only_within_the_whole_budget_once_the_disk_index_took_more_than_its_half(
+    tmp_path,
+):
+    # a move brings more rows than the disk's half of the budget indexes (a merge may: its
+    # rows must go somewhere); the hot set then grows only into what is left of the budget
+    table = tiered(tmp_path, TableConfig(dim=4), hot_rows=500)
+    rows = np.ones((100, 4), np.float32)
+    with pytest.raises(ResourceExhaustedError, match="on disk would take their index past"):
+        for k in range(1000):  # moves in until the budget takes no more
+            ids = np.arange(10**6 + 100 * k, 10**6 + 100 * (k + 1), dtype=np.int64)
+            table.merge_slices(*moved_in(table, ids, rows, rows))
+    assert table.cold_index() > table.budget * (1 - HOT_SHARE)
+    for k in range(20):  # new ids: the hot set would grow into its full half
+        try:
+            train(table, np.arange(40 * k, 40 * k + 40, dtype=np.int64), k + 1)
+        except ResourceExhaustedError:
+            pass
+        assert table.nbytes <= table.budget, (k, table.nbytes, table.budget)

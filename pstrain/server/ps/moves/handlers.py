@@ -49,7 +49,7 @@ from ...._formats.messages.placement_map import (
 from ...._serving.core import Pinned, Router
 from ..fencing import Fencing
 from ..store import VariableRecord, VariableStore
-from ..tables.dynamic_table import DynamicTable, TableConfig
+from ..tables.dynamic_table import TableConfig
 from ..tables.handlers import TableHandlers
 from .ps_map import PsMap
 from .stages import Stages
@@ -318,9 +318,8 @@ class Moves:
             except InvalidArgumentError as exc:
                 raise InvalidArgumentError(f"ps/install: table {copy.name!r}: {exc}") from None
             existing = self.tables.tables.get(copy.name)
-            table = existing or DynamicTable(
-                copy.name, config, copy.owner, self.tables.max_table_bytes, clock=self.store.clock
-            )
+            # (tiered if this ps has a budget: a ps that joins holds its share within it)
+            table = existing or self.tables.new_table(copy.name, config, copy.owner)
             if table.config.dim != config.dim or table.config.dtype != config.dtype:
                 raise InvalidArgumentError(
                     f"ps/install: table {copy.name!r} is {table.config.dim} "

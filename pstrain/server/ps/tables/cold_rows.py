@@ -83,9 +83,13 @@ class ColdRows:
         self.epochs = np.empty(0, np.uint32)
         self.keys = np.empty(0, np.int64)  # eviction key: last lookup (LRU) or count (LFU)
         self.live = np.empty(0, bool)
-        #: Bumped when a slot takes a row (not when compaction moves its record): a read of
-        #: the slot's record is still the row's while its generation has not moved.
-        self.gens = np.empty(0, np.uint32)
+        #: The number of the put that gave each slot its row, unique over the tier's life
+        #: (compaction, which moves a record, keeps it): a read of a row's record is still
+        #: the row's while the row's slot carries the number it carried then. (A count per
+        #: slot would not do: the row, taken back and moved out again, may sit in another
+        #: slot whose count happens to match.)
+        self.gens = np.empty(0, np.uint64)
+        self.puts = 0
         self.free = np.empty(0, np.int64)
         self.nfree = self.used = 0
         self.segments: dict[int, _Segment] = {}
@@ -110,9 +114,21 @@ class ColdRows:
             + self.free.nbytes
         )
 
-    #: RAM a cold row takes at most: its index entry at the index's lowest load (a quarter:
-    #: 64 bytes), its place, epoch, key, live flag, generation and a free-list entry.
-    ROW_RAM = 64 + 8 + 4 + 8 + 1 + 4 + 8
+    #: Bytes per cold slot of the arrays besides the index: place, epoch, key, live, put
+    #: number. (With its index entry, 32 to 128 bytes by the index's load, and a free-list
+    #: entry, a cold row takes about 100 bytes.)
+    SLOT_BYTES = 8 + 4 + 8 + 1 + 8
+
+    def nbytes_with(self, more: int) -> int:
+        """:attr:`nbytes` once ``more`` rows more are here: the index and the per-slot
+        arrays grown as :meth:`put` grows them (by doubling: a step, not a row at a time)."""
+        need = self.used + max(0, more - self.nfree)
+        size = self.places.size
+        if need > size:
+            size = max(need, 2 * size, 1024)
+        return int(
+            self.index.nbytes_holding(len(self.index) + more) + size * self.SLOT_BYTES + self.free.nbytes
+        )
 
     def disk_bytes(self) -> int:
         total = 0
@@ -164,7 +180,8 @@ class ColdRows:
         self.epochs[cold] = meta["epoch"]
         self.keys[cold] = keys
         self.live[cold] = True
-        self.gens[cold] += 1
+        self.puts += 1
+        self.gens[cold] = self.puts
         self.index.insert(ids, cold)
         self.rows_written += n
 

@@ -132,6 +132,10 @@ class TableHandlers:
         """What this ps holds in RAM for variables and tables (what its budget covers)."""
         return self.checkpoints.store.held() + sum(t.nbytes for t in self.tables.values())
 
+    def cold_index(self) -> int:
+        """What of :meth:`held` indexes the tables' rows on disk (the budget's cold share)."""
+        return sum(t.cold.nbytes for t in self.tables.values() if isinstance(t, TieredTable))
+
     def new_table(self, name: str, config: TableConfig, owner: str | None) -> DynamicTable:
         """A shard of table ``name``: tiered if this ps has a budget and a table directory."""
         clock = self.checkpoints.store.clock
@@ -146,6 +150,7 @@ class TableHandlers:
             directory=self.tiering.table_directory(name, self._tiers),
             budget=self.tiering.budget,
             held=self.held,
+            cold_index=self.cold_index,
             segment_rows=self.tiering.segment_rows,
         )
 

@@ -140,13 +140,24 @@ class IdIndex:
         self.removed += self.count
         self.count = 0
 
+    def nbytes_holding(self, count: int) -> int:
+        """:attr:`nbytes` once ``count`` ids are in (grown as :meth:`insert` grows it)."""
+        return self._grown(count) * self.slots.itemsize * 2
+
+    def _grown(self, need: int) -> int:
+        """The slots for ``need`` ids: as now while they fill at most half of them, else a
+        size they fill at most a quarter of."""
+        size = self.slots.shape[0]
+        if need * _LOAD <= size:
+            return size
+        while need * _LOAD * 2 > size:
+            size *= 2
+        return size
+
     def _rebuild(self, need: int) -> None:
         """Grow to a size ``need`` ids fill at most a quarter of, and put the ids back."""
         keys, vals = self.items()
-        size = self.slots.shape[0]
-        while need * _LOAD * 2 > size:
-            size *= 2
-        self._alloc(size)
+        self._alloc(self._grown(need))
         self.count = 0
         self.insert(keys, vals)
 

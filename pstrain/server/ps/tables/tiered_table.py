@@ -11,8 +11,9 @@ bookkeeping (*demoted*). A request that names rows on disk gets them back first
 runs in one step on the serving loop, finds every row in RAM. A row evicted (past the
 table's capacity, or ``max_age``) leaves the disk too, the coldest first.
 
-The budget: the hot arrays grow while the ps's tables, variables and indexes stay within
-``HOT_SHARE`` of ``--memory-budget`` (the rest is for the index of the rows on disk);
+The budget: the hot arrays grow while what the ps holds in RAM (its tables, variables and
+indexes), the indexes of rows on disk aside, stays within ``HOT_SHARE`` of
+``--memory-budget`` (those indexes have the rest);
 past the budget a lookup that would admit rows is refused whole with
 :class:`~pstrain.errors.ResourceExhaustedError` (counted), as is one whose rows cannot all
 be in RAM at once. Saves and deltas write the rows of both tiers into the same files as
@@ -111,7 +112,9 @@ class _Tiered:
 class TieredTable(DynamicTable):
     """A dynamic table's shard with its hot set in RAM and the rest on disk; see the
     module docstring. ``budget``: the ps's ``--memory-budget``; ``held``: what the ps holds
-    in RAM now (its variables, every table's arrays and indexes), in bytes."""
+    in RAM now (its variables, every table's arrays and indexes), in bytes; ``cold_index``:
+    what of that the indexes of its tables' rows on disk take (the budget's other share;
+    this table's own if not given)."""
 
     def __init__(
         self,
@@ -124,6 +127,7 @@ class TieredTable(DynamicTable):
         directory: str,
         budget: int,
         held: Callable[[], int],
+        cold_index: Callable[[], int] | None = None,
         segment_rows: int = 1 << 20,
     ) -> None:
         super().__init__(name, config, owner, None, kernels, clock)  # the budget limits it, not a size
@@ -132,6 +136,7 @@ class TieredTable(DynamicTable):
         self.cold = ColdRows(
             directory, config.dim, self.dtype, segment_rows=segment_rows, kernels=self.kernels
         )
+        self.cold_index = cold_index or (lambda: self.cold.nbytes)
         self.promoted = self.demoted = self.refused = 0
         self.looked_up = 0  # ids of training lookups (the hit rate: 1 - promoted / looked_up)
         self.loop_reads = 0  # reads from disk on the serving loop (no stage before the handler)
@@ -164,9 +169,21 @@ class TieredTable(DynamicTable):
 
     def _hot_limit(self) -> int:
         """Rows the hot set may hold now: what is allocated, and what the budget's hot
-        share lets it grow to."""
-        spare = int(self.budget * HOT_SHARE) - self.held()
+        share lets it grow to (and the budget itself, should the indexes of rows on disk
+        have taken more than their share)."""
+        held = self.held()
+        spare = min(int(self.budget * HOT_SHARE) - (held - self.cold_index()), self.budget - held)
         return self.alloc + max(0, spare) // self.hot_row_bytes()
+
+    def held_hot(self) -> int:
+        """What the ps holds in RAM besides the indexes of rows on disk: what the budget's
+        hot share covers."""
+        return self.held() - self.cold_index()
+
+    def _cold_fits(self, n: int) -> bool:
+        """Whether ``n`` more rows on disk keep the ps within its budget, their index and
+        arrays grown as they would grow."""
+        return self.held() - self.cold.nbytes + self.cold.nbytes_with(n) <= self.budget
 
     def _hot_room(self, n: int, protect: np.ndarray) -> None:
         """Make room in RAM for ``n`` more rows, moving hot rows not in ``protect`` to disk;
@@ -183,9 +200,8 @@ class TieredTable(DynamicTable):
                 f"{self.budget} bytes (pstrain serve --memory-budget): raise the budget, shard "
                 "the table over more ps, or send smaller batches"
             )
-        cold_room = self.budget - self.held()
         moving = max(n - free, min(len(self.index) - protect.size, max(1, limit // EVICT_BATCH)))
-        if cold_room < moving * ColdRows.ROW_RAM:
+        if not self._cold_fits(moving):
             self.refused += 1
             raise ResourceExhaustedError(
                 f"dynamic table {self.name!r}: moving {moving} more rows to disk would take the "
@@ -233,12 +249,12 @@ class TieredTable(DynamicTable):
 
     # -- promotion ---------------------------------------------------------------------------------
     def cold_wanted(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Of ``ids``, those on disk now, their places (what a thread reads) and their cold
-        slots' generations (what :meth:`promote` checks: compaction may move a record
-        meanwhile, never change it)."""
+        """Of ``ids``, those on disk now, their places (what a thread reads) and the numbers
+        of the puts that wrote them there (what :meth:`promote` checks: compaction may move
+        a record meanwhile, never change it)."""
         ids = np.ascontiguousarray(ids, np.int64)
         if not len(self.cold):
-            return ids[:0], np.empty(0, np.int64), np.empty(0, np.uint32)
+            return ids[:0], np.empty(0, np.int64), np.empty(0, np.uint64)
         slots = self.cold.find(ids)
         there = slots >= 0
         # each once (a request the handler refuses for repeating an id reaches here first)
@@ -258,8 +274,9 @@ class TieredTable(DynamicTable):
         self, ids: np.ndarray, gens: np.ndarray, records: dict[str, np.ndarray], keep: np.ndarray
     ) -> None:
         """Put the records read for ``ids`` back in RAM, those still on disk as they were
-        (``gens``: another request may have taken some back, and moved them out again,
-        meanwhile), never moving out the rows of ``keep`` (the request's ids) for room."""
+        (``gens``, from :meth:`cold_wanted`: another request may have taken some back,
+        changed them and moved them out again meanwhile; their records read then are stale),
+        never moving out the rows of ``keep`` (the request's ids) for room."""
         slots = self.cold.find(ids)
         still = slots >= 0
         still[still] = self.cold.gens[slots[still]] == gens[still]
@@ -395,11 +412,10 @@ class TieredTable(DynamicTable):
         """Replace every row with those given: as many as the hot share lets in RAM, the
         rest on disk (ResourceExhaustedError if the disk or the budget cannot take them)."""
         self.cold.reset()
-        spare = int(self.budget * HOT_SHARE) - (self.held() - super().nbytes)
+        spare = int(self.budget * HOT_SHARE) - (self.held_hot() - super().nbytes)
         per = self.config.dim * self.dtype.itemsize * (1 + len(slots)) + HOT_ROW_EXTRA
         hot = min(ids.size, max(1, spare // per))
-        cold_ram = (ids.size - hot) * ColdRows.ROW_RAM
-        if cold_ram > self.budget - int(self.budget * HOT_SHARE):
+        if self.cold.nbytes_with(ids.size - hot) > self.budget - int(self.budget * HOT_SHARE):
             self.refused += 1
             raise ResourceExhaustedError(
                 f"dynamic table {self.name!r}: {ids.size} rows do not fit this ps's budget of "
@@ -453,7 +469,7 @@ class TieredTable(DynamicTable):
         super().checked_merge(copy, patch)  # the checks; its way of putting them in is not used
         live = np.ascontiguousarray(patch.live, np.int64)
         n = live.size
-        if n * ColdRows.ROW_RAM > self.budget - self.held():
+        if not self._cold_fits(n):
             self.refused += 1
             raise ResourceExhaustedError(
                 f"dynamic table {self.name!r}: {n} more rows on disk would take their index past "
