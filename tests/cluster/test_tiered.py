@@ -105,6 +105,15 @@ async def test_a_tiered_table_trains_as_one_in_ram_saves_both_tiers_and_restores
             np.testing.assert_array_equal(got_rows, want_rows)
             if tiered:
                 assert (await fresh.statistics())["cold_rows"] > 0
+                # the restore replaced the shards made by the table's creation, and again
+                # now: the replaced ones' rows on disk went with them
+                await pstrain.Checkpoint(model={"emb": fresh}, optimizer=opt2).restore(path)
+                for ps in cluster.ps:
+                    assert ps.table_handlers.tiering is not None
+                    live = os.path.basename(ps.tables["emb"].cold.directory)
+                    assert os.listdir(ps.table_handlers.tiering.directory) == [live]
+                got_ids, got_rows = await fresh.export()
+                np.testing.assert_array_equal(got_rows, want_rows)
 
 
 async def test_a_batch_that_cannot_fit_the_budget_is_refused_and_changes_nothing(tmp_path):

@@ -371,3 +371,18 @@ def test_the_hot_set_grows_only_within_the_whole_budget_once_the_disk_index_took
         except ResourceExhaustedError:
             pass
         assert table.nbytes <= table.budget, (k, table.nbytes, table.budget)
+
+
+def test_a_table_gone_gives_back_its_disk_once_its_last_save_and_read_end(tmp_path):
+    table = tiered(tmp_path, TableConfig(dim=4), hot_rows=50)
+    for k in range(4):
+        train(table, np.arange(40 * k, 40 * k + 40, dtype=np.int64), k + 1)
+    directory = table.cold.directory
+    save = table.snapshot()  # a save of it still writing
+    table.cold.begin_read()  # and a read on a thread
+    table.cold.discard()  # replaced by a restore, say
+    assert os.listdir(directory)  # both may still read its segments
+    table.end_snapshot(save)
+    assert os.path.isdir(directory)
+    table.cold.end_read()
+    assert not os.path.exists(directory)

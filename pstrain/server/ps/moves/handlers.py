@@ -330,7 +330,7 @@ class Moves:
         for copy, table, existing in checked:
             assert copy.serving is not None and copy.moving is not None
             if existing is None:
-                self.tables.tables[copy.name] = table
+                self.tables.put(copy.name, table)
             staged.append((copy, self.tables.guards.get(copy.name), existing is None))
             before = sorted(set(copy.serving.owned) - set(copy.moving.owned))
             self.tables.guards.set(copy.name, SliceSet(slices=copy.serving.slices, owned=before))
@@ -385,7 +385,7 @@ class Moves:
         staged = self.incoming_tables.pop(stage, None)
         for copy, before, created in staged or ():
             if created:
-                self.tables.tables.pop(copy.name, None)
+                self.tables.drop(copy.name)
             self.tables.guards.set(copy.name, before)
         return parked is not None or staged is not None
 
@@ -408,7 +408,7 @@ class Moves:
         # moved here, say) serves no one now: it goes
         self.store.take_all(set(owners))
         for name in [n for n, t in self.tables.tables.items() if t.owner in owners]:
-            del self.tables.tables[name]
+            self.tables.drop(name)
             self.tables.guards.set(name, None)
 
     def _expire(self, side: str, stage: str) -> None:
@@ -445,7 +445,7 @@ class Moves:
             ):
                 continue  # another move staged or switched slices of this table since
             if created:
-                self.tables.tables.pop(copy.name, None)
+                self.tables.drop(copy.name)
             self.tables.guards.set(copy.name, before)
 
     def staged_bytes(self) -> int:

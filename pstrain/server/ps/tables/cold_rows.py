@@ -96,6 +96,7 @@ class ColdRows:
         self.open: _Segment | None = None
         self.saves = 0  # saves reading now: no segment is deleted meanwhile
         self.reading = 0  # reads on threads now: no segment is deleted meanwhile
+        self.discarded = False  # the table is gone: the directory goes once no one reads it
         self.reads = self.rows_read = self.rows_written = 0
 
     def __len__(self) -> int:
@@ -406,6 +407,29 @@ class ColdRows:
     def end_save(self) -> None:
         self.saves = max(0, self.saves - 1)
         self.collect()
+        self._remove_if_unused()
+
+    # -- reads on threads, and the end of the tier ---------------------------------------------------
+    def begin_read(self) -> None:
+        """A read on a thread of places taken now: no segment is deleted until :meth:`end_read`."""
+        self.reading += 1
+
+    def end_read(self) -> None:
+        self.reading = max(0, self.reading - 1)
+        self.collect()
+        self._remove_if_unused()
+
+    def discard(self) -> None:
+        """The table went (replaced by a restore, dropped by a move or a takeover): its
+        directory goes now, or when the last save or read of it ends."""
+        self.discarded = True
+        self._remove_if_unused()
+
+    def _remove_if_unused(self) -> None:
+        if self.discarded and not self.saves and not self.reading:
+            self.segments.clear()
+            self.open = None
+            shutil.rmtree(self.directory, ignore_errors=True)
 
     def places_now(self, since: int | None = None) -> np.ndarray:
         """The places of the rows here now (changed after epoch ``since``, if given),

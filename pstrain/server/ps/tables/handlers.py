@@ -72,6 +72,14 @@ class _Staged:
     rows: int
     capacity: int | None
     install: Callable[[int | None], object]
+    table: DynamicTable | None = None  # the table made for it (a tiered one's disk goes if dropped)
+
+
+def discard(table: DynamicTable | None) -> None:
+    """``table`` is gone from this ps: if tiered, its directory goes (once no save or read
+    of it is left)."""
+    if isinstance(table, TieredTable):
+        table.cold.discard()
 
 
 def table_scope(
@@ -132,6 +140,17 @@ class TableHandlers:
         """What this ps holds in RAM for variables and tables (what its budget covers)."""
         return self.checkpoints.store.held() + sum(t.nbytes for t in self.tables.values())
 
+    def put(self, name: str, table: DynamicTable) -> None:
+        """Serve ``table`` as ``name`` here; a tiered table it replaces gives back its disk."""
+        old = self.tables.get(name)
+        self.tables[name] = table
+        if old is not table:
+            discard(old)
+
+    def drop(self, name: str) -> None:
+        """Table ``name`` is no longer here (its disk goes with it, if tiered)."""
+        discard(self.tables.pop(name, None))
+
     def cold_index(self) -> int:
         """What of :meth:`held` indexes the tables' rows on disk (the budget's cold share)."""
         return sum(t.cold.nbytes for t in self.tables.values() if isinstance(t, TieredTable))
@@ -188,11 +207,11 @@ class TableHandlers:
     async def _compact(self, table: TieredTable, number: int) -> None:
         try:
             slots, places = table.cold.live_in(number)
-            table.cold.reading += 1
+            table.cold.begin_read()
             try:
                 records = await asyncio.to_thread(table.cold.read, places, dict(table.slot_init))
             finally:
-                table.cold.reading -= 1
+                table.cold.end_read()
             if self.tables.get(table.name) is table:
                 table.compacted += table.cold.rewrite(slots, places, records)
         except ResourceExhaustedError as exc:  # a full disk: the segment stays, tried again later
@@ -221,12 +240,12 @@ class TableHandlers:
         if not reads:
             return
         for table, *_ in reads:
-            table.cold.reading += 1
+            table.cold.begin_read()
         try:
             got = await asyncio.to_thread(lambda: [t.read_cold(p) for t, _, _, p, _ in reads])
         finally:
             for table, *_ in reads:
-                table.cold.reading -= 1
+                table.cold.end_read()
         for (table, ids, cold_ids, _, gens), records in zip(reads, got):
             if self.tables.get(table.name) is table:  # (not replaced meanwhile)
                 table.promote(cold_ids, gens, records, ids.astype(np.int64, copy=False))
@@ -302,7 +321,7 @@ class TableHandlers:
             return CreatedReply(created=0)
         table = self.new_table(req.name, config, req.owner)  # checks first
         self._taken_over(existing, req.owner)
-        self.tables[req.name] = table
+        self.put(req.name, table)
         self.guards.set(req.name, req.owned)
         if req.owned is not None:
             self.feed.placed(req.name, req.owned.owned, req.owned.slices)
@@ -457,14 +476,21 @@ class TableHandlers:
                     f"{held} bytes on this shard, more than this ps's limit of "
                     f"{self.max_table_bytes} (pstrain serve --max-variable-bytes)"
                 )
-        table.load(ids, rows, slots, slot_init)
+        try:
+            if isinstance(table, TieredTable):  # (budgeted as if the shard it replaces were gone)
+                table.load(ids, rows, slots, slot_init, replacing=self.tables.get(req.name))
+            else:
+                table.load(ids, rows, slots, slot_init)
+        except BaseException:
+            discard(table)
+            raise
         if req.stage is not None:  # put in place by ckpt/commit, with its share of the capacity
 
             def install(capacity: int | None) -> None:
                 table.with_capacity(capacity)
                 self._install(table, req, mine)
 
-            self._stage(req.stage, req.name, _Staged(len(table), config.capacity, install))
+            self._stage(req.stage, req.name, _Staged(len(table), config.capacity, install, table))
             return RestoreReply(staged=int(ids.size), stage=req.stage)
         self._install(table, req, mine)
         return RestoreReply(restored=int(ids.size))
@@ -479,7 +505,10 @@ class TableHandlers:
                 )
             timer = asyncio.get_running_loop().call_later(STAGE_TTL_S, self.abort_tables, stage)
             entry = self.staged[stage] = ({}, timer)
+        before = entry[0].get(name)
         entry[0][name] = staged
+        if before is not None and before.table is not staged.table:
+            discard(before.table)
 
     def commit_tables(self, stage: str, capacities: dict[str, int | None]) -> Callable[[], int]:
         """Check that the tables staged as ``stage`` fit ``capacities`` (each table's share
@@ -510,6 +539,8 @@ class TableHandlers:
         entry = self.staged.pop(stage, None)
         if entry is not None and entry[1] is not None:
             entry[1].cancel()
+        for staged in entry[0].values() if entry is not None else ():
+            discard(staged.table)
         return entry is not None
 
     def _install(self, table: DynamicTable, req: RestoreTable, mine: tuple[int | list[int], int]) -> None:
@@ -518,7 +549,7 @@ class TableHandlers:
         if existing is not None:  # counters of this process only go up (Prometheus counters)
             table.admitted, table.evicted = existing.admitted, existing.evicted
         self._taken_over(existing, req.owner)
-        self.tables[req.name] = table
+        self.put(req.name, table)
         self.guards.set(req.name, req.owned)
         self.feed.placed(req.name, *mine)
         self.feed.replaced(req.name, self.checkpoints.store.clock.epoch)
@@ -552,7 +583,7 @@ class TableHandlers:
             ),
         )
         table.with_capacity(config.capacity)
-        self.tables[req.name] = table
+        self.put(req.name, table)
         self.guards.set(req.name, req.merge)
         self.feed.moved(req.name, req.merge.owned, req.merge.slices, self.checkpoints.store.clock.epoch)
         return RestoreReply(restored=int(ids.size))

@@ -264,7 +264,7 @@ class TieredTable(DynamicTable):
 
     def read_cold(self, places: np.ndarray) -> dict[str, np.ndarray]:
         """The records at ``places``, timed. A caller that reads on a thread counts itself
-        in ``cold.reading`` from before it awaits, so no segment is deleted meanwhile."""
+        in with ``cold.begin_read`` before it awaits, so no segment is deleted meanwhile."""
         started = time.perf_counter()
         got = self.cold.read(places, dict(self.slot_init))
         self.cold_latency = [*self.cold_latency[-1023:], time.perf_counter() - started]
@@ -407,15 +407,25 @@ class TieredTable(DynamicTable):
         return out
 
     def load(
-        self, ids: np.ndarray, rows: np.ndarray, slots: dict[str, np.ndarray], slot_init: dict[str, float]
+        self,
+        ids: np.ndarray,
+        rows: np.ndarray,
+        slots: dict[str, np.ndarray],
+        slot_init: dict[str, float],
+        replacing: DynamicTable | None = None,
     ) -> None:
         """Replace every row with those given: as many as the hot share lets in RAM, the
-        rest on disk (ResourceExhaustedError if the disk or the budget cannot take them)."""
+        rest on disk (ResourceExhaustedError if the disk or the budget cannot take them).
+        ``replacing``: the shard this one replaces once the restore commits, budgeted as
+        gone (both are held until then)."""
         self.cold.reset()
-        spare = int(self.budget * HOT_SHARE) - (self.held_hot() - super().nbytes)
+        gone_cold = replacing.cold.nbytes if isinstance(replacing, TieredTable) else 0
+        gone_hot = (replacing.nbytes - gone_cold) if replacing is not None else 0
+        spare = int(self.budget * HOT_SHARE) - (self.held_hot() - super().nbytes - gone_hot)
         per = self.config.dim * self.dtype.itemsize * (1 + len(slots)) + HOT_ROW_EXTRA
         hot = min(ids.size, max(1, spare // per))
-        if self.cold.nbytes_with(ids.size - hot) > self.budget - int(self.budget * HOT_SHARE):
+        other_cold = self.cold_index() - self.cold.nbytes - gone_cold
+        if other_cold + self.cold.nbytes_with(ids.size - hot) > self.budget - int(self.budget * HOT_SHARE):
             self.refused += 1
             raise ResourceExhaustedError(
                 f"dynamic table {self.name!r}: {ids.size} rows do not fit this ps's budget of "
