@@ -230,7 +230,7 @@ async def test_the_dashboard_shows_a_tiered_tables_rows_on_disk(tmp_path):
         coordinator = pstrain.ClusterCoordinator(strategy)
         with strategy.scope():
             users = pstrain.DynamicEmbedding(16, name="users")
-        for k in range(6):
+        for k in range(10):
             await users.lookup(np.arange(1000 * k, 1000 * k + 1000, dtype=np.int64))
         await users.lookup(np.arange(0, 500, dtype=np.int64))  # some back from disk
         stats = await users.statistics()
