@@ -11,14 +11,21 @@ accumulators. Timed in one run, medians of ``--repeats`` after an untimed round:
   by the coordinator and assigned to two variables on ps 1;
 * **raw loopback TCP** between two processes (the machine's limit).
 
-    python benchmarks/elastic_tables.py [--repeats 3]
+With ``--tiered BUDGET`` the ps keep the table within ``--memory-budget BUDGET`` (the rest on
+disk, ``--rows`` rows in all): the move is timed on those ps, and the plain copy of as many
+bytes (two variables of the moved rows' shape) on a second pair of ps without a budget,
+started beside them and alternated with the moves (variables would count in the budget).
 
-Writes ``results/elastic_tables.jsonl`` and ``results/elastic_tables.png``.
+    python benchmarks/elastic_tables.py [--repeats 3] [--tiered 64MiB --rows 1048576]
+
+Writes ``results/elastic_tables.jsonl`` and ``results/elastic_tables.png`` (the tiered run:
+``elastic_tables_tiered.png``).
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 
 import numpy as np
@@ -31,10 +38,10 @@ DIM, ROWS, BATCH = 64, 1 << 22, 1 << 16  # 4M rows: 1 GiB of rows and accumulato
 COPY_ROWS = 1 << 21  # two variables of COPY_ROWS x DIM float32: 512 MiB each
 
 
-async def _fill(table, opt) -> None:
+async def _fill(table, opt, rows: int = ROWS) -> None:
     """Every row admitted, and trained once (its accumulator made)."""
-    ids_all = np.arange(ROWS, dtype=np.int64) * 0x9E3779B1 + 12345
-    for start in range(0, ROWS, BATCH):
+    ids_all = np.arange(rows, dtype=np.int64) * 0x9E3779B1 + 12345
+    for start in range(0, rows, BATCH):
         ids = ids_all[start : start + BATCH]
         await table.lookup(ids)
         grads = np.full((ids.size, DIM), 0.01, np.float32)
@@ -114,7 +121,83 @@ async def run(repeats: int) -> None:
         await coordinator.close()
 
 
-def _plot(row: dict) -> None:
+async def run_tiered(repeats: int, rows: int, budget: str) -> None:
+    """A tiered table's slices moved between two ps, against a plain copy of as many bytes
+    between two other ps (see the module docstring)."""
+    with tempfile.TemporaryDirectory(prefix="pstrain-elastic-tier-") as tier:
+        async with (
+            pstrain.LocalCluster(num_ps=2, num_workers=1, memory_budget=budget, table_dir=tier) as cluster,
+            pstrain.LocalCluster(
+                num_ps=2, num_workers=1, extra_args=["--max-variable-bytes", str(4 << 30)]
+            ) as plain,
+        ):
+            strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+            coordinator = pstrain.ClusterCoordinator(strategy)
+            async with strategy.scope():
+                table = pstrain.DynamicEmbedding(DIM, name="items")
+                opt = pstrain.optimizers.Adagrad(0.05)
+            t = time.perf_counter()
+            await _fill(table, opt, rows)
+            fill_s = time.perf_counter() - t
+            first = coordinator.ps.table_slices(table).held_by(0)
+            stats = await table.channel(0).request(TableStatistics(name=table.key))
+            rows_on_0 = int(stats["rows"])
+            copy_strategy = pstrain.ParameterServerStrategy(plain.resolver)
+            src, dst = [], []
+            async with copy_strategy.scope():
+                for k in range(2):  # the moved rows and their accumulators: as many bytes
+                    for ps, into in ((0, src), (1, dst)):
+                        with copy_strategy.placement.colocated(ps):
+                            into.append(
+                                pstrain.Variable(
+                                    pstrain.initializers.Ones(),
+                                    shape=(rows_on_0, DIM),
+                                    dtype=np.float32,
+                                    name=f"{'src' if ps == 0 else 'dst'}{k}",
+                                )
+                            )
+            for v in src + dst:
+                await v.read_value()
+            moves, copies = [], []
+            for k in range(repeats + 1):  # the first round warms up, untimed
+                for a, b in ((0, 1), (1, 0)):
+                    t = time.perf_counter()
+                    await coordinator.ps.move_slices({table.key: first}, a, b)
+                    if k:
+                        moves.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                for s_, d in zip(src, dst):
+                    await d.assign(await s_.read_value())
+                if k:
+                    copies.append(time.perf_counter() - t)
+            back = await table.channel(0).request(TableStatistics(name=table.key))
+            assert int(back["rows"]) == rows_on_0, (back["rows"], rows_on_0)
+            nbytes = rows_on_0 * DIM * 4 * 2
+            row = {
+                "metric": "tiered_table_move",
+                "budget": budget,
+                "rows": rows_on_0,
+                "rows_on_disk": int(stats["cold_rows"]),
+                "bytes": nbytes,
+                "slices": len(first),
+                "move_s": round(median(moves), 3),
+                "copy_bytes": nbytes,
+                "copy_s": round(median(copies), 3),
+                "move_gb_s": round(nbytes / median(moves) / 1e9, 3),
+                "copy_gb_s": round(nbytes / median(copies) / 1e9, 3),
+                "move_over_copy": round(median(copies) / median(moves), 3),
+                "raw_tcp_gb_s": round(raw_tcp_mib_s(64 << 20) * (1 << 20) / 1e9, 3),
+                "repeats": repeats,
+                "fill_s": round(fill_s, 1),
+                "all_moves_s": [round(x, 3) for x in moves],
+                "all_copies_s": [round(x, 3) for x in copies],
+            }
+            emit(row, "elastic_tables")
+            _plot(row, "elastic_tables_tiered.png")
+            await coordinator.close()
+
+
+def _plot(row: dict, name: str = "elastic_tables.png") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -129,16 +212,18 @@ def _plot(row: dict) -> None:
     ax.set_ylabel("GB/s")
     ax.set_title(
         f"{row['bytes'] / 2**30:.2f} GiB of a table's rows and slots between two ps:\n"
-        f"move {row['move_s']:.2f} s, plain copy of 1 GiB {row['copy_s']:.2f} s"
+        f"move {row['move_s']:.2f} s, plain copy of {row['copy_bytes'] / 2**30:.2f} GiB {row['copy_s']:.2f} s"
     )
-    save_figure(fig, RESULTS / "elastic_tables.png")
+    save_figure(fig, RESULTS / name)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tiered", metavar="BUDGET", help="each ps's --memory-budget (a tiered table)")
+    parser.add_argument("--rows", type=int, default=ROWS, help="the table's rows with --tiered")
     args = parser.parse_args()
-    pstrain.run(run(args.repeats))
+    pstrain.run(run_tiered(args.repeats, args.rows, args.tiered) if args.tiered else run(args.repeats))
 
 
 if __name__ == "__main__":

@@ -522,13 +522,11 @@ class TieredTable(DynamicTable):
 
     # -- moves of slices between ps ------------------------------------------------------------------
     def _cold_in(self, moving: SliceSet) -> tuple[np.ndarray, np.ndarray]:
-        """The cold slots and ids of the rows on disk in slices ``moving``."""
-        live = np.flatnonzero(self.cold.live[: self.cold.used])
-        if not live.size:
-            return live, np.empty(0, np.int64)
-        ids = self.cold.ids_of(live)
+        """The cold slots and ids of the rows on disk in slices ``moving`` (one pass over the
+        index of the rows on disk)."""
+        ids, slots = self.cold.index.items()
         keep = in_slices(ids, moving.slices, moving.owned)
-        return live[keep], ids[keep]
+        return slots[keep], ids[keep]
 
     def copy_slices(self, moving: SliceSet) -> dict[str, Any]:
         """An untiered table's copy, and the rows of those slices on disk (read here: a
