@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import msgspec
 import numpy as np
 import pytest
 import pytest_asyncio
@@ -495,6 +496,11 @@ def test_a_shard_merges_slices_whose_rows_and_slots_changed_between_copy_and_swi
     source.apply(rule, ids[:400], np.ones((400, DIM), np.float32), adagrad, {}, 1)  # a slot, new
     patch = TablePatch(**source.patch_slices(everything, mark))
     target = DynamicTable("t", TableConfig(dim=DIM, admit_after=2), clock=ChangeClock())
+    twice = msgspec.structs.replace(patch, live=np.r_[patch.live, patch.live[:1]])
+    twice = msgspec.structs.replace(twice, ages=np.r_[patch.ages, 0], freq=np.r_[patch.freq, 0])
+    with pytest.raises(InvalidArgumentError, match="names a moved id twice"):
+        target.merge_slices(copy, twice)  # refused whole: nothing put in
+    assert len(target) == 0
     assert target.merge_slices(copy, patch) == 400
     got, want = target.export(), source.export()
     order_got, order_want = np.argsort(got["ids"]), np.argsort(want["ids"])
