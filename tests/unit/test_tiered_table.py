@@ -207,12 +207,13 @@ def test_slices_of_a_tiered_table_move_with_their_rows_on_disk(tmp_path):
         train(table, np.arange(50 * k, 50 * k + 50, dtype=np.int64), k + 1)
     assert table.statistics()["cold_rows"] > 100
     moving = SliceSet(slices=4, owned=[1, 3])
-    everything = by_id(table.export())
-    mine = in_slices(everything["ids"], 4, [1, 3])
     copy = table.copy_slices(moving)
     mark = table.clock.mark()
     train(table, np.arange(0, 40, dtype=np.int64), 9)  # changes after the copy: in the patch
+    train(table, np.arange(1000, 1060, dtype=np.int64), 10)  # (and those back on disk now)
+    assert table.cold_wanted(np.arange(0, 40, dtype=np.int64))[0].size > 0
     after = by_id(table.export())
+    mine = in_slices(after["ids"], 4, [1, 3])
     patch = table.patch_slices(moving, mark)
     other = DynamicTable("t", TableConfig(dim=4), clock=table.clock)
     assert other.merge_slices(TableCopy(**copy), TablePatch(**patch)) == int(mine.sum())

@@ -143,6 +143,9 @@ class TieredTable(DynamicTable):
         self.compacting = False  # a segment's live rows being copied (``TableHandlers.compact``)
         self.compacted = 0  # rows copied out of half-dead segments
         self.cold_latency: list[float] = []  # seconds of each cold read (the last 1024)
+        #: The last move's copy of rows on disk: (its slices, their ids sorted, the writes
+        #: that put them there, their bookkeeping), until its patch is taken.
+        self._copied: tuple[SliceSet, np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.index) + len(self.cold)
@@ -530,33 +533,48 @@ class TieredTable(DynamicTable):
 
     def copy_slices(self, moving: SliceSet) -> dict[str, Any]:
         """An untiered table's copy, and the rows of those slices on disk (read here: a
-        move's copy is taken in one step)."""
+        move's copy is taken in one step). What identifies each record read, and its
+        bookkeeping, is kept for the patch (:meth:`patch_slices`)."""
         out = super().copy_slices(moving)
         slots, _ = self._cold_in(moving)
+        self._copied = None
         if slots.size:
             cold = self.cold.read(self.cold.places[slots], dict(self.slot_init))
             out["ids"] = np.concatenate([out["ids"], cold["ids"]])
             out["rows"] = np.concatenate([out["rows"], cold["rows"]])
             out["slots"] = {k: np.concatenate([v, cold[f"slot:{k}"]]) for k, v in out["slots"].items()}
+            order = np.argsort(cold["ids"])
+            self._copied = (moving, cold["ids"][order], self.cold.gens[slots][order], cold["meta"][order])
         return out
 
     def patch_slices(self, moving: SliceSet, mark: int) -> dict[str, Any]:
         """An untiered table's patch, with the rows on disk: every id (its age and count
-        from its record), and those changed since ``mark``."""
+        from its record), and those changed since ``mark``. A row on disk still in the
+        record the copy read (same id, same write: records never change) has not changed
+        since: its bookkeeping comes from the copy's read, and only the rows written to disk
+        since are read again."""
         out = super().patch_slices(moving, mark)
         slots, ids = self._cold_in(moving)
-        if slots.size:
-            cold = self.cold.read(self.cold.places[slots], dict(self.slot_init))
-            meta = cold["meta"]
-            out["live"] = np.concatenate([out["live"], cold["ids"]])
-            out["ages"] = np.concatenate([out["ages"], self.lookups - meta["last_seen"]])
-            out["freq"] = np.concatenate([out["freq"], meta["freq"]])
-            changed = meta["epoch"] > mark
-            out["ids"] = np.concatenate([out["ids"], cold["ids"][changed]])
-            out["rows"] = np.concatenate([out["rows"], cold["rows"][changed]])
-            out["slots"] = {
-                k: np.concatenate([v, cold[f"slot:{k}"][changed]]) for k, v in out["slots"].items()
-            }
+        copied, self._copied = self._copied, None
+        if not slots.size:
+            return out
+        meta = np.empty(slots.size, META)
+        known = np.zeros(slots.size, bool)
+        if copied is not None and copied[0] == moving and copied[1].size:
+            c_ids, c_gens, c_meta = copied[1], copied[2], copied[3]
+            at = np.searchsorted(c_ids, ids).clip(0, c_ids.size - 1)
+            known = (c_ids[at] == ids) & (c_gens[at] == self.cold.gens[slots])
+            meta[known] = c_meta[at[known]]
+        fresh = ~known
+        cold = self.cold.read(self.cold.places[slots[fresh]], dict(self.slot_init))
+        meta[fresh] = cold["meta"]
+        out["live"] = np.concatenate([out["live"], ids])
+        out["ages"] = np.concatenate([out["ages"], self.lookups - meta["last_seen"]])
+        out["freq"] = np.concatenate([out["freq"], meta["freq"]])
+        changed = cold["meta"]["epoch"] > mark
+        out["ids"] = np.concatenate([out["ids"], cold["ids"][changed]])
+        out["rows"] = np.concatenate([out["rows"], cold["rows"][changed]])
+        out["slots"] = {k: np.concatenate([v, cold[f"slot:{k}"][changed]]) for k, v in out["slots"].items()}
         return out
 
     def drop_slices(self, moving: SliceSet) -> int:
