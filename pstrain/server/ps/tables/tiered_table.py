@@ -42,6 +42,7 @@ from ..checkpoints.snapshots import Snapshot
 from ..store import ChangeClock
 from .cold_rows import META, ColdRows
 from .dynamic_table import EVICT_BATCH, DynamicTable
+from .id_index import IdIndex
 from .table_config import TableConfig
 
 if TYPE_CHECKING:
@@ -493,13 +494,21 @@ class TieredTable(DynamicTable):
         keys = set(self.slots) | set(copy.slots) | set(patch.slots)
         rows = np.zeros((n, dim), dtype)
         slots = {k: np.full((n, dim), slot_init[k], dtype) for k in keys}
-        order = np.argsort(live, kind="stable")
+        where: IdIndex | None = None  # live id -> its place in ``live`` (made if needed)
         for part in (copy, patch):  # the patch's rows are the newer
             ids = np.ascontiguousarray(part.ids if part.ids is not None else [], np.int64)
             if not ids.size:
                 continue
-            at = order[np.searchsorted(live, ids, sorter=order).clip(0, n - 1)]
-            hit = live[at] == ids
+            if ids.size == n and np.array_equal(ids, live):  # (no row changed since the copy)
+                rows[:] = np.asarray(part.rows, dtype)
+                for k, values in part.slots.items():
+                    slots[k][:] = np.asarray(values, dtype)
+                continue
+            if where is None:
+                where = IdIndex(n, self.kernels)
+                where.insert(live, np.arange(n, dtype=np.int64))
+            at = where.get(ids)
+            hit = at >= 0
             rows[at[hit]] = np.asarray(part.rows, dtype)[hit]
             for k, values in part.slots.items():
                 slots[k][at[hit]] = np.asarray(values, dtype)[hit]
