@@ -48,6 +48,24 @@ async def _fill(table, opt, rows: int = ROWS) -> None:
         await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
 
 
+async def _alternate(coordinator, table, slices, src, dst, repeats: int) -> tuple[list[float], list[float]]:
+    """Seconds of each move of ``slices`` from ps 0 to ps 1 and back, and of each plain copy
+    of variables ``src`` into ``dst``, alternated: ``repeats`` rounds after an untimed one."""
+    moves, copies = [], []
+    for k in range(repeats + 1):
+        for a, b in ((0, 1), (1, 0)):
+            t = time.perf_counter()
+            await coordinator.ps.move_slices({table.key: slices}, a, b)
+            if k:
+                moves.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        for s, d in zip(src, dst):
+            await d.assign(await s.read_value())
+        if k:
+            copies.append(time.perf_counter() - t)
+    return moves, copies
+
+
 async def run(repeats: int) -> None:
     limit_args = ["--max-variable-bytes", str(4 << 30)]
     async with pstrain.LocalCluster(num_ps=2, num_workers=1, extra_args=limit_args) as cluster:
@@ -83,18 +101,7 @@ async def run(repeats: int) -> None:
             await v.read_value()
         first = coordinator.ps.table_slices(table).held_by(0)
         rows_on_0 = int((await table.channel(0).request(TableStatistics(name=table.key)))["rows"])
-        moves, copies = [], []
-        for k in range(repeats + 1):  # the first round warms up, untimed
-            for a, b in ((0, 1), (1, 0)):
-                t = time.perf_counter()
-                await coordinator.ps.move_slices({table.key: first}, a, b)
-                if k:
-                    moves.append(time.perf_counter() - t)
-            t = time.perf_counter()
-            for s, d in zip(src, dst):
-                await d.assign(await s.read_value())
-            if k:
-                copies.append(time.perf_counter() - t)
+        moves, copies = await _alternate(coordinator, table, first, src, dst, repeats)
         rows_back = int((await table.channel(0).request(TableStatistics(name=table.key)))["rows"])
         assert rows_back == rows_on_0, (rows_back, rows_on_0)
         nbytes = rows_on_0 * DIM * 4 * 2  # rows and accumulators
@@ -158,18 +165,7 @@ async def run_tiered(repeats: int, rows: int, budget: str) -> None:
                             )
             for v in src + dst:
                 await v.read_value()
-            moves, copies = [], []
-            for k in range(repeats + 1):  # the first round warms up, untimed
-                for a, b in ((0, 1), (1, 0)):
-                    t = time.perf_counter()
-                    await coordinator.ps.move_slices({table.key: first}, a, b)
-                    if k:
-                        moves.append(time.perf_counter() - t)
-                t = time.perf_counter()
-                for s_, d in zip(src, dst):
-                    await d.assign(await s_.read_value())
-                if k:
-                    copies.append(time.perf_counter() - t)
+            moves, copies = await _alternate(coordinator, table, first, src, dst, repeats)
             back = await table.channel(0).request(TableStatistics(name=table.key))
             assert int(back["rows"]) == rows_on_0, (back["rows"], rows_on_0)
             nbytes = rows_on_0 * DIM * 4 * 2
