@@ -66,6 +66,41 @@ async def _alternate(coordinator, table, slices, src, dst, repeats: int) -> tupl
     return moves, copies
 
 
+def _copy_variables(strategy, rows: int) -> tuple[list, list]:
+    """Two variables of ``rows`` x DIM float32 on ps 0 and two on ps 1 (made in ``strategy``'s
+    scope): what a plain copy reads and assigns."""
+    made: dict[int, list] = {0: [], 1: []}
+    for k in range(2):
+        for ps, name in ((0, "src"), (1, "dst")):
+            with strategy.placement.colocated(ps):
+                made[ps].append(
+                    pstrain.Variable(
+                        pstrain.initializers.Ones(), shape=(rows, DIM), dtype=np.float32, name=f"{name}{k}"
+                    )
+                )
+    return made[0], made[1]
+
+
+def _figures(rows: int, slices: list[int], moves: list[float], copy_bytes: int, copies: list[float]) -> dict:
+    """A move of ``rows`` rows with their accumulators (``slices``) against a plain copy of
+    ``copy_bytes``: medians, rates, their ratio, and the machine's loopback limit."""
+    nbytes = rows * DIM * 4 * 2
+    return {
+        "rows": rows,
+        "bytes": nbytes,
+        "slices": len(slices),
+        "move_s": round(median(moves), 3),
+        "copy_bytes": copy_bytes,
+        "copy_s": round(median(copies), 3),
+        "move_gb_s": round(nbytes / median(moves) / 1e9, 3),
+        "copy_gb_s": round(copy_bytes / median(copies) / 1e9, 3),
+        "move_over_copy": round((nbytes / median(moves)) / (copy_bytes / median(copies)), 3),
+        "raw_tcp_gb_s": round(raw_tcp_mib_s(64 << 20) * (1 << 20) / 1e9, 3),
+        "all_moves_s": [round(x, 3) for x in moves],
+        "all_copies_s": [round(x, 3) for x in copies],
+    }
+
+
 async def run(repeats: int) -> None:
     limit_args = ["--max-variable-bytes", str(4 << 30)]
     async with pstrain.LocalCluster(num_ps=2, num_workers=1, extra_args=limit_args) as cluster:
@@ -74,26 +109,7 @@ async def run(repeats: int) -> None:
         async with strategy.scope():
             table = pstrain.DynamicEmbedding(DIM, name="items")
             opt = pstrain.optimizers.Adagrad(0.05)
-            src, dst = [], []
-            for k in range(2):
-                with strategy.placement.colocated(0):
-                    src.append(
-                        pstrain.Variable(
-                            pstrain.initializers.Ones(),
-                            shape=(COPY_ROWS, DIM),
-                            dtype=np.float32,
-                            name=f"src{k}",
-                        )
-                    )
-                with strategy.placement.colocated(1):
-                    dst.append(
-                        pstrain.Variable(
-                            pstrain.initializers.Ones(),
-                            shape=(COPY_ROWS, DIM),
-                            dtype=np.float32,
-                            name=f"dst{k}",
-                        )
-                    )
+            src, dst = _copy_variables(strategy, COPY_ROWS)
         t = time.perf_counter()
         await _fill(table, opt)
         fill_s = time.perf_counter() - t
@@ -104,25 +120,8 @@ async def run(repeats: int) -> None:
         moves, copies = await _alternate(coordinator, table, first, src, dst, repeats)
         rows_back = int((await table.channel(0).request(TableStatistics(name=table.key)))["rows"])
         assert rows_back == rows_on_0, (rows_back, rows_on_0)
-        nbytes = rows_on_0 * DIM * 4 * 2  # rows and accumulators
-        copy_bytes = 2 * COPY_ROWS * DIM * 4
-        limit = raw_tcp_mib_s(64 << 20) * (1 << 20) / 1e9
-        row = {
-            "metric": "table_move",
-            "rows": rows_on_0,
-            "bytes": nbytes,
-            "slices": len(first),
-            "move_s": round(median(moves), 3),
-            "copy_bytes": copy_bytes,
-            "copy_s": round(median(copies), 3),
-            "move_gb_s": round(nbytes / median(moves) / 1e9, 3),
-            "copy_gb_s": round(copy_bytes / median(copies) / 1e9, 3),
-            "raw_tcp_gb_s": round(limit, 3),
-            "repeats": repeats,
-            "fill_s": round(fill_s, 1),
-            "all_moves_s": [round(x, 3) for x in moves],
-            "all_copies_s": [round(x, 3) for x in copies],
-        }
+        row = {"metric": "table_move", **_figures(rows_on_0, first, moves, 2 * COPY_ROWS * DIM * 4, copies)}
+        row.update(repeats=repeats, fill_s=round(fill_s, 1))
         emit(row, "elastic_tables")
         _plot(row)
         await coordinator.close()
@@ -150,19 +149,8 @@ async def run_tiered(repeats: int, rows: int, budget: str) -> None:
             stats = await table.channel(0).request(TableStatistics(name=table.key))
             rows_on_0 = int(stats["rows"])
             copy_strategy = pstrain.ParameterServerStrategy(plain.resolver)
-            src, dst = [], []
-            async with copy_strategy.scope():
-                for k in range(2):  # the moved rows and their accumulators: as many bytes
-                    for ps, into in ((0, src), (1, dst)):
-                        with copy_strategy.placement.colocated(ps):
-                            into.append(
-                                pstrain.Variable(
-                                    pstrain.initializers.Ones(),
-                                    shape=(rows_on_0, DIM),
-                                    dtype=np.float32,
-                                    name=f"{'src' if ps == 0 else 'dst'}{k}",
-                                )
-                            )
+            async with copy_strategy.scope():  # the moved rows and their accumulators: as many bytes
+                src, dst = _copy_variables(copy_strategy, rows_on_0)
             for v in src + dst:
                 await v.read_value()
             moves, copies = await _alternate(coordinator, table, first, src, dst, repeats)
@@ -172,22 +160,10 @@ async def run_tiered(repeats: int, rows: int, budget: str) -> None:
             row = {
                 "metric": "tiered_table_move",
                 "budget": budget,
-                "rows": rows_on_0,
                 "rows_on_disk": int(stats["cold_rows"]),
-                "bytes": nbytes,
-                "slices": len(first),
-                "move_s": round(median(moves), 3),
-                "copy_bytes": nbytes,
-                "copy_s": round(median(copies), 3),
-                "move_gb_s": round(nbytes / median(moves) / 1e9, 3),
-                "copy_gb_s": round(nbytes / median(copies) / 1e9, 3),
-                "move_over_copy": round(median(copies) / median(moves), 3),
-                "raw_tcp_gb_s": round(raw_tcp_mib_s(64 << 20) * (1 << 20) / 1e9, 3),
-                "repeats": repeats,
-                "fill_s": round(fill_s, 1),
-                "all_moves_s": [round(x, 3) for x in moves],
-                "all_copies_s": [round(x, 3) for x in copies],
+                **_figures(rows_on_0, first, moves, nbytes, copies),
             }
+            row.update(repeats=repeats, fill_s=round(fill_s, 1))
             emit(row, "elastic_tables")
             _plot(row, "elastic_tables_tiered.png")
             await coordinator.close()
