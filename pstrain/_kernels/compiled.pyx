@@ -12,6 +12,7 @@ import numpy as np
 from libc.math cimport sqrt, sqrtf
 from libc.stdint cimport INT64_MAX, int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
 from libc.errno cimport errno
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcmp, memcpy
 from posix.unistd cimport pread
 
@@ -32,6 +33,10 @@ DEF PROBE_AHEAD = 32
 #: Bags (or examples) ahead whose memory a dataset's batch asks for: a bag is a few ids,
 #: two cache misses (its offsets, then its values) that more bags in flight hide.
 DEF BAG_AHEAD = 24
+#: A read of records from disk reads past dead records between live ones up to this many
+#: bytes apart, in spans of at most ``READ_SPAN`` bytes (see :func:`pread_records`).
+DEF READ_GAP = 16384
+DEF READ_SPAN = 1 << 20
 #: Buckets of the key histograms that narrow down an eviction's victims.
 DEF BUCKETS = 65536
 
@@ -1172,23 +1177,48 @@ def aligned_allocations():
 
 def pread_records(int fd, const int64_t[::1] records, Py_ssize_t width, uint8_t[:, ::1] out):
     """Records ``records`` (ascending) of ``width`` bytes each of the file ``fd`` into the rows
-    of ``out``: one ``pread`` per run of neighbouring records, without the GIL (a tiered
-    table's rows read from disk). Returns 0, the errno of a failed read, or -1 for a short
-    one (a file that holds fewer records than asked)."""
-    cdef Py_ssize_t i = 0, j, n = records.shape[0]
+    of ``out``, without the GIL (a tiered table's rows read from disk). A run of neighbouring
+    records is one ``pread`` into ``out``; records a few apart (gaps of at most ``READ_GAP``
+    bytes) are read in one ``pread`` of the span that holds them (at most ``READ_SPAN``
+    bytes, into a buffer of that size) and copied out: a call costs about what copying a
+    few KiB does, so reading the dead records between live ones is cheaper than a call
+    each. Returns 0, the errno of a failed read, or -1 for a short one (a file that holds
+    fewer records than asked)."""
+    cdef Py_ssize_t i = 0, j, k, n = records.shape[0]
     cdef ssize_t got, want
+    cdef int64_t first
     cdef int err = 0
+    cdef uint8_t *span = NULL
     if out.shape[0] < n or out.shape[1] != width:
         raise ValueError("pread_records: out must be (records, width)")
+    if width <= READ_SPAN:
+        span = <uint8_t *>malloc(READ_SPAN)
+        if span == NULL:
+            raise MemoryError("pread_records: no memory for its read buffer")
     with nogil:
         while i < n:
+            first = records[i]
             j = i + 1
             while j < n and records[j] == records[j - 1] + 1:
                 j += 1
-            want = (j - i) * width
-            got = pread(fd, &out[i, 0], want, records[i] * width)
+            if span != NULL:
+                while (
+                    j < n
+                    and (records[j] - records[j - 1] - 1) * width <= READ_GAP
+                    and (records[j] - first + 1) * width <= READ_SPAN
+                ):
+                    j += 1
+            want = (records[j - 1] - first + 1) * width
+            if want == (j - i) * width:  # neighbours only: straight into out
+                got = pread(fd, &out[i, 0], want, first * width)
+            else:
+                got = pread(fd, span, want, first * width)
+                if got == want:
+                    for k in range(i, j):
+                        memcpy(&out[k, 0], span + (records[k] - first) * width, width)
             if got != want:
                 err = errno if got < 0 else -1
                 break
             i = j
+    free(span)
     return err
