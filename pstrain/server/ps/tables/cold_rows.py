@@ -433,22 +433,23 @@ class ColdRows:
             self.open = None
             shutil.rmtree(self.directory, ignore_errors=True)
 
-    def places_now(self, since: int | None = None) -> np.ndarray:
+    def places_now(self, since: int | None = None, *, ordered: bool = True) -> np.ndarray:
         """The places of the rows here now (changed after epoch ``since``, if given),
-        ascending: what a save taken now reads, while records there never change."""
+        ascending unless ``ordered`` is false (a save sorts them on its own thread, not on
+        the serving loop): what a save taken now reads, while records there never change."""
         live = np.flatnonzero(self.live[: self.used])
         if since is not None:
             live = live[self.epochs[live] > since]
-        return np.sort(self.places[live])
+        places = self.places[live]
+        if ordered:
+            places.sort()
+        return places
 
     def column(
         self, places: np.ndarray, key: str, slot_init: dict[str, float], block: int
     ) -> Iterator[np.ndarray]:
         """Column ``key`` (``ids``, ``rows``, ``live`` or ``slot:<k>``) of the records at
-        ``places`` (ascending), ``block`` records at a time: what a save writes. Each run of
-        a segment's records is read, and only the field wanted copied out of it (no other
-        field, no scatter: the places are in order)."""
-        slot = key[5:] if key.startswith("slot:") else None
+        ``places`` (ascending), ``block`` records at a time (see :meth:`fill`)."""
         for lo in range(0, places.size, block):
             part = places[lo : lo + block]
             if key == "live":
@@ -457,19 +458,27 @@ class ColdRows:
             out = (
                 np.empty(part.size, np.int64) if key == "ids" else np.empty((part.size, self.dim), self.dtype)
             )
-            numbers = part >> PLACE_BITS
-            starts = [0, *(np.flatnonzero(numbers[1:] != numbers[:-1]) + 1).tolist(), part.size]
-            for a, b in zip(starts[:-1], starts[1:]):
-                seg = self.segments[int(numbers[a])]
-                if slot is not None and slot not in seg.slots:
-                    out[a:b] = slot_init[slot]
-                    continue
-                got = self._gather(seg.number, part[a:b] & ((1 << PLACE_BITS) - 1), self.record(seg.slots))
-                field = "id" if key == "ids" else "row" if slot is None else f"slot{seg.slots.index(slot)}"
-                out[a:b] = got[field]
-            self.reads += 1
-            self.rows_read += part.size
+            self.fill(part, key, slot_init, out)
             yield out
+
+    def fill(self, places: np.ndarray, key: str, slot_init: dict[str, float], out: np.ndarray) -> None:
+        """Column ``key`` (``ids``, ``rows`` or ``slot:<k>``) of the records at ``places``
+        (ascending) into ``out``: what a save writes. Each run of a segment's records is
+        read, and only the field wanted copied out of it (no other field, no scatter: the
+        places are in order)."""
+        slot = key[5:] if key.startswith("slot:") else None
+        numbers = places >> PLACE_BITS
+        starts = [0, *(np.flatnonzero(numbers[1:] != numbers[:-1]) + 1).tolist(), places.size]
+        for a, b in zip(starts[:-1], starts[1:]):
+            seg = self.segments[int(numbers[a])]
+            if slot is not None and slot not in seg.slots:
+                out[a:b] = slot_init[slot]
+                continue
+            got = self._gather(seg.number, places[a:b] & ((1 << PLACE_BITS) - 1), self.record(seg.slots))
+            field = "id" if key == "ids" else "row" if slot is None else f"slot{seg.slots.index(slot)}"
+            out[a:b] = got[field]
+        self.reads += 1
+        self.rows_read += places.size
 
     def reset(self) -> None:
         """Forget every row (a restore replaces them all)."""

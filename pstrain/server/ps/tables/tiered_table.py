@@ -27,6 +27,7 @@ its replacement) go to its disk.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -79,35 +80,81 @@ class Tiering:
         return os.path.join(self.directory, f"{serial}-{urllib.parse.quote(name, safe='')}")
 
 
+class _ColdPart:
+    """The rows on disk a save writes: their places, taken on the serving loop as they
+    were when it began, sorted on the save's thread by the first array to read them."""
+
+    def __init__(self, places: np.ndarray) -> None:
+        self._places = places
+        self._sorted = False
+        self._lock = threading.Lock()
+
+    @property
+    def size(self) -> int:
+        return int(self._places.size)
+
+    @property
+    def places(self) -> np.ndarray:
+        with self._lock:
+            if not self._sorted:
+                self._places.sort()  # numpy lets go of the GIL meanwhile
+                self._sorted = True
+            return self._places
+
+
 class _Tiered:
     """A save's source for one array of a tiered table: its hot part (a :class:`Snapshot`)
-    then its rows on disk, at the places taken with it."""
+    then its rows on disk (``part``: their places, taken with it)."""
 
     def __init__(
-        self, hot: Snapshot, cold: ColdRows, places: np.ndarray, key: str, slot_init: dict[str, float]
+        self, hot: Snapshot, cold: ColdRows, part: _ColdPart, key: str, slot_init: dict[str, float]
     ) -> None:
-        self.hot, self.cold, self.places, self.key, self.slot_init = hot, cold, places, key, slot_init
+        self.hot, self.cold, self.part, self.key, self.slot_init = hot, cold, part, key, slot_init
         self.array = hot.array
         self.select = hot.select
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return (self.hot.shape[0] + self.places.size, *self.hot.shape[1:])
+        return (self.hot.shape[0] + self.part.size, *self.hot.shape[1:])
 
     def before_write(self, rows: np.ndarray | None) -> None:
         self.hot.before_write(rows)
 
     def blocks(self) -> Iterator[np.ndarray]:
         yield from self.hot.blocks()
-        yield from self.cold.column(self.places, self.key, self.slot_init, SAVE_BLOCK)
+        for lo in range(0, self.part.size, SAVE_BLOCK):
+            yield self._cold_block(lo, min(self.part.size, lo + SAVE_BLOCK), None)
 
     def write_to(self, writer: Any) -> int:
+        """The hot part, then the rows on disk, each block read straight into the writer's
+        staging buffer where it fits (as :meth:`Snapshot.write_to` does)."""
         got = self.hot.write_to(writer)
-        for block in self.cold.column(self.places, self.key, self.slot_init, SAVE_BLOCK):
-            data = np.ascontiguousarray(block, self.array.dtype)
-            writer.write(data.reshape(-1).view(np.uint8).data)
-            got += data.nbytes
+        arr = self.array
+        row_bytes = arr.itemsize * int(np.prod(arr.shape[1:]))
+        lo, count = 0, self.part.size
+        while lo < count:
+            room = writer.room()
+            fits = room.size // row_bytes if room.ctypes.data % arr.itemsize == 0 else 0
+            hi = min(count, lo + SAVE_BLOCK, lo + max(1, fits))
+            if fits:
+                dest = room[: (hi - lo) * row_bytes].view(arr.dtype).reshape(hi - lo, *arr.shape[1:])
+                self._cold_block(lo, hi, dest)
+                writer.wrote(dest.nbytes)
+            else:  # a row across the buffer's end, or a start not aligned: a copy of its own
+                writer.write(self._cold_block(lo, hi, None).reshape(-1).view(np.uint8).data)
+            got += (hi - lo) * row_bytes
+            lo = hi
         return got
+
+    def _cold_block(self, lo: int, hi: int, out: np.ndarray | None) -> np.ndarray:
+        """Rows ``lo:hi`` of the part on disk (into ``out``, or a fresh array)."""
+        if out is None:
+            out = np.empty((hi - lo, *self.array.shape[1:]), self.array.dtype)
+        if self.key == "live":
+            out[:] = True
+        else:
+            self.cold.fill(self.part.places[lo:hi], self.key, self.slot_init, out)
+        return out
 
 
 class TieredTable(DynamicTable):
@@ -379,10 +426,10 @@ class TieredTable(DynamicTable):
     # -- checkpoints ---------------------------------------------------------------------------------
     def _snapshot(self, rows: np.ndarray | None, since: int | None = None) -> dict[str, Any]:
         hot = super()._snapshot(rows)
-        places = self.cold.places_now(since)
+        part = _ColdPart(self.cold.places_now(since, ordered=False))
         self.cold.begin_save()
         init = dict(self.slot_init)
-        save = {key: _Tiered(snap, self.cold, places, key, init) for key, snap in hot.items()}
+        save = {key: _Tiered(snap, self.cold, part, key, init) for key, snap in hot.items()}
         # read as the table reads a Snapshot (before_write) and as a save writes one
         self.saves[-1] = cast("dict[str, Snapshot]", save)
         return save
