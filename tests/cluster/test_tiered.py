@@ -12,6 +12,8 @@ import pytest
 
 import pstrain
 from pstrain.errors import ResourceExhaustedError
+from pstrain.server.ps.tables import handlers as table_handlers
+from pstrain.server.ps.tables.cold_rows import ColdRows
 from pstrain.testing import InProcessCluster
 from tests.helpers import TOKEN
 
@@ -52,7 +54,13 @@ def _tiered(tmp_path, **kw) -> InProcessCluster:
     return InProcessCluster(num_ps=2, num_workers=1, token=TOKEN, ps_options=options, **kw)
 
 
-async def test_a_tiered_table_trains_as_one_in_ram_saves_both_tiers_and_restores_anywhere(tmp_path):
+async def test_a_tiered_table_trains_as_one_in_ram_saves_both_tiers_and_restores_anywhere(
+    tmp_path, monkeypatch
+):
+    # compactions copy a segment's live records a few at a time (a ps's memory is bounded by
+    # what it copies at once): here 5 records, so each takes several reads and writes
+    record = ColdRows(str(tmp_path / "probe"), DIM, np.dtype(np.float32)).record(("accumulator",))
+    monkeypatch.setattr(table_handlers, "COMPACT_BYTES", 5 * record.itemsize)
     batches = _batches()
     async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN) as ram:
         table, _ = await _train(ram, batches)
@@ -63,6 +71,7 @@ async def test_a_tiered_table_trains_as_one_in_ram_saves_both_tiers_and_restores
         assert stats["rows"] == want_ids.size == stats["hot_rows"] + stats["cold_rows"]
         assert stats["cold_rows"] > stats["hot_rows"] > 0, stats  # most of it on disk
         assert stats["promoted"] > 0 and stats["demoted"] > 0 and stats["refused"] == 0, stats
+        assert stats["compacted"] > 5, stats
         for ps in cluster.ps:  # each ps within its budget, its rows on disk in its own directory
             assert ps.table_handlers.held() <= BUDGET
             shard = ps.tables["emb"]

@@ -42,6 +42,9 @@ __all__ = ["TableHandlers"]
 
 logger = logging.getLogger(__name__)
 
+#: Bytes of records a compaction reads (and writes again) at a time.
+COMPACT_BYTES = 4 << 20
+
 Q = TypeVar("Q")
 
 
@@ -205,15 +208,27 @@ class TableHandlers:
             self.spawn(self._compact(table, number))
 
     async def _compact(self, table: TieredTable, number: int) -> None:
+        """Copy the live records of segment ``number`` to the end, ``COMPACT_BYTES`` of them
+        at a time (a half-dead segment of a million wide records is hundreds of MB: read at
+        once, it would put the ps that far past its budget)."""
+        cold = table.cold
         try:
-            slots, places = table.cold.live_in(number)
-            table.cold.begin_read()
-            try:
-                records = await asyncio.to_thread(table.cold.read, places, dict(table.slot_init))
-            finally:
-                table.cold.end_read()
-            if self.tables.get(table.name) is table:
-                table.compacted += table.cold.rewrite(slots, places, records)
+            slots, places = cold.live_in(number)
+            per = max(1, COMPACT_BYTES // cold.record(cold.segments[number].slots).itemsize)
+            for lo in range(0, slots.size, per):
+                part, at = slots[lo : lo + per], places[lo : lo + per]
+                still = cold.live[part] & (cold.places[part] == at)  # not taken back meanwhile
+                part, at = part[still], at[still]
+                if not part.size:
+                    continue
+                cold.begin_read()
+                try:
+                    records = await asyncio.to_thread(cold.read, at, dict(table.slot_init))
+                finally:
+                    cold.end_read()
+                if self.tables.get(table.name) is not table:
+                    return
+                table.compacted += cold.rewrite(part, at, records)
         except ResourceExhaustedError as exc:  # a full disk: the segment stays, tried again later
             logger.warning("%s: compaction of table %r put off: %s", self.task, table.name, exc)
         finally:
