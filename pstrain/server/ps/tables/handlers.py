@@ -42,7 +42,9 @@ __all__ = ["TableHandlers"]
 
 logger = logging.getLogger(__name__)
 
-#: Bytes of records a compaction reads (and writes again) at a time.
+#: Bytes of records a compaction reads (and writes again) at a time, at most: a 64th of the
+#: ps's budget under 256 MiB (a read and the copies that write it again are a few times
+#: that, all outside the budget's arrays).
 COMPACT_BYTES = 4 << 20
 
 Q = TypeVar("Q")
@@ -214,7 +216,8 @@ class TableHandlers:
         cold = table.cold
         try:
             slots, places = cold.live_in(number)
-            per = max(1, COMPACT_BYTES // cold.record(cold.segments[number].slots).itemsize)
+            chunk = min(COMPACT_BYTES, table.budget // 64)
+            per = max(1, chunk // cold.record(cold.segments[number].slots).itemsize)
             for lo in range(0, slots.size, per):
                 part, at = slots[lo : lo + per], places[lo : lo + per]
                 still = cold.live[part] & (cold.places[part] == at)  # not taken back meanwhile
