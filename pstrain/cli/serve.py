@@ -35,7 +35,7 @@ from .arguments import (
 )
 from .common import evaluate, leave, setup_logging
 from .joining import follow, incarnation, join_as
-from .memory import DEFAULT_KEEP, keep_freed
+from .memory import DEFAULT_KEEP, keep_freed, one_heap
 
 logger = logging.getLogger("pstrain.cli")
 
@@ -345,7 +345,8 @@ def serve(args: argparse.Namespace) -> int:
     config = serve_config(args, os.environ)
     role, index, token = config.role, config.index, config.token
     setup_logging(config.log_level, f"{role}:{index}")
-    for said in (config.threads_sized, config.cpus_pinned, keep_freed(config.keep_freed)):
+    bounded = one_heap() if role == "ps" and config.ps.memory_budget else None
+    for said in (config.threads_sized, config.cpus_pinned, keep_freed(config.keep_freed), bounded):
         if said:
             logger.info("%s:%d: %s", role, index, said)
     if role == "evaluator":
