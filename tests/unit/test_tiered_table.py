@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from pstrain._formats.files.tensor_files import TensorFile, write_streaming
 from pstrain._formats.numerics.optimizer_rules import RULES
 from pstrain.errors import InvalidArgumentError, ResourceExhaustedError
 from pstrain.server.ps.tables.cold_rows import META, ColdRows
@@ -149,6 +150,35 @@ def test_a_save_holds_both_tiers_as_they_were_when_it_began(tmp_path):
     np.testing.assert_array_equal(got["ids"], expected["ids"])
     np.testing.assert_array_equal(got["rows"], expected["rows"])
     np.testing.assert_array_equal(got["slot:acc"], expected["slot:acc"])
+
+
+def test_a_save_read_once_from_disk_is_the_file_written_column_by_column(tmp_path):
+    """A save of a tiered table reads each record on disk once for all its arrays and puts
+    each where its array goes: the file is byte for byte the one written an array at a
+    time (checksums included), whatever training does meanwhile."""
+    table = tiered(tmp_path, TableConfig(dim=4), hot_rows=60)
+    for k in range(6):
+        train(table, np.arange(50 * k, 50 * k + 50, dtype=np.int64), k + 1)
+    expected = by_id(table.export())
+    one, other = table.snapshot(), table.snapshot()
+    for k in range(6, 9):
+        train(table, np.arange(50 * (k - 6), 50 * (k - 6) + 50, dtype=np.int64), k + 1)
+
+    def tensors(save: dict[str, Any]) -> list[tuple[str, np.dtype, tuple[int, ...], Any]]:
+        return [(f"emb/{key}", src.array.dtype, src.shape, src) for key, src in save.items()]
+
+    once = write_streaming(str(tmp_path / "once"), tensors(one))
+    by_column = [(key, dtype, shape, src.blocks) for key, dtype, shape, src in tensors(other)]
+    assert write_streaming(str(tmp_path / "by-column"), by_column) == once
+    assert (tmp_path / "once").read_bytes() == (tmp_path / "by-column").read_bytes()
+    table.end_snapshot(one)
+    table.end_snapshot(other)
+    with TensorFile(str(tmp_path / "once")) as f:  # its checksums hold
+        got = {key: f.read(f"emb/{key}") for key in ("ids", "rows", "slot:acc", "live")}
+    live = got.pop("live")
+    got = by_id({key: value[live] for key, value in got.items()})
+    for key in ("ids", "rows", "slot:acc"):
+        np.testing.assert_array_equal(got[key], expected[key])
 
 
 def test_a_delta_holds_the_rows_changed_in_either_tier(tmp_path):

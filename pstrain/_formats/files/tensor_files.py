@@ -9,6 +9,7 @@ these files make up (the index, and which rows of which file) is ``checkpoint_fi
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import math
@@ -159,6 +160,13 @@ def write_streaming(
             f.patch(raw.index(marker) + len(marker), hexes.encode())
 
     size = len(raw) + sum(h["data_offsets"][1] - h["data_offsets"][0] for h in header.values())
+    if write_s <= 0 and any(hasattr(pieces, "tail_source") for *_, pieces in tensors):
+        return write_atomically(
+            path,
+            functools.partial(_write_with_shared_tails, raw=raw, header=header, tensors=tensors),
+            overwrite=False,
+            root=root,
+        )
     return write_atomically(
         path,
         write,
@@ -170,6 +178,62 @@ def write_streaming(
         sleep=sleep,
         finished=checksums,
     )
+
+
+def _write_with_shared_tails(f: Any, raw: bytes, header: dict[str, Any], tensors: StreamedTensors) -> None:
+    """Write a file some of whose tensors end in parts that one shared source makes in one
+    pass (``pieces.tail_source``, whose column ``pieces.tail_key`` is the tensor's tail: a
+    tiered table's rows on disk, whose every column comes from the same records, read once
+    for all of them instead of once per column). Each tensor's head
+    (``pieces.head_blocks()``, or its pieces) is written at its place first, then the shared
+    tails, a block of every column at a time, each at its own offset (``pwrite``, through
+    the page cache: the columns' places are not aligned for ``O_DIRECT``). Each tensor's
+    digests are taken from its bytes in order, as :func:`write_streaming` takes them."""
+    fd = f.fileno()
+    _pwrite_all(fd, raw, 0)
+    at = {key: len(raw) + h["data_offsets"][0] for key, h in header.items()}
+    sizes = {key: h["data_offsets"][1] - h["data_offsets"][0] for key, h in header.items()}
+    digests = {key: StreamDigests(0, [(key, nbytes)]) for key, nbytes in sizes.items()}
+    dtypes = {key: np.dtype(dtype) for key, dtype, _, _ in tensors}
+
+    def put(key: str, piece: Any) -> None:
+        data = np.ascontiguousarray(piece, dtypes[key]).reshape(-1).view(np.uint8)
+        _pwrite_all(fd, data, at[key])
+        digests[key].feed(data)
+        at[key] += data.nbytes
+
+    shared: dict[int, tuple[Any, dict[str, str]]] = {}  # source -> {file key: its column}
+    for key, _, _, pieces in tensors:
+        source = getattr(pieces, "tail_source", None)
+        if source is None:
+            for piece in pieces.blocks() if hasattr(pieces, "blocks") else pieces():
+                put(key, piece)
+        else:
+            for piece in pieces.head_blocks():
+                put(key, piece)
+            shared.setdefault(id(source), (source, {}))[1][key] = pieces.tail_key
+    for source, keys in shared.values():
+        for columns in source.tails(list(keys.values())):
+            for key, column in keys.items():
+                put(key, columns[column])
+    for key, h in header.items():
+        if at[key] != len(raw) + h["data_offsets"][1]:
+            raise InvalidArgumentError(
+                f"checkpoint: {key!r} gave {at[key] - len(raw) - h['data_offsets'][0]} bytes, "
+                f"not {h['data_offsets'][1] - h['data_offsets'][0]}"
+            )
+    for key, d in digests.items():
+        marker = (json.dumps(DIGEST_PREFIX + key) + ':"').encode()
+        _pwrite_all(fd, d.digests[key].encode(), raw.index(marker) + len(marker))
+
+
+def _pwrite_all(fd: int, data: Any, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    while len(view):
+        n = os.pwrite(fd, view, offset)
+        if n == 0:
+            raise OSError(errno.ENOSPC, "checkpoint write made no progress")
+        view, offset = view[n:], offset + n
 
 
 def open_directory(path: str, root: str | None = None) -> int:

@@ -463,22 +463,54 @@ class ColdRows:
 
     def fill(self, places: np.ndarray, key: str, slot_init: dict[str, float], out: np.ndarray) -> None:
         """Column ``key`` (``ids``, ``rows`` or ``slot:<k>``) of the records at ``places``
-        (ascending) into ``out``: what a save writes. Each run of a segment's records is
-        read, and only the field wanted copied out of it (no other field, no scatter: the
-        places are in order)."""
-        slot = key[5:] if key.startswith("slot:") else None
-        numbers = places >> PLACE_BITS
-        starts = [0, *(np.flatnonzero(numbers[1:] != numbers[:-1]) + 1).tolist(), places.size]
-        for a, b in zip(starts[:-1], starts[1:]):
-            seg = self.segments[int(numbers[a])]
-            if slot is not None and slot not in seg.slots:
-                out[a:b] = slot_init[slot]
-                continue
-            got = self._gather(seg.number, places[a:b] & ((1 << PLACE_BITS) - 1), self.record(seg.slots))
-            field = "id" if key == "ids" else "row" if slot is None else f"slot{seg.slots.index(slot)}"
-            out[a:b] = got[field]
-        self.reads += 1
-        self.rows_read += places.size
+        (ascending) into ``out`` (see :meth:`fill_many`)."""
+        self.fill_many(places, [key], slot_init, {key: out})
+
+    def fill_many(
+        self,
+        places: np.ndarray,
+        keys: list[str],
+        slot_init: dict[str, float],
+        outs: dict[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Columns ``keys`` (``ids``, ``rows``, ``live`` or ``slot:<k>``) of the records at
+        ``places`` (ascending), into ``outs`` (fresh arrays for those not given): what a
+        save writes. Each run of a segment's records is read once for every column, and
+        only the fields wanted copied out of it (no scatter: the places are in order)."""
+        n = places.size
+        outs = dict(outs or {})
+        for key in keys:
+            if key not in outs:
+                outs[key] = (
+                    np.ones(n, bool)
+                    if key == "live"
+                    else np.empty(n, np.int64)
+                    if key == "ids"
+                    else np.empty((n, self.dim), self.dtype)
+                )
+        read = [k for k in keys if k != "live"]
+        if read:
+            numbers = places >> PLACE_BITS
+            starts = [0, *(np.flatnonzero(numbers[1:] != numbers[:-1]) + 1).tolist(), n]
+            for a, b in zip(starts[:-1], starts[1:]):
+                seg = self.segments[int(numbers[a])]
+                got = None
+                for key in read:
+                    slot = key[5:] if key.startswith("slot:") else None
+                    if slot is not None and slot not in seg.slots:
+                        outs[key][a:b] = slot_init[slot]
+                        continue
+                    if got is None:
+                        records = places[a:b] & ((1 << PLACE_BITS) - 1)
+                        got = self._gather(seg.number, records, self.record(seg.slots))
+                    field = "row" if slot is None else f"slot{seg.slots.index(slot)}"
+                    outs[key][a:b] = got["id" if key == "ids" else field]
+            self.reads += 1
+            self.rows_read += n
+        for key in keys:
+            if key == "live":
+                outs[key][:] = True
+        return outs
 
     def reset(self) -> None:
         """Forget every row (a restore replaces them all)."""

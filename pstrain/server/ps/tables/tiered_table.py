@@ -82,10 +82,11 @@ class Tiering:
 
 class _ColdPart:
     """The rows on disk a save writes: their places, taken on the serving loop as they
-    were when it began, sorted on the save's thread by the first array to read them."""
+    were when it began, sorted on the save's thread by the first array to read them; and
+    every array's part of them at once (:meth:`tails`: each record read once for all)."""
 
-    def __init__(self, places: np.ndarray) -> None:
-        self._places = places
+    def __init__(self, cold: ColdRows, places: np.ndarray, slot_init: dict[str, float]) -> None:
+        self.cold, self._places, self.slot_init = cold, places, slot_init
         self._sorted = False
         self._lock = threading.Lock()
 
@@ -101,17 +102,28 @@ class _ColdPart:
                 self._sorted = True
             return self._places
 
+    def tails(self, keys: list[str]) -> Iterator[dict[str, np.ndarray]]:
+        """Arrays ``keys``' rows on disk, a block of each at a time, in order."""
+        places = self.places
+        for lo in range(0, places.size, SAVE_BLOCK):
+            part = places[lo : lo + SAVE_BLOCK]
+            yield self.cold.fill_many(part, keys, self.slot_init)
+
 
 class _Tiered:
     """A save's source for one array of a tiered table: its hot part (a :class:`Snapshot`)
-    then its rows on disk (``part``: their places, taken with it)."""
+    then its rows on disk (``part``, shared by the save's arrays: ``tail_source``, which a
+    file written in one go reads once for all of them)."""
 
-    def __init__(
-        self, hot: Snapshot, cold: ColdRows, part: _ColdPart, key: str, slot_init: dict[str, float]
-    ) -> None:
-        self.hot, self.cold, self.part, self.key, self.slot_init = hot, cold, part, key, slot_init
+    def __init__(self, hot: Snapshot, part: _ColdPart, key: str) -> None:
+        self.hot, self.part, self.key = hot, part, key
+        self.cold, self.slot_init = part.cold, part.slot_init
         self.array = hot.array
         self.select = hot.select
+        self.tail_source, self.tail_key = part, key
+
+    def head_blocks(self) -> Iterator[np.ndarray]:
+        return self.hot.blocks()
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -426,10 +438,9 @@ class TieredTable(DynamicTable):
     # -- checkpoints ---------------------------------------------------------------------------------
     def _snapshot(self, rows: np.ndarray | None, since: int | None = None) -> dict[str, Any]:
         hot = super()._snapshot(rows)
-        part = _ColdPart(self.cold.places_now(since, ordered=False))
+        part = _ColdPart(self.cold, self.cold.places_now(since, ordered=False), dict(self.slot_init))
         self.cold.begin_save()
-        init = dict(self.slot_init)
-        save = {key: _Tiered(snap, self.cold, part, key, init) for key, snap in hot.items()}
+        save = {key: _Tiered(snap, part, key) for key, snap in hot.items()}
         # read as the table reads a Snapshot (before_write) and as a save writes one
         self.saves[-1] = cast("dict[str, Snapshot]", save)
         return save
