@@ -13,6 +13,7 @@ training goes on), which :mod:`~pstrain.server.ps.checkpoints.snapshots` describ
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -147,7 +148,7 @@ class VariableRecord:
     @property
     def nbytes(self) -> int:
         """The array's bytes, counted while released too (it may be made again)."""
-        return int(np.prod(self._meta[0], dtype=np.int64)) * self._meta[1].itemsize
+        return math.prod(self._meta[0]) * self._meta[1].itemsize  # (a tiered ps asks per request)
 
     def release_initial(self) -> bool:
         """Give back the memory of an array that still holds only its initial values (a
