@@ -216,6 +216,35 @@ def test_a_restore_puts_what_fits_in_ram_and_the_rest_on_disk(tmp_path):
     np.testing.assert_array_equal(table.lookup(ids[-10:], False), rows[-10:])
 
 
+def test_a_restore_of_what_a_full_shard_holds_fits_where_that_shard_did(tmp_path):
+    """A shard trained until its budget is nearly full, restored over itself from its own
+    export under the same budget (one ps): the restore's index of rows on disk is built as
+    full as an index may be. (Built as an index grows, to a quarter full, it took twice the
+    memory of the shard's own, and the restore was refused.)"""
+    config = TableConfig(dim=4)
+    live = tiered(tmp_path / "live", config, hot_rows=1800)
+    for k in range(80):  # about 2,400 rows on disk: an index of 8,192 slots
+        train(live, np.arange(60 * k, 60 * k + 60, dtype=np.int64), k + 1)
+    assert 2048 < len(live.cold) <= 4096 and live.cold.index.nbytes == 8192 * 16, len(live.cold)
+    want = by_id(live.export())
+    box: list[TieredTable] = []
+    restored = TieredTable(
+        "t",
+        config,
+        directory=str(tmp_path / "restored"),
+        budget=live.budget,
+        held=lambda: live.nbytes + sum(t.nbytes for t in box),
+        cold_index=lambda: live.cold.nbytes + sum(t.cold.nbytes for t in box),
+        segment_rows=64,
+    )
+    box.append(restored)
+    restored.load(want["ids"], want["rows"], {"acc": want["slot:acc"]}, {"acc": 0.1}, replacing=live)
+    assert len(restored.cold) > 2048 and restored.cold.index.nbytes <= live.cold.index.nbytes
+    got = by_id(restored.export())
+    for key in ("ids", "rows", "slot:acc"):
+        np.testing.assert_array_equal(got[key], want[key])
+
+
 def test_past_its_capacity_a_tiered_table_evicts_from_disk_first_and_the_disk_forgets(tmp_path):
     table = tiered(tmp_path, TableConfig(dim=4, capacity=200), hot_rows=50)
     for k in range(10):

@@ -120,15 +120,18 @@ class ColdRows:
     #: entry, a cold row takes about 100 bytes.)
     SLOT_BYTES = 8 + 4 + 8 + 1 + 8
 
-    def nbytes_with(self, more: int) -> int:
+    def nbytes_with(self, more: int, tight: bool = False) -> int:
         """:attr:`nbytes` once ``more`` rows more are here: the index and the per-slot
-        arrays grown as :meth:`put` grows them (by doubling: a step, not a row at a time)."""
+        arrays grown as :meth:`put` grows them (by doubling: a step, not a row at a time;
+        the index as full as it may be with ``tight``, as a put with ``tight`` leaves it)."""
         need = self.used + max(0, more - self.nfree)
         size = self.places.size
         if need > size:
             size = max(need, 2 * size, 1024)
         return int(
-            self.index.nbytes_holding(len(self.index) + more) + size * self.SLOT_BYTES + self.free.nbytes
+            self.index.nbytes_holding(len(self.index) + more, tight)
+            + size * self.SLOT_BYTES
+            + self.free.nbytes
         )
 
     def disk_bytes(self) -> int:
@@ -171,13 +174,18 @@ class ColdRows:
         slots: dict[str, np.ndarray],
         meta: np.ndarray,
         keys: np.ndarray,
+        *,
+        tight: bool = False,
     ) -> None:
         """Add ``ids`` (none here yet) with their rows, slots and ``META`` records; on a full
-        disk, ResourceExhaustedError and nothing changed."""
+        disk, ResourceExhaustedError and nothing changed. ``tight``: a bulk load (a
+        restore), whose index is sized to hold them as full as it may be."""
         n = ids.size
         if not n:
             return
         places = self._append(ids, rows, slots, meta)
+        if tight:
+            self.index.reserve(len(self.index) + n)
         cold = self._take_slots(n)
         self.places[cold] = places
         self.epochs[cold] = meta["epoch"]

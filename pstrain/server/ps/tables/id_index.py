@@ -140,9 +140,26 @@ class IdIndex:
         self.removed += self.count
         self.count = 0
 
-    def nbytes_holding(self, count: int) -> int:
-        """:attr:`nbytes` once ``count`` ids are in (grown as :meth:`insert` grows it)."""
-        return self._grown(count) * self.slots.itemsize * 2
+    def nbytes_holding(self, count: int, tight: bool = False) -> int:
+        """:attr:`nbytes` once ``count`` ids are in (grown as :meth:`insert` grows it, or
+        with ``tight`` as :meth:`reserve` does)."""
+        return (self._tight(count) if tight else self._grown(count)) * self.slots.itemsize * 2
+
+    def reserve(self, count: int) -> None:
+        """Room for ``count`` ids, as full as the index may be (half its slots) rather than
+        the quarter a growth leaves: what a bulk load (a restore) takes in at once costs the
+        least memory, and no more than an index that grew to hold as many."""
+        if count * _LOAD > self.slots.shape[0]:
+            keys, vals = self.items()
+            self._alloc(self._tight(count))
+            self.count = 0
+            self.insert(keys, vals)
+
+    def _tight(self, need: int) -> int:
+        size = self.slots.shape[0]
+        while need * _LOAD > size:
+            size *= 2
+        return size
 
     def _grown(self, need: int) -> int:
         """The slots for ``need`` ids: as now while they fill at most half of them, else a

@@ -487,7 +487,9 @@ class TieredTable(DynamicTable):
         per = self.config.dim * self.dtype.itemsize * (1 + len(slots)) + HOT_ROW_EXTRA
         hot = min(ids.size, max(1, spare // per))
         other_cold = self.cold_index() - self.cold.nbytes - gone_cold
-        if other_cold + self.cold.nbytes_with(ids.size - hot) > self.budget - int(self.budget * HOT_SHARE):
+        if other_cold + self.cold.nbytes_with(ids.size - hot, tight=True) > self.budget - int(
+            self.budget * HOT_SHARE
+        ):
             self.refused += 1
             raise ResourceExhaustedError(
                 f"dynamic table {self.name!r}: {ids.size} rows do not fit this ps's budget of "
@@ -504,6 +506,7 @@ class TieredTable(DynamicTable):
                 {k: np.ascontiguousarray(v[rest], self.dtype) for k, v in slots.items()},
                 meta,
                 np.zeros(ids.size - hot, np.int64),
+                tight=True,  # (an index grown to hold them would take up to twice the memory)
             )
 
     def statistics(self) -> dict[str, int]:
