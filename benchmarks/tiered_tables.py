@@ -11,7 +11,8 @@ sampled every 100 ms, its peak over the RSS it had before holding anything
 of lookups; reads from disk per step and their p50/p99 latency; full saves of the table,
 each against a plain sequential write of as many bytes to the same disk, alternated
 (``save_over_plain_write``: the median of three after the first; the first, which pays for
-what the ps and the coordinator set up once, is ``first_save_over_plain_write``);
+what the ps and the coordinator set up once, is ``first_save_over_plain_write``); a restore
+of a base and ten deltas against a plain read of their files (``restore_over_plain_read``);
 held-out log loss of both.
 
     python benchmarks/tiered_tables.py [--steps 1200] [--budget 80MiB] [--runs 3]
@@ -21,9 +22,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +40,11 @@ from common import emit, median  # noqa: E402
 from dynamic_tables import run_variant  # noqa: E402
 
 
-async def table_figures(model: Any, cluster: pstrain.LocalCluster) -> dict:
-    """The tiers of the table, summed and on each ps (its latencies are per ps)."""
+async def table_figures(
+    model: Any, cluster: pstrain.LocalCluster, train_more: Callable[[int], Awaitable[None]]
+) -> dict:
+    """The tiers of the table, summed and on each ps (its latencies are per ps); its saves;
+    a restore of a base and ``DELTAS`` deltas."""
     per_ps = []
     for k in range(2):
         address = cluster.cluster_spec.task_address("ps", k)
@@ -62,6 +68,7 @@ async def table_figures(model: Any, cluster: pstrain.LocalCluster) -> dict:
             f.unlink()
         ratios.append(plain / save_s)
     return {
+        **await chain_restore(model, cluster, train_more),
         "table": await model.table.statistics(),
         "table_per_ps": per_ps,
         "save_bytes": written,
@@ -70,8 +77,56 @@ async def table_figures(model: Any, cluster: pstrain.LocalCluster) -> dict:
     }
 
 
+async def chain_restore(
+    model: Any, cluster: pstrain.LocalCluster, train_more: Callable[[int], Awaitable[None]]
+) -> dict:
+    """A base and ``DELTAS`` deltas, ``DELTA_STEPS`` steps apart, then the table restored
+    from the last delta (the base and every delta read and applied on each ps, the rows
+    that do not fit the budget put on disk), against a plain sequential read of the same
+    files: read once before the restore, then timed after it, so both find the page cache
+    alike."""
+    directory = Path(cluster.checkpoint_root) / f"chain-{os.getpid()}-{time.monotonic_ns()}"
+    directory.mkdir()
+    manager = pstrain.CheckpointManager(
+        pstrain.Checkpoint(table=model.table), str(directory), max_to_keep=None
+    )
+    await manager.save()
+    last = ""
+    for _ in range(DELTAS):
+        await train_more(DELTA_STEPS)
+        last = await manager.save_delta()
+    await manager.close()
+    files = [f for f in directory.iterdir() if f.is_file()]
+    nbytes = sum(f.stat().st_size for f in files)
+    plain_read_s(files)
+    started = time.perf_counter()
+    await pstrain.Checkpoint(table=model.table).restore(last)
+    restore_s = time.perf_counter() - started
+    plain = plain_read_s(files)
+    shutil.rmtree(directory)
+    return {
+        "chain_bytes": nbytes,
+        "restore_s": restore_s,
+        "restore_over_plain_read": plain / restore_s,
+    }
+
+
+#: Deltas on the base a restore reads, and training steps between two of them.
+DELTAS = 10
+DELTA_STEPS = 10
 #: Saves measured after the first (their median is ``save_over_plain_write``).
 SAVES = 3
+
+
+def plain_read_s(files: list[Path]) -> float:
+    """Seconds to read ``files`` whole, one after the other, 8 MiB at a time."""
+    block = bytearray(8 << 20)
+    started = time.perf_counter()
+    for path in files:
+        with open(path, "rb", buffering=0) as f:
+            while f.readinto(block):
+                pass
+    return time.perf_counter() - started
 
 
 def plain_write_s(path: Path, nbytes: int) -> float:
@@ -155,6 +210,10 @@ def main() -> None:
             "first_save_over_plain_write": _median(tiered, "first_save_over_plain_write"),
             "in_ram_first_save_over_plain_write": _median(ram, "first_save_over_plain_write"),
             "save_bytes": tiered[-1]["save_bytes"],
+            "restore_over_plain_read": _median(tiered, "restore_over_plain_read"),
+            "in_ram_restore_over_plain_read": _median(ram, "restore_over_plain_read"),
+            "restore_chain": f"a base and {DELTAS} deltas, {DELTA_STEPS} steps apart",
+            "restore_bytes": tiered[-1]["chain_bytes"],
             "held_out_log_loss": round(median([r["held_out_log_loss"] for r in tiered]), 4),
             "in_ram_held_out_log_loss": round(median([r["held_out_log_loss"] for r in ram]), 4),
             "steps": args.steps,
