@@ -162,23 +162,50 @@ def read_table_state(
     ids, rows, slots, slot_init, _ = _read_table_files(
         [(p, "") for p in base_files], shard, num_shards, dim, dtype, with_slots
     )
+    puts = [(ids, rows, slots)]  # the base's rows, then each delta's
+    removals = [np.empty(0, np.int64)]  # each delta's removed ids (none in the base)
     for delta in deltas:
         d_ids, d_rows, d_slots, d_init, removed = _read_table_files(
             delta, shard, num_shards, dim, dtype, with_slots
         )
-        keep = ~np.isin(ids, np.concatenate([removed, d_ids]))
         slot_init.update(d_init)
-        for key in set(slots) | set(d_slots):
-            old = slots.get(key)
-            if old is None:
-                old = np.full(rows.shape, slot_init[key], dtype)
-            new = d_slots.get(key)
-            if new is None:
-                new = np.full(d_rows.shape, slot_init[key], dtype)
-            slots[key] = np.concatenate([old[keep], new])
-        ids = np.concatenate([ids[keep], d_ids])
-        rows = np.concatenate([rows[keep], d_rows])
-    return ids, rows, slots, slot_init
+        puts.append((d_ids, d_rows, d_slots))
+        removals.append(removed)
+    return _compose(puts, removals, slot_init, dim, dtype)
+
+
+def _compose(
+    puts: list[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]],
+    removals: list[np.ndarray],
+    slot_init: dict[str, float],
+    dim: int,
+    dtype: np.dtype,
+) -> TableState:
+    """A base then deltas applied in order (in delta ``k``: its removed ids dropped, then its
+    rows put in), in one pass: each id's row is its last put, unless a later delta removed
+    it; rows in the order of those puts (the base's first, each delta's after), as applying
+    them one by one leaves them. (One by one, each delta looked up every id held and copied
+    every row: ten deltas on a 250,000-row shard took ten times the base's reading.)"""
+    all_ids = np.concatenate([p[0] for p in puts])
+    source = np.repeat(np.arange(len(puts)), [p[0].size for p in puts])
+    distinct, first_from_end = np.unique(all_ids[::-1], return_index=True)
+    last = all_ids.size - 1 - first_from_end  # each id's last put
+    removed = np.concatenate(removals)
+    if removed.size:
+        by = np.repeat(np.arange(len(removals)), [r.size for r in removals])
+        gone, gone_from_end = np.unique(removed[::-1], return_index=True)
+        gone_in = by[removed.size - 1 - gone_from_end]  # the last delta that removed each
+        at = np.minimum(np.searchsorted(gone, distinct), max(0, gone.size - 1))
+        later = (gone[at] == distinct) & (gone_in[at] > source[last])
+        last = last[~later]
+    last.sort()
+    rows = np.concatenate([p[1] for p in puts]).reshape(-1, dim)[last]
+    names = sorted(set().union(*(p[2] for p in puts)))
+    slots = {
+        k: np.concatenate([p[2].get(k, np.full(p[1].shape, slot_init[k], dtype)) for p in puts])[last]
+        for k in names
+    }
+    return all_ids[last], rows, slots, slot_init
 
 
 def read_table_changes(

@@ -1,0 +1,61 @@
+"""A base and its deltas composed in one pass (``delta_files._compose``) against applying
+them one by one as a restore once did: the same ids, rows and slots, in the same order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from pstrain._formats.files.delta_files import _compose
+
+pytestmark = pytest.mark.timeout(120)
+
+DIM = 2
+
+
+def one_by_one(puts, removals, slot_init):
+    """Each delta applied in turn: its removed ids and re-put ids dropped, its rows appended."""
+    ids, rows, slots = puts[0][0], puts[0][1], dict(puts[0][2])
+    for (d_ids, d_rows, d_slots), removed in zip(puts[1:], removals[1:]):
+        keep = ~np.isin(ids, np.concatenate([removed, d_ids]))
+        for key in set(slots) | set(d_slots):
+            old = slots.get(key, np.full(rows.shape, slot_init[key], np.float32))
+            new = d_slots.get(key, np.full(d_rows.shape, slot_init[key], np.float32))
+            slots[key] = np.concatenate([old[keep], new])
+        ids = np.concatenate([ids[keep], d_ids])
+        rows = np.concatenate([rows[keep], d_rows])
+    return ids, rows, slots
+
+
+def save(ids: list[int], stamp: int, with_slot: bool):
+    ids_arr = np.asarray(sorted(set(ids)), np.int64)
+    rows = (ids_arr[:, None] * 10 + stamp + np.arange(DIM)).astype(np.float32)
+    return ids_arr, rows, ({"acc": rows + 0.5} if with_slot else {})
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    base=st.lists(st.integers(0, 40), max_size=30),
+    deltas=st.lists(
+        st.tuples(
+            st.lists(st.integers(0, 40), max_size=10), st.lists(st.integers(0, 40), max_size=6), st.booleans()
+        ),
+        max_size=10,
+    ),
+    base_slot=st.booleans(),
+)
+def test_a_base_and_deltas_compose_in_one_pass_as_applied_one_by_one(base, deltas, base_slot):
+    puts = [save(base, 0, base_slot)]
+    removals = [np.empty(0, np.int64)]
+    for k, (put, removed, with_slot) in enumerate(deltas, 1):
+        puts.append(save(put, 1000 * k, with_slot))
+        removals.append(np.asarray(sorted(set(removed)), np.int64))
+    init = {"acc": 0.1}
+    want_ids, want_rows, want_slots = one_by_one(puts, removals, init)
+    ids, rows, slots, _ = _compose(puts, removals, init, DIM, np.dtype(np.float32))
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_array_equal(rows, want_rows)
+    assert set(slots) == set(want_slots)
+    for key in slots:
+        np.testing.assert_array_equal(slots[key], want_slots[key])
