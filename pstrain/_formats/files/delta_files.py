@@ -27,6 +27,7 @@ import msgspec
 import numpy as np
 
 from ..._base.errors import InvalidArgumentError, NotFoundError
+from ..._kernels import KERNELS
 from ..numerics.idhash import Shard, in_slices
 from .tensor_files import TensorFile, write_atomically
 
@@ -186,19 +187,31 @@ def _compose(
     it; rows in the order of those puts (the base's first, each delta's after), as applying
     them one by one leaves them. (One by one, each delta looked up every id held and copied
     every row: ten deltas on a 250,000-row shard took ten times the base's reading.)"""
-    all_ids = np.concatenate([p[0] for p in puts])
-    source = np.repeat(np.arange(len(puts)), [p[0].size for p in puts])
-    distinct, first_from_end = np.unique(all_ids[::-1], return_index=True)
-    last = all_ids.size - 1 - first_from_end  # each id's last put
+    # the deltas among themselves first (their ids are few): each id's last put in them,
+    # unless a later delta removed it. One hash pass over them, no sort: groups are
+    # numbered as ids first occur, so the ids put come first (0 .. m-1); where an index
+    # repeats, numpy's assignment keeps the last value.
+    base = puts[0][0]
+    later = np.concatenate([p[0] for p in puts[1:]]) if len(puts) > 1 else base[:0]
+    n = later.size
+    source = np.repeat(np.arange(1, len(puts)), [p[0].size for p in puts[1:]])
     removed = np.concatenate(removals)
+    by = np.repeat(np.arange(len(removals)), [r.size for r in removals])
+    distinct, group = KERNELS.unique_first(np.concatenate([later, removed]))
+    m = int(group[:n].max()) + 1 if n else 0
+    last = np.empty(m, np.int64)
+    last[group[:n]] = np.arange(n)  # each id's last put
     if removed.size:
-        by = np.repeat(np.arange(len(removals)), [r.size for r in removals])
-        gone, gone_from_end = np.unique(removed[::-1], return_index=True)
-        gone_in = by[removed.size - 1 - gone_from_end]  # the last delta that removed each
-        at = np.minimum(np.searchsorted(gone, distinct), max(0, gone.size - 1))
-        later = (gone[at] == distinct) & (gone_in[at] > source[last])
-        last = last[~later]
-    last.sort()
+        gone_in = np.full(distinct.size, -1, np.int64)
+        gone_in[group[n:]] = by  # the last delta that removed each id (deltas in order)
+        last = last[gone_in[:m] <= source[last]]  # (removed then put by one delta: put)
+    picked = np.zeros(n, bool)
+    picked[last] = True
+    # then the base: its rows that no delta put again or removed, first, in their order
+    # (a probe of each into a hash set of the deltas' ids, small enough to stay in cache)
+    kept = ~_member(base, distinct)
+    last = np.concatenate([np.flatnonzero(kept), base.size + np.flatnonzero(picked)])
+    all_ids = np.concatenate([base, later])
     rows = np.concatenate([p[1] for p in puts]).reshape(-1, dim)[last]
     names = sorted(set().union(*(p[2] for p in puts)))
     slots = {
@@ -206,6 +219,16 @@ def _compose(
         for k in names
     }
     return all_ids[last], rows, slots, slot_init
+
+
+def _member(ids: np.ndarray, of: np.ndarray) -> np.ndarray:
+    """Whether each of ``ids`` is one of ``of`` (distinct): a compiled hash set of ``of``."""
+    size = 1 << max(4, int(2 * of.size).bit_length())
+    slots = np.full((size, 2), -1, np.int64)
+    KERNELS.index_insert(slots, size - 1, np.ascontiguousarray(of, np.int64), np.zeros(of.size, np.int64))
+    out = np.empty(ids.size, np.int64)
+    KERNELS.index_get(slots, size - 1, np.ascontiguousarray(ids, np.int64), out)
+    return out >= 0
 
 
 def read_table_changes(
@@ -270,6 +293,15 @@ def _read_table_files(
                     if removed.dtype != np.int64 or removed.ndim != 1:
                         raise InvalidArgumentError(f"dyn/restore: removed in {path} is not 1-D int64")
                     removed_parts.append(removed[in_slices(removed, num_shards, shard)])
+                if not mine.any():  # none of the shard's (a save of another ps): its rows
+                    # are not read (a restore onto as many ps reads each ps's own files)
+                    ids_parts.append(ids[:0])
+                    row_parts.append(np.empty((0, dim), dtype))
+                    slot_parts.append({})
+                    for key in sorted(keys) if with_slots else ():
+                        if key.startswith("init:"):
+                            slot_init[key[5:]] = float(get(key).reshape(-1)[0])
+                    continue
                 rows = get("rows")
                 if rows.shape != (ids.size, dim):
                     raise InvalidArgumentError(
@@ -291,7 +323,7 @@ def _read_table_files(
         except OSError as exc:
             raise InvalidArgumentError(f"dyn/restore: cannot read {path}: {exc}") from exc
     ids = np.concatenate(ids_parts) if ids_parts else np.empty(0, np.int64)
-    if np.unique(ids).size != ids.size:
+    if KERNELS.unique_first(ids)[0].size != ids.size:  # (a hash set: a sort took longer)
         raise InvalidArgumentError("dyn/restore: an id appears in two saved shards")
     rows = np.concatenate(row_parts) if row_parts else np.empty((0, dim), dtype)
     names = set().union(*slot_parts)
