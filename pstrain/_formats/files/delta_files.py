@@ -28,6 +28,7 @@ import numpy as np
 
 from ..._base.errors import InvalidArgumentError, NotFoundError
 from ..._kernels import KERNELS
+from ..._kernels.batches import take_rows
 from ..numerics.idhash import Shard, in_slices
 from .tensor_files import TensorFile, write_atomically
 
@@ -209,16 +210,28 @@ def _compose(
     picked[last] = True
     # then the base: its rows that no delta put again or removed, first, in their order
     # (a probe of each into a hash set of the deltas' ids, small enough to stay in cache)
-    kept = ~_member(base, distinct)
-    last = np.concatenate([np.flatnonzero(kept), base.size + np.flatnonzero(picked)])
-    all_ids = np.concatenate([base, later])
-    rows = np.concatenate([p[1] for p in puts]).reshape(-1, dim)[last]
+    kept = np.flatnonzero(~_member(base, distinct))
+    fresh = np.flatnonzero(picked)
+
+    def pick(base_part: np.ndarray, later_parts: list[np.ndarray]) -> np.ndarray:
+        # the base's rows kept, then the deltas', gathered where they go (no copy of all first)
+        later_part = np.concatenate(later_parts) if later_parts else base_part[:0]
+        out = np.empty((kept.size + fresh.size, *base_part.shape[1:]), base_part.dtype)
+        take_rows(base_part, kept, out[: kept.size])
+        take_rows(later_part, fresh, out[kept.size :])
+        return out
+
     names = sorted(set().union(*(p[2] for p in puts)))
-    slots = {
-        k: np.concatenate([p[2].get(k, np.full(p[1].shape, slot_init[k], dtype)) for p in puts])[last]
-        for k in names
-    }
-    return all_ids[last], rows, slots, slot_init
+
+    def slot(part: tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]], key: str) -> np.ndarray:
+        return part[2].get(key, np.full(part[1].shape, slot_init[key], dtype))
+
+    return (
+        pick(base, [later]),
+        pick(puts[0][1].reshape(-1, dim), [p[1] for p in puts[1:]]),
+        {k: pick(slot(puts[0], k), [slot(p, k) for p in puts[1:]]) for k in names},
+        slot_init,
+    )
 
 
 def _member(ids: np.ndarray, of: np.ndarray) -> np.ndarray:
@@ -307,8 +320,9 @@ def _read_table_files(
                     raise InvalidArgumentError(
                         f"dyn/restore: rows in {path} are {rows.shape}, expected ({ids.size}, {dim})"
                     )
-                ids_parts.append(ids[mine])
-                row_parts.append(rows[mine].astype(dtype, copy=False))
+                every = bool(mine.all())  # (a restore onto as many ps: no copy of a subset)
+                ids_parts.append(ids if every else ids[mine])
+                row_parts.append((rows if every else rows[mine]).astype(dtype, copy=False))
                 slot_parts.append({})
                 for key in sorted(keys) if with_slots else ():
                     if key.startswith("slot:"):
@@ -317,7 +331,7 @@ def _read_table_files(
                             raise InvalidArgumentError(
                                 f"dyn/restore: {key} in {path} is {arr.shape}, its rows {rows.shape}"
                             )
-                        slot_parts[-1][key[5:]] = arr[mine].astype(dtype, copy=False)
+                        slot_parts[-1][key[5:]] = (arr if every else arr[mine]).astype(dtype, copy=False)
                     elif key.startswith("init:"):
                         slot_init[key[5:]] = float(get(key).reshape(-1)[0])
         except OSError as exc:
