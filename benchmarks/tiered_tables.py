@@ -45,6 +45,7 @@ async def table_figures(
 ) -> dict:
     """The tiers of the table, summed and on each ps (its latencies are per ps); its saves;
     a restore of a base and ``DELTAS`` deltas."""
+    table = await model.table.statistics()  # as training left it
     per_ps = []
     for k in range(2):
         address = cluster.cluster_spec.task_address("ps", k)
@@ -68,8 +69,8 @@ async def table_figures(
             f.unlink()
         ratios.append(plain / save_s)
     return {
-        **await chain_restore(model, cluster, train_more),
-        "table": await model.table.statistics(),
+        "table": table,
+        **await chain_restore(model, cluster, train_more),  # (after the figures of training)
         "table_per_ps": per_ps,
         "save_bytes": written,
         "first_save_over_plain_write": ratios[0],
