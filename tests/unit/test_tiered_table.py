@@ -257,6 +257,18 @@ def test_past_its_capacity_a_tiered_table_evicts_from_disk_first_and_the_disk_fo
     assert len(files) <= 4 * (len(table.cold.segments))
 
 
+def bookkeeping(table: TieredTable, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The age (training lookups since its last) and lookup count of each of ``ids``, from
+    RAM or from its record on disk."""
+    pos = table.positions(ids)
+    hot = pos >= 0
+    last_seen, freq = np.empty(ids.size, np.int64), np.empty(ids.size, np.int64)
+    last_seen[hot], freq[hot] = table.last_seen[pos[hot]], table.freq[pos[hot]]
+    meta = table.cold.read(table.cold.places[table.cold.find(ids[~hot])], {})["meta"]
+    last_seen[~hot], freq[~hot] = meta["last_seen"], meta["freq"]
+    return table.lookups - last_seen, freq
+
+
 def test_slices_of_a_tiered_table_move_with_their_rows_on_disk(tmp_path):
     from pstrain._formats.messages.placement_map import SliceSet, TableCopy, TablePatch
     from pstrain._formats.numerics.idhash import in_slices
@@ -273,7 +285,14 @@ def test_slices_of_a_tiered_table_move_with_their_rows_on_disk(tmp_path):
     assert table.cold_wanted(np.arange(0, 40, dtype=np.int64))[0].size > 0
     after = by_id(table.export())
     mine = in_slices(after["ids"], 4, [1, 3])
+    ages, freq = bookkeeping(table, after["ids"][mine])
     patch = table.patch_slices(moving, mark)
+    # every moving row's eviction bookkeeping (its age and count), from RAM or its record
+    # on disk (read for the copy, or again if written to disk since)
+    order = np.argsort(patch["live"])
+    np.testing.assert_array_equal(patch["live"][order], after["ids"][mine])
+    np.testing.assert_array_equal(patch["ages"][order], ages)
+    np.testing.assert_array_equal(patch["freq"][order], freq)
     other = DynamicTable("t", TableConfig(dim=4), clock=table.clock)
     assert other.merge_slices(TableCopy(**copy), TablePatch(**patch)) == int(mine.sum())
     got = by_id(other.export())

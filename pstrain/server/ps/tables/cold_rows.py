@@ -481,10 +481,11 @@ class ColdRows:
         slot_init: dict[str, float],
         outs: dict[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
-        """Columns ``keys`` (``ids``, ``rows``, ``live`` or ``slot:<k>``) of the records at
-        ``places`` (ascending), into ``outs`` (fresh arrays for those not given): what a
-        save writes. Each run of a segment's records is read once for every column, and
-        only the fields wanted copied out of it (no scatter: the places are in order)."""
+        """Columns ``keys`` (``ids``, ``rows``, ``live``, ``slot:<k>`` or ``meta``: each
+        record's ``META`` fields) of the records at ``places`` (ascending), into ``outs``
+        (fresh arrays for those not given): what a save writes, or a move's copy. Each run
+        of a segment's records is read once for every column, and only the fields wanted
+        copied out of it (no scatter: the places are in order)."""
         n = places.size
         outs = dict(outs or {})
         for key in keys:
@@ -494,6 +495,8 @@ class ColdRows:
                     if key == "live"
                     else np.empty(n, np.int64)
                     if key == "ids"
+                    else np.empty(n, META)
+                    if key == "meta"
                     else np.empty((n, self.dim), self.dtype)
                 )
         read = [k for k in keys if k != "live"]
@@ -511,6 +514,10 @@ class ColdRows:
                     if got is None:
                         records = places[a:b] & ((1 << PLACE_BITS) - 1)
                         got = self._gather(seg.number, records, self.record(seg.slots))
+                    if key == "meta":
+                        for name in META_FIELDS:
+                            outs[key][name][a:b] = got[name]
+                        continue
                     field = "row" if slot is None else f"slot{seg.slots.index(slot)}"
                     outs[key][a:b] = got["id" if key == "ids" else field]
             self.reads += 1

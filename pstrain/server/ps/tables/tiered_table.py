@@ -609,12 +609,29 @@ class TieredTable(DynamicTable):
         slots, _ = self._cold_in(moving)
         self._copied = None
         if slots.size:
-            cold = self.cold.read(self.cold.places[slots], dict(self.slot_init))
-            out["ids"] = np.concatenate([out["ids"], cold["ids"]])
-            out["rows"] = np.concatenate([out["rows"], cold["rows"]])
-            out["slots"] = {k: np.concatenate([v, cold[f"slot:{k}"]]) for k, v in out["slots"].items()}
-            order = np.argsort(cold["ids"])
-            self._copied = (moving, cold["ids"][order], self.cold.gens[slots][order], cold["meta"][order])
+            # read in the order the records lie (no scatter), each field straight to the
+            # end of the copy's arrays (no concatenation after)
+            places = self.cold.places[slots]
+            order = np.argsort(places, kind="stable")
+            slots, places = slots[order], places[order]
+            hot = out["ids"].shape[0]
+
+            def grown(arr: np.ndarray) -> np.ndarray:
+                whole = np.empty((hot + slots.size, *arr.shape[1:]), arr.dtype)
+                whole[:hot] = arr
+                return whole
+
+            ids, rows = grown(out["ids"]), grown(out["rows"])
+            slot_arrays = {k: grown(v) for k, v in out["slots"].items()}
+            tails = {
+                "ids": ids[hot:],
+                "rows": rows[hot:],
+                **{f"slot:{k}": v[hot:] for k, v in slot_arrays.items()},
+            }
+            got = self.cold.fill_many(places, [*tails, "meta"], dict(self.slot_init), tails)
+            out["ids"], out["rows"], out["slots"] = ids, rows, slot_arrays
+            by_id = np.argsort(ids[hot:])
+            self._copied = (moving, ids[hot:][by_id], self.cold.gens[slots][by_id], got["meta"][by_id])
         return out
 
     def patch_slices(self, moving: SliceSet, mark: int) -> dict[str, Any]:
