@@ -645,6 +645,8 @@ class TieredTable(DynamicTable):
         copied, self._copied = self._copied, None
         if not slots.size:
             return out
+        order = np.argsort(self.cold.places[slots], kind="stable")  # as the copy lists them:
+        slots, ids = slots[order], ids[order]  # unchanged since, the receiver takes it whole
         meta = np.empty(slots.size, META)
         known = np.zeros(slots.size, bool)
         if copied is not None and copied[0] == moving and copied[1].size:
