@@ -190,8 +190,9 @@ def _compose(
     every row: ten deltas on a 250,000-row shard took ten times the base's reading.)"""
     # the deltas among themselves first (their ids are few): each id's last put in them,
     # unless a later delta removed it. One hash pass over them, no sort: groups are
-    # numbered as ids first occur, so the ids put come first (0 .. m-1); where an index
-    # repeats, numpy's assignment keeps the last value.
+    # numbered as ids first occur, so the ids put come first (0 .. m-1). (The largest
+    # position by ``maximum.at``: numpy does not promise which of an assignment's repeated
+    # indices wins.)
     base = puts[0][0]
     later = np.concatenate([p[0] for p in puts[1:]]) if len(puts) > 1 else base[:0]
     n = later.size
@@ -200,11 +201,11 @@ def _compose(
     by = np.repeat(np.arange(len(removals)), [r.size for r in removals])
     distinct, group = KERNELS.unique_first(np.concatenate([later, removed]))
     m = int(group[:n].max()) + 1 if n else 0
-    last = np.empty(m, np.int64)
-    last[group[:n]] = np.arange(n)  # each id's last put
+    last = np.full(m, -1, np.int64)
+    np.maximum.at(last, group[:n], np.arange(n))  # each id's last put
     if removed.size:
         gone_in = np.full(distinct.size, -1, np.int64)
-        gone_in[group[n:]] = by  # the last delta that removed each id (deltas in order)
+        np.maximum.at(gone_in, group[n:], by)  # the last delta that removed each id
         last = last[gone_in[:m] <= source[last]]  # (removed then put by one delta: put)
     picked = np.zeros(n, bool)
     picked[last] = True
