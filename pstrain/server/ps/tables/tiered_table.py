@@ -368,22 +368,28 @@ class TieredTable(DynamicTable):
         self.index.insert(ids, rows)
         self.promoted += ids.size
 
-    def _ensure_hot(self, ids: np.ndarray) -> None:
-        """Promote, reading here, the ids on disk that no stage promoted first (a request
-        routed without one): correct, if slower for the loop."""
-        cold_ids, places, gens = self.cold_wanted(ids)
-        if cold_ids.size:
-            self.loop_reads += 1
-            self.promote(cold_ids, gens, self.read_cold(places), ids)
+    def _hot_positions(self, ids: np.ndarray, pos: np.ndarray | None) -> np.ndarray:
+        """The :meth:`positions` of ``ids`` (``pos``, if given, are they), once those on
+        disk are back in RAM: a stage brought them back before the handler (nothing read
+        here, and only the ids not in RAM, new ones, are looked for on disk); one that no
+        stage promoted (a request routed without one) is read here, on the loop: correct, if
+        slower for it."""
+        pos = self.positions(ids) if pos is None else pos
+        missing = pos < 0
+        if not missing.any():
+            return pos
+        cold_ids, places, gens = self.cold_wanted(ids[missing])
+        if not cold_ids.size:
+            return pos
+        self.loop_reads += 1
+        self.promote(cold_ids, gens, self.read_cold(places), ids)
+        return self.positions(ids)  # (a promotion may move as many rows out)
 
     # -- what the ps serves --------------------------------------------------------------------
     def lookup(self, ids: np.ndarray, train: bool, pos: np.ndarray | None = None) -> np.ndarray:
         ids = np.ascontiguousarray(ids, np.int64)
         if len(self.cold):
-            before = self.promoted  # (a promotion may move as many rows out: count them in)
-            self._ensure_hot(ids)
-            if self.promoted != before or pos is None:
-                pos = self.positions(ids)
+            pos = self._hot_positions(ids, pos)
         if train:
             self.looked_up += ids.size
         return super().lookup(ids, train, pos)
@@ -429,10 +435,7 @@ class TieredTable(DynamicTable):
         pos: np.ndarray | None = None,
     ) -> int:
         if len(self.cold):
-            before = self.promoted
-            self._ensure_hot(np.ascontiguousarray(ids, np.int64))
-            if self.promoted != before:  # rows moved: the positions given are stale
-                pos = None
+            pos = self._hot_positions(np.ascontiguousarray(ids, np.int64), pos)
         return super().apply(rule, ids, grad, slots, cfg, t, pos)
 
     # -- checkpoints ---------------------------------------------------------------------------------
