@@ -325,18 +325,22 @@ def test_the_cold_store_reads_back_what_it_wrote_across_segments(tmp_path):
     np.testing.assert_array_equal(got["slot:acc"], rows[pick] + 0.5)
     np.testing.assert_array_equal(got["slot:m"], np.full((4, 3), 7.0, np.float32))
     assert got["meta"]["epoch"].tolist() == [29, 3, 14, 0]
-    # a save's columns, read in order, field by field, across segments
+    # a save's columns, read in order, every field from one read, across segments
     for keep in (np.arange(30), np.array([0, 2, 3, 9, 13, 20, 21, 22, 29])):
         places = np.sort(cold.places[cold.find(ids[keep])])
+        got_cols = cold.fill_many(
+            places, ["ids", "rows", "slot:acc", "slot:m", "meta", "live"], {"acc": 0.1, "m": 7.0}
+        )
         for key, want in (("ids", ids), ("rows", rows), ("slot:acc", rows + 0.5)):
-            got_col = np.concatenate(list(cold.column(places, key, {"acc": 0.1}, 4)))
-            np.testing.assert_array_equal(got_col, want[keep])
+            np.testing.assert_array_equal(got_cols[key], want[keep])
+        assert (got_cols["slot:m"] == 7.0).all() and got_cols["live"].all()
+        assert got_cols["meta"]["epoch"].tolist() == keep.tolist()
     wide = ColdRows(str(tmp_path / "w"), 3, np.dtype(np.float32), segment_rows=200)
     many = np.arange(400, dtype=np.int64)
     wide.put(many, np.repeat(many[:, None], 3, 1).astype(np.float32), {}, np.zeros(400, META), many)
     for keep in (many[::10], many[5:395:2], np.r_[many[:50:13], many[100:300]]):
         places = np.sort(wide.places[wide.find(keep)])
-        np.testing.assert_array_equal(np.concatenate(list(wide.column(places, "ids", {}, 64))), keep)
+        np.testing.assert_array_equal(wide.fill_many(places, ["ids"], {})["ids"], keep)
     cold.remove(ids[:7])  # the first segment is all dead: deleted
     assert len(cold.segments) == 4 and not os.path.exists(os.path.join(cold.directory, "0.rows"))
     np.testing.assert_array_equal(np.sort(cold.victims(3)), ids[7:10])

@@ -7,8 +7,8 @@ and go back when a request names them; a row here is never changed in place.
 
 On disk: append-only *segments* of at most ``segment_rows`` records, a file each
 (``<n>.rec``); a record is a row whole (its id, epoch, ages, values and each slot's, packed),
-so reading a batch of rows is one ``pread`` per run of neighbouring records, and a save
-reads each segment in large runs once per array it writes. A record taken back (or
+so reading a batch of rows is one ``pread`` per run of records a few KiB apart at most, and a
+save reads each record once for every array it writes (:meth:`ColdRows.fill_many`). A record taken back (or
 evicted) is only counted dead; a segment whose records are all dead is deleted (never
 while a save or a read may need it).
 
@@ -30,7 +30,6 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -452,22 +451,6 @@ class ColdRows:
         if ordered:
             places.sort()
         return places
-
-    def column(
-        self, places: np.ndarray, key: str, slot_init: dict[str, float], block: int
-    ) -> Iterator[np.ndarray]:
-        """Column ``key`` (``ids``, ``rows``, ``live`` or ``slot:<k>``) of the records at
-        ``places`` (ascending), ``block`` records at a time (see :meth:`fill`)."""
-        for lo in range(0, places.size, block):
-            part = places[lo : lo + block]
-            if key == "live":
-                yield np.ones(part.size, bool)
-                continue
-            out = (
-                np.empty(part.size, np.int64) if key == "ids" else np.empty((part.size, self.dim), self.dtype)
-            )
-            self.fill(part, key, slot_init, out)
-            yield out
 
     def fill(self, places: np.ndarray, key: str, slot_init: dict[str, float], out: np.ndarray) -> None:
         """Column ``key`` (``ids``, ``rows`` or ``slot:<k>``) of the records at ``places``

@@ -120,7 +120,14 @@ class _Tiered:
         self.cold, self.slot_init = part.cold, part.slot_init
         self.array = hot.array
         self.select = hot.select
-        self.tail_source, self.tail_key = part, key
+
+    @property
+    def tail_source(self) -> _ColdPart:
+        return self.part
+
+    @property
+    def tail_key(self) -> str:
+        return self.key
 
     def head_blocks(self) -> Iterator[np.ndarray]:
         return self.hot.blocks()
