@@ -18,8 +18,9 @@ the same time as another a heap of its own (up to eight per core) and keeps what
 in each for that thread's next arrays: a tiered ps reads rows from disk and writes saves
 on threads, and on W9 (40 MiB budgets, segments small enough to be compacted) their heaps
 held the ps at 1.35-1.42x its budget at the peak, against 1.13x with one heap; with W9's
-usual segments, 1.15x against 1.08x. glibc only: elsewhere (musl, macOS)
-nothing is changed.
+usual segments, 1.15x against 1.08x.
+
+Both are glibc's: elsewhere (musl, macOS) nothing is changed.
 """
 
 from __future__ import annotations
