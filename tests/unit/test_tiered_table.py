@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from pstrain._formats.files.tensor_files import TensorFile, write_streaming
+from pstrain._formats.files.tensor_files import TensorFile, whole, write_streaming
 from pstrain._formats.numerics.optimizer_rules import RULES
 from pstrain.errors import InvalidArgumentError, ResourceExhaustedError
+from pstrain.server.ps.checkpoints.snapshots import Snapshot
 from pstrain.server.ps.tables.cold_rows import META, ColdRows
 from pstrain.server.ps.tables.dynamic_table import DynamicTable
 from pstrain.server.ps.tables.table_config import TableConfig
@@ -164,17 +165,29 @@ def test_a_save_read_once_from_disk_is_the_file_written_column_by_column(tmp_pat
     for k in range(6, 9):
         train(table, np.arange(50 * (k - 6), 50 * (k - 6) + 50, dtype=np.int64), k + 1)
 
+    dense = np.arange(600, dtype=np.float32).reshape(200, 3)
+
     def tensors(save: dict[str, Any]) -> list[tuple[str, np.dtype, tuple[int, ...], Any]]:
-        return [(f"emb/{key}", src.array.dtype, src.shape, src) for key, src in save.items()]
+        # with the arrays a save holds beside a table: one whole, one through a snapshot
+        return [
+            whole("bias", dense[0]),
+            *((f"emb/{key}", src.array.dtype, src.shape, src) for key, src in save.items()),
+            ("dense", dense.dtype, dense.shape, Snapshot(dense, block_rows=64)),
+        ]
 
     once = write_streaming(str(tmp_path / "once"), tensors(one))
-    by_column = [(key, dtype, shape, src.blocks) for key, dtype, shape, src in tensors(other)]
+    by_column = [
+        (key, dtype, shape, src.blocks if hasattr(src, "tail_source") else src)
+        for key, dtype, shape, src in tensors(other)
+    ]
     assert write_streaming(str(tmp_path / "by-column"), by_column) == once
     assert (tmp_path / "once").read_bytes() == (tmp_path / "by-column").read_bytes()
     table.end_snapshot(one)
     table.end_snapshot(other)
     with TensorFile(str(tmp_path / "once")) as f:  # its checksums hold
         got = {key: f.read(f"emb/{key}") for key in ("ids", "rows", "slot:acc", "live")}
+        np.testing.assert_array_equal(f.read("dense"), dense)
+        np.testing.assert_array_equal(f.read("bias"), dense[0])
     live = got.pop("live")
     got = by_id({key: value[live] for key, value in got.items()})
     for key in ("ids", "rows", "slot:acc"):
