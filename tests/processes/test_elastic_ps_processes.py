@@ -3,7 +3,9 @@ third ``pstrain serve --role ps --join`` process joins and takes a share of the 
 then SIGTERM drains it and it exits; the final state equals the same training without any
 move, bit for bit (one worker, one closure in flight: a deterministic order). The same
 with W6's model, whose table is a DynamicEmbedding: slices of its hash space move; and a
-table made after the drain lives on the two ps left and trains from the worker process."""
+table made after the drain lives on the two ps left and trains from the worker process. And
+the same on ps that keep part of the table on disk (``--memory-budget``), the joined one
+too, where a second table finds the budget full and is refused."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import pstrain
 from pstrain._formats.messages.operations import ExportTable, ListVariables, TableStatistics
 from pstrain._formats.numerics.idhash import shard_of
 from pstrain.ctr import BATCH, CTRModel, make_step, synthetic
+from pstrain.errors import ResourceExhaustedError
 from pstrain.rpc import Channel
 from pstrain.testing import InProcessCluster, untyped_call
 from tests.helpers import TOKEN, wait_for
@@ -196,7 +199,13 @@ async def _table_state(model: CTRModel, opt) -> list[np.ndarray]:
     return values + [await v.read_value() for v in model.dense] + [await opt.iterations.read_value()]
 
 
-async def test_a_dynamic_table_moves_to_a_joining_ps_and_off_it_on_sigterm_and_the_state_is_exact(drill):
+@pytest.mark.parametrize("tiered", [False, True], ids=["in-ram", "tiered"])
+async def test_a_dynamic_table_moves_to_a_joining_ps_and_off_it_on_sigterm_and_the_state_is_exact(
+    drill, tiered, tmp_path
+):
+    """``tiered``: every ps keeps part of the table on disk (a budget of 8 MiB, about half
+    the rows of its share), the joined one too."""
+    tier = ["--memory-budget", "8MiB", "--table-dir", str(tmp_path / "tier")] if tiered else []
     batches = _batches()
     async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
         strategy = _strategy(cluster.cluster_spec.as_dict(), cluster.token)
@@ -210,7 +219,7 @@ async def test_a_dynamic_table_moves_to_a_joining_ps_and_off_it_on_sigterm_and_t
         # shares move with the slices all the same
         assert (await model.table.statistics())["evicted"] == 0
         await coordinator.close()
-    servers = [drill.serve("--role", "ps", "--index", str(i), "--port", "0") for i in range(2)]
+    servers = [drill.serve("--role", "ps", "--index", str(i), "--port", "0", *tier) for i in range(2)]
     servers.append(drill.serve("--role", "worker", "--index", "0", "--port", "0"))
     coordinator = None
     try:
@@ -222,7 +231,7 @@ async def test_a_dynamic_table_moves_to_a_joining_ps_and_off_it_on_sigterm_and_t
         rvs = [coordinator.schedule(step, args=(k,), exactly_once=True) for k in range(TABLE_STEPS)]
         await wait_for(lambda: coordinator.closures_done >= 10, timeout=60.0, what="training to start")
         joined = await asyncio.to_thread(
-            drill.serve, "--role", "ps", "--port", "0", "--join", endpoint, "--drain-timeout", "60"
+            drill.serve, "--role", "ps", "--port", "0", "--join", endpoint, "--drain-timeout", "60", *tier
         )
         await wait_for(
             lambda: (
@@ -231,8 +240,10 @@ async def test_a_dynamic_table_moves_to_a_joining_ps_and_off_it_on_sigterm_and_t
             timeout=60.0,
             what="a share of the table to move to the new ps",
         )
-        rows_on_new = (await model.table.channel(2).request(TableStatistics(name=model.table.key)))["rows"]
-        assert rows_on_new > 0
+        on_new = await model.table.channel(2).request(TableStatistics(name=model.table.key))
+        assert on_new["rows"] > 0
+        if tiered:  # the slices it took came with their rows on disk, and stay there
+            assert on_new["cold_rows"] > 0, on_new
         await _rows_match_the_map(coordinator, model.table)
         await wait_for(
             lambda: coordinator.closures_done >= TABLE_STEPS // 2, timeout=60.0, what="training on three ps"
@@ -250,10 +261,28 @@ async def test_a_dynamic_table_moves_to_a_joining_ps_and_off_it_on_sigterm_and_t
         assert len(state) == len(expected)
         for got, want in zip(state, expected):
             np.testing.assert_array_equal(got, want)
-        await _a_table_made_after_the_drain_trains_on_the_ps_left(strategy, coordinator)
+        if not tiered:
+            await _a_table_made_after_the_drain_trains_on_the_ps_left(strategy, coordinator)
+        else:
+            await _a_table_made_after_the_drain_is_refused_where_the_budget_is_full(strategy, coordinator)
     finally:
         if coordinator is not None:
             await coordinator.close()
+
+
+async def _a_table_made_after_the_drain_is_refused_where_the_budget_is_full(strategy, coordinator) -> None:
+    """Tiered: the first table's rows in RAM fill each ps's budget, and a table's rows in
+    RAM do not shrink for another's (not yet), so a second table's lookups are refused with
+    the budget named, and the ps goes on serving the first."""
+    with strategy.scope():
+        later = pstrain.DynamicEmbedding(4, name="after/drain")
+    ids = np.arange(1, 2001, dtype=np.int64) * 7919
+
+    async def lookup() -> np.ndarray:
+        return await later.lookup(ids)
+
+    with pytest.raises(ResourceExhaustedError, match="--memory-budget"):
+        await coordinator.schedule(lookup)
 
 
 async def _a_table_made_after_the_drain_trains_on_the_ps_left(strategy, coordinator) -> None:
