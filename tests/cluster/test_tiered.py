@@ -125,6 +125,45 @@ async def test_a_tiered_table_trains_as_one_in_ram_saves_both_tiers_and_restores
                 np.testing.assert_array_equal(got_rows, want_rows)
 
 
+async def test_tables_on_one_tiered_ps_share_its_ram_and_train_as_in_ram(tmp_path):
+    """A table made after another has filled each ps's budget gets RAM from it (the first
+    moves rows to disk and makes its arrays smaller), and both train exactly as on ps that
+    keep everything in RAM; each ps stays within its budget."""
+    batches = _batches()
+
+    async def run(cluster: InProcessCluster) -> list[tuple[np.ndarray, np.ndarray]]:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            first = pstrain.DynamicEmbedding(DIM, name="first")
+            opt = pstrain.optimizers.Adagrad(0.1)
+        for ids in batches:  # fills the budget: most of it on disk
+            await opt.apply_gradients(
+                [(pstrain.IndexedSlices(_grad(await first.lookup(ids), ids), ids), first)]
+            )
+        with strategy.scope():
+            second = pstrain.DynamicEmbedding(DIM, name="second")
+        for ids in batches[:8]:  # both, in turn
+            for table in (second, first):
+                rows = await table.lookup(ids)
+                await opt.apply_gradients([(pstrain.IndexedSlices(_grad(rows, ids), ids), table)])
+        return [await t.export() for t in (first, second)]
+
+    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN) as ram:
+        want = await run(ram)
+    async with _tiered(tmp_path) as cluster:
+        got = await run(cluster)
+        for ps in cluster.ps:
+            assert ps.table_handlers.held() <= BUDGET
+            assert ps.tables["second"].alloc > 0 and len(ps.tables["first"].cold) > 0
+    for (got_ids, got_rows), (want_ids, want_rows) in zip(got, want):
+        np.testing.assert_array_equal(got_ids, want_ids)
+        np.testing.assert_array_equal(got_rows, want_rows)
+
+
+def _grad(rows: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    return np.tanh(rows + np.sin(ids)[:, None]).astype(np.float32)
+
+
 async def test_a_batch_that_cannot_fit_the_budget_is_refused_and_changes_nothing(tmp_path):
     async with _tiered(tmp_path) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)

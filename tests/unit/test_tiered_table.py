@@ -323,6 +323,43 @@ def test_slices_of_a_tiered_table_move_with_their_rows_on_disk(tmp_path):
     np.testing.assert_array_equal(by_id(back.export())["rows"], after["rows"][mine])
 
 
+def test_a_shard_gives_back_ram_for_another_and_trains_on_as_one_in_ram(tmp_path):
+    """A tiered shard asked for RAM by another table on its ps moves its coldest rows to
+    disk and makes its arrays smaller; it trains on exactly as a table kept in RAM (rows
+    found before it gave back are looked for again), and a save meanwhile stops it."""
+    config = TableConfig(dim=4)
+    table = tiered(tmp_path, config, hot_rows=300)
+    model = DynamicTable("m", config)
+    for k in range(8):
+        ids = np.arange(40 * k, 40 * k + 40, dtype=np.int64)
+        np.testing.assert_array_equal(train(table, ids, k + 1), train(model, ids, k + 1))
+    alloc, held = table.alloc, table.nbytes - table.cold.nbytes
+    save = table.snapshot()
+    assert table.give_back(100 * table.hot_row_bytes()) == 0  # a save reads by place
+    table.end_snapshot(save)
+    # a training lookup before it gives back, its update after: the update does not take
+    # the places the lookup found (they moved down, into the places rows left free)
+    table.demote(np.arange(0, 30, dtype=np.int64))
+    ids = np.arange(280, 320, dtype=np.int64)
+    np.testing.assert_array_equal(table.lookup(ids, True), model.lookup(ids, True))
+    before = table.positions(ids)
+    freed = table.give_back(40 * table.hot_row_bytes())  # (no row has to go for it)
+    assert freed > 0 and table.alloc <= alloc - 40 and table.nbytes - table.cold.nbytes == held - freed
+    assert (table.positions(ids) < before).all()
+    grad = np.sin(np.outer(ids, np.arange(1, 5)) * 0.01).astype(np.float32)
+    for t in (table, model):
+        t.apply(RULES["adagrad"], ids, grad, ADAGRAD, CFG, 9, t.locate_update(ids))
+    freed = table.give_back(200 * table.hot_row_bytes())  # more than its free places: rows go
+    assert freed > 0 and len(table.index) <= table.alloc
+    assert len(table.index) <= table.alloc and table.statistics()["cold_rows"] > 0
+    for k in range(9, 14):  # old ids (some now on disk) and new ones
+        ids = np.arange(25 * k - 200, 25 * k - 160, dtype=np.int64) % 400
+        np.testing.assert_array_equal(train(table, ids, k + 1), train(model, ids, k + 1))
+    got, want = by_id(table.export()), by_id(model.export())
+    for key in ("ids", "rows", "slot:acc"):
+        np.testing.assert_array_equal(got[key], want[key])
+
+
 def test_the_cold_store_reads_back_what_it_wrote_across_segments(tmp_path):
     cold = ColdRows(str(tmp_path / "c"), 3, np.dtype(np.float32), segment_rows=7)
     ids = np.arange(30, dtype=np.int64) * 11

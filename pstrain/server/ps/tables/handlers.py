@@ -42,6 +42,8 @@ __all__ = ["TableHandlers"]
 
 logger = logging.getLogger(__name__)
 
+#: Rounds in which one tiered table gives back RAM for another (:meth:`TableHandlers._make_room`).
+MAKE_ROOM_ROUNDS = 4
 #: Bytes of records a compaction reads (and writes again) at a time, at most: a 64th of the
 #: ps's budget under 256 MiB (a read and the copies that write it again are a few times
 #: that, all outside the budget's arrays).
@@ -244,13 +246,17 @@ class TableHandlers:
         reads = []
         for name, raw in wanted:
             table = self.tables.get(name)
-            if not isinstance(table, TieredTable) or not len(table.cold):
+            if not isinstance(table, TieredTable):
                 continue
             try:
                 ids = np.asarray(raw)
             except (TypeError, ValueError):
                 continue
             if ids.ndim != 1 or ids.dtype.kind not in "iu":
+                continue
+            if table.hot_short(ids.size):  # the other tables' rows in RAM left it no room
+                self._make_room(table, ids.size)
+            if not len(table.cold):
                 continue
             cold_ids, places, gens = table.cold_wanted(ids.astype(np.int64, copy=False))
             if cold_ids.size:
@@ -267,6 +273,23 @@ class TableHandlers:
         for (table, ids, cold_ids, _, gens), records in zip(reads, got):
             if self.tables.get(table.name) is table:  # (not replaced meanwhile)
                 table.promote(cold_ids, gens, records, ids.astype(np.int64, copy=False))
+
+    def _make_room(self, table: TieredTable, n: int) -> None:
+        """Have this ps's other tiered tables give back RAM until ``table`` can hold ``n``
+        rows at once and as many again, the largest first (between requests: no handler
+        holds their places). Each gives back in a few rounds: its rows moved to disk take
+        some of what it frees for their index."""
+        others = sorted(
+            (t for t in self.tables.values() if isinstance(t, TieredTable) and t is not table),
+            key=lambda t: -t.alloc,
+        )
+        for other in others:
+            for _ in range(MAKE_ROOM_ROUNDS):
+                short = table.hot_short(n)
+                if not short:
+                    return
+                if not other.give_back(short * table.hot_row_bytes()):
+                    break
 
     @property
     def task(self) -> str:

@@ -63,6 +63,8 @@ HOT_ROW_EXTRA = 8 + 8 + 8 + 4 + 1 + 1 + 64
 SLOTS = 2
 #: Rows a save reads from disk at a time.
 SAVE_BLOCK = 1 << 14
+#: Rows moved at a time when a shard's rows in RAM are compacted (a copy of each block).
+COMPACT_ROWS = 1 << 14
 
 
 @dataclass(frozen=True)
@@ -291,6 +293,70 @@ class TieredTable(DynamicTable):
             self.lookups if lru else -1,
         )
         self.demote(victims)
+
+    # -- RAM shared with the ps's other tiered tables ---------------------------------------------
+    def hot_short(self, n: int) -> int:
+        """Rows the hot set lacks to hold ``n`` rows at once and as many again (0 if it can
+        grow to that within the budget's RAM half): what another table must give back."""
+        return max(0, 2 * n - self._hot_limit())
+
+    def give_back(self, nbytes: int) -> int:
+        """Free about ``nbytes`` of RAM for another table on this ps: the coldest rows move
+        to disk, then the rows in RAM move to the first places and the hot arrays are made
+        smaller (:meth:`_pack_hot`). Returns the bytes freed: none while a save reads the
+        arrays (its snapshots go by place), or if the disk index cannot take the rows."""
+        if self.saves or not self.alloc:
+            return 0
+        before = self.nbytes - self.cold.nbytes
+        target = max(0, self.alloc - -(-nbytes // self.hot_row_bytes()))
+        surplus = len(self.index) - target
+        if surplus > 0:
+            if not self._cold_fits(surplus):
+                return 0
+            lru = self.config.evict == "lru" or self.config.max_age is not None
+            victims = self.kernels.pick_victims(
+                self.last_seen if lru else self.freq,
+                self.live.view(np.uint8),
+                np.empty(0, np.int64),
+                self.marks,
+                self.used,
+                surplus,
+                0,
+                self.lookups if lru else -1,
+            )
+            try:
+                self.demote(victims)
+            except ResourceExhaustedError:  # a full disk: nothing moved (demote writes first)
+                return 0
+        self._pack_hot(max(target, len(self.index), 1))
+        return max(0, before - (self.nbytes - self.cold.nbytes))
+
+    def _pack_hot(self, size: int) -> None:
+        """Move the rows in RAM to the first ``len(self)`` places, in order, and make every
+        per-row array ``size`` rows. Rows found before are looked for again: the index is
+        made anew with its counts moved on (a cached place is never taken for current)."""
+        keep = np.flatnonzero(self.live[: self.used])
+        n = keep.size
+        holders = [
+            (self.__dict__, k) for k in ("rows", "ids", "live", "last_seen", "freq", "epochs", "marks")
+        ] + [(self.slots, k) for k in self.slots]
+        for where, key in holders:
+            arr = where[key]
+            for lo in range(0, n, COMPACT_ROWS):  # in place: each row moves to a lower place
+                hi = min(n, lo + COMPACT_ROWS)
+                arr[lo:hi] = arr[keep[lo:hi]]
+            try:  # in place (realloc gives the tail back), unless a view is out
+                arr.resize((size,) + arr.shape[1:], refcheck=True)
+            except ValueError:
+                where[key] = arr[:size].copy()
+        self.live[n:] = False
+        self.marks[n:] = 0
+        self.alloc, self.used, self.nfree = size, n, 0
+        old = self.index
+        self.index = IdIndex(max(n, 1), self.kernels)
+        self.index.insert(self.ids[:n], np.arange(n, dtype=np.int64))
+        self.index.inserted, self.index.removed = old.inserted + n + 1, old.removed + n + 1
+        self._looked_up.clear()
 
     def demote(self, rows: np.ndarray) -> None:
         """Move hot ``rows`` to disk (written first: a full disk changes nothing)."""
