@@ -308,14 +308,14 @@ def _read_table_files(
                     if removed.dtype != np.int64 or removed.ndim != 1:
                         raise InvalidArgumentError(f"dyn/restore: removed in {path} is not 1-D int64")
                     removed_parts.append(removed[in_slices(removed, num_shards, shard)])
+                for key in sorted(keys) if with_slots else ():
+                    if key.startswith("init:"):
+                        slot_init[key[5:]] = float(get(key).reshape(-1)[0])
                 if not mine.any():  # none of the shard's (a save of another ps): its rows
                     # are not read (a restore onto as many ps reads each ps's own files)
                     ids_parts.append(ids[:0])
                     row_parts.append(np.empty((0, dim), dtype))
                     slot_parts.append({})
-                    for key in sorted(keys) if with_slots else ():
-                        if key.startswith("init:"):
-                            slot_init[key[5:]] = float(get(key).reshape(-1)[0])
                     continue
                 rows = get("rows")
                 if rows.shape != (ids.size, dim):
@@ -334,8 +334,6 @@ def _read_table_files(
                                 f"dyn/restore: {key} in {path} is {arr.shape}, its rows {rows.shape}"
                             )
                         slot_parts[-1][key[5:]] = (arr if every else arr[mine]).astype(dtype, copy=False)
-                    elif key.startswith("init:"):
-                        slot_init[key[5:]] = float(get(key).reshape(-1)[0])
         except OSError as exc:
             raise InvalidArgumentError(f"dyn/restore: cannot read {path}: {exc}") from exc
     ids = np.concatenate(ids_parts) if ids_parts else np.empty(0, np.int64)

@@ -281,23 +281,16 @@ class TieredTable(DynamicTable):
                 "(pstrain serve --memory-budget): raise the budget, give the table a capacity, "
                 "or shard it over more ps"
             )
-        lru = self.config.evict == "lru" or self.config.max_age is not None
-        victims = self.kernels.pick_victims(
-            self.last_seen if lru else self.freq,
-            self.live.view(np.uint8),
-            protect,
-            self.marks,
-            self.used,
-            moving,
-            0,
-            self.lookups if lru else -1,
-        )
-        self.demote(victims)
+        self.demote(self._coldest(moving, protect))
 
     # -- RAM shared with the ps's other tiered tables ---------------------------------------------
     def hot_short(self, n: int) -> int:
         """Rows the hot set lacks to hold ``n`` rows at once and as many again (0 if it can
-        grow to that within the budget's RAM half): what another table must give back."""
+        grow to that within the budget's RAM half): what another table must give back.
+        (Its arrays' size first: what every request asks, and the budget's arithmetic sums
+        all the ps holds.)"""
+        if self.alloc >= 2 * n:
+            return 0
         return max(0, 2 * n - self._hot_limit())
 
     def give_back(self, nbytes: int) -> int:
@@ -313,19 +306,8 @@ class TieredTable(DynamicTable):
         if surplus > 0:
             if not self._cold_fits(surplus):
                 return 0
-            lru = self.config.evict == "lru" or self.config.max_age is not None
-            victims = self.kernels.pick_victims(
-                self.last_seen if lru else self.freq,
-                self.live.view(np.uint8),
-                np.empty(0, np.int64),
-                self.marks,
-                self.used,
-                surplus,
-                0,
-                self.lookups if lru else -1,
-            )
             try:
-                self.demote(victims)
+                self.demote(self._coldest(surplus, np.empty(0, np.int64)))
             except ResourceExhaustedError:  # a full disk: nothing moved (demote writes first)
                 return 0
         self._pack_hot(max(target, len(self.index), 1))
@@ -357,6 +339,21 @@ class TieredTable(DynamicTable):
         self.index.insert(self.ids[:n], np.arange(n, dtype=np.int64))
         self.index.inserted, self.index.removed = old.inserted + n + 1, old.removed + n + 1
         self._looked_up.clear()
+
+    def _coldest(self, n: int, protect: np.ndarray) -> np.ndarray:
+        """The ``n`` hot rows looked up least recently (LRU) or least often (LFU), none of
+        ``protect``: the rows that go to disk first."""
+        lru = self.config.evict == "lru" or self.config.max_age is not None
+        return self.kernels.pick_victims(
+            self.last_seen if lru else self.freq,
+            self.live.view(np.uint8),
+            protect,
+            self.marks,
+            self.used,
+            n,
+            0,
+            self.lookups if lru else -1,
+        )
 
     def demote(self, rows: np.ndarray) -> None:
         """Move hot ``rows`` to disk (written first: a full disk changes nothing)."""
