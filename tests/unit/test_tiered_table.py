@@ -478,6 +478,57 @@ def test_a_promotion_that_moves_as_many_rows_out_leaves_no_id_in_both_tiers(tmp_
     assert table.cold_wanted(dup)[0].tolist() == sorted(set(table.cold_wanted(dup)[0].tolist()))
 
 
+def stage(table: TieredTable, ids: np.ndarray) -> Any:
+    """What a ps's stage does before its thread reads: the ids in RAM found, the others
+    looked for on disk; returns what puts them back in RAM once read."""
+    found = table.in_ram(ids)
+    cold_ids, places, gens = table.cold_wanted(ids[found.pos < 0])
+    records = table.read_cold(places)
+
+    def promote() -> None:
+        table.promote(cold_ids, gens, records, ids, found)
+
+    return promote
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_stage_keeps_the_rows_it_found_in_ram_whatever_ran_while_it_read(tmp_path, seed):
+    # A stage finds which of a request's ids are in RAM (an update: from the lookup before
+    # it, no probe), reads the others on a thread, and puts them back protecting what it
+    # found, brought up to date: while it read, other requests may have moved its rows out
+    # and back into other rows. Whatever ran between, every id of the request in RAM just
+    # before the promotion is still there after it (a promotion that protected the rows
+    # found before the read moved some out), and the table trains as one wholly in RAM.
+    rng = np.random.default_rng(seed)
+    config = TableConfig(dim=4, evict="lfu")  # (rows just brought back are the first to go)
+    ram = DynamicTable("t", config)
+    disk = tiered(tmp_path, config, hot_rows=40)
+    t = 0
+    for _ in range(300):
+        ids = rng.permutation(np.unique(rng.integers(0, 300, rng.integers(1, 30)))) * 7919 - 300
+        t += 1
+        promote = stage(disk, ids)
+        # meanwhile: new ids (rows of this request's move out), then some of its ids (back
+        # in RAM, in other rows)
+        for other in [ids + 1, ids[::2]][: rng.integers(0, 3)]:
+            np.testing.assert_array_equal(train(disk, other, t), train(ram, other, t))
+            t += 1
+        before = disk.positions(ids) >= 0
+        promote()
+        assert (disk.positions(ids)[before] >= 0).all()
+        np.testing.assert_array_equal(disk.lookup(ids, True), ram.lookup(ids, True))
+        # an update's stage after its lookup: the lookup's rows, all in RAM, no probe
+        np.testing.assert_array_equal(disk.in_ram(ids).pos, disk.positions(ids))
+        assert (disk.positions(ids) >= 0).all()
+        grad = np.sin(np.outer(ids, np.arange(1, 5)) * 0.01).astype(np.float32)
+        for table in (disk, ram):
+            table.apply(RULES["adagrad"], ids, grad, ADAGRAD, CFG, t)
+    assert disk.statistics()["promoted"] > 0
+    a, b = by_id(disk.export()), by_id(ram.export())
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
 def test_a_read_from_before_a_row_changed_and_went_back_to_disk_is_not_put_back(tmp_path):
     # A request's stage reads a row's record on a thread; meanwhile another request takes
     # the row back, updates it and it goes to disk again, into another cold slot. The

@@ -258,21 +258,23 @@ class TableHandlers:
                 self._make_room(table, ids.size)
             if not len(table.cold):
                 continue
-            cold_ids, places, gens = table.cold_wanted(ids.astype(np.int64, copy=False))
+            ids = np.ascontiguousarray(ids, np.int64)
+            found = table.in_ram(ids)  # only the others are looked for on disk
+            cold_ids, places, gens = table.cold_wanted(ids[found.pos < 0])
             if cold_ids.size:
-                reads.append((table, ids, cold_ids, places, gens))
+                reads.append((table, ids, cold_ids, places, gens, found))
         if not reads:
             return
         for table, *_ in reads:
             table.cold.begin_read()
         try:
-            got = await asyncio.to_thread(lambda: [t.read_cold(p) for t, _, _, p, _ in reads])
+            got = await asyncio.to_thread(lambda: [t.read_cold(p) for t, _, _, p, _, _ in reads])
         finally:
             for table, *_ in reads:
                 table.cold.end_read()
-        for (table, ids, cold_ids, _, gens), records in zip(reads, got):
+        for (table, ids, cold_ids, _, gens, found), records in zip(reads, got):
             if self.tables.get(table.name) is table:  # (not replaced meanwhile)
-                table.promote(cold_ids, gens, records, ids.astype(np.int64, copy=False))
+                table.promote(cold_ids, gens, records, ids, found)
 
     def _make_room(self, table: TieredTable, n: int) -> None:
         """Have this ps's other tiered tables give back RAM until ``table`` can hold ``n``

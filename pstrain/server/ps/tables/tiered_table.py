@@ -82,6 +82,17 @@ class Tiering:
         return os.path.join(self.directory, f"{serial}-{urllib.parse.quote(name, safe='')}")
 
 
+@dataclass
+class Found:
+    """Rows in RAM of a request's ids (``pos``, -1 where not in RAM), found when the
+    index had taken in ``inserted`` ids and let go of ``removed``: still right while none
+    has left it since."""
+
+    pos: np.ndarray
+    inserted: int
+    removed: int
+
+
 class _ColdPart:
     """The rows on disk a save writes: their places, taken on the serving loop as they
     were when it began, sorted on the save's thread by the first array to read them; and
@@ -273,6 +284,8 @@ class TieredTable(DynamicTable):
                 "the table over more ps, or send smaller batches"
             )
         moving = max(n - free, min(len(self.index) - protect.size, max(1, limit // EVICT_BATCH)))
+        if not self._cold_fits(moving):  # a batch is too many: just what this request needs
+            moving = n - free
         if not self._cold_fits(moving):
             self.refused += 1
             raise ResourceExhaustedError(
@@ -381,6 +394,30 @@ class TieredTable(DynamicTable):
         self.demoted += rows.size
 
     # -- promotion ---------------------------------------------------------------------------------
+    def in_ram(self, ids: np.ndarray) -> Found:
+        """The rows in RAM of ``ids`` (int64, contiguous; -1 where not in RAM), as a stage
+        finds them before it reads the others from disk: those a recent training lookup of
+        the same ids found (an update follows its lookup: no probe at all), else a probe."""
+        index = self.index
+        for seen, pos, inserted, removed in self._looked_up:
+            if removed == index.removed and self.kernels.same_ids(seen, ids):
+                pos = pos.copy()  # (the update's handler takes the entry itself)
+                if inserted != index.inserted:
+                    index.refind(ids, pos)
+                return Found(pos, index.inserted, index.removed)
+        return Found(self.positions(ids), index.inserted, index.removed)
+
+    def _still_in_ram(self, ids: np.ndarray, found: Found | None) -> np.ndarray:
+        """``found`` brought up to now (found again if an id left RAM since: its row may be
+        another's now), or the rows of ``ids`` found now."""
+        index = self.index
+        if found is None or found.removed != index.removed:
+            return self.positions(ids)
+        pos = found.pos
+        if found.inserted != index.inserted:
+            index.refind(ids, pos)
+        return pos
+
     def cold_wanted(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Of ``ids``, those on disk now, their places (what a thread reads) and the numbers
         of the puts that wrote them there (what :meth:`promote` checks: compaction may move
@@ -404,19 +441,25 @@ class TieredTable(DynamicTable):
         return got
 
     def promote(
-        self, ids: np.ndarray, gens: np.ndarray, records: dict[str, np.ndarray], keep: np.ndarray
+        self,
+        ids: np.ndarray,
+        gens: np.ndarray,
+        records: dict[str, np.ndarray],
+        keep: np.ndarray,
+        found: Found | None = None,
     ) -> None:
         """Put the records read for ``ids`` back in RAM, those still on disk as they were
         (``gens``, from :meth:`cold_wanted`: another request may have taken some back,
         changed them and moved them out again meanwhile; their records read then are stale),
-        never moving out the rows of ``keep`` (the request's ids) for room."""
+        never moving out the rows of ``keep`` (the request's ids; ``found``: their rows in
+        RAM as :meth:`in_ram` found them before the read) for room."""
         slots = self.cold.find(ids)
         still = slots >= 0
         still[still] = self.cold.gens[slots[still]] == gens[still]
         if not still.any():
             return
         ids = ids[still]
-        protect = self.positions(keep)
+        protect = self._still_in_ram(keep, found)
         self._hot_room(ids.size, protect[protect >= 0])
         self.cold.remove(ids)
         rows = self._take_rows(ids.size)
