@@ -132,30 +132,33 @@ cdef inline void _insert_at(int64_t* s, uint64_t mask, int64_t key, int64_t valu
 
 @cython.final
 cdef class _IdSet:
-    """A batch's hash set of ids, twice the size of what it will hold, probed linearly:
-    ``add`` gives the value an id was added with, or -1 after adding it."""
-    cdef object _at, _keys
-    cdef int64_t* at
-    cdef int64_t* keys
+    """A batch's hash set of ids, twice the size of what it will hold, probed linearly, each
+    slot's id beside its value (one cache line read per probe): ``add`` gives the value an
+    id was added with, or -1 after adding it."""
+    cdef object _slots
+    cdef int64_t* s
     cdef uint64_t mask
 
     def __cinit__(self, Py_ssize_t n):
         cdef Py_ssize_t cap = 16
         while cap < 2 * n:
             cap <<= 1
-        self._at = np.full(cap, -1, np.int64)
-        self._keys = np.empty(cap, np.int64)
-        cdef int64_t[::1] at = self._at, keys = self._keys
-        self.at, self.keys, self.mask = &at[0], &keys[0], <uint64_t>(cap - 1)
+        self._slots = np.full((cap, 2), -1, np.int64)
+        cdef int64_t[:, ::1] slots = self._slots
+        self.s, self.mask = &slots[0, 0], <uint64_t>(cap - 1)
+
+    cdef inline void prefetch(self, int64_t k) noexcept nogil:
+        """Ask for the memory of ``k``'s first slot ahead of its ``add``."""
+        _prefetch_slot(self.s, self.mask, k)
 
     cdef inline int64_t add(self, int64_t k, int64_t value) noexcept nogil:
         cdef uint64_t q = _mix64(<uint64_t>k) & self.mask
-        while self.at[q] >= 0:
-            if self.keys[q] == k:
-                return self.at[q]
+        while self.s[2 * q + 1] >= 0:
+            if self.s[2 * q] == k:
+                return self.s[2 * q + 1]
             q = (q + 1) & self.mask
-        self.at[q] = value
-        self.keys[q] = k
+        self.s[2 * q] = k
+        self.s[2 * q + 1] = value
         return -1
 
 
@@ -941,6 +944,8 @@ def unique_first(const int64_t[::1] ids):
     cdef int64_t v
     with nogil:
         for i in range(n):
+            if i + PROBE_AHEAD < n:
+                seen.prefetch(ids[i + PROBE_AHEAD])
             v = seen.add(ids[i], m)
             if v < 0:
                 u[m] = ids[i]

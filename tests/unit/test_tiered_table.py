@@ -211,6 +211,37 @@ def test_a_delta_holds_the_rows_changed_in_either_tier(tmp_path):
     assert set(ids.tolist()) == set(changed.tolist()) and gone.size == 0
 
 
+@pytest.mark.parametrize("own", [True, False])
+def test_a_table_loaded_from_arrays_of_its_own_or_views_trains_alike(own):
+    # A restore's arrays (made for it) become the table's own, not copied; views of a larger
+    # array (a tiered shard's part in RAM) are copied, so the larger one is not kept alive.
+    # Either way the table trains, grows and saves as one loaded by copy.
+    config = TableConfig(dim=4)
+    rng = np.random.default_rng(3)
+    ids = rng.permutation(1000)[:300].astype(np.int64) * 13 + 5
+    rows = rng.normal(size=(300, 4)).astype(np.float32)
+    acc = np.full((300, 4), 0.5, np.float32)
+
+    def view(a: np.ndarray) -> np.ndarray:  # the same values, in a view of a larger array
+        return np.concatenate([a, a])[: len(a)]
+
+    loaded, copied = DynamicTable("t", config), DynamicTable("t", config)
+    if own:
+        loaded.load(ids, rows, {"acc": acc}, {"acc": 0.1})
+        assert np.shares_memory(loaded.rows, rows) and np.shares_memory(loaded.slots["acc"], acc)
+    else:
+        loaded.load(view(ids), view(rows), {"acc": view(acc)}, {"acc": 0.1})
+        assert loaded.rows.base is None and loaded.slots["acc"].base is None
+    copied.load(view(ids), view(rows), {"acc": view(acc)}, {"acc": 0.1})  # (copied)
+    for t in range(1, 6):  # old ids and new ones: the arrays grow past what was loaded
+        batch = np.concatenate([ids[t * 40 : t * 40 + 40], np.arange(t * 500, t * 500 + 200) * 7 + 2])
+        batch = batch.astype(np.int64)
+        np.testing.assert_array_equal(train(loaded, batch, t), train(copied, batch, t))
+    a, b = by_id(loaded.export()), by_id(copied.export())
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
 def test_a_restore_puts_what_fits_in_ram_and_the_rest_on_disk(tmp_path):
     config = TableConfig(dim=4)
     table = tiered(tmp_path, config, hot_rows=500)  # (the other half indexes the rest on disk)

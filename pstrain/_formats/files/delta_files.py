@@ -336,19 +336,29 @@ def _read_table_files(
                         slot_parts[-1][key[5:]] = (arr if every else arr[mine]).astype(dtype, copy=False)
         except OSError as exc:
             raise InvalidArgumentError(f"dyn/restore: cannot read {path}: {exc}") from exc
-    ids = np.concatenate(ids_parts) if ids_parts else np.empty(0, np.int64)
+    ids = _joined(ids_parts, np.empty(0, np.int64))
     if KERNELS.unique_first(ids)[0].size != ids.size:  # (a hash set: a sort took longer)
-        raise InvalidArgumentError("dyn/restore: an id appears in two saved shards")
-    rows = np.concatenate(row_parts) if row_parts else np.empty((0, dim), dtype)
+        raise InvalidArgumentError("dyn/restore: an id appears twice in the saved shards")
+    rows = _joined(row_parts, np.empty((0, dim), dtype))
     names = set().union(*slot_parts)
     if names - set(slot_init):
         raise InvalidArgumentError("dyn/restore: a slot's initial value was not saved")
     # a shard without a slot the others have: its rows were never stepped (initial values)
     slots = {
-        k: np.concatenate(
-            [part.get(k, np.full(r.shape, slot_init[k], dtype)) for part, r in zip(slot_parts, row_parts)]
+        k: _joined(
+            [part.get(k, np.full(r.shape, slot_init[k], dtype)) for part, r in zip(slot_parts, row_parts)],
+            rows[:0],
         )
         for k in sorted(names)
     }
-    removed = np.concatenate(removed_parts) if removed_parts else np.empty(0, np.int64)
+    removed = _joined(removed_parts, np.empty(0, np.int64))
     return ids, rows, slots, slot_init, removed
+
+
+def _joined(parts: list[np.ndarray], empty: np.ndarray) -> np.ndarray:
+    """``parts`` end to end: the one part itself if only one is not empty (a restore onto
+    as many ps reads rows from one file per ps: a copy of them cost as much as the read)."""
+    full = [p for p in parts if p.shape[0]]
+    if len(full) == 1:
+        return full[0]
+    return np.concatenate(full) if full else empty

@@ -180,11 +180,14 @@ class DynamicTable(SlicedRows, Admission):
             new = min(new, max(cap, need))
         return new
 
-    def _resize(self, new: int) -> None:
-        """Every per-row array to ``new`` rows (new rows: 0, slots at their initial value)."""
+    def _resize(self, new: int, skip: tuple[str, ...] = ()) -> None:
+        """Every per-row array (but ``skip``) to ``new`` rows (new rows: 0, slots at their
+        initial value)."""
         old = self.alloc
         holders = [
-            (self.__dict__, k) for k in ("rows", "ids", "live", "last_seen", "freq", "epochs", "marks")
+            (self.__dict__, k)
+            for k in ("rows", "ids", "live", "last_seen", "freq", "epochs", "marks")
+            if k not in skip
         ]
         for where, key in holders + [(self.slots, k) for k in self.slots]:
             try:  # in place (realloc: no second array beside it at its peak), unless a view is out
@@ -436,13 +439,26 @@ class DynamicTable(SlicedRows, Admission):
         fresh = DynamicTable(self.name, self.config, self.owner, self.max_bytes, self.kernels, self.clock)
         fresh.slot_init = dict(slot_init)
         n = ids.size
-        fresh._resize(max(n, 1))  # just what is restored (admissions then double it)
-        fresh.slots = {k: np.full(fresh.rows.shape, slot_init[k], self.dtype) for k in slots}
-        fresh.rows[:n] = rows
-        fresh.ids[:n] = ids
+        shape = (n, self.config.dim)
+        if (
+            n
+            and all(_adoptable(a, self.dtype, shape) for a in (rows, *slots.values()))
+            and _adoptable(ids, np.int64, (n,))
+        ):
+            # arrays made for this restore (a read, a composition): taken as the table's own,
+            # not copied into fresh ones (the copy, into pages never touched, cost more than
+            # reading the files did)
+            fresh._resize(n, skip=("rows", "ids"))
+            fresh.rows, fresh.ids = rows, ids
+            fresh.slots = dict(slots)
+        else:
+            fresh._resize(max(n, 1))  # just what is restored (admissions then double it)
+            fresh.slots = {k: np.full(fresh.rows.shape, slot_init[k], self.dtype) for k in slots}
+            fresh.rows[:n] = rows
+            fresh.ids[:n] = ids
+            for k, arr in slots.items():
+                fresh.slots[k][:n] = arr
         fresh.live[:n] = True
-        for k, arr in slots.items():
-            fresh.slots[k][:n] = arr
         fresh.used = n
         fresh.index = IdIndex(n, self.kernels)
         fresh.index.insert(ids, np.arange(n))
@@ -457,3 +473,17 @@ class DynamicTable(SlicedRows, Admission):
             "candidates": self.candidates,
             "capacity": self.config.capacity or 0,
         }
+
+
+def _adoptable(arr: np.ndarray, dtype: Any, shape: tuple[int, ...]) -> bool:
+    """Whether a table may take ``arr`` as its own array: its own memory (not a view of a
+    larger array, which would stay alive with it), C-contiguous, writable, of ``dtype`` and
+    ``shape``."""
+    return (
+        isinstance(arr, np.ndarray)
+        and arr.base is None
+        and arr.shape == shape
+        and arr.flags.c_contiguous
+        and arr.flags.writeable
+        and arr.dtype == dtype
+    )
