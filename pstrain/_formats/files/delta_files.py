@@ -215,12 +215,19 @@ def _compose(
     kept = np.flatnonzero(~_member(base, distinct))
     fresh = np.flatnonzero(picked)
 
+    # where each delta's picked rows start among ``fresh`` (ascending: by delta, then row)
+    starts = np.cumsum([0] + [p[0].size for p in puts[1:]])
+    cuts = np.searchsorted(fresh, starts)
+
     def pick(base_part: np.ndarray, later_parts: list[np.ndarray]) -> np.ndarray:
-        # the base's rows kept, then the deltas', gathered where they go (no copy of all first)
-        later_part = np.concatenate(later_parts) if later_parts else base_part[:0]
+        # the base's rows kept, then each delta's, gathered where they go (the deltas' rows,
+        # often more than the base's, are not put end to end first)
         out = np.empty((kept.size + fresh.size, *base_part.shape[1:]), base_part.dtype)
         take_rows(base_part, kept, out[: kept.size])
-        take_rows(later_part, fresh, out[kept.size :])
+        for k, part in enumerate(later_parts):
+            lo, hi = cuts[k], cuts[k + 1]
+            if hi > lo:
+                take_rows(part, fresh[lo:hi] - starts[k], out[kept.size + lo : kept.size + hi])
         return out
 
     names = sorted(set().union(*(p[2] for p in puts)))
@@ -229,7 +236,7 @@ def _compose(
         return part[2].get(key, np.full(part[1].shape, slot_init[key], dtype))
 
     return (
-        pick(base, [later]),
+        pick(base, [p[0] for p in puts[1:]]),
         pick(puts[0][1].reshape(-1, dim), [p[1] for p in puts[1:]]),
         {k: pick(slot(puts[0], k), [slot(p, k) for p in puts[1:]]) for k in names},
         slot_init,

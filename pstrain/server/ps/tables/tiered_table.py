@@ -612,7 +612,12 @@ class TieredTable(DynamicTable):
                 f"{self.budget} bytes with the rows on disk indexed in RAM (pstrain serve "
                 "--memory-budget): raise the budget or shard over more ps"
             )
-        super().load(ids[:hot], rows[:hot], {k: v[:hot] for k, v in slots.items()}, slot_init)
+        if hot == ids.size:  # all in RAM: the arrays as they are (the table takes them)
+            super().load(ids, rows, slots, slot_init)
+        else:  # the part in RAM copied once, for the table to take (not the whole kept alive)
+            super().load(
+                ids[:hot].copy(), rows[:hot].copy(), {k: v[:hot].copy() for k, v in slots.items()}, slot_init
+            )
         if ids.size > hot:
             rest = slice(hot, ids.size)
             meta = np.zeros(ids.size - hot, META)
