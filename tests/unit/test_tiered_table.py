@@ -96,6 +96,25 @@ def test_rows_move_to_disk_and_back_and_the_statistics_say_so(tmp_path):
     np.testing.assert_array_equal(again, ram.lookup(first, False))
 
 
+@pytest.mark.parametrize("evict", ["lru", "lfu"])
+def test_the_rows_looked_up_most_stay_in_ram_in_a_table_that_evicts_nothing(tmp_path, evict):
+    # No capacity, no max_age: the table itself evicts nothing, yet its hot set is chosen
+    # by the lookups (their last, or their count). A few ids looked up in every batch
+    # among a stream of new ones stay in RAM; they were moved to disk with the stream
+    # when training lookups kept no statistics (the hot set was the rows that came in last).
+    table = tiered(tmp_path, TableConfig(dim=4, evict=evict), hot_rows=100)
+    hot_ids = np.arange(10, dtype=np.int64)
+    for k in range(1, 40):
+        train(table, hot_ids, 2 * k)
+        train(table, np.arange(1000 + 20 * k, 1020 + 20 * k, dtype=np.int64), 2 * k + 1)
+        assert (table.positions(hot_ids) >= 0).all(), k
+        if k == 25:  # a restore makes the table anew: it keeps them still
+            saved = table.export()
+            table.load(saved["ids"], saved["rows"], {"acc": saved["slot:acc"]}, {"acc": 0.1})
+    stats = table.statistics()
+    assert stats["cold_rows"] > 300 and stats["promoted"] == 0, stats
+
+
 def test_a_request_larger_than_the_hot_set_is_refused_and_changes_nothing(tmp_path):
     table = tiered(tmp_path, TableConfig(dim=8), hot_rows=50)
     train(table, np.arange(40, dtype=np.int64), 1)

@@ -223,6 +223,7 @@ class TieredTable(DynamicTable):
         self.compacting = False  # a segment's live rows being copied (``TableHandlers.compact``)
         self.compacted = 0  # rows copied out of half-dead segments
         self.cold_latency: list[float] = []  # seconds of each cold read (the last 1024)
+        self._keep_statistics()
         #: The last move's copy of rows on disk: (its slices, their ids sorted, the writes
         #: that put them there, their bookkeeping), until its patch is taken.
         self._copied: tuple[SliceSet, np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -233,6 +234,16 @@ class TieredTable(DynamicTable):
     @property
     def nbytes(self) -> int:
         return super().nbytes + self.cold.nbytes
+
+    def _keep_statistics(self) -> None:
+        """Have training lookups keep what chooses the hot set (each row's last lookup, or
+        its count of them), whether or not the table evicts: an untiered table without a
+        capacity or ``max_age`` keeps neither, and its hot set was then the rows that came
+        into RAM last, not those looked up last."""
+        if self.config.evict == "lru" or self.config.max_age is not None:
+            self._ages = True
+        else:
+            self._counts = True
 
     def hot_row_bytes(self) -> int:
         """What a row in RAM may take: its values, ``SLOTS`` optimizer slots' (or more, if it
@@ -629,6 +640,7 @@ class TieredTable(DynamicTable):
                 np.zeros(ids.size - hot, np.int64),
                 tight=True,  # (an index grown to hold them would take up to twice the memory)
             )
+        self._keep_statistics()  # (the load made the table anew)
 
     def statistics(self) -> dict[str, int]:
         lat = np.sort(np.asarray(self.cold_latency)) if self.cold_latency else np.zeros(1)
