@@ -344,7 +344,8 @@ def test_slices_of_a_tiered_table_move_with_their_rows_on_disk(tmp_path):
     copy = table.copy_slices(moving)
     mark = table.clock.mark()
     train(table, np.arange(0, 40, dtype=np.int64), 9)  # changes after the copy: in the patch
-    train(table, np.arange(1000, 1060, dtype=np.int64), 10)  # (and those back on disk now)
+    for k in range(3):  # (and those back on disk now: new rows push them out)
+        train(table, np.arange(1000 + 60 * k, 1060 + 60 * k, dtype=np.int64), 10 + k)
     assert table.cold_wanted(np.arange(0, 40, dtype=np.int64))[0].size > 0
     after = by_id(table.export())
     mine = in_slices(after["ids"], 4, [1, 3])

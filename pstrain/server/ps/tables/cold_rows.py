@@ -283,11 +283,18 @@ class ColdRows:
             self.free = grown
         self.free[self.nfree : need] = gone
         self.nfree = need
-        numbers, counts = np.unique(places >> PLACE_BITS, return_counts=True)
-        for number, count in zip(numbers.tolist(), counts.tolist()):
-            self.segments[number].dead += count
+        self._died(places)
         self.collect()
         return cold
+
+    def _died(self, places: np.ndarray) -> None:
+        """Count the records at ``places`` dead in their segments (a count per segment
+        number, no sort: the numbers of a tier's live segments lie close together)."""
+        numbers = places >> PLACE_BITS
+        low = int(numbers.min())
+        counts = np.bincount(numbers - low)
+        for k in np.flatnonzero(counts).tolist():
+            self.segments[low + k].dead += int(counts[k])
 
     def collect(self) -> int:
         """Delete the segments whose every record is dead (none while a save or a read may
@@ -334,10 +341,8 @@ class ColdRows:
         slots = slots[still]
         slot_values = {k[5:]: v[still] for k, v in records.items() if k.startswith("slot:")}
         new = self._append(records["ids"][still], records["rows"][still], slot_values, records["meta"][still])
-        numbers, counts = np.unique(places[still] >> PLACE_BITS, return_counts=True)
+        self._died(places[still])
         self.places[slots] = new
-        for number, count in zip(numbers.tolist(), counts.tolist()):
-            self.segments[number].dead += count
         self.collect()
         return int(slots.size)
 

@@ -439,8 +439,11 @@ class TieredTable(DynamicTable):
         slots = self.cold.find(ids)
         there = slots >= 0
         # each once (a request the handler refuses for repeating an id reaches here first)
-        cold, first = np.unique(ids[there], return_index=True)
-        slots = slots[there][first]
+        cold, slots = ids[there], slots[there]
+        distinct = self.kernels.unique_first(cold)[0]  # (a hash pass: no sort)
+        if distinct.size != cold.size:
+            cold, first = np.unique(cold, return_index=True)
+            slots = slots[first]
         return cold, self.cold.places[slots], self.cold.gens[slots]
 
     def read_cold(self, places: np.ndarray) -> dict[str, np.ndarray]:
