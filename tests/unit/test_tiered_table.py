@@ -127,6 +127,32 @@ def test_a_request_larger_than_the_hot_set_is_refused_and_changes_nothing(tmp_pa
         np.testing.assert_array_equal(before[key], after[key])
 
 
+def test_a_request_moves_out_just_the_rows_it_needs_when_a_batch_would_not_fit_the_index(tmp_path):
+    # Rows move to disk a batch at a time (a sixteenth of the hot set). When the index of
+    # the rows on disk can take the few rows a request needs but not a whole batch (its
+    # next growth would pass the budget), the request moves out just those, rather than
+    # being refused.
+    from pstrain.server.ps.tables.dynamic_table import EVICT_BATCH
+
+    table = tiered(tmp_path, TableConfig(dim=4), hot_rows=1600)
+    cold = table.cold
+    for k in range(1, 3000):  # until a batch more on disk would grow the index, 10 would not
+        train(table, np.arange(10 * k, 10 * k + 10, dtype=np.int64) + 10**6, k)
+        batch = max(1, table._hot_limit() // EVICT_BATCH)
+        if len(cold) and cold.nbytes_with(batch) > cold.nbytes_with(10):
+            break
+    table.budget = table.held() - cold.nbytes + cold.nbytes_with(10)  # the ps's budget, just so
+    assert not table._cold_fits(batch)
+    free = table._hot_limit() - len(table.index)
+    new = np.arange(free + 10, dtype=np.int64) + 5 * 10**6  # 10 more than RAM has room for
+    before = table.statistics()
+    train(table, new, k + 1)
+    after = table.statistics()
+    assert after["refused"] == before["refused"] and after["rows"] == before["rows"] + new.size
+    assert after["demoted"] - before["demoted"] == 10
+    assert (table.positions(new) >= 0).all()
+
+
 def test_a_full_disk_is_refused_and_changes_nothing(tmp_path, monkeypatch):
     table = tiered(tmp_path, TableConfig(dim=8), hot_rows=50)
     train(table, np.arange(45, dtype=np.int64), 1)
