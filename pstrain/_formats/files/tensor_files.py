@@ -195,12 +195,17 @@ def _write_with_shared_tails(f: Any, raw: bytes, header: dict[str, Any], tensors
     sizes = {key: h["data_offsets"][1] - h["data_offsets"][0] for key, h in header.items()}
     digests = {key: StreamDigests(0, [(key, nbytes)]) for key, nbytes in sizes.items()}
     dtypes = {key: np.dtype(dtype) for key, dtype, _, _ in tensors}
+    dirty = [0]  # bytes written since the disk was last asked to start writing them
 
     def put(key: str, piece: Any) -> None:
         data = np.ascontiguousarray(piece, dtypes[key]).reshape(-1).view(np.uint8)
         _pwrite_all(fd, data, at[key])
         digests[key].feed(data)
         at[key] += data.nbytes
+        dirty[0] += data.nbytes
+        if dirty[0] >= WRITE_BEHIND:  # the disk writes them while the next are read
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            dirty[0] = 0
 
     shared: dict[int, tuple[Any, dict[str, str]]] = {}  # source -> {file key: its column}
     for key, _, _, pieces in tensors:
@@ -225,6 +230,13 @@ def _write_with_shared_tails(f: Any, raw: bytes, header: dict[str, Any], tensors
     for key, d in digests.items():
         marker = (json.dumps(DIGEST_PREFIX + key) + ':"').encode()
         _pwrite_all(fd, d.digests[key].encode(), raw.index(marker) + len(marker))
+
+
+#: Bytes a save through the page cache writes before it asks the kernel to start writing
+#: them to disk (``posix_fadvise(DONTNEED)`` starts the writeback of a file's dirty pages
+#: without waiting for it), so the disk works while the save reads the next rows, and the
+#: fsync at the end has only the last of them to wait for.
+WRITE_BEHIND = 8 << 20
 
 
 def _pwrite_all(fd: int, data: Any, offset: int) -> None:
