@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from pstrain._formats.files import tensor_files
 from pstrain._formats.files.tensor_files import TensorFile, whole, write_streaming
 from pstrain._formats.numerics.optimizer_rules import RULES
 from pstrain.errors import InvalidArgumentError, ResourceExhaustedError
@@ -198,10 +199,13 @@ def test_a_save_holds_both_tiers_as_they_were_when_it_began(tmp_path):
     np.testing.assert_array_equal(got["slot:acc"], expected["slot:acc"])
 
 
-def test_a_save_read_once_from_disk_is_the_file_written_column_by_column(tmp_path):
+@pytest.mark.parametrize("write_behind", [8 << 20, 256])
+def test_a_save_read_once_from_disk_is_the_file_written_column_by_column(tmp_path, monkeypatch, write_behind):
     """A save of a tiered table reads each record on disk once for all its arrays and puts
     each where its array goes: the file is byte for byte the one written an array at a
-    time (checksums included), whatever training does meanwhile."""
+    time (checksums included), whatever training does meanwhile; also when it has the disk
+    start writing behind it every few hundred bytes."""
+    monkeypatch.setattr(tensor_files, "WRITE_BEHIND", write_behind)
     table = tiered(tmp_path, TableConfig(dim=4), hot_rows=60)
     for k in range(6):
         train(table, np.arange(50 * k, 50 * k + 50, dtype=np.int64), k + 1)
