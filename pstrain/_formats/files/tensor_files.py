@@ -180,6 +180,13 @@ def write_streaming(
     )
 
 
+#: Bytes a save through the page cache writes before it asks the kernel to start writing
+#: them to disk (``posix_fadvise(DONTNEED)`` starts the writeback of a file's dirty pages
+#: without waiting for it), so the disk works while the save reads the next rows, and the
+#: fsync at the end has only the last of them to wait for.
+WRITE_BEHIND = 8 << 20
+
+
 def _write_with_shared_tails(f: Any, raw: bytes, header: dict[str, Any], tensors: StreamedTensors) -> None:
     """Write a file some of whose tensors end in parts that one shared source makes in one
     pass (``pieces.tail_source``, whose column ``pieces.tail_key`` is the tensor's tail: a
@@ -230,13 +237,6 @@ def _write_with_shared_tails(f: Any, raw: bytes, header: dict[str, Any], tensors
     for key, d in digests.items():
         marker = (json.dumps(DIGEST_PREFIX + key) + ':"').encode()
         _pwrite_all(fd, d.digests[key].encode(), raw.index(marker) + len(marker))
-
-
-#: Bytes a save through the page cache writes before it asks the kernel to start writing
-#: them to disk (``posix_fadvise(DONTNEED)`` starts the writeback of a file's dirty pages
-#: without waiting for it), so the disk works while the save reads the next rows, and the
-#: fsync at the end has only the last of them to wait for.
-WRITE_BEHIND = 8 << 20
 
 
 def _pwrite_all(fd: int, data: Any, offset: int) -> None:

@@ -154,16 +154,26 @@ class DynamicTable(SlicedRows, Admission):
         (in the same order, so distinct) found, while no id has left the index since (its
         row could be another id's now); ids without a row then are looked for again if ids
         came in since."""
-        index = self.index
         ids = np.ascontiguousarray(ids, np.int64)
-        for i, (seen, pos, inserted, removed) in enumerate(self._looked_up):
+        i = self.recent_lookup(ids)
+        if i is None:
+            return self.locate(ids)
+        _, pos, inserted, _ = self._looked_up[i]
+        del self._looked_up[i]
+        if inserted != self.index.inserted:
+            self.index.refind(ids, pos)
+        return pos
+
+    def recent_lookup(self, ids: np.ndarray) -> int | None:
+        """Which of the last training lookups (``_looked_up``) was of ``ids`` (int64,
+        contiguous; the same ids in the same order), while no id has left the index since:
+        the rows it found are still theirs (ids without one may have one now)."""
+        removed = self.index.removed
+        for i, (seen, _, _, was_removed) in enumerate(self._looked_up):
             # compiled calls: with cold caches each numpy call here costs microseconds
-            if removed == index.removed and self.kernels.same_ids(seen, ids):
-                del self._looked_up[i]
-                if inserted != index.inserted:
-                    index.refind(ids, pos)
-                return pos
-        return self.locate(ids)
+            if was_removed == removed and self.kernels.same_ids(seen, ids):
+                return i
+        return None
 
     def _grow(self, need: int) -> None:
         if need > self.alloc:

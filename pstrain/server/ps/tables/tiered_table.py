@@ -410,13 +410,14 @@ class TieredTable(DynamicTable):
         finds them before it reads the others from disk: those a recent training lookup of
         the same ids found (an update follows its lookup: no probe at all), else a probe."""
         index = self.index
-        for seen, pos, inserted, removed in self._looked_up:
-            if removed == index.removed and self.kernels.same_ids(seen, ids):
-                pos = pos.copy()  # (the update's handler takes the entry itself)
-                if inserted != index.inserted:
-                    index.refind(ids, pos)
-                return Found(pos, index.inserted, index.removed)
-        return Found(self.positions(ids), index.inserted, index.removed)
+        i = self.recent_lookup(ids)
+        if i is None:
+            return Found(self.positions(ids), index.inserted, index.removed)
+        _, pos, inserted, _ = self._looked_up[i]
+        pos = pos.copy()  # (the update's handler takes the entry itself)
+        if inserted != index.inserted:
+            index.refind(ids, pos)
+        return Found(pos, index.inserted, index.removed)
 
     def _still_in_ram(self, ids: np.ndarray, found: Found | None) -> np.ndarray:
         """``found`` brought up to now (found again if an id left RAM since: its row may be
