@@ -519,11 +519,15 @@ class TableHandlers:
                     f"{held} bytes on this shard, more than this ps's limit of "
                     f"{self.max_table_bytes} (pstrain serve --max-variable-bytes)"
                 )
+        # the rows put in on a thread (a large shard's copies and, tiered, its writes to disk
+        # would hold the serving loop for as long): the new table is not served before the
+        # load ends, and what a tiered one may keep in RAM is reckoned on the loop first
         try:
             if isinstance(table, TieredTable):  # (budgeted as if the shard it replaces were gone)
-                table.load(ids, rows, slots, slot_init, replacing=self.tables.get(req.name))
+                hot = table.rows_in_ram_for(ids.size, len(slots), replacing=self.tables.get(req.name))
+                await asyncio.to_thread(table.fill, ids, rows, slots, slot_init, hot)
             else:
-                table.load(ids, rows, slots, slot_init)
+                await asyncio.to_thread(table.load, ids, rows, slots, slot_init)
         except BaseException:
             discard(table)
             raise

@@ -612,21 +612,40 @@ class TieredTable(DynamicTable):
         ``replacing``: the shard this one replaces once the restore commits, budgeted as
         gone (both are held until then)."""
         self.cold.reset()
+        self.fill(ids, rows, slots, slot_init, self.rows_in_ram_for(ids.size, len(slots), replacing))
+
+    def rows_in_ram_for(self, n: int, slots: int, replacing: DynamicTable | None = None) -> int:
+        """How many of ``n`` rows with ``slots`` optimizer slots a load keeps in RAM (the rest
+        go to disk); ResourceExhaustedError if the budget cannot index the rest. Reads what
+        the whole ps holds: on the serving loop. ``replacing``: as :meth:`load`'s."""
         gone_cold = replacing.cold.nbytes if isinstance(replacing, TieredTable) else 0
         gone_hot = (replacing.nbytes - gone_cold) if replacing is not None else 0
         spare = int(self.budget * HOT_SHARE) - (self.held_hot() - super().nbytes - gone_hot)
-        per = self.config.dim * self.dtype.itemsize * (1 + len(slots)) + HOT_ROW_EXTRA
-        hot = min(ids.size, max(1, spare // per))
+        per = self.config.dim * self.dtype.itemsize * (1 + slots) + HOT_ROW_EXTRA
+        hot = min(n, max(1, spare // per))
         other_cold = self.cold_index() - self.cold.nbytes - gone_cold
-        if other_cold + self.cold.nbytes_with(ids.size - hot, tight=True) > self.budget - int(
+        if other_cold + self.cold.nbytes_with(n - hot, tight=True) > self.budget - int(
             self.budget * HOT_SHARE
         ):
             self.refused += 1
             raise ResourceExhaustedError(
-                f"dynamic table {self.name!r}: {ids.size} rows do not fit this ps's budget of "
+                f"dynamic table {self.name!r}: {n} rows do not fit this ps's budget of "
                 f"{self.budget} bytes with the rows on disk indexed in RAM (pstrain serve "
                 "--memory-budget): raise the budget or shard over more ps"
             )
+        return hot
+
+    def fill(
+        self,
+        ids: np.ndarray,
+        rows: np.ndarray,
+        slots: dict[str, np.ndarray],
+        slot_init: dict[str, float],
+        hot: int,
+    ) -> None:
+        """Put ``ids``' rows in this table, which holds none: the first ``hot`` in RAM, the
+        rest on disk (ResourceExhaustedError on a full disk). Touches this table alone: a
+        restore runs it on a thread, before the table is served."""
         if hot == ids.size:  # all in RAM: the arrays as they are (the table takes them)
             super().load(ids, rows, slots, slot_init)
         else:  # the part in RAM copied once, for the table to take (not the whole kept alive)
