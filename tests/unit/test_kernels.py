@@ -37,9 +37,14 @@ def test_the_suite_runs_the_compiled_kernels_unless_told_otherwise():
 
 
 @settings(max_examples=120, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["insert", "delete", "get"]), BATCH), max_size=25))
-def test_the_id_index_is_the_same_compiled_and_in_numpy(ops):
-    fast, slow, model, row = IdIndex(4, compiled), IdIndex(4, reference), {}, 0
+@given(
+    st.lists(st.tuples(st.sampled_from(["insert", "delete", "get"]), BATCH), max_size=25),
+    st.sampled_from([0.5, 0.75, 0.875]),
+)
+def test_the_id_index_is_the_same_compiled_and_in_numpy(ops, fill):
+    """At the default fill (half) and the fuller ones an index of rows on disk keeps: long
+    probe runs, and deletions that move ids back along them."""
+    fast, slow, model, row = IdIndex(4, compiled, fill), IdIndex(4, reference, fill), {}, 0
     for op, batch in ops:
         arr = np.array(batch, np.int64)
         if op == "insert":
@@ -57,6 +62,7 @@ def test_the_id_index_is_the_same_compiled_and_in_numpy(ops):
         assert fast.get(probe).tolist() == want == slow.get(probe).tolist()
         assert len(fast) == len(slow) == len(model)
         assert fast.slots.shape == slow.slots.shape
+        assert len(fast) <= fill * fast.slots.shape[0]
     for index in (fast, slow):
         keys, vals = index.items()
         assert dict(zip(keys.tolist(), vals.tolist())) == model

@@ -8,8 +8,8 @@ admits keeps its probes short and is never rebuilt for it. Every operation takes
 whole batch of ids; the probing runs in :mod:`pstrain._kernels` (compiled, or the
 numpy reference with ``PSTRAIN_KERNELS=numpy``). Ids cover the whole 64-bit space
 (a slot's state is in its row, so no id value is reserved); rows are at least 0. The
-table grows when ids fill half its slots, to a size that they fill at most a quarter
-of.
+table grows when ids fill half its slots (``fill``, by default), to a size that they fill at
+most a quarter of (half ``fill``).
 
 >>> index = IdIndex()
 >>> index.insert(np.array([5, -1, 2**62]), np.array([0, 1, 2]))
@@ -32,16 +32,23 @@ from ...._kernels import KERNELS
 __all__ = ["IdIndex"]
 
 _EMPTY = -1
-_LOAD = 2  # slots per id at least: at most half full
+_LOAD = 2  # slots per id at least: at most half full (an index's default ``fill``)
 
 
 class IdIndex:
     """int64 id -> int64 row; see the module docstring. ``kernels``: which implementation
-    probes (:func:`pstrain._kernels.kernels`; default the process's)."""
+    probes (:func:`pstrain._kernels.kernels`; default the process's). ``fill``: the share of
+    its slots ids may fill before it grows (at most 7/8: a probe for an absent id crosses
+    about ``(1 + 1 / (1 - fill) ** 2) / 2`` slots, 2.5 at a half, 8.5 at three quarters)."""
 
-    def __init__(self, capacity: int = 1024, kernels: ModuleType | None = None) -> None:
+    def __init__(
+        self, capacity: int = 1024, kernels: ModuleType | None = None, fill: float = 1 / _LOAD
+    ) -> None:
+        if not 0 < fill <= 0.875:
+            raise ValueError(f"IdIndex: fill must be in (0, 0.875], got {fill}")
         self.kernels = kernels or KERNELS
-        size = 1 << max(4, int(capacity * _LOAD - 1).bit_length())
+        self.fill = fill
+        size = 1 << max(4, int(capacity / fill - 1).bit_length())
         self._alloc(size)
         self.count = 0
         #: Ids ever inserted and removed: a row found earlier is still the id's while
@@ -89,7 +96,7 @@ class IdIndex:
             return
         if ids.shape != rows.shape:
             raise ValueError(f"IdIndex.insert: {ids.size} ids but {rows.size} rows")
-        if (self.count + ids.size) * _LOAD > self.slots.shape[0]:
+        if self._over(self.count + ids.size, self.slots.shape[0]):
             self._rebuild(self.count + ids.size)
         self.kernels.index_insert(self.slots, self.mask, ids, rows)  # refuses a row below 0 first
         self.count += ids.size
@@ -124,7 +131,7 @@ class IdIndex:
         ids remembered, ids admitted)."""
         ids = np.ascontiguousarray(ids, np.int64)
         room = min(room, ids.size)
-        if (self.count + room) * _LOAD > self.slots.shape[0]:
+        if self._over(self.count + room, self.slots.shape[0]):
             self._rebuild(self.count + room)
         done, added, removed, admits = self.kernels.count_sightings(
             self.slots, self.mask, counts, owners, ids, where, admitted, threshold, next_slot, room
@@ -140,39 +147,48 @@ class IdIndex:
         self.removed += self.count
         self.count = 0
 
+    @staticmethod
+    def nbytes_new(capacity: int, fill: float = 1 / _LOAD) -> int:
+        """:attr:`nbytes` of ``IdIndex(capacity, fill=fill)``."""
+        return (1 << max(4, int(capacity / fill - 1).bit_length())) * 16
+
     def nbytes_holding(self, count: int, tight: bool = False) -> int:
         """:attr:`nbytes` once ``count`` ids are in (grown as :meth:`insert` grows it, or
         with ``tight`` as :meth:`reserve` does)."""
         return (self._tight(count) if tight else self._grown(count)) * self.slots.itemsize * 2
 
     def reserve(self, count: int) -> None:
-        """Room for ``count`` ids, as full as the index may be (half its slots) rather than
-        the quarter a growth leaves: what a bulk load (a restore) takes in at once costs the
+        """Room for ``count`` ids, as full as the index may be (``fill``) rather than the
+        half of that a growth leaves: what a bulk load (a restore) takes in at once costs the
         least memory, and no more than an index that grew to hold as many."""
-        if count * _LOAD > self.slots.shape[0]:
+        if self._over(count, self.slots.shape[0]):
             keys, vals = self.items()
             self._alloc(self._tight(count))
             self.count = 0
             self.insert(keys, vals)
 
+    def _over(self, count: int, size: int) -> bool:
+        """Whether ``count`` ids fill more of ``size`` slots than ``fill``."""
+        return count > size * self.fill
+
     def _tight(self, need: int) -> int:
         size = self.slots.shape[0]
-        while need * _LOAD > size:
+        while self._over(need, size):
             size *= 2
         return size
 
     def _grown(self, need: int) -> int:
-        """The slots for ``need`` ids: as now while they fill at most half of them, else a
-        size they fill at most a quarter of."""
+        """The slots for ``need`` ids: as now while they fill at most ``fill`` of them, else
+        a size they fill at most half that of."""
         size = self.slots.shape[0]
-        if need * _LOAD <= size:
+        if not self._over(need, size):
             return size
-        while need * _LOAD * 2 > size:
+        while self._over(2 * need, size):
             size *= 2
         return size
 
     def _rebuild(self, need: int) -> None:
-        """Grow to a size ``need`` ids fill at most a quarter of, and put the ids back."""
+        """Grow to a size ``need`` ids fill at most half ``fill`` of, and put the ids back."""
         keys, vals = self.items()
         self._alloc(self._grown(need))
         self.count = 0
