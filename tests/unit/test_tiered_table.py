@@ -663,3 +663,51 @@ def test_a_table_gone_gives_back_its_disk_once_its_last_save_and_read_end(tmp_pa
     assert os.path.isdir(directory)
     table.cold.end_read()
     assert not os.path.exists(directory)
+
+
+def test_a_table_filled_past_its_budget_gives_ram_of_its_hot_set_to_the_index_on_disk(tmp_path):
+    """Unseen ids until the table refuses them: once the index of the rows on disk has
+    filled its half of the budget, the hot set gives it RAM (its coldest rows go to disk,
+    its arrays get smaller, before a request, as a ps's stage does), down to its floor;
+    the table never passes its budget and trains exactly as one wholly in RAM."""
+    config = TableConfig(dim=16)
+    table = tiered(tmp_path, config, hot_rows=2000)
+    model = DynamicTable("m", config)
+    rng = np.random.default_rng(3)
+    most_hot = 0
+    for k in range(1, 2000):
+        new = np.arange(256 * k, 256 * k + 256, dtype=np.int64) + 10**9
+        ids = np.concatenate([new, rng.choice(256 * k, 64, replace=False).astype(np.int64) + 10**9])
+        if table.cold_short(ids.size):
+            table.shrink_for_cold(ids.size)
+        try:
+            got = train(table, ids, k)
+        except ResourceExhaustedError:
+            break
+        np.testing.assert_array_equal(got, train(model, ids, k))
+        assert table.nbytes <= table.budget, (k, table.nbytes, table.budget)
+        most_hot = max(most_hot, table.alloc)
+    else:
+        raise AssertionError("never refused")
+    assert table.shrunk > 0 and table.alloc < most_hot
+    assert table.cold_index() > table.budget * (1 - HOT_SHARE)  # more than its own half
+    assert table.alloc >= table._hot_floor(320)
+    got, want = by_id(table.export()), by_id(model.export())
+    for key in ("ids", "rows", "slot:acc"):
+        np.testing.assert_array_equal(got[key], want[key])
+
+
+def test_the_hot_set_gives_no_ram_while_a_save_reads_it(tmp_path):
+    table = tiered(tmp_path, TableConfig(dim=16), hot_rows=500)
+    k = 0
+    while not table.cold_short(64):  # until the index on disk would need the hot set's RAM
+        k += 1
+        train(table, np.arange(64 * k, 64 * k + 64, dtype=np.int64), k)
+    save = table.snapshot()
+    alloc, before = table.alloc, by_id(table.export())
+    assert table.shrink_for_cold(64) == 0 and table.alloc == alloc  # a save reads by place
+    table.end_snapshot(save)
+    assert table.shrink_for_cold(64) > 0 and table.alloc < alloc and not table.cold_short(64)
+    after = by_id(table.export())
+    for key in before:
+        np.testing.assert_array_equal(before[key], after[key])

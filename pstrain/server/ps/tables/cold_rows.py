@@ -47,6 +47,20 @@ META = np.dtype([("epoch", "<u4"), ("pad", "<u4"), ("last_seen", "<i8"), ("freq"
 META_FIELDS = ("epoch", "pad", "last_seen", "freq")
 #: A place: segment number << PLACE_BITS | record number.
 PLACE_BITS = 32
+#: How full the index of the rows here may be before it grows (the index of rows in RAM:
+#: half). Each row here costs RAM for nothing but its index entry and bookkeeping, so
+#: the index is kept fuller: 21 to 43 bytes a row rather than 32 to 64, for probes of
+#: about 2.5 slots for an id here and 8.5 (two to three cache lines) for one not here.
+INDEX_FILL = 0.75
+#: Records written at a time (a block of them packed in RAM, then written).
+WRITE_ROWS = 1 << 14
+
+
+def _grown(size: int, need: int) -> int:
+    """The size of a per-slot array grown to hold ``need``: by a quarter at least (each
+    slot's bookkeeping is all the RAM a row here costs: doubling would leave up to half of
+    it unused, and the budget reckons it whole)."""
+    return max(need, size + size // 4, 1024)
 
 
 @dataclass
@@ -77,17 +91,18 @@ class ColdRows:
         self.dtype = np.dtype(dtype)
         self.segment_rows = segment_rows
         self.kernels = kernels or KERNELS
-        self.index = IdIndex(kernels=self.kernels)  # id -> cold slot
+        self.index = IdIndex(kernels=self.kernels, fill=INDEX_FILL)  # id -> cold slot
         self.places = np.empty(0, np.int64)  # cold slot -> place
         self.epochs = np.empty(0, np.uint32)
         self.keys = np.empty(0, np.int64)  # eviction key: last lookup (LRU) or count (LFU)
         self.live = np.empty(0, bool)
-        #: The number of the put that gave each slot its row, unique over the tier's life
-        #: (compaction, which moves a record, keeps it): a read of a row's record is still
-        #: the row's while the row's slot carries the number it carried then. (A count per
-        #: slot would not do: the row, taken back and moved out again, may sit in another
-        #: slot whose count happens to match.)
-        self.gens = np.empty(0, np.uint64)
+        #: The number of the put that gave each slot its row, modulo 2**32 (compaction, which
+        #: moves a record, keeps it): a read of a row's record is still the row's while the
+        #: row's slot carries the number it carried then (a read would have to last over four
+        #: billion puts, each a write to disk, to be fooled). (A count per slot would not do:
+        #: the row, taken back and moved out again, may sit in another slot whose count
+        #: happens to match.)
+        self.gens = np.empty(0, np.uint32)
         self.puts = 0
         self.free = np.empty(0, np.int64)
         self.nfree = self.used = 0
@@ -115,18 +130,18 @@ class ColdRows:
         )
 
     #: Bytes per cold slot of the arrays besides the index: place, epoch, key, live, put
-    #: number. (With its index entry, 32 to 128 bytes by the index's load, and a free-list
-    #: entry, a cold row takes about 100 bytes.)
-    SLOT_BYTES = 8 + 4 + 8 + 1 + 8
+    #: number. (With its index entry, 21 to 43 bytes by the index's load, a cold row takes
+    #: about 55 to 80 bytes.)
+    SLOT_BYTES = 8 + 4 + 8 + 1 + 4
 
     def nbytes_with(self, more: int, tight: bool = False) -> int:
         """:attr:`nbytes` once ``more`` rows more are here: the index and the per-slot
-        arrays grown as :meth:`put` grows them (by doubling: a step, not a row at a time;
+        arrays grown as :meth:`put` grows them (by a quarter: a step, not a row at a time;
         the index as full as it may be with ``tight``, as a put with ``tight`` leaves it)."""
         need = self.used + max(0, more - self.nfree)
         size = self.places.size
         if need > size:
-            size = max(need, 2 * size, 1024)
+            size = _grown(size, need)
         return int(
             self.index.nbytes_holding(len(self.index) + more, tight)
             + size * self.SLOT_BYTES
@@ -179,29 +194,51 @@ class ColdRows:
         """Add ``ids`` (none here yet) with their rows, slots and ``META`` records; on a full
         disk, ResourceExhaustedError and nothing changed. ``tight``: a bulk load (a
         restore), whose index is sized to hold them as full as it may be."""
+        if not ids.size:
+            return
+        self.add(ids, self.write(ids, rows, slots, meta), meta["epoch"], keys, tight=tight)
+
+    def add(
+        self,
+        ids: np.ndarray,
+        places: np.ndarray,
+        epochs: np.ndarray,
+        keys: np.ndarray,
+        *,
+        tight: bool = False,
+    ) -> None:
+        """Index ``ids`` (none here yet), whose records :meth:`write` put at ``places``: the
+        second half of :meth:`put`, which a caller may do once it has freed RAM for them."""
         n = ids.size
         if not n:
             return
-        places = self._append(ids, rows, slots, meta)
         if tight:
             self.index.reserve(len(self.index) + n)
         cold = self._take_slots(n)
         self.places[cold] = places
-        self.epochs[cold] = meta["epoch"]
+        self.epochs[cold] = epochs
         self.keys[cold] = keys
         self.live[cold] = True
         self.puts += 1
-        self.gens[cold] = self.puts
+        self.gens[cold] = self.puts & 0xFFFFFFFF
         self.index.insert(ids, cold)
         self.rows_written += n
 
-    def _append(
-        self, ids: np.ndarray, rows: np.ndarray, slots: dict[str, np.ndarray], meta: np.ndarray
+    def write(
+        self,
+        ids: np.ndarray,
+        rows: np.ndarray,
+        slots: dict[str, np.ndarray],
+        meta: np.ndarray,
+        where: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Write records at the end of the open segment (opening new ones as they fill);
-        returns their places. On a full disk, ResourceExhaustedError and every segment as it
-        was (bytes written past a segment's count are never read, and cut before the next
-        write there)."""
+        """Write records at the end of the open segment (opening new ones as they fill),
+        ``WRITE_ROWS`` at a time; returns their places (the first half of :meth:`put`: the
+        records are read only once :meth:`add` indexes them). ``where``: the records' rows
+        and slots are ``rows[where]`` and each ``slots[k][where]`` (gathered a block at a
+        time, not copied whole first). On a full disk, ResourceExhaustedError and every
+        segment as it was (bytes written past a segment's count are never read, and cut
+        before the next write there)."""
         n = ids.size
         placed: list[tuple[_Segment, int, int]] = []  # (segment, first record, count)
         done = 0
@@ -215,15 +252,16 @@ class ColdRows:
                     seg = _Segment(number=max(self.segments, default=-1) + 1 + len(opened), slots=key_names)
                     opened.append(seg)
                     self.open = seg
-                take = min(n - done, self.segment_rows - seg.rows)
+                take = min(n - done, self.segment_rows - seg.rows, WRITE_ROWS)
                 part = slice(done, done + take)
+                at = part if where is None else where[part]
                 records = np.empty(take, self.record(key_names))
                 records["id"] = ids[part]
                 for name in META_FIELDS:
                     records[name] = meta[name][part]
-                records["row"] = rows[part]
+                records["row"] = rows[at]
                 for i, k in enumerate(key_names):
-                    records[f"slot{i}"] = slots[k][part]
+                    records[f"slot{i}"] = slots[k][at]
                 with open(self._path(seg.number), "ab") as f:
                     if f.tell() != seg.rows * records.itemsize:
                         f.truncate(seg.rows * records.itemsize)  # a failed write's tail
@@ -256,7 +294,7 @@ class ColdRows:
         self.nfree -= reuse
         fresh = n - reuse
         if self.used + fresh > self.places.size:
-            size = max(self.used + fresh, 2 * self.places.size, 1024)
+            size = _grown(self.places.size, self.used + fresh)
             for name in ("places", "epochs", "keys", "live", "gens"):
                 arr = getattr(self, name)
                 grown = np.zeros(size, arr.dtype)
@@ -278,7 +316,7 @@ class ColdRows:
         self.live[gone] = False
         need = self.nfree + gone.size
         if need > self.free.size:
-            grown = np.empty(max(need, 2 * self.free.size), np.int64)
+            grown = np.empty(_grown(self.free.size, need), np.int64)
             grown[: self.nfree] = self.free[: self.nfree]
             self.free = grown
         self.free[self.nfree : need] = gone
@@ -340,7 +378,7 @@ class ColdRows:
             return 0
         slots = slots[still]
         slot_values = {k[5:]: v[still] for k, v in records.items() if k.startswith("slot:")}
-        new = self._append(records["ids"][still], records["rows"][still], slot_values, records["meta"][still])
+        new = self.write(records["ids"][still], records["rows"][still], slot_values, records["meta"][still])
         self._died(places[still])
         self.places[slots] = new
         self.collect()

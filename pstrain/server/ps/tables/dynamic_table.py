@@ -129,9 +129,8 @@ class DynamicTable(SlicedRows, Admission):
 
     @property
     def nbytes(self) -> int:
-        per_row = self.rows.itemsize * self.config.dim * (1 + len(self.slots)) + 8 * 3 + 4 + 2
         return (
-            self.alloc * per_row
+            self.alloc * self.allocated_row_bytes()
             + self.index.nbytes
             + self._cand.nbytes
             + self._cand_counts.nbytes
@@ -209,6 +208,11 @@ class DynamicTable(SlicedRows, Admission):
             if where is self.slots and self.slot_init[key]:
                 where[key][old:] = self.slot_init[key]
         self.alloc = new
+
+    def allocated_row_bytes(self) -> int:
+        """Bytes each allocated row takes: its values, slots and bookkeeping (id, ages,
+        count, epoch, live, mark)."""
+        return self.rows.itemsize * self.config.dim * (1 + len(self.slots)) + 8 * 3 + 4 + 2
 
     def row_bytes(self) -> int:
         """Bytes a row holds: its values and each optimizer slot's."""

@@ -13,8 +13,11 @@ table's capacity, or ``max_age``) leaves the disk too, the coldest first.
 
 The budget: the hot arrays grow while what the ps holds in RAM (its tables, variables and
 indexes), the indexes of rows on disk aside, stays within ``HOT_SHARE`` of
-``--memory-budget`` (those indexes have the rest);
-past the budget a lookup that would admit rows is refused whole with
+``--memory-budget`` (those indexes have the rest). When the index of the rows on disk
+needs more than that, the hot set gives it RAM before a request
+(:meth:`TieredTable.shrink_for_cold`: its coldest rows go to disk, its arrays get
+smaller), down to ``HOT_FLOOR`` of the budget, and grows back once the index is within its
+share again. Past the budget a lookup that would admit rows is refused whole with
 :class:`~pstrain.errors.ResourceExhaustedError` (counted), as is one whose rows cannot all
 be in RAM at once. Saves and deltas write the rows of both tiers into the same files as
 an untiered table's (the disk part streamed from its segments), so restores,
@@ -52,10 +55,13 @@ if TYPE_CHECKING:
 __all__ = ["HOT_SHARE", "Tiering", "TieredTable"]
 
 #: Of a ps's ``--memory-budget``, what its tables' hot rows (and everything else it holds)
-#: may grow to; the rest is kept for the indexes of rows on disk (about 100 bytes a row:
-#: half the budget indexes four to five times the rows the other half holds, for rows of
-#: 32 floats with one slot).
+#: may grow to; the rest is kept for the indexes of rows on disk (50 to 60 bytes a row:
+#: half the budget indexes about eight times the rows the other half holds, for rows of
+#: 32 floats with one slot), which may take more from the hot set (``HOT_FLOOR``).
 HOT_SHARE = 0.5
+#: What the hot set keeps of the budget at least, once the index of the rows on disk has
+#: grown past its share and taken RAM from the hot set (:meth:`TieredTable.shrink_for_cold`).
+HOT_FLOOR = 1 / 8
 #: Bytes of bookkeeping per hot row besides its values and slots (ids, ages, counts,
 #: epochs, marks, live, the index at its fullest).
 HOT_ROW_EXTRA = 8 + 8 + 8 + 4 + 1 + 1 + 64
@@ -218,6 +224,10 @@ class TieredTable(DynamicTable):
         )
         self.cold_index = cold_index or (lambda: self.cold.nbytes)
         self.promoted = self.demoted = self.refused = 0
+        self.shrunk = 0  # times the hot set gave RAM to the index of the rows on disk
+        #: The rows the hot set may hold since it last gave RAM to the index of the rows on
+        #: disk (it would take back what it gave, to give it again at the next request).
+        self.hot_cap: int | None = None
         self.looked_up = 0  # ids of training lookups (the hit rate: 1 - promoted / looked_up)
         self.loop_reads = 0  # reads from disk on the serving loop (no stage before the handler)
         self.compacting = False  # a segment's live rows being copied (``TableHandlers.compact``)
@@ -266,8 +276,15 @@ class TieredTable(DynamicTable):
         share lets it grow to (and the budget itself, should the indexes of rows on disk
         have taken more than their share)."""
         held = self.held()
-        spare = min(int(self.budget * HOT_SHARE) - (held - self.cold_index()), self.budget - held)
-        return self.alloc + max(0, spare) // self.hot_row_bytes()
+        cold_index = self.cold_index()
+        spare = min(int(self.budget * HOT_SHARE) - (held - cold_index), self.budget - held)
+        limit = self.alloc + max(0, spare) // self.hot_row_bytes()
+        if self.hot_cap is not None:  # given to the index of the rows on disk: kept for it
+            if cold_index <= self.budget * (1 - HOT_SHARE):  # until it is back within its share
+                self.hot_cap = None
+            else:
+                limit = min(limit, max(self.hot_cap, self.alloc))
+        return limit
 
     def held_hot(self) -> int:
         """What the ps holds in RAM besides the indexes of rows on disk: what the budget's
@@ -359,7 +376,7 @@ class TieredTable(DynamicTable):
         self.marks[n:] = 0
         self.alloc, self.used, self.nfree = size, n, 0
         old = self.index
-        self.index = IdIndex(max(n, 1), self.kernels)
+        self.index = IdIndex(max(size, 1), self.kernels)  # (not to grow while the rows fit the arrays)
         self.index.insert(self.ids[:n], np.arange(n, dtype=np.int64))
         self.index.inserted, self.index.removed = old.inserted + n + 1, old.removed + n + 1
         self._looked_up.clear()
@@ -383,6 +400,15 @@ class TieredTable(DynamicTable):
         """Move hot ``rows`` to disk (written first: a full disk changes nothing)."""
         if not rows.size:
             return
+        ids, places, meta, keys = self._write_out(rows)
+        self.cold.add(ids, places, meta["epoch"], keys)
+        self.release(rows)
+        self.demoted += rows.size
+
+    def _write_out(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Write hot ``rows``' records to disk, not yet indexed there: their ids, places,
+        ``META`` records and eviction keys (a full disk: ResourceExhaustedError, counted,
+        nothing changed)."""
         meta = np.zeros(rows.size, META)
         meta["epoch"], meta["last_seen"], meta["freq"] = (
             self.epochs[rows],
@@ -390,19 +416,70 @@ class TieredTable(DynamicTable):
             self.freq[rows],
         )
         lru = self.config.evict == "lru" or self.config.max_age is not None
+        ids = self.ids[rows]
         try:
-            self.cold.put(
-                self.ids[rows],
-                self.rows[rows],
-                {k: a[rows] for k, a in self.slots.items()},
-                meta,
-                meta["last_seen"] if lru else meta["freq"],
-            )
+            places = self.cold.write(ids, self.rows, self.slots, meta, where=rows)
         except ResourceExhaustedError:
             self.refused += 1
             raise
+        return ids, places, meta, meta["last_seen"] if lru else meta["freq"]
+
+    # -- RAM given to the index of the rows on disk -------------------------------------------------
+    def _hot_floor(self, n: int) -> int:
+        """Rows the hot set keeps room for whatever the index of the rows on disk needs:
+        ``HOT_FLOOR`` of the budget, and a request of ``n`` ids twice over."""
+        return max(2 * n, int(self.budget * HOT_FLOOR) // self.hot_row_bytes())
+
+    def cold_short(self, n: int) -> bool:
+        """Whether ``n`` more rows moving to disk would take the index of the rows there past
+        the budget while the hot set holds more than its floor: what :meth:`shrink_for_cold`
+        mends, between requests."""
+        return self.alloc > self._hot_floor(n) and not self._cold_fits(n)
+
+    def _shrunk_fits(self, size: int, n: int) -> bool:
+        """Whether, once the hot arrays hold ``size`` rows (the coldest past them moved to
+        disk) and ``n`` more rows moved to disk after them, the ps is within its budget."""
+        moving = max(0, len(self.index) - size)
+        hot = DynamicTable.nbytes.fget(self)  # type: ignore[attr-defined]
+        hot_after = (
+            hot
+            - (self.alloc - size) * self.allocated_row_bytes()
+            - self.index.nbytes
+            + IdIndex.nbytes_new(max(size, 1))
+        )
+        cold = self.cold.nbytes
+        return self.held() - hot - cold + hot_after + self.cold.nbytes_with(moving + n) <= self.budget
+
+    def shrink_for_cold(self, n: int) -> int:
+        """Give RAM of the hot set to the index of the rows on disk, so that ``n`` more rows
+        can move there: the coldest rows go to disk and the hot arrays are made smaller, by
+        an eighth of them at least (each shrink moves every row in RAM: :meth:`_pack_hot`),
+        never below :meth:`_hot_floor`. Between requests only (no handler holds places that
+        move), and not while a save reads the hot arrays. Returns the rows moved to disk;
+        a full disk raises ResourceExhaustedError with nothing changed."""
+        floor = self._hot_floor(n)
+        if self.saves or self.alloc <= floor or self._cold_fits(n):
+            return 0
+        top = max(floor, self.alloc - max(1, self.alloc // 8))
+        if not self._shrunk_fits(floor, n):
+            return 0  # not even at its floor: the request will be refused
+        lo, hi = floor, top  # the largest size that fits, at most ``top``
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._shrunk_fits(mid, n):
+                lo = mid
+            else:
+                hi = mid - 1
+        moving = max(0, len(self.index) - lo)
+        rows = self._coldest(moving, np.empty(0, np.int64)) if moving else np.empty(0, np.int64)
+        ids, places, meta, keys = self._write_out(rows)  # a full disk: nothing changed
         self.release(rows)
         self.demoted += rows.size
+        self._pack_hot(lo)  # the hot arrays' RAM goes back first,
+        self.cold.add(ids, places, meta["epoch"], keys)  # then the disk's index grows
+        self.shrunk += 1
+        self.hot_cap = lo
+        return int(rows.size)
 
     # -- promotion ---------------------------------------------------------------------------------
     def in_ram(self, ids: np.ndarray) -> Found:
@@ -436,7 +513,7 @@ class TieredTable(DynamicTable):
         a record meanwhile, never change it)."""
         ids = np.ascontiguousarray(ids, np.int64)
         if not len(self.cold):
-            return ids[:0], np.empty(0, np.int64), np.empty(0, np.uint64)
+            return ids[:0], np.empty(0, np.int64), np.empty(0, np.uint32)
         slots = self.cold.find(ids)
         there = slots >= 0
         # each once (a request the handler refuses for repeating an id reaches here first)
