@@ -170,6 +170,7 @@ async def test_servers_leave_when_the_coordinators_job_is_done(tmp_path):
         worker.stop()
 
 
+@pytest.mark.timeout(180)  # 26 interpreters, about a second of imports each, on a loaded machine
 def test_a_file_or_port_given_wrong_is_one_line_naming_the_flag(tmp_path):
     """An operator's typo is a one-line error naming the flag, exit status 2, no traceback."""
     missing = str(tmp_path / "missing")
