@@ -22,6 +22,7 @@ pytestmark = pytest.mark.timeout(120)
 DIM, STEPS, BATCH, IDS = 16, 24, 512, 20_000
 SWEEPS = 6
 BUDGET = 1 << 20  # a few thousand rows in RAM on each ps: most of the table goes to disk
+FILL_BATCHES = 50  # of 512 unseen ids: about 12,800 rows a ps, past the 9,500 half its budget indexes
 
 
 def _batches() -> list[np.ndarray]:
@@ -187,3 +188,30 @@ async def test_a_ps_needs_both_a_budget_and_a_directory(tmp_path):
     with pytest.raises(pstrain.errors.InvalidArgumentError, match="both memory_budget and table_dir"):
         async with InProcessCluster(num_ps=1, num_workers=1, ps_options={"memory_budget": BUDGET}):
             pass
+
+
+async def test_a_table_filled_past_what_half_the_budget_indexes_takes_ram_from_its_hot_set(tmp_path):
+    # Unseen ids, batch after batch: the index of the rows on disk fills its half of each
+    # ps's budget, then the hot set gives it RAM (each ps's stage, before the request), so
+    # the table keeps taking rows; it trains as on ps holding everything in RAM, and each
+    # ps stays within its budget.
+    rng = np.random.default_rng(11)
+    batches = []
+    for k in range(FILL_BATCHES):
+        new = np.arange(k * BATCH, (k + 1) * BATCH, dtype=np.int64) * 7919 + 5
+        old = rng.choice(max(1, k * BATCH), BATCH // 4).astype(np.int64) * 7919 + 5
+        batches.append(np.unique(np.concatenate([new, old])))
+    async with _tiered(tmp_path) as cluster:
+        table, _ = await _train(cluster, batches)
+        got_ids, got_rows = await table.export()
+        stats = await table.statistics()
+        assert stats["refused"] == 0 and stats["rows"] == FILL_BATCHES * BATCH, stats
+        for ps in cluster.ps:
+            shard = ps.tables["emb"]
+            assert shard.shrunk > 0 and ps.table_handlers.held() <= BUDGET
+            assert shard.cold.nbytes > BUDGET // 2  # more than its own half
+    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN) as ram:
+        table, _ = await _train(ram, batches)
+        want_ids, want_rows = await table.export()
+    np.testing.assert_array_equal(got_ids, want_ids)
+    np.testing.assert_array_equal(got_rows, want_rows)
