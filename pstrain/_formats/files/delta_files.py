@@ -233,7 +233,9 @@ def _compose(
     names = sorted(set().union(*(p[2] for p in puts)))
 
     def slot(part: tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]], key: str) -> np.ndarray:
-        return part[2].get(key, np.full(part[1].shape, slot_init[key], dtype))
+        if key in part[2]:
+            return part[2][key]
+        return np.full(part[1].shape, slot_init[key], dtype)  # (only for a part without it)
 
     return (
         pick(base, [p[0] for p in puts[1:]]),
@@ -353,7 +355,10 @@ def _read_table_files(
     # a shard without a slot the others have: its rows were never stepped (initial values)
     slots = {
         k: _joined(
-            [part.get(k, np.full(r.shape, slot_init[k], dtype)) for part, r in zip(slot_parts, row_parts)],
+            [
+                part[k] if k in part else np.full(r.shape, slot_init[k], dtype)
+                for part, r in zip(slot_parts, row_parts)
+            ],
             rows[:0],
         )
         for k in sorted(names)
