@@ -52,6 +52,9 @@ PLACE_BITS = 32
 #: the index is kept fuller: 21 to 43 bytes a row rather than 32 to 64, for probes of
 #: about 2.5 slots for an id here and 8.5 (two to three cache lines) for one not here.
 INDEX_FILL = 0.75
+#: Cold slots a shard may have (numbered in 32 bits: 4 billion rows on disk would take
+#: some 200 GB of RAM to index).
+MAX_SLOTS = (1 << 32) - 1
 #: Records written at a time (a block of them packed in RAM, then written).
 WRITE_ROWS = 1 << 14
 
@@ -104,7 +107,9 @@ class ColdRows:
         #: happens to match.)
         self.gens = np.empty(0, np.uint32)
         self.puts = 0
-        self.free = np.empty(0, np.int64)
+        #: Cold slots given up, a stack (``nfree`` of them), as large as the per-slot
+        #: arrays: a removal never grows it (a promotion's would not be in the budget).
+        self.free = np.empty(0, np.uint32)
         self.nfree = self.used = 0
         self.segments: dict[int, _Segment] = {}
         self.open: _Segment | None = None
@@ -130,9 +135,9 @@ class ColdRows:
         )
 
     #: Bytes per cold slot of the arrays besides the index: place, epoch, key, live, put
-    #: number. (With its index entry, 21 to 43 bytes by the index's load, a cold row takes
-    #: about 55 to 80 bytes.)
-    SLOT_BYTES = 8 + 4 + 8 + 1 + 4
+    #: number, free-stack entry. (With its index entry, 21 to 43 bytes by the index's
+    #: load, a cold row takes about 50 to 80 bytes.)
+    SLOT_BYTES = 8 + 4 + 8 + 1 + 4 + 4
 
     def nbytes_with(self, more: int, tight: bool = False) -> int:
         """:attr:`nbytes` once ``more`` rows more are here: the index and the per-slot
@@ -142,11 +147,7 @@ class ColdRows:
         size = self.places.size
         if need > size:
             size = _grown(size, need)
-        return int(
-            self.index.nbytes_holding(len(self.index) + more, tight)
-            + size * self.SLOT_BYTES
-            + self.free.nbytes
-        )
+        return int(self.index.nbytes_holding(len(self.index) + more, tight) + size * self.SLOT_BYTES)
 
     def disk_bytes(self) -> int:
         total = 0
@@ -240,6 +241,8 @@ class ColdRows:
         segment as it was (bytes written past a segment's count are never read, and cut
         before the next write there)."""
         n = ids.size
+        if not n:
+            return np.empty(0, np.int64)
         placed: list[tuple[_Segment, int, int]] = []  # (segment, first record, count)
         done = 0
         key_names = tuple(sorted(slots))
@@ -295,7 +298,11 @@ class ColdRows:
         fresh = n - reuse
         if self.used + fresh > self.places.size:
             size = _grown(self.places.size, self.used + fresh)
-            for name in ("places", "epochs", "keys", "live", "gens"):
+            if size > MAX_SLOTS:
+                raise ResourceExhaustedError(
+                    f"the table directory {self.directory}: more than {MAX_SLOTS} rows on disk in one shard"
+                )
+            for name in ("places", "epochs", "keys", "live", "gens", "free"):
                 arr = getattr(self, name)
                 grown = np.zeros(size, arr.dtype)
                 grown[: arr.size] = arr
@@ -314,11 +321,7 @@ class ColdRows:
             return cold
         places = self.places[gone]
         self.live[gone] = False
-        need = self.nfree + gone.size
-        if need > self.free.size:
-            grown = np.empty(_grown(self.free.size, need), np.int64)
-            grown[: self.nfree] = self.free[: self.nfree]
-            self.free = grown
+        need = self.nfree + gone.size  # (at most ``used``: the stack is as large as the slots)
         self.free[self.nfree : need] = gone
         self.nfree = need
         self._died(places)
