@@ -634,13 +634,17 @@ def test_the_hot_set_grows_only_within_the_whole_budget_once_the_disk_index_took
     tmp_path,
 ):
     # a move brings more rows than the disk's half of the budget indexes (a merge may: its
-    # rows must go somewhere); the hot set then grows only into what is left of the budget
+    # rows must go somewhere); the hot set gives their index RAM down to its floor, then
+    # the budget takes no more; the hot set then grows only into what is left of it
     table = tiered(tmp_path, TableConfig(dim=4), hot_rows=500)
+    train(table, np.arange(400, dtype=np.int64), 1)
+    alloc = table.alloc
     rows = np.ones((100, 4), np.float32)
     with pytest.raises(ResourceExhaustedError, match="on disk would take their index past"):
         for k in range(1000):  # moves in until the budget takes no more
             ids = np.arange(10**6 + 100 * k, 10**6 + 100 * (k + 1), dtype=np.int64)
             table.merge_slices(*moved_in(table, ids, rows, rows))
+    assert table.shrunk > 0 and table._hot_floor(0) <= table.alloc < alloc
     assert table.cold_index() > table.budget * (1 - HOT_SHARE)
     for k in range(20):  # new ids: the hot set would grow into its full half
         try:

@@ -427,7 +427,7 @@ class TieredTable(DynamicTable):
     # -- RAM given to the index of the rows on disk -------------------------------------------------
     def _hot_floor(self, n: int) -> int:
         """Rows the hot set keeps room for whatever the index of the rows on disk needs:
-        ``HOT_FLOOR`` of the budget, and a request of ``n`` ids twice over."""
+        ``HOT_FLOOR`` of the budget, and a request of ``n`` rows in RAM twice over."""
         return max(2 * n, int(self.budget * HOT_FLOOR) // self.hot_row_bytes())
 
     def cold_short(self, n: int) -> bool:
@@ -450,14 +450,15 @@ class TieredTable(DynamicTable):
         cold = self.cold.nbytes
         return self.held() - hot - cold + hot_after + self.cold.nbytes_with(moving + n) <= self.budget
 
-    def shrink_for_cold(self, n: int) -> int:
+    def shrink_for_cold(self, n: int, in_ram: int | None = None) -> int:
         """Give RAM of the hot set to the index of the rows on disk, so that ``n`` more rows
         can move there: the coldest rows go to disk and the hot arrays are made smaller, by
         an eighth of them at least (each shrink moves every row in RAM: :meth:`_pack_hot`),
-        never below :meth:`_hot_floor`. Between requests only (no handler holds places that
-        move), and not while a save reads the hot arrays. Returns the rows moved to disk;
-        a full disk raises ResourceExhaustedError with nothing changed."""
-        floor = self._hot_floor(n)
+        never below :meth:`_hot_floor` for ``in_ram`` rows (a request's: ``n``; rows merged
+        in go to disk: 0). Between requests only (no handler holds places that move), and
+        not while a save reads the hot arrays. Returns the rows moved to disk; a full disk
+        raises ResourceExhaustedError with nothing changed."""
+        floor = self._hot_floor(n if in_ram is None else in_ram)
         if self.saves or self.alloc <= floor or self._cold_fits(n):
             return 0
         top = max(floor, self.alloc - max(1, self.alloc // 8))
@@ -777,6 +778,8 @@ class TieredTable(DynamicTable):
         super().checked_merge(copy, patch)  # the checks; its way of putting them in is not used
         live = np.ascontiguousarray(patch.live, np.int64)
         n = live.size
+        if not self._cold_fits(n):  # the hot set gives RAM for their index, if it can
+            self.shrink_for_cold(n, in_ram=0)
         if not self._cold_fits(n):
             self.refused += 1
             raise ResourceExhaustedError(
