@@ -82,12 +82,12 @@ async def run_variant(
     steps: int,
     cluster_options: dict | None = None,
     sample_s: float = 0.25,
-    after: Callable[[Any, Any, Callable[[int], Awaitable[None]]], Awaitable[dict]] | None = None,
+    after: Callable[[Any, Any, Any, Callable[[int], Awaitable[None]]], Awaitable[dict]] | None = None,
 ) -> dict:
     """One training of ``variant`` (``cluster_options``: ``LocalCluster``'s, such as a tiered
-    ps's budget); each ps's RSS sampled every ``sample_s``; ``after(model, cluster,
-    train_more)``: more figures, taken when training ends (``await train_more(n)``: ``n``
-    steps more)."""
+    ps's budget); each ps's RSS sampled every ``sample_s``; ``after(model, optimizer,
+    cluster, train_more)``: more figures, taken when training ends (``await
+    train_more(n)``: ``n`` steps more)."""
     async with pstrain.LocalCluster(num_ps=2, num_workers=2, **(cluster_options or {})) as cluster:
         ps_pids = [cluster.pid("ps", i) for i in range(2)]
         pids = [os.getpid(), *ps_pids, *(cluster.pid("worker", i) for i in range(2))]
@@ -152,7 +152,7 @@ async def run_variant(
                 coordinator.schedule(step, args=(iterator,))
             await coordinator.join()
 
-        more = await after(model, cluster, train_more) if after is not None else {}
+        more = await after(model, opt, cluster, train_more) if after is not None else {}
         await coordinator.close()
         await peers.close()
         return {

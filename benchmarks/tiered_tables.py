@@ -8,8 +8,9 @@ workers) on ps started with ``--memory-budget`` and ``--table-dir``, and the sam
 without. Reported (medians): examples per second and ``ratio_to_in_ram``; each ps's RSS
 sampled every 100 ms, its peak over the RSS it had before holding anything
 (``peak_rss_over_budget``: that peak / the budget); rows in RAM and on disk; the hit rate
-of lookups; reads from disk per step and their p50/p99 latency; full saves of the table,
-each against a plain sequential write of as many bytes to the same disk, alternated
+of lookups; reads from disk per step and their p50/p99 latency; full saves of the table
+with its Adagrad accumulators (the table and the optimizer in the checkpoint), each
+against a plain sequential write of as many bytes to the same disk, alternated
 (``save_over_plain_write``: the median of three after the first; the first, which pays for
 what the ps and the coordinator set up once, is ``first_save_over_plain_write``); a restore
 of a base and ten deltas against a plain read of their files (``restore_over_plain_read``);
@@ -41,7 +42,7 @@ from dynamic_tables import run_variant  # noqa: E402
 
 
 async def table_figures(
-    model: Any, cluster: pstrain.LocalCluster, train_more: Callable[[int], Awaitable[None]]
+    model: Any, opt: Any, cluster: pstrain.LocalCluster, train_more: Callable[[int], Awaitable[None]]
 ) -> dict:
     """The tiers of the table, summed and on each ps (its latencies are per ps); its saves;
     a restore of a base and ``DELTAS`` deltas."""
@@ -61,7 +62,7 @@ async def table_figures(
     for _ in range(1 + SAVES):
         target = Path(cluster.checkpoint_root) / f"save-{os.getpid()}-{time.monotonic_ns()}"
         started = time.perf_counter()
-        path = await pstrain.Checkpoint(table=model.table).save(str(target))
+        path = await pstrain.Checkpoint(table=model.table, optimizer=opt).save(str(target))
         save_s = time.perf_counter() - started
         written = sum(f.stat().st_size for f in Path(path).parent.glob(Path(path).name + "*"))
         plain = plain_write_s(Path(cluster.checkpoint_root) / "plain.bin", written)
@@ -70,7 +71,7 @@ async def table_figures(
         ratios.append(plain / save_s)
     return {
         "table": table,
-        **await chain_restore(model, cluster, train_more),  # (after the figures of training)
+        **await chain_restore(model, opt, cluster, train_more),  # (after the figures of training)
         "table_per_ps": per_ps,
         "save_bytes": written,
         "first_save_over_plain_write": ratios[0],
@@ -79,7 +80,7 @@ async def table_figures(
 
 
 async def chain_restore(
-    model: Any, cluster: pstrain.LocalCluster, train_more: Callable[[int], Awaitable[None]]
+    model: Any, opt: Any, cluster: pstrain.LocalCluster, train_more: Callable[[int], Awaitable[None]]
 ) -> dict:
     """A base and ``DELTAS`` deltas, ``DELTA_STEPS`` steps apart, then the table restored
     from the last delta (the base and every delta read and applied on each ps, the rows
@@ -89,7 +90,7 @@ async def chain_restore(
     directory = Path(cluster.checkpoint_root) / f"chain-{os.getpid()}-{time.monotonic_ns()}"
     directory.mkdir()
     manager = pstrain.CheckpointManager(
-        pstrain.Checkpoint(table=model.table), str(directory), max_to_keep=None
+        pstrain.Checkpoint(table=model.table, optimizer=opt), str(directory), max_to_keep=None
     )
     await manager.save()
     last = ""
@@ -101,7 +102,7 @@ async def chain_restore(
     nbytes = sum(f.stat().st_size for f in files)
     plain_read_s(files)
     started = time.perf_counter()
-    await pstrain.Checkpoint(table=model.table).restore(last)
+    await pstrain.Checkpoint(table=model.table, optimizer=opt).restore(last)
     restore_s = time.perf_counter() - started
     plain = plain_read_s(files)
     shutil.rmtree(directory)
@@ -214,6 +215,7 @@ def main() -> None:
             "restore_over_plain_read": _median(tiered, "restore_over_plain_read"),
             "in_ram_restore_over_plain_read": _median(ram, "restore_over_plain_read"),
             "restore_chain": f"a base and {DELTAS} deltas, {DELTA_STEPS} steps apart",
+            "checkpoint": "the table and the optimizer (rows and Adagrad accumulators)",
             "restore_bytes": tiered[-1]["chain_bytes"],
             "held_out_log_loss": round(median([r["held_out_log_loss"] for r in tiered]), 4),
             "in_ram_held_out_log_loss": round(median([r["held_out_log_loss"] for r in ram]), 4),
