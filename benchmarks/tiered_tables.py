@@ -13,7 +13,8 @@ with its Adagrad accumulators (the table and the optimizer in the checkpoint), e
 against a plain sequential write of as many bytes to the same disk, alternated
 (``save_over_plain_write``: the median of three after the first; the first, which pays for
 what the ps and the coordinator set up once, is ``first_save_over_plain_write``); a restore
-of a base and ten deltas against a plain read of their files (``restore_over_plain_read``);
+of a base and ten deltas against a plain read of their files, both from disk
+(``restore_over_plain_read``);
 held-out log loss of both.
 
     python benchmarks/tiered_tables.py [--steps 1200] [--budget 80MiB] [--runs 3]
@@ -85,8 +86,9 @@ async def chain_restore(
     """A base and ``DELTAS`` deltas, ``DELTA_STEPS`` steps apart, then the table restored
     from the last delta (the base and every delta read and applied on each ps, the rows
     that do not fit the budget put on disk), against a plain sequential read of the same
-    files: read once before the restore, then timed after it, so both find the page cache
-    alike."""
+    files. Both read them from disk, as a ps replacing a lost one does: the files' pages
+    are dropped from the page cache before each (a restore lets them go as it reads, so a
+    read after it found them on disk while the restore had found them in RAM)."""
     directory = Path(cluster.checkpoint_root) / f"chain-{os.getpid()}-{time.monotonic_ns()}"
     directory.mkdir()
     manager = pstrain.CheckpointManager(
@@ -100,10 +102,11 @@ async def chain_restore(
     await manager.close()
     files = [f for f in directory.iterdir() if f.is_file()]
     nbytes = sum(f.stat().st_size for f in files)
-    plain_read_s(files)
+    uncache(files)
     started = time.perf_counter()
     await pstrain.Checkpoint(table=model.table, optimizer=opt).restore(last)
     restore_s = time.perf_counter() - started
+    uncache(files)
     plain = plain_read_s(files)
     shutil.rmtree(directory)
     return {
@@ -118,6 +121,18 @@ DELTAS = 10
 DELTA_STEPS = 10
 #: Saves measured after the first (their median is ``save_over_plain_write``).
 SAVES = 3
+
+
+def uncache(files: list[Path]) -> None:
+    """Drop ``files``' pages from the page cache (written and synced: clean pages go), so
+    that the next read of them reads the disk; only these files, not the machine's cache."""
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def plain_read_s(files: list[Path]) -> float:
