@@ -682,8 +682,10 @@ def test_a_table_filled_past_its_budget_gives_ram_of_its_hot_set_to_the_index_on
     for k in range(1, 2000):
         new = np.arange(256 * k, 256 * k + 256, dtype=np.int64) + 10**9
         ids = np.concatenate([new, rng.choice(256 * k, 64, replace=False).astype(np.int64) + 10**9])
-        if table.cold_short(ids.size):
-            table.shrink_for_cold(ids.size)
+        if table.cold_short(ids.size):  # the request's rows in RAM stay there
+            held = ids[table.positions(ids) >= 0]
+            table.shrink_for_cold(ids.size, keep=ids)
+            assert (table.positions(held) >= 0).all()
         try:
             got = train(table, ids, k)
         except ResourceExhaustedError:

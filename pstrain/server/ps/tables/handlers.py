@@ -257,7 +257,7 @@ class TableHandlers:
             if table.hot_short(ids.size):  # the other tables' rows in RAM left it no room
                 self._make_room(table, ids.size)
             if table.cold_short(ids.size):  # its rows on disk need RAM for their index
-                table.shrink_for_cold(ids.size)
+                table.shrink_for_cold(ids.size, keep=ids)
             if not len(table.cold):
                 continue
             ids = np.ascontiguousarray(ids, np.int64)

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 __all__ = ["HOT_SHARE", "Tiering", "TieredTable"]
 
 #: Of a ps's ``--memory-budget``, what its tables' hot rows (and everything else it holds)
-#: may grow to; the rest is kept for the indexes of rows on disk (50 to 60 bytes a row:
+#: may grow to; the rest is kept for the indexes of rows on disk (50 to 75 bytes a row:
 #: half the budget indexes about eight times the rows the other half holds, for rows of
 #: 32 floats with one slot), which may take more from the hot set (``HOT_FLOOR``).
 HOT_SHARE = 0.5
@@ -440,7 +440,7 @@ class TieredTable(DynamicTable):
         """Whether, once the hot arrays hold ``size`` rows (the coldest past them moved to
         disk) and ``n`` more rows moved to disk after them, the ps is within its budget."""
         moving = max(0, len(self.index) - size)
-        hot = DynamicTable.nbytes.fget(self)  # type: ignore[attr-defined]
+        hot = super().nbytes
         hot_after = (
             hot
             - (self.alloc - size) * self.allocated_row_bytes()
@@ -450,13 +450,14 @@ class TieredTable(DynamicTable):
         cold = self.cold.nbytes
         return self.held() - hot - cold + hot_after + self.cold.nbytes_with(moving + n) <= self.budget
 
-    def shrink_for_cold(self, n: int, in_ram: int | None = None) -> int:
+    def shrink_for_cold(self, n: int, in_ram: int | None = None, keep: np.ndarray | None = None) -> int:
         """Give RAM of the hot set to the index of the rows on disk, so that ``n`` more rows
         can move there: the coldest rows go to disk and the hot arrays are made smaller, by
         an eighth of them at least (each shrink moves every row in RAM: :meth:`_pack_hot`),
         never below :meth:`_hot_floor` for ``in_ram`` rows (a request's: ``n``; rows merged
-        in go to disk: 0). Between requests only (no handler holds places that move), and
-        not while a save reads the hot arrays. Returns the rows moved to disk; a full disk
+        in go to disk: 0), and never the rows of ids ``keep`` (the request's, at most half
+        the floor). Between requests only (no handler holds places that move), and not
+        while a save reads the hot arrays. Returns the rows moved to disk; a full disk
         raises ResourceExhaustedError with nothing changed."""
         floor = self._hot_floor(n if in_ram is None else in_ram)
         if self.saves or self.alloc <= floor or self._cold_fits(n):
@@ -472,7 +473,13 @@ class TieredTable(DynamicTable):
             else:
                 hi = mid - 1
         moving = max(0, len(self.index) - lo)
-        rows = self._coldest(moving, np.empty(0, np.int64)) if moving else np.empty(0, np.int64)
+        protect = np.empty(0, np.int64)
+        if keep is not None and keep.size:
+            protect = self.positions(np.ascontiguousarray(keep, np.int64))
+            protect = protect[protect >= 0]
+        rows = self._coldest(moving, protect) if moving else np.empty(0, np.int64)
+        if rows.size < moving:  # the request's own rows would have to go: not for this
+            return 0
         ids, places, meta, keys = self._write_out(rows)  # a full disk: nothing changed
         self.release(rows)
         self.demoted += rows.size
