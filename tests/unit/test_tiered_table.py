@@ -717,3 +717,38 @@ def test_the_hot_set_gives_no_ram_while_a_save_reads_it(tmp_path):
     after = by_id(table.export())
     for key in before:
         np.testing.assert_array_equal(before[key], after[key])
+
+
+def test_a_shard_whose_disk_index_took_ram_from_its_hot_set_restores_where_it_was(tmp_path):
+    """A shard grown until the index of its rows on disk took RAM from its hot set (more
+    than its half of the budget), restored over itself from its own export under the same
+    budget: the restore, too, gives that index what it needs from the rows kept in RAM.
+    (It kept the index within its half, and refused what training had let in.)"""
+    config = TableConfig(dim=16)
+    live = tiered(tmp_path / "live", config, hot_rows=2000)
+    for k in range(1, 2000):  # until it takes no more
+        ids = np.arange(256 * k, 256 * k + 256, dtype=np.int64)
+        if live.cold_short(ids.size):
+            live.shrink_for_cold(ids.size, keep=ids)
+        try:
+            train(live, ids, k)
+        except ResourceExhaustedError:
+            break
+    assert live.shrunk and live.cold.nbytes > live.budget * 0.7
+    want = by_id(live.export())
+    box: list[TieredTable] = []
+    restored = TieredTable(
+        "t",
+        config,
+        directory=str(tmp_path / "restored"),
+        budget=live.budget,
+        held=lambda: live.nbytes + sum(t.nbytes for t in box),
+        cold_index=lambda: live.cold.nbytes + sum(t.cold.nbytes for t in box),
+        segment_rows=64,
+    )
+    box.append(restored)
+    restored.load(want["ids"], want["rows"], {"acc": want["slot:acc"]}, {"acc": 0.1}, replacing=live)
+    assert restored.nbytes <= restored.budget and restored.cold.nbytes > restored.budget * HOT_SHARE
+    got = by_id(restored.export())
+    for key in ("ids", "rows", "slot:acc"):
+        np.testing.assert_array_equal(got[key], want[key])

@@ -705,13 +705,34 @@ class TieredTable(DynamicTable):
         the whole ps holds: on the serving loop. ``replacing``: as :meth:`load`'s."""
         gone_cold = replacing.cold.nbytes if isinstance(replacing, TieredTable) else 0
         gone_hot = (replacing.nbytes - gone_cold) if replacing is not None else 0
-        spare = int(self.budget * HOT_SHARE) - (self.held_hot() - super().nbytes - gone_hot)
+        # (of this shard, the arrays and index a load replaces; its admission's stay)
+        others_hot = self.held_hot() - gone_hot - self.alloc * self.allocated_row_bytes() - self.index.nbytes
         per = self.config.dim * self.dtype.itemsize * (1 + slots) + HOT_ROW_EXTRA
-        hot = min(n, max(1, spare // per))
+        hot = min(n, max(1, (int(self.budget * HOT_SHARE) - others_hot) // per))
         other_cold = self.cold_index() - self.cold.nbytes - gone_cold
+
+        def fits(hot: int) -> bool:  # the whole budget, the disk's index past its half
+            return (
+                others_hot + hot * per + other_cold + self.cold.nbytes_with(n - hot, tight=True)
+                <= self.budget
+            )
+
         if other_cold + self.cold.nbytes_with(n - hot, tight=True) > self.budget - int(
             self.budget * HOT_SHARE
         ):
+            # the index of the rows on disk needs more than its half: it takes it from the
+            # hot set, as in training (shrink_for_cold), down to the hot set's floor
+            lo, hi = min(hot, max(1, int(self.budget * HOT_FLOOR) // per)), hot
+            if not fits(lo):
+                hi = lo - 1
+            while lo < hi:  # the most rows in RAM that fit
+                mid = (lo + hi + 1) // 2
+                if fits(mid):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            hot = lo
+        if not fits(hot):
             self.refused += 1
             raise ResourceExhaustedError(
                 f"dynamic table {self.name!r}: {n} rows do not fit this ps's budget of "
