@@ -752,3 +752,32 @@ def test_a_shard_whose_disk_index_took_ram_from_its_hot_set_restores_where_it_wa
     got = by_id(restored.export())
     for key in ("ids", "rows", "slot:acc"):
         np.testing.assert_array_equal(got[key], want[key])
+
+
+def test_a_move_into_a_tiered_shard_takes_the_copy_whole_and_the_patch_over_it(tmp_path):
+    """The copy lists the moving rows as the patch does (none came or left since): the
+    receiving tiered shard takes the copy's arrays as they are and writes the rows changed
+    since over them; the sender's arrays are not touched."""
+    from pstrain._formats.messages.placement_map import SliceSet, TableCopy, TablePatch
+    from pstrain._formats.numerics.idhash import in_slices
+
+    table = tiered(tmp_path, TableConfig(dim=4), hot_rows=400)
+    for k in range(4):
+        train(table, np.arange(50 * k, 50 * k + 50, dtype=np.int64), k + 1)
+    moving = SliceSet(slices=4, owned=[0, 2])
+    copy = table.copy_slices(moving)
+    mark = table.clock.mark()
+    train(table, np.arange(0, 30, dtype=np.int64), 9)  # rows already here, changed
+    patch = table.patch_slices(moving, mark)
+    assert np.array_equal(patch["live"], copy["ids"]) and patch["ids"].size > 0
+    after = by_id(table.export())
+    mine = in_slices(after["ids"], 4, [0, 2])
+    back = tiered(tmp_path / "back", TableConfig(dim=4), hot_rows=60)
+    assert back.merge_slices(TableCopy(**copy), TablePatch(**patch)) == int(mine.sum())
+    got = by_id(back.export())
+    for key in ("ids", "rows", "slot:acc"):
+        np.testing.assert_array_equal(got[key], after[key][mine], err_msg=key)
+    own = table.copy_slices(moving)  # the sender's rows, unchanged by the merge
+    np.testing.assert_array_equal(
+        by_id({"ids": own["ids"], "rows": own["rows"]})["rows"], after["rows"][mine]
+    )

@@ -88,6 +88,15 @@ class Tiering:
         return os.path.join(self.directory, f"{serial}-{urllib.parse.quote(name, safe='')}")
 
 
+def _owned(arr: Any, dtype: np.dtype) -> np.ndarray:
+    """``arr`` as a C-contiguous array of ``dtype`` this table may write: itself if it is
+    one (a message's array, decoded into a buffer of its own), else a copy."""
+    out = np.asarray(arr)
+    if out.dtype == dtype and out.flags.c_contiguous and out.flags.writeable:
+        return out
+    return np.array(out, dtype, order="C")
+
+
 @dataclass
 class Found:
     """Rows in RAM of a request's ids (``pos``, -1 where not in RAM), found when the
@@ -817,10 +826,19 @@ class TieredTable(DynamicTable):
         dim, dtype = self.config.dim, self.dtype
         slot_init = {**self.slot_init, **copy.slot_init, **patch.slot_init}
         keys = set(self.slots) | set(copy.slots) | set(patch.slots)
-        rows = np.zeros((n, dim), dtype)
-        slots = {k: np.full((n, dim), slot_init[k], dtype) for k in keys}
+        whole = copy.ids is not None and np.array_equal(np.asarray(copy.ids), live)
+        if whole:  # the copy lists the rows as the patch does (the usual case): its arrays
+            # are taken as they are (the patch's rows written over them), not copied
+            rows = _owned(copy.rows, dtype)
+            slots = {
+                k: _owned(copy.slots[k], dtype) if k in copy.slots else np.full((n, dim), slot_init[k], dtype)
+                for k in keys
+            }
+        else:
+            rows = np.zeros((n, dim), dtype)
+            slots = {k: np.full((n, dim), slot_init[k], dtype) for k in keys}
         where: IdIndex | None = None  # live id -> its place in ``live`` (made if needed)
-        for part in (copy, patch):  # the patch's rows are the newer
+        for part in (patch,) if whole else (copy, patch):  # the patch's rows are the newer
             ids = np.ascontiguousarray(part.ids if part.ids is not None else [], np.int64)
             if not ids.size:
                 continue
