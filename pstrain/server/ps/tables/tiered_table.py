@@ -894,7 +894,7 @@ class TieredTable(DynamicTable):
             # read in the order the records lie (no scatter), each field straight to the
             # end of the copy's arrays (no concatenation after)
             places = self.cold.places[slots]
-            order = np.argsort(places, kind="stable")
+            order = np.argsort(places)  # (distinct: any sort gives the one order, the patch's)
             slots, places = slots[order], places[order]
             hot = out["ids"].shape[0]
 
@@ -927,7 +927,7 @@ class TieredTable(DynamicTable):
         copied, self._copied = self._copied, None
         if not slots.size:
             return out
-        order = np.argsort(self.cold.places[slots], kind="stable")  # as the copy lists them:
+        order = np.argsort(self.cold.places[slots])  # as the copy lists them:
         slots, ids = slots[order], ids[order]  # unchanged since, the receiver takes it whole
         meta = np.empty(slots.size, META)
         known = np.zeros(slots.size, bool)
