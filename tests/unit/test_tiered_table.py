@@ -712,6 +712,10 @@ def test_the_hot_set_gives_no_ram_while_a_save_reads_it(tmp_path):
     save = table.snapshot()
     alloc, before = table.alloc, by_id(table.export())
     assert table.shrink_for_cold(64) == 0 and table.alloc == alloc  # a save reads by place
+    with pytest.raises(ResourceExhaustedError, match="a save is reading this table"):
+        for j in range(k + 1, k + 50):  # new rows meanwhile: refused, saying why
+            train(table, np.arange(64 * j, 64 * j + 64, dtype=np.int64), j)
+    before = by_id(table.export())
     table.end_snapshot(save)
     assert table.shrink_for_cold(64) > 0 and table.alloc < alloc and not table.cold_short(64)
     after = by_id(table.export())

@@ -325,9 +325,15 @@ class TieredTable(DynamicTable):
             moving = n - free
         if not self._cold_fits(moving):
             self.refused += 1
+            during = (
+                " (a save is reading this table: the rows in RAM give none of theirs to that index "
+                "until it ends, so the request may be tried again then)"
+                if self.saves and self.alloc > self._hot_floor(n)
+                else ""
+            )
             raise ResourceExhaustedError(
                 f"dynamic table {self.name!r}: moving {moving} more rows to disk would take the "
-                f"index of the rows on disk past the ps's budget of {self.budget} bytes "
+                f"index of the rows on disk past the ps's budget of {self.budget} bytes{during} "
                 "(pstrain serve --memory-budget): raise the budget, give the table a capacity, "
                 "or shard it over more ps"
             )
