@@ -19,6 +19,7 @@ any other). Tables: a delta's ``removed`` ids are dropped, then its rows put in
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import re
 from typing import Annotated, Any, BinaryIO
@@ -147,6 +148,10 @@ def read_delta_index(prefix: str) -> dict[str, Any]:
 TableState = tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], dict[str, float]]
 
 
+#: Threads a restore reads the files of a base and its deltas with.
+READ_THREADS = 2
+
+
 def read_table_state(
     base_files: list[str],
     deltas: list[list[tuple[str, str]]],
@@ -161,15 +166,22 @@ def read_table_state(
     the full save's files (from any number of ps), then each delta (its ``(file, prefix)``
     pairs) applied in order: its removed ids dropped, its rows put in. ``with_slots=False``:
     the rows alone (no slot is read)."""
-    ids, rows, slots, slot_init, _ = _read_table_files(
-        [(p, "") for p in base_files], shard, num_shards, dim, dtype, with_slots
-    )
+    saves = [[(p, "") for p in base_files], *deltas]
+
+    def read(files: list[tuple[str, str]]) -> Any:
+        return _read_table_files(files, shard, num_shards, dim, dtype, with_slots)
+
+    if len(saves) > 1:  # the base and the deltas read side by side (each thread waits on the
+        # disk as much as it works: a restore of W9's base and ten deltas from disk took a
+        # fifth less time), then put together in order
+        with concurrent.futures.ThreadPoolExecutor(READ_THREADS, "pstrain-restore-read") as pool:
+            read_saves = list(pool.map(read, saves))
+    else:
+        read_saves = [read(saves[0])]
+    ids, rows, slots, slot_init, _ = read_saves[0]
     puts = [(ids, rows, slots)]  # the base's rows, then each delta's
     removals = [np.empty(0, np.int64)]  # each delta's removed ids (none in the base)
-    for delta in deltas:
-        d_ids, d_rows, d_slots, d_init, removed = _read_table_files(
-            delta, shard, num_shards, dim, dtype, with_slots
-        )
+    for d_ids, d_rows, d_slots, d_init, removed in read_saves[1:]:
         slot_init.update(d_init)
         puts.append((d_ids, d_rows, d_slots))
         removals.append(removed)
