@@ -320,22 +320,29 @@ def test_a_restore_of_what_a_full_shard_holds_fits_where_that_shard_did(tmp_path
         train(live, np.arange(60 * k, 60 * k + 60, dtype=np.int64), k + 1)
     assert 2048 < len(live.cold) <= 4096 and live.cold.index.nbytes == 8192 * 16, len(live.cold)
     want = by_id(live.export())
+    restored = restored_over(live, want, tmp_path / "restored")
+    assert len(restored.cold) > 2048 and restored.cold.index.nbytes <= live.cold.index.nbytes
+    got = by_id(restored.export())
+    for key in ("ids", "rows", "slot:acc"):
+        np.testing.assert_array_equal(got[key], want[key])
+
+
+def restored_over(live: TieredTable, saved: dict[str, np.ndarray], directory: Any) -> TieredTable:
+    """A shard restored from ``saved`` (an export) where ``live`` is, on the same ps: its
+    budget, with ``live`` held until the restore commits."""
     box: list[TieredTable] = []
     restored = TieredTable(
         "t",
-        config,
-        directory=str(tmp_path / "restored"),
+        live.config,
+        directory=str(directory),
         budget=live.budget,
         held=lambda: live.nbytes + sum(t.nbytes for t in box),
         cold_index=lambda: live.cold.nbytes + sum(t.cold.nbytes for t in box),
         segment_rows=64,
     )
     box.append(restored)
-    restored.load(want["ids"], want["rows"], {"acc": want["slot:acc"]}, {"acc": 0.1}, replacing=live)
-    assert len(restored.cold) > 2048 and restored.cold.index.nbytes <= live.cold.index.nbytes
-    got = by_id(restored.export())
-    for key in ("ids", "rows", "slot:acc"):
-        np.testing.assert_array_equal(got[key], want[key])
+    restored.load(saved["ids"], saved["rows"], {"acc": saved["slot:acc"]}, {"acc": 0.1}, replacing=live)
+    return restored
 
 
 def test_past_its_capacity_a_tiered_table_evicts_from_disk_first_and_the_disk_forgets(tmp_path):
@@ -740,18 +747,7 @@ def test_a_shard_whose_disk_index_took_ram_from_its_hot_set_restores_where_it_wa
             break
     assert live.shrunk and live.cold.nbytes > live.budget * 0.7
     want = by_id(live.export())
-    box: list[TieredTable] = []
-    restored = TieredTable(
-        "t",
-        config,
-        directory=str(tmp_path / "restored"),
-        budget=live.budget,
-        held=lambda: live.nbytes + sum(t.nbytes for t in box),
-        cold_index=lambda: live.cold.nbytes + sum(t.cold.nbytes for t in box),
-        segment_rows=64,
-    )
-    box.append(restored)
-    restored.load(want["ids"], want["rows"], {"acc": want["slot:acc"]}, {"acc": 0.1}, replacing=live)
+    restored = restored_over(live, want, tmp_path / "restored")
     assert restored.nbytes <= restored.budget and restored.cold.nbytes > restored.budget * HOT_SHARE
     got = by_id(restored.export())
     for key in ("ids", "rows", "slot:acc"):
