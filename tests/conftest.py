@@ -55,11 +55,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         tier = tier_of(item.path)
         if tier is not None:
             item.add_marker(getattr(pytest.mark, tier))
-    # The slowest tiers first (a stable sort: files stay whole, in their order): pytest-xdist
-    # hands out files in this order, and a file of a few minutes (the fault matrix, the
-    # wheel) handed out last kept one worker busy after the others had finished.
-    rank = {tier: k for k, tier in enumerate(reversed(TIERS))}
-    items.sort(key=lambda item: rank.get(tier_of(item.path) or "", len(TIERS)))
 
 
 class TierError(AssertionError):
