@@ -28,7 +28,8 @@ def modules() -> list[str]:
 #: so every module still imports with none of pstrain before it, at a third of the cost.
 _FORK_EACH = """
 import os, sys, traceback
-import numpy, msgpack, aiohttp, cloudpickle  # noqa: F401 - not pstrain: loaded once, shared
+import numpy, msgpack, aiohttp, aiohttp.web, cloudpickle, msgspec, xxhash  # noqa: F401, E401
+import prometheus_client, prometheus_client.core  # noqa: F401 - not pstrain: loaded once, shared
 assert not any(m == "pstrain" or m.startswith("pstrain.") for m in sys.modules)
 for name in sys.argv[1:]:
     r, w = os.pipe()
