@@ -88,6 +88,20 @@ class Tiering:
         return os.path.join(self.directory, f"{serial}-{urllib.parse.quote(name, safe='')}")
 
 
+def _largest(lo: int, hi: int, fits: Callable[[int], bool]) -> int | None:
+    """The largest of ``lo`` .. ``hi`` that ``fits`` (true up to some size, false past it),
+    or None if not even ``lo`` does: a bisection."""
+    if not fits(lo):
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def _owned(arr: Any, dtype: np.dtype) -> np.ndarray:
     """``arr`` as a C-contiguous array of ``dtype`` this table may write: itself if it is
     one (a message's array, decoded into a buffer of its own), else a copy."""
@@ -478,15 +492,9 @@ class TieredTable(DynamicTable):
         if self.saves or self.alloc <= floor or self._cold_fits(n):
             return 0
         top = max(floor, self.alloc - max(1, self.alloc // 8))
-        if not self._shrunk_fits(floor, n):
+        lo = _largest(floor, top, lambda size: self._shrunk_fits(size, n))
+        if lo is None:
             return 0  # not even at its floor: the request will be refused
-        lo, hi = floor, top  # the largest size that fits, at most ``top``
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self._shrunk_fits(mid, n):
-                lo = mid
-            else:
-                hi = mid - 1
         moving = max(0, len(self.index) - lo)
         protect = np.empty(0, np.int64)
         if keep is not None and keep.size:
@@ -737,16 +745,8 @@ class TieredTable(DynamicTable):
         ):
             # the index of the rows on disk needs more than its half: it takes it from the
             # hot set, as in training (shrink_for_cold), down to the hot set's floor
-            lo, hi = min(hot, max(1, int(self.budget * HOT_FLOOR) // per)), hot
-            if not fits(lo):
-                hi = lo - 1
-            while lo < hi:  # the most rows in RAM that fit
-                mid = (lo + hi + 1) // 2
-                if fits(mid):
-                    lo = mid
-                else:
-                    hi = mid - 1
-            hot = lo
+            floor = min(hot, max(1, int(self.budget * HOT_FLOOR) // per))
+            hot = _largest(floor, hot, fits) or floor  # (the floor, refused below, if none)
         if not fits(hot):
             self.refused += 1
             raise ResourceExhaustedError(
