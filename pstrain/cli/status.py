@@ -10,11 +10,7 @@ from typing import Any
 from .._base.cluster import ClusterSpec, task_name
 from .._base.errors import PstrainError
 from .._base.resolvers import read_config, read_token
-from .._formats.messages.operations import Statistics
-from .._transport.bridge import run
-from .._transport.channels import Channel
 from .arguments import address, seconds
-from .common import membership
 
 __all__ = ["status", "status_parser"]
 
@@ -97,6 +93,11 @@ _STATES = {"AuthenticationError": "refused", "ProtocolError": "foreign", "WrongT
 
 
 def status(args: argparse.Namespace) -> int:
+    from .._formats.messages.operations import Statistics  # the transport: only when it runs
+    from .._transport.bridge import run
+    from .._transport.channels import Channel
+    from .common import membership
+
     spec = _load_cluster(args.cluster)
     token = read_token(os.environ, args.token_file)
     tasks = [(job, i) for job in ("chief", "ps", "worker", "evaluator") for i in range(spec.num_tasks(job))]

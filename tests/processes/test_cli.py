@@ -18,9 +18,9 @@ import pstrain
 from pstrain._base.resolvers import parse_config
 from pstrain._transport.channels import ps_advice
 from pstrain.cli import main
-from pstrain.cli.serve import client_ssl
 from pstrain.cluster import listening_socket
 from pstrain.errors import InvalidArgumentError, ProtocolError
+from pstrain.server.config import client_ssl
 from tests.helpers import TOKEN, ServeProcess, self_signed_cert
 
 pytestmark = pytest.mark.timeout(60)

@@ -10,11 +10,11 @@ import sys
 import pytest
 
 import pstrain
-from pstrain.cli.serve import client_ssl
 from pstrain.errors import (
     AuthenticationError,
     ProtocolError,
 )
+from pstrain.server.config import client_ssl
 from tests.helpers import TOKEN, ServeProcess, join_fails, self_signed_cert
 
 pytestmark = pytest.mark.timeout(90)
