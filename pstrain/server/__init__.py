@@ -104,7 +104,12 @@ class Server:
 
     def _from_config(self, config: ServeConfig) -> None:
         if config.role == "ps":
-            self.impl = ParameterServer(config.index, **config.server_options(), **config.ps.options())
+            self.impl = ParameterServer(
+                config.index,
+                client_ssl=client_ssl(config.tls_ca),
+                **config.server_options(),
+                **config.ps.options(),
+            )
         elif config.role == "worker":
             self.impl = WorkerServer(
                 config.index,

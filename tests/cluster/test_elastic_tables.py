@@ -9,6 +9,7 @@ import contextlib
 import gc
 import importlib.util
 import os
+import socket
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -1049,3 +1050,86 @@ async def test_dyn_create_refuses_a_shard_with_slices_and_no_slice_and_creates_n
                 await untyped_call(channel, "dyn/lookup", {"name": "t", "ids": ids[:20], "train": True})
         finally:
             await channel.close()
+
+
+async def test_a_moves_copy_crosses_once_from_ps_to_ps_not_through_the_coordinator():
+    """The ps that receives slices asks their source for the copy itself (``ps/move_pull``):
+    the rows and their slots cross once, ps to ps. The coordinator's steps to the new ps
+    carry no rows of the copy, and every row arrives as it was."""
+    async with _job() as (cluster, extra, strategy, coordinator):
+        assert extra is not None
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(64, name="wide", initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.Adagrad(0.5)
+        await table.lookup(POOL)
+        await opt.apply_gradients(
+            [(pstrain.IndexedSlices(np.ones((POOL.size, 64), np.float32), POOL), table)]
+        )
+        ids, rows = await table.export()
+        before = dict(zip(ids.tolist(), rows))
+        await coordinator.ps.admit_ps(extra.address)
+        slices = coordinator.ps.table_slices(table).held_by(0)
+        await coordinator.ps.move_slices({table.key: slices}, 0, 2)
+        moved = _ids_on(extra, table.key).size
+        copy_bytes = moved * 64 * 4 * 2  # the rows and their Adagrad accumulators
+        assert moved > 1000
+        out = cluster.ps[0].statistics(None)["requests"]["ps/move_out"]
+        into = extra.statistics(None)["requests"]
+        assert out["count"] == 1 and out["bytes_out"] >= copy_bytes
+        assert into["ps/move_pull"]["count"] == 1 and into["ps/move_pull"]["bytes_in"] < 4096
+        assert into["ps/install"]["bytes_in"] < copy_bytes / 4  # the switch: ids and counts only
+        ids, rows = await table.export()
+        assert sorted(ids.tolist()) == sorted(before)
+        assert all(np.array_equal(row, before[i]) for i, row in zip(ids.tolist(), rows))
+
+
+async def test_a_pull_the_source_refuses_or_cannot_answer_stages_nothing_and_names_the_source():
+    """``ps/move_pull`` sent to a ps (as a coordinator would): the source's refusal comes
+    back as the pull's, naming the source; a source no one answers at is an
+    UnavailableError naming its address. Nothing is staged either way."""
+    async with _job() as (cluster, extra, strategy, coordinator):
+        assert extra is not None
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(4, name="emb")
+        await table.lookup(np.arange(20, dtype=np.int64))
+        await coordinator.ps.admit_ps(extra.address)
+        channel = Channel(extra.address, token=cluster.token, task="/job:ps/replica:0/task:2")
+        source = cluster.ps[0].address
+        # ps 0 holds shard 0 of 2: slices 0, 2, 4, 6 of 8; slice 1 is ps 1's
+        refused = {"slices": 8, "owned": [1]}
+        try:
+            with pytest.raises(
+                InvalidArgumentError, match=rf"ps/move_pull: .* ps 0 \({source}\).*does not hold"
+            ):
+                await untyped_call(
+                    channel,
+                    "ps/move_pull",
+                    {
+                        "stage": "p1",
+                        "source_index": 0,
+                        "source_address": source,
+                        "keys": [],
+                        "tables": {table.key: refused},
+                        "serving": {table.key: refused},
+                        "owner": strategy.placement.owner,
+                    },
+                )
+            with socket.socket() as bound:  # bound, not listening: connections are refused
+                bound.bind(("127.0.0.1", 0))
+                nowhere = f"127.0.0.1:{bound.getsockname()[1]}"
+                with pytest.raises(pstrain.errors.UnavailableError, match=f"ps/move_pull: .*{nowhere}"):
+                    await untyped_call(
+                        channel,
+                        "ps/move_pull",
+                        {
+                            "stage": "p2",
+                            "source_index": 0,
+                            "source_address": nowhere,
+                            "keys": [],
+                            "owner": strategy.placement.owner,
+                        },
+                    )
+        finally:
+            await channel.close()
+        assert not extra.moves.incoming and not extra.moves.incoming_tables
+        assert not cluster.ps[0].moves.outgoing_tables and extra.internal_errors == 0

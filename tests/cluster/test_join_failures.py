@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import pstrain
-from pstrain._formats.messages.placement_map import InstallVariables, SetPlacement
+from pstrain._formats.messages.placement_map import InstallVariables, PullMove, SetPlacement
 from pstrain.errors import (
     DeadlineExceededError,
     InvalidArgumentError,
@@ -138,11 +138,12 @@ async def test_a_ps_that_dies_during_its_first_move_is_taken_out_again():
 
         stopping = []
 
-        def die(req: InstallVariables) -> None:  # the ps goes away as the first move reaches it
-            died.set()
+        def die(req: PullMove | InstallVariables) -> None:  # the ps goes away as the first
+            died.set()  # move reaches it (it pulls the copy from the source: step 1)
             stopping.append(asyncio.ensure_future(extra.stop()))
             raise UnavailableError("stopping")
 
+        extra.route(PullMove, die)
         extra.route(InstallVariables, die)
         await extra.start()
         try:

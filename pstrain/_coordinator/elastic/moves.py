@@ -21,8 +21,6 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from msgspec.structs import replace
-
 from ..._base.cluster import parse_address, task_name
 from ..._base.errors import (
     FailedPreconditionError,
@@ -39,8 +37,8 @@ from ..._formats.messages.placement_map import (
     EndMove,
     FinishMove,
     InstallVariables,
-    MoveOut,
     PlacementMap,
+    PullMove,
     SetPlacement,
     SliceSet,
     TableSlices,
@@ -434,17 +432,19 @@ class PsChanges:
             new = new.with_tables(sliced).bumped(new.version)
         try:  # `moving` is cleared once the source has let go of what moved (or the move aborted)
             try:
-                out = await source.request(
-                    MoveOut(keys=keys, stage=stage, tables=moving), timeout=self.timeout_s
-                )
-                copies = [
-                    replace(
-                        c, serving=serving_dst[c.name], config=replace(c.config, capacity=caps[c.name][1])
-                    )
-                    for c in out.tables
-                ]
-                await target.request(
-                    InstallVariables(stage=stage, vars=out.vars, tables=copies), timeout=self.timeout_s
+                # the target asks the source for the copies: they cross once, ps to ps
+                out = await target.request(
+                    PullMove(
+                        stage=stage,
+                        source_index=src,
+                        source_address=self.placement.ps[src],
+                        keys=keys,
+                        tables=moving,
+                        serving=serving_dst,
+                        capacity={k: c[1] for k, c in caps.items()},
+                        timeout=self.timeout_s,
+                    ),
+                    timeout=2 * self.timeout_s,
                 )
                 done = await source.request(
                     FinishMove(
@@ -487,8 +487,7 @@ class PsChanges:
         finally:
             self.moving = None
         self.moves_done += 1
-        self.bytes_moved += sum(int(getattr(c.value, "nbytes", 0)) for c in out.vars)
-        self.bytes_moved += sum(c.nbytes for c in out.tables)
+        self.bytes_moved += out.nbytes
 
     async def _abort(self, stage: str, source: Any, target: Any, announced: PlacementMap | None) -> bool:
         """Serve the variables from their source again; the target drops what it staged;

@@ -11,9 +11,13 @@ sent to the wrong ps gets (:class:`~pstrain.errors.PlacementChangedError`).
 
 A move of some variables from ps A to ps B (the coordinator drives it):
 
-1. ``ps/move_out`` on A: their arrays and optimizer slots as they are now, and a mark
-   of A's change clock; A keeps training them.
-2. ``ps/install`` on B (staged): B holds the copies but does not serve them yet.
+1. ``ps/move_pull`` on B: B asks A for the copies itself (``ps/move_out`` on A: their
+   arrays and optimizer slots as they are now, and a mark of A's change clock; A keeps
+   training them) and stages them, as ``ps/install`` (staged) would: B holds the copies
+   but does not serve them yet. The bytes go from A to B once, not through the
+   coordinator; the coordinator gets the mark.
+2. (Kept for a coordinator that relays the copy itself: ``ps/move_out`` on A, then
+   ``ps/install`` on B, staged.)
 3. ``ps/move_finish`` on A, one step on its loop: A stops serving them (requests are
    refused with the new map) and answers with the rows changed since the mark, and
    the exactly-once records of those variables.
@@ -48,6 +52,8 @@ __all__ = [
     "InstallVariables",
     "MoveOut",
     "MoveOutReply",
+    "PullMove",
+    "PullReply",
     "PlacementMap",
     "PlacementReply",
     "ReadPlacement",
@@ -247,6 +253,15 @@ class EndReply(Reply):
     ended: bool
 
 
+class PullReply(Reply):
+    """``ps/move_pull``: the source's mark (for ``ps/move_finish``), the copies staged, and
+    the bytes of their arrays."""
+
+    mark: int
+    staged: int
+    nbytes: int
+
+
 class VariableCopy(Record):
     """One variable (or optimizer slot) in a move."""
 
@@ -332,6 +347,23 @@ class MoveOut(Owned[MoveOutReply], tag="ps/move_out"):
     stage: Stage
     #: dynamic table key -> the slices of it to move
     tables: dict[Name, SliceSet] = {}
+
+
+class PullMove(Owned[PullReply], tag="ps/move_pull"):
+    """Steps 1 and 2 on the receiving ps: ask ps ``source`` (index ``source_index``, at
+    ``source_address``) for ``ps/move_out`` of ``keys`` and table slices ``tables``, and
+    stage what it answers as ``ps/install`` would, each table's copy serving ``serving``
+    here after the move, with capacity ``capacity``. ``timeout``: seconds the source has
+    to answer."""
+
+    stage: Stage
+    source_index: PsIndex
+    source_address: Address
+    keys: Keys
+    tables: dict[Name, SliceSet] = {}
+    serving: dict[Name, SliceSet] = {}
+    capacity: dict[Name, Annotated[int, msgspec.Meta(ge=1)] | None] = {}
+    timeout: Annotated[float, msgspec.Meta(gt=0, le=86400)] = 120.0
 
 
 class FinishMove(Owned[FinishReply], tag="ps/move_finish"):

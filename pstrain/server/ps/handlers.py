@@ -27,11 +27,13 @@ import os
 import re
 import secrets
 import shutil
+import ssl
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from ..._base.cluster import task_name
 from ..._base.errors import AlreadyExistsError, InvalidArgumentError
 from ..._formats.messages.checkpoint_operations import (
     AbortRestore,
@@ -75,6 +77,7 @@ from ..._kernels import KERNELS
 from ..._kernels.batches import take_rows
 from ..._serving.base import ServerBase
 from ..._serving.core import HandlerFn, Pinned
+from ..._transport.channels import Channel
 from .before_images import BeforeImages
 from .checkpoints import saves as ps_checkpoint
 from .checkpoints.deltas import Deltas
@@ -164,9 +167,12 @@ class ParameterServer(ServerBase):
         memory_budget: int | None = None,
         table_dir: str | None = None,
         table_segment_rows: int = 1 << 20,
+        client_ssl: ssl.SSLContext | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__("ps", index, **kwargs)
+        #: TLS of this ps's own requests to other ps (a move's copy, pulled from its source).
+        self.client_ssl = client_ssl
         # Every part is wired here, at construction, and reads the ps's name from it (a ps
         # that joined a job takes the index its coordinator gives it: ``renamed``).
         self.store = VariableStore(self)
@@ -228,7 +234,9 @@ class ParameterServer(ServerBase):
             LookupTables, in_ram(self.lookup_tables, lambda req: [(x.name, x.ids) for x in req.lookups])
         )
         #: Variables and table slices moving in and out (an elastic ps joined or leaves).
-        self.moves = Moves(self.store, self.fencing, self.max_store_bytes, self.table_handlers)
+        self.moves = Moves(
+            self.store, self.fencing, self.max_store_bytes, self.table_handlers, self._channel_to_ps
+        )
         self.moves.install_routes(self.route)
         self.deltas = Deltas(self.checkpoints, self.feed, self.incarnation)
         self.deltas.install(self.route)
@@ -249,6 +257,16 @@ class ParameterServer(ServerBase):
             # (an update checks it behind its fence) a zombie coordinator changes nothing here
             fn = self.fencing.owned(fn, operation.op())
         super().route(operation, fn)
+
+    def _channel_to_ps(self, address: str, index: int) -> Channel:
+        """A channel from this ps to ps ``index`` at ``address``, with this ps's token."""
+        return Channel(
+            address,
+            token=self.token,
+            task=task_name("ps", index),
+            ssl_context=self.client_ssl,
+            max_body=self.max_body,
+        )
 
     def renamed(self, index: int) -> None:
         """Answer to ps ``index`` from now on: the index the coordinator this ps joined gave

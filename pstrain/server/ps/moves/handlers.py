@@ -1,7 +1,9 @@
 """A ps's side of moving variables to another ps while training runs (an elastic ps joined
 or leaves); ``_formats/messages/placement_map.py`` gives the steps, the coordinator drives them.
 
-On the ps that gives variables away: :meth:`Moves.move_out` copies them (pinned, not
+On the ps that receives them, :meth:`Moves.pull` asks the giving ps for the copies itself
+(the bytes cross once, from ps to ps; the coordinator sends the steps, not the rows). On
+the ps that gives variables away: :meth:`Moves.move_out` copies them (pinned, not
 copied until an update writes them) and marks the change clock; :meth:`Moves.finish`
 stops serving them, in one step on the loop, and answers with the rows changed since the
 mark; :meth:`Moves.end` drops them (or serves them again if the move failed). On the ps
@@ -23,12 +25,13 @@ variables to.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 import numpy as np
 
-from ...._base.errors import FailedPreconditionError, InvalidArgumentError
+from ...._base.errors import FailedPreconditionError, InvalidArgumentError, PstrainError, restated
 from ...._formats.messages.placement_map import (
     EndMove,
     EndReply,
@@ -38,6 +41,8 @@ from ...._formats.messages.placement_map import (
     InstallVariables,
     MoveOut,
     MoveOutReply,
+    PullMove,
+    PullReply,
     ReadRecords,
     RecordsReply,
     SliceSet,
@@ -47,6 +52,7 @@ from ...._formats.messages.placement_map import (
     VariablePatch,
 )
 from ...._serving.core import Pinned, Router
+from ...._transport.channels import Channel
 from ..fencing import Fencing
 from ..store import VariableRecord, VariableStore
 from ..tables.dynamic_table import TableConfig
@@ -67,9 +73,16 @@ class Moves:
     """The moves in and out of one ps."""
 
     def __init__(
-        self, store: VariableStore, fencing: Fencing, max_store_bytes: int, tables: TableHandlers
+        self,
+        store: VariableStore,
+        fencing: Fencing,
+        max_store_bytes: int,
+        tables: TableHandlers,
+        connect: Callable[[str, int], Channel],
     ) -> None:
         self.store = store
+        #: A channel to ps ``index`` at ``address`` (this ps's token and TLS): a pull's.
+        self.connect = connect
         self.fencing = fencing
         self.max_store_bytes = max_store_bytes
         self.tables = tables
@@ -94,6 +107,7 @@ class Moves:
         """Route the move operations (and the placement map's) to their handlers here."""
         self.map.install(route)
         route(MoveOut, self.move_out)
+        route(PullMove, self.pull)
         route(FinishMove, self.finish)
         route(InstallVariables, self.install)
         route(EndMove, self.end)
@@ -131,6 +145,40 @@ class Moves:
                 r()
 
         return Pinned(MoveOutReply(mark=mark, vars=copies, tables=table_copies), release)
+
+    async def pull(self, req: PullMove) -> PullReply:
+        """Steps 1 and 2 here, the receiving ps: ``ps/move_out`` asked of the source by this
+        ps, for the coordinator that sent ``req`` (its owner), and the copies staged as
+        :meth:`install` stages them. The source's refusal is this request's, saying so."""
+        if req.stage in self.incoming:
+            raise InvalidArgumentError(f"ps/move_pull: stage {req.stage!r} is already in use")
+        channel = self.connect(req.source_address, req.source_index)
+        channel.owner = req.owner
+        try:
+            out = await channel.request(
+                MoveOut(keys=req.keys, stage=req.stage, tables=req.tables), timeout=req.timeout
+            )
+        except PstrainError as exc:
+            raise restated(
+                exc,
+                f"ps/move_pull: {self.store.task} asked ps {req.source_index} "
+                f"({req.source_address}) for the copies: {exc.message or exc}",
+            ) from exc
+        finally:
+            await channel.close()
+        copies = [
+            msgspec.structs.replace(
+                c,
+                serving=req.serving.get(c.name),
+                config=msgspec.structs.replace(c.config, capacity=req.capacity.get(c.name)),
+            )
+            for c in out.tables
+        ]
+        staged = self.install(
+            InstallVariables(stage=req.stage, vars=out.vars, tables=copies, owner=req.owner)
+        )
+        nbytes = sum(int(getattr(c.value, "nbytes", 0)) for c in out.vars) + sum(c.nbytes for c in copies)
+        return PullReply(mark=out.mark, staged=staged.staged, nbytes=nbytes)
 
     def _check_held(self, name: str, moving: SliceSet) -> None:
         """InvalidArgumentError unless this ps holds every slice of ``moving`` of table
