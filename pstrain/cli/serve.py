@@ -94,7 +94,9 @@ def serve_parser(sub: Any) -> None:
     p.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this certificate (PEM)")
     p.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
     p.add_argument(
-        "--tls-ca", metavar="FILE", help="CA file to verify other tasks' certificates (workers -> ps)"
+        "--tls-ca",
+        metavar="FILE",
+        help="CA file to verify other tasks' certificates (workers -> ps, ps -> ps in a move)",
     )
     p.add_argument(
         "--max-body",
