@@ -141,6 +141,38 @@ async def test_tls(tmp_path):
         server.stop()
 
 
+async def test_a_move_between_tls_ps_is_copied_over_tls_verified_with_tls_ca(tmp_path):
+    """The ps a variable moves to asks its source for the copy over TLS, verifying it with
+    its own ``--tls-ca``: the move goes through, and the value is whole where it went."""
+    cert, key = self_signed_cert(tmp_path)
+    tls = ("--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(cert))
+    servers = [ServeProcess("--role", "ps", "--index", str(k), "--port", "0", *tls) for k in range(2)]
+    try:
+        spec = {"ps": [s.address for s in servers], "worker": ["127.0.0.1:9"]}
+        resolver = pstrain.SimpleClusterResolver(spec, token=TOKEN)
+        resolver.ssl_context = client_ssl(str(cert))
+        strategy = pstrain.ParameterServerStrategy(resolver)
+        coordinator = pstrain.ClusterCoordinator(strategy)
+        async with strategy.scope():
+            with strategy.placement.colocated(0):
+                v = pstrain.Variable(np.arange(1000.0), name="v")
+        await coordinator.ps.move(["v"], 1)
+        assert coordinator.ps.placement.ps_of("v", 0) == 1
+        np.testing.assert_array_equal(await v.numpy(), np.arange(1000.0))
+        # a ps serving TLS with no CA to verify the others with cannot take a move: it says so
+        servers.append(ServeProcess("--role", "ps", "--index", "2", "--port", "0", *tls[:4]))
+        await coordinator.ps.admit_ps(servers[2].address)
+        with pytest.raises(
+            pstrain.errors.FailedPreconditionError, match="serves TLS but has no CA.*--tls-ca"
+        ):
+            await coordinator.ps.move(["v"], 2)
+        np.testing.assert_array_equal(await v.numpy(), np.arange(1000.0))
+        await coordinator.close()
+    finally:
+        for s in servers:
+            s.stop()
+
+
 async def test_servers_leave_when_the_coordinators_job_is_done(tmp_path):
     """What ends a SLURM job: pstrain serve --exit-on-shutdown leaves on shutdown_cluster()."""
 

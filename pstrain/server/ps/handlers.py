@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..._base.cluster import task_name
-from ..._base.errors import AlreadyExistsError, InvalidArgumentError
+from ..._base.errors import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError
 from ..._formats.messages.checkpoint_operations import (
     AbortRestore,
     CommitRestore,
@@ -259,7 +259,14 @@ class ParameterServer(ServerBase):
         super().route(operation, fn)
 
     def _channel_to_ps(self, address: str, index: int) -> Channel:
-        """A channel from this ps to ps ``index`` at ``address``, with this ps's token."""
+        """A channel from this ps to ps ``index`` at ``address``, with this ps's token. A ps
+        that serves TLS expects the other ps to (a cluster is TLS or not as a whole), and
+        verifies them with ``--tls-ca``: without one, FailedPreconditionError says so."""
+        if self.ssl_context is not None and self.client_ssl is None:
+            raise FailedPreconditionError(
+                f"{self.task} serves TLS but has no CA to verify ps {index} at {address} with "
+                "(pstrain serve --tls-ca FILE): it cannot copy variables moving to it from there"
+            )
         return Channel(
             address,
             token=self.token,

@@ -152,7 +152,10 @@ class Moves:
         :meth:`install` stages them. The source's refusal is this request's, saying so."""
         if req.stage in self.incoming:
             raise InvalidArgumentError(f"ps/move_pull: stage {req.stage!r} is already in use")
-        channel = self.connect(req.source_address, req.source_index)
+        try:
+            channel = self.connect(req.source_address, req.source_index)
+        except PstrainError as exc:
+            raise restated(exc, f"ps/move_pull: {exc.message or exc}") from exc
         channel.owner = req.owner
         try:
             out = await channel.request(
