@@ -947,6 +947,34 @@ async def test_a_table_copy_whose_config_is_malformed_is_refused_whole(ps_server
 
 
 @pytest.mark.parametrize(
+    ("records", "named"),
+    [
+        ({"records": np.zeros(47, np.uint8)}, "not a whole number of records of 48 bytes"),
+        ({"records": np.zeros(12, np.float32)}, "not a vector of bytes"),
+        ({"records": np.zeros(2 * 80, np.uint8), "record_slots": ["m", "a"]}, "distinct and sorted"),
+        ({"record_slots": ["a"]}, "lists record slots and no records"),
+    ],
+)
+async def test_a_table_copy_whose_records_are_malformed_is_refused_whole(ps_server, install, records, named):
+    """The rows a tiered source ships as their records on disk are checked with the copy:
+    bytes that are not whole records of the table's layout, or slots out of order, are
+    refused naming what is wrong, and nothing is staged; well-formed records are staged."""
+    copy = {
+        "name": "t",
+        "config": {"dim": 4},
+        "moving": {"slices": 4, "owned": [1]},
+        "serving": {"slices": 4, "owned": [1]},
+        "ids": np.zeros(0, np.int64),
+        "rows": np.zeros((0, 4), np.float32),
+    }
+    with pytest.raises(InvalidArgumentError, match=f"ps/install: .*{named}"):
+        await install(tables=[{**copy, **records}])
+    assert not ps_server.moves.incoming_tables and "t" not in ps_server.tables
+    await install(tables=[{**copy, "records": np.zeros(2 * 64, np.uint8), "record_slots": ["acc"]}])
+    assert list(ps_server.moves.incoming_tables) == ["s1"]
+
+
+@pytest.mark.parametrize(
     ("field", "value"),
     [
         ("once", [7]),

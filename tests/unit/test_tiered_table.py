@@ -379,6 +379,8 @@ def test_slices_of_a_tiered_table_move_with_their_rows_on_disk(tmp_path):
     assert table.statistics()["cold_rows"] > 100
     moving = SliceSet(slices=4, owned=[1, 3])
     copy = table.copy_slices(moving)
+    # the rows on disk come as their records, as they lie there (with the slot they carry)
+    assert copy["records"].size and copy["record_slots"] == ["acc"]
     mark = table.clock.mark()
     train(table, np.arange(0, 40, dtype=np.int64), 9)  # changes after the copy: in the patch
     for k in range(3):  # (and those back on disk now: new rows push them out)
@@ -408,7 +410,45 @@ def test_slices_of_a_tiered_table_move_with_their_rows_on_disk(tmp_path):
     back = tiered(tmp_path / "back", TableConfig(dim=4), hot_rows=60)
     assert back.merge_slices(TableCopy(**copy), TablePatch(**patch)) == int(mine.sum())
     assert back.statistics()["cold_rows"] == int(mine.sum())
-    np.testing.assert_array_equal(by_id(back.export())["rows"], after["rows"][mine])
+    got = by_id(back.export())
+    for key in ("ids", "rows", "slot:acc"):
+        np.testing.assert_array_equal(got[key], after[key][mine])
+    # with each row's eviction bookkeeping, as the patch gave it, in its record
+    np.testing.assert_array_equal(bookkeeping(back, got["ids"])[1], bookkeeping(table, got["ids"])[1])
+
+
+def test_a_move_onto_a_full_disk_is_refused_and_leaves_no_row_behind(tmp_path, monkeypatch):
+    """A tiered receiver whose disk fills while it writes a move's rows (the records, then
+    the rest) refuses the move whole: no row of it is indexed, and the records it wrote
+    count dead; with room again, the same move goes in."""
+    from pstrain._formats.messages.placement_map import SliceSet, TableCopy, TablePatch
+
+    table = tiered(tmp_path, TableConfig(dim=4), hot_rows=60)
+    for k in range(6):
+        train(table, np.arange(50 * k, 50 * k + 50, dtype=np.int64), k + 1)
+    moving = SliceSet(slices=4, owned=[0, 1, 2, 3])
+    copy = TableCopy(**table.copy_slices(moving))
+    patch = TablePatch(**table.patch_slices(moving, table.clock.mark()))
+    assert copy.records is not None and copy.ids.size
+    back = tiered(tmp_path / "back", TableConfig(dim=4), hot_rows=60)
+    real_open, appends = open, []
+
+    def full(path, mode="r", *args, **kwargs):  # the second append (the rows from RAM) fails
+        if "a" in mode and str(path).startswith(back.cold.directory):
+            appends.append(path)
+            if len(appends) > 1:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, mode, *args, **kwargs)
+
+    put = back.checked_merge(copy, patch)
+    monkeypatch.setattr("builtins.open", full)
+    with pytest.raises(ResourceExhaustedError, match="is full"):
+        put()
+    monkeypatch.undo()
+    assert len(back) == 0 and len(back.cold) == 0
+    assert sum(s.rows - s.dead for s in back.cold.segments.values()) == 0
+    assert back.merge_slices(copy, patch) == len(table)
+    np.testing.assert_array_equal(by_id(back.export())["rows"], by_id(table.export())["rows"])
 
 
 def test_a_shard_gives_back_ram_for_another_and_trains_on_as_one_in_ram(tmp_path):

@@ -284,11 +284,17 @@ class TableCopy(Record):
     rows: Any = None
     slots: dict[Name, Any] = {}
     slot_init: dict[Name, float] = {}
+    #: More rows, those the source holds on disk (a tiered table), as their records lie
+    #: there: each the id, the epoch, pad, last lookup and lookup count, the row, then a
+    #: value per slot of ``record_slots`` (in that order), packed (bytes)
+    records: Any = None
+    record_slots: Annotated[list[Name], msgspec.Meta(max_length=64)] = []
 
     @property
     def nbytes(self) -> int:
-        """The bytes of its arrays (ids, rows, slots) as received."""
-        return sum(int(getattr(a, "nbytes", 0)) for a in (self.ids, self.rows, *self.slots.values()))
+        """The bytes of its arrays (ids, rows, slots, records) as received."""
+        arrays = (self.ids, self.rows, self.records, *self.slots.values())
+        return sum(int(getattr(a, "nbytes", 0)) for a in arrays)
 
 
 class TablePatch(Record):

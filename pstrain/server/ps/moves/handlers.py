@@ -57,6 +57,7 @@ from ..fencing import Fencing
 from ..store import VariableRecord, VariableStore
 from ..tables.dynamic_table import TableConfig
 from ..tables.handlers import TableHandlers
+from ..tables.moved_records import records_of
 from .ps_map import PsMap
 from .stages import Stages
 
@@ -368,6 +369,7 @@ class Moves:
                 config = TableConfig(**msgspec.structs.asdict(copy.config))
             except InvalidArgumentError as exc:
                 raise InvalidArgumentError(f"ps/install: table {copy.name!r}: {exc}") from None
+            records_of(copy, config.dim, np.dtype(config.dtype))  # (rows on disk at the source)
             existing = self.tables.tables.get(copy.name)
             # (tiered if this ps has a budget: a ps that joins holds its share within it)
             table = existing or self.tables.new_table(copy.name, config, copy.owner)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -39,7 +40,7 @@ from ...._base.errors import ResourceExhaustedError
 from ...._kernels import KERNELS
 from .id_index import IdIndex
 
-__all__ = ["META", "ColdRows"]
+__all__ = ["META", "ColdRows", "copy_field", "put_field", "record_dtype"]
 
 #: Per record: the epoch it last changed in, its last training lookup and its lookup count.
 META = np.dtype([("epoch", "<u4"), ("pad", "<u4"), ("last_seen", "<i8"), ("freq", "<i8")])
@@ -81,7 +82,7 @@ def _field_cells(records: np.ndarray, first: str, last: str | None = None) -> np
     return raw[:, start : end_at + end_type.itemsize].view(f"V{end_at + end_type.itemsize - start}")[:, 0]
 
 
-def _copy_field(out: np.ndarray, records: np.ndarray, first: str, last: str | None = None) -> None:
+def copy_field(out: np.ndarray, records: np.ndarray, first: str, last: str | None = None) -> None:
     """``out[:] = `` fields ``first`` to ``last`` of ``records``, a block per record where
     ``out`` allows it."""
     fields = records.dtype.fields
@@ -96,7 +97,7 @@ def _copy_field(out: np.ndarray, records: np.ndarray, first: str, last: str | No
             out[name] = records[name]
 
 
-def _put_field(records: np.ndarray, values: np.ndarray, first: str, last: str | None = None) -> None:
+def put_field(records: np.ndarray, values: np.ndarray, first: str, last: str | None = None) -> None:
     """Fields ``first`` to ``last`` of ``records`` ``= values`` (of the fields' type: cast if
     not), a block per record."""
     fields = records.dtype.fields
@@ -111,6 +112,18 @@ def _put_field(records: np.ndarray, values: np.ndarray, first: str, last: str | 
     else:
         for name in values.dtype.names or ():
             records[name] = values[name]
+
+
+def record_dtype(dim: int, dtype: np.dtype, slots: int) -> np.dtype:
+    """A record of rows of ``dim`` values of ``dtype`` with ``slots`` optimizer slots: the
+    id, ``META``'s fields, the row, then each slot, packed (a segment's records; a move
+    ships them so)."""
+    cell = (np.dtype(dtype), (dim,))
+    return np.dtype(
+        [("id", "<i8"), ("epoch", "<u4"), ("pad", "<u4"), ("last_seen", "<i8"), ("freq", "<i8")]
+        + [("row", *cell)]
+        + [(f"slot{i}", *cell) for i in range(slots)]
+    )
 
 
 def _grown(size: int, need: int) -> int:
@@ -213,14 +226,8 @@ class ColdRows:
         return os.path.join(self.directory, f"{number}.rec")
 
     def record(self, slots: tuple[str, ...]) -> np.dtype:
-        """A record of a segment whose rows carry ``slots``: the id, ``META``'s fields, the
-        row, then each slot, packed."""
-        cell = (self.dtype, (self.dim,))
-        return np.dtype(
-            [("id", "<i8"), ("epoch", "<u4"), ("pad", "<u4"), ("last_seen", "<i8"), ("freq", "<i8")]
-            + [("row", *cell)]
-            + [(f"slot{i}", *cell) for i in range(len(slots))]
-        )
+        """A record of a segment whose rows carry ``slots`` (:func:`record_dtype`)."""
+        return record_dtype(self.dim, self.dtype, len(slots))
 
     # -- finding --------------------------------------------------------------------------------
     def find(self, ids: np.ndarray) -> np.ndarray:
@@ -294,12 +301,32 @@ class ColdRows:
         time, not copied whole first). On a full disk, ResourceExhaustedError and every
         segment as it was (bytes written past a segment's count are never read, and cut
         before the next write there)."""
-        n = ids.size
+        key_names = tuple(sorted(slots))
+
+        def pack(part: slice) -> np.ndarray:
+            at = part if where is None else where[part]
+            records = np.empty(part.stop - part.start, self.record(key_names))
+            put_field(records, ids[part], "id")
+            put_field(records, meta[part], "epoch", "freq")
+            put_field(records, rows[at], "row")
+            for i, k in enumerate(key_names):
+                put_field(records, slots[k][at], f"slot{i}")
+            return records
+
+        return self._append(ids.size, key_names, pack)
+
+    def write_records(self, records: np.ndarray, slots: tuple[str, ...]) -> np.ndarray:
+        """As :meth:`write`, of records already laid out as a segment's whose rows carry
+        ``slots`` (sorted): written as they are (a move's rows on disk, as their source
+        read them), ``WRITE_ROWS`` at a time."""
+        return self._append(records.size, slots, lambda part: records[part])
+
+    def _append(self, n: int, key_names: tuple[str, ...], pack: Callable[[slice], np.ndarray]) -> np.ndarray:
+        """Records ``pack(part)`` for parts of ``range(n)``, appended (:meth:`write`)."""
         if not n:
             return np.empty(0, np.int64)
         placed: list[tuple[_Segment, int, int]] = []  # (segment, first record, count)
         done = 0
-        key_names = tuple(sorted(slots))
         counts = {s.number: s.rows for s in self.segments.values()}
         opened: list[_Segment] = []
         try:
@@ -310,14 +337,7 @@ class ColdRows:
                     opened.append(seg)
                     self.open = seg
                 take = min(n - done, self.segment_rows - seg.rows, WRITE_ROWS)
-                part = slice(done, done + take)
-                at = part if where is None else where[part]
-                records = np.empty(take, self.record(key_names))
-                _put_field(records, ids[part], "id")
-                _put_field(records, meta[part], "epoch", "freq")
-                _put_field(records, rows[at], "row")
-                for i, k in enumerate(key_names):
-                    _put_field(records, slots[k][at], f"slot{i}")
+                records = pack(slice(done, done + take))
                 with open(self._path(seg.number), "ab") as f:
                     if f.tell() != seg.rows * records.itemsize:
                         f.truncate(seg.rows * records.itemsize)  # a failed write's tail
@@ -380,6 +400,12 @@ class ColdRows:
         self._died(places)
         self.collect()
         return cold
+
+    def unwritten(self, places: np.ndarray) -> None:
+        """Records written at ``places`` and never indexed (a put that failed part way after
+        them) count dead: their segments go once the rest of theirs do."""
+        if places.size:
+            self._died(places)
 
     def _died(self, places: np.ndarray) -> None:
         """Count the records at ``places`` dead in their segments (a count per segment
@@ -487,12 +513,34 @@ class ColdRows:
                     out[f"slot:{k}"][dest] = init
         return out
 
-    def _gather(self, number: int, records: np.ndarray, record: np.dtype) -> np.ndarray:
-        """Records ``records`` (ascending) of segment ``number``: one ``pread`` per run of
-        neighbouring records, in a compiled loop without the GIL (the serving loop goes on
-        meanwhile). Read, not mapped: mapped pages of the page cache would count in the
-        process's memory, large folios of them at a time."""
-        out = np.empty(records.size, record)
+    def records_at(self, places: np.ndarray) -> tuple[np.ndarray, tuple[str, ...]] | None:
+        """The records at ``places`` (ascending) as they lie on disk, and the slots they
+        carry, if every one of them lies in a segment whose records carry the same slots
+        (the usual case); else None. Each run of a segment's records is read once, straight
+        into its part of the array returned."""
+        if not places.size:
+            return None
+        numbers = places >> PLACE_BITS
+        starts = [0, *(np.flatnonzero(numbers[1:] != numbers[:-1]) + 1).tolist(), places.size]
+        layouts = {self.segments[int(numbers[a])].slots for a in starts[:-1]}
+        if len(layouts) != 1:
+            return None
+        (slots,) = layouts
+        out = np.empty(places.size, self.record(slots))
+        for a, b in zip(starts[:-1], starts[1:]):
+            self._gather(int(numbers[a]), places[a:b] & ((1 << PLACE_BITS) - 1), out.dtype, out[a:b])
+        self.reads += 1
+        self.rows_read += places.size
+        return out, slots
+
+    def _gather(
+        self, number: int, records: np.ndarray, record: np.dtype, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Records ``records`` (ascending) of segment ``number`` (into ``out`` if given): one
+        ``pread`` per run of neighbouring records, in a compiled loop without the GIL (the
+        serving loop goes on meanwhile). Read, not mapped: mapped pages of the page cache
+        would count in the process's memory, large folios of them at a time."""
+        out = np.empty(records.size, record) if out is None else out
         if not records.size:
             return out
         path = self._path(number)
@@ -597,10 +645,10 @@ class ColdRows:
                         records = places[a:b] & ((1 << PLACE_BITS) - 1)
                         got = self._gather(seg.number, records, self.record(seg.slots))
                     if key == "meta":
-                        _copy_field(outs[key][a:b], got, "epoch", "freq")
+                        copy_field(outs[key][a:b], got, "epoch", "freq")
                         continue
                     field = "row" if slot is None else f"slot{seg.slots.index(slot)}"
-                    _copy_field(outs[key][a:b], got, "id" if key == "ids" else field)
+                    copy_field(outs[key][a:b], got, "id" if key == "ids" else field)
             self.reads += 1
             self.rows_read += n
         for key in keys:

@@ -26,6 +26,7 @@ from ...._base.errors import InvalidArgumentError, PlacementChangedError
 from ...._formats.messages.placement_map import SliceSet, TableCopy, TablePatch
 from ...._formats.numerics.idhash import in_slices, shard_of
 from ..store import VariableStore
+from .moved_records import as_columns
 
 if TYPE_CHECKING:
     from ..store import ChangeClock, Snapshot
@@ -81,7 +82,7 @@ class SliceGuards:
             )
 
 
-def _array(value: Any, dtype: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
+def checked_array(value: Any, dtype: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
     """``value`` as ``dtype`` and ``shape`` (a -1 in it: any length; None: empty), or
     InvalidArgumentError."""
     try:
@@ -98,7 +99,7 @@ def _array(value: Any, dtype: Any, shape: tuple[int, ...], what: str) -> np.ndar
 
 def _ids(value: Any, what: str) -> np.ndarray:
     """``value`` as a vector of int64 ids (None: none)."""
-    return _array(value, np.int64, (-1,), what)
+    return checked_array(value, np.int64, (-1,), what)
 
 
 class SlicedRows:
@@ -223,11 +224,17 @@ class SlicedRows:
         move checks every table's before it serves anything. Each row is written once, from
         the copy or the patch, straight into the table's arrays."""
         dim, dtype = self.config.dim, self.dtype
+        copy = as_columns(copy, dim, dtype)  # (rows on disk at a tiered source: as records)
         live = _ids(patch.live, "live")
         n = live.size
-        ages, freq = _array(patch.ages, np.int64, (n,), "ages"), _array(patch.freq, np.int64, (n,), "freq")
+        ages, freq = (
+            checked_array(patch.ages, np.int64, (n,), "ages"),
+            checked_array(patch.freq, np.int64, (n,), "freq"),
+        )
         removed, cand_ids = _ids(patch.removed, "removed"), _ids(patch.cand_ids, "cand_ids")
-        counts = _array(patch.cand_counts if cand_ids.size else None, np.int64, cand_ids.shape, "cand_counts")
+        counts = checked_array(
+            patch.cand_counts if cand_ids.size else None, np.int64, cand_ids.shape, "cand_counts"
+        )
         slot_init = {**self.slot_init, **copy.slot_init, **patch.slot_init}
         if (set(copy.slots) | set(patch.slots)) - set(slot_init):
             raise InvalidArgumentError("ps/install: a moved slot has no initial value")
@@ -238,9 +245,10 @@ class SlicedRows:
             ids = _ids(part.ids, f"{what} ids")
             if not ids.size:
                 continue
-            rows = _array(part.rows, dtype, (ids.size, dim), f"{what} rows")
+            rows = checked_array(part.rows, dtype, (ids.size, dim), f"{what} rows")
             slots = {
-                k: _array(a, dtype, (ids.size, dim), f"{what} slot {k!r}") for k, a in part.slots.items()
+                k: checked_array(a, dtype, (ids.size, dim), f"{what} slot {k!r}")
+                for k, a in part.slots.items()
             }
             if ids.size == n and np.array_equal(ids, live):  # (nothing changed between the two)
                 puts.append((None, None, rows, slots))

@@ -38,16 +38,19 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
+import msgspec
 import numpy as np
 
-from ...._base.errors import ResourceExhaustedError
+from ...._base.errors import InvalidArgumentError, ResourceExhaustedError
 from ...._formats.numerics.idhash import in_slices
 from ..checkpoints.snapshots import Snapshot
 from ..store import ChangeClock
-from .cold_rows import META, ColdRows
+from .cold_rows import META, ColdRows, copy_field
 from .dynamic_table import EVICT_BATCH, DynamicTable
 from .id_index import IdIndex
+from .moved_records import kept_records, records_of
 from .table_config import TableConfig
+from .table_slices import checked_array
 
 if TYPE_CHECKING:
     from ...._formats.messages.placement_map import SliceSet, TableCopy, TablePatch
@@ -818,7 +821,34 @@ class TieredTable(DynamicTable):
         """As an untiered table's (every check first, nothing changed), but the rows go to
         disk, read back as they are looked up: a lost ps's share of a table may be far more
         than the hot set. ResourceExhaustedError if the budget cannot index them."""
-        super().checked_merge(copy, patch)  # the checks; its way of putting them in is not used
+        dim, dtype = self.config.dim, self.dtype
+        records = records_of(copy, dim, dtype)
+        if copy.records is not None:  # checked with the records' ids as the copy's (their
+            # values, which the checks do not read, stand in as a view of one row)
+            ids = np.empty(records.size, np.int64)
+            copy_field(ids, records, "id")
+            try:
+                hot_ids = np.asarray(copy.ids if copy.ids is not None else [], np.int64).reshape(-1)
+            except (ValueError, TypeError) as exc:
+                raise InvalidArgumentError(
+                    f"ps/install: the ids of table {copy.name!r}'s copy: {exc}"
+                ) from None
+            stand_in = np.broadcast_to(np.zeros(dim, dtype), (hot_ids.size + ids.size, dim))
+            checked = msgspec.structs.replace(
+                copy,
+                ids=np.concatenate([hot_ids, ids]),
+                rows=stand_in,
+                slots={k: stand_in for k in set(copy.slots) | set(copy.record_slots)},
+                slot_init={**{k: 0.0 for k in copy.record_slots}, **copy.slot_init},
+                records=None,
+                record_slots=[],
+            )
+            super().checked_merge(checked, patch)
+            checked_array(copy.rows, dtype, (hot_ids.size, dim), "the copy's rows")
+            for k, values in copy.slots.items():
+                checked_array(values, dtype, (hot_ids.size, dim), f"the copy's slot {k!r}")
+        else:
+            super().checked_merge(copy, patch)  # the checks; its way of putting them in is not used
         live = np.ascontiguousarray(patch.live, np.int64)
         n = live.size
         if not self._cold_fits(n):  # the hot set gives RAM for their index, if it can
@@ -829,7 +859,8 @@ class TieredTable(DynamicTable):
                 f"dynamic table {self.name!r}: {n} more rows on disk would take their index past "
                 f"this ps's budget of {self.budget} bytes (pstrain serve --memory-budget)"
             )
-        dim, dtype = self.config.dim, self.dtype
+        if copy.records is not None:
+            return self._merge_records(copy, patch, records, live)
         slot_init = {**self.slot_init, **copy.slot_init, **patch.slot_init}
         keys = set(self.slots) | set(copy.slots) | set(patch.slots)
         whole = copy.ids is not None and np.array_equal(np.asarray(copy.ids), live)
@@ -881,6 +912,81 @@ class TieredTable(DynamicTable):
 
         return put
 
+    def _merge_records(
+        self, copy: TableCopy, patch: TablePatch, records: np.ndarray, live: np.ndarray
+    ) -> Callable[[], int]:
+        """What puts in a checked copy with records (:meth:`checked_merge`): the records of
+        rows the patch did not change written to disk as they came (their bookkeeping set),
+        the rest (the source's rows in RAM, and those changed) written as a save writes."""
+        dim, dtype = self.config.dim, self.dtype
+        n = live.size
+        where = IdIndex(n, self.kernels)  # live id -> its place in ``live``
+        where.insert(live, np.arange(n, dtype=np.int64))
+        changed = np.ascontiguousarray(patch.ids if patch.ids is not None else [], np.int64)
+        is_changed = np.zeros(n, bool)
+        if changed.size:
+            at = where.get(changed)
+            is_changed[at[at >= 0]] = True
+        ids = np.empty(records.size, np.int64)
+        copy_field(ids, records, "id")
+        pos = where.get(ids)  # -1: removed since the copy, or changed (the patch's is newer)
+        pos[(pos >= 0) & is_changed[pos.clip(0)]] = -1
+        last_seen = self.lookups - np.asarray(patch.ages, np.int64)
+        freq = np.asarray(patch.freq, np.int64)
+        kept = kept_records(records, pos, self.clock.epoch, last_seen, freq)
+        rest = np.ones(n, bool)
+        rest[pos[pos >= 0]] = False
+        rest_at = np.flatnonzero(rest)
+        rest_ids = live[rest_at]
+        slot_init = {**self.slot_init, **copy.slot_init, **patch.slot_init}
+        keys = set(self.slots) | set(copy.slots) | set(patch.slots) | set(copy.record_slots)
+        rows = np.zeros((rest_ids.size, dim), dtype)
+        slots = {k: np.full((rest_ids.size, dim), slot_init[k], dtype) for k in keys}
+        if rest_ids.size:
+            here = IdIndex(rest_ids.size, self.kernels)
+            here.insert(rest_ids, np.arange(rest_ids.size, dtype=np.int64))
+            for part in (copy, patch):  # the patch's rows are the newer
+                part_ids = np.ascontiguousarray(part.ids if part.ids is not None else [], np.int64)
+                if not part_ids.size:
+                    continue
+                at = here.get(part_ids)
+                hit = at >= 0
+                rows[at[hit]] = np.asarray(part.rows, dtype)[hit]
+                for k, values in part.slots.items():
+                    slots[k][at[hit]] = np.asarray(values, dtype)[hit]
+        meta = np.zeros(rest_ids.size, META)
+        meta["epoch"] = self.clock.epoch
+        meta["last_seen"] = last_seen[rest_at]
+        meta["freq"] = freq[rest_at]
+        kept_ids = np.empty(kept.size, np.int64)
+        copy_field(kept_ids, kept, "id")
+        removed = np.ascontiguousarray(patch.removed if patch.removed is not None else [], np.int64)
+        cand_ids = np.ascontiguousarray(patch.cand_ids if patch.cand_ids is not None else [], np.int64)
+        counts = np.asarray(patch.cand_counts if cand_ids.size else [], np.int64)
+        lru = self.config.evict == "lru" or self.config.max_age is not None
+        record_slots = tuple(copy.record_slots)
+
+        def put() -> int:
+            for key in keys:
+                self.slot(key, slot_init[key])
+            places = self.cold.write_records(kept, record_slots)
+            try:
+                self.cold.put(rest_ids, rows, slots, meta, meta["last_seen"] if lru else meta["freq"])
+            except BaseException:
+                self.cold.unwritten(places)
+                raise
+            kept_meta = np.empty(kept.size, META)
+            copy_field(kept_meta, kept, "epoch", "freq")
+            self.cold.add(
+                kept_ids, places, kept_meta["epoch"], kept_meta["last_seen"] if lru else kept_meta["freq"]
+            )
+            if removed.size:
+                self.removed.add(removed)
+            self.merge_sightings(cand_ids, counts)
+            return n
+
+        return put
+
     # -- moves of slices between ps ------------------------------------------------------------------
     def _cold_in(self, moving: SliceSet) -> tuple[np.ndarray, np.ndarray]:
         """The cold slots and ids of the rows on disk in slices ``moving`` (one pass over the
@@ -897,11 +1003,22 @@ class TieredTable(DynamicTable):
         slots, _ = self._cold_in(moving)
         self._copied = None
         if slots.size:
-            # read in the order the records lie (no scatter), each field straight to the
-            # end of the copy's arrays (no concatenation after)
             places = self.cold.places[slots]
             order = np.argsort(places)  # (distinct: any sort gives the one order, the patch's)
             slots, places = slots[order], places[order]
+            shipped = self.cold.records_at(places)
+            if shipped is not None:  # the records as they lie on disk (moved_records.py)
+                records, record_slots = shipped
+                ids = np.empty(records.size, np.int64)
+                copy_field(ids, records, "id")
+                meta = np.empty(records.size, META)
+                copy_field(meta, records, "epoch", "freq")
+                out["records"], out["record_slots"] = records.view(np.uint8), list(record_slots)
+                by_id = np.argsort(ids)
+                self._copied = (moving, ids[by_id], self.cold.gens[slots][by_id], meta[by_id])
+                return out
+            # (records of several layouts) read in the order they lie (no scatter), each
+            # field straight to the end of the copy's arrays (no concatenation after)
             hot = out["ids"].shape[0]
 
             def grown(arr: np.ndarray) -> np.ndarray:
