@@ -821,3 +821,23 @@ def test_a_move_into_a_tiered_shard_takes_the_copy_whole_and_the_patch_over_it(t
     np.testing.assert_array_equal(
         by_id({"ids": own["ids"], "rows": own["rows"]})["rows"], after["rows"][mine]
     )
+
+
+def test_a_moved_record_slot_without_an_initial_value_is_refused_before_anything_changes(tmp_path):
+    from pstrain._formats.messages.placement_map import SliceSet, TableCopy, TablePatch
+
+    table = tiered(tmp_path, TableConfig(dim=4), hot_rows=60)
+    for k in range(4):
+        train(table, np.arange(50 * k, 50 * k + 50, dtype=np.int64), k + 1)
+    moving = SliceSet(slices=4, owned=[0, 1, 2, 3])
+    copy = table.copy_slices(moving)
+    patch = table.patch_slices(moving, table.clock.mark())
+    assert copy["record_slots"] == ["acc"]
+    for receiver in (
+        tiered(tmp_path / "back", TableConfig(dim=4), hot_rows=60),
+        DynamicTable("t", TableConfig(dim=4)),
+    ):
+        bare = TableCopy(**{**copy, "slot_init": {}, "slots": {}})
+        with pytest.raises(InvalidArgumentError, match="slot"):
+            receiver.checked_merge(bare, TablePatch(**{**patch, "slot_init": {}, "slots": {}}))
+        assert len(receiver) == 0

@@ -60,7 +60,9 @@ def as_columns(copy: TableCopy, dim: int, dtype: np.dtype) -> TableCopy:
     rows = np.empty((n, dim), dtype)
     copy_field(rows, records, "row")
     keys = set(copy.slots) | set(copy.record_slots)
-    missing = keys - set(copy.record_slots) - set(copy.slot_init)
+    hot = 0 if copy.ids is None else int(np.size(copy.ids))
+    filled = (keys - set(copy.record_slots)) | ((keys - set(copy.slots)) if hot else set())
+    missing = filled - set(copy.slot_init)  # (a slot some rows carry and others do not)
     if missing:
         raise InvalidArgumentError(
             f"ps/install: table {copy.name!r}: slot(s) {sorted(missing)} have no initial value"
@@ -78,7 +80,7 @@ def as_columns(copy: TableCopy, dim: int, dtype: np.dtype) -> TableCopy:
         hot_slots = {
             k: np.asarray(copy.slots[k], dtype)
             if k in copy.slots
-            else np.full((hot_ids.size, dim), copy.slot_init[k], dtype)
+            else np.full((hot_ids.size, dim), copy.slot_init.get(k, 0.0), dtype)  # (checked above)
             for k in keys
         }
         return msgspec.structs.replace(

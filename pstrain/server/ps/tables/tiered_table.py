@@ -839,7 +839,6 @@ class TieredTable(DynamicTable):
                 ids=np.concatenate([hot_ids, ids]),
                 rows=stand_in,
                 slots={k: stand_in for k in set(copy.slots) | set(copy.record_slots)},
-                slot_init={**{k: 0.0 for k in copy.record_slots}, **copy.slot_init},
                 records=None,
                 record_slots=[],
             )
