@@ -15,6 +15,8 @@ With ``--tiered BUDGET`` the ps keep the table within ``--memory-budget BUDGET``
 disk, ``--rows`` rows in all): the move is timed on those ps, and the plain copy of as many
 bytes (two variables of the moved rows' shape) on a second pair of ps without a budget,
 started beside them and alternated with the moves (variables would count in the budget).
+Each tiered ps's RSS is sampled every 100 ms while they run: ``peak_rss_over_budget`` is the
+largest peak over the RSS a ps had before it held anything, against the budget.
 
     python benchmarks/elastic_tables.py [--repeats 3] [--tiered 64MiB --rows 1048576]
 
@@ -26,12 +28,15 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+import threading
 import time
 
 import numpy as np
 from common import RESULTS, emit, median, raw_tcp_mib_s, save_figure
+from dynamic_tables import rss_mib
 
 import pstrain
+from pstrain._base.checks import byte_size
 from pstrain._formats.messages.operations import TableStatistics
 
 DIM, ROWS, BATCH = 64, 1 << 22, 1 << 16  # 4M rows: 1 GiB of rows and accumulators per ps
@@ -142,6 +147,8 @@ async def run_tiered(repeats: int, rows: int, budget: str) -> None:
             async with strategy.scope():
                 table = pstrain.DynamicEmbedding(DIM, name="items")
                 opt = pstrain.optimizers.Adagrad(0.05)
+            ps_pids = [cluster.pid("ps", k) for k in range(2)]
+            at_start = [rss_mib(p) for p in ps_pids]  # each ps before it holds anything
             t = time.perf_counter()
             await _fill(table, opt, rows)
             fill_s = time.perf_counter() - t
@@ -153,7 +160,21 @@ async def run_tiered(repeats: int, rows: int, budget: str) -> None:
                 src, dst = _copy_variables(copy_strategy, rows_on_0)
             for v in src + dst:
                 await v.read_value()
-            moves, copies = await _alternate(coordinator, table, first, src, dst, repeats)
+            samples: list[list[float]] = []
+            stop = threading.Event()
+
+            def sample() -> None:  # each tiered ps's RSS every 100 ms while the moves run
+                while not stop.wait(0.1):
+                    samples.append([rss_mib(p) for p in ps_pids])
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            try:
+                moves, copies = await _alternate(coordinator, table, first, src, dst, repeats)
+            finally:
+                stop.set()
+                sampler.join()
+            peaks = [max(s[k] for s in samples) for k in range(2)]
             back = await table.channel(0).request(TableStatistics(name=table.key))
             assert int(back["rows"]) == rows_on_0, (back["rows"], rows_on_0)
             nbytes = rows_on_0 * DIM * 4 * 2
@@ -162,6 +183,13 @@ async def run_tiered(repeats: int, rows: int, budget: str) -> None:
                 "budget": budget,
                 "rows_on_disk": int(stats["cold_rows"]),
                 **_figures(rows_on_0, first, moves, nbytes, copies),
+                # each ps's RSS during the moves over what it had before holding anything,
+                # against its budget (the goal: at most 1.15)
+                "peak_rss_over_budget": round(
+                    max(peak - start for peak, start in zip(peaks, at_start)) / (byte_size(budget) / 2**20), 3
+                ),
+                "peak_rss_mib_per_ps": [round(x) for x in peaks],
+                "rss_mib_at_start_per_ps": [round(x) for x in at_start],
             }
             row.update(repeats=repeats, fill_s=round(fill_s, 1))
             emit(row, "elastic_tables")

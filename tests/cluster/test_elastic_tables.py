@@ -5,11 +5,13 @@ request sent by an old map is refused whole and routed again."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import importlib.util
 import os
 import socket
+import threading
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -30,6 +32,7 @@ from pstrain.rpc import Channel
 from pstrain.server import ParameterServer
 from pstrain.server.ps.moves import handlers as moves
 from pstrain.server.ps.store import ChangeClock
+from pstrain.server.ps.tables.cold_rows import ColdRows
 from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
 from pstrain.testing import InProcessCluster, untyped_call
 from tests.helpers import TOKEN, wait_for
@@ -589,8 +592,8 @@ async def _both_stopped(coordinator: Any, table: Any, match: str) -> list[int]:
     return slices
 
 
-async def _train(table: Any, opt: Any, step: int) -> None:
-    ids, grads = _batch(step)
+async def _train(table: Any, opt: Any, step: int, dim: int = DIM) -> None:
+    ids, grads = _batch(step, dim)
     await table.lookup(ids)
     await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
 
@@ -1161,3 +1164,37 @@ async def test_a_pull_the_source_refuses_or_cannot_answer_stages_nothing_and_nam
             await channel.close()
         assert not extra.moves.incoming and not extra.moves.incoming_tables
         assert not cluster.ps[0].moves.outgoing_tables and extra.internal_errors == 0
+
+
+async def test_a_tiered_moves_rows_on_disk_are_read_off_the_serving_loop(tmp_path, monkeypatch):
+    """The source of a move reads the records of its rows on disk on a thread, after the
+    copy's mark: while that read waits, the ps serves lookups and updates (of the moving
+    slices too), and the rows changed meanwhile reach the new ps with the patch."""
+    async with _job(tier=str(tmp_path / "tier")) as (cluster, extra, strategy, coordinator):
+        assert extra is not None
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(TIER_DIM, name="users", initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.SGD(1.0)
+        for step in range(STEPS // 3):
+            await _train(table, opt, step, TIER_DIM)
+        assert cluster.ps[0].tables[table.key].statistics()["cold_rows"] > 0
+        await coordinator.ps.admit_ps(extra.address)
+        reading, release = threading.Event(), threading.Event()
+        real = ColdRows.records_at
+
+        def held(self, places):  # the read waits until the test has been served
+            reading.set()
+            assert release.wait(30)
+            return real(self, places)
+
+        monkeypatch.setattr(ColdRows, "records_at", held)
+        slices = coordinator.ps.table_slices(table).held_by(0)
+        move = asyncio.ensure_future(coordinator.ps.move_slices({table.key: slices}, 0, 2))
+        try:
+            await wait_for(reading.is_set, timeout=30, what="the copy's read of the rows on disk")
+            await _train(table, opt, STEPS // 3, TIER_DIM)  # served while the read waits
+        finally:
+            release.set()
+        await move
+        assert _ids_on(extra, table.key).size and not _ids_on(cluster.ps[0], table.key).size
+        _same_rows(*await table.export(), _expected(STEPS // 3 + 1, TIER_DIM))

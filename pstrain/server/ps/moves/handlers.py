@@ -24,6 +24,7 @@ variables to.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -118,8 +119,10 @@ class Moves:
         """The exactly-once records of variables ``req.names`` here."""
         return RecordsReply(once=self.fencing.records_of(set(req.names)))
 
-    def move_out(self, req: MoveOut) -> Pinned[MoveOutReply]:
-        """Step 1: each variable with its slots, as it is now (pinned), and the clock's mark."""
+    async def move_out(self, req: MoveOut) -> Pinned[MoveOutReply]:
+        """Step 1: each variable with its slots, as it is now (pinned), and the clock's mark;
+        a tiered table's rows on disk are read on a thread, after the mark (their records,
+        which never change, at the places they had then)."""
         if req.stage in self.outgoing or req.stage in self.parked:
             raise InvalidArgumentError(f"ps/move_out: stage {req.stage!r} is already in use")
         records = [self.store.get(k) for k in req.keys]  # all or nothing
@@ -135,8 +138,8 @@ class Moves:
                         name=r.name, value=r.array, trainable=r.trainable, owner=r.owner, slot_of=slot_of
                     )
                 )
-        table_copies = [TableCopy(**table.copy_slices(moving)) for table, moving in tables]
-        mark = self.store.clock.mark()
+        begun = [table.begin_copy(moving) for table, moving in tables]
+        mark = self.store.clock.mark()  # (the copies are of this moment: nothing awaited since)
         self.outgoing[req.stage] = list(req.keys)
         self.outgoing_tables[req.stage] = dict(req.tables)
         self.stages.start("out", req.stage, req.owner, MOVE_TTL_S)
@@ -145,6 +148,28 @@ class Moves:
             for r in releases:
                 r()
 
+        reads = [read for _, read in begun if read is not None]
+
+        def read_all() -> None:  # every one runs (each ends the read it began), the first error raised
+            failed: BaseException | None = None
+            for read in reads:
+                try:
+                    read()
+                except BaseException as exc:
+                    failed = failed or exc
+            if failed is not None:
+                raise failed
+
+        try:
+            if reads:
+                await asyncio.to_thread(read_all)
+        except BaseException:
+            release()
+            self.outgoing.pop(req.stage, None)
+            self.outgoing_tables.pop(req.stage, None)
+            self.stages.ended("out", req.stage)
+            raise
+        table_copies = [TableCopy(**out) for out, _ in begun]
         return Pinned(MoveOutReply(mark=mark, vars=copies, tables=table_copies), release)
 
     async def pull(self, req: PullMove) -> PullReply:

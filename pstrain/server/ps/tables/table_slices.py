@@ -166,6 +166,11 @@ class SlicedRows:
             "slot_init": dict(self.slot_init),
         }
 
+    def begin_copy(self, moving: SliceSet) -> tuple[dict[str, Any], Callable[[], None] | None]:
+        """:meth:`copy_slices`, and what reads the rest of it off the serving loop (a tiered
+        table's rows on disk; here, nothing: None)."""
+        return self.copy_slices(moving), None
+
     def patch_slices(self, moving: SliceSet, mark: int) -> dict[str, Any]:
         """What slices ``moving`` hold now, against their copy taken at ``mark``: every live id
         (with LRU ages and LFU counts), the rows changed since, the sightings."""

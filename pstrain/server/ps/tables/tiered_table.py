@@ -995,48 +995,73 @@ class TieredTable(DynamicTable):
         return slots[keep], ids[keep]
 
     def copy_slices(self, moving: SliceSet) -> dict[str, Any]:
-        """An untiered table's copy, and the rows of those slices on disk (read here: a
-        move's copy is taken in one step). What identifies each record read, and its
-        bookkeeping, is kept for the patch (:meth:`patch_slices`)."""
+        """An untiered table's copy, and the rows of those slices on disk (both halves of
+        :meth:`begin_copy` at once)."""
+        out, read = self.begin_copy(moving)
+        if read is not None:
+            read()
+        return out
+
+    def begin_copy(self, moving: SliceSet) -> tuple[dict[str, Any], Callable[[], None] | None]:
+        """A move's copy in two halves: this one, on the serving loop, copies the rows in
+        RAM and takes the places of those on disk (the copy is of this moment: the caller
+        marks the change clock now); the one returned, which may run on a thread, reads
+        those records into the copy (records never change, and no segment goes until it
+        ends: begin_read). What identifies each record read, and its bookkeeping, is kept
+        for the patch (:meth:`patch_slices`)."""
         out = super().copy_slices(moving)
         slots, _ = self._cold_in(moving)
         self._copied = None
-        if slots.size:
-            places = self.cold.places[slots]
-            order = np.argsort(places)  # (distinct: any sort gives the one order, the patch's)
-            slots, places = slots[order], places[order]
-            shipped = self.cold.records_at(places)
-            if shipped is not None:  # the records as they lie on disk (moved_records.py)
-                records, record_slots = shipped
-                ids = np.empty(records.size, np.int64)
-                copy_field(ids, records, "id")
-                meta = np.empty(records.size, META)
-                copy_field(meta, records, "epoch", "freq")
-                out["records"], out["record_slots"] = records.view(np.uint8), list(record_slots)
-                by_id = np.argsort(ids)
-                self._copied = (moving, ids[by_id], self.cold.gens[slots][by_id], meta[by_id])
-                return out
-            # (records of several layouts) read in the order they lie (no scatter), each
-            # field straight to the end of the copy's arrays (no concatenation after)
-            hot = out["ids"].shape[0]
+        if not slots.size:
+            return out, None
+        places = self.cold.places[slots]
+        order = np.argsort(places)  # (distinct: any sort gives the one order, the patch's)
+        places, gens = places[order], self.cold.gens[slots[order]]
+        self.cold.begin_read()
 
-            def grown(arr: np.ndarray) -> np.ndarray:
-                whole = np.empty((hot + slots.size, *arr.shape[1:]), arr.dtype)
-                whole[:hot] = arr
-                return whole
+        def read() -> None:
+            try:
+                self._copied = (moving, *self._read_copy(out, places, gens))
+            finally:
+                self.cold.end_read()
 
-            ids, rows = grown(out["ids"]), grown(out["rows"])
-            slot_arrays = {k: grown(v) for k, v in out["slots"].items()}
-            tails = {
-                "ids": ids[hot:],
-                "rows": rows[hot:],
-                **{f"slot:{k}": v[hot:] for k, v in slot_arrays.items()},
-            }
-            got = self.cold.fill_many(places, [*tails, "meta"], dict(self.slot_init), tails)
-            out["ids"], out["rows"], out["slots"] = ids, rows, slot_arrays
-            by_id = np.argsort(ids[hot:])
-            self._copied = (moving, ids[hot:][by_id], self.cold.gens[slots][by_id], got["meta"][by_id])
-        return out
+        return out, read
+
+    def _read_copy(
+        self, out: dict[str, Any], places: np.ndarray, gens: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The records at ``places`` into the copy ``out``; returns their ids, write numbers
+        (``gens``) and bookkeeping, by id."""
+        shipped = self.cold.records_at(places)
+        if shipped is not None:  # the records as they lie on disk (moved_records.py)
+            records, record_slots = shipped
+            ids = np.empty(records.size, np.int64)
+            copy_field(ids, records, "id")
+            meta = np.empty(records.size, META)
+            copy_field(meta, records, "epoch", "freq")
+            out["records"], out["record_slots"] = records.view(np.uint8), list(record_slots)
+            by_id = np.argsort(ids)
+            return ids[by_id], gens[by_id], meta[by_id]
+        # (records of several layouts) read in the order they lie (no scatter), each field
+        # straight to the end of the copy's arrays (no concatenation after)
+        hot = out["ids"].shape[0]
+
+        def grown(arr: np.ndarray) -> np.ndarray:
+            whole = np.empty((hot + places.size, *arr.shape[1:]), arr.dtype)
+            whole[:hot] = arr
+            return whole
+
+        ids, rows = grown(out["ids"]), grown(out["rows"])
+        slot_arrays = {k: grown(v) for k, v in out["slots"].items()}
+        tails = {
+            "ids": ids[hot:],
+            "rows": rows[hot:],
+            **{f"slot:{k}": v[hot:] for k, v in slot_arrays.items()},
+        }
+        got = self.cold.fill_many(places, [*tails, "meta"], dict(self.slot_init), tails)
+        out["ids"], out["rows"], out["slots"] = ids, rows, slot_arrays
+        by_id = np.argsort(ids[hot:])
+        return ids[hot:][by_id], gens[by_id], got["meta"][by_id]
 
     def patch_slices(self, moving: SliceSet, mark: int) -> dict[str, Any]:
         """An untiered table's patch, with the rows on disk: every id (its age and count
