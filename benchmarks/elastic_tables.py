@@ -186,7 +186,9 @@ async def run_tiered(repeats: int, rows: int, budget: str) -> None:
                 # each ps's RSS during the moves over what it had before holding anything,
                 # against its budget (the goal: at most 1.15)
                 "peak_rss_over_budget": round(
-                    max(peak - start for peak, start in zip(peaks, at_start)) / (byte_size(budget) / 2**20), 3
+                    max(peak - start for peak, start in zip(peaks, at_start))
+                    / (byte_size(budget, "--tiered") / 2**20),
+                    3,
                 ),
                 "peak_rss_mib_per_ps": [round(x) for x in peaks],
                 "rss_mib_at_start_per_ps": [round(x) for x in at_start],
