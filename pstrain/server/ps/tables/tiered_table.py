@@ -22,9 +22,9 @@ share again. Past the budget a lookup that would admit rows is refused whole wit
 be in RAM at once. Saves and deltas write the rows of both tiers into the same files as
 an untiered table's (the disk part streamed from its segments), so restores,
 ``load_variables`` and the serving feed read them as they read any table. Slices moving
-to another ps (a join, a drain) take their rows on disk with them (read when the move's
-copy and patch are taken); rows merged into a tiered shard (a move's, or a lost ps's in
-its replacement) go to its disk.
+to another ps (a join, a drain) take their rows on disk with them, and rows merged into a
+tiered shard (a move's, or a lost ps's in its replacement) go to its disk
+(``tiered_slices.py``).
 """
 
 from __future__ import annotations
@@ -38,22 +38,19 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
-import msgspec
 import numpy as np
 
-from ...._base.errors import InvalidArgumentError, ResourceExhaustedError
-from ...._formats.numerics.idhash import in_slices
+from ...._base.errors import ResourceExhaustedError
 from ..checkpoints.snapshots import Snapshot
 from ..store import ChangeClock
-from .cold_rows import META, ColdRows, copy_field
+from .cold_rows import META, ColdRows
 from .dynamic_table import EVICT_BATCH, DynamicTable
 from .id_index import IdIndex
-from .moved_records import kept_records, records_of
 from .table_config import TableConfig
-from .table_slices import checked_array
+from .tiered_slices import TieredSlices
 
 if TYPE_CHECKING:
-    from ...._formats.messages.placement_map import SliceSet, TableCopy, TablePatch
+    from ...._formats.messages.placement_map import SliceSet
 
 __all__ = ["HOT_SHARE", "Tiering", "TieredTable"]
 
@@ -103,15 +100,6 @@ def _largest(lo: int, hi: int, fits: Callable[[int], bool]) -> int | None:
         else:
             hi = mid - 1
     return lo
-
-
-def _owned(arr: Any, dtype: np.dtype) -> np.ndarray:
-    """``arr`` as a C-contiguous array of ``dtype`` this table may write: itself if it is
-    one (a message's array, decoded into a buffer of its own), else a copy."""
-    out = np.asarray(arr)
-    if out.dtype == dtype and out.flags.c_contiguous and out.flags.writeable:
-        return out
-    return np.array(out, dtype, order="C")
 
 
 @dataclass
@@ -221,7 +209,7 @@ class _Tiered:
         return out
 
 
-class TieredTable(DynamicTable):
+class TieredTable(TieredSlices, DynamicTable):
     """A dynamic table's shard with its hot set in RAM and the rest on disk; see the
     module docstring. ``budget``: the ps's ``--memory-budget``; ``held``: what the ps holds
     in RAM now (its variables, every table's arrays and indexes), in bytes; ``cold_index``:
@@ -815,288 +803,3 @@ class TieredTable(DynamicTable):
         if len(self.cold):
             held |= self.cold.find(ids) >= 0
         return held
-
-    # -- a lost ps's rows, put in (a replacement) ---------------------------------------------------
-    def checked_merge(self, copy: TableCopy, patch: TablePatch) -> Callable[[], int]:
-        """As an untiered table's (every check first, nothing changed), but the rows go to
-        disk, read back as they are looked up: a lost ps's share of a table may be far more
-        than the hot set. ResourceExhaustedError if the budget cannot index them."""
-        dim, dtype = self.config.dim, self.dtype
-        records = records_of(copy, dim, dtype)
-        if copy.records is not None:  # checked with the records' ids as the copy's (their
-            # values, which the checks do not read, stand in as a view of one row)
-            ids = np.empty(records.size, np.int64)
-            copy_field(ids, records, "id")
-            try:
-                hot_ids = np.asarray(copy.ids if copy.ids is not None else [], np.int64).reshape(-1)
-            except (ValueError, TypeError) as exc:
-                raise InvalidArgumentError(
-                    f"ps/install: the ids of table {copy.name!r}'s copy: {exc}"
-                ) from None
-            stand_in = np.broadcast_to(np.zeros(dim, dtype), (hot_ids.size + ids.size, dim))
-            checked = msgspec.structs.replace(
-                copy,
-                ids=np.concatenate([hot_ids, ids]),
-                rows=stand_in,
-                slots={k: stand_in for k in set(copy.slots) | set(copy.record_slots)},
-                records=None,
-                record_slots=[],
-            )
-            super().checked_merge(checked, patch)
-            checked_array(copy.rows, dtype, (hot_ids.size, dim), "the copy's rows")
-            for k, values in copy.slots.items():
-                checked_array(values, dtype, (hot_ids.size, dim), f"the copy's slot {k!r}")
-        else:
-            super().checked_merge(copy, patch)  # the checks; its way of putting them in is not used
-        live = np.ascontiguousarray(patch.live, np.int64)
-        n = live.size
-        if not self._cold_fits(n):  # the hot set gives RAM for their index, if it can
-            self.shrink_for_cold(n, in_ram=0)
-        if not self._cold_fits(n):
-            self.refused += 1
-            raise ResourceExhaustedError(
-                f"dynamic table {self.name!r}: {n} more rows on disk would take their index past "
-                f"this ps's budget of {self.budget} bytes (pstrain serve --memory-budget)"
-            )
-        if copy.records is not None:
-            return self._merge_records(copy, patch, records, live)
-        slot_init = {**self.slot_init, **copy.slot_init, **patch.slot_init}
-        keys = set(self.slots) | set(copy.slots) | set(patch.slots)
-        whole = copy.ids is not None and np.array_equal(np.asarray(copy.ids), live)
-        if whole:  # the copy lists the rows as the patch does (the usual case): its arrays
-            # are taken as they are (the patch's rows written over them), not copied
-            rows = _owned(copy.rows, dtype)
-            slots = {
-                k: _owned(copy.slots[k], dtype) if k in copy.slots else np.full((n, dim), slot_init[k], dtype)
-                for k in keys
-            }
-        else:
-            rows = np.zeros((n, dim), dtype)
-            slots = {k: np.full((n, dim), slot_init[k], dtype) for k in keys}
-        where: IdIndex | None = None  # live id -> its place in ``live`` (made if needed)
-        for part in (patch,) if whole else (copy, patch):  # the patch's rows are the newer
-            ids = np.ascontiguousarray(part.ids if part.ids is not None else [], np.int64)
-            if not ids.size:
-                continue
-            if ids.size == n and np.array_equal(ids, live):  # (no row changed since the copy)
-                rows[:] = np.asarray(part.rows, dtype)
-                for k, values in part.slots.items():
-                    slots[k][:] = np.asarray(values, dtype)
-                continue
-            if where is None:
-                where = IdIndex(n, self.kernels)
-                where.insert(live, np.arange(n, dtype=np.int64))
-            at = where.get(ids)
-            hit = at >= 0
-            rows[at[hit]] = np.asarray(part.rows, dtype)[hit]
-            for k, values in part.slots.items():
-                slots[k][at[hit]] = np.asarray(values, dtype)[hit]
-        meta = np.zeros(n, META)
-        meta["epoch"] = self.clock.epoch  # in the next delta, as an untiered table's merge
-        meta["last_seen"] = self.lookups - np.asarray(patch.ages, np.int64)
-        meta["freq"] = np.asarray(patch.freq, np.int64)
-        removed = np.ascontiguousarray(patch.removed if patch.removed is not None else [], np.int64)
-        cand_ids = np.ascontiguousarray(patch.cand_ids if patch.cand_ids is not None else [], np.int64)
-        counts = np.asarray(patch.cand_counts if cand_ids.size else [], np.int64)
-        lru = self.config.evict == "lru" or self.config.max_age is not None
-
-        def put() -> int:
-            for key in keys:
-                self.slot(key, slot_init[key])
-            self.cold.put(live, rows, slots, meta, meta["last_seen"] if lru else meta["freq"])
-            if removed.size:
-                self.removed.add(removed)
-            self.merge_sightings(cand_ids, counts)
-            return n
-
-        return put
-
-    def _merge_records(
-        self, copy: TableCopy, patch: TablePatch, records: np.ndarray, live: np.ndarray
-    ) -> Callable[[], int]:
-        """What puts in a checked copy with records (:meth:`checked_merge`): the records of
-        rows the patch did not change written to disk as they came (their bookkeeping set),
-        the rest (the source's rows in RAM, and those changed) written as a save writes."""
-        dim, dtype = self.config.dim, self.dtype
-        n = live.size
-        where = IdIndex(n, self.kernels)  # live id -> its place in ``live``
-        where.insert(live, np.arange(n, dtype=np.int64))
-        changed = np.ascontiguousarray(patch.ids if patch.ids is not None else [], np.int64)
-        is_changed = np.zeros(n, bool)
-        if changed.size:
-            at = where.get(changed)
-            is_changed[at[at >= 0]] = True
-        ids = np.empty(records.size, np.int64)
-        copy_field(ids, records, "id")
-        pos = where.get(ids)  # -1: removed since the copy, or changed (the patch's is newer)
-        pos[(pos >= 0) & is_changed[pos.clip(0)]] = -1
-        last_seen = self.lookups - np.asarray(patch.ages, np.int64)
-        freq = np.asarray(patch.freq, np.int64)
-        kept = kept_records(records, pos, self.clock.epoch, last_seen, freq)
-        rest = np.ones(n, bool)
-        rest[pos[pos >= 0]] = False
-        rest_at = np.flatnonzero(rest)
-        rest_ids = live[rest_at]
-        slot_init = {**self.slot_init, **copy.slot_init, **patch.slot_init}
-        keys = set(self.slots) | set(copy.slots) | set(patch.slots) | set(copy.record_slots)
-        rows = np.zeros((rest_ids.size, dim), dtype)
-        slots = {k: np.full((rest_ids.size, dim), slot_init[k], dtype) for k in keys}
-        if rest_ids.size:
-            here = IdIndex(rest_ids.size, self.kernels)
-            here.insert(rest_ids, np.arange(rest_ids.size, dtype=np.int64))
-            for part in (copy, patch):  # the patch's rows are the newer
-                part_ids = np.ascontiguousarray(part.ids if part.ids is not None else [], np.int64)
-                if not part_ids.size:
-                    continue
-                at = here.get(part_ids)
-                hit = at >= 0
-                rows[at[hit]] = np.asarray(part.rows, dtype)[hit]
-                for k, values in part.slots.items():
-                    slots[k][at[hit]] = np.asarray(values, dtype)[hit]
-        meta = np.zeros(rest_ids.size, META)
-        meta["epoch"] = self.clock.epoch
-        meta["last_seen"] = last_seen[rest_at]
-        meta["freq"] = freq[rest_at]
-        kept_ids = np.empty(kept.size, np.int64)
-        copy_field(kept_ids, kept, "id")
-        removed = np.ascontiguousarray(patch.removed if patch.removed is not None else [], np.int64)
-        cand_ids = np.ascontiguousarray(patch.cand_ids if patch.cand_ids is not None else [], np.int64)
-        counts = np.asarray(patch.cand_counts if cand_ids.size else [], np.int64)
-        lru = self.config.evict == "lru" or self.config.max_age is not None
-        record_slots = tuple(copy.record_slots)
-
-        def put() -> int:
-            for key in keys:
-                self.slot(key, slot_init[key])
-            places = self.cold.write_records(kept, record_slots)
-            try:
-                self.cold.put(rest_ids, rows, slots, meta, meta["last_seen"] if lru else meta["freq"])
-            except BaseException:
-                self.cold.unwritten(places)
-                raise
-            kept_meta = np.empty(kept.size, META)
-            copy_field(kept_meta, kept, "epoch", "freq")
-            self.cold.add(
-                kept_ids, places, kept_meta["epoch"], kept_meta["last_seen"] if lru else kept_meta["freq"]
-            )
-            if removed.size:
-                self.removed.add(removed)
-            self.merge_sightings(cand_ids, counts)
-            return n
-
-        return put
-
-    # -- moves of slices between ps ------------------------------------------------------------------
-    def _cold_in(self, moving: SliceSet) -> tuple[np.ndarray, np.ndarray]:
-        """The cold slots and ids of the rows on disk in slices ``moving`` (one pass over the
-        index of the rows on disk)."""
-        ids, slots = self.cold.index.items()
-        keep = in_slices(ids, moving.slices, moving.owned)
-        return slots[keep], ids[keep]
-
-    def copy_slices(self, moving: SliceSet) -> dict[str, Any]:
-        """An untiered table's copy, and the rows of those slices on disk (both halves of
-        :meth:`begin_copy` at once)."""
-        out, read = self.begin_copy(moving)
-        if read is not None:
-            read()
-        return out
-
-    def begin_copy(self, moving: SliceSet) -> tuple[dict[str, Any], Callable[[], None] | None]:
-        """A move's copy in two halves: this one, on the serving loop, copies the rows in
-        RAM and takes the places of those on disk (the copy is of this moment: the caller
-        marks the change clock now); the one returned, which may run on a thread, reads
-        those records into the copy (records never change, and no segment goes until it
-        ends: begin_read). What identifies each record read, and its bookkeeping, is kept
-        for the patch (:meth:`patch_slices`)."""
-        out = super().copy_slices(moving)
-        slots, _ = self._cold_in(moving)
-        self._copied = None
-        if not slots.size:
-            return out, None
-        places = self.cold.places[slots]
-        order = np.argsort(places)  # (distinct: any sort gives the one order, the patch's)
-        places, gens = places[order], self.cold.gens[slots[order]]
-        self.cold.begin_read()
-
-        def read() -> None:
-            try:
-                self._copied = (moving, *self._read_copy(out, places, gens))
-            finally:
-                self.cold.end_read()
-
-        return out, read
-
-    def _read_copy(
-        self, out: dict[str, Any], places: np.ndarray, gens: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The records at ``places`` into the copy ``out``; returns their ids, write numbers
-        (``gens``) and bookkeeping, by id."""
-        shipped = self.cold.records_at(places)
-        if shipped is not None:  # the records as they lie on disk (moved_records.py)
-            records, record_slots = shipped
-            ids = np.empty(records.size, np.int64)
-            copy_field(ids, records, "id")
-            meta = np.empty(records.size, META)
-            copy_field(meta, records, "epoch", "freq")
-            out["records"], out["record_slots"] = records.view(np.uint8), list(record_slots)
-            by_id = np.argsort(ids)
-            return ids[by_id], gens[by_id], meta[by_id]
-        # (records of several layouts) read in the order they lie (no scatter), each field
-        # straight to the end of the copy's arrays (no concatenation after)
-        hot = out["ids"].shape[0]
-
-        def grown(arr: np.ndarray) -> np.ndarray:
-            whole = np.empty((hot + places.size, *arr.shape[1:]), arr.dtype)
-            whole[:hot] = arr
-            return whole
-
-        ids, rows = grown(out["ids"]), grown(out["rows"])
-        slot_arrays = {k: grown(v) for k, v in out["slots"].items()}
-        tails = {
-            "ids": ids[hot:],
-            "rows": rows[hot:],
-            **{f"slot:{k}": v[hot:] for k, v in slot_arrays.items()},
-        }
-        got = self.cold.fill_many(places, [*tails, "meta"], dict(self.slot_init), tails)
-        out["ids"], out["rows"], out["slots"] = ids, rows, slot_arrays
-        by_id = np.argsort(ids[hot:])
-        return ids[hot:][by_id], gens[by_id], got["meta"][by_id]
-
-    def patch_slices(self, moving: SliceSet, mark: int) -> dict[str, Any]:
-        """An untiered table's patch, with the rows on disk: every id (its age and count
-        from its record), and those changed since ``mark``. A row on disk still in the
-        record the copy read (same id, same write: records never change) has not changed
-        since: its bookkeeping comes from the copy's read, and only the rows written to disk
-        since are read again."""
-        out = super().patch_slices(moving, mark)
-        slots, ids = self._cold_in(moving)
-        copied, self._copied = self._copied, None
-        if not slots.size:
-            return out
-        order = np.argsort(self.cold.places[slots])  # as the copy lists them:
-        slots, ids = slots[order], ids[order]  # unchanged since, the receiver takes it whole
-        meta = np.empty(slots.size, META)
-        known = np.zeros(slots.size, bool)
-        if copied is not None and copied[0] == moving and copied[1].size:
-            c_ids, c_gens, c_meta = copied[1], copied[2], copied[3]
-            at = np.searchsorted(c_ids, ids).clip(0, c_ids.size - 1)
-            known = (c_ids[at] == ids) & (c_gens[at] == self.cold.gens[slots])
-            meta[known] = c_meta[at[known]]
-        fresh = ~known
-        cold = self.cold.read(self.cold.places[slots[fresh]], dict(self.slot_init))
-        meta[fresh] = cold["meta"]
-        out["live"] = np.concatenate([out["live"], ids])
-        out["ages"] = np.concatenate([out["ages"], self.lookups - meta["last_seen"]])
-        out["freq"] = np.concatenate([out["freq"], meta["freq"]])
-        changed = cold["meta"]["epoch"] > mark
-        out["ids"] = np.concatenate([out["ids"], cold["ids"][changed]])
-        out["rows"] = np.concatenate([out["rows"], cold["rows"][changed]])
-        out["slots"] = {k: np.concatenate([v, cold[f"slot:{k}"][changed]]) for k, v in out["slots"].items()}
-        return out
-
-    def drop_slices(self, moving: SliceSet) -> int:
-        dropped = super().drop_slices(moving)
-        _, ids = self._cold_in(moving)
-        self.cold.remove(ids)
-        return dropped + int(ids.size)
