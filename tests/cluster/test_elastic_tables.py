@@ -1160,6 +1160,12 @@ async def test_a_pull_the_source_refuses_or_cannot_answer_stages_nothing_and_nam
                             "owner": strategy.placement.owner,
                         },
                     )
+            with pytest.raises(InvalidArgumentError, match="is ps 2: nothing to pull"):
+                await untyped_call(
+                    channel,
+                    "ps/move_pull",
+                    {"stage": "p3", "source_index": 2, "source_address": extra.address, "keys": []},
+                )
         finally:
             await channel.close()
         assert not extra.moves.incoming and not extra.moves.incoming_tables

@@ -32,6 +32,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from ...._base.cluster import task_name
 from ...._base.errors import FailedPreconditionError, InvalidArgumentError, PstrainError, restated
 from ...._formats.messages.placement_map import (
     EndMove,
@@ -178,6 +179,10 @@ class Moves:
         :meth:`install` stages them. The source's refusal is this request's, saying so."""
         if req.stage in self.incoming:
             raise InvalidArgumentError(f"ps/move_pull: stage {req.stage!r} is already in use")
+        if task_name("ps", req.source_index) == self.store.task:
+            raise InvalidArgumentError(
+                f"ps/move_pull: {self.store.task} is ps {req.source_index}: nothing to pull"
+            )
         try:
             channel = self.connect(req.source_address, req.source_index)
         except PstrainError as exc:
