@@ -215,3 +215,66 @@ async def test_a_table_filled_past_what_half_the_budget_indexes_takes_ram_from_i
         want_ids, want_rows = await table.export()
     np.testing.assert_array_equal(got_ids, want_ids)
     np.testing.assert_array_equal(got_rows, want_rows)
+
+
+async def test_a_tiered_restore_of_a_base_and_deltas_reads_the_base_as_it_writes_it(tmp_path):
+    """A tiered shard restored from a base and deltas (rows put, evicted, put again, and the
+    base's own) holds every row, slot and id as the table did, read a piece at a time from
+    the base (its rows never whole in RAM); a base damaged where its rows lie is refused
+    whole, and the table restored before stays as it was."""
+    async with _tiered(tmp_path) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="emb", capacity=9_000, eviction="lru")
+            opt = pstrain.optimizers.Adagrad(0.1)
+        batches = _batches()
+
+        async def train(some):
+            await train_with(table, opt, some)
+
+        manager = pstrain.CheckpointManager(
+            pstrain.Checkpoint(model={"emb": table}, optimizer=opt), str(tmp_path / "chain"), max_to_keep=None
+        )
+        await train(batches[:10])
+        await manager.save()
+        last = ""
+        for k in range(10, len(batches), 4):  # evictions past the capacity: removed ids in deltas
+            await train(batches[k : k + 4])
+            last = await manager.save_delta()
+        await manager.close()
+        want_ids, want_rows = await table.export()
+        assert (await table.statistics())["evicted"] > 0
+        with strategy.scope():
+            fresh = pstrain.DynamicEmbedding(DIM, name="emb", capacity=9_000, eviction="lru")
+            opt2 = pstrain.optimizers.Adagrad(0.1)
+        await pstrain.Checkpoint(model={"emb": fresh}, optimizer=opt2).restore(last)
+        got_ids, got_rows = await fresh.export()
+        np.testing.assert_array_equal(got_ids, want_ids)
+        np.testing.assert_array_equal(got_rows, want_rows)
+        assert (await fresh.statistics())["cold_rows"] > 0
+        # steps after the restore update rows and accumulators alike: the slots came back too
+        await train_with(fresh, opt2, batches[-2:])
+        with strategy.scope():
+            again = pstrain.DynamicEmbedding(DIM, name="emb", capacity=9_000, eviction="lru")
+            opt3 = pstrain.optimizers.Adagrad(0.1)
+        await pstrain.Checkpoint(model={"emb": again}, optimizer=opt3).restore(last)
+        await train_with(again, opt3, batches[-2:])
+        np.testing.assert_array_equal((await again.export())[1], (await fresh.export())[1])
+        # a base damaged where its rows lie: refused whole, the restored table as it was
+        base = max(
+            (p for p in (tmp_path / "chain").rglob("*") if p.is_file() and p.stat().st_size > 1 << 16),
+            key=lambda p: p.stat().st_size,
+        )
+        data = bytearray(base.read_bytes())
+        data[-100] ^= 0xFF
+        base.write_bytes(bytes(data))
+        with pytest.raises(pstrain.errors.InvalidArgumentError, match="checksum|damaged|digest"):
+            await pstrain.Checkpoint(model={"emb": again}, optimizer=opt3).restore(last)
+        np.testing.assert_array_equal((await again.export())[1], (await fresh.export())[1])
+
+
+async def train_with(table, opt, some) -> None:
+    for ids in some:
+        rows = await table.lookup(ids)
+        grad = np.tanh(rows + np.sin(ids)[:, None]).astype(np.float32)
+        await opt.apply_gradients([(pstrain.IndexedSlices(grad, ids), table)])

@@ -22,7 +22,10 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import re
-from typing import Annotated, Any, BinaryIO
+import threading
+from collections.abc import Iterator
+from queue import Empty, Full, Queue
+from typing import Annotated, Any, BinaryIO, NamedTuple, TypeVar
 
 import msgspec
 import numpy as np
@@ -36,10 +39,13 @@ from .tensor_files import TensorFile, write_atomically
 __all__ = [
     "DELTA_FORMAT",
     "INDEX",
+    "TablePlan",
     "TableState",
     "delta_prefix",
     "read_delta_index",
     "read_table_changes",
+    "read_ahead",
+    "read_table_plan",
     "read_table_state",
     "split_delta",
     "write_delta_index",
@@ -147,6 +153,8 @@ def read_delta_index(prefix: str) -> dict[str, Any]:
 #: A table's rows: ids, rows, slots by key, the slots' initial values.
 TableState = tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], dict[str, float]]
 
+
+T = TypeVar("T")
 
 #: Threads a restore reads the files of a base and its deltas with.
 READ_THREADS = 2
@@ -386,3 +394,188 @@ def _joined(parts: list[np.ndarray], empty: np.ndarray) -> np.ndarray:
     if len(full) == 1:
         return full[0]
     return np.concatenate(full) if full else empty
+
+
+# -- a restore that streams the base ------------------------------------------------------------
+class _BaseFile(NamedTuple):
+    """A file of a full save with rows of the shard to restore: which of its rows are kept
+    (the shard's, live, and put or removed by no delta), their ids, and its slots."""
+
+    path: str
+    keep: np.ndarray
+    ids: np.ndarray
+    slots: tuple[str, ...]
+
+
+class TablePlan:
+    """A saved table's rows for one shard, planned before its base's rows are read: the
+    base's rows no delta changed, to be read a piece at a time (:meth:`pieces`), and the
+    deltas composed among themselves (in RAM: a delta holds what changed). What
+    :func:`read_table_state` composes whole, as pieces a tiered table writes as they come."""
+
+    def __init__(
+        self,
+        base: list[_BaseFile],
+        overlay: TableState,
+        slot_init: dict[str, float],
+        dim: int,
+        dtype: np.dtype,
+    ) -> None:
+        self.base = base
+        self.overlay = overlay
+        self.slot_init = slot_init
+        self.dim = dim
+        self.dtype = np.dtype(dtype)
+        self.slots = sorted(set(overlay[2]).union(*(f.slots for f in base)))
+        self.rows = int(sum(f.ids.size for f in base) + overlay[0].size)
+
+    def pieces(
+        self, piece_bytes: int = 16 << 20
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
+        """``(ids, rows, slots)`` of every row, the base's kept rows first, about
+        ``piece_bytes`` of each tensor at a time (each checked against its checksums as it
+        is read; a slot a file lacks: its initial value), then the deltas'."""
+        piece_rows = max(1, piece_bytes // (self.dim * self.dtype.itemsize))
+        for part in self.base:
+            try:
+                with TensorFile(part.path) as f:
+                    streams = [f.iter_rows("rows", part.keep, self.dtype, piece_rows)]
+                    streams += [
+                        f.iter_rows(f"slot:{k}", part.keep, self.dtype, piece_rows) for k in part.slots
+                    ]
+                    done = 0
+                    for got in zip(*streams, strict=True):
+                        n = got[0].shape[0]
+                        ids = part.ids[done : done + n]
+                        done += n
+                        slots = dict(zip(part.slots, got[1:], strict=True))
+                        for k in self.slots:
+                            if k not in slots:
+                                slots[k] = np.full((n, self.dim), self.slot_init[k], self.dtype)
+                        yield ids, got[0], slots
+            except OSError as exc:
+                raise InvalidArgumentError(f"dyn/restore: cannot read {part.path}: {exc}") from exc
+        ids, rows, slots, _ = self.overlay
+        if ids.size:
+            yield (
+                ids,
+                rows,
+                {
+                    k: slots[k]
+                    if k in slots
+                    else np.full((ids.size, self.dim), self.slot_init[k], self.dtype)
+                    for k in self.slots
+                },
+            )
+
+
+def read_table_plan(
+    base_files: list[str],
+    deltas: list[list[tuple[str, str]]],
+    shard: Shard,
+    num_shards: int,
+    dim: int,
+    dtype: np.dtype,
+) -> TablePlan:
+    """As :func:`read_table_state`, but the base's rows are not read: the deltas are read and
+    composed, the base's ids read and checked, and what stays of the base is planned (see
+    :class:`TablePlan`). Every check of the whole read is made here, before a row goes
+    anywhere, but for the base's rows' checksums, checked as :meth:`TablePlan.pieces` reads
+    them."""
+    read_deltas = [_read_table_files(delta, shard, num_shards, dim, dtype) for delta in deltas]
+    slot_init: dict[str, float] = {}
+    removals = [np.empty(0, np.int64)]
+    puts: list[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]] = [
+        (np.empty(0, np.int64), np.empty((0, dim), dtype), {})
+    ]
+    for d_ids, d_rows, d_slots, d_init, removed in read_deltas:
+        slot_init.update(d_init)
+        puts.append((d_ids, d_rows, d_slots))
+        removals.append(removed)
+    touched = KERNELS.unique_first(np.concatenate([p[0] for p in puts] + removals))[0]
+    base: list[_BaseFile] = []
+    for path in base_files:
+        try:
+            with TensorFile(path) as f:
+                keys = set(f.tensors)
+                if not {"ids", "rows"} <= keys:
+                    raise InvalidArgumentError(
+                        f"dyn/restore: {path} is not a saved dynamic table (no ids and rows)"
+                    )
+                ids = f.read("ids")
+                if ids.dtype != np.int64 or ids.ndim != 1:
+                    raise InvalidArgumentError(f"dyn/restore: ids in {path} are not 1-D int64")
+                keep = in_slices(ids, num_shards, shard)
+                if "live" in keys:
+                    live = f.read("live")
+                    if live.dtype != np.bool_ or live.shape != ids.shape:
+                        raise InvalidArgumentError(
+                            f"dyn/restore: live in {path} is {live.dtype} {live.shape}"
+                        )
+                    keep &= live
+                for key in sorted(keys):
+                    if key.startswith("init:"):
+                        slot_init[key[5:]] = float(f.read(key).reshape(-1)[0])
+                if not keep.any():  # none of the shard's: its rows are not read
+                    continue
+                keep &= ~_member(ids, touched)
+                slots = tuple(sorted(k[5:] for k in keys if k.startswith("slot:")))
+                for key in ("rows", *(f"slot:{k}" for k in slots)):
+                    shape = f.tensors[key].shape
+                    if shape != (ids.size, dim):
+                        raise InvalidArgumentError(
+                            f"dyn/restore: {key} in {path} is {shape}, expected ({ids.size}, {dim})"
+                        )
+                base.append(_BaseFile(path, keep, ids[keep], slots))
+        except OSError as exc:
+            raise InvalidArgumentError(f"dyn/restore: cannot read {path}: {exc}") from exc
+    overlay = _compose(puts, removals, slot_init, dim, dtype)
+    every = np.concatenate([f.ids for f in base] + [overlay[0]])
+    if KERNELS.unique_first(every)[0].size != every.size:
+        raise InvalidArgumentError("dyn/restore: an id appears twice in the saved shards")
+    plan = TablePlan(base, overlay, slot_init, dim, dtype)
+    if set(plan.slots) - set(slot_init):
+        raise InvalidArgumentError("dyn/restore: a slot's initial value was not saved")
+    return plan
+
+
+def read_ahead(items: Iterator[T], depth: int = 2) -> Iterator[T]:
+    """``items``, produced on a thread of their own up to ``depth`` ahead of the reader (a
+    restore reads the next piece of its base while it writes the last one to disk). An
+    error producing them is raised to the reader; a reader that stops early stops the
+    producer at its next item."""
+    queue: Queue[tuple[bool, Any]] = Queue(depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        queue.put((True, item), timeout=0.1)
+                        break
+                    except Full:
+                        continue
+                if stop.is_set():
+                    return
+            queue.put((False, None))
+        except BaseException as exc:  # (to the reader)
+            queue.put((False, exc))
+
+    thread = threading.Thread(target=produce, name="pstrain-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            more, item = queue.get()
+            if not more:
+                if item is not None:
+                    raise item
+                return
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # (it may wait to put one more: take it)
+            try:
+                queue.get(timeout=0.1)
+            except Empty:
+                pass

@@ -39,7 +39,7 @@ import numpy as np
 
 from ...._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 from ...._formats.files import direct_writes
-from ...._formats.files.delta_files import TableState, read_table_state
+from ...._formats.files.delta_files import TablePlan, TableState, read_table_plan, read_table_state
 from ...._formats.files.tensor_files import SAFETENSORS_DTYPES, read_rows, whole, write_streaming
 from ...._formats.messages.checkpoint_operations import RestoreCheckpoint, RestoreSpec, SaveCheckpoint
 from ...._formats.messages.records import RestoreReply
@@ -256,6 +256,24 @@ class CheckpointFiles:
             return read_table_state(real, real_deltas, shard, num_shards, dim, dtype)
 
         return await asyncio.to_thread(read)
+
+    async def read_table_plan(
+        self,
+        paths: list[str],
+        shard: Shard,
+        num_shards: int,
+        dim: int,
+        dtype: np.dtype,
+        deltas: list[list[tuple[str, str]]] | None = None,
+    ) -> TablePlan:
+        """As :meth:`read_table_rows`, but the base's rows are planned, not read
+        (``delta_files.read_table_plan``: a tiered shard reads them as it writes them)."""
+        real = [self.confine(p, "dyn/restore: file") for p in paths]
+        real_deltas = [
+            [(self.confine(p, "dyn/restore: delta file"), prefix) for p, prefix in delta]
+            for delta in deltas or []
+        ]
+        return await asyncio.to_thread(read_table_plan, real, real_deltas, shard, num_shards, dim, dtype)
 
     # -- restore -----------------------------------------------------------------------------------
     def _check_sources(

@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
 import msgspec
@@ -18,6 +18,7 @@ import numpy as np
 
 from ...._base.cluster import Named, named
 from ...._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, ResourceExhaustedError
+from ...._formats.files.delta_files import read_ahead
 from ...._formats.files.tensor_files import whole
 from ...._formats.messages.checkpoint_operations import RestoreTable, SaveCheckpoint
 from ...._formats.messages.operations import (
@@ -482,13 +483,11 @@ class TableHandlers:
         mine: tuple[int | list[int], int] = (
             (req.shard, req.num_shards) if req.owned is None else (req.owned.owned, req.owned.slices)
         )
+        deltas = [[(path, prefix) for path, prefix in delta] for delta in req.deltas]
+        if self.tiering is not None and req.merge is None:  # a tiered shard, made anew
+            return await self._restore_tiered(req, config, mine, deltas)
         parts = await self.checkpoints.read_table_rows(
-            req.paths,
-            mine[0],
-            mine[1],
-            config.dim,
-            np.dtype(config.dtype),
-            [[(path, prefix) for path, prefix in delta] for delta in req.deltas],
+            req.paths, mine[0], mine[1], config.dim, np.dtype(config.dtype), deltas
         )
         ids, rows, slots, slot_init = parts
         if req.slots is not None:
@@ -543,6 +542,53 @@ class TableHandlers:
             return RestoreReply(staged=int(ids.size), stage=req.stage)
         self._install(table, req, mine)
         return RestoreReply(restored=int(ids.size))
+
+    async def _restore_tiered(
+        self,
+        req: RestoreTable,
+        config: TableConfig,
+        mine: tuple[int | list[int], int],
+        deltas: list[list[tuple[str, str]]],
+    ) -> RestoreReply:
+        """:meth:`restore_table` of a tiered shard: the deltas composed and the base's ids
+        checked first (``delta_files.read_table_plan``), then the base's rows read a piece
+        at a time on one thread while another writes each piece past the hot set to disk
+        (reading and writing overlap; the whole base is never in RAM)."""
+        plan = await self.checkpoints.read_table_plan(
+            req.paths, mine[0], mine[1], config.dim, np.dtype(config.dtype), deltas
+        )
+        names = {k: k for k in plan.slots}
+        if req.slots is not None:
+            names = {k: req.slots[k] for k in plan.slots if k in req.slots}
+        slot_init = {names[k]: plan.slot_init[k] for k in names}
+        if req.stage is None and config.capacity is not None and plan.rows > config.capacity:
+            raise InvalidArgumentError(
+                f"dyn/restore of {req.name!r}: {plan.rows} rows for this shard, more than its "
+                f"capacity of {config.capacity}"
+            )
+
+        def pieces() -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
+            for ids, rows, slots in read_ahead(plan.pieces()):
+                yield ids, rows, {names[k]: v for k, v in slots.items() if k in names}
+
+        table = self.new_table(req.name, config, req.owner)
+        assert isinstance(table, TieredTable)
+        try:  # (budgeted as if the shard it replaces were gone)
+            hot = table.rows_in_ram_for(plan.rows, len(slot_init), replacing=self.tables.get(req.name))
+            await asyncio.to_thread(table.fill_pieces, pieces(), plan.rows, slot_init, hot)
+        except BaseException:
+            discard(table)
+            raise
+        if req.stage is not None:  # put in place by ckpt/commit, with its share of the capacity
+
+            def install(capacity: int | None) -> None:
+                table.with_capacity(capacity)
+                self._install(table, req, mine)
+
+            self._stage(req.stage, req.name, _Staged(len(table), config.capacity, install, table))
+            return RestoreReply(staged=plan.rows, stage=req.stage)
+        self._install(table, req, mine)
+        return RestoreReply(restored=plan.rows)
 
     def _stage(self, stage: str, name: str, staged: _Staged) -> None:
         entry = self.staged.get(stage)

@@ -33,14 +33,14 @@ import os
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from ...._base.errors import ResourceExhaustedError
+from ...._base.errors import InvalidArgumentError, ResourceExhaustedError
 from ..checkpoints.snapshots import Snapshot
 from ..store import ChangeClock
 from .cold_rows import META, ColdRows
@@ -774,6 +774,60 @@ class TieredTable(TieredSlices, DynamicTable):
                 meta,
                 np.zeros(ids.size - hot, np.int64),
                 tight=True,  # (an index grown to hold them would take up to twice the memory)
+            )
+        self._keep_statistics()  # (the load made the table anew)
+
+    def fill_pieces(
+        self,
+        pieces: Iterable[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]],
+        n: int,
+        slot_init: dict[str, float],
+        hot: int,
+    ) -> None:
+        """As :meth:`fill`, the ``n`` rows coming a piece at a time (a restore reading its
+        base as it goes, ``delta_files.TablePlan``): the first ``hot`` kept for RAM, the
+        others written to disk as their piece comes, all indexed once every piece came."""
+        dim, dtype = self.config.dim, self.dtype
+        hot_ids = np.empty(hot, np.int64)
+        hot_rows = np.empty((hot, dim), dtype)
+        hot_slots = {k: np.empty((hot, dim), dtype) for k in slot_init}
+        cold_ids: list[np.ndarray] = []
+        places: list[np.ndarray] = []
+        done = 0
+        for ids, rows, slots in pieces:
+            k = ids.size
+            if done + k > n or set(slots) != set(slot_init):
+                raise InvalidArgumentError(f"dyn/restore of {self.name!r}: the saved rows are not as planned")
+            into = min(k, max(0, hot - done))  # (the first rows: to RAM)
+            if into:
+                hot_ids[done : done + into] = ids[:into]
+                hot_rows[done : done + into] = rows[:into]
+                for key, values in slots.items():
+                    hot_slots[key][done : done + into] = values[:into]
+            if k > into:
+                rest = slice(into, k)
+                cold_ids.append(np.ascontiguousarray(ids[rest], np.int64))
+                places.append(
+                    self.cold.write(
+                        cold_ids[-1],
+                        rows[rest],
+                        {key: values[rest] for key, values in slots.items()},
+                        np.zeros(k - into, META),
+                    )
+                )
+            done += k
+        if done != n:
+            raise InvalidArgumentError(f"dyn/restore of {self.name!r}: {done} saved rows, {n} planned")
+        super().load(hot_ids, hot_rows, hot_slots, slot_init)
+        if cold_ids:
+            ids = np.concatenate(cold_ids)
+            # (an index grown to hold them would take up to twice the memory)
+            self.cold.add(
+                ids,
+                np.concatenate(places),
+                np.zeros(ids.size, np.uint32),
+                np.zeros(ids.size, np.int64),
+                tight=True,
             )
         self._keep_statistics()  # (the load made the table anew)
 
