@@ -246,16 +246,24 @@ class CheckpointFiles:
         ``num_shards`` holds, gathered from every file of the save (the table may have been
         saved from another number of ps), then each delta of ``deltas`` (its ``(file,
         prefix)`` pairs) applied in order: its removed ids dropped, its rows put in."""
-        real = [self.confine(p, "dyn/restore: file") for p in paths]
-        real_deltas = [
-            [(self.confine(p, "dyn/restore: delta file"), prefix) for p, prefix in delta]
-            for delta in deltas or []
-        ]
+        real, real_deltas = self._table_files(paths, deltas)
 
         def read() -> TableState:
             return read_table_state(real, real_deltas, shard, num_shards, dim, dtype)
 
         return await asyncio.to_thread(read)
+
+    def _table_files(
+        self, paths: list[str], deltas: list[list[tuple[str, str]]] | None
+    ) -> tuple[list[str], list[list[tuple[str, str]]]]:
+        """A table's base files and its deltas' ``(file, prefix)`` pairs, confined to the
+        checkpoint root (InvalidArgumentError for one outside it)."""
+        real = [self.confine(p, "dyn/restore: file") for p in paths]
+        real_deltas = [
+            [(self.confine(p, "dyn/restore: delta file"), prefix) for p, prefix in delta]
+            for delta in deltas or []
+        ]
+        return real, real_deltas
 
     async def read_table_plan(
         self,
@@ -268,11 +276,7 @@ class CheckpointFiles:
     ) -> TablePlan:
         """As :meth:`read_table_rows`, but the base's rows are planned, not read
         (``delta_files.read_table_plan``: a tiered shard reads them as it writes them)."""
-        real = [self.confine(p, "dyn/restore: file") for p in paths]
-        real_deltas = [
-            [(self.confine(p, "dyn/restore: delta file"), prefix) for p, prefix in delta]
-            for delta in deltas or []
-        ]
+        real, real_deltas = self._table_files(paths, deltas)
         return await asyncio.to_thread(read_table_plan, real, real_deltas, shard, num_shards, dim, dtype)
 
     # -- restore -----------------------------------------------------------------------------------

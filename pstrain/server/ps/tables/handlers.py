@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
 import msgspec
@@ -520,15 +520,30 @@ class TableHandlers:
                     f"{held} bytes on this shard, more than this ps's limit of "
                     f"{self.max_table_bytes} (pstrain serve --max-variable-bytes)"
                 )
-        # the rows put in on a thread (a large shard's copies and, tiered, its writes to disk
-        # would hold the serving loop for as long): the new table is not served before the
-        # load ends, and what a tiered one may keep in RAM is reckoned on the loop first
-        try:
+
+        def fill() -> Awaitable[None]:
             if isinstance(table, TieredTable):  # (budgeted as if the shard it replaces were gone)
                 hot = table.rows_in_ram_for(ids.size, len(slots), replacing=self.tables.get(req.name))
-                await asyncio.to_thread(table.fill, ids, rows, slots, slot_init, hot)
-            else:
-                await asyncio.to_thread(table.load, ids, rows, slots, slot_init)
+                return asyncio.to_thread(table.fill, ids, rows, slots, slot_init, hot)
+            return asyncio.to_thread(table.load, ids, rows, slots, slot_init)
+
+        return await self._put_restored(req, config, mine, table, int(ids.size), fill)
+
+    async def _put_restored(
+        self,
+        req: RestoreTable,
+        config: TableConfig,
+        mine: tuple[int | list[int], int],
+        table: DynamicTable,
+        rows: int,
+        fill: Callable[[], Awaitable[None]],
+    ) -> RestoreReply:
+        """Fill ``table`` (a new shard: ``fill`` reckons on the loop what it may keep in RAM,
+        then puts the rows in on a thread, where a large shard's copies and writes to disk
+        would hold the serving loop), then stage it for ckpt/commit or install it. On any
+        error the table goes (and its rows on disk): nothing served changed."""
+        try:
+            await fill()
         except BaseException:
             discard(table)
             raise
@@ -539,9 +554,9 @@ class TableHandlers:
                 self._install(table, req, mine)
 
             self._stage(req.stage, req.name, _Staged(len(table), config.capacity, install, table))
-            return RestoreReply(staged=int(ids.size), stage=req.stage)
+            return RestoreReply(staged=rows, stage=req.stage)
         self._install(table, req, mine)
-        return RestoreReply(restored=int(ids.size))
+        return RestoreReply(restored=rows)
 
     async def _restore_tiered(
         self,
@@ -573,22 +588,12 @@ class TableHandlers:
 
         table = self.new_table(req.name, config, req.owner)
         assert isinstance(table, TieredTable)
-        try:  # (budgeted as if the shard it replaces were gone)
+
+        def fill() -> Awaitable[None]:  # (budgeted as if the shard it replaces were gone)
             hot = table.rows_in_ram_for(plan.rows, len(slot_init), replacing=self.tables.get(req.name))
-            await asyncio.to_thread(table.fill_pieces, pieces(), plan.rows, slot_init, hot)
-        except BaseException:
-            discard(table)
-            raise
-        if req.stage is not None:  # put in place by ckpt/commit, with its share of the capacity
+            return asyncio.to_thread(table.fill_pieces, pieces(), plan.rows, slot_init, hot)
 
-            def install(capacity: int | None) -> None:
-                table.with_capacity(capacity)
-                self._install(table, req, mine)
-
-            self._stage(req.stage, req.name, _Staged(len(table), config.capacity, install, table))
-            return RestoreReply(staged=plan.rows, stage=req.stage)
-        self._install(table, req, mine)
-        return RestoreReply(restored=plan.rows)
+        return await self._put_restored(req, config, mine, table, plan.rows, fill)
 
     def _stage(self, stage: str, name: str, staged: _Staged) -> None:
         entry = self.staged.get(stage)
