@@ -430,7 +430,7 @@ class TablePlan:
         self.rows = int(sum(f.ids.size for f in base) + overlay[0].size)
 
     def pieces(
-        self, piece_bytes: int = 16 << 20
+        self, piece_bytes: int = 4 << 20
     ) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
         """``(ids, rows, slots)`` of every row, the base's kept rows first, about
         ``piece_bytes`` of each tensor at a time (each checked against its checksums as it
