@@ -7,7 +7,8 @@ far (a fixed table stays in RAM), so this runs W6's training (W4's model, a
 workers) on ps started with ``--memory-budget`` and ``--table-dir``, and the same on ps
 without. Reported (medians): examples per second and ``ratio_to_in_ram``; each ps's RSS
 sampled every 100 ms, its peak over the RSS it had before holding anything
-(``peak_rss_over_budget``: that peak / the budget); rows in RAM and on disk; the hit rate
+(``peak_rss_over_budget``: that peak / the budget; ``saves_peak_rss_over_budget``: the same
+during the full saves); rows in RAM and on disk; the hit rate
 of lookups; reads from disk per step and their p50/p99 latency; full saves of the table
 with its Adagrad accumulators (the table and the optimizer in the checkpoint), each
 against a plain sequential write of as many bytes to the same disk, alternated
@@ -27,6 +28,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -39,7 +41,7 @@ from pstrain._base.checks import byte_size
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit, median  # noqa: E402
-from dynamic_tables import run_variant  # noqa: E402
+from dynamic_tables import rss_mib, run_variant  # noqa: E402
 
 
 async def table_figures(
@@ -60,6 +62,11 @@ async def table_figures(
     # bytes to the same disk, one after the other: the first (which pays for what a ps and
     # the coordinator set up once) and the median of the next SAVES
     ratios = []
+    pids = [cluster.pid("ps", k) for k in range(2)]
+    during = [rss_mib(p) for p in pids]  # each ps's largest RSS while the saves run
+    stop = threading.Event()
+    sampler = threading.Thread(target=_sample, args=(pids, during, stop), daemon=True)
+    sampler.start()
     for _ in range(1 + SAVES):
         target = Path(cluster.checkpoint_root) / f"save-{os.getpid()}-{time.monotonic_ns()}"
         started = time.perf_counter()
@@ -70,7 +77,10 @@ async def table_figures(
         for f in Path(path).parent.glob(Path(path).name + "*"):
             f.unlink()
         ratios.append(plain / save_s)
+    stop.set()
+    sampler.join()
     return {
+        "rss_mib_during_saves_max_per_ps": [round(x) for x in during],
         "table": table,
         **await chain_restore(model, opt, cluster, train_more),  # (after the figures of training)
         "table_per_ps": per_ps,
@@ -78,6 +88,13 @@ async def table_figures(
         "first_save_over_plain_write": ratios[0],
         "save_over_plain_write": median(ratios[1:]),
     }
+
+
+def _sample(pids: list[int], peak: list[float], stop: threading.Event) -> None:
+    """Each of ``pids``' largest RSS into ``peak``, every 100 ms (as training's) until ``stop``."""
+    while not stop.wait(0.1):
+        for k, pid in enumerate(pids):
+            peak[k] = max(peak[k], rss_mib(pid))
 
 
 async def chain_restore(
@@ -191,6 +208,15 @@ def main() -> None:
         / budget
         for r in tiered
     ]
+    over_saves = [
+        max(
+            peak - start
+            for peak, start in zip(r["rss_mib_during_saves_max_per_ps"], r["rss_mib_at_start_per_ps"])
+        )
+        * (1 << 20)
+        / budget
+        for r in tiered
+    ]
     last = tiered[-1]["table"]
     per_ps = tiered[-1]["table_per_ps"]
     looked = max(1, last.get("looked_up", 0))
@@ -209,6 +235,8 @@ def main() -> None:
             ],
             "peak_rss_over_budget": round(median(over), 3),
             "peak_rss_over_budget_each_round": [round(x, 3) for x in over],
+            # the same during the full saves after training (sampled every 100 ms too)
+            "saves_peak_rss_over_budget": round(median(over_saves), 3),
             "in_ram_peak_rss_mib_per_ps": ram[-1]["rss_mib_samples_max_per_ps"],
             "tiered_peak_rss_mib_per_ps": tiered[-1]["rss_mib_samples_max_per_ps"],
             "rss_mib_at_start_per_ps": tiered[-1]["rss_mib_at_start_per_ps"],
