@@ -488,8 +488,9 @@ def read_table_plan(
     puts: list[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]] = [
         (np.empty(0, np.int64), np.empty((0, dim), dtype), {})
     ]
+    delta_init: dict[str, float] = {}  # (the deltas' initial values win, as when composed whole)
     for d_ids, d_rows, d_slots, d_init, removed in read_deltas:
-        slot_init.update(d_init)
+        delta_init.update(d_init)
         puts.append((d_ids, d_rows, d_slots))
         removals.append(removed)
     touched = KERNELS.unique_first(np.concatenate([p[0] for p in puts] + removals))[0]
@@ -529,6 +530,7 @@ def read_table_plan(
                 base.append(_BaseFile(path, keep, ids[keep], slots))
         except OSError as exc:
             raise InvalidArgumentError(f"dyn/restore: cannot read {path}: {exc}") from exc
+    slot_init.update(delta_init)
     overlay = _compose(puts, removals, slot_init, dim, dtype)
     every = np.concatenate([f.ids for f in base] + [overlay[0]])
     if KERNELS.unique_first(every)[0].size != every.size:
