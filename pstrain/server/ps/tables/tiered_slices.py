@@ -58,34 +58,12 @@ class TieredSlices(SlicedRows):
     def checked_merge(self, copy: TableCopy, patch: TablePatch) -> Callable[[], int]:
         """As an untiered table's (every check first, nothing changed), but the rows go to
         disk, read back as they are looked up: a lost ps's share of a table may be far more
-        than the hot set. ResourceExhaustedError if the budget cannot index them."""
+        than the hot set. A copy's records (its source's rows on disk) not changed since are
+        written as they came, their bookkeeping set; the other rows as a save writes them.
+        ResourceExhaustedError if the budget cannot index them."""
         dim, dtype = self.config.dim, self.dtype
         records = records_of(copy, dim, dtype)
-        if copy.records is not None:  # checked with the records' ids as the copy's (their
-            # values, which the checks do not read, stand in as a view of one row)
-            ids = np.empty(records.size, np.int64)
-            copy_field(ids, records, "id")
-            try:
-                hot_ids = np.asarray(copy.ids if copy.ids is not None else [], np.int64).reshape(-1)
-            except (ValueError, TypeError) as exc:
-                raise InvalidArgumentError(
-                    f"ps/install: the ids of table {copy.name!r}'s copy: {exc}"
-                ) from None
-            stand_in = np.broadcast_to(np.zeros(dim, dtype), (hot_ids.size + ids.size, dim))
-            checked = msgspec.structs.replace(
-                copy,
-                ids=np.concatenate([hot_ids, ids]),
-                rows=stand_in,
-                slots={k: stand_in for k in set(copy.slots) | set(copy.record_slots)},
-                records=None,
-                record_slots=[],
-            )
-            super().checked_merge(checked, patch)
-            checked_array(copy.rows, dtype, (hot_ids.size, dim), "the copy's rows")
-            for k, values in copy.slots.items():
-                checked_array(values, dtype, (hot_ids.size, dim), f"the copy's slot {k!r}")
-        else:
-            super().checked_merge(copy, patch)  # the checks; its way of putting them in is not used
+        record_ids = self._checked(copy, patch, records)
         live = np.ascontiguousarray(patch.live, np.int64)
         n = live.size
         if not self._cold_fits(n):  # the hot set gives RAM for their index, if it can
@@ -96,111 +74,29 @@ class TieredSlices(SlicedRows):
                 f"dynamic table {self.name!r}: {n} more rows on disk would take their index past "
                 f"this ps's budget of {self.budget} bytes (pstrain serve --memory-budget)"
             )
-        if copy.records is not None:
-            return self._merge_records(copy, patch, records, live)
-        slot_init = {**self.slot_init, **copy.slot_init, **patch.slot_init}
-        keys = set(self.slots) | set(copy.slots) | set(patch.slots)
-        whole = copy.ids is not None and np.array_equal(np.asarray(copy.ids), live)
-        if whole:  # the copy lists the rows as the patch does (the usual case): its arrays
-            # are taken as they are (the patch's rows written over them), not copied
-            rows = _owned(copy.rows, dtype)
-            slots = {
-                k: _owned(copy.slots[k], dtype) if k in copy.slots else np.full((n, dim), slot_init[k], dtype)
-                for k in keys
-            }
-        else:
-            rows = np.zeros((n, dim), dtype)
-            slots = {k: np.full((n, dim), slot_init[k], dtype) for k in keys}
-        where: IdIndex | None = None  # live id -> its place in ``live`` (made if needed)
-        for part in (patch,) if whole else (copy, patch):  # the patch's rows are the newer
-            ids = np.ascontiguousarray(part.ids if part.ids is not None else [], np.int64)
-            if not ids.size:
-                continue
-            if ids.size == n and np.array_equal(ids, live):  # (no row changed since the copy)
-                rows[:] = np.asarray(part.rows, dtype)
-                for k, values in part.slots.items():
-                    slots[k][:] = np.asarray(values, dtype)
-                continue
-            if where is None:
-                where = IdIndex(n, self.kernels)
-                where.insert(live, np.arange(n, dtype=np.int64))
-            at = where.get(ids)
-            hit = at >= 0
-            rows[at[hit]] = np.asarray(part.rows, dtype)[hit]
-            for k, values in part.slots.items():
-                slots[k][at[hit]] = np.asarray(values, dtype)[hit]
-        meta = np.zeros(n, META)
-        meta["epoch"] = self.clock.epoch  # in the next delta, as an untiered table's merge
-        meta["last_seen"] = self.lookups - np.asarray(patch.ages, np.int64)
-        meta["freq"] = np.asarray(patch.freq, np.int64)
-        removed = np.ascontiguousarray(patch.removed if patch.removed is not None else [], np.int64)
-        cand_ids = np.ascontiguousarray(patch.cand_ids if patch.cand_ids is not None else [], np.int64)
-        counts = np.asarray(patch.cand_counts if cand_ids.size else [], np.int64)
-        lru = self.config.evict == "lru" or self.config.max_age is not None
-
-        def put() -> int:
-            for key in keys:
-                self.slot(key, slot_init[key])
-            self.cold.put(live, rows, slots, meta, meta["last_seen"] if lru else meta["freq"])
-            if removed.size:
-                self.removed.add(removed)
-            self.merge_sightings(cand_ids, counts)
-            return n
-
-        return put
-
-    def _merge_records(
-        self, copy: TableCopy, patch: TablePatch, records: np.ndarray, live: np.ndarray
-    ) -> Callable[[], int]:
-        """What puts in a checked copy with records (:meth:`checked_merge`): the records of
-        rows the patch did not change written to disk as they came (their bookkeeping set),
-        the rest (the source's rows in RAM, and those changed) written as a save writes."""
-        dim, dtype = self.config.dim, self.dtype
-        n = live.size
-        where = IdIndex(n, self.kernels)  # live id -> its place in ``live``
-        where.insert(live, np.arange(n, dtype=np.int64))
-        changed = np.ascontiguousarray(patch.ids if patch.ids is not None else [], np.int64)
-        is_changed = np.zeros(n, bool)
-        if changed.size:
-            at = where.get(changed)
-            is_changed[at[at >= 0]] = True
-        ids = np.empty(records.size, np.int64)
-        copy_field(ids, records, "id")
-        pos = where.get(ids)  # -1: removed since the copy, or changed (the patch's is newer)
-        pos[(pos >= 0) & is_changed[pos.clip(0)]] = -1
+        epoch = self.clock.epoch  # (in the next delta, as an untiered table's merge)
         last_seen = self.lookups - np.asarray(patch.ages, np.int64)
         freq = np.asarray(patch.freq, np.int64)
-        kept = kept_records(records, pos, self.clock.epoch, last_seen, freq)
+        lru = self.config.evict == "lru" or self.config.max_age is not None
+        # the records of live rows the patch did not change go as they came; the rest
+        # (the source's rows in RAM, and those changed) are gathered from copy and patch
+        pos = self._kept_at(live, record_ids, patch)
+        kept = kept_records(records, pos, epoch, last_seen, freq)
+        kept_at = pos[pos >= 0]
         rest = np.ones(n, bool)
-        rest[pos[pos >= 0]] = False
+        rest[kept_at] = False
         rest_at = np.flatnonzero(rest)
         rest_ids = live[rest_at]
         slot_init = {**self.slot_init, **copy.slot_init, **patch.slot_init}
         keys = set(self.slots) | set(copy.slots) | set(patch.slots) | set(copy.record_slots)
-        rows = np.zeros((rest_ids.size, dim), dtype)
-        slots = {k: np.full((rest_ids.size, dim), slot_init[k], dtype) for k in keys}
-        if rest_ids.size:
-            here = IdIndex(rest_ids.size, self.kernels)
-            here.insert(rest_ids, np.arange(rest_ids.size, dtype=np.int64))
-            for part in (copy, patch):  # the patch's rows are the newer
-                part_ids = np.ascontiguousarray(part.ids if part.ids is not None else [], np.int64)
-                if not part_ids.size:
-                    continue
-                at = here.get(part_ids)
-                hit = at >= 0
-                rows[at[hit]] = np.asarray(part.rows, dtype)[hit]
-                for k, values in part.slots.items():
-                    slots[k][at[hit]] = np.asarray(values, dtype)[hit]
+        rows, slots = self._gathered(rest_ids, copy, patch, {k: slot_init[k] for k in keys})
         meta = np.zeros(rest_ids.size, META)
-        meta["epoch"] = self.clock.epoch
+        meta["epoch"] = epoch
         meta["last_seen"] = last_seen[rest_at]
         meta["freq"] = freq[rest_at]
-        kept_ids = np.empty(kept.size, np.int64)
-        copy_field(kept_ids, kept, "id")
         removed = np.ascontiguousarray(patch.removed if patch.removed is not None else [], np.int64)
         cand_ids = np.ascontiguousarray(patch.cand_ids if patch.cand_ids is not None else [], np.int64)
         counts = np.asarray(patch.cand_counts if cand_ids.size else [], np.int64)
-        lru = self.config.evict == "lru" or self.config.max_age is not None
         record_slots = tuple(copy.record_slots)
 
         def put() -> int:
@@ -210,12 +106,13 @@ class TieredSlices(SlicedRows):
             try:
                 self.cold.put(rest_ids, rows, slots, meta, meta["last_seen"] if lru else meta["freq"])
             except BaseException:
-                self.cold.unwritten(places)
+                self.cold.unwritten(places)  # (written, never indexed)
                 raise
-            kept_meta = np.empty(kept.size, META)
-            copy_field(kept_meta, kept, "epoch", "freq")
             self.cold.add(
-                kept_ids, places, kept_meta["epoch"], kept_meta["last_seen"] if lru else kept_meta["freq"]
+                live[kept_at],
+                places,
+                np.full(kept_at.size, epoch, np.uint32),
+                last_seen[kept_at] if lru else freq[kept_at],
             )
             if removed.size:
                 self.removed.add(removed)
@@ -223,6 +120,89 @@ class TieredSlices(SlicedRows):
             return n
 
         return put
+
+    def _checked(self, copy: TableCopy, patch: TablePatch, records: np.ndarray) -> np.ndarray:
+        """An untiered table's checks of ``copy`` and ``patch`` (InvalidArgumentError, nothing
+        changed), its records' ids counted as the copy's; returns those ids."""
+        dim, dtype = self.config.dim, self.dtype
+        ids = np.empty(records.size, np.int64)
+        copy_field(ids, records, "id")
+        if copy.records is None:
+            super().checked_merge(copy, patch)  # the checks; its way of putting them in is not used
+            return ids
+        try:
+            hot_ids = np.asarray(copy.ids if copy.ids is not None else [], np.int64).reshape(-1)
+        except (ValueError, TypeError) as exc:
+            raise InvalidArgumentError(f"ps/install: the ids of table {copy.name!r}'s copy: {exc}") from None
+        # (the records' values, which the checks do not read, stand in as a view of one row)
+        stand_in = np.broadcast_to(np.zeros(dim, dtype), (hot_ids.size + ids.size, dim))
+        checked = msgspec.structs.replace(
+            copy,
+            ids=np.concatenate([hot_ids, ids]),
+            rows=stand_in,
+            slots={k: stand_in for k in set(copy.slots) | set(copy.record_slots)},
+            records=None,
+            record_slots=[],
+        )
+        super().checked_merge(checked, patch)
+        checked_array(copy.rows, dtype, (hot_ids.size, dim), "the copy's rows")
+        for k, values in copy.slots.items():
+            checked_array(values, dtype, (hot_ids.size, dim), f"the copy's slot {k!r}")
+        return ids
+
+    def _kept_at(self, live: np.ndarray, record_ids: np.ndarray, patch: TablePatch) -> np.ndarray:
+        """For each record of a copy (its id in ``record_ids``), its id's place in ``live``,
+        or -1 if it is not there (removed since the copy) or the patch changed it."""
+        if not record_ids.size:
+            return np.empty(0, np.int64)
+        where = IdIndex(live.size, self.kernels)
+        where.insert(live, np.arange(live.size, dtype=np.int64))
+        pos = where.get(record_ids)
+        changed = np.ascontiguousarray(patch.ids if patch.ids is not None else [], np.int64)
+        if changed.size:
+            at = where.get(changed)
+            is_changed = np.zeros(live.size, bool)
+            is_changed[at[at >= 0]] = True
+            pos[(pos >= 0) & is_changed[pos.clip(0)]] = -1
+        return pos
+
+    def _gathered(
+        self, target: np.ndarray, copy: TableCopy, patch: TablePatch, slot_init: dict[str, float]
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The rows and slots (``slot_init``'s) of ids ``target`` from the copy's arrays, then
+        the patch's over them (the newer). A copy that lists ``target`` as it is (the usual
+        case) gives its arrays as they are (this table's to write), not copied."""
+        dim, dtype = self.config.dim, self.dtype
+        n = target.size
+        whole = copy.ids is not None and np.array_equal(np.asarray(copy.ids), target)
+        if whole:
+            rows = _owned(copy.rows, dtype)
+            slots = {
+                k: _owned(copy.slots[k], dtype) if k in copy.slots else np.full((n, dim), init, dtype)
+                for k, init in slot_init.items()
+            }
+        else:
+            rows = np.zeros((n, dim), dtype)
+            slots = {k: np.full((n, dim), init, dtype) for k, init in slot_init.items()}
+        where: IdIndex | None = None  # target id -> its place in ``target`` (made if needed)
+        for part in (patch,) if whole else (copy, patch):
+            ids = np.ascontiguousarray(part.ids if part.ids is not None else [], np.int64)
+            if not ids.size:
+                continue
+            if ids.size == n and np.array_equal(ids, target):  # (no row changed since the copy)
+                rows[:] = np.asarray(part.rows, dtype)
+                for k, values in part.slots.items():
+                    slots[k][:] = np.asarray(values, dtype)
+                continue
+            if where is None:
+                where = IdIndex(n, self.kernels)
+                where.insert(target, np.arange(n, dtype=np.int64))
+            at = where.get(ids)
+            hit = at >= 0
+            rows[at[hit]] = np.asarray(part.rows, dtype)[hit]
+            for k, values in part.slots.items():
+                slots[k][at[hit]] = np.asarray(values, dtype)[hit]
+        return rows, slots
 
     # -- moves of slices between ps ------------------------------------------------------------------
     def _cold_in(self, moving: SliceSet) -> tuple[np.ndarray, np.ndarray]:
