@@ -316,22 +316,9 @@ def _read_table_files(
                 def get(key: str, f: Any = f, prefix: str = prefix) -> np.ndarray:
                     return f.read(prefix + key)
 
-                if not {"ids", "rows"} <= keys:
-                    raise InvalidArgumentError(
-                        f"dyn/restore: {path} is not a saved dynamic "
-                        f"table{' ' + prefix if prefix else ''} (no ids and rows)"
-                    )
-                ids = get("ids")
-                if ids.dtype != np.int64 or ids.ndim != 1:
-                    raise InvalidArgumentError(f"dyn/restore: ids in {path} are not 1-D int64")
-                mine = in_slices(ids, num_shards, shard)
-                if "live" in keys:  # rows handed out and evicted since are not the table's
-                    live = get("live")
-                    if live.dtype != np.bool_ or live.shape != ids.shape:
-                        raise InvalidArgumentError(
-                            f"dyn/restore: live in {path} is {live.dtype} {live.shape}"
-                        )
-                    mine &= live
+                ids, mine = _shard_ids(
+                    get, keys, f"{path}{' ' + prefix if prefix else ''}", shard, num_shards
+                )
                 if "removed" in keys:
                     removed = get("removed")
                     if removed.dtype != np.int64 or removed.ndim != 1:
@@ -385,6 +372,26 @@ def _read_table_files(
     }
     removed = _joined(removed_parts, np.empty(0, np.int64))
     return ids, rows, slots, slot_init, removed
+
+
+def _shard_ids(
+    get: Any, keys: set[str], what: str, shard: Shard, num_shards: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ids of a saved table (``get(key)`` reads its tensors, named ``keys``; ``what``
+    names it) and which of them are shard ``shard``'s and live; InvalidArgumentError if it
+    is not a saved table."""
+    if not {"ids", "rows"} <= keys:
+        raise InvalidArgumentError(f"dyn/restore: {what} is not a saved dynamic table (no ids and rows)")
+    ids = get("ids")
+    if ids.dtype != np.int64 or ids.ndim != 1:
+        raise InvalidArgumentError(f"dyn/restore: ids in {what} are not 1-D int64")
+    mine = in_slices(ids, num_shards, shard)
+    if "live" in keys:  # rows handed out and evicted since are not the table's
+        live = get("live")
+        if live.dtype != np.bool_ or live.shape != ids.shape:
+            raise InvalidArgumentError(f"dyn/restore: live in {what} is {live.dtype} {live.shape}")
+        mine &= live
+    return ids, mine
 
 
 def _joined(parts: list[np.ndarray], empty: np.ndarray) -> np.ndarray:
@@ -499,21 +506,7 @@ def read_table_plan(
         try:
             with TensorFile(path) as f:
                 keys = set(f.tensors)
-                if not {"ids", "rows"} <= keys:
-                    raise InvalidArgumentError(
-                        f"dyn/restore: {path} is not a saved dynamic table (no ids and rows)"
-                    )
-                ids = f.read("ids")
-                if ids.dtype != np.int64 or ids.ndim != 1:
-                    raise InvalidArgumentError(f"dyn/restore: ids in {path} are not 1-D int64")
-                keep = in_slices(ids, num_shards, shard)
-                if "live" in keys:
-                    live = f.read("live")
-                    if live.dtype != np.bool_ or live.shape != ids.shape:
-                        raise InvalidArgumentError(
-                            f"dyn/restore: live in {path} is {live.dtype} {live.shape}"
-                        )
-                    keep &= live
+                ids, keep = _shard_ids(f.read, keys, path, shard, num_shards)
                 for key in sorted(keys):
                     if key.startswith("init:"):
                         slot_init[key[5:]] = float(f.read(key).reshape(-1)[0])
