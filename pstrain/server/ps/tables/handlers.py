@@ -511,8 +511,8 @@ class TableHandlers:
                 f"dyn/restore of {req.name!r}: {ids.size} rows for this shard, more than its "
                 f"capacity of {config.capacity}"
             )
-        table = self.new_table(req.name, config, req.owner)
-        if self.max_table_bytes is not None and self.tiering is None:
+        table = self.new_table(req.name, config, req.owner)  # (untiered: a tiered one streams)
+        if self.max_table_bytes is not None:
             held = ids.size * config.dim * np.dtype(config.dtype).itemsize * (1 + len(slots))
             if held > self.max_table_bytes:
                 raise InvalidArgumentError(
@@ -522,9 +522,6 @@ class TableHandlers:
                 )
 
         def fill() -> Awaitable[None]:
-            if isinstance(table, TieredTable):  # (budgeted as if the shard it replaces were gone)
-                hot = table.rows_in_ram_for(ids.size, len(slots), replacing=self.tables.get(req.name))
-                return asyncio.to_thread(table.fill, ids, rows, slots, slot_init, hot)
             return asyncio.to_thread(table.load, ids, rows, slots, slot_init)
 
         return await self._put_restored(req, config, mine, table, int(ids.size), fill)

@@ -711,7 +711,25 @@ class TieredTable(TieredSlices, DynamicTable):
         ``replacing``: the shard this one replaces once the restore commits, budgeted as
         gone (both are held until then)."""
         self.cold.reset()
-        self.fill(ids, rows, slots, slot_init, self.rows_in_ram_for(ids.size, len(slots), replacing))
+        hot = self.rows_in_ram_for(ids.size, len(slots), replacing)
+        if hot == ids.size:  # all in RAM: the arrays as they are (the table takes them)
+            super().load(ids, rows, slots, slot_init)
+        else:  # the part in RAM copied once, for the table to take (not the whole kept alive)
+            super().load(
+                ids[:hot].copy(), rows[:hot].copy(), {k: v[:hot].copy() for k, v in slots.items()}, slot_init
+            )
+        if ids.size > hot:
+            rest = slice(hot, ids.size)
+            meta = np.zeros(ids.size - hot, META)
+            self.cold.put(
+                np.ascontiguousarray(ids[rest], np.int64),
+                np.ascontiguousarray(rows[rest], self.dtype),
+                {k: np.ascontiguousarray(v[rest], self.dtype) for k, v in slots.items()},
+                meta,
+                np.zeros(ids.size - hot, np.int64),
+                tight=True,  # (an index grown to hold them would take up to twice the memory)
+            )
+        self._keep_statistics()  # (the load made the table anew)
 
     def rows_in_ram_for(self, n: int, slots: int, replacing: DynamicTable | None = None) -> int:
         """How many of ``n`` rows with ``slots`` optimizer slots a load keeps in RAM (the rest
@@ -747,36 +765,6 @@ class TieredTable(TieredSlices, DynamicTable):
             )
         return hot
 
-    def fill(
-        self,
-        ids: np.ndarray,
-        rows: np.ndarray,
-        slots: dict[str, np.ndarray],
-        slot_init: dict[str, float],
-        hot: int,
-    ) -> None:
-        """Put ``ids``' rows in this table, which holds none: the first ``hot`` in RAM, the
-        rest on disk (ResourceExhaustedError on a full disk). Touches this table alone: a
-        restore runs it on a thread, before the table is served."""
-        if hot == ids.size:  # all in RAM: the arrays as they are (the table takes them)
-            super().load(ids, rows, slots, slot_init)
-        else:  # the part in RAM copied once, for the table to take (not the whole kept alive)
-            super().load(
-                ids[:hot].copy(), rows[:hot].copy(), {k: v[:hot].copy() for k, v in slots.items()}, slot_init
-            )
-        if ids.size > hot:
-            rest = slice(hot, ids.size)
-            meta = np.zeros(ids.size - hot, META)
-            self.cold.put(
-                np.ascontiguousarray(ids[rest], np.int64),
-                np.ascontiguousarray(rows[rest], self.dtype),
-                {k: np.ascontiguousarray(v[rest], self.dtype) for k, v in slots.items()},
-                meta,
-                np.zeros(ids.size - hot, np.int64),
-                tight=True,  # (an index grown to hold them would take up to twice the memory)
-            )
-        self._keep_statistics()  # (the load made the table anew)
-
     def fill_pieces(
         self,
         pieces: Iterable[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]],
@@ -784,9 +772,11 @@ class TieredTable(TieredSlices, DynamicTable):
         slot_init: dict[str, float],
         hot: int,
     ) -> None:
-        """As :meth:`fill`, the ``n`` rows coming a piece at a time (a restore reading its
-        base as it goes, ``delta_files.TablePlan``): the first ``hot`` kept for RAM, the
-        others written to disk as their piece comes, all indexed once every piece came."""
+        """As :meth:`load` into a table made anew, the ``n`` rows coming a piece at a time
+        (a restore reading its base as it goes, ``delta_files.TablePlan``): the first
+        ``hot`` kept for RAM, the others written to disk as their piece comes, all indexed
+        once every piece came. Touches this table alone: a restore runs it on a thread,
+        before the table is served."""
         dim, dtype = self.config.dim, self.dtype
         hot_ids = np.empty(hot, np.int64)
         hot_rows = np.empty((hot, dim), dtype)
