@@ -13,11 +13,12 @@ and ``results/W6.png`` plots held-out loss against rows held.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,27 @@ def rss_mib(pid: int, field: str = "VmRSS") -> float:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+@contextlib.contextmanager
+def peak_rss(pids: list[int], period_s: float = 0.1) -> Iterator[list[float]]:
+    """Each of ``pids``' largest RSS (MiB) while the ``with`` block runs, sampled every
+    ``period_s`` on a thread: the list yielded holds them, as they grow."""
+    peak = [rss_mib(p) for p in pids]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(period_s):
+            for k, pid in enumerate(pids):
+                peak[k] = max(peak[k], rss_mib(pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield peak
+    finally:
+        stop.set()
+        sampler.join()
 
 
 async def run_variant(

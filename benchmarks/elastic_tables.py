@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import threading
 import time
 
 import numpy as np
 from common import RESULTS, emit, median, raw_tcp_mib_s, save_figure
-from dynamic_tables import rss_mib
+from dynamic_tables import peak_rss, rss_mib
 
 import pstrain
 from pstrain._base.checks import byte_size
@@ -160,21 +159,8 @@ async def run_tiered(repeats: int, rows: int, budget: str) -> None:
                 src, dst = _copy_variables(copy_strategy, rows_on_0)
             for v in src + dst:
                 await v.read_value()
-            samples: list[list[float]] = []
-            stop = threading.Event()
-
-            def sample() -> None:  # each tiered ps's RSS every 100 ms while the moves run
-                while not stop.wait(0.1):
-                    samples.append([rss_mib(p) for p in ps_pids])
-
-            sampler = threading.Thread(target=sample, daemon=True)
-            sampler.start()
-            try:
+            with peak_rss(ps_pids) as peaks:  # each tiered ps's RSS every 100 ms while the moves run
                 moves, copies = await _alternate(coordinator, table, first, src, dst, repeats)
-            finally:
-                stop.set()
-                sampler.join()
-            peaks = [max(s[k] for s in samples) for k in range(2)]
             back = await table.channel(0).request(TableStatistics(name=table.key))
             assert int(back["rows"]) == rows_on_0, (back["rows"], rows_on_0)
             nbytes = rows_on_0 * DIM * 4 * 2

@@ -20,14 +20,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from common import RESULTS, emit, median, plot
-from dynamic_tables import rss_mib
+from dynamic_tables import peak_rss, rss_mib
 from tiered_tables import plain_read_s, uncache
 
 import pstrain
@@ -73,28 +72,16 @@ async def _chain(root: str, rows: int, deltas: int, **options: Any) -> dict[str,
             for _ in range(args.repeats):
                 uncache(files)
                 start = [rss_mib(p) for p in pids]
-                peak = list(start)
-                stop = threading.Event()
-                sampler = threading.Thread(target=_sample, args=(pids, peak, stop), daemon=True)
-                sampler.start()
-                t = time.perf_counter()
-                await pstrain.Checkpoint(table=table, optimizer=opt).restore(last)
-                out["restore_s"].append(time.perf_counter() - t)
-                stop.set()
-                sampler.join()
+                with peak_rss(pids, period_s=0.02) as peak:
+                    t = time.perf_counter()
+                    await pstrain.Checkpoint(table=table, optimizer=opt).restore(last)
+                    out["restore_s"].append(time.perf_counter() - t)
                 out["rise_mib"].append(max(b - a for a, b in zip(start, peak)))
                 uncache(files)
                 out["plain_s"].append(plain_read_s(files))
             out["chain_bytes"] = sum(f.stat().st_size for f in files)
             await coordinator.close()
             return out
-
-
-def _sample(pids: list[int], peak: list[float], stop: threading.Event) -> None:
-    """Each of ``pids``' largest RSS into ``peak``, every 20 ms until ``stop``."""
-    while not stop.wait(0.02):
-        for k, pid in enumerate(pids):
-            peak[k] = max(peak[k], rss_mib(pid))
 
 
 async def run() -> None:

@@ -28,7 +28,6 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -41,7 +40,7 @@ from pstrain._base.checks import byte_size
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit, median  # noqa: E402
-from dynamic_tables import rss_mib, run_variant  # noqa: E402
+from dynamic_tables import peak_rss, run_variant  # noqa: E402
 
 
 async def table_figures(
@@ -62,23 +61,18 @@ async def table_figures(
     # bytes to the same disk, one after the other: the first (which pays for what a ps and
     # the coordinator set up once) and the median of the next SAVES
     ratios = []
-    pids = [cluster.pid("ps", k) for k in range(2)]
-    during = [rss_mib(p) for p in pids]  # each ps's largest RSS while the saves run
-    stop = threading.Event()
-    sampler = threading.Thread(target=_sample, args=(pids, during, stop), daemon=True)
-    sampler.start()
-    for _ in range(1 + SAVES):
-        target = Path(cluster.checkpoint_root) / f"save-{os.getpid()}-{time.monotonic_ns()}"
-        started = time.perf_counter()
-        path = await pstrain.Checkpoint(table=model.table, optimizer=opt).save(str(target))
-        save_s = time.perf_counter() - started
-        written = sum(f.stat().st_size for f in Path(path).parent.glob(Path(path).name + "*"))
-        plain = plain_write_s(Path(cluster.checkpoint_root) / "plain.bin", written)
-        for f in Path(path).parent.glob(Path(path).name + "*"):
-            f.unlink()
-        ratios.append(plain / save_s)
-    stop.set()
-    sampler.join()
+    # each ps's largest RSS while the saves run, every 100 ms (as in training)
+    with peak_rss([cluster.pid("ps", k) for k in range(2)]) as during:
+        for _ in range(1 + SAVES):
+            target = Path(cluster.checkpoint_root) / f"save-{os.getpid()}-{time.monotonic_ns()}"
+            started = time.perf_counter()
+            path = await pstrain.Checkpoint(table=model.table, optimizer=opt).save(str(target))
+            save_s = time.perf_counter() - started
+            written = sum(f.stat().st_size for f in Path(path).parent.glob(Path(path).name + "*"))
+            plain = plain_write_s(Path(cluster.checkpoint_root) / "plain.bin", written)
+            for f in Path(path).parent.glob(Path(path).name + "*"):
+                f.unlink()
+            ratios.append(plain / save_s)
     return {
         "rss_mib_during_saves_max_per_ps": [round(x) for x in during],
         "table": table,
@@ -88,13 +82,6 @@ async def table_figures(
         "first_save_over_plain_write": ratios[0],
         "save_over_plain_write": median(ratios[1:]),
     }
-
-
-def _sample(pids: list[int], peak: list[float], stop: threading.Event) -> None:
-    """Each of ``pids``' largest RSS into ``peak``, every 100 ms (as training's) until ``stop``."""
-    while not stop.wait(0.1):
-        for k, pid in enumerate(pids):
-            peak[k] = max(peak[k], rss_mib(pid))
 
 
 async def chain_restore(
