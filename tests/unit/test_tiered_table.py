@@ -17,7 +17,7 @@ from pstrain._formats.files.tensor_files import TensorFile, whole, write_streami
 from pstrain._formats.numerics.optimizer_rules import RULES
 from pstrain.errors import InvalidArgumentError, ResourceExhaustedError
 from pstrain.server.ps.checkpoints.snapshots import Snapshot
-from pstrain.server.ps.tables.cold_rows import META, ColdRows
+from pstrain.server.ps.tables.cold_rows import META, ColdRows, SavedPlaces
 from pstrain.server.ps.tables.dynamic_table import DynamicTable
 from pstrain.server.ps.tables.table_config import TableConfig
 from pstrain.server.ps.tables.tiered_table import HOT_SHARE, TieredTable
@@ -841,3 +841,73 @@ def test_a_moved_record_slot_without_an_initial_value_is_refused_before_anything
         with pytest.raises(InvalidArgumentError, match="slot"):
             receiver.checked_merge(bare, TablePatch(**{**patch, "slot_init": {}, "slots": {}}))
         assert len(receiver) == 0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    gone=st.lists(st.integers(0, 59), max_size=40),
+    since=st.none() | st.integers(0, 60),
+    cuts=st.lists(st.integers(0, 70), max_size=6),
+)
+def test_a_saves_places_are_the_live_rows_on_disk_in_order_however_it_reads_them(
+    tmp_path, monkeypatch, gone, since, cuts
+):
+    """What a save reads of the rows on disk (:class:`SavedPlaces`: a byte per record, not
+    the places) is each live row's place, ascending, (changed after ``since``), in any
+    blocks it asks for: across segments and the pieces its counts are kept by."""
+    monkeypatch.setattr(SavedPlaces, "PIECE", 4)
+    cold = ColdRows(str(tmp_path / f"c{len(os.listdir(tmp_path))}"), 2, np.dtype(np.float32), segment_rows=7)
+    ids = np.arange(60, dtype=np.int64) * 13
+    meta = np.zeros(60, META)
+    meta["epoch"] = np.arange(60)
+    cold.put(ids, np.zeros((60, 2), np.float32), {}, meta, np.arange(60))
+    cold.remove(ids[np.unique(np.asarray(gone, np.int64))] if gone else ids[:0])
+    live = cold.live[: cold.used] & (cold.epochs[: cold.used] > (since if since is not None else -1))
+    want = np.sort(cold.places[: cold.used][live])
+    saved = cold.saved_places(since)
+    assert saved.size == want.size
+    bounds = sorted({0, saved.size, *(min(c, saved.size) for c in cuts)})
+    got = [saved.between(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    np.testing.assert_array_equal(np.concatenate([np.empty(0, np.int64), *got]), want)
+    assert saved.between(saved.size, saved.size + 5).size == 0
+
+
+def test_a_save_of_a_tiered_table_adds_a_small_share_of_the_budget_to_what_the_ps_holds(tmp_path):
+    """A full save reads and writes a block at a time within a share of the budget
+    (``save_bytes``), and holds a byte per record on disk to know which it reads, not the
+    places of every row nor a copy of the hot set's arrays: the RSS the budget allows
+    (+15 %) holds during saves too."""
+    import tracemalloc
+
+    budget = 16 << 20
+    box: list[TieredTable] = []
+    table = TieredTable(
+        "t", TableConfig(dim=8), directory=str(tmp_path / "cold"), budget=budget, held=lambda: box[0].nbytes
+    )
+    box.append(table)
+    rng = np.random.default_rng(3)
+    for t in range(24):
+        ids = np.unique(rng.integers(0, 1 << 40, 8192))
+        if table.cold_short(ids.size):  # as a ps's stage does
+            table.shrink_for_cold(ids.size, keep=ids)
+        train(table, ids, t + 1)
+    stats = table.statistics()
+    assert stats["cold_rows"] > 100_000 and stats["hot_rows"] > 20_000  # both tiers well used
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        save = table.snapshot()
+        size = write_streaming(
+            str(tmp_path / "save"), [(f"t/{k}", s.array.dtype, s.shape, s) for k, s in save.items()]
+        )
+        table.end_snapshot(save)
+        added = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert size > budget // 2  # (most of what the budget holds, and the rows on disk)
+    assert added < 0.15 * budget, f"a save added {added} bytes to a ps under a budget of {budget}"
+    with TensorFile(str(tmp_path / "save")) as f:
+        live = f.read("t/live")
+        assert int(live.sum()) == stats["rows"]
+        np.testing.assert_array_equal(np.sort(f.read("t/ids")[live]), np.sort(table.export()["ids"]))

@@ -89,6 +89,7 @@ class DirectWriter:
         rate: float | None = None,
         *,
         ahead: int = 0,
+        chunk: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], object] = time.sleep,
     ) -> None:
@@ -96,6 +97,9 @@ class DirectWriter:
             raise ValueError(
                 f"DirectWriter: rate must be a positive number of bytes per second, got {rate!r}"
             )
+        chunk = CHUNK if chunk is None else chunk
+        if chunk <= 0 or chunk % ALIGN:
+            raise ValueError(f"DirectWriter: chunk must be a positive multiple of {ALIGN}, got {chunk!r}")
         self.fd = fd
         self.size = 0
         self.fill = 0
@@ -104,9 +108,11 @@ class DirectWriter:
         self._start = clock()
         self._sent = 0  # bytes handed to the file system so far
         self.direct = _set_direct(fd, True)
-        #: Bytes staged before any goes out: one buffer, or with a rate ``ahead`` rounded up
+        #: Bytes written at a time (``CHUNK``, or less: a ps under a memory budget).
+        self.chunk = chunk
+        #: Bytes staged before any goes out: one chunk, or with a rate ``ahead`` rounded up
         #: to a power of two (files of about the same size reuse the same staging buffer).
-        self.capacity = CHUNK if rate is None else max(CHUNK, 1 << max(0, ahead - 1).bit_length())
+        self.capacity = chunk if rate is None else max(chunk, 1 << max(0, ahead - 1).bit_length())
         self.buffer = _staging(self.capacity)
         #: Called with the file's bytes in order as they go out (the padding left out).
         self.observe: Callable[[memoryview], None] | None = None
@@ -158,9 +164,9 @@ class DirectWriter:
             raise OSError(errno.EIO, "checkpoint header patch written short")
 
     def _flush(self, length: int) -> None:
-        """Send the first ``length`` staged bytes, a buffer (``CHUNK``) at a time."""
-        for lo in range(0, length, CHUNK):
-            self._send(lo, min(length, lo + CHUNK))
+        """Send the first ``length`` staged bytes, a chunk at a time."""
+        for lo in range(0, length, self.chunk):
+            self._send(lo, min(length, lo + self.chunk))
         self.fill = 0
 
     def _send(self, lo: int, hi: int) -> None:

@@ -108,6 +108,7 @@ def write_streaming(
     write_s: float = 0.0,
     ahead: int = 0,
     sleep: Callable[[float], object] = time.sleep,
+    chunk: int | None = None,
 ) -> int:
     """Write a safetensors file whose tensors arrive in pieces: ``(key, dtype, shape, pieces)``
     where ``pieces()`` yields the tensor's bytes in row order (so a large array need not be
@@ -122,7 +123,8 @@ def write_streaming(
     ``write_s`` > 0: the file's bytes are spread over about that many seconds (no faster
     than its size / ``write_s``; a slower disk just takes longer), waiting with ``sleep``
     (one that returns early, ``Event.wait``, lets the rest go at full speed), after taking
-    up to ``ahead`` of them into memory at once (:class:`DirectWriter`)."""
+    up to ``ahead`` of them into memory at once (:class:`DirectWriter`), ``chunk`` at a time
+    (default ``CHUNK``; a ps under a memory budget stages less)."""
     if callable(tensors):
         tensors = tensors()
     sizes = [
@@ -177,6 +179,7 @@ def write_streaming(
         ahead=min(size, ahead),
         sleep=sleep,
         finished=checksums,
+        chunk=chunk,
     )
 
 
@@ -290,6 +293,7 @@ def write_atomically(
     ahead: int = 0,
     sleep: Callable[[float], object] = time.sleep,
     finished: Callable[[DirectWriter], object] | None = None,
+    chunk: int | None = None,
 ) -> int:
     """``write(f)`` into a new file, then give it the name ``path``: nobody ever sees a
     partial file, and no path is opened twice. Returns the file's size.
@@ -304,8 +308,9 @@ def write_atomically(
     name is removed whatever happens. ``direct``: ``write`` is given a
     :class:`~pstrain._formats.files.direct_writes.DirectWriter` (past the page cache, no faster
     than ``rate`` bytes per second if given, waiting with ``sleep``, up to ``ahead`` bytes
-    taken in first) instead of a file object, and ``finished(writer)`` is called once it
-    has written every byte, before the file is fsynced (its header's checksums go in).
+    taken in first, ``chunk`` bytes at a time) instead of a file object, and
+    ``finished(writer)`` is called once it has written every byte, before the file is
+    fsynced (its header's checksums go in).
     """
     directory, base = os.path.split(path)
     dir_fd = open_directory(directory, root)
@@ -316,7 +321,7 @@ def write_atomically(
         )
         try:
             if direct:
-                writer = DirectWriter(fd, rate, ahead=ahead, sleep=sleep)
+                writer = DirectWriter(fd, rate, ahead=ahead, chunk=chunk, sleep=sleep)
                 write(writer)
                 writer.finish()
                 if finished is not None:

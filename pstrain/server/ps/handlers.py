@@ -185,6 +185,9 @@ class ParameterServer(ServerBase):
         self.checkpoints = ps_checkpoint.CheckpointFiles(
             self.store, checkpoint_root, max_variable_bytes, self.max_store_bytes
         )
+        tiering = tier_directory(memory_budget, table_dir, table_segment_rows)
+        if tiering is not None:  # its saves stage a share of its budget at a time
+            self.checkpoints.staging = tiering.save_bytes
         #: The serving feed of the tables (``GET /v1/tables/<name>/rows``).
         self.feed = TableFeed(self, {}, functools.partial(self.checkpoints.confine, what="table feed: file"))
         self.download(FEED_PATH, self.feed.serve)
@@ -208,7 +211,7 @@ class ParameterServer(ServerBase):
             max_table_bytes=max_variable_bytes,
             on_takeover=self.fencing.supersede,
             as_of=self.before_images.table_rows,
-            tiering=tier_directory(memory_budget, table_dir, table_segment_rows),
+            tiering=tiering,
             spawn=self.tasks.spawn,
         )
         self.route(CreateVariables, self.create)

@@ -209,23 +209,24 @@ class VariableRecord:
                 self.row_epochs[rows] = clock.epoch
         return arr
 
-    def snapshot(self, rows: np.ndarray | None = None) -> Snapshot | None:
-        """A snapshot for a save, of ``rows`` (ascending) or all of them (None: too small,
-        or not row-shaped; pin it instead)."""
+    def snapshot(self, rows: np.ndarray | None = None, block_bytes: int = BLOCK_BYTES) -> Snapshot | None:
+        """A snapshot for a save, of ``rows`` (ascending) or all of them, read ``block_bytes``
+        at a time (None: too small, or not row-shaped; pin it instead)."""
         arr = self.array
         if arr.ndim == 0 or arr.nbytes < SNAPSHOT_MIN_BYTES or not arr.flags.c_contiguous:
             return None
-        snap = Snapshot(arr, rows=rows)
+        snap = Snapshot(arr, rows=rows, block_bytes=block_bytes)
         self.snapshots.append(snap)
         return snap
 
-    def changes_snapshot(self, since: int, mark: int) -> ChangedRows | None:
+    def changes_snapshot(self, since: int, mark: int, block_bytes: int = BLOCK_BYTES) -> ChangedRows | None:
         """A snapshot of the rows changed after mark ``since`` (``mark``: the epoch just
-        ended), found by the save's writer (None: not row-stamped, or not contiguous)."""
+        ended), found by the save's writer ``block_bytes`` at a time (None: not row-stamped,
+        or not contiguous)."""
         arr = self.array
         if self.row_epochs is None or not arr.flags.c_contiguous:
             return None
-        snap = ChangedRows(arr, self.row_epochs, since, mark)
+        snap = ChangedRows(arr, self.row_epochs, since, mark, block_bytes=block_bytes)
         self.snapshots.append(snap)
         return snap
 

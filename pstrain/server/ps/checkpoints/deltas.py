@@ -125,7 +125,7 @@ class Deltas:
                 continue
             # Its changed rows are found and gathered by the save thread, block by block; an
             # update meanwhile keeps the old values of the rows it changes first.
-            lazy = record.changes_snapshot(req.since, mark)
+            lazy = record.changes_snapshot(req.since, mark, self.checkpoints.block_bytes)
             if lazy is not None:
                 snaps.append((record, lazy))
                 found.append((key, lazy))

@@ -45,6 +45,7 @@ from ...._formats.messages.checkpoint_operations import RestoreCheckpoint, Resto
 from ...._formats.messages.records import RestoreReply
 from ...._formats.numerics.idhash import Shard
 from ..store import VariableRecord, VariableStore
+from .snapshots import BLOCK_BYTES
 
 __all__ = ["CheckpointFiles", "Pending"]
 
@@ -93,6 +94,10 @@ class CheckpointFiles:
         #: otherwise wait out a schedule before it exits).
         self._spreading: set[threading.Event] = set()
         self.stopped = False
+        #: The most bytes a save stages at a time: a ps under a memory budget stages a
+        #: share of it (``Tiering.save_bytes``), not ``CHUNK`` nor a quarter of what it
+        #: holds (a spread delta's ``ahead``); None: no budget.
+        self.staging: int | None = None
         #: Per save thread, the check that gives its staging buffer back once it is idle.
         self._idle_checks: dict[str, asyncio.TimerHandle] = {}
         self.root = os.path.realpath(root or os.getcwd())
@@ -103,6 +108,12 @@ class CheckpointFiles:
             tuple[list[tuple[str, np.ndarray, bool, str | None]], list[VariableRecord], asyncio.TimerHandle],
         ] = {}
         store.staged.append(self.staged_bytes)
+
+    @property
+    def block_bytes(self) -> int:
+        """The bytes a save copies out of an array at a time (:data:`BLOCK_BYTES`, or its
+        staging under a budget)."""
+        return BLOCK_BYTES if self.staging is None else min(BLOCK_BYTES, self.staging)
 
     def confine(self, path: str, what: str) -> str:
         """``path`` resolved, if it lies under the root; else InvalidArgumentError."""
@@ -149,7 +160,7 @@ class CheckpointFiles:
         try:
             for key, r in records.items():
                 arr = r.array
-                snap = r.snapshot()
+                snap = r.snapshot(block_bytes=self.block_bytes)
                 if snap is not None:
                     pending.releases.append(functools.partial(r.end_snapshot, snap))
                     tensors.append((key, arr.dtype, arr.shape, snap))
@@ -180,8 +191,9 @@ class CheckpointFiles:
                     pending.tensors,
                     root=self.root,
                     write_s=write_s,
-                    ahead=ahead,
+                    ahead=ahead if self.staging is None else min(ahead, self.staging),
                     sleep=pace.wait,
+                    chunk=self.staging,
                 )
             finally:
                 self._spreading.discard(pace)

@@ -32,8 +32,14 @@ from ...._kernels.batches import take_rows
 
 __all__ = ["BLOCK_BYTES", "ChangedRows", "KeptRows", "Snapshot"]
 
-#: About how many bytes a save's writer copies (and writes) at a time.
+#: About how many bytes a save's writer copies (and writes) at a time (less on a ps under
+#: a memory budget: ``Tiering.save_bytes``).
 BLOCK_BYTES = 8 << 20
+
+
+def _rows_in(array: np.ndarray, block_bytes: int) -> int:
+    """Rows of ``array`` in a block of about ``block_bytes`` (one at least)."""
+    return max(1, block_bytes // max(1, array[:1].nbytes))
 
 
 class KeptRows:
@@ -143,9 +149,14 @@ class Snapshot:
     """
 
     def __init__(
-        self, array: np.ndarray, block_rows: int | None = None, rows: np.ndarray | None = None
+        self,
+        array: np.ndarray,
+        block_rows: int | None = None,
+        rows: np.ndarray | None = None,
+        *,
+        block_bytes: int = BLOCK_BYTES,
     ) -> None:
-        self._setup(array, block_rows, rows)
+        self._setup(array, block_rows or _rows_in(array, block_bytes), rows)
         # True: nothing to keep for the row (kept already, or not among the rows selected).
         if rows is None:
             self._done = np.zeros(self.rows, bool)
@@ -153,13 +164,12 @@ class Snapshot:
             self._done = np.ones(self.rows, bool)
             self._done[rows] = False
 
-    def _setup(self, array: np.ndarray, block_rows: int | None, rows: np.ndarray | None) -> None:
+    def _setup(self, array: np.ndarray, block_rows: int, rows: np.ndarray | None) -> None:
         self.array = array
         self.rows = array.shape[0]
         #: Only these rows (ascending), gathered in order (a delta's changed rows); None: all.
         self.select = rows
-        row_bytes = max(1, array[:1].nbytes)
-        self.block_rows = block_rows or max(1, BLOCK_BYTES // row_bytes)
+        self.block_rows = block_rows
         self.taken = 0  # rows below this are copied by the writer: changes there need nothing
         self._kept = KeptRows(array)  # old values of rows changed before the writer took them
         self._next_drop = self.block_rows * 64  # the writer forgets kept rows it is past
@@ -298,9 +308,16 @@ class ChangedRows(Snapshot):
     """
 
     def __init__(
-        self, array: np.ndarray, epochs: np.ndarray, since: int, mark: int, block_rows: int | None = None
+        self,
+        array: np.ndarray,
+        epochs: np.ndarray,
+        since: int,
+        mark: int,
+        block_rows: int | None = None,
+        *,
+        block_bytes: int = BLOCK_BYTES,
     ) -> None:
-        self._setup(array, block_rows, None)
+        self._setup(array, block_rows or _rows_in(array, block_bytes), None)
         if epochs.shape[0] != self.rows:
             raise ValueError(f"ChangedRows: {epochs.shape[0]} epochs for {self.rows} rows")
         self.epochs = epochs

@@ -40,7 +40,7 @@ from ...._base.errors import ResourceExhaustedError
 from ...._kernels import KERNELS
 from .id_index import IdIndex
 
-__all__ = ["META", "ColdRows", "copy_field", "put_field", "record_dtype"]
+__all__ = ["META", "ColdRows", "SavedPlaces", "copy_field", "put_field", "record_dtype"]
 
 #: Per record: the epoch it last changed in, its last training lookup and its lookup count.
 META = np.dtype([("epoch", "<u4"), ("pad", "<u4"), ("last_seen", "<i8"), ("freq", "<i8")])
@@ -587,17 +587,16 @@ class ColdRows:
             self.open = None
             shutil.rmtree(self.directory, ignore_errors=True)
 
-    def places_now(self, since: int | None = None, *, ordered: bool = True) -> np.ndarray:
-        """The places of the rows here now (changed after epoch ``since``, if given),
-        ascending unless ``ordered`` is false (a save sorts them on its own thread, not on
-        the serving loop): what a save taken now reads, while records there never change."""
-        live = np.flatnonzero(self.live[: self.used])
-        if since is not None:
-            live = live[self.epochs[live] > since]
-        places = self.places[live]
-        if ordered:
-            places.sort()
+    def places_now(self) -> np.ndarray:
+        """The places of the rows here now, ascending (a whole export's)."""
+        places = self.places[: self.used][self.live[: self.used]]
+        places.sort()
         return places
+
+    def saved_places(self, since: int | None = None) -> SavedPlaces:
+        """The places of the rows here now (changed after epoch ``since``, if given): what a
+        save taken now reads, while records there never change (:class:`SavedPlaces`)."""
+        return SavedPlaces(self, since)
 
     def fill(self, places: np.ndarray, key: str, slot_init: dict[str, float], out: np.ndarray) -> None:
         """Column ``key`` (``ids``, ``rows`` or ``slot:<k>``) of the records at ``places``
@@ -663,3 +662,56 @@ class ColdRows:
         self.__init__(  # type: ignore[misc]
             self.directory, self.dim, self.dtype, segment_rows=self.segment_rows, kernels=self.kernels
         )
+
+
+class SavedPlaces:
+    """The places of the rows on disk a save reads, as they were when it began, in place
+    order (by segment, then record), a block at a time (:meth:`between`).
+
+    Held as a byte per record of the segments there then, live or not (set: the save
+    reads it), not as the places themselves: 8 bytes per row on disk, a sixth of what
+    their index takes, would come on top of the budget for the whole save. Segments are
+    compacted once half dead, so this is at most about 2 bytes a row. Made on the serving
+    loop, a slice of the cold slots at a time (no array of every live slot besides).
+    """
+
+    #: Records whose marks are counted together (the unit :meth:`between` starts from).
+    PIECE = 1 << 14
+
+    def __init__(self, cold: ColdRows, since: int | None = None) -> None:
+        self.numbers = np.array(sorted(cold.segments), np.int64)
+        lengths = np.array([cold.segments[int(n)].rows for n in self.numbers], np.int64)
+        #: Where each segment's first record is among the marks.
+        self.base = np.concatenate([np.zeros(1, np.int64), np.cumsum(lengths)])
+        self.marks = np.zeros(int(self.base[-1]), bool)
+        low = (1 << PLACE_BITS) - 1
+        for lo in range(0, cold.used, self.PIECE):
+            hi = min(cold.used, lo + self.PIECE)
+            live = cold.live[lo:hi]
+            if since is not None:
+                live = live & (cold.epochs[lo:hi] > since)
+            places = cold.places[lo:hi][live]
+            seg = np.searchsorted(self.numbers, places >> PLACE_BITS)
+            self.marks[self.base[seg] + (places & low)] = True
+        counts = [
+            np.count_nonzero(self.marks[a : a + self.PIECE]) for a in range(0, self.marks.size, self.PIECE)
+        ]
+        #: Marked records before each piece (and all of them, last).
+        self.before = np.concatenate([np.zeros(1, np.int64), np.cumsum(counts, dtype=np.int64)])
+        self.size = int(self.before[-1])
+
+    def between(self, lo: int, hi: int) -> np.ndarray:
+        """The places of the ``lo``-th to ``hi``-th rows (ascending)."""
+        hi = min(hi, self.size)
+        if lo >= hi:
+            return np.empty(0, np.int64)
+        k = int(np.searchsorted(self.before, lo, "right")) - 1
+        parts, skip, want = [], lo - int(self.before[k]), hi - lo
+        while want > 0:
+            flat = np.flatnonzero(self.marks[k * self.PIECE : (k + 1) * self.PIECE])[skip : skip + want]
+            parts.append(flat + k * self.PIECE)
+            want -= flat.size
+            skip, k = 0, k + 1
+        flat = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        seg = np.searchsorted(self.base, flat, "right") - 1
+        return (self.numbers[seg] << PLACE_BITS) | (flat - self.base[seg])

@@ -41,6 +41,7 @@ import numpy as np
 from ...._base.errors import InvalidArgumentError
 from ...._formats.numerics.idhash import row_hash
 from ...._kernels import KERNELS
+from ..checkpoints.snapshots import BLOCK_BYTES
 from ..store import ChangeClock, Snapshot
 from .admission import Admission
 from .id_index import IdIndex
@@ -87,6 +88,8 @@ class DynamicTable(SlicedRows, Admission):
                 "--max-variable-bytes): lower the capacity or the dim, or shard over more ps"
             )
         self.kernels = kernels or KERNELS
+        #: Bytes a save copies out of each array at a time (less on a ps under a budget).
+        self.save_block_bytes = BLOCK_BYTES
         self.index = IdIndex(kernels=self.kernels)  # id -> row
         self.alloc = 0
         self.rows = np.empty((0, config.dim), self.dtype)
@@ -266,7 +269,7 @@ class DynamicTable(SlicedRows, Admission):
         }
         if rows is None:
             arrays["live"] = self.live[:used]
-        save = {k: Snapshot(a, rows=rows) for k, a in arrays.items()}
+        save = {k: Snapshot(a, rows=rows, block_bytes=self.save_block_bytes) for k, a in arrays.items()}
         self.saves.append(save)
         return save
 

@@ -30,7 +30,6 @@ tiered shard (a move's, or a lost ps's in its replacement) go to its disk
 from __future__ import annotations
 
 import os
-import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
@@ -41,9 +40,10 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from ...._base.errors import InvalidArgumentError, ResourceExhaustedError
+from ...._formats.files.direct_writes import ALIGN, CHUNK
 from ..checkpoints.snapshots import Snapshot
 from ..store import ChangeClock
-from .cold_rows import META, ColdRows
+from .cold_rows import META, ColdRows, SavedPlaces
 from .dynamic_table import EVICT_BATCH, DynamicTable
 from .id_index import IdIndex
 from .table_config import TableConfig
@@ -67,7 +67,8 @@ HOT_FLOOR = 1 / 8
 HOT_ROW_EXTRA = 8 + 8 + 8 + 4 + 1 + 1 + 64
 #: Optimizer slots a row in RAM is budgeted for (Adam's and FTRL's two; Adagrad has one).
 SLOTS = 2
-#: Rows a save reads from disk at a time.
+#: Rows a save reads from disk at a time (at most: fewer if they would take more than its
+#: staging, :func:`save_bytes`).
 SAVE_BLOCK = 1 << 14
 #: Rows moved at a time when a shard's rows in RAM are compacted (a copy of each block).
 COMPACT_ROWS = 1 << 14
@@ -82,10 +83,23 @@ class Tiering:
     directory: str
     segment_rows: int = 1 << 20
 
+    @property
+    def save_bytes(self) -> int:
+        """What a save on this ps stages at a time (:func:`save_bytes`)."""
+        return save_bytes(self.budget)
+
     def table_directory(self, name: str, serial: int) -> str:
         """Where the shard of table ``name`` made ``serial``-th keeps its rows (a restore
         staged beside a live shard gets its own)."""
         return os.path.join(self.directory, f"{serial}-{urllib.parse.quote(name, safe='')}")
+
+
+def save_bytes(budget: int) -> int:
+    """The bytes a save (or a delta) stages at a time on a ps under ``budget``: 1/32 of it,
+    within 64 KiB and ``CHUNK`` (8 MiB), whole pages. A save's blocks, read from the hot
+    set and from disk and written, come on top of what the budget holds: at 1/32 each,
+    the few of them stay within the RSS the budget allows (+15 %)."""
+    return max(64 << 10, min(CHUNK, budget // 32 // ALIGN * ALIGN))
 
 
 def _largest(lo: int, hi: int, fits: Callable[[int], bool]) -> int | None:
@@ -114,33 +128,24 @@ class Found:
 
 
 class _ColdPart:
-    """The rows on disk a save writes: their places, taken on the serving loop as they
-    were when it began, sorted on the save's thread by the first array to read them; and
-    every array's part of them at once (:meth:`tails`: each record read once for all)."""
+    """The rows on disk a save writes: their places as they were when it began (taken on
+    the serving loop), and every array's part of them at once (:meth:`tails`: each record
+    read once for all)."""
 
-    def __init__(self, cold: ColdRows, places: np.ndarray, slot_init: dict[str, float]) -> None:
-        self.cold, self._places, self.slot_init = cold, places, slot_init
-        self._sorted = False
-        self._lock = threading.Lock()
+    def __init__(
+        self, cold: ColdRows, places: SavedPlaces, slot_init: dict[str, float], block: int = SAVE_BLOCK
+    ) -> None:
+        self.cold, self.places, self.slot_init = cold, places, slot_init
+        self.block = block  # records read at a time
 
     @property
     def size(self) -> int:
-        return int(self._places.size)
-
-    @property
-    def places(self) -> np.ndarray:
-        with self._lock:
-            if not self._sorted:
-                self._places.sort()  # numpy lets go of the GIL meanwhile
-                self._sorted = True
-            return self._places
+        return self.places.size
 
     def tails(self, keys: list[str]) -> Iterator[dict[str, np.ndarray]]:
         """Arrays ``keys``' rows on disk, a block of each at a time, in order."""
-        places = self.places
-        for lo in range(0, places.size, SAVE_BLOCK):
-            part = places[lo : lo + SAVE_BLOCK]
-            yield self.cold.fill_many(part, keys, self.slot_init)
+        for lo in range(0, self.size, self.block):
+            yield self.cold.fill_many(self.places.between(lo, lo + self.block), keys, self.slot_init)
 
 
 class _Tiered:
@@ -174,8 +179,8 @@ class _Tiered:
 
     def blocks(self) -> Iterator[np.ndarray]:
         yield from self.hot.blocks()
-        for lo in range(0, self.part.size, SAVE_BLOCK):
-            yield self._cold_block(lo, min(self.part.size, lo + SAVE_BLOCK), None)
+        for lo in range(0, self.part.size, self.part.block):
+            yield self._cold_block(lo, min(self.part.size, lo + self.part.block), None)
 
     def write_to(self, writer: Any) -> int:
         """The hot part, then the rows on disk, each block read straight into the writer's
@@ -187,7 +192,7 @@ class _Tiered:
         while lo < count:
             room = writer.room()
             fits = room.size // row_bytes if room.ctypes.data % arr.itemsize == 0 else 0
-            hi = min(count, lo + SAVE_BLOCK, lo + max(1, fits))
+            hi = min(count, lo + self.part.block, lo + max(1, fits))
             if fits:
                 dest = room[: (hi - lo) * row_bytes].view(arr.dtype).reshape(hi - lo, *arr.shape[1:])
                 self._cold_block(lo, hi, dest)
@@ -205,7 +210,7 @@ class _Tiered:
         if self.key == "live":
             out[:] = True
         else:
-            self.cold.fill(self.part.places[lo:hi], self.key, self.slot_init, out)
+            self.cold.fill(self.part.places.between(lo, hi), self.key, self.slot_init, out)
         return out
 
 
@@ -233,6 +238,7 @@ class TieredTable(TieredSlices, DynamicTable):
         super().__init__(name, config, owner, None, kernels, clock)  # the budget limits it, not a size
         self.budget = budget
         self.held = held
+        self.save_block_bytes = save_bytes(budget)
         self.cold = ColdRows(
             directory, config.dim, self.dtype, segment_rows=segment_rows, kernels=self.kernels
         )
@@ -668,7 +674,10 @@ class TieredTable(TieredSlices, DynamicTable):
     # -- checkpoints ---------------------------------------------------------------------------------
     def _snapshot(self, rows: np.ndarray | None, since: int | None = None) -> dict[str, Any]:
         hot = super()._snapshot(rows)
-        part = _ColdPart(self.cold, self.cold.places_now(since, ordered=False), dict(self.slot_init))
+        # (a block of records, with every array's part of it, within the save's staging)
+        record = META.itemsize + 8 + self.config.dim * self.dtype.itemsize * (1 + len(self.slots))
+        block = max(1, min(SAVE_BLOCK, self.save_block_bytes // (2 * record)))
+        part = _ColdPart(self.cold, self.cold.saved_places(since), dict(self.slot_init), block)
         self.cold.begin_save()
         save = {key: _Tiered(snap, part, key) for key, snap in hot.items()}
         # read as the table reads a Snapshot (before_write) and as a save writes one
