@@ -34,6 +34,7 @@ from pstrain.server.ps.moves import handlers as moves
 from pstrain.server.ps.store import ChangeClock
 from pstrain.server.ps.tables.cold_rows import ColdRows
 from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
+from pstrain.server.ps.tables.tiered_slices import CopyStream
 from pstrain.testing import InProcessCluster, untyped_call
 from tests.helpers import TOKEN, wait_for
 
@@ -1173,9 +1174,10 @@ async def test_a_pull_the_source_refuses_or_cannot_answer_stages_nothing_and_nam
 
 
 async def test_a_tiered_moves_rows_on_disk_are_read_off_the_serving_loop(tmp_path, monkeypatch):
-    """The source of a move reads the records of its rows on disk on a thread, after the
-    copy's mark: while that read waits, the ps serves lookups and updates (of the moving
-    slices too), and the rows changed meanwhile reach the new ps with the patch."""
+    """The source of a move reads the records of its rows on disk on a thread, a block at
+    a time as the new ps pulls them, after the copy's mark: while that read waits, the ps
+    serves lookups and updates (of the moving slices too), and the rows changed meanwhile
+    reach the new ps with the patch."""
     async with _job(tier=str(tmp_path / "tier")) as (cluster, extra, strategy, coordinator):
         assert extra is not None
         async with strategy.scope():
@@ -1186,14 +1188,14 @@ async def test_a_tiered_moves_rows_on_disk_are_read_off_the_serving_loop(tmp_pat
         assert cluster.ps[0].tables[table.key].statistics()["cold_rows"] > 0
         await coordinator.ps.admit_ps(extra.address)
         reading, release = threading.Event(), threading.Event()
-        real = ColdRows.records_at
+        real = ColdRows.records_from
 
         def held(self, places):  # the read waits until the test has been served
             reading.set()
             assert release.wait(30)
             return real(self, places)
 
-        monkeypatch.setattr(ColdRows, "records_at", held)
+        monkeypatch.setattr(ColdRows, "records_from", held)
         slices = coordinator.ps.table_slices(table).held_by(0)
         move = asyncio.ensure_future(coordinator.ps.move_slices({table.key: slices}, 0, 2))
         try:
@@ -1204,3 +1206,79 @@ async def test_a_tiered_moves_rows_on_disk_are_read_off_the_serving_loop(tmp_pat
         await move
         assert _ids_on(extra, table.key).size and not _ids_on(cluster.ps[0], table.key).size
         _same_rows(*await table.export(), _expected(STEPS // 3 + 1, TIER_DIM))
+
+
+@contextlib.asynccontextmanager
+async def _tiered_pair(tmp_path, budget: int) -> AsyncIterator[tuple[Any, ParameterServer, Any, Any]]:
+    """One tiered ps in the job, a second one (tiered too) not in it yet, and the job's
+    coordinator, all in this process."""
+    options = {"memory_budget": budget, "table_dir": str(tmp_path / "tier")}
+    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN, ps_options=options) as cluster:
+        spare = ParameterServer(1, token=cluster.token, **options)
+        await spare.start()
+        try:
+            strategy = pstrain.ParameterServerStrategy(
+                pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token)
+            )
+            coordinator = pstrain.ClusterCoordinator(strategy)
+            yield cluster, spare, strategy, coordinator
+            await coordinator.close()
+        finally:
+            await spare.stop()
+
+
+async def test_a_tiered_move_is_pulled_a_block_at_a_time_and_neither_ps_holds_the_copy(tmp_path, monkeypatch):
+    """A tiered shard's slices move as blocks the new ps pulls and writes to its disk as they
+    come: the copy (here some 14 MB, rows in RAM and on disk) is never whole in the memory
+    of either ps (both live in this process: what it allocates while the move runs stays a
+    fraction of the copy), and the table is exactly as trained, on the new ps."""
+    import tracemalloc
+
+    monkeypatch.setattr(moves, "MAX_RECORDS_BYTES", 256 << 10)
+    dim, rows = 64, 48_000
+    async with _tiered_pair(tmp_path, 8 << 20) as (cluster, spare, strategy, coordinator):
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(dim, name="items", initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.SGD(1.0)
+        ids = np.arange(rows, dtype=np.int64) * 7919 + 3
+        for part in np.array_split(ids, 24):  # (a request's rows must fit the hot set at once)
+            await table.lookup(part)
+            await opt.apply_gradients(
+                [
+                    (
+                        pstrain.IndexedSlices(
+                            np.ones((part.size, dim), np.float32) * (part[:, None] % 5), part
+                        ),
+                        table,
+                    )
+                ]
+            )
+        stats = cluster.ps[0].tables[table.key].statistics()
+        assert stats["cold_rows"] > rows // 2 and stats["hot_rows"] > 1000
+        copy_bytes = rows * dim * 4
+        await coordinator.ps.admit_ps(spare.address)
+        pulls = []
+        real = CopyStream.read
+
+        def counted(self, start, count, max_bytes):
+            pulls.append(start)
+            return real(self, start, count, max_bytes)
+
+        monkeypatch.setattr(CopyStream, "read", counted)
+        slices = coordinator.ps.table_slices(table).held_by(0)
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            await coordinator.ps.move_slices({table.key: slices}, 0, 1)
+            added = tracemalloc.get_traced_memory()[1] - before
+        finally:
+            tracemalloc.stop()
+        assert len(pulls) > copy_bytes // (256 << 10) // 2 and pulls == sorted(pulls)
+        # (a copy held whole would be there twice: the reply sent, and the message received)
+        assert added < copy_bytes, f"{added} bytes allocated moving a copy of {copy_bytes}"
+        assert spare.moves.pulled == {} and spare.tables[table.key].cold.pending == 0
+        assert not _ids_on(cluster.ps[0], table.key).size
+        got_ids, got_rows = await table.export()
+        order = np.argsort(got_ids)
+        np.testing.assert_array_equal(got_ids[order], np.sort(ids))
+        np.testing.assert_array_equal(got_rows[order], -np.repeat((np.sort(ids) % 5)[:, None], dim, 1))

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from pstrain._formats.files import tensor_files
 from pstrain._formats.files.tensor_files import TensorFile, whole, write_streaming
 from pstrain._formats.numerics.optimizer_rules import RULES
-from pstrain.errors import InvalidArgumentError, ResourceExhaustedError
+from pstrain.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
 from pstrain.server.ps.checkpoints.snapshots import Snapshot
 from pstrain.server.ps.tables.cold_rows import META, ColdRows, SavedPlaces
 from pstrain.server.ps.tables.dynamic_table import DynamicTable
@@ -911,3 +911,54 @@ def test_a_save_of_a_tiered_table_adds_a_small_share_of_the_budget_to_what_the_p
         live = f.read("t/live")
         assert int(live.sum()) == stats["rows"]
         np.testing.assert_array_equal(np.sort(f.read("t/ids")[live]), np.sort(table.export()["ids"]))
+
+
+def test_a_move_pulled_a_few_rows_at_a_time_onto_a_tiered_shard_is_the_source_at_the_switch(tmp_path):
+    """A streamed copy (rows in RAM from a snapshot, then records on disk of each layout),
+    pulled seven rows at a time while training goes on (rows change, go to disk and come
+    back), each block written to the receiver's disk as it comes and indexed only at the
+    switch: the receiver then holds exactly the source's rows of those slices. A second
+    receiver whose move ends without a switch keeps no row and no record alive."""
+    from pstrain._formats.messages.placement_map import SliceSet, TableCopy, TablePatch
+    from pstrain._formats.numerics.idhash import in_slices
+
+    src = tiered(tmp_path / "a", TableConfig(dim=4), hot_rows=60)
+    for k in range(4):  # looked up only: to disk before the optimizer made its slot
+        src.lookup(np.arange(50 * k, 50 * k + 50, dtype=np.int64), True)
+    for k in range(4, 8):
+        train(src, np.arange(50 * k, 50 * k + 50, dtype=np.int64), k + 1)
+    assert {seg.slots for seg in src.cold.segments.values()} == {(), ("acc",)}
+    moving = SliceSet(slices=4, owned=[0, 3])
+    out, stream = src.stream_copy(moving)
+    mark = src.clock.mark()
+    assert out["ids"].size == 0 and out["record_count"] == stream.size > stream.hot > 0
+    dst, gone = (tiered(tmp_path / n, TableConfig(dim=4), hot_rows=60) for n in ("b", "c"))
+    sinks = [dst.pull_sink("t"), gone.pull_sink("t")]
+    got, layouts, t = 0, set(), 20
+    while got < stream.size:
+        raw, slots = stream.read(got, 7, 1 << 20)
+        for sink in sinks:
+            sink.put(sink.checked(raw, list(slots)), list(slots))
+        got += raw.size // src.cold.record(slots).itemsize
+        layouts.add(slots)
+        t += 1  # training meanwhile: rows of every tier change, new ones push others to disk
+        train(src, np.r_[np.arange(t % 400, t % 400 + 9), np.arange(5000 + 9 * t, 5009 + 9 * t)], t)
+    assert layouts == {(), ("acc",)} and got == stream.size
+    assert stream.read(got, 7, 1 << 20)[0].size == 0
+    assert dst.cold.pending == got and dst.cold.compactable() is None and len(dst) == 0
+    stream.close()
+    with pytest.raises(FailedPreconditionError, match="closed"):
+        stream.read(0, 7, 1 << 20)
+    patch = src.patch_slices(moving, mark)
+    after = by_id(src.export())
+    mine = in_slices(after["ids"], 4, [0, 3])
+    assert dst.checked_merge(TableCopy(**out), TablePatch(**patch), sinks[0])() == int(mine.sum())
+    assert dst.cold.pending == 0 and len(dst.cold) == int(mine.sum())
+    mine_now = by_id(dst.export())
+    for key in ("ids", "rows", "slot:acc"):
+        np.testing.assert_array_equal(mine_now[key], after[key][mine], err_msg=key)
+    # the index keeps each row's epoch (in the next delta), whatever its record says
+    assert (dst.cold.epochs[dst.cold.find(mine_now["ids"])] == dst.clock.epoch).all()
+    sinks[1].forget()  # the other move ended: its rows die, and their segments go
+    assert gone.cold.pending == 0 and len(gone) == 0
+    assert [s.dead == s.rows for s in gone.cold.segments.values()] == [True]  # (the one still written)

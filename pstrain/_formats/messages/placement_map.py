@@ -52,12 +52,14 @@ __all__ = [
     "InstallVariables",
     "MoveOut",
     "MoveOutReply",
+    "MoveRecords",
     "PullMove",
     "PullReply",
     "PlacementMap",
     "PlacementReply",
     "ReadPlacement",
     "ReadRecords",
+    "RecordsBlock",
     "RecordsReply",
     "SLICES_PER_PS",
     "SetPlacement",
@@ -262,6 +264,15 @@ class PullReply(Reply):
     nbytes: int
 
 
+class RecordsBlock(Reply):
+    """``ps/move_records``: records laid out as a segment's on disk (each the id, the epoch,
+    pad, last lookup and lookup count, the row, then a value per slot of ``record_slots``),
+    packed (bytes); fewer than asked where the copy ends."""
+
+    records: Any
+    record_slots: Annotated[list[Name], msgspec.Meta(max_length=64)] = []
+
+
 class VariableCopy(Record):
     """One variable (or optimizer slot) in a move."""
 
@@ -289,6 +300,9 @@ class TableCopy(Record):
     #: value per slot of ``record_slots`` (in that order), packed (bytes)
     records: Any = None
     record_slots: Annotated[list[Name], msgspec.Meta(max_length=64)] = []
+    #: Rows of the copy the receiver pulls a block at a time (``ps/move_records``) rather
+    #: than carries here: a tiered source's, rows in RAM and on disk alike
+    record_count: Count = 0
 
     @property
     def nbytes(self) -> int:
@@ -353,6 +367,22 @@ class MoveOut(Owned[MoveOutReply], tag="ps/move_out"):
     stage: Stage
     #: dynamic table key -> the slices of it to move
     tables: dict[Name, SliceSet] = {}
+    #: The receiver pulls a tiered table's rows itself, a block at a time
+    #: (``ps/move_records``); else they come in the reply, whole
+    pull_records: bool = False
+
+
+class MoveRecords(Owned[RecordsBlock], tag="ps/move_records"):
+    """Rows ``start`` on of the copy of table ``name`` that ``ps/move_out`` (with
+    ``pull_records``) took in ``stage``, as records of one layout: at most ``count`` of
+    them, and at most ``max_bytes``. The ps that pulls them writes them to its own disk as
+    they come; the copy is of the moment of the mark, however late they are pulled."""
+
+    stage: Stage
+    name: Name
+    start: Count
+    count: Annotated[int, msgspec.Meta(ge=1, le=1 << 24)]
+    max_bytes: Annotated[int, msgspec.Meta(ge=1 << 12, le=1 << 30)] = 4 << 20
 
 
 class PullMove(Owned[PullReply], tag="ps/move_pull"):

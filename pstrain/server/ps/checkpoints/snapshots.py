@@ -221,6 +221,14 @@ class Snapshot:
             self._maybe_drop(hi)
         self._drop_written(self.rows)
 
+    def between(self, lo: int, hi: int) -> np.ndarray:
+        """Rows ``lo:hi`` of the snapshot (of its selected rows) as they were when it began,
+        a copy of their own, for a reader that takes them in order from the first, a block
+        at a time, as :meth:`blocks` does (a move's copy, pulled by another ps)."""
+        block = self._block(lo, hi, None)
+        self._maybe_drop(hi)
+        return block
+
     def write_to(self, writer: DirectWriter) -> int:
         """Write the array (or its selected rows) as of the snapshot to ``writer``, each
         block gathered straight into the writer's staging buffer (no copy of its own, then

@@ -43,9 +43,11 @@ from ...._formats.messages.placement_map import (
     InstallVariables,
     MoveOut,
     MoveOutReply,
+    MoveRecords,
     PullMove,
     PullReply,
     ReadRecords,
+    RecordsBlock,
     RecordsReply,
     SliceSet,
     TableCopy,
@@ -60,6 +62,7 @@ from ..store import VariableRecord, VariableStore
 from ..tables.dynamic_table import TableConfig
 from ..tables.handlers import TableHandlers
 from ..tables.moved_records import records_of
+from ..tables.tiered_slices import CopyStream, TieredSlices
 from .ps_map import PsMap
 from .stages import Stages
 
@@ -70,6 +73,8 @@ logger = logging.getLogger(__name__)
 #: Seconds a move's stage may wait for its next step before it is dropped (the coordinator
 #: sends each step within its request timeout, 120 s, of the step before).
 MOVE_TTL_S = 300.0
+#: The most bytes of records one ``ps/move_records`` answers with.
+MAX_RECORDS_BYTES = 16 << 20
 
 
 class Moves:
@@ -95,6 +100,11 @@ class Moves:
         self.parked_tables: dict[str, list[tuple[str, SliceSet, SliceSet | None, int | None]]] = {}
         #: stage -> tables receiving slices: (the copy, the slices served before, created here)
         self.incoming_tables: dict[str, list[tuple[TableCopy, SliceSet | None, bool]]] = {}
+        #: stage -> table -> its copy, read a block at a time by the ps it goes to (a
+        #: tiered table's: ``ps/move_records``), until the source stops serving the slices
+        self.streams: dict[str, dict[str, CopyStream]] = {}
+        #: stage -> table -> the blocks of its copy pulled here, until the switch
+        self.pulled: dict[str, dict[str, Any]] = {}
         #: stage -> the keys being moved out (copied, still served) or parked (no longer served)
         self.outgoing: dict[str, list[str]] = {}
         self.parked: dict[str, list[tuple[VariableRecord, str | None]]] = {}
@@ -115,6 +125,7 @@ class Moves:
         route(InstallVariables, self.install)
         route(EndMove, self.end)
         route(ReadRecords, self.read_records)
+        route(MoveRecords, self.move_records)
 
     def read_records(self, req: ReadRecords) -> RecordsReply:
         """The exactly-once records of variables ``req.names`` here."""
@@ -139,8 +150,17 @@ class Moves:
                         name=r.name, value=r.array, trainable=r.trainable, owner=r.owner, slot_of=slot_of
                     )
                 )
-        begun = [table.begin_copy(moving) for table, moving in tables]
+        begun: list[tuple[dict[str, Any], Callable[[], None] | None]] = []
+        streams: dict[str, CopyStream] = {}
+        for (table, moving), name in zip(tables, req.tables, strict=True):
+            if req.pull_records and isinstance(table, TieredSlices):  # pulled a block at a time
+                out, streams[name] = table.stream_copy(moving)
+                begun.append((out, None))
+            else:
+                begun.append(table.begin_copy(moving))
         mark = self.store.clock.mark()  # (the copies are of this moment: nothing awaited since)
+        if streams:
+            self.streams[req.stage] = streams
         self.outgoing[req.stage] = list(req.keys)
         self.outgoing_tables[req.stage] = dict(req.tables)
         self.stages.start("out", req.stage, req.owner, MOVE_TTL_S)
@@ -168,10 +188,27 @@ class Moves:
             release()
             self.outgoing.pop(req.stage, None)
             self.outgoing_tables.pop(req.stage, None)
+            self._close_streams(req.stage)
             self.stages.ended("out", req.stage)
             raise
         table_copies = [TableCopy(**out) for out, _ in begun]
         return Pinned(MoveOutReply(mark=mark, vars=copies, tables=table_copies), release)
+
+    async def move_records(self, req: MoveRecords) -> RecordsBlock:
+        """Rows of a copy ``ps/move_out`` took in ``req.stage`` to be pulled (its
+        ``CopyStream``), read on a thread: a block of at most ``req.max_bytes`` (and
+        :data:`MAX_RECORDS_BYTES`)."""
+        self.stages.check("out", req)
+        stream = self.streams.get(req.stage, {}).get(req.name)
+        if stream is None:
+            raise FailedPreconditionError(
+                f"ps/move_records: no copy of table {req.name!r} is being pulled from "
+                f"{self.store.task} in move {req.stage!r}"
+            )
+        records, slots = await asyncio.to_thread(
+            stream.read, req.start, req.count, min(req.max_bytes, MAX_RECORDS_BYTES)
+        )
+        return RecordsBlock(records=records, record_slots=list(slots))
 
     async def pull(self, req: PullMove) -> PullReply:
         """Steps 1 and 2 here, the receiving ps: ``ps/move_out`` asked of the source by this
@@ -190,8 +227,13 @@ class Moves:
         channel.owner = req.owner
         try:
             out = await channel.request(
-                MoveOut(keys=req.keys, stage=req.stage, tables=req.tables), timeout=req.timeout
+                MoveOut(keys=req.keys, stage=req.stage, tables=req.tables, pull_records=True),
+                timeout=req.timeout,
             )
+            staged, nbytes = self._stage_pulled(req, out)
+            for copy in out.tables:
+                if copy.record_count:
+                    nbytes += await self._pull_records(req, channel, copy)
         except PstrainError as exc:
             raise restated(
                 exc,
@@ -200,6 +242,12 @@ class Moves:
             ) from exc
         finally:
             await channel.close()
+        return PullReply(mark=out.mark, staged=staged, nbytes=nbytes)
+
+    def _stage_pulled(self, req: PullMove, out: MoveOutReply) -> tuple[int, int]:
+        """Stage what ``ps/move_out`` answered (as :meth:`install` stages copies), each
+        table's copy with the slices it serves here after the move and its capacity; the
+        copies staged, and the bytes they carried."""
         copies = [
             msgspec.structs.replace(
                 c,
@@ -212,7 +260,45 @@ class Moves:
             InstallVariables(stage=req.stage, vars=out.vars, tables=copies, owner=req.owner)
         )
         nbytes = sum(int(getattr(c.value, "nbytes", 0)) for c in out.vars) + sum(c.nbytes for c in copies)
-        return PullReply(mark=out.mark, staged=staged.staged, nbytes=nbytes)
+        return staged.staged, nbytes
+
+    async def _pull_records(self, req: PullMove, channel: Channel, copy: TableCopy) -> int:
+        """The rows of ``copy`` its source keeps to be pulled, a block at a time (the next
+        asked for while this one is taken in: written to disk here, if the table is tiered),
+        until the switch (:meth:`install`); the bytes pulled."""
+        sink = self.tables.table(copy.name).pull_sink(copy.name)
+        self.pulled.setdefault(req.stage, {})[copy.name] = sink
+
+        def ask(start: int) -> asyncio.Task[RecordsBlock]:
+            block = MoveRecords(stage=req.stage, name=copy.name, start=start, count=copy.record_count - start)
+            return asyncio.ensure_future(channel.request(block, timeout=req.timeout))
+
+        got = nbytes = 0
+        nxt: asyncio.Task[RecordsBlock] | None = ask(0)
+        try:
+            while nxt is not None:
+                block = await nxt
+                records = sink.checked(block.records, block.record_slots)
+                if not records.size:
+                    raise FailedPreconditionError(
+                        f"ps/move_records: the copy of table {copy.name!r} ended after {got} of "
+                        f"its {copy.record_count} rows"
+                    )
+                got += records.size
+                nxt = ask(got) if got < copy.record_count else None  # (asked while this one is put)
+                current = self.pulled.get(req.stage, {}).get(copy.name)
+                if current is None or current is not sink:
+                    raise FailedPreconditionError(f"ps/move_pull: move {req.stage!r} ended meanwhile")
+                sink.put(records, block.record_slots)
+                nbytes += records.nbytes
+        finally:
+            if nxt is not None:
+                nxt.cancel()
+        if got != copy.record_count:
+            raise FailedPreconditionError(
+                f"ps/move_records: {got} rows of table {copy.name!r} pulled, not {copy.record_count}"
+            )
+        return nbytes
 
     def _check_held(self, name: str, moving: SliceSet) -> None:
         """InvalidArgumentError unless this ps holds every slice of ``moving`` of table
@@ -250,6 +336,7 @@ class Moves:
                 f"ps/move_finish: no move {req.stage!r} of these variables and table slices started here"
             )
         self.stages.stop_timer("out", req.stage)  # parked now: kept until the move ends
+        self._close_streams(req.stage)  # (its receiver pulled them before this step)
         self.map.adopt(req.placement, req.owner)
         table_patches, parked_tables = [], []
         for name, moving in tables.items():
@@ -337,8 +424,11 @@ class Moves:
                     arrays[name][np.asarray(rows)] = values
             except (IndexError, ValueError, TypeError) as exc:  # nothing is served yet
                 raise InvalidArgumentError(f"ps/install: a bad patch of {name!r}: {exc}") from None
+        pulled = self.pulled.get(req.stage, {})
         merges = [
-            self.tables.table(arrived.name).checked_merge(arrived, table_patches[arrived.name])
+            self.tables.table(arrived.name).checked_merge(
+                arrived, table_patches[arrived.name], pulled.get(arrived.name)
+            )
             for arrived, _, _ in staged_tables
         ]  # every table's checked before any is served
         for copy in staged:
@@ -346,6 +436,7 @@ class Moves:
             record = self.store.get(copy.name)
             record.owner = copy.owner
             self.store.away.pop(copy.name, None)
+        self.pulled.pop(req.stage, None)  # (taken in by the merges)
         for (arrived, _, _), merge in zip(staged_tables, merges, strict=True):
             merge()
             self.tables.table(arrived.name).with_capacity(arrived.config.capacity)
@@ -448,9 +539,22 @@ class Moves:
         tables = self._end_tables(req.stage, req.commit)
         return EndReply(ended=parked is not None or keys is not None or staged is not None or tables)
 
+    def _close_streams(self, stage: str) -> None:
+        """The copies of ``stage`` no longer pulled from here: their tables are no longer
+        saved by them."""
+        for stream in self.streams.pop(stage, {}).values():
+            stream.close()
+
+    def _forget_pulled(self, stage: str) -> None:
+        """The rows of ``stage``'s copies pulled here, never switched to: they go."""
+        for sink in self.pulled.pop(stage, {}).values():
+            sink.forget()
+
     def _end_tables(self, stage: str, commit: bool) -> bool:
         """A move's end for its table slices: dropped from the source (committed) or served
         there again; a receiving ps that never switched forgets what it staged."""
+        self._close_streams(stage)
+        self._forget_pulled(stage)
         self.outgoing_tables.pop(stage, None)
         parked = self.parked_tables.pop(stage, None)
         for name, moving, before, capacity in parked or ():
@@ -482,6 +586,7 @@ class Moves:
             if side == "out":
                 self.outgoing.pop(stage, None)
                 self.outgoing_tables.pop(stage, None)
+                self._close_streams(stage)
                 self.parked.pop(stage, None)
                 self.parked_tables.pop(stage, None)  # (their rows go with the table it replaces)
             else:
@@ -511,6 +616,7 @@ class Moves:
         if side == "out":
             del self.outgoing[stage]
             self.outgoing_tables.pop(stage, None)
+            self._close_streams(stage)
             return
         self._drop_incoming(stage)
 
@@ -518,6 +624,7 @@ class Moves:
         """Forget what ``stage`` staged here, leaving what a later move of the same table
         slices set up since."""
         self.incoming.pop(stage, None)  # (a name marked arriving stays refused: no ps routes here)
+        self._forget_pulled(stage)
         for copy, before, created in self.incoming_tables.pop(stage, []):
             assert copy.serving is not None and copy.moving is not None  # (checked when staged)
             mine = SliceSet(
@@ -533,8 +640,10 @@ class Moves:
 
     def staged_bytes(self) -> int:
         """The bytes of the copies staged here, variables and table slices."""
-        return sum(c.value.nbytes for copies in self.incoming.values() for c in copies) + sum(
-            c.nbytes for staged in self.incoming_tables.values() for c, _, _ in staged
+        return (
+            sum(c.value.nbytes for copies in self.incoming.values() for c in copies)
+            + sum(c.nbytes for staged in self.incoming_tables.values() for c, _, _ in staged)
+            + sum(sink.nbytes for sinks in self.pulled.values() for sink in sinks.values())
         )
 
     def statistics(self) -> dict[str, Any]:

@@ -37,10 +37,11 @@ from types import ModuleType
 import numpy as np
 
 from ...._base.errors import ResourceExhaustedError
+from ...._formats.numerics.idhash import in_slices
 from ...._kernels import KERNELS
 from .id_index import IdIndex
 
-__all__ = ["META", "ColdRows", "SavedPlaces", "copy_field", "put_field", "record_dtype"]
+__all__ = ["META", "ColdRows", "SavedPlaces", "copy_field", "pack_records", "put_field", "record_dtype"]
 
 #: Per record: the epoch it last changed in, its last training lookup and its lookup count.
 META = np.dtype([("epoch", "<u4"), ("pad", "<u4"), ("last_seen", "<i8"), ("freq", "<i8")])
@@ -114,6 +115,20 @@ def put_field(records: np.ndarray, values: np.ndarray, first: str, last: str | N
             records[name] = values[name]
 
 
+def pack_records(
+    record: np.dtype, ids: np.ndarray, meta: np.ndarray, rows: np.ndarray, slots: list[np.ndarray]
+) -> np.ndarray:
+    """Records of ``record`` (:func:`record_dtype`) of ``ids``, their ``META`` fields
+    (``meta``), ``rows`` and each slot of ``slots``, in order."""
+    records = np.empty(ids.size, record)
+    put_field(records, ids, "id")
+    put_field(records, meta, "epoch", "freq")
+    put_field(records, rows, "row")
+    for i, values in enumerate(slots):
+        put_field(records, values, f"slot{i}")
+    return records
+
+
 def record_dtype(dim: int, dtype: np.dtype, slots: int) -> np.dtype:
     """A record of rows of ``dim`` values of ``dtype`` with ``slots`` optimizer slots: the
     id, ``META``'s fields, the row, then each slot, packed (a segment's records; a move
@@ -182,6 +197,9 @@ class ColdRows:
         self.open: _Segment | None = None
         self.saves = 0  # saves reading now: no segment is deleted meanwhile
         self.reading = 0  # reads on threads now: no segment is deleted meanwhile
+        #: Records written and not indexed yet (a move's, pulled ahead of its switch): no
+        #: segment is compacted meanwhile
+        self.pending = 0
         self.discarded = False  # the table is gone: the directory goes once no one reads it
         self.reads = self.rows_read = self.rows_written = 0
 
@@ -237,10 +255,14 @@ class ColdRows:
     def ids_of(self, slots: np.ndarray) -> np.ndarray:
         """The ids of cold ``slots`` (from the index: no disk read; one pass over it, no
         sort, and an array of an id per slot only while this runs)."""
+        return self.ids_by_slot()[slots]
+
+    def ids_by_slot(self) -> np.ndarray:
+        """The id of each cold slot in use (any value for a slot free now)."""
         keys, vals = self.index.items()
         by_slot = np.empty(self.used, np.int64)
         by_slot[vals] = keys
-        return by_slot[slots]
+        return by_slot
 
     # -- writing --------------------------------------------------------------------------------
     def put(
@@ -305,13 +327,9 @@ class ColdRows:
 
         def pack(part: slice) -> np.ndarray:
             at = part if where is None else where[part]
-            records = np.empty(part.stop - part.start, self.record(key_names))
-            put_field(records, ids[part], "id")
-            put_field(records, meta[part], "epoch", "freq")
-            put_field(records, rows[at], "row")
-            for i, k in enumerate(key_names):
-                put_field(records, slots[k][at], f"slot{i}")
-            return records
+            return pack_records(
+                self.record(key_names), ids[part], meta[part], rows[at], [slots[k][at] for k in key_names]
+            )
 
         return self._append(ids.size, key_names, pack)
 
@@ -436,8 +454,10 @@ class ColdRows:
     # -- compaction ---------------------------------------------------------------------------
     def compactable(self) -> int | None:
         """A segment at least half dead (not the one being written), to copy its live
-        records to the end and delete it; None if none, or while a save reads."""
-        if self.saves:
+        records to the end and delete it; None if none, while a save reads, or while records
+        written are still to be indexed (a move's, :attr:`pending`: a copy of the segment's
+        live records would leave them behind)."""
+        if self.saves or self.pending:
             return None
         for seg in self.segments.values():
             if seg is not self.open and seg.rows and 2 * seg.dead >= seg.rows and seg.dead < seg.rows:
@@ -516,21 +536,30 @@ class ColdRows:
     def records_at(self, places: np.ndarray) -> tuple[np.ndarray, tuple[str, ...]] | None:
         """The records at ``places`` (ascending) as they lie on disk, and the slots they
         carry, if every one of them lies in a segment whose records carry the same slots
-        (the usual case); else None. Each run of a segment's records is read once, straight
-        into its part of the array returned."""
+        (the usual case); else None."""
         if not places.size:
             return None
+        records, slots = self.records_from(places)
+        return (records, slots) if records.size == places.size else None
+
+    def records_from(self, places: np.ndarray) -> tuple[np.ndarray, tuple[str, ...]]:
+        """The records at the first of ``places`` (ascending) as they lie on disk, as many
+        as lie in segments whose records carry the same slots as the first's, and those
+        slots. Each run of a segment's records is read once, straight into its part of the
+        array returned."""
+        if not places.size:
+            return np.empty(0, self.record(())), ()
         numbers = places >> PLACE_BITS
         starts = [0, *(np.flatnonzero(numbers[1:] != numbers[:-1]) + 1).tolist(), places.size]
-        layouts = {self.segments[int(numbers[a])].slots for a in starts[:-1]}
-        if len(layouts) != 1:
-            return None
-        (slots,) = layouts
-        out = np.empty(places.size, self.record(slots))
-        for a, b in zip(starts[:-1], starts[1:]):
+        slots = self.segments[int(numbers[0])].slots
+        runs = 1
+        while runs < len(starts) - 1 and self.segments[int(numbers[starts[runs]])].slots == slots:
+            runs += 1
+        out = np.empty(starts[runs], self.record(slots))
+        for a, b in zip(starts[:runs], starts[1 : runs + 1]):
             self._gather(int(numbers[a]), places[a:b] & ((1 << PLACE_BITS) - 1), out.dtype, out[a:b])
         self.reads += 1
-        self.rows_read += places.size
+        self.rows_read += out.size
         return out, slots
 
     def _gather(
@@ -593,10 +622,13 @@ class ColdRows:
         places.sort()
         return places
 
-    def saved_places(self, since: int | None = None) -> SavedPlaces:
-        """The places of the rows here now (changed after epoch ``since``, if given): what a
-        save taken now reads, while records there never change (:class:`SavedPlaces`)."""
-        return SavedPlaces(self, since)
+    def saved_places(
+        self, since: int | None = None, moving: tuple[int, list[int]] | None = None
+    ) -> SavedPlaces:
+        """The places of the rows here now (changed after epoch ``since``, or in slices
+        ``moving``, ``(slices, owned)``, if given): what a save, or a move's copy, taken now
+        reads, while records there never change (:class:`SavedPlaces`)."""
+        return SavedPlaces(self, since, moving)
 
     def fill(self, places: np.ndarray, key: str, slot_init: dict[str, float], out: np.ndarray) -> None:
         """Column ``key`` (``ids``, ``rows`` or ``slot:<k>``) of the records at ``places``
@@ -678,18 +710,24 @@ class SavedPlaces:
     #: Records whose marks are counted together (the unit :meth:`between` starts from).
     PIECE = 1 << 14
 
-    def __init__(self, cold: ColdRows, since: int | None = None) -> None:
+    def __init__(
+        self, cold: ColdRows, since: int | None = None, moving: tuple[int, list[int]] | None = None
+    ) -> None:
         self.numbers = np.array(sorted(cold.segments), np.int64)
         lengths = np.array([cold.segments[int(n)].rows for n in self.numbers], np.int64)
         #: Where each segment's first record is among the marks.
         self.base = np.concatenate([np.zeros(1, np.int64), np.cumsum(lengths)])
         self.marks = np.zeros(int(self.base[-1]), bool)
         low = (1 << PLACE_BITS) - 1
+        if moving is not None:  # (an id per cold slot, while this runs)
+            by_slot = cold.ids_by_slot()
         for lo in range(0, cold.used, self.PIECE):
             hi = min(cold.used, lo + self.PIECE)
             live = cold.live[lo:hi]
             if since is not None:
                 live = live & (cold.epochs[lo:hi] > since)
+            if moving is not None:
+                live = live & in_slices(by_slot[lo:hi], *moving)
             places = cold.places[lo:hi][live]
             seg = np.searchsorted(self.numbers, places >> PLACE_BITS)
             self.marks[self.base[seg] + (places & low)] = True

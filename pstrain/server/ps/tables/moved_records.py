@@ -11,6 +11,8 @@ they are, only their bookkeeping (epoch, last lookup, count) set to what the pat
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import numpy as np
 
@@ -18,31 +20,33 @@ from ...._base.errors import InvalidArgumentError
 from ...._formats.messages.placement_map import TableCopy
 from .cold_rows import META, copy_field, put_field, record_dtype
 
-__all__ = ["as_columns", "kept_records", "records_of"]
+__all__ = ["PulledToRam", "as_columns", "checked_records", "kept_records", "records_of"]
 
 
 def records_of(copy: TableCopy, dim: int, dtype: np.dtype) -> np.ndarray:
     """``copy.records`` as records of rows of ``dim`` values of ``dtype`` (a view; none if
     it has none), checked: InvalidArgumentError naming what is wrong."""
-    names = list(copy.record_slots)
-    record = record_dtype(dim, dtype, len(names))
-    raw = copy.records
-    if raw is None:
-        if names:
+    if copy.records is None:
+        if copy.record_slots:
             raise InvalidArgumentError(f"ps/install: table {copy.name!r} lists record slots and no records")
-        return np.empty(0, record)
+        return np.empty(0, record_dtype(dim, dtype, 0))
+    return checked_records(copy.records, copy.record_slots, dim, dtype, f"ps/install: table {copy.name!r}")
+
+
+def checked_records(raw: Any, slots: list[str], dim: int, dtype: np.dtype, what: str) -> np.ndarray:
+    """``raw`` (bytes received: a copy's, or a block of one pulled) as records of rows of
+    ``dim`` values of ``dtype`` carrying ``slots`` (a view), checked: InvalidArgumentError
+    saying ``what`` and what is wrong."""
+    names = list(slots)
+    record = record_dtype(dim, dtype, len(names))
     if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.ndim != 1:
-        raise InvalidArgumentError(
-            f"ps/install: the records of table {copy.name!r} are not a vector of bytes"
-        )
+        raise InvalidArgumentError(f"{what}: its records are not a vector of bytes")
     if names != sorted(set(names)):
-        raise InvalidArgumentError(
-            f"ps/install: the record slots of table {copy.name!r} are not distinct and sorted: {names}"
-        )
+        raise InvalidArgumentError(f"{what}: its record slots are not distinct and sorted: {names}")
     if raw.size % record.itemsize:
         raise InvalidArgumentError(
-            f"ps/install: {raw.size} bytes of records of table {copy.name!r}, not a whole number "
-            f"of records of {record.itemsize} bytes ({dim} x {np.dtype(dtype)} with {len(names)} slot(s))"
+            f"{what}: {raw.size} bytes of records, not a whole number of records of "
+            f"{record.itemsize} bytes ({dim} x {np.dtype(dtype)} with {len(names)} slot(s))"
         )
     return np.ascontiguousarray(raw).view(record)
 
@@ -114,3 +118,74 @@ def kept_records(
     meta["freq"] = freq[pos]
     put_field(out, meta, "epoch", "freq")
     return out
+
+
+class PulledToRam:
+    """The blocks of a move's copy pulled into a shard held wholly in RAM (a ps without a
+    budget, from a tiered one): kept as they came until the switch, then taken apart into
+    the copy's arrays (:meth:`into`), as a copy whose records came in one piece would be."""
+
+    def __init__(self, name: str, dim: int, dtype: np.dtype) -> None:
+        self.what = f"ps/move_records: table {name!r}"
+        self.dim, self.dtype = dim, dtype
+        self.blocks: list[tuple[np.ndarray, list[str]]] = []
+        self.count = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(records.nbytes for records, _ in self.blocks)
+
+    def checked(self, raw: Any, slots: list[str]) -> np.ndarray:
+        """A block received as records (InvalidArgumentError naming what is wrong)."""
+        return checked_records(raw, slots, self.dim, self.dtype, self.what)
+
+    def put(self, records: np.ndarray, slots: list[str]) -> None:
+        """Keep a block (:meth:`checked`) until the switch."""
+        if records.size:
+            self.blocks.append((records, list(slots)))
+            self.count += records.size
+
+    def into(self, copy: TableCopy) -> TableCopy:
+        """``copy`` with the rows of the blocks after its own arrays' (a slot some rows do
+        not carry: its initial value, which ``slot_init`` must give)."""
+        parts = [as_columns(copy, self.dim, self.dtype)]
+        for records, slots in self.blocks:
+            part = msgspec.structs.replace(
+                copy, ids=None, rows=None, slots={}, records=records.view(np.uint8), record_slots=slots
+            )
+            parts.append(as_columns(part, self.dim, self.dtype))
+        keys = {k for part in parts for k in part.slots}
+        missing = {k for part in parts for k in keys - set(part.slots) if np.size(part.ids)} - set(
+            copy.slot_init
+        )
+        if missing:
+            raise InvalidArgumentError(
+                f"ps/install: table {copy.name!r}: slot(s) {sorted(missing)} have no initial value"
+            )
+        shape = (0, self.dim)
+
+        def rows_of(part: TableCopy, key: str | None) -> np.ndarray:
+            n = int(np.size(part.ids))
+            if key is None:
+                return np.asarray(part.rows if part.rows is not None else np.empty(shape), self.dtype)
+            if key in part.slots:
+                return np.asarray(part.slots[key], self.dtype)
+            return np.full((n, self.dim), copy.slot_init.get(key, 0.0), self.dtype)
+
+        try:
+            return msgspec.structs.replace(
+                copy,
+                ids=np.concatenate([np.asarray(p.ids if p.ids is not None else [], np.int64) for p in parts]),
+                rows=np.concatenate([rows_of(p, None).reshape(-1, self.dim) for p in parts]),
+                slots={k: np.concatenate([rows_of(p, k).reshape(-1, self.dim) for p in parts]) for k in keys},
+                records=None,
+                record_slots=[],
+            )
+        except (ValueError, TypeError) as exc:
+            raise InvalidArgumentError(
+                f"ps/install: the arrays of table {copy.name!r}'s copy: {exc}"
+            ) from None
+
+    def forget(self) -> None:
+        self.blocks.clear()
+        self.count = 0

@@ -26,7 +26,7 @@ from ...._base.errors import InvalidArgumentError, PlacementChangedError
 from ...._formats.messages.placement_map import SliceSet, TableCopy, TablePatch
 from ...._formats.numerics.idhash import in_slices, shard_of
 from ..store import VariableStore
-from .moved_records import as_columns
+from .moved_records import PulledToRam, as_columns
 
 if TYPE_CHECKING:
     from ..store import ChangeClock, Snapshot
@@ -223,13 +223,20 @@ class SlicedRows:
         whole first: nothing changes if any part is wrong). Returns rows put in."""
         return self.checked_merge(copy, patch)()
 
-    def checked_merge(self, copy: TableCopy, patch: TablePatch) -> Callable[[], int]:
-        """Check ``copy`` and ``patch`` whole (InvalidArgumentError naming what is wrong, and
-        nothing changed) and return what puts them in, which nothing sent can make fail: a
-        move checks every table's before it serves anything. Each row is written once, from
-        the copy or the patch, straight into the table's arrays."""
+    def pull_sink(self, name: str) -> Any:
+        """Where the blocks of a move's copy pulled into this shard go until its switch
+        (:class:`~pstrain.server.ps.tables.moved_records.PulledToRam`)."""
+        return PulledToRam(name, self.config.dim, self.dtype)
+
+    def checked_merge(self, copy: TableCopy, patch: TablePatch, pulled: Any = None) -> Callable[[], int]:
+        """Check ``copy`` (with the blocks of it ``pulled``, if any: :meth:`pull_sink`'s)
+        and ``patch`` whole (InvalidArgumentError naming what is wrong, and nothing changed)
+        and return what puts them in, which nothing sent can make fail: a move checks every
+        table's before it serves anything. Each row is written once, from the copy or the
+        patch, straight into the table's arrays."""
         dim, dtype = self.config.dim, self.dtype
-        copy = as_columns(copy, dim, dtype)  # (rows on disk at a tiered source: as records)
+        # (rows on disk at a tiered source: as records, in the copy or pulled)
+        copy = as_columns(copy, dim, dtype) if pulled is None else pulled.into(copy)
         live = _ids(patch.live, "live")
         n = live.size
         ages, freq = (

@@ -10,23 +10,24 @@ they are looked up: a records' copy written as it came, arrays written as a save
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
 
-from ...._base.errors import InvalidArgumentError, ResourceExhaustedError
+from ...._base.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
 from ...._formats.numerics.idhash import in_slices
-from .cold_rows import META, ColdRows, copy_field
+from .cold_rows import META, ColdRows, copy_field, pack_records
 from .id_index import IdIndex
-from .moved_records import kept_records, records_of
+from .moved_records import checked_records, kept_records, records_of
 from .table_slices import SlicedRows, checked_array
 
 if TYPE_CHECKING:
     from ...._formats.messages.placement_map import SliceSet, TableCopy, TablePatch
 
-__all__ = ["TieredSlices"]
+__all__ = ["CopyStream", "PulledToDisk", "TieredSlices"]
 
 
 def _owned(arr: Any, dtype: np.dtype) -> np.ndarray:
@@ -45,25 +46,45 @@ class TieredSlices(SlicedRows):
         cold: ColdRows
         budget: int
         refused: int
-        #: The last move's copy of rows on disk: (its slices, their ids sorted, the writes
-        #: that put them there, their bookkeeping), until its patch is taken.
-        _copied: tuple[SliceSet, np.ndarray, np.ndarray, np.ndarray] | None
 
+        @property
+        def by_age(self) -> bool: ...
         def _cold_fits(self, n: int) -> bool: ...
+        def end_snapshot(self, save: dict[str, Any]) -> None: ...
+        def _snapshot(
+            self, rows: np.ndarray | None, since: int | None = None, moving: SliceSet | None = None
+        ) -> dict[str, Any]: ...
         def shrink_for_cold(
             self, n: int, in_ram: int | None = None, keep: np.ndarray | None = None
         ) -> int: ...
 
     # -- a lost ps's rows, put in (a replacement) ---------------------------------------------------
-    def checked_merge(self, copy: TableCopy, patch: TablePatch) -> Callable[[], int]:
+    def checked_merge(
+        self, copy: TableCopy, patch: TablePatch, pulled: PulledToDisk | None = None
+    ) -> Callable[[], int]:
         """As an untiered table's (every check first, nothing changed), but the rows go to
         disk, read back as they are looked up: a lost ps's share of a table may be far more
         than the hot set. A copy's records (its source's rows on disk) not changed since are
-        written as they came, their bookkeeping set; the other rows as a save writes them.
-        ResourceExhaustedError if the budget cannot index them."""
+        written as they came, their bookkeeping set; the records ``pulled`` ahead (written
+        here already) are indexed where they lie, those changed since counted dead; the
+        other rows go as a save writes them. ResourceExhaustedError if the budget cannot
+        index them."""
         dim, dtype = self.config.dim, self.dtype
         records = records_of(copy, dim, dtype)
-        record_ids = self._checked(copy, patch, records)
+        if pulled is not None and records.size:
+            raise InvalidArgumentError(f"ps/install: table {copy.name!r}: records both carried and pulled")
+        if pulled is not None and pulled.table is not self:
+            raise FailedPreconditionError(
+                f"ps/install: table {copy.name!r} was replaced here while its rows were pulled "
+                "(a restore?): the move is undone"
+            )
+        pulled_ids, pulled_places = pulled.all() if pulled is not None else (None, None)
+        if pulled_ids is None:
+            record_ids = np.empty(records.size, np.int64)
+            copy_field(record_ids, records, "id")
+        else:
+            record_ids = pulled_ids
+        self._checked(copy, patch, record_ids)
         live = np.ascontiguousarray(patch.live, np.int64)
         n = live.size
         if not self._cold_fits(n):  # the hot set gives RAM for their index, if it can
@@ -81,7 +102,7 @@ class TieredSlices(SlicedRows):
         # the records of live rows the patch did not change go as they came; the rest
         # (the source's rows in RAM, and those changed) are gathered from copy and patch
         pos = self._kept_at(live, record_ids, patch)
-        kept = kept_records(records, pos, epoch, last_seen, freq)
+        kept = kept_records(records, pos, epoch, last_seen, freq) if pulled is None else None
         kept_at = pos[pos >= 0]
         rest = np.ones(n, bool)
         rest[kept_at] = False
@@ -89,6 +110,12 @@ class TieredSlices(SlicedRows):
         rest_ids = live[rest_at]
         slot_init = {**self.slot_init, **copy.slot_init, **patch.slot_init}
         keys = set(self.slots) | set(copy.slots) | set(patch.slots) | set(copy.record_slots)
+        keys |= pulled.slots if pulled is not None else set()
+        if keys - set(slot_init):
+            missing = sorted(keys - set(slot_init))
+            raise InvalidArgumentError(
+                f"ps/install: table {copy.name!r}: slot(s) {missing} have no initial value"
+            )
         rows, slots = self._gathered(rest_ids, copy, patch, {k: slot_init[k] for k in keys})
         meta = np.zeros(rest_ids.size, META)
         meta["epoch"] = epoch
@@ -102,12 +129,20 @@ class TieredSlices(SlicedRows):
         def put() -> int:
             for key in keys:
                 self.slot(key, slot_init[key])
-            places = self.cold.write_records(kept, record_slots)
+            if pulled is None:
+                assert kept is not None
+                places = self.cold.write_records(kept, record_slots)
+            else:
+                assert pulled_places is not None
+                places = pulled_places[pos >= 0]
             try:
                 self.cold.put(rest_ids, rows, slots, meta, meta["last_seen"] if lru else meta["freq"])
             except BaseException:
-                self.cold.unwritten(places)  # (written, never indexed)
+                if pulled is None:
+                    self.cold.unwritten(places)  # (written, never indexed)
                 raise
+            if pulled is not None:  # (those changed since the copy die; the rest are indexed)
+                pulled.merged(pos >= 0)
             self.cold.add(
                 live[kept_at],
                 places,
@@ -121,15 +156,13 @@ class TieredSlices(SlicedRows):
 
         return put
 
-    def _checked(self, copy: TableCopy, patch: TablePatch, records: np.ndarray) -> np.ndarray:
+    def _checked(self, copy: TableCopy, patch: TablePatch, ids: np.ndarray) -> None:
         """An untiered table's checks of ``copy`` and ``patch`` (InvalidArgumentError, nothing
-        changed), its records' ids counted as the copy's; returns those ids."""
+        changed), the ids of its records (carried or pulled) counted as the copy's."""
         dim, dtype = self.config.dim, self.dtype
-        ids = np.empty(records.size, np.int64)
-        copy_field(ids, records, "id")
-        if copy.records is None:
+        if copy.records is None and not ids.size:
             super().checked_merge(copy, patch)  # the checks; its way of putting them in is not used
-            return ids
+            return
         try:
             hot_ids = np.asarray(copy.ids if copy.ids is not None else [], np.int64).reshape(-1)
         except (ValueError, TypeError) as exc:
@@ -148,7 +181,6 @@ class TieredSlices(SlicedRows):
         checked_array(copy.rows, dtype, (hot_ids.size, dim), "the copy's rows")
         for k, values in copy.slots.items():
             checked_array(values, dtype, (hot_ids.size, dim), f"the copy's slot {k!r}")
-        return ids
 
     def _kept_at(self, live: np.ndarray, record_ids: np.ndarray, patch: TablePatch) -> np.ndarray:
         """For each record of a copy (its id in ``record_ids``), its id's place in ``live``,
@@ -221,45 +253,34 @@ class TieredSlices(SlicedRows):
         return out
 
     def begin_copy(self, moving: SliceSet) -> tuple[dict[str, Any], Callable[[], None] | None]:
-        """A move's copy in two halves: this one, on the serving loop, copies the rows in
-        RAM and takes the places of those on disk (the copy is of this moment: the caller
-        marks the change clock now); the one returned, which may run on a thread, reads
-        those records into the copy (records never change, and no segment goes until it
-        ends: begin_read). What identifies each record read, and its bookkeeping, is kept
-        for the patch (:meth:`patch_slices`)."""
+        """A move's copy whole, in two halves (a move a coordinator relays; a move whose rows
+        are pulled a block at a time is :meth:`stream_copy`'s): this one, on the serving
+        loop, copies the rows in RAM and takes the places of those on disk (the copy is of
+        this moment: the caller marks the change clock now); the one returned, which may run
+        on a thread, reads those records into the copy (records never change, and no
+        segment goes until it ends: begin_read)."""
         out = super().copy_slices(moving)
         slots, _ = self._cold_in(moving)
-        self._copied = None
         if not slots.size:
             return out, None
-        places = self.cold.places[slots]
-        order = np.argsort(places)  # (distinct: any sort gives the one order, the patch's)
-        places, gens = places[order], self.cold.gens[slots[order]]
+        places = np.sort(self.cold.places[slots])
         self.cold.begin_read()
 
         def read() -> None:
             try:
-                self._copied = (moving, *self._read_copy(out, places, gens))
+                self._read_copy(out, places)
             finally:
                 self.cold.end_read()
 
         return out, read
 
-    def _read_copy(
-        self, out: dict[str, Any], places: np.ndarray, gens: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The records at ``places`` into the copy ``out``; returns their ids, write numbers
-        (``gens``) and bookkeeping, by id."""
+    def _read_copy(self, out: dict[str, Any], places: np.ndarray) -> None:
+        """The records at ``places`` into the copy ``out``."""
         shipped = self.cold.records_at(places)
         if shipped is not None:  # the records as they lie on disk (moved_records.py)
             records, record_slots = shipped
-            ids = np.empty(records.size, np.int64)
-            copy_field(ids, records, "id")
-            meta = np.empty(records.size, META)
-            copy_field(meta, records, "epoch", "freq")
             out["records"], out["record_slots"] = records.view(np.uint8), list(record_slots)
-            by_id = np.argsort(ids)
-            return ids[by_id], gens[by_id], meta[by_id]
+            return
         # (records of several layouts) read in the order they lie (no scatter), each field
         # straight to the end of the copy's arrays (no concatenation after)
         hot = out["ids"].shape[0]
@@ -276,45 +297,174 @@ class TieredSlices(SlicedRows):
             "rows": rows[hot:],
             **{f"slot:{k}": v[hot:] for k, v in slot_arrays.items()},
         }
-        got = self.cold.fill_many(places, [*tails, "meta"], dict(self.slot_init), tails)
+        self.cold.fill_many(places, list(tails), dict(self.slot_init), tails)
         out["ids"], out["rows"], out["slots"] = ids, rows, slot_arrays
-        by_id = np.argsort(ids[hot:])
-        return ids[hot:][by_id], gens[by_id], got["meta"][by_id]
+
+    def stream_copy(self, moving: SliceSet) -> tuple[dict[str, Any], CopyStream]:
+        """A move's copy that the receiving ps pulls a block at a time (``ps/move_records``),
+        rows in RAM and on disk alike, as records: taken as a save takes the table (a
+        snapshot of the rows in RAM, kept as they were by the updates that follow; the
+        places of those on disk, whose records never change), of slices ``moving`` alone.
+        Neither ps holds the copy whole: the receiver writes each block to its disk as it
+        comes. The copy is of this moment (the caller marks the change clock now); the
+        returned fields carry no rows, only how many to pull."""
+        out = super().copy_slices(moving)
+        for key in ("ids", "rows"):
+            out[key] = out[key][:0]
+        out["slots"] = {k: v[:0] for k, v in out["slots"].items()}
+        stream = CopyStream(self, self._snapshot(self._rows_in(moving), moving=moving))
+        out["record_count"] = stream.size
+        return out, stream
 
     def patch_slices(self, moving: SliceSet, mark: int) -> dict[str, Any]:
-        """An untiered table's patch, with the rows on disk: every id (its age and count
-        from its record), and those changed since ``mark``. A row on disk still in the
-        record the copy read (same id, same write: records never change) has not changed
-        since: its bookkeeping comes from the copy's read, and only the rows written to disk
-        since are read again."""
+        """An untiered table's patch, with the rows on disk: every id, its age or count from
+        the index of the rows on disk (the one of the two the table keeps: ``by_age``; the
+        other 0), and the rows written there since ``mark``, the only ones read."""
         out = super().patch_slices(moving, mark)
         slots, ids = self._cold_in(moving)
-        copied, self._copied = self._copied, None
         if not slots.size:
             return out
-        order = np.argsort(self.cold.places[slots])  # as the copy lists them:
-        slots, ids = slots[order], ids[order]  # unchanged since, the receiver takes it whole
-        meta = np.empty(slots.size, META)
-        known = np.zeros(slots.size, bool)
-        if copied is not None and copied[0] == moving and copied[1].size:
-            c_ids, c_gens, c_meta = copied[1], copied[2], copied[3]
-            at = np.searchsorted(c_ids, ids).clip(0, c_ids.size - 1)
-            known = (c_ids[at] == ids) & (c_gens[at] == self.cold.gens[slots])
-            meta[known] = c_meta[at[known]]
-        fresh = ~known
-        cold = self.cold.read(self.cold.places[slots[fresh]], dict(self.slot_init))
-        meta[fresh] = cold["meta"]
+        keys = self.cold.keys[slots]
+        zeros = np.zeros(slots.size, np.int64)
+        ages, freq = (self.lookups - keys, zeros) if self.by_age else (zeros, keys)
+        changed = self.cold.epochs[slots] > mark
+        cold = self.cold.read(self.cold.places[slots[changed]], dict(self.slot_init))
         out["live"] = np.concatenate([out["live"], ids])
-        out["ages"] = np.concatenate([out["ages"], self.lookups - meta["last_seen"]])
-        out["freq"] = np.concatenate([out["freq"], meta["freq"]])
-        changed = cold["meta"]["epoch"] > mark
-        out["ids"] = np.concatenate([out["ids"], cold["ids"][changed]])
-        out["rows"] = np.concatenate([out["rows"], cold["rows"][changed]])
-        out["slots"] = {k: np.concatenate([v, cold[f"slot:{k}"][changed]]) for k, v in out["slots"].items()}
+        out["ages"] = np.concatenate([out["ages"], ages])
+        out["freq"] = np.concatenate([out["freq"], freq])
+        out["ids"] = np.concatenate([out["ids"], cold["ids"]])
+        out["rows"] = np.concatenate([out["rows"], cold["rows"]])
+        out["slots"] = {k: np.concatenate([v, cold[f"slot:{k}"]]) for k, v in out["slots"].items()}
         return out
+
+    def pull_sink(self, name: str) -> PulledToDisk:
+        """Where the blocks of a move's copy pulled into this shard go (:class:`PulledToDisk`)."""
+        return PulledToDisk(self, name)
 
     def drop_slices(self, moving: SliceSet) -> int:
         dropped = super().drop_slices(moving)
         _, ids = self._cold_in(moving)
         self.cold.remove(ids)
         return dropped + int(ids.size)
+
+
+class CopyStream:
+    """A move's copy of a tiered shard's slices (:meth:`TieredSlices.stream_copy`), read a
+    block at a time (:meth:`read`, on a thread) by the ps it goes to: the rows that were in
+    RAM at the mark first, from the snapshot, as records carrying the table's slots then
+    (their bookkeeping 0: the patch brings it); then those on disk, as their records lie
+    there. The table is as good as saved until the stream closes: its hot set gives no RAM
+    meanwhile, and no segment is compacted or deleted."""
+
+    def __init__(self, table: TieredSlices, save: dict[str, Any]) -> None:
+        self.table, self.save = table, save
+        first = save["ids"]
+        self.hot = int(first.hot.select.size)  # (the rows in RAM selected: those of the slices)
+        self.part = first.part
+        self.size = self.hot + self.part.size
+        self.slots = tuple(sorted(k[5:] for k in save if k.startswith("slot:")))
+        self.record = table.cold.record(self.slots)
+        self._lock = threading.Lock()  # (one read at a time; none once closed)
+        self.closed = False
+
+    def read(self, start: int, count: int, max_bytes: int) -> tuple[np.ndarray, tuple[str, ...]]:
+        """Rows ``start`` on, at most ``count`` of them and about ``max_bytes``, as records
+        of one layout (fewer where the next rows' records carry other slots), with the
+        slots they carry; none past the end. FailedPreconditionError once closed."""
+        with self._lock:
+            if self.closed:
+                raise FailedPreconditionError(
+                    f"ps/move_records: the copy of table {self.table.name!r} is closed "
+                    "(its move went on, or ended)"
+                )
+            most = min(count, max(1, max_bytes // self.record.itemsize))
+            if start >= self.size:
+                return np.empty(0, np.uint8), ()
+            if start < self.hot:
+                hi = min(self.hot, start + most)
+                got = {key: src.hot.between(start, hi) for key, src in self.save.items()}
+                records = pack_records(
+                    self.record,
+                    got["ids"],
+                    np.zeros(hi - start, META),
+                    got["rows"],
+                    [got[f"slot:{k}"] for k in self.slots],
+                )
+                return records.view(np.uint8), self.slots
+            lo = start - self.hot
+            records, slots = self.table.cold.records_from(self.part.places.between(lo, lo + most))
+            return records.view(np.uint8), slots
+
+    def close(self) -> None:
+        """The move no longer needs the copy: the table is no longer saved by it."""
+        with self._lock:
+            if not self.closed:
+                self.closed = True
+                self.table.end_snapshot(self.save)
+
+
+class PulledToDisk:
+    """The blocks of a move's copy pulled into a tiered shard: each written to its disk as
+    it comes, as its records came (their bookkeeping is the patch's: the index keeps it at
+    the switch, :attr:`TieredTable.by_age`), and indexed only at the switch
+    (:meth:`TieredSlices.checked_merge`); until then :attr:`ColdRows.pending` (no segment is
+    compacted), and counted dead if the move ends without it (:meth:`forget`). What a
+    block costs in RAM meanwhile is its ids and places, 16 bytes a row."""
+
+    def __init__(self, table: TieredSlices, name: str) -> None:
+        self.table = table
+        self.what = f"ps/move_records: table {name!r}"
+        self._ids: list[np.ndarray] = []
+        self._places: list[np.ndarray] = []
+        self.slots: set[str] = set()
+        self.count = 0
+
+    @property
+    def nbytes(self) -> int:
+        return 16 * self.count
+
+    def checked(self, raw: Any, slots: list[str]) -> np.ndarray:
+        """A block received as records (InvalidArgumentError naming what is wrong)."""
+        return checked_records(raw, slots, self.table.config.dim, self.table.dtype, self.what)
+
+    def put(self, records: np.ndarray, slots: list[str]) -> None:
+        """Write a block (:meth:`checked`) to disk (a full disk: ResourceExhaustedError,
+        counted, nothing written)."""
+        if not records.size:
+            return
+        table = self.table
+        ids = np.empty(records.size, np.int64)
+        copy_field(ids, records, "id")
+        try:
+            places = table.cold.write_records(records, tuple(slots))
+        except ResourceExhaustedError:
+            table.refused += 1
+            raise
+        table.cold.pending += records.size
+        self._ids.append(ids)
+        self._places.append(places)
+        self.slots |= set(slots)
+        self.count += records.size
+
+    def all(self) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of the rows pulled, and their places here, in the order pulled."""
+        if not self._ids:
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        return np.concatenate(self._ids), np.concatenate(self._places)
+
+    def merged(self, indexed: np.ndarray) -> None:
+        """The switch indexed the rows pulled where ``indexed``; the others die."""
+        _, places = self.all()
+        self.table.cold.unwritten(places[~indexed])
+        self._done()
+
+    def forget(self) -> None:
+        """The move ended without them: every row pulled dies."""
+        _, places = self.all()
+        self.table.cold.unwritten(places)
+        self._done()
+
+    def _done(self) -> None:
+        self.table.cold.pending -= self.count
+        self.table.cold.collect()
+        self._ids, self._places, self.count = [], [], 0

@@ -254,9 +254,6 @@ class TieredTable(TieredSlices, DynamicTable):
         self.compacted = 0  # rows copied out of half-dead segments
         self.cold_latency: list[float] = []  # seconds of each cold read (the last 1024)
         self._keep_statistics()
-        #: The last move's copy of rows on disk: (its slices, their ids sorted, the writes
-        #: that put them there, their bookkeeping), until its patch is taken.
-        self._copied: tuple[SliceSet, np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.index) + len(self.cold)
@@ -270,10 +267,18 @@ class TieredTable(TieredSlices, DynamicTable):
         its count of them), whether or not the table evicts: an untiered table without a
         capacity or ``max_age`` keeps neither, and its hot set was then the rows that came
         into RAM last, not those looked up last."""
-        if self.config.evict == "lru" or self.config.max_age is not None:
+        if self.by_age:
             self._ages = True
         else:
             self._counts = True
+
+    @property
+    def by_age(self) -> bool:
+        """Whether rows go to disk by their last lookup (LRU, or an age limit), not by their
+        count of lookups (LFU): the key the index of the rows on disk keeps for each, which
+        says, with the epoch it keeps, what a row's record there would (the record's own
+        bookkeeping may be older: a move's rows, written as they came)."""
+        return self.config.evict == "lru" or self.config.max_age is not None
 
     def hot_row_bytes(self) -> int:
         """What a row in RAM may take: its values, ``SLOTS`` optimizer slots' (or more, if it
@@ -410,16 +415,15 @@ class TieredTable(TieredSlices, DynamicTable):
     def _coldest(self, n: int, protect: np.ndarray) -> np.ndarray:
         """The ``n`` hot rows looked up least recently (LRU) or least often (LFU), none of
         ``protect``: the rows that go to disk first."""
-        lru = self.config.evict == "lru" or self.config.max_age is not None
         return self.kernels.pick_victims(
-            self.last_seen if lru else self.freq,
+            self.last_seen if self.by_age else self.freq,
             self.live.view(np.uint8),
             protect,
             self.marks,
             self.used,
             n,
             0,
-            self.lookups if lru else -1,
+            self.lookups if self.by_age else -1,
         )
 
     def demote(self, rows: np.ndarray) -> None:
@@ -441,14 +445,13 @@ class TieredTable(TieredSlices, DynamicTable):
             self.last_seen[rows],
             self.freq[rows],
         )
-        lru = self.config.evict == "lru" or self.config.max_age is not None
         ids = self.ids[rows]
         try:
             places = self.cold.write(ids, self.rows, self.slots, meta, where=rows)
         except ResourceExhaustedError:
             self.refused += 1
             raise
-        return ids, places, meta, meta["last_seen"] if lru else meta["freq"]
+        return ids, places, meta, meta["last_seen"] if self.by_age else meta["freq"]
 
     # -- RAM given to the index of the rows on disk -------------------------------------------------
     def _hot_floor(self, n: int) -> int:
@@ -579,6 +582,8 @@ class TieredTable(TieredSlices, DynamicTable):
         if not still.any():
             return
         ids = ids[still]
+        at = slots[still]  # (what the index says of each, not its record: see ``by_age``)
+        epochs, keys = self.cold.epochs[at], self.cold.keys[at]
         protect = self._still_in_ram(keep, found)
         self._hot_room(ids.size, protect[protect >= 0])
         self.cold.remove(ids)
@@ -593,11 +598,9 @@ class TieredTable(TieredSlices, DynamicTable):
         for key, arr in self.slots.items():
             arr[rows] = records[f"slot:{key}"][still]
         self.ids[rows], self.live[rows] = ids, True
-        self.last_seen[rows], self.freq[rows], self.epochs[rows] = (
-            meta["last_seen"],
-            meta["freq"],
-            meta["epoch"],
-        )
+        self.last_seen[rows] = keys if self.by_age else meta["last_seen"]
+        self.freq[rows] = meta["freq"] if self.by_age else keys
+        self.epochs[rows] = epochs
         self.index.insert(ids, rows)
         self.promoted += ids.size
 
@@ -672,12 +675,17 @@ class TieredTable(TieredSlices, DynamicTable):
         return super().apply(rule, ids, grad, slots, cfg, t, pos)
 
     # -- checkpoints ---------------------------------------------------------------------------------
-    def _snapshot(self, rows: np.ndarray | None, since: int | None = None) -> dict[str, Any]:
+    def _snapshot(
+        self, rows: np.ndarray | None, since: int | None = None, moving: SliceSet | None = None
+    ) -> dict[str, Any]:
+        """As an untiered table's, with the rows on disk (changed after epoch ``since``, or
+        in slices ``moving``, if given) after each array's rows in RAM."""
         hot = super()._snapshot(rows)
         # (a block of records, with every array's part of it, within the save's staging)
         record = META.itemsize + 8 + self.config.dim * self.dtype.itemsize * (1 + len(self.slots))
         block = max(1, min(SAVE_BLOCK, self.save_block_bytes // (2 * record)))
-        part = _ColdPart(self.cold, self.cold.saved_places(since), dict(self.slot_init), block)
+        slices = None if moving is None else (moving.slices, list(moving.owned))
+        part = _ColdPart(self.cold, self.cold.saved_places(since, slices), dict(self.slot_init), block)
         self.cold.begin_save()
         save = {key: _Tiered(snap, part, key) for key, snap in hot.items()}
         # read as the table reads a Snapshot (before_write) and as a save writes one
