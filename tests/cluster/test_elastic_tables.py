@@ -1282,3 +1282,45 @@ async def test_a_tiered_move_is_pulled_a_block_at_a_time_and_neither_ps_holds_th
         order = np.argsort(got_ids)
         np.testing.assert_array_equal(got_ids[order], np.sort(ids))
         np.testing.assert_array_equal(got_rows[order], -np.repeat((np.sort(ids) % 5)[:, None], dim, 1))
+
+
+async def test_a_disk_that_fills_while_a_move_is_pulled_undoes_it_and_leaves_nothing_behind(
+    tmp_path, monkeypatch
+):
+    """The new ps's disk fills part way through pulling a tiered shard's slices: the move is
+    refused with the cause and undone; the blocks it had written there die (nothing pending,
+    nothing served there), the source serves every row still, and training goes on exact."""
+    monkeypatch.setattr(moves, "MAX_RECORDS_BYTES", 16 << 10)
+    async with _job(tier=str(tmp_path / "tier")) as (cluster, extra, strategy, coordinator):
+        assert extra is not None
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(TIER_DIM, name="users", initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.SGD(1.0)
+        for step in range(STEPS // 3):
+            await _train(table, opt, step, TIER_DIM)
+        await coordinator.ps.admit_ps(extra.address)
+        real = ColdRows.write_records
+        written = []
+
+        def filling(self, records, slots):
+            if self.directory.startswith(extra.table_handlers.tiering.directory):
+                written.append(self)
+                if len(written) > 3:
+                    raise pstrain.errors.ResourceExhaustedError(
+                        f"the table directory {self.directory} is full"
+                    )
+            return real(self, records, slots)
+
+        monkeypatch.setattr(ColdRows, "write_records", filling)
+        slices = coordinator.ps.table_slices(table).held_by(0)
+        with pytest.raises(pstrain.errors.ResourceExhaustedError, match="failed and was undone.*is full"):
+            await coordinator.ps.move_slices({table.key: slices}, 0, 2)
+        assert len(written) == 4  # three blocks written, the fourth refused
+        assert written[0].pending == 0 and len(written[0]) == 0  # (its table dropped too)
+        assert table.key not in extra.tables
+        assert extra.moves.pulled == {} and not extra.moves.incoming_tables
+        assert cluster.ps[0].moves.streams == {} and not cluster.ps[0].tables[table.key].saves
+        monkeypatch.setattr(ColdRows, "write_records", real)
+        for step in range(STEPS // 3, STEPS // 3 + 2):
+            await _train(table, opt, step, TIER_DIM)
+        _same_rows(*await table.export(), _expected(STEPS // 3 + 2, TIER_DIM))

@@ -16,7 +16,7 @@ checkpoint holds them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -228,40 +228,59 @@ class SlicedRows:
         (:class:`~pstrain.server.ps.tables.moved_records.PulledToRam`)."""
         return PulledToRam(name, self.config.dim, self.dtype)
 
+    @staticmethod
+    def _patch_arrays(patch: TablePatch) -> tuple[np.ndarray, ...]:
+        """The arrays of ``patch`` checked (InvalidArgumentError naming what is wrong): its
+        live ids, their ages and counts, the ids removed, the sightings and their counts."""
+        live = _ids(patch.live, "live")
+        n = live.size
+        ages = checked_array(patch.ages, np.int64, (n,), "ages")
+        freq = checked_array(patch.freq, np.int64, (n,), "freq")
+        removed, cand_ids = _ids(patch.removed, "removed"), _ids(patch.cand_ids, "cand_ids")
+        counts = checked_array(
+            patch.cand_counts if cand_ids.size else None, np.int64, cand_ids.shape, "cand_counts"
+        )
+        return live, ages, freq, removed, cand_ids, counts
+
+    def _part_arrays(
+        self, part: TableCopy | TablePatch, what: str
+    ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """The ids, rows and slots of a copy's arrays or a patch's, checked."""
+        dim, dtype = self.config.dim, self.dtype
+        ids = _ids(part.ids, f"{what} ids")
+        rows = checked_array(part.rows if ids.size else None, dtype, (ids.size, dim), f"{what} rows")
+        slots = {
+            k: checked_array(a if ids.size else None, dtype, (ids.size, dim), f"{what} slot {k!r}")
+            for k, a in part.slots.items()
+        }
+        return ids, rows, slots
+
+    def _slot_init(self, copy: TableCopy, patch: TablePatch, more: Iterable[str] = ()) -> dict[str, float]:
+        """The initial value of each slot, this table's, the copy's and the patch's:
+        InvalidArgumentError if a slot of the copy, the patch or ``more`` has none."""
+        slot_init = {**self.slot_init, **copy.slot_init, **patch.slot_init}
+        if (set(copy.slots) | set(patch.slots) | set(more)) - set(slot_init):
+            raise InvalidArgumentError("ps/install: a moved slot has no initial value")
+        return slot_init
+
     def checked_merge(self, copy: TableCopy, patch: TablePatch, pulled: Any = None) -> Callable[[], int]:
         """Check ``copy`` (with the blocks of it ``pulled``, if any: :meth:`pull_sink`'s)
         and ``patch`` whole (InvalidArgumentError naming what is wrong, and nothing changed)
         and return what puts them in, which nothing sent can make fail: a move checks every
         table's before it serves anything. Each row is written once, from the copy or the
         patch, straight into the table's arrays."""
-        dim, dtype = self.config.dim, self.dtype
         # (rows on disk at a tiered source: as records, in the copy or pulled)
-        copy = as_columns(copy, dim, dtype) if pulled is None else pulled.into(copy)
-        live = _ids(patch.live, "live")
+        copy = as_columns(copy, self.config.dim, self.dtype) if pulled is None else pulled.into(copy)
+        live, ages, freq, removed, cand_ids, counts = self._patch_arrays(patch)
         n = live.size
-        ages, freq = (
-            checked_array(patch.ages, np.int64, (n,), "ages"),
-            checked_array(patch.freq, np.int64, (n,), "freq"),
-        )
-        removed, cand_ids = _ids(patch.removed, "removed"), _ids(patch.cand_ids, "cand_ids")
-        counts = checked_array(
-            patch.cand_counts if cand_ids.size else None, np.int64, cand_ids.shape, "cand_counts"
-        )
-        slot_init = {**self.slot_init, **copy.slot_init, **patch.slot_init}
-        if (set(copy.slots) | set(patch.slots)) - set(slot_init):
-            raise InvalidArgumentError("ps/install: a moved slot has no initial value")
+        slot_init = self._slot_init(copy, patch)
         # (where in ``live``, or None: all of it in order; which source row; the source's arrays)
         puts: list[tuple[np.ndarray | None, np.ndarray | None, np.ndarray, dict[str, np.ndarray]]] = []
         found = np.zeros(n, bool)
         for part, what in ((copy, "the copy's"), (patch, "the patch's")):
-            ids = _ids(part.ids, f"{what} ids")
+            ids, rows, slots = self._part_arrays(part, what)
             if not ids.size:
                 continue
-            rows = checked_array(part.rows, dtype, (ids.size, dim), f"{what} rows")
-            slots = {
-                k: checked_array(a, dtype, (ids.size, dim), f"{what} slot {k!r}")
-                for k, a in part.slots.items()
-            }
             if ids.size == n and np.array_equal(ids, live):  # (nothing changed between the two)
                 puts.append((None, None, rows, slots))
                 found[:] = True

@@ -14,7 +14,6 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 import numpy as np
 
 from ...._base.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
@@ -22,12 +21,15 @@ from ...._formats.numerics.idhash import in_slices
 from .cold_rows import META, ColdRows, copy_field, pack_records
 from .id_index import IdIndex
 from .moved_records import checked_records, kept_records, records_of
-from .table_slices import SlicedRows, checked_array
+from .table_slices import SlicedRows
 
 if TYPE_CHECKING:
     from ...._formats.messages.placement_map import SliceSet, TableCopy, TablePatch
 
 __all__ = ["CopyStream", "PulledToDisk", "TieredSlices"]
+
+#: Ids of a move's patch checked at a time (against the index of this shard's rows).
+_CHECKED_AT_ONCE = 1 << 16
 
 
 def _owned(arr: Any, dtype: np.dtype) -> np.ndarray:
@@ -78,15 +80,22 @@ class TieredSlices(SlicedRows):
                 f"ps/install: table {copy.name!r} was replaced here while its rows were pulled "
                 "(a restore?): the move is undone"
             )
-        pulled_ids, pulled_places = pulled.all() if pulled is not None else (None, None)
-        if pulled_ids is None:
+        if pulled is None:
             record_ids = np.empty(records.size, np.int64)
             copy_field(record_ids, records, "id")
+            blocks = [record_ids]
         else:
-            record_ids = pulled_ids
-        self._checked(copy, patch, record_ids)
-        live = np.ascontiguousarray(patch.live, np.int64)
+            blocks = [ids for ids, _ in pulled.blocks]
+        live, ages, freq, removed, cand_ids, counts = self._patch_arrays(patch)
         n = live.size
+        keys = set(self.slots) | set(copy.slots) | set(patch.slots) | set(copy.record_slots)
+        keys |= pulled.slots if pulled is not None else set()
+        slot_init = self._slot_init(copy, patch, keys)
+        hot_ids, _, _ = self._part_arrays(copy, "the copy's")
+        changed_ids, _, _ = self._part_arrays(patch, "the patch's")
+        # each record's place in ``live``: -1 (it dies) if its row is not there, or changed since
+        at = self._matched(live, blocks, hot_ids, changed_ids)
+        del blocks
         if not self._cold_fits(n):  # the hot set gives RAM for their index, if it can
             self.shrink_for_cold(n, in_ram=0)
         if not self._cold_fits(n):
@@ -96,35 +105,23 @@ class TieredSlices(SlicedRows):
                 f"this ps's budget of {self.budget} bytes (pstrain serve --memory-budget)"
             )
         epoch = self.clock.epoch  # (in the next delta, as an untiered table's merge)
-        last_seen = self.lookups - np.asarray(patch.ages, np.int64)
-        freq = np.asarray(patch.freq, np.int64)
-        lru = self.config.evict == "lru" or self.config.max_age is not None
-        # the records of live rows the patch did not change go as they came; the rest
-        # (the source's rows in RAM, and those changed) are gathered from copy and patch
-        pos = self._kept_at(live, record_ids, patch)
-        kept = kept_records(records, pos, epoch, last_seen, freq) if pulled is None else None
-        kept_at = pos[pos >= 0]
+        last_seen = self.lookups - ages
+        # the records of live rows the patch did not change go as they came (pulled: they
+        # lie here already); the rest (the source's rows in RAM, and those changed) are
+        # gathered from copy and patch
+        kept = kept_records(records, at[0], epoch, last_seen, freq) if pulled is None else None
+        kept_at = np.concatenate([np.empty(0, np.int64), *(a[a >= 0] for a in at)])
         rest = np.ones(n, bool)
         rest[kept_at] = False
         rest_at = np.flatnonzero(rest)
         rest_ids = live[rest_at]
-        slot_init = {**self.slot_init, **copy.slot_init, **patch.slot_init}
-        keys = set(self.slots) | set(copy.slots) | set(patch.slots) | set(copy.record_slots)
-        keys |= pulled.slots if pulled is not None else set()
-        if keys - set(slot_init):
-            missing = sorted(keys - set(slot_init))
-            raise InvalidArgumentError(
-                f"ps/install: table {copy.name!r}: slot(s) {missing} have no initial value"
-            )
         rows, slots = self._gathered(rest_ids, copy, patch, {k: slot_init[k] for k in keys})
         meta = np.zeros(rest_ids.size, META)
         meta["epoch"] = epoch
         meta["last_seen"] = last_seen[rest_at]
         meta["freq"] = freq[rest_at]
-        removed = np.ascontiguousarray(patch.removed if patch.removed is not None else [], np.int64)
-        cand_ids = np.ascontiguousarray(patch.cand_ids if patch.cand_ids is not None else [], np.int64)
-        counts = np.asarray(patch.cand_counts if cand_ids.size else [], np.int64)
         record_slots = tuple(copy.record_slots)
+        by_age = self.by_age
 
         def put() -> int:
             for key in keys:
@@ -133,21 +130,20 @@ class TieredSlices(SlicedRows):
                 assert kept is not None
                 places = self.cold.write_records(kept, record_slots)
             else:
-                assert pulled_places is not None
-                places = pulled_places[pos >= 0]
+                places = pulled.places_of(at)
             try:
-                self.cold.put(rest_ids, rows, slots, meta, meta["last_seen"] if lru else meta["freq"])
+                self.cold.put(rest_ids, rows, slots, meta, meta["last_seen"] if by_age else meta["freq"])
             except BaseException:
                 if pulled is None:
                     self.cold.unwritten(places)  # (written, never indexed)
                 raise
             if pulled is not None:  # (those changed since the copy die; the rest are indexed)
-                pulled.merged(pos >= 0)
+                pulled.merged(at)
             self.cold.add(
                 live[kept_at],
                 places,
                 np.full(kept_at.size, epoch, np.uint32),
-                last_seen[kept_at] if lru else freq[kept_at],
+                last_seen[kept_at] if by_age else freq[kept_at],
             )
             if removed.size:
                 self.removed.add(removed)
@@ -156,47 +152,43 @@ class TieredSlices(SlicedRows):
 
         return put
 
-    def _checked(self, copy: TableCopy, patch: TablePatch, ids: np.ndarray) -> None:
-        """An untiered table's checks of ``copy`` and ``patch`` (InvalidArgumentError, nothing
-        changed), the ids of its records (carried or pulled) counted as the copy's."""
-        dim, dtype = self.config.dim, self.dtype
-        if copy.records is None and not ids.size:
-            super().checked_merge(copy, patch)  # the checks; its way of putting them in is not used
-            return
-        try:
-            hot_ids = np.asarray(copy.ids if copy.ids is not None else [], np.int64).reshape(-1)
-        except (ValueError, TypeError) as exc:
-            raise InvalidArgumentError(f"ps/install: the ids of table {copy.name!r}'s copy: {exc}") from None
-        # (the records' values, which the checks do not read, stand in as a view of one row)
-        stand_in = np.broadcast_to(np.zeros(dim, dtype), (hot_ids.size + ids.size, dim))
-        checked = msgspec.structs.replace(
-            copy,
-            ids=np.concatenate([hot_ids, ids]),
-            rows=stand_in,
-            slots={k: stand_in for k in set(copy.slots) | set(copy.record_slots)},
-            records=None,
-            record_slots=[],
-        )
-        super().checked_merge(checked, patch)
-        checked_array(copy.rows, dtype, (hot_ids.size, dim), "the copy's rows")
-        for k, values in copy.slots.items():
-            checked_array(values, dtype, (hot_ids.size, dim), f"the copy's slot {k!r}")
-
-    def _kept_at(self, live: np.ndarray, record_ids: np.ndarray, patch: TablePatch) -> np.ndarray:
-        """For each record of a copy (its id in ``record_ids``), its id's place in ``live``,
-        or -1 if it is not there (removed since the copy) or the patch changed it."""
-        if not record_ids.size:
-            return np.empty(0, np.int64)
-        where = IdIndex(live.size, self.kernels)
-        where.insert(live, np.arange(live.size, dtype=np.int64))
-        pos = where.get(record_ids)
-        changed = np.ascontiguousarray(patch.ids if patch.ids is not None else [], np.int64)
-        if changed.size:
-            at = where.get(changed)
-            is_changed = np.zeros(live.size, bool)
-            is_changed[at[at >= 0]] = True
-            pos[(pos >= 0) & is_changed[pos.clip(0)]] = -1
-        return pos
+    def _matched(
+        self, live: np.ndarray, blocks: list[np.ndarray], hot_ids: np.ndarray, changed_ids: np.ndarray
+    ) -> list[np.ndarray]:
+        """For each block of a copy's record ids, each one's place in ``live`` (the patch's
+        ids), or -1 where it is not there (removed since the copy) or the patch changed it;
+        InvalidArgumentError (nothing changed) if ``live`` names an id twice or one this
+        shard holds, if a record names a live id another did, or if a live id has a row in
+        none of the copy's records, its arrays (``hot_ids``) and the patch's
+        (``changed_ids``). One index of ``live``, at three quarters full, for all of it: no
+        sort, and nothing else per row but a byte or two (a move may bring millions)."""
+        n = live.size
+        where = IdIndex(max(n, 1), self.kernels, fill=0.75)
+        where.insert(live, np.arange(n, dtype=np.int64))
+        for lo in range(0, n, _CHECKED_AT_ONCE):
+            part = live[lo : lo + _CHECKED_AT_ONCE]
+            if not np.array_equal(where.get(part), np.arange(lo, lo + part.size)):
+                raise InvalidArgumentError("ps/install: the patch names a moved id twice")
+            if bool(np.any(self.has_row(part))):
+                raise InvalidArgumentError(f"ps/install: {self.name!r} already holds some moved ids")
+        found, changed, taken = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool)
+        at = where.get(changed_ids)
+        found[at[at >= 0]] = changed[at[at >= 0]] = True
+        at = where.get(hot_ids)
+        found[at[at >= 0]] = True
+        out, kept = [], 0
+        for ids in blocks:
+            at = where.get(ids)
+            found[at[at >= 0]] = True
+            at[(at >= 0) & changed[at.clip(0)]] = -1
+            taken[at[at >= 0]] = True
+            kept += int(np.count_nonzero(at >= 0))
+            out.append(at)
+        if kept != int(np.count_nonzero(taken)):
+            raise InvalidArgumentError("ps/install: the copy names a moved id twice")
+        if not bool(np.all(found)):
+            raise InvalidArgumentError("ps/install: a moved id has no row in the copy or the patch")
+        return out
 
     def _gathered(
         self, target: np.ndarray, copy: TableCopy, patch: TablePatch, slot_init: dict[str, float]
@@ -414,8 +406,8 @@ class PulledToDisk:
     def __init__(self, table: TieredSlices, name: str) -> None:
         self.table = table
         self.what = f"ps/move_records: table {name!r}"
-        self._ids: list[np.ndarray] = []
-        self._places: list[np.ndarray] = []
+        #: The ids of each block pulled, and the places its records were written at here.
+        self.blocks: list[tuple[np.ndarray, np.ndarray]] = []
         self.slots: set[str] = set()
         self.count = 0
 
@@ -441,30 +433,28 @@ class PulledToDisk:
             table.refused += 1
             raise
         table.cold.pending += records.size
-        self._ids.append(ids)
-        self._places.append(places)
+        self.blocks.append((ids, places))
         self.slots |= set(slots)
         self.count += records.size
 
-    def all(self) -> tuple[np.ndarray, np.ndarray]:
-        """The ids of the rows pulled, and their places here, in the order pulled."""
-        if not self._ids:
-            return np.empty(0, np.int64), np.empty(0, np.int64)
-        return np.concatenate(self._ids), np.concatenate(self._places)
+    def places_of(self, at: list[np.ndarray]) -> np.ndarray:
+        """The places of the rows kept by the switch: where ``at`` (per block, as
+        :meth:`TieredSlices._matched` gives it) is not -1."""
+        return np.concatenate([np.empty(0, np.int64), *(p[a >= 0] for (_, p), a in zip(self.blocks, at))])
 
-    def merged(self, indexed: np.ndarray) -> None:
-        """The switch indexed the rows pulled where ``indexed``; the others die."""
-        _, places = self.all()
-        self.table.cold.unwritten(places[~indexed])
+    def merged(self, at: list[np.ndarray]) -> None:
+        """The switch indexed the rows kept by ``at``; the others die."""
+        for (_, places), a in zip(self.blocks, at, strict=True):
+            self.table.cold.unwritten(places[a < 0])
         self._done()
 
     def forget(self) -> None:
         """The move ended without them: every row pulled dies."""
-        _, places = self.all()
-        self.table.cold.unwritten(places)
+        for _, places in self.blocks:
+            self.table.cold.unwritten(places)
         self._done()
 
     def _done(self) -> None:
         self.table.cold.pending -= self.count
         self.table.cold.collect()
-        self._ids, self._places, self.count = [], [], 0
+        self.blocks, self.count = [], 0
