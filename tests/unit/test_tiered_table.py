@@ -918,7 +918,8 @@ def test_a_move_pulled_a_few_rows_at_a_time_onto_a_tiered_shard_is_the_source_at
     pulled seven rows at a time while training goes on (rows change, go to disk and come
     back), each block written to the receiver's disk as it comes and indexed only at the
     switch: the receiver then holds exactly the source's rows of those slices. A second
-    receiver whose move ends without a switch keeps no row and no record alive."""
+    receiver whose move ends without a switch keeps no row and no record alive, and one
+    that keeps its rows in RAM takes the same blocks apart into its arrays."""
     from pstrain._formats.messages.placement_map import SliceSet, TableCopy, TablePatch
     from pstrain._formats.numerics.idhash import in_slices
 
@@ -933,7 +934,8 @@ def test_a_move_pulled_a_few_rows_at_a_time_onto_a_tiered_shard_is_the_source_at
     mark = src.clock.mark()
     assert out["ids"].size == 0 and out["record_count"] == stream.size > stream.hot > 0
     dst, gone = (tiered(tmp_path / n, TableConfig(dim=4), hot_rows=60) for n in ("b", "c"))
-    sinks = [dst.pull_sink("t"), gone.pull_sink("t")]
+    in_ram = DynamicTable("t", TableConfig(dim=4), clock=src.clock)  # (a ps without a budget)
+    sinks = [dst.pull_sink("t"), gone.pull_sink("t"), in_ram.pull_sink("t")]
     got, layouts, t = 0, set(), 20
     while got < stream.size:
         raw, slots = stream.read(got, 7, 1 << 20)
@@ -957,6 +959,12 @@ def test_a_move_pulled_a_few_rows_at_a_time_onto_a_tiered_shard_is_the_source_at
     mine_now = by_id(dst.export())
     for key in ("ids", "rows", "slot:acc"):
         np.testing.assert_array_equal(mine_now[key], after[key][mine], err_msg=key)
+    # a shard wholly in RAM holds the blocks it pulled until the switch, then their rows
+    assert sinks[2].count == got and len(in_ram) == 0
+    assert in_ram.checked_merge(TableCopy(**out), TablePatch(**patch), sinks[2])() == int(mine.sum())
+    in_ram_now = by_id(in_ram.export())
+    for key in ("ids", "rows", "slot:acc"):
+        np.testing.assert_array_equal(in_ram_now[key], after[key][mine], err_msg=key)
     # the index keeps each row's epoch (in the next delta), whatever its record says
     assert (dst.cold.epochs[dst.cold.find(mine_now["ids"])] == dst.clock.epoch).all()
     sinks[1].forget()  # the other move ended: its rows die, and their segments go

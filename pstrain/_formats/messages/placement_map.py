@@ -15,7 +15,9 @@ A move of some variables from ps A to ps B (the coordinator drives it):
    arrays and optimizer slots as they are now, and a mark of A's change clock; A keeps
    training them) and stages them, as ``ps/install`` (staged) would: B holds the copies
    but does not serve them yet. The bytes go from A to B once, not through the
-   coordinator; the coordinator gets the mark.
+   coordinator; the coordinator gets the mark. A tiered table's rows do not come in the
+   answer: B pulls them a block at a time (``ps/move_records``), writing each to its disk
+   as it comes, before it answers.
 2. (Kept for a coordinator that relays the copy itself: ``ps/move_out`` on A, then
    ``ps/install`` on B, staged.)
 3. ``ps/move_finish`` on A, one step on its loop: A stops serving them (requests are
