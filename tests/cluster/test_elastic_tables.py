@@ -74,13 +74,16 @@ async def _job(
     root: str | None = None,
     token: str | None = None,
     tier: str | None = None,
+    budget: int = TIER_BUDGET,
+    segment_rows: int = 128,
 ) -> AsyncIterator[tuple[Any, ParameterServer | None, Any, Any]]:
     """In-process ps and workers (checkpoints under ``root``), a further ps not in the job
     yet (``extra``), a strategy without partitioner and its coordinator (closed after);
-    ``tier``: every ps keeps its tables' rows past a small budget on disk under it."""
+    ``tier``: every ps keeps its tables' rows past ``budget`` on disk under it, in segments
+    of ``segment_rows``."""
     options: dict[str, Any] = {"checkpoint_root": root} if root else {}
     if tier:
-        options.update(memory_budget=TIER_BUDGET, table_dir=tier, table_segment_rows=128)
+        options.update(memory_budget=budget, table_dir=tier, table_segment_rows=segment_rows)
     async with InProcessCluster(
         num_ps=num_ps, num_workers=workers, token=token, ps_options=options or None
     ) as cluster:
@@ -591,6 +594,16 @@ async def _both_stopped(coordinator: Any, table: Any, match: str) -> list[int]:
     with pytest.raises(RuntimeError, match=match):
         await coordinator.ps.move_slices({table.key: slices}, 0, 2)
     return slices
+
+
+async def _trained_users(strategy: pstrain.ParameterServerStrategy) -> tuple[Any, Any]:
+    """A table ``users`` of TIER_DIM zeros with SGD, trained ``STEPS // 3`` steps."""
+    async with strategy.scope():
+        table = pstrain.DynamicEmbedding(TIER_DIM, name="users", initializer=pstrain.initializers.Zeros())
+        opt = pstrain.optimizers.SGD(1.0)
+    for step in range(STEPS // 3):
+        await _train(table, opt, step, TIER_DIM)
+    return table, opt
 
 
 async def _train(table: Any, opt: Any, step: int, dim: int = DIM) -> None:
@@ -1180,11 +1193,7 @@ async def test_a_tiered_moves_rows_on_disk_are_read_off_the_serving_loop(tmp_pat
     reach the new ps with the patch."""
     async with _job(tier=str(tmp_path / "tier")) as (cluster, extra, strategy, coordinator):
         assert extra is not None
-        async with strategy.scope():
-            table = pstrain.DynamicEmbedding(TIER_DIM, name="users", initializer=pstrain.initializers.Zeros())
-            opt = pstrain.optimizers.SGD(1.0)
-        for step in range(STEPS // 3):
-            await _train(table, opt, step, TIER_DIM)
+        table, opt = await _trained_users(strategy)
         assert cluster.ps[0].tables[table.key].statistics()["cold_rows"] > 0
         await coordinator.ps.admit_ps(extra.address)
         reading, release = threading.Event(), threading.Event()
@@ -1208,25 +1217,6 @@ async def test_a_tiered_moves_rows_on_disk_are_read_off_the_serving_loop(tmp_pat
         _same_rows(*await table.export(), _expected(STEPS // 3 + 1, TIER_DIM))
 
 
-@contextlib.asynccontextmanager
-async def _tiered_pair(tmp_path, budget: int) -> AsyncIterator[tuple[Any, ParameterServer, Any, Any]]:
-    """One tiered ps in the job, a second one (tiered too) not in it yet, and the job's
-    coordinator, all in this process."""
-    options = {"memory_budget": budget, "table_dir": str(tmp_path / "tier")}
-    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN, ps_options=options) as cluster:
-        spare = ParameterServer(1, token=cluster.token, **options)
-        await spare.start()
-        try:
-            strategy = pstrain.ParameterServerStrategy(
-                pstrain.SimpleClusterResolver(cluster.cluster_spec, token=cluster.token)
-            )
-            coordinator = pstrain.ClusterCoordinator(strategy)
-            yield cluster, spare, strategy, coordinator
-            await coordinator.close()
-        finally:
-            await spare.stop()
-
-
 async def test_a_tiered_move_is_pulled_a_block_at_a_time_and_neither_ps_holds_the_copy(tmp_path, monkeypatch):
     """A tiered shard's slices move as blocks the new ps pulls and writes to its disk as they
     come: the copy (here some 14 MB, rows in RAM and on disk) is never whole in the memory
@@ -1236,7 +1226,14 @@ async def test_a_tiered_move_is_pulled_a_block_at_a_time_and_neither_ps_holds_th
 
     monkeypatch.setattr(moves, "MAX_RECORDS_BYTES", 256 << 10)
     dim, rows = 64, 48_000
-    async with _tiered_pair(tmp_path, 8 << 20) as (cluster, spare, strategy, coordinator):
+    tier = str(tmp_path / "tier")
+    async with _job(1, tier=tier, budget=8 << 20, segment_rows=1 << 16) as (
+        cluster,
+        spare,
+        strategy,
+        coordinator,
+    ):
+        assert spare is not None
         async with strategy.scope():
             table = pstrain.DynamicEmbedding(dim, name="items", initializer=pstrain.initializers.Zeros())
             opt = pstrain.optimizers.SGD(1.0)
@@ -1293,11 +1290,7 @@ async def test_a_disk_that_fills_while_a_move_is_pulled_undoes_it_and_leaves_not
     monkeypatch.setattr(moves, "MAX_RECORDS_BYTES", 16 << 10)
     async with _job(tier=str(tmp_path / "tier")) as (cluster, extra, strategy, coordinator):
         assert extra is not None
-        async with strategy.scope():
-            table = pstrain.DynamicEmbedding(TIER_DIM, name="users", initializer=pstrain.initializers.Zeros())
-            opt = pstrain.optimizers.SGD(1.0)
-        for step in range(STEPS // 3):
-            await _train(table, opt, step, TIER_DIM)
+        table, opt = await _trained_users(strategy)
         await coordinator.ps.admit_ps(extra.address)
         real = ColdRows.write_records
         written = []
