@@ -154,7 +154,10 @@ class SlicedRows:
     def copy_slices(self, moving: SliceSet) -> dict[str, Any]:
         """The rows of slices ``moving`` as they are now (copies): a ``TableCopy``'s fields (the
         ages, counts and sightings come with the patch, as they are at the switch)."""
-        rows = self._rows_in(moving)
+        return self._copy_of(moving, self._rows_in(moving))
+
+    def _copy_of(self, moving: SliceSet, rows: np.ndarray) -> dict[str, Any]:
+        """A ``TableCopy``'s fields for slices ``moving``, with copies of ``rows``."""
         return {
             "name": self.name,
             "config": self.config.as_dict(),

@@ -133,9 +133,11 @@ class TieredSlices(SlicedRows):
                 places = pulled.places_of(at)
             try:
                 self.cold.put(rest_ids, rows, slots, meta, meta["last_seen"] if by_age else meta["freq"])
-            except BaseException:
+            except BaseException:  # (written, never indexed: they die)
                 if pulled is None:
-                    self.cold.unwritten(places)  # (written, never indexed)
+                    self.cold.unwritten(places)
+                else:
+                    pulled.forget()
                 raise
             if pulled is not None:  # (those changed since the copy die; the rest are indexed)
                 pulled.merged(at)
@@ -300,10 +302,7 @@ class TieredSlices(SlicedRows):
         Neither ps holds the copy whole: the receiver writes each block to its disk as it
         comes. The copy is of this moment (the caller marks the change clock now); the
         returned fields carry no rows, only how many to pull."""
-        out = super().copy_slices(moving)
-        for key in ("ids", "rows"):
-            out[key] = out[key][:0]
-        out["slots"] = {k: v[:0] for k, v in out["slots"].items()}
+        out = self._copy_of(moving, np.empty(0, np.int64))
         stream = CopyStream(self, self._snapshot(self._rows_in(moving), moving=moving))
         out["record_count"] = stream.size
         return out, stream
