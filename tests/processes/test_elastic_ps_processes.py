@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ from pstrain._formats.numerics.idhash import shard_of
 from pstrain.ctr import BATCH, CTRModel, make_step, synthetic
 from pstrain.rpc import Channel
 from pstrain.testing import InProcessCluster, untyped_call
-from tests.helpers import TOKEN, wait_for
+from tests.helpers import TOKEN, strategy_for, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -286,3 +287,66 @@ async def _a_table_made_after_the_drain_trains_on_the_ps_left(strategy, coordina
     assert set(coordinator.ps.table_slices(later).owners) == {0, 1}
     np.testing.assert_array_equal(await later.lookup(ids, training=False), before - 0.5)
     assert (await later.statistics())["rows"] == ids.size
+
+
+async def test_a_ps_sigkilled_while_it_pulls_a_tiered_shard_leaves_the_move_undone_and_every_row_served(
+    drill, tmp_path
+):
+    """A ps that joined is SIGKILLed while it pulls a tiered shard's slices, block by block,
+    onto its disk: the move fails and is undone, the source holds no copy open (its hot set
+    and segments are its own again) and serves every row as trained, and training goes on."""
+    tier = ["--memory-budget", "16MiB", "--table-dir", str(tmp_path / "tier")]
+    ps = [
+        await asyncio.to_thread(drill.serve, "--role", "ps", "--index", str(i), "--port", "0", *tier)
+        for i in range(2)
+    ]
+    spare = await asyncio.to_thread(drill.serve, "--role", "ps", "--index", "2", "--port", "0", *tier)
+    strategy = strategy_for(*ps)
+    coordinator = pstrain.ClusterCoordinator(strategy)
+    try:
+        with strategy.scope():
+            table = pstrain.DynamicEmbedding(64, name="big", initializer=pstrain.initializers.Zeros())
+            sgd = pstrain.optimizers.SGD(1.0)
+        ids = np.arange(240_000, dtype=np.int64) * 7919 + 11
+
+        async def train(part: np.ndarray) -> None:
+            await table.lookup(part)
+            grads = np.repeat((part % 5)[:, None], 64, 1).astype(np.float32)
+            await sgd.apply_gradients([(pstrain.IndexedSlices(grads, part), table)])
+
+        for part in np.array_split(ids, 30):
+            await train(part)
+        await coordinator.ps.admit_ps(spare.address)
+        mine = Path(tmp_path / "tier")
+        move = asyncio.ensure_future(
+            coordinator.ps.move_slices({table.key: coordinator.ps.table_slices(table).held_by(0)}, 0, 2)
+        )
+
+        def pulling() -> bool:  # a block written on the new ps's disk
+            return any(f.stat().st_size for f in mine.glob(f"pstrain-{spare.proc.pid}-*/*/*.rec"))
+
+        await wait_for(pulling, timeout=60, what="the new ps to write the first blocks it pulled")
+        spare.proc.kill()
+        with pytest.raises(pstrain.errors.PstrainError, match="failed and was undone"):
+            await move
+        source = Channel(ps[0].address, token=TOKEN, task="/job:ps/replica:0/task:0")
+        try:
+
+            async def let_go() -> bool:
+                return (await source.statistics())["moves_in_progress"] == 0
+
+            await wait_for(let_go, timeout=30, what="the source to end the move")
+            stats = await source.request(TableStatistics(name=table.key))
+        finally:
+            await source.close()
+        assert stats["cold_rows"] > 0 and 2 not in coordinator.ps.table_slices(table).owners
+        got_ids, got_rows = await table.export()
+        order = np.argsort(got_ids)
+        np.testing.assert_array_equal(got_ids[order], np.sort(ids))
+        np.testing.assert_array_equal(got_rows[order], -np.repeat((np.sort(ids) % 5)[:, None], 64, 1))
+        await train(ids[:1000])  # (and training goes on)
+        np.testing.assert_array_equal(
+            await table.lookup(ids[:1000], training=False), -2 * np.repeat((ids[:1000] % 5)[:, None], 64, 1)
+        )
+    finally:
+        await coordinator.close()
