@@ -970,3 +970,9 @@ def test_a_move_pulled_a_few_rows_at_a_time_onto_a_tiered_shard_is_the_source_at
     sinks[1].forget()  # the other move ended: its rows die, and their segments go
     assert gone.cold.pending == 0 and len(gone) == 0
     assert [s.dead == s.rows for s in gone.cold.segments.values()] == [True]  # (the one still written)
+    late = gone.pull_sink("t")  # a table that goes while its rows are pulled takes no more
+    gone.cold.discard()
+    with pytest.raises(FailedPreconditionError, match="went from this ps"):
+        late.put(late.checked(raw, list(slots)), list(slots))  # (the last block read)
+    late.forget()
+    assert gone.cold.pending == 0

@@ -424,6 +424,8 @@ class PulledToDisk:
         if not records.size:
             return
         table = self.table
+        if table.cold.discarded:
+            raise FailedPreconditionError(f"{self.what} went from this ps while its rows were pulled")
         ids = np.empty(records.size, np.int64)
         copy_field(ids, records, "id")
         try:
@@ -448,9 +450,11 @@ class PulledToDisk:
         self._done()
 
     def forget(self) -> None:
-        """The move ended without them: every row pulled dies."""
-        for _, places in self.blocks:
-            self.table.cold.unwritten(places)
+        """The move ended without them: every row pulled dies (with their table, if it
+        went meanwhile)."""
+        if not self.table.cold.discarded:
+            for _, places in self.blocks:
+                self.table.cold.unwritten(places)
         self._done()
 
     def _done(self) -> None:
