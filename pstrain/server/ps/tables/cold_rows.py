@@ -14,11 +14,14 @@ while a save or a read may need it).
 
 In RAM, per cold row: its id in an :class:`IdIndex` (id -> cold slot), its place
 (segment and record), the epoch it last changed in (so a delta finds it without reading
-the disk) and its eviction key (last lookup or lookup count).
+the disk) and its eviction key (last lookup or lookup count). These, not the record's own
+bookkeeping, say what the row's are: a record a move brought keeps its source's.
 
-A save sees the tier as it was when it began: it takes the places of the rows here
-then (:meth:`places_now`), and no segment is deleted until it ends (:meth:`begin_save`,
-:meth:`end_save`); the records at those places never change.
+A save (or a move's copy) sees the tier as it was when it began: it marks the records of
+the rows here then (:class:`SavedPlaces`, a byte per record), and no segment is deleted
+or compacted until it ends (:meth:`begin_save`, :meth:`end_save`); the records there
+never change. Records a move wrote ahead of its switch (:attr:`ColdRows.pending`) keep
+segments from being compacted too.
 
 Reads (:meth:`read`) run on a thread, never on the serving loop; writes (:meth:`put`)
 append a batch of records in one write. A disk that fills raises

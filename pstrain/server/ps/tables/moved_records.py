@@ -6,7 +6,8 @@ there and ships them so (``TableCopy.records``, with the slots they carry in
 one side and packing again on the other. A tiered receiver writes them to its own disk as
 they are, only their bookkeeping (epoch, last lookup, count) set to what the patch says
 (:func:`kept_records`); any other receiver takes them apart into arrays first
-(:func:`as_columns`). Both check them whole before anything changes.
+(:func:`as_columns`; the blocks of a copy pulled: :class:`PulledToRam`). Both check them
+whole before anything changes.
 """
 
 from __future__ import annotations

@@ -1,11 +1,15 @@
 """What a tiered table does when slices of its hash space move to another ps, or a lost
 ps's rows arrive (mixed into :class:`~pstrain.server.ps.tables.tiered_table.TieredTable`).
 
-A move's copy holds both tiers: the rows in RAM as arrays, copied on the serving loop, and
-the records of those on disk, read on a thread after the copy's mark and shipped as they
-lie there (``moved_records.py``); the patch then gives what changed since. Rows merged into
-a tiered shard (a move's, or a lost ps's in its replacement) go to its disk, read back as
-they are looked up: a records' copy written as it came, arrays written as a save writes.
+A move's copy holds both tiers. Pulled by the ps it goes to (:class:`CopyStream`), it is
+taken as a save takes the table, at the copy's mark: the rows in RAM from a snapshot, then
+the records of those on disk as they lie there, a block at a time, read on a thread; the
+receiver writes each block to its disk as it comes (:class:`PulledToDisk`) and indexes
+them at the switch. Relayed whole (a coordinator that moves the copy itself), its rows in
+RAM are arrays and those on disk records (``moved_records.py``). The patch then gives what
+changed since. Rows merged into a tiered shard (a move's, or a lost ps's in its
+replacement) go to its disk, read back as they are looked up: records written as they
+came, arrays written as a save writes.
 """
 
 from __future__ import annotations
