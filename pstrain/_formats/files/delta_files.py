@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
 import re
 import threading
 from collections.abc import Iterator
@@ -395,24 +394,6 @@ def _shard_ids(
     return ids, mine
 
 
-def _prefetch(paths: set[str]) -> None:
-    """Have the disk read ``paths`` (a restore's deltas, read whole one after the other)
-    into the page cache now, all at once, rather than each read waiting its turn; a read
-    lets each part go from the cache as it takes it."""
-    fadvise = getattr(os, "posix_fadvise", None)
-    if fadvise is None:
-        return
-    for path in sorted(paths):
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            continue  # (the read that follows says what is wrong with it)
-        try:
-            fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-        finally:
-            os.close(fd)
-
-
 def _joined(parts: list[np.ndarray], empty: np.ndarray) -> np.ndarray:
     """``parts`` end to end: the one part itself if only one is not empty (a restore onto
     as many ps reads rows from one file per ps: a copy of them cost as much as the read)."""
@@ -508,7 +489,6 @@ def read_table_plan(
     :class:`TablePlan`). Every check of the whole read is made here, before a row goes
     anywhere, but for the base's rows' checksums, checked as :meth:`TablePlan.pieces` reads
     them."""
-    _prefetch({path for delta in deltas for path, _ in delta})
     read_deltas = [_read_table_files(delta, shard, num_shards, dim, dtype) for delta in deltas]
     slot_init: dict[str, float] = {}
     removals = [np.empty(0, np.int64)]

@@ -526,10 +526,6 @@ class TensorFile:
             mask = keep[lo:hi]
             if check is None and not mask.any():
                 continue
-            if _FADVISE is not None and hi < shape[0]:  # the disk reads the next piece meanwhile
-                _FADVISE(
-                    self._f.fileno(), at + hi * row_bytes, piece_rows * row_bytes, os.POSIX_FADV_WILLNEED
-                )
             piece = buf[: hi - lo]
             _read_into(self._f, at + lo * row_bytes, piece)
             if check is not None:
