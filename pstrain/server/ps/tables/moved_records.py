@@ -147,45 +147,19 @@ class PulledToRam:
             self.count += records.size
 
     def into(self, copy: TableCopy) -> TableCopy:
-        """``copy`` with the rows of the blocks after its own arrays' (a slot some rows do
-        not carry: its initial value, which ``slot_init`` must give)."""
-        parts = [as_columns(copy, self.dim, self.dtype)]
+        """``copy`` with the rows of the blocks after its own arrays', taken apart by
+        :func:`as_columns` (a slot some rows do not carry: its initial value, which
+        ``slot_init`` must give), the blocks of each layout at once."""
+        layouts: dict[tuple[str, ...], list[np.ndarray]] = {}
         for records, slots in self.blocks:
-            part = msgspec.structs.replace(
-                copy, ids=None, rows=None, slots={}, records=records.view(np.uint8), record_slots=slots
+            layouts.setdefault(tuple(slots), []).append(records.view(np.uint8))
+        out = as_columns(copy, self.dim, self.dtype)
+        for layout, raw in layouts.items():  # (the order of rows does not matter: matched by id)
+            with_records = msgspec.structs.replace(
+                out, records=np.concatenate(raw), record_slots=list(layout)
             )
-            parts.append(as_columns(part, self.dim, self.dtype))
-        keys = {k for part in parts for k in part.slots}
-        missing = {k for part in parts for k in keys - set(part.slots) if np.size(part.ids)} - set(
-            copy.slot_init
-        )
-        if missing:
-            raise InvalidArgumentError(
-                f"ps/install: table {copy.name!r}: slot(s) {sorted(missing)} have no initial value"
-            )
-        shape = (0, self.dim)
-
-        def rows_of(part: TableCopy, key: str | None) -> np.ndarray:
-            n = int(np.size(part.ids))
-            if key is None:
-                return np.asarray(part.rows if part.rows is not None else np.empty(shape), self.dtype)
-            if key in part.slots:
-                return np.asarray(part.slots[key], self.dtype)
-            return np.full((n, self.dim), copy.slot_init.get(key, 0.0), self.dtype)
-
-        try:
-            return msgspec.structs.replace(
-                copy,
-                ids=np.concatenate([np.asarray(p.ids if p.ids is not None else [], np.int64) for p in parts]),
-                rows=np.concatenate([rows_of(p, None).reshape(-1, self.dim) for p in parts]),
-                slots={k: np.concatenate([rows_of(p, k).reshape(-1, self.dim) for p in parts]) for k in keys},
-                records=None,
-                record_slots=[],
-            )
-        except (ValueError, TypeError) as exc:
-            raise InvalidArgumentError(
-                f"ps/install: the arrays of table {copy.name!r}'s copy: {exc}"
-            ) from None
+            out = as_columns(with_records, self.dim, self.dtype)
+        return out
 
     def forget(self) -> None:
         self.blocks.clear()
