@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pstrain._formats.files.delta_files import _compose
+from pstrain._base.errors import InvalidArgumentError
+from pstrain._formats.files.delta_files import _compose, read_table_plan
+from pstrain._formats.files.tensor_files import write_tensors
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,3 +61,34 @@ def test_a_base_and_deltas_compose_in_one_pass_as_applied_one_by_one(base, delta
     assert set(slots) == set(want_slots)
     for key in slots:
         np.testing.assert_array_equal(slots[key], want_slots[key])
+
+
+def _table_file(path, ids: list[int], stamp: float, prefix: str = "") -> str:
+    ids_arr = np.asarray(ids, np.int64)
+    rows = np.full((ids_arr.size, DIM), stamp, np.float32)
+    init = np.full(1, 0.1, np.float32)
+    tensors = {f"{prefix}ids": ids_arr, f"{prefix}rows": rows, f"{prefix}slot:acc": rows + 0.5}
+    write_tensors(str(path), {**tensors, f"{prefix}init:acc": init})
+    return str(path)
+
+
+def test_a_streamed_restore_refuses_an_id_its_base_holds_twice_and_composes_the_rest(tmp_path):
+    """The plan of a streamed (tiered) restore: ids the deltas put again are the deltas',
+    not repeats; an id in two files of the base, or twice in one, is refused."""
+    dtype = np.dtype(np.float32)
+    one = _table_file(tmp_path / "a", [1, 2, 3], 1.0)
+    other = _table_file(tmp_path / "b", [4, 5], 1.0)
+    delta = [(_table_file(tmp_path / "d", [2, 5, 9], 2.0, "d0:"), "d0:")]
+    plan = read_table_plan([one, other], [delta], 0, 1, DIM, dtype)
+    got = {
+        int(i): (float(r[0]), float(s["acc"][k][0]))
+        for ids, rows, s in plan.pieces()
+        for k, (i, r) in enumerate(zip(ids, rows))
+    }
+    assert got == {1: (1.0, 1.5), 3: (1.0, 1.5), 4: (1.0, 1.5), 2: (2.0, 2.5), 5: (2.0, 2.5), 9: (2.0, 2.5)}
+    twice = _table_file(tmp_path / "c", [7, 3], 1.0)  # 3 is in ``one`` too
+    with pytest.raises(InvalidArgumentError, match="appears twice"):
+        read_table_plan([one, twice], [delta], 0, 1, DIM, dtype)
+    within = _table_file(tmp_path / "e", [6, 8, 6], 1.0)
+    with pytest.raises(InvalidArgumentError, match="appears twice"):
+        read_table_plan([within], [], 0, 1, DIM, dtype)

@@ -202,13 +202,14 @@ def _compose(
     slot_init: dict[str, float],
     dim: int,
     dtype: np.dtype,
+    touched: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> TableState:
     """A base then deltas applied in order (in delta ``k``: its removed ids dropped, then its
     rows put in), in one pass: each id's row is its last put, unless a later delta removed
     it; rows in the order of those puts (the base's first, each delta's after), as applying
     them one by one leaves them. (One by one, each delta looked up every id held and copied
     every row: W9's restore of a base and ten deltas ran at a tenth of a plain read of its
-    files.)"""
+    files.) ``touched``: :func:`_touched` of ``puts`` and ``removals``, if the caller has it."""
     # the deltas among themselves first (fewer ids than the base): each id's last put in them,
     # unless a later delta removed it. One hash pass over them, no sort: groups are
     # numbered as ids first occur, so the ids put come first (0 .. m-1). (The largest
@@ -220,7 +221,7 @@ def _compose(
     source = np.repeat(np.arange(1, len(puts)), [p[0].size for p in puts[1:]])
     removed = np.concatenate(removals)
     by = np.repeat(np.arange(len(removals)), [r.size for r in removals])
-    distinct, group = KERNELS.unique_first(np.concatenate([later, removed]))
+    distinct, group = touched if touched is not None else _touched(puts, removals)
     m = int(group[:n].max()) + 1 if n else 0
     last = np.full(m, -1, np.int64)
     np.maximum.at(last, group[:n], np.arange(n))  # each id's last put
@@ -263,6 +264,15 @@ def _compose(
         {k: pick(slot(puts[0], k), [slot(p, k) for p in puts[1:]]) for k in names},
         slot_init,
     )
+
+
+def _touched(
+    puts: list[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]], removals: list[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every id the deltas (``puts[1:]``, and ``removals``) put in or remove, once each, in
+    the order they first come (:func:`_compose`'s groups), and the group of each of their
+    ids (the puts' first, then the removals')."""
+    return KERNELS.unique_first(np.concatenate([p[0] for p in puts[1:]] + removals))
 
 
 def _member(ids: np.ndarray, of: np.ndarray) -> np.ndarray:
@@ -500,7 +510,7 @@ def read_table_plan(
         delta_init.update(d_init)
         puts.append((d_ids, d_rows, d_slots))
         removals.append(removed)
-    touched = KERNELS.unique_first(np.concatenate([p[0] for p in puts] + removals))[0]
+    touched = _touched(puts, removals)  # (composing takes them too)
     base: list[_BaseFile] = []
     for path in base_files:
         try:
@@ -512,7 +522,7 @@ def read_table_plan(
                         slot_init[key[5:]] = float(f.read(key).reshape(-1)[0])
                 if not keep.any():  # none of the shard's: its rows are not read
                     continue
-                keep &= ~_member(ids, touched)
+                keep &= ~_member(ids, touched[0])
                 slots = tuple(sorted(k[5:] for k in keys if k.startswith("slot:")))
                 for key in ("rows", *(f"slot:{k}" for k in slots)):
                     shape = f.tensors[key].shape
@@ -524,8 +534,10 @@ def read_table_plan(
         except OSError as exc:
             raise InvalidArgumentError(f"dyn/restore: cannot read {path}: {exc}") from exc
     slot_init.update(delta_init)
-    overlay = _compose(puts, removals, slot_init, dim, dtype)
-    every = np.concatenate([f.ids for f in base] + [overlay[0]])
+    overlay = _compose(puts, removals, slot_init, dim, dtype, touched)
+    # the composed deltas hold each id once, and the base's rows kept none of theirs: only
+    # the base's own ids can repeat (within a file or across the files of its ps)
+    every = _joined([f.ids for f in base], np.empty(0, np.int64))
     if KERNELS.unique_first(every)[0].size != every.size:
         raise InvalidArgumentError("dyn/restore: an id appears twice in the saved shards")
     plan = TablePlan(base, overlay, slot_init, dim, dtype)
