@@ -15,7 +15,8 @@ against a plain sequential write of as many bytes to the same disk, alternated
 (``save_over_plain_write``: the median of three after the first; the first, which pays for
 what the ps and the coordinator set up once, is ``first_save_over_plain_write``); a restore
 of a base and ten deltas against a plain read of their files, both from disk
-(``restore_over_plain_read``);
+(``restore_over_plain_read``), and the hit rate of the ten steps after it
+(``hit_rate_after_restore``: the hot set the restore chose);
 held-out log loss of both.
 
     python benchmarks/tiered_tables.py [--steps 1200] [--budget 80MiB] [--runs 3]
@@ -113,16 +114,25 @@ async def chain_restore(
     uncache(files)
     plain = plain_read_s(files)
     shutil.rmtree(directory)
+    # the hot set the restore chose: the hit rate of the steps just after it
+    before = await model.table.statistics()
+    await train_more(AFTER_RESTORE_STEPS)
+    after = await model.table.statistics()
+    looked = after.get("looked_up", 0) - before.get("looked_up", 0)
+    promoted = after.get("promoted", 0) - before.get("promoted", 0)
     return {
         "chain_bytes": nbytes,
         "restore_s": restore_s,
         "restore_over_plain_read": plain / restore_s,
+        "hit_rate_after_restore": 1 - promoted / max(1, looked),
     }
 
 
 #: Deltas on the base a restore reads, and training steps between two of them.
 DELTAS = 10
 DELTA_STEPS = 10
+#: Training steps after the restore whose hit rate is ``hit_rate_after_restore``.
+AFTER_RESTORE_STEPS = 10
 #: Saves measured after the first (their median is ``save_over_plain_write``).
 SAVES = 3
 
@@ -244,6 +254,7 @@ def main() -> None:
             "save_bytes": tiered[-1]["save_bytes"],
             "restore_over_plain_read": _median(tiered, "restore_over_plain_read"),
             "in_ram_restore_over_plain_read": _median(ram, "restore_over_plain_read"),
+            "hit_rate_after_restore": _median(tiered, "hit_rate_after_restore"),
             "restore_chain": f"a base and {DELTAS} deltas, {DELTA_STEPS} steps apart",
             "checkpoint": "the table and the optimizer (rows and Adagrad accumulators)",
             "restore_bytes": tiered[-1]["chain_bytes"],

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pstrain._formats.files import tensor_files
+from pstrain._formats.files.delta_files import read_table_plan
 from pstrain._formats.files.tensor_files import TensorFile, whole, write_streaming
 from pstrain._formats.numerics.optimizer_rules import RULES
 from pstrain.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
@@ -976,3 +977,35 @@ def test_a_move_pulled_a_few_rows_at_a_time_onto_a_tiered_shard_is_the_source_at
         late.put(late.checked(raw, list(slots)), list(slots))  # (the last block read)
     late.forget()
     assert gone.cold.pending == 0
+
+
+def test_a_restore_streamed_from_a_base_and_deltas_keeps_the_rows_changed_last_in_ram(tmp_path):
+    """The hot set of a tiered shard restored from a base and its deltas is the rows the
+    last deltas put (what training had just changed), not the base's first rows; every row
+    is restored whatever tier it lands in."""
+    dim = 4
+    init = {"init:acc": np.full(1, 0.1, np.float32)}
+
+    def save(path, ids, stamp: float, prefix: str = "") -> tuple[str, str]:
+        ids = np.asarray(ids, np.int64)
+        rows = np.full((ids.size, dim), stamp, np.float32)
+        tensors = {"ids": ids, "rows": rows, "slot:acc": rows + 0.5, **init}
+        tensor_files.write_tensors(str(path), {prefix + k: v for k, v in tensors.items()})
+        return str(path), prefix
+
+    base = save(tmp_path / "base", np.arange(1000), 1.0)[0]
+    first = [save(tmp_path / "d1", np.arange(900, 1300), 2.0, "d1:")]  # 900..999 put again
+    last = [save(tmp_path / "d2", np.arange(2000, 2200), 3.0, "d2:")]
+    plan = read_table_plan([base], [first, last], 0, 1, dim, np.dtype(np.float32))
+    table = tiered(tmp_path, TableConfig(dim=dim), hot_rows=150)
+    hot = table.rows_in_ram_for(plan.rows, 1)
+    assert 200 <= hot < 600  # (the last delta fits in RAM, both deltas do not)
+    table.fill_pieces(plan.pieces(), plan.rows, plan.slot_init, hot)
+    in_ram = np.flatnonzero(table.in_ram(np.arange(2200, dtype=np.int64)).pos >= 0)
+    assert set(range(2000, 2200)) <= set(in_ram.tolist()) <= set(range(900, 1300)) | set(range(2000, 2200))
+    got = by_id(table.export())
+    want_ids = np.concatenate([np.arange(1300), np.arange(2000, 2200)])
+    np.testing.assert_array_equal(got["ids"], want_ids)
+    stamp = np.where(want_ids < 900, 1.0, np.where(want_ids < 2000, 2.0, 3.0)).astype(np.float32)
+    np.testing.assert_array_equal(got["rows"], np.repeat(stamp[:, None], dim, 1))
+    np.testing.assert_array_equal(got["slot:acc"], np.repeat(stamp[:, None] + 0.5, dim, 1))

@@ -449,9 +449,23 @@ class TablePlan:
     def pieces(
         self, piece_bytes: int = 4 << 20
     ) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
-        """``(ids, rows, slots)`` of every row, the base's kept rows first, about
+        """``(ids, rows, slots)`` of every row: the deltas' first, the last changed first
+        (the rows training changed last, which a tiered table keeps in RAM as far as its
+        budget lets it: it takes the first rows for RAM), then the base's kept rows, about
         ``piece_bytes`` of each tensor at a time (each checked against its checksums as it
-        is read; a slot a file lacks: its initial value), then the deltas'."""
+        is read; a slot a file lacks: its initial value)."""
+        ids, rows, slots, _ = self.overlay
+        if ids.size:  # (views, last row first: the composed deltas are not copied again)
+            yield (
+                ids[::-1],
+                rows[::-1],
+                {
+                    k: slots[k][::-1]
+                    if k in slots
+                    else np.full((ids.size, self.dim), self.slot_init[k], self.dtype)
+                    for k in self.slots
+                },
+            )
         piece_rows = max(1, piece_bytes // (self.dim * self.dtype.itemsize))
         for part in self.base:
             try:
@@ -472,18 +486,6 @@ class TablePlan:
                         yield ids, got[0], slots
             except OSError as exc:
                 raise InvalidArgumentError(f"dyn/restore: cannot read {part.path}: {exc}") from exc
-        ids, rows, slots, _ = self.overlay
-        if ids.size:
-            yield (
-                ids,
-                rows,
-                {
-                    k: slots[k]
-                    if k in slots
-                    else np.full((ids.size, self.dim), self.slot_init[k], self.dtype)
-                    for k in self.slots
-                },
-            )
 
 
 def read_table_plan(
