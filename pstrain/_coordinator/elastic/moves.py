@@ -482,12 +482,38 @@ class PsChanges:
                     f"moving {what} from ps {src} to ps {dst} failed and was undone: "
                     f"ps {src} {where}. The cause: {exc.message or exc}",
                 ) from exc
-            await self.publish(new)
-            await source.request(EndMove(stage=stage, commit=True), timeout=self.timeout_s)
+            await self._announce(new, stage, source)
         finally:
             self.moving = None
         self.moves_done += 1
         self.bytes_moved += out.nbytes
+
+    async def _announce(self, placement: PlacementMap, stage: str, source: Any) -> None:
+        """After a move's switch: the map to every active ps, then the source lets go of
+        what it parked. The move is made by then (the target serves what moved, the
+        source refuses it), so a ps that cannot be told (lost since, or cut off) does not
+        make it fail: it is logged, and the ps's loss is found as any other (by the next
+        request to it; ``replace_lost_ps`` replaces it). The source learnt the map at the
+        switch already."""
+        adopt(self.channels, placement)
+        active = placement.active()
+        told = await asyncio.gather(
+            *(
+                self.channel(k).request(SetPlacement(placement=placement), timeout=self.timeout_s)
+                for k in active
+            ),
+            return_exceptions=True,
+        )
+        for k, result in zip(active, told, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, PstrainError):
+                    raise result
+                logger.warning("ps %d did not learn placement map %d: %s", k, placement.version, result)
+        await best_effort(
+            source.request(EndMove(stage=stage, commit=True), timeout=self.timeout_s),
+            f"ending move {stage} on {source.task}",
+            logger,
+        )
 
     async def _abort(self, stage: str, source: Any, target: Any, announced: PlacementMap | None) -> bool:
         """Serve the variables from their source again; the target drops what it staged;

@@ -1,7 +1,8 @@
 """A ps whose table is past its memory budget (rows on its disk) SIGKILLed while a
-checkpoint is being written, then replaced from the base and deltas written before: every
-row, optimizer slot and variable comes back exactly as the last complete checkpoint held
-it, on the ps that are left, whatever tier each row lands in there."""
+checkpoint is being written, or while its slices of the table move to a ps that joined,
+then replaced from the base and deltas written before: every row, optimizer slot and
+variable comes back exactly as the last complete checkpoint held it, on the ps that are
+left, whatever tier each row lands in there."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 import pstrain
 from pstrain.checkpoint import Checkpoint, CheckpointManager, load_variables
 from pstrain.ctr import CTRModel, make_step, synthetic
+from pstrain.rpc import Channel
 from tests.helpers import TOKEN, wait_for
 
 pytestmark = pytest.mark.timeout(240)
@@ -29,8 +31,9 @@ def _by_id(saved: dict[str, np.ndarray], table: str) -> dict[str, np.ndarray]:
     return {k: v[order] if k.startswith(table + "/") else v for k, v in saved.items()}
 
 
-async def test_a_tiered_ps_sigkilled_while_a_checkpoint_is_written_comes_back_as_the_last_one(
-    tmp_path, drill
+@pytest.mark.parametrize("during", ["save", "move"])
+async def test_a_tiered_ps_sigkilled_during_a_save_or_a_move_comes_back_as_the_last_checkpoint(
+    tmp_path, drill, during
 ):
     root = str(tmp_path / "ckpt")
     os.makedirs(root)
@@ -40,6 +43,7 @@ async def test_a_tiered_ps_sigkilled_while_a_checkpoint_is_written_comes_back_as
         for i in range(3)
     ]
     servers += [drill.serve("--role", "worker", "--index", str(i), "--port", "0") for i in range(2)]
+    spare = drill.serve("--role", "ps", "--index", "3", "--port", "0", "--checkpoint-root", root, *tier)
     spec = {"ps": [s.address for s in servers[:3]], "worker": [s.address for s in servers[3:]]}
     strategy = pstrain.ParameterServerStrategy(
         pstrain.SimpleClusterResolver(spec, token=TOKEN),
@@ -80,22 +84,38 @@ async def test_a_tiered_ps_sigkilled_while_a_checkpoint_is_written_comes_back_as
         want = _by_id(load_variables(last), "model/table")
 
         coordinator.replace_lost_ps(manager)
-        before = {p.name for p in Path(root).rglob("*")}
-        saving = asyncio.ensure_future(manager.save())  # a full save, cut short by the kill
-        await wait_for(
-            lambda: saving.done() or any(p.name not in before for p in Path(root).rglob("*")),
-            timeout=60.0,
-            what="the save to start writing",
-        )
+        if during == "save":  # a full save, cut short by the kill
+            before = {p.name for p in Path(root).rglob("*")}
+            cut = asyncio.ensure_future(manager.save())
+            await wait_for(
+                lambda: cut.done() or any(p.name not in before for p in Path(root).rglob("*")),
+                timeout=60.0,
+                what="the save to start writing",
+            )
+        else:  # ps 1's slices of the table moving to a ps that joined, cut short by the kill
+            await coordinator.ps.admit_ps(spare.address)
+            held = coordinator.ps.table_slices(table).held_by(1)
+            cut = asyncio.ensure_future(coordinator.ps.move_slices({table.key: held}, 1, 3))
+            source = Channel(servers[1].address, token=TOKEN, task="/job:ps/replica:0/task:1")
+            try:
+
+                async def under_way() -> bool:
+                    return cut.done() or (await source.statistics())["moves_in_progress"] > 0
+
+                await wait_for(under_way, timeout=60.0, what="the move to start")
+            finally:
+                await source.close()
         servers[1].proc.send_signal(signal.SIGKILL)
         servers[1].proc.wait(10)
         cut_short = False
         try:
-            await saving
-        except pstrain.errors.UnavailableError:  # (the ps writing its part was lost)
+            await cut
+        except pstrain.errors.PstrainError:  # (the ps writing its part, or moving, was lost)
             cut_short = True
 
-        async def read(b: int) -> np.ndarray:  # no row changes: these only find ps 1 lost
+        async def read(b: int) -> np.ndarray:  # no change: these only find ps 1 lost (its
+            # variables, if the table's slices moved away from it before the kill)
+            await pstrain.read_variables(model.dense)
             return await table.lookup(np.unique(ids[b * 512 : (b + 1) * 512]), training=False)
 
         rvs = [coordinator.schedule(read, args=(b,)) for b in range(4)]
@@ -116,7 +136,7 @@ async def test_a_tiered_ps_sigkilled_while_a_checkpoint_is_written_comes_back_as
         assert set(again) == set(want)
         for key, value in want.items():  # rows, their Adagrad accumulators, the dense layers
             np.testing.assert_array_equal(again[key], value, err_msg=key)
-        print(f"killed {'during' if cut_short else 'after'} the save; replaced from {replaced['checkpoint']}")
+        print(f"killed {'during' if cut_short else 'after'} the {during}: {replaced['checkpoint']}")
     finally:
         if manager is not None:
             await manager.close()
