@@ -96,7 +96,7 @@ slurm: sysdeps $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/system/test_slurm.py
 
 # The whole fault matrix (tests/system/test_fault_matrix.py): 7 faults alone and in every ordered
-# pair, on 3 models, each run compared bit for bit with a run without faults (about 40 min;
+# pair, on 4 models, each run compared bit for bit with a run without faults (about 60 min;
 # make test runs a sample of it).
 chaos: sysdeps $(STAMP)
 	$(BYTECODE)

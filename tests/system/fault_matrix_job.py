@@ -17,7 +17,8 @@ so that it can be SIGKILLed and started again at any moment:
   ``--join`` joins and a share of the variables moves to it, while steps run
   (``moved ...``, ``joined ps N`` or ``... failed: ...`` is printed);
 * at the end, write the whole state (variables, slots, table rows, the step)
-  to ``--out`` for the harness to compare with a run without faults.
+  to ``--out`` for the harness to compare with a run without faults, and say how many
+  of each dynamic table's rows are on the ps's disks (``table NAME: R rows, D on disk``).
 
 It prints ``step N on W`` after each step (W: the worker that ran it) and ``done``
 at the end.
@@ -126,6 +127,7 @@ async def torch_model(strategy):
         table = pstrain.DynamicEmbedding(
             DIM, name="items", initializer=pstrain.initializers.RandomUniform(-0.05, 0.05, seed=3)
         )
+        TABLES.append(table)
         net = Net(table)
         remote = ptorch.RemoteModule(net)
         opt = pstrain.optimizers.Adagrad(learning_rate=0.05, initial_accumulator_value=0.1)
@@ -144,6 +146,8 @@ async def torch_model(strategy):
 
 
 MODELS = {"numpy": numpy_model, "jax": jax_model, "torch": torch_model}
+#: The model's dynamic tables: where their rows are is printed at the end.
+TABLES: list[pstrain.DynamicEmbedding] = []
 
 
 async def restore_latest(manager: CheckpointManager, deadline_s: float = 60.0) -> None:
@@ -234,6 +238,9 @@ async def main(args: argparse.Namespace) -> None:
     for stale in glob.glob(glob.escape(args.out) + ".*"):  # an earlier incarnation's
         os.remove(stale)
     await ckpt.write(args.out)
+    for table in TABLES:  # (on ps with a memory budget, some of its rows are on their disks)
+        stats = await table.statistics()
+        print(f"table {table.name}: {stats['rows']} rows, {stats.get('cold_rows', 0)} on disk", flush=True)
     await coordinator.close()
     print("done", flush=True)
 

@@ -18,13 +18,17 @@ A lost ps *replaced* from deltas is not in the matrix: it loses up to one delta 
 of its updates by design, so no run with it ends at the fault-free state
 (``tests/processes/test_ps_replace*.py`` check it against the updates it kept).
 
-Models: W4's numpy model, a JAX model (Adam) and a PyTorch model with a
-``DynamicEmbedding``. The job (``fault_matrix_job.py``) schedules each step
-``exactly_once`` on a batch that depends on the step alone, so every run must end
-at the exact step count with the ps state (variables, slots, table rows, the
-step counter) equal, bit for bit, to a run of the same job with no fault: a
-restore replays the steps after its checkpoint, a retried step applies its
-updates once, a fenced worker's late updates are refused.
+Models: W4's numpy model, a JAX model (Adam), a PyTorch model with a
+``DynamicEmbedding``, and the same PyTorch model on ps with a memory budget that keeps
+a share of the table's rows on their disks (``tiered``: held to the state of the PyTorch
+model's run without faults, on ps that keep everything in RAM).
+
+The job (``fault_matrix_job.py``) schedules each step ``exactly_once`` on a batch
+that depends on the step alone, so every run must end at the exact step count with
+the ps state (variables, slots, table rows, the step counter) equal, bit for bit, to
+a run of the same job with no fault: a restore replays the steps after its
+checkpoint, a retried step applies its updates once, a fenced worker's late updates
+are refused.
 
 ``make test`` runs a sample of the matrix (3 drills on one model, each run
 drawing the model anew), drawn from a seed that is in each
@@ -65,12 +69,15 @@ FAULTS = (
     "ps_move",
     "ps_join",
 )
-MODELS = ("numpy", "jax", "torch")
+MODELS = ("numpy", "jax", "torch", "tiered")
+#: ``tiered``'s ps: a budget that keeps a share of the table's rows on disk (a quarter to a
+#: half of them, on 2 or 3 ps), with room for a variable moved in.
+TIERED = ("--memory-budget", "1536KiB")
 COMBOS = [(f,) for f in FAULTS] + list(itertools.product(FAULTS, repeat=2))
 ALL = [(model, combo) for model in MODELS for combo in COMBOS]
 SAMPLE = 2  # drills in make test, on one model drawn (plus its fault-free reference run); 3
 #             took the suite to 13 minutes on CI's machine (its budget is 12, install
-#             included), 4 on up to 3 models past it; make chaos runs all 168
+#             included), 4 on up to 3 models past it; make chaos runs all 224
 STEPS = 200
 PORT = 7000
 JOB = Path(__file__).resolve().parent / "fault_matrix_job.py"
@@ -102,6 +109,7 @@ class Cluster:
 
     def __init__(self, lab: NetLab, tmp: Path, model: str) -> None:
         self.lab, self.tmp, self.model = lab, tmp, model
+        self.job_model = "torch" if model == "tiered" else model  # (tiered: the ps differ)
         self.spec = {
             "ps": [f"{lab.address(h)}:{PORT}" for h in ("ps0", "ps1")],
             "worker": [f"{lab.address(h)}:{PORT}" for h in ("w0", "w1")],
@@ -134,6 +142,7 @@ class Cluster:
 
     def _spawn(self, host: str) -> subprocess.Popen[str]:
         role, index = ("ps", int(host[2])) if host.startswith("ps") else ("worker", int(host[1]))
+        tiered = role == "ps" and self.model == "tiered"
         log = open(self.tmp / f"{host}.log", "a")  # noqa: SIM115 - the child keeps its own copy
         try:
             proc = self.lab.start(
@@ -154,6 +163,7 @@ class Cluster:
                 str(PORT),
                 "--checkpoint-root",
                 str(self.tmp),
+                *(TIERED + ("--table-dir", str(self.tmp / f"tier-{host}")) if tiered else ()),
                 env=self.env,
                 stdout=subprocess.PIPE,
                 stderr=log,
@@ -192,7 +202,7 @@ class Cluster:
                     sys.executable,
                     str(JOB),
                     "--model",
-                    self.model,
+                    self.job_model,
                     "--cluster",
                     str(self.cluster_file),
                     "--dir",
@@ -363,7 +373,7 @@ def _story(tmp: Path, lines: list[str]) -> str:
 @pytest.mark.parametrize(("model", "faults", "seed"), _cases())
 def test_a_run_with_faults_ends_in_the_state_of_a_run_without(tmp_path_factory, model, faults, seed):
     tmp_root = tmp_path_factory.getbasetemp()
-    want = _canonical(_reference(tmp_root, model))
+    want = _canonical(_reference(tmp_root, "torch" if model == "tiered" else model))
     rng = random.Random(f"{seed}-{model}-{'+'.join(faults)}")
     tmp = tmp_path_factory.mktemp(f"{model}-{'-'.join(faults)}")
     got, (done, lines) = _run(tmp, model, faults, rng)
@@ -375,3 +385,6 @@ def test_a_run_with_faults_ends_in_the_state_of_a_run_without(tmp_path_factory, 
     differ = [k for k in want if got[k].tobytes() != want[k].tobytes()]
     assert not differ, f"{what}: these differ from the run without faults: {differ[:8]}" + _story(tmp, lines)
     assert re.search(r"^done$", "\n".join(lines), re.M)
+    if model == "tiered":  # and the table's rows were on the ps's disks, not all in RAM
+        where = re.search(r"^table items: (\d+) rows, (\d+) on disk$", "\n".join(lines), re.M)
+        assert where and int(where[2]) > int(where[1]) // 8, what + f": {where and where[0]}"
