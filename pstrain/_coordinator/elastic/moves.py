@@ -482,38 +482,20 @@ class PsChanges:
                     f"moving {what} from ps {src} to ps {dst} failed and was undone: "
                     f"ps {src} {where}. The cause: {exc.message or exc}",
                 ) from exc
-            await self._announce(new, stage, source)
+            # the move is made (the target serves what moved, the source refuses it and
+            # learnt the map at the switch): a ps that cannot be told now (lost since, or
+            # cut off) does not make it fail, and its loss is found as any other (by the
+            # next request to it; replace_lost_ps replaces it)
+            await self.publish(new, lost_ok=True)
+            await best_effort(
+                source.request(EndMove(stage=stage, commit=True), timeout=self.timeout_s),
+                f"ending move {stage} on {source.task}",
+                logger,
+            )
         finally:
             self.moving = None
         self.moves_done += 1
         self.bytes_moved += out.nbytes
-
-    async def _announce(self, placement: PlacementMap, stage: str, source: Any) -> None:
-        """After a move's switch: the map to every active ps, then the source lets go of
-        what it parked. The move is made by then (the target serves what moved, the
-        source refuses it), so a ps that cannot be told (lost since, or cut off) does not
-        make it fail: it is logged, and the ps's loss is found as any other (by the next
-        request to it; ``replace_lost_ps`` replaces it). The source learnt the map at the
-        switch already."""
-        adopt(self.channels, placement)
-        active = placement.active()
-        told = await asyncio.gather(
-            *(
-                self.channel(k).request(SetPlacement(placement=placement), timeout=self.timeout_s)
-                for k in active
-            ),
-            return_exceptions=True,
-        )
-        for k, result in zip(active, told, strict=True):
-            if isinstance(result, BaseException):
-                if not isinstance(result, PstrainError):
-                    raise result
-                logger.warning("ps %d did not learn placement map %d: %s", k, placement.version, result)
-        await best_effort(
-            source.request(EndMove(stage=stage, commit=True), timeout=self.timeout_s),
-            f"ending move {stage} on {source.task}",
-            logger,
-        )
 
     async def _abort(self, stage: str, source: Any, target: Any, announced: PlacementMap | None) -> bool:
         """Serve the variables from their source again; the target drops what it staged;
@@ -535,15 +517,24 @@ class PsChanges:
             )
         return told[0]
 
-    async def publish(self, placement: PlacementMap) -> None:
-        """Route by ``placement`` here and tell every active ps."""
+    async def publish(self, placement: PlacementMap, *, lost_ok: bool = False) -> None:
+        """Route by ``placement`` here and tell every active ps (``lost_ok``: a ps that
+        cannot be reached is logged, not raised, once every other was told)."""
         adopt(self.channels, placement)
-        await asyncio.gather(
+        active = placement.active()
+        told = await asyncio.gather(
             *(
                 self.channel(k).request(SetPlacement(placement=placement), timeout=self.timeout_s)
-                for k in placement.active()
-            )
+                for k in active
+            ),
+            return_exceptions=True,
         )
+        for k, result in zip(active, told, strict=True):
+            if not isinstance(result, BaseException):
+                continue
+            if not (lost_ok and isinstance(result, PstrainError)):
+                raise result
+            logger.warning("ps %d did not learn placement map %d: %s", k, placement.version, result)
 
     def channel(self, ps: int) -> Any:
         return self.channels.channel("ps", ps)
