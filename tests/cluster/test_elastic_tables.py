@@ -447,6 +447,30 @@ async def test_a_lost_ps_holding_table_slices_is_replaced_from_base_and_deltas(t
         _same_rows(*await table.export(), expected)
 
 
+async def test_a_move_whose_switch_is_made_is_done_though_a_ps_cannot_be_told_of_it():
+    """Ps 0 is lost (no replacement asked for) before slices of a table move from ps 1 to
+    ps 2: the move's switch is made, and ps 0 cannot learn the new map. The move is done,
+    not reported as failed (it was not undone): ps 2 serves the slices, every row as
+    trained."""
+    async with _job(3, extra=False) as (cluster, _, strategy, coordinator):
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="t", initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.SGD(1.0)
+        await _runner(coordinator, table, opt)(0, 6)
+        moving = coordinator.ps.table_slices(table).held_by(1)
+        await cluster.ps[0].stop()
+        await coordinator.ps.move_slices({table.key: moving}, 1, 2)
+        sliced = coordinator.ps.table_slices(table)
+        assert all(sliced.owners[s] == 2 for s in moving)
+        assert coordinator.statistics()["placement"]["moves_done"] == 1
+        expected = _expected(6)
+        ids = np.array(sorted(expected), np.int64)
+        ids = ids[np.isin(shard_of(ids, sliced.slices), moving)]  # (ps 0's rows are gone)
+        assert ids.size and set(_ids_on(cluster.ps[2], table.key).tolist()) >= set(ids.tolist())
+        got = await table.lookup(ids, training=False)
+        np.testing.assert_array_equal(got, np.stack([expected[i] for i in ids.tolist()]))
+
+
 async def test_a_drained_ps_leaves_its_evictions_to_the_next_delta_and_a_restore_matches_the_live_table(
     tmp_path,
 ):
