@@ -23,7 +23,7 @@ import concurrent.futures
 import json
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from queue import Empty, Full, Queue
 from typing import Annotated, Any, BinaryIO, NamedTuple, TypeVar
 
@@ -472,20 +472,28 @@ class TablePlan:
         for part in self.base:
             try:
                 with TensorFile(part.path) as f:
-                    streams = [f.iter_rows("rows", part.keep, self.dtype, piece_rows)]
-                    streams += [
-                        f.iter_rows(f"slot:{k}", part.keep, self.dtype, piece_rows) for k in part.slots
+                    # each tensor read on a thread of its own, a piece ahead (the disk reads
+                    # them side by side: W9's restores of a base and ten deltas ran at
+                    # 0.62-0.74x a plain read, against 0.60-0.67x read one after the other;
+                    # a large base's took up to 33 MiB more RAM, as fast)
+                    streams = [
+                        read_ahead(f.iter_rows(key, part.keep, self.dtype, piece_rows), 1)
+                        for key in ("rows", *(f"slot:{k}" for k in part.slots))
                     ]
-                    done = 0
-                    for got in zip(*streams, strict=True):
-                        n = got[0].shape[0]
-                        ids = part.ids[done : done + n]
-                        done += n
-                        slots = dict(zip(part.slots, got[1:], strict=True))
-                        for k in self.slots:
-                            if k not in slots:
-                                slots[k] = np.full((n, self.dim), self.slot_init[k], self.dtype)
-                        yield ids, got[0], slots
+                    try:
+                        done = 0
+                        for got in zip(*streams, strict=True):
+                            n = got[0].shape[0]
+                            ids = part.ids[done : done + n]
+                            done += n
+                            slots = dict(zip(part.slots, got[1:], strict=True))
+                            for k in self.slots:
+                                if k not in slots:
+                                    slots[k] = np.full((n, self.dim), self.slot_init[k], self.dtype)
+                            yield ids, got[0], slots
+                    finally:  # (their threads stopped before the file closes, however this ends)
+                        for stream in streams:
+                            stream.close()
             except OSError as exc:
                 raise InvalidArgumentError(f"dyn/restore: cannot read {part.path}: {exc}") from exc
 
@@ -572,7 +580,7 @@ def read_table_plan(
     return plan
 
 
-def read_ahead(items: Iterator[T], depth: int = 2) -> Iterator[T]:
+def read_ahead(items: Iterator[T], depth: int = 2) -> Generator[T, None, None]:
     """``items``, produced on a thread of their own up to ``depth`` ahead of the reader (a
     restore reads the next piece of its base while it writes the last one to disk). An
     error producing them is raised to the reader; a reader that stops early stops the
