@@ -62,6 +62,19 @@ INDEX_FILL = 0.75
 MAX_SLOTS = (1 << 32) - 1
 #: Records written at a time (a block of them packed in RAM, then written).
 WRITE_ROWS = 1 << 14
+#: The place of a cold slot not in use.
+FREE = -1
+#: Cold slots not in use are taken again once they are 1 in ``REUSE`` of the slots (a
+#: scan for them then crosses about ``REUSE`` slots for each: they may take that share of
+#: the slots' RAM meanwhile).
+REUSE = 16
+#: Slots a scan for slots not in use reads at least at a time.
+SCAN_SLOTS = 1 << 14
+#: The largest eviction key held (past ``key_base``), and how far below the newest key
+#: the base moves when one passes it (a row not looked up for a billion lookups orders
+#: as that old: ``max_age`` evicts it long before).
+KEY_TOP = (1 << 32) - 1
+KEY_SPAN = 1 << 30
 
 
 def _cells(arr: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
@@ -180,22 +193,22 @@ class ColdRows:
         self.segment_rows = segment_rows
         self.kernels = kernels or KERNELS
         self.index = IdIndex(kernels=self.kernels, fill=INDEX_FILL)  # id -> cold slot
-        self.places = np.empty(0, np.int64)  # cold slot -> place
+        #: Cold slot -> place; a slot not in use holds ``FREE`` (so a slot is live where
+        #: its place is at least 0). A place is never given twice (segments are numbered
+        #: on, never again): a read of a row's record is still the row's while the row's
+        #: slot holds the place read (compaction, which moves a record, fails that check,
+        #: and the row is read again: never a stale one taken).
+        self.places = np.empty(0, np.int64)
         self.epochs = np.empty(0, np.uint32)
-        self.keys = np.empty(0, np.int64)  # eviction key: last lookup (LRU) or count (LFU)
-        self.live = np.empty(0, bool)
-        #: The number of the put that gave each slot its row, modulo 2**32 (compaction, which
-        #: moves a record, keeps it): a read of a row's record is still the row's while the
-        #: row's slot carries the number it carried then (a read would have to last over four
-        #: billion puts, each a write to disk, to be fooled). (A count per slot would not do:
-        #: the row, taken back and moved out again, may sit in another slot whose count
-        #: happens to match.)
-        self.gens = np.empty(0, np.uint32)
-        self.puts = 0
-        #: Cold slots given up, a stack (``nfree`` of them), as large as the per-slot
-        #: arrays: a removal never grows it (a promotion's would not be in the budget).
-        self.free = np.empty(0, np.uint32)
-        self.nfree = self.used = 0
+        #: Eviction key (last lookup, LRU, or lookup count, LFU), less ``key_base``, in 32
+        #: bits (:meth:`keys_of`): clamped at 0 (a key further below the newest than
+        #: ``KEY_SPAN`` orders as that far) and at its top.
+        self.keys = np.empty(0, np.uint32)
+        self.key_base = 0
+        #: Slots not in use below ``used`` (reused once they are ``REUSE`` of them: found
+        #: by a scan from ``cursor``, not kept in a list of their own, 4 bytes a slot).
+        self.nfree = self.used = self.cursor = 0
+        self.next_number = 0  # the next segment's number
         self.segments: dict[int, _Segment] = {}
         self.open: _Segment | None = None
         self.saves = 0  # saves reading now: no segment is deleted meanwhile
@@ -212,26 +225,17 @@ class ColdRows:
     @property
     def nbytes(self) -> int:
         """RAM this tier takes: its index and per-row arrays."""
-        return int(
-            self.index.nbytes
-            + self.places.nbytes
-            + self.epochs.nbytes
-            + self.keys.nbytes
-            + self.live.nbytes
-            + self.gens.nbytes
-            + self.free.nbytes
-        )
+        return int(self.index.nbytes + self.places.nbytes + self.epochs.nbytes + self.keys.nbytes)
 
-    #: Bytes per cold slot of the arrays besides the index: place, epoch, key, live, put
-    #: number, free-stack entry. (With its index entry, 21 to 43 bytes by the index's
-    #: load, a cold row takes about 50 to 80 bytes.)
-    SLOT_BYTES = 8 + 4 + 8 + 1 + 4 + 4
+    #: Bytes per cold slot of the arrays besides the index: place, epoch, key. (With its
+    #: index entry, 21 to 43 bytes by the index's load, a cold row takes 37 to 59 bytes.)
+    SLOT_BYTES = 8 + 4 + 4
 
     def nbytes_with(self, more: int, tight: bool = False) -> int:
         """:attr:`nbytes` once ``more`` rows more are here: the index and the per-slot
         arrays grown as :meth:`put` grows them (by a quarter: a step, not a row at a time;
         the index as full as it may be with ``tight``, as a put with ``tight`` leaves it)."""
-        need = self.used + max(0, more - self.nfree)
+        need = self.used + more - self._reused(more)
         size = self.places.size
         if need > size:
             size = _grown(size, need)
@@ -304,10 +308,7 @@ class ColdRows:
         cold = self._take_slots(n)
         self.places[cold] = places
         self.epochs[cold] = epochs
-        self.keys[cold] = keys
-        self.live[cold] = True
-        self.puts += 1
-        self.gens[cold] = self.puts & 0xFFFFFFFF
+        self._set_keys(cold, keys)
         self.index.insert(ids, cold)
         self.rows_written += n
 
@@ -354,7 +355,7 @@ class ColdRows:
             while done < n:
                 seg = self.open
                 if seg is None or seg.rows >= self.segment_rows or seg.slots != key_names:
-                    seg = _Segment(number=max(self.segments, default=-1) + 1 + len(opened), slots=key_names)
+                    seg = _Segment(number=self.next_number + len(opened), slots=key_names)
                     opened.append(seg)
                     self.open = seg
                 take = min(n - done, self.segment_rows - seg.rows, WRITE_ROWS)
@@ -381,13 +382,20 @@ class ColdRows:
             raise
         for seg in opened:
             self.segments[seg.number] = seg
+        self.next_number += len(opened)
         return np.concatenate(
             [(np.int64(seg.number) << PLACE_BITS) + np.arange(first, first + k) for seg, first, k in placed]
         )
 
+    def _reused(self, n: int) -> int:
+        """How many of ``n`` slots a put takes from those not in use: none until they are
+        ``REUSE`` of the slots (or enough for all ``n``), so that a scan finds them a few
+        slots apart at most."""
+        return min(n, self.nfree) if self.nfree >= n or self.nfree * REUSE >= self.used else 0
+
     def _take_slots(self, n: int) -> np.ndarray:
-        reuse = min(n, self.nfree)
-        taken = self.free[self.nfree - reuse : self.nfree].copy()
+        reuse = self._reused(n)
+        taken = self._free_slots(reuse)
         self.nfree -= reuse
         fresh = n - reuse
         if self.used + fresh > self.places.size:
@@ -396,14 +404,61 @@ class ColdRows:
                 raise ResourceExhaustedError(
                     f"the table directory {self.directory}: more than {MAX_SLOTS} rows on disk in one shard"
                 )
-            for name in ("places", "epochs", "keys", "live", "gens", "free"):
+            for name in ("places", "epochs", "keys"):
                 arr = getattr(self, name)
-                grown = np.zeros(size, arr.dtype)
+                grown = np.full(size, FREE, arr.dtype) if name == "places" else np.zeros(size, arr.dtype)
                 grown[: arr.size] = arr
                 setattr(self, name, grown)
         out = np.concatenate([taken, np.arange(self.used, self.used + fresh, dtype=np.int64)])
         self.used += fresh
         return out
+
+    def _free_slots(self, n: int) -> np.ndarray:
+        """``n`` slots not in use (there are as many), scanned for from ``cursor`` on, round."""
+        if not n:
+            return np.empty(0, np.int64)
+        parts, found, at, scanned = [], 0, self.cursor, 0
+        while found < n and scanned < self.used:
+            if at >= self.used:
+                at = 0
+            hi = min(self.used, at + max(SCAN_SLOTS, 2 * REUSE * (n - found)))
+            part = np.flatnonzero(self.places[at:hi] < 0)[: n - found] + at
+            parts.append(part)
+            found += part.size
+            scanned += hi - at
+            at = int(part[-1]) + 1 if found == n else hi
+        self.cursor = at
+        out = np.concatenate(parts)
+        assert out.size == n, "cold slots not in use miscounted"
+        return out
+
+    def _set_keys(self, slots: np.ndarray, keys: np.ndarray) -> None:
+        """Eviction keys ``keys`` (int64) for ``slots``, in 32 bits past ``key_base`` (moved
+        on first if a key is past its top: the keys below the new base clamp at 0)."""
+        if not keys.size:
+            return
+        keys = np.asarray(keys, np.int64)
+        top = int(keys.max())
+        if top - self.key_base > KEY_TOP:
+            base = top - KEY_SPAN
+            live = self.places[: self.used] >= 0
+            held = self.keys[: self.used].astype(np.int64) + (self.key_base - base)
+            self.keys[: self.used] = np.where(live, np.clip(held, 0, KEY_TOP), 0).astype(np.uint32)
+            self.key_base = base
+        self.keys[slots] = np.clip(keys - self.key_base, 0, KEY_TOP).astype(np.uint32)
+
+    def keys_of(self, slots: np.ndarray) -> np.ndarray:
+        """The eviction keys of cold ``slots`` (int64)."""
+        return self.keys[slots].astype(np.int64) + self.key_base
+
+    def live_slots(self) -> np.ndarray:
+        """The cold slots in use, ascending."""
+        return np.flatnonzero(self.places[: self.used] >= 0)
+
+    def current(self, slots: np.ndarray, places: np.ndarray) -> np.ndarray:
+        """Which of cold ``slots`` still hold the records at ``places`` (not taken back,
+        nor moved by compaction, since: a place is never given twice)."""
+        return self.places[slots] == places
 
     # -- taking out -------------------------------------------------------------------------------
     def remove(self, ids: np.ndarray) -> np.ndarray:
@@ -414,10 +469,8 @@ class ColdRows:
         if not gone.size:
             return cold
         places = self.places[gone]
-        self.live[gone] = False
-        need = self.nfree + gone.size  # (at most ``used``: the stack is as large as the slots)
-        self.free[self.nfree : need] = gone
-        self.nfree = need
+        self.places[gone] = FREE
+        self.nfree += gone.size
         self._died(places)
         self.collect()
         return cold
@@ -469,7 +522,7 @@ class ColdRows:
 
     def live_in(self, number: int) -> tuple[np.ndarray, np.ndarray]:
         """The cold slots of the rows in segment ``number``, and their places."""
-        live = np.flatnonzero(self.live[: self.used])
+        live = self.live_slots()
         places = self.places[live]
         there = (places >> PLACE_BITS) == number
         return live[there], places[there]
@@ -478,7 +531,7 @@ class ColdRows:
         """Write the records read from ``places`` again at the end, for the cold ``slots``
         still there (a row taken back meanwhile is not); their old records die. Returns
         how many moved."""
-        still = self.live[slots] & (self.places[slots] == places)
+        still = self.current(slots, places)
         if not still.any():
             return 0
         slots = slots[still]
@@ -491,7 +544,7 @@ class ColdRows:
 
     def victims(self, n: int) -> np.ndarray:
         """The ids of the ``n`` cold rows with the lowest eviction keys."""
-        live = np.flatnonzero(self.live[: self.used])
+        live = self.live_slots()
         if n >= live.size:
             picked = live
         else:
@@ -621,7 +674,8 @@ class ColdRows:
 
     def places_now(self) -> np.ndarray:
         """The places of the rows here now, ascending (a whole export's)."""
-        places = self.places[: self.used][self.live[: self.used]]
+        places = self.places[: self.used]
+        places = places[places >= 0]  # (a copy, sorted)
         places.sort()
         return places
 
@@ -694,9 +748,11 @@ class ColdRows:
         """Forget every row (a restore replaces them all)."""
         for seg in list(self.segments.values()):
             self._delete_files(seg)
+        number = self.next_number  # (places of the rows forgotten are never given again)
         self.__init__(  # type: ignore[misc]
             self.directory, self.dim, self.dtype, segment_rows=self.segment_rows, kernels=self.kernels
         )
+        self.next_number = number
 
 
 class SavedPlaces:
@@ -726,7 +782,7 @@ class SavedPlaces:
             by_slot = cold.ids_by_slot()
         for lo in range(0, cold.used, self.PIECE):
             hi = min(cold.used, lo + self.PIECE)
-            live = cold.live[lo:hi]
+            live = cold.places[lo:hi] >= 0
             if since is not None:
                 live = live & (cold.epochs[lo:hi] > since)
             if moving is not None:

@@ -223,7 +223,7 @@ class TableHandlers:
             per = max(1, chunk // cold.record(cold.segments[number].slots).itemsize)
             for lo in range(0, slots.size, per):
                 part, at = slots[lo : lo + per], places[lo : lo + per]
-                still = cold.live[part] & (cold.places[part] == at)  # not taken back meanwhile
+                still = cold.current(part, at)  # not taken back meanwhile
                 part, at = part[still], at[still]
                 if not part.size:
                     continue
@@ -263,21 +263,21 @@ class TableHandlers:
                 continue
             ids = np.ascontiguousarray(ids, np.int64)
             found = table.in_ram(ids)  # only the others are looked for on disk
-            cold_ids, places, gens = table.cold_wanted(ids[found.pos < 0])
+            cold_ids, places = table.cold_wanted(ids[found.pos < 0])
             if cold_ids.size:
-                reads.append((table, ids, cold_ids, places, gens, found))
+                reads.append((table, ids, cold_ids, places, found))
         if not reads:
             return
         for table, *_ in reads:
             table.cold.begin_read()
         try:
-            got = await asyncio.to_thread(lambda: [t.read_cold(p) for t, _, _, p, _, _ in reads])
+            got = await asyncio.to_thread(lambda: [t.read_cold(p) for t, _, _, p, _ in reads])
         finally:
             for table, *_ in reads:
                 table.cold.end_read()
-        for (table, ids, cold_ids, _, gens, found), records in zip(reads, got):
+        for (table, ids, cold_ids, places, found), records in zip(reads, got):
             if self.tables.get(table.name) is table:  # (not replaced meanwhile)
-                table.promote(cold_ids, gens, records, ids, found)
+                table.promote(cold_ids, places, records, ids, found)
 
     def _make_room(self, table: TieredTable, n: int) -> None:
         """Have this ps's other tiered tables give back RAM until ``table`` can hold ``n``

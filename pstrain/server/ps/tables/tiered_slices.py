@@ -319,7 +319,7 @@ class TieredSlices(SlicedRows):
         slots, ids = self._cold_in(moving)
         if not slots.size:
             return out
-        keys = self.cold.keys[slots]
+        keys = self.cold.keys_of(slots)
         zeros = np.zeros(slots.size, np.int64)
         ages, freq = (self.lookups - keys, zeros) if self.by_age else (zeros, keys)
         changed = self.cold.epochs[slots] > mark

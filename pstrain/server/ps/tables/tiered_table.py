@@ -538,13 +538,12 @@ class TieredTable(TieredSlices, DynamicTable):
             index.refind(ids, pos)
         return pos
 
-    def cold_wanted(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Of ``ids``, those on disk now, their places (what a thread reads) and the numbers
-        of the puts that wrote them there (what :meth:`promote` checks: compaction may move
-        a record meanwhile, never change it)."""
+    def cold_wanted(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Of ``ids``, those on disk now, and their places (what a thread reads, and what
+        :meth:`promote` checks they still have)."""
         ids = np.ascontiguousarray(ids, np.int64)
         if not len(self.cold):
-            return ids[:0], np.empty(0, np.int64), np.empty(0, np.uint32)
+            return ids[:0], np.empty(0, np.int64)
         slots = self.cold.find(ids)
         there = slots >= 0
         # each once (a request the handler refuses for repeating an id reaches here first)
@@ -553,7 +552,7 @@ class TieredTable(TieredSlices, DynamicTable):
         if distinct.size != cold.size:
             cold, first = np.unique(cold, return_index=True)
             slots = slots[first]
-        return cold, self.cold.places[slots], self.cold.gens[slots]
+        return cold, self.cold.places[slots]
 
     def read_cold(self, places: np.ndarray) -> dict[str, np.ndarray]:
         """The records at ``places``, timed. A caller that reads on a thread counts itself
@@ -566,24 +565,25 @@ class TieredTable(TieredSlices, DynamicTable):
     def promote(
         self,
         ids: np.ndarray,
-        gens: np.ndarray,
+        places: np.ndarray,
         records: dict[str, np.ndarray],
         keep: np.ndarray,
         found: Found | None = None,
     ) -> None:
-        """Put the records read for ``ids`` back in RAM, those still on disk as they were
-        (``gens``, from :meth:`cold_wanted`: another request may have taken some back,
-        changed them and moved them out again meanwhile; their records read then are stale),
+        """Put the records read for ``ids`` back in RAM, those still on disk at the
+        ``places`` read (from :meth:`cold_wanted`: another request may have taken some back,
+        changed them and moved them out again meanwhile, their records read then stale; or
+        compaction moved one, and it is read again when a request needs it),
         never moving out the rows of ``keep`` (the request's ids; ``found``: their rows in
         RAM as :meth:`in_ram` found them before the read) for room."""
         slots = self.cold.find(ids)
         still = slots >= 0
-        still[still] = self.cold.gens[slots[still]] == gens[still]
+        still[still] = self.cold.current(slots[still], places[still])
         if not still.any():
             return
         ids = ids[still]
         at = slots[still]  # (what the index says of each, not its record: see ``by_age``)
-        epochs, keys = self.cold.epochs[at], self.cold.keys[at]
+        epochs, keys = self.cold.epochs[at], self.cold.keys_of(at)
         protect = self._still_in_ram(keep, found)
         self._hot_room(ids.size, protect[protect >= 0])
         self.cold.remove(ids)
@@ -614,11 +614,11 @@ class TieredTable(TieredSlices, DynamicTable):
         missing = pos < 0
         if not missing.any():
             return pos
-        cold_ids, places, gens = self.cold_wanted(ids[missing])
+        cold_ids, places = self.cold_wanted(ids[missing])
         if not cold_ids.size:
             return pos
         self.loop_reads += 1
-        self.promote(cold_ids, gens, self.read_cold(places), ids)
+        self.promote(cold_ids, places, self.read_cold(places), ids)
         return self.positions(ids)  # (a promotion may move as many rows out)
 
     # -- what the ps serves --------------------------------------------------------------------
@@ -652,8 +652,8 @@ class TieredTable(TieredSlices, DynamicTable):
         age = self.config.max_age
         if age is None or not len(self.cold) or self.lookups % max(1, age // 8):
             return
-        live = np.flatnonzero(self.cold.live[: self.cold.used])
-        stale = live[self.cold.keys[live] < self.lookups - age]
+        live = self.cold.live_slots()
+        stale = live[self.cold.keys_of(live) < self.lookups - age]
         if stale.size:
             gone = self.cold.ids_of(stale)
             self.cold.remove(gone)
@@ -772,7 +772,7 @@ class TieredTable(TieredSlices, DynamicTable):
             # the index of the rows on disk needs more than its half: it takes it from the
             # hot set, as in training (shrink_for_cold), down to the hot set's floor
             floor = min(hot, max(1, int(self.budget * HOT_FLOOR) // per))
-            hot = _largest(floor, hot, fits) or floor  # (the floor, refused below, if none)
+            hot = self._most_in_ram(n, floor, hot, fits) or floor  # (the floor, refused below, if none)
         if not fits(hot):
             self.refused += 1
             raise ResourceExhaustedError(
@@ -781,6 +781,27 @@ class TieredTable(TieredSlices, DynamicTable):
                 "--memory-budget): raise the budget or shard over more ps"
             )
         return hot
+
+    def _most_in_ram(self, n: int, lo: int, hi: int, fits: Callable[[int], bool]) -> int | None:
+        """The most rows of ``n`` in RAM, ``lo`` to ``hi``, that ``fits`` (the rest on disk),
+        or None. Not a bisection over the whole range: fewer rows in RAM take less RAM there
+        but more rows on disk, whose index doubles at a step, so a count may not fit while
+        a larger one does. Within a step (the index's size the same) fewer always fit if
+        more do: a bisection in each."""
+        index, cuts = self.cold.index, {lo}
+        size = 16
+        while int(size * index.fill) < n - lo:  # each size of the index: the fewest in RAM for it
+            size *= 2
+            cut = n - int(size * index.fill)
+            if lo < cut <= hi:
+                cuts.add(cut)
+        starts = sorted(cuts)
+        best = None
+        for start, end in zip(starts, [*starts[1:], hi + 1]):
+            found = _largest(start, end - 1, fits)
+            if found is not None:
+                best = found
+        return best
 
     def fill_pieces(
         self,

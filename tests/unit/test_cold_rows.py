@@ -1,0 +1,99 @@
+"""The bookkeeping a tiered shard keeps in RAM for each row on disk (:class:`ColdRows`):
+16 bytes a row besides its index entry, what the budget reckons of it exactly, slots
+given up and taken again, places never given twice, eviction keys past 32 bits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from pstrain.server.ps.tables.cold_rows import KEY_SPAN, META, ColdRows
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def store(tmp_path, segment_rows: int = 64) -> ColdRows:
+    return ColdRows(
+        str(tmp_path / f"c{len(list(tmp_path.iterdir()))}"),
+        2,
+        np.dtype(np.float32),
+        segment_rows=segment_rows,
+    )
+
+
+def put(cold: ColdRows, ids: np.ndarray, keys: np.ndarray | None = None) -> None:
+    rows = np.stack([ids, -ids], axis=1).astype(np.float32)
+    keys = np.zeros(ids.size, np.int64) if keys is None else keys
+    cold.put(ids, rows, {}, np.zeros(ids.size, META), keys)
+
+
+@settings(max_examples=40, deadline=None)
+@given(steps=st.lists(st.tuples(st.booleans(), st.integers(1, 200)), min_size=1, max_size=30))
+def test_what_a_put_will_take_is_what_it_takes_and_every_row_reads_back(tmp_path_factory, steps):
+    """However rows come and go, the RAM a put of ``n`` rows is reckoned to leave
+    (``nbytes_with``: what the budget checks first) is what it leaves, and every row on
+    disk reads back as written; slots given up are taken again once there are enough of
+    them, before new ones are added. while as many are unused."""
+    cold = store(tmp_path_factory.mktemp("cold"))
+    held: set[int] = set()
+    next_id = 0
+    rng = np.random.default_rng(len(steps))
+    for add, n in steps:
+        if add or not held:
+            ids = np.arange(next_id, next_id + n, dtype=np.int64)
+            next_id += n
+            expected, free, used = cold.nbytes_with(n), cold.nfree, cold.used
+            put(cold, ids)
+            assert cold.nbytes == expected
+            if free >= n or free * 16 >= used:  # enough given up: taken again first
+                assert cold.nfree == free - min(n, free) and cold.used == used + n - min(n, free)
+            held.update(ids.tolist())
+        else:
+            gone = rng.choice(np.array(sorted(held), np.int64), min(n, len(held)), replace=False)
+            cold.remove(gone)
+            held.difference_update(gone.tolist())
+        assert len(cold) == len(held)
+        assert cold.used - cold.nfree == len(held)
+    ids = np.array(sorted(held), np.int64)
+    slots = cold.find(ids)
+    assert (slots >= 0).all() and np.unique(slots).size == ids.size
+    got = cold.read(cold.places[slots], {})
+    np.testing.assert_array_equal(got["ids"], ids)
+    np.testing.assert_array_equal(got["rows"][:, 1], -ids.astype(np.float32))
+
+
+def test_a_place_is_never_given_twice_so_a_read_from_before_is_told_stale(tmp_path):
+    """A segment whose rows all went is deleted; the next rows go to a segment of a new
+    number, so a read of a place taken before is never taken for a row written since."""
+    cold = store(tmp_path, segment_rows=8)
+    first = np.arange(8, dtype=np.int64)
+    put(cold, np.arange(16, dtype=np.int64))  # two segments: the first full, not being written
+    slots = cold.find(first)
+    before = cold.places[slots].copy()
+    cold.remove(first)
+    assert 0 not in cold.segments  # all dead: deleted
+    again = np.arange(100, 108, dtype=np.int64)
+    put(cold, again)
+    taken = cold.find(again)
+    assert set(taken.tolist()) == set(slots.tolist())  # the slots given up, taken again
+    assert not np.isin(cold.places[taken], before).any()
+    assert not cold.current(slots, before).any()
+    assert cold.current(taken, cold.places[taken]).all()
+
+
+def test_eviction_keys_past_32_bits_keep_their_order_and_the_newest_their_value(tmp_path):
+    """Keys are held in 32 bits past a base that moves on when a key passes them: the
+    newest keys read back exactly; keys more than ``KEY_SPAN`` below the newest order as
+    that far below; the rows with the lowest keys are still the victims."""
+    cold = store(tmp_path)
+    old, mid, new = (np.arange(k, k + 10, dtype=np.int64) for k in (0, 100, 200))
+    put(cold, old, np.arange(10, dtype=np.int64) + 5)
+    big = (1 << 33) + 7
+    put(cold, mid, np.full(10, big - KEY_SPAN // 2))
+    put(cold, new, big + np.arange(10, dtype=np.int64))
+    np.testing.assert_array_equal(cold.keys_of(cold.find(new)), big + np.arange(10))
+    np.testing.assert_array_equal(cold.keys_of(cold.find(mid)), np.full(10, big - KEY_SPAN // 2))
+    assert (cold.keys_of(cold.find(old)) == big - KEY_SPAN // 2 - KEY_SPAN).all()  # clamped
+    assert set(cold.victims(10).tolist()) == set(old.tolist())
+    assert set(cold.victims(20).tolist()) == set(old.tolist()) | set(mid.tolist())
