@@ -79,10 +79,36 @@ cdef inline uint64_t _mix64(uint64_t x) noexcept nogil:
     return x
 
 
-cdef inline Py_ssize_t _slot(const int64_t* slots, uint64_t mask, int64_t key) noexcept nogil:
+cdef extern from *:
+    """
+    /* An id's first slot in an index of ``size`` slots: the high half of its hash times
+       the size (any size, not only a power of two: an index grows by less than twice). */
+    static inline uint64_t pstrain_home(uint64_t hash, uint64_t size) {
+        return (uint64_t)(((unsigned __int128)hash * size) >> 64);
+    }
+    """
+    uint64_t pstrain_home(uint64_t hash, uint64_t size) nogil
+
+
+cdef inline uint64_t _home(int64_t key, uint64_t size) noexcept nogil:
+    return pstrain_home(_mix64(<uint64_t>key), size)
+
+
+cdef inline uint64_t _next(uint64_t q, uint64_t size) noexcept nogil:
+    """The slot after ``q``, round."""
+    q += 1
+    return q if q < size else 0
+
+
+cdef inline uint64_t _behind(uint64_t a, uint64_t b, uint64_t size) noexcept nogil:
+    """How many slots ``b`` lies past ``a``, round."""
+    return b - a if b >= a else b + size - a
+
+
+cdef inline Py_ssize_t _slot(const int64_t* slots, uint64_t size, int64_t key) noexcept nogil:
     """The slot holding ``key``, -1 where none does: linear probing from its hash, past other
     ids, to an empty slot."""
-    cdef uint64_t q = _mix64(<uint64_t>key) & mask
+    cdef uint64_t q = _home(key, size)
     cdef int64_t v
     while True:
         v = slots[2 * q + 1]
@@ -90,17 +116,17 @@ cdef inline Py_ssize_t _slot(const int64_t* slots, uint64_t mask, int64_t key) n
             return -1
         if slots[2 * q] == key:
             return <Py_ssize_t>q
-        q = (q + 1) & mask
+        q = _next(q, size)
 
 
-cdef inline void _check_slots(Py_ssize_t rows, Py_ssize_t width, uint64_t mask) except *:
-    if width != 2 or <uint64_t>rows != mask + 1:
-        raise ValueError(f"an id index's slots are (mask + 1, 2) = ({mask + 1}, 2), got ({rows}, {width})")
+cdef inline void _check_slots(Py_ssize_t rows, Py_ssize_t width, uint64_t size) except *:
+    if width != 2 or <uint64_t>rows != size or size == 0:
+        raise ValueError(f"an id index's slots are (size, 2) = ({size}, 2), got ({rows}, {width})")
 
 
-cdef inline void _prefetch_slot(const int64_t* slots, uint64_t mask, int64_t key) noexcept nogil:
+cdef inline void _prefetch_slot(const int64_t* slots, uint64_t size, int64_t key) noexcept nogil:
     """Ask for the memory of ``key``'s first slot ahead of the probe."""
-    __builtin_prefetch(slots + 2 * (_mix64(<uint64_t>key) & mask))
+    __builtin_prefetch(slots + 2 * _home(key, size))
 
 
 cdef inline bint _ascending(const int64_t* v, Py_ssize_t n) noexcept nogil:
@@ -112,20 +138,20 @@ cdef inline bint _ascending(const int64_t* v, Py_ssize_t n) noexcept nogil:
     return True
 
 
-cdef inline Py_ssize_t _probe(const int64_t* s, uint64_t mask, const int64_t* ids, Py_ssize_t i,
+cdef inline Py_ssize_t _probe(const int64_t* s, uint64_t size, const int64_t* ids, Py_ssize_t i,
                               Py_ssize_t n) noexcept nogil:
     """The slot holding ``ids[i]`` (-1 where none), the first slot of ``ids[i + PROBE_AHEAD]``
     asked for ahead."""
     if i + PROBE_AHEAD < n:
-        _prefetch_slot(s, mask, ids[i + PROBE_AHEAD])
-    return _slot(s, mask, ids[i])
+        _prefetch_slot(s, size, ids[i + PROBE_AHEAD])
+    return _slot(s, size, ids[i])
 
 
-cdef inline void _insert_at(int64_t* s, uint64_t mask, int64_t key, int64_t value) noexcept nogil:
+cdef inline void _insert_at(int64_t* s, uint64_t size, int64_t key, int64_t value) noexcept nogil:
     """Put ``key`` (absent) with ``value`` (at least 0) in the first empty slot of its probe."""
-    cdef uint64_t q = _mix64(<uint64_t>key) & mask
+    cdef uint64_t q = _home(key, size)
     while s[2 * q + 1] >= 0:
-        q = (q + 1) & mask
+        q = _next(q, size)
     s[2 * q] = key
     s[2 * q + 1] = value
 
@@ -137,7 +163,7 @@ cdef class _IdSet:
     id was added with, or -1 after adding it."""
     cdef object _slots
     cdef int64_t* s
-    cdef uint64_t mask
+    cdef uint64_t size
 
     def __cinit__(self, Py_ssize_t n):
         cdef Py_ssize_t cap = 16
@@ -145,42 +171,42 @@ cdef class _IdSet:
             cap <<= 1
         self._slots = np.full((cap, 2), -1, np.int64)
         cdef int64_t[:, ::1] slots = self._slots
-        self.s, self.mask = &slots[0, 0], <uint64_t>(cap - 1)
+        self.s, self.size = &slots[0, 0], <uint64_t>cap
 
     cdef inline void prefetch(self, int64_t k) noexcept nogil:
         """Ask for the memory of ``k``'s first slot ahead of its ``add``."""
-        _prefetch_slot(self.s, self.mask, k)
+        _prefetch_slot(self.s, self.size, k)
 
     cdef inline int64_t add(self, int64_t k, int64_t value) noexcept nogil:
-        cdef uint64_t q = _mix64(<uint64_t>k) & self.mask
+        cdef uint64_t q = _home(k, self.size)
         while self.s[2 * q + 1] >= 0:
             if self.s[2 * q] == k:
                 return self.s[2 * q + 1]
-            q = (q + 1) & self.mask
+            q = _next(q, self.size)
         self.s[2 * q] = k
         self.s[2 * q + 1] = value
         return -1
 
 
-def index_get(const int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids, int64_t[::1] out):
+def index_get(const int64_t[:, ::1] slots, uint64_t size, const int64_t[::1] ids, int64_t[::1] out):
     """``out[i]``: the value of ``ids[i]``, -1 where the index has none."""
     cdef Py_ssize_t i, q, n = ids.shape[0]
     cdef const int64_t* s = &slots[0, 0]
-    _check_slots(slots.shape[0], slots.shape[1], mask)
+    _check_slots(slots.shape[0], slots.shape[1], size)
     with nogil:
         for i in range(n):
-            q = _probe(s, mask, &ids[0], i, n)
+            q = _probe(s, size, &ids[0], i, n)
             out[i] = s[2 * q + 1] if q >= 0 else -1
 
 
-def index_refind(const int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids,
+def index_refind(const int64_t[:, ::1] slots, uint64_t size, const int64_t[::1] ids,
                  int64_t[::1] pos):
     """``pos[i]`` of each ``ids[i]`` without a row there (``pos[i] < 0``): the value the index
     has for it now, -1 where none (the rows of ids admitted since ``pos`` was found). The
     slots of the next PROBE_AHEAD such ids are asked for ahead (``ahead`` of them past ``j``)."""
     cdef Py_ssize_t i, q, j = 0, ahead = 0, n = ids.shape[0]
     cdef const int64_t* s = &slots[0, 0]
-    _check_slots(slots.shape[0], slots.shape[1], mask)
+    _check_slots(slots.shape[0], slots.shape[1], size)
     if pos.shape[0] != n:
         raise ValueError(f"index_refind: {pos.shape[0]} rows for {n} ids")
     with nogil:
@@ -193,10 +219,10 @@ def index_refind(const int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] 
                 j = i + 1
             while j < n and ahead < PROBE_AHEAD:
                 if pos[j] < 0:
-                    _prefetch_slot(s, mask, ids[j])
+                    _prefetch_slot(s, size, ids[j])
                     ahead += 1
                 j += 1
-            q = _slot(s, mask, ids[i])
+            q = _slot(s, size, ids[i])
             pos[i] = s[2 * q + 1] if q >= 0 else -1
 
 
@@ -227,7 +253,7 @@ def same_ids(const int64_t[::1] a, const int64_t[::1] b):
         a.shape[0] == 0 or memcmp(&a[0], &b[0], a.shape[0] * sizeof(int64_t)) == 0)
 
 
-def index_locate(int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids,
+def index_locate(int64_t[:, ::1] slots, uint64_t size, const int64_t[::1] ids,
                  int64_t[::1] out, uint8_t[::1] mark):
     """:func:`index_get` into ``out``, and whether ``ids`` are distinct, in the same pass:
     the slots found must be, and the ids without one (a hash set of just those). Ids
@@ -243,20 +269,20 @@ def index_locate(int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids,
     cdef int64_t* s = &slots[0, 0]
     cdef int64_t v
     cdef bint repeated = False, bad = False, ascending
-    _check_slots(slots.shape[0], slots.shape[1], mask)
+    _check_slots(slots.shape[0], slots.shape[1], size)
     if out.shape[0] < n:
         raise ValueError(f"index_locate: out has {out.shape[0]} places for {n} ids")
     with nogil:
         ascending = n == 0 or _ascending(&ids[0], n)
         if ascending:
             for i in range(n):
-                q = _probe(s, mask, &ids[0], i, n)
+                q = _probe(s, size, &ids[0], i, n)
                 r = s[2 * q + 1] if q >= 0 else -1
                 out[i] = r
                 bad = bad or r >= limit
         else:
             for i in range(n):  # out[i]: the slot found, -1 for none
-                q = _probe(s, mask, &ids[0], i, n)
+                q = _probe(s, size, &ids[0], i, n)
                 out[i] = q
                 if q < 0:
                     missing += 1
@@ -289,13 +315,13 @@ def index_locate(int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids,
     return not repeated
 
 
-def index_insert(int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids,
+def index_insert(int64_t[:, ::1] slots, uint64_t size, const int64_t[::1] ids,
                  const int64_t[::1] rows):
     """Insert ``ids`` (unique, absent; the caller keeps the table at most half full) with
     ``rows`` (each at least 0), each in the first empty slot of its probe."""
     cdef Py_ssize_t i, n = ids.shape[0]
     cdef int64_t* s = &slots[0, 0]
-    _check_slots(slots.shape[0], slots.shape[1], mask)
+    _check_slots(slots.shape[0], slots.shape[1], size)
     if rows.shape[0] != n:
         raise ValueError(f"index_insert: {n} ids but {rows.shape[0]} rows")
     for i in range(n):  # checked before anything is written
@@ -304,47 +330,46 @@ def index_insert(int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids,
     with nogil:
         for i in range(n):
             if i + PROBE_AHEAD < n:
-                _prefetch_slot(s, mask, ids[i + PROBE_AHEAD])
-            _insert_at(s, mask, ids[i], rows[i])
+                _prefetch_slot(s, size, ids[i + PROBE_AHEAD])
+            _insert_at(s, size, ids[i], rows[i])
 
 
-cdef inline void _remove_at(int64_t* s, uint64_t mask, Py_ssize_t q) noexcept nogil:
+cdef inline void _remove_at(int64_t* s, uint64_t size, Py_ssize_t q) noexcept nogil:
     """Empty slot ``q``, leaving no tombstone: the ids after it in its probe run move back
     into the hole where their own probe would pass it."""
-    cdef Py_ssize_t j = q
+    cdef uint64_t j = <uint64_t>q, hole = <uint64_t>q
     while True:
-        j = <Py_ssize_t>((<uint64_t>j + 1) & mask)
+        j = _next(j, size)
         if s[2 * j + 1] == EMPTY:
             break
-        # the id at j may fill the hole at q unless its home lies in (q, j]
-        if ((<uint64_t>j - (_mix64(<uint64_t>s[2 * j]) & mask)) & mask) >= \
-                ((<uint64_t>j - <uint64_t>q) & mask):
-            s[2 * q] = s[2 * j]
-            s[2 * q + 1] = s[2 * j + 1]
-            q = j
-    s[2 * q + 1] = EMPTY
+        # the id at j may fill the hole unless its home lies in (hole, j]
+        if _behind(_home(s[2 * j], size), j, size) >= _behind(hole, j, size):
+            s[2 * hole] = s[2 * j]
+            s[2 * hole + 1] = s[2 * j + 1]
+            hole = j
+    s[2 * hole + 1] = EMPTY
 
 
-def index_delete(int64_t[:, ::1] slots, uint64_t mask, const int64_t[::1] ids, int64_t[::1] out):
+def index_delete(int64_t[:, ::1] slots, uint64_t size, const int64_t[::1] ids, int64_t[::1] out):
     """Remove ``ids`` (unique); ``out[i]`` is the value ``ids[i]`` had, -1 where none.
     Returns how many were removed. No tombstone is left (:func:`_remove_at`), so a table
     that evicts as much as it admits never fills up with tombstones, nor needs rebuilding."""
     cdef Py_ssize_t i, q, n = ids.shape[0], removed = 0
     cdef int64_t* s = &slots[0, 0]
-    _check_slots(slots.shape[0], slots.shape[1], mask)
+    _check_slots(slots.shape[0], slots.shape[1], size)
     with nogil:
         for i in range(n):
-            q = _probe(s, mask, &ids[0], i, n)
+            q = _probe(s, size, &ids[0], i, n)
             if q < 0:
                 out[i] = -1
                 continue
             out[i] = s[2 * q + 1]
             removed += 1
-            _remove_at(s, mask, q)
+            _remove_at(s, size, q)
     return removed
 
 
-def count_sightings(int64_t[:, ::1] slots, uint64_t mask, int64_t[::1] counts,
+def count_sightings(int64_t[:, ::1] slots, uint64_t size, int64_t[::1] counts,
                     int64_t[::1] owners, const int64_t[::1] ids, const int64_t[::1] where,
                     int64_t[::1] admitted, int64_t threshold, Py_ssize_t next_slot,
                     Py_ssize_t room):
@@ -361,7 +386,7 @@ def count_sightings(int64_t[:, ::1] slots, uint64_t mask, int64_t[::1] counts,
     cdef Py_ssize_t limit = counts.shape[0]
     cdef int64_t c, key
     cdef int64_t* s = &slots[0, 0]
-    _check_slots(slots.shape[0], slots.shape[1], mask)
+    _check_slots(slots.shape[0], slots.shape[1], size)
     if where.shape[0] < n or admitted.shape[0] < n or owners.shape[0] < limit or next_slot < 0 \
             or room < 0 or next_slot + min(room, n) > limit:
         raise ValueError("count_sightings: where or admitted shorter than the ids, or no room in "
@@ -369,14 +394,14 @@ def count_sightings(int64_t[:, ::1] slots, uint64_t mask, int64_t[::1] counts,
     with nogil:
         for i in range(n):
             key = ids[i]
-            q = _probe(s, mask, &ids[0], i, n)
+            q = _probe(s, size, &ids[0], i, n)
             if q >= 0:
                 c = counts[s[2 * q + 1]] + 1
                 if c >= threshold:
                     admitted[k] = where[i]
                     k += 1
                     counts[s[2 * q + 1]] = 0
-                    _remove_at(s, mask, q)
+                    _remove_at(s, size, q)
                     removed += 1
                 else:
                     counts[s[2 * q + 1]] = c
@@ -387,7 +412,7 @@ def count_sightings(int64_t[:, ::1] slots, uint64_t mask, int64_t[::1] counts,
                 done = i
                 break
             else:
-                _insert_at(s, mask, key, next_slot + added)
+                _insert_at(s, size, key, next_slot + added)
                 counts[next_slot + added] = 1
                 owners[next_slot + added] = key
                 added += 1

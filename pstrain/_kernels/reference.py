@@ -62,12 +62,35 @@ def mix64(x: Any) -> np.ndarray:
     return x
 
 
-def _find(slots: np.ndarray, mask: int, ids: np.ndarray) -> np.ndarray:
+def _high(a: np.ndarray, b: int) -> np.ndarray:
+    """The high 64 bits of ``a * b`` (uint64 each, 128-bit product), elementwise."""
+    low32 = np.uint64(0xFFFFFFFF)
+    s32 = np.uint64(32)
+    a_lo, a_hi = a & low32, a >> s32
+    b_lo, b_hi = np.uint64(b & 0xFFFFFFFF), np.uint64(b >> 32)
+    with np.errstate(over="ignore"):
+        lo_lo, hi_lo, lo_hi = a_lo * b_lo, a_hi * b_lo, a_lo * b_hi
+        cross = (lo_lo >> s32) + (hi_lo & low32) + lo_hi
+        return (hi_lo >> s32) + (cross >> s32) + a_hi * b_hi
+
+
+def home(ids: np.ndarray, size: int) -> np.ndarray:
+    """Each id's first slot in an index of ``size`` slots (as the compiled kernels' own)."""
+    return _high(mix64(np.asarray(ids, np.int64).view(np.uint64)), size)
+
+
+def _step(pos: np.ndarray, size: int) -> np.ndarray:
+    """The slots after ``pos``, round."""
+    pos = pos + np.uint64(1)
+    pos[pos == np.uint64(size)] = 0
+    return pos
+
+
+def _find(slots: np.ndarray, size: int, ids: np.ndarray) -> np.ndarray:
     """The slot holding each id, -1 where none does."""
     keys, vals = slots[:, 0], slots[:, 1]
-    umask = np.uint64(mask)
     found = np.full(ids.size, -1, np.int64)
-    pos = mix64(ids.view(np.uint64)) & umask
+    pos = home(ids, size)
     todo = np.arange(ids.size)
     while todo.size > _SCALAR:
         p = pos[todo]
@@ -76,7 +99,7 @@ def _find(slots: np.ndarray, mask: int, ids: np.ndarray) -> np.ndarray:
         found[todo[hit]] = p[hit]
         going = ~hit & (v != _EMPTY)  # past other ids
         todo = todo[going]
-        pos[todo] = (p[going] + np.uint64(1)) & umask
+        pos[todo] = _step(p[going], size)
     for i in todo.tolist():  # the long probes' tail: a few ids, cheaper one at a time
         key, q = int(ids[i]), int(pos[i])
         while True:
@@ -86,23 +109,23 @@ def _find(slots: np.ndarray, mask: int, ids: np.ndarray) -> np.ndarray:
             if keys[q] == key:
                 found[i] = q
                 break
-            q = (q + 1) & mask
+            q = q + 1 if q + 1 < size else 0
     return found
 
 
-def index_get(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray) -> None:
-    found = _find(slots, mask, ids)
+def index_get(slots: np.ndarray, size: int, ids: np.ndarray, out: np.ndarray) -> None:
+    found = _find(slots, size, ids)
     hit = found >= 0
     out[:] = -1
     out[hit] = slots[found[hit], 1]
 
 
-def index_refind(slots: np.ndarray, mask: int, ids: np.ndarray, pos: np.ndarray) -> None:
+def index_refind(slots: np.ndarray, size: int, ids: np.ndarray, pos: np.ndarray) -> None:
     if pos.size != ids.size:
         raise ValueError(f"index_refind: {pos.size} rows for {ids.size} ids")
     where, which = absent(ids, pos)
     found = np.empty(which.size, np.int64)
-    index_get(slots, mask, which, found)
+    index_get(slots, size, which, found)
     pos[where] = found
 
 
@@ -117,22 +140,21 @@ def same_ids(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.array_equal(a, b))
 
 
-def index_locate(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray, mark: np.ndarray) -> bool:
-    index_get(slots, mask, ids, out[: ids.size])
+def index_locate(slots: np.ndarray, size: int, ids: np.ndarray, out: np.ndarray, mark: np.ndarray) -> bool:
+    index_get(slots, size, ids, out[: ids.size])
     if not _rows_distinct(out[: ids.size], mark):
         return False
     missing = ids[out[: ids.size] < 0]
     return bool(np.unique(missing).size == missing.size)
 
 
-def index_insert(slots: np.ndarray, mask: int, ids: np.ndarray, rows: np.ndarray) -> None:
+def index_insert(slots: np.ndarray, size: int, ids: np.ndarray, rows: np.ndarray) -> None:
     if rows.size != ids.size:
         raise ValueError(f"index_insert: {ids.size} ids but {rows.size} rows")
     if rows.size and rows.min() < 0:
         raise ValueError(f"index_insert: row {int(rows.min())}: rows are at least 0")
     keys, vals = slots[:, 0], slots[:, 1]
-    umask = np.uint64(mask)
-    pos = mix64(ids.view(np.uint64)) & umask
+    pos = home(ids, size)
     todo = np.arange(ids.size)
     while todo.size > _SCALAR:
         p = pos[todo]
@@ -147,20 +169,20 @@ def index_insert(slots: np.ndarray, mask: int, ids: np.ndarray, rows: np.ndarray
         keys[w] = ids[todo[won]]
         vals[w] = rows[todo[won]]
         todo = todo[~won]
-        pos[todo] = (p[~won] + np.uint64(1)) & umask
+        pos[todo] = _step(p[~won], size)
     for i in todo.tolist():  # the long probes' tail, one at a time
         q = int(pos[i])
         while vals[q] != _EMPTY:
-            q = (q + 1) & mask
+            q = q + 1 if q + 1 < size else 0
         keys[q], vals[q] = ids[i], rows[i]
 
 
-def index_delete(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray) -> int:
+def index_delete(slots: np.ndarray, size: int, ids: np.ndarray, out: np.ndarray) -> int:
     """No tombstone, as in C, but vectorised: the found slots are emptied, then every id
     after a hole in its run (up to the next empty slot) is inserted again. Where ids land
     may differ from the C loop's; what each id maps to does not."""
     keys, vals = slots[:, 0], slots[:, 1]
-    found = _find(slots, mask, ids)
+    found = _find(slots, size, ids)
     hit = found >= 0
     gone = found[hit]
     out[:] = -1
@@ -176,13 +198,13 @@ def index_delete(slots: np.ndarray, mask: int, ids: np.ndarray, out: np.ndarray)
     moved = order[behind[run] & (vals[order] != _EMPTY)]
     again_ids, again_rows = keys[moved].copy(), vals[moved].copy()
     vals[moved] = _EMPTY
-    index_insert(slots, mask, again_ids, again_rows)
+    index_insert(slots, size, again_ids, again_rows)
     return int(gone.size)
 
 
 def count_sightings(
     slots: np.ndarray,
-    mask: int,
+    size: int,
     counts: np.ndarray,
     owners: np.ndarray,
     ids: np.ndarray,
@@ -204,7 +226,7 @@ def count_sightings(
             f"counts (next slot {next_slot} + room {room} of {counts.size})"
         )
     found = np.empty(ids.size, np.int64)
-    index_get(slots, mask, ids, found)
+    index_get(slots, size, ids, found)
     seen = found >= 0
     count = np.ones(ids.size, np.int64)
     count[seen] += counts[found[seen]]
@@ -217,13 +239,13 @@ def count_sightings(
     chosen = where[:done][yes]
     admitted[: chosen.size] = chosen
     gone = yes & seen
-    index_delete(slots, mask, ids[:done][gone], np.empty(int(np.count_nonzero(gone)), np.int64))
+    index_delete(slots, size, ids[:done][gone], np.empty(int(np.count_nonzero(gone)), np.int64))
     counts[found[gone]] = 0
     again = ~yes & seen
     counts[found[again]] = count[again]
     fresh = ids[:done][new]
     at = np.arange(next_slot, next_slot + fresh.size, dtype=np.int64)
-    index_insert(slots, mask, fresh, at)
+    index_insert(slots, size, fresh, at)
     counts[at] = 1
     owners[at] = fresh
     return done, int(fresh.size), int(np.count_nonzero(gone)), int(chosen.size)

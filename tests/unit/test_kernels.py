@@ -40,11 +40,15 @@ def test_the_suite_runs_the_compiled_kernels_unless_told_otherwise():
 @given(
     st.lists(st.tuples(st.sampled_from(["insert", "delete", "get"]), BATCH), max_size=25),
     st.sampled_from([0.5, 0.75, 0.875]),
+    st.sampled_from([2.0, 1.25]),
 )
-def test_the_id_index_is_the_same_compiled_and_in_numpy(ops, fill):
+def test_the_id_index_is_the_same_compiled_and_in_numpy(ops, fill, growth):
     """At the default fill (half) and the fuller ones an index of rows on disk keeps: long
-    probe runs, and deletions that move ids back along them."""
-    fast, slow, model, row = IdIndex(4, compiled, fill), IdIndex(4, reference, fill), {}, 0
+    probe runs, and deletions that move ids back along them (round the end of the slots);
+    sizes a power of two (doubling) or not (growing by a quarter, as that index does)."""
+    fast, slow = IdIndex(4, compiled, fill, growth), IdIndex(4, reference, fill, growth)
+    model: dict[int, int] = {}
+    row = 0
     for op, batch in ops:
         arr = np.array(batch, np.int64)
         if op == "insert":
@@ -66,6 +70,23 @@ def test_the_id_index_is_the_same_compiled_and_in_numpy(ops, fill):
     for index in (fast, slow):
         keys, vals = index.items()
         assert dict(zip(keys.tolist(), vals.tolist())) == model
+
+
+@pytest.mark.parametrize("impl", [compiled, reference], ids=["compiled", "numpy"])
+def test_an_index_that_grows_by_a_quarter_holds_at_most_a_quarter_more_slots_than_it_needs(impl):
+    """The index of rows on disk grows by a quarter, to sizes that are not powers of two:
+    its slots stay within a quarter of what its ids need at its fill, and every id is found."""
+    index, ids = IdIndex(4, impl, 0.75, 1.25), np.random.default_rng(3).permutation(40_000) * 7 - 9_000
+    for lo in range(0, ids.size, 1_000):
+        index.insert(ids[lo : lo + 1_000], np.arange(lo, lo + 1_000))
+        need = (lo + 1_000) / 0.75
+        assert need <= index.slots.shape[0] <= 1.25 * need + 16
+    size = index.slots.shape[0]
+    assert size & (size - 1), size  # (not a power of two: the probes wrap round at its end)
+    np.testing.assert_array_equal(index.get(ids), np.arange(ids.size))
+    assert index.delete(ids[::2]).tolist() == list(range(0, ids.size, 2))
+    np.testing.assert_array_equal(index.get(ids[1::2]), np.arange(1, ids.size, 2))
+    assert (index.get(ids[::2]) == -1).all()
 
 
 @settings(max_examples=200, deadline=None)
@@ -120,7 +141,7 @@ def test_an_updates_rows_brought_up_to_date_are_the_same_compiled_and_in_numpy(p
         index.refind(arr, pos)
         assert pos.tolist() == [model[i] + 10_000 if i in set(present) else model.get(i, -1) for i in batch]
         with pytest.raises(ValueError, match="rows for"):
-            impl.index_refind(index.slots, index.mask, arr, np.full(arr.size + 1, -1, np.int64))
+            impl.index_refind(index.slots, index.size, arr, np.full(arr.size + 1, -1, np.int64))
         where, which = impl.absent(arr, pos)
         assert where.dtype == which.dtype == np.int64
         assert where.tolist() == [i for i, p in enumerate(pos.tolist()) if p < 0]

@@ -313,13 +313,14 @@ def test_a_restore_puts_what_fits_in_ram_and_the_rest_on_disk(tmp_path):
 def test_a_restore_of_what_a_full_shard_holds_fits_where_that_shard_did(tmp_path):
     """A shard trained until its budget is nearly full, restored over itself from its own
     export under the same budget (one ps): the restore's index of rows on disk is built as
-    full as an index may be. (Built as an index grows, to a quarter full, it took twice the
-    memory of the shard's own, and the restore was refused.)"""
+    full as an index may be. (Built as an index grows, it took more memory than the
+    shard's own, and the restore was refused.)"""
     config = TableConfig(dim=4)
     live = tiered(tmp_path / "live", config, hot_rows=1800)
-    for k in range(80):  # about 2,400 rows on disk: an index of 8,192 slots
+    for k in range(80):  # about 2,400 rows on disk, their index grown as they came
         train(live, np.arange(60 * k, 60 * k + 60, dtype=np.int64), k + 1)
-    assert 2048 < len(live.cold) <= 4096 and live.cold.index.nbytes == 8192 * 16, len(live.cold)
+    assert 2048 < len(live.cold) <= 4096, len(live.cold)
+    assert live.cold.index.nbytes > 16 * len(live.cold) / 0.75  # (not as full as it may be)
     want = by_id(live.export())
     restored = restored_over(live, want, tmp_path / "restored")
     assert len(restored.cold) > 2048 and restored.cold.index.nbytes <= live.cold.index.nbytes

@@ -282,9 +282,9 @@ def _member(ids: np.ndarray, of: np.ndarray) -> np.ndarray:
     """Whether each of ``ids`` is one of ``of`` (distinct): a compiled hash set of ``of``."""
     size = 1 << max(4, int(2 * of.size).bit_length())
     slots = np.full((size, 2), -1, np.int64)
-    KERNELS.index_insert(slots, size - 1, np.ascontiguousarray(of, np.int64), np.zeros(of.size, np.int64))
+    KERNELS.index_insert(slots, size, np.ascontiguousarray(of, np.int64), np.zeros(of.size, np.int64))
     out = np.empty(ids.size, np.int64)
-    KERNELS.index_get(slots, size - 1, np.ascontiguousarray(ids, np.int64), out)
+    KERNELS.index_get(slots, size, np.ascontiguousarray(ids, np.int64), out)
     return out >= 0
 
 

@@ -54,9 +54,14 @@ META_FIELDS = ("epoch", "pad", "last_seen", "freq")
 PLACE_BITS = 32
 #: How full the index of the rows here may be before it grows (the index of rows in RAM:
 #: half). Each row here costs RAM for nothing but its index entry and bookkeeping, so
-#: the index is kept fuller: 21 to 43 bytes a row rather than 32 to 64, for probes of
-#: about 2.5 slots for an id here and 8.5 (two to three cache lines) for one not here.
+#: the index is kept fuller: 21 to 27 bytes a row (it grows by ``INDEX_GROWTH``) rather
+#: than 32 to 64, for probes of about 2.5 slots for an id here and 8.5 (two to three cache
+#: lines) for one not here.
 INDEX_FILL = 0.75
+#: How much the index of the rows here grows at a time: by a quarter (it is most of the RAM
+#: such a row costs; a doubling would leave up to half of it unused), its ids put back
+#: each time (four times each, over a growth from nothing).
+INDEX_GROWTH = 1.25
 #: Cold slots a shard may have (numbered in 32 bits: 4 billion rows on disk would take
 #: some 200 GB of RAM to index).
 MAX_SLOTS = (1 << 32) - 1
@@ -192,7 +197,7 @@ class ColdRows:
         self.dtype = np.dtype(dtype)
         self.segment_rows = segment_rows
         self.kernels = kernels or KERNELS
-        self.index = IdIndex(kernels=self.kernels, fill=INDEX_FILL)  # id -> cold slot
+        self.index = IdIndex(kernels=self.kernels, fill=INDEX_FILL, growth=INDEX_GROWTH)  # id -> cold slot
         #: Cold slot -> place; a slot not in use holds ``FREE`` (so a slot is live where
         #: its place is at least 0). A place is never given twice (segments are numbered
         #: on, never again): a read of a row's record is still the row's while the row's
@@ -228,7 +233,7 @@ class ColdRows:
         return int(self.index.nbytes + self.places.nbytes + self.epochs.nbytes + self.keys.nbytes)
 
     #: Bytes per cold slot of the arrays besides the index: place, epoch, key. (With its
-    #: index entry, 21 to 43 bytes by the index's load, a cold row takes 37 to 59 bytes.)
+    #: index entry, 21 to 27 bytes by the index's load, a cold row takes 37 to 43 bytes.)
     SLOT_BYTES = 8 + 4 + 4
 
     def nbytes_with(self, more: int, tight: bool = False) -> int:

@@ -1,15 +1,17 @@
 """A hash index from int64 ids to row numbers, each batch probed in one compiled loop.
 
-Open addressing with linear probing over a power-of-two array of slots, each an
-(id, row) pair side by side, so a probe reads one cache line: a row of -1 marks an
-empty slot. A deletion leaves no tombstone: the ids after it in its probe run move
+Open addressing with linear probing over an array of slots, each an (id, row) pair side
+by side, so a probe reads one cache line: a row of -1 marks an empty slot. An id's first
+slot is the high half of its hash times the number of slots, so that number need not be a
+power of two. A deletion leaves no tombstone: the ids after it in its probe run move
 back where their own probe passes the hole, so a table that evicts as much as it
 admits keeps its probes short and is never rebuilt for it. Every operation takes a
 whole batch of ids; the probing runs in :mod:`pstrain._kernels` (compiled, or the
 numpy reference with ``PSTRAIN_KERNELS=numpy``). Ids cover the whole 64-bit space
 (a slot's state is in its row, so no id value is reserved); rows are at least 0. The
 table grows when ids fill half its slots (``fill``, by default), to a size that they fill at
-most a quarter of (half ``fill``).
+most a quarter of (half ``fill``); with a ``growth`` below 2, to ``growth`` times the slots
+they need at ``fill`` (an index that is most of what a row costs: the rows on disk's).
 
 >>> index = IdIndex()
 >>> index.insert(np.array([5, -1, 2**62]), np.array([0, 1, 2]))
@@ -23,6 +25,7 @@ most a quarter of (half ``fill``).
 
 from __future__ import annotations
 
+import math
 from types import ModuleType
 
 import numpy as np
@@ -39,15 +42,25 @@ class IdIndex:
     """int64 id -> int64 row; see the module docstring. ``kernels``: which implementation
     probes (:func:`pstrain._kernels.kernels`; default the process's). ``fill``: the share of
     its slots ids may fill before it grows (at most 7/8: a probe for an absent id crosses
-    about ``(1 + 1 / (1 - fill) ** 2) / 2`` slots, 2.5 at a half, 8.5 at three quarters)."""
+    about ``(1 + 1 / (1 - fill) ** 2) / 2`` slots, 2.5 at a half, 8.5 at three quarters).
+    ``growth``: 2, the slots double (a power of two) as ids come; below it, an index grows
+    to that many times the slots its ids need, and one sized for a bulk load
+    (:meth:`reserve`) has just the slots they need."""
 
     def __init__(
-        self, capacity: int = 1024, kernels: ModuleType | None = None, fill: float = 1 / _LOAD
+        self,
+        capacity: int = 1024,
+        kernels: ModuleType | None = None,
+        fill: float = 1 / _LOAD,
+        growth: float = 2.0,
     ) -> None:
         if not 0 < fill <= 0.875:
             raise ValueError(f"IdIndex: fill must be in (0, 0.875], got {fill}")
+        if not 1 < growth <= 2:
+            raise ValueError(f"IdIndex: growth must be in (1, 2], got {growth}")
         self.kernels = kernels or KERNELS
         self.fill = fill
+        self.growth = growth
         size = 1 << max(4, int(capacity / fill - 1).bit_length())
         self._alloc(size)
         self.count = 0
@@ -56,7 +69,7 @@ class IdIndex:
         self.inserted = self.removed = 0
 
     def _alloc(self, size: int) -> None:
-        self.mask = size - 1
+        self.size = size
         self.slots = np.full((size, 2), _EMPTY, np.int64)  # (id, row) per slot; an id is
         # only read in a slot whose row says it holds one
 
@@ -71,13 +84,13 @@ class IdIndex:
         """The row of each id (int64 array), -1 where it has none."""
         ids = np.ascontiguousarray(ids, np.int64)
         out = np.empty(ids.size, np.int64)
-        self.kernels.index_get(self.slots, self.mask, ids, out)
+        self.kernels.index_get(self.slots, self.size, ids, out)
         return out
 
     def refind(self, ids: np.ndarray, pos: np.ndarray) -> None:
         """``pos`` (``get`` of ``ids`` earlier, int64) brought up to date where it is -1:
         the rows of ids inserted since, in one compiled pass (no id removed since)."""
-        self.kernels.index_refind(self.slots, self.mask, ids, pos)
+        self.kernels.index_refind(self.slots, self.size, ids, pos)
 
     def locate(self, ids: np.ndarray, marks: np.ndarray) -> np.ndarray | None:
         """:meth:`get`, or None if an id occurs twice in ``ids``, in the same compiled pass:
@@ -86,7 +99,7 @@ class IdIndex:
         without a row through a hash set of just them."""
         ids = np.ascontiguousarray(ids, np.int64)
         out = np.empty(ids.size, np.int64)
-        return out if self.kernels.index_locate(self.slots, self.mask, ids, out, marks) else None
+        return out if self.kernels.index_locate(self.slots, self.size, ids, out, marks) else None
 
     def insert(self, ids: np.ndarray, rows: np.ndarray) -> None:
         """Add ``ids`` (unique, none present yet) with their rows (each at least 0)."""
@@ -98,7 +111,7 @@ class IdIndex:
             raise ValueError(f"IdIndex.insert: {ids.size} ids but {rows.size} rows")
         if self._over(self.count + ids.size, self.slots.shape[0]):
             self._rebuild(self.count + ids.size)
-        self.kernels.index_insert(self.slots, self.mask, ids, rows)  # refuses a row below 0 first
+        self.kernels.index_insert(self.slots, self.size, ids, rows)  # refuses a row below 0 first
         self.count += ids.size
         self.inserted += ids.size
 
@@ -106,7 +119,7 @@ class IdIndex:
         """Remove ``ids`` (unique; those present); returns the rows they had (-1 for absent ids)."""
         ids = np.ascontiguousarray(ids, np.int64)
         out = np.empty(ids.size, np.int64)
-        removed = self.kernels.index_delete(self.slots, self.mask, ids, out)
+        removed = self.kernels.index_delete(self.slots, self.size, ids, out)
         self.count -= removed
         self.removed += removed
         return out
@@ -134,7 +147,7 @@ class IdIndex:
         if self._over(self.count + room, self.slots.shape[0]):
             self._rebuild(self.count + room)
         done, added, removed, admits = self.kernels.count_sightings(
-            self.slots, self.mask, counts, owners, ids, where, admitted, threshold, next_slot, room
+            self.slots, self.size, counts, owners, ids, where, admitted, threshold, next_slot, room
         )
         self.count += added - removed
         self.inserted += added
@@ -173,22 +186,33 @@ class IdIndex:
 
     def _tight(self, need: int) -> int:
         size = self.slots.shape[0]
+        if self.growth < 2:
+            return size if not self._over(need, size) else self._fitting(need)
         while self._over(need, size):
             size *= 2
         return size
 
+    def _fitting(self, need: int) -> int:
+        """The fewest slots ``need`` ids fill at most ``fill`` of."""
+        size = max(16, math.ceil(need / self.fill))
+        while self._over(need, size):  # (rounding)
+            size += 1
+        return size
+
     def _grown(self, need: int) -> int:
         """The slots for ``need`` ids: as now while they fill at most ``fill`` of them, else
-        a size they fill at most half that of."""
+        a size they fill at most half that of (``growth`` below 2: ``fill / growth``)."""
         size = self.slots.shape[0]
         if not self._over(need, size):
             return size
+        if self.growth < 2:
+            return max(size + 1, self._fitting(math.ceil(need * self.growth)))
         while self._over(2 * need, size):
             size *= 2
         return size
 
     def _rebuild(self, need: int) -> None:
-        """Grow to a size ``need`` ids fill at most half ``fill`` of, and put the ids back."""
+        """Grow to hold ``need`` ids (:meth:`_grown`), and put the ids back."""
         keys, vals = self.items()
         self._alloc(self._grown(need))
         self.count = 0

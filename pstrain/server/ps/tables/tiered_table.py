@@ -772,7 +772,7 @@ class TieredTable(TieredSlices, DynamicTable):
             # the index of the rows on disk needs more than its half: it takes it from the
             # hot set, as in training (shrink_for_cold), down to the hot set's floor
             floor = min(hot, max(1, int(self.budget * HOT_FLOOR) // per))
-            hot = self._most_in_ram(n, floor, hot, fits) or floor  # (the floor, refused below, if none)
+            hot = _largest(floor, hot, fits) or floor  # (the floor, refused below, if none)
         if not fits(hot):
             self.refused += 1
             raise ResourceExhaustedError(
@@ -781,27 +781,6 @@ class TieredTable(TieredSlices, DynamicTable):
                 "--memory-budget): raise the budget or shard over more ps"
             )
         return hot
-
-    def _most_in_ram(self, n: int, lo: int, hi: int, fits: Callable[[int], bool]) -> int | None:
-        """The most rows of ``n`` in RAM, ``lo`` to ``hi``, that ``fits`` (the rest on disk),
-        or None. Not a bisection over the whole range: fewer rows in RAM take less RAM there
-        but more rows on disk, whose index doubles at a step, so a count may not fit while
-        a larger one does. Within a step (the index's size the same) fewer always fit if
-        more do: a bisection in each."""
-        index, cuts = self.cold.index, {lo}
-        size = 16
-        while int(size * index.fill) < n - lo:  # each size of the index: the fewest in RAM for it
-            size *= 2
-            cut = n - int(size * index.fill)
-            if lo < cut <= hi:
-                cuts.add(cut)
-        starts = sorted(cuts)
-        best = None
-        for start, end in zip(starts, [*starts[1:], hi + 1]):
-            found = _largest(start, end - 1, fits)
-            if found is not None:
-                best = found
-        return best
 
     def fill_pieces(
         self,
