@@ -369,6 +369,107 @@ def index_delete(int64_t[:, ::1] slots, uint64_t size, const int64_t[::1] ids, i
     return removed
 
 
+# A compact index (the rows on disk's): ids and values in two arrays, a value 32 bits
+# (12 bytes a slot, not 16), EMPTY32 marking a slot without an id. A probe reads the values
+# first (16 slots a cache line), an id only where a slot holds one.
+cdef uint32_t EMPTY32 = 0xFFFFFFFF
+
+
+cdef inline void _check_compact(Py_ssize_t nkeys, Py_ssize_t nvals, uint64_t size) except *:
+    if <uint64_t>nkeys != size or <uint64_t>nvals != size or size == 0:
+        raise ValueError(f"a compact index's ids and values are {size} each, got {nkeys} and {nvals}")
+
+
+cdef inline Py_ssize_t _compact_slot(const int64_t* k, const uint32_t* v, uint64_t size,
+                                     int64_t key) noexcept nogil:
+    cdef uint64_t q = _home(key, size)
+    while v[q] != EMPTY32:
+        if k[q] == key:
+            return <Py_ssize_t>q
+        q = _next(q, size)
+    return -1
+
+
+cdef inline void _compact_prefetch(const int64_t* k, const uint32_t* v, uint64_t size,
+                                   int64_t key) noexcept nogil:
+    cdef uint64_t q = _home(key, size)
+    __builtin_prefetch(v + q)
+    __builtin_prefetch(k + q)
+
+
+def compact_get(const int64_t[::1] keys, const uint32_t[::1] vals, uint64_t size,
+                const int64_t[::1] ids, int64_t[::1] out):
+    """``out[i]``: the value of ``ids[i]`` in a compact index, -1 where it has none."""
+    cdef Py_ssize_t i, q, n = ids.shape[0]
+    _check_compact(keys.shape[0], vals.shape[0], size)
+    if out.shape[0] < n:
+        raise ValueError(f"compact_get: out has {out.shape[0]} places for {n} ids")
+    cdef const int64_t* k = &keys[0]
+    cdef const uint32_t* v = &vals[0]
+    with nogil:
+        for i in range(n):
+            if i + PROBE_AHEAD < n:
+                _compact_prefetch(k, v, size, ids[i + PROBE_AHEAD])
+            q = _compact_slot(k, v, size, ids[i])
+            out[i] = v[q] if q >= 0 else -1
+
+
+def compact_insert(int64_t[::1] keys, uint32_t[::1] vals, uint64_t size, const int64_t[::1] ids,
+                   const int64_t[::1] rows):
+    """Insert ``ids`` (unique, absent; the caller keeps room) with ``rows`` (0 to 2**32 - 2)."""
+    cdef Py_ssize_t i, n = ids.shape[0]
+    cdef uint64_t q
+    _check_compact(keys.shape[0], vals.shape[0], size)
+    if rows.shape[0] != n:
+        raise ValueError(f"compact_insert: {n} ids but {rows.shape[0]} rows")
+    for i in range(n):  # checked before anything is written
+        if rows[i] < 0 or rows[i] >= EMPTY32:
+            raise ValueError(f"compact_insert: row {rows[i]}: rows are 0 to {EMPTY32 - 1}")
+    cdef int64_t* k = &keys[0]
+    cdef uint32_t* v = &vals[0]
+    with nogil:
+        for i in range(n):
+            if i + PROBE_AHEAD < n:
+                _compact_prefetch(k, v, size, ids[i + PROBE_AHEAD])
+            q = _home(ids[i], size)
+            while v[q] != EMPTY32:
+                q = _next(q, size)
+            k[q] = ids[i]
+            v[q] = <uint32_t>rows[i]
+
+
+def compact_delete(int64_t[::1] keys, uint32_t[::1] vals, uint64_t size, const int64_t[::1] ids,
+                   int64_t[::1] out):
+    """Remove ``ids`` (unique); ``out[i]`` is the value ``ids[i]`` had, -1 where none. Returns
+    how many were removed; no tombstone is left (as :func:`_remove_at`)."""
+    cdef Py_ssize_t i, q, n = ids.shape[0], removed = 0
+    cdef uint64_t j, hole
+    _check_compact(keys.shape[0], vals.shape[0], size)
+    if out.shape[0] < n:
+        raise ValueError(f"compact_delete: out has {out.shape[0]} places for {n} ids")
+    cdef int64_t* k = &keys[0]
+    cdef uint32_t* v = &vals[0]
+    with nogil:
+        for i in range(n):
+            q = _compact_slot(k, v, size, ids[i])
+            if q < 0:
+                out[i] = -1
+                continue
+            out[i] = v[q]
+            removed += 1
+            hole = j = <uint64_t>q
+            while True:
+                j = _next(j, size)
+                if v[j] == EMPTY32:
+                    break
+                if _behind(_home(k[j], size), j, size) >= _behind(hole, j, size):
+                    k[hole] = k[j]
+                    v[hole] = v[j]
+                    hole = j
+            v[hole] = EMPTY32
+    return removed
+
+
 def count_sightings(int64_t[:, ::1] slots, uint64_t size, int64_t[::1] counts,
                     int64_t[::1] owners, const int64_t[::1] ids, const int64_t[::1] where,
                     int64_t[::1] admitted, int64_t threshold, Py_ssize_t next_slot,

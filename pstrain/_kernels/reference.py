@@ -20,6 +20,9 @@ __all__ = [
     "aligned_allocations",
     "argsort_stable",
     "bag_positions",
+    "compact_delete",
+    "compact_get",
+    "compact_insert",
     "count_sightings",
     "create_rows",
     "gather_rows",
@@ -86,25 +89,25 @@ def _step(pos: np.ndarray, size: int) -> np.ndarray:
     return pos
 
 
-def _find(slots: np.ndarray, size: int, ids: np.ndarray) -> np.ndarray:
-    """The slot holding each id, -1 where none does."""
-    keys, vals = slots[:, 0], slots[:, 1]
+def _find(keys: np.ndarray, vals: np.ndarray, empty: Any, size: int, ids: np.ndarray) -> np.ndarray:
+    """The slot holding each id, -1 where none does (``vals`` is ``empty`` where a slot
+    holds none)."""
     found = np.full(ids.size, -1, np.int64)
     pos = home(ids, size)
     todo = np.arange(ids.size)
     while todo.size > _SCALAR:
         p = pos[todo]
         v = vals[p]
-        hit = (v != _EMPTY) & (keys[p] == ids[todo])
+        hit = (v != empty) & (keys[p] == ids[todo])
         found[todo[hit]] = p[hit]
-        going = ~hit & (v != _EMPTY)  # past other ids
+        going = ~hit & (v != empty)  # past other ids
         todo = todo[going]
         pos[todo] = _step(p[going], size)
     for i in todo.tolist():  # the long probes' tail: a few ids, cheaper one at a time
         key, q = int(ids[i]), int(pos[i])
         while True:
             v_q = vals[q]
-            if v_q == _EMPTY:
+            if v_q == empty:
                 break
             if keys[q] == key:
                 found[i] = q
@@ -114,7 +117,7 @@ def _find(slots: np.ndarray, size: int, ids: np.ndarray) -> np.ndarray:
 
 
 def index_get(slots: np.ndarray, size: int, ids: np.ndarray, out: np.ndarray) -> None:
-    found = _find(slots, size, ids)
+    found = _find(slots[:, 0], slots[:, 1], _EMPTY, size, ids)
     hit = found >= 0
     out[:] = -1
     out[hit] = slots[found[hit], 1]
@@ -153,12 +156,17 @@ def index_insert(slots: np.ndarray, size: int, ids: np.ndarray, rows: np.ndarray
         raise ValueError(f"index_insert: {ids.size} ids but {rows.size} rows")
     if rows.size and rows.min() < 0:
         raise ValueError(f"index_insert: row {int(rows.min())}: rows are at least 0")
-    keys, vals = slots[:, 0], slots[:, 1]
+    _insert(slots[:, 0], slots[:, 1], _EMPTY, size, ids, rows)
+
+
+def _insert(
+    keys: np.ndarray, vals: np.ndarray, empty: Any, size: int, ids: np.ndarray, rows: np.ndarray
+) -> None:
     pos = home(ids, size)
     todo = np.arange(ids.size)
     while todo.size > _SCALAR:
         p = pos[todo]
-        cand = np.flatnonzero(vals[p] == _EMPTY)
+        cand = np.flatnonzero(vals[p] == empty)
         # Of the ids that reach the same free slot now, one takes it: each writes its
         # position into the free slot's (unused) key, and the one that reads it back won.
         pc = p[cand]
@@ -172,7 +180,7 @@ def index_insert(slots: np.ndarray, size: int, ids: np.ndarray, rows: np.ndarray
         pos[todo] = _step(p[~won], size)
     for i in todo.tolist():  # the long probes' tail, one at a time
         q = int(pos[i])
-        while vals[q] != _EMPTY:
+        while vals[q] != empty:
             q = q + 1 if q + 1 < size else 0
         keys[q], vals[q] = ids[i], rows[i]
 
@@ -181,25 +189,60 @@ def index_delete(slots: np.ndarray, size: int, ids: np.ndarray, out: np.ndarray)
     """No tombstone, as in C, but vectorised: the found slots are emptied, then every id
     after a hole in its run (up to the next empty slot) is inserted again. Where ids land
     may differ from the C loop's; what each id maps to does not."""
-    keys, vals = slots[:, 0], slots[:, 1]
-    found = _find(slots, size, ids)
+    return _delete(slots[:, 0], slots[:, 1], _EMPTY, size, ids, out)
+
+
+def _delete(
+    keys: np.ndarray, vals: np.ndarray, empty: Any, size: int, ids: np.ndarray, out: np.ndarray
+) -> int:
+    found = _find(keys, vals, empty, size, ids)
     hit = found >= 0
     gone = found[hit]
-    out[:] = -1
-    out[hit] = vals[gone]
+    out[: ids.size] = -1
+    out[: ids.size][hit] = vals[gone]
     if not gone.size:
         return 0
-    start = int(np.flatnonzero(vals == _EMPTY)[0])  # a run never wraps past an empty slot
-    vals[gone] = _EMPTY
+    start = int(np.flatnonzero(vals == empty)[0])  # a run never wraps past an empty slot
+    vals[gone] = empty
     order = np.roll(np.arange(vals.size), -start)
-    run = np.cumsum(vals[order] == _EMPTY)  # each empty slot starts a new run
+    run = np.cumsum(vals[order] == empty)  # each empty slot starts a new run
     behind = np.zeros(run[-1] + 1, bool)
     behind[run[np.argsort(order)[gone]]] = True  # the runs that now start at a hole
-    moved = order[behind[run] & (vals[order] != _EMPTY)]
+    moved = order[behind[run] & (vals[order] != empty)]
     again_ids, again_rows = keys[moved].copy(), vals[moved].copy()
-    vals[moved] = _EMPTY
-    index_insert(slots, size, again_ids, again_rows)
+    vals[moved] = empty
+    _insert(keys, vals, empty, size, again_ids, again_rows)
     return int(gone.size)
+
+
+_EMPTY32 = np.uint32(0xFFFFFFFF)  # a compact index's value where a slot holds no id
+
+
+def _check_compact(keys: np.ndarray, vals: np.ndarray, size: int) -> None:
+    if keys.size != size or vals.size != size or not size:
+        raise ValueError(f"a compact index's ids and values are {size} each, got {keys.size} and {vals.size}")
+
+
+def compact_get(keys: np.ndarray, vals: np.ndarray, size: int, ids: np.ndarray, out: np.ndarray) -> None:
+    _check_compact(keys, vals, size)
+    found = _find(keys, vals, _EMPTY32, size, ids)
+    hit = found >= 0
+    out[: ids.size] = -1
+    out[: ids.size][hit] = vals[found[hit]]
+
+
+def compact_insert(keys: np.ndarray, vals: np.ndarray, size: int, ids: np.ndarray, rows: np.ndarray) -> None:
+    _check_compact(keys, vals, size)
+    if rows.size != ids.size:
+        raise ValueError(f"compact_insert: {ids.size} ids but {rows.size} rows")
+    if rows.size and (rows.min() < 0 or rows.max() >= int(_EMPTY32)):
+        raise ValueError(f"compact_insert: rows are 0 to {int(_EMPTY32) - 1}")
+    _insert(keys, vals, _EMPTY32, size, ids, rows)
+
+
+def compact_delete(keys: np.ndarray, vals: np.ndarray, size: int, ids: np.ndarray, out: np.ndarray) -> int:
+    _check_compact(keys, vals, size)
+    return _delete(keys, vals, _EMPTY32, size, ids, out)
 
 
 def count_sightings(

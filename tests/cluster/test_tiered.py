@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(120)
 DIM, STEPS, BATCH, IDS = 16, 24, 512, 20_000
 SWEEPS = 6
 BUDGET = 1 << 20  # a few thousand rows in RAM on each ps: most of the table goes to disk
-FILL_BATCHES = 64  # of 512 unseen ids: about 16,400 rows a ps, past the 12,200-14,000 half its budget indexes
+FILL_BATCHES = 80  # of 512 unseen ids: about 20,500 rows a ps, past the 14,500-16,500 half its budget indexes
 
 
 def _batches() -> list[np.ndarray]:

@@ -19,7 +19,7 @@ from pstrain._formats.numerics.optimizer_rules import RULES
 from pstrain._kernels import KERNELS, compiled, kernels, reference
 from pstrain._kernels.batches import take_examples, take_rows
 from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
-from pstrain.server.ps.tables.id_index import IdIndex
+from pstrain.server.ps.tables.id_index import CompactIdIndex, IdIndex
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -41,12 +41,14 @@ def test_the_suite_runs_the_compiled_kernels_unless_told_otherwise():
     st.lists(st.tuples(st.sampled_from(["insert", "delete", "get"]), BATCH), max_size=25),
     st.sampled_from([0.5, 0.75, 0.875]),
     st.sampled_from([2.0, 1.25]),
+    st.sampled_from([IdIndex, CompactIdIndex]),
 )
-def test_the_id_index_is_the_same_compiled_and_in_numpy(ops, fill, growth):
+def test_the_id_index_is_the_same_compiled_and_in_numpy(ops, fill, growth, kind):
     """At the default fill (half) and the fuller ones an index of rows on disk keeps: long
     probe runs, and deletions that move ids back along them (round the end of the slots);
-    sizes a power of two (doubling) or not (growing by a quarter, as that index does)."""
-    fast, slow = IdIndex(4, compiled, fill, growth), IdIndex(4, reference, fill, growth)
+    sizes a power of two (doubling) or not (growing by a quarter, as that index does); the
+    slots (id, row) side by side or, compact, in two arrays (a row in 32 bits)."""
+    fast, slow = kind(4, compiled, fill, growth), kind(4, reference, fill, growth)
     model: dict[int, int] = {}
     row = 0
     for op, batch in ops:
@@ -65,8 +67,8 @@ def test_the_id_index_is_the_same_compiled_and_in_numpy(ops, fill, growth):
         want = [model.get(i, -1) for i in probe.tolist()]
         assert fast.get(probe).tolist() == want == slow.get(probe).tolist()
         assert len(fast) == len(slow) == len(model)
-        assert fast.slots.shape == slow.slots.shape
-        assert len(fast) <= fill * fast.slots.shape[0]
+        assert fast.size == slow.size and fast.nbytes == slow.nbytes == fast.size * kind.SLOT_BYTES
+        assert len(fast) <= fill * fast.size
     for index in (fast, slow):
         keys, vals = index.items()
         assert dict(zip(keys.tolist(), vals.tolist())) == model
@@ -74,19 +76,25 @@ def test_the_id_index_is_the_same_compiled_and_in_numpy(ops, fill, growth):
 
 @pytest.mark.parametrize("impl", [compiled, reference], ids=["compiled", "numpy"])
 def test_an_index_that_grows_by_a_quarter_holds_at_most_a_quarter_more_slots_than_it_needs(impl):
-    """The index of rows on disk grows by a quarter, to sizes that are not powers of two:
-    its slots stay within a quarter of what its ids need at its fill, and every id is found."""
-    index, ids = IdIndex(4, impl, 0.75, 1.25), np.random.default_rng(3).permutation(40_000) * 7 - 9_000
+    """The index of rows on disk (compact, 12 bytes a slot) grows by a quarter, to sizes
+    that are not powers of two: its slots stay within a quarter of what its ids need at its
+    fill, and every id is found; a row past 32 bits is refused with nothing changed."""
+    index, ids = CompactIdIndex(4, impl, 0.75, 1.25), np.random.default_rng(3).permutation(40_000) * 7 - 9_000
     for lo in range(0, ids.size, 1_000):
         index.insert(ids[lo : lo + 1_000], np.arange(lo, lo + 1_000))
         need = (lo + 1_000) / 0.75
-        assert need <= index.slots.shape[0] <= 1.25 * need + 16
-    size = index.slots.shape[0]
-    assert size & (size - 1), size  # (not a power of two: the probes wrap round at its end)
+        assert need <= index.size <= 1.25 * need + 16
+    assert index.size & (index.size - 1), index.size  # (not a power of two: probes wrap round its end)
+    assert index.nbytes == 12 * index.size
     np.testing.assert_array_equal(index.get(ids), np.arange(ids.size))
+    with pytest.raises(ValueError, match="rows are 0 to 4294967294"):
+        index.insert(np.array([-1, -2], np.int64), np.array([5, 2**32 - 1], np.int64))
+    assert len(index) == ids.size and (index.get(np.array([-1, -2], np.int64)) == -1).all()
     assert index.delete(ids[::2]).tolist() == list(range(0, ids.size, 2))
     np.testing.assert_array_equal(index.get(ids[1::2]), np.arange(1, ids.size, 2))
     assert (index.get(ids[::2]) == -1).all()
+    keys, vals = index.items()
+    assert dict(zip(keys.tolist(), vals.tolist())) == dict(zip(ids[1::2].tolist(), range(1, ids.size, 2)))
 
 
 @settings(max_examples=200, deadline=None)

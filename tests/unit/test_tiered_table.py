@@ -320,7 +320,9 @@ def test_a_restore_of_what_a_full_shard_holds_fits_where_that_shard_did(tmp_path
     for k in range(80):  # about 2,400 rows on disk, their index grown as they came
         train(live, np.arange(60 * k, 60 * k + 60, dtype=np.int64), k + 1)
     assert 2048 < len(live.cold) <= 4096, len(live.cold)
-    assert live.cold.index.nbytes > 16 * len(live.cold) / 0.75  # (not as full as it may be)
+    assert (
+        live.cold.index.nbytes > live.cold.index.SLOT_BYTES * len(live.cold) / 0.75
+    )  # (not as full as may be)
     want = by_id(live.export())
     restored = restored_over(live, want, tmp_path / "restored")
     assert len(restored.cold) > 2048 and restored.cold.index.nbytes <= live.cold.index.nbytes

@@ -12,7 +12,7 @@ save reads each record once for every array it writes (:meth:`ColdRows.fill_many
 evicted) is only counted dead; a segment whose records are all dead is deleted (never
 while a save or a read may need it).
 
-In RAM, per cold row: its id in an :class:`IdIndex` (id -> cold slot), its place
+In RAM, per cold row: its id in a :class:`CompactIdIndex` (id -> cold slot), its place
 (segment and record), the epoch it last changed in (so a delta finds it without reading
 the disk) and its eviction key (last lookup or lookup count). These, not the record's own
 bookkeeping, say what the row's are: a record a move brought keeps its source's.
@@ -42,7 +42,7 @@ import numpy as np
 from ...._base.errors import ResourceExhaustedError
 from ...._formats.numerics.idhash import in_slices
 from ...._kernels import KERNELS
-from .id_index import IdIndex
+from .id_index import CompactIdIndex
 
 __all__ = ["META", "ColdRows", "SavedPlaces", "copy_field", "pack_records", "put_field", "record_dtype"]
 
@@ -54,9 +54,9 @@ META_FIELDS = ("epoch", "pad", "last_seen", "freq")
 PLACE_BITS = 32
 #: How full the index of the rows here may be before it grows (the index of rows in RAM:
 #: half). Each row here costs RAM for nothing but its index entry and bookkeeping, so
-#: the index is kept fuller: 21 to 27 bytes a row (it grows by ``INDEX_GROWTH``) rather
-#: than 32 to 64, for probes of about 2.5 slots for an id here and 8.5 (two to three cache
-#: lines) for one not here.
+#: the index is kept fuller: 16 to 20 bytes a row (12 a slot, and it grows by
+#: ``INDEX_GROWTH``) rather than 32 to 64, for probes of about 2.5 slots for an id here and
+#: 8.5 for one not here.
 INDEX_FILL = 0.75
 #: How much the index of the rows here grows at a time: by a quarter (it is most of the RAM
 #: such a row costs; a doubling would leave up to half of it unused), its ids put back
@@ -197,7 +197,9 @@ class ColdRows:
         self.dtype = np.dtype(dtype)
         self.segment_rows = segment_rows
         self.kernels = kernels or KERNELS
-        self.index = IdIndex(kernels=self.kernels, fill=INDEX_FILL, growth=INDEX_GROWTH)  # id -> cold slot
+        self.index = CompactIdIndex(
+            kernels=self.kernels, fill=INDEX_FILL, growth=INDEX_GROWTH
+        )  # id -> cold slot
         #: Cold slot -> place; a slot not in use holds ``FREE`` (so a slot is live where
         #: its place is at least 0). A place is never given twice (segments are numbered
         #: on, never again): a read of a row's record is still the row's while the row's
@@ -233,7 +235,7 @@ class ColdRows:
         return int(self.index.nbytes + self.places.nbytes + self.epochs.nbytes + self.keys.nbytes)
 
     #: Bytes per cold slot of the arrays besides the index: place, epoch, key. (With its
-    #: index entry, 21 to 27 bytes by the index's load, a cold row takes 37 to 43 bytes.)
+    #: index entry, 16 to 20 bytes by the index's load, a cold row takes 32 to 36 bytes.)
     SLOT_BYTES = 8 + 4 + 4
 
     def nbytes_with(self, more: int, tight: bool = False) -> int:

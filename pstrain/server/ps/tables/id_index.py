@@ -32,7 +32,7 @@ import numpy as np
 
 from ...._kernels import KERNELS
 
-__all__ = ["IdIndex"]
+__all__ = ["CompactIdIndex", "IdIndex"]
 
 _EMPTY = -1
 _LOAD = 2  # slots per id at least: at most half full (an index's default ``fill``)
@@ -46,6 +46,9 @@ class IdIndex:
     ``growth``: 2, the slots double (a power of two) as ids come; below it, an index grows
     to that many times the slots its ids need, and one sized for a bulk load
     (:meth:`reserve`) has just the slots they need."""
+
+    #: Bytes a slot takes.
+    SLOT_BYTES = 16
 
     def __init__(
         self,
@@ -109,7 +112,7 @@ class IdIndex:
             return
         if ids.shape != rows.shape:
             raise ValueError(f"IdIndex.insert: {ids.size} ids but {rows.size} rows")
-        if self._over(self.count + ids.size, self.slots.shape[0]):
+        if self._over(self.count + ids.size, self.size):
             self._rebuild(self.count + ids.size)
         self.kernels.index_insert(self.slots, self.size, ids, rows)  # refuses a row below 0 first
         self.count += ids.size
@@ -144,7 +147,7 @@ class IdIndex:
         ids remembered, ids admitted)."""
         ids = np.ascontiguousarray(ids, np.int64)
         room = min(room, ids.size)
-        if self._over(self.count + room, self.slots.shape[0]):
+        if self._over(self.count + room, self.size):
             self._rebuild(self.count + room)
         done, added, removed, admits = self.kernels.count_sightings(
             self.slots, self.size, counts, owners, ids, where, admitted, threshold, next_slot, room
@@ -160,21 +163,21 @@ class IdIndex:
         self.removed += self.count
         self.count = 0
 
-    @staticmethod
-    def nbytes_new(capacity: int, fill: float = 1 / _LOAD) -> int:
+    @classmethod
+    def nbytes_new(cls, capacity: int, fill: float = 1 / _LOAD) -> int:
         """:attr:`nbytes` of ``IdIndex(capacity, fill=fill)``."""
-        return (1 << max(4, int(capacity / fill - 1).bit_length())) * 16
+        return (1 << max(4, int(capacity / fill - 1).bit_length())) * cls.SLOT_BYTES
 
     def nbytes_holding(self, count: int, tight: bool = False) -> int:
         """:attr:`nbytes` once ``count`` ids are in (grown as :meth:`insert` grows it, or
         with ``tight`` as :meth:`reserve` does)."""
-        return (self._tight(count) if tight else self._grown(count)) * self.slots.itemsize * 2
+        return (self._tight(count) if tight else self._grown(count)) * self.SLOT_BYTES
 
     def reserve(self, count: int) -> None:
         """Room for ``count`` ids, as full as the index may be (``fill``) rather than the
         half of that a growth leaves: what a bulk load (a restore) takes in at once costs the
         least memory, and no more than an index that grew to hold as many."""
-        if self._over(count, self.slots.shape[0]):
+        if self._over(count, self.size):
             keys, vals = self.items()
             self._alloc(self._tight(count))
             self.count = 0
@@ -185,7 +188,7 @@ class IdIndex:
         return count > size * self.fill
 
     def _tight(self, need: int) -> int:
-        size = self.slots.shape[0]
+        size = self.size
         if self.growth < 2:
             return size if not self._over(need, size) else self._fitting(need)
         while self._over(need, size):
@@ -202,7 +205,7 @@ class IdIndex:
     def _grown(self, need: int) -> int:
         """The slots for ``need`` ids: as now while they fill at most ``fill`` of them, else
         a size they fill at most half that of (``growth`` below 2: ``fill / growth``)."""
-        size = self.slots.shape[0]
+        size = self.size
         if not self._over(need, size):
             return size
         if self.growth < 2:
@@ -222,3 +225,71 @@ class IdIndex:
         """Every (id, row), in slot order."""
         live = np.flatnonzero(self.slots[:, 1] >= 0)  # (taken by position: a mask over the
         return self.slots[:, 0].take(live), self.slots[:, 1].take(live)  # 2-D slots is slower)
+
+
+#: A compact index's value where a slot holds no id.
+_EMPTY32 = 0xFFFFFFFF
+
+
+class CompactIdIndex(IdIndex):
+    """int64 id -> row below ``2**32 - 1``, in 12 bytes a slot rather than 16: the ids and
+    the rows in two arrays (a probe reads the rows first, 16 slots a cache line, and an id
+    only where a slot holds one). For an index that is most of what each of its rows costs
+    in RAM (the rows on disk's); it gets, inserts and deletes (no :meth:`locate`,
+    :meth:`refind` or :meth:`count_sightings`)."""
+
+    SLOT_BYTES = 12
+
+    def _alloc(self, size: int) -> None:
+        self.size = size
+        self.keys = np.zeros(size, np.int64)
+        self.vals = np.full(size, _EMPTY32, np.uint32)
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.vals.nbytes
+
+    def get(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.ascontiguousarray(ids, np.int64)
+        out = np.empty(ids.size, np.int64)
+        self.kernels.compact_get(self.keys, self.vals, self.size, ids, out)
+        return out
+
+    def insert(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        ids = np.ascontiguousarray(ids, np.int64)
+        rows = np.ascontiguousarray(rows, np.int64)
+        if not ids.size:
+            return
+        if ids.shape != rows.shape:
+            raise ValueError(f"CompactIdIndex.insert: {ids.size} ids but {rows.size} rows")
+        if self._over(self.count + ids.size, self.size):
+            self._rebuild(self.count + ids.size)
+        self.kernels.compact_insert(self.keys, self.vals, self.size, ids, rows)  # (rows checked first)
+        self.count += ids.size
+        self.inserted += ids.size
+
+    def delete(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.ascontiguousarray(ids, np.int64)
+        out = np.empty(ids.size, np.int64)
+        removed = self.kernels.compact_delete(self.keys, self.vals, self.size, ids, out)
+        self.count -= removed
+        self.removed += removed
+        return out
+
+    def refind(self, ids: np.ndarray, pos: np.ndarray) -> None:
+        raise NotImplementedError("CompactIdIndex.refind")
+
+    def locate(self, ids: np.ndarray, marks: np.ndarray) -> np.ndarray | None:
+        raise NotImplementedError("CompactIdIndex.locate")
+
+    def count_sightings(self, *args: object, **kwargs: object) -> tuple[int, int, int]:
+        raise NotImplementedError("CompactIdIndex.count_sightings")
+
+    def clear(self) -> None:
+        self.vals[:] = _EMPTY32
+        self.removed += self.count
+        self.count = 0
+
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        live = np.flatnonzero(self.vals != _EMPTY32)
+        return self.keys.take(live), self.vals.take(live).astype(np.int64)
