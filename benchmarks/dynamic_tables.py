@@ -26,7 +26,7 @@ import numpy as np
 
 import pstrain
 from pstrain._formats.numerics.idhash import mix64
-from pstrain.ctr import BATCH, DENSE, DIM, FEATURES, CTRModel, evaluate, log_loss, make_step
+from pstrain.ctr import BATCH, DENSE, DIM, FEATURES, CTRModel, evaluate, log_loss, make_step, synthetic
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1] / "examples")]
 from common import RESULTS, emit, median, plot  # noqa: E402
@@ -55,13 +55,56 @@ def w6_data(n_train: int, n_test: int = 20_000):
     return key, dense, labels, n_train
 
 
+#: Variant "w7": W7's table (WORKLOADS.md W9) as a dynamic table: every one of its rows
+#: made, and given its Adagrad accumulator, before training; W4's ids into it.
+W7_ROWS, W7_DIM = 25_000_000, 32
+#: Ids a closure of the fill makes rows of at a time.
+FILL_IDS = 1 << 16
+
+
 def w6_model(variant: str) -> CTRModel:
     if variant == "c":
         return CTRModel(rows=FIXED_ROWS, name="w6")
+    if variant == "w7":
+        init = pstrain.initializers.RandomUniform(-0.05, 0.05, seed=0)
+        return CTRModel(table=pstrain.DynamicEmbedding(W7_DIM, name="w9/table", initializer=init), dim=W7_DIM)
     init = pstrain.initializers.RandomUniform(-0.05, 0.05, seed=0)
     extra = {} if variant == "a" else {"capacity": CAPACITY, "admit_after": 2, "eviction": "lru"}
     table = pstrain.DynamicEmbedding(DIM, name="w6/dynamic", initializer=init, **extra)
     return CTRModel(table=table, name="w6")
+
+
+def variant_data(variant: str, n_train: int, n_test: int = 20_000) -> tuple[Any, Any, Any, int]:
+    """(ids, dense features, labels, training examples) of ``variant``: W6's data, or W4's
+    into W7's table for "w7"."""
+    if variant == "w7":
+        (ids, dense, labels), (t_ids, t_dense, t_labels) = synthetic(n_train, n_test, rows=W7_ROWS)
+        return (
+            np.concatenate([ids, t_ids]),
+            np.concatenate([dense, t_dense]),
+            np.concatenate([labels, t_labels]),
+            n_train,
+        )
+    key, dense, labels, n = w6_data(n_train, n_test)
+    return ids_for(variant, key), dense, labels, n
+
+
+async def fill_table(coordinator: Any, model: CTRModel, opt: Any, rows: int) -> float:
+    """Make every row of ``model``'s table (ids 0 to ``rows``), each with its optimizer
+    slot (a zero gradient applied), in closures of ``FILL_IDS`` ids on the workers; the
+    seconds it took."""
+    table = model.table
+
+    async def fill(lo: int, hi: int) -> None:
+        ids = np.arange(lo, hi, dtype=np.int64)
+        values = await pstrain.embedding_lookup(table, ids)  # (a training lookup: makes the rows)
+        await opt.apply_gradients([(pstrain.IndexedSlices(np.zeros_like(values), ids), table)])
+
+    started = time.perf_counter()
+    for lo in range(0, rows, FILL_IDS):
+        coordinator.schedule(fill, args=(lo, min(rows, lo + FILL_IDS)))
+    await coordinator.join()
+    return time.perf_counter() - started
 
 
 def ids_for(variant: str, key: np.ndarray) -> np.ndarray:
@@ -105,11 +148,13 @@ async def run_variant(
     cluster_options: dict | None = None,
     sample_s: float = 0.25,
     after: Callable[[Any, Any, Any, Callable[[int], Awaitable[None]]], Awaitable[dict]] | None = None,
+    warm: int | None = None,
 ) -> dict:
     """One training of ``variant`` (``cluster_options``: ``LocalCluster``'s, such as a tiered
     ps's budget); each ps's RSS sampled every ``sample_s``; ``after(model, optimizer,
     cluster, train_more)``: more figures, taken when training ends (``await
-    train_more(n)``: ``n`` steps more)."""
+    train_more(n)``: ``n`` steps more). ``warm``: steps of ``steps`` before the measured
+    ones (a tenth by default); "w7" makes every row of its table first."""
     async with pstrain.LocalCluster(num_ps=2, num_workers=2, **(cluster_options or {})) as cluster:
         ps_pids = [cluster.pid("ps", i) for i in range(2)]
         pids = [os.getpid(), *ps_pids, *(cluster.pid("worker", i) for i in range(2))]
@@ -125,8 +170,7 @@ async def run_variant(
         n_train = steps * BATCH
 
         def dataset_fn():
-            key, dense, labels, n = w6_data(n_train, 0)
-            ids = ids_for(variant, key)
+            ids, dense, labels, n = variant_data(variant, n_train, 0)
             return (
                 pstrain.data.Dataset.from_tensor_slices((ids[:n], dense[:n], labels[:n]))
                 .shuffle(50_000)
@@ -146,7 +190,8 @@ async def run_variant(
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        warm = max(1, steps // 10)
+        filled_s = await fill_table(coordinator, model, opt, W7_ROWS) if variant == "w7" else None
+        warm = max(1, steps // 10) if warm is None else warm
         for _ in range(warm):
             coordinator.schedule(step, args=(iterator,))
         await coordinator.join()
@@ -161,9 +206,9 @@ async def run_variant(
         bytes_per_step = (await ps_wire_bytes(peers, 2) - bytes0) / (steps - warm)
         stop.set()
         sampler.join()
-        key, dense, labels, n = w6_data(n_train)
+        ids, dense, labels, n = variant_data(variant, n_train)
         y = labels[n:]
-        held_out = await evaluate(model, (ids_for(variant, key[n:]), dense[n:], y))
+        held_out = await evaluate(model, (ids[n:], dense[n:], y))
         held = FIXED_ROWS if variant == "c" else await model.table.size()
         base = log_loss(np.full_like(y, y.mean()), y)
         peaks = [rss_mib(p, "VmHWM") for p in ps_pids]
@@ -184,6 +229,7 @@ async def run_variant(
             if samples
             else None,
             "variant": variant,
+            "fill_s": filled_s,
             "examples_per_s": (steps - warm) * BATCH / elapsed,
             "held_out_log_loss": held_out,
             "base_rate_log_loss": base,
