@@ -12,7 +12,7 @@ save reads each record once for every array it writes (:meth:`ColdRows.fill_many
 evicted) is only counted dead; a segment whose records are all dead is deleted (never
 while a save or a read may need it).
 
-In RAM, per cold row: its id in a :class:`CompactIdIndex` (id -> cold slot), its place
+In RAM, per cold row: its id in a :class:`PartitionedIndex` (id -> cold slot), its place
 (segment and record), the epoch it last changed in (so a delta finds it without reading
 the disk) and its eviction key (last lookup or lookup count). These, not the record's own
 bookkeeping, say what the row's are: a record a move brought keeps its source's.
@@ -34,6 +34,7 @@ import errno
 import os
 import shutil
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -42,9 +43,18 @@ import numpy as np
 from ...._base.errors import ResourceExhaustedError
 from ...._formats.numerics.idhash import in_slices
 from ...._kernels import KERNELS
-from .id_index import CompactIdIndex
+from .id_index import PartitionedIndex
 
-__all__ = ["META", "ColdRows", "SavedPlaces", "copy_field", "pack_records", "put_field", "record_dtype"]
+__all__ = [
+    "META",
+    "ColdRows",
+    "SavedPlaces",
+    "copy_field",
+    "pack_records",
+    "put_field",
+    "record_dtype",
+    "resize_rows",
+]
 
 #: Per record: the epoch it last changed in, its last training lookup and its lookup count.
 META = np.dtype([("epoch", "<u4"), ("pad", "<u4"), ("last_seen", "<i8"), ("freq", "<i8")])
@@ -162,6 +172,24 @@ def record_dtype(dim: int, dtype: np.dtype, slots: int) -> np.dtype:
     )
 
 
+def resize_rows(holder: dict[str, Any], key: str, rows: int) -> np.ndarray:
+    """``holder[key]`` made ``rows`` rows long, the rows it keeps as they were and new ones
+    0: in place where nothing else refers to it (realloc moves a large array's pages
+    rather than copying them, and gives a shrunk one's tail back: never the array twice in
+    RAM), else a copy. (Taken out of ``holder`` first: numpy refuses to resize an array
+    that anything but its one holder refers to, and would count that holder too.)"""
+    arr = holder.pop(key)
+    try:
+        arr.resize((rows,) + arr.shape[1:], refcheck=True)
+    except ValueError:  # a view of it is out
+        grown = np.zeros((rows,) + arr.shape[1:], arr.dtype)
+        keep = min(rows, arr.shape[0])
+        grown[:keep] = arr[:keep]
+        arr = grown
+    holder[key] = arr
+    return arr
+
+
 def _grown(size: int, need: int) -> int:
     """The size of a per-slot array grown to hold ``need``: by a quarter at least (each
     slot's bookkeeping is all the RAM a row here costs: doubling would leave up to half of
@@ -197,9 +225,7 @@ class ColdRows:
         self.dtype = np.dtype(dtype)
         self.segment_rows = segment_rows
         self.kernels = kernels or KERNELS
-        self.index = CompactIdIndex(
-            kernels=self.kernels, fill=INDEX_FILL, growth=INDEX_GROWTH
-        )  # id -> cold slot
+        self.index = PartitionedIndex(self.kernels, INDEX_FILL, INDEX_GROWTH)  # id -> cold slot
         #: Cold slot -> place; a slot not in use holds ``FREE`` (so a slot is live where
         #: its place is at least 0). A place is never given twice (segments are numbered
         #: on, never again): a read of a row's record is still the row's while the row's
@@ -311,7 +337,7 @@ class ColdRows:
         if not n:
             return
         if tight:
-            self.index.reserve(len(self.index) + n)
+            self.index.reserve_for(ids)
         cold = self._take_slots(n)
         self.places[cold] = places
         self.epochs[cold] = epochs
@@ -411,11 +437,10 @@ class ColdRows:
                 raise ResourceExhaustedError(
                     f"the table directory {self.directory}: more than {MAX_SLOTS} rows on disk in one shard"
                 )
+            old = self.places.size
             for name in ("places", "epochs", "keys"):
-                arr = getattr(self, name)
-                grown = np.full(size, FREE, arr.dtype) if name == "places" else np.zeros(size, arr.dtype)
-                grown[: arr.size] = arr
-                setattr(self, name, grown)
+                resize_rows(self.__dict__, name, size)
+            self.places[old:] = FREE
         out = np.concatenate([taken, np.arange(self.used, self.used + fresh, dtype=np.int64)])
         self.used += fresh
         return out

@@ -30,11 +30,14 @@ from types import ModuleType
 
 import numpy as np
 
+from ...._formats.numerics.idhash import mix64
 from ...._kernels import KERNELS
 
-__all__ = ["CompactIdIndex", "IdIndex"]
+__all__ = ["CompactIdIndex", "IdIndex", "PartitionedIndex"]
 
 _EMPTY = -1
+#: Slots whose ids a growth puts back at a time.
+MOVE_SLOTS = 1 << 16
 _LOAD = 2  # slots per id at least: at most half full (an index's default ``fill``)
 
 
@@ -178,10 +181,7 @@ class IdIndex:
         half of that a growth leaves: what a bulk load (a restore) takes in at once costs the
         least memory, and no more than an index that grew to hold as many."""
         if self._over(count, self.size):
-            keys, vals = self.items()
-            self._alloc(self._tight(count))
-            self.count = 0
-            self.insert(keys, vals)
+            self._move_to(self._tight(count))
 
     def _over(self, count: int, size: int) -> bool:
         """Whether ``count`` ids fill more of ``size`` slots than ``fill``."""
@@ -216,10 +216,29 @@ class IdIndex:
 
     def _rebuild(self, need: int) -> None:
         """Grow to hold ``need`` ids (:meth:`_grown`), and put the ids back."""
-        keys, vals = self.items()
-        self._alloc(self._grown(need))
-        self.count = 0
-        self.insert(keys, vals)
+        self._move_to(self._grown(need))
+
+    def _move_to(self, size: int) -> None:
+        """New slots, ``size`` of them, and the ids put back in, a block of the old slots at
+        a time: the old and the new slots are held at once, nothing else (not a copy of
+        every id besides)."""
+        old = self._arrays()
+        self._alloc(size)
+        count, self.count = self.count, 0
+        for lo in range(0, old[0].shape[0], MOVE_SLOTS):
+            keys, vals = self._entries(old, lo, lo + MOVE_SLOTS)
+            self.insert(keys, vals)
+        assert self.count == count, "an index lost ids as it grew"
+
+    def _arrays(self) -> tuple[np.ndarray, ...]:
+        return (self.slots,)
+
+    @staticmethod
+    def _entries(arrays: tuple[np.ndarray, ...], lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """The (ids, rows) held in slots ``lo`` to ``hi`` of ``arrays`` (:meth:`_arrays`)."""
+        part = arrays[0][lo:hi]
+        live = np.flatnonzero(part[:, 1] >= 0)
+        return part[:, 0].take(live), part[:, 1].take(live)
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """Every (id, row), in slot order."""
@@ -291,5 +310,103 @@ class CompactIdIndex(IdIndex):
         self.count = 0
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
-        live = np.flatnonzero(self.vals != _EMPTY32)
-        return self.keys.take(live), self.vals.take(live).astype(np.int64)
+        return self._entries(self._arrays(), 0, self.size)
+
+    def _arrays(self) -> tuple[np.ndarray, ...]:
+        return (self.keys, self.vals)
+
+    @staticmethod
+    def _entries(arrays: tuple[np.ndarray, ...], lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        keys, vals = arrays[0][lo:hi], arrays[1][lo:hi]
+        live = np.flatnonzero(vals != _EMPTY32)
+        return keys.take(live), vals.take(live).astype(np.int64)
+
+
+class PartitionedIndex:
+    """A :class:`CompactIdIndex` in ``PARTS`` parts, an id's part chosen by the low bits of
+    its hash (its slot in the part, by the high ones), each part growing on its own: a
+    growth holds the old and the new slots of one part at once, a sixteenth of the whole,
+    not the whole index twice over (hundreds of MB for tens of millions of rows on disk,
+    past what the budget allows). The same operations as one index, each a pass per part
+    that a batch's ids fall in."""
+
+    PARTS = 16
+    SLOT_BYTES = CompactIdIndex.SLOT_BYTES
+
+    def __init__(
+        self, kernels: ModuleType | None = None, fill: float = 1 / _LOAD, growth: float = 2.0
+    ) -> None:
+        self.kernels = kernels or KERNELS
+        self.fill = fill
+        self.parts = [CompactIdIndex(16, self.kernels, fill, growth) for _ in range(self.PARTS)]
+
+    def __len__(self) -> int:
+        return sum(p.count for p in self.parts)
+
+    @property
+    def count(self) -> int:
+        return len(self)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    @property
+    def size(self) -> int:
+        return sum(p.size for p in self.parts)
+
+    def _split(self, ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """(part, positions in ``ids``) for each part some of ``ids`` fall in."""
+        which = (mix64(ids.view(np.uint64)) & np.uint64(self.PARTS - 1)).astype(np.intp)
+        order = np.argsort(which, kind="stable")
+        bounds = np.searchsorted(which[order], np.arange(self.PARTS + 1))
+        return [(k, order[bounds[k] : bounds[k + 1]]) for k in range(self.PARTS) if bounds[k + 1] > bounds[k]]
+
+    def get(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.ascontiguousarray(ids, np.int64)
+        out = np.empty(ids.size, np.int64)
+        for k, at in self._split(ids):
+            out[at] = self.parts[k].get(ids[at])
+        return out
+
+    def insert(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        ids = np.ascontiguousarray(ids, np.int64)
+        rows = np.ascontiguousarray(rows, np.int64)
+        if ids.shape != rows.shape:
+            raise ValueError(f"PartitionedIndex.insert: {ids.size} ids but {rows.size} rows")
+        if rows.size and (rows.min() < 0 or rows.max() >= _EMPTY32):
+            raise ValueError(f"PartitionedIndex.insert: rows are 0 to {_EMPTY32 - 1}")  # (before any part)
+        for k, at in self._split(ids):
+            self.parts[k].insert(ids[at], rows[at])
+
+    def delete(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.ascontiguousarray(ids, np.int64)
+        out = np.empty(ids.size, np.int64)
+        for k, at in self._split(ids):
+            out[at] = self.parts[k].delete(ids[at])
+        return out
+
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        got = [p.items() for p in self.parts]
+        return np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got])
+
+    def reserve_for(self, ids: np.ndarray) -> None:
+        """Room for ``ids`` more (a bulk load's), each part as full as it may be."""
+        for k, at in self._split(np.ascontiguousarray(ids, np.int64)):
+            self.parts[k].reserve(self.parts[k].count + at.size)
+
+    def nbytes_holding(self, count: int, tight: bool = False) -> int:
+        """At most :attr:`nbytes` while ``count`` ids in all come in (their parts unknown:
+        each part reckoned to take its share of the new ones and some more, as a binomial
+        draw of them would at most but for one in tens of thousands), with the old slots of
+        the largest part that grows (held with its new ones while it grows)."""
+        more = max(0, count - len(self))
+        share = more / self.PARTS
+        most = min(more, math.ceil(share + 4 * math.sqrt(share) + 8)) if more else 0
+        total = moving = 0
+        for part in self.parts:
+            after = part.nbytes_holding(part.count + most, tight)
+            total += after
+            if after != part.nbytes:
+                moving = max(moving, part.nbytes)
+        return total + moving

@@ -43,7 +43,7 @@ from ...._base.errors import InvalidArgumentError, ResourceExhaustedError
 from ...._formats.files.direct_writes import ALIGN, CHUNK
 from ..checkpoints.snapshots import Snapshot
 from ..store import ChangeClock
-from .cold_rows import META, ColdRows, SavedPlaces
+from .cold_rows import META, ColdRows, SavedPlaces, resize_rows
 from .dynamic_table import EVICT_BATCH, DynamicTable
 from .id_index import IdIndex
 from .table_config import TableConfig
@@ -399,10 +399,8 @@ class TieredTable(TieredSlices, DynamicTable):
             for lo in range(0, n, COMPACT_ROWS):  # in place: each row moves to a lower place
                 hi = min(n, lo + COMPACT_ROWS)
                 arr[lo:hi] = arr[keep[lo:hi]]
-            try:  # in place (realloc gives the tail back), unless a view is out
-                arr.resize((size,) + arr.shape[1:], refcheck=True)
-            except ValueError:
-                where[key] = arr[:size].copy()
+            del arr  # (the holder's alone: resized in place, unless a view of it is out)
+            resize_rows(where, key, size)
         self.live[n:] = False
         self.marks[n:] = 0
         self.alloc, self.used, self.nfree = size, n, 0
