@@ -34,9 +34,9 @@ import errno
 import os
 import shutil
 from collections.abc import Callable
-from typing import Any
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
