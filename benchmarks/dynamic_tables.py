@@ -161,7 +161,10 @@ async def run_variant(
         strategy = pstrain.ParameterServerStrategy(
             cluster.resolver, variable_partitioner=pstrain.partitioners.FixedShardsPartitioner(2)
         )
-        coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=2)
+        # (W7's table wholly in RAM: a ps doubling 3 GB of arrays and an index of 12 million
+        # ids holds its loop for seconds, on two busy cores past the 10 s health deadline)
+        timeout = {"ps_timeout_s": 60.0} if variant == "w7" else {}
+        coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=2, **timeout)
         at_start = [rss_mib(p) for p in ps_pids]  # each ps before it holds anything
         async with strategy.scope():
             model = w6_model(variant)
