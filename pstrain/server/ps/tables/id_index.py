@@ -90,8 +90,19 @@ class IdIndex:
         """The row of each id (int64 array), -1 where it has none."""
         ids = np.ascontiguousarray(ids, np.int64)
         out = np.empty(ids.size, np.int64)
-        self.kernels.index_get(self.slots, self.size, ids, out)
+        self._probe(ids, out)
         return out
+
+    def _probe(self, ids: np.ndarray, out: np.ndarray) -> None:
+        """The compiled passes of :meth:`get`, :meth:`insert` and :meth:`delete` over this
+        index's slots (a compact index's are two arrays)."""
+        self.kernels.index_get(self.slots, self.size, ids, out)
+
+    def _put(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        self.kernels.index_insert(self.slots, self.size, ids, rows)  # refuses a row below 0 first
+
+    def _remove(self, ids: np.ndarray, out: np.ndarray) -> int:
+        return int(self.kernels.index_delete(self.slots, self.size, ids, out))
 
     def refind(self, ids: np.ndarray, pos: np.ndarray) -> None:
         """``pos`` (``get`` of ``ids`` earlier, int64) brought up to date where it is -1:
@@ -117,7 +128,7 @@ class IdIndex:
             raise ValueError(f"IdIndex.insert: {ids.size} ids but {rows.size} rows")
         if self._over(self.count + ids.size, self.size):
             self._rebuild(self.count + ids.size)
-        self.kernels.index_insert(self.slots, self.size, ids, rows)  # refuses a row below 0 first
+        self._put(ids, rows)
         self.count += ids.size
         self.inserted += ids.size
 
@@ -125,7 +136,7 @@ class IdIndex:
         """Remove ``ids`` (unique; those present); returns the rows they had (-1 for absent ids)."""
         ids = np.ascontiguousarray(ids, np.int64)
         out = np.empty(ids.size, np.int64)
-        removed = self.kernels.index_delete(self.slots, self.size, ids, out)
+        removed = self._remove(ids, out)
         self.count -= removed
         self.removed += removed
         return out
@@ -268,32 +279,14 @@ class CompactIdIndex(IdIndex):
     def nbytes(self) -> int:
         return self.keys.nbytes + self.vals.nbytes
 
-    def get(self, ids: np.ndarray) -> np.ndarray:
-        ids = np.ascontiguousarray(ids, np.int64)
-        out = np.empty(ids.size, np.int64)
+    def _probe(self, ids: np.ndarray, out: np.ndarray) -> None:
         self.kernels.compact_get(self.keys, self.vals, self.size, ids, out)
-        return out
 
-    def insert(self, ids: np.ndarray, rows: np.ndarray) -> None:
-        ids = np.ascontiguousarray(ids, np.int64)
-        rows = np.ascontiguousarray(rows, np.int64)
-        if not ids.size:
-            return
-        if ids.shape != rows.shape:
-            raise ValueError(f"CompactIdIndex.insert: {ids.size} ids but {rows.size} rows")
-        if self._over(self.count + ids.size, self.size):
-            self._rebuild(self.count + ids.size)
+    def _put(self, ids: np.ndarray, rows: np.ndarray) -> None:
         self.kernels.compact_insert(self.keys, self.vals, self.size, ids, rows)  # (rows checked first)
-        self.count += ids.size
-        self.inserted += ids.size
 
-    def delete(self, ids: np.ndarray) -> np.ndarray:
-        ids = np.ascontiguousarray(ids, np.int64)
-        out = np.empty(ids.size, np.int64)
-        removed = self.kernels.compact_delete(self.keys, self.vals, self.size, ids, out)
-        self.count -= removed
-        self.removed += removed
-        return out
+    def _remove(self, ids: np.ndarray, out: np.ndarray) -> int:
+        return int(self.kernels.compact_delete(self.keys, self.vals, self.size, ids, out))
 
     def refind(self, ids: np.ndarray, pos: np.ndarray) -> None:
         raise NotImplementedError("CompactIdIndex.refind")
@@ -362,12 +355,16 @@ class PartitionedIndex:
         bounds = np.searchsorted(which[order], np.arange(self.PARTS + 1))
         return [(k, order[bounds[k] : bounds[k + 1]]) for k in range(self.PARTS) if bounds[k + 1] > bounds[k]]
 
-    def get(self, ids: np.ndarray) -> np.ndarray:
+    def _each(self, op: str, ids: np.ndarray) -> np.ndarray:
+        """Each part's ``op`` (``get`` or ``delete``) of its share of ``ids``, in their order."""
         ids = np.ascontiguousarray(ids, np.int64)
         out = np.empty(ids.size, np.int64)
         for k, at in self._split(ids):
-            out[at] = self.parts[k].get(ids[at])
+            out[at] = getattr(self.parts[k], op)(ids[at])
         return out
+
+    def get(self, ids: np.ndarray) -> np.ndarray:
+        return self._each("get", ids)
 
     def insert(self, ids: np.ndarray, rows: np.ndarray) -> None:
         ids = np.ascontiguousarray(ids, np.int64)
@@ -380,11 +377,7 @@ class PartitionedIndex:
             self.parts[k].insert(ids[at], rows[at])
 
     def delete(self, ids: np.ndarray) -> np.ndarray:
-        ids = np.ascontiguousarray(ids, np.int64)
-        out = np.empty(ids.size, np.int64)
-        for k, at in self._split(ids):
-            out[at] = self.parts[k].delete(ids[at])
-        return out
+        return self._each("delete", ids)
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         got = [p.items() for p in self.parts]
