@@ -41,7 +41,7 @@ MOVE_SLOTS = 1 << 16
 _LOAD = 2  # slots per id at least: at most half full (an index's default ``fill``)
 
 
-class IdIndex:
+class _Index:
     """int64 id -> int64 row; see the module docstring. ``kernels``: which implementation
     probes (:func:`pstrain._kernels.kernels`; default the process's). ``fill``: the share of
     its slots ids may fill before it grows (at most 7/8: a probe for an absent id crosses
@@ -104,20 +104,6 @@ class IdIndex:
     def _remove(self, ids: np.ndarray, out: np.ndarray) -> int:
         return int(self.kernels.index_delete(self.slots, self.size, ids, out))
 
-    def refind(self, ids: np.ndarray, pos: np.ndarray) -> None:
-        """``pos`` (``get`` of ``ids`` earlier, int64) brought up to date where it is -1:
-        the rows of ids inserted since, in one compiled pass (no id removed since)."""
-        self.kernels.index_refind(self.slots, self.size, ids, pos)
-
-    def locate(self, ids: np.ndarray, marks: np.ndarray) -> np.ndarray | None:
-        """:meth:`get`, or None if an id occurs twice in ``ids``, in the same compiled pass:
-        the slots found are checked distinct (marked where they lie, then restored; the numpy
-        reference marks ``marks`` instead, a byte per row, all 0, left so), and the ids
-        without a row through a hash set of just them."""
-        ids = np.ascontiguousarray(ids, np.int64)
-        out = np.empty(ids.size, np.int64)
-        return out if self.kernels.index_locate(self.slots, self.size, ids, out, marks) else None
-
     def insert(self, ids: np.ndarray, rows: np.ndarray) -> None:
         """Add ``ids`` (unique, none present yet) with their rows (each at least 0)."""
         ids = np.ascontiguousarray(ids, np.int64)
@@ -140,36 +126,6 @@ class IdIndex:
         self.count -= removed
         self.removed += removed
         return out
-
-    def count_sightings(
-        self,
-        ids: np.ndarray,
-        where: np.ndarray,
-        counts: np.ndarray,
-        owners: np.ndarray,
-        admitted: np.ndarray,
-        threshold: int,
-        next_slot: int,
-        room: int,
-    ) -> tuple[int, int, int]:
-        """This index as sightings (id -> slot of ``counts``, whose id ``owners`` holds):
-        one more sighting of each of ``ids`` (unique), in one compiled pass. An id
-        whose count reaches ``threshold`` is admitted: ``where[i]`` goes to the next place
-        of ``admitted`` (it leaves the index, its count 0); an id not here yet is
-        remembered at the next slot from ``next_slot`` with a count of 1, at most ``room``
-        of them: the pass stops before the id that would be one more. Returns (ids done,
-        ids remembered, ids admitted)."""
-        ids = np.ascontiguousarray(ids, np.int64)
-        room = min(room, ids.size)
-        if self._over(self.count + room, self.size):
-            self._rebuild(self.count + room)
-        done, added, removed, admits = self.kernels.count_sightings(
-            self.slots, self.size, counts, owners, ids, where, admitted, threshold, next_slot, room
-        )
-        self.count += added - removed
-        self.inserted += added
-        self.removed += removed
-        return done, added, admits
 
     def clear(self) -> None:
         """Remove every id, keeping the slots' memory."""
@@ -261,7 +217,57 @@ class IdIndex:
 _EMPTY32 = 0xFFFFFFFF
 
 
-class CompactIdIndex(IdIndex):
+class IdIndex(_Index):
+    """The index of a table's rows in RAM: as :class:`_Index`, with the probes a lookup and
+    its update use (:meth:`refind`, :meth:`locate`) and the sightings of ids not admitted
+    yet (:meth:`count_sightings`)."""
+
+    def refind(self, ids: np.ndarray, pos: np.ndarray) -> None:
+        """``pos`` (``get`` of ``ids`` earlier, int64) brought up to date where it is -1:
+        the rows of ids inserted since, in one compiled pass (no id removed since)."""
+        self.kernels.index_refind(self.slots, self.size, ids, pos)
+
+    def locate(self, ids: np.ndarray, marks: np.ndarray) -> np.ndarray | None:
+        """:meth:`get`, or None if an id occurs twice in ``ids``, in the same compiled pass:
+        the slots found are checked distinct (marked where they lie, then restored; the numpy
+        reference marks ``marks`` instead, a byte per row, all 0, left so), and the ids
+        without a row through a hash set of just them."""
+        ids = np.ascontiguousarray(ids, np.int64)
+        out = np.empty(ids.size, np.int64)
+        return out if self.kernels.index_locate(self.slots, self.size, ids, out, marks) else None
+
+    def count_sightings(
+        self,
+        ids: np.ndarray,
+        where: np.ndarray,
+        counts: np.ndarray,
+        owners: np.ndarray,
+        admitted: np.ndarray,
+        threshold: int,
+        next_slot: int,
+        room: int,
+    ) -> tuple[int, int, int]:
+        """This index as sightings (id -> slot of ``counts``, whose id ``owners`` holds):
+        one more sighting of each of ``ids`` (unique), in one compiled pass. An id
+        whose count reaches ``threshold`` is admitted: ``where[i]`` goes to the next place
+        of ``admitted`` (it leaves the index, its count 0); an id not here yet is
+        remembered at the next slot from ``next_slot`` with a count of 1, at most ``room``
+        of them: the pass stops before the id that would be one more. Returns (ids done,
+        ids remembered, ids admitted)."""
+        ids = np.ascontiguousarray(ids, np.int64)
+        room = min(room, ids.size)
+        if self._over(self.count + room, self.size):
+            self._rebuild(self.count + room)
+        done, added, removed, admits = self.kernels.count_sightings(
+            self.slots, self.size, counts, owners, ids, where, admitted, threshold, next_slot, room
+        )
+        self.count += added - removed
+        self.inserted += added
+        self.removed += removed
+        return done, added, admits
+
+
+class CompactIdIndex(_Index):
     """int64 id -> row below ``2**32 - 1``, in 12 bytes a slot rather than 16: the ids and
     the rows in two arrays (a probe reads the rows first, 16 slots a cache line, and an id
     only where a slot holds one). For an index that is most of what each of its rows costs
@@ -287,15 +293,6 @@ class CompactIdIndex(IdIndex):
 
     def _remove(self, ids: np.ndarray, out: np.ndarray) -> int:
         return int(self.kernels.compact_delete(self.keys, self.vals, self.size, ids, out))
-
-    def refind(self, ids: np.ndarray, pos: np.ndarray) -> None:
-        raise NotImplementedError("CompactIdIndex.refind")
-
-    def locate(self, ids: np.ndarray, marks: np.ndarray) -> np.ndarray | None:
-        raise NotImplementedError("CompactIdIndex.locate")
-
-    def count_sightings(self, *args: object, **kwargs: object) -> tuple[int, int, int]:
-        raise NotImplementedError("CompactIdIndex.count_sightings")
 
     def clear(self) -> None:
         self.vals[:] = _EMPTY32
