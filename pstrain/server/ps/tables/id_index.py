@@ -36,6 +36,8 @@ from ...._kernels import KERNELS
 __all__ = ["CompactIdIndex", "IdIndex", "PartitionedIndex"]
 
 _EMPTY = -1
+#: A compact index's value where a slot holds no id.
+_EMPTY32 = 0xFFFFFFFF
 #: Slots whose ids a growth puts back at a time.
 MOVE_SLOTS = 1 << 16
 _LOAD = 2  # slots per id at least: at most half full (an index's default ``fill``)
@@ -204,17 +206,12 @@ class _Index:
     def _entries(arrays: tuple[np.ndarray, ...], lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """The (ids, rows) held in slots ``lo`` to ``hi`` of ``arrays`` (:meth:`_arrays`)."""
         part = arrays[0][lo:hi]
-        live = np.flatnonzero(part[:, 1] >= 0)
-        return part[:, 0].take(live), part[:, 1].take(live)
+        live = np.flatnonzero(part[:, 1] >= 0)  # (taken by position: a mask over the 2-D
+        return part[:, 0].take(live), part[:, 1].take(live)  # slots is slower)
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """Every (id, row), in slot order."""
-        live = np.flatnonzero(self.slots[:, 1] >= 0)  # (taken by position: a mask over the
-        return self.slots[:, 0].take(live), self.slots[:, 1].take(live)  # 2-D slots is slower)
-
-
-#: A compact index's value where a slot holds no id.
-_EMPTY32 = 0xFFFFFFFF
+        return self._entries(self._arrays(), 0, self.size)
 
 
 class IdIndex(_Index):
@@ -298,9 +295,6 @@ class CompactIdIndex(_Index):
         self.vals[:] = _EMPTY32
         self.removed += self.count
         self.count = 0
-
-    def items(self) -> tuple[np.ndarray, np.ndarray]:
-        return self._entries(self._arrays(), 0, self.size)
 
     def _arrays(self) -> tuple[np.ndarray, ...]:
         return (self.keys, self.vals)
