@@ -1,5 +1,6 @@
 """Input pipelines: ``Dataset`` (TF's ``tf.data`` subset: batches, shuffles and shards arrays
 and jagged features), per-worker datasets and their iterators."""
 
+from ._embeddings import jagged as _jagged  # noqa: F401  (slices SparseTensor and RaggedTensor)
 from ._training.data import *  # noqa: F403
 from ._training.data import __all__ as __all__

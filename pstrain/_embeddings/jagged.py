@@ -31,6 +31,7 @@ import numpy as np
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from .._kernels.batches import take_bags, take_examples
+from .._training.data import COMPONENT_CONVERTERS
 
 __all__ = ["JaggedTensor", "KeyedJaggedTensor", "SparseTensor", "as_jagged", "as_numpy"]
 
@@ -321,6 +322,19 @@ def as_jagged(ids: Any, weights: Any = None, what: str = "ids") -> JaggedTensor:
     )
 
 
+def _sliced_as_jagged(component: Any) -> JaggedTensor | None:
+    """A dataset's SparseTensor or RaggedTensor component (pstrain's or TF's) as the
+    JaggedTensor of its rows; None for anything else."""
+    if all(hasattr(component, a) for a in ("indices", "values", "dense_shape")):
+        return JaggedTensor.from_sparse(component)  # refuses a rank other than 2, by name
+    if hasattr(component, "row_splits") and hasattr(component, "values"):
+        return as_jagged(component, what="from_tensor_slices")
+    return None
+
+
+COMPONENT_CONVERTERS.append(_sliced_as_jagged)
+
+
 def _weights_of(weights: Any, ids: JaggedTensor) -> np.ndarray:
     if isinstance(weights, JaggedTensor):
         if not np.array_equal(weights.offsets, ids.offsets):
@@ -439,6 +453,14 @@ class KeyedJaggedTensor:
         out = np.zeros(self.lengths().size + 1, np.int64)
         np.cumsum(self.lengths(), out=out[1:])
         return out
+
+    def length_per_key(self) -> list[int]:
+        """Each feature's number of ids (TorchRec's ``length_per_key()``)."""
+        return [int(f.values.size) for f in self._features.values()]
+
+    def offset_per_key(self) -> list[int]:
+        """Where each feature's ids start in :meth:`values`, then the end (TorchRec's)."""
+        return [0, *np.cumsum(self.length_per_key(), dtype=np.int64).tolist()]
 
     def weights(self) -> np.ndarray:
         """Every id's weight, feature-major; an error if no feature has weights (TorchRec's

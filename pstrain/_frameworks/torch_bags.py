@@ -20,8 +20,10 @@
 Pooling runs as ``torch.nn.functional.embedding_bag`` over the batch's distinct rows (a
 leaf tensor), so the gradients are PyTorch's own, per-sample weights included, and go back
 as :class:`~pstrain.IndexedSlices` over the distinct ids: only looked-up rows travel.
-Modes are ``"sum"`` and ``"mean"`` (``nn.EmbeddingBag``'s; per-sample weights only with
-``"sum"``, as PyTorch); an empty bag pools to zeros.
+A collection's poolings are TorchRec's ``SUM`` and ``MEAN``; its batches' weights count only
+with ``is_weighted=True`` (TorchRec ignores them otherwise). :class:`EmbeddingBag` adds
+``nn.EmbeddingBag``'s ``"max"``, ``padding_idx`` and ``include_last_offset``. Per-sample
+weights go only with ``"sum"``, as in PyTorch; an empty bag pools to zeros.
 """
 
 from __future__ import annotations
@@ -77,6 +79,14 @@ class KeyedTensor:
     def length_per_key(self) -> list[int]:
         return list(self._lengths)
 
+    def offset_per_key(self) -> list[int]:
+        """Where each key's columns start in :meth:`values`, then the width."""
+        return [0, *np.cumsum(self._lengths, dtype=np.int64).tolist()]
+
+    def key_dim(self) -> int:
+        """The dimension of :meth:`values` the keys run along (TorchRec's: 1)."""
+        return 1
+
     def to_dict(self) -> dict[str, torch.Tensor]:
         out, start = {}, 0
         for k, n in zip(self._keys, self._lengths):
@@ -89,8 +99,12 @@ class KeyedTensor:
 
 
 def _bag(
-    weight: torch.Tensor, jagged: JaggedTensor, inverse: np.ndarray, mode: str, what: str
+    weight: torch.Tensor, jagged: JaggedTensor, inverse: np.ndarray, mode: str, what: str, weighted: bool
 ) -> torch.Tensor:
+    """One feature's bags pooled from the distinct rows ``weight``; the batch's weights count
+    only for a weighted collection (TorchRec's ``is_weighted``: otherwise they are ignored)."""
+    if not weighted and jagged.weights is not None:
+        jagged = JaggedTensor(jagged.values, offsets=jagged.offsets)
     if jagged.weights is not None and mode != "sum":
         raise InvalidArgumentError(
             f"{what}: per-sample weights go only with mode 'sum' (as nn.EmbeddingBag), got {mode!r}"
@@ -210,6 +224,7 @@ class EmbeddingBagCollection(torch.nn.Module):
                     bags.inverse,
                     combiner,
                     f"feature {feature!r}",
+                    self.is_weighted,
                 )
         keys = self.collection.feature_names
         return KeyedTensor(
@@ -234,8 +249,15 @@ class EmbeddingBagCollection(torch.nn.Module):
 class EmbeddingBag(torch.nn.Module):
     """``nn.EmbeddingBag`` with its table on the ps (sharded by the strategy's partitioner):
     ``await bag.fetch(input, offsets, per_sample_weights)`` gathers the rows, then
-    ``bag(input, offsets, per_sample_weights)`` pools them as ``nn.EmbeddingBag`` does
-    (``input`` 2-D: fixed-length bags, no offsets)."""
+    ``bag(input, offsets, per_sample_weights)`` pools them as ``nn.EmbeddingBag`` does:
+    ``input`` 2-D (bags as long, no offsets) or 1-D with ``offsets`` (one per bag, or one
+    more with ``include_last_offset``); modes ``"sum"``, ``"mean"`` and ``"max"``;
+    ``per_sample_weights`` with ``"sum"``; ``padding_idx``'s ids left out of their bags (a
+    bag of them alone pools to zeros, and that row gets no gradient); ``scale_grad_by_freq``
+    scales a row's gradient by the inverse of its count in the batch. ``max_norm`` is
+    refused: PyTorch renormalizes the looked-up rows of the table in place, and this table
+    lives on the ps. ``sparse``, ``device`` are accepted: the gradient is always the rows
+    looked up, and pooling runs on this process's CPU."""
 
     def __init__(
         self,
@@ -244,26 +266,54 @@ class EmbeddingBag(torch.nn.Module):
         mode: str = "mean",
         initializer: Initializer | None = None,
         name: str = "embedding_bag",
+        *,
+        max_norm: float | None = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        sparse: bool = False,
+        include_last_offset: bool = False,
+        padding_idx: int | None = None,
+        device: Any = None,
+        dtype: Any = None,
     ) -> None:
         super().__init__()
-        if mode not in _MODES:
-            raise InvalidArgumentError(f"EmbeddingBag mode must be 'sum' or 'mean', got {mode!r}")
+        if mode not in _MODES + ("max",):
+            raise InvalidArgumentError(f"EmbeddingBag mode must be 'sum', 'mean' or 'max', got {mode!r}")
+        if max_norm is not None:
+            raise InvalidArgumentError(
+                "EmbeddingBag: max_norm is not supported (PyTorch renormalizes the table's rows in "
+                "place; this table lives on the ps): clip the rows in the model instead"
+            )
+        if scale_grad_by_freq and mode == "max":
+            raise InvalidArgumentError("EmbeddingBag: scale_grad_by_freq does not go with mode 'max'")
         self.mode = mode
         self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
+        if padding_idx is not None:
+            padding_idx = int(padding_idx)
+            if not -self.num_embeddings <= padding_idx < self.num_embeddings:
+                raise InvalidArgumentError(
+                    f"EmbeddingBag: padding_idx must be within num_embeddings ({self.num_embeddings}), "
+                    f"got {padding_idx}"
+                )
+            padding_idx %= self.num_embeddings
+        self.padding_idx = padding_idx
+        self.include_last_offset = bool(include_last_offset)
+        self.scale_grad_by_freq = bool(scale_grad_by_freq)
+        self.sparse = bool(sparse)
+        table_dtype = np.float32 if dtype is None else _numpy_dtype(dtype)
         self.table = Variable(
             initializer or RandomUniform(-0.05, 0.05),
             shape=(num_embeddings, embedding_dim),
-            dtype=np.float32,
+            dtype=table_dtype,
             name=name,
         )
-        self._key: tuple[Any, ...] | None = None
         self._inverse: np.ndarray | None = None
         self._unique: np.ndarray | None = None
         self._jagged: JaggedTensor | None = None
+        self._padding_row: int | None = None
         self.rows: torch.Tensor | None = None
 
-    @staticmethod
-    def _jagged_of(input: Any, offsets: Any, per_sample_weights: Any) -> JaggedTensor:  # noqa: A002
+    def _jagged_of(self, input: Any, offsets: Any, per_sample_weights: Any) -> JaggedTensor:  # noqa: A002
         ids = input.numpy() if isinstance(input, torch.Tensor) else np.asarray(input)
         w = (
             None
@@ -278,16 +328,40 @@ class EmbeddingBag(torch.nn.Module):
             if offsets is not None:
                 raise InvalidArgumentError("EmbeddingBag: a 2-D input takes no offsets")
             return JaggedTensor.from_dense(ids, w)
+        if ids.ndim != 1:
+            raise InvalidArgumentError(f"EmbeddingBag: input must be 1-D or 2-D, got shape {ids.shape}")
         if offsets is None:
             raise InvalidArgumentError("EmbeddingBag: a 1-D input needs offsets")
-        o = offsets.numpy() if isinstance(offsets, torch.Tensor) else np.asarray(offsets)
-        return JaggedTensor(ids, offsets=np.r_[o, ids.size], weights=None if w is None else w.reshape(-1))
+        o = (offsets.numpy() if isinstance(offsets, torch.Tensor) else np.asarray(offsets)).reshape(-1)
+        if self.include_last_offset:
+            if o.size == 0 or int(o[-1]) != ids.size:
+                raise InvalidArgumentError(
+                    f"EmbeddingBag(include_last_offset=True): the last offset must be the input's "
+                    f"length {ids.size}, got {o[-1] if o.size else 'no offsets'}"
+                )
+            full = o
+        else:
+            full = np.r_[o, ids.size]
+        return JaggedTensor(ids, offsets=full, weights=None if w is None else w.reshape(-1))
 
     async def fetch(self, input: Any, offsets: Any = None, per_sample_weights: Any = None) -> None:  # noqa: A002
-        """Gather the rows of the bags' ids (deduplicated) from the table's shards."""
+        """Gather the rows of the bags' ids (deduplicated; ``padding_idx`` never read) from
+        the table's shards."""
         jagged = self._jagged_of(input, offsets, per_sample_weights)
-        unique, inverse = distinct(jagged.values, sorted=True)
-        rows = await embedding_lookup(self.table, unique)
+        values = jagged.values
+        padded = None if self.padding_idx is None else values == self.padding_idx
+        if padded is not None and padded.any():
+            unique, kept_inverse = distinct(values[~padded], sorted=True)
+            inverse = np.empty(values.size, np.int64)
+            inverse[~padded] = kept_inverse
+            inverse[padded] = unique.size  # a zero row after the fetched ones
+            rows = np.asarray(await embedding_lookup(self.table, unique))
+            rows = np.concatenate([rows, np.zeros((1, rows.shape[1]), rows.dtype)])
+            self._padding_row = int(unique.size)
+        else:
+            unique, inverse = distinct(values, sorted=True)
+            rows = np.asarray(await embedding_lookup(self.table, unique))
+            self._padding_row = None
         self._jagged, self._unique, self._inverse = jagged, unique, inverse
         self.rows = torch.from_numpy(_writable(rows)).requires_grad_(True)
 
@@ -313,15 +387,35 @@ class EmbeddingBag(torch.nn.Module):
             torch.from_numpy(np.ascontiguousarray(self._inverse, np.int64)),
             self.rows,
             torch.from_numpy(np.ascontiguousarray(jagged.offsets[:-1], np.int64)),
+            scale_grad_by_freq=self.scale_grad_by_freq,
             mode=self.mode,
-            per_sample_weights=None if weights is None else weights.reshape(-1),
+            per_sample_weights=None if weights is None else weights.reshape(-1).to(self.rows.dtype),
+            padding_idx=self._padding_row,
         )
 
     def gradient(self) -> tuple[IndexedSlices, Any] | None:
-        """The gradient of the fetched rows, as sparse rows of the table (None before backward)."""
+        """The gradient of the fetched rows, as sparse rows of the table (None before
+        backward; ``padding_idx``'s row is never among them)."""
         if self.rows is None or self.rows.grad is None or self._unique is None:
             return None
-        return IndexedSlices(self.rows.grad.numpy(), self._unique), self.table
+        grad = self.rows.grad.numpy()
+        if self._padding_row is not None:
+            grad = grad[: self._padding_row]
+        return IndexedSlices(grad, self._unique), self.table
+
+    def extra_repr(self) -> str:
+        extra = f", padding_idx={self.padding_idx}" if self.padding_idx is not None else ""
+        return f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}{extra}"
+
+
+def _numpy_dtype(dtype: Any) -> np.dtype:
+    """A table's dtype from a torch or numpy one."""
+    if isinstance(dtype, torch.dtype):
+        dtype = torch.empty(0, dtype=dtype).numpy().dtype
+    out = np.dtype(dtype)
+    if out.kind != "f":
+        raise InvalidArgumentError(f"EmbeddingBag: dtype must be a float type, got {dtype}")
+    return out
 
 
 def table_configs(tables: Sequence[Any]) -> list[TableConfig]:

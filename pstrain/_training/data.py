@@ -114,9 +114,18 @@ def _leaves_len(structure: Any) -> int:
     return lengths.pop()
 
 
+#: Turn a component of a type defined above this layer into one that slices by rows (a
+#: SparseTensor or RaggedTensor, pstrain's or TF's, into a ``JaggedTensor``), or return None.
+COMPONENT_CONVERTERS: list[Callable[[Any], Any]] = []
+
+
 def _to_arrays(structure: Any) -> Any:
     if _jagged(structure):
         return structure
+    for convert in COMPONENT_CONVERTERS:
+        converted = convert(structure)
+        if converted is not None:
+            return converted
     if isinstance(structure, dict):
         return {k: _to_arrays(v) for k, v in structure.items()}
     if isinstance(structure, tuple):
@@ -191,7 +200,8 @@ class Dataset:
         :class:`~pstrain.JaggedTensor` or :class:`~pstrain.KeyedJaggedTensor` component has
         a bag (of ids, per feature) per row; an element holds it as a batch of one, and
         ``batch`` joins the bags (variable-length features batch, shuffle and shard as the
-        arrays beside them)."""
+        arrays beside them). A 2-D ``SparseTensor`` or a ``RaggedTensor`` (pstrain's or
+        TF's) is sliced as the :class:`~pstrain.JaggedTensor` of its rows."""
         source = _to_arrays(tensors)
         n = _leaves_len(source)
         return Dataset._slices(source, row_indices.rows(n))

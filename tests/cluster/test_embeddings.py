@@ -5,6 +5,8 @@ The expected values of TF's rules were read off TensorFlow 2.21 on the same inpu
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -148,6 +150,19 @@ def test_datasets_batch_shuffle_and_shard_variable_length_features():
     assert [b.to_lists() for b in shard] == [[[1], [4], [7]]]
     mapped = pstrain.data.Dataset.from_tensor_slices(bags).map(lambda b: b).batch(3)
     assert next(iter(mapped)).to_lists() == [[], [1], [2, 2]]
+
+
+def test_a_dataset_slices_sparse_and_ragged_features_as_tf_users_build_them():
+    """A SparseTensor (TF's feature-column input) or a RaggedTensor-like component slices
+    by rows, as ``tf.data`` slices them, and batches as a JaggedTensor beside its labels."""
+    sparse = SparseTensor([[0, 0], [0, 1], [2, 0], [3, 0], [3, 1], [3, 2]], [5, 6, 7, 8, 9, 4], [4, 3])
+    ragged = SimpleNamespace(values=np.array([5, 6, 7, 8, 9, 4]), row_splits=np.array([0, 2, 2, 3, 6]))
+    for features in (sparse, ragged):
+        ds = pstrain.data.Dataset.from_tensor_slices((features, np.arange(4))).shard(2, 1).batch(2)
+        [(bags, labels)] = list(ds)
+        assert bags.to_lists() == [[], [8, 9, 4]] and labels.tolist() == [1, 3]
+    with pytest.raises(InvalidArgumentError, match="must be 2-D"):
+        pstrain.data.Dataset.from_tensor_slices(SparseTensor([[0, 0, 0]], [1], [1, 1, 1]))
 
 
 def reference_step(tables, features, configs, d_pooled, lr=0.1, acc0=0.1):

@@ -51,6 +51,62 @@ async def test_an_embedding_bag_matches_torchs_outputs_and_gradients(ps_pair, mo
         bag(ids[:3], torch.tensor([0, 1]))
 
 
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"mode": "max"},
+        {"mode": "sum", "padding_idx": 3},
+        {"mode": "mean", "padding_idx": -27},  # 3, counted from the end as PyTorch does
+        {"mode": "max", "padding_idx": 3},
+        {"mode": "sum", "include_last_offset": True},
+        {"mode": "mean", "scale_grad_by_freq": True},
+    ],
+)
+async def test_an_embedding_bag_takes_nn_embedding_bags_options(ps_pair, kwargs):
+    """``max``, ``padding_idx``, ``include_last_offset`` and ``scale_grad_by_freq`` pool and
+    differentiate as ``nn.EmbeddingBag`` with the same options; the padding row is never
+    read nor updated."""
+    async with sharded_strategy(ps_pair).scope():
+        bag = ptorch.EmbeddingBag(30, 4, name="bag", **kwargs)
+    weight = torch.tensor(await bag.table.numpy())
+    ref = torch.nn.EmbeddingBag(30, 4, _weight=weight.clone(), **kwargs)
+    ids = torch.tensor([3, 3, 29, 0, 7, 3, 15, 3], dtype=torch.int64)
+    offsets = torch.tensor([0, 3, 3, 4, 7], dtype=torch.int64)  # an empty bag; the last holds only 3
+    if kwargs.get("include_last_offset"):
+        offsets = torch.cat([offsets, torch.tensor([ids.numel()])])
+    d_out = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
+    want = ref(ids, offsets)
+    (want * d_out).sum().backward()
+    await bag.fetch(ids, offsets)
+    got = bag(ids, offsets)
+    (got * d_out).sum().backward()
+    torch.testing.assert_close(got, want)
+    grad, _ = bag.gradient()
+    padded = "padding_idx" in kwargs
+    assert grad.indices.tolist() == ([0, 7, 15, 29] if padded else [0, 3, 7, 15, 29])
+    dense = torch.zeros(30, 4)
+    dense[torch.from_numpy(grad.indices)] = torch.from_numpy(grad.values)
+    torch.testing.assert_close(dense, ref.weight.grad)
+
+
+async def test_a_collection_without_is_weighted_ignores_the_batchs_weights(ps_server):
+    """TorchRec: an unweighted EmbeddingBagCollection pools every id with weight 1 even when
+    its KeyedJaggedTensor carries weights."""
+    async with strategy_for(ps_server).scope():
+        ebc = ptorch.EmbeddingBagCollection(
+            [ptorch.EmbeddingBagConfig(num_embeddings=50, embedding_dim=4, name="t", feature_names=["a"])]
+        )
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        ["a"], np.array([1, 2, 3]), np.array([2, 1]), weights=np.array([2.0, 3.0, 4.0], np.float32)
+    )
+    assert kjt.length_per_key() == [3] and kjt.offset_per_key() == [0, 3]
+    table = await ebc.collection.tables["t"].numpy()
+    await ebc.pull(kjt)
+    pooled = ebc(kjt)
+    np.testing.assert_allclose(pooled.values().detach().numpy(), [table[1] + table[2], table[3]], rtol=1e-6)
+    assert pooled.offset_per_key() == [0, 4] and pooled.key_dim() == 1
+
+
 async def test_an_embedding_bag_collection_trains_as_torch_does(ps_pair):
     """TorchRec's configs map one to one; a step matches nn.EmbeddingBag + SGD in PyTorch."""
     configs = [
@@ -124,7 +180,11 @@ async def test_bags_refuse_what_torch_refuses(ps_server):
     with pytest.raises(InvalidArgumentError, match="only with mode 'sum'"):
         bag(ids, offsets, w)
     with pytest.raises(InvalidArgumentError, match="mode must be"):
-        ptorch.EmbeddingBag(5, 2, mode="max")
+        ptorch.EmbeddingBag(5, 2, mode="median")
+    with pytest.raises(InvalidArgumentError, match="max_norm"):
+        ptorch.EmbeddingBag(5, 2, max_norm=1.0)
+    with pytest.raises(InvalidArgumentError, match="padding_idx must be within"):
+        ptorch.EmbeddingBag(5, 2, padding_idx=5)
     assert JaggedTensor.from_dense(np.array([[1, 2]])).to_lists() == [[1, 2]]
 
 
