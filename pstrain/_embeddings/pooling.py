@@ -26,7 +26,7 @@ from .._base.errors import InvalidArgumentError
 from .._kernels import FLOAT_DTYPES, KERNELS, reference
 from .._kernels.batches import distinct
 from .._variables.arrays import IndexedSlices
-from .._variables.sharding import embedding_lookup
+from .._variables.sharding import clip_by_norm, embedding_lookup
 from .jagged import JaggedTensor, SparseTensor, as_jagged, as_numpy
 
 __all__ = ["COMBINERS", "Bags", "embedding_lookup_sparse", "safe_embedding_lookup_sparse"]
@@ -167,10 +167,13 @@ async def embedding_lookup_sparse(
     sp_weights: Any = None,
     combiner: str | None = None,
     max_norm: float | None = None,
+    name: str | None = None,
+    allow_fast_lookup: bool = False,
     *,
     training: bool = True,
 ) -> np.ndarray:
-    """TF's ``tf.nn.embedding_lookup_sparse``: each row of ``sp_ids`` (a SparseTensor, a
+    """TF's ``tf.nn.embedding_lookup_sparse`` (``name`` and ``allow_fast_lookup`` are TF's,
+    accepted and unused): each row of ``sp_ids`` (a SparseTensor, a
     RaggedTensor, a :class:`~pstrain.JaggedTensor` ...) is a bag of ids into ``params`` (a
     variable, a sharded one or a dynamic table), combined with ``sp_weights`` (the same
     kind, or None: all 1) by ``combiner``. As TF, the result has a row per bag up to the
@@ -202,10 +205,13 @@ async def safe_embedding_lookup_sparse(
     combiner: str = "mean",
     default_id: int | None = None,
     max_norm: float | None = None,
+    name: str | None = None,
+    allow_fast_lookup: bool = False,
     *,
     training: bool = True,
 ) -> np.ndarray:
-    """TF's ``tf.nn.safe_embedding_lookup_sparse``: as :func:`embedding_lookup_sparse`, but
+    """TF's ``tf.nn.safe_embedding_lookup_sparse`` (``name`` and ``allow_fast_lookup`` as
+    in :func:`embedding_lookup_sparse`): as :func:`embedding_lookup_sparse`, but
     ids below 0 are dropped (and, unless ``combiner`` is ``"sum"``, ids whose weight is 0
     or less), a bag left empty gives ``default_id``'s row (None: zeros), and the result
     has a row per example: ``dense_shape[:-1] + (dim,)`` for a SparseTensor of any rank.
@@ -250,11 +256,7 @@ def _dtype_of(params: Any) -> np.dtype:
 
 
 def _clipped(rows: np.ndarray, max_norm: float | None) -> np.ndarray:
-    if max_norm is None:
-        return rows
-    norms = np.sqrt(np.einsum("ij,ij->i", rows, rows))
-    factor = np.where(norms > max_norm, max_norm / np.where(norms > 0, norms, 1), 1).astype(rows.dtype)
-    return rows * factor[:, None]
+    return rows if max_norm is None else clip_by_norm(rows, max_norm)
 
 
 def _flattened(sp: Any, shape: tuple[int, ...]) -> SparseTensor:

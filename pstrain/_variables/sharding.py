@@ -253,8 +253,12 @@ def _as_parts(params: Any) -> tuple[list[Variable], np.ndarray, str]:
     )
 
 
-async def embedding_lookup(params: Any, ids: Any, *, training: bool = True) -> np.ndarray:
-    """Rows ``ids`` of ``params``: shape ``ids.shape + params.shape[1:]``.
+async def embedding_lookup(
+    params: Any, ids: Any, max_norm: float | None = None, name: str | None = None, *, training: bool = True
+) -> np.ndarray:
+    """Rows ``ids`` of ``params``: shape ``ids.shape + params.shape[1:]`` (TF's
+    ``tf.nn.embedding_lookup``; ``max_norm``: rows whose L2 norm is larger come back scaled
+    down to it; ``name`` is TF's and unused).
 
     Ids are deduplicated first; each ps holding a needed part gets one request
     (all concurrently) carrying only the rows it must send. ``training=False``
@@ -265,6 +269,21 @@ async def embedding_lookup(params: Any, ids: Any, *, training: bool = True) -> n
     >>> asyncio.run(embedding_lookup(table, [[2, 0]])).tolist()
     [[[4.0, 5.0], [0.0, 1.0]]]
     """
+    rows = await _rows_of(params, ids, training)
+    return rows if max_norm is None else clip_by_norm(rows, max_norm)
+
+
+def clip_by_norm(rows: np.ndarray, max_norm: float) -> np.ndarray:
+    """``rows`` (the last axis a row) with each row whose L2 norm exceeds ``max_norm``
+    scaled down to it, as TF's lookups clip."""
+    if not max_norm > 0:
+        raise InvalidArgumentError(f"max_norm must be a positive number, got {max_norm!r}")
+    norms = np.sqrt(np.einsum("...i,...i->...", rows, rows))
+    factor = np.where(norms > max_norm, max_norm / np.where(norms > 0, norms, 1), 1)
+    return rows * factor[..., None].astype(rows.dtype)
+
+
+async def _rows_of(params: Any, ids: Any, training: bool) -> np.ndarray:
     if getattr(params, "dynamic_table", False):  # a DynamicEmbedding: rows by raw id
         rows: np.ndarray = await params.lookup(ids, training=training)
         return rows

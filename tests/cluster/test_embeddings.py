@@ -74,6 +74,14 @@ async def test_tf_lookups_follow_tfs_rules_on_a_sharded_table(ps_pair):
         await embedding_lookup_sparse(params, SparseTensor([[0, 0]], [4], [1, 1]), None, "sum")
     with pytest.raises(InvalidArgumentError, match="same indices"):
         await embedding_lookup_sparse(params, SP, SparseTensor([[0, 0]], [1.0], [4, 2]))
+    # TF's keyword arguments as TF code passes them; max_norm clips each looked-up row
+    clipped = await pstrain.nn.embedding_lookup(params, [[1, 0]], max_norm=2.5, name="lookup")
+    np.testing.assert_allclose(clipped, [[[1.5, 2.0], [1.0, 2.0]]], rtol=1e-6)  # |(3, 4)| = 5
+    got = await embedding_lookup_sparse(params, SP, None, "sum", 2.5, name="f1", allow_fast_lookup=True)
+    last = 2.5 * np.array([7.0, 8.0]) / np.hypot(7, 8)
+    np.testing.assert_allclose(got, [[2.5, 4.0], [0, 0], last], rtol=1e-6)
+    with pytest.raises(InvalidArgumentError, match="max_norm must be a positive"):
+        await pstrain.nn.embedding_lookup(params, [0], max_norm=0.0)
 
 
 async def test_the_safe_lookup_prunes_fills_and_keeps_the_batch_shape(ps_server):
