@@ -162,9 +162,10 @@ class EmbeddingBagCollection(torch.nn.Module):
         name: str = "embedding_bags",
     ) -> None:
         super().__init__()
-        #: TorchRec's flag: batches carry per-id weights. ``device`` is accepted and unused
-        #: (the tables live on the ps; pooling runs on the CPU of the worker).
-        self.is_weighted = bool(is_weighted)
+        # TorchRec's flag: batches carry per-id weights. ``device`` is accepted and unused
+        # (the tables live on the ps; pooling runs on the CPU of the worker).
+        self._is_weighted = bool(is_weighted)
+        self._configs = list(tables)
         configs = table_configs(tables)
         for c in configs:
             if c.combiner not in _MODES:
@@ -180,6 +181,14 @@ class EmbeddingBagCollection(torch.nn.Module):
     @property
     def plan(self) -> Any:
         return self.collection.plan
+
+    def is_weighted(self) -> bool:
+        """TorchRec's: whether the batches' per-id weights count."""
+        return self._is_weighted
+
+    def embedding_bag_configs(self) -> list[Any]:
+        """The table configs as given (TorchRec's ``EmbeddingBagConfig``\\ s, or ``TableConfig``\\ s)."""
+        return list(self._configs)
 
     async def pull(
         self,
@@ -206,7 +215,7 @@ class EmbeddingBagCollection(torch.nn.Module):
             if isinstance(features, KeyedJaggedTensor)
             else {str(k): as_jagged(v) for k, v in features.items()}
         )
-        if self.is_weighted and any(j.weights is None for j in given.values()):
+        if self._is_weighted and any(j.weights is None for j in given.values()):
             raise InvalidArgumentError(
                 "EmbeddingBagCollection(is_weighted=True): the batch has features without weights"
             )
@@ -224,7 +233,7 @@ class EmbeddingBagCollection(torch.nn.Module):
                     bags.inverse,
                     combiner,
                     f"feature {feature!r}",
-                    self.is_weighted,
+                    self._is_weighted,
                 )
         keys = self.collection.feature_names
         return KeyedTensor(

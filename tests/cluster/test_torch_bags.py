@@ -105,6 +105,7 @@ async def test_a_collection_without_is_weighted_ignores_the_batchs_weights(ps_se
     pooled = ebc(kjt)
     np.testing.assert_allclose(pooled.values().detach().numpy(), [table[1] + table[2], table[3]], rtol=1e-6)
     assert pooled.offset_per_key() == [0, 4] and pooled.key_dim() == 1
+    assert not ebc.is_weighted() and ebc.embedding_bag_configs()[0].name == "t"
 
 
 async def test_an_embedding_bag_collection_trains_as_torch_does(ps_pair):
