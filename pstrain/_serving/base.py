@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._base.cluster import listening_socket
+from .._base.cluster import listening_socket, local_listener, local_socket_name
 from .._base.errors import PstrainError
 from .._base.exports import expose
 from .._formats.messages.operations import Shutdown
@@ -61,6 +61,7 @@ class ServerBase(ServerCore):
                 f"{self.task} was not started with --exit-on-shutdown: it outlives the jobs that use it",
             )
         self._server: asyncio.AbstractServer | None = None
+        self._local_server: asyncio.AbstractServer | None = None  # same-host clients
         self._http: HttpAdapter | None = None
         self._closed: asyncio.Event | None = None
 
@@ -86,6 +87,7 @@ class ServerBase(ServerCore):
             lambda: Sniffer(self, self.preauth, http_factory), sock=sock, ssl=self.ssl_context
         )
         host, port = sock.getsockname()[:2]
+        await self._listen_locally(loop, host, port, lambda: Sniffer(self, self.preauth, http_factory))
         self.port = port
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.status = Status.RUNNING
@@ -98,6 +100,23 @@ class ServerBase(ServerCore):
                 self.task,
             )
         return self.address
+
+    async def _listen_locally(
+        self, loop: asyncio.AbstractEventLoop, host: str, port: int, factory: Callable[[], Sniffer]
+    ) -> None:
+        """On loopback without TLS, listen on the address's local socket too
+        (:func:`~pstrain._base.cluster.local_socket_name`): the same connections, sniffed
+        and authenticated alike, one copy cheaper per byte."""
+        name = None if self.ssl_context is not None else local_socket_name(host, port)
+        if name is None:
+            return
+        sock = local_listener(name)
+        if sock is None:
+            logger.warning(
+                "%s: the local socket of %s:%d is taken; clients on this host use TCP", self.task, host, port
+            )
+            return
+        self._local_server = await loop.create_unix_server(factory, sock=sock)
 
     async def join(self) -> None:
         """Wait until the server has stopped."""
@@ -118,6 +137,8 @@ class ServerBase(ServerCore):
         self.status = Status.CLOSING
         await self.before_stop()
         self._server.close()
+        if self._local_server is not None:
+            self._local_server.close()
         self.preauth.close()
         for transport in list(self.connections):
             transport.close()
@@ -125,6 +146,8 @@ class ServerBase(ServerCore):
         if self._http is not None:
             await self._http.stop()
         await self._server.wait_closed()
+        if self._local_server is not None:
+            await self._local_server.wait_closed()
         await self.on_stop()
         self.status = Status.CLOSED
         assert self._closed is not None

@@ -25,7 +25,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._base.auth import normalize_token
-from .._base.cluster import ClusterSpec, parse_address, task_name, tune_connection
+from .._base.cluster import (
+    ClusterSpec,
+    local_connection,
+    local_socket_name,
+    parse_address,
+    task_name,
+    tune_connection,
+)
 from .._base.errors import (
     AuthenticationError,
     DeadlineExceededError,
@@ -113,19 +120,27 @@ class Channel:
         if self._proto is proto:
             self._proto = None
 
+    async def _dial(self, loop: asyncio.AbstractEventLoop) -> ClientProtocol:
+        """A connection to the task: its local socket if it is on this host and listens on
+        one (:func:`~pstrain._base.cluster.local_socket_name`), else TCP (with TLS if set)."""
+        name = None if self.ssl_context is not None else local_socket_name(self.host, self.port)
+        sock = None if name is None else local_connection(name)
+        if sock is not None:
+            _, proto = await loop.create_unix_connection(lambda: ClientProtocol(self), sock=sock)
+            return proto
+        _, proto = await loop.create_connection(
+            lambda: ClientProtocol(self),
+            self.host,
+            self.port,
+            ssl=self.ssl_context,
+            server_hostname=self.host if self.ssl_context else None,
+        )
+        return proto
+
     async def _connect(self) -> ClientProtocol:
         loop = asyncio.get_running_loop()
         try:
-            _, proto = await asyncio.wait_for(
-                loop.create_connection(
-                    lambda: ClientProtocol(self),
-                    self.host,
-                    self.port,
-                    ssl=self.ssl_context,
-                    server_hostname=self.host if self.ssl_context else None,
-                ),
-                self.connect_timeout,
-            )
+            proto = await asyncio.wait_for(self._dial(loop), self.connect_timeout)
         except TimeoutError as exc:
             raise UnavailableError(
                 f"{self.task} at {self.address} did not accept a connection within "

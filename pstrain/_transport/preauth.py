@@ -138,4 +138,6 @@ class PreAuth:
 
 def _host(transport: asyncio.BaseTransport) -> str:
     peer = transport.get_extra_info("peername")
-    return str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+    if isinstance(peer, tuple) and peer:
+        return str(peer[0])
+    return "local" if isinstance(peer, (str, bytes)) else "?"  # a Unix socket: this host
