@@ -117,12 +117,31 @@ def save(split: Any, directory: Path) -> None:
         np.save(directory / f"{name}.npy", a)
 
 
-def load(directory: Path) -> tuple[KeyedJaggedTensor, np.ndarray, np.ndarray]:
+#: Features 1..13 hold one id per example; 14..26 hold bags.
+SINGLE, MULTI = FEATURES[:13], FEATURES[13:]
+
+
+def load(directory: Path) -> tuple[np.ndarray, KeyedJaggedTensor, np.ndarray, np.ndarray]:
     """A saved split, read into memory (batches gather from it at random: from a memory
-    map, each gather pays the mapping's page faults): (features, dense, labels)."""
+    map, each gather pays the mapping's page faults): (single-hot ids, multi-hot
+    features, dense, labels). The 13 single-hot features are one ``(n, 13)`` array, an
+    example's ids side by side, as TF's anchor keeps them: a batch gathers one row per
+    example instead of one number from each of 13 arrays."""
     ids = [np.load(directory / f"ids{f}.npy") for f in range(26)]
     lengths = np.load(directory / "lengths.npy")
-    return (features(ids, lengths), np.load(directory / "dense.npy"), np.load(directory / "labels.npy"))
+    single = np.ascontiguousarray(np.stack(ids[:13], axis=1))
+    multi = KeyedJaggedTensor.from_jt_dict(
+        {name: JaggedTensor(ids[f], lengths[:, f]) for f, name in enumerate(FEATURES) if f >= 13}
+    )
+    return single, multi, np.load(directory / "dense.npy"), np.load(directory / "labels.npy")
+
+
+def batch_features(single: np.ndarray, multi: KeyedJaggedTensor) -> KeyedJaggedTensor:
+    """A batch's 26 features as one KeyedJaggedTensor, in the model's order: the
+    single-hot ones (bags of one) from the columns of ``single``."""
+    jagged = {name: JaggedTensor.from_dense(single[:, f : f + 1]) for f, name in enumerate(SINGLE)}
+    jagged.update(multi.to_dict())
+    return KeyedJaggedTensor.from_jt_dict({name: jagged[name] for name in FEATURES})
 
 
 def initial_mlp() -> list[np.ndarray]:
@@ -209,7 +228,8 @@ def make_step(model: DLRM, optimizer: Any) -> Any:
     collection, mlp = model.embeddings, model.mlp
 
     async def step(iterator: Any) -> dict[str, Any]:
-        batch, dense, labels = next(iterator)
+        single, multi, dense, labels = next(iterator)
+        batch = batch_features(single, multi)
         with pstrain.count_requests() as counts:
             pooled = await collection.lookup(batch, read=mlp)
             loss, _, d_pooled, grads = forward_backward(pooled.concat(), dense, labels, pooled.read)
@@ -276,9 +296,9 @@ async def train(
             # once), shuffled within a window: the examples are drawn independently, and a
             # batch gathered from a window stays in the caches where one gathered from
             # the whole split waits on memory for every bag.
-            batch, dense, labels = load(Path(where))
+            single, multi, dense, labels = load(Path(where))
             return (
-                pstrain.data.Dataset.from_tensor_slices((batch, dense, labels))
+                pstrain.data.Dataset.from_tensor_slices((single, multi, dense, labels))
                 .shard(workers, pstrain.get_current_worker_index())
                 .shuffle(shuffle_buffer)
                 .repeat()
