@@ -228,8 +228,7 @@ def make_step(model: DLRM, optimizer: Any) -> Any:
     collection, mlp = model.embeddings, model.mlp
 
     async def step(iterator: Any) -> dict[str, Any]:
-        single, multi, dense, labels = next(iterator)
-        batch = batch_features(single, multi)
+        batch, dense, labels = next(iterator)
         with pstrain.count_requests() as counts:
             pooled = await collection.lookup(batch, read=mlp)
             loss, _, d_pooled, grads = forward_backward(pooled.concat(), dense, labels, pooled.read)
@@ -303,6 +302,7 @@ async def train(
                 .shuffle(shuffle_buffer)
                 .repeat()
                 .batch(BATCH, drop_remainder=True)
+                .map(lambda single, multi, x, y: (batch_features(single, multi), x, y))
                 .prefetch(2)
             )
 
