@@ -49,3 +49,13 @@ def test_a_framework_model_run_alone_trains_and_says_so(module, says):
         env=env,
     )
     assert says in run.stdout, run.stdout + run.stderr
+
+
+def test_the_w8_example_trains_alone_and_under_launch_with_one_request_per_ps_each_way():
+    """``examples/dlrm.py`` (W8: 26 tables, multi-hot bags) learns in a few steps (its exit
+    code says whether the held-out loss beat the base rate) and sends a read and an update
+    to each of its 2 ps a step, on its own cluster and on one ``pstrain launch`` made."""
+    for launch in (False, True):
+        run = run_example("dlrm.py", "--steps", "40", launch=launch)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "W8: 40 steps" in run.stdout and "4.0 requests" in run.stdout, run.stdout
