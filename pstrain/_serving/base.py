@@ -87,7 +87,14 @@ class ServerBase(ServerCore):
             lambda: Sniffer(self, self.preauth, http_factory), sock=sock, ssl=self.ssl_context
         )
         host, port = sock.getsockname()[:2]
-        await self._listen_locally(loop, host, port, lambda: Sniffer(self, self.preauth, http_factory))
+        try:
+            await self._listen_locally(loop, host, port, lambda: Sniffer(self, self.preauth, http_factory))
+        except PstrainError:  # not started: the port is given back
+            self._server.close()
+            await self._server.wait_closed()
+            await self._http.stop()
+            self._server = self._http = None
+            raise
         self.port = port
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.status = Status.RUNNING
@@ -106,16 +113,19 @@ class ServerBase(ServerCore):
     ) -> None:
         """On loopback without TLS, listen on the address's local socket too
         (:func:`~pstrain._base.cluster.local_socket_name`): the same connections, sniffed
-        and authenticated alike, one copy cheaper per byte."""
+        and authenticated alike, one copy cheaper per byte. A name another process holds
+        fails the start, as a port it holds does: this host's clients would reach that
+        process there (and, without a token, could not tell it from this server)."""
         name = None if self.ssl_context is not None else local_socket_name(host, port)
         if name is None:
             return
         sock = local_listener(name)
-        if sock is None:
-            logger.warning(
-                "%s: the local socket of %s:%d is taken; clients on this host use TCP", self.task, host, port
+        if sock is None:  # as a taken port: clients on this host would reach its holder
+            raise PstrainError(
+                f"{self.task} cannot listen on {host}:{port}: another process holds its local "
+                f"socket ({name[1:]!r} in the abstract namespace). Stop that process, or set "
+                "PSTRAIN_LOCAL_SOCKETS=0 on this server and its clients to use TCP only"
             )
-            return
         self._local_server = await loop.create_unix_server(factory, sock=sock)
 
     async def join(self) -> None:

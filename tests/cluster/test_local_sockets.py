@@ -15,7 +15,8 @@ import pstrain
 from pstrain import rpc
 from pstrain._base.cluster import LOCAL_SOCKETS_ENV, local_listener, local_socket_name
 from pstrain._transport.handshake import MAGIC
-from pstrain.errors import AuthenticationError
+from pstrain.errors import AuthenticationError, PstrainError
+from pstrain.server.ps import ParameterServer
 from pstrain.testing import InProcessCluster, untyped_call
 from tests.helpers import TOKEN, strategy_for, wait_for
 
@@ -75,6 +76,26 @@ async def test_without_local_sockets_both_ends_keep_to_tcp(monkeypatch):
         await untyped_call(ch, "vars/list", {})
         await wait_for(lambda: set(families(ps)) == {socket.AF_INET}, 10, "a TCP connection only")
         await ch.close()
+
+
+async def test_a_server_whose_local_socket_another_process_holds_does_not_start():
+    """As with a taken port: clients on this host would reach the holder of the name."""
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    squatter = local_listener(local_socket_name("127.0.0.1", port))
+    assert squatter is not None
+    try:
+        ps = ParameterServer(0, port=port, token=TOKEN)
+        with pytest.raises(PstrainError, match="another process holds its local socket"):
+            await ps.start()
+        await ps.stop()
+    finally:
+        squatter.close()
+    again = ParameterServer(0, port=port, token=TOKEN)  # the port was given back
+    assert (await again.start()).endswith(f":{port}")
+    await again.stop()
 
 
 def test_a_taken_name_is_not_listened_on_twice_and_only_loopback_has_one():
