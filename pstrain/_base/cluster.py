@@ -100,9 +100,9 @@ def local_socket_name(host: str, port: int) -> str | None:
     >>> local_socket_name("10.0.0.2", 2222) is None
     True
     """
-    if os.environ.get(LOCAL_SOCKETS_ENV, "1") == "0" or not hasattr(socket, "AF_UNIX"):
-        return None
-    if not sys.platform.startswith("linux") or not port or not is_loopback(host):
+    if os.environ.get(LOCAL_SOCKETS_ENV, "1") == "0" or not sys.platform.startswith("linux"):
+        return None  # (abstract names are Linux's)
+    if not port or not is_loopback(host):
         return None
     ip = "127.0.0.1" if host == "localhost" else str(ipaddress.ip_address(host))
     return f"\0pstrain:{ip}:{port}"

@@ -83,12 +83,14 @@ class ServerBase(ServerCore):
         # cap no longer apply (the documented keep-alive and body deadlines do).
         self._http = HttpAdapter(self, authenticated=self.preauth.authenticated)
         http_factory = await self._http.start()
-        self._server = await loop.create_server(
-            lambda: Sniffer(self, self.preauth, http_factory), sock=sock, ssl=self.ssl_context
-        )
+
+        def sniffer() -> Sniffer:
+            return Sniffer(self, self.preauth, http_factory)
+
+        self._server = await loop.create_server(sniffer, sock=sock, ssl=self.ssl_context)
         host, port = sock.getsockname()[:2]
         try:
-            await self._listen_locally(loop, host, port, lambda: Sniffer(self, self.preauth, http_factory))
+            await self._listen_locally(loop, host, port, sniffer)
         except PstrainError:  # not started: the port is given back
             self._server.close()
             await self._server.wait_closed()
