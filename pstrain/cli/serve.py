@@ -215,9 +215,10 @@ def serve_parser(sub: Any) -> None:
         type=bytes_flag,
         default=None,
         metavar="SIZE",
-        help="ps: bytes its dynamic tables' rows, optimizer slots and indexes may take in RAM "
-        "(512MiB, 2GiB ...); rows past it live under --table-dir, and a table that cannot fit is "
-        "refused (ResourceExhaustedError). Needs --table-dir",
+        help="ps: bytes its variables, dynamic tables' rows, optimizer slots and indexes may "
+        "take in RAM (512MiB, 2GiB ...); a dynamic table's rows past it live under --table-dir; a "
+        "table that cannot fit, or a fixed variable (or its optimizer slots) that would pass it, "
+        "is refused (ResourceExhaustedError). Needs --table-dir",
     )
     p.add_argument(
         "--table-dir",

@@ -18,6 +18,7 @@ from pstrain.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     PlacementChangedError,
+    ResourceExhaustedError,
     UnavailableError,
 )
 from pstrain.rpc import Channel
@@ -218,6 +219,28 @@ async def test_a_ps_that_asks_to_join_again_keeps_its_index_and_nothing_changes(
         finally:
             await coordinator.close()
             await extra.stop()
+
+
+async def test_a_variable_a_ps_with_a_budget_cannot_hold_is_not_moved_there(tmp_path):
+    budget = 1 << 20
+    options = {"memory_budget": budget, "table_dir": str(tmp_path / "tier")}
+    async with InProcessCluster(num_ps=2, num_workers=1, ps_options=options) as cluster:
+        strategy, coordinator = _plain(cluster)
+        value = np.full((budget // 96, 16), 2.0, np.float32)  # 2/3 of a budget each
+        async with strategy.scope():
+            with strategy.placement.colocated(0):
+                v = pstrain.Variable(value, name="v")
+            with strategy.placement.colocated(1):
+                w = pstrain.Variable(value, name="w")
+            await w.read_value()
+        version = coordinator.ps.placement.version
+        with pytest.raises(ResourceExhaustedError, match="memory budget"):
+            await coordinator.ps.move(["v"], 1)
+        assert "v" in _held(cluster.ps[0]) and "v" not in _held(cluster.ps[1])
+        assert coordinator.ps.placement.version == version
+        await v.assign_add(np.ones_like(value))
+        np.testing.assert_array_equal(await v.read_value(), value + 1)
+        await coordinator.close()
 
 
 async def test_bad_requests_to_move_are_refused_and_change_nothing():

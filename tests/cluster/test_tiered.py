@@ -184,6 +184,52 @@ async def test_a_batch_that_cannot_fit_the_budget_is_refused_and_changes_nothing
         assert (await table.statistics())["refused"] >= 1
 
 
+async def test_a_fixed_variable_past_the_budget_is_refused_and_the_ps_holds_nothing_of_it(tmp_path):
+    async with _tiered(tmp_path) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():  # 2 MiB on one ps of a 1 MiB budget
+            big = pstrain.Variable(np.zeros((BUDGET // 32, 16), np.float32), name="big")
+        with pytest.raises(ResourceExhaustedError, match="memory budget.*DynamicEmbedding"):
+            await big.read_value()
+        assert all("big" not in ps.store for ps in cluster.ps)
+        with strategy.scope():  # one that fits is made as ever
+            small = pstrain.Variable(np.ones((BUDGET // 256, 16), np.float32), name="small")
+        np.testing.assert_array_equal(await small.read_value(), np.ones((BUDGET // 256, 16)))
+
+
+async def test_a_variable_of_over_half_the_budget_restores_in_place(tmp_path):
+    value = np.arange(BUDGET // 96 * 16, dtype=np.float32).reshape(-1, 16)  # 2/3 of the budget
+    async with _tiered(tmp_path) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            w = pstrain.Variable(value, name="w")
+        path = await pstrain.Checkpoint(w=w).save(str(tmp_path / "c"))
+    async with _tiered(tmp_path) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():  # its initial values give their memory to the values read
+            w = pstrain.Variable(pstrain.initializers.Zeros(), shape=value.shape, dtype="float32", name="w")
+        (await pstrain.Checkpoint(w=w).restore(path)).assert_consumed()
+        np.testing.assert_array_equal(await w.read_value(), value)
+
+
+async def test_optimizer_slots_past_the_budget_are_refused_and_change_nothing(tmp_path):
+    async with _tiered(tmp_path) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        value = np.full((BUDGET // 128, 16), 0.5, np.float32)  # 512 KiB: its Adagrad slot too
+        with strategy.scope():
+            w = pstrain.Variable(value, name="w")
+            opt = pstrain.optimizers.Adagrad(0.1)
+            sgd = pstrain.optimizers.SGD(0.5)  # no slots
+        grad = np.ones_like(value)
+        with pytest.raises(ResourceExhaustedError, match="optimizer slots.*memory budget"):
+            await opt.apply_gradients([(grad, w)])
+        np.testing.assert_array_equal(await w.read_value(), value)
+        held = [ps.store.nbytes for ps in cluster.ps]
+        assert sorted(held)[-1] < BUDGET, held  # no slot was made
+        await sgd.apply_gradients([(grad, w)])
+        np.testing.assert_array_equal(await w.read_value(), value - 0.5)
+
+
 async def test_a_ps_needs_both_a_budget_and_a_directory(tmp_path):
     with pytest.raises(pstrain.errors.InvalidArgumentError, match="both memory_budget and table_dir"):
         async with InProcessCluster(num_ps=1, num_workers=1, ps_options={"memory_budget": BUDGET}):

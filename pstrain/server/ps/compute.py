@@ -4,6 +4,7 @@ is atomic with respect to other updates."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
@@ -72,6 +73,14 @@ def apply_gradients(store: VariableStore, tables: TableHandlers, req: ApplyGradi
                 )
             slots[slot_name] = (full, init, shape)
         plan.append((record, rows, grad, slots))
+    new_slots = {
+        full: math.prod(shape) * record.array.dtype.itemsize
+        for record, _, _, slots in plan
+        for full, _, shape in slots.values()
+        if store.find(full) is None
+    }
+    if new_slots:
+        store.check_budget(sum(new_slots.values()), f"opt/apply: optimizer slots {sorted(new_slots)}")
     table_plan = tables.plan(req.tables or (), req.prefix, specs)
     it_record = store.get(req.iterations) if req.iterations is not None else None
     counters = [store.get(name) for name in (req.iterations, req.mirror) if name is not None]

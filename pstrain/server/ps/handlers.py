@@ -231,6 +231,8 @@ class ParameterServer(ServerBase):
                 lambda req: [(n, i) for n, i, _ in req.tables or ()],
             ),
         )
+        if tiering is not None:  # variables and their slots count against the budget too
+            self.store.budget = (tiering.budget, self.table_handlers.held)
         self.table_handlers.install(self.route)
         # tables and variables: both halves here
         self.route(
@@ -308,6 +310,7 @@ class ParameterServer(ServerBase):
                 f"limit of {self.max_store_bytes} bytes held ({held} held now; pstrain serve "
                 "--max-store-bytes): shard over more ps, or raise the limit"
             )
+        self.store.check_budget(adding, f"vars/create of {', '.join(repr(s.name) for s in req.vars)}")
         for spec in req.vars:
             if spec.name in names:
                 raise AlreadyExistsError(f"variable {spec.name!r} is created twice in one request")

@@ -25,6 +25,7 @@ from ..._base.errors import (
     InvalidArgumentError,
     NotFoundError,
     PlacementChangedError,
+    ResourceExhaustedError,
 )
 from ..._formats.messages.placement_map import PlacementMap
 from ..._formats.numerics.casting import cast_value
@@ -270,6 +271,26 @@ class VariableStore:
         #: Bytes held beside the variables until a step ends: restores staged, not committed
         #: yet (``checkpoints/saves.py``) and copies staged by a move (``moves/handlers.py``).
         self.staged: list[Callable[[], int]] = []
+        #: The ps's ``--memory-budget`` and what it holds in RAM for variables and tables
+        #: (None: no budget): variables created, restored or moved in, and optimizer slots
+        #: made, must fit beside the tables (:meth:`check_budget`).
+        self.budget: tuple[int, Callable[[], int]] | None = None
+
+    def check_budget(self, adding: int, what: str) -> None:
+        """ResourceExhaustedError if ``adding`` bytes more would take this ps past its
+        ``--memory-budget``: a ps with a budget never holds more than it in RAM, so a fixed
+        variable too large for it is refused here rather than by the kernel's OOM killer."""
+        if self.budget is None or adding <= 0:
+            return
+        limit, held = self.budget[0], self.budget[1]()
+        if held + adding > limit:
+            raise ResourceExhaustedError(
+                f"{what}: {adding} bytes more would take {self.task} past its memory budget of "
+                f"{limit} bytes ({held} held now by its variables and tables; pstrain serve "
+                "--memory-budget). A table larger than the budget is a pstrain.DynamicEmbedding, "
+                "whose rows past the budget live on --table-dir; or shard the variable over "
+                "more ps, or raise the budget"
+            )
 
     @property
     def task(self) -> str:

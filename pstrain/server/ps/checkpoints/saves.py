@@ -345,8 +345,8 @@ class CheckpointFiles:
         names = [spec.name for spec, *_ in checked]
         if len(set(names)) != len(names):
             raise InvalidArgumentError("ckpt/restore: a variable is named twice")
+        adding = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype, *_ in checked)
         if self.max_store_bytes is not None:  # read values sit beside the live ones until commit
-            adding = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype, *_ in checked)
             held = self.store.held()
             if held + adding > self.max_store_bytes:
                 raise InvalidArgumentError(
@@ -354,15 +354,21 @@ class CheckpointFiles:
                     f"limit of {self.max_store_bytes} bytes held ({held} held now; pstrain serve "
                     "--max-store-bytes)"
                 )
+        in_place = [  # variables whose values the restore replaces
+            record
+            for spec, shape, dtype, *_ in checked
+            if (record := self.store.find(spec.name)) is not None
+            and (record.shape, record.dtype) == (shape, dtype)
+        ]
+        self.store.check_budget(  # initial values give their memory to the values read
+            adding - sum(r.nbytes for r in in_place if r.initial is not None),
+            f"ckpt/restore of {', '.join(repr(n) for n in names)}",
+        )
 
         if req.stage is not None:  # refused before anything is read or released
             self._room_to_stage()
-        released = []
-        for spec, shape, dtype, *_ in checked:  # initial values the restore replaces: their
-            record = self.store.find(spec.name)  # memory back now, not beside the values read
-            if record is not None and record.shape == shape and record.dtype == dtype:
-                if record.release_initial():
-                    released.append(record)
+        # initial values the restore replaces: their memory back now, not beside the values read
+        released = [record for record in in_place if record.release_initial()]
 
         def build() -> list[tuple[str, np.ndarray, bool, str | None]]:
             return [

@@ -390,6 +390,11 @@ class Moves:
                     f"{self.store.task} cannot take {added} bytes more: it holds "
                     f"{held} of its {self.max_store_bytes} (--max-store-bytes)"
                 )
+            self.store.check_budget(  # (the tables' copies check theirs as they are staged)
+                sum(c.value.nbytes for c in req.vars)
+                - sum(h.nbytes for h in stale.values() if isinstance(h, VariableRecord)),
+                "ps/install",
+            )
             self._take_over(stale, req.owner)
             arriving = self._stage_tables(req.tables)
             self.incoming[req.stage] = list(req.vars)
