@@ -4,6 +4,7 @@ refusals that change nothing."""
 
 from __future__ import annotations
 
+import gc
 import os
 
 import aiohttp
@@ -195,6 +196,22 @@ async def test_a_fixed_variable_past_the_budget_is_refused_and_the_ps_holds_noth
         with strategy.scope():  # one that fits is made as ever
             small = pstrain.Variable(np.ones((BUDGET // 256, 16), np.float32), name="small")
         np.testing.assert_array_equal(await small.read_value(), np.ones((BUDGET // 256, 16)))
+
+
+async def test_a_new_coordinator_takes_over_a_variable_of_over_half_the_budget(tmp_path):
+    value = np.ones((BUDGET // 96, 16), np.float32)  # 2/3 of the budget: twice would not fit
+    async with _tiered(tmp_path) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            w = pstrain.Variable(value, name="w")
+        await w.read_value()
+        del w, strategy
+        gc.collect()  # the coordinator is gone (killed: nothing closed), and another starts
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            w = pstrain.Variable(2 * value, name="w")
+        assert w.key == "w"  # the same name: the dead one's variable is taken over
+        np.testing.assert_array_equal(await w.read_value(), 2 * value)
 
 
 async def test_a_variable_of_over_half_the_budget_restores_in_place(tmp_path):

@@ -310,7 +310,10 @@ class ParameterServer(ServerBase):
                 f"limit of {self.max_store_bytes} bytes held ({held} held now; pstrain serve "
                 "--max-store-bytes): shard over more ps, or raise the limit"
             )
-        self.store.check_budget(adding, f"vars/create of {', '.join(repr(s.name) for s in req.vars)}")
+        self.store.check_budget(  # (a new coordinator's variables replace its predecessor's)
+            adding - sum(self.store.footprint(s.name) for s in req.vars),
+            f"vars/create of {', '.join(repr(s.name) for s in req.vars)}",
+        )
         for spec in req.vars:
             if spec.name in names:
                 raise AlreadyExistsError(f"variable {spec.name!r} is created twice in one request")

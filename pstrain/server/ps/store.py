@@ -321,6 +321,14 @@ class VariableStore:
     def find(self, name: str) -> VariableRecord | None:
         return self._records.get(name)
 
+    def footprint(self, name: str) -> int:
+        """Bytes of variable ``name`` and its optimizer slots here (0 if it is not here)."""
+        record = self._records.get(name)
+        if record is None:
+            return 0
+        slots = (self._records.get(s) for s in self._slots.get(name, ()))
+        return record.nbytes + sum(r.nbytes for r in slots if r is not None)
+
     def taken_over(self, record: VariableRecord) -> VariableRecord | None:
         """The variable ``record`` would replace: one of the same name created by another
         owner (a restarted coordinator takes over). AlreadyExistsError for a true duplicate."""
