@@ -372,7 +372,8 @@ async def test_a_for_loop_over_a_per_worker_iterator_ends_with_the_data_as_in_tf
     """TF: ``for batch in iterator`` inside a closure ends the loop at the end of the data;
     ``next()`` at the end fails the closure with OutOfRangeError (sync and async alike)."""
 
-    coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(cluster.resolver))
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    coordinator = pstrain.ClusterCoordinator(strategy)
     per_worker = coordinator.create_per_worker_dataset(lambda: Dataset.range(5))
 
     async def drain_async(it):
@@ -390,9 +391,21 @@ async def test_a_for_loop_over_a_per_worker_iterator_ends_with_the_data_as_in_tf
         # a worker's first loop takes its five elements, its later loops find the end
         assert all(d in ([], [0, 1, 2, 3, 4]) for d in drained), drained
         assert 1 <= drained.count([0, 1, 2, 3, 4]) <= 2, drained
+
+    async def drain_both(it, finished):
+        # each worker drains its own iterator: this closure ends once the other worker's has
+        # too, so (one closure at a time per worker) the two run on different workers
+        out = [int(x) for x in it]
+        await finished.assign_add(1)
+        while int(await finished.read_value()) < 2:  # each read is a round trip to the ps
+            pass
+        return out
+
+    with strategy.scope():
+        finished = pstrain.Variable(0, dtype="int64", name="finished")
     it = iter(per_worker)
-    for _ in range(4):
-        coordinator.schedule(drain_sync, args=(it,))
+    both = [coordinator.schedule(drain_both, args=(it, finished)) for _ in range(2)]
+    assert sorted([await rv for rv in both]) == [[0, 1, 2, 3, 4]] * 2
     coordinator.schedule(one_more, args=(it,))
     with pytest.raises(pstrain.errors.OutOfRangeError, match="End of sequence"):
         await coordinator.join()
