@@ -30,7 +30,6 @@ from types import ModuleType
 
 import numpy as np
 
-from ...._formats.numerics.idhash import mix64
 from ...._kernels import KERNELS
 
 __all__ = ["CompactIdIndex", "IdIndex", "PartitionedIndex"]
@@ -341,7 +340,8 @@ class PartitionedIndex:
 
     def _split(self, ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """(part, positions in ``ids``) for each part some of ``ids`` fall in."""
-        which = (mix64(ids.view(np.uint64)) & np.uint64(self.PARTS - 1)).astype(np.intp)
+        # mix64(id) % PARTS in one compiled pass; as bytes, numpy's stable sort is a radix sort
+        which = self.kernels.shard_ids(ids, self.PARTS, 0).astype(np.uint8)
         order = np.argsort(which, kind="stable")
         bounds = np.searchsorted(which[order], np.arange(self.PARTS + 1))
         return [(k, order[bounds[k] : bounds[k + 1]]) for k in range(self.PARTS) if bounds[k + 1] > bounds[k]]
