@@ -74,7 +74,7 @@ def apply_gradients(store: VariableStore, tables: TableHandlers, req: ApplyGradi
             slots[slot_name] = (full, init, shape)
         plan.append((record, rows, grad, slots))
     new_slots = {
-        full: math.prod(shape) * record.array.dtype.itemsize
+        full: math.prod(shape) * record.dtype.itemsize
         for record, _, _, slots in plan
         for full, _, shape in slots.values()
         if store.find(full) is None
