@@ -36,6 +36,7 @@ from .._base.exports import expose
 from .._formats.messages.operations import LookupTables, RowRead, SparseRead
 from .._kernels.batches import take_rows
 from .._training.module import Module
+from .._training.step_order import read_in_order
 from .._variables.arrays import IndexedSlices, current_creator
 from .._variables.batched import ensure_created
 from .._variables.dynamic import DynamicEmbedding, TableLookups
@@ -206,6 +207,8 @@ class EmbeddingCollection(Module):
             for name, (u, _) in per_table.items()
         }
         values: list[Any] = [None] * len(dense)
+        if training:  # after this worker's previous step's update (step_order.py)
+            await read_in_order()
         await self._gather(per_table, rows, dense, values, training)
         return GatheredRows(batch, rows, per_table, values, feats)
 

@@ -47,6 +47,7 @@ from .._variables.placement import Placement
 from .._variables.routing import routed
 from .._variables.sharding import ShardedVariable, compact_ids
 from .._variables.variables import Variable
+from .step_order import updated
 
 if TYPE_CHECKING:
     from .._transport.channels import Channel
@@ -182,6 +183,15 @@ class Optimizer:
                     return mirror.channel()
                 return where[0].channel(where[1]) if kind == "table" else it_var.channel()
 
+            # the worker's next step may read once every request is written: the ps reads
+            # a connection's requests in order (step_order.py)
+            to_send = [len({channel_of(item) for item in items})]
+
+            def sent() -> None:
+                to_send[0] -= 1
+                if to_send[0] == 0:
+                    updated()
+
             async def send(channel: Channel, group: list[tuple[str, Any, Any]]) -> int:
                 counts = any(kind == "count" for kind, _, _ in group)
                 tables = [entry for kind, _, entry in group if kind == "table"]
@@ -197,11 +207,15 @@ class Optimizer:
                         t=t,
                         tables=tables or None,
                         mirror=mirror.key if mirrored and mirror is not None else None,
-                    )
+                    ),
+                    on_sent=sent,
                 )
                 return int(reply.t) if counts else -1
 
-            results = await routed(pool, items, channel_of, send, _resplit)
+            try:
+                results = await routed(pool, items, channel_of, send, _resplit)
+            finally:
+                updated()  # this worker's next step may read (step_order.py)
         return t if t is not None else max(results)
 
 

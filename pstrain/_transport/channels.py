@@ -237,13 +237,15 @@ class Channel:
         *,
         timeout: float | None = None,
         on_partial: Callable[[R], None] | None = None,
+        on_sent: Callable[[], None] | None = None,
     ) -> R:
         """Send ``message`` (an operation of ``pstrain._formats.messages.operations``) and return its
         reply as the operation's declared reply class (a ProtocolError if it is not one).
 
         An operation carries its sender here
         (:func:`~pstrain._formats.messages.records.sender_fields`). ``on_partial(reply)`` is called
-        for each partial reply of a streaming operation.
+        for each partial reply of a streaming operation; ``on_sent()`` once its frame is
+        written (what this connection carries next, the server reads after it).
         """
         cls = type(message)
         for field, value in sender_fields(cls, self.task, self.session.owner).items():
@@ -258,7 +260,7 @@ class Channel:
                     convert_reply(op, cls.reply, wire.decode_body(body, allow_pickle=cls.pickle), self.task)
                 )
 
-        kind, body = await self.call_raw(op, chunks, timeout=timeout, on_partial=partial)
+        kind, body = await self.call_raw(op, chunks, timeout=timeout, on_partial=partial, on_sent=on_sent)
         payload = self.decode_reply(kind, body, pickle=cls.pickle)
         return convert_reply(op, cls.reply, payload, self.task)
 
@@ -287,6 +289,7 @@ class Channel:
         *,
         timeout: float | None = None,
         on_partial: Callable[[memoryview], None] | None = None,
+        on_sent: Callable[[], None] | None = None,
     ) -> tuple[FrameKind, memoryview]:
         proto = self._proto
         if proto is None:  # a call's deadline covers connecting too
@@ -313,6 +316,8 @@ class Channel:
             raise UnavailableError(
                 f"connection to {self.task} at {self.address} is closed", task=self.task
             ) from None
+        if on_sent is not None:
+            on_sent()
         if timeout is None:
             reply = await fut
         else:
