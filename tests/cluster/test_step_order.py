@@ -90,3 +90,31 @@ async def test_evaluation_waits_for_no_step_and_a_training_read_waits_for_the_up
     await asyncio.wait_for(holder, 30)
     after = await asyncio.wait_for(training, 30)
     assert float(after.concat()[0, 0]) == 1.0  # read after the update it waited for
+
+
+async def test_a_step_that_reads_twice_or_runs_several_steps_never_waits_on_itself(ps_server):
+    """A two-tower step reads twice before its update (also from tasks it starts); a task
+    that runs several steps takes a new place for each (and reads each one's update)."""
+    async with strategy_for(ps_server).scope():
+        collection = counter_collection()
+        sgd = pstrain.optimizers.SGD(1.0)
+    one = -np.ones((1, 1), np.float32)
+
+    async def two_towers() -> list[float]:
+        first = await collection.lookup(ROW0)
+        second, third = await asyncio.gather(collection.lookup(ROW0), collection.lookup(ROW0))
+        await collection.apply_gradients(first.gradients(one), sgd)
+        return [float(p.concat()[0, 0]) for p in (first, second, third)]
+
+    async def several_steps(n: int) -> list[float]:
+        seen = []
+        for _ in range(n):
+            pooled = await collection.lookup(ROW0)
+            seen.append(float(pooled.concat()[0, 0]))
+            await collection.apply_gradients(pooled.gradients(one), sgd)
+        return seen
+
+    assert await asyncio.wait_for(asyncio.create_task(two_towers()), 30) == [0.0, 0.0, 0.0]
+    assert await asyncio.wait_for(asyncio.create_task(several_steps(3)), 30) == [1.0, 2.0, 3.0]
+    # and in this test's own task, step after step
+    assert await asyncio.wait_for(several_steps(2), 30) == [4.0, 5.0]
