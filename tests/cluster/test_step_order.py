@@ -34,15 +34,15 @@ async def test_steps_in_flight_on_a_worker_each_read_the_previous_steps_update()
         async def step() -> float:
             pooled = await collection.lookup(ROW0)
             seen = float(pooled.concat()[0, 0])
-            await asyncio.sleep(0.02)  # the step's compute: the other closure runs meanwhile
             await collection.apply_gradients(pooled.gradients(-np.ones((1, 1), np.float32)), sgd)
             return seen
 
         steps = [coordinator.schedule(step) for _ in range(8)]
         await coordinator.join()
         seen = sorted([await rv for rv in steps])
-        # unordered, two steps in flight read the same count and one update is "lost" to
-        # the reader; in order, each read the count the step before it left
+        # unordered, two steps in flight read the same count (the other's lookup goes out
+        # while this one's update travels); in order, each read the count the step before
+        # it left
         assert seen == [float(i) for i in range(8)]
         assert float((await collection.tables["t"].numpy())[0, 0]) == 8.0
         await coordinator.close()
