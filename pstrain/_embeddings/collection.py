@@ -36,7 +36,7 @@ from .._base.exports import expose
 from .._formats.messages.operations import LookupTables, RowRead, SparseRead
 from .._kernels.batches import take_rows
 from .._training.module import Module
-from .._training.step_order import read_in_order
+from .._training.step_order import one_update, read_in_order
 from .._variables.arrays import IndexedSlices, current_creator
 from .._variables.batched import ensure_created
 from .._variables.dynamic import DynamicEmbedding, TableLookups
@@ -336,7 +336,12 @@ class EmbeddingCollection(Module):
                     "one in its table's TableConfig)"
                 )
             groups.setdefault(id(opt), (opt, []))[1].append(pair)
-        await asyncio.gather(*(opt.apply_gradients(pairs) for opt, pairs in groups.values()))
+        if len(groups) == 1:
+            ((opt, pairs),) = groups.values()
+            await opt.apply_gradients(pairs)
+            return
+        with one_update():  # the next step reads once every optimizer's update is in
+            await asyncio.gather(*(opt.apply_gradients(pairs) for opt, pairs in groups.values()))
 
 
 def _parts(table: Variable | ShardedVariable) -> tuple[list[Variable], np.ndarray]:

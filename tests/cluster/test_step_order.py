@@ -118,3 +118,34 @@ async def test_a_step_that_reads_twice_or_runs_several_steps_never_waits_on_itse
     assert await asyncio.wait_for(asyncio.create_task(several_steps(3)), 30) == [1.0, 2.0, 3.0]
     # and in this test's own task, step after step
     assert await asyncio.wait_for(several_steps(2), 30) == [4.0, 5.0]
+
+
+async def test_tables_with_optimizers_of_their_own_are_read_after_every_update():
+    """Two tables, each with its own optimizer: a step's update is two requests per ps, sent
+    side by side (Adam's after its step count's round trip); the next step on the worker
+    reads after both."""
+    async with InProcessCluster(num_ps=1, num_workers=1) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=2)
+        zeros = pstrain.initializers.Zeros()
+        async with strategy.scope():
+            collection = EmbeddingCollection(
+                [
+                    TableConfig("a", 4, 1, ["a"], initializer=zeros, optimizer=pstrain.optimizers.SGD(1.0)),
+                    TableConfig("b", 4, 1, ["b"], initializer=zeros, optimizer=pstrain.optimizers.Adam(1.0)),
+                ]
+            )
+        batch = {"a": JaggedTensor.from_lists([[0]]), "b": JaggedTensor.from_lists([[0]])}
+
+        async def step() -> tuple[float, float]:
+            pooled = await collection.lookup(batch)
+            seen = pooled.concat()[0]
+            await collection.apply_gradients(pooled.gradients(-np.ones((1, 2), np.float32)))
+            return float(seen[0]), float(seen[1])
+
+        steps = [coordinator.schedule(step) for _ in range(8)]
+        await coordinator.join()
+        seen = sorted([await rv for rv in steps])
+        # Adam's step on a constant gradient is its learning rate (to within epsilon)
+        np.testing.assert_allclose(seen, [(i, i) for i in range(8)], atol=1e-4)
+        await coordinator.close()
