@@ -185,11 +185,12 @@ class Optimizer:
 
             # the worker's next step may read once every request is written: the ps reads
             # a connection's requests in order (step_order.py)
-            to_send = [len({channel_of(item) for item in items})]
+            unsent = len({channel_of(item) for item in items})
 
             def sent() -> None:
-                to_send[0] -= 1
-                if to_send[0] == 0:
+                nonlocal unsent
+                unsent -= 1
+                if unsent == 0:
                     updated()
 
             async def send(channel: Channel, group: list[tuple[str, Any, Any]]) -> int:
