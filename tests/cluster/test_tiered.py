@@ -247,6 +247,52 @@ async def test_optimizer_slots_past_the_budget_are_refused_and_change_nothing(tm
         np.testing.assert_array_equal(await w.read_value(), value - 0.5)
 
 
+@pytest.mark.parametrize("eviction", ["lru", "lfu"])
+async def test_a_table_that_filled_the_budget_gives_ram_to_new_variables_and_slots(tmp_path, eviction):
+    # The table fills each ps's budget first; a dense variable and its Adagrad slot made
+    # after that get RAM from the table's hot set (its coldest rows go to disk), not a
+    # refusal. The slot comes with an update of rows just looked up, among the coldest by
+    # count (LFU): they stay in RAM for the update. The table trains on as on ps holding
+    # everything in RAM.
+    batches = [np.arange(k * BATCH, (k + 1) * BATCH, dtype=np.int64) * 7919 + 5 for k in range(43)]
+    value = np.full((BUDGET // 512, 16), 0.5, np.float32)  # 128 KiB, and as much for its slot
+
+    async def run(cluster: InProcessCluster, check=None):
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="emb", eviction=eviction)
+            opt = pstrain.optimizers.Adagrad(0.1)
+        for ids in batches[:40]:
+            await opt.apply_gradients(
+                [(pstrain.IndexedSlices(_grad(await table.lookup(ids), ids), ids), table)]
+            )
+        if check:
+            check()
+        with strategy.scope():
+            w = pstrain.Variable(value, name="w")
+        for ids in batches[40:]:  # the variable's first update makes its slot
+            rows = await table.lookup(ids)
+            await opt.apply_gradients(
+                [(np.ones_like(value), w), (pstrain.IndexedSlices(_grad(rows, ids), ids), table)]
+            )
+        return await w.read_value(), await table.export()
+
+    def full() -> None:  # no room for the variable and its slot beside the table as it is
+        for ps in cluster.ps:
+            assert ps.table_handlers.held() > BUDGET - 2 * value.nbytes
+
+    async with _tiered(tmp_path) as cluster:
+        got_w, (got_ids, got_rows) = await run(cluster, full)
+        for ps in cluster.ps:
+            assert ps.table_handlers.held() <= BUDGET
+            assert ps.tables["emb"].loop_reads == 0  # the update's rows stayed in RAM
+    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN) as ram:
+        want_w, (want_ids, want_rows) = await run(ram)
+    np.testing.assert_array_equal(got_w, want_w)
+    np.testing.assert_array_equal(got_ids, want_ids)
+    np.testing.assert_array_equal(got_rows, want_rows)
+
+
 async def test_a_ps_needs_both_a_budget_and_a_directory(tmp_path):
     with pytest.raises(pstrain.errors.InvalidArgumentError, match="both memory_budget and table_dir"):
         async with InProcessCluster(num_ps=1, num_workers=1, ps_options={"memory_budget": BUDGET}):

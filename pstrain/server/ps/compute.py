@@ -80,7 +80,11 @@ def apply_gradients(store: VariableStore, tables: TableHandlers, req: ApplyGradi
         if store.find(full) is None
     }
     if new_slots:
-        store.check_budget(sum(new_slots.values()), f"opt/apply: optimizer slots {sorted(new_slots)}")
+        store.check_budget(  # (the request's table rows, staged in RAM, stay there)
+            sum(new_slots.values()),
+            f"opt/apply: optimizer slots {sorted(new_slots)}",
+            keep={name: np.asarray(ids) for name, ids, _ in req.tables or ()},
+        )
     table_plan = tables.plan(req.tables or (), req.prefix, specs)
     it_record = store.get(req.iterations) if req.iterations is not None else None
     counters = [store.get(name) for name in (req.iterations, req.mirror) if name is not None]

@@ -86,7 +86,7 @@ from .compute import apply_gradients, call_function
 from .creation import itemsize, plan_create
 from .fencing import Fencing
 from .moves.handlers import Moves
-from .store import VariableRecord, VariableStore, checked_rows, checked_value
+from .store import Budget, VariableRecord, VariableStore, checked_rows, checked_value
 from .tables.handlers import TableHandlers, table_scope
 from .tables.table_slices import SliceGuards
 from .tables.tiered_table import Tiering
@@ -232,7 +232,9 @@ class ParameterServer(ServerBase):
             ),
         )
         if tiering is not None:  # variables and their slots count against the budget too
-            self.store.budget = (tiering.budget, self.table_handlers.held)
+            self.store.budget = Budget(
+                tiering.budget, self.table_handlers.held, self.table_handlers.give_room
+            )
         self.table_handlers.install(self.route)
         # tables and variables: both halves here
         self.route(

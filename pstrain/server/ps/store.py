@@ -14,7 +14,8 @@ training goes on), which :mod:`~pstrain.server.ps.checkpoints.snapshots` describ
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ from .checkpoints.snapshots import BLOCK_BYTES, ChangedRows, Snapshot
 
 __all__ = [
     "BLOCK_BYTES",
+    "Budget",
     "SNAPSHOT_MIN_BYTES",
     "ChangeClock",
     "Snapshot",
@@ -46,6 +48,17 @@ __all__ = [
 
 #: Arrays at least this large are saved through a Snapshot; smaller ones are pinned.
 SNAPSHOT_MIN_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A ps's ``--memory-budget`` (``limit``, bytes), what it holds in RAM for variables and
+    tables (``held()``), and ``give_room(nbytes, keep)``: its tiered tables' rows in RAM
+    moved to disk to free about ``nbytes`` (none of ``keep``'s ids, per table)."""
+
+    limit: int
+    held: Callable[[], int]
+    give_room: Callable[[int, Mapping[str, np.ndarray] | None], None]
 
 
 class ChangeClock:
@@ -271,18 +284,24 @@ class VariableStore:
         #: Bytes held beside the variables until a step ends: restores staged, not committed
         #: yet (``checkpoints/saves.py``) and copies staged by a move (``moves/handlers.py``).
         self.staged: list[Callable[[], int]] = []
-        #: The ps's ``--memory-budget`` and what it holds in RAM for variables and tables
-        #: (None: no budget): variables created, restored or moved in, and optimizer slots
-        #: made, must fit beside the tables (:meth:`check_budget`).
-        self.budget: tuple[int, Callable[[], int]] | None = None
+        #: The ps's ``--memory-budget``, what it holds in RAM for variables and tables, and
+        #: how its tiered tables give some back (None: no budget): variables created,
+        #: restored or moved in, and optimizer slots made, must fit beside the tables
+        #: (:meth:`check_budget`).
+        self.budget: Budget | None = None
 
-    def check_budget(self, adding: int, what: str) -> None:
-        """ResourceExhaustedError if ``adding`` bytes more would take this ps past its
-        ``--memory-budget``: a ps with a budget never holds more than it in RAM, so a fixed
-        variable too large for it is refused here rather than by the kernel's OOM killer."""
+    def check_budget(self, adding: int, what: str, keep: Mapping[str, np.ndarray] | None = None) -> None:
+        """Make room for ``adding`` bytes more under this ps's ``--memory-budget`` (the tiered
+        tables' coldest rows in RAM go to disk, none of ``keep``'s ids: a request's staged
+        rows), or ResourceExhaustedError: a ps with a budget never holds more than it in
+        RAM, so a fixed variable too large for it is refused here rather than by the
+        kernel's OOM killer."""
         if self.budget is None or adding <= 0:
             return
-        limit, held = self.budget[0], self.budget[1]()
+        limit, held = self.budget.limit, self.budget.held()
+        if held + adding > limit:
+            self.budget.give_room(held + adding - limit, keep)
+            held = self.budget.held()
         if held + adding > limit:
             raise ResourceExhaustedError(
                 f"{what}: {adding} bytes more would take {self.task} past its memory budget of "

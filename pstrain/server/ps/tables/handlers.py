@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import msgspec
@@ -294,6 +294,28 @@ class TableHandlers:
                 if not short:
                     return
                 if not other.give_back(short * table.hot_row_bytes()):
+                    break
+
+    def give_room(self, nbytes: int, keep: Mapping[str, np.ndarray] | None = None) -> None:
+        """Have this ps's tiered tables give back about ``nbytes`` of RAM (their coldest rows
+        to disk, the largest table first) for variables or optimizer slots the budget has
+        no room for: a table's hot set is a cache, a variable is not. ``keep``: ids of each
+        table a request has staged in RAM, which stay there."""
+        keep = keep or {}
+        tables = sorted(
+            (t for t in self.tables.values() if isinstance(t, TieredTable)), key=lambda t: -t.alloc
+        )
+        goal = self.held() - nbytes
+        for table in tables:
+            ids, floor = keep.get(table.name), table.hot_floor()
+            for _ in range(2 * MAKE_ROOM_ROUNDS):
+                short = self.held() - goal
+                if short <= 0:
+                    return
+                # twice what is short first: a row moved to disk frees less than its share
+                # of the hot set's budget (its id stays, in the index of the rows on disk);
+                # then what is short, should the index have no room for twice as many
+                if not (table.give_back(2 * short, ids, floor) or table.give_back(short, ids, floor)):
                     break
 
     @property

@@ -365,21 +365,29 @@ class TieredTable(TieredSlices, DynamicTable):
             return 0
         return max(0, 2 * n - self._hot_limit())
 
-    def give_back(self, nbytes: int) -> int:
-        """Free about ``nbytes`` of RAM for another table on this ps: the coldest rows move
-        to disk, then the rows in RAM move to the first places and the hot arrays are made
-        smaller (:meth:`_pack_hot`). Returns the bytes freed: none while a save reads the
-        arrays (its snapshots go by place), or if the disk index cannot take the rows."""
+    def give_back(self, nbytes: int, keep: np.ndarray | None = None, floor: int = 0) -> int:
+        """Free about ``nbytes`` of RAM for another table or a variable on this ps: the
+        coldest rows (none of the ids ``keep``: a request's, staged in RAM) move to disk,
+        then the rows in RAM move to the first places and the hot arrays are made smaller
+        (:meth:`_pack_hot`), to no fewer than ``floor`` rows. Returns the bytes freed:
+        none while a save reads the arrays (its snapshots go by place), or if the disk
+        index cannot take the rows."""
         if self.saves or not self.alloc:
             return 0
         before = self.nbytes - self.cold.nbytes
-        target = max(0, self.alloc - -(-nbytes // self.hot_row_bytes()))
+        target = max(0, floor, self.alloc - -(-nbytes // self.hot_row_bytes()))
+        if target >= self.alloc:
+            return 0
         surplus = len(self.index) - target
         if surplus > 0:
             if not self._cold_fits(surplus):
                 return 0
+            protect = np.empty(0, np.int64)
+            if keep is not None and keep.size:
+                protect = self.positions(np.ascontiguousarray(keep, np.int64))
+                protect = np.ascontiguousarray(protect[protect >= 0], np.int64)
             try:
-                self.demote(self._coldest(surplus, np.empty(0, np.int64)))
+                self.demote(self._coldest(surplus, protect))
             except ResourceExhaustedError:  # a full disk: nothing moved (demote writes first)
                 return 0
         self._pack_hot(max(target, len(self.index), 1))
@@ -456,6 +464,11 @@ class TieredTable(TieredSlices, DynamicTable):
         """Rows the hot set keeps room for whatever the index of the rows on disk needs:
         ``HOT_FLOOR`` of the budget, and a request of ``n`` rows in RAM twice over."""
         return max(2 * n, int(self.budget * HOT_FLOOR) // self.hot_row_bytes())
+
+    def hot_floor(self) -> int:
+        """Rows the hot set keeps whatever else wants the budget's RAM (``HOT_FLOOR`` of it):
+        what it gives variables and optimizer slots stops there."""
+        return self._hot_floor(0)
 
     def cold_short(self, n: int) -> bool:
         """Whether ``n`` more rows moving to disk would take the index of the rows there past
