@@ -217,8 +217,9 @@ def serve_parser(sub: Any) -> None:
         metavar="SIZE",
         help="ps: bytes its variables, dynamic tables' rows, optimizer slots and indexes may "
         "take in RAM (512MiB, 2GiB ...); a dynamic table's rows past it live under --table-dir; a "
-        "table that cannot fit, or a fixed variable (or its optimizer slots) that would pass it, "
-        "is refused (ResourceExhaustedError). Needs --table-dir",
+        "fixed variable (or its optimizer slots) is given RAM from the tables' rows in RAM, which "
+        "move to disk; a table that cannot fit, or a variable that still would pass it, is "
+        "refused (ResourceExhaustedError). Needs --table-dir",
     )
     p.add_argument(
         "--table-dir",
