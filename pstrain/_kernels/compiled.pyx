@@ -753,12 +753,15 @@ def shuffle_through(int64_t[::1] buf, const int64_t[::1] incoming, const double[
             buf[k] = incoming[i]
 
 
-def take_fixed(const uint8_t[:, ::1] src, const int64_t[::1] rows, uint8_t[:, ::1] out):
+def take_fixed(const uint8_t[:, ::1] src, const int64_t[::1] rows, uint8_t[:, :] out):
     """``out[i] = src[rows[i]]`` for rows of any bytes (a batch of a rectangular array, or of
-    bags all one long), each row's memory asked for :data:`BAG_AHEAD` rows before."""
+    bags all one long), each row's memory asked for :data:`BAG_AHEAD` rows before. ``out``'s
+    rows may lie apart (a field of records), its bytes in a row side by side."""
     cdef Py_ssize_t i, r, n = rows.shape[0], width = src.shape[1], limit = src.shape[0]
     if out.shape[0] != n or out.shape[1] != width:
         raise ValueError("take_fixed: out is not (len(rows), the rows' bytes)")
+    if width > 1 and out.strides[1] != 1:
+        raise ValueError("take_fixed: out's rows are not each one run of bytes")
     for i in range(n):
         if rows[i] < 0 or rows[i] >= limit:
             raise IndexError("take_fixed: a row outside the array")

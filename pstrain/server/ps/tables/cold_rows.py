@@ -147,17 +147,41 @@ def put_field(records: np.ndarray, values: np.ndarray, first: str, last: str | N
 
 
 def pack_records(
-    record: np.dtype, ids: np.ndarray, meta: np.ndarray, rows: np.ndarray, slots: list[np.ndarray]
+    record: np.dtype,
+    ids: np.ndarray,
+    meta: np.ndarray,
+    rows: np.ndarray,
+    slots: list[np.ndarray],
+    at: np.ndarray | None = None,
 ) -> np.ndarray:
     """Records of ``record`` (:func:`record_dtype`) of ``ids``, their ``META`` fields
-    (``meta``), ``rows`` and each slot of ``slots``, in order."""
+    (``meta``), ``rows`` and each slot of ``slots``, in order; with ``at``, the rows and
+    slots are ``rows[at]`` and each ``slot[at]``, gathered straight into the records."""
     records = np.empty(ids.size, record)
     put_field(records, ids, "id")
     put_field(records, meta, "epoch", "freq")
-    put_field(records, rows, "row")
-    for i, values in enumerate(slots):
-        put_field(records, values, f"slot{i}")
+    for i, values in enumerate([rows, *slots]):
+        field = "row" if i == 0 else f"slot{i - 1}"
+        if at is None:
+            put_field(records, values, field)
+        else:
+            _gather_field(records, values, at, field)
     return records
+
+
+def _gather_field(records: np.ndarray, values: np.ndarray, at: np.ndarray, field: str) -> None:
+    """``records[field] = values[at]`` (``at`` in range), each row copied once from where it
+    lies into its record, the next rows' memory asked for ahead (scattered hot rows wait
+    on memory, not on the copy), where ``values`` is C-contiguous of the field's type."""
+    fields = records.dtype.fields
+    assert fields is not None
+    cell, start = fields[field][0], fields[field][1]
+    if values.dtype != cell.base or not values.flags.c_contiguous or not records.size:
+        put_field(records, values[at], field)
+        return
+    raw = records.view(np.uint8).reshape(records.size, records.dtype.itemsize)
+    src = values.reshape(values.shape[0], -1).view(np.uint8)
+    KERNELS.take_fixed(src, np.ascontiguousarray(at, np.int64), raw[:, start : start + cell.itemsize])
 
 
 def record_dtype(dim: int, dtype: np.dtype, slots: int) -> np.dtype:
@@ -363,10 +387,10 @@ class ColdRows:
         key_names = tuple(sorted(slots))
 
         def pack(part: slice) -> np.ndarray:
-            at = part if where is None else where[part]
-            return pack_records(
-                self.record(key_names), ids[part], meta[part], rows[at], [slots[k][at] for k in key_names]
-            )
+            record, values = self.record(key_names), [slots[k] for k in key_names]
+            if where is None:
+                return pack_records(record, ids[part], meta[part], rows[part], [v[part] for v in values])
+            return pack_records(record, ids[part], meta[part], rows, values, where[part])
 
         return self._append(ids.size, key_names, pack)
 
