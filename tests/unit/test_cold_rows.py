@@ -110,6 +110,12 @@ def test_the_index_of_rows_on_disk_grows_a_part_at_a_time():
     index = PartitionedIndex(KERNELS, 0.75, 1.25)
     ids = np.random.default_rng(5).permutation(1 << 20).astype(np.int64) * 9_973
     batch = 1 << 13
+    # What an insert may hold besides what the index grew by: a growing part's old slots
+    # (about a sixteenth of the index) and a few arrays of the batch with the compiled
+    # kernels; with numpy's (PSTRAIN_KERNELS=numpy), which rebuild a part and probe a batch
+    # in passes of whole arrays, a few copies of a part and a dozen arrays of the batch.
+    # Either stays below the whole index held twice (sixteen sixteenths).
+    parts, per_id = (3, 64) if KERNELS.__name__.endswith("compiled") else (8, 256)
     tracemalloc.start()
     try:
         for lo in range(0, ids.size, batch):
@@ -121,7 +127,7 @@ def test_the_index_of_rows_on_disk_grows_a_part_at_a_time():
             peak = tracemalloc.get_traced_memory()[1] - base
             grew = index.nbytes - before
             # (a part's old slots: about a sixteenth of the index; a whole index, 16 times that)
-            assert peak <= grew + 3 * before // 16 + 64 * part.size, (lo, peak, grew, before)
+            assert peak <= grew + parts * before // 16 + per_id * part.size, (lo, peak, grew, before)
             assert index.nbytes <= reckoned
     finally:
         tracemalloc.stop()
