@@ -382,12 +382,8 @@ class TieredTable(TieredSlices, DynamicTable):
         if surplus > 0:
             if not self._cold_fits(surplus):
                 return 0
-            protect = np.empty(0, np.int64)
-            if keep is not None and keep.size:
-                protect = self.positions(np.ascontiguousarray(keep, np.int64))
-                protect = np.ascontiguousarray(protect[protect >= 0], np.int64)
             try:
-                self.demote(self._coldest(surplus, protect))
+                self.demote(self._coldest(surplus, self._rows_in_ram(keep)))
             except ResourceExhaustedError:  # a full disk: nothing moved (demote writes first)
                 return 0
         self._pack_hot(max(target, len(self.index), 1))
@@ -507,11 +503,7 @@ class TieredTable(TieredSlices, DynamicTable):
         if lo is None:
             return 0  # not even at its floor: the request will be refused
         moving = max(0, len(self.index) - lo)
-        protect = np.empty(0, np.int64)
-        if keep is not None and keep.size:
-            protect = self.positions(np.ascontiguousarray(keep, np.int64))
-            protect = protect[protect >= 0]
-        rows = self._coldest(moving, protect) if moving else np.empty(0, np.int64)
+        rows = self._coldest(moving, self._rows_in_ram(keep)) if moving else np.empty(0, np.int64)
         if rows.size < moving:  # the request's own rows would have to go: not for this
             return 0
         ids, places, meta, keys = self._write_out(rows)  # a full disk: nothing changed
@@ -537,6 +529,13 @@ class TieredTable(TieredSlices, DynamicTable):
         if inserted != index.inserted:
             index.refind(ids, pos)
         return Found(pos, index.inserted, index.removed)
+
+    def _rows_in_ram(self, ids: np.ndarray | None) -> np.ndarray:
+        """The rows in RAM of those of ``ids`` that have one (what a move to disk spares)."""
+        if ids is None or not ids.size:
+            return np.empty(0, np.int64)
+        pos = self.positions(np.ascontiguousarray(ids, np.int64))
+        return np.ascontiguousarray(pos[pos >= 0], np.int64)
 
     def _still_in_ram(self, ids: np.ndarray, found: Found | None) -> np.ndarray:
         """``found`` brought up to now (found again if an id left RAM since: its row may be
