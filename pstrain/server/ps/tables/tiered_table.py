@@ -17,7 +17,9 @@ indexes), the indexes of rows on disk aside, stays within ``HOT_SHARE`` of
 needs more than that, the hot set gives it RAM before a request
 (:meth:`TieredTable.shrink_for_cold`: its coldest rows go to disk, its arrays get
 smaller), down to ``HOT_FLOOR`` of the budget, and grows back once the index is within its
-share again. Past the budget a lookup that would admit rows is refused whole with
+share again. A variable or optimizer slot the budget has no room for gets RAM from the
+hot set the same way (:meth:`TieredTable.give_back`, which ``TableHandlers.give_room``
+calls). Past the budget a lookup that would admit rows is refused whole with
 :class:`~pstrain.errors.ResourceExhaustedError` (counted), as is one whose rows cannot all
 be in RAM at once. Saves and deltas write the rows of both tiers into the same files as
 an untiered table's (the disk part streamed from its segments), so restores,
