@@ -293,6 +293,31 @@ async def test_a_table_that_filled_the_budget_gives_ram_to_new_variables_and_slo
     np.testing.assert_array_equal(got_rows, want_rows)
 
 
+async def test_a_variable_that_comes_during_a_save_is_refused_saying_so_and_fits_after(tmp_path):
+    # While a save reads the table its rows in RAM stay where the save's snapshots find
+    # them, so a variable the budget has no room for then is refused, and the refusal says
+    # why; once the save ends, the table gives it RAM.
+    batches = [np.arange(k * BATCH, (k + 1) * BATCH, dtype=np.int64) * 7919 + 5 for k in range(40)]
+    value = np.full((BUDGET // 256, 16), 0.5, np.float32)  # 256 KiB: past what the table leaves
+    async with _tiered(tmp_path) as cluster:
+        table, _ = await _train(cluster, batches)
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        shards = [ps.tables["emb"] for ps in cluster.ps]
+        saves = [shard.snapshot() for shard in shards]  # as a save takes each shard
+        with strategy.scope():
+            w = pstrain.Variable(value, name="w")
+        with pytest.raises(ResourceExhaustedError, match=r"a save is reading tables \['emb'\]"):
+            await w.read_value()
+        assert all("w" not in ps.store for ps in cluster.ps)
+        for shard, save in zip(shards, saves):
+            shard.end_snapshot(save)
+        with strategy.scope():
+            w = pstrain.Variable(value, name="w")
+        np.testing.assert_array_equal(await w.read_value(), value)
+        for ps in cluster.ps:
+            assert ps.table_handlers.held() <= BUDGET
+
+
 async def test_a_ps_needs_both_a_budget_and_a_directory(tmp_path):
     with pytest.raises(pstrain.errors.InvalidArgumentError, match="both memory_budget and table_dir"):
         async with InProcessCluster(num_ps=1, num_workers=1, ps_options={"memory_budget": BUDGET}):

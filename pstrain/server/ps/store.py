@@ -54,11 +54,12 @@ SNAPSHOT_MIN_BYTES = 1 << 20
 class Budget:
     """A ps's ``--memory-budget`` (``limit``, bytes), what it holds in RAM for variables and
     tables (``held()``), and ``give_room(nbytes, keep)``: its tiered tables' rows in RAM
-    moved to disk to free about ``nbytes`` (none of ``keep``'s ids, per table)."""
+    moved to disk to free about ``nbytes`` (none of ``keep``'s ids, per table), returning
+    why they gave less, if a refusal should say it ("" otherwise)."""
 
     limit: int
     held: Callable[[], int]
-    give_room: Callable[[int, Mapping[str, np.ndarray] | None], None]
+    give_room: Callable[[int, Mapping[str, np.ndarray] | None], str]
 
 
 class ChangeClock:
@@ -299,16 +300,17 @@ class VariableStore:
         if self.budget is None or adding <= 0:
             return
         limit, held = self.budget.limit, self.budget.held()
+        why = ""
         if held + adding > limit:
-            self.budget.give_room(held + adding - limit, keep)
+            why = self.budget.give_room(held + adding - limit, keep)
             held = self.budget.held()
         if held + adding > limit:
             raise ResourceExhaustedError(
                 f"{what}: {adding} bytes more would take {self.task} past its memory budget of "
                 f"{limit} bytes ({held} held now by its variables and tables; pstrain serve "
-                "--memory-budget). A table larger than the budget is a pstrain.DynamicEmbedding, "
-                "whose rows past the budget live on --table-dir; or shard the variable over "
-                "more ps, or raise the budget"
+                f"--memory-budget){why}. A table larger than the budget is a "
+                "pstrain.DynamicEmbedding, whose rows past the budget live on --table-dir; or "
+                "shard the variable over more ps, or raise the budget"
             )
 
     @property

@@ -296,11 +296,12 @@ class TableHandlers:
                 if not other.give_back(short * table.hot_row_bytes()):
                     break
 
-    def give_room(self, nbytes: int, keep: Mapping[str, np.ndarray] | None = None) -> None:
+    def give_room(self, nbytes: int, keep: Mapping[str, np.ndarray] | None = None) -> str:
         """Have this ps's tiered tables give back about ``nbytes`` of RAM (their coldest rows
         to disk, the largest table first) for variables or optimizer slots the budget has
         no room for: a table's hot set is a cache, a variable is not. ``keep``: ids of each
-        table a request has staged in RAM, which stay there."""
+        table a request has staged in RAM, which stay there. Returns, for a refusal, why
+        they gave less: a save reading a table (which then gives nothing), or ""."""
         keep = keep or {}
         tables = sorted(
             (t for t in self.tables.values() if isinstance(t, TieredTable)), key=lambda t: -t.alloc
@@ -311,12 +312,19 @@ class TableHandlers:
             for _ in range(2 * MAKE_ROOM_ROUNDS):
                 short = self.held() - goal
                 if short <= 0:
-                    return
+                    return ""
                 # twice what is short first: a row moved to disk frees less than its share
                 # of the hot set's budget (its id stays, in the index of the rows on disk);
                 # then what is short, should the index have no room for twice as many
                 if not (table.give_back(2 * short, ids, floor) or table.give_back(short, ids, floor)):
                     break
+        saving = sorted(t.name for t in tables if t.saves)
+        if saving:
+            return (
+                f"; a save is reading tables {saving}, whose rows in RAM give none of their RAM "
+                "until it ends: try again then"
+            )
+        return ""
 
     @property
     def task(self) -> str:
