@@ -279,16 +279,19 @@ class TableHandlers:
             if self.tables.get(table.name) is table:  # (not replaced meanwhile)
                 table.promote(cold_ids, places, records, ids, found)
 
+    def _tiered_largest_first(self) -> list[TieredTable]:
+        """This ps's tiered tables, those with the most rows allocated in RAM first: the order
+        in which they give RAM back."""
+        return sorted((t for t in self.tables.values() if isinstance(t, TieredTable)), key=lambda t: -t.alloc)
+
     def _make_room(self, table: TieredTable, n: int) -> None:
         """Have this ps's other tiered tables give back RAM until ``table`` can hold ``n``
         rows at once and as many again, the largest first (between requests: no handler
         holds their places). Each gives back in a few rounds: its rows moved to disk take
         some of what it frees for their index."""
-        others = sorted(
-            (t for t in self.tables.values() if isinstance(t, TieredTable) and t is not table),
-            key=lambda t: -t.alloc,
-        )
-        for other in others:
+        for other in self._tiered_largest_first():
+            if other is table:
+                continue
             for _ in range(MAKE_ROOM_ROUNDS):
                 short = table.hot_short(n)
                 if not short:
@@ -303,9 +306,7 @@ class TableHandlers:
         table a request has staged in RAM, which stay there. Returns, for a refusal, why
         they gave less: a save reading a table (which then gives nothing), or ""."""
         keep = keep or {}
-        tables = sorted(
-            (t for t in self.tables.values() if isinstance(t, TieredTable)), key=lambda t: -t.alloc
-        )
+        tables = self._tiered_largest_first()
         goal = self.held() - nbytes
         for table in tables:
             ids, floor = keep.get(table.name), table.hot_floor()
