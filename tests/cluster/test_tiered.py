@@ -185,6 +185,39 @@ async def test_a_batch_that_cannot_fit_the_budget_is_refused_and_changes_nothing
         assert (await table.statistics())["refused"] >= 1
 
 
+async def test_a_table_full_for_large_batches_says_smaller_ones_fit_more_and_they_do(tmp_path):
+    # A request's rows must fit in RAM twice over, so large batches keep a hot set that
+    # small ones would give to the index of the rows on disk. The refusal says so, with
+    # the figures, and the same table then takes more rows in smaller batches.
+    budget, big, small = 4 << 20, 4096, 512
+    options = {"memory_budget": budget, "table_dir": str(tmp_path / "tier"), "checkpoint_root": str(tmp_path)}
+    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN, ps_options=options) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="emb")
+            opt = pstrain.optimizers.Adagrad(0.1)
+
+        async def train(ids: np.ndarray) -> None:
+            rows = await table.lookup(ids)
+            await opt.apply_gradients([(pstrain.IndexedSlices(_grad(rows, ids), ids), table)])
+
+        made = 0
+        with pytest.raises(ResourceExhaustedError) as refused:
+            for _ in range(budget // 16):  # (far more rows than the budget can index)
+                await train(np.arange(made, made + big, dtype=np.int64))
+                made += big
+        shard = cluster.ps[0].tables["emb"]
+        message = str(refused.value)
+        assert f"send smaller batches (the rows in RAM keep room for twice a request's {big}" in message
+        assert f"{shard.alloc} rows are in RAM where {shard.hot_floor()} would do" in message
+        assert len(shard) == made  # the refused batch changed nothing
+        more = 6 * big  # (about a third as many again: 31,744 fit here)
+        for lo in range(made, made + more, small):
+            await train(np.arange(lo, lo + small, dtype=np.int64))
+        assert len(shard) == made + more and shard.alloc < 2 * big
+        assert cluster.ps[0].table_handlers.held() <= budget
+
+
 async def test_a_fixed_variable_past_the_budget_is_refused_and_the_ps_holds_nothing_of_it(tmp_path):
     async with _tiered(tmp_path) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)

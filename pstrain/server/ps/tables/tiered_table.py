@@ -352,8 +352,8 @@ class TieredTable(TieredSlices, DynamicTable):
             raise ResourceExhaustedError(
                 f"dynamic table {self.name!r}: moving {moving} more rows to disk would take the "
                 f"index of the rows on disk past the ps's budget of {self.budget} bytes{during} "
-                "(pstrain serve --memory-budget): raise the budget, give the table a capacity, "
-                "or shard it over more ps"
+                f"(pstrain serve --memory-budget): raise the budget, give the table a capacity, "
+                f"{self._smaller_batches(n)}or shard it over more ps"
             )
         self.demote(self._coldest(moving, protect))
 
@@ -462,6 +462,18 @@ class TieredTable(TieredSlices, DynamicTable):
         """Rows the hot set keeps room for whatever the index of the rows on disk needs:
         ``HOT_FLOOR`` of the budget, and a request of ``n`` rows in RAM twice over."""
         return max(2 * n, int(self.budget * HOT_FLOOR) // self.hot_row_bytes())
+
+    def _smaller_batches(self, n: int) -> str:
+        """For a refusal of ``n`` rows for want of room to index rows on disk: advice to
+        send smaller batches, if this request's size is what keeps the hot set from giving
+        that index its RAM (it keeps room for a request's rows twice over); else ""."""
+        if self.saves or self.alloc <= self.hot_floor() or self.alloc > self._hot_floor(n):
+            return ""
+        return (
+            f"send smaller batches (the rows in RAM keep room for twice a request's {n}, and so "
+            f"cannot give the index of the rows on disk their RAM: {self.alloc} rows are in RAM "
+            f"where {self.hot_floor()} would do for small requests), "
+        )
 
     def hot_floor(self) -> int:
         """Rows the hot set keeps whatever else wants the budget's RAM (``HOT_FLOOR`` of it):
