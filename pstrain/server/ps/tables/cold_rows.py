@@ -54,12 +54,12 @@ __all__ = [
     "put_field",
     "record_dtype",
     "resize_rows",
+    "scatter_cells",
+    "scatter_rows",
 ]
 
 #: Per record: the epoch it last changed in, its last training lookup and its lookup count.
 META = np.dtype([("epoch", "<u4"), ("pad", "<u4"), ("last_seen", "<i8"), ("freq", "<i8")])
-#: ``META``'s fields, for the records that carry them.
-META_FIELDS = ("epoch", "pad", "last_seen", "freq")
 #: A place: segment number << PLACE_BITS | record number.
 PLACE_BITS = 32
 #: How full the index of the rows here may be before it grows (the index of rows in RAM:
@@ -116,6 +116,22 @@ def _field_cells(records: np.ndarray, first: str, last: str | None = None) -> np
     end_type, end_at = fields[last or first][:2]
     raw = records.view(np.uint8).reshape(records.size, records.dtype.itemsize)
     return raw[:, start : end_at + end_type.itemsize].view(f"V{end_at + end_type.itemsize - start}")[:, 0]
+
+
+def scatter_cells(out: np.ndarray, at: np.ndarray, cells: np.ndarray) -> None:
+    """``out[at] = cells``: the rows of C-contiguous ``out`` at ``at`` from ``cells`` (of as
+    many bytes a row: :func:`_cells`, :func:`_field_cells`), a block per row."""
+    dst = out.reshape(out.shape[0], -1).view(np.uint8).view(cells.dtype).reshape(out.shape[0])
+    dst[at] = cells
+
+
+def scatter_rows(out: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
+    """``out[at] = rows``, a block per row where both arrays allow it (:func:`_cells`)."""
+    cells = _cells(rows, out.dtype) if out.flags.c_contiguous and out.size else None
+    if cells is None:
+        out[at] = rows
+    else:
+        scatter_cells(out, at, cells)
 
 
 def copy_field(out: np.ndarray, records: np.ndarray, first: str, last: str | None = None) -> None:
@@ -654,13 +670,12 @@ class ColdRows:
             seg = self.segments[number]
             dest = order[part]
             got = self._gather(number, records, self.record(seg.slots))
-            out["ids"][dest] = got["id"]
-            for name in META_FIELDS:
-                out["meta"][name][dest] = got[name]
-            out["rows"][dest] = got["row"]
+            out["ids"][dest] = got["id"]  # (each record's fields moved as one block: _cells)
+            scatter_cells(out["meta"], dest, _field_cells(got, "epoch", "freq"))
+            scatter_cells(out["rows"], dest, _field_cells(got, "row"))
             for k, init in slot_init.items():
                 if k in seg.slots:
-                    out[f"slot:{k}"][dest] = got[f"slot{seg.slots.index(k)}"]
+                    scatter_cells(out[f"slot:{k}"], dest, _field_cells(got, f"slot{seg.slots.index(k)}"))
                 else:
                     out[f"slot:{k}"][dest] = init
         return out

@@ -45,7 +45,7 @@ from ...._base.errors import InvalidArgumentError, ResourceExhaustedError
 from ...._formats.files.direct_writes import ALIGN, CHUNK
 from ..checkpoints.snapshots import Snapshot
 from ..store import ChangeClock
-from .cold_rows import META, ColdRows, SavedPlaces, resize_rows
+from .cold_rows import META, ColdRows, SavedPlaces, resize_rows, scatter_rows
 from .dynamic_table import EVICT_BATCH, DynamicTable
 from .id_index import IdIndex
 from .table_config import TableConfig
@@ -617,10 +617,12 @@ class TieredTable(TieredSlices, DynamicTable):
         for key in self.slot_init:
             if key not in self.slots:
                 self.slot(key, self.slot_init[key])
-        meta = records["meta"][still]
-        self.rows[rows] = records["rows"][still]
+        if not still.all():
+            records = {k: v[still] for k, v in records.items()}
+        meta = records["meta"]
+        scatter_rows(self.rows, rows, records["rows"])  # (a block a row)
         for key, arr in self.slots.items():
-            arr[rows] = records[f"slot:{key}"][still]
+            scatter_rows(arr, rows, records[f"slot:{key}"])
         self.ids[rows], self.live[rows] = ids, True
         self.last_seen[rows] = keys if self.by_age else meta["last_seen"]
         self.freq[rows] = meta["freq"] if self.by_age else keys
