@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pstrain._kernels import KERNELS
-from pstrain.server.ps.tables.cold_rows import FREE, KEY_SPAN, LISTED, META, REUSE, ColdRows
+from pstrain.server.ps.tables.cold_rows import KEY_SPAN, META, ColdRows
 from pstrain.server.ps.tables.id_index import PartitionedIndex
 
 pytestmark = pytest.mark.timeout(120)
@@ -59,9 +59,6 @@ def test_what_a_put_will_take_is_what_it_takes_and_every_row_reads_back(tmp_path
             held.difference_update(gone.tolist())
         assert len(cold) == len(held)
         assert cold.used - cold.nfree == len(held)
-        below = cold.places[: cold.used]  # slots given up: listed (up to the list's room), or not
-        assert set(cold.free[: cold.nlisted].tolist()) == set(np.flatnonzero(below == LISTED).tolist())
-        assert cold.nlisted <= cold.free.size and (below == FREE).sum() == cold.nfree - cold.nlisted
     ids = np.array(sorted(held), np.int64)
     slots = cold.find(ids)
     assert (slots >= 0).all() and np.unique(slots).size == ids.size
@@ -87,38 +84,6 @@ def test_a_place_is_never_given_twice_so_a_read_from_before_is_told_stale(tmp_pa
     assert not np.isin(cold.places[taken], before).any()
     assert not cold.current(slots, before).any()
     assert cold.current(taken, cold.places[taken]).all()
-
-
-def test_slots_given_up_a_few_at_a_time_are_taken_again_from_their_list_with_no_scan(tmp_path):
-    """Rows read back from disk a few hundred at a time, scattered over a million slots, give
-    up their slots to a list that the next rows moved to disk take them from: no scan of
-    every slot's place (which reads them all when so few are free); past the list's room,
-    a scan finds the rest, each slot given once."""
-    cold = store(tmp_path, segment_rows=1 << 16)
-    every = np.arange(1 << 20, dtype=np.int64)
-    put(cold, every)
-    rng = np.random.default_rng(0)
-    for k in range(3):
-        gone = rng.choice(every[every >= 0], 300, replace=False)
-        slots = cold.find(gone)
-        cold.remove(gone)
-        cursor = cold.cursor
-        fresh = np.arange(10**7 + 300 * k, 10**7 + 300 * (k + 1), dtype=np.int64)
-        put(cold, fresh)
-        assert cold.cursor == cursor  # no scan
-        assert set(cold.find(fresh).tolist()) == set(slots.tolist()) and cold.used == every.size
-        every[np.isin(every, gone)] = -1
-    # many at once: the list holds a REUSE-th of the slots, a scan finds the others
-    gone = every[every >= 0][: cold.free.size + 5000]
-    cold.remove(gone)
-    assert cold.nlisted == cold.free.size == cold.places.size // REUSE and cold.nfree == gone.size
-    fresh = np.arange(2 * 10**7, 2 * 10**7 + gone.size, dtype=np.int64)
-    put(cold, fresh)
-    taken = cold.find(fresh)
-    assert np.unique(taken).size == gone.size and cold.nfree == 0 and cold.used == every.size
-    got = cold.read(cold.places[taken], {})
-    np.testing.assert_array_equal(got["ids"], fresh)
-    np.testing.assert_array_equal(got["rows"][:, 1], -fresh.astype(np.float32))
 
 
 def test_eviction_keys_past_32_bits_keep_their_order_and_the_newest_their_value(tmp_path):

@@ -77,15 +77,11 @@ INDEX_GROWTH = 1.25
 MAX_SLOTS = (1 << 32) - 1
 #: Records written at a time (a block of them packed in RAM, then written).
 WRITE_ROWS = 1 << 14
-#: The place of a cold slot not in use, found by a scan when it is taken again.
+#: The place of a cold slot not in use.
 FREE = -1
-#: The place of a cold slot not in use that is listed in ``ColdRows.free``: taken from
-#: there, with no scan.
-LISTED = -2
-#: Cold slots not in use are taken again once they are 1 in ``REUSE`` of the slots (or
-#: enough for all a put needs), and up to 1 in ``REUSE`` of the slots are listed, 4 bytes
-#: each: the others (after many rows left at once) are found by a scan, which then crosses
-#: about ``REUSE`` slots for each.
+#: Cold slots not in use are taken again once they are 1 in ``REUSE`` of the slots (a
+#: scan for them then crosses about ``REUSE`` slots for each: they may take that share of
+#: the slots' RAM meanwhile).
 REUSE = 16
 #: Slots a scan for slots not in use reads at least at a time.
 SCAN_SLOTS = 1 << 14
@@ -282,13 +278,9 @@ class ColdRows:
         #: ``KEY_SPAN`` orders as that far) and at its top.
         self.keys = np.empty(0, np.uint32)
         self.key_base = 0
-        #: Slots not in use below ``used`` (reused once they are ``REUSE`` of them, or
-        #: enough for a whole put): the first ``nlisted`` of ``free`` (its size a
-        #: ``REUSE``th of the slots'), then those found by a scan from ``cursor`` (a
-        #: scan for every one of a few scattered over millions of slots would read every
-        #: slot's place each time: W9's rows read back free theirs a few hundred a step).
-        self.nfree = self.nlisted = self.used = self.cursor = 0
-        self.free = np.empty(0, np.uint32)
+        #: Slots not in use below ``used`` (reused once they are ``REUSE`` of them: found
+        #: by a scan from ``cursor``, not kept in a list of their own, 4 bytes a slot).
+        self.nfree = self.used = self.cursor = 0
         self.next_number = 0  # the next segment's number
         self.segments: dict[int, _Segment] = {}
         self.open: _Segment | None = None
@@ -306,12 +298,10 @@ class ColdRows:
     @property
     def nbytes(self) -> int:
         """RAM this tier takes: its index and per-row arrays."""
-        arrays = self.places.nbytes + self.epochs.nbytes + self.keys.nbytes + self.free.nbytes
-        return int(self.index.nbytes + arrays)
+        return int(self.index.nbytes + self.places.nbytes + self.epochs.nbytes + self.keys.nbytes)
 
-    #: Bytes per cold slot of the arrays besides the index: place, epoch, key (and 4 bytes
-    #: of the list of slots not in use per ``REUSE`` slots). (With its index entry, 16 to 20
-    #: bytes by the index's load, a cold row takes 32 to 36 bytes.)
+    #: Bytes per cold slot of the arrays besides the index: place, epoch, key. (With its
+    #: index entry, 16 to 20 bytes by the index's load, a cold row takes 32 to 36 bytes.)
     SLOT_BYTES = 8 + 4 + 4
 
     def nbytes_with(self, more: int, tight: bool = False) -> int:
@@ -322,8 +312,7 @@ class ColdRows:
         size = self.places.size
         if need > size:
             size = _grown(size, need)
-        arrays = size * self.SLOT_BYTES + (size // REUSE) * self.free.itemsize
-        return int(self.index.nbytes_holding(len(self.index) + more, tight) + arrays)
+        return int(self.index.nbytes_holding(len(self.index) + more, tight) + size * self.SLOT_BYTES)
 
     def disk_bytes(self) -> int:
         total = 0
@@ -479,8 +468,10 @@ class ColdRows:
 
     def _take_slots(self, n: int) -> np.ndarray:
         reuse = self._reused(n)
+        taken = self._free_slots(reuse)
+        self.nfree -= reuse
         fresh = n - reuse
-        if self.used + fresh > self.places.size:  # (checked before any slot is taken)
+        if self.used + fresh > self.places.size:
             size = _grown(self.places.size, self.used + fresh)
             if size > MAX_SLOTS:
                 raise ResourceExhaustedError(
@@ -489,20 +480,13 @@ class ColdRows:
             old = self.places.size
             for name in ("places", "epochs", "keys"):
                 resize_rows(self.__dict__, name, size)
-            resize_rows(self.__dict__, "free", size // REUSE)
             self.places[old:] = FREE
-        listed = min(reuse, self.nlisted)
-        self.nlisted -= listed
-        taken = [self.free[self.nlisted : self.nlisted + listed].astype(np.int64)]
-        taken.append(self._free_slots(reuse - listed))  # (FREE ones: the listed are LISTED)
-        self.nfree -= reuse
-        taken.append(np.arange(self.used, self.used + fresh, dtype=np.int64))
+        out = np.concatenate([taken, np.arange(self.used, self.used + fresh, dtype=np.int64)])
         self.used += fresh
-        return np.concatenate(taken)
+        return out
 
     def _free_slots(self, n: int) -> np.ndarray:
-        """``n`` slots not in use and not listed (there are as many), scanned for from
-        ``cursor`` on, round."""
+        """``n`` slots not in use (there are as many), scanned for from ``cursor`` on, round."""
         if not n:
             return np.empty(0, np.int64)
         parts, found, at, scanned = [], 0, self.cursor, 0
@@ -510,7 +494,7 @@ class ColdRows:
             if at >= self.used:
                 at = 0
             hi = min(self.used, at + max(SCAN_SLOTS, 2 * REUSE * (n - found)))
-            part = np.flatnonzero(self.places[at:hi] == FREE)[: n - found] + at
+            part = np.flatnonzero(self.places[at:hi] < 0)[: n - found] + at
             parts.append(part)
             found += part.size
             scanned += hi - at
@@ -557,11 +541,7 @@ class ColdRows:
         if not gone.size:
             return cold
         places = self.places[gone]
-        listed = min(gone.size, self.free.size - self.nlisted)
-        self.free[self.nlisted : self.nlisted + listed] = gone[:listed]
-        self.nlisted += listed
-        self.places[gone[:listed]] = LISTED
-        self.places[gone[listed:]] = FREE
+        self.places[gone] = FREE
         self.nfree += gone.size
         self._died(places)
         self.collect()
