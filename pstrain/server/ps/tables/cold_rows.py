@@ -54,7 +54,6 @@ __all__ = [
     "put_field",
     "record_dtype",
     "resize_rows",
-    "scatter_cells",
     "scatter_rows",
 ]
 
@@ -114,7 +113,7 @@ def _field_cells(records: np.ndarray, first: str, last: str | None = None) -> np
     return raw[:, start : end_at + end_type.itemsize].view(f"V{end_at + end_type.itemsize - start}")[:, 0]
 
 
-def scatter_cells(out: np.ndarray, at: np.ndarray, cells: np.ndarray) -> None:
+def _scatter_cells(out: np.ndarray, at: np.ndarray, cells: np.ndarray) -> None:
     """``out[at] = cells``: the rows of C-contiguous ``out`` at ``at`` from ``cells`` (of as
     many bytes a row: :func:`_cells`, :func:`_field_cells`), a block per row."""
     dst = out.reshape(out.shape[0], -1).view(np.uint8).view(cells.dtype).reshape(out.shape[0])
@@ -127,7 +126,7 @@ def scatter_rows(out: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
     if cells is None:
         out[at] = rows
     else:
-        scatter_cells(out, at, cells)
+        _scatter_cells(out, at, cells)
 
 
 def copy_field(out: np.ndarray, records: np.ndarray, first: str, last: str | None = None) -> None:
@@ -651,11 +650,11 @@ class ColdRows:
             dest = order[part]
             got = self._gather(number, records, self.record(seg.slots))
             out["ids"][dest] = got["id"]  # (each record's fields moved as one block: _cells)
-            scatter_cells(out["meta"], dest, _field_cells(got, "epoch", "freq"))
-            scatter_cells(out["rows"], dest, _field_cells(got, "row"))
+            _scatter_cells(out["meta"], dest, _field_cells(got, "epoch", "freq"))
+            _scatter_cells(out["rows"], dest, _field_cells(got, "row"))
             for k, init in slot_init.items():
                 if k in seg.slots:
-                    scatter_cells(out[f"slot:{k}"], dest, _field_cells(got, f"slot{seg.slots.index(k)}"))
+                    _scatter_cells(out[f"slot:{k}"], dest, _field_cells(got, f"slot{seg.slots.index(k)}"))
                 else:
                     out[f"slot:{k}"][dest] = init
         return out

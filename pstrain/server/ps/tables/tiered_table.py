@@ -352,7 +352,7 @@ class TieredTable(TieredSlices, DynamicTable):
             raise ResourceExhaustedError(
                 f"dynamic table {self.name!r}: moving {moving} more rows to disk would take the "
                 f"index of the rows on disk past the ps's budget of {self.budget} bytes{during} "
-                f"(pstrain serve --memory-budget): raise the budget, give the table a capacity, "
+                "(pstrain serve --memory-budget): raise the budget, give the table a capacity, "
                 f"{self._smaller_batches(n)}or shard it over more ps"
             )
         self.demote(self._coldest(moving, protect))
