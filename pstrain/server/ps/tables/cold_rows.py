@@ -114,19 +114,20 @@ def _field_cells(records: np.ndarray, first: str, last: str | None = None) -> np
 
 
 def _scatter_cells(out: np.ndarray, at: np.ndarray, cells: np.ndarray) -> None:
-    """``out[at] = cells``: the rows of C-contiguous ``out`` at ``at`` from ``cells`` (of as
-    many bytes a row: :func:`_cells`, :func:`_field_cells`), a block per row."""
-    dst = out.reshape(out.shape[0], -1).view(np.uint8).view(cells.dtype).reshape(out.shape[0])
+    """``out[at] = cells``: rows of ``out`` (C-contiguous, not empty) from cells of as many
+    bytes (:func:`_cells`, :func:`_field_cells`), a block per row."""
+    dst = _cells(out, out.dtype)
+    assert dst is not None, "a scatter into an array that is not one block"
     dst[at] = cells
 
 
 def scatter_rows(out: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
     """``out[at] = rows``, a block per row where both arrays allow it (:func:`_cells`)."""
-    cells = _cells(rows, out.dtype) if out.flags.c_contiguous and out.size else None
-    if cells is None:
+    dst, src = _cells(out, out.dtype), _cells(rows, out.dtype)
+    if dst is None or src is None:
         out[at] = rows
     else:
-        _scatter_cells(out, at, cells)
+        dst[at] = src
 
 
 def copy_field(out: np.ndarray, records: np.ndarray, first: str, last: str | None = None) -> None:
