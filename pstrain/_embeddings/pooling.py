@@ -5,8 +5,8 @@ and for each id of each bag its bag, its row among the distinct ones and its fac
 weight, divided by the bag's total weight for ``"mean"`` or by the root of the sum of the
 squared weights for ``"sqrtn"``, as TF divides: no number for a bag of total 0 gives 0).
 :meth:`Bags.pool` sums the factored rows into bags and :meth:`Bags.backward` sends a bag's
-gradient back to its rows (summed per distinct id), both by one compiled loop
-(``pool_rows``).
+gradient back to its rows (summed per distinct id), both by one compiled loop over the
+bags (``pool_bags``).
 
 :func:`embedding_lookup_sparse` and :func:`safe_embedding_lookup_sparse` are TF's, on
 pstrain's tables (fixed, sharded or dynamic), with TF's rules: combiners ``"sum"``,
@@ -45,35 +45,40 @@ def check_combiner(combiner: Any) -> str:
 
 def _pool(
     out: np.ndarray,
-    seg: np.ndarray,
+    offsets: np.ndarray,
     src: np.ndarray,
     idx: np.ndarray,
-    scale: np.ndarray,
-    out_col: int = 0,
-    src_col: int = 0,
-    width: int = -1,
+    factors: np.ndarray,
+    out_col: int,
+    src_col: int,
+    width: int,
+    scatter: bool,
 ) -> None:
-    """``out[seg[i], cols] += scale[i] * src[idx[i], cols]``, by the compiled loop for float
-    rows (``src`` as ``out``'s dtype, contiguous)."""
+    """Bag ``b`` is ``idx[offsets[b]:offsets[b+1]]``: ``out[b, cols] += factor * src[idx,
+    cols]`` (``scatter``: ``out[idx, cols] += factor * src[b, cols]``), by the compiled loop
+    for float rows (``src`` as ``out``'s dtype, contiguous); ``factors`` empty: all 1."""
     kernels = KERNELS if out.dtype in FLOAT_DTYPES and out.flags.c_contiguous else reference
-    kernels.pool_rows(
+    kernels.pool_bags(
         out,
-        seg,
+        offsets,
         np.ascontiguousarray(src, out.dtype),
         idx,
-        np.ascontiguousarray(scale, out.dtype),
+        np.ascontiguousarray(factors, out.dtype),
         out_col,
         src_col,
         width,
+        scatter,
     )
 
 
 class Bags:
     """One feature's bags, ready to pool: ``unique`` are the ids to look up (ascending: a
     sharded table's parts are runs of them, and their gradients go as sorted, unique rows);
-    ``n`` bags come out. ``dtype``: the rows' (the factors are computed in it)."""
+    ``n`` bags come out, bag ``b`` the ids ``offsets[b]:offsets[b+1]``, each id's row
+    ``inverse[i]`` of ``unique`` and its factor ``scale[i]``. ``dtype``: the rows' (the
+    factors are computed in it)."""
 
-    __slots__ = ("unique", "inverse", "segments", "scale", "n", "combiner")
+    __slots__ = ("unique", "inverse", "offsets", "factors", "n", "combiner")
 
     def __init__(
         self, jagged: JaggedTensor, combiner: str = "sum", dtype: Any = np.float32, n: int | None = None
@@ -82,8 +87,21 @@ class Bags:
         self.n = len(jagged) if n is None else n
         self.unique, self.inverse = distinct(jagged.values, sorted=True)
         self.inverse = np.ascontiguousarray(self.inverse, np.int64)
-        self.segments = jagged.segment_ids()
-        self.scale = _factors(jagged, self.segments, self.combiner, np.dtype(dtype))
+        self.offsets, self.factors = _bags_of(jagged, self.n, self.combiner, np.dtype(dtype))
+
+    @property
+    def segments(self) -> np.ndarray:
+        """Each id's bag (``tf.RaggedTensor.value_rowids``)."""
+        return np.repeat(np.arange(self.n, dtype=np.int64), np.diff(self.offsets))
+
+    @property
+    def scale(self) -> np.ndarray:
+        """Each id's factor in its bag's combination."""
+        return (
+            self.factors
+            if self.factors.size or not self.inverse.size
+            else np.ones(self.inverse.size, self.factors.dtype)
+        )
 
     @classmethod
     def sharing(
@@ -101,8 +119,7 @@ class Bags:
             b = cls.__new__(cls)
             b.combiner, b.n, b.unique = check_combiner(combiner), n, unique
             b.inverse = np.ascontiguousarray(inverse[start : start + j.values.size], np.int64)
-            b.segments = j.segment_ids()
-            b.scale = _factors(j, b.segments, b.combiner, np.dtype(dtype))
+            b.offsets, b.factors = _bags_of(j, n, b.combiner, np.dtype(dtype))
             start += j.values.size
             out.append(b)
         return unique, out
@@ -116,7 +133,7 @@ class Bags:
         if out is None:
             dtype = rows.dtype if rows.dtype in FLOAT_DTYPES else np.float32
             out = np.zeros((self.n, rows.shape[1]), dtype)
-        _pool(out, self.segments, rows, self.inverse, self.scale, column, 0, rows.shape[1])
+        _pool(out, self.offsets, rows, self.inverse, self.factors, column, 0, rows.shape[1], False)
         return out
 
     def backward(
@@ -132,17 +149,29 @@ class Bags:
         if out is None:
             dtype = d.dtype if d.dtype in FLOAT_DTYPES else np.float32
             out = np.zeros((self.unique.size, dim), dtype)
-        _pool(out, self.inverse, d, self.segments, self.scale, 0, column, dim)
+        _pool(out, self.offsets, d, self.inverse, self.factors, 0, column, dim, True)
         return IndexedSlices(out, self.unique)
 
 
-def _factors(jagged: JaggedTensor, segments: np.ndarray, combiner: str, dtype: np.dtype) -> np.ndarray:
+def _bags_of(jagged: JaggedTensor, n: int, combiner: str, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """The offsets of ``n`` bags (``jagged``'s, cut or padded with empty ones) and the ids'
+    factors (empty when all are 1: sums of unweighted bags skip the products)."""
+    o = jagged.offsets
+    offsets = o[: n + 1] if n < o.size else np.r_[o, np.full(n + 1 - o.size, o[-1])]
+    return offsets, _factors(jagged, combiner, dtype)
+
+
+def _factors(jagged: JaggedTensor, combiner: str, dtype: np.dtype) -> np.ndarray:
     """Each id's factor in its bag's combination (TF's: weight, weight / total, weight /
-    sqrt(sum of squares); a total of 0 gives 0, as ``div_no_nan``)."""
+    sqrt(sum of squares); a total of 0 gives 0, as ``div_no_nan``); empty for a sum of
+    unweighted bags (every factor 1)."""
+    if combiner == "sum" and jagged.weights is None:
+        return np.zeros(0, dtype)
     w = np.ones(jagged.values.size, dtype) if jagged.weights is None else jagged.weights.astype(dtype)
     if combiner == "sum":
         return w
     n = len(jagged)
+    segments = jagged.segment_ids()
     if combiner == "mean":
         total = np.bincount(segments, weights=w, minlength=n).astype(dtype)
     else:

@@ -31,15 +31,16 @@ def take_bags(
 ) -> np.ndarray: ...
 def shuffle_through(buf: np.ndarray, incoming: np.ndarray, draws: np.ndarray, out: np.ndarray) -> None: ...
 def take_fixed(src: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None: ...
-def pool_rows(
+def pool_bags(
     out: np.ndarray,
-    seg: np.ndarray,
+    offsets: np.ndarray,
     src: np.ndarray,
     idx: np.ndarray,
     scale: np.ndarray,
     out_col: int = 0,
     src_col: int = 0,
     width: int = -1,
+    scatter: bool = False,
 ) -> None: ...
 def gather_rows(
     table: np.ndarray,

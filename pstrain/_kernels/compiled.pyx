@@ -30,6 +30,9 @@ cdef extern from *:
 DEF AHEAD = 8
 #: Ids ahead whose index slot a probe loop asks for (a slot is one cache line: more fit).
 DEF PROBE_AHEAD = 32
+#: Ids ahead whose row a pooled lookup (or its backward) asks for: a row is a cache line or
+#: two of a batch's distinct rows, read in the order the bags name them.
+DEF POOL_AHEAD = 16
 #: Bags (or examples) ahead whose memory a dataset's batch asks for: a bag is a few ids,
 #: two cache misses (its offsets, then its values) that more bags in flight hide.
 DEF BAG_AHEAD = 24
@@ -609,35 +612,65 @@ def rowwise_adagrad_rows(real[:, ::1] var, real[:, ::1] acc, const int64_t[::1] 
         raise IndexError("rowwise_adagrad_rows: a row past the variable's end")
 
 
-def pool_rows(real[:, ::1] out, const int64_t[::1] seg, const real[:, ::1] src,
+def pool_bags(real[:, ::1] out, const int64_t[::1] offsets, const real[:, ::1] src,
               const int64_t[::1] idx, const real[::1] scale, Py_ssize_t out_col=0,
-              Py_ssize_t src_col=0, Py_ssize_t width=-1):
-    """``out[seg[i], out_col:out_col+width] += scale[i] * src[idx[i], src_col:src_col+width]``
-    in order (``width`` -1: all of ``out``'s columns): a pooled lookup's bags from the
-    distinct rows (``seg``: the bag, ``idx``: the row), and its backward the other way; the
-    columns let many features pool into, or come back from, one side-by-side array."""
-    cdef Py_ssize_t i, j, s, r, n = seg.shape[0]
+              Py_ssize_t src_col=0, Py_ssize_t width=-1, bint scatter=False):
+    """Bag ``b`` is ``offsets[b]:offsets[b+1]`` of ``idx`` (and ``scale``: empty for all 1).
+    Pooling: ``out[b, cols] += scale[i] * src[idx[i], cols]``; ``scatter``, its backward:
+    ``out[idx[i], cols] += scale[i] * src[b, cols]``; in order of ``i`` either way, the
+    columns ``out_col`` and ``src_col`` on, ``width`` of them (-1: all of ``out``'s). A bag's
+    pooled row stays in the cache while its ids add into it, and the rows ahead are asked for
+    before they are needed: the ids of a batch point all over its distinct rows."""
+    cdef Py_ssize_t b, i, j, r, bags = offsets.shape[0] - 1, n = idx.shape[0]
     cdef Py_ssize_t n_out = out.shape[0], n_src = src.shape[0]
-    cdef real c
-    cdef bint bad = False
+    cdef Py_ssize_t n_bags = n_src if scatter else n_out, n_rows = n_out if scatter else n_src
+    cdef bint ones = scale.shape[0] == 0, bad = False
+    cdef real c = 1
+    cdef real* o
+    cdef const real* x
     if width < 0:
         width = out.shape[1]
-    if idx.shape[0] != n or scale.shape[0] != n or out_col < 0 or src_col < 0 \
+    if (not ones and scale.shape[0] != n) or bags < 0 or out_col < 0 or src_col < 0 \
             or out_col + width > out.shape[1] or src_col + width > src.shape[1]:
-        raise ValueError("pool_rows: seg, idx and scale differ in length, or the columns are "
+        raise ValueError("pool_bags: no offsets, scale not one per id, or the columns are "
                          "outside out or src")
-    with nogil:
-        for i in range(n):  # checked before anything is added: a bad row changes nothing
-            if seg[i] < 0 or seg[i] >= n_out or idx[i] < 0 or idx[i] >= n_src:
+    with nogil:  # checked before anything is added: a bad bag or row changes nothing
+        bad = bags > n_bags or offsets[0] != 0 or offsets[bags] > n
+        for b in range(bags):
+            if bad or offsets[b + 1] < offsets[b]:
                 bad = True
                 break
+        if not bad:
+            for i in range(offsets[bags]):
+                if idx[i] < 0 or idx[i] >= n_rows:
+                    bad = True
+                    break
     if bad:
-        raise IndexError("pool_rows: a row outside out or src")
+        raise IndexError("pool_bags: a bag or a row outside out or src")
     with nogil:
-        for i in range(n):
-            s, r, c = seg[i], idx[i], scale[i]
-            for j in range(width):
-                out[s, out_col + j] = out[s, out_col + j] + c * src[r, src_col + j]
+        for b in range(bags):
+            if scatter:
+                x = &src[b, src_col]
+            else:
+                o = &out[b, out_col]
+            for i in range(offsets[b], offsets[b + 1]):
+                if i + POOL_AHEAD < offsets[bags]:
+                    r = idx[i + POOL_AHEAD]
+                    if scatter:
+                        _prefetchw(&out[r, out_col])
+                    else:
+                        __builtin_prefetch(&src[r, src_col])
+                if scatter:
+                    o = &out[idx[i], out_col]
+                else:
+                    x = &src[idx[i], src_col]
+                if ones:
+                    for j in range(width):
+                        o[j] = o[j] + x[j]
+                else:
+                    c = scale[i]
+                    for j in range(width):
+                        o[j] = o[j] + c * x[j]
 
 
 def bag_positions(const int64_t[::1] offsets, const int64_t[::1] rows, int64_t[::1] out_offsets):

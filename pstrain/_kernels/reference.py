@@ -35,7 +35,7 @@ __all__ = [
     "keep_changed",
     "mix64",
     "pick_victims",
-    "pool_rows",
+    "pool_bags",
     "pread_records",
     "put_rows",
     "rows_after",
@@ -383,32 +383,43 @@ def take_fixed(src: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
     np.take(src, rows, axis=0, out=out)
 
 
-def pool_rows(
+def pool_bags(
     out: np.ndarray,
-    seg: np.ndarray,
+    offsets: np.ndarray,
     src: np.ndarray,
     idx: np.ndarray,
     scale: np.ndarray,
     out_col: int = 0,
     src_col: int = 0,
     width: int = -1,
+    scatter: bool = False,
 ) -> None:
-    n = seg.size
+    n = idx.size
     width = out.shape[1] if width < 0 else width
     if (
-        idx.size != n
-        or scale.size != n
+        (scale.size and scale.size != n)
+        or offsets.size < 1
         or min(out_col, src_col) < 0
         or out_col + width > out.shape[1]
         or src_col + width > src.shape[1]
     ):
-        raise ValueError(
-            "pool_rows: seg, idx and scale differ in length, or the columns are outside out or src"
-        )
-    if n and (seg.min() < 0 or idx.min() < 0 or seg.max() >= out.shape[0] or idx.max() >= src.shape[0]):
-        raise IndexError("pool_rows: a row outside out or src")
-    block = out[:, out_col : out_col + width]
-    np.add.at(block, seg, scale[:, None] * src[idx, src_col : src_col + width])
+        raise ValueError("pool_bags: no offsets, scale not one per id, or the columns are outside out or src")
+    bags, rows = (src.shape[0], out.shape[0]) if scatter else (out.shape[0], src.shape[0])
+    used = int(offsets[-1])
+    if (
+        offsets.size - 1 > bags
+        or offsets[0] != 0
+        or used > n
+        or (np.diff(offsets) < 0).any()
+        or (used and (idx[:used].min() < 0 or idx[:used].max() >= rows))
+    ):
+        raise IndexError("pool_bags: a bag or a row outside out or src")
+    seg = np.repeat(np.arange(offsets.size - 1), np.diff(offsets))
+    ids = idx[:used]
+    if scatter:
+        seg, ids = ids, seg
+    part = src[ids, src_col : src_col + width]
+    np.add.at(out[:, out_col : out_col + width], seg, part if not scale.size else scale[:used, None] * part)
 
 
 def gather_rows(

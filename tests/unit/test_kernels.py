@@ -375,38 +375,79 @@ def test_row_wise_adagrad_is_the_same_compiled_and_in_numpy_and_in_the_rule(dtyp
     np.testing.assert_allclose(acc, ref_acc, rtol=tol, atol=tol)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     dtype=st.sampled_from([np.float32, np.float64]),
-    bags=st.integers(1, 30),
+    bags=st.integers(0, 30),
     rows=st.integers(1, 30),
-    width=st.integers(1, 9),
+    width=st.integers(1, 40),
+    weighted=st.booleans(),
+    scatter=st.booleans(),
     data=st.data(),
 )
-def test_pooling_rows_into_bags_is_the_same_compiled_and_in_numpy(dtype, bags, rows, width, data):
+def test_pooling_bags_is_the_same_compiled_and_in_numpy(dtype, bags, rows, width, weighted, scatter, data):
+    """Bags pooled (and scattered back) from rows: the compiled loop, numpy's and a loop by
+    hand agree bit for bit, with factors or without (all 1), into columns of wider arrays;
+    the rows ahead that the loop asks for early never change the result."""
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
-    n = data.draw(st.integers(0, 80))
-    seg = rng.integers(0, bags, n).astype(np.int64)
-    idx = rng.integers(0, rows, n).astype(np.int64)
-    scale = rng.standard_normal(n).astype(dtype)
-    src = rng.standard_normal((rows, width + 3)).astype(dtype)
+    lengths = rng.integers(0, 6, bags)
+    offsets = np.r_[0, np.cumsum(lengths)].astype(np.int64)
+    n = int(offsets[-1])
+    idx = rng.integers(0, rows, n + data.draw(st.integers(0, 3))).astype(
+        np.int64
+    )  # ids past the last bag: unused
+    scale = rng.standard_normal(idx.size).astype(dtype) if weighted else np.zeros(0, dtype)
     out_col, src_col = data.draw(st.integers(0, 2)), data.draw(st.integers(0, 3))
+    out_rows, src_rows = (rows, bags) if scatter else (bags, rows)
+    src = rng.standard_normal((src_rows, width + 3)).astype(dtype)
     results = []
     for impl in (compiled, reference):
-        out = np.ones((bags, width + 2), dtype)
-        impl.pool_rows(out, seg, src, idx, scale, out_col, src_col, width)
+        out = np.ones((out_rows, width + 2), dtype)
+        impl.pool_bags(out, offsets, src, idx, scale, out_col, src_col, width, scatter)
         results.append(_bits(out))
-    expected = np.ones((bags, width + 2), dtype)
-    for i in range(n):
-        expected[seg[i], out_col : out_col + width] += scale[i] * src[idx[i], src_col : src_col + width]
+    expected = np.ones((out_rows, width + 2), dtype)
+    for b in range(bags):
+        for i in range(offsets[b], offsets[b + 1]):
+            o, r = (idx[i], b) if scatter else (b, idx[i])
+            part = src[r, src_col : src_col + width]
+            expected[o, out_col : out_col + width] += scale[i] * part if weighted else part
     assert results[0] == results[1] == _bits(expected)
-    for impl in (compiled, reference):  # a row outside is refused before anything is added
-        out = np.zeros((bags, width), dtype)
-        with pytest.raises(IndexError, match="outside"):
-            impl.pool_rows(
-                out, np.r_[seg, bags], src, np.r_[idx, 0], np.r_[scale, 1].astype(dtype), 0, 0, width
+
+
+@pytest.mark.parametrize("scatter", [False, True])
+def test_a_bag_or_row_outside_is_refused_before_anything_is_pooled(scatter):
+    """A row past the distinct rows, a bag past the output, offsets that go back or past
+    the ids: both kernels refuse them before anything is added."""
+    offsets = np.array([0, 2, 3], np.int64)
+    idx = np.array([0, 1, 2], np.int64)
+    ones = np.zeros(0, np.float32)
+    bad = [  # (offsets, idx, rows of the distinct side)
+        (offsets, np.array([0, 1, 3], np.int64), 3),  # a row past the distinct rows
+        (np.array([0, 1, 2, 3], np.int64), idx, 3),  # a bag past the bags' side
+        (np.array([0, 2, 1], np.int64), idx, 3),  # offsets going back
+        (np.array([0, 2, 4], np.int64), idx, 3),  # past the ids
+        (np.array([1, 2, 3], np.int64), idx, 3),  # not from the first id
+        (offsets, np.array([0, -1, 2], np.int64), 3),  # below 0
+    ]
+    for impl in (compiled, reference):
+        for offs, ids, rows in bad:
+            out = np.zeros((rows, 4) if scatter else (2, 4), np.float32)
+            src = np.ones((2, 4) if scatter else (rows, 4), np.float32)
+            with pytest.raises(IndexError, match="outside"):
+                impl.pool_bags(out, offs, src, ids, ones, 0, 0, 4, scatter)
+            assert not out.any(), (impl, offs, ids)
+        with pytest.raises(ValueError, match="scale not one per id"):
+            impl.pool_bags(
+                np.zeros((3, 4), np.float32),
+                offsets,
+                np.ones((3, 4), np.float32),
+                idx,
+                np.ones(2, np.float32),
             )
-        assert not out.any()
+        with pytest.raises(ValueError, match="no offsets"):
+            impl.pool_bags(
+                np.zeros((3, 4), np.float32), np.zeros(0, np.int64), np.ones((3, 4), np.float32), idx, ones
+            )
 
 
 def test_a_row_past_the_end_is_refused_by_both_and_nothing_changes():
