@@ -100,10 +100,12 @@ def compute_alone(steps: int) -> dict[str, Any]:
         if i == warm:
             t0 = time.process_time()
         bags = [Bags(batch[f], "sum") for f in dlrm.FEATURES]
-        pooled = np.concatenate([b.pool(take_rows(t, b.unique)) for b, t in zip(bags, tables)], axis=1)
+        pooled = np.zeros((dlrm.BATCH, len(bags) * dlrm.DIM), np.float32)  # as the collection pools
+        for f, (b, t) in enumerate(zip(bags, tables)):
+            b.pool(take_rows(t, b.unique), pooled, f * dlrm.DIM)
         _, _, d_pooled, grads = dlrm.forward_backward(pooled, x, y, mlp)
         for f, (b, t, acc) in enumerate(zip(bags, tables, table_acc)):
-            g = b.backward(np.ascontiguousarray(d_pooled[:, f * dlrm.DIM : (f + 1) * dlrm.DIM]))
+            g = b.backward(d_pooled, None, f * dlrm.DIM, dlrm.DIM)
             adagrad(t, g.values, g.indices.astype(np.int64), {"accumulator": acc}, cfg, i + 1)
         for w, g, acc in zip(mlp, grads, mlp_acc):
             adagrad(w, g.astype(np.float32), None, {"accumulator": acc}, cfg, i + 1)

@@ -182,11 +182,15 @@ def forward_backward(
     """(loss, predictions, the gradient of ``pooled``, the MLP's gradients); ``labels`` None:
     the forward pass only (loss and gradients empty). Each layer's bias and ReLU, and each
     ReLU's gradient, work in place on the product they follow: a batch's activations are
-    megabytes, and every temporary array is one more pass over them."""
+    megabytes, and every temporary array is one more pass over them. For the same reason the
+    top MLP's first layer takes the pooled rows and the bottom MLP's output as the two parts
+    of its weights, never joined side by side, and the pooled rows' gradient comes straight
+    out of its own product."""
     wb1, bb1, wb2, bb2, wt1, bt1, wt2, bt2, wt3, bt3 = mlp
+    width = pooled.shape[1]
+    wt1_pooled, wt1_bottom = wt1[:width], wt1[width:]
 
-    def layer(a: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
-        out = a @ w
+    def relu(out: np.ndarray, b: np.ndarray) -> np.ndarray:
         out += b
         return np.maximum(out, 0, out=out)
 
@@ -194,11 +198,12 @@ def forward_backward(
         d_out *= h > 0
         return d_out
 
-    z1 = layer(dense, wb1, bb1)
-    z2 = layer(z1, wb2, bb2)
-    x = np.concatenate([pooled, z2], axis=1)
-    h1 = layer(x, wt1, bt1)
-    h2 = layer(h1, wt2, bt2)
+    z1 = relu(dense @ wb1, bb1)
+    z2 = relu(z1 @ wb2, bb2)
+    h1 = pooled @ wt1_pooled  # the concatenation [pooled, z2] @ wt1, in two parts
+    h1 += z2 @ wt1_bottom
+    h1 = relu(h1, bt1)
+    h2 = relu(h1 @ wt2, bt2)
     logit = h2 @ wt3[:, 0]
     logit += bt3[0]
     p = 1 / (1 + np.exp(-logit))
@@ -211,15 +216,17 @@ def forward_backward(
     d_h2 = cut(np.multiply.outer(d, wt3[:, 0]), h2)
     g_wt2, g_bt2 = h1.T @ d_h2, d_h2.sum(0)
     d_h1 = cut(d_h2 @ wt2.T, h1)
-    g_wt1, g_bt1 = x.T @ d_h1, d_h1.sum(0)
-    d_x = d_h1 @ wt1.T
-    width = pooled.shape[1]
-    d_z2 = cut(d_x[:, width:], z2)
+    g_wt1 = np.empty_like(wt1)
+    np.matmul(pooled.T, d_h1, out=g_wt1[:width])
+    np.matmul(z2.T, d_h1, out=g_wt1[width:])
+    g_bt1 = d_h1.sum(0)
+    d_pooled = d_h1 @ wt1_pooled.T
+    d_z2 = cut(d_h1 @ wt1_bottom.T, z2)
     g_wb2, g_bb2 = z1.T @ d_z2, d_z2.sum(0)
     d_z1 = cut(d_z2 @ wb2.T, z1)
     g_wb1, g_bb1 = dense.T @ d_z1, d_z1.sum(0)
     grads = [g_wb1, g_bb1, g_wb2, g_bb2, g_wt1, g_bt1, g_wt2, g_bt2, g_wt3, g_bt3]
-    return loss, p, np.ascontiguousarray(d_x[:, :width]), grads
+    return loss, p, d_pooled, grads
 
 
 def make_step(model: DLRM, optimizer: Any) -> Any:
