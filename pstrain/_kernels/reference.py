@@ -47,6 +47,7 @@ __all__ = [
     "shard_ids",
     "stamp_rows",
     "unique_first",
+    "unique_in_span",
 ]
 
 _EMPTY = -1  # an index slot's value when it holds no id
@@ -553,6 +554,15 @@ def unique_first(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     rank = np.empty(order.size, np.int64)
     rank[order] = np.arange(order.size)
     return sorted_ids[order], rank[inverse.reshape(-1)]
+
+
+def unique_in_span(ids: np.ndarray, low: int, span: int) -> tuple[np.ndarray, np.ndarray]:
+    if span < 1 or span > 1 << 40:
+        raise ValueError("unique_in_span: span must be 1 to 2**40")
+    if ids.size and (ids.min() < low or ids.max() - low >= span):
+        raise IndexError("unique_in_span: an id outside the span")
+    unique, inverse = np.unique(ids, return_inverse=True)
+    return unique.astype(np.int64), inverse.reshape(-1).astype(np.int64)
 
 
 def argsort_stable(values: np.ndarray, unsigned: bool = False) -> np.ndarray:

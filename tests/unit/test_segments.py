@@ -44,6 +44,34 @@ def test_the_radix_argsort_is_numpys_stable_argsort_signed_and_unsigned(ids, uns
         assert got.dtype == np.int64 and got.tolist() == want.tolist(), impl.__name__
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    offsets=st.lists(st.integers(0, 700), max_size=300),
+    low=st.sampled_from([0, -5, 63, 2**40, -(2**63)]),
+    extra=st.integers(0, 130),
+)
+def test_the_bitmap_distinct_is_np_unique_exactly_at_any_low_and_word_edge(offsets, low, extra):
+    """Ids marked in a span's bits: the ids ascending and their positions are np.unique's,
+    whatever the span's start (negative, past 32 bits, int64's lowest) and its last word."""
+    x = np.array([low + o for o in offsets], np.int64)
+    span = (max(offsets) + 1 if offsets else 1) + extra
+    want_y, want_idx = np.unique(x, return_inverse=True)
+    for impl in (compiled, reference):
+        y, idx = impl.unique_in_span(x, low, span)
+        assert y.dtype == idx.dtype == np.int64, impl.__name__
+        assert y.tolist() == want_y.tolist() and idx.tolist() == want_idx.reshape(-1).tolist(), impl.__name__
+
+
+def test_the_bitmap_distinct_refuses_an_id_outside_its_span_or_a_span_too_large():
+    for impl in (compiled, reference):
+        for ids, low in (([3, 10], 3), ([2, 5], 3)):  # past the span's end; below its start
+            with pytest.raises(IndexError, match="outside the span"):
+                impl.unique_in_span(np.array(ids, np.int64), low, 7)
+        for span in (0, 2**41):
+            with pytest.raises(ValueError, match="span must be"):
+                impl.unique_in_span(np.array([1], np.int64), 0, span)
+
+
 @settings(max_examples=150, deadline=None)
 @given(IDS, st.sampled_from([np.int64, np.int32, np.uint64, np.uint8]))
 def test_unique_sorted_is_np_unique_exactly_and_unsorted_keeps_first_occurrence(ids, dtype):
