@@ -637,10 +637,11 @@ def pool_bags(real[:, ::1] out, const int64_t[::1] offsets, const real[:, ::1] s
                          "outside out or src")
     with nogil:  # checked before anything is added: a bad bag or row changes nothing
         bad = bags > n_bags or offsets[0] != 0 or offsets[bags] > n
-        for b in range(bags):
-            if bad or offsets[b + 1] < offsets[b]:
-                bad = True
-                break
+        if not bad:
+            for b in range(bags):
+                if offsets[b + 1] < offsets[b]:
+                    bad = True
+                    break
         if not bad:
             for i in range(offsets[bags]):
                 if idx[i] < 0 or idx[i] >= n_rows:

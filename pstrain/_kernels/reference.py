@@ -559,7 +559,7 @@ def unique_first(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def unique_in_span(ids: np.ndarray, low: int, span: int) -> tuple[np.ndarray, np.ndarray]:
     if span < 1 or span > 1 << 40:
         raise ValueError("unique_in_span: span must be 1 to 2**40")
-    if ids.size and (ids.min() < low or ids.max() - low >= span):
+    if ids.size and (int(ids.min()) < low or int(ids.max()) - low >= span):  # (Python ints: no wrap)
         raise IndexError("unique_in_span: an id outside the span")
     unique, inverse = np.unique(ids, return_inverse=True)
     return unique.astype(np.int64), inverse.reshape(-1).astype(np.int64)

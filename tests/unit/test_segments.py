@@ -64,7 +64,8 @@ def test_the_bitmap_distinct_is_np_unique_exactly_at_any_low_and_word_edge(offse
 
 def test_the_bitmap_distinct_refuses_an_id_outside_its_span_or_a_span_too_large():
     for impl in (compiled, reference):
-        for ids, low in (([3, 10], 3), ([2, 5], 3)):  # past the span's end; below its start
+        # past the span's end; below its start; past it by more than int64 holds
+        for ids, low in (([3, 10], 3), ([2, 5], 3), ([-(2**63), 2**62], -(2**63))):
             with pytest.raises(IndexError, match="outside the span"):
                 impl.unique_in_span(np.array(ids, np.int64), low, 7)
         for span in (0, 2**41):
