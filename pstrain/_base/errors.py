@@ -39,6 +39,7 @@ __all__ = [
     "CancelledError",
     "ClosureAbortedError",
     "ClosureInputError",
+    "DataLossError",
     "DeadlineExceededError",
     "DrainingError",
     "FailedPreconditionError",
@@ -229,6 +230,15 @@ class ResourceExhaustedError(PstrainError):
     http_status = 507  # Insufficient Storage
 
 
+class DataLossError(PstrainError):
+    """Rows a ps held are lost (TF's name: unrecoverable data loss or corruption): a
+    checkpoint file that a tiered restore linked into its tier was written in place since
+    (pstrain never changes a checkpoint file once saved). The table must be restored
+    again."""
+
+    http_status = 500
+
+
 class DeadlineExceededError(PstrainError, TimeoutError):
     """No answer arrived within the deadline."""
 
@@ -254,6 +264,7 @@ _BY_NAME: dict[str, type[PstrainError]] = {
         DeadlineExceededError,
         PlacementChangedError,
         ResourceExhaustedError,
+        DataLossError,
     )
 }
 

@@ -1396,9 +1396,12 @@ def aligned_allocations():
     return cnp.PyDataMem_SetHandler(_ALIGNED)
 
 
-def pread_records(int fd, const int64_t[::1] records, Py_ssize_t width, uint8_t[:, ::1] out):
-    """Records ``records`` (ascending) of ``width`` bytes each of the file ``fd`` into the rows
-    of ``out``, without the GIL (a tiered table's rows read from disk). A run of neighbouring
+def pread_records(
+    int fd, const int64_t[::1] records, Py_ssize_t width, uint8_t[:, ::1] out, int64_t offset=0
+):
+    """Records ``records`` (ascending) of ``width`` bytes each of the file ``fd``, the first at
+    byte ``offset`` (a column of a checkpoint file linked into a tier), into the rows of
+    ``out``, without the GIL (a tiered table's rows read from disk). A run of neighbouring
     records is one ``pread`` into ``out``; records a few apart (gaps of at most ``READ_GAP``
     bytes) are read in one ``pread`` of the span that holds them (at most ``READ_SPAN``
     bytes, into a buffer of that size) and copied out: a call costs about what copying a
@@ -1412,6 +1415,8 @@ def pread_records(int fd, const int64_t[::1] records, Py_ssize_t width, uint8_t[
     cdef uint8_t *span = NULL
     if out.shape[0] < n or out.shape[1] != width:
         raise ValueError("pread_records: out must be (records, width)")
+    if offset < 0:
+        raise ValueError("pread_records: offset must be at least 0")
     if width <= READ_SPAN:
         span = <uint8_t *>malloc(READ_SPAN)
         if span == NULL:
@@ -1431,9 +1436,9 @@ def pread_records(int fd, const int64_t[::1] records, Py_ssize_t width, uint8_t[
                     j += 1
             want = (records[j - 1] - first + 1) * width
             if want == (j - i) * width:  # neighbours only: straight into out
-                got = pread(fd, &out[i, 0], want, first * width)
+                got = pread(fd, &out[i, 0], want, offset + first * width)
             else:
-                got = pread(fd, span, want, first * width)
+                got = pread(fd, span, want, offset + first * width)
                 if got == want:
                     for k in range(i, j):
                         memcpy(&out[k, 0], span + (records[k] - first) * width, width)

@@ -634,9 +634,11 @@ def aligned_allocations() -> None:
     return None
 
 
-def pread_records(fd: int, records: np.ndarray, width: int, out: np.ndarray) -> int:
+def pread_records(fd: int, records: np.ndarray, width: int, out: np.ndarray, offset: int = 0) -> int:
     if out.shape[0] < records.size or out.shape[1] != width:
         raise ValueError("pread_records: out must be (records, width)")
+    if offset < 0:
+        raise ValueError("pread_records: offset must be at least 0")
     n = records.size
     breaks = np.flatnonzero(np.diff(records) != 1) + 1
     for lo, hi in zip([0, *breaks.tolist()], [*breaks.tolist(), n]):
@@ -644,7 +646,7 @@ def pread_records(fd: int, records: np.ndarray, width: int, out: np.ndarray) -> 
             continue
         want = (hi - lo) * width
         try:
-            got = os.preadv(fd, [out[lo:hi].data], int(records[lo]) * width)
+            got = os.preadv(fd, [out[lo:hi].data], offset + int(records[lo]) * width)
         except OSError as exc:
             return exc.errno or -1
         if got != want:

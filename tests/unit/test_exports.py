@@ -83,6 +83,7 @@ ADDED = {
         "FailedPreconditionError",
         "PlacementChangedError",
         "ResourceExhaustedError",  # tables larger than memory (issue 64)
+        "DataLossError",  # a tiered restore's linked checkpoint file changed in place (issue 64)
     },
     "pstrain": {
         "math",

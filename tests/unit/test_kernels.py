@@ -851,24 +851,31 @@ def test_a_batchs_bag_positions_are_the_same_compiled_and_in_numpy(lengths, data
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(picks=st.lists(st.integers(0, 199), max_size=60), width=st.sampled_from([1, 8, 24, 100, 6000]))
-def test_records_read_from_a_file_are_the_same_compiled_and_in_numpy(tmp_path_factory, picks, width):
+@given(
+    picks=st.lists(st.integers(0, 199), max_size=60),
+    width=st.sampled_from([1, 8, 24, 100, 6000]),
+    offset=st.sampled_from([0, 1, 4096, 12345]),
+)
+def test_records_read_from_a_file_are_the_same_compiled_and_in_numpy(tmp_path_factory, picks, width, offset):
     """Records read in runs, in spans over the dead records between them (the compiled
     kernel's: gaps of up to 16 KiB, spans of up to 1 MiB; rows of 6,000 bytes cross both
-    limits), or one by one."""
+    limits), or one by one; from the file's start or from ``offset`` on (a column of a
+    checkpoint file a restore linked into a tier)."""
     path = tmp_path_factory.mktemp("records") / "column"
     data = np.random.default_rng(width).integers(0, 256, (200, width), dtype=np.uint8)
-    path.write_bytes(data.tobytes())
+    path.write_bytes(b"h" * offset + data.tobytes())
     records = np.unique(np.asarray(picks, np.int64))
     fd = os.open(path, os.O_RDONLY)
     try:
         for k in (compiled, reference):
             out = np.zeros((records.size, width), np.uint8)
-            assert k.pread_records(fd, records, width, out) == 0
+            assert k.pread_records(fd, records, width, out, offset) == 0
             np.testing.assert_array_equal(out, data[records])
             for past in ([198, 199, 200], [197, 200]):  # a record past the file's end: a short read
                 want = np.array(past, np.int64)
-                assert k.pread_records(fd, want, width, np.zeros((want.size, width), np.uint8)) == -1
+                assert k.pread_records(fd, want, width, np.zeros((want.size, width), np.uint8), offset) == -1
+            with pytest.raises(ValueError, match="offset"):
+                k.pread_records(fd, records, width, out, -1)
     finally:
         os.close(fd)
 

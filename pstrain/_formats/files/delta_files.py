@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import re
 import threading
 from collections.abc import Generator, Iterator
@@ -425,6 +426,9 @@ class _BaseFile(NamedTuple):
     keep: np.ndarray
     ids: np.ndarray
     slots: tuple[str, ...]
+    #: The file read (device, inode, size, last change): a reader opening it again by its
+    #: name checks that it is still the file whose ids were read.
+    identity: tuple[int, int, int, int]
 
 
 class TablePlan:
@@ -457,6 +461,16 @@ class TablePlan:
         budget lets it: it takes the first rows for RAM), then the base's kept rows, about
         ``piece_bytes`` of each tensor at a time (each checked against its checksums as it
         is read; a slot a file lacks: its initial value)."""
+        yield from self.overlay_pieces()
+        for part in self.base:
+            try:
+                with self.reopen(part) as f:
+                    yield from self.part_pieces(f, part, piece_bytes)
+            except OSError as exc:
+                raise InvalidArgumentError(f"dyn/restore: cannot read {part.path}: {exc}") from exc
+
+    def overlay_pieces(self) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
+        """The composed deltas' rows, the last changed first (one piece; none if none)."""
         ids, rows, slots, _ = self.overlay
         if ids.size:  # (views, last row first: the composed deltas are not copied again)
             yield (
@@ -469,34 +483,51 @@ class TablePlan:
                     for k in self.slots
                 },
             )
+
+    @staticmethod
+    def reopen(part: _BaseFile) -> TensorFile:
+        """Base file ``part`` opened again; InvalidArgumentError if it is no longer the file
+        whose ids were read (another under its name)."""
+        f = TensorFile(part.path)
+        if _identity(f.fileno()) != part.identity:
+            f.close()
+            raise InvalidArgumentError(f"dyn/restore: {part.path} changed while it was restored")
+        return f
+
+    def part_pieces(
+        self, f: TensorFile, part: _BaseFile, piece_bytes: int = 4 << 20
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
+        """The kept rows of base file ``part`` (open as ``f``), about ``piece_bytes`` of each
+        tensor at a time (each checked against its checksums as it is read, unless ``f``
+        checked it through already; a slot the file lacks: its initial value)."""
         piece_rows = max(1, piece_bytes // (self.dim * self.dtype.itemsize))
-        for part in self.base:
-            try:
-                with TensorFile(part.path) as f:
-                    # each tensor read on a thread of its own, a piece ahead (the disk reads
-                    # them side by side: W9's restores of a base and ten deltas ran at
-                    # 0.62-0.74x a plain read, against 0.60-0.67x read one after the other;
-                    # a large base's took up to 33 MiB more RAM, as fast)
-                    streams = [
-                        read_ahead(f.iter_rows(key, part.keep, self.dtype, piece_rows), 1)
-                        for key in ("rows", *(f"slot:{k}" for k in part.slots))
-                    ]
-                    try:
-                        done = 0
-                        for got in zip(*streams, strict=True):
-                            n = got[0].shape[0]
-                            ids = part.ids[done : done + n]
-                            done += n
-                            slots = dict(zip(part.slots, got[1:], strict=True))
-                            for k in self.slots:
-                                if k not in slots:
-                                    slots[k] = np.full((n, self.dim), self.slot_init[k], self.dtype)
-                            yield ids, got[0], slots
-                    finally:  # (their threads stopped before the file closes, however this ends)
-                        for stream in streams:
-                            stream.close()
-            except OSError as exc:
-                raise InvalidArgumentError(f"dyn/restore: cannot read {part.path}: {exc}") from exc
+        # each tensor read on a thread of its own, a piece ahead (the disk reads them side by
+        # side: W9's restores of a base and ten deltas ran at 0.62-0.74x a plain read,
+        # against 0.60-0.67x read one after the other; a large base's took up to 33 MiB more
+        # RAM, as fast)
+        streams = [
+            read_ahead(f.iter_rows(key, part.keep, self.dtype, piece_rows), 1)
+            for key in ("rows", *(f"slot:{k}" for k in part.slots))
+        ]
+        try:
+            done = 0
+            for got in zip(*streams, strict=True):
+                n = got[0].shape[0]
+                ids = part.ids[done : done + n]
+                done += n
+                slots = dict(zip(part.slots, got[1:], strict=True))
+                for k in self.slots:
+                    if k not in slots:
+                        slots[k] = np.full((n, self.dim), self.slot_init[k], self.dtype)
+                yield ids, got[0], slots
+        finally:  # (their threads stopped before the file closes, however this ends)
+            for stream in streams:
+                stream.close()
+
+
+def _identity(fd: int) -> tuple[int, int, int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _base_part(
@@ -522,7 +553,7 @@ def _base_part(
                     raise InvalidArgumentError(
                         f"dyn/restore: {key} in {path} is {shape}, expected ({ids.size}, {dim})"
                     )
-            return _BaseFile(path, keep, ids, slots), slot_init
+            return _BaseFile(path, keep, ids, slots, _identity(f.fileno())), slot_init
     except OSError as exc:
         raise InvalidArgumentError(f"dyn/restore: cannot read {path}: {exc}") from exc
 

@@ -478,6 +478,9 @@ class TensorFile:
     def close(self) -> None:
         self._f.close()
 
+    def fileno(self) -> int:
+        return self._f.fileno()
+
     def read(self, key: str) -> np.ndarray:
         """Tensor ``key`` whole, checked against its checksums."""
         tensor = self._locate(key)

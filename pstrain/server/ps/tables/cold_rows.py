@@ -12,6 +12,13 @@ save reads each record once for every array it writes (:meth:`ColdRows.fill_many
 evicted) is only counted dead; a segment whose records are all dead is deleted (never
 while a save or a read may need it).
 
+A restore links the files of the checkpoint it restores in as segments too (``<n>.ref``, a
+hard link: :meth:`ColdRows.link`), rather than writing their rows out again: there a
+record's fields are the rows of the file's tensors (its ids, rows and each slot), read a
+column at a time, and its ``META`` fields are 0, as a restore sets them. Checkpoint files
+are never written once named, nor are these: they die, are compacted and are deleted as
+the others are (the checkpoint keeps its own name for the file).
+
 In RAM, per cold row: its id in a :class:`PartitionedIndex` (id -> cold slot), its place
 (segment and record), the epoch it last changed in (so a delta finds it without reading
 the disk) and its eviction key (last lookup or lookup count). These, not the record's own
@@ -40,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from ...._base.errors import ResourceExhaustedError
+from ...._base.errors import DataLossError, ResourceExhaustedError
 from ...._formats.numerics.idhash import in_slices
 from ...._kernels import KERNELS
 from .id_index import PartitionedIndex
@@ -243,6 +250,17 @@ class _Segment:
     rows: int = 0  # records written
     dead: int = 0  # records taken back or evicted
     slots: tuple[str, ...] = ()  # the optimizer slots its records carry (others: their initial value)
+    #: A checkpoint file linked in (:meth:`ColdRows.link`): where each field of a record it
+    #: holds ("id", "row", "slot<i>") has its column, record 0's byte in the file; None for
+    #: a segment of records.
+    columns: dict[str, int] | None = None
+    #: A linked file's size and last change when it was linked: a read that finds them
+    #: changed (the file written in place since, which pstrain never does) fails.
+    stamp: tuple[int, int] = (0, 0)
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int]:
+    return st.st_size, st.st_mtime_ns
 
 
 class ColdRows:
@@ -322,6 +340,12 @@ class ColdRows:
 
     def _path(self, number: int) -> str:
         return os.path.join(self.directory, f"{number}.rec")
+
+    def _file(self, seg: _Segment) -> str:
+        """Segment ``seg``'s file: ``<n>.rec``, or ``<n>.ref`` for a linked checkpoint file."""
+        if seg.columns is None:
+            return self._path(seg.number)
+        return os.path.join(self.directory, f"{seg.number}.ref")
 
     def record(self, slots: tuple[str, ...]) -> np.dtype:
         """A record of a segment whose rows carry ``slots`` (:func:`record_dtype`)."""
@@ -460,6 +484,28 @@ class ColdRows:
             [(np.int64(seg.number) << PLACE_BITS) + np.arange(first, first + k) for seg, first, k in placed]
         )
 
+    def link(
+        self, path: str, fd: int, rows: int, live: int, columns: dict[str, int], slots: tuple[str, ...]
+    ) -> int:
+        """Hard-link checkpoint file ``path``, open as ``fd``, in as a segment of ``rows``
+        records read by column (``columns``: see :class:`_Segment`; ``slots`` sorted),
+        ``live`` of which :meth:`add` will index (the others count dead from the start).
+        Returns its number, for the places of its records (``number << PLACE_BITS | row``).
+        OSError if the link cannot be made (another file system: the caller writes the rows
+        instead) or is not to the file open (another swapped in under its name meanwhile)."""
+        number = self.next_number
+        link = self._file(_Segment(number, columns={}))
+        os.link(path, link, follow_symlinks=False)
+        linked, held = os.stat(link, follow_symlinks=False), os.fstat(fd)
+        if (linked.st_dev, linked.st_ino) != (held.st_dev, held.st_ino):
+            os.unlink(link)
+            raise OSError(errno.ESTALE, f"{path} is no longer the file read")
+        self.next_number += 1
+        self.segments[number] = _Segment(
+            number, rows=rows, dead=rows - live, slots=slots, columns=columns, stamp=_stamp(held)
+        )
+        return number
+
     def _reused(self, n: int) -> int:
         """How many of ``n`` slots a put takes from those not in use: none until they are
         ``REUSE`` of the slots (or enough for all ``n``), so that a scan finds them a few
@@ -575,7 +621,7 @@ class ColdRows:
 
     def _delete_files(self, seg: _Segment) -> None:
         try:
-            os.unlink(self._path(seg.number))
+            os.unlink(self._file(seg))
         except FileNotFoundError:
             pass
 
@@ -699,17 +745,50 @@ class ColdRows:
         out = np.empty(records.size, record) if out is None else out
         if not records.size:
             return out
-        path = self._path(number)
+        seg = self.segments[number]
+        path = self._file(seg)
         fd = os.open(path, os.O_RDONLY)
         try:
             raw = out.view(np.uint8).reshape(records.size, record.itemsize)
-            err = self.kernels.pread_records(fd, records, record.itemsize, raw)
+            if seg.columns is None:
+                err = self.kernels.pread_records(fd, records, record.itemsize, raw)
+            elif _stamp(os.fstat(fd)) != seg.stamp:
+                raise DataLossError(
+                    f"the checkpoint file a restore linked into this table's tier (its segment "
+                    f"{number}) was written in place since (checkpoint files must not be changed "
+                    "once saved): its rows are lost; restore the table again"
+                )
+            else:  # a linked checkpoint file: a read a column, each into its field
+                err = self._gather_columns(fd, seg.columns, records, record, raw)
         finally:
             os.close(fd)
         if err:
             what = os.strerror(err) if err > 0 else "fewer records than its index says"
             raise OSError(err if err > 0 else errno.EIO, f"reading {path}: {what}")
         return out
+
+    def _gather_columns(
+        self, fd: int, columns: dict[str, int], records: np.ndarray, record: np.dtype, raw: np.ndarray
+    ) -> int:
+        """Records ``records`` of a linked file into ``raw`` (their bytes): each field from
+        its column, a block of records at a time (the ``META`` fields 0). Returns the
+        read's error, as ``pread_records``'s."""
+        block = max(1, (1 << 20) // record.itemsize)
+        fields = record.fields
+        assert fields is not None
+        start = fields["epoch"][1]
+        for lo in range(0, records.size, block):
+            part = records[lo : lo + block]
+            into = raw[lo : lo + part.size]
+            into[:, start : start + META.itemsize] = 0
+            for field, at in columns.items():
+                cell, first = fields[field][:2]
+                got = np.empty((part.size, cell.itemsize), np.uint8)
+                err = self.kernels.pread_records(fd, part, cell.itemsize, got, at)
+                if err:
+                    return int(err)
+                into[:, first : first + cell.itemsize] = got
+        return 0
 
     # -- saves ----------------------------------------------------------------------------------------
     def begin_save(self) -> None:

@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, TypeVar
 
 import msgspec
@@ -18,7 +18,6 @@ import numpy as np
 
 from ...._base.cluster import Named, named
 from ...._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, ResourceExhaustedError
-from ...._formats.files.delta_files import read_ahead
 from ...._formats.files.tensor_files import whole
 from ...._formats.messages.checkpoint_operations import RestoreTable, SaveCheckpoint
 from ...._formats.messages.operations import (
@@ -37,6 +36,7 @@ from ..checkpoints.saves import MAX_STAGED, STAGE_TTL_S, CheckpointFiles, Pendin
 from ..checkpoints.snapshots import Snapshot
 from .dynamic_table import DynamicTable, TableConfig
 from .table_slices import SliceGuards
+from .tiered_restore import fill_from_plan
 from .tiered_table import TieredTable, Tiering
 
 __all__ = ["TableHandlers"]
@@ -594,9 +594,10 @@ class TableHandlers:
         deltas: list[list[tuple[str, str]]],
     ) -> RestoreReply:
         """:meth:`restore_table` of a tiered shard: the deltas composed and the base's ids
-        checked first (``delta_files.read_table_plan``), then the base's rows read a piece
-        at a time on one thread while another writes each piece past the hot set to disk
-        (reading and writing overlap; the whole base is never in RAM)."""
+        checked first (``delta_files.read_table_plan``), then the base's files linked into
+        the tier where they can be, the rest of its rows read a piece at a time on one
+        thread while another writes each piece past the hot set to disk (reading and writing
+        overlap; the whole base is never in RAM): ``tiered_restore.py``."""
         plan = await self.checkpoints.read_table_plan(
             req.paths, mine[0], mine[1], config.dim, np.dtype(config.dtype), deltas
         )
@@ -610,16 +611,12 @@ class TableHandlers:
                 f"capacity of {config.capacity}"
             )
 
-        def pieces() -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
-            for ids, rows, slots in read_ahead(plan.pieces()):
-                yield ids, rows, {names[k]: v for k, v in slots.items() if k in names}
-
         table = self.new_table(req.name, config, req.owner)
         assert isinstance(table, TieredTable)
 
-        def fill() -> Awaitable[None]:  # (budgeted as if the shard it replaces were gone)
+        async def fill() -> None:  # (budgeted as if the shard it replaces were gone)
             hot = table.rows_in_ram_for(plan.rows, len(slot_init), replacing=self.tables.get(req.name))
-            return asyncio.to_thread(table.fill_pieces, pieces(), plan.rows, slot_init, hot)
+            await asyncio.to_thread(fill_from_plan, table, plan, names, slot_init, hot)
 
         return await self._put_restored(req, config, mine, table, plan.rows, fill)
 

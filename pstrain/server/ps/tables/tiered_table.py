@@ -814,12 +814,14 @@ class TieredTable(TieredSlices, DynamicTable):
         n: int,
         slot_init: dict[str, float],
         hot: int,
+        linked: Iterable[tuple[np.ndarray, np.ndarray]] = (),
     ) -> None:
         """As :meth:`load` into a table made anew, the ``n`` rows coming a piece at a time
         (a restore reading its base as it goes, ``delta_files.TablePlan``): the first
         ``hot`` kept for RAM, the others written to disk as their piece comes, all indexed
-        once every piece came. Touches this table alone: a restore runs it on a thread,
-        before the table is served."""
+        once every piece came, with the ``(ids, places)`` of ``linked`` (rows left in files
+        linked into the tier: ``tiered_restore.py``). Touches this table alone: a restore
+        runs it on a thread, before the table is served."""
         dim, dtype = self.config.dim, self.dtype
         hot_ids = np.empty(hot, np.int64)
         hot_rows = np.empty((hot, dim), dtype)
@@ -852,6 +854,9 @@ class TieredTable(TieredSlices, DynamicTable):
         if done != n:
             raise InvalidArgumentError(f"dyn/restore of {self.name!r}: {done} saved rows, {n} planned")
         super().load(hot_ids, hot_rows, hot_slots, slot_init)
+        for ids, at in linked:
+            cold_ids.append(ids)
+            places.append(at)
         if cold_ids:
             ids = np.concatenate(cold_ids)
             # (an index grown to hold them would take up to twice the memory)

@@ -1,0 +1,140 @@
+"""A tiered shard restored from a checkpoint: the base's files linked in, not written again.
+
+A tiered restore used to read every row of the base and write the rows past the hot set
+to the tier's own segments: as many bytes written as read, on the cores that also serve.
+Here, a base file on the tier's own file system, of which this shard keeps at least half
+the rows, is hard-linked into the tier as a segment read by column
+(:meth:`~pstrain.server.ps.tables.cold_rows.ColdRows.link`); the restore reads it through
+once against its checksums (damage is an error before anything is served, as for a
+restore that copies), reads the rows the hot set takes from it, and indexes the others
+where they lie. Nothing of it is written. The deltas' rows go first to RAM, and past the
+hot set to the tier's segments, as before; so do the rows of a file that cannot be
+linked (another file system, another dtype, or mostly rows of other shards).
+
+A linked file is never written (checkpoint files are not once named, nor are segments);
+it shares its blocks with the checkpoint, so deleting the checkpoint frees them only once
+the tier's rows there have died or been compacted away.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ...._formats.files.delta_files import TablePlan, read_ahead
+from .cold_rows import PLACE_BITS
+
+if TYPE_CHECKING:
+    from ...._formats.files.delta_files import _BaseFile
+    from ...._formats.files.tensor_files import TensorFile
+    from .tiered_table import TieredTable
+
+__all__ = ["fill_from_plan"]
+
+logger = logging.getLogger(__name__)
+
+Piece = tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]
+
+#: Threads that read the linked files' tensors through against their checksums (a tensor
+#: each: the disk reads them side by side, as a restore that copies reads them).
+CHECK_THREADS = 4
+
+
+def fill_from_plan(
+    table: TieredTable, plan: TablePlan, names: dict[str, str], slot_init: dict[str, float], hot: int
+) -> int:
+    """Fill ``table`` (made anew, not served yet: on a thread) with ``plan``'s rows, the
+    first ``hot`` in RAM, the base's files linked where they can be (see the module
+    docstring); ``names`` maps saved slots to the table's. Returns the rows left where
+    they lie in linked files."""
+    room = max(0, hot - plan.overlay[0].size)
+    linked: list[tuple[TensorFile, _BaseFile, np.ndarray, np.ndarray]] = []
+    parts: list[tuple[_BaseFile, TensorFile | None]] = []
+    try:
+        for part in plan.base:
+            take = min(room, part.ids.size)
+            room -= take
+            got = _link(table, plan, part, names, take)
+            if got is None:
+                parts.append((part, None))
+            else:
+                f, in_ram, ids, places = got
+                linked.append((f, part, ids, places))
+                parts.append((in_ram, f))
+        with concurrent.futures.ThreadPoolExecutor(CHECK_THREADS, "pstrain-restore-check") as pool:
+            checks = [
+                pool.submit(f.check, key)
+                for f, part, _, _ in linked
+                for key in ("rows", *(f"slot:{k}" for k in part.slots))
+            ]
+            for check in checks:
+                check.result()
+
+        def pieces() -> Iterator[Piece]:
+            for ids, rows, slots in read_ahead(_pieces(plan, parts)):
+                yield ids, rows, {names[k]: v for k, v in slots.items() if k in names}
+
+        left = sum(ids.size for _, _, ids, _ in linked)
+        table.fill_pieces(
+            pieces(), plan.rows - left, slot_init, hot, linked=[(ids, at) for _, _, ids, at in linked]
+        )
+        return left
+    finally:
+        for f, *_ in linked:
+            f.close()
+
+
+def _pieces(plan: TablePlan, parts: list[tuple[_BaseFile, TensorFile | None]]) -> Iterator[Piece]:
+    """``plan``'s pieces, each base file's from ``parts``: a linked one's rows for RAM alone,
+    read from the file it was linked from (checked through already)."""
+    yield from plan.overlay_pieces()
+    for part, f in parts:
+        if f is not None:
+            if part.ids.size:
+                yield from plan.part_pieces(f, part)
+            continue
+        with plan.reopen(part) as opened:
+            yield from plan.part_pieces(opened, part)
+
+
+def _link(
+    table: TieredTable, plan: TablePlan, part: _BaseFile, names: dict[str, str], in_ram: int
+) -> tuple[TensorFile, _BaseFile, np.ndarray, np.ndarray] | None:
+    """Link base file ``part`` into ``table``'s tier past its first ``in_ram`` kept rows:
+    (the file open, the part of it still to read for RAM, the ids left on disk and their
+    places); None where it cannot be (the caller copies its rows)."""
+    kept = part.ids.size
+    if 2 * kept < part.keep.size or kept <= in_ram:
+        return None  # mostly other shards' rows (or all of it for RAM): copied
+    f = plan.reopen(part)
+    try:
+        tensors = f.tensors
+        keys = ("rows", *(f"slot:{k}" for k in part.slots))
+        if any(tensors[k].dtype != table.dtype for k in keys):
+            f.close()
+            return None
+        slots = sorted(names[k] for k in part.slots if k in names)
+        columns = {"id": tensors["ids"].at, "row": tensors["rows"].at}
+        for k in part.slots:
+            if k in names:
+                columns[f"slot{slots.index(names[k])}"] = tensors[f"slot:{k}"].at
+        records = np.flatnonzero(part.keep)
+        try:
+            number = table.cold.link(
+                part.path, f.fileno(), part.keep.size, kept - in_ram, columns, tuple(slots)
+            )
+        except OSError as exc:
+            logger.info("restore of %r copies %s: it cannot be linked (%s)", table.name, part.path, exc)
+            f.close()
+            return None
+        head = np.zeros(part.keep.size, bool)
+        head[records[:in_ram]] = True
+        places = (np.int64(number) << PLACE_BITS) | records[in_ram:]
+        return f, part._replace(keep=head, ids=part.ids[:in_ram]), part.ids[in_ram:], places
+    except BaseException:
+        f.close()
+        raise
