@@ -4,6 +4,7 @@ given up and taken again, places never given twice, eviction keys past 32 bits."
 
 from __future__ import annotations
 
+import os
 import tracemalloc
 
 import numpy as np
@@ -133,3 +134,68 @@ def test_the_index_of_rows_on_disk_grows_a_part_at_a_time():
         tracemalloc.stop()
     assert len(index) == ids.size and index.nbytes < 12 * ids.size / 0.75 * 1.25 + 16 * 12 * 16
     np.testing.assert_array_equal(index.get(ids[::7]), np.arange(0, ids.size, 7))
+
+
+def test_a_linked_checkpoint_file_reads_as_records_of_the_rows_it_holds(tmp_path):
+    """A checkpoint file linked in (a tiered restore's base) reads by column as the records
+    of its rows, beside segments of records and through every reader (a lookup's, a save's,
+    a move's); written in place after, a read of it is a DataLossError, never other rows."""
+    from pstrain._formats.files.tensor_files import TensorFile, write_tensors
+    from pstrain.errors import DataLossError
+
+    rng = np.random.default_rng(0)
+    ids = rng.permutation(1000).astype(np.int64)[:300]
+    rows = rng.standard_normal((300, 2)).astype(np.float32)
+    acc = rng.random((300, 2)).astype(np.float32)
+    path = tmp_path / "base.safetensors"
+    write_tensors(str(path), {"ids": ids, "rows": rows, "slot:accumulator": acc})
+    cold = store(tmp_path)
+    put(cold, np.arange(5000, 5100, dtype=np.int64))  # records of their own, before and after
+    keep = np.ones(300, bool)
+    keep[::7] = False  # rows another shard holds, or a delta changed: dead from the start
+    with TensorFile(str(path)) as f:
+        at = {
+            "id": f.tensors["ids"].at,
+            "row": f.tensors["rows"].at,
+            "slot0": f.tensors["slot:accumulator"].at,
+        }
+        number = cold.link(str(path), f.fileno(), 300, int(keep.sum()), at, ("accumulator",))
+    assert os.stat(path).st_nlink == 2
+    records = np.flatnonzero(keep)
+    cold.add(
+        ids[keep],
+        (np.int64(number) << 32) | records,
+        np.zeros(records.size, np.uint32),
+        np.zeros(records.size, np.int64),
+    )
+    put(cold, np.arange(6000, 6050, dtype=np.int64))
+    want = np.concatenate([ids[keep], np.arange(5000, 5100), np.arange(6000, 6050)])
+    places = cold.places[cold.find(want)]
+    got = cold.read(places, {"accumulator": 0.1})
+    np.testing.assert_array_equal(got["ids"], want)
+    np.testing.assert_array_equal(got["rows"][: records.size], rows[keep])
+    np.testing.assert_array_equal(got["slot:accumulator"][: records.size], acc[keep])
+    assert (got["slot:accumulator"][records.size :] == np.float32(0.1)).all()  # (theirs: not carried)
+    assert not got["meta"][: records.size].view(np.uint8).any()  # (as a restore sets them)
+    ordered = np.sort(places)
+    filled = cold.fill_many(ordered, ["ids", "rows", "slot:accumulator"], {"accumulator": 0.1})
+    np.testing.assert_array_equal(filled["ids"], cold.read(ordered, {"accumulator": 0.1})["ids"])
+    linked_places = ordered[(ordered >> 32) == number]
+    run, slots = cold.records_from(linked_places)
+    assert slots == ("accumulator",) and run.size == records.size
+    np.testing.assert_array_equal(run["id"], ids[keep])
+    np.testing.assert_array_equal(run["slot0"], acc[keep])
+    # every row of the file taken back: the link goes, the checkpoint's own name stays
+    cold.remove(ids[keep])
+    assert os.stat(path).st_nlink == 1 and number not in cold.segments
+    # linked again, then the file written in place
+    with TensorFile(str(path)) as f:
+        number = cold.link(str(path), f.fileno(), 300, 300, at, ("accumulator",))
+    cold.add(
+        ids, (np.int64(number) << 32) | np.arange(300), np.zeros(300, np.uint32), np.zeros(300, np.int64)
+    )
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataLossError, match="written in place"):
+        cold.read(cold.places[cold.find(ids[:3])], {"accumulator": 0.1})

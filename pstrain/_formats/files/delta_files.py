@@ -279,14 +279,43 @@ def _touched(
     return KERNELS.unique_first(np.concatenate([p[0] for p in puts[1:]] + removals))
 
 
+#: Ids a check of a base's ids (:func:`_member`, :func:`_repeats`) takes at a time: a
+#: restore's base holds tens of millions, and each temporary array of them all is memory
+#: the ps has not touched yet, which costs more on first use than the check itself.
+CHECK_BLOCK = 1 << 20
+#: Parts a base's ids are checked for repeats in, a hash set per part in turn.
+REPEAT_PARTS = 16
+
+
 def _member(ids: np.ndarray, of: np.ndarray) -> np.ndarray:
     """Whether each of ``ids`` is one of ``of`` (distinct): a compiled hash set of ``of``."""
     size = 1 << max(4, int(2 * of.size).bit_length())
     slots = np.full((size, 2), -1, np.int64)
     KERNELS.index_insert(slots, size, np.ascontiguousarray(of, np.int64), np.zeros(of.size, np.int64))
-    out = np.empty(ids.size, np.int64)
-    KERNELS.index_get(slots, size, np.ascontiguousarray(ids, np.int64), out)
-    return out >= 0
+    ids = np.ascontiguousarray(ids, np.int64)
+    found = np.empty(ids.size, bool)
+    out = np.empty(min(ids.size, CHECK_BLOCK), np.int64)
+    for lo in range(0, ids.size, CHECK_BLOCK):
+        block = ids[lo : lo + CHECK_BLOCK]
+        KERNELS.index_get(slots, size, block, out[: block.size])
+        np.greater_equal(out[: block.size], 0, out=found[lo : lo + block.size])
+    return found
+
+
+def _repeats(ids: np.ndarray) -> bool:
+    """Whether an id comes twice in ``ids``: a hash set of each of ``REPEAT_PARTS`` parts of
+    them in turn (a part by a hash of the id), not one of them all (for a base of millions
+    of ids, hundreds of MB besides its ids)."""
+    if ids.size <= CHECK_BLOCK:
+        return bool(KERNELS.unique_first(ids)[0].size != ids.size)
+    which = np.empty(ids.size, np.uint8)
+    for lo in range(0, ids.size, CHECK_BLOCK):
+        which[lo : lo + CHECK_BLOCK] = KERNELS.shard_ids(ids[lo : lo + CHECK_BLOCK], REPEAT_PARTS, 0)
+    for part in range(REPEAT_PARTS):
+        some = ids[which == part]
+        if KERNELS.unique_first(some)[0].size != some.size:
+            return True
+    return False
 
 
 def read_table_changes(
@@ -597,14 +626,15 @@ def read_table_plan(
     for part, part_init in base_parts:
         slot_init.update(part_init)
         if part is not None:  # its rows no delta put again or removed
-            keep = part.keep & ~_member(part.ids, touched[0])
-            base.append(part._replace(keep=keep, ids=part.ids[keep]))
+            gone = _member(part.ids, touched[0])
+            keep = part.keep & ~gone
+            ids = part.ids if not gone.any() and keep.all() else part.ids[keep]  # (no copy of them all)
+            base.append(part._replace(keep=keep, ids=ids))
     slot_init.update(delta_init)
     overlay = _compose(puts, removals, slot_init, dim, dtype, touched)
     # the composed deltas hold each id once, and the base's rows kept none of theirs: only
     # the base's own ids can repeat (within a file or across the files of its ps)
-    every = _joined([f.ids for f in base], np.empty(0, np.int64))
-    if KERNELS.unique_first(every)[0].size != every.size:
+    if _repeats(_joined([f.ids for f in base], np.empty(0, np.int64))):
         raise InvalidArgumentError("dyn/restore: an id appears twice in the saved shards")
     plan = TablePlan(base, overlay, slot_init, dim, dtype)
     if set(plan.slots) - set(slot_init):

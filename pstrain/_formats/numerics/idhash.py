@@ -41,6 +41,10 @@ def shard_of(ids: np.ndarray, num_shards: int) -> np.ndarray:
     return KERNELS.shard_ids(np.ascontiguousarray(ids, np.int64), int(num_shards), _SALT)
 
 
+#: Ids :func:`in_slices` hashes at a time (a restore's base: tens of millions of them).
+SLICE_BLOCK = 1 << 20
+
+
 def in_slices(ids: np.ndarray, num_slices: int, owned: Shard) -> np.ndarray:
     """Which ids fall in slice(s) ``owned`` of the hash space cut in ``num_slices``
     (``shard_of(ids, num_slices)``): a ps's part of a table, one shard or the slices a
@@ -50,11 +54,13 @@ def in_slices(ids: np.ndarray, num_slices: int, owned: Shard) -> np.ndarray:
     >>> bool(np.all(in_slices(ids, 4, 1) == in_slices(ids, 8, [1, 5])))
     True
     """
-    if isinstance(owned, (int, np.integer)):
-        return shard_of(ids, num_slices) == int(owned)
+    ids = np.ascontiguousarray(ids, np.int64)
     mask = np.zeros(num_slices, bool)
     mask[np.asarray(owned, np.int64)] = True
-    return mask[shard_of(ids, num_slices)]
+    out = np.empty(ids.shape, bool)
+    for lo in range(0, ids.size, SLICE_BLOCK):  # (no array of every id's shard at once)
+        out[lo : lo + SLICE_BLOCK] = mask[shard_of(ids[lo : lo + SLICE_BLOCK], num_slices)]
+    return out
 
 
 def unit_uniform(ids: np.ndarray, salt: int) -> np.ndarray:

@@ -39,6 +39,8 @@ _EMPTY = -1
 _EMPTY32 = 0xFFFFFFFF
 #: Slots whose ids a growth puts back at a time.
 MOVE_SLOTS = 1 << 16
+#: Ids a partitioned index's insert splits among its parts at a time.
+SPLIT_BLOCK = 1 << 20
 _LOAD = 2  # slots per id at least: at most half full (an index's default ``fill``)
 
 
@@ -143,6 +145,11 @@ class _Index:
         """:attr:`nbytes` once ``count`` ids are in (grown as :meth:`insert` grows it, or
         with ``tight`` as :meth:`reserve` does)."""
         return (self._tight(count) if tight else self._grown(count)) * self.SLOT_BYTES
+
+    def grow_for(self, count: int) -> None:
+        """Grow as :meth:`insert` would to hold ``count`` ids (nothing if it holds them)."""
+        if self._over(count, self.size):
+            self._rebuild(count)
 
     def reserve(self, count: int) -> None:
         """Room for ``count`` ids, as full as the index may be (``fill``) rather than the
@@ -357,15 +364,33 @@ class PartitionedIndex:
     def get(self, ids: np.ndarray) -> np.ndarray:
         return self._each("get", ids)
 
+    def _counts(self, ids: np.ndarray) -> np.ndarray:
+        """How many of ``ids`` fall in each part (``SPLIT_BLOCK`` of them at a time)."""
+        counts = np.zeros(self.PARTS, np.int64)
+        for lo in range(0, ids.size, SPLIT_BLOCK):
+            counts += np.bincount(
+                self.kernels.shard_ids(ids[lo : lo + SPLIT_BLOCK], self.PARTS, 0), minlength=self.PARTS
+            )
+        return counts
+
     def insert(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        """Each part's share of ``ids`` in it, ``SPLIT_BLOCK`` ids at a time (a restore's
+        millions: the split's temporaries stay a few MB, where whole they took hundreds of
+        MB of memory the ps had not touched yet, which costs on first use more than the
+        insert), each part grown first as one insert of its share would grow it."""
         ids = np.ascontiguousarray(ids, np.int64)
         rows = np.ascontiguousarray(rows, np.int64)
         if ids.shape != rows.shape:
             raise ValueError(f"PartitionedIndex.insert: {ids.size} ids but {rows.size} rows")
         if rows.size and (rows.min() < 0 or rows.max() >= _EMPTY32):
             raise ValueError(f"PartitionedIndex.insert: rows are 0 to {_EMPTY32 - 1}")  # (before any part)
-        for k, at in self._split(ids):
-            self.parts[k].insert(ids[at], rows[at])
+        if ids.size > SPLIT_BLOCK:
+            for part, n in zip(self.parts, self._counts(ids).tolist()):
+                part.grow_for(part.count + n)
+        for lo in range(0, ids.size, SPLIT_BLOCK):
+            block, block_rows = ids[lo : lo + SPLIT_BLOCK], rows[lo : lo + SPLIT_BLOCK]
+            for k, at in self._split(block):
+                self.parts[k].insert(block[at], block_rows[at])
 
     def delete(self, ids: np.ndarray) -> np.ndarray:
         return self._each("delete", ids)
@@ -374,10 +399,14 @@ class PartitionedIndex:
         got = [p.items() for p in self.parts]
         return np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got])
 
-    def reserve_for(self, ids: np.ndarray) -> None:
-        """Room for ``ids`` more (a bulk load's), each part as full as it may be."""
-        for k, at in self._split(np.ascontiguousarray(ids, np.int64)):
-            self.parts[k].reserve(self.parts[k].count + at.size)
+    def reserve_for(self, *ids: np.ndarray) -> None:
+        """Room for all of ``ids`` more (a bulk load's), each part as full as it may be."""
+        counts = sum(
+            (self._counts(np.ascontiguousarray(i, np.int64)) for i in ids), np.zeros(self.PARTS, np.int64)
+        )
+        for part, n in zip(self.parts, counts.tolist()):
+            if n:
+                part.reserve(part.count + n)
 
     def nbytes_holding(self, count: int, tight: bool = False) -> int:
         """At most :attr:`nbytes` while ``count`` ids in all come in (their parts unknown:

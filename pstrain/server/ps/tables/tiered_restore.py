@@ -133,7 +133,8 @@ def _link(
             return None
         head = np.zeros(part.keep.size, bool)
         head[records[:in_ram]] = True
-        places = (np.int64(number) << PLACE_BITS) | records[in_ram:]
+        places = records[in_ram:]
+        places |= np.int64(number) << PLACE_BITS  # (in place: no second array of them all)
         return f, part._replace(keep=head, ids=part.ids[:in_ram]), part.ids[in_ram:], places
     except BaseException:
         f.close()

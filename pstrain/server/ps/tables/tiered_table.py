@@ -854,19 +854,8 @@ class TieredTable(TieredSlices, DynamicTable):
         if done != n:
             raise InvalidArgumentError(f"dyn/restore of {self.name!r}: {done} saved rows, {n} planned")
         super().load(hot_ids, hot_rows, hot_slots, slot_init)
-        for ids, at in linked:
-            cold_ids.append(ids)
-            places.append(at)
-        if cold_ids:
-            ids = np.concatenate(cold_ids)
-            # (an index grown to hold them would take up to twice the memory)
-            self.cold.add(
-                ids,
-                np.concatenate(places),
-                np.zeros(ids.size, np.uint32),
-                np.zeros(ids.size, np.int64),
-                tight=True,
-            )
+        # (an index grown to hold them would take up to twice the memory)
+        self.cold.add_parts([*zip(cold_ids, places), *linked])
         self._keep_statistics()  # (the load made the table anew)
 
     def statistics(self) -> dict[str, int]:
