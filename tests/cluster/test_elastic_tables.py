@@ -237,6 +237,38 @@ async def test_a_tiered_tables_slices_move_with_their_rows_on_disk_while_trainin
         assert stats["rows"] == len(expected) and stats["cold_rows"] > 0 and stats["refused"] == 0, stats
 
 
+async def test_a_tiered_table_restored_from_linked_files_moves_its_slices_as_any(tmp_path):
+    """Rows a restore left in the checkpoint's files linked into the tier (read by column)
+    move to a ps that joins and from one that leaves with the rest, while training runs."""
+    async with _job(workers=2, tier=str(tmp_path / "tier"), root=str(tmp_path)) as (
+        cluster,
+        extra,
+        strategy,
+        coordinator,
+    ):
+        assert extra is not None
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(TIER_DIM, name="users", initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.SGD(1.0)
+        run = _runner(coordinator, table, opt, TIER_DIM)
+        await run(0, STEPS // 3)
+        saved = await pstrain.Checkpoint(table=table).save(str(tmp_path / "ckpt"))
+        await pstrain.Checkpoint(table=table).restore(saved)
+        linked = [
+            name
+            for ps in cluster.ps
+            for name in os.listdir(ps.tables[table.key].cold.directory)
+            if name.endswith(".ref")
+        ]
+        assert len(linked) == 2, linked
+        assert await coordinator.add_ps(extra.address) == 2
+        await run(STEPS // 3, 2 * STEPS // 3)
+        await coordinator.remove_ps(0)
+        await run(2 * STEPS // 3, STEPS)
+        assert _ids_on(cluster.ps[0], table.key).size == 0
+        _same_rows(*await table.export(), _expected(STEPS, TIER_DIM))
+
+
 async def _train_sequentially(table, opt, steps: range) -> None:
     for step in steps:
         ids, grads = _batch(step)

@@ -50,7 +50,7 @@ import numpy as np
 from ...._base.errors import DataLossError, ResourceExhaustedError
 from ...._formats.numerics.idhash import in_slices
 from ...._kernels import KERNELS
-from .id_index import PartitionedIndex
+from .id_index import SPLIT_BLOCK, PartitionedIndex
 
 __all__ = [
     "META",
@@ -418,18 +418,28 @@ class ColdRows:
         if not n:
             return
         self.index.reserve_for(*(ids for ids, _ in parts))
-        first = self.used if not self._reused(n) else None
-        cold = self._take_slots(n)
-        # (slots taken anew are a run: written as slices, not scattered)
-        where: slice | np.ndarray = cold if first is None else slice(first, first + n)
-        at = 0
-        for ids, places in parts:
-            slots = cold[at : at + ids.size]
-            self.places[slots if first is None else slice(first + at, first + at + ids.size)] = places
-            self.index.insert(ids, slots)
-            at += ids.size
-        self.epochs[where] = 0
-        self.keys[where] = np.clip(-self.key_base, 0, KEY_TOP)
+        if self._reused(n):  # slots given up before: scattered
+            cold = self._take_slots(n)
+            at = 0
+            for ids, places in parts:
+                slots = cold[at : at + ids.size]
+                self.places[slots] = places
+                self.index.insert(ids, slots)
+                at += ids.size
+            self.epochs[cold] = 0
+            self._set_keys(cold, np.zeros(1, np.int64))
+        else:  # slots taken anew, a run: written as slices, a block at a time
+            first = at = self.used
+            self._room_for(n)
+            self.used += n
+            for ids, places in parts:
+                for lo in range(0, ids.size, SPLIT_BLOCK):
+                    block = ids[lo : lo + SPLIT_BLOCK]
+                    self.places[at : at + block.size] = places[lo : lo + block.size]
+                    self.index.insert(block, np.arange(at, at + block.size, dtype=np.int64))
+                    at += block.size
+            self.epochs[first:at] = 0
+            self.keys[first:at] = np.clip(-self.key_base, 0, KEY_TOP)
         self.rows_written += n
 
     def write(
@@ -540,6 +550,13 @@ class ColdRows:
         taken = self._free_slots(reuse)
         self.nfree -= reuse
         fresh = n - reuse
+        self._room_for(fresh)
+        out = np.concatenate([taken, np.arange(self.used, self.used + fresh, dtype=np.int64)])
+        self.used += fresh
+        return out
+
+    def _room_for(self, fresh: int) -> None:
+        """The per-slot arrays grown (:func:`_grown`) to hold ``fresh`` slots past ``used``."""
         if self.used + fresh > self.places.size:
             size = _grown(self.places.size, self.used + fresh)
             if size > MAX_SLOTS:
@@ -550,9 +567,6 @@ class ColdRows:
             for name in ("places", "epochs", "keys"):
                 resize_rows(self.__dict__, name, size)
             self.places[old:] = FREE
-        out = np.concatenate([taken, np.arange(self.used, self.used + fresh, dtype=np.int64)])
-        self.used += fresh
-        return out
 
     def _free_slots(self, n: int) -> np.ndarray:
         """``n`` slots not in use (there are as many), scanned for from ``cursor`` on, round."""
