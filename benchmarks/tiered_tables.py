@@ -99,11 +99,12 @@ async def chain_restore(
     model: Any, opt: Any, cluster: pstrain.LocalCluster, train_more: Callable[[int], Awaitable[None]]
 ) -> dict:
     """A base and ``DELTAS`` deltas, ``DELTA_STEPS`` steps apart, then the table restored
-    from the last delta (the base and every delta read and applied on each ps, the rows
-    that do not fit the budget put on disk), against a plain sequential read of the same
-    files. Both read them from disk, as a ps replacing a lost one does: the files' pages
-    are dropped from the page cache before each (a restore lets them go as it reads, so a
-    read after it found them on disk while the restore had found them in RAM)."""
+    from the last delta (the base and every delta read and applied on each ps, the base's
+    files linked into each tier past the rows its budget keeps in RAM), against a plain
+    sequential read of the same files. Both read them from disk, as a ps replacing a lost
+    one does: the files' pages are dropped from the page cache before each (a restore lets
+    them go as it reads, so a read after it found them on disk while the restore had found
+    them in RAM)."""
     directory = Path(cluster.checkpoint_root) / f"chain-{os.getpid()}-{time.monotonic_ns()}"
     directory.mkdir()
     manager = pstrain.CheckpointManager(
