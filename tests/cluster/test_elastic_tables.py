@@ -240,12 +240,8 @@ async def test_a_tiered_tables_slices_move_with_their_rows_on_disk_while_trainin
 async def test_a_tiered_table_restored_from_linked_files_moves_its_slices_as_any(tmp_path):
     """Rows a restore left in the checkpoint's files linked into the tier (read by column)
     move to a ps that joins and from one that leaves with the rest, while training runs."""
-    async with _job(workers=2, tier=str(tmp_path / "tier"), root=str(tmp_path)) as (
-        cluster,
-        extra,
-        strategy,
-        coordinator,
-    ):
+    async with _job(workers=2, tier=str(tmp_path / "tier"), root=str(tmp_path)) as job:
+        cluster, extra, strategy, coordinator = job
         assert extra is not None
         async with strategy.scope():
             table = pstrain.DynamicEmbedding(TIER_DIM, name="users", initializer=pstrain.initializers.Zeros())

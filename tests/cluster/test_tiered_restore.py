@@ -5,7 +5,6 @@ a base on another file system copied; a linked file changed in place refused on 
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import tempfile
@@ -16,7 +15,7 @@ import pytest
 import pstrain
 from pstrain.testing import InProcessCluster
 from tests.cluster.test_tiered import BUDGET, DIM, IDS, _batches, train_with
-from tests.helpers import TOKEN
+from tests.helpers import TOKEN, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -60,17 +59,6 @@ def _links(cluster) -> list[os.stat_result]:
     return out
 
 
-async def _compacted(table, before: int) -> bool:
-    """Whether the table's shards compact a segment more than ``before`` within 30 s (after
-    the requests that left it half dead)."""
-    deadline = asyncio.get_running_loop().time() + 30
-    while (await table.statistics())["compacted"] <= before:
-        if asyncio.get_running_loop().time() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
-
-
 async def test_a_tiered_restore_links_its_base_and_trains_on_as_from_a_copy(tmp_path):
     batches = _batches()
     # ids swept evenly: most rows of the linked files come back to RAM (then die there)
@@ -99,7 +87,11 @@ async def test_a_tiered_restore_links_its_base_and_trains_on_as_from_a_copy(tmp_
         # ps holding everything in RAM has them after the same restore and steps; the linked
         # files' rows brought back die there, and a linked file half dead is compacted
         await train_with(fresh, opt2, sweeps)
-        assert await _compacted(fresh, stats["compacted"])
+
+        async def compacted() -> bool:  # (after the requests that left a linked file half dead)
+            return (await fresh.statistics())["compacted"] > stats["compacted"]
+
+        await wait_for(compacted, timeout=30, what="a compaction of a linked file")
         saved = await pstrain.Checkpoint(model={"emb": fresh}, optimizer=opt2).save(str(tmp_path / "again"))
     async with InProcessCluster(
         num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(tmp_path)}

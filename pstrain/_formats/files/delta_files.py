@@ -39,6 +39,7 @@ from .tensor_files import TensorFile, write_atomically
 
 __all__ = [
     "DELTA_FORMAT",
+    "BaseFile",
     "INDEX",
     "TablePlan",
     "TableState",
@@ -447,7 +448,7 @@ def _joined(parts: list[np.ndarray], empty: np.ndarray) -> np.ndarray:
 
 
 # -- a restore that streams the base ------------------------------------------------------------
-class _BaseFile(NamedTuple):
+class BaseFile(NamedTuple):
     """A file of a full save with rows of the shard to restore: which of its rows are kept
     (the shard's, live, and put or removed by no delta), their ids, and its slots."""
 
@@ -468,7 +469,7 @@ class TablePlan:
 
     def __init__(
         self,
-        base: list[_BaseFile],
+        base: list[BaseFile],
         overlay: TableState,
         slot_init: dict[str, float],
         dim: int,
@@ -492,11 +493,21 @@ class TablePlan:
         is read; a slot a file lacks: its initial value)."""
         yield from self.overlay_pieces()
         for part in self.base:
-            try:
-                with self.reopen(part) as f:
-                    yield from self.part_pieces(f, part, piece_bytes)
-            except OSError as exc:
-                raise InvalidArgumentError(f"dyn/restore: cannot read {part.path}: {exc}") from exc
+            yield from self.base_pieces(part, piece_bytes)
+
+    def base_pieces(
+        self, part: BaseFile, piece_bytes: int = 4 << 20, f: TensorFile | None = None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
+        """The kept rows of base file ``part`` (:meth:`part_pieces`), read from ``f`` if it
+        is given (the file open already), else from the file opened again."""
+        try:
+            if f is not None:
+                yield from self.part_pieces(f, part, piece_bytes)
+                return
+            with self.reopen(part) as opened:
+                yield from self.part_pieces(opened, part, piece_bytes)
+        except OSError as exc:
+            raise InvalidArgumentError(f"dyn/restore: cannot read {part.path}: {exc}") from exc
 
     def overlay_pieces(self) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
         """The composed deltas' rows, the last changed first (one piece; none if none)."""
@@ -514,7 +525,7 @@ class TablePlan:
             )
 
     @staticmethod
-    def reopen(part: _BaseFile) -> TensorFile:
+    def reopen(part: BaseFile) -> TensorFile:
         """Base file ``part`` opened again; InvalidArgumentError if it is no longer the file
         whose ids were read (another under its name)."""
         f = TensorFile(part.path)
@@ -524,7 +535,7 @@ class TablePlan:
         return f
 
     def part_pieces(
-        self, f: TensorFile, part: _BaseFile, piece_bytes: int = 4 << 20
+        self, f: TensorFile, part: BaseFile, piece_bytes: int = 4 << 20
     ) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
         """The kept rows of base file ``part`` (open as ``f``), about ``piece_bytes`` of each
         tensor at a time (each checked against its checksums as it is read, unless ``f``
@@ -561,7 +572,7 @@ def _identity(fd: int) -> tuple[int, int, int, int]:
 
 def _base_part(
     path: str, shard: Shard, num_shards: int, dim: int
-) -> tuple[_BaseFile | None, dict[str, float]]:
+) -> tuple[BaseFile | None, dict[str, float]]:
     """A file of a full save, for :func:`read_table_plan`: its ids, which of them are the
     shard's and live (``keep``; no delta considered yet), and its slots; None if none is
     the shard's. And its slots' initial values."""
@@ -582,7 +593,7 @@ def _base_part(
                     raise InvalidArgumentError(
                         f"dyn/restore: {key} in {path} is {shape}, expected ({ids.size}, {dim})"
                     )
-            return _BaseFile(path, keep, ids, slots, _identity(f.fileno())), slot_init
+            return BaseFile(path, keep, ids, slots, _identity(f.fileno())), slot_init
     except OSError as exc:
         raise InvalidArgumentError(f"dyn/restore: cannot read {path}: {exc}") from exc
 
@@ -622,7 +633,7 @@ def read_table_plan(
         removals.append(removed)
     touched = _touched(puts, removals)  # (composing takes them too)
     slot_init: dict[str, float] = {}
-    base: list[_BaseFile] = []
+    base: list[BaseFile] = []
     for part, part_init in base_parts:
         slot_init.update(part_init)
         if part is not None:  # its rows no delta put again or removed

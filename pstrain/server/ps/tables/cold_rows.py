@@ -522,7 +522,7 @@ class ColdRows:
     ) -> int:
         """Hard-link checkpoint file ``path``, open as ``fd``, in as a segment of ``rows``
         records read by column (``columns``: see :class:`_Segment`; ``slots`` sorted),
-        ``live`` of which :meth:`add` will index (the others count dead from the start).
+        ``live`` of which :meth:`add_parts` will index (the others count dead from the start).
         Returns its number, for the places of its records (``number << PLACE_BITS | row``).
         OSError if the link cannot be made (another file system: the caller writes the rows
         instead) or is not to the file open (another swapped in under its name meanwhile)."""

@@ -29,7 +29,7 @@ from ...._formats.files.delta_files import TablePlan, read_ahead
 from .cold_rows import PLACE_BITS
 
 if TYPE_CHECKING:
-    from ...._formats.files.delta_files import _BaseFile
+    from ...._formats.files.delta_files import BaseFile
     from ...._formats.files.tensor_files import TensorFile
     from .tiered_table import TieredTable
 
@@ -52,8 +52,8 @@ def fill_from_plan(
     docstring); ``names`` maps saved slots to the table's. Returns the rows left where
     they lie in linked files."""
     room = max(0, hot - plan.overlay[0].size)
-    linked: list[tuple[TensorFile, _BaseFile, np.ndarray, np.ndarray]] = []
-    parts: list[tuple[_BaseFile, TensorFile | None]] = []
+    linked: list[tuple[TensorFile, BaseFile, np.ndarray, np.ndarray]] = []
+    parts: list[tuple[BaseFile, TensorFile | None]] = []
     try:
         for part in plan.base:
             take = min(room, part.ids.size)
@@ -88,22 +88,18 @@ def fill_from_plan(
             f.close()
 
 
-def _pieces(plan: TablePlan, parts: list[tuple[_BaseFile, TensorFile | None]]) -> Iterator[Piece]:
+def _pieces(plan: TablePlan, parts: list[tuple[BaseFile, TensorFile | None]]) -> Iterator[Piece]:
     """``plan``'s pieces, each base file's from ``parts``: a linked one's rows for RAM alone,
     read from the file it was linked from (checked through already)."""
     yield from plan.overlay_pieces()
     for part, f in parts:
-        if f is not None:
-            if part.ids.size:
-                yield from plan.part_pieces(f, part)
-            continue
-        with plan.reopen(part) as opened:
-            yield from plan.part_pieces(opened, part)
+        if f is None or part.ids.size:
+            yield from plan.base_pieces(part, f=f)
 
 
 def _link(
-    table: TieredTable, plan: TablePlan, part: _BaseFile, names: dict[str, str], in_ram: int
-) -> tuple[TensorFile, _BaseFile, np.ndarray, np.ndarray] | None:
+    table: TieredTable, plan: TablePlan, part: BaseFile, names: dict[str, str], in_ram: int
+) -> tuple[TensorFile, BaseFile, np.ndarray, np.ndarray] | None:
     """Link base file ``part`` into ``table``'s tier past its first ``in_ram`` kept rows:
     (the file open, the part of it still to read for RAM, the ids left on disk and their
     places); None where it cannot be (the caller copies its rows)."""
