@@ -103,35 +103,40 @@ def _link(
     """Link base file ``part`` into ``table``'s tier past its first ``in_ram`` kept rows:
     (the file open, the part of it still to read for RAM, the ids left on disk and their
     places); None where it cannot be (the caller copies its rows)."""
-    kept = part.ids.size
-    if 2 * kept < part.keep.size or kept <= in_ram:
+    if 2 * part.ids.size < part.keep.size or part.ids.size <= in_ram:
         return None  # mostly other shards' rows (or all of it for RAM): copied
     f = plan.reopen(part)
+    got = None
     try:
-        tensors = f.tensors
-        keys = ("rows", *(f"slot:{k}" for k in part.slots))
-        if any(tensors[k].dtype != table.dtype for k in keys):
+        got = _linked(table, f, part, names, in_ram)
+    finally:
+        if got is None:  # (not linked, or failed: the file is not kept open)
             f.close()
-            return None
-        slots = sorted(names[k] for k in part.slots if k in names)
-        columns = {"id": tensors["ids"].at, "row": tensors["rows"].at}
-        for k in part.slots:
-            if k in names:
-                columns[f"slot{slots.index(names[k])}"] = tensors[f"slot:{k}"].at
-        records = np.flatnonzero(part.keep)
-        try:
-            number = table.cold.link(
-                part.path, f.fileno(), part.keep.size, kept - in_ram, columns, tuple(slots)
-            )
-        except OSError as exc:
-            logger.info("restore of %r copies %s: it cannot be linked (%s)", table.name, part.path, exc)
-            f.close()
-            return None
-        head = np.zeros(part.keep.size, bool)
-        head[records[:in_ram]] = True
-        places = records[in_ram:]
-        places |= np.int64(number) << PLACE_BITS  # (in place: no second array of them all)
-        return f, part._replace(keep=head, ids=part.ids[:in_ram]), part.ids[in_ram:], places
-    except BaseException:
-        f.close()
-        raise
+    return None if got is None else (f, *got)
+
+
+def _linked(
+    table: TieredTable, f: TensorFile, part: BaseFile, names: dict[str, str], in_ram: int
+) -> tuple[BaseFile, np.ndarray, np.ndarray] | None:
+    """:func:`_link` of the file open as ``f``."""
+    tensors = f.tensors
+    if any(tensors[k].dtype != table.dtype for k in ("rows", *(f"slot:{k}" for k in part.slots))):
+        return None
+    slots = sorted(names[k] for k in part.slots if k in names)
+    columns = {"id": tensors["ids"].at, "row": tensors["rows"].at}
+    for k in part.slots:
+        if k in names:
+            columns[f"slot{slots.index(names[k])}"] = tensors[f"slot:{k}"].at
+    try:
+        number = table.cold.link(
+            part.path, f.fileno(), part.keep.size, part.ids.size - in_ram, columns, tuple(slots)
+        )
+    except OSError as exc:
+        logger.info("restore of %r copies %s: it cannot be linked (%s)", table.name, part.path, exc)
+        return None
+    records = np.flatnonzero(part.keep)
+    head = np.zeros(part.keep.size, bool)
+    head[records[:in_ram]] = True
+    places = records[in_ram:]
+    places |= np.int64(number) << PLACE_BITS  # (in place: no second array of them all)
+    return part._replace(keep=head, ids=part.ids[:in_ram]), part.ids[in_ram:], places
