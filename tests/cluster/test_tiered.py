@@ -445,3 +445,124 @@ async def train_with(table, opt, some) -> None:
         rows = await table.lookup(ids)
         grad = np.tanh(rows + np.sin(ids)[:, None]).astype(np.float32)
         await opt.apply_gradients([(pstrain.IndexedSlices(grad, ids), table)])
+
+
+def _ranking_model(budgeted: bool):
+    """W8's shape in small: a dynamic table two features share (one weighted), others with
+    their own combiner and optimizer, and a small fixed table."""
+    from pstrain import EmbeddingCollection, TableConfig
+
+    collection = EmbeddingCollection(
+        [
+            TableConfig("user", None, 16, ["clicks", "views"]),
+            TableConfig("item", None, 8, ["item"], combiner="mean", optimizer=pstrain.optimizers.Ftrl(0.1)),
+            TableConfig(
+                "query",
+                None,
+                16,
+                ["terms"],
+                combiner="sqrtn",
+                optimizer=pstrain.optimizers.RowWiseAdagrad(0.3, initial_accumulator_value=0.1),
+            ),
+            TableConfig(
+                "small", 50, 4, ["cat"], initializer=pstrain.initializers.RandomUniform(-0.05, 0.05, seed=1)
+            ),
+        ]
+    )
+    return collection, pstrain.optimizers.Adagrad(0.2, initial_accumulator_value=0.1)
+
+
+def _ranking_batches(steps: int = 30, bags: int = 256, ids: int = 60_000) -> list[dict]:
+    from pstrain import JaggedTensor
+
+    rng = np.random.default_rng(3)
+    out = []
+    for _ in range(steps):
+        features = {}
+        for name in ("clicks", "views", "item", "terms"):
+            lengths = rng.integers(0, 6, bags)  # empty bags among them
+            n = int(lengths.sum())
+            values = (rng.zipf(1.15, n) * 7919 + rng.integers(0, 3, n)) % ids
+            weights = rng.uniform(0.5, 2, n).astype(np.float32) if name == "views" else None
+            features[name] = JaggedTensor(values, lengths, weights=weights)
+        features["cat"] = JaggedTensor(rng.integers(0, 50, bags), np.ones(bags, np.int64))
+        out.append(features)
+    return out
+
+
+async def test_a_ranking_models_tables_on_tiered_ps_train_save_and_restore_as_in_ram(tmp_path):
+    """An EmbeddingCollection (issue 61's models) on ps with a budget: its dynamic tables
+    spill to disk, and every pooled output, row and restore is bit for bit the in-RAM run's,
+    with the restore linking the checkpoint's files into the tier."""
+    batches = _ranking_batches()
+    probe = np.arange(60_000, dtype=np.int64)
+
+    async def run(cluster, prefix: str, restore: str | None = None):
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        async with strategy.scope():
+            collection, opt = _ranking_model(True)
+        linked = 0
+        if restore:
+            await pstrain.Checkpoint(model=collection, optimizer=opt).restore(restore)
+            linked = sum(  # the base's files linked in, on tiered ps
+                name.endswith(".ref")
+                for ps in cluster.ps
+                if ps.table_handlers.tiering is not None
+                for table in ps.tables.values()
+                if getattr(table, "cold", None) is not None
+                for name in os.listdir(table.cold.directory)
+            )
+        pooled_all = []
+        for features in batches:
+            pooled = await collection.lookup(features)
+            out = pooled.concat()
+            pooled_all.append(out.copy())
+            await collection.apply_gradients(pooled.gradients(np.tanh(out)), opt)
+        path = await pstrain.Checkpoint(model=collection, optimizer=opt).save(str(tmp_path / prefix))
+        rows = {"small": await collection.tables["small"].numpy()}
+        for name in ("user", "item", "query"):  # (a thousand at a time: each read fits the hot set)
+            parts = [probe[lo : lo + 1000] for lo in range(0, probe.size, 1000)]
+            rows[name] = np.concatenate(
+                [await collection.tables[name].lookup(p, training=False) for p in parts]
+            )
+        stats = {n: await collection.tables[n].statistics() for n in ("user", "item", "query")}
+        return pooled_all, rows, path, dict(stats, linked=linked)
+
+    def tiered(directory: str) -> InProcessCluster:
+        options = {
+            "memory_budget": 2 << 20,
+            "table_dir": str(tmp_path / directory),
+            "checkpoint_root": str(tmp_path),
+            "table_segment_rows": 256,
+        }
+        return InProcessCluster(num_ps=2, num_workers=1, token=TOKEN, ps_options=options)
+
+    def in_ram() -> InProcessCluster:
+        return InProcessCluster(
+            num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(tmp_path)}
+        )
+
+    async with in_ram() as cluster:
+        want_pooled, want_rows, ram_path, _ = await run(cluster, "ram")
+    async with tiered("tier") as cluster:
+        pooled, rows, tiered_path, stats = await run(cluster, "tiered")
+        for ps in cluster.ps:
+            assert ps.table_handlers.held() <= 2 << 20
+    del stats["linked"]
+    assert all(s["cold_rows"] > s["hot_rows"] / 2 and s["refused"] == 0 for s in stats.values()), stats
+    for got, want in zip(pooled, want_pooled):
+        np.testing.assert_array_equal(got, want)
+    for name, want in want_rows.items():
+        np.testing.assert_array_equal(rows[name], want, err_msg=name)
+    # each restored and trained again: the tiered checkpoint onto tiered ps (its base files
+    # linked into the tier), the in-RAM one onto ps holding it all
+    async with in_ram() as cluster:
+        want_pooled, want_rows, _, _ = await run(cluster, "ram2", restore=ram_path)
+    async with tiered("tier2") as cluster:
+        pooled, rows, _, stats = await run(cluster, "tiered2", restore=tiered_path)
+    assert stats.pop("linked") > 0
+    assert sum(s["cold_rows"] for s in stats.values()) > 0, stats
+    for got, want in zip(pooled, want_pooled):
+        np.testing.assert_array_equal(got, want)
+    for name, want in want_rows.items():
+        np.testing.assert_array_equal(rows[name], want, err_msg=name)
