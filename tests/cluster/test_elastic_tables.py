@@ -34,7 +34,7 @@ from pstrain.server.ps.moves import handlers as moves
 from pstrain.server.ps.store import ChangeClock
 from pstrain.server.ps.tables.cold_rows import ColdRows
 from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
-from pstrain.server.ps.tables.tiered_slices import CopyStream
+from pstrain.server.ps.tables.tiered_slices import CopyStream, TieredSlices
 from pstrain.testing import InProcessCluster, untyped_call
 from tests.helpers import TOKEN, wait_for
 
@@ -1267,6 +1267,54 @@ async def test_a_tiered_moves_rows_on_disk_are_read_off_the_serving_loop(tmp_pat
         await move
         assert _ids_on(extra, table.key).size and not _ids_on(cluster.ps[0], table.key).size
         _same_rows(*await table.export(), _expected(STEPS // 3 + 1, TIER_DIM))
+
+
+async def test_a_tiered_moves_patch_reads_the_rows_that_reached_its_disk_off_the_serving_loop(
+    tmp_path, monkeypatch
+):
+    """Rows of the moving slices changed after the copy and moved to disk before the switch
+    go with the patch, their records read on a thread: while that read waits, the source
+    serves what does not move, and no update is lost."""
+    async with _job(tier=str(tmp_path / "tier")) as (cluster, extra, strategy, coordinator):
+        assert extra is not None
+        table, opt = await _trained_users(strategy)
+        async with strategy.scope():
+            probes = [pstrain.Variable(np.full(3, i, np.float32)) for i in range(2)]  # one a ps
+        await coordinator.ps.admit_ps(extra.address)
+        copying, patching = threading.Event(), threading.Event()
+        go_on = {"copy": threading.Event(), "patch": threading.Event()}
+        copy_from, read_patch = ColdRows.records_from, TieredSlices._read_patch
+
+        def copy_held(self, places):  # the copy waits while the slices are trained
+            copying.set()
+            assert go_on["copy"].wait(30)
+            return copy_from(self, places)
+
+        def patch_held(self, out, places):
+            assert threading.current_thread() is not threading.main_thread()
+            patching.set()
+            assert go_on["patch"].wait(30)
+            return read_patch(self, out, places)
+
+        monkeypatch.setattr(ColdRows, "records_from", copy_held)
+        monkeypatch.setattr(TieredSlices, "_read_patch", patch_held)
+        slices = coordinator.ps.table_slices(table).held_by(0)
+        move = asyncio.ensure_future(coordinator.ps.move_slices({table.key: slices}, 0, 2))
+        try:
+            await wait_for(copying.is_set, timeout=30, what="the copy's read of the rows on disk")
+            for step in range(STEPS // 3, STEPS // 2):  # rows change, and go to disk, after the mark
+                await _train(table, opt, step, TIER_DIM)
+            go_on["copy"].set()
+            await wait_for(patching.is_set, timeout=30, what="the patch's read of the rows on disk")
+            for i, v in enumerate(probes):  # served while that read waits
+                np.testing.assert_array_equal(await asyncio.wait_for(v.numpy(), 30), np.full(3, i))
+        finally:
+            for event in go_on.values():
+                event.set()
+        await move
+        assert _ids_on(extra, table.key).size and not _ids_on(cluster.ps[0], table.key).size
+        assert cluster.ps[0].tables[table.key].cold.reading == 0
+        _same_rows(*await table.export(), _expected(STEPS // 2, TIER_DIM))
 
 
 async def test_a_tiered_move_is_pulled_a_block_at_a_time_and_neither_ps_holds_the_copy(tmp_path, monkeypatch):

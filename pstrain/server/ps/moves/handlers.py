@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -150,7 +150,7 @@ class Moves:
                         name=r.name, value=r.array, trainable=r.trainable, owner=r.owner, slot_of=slot_of
                     )
                 )
-        begun: list[tuple[dict[str, Any], Callable[[], None] | None]] = []
+        begun: list[tuple[dict[str, Any], Callable[[], Awaitable[None]] | None]] = []
         streams: dict[str, CopyStream] = {}
         for (table, moving), name in zip(tables, req.tables, strict=True):
             if req.pull_records and isinstance(table, TieredSlices):  # pulled a block at a time
@@ -169,21 +169,8 @@ class Moves:
             for r in releases:
                 r()
 
-        reads = [read for _, read in begun if read is not None]
-
-        def read_all() -> None:  # every one runs (each ends the read it began), the first error raised
-            failed: BaseException | None = None
-            for read in reads:
-                try:
-                    read()
-                except BaseException as exc:
-                    failed = failed or exc
-            if failed is not None:
-                raise failed
-
         try:
-            if reads:
-                await asyncio.to_thread(read_all)
+            await _read_all([read for _, read in begun])
         except BaseException:
             release()
             self.outgoing.pop(req.stage, None)
@@ -320,9 +307,11 @@ class Moves:
                 f"{moving.slices} of table {name!r} (it holds {sorted(held)}); nothing moved"
             )
 
-    def finish(self, req: FinishMove) -> FinishReply:
+    async def finish(self, req: FinishMove) -> FinishReply:
         """Step 3, atomic on the loop: stop serving the variables and answer with what
-        changed since the mark, and their exactly-once records."""
+        changed since the mark, and their exactly-once records. (A tiered table's rows on
+        disk changed since are read on a thread after it: the slices are no longer served,
+        so they are as they were.)"""
         self.stages.check("out", req)
         keys = self.outgoing.get(req.stage)
         tables = self.outgoing_tables.get(req.stage, {})
@@ -339,13 +328,16 @@ class Moves:
         self._close_streams(req.stage)  # (its receiver pulled them before this step)
         self.map.adopt(req.placement, req.owner)
         table_patches, parked_tables = [], []
+        patch_reads = []
         for name, moving in tables.items():
             table = self.tables.table(name)
             parked_tables.append(
                 (name, moving, self.tables.guards.get(name), req.capacity.get(name, table.config.capacity))
             )
             self.tables.guards.set(name, req.serving[name])  # refused from now on
-            table_patches.append(TablePatch(**table.patch_slices(moving, req.mark)))
+            patch, read = table.begin_patch(moving, req.mark)
+            table_patches.append(patch)
+            patch_reads.append(read)
         del self.outgoing_tables[req.stage]
         self.parked_tables[req.stage] = parked_tables
         patches: list[VariablePatch] = []
@@ -362,12 +354,14 @@ class Moves:
         del self.outgoing[req.stage]
         self.parked[req.stage] = parked
         fences, superseded = self.fencing.state()
+        once = self.fencing.records_of(set(keys) | set(tables))
+        await _read_all(patch_reads)
         return FinishReply(
             patches=patches,
-            once=self.fencing.records_of(set(keys) | set(tables)),
+            once=once,
             fences=fences,
             superseded=superseded,
-            tables=table_patches,
+            tables=[TablePatch(**patch) for patch in table_patches],
         )
 
     def install(self, req: InstallVariables) -> InstallReply:
@@ -657,3 +651,17 @@ class Moves:
             "placement_refusals": self.store.refusals,
             "moves_in_progress": len(self.outgoing) + len(self.parked) + len(self.incoming),
         }
+
+
+async def _read_all(reads: list[Callable[[], Awaitable[None]] | None]) -> None:
+    """Await every read begun (each ends what it began), then raise the first error."""
+    failed: BaseException | None = None
+    for read in reads:
+        if read is None:
+            continue
+        try:
+            await read()
+        except BaseException as exc:
+            failed = failed or exc
+    if failed is not None:
+        raise failed

@@ -16,7 +16,7 @@ checkpoint holds them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -169,10 +169,16 @@ class SlicedRows:
             "slot_init": dict(self.slot_init),
         }
 
-    def begin_copy(self, moving: SliceSet) -> tuple[dict[str, Any], Callable[[], None] | None]:
-        """:meth:`copy_slices`, and what reads the rest of it off the serving loop (a tiered
-        table's rows on disk; here, nothing: None)."""
+    def begin_copy(self, moving: SliceSet) -> tuple[dict[str, Any], Callable[[], Awaitable[None]] | None]:
+        """:meth:`copy_slices`, and what to await for the rest of it, read off the serving
+        loop (a tiered table's rows on disk; here, nothing: None)."""
         return self.copy_slices(moving), None
+
+    def begin_patch(
+        self, moving: SliceSet, mark: int
+    ) -> tuple[dict[str, Any], Callable[[], Awaitable[None]] | None]:
+        """:meth:`patch_slices`, and what to await for the rest of it, as :meth:`begin_copy`."""
+        return self.patch_slices(moving, mark), None
 
     def patch_slices(self, moving: SliceSet, mark: int) -> dict[str, Any]:
         """What slices ``moving`` hold now, against their copy taken at ``mark``: every live id

@@ -14,8 +14,9 @@ came, arrays written as a save writes.
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -243,34 +244,42 @@ class TieredSlices(SlicedRows):
         return slots[keep], ids[keep]
 
     def copy_slices(self, moving: SliceSet) -> dict[str, Any]:
-        """An untiered table's copy, and the rows of those slices on disk (both halves of
-        :meth:`begin_copy` at once)."""
-        out, read = self.begin_copy(moving)
-        if read is not None:
-            read()
+        """An untiered table's copy, and the rows of those slices on disk, read here (both
+        halves of :meth:`begin_copy` at once)."""
+        out = super().copy_slices(moving)
+        slots, _ = self._cold_in(moving)
+        if slots.size:
+            self._read_copy(out, np.sort(self.cold.places[slots]))
         return out
 
-    def begin_copy(self, moving: SliceSet) -> tuple[dict[str, Any], Callable[[], None] | None]:
+    def begin_copy(self, moving: SliceSet) -> tuple[dict[str, Any], Callable[[], Awaitable[None]] | None]:
         """A move's copy whole, in two halves (a move a coordinator relays; a move whose rows
         are pulled a block at a time is :meth:`stream_copy`'s): this one, on the serving
         loop, copies the rows in RAM and takes the places of those on disk (the copy is of
-        this moment: the caller marks the change clock now); the one returned, which may run
-        on a thread, reads those records into the copy (records never change, and no
-        segment goes until it ends: begin_read)."""
+        this moment: the caller marks the change clock now); the one returned, awaited on
+        the loop, reads those records into the copy on a thread (records never change, and
+        no segment goes until it ends: :meth:`_on_thread`)."""
         out = super().copy_slices(moving)
         slots, _ = self._cold_in(moving)
         if not slots.size:
             return out, None
         places = np.sort(self.cold.places[slots])
-        self.cold.begin_read()
+        return out, self._on_thread(lambda: self._read_copy(out, places))
 
-        def read() -> None:
-            try:
-                self._read_copy(out, places)
-            finally:
-                self.cold.end_read()
+    def _on_thread(self, read: Callable[[], None]) -> Callable[[], Awaitable[None]]:
+        """``read`` of records whose places were taken now, to await later: it runs on a
+        thread, and no segment goes from now until it ends. (The read's end runs on the
+        loop: only the loop collects and deletes segments.)"""
+        cold = self.cold
+        cold.begin_read()
 
-        return out, read
+        async def run() -> None:  # (awaited once: the caller awaits every one it began)
+            thread = asyncio.ensure_future(asyncio.to_thread(read))
+            # ended when the thread is, even if the awaiting handler is cancelled first
+            thread.add_done_callback(lambda _: cold.end_read())
+            await asyncio.shield(thread)
+
+        return run
 
     def _read_copy(self, out: dict[str, Any], places: np.ndarray) -> None:
         """The records at ``places`` into the copy ``out``."""
@@ -312,25 +321,46 @@ class TieredSlices(SlicedRows):
         return out, stream
 
     def patch_slices(self, moving: SliceSet, mark: int) -> dict[str, Any]:
-        """An untiered table's patch, with the rows on disk: every id, its age or count from
-        the index of the rows on disk (the one of the two the table keeps: ``by_age``; the
-        other 0), and the rows written there since ``mark``, the only ones read."""
+        """An untiered table's patch, with the rows on disk, read here (both halves of
+        :meth:`begin_patch` at once)."""
+        out, places = self._patch_of(moving, mark)
+        if places.size:
+            self._read_patch(out, places)
+        return out
+
+    def begin_patch(
+        self, moving: SliceSet, mark: int
+    ) -> tuple[dict[str, Any], Callable[[], Awaitable[None]] | None]:
+        """:meth:`patch_slices` in two halves, as :meth:`begin_copy`: this one on the loop as
+        the slices stop being served (every id, its age or count from the index of the rows
+        on disk, the rows in RAM changed since ``mark``, and the places of the records on
+        disk changed since); the one returned reads those records into the patch on a
+        thread. Nothing of the slices changes meanwhile: they are no longer served."""
+        out, places = self._patch_of(moving, mark)
+        if not places.size:
+            return out, None
+        return out, self._on_thread(lambda: self._read_patch(out, places))
+
+    def _patch_of(self, moving: SliceSet, mark: int) -> tuple[dict[str, Any], np.ndarray]:
+        """The patch but the rows on disk changed since ``mark``, and their places."""
         out = super().patch_slices(moving, mark)
         slots, ids = self._cold_in(moving)
         if not slots.size:
-            return out
+            return out, np.empty(0, np.int64)
         keys = self.cold.keys_of(slots)
         zeros = np.zeros(slots.size, np.int64)
         ages, freq = (self.lookups - keys, zeros) if self.by_age else (zeros, keys)
-        changed = self.cold.epochs[slots] > mark
-        cold = self.cold.read(self.cold.places[slots[changed]], dict(self.slot_init))
         out["live"] = np.concatenate([out["live"], ids])
         out["ages"] = np.concatenate([out["ages"], ages])
         out["freq"] = np.concatenate([out["freq"], freq])
+        return out, self.cold.places[slots[self.cold.epochs[slots] > mark]]
+
+    def _read_patch(self, out: dict[str, Any], places: np.ndarray) -> None:
+        """The records at ``places`` into the patch ``out`` (after its rows from RAM)."""
+        cold = self.cold.read(places, dict(self.slot_init))
         out["ids"] = np.concatenate([out["ids"], cold["ids"]])
         out["rows"] = np.concatenate([out["rows"], cold["rows"]])
         out["slots"] = {k: np.concatenate([v, cold[f"slot:{k}"]]) for k, v in out["slots"].items()}
-        return out
 
     def pull_sink(self, name: str) -> PulledToDisk:
         """Where the blocks of a move's copy pulled into this shard go (:class:`PulledToDisk`)."""
