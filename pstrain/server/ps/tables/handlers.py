@@ -278,6 +278,8 @@ class TableHandlers:
         for (table, ids, cold_ids, places, found), records in zip(reads, got):
             if self.tables.get(table.name) is table:  # (not replaced meanwhile)
                 table.promote(cold_ids, places, records, ids, found)
+                if table.cold_short(ids.size):  # the rows put back grew the hot set into
+                    table.shrink_for_cold(ids.size, keep=ids)  # the room checked for above
 
     def _tiered_largest_first(self) -> list[TieredTable]:
         """This ps's tiered tables, those with the most rows allocated in RAM first: the order

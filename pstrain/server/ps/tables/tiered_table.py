@@ -323,6 +323,12 @@ class TieredTable(TieredSlices, DynamicTable):
         arrays grown as they would grow."""
         return self.held() - self.cold.nbytes + self.cold.nbytes_with(n) <= self.budget
 
+    def _fits_grown(self, moving: int, grow: int) -> bool:
+        """Whether ``moving`` more rows on disk, and the hot arrays grown by ``grow`` rows
+        after them, keep the ps within its budget."""
+        held = self.held() - self.cold.nbytes + self.cold.nbytes_with(moving)
+        return held + grow * self.hot_row_bytes() <= self.budget
+
     def _hot_room(self, n: int, protect: np.ndarray) -> None:
         """Make room in RAM for ``n`` more rows, moving hot rows not in ``protect`` to disk;
         ResourceExhaustedError (nothing changed) if they cannot fit."""
@@ -341,7 +347,12 @@ class TieredTable(TieredSlices, DynamicTable):
         moving = max(n - free, min(len(self.index) - protect.size, max(1, limit // EVICT_BATCH)))
         if not self._cold_fits(moving):  # a batch is too many: just what this request needs
             moving = n - free
-        if not self._cold_fits(moving):
+        unused = self.alloc - len(self.index)  # rows allocated and free: placed without growing
+        if moving < n - unused and not self._fits_grown(moving, n - unused - moving):
+            # the hot arrays' growth for the rest would take the room the rows moving to
+            # disk need (both were reckoned against what the ps holds now): grow none
+            moving = min(n - unused, len(self.index) - protect.size)
+        if not self._fits_grown(moving, max(0, n - unused - moving)):
             self.refused += 1
             during = (
                 " (a save is reading this table: the rows in RAM give none of theirs to that index "
