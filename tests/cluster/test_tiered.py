@@ -23,8 +23,6 @@ pytestmark = pytest.mark.timeout(120)
 DIM, STEPS, BATCH, IDS = 16, 24, 512, 20_000
 SWEEPS = 6
 BUDGET = 1 << 20  # a few thousand rows in RAM on each ps: most of the table goes to disk
-#: Batches of 512 unseen ids that leave a ps less than 256 KiB of its budget beside the table
-FILLED = 46
 FILL_BATCHES = 80  # of 512 unseen ids: about 20,500 rows a ps, past the 14,500-16,500 half its budget indexes
 
 
@@ -289,7 +287,7 @@ async def test_a_table_that_filled_the_budget_gives_ram_to_new_variables_and_slo
     # refusal. The slot comes with an update of rows just looked up, among the coldest by
     # count (LFU): they stay in RAM for the update. The table trains on as on ps holding
     # everything in RAM.
-    batches = [np.arange(k * BATCH, (k + 1) * BATCH, dtype=np.int64) * 7919 + 5 for k in range(FILLED + 3)]
+    batches = [np.arange(k * BATCH, (k + 1) * BATCH, dtype=np.int64) * 7919 + 5 for k in range(43)]
     value = np.full((BUDGET // 512, 16), 0.5, np.float32)  # 128 KiB, and as much for its slot
 
     async def run(cluster: InProcessCluster, check=None):
@@ -297,7 +295,7 @@ async def test_a_table_that_filled_the_budget_gives_ram_to_new_variables_and_slo
         with strategy.scope():
             table = pstrain.DynamicEmbedding(DIM, name="emb", eviction=eviction)
             opt = pstrain.optimizers.Adagrad(0.1)
-        for ids in batches[:FILLED]:
+        for ids in batches[:40]:
             await opt.apply_gradients(
                 [(pstrain.IndexedSlices(_grad(await table.lookup(ids), ids), ids), table)]
             )
@@ -305,7 +303,7 @@ async def test_a_table_that_filled_the_budget_gives_ram_to_new_variables_and_slo
             check()
         with strategy.scope():
             w = pstrain.Variable(value, name="w")
-        for ids in batches[FILLED:]:  # the variable's first update makes its slot
+        for ids in batches[40:]:  # the variable's first update makes its slot
             rows = await table.lookup(ids)
             await opt.apply_gradients(
                 [(np.ones_like(value), w), (pstrain.IndexedSlices(_grad(rows, ids), ids), table)]
@@ -332,7 +330,7 @@ async def test_a_variable_that_comes_during_a_save_is_refused_saying_so_and_fits
     # While a save reads the table its rows in RAM stay where the save's snapshots find
     # them, so a variable the budget has no room for then is refused, and the refusal says
     # why; once the save ends, the table gives it RAM.
-    batches = [np.arange(k * BATCH, (k + 1) * BATCH, dtype=np.int64) * 7919 + 5 for k in range(FILLED)]
+    batches = [np.arange(k * BATCH, (k + 1) * BATCH, dtype=np.int64) * 7919 + 5 for k in range(40)]
     value = np.full((BUDGET // 256, 16), 0.5, np.float32)  # 256 KiB: past what the table leaves
     async with _tiered(tmp_path) as cluster:
         table, _ = await _train(cluster, batches)
