@@ -246,10 +246,9 @@ class TieredSlices(SlicedRows):
     def copy_slices(self, moving: SliceSet) -> dict[str, Any]:
         """An untiered table's copy, and the rows of those slices on disk, read here (both
         halves of :meth:`begin_copy` at once)."""
-        out = super().copy_slices(moving)
-        slots, _ = self._cold_in(moving)
-        if slots.size:
-            self._read_copy(out, np.sort(self.cold.places[slots]))
+        out, places = self._copy_in_ram(moving)
+        if places.size:
+            self._read_copy(out, places)
         return out
 
     def begin_copy(self, moving: SliceSet) -> tuple[dict[str, Any], Callable[[], Awaitable[None]] | None]:
@@ -259,12 +258,16 @@ class TieredSlices(SlicedRows):
         this moment: the caller marks the change clock now); the one returned, awaited on
         the loop, reads those records into the copy on a thread (records never change, and
         no segment goes until it ends: :meth:`_on_thread`)."""
+        out, places = self._copy_in_ram(moving)
+        if not places.size:
+            return out, None
+        return out, self._on_thread(lambda: self._read_copy(out, places))
+
+    def _copy_in_ram(self, moving: SliceSet) -> tuple[dict[str, Any], np.ndarray]:
+        """The copy but the rows on disk, and their places (ascending)."""
         out = super().copy_slices(moving)
         slots, _ = self._cold_in(moving)
-        if not slots.size:
-            return out, None
-        places = np.sort(self.cold.places[slots])
-        return out, self._on_thread(lambda: self._read_copy(out, places))
+        return out, np.sort(self.cold.places[slots])
 
     def _on_thread(self, read: Callable[[], None]) -> Callable[[], Awaitable[None]]:
         """``read`` of records whose places were taken now, to await later: it runs on a

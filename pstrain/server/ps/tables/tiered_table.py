@@ -321,7 +321,7 @@ class TieredTable(TieredSlices, DynamicTable):
     def _cold_fits(self, n: int) -> bool:
         """Whether ``n`` more rows on disk keep the ps within its budget, their index and
         arrays grown as they would grow."""
-        return self.held() - self.cold.nbytes + self.cold.nbytes_with(n) <= self.budget
+        return self._fits_grown(n, 0)
 
     def _fits_grown(self, moving: int, grow: int) -> bool:
         """Whether ``moving`` more rows on disk, and the hot arrays grown by ``grow`` rows
