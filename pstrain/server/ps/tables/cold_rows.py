@@ -410,36 +410,28 @@ class ColdRows:
         self.rows_written += n
 
     def add_parts(self, parts: list[tuple[np.ndarray, np.ndarray]]) -> None:
-        """:meth:`add` of every ``(ids, places)`` of ``parts`` with epoch and key 0 (a
-        restore's bulk load, ``tight``): their slots taken at once, no array of them all
-        joined (tens of millions of rows: each copy is hundreds of MB the ps has not
-        touched yet, which costs more on first use than the copy)."""
+        """:meth:`add` of every ``(ids, places)`` of ``parts`` with epoch and key 0: a
+        restore's bulk load into a tier made anew (no slot given up yet), its slots a run
+        taken at once and written as slices a block at a time, the index sized for them as
+        full as it may be, and no array of them all joined (tens of millions of rows: each
+        copy is hundreds of MB the ps has not touched yet, which costs more on first use
+        than the copy)."""
         n = sum(ids.size for ids, _ in parts)
         if not n:
             return
+        assert not self.nfree, "a bulk load into a tier with slots given up"
         self.index.reserve_for(*(ids for ids, _ in parts))
-        if self._reused(n):  # slots given up before: scattered
-            cold = self._take_slots(n)
-            at = 0
-            for ids, places in parts:
-                slots = cold[at : at + ids.size]
-                self.places[slots] = places
-                self.index.insert(ids, slots)
-                at += ids.size
-            self.epochs[cold] = 0
-            self._set_keys(cold, np.zeros(1, np.int64))
-        else:  # slots taken anew, a run: written as slices, a block at a time
-            first = at = self.used
-            self._room_for(n)
-            self.used += n
-            for ids, places in parts:
-                for lo in range(0, ids.size, SPLIT_BLOCK):
-                    block = ids[lo : lo + SPLIT_BLOCK]
-                    self.places[at : at + block.size] = places[lo : lo + block.size]
-                    self.index.insert(block, np.arange(at, at + block.size, dtype=np.int64))
-                    at += block.size
-            self.epochs[first:at] = 0
-            self.keys[first:at] = np.clip(-self.key_base, 0, KEY_TOP)
+        first = at = self.used
+        self._room_for(n)
+        self.used += n
+        for ids, places in parts:
+            for lo in range(0, ids.size, SPLIT_BLOCK):
+                block = ids[lo : lo + SPLIT_BLOCK]
+                self.places[at : at + block.size] = places[lo : lo + block.size]
+                self.index.insert(block, np.arange(at, at + block.size, dtype=np.int64))
+                at += block.size
+        self.epochs[first:at] = 0
+        self.keys[first:at] = np.clip(-self.key_base, 0, KEY_TOP)
         self.rows_written += n
 
     def write(
