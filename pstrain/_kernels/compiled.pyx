@@ -914,12 +914,15 @@ def ascending_rows(const index_t[::1] rows, int64_t n, int64_t[::1] out=None):
 def stamp_rows(uint32_t[::1] epochs, const int64_t[::1] pos, uint32_t epoch):
     """An update's bookkeeping: each row ``pos[i] >= 0`` changed in ``epoch`` (what a delta
     checkpoint reads). Returns how many rows that is, in one pass (numpy's keeps the rows
-    found in a temporary first)."""
-    cdef Py_ssize_t i, k = 0
+    found in a temporary first), each row's epoch asked for ``PROBE_AHEAD`` rows before (an
+    update's rows are scattered over the table: a cache miss each)."""
+    cdef Py_ssize_t i, k = 0, n = pos.shape[0]
     if _past_end(pos, epochs.shape[0]):
         raise IndexError("stamp_rows: a row past the table's end")
     with nogil:
-        for i in range(pos.shape[0]):
+        for i in range(n):
+            if i + PROBE_AHEAD < n and pos[i + PROBE_AHEAD] >= 0:
+                _prefetchw(&epochs[pos[i + PROBE_AHEAD]])
             if pos[i] >= 0:
                 epochs[pos[i]] = epoch
                 k += 1
