@@ -1045,3 +1045,43 @@ def test_a_restore_streamed_from_a_base_and_deltas_keeps_the_rows_changed_last_i
     stamp = np.where(want_ids < 900, 1.0, np.where(want_ids < 2000, 2.0, 3.0)).astype(np.float32)
     np.testing.assert_array_equal(got["rows"], np.repeat(stamp[:, None], dim, 1))
     np.testing.assert_array_equal(got["slot:acc"], np.repeat(stamp[:, None] + 0.5, dim, 1))
+
+
+def test_after_a_restore_rows_read_back_take_the_disk_slots_of_those_they_replace(tmp_path):
+    """A shard restored where a full one was (its index of rows on disk as full as it may
+    be), then trained on the ids it holds, the stage first as a ps runs it: each promotion
+    moves as many rows out as it brings back, and those take the slots on disk the rows
+    brought back give up. So the disk's per-slot arrays never grow, the hot set gives none
+    of its RAM to the disk's index (it grows, if anything), and nothing is refused. (Rows moved out before the
+    others were taken out asked the budget for the index's next growth, and the stage
+    reckoned every id of a request as going to a new slot: the first requests after a
+    restore gave up a share of the hot set, or were refused.)"""
+    config = TableConfig(dim=16)
+    live = tiered(tmp_path / "live", config, hot_rows=2000)
+    for k in range(1, 2000):  # until it takes no more
+        ids = np.arange(256 * k, 256 * k + 256, dtype=np.int64)
+        if live.cold_short(ids.size):
+            live.shrink_for_cold(ids.size, keep=ids)
+        try:
+            train(live, ids, k)
+        except ResourceExhaustedError:
+            break
+    want = by_id(live.export())
+    table = restored_over(live, want, tmp_path / "restored")
+    table.held, table.cold_index = (lambda: table.nbytes), (lambda: table.cold.nbytes)  # live is gone
+    slots, alloc, shrunk, refused = table.cold.places.size, table.alloc, table.shrunk, table.refused
+    rng = np.random.default_rng(5)
+    promoted = table.promoted
+    for t in range(1, 40):  # ids the shard holds, most of them on disk
+        ids = np.unique(rng.choice(want["ids"], 300, replace=False))
+        found = table.in_ram(ids)
+        cold_ids, places = table.cold_wanted(ids[found.pos < 0])
+        new = int(np.count_nonzero(found.pos < 0)) - cold_ids.size
+        assert new == 0
+        assert not table.cold_short(new, ids.size)
+        table.promote(cold_ids, places, table.read_cold(places), ids, found)
+        train(table, ids, t)
+        assert table.nbytes <= table.budget and table.alloc >= alloc
+    assert table.promoted - promoted > 5000  # (most came back from disk)
+    assert table.cold.places.size == slots
+    assert (table.shrunk, table.refused) == (shrunk, refused)

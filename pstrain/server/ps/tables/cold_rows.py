@@ -332,6 +332,18 @@ class ColdRows:
             size = _grown(size, need)
         return int(self.index.nbytes_holding(len(self.index) + more, tight) + size * self.SLOT_BYTES)
 
+    def nbytes_after(self, added: np.ndarray, removed: np.ndarray) -> int:
+        """At most :attr:`nbytes` while ids ``removed`` (here) are taken out and then ids
+        ``added`` (not here) put in: a promotion's rows out, the rows it moves to disk in,
+        which take the slots those give up. The index reckoned part by part (an id's part is
+        known), so that as many in as out grows nothing."""
+        more = added.size
+        need = self.used + more - self._reused(more, self.nfree + removed.size)
+        size = self.places.size
+        if need > size:
+            size = _grown(size, need)
+        return int(self.index.nbytes_after(added, removed) + size * self.SLOT_BYTES)
+
     def disk_bytes(self) -> int:
         total = 0
         for seg in self.segments.values():
@@ -531,11 +543,12 @@ class ColdRows:
         )
         return number
 
-    def _reused(self, n: int) -> int:
-        """How many of ``n`` slots a put takes from those not in use: none until they are
-        ``REUSE`` of the slots (or enough for all ``n``), so that a scan finds them a few
-        slots apart at most."""
-        return min(n, self.nfree) if self.nfree >= n or self.nfree * REUSE >= self.used else 0
+    def _reused(self, n: int, nfree: int | None = None) -> int:
+        """How many of ``n`` slots a put takes from those not in use (``nfree`` of them;
+        :attr:`nfree` if None): none until they are ``REUSE`` of the slots (or enough for
+        all ``n``), so that a scan finds them a few slots apart at most."""
+        nfree = self.nfree if nfree is None else nfree
+        return min(n, nfree) if nfree >= n or nfree * REUSE >= self.used else 0
 
     def _take_slots(self, n: int) -> np.ndarray:
         reuse = self._reused(n)

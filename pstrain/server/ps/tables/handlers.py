@@ -257,29 +257,34 @@ class TableHandlers:
                 continue
             if table.hot_short(ids.size):  # the other tables' rows in RAM left it no room
                 self._make_room(table, ids.size)
-            if table.cold_short(ids.size):  # its rows on disk need RAM for their index
-                table.shrink_for_cold(ids.size, keep=ids)
             if not len(table.cold):
+                if table.cold_short(ids.size):  # its rows on disk will need RAM for their index
+                    table.shrink_for_cold(ids.size, keep=ids)
                 continue
             ids = np.ascontiguousarray(ids, np.int64)
             found = table.in_ram(ids)  # only the others are looked for on disk
             cold_ids, places = table.cold_wanted(ids[found.pos < 0])
+            # the ids in neither tier take new rows in RAM, and as many rows move out to new
+            # slots on disk (those put back give up theirs first: :meth:`TieredTable.promote`)
+            new = int(np.count_nonzero(found.pos < 0)) - cold_ids.size
+            if table.cold_short(new, ids.size):  # the index on disk needs RAM for them
+                table.shrink_for_cold(new, ids.size, keep=ids)  # (none of ``ids`` moves)
             if cold_ids.size:
-                reads.append((table, ids, cold_ids, places, found))
+                reads.append((table, ids, cold_ids, places, found, new))
         if not reads:
             return
         for table, *_ in reads:
             table.cold.begin_read()
         try:
-            got = await asyncio.to_thread(lambda: [t.read_cold(p) for t, _, _, p, _ in reads])
+            got = await asyncio.to_thread(lambda: [t.read_cold(p) for t, _, _, p, _, _ in reads])
         finally:
             for table, *_ in reads:
                 table.cold.end_read()
-        for (table, ids, cold_ids, places, found), records in zip(reads, got):
+        for (table, ids, cold_ids, places, found, new), records in zip(reads, got):
             if self.tables.get(table.name) is table:  # (not replaced meanwhile)
                 table.promote(cold_ids, places, records, ids, found)
-                if table.cold_short(ids.size):  # the rows put back grew the hot set into
-                    table.shrink_for_cold(ids.size, keep=ids)  # the room checked for above
+                if table.cold_short(new, ids.size):  # the rows put back grew the hot set into
+                    table.shrink_for_cold(new, ids.size, keep=ids)  # the room checked for above
 
     def _tiered_largest_first(self) -> list[TieredTable]:
         """This ps's tiered tables, those with the most rows allocated in RAM first: the order

@@ -408,6 +408,31 @@ class PartitionedIndex:
             if n:
                 part.reserve(part.count + n)
 
+    def parts_of(self, ids: np.ndarray) -> np.ndarray:
+        """The part each of ``ids`` falls in."""
+        return self.kernels.shard_ids(np.ascontiguousarray(ids, np.int64), self.PARTS, 0)
+
+    def room_after(self, removed: np.ndarray) -> np.ndarray:
+        """How many ids each part takes in without growing once ids ``removed`` (in the index)
+        are deleted."""
+        room = np.array([math.floor(p.size * p.fill) - p.count for p in self.parts], np.int64)
+        return np.maximum(room, 0) + self._counts(np.ascontiguousarray(removed, np.int64))
+
+    def nbytes_after(self, added: np.ndarray, removed: np.ndarray) -> int:
+        """At most :attr:`nbytes` while ids ``removed`` (in the index) are deleted and then ids
+        ``added`` (not in it) inserted: each part's count after them known, not reckoned
+        (with the old slots of the largest part that grows, as :meth:`nbytes_holding`)."""
+        net = self._counts(np.ascontiguousarray(added, np.int64)) - self._counts(
+            np.ascontiguousarray(removed, np.int64)
+        )
+        total = moving = 0
+        for part, k in zip(self.parts, net.tolist()):
+            after = part.nbytes_holding(part.count + max(0, k))
+            total += after
+            if after != part.nbytes:
+                moving = max(moving, part.nbytes)
+        return total + moving
+
     def nbytes_holding(self, count: int, tight: bool = False) -> int:
         """At most :attr:`nbytes` while ``count`` ids in all come in (their parts unknown:
         each part reckoned to take its share of the new ones and some more, as a binomial

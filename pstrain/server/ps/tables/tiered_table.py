@@ -332,10 +332,19 @@ class TieredTable(TieredSlices, DynamicTable):
     def _hot_room(self, n: int, protect: np.ndarray) -> None:
         """Make room in RAM for ``n`` more rows, moving hot rows not in ``protect`` to disk;
         ResourceExhaustedError (nothing changed) if they cannot fit."""
+        self.demote(self._to_move(n, protect))
+
+    def _to_move(self, n: int, protect: np.ndarray, freeing: np.ndarray | None = None) -> np.ndarray:
+        """The hot rows (none of ``protect``) to move to disk to make room in RAM for ``n``
+        more, checked against the budget: ResourceExhaustedError, counted, if they cannot fit.
+        ``freeing``: ids on disk taken out of its index before the rows move there (a
+        promotion's), whose slots they take; where the budget has no room for that index to
+        grow, the rows moved out are the coldest whose ids fall in its parts as those leave
+        room (:meth:`_coldest_in_room`): as many out as in then needs no more RAM."""
         limit = self._hot_limit()
         free = limit - len(self.index)
         if n <= free:
-            return
+            return np.empty(0, np.int64)
         if n > limit - protect.size:
             self.refused += 1
             raise ResourceExhaustedError(
@@ -344,15 +353,30 @@ class TieredTable(TieredSlices, DynamicTable):
                 f"{self.budget} bytes (pstrain serve --memory-budget): raise the budget, shard "
                 "the table over more ps, or send smaller batches"
             )
+        picked: dict[int, np.ndarray] = {}  # rows to move out, by how many: those that fit
+
+        def fits(moving: int, grow: int) -> bool:
+            if self._fits_grown(moving, grow):  # reckoned as if no slot were freed: more RAM
+                picked.setdefault(moving, np.empty(0, np.int64))
+                return True
+            if freeing is None or moving > freeing.size:
+                return False
+            rows = self._coldest_in_room(moving, protect, freeing)  # grows no part of the index
+            held = self.held() - self.cold.nbytes + self.cold.nbytes_after(self.ids[rows], freeing)
+            if rows.size < moving or held + grow * self.hot_row_bytes() > self.budget:
+                return False
+            picked[moving] = rows
+            return True
+
         moving = max(n - free, min(len(self.index) - protect.size, max(1, limit // EVICT_BATCH)))
-        if not self._cold_fits(moving):  # a batch is too many: just what this request needs
+        if not fits(moving, 0):  # a batch is too many: just what this request needs
             moving = n - free
         unused = self.alloc - len(self.index)  # rows allocated and free: placed without growing
-        if moving < n - unused and not self._fits_grown(moving, n - unused - moving):
+        if moving < n - unused and not fits(moving, n - unused - moving):
             # the hot arrays' growth for the rest would take the room the rows moving to
             # disk need (both were reckoned against what the ps holds now): grow none
             moving = min(n - unused, len(self.index) - protect.size)
-        if not self._fits_grown(moving, max(0, n - unused - moving)):
+        if not fits(moving, max(0, n - unused - moving)):
             self.refused += 1
             during = (
                 " (a save is reading this table: the rows in RAM give none of theirs to that index "
@@ -366,7 +390,30 @@ class TieredTable(TieredSlices, DynamicTable):
                 "(pstrain serve --memory-budget): raise the budget, give the table a capacity, "
                 f"{self._smaller_batches(n)}or shard it over more ps"
             )
-        self.demote(self._coldest(moving, protect))
+        return picked[moving] if picked[moving].size else self._coldest(moving, protect)
+
+    def _coldest_in_room(self, n: int, protect: np.ndarray, freeing: np.ndarray) -> np.ndarray:
+        """:meth:`_coldest` of ``n`` hot rows whose ids fall in each part of the disk's index
+        no more often than it takes them without growing, once ids ``freeing`` have left it
+        (each part's coldest first): rows moved out for as many put back, which grow that
+        index none. Fewer if the coldest rows' parts do not allow ``n``."""
+        index = self.cold.index
+        room = index.room_after(freeing)
+        key = self.last_seen if self.by_age else self.freq
+        movable = len(self.index) - protect.size
+        got = np.empty(0, np.int64)
+        for more in (2, 8):
+            rows = self._coldest(min(movable, more * n), protect)
+            rows = rows[np.argsort(key[rows], kind="stable")]  # coldest first
+            part = index.parts_of(self.ids[rows])
+            by_part = np.argsort(part, kind="stable")
+            grouped = part[by_part]
+            rank = np.empty(rows.size, np.int64)  # each row's place among its part's, coldest first
+            rank[by_part] = np.arange(rows.size) - np.searchsorted(grouped, grouped)
+            got = rows[rank < room[part]][:n]
+            if got.size == n or rows.size == movable:
+                break
+        return np.sort(got)
 
     # -- RAM shared with the ps's other tiered tables ---------------------------------------------
     def hot_short(self, n: int) -> int:
@@ -443,9 +490,13 @@ class TieredTable(TieredSlices, DynamicTable):
 
     def demote(self, rows: np.ndarray) -> None:
         """Move hot ``rows`` to disk (written first: a full disk changes nothing)."""
-        if not rows.size:
-            return
-        ids, places, meta, keys = self._write_out(rows)
+        if rows.size:
+            self._moved_out(rows, *self._write_out(rows))
+
+    def _moved_out(
+        self, rows: np.ndarray, ids: np.ndarray, places: np.ndarray, meta: np.ndarray, keys: np.ndarray
+    ) -> None:
+        """Hot ``rows``, whose records :meth:`_write_out` wrote, indexed on disk and let go in RAM."""
         self.cold.add(ids, places, meta["epoch"], keys)
         self.release(rows)
         self.demoted += rows.size
@@ -491,11 +542,11 @@ class TieredTable(TieredSlices, DynamicTable):
         what it gives variables and optimizer slots stops there."""
         return self._hot_floor(0)
 
-    def cold_short(self, n: int) -> bool:
+    def cold_short(self, n: int, in_ram: int | None = None) -> bool:
         """Whether ``n`` more rows moving to disk would take the index of the rows there past
-        the budget while the hot set holds more than its floor: what :meth:`shrink_for_cold`
-        mends, between requests."""
-        return self.alloc > self._hot_floor(n) and not self._cold_fits(n)
+        the budget while the hot set holds more than its floor (for ``in_ram`` rows of a
+        request: ``n`` if None): what :meth:`shrink_for_cold` mends, between requests."""
+        return self.alloc > self._hot_floor(n if in_ram is None else in_ram) and not self._cold_fits(n)
 
     def _shrunk_fits(self, size: int, n: int) -> bool:
         """Whether, once the hot arrays hold ``size`` rows (the coldest past them moved to
@@ -610,7 +661,9 @@ class TieredTable(TieredSlices, DynamicTable):
         changed them and moved them out again meanwhile, their records read then stale; or
         compaction moved one, and it is read again when a request needs it),
         never moving out the rows of ``keep`` (the request's ids; ``found``: their rows in
-        RAM as :meth:`in_ram` found them before the read) for room."""
+        RAM as :meth:`in_ram` found them before the read) for room. The rows moved out for
+        room take the slots on disk of the rows put back: as many out as back needs no more
+        RAM for the disk's index (a restored shard's is as full as it may be)."""
         slots = self.cold.find(ids)
         still = slots >= 0
         still[still] = self.cold.current(slots[still], places[still])
@@ -620,8 +673,11 @@ class TieredTable(TieredSlices, DynamicTable):
         at = slots[still]  # (what the index says of each, not its record: see ``by_age``)
         epochs, keys = self.cold.epochs[at], self.cold.keys_of(at)
         protect = self._still_in_ram(keep, found)
-        self._hot_room(ids.size, protect[protect >= 0])
-        self.cold.remove(ids)
+        out = self._to_move(ids.size, protect[protect >= 0], freeing=ids)
+        written = self._write_out(out) if out.size else None  # a full disk: nothing changed
+        self.cold.remove(ids)  # first: the rows moving to disk take the slots these give up
+        if written is not None:
+            self._moved_out(out, *written)
         rows = self._take_rows(ids.size)
         if self.saves:
             self._touch(rows)
