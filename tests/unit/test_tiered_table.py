@@ -1047,17 +1047,23 @@ def test_a_restore_streamed_from_a_base_and_deltas_keeps_the_rows_changed_last_i
     np.testing.assert_array_equal(got["slot:acc"], np.repeat(stamp[:, None] + 0.5, dim, 1))
 
 
-def test_after_a_restore_rows_read_back_take_the_disk_slots_of_those_they_replace(tmp_path):
+@pytest.mark.parametrize(("hot_rows", "dim"), [(2000, 16), (1000, 8), (1093, 8), (1620, 8)])
+def test_after_a_restore_rows_read_back_take_the_disk_slots_of_those_they_replace(tmp_path, hot_rows, dim):
     """A shard restored where a full one was (its index of rows on disk as full as it may
     be), then trained on the ids it holds, the stage first as a ps runs it: each promotion
     moves as many rows out as it brings back, and those take the slots on disk the rows
     brought back give up. So the disk's per-slot arrays never grow, the hot set gives none
-    of its RAM to the disk's index (it grows, if anything), and nothing is refused. (Rows moved out before the
-    others were taken out asked the budget for the index's next growth, and the stage
-    reckoned every id of a request as going to a new slot: the first requests after a
-    restore gave up a share of the hot set, or were refused.)"""
-    config = TableConfig(dim=16)
-    live = tiered(tmp_path / "live", config, hot_rows=2000)
+    of its RAM to the disk's index (it grows, if anything), nothing is refused, and the
+    shard stays within its budget. (Rows moved out before the others were taken out asked
+    the budget for the index's next growth, and the stage reckoned every id of a request as
+    going to a new slot: the first requests after a restore gave up a share of the hot set,
+    or were refused. A hot set growing back to its limit took the shard up to 16 % past its
+    budget: its index of rows in RAM grew at once, to four slots a row and more, where the
+    budget had reckoned it a row's share at a time. And a restore kept no fewer rows in RAM
+    than a hot set of rows with one slot may, where training, which budgets two, had left
+    fewer: it was refused.)"""
+    config = TableConfig(dim=dim)
+    live = tiered(tmp_path / "live", config, hot_rows=hot_rows)
     for k in range(1, 2000):  # until it takes no more
         ids = np.arange(256 * k, 256 * k + 256, dtype=np.int64)
         if live.cold_short(ids.size):

@@ -64,9 +64,13 @@ HOT_SHARE = 0.5
 #: What the hot set keeps of the budget at least, once the index of the rows on disk has
 #: grown past its share and taken RAM from the hot set (:meth:`TieredTable.shrink_for_cold`).
 HOT_FLOOR = 1 / 8
+#: A hot row's share of the index of the rows in RAM, at its emptiest (four slots of 16
+#: bytes, as a growth leaves it): while the index need not grow. A growth takes its new
+#: slots at once, beside the old until it is rebuilt (:meth:`TieredTable._hot_growth_bytes`).
+INDEX_ROW_BYTES = 64
 #: Bytes of bookkeeping per hot row besides its values and slots (ids, ages, counts,
-#: epochs, marks, live, the index at its fullest).
-HOT_ROW_EXTRA = 8 + 8 + 8 + 4 + 1 + 1 + 64
+#: epochs, marks, live, its share of the index).
+HOT_ROW_EXTRA = 8 + 8 + 8 + 4 + 1 + 1 + INDEX_ROW_BYTES
 #: Optimizer slots a row in RAM is budgeted for (Adam's and FTRL's two; Adagrad has one).
 SLOTS = 2
 #: Rows a save reads from disk at a time (at most: fewer if they would take more than its
@@ -304,14 +308,40 @@ class TieredTable(TieredSlices, DynamicTable):
         have taken more than their share)."""
         held = self.held()
         cold_index = self.cold_index()
-        spare = min(int(self.budget * HOT_SHARE) - (held - cold_index), self.budget - held)
-        limit = self.alloc + max(0, spare) // self.hot_row_bytes()
+        room = self.budget - held
+        spare = max(0, min(int(self.budget * HOT_SHARE) - (held - cold_index), room))
+        limit = self.alloc + spare // self.hot_row_bytes()
+        if self._hot_growth_bytes(limit - self.alloc) > room:  # the index of the rows in RAM
+            # would grow at once past the budget: as far as its growth leaves room for, or as
+            # far as it needs no growth
+            fits = self.alloc + max(0, room - self.index.nbytes_holding(limit)) // (
+                self.hot_row_bytes() - INDEX_ROW_BYTES
+            )
+            unsized = self._index_holds()
+            limit = min(limit, fits) if fits > unsized else min(limit, max(unsized, self.alloc))
         if self.hot_cap is not None:  # given to the index of the rows on disk: kept for it
             if cold_index <= self.budget * (1 - HOT_SHARE):  # until it is back within its share
                 self.hot_cap = None
             else:
                 limit = min(limit, max(self.hot_cap, self.alloc))
         return limit
+
+    def _index_holds(self) -> int:
+        """Rows the index of the rows in RAM holds without growing."""
+        index = self.index
+        return int(index.size * index.fill)
+
+    def _hot_growth_bytes(self, more: int) -> int:
+        """What ``more`` rows past those allocated take: their values, slots and bookkeeping,
+        and either their share of the index of the rows in RAM (``INDEX_ROW_BYTES`` each) or,
+        if it must grow for them, its new slots (held beside the old while it is rebuilt)."""
+        if more <= 0:
+            return 0
+        per = self.hot_row_bytes()
+        rows = self.alloc + more
+        if rows <= self._index_holds():
+            return more * per
+        return more * (per - INDEX_ROW_BYTES) + max(more * INDEX_ROW_BYTES, self.index.nbytes_holding(rows))
 
     def held_hot(self) -> int:
         """What the ps holds in RAM besides the indexes of rows on disk: what the budget's
@@ -863,8 +893,9 @@ class TieredTable(TieredSlices, DynamicTable):
             self.budget * HOT_SHARE
         ):
             # the index of the rows on disk needs more than its half: it takes it from the
-            # hot set, as in training (shrink_for_cold), down to the hot set's floor
-            floor = min(hot, max(1, int(self.budget * HOT_FLOOR) // per))
+            # hot set, as in training (shrink_for_cold), down to the hot set's floor (as
+            # training reckons it, rows budgeted for ``SLOTS`` slots: what it may have left)
+            floor = min(hot, max(1, int(self.budget * HOT_FLOOR) // max(per, self.hot_row_bytes())))
             hot = _largest(floor, hot, fits) or floor  # (the floor, refused below, if none)
         if not fits(hot):
             self.refused += 1
