@@ -807,14 +807,10 @@ def test_the_hot_set_gives_no_ram_while_a_save_reads_it(tmp_path):
         np.testing.assert_array_equal(before[key], after[key])
 
 
-def test_a_shard_whose_disk_index_took_ram_from_its_hot_set_restores_where_it_was(tmp_path):
-    """A shard grown until the index of its rows on disk took RAM from its hot set (more
-    than its half of the budget), restored over itself from its own export under the same
-    budget: the restore, too, gives that index what it needs from the rows kept in RAM.
-    (It kept the index within its half, and refused what training had let in.)"""
-    config = TableConfig(dim=16)
-    live = tiered(tmp_path / "live", config, hot_rows=2000)
-    for k in range(1, 2000):  # until it takes no more
+def filled(live: TieredTable) -> TieredTable:
+    """``live`` trained on unseen ids, 256 a request (its stage first, as a ps runs it),
+    until it takes no more."""
+    for k in range(1, 2000):
         ids = np.arange(256 * k, 256 * k + 256, dtype=np.int64)
         if live.cold_short(ids.size):
             live.shrink_for_cold(ids.size, keep=ids)
@@ -822,6 +818,16 @@ def test_a_shard_whose_disk_index_took_ram_from_its_hot_set_restores_where_it_wa
             train(live, ids, k)
         except ResourceExhaustedError:
             break
+    return live
+
+
+def test_a_shard_whose_disk_index_took_ram_from_its_hot_set_restores_where_it_was(tmp_path):
+    """A shard grown until the index of its rows on disk took RAM from its hot set (more
+    than its half of the budget), restored over itself from its own export under the same
+    budget: the restore, too, gives that index what it needs from the rows kept in RAM.
+    (It kept the index within its half, and refused what training had let in.)"""
+    config = TableConfig(dim=16)
+    live = filled(tiered(tmp_path / "live", config, hot_rows=2000))
     assert live.shrunk and live.cold.nbytes > live.budget * 0.7
     want = by_id(live.export())
     restored = restored_over(live, want, tmp_path / "restored")
@@ -1063,15 +1069,7 @@ def test_after_a_restore_rows_read_back_take_the_disk_slots_of_those_they_replac
     than a hot set of rows with one slot may, where training, which budgets two, had left
     fewer: it was refused.)"""
     config = TableConfig(dim=dim)
-    live = tiered(tmp_path / "live", config, hot_rows=hot_rows)
-    for k in range(1, 2000):  # until it takes no more
-        ids = np.arange(256 * k, 256 * k + 256, dtype=np.int64)
-        if live.cold_short(ids.size):
-            live.shrink_for_cold(ids.size, keep=ids)
-        try:
-            train(live, ids, k)
-        except ResourceExhaustedError:
-            break
+    live = filled(tiered(tmp_path / "live", config, hot_rows=hot_rows))
     want = by_id(live.export())
     table = restored_over(live, want, tmp_path / "restored")
     table.held, table.cold_index = (lambda: table.nbytes), (lambda: table.cold.nbytes)  # live is gone
