@@ -1089,3 +1089,32 @@ def test_after_a_restore_rows_read_back_take_the_disk_slots_of_those_they_replac
     assert table.promoted - promoted > 5000  # (most came back from disk)
     assert table.cold.places.size == slots
     assert (table.shrunk, table.refused) == (shrunk, refused)
+
+
+def test_rows_filling_the_hot_arrays_grow_their_index_only_within_the_budget(tmp_path):
+    """Unseen ids, 256 a request, the stage first, until the table refuses them: rows that
+    fill the hot arrays already allocated made the index of the rows in RAM grow at once
+    (to four slots a row and more) with nothing reckoned, and took the table past its
+    budget. A growth of that index now fits the budget, or the hot set stops short of it."""
+    box: list[TieredTable] = []
+    table = TieredTable(
+        "t",
+        TableConfig(dim=8),
+        directory=str(tmp_path / "cold"),
+        budget=1_146_994,
+        held=lambda: box[0].nbytes if box else 0,
+        segment_rows=256,
+    )
+    box.append(table)
+    for k in range(1, 400):
+        ids = np.arange(256 * (k - 1), 256 * k, dtype=np.int64)
+        if table.cold_short(ids.size):
+            table.shrink_for_cold(ids.size, keep=ids)
+        try:
+            train(table, ids, k)
+        except ResourceExhaustedError:
+            break
+        assert table.nbytes <= table.budget, (k, table.nbytes - table.budget)
+    else:
+        raise AssertionError("never refused")
+    assert len(table.cold) > 4 * len(table.index)

@@ -66,7 +66,7 @@ HOT_SHARE = 0.5
 HOT_FLOOR = 1 / 8
 #: A hot row's share of the index of the rows in RAM, at its emptiest (four slots of 16
 #: bytes, as a growth leaves it): while the index need not grow. A growth takes its new
-#: slots at once, beside the old until it is rebuilt (:meth:`TieredTable._hot_growth_bytes`).
+#: slots at once, beside the old until it is rebuilt (:meth:`TieredTable._hot_limit`).
 INDEX_ROW_BYTES = 64
 #: Bytes of bookkeeping per hot row besides its values and slots (ids, ages, counts,
 #: epochs, marks, live, its share of the index).
@@ -311,14 +311,14 @@ class TieredTable(TieredSlices, DynamicTable):
         room = self.budget - held
         spare = max(0, min(int(self.budget * HOT_SHARE) - (held - cold_index), room))
         limit = self.alloc + spare // self.hot_row_bytes()
-        if self._hot_growth_bytes(limit - self.alloc) > room:  # the index of the rows in RAM
-            # would grow at once past the budget: as far as its growth leaves room for, or as
-            # far as it needs no growth
-            fits = self.alloc + max(0, room - self.index.nbytes_holding(limit)) // (
-                self.hot_row_bytes() - INDEX_ROW_BYTES
-            )
-            unsized = self._index_holds()
-            limit = min(limit, fits) if fits > unsized else min(limit, max(unsized, self.alloc))
+        holds = self._index_holds()
+        if limit > holds:  # the index of the rows in RAM grows at once to hold them (its new
+            # slots beside the old while it is rebuilt), where ``HOT_ROW_EXTRA`` reckons a
+            # row's share: as far as the budget has room for that and the arrays, or no
+            # further than the index holds without growing
+            left = room - self.index.nbytes_holding(limit)
+            fits = self.alloc + max(0, left) // (self.hot_row_bytes() - INDEX_ROW_BYTES)
+            limit = min(limit, fits) if left >= 0 and fits > holds else holds
         if self.hot_cap is not None:  # given to the index of the rows on disk: kept for it
             if cold_index <= self.budget * (1 - HOT_SHARE):  # until it is back within its share
                 self.hot_cap = None
@@ -330,18 +330,6 @@ class TieredTable(TieredSlices, DynamicTable):
         """Rows the index of the rows in RAM holds without growing."""
         index = self.index
         return int(index.size * index.fill)
-
-    def _hot_growth_bytes(self, more: int) -> int:
-        """What ``more`` rows past those allocated take: their values, slots and bookkeeping,
-        and either their share of the index of the rows in RAM (``INDEX_ROW_BYTES`` each) or,
-        if it must grow for them, its new slots (held beside the old while it is rebuilt)."""
-        if more <= 0:
-            return 0
-        per = self.hot_row_bytes()
-        rows = self.alloc + more
-        if rows <= self._index_holds():
-            return more * per
-        return more * (per - INDEX_ROW_BYTES) + max(more * INDEX_ROW_BYTES, self.index.nbytes_holding(rows))
 
     def held_hot(self) -> int:
         """What the ps holds in RAM besides the indexes of rows on disk: what the budget's
