@@ -807,18 +807,20 @@ def test_the_hot_set_gives_no_ram_while_a_save_reads_it(tmp_path):
         np.testing.assert_array_equal(before[key], after[key])
 
 
-def filled(live: TieredTable) -> TieredTable:
-    """``live`` trained on unseen ids, 256 a request (its stage first, as a ps runs it),
-    until it takes no more."""
+def filled(live: TieredTable, each: Any = None, first: int = 256) -> TieredTable:
+    """``live`` trained on unseen ids from ``first`` on, 256 a request (its stage first, as a
+    ps runs it), until it takes no more (``each(k)`` after each request ``k`` it took)."""
     for k in range(1, 2000):
-        ids = np.arange(256 * k, 256 * k + 256, dtype=np.int64)
+        ids = np.arange(first + 256 * (k - 1), first + 256 * k, dtype=np.int64)
         if live.cold_short(ids.size):
             live.shrink_for_cold(ids.size, keep=ids)
         try:
             train(live, ids, k)
         except ResourceExhaustedError:
-            break
-    return live
+            return live
+        if each is not None:
+            each(k)
+    raise AssertionError("never refused")
 
 
 def test_a_shard_whose_disk_index_took_ram_from_its_hot_set_restores_where_it_was(tmp_path):
@@ -1106,15 +1108,9 @@ def test_rows_filling_the_hot_arrays_grow_their_index_only_within_the_budget(tmp
         segment_rows=256,
     )
     box.append(table)
-    for k in range(1, 400):
-        ids = np.arange(256 * (k - 1), 256 * k, dtype=np.int64)
-        if table.cold_short(ids.size):
-            table.shrink_for_cold(ids.size, keep=ids)
-        try:
-            train(table, ids, k)
-        except ResourceExhaustedError:
-            break
+
+    def within(k: int) -> None:
         assert table.nbytes <= table.budget, (k, table.nbytes - table.budget)
-    else:
-        raise AssertionError("never refused")
+
+    filled(table, within, first=0)
     assert len(table.cold) > 4 * len(table.index)
