@@ -326,23 +326,21 @@ class ColdRows:
         """:attr:`nbytes` once ``more`` rows more are here: the index and the per-slot
         arrays grown as :meth:`put` grows them (by a quarter: a step, not a row at a time;
         the index as full as it may be with ``tight``, as a put with ``tight`` leaves it)."""
-        need = self.used + more - self._reused(more)
-        size = self.places.size
-        if need > size:
-            size = _grown(size, need)
-        return int(self.index.nbytes_holding(len(self.index) + more, tight) + size * self.SLOT_BYTES)
+        return int(self.index.nbytes_holding(len(self.index) + more, tight) + self._slots_bytes(more))
 
     def nbytes_after(self, added: np.ndarray, removed: np.ndarray) -> int:
         """At most :attr:`nbytes` while ids ``removed`` (here) are taken out and then ids
         ``added`` (not here) put in: a promotion's rows out, the rows it moves to disk in,
         which take the slots those give up. The index reckoned part by part (an id's part is
         known), so that as many in as out grows nothing."""
-        more = added.size
-        need = self.used + more - self._reused(more, self.nfree + removed.size)
+        return int(self.index.nbytes_after(added, removed) + self._slots_bytes(added.size, removed.size))
+
+    def _slots_bytes(self, more: int, freed: int = 0) -> int:
+        """The per-slot arrays' bytes once ``more`` rows more are here, grown as :meth:`put`
+        grows them, ``freed`` slots given up first."""
+        need = self.used + more - self._reused(more, self.nfree + freed)
         size = self.places.size
-        if need > size:
-            size = _grown(size, need)
-        return int(self.index.nbytes_after(added, removed) + size * self.SLOT_BYTES)
+        return (_grown(size, need) if need > size else size) * self.SLOT_BYTES
 
     def disk_bytes(self) -> int:
         total = 0

@@ -158,6 +158,11 @@ class _Index:
         if self._over(count, self.size):
             self._move_to(self._tight(count))
 
+    @property
+    def holds(self) -> int:
+        """How many ids the index holds without growing."""
+        return math.floor(self.size * self.fill)
+
     def _over(self, count: int, size: int) -> bool:
         """Whether ``count`` ids fill more of ``size`` slots than ``fill``."""
         return count > size * self.fill
@@ -415,7 +420,7 @@ class PartitionedIndex:
     def room_after(self, removed: np.ndarray) -> np.ndarray:
         """How many ids each part takes in without growing once ids ``removed`` (in the index)
         are deleted."""
-        room = np.array([math.floor(p.size * p.fill) - p.count for p in self.parts], np.int64)
+        room = np.array([p.holds - p.count for p in self.parts], np.int64)
         return np.maximum(room, 0) + self._counts(np.ascontiguousarray(removed, np.int64))
 
     def nbytes_after(self, added: np.ndarray, removed: np.ndarray) -> int:

@@ -311,7 +311,7 @@ class TieredTable(TieredSlices, DynamicTable):
         room = self.budget - held
         spare = max(0, min(int(self.budget * HOT_SHARE) - (held - cold_index), room))
         limit = self.alloc + spare // self.hot_row_bytes()
-        holds = self._index_holds()
+        holds = self.index.holds
         if limit > holds:  # the index of the rows in RAM grows at once to hold them (its new
             # slots beside the old while it is rebuilt), where ``HOT_ROW_EXTRA`` reckons a
             # row's share: as far as the budget has room for that and the arrays, or no
@@ -325,11 +325,6 @@ class TieredTable(TieredSlices, DynamicTable):
             else:
                 limit = min(limit, max(self.hot_cap, self.alloc))
         return limit
-
-    def _index_holds(self) -> int:
-        """Rows the index of the rows in RAM holds without growing."""
-        index = self.index
-        return int(index.size * index.fill)
 
     def held_hot(self) -> int:
         """What the ps holds in RAM besides the indexes of rows on disk: what the budget's
@@ -371,11 +366,12 @@ class TieredTable(TieredSlices, DynamicTable):
                 f"{self.budget} bytes (pstrain serve --memory-budget): raise the budget, shard "
                 "the table over more ps, or send smaller batches"
             )
-        picked: dict[int, np.ndarray] = {}  # rows to move out, by how many: those that fit
+        picked: dict[int, np.ndarray] = {}  # the rows found for a count that fits only as
+        # :meth:`_coldest_in_room` chose them (any coldest fit the other reckoning)
 
         def fits(moving: int, grow: int) -> bool:
             if self._fits_grown(moving, grow):  # reckoned as if no slot were freed: more RAM
-                picked.setdefault(moving, np.empty(0, np.int64))
+                picked.pop(moving, None)
                 return True
             if freeing is None or moving > freeing.size:
                 return False
@@ -408,7 +404,7 @@ class TieredTable(TieredSlices, DynamicTable):
                 "(pstrain serve --memory-budget): raise the budget, give the table a capacity, "
                 f"{self._smaller_batches(n)}or shard it over more ps"
             )
-        return picked[moving] if picked[moving].size else self._coldest(moving, protect)
+        return picked[moving] if moving in picked else self._coldest(moving, protect)
 
     def _coldest_in_room(self, n: int, protect: np.ndarray, freeing: np.ndarray) -> np.ndarray:
         """:meth:`_coldest` of ``n`` hot rows whose ids fall in each part of the disk's index
