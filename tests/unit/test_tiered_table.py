@@ -917,6 +917,42 @@ def test_a_saves_places_are_the_live_rows_on_disk_in_order_however_it_reads_them
     assert saved.between(saved.size, saved.size + 5).size == 0
 
 
+def test_the_hot_set_made_smaller_never_holds_its_index_twice(tmp_path):
+    """When the hot set gives RAM to the index of the rows on disk, its arrays are packed
+    in place and its index made anew for the rows left: the old index goes before the new
+    one is made. What a shrink adds to what the table holds is what it stages to write its
+    rows out (their records, and the arrays they are packed from), not a second index."""
+    import tracemalloc
+
+    budget = 16 << 20
+    box: list[TieredTable] = []
+    table = TieredTable(
+        "t", TableConfig(dim=8), directory=str(tmp_path / "cold"), budget=budget, held=lambda: box[0].nbytes
+    )
+    box.append(table)
+    rng = np.random.default_rng(3)
+    record = table.cold.record(["acc"]).itemsize
+    checked = 0
+    tracemalloc.start()
+    try:
+        for t in range(46):
+            ids = np.unique(rng.integers(0, 1 << 40, 8192))
+            if table.cold_short(ids.size):  # as a ps's stage does
+                index = table.index.nbytes
+                before = tracemalloc.get_traced_memory()[0]
+                tracemalloc.reset_peak()
+                moved = table.shrink_for_cold(ids.size, keep=ids)
+                added = tracemalloc.get_traced_memory()[1] - before
+                if moved:
+                    staged = 2 * moved * record
+                    assert added - staged < index // 2, (t, moved, added, staged, index)
+                    checked += 1
+            train(table, ids, t + 1)
+    finally:
+        tracemalloc.stop()
+    assert checked >= 3 and table.shrunk >= 3
+
+
 def test_a_save_of_a_tiered_table_adds_a_small_share_of_the_budget_to_what_the_ps_holds(tmp_path):
     """A full save reads and writes a block at a time within a share of the budget
     (``save_bytes``), and holds a byte per record on disk to know which it reads, not the

@@ -482,10 +482,11 @@ class TieredTable(TieredSlices, DynamicTable):
         self.live[n:] = False
         self.marks[n:] = 0
         self.alloc, self.used, self.nfree = size, n, 0
-        old = self.index
+        inserted, removed = self.index.inserted, self.index.removed
+        del self.index  # its RAM goes back before the new one takes its own
         self.index = IdIndex(max(size, 1), self.kernels)  # (not to grow while the rows fit the arrays)
         self.index.insert(self.ids[:n], np.arange(n, dtype=np.int64))
-        self.index.inserted, self.index.removed = old.inserted + n + 1, old.removed + n + 1
+        self.index.inserted, self.index.removed = inserted + n + 1, removed + n + 1
         self._looked_up.clear()
 
     def _coldest(self, n: int, protect: np.ndarray) -> np.ndarray:
