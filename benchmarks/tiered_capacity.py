@@ -5,9 +5,11 @@ accumulator), fed batches of ids it has not seen, in one process (no ps: the sha
 arrays are all its budget covers here). The table wholly in RAM grows until its arrays
 pass the budget; the tiered one, its hot set within the budget and the rest on disk
 (``--table-dir``), until it refuses a batch (the index of its rows on disk fills what the
-budget leaves). Each line of ``results/tiered_capacity.jsonl`` gives, per width, the rows
-each held, their ratio (``rows_over_in_ram``), the RAM each row on disk takes (its index
-and bookkeeping) and the bytes on disk; ``results/tiered_capacity.png`` plots the ratio.
+budget leaves). The tiered shard is held to what a ps gives its tables: the budget less
+the room it keeps for requests in flight (``Tiering.limit``). Each line of
+``results/tiered_capacity.jsonl`` gives, per width, the rows each held, their ratio
+(``rows_over_in_ram``), the RAM each row on disk takes (its index and bookkeeping) and the
+bytes on disk; ``results/tiered_capacity.png`` plots the ratio.
 
     python benchmarks/tiered_capacity.py [--budget 32MiB] [--dims 8,16,32,64]
 """
@@ -26,7 +28,7 @@ from pstrain._formats.numerics.optimizer_rules import RULES
 from pstrain.errors import ResourceExhaustedError
 from pstrain.server.ps.tables.dynamic_table import DynamicTable
 from pstrain.server.ps.tables.table_config import TableConfig
-from pstrain.server.ps.tables.tiered_table import TieredTable
+from pstrain.server.ps.tables.tiered_table import TieredTable, Tiering
 
 ADAGRAD = {"accumulator": ("acc", 0.1)}
 CONFIG = {"kind": "adagrad", "learning_rate": 0.05, "epsilon": 1e-7}
@@ -64,11 +66,13 @@ def in_ram_rows(dim: int, budget: int) -> int:
 def tiered_rows(dim: int, budget: int, directory: str) -> dict[str, float]:
     """Rows a tiered shard holds under ``budget`` before it refuses a batch of new ids."""
     box: list[TieredTable] = []
+    tiering = Tiering(budget, directory)  # what a ps under ``budget`` gives its tables
     table = TieredTable(
         "t",
         TableConfig(dim=dim),
         directory=directory,
-        budget=budget,
+        budget=tiering.limit,
+        ps_budget=budget,
         held=lambda: box[0].nbytes if box else 0,
     )
     box.append(table)

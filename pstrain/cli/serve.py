@@ -216,7 +216,8 @@ def serve_parser(sub: Any) -> None:
         default=None,
         metavar="SIZE",
         help="ps: bytes its variables, dynamic tables' rows, optimizer slots and indexes may "
-        "take in RAM (512MiB, 2GiB ...); a dynamic table's rows past it live under --table-dir; a "
+        "take in RAM (512MiB, 2GiB ...), a sixteenth kept for requests in flight; a dynamic "
+        "table's rows past it live under --table-dir; a "
         "fixed variable (or its optimizer slots) is given RAM from the tables' rows in RAM, which "
         "move to disk; a table that cannot fit, or a variable that still would pass it, is "
         "refused (ResourceExhaustedError). Needs --table-dir",

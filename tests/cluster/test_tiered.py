@@ -23,6 +23,8 @@ pytestmark = pytest.mark.timeout(120)
 DIM, STEPS, BATCH, IDS = 16, 24, 512, 20_000
 SWEEPS = 6
 BUDGET = 1 << 20  # a few thousand rows in RAM on each ps: most of the table goes to disk
+#: Batches of 512 unseen ids that leave a ps less than 256 KiB of its budget beside the table
+FILLED = 46
 FILL_BATCHES = 80  # of 512 unseen ids: about 20,500 rows a ps, past the 14,500-16,500 half its budget indexes
 
 
@@ -231,6 +233,34 @@ async def test_a_fixed_variable_past_the_budget_is_refused_and_the_ps_holds_noth
         np.testing.assert_array_equal(await small.read_value(), np.ones((BUDGET // 256, 16)))
 
 
+async def test_a_ps_keeps_a_sixteenth_of_its_budget_for_requests_in_flight(tmp_path):
+    """Its variables and tables hold at most 15/16 of ``--memory-budget``: a variable that
+    would fit the whole budget but not that is refused, naming both; one within it is made;
+    a table filled past the budget stays within it too."""
+    async with _tiered(tmp_path) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():  # 31/32 of the budget
+            big = pstrain.Variable(np.zeros((BUDGET * 31 // 32 // 64, 16), np.float32), name="big")
+        says = f"memory budget of {BUDGET} bytes.*may hold {BUDGET * 15 // 16}"
+        with pytest.raises(ResourceExhaustedError, match=says):
+            await big.read_value()
+        assert all("big" not in ps.store for ps in cluster.ps)
+        with strategy.scope():  # 7/8 of it is made
+            fits = pstrain.Variable(np.ones((BUDGET * 7 // 8 // 64, 16), np.float32), name="fits")
+        assert float((await fits.read_value()).sum()) == BUDGET * 7 // 8 // 4
+    (tmp_path / "again").mkdir()
+    async with _tiered(tmp_path / "again") as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="emb")
+        for k in range(FILL_BATCHES // 2):
+            await table.lookup(np.arange(512 * k, 512 * k + 512))
+        stats = await table.statistics()
+        assert stats["cold_rows"] > stats["hot_rows"] > 0
+        for ps in cluster.ps:
+            assert 0 < ps.table_handlers.held() <= BUDGET * 15 // 16
+
+
 async def test_a_new_coordinator_takes_over_a_variable_of_over_half_the_budget(tmp_path):
     value = np.ones((BUDGET // 96, 16), np.float32)  # 2/3 of the budget: twice would not fit
     async with _tiered(tmp_path) as cluster:
@@ -287,7 +317,7 @@ async def test_a_table_that_filled_the_budget_gives_ram_to_new_variables_and_slo
     # refusal. The slot comes with an update of rows just looked up, among the coldest by
     # count (LFU): they stay in RAM for the update. The table trains on as on ps holding
     # everything in RAM.
-    batches = [np.arange(k * BATCH, (k + 1) * BATCH, dtype=np.int64) * 7919 + 5 for k in range(43)]
+    batches = [np.arange(k * BATCH, (k + 1) * BATCH, dtype=np.int64) * 7919 + 5 for k in range(FILLED + 3)]
     value = np.full((BUDGET // 512, 16), 0.5, np.float32)  # 128 KiB, and as much for its slot
 
     async def run(cluster: InProcessCluster, check=None):
@@ -295,7 +325,7 @@ async def test_a_table_that_filled_the_budget_gives_ram_to_new_variables_and_slo
         with strategy.scope():
             table = pstrain.DynamicEmbedding(DIM, name="emb", eviction=eviction)
             opt = pstrain.optimizers.Adagrad(0.1)
-        for ids in batches[:40]:
+        for ids in batches[:FILLED]:
             await opt.apply_gradients(
                 [(pstrain.IndexedSlices(_grad(await table.lookup(ids), ids), ids), table)]
             )
@@ -303,7 +333,7 @@ async def test_a_table_that_filled_the_budget_gives_ram_to_new_variables_and_slo
             check()
         with strategy.scope():
             w = pstrain.Variable(value, name="w")
-        for ids in batches[40:]:  # the variable's first update makes its slot
+        for ids in batches[FILLED:]:  # the variable's first update makes its slot
             rows = await table.lookup(ids)
             await opt.apply_gradients(
                 [(np.ones_like(value), w), (pstrain.IndexedSlices(_grad(rows, ids), ids), table)]
@@ -330,7 +360,7 @@ async def test_a_variable_that_comes_during_a_save_is_refused_saying_so_and_fits
     # While a save reads the table its rows in RAM stay where the save's snapshots find
     # them, so a variable the budget has no room for then is refused, and the refusal says
     # why; once the save ends, the table gives it RAM.
-    batches = [np.arange(k * BATCH, (k + 1) * BATCH, dtype=np.int64) * 7919 + 5 for k in range(40)]
+    batches = [np.arange(k * BATCH, (k + 1) * BATCH, dtype=np.int64) * 7919 + 5 for k in range(FILLED)]
     value = np.full((BUDGET // 256, 16), 0.5, np.float32)  # 256 KiB: past what the table leaves
     async with _tiered(tmp_path) as cluster:
         table, _ = await _train(cluster, batches)

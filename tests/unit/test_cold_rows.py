@@ -1,5 +1,5 @@
 """The bookkeeping a tiered shard keeps in RAM for each row on disk (:class:`ColdRows`):
-16 bytes a row besides its index entry, what the budget reckons of it, slots
+12 bytes a row besides its index entry (a place in 32 bits), what the budget reckons of it, slots
 given up and taken again, places never given twice, eviction keys past 32 bits."""
 
 from __future__ import annotations
@@ -85,6 +85,41 @@ def test_a_place_is_never_given_twice_so_a_read_from_before_is_told_stale(tmp_pa
     assert not np.isin(cold.places[taken], before).any()
     assert not cold.current(slots, before).any()
     assert cold.current(taken, cold.places[taken]).all()
+
+
+def test_places_take_32_bits_and_a_tier_past_their_reach_refuses_a_segment_changing_nothing(tmp_path):
+    """A place is held in 4 bytes (a handle of its segment, and the record in it): the
+    handles of a segment that went are given again, while every place still reads back
+    whole and is never given twice; a put that needs a segment past what 32 bits reach is
+    refused before anything is written."""
+    from pstrain.errors import ResourceExhaustedError
+
+    cold = store(tmp_path, segment_rows=1 << 30)  # 30 bits a record: 3 handles in all
+    assert cold.places.codes.dtype == np.uint32
+
+    def put_slotted(ids: np.ndarray) -> None:  # rows of another layout: a segment of their own
+        rows = np.stack([ids, -ids], axis=1).astype(np.float32)
+        cold.put(ids, rows, {"acc": rows + 1}, np.zeros(ids.size, META), np.zeros(ids.size, np.int64))
+
+    def check(ids: np.ndarray) -> None:
+        got = cold.read(cold.places[cold.find(ids)], {"acc": 0.5})
+        np.testing.assert_array_equal(got["ids"], ids)
+        np.testing.assert_array_equal(got["rows"][:, 1], -ids.astype(np.float32))
+
+    put(cold, np.arange(0, 10, dtype=np.int64))
+    put_slotted(np.arange(10, 20, dtype=np.int64))
+    put(cold, np.arange(20, 30, dtype=np.int64))
+    files = sorted(os.listdir(cold.directory))
+    with pytest.raises(ResourceExhaustedError, match="at most"):
+        put_slotted(np.arange(30, 40, dtype=np.int64))
+    assert len(cold) == 30 and sorted(os.listdir(cold.directory)) == files
+    check(np.arange(30, dtype=np.int64))
+    before = cold.places[cold.find(np.arange(10, 20, dtype=np.int64))]
+    cold.remove(np.arange(10, 20, dtype=np.int64))  # its segment goes, and gives its handle back
+    put_slotted(np.arange(30, 40, dtype=np.int64))
+    check(np.concatenate([np.arange(10), np.arange(20, 40)]).astype(np.int64))
+    now = cold.places[cold.find(np.arange(30, 40, dtype=np.int64))]
+    assert not np.isin(now, before).any() and (now >> 32 == 3).all()  # segment 3, not 1 again
 
 
 def test_eviction_keys_past_32_bits_keep_their_order_and_the_newest_their_value(tmp_path):

@@ -233,7 +233,7 @@ class ParameterServer(ServerBase):
         )
         if tiering is not None:  # variables and their slots count against the budget too
             self.store.budget = Budget(
-                tiering.budget, self.table_handlers.held, self.table_handlers.give_room
+                tiering.limit, self.table_handlers.held, self.table_handlers.give_room, tiering.budget
             )
         self.table_handlers.install(self.route)
         # tables and variables: both halves here

@@ -52,14 +52,16 @@ SNAPSHOT_MIN_BYTES = 1 << 20
 
 @dataclass(frozen=True)
 class Budget:
-    """A ps's ``--memory-budget`` (``limit``, bytes), what it holds in RAM for variables and
-    tables (``held()``), and ``give_room(nbytes, keep)``: its tiered tables' rows in RAM
+    """What a ps may hold in RAM for variables and tables (``limit``, bytes: its
+    ``--memory-budget``, ``whole``, less the room kept for requests in flight), what it
+    holds (``held()``), and ``give_room(nbytes, keep)``: its tiered tables' rows in RAM
     moved to disk to free about ``nbytes`` (none of ``keep``'s ids, per table), returning
     why they gave less, if a refusal should say it ("" otherwise)."""
 
     limit: int
     held: Callable[[], int]
     give_room: Callable[[int, Mapping[str, np.ndarray] | None], str]
+    whole: int
 
 
 class ChangeClock:
@@ -307,7 +309,8 @@ class VariableStore:
         if held + adding > limit:
             raise ResourceExhaustedError(
                 f"{what}: {adding} bytes more would take {self.task} past its memory budget of "
-                f"{limit} bytes ({held} held now by its variables and tables; pstrain serve "
+                f"{self.budget.whole} bytes ({held} held now by its variables and tables, which may "
+                f"hold {limit}: the rest is kept for requests in flight; pstrain serve "
                 f"--memory-budget){why}. A table larger than the budget is a "
                 "pstrain.DynamicEmbedding, whose rows past the budget live on --table-dir; or "
                 "shard the variable over more ps, or raise the budget"

@@ -20,9 +20,10 @@ are never written once named, nor are these: they die, are compacted and are del
 the others are (the checkpoint keeps its own name for the file).
 
 In RAM, per cold row: its id in a :class:`PartitionedIndex` (id -> cold slot), its place
-(segment and record), the epoch it last changed in (so a delta finds it without reading
-the disk) and its eviction key (last lookup or lookup count). These, not the record's own
-bookkeeping, say what the row's are: a record a move brought keeps its source's.
+(segment and record, held in 32 bits: :class:`_Places`), the epoch it last changed in (so
+a delta finds it without reading the disk) and its eviction key (last lookup or lookup
+count). These, not the record's own bookkeeping, say what the row's are: a record a move
+brought keeps its source's.
 
 A save (or a move's copy) sees the tier as it was when it began: it marks the records of
 the rows here then (:class:`SavedPlaces`, a byte per record), and no segment is deleted
@@ -244,6 +245,125 @@ def _grown(size: int, need: int) -> int:
     return max(need, size + size // 4, 1024)
 
 
+class _Places:
+    """Each cold slot's place, held in 32 bits rather than 64: a *handle* (a run of
+    ``2**bits`` records of one segment, ``bits`` enough for a segment of records whole) and
+    the record's number within it. A segment takes its handles when it is made (a linked
+    file as many as its records need) and gives them back when it goes, so handles are
+    reused while places are not: indexed (``places[slots]``) they read back as the int64
+    places everything else uses, ``number << PLACE_BITS | record``, and ``FREE`` (-1) for
+    a slot not in use; assigned, they are encoded (their segments must hold handles).
+    With 32 bits of handle and record, 2**32 records of live segments can be addressed,
+    about as many as ``MAX_SLOTS`` rows; past that, a new segment is refused
+    (ResourceExhaustedError) before anything is written."""
+
+    #: A slot not in use (its handle is never given).
+    FREE = np.uint32(0xFFFFFFFF)
+    #: Places decoded at a time (what a decoding holds besides its result).
+    BLOCK = 1 << 16
+
+    def __init__(self, segment_rows: int) -> None:
+        self.bits = max(1, (segment_rows - 1).bit_length())
+        self.mask = (1 << self.bits) - 1
+        self.limit = (1 << (32 - self.bits)) - 1  # handles there may be (the last is FREE's)
+        self.codes = np.empty(0, np.uint32)
+        #: Per handle given: its segment's number, and the first record it covers.
+        self.numbers = np.empty(0, np.int64)
+        self.firsts = np.empty(0, np.int64)
+        self.spare: list[int] = []  # handles given back, to give again
+        self.of: dict[int, np.ndarray] = {}  # segment number -> its handles
+
+    @property
+    def size(self) -> int:
+        return int(self.codes.size)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.codes.nbytes + self.handle_bytes())
+
+    def handle_bytes(self, segments: int = 0) -> int:
+        """What the handles take, with ``segments`` more segments of records."""
+        return 16 * (self.numbers.size + max(0, segments - len(self.spare)))
+
+    def take(self, number: int, records: int) -> None:
+        """Handles for segment ``number`` of up to ``records`` records; ResourceExhaustedError
+        (nothing taken) if there are not as many."""
+        need = max(1, -(-records // (1 << self.bits)))
+        fresh = need - min(need, len(self.spare))
+        if self.numbers.size + fresh > self.limit:
+            raise ResourceExhaustedError(
+                f"a tier addresses at most {self.limit << self.bits} records on disk in one "
+                "shard (its segments' records, live or dead): shard the table over more ps"
+            )
+        given = [self.spare.pop() for _ in range(need - fresh)]
+        if fresh:
+            top = self.numbers.size
+            self.numbers = np.concatenate([self.numbers, np.empty(fresh, np.int64)])
+            self.firsts = np.concatenate([self.firsts, np.empty(fresh, np.int64)])
+            given += range(top, top + fresh)
+        handles = np.array(given, np.int64)
+        self.numbers[handles] = number
+        self.firsts[handles] = np.arange(need, dtype=np.int64) << self.bits
+        self.of[number] = handles
+
+    def give_back(self, number: int) -> None:
+        """Segment ``number`` went: its handles may be given again (no slot holds them)."""
+        handles = self.of.pop(number, None)
+        if handles is not None:
+            self.spare.extend(handles.tolist())
+
+    def live(self, lo: int, hi: int) -> np.ndarray:
+        """Which slots ``lo:hi`` are in use."""
+        return self.codes[lo:hi] != self.FREE
+
+    def __getitem__(self, at: Any) -> np.ndarray:
+        codes = self.codes[at]
+        out = np.full(codes.shape, FREE, np.int64)
+        if not self.numbers.size:  # (no segment yet: every slot is free)
+            return out
+        flat_codes, flat = codes.reshape(-1), out.reshape(-1)
+        for lo in range(0, flat_codes.size, self.BLOCK):  # (temporaries of a block at most)
+            part = flat_codes[lo : lo + self.BLOCK]
+            used = np.flatnonzero(part != self.FREE)
+            part = part[used]
+            handles = part >> self.bits
+            records = self.firsts[handles] + (part & self.mask)
+            flat[lo + used] = (self.numbers[handles] << PLACE_BITS) | records
+        return out
+
+    def in_segment(self, slots: np.ndarray, number: int) -> np.ndarray:
+        """Which of ``slots`` (in use) hold places in segment ``number``."""
+        return np.isin(self.codes[slots] >> self.bits, self.of.get(number, np.empty(0, np.int64)))
+
+    def __setitem__(self, at: Any, places: Any) -> None:
+        self.codes[at] = self.encode(np.asarray(places, np.int64))
+
+    def encode(self, places: np.ndarray) -> np.ndarray:
+        """``places`` (int64, or FREE) in 32 bits."""
+        if not places.size:
+            return np.empty(places.shape, np.uint32)
+        out = np.full(places.shape, self.FREE, np.uint32)
+        used = places >= 0
+        whole = bool(used.all())
+        at = places if whole else places[used]
+        if not at.size:
+            return out
+        numbers, records = at >> PLACE_BITS, at & ((1 << PLACE_BITS) - 1)
+        low, high = int(numbers.min()), int(numbers.max())
+        if low == high:  # (the usual case: one segment's records)
+            handles = self.of[low][records >> self.bits]
+        else:
+            handles = np.empty(at.size, np.int64)
+            for number in np.unique(numbers).tolist():
+                there = numbers == number
+                handles[there] = self.of[number][records[there] >> self.bits]
+        codes = ((handles << self.bits) | (records & self.mask)).astype(np.uint32)
+        if whole:
+            return codes
+        out[used] = codes
+        return out
+
+
 @dataclass
 class _Segment:
     number: int
@@ -289,7 +409,7 @@ class ColdRows:
         #: on, never again): a read of a row's record is still the row's while the row's
         #: slot holds the place read (compaction, which moves a record, fails that check,
         #: and the row is read again: never a stale one taken).
-        self.places = np.empty(0, np.int64)
+        self.places = _Places(segment_rows)
         self.epochs = np.empty(0, np.uint32)
         #: Eviction key (last lookup, LRU, or lookup count, LFU), less ``key_base``, in 32
         #: bits (:meth:`keys_of`): clamped at 0 (a key further below the newest than
@@ -318,9 +438,10 @@ class ColdRows:
         """RAM this tier takes: its index and per-row arrays."""
         return int(self.index.nbytes + self.places.nbytes + self.epochs.nbytes + self.keys.nbytes)
 
-    #: Bytes per cold slot of the arrays besides the index: place, epoch, key. (With its
-    #: index entry, 16 to 20 bytes by the index's load, a cold row takes 32 to 36 bytes.)
-    SLOT_BYTES = 8 + 4 + 4
+    #: Bytes per cold slot of the arrays besides the index: place (:class:`_Places`), epoch,
+    #: key. (With its index entry, 16 to 20 bytes by the index's load, a cold row takes 28
+    #: to 32 bytes.)
+    SLOT_BYTES = 4 + 4 + 4
 
     def nbytes_with(self, more: int, tight: bool = False) -> int:
         """:attr:`nbytes` once ``more`` rows more are here: the index and the per-slot
@@ -340,7 +461,10 @@ class ColdRows:
         grows them, ``freed`` slots given up first."""
         need = self.used + more - self._reused(more, self.nfree + freed)
         size = self.places.size
-        return (_grown(size, need) if need > size else size) * self.SLOT_BYTES
+        if need > size:
+            size = _grown(size, need)
+        segments = -(-more // self.segment_rows) + 1  # (each a handle, 16 bytes: _Places)
+        return size * self.SLOT_BYTES + self.places.handle_bytes(segments)
 
     def disk_bytes(self) -> int:
         total = 0
@@ -488,6 +612,7 @@ class ColdRows:
                 seg = self.open
                 if seg is None or seg.rows >= self.segment_rows or seg.slots != key_names:
                     seg = _Segment(number=self.next_number + len(opened), slots=key_names)
+                    self.places.take(seg.number, self.segment_rows)
                     opened.append(seg)
                     self.open = seg
                 take = min(n - done, self.segment_rows - seg.rows, WRITE_ROWS)
@@ -500,13 +625,14 @@ class ColdRows:
                 placed.append((seg, seg.rows, take))
                 seg.rows += take
                 done += take
-        except OSError as exc:
+        except (OSError, ResourceExhaustedError) as exc:
             for seg in self.segments.values():
                 seg.rows = counts[seg.number]
             self.open = None
             for seg in opened:
                 self._delete_files(seg)
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                self.places.give_back(seg.number)
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise ResourceExhaustedError(
                     f"the table directory {self.directory} is full: {n} rows could not move to "
                     "disk (free some space, or give the ps a larger disk with --table-dir)"
@@ -535,6 +661,11 @@ class ColdRows:
         if (linked.st_dev, linked.st_ino) != (held.st_dev, held.st_ino):
             os.unlink(link)
             raise OSError(errno.ESTALE, f"{path} is no longer the file read")
+        try:
+            self.places.take(number, rows)
+        except ResourceExhaustedError:
+            os.unlink(link)
+            raise
         self.next_number += 1
         self.segments[number] = _Segment(
             number, rows=rows, dead=rows - live, slots=slots, columns=columns, stamp=_stamp(held)
@@ -567,9 +698,10 @@ class ColdRows:
                     f"the table directory {self.directory}: more than {MAX_SLOTS} rows on disk in one shard"
                 )
             old = self.places.size
-            for name in ("places", "epochs", "keys"):
+            resize_rows(self.places.__dict__, "codes", size)
+            for name in ("epochs", "keys"):
                 resize_rows(self.__dict__, name, size)
-            self.places[old:] = FREE
+            self.places.codes[old:] = _Places.FREE
 
     def _free_slots(self, n: int) -> np.ndarray:
         """``n`` slots not in use (there are as many), scanned for from ``cursor`` on, round."""
@@ -580,7 +712,7 @@ class ColdRows:
             if at >= self.used:
                 at = 0
             hi = min(self.used, at + max(SCAN_SLOTS, 2 * REUSE * (n - found)))
-            part = np.flatnonzero(self.places[at:hi] < 0)[: n - found] + at
+            part = np.flatnonzero(~self.places.live(at, hi))[: n - found] + at
             parts.append(part)
             found += part.size
             scanned += hi - at
@@ -599,7 +731,7 @@ class ColdRows:
         top = int(keys.max())
         if top - self.key_base > KEY_TOP:
             base = top - KEY_SPAN
-            live = self.places[: self.used] >= 0
+            live = self.places.live(0, self.used)
             held = self.keys[: self.used].astype(np.int64) + (self.key_base - base)
             self.keys[: self.used] = np.where(live, np.clip(held, 0, KEY_TOP), 0).astype(np.uint32)
             self.key_base = base
@@ -611,7 +743,7 @@ class ColdRows:
 
     def live_slots(self) -> np.ndarray:
         """The cold slots in use, ascending."""
-        return np.flatnonzero(self.places[: self.used] >= 0)
+        return np.flatnonzero(self.places.live(0, self.used))
 
     def current(self, slots: np.ndarray, places: np.ndarray) -> np.ndarray:
         """Which of cold ``slots`` still hold the records at ``places`` (not taken back,
@@ -627,7 +759,7 @@ class ColdRows:
         if not gone.size:
             return cold
         places = self.places[gone]
-        self.places[gone] = FREE
+        self.places.codes[gone] = _Places.FREE
         self.nfree += gone.size
         self._died(places)
         self.collect()
@@ -656,6 +788,7 @@ class ColdRows:
         gone = [s for s in self.segments.values() if s.dead >= s.rows and s is not self.open and s.rows]
         for seg in gone:
             del self.segments[seg.number]
+            self.places.give_back(seg.number)
             self._delete_files(seg)
         return len(gone)
 
@@ -681,9 +814,8 @@ class ColdRows:
     def live_in(self, number: int) -> tuple[np.ndarray, np.ndarray]:
         """The cold slots of the rows in segment ``number``, and their places."""
         live = self.live_slots()
-        places = self.places[live]
-        there = (places >> PLACE_BITS) == number
-        return live[there], places[there]
+        live = live[self.places.in_segment(live, number)]
+        return live, self.places[live]
 
     def rewrite(self, slots: np.ndarray, places: np.ndarray, records: dict[str, np.ndarray]) -> int:
         """Write the records read from ``places`` again at the end, for the cold ``slots``
@@ -864,8 +996,7 @@ class ColdRows:
 
     def places_now(self) -> np.ndarray:
         """The places of the rows here now, ascending (a whole export's)."""
-        places = self.places[: self.used]
-        places = places[places >= 0]  # (a copy, sorted)
+        places = self.places[np.flatnonzero(self.places.live(0, self.used))]
         places.sort()
         return places
 
@@ -972,12 +1103,12 @@ class SavedPlaces:
             by_slot = cold.ids_by_slot()
         for lo in range(0, cold.used, self.PIECE):
             hi = min(cold.used, lo + self.PIECE)
-            live = cold.places[lo:hi] >= 0
+            live = cold.places.live(lo, hi)
             if since is not None:
                 live = live & (cold.epochs[lo:hi] > since)
             if moving is not None:
                 live = live & in_slices(by_slot[lo:hi], *moving)
-            places = cold.places[lo:hi][live]
+            places = cold.places[np.flatnonzero(live) + lo]
             seg = np.searchsorted(self.numbers, places >> PLACE_BITS)
             self.marks[self.base[seg] + (places & low)] = True
         counts = [

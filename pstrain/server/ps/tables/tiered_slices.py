@@ -52,6 +52,7 @@ class TieredSlices(SlicedRows):
     if TYPE_CHECKING:  # the tiered table's, as ``tiered_table.py`` makes them
         cold: ColdRows
         budget: int
+        ps_budget: int
         refused: int
 
         @property
@@ -107,7 +108,7 @@ class TieredSlices(SlicedRows):
             self.refused += 1
             raise ResourceExhaustedError(
                 f"dynamic table {self.name!r}: {n} more rows on disk would take their index past "
-                f"this ps's budget of {self.budget} bytes (pstrain serve --memory-budget)"
+                f"this ps's budget of {self.ps_budget} bytes (pstrain serve --memory-budget)"
             )
         epoch = self.clock.epoch  # (in the next delta, as an untiered table's merge)
         last_seen = self.lookups - ages

@@ -54,7 +54,12 @@ from .tiered_slices import TieredSlices
 if TYPE_CHECKING:
     from ...._formats.messages.placement_map import SliceSet
 
-__all__ = ["HOT_SHARE", "Tiering", "TieredTable"]
+__all__ = ["HOT_SHARE", "REQUEST_ROOM", "Tiering", "TieredTable"]
+
+#: Of a ps's ``--memory-budget``, what is kept for the arrays of requests in flight (rows
+#: gathered for a reply, a decoded update, a save's staging) beside what it holds: its
+#: variables and tables hold at most the rest (:attr:`Tiering.limit`).
+REQUEST_ROOM = 1 / 16
 
 #: Of a ps's ``--memory-budget``, what its tables' hot rows (and everything else it holds)
 #: may grow to; the rest is kept for the indexes of rows on disk (50 to 75 bytes a row:
@@ -88,6 +93,12 @@ class Tiering:
     budget: int
     directory: str
     segment_rows: int = 1 << 20
+
+    @property
+    def limit(self) -> int:
+        """What the ps's variables and tables may hold in RAM: the budget less
+        ``REQUEST_ROOM``."""
+        return self.budget - int(self.budget * REQUEST_ROOM)
 
     @property
     def save_bytes(self) -> int:
@@ -222,10 +233,12 @@ class _Tiered:
 
 class TieredTable(TieredSlices, DynamicTable):
     """A dynamic table's shard with its hot set in RAM and the rest on disk; see the
-    module docstring. ``budget``: the ps's ``--memory-budget``; ``held``: what the ps holds
-    in RAM now (its variables, every table's arrays and indexes), in bytes; ``cold_index``:
-    what of that the indexes of its tables' rows on disk take (the budget's other share;
-    this table's own if not given)."""
+    module docstring. ``budget``: what the ps may hold in RAM (:attr:`Tiering.limit`: its
+    ``--memory-budget`` less the room kept for requests in flight); ``ps_budget``: the
+    ``--memory-budget`` itself, which statistics and refusals name (``budget`` if not
+    given); ``held``: what the ps holds in RAM now (its variables, every table's arrays and
+    indexes), in bytes; ``cold_index``: what of that the indexes of its tables' rows on
+    disk take (the budget's other share; this table's own if not given)."""
 
     def __init__(
         self,
@@ -240,11 +253,13 @@ class TieredTable(TieredSlices, DynamicTable):
         held: Callable[[], int],
         cold_index: Callable[[], int] | None = None,
         segment_rows: int = 1 << 20,
+        ps_budget: int | None = None,
     ) -> None:
         super().__init__(name, config, owner, None, kernels, clock)  # the budget limits it, not a size
         self.budget = budget
+        self.ps_budget = budget if ps_budget is None else ps_budget
         self.held = held
-        self.save_block_bytes = save_bytes(budget)
+        self.save_block_bytes = save_bytes(self.ps_budget)
         self.cold = ColdRows(
             directory, config.dim, self.dtype, segment_rows=segment_rows, kernels=self.kernels
         )
@@ -363,7 +378,7 @@ class TieredTable(TieredSlices, DynamicTable):
             raise ResourceExhaustedError(
                 f"dynamic table {self.name!r}: a request needs {n + protect.size} rows in RAM at "
                 f"once, and the hot set of this shard holds {limit} within the ps's budget of "
-                f"{self.budget} bytes (pstrain serve --memory-budget): raise the budget, shard "
+                f"{self.ps_budget} bytes (pstrain serve --memory-budget): raise the budget, shard "
                 "the table over more ps, or send smaller batches"
             )
         picked: dict[int, np.ndarray] = {}  # the rows found for a count that fits only as
@@ -400,7 +415,7 @@ class TieredTable(TieredSlices, DynamicTable):
             )
             raise ResourceExhaustedError(
                 f"dynamic table {self.name!r}: moving {moving} more rows to disk would take the "
-                f"index of the rows on disk past the ps's budget of {self.budget} bytes{during} "
+                f"index of the rows on disk past the ps's budget of {self.ps_budget} bytes{during} "
                 "(pstrain serve --memory-budget): raise the budget, give the table a capacity, "
                 f"{self._smaller_batches(n)}or shard it over more ps"
             )
@@ -886,7 +901,7 @@ class TieredTable(TieredSlices, DynamicTable):
             self.refused += 1
             raise ResourceExhaustedError(
                 f"dynamic table {self.name!r}: {n} rows do not fit this ps's budget of "
-                f"{self.budget} bytes with the rows on disk indexed in RAM (pstrain serve "
+                f"{self.ps_budget} bytes with the rows on disk indexed in RAM (pstrain serve "
                 "--memory-budget): raise the budget or shard over more ps"
             )
         return hot
@@ -958,7 +973,7 @@ class TieredTable(TieredSlices, DynamicTable):
             "demoted": self.demoted,
             "compacted": self.compacted,
             "refused": self.refused,
-            "budget": self.budget,
+            "budget": self.ps_budget,
         }
 
     def has_row(self, ids: np.ndarray) -> np.ndarray:
