@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import tracemalloc
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,16 @@ def tiered(tmp_path, config: TableConfig, hot_rows: int, **kw) -> TieredTable:
     )
     per = table.hot_row_bytes()
     table.budget = int((table.nbytes - table.cold.nbytes + hot_rows * per) / HOT_SHARE)
+    box.append(table)
+    return table
+
+
+def held_to(tmp_path, budget: int, dim: int = 8) -> TieredTable:
+    """A tiered table under ``budget``, the only thing its ps holds."""
+    box: list[TieredTable] = []
+    table = TieredTable(
+        "t", TableConfig(dim=dim), directory=str(tmp_path / "cold"), budget=budget, held=lambda: box[0].nbytes
+    )
     box.append(table)
     return table
 
@@ -922,14 +933,8 @@ def test_the_hot_set_made_smaller_never_holds_its_index_twice(tmp_path):
     in place and its index made anew for the rows left: the old index goes before the new
     one is made. What a shrink adds to what the table holds is what it stages to write its
     rows out (their records, and the arrays they are packed from), not a second index."""
-    import tracemalloc
-
     budget = 16 << 20
-    box: list[TieredTable] = []
-    table = TieredTable(
-        "t", TableConfig(dim=8), directory=str(tmp_path / "cold"), budget=budget, held=lambda: box[0].nbytes
-    )
-    box.append(table)
+    table = held_to(tmp_path, budget)
     rng = np.random.default_rng(3)
     record = table.cold.record(["acc"]).itemsize
     checked = 0
@@ -958,14 +963,8 @@ def test_a_save_of_a_tiered_table_adds_a_small_share_of_the_budget_to_what_the_p
     (``save_bytes``), and holds a byte per record on disk to know which it reads, not the
     places of every row nor a copy of the hot set's arrays: the RSS the budget allows
     (+15 %) holds during saves too."""
-    import tracemalloc
-
     budget = 16 << 20
-    box: list[TieredTable] = []
-    table = TieredTable(
-        "t", TableConfig(dim=8), directory=str(tmp_path / "cold"), budget=budget, held=lambda: box[0].nbytes
-    )
-    box.append(table)
+    table = held_to(tmp_path, budget)
     rng = np.random.default_rng(3)
     for t in range(24):
         ids = np.unique(rng.integers(0, 1 << 40, 8192))
