@@ -13,13 +13,15 @@ worker's resident memory stays at its largest step's, up to that many bytes more
 roles keep glibc's behaviour: a ps allocates little per step.
 
 A ps held to a ``--memory-budget`` goes the other way (:func:`one_heap`): every thread
-allocates from malloc's one main heap, and malloc keeps at most 16 MiB of what is freed.
-glibc otherwise gives each thread that allocates at the same time as another a heap of its
-own (up to eight per core) and keeps what is freed
-in each for that thread's next arrays: a tiered ps reads rows from disk and writes saves
-on threads, and on W9 (40 MiB budgets, segments small enough to be compacted) their heaps
-held the ps at 1.35-1.42x its budget at the peak, against 1.13x with one heap; with W9's
-usual segments, 1.15x against 1.08x.
+allocates from malloc's one main heap, and malloc keeps at most 16 MiB of what is freed, a
+sixteenth of the budget if that is less (and maps arrays from 4 MiB, or a 32nd of it, on
+their own): under 32 MiB, requests of 16,384 ids left a ps 1.26x its budget when malloc
+kept 16 MiB of what they freed, 1.08x now. glibc otherwise gives each thread that
+allocates at the same time as another a heap of its own (up to eight per core) and keeps
+what is freed in each for that thread's next arrays: a tiered ps reads rows from disk and
+writes saves on threads, and on W9 (40 MiB budgets, segments small enough to be compacted)
+their heaps held the ps at 1.35-1.42x its budget at the peak, against 1.13x with one heap;
+with W9's usual segments, 1.15x against 1.08x.
 
 Both are glibc's: elsewhere (musl, macOS) nothing is changed.
 """
@@ -33,7 +35,7 @@ from typing import cast
 from .._base.checks import byte_size
 from .._base.errors import InvalidArgumentError
 
-__all__ = ["DEFAULT_KEEP", "KEEP_MAX", "keep_freed", "keep_freed_size", "one_heap"]
+__all__ = ["DEFAULT_KEEP", "KEEP_MAX", "bounded_thresholds", "keep_freed", "keep_freed_size", "one_heap"]
 
 #: ``mallopt``'s parameters (glibc's malloc.h).
 _M_TRIM_THRESHOLD = -1
@@ -49,6 +51,8 @@ MMAP_THRESHOLD_MAX = 32 << 20
 #: budget; 1.12-1.14x with these (three rounds), 1.15-1.17x mapping from 8 MiB.
 BOUNDED_MMAP = 4 << 20
 BOUNDED_TRIM = 16 << 20
+#: glibc's own mmap threshold, the least either is set to under a small budget.
+MIN_THRESHOLD = 128 << 10
 #: What a worker keeps unless ``--keep-freed`` says otherwise.
 DEFAULT_KEEP = 256 << 20
 #: The most ``mallopt`` takes (an ``int``).
@@ -100,18 +104,38 @@ def keep_freed(keep: int) -> str | None:
     return f"malloc keeps up to {keep >> 20} MiB of freed memory for the next steps' arrays (--keep-freed)"
 
 
-def one_heap() -> str | None:
+def bounded_thresholds(budget: int | None) -> tuple[int, int]:
+    """(mmap threshold, trim threshold) for a ps held to ``budget`` bytes: ``BOUNDED_MMAP``
+    and ``BOUNDED_TRIM``, or a 32nd and a 16th of a budget too small for them (at least
+    glibc's own 128 KiB): what malloc keeps of a request's freed arrays is then a small
+    share of the RSS the budget allows, however small the budget.
+
+    >>> bounded_thresholds(512 << 20) == (BOUNDED_MMAP, BOUNDED_TRIM)
+    True
+    >>> [t >> 20 for t in bounded_thresholds(32 << 20)]
+    [1, 2]
+    """
+    if budget is None:
+        return BOUNDED_MMAP, BOUNDED_TRIM
+    return (
+        max(MIN_THRESHOLD, min(BOUNDED_MMAP, budget // 32)),
+        max(MIN_THRESHOLD, min(BOUNDED_TRIM, budget // 16)),
+    )
+
+
+def one_heap(budget: int | None = None) -> str | None:
     """Have every thread of this process allocate from malloc's main heap (a ps held to a
-    ``--memory-budget``: what one thread frees is not kept for it alone), map every array of
-    ``BOUNDED_MMAP`` or more on its own and keep at most ``BOUNDED_TRIM`` of freed memory;
-    called before the process starts its threads. Returns what it set, to log, or None:
-    not glibc."""
+    ``--memory-budget`` of ``budget`` bytes: what one thread frees is not kept for it
+    alone), map every array past a threshold on its own and keep little freed memory
+    (:func:`bounded_thresholds`); called before the process starts its threads. Returns
+    what it set, to log, or None: not glibc."""
     mallopt = _mallopt()
     if mallopt is None or not mallopt(_M_ARENA_MAX, 1):
         return None
-    if not (mallopt(_M_MMAP_THRESHOLD, BOUNDED_MMAP) and mallopt(_M_TRIM_THRESHOLD, BOUNDED_TRIM)):
+    mmap, trim = bounded_thresholds(budget)
+    if not (mallopt(_M_MMAP_THRESHOLD, mmap) and mallopt(_M_TRIM_THRESHOLD, trim)):
         return None
     return (
         "every thread allocates from one heap, and malloc keeps at most "
-        f"{BOUNDED_TRIM >> 20} MiB of freed memory (a ps held to --memory-budget)"
+        f"{trim / (1 << 20):g} MiB of freed memory (a ps held to --memory-budget)"
     )

@@ -360,7 +360,7 @@ def serve(args: argparse.Namespace) -> int:
 
     role, index, token = config.role, config.index, config.token
     setup_logging(config.log_level, f"{role}:{index}")
-    bounded = one_heap() if role == "ps" and config.ps.memory_budget else None
+    bounded = one_heap(config.ps.memory_budget) if role == "ps" and config.ps.memory_budget else None
     for said in (config.threads_sized, config.cpus_pinned, keep_freed(config.keep_freed), bounded):
         if said:
             logger.info("%s:%d: %s", role, index, said)

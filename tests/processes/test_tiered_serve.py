@@ -107,3 +107,41 @@ def test_a_local_cluster_needs_both_a_budget_and_a_directory(tmp_path):
         pstrain.LocalCluster(memory_budget="1GiB")
     with pytest.raises(pstrain.errors.InvalidArgumentError, match="memory_budget must be a size"):
         pstrain.LocalCluster(memory_budget="much", table_dir=tmp_path)
+
+
+def _status_bytes(pid: int, key: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+
+
+async def test_a_tiered_ps_filled_by_requests_large_for_its_budget_stays_within_it_and_15_percent(
+    drill, tmp_path
+):
+    """32 MiB and requests of 16,384 unseen ids (each a lookup, then an Adagrad update):
+    the arrays a request makes and frees are a large share of so small a budget, and
+    malloc keeps only a share of the budget of what they free, so the ps's peak RSS (the
+    kernel's high-water mark, from after its first request) stays within the budget
+    + 15 % while its table fills the budget and goes on to disk."""
+    budget = 32 << 20
+    cluster = await drill.cluster(1, 1, memory_budget=budget, table_dir=tmp_path / "tier")
+    pid = cluster.pid("ps", 0)
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    with strategy.scope():
+        table = pstrain.DynamicEmbedding(16, name="emb")
+        optimizer = pstrain.optimizers.Adagrad(0.05)
+
+    async def step(ids: np.ndarray) -> None:
+        rows = await table.lookup(ids)
+        await optimizer.apply_gradients([(pstrain.IndexedSlices(np.full_like(rows, 0.01), ids), table)])
+
+    await step(np.arange(1000) + (1 << 40))  # its code paths run once: the baseline
+    start = _status_bytes(pid, "VmRSS")
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")  # the high-water mark starts again from the RSS now
+    rng = np.random.default_rng(0)
+    for _ in range(36):
+        await step(rng.integers(0, 1 << 62, 16384))
+    peak = _status_bytes(pid, "VmHWM") - start
+    stats = await table.statistics()
+    assert stats["cold_rows"] > 4 * stats["hot_rows"] > 0, stats
+    assert peak <= 1.15 * budget, f"peak RSS {peak / budget:.3f}x the budget"
