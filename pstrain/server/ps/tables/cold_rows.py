@@ -20,7 +20,7 @@ are never written once named, nor are these: they die, are compacted and are del
 the others are (the checkpoint keeps its own name for the file).
 
 In RAM, per cold row: its id in a :class:`PartitionedIndex` (id -> cold slot), its place
-(segment and record, held in 32 bits: :class:`_Places`), the epoch it last changed in (so
+(segment and record, held in 32 bits: :class:`Places`), the epoch it last changed in (so
 a delta finds it without reading the disk) and its eviction key (last lookup or lookup
 count). These, not the record's own bookkeeping, say what the row's are: a record a move
 brought keeps its source's.
@@ -51,6 +51,7 @@ import numpy as np
 from ...._base.errors import DataLossError, ResourceExhaustedError
 from ...._formats.numerics.idhash import in_slices
 from ...._kernels import KERNELS
+from .cold_places import PLACE_BITS, Places
 from .id_index import SPLIT_BLOCK, PartitionedIndex
 
 __all__ = [
@@ -67,8 +68,6 @@ __all__ = [
 
 #: Per record: the epoch it last changed in, its last training lookup and its lookup count.
 META = np.dtype([("epoch", "<u4"), ("pad", "<u4"), ("last_seen", "<i8"), ("freq", "<i8")])
-#: A place: segment number << PLACE_BITS | record number.
-PLACE_BITS = 32
 #: How full the index of the rows here may be before it grows (the index of rows in RAM:
 #: half). Each row here costs RAM for nothing but its index entry and bookkeeping, so
 #: the index is kept fuller: 16 to 20 bytes a row (12 a slot, and it grows by
@@ -84,8 +83,6 @@ INDEX_GROWTH = 1.25
 MAX_SLOTS = (1 << 32) - 1
 #: Records written at a time (a block of them packed in RAM, then written).
 WRITE_ROWS = 1 << 14
-#: The place of a cold slot not in use.
-FREE = -1
 #: Cold slots not in use are taken again once they are 1 in ``REUSE`` of the slots (a
 #: scan for them then crosses about ``REUSE`` slots for each: they may take that share of
 #: the slots' RAM meanwhile).
@@ -245,125 +242,6 @@ def _grown(size: int, need: int) -> int:
     return max(need, size + size // 4, 1024)
 
 
-class _Places:
-    """Each cold slot's place, held in 32 bits rather than 64: a *handle* (a run of
-    ``2**bits`` records of one segment, ``bits`` enough for a segment of records whole) and
-    the record's number within it. A segment takes its handles when it is made (a linked
-    file as many as its records need) and gives them back when it goes, so handles are
-    reused while places are not: indexed (``places[slots]``) they read back as the int64
-    places everything else uses, ``number << PLACE_BITS | record``, and ``FREE`` (-1) for
-    a slot not in use; assigned, they are encoded (their segments must hold handles).
-    With 32 bits of handle and record, 2**32 records of live segments can be addressed,
-    about as many as ``MAX_SLOTS`` rows; past that, a new segment is refused
-    (ResourceExhaustedError) before anything is written."""
-
-    #: A slot not in use (its handle is never given).
-    FREE = np.uint32(0xFFFFFFFF)
-    #: Places decoded at a time (what a decoding holds besides its result).
-    BLOCK = 1 << 16
-
-    def __init__(self, segment_rows: int) -> None:
-        self.bits = max(1, (segment_rows - 1).bit_length())
-        self.mask = (1 << self.bits) - 1
-        self.limit = (1 << (32 - self.bits)) - 1  # handles there may be (the last is FREE's)
-        self.codes = np.empty(0, np.uint32)
-        #: Per handle given: its segment's number, and the first record it covers.
-        self.numbers = np.empty(0, np.int64)
-        self.firsts = np.empty(0, np.int64)
-        self.spare: list[int] = []  # handles given back, to give again
-        self.of: dict[int, np.ndarray] = {}  # segment number -> its handles
-
-    @property
-    def size(self) -> int:
-        return int(self.codes.size)
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.codes.nbytes + self.handle_bytes())
-
-    def handle_bytes(self, segments: int = 0) -> int:
-        """What the handles take, with ``segments`` more segments of records."""
-        return 16 * (self.numbers.size + max(0, segments - len(self.spare)))
-
-    def take(self, number: int, records: int) -> None:
-        """Handles for segment ``number`` of up to ``records`` records; ResourceExhaustedError
-        (nothing taken) if there are not as many."""
-        need = max(1, -(-records // (1 << self.bits)))
-        fresh = need - min(need, len(self.spare))
-        if self.numbers.size + fresh > self.limit:
-            raise ResourceExhaustedError(
-                f"a tier addresses at most {self.limit << self.bits} records on disk in one "
-                "shard (its segments' records, live or dead): shard the table over more ps"
-            )
-        given = [self.spare.pop() for _ in range(need - fresh)]
-        if fresh:
-            top = self.numbers.size
-            self.numbers = np.concatenate([self.numbers, np.empty(fresh, np.int64)])
-            self.firsts = np.concatenate([self.firsts, np.empty(fresh, np.int64)])
-            given += range(top, top + fresh)
-        handles = np.array(given, np.int64)
-        self.numbers[handles] = number
-        self.firsts[handles] = np.arange(need, dtype=np.int64) << self.bits
-        self.of[number] = handles
-
-    def give_back(self, number: int) -> None:
-        """Segment ``number`` went: its handles may be given again (no slot holds them)."""
-        handles = self.of.pop(number, None)
-        if handles is not None:
-            self.spare.extend(handles.tolist())
-
-    def live(self, lo: int, hi: int) -> np.ndarray:
-        """Which slots ``lo:hi`` are in use."""
-        return self.codes[lo:hi] != self.FREE
-
-    def __getitem__(self, at: Any) -> np.ndarray:
-        codes = self.codes[at]
-        out = np.full(codes.shape, FREE, np.int64)
-        if not self.numbers.size:  # (no segment yet: every slot is free)
-            return out
-        flat_codes, flat = codes.reshape(-1), out.reshape(-1)
-        for lo in range(0, flat_codes.size, self.BLOCK):  # (temporaries of a block at most)
-            part = flat_codes[lo : lo + self.BLOCK]
-            used = np.flatnonzero(part != self.FREE)
-            part = part[used]
-            handles = part >> self.bits
-            records = self.firsts[handles] + (part & self.mask)
-            flat[lo + used] = (self.numbers[handles] << PLACE_BITS) | records
-        return out
-
-    def in_segment(self, slots: np.ndarray, number: int) -> np.ndarray:
-        """Which of ``slots`` (in use) hold places in segment ``number``."""
-        return np.isin(self.codes[slots] >> self.bits, self.of.get(number, np.empty(0, np.int64)))
-
-    def __setitem__(self, at: Any, places: Any) -> None:
-        self.codes[at] = self.encode(np.asarray(places, np.int64))
-
-    def encode(self, places: np.ndarray) -> np.ndarray:
-        """``places`` (int64, or FREE) in 32 bits."""
-        if not places.size:
-            return np.empty(places.shape, np.uint32)
-        out = np.full(places.shape, self.FREE, np.uint32)
-        used = places >= 0
-        whole = bool(used.all())
-        at = places if whole else places[used]
-        if not at.size:
-            return out
-        numbers, records = at >> PLACE_BITS, at & ((1 << PLACE_BITS) - 1)
-        low, high = int(numbers.min()), int(numbers.max())
-        if low == high:  # (the usual case: one segment's records)
-            handles = self.of[low][records >> self.bits]
-        else:
-            handles = np.empty(at.size, np.int64)
-            for number in np.unique(numbers).tolist():
-                there = numbers == number
-                handles[there] = self.of[number][records[there] >> self.bits]
-        codes = ((handles << self.bits) | (records & self.mask)).astype(np.uint32)
-        if whole:
-            return codes
-        out[used] = codes
-        return out
-
-
 @dataclass
 class _Segment:
     number: int
@@ -409,7 +287,7 @@ class ColdRows:
         #: on, never again): a read of a row's record is still the row's while the row's
         #: slot holds the place read (compaction, which moves a record, fails that check,
         #: and the row is read again: never a stale one taken).
-        self.places = _Places(segment_rows)
+        self.places = Places(segment_rows)
         self.epochs = np.empty(0, np.uint32)
         #: Eviction key (last lookup, LRU, or lookup count, LFU), less ``key_base``, in 32
         #: bits (:meth:`keys_of`): clamped at 0 (a key further below the newest than
@@ -438,7 +316,7 @@ class ColdRows:
         """RAM this tier takes: its index and per-row arrays."""
         return int(self.index.nbytes + self.places.nbytes + self.epochs.nbytes + self.keys.nbytes)
 
-    #: Bytes per cold slot of the arrays besides the index: place (:class:`_Places`), epoch,
+    #: Bytes per cold slot of the arrays besides the index: place (:class:`Places`), epoch,
     #: key. (With its index entry, 16 to 20 bytes by the index's load, a cold row takes 28
     #: to 32 bytes.)
     SLOT_BYTES = 4 + 4 + 4
@@ -463,7 +341,7 @@ class ColdRows:
         size = self.places.size
         if need > size:
             size = _grown(size, need)
-        segments = -(-more // self.segment_rows) + 1  # (each a handle, 16 bytes: _Places)
+        segments = -(-more // self.segment_rows) + 1  # (each a handle, 16 bytes: Places)
         return size * self.SLOT_BYTES + self.places.handle_bytes(segments)
 
     def disk_bytes(self) -> int:
@@ -701,7 +579,7 @@ class ColdRows:
             resize_rows(self.places.__dict__, "codes", size)
             for name in ("epochs", "keys"):
                 resize_rows(self.__dict__, name, size)
-            self.places.codes[old:] = _Places.FREE
+            self.places.codes[old:] = Places.FREE
 
     def _free_slots(self, n: int) -> np.ndarray:
         """``n`` slots not in use (there are as many), scanned for from ``cursor`` on, round."""
@@ -759,7 +637,7 @@ class ColdRows:
         if not gone.size:
             return cold
         places = self.places[gone]
-        self.places.codes[gone] = _Places.FREE
+        self.places.codes[gone] = Places.FREE
         self.nfree += gone.size
         self._died(places)
         self.collect()

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...._formats.files.delta_files import TablePlan, read_ahead
-from .cold_rows import PLACE_BITS
+from .cold_places import PLACE_BITS
 
 if TYPE_CHECKING:
     from ...._formats.files.delta_files import BaseFile
