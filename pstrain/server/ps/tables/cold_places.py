@@ -89,6 +89,11 @@ class Places:
         """Which slots ``lo:hi`` are in use."""
         return self.codes[lo:hi] != self.FREE
 
+    def free_in(self, lo: int, hi: int) -> np.ndarray:
+        """The slots of ``lo:hi`` not in use, ascending (a scan's: one pass, no mask to
+        invert)."""
+        return np.flatnonzero(self.codes[lo:hi] == self.FREE) + lo
+
     def __getitem__(self, at: Any) -> np.ndarray:
         codes = self.codes[at]
         out = np.full(codes.shape, FREE, np.int64)

@@ -590,7 +590,7 @@ class ColdRows:
             if at >= self.used:
                 at = 0
             hi = min(self.used, at + max(SCAN_SLOTS, 2 * REUSE * (n - found)))
-            part = np.flatnonzero(~self.places.live(at, hi))[: n - found] + at
+            part = self.places.free_in(at, hi)[: n - found]
             parts.append(part)
             found += part.size
             scanned += hi - at
