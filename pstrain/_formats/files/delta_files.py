@@ -35,6 +35,7 @@ from ..._base.errors import InvalidArgumentError, NotFoundError
 from ..._kernels import KERNELS
 from ..._kernels.batches import take_rows
 from ..numerics.idhash import Shard, in_slices
+from .table_links import check_link, linked_parts
 from .tensor_files import TensorFile, write_atomically
 
 __all__ = [
@@ -352,7 +353,10 @@ def _read_table_files(
     ids_parts, row_parts, removed_parts = [], [], []
     slot_parts: list[dict[str, np.ndarray]] = []  # per file: a ps that never applied a step
     slot_init: dict[str, float] = {}  # to a table before its save has none of its slots yet
-    for path, prefix in files:
+    # each file, then its links (a full save's: the rows of each that are the save's)
+    todo: list[tuple[str, str, tuple[str, np.ndarray] | None]] = [(p, prefix, None) for p, prefix in files]
+    while todo:
+        path, prefix, link = todo.pop(0)
         try:
             with TensorFile(path) as f:  # each tensor read is checked against its checksums
                 keys = {k[len(prefix) :] for k in f.tensors if k.startswith(prefix)}
@@ -360,15 +364,19 @@ def _read_table_files(
                 def get(key: str, f: Any = f, prefix: str = prefix) -> np.ndarray:
                     return f.read(prefix + key)
 
-                ids, mine = _shard_ids(
-                    get, keys, f"{path}{' ' + prefix if prefix else ''}", shard, num_shards
-                )
-                if "removed" in keys:
+                what = f"{path}{' ' + prefix if prefix else ''}"
+                if link is None:
+                    ids, mine = _shard_ids(get, keys, what, shard, num_shards)
+                    if not prefix:  # a full save's file: its links after it
+                        todo[:0] = [(p, "", (path, m)) for p, m in linked_parts(path, keys, get)]
+                else:
+                    ids, mine = _linked_ids(get, keys, what, shard, num_shards, link)
+                if "removed" in keys and link is None:
                     removed = get("removed")
                     if removed.dtype != np.int64 or removed.ndim != 1:
                         raise InvalidArgumentError(f"dyn/restore: removed in {path} is not 1-D int64")
                     removed_parts.append(removed[in_slices(removed, num_shards, shard)])
-                for key in sorted(keys) if with_slots else ():
+                for key in sorted(keys) if with_slots and link is None else ():
                     if key.startswith("init:"):
                         slot_init[key[5:]] = float(get(key).reshape(-1)[0])
                 if not mine.any():  # none of the shard's (a save of another ps): its rows
@@ -416,6 +424,21 @@ def _read_table_files(
     }
     removed = _joined(removed_parts, np.empty(0, np.int64))
     return ids, rows, slots, slot_init, removed
+
+
+def _linked_ids(
+    get: Any, keys: set[str], what: str, shard: Shard, num_shards: int, link: tuple[str, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """As :func:`_shard_ids`, for a file linked by a full save's file (``link``: that
+    file's path and its mask of this one's rows, which replaces the file's own ``live``)."""
+    if not {"ids", "rows"} <= keys:
+        raise InvalidArgumentError(f"dyn/restore: {what} is not a saved dynamic table (no ids and rows)")
+    ids = get("ids")
+    if ids.dtype != np.int64 or ids.ndim != 1:
+        raise InvalidArgumentError(f"dyn/restore: ids in {what} are not 1-D int64")
+    linking, mask = link
+    check_link(what, ids, mask, linking)
+    return ids, in_slices(ids, num_shards, shard) & mask
 
 
 def _shard_ids(
@@ -570,32 +593,40 @@ def _identity(fd: int) -> tuple[int, int, int, int]:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def _base_part(
-    path: str, shard: Shard, num_shards: int, dim: int
-) -> tuple[BaseFile | None, dict[str, float]]:
+def _base_part(path: str, shard: Shard, num_shards: int, dim: int) -> tuple[list[BaseFile], dict[str, float]]:
     """A file of a full save, for :func:`read_table_plan`: its ids, which of them are the
-    shard's and live (``keep``; no delta considered yet), and its slots; None if none is
-    the shard's. And its slots' initial values."""
+    shard's and live (``keep``; no delta considered yet), and its slots; and the same of
+    each file it links (``table_links.py``), each with the rows the save took from it;
+    those with none of the shard's left out. And its slots' initial values."""
     slot_init: dict[str, float] = {}
-    try:
-        with TensorFile(path) as f:
-            keys = set(f.tensors)
-            ids, keep = _shard_ids(f.read, keys, path, shard, num_shards)
-            for key in sorted(keys):
-                if key.startswith("init:"):
-                    slot_init[key[5:]] = float(f.read(key).reshape(-1)[0])
-            if not keep.any():  # none of the shard's: its rows are not read
-                return None, slot_init
-            slots = tuple(sorted(k[5:] for k in keys if k.startswith("slot:")))
-            for key in ("rows", *(f"slot:{k}" for k in slots)):
-                shape = f.tensors[key].shape
-                if shape != (ids.size, dim):
-                    raise InvalidArgumentError(
-                        f"dyn/restore: {key} in {path} is {shape}, expected ({ids.size}, {dim})"
-                    )
-            return BaseFile(path, keep, ids, slots, _identity(f.fileno())), slot_init
-    except OSError as exc:
-        raise InvalidArgumentError(f"dyn/restore: cannot read {path}: {exc}") from exc
+    out: list[BaseFile] = []
+    todo: list[tuple[str, tuple[str, np.ndarray] | None]] = [(path, None)]
+    while todo:
+        name, link = todo.pop(0)
+        try:
+            with TensorFile(name) as f:
+                keys = set(f.tensors)
+                if link is None:
+                    ids, keep = _shard_ids(f.read, keys, name, shard, num_shards)
+                    todo += [(p, (name, m)) for p, m in linked_parts(name, keys, f.read)]
+                    for key in sorted(keys):
+                        if key.startswith("init:"):
+                            slot_init[key[5:]] = float(f.read(key).reshape(-1)[0])
+                else:
+                    ids, keep = _linked_ids(f.read, keys, name, shard, num_shards, link)
+                if not keep.any():  # none of the shard's: its rows are not read
+                    continue
+                slots = tuple(sorted(k[5:] for k in keys if k.startswith("slot:")))
+                for key in ("rows", *(f"slot:{k}" for k in slots)):
+                    shape = f.tensors[key].shape
+                    if shape != (ids.size, dim):
+                        raise InvalidArgumentError(
+                            f"dyn/restore: {key} in {name} is {shape}, expected ({ids.size}, {dim})"
+                        )
+                out.append(BaseFile(name, keep, ids, slots, _identity(f.fileno())))
+        except OSError as exc:
+            raise InvalidArgumentError(f"dyn/restore: cannot read {name}: {exc}") from exc
+    return out, slot_init
 
 
 def read_table_plan(
@@ -634,9 +665,9 @@ def read_table_plan(
     touched = _touched(puts, removals)  # (composing takes them too)
     slot_init: dict[str, float] = {}
     base: list[BaseFile] = []
-    for part, part_init in base_parts:
+    for parts, part_init in base_parts:
         slot_init.update(part_init)
-        if part is not None:  # its rows no delta put again or removed
+        for part in parts:  # its rows no delta put again or removed
             gone = _member(part.ids, touched[0])
             keep = part.keep & ~gone
             ids = part.ids if not gone.any() and keep.all() else part.ids[keep]  # (no copy of them all)

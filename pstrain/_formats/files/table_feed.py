@@ -40,6 +40,7 @@ from ..._base.errors import FailedPreconditionError, InvalidArgumentError, Pstra
 from ..numerics.idhash import Shard, in_slices
 from .checkpoint_files import read_index
 from .delta_files import INDEX, read_delta_index, split_delta
+from .table_links import check_link, linked_parts
 from .tensor_files import TensorFile
 
 __all__ = ["FeedReply", "IndexCache", "read_feed"]
@@ -205,8 +206,12 @@ def _open_save(
     out: list[_SavedFile] = []
     removed_parts = []
     prefix = save.entry["prefix"] + ":" if save.number else ""
-    for name in save.entry["files"]:
-        path = confine(os.path.join(directory, name))
+    # each file, then the files it links (a full save's: ``table_links.py``)
+    todo: list[tuple[str, tuple[str, np.ndarray] | None]] = [
+        (confine(os.path.join(directory, name)), None) for name in save.entry["files"]
+    ]
+    while todo:
+        path, link = todo.pop(0)
         tensor_file = TensorFile(path)
         held.append(tensor_file)
         keys = tensor_file.tensors
@@ -219,6 +224,13 @@ def _open_save(
         if ids.dtype != np.int64 or ids.ndim != 1:
             raise InvalidArgumentError(f"table feed: ids in {path} are not 1-D int64")
         mine = in_slices(ids, num_shards, shard)
+        if link is not None:  # its rows the linking file took: its own live and links aside
+            check_link(path, ids, link[1], link[0])
+            tensor_file.check("rows")
+            out.append((tensor_file, "rows", ids, mine & link[1]))
+            continue
+        if not prefix:
+            todo[:0] = [(confine(p), (path, m)) for p, m in linked_parts(path, keys, tensor_file.read)]
         if prefix + "live" in keys:  # rows handed out and evicted since are not the table's
             live = tensor_file.read(prefix + "live")
             if live.dtype != np.bool_ or live.shape != ids.shape:
