@@ -16,8 +16,11 @@ against a plain sequential write of as many bytes to the same disk, alternated
 what the ps and the coordinator set up once, is ``first_save_over_plain_write``); a restore
 of a base and ten deltas against a plain read of their files, both from disk
 (``restore_over_plain_read``), and the hit rate of the ten steps after it
-(``hit_rate_after_restore``: the hot set the restore chose);
-held-out log loss of both.
+(``hit_rate_after_restore``: the hot set the restore chose); then a full save of the
+restored table, which links the base's files its tier still reads rather than write
+their rows again (``save_after_restore_bytes``: what it wrote, links left out;
+``save_after_restore_over_plain_write``: a plain write of a full save's bytes, the
+median of those above, over its time); held-out log loss of both.
 
     python benchmarks/tiered_tables.py [--steps 1200] [--budget 80MiB] [--runs 3]
 """
@@ -63,7 +66,7 @@ async def table_figures(
     # full saves of the table (both tiers), each against a plain sequential write of as many
     # bytes to the same disk, one after the other: the first (which pays for what a ps and
     # the coordinator set up once) and the median of the next SAVES
-    ratios = []
+    ratios, plains = [], []
     # each ps's largest RSS while the saves run, every 100 ms (as in training)
     with peak_rss([cluster.pid("ps", k) for k in range(2)]) as during:
         for _ in range(1 + saves):
@@ -76,7 +79,8 @@ async def table_figures(
             for f in Path(path).parent.glob(Path(path).name + "*"):
                 f.unlink()
             ratios.append(plain / save_s)
-    return {
+            plains.append(plain)
+    out = {
         "rss_mib_during_saves_max_per_ps": [round(x) for x in during],
         "table": table,
         # (after the figures of training; not for W7's table wholly in RAM: a restore holds
@@ -93,6 +97,9 @@ async def table_figures(
         "save_s": save_s,
         "plain_write_s": plain,
     }
+    if out.get("save_after_restore_s"):
+        out["save_after_restore_over_plain_write"] = median(plains) / out["save_after_restore_s"]
+    return out
 
 
 async def chain_restore(
@@ -131,11 +138,25 @@ async def chain_restore(
     after = await model.table.statistics()
     looked = after.get("looked_up", 0) - before.get("looked_up", 0)
     promoted = after.get("promoted", 0) - before.get("promoted", 0)
+    # a full save of the restored table: it links the base's files the tier still reads
+    # rather than write their rows again (the bytes it wrote leave the links out)
+    target = Path(cluster.checkpoint_root) / f"after-{os.getpid()}-{time.monotonic_ns()}"
+    started = time.perf_counter()
+    path = await pstrain.Checkpoint(table=model.table, optimizer=opt).save(str(target))
+    save_s = time.perf_counter() - started
+    saved = list(Path(path).parent.glob(Path(path).name + "*"))
+    links = [f for f in saved if ".link-" in f.name]
+    written = sum(f.stat().st_size for f in saved if f not in links)
+    for f in saved:
+        f.unlink()
     return {
         "chain_bytes": nbytes,
         "restore_s": restore_s,
         "restore_over_plain_read": plain / restore_s,
         "hit_rate_after_restore": 1 - promoted / max(1, looked),
+        "save_after_restore_s": save_s,
+        "save_after_restore_bytes": written,
+        "save_after_restore_links": len(links),
     }
 
 
@@ -287,6 +308,11 @@ def main() -> None:
             "restore_chain": f"a base and {DELTAS} deltas, {DELTA_STEPS} steps apart",
             "checkpoint": "the table and the optimizer (rows and Adagrad accumulators)",
             "restore_bytes": tiered[-1]["chain_bytes"],
+            # the full save after the restore (links), against a plain write of a full save's
+            # bytes (the median of the saves before: the same table)
+            "save_after_restore_bytes": tiered[-1].get("save_after_restore_bytes"),
+            "save_after_restore_links": tiered[-1].get("save_after_restore_links"),
+            "save_after_restore_over_plain_write": _median(tiered, "save_after_restore_over_plain_write"),
             "held_out_log_loss": round(median([r["held_out_log_loss"] for r in tiered]), 4),
             "in_ram_held_out_log_loss": round(median([r["held_out_log_loss"] for r in ram]), 4),
             "steps": args.steps,
@@ -298,7 +324,7 @@ def main() -> None:
 
 
 def _median(runs: list[dict], key: str) -> float | None:
-    values = [r[key] for r in runs if r[key] is not None]
+    values = [r[key] for r in runs if r.get(key) is not None]
     return round(median(values), 3) if values else None
 
 

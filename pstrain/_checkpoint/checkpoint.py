@@ -31,8 +31,10 @@ path, without any cluster.
 A :class:`~pstrain.DynamicEmbedding` is saved by each ps as its own file
 (``<path>.ps<K>.table-<tag>.safetensors``: ``ids``, ``rows`` and each
 optimizer slot, with the slots' initial values), as of the moment that ps
-copies it; restore re-routes every id to the ps that holds it now, so a table
-restores into any number of ps. Tables are staged with the variables (a restore is all
+copies it (a tiered shard restored from a checkpoint links that checkpoint's files
+beside it rather than write their unchanged rows again: ``table_links.py``); restore
+re-routes every id to the ps that holds it now, so a table restores into any number
+of ps. Tables are staged with the variables (a restore is all
 or nothing across the ps: ``_variables/staged_restore.py``), each ps's shard replaced
 whole at the commit, with the table's capacity shared as a total; ``load_variables``
 gives ``<path>/ids``, ``<path>/rows`` and ``<path>/slot:<optimizer>/<slot>``. The file format
@@ -274,7 +276,14 @@ class Checkpoint:
                 None, write_tensors, f"{prefix}.local.safetensors", local
             )
         publish = functools.partial(
-            write_index, prefix, index_vars, self.save_counter, index_tables, seq, index_marks(marks)
+            write_index,
+            prefix,
+            index_vars,
+            self.save_counter,
+            index_tables,
+            seq,
+            index_marks(marks),
+            linked=any(r.table_links for r in replies),
         )
         new = await publish_caught_up(
             Chain(prefix, 0, seq, marks),

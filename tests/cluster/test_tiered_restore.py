@@ -5,15 +5,20 @@ a base on another file system copied; a linked file changed in place refused on 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 
+import aiohttp
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 import pstrain
+from pstrain.checkpoint import load_variables
 from pstrain.testing import InProcessCluster
+from tests.cluster.test_feed import table_feed
 from tests.cluster.test_tiered import BUDGET, DIM, IDS, _batches, train_with
 from tests.helpers import TOKEN, wait_for
 
@@ -149,3 +154,104 @@ async def test_a_linked_file_written_in_place_is_an_error_on_read_never_other_ro
         path.write_bytes(bytes(data))  # (the same file: written in place, as pstrain never does)
         with pytest.raises(pstrain.errors.DataLossError, match="written in place"):
             await fresh.export()
+
+
+def _table_files(directory, prefix: str) -> list:
+    return sorted(p for p in directory.glob(f"{prefix}.ps*.table-*.safetensors") if ".link-" not in p.name)
+
+
+async def test_a_full_save_after_a_restore_links_the_base_rows_that_did_not_change(tmp_path):
+    """A restored shard's next full save links the base's files it keeps in its tier rather
+    than write their rows again: the save holds every row and slot as one written whole
+    does (the same restore and steps on ps holding everything in RAM), after the base is
+    deleted too, and restores into a tier (linking its links in turn) and into RAM."""
+    batches = _batches()
+    few = [np.sort(np.random.default_rng(5).permutation(IDS)[:64]) for _ in range(3)]
+    async with _cluster(tmp_path, tmp_path) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        table, opt = _new(strategy)
+        last = await _chain(table, opt, tmp_path / "chain", batches)
+        fresh, opt2 = _new(strategy)
+        await pstrain.Checkpoint(model={"emb": fresh}, optimizer=opt2).restore(last)
+        await train_with(fresh, opt2, few)
+        saved = await pstrain.Checkpoint(model={"emb": fresh}, optimizer=opt2).save(str(tmp_path / "next"))
+        linked = load_variables(saved)
+        base = _table_files(tmp_path / "chain", "ckpt-1")
+        links = sorted(tmp_path.glob("next-1.ps*.table-*.link-*.safetensors"))
+        # each ps's link is its base file (the same inode: the checkpoint, the tier, the link)
+        assert len(base) == 2 and len(links) == 2, (base, links)
+        assert {(p.stat().st_ino, p.stat().st_nlink) for p in links} == {(p.stat().st_ino, 3) for p in base}
+        # format 3: a pstrain that does not read links refuses it rather than miss rows
+        assert json.loads((tmp_path / f"{os.path.basename(saved)}.index.json").read_text())["version"] == 3
+        assert json.loads((tmp_path / "chain" / "ckpt-1.index.json").read_text())["version"] == 2
+        # the save wrote the rows in RAM and those that changed, not the base's again: most
+        # of the table's rows are its links', each row in one file only
+        own = [load_file(str(p)) for p in _table_files(tmp_path, "next-1")]
+        written = sum(int(f["live"].sum()) for f in own)
+        from_links = sum(int(f["linked:0"].sum()) for f in own)
+        assert written + from_links == linked["model/emb/ids"].size
+        assert from_links > written, (written, from_links)
+        shutil.rmtree(tmp_path / "chain")
+        after = load_variables(saved)
+        assert after.keys() == linked.keys()
+        for key in linked:
+            np.testing.assert_array_equal(after[key], linked[key], err_msg=key)
+        # restored into a tier: its own file and its links linked in, every row as saved
+        again, opt3 = _new(strategy)
+        await pstrain.Checkpoint(model={"emb": again}, optimizer=opt3).restore(saved)
+        assert len(_links(cluster)) >= 2
+        got_ids, got_rows = await again.export()
+        np.testing.assert_array_equal(got_ids, linked["model/emb/ids"])
+        np.testing.assert_array_equal(got_rows, linked["model/emb/rows"])
+        # and saved from there, links of links: the same rows and slots again
+        third = load_variables(
+            await pstrain.Checkpoint(model={"emb": again}, optimizer=opt3).save(str(tmp_path / "third"))
+        )
+        assert list(tmp_path.glob("third-*.link-*.safetensors"))
+        for key in linked:
+            np.testing.assert_array_equal(third[key], linked[key], err_msg=key)
+    async with InProcessCluster(
+        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(tmp_path)}
+    ) as ram:
+        strategy = pstrain.ParameterServerStrategy(ram.resolver)
+        table, opt = _new(strategy)
+        last = await _chain(table, opt, tmp_path / "chain2", batches)
+        copy, opt4 = _new(strategy)
+        await pstrain.Checkpoint(model={"emb": copy}, optimizer=opt4).restore(last)
+        await train_with(copy, opt4, few)
+        in_ram = await pstrain.Checkpoint(model={"emb": copy}, optimizer=opt4).save(str(tmp_path / "ram"))
+        whole = load_variables(in_ram)
+        assert not list(tmp_path.glob("ram-*.link-*"))
+        assert whole.keys() == linked.keys()
+        for key in whole:
+            np.testing.assert_array_equal(linked[key], whole[key], err_msg=key)
+        # and the linked save restores into RAM as it reads
+        back, opt5 = _new(strategy)
+        await pstrain.Checkpoint(model={"emb": back}, optimizer=opt5).restore(saved)
+        got_ids, got_rows = await back.export()
+        np.testing.assert_array_equal(got_ids, whole["model/emb/ids"])
+        np.testing.assert_array_equal(got_rows, whole["model/emb/rows"])
+
+
+async def test_the_feed_serves_a_save_that_links_its_base_whole(tmp_path):
+    batches = _batches()
+    few = [np.sort(np.random.default_rng(6).permutation(IDS)[:64]) for _ in range(2)]
+    async with _cluster(tmp_path, tmp_path) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        table, opt = _new(strategy)
+        last = await _chain(table, opt, tmp_path / "chain", batches)
+        fresh, opt2 = _new(strategy)
+        checkpoint = pstrain.Checkpoint(model={"emb": fresh}, optimizer=opt2)
+        await checkpoint.restore(last)
+        await train_with(fresh, opt2, few)
+        manager = pstrain.CheckpointManager(checkpoint, str(tmp_path / "served"))
+        await manager.save()
+        await manager.close()
+        assert len(list((tmp_path / "served").glob("*.link-*.safetensors"))) == 2
+        mirror = table_feed.TableMirror([ps.address for ps in cluster.ps], "emb", TOKEN)
+        async with aiohttp.ClientSession() as session:
+            assert await mirror.poll(session) > 0 and mirror.resets == 2
+        ids, rows = await fresh.export()
+        got_ids, got_rows = mirror.snapshot()
+        np.testing.assert_array_equal(got_ids, ids)
+        np.testing.assert_array_equal(got_rows, rows)

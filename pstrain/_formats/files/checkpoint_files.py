@@ -10,10 +10,12 @@ A checkpoint ``<prefix>`` is
   ranges of its parts (``{"file", "key", "offset", "rows"}``). A checkpoint
   without its index does not exist.
 
-Format version 2 keys variables by path. Version 1 (pstrain before object-graph
-checkpoints) keyed them by variable name; :class:`CheckpointReader` reads both
-and says which (``keyed_by``), and ``Checkpoint.restore`` refuses version 1
-(names are not stable; see its message).
+Format version 2 keys variables by path; version 3 is version 2 with table files that
+link earlier ones (``table_links.py``), written only by a save that links one, so that
+a pstrain that does not read links refuses the checkpoint rather than miss their rows.
+Version 1 (pstrain before object-graph checkpoints) keyed them by variable name;
+:class:`CheckpointReader` reads every version and says how it is keyed (``keyed_by``),
+and ``Checkpoint.restore`` refuses version 1 (names are not stable; see its message).
 
 A reader asks for rows ``[start, stop)`` of a variable and gets *sources*
 (``[file, key, src_start, src_stop, dst_start]``) that :func:`read_rows`
@@ -52,6 +54,8 @@ __all__ = [
 
 FORMAT = "pstrain-checkpoint"
 VERSION = 2
+#: The version of a checkpoint whose table files link earlier ones.
+LINKED_VERSION = 3
 
 #: A part file's name: a plain file name in the checkpoint's own directory.
 FileName = Annotated[str, msgspec.Meta(min_length=1, max_length=255, pattern=r"^[^/\\\x00]+$")]
@@ -114,7 +118,7 @@ def _check_index(path: str, raw: Any) -> dict[str, Any]:
         raise InvalidArgumentError(f"checkpoint index {path} is malformed: {exc}") from None
     base = os.path.dirname(path)
     sizes: dict[str, int] = {}
-    if index.format != FORMAT or index.version not in (1, VERSION):
+    if index.format != FORMAT or index.version not in (1, VERSION, LINKED_VERSION):
         raise InvalidArgumentError(
             f"{path} is not a pstrain checkpoint (format {index.format!r}, version {index.version})"
         )
@@ -218,8 +222,10 @@ def write_index(
     tables: dict[str, Any] | None = None,
     seq: int = 0,
     marks: dict[str, Any] | None = None,
+    linked: bool = False,
 ) -> None:
-    """Write the index of checkpoint ``prefix`` atomically (temp file, fsync, rename)."""
+    """Write the index of checkpoint ``prefix`` atomically (temp file, fsync, rename);
+    ``linked``: a table file links an earlier one (format version 3)."""
     path = index_path(prefix)
 
     def write(f: BinaryIO) -> None:
@@ -227,7 +233,7 @@ def write_index(
             json.dumps(
                 {
                     "format": FORMAT,
-                    "version": VERSION,
+                    "version": LINKED_VERSION if linked else VERSION,
                     "save_counter": save_counter,
                     "seq": seq,
                     "marks": marks or {},

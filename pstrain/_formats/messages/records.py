@@ -300,6 +300,8 @@ class SaveReply(Reply):
     bytes: Count
     #: rows written of each table shard saved with the variables (``ckpt/save``'s ``tables``)
     table_rows: dict[str, Count] = {}
+    #: files each of those shards linked rather than wrote (``_formats/files/table_links.py``)
+    table_links: dict[str, Count] = {}
 
 
 class CallReply(Reply):

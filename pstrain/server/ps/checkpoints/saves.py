@@ -69,6 +69,9 @@ class Pending:
     real: str  # resolved, under the root
     tensors: SomeTensors
     releases: list[Callable[[], None]]
+    #: Files the file links (``_formats/files/table_links.py``): ``(source, link)``, each
+    #: link made before the file is written (and removed if it is not).
+    links: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
     def release(self) -> None:
         for release in self.releases:
@@ -185,8 +188,12 @@ class CheckpointFiles:
                 pace.set()
 
         def run() -> int:  # until the file is written, even if the request is cancelled
+            made: list[str] = []
             try:
-                return write_streaming(
+                for source, link in pending.links:  # (the file names them: they come first)
+                    make_link(source, link, pending.path)
+                    made.append(link)
+                size = write_streaming(
                     pending.real,
                     pending.tensors,
                     root=self.root,
@@ -195,8 +202,13 @@ class CheckpointFiles:
                     sleep=pace.wait,
                     chunk=self.staging,
                 )
+                made.clear()
+                return size
             finally:
                 self._spreading.discard(pace)
+                for link in made:  # the file was not written: nothing names them
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(link)
 
         try:
             size = await asyncio.get_running_loop().run_in_executor(_save_thread(kind), run)
@@ -452,6 +464,20 @@ class CheckpointFiles:
 
 
 _SAVERS: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+
+
+def make_link(source: str, link: str, path: str) -> None:
+    """Hard-link ``source`` (a file of a tier, held while the save runs) as ``link``, beside
+    checkpoint file ``path``; AlreadyExistsError if ``link`` exists. The directory is
+    fsynced with the file written after it."""
+    try:
+        os.link(source, link, follow_symlinks=False)
+    except FileExistsError:
+        raise AlreadyExistsError(
+            f"checkpoint file {link} (a link of {path}) already exists; a checkpoint is never written over"
+        ) from None
+    except OSError as exc:
+        raise InvalidArgumentError(f"checkpoint {path}: cannot link {source} as {link}: {exc}") from exc
 
 
 def _save_thread(kind: str = "full") -> concurrent.futures.ThreadPoolExecutor:

@@ -255,6 +255,10 @@ class _Segment:
     #: A linked file's size and last change when it was linked: a read that finds them
     #: changed (the file written in place since, which pstrain never does) fails.
     stamp: tuple[int, int] = (0, 0)
+    #: A linked file's slots, by their names in it: the table's slot each is (None: one
+    #: the table dropped). A full save links the file again only where each is saved
+    #: under its name in the file (:meth:`ColdRows.linkable`).
+    file_slots: dict[str, str | None] | None = None
 
 
 def _stamp(st: os.stat_result) -> tuple[int, int]:
@@ -524,10 +528,18 @@ class ColdRows:
         )
 
     def link(
-        self, path: str, fd: int, rows: int, live: int, columns: dict[str, int], slots: tuple[str, ...]
+        self,
+        path: str,
+        fd: int,
+        rows: int,
+        live: int,
+        columns: dict[str, int],
+        slots: tuple[str, ...],
+        file_slots: dict[str, str | None] | None = None,
     ) -> int:
         """Hard-link checkpoint file ``path``, open as ``fd``, in as a segment of ``rows``
-        records read by column (``columns``: see :class:`_Segment`; ``slots`` sorted),
+        records read by column (``columns``: see :class:`_Segment`; ``slots`` sorted; its
+        slots by their names in the file: ``file_slots``, see :class:`_Segment`),
         ``live`` of which :meth:`add_parts` will index (the others count dead from the start).
         Returns its number, for the places of its records (``number << PLACE_BITS | row``).
         OSError if the link cannot be made (another file system: the caller writes the rows
@@ -546,9 +558,40 @@ class ColdRows:
             raise
         self.next_number += 1
         self.segments[number] = _Segment(
-            number, rows=rows, dead=rows - live, slots=slots, columns=columns, stamp=_stamp(held)
+            number,
+            rows=rows,
+            dead=rows - live,
+            slots=slots,
+            columns=columns,
+            stamp=_stamp(held),
+            file_slots=dict(file_slots or {}),
         )
         return number
+
+    def linkable(self, directory: str, rename: dict[str, str]) -> list[tuple[int, str]]:
+        """The linked segments (:meth:`link`) a full save written to ``directory``, its slots
+        named by ``rename``, may link again rather than write their rows: ``(number, file)``
+        of those on the same file system whose every slot it saves under the slot's name in
+        the file (the file's rows then read as the save's own would)."""
+        try:
+            if os.stat(directory).st_dev != os.stat(self.directory).st_dev:
+                return []
+        except OSError:
+            return []
+        out = []
+        for number, seg in sorted(self.segments.items()):
+            if seg.columns is None or seg.file_slots is None:
+                continue
+            if not all(t is not None and rename.get(t) == k for k, t in seg.file_slots.items()):
+                continue
+            path = self._file(seg)
+            try:  # (a file changed or gone from the tier meanwhile is not linked: its reads fail)
+                if _stamp(os.stat(path, follow_symlinks=False)) != seg.stamp:
+                    continue
+            except OSError:
+                continue
+            out.append((number, path))
+        return out
 
     def _reused(self, n: int, nfree: int | None = None) -> int:
         """How many of ``n`` slots a put takes from those not in use (``nfree`` of them;
@@ -995,6 +1038,23 @@ class SavedPlaces:
         #: Marked records before each piece (and all of them, last).
         self.before = np.concatenate([np.zeros(1, np.int64), np.cumsum(counts, dtype=np.int64)])
         self.size = int(self.before[-1])
+
+    def take_out(self, number: int) -> np.ndarray:
+        """Segment ``number``'s marks (a record each: whether the save reads it), which the
+        save no longer reads (a full save that links the segment's file instead)."""
+        k = int(np.searchsorted(self.numbers, number))
+        if k == self.numbers.size or self.numbers[k] != number:
+            raise KeyError(number)
+        lo, hi = int(self.base[k]), int(self.base[k + 1])
+        out = self.marks[lo:hi].copy()
+        self.marks[lo:hi] = False
+        first, last = lo // self.PIECE, (hi + self.PIECE - 1) // self.PIECE
+        counts = np.diff(self.before)
+        for p in range(first, last):
+            counts[p] = np.count_nonzero(self.marks[p * self.PIECE : (p + 1) * self.PIECE])
+        self.before = np.concatenate([np.zeros(1, np.int64), np.cumsum(counts, dtype=np.int64)])
+        self.size = int(self.before[-1])
+        return out
 
     def between(self, lo: int, hi: int) -> np.ndarray:
         """The places of the ``lo``-th to ``hi``-th rows (ascending)."""

@@ -277,6 +277,15 @@ class DynamicTable(SlicedRows, Admission):
         if save in self.saves:
             self.saves.remove(save)
 
+    def save_links(
+        self, save: dict[str, Snapshot], directory: str, rename: dict[str, str]
+    ) -> list[tuple[str, np.ndarray]]:
+        """Files full save ``save`` (just taken, to a file in ``directory``, its slots named
+        by ``rename``) links rather than writes (``_formats/files/table_links.py``): each
+        file and which of its rows are the save's, now taken out of ``save``. A table in
+        RAM has none."""
+        return []
+
     def _create(self, new_ids: np.ndarray) -> np.ndarray:
         """Rows for ``new_ids`` (unique, absent), at their initial values: values, slots and
         bookkeeping written in one compiled pass."""

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import inspect
 import logging
+import os
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from ...._base.cluster import Named, named
 from ...._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, ResourceExhaustedError
+from ...._formats.files.table_links import LINKED, link_name
 from ...._formats.files.tensor_files import whole
 from ...._formats.messages.checkpoint_operations import RestoreTable, SaveCheckpoint
 from ...._formats.messages.operations import (
@@ -479,14 +481,20 @@ class TableHandlers:
 
     def _take_shard(self, name: str, path: str, slots: dict[str, str] | None) -> tuple[Pending, int]:
         """Table ``name``'s shard as it is now (its arrays through snapshots: an update keeps
-        only the old values of the rows it changes), to be written to ``path``; and its rows."""
+        only the old values of the rows it changes), to be written to ``path`` (with the
+        files it links: ``Pending.links``); and its rows."""
         table = self.table(name)
         rename = slots if slots is not None else {k: k for k in table.slot_init}
         tensors: Tensors = []
         pending = self.checkpoints.take(path, tensors)
         save = table.snapshot()
         pending.releases.append(functools.partial(table.end_snapshot, save))
+        # (before the tensors' shapes are taken: the rows of a linked file are not written)
+        links = table.save_links(save, os.path.dirname(pending.real), rename)
         tensors.extend(shard_tensors(table, save, rename))
+        for k, (source, mask) in enumerate(links):
+            tensors.append(whole(f"{LINKED}{k}", mask))
+            pending.links.append((source, link_name(pending.real, k)))
         return pending, table.statistics()["rows"]
 
     async def save_checkpoint(self, req: SaveCheckpoint) -> SaveReply:
@@ -496,12 +504,15 @@ class TableHandlers:
         tables and no variables, no variables file is written."""
         taken: list[Pending] = []
         rows: dict[str, int] = {}
+        links: dict[str, int] = {}
         try:
             if req.tensors or not req.tables:
                 taken.append(self.checkpoints.take_variables(req))
             for shard in req.tables:
                 pending, rows[shard.name] = self._take_shard(shard.name, shard.path, shard.slots)
                 taken.append(pending)
+                if pending.links:
+                    links[shard.name] = len(pending.links)
         except BaseException:
             for pending in taken:
                 pending.release()
@@ -512,7 +523,9 @@ class TableHandlers:
             raise next(r for r in results if isinstance(r, BaseException))
         for shard in req.tables:
             self.feed.saved(shard.name, shard.path)
-        return SaveReply(path=req.path, bytes=sum(r["bytes"] for r in written), table_rows=rows)
+        return SaveReply(
+            path=req.path, bytes=sum(r["bytes"] for r in written), table_rows=rows, table_links=links
+        )
 
     async def restore_table(self, req: RestoreTable) -> RestoreReply:
         config = TableConfig(**msgspec.structs.asdict(req.config))

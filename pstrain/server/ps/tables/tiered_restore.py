@@ -129,7 +129,13 @@ def _linked(
             columns[f"slot{slots.index(names[k])}"] = tensors[f"slot:{k}"].at
     try:
         number = table.cold.link(
-            part.path, f.fileno(), part.keep.size, part.ids.size - in_ram, columns, tuple(slots)
+            part.path,
+            f.fileno(),
+            part.keep.size,
+            part.ids.size - in_ram,
+            columns,
+            tuple(slots),
+            {k: names.get(k) for k in part.slots},
         )
     except OSError as exc:
         logger.info("restore of %r copies %s: it cannot be linked (%s)", table.name, part.path, exc)

@@ -154,6 +154,10 @@ class _ColdPart:
     ) -> None:
         self.cold, self.places, self.slot_init = cold, places, slot_init
         self.block = block  # records read at a time
+        #: What the save reads of the tier: rows changed after epoch ``since``, or the
+        #: slices ``moving`` (a delta, a move's copy), or all of it (both None).
+        self.since: int | None = None
+        self.moving: SliceSet | None = None
 
     @property
     def size(self) -> int:
@@ -809,6 +813,7 @@ class TieredTable(TieredSlices, DynamicTable):
         block = max(1, min(SAVE_BLOCK, self.save_block_bytes // (2 * record)))
         slices = None if moving is None else (moving.slices, list(moving.owned))
         part = _ColdPart(self.cold, self.cold.saved_places(since, slices), dict(self.slot_init), block)
+        part.since, part.moving = since, moving
         self.cold.begin_save()
         save = {key: _Tiered(snap, part, key) for key, snap in hot.items()}
         # read as the table reads a Snapshot (before_write) and as a save writes one
@@ -819,6 +824,24 @@ class TieredTable(TieredSlices, DynamicTable):
         if save in self.saves:
             self.saves.remove(save)
             self.cold.end_save()
+
+    def save_links(
+        self, save: dict[str, Any], directory: str, rename: dict[str, str]
+    ) -> list[tuple[str, np.ndarray]]:
+        """The checkpoint files a restore linked into the tier whose rows ``save`` (a full
+        one) would read: the file and the rows of it the save reads, which it then does not
+        (the save links the file beside its own: a restored shard's later full saves do not
+        write its base's rows that did not change again). Files on another file system, or
+        whose slots the save names otherwise, are written as before."""
+        part = next((s.part for s in save.values() if isinstance(s, _Tiered)), None)
+        if part is None or part.since is not None or part.moving is not None:
+            return []
+        links = []
+        for number, path in self.cold.linkable(directory, rename):
+            mask = part.places.take_out(number)
+            if mask.any():
+                links.append((path, mask))
+        return links
 
     def changes(self, since: int) -> tuple[dict[str, Any], np.ndarray] | None:
         gone = self.removed.after(since) if since >= self.removed.since else None
