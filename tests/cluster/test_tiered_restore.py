@@ -255,3 +255,37 @@ async def test_the_feed_serves_a_save_that_links_its_base_whole(tmp_path):
         got_ids, got_rows = mirror.snapshot()
         np.testing.assert_array_equal(got_ids, ids)
         np.testing.assert_array_equal(got_rows, rows)
+
+
+async def test_a_save_with_links_restores_onto_another_number_of_tiered_ps(tmp_path):
+    batches = _batches()
+    async with _cluster(tmp_path, tmp_path) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        table, opt = _new(strategy)
+        last = await _chain(table, opt, tmp_path / "chain", batches)
+        fresh, opt2 = _new(strategy)
+        checkpoint = pstrain.Checkpoint(model={"emb": fresh}, optimizer=opt2)
+        await checkpoint.restore(last)
+        await train_with(fresh, opt2, batches[:2])
+        saved = await checkpoint.save(str(tmp_path / "next"))
+        assert len(list(tmp_path.glob("next-*.link-*.safetensors"))) == 2
+    want = load_variables(saved)
+    options = {
+        "memory_budget": BUDGET,
+        "table_dir": str(tmp_path / "tier3"),
+        "checkpoint_root": str(tmp_path),
+    }
+    async with InProcessCluster(num_ps=3, num_workers=1, token=TOKEN, ps_options=options) as three:
+        strategy = pstrain.ParameterServerStrategy(three.resolver)
+        table, opt = _new(strategy)
+        await pstrain.Checkpoint(model={"emb": table}, optimizer=opt).restore(saved)
+        assert (await table.statistics())["cold_rows"] > 0
+        ids, rows = await table.export()
+        np.testing.assert_array_equal(ids, want["model/emb/ids"])
+        np.testing.assert_array_equal(rows, want["model/emb/rows"])
+        # and saved from there (its links' rows of other shards copied, not linked): the same
+        again = load_variables(
+            await pstrain.Checkpoint(model={"emb": table}, optimizer=opt).save(str(tmp_path / "3"))
+        )
+        for key in want:
+            np.testing.assert_array_equal(again[key], want[key], err_msg=key)

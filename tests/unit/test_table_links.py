@@ -85,3 +85,13 @@ async def test_a_save_that_fails_removes_the_links_it_made(tmp_path):
         await files.write(pending)
     assert sorted(os.listdir(tmp_path)) == ["tier.ref"]
     assert os.stat(source).st_nlink == 1
+
+
+@pytest.mark.parametrize("read", [read_table_state, read_table_plan])
+def test_a_link_that_is_a_symbolic_link_is_not_followed(tmp_path, read):
+    path = _saved(tmp_path, np.ones(10, bool))
+    link = link_name(path, 0)
+    os.unlink(link)
+    os.symlink(tmp_path / "old.ps0.table-t.safetensors", link)  # (it could point anywhere)
+    with pytest.raises(InvalidArgumentError, match=r"cannot (open checkpoint file|read) .*link-0"):
+        read([path], [], 0, 1, DIM, np.dtype(np.float32))
