@@ -1,7 +1,7 @@
 """A full save's table file that links earlier files (``_formats/files/table_links.py``):
-read as one save with its links, the links' masks in place of their own ``live``; a
-link that is not the file linked refused by name; a save that fails removes the links
-it made."""
+read as one save with its links, the links' bits in place of their own ``live``; a link
+that is not the file linked, or bits that are not a link's, refused by name; a save that
+fails removes the links it made."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pstrain._formats.files.delta_files import read_table_plan, read_table_state
-from pstrain._formats.files.table_links import link_name
+from pstrain._formats.files.table_links import link_name, pack
 from pstrain._formats.files.tensor_files import write_tensors
 from pstrain.errors import InvalidArgumentError
 from pstrain.server.ps.checkpoints.saves import CheckpointFiles
@@ -27,13 +27,14 @@ def _table(ids, **extra) -> dict[str, np.ndarray]:
     return {"ids": ids, "rows": rows, "slot:acc": rows * 2, "init:acc": np.array([0.1]), **extra}
 
 
-def _saved(tmp_path, mask) -> str:
+def _saved(tmp_path, mask, bits=None) -> str:
     """A base file of ids 0..9 (none live by its own mask), and a table file of ids 10..12
-    that links it, taking the rows ``mask`` says."""
+    that links it, taking the rows ``mask`` says (or ``bits`` as they are)."""
     base = str(tmp_path / "old.ps0.table-t.safetensors")
     write_tensors(base, _table(range(10), live=np.zeros(10, bool)))
     path = str(tmp_path / "new.ps0.table-t.safetensors")
-    write_tensors(path, _table([10, 11, 12], live=np.ones(3, bool), **{"linked:0": np.asarray(mask)}))
+    linked = pack(mask) if bits is None else bits
+    write_tensors(path, _table([10, 11, 12], live=np.ones(3, bool), **{"linked:0": linked}))
     os.link(base, link_name(path, 0))
     return path
 
@@ -62,14 +63,22 @@ def test_a_table_file_and_its_links_read_as_one_save(tmp_path):
 
 @pytest.mark.parametrize("read", [read_table_state, read_table_plan])
 def test_a_link_that_is_not_the_file_linked_is_refused_by_name(tmp_path, read):
-    path = _saved(tmp_path, np.ones(7, bool))  # a mask for a file of 7 rows: not this one
-    with pytest.raises(InvalidArgumentError, match=r"link-0.*holds 10 rows.*links 7.*another file"):
+    path = _saved(tmp_path, np.ones(7, bool))  # bits for a file of 7 rows: not this one
+    with pytest.raises(InvalidArgumentError, match=r"link-0.*holds 10 rows.*links 1 bytes.*another file"):
         read([path], [], 0, 1, DIM, np.dtype(np.float32))
 
 
-def test_a_mask_that_is_not_one_is_refused(tmp_path):
-    path = _saved(tmp_path, np.ones(10, np.int64))
-    with pytest.raises(InvalidArgumentError, match=r"linked:0 in .* not a mask"):
+@pytest.mark.parametrize(
+    ("bits", "message"),
+    [
+        (np.ones(2, np.int64), r"linked:0 in .* is int64 \(2,\), not a link's bits"),
+        (np.full(2, 255, np.uint8), r"holds 10 rows, but .* links 2 bytes"),  # rows 10..15 set
+        (np.ones(3, np.uint8), r"holds 10 rows, but .* links 3 bytes"),
+    ],
+)
+def test_bits_that_are_not_a_links_are_refused(tmp_path, bits, message):
+    path = _saved(tmp_path, None, bits)
+    with pytest.raises(InvalidArgumentError, match=message):
         read_table_state([path], [], 0, 1, DIM, np.dtype(np.float32))
 
 

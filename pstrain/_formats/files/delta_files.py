@@ -35,7 +35,7 @@ from ..._base.errors import InvalidArgumentError, NotFoundError
 from ..._kernels import KERNELS
 from ..._kernels.batches import take_rows
 from ..numerics.idhash import Shard, in_slices
-from .table_links import check_link, linked_parts
+from .table_links import linked_parts, rows_of
 from .tensor_files import TensorFile, write_atomically
 
 __all__ = [
@@ -430,15 +430,14 @@ def _linked_ids(
     get: Any, keys: set[str], what: str, shard: Shard, num_shards: int, link: tuple[str, np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray]:
     """As :func:`_shard_ids`, for a file linked by a full save's file (``link``: that
-    file's path and its mask of this one's rows, which replaces the file's own ``live``)."""
+    file's path and its bits of this one's rows, which replace the file's own ``live``)."""
     if not {"ids", "rows"} <= keys:
         raise InvalidArgumentError(f"dyn/restore: {what} is not a saved dynamic table (no ids and rows)")
     ids = get("ids")
     if ids.dtype != np.int64 or ids.ndim != 1:
         raise InvalidArgumentError(f"dyn/restore: ids in {what} are not 1-D int64")
-    linking, mask = link
-    check_link(what, ids, mask, linking)
-    return ids, in_slices(ids, num_shards, shard) & mask
+    linking, bits = link
+    return ids, in_slices(ids, num_shards, shard) & rows_of(what, ids, bits, linking)
 
 
 def _shard_ids(

@@ -40,7 +40,7 @@ from ..._base.errors import FailedPreconditionError, InvalidArgumentError, Pstra
 from ..numerics.idhash import Shard, in_slices
 from .checkpoint_files import read_index
 from .delta_files import INDEX, read_delta_index, split_delta
-from .table_links import check_link, linked_parts
+from .table_links import linked_parts, rows_of
 from .tensor_files import TensorFile
 
 __all__ = ["FeedReply", "IndexCache", "read_feed"]
@@ -225,9 +225,9 @@ def _open_save(
             raise InvalidArgumentError(f"table feed: ids in {path} are not 1-D int64")
         mine = in_slices(ids, num_shards, shard)
         if link is not None:  # its rows the linking file took: its own live and links aside
-            check_link(path, ids, link[1], link[0])
+            mine &= rows_of(path, ids, link[1], link[0])
             tensor_file.check("rows")
-            out.append((tensor_file, "rows", ids, mine & link[1]))
+            out.append((tensor_file, "rows", ids, mine))
             continue
         if not prefix:
             todo[:0] = [(confine(p), (path, m)) for p, m in linked_parts(path, keys, tensor_file.read)]

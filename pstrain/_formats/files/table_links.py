@@ -6,7 +6,8 @@ their rows never change afterwards. A full save of the shard then does not write
 rows again: it hard-links each such file beside its own file and says which of its rows
 are the table's now. Table file ``<stem>.safetensors`` of a full save may so hold
 
-* ``linked:<k>`` (bool, one per row of the file linked): which rows of
+* ``linked:<k>`` (uint8, a bit per row of the file linked, row ``i`` in bit ``i % 8`` of
+  byte ``i // 8``: numpy's ``packbits(..., bitorder="little")``): which rows of
   ``<stem>.link-<k>.safetensors``, the file's ``k``-th link, belong to the save.
 
 The save's rows are its own file's and those of its links (each id in one of them only).
@@ -28,7 +29,7 @@ import numpy as np
 
 from ..._base.errors import InvalidArgumentError
 
-__all__ = ["LINKED", "check_link", "link_name", "linked_parts"]
+__all__ = ["LINKED", "link_name", "linked_parts", "pack", "rows_of"]
 
 #: The key prefix of a link's mask in the linking file.
 LINKED = "linked:"
@@ -45,32 +46,42 @@ def link_name(path: str, k: int) -> str:
     return f"{path.removesuffix(_SUFFIX)}.link-{k}{_SUFFIX}"
 
 
+def pack(mask: np.ndarray) -> np.ndarray:
+    """``mask`` (bool) as a link's bits.
+
+    >>> pack(np.array([True, False, False, True, False, False, False, False, True])).tolist()
+    [9, 1]
+    """
+    return np.packbits(mask, bitorder="little")
+
+
 def linked_parts(
     path: str, keys: Iterable[str], read: Callable[[str], np.ndarray]
 ) -> list[tuple[str, np.ndarray]]:
     """The links of table file ``path`` (whose tensors are named ``keys``, read with
-    ``read``): each linked file's path and which of its rows are the save's, in link order.
-    InvalidArgumentError for a mask that is not one (its length is checked by the reader
-    against the linked file's ids)."""
+    ``read``): each linked file's path and its bits (:func:`rows_of` makes them a mask once
+    the linked file's rows are known), in link order. InvalidArgumentError for bits that
+    are not a link's."""
     out = []
     for key in sorted(k for k in keys if k.startswith(LINKED)):
         number = key[len(LINKED) :]
         if not _NUMBER.match(number) or not path.endswith(_SUFFIX):
             raise InvalidArgumentError(f"dyn/restore: {path} names a link {key!r} that is not one")
-        mask = read(key)
-        if mask.dtype != np.bool_ or mask.ndim != 1:
+        bits = read(key)
+        if bits.dtype != np.uint8 or bits.ndim != 1:
             raise InvalidArgumentError(
-                f"dyn/restore: {key} in {path} is {mask.dtype} {mask.shape}, not a mask"
+                f"dyn/restore: {key} in {path} is {bits.dtype} {bits.shape}, not a link's bits"
             )
-        out.append((link_name(path, int(number)), mask))
+        out.append((link_name(path, int(number)), bits))
     return out
 
 
-def check_link(path: str, ids: np.ndarray, mask: np.ndarray, linking: str) -> None:
-    """InvalidArgumentError unless linked file ``path`` (its ``ids``) has a row for each of
-    ``mask``'s, as ``linking`` said."""
-    if ids.shape != mask.shape:
+def rows_of(path: str, ids: np.ndarray, bits: np.ndarray, linking: str) -> np.ndarray:
+    """Which rows of linked file ``path`` (its ``ids``) are the save's, from the bits
+    ``linking`` gave for it; InvalidArgumentError if they are not for as many rows."""
+    if bits.size != (ids.size + 7) // 8 or (ids.size % 8 and bits[-1] >> (ids.size % 8)):
         raise InvalidArgumentError(
-            f"dyn/restore: {path} holds {ids.size} rows, but {linking} links {mask.size} of it "
-            "(another file under its name)"
+            f"dyn/restore: {path} holds {ids.size} rows, but {linking} links {bits.size} bytes of "
+            "bits for it (another file under its name)"
         )
+    return np.unpackbits(bits, count=ids.size, bitorder="little").view(bool)

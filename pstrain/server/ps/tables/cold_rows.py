@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from ...._base.errors import DataLossError, ResourceExhaustedError
+from ...._formats.files.table_links import pack
 from ...._formats.numerics.idhash import in_slices
 from ...._kernels import KERNELS
 from .cold_places import PLACE_BITS, Places
@@ -1040,13 +1041,14 @@ class SavedPlaces:
         self.size = int(self.before[-1])
 
     def take_out(self, number: int) -> np.ndarray:
-        """Segment ``number``'s marks (a record each: whether the save reads it), which the
-        save no longer reads (a full save that links the segment's file instead)."""
+        """Segment ``number``'s marks (whether the save reads each record), as a link's bits
+        (``table_links.pack``), which the save no longer reads (a full save that links the
+        segment's file instead)."""
         k = int(np.searchsorted(self.numbers, number))
         if k == self.numbers.size or self.numbers[k] != number:
             raise KeyError(number)
         lo, hi = int(self.base[k]), int(self.base[k + 1])
-        out = self.marks[lo:hi].copy()
+        out = pack(self.marks[lo:hi])
         self.marks[lo:hi] = False
         first, last = lo // self.PIECE, (hi + self.PIECE - 1) // self.PIECE
         counts = np.diff(self.before)

@@ -282,7 +282,7 @@ class DynamicTable(SlicedRows, Admission):
     ) -> list[tuple[str, np.ndarray]]:
         """Files full save ``save`` (just taken, to a file in ``directory``, its slots named
         by ``rename``) links rather than writes (``_formats/files/table_links.py``): each
-        file and which of its rows are the save's, now taken out of ``save``. A table in
+        file and which of its rows are the save's (a link's bits), now taken out of ``save``. A table in
         RAM has none."""
         return []
 

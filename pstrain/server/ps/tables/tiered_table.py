@@ -829,7 +829,7 @@ class TieredTable(TieredSlices, DynamicTable):
         self, save: dict[str, Any], directory: str, rename: dict[str, str]
     ) -> list[tuple[str, np.ndarray]]:
         """The checkpoint files a restore linked into the tier whose rows ``save`` (a full
-        one) would read: the file and the rows of it the save reads, which it then does not
+        one) would read: the file and the rows of it the save reads (a link's bits), which it then does not
         (the save links the file beside its own: a restored shard's later full saves do not
         write its base's rows that did not change again). Files on another file system, or
         whose slots the save names otherwise, are written as before."""
@@ -838,9 +838,9 @@ class TieredTable(TieredSlices, DynamicTable):
             return []
         links = []
         for number, path in self.cold.linkable(directory, rename):
-            mask = part.places.take_out(number)
-            if mask.any():
-                links.append((path, mask))
+            bits = part.places.take_out(number)
+            if bits.any():
+                links.append((path, bits))
         return links
 
     def changes(self, since: int) -> tuple[dict[str, Any], np.ndarray] | None:
