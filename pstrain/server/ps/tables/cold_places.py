@@ -1,16 +1,19 @@
 """Where each row on disk lies, held in 32 bits (:class:`Places`): the per-slot array of a
 tier's rows on disk (:class:`~pstrain.server.ps.tables.cold_rows.ColdRows`), which with
-their index is all the RAM such a row costs."""
+their index is all the RAM such a row costs; and the places a save reads, marked when it
+begins (:class:`SavedPlaces`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ...._base.errors import ResourceExhaustedError
+from ...._formats.files.table_links import pack
+from ...._formats.numerics.idhash import in_slices
 
-__all__ = ["FREE", "PLACE_BITS", "Places"]
+__all__ = ["FREE", "PLACE_BITS", "Places", "SavedPlaces"]
 
 #: A place: segment number << PLACE_BITS | record number.
 PLACE_BITS = 32
@@ -140,3 +143,92 @@ class Places:
             return codes
         out[used] = codes
         return out
+
+
+class Tier(Protocol):
+    """What :class:`SavedPlaces` reads of a tier
+    (:class:`~pstrain.server.ps.tables.cold_rows.ColdRows`)."""
+
+    segments: dict[int, Any]  # number -> segment (its ``rows``: records written)
+    used: int
+    places: Places
+    epochs: np.ndarray
+
+    def ids_by_slot(self) -> np.ndarray: ...
+
+
+class SavedPlaces:
+    """The places of the rows on disk a save reads, as they were when it began, in place
+    order (by segment, then record), a block at a time (:meth:`between`).
+
+    Held as a byte per record of the segments there then, live or not (set: the save
+    reads it), not as the places themselves: 8 bytes per row on disk, a sixth of what
+    their index takes, would come on top of the budget for the whole save. Segments are
+    compacted once half dead, so this is at most about 2 bytes a row. Made on the serving
+    loop, a slice of the cold slots at a time (no array of every live slot besides).
+    """
+
+    #: Records whose marks are counted together (the unit :meth:`between` starts from).
+    PIECE = 1 << 14
+
+    def __init__(
+        self, cold: Tier, since: int | None = None, moving: tuple[int, list[int]] | None = None
+    ) -> None:
+        self.numbers = np.array(sorted(cold.segments), np.int64)
+        lengths = np.array([cold.segments[int(n)].rows for n in self.numbers], np.int64)
+        #: Where each segment's first record is among the marks.
+        self.base = np.concatenate([np.zeros(1, np.int64), np.cumsum(lengths)])
+        self.marks = np.zeros(int(self.base[-1]), bool)
+        low = (1 << PLACE_BITS) - 1
+        if moving is not None:  # (an id per cold slot, while this runs)
+            by_slot = cold.ids_by_slot()
+        for lo in range(0, cold.used, self.PIECE):
+            hi = min(cold.used, lo + self.PIECE)
+            live = cold.places.live(lo, hi)
+            if since is not None:
+                live = live & (cold.epochs[lo:hi] > since)
+            if moving is not None:
+                live = live & in_slices(by_slot[lo:hi], *moving)
+            places = cold.places[np.flatnonzero(live) + lo]
+            seg = np.searchsorted(self.numbers, places >> PLACE_BITS)
+            self.marks[self.base[seg] + (places & low)] = True
+        counts = [
+            np.count_nonzero(self.marks[a : a + self.PIECE]) for a in range(0, self.marks.size, self.PIECE)
+        ]
+        #: Marked records before each piece (and all of them, last).
+        self.before = np.concatenate([np.zeros(1, np.int64), np.cumsum(counts, dtype=np.int64)])
+        self.size = int(self.before[-1])
+
+    def take_out(self, number: int) -> np.ndarray:
+        """Segment ``number``'s marks (whether the save reads each record), as a link's bits
+        (``table_links.pack``), which the save no longer reads (a full save that links the
+        segment's file instead)."""
+        k = int(np.searchsorted(self.numbers, number))
+        if k == self.numbers.size or self.numbers[k] != number:
+            raise KeyError(number)
+        lo, hi = int(self.base[k]), int(self.base[k + 1])
+        out = pack(self.marks[lo:hi])
+        self.marks[lo:hi] = False
+        first, last = lo // self.PIECE, (hi + self.PIECE - 1) // self.PIECE
+        counts = np.diff(self.before)
+        for p in range(first, last):
+            counts[p] = np.count_nonzero(self.marks[p * self.PIECE : (p + 1) * self.PIECE])
+        self.before = np.concatenate([np.zeros(1, np.int64), np.cumsum(counts, dtype=np.int64)])
+        self.size = int(self.before[-1])
+        return out
+
+    def between(self, lo: int, hi: int) -> np.ndarray:
+        """The places of the ``lo``-th to ``hi``-th rows (ascending)."""
+        hi = min(hi, self.size)
+        if lo >= hi:
+            return np.empty(0, np.int64)
+        k = int(np.searchsorted(self.before, lo, "right")) - 1
+        parts, skip, want = [], lo - int(self.before[k]), hi - lo
+        while want > 0:
+            flat = np.flatnonzero(self.marks[k * self.PIECE : (k + 1) * self.PIECE])[skip : skip + want]
+            parts.append(flat + k * self.PIECE)
+            want -= flat.size
+            skip, k = 0, k + 1
+        flat = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        seg = np.searchsorted(self.base, flat, "right") - 1
+        return (self.numbers[seg] << PLACE_BITS) | (flat - self.base[seg])
