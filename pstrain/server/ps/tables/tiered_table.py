@@ -22,8 +22,9 @@ hot set the same way (:meth:`TieredTable.give_back`, which ``TableHandlers.give_
 calls). Past the budget a lookup that would admit rows is refused whole with
 :class:`~pstrain.errors.ResourceExhaustedError` (counted), as is one whose rows cannot all
 be in RAM at once. Saves and deltas write the rows of both tiers into the same files as
-an untiered table's (the disk part streamed from its segments), so restores,
-``load_variables`` and the serving feed read them as they read any table. Slices moving
+an untiered table's (the disk part streamed from its segments, ``tiered_saves.py``; a
+full save links the checkpoint files a restore linked in rather than write their rows),
+so restores, ``load_variables`` and the serving feed read them as they read any table. Slices moving
 to another ps (a join, a drain) take their rows on disk with them, and rows merged into a
 tiered shard (a move's, or a lost ps's in its replacement) go to its disk
 (``tiered_slices.py``).
@@ -34,7 +35,7 @@ from __future__ import annotations
 import os
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
@@ -45,11 +46,11 @@ from ...._base.errors import InvalidArgumentError, ResourceExhaustedError
 from ...._formats.files.direct_writes import ALIGN, CHUNK
 from ..checkpoints.snapshots import Snapshot
 from ..store import ChangeClock
-from .cold_places import SavedPlaces
 from .cold_rows import META, ColdRows, resize_rows, scatter_rows
 from .dynamic_table import EVICT_BATCH, DynamicTable
 from .id_index import IdIndex
 from .table_config import TableConfig
+from .tiered_saves import SAVE_BLOCK, ColdPart, TieredSource
 from .tiered_slices import TieredSlices
 
 if TYPE_CHECKING:
@@ -79,9 +80,6 @@ INDEX_ROW_BYTES = 64
 HOT_ROW_EXTRA = 8 + 8 + 8 + 4 + 1 + 1 + INDEX_ROW_BYTES
 #: Optimizer slots a row in RAM is budgeted for (Adam's and FTRL's two; Adagrad has one).
 SLOTS = 2
-#: Rows a save reads from disk at a time (at most: fewer if they would take more than its
-#: staging, :func:`save_bytes`).
-SAVE_BLOCK = 1 << 14
 #: Rows moved at a time when a shard's rows in RAM are compacted (a copy of each block).
 COMPACT_ROWS = 1 << 14
 
@@ -143,97 +141,6 @@ class Found:
     pos: np.ndarray
     inserted: int
     removed: int
-
-
-class _ColdPart:
-    """The rows on disk a save writes: their places as they were when it began (taken on
-    the serving loop), and every array's part of them at once (:meth:`tails`: each record
-    read once for all)."""
-
-    def __init__(
-        self, cold: ColdRows, places: SavedPlaces, slot_init: dict[str, float], block: int = SAVE_BLOCK
-    ) -> None:
-        self.cold, self.places, self.slot_init = cold, places, slot_init
-        self.block = block  # records read at a time
-        #: What the save reads of the tier: rows changed after epoch ``since``, or the
-        #: slices ``moving`` (a delta, a move's copy), or all of it (both None).
-        self.since: int | None = None
-        self.moving: SliceSet | None = None
-
-    @property
-    def size(self) -> int:
-        return self.places.size
-
-    def tails(self, keys: list[str]) -> Iterator[dict[str, np.ndarray]]:
-        """Arrays ``keys``' rows on disk, a block of each at a time, in order."""
-        for lo in range(0, self.size, self.block):
-            yield self.cold.fill_many(self.places.between(lo, lo + self.block), keys, self.slot_init)
-
-
-class _Tiered:
-    """A save's source for one array of a tiered table: its hot part (a :class:`Snapshot`)
-    then its rows on disk (``part``, shared by the save's arrays: ``tail_source``, which a
-    file written in one go reads once for all of them)."""
-
-    def __init__(self, hot: Snapshot, part: _ColdPart, key: str) -> None:
-        self.hot, self.part, self.key = hot, part, key
-        self.cold, self.slot_init = part.cold, part.slot_init
-        self.array = hot.array
-        self.select = hot.select
-
-    @property
-    def tail_source(self) -> _ColdPart:
-        return self.part
-
-    @property
-    def tail_key(self) -> str:
-        return self.key
-
-    def head_blocks(self) -> Iterator[np.ndarray]:
-        return self.hot.blocks()
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return (self.hot.shape[0] + self.part.size, *self.hot.shape[1:])
-
-    def before_write(self, rows: np.ndarray | None) -> None:
-        self.hot.before_write(rows)
-
-    def blocks(self) -> Iterator[np.ndarray]:
-        yield from self.hot.blocks()
-        for lo in range(0, self.part.size, self.part.block):
-            yield self._cold_block(lo, min(self.part.size, lo + self.part.block), None)
-
-    def write_to(self, writer: Any) -> int:
-        """The hot part, then the rows on disk, each block read straight into the writer's
-        staging buffer where it fits (as :meth:`Snapshot.write_to` does)."""
-        got = self.hot.write_to(writer)
-        arr = self.array
-        row_bytes = arr.itemsize * int(np.prod(arr.shape[1:]))
-        lo, count = 0, self.part.size
-        while lo < count:
-            room = writer.room()
-            fits = room.size // row_bytes if room.ctypes.data % arr.itemsize == 0 else 0
-            hi = min(count, lo + self.part.block, lo + max(1, fits))
-            if fits:
-                dest = room[: (hi - lo) * row_bytes].view(arr.dtype).reshape(hi - lo, *arr.shape[1:])
-                self._cold_block(lo, hi, dest)
-                writer.wrote(dest.nbytes)
-            else:  # a row across the buffer's end, or a start not aligned: a copy of its own
-                writer.write(self._cold_block(lo, hi, None).reshape(-1).view(np.uint8).data)
-            got += (hi - lo) * row_bytes
-            lo = hi
-        return got
-
-    def _cold_block(self, lo: int, hi: int, out: np.ndarray | None) -> np.ndarray:
-        """Rows ``lo:hi`` of the part on disk (into ``out``, or a fresh array)."""
-        if out is None:
-            out = np.empty((hi - lo, *self.array.shape[1:]), self.array.dtype)
-        if self.key == "live":
-            out[:] = True
-        else:
-            self.cold.fill(self.part.places.between(lo, hi), self.key, self.slot_init, out)
-        return out
 
 
 class TieredTable(TieredSlices, DynamicTable):
@@ -813,10 +720,10 @@ class TieredTable(TieredSlices, DynamicTable):
         record = META.itemsize + 8 + self.config.dim * self.dtype.itemsize * (1 + len(self.slots))
         block = max(1, min(SAVE_BLOCK, self.save_block_bytes // (2 * record)))
         slices = None if moving is None else (moving.slices, list(moving.owned))
-        part = _ColdPart(self.cold, self.cold.saved_places(since, slices), dict(self.slot_init), block)
+        part = ColdPart(self.cold, self.cold.saved_places(since, slices), dict(self.slot_init), block)
         part.since, part.moving = since, moving
         self.cold.begin_save()
-        save = {key: _Tiered(snap, part, key) for key, snap in hot.items()}
+        save = {key: TieredSource(snap, part, key) for key, snap in hot.items()}
         # read as the table reads a Snapshot (before_write) and as a save writes one
         self.saves[-1] = cast("dict[str, Snapshot]", save)
         return save
@@ -834,7 +741,7 @@ class TieredTable(TieredSlices, DynamicTable):
         (the save links the file beside its own: a restored shard's later full saves do not
         write its base's rows that did not change again). Files on another file system, or
         whose slots the save names otherwise, are written as before."""
-        part = next((s.part for s in save.values() if isinstance(s, _Tiered)), None)
+        part = next((s.part for s in save.values() if isinstance(s, TieredSource)), None)
         if part is None or part.since is not None or part.moving is not None:
             return []
         links = []
