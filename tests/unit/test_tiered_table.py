@@ -17,7 +17,6 @@ from pstrain._formats.files import tensor_files
 from pstrain._formats.files.delta_files import read_table_plan
 from pstrain._formats.files.tensor_files import TensorFile, whole, write_streaming
 from pstrain._formats.numerics.optimizer_rules import RULES
-from pstrain._kernels import KERNELS
 from pstrain.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
 from pstrain.server.ps.checkpoints.snapshots import Snapshot
 from pstrain.server.ps.tables.cold_places import SavedPlaces
@@ -1151,31 +1150,3 @@ def test_rows_filling_the_hot_arrays_grow_their_index_only_within_the_budget(tmp
 
     filled(table, within, first=0)
     assert len(table.cold) > 4 * len(table.index)
-
-
-@pytest.mark.parametrize("evict", ["lru", "lfu"])
-def test_the_coldest_rows_kept_between_moves_are_those_a_scan_finds(tmp_path, evict):
-    """``TieredTable._coldest`` keeps the coldest rows a scan found for the next calls: at
-    every call it returns exactly what a scan of every hot row's key returns, through
-    lookups, promotions (rows back with old keys, in places given up and taken again),
-    new rows and moves to disk."""
-    table = tiered(tmp_path, TableConfig(dim=8, evict=evict), hot_rows=1500)
-    rng = np.random.default_rng(11)
-    checked = 0
-    for step in range(60):
-        ids = np.unique(rng.zipf(1.3, 300) % 20_000).astype(np.int64)
-        train(table, ids, step + 1)
-        # rows read back and not looked up for training keep their keys from the disk
-        table.lookup(np.unique(rng.integers(0, 20_000, 200)).astype(np.int64), False)
-        for n in (1, 7, 50):
-            protect = np.ascontiguousarray(np.flatnonzero(table.live[: table.used])[:: 5 + step % 3])
-            key = table.last_seen if table.by_age else table.freq
-            want = KERNELS.pick_victims(
-                key, table.live.view(np.uint8), protect, table.marks, table.used, n, 0, -1
-            )
-            got = table._coldest(n, protect)
-            # the same keys (rows of a tied key may differ: a scan takes the lowest places)
-            np.testing.assert_array_equal(np.sort(key[got]), np.sort(key[want]), err_msg=f"{step} {n}")
-            assert not np.isin(got, protect).any() and np.unique(got).size == got.size
-            checked += 1
-    assert table.promoted > 0 and table.demoted > 0 and checked == 180

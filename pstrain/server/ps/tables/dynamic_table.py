@@ -277,11 +277,6 @@ class DynamicTable(SlicedRows, Admission):
         if save in self.saves:
             self.saves.remove(save)
 
-    def _keys_set(self, rows: np.ndarray) -> None:
-        """Hot ``rows`` were given eviction keys that need not be the newest (rows moved in,
-        or new ones under LFU): nothing to do here (a tiered table's pool of its coldest
-        rows learns of them)."""
-
     def save_links(
         self, save: dict[str, Snapshot], directory: str, rename: dict[str, str]
     ) -> list[tuple[str, np.ndarray]]:
@@ -316,7 +311,6 @@ class DynamicTable(SlicedRows, Admission):
             cfg.init_high,
         )
         self.index.insert(new_ids, rows)
-        self._keys_set(rows)  # (under LFU a new row's count may be below those already there)
         self.admitted += new_ids.size
         return rows
 

@@ -82,10 +82,6 @@ HOT_ROW_EXTRA = 8 + 8 + 8 + 4 + 1 + 1 + INDEX_ROW_BYTES
 SLOTS = 2
 #: Rows moved at a time when a shard's rows in RAM are compacted (a copy of each block).
 COMPACT_ROWS = 1 << 14
-#: Of the rows the hot set may hold, how many of the coldest a scan for rows to move to disk
-#: keeps for the next moves (:meth:`TieredTable._coldest`): a scan reads every hot row's key
-#: (W9 moves a few hundred rows a request out of 600,000).
-POOL_SHARE = 1 / 16
 
 
 @dataclass(frozen=True)
@@ -190,9 +186,6 @@ class TieredTable(TieredSlices, DynamicTable):
         self.compacting = False  # a segment's live rows being copied (``TableHandlers.compact``)
         self.compacted = 0  # rows copied out of half-dead segments
         self.cold_latency: list[float] = []  # seconds of each cold read (the last 1024)
-        #: The coldest hot rows when last scanned for, the coldest first, and each one's key
-        #: then (:meth:`_coldest`); a row looked up since (its key grew) or gone is skipped.
-        self._pool = (np.empty(0, np.int64), np.empty(0, np.int64))
         self._keep_statistics()
 
     def __len__(self) -> int:
@@ -416,7 +409,6 @@ class TieredTable(TieredSlices, DynamicTable):
         self.live[n:] = False
         self.marks[n:] = 0
         self.alloc, self.used, self.nfree = size, n, 0
-        self._clear_pool()  # (every row moved)
         inserted, removed = self.index.inserted, self.index.removed
         del self.index  # its RAM goes back before the new one takes its own
         self.index = IdIndex(max(size, 1), self.kernels)  # (not to grow while the rows fit the arrays)
@@ -426,82 +418,17 @@ class TieredTable(TieredSlices, DynamicTable):
 
     def _coldest(self, n: int, protect: np.ndarray) -> np.ndarray:
         """The ``n`` hot rows looked up least recently (LRU) or least often (LFU), none of
-        ``protect``: the rows that go to disk first (ascending).
-
-        A scan for them reads every hot row's key, so it finds the coldest ``POOL_SHARE``
-        of the hot set at once and keeps them for the next calls: a row's key only grows
-        while it is in RAM (a lookup), and a row put in with a key older than the pool's
-        newest joins it (:meth:`_keys_set`), so the pool's rows still at their keys are the
-        coldest of all, as a scan would find them."""
-        if n <= 0:
-            return np.empty(0, np.int64)
-        key = self.last_seen if self.by_age else self.freq
-        got = self._from_pool(n, protect, key)
-        if got is not None:
-            return got
-        # the coldest of every row, protected or not (a row protected now and not looked up
-        # keeps its key: the pool must hold it for later calls), enough for this call
-        size = min(len(self.index), max(n + protect.size, int(self.alloc * POOL_SHARE)))
-        rows = self.kernels.pick_victims(
-            key,
+        ``protect``: the rows that go to disk first."""
+        return self.kernels.pick_victims(
+            self.last_seen if self.by_age else self.freq,
             self.live.view(np.uint8),
-            np.empty(0, np.int64),
+            protect,
             self.marks,
             self.used,
-            size,
+            n,
             0,
             self.lookups if self.by_age else -1,
         )
-        rows = rows[np.argsort(key[rows], kind="stable")]  # coldest first, ties by place
-        self._pool = (rows, key[rows])
-        got = self._from_pool(n, protect, key, every=size == len(self.index))
-        assert got is not None  # (it holds n rows not protected, or every row)
-        return got
-
-    def _from_pool(
-        self, n: int, protect: np.ndarray, key: np.ndarray, every: bool = False
-    ) -> np.ndarray | None:
-        """:meth:`_coldest` from the pool, or None if it holds fewer than ``n`` rows still at
-        their keys and not in ``protect`` (``every``: it holds every hot row, and those are
-        all there are). Rows gone or looked up since leave it; those returned stay until
-        they go (a caller may not move them: a full disk)."""
-        rows, keys = self._pool
-        if rows.size < n and not every:
-            return None
-        valid = self.live[rows] & (key[rows] == keys)
-        if not valid.all():
-            rows, keys = rows[valid], keys[valid]
-            self._pool = (rows, keys)
-        free = np.ones(rows.size, bool)
-        if protect.size:
-            self.marks[protect] = 1
-            free = self.marks[rows] == 0
-            self.marks[protect] = 0
-        taken = np.flatnonzero(free)[:n]
-        if taken.size < n and not every:
-            return None
-        return np.sort(rows[taken])
-
-    def _keys_set(self, rows: np.ndarray) -> None:
-        """Hot ``rows`` were given eviction keys of their own (rows read back from disk, or
-        moved in): those older than the pool's newest join it, where they belong."""
-        pool, keys = self._pool
-        if not pool.size or not rows.size:
-            return
-        key = (self.last_seen if self.by_age else self.freq)[rows]
-        older = key <= keys[-1]
-        if older.any():
-            rows, key = rows[older], key[older]
-            # (a place given up and taken again may still be in the pool, for the row it held)
-            there = np.isin(pool, rows)
-            if there.any():
-                pool, keys = pool[~there], keys[~there]
-            order = np.argsort(key, kind="stable")
-            at = np.searchsorted(keys, key[order], side="right")
-            self._pool = (np.insert(pool, at, rows[order]), np.insert(keys, at, key[order]))
-
-    def _clear_pool(self) -> None:
-        self._pool = (np.empty(0, np.int64), np.empty(0, np.int64))
 
     def demote(self, rows: np.ndarray) -> None:
         """Move hot ``rows`` to disk (written first: a full disk changes nothing)."""
@@ -710,7 +637,6 @@ class TieredTable(TieredSlices, DynamicTable):
         self.freq[rows] = meta["freq"] if self.by_age else keys
         self.epochs[rows] = epochs
         self.index.insert(ids, rows)
-        self._keys_set(rows)
         self.promoted += ids.size
 
     def _hot_positions(self, ids: np.ndarray, pos: np.ndarray | None) -> np.ndarray:
@@ -856,7 +782,6 @@ class TieredTable(TieredSlices, DynamicTable):
         ``replacing``: the shard this one replaces once the restore commits, budgeted as
         gone (both are held until then)."""
         self.cold.reset()
-        self._clear_pool()
         hot = self.rows_in_ram_for(ids.size, len(slots), replacing)
         if hot == ids.size:  # all in RAM: the arrays as they are (the table takes them)
             super().load(ids, rows, slots, slot_init)
