@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import tempfile
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -156,6 +157,26 @@ async def test_a_linked_file_written_in_place_is_an_error_on_read_never_other_ro
             await fresh.export()
 
 
+async def _restored(cluster, tmp_path, batches, steps) -> tuple[Any, Any, Any]:
+    """A table trained on ``batches`` and saved as a base and two deltas, restored into a new
+    table of ``cluster`` (its base linked into each ps's tier) and trained on ``steps``:
+    the table, its optimizer and a Checkpoint of both."""
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    table, opt = _new(strategy)
+    last = await _chain(table, opt, tmp_path / "chain", batches)
+    fresh, opt2 = _new(strategy)
+    checkpoint = pstrain.Checkpoint(model={"emb": fresh}, optimizer=opt2)
+    await checkpoint.restore(last)
+    await train_with(fresh, opt2, steps)
+    return fresh, opt2, checkpoint
+
+
+def _same(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
 def _table_files(directory, prefix: str) -> list:
     return sorted(p for p in directory.glob(f"{prefix}.ps*.table-*.safetensors") if ".link-" not in p.name)
 
@@ -169,33 +190,27 @@ async def test_a_full_save_after_a_restore_links_the_base_rows_that_did_not_chan
     few = [np.sort(np.random.default_rng(5).permutation(IDS)[:64]) for _ in range(3)]
     async with _cluster(tmp_path, tmp_path) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-        table, opt = _new(strategy)
-        last = await _chain(table, opt, tmp_path / "chain", batches)
-        fresh, opt2 = _new(strategy)
-        await pstrain.Checkpoint(model={"emb": fresh}, optimizer=opt2).restore(last)
-        await train_with(fresh, opt2, few)
-        saved = await pstrain.Checkpoint(model={"emb": fresh}, optimizer=opt2).save(str(tmp_path / "next"))
+        _, _, checkpoint = await _restored(cluster, tmp_path, batches, few)
+        saved = await checkpoint.save(str(tmp_path / "next"))
         linked = load_variables(saved)
         base = _table_files(tmp_path / "chain", "ckpt-1")
-        links = sorted(tmp_path.glob("next-1.ps*.table-*.link-*.safetensors"))
+        name = os.path.basename(saved)
+        links = sorted(tmp_path.glob(f"{name}.ps*.table-*.link-*.safetensors"))
         # each ps's link is its base file (the same inode: the checkpoint, the tier, the link)
         assert len(base) == 2 and len(links) == 2, (base, links)
         assert {(p.stat().st_ino, p.stat().st_nlink) for p in links} == {(p.stat().st_ino, 3) for p in base}
         # format 3: a pstrain that does not read links refuses it rather than miss rows
-        assert json.loads((tmp_path / f"{os.path.basename(saved)}.index.json").read_text())["version"] == 3
+        assert json.loads((tmp_path / f"{name}.index.json").read_text())["version"] == 3
         assert json.loads((tmp_path / "chain" / "ckpt-1.index.json").read_text())["version"] == 2
         # the save wrote the rows in RAM and those that changed, not the base's again: most
         # of the table's rows are its links', each row in one file only
-        own = [load_file(str(p)) for p in _table_files(tmp_path, "next-1")]
+        own = [load_file(str(p)) for p in _table_files(tmp_path, name)]
         written = sum(int(f["live"].sum()) for f in own)
         from_links = sum(int(np.unpackbits(f["linked:0"]).sum()) for f in own)
         assert written + from_links == linked["model/emb/ids"].size
         assert from_links > written, (written, from_links)
         shutil.rmtree(tmp_path / "chain")
-        after = load_variables(saved)
-        assert after.keys() == linked.keys()
-        for key in linked:
-            np.testing.assert_array_equal(after[key], linked[key], err_msg=key)
+        _same(load_variables(saved), linked)
         # restored into a tier: its own file and its links linked in, every row as saved
         again, opt3 = _new(strategy)
         await pstrain.Checkpoint(model={"emb": again}, optimizer=opt3).restore(saved)
@@ -208,8 +223,7 @@ async def test_a_full_save_after_a_restore_links_the_base_rows_that_did_not_chan
             await pstrain.Checkpoint(model={"emb": again}, optimizer=opt3).save(str(tmp_path / "third"))
         )
         assert list(tmp_path.glob("third-*.link-*.safetensors"))
-        for key in linked:
-            np.testing.assert_array_equal(third[key], linked[key], err_msg=key)
+        _same(third, linked)
     async with InProcessCluster(
         num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(tmp_path)}
     ) as ram:
@@ -222,9 +236,7 @@ async def test_a_full_save_after_a_restore_links_the_base_rows_that_did_not_chan
         in_ram = await pstrain.Checkpoint(model={"emb": copy}, optimizer=opt4).save(str(tmp_path / "ram"))
         whole = load_variables(in_ram)
         assert not list(tmp_path.glob("ram-*.link-*"))
-        assert whole.keys() == linked.keys()
-        for key in whole:
-            np.testing.assert_array_equal(linked[key], whole[key], err_msg=key)
+        _same(linked, whole)
         # and the linked save restores into RAM as it reads
         back, opt5 = _new(strategy)
         await pstrain.Checkpoint(model={"emb": back}, optimizer=opt5).restore(saved)
@@ -237,13 +249,7 @@ async def test_the_feed_serves_a_save_that_links_its_base_whole(tmp_path):
     batches = _batches()
     few = [np.sort(np.random.default_rng(6).permutation(IDS)[:64]) for _ in range(2)]
     async with _cluster(tmp_path, tmp_path) as cluster:
-        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-        table, opt = _new(strategy)
-        last = await _chain(table, opt, tmp_path / "chain", batches)
-        fresh, opt2 = _new(strategy)
-        checkpoint = pstrain.Checkpoint(model={"emb": fresh}, optimizer=opt2)
-        await checkpoint.restore(last)
-        await train_with(fresh, opt2, few)
+        fresh, _, checkpoint = await _restored(cluster, tmp_path, batches, few)
         manager = pstrain.CheckpointManager(checkpoint, str(tmp_path / "served"))
         await manager.save()
         await manager.close()
@@ -260,13 +266,7 @@ async def test_the_feed_serves_a_save_that_links_its_base_whole(tmp_path):
 async def test_a_save_with_links_restores_onto_another_number_of_tiered_ps(tmp_path):
     batches = _batches()
     async with _cluster(tmp_path, tmp_path) as cluster:
-        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-        table, opt = _new(strategy)
-        last = await _chain(table, opt, tmp_path / "chain", batches)
-        fresh, opt2 = _new(strategy)
-        checkpoint = pstrain.Checkpoint(model={"emb": fresh}, optimizer=opt2)
-        await checkpoint.restore(last)
-        await train_with(fresh, opt2, batches[:2])
+        _, _, checkpoint = await _restored(cluster, tmp_path, batches, batches[:2])
         saved = await checkpoint.save(str(tmp_path / "next"))
         assert len(list(tmp_path.glob("next-*.link-*.safetensors"))) == 2
     want = load_variables(saved)
@@ -284,8 +284,5 @@ async def test_a_save_with_links_restores_onto_another_number_of_tiered_ps(tmp_p
         np.testing.assert_array_equal(ids, want["model/emb/ids"])
         np.testing.assert_array_equal(rows, want["model/emb/rows"])
         # and saved from there (its links' rows of other shards copied, not linked): the same
-        again = load_variables(
-            await pstrain.Checkpoint(model={"emb": table}, optimizer=opt).save(str(tmp_path / "3"))
-        )
-        for key in want:
-            np.testing.assert_array_equal(again[key], want[key], err_msg=key)
+        again = await pstrain.Checkpoint(model={"emb": table}, optimizer=opt).save(str(tmp_path / "3"))
+        _same(load_variables(again), want)
