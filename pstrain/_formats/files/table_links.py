@@ -11,8 +11,8 @@ are the table's now. Table file ``<stem>.safetensors`` of a full save may so hol
   ``<stem>.link-<k>.safetensors``, the file's ``k``-th link, belong to the save.
 
 The save's rows are its own file's and those of its links (each id in one of them only).
-A linked file is read for its ``ids``, ``rows`` and ``slot:<name>`` alone: the mask
-replaces its own ``live``, its own links are not followed (the mask already says which of
+A linked file is read for its ``ids``, ``rows`` and ``slot:<name>`` alone: the bits
+replace its own ``live``, its own links are not followed (the bits already say which of
 its rows are the save's), and its initial values are the linking file's. A linked file
 has the same checksums it had when first written; checkpoint files are never written
 once named, so a link is the same bytes as the file it was made from. Deleting a
@@ -31,7 +31,7 @@ from ..._base.errors import InvalidArgumentError
 
 __all__ = ["LINKED", "link_name", "linked_parts", "pack", "rows_of"]
 
-#: The key prefix of a link's mask in the linking file.
+#: The key prefix of a link's bits in the linking file.
 LINKED = "linked:"
 _SUFFIX = ".safetensors"
 _NUMBER = re.compile(r"^(0|[1-9]\d{0,5})$")
