@@ -365,12 +365,9 @@ def _read_table_files(
                     return f.read(prefix + key)
 
                 what = f"{path}{' ' + prefix if prefix else ''}"
-                if link is None:
-                    ids, mine = _shard_ids(get, keys, what, shard, num_shards)
-                    if not prefix:  # a full save's file: its links after it
-                        todo[:0] = [(p, "", (path, m)) for p, m in linked_parts(path, keys, get)]
-                else:
-                    ids, mine = _linked_ids(get, keys, what, shard, num_shards, link)
+                ids, mine = _shard_ids(get, keys, what, shard, num_shards, link)
+                if link is None and not prefix:  # a full save's file: its links after it
+                    todo[:0] = [(p, "", (path, m)) for p, m in linked_parts(path, keys, get)]
                 if "removed" in keys and link is None:
                     removed = get("removed")
                     if removed.dtype != np.int64 or removed.ndim != 1:
@@ -426,32 +423,26 @@ def _read_table_files(
     return ids, rows, slots, slot_init, removed
 
 
-def _linked_ids(
-    get: Any, keys: set[str], what: str, shard: Shard, num_shards: int, link: tuple[str, np.ndarray]
-) -> tuple[np.ndarray, np.ndarray]:
-    """As :func:`_shard_ids`, for a file linked by a full save's file (``link``: that
-    file's path and its bits of this one's rows, which replace the file's own ``live``)."""
-    if not {"ids", "rows"} <= keys:
-        raise InvalidArgumentError(f"dyn/restore: {what} is not a saved dynamic table (no ids and rows)")
-    ids = get("ids")
-    if ids.dtype != np.int64 or ids.ndim != 1:
-        raise InvalidArgumentError(f"dyn/restore: ids in {what} are not 1-D int64")
-    linking, bits = link
-    return ids, in_slices(ids, num_shards, shard) & rows_of(what, ids, bits, linking)
-
-
 def _shard_ids(
-    get: Any, keys: set[str], what: str, shard: Shard, num_shards: int
+    get: Any,
+    keys: set[str],
+    what: str,
+    shard: Shard,
+    num_shards: int,
+    link: tuple[str, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The ids of a saved table (``get(key)`` reads its tensors, named ``keys``; ``what``
     names it) and which of them are shard ``shard``'s and live; InvalidArgumentError if it
-    is not a saved table."""
+    is not a saved table. ``link``: the file is one a full save's file links (that file's
+    path and its bits of this one's rows, which replace the file's own ``live``)."""
     if not {"ids", "rows"} <= keys:
         raise InvalidArgumentError(f"dyn/restore: {what} is not a saved dynamic table (no ids and rows)")
     ids = get("ids")
     if ids.dtype != np.int64 or ids.ndim != 1:
         raise InvalidArgumentError(f"dyn/restore: ids in {what} are not 1-D int64")
     mine = in_slices(ids, num_shards, shard)
+    if link is not None:
+        return ids, mine & rows_of(what, ids, link[1], link[0])
     if "live" in keys:  # rows handed out and evicted since are not the table's
         live = get("live")
         if live.dtype != np.bool_ or live.shape != ids.shape:
@@ -605,14 +596,12 @@ def _base_part(path: str, shard: Shard, num_shards: int, dim: int) -> tuple[list
         try:
             with TensorFile(name) as f:
                 keys = set(f.tensors)
-                if link is None:
-                    ids, keep = _shard_ids(f.read, keys, name, shard, num_shards)
+                ids, keep = _shard_ids(f.read, keys, name, shard, num_shards, link)
+                if link is None:  # its links after it; the initial values its own
                     todo += [(p, (name, m)) for p, m in linked_parts(name, keys, f.read)]
                     for key in sorted(keys):
                         if key.startswith("init:"):
                             slot_init[key[5:]] = float(f.read(key).reshape(-1)[0])
-                else:
-                    ids, keep = _linked_ids(f.read, keys, name, shard, num_shards, link)
                 if not keep.any():  # none of the shard's: its rows are not read
                     continue
                 slots = tuple(sorted(k[5:] for k in keys if k.startswith("slot:")))

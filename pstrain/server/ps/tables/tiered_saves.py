@@ -7,7 +7,7 @@ those of the checkpoint files a restore linked in, which it links instead
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -15,13 +15,10 @@ from ..checkpoints.snapshots import Snapshot
 from .cold_places import SavedPlaces
 from .cold_rows import ColdRows
 
-if TYPE_CHECKING:
-    from ...._formats.messages.placement_map import SliceSet
-
 __all__ = ["SAVE_BLOCK", "ColdPart", "TieredSource"]
 
 #: Rows a save reads from disk at a time (at most: fewer if they would take more than its
-#: staging, :func:`save_bytes`).
+#: staging, ``tiered_table.save_bytes``).
 SAVE_BLOCK = 1 << 14
 
 
@@ -31,14 +28,18 @@ class ColdPart:
     read once for all)."""
 
     def __init__(
-        self, cold: ColdRows, places: SavedPlaces, slot_init: dict[str, float], block: int = SAVE_BLOCK
+        self,
+        cold: ColdRows,
+        places: SavedPlaces,
+        slot_init: dict[str, float],
+        block: int = SAVE_BLOCK,
+        whole: bool = False,
     ) -> None:
         self.cold, self.places, self.slot_init = cold, places, slot_init
         self.block = block  # records read at a time
-        #: What the save reads of the tier: rows changed after epoch ``since``, or the
-        #: slices ``moving`` (a delta, a move's copy), or all of it (both None).
-        self.since: int | None = None
-        self.moving: SliceSet | None = None
+        #: Whether the save reads every row of the tier (a full save; not a delta's rows
+        #: changed since, nor a move's slices): the one whose linked files it may link.
+        self.whole = whole
 
     @property
     def size(self) -> int:

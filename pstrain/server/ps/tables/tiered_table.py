@@ -720,8 +720,10 @@ class TieredTable(TieredSlices, DynamicTable):
         record = META.itemsize + 8 + self.config.dim * self.dtype.itemsize * (1 + len(self.slots))
         block = max(1, min(SAVE_BLOCK, self.save_block_bytes // (2 * record)))
         slices = None if moving is None else (moving.slices, list(moving.owned))
-        part = ColdPart(self.cold, self.cold.saved_places(since, slices), dict(self.slot_init), block)
-        part.since, part.moving = since, moving
+        places = self.cold.saved_places(since, slices)
+        part = ColdPart(
+            self.cold, places, dict(self.slot_init), block, whole=since is None and moving is None
+        )
         self.cold.begin_save()
         save = {key: TieredSource(snap, part, key) for key, snap in hot.items()}
         # read as the table reads a Snapshot (before_write) and as a save writes one
@@ -742,7 +744,7 @@ class TieredTable(TieredSlices, DynamicTable):
         write its base's rows that did not change again). Files on another file system, or
         whose slots the save names otherwise, are written as before."""
         part = next((s.part for s in save.values() if isinstance(s, TieredSource)), None)
-        if part is None or part.since is not None or part.moving is not None:
+        if part is None or not part.whole:
             return []
         links = []
         for number, path in self.cold.linkable(directory, rename):
