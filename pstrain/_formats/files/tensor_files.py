@@ -16,7 +16,7 @@ import math
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
@@ -463,6 +463,7 @@ class TensorFile:
             raise InvalidArgumentError(f"cannot open checkpoint file {path}: {exc.strerror}") from None
         self._f = os.fdopen(fd, "rb", buffering=0)
         self._checked: set[str] = set()  # tensors read through against their checksums
+        self._alongside: set[str] = set()  # tensors checked by another thread meanwhile
         try:
             self.tensors = _read_header(self._f, path)
         except BaseException:
@@ -506,6 +507,12 @@ class TensorFile:
         check.finish()
         self._checked.add(key)  # the file is held open and never written: it stays so
 
+    def checked_alongside(self, keys: Iterable[str]) -> None:
+        """Tensors ``keys`` are read through against their checksums (:meth:`check`) on
+        another thread meanwhile: reads of them (:meth:`iter_rows`) check nothing
+        themselves. The caller trusts nothing read until that check has ended well."""
+        self._alongside.update(keys)
+
     def _locate(self, key: str) -> _Tensor:
         found = self.tensors.get(key)
         if found is None:
@@ -521,9 +528,10 @@ class TensorFile:
             raise InvalidArgumentError(f"{key!r} in {self.path} has shape {shape}, not ({keep.size}, dim)")
         row_bytes = shape[1] * saved.itemsize
         buf = np.empty((min(piece_rows, shape[0]), shape[1]), saved)
-        # a tensor checked through already (``check``) is not again; else every piece is
-        # read, and each chunk checked as it goes
-        check = None if key in self._checked else tensor.verifier(self.path, key)
+        # a tensor checked through (``check``, done or alongside) is not again; else every
+        # piece is read, and each chunk checked as it goes
+        checked = key in self._checked or key in self._alongside
+        check = None if checked else tensor.verifier(self.path, key)
         for lo in range(0, shape[0], piece_rows):
             hi = min(lo + piece_rows, shape[0])
             mask = keep[lo:hi]

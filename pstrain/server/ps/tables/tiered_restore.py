@@ -7,9 +7,11 @@ the rows, is hard-linked into the tier as a segment read by column
 (:meth:`~pstrain.server.ps.tables.cold_rows.ColdRows.link`); the restore reads it through
 once against its checksums (damage is an error before anything is served, as for a
 restore that copies), reads the rows the hot set takes from it, and indexes the others
-where they lie. Nothing of it is written. The deltas' rows go first to RAM, and past the
-hot set to the tier's segments, as before; so do the rows of a file that cannot be
-linked (another file system, another dtype, or mostly rows of other shards).
+where they lie. Nothing of it is written. The check runs beside the rest of the restore
+(the files read from disk while the table fills on another core), which ends once it
+has. The deltas' rows go first to RAM, and past the hot set to the tier's segments, as
+before; so do the rows of a file that cannot be linked (another file system, another
+dtype, or mostly rows of other shards).
 
 A linked file is never written (checkpoint files are not once named, nor are segments);
 it shares its blocks with the checkpoint, so deleting the checkpoint frees them only once
@@ -40,7 +42,8 @@ logger = logging.getLogger(__name__)
 Piece = tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]
 
 #: Threads that read the linked files' tensors through against their checksums (a tensor
-#: each: the disk reads them side by side, as a restore that copies reads them).
+#: each: the disk reads them side by side, as a restore that copies reads them), while the
+#: table fills.
 CHECK_THREADS = 4
 
 
@@ -65,27 +68,41 @@ def fill_from_plan(
                 f, in_ram, ids, places = got
                 linked.append((f, part, ids, places))
                 parts.append((in_ram, f))
-        with concurrent.futures.ThreadPoolExecutor(CHECK_THREADS, "pstrain-restore-check") as pool:
-            checks = [
-                pool.submit(f.check, key)
-                for f, part, _, _ in linked
-                for key in ("rows", *(f"slot:{k}" for k in part.slots))
-            ]
-            for check in checks:
-                check.result()
 
         def pieces() -> Iterator[Piece]:
             for ids, rows, slots in read_ahead(_pieces(plan, parts)):
                 yield ids, rows, {names[k]: v for k, v in slots.items() if k in names}
 
         left = sum(ids.size for _, _, ids, _ in linked)
-        table.fill_pieces(
-            pieces(), plan.rows - left, slot_init, hot, linked=[(ids, at) for _, _, ids, at in linked]
-        )
+        # the linked files are read through against their checksums while the table fills
+        # (its reads of them check nothing twice); the restore ends only once they are:
+        # the table is served after, never a row of a damaged file
+        with concurrent.futures.ThreadPoolExecutor(CHECK_THREADS, "pstrain-restore-check") as pool:
+            checks = []
+            for f, part, _, _ in linked:
+                keys = ("rows", *(f"slot:{k}" for k in part.slots))
+                f.checked_alongside(keys)
+                checks += [pool.submit(f.check, key) for key in keys]
+            try:
+                table.fill_pieces(
+                    pieces(), plan.rows - left, slot_init, hot, linked=[(ids, at) for _, _, ids, at in linked]
+                )
+            except BaseException:
+                _raise_damage(checks)  # a damaged file is the cause to report, not what it did
+                raise
+            for check in checks:
+                check.result()
         return left
     finally:
         for f, *_ in linked:
             f.close()
+
+
+def _raise_damage(checks: list[concurrent.futures.Future[None]]) -> None:
+    """The first of ``checks`` that failed raises its error (once each has ended)."""
+    for check in checks:
+        if check.exception() is not None:
+            raise check.exception()  # type: ignore[misc]
 
 
 def _pieces(plan: TablePlan, parts: list[tuple[BaseFile, TensorFile | None]]) -> Iterator[Piece]:
