@@ -16,7 +16,7 @@ from pstrain.errors import ResourceExhaustedError
 from pstrain.server.ps.tables import handlers as table_handlers
 from pstrain.server.ps.tables.cold_rows import ColdRows
 from pstrain.testing import InProcessCluster
-from tests.helpers import TOKEN
+from tests.helpers import TOKEN, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -123,12 +123,15 @@ async def test_a_tiered_table_trains_as_one_in_ram_saves_both_tiers_and_restores
             if tiered:
                 assert (await fresh.statistics())["cold_rows"] > 0
                 # the restore replaced the shards made by the table's creation, and again
-                # now: the replaced ones' rows on disk went with them
+                # now: the replaced ones' rows on disk went with them (their directories out
+                # of the way at once, deleted on a thread)
                 await pstrain.Checkpoint(model={"emb": fresh}, optimizer=opt2).restore(path)
                 for ps in cluster.ps:
                     assert ps.table_handlers.tiering is not None
                     live = os.path.basename(ps.tables["emb"].cold.directory)
-                    assert os.listdir(ps.table_handlers.tiering.directory) == [live]
+                    where = ps.table_handlers.tiering.directory
+                    assert [n for n in os.listdir(where) if not n.startswith(".gone-")] == [live]
+                    await wait_for(lambda w=where, v=live: os.listdir(w) == [v], 30, "the old tiers deleted")
                 got_ids, got_rows = await fresh.export()
                 np.testing.assert_array_equal(got_rows, want_rows)
 

@@ -38,8 +38,10 @@ append a batch of records in one write. A disk that fills raises
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import os
+import secrets
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +62,7 @@ __all__ = [
     "pack_records",
     "put_field",
     "record_dtype",
+    "remove_soon",
     "resize_rows",
     "scatter_rows",
 ]
@@ -257,6 +260,28 @@ class _Segment:
     #: the table dropped). A full save links the file again only where each is saved
     #: under its name in the file (:meth:`ColdRows.linkable`).
     file_slots: dict[str, str | None] | None = None
+
+
+#: Deletes the directories of tiers that went, one at a time (:func:`remove_soon`).
+_REMOVER = concurrent.futures.ThreadPoolExecutor(1, "pstrain-tier-remove")
+
+
+def remove_soon(directory: str) -> None:
+    """Directory ``directory`` out of the way at once (renamed beside itself, hidden), then
+    deleted on a thread. A tier of gigabytes took 2 s to delete (W9's, a file a segment):
+    the serving loop, where a table goes (a restore's commit replacing it, say), does not
+    wait for that. A ps killed meanwhile leaves it in its own directory, which the next
+    ps on that ``--table-dir`` removes (``tier_directory``)."""
+    gone = os.path.join(
+        os.path.dirname(directory), f".gone-{os.path.basename(directory)}-{secrets.token_hex(4)}"
+    )
+    try:
+        os.rename(directory, gone)
+    except FileNotFoundError:
+        return
+    except OSError:  # (not renamed: deleted where it is, still off the loop)
+        gone = directory
+    _REMOVER.submit(shutil.rmtree, gone, True)
 
 
 def _stamp(st: os.stat_result) -> tuple[int, int]:
@@ -911,7 +936,7 @@ class ColdRows:
         if self.discarded and not self.saves and not self.reading:
             self.segments.clear()
             self.open = None
-            shutil.rmtree(self.directory, ignore_errors=True)
+            remove_soon(self.directory)
 
     def places_now(self) -> np.ndarray:
         """The places of the rows here now, ascending (a whole export's)."""
