@@ -314,6 +314,10 @@ def main() -> None:
             "in_ram_first_save_over_plain_write": _median(ram, "first_save_over_plain_write"),
             "save_bytes": tiered[-1]["save_bytes"],
             "restore_over_plain_read": _median(tiered, "restore_over_plain_read"),
+            "restore_over_plain_read_each_round": [
+                None if r.get("restore_over_plain_read") is None else round(r["restore_over_plain_read"], 3)
+                for r in tiered
+            ],
             "restore_s": _median(tiered, "restore_s"),
             "plain_read_s": _median(tiered, "plain_read_s"),
             "first_plain_read_s": _median(tiered, "first_plain_read_s"),
