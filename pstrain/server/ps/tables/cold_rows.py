@@ -282,7 +282,16 @@ def remove_soon(directory: str) -> None:
         return
     except OSError:  # (not renamed: deleted where it is, still off the loop)
         gone = directory
-    _REMOVER.submit(shutil.rmtree, gone, True)
+    _later(shutil.rmtree, gone, True)
+
+
+def _later(remove: Callable[..., None], *args: Any) -> None:
+    """``remove(*args)`` on the remover's thread; here and now once the interpreter is
+    shutting down (its threads take no more work then)."""
+    try:
+        _REMOVER.submit(remove, *args)
+    except RuntimeError:
+        remove(*args)
 
 
 def _unlink(path: str) -> None:
@@ -743,7 +752,7 @@ class ColdRows:
             self.places.give_back(seg.number)
             # on a thread: unlinking a segment of 300 MB took 86 ms, on the serving loop (its
             # number is never given again, so nothing can take its name meanwhile)
-            _REMOVER.submit(_unlink, self._file(seg))
+            _later(_unlink, self._file(seg))
         return len(gone)
 
     def _delete_files(self, seg: _Segment) -> None:
