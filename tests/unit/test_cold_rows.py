@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pstrain._kernels import KERNELS
-from pstrain.server.ps.tables.cold_rows import KEY_SPAN, META, ColdRows
+from pstrain.server.ps.tables.cold_rows import KEY_SPAN, META, ColdRows, removals_done
 from pstrain.server.ps.tables.id_index import PartitionedIndex
 
 pytestmark = pytest.mark.timeout(120)
@@ -239,15 +239,11 @@ def test_a_linked_checkpoint_file_reads_as_records_of_the_rows_it_holds(tmp_path
 def test_a_discarded_tier_leaves_its_path_at_once_and_its_files_on_a_thread(tmp_path):
     """A table that goes (a restore replaced it) gives its directory's name back at once and
     its files soon after, deleted off the serving loop (a tier of gigabytes took seconds)."""
-    import time
-
     cold = store(tmp_path, segment_rows=8)
     put(cold, np.arange(100, dtype=np.int64))
     directory = cold.directory
     assert len(os.listdir(directory)) > 1
     cold.discard()
     assert not os.path.exists(directory)
-    deadline = time.monotonic() + 30
-    while os.listdir(tmp_path) and time.monotonic() < deadline:  # (the thread's, off this one)
-        time.sleep(0.01)
+    removals_done(timeout=30)
     assert os.listdir(tmp_path) == []

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import os
-import time
 import tracemalloc
 from typing import Any
 
@@ -21,7 +20,7 @@ from pstrain._formats.numerics.optimizer_rules import RULES
 from pstrain.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
 from pstrain.server.ps.checkpoints.snapshots import Snapshot
 from pstrain.server.ps.tables.cold_places import SavedPlaces
-from pstrain.server.ps.tables.cold_rows import META, ColdRows
+from pstrain.server.ps.tables.cold_rows import META, ColdRows, removals_done
 from pstrain.server.ps.tables.dynamic_table import DynamicTable
 from pstrain.server.ps.tables.table_config import TableConfig
 from pstrain.server.ps.tables.tiered_table import HOT_SHARE, TieredTable
@@ -545,14 +544,11 @@ def test_the_cold_store_reads_back_what_it_wrote_across_segments(tmp_path):
     np.testing.assert_array_equal(np.sort(cold.victims(3)), ids[7:10])
 
 
-def _goes(path: str, timeout: float = 30.0) -> bool:
-    """``path`` is deleted within ``timeout`` seconds (dead segments go on a thread)."""
-    deadline = time.monotonic() + timeout
-    while os.path.exists(path):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
+def _goes(path: str) -> bool:
+    """``path`` is deleted once the removals asked for have ended (dead segments go on a
+    thread)."""
+    removals_done(timeout=30)
+    return not os.path.exists(path)
 
 
 def test_a_half_dead_segment_is_copied_to_the_end_and_deleted(tmp_path):

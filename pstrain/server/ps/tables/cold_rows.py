@@ -63,6 +63,7 @@ __all__ = [
     "put_field",
     "record_dtype",
     "remove_soon",
+    "removals_done",
     "resize_rows",
     "scatter_rows",
 ]
@@ -283,6 +284,13 @@ def remove_soon(directory: str) -> None:
     except OSError:  # (not renamed: deleted where it is, still off the loop)
         gone = directory
     _later(shutil.rmtree, gone, True)
+
+
+def removals_done(timeout: float | None = None) -> None:
+    """Wait until every removal asked for so far has ended (the remover takes them in
+    order): for a caller that needs their disk space back now. TimeoutError past
+    ``timeout`` seconds."""
+    _REMOVER.submit(lambda: None).result(timeout)
 
 
 def _later(remove: Callable[..., None], *args: Any) -> None:
