@@ -222,6 +222,7 @@ def test_a_linked_checkpoint_file_reads_as_records_of_the_rows_it_holds(tmp_path
     np.testing.assert_array_equal(run["slot0"], acc[keep])
     # every row of the file taken back: the link goes, the checkpoint's own name stays
     cold.remove(ids[keep])
+    removals_done(timeout=30)  # (dead segments are unlinked on the remover's thread)
     assert os.stat(path).st_nlink == 1 and number not in cold.segments
     # linked again, then the file written in place
     with TensorFile(str(path)) as f:
