@@ -137,6 +137,36 @@ async def test_a_base_on_another_file_system_is_copied_into_the_tier(tmp_path):
         shutil.rmtree(root)
 
 
+async def test_a_base_damaged_where_the_hot_set_is_read_is_refused_before_it_is_served(tmp_path):
+    """The linked files are checked through while the shard fills, whose own reads of them
+    (the rows the hot set takes, the first in the file) check nothing: a base damaged there
+    is still refused whole, and the table restored before serves on as it was."""
+    from pstrain._formats.files.tensor_files import TensorFile
+
+    batches = _batches()
+    async with _cluster(tmp_path, tmp_path) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        table, opt = _new(strategy)
+        last = await _chain(table, opt, tmp_path / "chain", batches)
+        fresh, opt2 = _new(strategy)
+        await pstrain.Checkpoint(model={"emb": fresh}, optimizer=opt2).restore(last)
+        assert len(_links(cluster)) == 2  # (linked: the check runs beside the fill)
+        want_ids, want_rows = await fresh.export()
+        base = _table_files(tmp_path / "chain", "ckpt-1")
+        with TensorFile(str(base[0])) as f:
+            at = f.tensors["rows"].at  # the first row's first byte: one the hot set takes
+        data = bytearray(base[0].read_bytes())
+        data[at] ^= 0x40
+        base[0].unlink()  # (a new file: the tier's link keeps the one it holds)
+        base[0].write_bytes(bytes(data))
+        again, opt3 = _new(strategy)
+        with pytest.raises(pstrain.errors.InvalidArgumentError, match="checksum|damaged"):
+            await pstrain.Checkpoint(model={"emb": again}, optimizer=opt3).restore(last)
+        got_ids, got_rows = await fresh.export()
+        np.testing.assert_array_equal(got_ids, want_ids)
+        np.testing.assert_array_equal(got_rows, want_rows)
+
+
 async def test_a_linked_file_written_in_place_is_an_error_on_read_never_other_rows(tmp_path):
     batches = _batches()
     async with _cluster(tmp_path, tmp_path) as cluster:
