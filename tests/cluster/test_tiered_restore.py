@@ -143,13 +143,8 @@ async def test_a_base_damaged_where_the_hot_set_is_read_is_refused_before_it_is_
     is still refused whole, and the table restored before serves on as it was."""
     from pstrain._formats.files.tensor_files import TensorFile
 
-    batches = _batches()
     async with _cluster(tmp_path, tmp_path) as cluster:
-        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-        table, opt = _new(strategy)
-        last = await _chain(table, opt, tmp_path / "chain", batches)
-        fresh, opt2 = _new(strategy)
-        await pstrain.Checkpoint(model={"emb": fresh}, optimizer=opt2).restore(last)
+        fresh, _, _, last = await _restored(cluster, tmp_path, _batches(), [])
         assert len(_links(cluster)) == 2  # (linked: the check runs beside the fill)
         want_ids, want_rows = await fresh.export()
         base = _table_files(tmp_path / "chain", "ckpt-1")
@@ -159,7 +154,7 @@ async def test_a_base_damaged_where_the_hot_set_is_read_is_refused_before_it_is_
         data[at] ^= 0x40
         base[0].unlink()  # (a new file: the tier's link keeps the one it holds)
         base[0].write_bytes(bytes(data))
-        again, opt3 = _new(strategy)
+        again, opt3 = _new(pstrain.ParameterServerStrategy(cluster.resolver))
         with pytest.raises(pstrain.errors.InvalidArgumentError, match="checksum|damaged"):
             await pstrain.Checkpoint(model={"emb": again}, optimizer=opt3).restore(last)
         got_ids, got_rows = await fresh.export()
@@ -168,13 +163,8 @@ async def test_a_base_damaged_where_the_hot_set_is_read_is_refused_before_it_is_
 
 
 async def test_a_linked_file_written_in_place_is_an_error_on_read_never_other_rows(tmp_path):
-    batches = _batches()
     async with _cluster(tmp_path, tmp_path) as cluster:
-        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-        table, opt = _new(strategy)
-        last = await _chain(table, opt, tmp_path / "chain", batches)
-        fresh, opt2 = _new(strategy)
-        await pstrain.Checkpoint(model={"emb": fresh}, optimizer=opt2).restore(last)
+        fresh, *_ = await _restored(cluster, tmp_path, _batches(), [])
         links = _links(cluster)
         assert links
         path = next(
@@ -187,10 +177,10 @@ async def test_a_linked_file_written_in_place_is_an_error_on_read_never_other_ro
             await fresh.export()
 
 
-async def _restored(cluster, tmp_path, batches, steps) -> tuple[Any, Any, Any]:
+async def _restored(cluster, tmp_path, batches, steps) -> tuple[Any, Any, Any, str]:
     """A table trained on ``batches`` and saved as a base and two deltas, restored into a new
     table of ``cluster`` (its base linked into each ps's tier) and trained on ``steps``:
-    the table, its optimizer and a Checkpoint of both."""
+    the table, its optimizer, a Checkpoint of both and the path restored."""
     strategy = pstrain.ParameterServerStrategy(cluster.resolver)
     table, opt = _new(strategy)
     last = await _chain(table, opt, tmp_path / "chain", batches)
@@ -198,7 +188,7 @@ async def _restored(cluster, tmp_path, batches, steps) -> tuple[Any, Any, Any]:
     checkpoint = pstrain.Checkpoint(model={"emb": fresh}, optimizer=opt2)
     await checkpoint.restore(last)
     await train_with(fresh, opt2, steps)
-    return fresh, opt2, checkpoint
+    return fresh, opt2, checkpoint, last
 
 
 def _same(got: dict, want: dict) -> None:
@@ -220,7 +210,7 @@ async def test_a_full_save_after_a_restore_links_the_base_rows_that_did_not_chan
     few = [np.sort(np.random.default_rng(5).permutation(IDS)[:64]) for _ in range(3)]
     async with _cluster(tmp_path, tmp_path) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-        _, _, checkpoint = await _restored(cluster, tmp_path, batches, few)
+        _, _, checkpoint, _ = await _restored(cluster, tmp_path, batches, few)
         saved = await checkpoint.save(str(tmp_path / "next"))
         linked = load_variables(saved)
         base = _table_files(tmp_path / "chain", "ckpt-1")
@@ -279,7 +269,7 @@ async def test_the_feed_serves_a_save_that_links_its_base_whole(tmp_path):
     batches = _batches()
     few = [np.sort(np.random.default_rng(6).permutation(IDS)[:64]) for _ in range(2)]
     async with _cluster(tmp_path, tmp_path) as cluster:
-        fresh, _, checkpoint = await _restored(cluster, tmp_path, batches, few)
+        fresh, _, checkpoint, _ = await _restored(cluster, tmp_path, batches, few)
         manager = pstrain.CheckpointManager(checkpoint, str(tmp_path / "served"))
         await manager.save()
         await manager.close()
@@ -296,7 +286,7 @@ async def test_the_feed_serves_a_save_that_links_its_base_whole(tmp_path):
 async def test_a_save_with_links_restores_onto_another_number_of_tiered_ps(tmp_path):
     batches = _batches()
     async with _cluster(tmp_path, tmp_path) as cluster:
-        _, _, checkpoint = await _restored(cluster, tmp_path, batches, batches[:2])
+        _, _, checkpoint, _ = await _restored(cluster, tmp_path, batches, batches[:2])
         saved = await checkpoint.save(str(tmp_path / "next"))
         assert len(list(tmp_path.glob("next-*.link-*.safetensors"))) == 2
     want = load_variables(saved)
