@@ -1,0 +1,194 @@
+"""What each table costs a step: a collection of T small tables, one single-hot feature
+each, against the same tables' compute alone, for T up to the hundreds production ranking
+models have.
+
+Each T: ``EmbeddingCollection`` of T tables of 10,000 x 16 float32 (placed whole, spread
+over 2 ps), a batch of 512 examples, Adagrad, 2 workers with 2 closures in flight, tasks
+pinned as in W8; each step pools every feature on the worker and sends every table's
+gradient (one request per ps each way). Measured: CPU per step of all five processes over
+the timed steps, against the compute alone of the same steps in one process of one thread
+with no network (each table's distinct ids, its rows gathered and pooled, the pooled
+gradient scattered back, Adagrad on the rows), the two alternated in rounds, medians. The
+summary fits both against T: the CPU each table adds to a step, beside and beyond its
+compute.
+
+    python benchmarks/table_count.py [--tables 26 104 416] [--rounds 3] [--steps 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import pstrain
+from pstrain import EmbeddingCollection, JaggedTensor, KeyedJaggedTensor, TableConfig
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from common import RESULTS, emit, median, plot, stat_cpu_seconds  # noqa: E402
+
+ROWS, DIM, BATCH = 10_000, 16, 512
+#: Distinct batches the steps cycle through (made before the clock starts).
+BATCHES = 8
+
+
+def batches(tables: int) -> list[KeyedJaggedTensor]:
+    rng = np.random.default_rng(0)
+    return [
+        KeyedJaggedTensor.from_jt_dict(
+            {f"f{i}": JaggedTensor.from_dense(rng.integers(0, ROWS, (BATCH, 1))) for i in range(tables)}
+        )
+        for _ in range(BATCHES)
+    ]
+
+
+async def run_pstrain(tables: int, steps: int) -> float:
+    """CPU milliseconds per step of every process (coordinator, 2 ps, 2 workers)."""
+    async with pstrain.LocalCluster(num_ps=2, num_workers=2, pin_cpus=True) as cluster:
+        pids = [os.getpid()] + [cluster.pid(job, i) for job in ("ps", "worker") for i in range(2)]
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=2)
+        async with strategy.scope():
+            optimizer = pstrain.optimizers.Adagrad(0.05)
+            collection = EmbeddingCollection(
+                [TableConfig(f"table{i}", ROWS, DIM, [f"f{i}"]) for i in range(tables)]
+            )
+        made = batches(tables)
+        gradient = np.full((BATCH, tables * DIM), 1e-3, np.float32)
+
+        async def step(k: int) -> None:
+            pooled = await collection.lookup(made[k % BATCHES])
+            await collection.apply_gradients(pooled.gradients(gradient), optimizer)
+
+        for k in range(max(10, steps // 10)):
+            coordinator.schedule(step, args=(k,))
+        await coordinator.join()
+        cpu = sum(stat_cpu_seconds(f"/proc/{p}/stat") for p in pids)
+        for k in range(steps):
+            coordinator.schedule(step, args=(k,))
+        await coordinator.join()
+        cpu = sum(stat_cpu_seconds(f"/proc/{p}/stat") for p in pids) - cpu
+        await coordinator.close()
+        return cpu * 1e3 / steps
+
+
+def compute_alone(tables: int, steps: int) -> float:
+    """CPU milliseconds per step of the same tables' compute in this process."""
+    from pstrain._embeddings.pooling import Bags
+    from pstrain._formats.numerics.optimizer_rules import RULES
+    from pstrain._kernels.batches import take_rows
+
+    rng = np.random.default_rng(0)
+    params = [rng.uniform(-0.05, 0.05, (ROWS, DIM)).astype(np.float32) for _ in range(tables)]
+    accumulators = [np.full_like(p, 0.1) for p in params]
+    adagrad, cfg = RULES["adagrad"], {"learning_rate": 0.05, "epsilon": 1e-7}
+    made = batches(tables)
+    gradient = np.full((BATCH, tables * DIM), 1e-3, np.float32)
+    names = [f"f{i}" for i in range(tables)]
+
+    def one(k: int) -> None:
+        batch = made[k % BATCHES]
+        bags = [Bags(batch[f], "sum") for f in names]
+        pooled = np.zeros((BATCH, tables * DIM), np.float32)
+        for i, (b, p) in enumerate(zip(bags, params)):
+            b.pool(take_rows(p, b.unique), pooled, i * DIM)
+        for i, (b, p, acc) in enumerate(zip(bags, params, accumulators)):
+            g = b.backward(gradient, None, i * DIM, DIM)
+            adagrad(p, g.values, g.indices.astype(np.int64), {"accumulator": acc}, cfg, k + 1)
+
+    for k in range(10):
+        one(k)
+    started = time.process_time()
+    for k in range(steps):
+        one(k)
+    return (time.process_time() - started) * 1e3 / steps
+
+
+def alone_round(tables: int, steps: int) -> float:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, __file__, "--alone", str(tables), "--steps", str(steps)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
+    )
+    if done.returncode:
+        raise SystemExit(f"table_count: the compute-alone run failed:\n{done.stderr[-2000:]}")
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["cpu_ms_per_step"])
+
+
+def slope(xs: list[int], ys: list[float]) -> float:
+    """Least-squares slope of ``ys`` over ``xs``."""
+    return float(np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)[0])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tables", type=int, nargs="+", default=[26, 104, 416])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--alone", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.alone:
+        print(json.dumps({"cpu_ms_per_step": compute_alone(args.alone, args.steps)}))
+        return
+    rows: list[dict[str, Any]] = []
+    for tables in args.tables:
+        mine: list[float] = []
+        alone: list[float] = []
+        for r in range(args.rounds):  # alternated, the first each round turn about
+            if r % 2 == 0:
+                mine.append(pstrain.run(run_pstrain(tables, args.steps)))
+                alone.append(alone_round(tables, args.steps))
+            else:
+                alone.append(alone_round(tables, args.steps))
+                mine.append(pstrain.run(run_pstrain(tables, args.steps)))
+        row = {
+            "tables": tables,
+            "batch": BATCH,
+            "steps": args.steps,
+            "cpu_ms_per_step": round(median(mine), 3),
+            "cpu_ms_per_step_each_round": [round(x, 3) for x in mine],
+            "compute_alone_cpu_ms_per_step": round(median(alone), 3),
+            "compute_alone_each_round": [round(x, 3) for x in alone],
+            "cpu_over_compute_alone": round(median(mine) / median(alone), 3),
+        }
+        emit(row, "table-count")
+        rows.append(row)
+    if len(rows) > 1:
+        xs = [r["tables"] for r in rows]
+        per_table = slope(xs, [r["cpu_ms_per_step"] for r in rows]) * 1e3
+        alone_per_table = slope(xs, [r["compute_alone_cpu_ms_per_step"] for r in rows]) * 1e3
+        emit(
+            {
+                "summary": True,
+                "tables": xs,
+                "cpu_us_per_table_per_step": round(per_table, 1),
+                "compute_alone_us_per_table_per_step": round(alone_per_table, 1),
+                "per_table_over_compute_alone": round(per_table / alone_per_table, 2),
+            },
+            "table-count",
+        )
+        plot(
+            RESULTS / "table-count.png",
+            f"CPU per step against tables (batch {BATCH}, one single-hot feature each)",
+            "tables",
+            "CPU ms per step (medians)",
+            {
+                "pstrain, all processes": (xs, [r["cpu_ms_per_step"] for r in rows]),
+                "the compute alone": (xs, [r["compute_alone_cpu_ms_per_step"] for r in rows]),
+            },
+        )
+
+
+if __name__ == "__main__":
+    main()
