@@ -1,0 +1,151 @@
+"""Makes the reference files the pooled-lookup tests compare pstrain with: outputs and
+table gradients of TensorFlow's sparse lookups and of TorchRec's EmbeddingBagCollection on
+random batches. Run it in an environment that has the framework (pstrain's does not need
+it): ``python make_references.py tf`` with tensorflow-cpu, ``python make_references.py
+torchrec`` with torchrec (see ../../../../shared/anchors/README.md for both).
+
+Each file holds flat arrays and, per case, offsets into them (``np.savez_compressed``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+COMBINERS = ["sum", "mean", "sqrtn"]
+
+
+class Packed:
+    """Arrays of many cases, each field one flat array and its offsets."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, list[np.ndarray]] = {}
+
+    def add(self, **fields: np.ndarray) -> None:
+        for name, a in fields.items():
+            self.parts.setdefault(name, []).append(np.asarray(a).reshape(-1))
+
+    def save(self, path: Path, **extra: np.ndarray) -> None:
+        out = dict(extra)
+        for name, pieces in self.parts.items():
+            out[name] = np.concatenate(pieces)
+            out[name + "_at"] = np.cumsum([0] + [p.size for p in pieces])
+        np.savez_compressed(path, **out)
+
+
+def tf_cases(seed: int = 1, draws: int = 6) -> None:
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+    vocab, dim, batch = 20, 3, 9
+    params = rng.normal(size=(vocab, dim)).astype(np.float32)
+    packed = Packed()
+    for _ in range(draws):
+        nnz = int(rng.integers(1, 25))
+        rows = np.sort(rng.integers(0, batch, nnz))
+        cols = np.zeros(nnz, np.int64)
+        for i in range(1, nnz):
+            cols[i] = cols[i - 1] + 1 if rows[i] == rows[i - 1] else 0
+        ids = rng.integers(0, vocab, nnz).astype(np.int64)
+        with_invalid = np.where(rng.random(nnz) < 0.2, -1, ids)
+        weights = rng.choice([0.0, -0.5, 0.3, 1.0, 2.0], nnz).astype(np.float32)
+        width = int(cols.max() + 1)
+        for weighted in (0, 1):
+            for combiner in range(3):
+                for safe, default_id in ((0, -1), (1, -1), (1, 4)):
+                    the_ids = with_invalid if safe else ids
+                    sp = tf.sparse.SparseTensor(np.stack([rows, cols], 1), the_ids, [batch, width])
+                    spw = tf.sparse.SparseTensor(sp.indices, weights, sp.dense_shape) if weighted else None
+                    table = tf.Variable(params)
+                    with tf.GradientTape() as tape:
+                        if safe:
+                            out = tf.nn.safe_embedding_lookup_sparse(
+                                table,
+                                sp,
+                                spw,
+                                combiner=COMBINERS[combiner],
+                                default_id=None if default_id < 0 else default_id,
+                            )
+                        else:
+                            out = tf.nn.embedding_lookup_sparse(table, sp, spw, combiner=COMBINERS[combiner])
+                        upstream = rng.normal(size=out.shape).astype(np.float32)
+                        loss = tf.reduce_sum(out * upstream)
+                    grad = tf.convert_to_tensor(tape.gradient(loss, table)).numpy()
+                    packed.add(
+                        rows=rows,
+                        cols=cols,
+                        ids=the_ids,
+                        weights=weights,
+                        meta=np.array([width, weighted, combiner, safe, default_id, out.shape[0]]),
+                        out=out.numpy(),
+                        upstream=upstream,
+                        grad=grad,
+                    )
+    packed.save(
+        HERE / "tf_pooled_lookups.npz",
+        params=params,
+        batch=np.array(batch),
+        version=np.array(tf.__version__),
+    )
+
+
+def torchrec_cases(seed: int = 1, draws: int = 12) -> None:
+    import torch
+    import torchrec
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, PoolingType
+
+    rng = np.random.default_rng(seed)
+    packed = Packed()
+    for case in range(draws):
+        batch = int(rng.integers(1, 8))
+        for weighted, mean in ((0, 0), (0, 1), (1, 0)):  # (weighted mean: refused by TorchRec)
+            torch.manual_seed(case)
+            pooling = PoolingType.MEAN if mean else PoolingType.SUM
+            configs = [
+                EmbeddingBagConfig(
+                    name="t0", embedding_dim=4, num_embeddings=15, feature_names=["a", "b"], pooling=pooling
+                ),
+                EmbeddingBagConfig(
+                    name="t1", embedding_dim=3, num_embeddings=9, feature_names=["c"], pooling=pooling
+                ),
+            ]
+            ebc = EmbeddingBagCollection(
+                tables=configs, is_weighted=bool(weighted), device=torch.device("cpu")
+            )
+            lengths = rng.integers(0, 4, 3 * batch)
+            values = np.concatenate(
+                [
+                    rng.integers(0, 15, int(lengths[: 2 * batch].sum())),
+                    rng.integers(0, 9, int(lengths[2 * batch :].sum())),
+                ]
+            ).astype(np.int64)
+            weights = rng.choice([0.5, 1.0, 2.0, -1.0], values.size).astype(np.float32)
+            kjt = KeyedJaggedTensor.from_lengths_sync(
+                ["a", "b", "c"],
+                torch.from_numpy(values),
+                torch.from_numpy(lengths),
+                torch.from_numpy(weights) if weighted else None,
+            )
+            pooled = ebc(kjt).values()
+            upstream = torch.from_numpy(rng.normal(size=tuple(pooled.shape)).astype(np.float32))
+            (pooled * upstream).sum().backward()
+            t0, t1 = ebc.embedding_bags["t0"].weight, ebc.embedding_bags["t1"].weight
+            packed.add(
+                lengths=lengths,
+                values=values,
+                weights=weights,
+                meta=np.array([batch, weighted, mean]),
+                out=pooled.detach().numpy(),
+                upstream=upstream.numpy(),
+                t0=t0.detach().numpy(),
+                t1=t1.detach().numpy(),
+                t0_grad=t0.grad.numpy(),
+                t1_grad=t1.grad.numpy(),
+            )
+    packed.save(HERE / "torchrec_pooled_lookups.npz", version=np.array(torchrec.__version__))
+
+
+if __name__ == "__main__":
+    {"tf": tf_cases, "torchrec": torchrec_cases}[sys.argv[1]]()

@@ -1,0 +1,120 @@
+"""Pooled lookups against the frameworks' own numbers: outputs and table gradients that
+TensorFlow's sparse lookups and TorchRec's ``EmbeddingBagCollection`` computed on random
+batches (``references/make_references.py`` made the files, in environments with those
+frameworks), compared with pstrain's on the same batches and tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pstrain
+from pstrain import EmbeddingCollection, JaggedTensor, KeyedJaggedTensor, SparseTensor, TableConfig
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
+
+REFERENCES = Path(__file__).resolve().parent / "references"
+COMBINERS = ["sum", "mean", "sqrtn"]
+
+
+def cases(name: str) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
+    """The file's shared arrays, and each case's fields (cut from the flat arrays)."""
+    with np.load(REFERENCES / name, allow_pickle=False) as f:
+        data = {k: f[k] for k in f.files}
+    fields = [k for k in data if f"{k}_at" in data]
+    n = data[fields[0] + "_at"].size - 1
+    out = [{k: data[k][data[k + "_at"][i] : data[k + "_at"][i + 1]] for k in fields} for i in range(n)]
+    return data, out
+
+
+def dense_gradient(grad: pstrain.IndexedSlices, shape: tuple[int, ...]) -> np.ndarray:
+    out = np.zeros(shape, np.float32)
+    np.add.at(out, grad.indices, grad.values)
+    return out
+
+
+async def test_sparse_lookups_and_their_gradients_equal_tensorflows():
+    shared, every = cases("tf_pooled_lookups.npz")
+    params, batch = shared["params"], int(shared["batch"])
+    table = pstrain.Variable(params.copy())
+    checked_gradients = 0
+    for c in every:
+        width, weighted, combiner, safe, default_id, out_rows = c["meta"].tolist()
+        index = np.stack([c["rows"], c["cols"]], 1)
+        ids = SparseTensor(index, c["ids"], [batch, width])
+        weights = SparseTensor(index, c["weights"], [batch, width]) if weighted else None
+        want = c["out"].reshape(out_rows, params.shape[1])
+        if safe:
+            got = await pstrain.nn.safe_embedding_lookup_sparse(
+                table,
+                ids,
+                weights,
+                combiner=COMBINERS[combiner],
+                default_id=None if default_id < 0 else default_id,
+            )
+        else:
+            got = await pstrain.nn.embedding_lookup_sparse(table, ids, weights, combiner=COMBINERS[combiner])
+        assert got.shape == want.shape, (c["meta"], got.shape, want.shape)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=str(c["meta"]))
+        if safe:
+            continue  # (a collection refuses invalid ids rather than prune them)
+        # the same bags through a collection: its pooled rows and the gradient it sends
+        lengths = np.bincount(c["rows"], minlength=batch)
+        bags = JaggedTensor(c["ids"], lengths=lengths, weights=c["weights"] if weighted else None)
+        collection = EmbeddingCollection(
+            [TableConfig("t", params.shape[0], params.shape[1], ["f"], combiner=COMBINERS[combiner])]
+        )
+        await collection.tables["t"].assign(params)
+        pooled = await collection.lookup({"f": bags})
+        np.testing.assert_allclose(pooled.concat()[:out_rows], want, rtol=1e-5, atol=1e-5)
+        assert not pooled.concat()[out_rows:].any()  # TF leaves out the empty bags at the end
+        upstream = np.zeros_like(pooled.concat())
+        upstream[:out_rows] = c["upstream"].reshape(out_rows, -1)
+        ((grad, _),) = pooled.gradients(upstream)
+        np.testing.assert_allclose(
+            dense_gradient(grad, params.shape), c["grad"].reshape(params.shape), rtol=1e-4, atol=1e-5
+        )
+        checked_gradients += 1
+    assert len(every) == 108 and checked_gradients == 36
+
+
+async def test_embedding_bag_collections_pool_and_differentiate_as_torchrecs():
+    import torch  # (an extra of the dev install, which make test installs)
+
+    import pstrain.torch as ptorch
+
+    _, every = cases("torchrec_pooled_lookups.npz")
+    for c in every:
+        batch, weighted, mean = c["meta"].tolist()
+        pooling = ptorch.PoolingType.MEAN if mean else ptorch.PoolingType.SUM
+        configs = [
+            ptorch.EmbeddingBagConfig(
+                name="t0", embedding_dim=4, num_embeddings=15, feature_names=["a", "b"], pooling=pooling
+            ),
+            ptorch.EmbeddingBagConfig(
+                name="t1", embedding_dim=3, num_embeddings=9, feature_names=["c"], pooling=pooling
+            ),
+        ]
+        ebc = ptorch.EmbeddingBagCollection(configs, is_weighted=bool(weighted))
+        tables = {"t0": c["t0"].reshape(15, 4), "t1": c["t1"].reshape(9, 3)}
+        for name, values in tables.items():
+            await ebc.collection.tables[name].assign(values)
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            ["a", "b", "c"], c["values"], c["lengths"], c["weights"] if weighted else None
+        )
+        await ebc.pull(kjt)
+        pooled = ebc(kjt).values()
+        want = c["out"].reshape(batch, 11)
+        np.testing.assert_allclose(pooled.detach().numpy(), want, rtol=1e-5, atol=1e-6)
+        (pooled * torch.from_numpy(c["upstream"].reshape(batch, 11))).sum().backward()
+        got = {table.name.rsplit("/", 1)[-1]: grad for grad, table in ebc.gradients()}
+        for name, values in tables.items():
+            np.testing.assert_allclose(
+                dense_gradient(got[name], values.shape),
+                c[f"{name}_grad"].reshape(values.shape),
+                rtol=1e-5,
+                atol=1e-6,
+            )
+    assert len(every) == 36
