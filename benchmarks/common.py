@@ -102,6 +102,19 @@ def peer_run(cmd: list[str], who: str, results: str, timeout: float = 3600) -> d
     return runs[0]
 
 
+def one_thread_run(script: str, args: list[str], who: str) -> dict[str, Any]:
+    """The last JSON line of ``script args`` run in a process whose BLAS and OpenMP use one
+    thread (a compute alone, measured as one core of a step's work)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, script, *args], capture_output=True, text=True, timeout=1800, env=env
+    )
+    if done.returncode:
+        raise SystemExit(f"{who} failed:\n{done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 

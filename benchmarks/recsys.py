@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -49,6 +48,7 @@ from common import (  # noqa: E402
     RESULTS,
     emit,
     median,
+    one_thread_run,
     peer_run,
     peer_version,
     plot_rounds,
@@ -114,17 +114,9 @@ def compute_alone(steps: int) -> dict[str, Any]:
 
 
 def alone_round(steps: int) -> dict[str, Any]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, __file__, "--compute-alone", "--steps", str(steps)],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        env=env,
+    return one_thread_run(
+        __file__, ["--compute-alone", "--steps", str(steps)], "recsys: the compute-alone run"
     )
-    if done.returncode:
-        raise SystemExit(f"recsys: the compute-alone run failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:

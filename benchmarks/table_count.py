@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ from pstrain import EmbeddingCollection, JaggedTensor, KeyedJaggedTensor, TableC
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import RESULTS, emit, median, plot, stat_cpu_seconds  # noqa: E402
+from common import RESULTS, emit, median, one_thread_run, plot, stat_cpu_seconds  # noqa: E402
 
 ROWS, DIM, BATCH = 10_000, 16, 512
 #: Distinct batches the steps cycle through (made before the clock starts).
@@ -113,17 +112,10 @@ def compute_alone(tables: int, steps: int) -> float:
 
 
 def alone_round(tables: int, steps: int) -> float:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, __file__, "--alone", str(tables), "--steps", str(steps)],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        env=env,
+    got = one_thread_run(
+        __file__, ["--alone", str(tables), "--steps", str(steps)], "table_count: the compute alone"
     )
-    if done.returncode:
-        raise SystemExit(f"table_count: the compute-alone run failed:\n{done.stderr[-2000:]}")
-    return float(json.loads(done.stdout.strip().splitlines()[-1])["cpu_ms_per_step"])
+    return float(got["cpu_ms_per_step"])
 
 
 def slope(xs: list[int], ys: list[float]) -> float:
