@@ -8,9 +8,10 @@ pinned as in W8; each step pools every feature on the worker and sends every tab
 gradient (one request per ps each way). Measured: CPU per step of all five processes over
 the timed steps, against the compute alone of the same steps in one process of one thread
 with no network (each table's distinct ids, its rows gathered and pooled, the pooled
-gradient scattered back, Adagrad on the rows), the two alternated in rounds, medians. The
-summary fits both against T: the CPU each table adds to a step, beside and beyond its
-compute.
+gradient scattered back, Adagrad on the rows), and against the same features sharing one
+table of T x 10,000 rows (each feature's ids in rows of its own: what batching the tables
+into one would send), the three alternated in rounds, medians. The summary fits each
+against T: the CPU each table (or feature) adds to a step.
 
     python benchmarks/table_count.py [--tables 26 104 416] [--rounds 3] [--steps 300]
 """
@@ -39,28 +40,40 @@ ROWS, DIM, BATCH = 10_000, 16, 512
 BATCHES = 8
 
 
-def batches(tables: int) -> list[KeyedJaggedTensor]:
+def batches(tables: int, shared: bool = False) -> list[KeyedJaggedTensor]:
+    """The steps' batches: feature ``f{i}``'s ids in ``[0, ROWS)``, or (``shared``) in its
+    own rows of one shared table, ``[i * ROWS, (i + 1) * ROWS)``: the same draws."""
     rng = np.random.default_rng(0)
     return [
         KeyedJaggedTensor.from_jt_dict(
-            {f"f{i}": JaggedTensor.from_dense(rng.integers(0, ROWS, (BATCH, 1))) for i in range(tables)}
+            {
+                f"f{i}": JaggedTensor.from_dense(
+                    rng.integers(0, ROWS, (BATCH, 1)) + (i * ROWS if shared else 0)
+                )
+                for i in range(tables)
+            }
         )
         for _ in range(BATCHES)
     ]
 
 
-async def run_pstrain(tables: int, steps: int) -> float:
-    """CPU milliseconds per step of every process (coordinator, 2 ps, 2 workers)."""
+async def run_pstrain(tables: int, steps: int, shared: bool = False) -> float:
+    """CPU milliseconds per step of every process (coordinator, 2 ps, 2 workers); ``shared``:
+    the features share one table of ``tables * ROWS`` rows, each feature's ids in rows of
+    its own (what batching the tables into one would send and compute)."""
     async with pstrain.LocalCluster(num_ps=2, num_workers=2, pin_cpus=True) as cluster:
         pids = [os.getpid()] + [cluster.pid(job, i) for job in ("ps", "worker") for i in range(2)]
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=2)
         async with strategy.scope():
             optimizer = pstrain.optimizers.Adagrad(0.05)
+            features = [f"f{i}" for i in range(tables)]
             collection = EmbeddingCollection(
-                [TableConfig(f"table{i}", ROWS, DIM, [f"f{i}"]) for i in range(tables)]
+                [TableConfig("shared", tables * ROWS, DIM, features)]
+                if shared
+                else [TableConfig(f"table{i}", ROWS, DIM, [f]) for i, f in enumerate(features)]
             )
-        made = batches(tables)
+        made = batches(tables, shared)
         gradient = np.full((BATCH, tables * DIM), 1e-3, np.float32)
 
         async def step(k: int) -> None:
@@ -118,6 +131,17 @@ def alone_round(tables: int, steps: int) -> float:
     return float(got["cpu_ms_per_step"])
 
 
+#: What each round measures: the tables, the features sharing one table, the compute alone.
+KINDS = ("tables", "shared", "alone")
+
+
+def measure(kind: str, tables: int, steps: int) -> float:
+    """CPU milliseconds per step of one of ``KINDS``."""
+    if kind == "alone":
+        return alone_round(tables, steps)
+    return pstrain.run(run_pstrain(tables, steps, shared=kind == "shared"))
+
+
 def slope(xs: list[int], ys: list[float]) -> float:
     """Least-squares slope of ``ys`` over ``xs``."""
     return float(np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)[0])
@@ -135,15 +159,12 @@ def main() -> None:
         return
     rows: list[dict[str, Any]] = []
     for tables in args.tables:
-        mine: list[float] = []
-        alone: list[float] = []
-        for r in range(args.rounds):  # alternated, the first each round turn about
-            if r % 2 == 0:
-                mine.append(pstrain.run(run_pstrain(tables, args.steps)))
-                alone.append(alone_round(tables, args.steps))
-            else:
-                alone.append(alone_round(tables, args.steps))
-                mine.append(pstrain.run(run_pstrain(tables, args.steps)))
+        got: dict[str, list[float]] = {kind: [] for kind in KINDS}
+        for r in range(args.rounds):  # alternated, the order turned each round
+            for k in range(len(KINDS)):
+                kind = KINDS[(k + r) % len(KINDS)]
+                got[kind].append(measure(kind, tables, args.steps))
+        mine, shared, alone = got["tables"], got["shared"], got["alone"]
         row = {
             "tables": tables,
             "batch": BATCH,
@@ -153,6 +174,8 @@ def main() -> None:
             "compute_alone_cpu_ms_per_step": round(median(alone), 3),
             "compute_alone_each_round": [round(x, 3) for x in alone],
             "cpu_over_compute_alone": round(median(mine) / median(alone), 3),
+            "shared_table_cpu_ms_per_step": round(median(shared), 3),
+            "shared_table_each_round": [round(x, 3) for x in shared],
         }
         emit(row, "table-count")
         rows.append(row)
@@ -160,6 +183,7 @@ def main() -> None:
         xs = [r["tables"] for r in rows]
         per_table = slope(xs, [r["cpu_ms_per_step"] for r in rows]) * 1e3
         alone_per_table = slope(xs, [r["compute_alone_cpu_ms_per_step"] for r in rows]) * 1e3
+        shared_per_feature = slope(xs, [r["shared_table_cpu_ms_per_step"] for r in rows]) * 1e3
         emit(
             {
                 "summary": True,
@@ -167,16 +191,21 @@ def main() -> None:
                 "cpu_us_per_table_per_step": round(per_table, 1),
                 "compute_alone_us_per_table_per_step": round(alone_per_table, 1),
                 "per_table_over_compute_alone": round(per_table / alone_per_table, 2),
+                "shared_table_us_per_feature_per_step": round(shared_per_feature, 1),
             },
             "table-count",
         )
         plot(
             RESULTS / "table-count.png",
             f"CPU per step against tables (batch {BATCH}, one single-hot feature each)",
-            "tables",
+            "tables (features)",
             "CPU ms per step (medians)",
             {
                 "pstrain, all processes": (xs, [r["cpu_ms_per_step"] for r in rows]),
+                "pstrain, the features sharing one table": (
+                    xs,
+                    [r["shared_table_cpu_ms_per_step"] for r in rows],
+                ),
                 "the compute alone": (xs, [r["compute_alone_cpu_ms_per_step"] for r in rows]),
             },
         )
