@@ -8,10 +8,10 @@ pinned as in W8; each step pools every feature on the worker and sends every tab
 gradient (one request per ps each way). Measured: CPU per step of all five processes over
 the timed steps, against the compute alone of the same steps in one process of one thread
 with no network (each table's distinct ids, its rows gathered and pooled, the pooled
-gradient scattered back, Adagrad on the rows), and against the same features sharing one
-table of T x 10,000 rows (each feature's ids in rows of its own: what batching the tables
-into one would send), the three alternated in rounds, medians. The summary fits each
-against T: the CPU each table (or feature) adds to a step.
+gradient scattered back, Adagrad on the rows); and the same features sharing one table of
+T x 10,000 rows (each feature's ids in rows of its own: what batching the tables into one
+would send), against its own compute alone. The four alternate in rounds; medians. The
+summary fits each against T: the CPU each table (or feature) adds to a step.
 
     python benchmarks/table_count.py [--tables 26 104 416] [--rounds 3] [--steps 300]
 """
@@ -92,29 +92,38 @@ async def run_pstrain(tables: int, steps: int, shared: bool = False) -> float:
         return cpu * 1e3 / steps
 
 
-def compute_alone(tables: int, steps: int) -> float:
-    """CPU milliseconds per step of the same tables' compute in this process."""
+def compute_alone(tables: int, steps: int, shared: bool = False) -> float:
+    """CPU milliseconds per step of the same tables' compute in this process (``shared``:
+    of the features sharing one table), as the collection computes it: each table's
+    distinct ids over its features, its rows gathered, each feature pooled, the pooled
+    gradient scattered back into the table's rows, Adagrad on them."""
     from pstrain._embeddings.pooling import Bags
     from pstrain._formats.numerics.optimizer_rules import RULES
     from pstrain._kernels.batches import take_rows
 
     rng = np.random.default_rng(0)
-    params = [rng.uniform(-0.05, 0.05, (ROWS, DIM)).astype(np.float32) for _ in range(tables)]
+    names = [f"f{i}" for i in range(tables)]
+    groups = [names] if shared else [[f] for f in names]
+    params = [rng.uniform(-0.05, 0.05, (ROWS * len(g), DIM)).astype(np.float32) for g in groups]
     accumulators = [np.full_like(p, 0.1) for p in params]
     adagrad, cfg = RULES["adagrad"], {"learning_rate": 0.05, "epsilon": 1e-7}
-    made = batches(tables)
+    made = batches(tables, shared)
     gradient = np.full((BATCH, tables * DIM), 1e-3, np.float32)
-    names = [f"f{i}" for i in range(tables)]
+    column = {f: i * DIM for i, f in enumerate(names)}
 
     def one(k: int) -> None:
         batch = made[k % BATCHES]
-        bags = [Bags(batch[f], "sum") for f in names]
+        found = [Bags.sharing([batch[f] for f in g], "sum", np.float32, BATCH) for g in groups]
         pooled = np.zeros((BATCH, tables * DIM), np.float32)
-        for i, (b, p) in enumerate(zip(bags, params)):
-            b.pool(take_rows(p, b.unique), pooled, i * DIM)
-        for i, (b, p, acc) in enumerate(zip(bags, params, accumulators)):
-            g = b.backward(gradient, None, i * DIM, DIM)
-            adagrad(p, g.values, g.indices.astype(np.int64), {"accumulator": acc}, cfg, k + 1)
+        for g, (unique, bags), p in zip(groups, found, params):
+            rows = take_rows(p, unique)
+            for f, b in zip(g, bags):
+                b.pool(rows, pooled, column[f])
+        for g, (unique, bags), p, acc in zip(groups, found, params, accumulators):
+            grad = np.zeros((unique.size, DIM), np.float32)
+            for f, b in zip(g, bags):
+                b.backward(gradient, grad, column[f], DIM)
+            adagrad(p, grad, unique.astype(np.int64), {"accumulator": acc}, cfg, k + 1)
 
     for k in range(10):
         one(k)
@@ -124,21 +133,24 @@ def compute_alone(tables: int, steps: int) -> float:
     return (time.process_time() - started) * 1e3 / steps
 
 
-def alone_round(tables: int, steps: int) -> float:
+def alone_round(tables: int, steps: int, shared: bool = False) -> float:
     got = one_thread_run(
-        __file__, ["--alone", str(tables), "--steps", str(steps)], "table_count: the compute alone"
+        __file__,
+        ["--alone", str(tables), "--steps", str(steps), *(["--shared"] if shared else [])],
+        "table_count: the compute alone",
     )
     return float(got["cpu_ms_per_step"])
 
 
-#: What each round measures: the tables, the features sharing one table, the compute alone.
-KINDS = ("tables", "shared", "alone")
+#: What each round measures: the tables, the features sharing one table, and each one's
+#: compute alone.
+KINDS = ("tables", "shared", "alone", "shared_alone")
 
 
 def measure(kind: str, tables: int, steps: int) -> float:
     """CPU milliseconds per step of one of ``KINDS``."""
-    if kind == "alone":
-        return alone_round(tables, steps)
+    if kind in ("alone", "shared_alone"):
+        return alone_round(tables, steps, shared=kind == "shared_alone")
     return pstrain.run(run_pstrain(tables, steps, shared=kind == "shared"))
 
 
@@ -153,9 +165,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--alone", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--shared", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.alone:
-        print(json.dumps({"cpu_ms_per_step": compute_alone(args.alone, args.steps)}))
+        print(json.dumps({"cpu_ms_per_step": compute_alone(args.alone, args.steps, args.shared)}))
         return
     rows: list[dict[str, Any]] = []
     for tables in args.tables:
@@ -164,7 +177,7 @@ def main() -> None:
             for k in range(len(KINDS)):
                 kind = KINDS[(k + r) % len(KINDS)]
                 got[kind].append(measure(kind, tables, args.steps))
-        mine, shared, alone = got["tables"], got["shared"], got["alone"]
+        mine, shared, alone, shared_alone = got["tables"], got["shared"], got["alone"], got["shared_alone"]
         row = {
             "tables": tables,
             "batch": BATCH,
@@ -176,6 +189,9 @@ def main() -> None:
             "cpu_over_compute_alone": round(median(mine) / median(alone), 3),
             "shared_table_cpu_ms_per_step": round(median(shared), 3),
             "shared_table_each_round": [round(x, 3) for x in shared],
+            "shared_table_compute_alone_cpu_ms_per_step": round(median(shared_alone), 3),
+            "shared_table_compute_alone_each_round": [round(x, 3) for x in shared_alone],
+            "shared_table_over_compute_alone": round(median(shared) / median(shared_alone), 3),
         }
         emit(row, "table-count")
         rows.append(row)
@@ -184,6 +200,9 @@ def main() -> None:
         per_table = slope(xs, [r["cpu_ms_per_step"] for r in rows]) * 1e3
         alone_per_table = slope(xs, [r["compute_alone_cpu_ms_per_step"] for r in rows]) * 1e3
         shared_per_feature = slope(xs, [r["shared_table_cpu_ms_per_step"] for r in rows]) * 1e3
+        shared_alone_per_feature = (
+            slope(xs, [r["shared_table_compute_alone_cpu_ms_per_step"] for r in rows]) * 1e3
+        )
         emit(
             {
                 "summary": True,
@@ -192,6 +211,7 @@ def main() -> None:
                 "compute_alone_us_per_table_per_step": round(alone_per_table, 1),
                 "per_table_over_compute_alone": round(per_table / alone_per_table, 2),
                 "shared_table_us_per_feature_per_step": round(shared_per_feature, 1),
+                "shared_table_compute_alone_us_per_feature_per_step": round(shared_alone_per_feature, 1),
             },
             "table-count",
         )
@@ -207,6 +227,10 @@ def main() -> None:
                     [r["shared_table_cpu_ms_per_step"] for r in rows],
                 ),
                 "the compute alone": (xs, [r["compute_alone_cpu_ms_per_step"] for r in rows]),
+                "the features sharing one table, its compute alone": (
+                    xs,
+                    [r["shared_table_compute_alone_cpu_ms_per_step"] for r in rows],
+                ),
             },
         )
 
