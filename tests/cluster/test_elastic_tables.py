@@ -265,6 +265,103 @@ async def test_a_tiered_table_restored_from_linked_files_moves_its_slices_as_any
         _same_rows(*await table.export(), _expected(STEPS, TIER_DIM))
 
 
+def _adagrad_batch(step: int) -> tuple[np.ndarray, np.ndarray]:
+    """Step ``step``'s distinct ids (new ones from the whole 64-bit space, and a Zipf head
+    that comes back) and their gradients."""
+    rng = np.random.default_rng(1000 + step)
+    new = rng.integers(-(2**62), 2**62, 40, dtype=np.int64)
+    head = (rng.zipf(1.3, 80) % 2000).astype(np.int64)
+    ids = np.unique(np.concatenate([new, head]))
+    return ids, rng.integers(-3, 4, (ids.size, TIER_DIM)).astype(np.float32) / 4
+
+
+def _accumulators(servers: list[ParameterServer], key: str, optimizer: Any) -> dict[int, np.ndarray]:
+    out: dict[int, np.ndarray] = {}
+    for ps in servers:
+        shard = ps.tables.get(key)
+        if shard is not None and len(shard):
+            exported = shard.export()
+            out.update(zip(exported["ids"].tolist(), exported[f"slot:{optimizer.name}/accumulator"]))
+    return out
+
+
+@pytest.mark.parametrize("max_age", [None, 12])
+async def test_a_tiered_adagrad_table_through_a_join_a_leave_and_deltas_restores_as_it_trained(
+    tmp_path, max_age
+):
+    """A tiered table trained with Adagrad (rows evicted by age, or none), saved, then a ps
+    joins and one leaves between deltas: the live table is the one a model kept here
+    trained (rows and accumulators; without eviction), and base + deltas restored onto
+    three other tiered ps is the live table, every row and accumulator."""
+    lr, acc0 = 0.1, 0.1
+    async with _job(workers=1, tier=str(tmp_path / "tier"), root=str(tmp_path)) as job:
+        cluster, extra, strategy, coordinator = job
+        assert extra is not None
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(TIER_DIM, name="users", max_age=max_age)
+            opt = pstrain.optimizers.Adagrad(lr, initial_accumulator_value=acc0)
+        manager = pstrain.checkpoint.CheckpointManager(
+            pstrain.checkpoint.Checkpoint(table=table, opt=opt), str(tmp_path)
+        )
+        model: dict[int, np.ndarray] = {}
+        accumulators: dict[int, np.ndarray] = {}
+
+        async def step_fn(step: int) -> np.ndarray:
+            ids, grads = _adagrad_batch(step)
+            rows = await table.lookup(ids)
+            await opt.apply_gradients([(pstrain.IndexedSlices(grads, ids), table)])
+            return rows
+
+        async def run(start: int, stop: int) -> None:
+            for step in range(start, stop):  # one at a time: the model follows each lookup
+                rows = await coordinator.schedule(step_fn, args=(step,), exactly_once=True)
+                ids, grads = _adagrad_batch(step)
+                for i, row, g in zip(ids.tolist(), np.asarray(rows, np.float64), grads.astype(np.float64)):
+                    if max_age is None and i in model:
+                        np.testing.assert_allclose(row, model[i], rtol=0, atol=1e-5)
+                    acc = accumulators.get(i, np.full(TIER_DIM, acc0)) + g * g
+                    accumulators[i], model[i] = acc, row - lr * g / np.sqrt(acc + 1e-7)
+
+        await run(0, 12)
+        await manager.save()
+        await run(12, 18)
+        await manager.save_delta()
+        assert await coordinator.add_ps(extra.address) == 2
+        await run(18, 26)
+        await manager.save_delta()
+        await coordinator.remove_ps(0)  # its rows in RAM and on disk go to ps 1 and 2
+        await run(26, 34)
+        path = await manager.save_delta()
+        stats = await table.statistics()
+        assert stats["cold_rows"] > 0 and stats["refused"] == 0, stats
+        assert (stats["evicted"] > 0) == (max_age is not None), stats
+        live_ids, live_rows = await table.export()
+        live_acc = _accumulators([*cluster.ps, extra], table.key, opt)
+        if max_age is None:
+            assert sorted(live_ids.tolist()) == sorted(model)
+            for i, row in zip(live_ids.tolist(), live_rows):
+                np.testing.assert_allclose(row, model[i], rtol=0, atol=1e-5)
+                np.testing.assert_allclose(live_acc[i], accumulators[i], rtol=1e-6)
+    async with _job(3, extra=False, tier=str(tmp_path / "tier2"), root=str(tmp_path)) as job:
+        cluster, _, strategy, coordinator = job
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(TIER_DIM, name="users", max_age=max_age)
+            opt = pstrain.optimizers.Adagrad(lr, initial_accumulator_value=acc0)
+        (await pstrain.checkpoint.Checkpoint(table=table, opt=opt).restore(path)).assert_consumed()
+        ids, rows = await table.export()
+        assert sorted(ids.tolist()) == sorted(live_ids.tolist())
+        live = dict(zip(live_ids.tolist(), live_rows))
+        restored_acc = _accumulators(cluster.ps, table.key, opt)
+        wrong = [
+            i
+            for i, row in zip(ids.tolist(), rows)
+            if not (np.array_equal(row, live[i]) and np.array_equal(restored_acc[i], live_acc[i]))
+        ]
+        assert not wrong, f"{len(wrong)} of {ids.size} rows or accumulators differ from the live table"
+        if max_age is None:  # (the rows age leaves fit three ps's RAM)
+            assert (await table.statistics())["cold_rows"] > 0
+
+
 async def _train_sequentially(table, opt, steps: range) -> None:
     for step in steps:
         ids, grads = _batch(step)
