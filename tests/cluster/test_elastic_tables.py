@@ -362,6 +362,75 @@ async def test_a_tiered_adagrad_table_through_a_join_a_leave_and_deltas_restores
             assert (await table.statistics())["cold_rows"] > 0
 
 
+def _collection_batch(step: int) -> tuple[Any, np.ndarray]:
+    """Step ``step``'s bags for features a (table "small"), b and d (both "big") and c
+    ("dyn"), 0 to 3 ids each, and a whole-number gradient of the pooled output."""
+    rng = np.random.default_rng(step)
+    jts = {}
+    for feature, high in (("a", 50), ("b", 3000), ("c", 2**40), ("d", 3000)):
+        lengths = rng.integers(0, 4, 64)
+        jts[feature] = pstrain.JaggedTensor(rng.integers(0, high, lengths.sum()), lengths=lengths)
+    return pstrain.KeyedJaggedTensor.from_jt_dict(jts), rng.integers(-2, 3, (64, 12)).astype(np.float32)
+
+
+@pytest.mark.parametrize("tiered", [False, True])
+async def test_a_collections_tables_train_exactly_while_a_ps_joins_and_one_leaves(tmp_path, tiered):
+    """A collection's small, row-sharded and dynamic tables and a dense variable, read and
+    updated in one request per ps by two workers, while a ps joins and one leaves: every
+    row ends as the steps' gradients give it, none lost or applied twice."""
+    # (pooled columns in the collection's feature order: its tables', each table's features)
+    steps, dims = 60, {"a": ("small", 0), "b": ("big", 3), "d": ("big", 6), "c": ("dyn", 9)}
+    tier = {"tier": str(tmp_path / "tier"), "budget": 2 << 20} if tiered else {}
+    async with _job(workers=2, **tier) as (cluster, extra, strategy, coordinator):
+        assert extra is not None
+        zeros = pstrain.initializers.Zeros()
+        async with strategy.scope():
+            collection = pstrain.EmbeddingCollection(
+                [
+                    pstrain.TableConfig("small", 50, 3, ["a"], initializer=zeros),
+                    pstrain.TableConfig("big", 3000, 3, ["b", "d"], initializer=zeros),
+                    pstrain.TableConfig("dyn", None, 3, ["c"], initializer=zeros),
+                ],
+                shard_rows=1000,
+            )
+            dense = pstrain.Variable(np.zeros(5, np.float32))
+            opt = pstrain.optimizers.SGD(1.0)
+
+        async def step_fn(step: int) -> None:
+            features, d_pooled = _collection_batch(step)
+            pooled = await collection.lookup(features, read=[dense])
+            await collection.apply_gradients(
+                [*pooled.gradients(d_pooled), (np.ones(5, np.float32), dense)], opt
+            )
+
+        for step in range(steps):
+            coordinator.schedule(step_fn, args=(step,), exactly_once=True)
+            if step == 15:
+                assert await coordinator.add_ps(extra.address) == 2  # while closures run
+            if step == 40:
+                await coordinator.remove_ps(0)
+        await coordinator.join()
+        assert _ids_on(cluster.ps[0], collection.tables["dyn"].key).size == 0
+        assert _ids_on(extra, collection.tables["dyn"].key).size > 0
+
+        expected: dict[str, dict[int, np.ndarray]] = {"small": {}, "big": {}, "dyn": {}}
+        for step in range(steps):
+            features, d_pooled = _collection_batch(step)
+            for feature, (table, column) in dims.items():
+                bags = features[feature]
+                for example, (start, end) in enumerate(zip(bags.offsets[:-1], bags.offsets[1:])):
+                    for i in bags.values[start:end].tolist():
+                        row = expected[table].setdefault(i, np.zeros(3, np.float32))
+                        row -= d_pooled[example, column : column + 3]
+        for name in ("small", "big"):
+            want = np.zeros((collection.configs[name].num_embeddings, 3), np.float32)
+            for i, row in expected[name].items():
+                want[i] = row
+            np.testing.assert_array_equal(np.asarray(await collection.tables[name].read_value()), want)
+        _same_rows(*await collection.tables["dyn"].export(), expected["dyn"])
+        np.testing.assert_array_equal(np.asarray(await dense.read_value()), np.full(5, -steps, np.float32))
+
+
 async def _train_sequentially(table, opt, steps: range) -> None:
     for step in steps:
         ids, grads = _batch(step)
