@@ -1547,6 +1547,81 @@ async def test_a_tiered_move_is_pulled_a_block_at_a_time_and_neither_ps_holds_th
         np.testing.assert_array_equal(got_rows[order], -np.repeat((np.sort(ids) % 5)[:, None], dim, 1))
 
 
+async def test_a_tiered_source_lost_while_its_slices_are_pulled_is_replaced_and_loses_one_delta_at_most(
+    tmp_path, monkeypatch
+):
+    """Ps 1, tiered, is lost while a new ps pulls its slices, with replacement on: the move
+    fails and is undone, ps 1's slices come back from base + delta on the other ps, and
+    training goes on. Its rows lose the steps after the delta at most (those it first saw
+    then are gone); every other row keeps all its updates, once."""
+    monkeypatch.setattr(moves, "MAX_RECORDS_BYTES", 16 << 10)  # (ps 1's copy: some 9 pulls)
+    saved, delta, lost, end = 10, 14, 17, 26
+    job = _job(3, tier=str(tmp_path / "tier"), root=str(tmp_path), segment_rows=64)
+    async with job as (cluster, spare, strategy, coordinator):
+        assert spare is not None
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(TIER_DIM, name="t", initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.SGD(1.0)
+        manager = pstrain.checkpoint.CheckpointManager(
+            pstrain.checkpoint.Checkpoint(table=table, opt=opt), str(tmp_path)
+        )
+        run = _runner(coordinator, table, opt, TIER_DIM)
+        await run(0, saved)
+        await manager.save()
+        await run(saved, delta)
+        assert ".delta-" in await manager.save_delta()
+        await run(delta, lost)  # these updates on ps 1 are lost with it
+        assert cluster.ps[1].tables[table.key].statistics()["cold_rows"] > 0
+        coordinator.replace_lost_ps(manager)
+        sliced = coordinator.ps.table_slices(table)
+        on_1, slices = list(sliced.held_by(1)), sliced.slices
+        await coordinator.ps.admit_ps(spare.address)
+        loop, pulls, read = asyncio.get_running_loop(), [], CopyStream.read
+
+        def pull(self, start, count, max_bytes):  # (on ps 1's reading thread)
+            pulls.append(start)
+            if len(pulls) == 3:
+                loop.call_soon_threadsafe(lambda: asyncio.ensure_future(cluster.ps[1].stop()))
+            return read(self, start, count, max_bytes)
+
+        monkeypatch.setattr(CopyStream, "read", pull)
+        with pytest.raises(pstrain.errors.UnavailableError, match="failed and was undone"):
+            await coordinator.ps.move_slices({table.key: on_1}, 1, 3)
+        assert len(pulls) == 3
+        await run(lost, end)  # the first closures fail on ps 1, are held, and run again
+
+        (replaced,) = coordinator.statistics()["placement"]["replaced"]
+        assert replaced["ps"] == 1 and replaced["table_rows"] > 0
+        owners = np.asarray(coordinator.ps.table_slices(table).owners)
+        assert 1 not in owners
+        for k, ps in ((0, cluster.ps[0]), (2, cluster.ps[2]), (3, spare)):  # (each ps as the map says)
+            held = _ids_on(ps, table.key)
+            assert np.all(owners[shard_of(held, slices)] == k), f"ps {k} holds ids of slices it does not own"
+        full: dict[int, np.ndarray] = {}
+        kept: dict[int, np.ndarray] = {}  # without the steps between the delta and the loss
+        for step in range(end):
+            ids, grads = _batch(step, TIER_DIM)
+            for i, g in zip(ids.tolist(), grads):
+                full[i] = full.get(i, np.zeros(TIER_DIM, np.float32)) - g
+                if not delta <= step < lost:
+                    kept[i] = kept.get(i, np.zeros(TIER_DIM, np.float32)) - g
+        got_ids, got_rows = await table.export()
+        got = dict(zip(got_ids.tolist(), got_rows))
+        seen = np.array(sorted(full), np.int64)
+        was_on_1 = set(seen[np.isin(shard_of(seen, slices), on_1)].tolist())
+        rolled_back = 0
+        for i, row in full.items():
+            if i not in was_on_1:
+                assert i in got, f"row {i} is gone"
+                np.testing.assert_array_equal(got[i], row)
+            elif i not in got:
+                assert i not in kept, f"row {i} of ps 1 is gone, though the delta has it"
+            elif not np.array_equal(got[i], row):
+                np.testing.assert_array_equal(got[i], kept[i])
+                rolled_back += 1
+        assert rolled_back > 0
+
+
 async def test_a_disk_that_fills_while_a_move_is_pulled_undoes_it_and_leaves_nothing_behind(
     tmp_path, monkeypatch
 ):
