@@ -134,6 +134,17 @@ def _runner(
     return run
 
 
+async def _sgd_table_saved_by_manager(
+    strategy: pstrain.ParameterServerStrategy, root: str, dim: int = DIM
+) -> tuple[Any, Any, Any]:
+    """A table ``t`` of zeros with SGD(1.0), and a CheckpointManager of both under ``root``."""
+    async with strategy.scope():
+        table = pstrain.DynamicEmbedding(dim, name="t", initializer=pstrain.initializers.Zeros())
+        opt = pstrain.optimizers.SGD(1.0)
+    manager = pstrain.checkpoint.CheckpointManager(pstrain.checkpoint.Checkpoint(table=table, opt=opt), root)
+    return table, opt, manager
+
+
 def _table_feed() -> Any:
     """examples/table_feed.py, the serving feed's example consumer."""
     spec = importlib.util.spec_from_file_location(
@@ -442,12 +453,7 @@ async def test_saves_deltas_a_join_and_a_leave_started_together_while_training_r
     tier = {"tier": str(tmp_path / "tier")} if tiered else {}
     async with _job(workers=2, root=str(tmp_path), **tier) as (cluster, extra, strategy, coordinator):
         assert extra is not None
-        async with strategy.scope():
-            table = pstrain.DynamicEmbedding(DIM, name="t", initializer=pstrain.initializers.Zeros())
-            opt = pstrain.optimizers.SGD(1.0)
-        manager = pstrain.checkpoint.CheckpointManager(
-            pstrain.checkpoint.Checkpoint(table=table, opt=opt), str(tmp_path)
-        )
+        table, opt, manager = await _sgd_table_saved_by_manager(strategy, str(tmp_path))
 
         async def step_fn(step: int) -> None:
             await _train(table, opt, step)
@@ -658,12 +664,7 @@ async def test_a_lost_ps_holding_table_slices_is_replaced_from_base_and_deltas(t
     keeps all its updates, once."""
     saved, delta, lost, end = 8, 12, 15, 24
     async with _job(3, extra=False, root=str(tmp_path)) as (cluster, _, strategy, coordinator):
-        async with strategy.scope():
-            table = pstrain.DynamicEmbedding(DIM, name="t", initializer=pstrain.initializers.Zeros())
-            opt = pstrain.optimizers.SGD(1.0)
-        manager = pstrain.checkpoint.CheckpointManager(
-            pstrain.checkpoint.Checkpoint(table=table, opt=opt), str(tmp_path)
-        )
+        table, opt, manager = await _sgd_table_saved_by_manager(strategy, str(tmp_path))
         run = _runner(coordinator, table, opt)
 
         await run(0, saved)
@@ -1607,12 +1608,7 @@ async def test_a_tiered_source_lost_while_its_slices_are_pulled_is_replaced_and_
     job = _job(3, tier=str(tmp_path / "tier"), root=str(tmp_path), segment_rows=64)
     async with job as (cluster, spare, strategy, coordinator):
         assert spare is not None
-        async with strategy.scope():
-            table = pstrain.DynamicEmbedding(TIER_DIM, name="t", initializer=pstrain.initializers.Zeros())
-            opt = pstrain.optimizers.SGD(1.0)
-        manager = pstrain.checkpoint.CheckpointManager(
-            pstrain.checkpoint.Checkpoint(table=table, opt=opt), str(tmp_path)
-        )
+        table, opt, manager = await _sgd_table_saved_by_manager(strategy, str(tmp_path), TIER_DIM)
         run = _runner(coordinator, table, opt, TIER_DIM)
         await run(0, saved)
         await manager.save()
