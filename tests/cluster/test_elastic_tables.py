@@ -452,13 +452,14 @@ async def test_saves_deltas_a_join_and_a_leave_started_together_while_training_r
     and a delta at once: each is done in some order (a delta that would miss the ps that
     joined is written as a full save instead), the table ends exact, and its last delta
     restored onto three other ps is the table."""
+    dim = TIER_DIM if tiered else DIM  # (tiered: rows wide enough to fill the budget)
     tier = {"tier": str(tmp_path / "tier")} if tiered else {}
     async with _job(workers=2, root=str(tmp_path), **tier) as (cluster, extra, strategy, coordinator):
         assert extra is not None
-        table, opt, manager = await _sgd_table_saved_by_manager(strategy, str(tmp_path))
+        table, opt, manager = await _sgd_table_saved_by_manager(strategy, str(tmp_path), dim)
 
         async def step_fn(step: int) -> None:
-            await _train(table, opt, step)
+            await _train(table, opt, step, dim)
 
         def schedule(start: int, stop: int) -> None:
             for step in range(start, stop):
@@ -477,14 +478,16 @@ async def test_saves_deltas_a_join_and_a_leave_started_together_while_training_r
         await coordinator.join()
         assert _ids_on(cluster.ps[0], table.key).size == 0
         path = await manager.save_delta()
-        _same_rows(*await table.export(), _expected(60))
+        _same_rows(*await table.export(), _expected(60, dim))
+        if tiered:
+            assert (await table.statistics())["cold_rows"] > 0
     tier = {"tier": str(tmp_path / "tier2")} if tiered else {}
     async with _job(3, extra=False, root=str(tmp_path), **tier) as (cluster, _, strategy, coordinator):
         async with strategy.scope():
-            table = pstrain.DynamicEmbedding(DIM, name="t", initializer=pstrain.initializers.Zeros())
+            table = pstrain.DynamicEmbedding(dim, name="t", initializer=pstrain.initializers.Zeros())
             opt = pstrain.optimizers.SGD(1.0)
         (await pstrain.checkpoint.Checkpoint(table=table, opt=opt).restore(path)).assert_consumed()
-        _same_rows(*await table.export(), _expected(60))
+        _same_rows(*await table.export(), _expected(60, dim))
 
 
 async def _train_sequentially(table, opt, steps: range) -> None:
