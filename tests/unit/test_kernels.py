@@ -339,6 +339,39 @@ def test_the_fused_sparse_steps_are_the_numpy_rules_bit_for_bit(kind, dtype, n, 
     assert (_bits(var), _bits(acc)) == results[0]
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    kind=st.sampled_from(["sgd", "adagrad"]),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    shape=st.lists(st.integers(1, 7), max_size=3),
+    data=st.data(),
+)
+def test_the_dense_steps_through_the_row_kernels_are_the_numpy_rules_bit_for_bit(kind, dtype, shape, data):
+    """A dense variable's SGD or Adagrad step, which the rule takes through the row kernel
+    (the whole array as one row), gives numpy's bytes; so do the cases it leaves to numpy."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    lr = data.draw(st.floats(1e-4, 2.0))
+    eps = data.draw(st.sampled_from([1e-7, 1e-3, 0.1]))
+    var0 = np.asarray(rng.standard_normal(shape), dtype)  # (arrays, 0-d ones too)
+    acc0 = np.asarray(rng.random(shape) * 0.5 + 0.1, dtype)
+    g = np.asarray(rng.standard_normal(shape) * rng.choice([1e-3, 1.0, 1e3]), dtype)
+    var, acc = var0.copy(), acc0.copy()
+    if kind == "sgd":
+        var -= lr * g
+    else:
+        acc += g * g
+        var -= lr * g / np.sqrt(acc + eps)
+    expected = (_bits(var), _bits(acc))
+    ways = [(float, g), (dtype, g)]  # the kernel; numpy (a numpy scalar rate)
+    if g.ndim >= 2:
+        ways.append((float, np.asfortranarray(g)))  # numpy, unless that is C-contiguous too
+    for lr_as, g_as in ways:
+        var, acc = var0.copy(), acc0.copy()
+        cfg = {"kind": kind, "learning_rate": lr_as(lr), "epsilon": eps}
+        RULES[kind](var, g_as, None, {"accumulator": acc}, cfg, 1)
+        assert (_bits(var), _bits(acc)) == expected
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     dtype=st.sampled_from([np.float32, np.float64]),

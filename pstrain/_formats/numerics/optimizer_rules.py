@@ -41,6 +41,30 @@ def _fusable(var: np.ndarray, g: np.ndarray, rows: np.ndarray, *numbers: Any) ->
 
 
 _FUSED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+#: The one row of a dense step taken by a row kernel (the whole array as that row).
+_ROW_0 = np.zeros(1, np.int64)
+_ROW_0.setflags(write=False)
+
+
+def _dense_fusable(var: np.ndarray, g: np.ndarray, slots: tuple[np.ndarray, ...], *numbers: Any) -> bool:
+    """Whether a row kernel takes this dense step with the whole array as one row (no
+    temporaries the size of the variable, the same bytes as numpy's rule): float32/float64,
+    every array C-contiguous and of the variable's shape and dtype, Python float
+    hyper-parameters."""
+    return (
+        var.dtype in _FUSED_DTYPES
+        and var.size > 0
+        and all(
+            type(a) is np.ndarray and a.dtype == var.dtype and a.shape == var.shape and a.flags.c_contiguous
+            for a in (var, g, *slots)
+        )
+        and all(type(x) is float for x in numbers)
+    )
+
+
+def _one_row(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous ``a`` as one row, a view."""
+    return a.reshape(1, a.size)
 
 
 def _rows2d(a: np.ndarray, n: int, like: np.ndarray) -> np.ndarray:
@@ -64,7 +88,9 @@ def _sgd(
 ) -> None:
     lr, momentum = cfg["learning_rate"], cfg.get("momentum", 0.0)
     if not momentum:
-        if rows is None:
+        if rows is None and _dense_fusable(var, g, (), lr):
+            KERNELS.sgd_rows(_one_row(var), _ROW_0, _one_row(g), lr)
+        elif rows is None:
             var -= lr * g
         elif _fusable(var, g, rows, lr):
             KERNELS.sgd_rows(_rows2d(var, var.shape[0], var), rows, _rows2d(g, rows.size, var), lr)
@@ -98,7 +124,9 @@ def _adagrad(
 ) -> None:
     lr, eps = cfg["learning_rate"], cfg.get("epsilon", 1e-7)
     acc = slots["accumulator"]
-    if rows is None:
+    if rows is None and _dense_fusable(var, g, (acc,), lr, eps):
+        KERNELS.adagrad_rows(_one_row(var), _one_row(acc), _ROW_0, _one_row(g), lr, eps)
+    elif rows is None:
         acc += g * g
         var -= lr * g / np.sqrt(acc + eps)
     elif _fusable(var, g, rows, lr, eps) and acc.dtype == var.dtype and acc.flags.c_contiguous:
