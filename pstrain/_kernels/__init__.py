@@ -1,4 +1,4 @@
-"""Table kernels: the id index and the fused sparse optimizer steps, compiled or in numpy.
+"""Table kernels: the id index and the fused optimizer steps, compiled or in numpy.
 
 :mod:`~pstrain._kernels.compiled` (C, from Cython, built by ``pip install``) runs each batch
 in one loop without the GIL and without Python per id; :mod:`~pstrain._kernels.reference` is

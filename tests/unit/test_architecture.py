@@ -297,7 +297,7 @@ LAYER_NOTES = {
     "_formats/messages": "formats: every operation declared once, its records, pickled closures",
     "_formats/numerics": "formats: optimizer rules, initializers, schedules, id hashes, dtype casts",
     "_base": "base: errors, cluster, auth, context",
-    "_kernels": "kernels: the id index, sparse optimizer steps, distinct ids and per-id sums; C and numpy",
+    "_kernels": "kernels: the id index, optimizer steps, distinct ids and per-id sums; C and numpy",
 }
 
 
