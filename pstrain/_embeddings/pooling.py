@@ -26,6 +26,7 @@ from .._base.errors import InvalidArgumentError
 from .._kernels import FLOAT_DTYPES, KERNELS, reference
 from .._kernels.batches import distinct
 from .._variables.arrays import IndexedSlices
+from .._variables.dynamic import DynamicEmbedding
 from .._variables.sharding import clip_by_norm, embedding_lookup
 from .jagged import JaggedTensor, SparseTensor, as_jagged, as_numpy
 
@@ -244,6 +245,9 @@ async def safe_embedding_lookup_sparse(
     ids below 0 are dropped (and, unless ``combiner`` is ``"sum"``, ids whose weight is 0
     or less), a bag left empty gives ``default_id``'s row (None: zeros), and the result
     has a row per example: ``dense_shape[:-1] + (dim,)`` for a SparseTensor of any rank.
+    On a :class:`~pstrain.DynamicEmbedding` every id is a valid key, negative ones too
+    (its ids are raw 64-bit keys, hashes among them): none is dropped for its sign, as
+    TensorFlow Recommenders-Addons' dynamic version keeps them.
 
     >>> import asyncio
     >>> from pstrain import Variable, SparseTensor
@@ -265,7 +269,9 @@ async def safe_embedding_lookup_sparse(
                 sparse_weights = _flattened(sparse_weights, shape)
     jagged = as_jagged(sparse_ids, sparse_weights, "sparse_ids")
     _check_weights(jagged, "sparse_weights")
-    jagged = _pruned(jagged, prune_weights=combiner != "sum")
+    jagged = _pruned(
+        jagged, prune_ids=not isinstance(embedding_weights, DynamicEmbedding), prune_weights=combiner != "sum"
+    )
     empty = jagged.lengths == 0
     if default_id is not None and bool(empty.any()):
         jagged = _filled(jagged, empty, int(default_id))
@@ -300,10 +306,11 @@ def _flattened(sp: Any, shape: tuple[int, ...]) -> SparseTensor:
     )
 
 
-def _pruned(jagged: JaggedTensor, prune_weights: bool) -> JaggedTensor:
-    """Without ids below 0 (and weights of 0 or less when ``prune_weights``), as TF's
-    ``_prune_invalid_ids`` and ``_prune_invalid_weights``."""
-    keep = jagged.values >= 0 if jagged.values.dtype.kind == "i" else np.ones(jagged.values.size, bool)
+def _pruned(jagged: JaggedTensor, prune_ids: bool, prune_weights: bool) -> JaggedTensor:
+    """Without ids below 0 when ``prune_ids`` (and weights of 0 or less when
+    ``prune_weights``), as TF's ``_prune_invalid_ids`` and ``_prune_invalid_weights``."""
+    signed = prune_ids and jagged.values.dtype.kind == "i"
+    keep = jagged.values >= 0 if signed else np.ones(jagged.values.size, bool)
     if prune_weights and jagged.weights is not None:
         keep &= jagged.weights > 0
     if keep.all():
