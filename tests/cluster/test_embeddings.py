@@ -112,7 +112,8 @@ async def test_lookups_on_a_dynamic_table_pool_its_rows(cluster):
     async with strategy.scope():
         table = pstrain.DynamicEmbedding(3, name="dyn")
     ids = JaggedTensor.from_lists([[10, 2**40], [], [10]])
-    rows = await table.lookup(np.array([10, 2**40]))  # (admitted: a lookup outside training reads them)
+    # admitted first: outside training, ids not admitted read zeros
+    rows = await table.lookup(np.array([10, 2**40]))
     assert np.all(np.abs(rows).sum(axis=1) > 0)
     got = await embedding_lookup_sparse(table, ids, None, combiner="sum", training=False)
     np.testing.assert_allclose(got, [rows[0] + rows[1], [0, 0, 0], rows[0]], rtol=1e-6, atol=1e-6)
@@ -121,13 +122,13 @@ async def test_lookups_on_a_dynamic_table_pool_its_rows(cluster):
 async def test_the_safe_lookup_on_a_dynamic_table_keeps_negative_keys(cluster):
     """A dynamic table's ids are raw 64-bit keys (hashes among them), negative ones as valid
     as the rest: the safe lookup drops none of them for its sign (as TensorFlow
-    Recommenders-Addons' dynamic safe_embedding_lookup_sparse), where on a variable it
-    drops ids below 0 as TF does. Weights of 0 or less and empty bags follow TF's rules."""
+    Recommenders-Addons' dynamic safe_embedding_lookup_sparse; on a variable it drops ids
+    below 0 as TF does, tested above). Weights of 0 or less and empty bags follow TF's rules."""
     strategy = pstrain.ParameterServerStrategy(cluster.resolver)
     async with strategy.scope():
         table = pstrain.DynamicEmbedding(3, name="keys")
     keys = np.array([-(2**62), -5, 7], np.int64)
-    rows = await table.lookup(keys)  # (admitted: a lookup outside training reads them)
+    rows = await table.lookup(keys)  # admitted first: outside training they would read zeros
     assert np.all(np.abs(rows).sum(axis=1) > 0)
     sp = SparseTensor([[0, 0], [0, 1], [1, 0], [3, 0]], [-(2**62), 7, -5, -5], dense_shape=[4, 2])
     got = await safe_embedding_lookup_sparse(table, sp, None, "sum", training=False)
