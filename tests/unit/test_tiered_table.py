@@ -436,6 +436,57 @@ def test_slices_of_a_tiered_table_move_with_their_rows_on_disk(tmp_path):
     np.testing.assert_array_equal(bookkeeping(back, got["ids"])[1], counts)
 
 
+def test_a_move_whose_rows_all_expired_before_its_patch_puts_in_nothing(tmp_path):
+    """The copy carries rows on disk, and every one of them expires (``max_age``) before
+    the patch: the receiver puts in no row, and says so (it failed on an empty patch)."""
+    from pstrain._formats.messages.placement_map import SliceSet, TableCopy, TablePatch
+    from pstrain._formats.numerics.idhash import in_slices
+
+    table = tiered(tmp_path, TableConfig(dim=4, max_age=2), hot_rows=60)
+    for k in range(3):
+        train(table, np.arange(50 * k, 50 * k + 50, dtype=np.int64), k + 1)
+    moving = SliceSet(slices=4, owned=[0])
+    copy = table.copy_slices(moving)
+    assert copy["records"].size  # (rows of the slice on disk)
+    mark = table.clock.mark()
+    for k in range(3):  # other slices' ids only: the slice's rows age and go
+        ids = np.arange(1000 + 60 * k, 1060 + 60 * k, dtype=np.int64)
+        train(table, ids[~in_slices(ids, 4, [0])], 4 + k)
+    patch = table.patch_slices(moving, mark)
+    assert patch["live"].size == 0
+    back = tiered(tmp_path / "back", TableConfig(dim=4, max_age=2), hot_rows=60)
+    assert back.merge_slices(TableCopy(**copy), TablePatch(**patch)) == 0
+    assert len(back) == 0 and len(back.cold) == 0
+
+
+@pytest.mark.parametrize("tiered_receiver", [False, True])
+def test_rows_moved_in_keep_their_age(tmp_path, tiered_receiver):
+    """Rows a move brings, not looked up for 5 lookups at their source, expire (``max_age``
+    6) at the second lookup here, whether the receiver keeps them in RAM or on disk (on
+    disk, an age past the receiver's own count of lookups was taken as none: the rows
+    lived on for up to ``max_age`` more)."""
+    from pstrain._formats.messages.placement_map import SliceSet, TableCopy, TablePatch
+
+    config = TableConfig(dim=4, max_age=6)
+    source = DynamicTable("t", config)
+    old = np.arange(0, 40, dtype=np.int64)
+    train(source, old, 1)
+    for t in range(2, 7):  # five lookups of other ids
+        train(source, np.array([1000 + t], np.int64), t)
+    moving = SliceSet(slices=1, owned=[0])
+    copy = TableCopy(**source.copy_slices(moving))
+    patch = TablePatch(**source.patch_slices(moving, source.clock.mark()))
+    here = tiered(tmp_path, config, hot_rows=60) if tiered_receiver else DynamicTable("t", config)
+    here.merge_slices(copy, patch)
+    if tiered_receiver:
+        assert here.statistics()["cold_rows"] == len(here)  # (a tiered merge writes to disk)
+    assert here.has_row(old).all()
+    train(here, np.array([5000], np.int64), 7)  # 6 lookups old: not past max_age yet
+    assert here.has_row(old).all()
+    train(here, np.array([5001], np.int64), 8)  # 7: past it
+    assert not here.has_row(old).any()
+
+
 def test_a_move_onto_a_full_disk_is_refused_and_leaves_no_row_behind(tmp_path, monkeypatch):
     """A tiered receiver whose disk fills while it writes a move's rows (the records, then
     the rest) refuses the move whole: no row of it is indexed, and the records it wrote

@@ -692,14 +692,22 @@ class ColdRows:
         return out
 
     def _set_keys(self, slots: np.ndarray, keys: np.ndarray) -> None:
-        """Eviction keys ``keys`` (int64) for ``slots``, in 32 bits past ``key_base`` (moved
-        on first if a key is past its top: the keys below the new base clamp at 0)."""
+        """Eviction keys ``keys`` (int64) for ``slots``, in 32 bits past ``key_base``, moved
+        first if a key is past its top (the keys below the new base clamp at 0), or down
+        if one is below it and the keys held still fit: a row moved in from another shard
+        may have been looked up last before this shard's first lookup (a negative key), and
+        its age carries on from there, as in RAM."""
         if not keys.size:
             return
         keys = np.asarray(keys, np.int64)
-        top = int(keys.max())
-        if top - self.key_base > KEY_TOP:
+        base, top, low = self.key_base, int(keys.max()), int(keys.min())
+        if low < base:
+            held = self.keys[: self.used]
+            held_top = base + int(held.max()) if held.size else top
+            base = max(low, max(top, held_top) - KEY_TOP)
+        if top - base > KEY_TOP:
             base = top - KEY_SPAN
+        if base != self.key_base:
             live = self.places.live(0, self.used)
             held = self.keys[: self.used].astype(np.int64) + (self.key_base - base)
             self.keys[: self.used] = np.where(live, np.clip(held, 0, KEY_TOP), 0).astype(np.uint32)

@@ -187,8 +187,9 @@ class TieredSlices(SlicedRows):
         out, kept = [], 0
         for ids in blocks:
             at = where.get(ids)
-            found[at[at >= 0]] = True
-            at[(at >= 0) & changed[at.clip(0)]] = -1
+            hit = at >= 0
+            found[at[hit]] = True
+            at[hit] = np.where(changed[at[hit]], -1, at[hit])  # (none live: every record dies)
             taken[at[at >= 0]] = True
             kept += int(np.count_nonzero(at >= 0))
             out.append(at)
