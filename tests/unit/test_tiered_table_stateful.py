@@ -1,0 +1,270 @@
+"""A tiered table against the same table kept wholly in RAM, under any sequence of what a
+ps does to a shard: training lookups and updates, reads, delta checkpoints (checked by
+composing them onto the last base), saves restored over the live shard, and slice moves
+between two shards. Two ps (A and B) each hold a shard; every step is done to both
+worlds, and after every step each world's shards hold the same rows, slots and lookups.
+
+The eviction rules that decide by a row's own age or count (``max_age``, ``admit_after``)
+must give the same rows in both worlds; eviction past a capacity is checked by its bound
+(a tiered shard chooses its victims on disk first, so the rows it keeps may differ)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from pstrain._formats.messages.placement_map import SliceSet, TableCopy, TablePatch
+from pstrain._formats.numerics.idhash import in_slices
+from pstrain._formats.numerics.optimizer_rules import RULES
+from pstrain.server.ps.store import ChangeClock
+from pstrain.server.ps.tables.dynamic_table import DynamicTable
+from pstrain.server.ps.tables.table_config import TableConfig
+from pstrain.server.ps.tables.tiered_table import HOT_SHARE, TieredTable
+
+pytestmark = pytest.mark.timeout(300)
+
+SLICES = 4
+DIM = 4
+ADAGRAD = {"accumulator": ("acc", 0.1)}
+CFG = {"kind": "adagrad", "learning_rate": 0.1, "epsilon": 1e-7}
+ids_of = st.lists(st.integers(-60, 400), min_size=1, max_size=24, unique=True)
+
+
+def tiered(directory: str, config: TableConfig, clock: ChangeClock, hot_rows: int) -> TieredTable:
+    """A tiered shard whose budget's hot share keeps about ``hot_rows`` rows in RAM. The
+    admission sightings (a few KiB, which a real budget covers many times over) are left
+    out of what it holds: a budget this small would give them the hot set's room."""
+    box: list[TieredTable] = []
+
+    def held() -> int:
+        if not box:
+            return 0
+        t = box[0]
+        return t.nbytes - t._cand.nbytes - t._cand_counts.nbytes - t._cand_ids.nbytes
+
+    table = TieredTable(
+        "t",
+        config,
+        clock=clock,
+        directory=directory,
+        budget=1 << 40,
+        held=held,
+        segment_rows=32,
+    )
+    box.append(table)
+    table.budget = int((held() - table.cold.nbytes + hot_rows * table.hot_row_bytes()) / HOT_SHARE)
+    return table
+
+
+def by_id(exported: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    order = np.argsort(exported["ids"], kind="stable")
+    return {k: v[order] for k, v in exported.items()}
+
+
+def gradient(ids: np.ndarray, t: int) -> np.ndarray:
+    return np.sin(np.outer(ids + t, np.arange(1, DIM + 1)) * 0.01).astype(np.float32)
+
+
+def read(snapshots: dict[str, Any]) -> dict[str, np.ndarray]:
+    empty = {k: s.array[:0] for k, s in snapshots.items()}  # (a shard without rows: no block)
+    return {k: np.concatenate([empty[k], *s.blocks()]) for k, s in snapshots.items()}
+
+
+def slots(saved: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k.removeprefix("slot:"): v for k, v in saved.items() if k.startswith("slot:")}
+
+
+class Shards:
+    """One world: shard A and shard B of one table, and which slices each owns."""
+
+    def __init__(self, make: Any) -> None:
+        self.make = make
+        self.clocks = {"A": ChangeClock(), "B": ChangeClock()}
+        self.shards = {p: make(p, self.clocks[p]) for p in "AB"}
+        self.owned = {"A": [0, 1, 2, 3], "B": []}
+        self.bases: dict[str, tuple[int, dict[str, np.ndarray]]] = {}
+
+    def route(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        return {p: ids[in_slices(ids, SLICES, self.owned[p])] for p in "AB"}
+
+    def train(self, ids: np.ndarray, t: int) -> dict[str, np.ndarray]:
+        out = {}
+        for p, mine in self.route(ids).items():
+            if mine.size:
+                out[p] = self.shards[p].lookup(mine, True)
+                self.shards[p].apply(RULES["adagrad"], mine, gradient(mine, t), ADAGRAD, CFG, t)
+        return out
+
+    def lookup(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        return {p: self.shards[p].lookup(mine, False) for p, mine in self.route(ids).items() if mine.size}
+
+    def export(self, p: str) -> dict[str, np.ndarray]:
+        return by_id(self.shards[p].export())
+
+    def mark_base(self, p: str) -> None:
+        """A full save of shard ``p`` now: the base the next delta composes onto."""
+        self.bases[p] = (self.clocks[p].mark(), self.export(p))
+
+    def delta_composes(self, p: str) -> dict[str, np.ndarray] | None:
+        """The last base of ``p`` with the delta since it applied (None: the shard kept no
+        full record of its evictions: the next save must be full); the delta becomes the
+        new base."""
+        mark, base = self.bases[p]
+        got = self.shards[p].changes(mark)
+        if got is None:
+            return None
+        save, gone = got
+        changed = read(save)
+        self.shards[p].end_snapshot(save)
+        rows = {int(i): k for k, i in enumerate(base["ids"])}
+        keep = np.ones(base["ids"].size, bool)
+        for i in gone:
+            if int(i) in rows:
+                keep[rows[int(i)]] = False
+        stale = np.isin(base["ids"], changed["ids"])
+        for key in changed.keys() - base.keys():  # a slot made since the base: rows had its initial value
+            base[key] = np.full((base["ids"].size, DIM), 0.1, np.float32)
+        composed = {k: np.concatenate([base[k][keep & ~stale], changed[k]]) for k in changed if k != "live"}
+        self.bases[p] = (self.clocks[p].mark(), self.export(p))
+        return by_id(composed)
+
+    def move(self, slices: list[int], src: str, dst: str, between: Any) -> None:
+        """Slices ``slices`` of ``src`` to ``dst`` as a move does: a copy, training on the
+        source meanwhile (``between``), a patch since the copy's mark, the merge, the drop."""
+        moving = SliceSet(slices=SLICES, owned=slices)
+        copy = TableCopy(**self.shards[src].copy_slices(moving))
+        mark = self.clocks[src].mark()
+        between()
+        patch = TablePatch(**self.shards[src].patch_slices(moving, mark))
+        self.shards[dst].merge_slices(copy, patch)
+        self.shards[src].drop_slices(moving)
+        self.owned[src] = [s for s in self.owned[src] if s not in slices]
+        self.owned[dst] = sorted(self.owned[dst] + slices)
+        self.bases.pop(src, None)  # (a move is not an eviction: the next save is full)
+        self.bases.pop(dst, None)
+
+
+@settings(
+    max_examples=300,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+class TieredAgainstRam(RuleBasedStateMachine):
+    @initialize(
+        max_age=st.sampled_from([None, 2, 9]),
+        admit_after=st.sampled_from([None, 2]),
+        hot_rows=st.sampled_from([24, 48]),
+        evict=st.sampled_from(["lru", "lfu"]),  # (with no capacity: what picks the hot set)
+    )
+    def start(self, max_age: int | None, admit_after: int | None, hot_rows: int, evict: str) -> None:
+        self.config = TableConfig(dim=DIM, max_age=max_age, admit_after=admit_after, evict=evict)
+        self.dir = tempfile.mkdtemp(prefix="pstrain-tiered-state-")
+        self.n_restores = 0
+        self.ram = Shards(lambda p, clock: DynamicTable("t", self.config, clock=clock))
+        self.disk = Shards(
+            lambda p, clock: tiered(f"{self.dir}/{p}-{self.n_restores}", self.config, clock, hot_rows)
+        )
+        self.t = 0
+
+    def teardown(self) -> None:
+        if hasattr(self, "dir"):
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _both(self, what: str, *args: Any) -> tuple[Any, Any]:
+        return getattr(self.ram, what)(*args), getattr(self.disk, what)(*args)
+
+    @rule(ids=ids_of)
+    def train(self, ids: list[int]) -> None:
+        self.t += 1
+        a, b = self._both("train", np.array(ids, np.int64), self.t)
+        assert a.keys() == b.keys()
+        for p in a:
+            np.testing.assert_array_equal(b[p], a[p], err_msg=f"training lookup on {p}")
+
+    @rule(ids=ids_of)
+    def lookup(self, ids: list[int]) -> None:
+        a, b = self._both("lookup", np.array(ids, np.int64))
+        for p in a:
+            np.testing.assert_array_equal(b[p], a[p], err_msg=f"lookup on {p}")
+
+    @rule(p=st.sampled_from("AB"))
+    def base(self, p: str) -> None:
+        self._both("mark_base", p)
+
+    @rule(p=st.sampled_from("AB"))
+    def delta(self, p: str) -> None:
+        if p not in self.ram.bases:
+            return
+        a, b = self._both("delta_composes", p)
+        assert (a is None) == (b is None), "one world's delta is whole and the other's not"
+        live = self.disk.export(p)
+        if b is not None:  # the tiered shard's delta, onto its base, is the shard now
+            for key in live:
+                np.testing.assert_array_equal(b[key], live[key], err_msg=f"delta of {p}: {key}")
+        if a is not None:
+            ram_live = self.ram.export(p)
+            for key in ram_live:
+                np.testing.assert_array_equal(a[key], ram_live[key], err_msg=f"delta of {p} in RAM: {key}")
+
+    @rule(p=st.sampled_from("AB"), ids=ids_of)
+    def restore(self, p: str, ids: list[int]) -> None:
+        """A save of shard ``p``, training on (which the restore undoes), then the save
+        restored over the live shard, as a ps restores a checkpoint."""
+        saved = {}
+        for world in (self.ram, self.disk):
+            shard = world.shards[p]
+            snap = shard.snapshot()
+            world.train(np.array(ids, np.int64), self.t + 1)
+            arrays = read(snap)
+            shard.end_snapshot(snap)
+            live = arrays.pop("live").astype(bool)
+            saved[world] = {k: v[live] for k, v in arrays.items()}
+        self.t += 1
+        self.n_restores += 1
+        np.testing.assert_array_equal(by_id(saved[self.disk])["rows"], by_id(saved[self.ram])["rows"])
+        r = saved[self.ram]
+        self.ram.shards[p].load(r["ids"], r["rows"], slots(r), {"acc": 0.1})
+        live_shard = self.disk.shards[p]
+        restored = self.disk.make(p, self.disk.clocks[p])
+        d = saved[self.disk]
+        restored.load(d["ids"], d["rows"], slots(d), {"acc": 0.1}, replacing=live_shard)
+        self.disk.shards[p] = restored
+        for world in (self.ram, self.disk):
+            world.bases.pop(p, None)
+
+    @rule(data=st.data(), ids=ids_of)
+    def move(self, data: Any, ids: list[int]) -> None:
+        src = "A" if self.ram.owned["A"] else "B"
+        if self.ram.owned["B"] and data.draw(st.booleans(), label="from B"):
+            src = "B"
+        dst = "B" if src == "A" else "A"
+        slices = data.draw(
+            st.lists(st.sampled_from(self.ram.owned[src]), min_size=1, unique=True), label="slices"
+        )
+        self.t += 1
+        t = self.t
+        for world in (self.ram, self.disk):
+            world.move(slices, src, dst, lambda w=world: w.train(np.array(ids, np.int64), t))
+
+    @invariant()
+    def same_rows(self) -> None:
+        if not hasattr(self, "ram"):
+            return
+        for p in "AB":
+            a, b = self.ram.export(p), self.disk.export(p)
+            assert a.keys() == b.keys()
+            for key in a:
+                np.testing.assert_array_equal(b[key], a[key], err_msg=f"shard {p}: {key}")
+            disk = self.disk.shards[p]
+            stats = disk.statistics()
+            assert stats["hot_rows"] + stats["cold_rows"] == len(disk) == len(self.ram.shards[p])
+
+
+TestTieredAgainstRam = TieredAgainstRam.TestCase
