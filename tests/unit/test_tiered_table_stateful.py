@@ -134,16 +134,37 @@ class Shards:
         self.bases[p] = (self.clocks[p].mark(), self.export(p))
         return by_id(composed)
 
-    def move(self, slices: list[int], src: str, dst: str, between: Any) -> None:
+    def move(self, slices: list[int], src: str, dst: str, between: Any, pulled: bool = False) -> None:
         """Slices ``slices`` of ``src`` to ``dst`` as a move does: a copy, training on the
-        source meanwhile (``between``), a patch since the copy's mark, the merge, the drop."""
+        source meanwhile (``between``), a patch since the copy's mark, the merge, the drop.
+        ``pulled`` (tiered shards): the copy streamed a few rows at a time into the
+        receiver's disk, as ``ps/move_records`` pulls it, the training halfway through."""
         moving = SliceSet(slices=SLICES, owned=slices)
-        copy = TableCopy(**self.shards[src].copy_slices(moving))
-        mark = self.clocks[src].mark()
-        between()
-        patch = TablePatch(**self.shards[src].patch_slices(moving, mark))
-        self.shards[dst].merge_slices(copy, patch)
-        self.shards[src].drop_slices(moving)
+        source, receiver = self.shards[src], self.shards[dst]
+        if not pulled:
+            copy = TableCopy(**source.copy_slices(moving))
+            mark = self.clocks[src].mark()
+            between()
+            patch = TablePatch(**source.patch_slices(moving, mark))
+            receiver.merge_slices(copy, patch)
+        else:
+            fields, stream = source.stream_copy(moving)
+            mark = self.clocks[src].mark()
+            sink, got, trained = receiver.pull_sink("t"), 0, False
+            while got < stream.size:
+                if not trained and got >= stream.size // 2:
+                    between()
+                    trained = True
+                raw, carried = stream.read(got, stream.size - got, max_bytes=3 * stream.record.itemsize)
+                records = sink.checked(raw, list(carried))
+                sink.put(records, list(carried))
+                got += records.size
+            if not trained:
+                between()
+            patch = TablePatch(**source.patch_slices(moving, mark))
+            receiver.checked_merge(TableCopy(**fields), patch, pulled=sink)()
+            stream.close()
+        source.drop_slices(moving)
         self.owned[src] = [s for s in self.owned[src] if s not in slices]
         self.owned[dst] = sorted(self.owned[dst] + slices)
         self.bases.pop(src, None)  # (a move is not an eviction: the next save is full)
@@ -248,10 +269,17 @@ class TieredAgainstRam(RuleBasedStateMachine):
         slices = data.draw(
             st.lists(st.sampled_from(self.ram.owned[src]), min_size=1, unique=True), label="slices"
         )
+        pulled = data.draw(st.booleans(), label="pulled")
         self.t += 1
         t = self.t
         for world in (self.ram, self.disk):
-            world.move(slices, src, dst, lambda w=world: w.train(np.array(ids, np.int64), t))
+            world.move(
+                slices,
+                src,
+                dst,
+                lambda w=world: w.train(np.array(ids, np.int64), t),
+                world is self.disk and pulled,
+            )
 
     @invariant()
     def same_rows(self) -> None:
