@@ -55,7 +55,7 @@ def tiered(directory: str, config: TableConfig, clock: ChangeClock, hot_rows: in
         directory=directory,
         budget=1 << 40,
         held=held,
-        segment_rows=32,
+        segment_rows=8,
     )
     box.append(table)
     table.budget = int((held() - table.cold.nbytes + hot_rows * table.hot_row_bytes()) / HOT_SHARE)
@@ -280,6 +280,55 @@ class TieredAgainstRam(RuleBasedStateMachine):
                 lambda w=world: w.train(np.array(ids, np.int64), t),
                 world is self.disk and pulled,
             )
+
+    @rule(ids=ids_of, meanwhile=ids_of)
+    def staged_train(self, ids: list[int], meanwhile: list[int]) -> None:
+        """A request whose rows on disk are read before its handler runs (a ps's stage, the
+        read on a thread), with another request trained while it reads, then trained."""
+        batch = np.array(ids, np.int64)
+        promotions = []
+        for p, mine in self.disk.route(batch).items():
+            shard = self.disk.shards[p]
+            if not mine.size or not len(shard.cold):
+                continue
+            found = shard.in_ram(mine)
+            cold_ids, places = shard.cold_wanted(mine[found.pos < 0])
+            records = shard.read_cold(places)
+            promotions.append(
+                lambda s=shard, c=cold_ids, at=places, r=records, m=mine, f=found: s.promote(c, at, r, m, f)
+            )
+        self.train(meanwhile)
+        for promote in promotions:
+            promote()
+        self.train(ids)
+
+    @rule(p=st.sampled_from("AB"), meanwhile=ids_of)
+    def compact(self, p: str, meanwhile: list[int]) -> None:
+        """A half-dead segment of shard ``p``'s disk copied to the end a few rows at a time
+        (as ``TableHandlers.compact``: each part read on a thread), a request trained
+        halfway (it may take rows of the segment back, or send others out)."""
+        shard = self.disk.shards[p]
+        number = shard.cold.compactable()
+        if number is None:
+            return
+        slots, places = shard.cold.live_in(number)
+        for lo in range(0, slots.size, 3):
+            part, at = slots[lo : lo + 3], places[lo : lo + 3]
+            still = shard.cold.current(part, at)
+            part, at = part[still], at[still]
+            if not part.size:
+                continue
+            records = shard.cold.read(at, dict(shard.slot_init))
+            if lo <= slots.size // 2 < lo + 3:
+                self.train(meanwhile)
+            shard.cold.rewrite(part, at, records)
+
+    @rule(p=st.sampled_from("AB"), share=st.sampled_from([0.25, 0.5, 1.0]))
+    def give_back(self, p: str, share: float) -> None:
+        """Shard ``p`` gives RAM to another table on its ps: its coldest rows go to disk,
+        its arrays get smaller. Nothing a lookup reads changes."""
+        shard = self.disk.shards[p]
+        shard.give_back(int(share * shard.alloc * shard.hot_row_bytes()))
 
     @invariant()
     def same_rows(self) -> None:
