@@ -140,8 +140,8 @@ class TableMirror:
 
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         """Every id (ascending) and its row."""
-        held = [s for s in self.shards if s is not None and s.ids.size]
-        if not held:
+        held = [s for s in self.shards if s is not None and s.version is not None]
+        if not held:  # (no reply yet: the rows' width is not known)
             return np.empty(0, np.int64), np.empty((0, 0), np.float32)
         ids = np.concatenate([s.ids for s in held])
         rows = np.concatenate([s.rows for s in held])
