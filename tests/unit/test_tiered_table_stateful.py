@@ -1,12 +1,15 @@
 """A tiered table against the same table kept wholly in RAM, under any sequence of what a
-ps does to a shard: training lookups and updates, reads, delta checkpoints (checked by
-composing them onto the last base), saves restored over the live shard, and slice moves
-between two shards. Two ps (A and B) each hold a shard; every step is done to both
-worlds, and after every step each world's shards hold the same rows, slots and lookups.
+ps does to a shard: training lookups and updates (two requests in flight too), reads,
+delta checkpoints (checked by composing them onto the last base), saves restored over the
+live shard, slice moves between two shards (relayed, or pulled a block at a time), reads
+staged off the handler, compactions and RAM given back. Two ps (A and B) each hold a
+shard; every step is done to every world, and after every step each world's shards hold
+the same rows, slots and lookups as the reference's (in RAM, every update finding its
+rows again).
 
 The eviction rules that decide by a row's own age or count (``max_age``, ``admit_after``)
-must give the same rows in both worlds; eviction past a capacity is checked by its bound
-(a tiered shard chooses its victims on disk first, so the rows it keeps may differ)."""
+must give the same rows in every world. A capacity is not drawn: past it, a tiered shard
+chooses its victims on disk first, so the rows it keeps may differ from those in RAM."""
 
 from __future__ import annotations
 
@@ -80,6 +83,14 @@ def slots(saved: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k.removeprefix("slot:"): v for k, v in saved.items() if k.startswith("slot:")}
 
 
+class Probing(DynamicTable):
+    """A shard in RAM whose updates find their rows again (no rows kept from the lookup
+    before): what the other shards' updates must agree with."""
+
+    def locate_update(self, ids: np.ndarray) -> np.ndarray | None:
+        return self.locate(np.ascontiguousarray(ids, np.int64))
+
+
 class Shards:
     """One world: shard A and shard B of one table, and which slices each owns."""
 
@@ -94,15 +105,31 @@ class Shards:
         return {p: ids[in_slices(ids, SLICES, self.owned[p])] for p in "AB"}
 
     def train(self, ids: np.ndarray, t: int) -> dict[str, np.ndarray]:
+        out = self.look(ids, True)
+        self.update(ids, t)
+        return out
+
+    def look(self, ids: np.ndarray, train: bool) -> dict[str, np.ndarray]:
+        """A lookup as the ps serves it: the ids' rows found first (``locate``)."""
         out = {}
         for p, mine in self.route(ids).items():
             if mine.size:
-                out[p] = self.shards[p].lookup(mine, True)
-                self.shards[p].apply(RULES["adagrad"], mine, gradient(mine, t), ADAGRAD, CFG, t)
+                shard = self.shards[p]
+                out[p] = shard.lookup(mine, train, shard.locate(mine))
         return out
 
+    def update(self, ids: np.ndarray, t: int) -> None:
+        """An update as the ps applies it: the rows its training lookup found, if it was
+        one of the last few and nothing left the table since (``locate_update``)."""
+        for p, mine in self.route(ids).items():
+            if mine.size:
+                shard = self.shards[p]
+                shard.apply(
+                    RULES["adagrad"], mine, gradient(mine, t), ADAGRAD, CFG, t, shard.locate_update(mine)
+                )
+
     def lookup(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        return {p: self.shards[p].lookup(mine, False) for p, mine in self.route(ids).items() if mine.size}
+        return self.look(ids, False)
 
     def export(self, p: str) -> dict[str, np.ndarray]:
         return by_id(self.shards[p].export())
@@ -178,6 +205,9 @@ class Shards:
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 class TieredAgainstRam(RuleBasedStateMachine):
+    """Three worlds: ``probing`` (in RAM, every update finds its rows again: the
+    reference), ``ram`` (in RAM, as a ps runs it) and ``disk`` (tiered)."""
+
     @initialize(
         max_age=st.sampled_from([None, 2, 9]),
         admit_after=st.sampled_from([None, 2]),
@@ -188,91 +218,107 @@ class TieredAgainstRam(RuleBasedStateMachine):
         self.config = TableConfig(dim=DIM, max_age=max_age, admit_after=admit_after, evict=evict)
         self.dir = tempfile.mkdtemp(prefix="pstrain-tiered-state-")
         self.n_restores = 0
+        self.probing = Shards(lambda p, clock: Probing("t", self.config, clock=clock))
         self.ram = Shards(lambda p, clock: DynamicTable("t", self.config, clock=clock))
         self.disk = Shards(
             lambda p, clock: tiered(f"{self.dir}/{p}-{self.n_restores}", self.config, clock, hot_rows)
         )
+        self.worlds = {"probing": self.probing, "ram": self.ram, "disk": self.disk}
         self.t = 0
 
     def teardown(self) -> None:
         if hasattr(self, "dir"):
             shutil.rmtree(self.dir, ignore_errors=True)
 
-    def _both(self, what: str, *args: Any) -> tuple[Any, Any]:
-        return getattr(self.ram, what)(*args), getattr(self.disk, what)(*args)
+    def _all(self, what: str, *args: Any) -> dict[str, Any]:
+        return {name: getattr(world, what)(*args) for name, world in self.worlds.items()}
+
+    def _same(self, got: dict[str, Any], what: str) -> None:
+        """Each world's ``got`` (shard -> array, or None) as the reference's."""
+        want = got["probing"]
+        for name, value in got.items():
+            if want is None or value is None:
+                assert (want is None) == (value is None), f"{what}: {name}"
+                continue
+            assert value.keys() == want.keys(), f"{what}: {name}"
+            for key in want:
+                np.testing.assert_array_equal(value[key], want[key], err_msg=f"{what}: {name}, {key}")
 
     @rule(ids=ids_of)
     def train(self, ids: list[int]) -> None:
         self.t += 1
-        a, b = self._both("train", np.array(ids, np.int64), self.t)
-        assert a.keys() == b.keys()
-        for p in a:
-            np.testing.assert_array_equal(b[p], a[p], err_msg=f"training lookup on {p}")
+        self._same(self._all("train", np.array(ids, np.int64), self.t), "training lookup")
 
     @rule(ids=ids_of)
     def lookup(self, ids: list[int]) -> None:
-        a, b = self._both("lookup", np.array(ids, np.int64))
-        for p in a:
-            np.testing.assert_array_equal(b[p], a[p], err_msg=f"lookup on {p}")
+        self._same(self._all("lookup", np.array(ids, np.int64)), "lookup")
+
+    @rule(first=ids_of, second=ids_of)
+    def interleaved(self, first: list[int], second: list[int]) -> None:
+        """Two requests' lookups, then their updates the other way round (two steps in
+        flight): the second lookup may move, expire or create rows under the first."""
+        x, y = np.array(first, np.int64), np.array(second, np.int64)
+        self._same(self._all("look", x, True), "first lookup")
+        self._same(self._all("look", y, True), "second lookup")
+        self._all("update", y, self.t + 1)
+        self._all("update", x, self.t + 2)
+        self.t += 2
 
     @rule(p=st.sampled_from("AB"))
     def base(self, p: str) -> None:
-        self._both("mark_base", p)
+        self._all("mark_base", p)
 
     @rule(p=st.sampled_from("AB"))
     def delta(self, p: str) -> None:
-        if p not in self.ram.bases:
+        """The delta since the last base, composed onto it, is the shard now."""
+        if p not in self.probing.bases:
             return
-        a, b = self._both("delta_composes", p)
-        assert (a is None) == (b is None), "one world's delta is whole and the other's not"
-        live = self.disk.export(p)
-        if b is not None:  # the tiered shard's delta, onto its base, is the shard now
-            for key in live:
-                np.testing.assert_array_equal(b[key], live[key], err_msg=f"delta of {p}: {key}")
-        if a is not None:
-            ram_live = self.ram.export(p)
-            for key in ram_live:
-                np.testing.assert_array_equal(a[key], ram_live[key], err_msg=f"delta of {p} in RAM: {key}")
+        composed = self._all("delta_composes", p)
+        for name, got in composed.items():
+            if got is not None:
+                live = self.worlds[name].export(p)
+                for key in live:
+                    np.testing.assert_array_equal(got[key], live[key], err_msg=f"delta of {p}: {name}, {key}")
+        self._same(composed, f"delta of {p}")
 
     @rule(p=st.sampled_from("AB"), ids=ids_of)
     def restore(self, p: str, ids: list[int]) -> None:
         """A save of shard ``p``, training on (which the restore undoes), then the save
         restored over the live shard, as a ps restores a checkpoint."""
         saved = {}
-        for world in (self.ram, self.disk):
+        for name, world in self.worlds.items():
             shard = world.shards[p]
             snap = shard.snapshot()
             world.train(np.array(ids, np.int64), self.t + 1)
             arrays = read(snap)
             shard.end_snapshot(snap)
             live = arrays.pop("live").astype(bool)
-            saved[world] = {k: v[live] for k, v in arrays.items()}
+            saved[name] = by_id({k: v[live] for k, v in arrays.items()})
         self.t += 1
         self.n_restores += 1
-        np.testing.assert_array_equal(by_id(saved[self.disk])["rows"], by_id(saved[self.ram])["rows"])
-        r = saved[self.ram]
-        self.ram.shards[p].load(r["ids"], r["rows"], slots(r), {"acc": 0.1})
-        live_shard = self.disk.shards[p]
-        restored = self.disk.make(p, self.disk.clocks[p])
-        d = saved[self.disk]
-        restored.load(d["ids"], d["rows"], slots(d), {"acc": 0.1}, replacing=live_shard)
-        self.disk.shards[p] = restored
-        for world in (self.ram, self.disk):
+        self._same({name: {"": got["rows"]} for name, got in saved.items()}, "saved rows")
+        for name, world in self.worlds.items():
+            got = saved[name]
+            if world is self.disk:
+                restored = world.make(p, world.clocks[p])
+                restored.load(got["ids"], got["rows"], slots(got), {"acc": 0.1}, replacing=world.shards[p])
+                world.shards[p] = restored
+            else:
+                world.shards[p].load(got["ids"], got["rows"], slots(got), {"acc": 0.1})
             world.bases.pop(p, None)
 
     @rule(data=st.data(), ids=ids_of)
     def move(self, data: Any, ids: list[int]) -> None:
-        src = "A" if self.ram.owned["A"] else "B"
-        if self.ram.owned["B"] and data.draw(st.booleans(), label="from B"):
+        owned = self.probing.owned
+        src = "A" if owned["A"] else "B"
+        if owned["B"] and data.draw(st.booleans(), label="from B"):
             src = "B"
         dst = "B" if src == "A" else "A"
-        slices = data.draw(
-            st.lists(st.sampled_from(self.ram.owned[src]), min_size=1, unique=True), label="slices"
-        )
+        slices = data.draw(st.lists(st.sampled_from(owned[src]), min_size=1, unique=True), label="slices")
         pulled = data.draw(st.booleans(), label="pulled")
         self.t += 1
         t = self.t
-        for world in (self.ram, self.disk):
+        for world in self.worlds.values():
             world.move(
                 slices,
                 src,
@@ -332,16 +378,13 @@ class TieredAgainstRam(RuleBasedStateMachine):
 
     @invariant()
     def same_rows(self) -> None:
-        if not hasattr(self, "ram"):
+        if not hasattr(self, "worlds"):
             return
         for p in "AB":
-            a, b = self.ram.export(p), self.disk.export(p)
-            assert a.keys() == b.keys()
-            for key in a:
-                np.testing.assert_array_equal(b[key], a[key], err_msg=f"shard {p}: {key}")
+            self._same({name: world.export(p) for name, world in self.worlds.items()}, f"shard {p}")
             disk = self.disk.shards[p]
             stats = disk.statistics()
-            assert stats["hot_rows"] + stats["cold_rows"] == len(disk) == len(self.ram.shards[p])
+            assert stats["hot_rows"] + stats["cold_rows"] == len(disk) == len(self.probing.shards[p])
 
 
 TestTieredAgainstRam = TieredAgainstRam.TestCase
