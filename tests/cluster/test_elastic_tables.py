@@ -1707,3 +1707,117 @@ async def test_a_disk_that_fills_while_a_move_is_pulled_undoes_it_and_leaves_not
         for step in range(STEPS // 3, STEPS // 3 + 2):
             await _train(table, opt, step, TIER_DIM)
         _same_rows(*await table.export(), _expected(STEPS // 3 + 2, TIER_DIM))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("tiered", [False, True], ids=["ram", "tiered"])
+@pytest.mark.parametrize("seed", range(int(os.environ.get("PSTRAIN_ELASTIC_SEEDS", 2))))
+async def test_joins_leaves_saves_and_deltas_in_random_order_and_overlap_lose_nothing(tmp_path, seed, tiered):
+    """Random rounds of two or three of: a few training steps, a ps joining, one leaving,
+    a full save, a delta, started together; then a last delta, quiet. The table ends
+    exact, the ps that left hold none of it, and the last delta restored onto three other
+    ps is the table."""
+    import random
+
+    rng = random.Random(seed)
+    dim = TIER_DIM if tiered else DIM
+    tier = {"tier": str(tmp_path / "tier")} if tiered else {}
+    done: list[list[str]] = []  # the rounds, for the failure's message
+    async with _job(workers=2, root=str(tmp_path), **tier) as (cluster, extra, strategy, coordinator):
+        assert extra is not None
+        options: dict[str, Any] = {"checkpoint_root": str(tmp_path)}
+        if tiered:
+            options.update(
+                memory_budget=TIER_BUDGET, table_dir=str(tmp_path / "tier"), table_segment_rows=128
+            )
+        started = [ParameterServer(3 + k, token=cluster.token, **options) for k in range(2)]
+        try:
+            for server in started:
+                await server.start()
+            spares = [extra, *started]
+            servers = {0: cluster.ps[0], 1: cluster.ps[1]}  # in the job, by index
+            gone: list[ParameterServer] = []
+            table, opt, manager = await _sgd_table_saved_by_manager(strategy, str(tmp_path), dim)
+
+            async def step_fn(step: int) -> None:
+                await _train(table, opt, step, dim)
+
+            steps = 0
+
+            async def train(n: int) -> None:
+                nonlocal steps
+                for step in range(steps, steps + n):
+                    coordinator.schedule(step_fn, args=(step,), exactly_once=True)
+                steps += n
+                await coordinator.join()
+
+            async def join() -> None:
+                spare = spares.pop(0)
+                servers[await coordinator.add_ps(spare.address)] = spare
+
+            async def leave() -> None:
+                index = rng.choice(sorted(servers))
+                gone.append(servers.pop(index))
+                await coordinator.remove_ps(index)
+
+            await train(5)
+            await manager.save()
+            for _ in range(5):
+                kinds = ["train", "save", "delta"]
+                if spares:
+                    kinds.append("join")
+                if len(servers) > 1:
+                    kinds.append("leave")
+                chosen = rng.sample(kinds, rng.choice([2, 3]))
+                done.append(chosen)
+                work = {
+                    "train": lambda: train(rng.randrange(3, 10)),
+                    "save": manager.save,
+                    "delta": manager.save_delta,
+                    "join": join,
+                    "leave": leave,
+                }
+                await asyncio.wait_for(asyncio.gather(*(work[kind]() for kind in chosen)), 60)
+            path = await manager.save_delta()
+            _same_rows(*await table.export(), _expected(steps, dim))
+            assert all(_ids_on(s, table.key).size == 0 for s in gone), done
+        finally:
+            for server in started:
+                await server.stop()
+    async with _job(3, extra=False, root=str(tmp_path), **tier) as (cluster, _, strategy, coordinator):
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(dim, name="t", initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.SGD(1.0)
+        (await pstrain.checkpoint.Checkpoint(table=table, opt=opt).restore(path)).assert_consumed()
+        _same_rows(*await table.export(), _expected(steps, dim))
+
+
+async def test_two_ps_leaving_at_once_move_nothing_onto_each_other_and_one_ps_always_stays():
+    async with _job(workers=1) as (cluster, extra, strategy, coordinator):
+        assert extra is not None
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="t", initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.SGD(1.0)
+            dense = pstrain.Variable(np.arange(8, dtype=np.float32), name="dense")
+        for step in range(10):
+            await _train(table, opt, step)
+        assert await coordinator.add_ps(extra.address) == 2
+        await asyncio.gather(coordinator.remove_ps(0), coordinator.remove_ps(1))
+        assert _ids_on(cluster.ps[0], table.key).size == 0 and _ids_on(cluster.ps[1], table.key).size == 0
+        _same_rows(*await table.export(), _expected(10))
+        np.testing.assert_array_equal(await dense.read_value(), np.arange(8, dtype=np.float32))
+        assert coordinator.ps.placement.active() == [2]
+        with pytest.raises(FailedPreconditionError, match="only ps cannot leave"):
+            await coordinator.remove_ps(2)
+    async with _job(workers=1, extra=False) as (cluster, _, strategy, coordinator):
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="t", initializer=pstrain.initializers.Zeros())
+            opt = pstrain.optimizers.SGD(1.0)
+        for step in range(10):
+            await _train(table, opt, step)
+        got = await asyncio.gather(coordinator.remove_ps(0), coordinator.remove_ps(1), return_exceptions=True)
+        refused = [g for g in got if isinstance(g, BaseException)]
+        assert len(refused) == 1 and isinstance(refused[0], FailedPreconditionError), got
+        assert "would be the last" in str(refused[0])
+        assert len(coordinator.ps.placement.active()) == 1
+        _same_rows(*await table.export(), _expected(10))

@@ -4,12 +4,13 @@ back go, and what each ps holds."""
 from __future__ import annotations
 
 from pstrain._coordinator.elastic.plans import (
+    plan_leave,
     plan_variables_join,
     spread,
     variable_shares,
     variables_on,
 )
-from pstrain._formats.messages.placement_map import PlacementMap
+from pstrain._formats.messages.placement_map import PlacementMap, TableSlices
 
 #: key -> (the ps it was created on, bytes)
 PLACED = {"a": (0, 400), "b": (0, 300), "c": (0, 100), "d": (1, 200), "e": (1, 50)}
@@ -43,3 +44,15 @@ def test_variables_put_back_go_largest_first_to_the_least_loaded_or_where_told()
     placed = {"x": (0, 10), "y": (1, 500), "big": (2, 300), "small": (2, 100)}
     assert spread(m, placed, ["big", "small"]) == {"big": 0, "small": 0}
     assert spread(m, placed, ["big", "small"], to=1) == {"big": 1, "small": 1}
+
+
+def test_a_leaving_ps_slices_go_to_the_ps_staying_not_to_another_leaving():
+    class Table:
+        key, num_ps = "t", 3
+
+    m = PlacementMap(version=1, ps=["h:1", "h:2", "h:3"]).with_tables(
+        {"t": TableSlices(slices=6, owners=[0, 1, 2, 0, 1, 2])}
+    )
+    assert plan_leave(m, {"t": Table()}, 0) == {1: {"t": [0]}, 2: {"t": [3]}}
+    # ps 1 is leaving too (its own leave under way): everything goes to ps 2
+    assert plan_leave(m, {"t": Table()}, 0, leaving={1}) == {2: {"t": [0, 3]}}

@@ -75,6 +75,9 @@ class PsChanges:
         self.moving: tuple[list[str], int, int, float] | None = None
         self.moves_done = 0
         self._reserved: dict[int, str] = {}  # ps index -> the address of the ps it was given to
+        #: Ps whose ``remove_ps`` is under way: nothing moves to them, and they are not
+        #: counted among the ps that would remain.
+        self.leaving: set[int] = set()
         self.bytes_moved = 0
         #: Lost ps being replaced from a checkpoint, and those replaced (``replace.py``).
         self.replacing: set[int] = set()
@@ -227,13 +230,16 @@ class PsChanges:
     async def rebalance(self, index: int) -> None:
         """Move a share of the variables to ps ``index`` (one that just joined). If a move
         fails while nothing lives on the new ps yet (it died, say), it is taken out of the
-        job again before the error is raised."""
+        job again before the error is raised. Each move of table slices is planned as it
+        starts, under the lock: a ps leaving meanwhile may have taken the slices a plan made
+        before would have asked of it. (Stops once ps ``index`` itself is asked to leave.)"""
         plan = plan_variables_join(self.placement, self.strategy.placement.placed, index)
         try:
             for keys in plan:
                 await self.move(keys, index)
-            for src, tables in self._plan_tables_join(index).items():
-                await self.move_slices(tables, src, index)
+            await self._move_planned(
+                lambda: {src: (src, index, t) for src, t in self._plan_tables_join(index).items()}, index
+            )
         except PstrainError as exc:
             held = self.on(index) or any(
                 self.table_slices(t).held_by(index) for t in self.strategy.placement.tables.values()
@@ -255,25 +261,79 @@ class PsChanges:
             len(self.strategy.placement.tables),
         )
 
+    async def _move_planned(
+        self, plan: Callable[[], dict[int, tuple[int, int, dict[str, list[int]]]]], joined: int
+    ) -> None:
+        """A join's moves of table slices to ps ``joined``, each planned by ``plan()``
+        (-> ``(src, dst, slices)`` groups) under the lock as it starts, one group a turn of
+        the lock, until the plan is empty or ps ``joined`` is asked to leave (what would
+        move to it then would only move off again)."""
+        before = None
+        while True:
+            async with self._lock:
+                if joined in self.leaving:
+                    return
+                planned = plan()
+                if not planned:
+                    return
+                before = await self._move_group(planned, before)
+
+    async def _move_group(self, planned: dict[int, Any], before: dict[int, Any] | None) -> dict[int, Any]:
+        """The first group of ``planned`` (``(src, dst, slices)`` values), moved (the lock
+        held); ``before``: the plan of the turn before, which this one must differ from
+        (a move that changed nothing would be asked for again and again)."""
+        if planned == before:
+            raise PstrainError(f"a move of table slices left the map as it was: {planned}")
+        src, dst, tables = next(iter(planned.values()))
+        self._check(dst, list(tables), self.strategy.placement.tables, "dynamic tables")
+        await self._move([], src, dst, tables)
+        return planned
+
     async def remove_ps(self, index: int) -> None:
         """Move every variable off ps ``index`` (to the least loaded of the others), then
-        take it out of the job: it can stop."""
+        take it out of the job: it can stop. Each move is planned as it starts, under the
+        lock (a join or another leave meanwhile changes where things are)."""
         active = self.placement.active()
         if index not in active:
             raise InvalidArgumentError(f"no active ps {index!r}: the job's ps are {active}")
-        if len(active) == 1:
-            raise FailedPreconditionError("the job's only ps cannot leave")
-        self.strategy.placement.active = [k for k in active if k != index]
-        for key in self.on(index):
-            shares = self.shares()
-            target = min((k for k in shares if k != index), key=lambda k: (shares[k], k))
-            await self.move([key], target)
-        for dst, tables in self._plan_tables_leave(index).items():
-            await self.move_slices(tables, index, dst)
-        async with self._lock:
-            ps = list(self.placement.ps)
-            ps[index] = ""
-            await self.publish(self.placement.with_ps(ps))
+        if index in self.leaving:
+            raise FailedPreconditionError(f"ps {index} is leaving already")
+        if not [k for k in active if k != index and k not in self.leaving]:
+            raise FailedPreconditionError(
+                "the job's only ps cannot leave"
+                if len(active) == 1
+                else f"ps {sorted(self.leaving)} are leaving: ps {index} would be the last"
+            )
+        self.leaving.add(index)
+        self.strategy.placement.active = [k for k in active if k not in self.leaving]
+        before = None
+        try:
+            while True:  # a variable or a group of slices a turn of the lock; then the map
+                async with self._lock:
+                    keys = self.on(index)
+                    if keys:
+                        shares = self.shares()
+                        target = min(
+                            (k for k in shares if k != index and k not in self.leaving),
+                            key=lambda k: (shares[k], k),
+                        )
+                        await self._move(keys[:1], index, target)
+                        continue
+                    tables = self.strategy.placement.tables
+                    planned = {
+                        dst: (index, dst, t)
+                        for dst, t in plan_leave(self.placement, tables, index, self.leaving).items()
+                    }
+                    if planned:
+                        before = await self._move_group(planned, before)
+                        continue
+                    ps = list(self.placement.ps)
+                    ps[index] = ""
+                    await self.publish(self.placement.with_ps(ps))
+                    break
+        finally:
+            self.leaving.discard(index)
+            self.strategy.placement.active = [k for k in self.placement.active() if k not in self.leaving]
         logger.info("%s left the job; its variables moved to the others", task_name("ps", index))
 
     async def move(self, keys: list[str], to: int) -> None:
@@ -305,8 +365,9 @@ class PsChanges:
         self.strategy.placement.active = self.placement.active()
 
     def spread(self, keys: list[str], to: int | None = None) -> dict[str, int]:
-        """Where each of ``keys`` (largest first) goes: ps ``to``, or the least loaded."""
-        return spread(self.placement, self.strategy.placement.placed, keys, to)
+        """Where each of ``keys`` (largest first) goes: ps ``to``, or the least loaded (of
+        those not leaving)."""
+        return spread(self.placement, self.strategy.placement.placed, keys, to, self.leaving)
 
     async def install(
         self, copies: list[VariableCopy], where: dict[str, int], once: dict[str, list[Any]] | None = None
@@ -372,9 +433,6 @@ class PsChanges:
         unknown = [k for k in keys if k not in known]
         if unknown:
             raise InvalidArgumentError(f"not {what} of this strategy: {unknown}")
-
-    def _plan_tables_leave(self, gone: int) -> dict[int, dict[str, list[int]]]:
-        return plan_leave(self.placement, self.strategy.placement.tables, gone)
 
     async def move_slices(self, tables: dict[str, list[int]], src: int, dst: int) -> None:
         """Move slices ``tables`` (table key -> slices), all held by ps ``src``, to ps ``dst``."""

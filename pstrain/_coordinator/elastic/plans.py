@@ -22,6 +22,7 @@ leaves gives each of its slices to the ps holding the fewest.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from ..._formats.messages.placement_map import SLICES_PER_PS, PlacementMap, TableSlices, first_slices
@@ -57,9 +58,17 @@ def variables_on(placement: PlacementMap, placed: Placed, ps: int) -> list[str]:
     )
 
 
-def spread(placement: PlacementMap, placed: Placed, keys: list[str], to: int | None = None) -> dict[str, int]:
-    """Where each of ``keys`` (largest first) goes: ps ``to``, or the least loaded."""
-    active = placement.active()
+def spread(
+    placement: PlacementMap,
+    placed: Placed,
+    keys: list[str],
+    to: int | None = None,
+    leaving: Iterable[int] = (),
+) -> dict[str, int]:
+    """Where each of ``keys`` (largest first) goes: ps ``to``, or the least loaded (none of
+    ``leaving``)."""
+    out = set(leaving)
+    active = [k for k in placement.active() if k not in out]
     shares = {k: n for k, n in variable_shares(placement, placed).items() if k in active}
     where = {}
     for key in keys:
@@ -112,11 +121,14 @@ def plan_join(placement: PlacementMap, tables: dict[str, Any], new: int) -> dict
     return plan
 
 
-def plan_leave(placement: PlacementMap, tables: dict[str, Any], gone: int) -> dict[int, dict[str, list[int]]]:
+def plan_leave(
+    placement: PlacementMap, tables: dict[str, Any], gone: int, leaving: Iterable[int] = ()
+) -> dict[int, dict[str, list[int]]]:
     """Where each slice ps ``gone`` holds goes: to the ps holding the fewest of that table
-    among the others. destination -> table -> slices."""
+    among the others (none of ``leaving``). destination -> table -> slices."""
     plan: dict[int, dict[str, list[int]]] = {}
-    others = [k for k in placement.active() if k != gone]
+    out = {gone, *leaving}
+    others = [k for k in placement.active() if k not in out]
     for key, table in tables.items():
         owners = table_slices(placement, table).owners
         count = {k: sum(1 for o in owners if o == k) for k in others}

@@ -211,7 +211,7 @@ class PsReplacement:
         changes = self.changes
         tables = changes.strategy.placement.tables
         if to is None:
-            plan = plan_leave(changes.placement, tables, index)
+            plan = plan_leave(changes.placement, tables, index, changes.leaving)
         else:
             plan = {to: {k: changes.table_slices(t).held_by(index) for k, t in tables.items()}}
         after: dict[str, TableSlices] = {}

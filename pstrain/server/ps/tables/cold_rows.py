@@ -702,9 +702,9 @@ class ColdRows:
         keys = np.asarray(keys, np.int64)
         base, top, low = self.key_base, int(keys.max()), int(keys.min())
         if low < base:
-            held = self.keys[: self.used]
-            held_top = base + int(held.max()) if held.size else top
-            base = max(low, max(top, held_top) - KEY_TOP)
+            kept = self.keys[: self.used]
+            kept_top = base + int(kept.max()) if kept.size else top
+            base = max(low, max(top, kept_top) - KEY_TOP)
         if top - base > KEY_TOP:
             base = top - KEY_SPAN
         if base != self.key_base:
