@@ -1709,14 +1709,37 @@ async def test_a_disk_that_fills_while_a_move_is_pulled_undoes_it_and_leaves_not
         _same_rows(*await table.export(), _expected(STEPS // 3 + 2, TIER_DIM))
 
 
+#: The variables beside the table in the random sequences: of several sizes, so that joins
+#: move some of them whole.
+DENSE_SIZES = [(4096,), (1024, 4), (300,)]
+
+
+async def _table_and_variables(strategy: Any, root: str, dim: int) -> tuple[Any, Any, list[Any], Any]:
+    """A table ``t`` of zeros with SGD(1.0), variables of zeros, and a CheckpointManager of
+    them under ``root``."""
+    async with strategy.scope():
+        table = pstrain.DynamicEmbedding(dim, name="t", initializer=pstrain.initializers.Zeros())
+        opt = pstrain.optimizers.SGD(1.0)
+        dense = [
+            pstrain.Variable(np.zeros(shape, np.float32), name=f"v{k}") for k, shape in enumerate(DENSE_SIZES)
+        ]
+    ckpt = pstrain.checkpoint.Checkpoint(table=table, opt=opt, **{f"v{k}": v for k, v in enumerate(dense)})
+    return table, opt, dense, pstrain.checkpoint.CheckpointManager(ckpt, root)
+
+
+def _dense_expected(shape: tuple[int, ...], steps: int) -> np.ndarray:
+    return np.full(shape, sum(step % 7 - 3 for step in range(steps)), np.float32)
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("tiered", [False, True], ids=["ram", "tiered"])
 @pytest.mark.parametrize("seed", range(int(os.environ.get("PSTRAIN_ELASTIC_SEEDS", 2))))
 async def test_joins_leaves_saves_and_deltas_in_random_order_and_overlap_lose_nothing(tmp_path, seed, tiered):
-    """Random rounds of two or three of: a few training steps, a ps joining, one leaving,
-    a full save, a delta, started together; then a last delta, quiet. The table ends
-    exact, the ps that left hold none of it, and the last delta restored onto three other
-    ps is the table."""
+    """Random rounds of two or three of: a few training steps (a table and variables), a ps
+    joining, one leaving, a full save, a delta, started together; then a last delta,
+    quiet. The table and the variables end exact, the ps that left hold none of the
+    table, and the last delta restored onto three other ps is the table and the
+    variables."""
     import random
 
     rng = random.Random(seed)
@@ -1737,10 +1760,12 @@ async def test_joins_leaves_saves_and_deltas_in_random_order_and_overlap_lose_no
             spares = [extra, *started]
             servers = {0: cluster.ps[0], 1: cluster.ps[1]}  # in the job, by index
             gone: list[ParameterServer] = []
-            table, opt, manager = await _sgd_table_saved_by_manager(strategy, str(tmp_path), dim)
+            table, opt, dense, manager = await _table_and_variables(strategy, str(tmp_path), dim)
 
             async def step_fn(step: int) -> None:
                 await _train(table, opt, step, dim)
+                for v in dense:
+                    await v.assign_add(np.full(v.shape, step % 7 - 3, np.float32))
 
             steps = 0
 
@@ -1780,16 +1805,20 @@ async def test_joins_leaves_saves_and_deltas_in_random_order_and_overlap_lose_no
                 await asyncio.wait_for(asyncio.gather(*(work[kind]() for kind in chosen)), 60)
             path = await manager.save_delta()
             _same_rows(*await table.export(), _expected(steps, dim))
+            for v in dense:
+                np.testing.assert_array_equal(
+                    await v.read_value(), _dense_expected(v.shape, steps), err_msg=str(done)
+                )
             assert all(_ids_on(s, table.key).size == 0 for s in gone), done
         finally:
             for server in started:
                 await server.stop()
     async with _job(3, extra=False, root=str(tmp_path), **tier) as (cluster, _, strategy, coordinator):
-        async with strategy.scope():
-            table = pstrain.DynamicEmbedding(dim, name="t", initializer=pstrain.initializers.Zeros())
-            opt = pstrain.optimizers.SGD(1.0)
-        (await pstrain.checkpoint.Checkpoint(table=table, opt=opt).restore(path)).assert_consumed()
+        table, opt, dense, manager = await _table_and_variables(strategy, str(tmp_path), dim)
+        (await manager.checkpoint.restore(path)).assert_consumed()
         _same_rows(*await table.export(), _expected(steps, dim))
+        for v in dense:
+            np.testing.assert_array_equal(await v.read_value(), _dense_expected(v.shape, steps))
 
 
 async def test_two_ps_leaving_at_once_move_nothing_onto_each_other_and_one_ps_always_stays():
