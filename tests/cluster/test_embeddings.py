@@ -207,7 +207,12 @@ def reference_step(tables, features, configs, d_pooled, lr=0.1, acc0=0.1):
             for b, bag in enumerate(bags):
                 w = np.ones(len(bag)) if weights is None else weights[k : k + len(bag)]
                 k += len(bag)
-                scale = w if config.combiner == "sum" else w / (w.sum() or np.inf)
+                if config.combiner == "sum":
+                    scale = w
+                elif config.combiner == "mean":
+                    scale = w / (w.sum() or np.inf)
+                else:  # sqrtn
+                    scale = w / (np.sqrt((w * w).sum()) or np.inf)
                 for i, s in zip(bag, scale):
                     out[b] += s * tables[config.name][i]
                     grads[config.name][i] += s * d_pooled[b, column : column + config.embedding_dim]
@@ -268,6 +273,52 @@ async def test_a_collection_reads_and_updates_with_one_request_per_ps(ps_pair):
     assert updates.to("ps") == 2 and updates.per_op == {"opt/apply": 2}
     for name, t in collection.tables.items():
         np.testing.assert_allclose(await t.numpy(), want_tables[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+async def test_random_collections_pool_and_update_as_written_out_with_numpy(ps_pair):
+    """Collections of one to five tables (sizes from 3 rows to past the row-sharding
+    threshold, widths, combiners, tables shared by features), batches of bags from empty
+    to long with repeated ids and per-id weights: the pooled rows, and the tables after
+    one Adagrad step, as ``reference_step`` writes them out per example."""
+    rng = np.random.default_rng(11)
+    strategy = strategy_for(*ps_pair)
+    for case in range(12):
+        configs, names = [], []
+        for t in range(int(rng.integers(1, 6))):
+            rows = int(rng.choice([3, 40, 700]))
+            features = [f"c{case}t{t}f{k}" for k in range(int(rng.integers(1, 3)))]
+            names += features
+            configs.append(
+                TableConfig(
+                    f"c{case}t{t}",
+                    rows,
+                    int(rng.choice([2, 5, 8])),
+                    features,
+                    combiner=str(rng.choice(["sum", "mean", "sqrtn"])),
+                )
+            )
+        async with strategy.scope():
+            collection = EmbeddingCollection(configs, shard_rows=500)
+            opt = pstrain.optimizers.Adagrad(0.1, initial_accumulator_value=0.1)
+        batch = int(rng.integers(1, 40))
+        features = {}
+        for config in configs:
+            for f in config.feature_names:
+                lengths = rng.integers(0, 6, batch) * (rng.random(batch) < 0.8)  # some bags empty
+                ids = rng.integers(0, config.num_embeddings, int(lengths.sum()))
+                weights = rng.random(ids.size).astype(np.float32) + 0.1 if rng.random() < 0.5 else None
+                features[f] = JaggedTensor(ids, lengths, weights=weights)
+        before = {name: np.asarray(await t.numpy(), np.float64) for name, t in collection.tables.items()}
+        pooled = await collection.lookup(KeyedJaggedTensor.from_jt_dict({f: features[f] for f in names}))
+        d_pooled = rng.standard_normal((batch, collection.output_dim)).astype(np.float32)
+        want_pooled, want_tables = reference_step(before, features, configs, d_pooled)
+        what = f"case {case}: {[(c.name, c.num_embeddings, c.embedding_dim, c.combiner) for c in configs]}"
+        np.testing.assert_allclose(pooled.concat(), want_pooled, rtol=1e-5, atol=1e-6, err_msg=what)
+        await collection.apply_gradients(pooled.gradients(d_pooled), opt)
+        for name, t in collection.tables.items():
+            np.testing.assert_allclose(
+                await t.numpy(), want_tables[name], rtol=1e-5, atol=1e-6, err_msg=f"{what}: {name}"
+            )
 
 
 async def test_a_collection_refuses_bad_batches_and_changes_nothing(ps_server):
