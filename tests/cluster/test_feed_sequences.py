@@ -1,12 +1,15 @@
 """The serving feed followed through random sequences of what a job does to a table:
 training steps that evict (a capacity), full saves, deltas, compactions and saves pruned
 (``max_to_keep``), with the reader polling at random moments, so that it is sometimes many
-versions behind, or behind a version no longer kept. After every poll the reader holds
-exactly the table's rows as of the last save, on ps that hold the table in RAM or tiered
-under a budget."""
+versions behind, or behind a version no longer kept, and sometimes while a save is being
+written and the oldest pruned. After every poll made between saves the reader holds
+exactly the table's rows as of the last save (a poll during a save may give either
+version: the next poll must still bring the reader to the last one), on ps that hold the
+table in RAM or tiered under a budget."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import os
 import random
@@ -57,7 +60,9 @@ async def test_a_reader_polling_at_random_holds_each_saved_version(tmp_path, see
         saved: tuple[np.ndarray, np.ndarray] | None = None
         async with aiohttp.ClientSession() as session:
             for k in range(40):
-                op = rng.choices(["step", "save", "delta", "compact", "poll"], [5, 1, 3, 1, 3])[0]
+                op = rng.choices(
+                    ["step", "save", "delta", "compact", "poll", "poll-while-saving"], [5, 1, 3, 1, 3, 2]
+                )[0]
                 done.append(op)
                 if op == "step":
                     ids = np.unique(
@@ -66,6 +71,12 @@ async def test_a_reader_polling_at_random_holds_each_saved_version(tmp_path, see
                     rows = await table.lookup(ids)
                     grad = np.tanh(rows + np.sin(ids + k)[:, None]).astype(np.float32)
                     await opt.apply_gradients([(pstrain.IndexedSlices(grad, ids), table)])
+                elif op == "poll-while-saving" and saved is not None:
+                    # a reply read while a save is written and the oldest pruned: any version
+                    # it gives is followed from by the next poll (checked there)
+                    save = rng.choice([manager.save, manager.save_delta, manager.compact])
+                    await asyncio.gather(mirror.poll(session), save())
+                    saved = await table.export()
                 elif op in ("save", "delta", "compact"):
                     if op == "save" or saved is None:
                         await manager.save()
@@ -74,7 +85,7 @@ async def test_a_reader_polling_at_random_holds_each_saved_version(tmp_path, see
                     else:
                         await manager.compact()
                     saved = await table.export()
-                elif saved is not None:
+                elif op == "poll" and saved is not None:
                     await mirror.poll(session)
                     got_ids, got_rows = mirror.snapshot()
                     np.testing.assert_array_equal(got_ids, saved[0], err_msg=f"ids after {done}")
