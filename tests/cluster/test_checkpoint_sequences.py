@@ -81,3 +81,68 @@ async def test_a_restore_at_any_point_of_a_random_chain_is_the_job_as_saved(tmp_
                     np.testing.assert_array_equal(rows, want_rows, err_msg=what)
                     np.testing.assert_array_equal(await dense2.read_value(), want_dense, err_msg=what)
         await manager.close()
+
+
+async def _steps(table, dense, opt, rng: random.Random, n: int, k0: int, most: int = 800) -> None:
+    for k in range(k0, k0 + n):
+        ids = np.unique(np.array([rng.randrange(0, 20_000) for _ in range(rng.randrange(1, most))]))
+        rows = await table.lookup(ids)
+        grad = np.tanh(rows + np.sin(ids + k)[:, None]).astype(np.float32)
+        await opt.apply_gradients(
+            [(pstrain.IndexedSlices(grad, ids), table), (np.full(64, k - 7.5, np.float32), dense)]
+        )
+
+
+@pytest.mark.parametrize("seed", range(int(os.environ.get("PSTRAIN_CHECKPOINT_SEEDS", 6)) // 3))
+async def test_a_tiered_job_restored_from_a_chain_trains_saves_and_restores_as_one_in_ram(tmp_path, seed):
+    """A chain restored onto tiered ps (its base's files linked into their tiers, not
+    written again) and onto ps in RAM; both train on alike, save (a full save of the
+    tiered job links what it still reads from the chain), save deltas and compact; each
+    of their chains restored again onto other ps is the job as it was."""
+    rng = random.Random(seed)
+    root = str(tmp_path)
+    capacity = None  # (past a capacity, a tiered shard evicts other rows than one in RAM)
+    async with _cluster(root, 2, None) as cluster:
+        table, dense, opt, ckpt = await _model(pstrain.ParameterServerStrategy(cluster.resolver), capacity)
+        manager = pstrain.checkpoint.CheckpointManager(ckpt, os.path.join(root, "first"), deltas_per_base=4)
+        await _steps(table, dense, opt, rng, 6, 0, most=4000)  # (some 9,000 rows: past the budgets)
+        await manager.save()
+        for k in range(3):
+            await _steps(table, dense, opt, rng, 2, 6 + 2 * k)
+            await manager.save_delta()
+        chain = manager.latest_checkpoint
+        await manager.close()
+    follow = rng.getstate()
+    got = {}
+    for kind in ("ram", "tiered"):
+        rng.setstate(follow)  # the same steps in both
+        tier = str(tmp_path / f"tier-{kind}") if kind == "tiered" else None
+        async with _cluster(root, 2, tier) as job:
+            table, dense, opt, ckpt = await _model(pstrain.ParameterServerStrategy(job.resolver), capacity)
+            (await ckpt.restore(chain)).assert_consumed()
+            if tier is not None:
+                assert (await table.statistics())["cold_rows"] > 0  # (most of it on disk)
+            manager = pstrain.checkpoint.CheckpointManager(ckpt, os.path.join(root, kind), deltas_per_base=2)
+            states = []
+            for k in range(4):
+                await _steps(table, dense, opt, rng, 2, 20 + 2 * k)
+                path = await [manager.save, manager.save_delta, manager.compact, manager.save_delta][k]()
+                states.append((path, await table.export(), await dense.read_value()))
+            await manager.close()
+        got[kind] = states
+    for (path_r, (ids_r, rows_r), dense_r), (path_t, (ids_t, rows_t), dense_t) in zip(
+        got["ram"], got["tiered"]
+    ):
+        np.testing.assert_array_equal(ids_t, ids_r)
+        np.testing.assert_array_equal(rows_t, rows_r)
+        np.testing.assert_array_equal(dense_t, dense_r)
+        for path in (path_r, path_t):  # each chain, onto 3 ps in RAM
+            async with _cluster(root, 3, None) as other:
+                table, dense, _, ckpt = await _model(
+                    pstrain.ParameterServerStrategy(other.resolver), capacity
+                )
+                (await ckpt.restore(path)).assert_consumed()
+                ids, rows = await table.export()
+                np.testing.assert_array_equal(ids, ids_r, err_msg=path)
+                np.testing.assert_array_equal(rows, rows_r, err_msg=path)
+                np.testing.assert_array_equal(await dense.read_value(), dense_r, err_msg=path)
