@@ -8,8 +8,9 @@ the same rows, slots and lookups as the reference's (in RAM, every update findin
 rows again).
 
 The eviction rules that decide by a row's own age or count (``max_age``, ``admit_after``)
-must give the same rows in every world. A capacity is not drawn: past it, a tiered shard
-chooses its victims on disk first, so the rows it keeps may differ from those in RAM."""
+must give the same rows in every world. Past a capacity a tiered shard chooses its victims
+on disk first, so the rows it keeps may differ from those in RAM: a second machine checks
+a tiered shard with a capacity against a model of the rows it holds."""
 
 from __future__ import annotations
 
@@ -388,3 +389,109 @@ class TieredAgainstRam(RuleBasedStateMachine):
 
 
 TestTieredAgainstRam = TieredAgainstRam.TestCase
+
+
+@settings(
+    max_examples=200,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+class TieredWithCapacity(RuleBasedStateMachine):
+    """A tiered shard with a capacity (it evicts, from disk first) against a model of its
+    rows: every row it holds is the model's (the row it gave when the id came in, then
+    every update, in numpy), it never holds more than its capacity, never evicts an id of
+    the request it serves, and its deltas composed onto their base are the shard."""
+
+    @initialize(
+        capacity=st.sampled_from([60, 150]),
+        max_age=st.sampled_from([None, 5]),
+        hot_rows=st.sampled_from([24, 48]),
+        evict=st.sampled_from(["lru", "lfu"]),
+    )
+    def start(self, capacity: int, max_age: int | None, hot_rows: int, evict: str) -> None:
+        self.config = TableConfig(dim=DIM, capacity=capacity, max_age=max_age, evict=evict)
+        self.dir = tempfile.mkdtemp(prefix="pstrain-tiered-capacity-")
+        self.clock = ChangeClock()
+        self.shard = tiered(self.dir, self.config, self.clock, hot_rows)
+        self.model: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id -> (row, accumulator)
+        self.base: tuple[int, dict[str, np.ndarray]] | None = None
+        self.t = 0
+
+    def teardown(self) -> None:
+        if hasattr(self, "dir"):
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _forget_evicted(self, serving: np.ndarray) -> None:
+        held = set(self.shard.export()["ids"].tolist())
+        gone = set(self.model) - held
+        assert not gone & set(serving.tolist()), "an id of the request being served was evicted"
+        for i in gone:
+            del self.model[i]
+
+    @rule(ids=ids_of)
+    def train(self, ids: list[int]) -> None:
+        self.t += 1
+        batch = np.array(ids, np.int64)
+        out = self.shard.lookup(batch, True, self.shard.locate(batch))
+        self._forget_evicted(batch)
+        for i, row in zip(ids, out):
+            if i in self.model:
+                np.testing.assert_array_equal(row, self.model[i][0], err_msg=f"row of {i}")
+            else:
+                self.model[i] = (row.copy(), np.full(DIM, 0.1, np.float32))
+        grad = gradient(batch, self.t)
+        self.shard.apply(RULES["adagrad"], batch, grad, ADAGRAD, CFG, self.t, self.shard.locate_update(batch))
+        rows = np.stack([self.model[i][0] for i in ids])
+        acc = np.stack([self.model[i][1] for i in ids])
+        RULES["adagrad"](rows, grad, np.arange(len(ids), dtype=np.int64), {"accumulator": acc}, CFG, self.t)
+        for k, i in enumerate(ids):
+            self.model[i] = (rows[k], acc[k])
+
+    @rule()
+    def base_save(self) -> None:
+        self.base = (self.clock.mark(), by_id(self.shard.export()))
+
+    @rule()
+    def delta(self) -> None:
+        if self.base is None:
+            return
+        mark, base = self.base
+        got = self.shard.changes(mark)
+        if got is None:  # (its evictions were not all kept: the next save is a full one)
+            self.base = None
+            return
+        save, gone = got
+        changed = read(save)
+        self.shard.end_snapshot(save)
+        for key in changed.keys() - base.keys():
+            base[key] = np.full((base["ids"].size, DIM), 0.1, np.float32)
+        keep = ~np.isin(base["ids"], gone) & ~np.isin(base["ids"], changed["ids"])
+        composed = by_id({k: np.concatenate([base[k][keep], changed[k]]) for k in changed if k != "live"})
+        live = by_id(self.shard.export())
+        for key in live:
+            np.testing.assert_array_equal(composed[key], live[key], err_msg=f"delta: {key}")
+        self.base = (self.clock.mark(), live)
+
+    @rule(share=st.sampled_from([0.5, 1.0]))
+    def give_back(self, share: float) -> None:
+        self.shard.give_back(int(share * self.shard.alloc * self.shard.hot_row_bytes()))
+
+    @invariant()
+    def as_the_model(self) -> None:
+        if not hasattr(self, "shard"):
+            return
+        assert len(self.shard) <= self.config.capacity
+        live = self.shard.export()
+        assert set(live["ids"].tolist()) <= set(self.model)
+        for i, row, acc in zip(
+            live["ids"].tolist(), live["rows"], live.get("slot:acc", [None] * len(live["ids"]))
+        ):
+            np.testing.assert_array_equal(row, self.model[i][0], err_msg=f"row of {i}")
+            if acc is not None:
+                np.testing.assert_array_equal(acc, self.model[i][1], err_msg=f"accumulator of {i}")
+        stats = self.shard.statistics()
+        assert stats["hot_rows"] + stats["cold_rows"] == len(self.shard)
+
+
+TestTieredWithCapacity = TieredWithCapacity.TestCase
