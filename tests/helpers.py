@@ -6,6 +6,7 @@ import wait_for``); the fixtures live in ``conftest.py``.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import re
 import resource
@@ -149,6 +150,15 @@ def strategy_for(
     return pstrain.ParameterServerStrategy(
         pstrain.SimpleClusterResolver(spec, token=token), variable_partitioner=partitioner
     )
+
+
+def table_feed_example() -> Any:
+    """``examples/table_feed.py``, the serving feed's example consumer, as a module."""
+    spec = importlib.util.spec_from_file_location("table_feed", ROOT / "examples" / "table_feed.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def rss(pid: int) -> int:

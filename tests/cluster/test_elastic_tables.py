@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import importlib.util
 import os
 import socket
 import threading
@@ -36,7 +35,7 @@ from pstrain.server.ps.tables.cold_rows import ColdRows
 from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
 from pstrain.server.ps.tables.tiered_slices import CopyStream, TieredSlices
 from pstrain.testing import InProcessCluster, untyped_call
-from tests.helpers import TOKEN, wait_for
+from tests.helpers import TOKEN, table_feed_example, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -143,17 +142,6 @@ async def _sgd_table_saved_by_manager(
         opt = pstrain.optimizers.SGD(1.0)
     manager = pstrain.checkpoint.CheckpointManager(pstrain.checkpoint.Checkpoint(table=table, opt=opt), root)
     return table, opt, manager
-
-
-def _table_feed() -> Any:
-    """examples/table_feed.py, the serving feed's example consumer."""
-    spec = importlib.util.spec_from_file_location(
-        "table_feed", os.path.join(os.path.dirname(__file__), "..", "..", "examples", "table_feed.py")
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _check_map(
@@ -621,7 +609,9 @@ async def test_a_table_created_after_a_ps_left_is_sliced_over_the_ps_in_the_job(
         await run(half, half + 4)
         path = await manager.save_delta()
         # the serving feed of the ps holding it follows base + delta
-        mirror = _table_feed().TableMirror([cluster.ps[k].address for k in (0, 2)], table.key, cluster.token)
+        mirror = table_feed_example().TableMirror(
+            [cluster.ps[k].address for k in (0, 2)], table.key, cluster.token
+        )
         async with aiohttp.ClientSession() as session:
             assert await mirror.poll(session) > 0
         ids, rows = mirror.snapshot()
@@ -794,7 +784,7 @@ async def test_a_serving_feed_reader_follows_the_table_as_its_slices_move(tmp_pa
     """examples/table_feed.py's mirror, following every ps: after a join and a drain, at the
     next saved version each ps whose slices changed resets its reader's copy to the slices
     it holds now, so the mirror is the table again (no row twice, none stale)."""
-    table_feed = _table_feed()
+    table_feed = table_feed_example()
     root = str(tmp_path)
     async with _job(root=root, token=TOKEN) as (cluster, extra, strategy, coordinator):
         async with strategy.scope():

@@ -4,26 +4,18 @@ deltas, a compaction (no full read) and a restart of the whole job (versions kep
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import aiohttp
 import numpy as np
 import pytest
 
 import pstrain
 from pstrain.testing import InProcessCluster
-from tests.helpers import TOKEN
+from tests.helpers import TOKEN, table_feed_example
 
 pytestmark = pytest.mark.timeout(90)
 
 DIM = 4
-_spec = importlib.util.spec_from_file_location(
-    "table_feed", os.path.join(os.path.dirname(__file__), "..", "..", "examples", "table_feed.py")
-)
-assert _spec is not None and _spec.loader is not None
-table_feed = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(table_feed)
+table_feed = table_feed_example()
 
 
 def _model(strategy):

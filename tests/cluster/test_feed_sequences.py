@@ -10,7 +10,6 @@ table in RAM or tiered under a budget."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import random
 
@@ -20,17 +19,12 @@ import pytest
 
 import pstrain
 from pstrain.testing import InProcessCluster
-from tests.helpers import TOKEN
+from tests.helpers import TOKEN, table_feed_example
 
 pytestmark = pytest.mark.timeout(180)
 
 DIM = 16
-_spec = importlib.util.spec_from_file_location(
-    "table_feed", os.path.join(os.path.dirname(__file__), "..", "..", "examples", "table_feed.py")
-)
-assert _spec is not None and _spec.loader is not None
-table_feed = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(table_feed)
+table_feed = table_feed_example()
 
 
 def _cluster(tmp_path, tiered: bool) -> InProcessCluster:

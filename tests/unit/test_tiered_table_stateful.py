@@ -199,12 +199,15 @@ class Shards:
         self.bases.pop(dst, None)
 
 
-@settings(
-    max_examples=300,
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+#: What both machines run under: 40 steps a sequence, as long as each takes.
+MACHINES = {
+    "stateful_step_count": 40,
+    "deadline": None,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.filter_too_much],
+}
+
+
+@settings(max_examples=300, **MACHINES)
 class TieredAgainstRam(RuleBasedStateMachine):
     """Three worlds: ``probing`` (in RAM, every update finds its rows again: the
     reference), ``ram`` (in RAM, as a ps runs it) and ``disk`` (tiered)."""
@@ -391,12 +394,7 @@ class TieredAgainstRam(RuleBasedStateMachine):
 TestTieredAgainstRam = TieredAgainstRam.TestCase
 
 
-@settings(
-    max_examples=200,
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+@settings(max_examples=200, **MACHINES)
 class TieredWithCapacity(RuleBasedStateMachine):
     """A tiered shard with a capacity (it evicts, from disk first) against a model of its
     rows: every row it holds is the model's (the row it gave when the id came in, then
