@@ -237,9 +237,15 @@ class PsChanges:
         try:
             for keys in plan:
                 await self.move(keys, index)
-            await self._move_planned(
-                lambda: {src: (src, index, t) for src, t in self._plan_tables_join(index).items()}, index
-            )
+            before = None
+            while True:  # a group of slices a turn of the lock
+                async with self._lock:
+                    if index in self.leaving:
+                        break  # (asked to leave: what moved to it now would only move off again)
+                    planned = {src: (src, index, t) for src, t in self._plan_tables_join(index).items()}
+                    if not planned:
+                        break
+                    before = await self._move_group(planned, before)
         except PstrainError as exc:
             held = self.on(index) or any(
                 self.table_slices(t).held_by(index) for t in self.strategy.placement.tables.values()
@@ -260,23 +266,6 @@ class PsChanges:
             sum(len(k) for k in plan),
             len(self.strategy.placement.tables),
         )
-
-    async def _move_planned(
-        self, plan: Callable[[], dict[int, tuple[int, int, dict[str, list[int]]]]], joined: int
-    ) -> None:
-        """A join's moves of table slices to ps ``joined``, each planned by ``plan()``
-        (-> ``(src, dst, slices)`` groups) under the lock as it starts, one group a turn of
-        the lock, until the plan is empty or ps ``joined`` is asked to leave (what would
-        move to it then would only move off again)."""
-        before = None
-        while True:
-            async with self._lock:
-                if joined in self.leaving:
-                    return
-                planned = plan()
-                if not planned:
-                    return
-                before = await self._move_group(planned, before)
 
     async def _move_group(self, planned: dict[int, Any], before: dict[int, Any] | None) -> dict[int, Any]:
         """The first group of ``planned`` (``(src, dst, slices)`` values), moved (the lock
