@@ -51,6 +51,7 @@ from .._formats.messages.operations import (
     DropResources,
     RunClosures,
 )
+from .._formats.messages.placement_map import PlacementMap
 from .._formats.messages.records import ClosureCall, ResultsReply
 from .._transport.channels import Channel
 from .closures import Closure
@@ -105,8 +106,13 @@ class WorkerDispatcher:
         on_scalars: Callable[[list[Any]], None] | None = None,
         owner: str | None = None,
         peers: Callable[[], list[int]] | None = None,
+        routes: Callable[[], PlacementMap] | None = None,
     ) -> None:
         self.slot = slot
+        #: The coordinator's placement map now, and the version last sent with a batch (a
+        #: newer one goes with the next: see ``RunClosures.placement``).
+        self.routes = routes
+        self.map_sent = 0
         self.index = index = slot.index
         #: The indices of the workers up now (where a closure whose iterator ran out here
         #: may still find data).
@@ -210,6 +216,7 @@ class WorkerDispatcher:
                 await self._nap(backoff)
 
     async def _connect(self) -> None:
+        self.map_sent = 0  # (a fresh configuration may give the worker a pool knowing no map)
         try:
             reply = await self.channel().request(
                 Configure(
@@ -394,6 +401,11 @@ class WorkerDispatcher:
             return
         once = {c.cid: c.once_key for c in batch if c.once_key is not None}
         self.sent.update(fns)
+        placement = self.routes() if self.routes is not None else None
+        if placement is not None and placement.version <= self.map_sent:
+            placement = None
+        if placement is not None:
+            self.map_sent = placement.version
         try:
             reply = await self.channel().request(
                 RunClosures(
@@ -403,6 +415,7 @@ class WorkerDispatcher:
                     epoch=self.epoch,
                     owner=self.owner,
                     once=once,
+                    placement=placement,
                 ),
                 on_partial=self._on_results,
             )

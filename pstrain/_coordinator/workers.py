@@ -154,4 +154,5 @@ class Workers:
             on_scalars=self.on_scalars,
             owner=placement.owner,
             peers=self.slots.up,
+            routes=lambda: pool.session.routes,
         )

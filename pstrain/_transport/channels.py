@@ -43,6 +43,7 @@ from .._base.errors import (
 from .._base.exports import expose
 from .._base.tasks import TaskOwner
 from .._formats.messages.operations import Health, Statistics
+from .._formats.messages.placement_map import PlacementMap
 from .._formats.messages.records import HealthReply, Operation, R, convert_reply, sender_fields
 from . import wire
 from .client import ClientProtocol, cluster_entry, expire, ps_advice
@@ -394,6 +395,17 @@ class ChannelPool:
         self._last: tuple[weakref.ref[asyncio.AbstractEventLoop], dict[tuple[str, int], Channel]] | None = (
             None
         )
+
+    def adopt(self, placement: PlacementMap) -> bool:
+        """Route by ``placement`` if it is newer than the map this pool knows (a ps that
+        joined is dialled at its address from then on). Returns whether it was newer."""
+        if placement.version <= self.session.routes.version:
+            return False
+        self.session.routes = placement
+        grown = placement.grown(self.cluster_spec.job_tasks("ps"))
+        if grown is not None:
+            self.cluster_spec = ClusterSpec({**self.cluster_spec.as_dict(), "ps": grown})
+        return True
 
     def channel(self, job: str, index: int) -> Channel:
         """The channel to task ``job:index`` on the running loop (made on first use)."""

@@ -18,7 +18,6 @@ import asyncio
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._base.cluster import ClusterSpec
 from .._base.errors import PlacementChangedError, UnavailableError
 from .._base.tags import one_operation
 from .._formats.messages.placement_map import PlacementMap, ReadPlacement
@@ -36,15 +35,9 @@ MAX_ATTEMPTS = 60
 
 
 def adopt(pool: ChannelPool, placement: PlacementMap) -> bool:
-    """``pool`` routes by ``placement`` if it is newer than the map it knows (a ps that
-    joined is dialled at its address from then on). Returns whether it was newer."""
-    if placement.version <= pool.session.routes.version:
-        return False
-    pool.session.routes = placement
-    grown = placement.grown(pool.cluster_spec.job_tasks("ps"))
-    if grown is not None:
-        pool.cluster_spec = ClusterSpec({**pool.cluster_spec.as_dict(), "ps": grown})
-    return True
+    """``pool`` routes by ``placement`` if it is newer than the map it knows
+    (:meth:`ChannelPool.adopt`). Returns whether it was newer."""
+    return pool.adopt(placement)
 
 
 def adopt_from(pool: ChannelPool, exc: PlacementChangedError) -> bool:
@@ -123,16 +116,24 @@ async def backoff(attempt: int) -> None:
 
 
 async def ask_map(pool: ChannelPool, channel: Any) -> bool:
-    """``channel``'s ps cannot be reached; it may have left the job: ask another ps of the
-    job for the newest map and route by it. Returns whether some ps answered."""
-    for k in pool.session.routes.active():
-        other = pool.channel("ps", k)
-        if other.task == channel.task:
-            continue
-        try:
-            reply = await other.request(ReadPlacement(), timeout=10.0)
-        except UnavailableError:
-            continue
-        adopt(pool, reply.placement)
-        return True
-    return False
+    """``channel``'s ps cannot be reached; it may have left the job (or been lost and
+    replaced): ask the other ps of the job for the newest map and route by it. A map newer
+    than this process's may name ps it did not know, which may know a newer one still
+    (a ps that left the job, but still runs, answers with the map it left by): every ps
+    the newest map known names is asked, once. Returns whether some ps answered."""
+    answered = False
+    asked = {channel.task}
+    while True:
+        pending = [pool.channel("ps", k) for k in pool.session.routes.active()]
+        pending = [other for other in pending if other.task not in asked]
+        if not pending:
+            return answered
+        for other in pending:
+            asked.add(other.task)
+            try:
+                reply = await other.request(ReadPlacement(), timeout=10.0)
+            except UnavailableError:
+                continue
+            answered = True
+            if adopt(pool, reply.placement):
+                break  # (the ps of the newer map: asked in the next round)

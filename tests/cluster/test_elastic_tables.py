@@ -1723,13 +1723,13 @@ def _dense_expected(shape: tuple[int, ...], steps: int) -> np.ndarray:
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("tiered", [False, True], ids=["ram", "tiered"])
-@pytest.mark.parametrize("seed", range(int(os.environ.get("PSTRAIN_ELASTIC_SEEDS", 2))))
+@pytest.mark.parametrize("seed", range(int(os.environ.get("PSTRAIN_ELASTIC_SEEDS", 3))))
 async def test_joins_leaves_saves_and_deltas_in_random_order_and_overlap_lose_nothing(tmp_path, seed, tiered):
     """Random rounds of two or three of: a few training steps (a table and variables), a ps
-    joining, one leaving, a full save, a delta, started together; then a last delta,
-    quiet. The table and the variables end exact, the ps that left hold none of the
-    table, and the last delta restored onto three other ps is the table and the
-    variables."""
+    joining, one leaving, a full save, a delta, started together; or a ps lost just after
+    a delta and replaced from the chain; then a last delta, quiet. The table and the
+    variables end exact, the ps that left hold none of the table, and the last delta
+    restored onto three other ps is the table and the variables."""
     import random
 
     rng = random.Random(seed)
@@ -1775,9 +1775,22 @@ async def test_joins_leaves_saves_and_deltas_in_random_order_and_overlap_lose_no
                 gone.append(servers.pop(index))
                 await coordinator.remove_ps(index)
 
+            async def lose() -> None:
+                """A ps lost just after a delta (nothing trained since), replaced from the
+                chain: it comes back as it was."""
+                index = rng.choice(sorted(servers))
+                await manager.save_delta()
+                server = servers.pop(index)
+                await server.stop()
+                await coordinator.replace_ps(index, manager)
+
             await train(5)
             await manager.save()
             for _ in range(5):
+                if len(servers) > 1 and rng.random() < 0.2:
+                    done.append(["lose"])
+                    await asyncio.wait_for(lose(), 60)
+                    continue
                 kinds = ["train", "save", "delta"]
                 if spares:
                     kinds.append("join")
@@ -1840,3 +1853,47 @@ async def test_two_ps_leaving_at_once_move_nothing_onto_each_other_and_one_ps_al
         assert "would be the last" in str(refused[0])
         assert len(coordinator.ps.placement.active()) == 1
         _same_rows(*await table.export(), _expected(10))
+
+
+async def test_a_worker_with_an_old_map_finds_a_replaced_ps_through_one_that_left(tmp_path):
+    """A worker last routed by the job's first map. Meanwhile a ps joined, ps 0 left (and
+    still runs, knowing the map it left by) and ps 1 was lost and replaced from the chain.
+    The worker's next request to ps 1 finds it down; ps 0's map is newer than the worker's
+    but still sends it to ps 1; the ps that map names are asked in turn, and the newest map
+    sends the request where the rows are now."""
+    async with _job(workers=1, root=str(tmp_path)) as (cluster, extra, strategy, coordinator):
+        assert extra is not None
+        table, opt, manager = await _sgd_table_saved_by_manager(strategy, str(tmp_path))
+        run = _runner(coordinator, table, opt)
+        await run(0, 10)
+        await manager.save()
+        assert await coordinator.add_ps(extra.address) == 2
+        await coordinator.remove_ps(0)  # (ps 0 keeps running)
+        await manager.save_delta()
+        await cluster.ps[1].stop()
+        await coordinator.replace_ps(1, manager)
+        await run(10, 20)  # the worker's first requests since the first map
+        _same_rows(*await table.export(), _expected(20))
+        assert coordinator.ps.placement.active() == [2]
+
+
+async def test_a_worker_idle_while_its_only_known_ps_was_replaced_learns_the_map_with_its_closures(tmp_path):
+    """The worker last learnt a map in which ps 1 held everything (ps 0 had left, and still
+    runs with that map). Then a ps joined and ps 1 was lost and replaced: no ps the worker
+    knows can tell it the newest map. The coordinator's batches carry the map when it
+    changed since the last one, so the worker's next closures go where the rows are."""
+    async with _job(workers=1, root=str(tmp_path)) as (cluster, extra, strategy, coordinator):
+        assert extra is not None
+        table, opt, manager = await _sgd_table_saved_by_manager(strategy, str(tmp_path))
+        run = _runner(coordinator, table, opt)
+        await run(0, 10)
+        await coordinator.remove_ps(0)  # (ps 0 keeps running)
+        await run(10, 20)  # the worker learns the map with ps 1 alone
+        await manager.save()
+        assert await coordinator.add_ps(extra.address) == 2
+        await manager.save_delta()
+        await cluster.ps[1].stop()
+        await coordinator.replace_ps(1, manager)
+        await run(20, 30)
+        _same_rows(*await table.export(), _expected(30))
+        assert coordinator.ps.placement.active() == [2]

@@ -309,6 +309,10 @@ class RunClosures(Operation[ResultsReply], tag="worker/run"):
     owner: Owner | None = None
     #: closure id -> key, for the closures scheduled exactly-once
     once: dict[Count, Annotated[str, msgspec.Meta(min_length=1, max_length=96)]] = {}
+    #: the coordinator's placement map, when it changed since its last batch to this worker:
+    #: the worker routes by it (one idle through joins, leaves and a lost ps replaced would
+    #: otherwise know only ps that are gone, and none to ask for the newest map)
+    placement: PlacementMap | None = None
 
 
 class ResetChannels(Operation[EmptyReply], tag="worker/reset_channels"):
@@ -365,7 +369,7 @@ class LeavePs(Operation[JoinReply], tag="coordinator/leave_ps"):
 
 # declares the ckpt/*, delta/*, ps/placement and ps/move_* ops
 from . import checkpoint_operations, placement_map  # noqa: E402, F401, I001
-from .placement_map import SliceSet  # noqa: E402  (dyn/create's slices)
+from .placement_map import PlacementMap, SliceSet  # noqa: E402  (dyn/create's slices, worker/run's map)
 
 
 def _operations(base: type[Operation[Any]]) -> dict[str, type[Operation[Any]]]:

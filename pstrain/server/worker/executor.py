@@ -191,6 +191,8 @@ class WorkerServer(ServerBase):
     async def run_closures(self, req: RunClosures, emit: Callable[[Any], None] | None) -> Encoded:
         """Run a batch of closures; partial replies carry results as they finish."""
         self._check_incarnation(req.incarnation)
+        if req.placement is not None and self.channels is not None:
+            self.channels.adopt(req.placement)  # (an attribute set: the closure loop reads it)
         closures = req.closures
         batch = Batch(len(closures), emit, asyncio.get_running_loop().create_future(), req.epoch)
         older = [] if req.epoch is None else self._dispatches.arrive(batch, (req.owner, self.index))
