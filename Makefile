@@ -17,7 +17,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # pstrain's bytecode, written on both cores before a target runs (what is current is skipped).
 BYTECODE := $(PY) -m compileall -q -j 0 pstrain tests
 
-.PHONY: install test check demo bench lint fuzz clean sysdeps compiler setup slurm screenshots chaos docs
+.PHONY: install test check demo bench lint fuzz clean sysdeps compiler setup slurm screenshots chaos docs sequences
 
 # The table kernels (pstrain/_kernels/compiled.pyx) are C, built by pip: a C compiler and
 # Python's headers are installed with apt-get when missing.
@@ -101,6 +101,15 @@ slurm: sysdeps $(STAMP)
 chaos: sysdeps $(STAMP)
 	$(BYTECODE)
 	PSTRAIN_CHAOS=all $(PY) -m pytest -q -p no:cacheprovider tests/system/test_fault_matrix.py
+
+# The random-sequence tests at length (make test runs a few seeds of each): overlapping joins,
+# leaves, saves, deltas and a lost ps replaced; the serving feed followed through random
+# chains; random chains restored onto other jobs (480 tests, about 75 s on 2 cores).
+sequences: $(STAMP)
+	$(BYTECODE)
+	PSTRAIN_ELASTIC_SEEDS=100 PSTRAIN_FEED_SEEDS=100 PSTRAIN_CHECKPOINT_SEEDS=60 $(PY) -m pytest -q \
+		-p no:cacheprovider -n 3 tests/cluster/test_elastic_tables.py tests/cluster/test_feed_sequences.py \
+		tests/cluster/test_checkpoint_sequences.py -k 'random or sequence or chain'
 
 # The documentation site (MkDocs, Material theme, API reference by mkdocstrings) into site/;
 # strict: a broken link, anchor or reference fails the build. `make test` builds it too.
