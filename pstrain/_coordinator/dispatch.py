@@ -402,10 +402,10 @@ class WorkerDispatcher:
         once = {c.cid: c.once_key for c in batch if c.once_key is not None}
         self.sent.update(fns)
         placement = self.routes() if self.routes is not None else None
-        if placement is not None and placement.version <= self.map_sent:
+        if placement is not None and placement.version > self.map_sent:
+            self.map_sent = placement.version  # (sent with this batch)
+        else:
             placement = None
-        if placement is not None:
-            self.map_sent = placement.version
         try:
             reply = await self.channel().request(
                 RunClosures(

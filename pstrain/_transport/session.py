@@ -35,7 +35,7 @@ class JobSession:
         #: worker -> the epoch its coordinator fenced it before: a restore fences them again
         #: first, on a ps that restarted without them.
         self.fences: dict[int, int] = {}
-        #: Where each variable lives now (the newest map known; ``routing.adopt`` replaces it).
+        #: Where each variable lives now (the newest map known; ``ChannelPool.adopt`` replaces it).
         self.routes = PlacementMap(ps=list(ps))
         #: Moves and restores alone, saves shared.
         self.placement_lock = PlacementLock()

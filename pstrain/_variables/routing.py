@@ -25,7 +25,7 @@ from .._formats.messages.placement_map import PlacementMap, ReadPlacement
 if TYPE_CHECKING:
     from .._transport.channels import Channel, ChannelPool
 
-__all__ = ["MAX_ATTEMPTS", "adopt", "adopt_from", "ask_map", "backoff", "routed"]
+__all__ = ["MAX_ATTEMPTS", "adopt_from", "ask_map", "backoff", "routed"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -34,17 +34,11 @@ R = TypeVar("R")
 MAX_ATTEMPTS = 60
 
 
-def adopt(pool: ChannelPool, placement: PlacementMap) -> bool:
-    """``pool`` routes by ``placement`` if it is newer than the map it knows
-    (:meth:`ChannelPool.adopt`). Returns whether it was newer."""
-    return pool.adopt(placement)
-
-
 def adopt_from(pool: ChannelPool, exc: PlacementChangedError) -> bool:
     """Route by the map ``exc`` carries, if it is newer than ``pool``'s."""
     if exc.placement is None:
         return False
-    return adopt(pool, PlacementMap.from_builtins(exc.placement))
+    return pool.adopt(PlacementMap.from_builtins(exc.placement))
 
 
 async def routed(
@@ -135,5 +129,5 @@ async def ask_map(pool: ChannelPool, channel: Any) -> bool:
             except UnavailableError:
                 continue
             answered = True
-            if adopt(pool, reply.placement):
+            if pool.adopt(reply.placement):
                 break  # (the ps of the newer map: asked in the next round)

@@ -45,7 +45,6 @@ from ..._formats.messages.placement_map import (
     VariableCopy,
 )
 from ..._transport.channels import Channel, ChannelPool
-from ..._variables.routing import adopt
 from .plans import (
     plan_join,
     plan_leave,
@@ -567,7 +566,7 @@ class PsChanges:
     async def publish(self, placement: PlacementMap, *, lost_ok: bool = False) -> None:
         """Route by ``placement`` here and tell every active ps (``lost_ok``: a ps that
         cannot be reached is logged, not raised, once every other was told)."""
-        adopt(self.channels, placement)
+        self.channels.adopt(placement)
         active = placement.active()
         told = await asyncio.gather(
             *(
