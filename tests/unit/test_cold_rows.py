@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pstrain._kernels import KERNELS
-from pstrain.server.ps.tables.cold_rows import KEY_SPAN, META, ColdRows, removals_done
+from pstrain.server.ps.tables.cold_records import META
+from pstrain.server.ps.tables.cold_rows import KEY_SPAN, ColdRows, removals_done
 from pstrain.server.ps.tables.id_index import PartitionedIndex
 
 pytestmark = pytest.mark.timeout(120)

@@ -20,7 +20,8 @@ from pstrain._formats.numerics.optimizer_rules import RULES
 from pstrain.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
 from pstrain.server.ps.checkpoints.snapshots import Snapshot
 from pstrain.server.ps.tables.cold_places import SavedPlaces
-from pstrain.server.ps.tables.cold_rows import META, ColdRows, removals_done
+from pstrain.server.ps.tables.cold_records import META
+from pstrain.server.ps.tables.cold_rows import ColdRows, removals_done
 from pstrain.server.ps.tables.dynamic_table import DynamicTable
 from pstrain.server.ps.tables.table_config import TableConfig
 from pstrain.server.ps.tables.tiered_table import HOT_SHARE, TieredTable

@@ -6,10 +6,10 @@ full (the least recently, or least often, looked up: the table's own LRU/LFU sta
 and go back when a request names them; a row here is never changed in place.
 
 On disk: append-only *segments* of at most ``segment_rows`` records, a file each
-(``<n>.rec``); a record is a row whole (its id, epoch, ages, values and each slot's, packed),
-so reading a batch of rows is one ``pread`` per run of records a few KiB apart at most, and a
-save reads each record once for every array it writes (:meth:`ColdRows.fill_many`). A record taken back (or
-evicted) is only counted dead; a segment whose records are all dead is deleted (never
+(``<n>.rec``); a record is a row whole (its id, epoch, ages, values and each slot's, packed:
+``cold_records.py``), so reading a batch of rows is one ``pread`` per run of records a few
+KiB apart at most, and a save reads each record once for every array it writes
+(:meth:`ColdRows.fill_many`). A record taken back (or evicted) is only counted dead; a segment whose records are all dead is deleted (never
 while a save or a read may need it).
 
 A restore links the files of the checkpoint it restores in as segments too (``<n>.ref``, a
@@ -53,23 +53,11 @@ import numpy as np
 from ...._base.errors import DataLossError, ResourceExhaustedError
 from ...._kernels import KERNELS
 from .cold_places import PLACE_BITS, Places, SavedPlaces
+from .cold_records import META, copy_field, field_cells, pack_records, record_dtype, scatter_cells
 from .id_index import SPLIT_BLOCK, PartitionedIndex
 
-__all__ = [
-    "META",
-    "ColdRows",
-    "copy_field",
-    "pack_records",
-    "put_field",
-    "record_dtype",
-    "remove_soon",
-    "removals_done",
-    "resize_rows",
-    "scatter_rows",
-]
+__all__ = ["ColdRows", "remove_soon", "removals_done", "resize_rows"]
 
-#: Per record: the epoch it last changed in, its last training lookup and its lookup count.
-META = np.dtype([("epoch", "<u4"), ("pad", "<u4"), ("last_seen", "<i8"), ("freq", "<i8")])
 #: How full the index of the rows here may be before it grows (the index of rows in RAM:
 #: half). Each row here costs RAM for nothing but its index entry and bookkeeping, so
 #: the index is kept fuller: 16 to 20 bytes a row (12 a slot, and it grows by
@@ -96,127 +84,6 @@ SCAN_SLOTS = 1 << 14
 #: as that old: ``max_age`` evicts it long before).
 KEY_TOP = (1 << 32) - 1
 KEY_SPAN = 1 << 30
-
-
-def _cells(arr: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
-    """``arr``'s rows as one opaque cell each (a 1-D view), if ``arr`` is C-contiguous and of
-    ``dtype``; else None. Copying cells moves each row as one block: numpy's assignment of a
-    record's sub-array field (``records["row"] = rows``) goes value by value, 3 to 6 times
-    slower than this on the rows of a move or a save here."""
-    if arr.dtype != dtype or not arr.flags.c_contiguous or not arr.size:
-        return None
-    flat = arr.reshape(arr.shape[0], -1)
-    return flat.view(np.uint8).view(f"V{flat.shape[1] * arr.dtype.itemsize}").reshape(arr.shape[0])
-
-
-def _field_cells(records: np.ndarray, first: str, last: str | None = None) -> np.ndarray:
-    """Fields ``first`` through ``last`` (neighbours, packed) of each record, as one cell
-    each: a 1-D strided view to copy cells to or from (:func:`_cells`)."""
-    fields = records.dtype.fields
-    assert fields is not None
-    start = fields[first][1]
-    end_type, end_at = fields[last or first][:2]
-    raw = records.view(np.uint8).reshape(records.size, records.dtype.itemsize)
-    return raw[:, start : end_at + end_type.itemsize].view(f"V{end_at + end_type.itemsize - start}")[:, 0]
-
-
-def _scatter_cells(out: np.ndarray, at: np.ndarray, cells: np.ndarray) -> None:
-    """``out[at] = cells``: rows of ``out`` (C-contiguous, not empty) from cells of as many
-    bytes (:func:`_cells`, :func:`_field_cells`), a block per row."""
-    dst = _cells(out, out.dtype)
-    assert dst is not None, "a scatter into an array that is not one block"
-    dst[at] = cells
-
-
-def scatter_rows(out: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
-    """``out[at] = rows``, a block per row where both arrays allow it (:func:`_cells`)."""
-    dst, src = _cells(out, out.dtype), _cells(rows, out.dtype)
-    if dst is None or src is None:
-        out[at] = rows
-    else:
-        dst[at] = src
-
-
-def copy_field(out: np.ndarray, records: np.ndarray, first: str, last: str | None = None) -> None:
-    """``out[:] = `` fields ``first`` to ``last`` of ``records``, a block per record where
-    ``out`` allows it."""
-    fields = records.dtype.fields
-    assert fields is not None
-    cells = _cells(out, META if last is not None else fields[first][0].base)
-    if cells is not None and records.size:
-        cells[:] = _field_cells(records, first, last)
-    elif last is None:
-        out[...] = records[first]
-    else:
-        for name in out.dtype.names or ():
-            out[name] = records[name]
-
-
-def put_field(records: np.ndarray, values: np.ndarray, first: str, last: str | None = None) -> None:
-    """Fields ``first`` to ``last`` of ``records`` ``= values`` (of the fields' type: cast if
-    not), a block per record."""
-    fields = records.dtype.fields
-    assert fields is not None
-    want = META if last is not None else fields[first][0].base  # (a row's: its values' type)
-    values = np.ascontiguousarray(values, None if last is not None else want)
-    cells = _cells(values, want)
-    if cells is not None:
-        _field_cells(records, first, last)[:] = cells
-    elif last is None:
-        records[first] = values
-    else:
-        for name in values.dtype.names or ():
-            records[name] = values[name]
-
-
-def pack_records(
-    record: np.dtype,
-    ids: np.ndarray,
-    meta: np.ndarray,
-    rows: np.ndarray,
-    slots: list[np.ndarray],
-    at: np.ndarray | None = None,
-) -> np.ndarray:
-    """Records of ``record`` (:func:`record_dtype`) of ``ids``, their ``META`` fields
-    (``meta``), ``rows`` and each slot of ``slots``, in order; with ``at``, the rows and
-    slots are ``rows[at]`` and each ``slot[at]``, gathered straight into the records."""
-    records = np.empty(ids.size, record)
-    put_field(records, ids, "id")
-    put_field(records, meta, "epoch", "freq")
-    for i, values in enumerate([rows, *slots]):
-        field = "row" if i == 0 else f"slot{i - 1}"
-        if at is None:
-            put_field(records, values, field)
-        else:
-            _gather_field(records, values, at, field)
-    return records
-
-
-def _gather_field(records: np.ndarray, values: np.ndarray, at: np.ndarray, field: str) -> None:
-    """``records[field] = values[at]`` (``at`` in range), each row copied once from where it
-    lies into its record, the next rows' memory asked for ahead (scattered hot rows wait
-    on memory, not on the copy), where ``values`` is C-contiguous of the field's type."""
-    fields = records.dtype.fields
-    assert fields is not None
-    cell, start = fields[field][0], fields[field][1]
-    if values.dtype != cell.base or not values.flags.c_contiguous or not records.size:
-        put_field(records, values[at], field)
-        return
-    raw = records.view(np.uint8).reshape(records.size, records.dtype.itemsize)
-    src = values.reshape(values.shape[0], -1).view(np.uint8)
-    KERNELS.take_fixed(src, np.ascontiguousarray(at, np.int64), raw[:, start : start + cell.itemsize])
-
-
-def record_dtype(dim: int, dtype: np.dtype, slots: int) -> np.dtype:
-    """A record of rows of ``dim`` values of ``dtype`` with ``slots`` optimizer slots: the
-    id, ``META``'s fields, the row, then each slot, packed (a segment's records; a move
-    ships them so)."""
-    cell = (np.dtype(dtype), (dim,))
-    return np.dtype(
-        [("id", "<i8"), ("epoch", "<u4"), ("pad", "<u4"), ("last_seen", "<i8"), ("freq", "<i8")]
-        + [("row", *cell)]
-        + [(f"slot{i}", *cell) for i in range(slots)]
-    )
 
 
 def resize_rows(holder: dict[str, Any], key: str, rows: int) -> np.ndarray:
@@ -844,12 +711,12 @@ class ColdRows:
             seg = self.segments[number]
             dest = order[part]
             got = self._gather(number, records, self.record(seg.slots))
-            out["ids"][dest] = got["id"]  # (each record's fields moved as one block: _cells)
-            _scatter_cells(out["meta"], dest, _field_cells(got, "epoch", "freq"))
-            _scatter_cells(out["rows"], dest, _field_cells(got, "row"))
+            out["ids"][dest] = got["id"]  # (each record's fields moved as one block: as_cells)
+            scatter_cells(out["meta"], dest, field_cells(got, "epoch", "freq"))
+            scatter_cells(out["rows"], dest, field_cells(got, "row"))
             for k, init in slot_init.items():
                 if k in seg.slots:
-                    _scatter_cells(out[f"slot:{k}"], dest, _field_cells(got, f"slot{seg.slots.index(k)}"))
+                    scatter_cells(out[f"slot:{k}"], dest, field_cells(got, f"slot{seg.slots.index(k)}"))
                 else:
                     out[f"slot:{k}"][dest] = init
         return out

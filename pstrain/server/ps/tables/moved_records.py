@@ -19,7 +19,7 @@ import numpy as np
 
 from ...._base.errors import InvalidArgumentError
 from ...._formats.messages.placement_map import TableCopy
-from .cold_rows import META, copy_field, put_field, record_dtype
+from .cold_records import META, copy_field, put_field, record_dtype
 
 __all__ = ["PulledToRam", "as_columns", "checked_records", "kept_records", "records_of"]
 

@@ -46,7 +46,8 @@ from ...._base.errors import InvalidArgumentError, ResourceExhaustedError
 from ...._formats.files.direct_writes import ALIGN, CHUNK
 from ..checkpoints.snapshots import Snapshot
 from ..store import ChangeClock
-from .cold_rows import META, ColdRows, resize_rows, scatter_rows
+from .cold_records import META, scatter_rows
+from .cold_rows import ColdRows, resize_rows
 from .dynamic_table import EVICT_BATCH, DynamicTable
 from .id_index import IdIndex
 from .table_config import TableConfig
