@@ -249,6 +249,20 @@ def test_a_file_or_port_given_wrong_is_one_line_naming_the_flag(tmp_path):
             f"--tls-ca {missing}: cannot be loaded",
         ),
         (
+            (
+                "serve",
+                "--role",
+                "ps",
+                "--port",
+                "0",
+                "--memory-budget",
+                "8MiB",
+                "--table-dir",
+                "/proc/pstrain-tier",
+            ),
+            "table_dir '/proc/pstrain-tier': this ps cannot keep its tables' rows there: No such file or directory",
+        ),
+        (
             ("serve", "--role", "ps", "--port", "0", "--max-body", "-1"),
             "argument --max-body: it must be a whole number of 1 or more, got -1",
         ),

@@ -115,13 +115,19 @@ def tier_directory(budget: int | None, table_dir: str | None, segment_rows: int 
                 "a ps tiers its tables with both memory_budget and table_dir, or neither"
             )
         return None
-    os.makedirs(table_dir, exist_ok=True)
-    for entry in os.listdir(table_dir):
-        match = re.fullmatch(r"pstrain-(\d+)-[0-9a-f]+", entry)
-        if match and not _alive(int(match.group(1))):
-            shutil.rmtree(os.path.join(table_dir, entry), ignore_errors=True)
     own = os.path.join(table_dir, f"pstrain-{os.getpid()}-{secrets.token_hex(4)}")
-    os.makedirs(own)
+    try:
+        os.makedirs(table_dir, exist_ok=True)
+        for entry in os.listdir(table_dir):
+            match = re.fullmatch(r"pstrain-(\d+)-[0-9a-f]+", entry)
+            if match and not _alive(int(match.group(1))):
+                shutil.rmtree(os.path.join(table_dir, entry), ignore_errors=True)
+        os.makedirs(own)
+    except OSError as exc:  # (a read-only or virtual file system, a file in the way ...)
+        raise InvalidArgumentError(
+            f"table_dir {table_dir!r}: this ps cannot keep its tables' rows there: "
+            f"{exc.strerror or exc} ({exc.filename or table_dir})"
+        ) from None
     return Tiering(budget=budget, directory=own, segment_rows=segment_rows)
 
 
