@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import re
 
 import aiohttp
 import numpy as np
@@ -601,3 +602,36 @@ async def test_a_ranking_models_tables_on_tiered_ps_train_save_and_restore_as_in
         np.testing.assert_array_equal(got, want)
     for name, want in want_rows.items():
         np.testing.assert_array_equal(rows[name], want, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"memory_budget": -1}, "memory_budget must be a whole number of 1 or more, got -1"),
+        ({"memory_budget": "lots"}, "memory_budget must be a size in bytes such as 512MiB, got 'lots'"),
+        ({"memory_budget": 1.5e6}, "memory_budget must be a whole number of 1 or more, got 1500000.0"),
+        ({"table_segment_rows": 0}, "table_segment_rows must be a whole number of 1 or more, got 0"),
+        ({"table_dir": 123}, "table_dir must be a directory's path, got 123"),
+        ({"table_dir": "/proc/pstrain-tier"}, "table_dir '/proc/pstrain-tier': this ps cannot keep its"),
+        ({"max_store_bytes": 0}, "max_store_bytes must be a whole number of 1 or more, got 0"),
+    ],
+)
+async def test_a_ps_given_a_budget_or_tier_it_cannot_use_is_refused_naming_it(tmp_path, options, message):
+    options = {"memory_budget": BUDGET, "table_dir": str(tmp_path / "tier")} | options
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match=re.escape(message)):
+        async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN, ps_options=options):
+            pass
+    assert not (tmp_path / "tier").exists() or not os.listdir(tmp_path / "tier")
+
+
+async def test_a_budget_given_as_a_size_is_the_budget_in_bytes(tmp_path):
+    """``memory_budget="1MiB"`` (as ``LocalCluster`` and ``--memory-budget`` take it) tiers the
+    table as ``1 << 20`` does: the same rows on disk after the same training."""
+    held = []
+    for budget in ("1MiB", BUDGET):
+        options = {"memory_budget": budget, "table_dir": str(tmp_path / f"tier{len(held)}")}
+        async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN, ps_options=options) as cluster:
+            table, _ = await _train(cluster, _batches()[:8])
+            stats = await table.statistics()
+            held.append((stats["hot_rows"], stats["cold_rows"]))
+    assert held[0] == held[1] and held[0][1] > 0, held

@@ -260,7 +260,8 @@ def test_a_file_or_port_given_wrong_is_one_line_naming_the_flag(tmp_path):
                 "--table-dir",
                 "/proc/pstrain-tier",
             ),
-            "table_dir '/proc/pstrain-tier': this ps cannot keep its tables' rows there: No such file or directory",
+            "table_dir '/proc/pstrain-tier': this ps cannot keep its tables' rows there: "
+            "No such file or directory",
         ),
         (
             ("serve", "--role", "ps", "--port", "0", "--max-body", "-1"),

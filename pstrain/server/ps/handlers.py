@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from ..._base.checks import byte_size, whole
 from ..._base.cluster import task_name
 from ..._base.errors import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError
 from ..._formats.messages.checkpoint_operations import (
@@ -105,8 +106,11 @@ DEFAULT_MAX_GATHER_BYTES = 32 << 20
 DEFAULT_MAX_REPLY_BYTES = 1 << 30
 
 
-def tier_directory(budget: int | None, table_dir: str | None, segment_rows: int = 1 << 20) -> Tiering | None:
-    """This process's tiering under ``table_dir`` (None without a budget and a directory):
+def tier_directory(
+    budget: int | str | None, table_dir: str | None, segment_rows: int = 1 << 20
+) -> Tiering | None:
+    """This process's tiering under ``table_dir`` (None without a budget and a directory;
+    ``budget`` in bytes, or a size such as ``"512MiB"``):
     a directory of its own, ``pstrain-<pid>-<random>``, after removing those of processes
     that are gone (a ps that was killed left its rows there; restores come from checkpoints)."""
     if budget is None or table_dir is None:
@@ -115,6 +119,11 @@ def tier_directory(budget: int | None, table_dir: str | None, segment_rows: int 
                 "a ps tiers its tables with both memory_budget and table_dir, or neither"
             )
         return None
+    budget = byte_size(budget, "memory_budget")
+    segment_rows = whole(segment_rows, "table_segment_rows", 1)
+    if not isinstance(table_dir, (str, os.PathLike)):
+        raise InvalidArgumentError(f"table_dir must be a directory's path, got {table_dir!r}")
+    table_dir = os.fspath(table_dir)
     own = os.path.join(table_dir, f"pstrain-{os.getpid()}-{secrets.token_hex(4)}")
     try:
         os.makedirs(table_dir, exist_ok=True)
@@ -170,13 +179,18 @@ class ParameterServer(ServerBase):
         max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
         max_store_bytes: int | None = None,
         checkpoint_root: str | None = None,
-        memory_budget: int | None = None,
+        memory_budget: int | str | None = None,
         table_dir: str | None = None,
         table_segment_rows: int = 1 << 20,
         client_ssl: ssl.SSLContext | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__("ps", index, **kwargs)
+        max_variable_bytes = byte_size(max_variable_bytes, "max_variable_bytes")
+        max_gather_bytes = byte_size(max_gather_bytes, "max_gather_bytes")
+        max_reply_bytes = byte_size(max_reply_bytes, "max_reply_bytes")
+        if max_store_bytes is not None:
+            max_store_bytes = byte_size(max_store_bytes, "max_store_bytes")
         #: TLS of this ps's own requests to other ps (a move's copy, pulled from its source).
         self.client_ssl = client_ssl
         # Every part is wired here, at construction, and reads the ps's name from it (a ps

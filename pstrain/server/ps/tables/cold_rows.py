@@ -9,8 +9,8 @@ On disk: append-only *segments* of at most ``segment_rows`` records, a file each
 (``<n>.rec``); a record is a row whole (its id, epoch, ages, values and each slot's, packed:
 ``cold_records.py``), so reading a batch of rows is one ``pread`` per run of records a few
 KiB apart at most, and a save reads each record once for every array it writes
-(:meth:`ColdRows.fill_many`). A record taken back (or evicted) is only counted dead; a segment whose records are all dead is deleted (never
-while a save or a read may need it).
+(:meth:`ColdRows.fill_many`). A record taken back (or evicted) is only counted dead; a
+segment whose records are all dead is deleted (never while a save or a read may need it).
 
 A restore links the files of the checkpoint it restores in as segments too (``<n>.ref``, a
 hard link: :meth:`ColdRows.link`), rather than writing their rows out again: there a
