@@ -24,7 +24,6 @@ them to any number of ps.
 from __future__ import annotations
 
 import asyncio
-import itertools
 from typing import Any
 
 import numpy as np
@@ -54,8 +53,6 @@ from .routing import routed
 from .staged_restore import new_stage, restore_staged
 
 __all__ = ["DynamicEmbedding", "TableLookups"]
-
-_names = itertools.count()
 
 
 #: What a tiered table's shard reports besides an untiered one's (summed over the ps).
@@ -139,8 +136,8 @@ class DynamicEmbedding:
             )
         if eviction not in ("lru", "lfu"):  # "evict" on the wire: named here as the user wrote it
             raise InvalidArgumentError(f"DynamicEmbedding eviction must be 'lru' or 'lfu', got {eviction!r}")
-        self.name = name or f"dynamic_embedding_{next(_names)}"
-        self.key = placement.namespace + self.name
+        if name is not None and (not isinstance(name, str) or not name.strip("/")):
+            raise InvalidArgumentError(f"a DynamicEmbedding's name must be a non-empty string, got {name!r}")
         self.dim = dim
         self.dtype = np.dtype(dtype)
         self.num_ps = num_ps
@@ -175,6 +172,10 @@ class DynamicEmbedding:
         self.pool: ChannelPool | None = placement.channels
         #: ``(id(loop), ps)`` where this handle has sent the shard's creation.
         self.created_on: set[tuple[int, int]] = set()
+        # Named once nothing can be refused, as variables are: ``name``, then ``name_1`` ...
+        # (two tables of one name would otherwise be one table on the ps).
+        self.name = placement.unique_name(name or "dynamic_embedding")
+        self.key = placement.namespace + self.name
         placement.tables[self.key] = self
 
     @property

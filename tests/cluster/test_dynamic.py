@@ -56,6 +56,37 @@ async def test_rows_are_created_at_first_lookup_with_deterministic_values_over_t
         assert not unseen.any() and await table.size() == 5
 
 
+async def test_two_tables_given_one_name_are_two_tables_named_as_variables_are():
+    """A name given twice in one strategy is made unique (``t``, ``t_1``), as a variable's is:
+    two collections of the default name each keep their own dynamic table, where the second
+    was the first's rows on the ps, silently (or refused at its first lookup if its width
+    differed)."""
+    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            first = pstrain.DynamicEmbedding(4, name="t")
+            second = pstrain.DynamicEmbedding(8, name="t")
+            towers = [
+                pstrain.EmbeddingCollection([pstrain.TableConfig("ids", None, 4, ["f"])]) for _ in range(2)
+            ]
+            opt = pstrain.optimizers.SGD(1.0)
+            with pytest.raises(InvalidArgumentError, match="name must be a non-empty string"):
+                pstrain.DynamicEmbedding(4, name="")
+        assert (first.name, second.name) == ("t", "t_1")
+        assert [c.tables["ids"].name for c in towers] == ["embeddings/ids", "embeddings/ids_1"]
+        await first.lookup(np.arange(3))
+        assert (await second.lookup(np.arange(5))).shape == (5, 8)
+        ids = pstrain.KeyedJaggedTensor(["f"], np.array([7, 9]), np.array([1, 1]))
+        pooled = await towers[0].lookup(ids)
+        await towers[0].apply_gradients(pooled.gradients(np.ones((2, 4), np.float32)), opt)
+        assert [await t.size() for t in (first, second)] == [3, 5]
+        assert [await c.tables["ids"].size() for c in towers] == [2, 0]
+        moved = (await towers[0].tables["ids"].lookup([7], training=False)) - _init(np.array([7]))
+        np.testing.assert_allclose(moved, -np.ones((1, 4)), rtol=1e-6)
+        assert not (await towers[1].tables["ids"].lookup([7], training=False)).any()
+        assert sorted(cluster.ps[0].tables) == ["embeddings/ids", "embeddings/ids_1", "t", "t_1"]
+
+
 async def test_admission_after_n_sightings_and_with_probability():
     async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)

@@ -38,7 +38,12 @@ def _cluster(tmp_path, root) -> InProcessCluster:
 
 def _new(strategy):
     with strategy.scope():
-        return pstrain.DynamicEmbedding(DIM, name="emb"), pstrain.optimizers.Adagrad(0.1)
+        return pstrain.DynamicEmbedding(DIM, name="emb"), _optimizer(strategy)
+
+
+def _optimizer(strategy):
+    with strategy.scope():
+        return pstrain.optimizers.Adagrad(0.1)
 
 
 async def _chain(table, opt, directory, batches) -> str:
@@ -56,11 +61,11 @@ async def _chain(table, opt, directory, batches) -> str:
     return last
 
 
-def _links(cluster) -> list[os.stat_result]:
-    """The files a restore linked into each ps's tier."""
+def _links(cluster, table) -> list[os.stat_result]:
+    """The files a restore linked into each ps's tier of ``table``."""
     out = []
     for ps in cluster.ps:
-        directory = ps.tables["emb"].cold.directory
+        directory = ps.tables[table.key].cold.directory
         out += [os.stat(os.path.join(directory, n)) for n in os.listdir(directory) if n.endswith(".ref")]
     return out
 
@@ -74,11 +79,11 @@ async def test_a_tiered_restore_links_its_base_and_trains_on_as_from_a_copy(tmp_
         table, opt = _new(strategy)
         last = await _chain(table, opt, tmp_path / "chain", batches)
         want_ids, want_rows = await table.export()
-        fresh, opt2 = _new(strategy)
+        fresh, opt2 = table, _optimizer(strategy)  # (restored in place: its shards replaced)
         await pstrain.Checkpoint(model={"emb": fresh}, optimizer=opt2).restore(last)
         # each ps's part of the base is in its tier as the checkpoint's own file, not a copy
         base = {(p.stat().st_dev, p.stat().st_ino) for p in (tmp_path / "chain").rglob("*") if p.is_file()}
-        links = _links(cluster)
+        links = _links(cluster, fresh)
         assert len(links) == 2 and all(s.st_nlink == 2 for s in links), links
         assert {(s.st_dev, s.st_ino) for s in links} <= base
         stats = await fresh.statistics()
@@ -128,7 +133,7 @@ async def test_a_base_on_another_file_system_is_copied_into_the_tier(tmp_path):
             want_ids, want_rows = await table.export()
             fresh, opt2 = _new(strategy)
             await pstrain.Checkpoint(model={"emb": fresh}, optimizer=opt2).restore(last)
-            assert _links(cluster) == []
+            assert _links(cluster, fresh) == []
             assert (await fresh.statistics())["cold_rows"] > 0
             got_ids, got_rows = await fresh.export()
             np.testing.assert_array_equal(got_ids, want_ids)
@@ -145,7 +150,7 @@ async def test_a_base_damaged_where_the_hot_set_is_read_is_refused_before_it_is_
 
     async with _cluster(tmp_path, tmp_path) as cluster:
         fresh, _, _, last = await _restored(cluster, tmp_path, _batches(), [])
-        assert len(_links(cluster)) == 2  # (linked: the check runs beside the fill)
+        assert len(_links(cluster, fresh)) == 2  # (linked: the check runs beside the fill)
         want_ids, want_rows = await fresh.export()
         base = _table_files(tmp_path / "chain", "ckpt-1")
         with TensorFile(str(base[0])) as f:
@@ -165,7 +170,7 @@ async def test_a_base_damaged_where_the_hot_set_is_read_is_refused_before_it_is_
 async def test_a_linked_file_written_in_place_is_an_error_on_read_never_other_rows(tmp_path):
     async with _cluster(tmp_path, tmp_path) as cluster:
         fresh, *_ = await _restored(cluster, tmp_path, _batches(), [])
-        links = _links(cluster)
+        links = _links(cluster, fresh)
         assert links
         path = next(
             p for p in (tmp_path / "chain").rglob("*") if p.is_file() and p.stat().st_ino == links[0].st_ino
@@ -178,13 +183,14 @@ async def test_a_linked_file_written_in_place_is_an_error_on_read_never_other_ro
 
 
 async def _restored(cluster, tmp_path, batches, steps) -> tuple[Any, Any, Any, str]:
-    """A table trained on ``batches`` and saved as a base and two deltas, restored into a new
-    table of ``cluster`` (its base linked into each ps's tier) and trained on ``steps``:
-    the table, its optimizer, a Checkpoint of both and the path restored."""
+    """A table trained on ``batches`` and saved as a base and two deltas, restored in place
+    with a new optimizer (its shards replaced, its base linked into each ps's tier) and
+    trained on ``steps``: the table, its optimizer, a Checkpoint of both and the path
+    restored."""
     strategy = pstrain.ParameterServerStrategy(cluster.resolver)
     table, opt = _new(strategy)
     last = await _chain(table, opt, tmp_path / "chain", batches)
-    fresh, opt2 = _new(strategy)
+    fresh, opt2 = table, _optimizer(strategy)
     checkpoint = pstrain.Checkpoint(model={"emb": fresh}, optimizer=opt2)
     await checkpoint.restore(last)
     await train_with(fresh, opt2, steps)
@@ -234,7 +240,7 @@ async def test_a_full_save_after_a_restore_links_the_base_rows_that_did_not_chan
         # restored into a tier: its own file and its links linked in, every row as saved
         again, opt3 = _new(strategy)
         await pstrain.Checkpoint(model={"emb": again}, optimizer=opt3).restore(saved)
-        assert len(_links(cluster)) >= 2
+        assert len(_links(cluster, again)) >= 2
         got_ids, got_rows = await again.export()
         np.testing.assert_array_equal(got_ids, linked["model/emb/ids"])
         np.testing.assert_array_equal(got_rows, linked["model/emb/rows"])
