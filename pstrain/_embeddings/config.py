@@ -11,6 +11,7 @@ import numpy as np
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from .._formats.numerics.initializers import Initializer, RandomUniform
+from .._training.optimizers import Optimizer
 from .pooling import check_combiner
 
 __all__ = ["TableConfig"]
@@ -77,12 +78,23 @@ class TableConfig:
         self.feature_names = list(feature_names) if feature_names is not None else [name]
         if not self.feature_names:
             raise InvalidArgumentError(f"table {name!r}: no feature looks it up")
+        if not all(isinstance(f, str) and f for f in self.feature_names):
+            raise InvalidArgumentError(
+                f"table {name!r}: feature_names must be non-empty strings, got {self.feature_names!r}"
+            )
+        if len(set(self.feature_names)) != len(self.feature_names):
+            raise InvalidArgumentError(f"table {name!r}: feature_names repeat: {self.feature_names!r}")
         self.combiner = check_combiner(combiner)
         self.initializer = initializer if initializer is not None else RandomUniform(-0.05, 0.05)
         if not isinstance(self.initializer, Initializer):
             raise InvalidArgumentError(
                 f"table {name!r}: initializer must be a pstrain initializer, "
                 f"got {type(self.initializer).__name__}"
+            )
+        if optimizer is not None and not isinstance(optimizer, Optimizer):
+            raise InvalidArgumentError(
+                f"table {name!r}: optimizer must be a pstrain optimizer (pstrain.optimizers."
+                f"Adagrad(0.05) ...) or None (the one apply_gradients is given), got {optimizer!r}"
             )
         self.optimizer = optimizer
         self.dtype = np.dtype(dtype)

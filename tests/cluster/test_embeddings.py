@@ -321,6 +321,28 @@ async def test_random_collections_pool_and_update_as_written_out_with_numpy(ps_p
             )
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_embeddings": 0}, "num_embeddings must be a positive integer"),
+        ({"embedding_dim": 2.5}, "embedding_dim must be a positive integer"),
+        ({"feature_names": "f"}, "feature_names is a list of names"),
+        ({"feature_names": []}, "no feature looks it up"),
+        ({"feature_names": ["f", "f"]}, "feature_names repeat"),
+        ({"feature_names": ["f", 3]}, "feature_names must be non-empty strings"),
+        ({"combiner": "max"}, "combiner must be one of"),
+        ({"optimizer": "adagrad"}, "optimizer must be a pstrain optimizer"),
+        ({"initializer": 0.1}, "initializer must be a pstrain initializer"),
+        ({"dtype": np.int32}, "dtype must be a float type"),
+        ({"pooling_factor": 0}, "pooling_factor must be positive"),
+    ],
+)
+def test_a_table_config_that_cannot_be_built_is_refused_naming_the_argument(kwargs, message):
+    given = {"num_embeddings": 10, "embedding_dim": 4, "feature_names": ["f"]} | kwargs
+    with pytest.raises(InvalidArgumentError, match=message):
+        TableConfig("t", **given)
+
+
 async def test_a_collection_refuses_bad_batches_and_changes_nothing(ps_server):
     async with strategy_for(ps_server).scope():
         collection = EmbeddingCollection([TableConfig("t", 10, 2, ["x", "y"])])
