@@ -25,7 +25,7 @@ from .._base.errors import PstrainError
 from .._base.tasks import TaskOwner
 from .._formats.files.tensor_files import write_atomically
 from ..launch import LocalCluster
-from .arguments import log_level, positive_int
+from .arguments import bytes_flag, directory, log_level, positive_int
 
 __all__ = ["RunDirectory", "add_launch_parser"]
 
@@ -63,6 +63,23 @@ def add_launch_parser(sub: Any) -> None:
         help="run each server on its share of the cores (pstrain serve --cpus; "
         "LocalCluster(pin_cpus=True)): ps i and worker i share a core when the tasks outnumber them",
     )
+    p.add_argument(
+        "--memory-budget",
+        type=bytes_flag,
+        default=None,
+        metavar="SIZE",
+        help="each ps's budget in RAM for its variables and tables (512MiB, 2GiB ...): a dynamic "
+        "table's rows past it live under --table-dir (pstrain serve --memory-budget). "
+        "Needs --table-dir",
+    )
+    p.add_argument(
+        "--table-dir",
+        type=directory,
+        default=None,
+        metavar="DIR",
+        help="where the ps keep the rows past --memory-budget (local disk; each ps its own "
+        "directory inside, removed when it stops). Needs --memory-budget",
+    )
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     p.set_defaults(func=_launch)
 
@@ -77,10 +94,23 @@ def _launch(args: argparse.Namespace) -> int:
         raise PstrainError(
             f"{cmd[0]!r}: no such command (not on PATH, nor an executable file); nothing was started"
         )
+    if (args.memory_budget is None) != (args.table_dir is None):  # before any server starts
+        given, missing = (
+            ("--memory-budget", "--table-dir")
+            if args.table_dir is None
+            else ("--table-dir", "--memory-budget")
+        )
+        raise PstrainError(
+            f"{given} needs {missing}: the ps tier their tables with both (a budget in RAM, and a "
+            "directory on local disk for the rows past it)"
+        )
     from .._transport.bridge import run
 
+    tiers = {"memory_budget": args.memory_budget, "table_dir": args.table_dir}
     return run(
-        _launch_async(cmd, args.ps, args.workers, args.log_level, args.dashboard, args.run_dir, args.pin_cpus)
+        _launch_async(
+            cmd, args.ps, args.workers, args.log_level, args.dashboard, args.run_dir, args.pin_cpus, **tiers
+        )
     )
 
 
@@ -92,8 +122,17 @@ async def _launch_async(
     dashboard: str | None = None,
     run_dir: str | None = None,
     pin_cpus: bool = False,
+    memory_budget: int | None = None,
+    table_dir: str | None = None,
 ) -> int:
-    async with LocalCluster(num_ps, num_workers, log_level=log_level, pin_cpus=pin_cpus) as cluster:
+    async with LocalCluster(
+        num_ps,
+        num_workers,
+        log_level=log_level,
+        pin_cpus=pin_cpus,
+        memory_budget=memory_budget,
+        table_dir=table_dir,
+    ) as cluster:
         chief = f"127.0.0.1:{_free_port()}"  # the coordinator serves its endpoint there
         config = cluster.config()
         config["cluster"]["chief"] = [chief]

@@ -92,6 +92,56 @@ def test_launch_runs_the_script_and_tears_everything_down(tmp_path):
         assert not alive(pid), f"process {pid} outlived pstrain launch"
 
 
+TIERED = textwrap.dedent("""
+    import numpy as np
+    import pstrain
+
+    async def main():
+        strategy = pstrain.ParameterServerStrategy(pstrain.TFConfigClusterResolver())
+        with strategy.scope():
+            table = pstrain.DynamicEmbedding(64, name="emb")
+            opt = pstrain.optimizers.Adagrad(0.1)
+        for k in range(40):  # 40,000 rows of 64 floats and their accumulators: 20 MB
+            ids = np.arange(k * 1000, (k + 1) * 1000)
+            rows = await table.lookup(ids)
+            await opt.apply_gradients([(pstrain.IndexedSlices(np.ones_like(rows), ids), table)])
+        stats = await table.statistics()
+        print("rows", stats["hot_rows"], stats["cold_rows"])
+
+    pstrain.run(main())
+""")
+
+
+def test_launch_gives_its_ps_a_memory_budget_and_a_table_dir(tmp_path):
+    """``pstrain launch --memory-budget --table-dir``: each ps holds the rows past its budget
+    on disk under the directory (which it empties when it stops); one without the other is
+    refused before anything starts."""
+    script = tmp_path / "train.py"
+    script.write_text(TIERED)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PSTRAIN_", "TF_CONFIG"))}
+    launch = [sys.executable, "-m", "pstrain.cli", "launch", "--ps", "1", "--workers", "1"]
+    tier = tmp_path / "tier"
+    result = subprocess.run(
+        [*launch, "--memory-budget", "4MiB", "--table-dir", str(tier), "--", sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=80,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    hot, cold = (int(n) for n in result.stdout.split("[chief] rows", 1)[1].split()[:2])
+    assert hot + cold == 40_000 and cold > 30_000 and hot > 0, (hot, cold)
+    assert tier.is_dir() and not os.listdir(tier)  # each ps removed its own directory
+    alone = subprocess.run(
+        [*launch, "--memory-budget", "4MiB", "--", sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+    assert alone.returncode == 2 and "--memory-budget needs --table-dir" in alone.stderr
+
+
 def test_launch_needs_a_command():
     result = subprocess.run(
         [sys.executable, "-m", "pstrain.cli", "launch", "--ps", "1"],
