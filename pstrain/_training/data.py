@@ -1,12 +1,14 @@
 """``pstrain.data``: a small, numpy-native input pipeline in the shape of ``tf.data``.
 
-``Dataset.from_tensor_slices(arrays)``, ``range``, ``from_generator``, then
-``map``, ``shuffle(buffer_size, seed)``, ``repeat``, ``batch``, ``take``,
-``shard``, ``prefetch``. Elements stay numpy; tuples and dicts of arrays batch
-component-wise. Iterating a dataset again starts it again.
+``Dataset.from_tensor_slices(arrays)``, ``range``, ``from_generator``, ``zip``, then
+``map``, ``filter``, ``shuffle(buffer_size, seed)``, ``repeat``, ``batch``, ``unbatch``,
+``take``, ``skip``, ``shard``, ``enumerate``, ``concatenate``, ``flat_map``, ``cache`` (in
+memory), ``apply`` and ``prefetch``, each as ``tf.data`` defines it. Elements stay numpy;
+tuples and dicts of arrays batch component-wise. Iterating a dataset again starts it again.
 
 Pipelines built from ``from_tensor_slices`` work on *row indices* until a
-``map`` or ``batch``: shuffling and repeating move arrays of them, a block at a
+``map``, ``filter`` or ``batch`` (``shard``, ``shuffle``, ``repeat``, ``take`` and ``skip``
+keep them): shuffling and repeating move arrays of them, a block at a
 time (``row_indices.py``), and ``batch`` gathers each batch with one call per
 array, so a training step's input costs no Python loop over its examples.
 
@@ -102,15 +104,19 @@ def _spec(element: Any, partial_batch: bool) -> Any:
     return TensorSpec(shape, arr.dtype)
 
 
-def _leaves_len(structure: Any) -> int:
+def _leaves_len(structure: Any, what: str = "from_tensor_slices") -> int:
     if isinstance(structure, dict):
-        lengths = {_leaves_len(v) for v in structure.values()}
+        lengths = {_leaves_len(v, what) for v in structure.values()}
     elif isinstance(structure, tuple):
-        lengths = {_leaves_len(v) for v in structure}
+        lengths = {_leaves_len(v, what) for v in structure}
+    elif not _jagged(structure) and np.ndim(structure) == 0:
+        raise InvalidArgumentError(
+            f"{what}: a component has no first dimension to slice (a scalar: {structure!r})"
+        )
     else:
         return len(structure)
     if len(lengths) != 1:
-        raise InvalidArgumentError(f"from_tensor_slices: components have different lengths {sorted(lengths)}")
+        raise InvalidArgumentError(f"{what}: components have different lengths {sorted(lengths)}")
     return lengths.pop()
 
 
@@ -130,7 +136,13 @@ def _to_arrays(structure: Any) -> Any:
         return {k: _to_arrays(v) for k, v in structure.items()}
     if isinstance(structure, tuple):
         return tuple(_to_arrays(v) for v in structure)
-    return np.asarray(structure)
+    try:
+        return np.asarray(structure)
+    except ValueError:  # (numpy: "inhomogeneous shape")
+        raise InvalidArgumentError(
+            "from_tensor_slices: a component's rows differ in length; give it as a "
+            "pstrain.JaggedTensor (or a RaggedTensor, pstrain's or TF's), whose rows are bags"
+        ) from None
 
 
 def _take(structure: Any, index: Any) -> Any:
@@ -154,6 +166,56 @@ def _stack(elements: list[Any]) -> Any:
     if isinstance(first, tuple):
         return tuple(_stack([e[i] for e in elements]) for i in range(len(first)))
     return np.stack([np.asarray(e) for e in elements])
+
+
+def _rows_of(element: Any) -> Iterator[Any]:
+    """``element``'s rows along its first dimension (``unbatch``): component-wise for tuples
+    and dicts, which must agree on it; a jagged component's rows stay batches of one."""
+    n = _leaves_len(element, "unbatch") if isinstance(element, (tuple, dict)) or _jagged(element) else None
+    if n is None:
+        arr = np.asarray(element)
+        if arr.ndim == 0:
+            raise InvalidArgumentError("unbatch: an element has no first dimension (a scalar)")
+        n = arr.shape[0]
+        element = arr
+    for i in range(n):
+        yield _take(element, np.int64(i)) if not _jagged(element) else element.take(np.array([i]))
+
+
+def _structure(element: Any) -> Any:
+    """What two datasets' elements must share to follow one another (``concatenate``): the
+    nesting, dict keys, and each array's dtype and dimensions past the first."""
+    if isinstance(element, dict):
+        return ("dict", tuple((k, _structure(v)) for k, v in element.items()))
+    if isinstance(element, tuple):
+        return ("tuple", tuple(_structure(v) for v in element))
+    if _jagged(element):
+        return (type(element).__name__,)
+    arr = np.asarray(element)
+    return (arr.dtype.kind, arr.ndim)
+
+
+def _truth(value: Any) -> bool:
+    """A ``filter`` predicate's answer: a scalar bool (numpy's or Python's)."""
+    arr = np.asarray(value)
+    if arr.shape != () or arr.dtype != np.bool_:
+        raise InvalidArgumentError(
+            f"filter: the predicate must return a scalar bool, got {type(value).__name__} "
+            f"of dtype {arr.dtype} and shape {arr.shape}"
+        )
+    return bool(arr)
+
+
+def _parallel_calls(n: Any, what: str) -> None:
+    if n is not None:
+        whole(n, f"{what} num_parallel_calls (AUTOTUNE is -1)", AUTOTUNE)
+        if n == 0:
+            raise InvalidArgumentError(f"{what} num_parallel_calls must be AUTOTUNE (-1) or 1 or more, got 0")
+
+
+def _callable(fn: Any, what: str) -> None:
+    if not callable(fn):
+        raise InvalidArgumentError(f"{what} takes a function, got {type(fn).__name__}")
 
 
 class Dataset:
@@ -235,8 +297,19 @@ class Dataset:
             return Dataset._slices(self._source, index_op(self._indices))
         return Dataset(elem_op(self._make), spec=self._spec, partial_batch=self._partial_batch)
 
-    def map(self, map_func: Callable[..., Any]) -> Dataset:
-        """Apply ``map_func`` to each element (a tuple element is passed as arguments)."""
+    def map(
+        self,
+        map_func: Callable[..., Any],
+        num_parallel_calls: int | None = None,
+        deterministic: bool | None = None,
+        name: str | None = None,
+    ) -> Dataset:
+        """Apply ``map_func`` to each element (a tuple element is passed as arguments).
+        ``num_parallel_calls`` (``AUTOTUNE`` ...), ``deterministic`` and ``name`` are TF's,
+        accepted: the calls run one after another, in order (a worker's closures and its
+        ``prefetch`` thread already share its cores)."""
+        _callable(map_func, "map")
+        _parallel_calls(num_parallel_calls, "map")
         make = self._make
 
         def run() -> Iterator[Any]:
@@ -249,8 +322,7 @@ class Dataset:
         self, buffer_size: int, seed: int | None = None, reshuffle_each_iteration: bool = True
     ) -> Dataset:
         """TF's buffer shuffle: keep ``buffer_size`` elements, emit a random one, refill."""
-        if buffer_size < 1:
-            raise InvalidArgumentError(f"buffer_size must be >= 1, got {buffer_size}")
+        whole(buffer_size, "shuffle buffer_size", 1)
         epochs = itertools.count()
 
         def rng() -> np.random.Generator:
@@ -319,9 +391,18 @@ class Dataset:
 
         return self._derive(lambda blocks: row_indices.sharded(blocks, num_shards, index), sharded)
 
-    def batch(self, batch_size: int, drop_remainder: bool = False) -> Dataset:
-        """Stack ``batch_size`` consecutive elements (component-wise for tuples and dicts)."""
+    def batch(
+        self,
+        batch_size: int,
+        drop_remainder: bool = False,
+        num_parallel_calls: int | None = None,
+        deterministic: bool | None = None,
+        name: str | None = None,
+    ) -> Dataset:
+        """Stack ``batch_size`` consecutive elements (component-wise for tuples and dicts).
+        ``num_parallel_calls``, ``deterministic`` and ``name`` are TF's, accepted (as ``map``)."""
         whole(batch_size, "batch_size", 1)
+        _parallel_calls(num_parallel_calls, "batch")
         if self._indices is not None:
             source = self._source
             batch_rows = row_indices.batches(self._indices, batch_size, drop_remainder)
@@ -342,6 +423,135 @@ class Dataset:
                 yield _stack(chunk)
 
         return Dataset(batched, partial_batch=not drop_remainder)
+
+    def skip(self, count: int) -> Dataset:
+        """All but the first ``count`` elements (none when ``count`` is -1, as TF's)."""
+        whole(count, "skip count", -1)
+
+        def skipped(make: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
+            return lambda: itertools.islice(make(), count, None) if count >= 0 else iter(())
+
+        return self._derive(lambda blocks: row_indices.skipped(blocks, count), skipped)
+
+    def filter(self, predicate: Callable[..., Any]) -> Dataset:
+        """The elements for which ``predicate`` (given a tuple element as arguments, as
+        ``map``) returns True: a scalar bool, as TF requires."""
+        _callable(predicate, "filter")
+        make = self._make
+
+        def run() -> Iterator[Any]:
+            for e in make():
+                if _truth(predicate(*e) if isinstance(e, tuple) else predicate(e)):
+                    yield e
+
+        return Dataset(run, spec=self._spec, partial_batch=self._partial_batch)
+
+    def enumerate(self, start: int = 0) -> Dataset:
+        """``(index, element)`` pairs, the index an int64 from ``start``."""
+        whole(start, "enumerate start")
+        make = self._make
+        return Dataset(lambda: ((np.int64(i), e) for i, e in enumerate(make(), start)))
+
+    def unbatch(self) -> Dataset:
+        """Each element split along its first dimension into as many elements (tuples and
+        dicts component-wise, which must agree on it); the inverse of ``batch``."""
+        make = self._make
+        return Dataset(lambda: (row for e in make() for row in _rows_of(e)))
+
+    def flat_map(self, map_func: Callable[..., Dataset]) -> Dataset:
+        """The elements of the datasets ``map_func`` returns for each element, in order."""
+        _callable(map_func, "flat_map")
+        make = self._make
+
+        def run() -> Iterator[Any]:
+            for e in make():
+                inner = map_func(*e) if isinstance(e, tuple) else map_func(e)
+                if not isinstance(inner, Dataset):
+                    raise InvalidArgumentError(
+                        f"flat_map: the function must return a Dataset, got {type(inner).__name__}"
+                    )
+                yield from inner
+
+        return Dataset(run)
+
+    def concatenate(self, dataset: Dataset) -> Dataset:
+        """This dataset's elements, then ``dataset``'s (of the same structure and dtypes)."""
+        if not isinstance(dataset, Dataset):
+            raise InvalidArgumentError(f"concatenate takes a Dataset, got {type(dataset).__name__}")
+        first, second = self._make, dataset._make
+
+        def run() -> Iterator[Any]:
+            shape = None
+            for e in first():
+                shape = _structure(e) if shape is None else shape
+                yield e
+            for e in second():
+                if shape is not None and _structure(e) != shape:
+                    raise InvalidArgumentError(
+                        f"concatenate: the second dataset's elements ({_structure(e)}) are not of "
+                        f"the first's structure and dtypes ({shape})"
+                    )
+                shape = None  # (checked once)
+                yield e
+
+        return Dataset(run)
+
+    @staticmethod
+    def zip(*datasets: Any) -> Dataset:
+        """Elements side by side, until the shortest ends: ``Dataset.zip((a, b))`` (or
+        ``Dataset.zip(a, b)``) gives tuples, ``Dataset.zip({"x": a, "y": b})`` dicts."""
+        nest: Any = datasets[0] if len(datasets) == 1 else datasets
+        if isinstance(nest, Dataset):
+            nest = (nest,)
+        parts = (
+            list(nest.values()) if isinstance(nest, dict) else list(nest) if isinstance(nest, tuple) else None
+        )
+        if not parts or not all(isinstance(d, Dataset) for d in parts):
+            raise InvalidArgumentError(
+                "Dataset.zip takes Datasets: a tuple or dict of them, or several as arguments"
+            )
+
+        def run() -> Iterator[Any]:
+            for row in zip(*(iter(d) for d in parts)):
+                yield dict(zip(nest, row)) if isinstance(nest, dict) else tuple(row)
+
+        return Dataset(run)
+
+    def cache(self, filename: str = "") -> Dataset:
+        """Keep the elements of the first complete iteration in memory and give them again
+        on later ones (the pipeline before it, and its ``map``s, run once). An iteration
+        stopped part way caches nothing. A ``filename`` (TF's cache on disk) is refused."""
+        if filename:
+            raise InvalidArgumentError(
+                f"cache({filename!r}): a cache on disk is not supported; cache() keeps the elements in memory"
+            )
+        make = self._make
+        done: list[list[Any]] = []
+
+        def run() -> Iterator[Any]:
+            if done:
+                yield from done[0]
+                return
+            kept = []
+            for e in make():
+                kept.append(e)
+                yield e
+            if not done:
+                done.append(kept)
+
+        return Dataset(run, spec=self._spec, partial_batch=self._partial_batch)
+
+    def apply(self, transformation_func: Callable[[Dataset], Dataset]) -> Dataset:
+        """``transformation_func(self)``, as TF's."""
+        _callable(transformation_func, "apply")
+        out = transformation_func(self)
+        if not isinstance(out, Dataset):
+            raise InvalidArgumentError(f"apply: the function must return a Dataset, got {type(out).__name__}")
+        return out
+
+    def as_numpy_iterator(self) -> Iterator[Any]:
+        """The elements (already numpy here), as TF's."""
+        return iter(self)
 
     def prefetch(self, buffer_size: int = 1) -> Dataset:
         """Produce up to ``buffer_size`` elements ahead in a background thread."""

@@ -1,5 +1,5 @@
 """A sliced dataset's row indices, moved in blocks: what ``shard``, ``shuffle``, ``repeat``,
-``take`` and ``batch`` do to the rows of ``from_tensor_slices`` before a batch gathers them.
+``take``, ``skip`` and ``batch`` do to the rows of ``from_tensor_slices`` before a batch gathers them.
 
 Each step is a factory of iterators of blocks (int64 arrays of row indices, in order), so a
 batch's indices cost a few numpy calls and, for a shuffle, one compiled loop, not a Python
@@ -20,7 +20,18 @@ import numpy as np
 
 from .._kernels import KERNELS
 
-__all__ = ["BLOCK", "Blocks", "batches", "each", "repeated", "rows", "sharded", "shuffled", "taken"]
+__all__ = [
+    "BLOCK",
+    "Blocks",
+    "batches",
+    "each",
+    "repeated",
+    "rows",
+    "sharded",
+    "shuffled",
+    "skipped",
+    "taken",
+]
 
 #: Rows per block from the source (a step may pass on smaller ones).
 BLOCK = 4096
@@ -75,6 +86,23 @@ def taken(blocks: Blocks, count: int) -> Blocks:
                 return
             left -= block.size
             yield block
+
+    return run
+
+
+def skipped(blocks: Blocks, count: int) -> Blocks:
+    """All but the first ``count`` rows (none when negative)."""
+
+    def run() -> Iterator[np.ndarray]:
+        if count < 0:
+            return
+        left = count
+        for block in blocks():
+            if left >= block.size:
+                left -= block.size
+                continue
+            yield block[left:]
+            left = 0
 
     return run
 

@@ -1,0 +1,224 @@
+"""``pstrain.data.Dataset``'s transformations as ``tf.data`` defines them: random pipelines
+of them against the same steps on a Python list (from ``from_tensor_slices``, whose first
+steps move row indices, and from a generator, element by element), and TF's rules for
+``skip``, ``filter``, ``enumerate``, ``zip``, ``concatenate``, ``unbatch``, ``flat_map`` and
+``cache``, with clear refusals of what TF refuses."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from pstrain import JaggedTensor
+from pstrain.data import Dataset
+from pstrain.errors import InvalidArgumentError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _reference(elems: list, op: tuple) -> list:
+    """``op`` on a list of elements (ints, or tuples of ints for a batch)."""
+    kind, *args = op
+    if kind == "shard":
+        return elems[args[1] :: args[0]]
+    if kind == "take":
+        return elems if args[0] < 0 else elems[: args[0]]
+    if kind == "skip":
+        return [] if args[0] < 0 else elems[args[0] :]
+    if kind == "repeat":
+        return elems * args[0]
+    if kind == "filter":
+        return [e for e in elems if e % args[0] == 0]
+    if kind == "batch_unbatch":
+        size, drop = args
+        kept = len(elems) - len(elems) % size if drop else len(elems)
+        return elems[:kept]
+    if kind == "concatenate_self":
+        return elems + elems
+    return elems  # map, prefetch, cache: the same elements
+
+
+def _apply(ds: Dataset, op: tuple) -> Dataset:
+    kind, *args = op
+    if kind == "shard":
+        return ds.shard(*args)
+    if kind == "take":
+        return ds.take(args[0])
+    if kind == "skip":
+        return ds.skip(args[0])
+    if kind == "repeat":
+        return ds.repeat(args[0])
+    if kind == "filter":
+        return ds.filter(lambda a, _: a % args[0] == 0)
+    if kind == "batch_unbatch":
+        return ds.batch(args[0], drop_remainder=args[1]).unbatch()
+    if kind == "concatenate_self":
+        return ds.concatenate(ds)
+    if kind == "map":
+        return ds.map(lambda a, j: (a, j))
+    if kind == "prefetch":
+        return ds.prefetch(args[0])
+    return ds.cache()
+
+
+def _random_op(rng: random.Random) -> tuple:
+    kind = rng.choice(
+        [
+            "shard",
+            "take",
+            "skip",
+            "repeat",
+            "filter",
+            "batch_unbatch",
+            "concatenate_self",
+            "map",
+            "prefetch",
+            "cache",
+        ]
+    )
+    if kind == "shard":
+        n = rng.randrange(1, 4)
+        return ("shard", n, rng.randrange(n))
+    if kind in ("take", "skip"):
+        return (kind, rng.randrange(-1, 12))
+    if kind == "repeat":
+        return ("repeat", rng.randrange(0, 3))
+    if kind == "filter":
+        return ("filter", rng.randrange(1, 4))
+    if kind == "batch_unbatch":
+        return ("batch_unbatch", rng.randrange(1, 5), rng.random() < 0.5)
+    if kind == "prefetch":
+        return ("prefetch", rng.randrange(1, 3))
+    return (kind,)
+
+
+@pytest.mark.parametrize("source", ["slices", "generator"])
+def test_random_pipelines_give_what_the_same_steps_give_on_a_list(source):
+    """Each example is a number and a bag of ids (``JaggedTensor``); every pipeline's
+    elements are the reference's, each with its own bag, iterated twice."""
+    for seed in range(150):
+        rng = random.Random(seed)
+        n = rng.randrange(0, 25)
+        lengths = np.array([rng.randrange(0, 4) for _ in range(n)], np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        values = np.arange(int(lengths.sum()), dtype=np.int64) * 10
+        bags = JaggedTensor(values, lengths)
+        if source == "slices":
+            ds = Dataset.from_tensor_slices((np.arange(n, dtype=np.int64), bags))
+        else:
+            ds = Dataset.from_generator(
+                lambda n=n, bags=bags: ((np.int64(i), bags.take(np.array([i]))) for i in range(n))
+            )
+        ops = [_random_op(rng) for _ in range(rng.randrange(1, 5))]
+        want = list(range(n))
+        for op in ops:
+            ds, want = _apply(ds, op), _reference(want, op)
+        for _ in range(2):
+            got = list(ds)
+            assert [int(a) for a, _ in got] == want, (seed, ops)
+            for a, bag in got:
+                np.testing.assert_array_equal(bag.values, values[offsets[int(a)] : offsets[int(a) + 1]])
+
+
+def test_skip_takes_minus_one_for_everything_and_refuses_less():
+    ds = Dataset.range(5)
+    assert [int(x) for x in ds.skip(3)] == [3, 4]
+    assert list(ds.skip(-1)) == [] and [int(x) for x in ds.skip(0)] == [0, 1, 2, 3, 4]
+    assert [int(x) for x in Dataset.from_tensor_slices(np.arange(9000)).skip(8997)] == [8997, 8998, 8999]
+    with pytest.raises(InvalidArgumentError, match="skip count"):
+        ds.skip(-2)
+
+
+def test_filter_keeps_what_a_scalar_bool_predicate_keeps():
+    ds = Dataset.from_tensor_slices((np.arange(6), np.arange(6) * 10))
+    assert [(int(a), int(b)) for a, b in ds.filter(lambda a, b: b > 25)] == [(3, 30), (4, 40), (5, 50)]
+    with pytest.raises(InvalidArgumentError, match="scalar bool"):
+        list(ds.filter(lambda a, b: np.array([True, False])))
+    with pytest.raises(InvalidArgumentError, match="scalar bool"):
+        list(ds.filter(lambda a, b: 1))
+    with pytest.raises(InvalidArgumentError, match="filter takes a function"):
+        ds.filter(None)
+
+
+def test_enumerate_zip_and_concatenate():
+    a, b = Dataset.range(3), Dataset.from_tensor_slices(np.array([7.0, 8.0]))
+    assert [(int(i), int(x)) for i, x in a.enumerate(start=10)] == [(10, 0), (11, 1), (12, 2)]
+    assert [(int(x), float(y)) for x, y in Dataset.zip((a, b))] == [(0, 7.0), (1, 8.0)]
+    assert [(int(x), float(y)) for x, y in Dataset.zip(a, b)] == [(0, 7.0), (1, 8.0)]
+    assert [{k: float(v) for k, v in d.items()} for d in Dataset.zip({"x": a, "y": b})] == [
+        {"x": 0.0, "y": 7.0},
+        {"x": 1.0, "y": 8.0},
+    ]
+    assert [int(x) for x in a.concatenate(Dataset.range(5, 7))] == [0, 1, 2, 5, 6]
+    with pytest.raises(InvalidArgumentError, match="not of the first's structure"):
+        list(a.concatenate(b))
+    with pytest.raises(InvalidArgumentError, match="Dataset.zip takes Datasets"):
+        Dataset.zip((a, [1, 2]))
+    with pytest.raises(InvalidArgumentError, match="concatenate takes a Dataset"):
+        a.concatenate([1])
+
+
+def test_unbatch_splits_arrays_tuples_dicts_and_bags_by_their_first_dimension():
+    bags = JaggedTensor(np.arange(6), np.array([1, 2, 0, 3]))
+    rows = Dataset.from_tensor_slices({"x": np.arange(8).reshape(4, 2), "ids": bags}).batch(3).unbatch()
+    got = list(rows)
+    assert [r["x"].tolist() for r in got] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert [r["ids"].values.tolist() for r in got] == [[0], [1, 2], [], [3, 4, 5]]
+    with pytest.raises(InvalidArgumentError, match="unbatch: an element has no first dimension"):
+        list(Dataset.range(2).unbatch())
+    uneven = Dataset.from_generator(lambda: iter([(np.zeros(2), np.zeros(3))]))
+    with pytest.raises(InvalidArgumentError, match="unbatch: components have different lengths"):
+        list(uneven.unbatch())
+
+
+def test_cache_runs_the_pipeline_before_it_once_and_only_a_whole_pass_counts():
+    calls = []
+    ds = Dataset.range(4).map(lambda x: calls.append(int(x)) or x * 2).cache()
+    assert [int(x) for x in ds.take(2)] == [0, 2]  # a partial pass: nothing cached
+    assert [int(x) for x in ds] == [0, 2, 4, 6]
+    assert [int(x) for x in ds] == [0, 2, 4, 6] and calls == [0, 1, 0, 1, 2, 3]
+    with pytest.raises(InvalidArgumentError, match="a cache on disk is not supported"):
+        Dataset.range(2).cache("/tmp/cache")
+
+
+def test_flat_map_apply_and_as_numpy_iterator():
+    ds = Dataset.range(1, 4).flat_map(lambda n: Dataset.range(int(n)))
+    assert [int(x) for x in ds] == [0, 0, 1, 0, 1, 2]
+    with pytest.raises(InvalidArgumentError, match="must return a Dataset"):
+        list(Dataset.range(2).flat_map(lambda n: [n]))
+    assert [int(x) for x in Dataset.range(5).apply(lambda d: d.skip(3))] == [3, 4]
+    assert [int(x) for x in Dataset.range(2).as_numpy_iterator()] == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: Dataset.from_tensor_slices(5), "no first dimension to slice"),
+        (
+            lambda: Dataset.from_tensor_slices([[1, 2], [3]]),
+            "rows differ in length; give it as a pstrain.JaggedTensor",
+        ),
+        (lambda: Dataset.range(3).map("f"), "map takes a function"),
+        (lambda: Dataset.range(3).shuffle(2.5), "shuffle buffer_size must be a whole number"),
+        (lambda: Dataset.range(3).apply(lambda d: 3), "apply: the function must return a Dataset"),
+    ],
+)
+def test_what_tf_refuses_is_refused_when_the_pipeline_is_built(build, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        build()
+
+
+def test_map_and_batch_take_tfs_parallel_call_arguments_and_keep_the_order():
+    from pstrain.data import AUTOTUNE
+
+    ds = Dataset.range(7).map(
+        lambda x: x * 3, num_parallel_calls=AUTOTUNE, deterministic=False, name="triple"
+    )
+    batches = ds.batch(3, num_parallel_calls=2, deterministic=True)
+    assert [b.tolist() for b in batches] == [[0, 3, 6], [9, 12, 15], [18]]
+    with pytest.raises(InvalidArgumentError, match="num_parallel_calls must be AUTOTUNE"):
+        Dataset.range(2).map(lambda x: x, num_parallel_calls=0)
+    with pytest.raises(InvalidArgumentError, match="batch num_parallel_calls"):
+        Dataset.range(2).batch(2, num_parallel_calls="many")
