@@ -25,6 +25,7 @@ from .._base.errors import PstrainError
 from .._base.tasks import TaskOwner
 from .._formats.files.tensor_files import write_atomically
 from ..launch import LocalCluster
+from ..server.config import paired_tier_flags
 from .arguments import bytes_flag, directory, log_level, positive_int
 
 __all__ = ["RunDirectory", "add_launch_parser"]
@@ -94,16 +95,7 @@ def _launch(args: argparse.Namespace) -> int:
         raise PstrainError(
             f"{cmd[0]!r}: no such command (not on PATH, nor an executable file); nothing was started"
         )
-    if (args.memory_budget is None) != (args.table_dir is None):  # before any server starts
-        given, missing = (
-            ("--memory-budget", "--table-dir")
-            if args.table_dir is None
-            else ("--table-dir", "--memory-budget")
-        )
-        raise PstrainError(
-            f"{given} needs {missing}: the ps tier their tables with both (a budget in RAM, and a "
-            "directory on local disk for the rows past it)"
-        )
+    paired_tier_flags(args.memory_budget, args.table_dir)  # (before any server starts)
     from .._transport.bridge import run
 
     tiers = {"memory_budget": args.memory_budget, "table_dir": args.table_dir}

@@ -17,7 +17,19 @@ from .._base.cluster import ClusterSpec
 from .._base.errors import PstrainError
 from .._transport.frames import DEFAULT_MAX_BODY
 
-__all__ = ["EvaluatorConfig", "PsLimits", "ServeConfig", "client_ssl", "server_ssl"]
+__all__ = ["EvaluatorConfig", "PsLimits", "ServeConfig", "client_ssl", "paired_tier_flags", "server_ssl"]
+
+
+def paired_tier_flags(memory_budget: Any, table_dir: Any) -> None:
+    """``--memory-budget`` and ``--table-dir`` come together (``pstrain serve``, ``launch``)."""
+    if (memory_budget is None) != (table_dir is None):
+        given, missing = (
+            ("--memory-budget", "--table-dir") if table_dir is None else ("--table-dir", "--memory-budget")
+        )
+        raise PstrainError(
+            f"{given} needs {missing}: a ps tiers its tables with both (a budget in RAM, "
+            "and a directory on local disk for the rows past it)"
+        )
 
 
 @dataclass(frozen=True)
@@ -34,16 +46,7 @@ class PsLimits:
     table_dir: str | None = None
 
     def __post_init__(self) -> None:
-        if (self.memory_budget is None) != (self.table_dir is None):
-            given, missing = (
-                ("--memory-budget", "--table-dir")
-                if self.table_dir is None
-                else ("--table-dir", "--memory-budget")
-            )
-            raise PstrainError(
-                f"{given} needs {missing}: a ps tiers its tables with both (a budget in RAM, "
-                "and a directory on local disk for the rows past it)"
-            )
+        paired_tier_flags(self.memory_budget, self.table_dir)
 
     def options(self) -> dict[str, Any]:
         """The ``ParameterServer`` keyword arguments these set."""
