@@ -3,7 +3,8 @@
 ``Dataset.from_tensor_slices(arrays)``, ``range``, ``from_generator``, ``zip``, then
 ``map``, ``filter``, ``shuffle(buffer_size, seed)``, ``repeat``, ``batch``, ``unbatch``,
 ``take``, ``skip``, ``shard``, ``enumerate``, ``concatenate``, ``flat_map``, ``cache`` (in
-memory), ``apply`` and ``prefetch``, each as ``tf.data`` defines it. Elements stay numpy;
+memory), ``apply`` and ``prefetch``, each as ``tf.data`` defines it, and ``cardinality()``
+(``len``) as TF counts it. Elements stay numpy;
 tuples and dicts of arrays batch component-wise. Iterating a dataset again starts it again.
 
 Pipelines built from ``from_tensor_slices`` work on *row indices* until a
@@ -38,10 +39,15 @@ from .._kernels.batches import take_examples
 from . import row_indices
 from .row_indices import Blocks
 
-__all__ = ["AUTOTUNE", "Dataset", "TensorSpec"]
+__all__ = ["AUTOTUNE", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "Dataset", "TensorSpec"]
 
 #: ``prefetch(AUTOTUNE)``, as ``tf.data.AUTOTUNE``: a buffer of 1 here.
 AUTOTUNE = -1
+#: ``Dataset.cardinality()`` of a dataset without end (``repeat()``), as TF's.
+INFINITE_CARDINALITY = -1
+#: ``Dataset.cardinality()`` of a dataset whose length is known only by iterating it
+#: (``from_generator``, ``filter``, ``flat_map``, ``unbatch``), as TF's.
+UNKNOWN_CARDINALITY = -2
 
 
 class TensorSpec:
@@ -229,15 +235,34 @@ class Dataset:
         indices: Blocks | None = None,
         spec: Any = None,
         partial_batch: bool = False,
+        cardinality: int = UNKNOWN_CARDINALITY,
     ) -> None:
         self._make = make
         self._source = source  # slices mode: the arrays...
         self._indices = indices  # ...and its rows, in blocks (``row_indices.py``)
         self._spec = spec  # a declared element_spec (from_generator's signature)
         self._partial_batch = partial_batch  # batched without drop_remainder
+        self._cardinality = cardinality  # its elements, as TF counts them
 
     def __iter__(self) -> Iterator[Any]:
         return self._make()
+
+    def cardinality(self) -> np.int64:
+        """How many elements it has, as TF counts them without iterating:
+        ``INFINITE_CARDINALITY`` (-1) after ``repeat()``, ``UNKNOWN_CARDINALITY`` (-2)
+        where only iterating would tell (``from_generator``, ``filter`` ...)."""
+        return np.int64(self._cardinality)
+
+    def __len__(self) -> int:
+        """The cardinality; a ``TypeError`` for an infinite or unknown one, as TF's."""
+        if self._cardinality == INFINITE_CARDINALITY:
+            raise TypeError("The dataset is infinite.")
+        if self._cardinality == UNKNOWN_CARDINALITY:
+            raise TypeError("The dataset length is unknown.")
+        return self._cardinality
+
+    def __bool__(self) -> bool:  # (``len`` must not decide it: a dataset object is always true)
+        return True
 
     @property
     def element_spec(self) -> Any:
@@ -266,19 +291,22 @@ class Dataset:
         TF's) is sliced as the :class:`~pstrain.JaggedTensor` of its rows."""
         source = _to_arrays(tensors)
         n = _leaves_len(source)
-        return Dataset._slices(source, row_indices.rows(n))
+        return Dataset._slices(source, row_indices.rows(n), n)
 
     @staticmethod
-    def _slices(source: Any, indices: Blocks) -> Dataset:
+    def _slices(source: Any, indices: Blocks, cardinality: int) -> Dataset:
         return Dataset(
-            lambda: (_take(source, i) for i in row_indices.each(indices)), source=source, indices=indices
+            lambda: (_take(source, i) for i in row_indices.each(indices)),
+            source=source,
+            indices=indices,
+            cardinality=cardinality,
         )
 
     @staticmethod
     def range(*args: int) -> Dataset:
         """Like Python's ``range``, as int64 scalars."""
         r = range(*args)
-        return Dataset(lambda: (np.int64(i) for i in r))
+        return Dataset(lambda: (np.int64(i) for i in r), cardinality=len(r))
 
     @staticmethod
     def from_generator(generator: Callable[[], Any], output_signature: Any = None) -> Dataset:
@@ -292,10 +320,13 @@ class Dataset:
         self,
         index_op: Callable[[Blocks], Blocks] | None,
         elem_op: Callable[[Callable[[], Iterator[Any]]], Callable[[], Iterator[Any]]],
+        cardinality: int,
     ) -> Dataset:
         if self._indices is not None and index_op is not None:
-            return Dataset._slices(self._source, index_op(self._indices))
-        return Dataset(elem_op(self._make), spec=self._spec, partial_batch=self._partial_batch)
+            return Dataset._slices(self._source, index_op(self._indices), cardinality)
+        return Dataset(
+            elem_op(self._make), spec=self._spec, partial_batch=self._partial_batch, cardinality=cardinality
+        )
 
     def map(
         self,
@@ -316,7 +347,7 @@ class Dataset:
             for e in make():
                 yield map_func(*e) if isinstance(e, tuple) else map_func(e)
 
-        return Dataset(run)
+        return Dataset(run, cardinality=self._cardinality)
 
     def shuffle(
         self, buffer_size: int, seed: int | None = None, reshuffle_each_iteration: bool = True
@@ -350,7 +381,9 @@ class Dataset:
 
             return run
 
-        return self._derive(lambda blocks: row_indices.shuffled(blocks, buffer_size, rng), shuffled)
+        return self._derive(
+            lambda blocks: row_indices.shuffled(blocks, buffer_size, rng), shuffled, self._cardinality
+        )
 
     def repeat(self, count: int | None = None) -> Dataset:
         """Repeat ``count`` times (forever when None); each pass re-iterates the input."""
@@ -370,7 +403,12 @@ class Dataset:
 
             return run
 
-        return self._derive(lambda blocks: row_indices.repeated(blocks, count), repeated)
+        n = self._cardinality
+        if count is None or count < 0:
+            times = 0 if n == 0 else INFINITE_CARDINALITY
+        else:
+            times = 0 if count == 0 else n if n < 0 else n * count
+        return self._derive(lambda blocks: row_indices.repeated(blocks, count), repeated, times)
 
     def take(self, count: int) -> Dataset:
         """The first ``count`` elements (all when negative)."""
@@ -379,7 +417,12 @@ class Dataset:
         def taken(make: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
             return lambda: make() if count < 0 else itertools.islice(make(), count)
 
-        return self._derive(lambda blocks: row_indices.taken(blocks, count), taken)
+        n = self._cardinality
+        if n == UNKNOWN_CARDINALITY or count < 0:
+            kept = n
+        else:
+            kept = count if n == INFINITE_CARDINALITY else min(n, count)
+        return self._derive(lambda blocks: row_indices.taken(blocks, count), taken, kept)
 
     def shard(self, num_shards: int, index: int) -> Dataset:
         """Every ``num_shards``-th element, starting at ``index``."""
@@ -389,7 +432,9 @@ class Dataset:
         def sharded(make: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
             return lambda: itertools.islice(make(), index, None, num_shards)
 
-        return self._derive(lambda blocks: row_indices.sharded(blocks, num_shards, index), sharded)
+        n = self._cardinality
+        share = n if n < 0 else n // num_shards + (1 if index < n % num_shards else 0)
+        return self._derive(lambda blocks: row_indices.sharded(blocks, num_shards, index), sharded, share)
 
     def batch(
         self,
@@ -403,6 +448,8 @@ class Dataset:
         ``num_parallel_calls``, ``deterministic`` and ``name`` are TF's, accepted (as ``map``)."""
         whole(batch_size, "batch_size", 1)
         _parallel_calls(num_parallel_calls, "batch")
+        n = self._cardinality
+        batches = n if n < 0 else n // batch_size + (0 if n % batch_size == 0 or drop_remainder else 1)
         if self._indices is not None:
             source = self._source
             batch_rows = row_indices.batches(self._indices, batch_size, drop_remainder)
@@ -411,7 +458,7 @@ class Dataset:
                 for idx in batch_rows():
                     yield _take(source, idx)
 
-            return Dataset(gather, partial_batch=not drop_remainder)
+            return Dataset(gather, partial_batch=not drop_remainder, cardinality=batches)
         make = self._make
 
         def batched() -> Iterator[Any]:
@@ -422,7 +469,7 @@ class Dataset:
                     return
                 yield _stack(chunk)
 
-        return Dataset(batched, partial_batch=not drop_remainder)
+        return Dataset(batched, partial_batch=not drop_remainder, cardinality=batches)
 
     def skip(self, count: int) -> Dataset:
         """All but the first ``count`` elements (none when ``count`` is -1, as TF's)."""
@@ -431,7 +478,9 @@ class Dataset:
         def skipped(make: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
             return lambda: itertools.islice(make(), count, None) if count >= 0 else iter(())
 
-        return self._derive(lambda blocks: row_indices.skipped(blocks, count), skipped)
+        n = self._cardinality
+        left = n if n < 0 else 0 if count < 0 else max(0, n - count)
+        return self._derive(lambda blocks: row_indices.skipped(blocks, count), skipped, left)
 
     def filter(self, predicate: Callable[..., Any]) -> Dataset:
         """The elements for which ``predicate`` (given a tuple element as arguments, as
@@ -450,7 +499,9 @@ class Dataset:
         """``(index, element)`` pairs, the index an int64 from ``start``."""
         whole(start, "enumerate start")
         make = self._make
-        return Dataset(lambda: ((np.int64(i), e) for i, e in enumerate(make(), start)))
+        return Dataset(
+            lambda: ((np.int64(i), e) for i, e in enumerate(make(), start)), cardinality=self._cardinality
+        )
 
     def unbatch(self) -> Dataset:
         """Each element split along its first dimension into as many elements (tuples and
@@ -494,7 +545,12 @@ class Dataset:
                 shape = None  # (checked once)
                 yield e
 
-        return Dataset(run)
+        n1, n2 = self._cardinality, int(dataset.cardinality())
+        if INFINITE_CARDINALITY in (n1, n2):
+            both = INFINITE_CARDINALITY
+        else:
+            both = UNKNOWN_CARDINALITY if UNKNOWN_CARDINALITY in (n1, n2) else n1 + n2
+        return Dataset(run, cardinality=both)
 
     @staticmethod
     def zip(*datasets: Any) -> Dataset:
@@ -515,7 +571,12 @@ class Dataset:
             for row in zip(*(iter(d) for d in parts)):
                 yield dict(zip(nest, row)) if isinstance(nest, dict) else tuple(row)
 
-        return Dataset(run)
+        sizes = [int(d.cardinality()) for d in parts]
+        if UNKNOWN_CARDINALITY in sizes:
+            shortest = UNKNOWN_CARDINALITY
+        else:
+            shortest = min((n for n in sizes if n >= 0), default=INFINITE_CARDINALITY)
+        return Dataset(run, cardinality=shortest)
 
     def cache(self, filename: str = "") -> Dataset:
         """Keep the elements of the first complete iteration in memory and give them again
@@ -539,7 +600,7 @@ class Dataset:
             if not done:
                 done.append(kept)
 
-        return Dataset(run, spec=self._spec, partial_batch=self._partial_batch)
+        return Dataset(run, spec=self._spec, partial_batch=self._partial_batch, cardinality=self._cardinality)
 
     def apply(self, transformation_func: Callable[[Dataset], Dataset]) -> Dataset:
         """``transformation_func(self)``, as TF's."""
@@ -592,7 +653,7 @@ class Dataset:
             finally:
                 stop.set()
 
-        return Dataset(run, spec=self._spec, partial_batch=self._partial_batch)
+        return Dataset(run, spec=self._spec, partial_batch=self._partial_batch, cardinality=self._cardinality)
 
 
 expose(globals(), "pstrain.data")

@@ -222,3 +222,43 @@ def test_map_and_batch_take_tfs_parallel_call_arguments_and_keep_the_order():
         Dataset.range(2).map(lambda x: x, num_parallel_calls=0)
     with pytest.raises(InvalidArgumentError, match="batch num_parallel_calls"):
         Dataset.range(2).batch(2, num_parallel_calls="many")
+
+
+def test_cardinality_follows_tfs_rules_and_len_refuses_what_it_cannot_know():
+    from pstrain.data import INFINITE_CARDINALITY, UNKNOWN_CARDINALITY
+
+    ds = Dataset.from_tensor_slices(np.arange(10))
+    gen = Dataset.from_generator(lambda: iter(range(3)))
+    cases = [
+        (ds, 10),
+        (ds.shard(3, 1), 3),
+        (ds.batch(3), 4),
+        (ds.batch(3, drop_remainder=True), 3),
+        (ds.repeat(2), 20),
+        (ds.repeat(), INFINITE_CARDINALITY),
+        (ds.take(0).repeat(), 0),
+        (ds.repeat().take(5), 5),
+        (ds.take(40), 10),
+        (ds.skip(4), 6),
+        (ds.skip(-1), 0),
+        (ds.shuffle(4).map(lambda x: x).prefetch(1).cache().enumerate(), 10),
+        (ds.filter(lambda x: True), UNKNOWN_CARDINALITY),
+        (gen, UNKNOWN_CARDINALITY),
+        (gen.repeat(), INFINITE_CARDINALITY),
+        (ds.concatenate(Dataset.range(3)), 13),
+        (ds.concatenate(ds.repeat()), INFINITE_CARDINALITY),
+        (Dataset.zip(ds, Dataset.range(4)), 4),
+        (Dataset.zip(ds.repeat(), Dataset.range(4)), 4),
+        (Dataset.zip(ds, gen), UNKNOWN_CARDINALITY),
+        (ds.flat_map(lambda x: Dataset.range(2)), UNKNOWN_CARDINALITY),
+        (ds.batch(2).unbatch(), UNKNOWN_CARDINALITY),
+    ]
+    for dataset, want in cases:
+        assert dataset.cardinality() == want
+        if want >= 0:
+            assert len(dataset) == want == len(list(dataset))
+    with pytest.raises(TypeError, match="infinite"):
+        len(ds.repeat())
+    with pytest.raises(TypeError, match="unknown"):
+        len(gen)
+    assert bool(gen) and list(gen) == [0, 1, 2]

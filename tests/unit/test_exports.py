@@ -102,7 +102,7 @@ ADDED = {
         "RequestCounts",
         "count_requests",
     },
-    "pstrain.data": {"AUTOTUNE"},
+    "pstrain.data": {"AUTOTUNE", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY"},
     "pstrain.optimizers": {"RowWiseAdagrad"},
     "pstrain.jax": {"PooledLookup", "pooled_lookup"},
     "pstrain.torch": {
