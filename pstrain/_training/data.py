@@ -4,8 +4,8 @@
 ``map``, ``filter``, ``shuffle(buffer_size, seed)``, ``repeat``, ``batch``, ``unbatch``,
 ``take``, ``skip``, ``shard``, ``enumerate``, ``concatenate``, ``flat_map``, ``cache`` (in
 memory), ``apply`` and ``prefetch``, each as ``tf.data`` defines it, and ``cardinality()``
-(``len``) as TF counts it. Elements stay numpy;
-tuples and dicts of arrays batch component-wise. Iterating a dataset again starts it again.
+(``len``) as TF counts it. Elements stay numpy; tuples and dicts of arrays batch
+component-wise. Iterating a dataset again starts it again.
 
 Pipelines built from ``from_tensor_slices`` work on *row indices* until a
 ``map``, ``filter`` or ``batch`` (``shard``, ``shuffle``, ``repeat``, ``take`` and ``skip``
