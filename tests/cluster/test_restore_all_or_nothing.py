@@ -69,7 +69,7 @@ async def test_a_table_bigger_than_its_capacity_is_refused_and_nothing_changes(t
         after = await small.export()
         np.testing.assert_array_equal(after[0], before[0])
         np.testing.assert_array_equal(after[1], before[1])
-        assert not any(ps.table_handlers.staged for ps in cluster.ps)  # aborted everywhere
+        assert not any(ps.table_handlers.restores.staged for ps in cluster.ps)  # aborted everywhere
 
 
 @pytest.mark.parametrize("damage", ["row width", "another table's prefix"])
@@ -107,5 +107,6 @@ async def test_a_damaged_table_file_in_a_delta_fails_the_restore_before_anything
         after = await table.export()
         np.testing.assert_array_equal(after[0], before[0])
         np.testing.assert_array_equal(after[1], before[1])
-        assert not any(ps.table_handlers.staged or ps.checkpoints.staged_bytes() for ps in cluster.ps)
+        staged = [ps.table_handlers.restores.staged or ps.checkpoints.staged_bytes() for ps in cluster.ps]
+        assert not any(staged), staged
         await manager.close()

@@ -583,14 +583,14 @@ class ParameterServer(ServerBase):
         of its capacity ``req.tables`` gives it), all checked before any changes; the reply
         names this ps's incarnation, which the coordinator then knows holds restored state
         (a restart followed by a restore)."""
-        install_tables = self.table_handlers.commit_tables(req.stage, req.tables)
-        if req.stage in self.table_handlers.staged and not self.checkpoints.has_stage(req.stage):
+        install_tables = self.table_handlers.restores.commit_tables(req.stage, req.tables)
+        if req.stage in self.table_handlers.restores.staged and not self.checkpoints.has_stage(req.stage):
             restored = 0  # tables only
         else:
             restored = self.checkpoints.commit(req.stage)
         return CommitReply(restored=restored + install_tables(), incarnation=self.incarnation)
 
     async def abort_restore(self, req: AbortRestore) -> AbortReply:
-        tables = self.table_handlers.abort_tables(req.stage)
+        tables = self.table_handlers.restores.abort_tables(req.stage)
         aborted = await self.checkpoints.abort(req.stage)
         return AbortReply(aborted=aborted or tables)

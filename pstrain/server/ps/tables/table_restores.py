@@ -1,0 +1,294 @@
+"""The restores of a ps's dynamic table shards (``dyn/restore``): read from a checkpoint (a
+base and its deltas), checked whole, then put in place at once or staged until the
+coordinator's ``ckpt/commit`` puts every restored shard of the job in place together (a
+replacement ps, a restore of the whole job), or its ``ckpt/abort`` (or a timeout) drops them.
+
+A shard restored anew replaces the one here; a lost ps's slices restored into a ps that
+serves others are merged into its shard (``req.merge``); a tiered shard streams its rows to
+disk as it reads them and links the base's files into its tier (``tiered_restore.py``).
+Nothing served changes until the shard is installed: on any error the shard made for the
+restore goes, with its rows on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import msgspec
+import numpy as np
+
+from ...._base.errors import InvalidArgumentError
+from ...._formats.messages.checkpoint_operations import RestoreTable
+from ...._formats.messages.placement_map import TableCopy, TablePatch
+from ...._formats.messages.records import RestoreReply
+from ..checkpoints.feed import TableFeed
+from ..checkpoints.saves import MAX_STAGED, STAGE_TTL_S, CheckpointFiles
+from .dynamic_table import DynamicTable, TableConfig
+from .table_slices import SliceGuards
+from .tiered_restore import fill_from_plan
+from .tiered_table import TieredTable, Tiering
+
+__all__ = ["TableRestores", "Tables", "discard"]
+
+
+@dataclasses.dataclass
+class _Staged:
+    """A table's restore held until ``ckpt/commit``: its rows, its share of the capacity as
+    staged, and what puts it in place with the share the commit gives (it cannot fail)."""
+
+    rows: int
+    capacity: int | None
+    install: Callable[[int | None], object]
+    table: DynamicTable | None = None  # the table made for it (a tiered one's disk goes if dropped)
+
+
+def discard(table: DynamicTable | None) -> None:
+    """``table`` is gone from this ps: if tiered, its directory goes (once no save or read
+    of it is left)."""
+    if isinstance(table, TieredTable):
+        table.cold.discard()
+
+
+class Tables(Protocol):
+    """What a restore needs of the ps's tables (``handlers.py``'s ``TableHandlers``)."""
+
+    tables: dict[str, DynamicTable]
+    checkpoints: CheckpointFiles
+    feed: TableFeed
+    guards: SliceGuards
+    tiering: Tiering | None
+    max_table_bytes: int | None
+
+    @property
+    def task(self) -> str: ...
+
+    def new_table(self, name: str, config: TableConfig, owner: str | None) -> DynamicTable: ...
+
+    def put(self, name: str, table: DynamicTable) -> None: ...
+
+    def taken_over(self, existing: DynamicTable | None, owner: str | None) -> None: ...
+
+
+class TableRestores:
+    """The table restores of one ps (the shards of ``handlers``' tables), and those staged
+    for ``ckpt/commit``."""
+
+    def __init__(self, handlers: Tables) -> None:
+        self.handlers = handlers
+        #: Restores staged by ``stage``: each table read and checked, and the timer that
+        #: drops them if no ``ckpt/commit`` or ``ckpt/abort`` comes (``commit_tables``).
+        self.staged: dict[str, tuple[dict[str, _Staged], asyncio.TimerHandle]] = {}
+
+    async def restore_table(self, req: RestoreTable) -> RestoreReply:
+        config = TableConfig(**msgspec.structs.asdict(req.config))
+        if req.shard >= req.num_shards:
+            raise InvalidArgumentError(f"dyn/restore: shard {req.shard} of {req.num_shards}")
+        # the slices this ps holds, if part of the table moved; else its shard
+        mine: tuple[int | list[int], int] = (
+            (req.shard, req.num_shards) if req.owned is None else (req.owned.owned, req.owned.slices)
+        )
+        deltas = [[(path, prefix) for path, prefix in delta] for delta in req.deltas]
+        if self.handlers.tiering is not None and req.merge is None:  # a tiered shard, made anew
+            return await self._restore_tiered(req, config, mine, deltas)
+        parts = await self.handlers.checkpoints.read_table_rows(
+            req.paths, mine[0], mine[1], config.dim, np.dtype(config.dtype), deltas
+        )
+        ids, rows, slots, slot_init = parts
+        if req.slots is not None:
+            slots = {req.slots[k]: v for k, v in slots.items() if k in req.slots}
+            slot_init = {req.slots[k]: v for k, v in slot_init.items() if k in req.slots}
+        if req.merge is not None:
+            if req.stage is not None:  # merged by ckpt/commit (a replacement, all or nothing)
+                self._stage(
+                    req.stage,
+                    req.name,
+                    _Staged(
+                        int(ids.size),
+                        config.capacity,
+                        lambda _: self._merge_restored(req, config, ids, rows, slots, slot_init),
+                    ),
+                )
+                return RestoreReply(staged=int(ids.size), stage=req.stage)
+            return self._merge_restored(req, config, ids, rows, slots, slot_init)
+        if req.stage is None and config.capacity is not None and ids.size > config.capacity:
+            raise InvalidArgumentError(
+                f"dyn/restore of {req.name!r}: {ids.size} rows for this shard, more than its "
+                f"capacity of {config.capacity}"
+            )
+        table = self.handlers.new_table(req.name, config, req.owner)  # (untiered: a tiered one streams)
+        if self.handlers.max_table_bytes is not None:
+            held = ids.size * config.dim * np.dtype(config.dtype).itemsize * (1 + len(slots))
+            if held > self.handlers.max_table_bytes:
+                raise InvalidArgumentError(
+                    f"dyn/restore of {req.name!r}: {ids.size} rows with {len(slots)} slot(s) are "
+                    f"{held} bytes on this shard, more than this ps's limit of "
+                    f"{self.handlers.max_table_bytes} (pstrain serve --max-variable-bytes)"
+                )
+
+        def fill() -> Awaitable[None]:
+            return asyncio.to_thread(table.load, ids, rows, slots, slot_init)
+
+        return await self._put_restored(req, config, mine, table, int(ids.size), fill)
+
+    async def _put_restored(
+        self,
+        req: RestoreTable,
+        config: TableConfig,
+        mine: tuple[int | list[int], int],
+        table: DynamicTable,
+        rows: int,
+        fill: Callable[[], Awaitable[None]],
+    ) -> RestoreReply:
+        """Fill ``table`` (a new shard: ``fill`` reckons on the loop what it may keep in RAM,
+        then puts the rows in on a thread, where a large shard's copies and writes to disk
+        would hold the serving loop), then stage it for ckpt/commit or install it. On any
+        error the table goes (and its rows on disk): nothing served changed."""
+        try:
+            await fill()
+        except BaseException:
+            discard(table)
+            raise
+        if req.stage is not None:  # put in place by ckpt/commit, with its share of the capacity
+
+            def install(capacity: int | None) -> None:
+                table.with_capacity(capacity)
+                self._install(table, req, mine)
+
+            self._stage(req.stage, req.name, _Staged(len(table), config.capacity, install, table))
+            return RestoreReply(staged=rows, stage=req.stage)
+        self._install(table, req, mine)
+        return RestoreReply(restored=rows)
+
+    async def _restore_tiered(
+        self,
+        req: RestoreTable,
+        config: TableConfig,
+        mine: tuple[int | list[int], int],
+        deltas: list[list[tuple[str, str]]],
+    ) -> RestoreReply:
+        """:meth:`restore_table` of a tiered shard: the deltas composed and the base's ids
+        checked first (``delta_files.read_table_plan``), then the base's files linked into
+        the tier where they can be, the rest of its rows read a piece at a time on one
+        thread while another writes each piece past the hot set to disk (reading and writing
+        overlap; the whole base is never in RAM): ``tiered_restore.py``."""
+        plan = await self.handlers.checkpoints.read_table_plan(
+            req.paths, mine[0], mine[1], config.dim, np.dtype(config.dtype), deltas
+        )
+        names = {k: k for k in plan.slots}
+        if req.slots is not None:
+            names = {k: req.slots[k] for k in plan.slots if k in req.slots}
+        slot_init = {names[k]: plan.slot_init[k] for k in names}
+        if req.stage is None and config.capacity is not None and plan.rows > config.capacity:
+            raise InvalidArgumentError(
+                f"dyn/restore of {req.name!r}: {plan.rows} rows for this shard, more than its "
+                f"capacity of {config.capacity}"
+            )
+
+        table = self.handlers.new_table(req.name, config, req.owner)
+        assert isinstance(table, TieredTable)
+
+        async def fill() -> None:  # (budgeted as if the shard it replaces were gone)
+            hot = table.rows_in_ram_for(
+                plan.rows, len(slot_init), replacing=self.handlers.tables.get(req.name)
+            )
+            await asyncio.to_thread(fill_from_plan, table, plan, names, slot_init, hot)
+
+        return await self._put_restored(req, config, mine, table, plan.rows, fill)
+
+    def _stage(self, stage: str, name: str, staged: _Staged) -> None:
+        entry = self.staged.get(stage)
+        if entry is None:
+            if len(self.staged) >= MAX_STAGED:
+                raise InvalidArgumentError(
+                    f"dyn/restore: {len(self.staged)} restores are staged on {self.handlers.task} "
+                    f"already (at most {MAX_STAGED}): commit or abort them first"
+                )
+            timer = asyncio.get_running_loop().call_later(STAGE_TTL_S, self.abort_tables, stage)
+            entry = self.staged[stage] = ({}, timer)
+        before = entry[0].get(name)
+        entry[0][name] = staged
+        if before is not None and before.table is not staged.table:
+            discard(before.table)
+
+    def commit_tables(self, stage: str, capacities: dict[str, int | None]) -> Callable[[], int]:
+        """Check that the tables staged as ``stage`` fit ``capacities`` (each table's share
+        here; a table not named keeps the share it was staged with); returns what puts them
+        in place (it cannot fail), or raises with nothing changed."""
+        tables = self.staged.get(stage, ({}, None))[0]
+        for name, staged in tables.items():
+            capacity = capacities.get(name, staged.capacity)
+            if capacity is not None and staged.rows > capacity:
+                raise InvalidArgumentError(
+                    f"ckpt/commit of {name!r}: {staged.rows} rows staged on {self.handlers.task}, more "
+                    f"than its share of the capacity, {capacity}"
+                )
+
+        def install() -> int:
+            entry = self.staged.pop(stage, None)
+            if entry is None:
+                return 0
+            entry[1].cancel()
+            for name, staged in entry[0].items():
+                staged.install(capacities.get(name, staged.capacity))
+            return len(entry[0])
+
+        return install
+
+    def abort_tables(self, stage: str) -> bool:
+        """Drop the tables staged as ``stage``; whether there were any."""
+        entry = self.staged.pop(stage, None)
+        if entry is not None and entry[1] is not None:
+            entry[1].cancel()
+        for staged in entry[0].values() if entry is not None else ():
+            discard(staged.table)
+        return entry is not None
+
+    def _install(self, table: DynamicTable, req: RestoreTable, mine: tuple[int | list[int], int]) -> None:
+        """A restored table replaces the shard here."""
+        existing = self.handlers.tables.get(req.name)
+        if existing is not None:  # counters of this process only go up (Prometheus counters)
+            table.admitted, table.evicted = existing.admitted, existing.evicted
+        self.handlers.taken_over(existing, req.owner)
+        self.handlers.put(req.name, table)
+        self.handlers.guards.set(req.name, req.owned)
+        self.handlers.feed.placed(req.name, *mine)
+        self.handlers.feed.replaced(req.name, self.handlers.checkpoints.store.clock.epoch)
+        first = req.paths[0] if req.paths else next((d[0][0] for d in req.deltas if d), None)
+        if first is not None:
+            self.handlers.feed.saved(req.name, first)
+
+    def _merge_restored(
+        self,
+        req: RestoreTable,
+        config: TableConfig,
+        ids: np.ndarray,
+        rows: np.ndarray,
+        slots: dict[str, np.ndarray],
+        slot_init: dict[str, float],
+    ) -> RestoreReply:
+        """Put the restored rows of a lost ps's slices into the table here (made empty if
+        it has none), which serves ``req.merge`` from now on."""
+        assert req.merge is not None
+        table = self.handlers.tables.get(req.name) or self.handlers.new_table(req.name, config, req.owner)
+        empty = np.empty(0, np.int64)
+        table.merge_slices(
+            TableCopy(name=req.name, config=req.config, ids=ids, rows=rows, slots=slots, slot_init=slot_init),
+            TablePatch(
+                name=req.name,
+                live=ids,
+                ages=np.zeros(ids.size, np.int64),
+                freq=np.zeros(ids.size, np.int64),
+                ids=empty,
+                rows=np.empty((0, config.dim), table.dtype),
+            ),
+        )
+        table.with_capacity(config.capacity)
+        self.handlers.put(req.name, table)
+        self.handlers.guards.set(req.name, req.merge)
+        self.handlers.feed.moved(
+            req.name, req.merge.owned, req.merge.slices, self.handlers.checkpoints.store.clock.epoch
+        )
+        return RestoreReply(restored=int(ids.size))
