@@ -1,9 +1,10 @@
 """``pstrain.data``: a small, numpy-native input pipeline in the shape of ``tf.data``.
 
-``Dataset.from_tensor_slices(arrays)``, ``range``, ``from_generator``, ``zip``, then
-``map``, ``filter``, ``shuffle(buffer_size, seed)``, ``repeat``, ``batch``, ``unbatch``,
-``take``, ``skip``, ``shard``, ``enumerate``, ``concatenate``, ``flat_map``, ``cache`` (in
-memory), ``apply`` and ``prefetch``, each as ``tf.data`` defines it, and ``cardinality()``
+``Dataset.from_tensor_slices(arrays)``, ``from_tensors``, ``range``, ``from_generator``,
+``zip``, then ``map``, ``filter``, ``shuffle(buffer_size, seed)``, ``repeat``, ``batch``,
+``padded_batch``, ``unbatch``, ``take``, ``skip``, ``shard``, ``enumerate``,
+``concatenate``, ``flat_map``, ``interleave``, ``cache`` (in memory), ``apply`` and
+``prefetch`` (and ``reduce``), each as ``tf.data`` defines it, and ``cardinality()``
 (``len``) as TF counts it. Elements stay numpy; tuples and dicts of arrays batch
 component-wise. Iterating a dataset again starts it again.
 
@@ -25,6 +26,7 @@ epoch of a repeated dataset a different, reproducible one).
 from __future__ import annotations
 
 import itertools
+import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -212,6 +214,72 @@ def _truth(value: Any) -> bool:
     return bool(arr)
 
 
+#: The end of an iterator, to ``next(it, _END)``.
+_END = object()
+
+
+def _returned_dataset(map_func: Callable[..., Any], e: Any, what: str) -> Dataset:
+    inner = map_func(*e) if isinstance(e, tuple) else map_func(e)
+    if not isinstance(inner, Dataset):
+        raise InvalidArgumentError(f"{what}: the function must return a Dataset, got {type(inner).__name__}")
+    return inner
+
+
+def _padded(elements: list[Any], shapes: Any, values: Any) -> Any:
+    """``padded_batch``'s batch of ``elements``, component by component."""
+    first = elements[0]
+    if isinstance(first, dict):
+        return {k: _padded([e[k] for e in elements], _part(shapes, k), _part(values, k)) for k in first}
+    if isinstance(first, tuple):
+        return tuple(
+            _padded([e[i] for e in elements], _part(shapes, i), _part(values, i)) for i in range(len(first))
+        )
+    if _jagged(first):
+        raise InvalidArgumentError(
+            "padded_batch pads arrays: bags of ids (a JaggedTensor) batch as they are with batch()"
+        )
+    arrays = [np.asarray(e) for e in elements]
+    ranks = {a.ndim for a in arrays}
+    if len(ranks) != 1:
+        raise InvalidArgumentError(f"padded_batch: elements of ranks {sorted(ranks)} in one component")
+    longest = np.max([a.shape for a in arrays], axis=0).astype(int) if arrays[0].ndim else np.zeros(0, int)
+    target = list(longest)
+    if shapes is not None:
+        given = list(shapes) if isinstance(shapes, (list, tuple, np.ndarray)) else [shapes]
+        if len(given) != len(target):
+            raise InvalidArgumentError(
+                f"padded_batch: padded shape {shapes!r} for elements of rank {len(target)}"
+            )
+        for d, want in enumerate(given):
+            if want is not None and int(want) >= 0:
+                if int(want) < longest[d]:
+                    raise InvalidArgumentError(
+                        f"padded_batch: an element is {longest[d]} long in dimension {d}, past its "
+                        f"padded shape {shapes!r}"
+                    )
+                target[d] = int(want)
+    dtype = np.result_type(*arrays)
+    if values is None:
+        fill: Any = "" if dtype.kind in "US" else False if dtype.kind == "b" else 0
+    else:
+        fill = values
+    out = np.full((len(arrays), *target), fill, dtype)
+    for i, a in enumerate(arrays):
+        where: tuple[Any, ...] = (i, *(slice(0, k) for k in a.shape))
+        out[where] = a
+    return out
+
+
+def _part(structure: Any, key: Any) -> Any:
+    """Component ``key`` of a ``padded_shapes`` or ``padding_values`` given per component
+    (a tuple or dict; anything else applies to every component)."""
+    if isinstance(structure, dict):
+        return structure.get(key)
+    if isinstance(structure, tuple):
+        return structure[key]
+    return structure
+
+
 def _parallel_calls(n: Any, what: str) -> None:
     if n is not None:
         whole(n, f"{what} num_parallel_calls (AUTOTUNE is -1)", AUTOTUNE)
@@ -307,6 +375,12 @@ class Dataset:
         """Like Python's ``range``, as int64 scalars."""
         r = range(*args)
         return Dataset(lambda: (np.int64(i) for i in r), cardinality=len(r))
+
+    @staticmethod
+    def from_tensors(tensors: Any) -> Dataset:
+        """One element: ``tensors`` (an array, or a tuple or dict of them) whole."""
+        element = _to_arrays(tensors)
+        return Dataset(lambda: iter((element,)), cardinality=1)
 
     @staticmethod
     def from_generator(generator: Callable[[], Any], output_signature: Any = None) -> Dataset:
@@ -471,6 +545,90 @@ class Dataset:
 
         return Dataset(batched, partial_batch=not drop_remainder, cardinality=batches)
 
+    def padded_batch(
+        self,
+        batch_size: int,
+        padded_shapes: Any = None,
+        padding_values: Any = None,
+        drop_remainder: bool = False,
+        name: str | None = None,
+    ) -> Dataset:
+        """``batch_size`` consecutive elements stacked, each array component padded at the
+        end of each dimension to ``padded_shapes`` (None, or None / -1 in a shape: the
+        longest in the batch) with ``padding_values`` (None: 0, False or "" by dtype), as
+        TF's. Bags of ids batch without padding: ``batch`` (``JaggedTensor``)."""
+        whole(batch_size, "batch_size", 1)
+        make = self._make
+        n = self._cardinality
+        batches = n if n < 0 else n // batch_size + (0 if n % batch_size == 0 or drop_remainder else 1)
+
+        def run() -> Iterator[Any]:
+            it = make()
+            while True:
+                chunk = list(itertools.islice(it, batch_size))
+                if not chunk or (drop_remainder and len(chunk) < batch_size):
+                    return
+                yield _padded(chunk, padded_shapes, padding_values)
+
+        return Dataset(run, partial_batch=not drop_remainder, cardinality=batches)
+
+    def interleave(
+        self,
+        map_func: Callable[..., Dataset],
+        cycle_length: int | None = None,
+        block_length: int | None = None,
+        num_parallel_calls: int | None = None,
+        deterministic: bool | None = None,
+        name: str | None = None,
+    ) -> Dataset:
+        """The elements of the datasets ``map_func`` returns, ``cycle_length`` of them open
+        at once, ``block_length`` elements from each in turn (TF's order; ``cycle_length``
+        None or ``AUTOTUNE``: this machine's cores, as TF's). ``num_parallel_calls`` is
+        accepted: one dataset is read at a time."""
+        _callable(map_func, "interleave")
+        _parallel_calls(num_parallel_calls, "interleave")
+        if cycle_length is None or cycle_length == AUTOTUNE:
+            cycle_length = len(os.sched_getaffinity(0))
+        whole(cycle_length, "interleave cycle_length", 1)
+        block = 1 if block_length is None else whole(block_length, "interleave block_length", 1)
+        make = self._make
+
+        def run() -> Iterator[Any]:
+            inputs = make()
+            slots: list[Iterator[Any] | None] = [None] * cycle_length
+            opened, at, taken, ended = 0, 0, 0, False
+            while not ended or opened:
+                current = slots[at]
+                if current is not None:
+                    x = next(current, _END)
+                    if x is not _END:
+                        taken += 1
+                        if taken == block:
+                            at, taken = (at + 1) % cycle_length, 0
+                        yield x
+                        continue
+                    slots[at], opened = None, opened - 1
+                    at, taken = (at + 1) % cycle_length, 0
+                elif not ended:
+                    e = next(inputs, _END)
+                    if e is _END:
+                        ended = True
+                    else:
+                        slots[at], opened = iter(_returned_dataset(map_func, e, "interleave")), opened + 1
+                else:
+                    at, taken = (at + 1) % cycle_length, 0
+
+        return Dataset(run)
+
+    def reduce(self, initial_state: Any, reduce_func: Callable[[Any, Any], Any]) -> Any:
+        """``reduce_func(state, element)`` over every element, from ``initial_state``: the
+        final state (TF's ``reduce``, run here)."""
+        _callable(reduce_func, "reduce")
+        state = initial_state
+        for e in self:
+            state = reduce_func(state, e)
+        return state
+
     def skip(self, count: int) -> Dataset:
         """All but the first ``count`` elements (none when ``count`` is -1, as TF's)."""
         whole(count, "skip count", -1)
@@ -516,12 +674,7 @@ class Dataset:
 
         def run() -> Iterator[Any]:
             for e in make():
-                inner = map_func(*e) if isinstance(e, tuple) else map_func(e)
-                if not isinstance(inner, Dataset):
-                    raise InvalidArgumentError(
-                        f"flat_map: the function must return a Dataset, got {type(inner).__name__}"
-                    )
-                yield from inner
+                yield from _returned_dataset(map_func, e, "flat_map")
 
         return Dataset(run)
 

@@ -262,3 +262,81 @@ def test_cardinality_follows_tfs_rules_and_len_refuses_what_it_cannot_know():
     with pytest.raises(TypeError, match="unknown"):
         len(gen)
     assert bool(gen) and list(gen) == [0, 1, 2]
+
+
+def test_padded_batch_pads_each_component_as_tf_does():
+    """TF's documented examples: to the longest in the batch, or to a padded shape, with a
+    padding value per component."""
+    a = Dataset.range(1, 5).map(lambda x: np.full(int(x), x))
+    assert [b.tolist() for b in a.padded_batch(2)] == [[[1, 0], [2, 2]], [[3, 3, 3, 0], [4, 4, 4, 4]]]
+    assert [b.tolist() for b in a.padded_batch(2, padded_shapes=5)] == [
+        [[1, 0, 0, 0, 0], [2, 2, 0, 0, 0]],
+        [[3, 3, 3, 0, 0], [4, 4, 4, 4, 0]],
+    ]
+    assert [
+        b.tolist() for b in a.padded_batch(3, padded_shapes=[None], padding_values=-1, drop_remainder=True)
+    ] == [[[1, -1, -1], [2, 2, -1], [3, 3, 3]]]
+    pairs = Dataset.zip({"x": a, "w": a.map(lambda x: x.astype(np.float32) / 2)})
+    first = next(
+        iter(pairs.padded_batch(2, padded_shapes={"x": [3], "w": [None]}, padding_values={"w": 9.0}))
+    )
+    assert first["x"].tolist() == [[1, 0, 0], [2, 2, 0]] and first["w"].tolist() == [[0.5, 9.0], [1.0, 1.0]]
+    assert a.padded_batch(3).cardinality() == 2
+    with pytest.raises(InvalidArgumentError, match="past its padded shape"):
+        list(a.padded_batch(2, padded_shapes=[1]))
+    bags = Dataset.from_tensor_slices(JaggedTensor(np.arange(3), np.array([1, 2])))
+    with pytest.raises(InvalidArgumentError, match="bags of ids .* batch as they are with batch"):
+        list(bags.padded_batch(2))
+
+
+def test_interleave_takes_blocks_from_a_cycle_of_datasets_in_tfs_order():
+    ds = Dataset.range(1, 6)
+    got = ds.interleave(lambda x: Dataset.from_tensors(x).repeat(6), cycle_length=2, block_length=4)
+    assert [int(x) for x in got] == [
+        1,
+        1,
+        1,
+        1,
+        2,
+        2,
+        2,
+        2,
+        1,
+        1,
+        2,
+        2,
+        3,
+        3,
+        3,
+        3,
+        4,
+        4,
+        4,
+        4,
+        3,
+        3,
+        4,
+        4,
+        5,
+        5,
+        5,
+        5,
+        5,
+        5,
+    ]
+    got = ds.interleave(lambda x: Dataset.from_tensors(x).repeat(3), cycle_length=3, num_parallel_calls=-1)
+    assert [int(x) for x in got] == [1, 2, 3, 1, 2, 3, 1, 2, 3, 4, 5, 4, 5, 4, 5]
+    files = Dataset.from_tensor_slices(np.array([10, 20]))  # as TF's list_files + a reader
+    got = files.interleave(lambda f: Dataset.range(int(f), int(f) + 3), cycle_length=2)
+    assert [int(x) for x in got] == [10, 20, 11, 21, 12, 22]
+    with pytest.raises(InvalidArgumentError, match="interleave: the function must return a Dataset"):
+        list(ds.interleave(lambda x: [x], cycle_length=1))
+    with pytest.raises(InvalidArgumentError, match="interleave block_length"):
+        ds.interleave(lambda x: Dataset.from_tensors(x), block_length=0)
+
+
+def test_from_tensors_and_reduce():
+    one = Dataset.from_tensors((np.arange(3), np.float32(2.0)))
+    assert one.cardinality() == 1 and [(a.tolist(), float(b)) for a, b in one] == [([0, 1, 2], 2.0)]
+    assert Dataset.range(5).reduce(np.int64(0), lambda total, x: total + x) == 10
+    assert Dataset.range(0).reduce(7, lambda total, x: total + x) == 7
