@@ -31,7 +31,7 @@ import numpy as np
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from .._kernels.batches import take_bags, take_examples
-from .._training.data import COMPONENT_CONVERTERS
+from .._training.elements import COMPONENT_CONVERTERS
 
 __all__ = ["JaggedTensor", "KeyedJaggedTensor", "SparseTensor", "as_jagged", "as_numpy"]
 

@@ -37,8 +37,8 @@ import numpy as np
 from .._base.checks import whole
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
-from .._kernels.batches import take_examples
 from . import row_indices
+from .elements import is_jagged, leaves_len, padded, rows_of, stack, structure_of, take, to_arrays
 from .row_indices import Blocks
 
 __all__ = ["AUTOTUNE", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "Dataset", "TensorSpec"]
@@ -90,14 +90,8 @@ class TensorSpec:
         return f"TensorSpec(shape={self.shape}, dtype={self.dtype}, name={self.name!r})"
 
 
-def _jagged(x: Any) -> bool:
-    """Is ``x`` a batch of variable-length rows (a ``JaggedTensor`` or ``KeyedJaggedTensor``:
-    ``len``, ``take(rows)`` and ``type(x).concat(parts)``)? Kept whole, taken by rows."""
-    return hasattr(type(x), "take") and hasattr(type(x), "concat") and hasattr(x, "__len__")
-
-
 def _spec(element: Any, partial_batch: bool) -> Any:
-    if _jagged(element):
+    if is_jagged(element):
         values = getattr(element, "values", None)
         dtype = values.dtype if isinstance(values, np.ndarray) else np.int64
         return TensorSpec((None if partial_batch else len(element), None), dtype, name=type(element).__name__)
@@ -110,97 +104,6 @@ def _spec(element: Any, partial_batch: bool) -> Any:
     if partial_batch and shape:
         shape[0] = None
     return TensorSpec(shape, arr.dtype)
-
-
-def _leaves_len(structure: Any, what: str = "from_tensor_slices") -> int:
-    if isinstance(structure, dict):
-        lengths = {_leaves_len(v, what) for v in structure.values()}
-    elif isinstance(structure, tuple):
-        lengths = {_leaves_len(v, what) for v in structure}
-    elif not _jagged(structure) and np.ndim(structure) == 0:
-        raise InvalidArgumentError(
-            f"{what}: a component has no first dimension to slice (a scalar: {structure!r})"
-        )
-    else:
-        return len(structure)
-    if len(lengths) != 1:
-        raise InvalidArgumentError(f"{what}: components have different lengths {sorted(lengths)}")
-    return lengths.pop()
-
-
-#: Turn a component of a type defined above this layer into one that slices by rows (a
-#: SparseTensor or RaggedTensor, pstrain's or TF's, into a ``JaggedTensor``), or return None.
-COMPONENT_CONVERTERS: list[Callable[[Any], Any]] = []
-
-
-def _to_arrays(structure: Any) -> Any:
-    if _jagged(structure):
-        return structure
-    for convert in COMPONENT_CONVERTERS:
-        converted = convert(structure)
-        if converted is not None:
-            return converted
-    if isinstance(structure, dict):
-        return {k: _to_arrays(v) for k, v in structure.items()}
-    if isinstance(structure, tuple):
-        return tuple(_to_arrays(v) for v in structure)
-    try:
-        return np.asarray(structure)
-    except ValueError:  # (numpy: "inhomogeneous shape")
-        raise InvalidArgumentError(
-            "from_tensor_slices: a component's rows differ in length; give it as a "
-            "pstrain.JaggedTensor (or a RaggedTensor, pstrain's or TF's), whose rows are bags"
-        ) from None
-
-
-def _take(structure: Any, index: Any) -> Any:
-    if _jagged(structure):  # one row stays a batch of one: batching after a map concatenates
-        return structure.take(np.atleast_1d(index))
-    if isinstance(structure, dict):
-        return {k: _take(v, index) for k, v in structure.items()}
-    if isinstance(structure, tuple):
-        return tuple(_take(v, index) for v in structure)
-    if isinstance(structure, np.ndarray) and isinstance(index, np.ndarray) and index.dtype == np.int64:
-        return take_examples(structure, index)  # a batch's rows: the indices are in range
-    return structure[index]
-
-
-def _stack(elements: list[Any]) -> Any:
-    first = elements[0]
-    if _jagged(first):
-        return type(first).concat(elements)
-    if isinstance(first, dict):
-        return {k: _stack([e[k] for e in elements]) for k in first}
-    if isinstance(first, tuple):
-        return tuple(_stack([e[i] for e in elements]) for i in range(len(first)))
-    return np.stack([np.asarray(e) for e in elements])
-
-
-def _rows_of(element: Any) -> Iterator[Any]:
-    """``element``'s rows along its first dimension (``unbatch``): component-wise for tuples
-    and dicts, which must agree on it; a jagged component's rows stay batches of one."""
-    n = _leaves_len(element, "unbatch") if isinstance(element, (tuple, dict)) or _jagged(element) else None
-    if n is None:
-        arr = np.asarray(element)
-        if arr.ndim == 0:
-            raise InvalidArgumentError("unbatch: an element has no first dimension (a scalar)")
-        n = arr.shape[0]
-        element = arr
-    for i in range(n):
-        yield _take(element, np.int64(i)) if not _jagged(element) else element.take(np.array([i]))
-
-
-def _structure(element: Any) -> Any:
-    """What two datasets' elements must share to follow one another (``concatenate``): the
-    nesting, dict keys, and each array's dtype and dimensions past the first."""
-    if isinstance(element, dict):
-        return ("dict", tuple((k, _structure(v)) for k, v in element.items()))
-    if isinstance(element, tuple):
-        return ("tuple", tuple(_structure(v) for v in element))
-    if _jagged(element):
-        return (type(element).__name__,)
-    arr = np.asarray(element)
-    return (arr.dtype.kind, arr.ndim)
 
 
 def _truth(value: Any) -> bool:
@@ -223,61 +126,6 @@ def _returned_dataset(map_func: Callable[..., Any], e: Any, what: str) -> Datase
     if not isinstance(inner, Dataset):
         raise InvalidArgumentError(f"{what}: the function must return a Dataset, got {type(inner).__name__}")
     return inner
-
-
-def _padded(elements: list[Any], shapes: Any, values: Any) -> Any:
-    """``padded_batch``'s batch of ``elements``, component by component."""
-    first = elements[0]
-    if isinstance(first, dict):
-        return {k: _padded([e[k] for e in elements], _part(shapes, k), _part(values, k)) for k in first}
-    if isinstance(first, tuple):
-        return tuple(
-            _padded([e[i] for e in elements], _part(shapes, i), _part(values, i)) for i in range(len(first))
-        )
-    if _jagged(first):
-        raise InvalidArgumentError(
-            "padded_batch pads arrays: bags of ids (a JaggedTensor) batch as they are with batch()"
-        )
-    arrays = [np.asarray(e) for e in elements]
-    ranks = {a.ndim for a in arrays}
-    if len(ranks) != 1:
-        raise InvalidArgumentError(f"padded_batch: elements of ranks {sorted(ranks)} in one component")
-    longest = np.max([a.shape for a in arrays], axis=0).astype(int) if arrays[0].ndim else np.zeros(0, int)
-    target = list(longest)
-    if shapes is not None:
-        given = list(shapes) if isinstance(shapes, (list, tuple, np.ndarray)) else [shapes]
-        if len(given) != len(target):
-            raise InvalidArgumentError(
-                f"padded_batch: padded shape {shapes!r} for elements of rank {len(target)}"
-            )
-        for d, want in enumerate(given):
-            if want is not None and int(want) >= 0:
-                if int(want) < longest[d]:
-                    raise InvalidArgumentError(
-                        f"padded_batch: an element is {longest[d]} long in dimension {d}, past its "
-                        f"padded shape {shapes!r}"
-                    )
-                target[d] = int(want)
-    dtype = np.result_type(*arrays)
-    if values is None:
-        fill: Any = "" if dtype.kind in "US" else False if dtype.kind == "b" else 0
-    else:
-        fill = values
-    out = np.full((len(arrays), *target), fill, dtype)
-    for i, a in enumerate(arrays):
-        where: tuple[Any, ...] = (i, *(slice(0, k) for k in a.shape))
-        out[where] = a
-    return out
-
-
-def _part(structure: Any, key: Any) -> Any:
-    """Component ``key`` of a ``padded_shapes`` or ``padding_values`` given per component
-    (a tuple or dict; anything else applies to every component)."""
-    if isinstance(structure, dict):
-        return structure.get(key)
-    if isinstance(structure, tuple):
-        return structure[key]
-    return structure
 
 
 def _parallel_calls(n: Any, what: str) -> None:
@@ -357,14 +205,14 @@ class Dataset:
         ``batch`` joins the bags (variable-length features batch, shuffle and shard as the
         arrays beside them). A 2-D ``SparseTensor`` or a ``RaggedTensor`` (pstrain's or
         TF's) is sliced as the :class:`~pstrain.JaggedTensor` of its rows."""
-        source = _to_arrays(tensors)
-        n = _leaves_len(source)
+        source = to_arrays(tensors)
+        n = leaves_len(source)
         return Dataset._slices(source, row_indices.rows(n), n)
 
     @staticmethod
     def _slices(source: Any, indices: Blocks, cardinality: int) -> Dataset:
         return Dataset(
-            lambda: (_take(source, i) for i in row_indices.each(indices)),
+            lambda: (take(source, i) for i in row_indices.each(indices)),
             source=source,
             indices=indices,
             cardinality=cardinality,
@@ -379,7 +227,7 @@ class Dataset:
     @staticmethod
     def from_tensors(tensors: Any) -> Dataset:
         """One element: ``tensors`` (an array, or a tuple or dict of them) whole."""
-        element = _to_arrays(tensors)
+        element = to_arrays(tensors)
         return Dataset(lambda: iter((element,)), cardinality=1)
 
     @staticmethod
@@ -530,7 +378,7 @@ class Dataset:
 
             def gather() -> Iterator[Any]:
                 for idx in batch_rows():
-                    yield _take(source, idx)
+                    yield take(source, idx)
 
             return Dataset(gather, partial_batch=not drop_remainder, cardinality=batches)
         make = self._make
@@ -541,7 +389,7 @@ class Dataset:
                 chunk = list(itertools.islice(it, batch_size))
                 if not chunk or (drop_remainder and len(chunk) < batch_size):
                     return
-                yield _stack(chunk)
+                yield stack(chunk)
 
         return Dataset(batched, partial_batch=not drop_remainder, cardinality=batches)
 
@@ -568,7 +416,7 @@ class Dataset:
                 chunk = list(itertools.islice(it, batch_size))
                 if not chunk or (drop_remainder and len(chunk) < batch_size):
                     return
-                yield _padded(chunk, padded_shapes, padding_values)
+                yield padded(chunk, padded_shapes, padding_values)
 
         return Dataset(run, partial_batch=not drop_remainder, cardinality=batches)
 
@@ -665,7 +513,7 @@ class Dataset:
         """Each element split along its first dimension into as many elements (tuples and
         dicts component-wise, which must agree on it); the inverse of ``batch``."""
         make = self._make
-        return Dataset(lambda: (row for e in make() for row in _rows_of(e)))
+        return Dataset(lambda: (row for e in make() for row in rows_of(e)))
 
     def flat_map(self, map_func: Callable[..., Dataset]) -> Dataset:
         """The elements of the datasets ``map_func`` returns for each element, in order."""
@@ -687,12 +535,12 @@ class Dataset:
         def run() -> Iterator[Any]:
             shape = None
             for e in first():
-                shape = _structure(e) if shape is None else shape
+                shape = structure_of(e) if shape is None else shape
                 yield e
             for e in second():
-                if shape is not None and _structure(e) != shape:
+                if shape is not None and structure_of(e) != shape:
                     raise InvalidArgumentError(
-                        f"concatenate: the second dataset's elements ({_structure(e)}) are not of "
+                        f"concatenate: the second dataset's elements ({structure_of(e)}) are not of "
                         f"the first's structure and dtypes ({shape})"
                     )
                 shape = None  # (checked once)

@@ -1,0 +1,178 @@
+"""The elements of a ``pstrain.data`` pipeline: a component (an array, or a batch of bags: a
+``JaggedTensor`` or ``KeyedJaggedTensor``), or a tuple or dict of them, nested. What the
+``Dataset`` steps do to one: slice rows out of it, stack rows into a batch, split a batch
+into rows, pad a batch, and tell two elements' structures apart."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from .._base.errors import InvalidArgumentError
+from .._kernels.batches import take_examples
+
+__all__ = [
+    "COMPONENT_CONVERTERS",
+    "is_jagged",
+    "leaves_len",
+    "padded",
+    "rows_of",
+    "stack",
+    "structure_of",
+    "take",
+    "to_arrays",
+]
+
+
+def is_jagged(x: Any) -> bool:
+    """Is ``x`` a batch of variable-length rows (a ``JaggedTensor`` or ``KeyedJaggedTensor``:
+    ``len``, ``take(rows)`` and ``type(x).concat(parts)``)? Kept whole, taken by rows."""
+    return hasattr(type(x), "take") and hasattr(type(x), "concat") and hasattr(x, "__len__")
+
+
+def leaves_len(structure: Any, what: str = "from_tensor_slices") -> int:
+    if isinstance(structure, dict):
+        lengths = {leaves_len(v, what) for v in structure.values()}
+    elif isinstance(structure, tuple):
+        lengths = {leaves_len(v, what) for v in structure}
+    elif not is_jagged(structure) and np.ndim(structure) == 0:
+        raise InvalidArgumentError(
+            f"{what}: a component has no first dimension to slice (a scalar: {structure!r})"
+        )
+    else:
+        return len(structure)
+    if len(lengths) != 1:
+        raise InvalidArgumentError(f"{what}: components have different lengths {sorted(lengths)}")
+    return lengths.pop()
+
+
+#: Turn a component of a type defined above this layer into one that slices by rows (a
+#: SparseTensor or RaggedTensor, pstrain's or TF's, into a ``JaggedTensor``), or return None.
+COMPONENT_CONVERTERS: list[Callable[[Any], Any]] = []
+
+
+def to_arrays(structure: Any) -> Any:
+    if is_jagged(structure):
+        return structure
+    for convert in COMPONENT_CONVERTERS:
+        converted = convert(structure)
+        if converted is not None:
+            return converted
+    if isinstance(structure, dict):
+        return {k: to_arrays(v) for k, v in structure.items()}
+    if isinstance(structure, tuple):
+        return tuple(to_arrays(v) for v in structure)
+    try:
+        return np.asarray(structure)
+    except ValueError:  # (numpy: "inhomogeneous shape")
+        raise InvalidArgumentError(
+            "from_tensor_slices: a component's rows differ in length; give it as a "
+            "pstrain.JaggedTensor (or a RaggedTensor, pstrain's or TF's), whose rows are bags"
+        ) from None
+
+
+def take(structure: Any, index: Any) -> Any:
+    if is_jagged(structure):  # one row stays a batch of one: batching after a map concatenates
+        return structure.take(np.atleast_1d(index))
+    if isinstance(structure, dict):
+        return {k: take(v, index) for k, v in structure.items()}
+    if isinstance(structure, tuple):
+        return tuple(take(v, index) for v in structure)
+    if isinstance(structure, np.ndarray) and isinstance(index, np.ndarray) and index.dtype == np.int64:
+        return take_examples(structure, index)  # a batch's rows: the indices are in range
+    return structure[index]
+
+
+def stack(elements: list[Any]) -> Any:
+    first = elements[0]
+    if is_jagged(first):
+        return type(first).concat(elements)
+    if isinstance(first, dict):
+        return {k: stack([e[k] for e in elements]) for k in first}
+    if isinstance(first, tuple):
+        return tuple(stack([e[i] for e in elements]) for i in range(len(first)))
+    return np.stack([np.asarray(e) for e in elements])
+
+
+def rows_of(element: Any) -> Iterator[Any]:
+    """``element``'s rows along its first dimension (``unbatch``): component-wise for tuples
+    and dicts, which must agree on it; a jagged component's rows stay batches of one."""
+    n = leaves_len(element, "unbatch") if isinstance(element, (tuple, dict)) or is_jagged(element) else None
+    if n is None:
+        arr = np.asarray(element)
+        if arr.ndim == 0:
+            raise InvalidArgumentError("unbatch: an element has no first dimension (a scalar)")
+        n = arr.shape[0]
+        element = arr
+    for i in range(n):
+        yield take(element, np.int64(i)) if not is_jagged(element) else element.take(np.array([i]))
+
+
+def structure_of(element: Any) -> Any:
+    """What two datasets' elements must share to follow one another (``concatenate``): the
+    nesting, dict keys, and each array's dtype and dimensions past the first."""
+    if isinstance(element, dict):
+        return ("dict", tuple((k, structure_of(v)) for k, v in element.items()))
+    if isinstance(element, tuple):
+        return ("tuple", tuple(structure_of(v) for v in element))
+    if is_jagged(element):
+        return (type(element).__name__,)
+    arr = np.asarray(element)
+    return (arr.dtype.kind, arr.ndim)
+
+
+def padded(elements: list[Any], shapes: Any, values: Any) -> Any:
+    """``padded_batch``'s batch of ``elements``, component by component."""
+    first = elements[0]
+    if isinstance(first, dict):
+        return {k: padded([e[k] for e in elements], _part(shapes, k), _part(values, k)) for k in first}
+    if isinstance(first, tuple):
+        return tuple(
+            padded([e[i] for e in elements], _part(shapes, i), _part(values, i)) for i in range(len(first))
+        )
+    if is_jagged(first):
+        raise InvalidArgumentError(
+            "padded_batch pads arrays: bags of ids (a JaggedTensor) batch as they are with batch()"
+        )
+    arrays = [np.asarray(e) for e in elements]
+    ranks = {a.ndim for a in arrays}
+    if len(ranks) != 1:
+        raise InvalidArgumentError(f"padded_batch: elements of ranks {sorted(ranks)} in one component")
+    longest = np.max([a.shape for a in arrays], axis=0).astype(int) if arrays[0].ndim else np.zeros(0, int)
+    target = list(longest)
+    if shapes is not None:
+        given = list(shapes) if isinstance(shapes, (list, tuple, np.ndarray)) else [shapes]
+        if len(given) != len(target):
+            raise InvalidArgumentError(
+                f"padded_batch: padded shape {shapes!r} for elements of rank {len(target)}"
+            )
+        for d, want in enumerate(given):
+            if want is not None and int(want) >= 0:
+                if int(want) < longest[d]:
+                    raise InvalidArgumentError(
+                        f"padded_batch: an element is {longest[d]} long in dimension {d}, past its "
+                        f"padded shape {shapes!r}"
+                    )
+                target[d] = int(want)
+    dtype = np.result_type(*arrays)
+    if values is None:
+        fill: Any = "" if dtype.kind in "US" else False if dtype.kind == "b" else 0
+    else:
+        fill = values
+    out = np.full((len(arrays), *target), fill, dtype)
+    for i, a in enumerate(arrays):
+        where: tuple[Any, ...] = (i, *(slice(0, k) for k in a.shape))
+        out[where] = a
+    return out
+
+
+def _part(structure: Any, key: Any) -> Any:
+    """Component ``key`` of a ``padded_shapes`` or ``padding_values`` given per component
+    (a tuple or dict; anything else applies to every component)."""
+    if isinstance(structure, dict):
+        return structure.get(key)
+    if isinstance(structure, tuple):
+        return structure[key]
+    return structure
