@@ -114,7 +114,7 @@ async def _launch_async(
     dashboard: str | None = None,
     run_dir: str | None = None,
     pin_cpus: bool = False,
-    memory_budget: int | None = None,
+    memory_budget: int | str | None = None,
     table_dir: str | None = None,
 ) -> int:
     async with LocalCluster(
