@@ -128,6 +128,11 @@ def _returned_dataset(map_func: Callable[..., Any], e: Any, what: str) -> Datase
     return inner
 
 
+def _batch_count(n: int, size: int, drop_remainder: bool) -> int:
+    """The cardinality of ``n`` elements in batches of ``size`` (TF's)."""
+    return n if n < 0 else n // size + (0 if n % size == 0 or drop_remainder else 1)
+
+
 def _parallel_calls(n: Any, what: str) -> None:
     if n is not None:
         whole(n, f"{what} num_parallel_calls (AUTOTUNE is -1)", AUTOTUNE)
@@ -370,8 +375,6 @@ class Dataset:
         ``num_parallel_calls``, ``deterministic`` and ``name`` are TF's, accepted (as ``map``)."""
         whole(batch_size, "batch_size", 1)
         _parallel_calls(num_parallel_calls, "batch")
-        n = self._cardinality
-        batches = n if n < 0 else n // batch_size + (0 if n % batch_size == 0 or drop_remainder else 1)
         if self._indices is not None:
             source = self._source
             batch_rows = row_indices.batches(self._indices, batch_size, drop_remainder)
@@ -380,18 +383,12 @@ class Dataset:
                 for idx in batch_rows():
                     yield take(source, idx)
 
-            return Dataset(gather, partial_batch=not drop_remainder, cardinality=batches)
-        make = self._make
-
-        def batched() -> Iterator[Any]:
-            it = make()
-            while True:
-                chunk = list(itertools.islice(it, batch_size))
-                if not chunk or (drop_remainder and len(chunk) < batch_size):
-                    return
-                yield stack(chunk)
-
-        return Dataset(batched, partial_batch=not drop_remainder, cardinality=batches)
+            return Dataset(
+                gather,
+                partial_batch=not drop_remainder,
+                cardinality=_batch_count(self._cardinality, batch_size, drop_remainder),
+            )
+        return self._chunked(batch_size, drop_remainder, stack)
 
     def padded_batch(
         self,
@@ -406,19 +403,25 @@ class Dataset:
         longest in the batch) with ``padding_values`` (None: 0, False or "" by dtype), as
         TF's. Bags of ids batch without padding: ``batch`` (``JaggedTensor``)."""
         whole(batch_size, "batch_size", 1)
+        return self._chunked(
+            batch_size, drop_remainder, lambda chunk: padded(chunk, padded_shapes, padding_values)
+        )
+
+    def _chunked(self, size: int, drop_remainder: bool, combine: Callable[[list[Any]], Any]) -> Dataset:
+        """Batches of ``size`` consecutive elements, each made by ``combine`` (element by
+        element: ``batch`` after a ``map``, ``padded_batch``)."""
         make = self._make
-        n = self._cardinality
-        batches = n if n < 0 else n // batch_size + (0 if n % batch_size == 0 or drop_remainder else 1)
 
         def run() -> Iterator[Any]:
             it = make()
             while True:
-                chunk = list(itertools.islice(it, batch_size))
-                if not chunk or (drop_remainder and len(chunk) < batch_size):
+                chunk = list(itertools.islice(it, size))
+                if not chunk or (drop_remainder and len(chunk) < size):
                     return
-                yield padded(chunk, padded_shapes, padding_values)
+                yield combine(chunk)
 
-        return Dataset(run, partial_batch=not drop_remainder, cardinality=batches)
+        count = _batch_count(self._cardinality, size, drop_remainder)
+        return Dataset(run, partial_batch=not drop_remainder, cardinality=count)
 
     def interleave(
         self,
