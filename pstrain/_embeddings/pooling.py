@@ -30,7 +30,7 @@ from .._variables.dynamic import DynamicEmbedding
 from .._variables.sharding import clip_by_norm, embedding_lookup
 from .jagged import JaggedTensor, SparseTensor, as_jagged, as_numpy
 
-__all__ = ["COMBINERS", "Bags", "embedding_lookup_sparse", "safe_embedding_lookup_sparse"]
+__all__ = ["COMBINERS", "Bags", "LookupGradient", "embedding_lookup_sparse", "safe_embedding_lookup_sparse"]
 
 #: TF's combiners.
 COMBINERS = ("sum", "mean", "sqrtn")
@@ -182,6 +182,46 @@ def _factors(jagged: JaggedTensor, combiner: str, dtype: np.dtype) -> np.ndarray
         return np.where(per_id != 0, w / np.where(per_id != 0, per_id, 1), 0).astype(dtype)
 
 
+class LookupGradient:
+    """The way back from a sparse lookup's pooled rows to its table (``with_gradient=True``):
+    ``gradient(upstream)``, with ``upstream`` the gradient of the loss by the pooled rows
+    (their shape), is the gradient by the table, as sparse rows (``IndexedSlices`` of the
+    distinct ids looked up, summed over their bags): what TF's ``tape.gradient(loss,
+    table)`` gives, and what ``optimizer.apply_gradients([(gradient(upstream), table)])``
+    takes. Through ``max_norm``'s clipping too, as TF differentiates ``clip_by_norm``."""
+
+    __slots__ = ("bags", "rows", "max_norm", "shape")
+
+    def __init__(self, bags: Bags, rows: np.ndarray, max_norm: float | None, shape: tuple[int, ...]) -> None:
+        self.bags, self.rows, self.max_norm, self.shape = bags, rows, max_norm, shape
+
+    def __call__(self, upstream: Any) -> IndexedSlices:
+        d = np.asarray(upstream)
+        if d.shape != self.shape:
+            raise InvalidArgumentError(
+                f"the lookup's gradient takes the gradient of its pooled rows, of shape {self.shape}, "
+                f"got {d.shape}"
+            )
+        grad = self.bags.backward(d.reshape(self.bags.n, -1))
+        if self.max_norm is not None:
+            grad = IndexedSlices(_clipped_back(self.rows, grad.values, self.max_norm), grad.indices)
+        return grad
+
+
+def _clipped_back(rows: np.ndarray, grad: np.ndarray, max_norm: float) -> np.ndarray:
+    """The gradient by ``rows`` of ``clip_by_norm(rows, max_norm)`` given its gradient
+    ``grad``: unchanged where a row was not clipped; ``max_norm / n * (g - r (r.g) / n^2)``
+    where it was (its norm ``n`` past ``max_norm``)."""
+    r = rows.astype(np.float64)
+    norms = np.sqrt(np.einsum("ij,ij->i", r, r))
+    clipped = norms > max_norm
+    out = grad.astype(np.float64, copy=True)
+    if clipped.any():
+        n, g, rc = norms[clipped, None], out[clipped], r[clipped]
+        out[clipped] = max_norm / n * (g - rc * np.einsum("ij,ij->i", rc, g)[:, None] / (n * n))
+    return out.astype(grad.dtype)
+
+
 async def _rows(params: Any, ids: np.ndarray, training: bool) -> np.ndarray:
     return np.asarray(await embedding_lookup(params, ids, training=training))
 
@@ -201,7 +241,8 @@ async def embedding_lookup_sparse(
     allow_fast_lookup: bool = False,
     *,
     training: bool = True,
-) -> np.ndarray:
+    with_gradient: bool = False,
+) -> Any:
     """TF's ``tf.nn.embedding_lookup_sparse`` (``name`` and ``allow_fast_lookup`` are TF's,
     accepted and unused): each row of ``sp_ids`` (a SparseTensor, a
     RaggedTensor, a :class:`~pstrain.JaggedTensor` ...) is a bag of ids into ``params`` (a
@@ -209,6 +250,8 @@ async def embedding_lookup_sparse(
     kind, or None: all 1) by ``combiner``. As TF, the result has a row per bag up to the
     last that is not empty (empty bags before it give zeros); ids must be in range.
     ``max_norm``: rows whose L2 norm is larger are scaled down to it before combining.
+    ``with_gradient=True``: ``(pooled, gradient)``, ``gradient(upstream)`` the table's
+    gradient as sparse rows (:class:`LookupGradient`: TF's ``tape.gradient``).
 
     >>> import asyncio
     >>> from pstrain import Variable, SparseTensor
@@ -224,8 +267,10 @@ async def embedding_lookup_sparse(
     nonempty = np.flatnonzero(lengths)
     n = int(nonempty[-1]) + 1 if nonempty.size else 0
     bags = Bags(jagged, combiner, _dtype_of(params), n=n)
+    _check_differentiable(params, with_gradient)
     rows = await _rows(params, bags.unique, training)
-    return bags.pool(_clipped(rows, max_norm))
+    pooled = bags.pool(_clipped(rows, max_norm))
+    return (pooled, LookupGradient(bags, rows, max_norm, pooled.shape)) if with_gradient else pooled
 
 
 async def safe_embedding_lookup_sparse(
@@ -239,9 +284,11 @@ async def safe_embedding_lookup_sparse(
     allow_fast_lookup: bool = False,
     *,
     training: bool = True,
-) -> np.ndarray:
-    """TF's ``tf.nn.safe_embedding_lookup_sparse`` (``name`` and ``allow_fast_lookup`` as
-    in :func:`embedding_lookup_sparse`): as :func:`embedding_lookup_sparse`, but
+    with_gradient: bool = False,
+) -> Any:
+    """TF's ``tf.nn.safe_embedding_lookup_sparse`` (``name``, ``allow_fast_lookup`` and
+    ``with_gradient`` as in :func:`embedding_lookup_sparse`): as
+    :func:`embedding_lookup_sparse`, but
     ids below 0 are dropped (and, unless ``combiner`` is ``"sum"``, ids whose weight is 0
     or less), a bag left empty gives ``default_id``'s row (None: zeros), and the result
     has a row per example: ``dense_shape[:-1] + (dim,)`` for a SparseTensor of any rank.
@@ -276,11 +323,22 @@ async def safe_embedding_lookup_sparse(
     if default_id is not None and bool(empty.any()):
         jagged = _filled(jagged, empty, int(default_id))
     bags = Bags(jagged, combiner, _dtype_of(embedding_weights))
+    _check_differentiable(embedding_weights, with_gradient)
     rows = await _rows(embedding_weights, bags.unique, training)
     out = bags.pool(_clipped(rows, max_norm))
     if batch_shape is not None:
         out = out.reshape(batch_shape + out.shape[1:])
-    return out
+    return (out, LookupGradient(bags, rows, max_norm, out.shape)) if with_gradient else out
+
+
+def _check_differentiable(params: Any, with_gradient: bool) -> None:
+    """A gradient is one table's rows: a list of tables (TF's partitioned ``params``) has
+    none to give."""
+    if with_gradient and isinstance(params, (list, tuple)):
+        raise InvalidArgumentError(
+            "with_gradient: the lookup's gradient is one table's rows; give a variable, a "
+            "sharded variable or a dynamic table rather than a list of them"
+        )
 
 
 def _dtype_of(params: Any) -> np.dtype:

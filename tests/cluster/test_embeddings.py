@@ -138,6 +138,35 @@ async def test_the_safe_lookup_on_a_dynamic_table_keeps_negative_keys(cluster):
     np.testing.assert_allclose(got, [rows[0], rows[1], rows[2], rows[2]], rtol=1e-6, atol=1e-6)
 
 
+async def test_a_tf_style_lookup_gives_its_gradient_to_train_a_sharded_and_a_dynamic_table(ps_pair):
+    """``with_gradient=True``: what TF's ``tape.gradient`` gives for a sparse lookup, as
+    sparse rows an optimizer applies to the table looked up, sharded or dynamic."""
+    strategy = sharded_strategy(ps_pair)
+    async with strategy.scope():
+        params = pstrain.Variable(PARAMS, name="params")
+        table = pstrain.DynamicEmbedding(2, name="keys")
+        opt = pstrain.optimizers.SGD(1.0)
+    upstream = np.array([[1.0, 0.0], [5.0, 5.0], [0.0, 2.0]], np.float32)
+    pooled, gradient = await embedding_lookup_sparse(params, SP, None, combiner="sum", with_gradient=True)
+    np.testing.assert_array_equal(pooled, [[4, 6], [0, 0], [7, 8]])
+    grad = gradient(upstream)  # bag 0 is ids 0 and 1; bag 2 is id 3; bag 1 is empty
+    assert grad.indices.tolist() == [0, 1, 3]
+    np.testing.assert_array_equal(grad.values, [[1, 0], [1, 0], [0, 2]])
+    await opt.apply_gradients([(grad, params)])
+    np.testing.assert_array_equal(await params.numpy(), PARAMS - [[1, 0], [1, 0], [0, 0], [0, 2]])
+    keys = SparseTensor([[0, 0], [0, 1], [2, 0]], [2**40, -3, 2**40], [3, 2])
+    before = await table.lookup(np.array([2**40, -3]))
+    pooled, gradient = await safe_embedding_lookup_sparse(table, keys, None, "mean", with_gradient=True)
+    np.testing.assert_allclose(pooled, [(before[0] + before[1]) / 2, [0, 0], before[0]], rtol=1e-6)
+    await opt.apply_gradients([(gradient(upstream), table)])
+    after = await table.lookup(np.array([2**40, -3]), training=False)
+    np.testing.assert_allclose(after, before - [[0.5, 2.0], [0.5, 0.0]], rtol=1e-6, atol=1e-6)
+    with pytest.raises(InvalidArgumentError, match="takes the gradient of its pooled rows, of shape"):
+        gradient(upstream[:2])
+    with pytest.raises(InvalidArgumentError, match="one table's rows"):
+        await embedding_lookup_sparse([params], SP, None, with_gradient=True)
+
+
 def test_jagged_features_come_from_every_kind_of_input():
     from_sparse = JaggedTensor.from_sparse(SP)
     assert from_sparse.to_lists() == [[0, 1], [], [3], []]

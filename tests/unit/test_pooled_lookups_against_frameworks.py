@@ -47,17 +47,30 @@ async def test_sparse_lookups_and_their_gradients_equal_tensorflows():
         weights = SparseTensor(index, c["weights"], [batch, width]) if weighted else None
         want = c["out"].reshape(out_rows, params.shape[1])
         if safe:
-            got = await pstrain.nn.safe_embedding_lookup_sparse(
+            got, gradient = await pstrain.nn.safe_embedding_lookup_sparse(
                 table,
                 ids,
                 weights,
                 combiner=COMBINERS[combiner],
                 default_id=None if default_id < 0 else default_id,
+                with_gradient=True,
             )
         else:
-            got = await pstrain.nn.embedding_lookup_sparse(table, ids, weights, combiner=COMBINERS[combiner])
+            got, gradient = await pstrain.nn.embedding_lookup_sparse(
+                table, ids, weights, combiner=COMBINERS[combiner], with_gradient=True
+            )
         assert got.shape == want.shape, (c["meta"], got.shape, want.shape)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=str(c["meta"]))
+        # tape.gradient(loss, table) for the same upstream gradient (pruned ids none,
+        # default_id's row its empty bags')
+        np.testing.assert_allclose(
+            dense_gradient(gradient(c["upstream"].reshape(want.shape)), params.shape),
+            c["grad"].reshape(params.shape),
+            rtol=1e-4,
+            atol=1e-5,
+            err_msg=str(c["meta"]),
+        )
+        checked_gradients += 1
         if safe:
             continue  # (a collection refuses invalid ids rather than prune them)
         # the same bags through a collection: its pooled rows and the gradient it sends
@@ -77,7 +90,34 @@ async def test_sparse_lookups_and_their_gradients_equal_tensorflows():
             dense_gradient(grad, params.shape), c["grad"].reshape(params.shape), rtol=1e-4, atol=1e-5
         )
         checked_gradients += 1
-    assert len(every) == 108 and checked_gradients == 36
+    assert len(every) == 108 and checked_gradients == 108 + 36
+
+
+async def test_lookups_with_max_norm_and_their_gradients_through_the_clipping_equal_tensorflows():
+    shared, every = cases("tf_max_norm_lookups.npz")
+    params, batch, max_norm = shared["params"], int(shared["batch"]), float(shared["max_norm"])
+    norms = np.linalg.norm(params, axis=1)
+    assert (norms > max_norm).any() and (norms < max_norm).any()  # (both kinds of row)
+    table = pstrain.Variable(params.copy())
+    for c in every:
+        width, weighted, combiner, safe, out_rows = c["meta"].tolist()
+        index = np.stack([c["rows"], c["cols"]], 1)
+        ids = SparseTensor(index, c["ids"], [batch, width])
+        weights = SparseTensor(index, c["weights"], [batch, width]) if weighted else None
+        lookup = pstrain.nn.safe_embedding_lookup_sparse if safe else pstrain.nn.embedding_lookup_sparse
+        got, gradient = await lookup(
+            table, ids, weights, combiner=COMBINERS[combiner], max_norm=max_norm, with_gradient=True
+        )
+        want = c["out"].reshape(out_rows, params.shape[1])
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=str(c["meta"]))
+        np.testing.assert_allclose(
+            dense_gradient(gradient(c["upstream"].reshape(want.shape)), params.shape),
+            c["grad"].reshape(params.shape),
+            rtol=1e-4,
+            atol=1e-5,
+            err_msg=str(c["meta"]),
+        )
+    assert len(every) == 4 * 2 * 3 * 2
 
 
 async def test_embedding_bag_collections_pool_and_differentiate_as_torchrecs():

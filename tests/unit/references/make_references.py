@@ -1,8 +1,9 @@
 """Makes the reference files the pooled-lookup tests compare pstrain with: outputs and
 table gradients of TensorFlow's sparse lookups and of TorchRec's EmbeddingBagCollection on
 random batches. Run it in an environment that has the framework (pstrain's does not need
-it): ``python make_references.py tf`` with tensorflow-cpu, ``python make_references.py
-torchrec`` with torchrec (see ../../../../shared/anchors/README.md for both).
+it): ``python make_references.py tf`` (and ``tf_max_norm``) with tensorflow-cpu,
+``python make_references.py torchrec`` with torchrec (see
+../../../../shared/anchors/README.md for both).
 
 Each file holds flat arrays and, per case, offsets into them (``np.savez_compressed``)."""
 
@@ -91,6 +92,55 @@ def tf_cases(seed: int = 1, draws: int = 6) -> None:
     )
 
 
+def tf_max_norm_cases(seed: int = 2, draws: int = 4, max_norm: float = 1.0) -> None:
+    """TF's sparse lookups with ``max_norm`` (rows longer than it clipped before they are
+    combined), and their gradients through the clipping."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+    vocab, dim, batch = 12, 3, 6
+    params = (rng.normal(size=(vocab, dim)) * 0.9).astype(np.float32)  # about half past 1.0
+    packed = Packed()
+    for _ in range(draws):
+        nnz = int(rng.integers(1, 16))
+        rows = np.sort(rng.integers(0, batch, nnz))
+        cols = np.zeros(nnz, np.int64)
+        for i in range(1, nnz):
+            cols[i] = cols[i - 1] + 1 if rows[i] == rows[i - 1] else 0
+        ids = rng.integers(0, vocab, nnz).astype(np.int64)
+        weights = rng.choice([0.3, 1.0, 2.0], nnz).astype(np.float32)
+        width = int(cols.max() + 1)
+        for weighted in (0, 1):
+            for combiner in range(3):
+                for safe in (0, 1):
+                    sp = tf.sparse.SparseTensor(np.stack([rows, cols], 1), ids, [batch, width])
+                    spw = tf.sparse.SparseTensor(sp.indices, weights, sp.dense_shape) if weighted else None
+                    table = tf.Variable(params)
+                    lookup = tf.nn.safe_embedding_lookup_sparse if safe else tf.nn.embedding_lookup_sparse
+                    with tf.GradientTape() as tape:
+                        out = lookup(table, sp, spw, combiner=COMBINERS[combiner], max_norm=max_norm)
+                        upstream = rng.normal(size=out.shape).astype(np.float32)
+                        loss = tf.reduce_sum(out * upstream)
+                    grad = tf.convert_to_tensor(tape.gradient(loss, table)).numpy()
+                    packed.add(
+                        rows=rows,
+                        cols=cols,
+                        ids=ids,
+                        weights=weights,
+                        meta=np.array([width, weighted, combiner, safe, out.shape[0]]),
+                        out=out.numpy(),
+                        upstream=upstream,
+                        grad=grad,
+                    )
+    packed.save(
+        HERE / "tf_max_norm_lookups.npz",
+        params=params,
+        batch=np.array(batch),
+        max_norm=np.array(max_norm),
+        version=np.array(tf.__version__),
+    )
+
+
 def torchrec_cases(seed: int = 1, draws: int = 12) -> None:
     import torch
     import torchrec
@@ -148,4 +198,4 @@ def torchrec_cases(seed: int = 1, draws: int = 12) -> None:
 
 
 if __name__ == "__main__":
-    {"tf": tf_cases, "torchrec": torchrec_cases}[sys.argv[1]]()
+    {"tf": tf_cases, "tf_max_norm": tf_max_norm_cases, "torchrec": torchrec_cases}[sys.argv[1]]()
