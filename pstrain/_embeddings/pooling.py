@@ -27,7 +27,7 @@ from .._kernels import FLOAT_DTYPES, KERNELS, reference
 from .._kernels.batches import distinct
 from .._variables.arrays import IndexedSlices
 from .._variables.dynamic import DynamicEmbedding
-from .._variables.sharding import clip_by_norm, embedding_lookup
+from .._variables.sharding import check_gradient_params, clip_by_norm, clip_by_norm_backward, embedding_lookup
 from .jagged import JaggedTensor, SparseTensor, as_jagged, as_numpy
 
 __all__ = ["COMBINERS", "Bags", "LookupGradient", "embedding_lookup_sparse", "safe_embedding_lookup_sparse"]
@@ -204,22 +204,8 @@ class LookupGradient:
             )
         grad = self.bags.backward(d.reshape(self.bags.n, -1))
         if self.max_norm is not None:
-            grad = IndexedSlices(_clipped_back(self.rows, grad.values, self.max_norm), grad.indices)
+            grad = IndexedSlices(clip_by_norm_backward(self.rows, grad.values, self.max_norm), grad.indices)
         return grad
-
-
-def _clipped_back(rows: np.ndarray, grad: np.ndarray, max_norm: float) -> np.ndarray:
-    """The gradient by ``rows`` of ``clip_by_norm(rows, max_norm)`` given its gradient
-    ``grad``: unchanged where a row was not clipped; ``max_norm / n * (g - r (r.g) / n^2)``
-    where it was (its norm ``n`` past ``max_norm``)."""
-    r = rows.astype(np.float64)
-    norms = np.sqrt(np.einsum("ij,ij->i", r, r))
-    clipped = norms > max_norm
-    out = grad.astype(np.float64, copy=True)
-    if clipped.any():
-        n, g, rc = norms[clipped, None], out[clipped], r[clipped]
-        out[clipped] = max_norm / n * (g - rc * np.einsum("ij,ij->i", rc, g)[:, None] / (n * n))
-    return out.astype(grad.dtype)
 
 
 async def _rows(params: Any, ids: np.ndarray, training: bool) -> np.ndarray:
@@ -267,7 +253,7 @@ async def embedding_lookup_sparse(
     nonempty = np.flatnonzero(lengths)
     n = int(nonempty[-1]) + 1 if nonempty.size else 0
     bags = Bags(jagged, combiner, _dtype_of(params), n=n)
-    _check_differentiable(params, with_gradient)
+    check_gradient_params(params, with_gradient)
     rows = await _rows(params, bags.unique, training)
     pooled = bags.pool(_clipped(rows, max_norm))
     return (pooled, LookupGradient(bags, rows, max_norm, pooled.shape)) if with_gradient else pooled
@@ -323,22 +309,12 @@ async def safe_embedding_lookup_sparse(
     if default_id is not None and bool(empty.any()):
         jagged = _filled(jagged, empty, int(default_id))
     bags = Bags(jagged, combiner, _dtype_of(embedding_weights))
-    _check_differentiable(embedding_weights, with_gradient)
+    check_gradient_params(embedding_weights, with_gradient)
     rows = await _rows(embedding_weights, bags.unique, training)
     out = bags.pool(_clipped(rows, max_norm))
     if batch_shape is not None:
         out = out.reshape(batch_shape + out.shape[1:])
     return (out, LookupGradient(bags, rows, max_norm, out.shape)) if with_gradient else out
-
-
-def _check_differentiable(params: Any, with_gradient: bool) -> None:
-    """A gradient is one table's rows: a list of tables (TF's partitioned ``params``) has
-    none to give."""
-    if with_gradient and isinstance(params, (list, tuple)):
-        raise InvalidArgumentError(
-            "with_gradient: the lookup's gradient is one table's rows; give a variable, a "
-            "sharded variable or a dynamic table rather than a list of them"
-        )
 
 
 def _dtype_of(params: Any) -> np.dtype:

@@ -32,7 +32,7 @@ from .variables import Variable
 if TYPE_CHECKING:
     from .._transport.channels import Channel
 
-__all__ = ["ShardedVariable", "compact_ids", "div_sizes", "embedding_lookup", "plan_parts"]
+__all__ = ["RowsGradient", "ShardedVariable", "compact_ids", "div_sizes", "embedding_lookup", "plan_parts"]
 
 
 def div_sizes(n: int, k: int) -> list[int]:
@@ -254,8 +254,14 @@ def _as_parts(params: Any) -> tuple[list[Variable], np.ndarray, str]:
 
 
 async def embedding_lookup(
-    params: Any, ids: Any, max_norm: float | None = None, name: str | None = None, *, training: bool = True
-) -> np.ndarray:
+    params: Any,
+    ids: Any,
+    max_norm: float | None = None,
+    name: str | None = None,
+    *,
+    training: bool = True,
+    with_gradient: bool = False,
+) -> Any:
     """Rows ``ids`` of ``params``: shape ``ids.shape + params.shape[1:]`` (TF's
     ``tf.nn.embedding_lookup``; ``max_norm``: rows whose L2 norm is larger come back scaled
     down to it; ``name`` is TF's and unused).
@@ -263,14 +269,54 @@ async def embedding_lookup(
     Ids are deduplicated first; each ps holding a needed part gets one request
     (all concurrently) carrying only the rows it must send. ``training=False``
     (evaluation, serving) changes nothing: a dynamic table admits no id and
-    counts no sighting (fixed tables never change on a lookup).
+    counts no sighting (fixed tables never change on a lookup). ``with_gradient=True``:
+    ``(rows, gradient)``, ``gradient(upstream)`` the table's gradient as sparse rows
+    (:class:`RowsGradient`: TF's ``tape.gradient``).
 
     >>> table = Variable(np.arange(6.0).reshape(3, 2))
     >>> asyncio.run(embedding_lookup(table, [[2, 0]])).tolist()
     [[[4.0, 5.0], [0.0, 1.0]]]
     """
+    check_gradient_params(params, with_gradient)
     rows = await _rows_of(params, ids, training)
-    return rows if max_norm is None else clip_by_norm(rows, max_norm)
+    out = rows if max_norm is None else clip_by_norm(rows, max_norm)
+    return (out, RowsGradient(np.asarray(ids), rows, max_norm)) if with_gradient else out
+
+
+def check_gradient_params(params: Any, with_gradient: bool) -> None:
+    """A lookup's gradient is one table's rows: a list of tables (TF's partitioned
+    ``params``) has none to give."""
+    if with_gradient and isinstance(params, (list, tuple)):
+        raise InvalidArgumentError(
+            "with_gradient: the lookup's gradient is one table's rows; give a variable, a "
+            "sharded variable or a dynamic table rather than a list of them"
+        )
+
+
+class RowsGradient:
+    """The way back from :func:`embedding_lookup`'s rows to its table
+    (``with_gradient=True``): ``gradient(upstream)``, with ``upstream`` the gradient of the
+    loss by the rows (their shape), is the table's gradient as sparse rows, an id looked up
+    twice in it twice (as TF's ``tape.gradient`` gives it; ``apply_gradients`` sums them),
+    through ``max_norm``'s clipping too."""
+
+    __slots__ = ("ids", "rows", "max_norm")
+
+    def __init__(self, ids: np.ndarray, rows: np.ndarray, max_norm: float | None) -> None:
+        self.ids, self.rows, self.max_norm = ids, rows, max_norm
+
+    def __call__(self, upstream: Any) -> IndexedSlices:
+        d = np.asarray(upstream)
+        if d.shape != self.rows.shape:
+            raise InvalidArgumentError(
+                f"the lookup's gradient takes the gradient of its rows, of shape "
+                f"{self.rows.shape}, got {d.shape}"
+            )
+        flat = self.ids.reshape(-1)
+        values = d.reshape(flat.size, -1)
+        if self.max_norm is not None:
+            values = clip_by_norm_backward(self.rows.reshape(flat.size, -1), values, self.max_norm)
+        return IndexedSlices(values, flat)
 
 
 def clip_by_norm(rows: np.ndarray, max_norm: float) -> np.ndarray:
@@ -281,6 +327,21 @@ def clip_by_norm(rows: np.ndarray, max_norm: float) -> np.ndarray:
     norms = np.sqrt(np.einsum("...i,...i->...", rows, rows))
     factor = np.where(norms > max_norm, max_norm / np.where(norms > 0, norms, 1), 1)
     return rows * factor[..., None].astype(rows.dtype)
+
+
+def clip_by_norm_backward(rows: np.ndarray, grad: np.ndarray, max_norm: float) -> np.ndarray:
+    """The gradient by ``rows`` (each a row) of ``clip_by_norm(rows, max_norm)``, given its
+    gradient ``grad``: unchanged where a row was not clipped; ``max_norm / n * (g - r
+    (r.g) / n^2)`` where it was (its norm ``n`` past ``max_norm``), as TF differentiates
+    ``clip_by_norm``."""
+    r = rows.astype(np.float64)
+    norms = np.sqrt(np.einsum("ij,ij->i", r, r))
+    clipped = norms > max_norm
+    out = grad.astype(np.float64, copy=True)
+    if clipped.any():
+        n, g, rc = norms[clipped, None], out[clipped], r[clipped]
+        out[clipped] = max_norm / n * (g - rc * np.einsum("ij,ij->i", rc, g)[:, None] / (n * n))
+    return out.astype(grad.dtype)
 
 
 async def _rows_of(params: Any, ids: Any, training: bool) -> np.ndarray:

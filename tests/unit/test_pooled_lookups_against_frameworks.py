@@ -1,6 +1,6 @@
 """Pooled lookups against the frameworks' own numbers: outputs and table gradients that
-TensorFlow's sparse lookups and TorchRec's ``EmbeddingBagCollection`` computed on random
-batches (``references/make_references.py`` made the files, in environments with those
+TensorFlow's lookups (sparse and of rows) and TorchRec's ``EmbeddingBagCollection`` computed
+on random batches (``references/make_references.py`` made the files, in environments with those
 frameworks), compared with pstrain's on the same batches and tables."""
 
 from __future__ import annotations
@@ -118,6 +118,25 @@ async def test_lookups_with_max_norm_and_their_gradients_through_the_clipping_eq
             err_msg=str(c["meta"]),
         )
     assert len(every) == 4 * 2 * 3 * 2
+
+
+async def test_row_lookups_and_their_gradients_equal_tensorflows():
+    """``tf.nn.embedding_lookup`` of ids of rank 2, some repeated, with and without
+    ``max_norm``: the rows, and ``tape.gradient``'s by the table (``with_gradient=True``)."""
+    shared, every = cases("tf_row_lookups.npz")
+    params = shared["params"]
+    table = pstrain.Variable(params.copy())
+    for c in every:
+        ids, clip = c["ids"].reshape(3, 4), float(c["max_norm"][0])
+        got, gradient = await pstrain.nn.embedding_lookup(
+            table, ids, max_norm=clip or None, with_gradient=True
+        )
+        np.testing.assert_allclose(got, c["out"].reshape(got.shape), rtol=1e-5, atol=1e-6)
+        grad = gradient(c["upstream"].reshape(got.shape))
+        np.testing.assert_allclose(
+            dense_gradient(grad, params.shape), c["grad"].reshape(params.shape), rtol=1e-4, atol=1e-5
+        )
+    assert len(every) == 12 and {float(c["max_norm"][0]) for c in every} == {0.0, 1.0}
 
 
 async def test_embedding_bag_collections_pool_and_differentiate_as_torchrecs():

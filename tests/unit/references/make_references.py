@@ -1,8 +1,8 @@
 """Makes the reference files the pooled-lookup tests compare pstrain with: outputs and
 table gradients of TensorFlow's sparse lookups and of TorchRec's EmbeddingBagCollection on
 random batches. Run it in an environment that has the framework (pstrain's does not need
-it): ``python make_references.py tf`` (and ``tf_max_norm``) with tensorflow-cpu,
-``python make_references.py torchrec`` with torchrec (see
+it): ``python make_references.py tf`` (and ``tf_max_norm``, ``tf_rows``) with
+tensorflow-cpu, ``python make_references.py torchrec`` with torchrec (see
 ../../../../shared/anchors/README.md for both).
 
 Each file holds flat arrays and, per case, offsets into them (``np.savez_compressed``)."""
@@ -141,6 +141,28 @@ def tf_max_norm_cases(seed: int = 2, draws: int = 4, max_norm: float = 1.0) -> N
     )
 
 
+def tf_row_lookup_cases(seed: int = 3, draws: int = 6) -> None:
+    """TF's ``tf.nn.embedding_lookup`` of ids of rank 2 (some repeated), with and without
+    ``max_norm``, and the table's gradient."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+    vocab, dim = 10, 4
+    params = (rng.normal(size=(vocab, dim)) * 0.7).astype(np.float32)
+    packed = Packed()
+    for _ in range(draws):
+        ids = rng.integers(0, vocab, (3, 4)).astype(np.int64)
+        for clip in (0.0, 1.0):
+            table = tf.Variable(params)
+            with tf.GradientTape() as tape:
+                out = tf.nn.embedding_lookup(table, ids, max_norm=clip or None)
+                upstream = rng.normal(size=out.shape).astype(np.float32)
+                loss = tf.reduce_sum(out * upstream)
+            grad = tf.convert_to_tensor(tape.gradient(loss, table)).numpy()
+            packed.add(ids=ids, max_norm=np.array([clip]), out=out.numpy(), upstream=upstream, grad=grad)
+    packed.save(HERE / "tf_row_lookups.npz", params=params, version=np.array(tf.__version__))
+
+
 def torchrec_cases(seed: int = 1, draws: int = 12) -> None:
     import torch
     import torchrec
@@ -198,4 +220,9 @@ def torchrec_cases(seed: int = 1, draws: int = 12) -> None:
 
 
 if __name__ == "__main__":
-    {"tf": tf_cases, "tf_max_norm": tf_max_norm_cases, "torchrec": torchrec_cases}[sys.argv[1]]()
+    {
+        "tf": tf_cases,
+        "tf_max_norm": tf_max_norm_cases,
+        "tf_rows": tf_row_lookup_cases,
+        "torchrec": torchrec_cases,
+    }[sys.argv[1]]()
