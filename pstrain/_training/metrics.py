@@ -78,11 +78,24 @@ class Metric:
         return f"<{type(self).__name__} {self.name!r}>"
 
 
+def _numbers(values: Any, what: str) -> np.ndarray:
+    """``values`` as float64, or an error naming ``what`` (a metric's argument)."""
+    try:
+        return np.asarray(values, np.float64)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"{what} must be numbers, got {np.asarray(values).dtype}") from None
+
+
 def _weights(values: np.ndarray, sample_weight: Any) -> np.ndarray:
     if sample_weight is None:
         return np.ones(values.shape, np.float64)
-    w = np.broadcast_to(np.asarray(sample_weight, np.float64), values.shape)
-    return w
+    w = _numbers(sample_weight, "sample_weight")
+    try:
+        return np.broadcast_to(w, values.shape)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"sample_weight of shape {w.shape} does not broadcast to the values' shape {values.shape}"
+        ) from None
 
 
 class _Averaged(Metric):
@@ -94,7 +107,7 @@ class _Averaged(Metric):
         self.count = self._state("count", np.float64(0.0))
 
     async def _accumulate(self, values: Any, sample_weight: Any) -> None:
-        v = np.asarray(values, np.float64)
+        v = _numbers(values, f"{type(self).__name__}: the values")
         w = _weights(v, sample_weight)
         await self._add(total=np.float64((v * w).sum()), count=np.float64(w.sum()))
 
@@ -120,7 +133,7 @@ class Sum(Metric):
 
     async def update_state(self, values: Any, sample_weight: Any = None) -> None:
         """Add ``values`` (weighted by ``sample_weight``) to the sum."""
-        v = np.asarray(values, np.float64)
+        v = _numbers(values, "Sum: the values")
         await self._add(total=np.float64((v * _weights(v, sample_weight)).sum()))
 
     async def result(self) -> float:
@@ -172,7 +185,12 @@ class AUC(Metric):
     async def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
         """Add the predictions to the thresholds' true and false positive and negative counts."""
         y_true = np.asarray(y_true).reshape(-1).astype(bool)
-        y_pred = np.asarray(y_pred, np.float64).reshape(-1)
+        y_pred = _numbers(y_pred, "AUC: y_pred").reshape(-1)
+        if y_true.shape != y_pred.shape:
+            raise InvalidArgumentError(f"AUC: {y_true.size} labels for {y_pred.size} predictions")
+        if not np.all((y_pred >= 0) & (y_pred <= 1)):  # (NaN too, as TF's assertions)
+            bad = y_pred[~((y_pred >= 0) & (y_pred <= 1))][0]
+            raise InvalidArgumentError(f"AUC: predictions must be in [0, 1], got {bad}")
         w = _weights(y_pred, sample_weight).reshape(-1)
         counts = {}
         for label, (above, below) in (

@@ -142,6 +142,31 @@ async def test_metrics_add_up_across_workers(cluster):
     await coordinator.close()
 
 
+async def test_metrics_refuse_what_tf_refuses_and_change_nothing(ps_server):
+    """AUC's predictions outside [0, 1] (NaN too: TF asserts the range), values that are
+    not numbers, weights that do not broadcast: an error naming it, the state as it was."""
+    with strategy_for(ps_server).scope():
+        auc, mean, total = pstrain.metrics.AUC(), pstrain.metrics.Mean(), pstrain.metrics.Sum()
+    await auc.update_state([0, 1], [0.2, 0.9])
+    await mean.update_state([1.0, 3.0])
+    await total.update_state([5.0])
+    bad = [
+        (auc.update_state([0, 1], [0.2, 1.5]), "AUC: predictions must be in \\[0, 1\\], got 1.5"),
+        (auc.update_state([0, 1], [np.nan, 0.5]), "AUC: predictions must be in \\[0, 1\\], got nan"),
+        (auc.update_state([0, 1, 1], [0.2, 0.5]), "AUC: 3 labels for 2 predictions"),
+        (mean.update_state(["a"]), "Mean: the values must be numbers"),
+        (mean.update_state([1.0, 2.0, 3.0], sample_weight=[1.0, 2.0]), "does not broadcast"),
+        (total.update_state({"x": 1}), "Sum: the values must be numbers"),
+    ]
+    for call, message in bad:
+        with pytest.raises(InvalidArgumentError, match=message):
+            await call
+    assert await auc.result() == pytest.approx(1.0, abs=0.01)
+    assert await mean.result() == 2.0 and await total.result() == 5.0
+    await mean.update_state([1.0, 4.0], sample_weight=[2.0])  # (a weight that broadcasts)
+    assert await mean.result() == pytest.approx((1 + 3 + 2 * 1 + 2 * 4) / (2 + 2 * 2))
+
+
 async def test_extended_update_runs_on_the_ps_and_moves_no_table_bytes(ps_server):
     strategy = strategy_for(ps_server)
     async with strategy.scope():
