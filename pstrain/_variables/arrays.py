@@ -122,13 +122,29 @@ class VariableBase:
     __slots__ = ()
 
 
+def as_dtype(dtype: Any, what: str) -> np.dtype:
+    """``dtype`` as numpy's, or an error naming ``what``."""
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        raise InvalidArgumentError(f"{what}: {dtype!r} is not a dtype (np.float32, 'float32' ...)") from None
+
+
+def as_array(value: Any, what: str) -> np.ndarray:
+    """``value`` as an array, or an error naming ``what`` (rows of unequal length ...)."""
+    try:
+        return np.asarray(value)
+    except ValueError as exc:
+        raise InvalidArgumentError(f"{what} is not an array: {exc}") from None
+
+
 def infer_dtype(value: Any, dtype: Any) -> np.dtype:
     """TF's defaults: Python floats -> float32, ints -> int32; arrays keep theirs."""
     if dtype is not None:
-        return np.dtype(dtype)
+        return as_dtype(dtype, "dtype")
     if isinstance(value, (np.ndarray, np.generic)):
         return value.dtype
-    arr = np.asarray(value)
+    arr = as_array(value, "initial_value")
     if arr.dtype == np.float64:
         return np.dtype(np.float32)
     if arr.dtype == np.int64:
@@ -143,7 +159,7 @@ def to_array(value: Any, dtype: np.dtype, what: str) -> np.ndarray:
         raise InvalidArgumentError(
             f"{what}: pass an array, not a variable handle (read it first: await v.read_value())"
         )
-    arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    arr = value if isinstance(value, np.ndarray) else as_array(value, what)
     if arr.dtype == dtype:
         return arr
     return cast_value(arr, dtype, what)
@@ -171,7 +187,9 @@ def initial_value_array(initial_value: Any, dtype: Any, shape: Sequence[int] | N
     if isinstance(initial_value, Initializer):
         if shape is None:
             raise InvalidArgumentError(f"{initial_value!r} needs shape= to build a variable")
-        return initial_value(checked_shape(shape), np.dtype(dtype) if dtype is not None else np.float32)
+        return initial_value(
+            checked_shape(shape), as_dtype(dtype, "dtype") if dtype is not None else np.float32
+        )
     if callable(initial_value) and not isinstance(initial_value, VariableBase):
         initial_value = initial_value()
     value = to_array(initial_value, infer_dtype(initial_value, dtype), "initial_value")

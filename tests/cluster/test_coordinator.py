@@ -506,6 +506,10 @@ async def test_what_schedule_or_a_ps_cannot_take_is_refused_at_the_call(cluster)
             pstrain.Variable(np.array(["abc"]), name="words")
         with pytest.raises(InvalidArgumentError, match="a ps holds numbers and bools, not object"):
             pstrain.Variable(pstrain.initializers.Zeros(), name="words", shape=(2,), dtype=object)
+        with pytest.raises(InvalidArgumentError, match="initial_value is not an array: .*inhomogeneous"):
+            pstrain.Variable([[1.0, 2.0], [3.0]], name="words")
+        with pytest.raises(InvalidArgumentError, match="dtype: 'flaot32' is not a dtype"):
+            pstrain.Variable(1.0, name="words", dtype="flaot32")
         v = pstrain.Variable(np.zeros(2, np.float32), name="words")
     assert v.name == "words"  # the refused ones took no name
     local = pstrain.Variable(np.array(["kept"]))  # outside a scope: strings, as in TF
