@@ -164,3 +164,43 @@ async def test_a_reader_drops_a_lost_ps_once_the_others_hold_its_slices_and_hold
             ids, _ = mirror.snapshot()
             assert np.unique(ids).size == ids.size
         await coordinator.close()
+
+
+async def test_a_reply_whose_saves_are_pruned_before_it_opens_them_reads_the_newer_ones(
+    tmp_path, monkeypatch
+):
+    """A save pruned between the feed's listing of the saves and its opening of their files
+    (a reader polling while ``max_to_keep`` prunes): the feed lists them again and serves
+    the newest version, never a 404 for a file it was about to read."""
+    from pstrain._formats.files import table_feed as feed_files
+
+    root = str(tmp_path)
+    async with InProcessCluster(
+        num_ps=1, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
+    ) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        table, opt, ckpt = _model(strategy)
+        manager = pstrain.checkpoint.CheckpointManager(ckpt, str(tmp_path / "ckpt"), max_to_keep=1)
+        await _step(table, opt, 0)
+        await manager.save()
+        feed = cluster.ps[0].feed
+        directory = feed.directories["emb"]
+        stale = feed_files._saves(directory, "emb", feed.index, {}, feed.confine)  # ckpt-1 only
+        for k in (1, 2):  # ckpt-1 pruned
+            await _step(table, opt, k)
+            await manager.save()
+        assert not any(p.name.startswith("ckpt-1.") for p in (tmp_path / "ckpt").iterdir())
+        listings = []
+        real = feed_files._saves
+
+        def listed(*args):
+            listings.append(args)
+            return stale if len(listings) == 1 else real(*args)
+
+        monkeypatch.setattr(feed_files, "_saves", listed)
+        mirror = table_feed.TableMirror([ps.address for ps in cluster.ps], "emb", TOKEN)
+        async with aiohttp.ClientSession() as session:
+            await mirror.poll(session)
+        assert len(listings) == 2  # the stale listing, then the directory read again
+        await _same(mirror, table)
+        await manager.close()

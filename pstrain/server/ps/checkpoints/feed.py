@@ -151,7 +151,9 @@ class TableFeed:
                     self.moved_at.get(name, 0),
                     self.confine,
                 )
-            except (FailedPreconditionError, InvalidArgumentError):
+            except (FailedPreconditionError, InvalidArgumentError, NotFoundError):
+                # (a file of the listed saves gone before it was opened: a save pruned
+                # meanwhile, whose newer saves the next listing finds)
                 if attempt == _ATTEMPTS - 1:  # not a save pruned meanwhile: the directory is bad
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
