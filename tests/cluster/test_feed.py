@@ -204,3 +204,37 @@ async def test_a_reply_whose_saves_are_pruned_before_it_opens_them_reads_the_new
         assert len(listings) == 2  # the stale listing, then the directory read again
         await _same(mirror, table)
         await manager.close()
+
+
+async def test_a_collections_dynamic_table_is_followed_by_its_name_slash_and_all(tmp_path):
+    """A collection names its tables ``<collection>/<table>``: the feed serves
+    ``/v1/tables/embeddings/ids/rows`` (and the same with the slash escaped), and the example
+    reader follows it by that name."""
+    root = str(tmp_path)
+    async with InProcessCluster(
+        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
+    ) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            collection = pstrain.EmbeddingCollection([pstrain.TableConfig("ids", None, DIM, ["f"])])
+            opt = pstrain.optimizers.Adagrad(0.1)
+        batch = pstrain.KeyedJaggedTensor(["f"], np.arange(30), np.ones(30, np.int64))
+        pooled = await collection.lookup(batch)
+        await collection.apply_gradients(pooled.gradients(np.ones((30, DIM), np.float32)), opt)
+        manager = pstrain.checkpoint.CheckpointManager(
+            pstrain.Checkpoint(model=collection, optimizer=opt), str(tmp_path / "ckpt")
+        )
+        await manager.save()
+        table = collection.tables["ids"]
+        assert table.name == "embeddings/ids"
+        mirror = table_feed.TableMirror([ps.address for ps in cluster.ps], table.name, TOKEN)
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        async with aiohttp.ClientSession() as session:
+            assert await mirror.poll(session) == 30
+            for path in ("embeddings/ids", "embeddings%2Fids"):
+                url = f"http://{cluster.ps[0].address}/v1/tables/{path}/rows"
+                async with session.get(url, headers=auth) as r:
+                    assert r.status == 200 and r.headers["X-Pstrain-Version"], path
+                    await r.read()
+        await _same(mirror, table)
+        await manager.close()
