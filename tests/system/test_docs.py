@@ -31,6 +31,7 @@ def test_code_block_runs(tmp_path, doc, index, code):
     script = tmp_path / "block.py"
     script.write_text(code)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PSTRAIN_", "TF_CONFIG"))}
+    env["TMPDIR"] = str(tmp_path)  # (a block's own temporary directories, as the tutorial's, stay here)
     result = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=100, env=env, cwd=tmp_path
     )
