@@ -15,6 +15,13 @@ pytestmark = pytest.mark.timeout(240)
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
+@pytest.fixture(autouse=True)
+def _temporary_files_in_the_tests_own(tmp_path, monkeypatch):
+    """The examples' temporary directories (their checkpoints, data, summaries) go into
+    the test's, which pytest removes, not into /tmp."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+
+
 def run_example(*args: str, launch: bool = False) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PSTRAIN_", "TF_CONFIG"))}
     cmd = [sys.executable, *args]
