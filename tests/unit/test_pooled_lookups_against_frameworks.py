@@ -35,6 +35,20 @@ def dense_gradient(grad: pstrain.IndexedSlices, shape: tuple[int, ...]) -> np.nd
     return out
 
 
+def same_gradient(
+    gradient, case: dict[str, np.ndarray], out_shape: tuple[int, ...], shape: tuple[int, ...]
+) -> None:
+    """``gradient`` (a lookup's, ``with_gradient=True``) of the case's upstream gradient is
+    the table gradient TF's tape gave."""
+    np.testing.assert_allclose(
+        dense_gradient(gradient(case["upstream"].reshape(out_shape)), shape),
+        case["grad"].reshape(shape),
+        rtol=1e-4,
+        atol=1e-5,
+        err_msg=str(case.get("meta")),
+    )
+
+
 async def test_sparse_lookups_and_their_gradients_equal_tensorflows():
     shared, every = cases("tf_pooled_lookups.npz")
     params, batch = shared["params"], int(shared["batch"])
@@ -63,13 +77,7 @@ async def test_sparse_lookups_and_their_gradients_equal_tensorflows():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=str(c["meta"]))
         # tape.gradient(loss, table) for the same upstream gradient (pruned ids none,
         # default_id's row its empty bags')
-        np.testing.assert_allclose(
-            dense_gradient(gradient(c["upstream"].reshape(want.shape)), params.shape),
-            c["grad"].reshape(params.shape),
-            rtol=1e-4,
-            atol=1e-5,
-            err_msg=str(c["meta"]),
-        )
+        same_gradient(gradient, c, want.shape, params.shape)
         checked_gradients += 1
         if safe:
             continue  # (a collection refuses invalid ids rather than prune them)
@@ -110,13 +118,7 @@ async def test_lookups_with_max_norm_and_their_gradients_through_the_clipping_eq
         )
         want = c["out"].reshape(out_rows, params.shape[1])
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=str(c["meta"]))
-        np.testing.assert_allclose(
-            dense_gradient(gradient(c["upstream"].reshape(want.shape)), params.shape),
-            c["grad"].reshape(params.shape),
-            rtol=1e-4,
-            atol=1e-5,
-            err_msg=str(c["meta"]),
-        )
+        same_gradient(gradient, c, want.shape, params.shape)
     assert len(every) == 4 * 2 * 3 * 2
 
 
@@ -132,10 +134,7 @@ async def test_row_lookups_and_their_gradients_equal_tensorflows():
             table, ids, max_norm=clip or None, with_gradient=True
         )
         np.testing.assert_allclose(got, c["out"].reshape(got.shape), rtol=1e-5, atol=1e-6)
-        grad = gradient(c["upstream"].reshape(got.shape))
-        np.testing.assert_allclose(
-            dense_gradient(grad, params.shape), c["grad"].reshape(params.shape), rtol=1e-4, atol=1e-5
-        )
+        same_gradient(gradient, c, got.shape, params.shape)
     assert len(every) == 12 and {float(c["max_norm"][0]) for c in every} == {0.0, 1.0}
 
 

@@ -36,6 +36,19 @@ class Packed:
         np.savez_compressed(path, **out)
 
 
+def sparse_batch(
+    rng: np.random.Generator, most: int, batch: int, vocab: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A random SparseTensor's rows, columns (in row-major order) and ids: fewer than
+    ``most`` of them, over ``batch`` rows and ``vocab`` ids."""
+    nnz = int(rng.integers(1, most))
+    rows = np.sort(rng.integers(0, batch, nnz))
+    cols = np.zeros(nnz, np.int64)
+    for i in range(1, nnz):
+        cols[i] = cols[i - 1] + 1 if rows[i] == rows[i - 1] else 0
+    return rows, cols, rng.integers(0, vocab, nnz).astype(np.int64)
+
+
 def tf_cases(seed: int = 1, draws: int = 6) -> None:
     import tensorflow as tf
 
@@ -44,12 +57,8 @@ def tf_cases(seed: int = 1, draws: int = 6) -> None:
     params = rng.normal(size=(vocab, dim)).astype(np.float32)
     packed = Packed()
     for _ in range(draws):
-        nnz = int(rng.integers(1, 25))
-        rows = np.sort(rng.integers(0, batch, nnz))
-        cols = np.zeros(nnz, np.int64)
-        for i in range(1, nnz):
-            cols[i] = cols[i - 1] + 1 if rows[i] == rows[i - 1] else 0
-        ids = rng.integers(0, vocab, nnz).astype(np.int64)
+        rows, cols, ids = sparse_batch(rng, 25, batch, vocab)
+        nnz = ids.size
         with_invalid = np.where(rng.random(nnz) < 0.2, -1, ids)
         weights = rng.choice([0.0, -0.5, 0.3, 1.0, 2.0], nnz).astype(np.float32)
         width = int(cols.max() + 1)
@@ -102,13 +111,8 @@ def tf_max_norm_cases(seed: int = 2, draws: int = 4, max_norm: float = 1.0) -> N
     params = (rng.normal(size=(vocab, dim)) * 0.9).astype(np.float32)  # about half past 1.0
     packed = Packed()
     for _ in range(draws):
-        nnz = int(rng.integers(1, 16))
-        rows = np.sort(rng.integers(0, batch, nnz))
-        cols = np.zeros(nnz, np.int64)
-        for i in range(1, nnz):
-            cols[i] = cols[i - 1] + 1 if rows[i] == rows[i - 1] else 0
-        ids = rng.integers(0, vocab, nnz).astype(np.int64)
-        weights = rng.choice([0.3, 1.0, 2.0], nnz).astype(np.float32)
+        rows, cols, ids = sparse_batch(rng, 16, batch, vocab)
+        weights = rng.choice([0.3, 1.0, 2.0], ids.size).astype(np.float32)
         width = int(cols.max() + 1)
         for weighted in (0, 1):
             for combiner in range(3):
