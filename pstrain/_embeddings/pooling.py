@@ -27,10 +27,10 @@ from .._kernels import FLOAT_DTYPES, KERNELS, reference
 from .._kernels.batches import distinct
 from .._variables.arrays import IndexedSlices
 from .._variables.dynamic import DynamicEmbedding
-from .._variables.sharding import check_gradient_params, clip_by_norm, clip_by_norm_backward, embedding_lookup
+from .._variables.sharding import LookupGradient, check_gradient_params, clip_by_norm, embedding_lookup
 from .jagged import JaggedTensor, SparseTensor, as_jagged, as_numpy
 
-__all__ = ["COMBINERS", "Bags", "LookupGradient", "embedding_lookup_sparse", "safe_embedding_lookup_sparse"]
+__all__ = ["COMBINERS", "Bags", "embedding_lookup_sparse", "safe_embedding_lookup_sparse"]
 
 #: TF's combiners.
 COMBINERS = ("sum", "mean", "sqrtn")
@@ -137,6 +137,11 @@ class Bags:
         _pool(out, self.offsets, rows, self.inverse, self.factors, column, 0, rows.shape[1], False)
         return out
 
+    def gradient(self, d_pooled: np.ndarray) -> IndexedSlices:
+        """:meth:`backward` of a gradient of the pooled rows of any leading shape (a safe
+        lookup's keeps its SparseTensor's batch shape)."""
+        return self.backward(d_pooled.reshape(self.n, -1))
+
     def backward(
         self, d_pooled: np.ndarray, out: np.ndarray | None = None, column: int = 0, dim: int | None = None
     ) -> IndexedSlices:
@@ -182,32 +187,6 @@ def _factors(jagged: JaggedTensor, combiner: str, dtype: np.dtype) -> np.ndarray
         return np.where(per_id != 0, w / np.where(per_id != 0, per_id, 1), 0).astype(dtype)
 
 
-class LookupGradient:
-    """The way back from a sparse lookup's pooled rows to its table (``with_gradient=True``):
-    ``gradient(upstream)``, with ``upstream`` the gradient of the loss by the pooled rows
-    (their shape), is the gradient by the table, as sparse rows (``IndexedSlices`` of the
-    distinct ids looked up, summed over their bags): what TF's ``tape.gradient(loss,
-    table)`` gives, and what ``optimizer.apply_gradients([(gradient(upstream), table)])``
-    takes. Through ``max_norm``'s clipping too, as TF differentiates ``clip_by_norm``."""
-
-    __slots__ = ("bags", "rows", "max_norm", "shape")
-
-    def __init__(self, bags: Bags, rows: np.ndarray, max_norm: float | None, shape: tuple[int, ...]) -> None:
-        self.bags, self.rows, self.max_norm, self.shape = bags, rows, max_norm, shape
-
-    def __call__(self, upstream: Any) -> IndexedSlices:
-        d = np.asarray(upstream)
-        if d.shape != self.shape:
-            raise InvalidArgumentError(
-                f"the lookup's gradient takes the gradient of its pooled rows, of shape {self.shape}, "
-                f"got {d.shape}"
-            )
-        grad = self.bags.backward(d.reshape(self.bags.n, -1))
-        if self.max_norm is not None:
-            grad = IndexedSlices(clip_by_norm_backward(self.rows, grad.values, self.max_norm), grad.indices)
-        return grad
-
-
 async def _rows(params: Any, ids: np.ndarray, training: bool) -> np.ndarray:
     return np.asarray(await embedding_lookup(params, ids, training=training))
 
@@ -237,7 +216,7 @@ async def embedding_lookup_sparse(
     last that is not empty (empty bags before it give zeros); ids must be in range.
     ``max_norm``: rows whose L2 norm is larger are scaled down to it before combining.
     ``with_gradient=True``: ``(pooled, gradient)``, ``gradient(upstream)`` the table's
-    gradient as sparse rows (:class:`LookupGradient`: TF's ``tape.gradient``).
+    gradient as sparse rows (:class:`~pstrain._variables.sharding.LookupGradient`: TF's ``tape.gradient``).
 
     >>> import asyncio
     >>> from pstrain import Variable, SparseTensor
@@ -256,7 +235,7 @@ async def embedding_lookup_sparse(
     check_gradient_params(params, with_gradient)
     rows = await _rows(params, bags.unique, training)
     pooled = bags.pool(_clipped(rows, max_norm))
-    return (pooled, LookupGradient(bags, rows, max_norm, pooled.shape)) if with_gradient else pooled
+    return (pooled, LookupGradient(pooled.shape, rows, max_norm, bags.gradient)) if with_gradient else pooled
 
 
 async def safe_embedding_lookup_sparse(
@@ -314,7 +293,7 @@ async def safe_embedding_lookup_sparse(
     out = bags.pool(_clipped(rows, max_norm))
     if batch_shape is not None:
         out = out.reshape(batch_shape + out.shape[1:])
-    return (out, LookupGradient(bags, rows, max_norm, out.shape)) if with_gradient else out
+    return (out, LookupGradient(out.shape, rows, max_norm, bags.gradient)) if with_gradient else out
 
 
 def _dtype_of(params: Any) -> np.dtype:

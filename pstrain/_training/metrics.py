@@ -188,9 +188,9 @@ class AUC(Metric):
         y_pred = _numbers(y_pred, "AUC: y_pred").reshape(-1)
         if y_true.shape != y_pred.shape:
             raise InvalidArgumentError(f"AUC: {y_true.size} labels for {y_pred.size} predictions")
-        if not np.all((y_pred >= 0) & (y_pred <= 1)):  # (NaN too, as TF's assertions)
-            bad = y_pred[~((y_pred >= 0) & (y_pred <= 1))][0]
-            raise InvalidArgumentError(f"AUC: predictions must be in [0, 1], got {bad}")
+        outside = ~((y_pred >= 0) & (y_pred <= 1))  # (NaN too, as TF's assertions)
+        if outside.any():
+            raise InvalidArgumentError(f"AUC: predictions must be in [0, 1], got {y_pred[outside][0]}")
         w = _weights(y_pred, sample_weight).reshape(-1)
         counts = {}
         for label, (above, below) in (

@@ -14,7 +14,8 @@ per ps, after deduplicating the ids, so only the rows needed travel.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,7 +33,7 @@ from .variables import Variable
 if TYPE_CHECKING:
     from .._transport.channels import Channel
 
-__all__ = ["RowsGradient", "ShardedVariable", "compact_ids", "div_sizes", "embedding_lookup", "plan_parts"]
+__all__ = ["LookupGradient", "ShardedVariable", "compact_ids", "div_sizes", "embedding_lookup", "plan_parts"]
 
 
 def div_sizes(n: int, k: int) -> list[int]:
@@ -271,7 +272,7 @@ async def embedding_lookup(
     (evaluation, serving) changes nothing: a dynamic table admits no id and
     counts no sighting (fixed tables never change on a lookup). ``with_gradient=True``:
     ``(rows, gradient)``, ``gradient(upstream)`` the table's gradient as sparse rows
-    (:class:`RowsGradient`: TF's ``tape.gradient``).
+    (:class:`LookupGradient`: TF's ``tape.gradient``).
 
     >>> table = Variable(np.arange(6.0).reshape(3, 2))
     >>> asyncio.run(embedding_lookup(table, [[2, 0]])).tolist()
@@ -280,7 +281,9 @@ async def embedding_lookup(
     check_gradient_params(params, with_gradient)
     rows = await _rows_of(params, ids, training)
     out = rows if max_norm is None else clip_by_norm(rows, max_norm)
-    return (out, RowsGradient(np.asarray(ids), rows, max_norm)) if with_gradient else out
+    if not with_gradient:
+        return out
+    return out, LookupGradient(out.shape, rows, max_norm, functools.partial(_each_row, np.asarray(ids)))
 
 
 def check_gradient_params(params: Any, with_gradient: bool) -> None:
@@ -293,30 +296,45 @@ def check_gradient_params(params: Any, with_gradient: bool) -> None:
         )
 
 
-class RowsGradient:
-    """The way back from :func:`embedding_lookup`'s rows to its table
-    (``with_gradient=True``): ``gradient(upstream)``, with ``upstream`` the gradient of the
-    loss by the rows (their shape), is the table's gradient as sparse rows, an id looked up
-    twice in it twice (as TF's ``tape.gradient`` gives it; ``apply_gradients`` sums them),
-    through ``max_norm``'s clipping too."""
+class LookupGradient:
+    """The way back from a lookup's output to its table (``with_gradient=True``):
+    ``gradient(upstream)``, with ``upstream`` the gradient of the loss by the output (its
+    shape), is the table's gradient as sparse rows: what TF's ``tape.gradient(loss,
+    table)`` gives, and what ``optimizer.apply_gradients([(gradient(upstream), table)])``
+    takes, through ``max_norm``'s clipping too. ``backward`` takes ``upstream`` to the
+    gradient by ``rows`` (the rows looked up, before clipping), as sparse rows in their
+    order: for :func:`embedding_lookup`, each id's (an id looked up twice is in it twice,
+    as in TF's; ``apply_gradients`` sums them); for a pooled lookup, the bags'."""
 
-    __slots__ = ("ids", "rows", "max_norm")
+    __slots__ = ("shape", "rows", "max_norm", "backward")
 
-    def __init__(self, ids: np.ndarray, rows: np.ndarray, max_norm: float | None) -> None:
-        self.ids, self.rows, self.max_norm = ids, rows, max_norm
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        rows: np.ndarray,
+        max_norm: float | None,
+        backward: Callable[[np.ndarray], IndexedSlices],
+    ) -> None:
+        self.shape, self.rows, self.max_norm, self.backward = shape, rows, max_norm, backward
 
     def __call__(self, upstream: Any) -> IndexedSlices:
         d = np.asarray(upstream)
-        if d.shape != self.rows.shape:
+        if d.shape != self.shape:
             raise InvalidArgumentError(
-                f"the lookup's gradient takes the gradient of its rows, of shape "
-                f"{self.rows.shape}, got {d.shape}"
+                f"the lookup's gradient takes the gradient of its output, of shape {self.shape}, "
+                f"got {d.shape}"
             )
-        flat = self.ids.reshape(-1)
-        values = d.reshape(flat.size, -1)
-        if self.max_norm is not None:
-            values = clip_by_norm_backward(self.rows.reshape(flat.size, -1), values, self.max_norm)
-        return IndexedSlices(values, flat)
+        grad = self.backward(d)
+        if self.max_norm is None:
+            return grad
+        rows = self.rows.reshape(grad.values.shape[0], -1)
+        return IndexedSlices(clip_by_norm_backward(rows, grad.values, self.max_norm), grad.indices)
+
+
+def _each_row(ids: np.ndarray, upstream: np.ndarray) -> IndexedSlices:
+    """:func:`embedding_lookup`'s backward: each looked-up id's row of ``upstream``."""
+    flat = ids.reshape(-1)
+    return IndexedSlices(upstream.reshape(flat.size, -1), flat)
 
 
 def clip_by_norm(rows: np.ndarray, max_norm: float) -> np.ndarray:

@@ -161,7 +161,7 @@ async def test_a_tf_style_lookup_gives_its_gradient_to_train_a_sharded_and_a_dyn
     await opt.apply_gradients([(gradient(upstream), table)])
     after = await table.lookup(np.array([2**40, -3]), training=False)
     np.testing.assert_allclose(after, before - [[0.5, 2.0], [0.5, 0.0]], rtol=1e-6, atol=1e-6)
-    with pytest.raises(InvalidArgumentError, match="takes the gradient of its pooled rows, of shape"):
+    with pytest.raises(InvalidArgumentError, match="takes the gradient of its output, of shape"):
         gradient(upstream[:2])
     with pytest.raises(InvalidArgumentError, match="one table's rows"):
         await embedding_lookup_sparse([params], SP, None, with_gradient=True)
