@@ -216,7 +216,7 @@ async def embedding_lookup_sparse(
     last that is not empty (empty bags before it give zeros); ids must be in range.
     ``max_norm``: rows whose L2 norm is larger are scaled down to it before combining.
     ``with_gradient=True``: ``(pooled, gradient)``, ``gradient(upstream)`` the table's
-    gradient as sparse rows (:class:`~pstrain._variables.sharding.LookupGradient`: TF's ``tape.gradient``).
+    gradient as sparse rows (what TF's ``tape.gradient`` gives: ``optimizer.apply_gradients`` takes it).
 
     >>> import asyncio
     >>> from pstrain import Variable, SparseTensor

@@ -272,7 +272,7 @@ async def embedding_lookup(
     (evaluation, serving) changes nothing: a dynamic table admits no id and
     counts no sighting (fixed tables never change on a lookup). ``with_gradient=True``:
     ``(rows, gradient)``, ``gradient(upstream)`` the table's gradient as sparse rows
-    (:class:`LookupGradient`: TF's ``tape.gradient``).
+    (what TF's ``tape.gradient`` gives: ``optimizer.apply_gradients`` takes it).
 
     >>> table = Variable(np.arange(6.0).reshape(3, 2))
     >>> asyncio.run(embedding_lookup(table, [[2, 0]])).tolist()
