@@ -9,8 +9,10 @@ Each file holds flat arrays and, per case, offsets into them (``np.savez_compres
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +51,23 @@ def sparse_batch(
     return rows, cols, rng.integers(0, vocab, nnz).astype(np.int64)
 
 
+def taped(
+    params: np.ndarray, rng: np.random.Generator, lookup: Any, *args: Any, **kwargs: Any
+) -> tuple[np.ndarray, ...]:
+    """``lookup(table, *args, **kwargs)`` on a TF variable of ``params``, a random upstream
+    gradient (drawn from ``rng``) and the table's gradient by TF's tape: ``(out, upstream,
+    grad)``."""
+    import tensorflow as tf
+
+    table = tf.Variable(params)
+    with tf.GradientTape() as tape:
+        out = lookup(table, *args, **kwargs)
+        upstream = rng.normal(size=out.shape).astype(np.float32)
+        loss = tf.reduce_sum(out * upstream)
+    grad = tf.convert_to_tensor(tape.gradient(loss, table)).numpy()
+    return out.numpy(), upstream, grad
+
+
 def tf_cases(seed: int = 1, draws: int = 6) -> None:
     import tensorflow as tf
 
@@ -68,28 +87,19 @@ def tf_cases(seed: int = 1, draws: int = 6) -> None:
                     the_ids = with_invalid if safe else ids
                     sp = tf.sparse.SparseTensor(np.stack([rows, cols], 1), the_ids, [batch, width])
                     spw = tf.sparse.SparseTensor(sp.indices, weights, sp.dense_shape) if weighted else None
-                    table = tf.Variable(params)
-                    with tf.GradientTape() as tape:
-                        if safe:
-                            out = tf.nn.safe_embedding_lookup_sparse(
-                                table,
-                                sp,
-                                spw,
-                                combiner=COMBINERS[combiner],
-                                default_id=None if default_id < 0 else default_id,
-                            )
-                        else:
-                            out = tf.nn.embedding_lookup_sparse(table, sp, spw, combiner=COMBINERS[combiner])
-                        upstream = rng.normal(size=out.shape).astype(np.float32)
-                        loss = tf.reduce_sum(out * upstream)
-                    grad = tf.convert_to_tensor(tape.gradient(loss, table)).numpy()
+                    if safe:
+                        kw = {"default_id": None if default_id < 0 else default_id}
+                        lookup = functools.partial(tf.nn.safe_embedding_lookup_sparse, **kw)
+                    else:
+                        lookup = tf.nn.embedding_lookup_sparse
+                    out, upstream, grad = taped(params, rng, lookup, sp, spw, combiner=COMBINERS[combiner])
                     packed.add(
                         rows=rows,
                         cols=cols,
                         ids=the_ids,
                         weights=weights,
                         meta=np.array([width, weighted, combiner, safe, default_id, out.shape[0]]),
-                        out=out.numpy(),
+                        out=out,
                         upstream=upstream,
                         grad=grad,
                     )
@@ -119,20 +129,17 @@ def tf_max_norm_cases(seed: int = 2, draws: int = 4, max_norm: float = 1.0) -> N
                 for safe in (0, 1):
                     sp = tf.sparse.SparseTensor(np.stack([rows, cols], 1), ids, [batch, width])
                     spw = tf.sparse.SparseTensor(sp.indices, weights, sp.dense_shape) if weighted else None
-                    table = tf.Variable(params)
                     lookup = tf.nn.safe_embedding_lookup_sparse if safe else tf.nn.embedding_lookup_sparse
-                    with tf.GradientTape() as tape:
-                        out = lookup(table, sp, spw, combiner=COMBINERS[combiner], max_norm=max_norm)
-                        upstream = rng.normal(size=out.shape).astype(np.float32)
-                        loss = tf.reduce_sum(out * upstream)
-                    grad = tf.convert_to_tensor(tape.gradient(loss, table)).numpy()
+                    out, upstream, grad = taped(
+                        params, rng, lookup, sp, spw, combiner=COMBINERS[combiner], max_norm=max_norm
+                    )
                     packed.add(
                         rows=rows,
                         cols=cols,
                         ids=ids,
                         weights=weights,
                         meta=np.array([width, weighted, combiner, safe, out.shape[0]]),
-                        out=out.numpy(),
+                        out=out,
                         upstream=upstream,
                         grad=grad,
                     )
@@ -157,13 +164,8 @@ def tf_row_lookup_cases(seed: int = 3, draws: int = 6) -> None:
     for _ in range(draws):
         ids = rng.integers(0, vocab, (3, 4)).astype(np.int64)
         for clip in (0.0, 1.0):
-            table = tf.Variable(params)
-            with tf.GradientTape() as tape:
-                out = tf.nn.embedding_lookup(table, ids, max_norm=clip or None)
-                upstream = rng.normal(size=out.shape).astype(np.float32)
-                loss = tf.reduce_sum(out * upstream)
-            grad = tf.convert_to_tensor(tape.gradient(loss, table)).numpy()
-            packed.add(ids=ids, max_norm=np.array([clip]), out=out.numpy(), upstream=upstream, grad=grad)
+            out, upstream, grad = taped(params, rng, tf.nn.embedding_lookup, ids, max_norm=clip or None)
+            packed.add(ids=ids, max_norm=np.array([clip]), out=out, upstream=upstream, grad=grad)
     packed.save(HERE / "tf_row_lookups.npz", params=params, version=np.array(tf.__version__))
 
 
