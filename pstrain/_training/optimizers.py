@@ -47,6 +47,7 @@ from .._variables.placement import Placement
 from .._variables.routing import routed
 from .._variables.sharding import ShardedVariable, compact_ids
 from .._variables.variables import Variable
+from .clipping import Clipping
 from .step_order import updated
 
 if TYPE_CHECKING:
@@ -60,13 +61,30 @@ _counts: dict[str, itertools.count[int]] = {}
 
 
 class Optimizer:
-    """Base class: a named rule with hyper-parameters and an ``iterations`` counter."""
+    """Base class: a named rule with hyper-parameters and an ``iterations`` counter.
+
+    Every optimizer takes Keras' clipping, at most one of: ``clipnorm`` (each gradient's
+    norm at most this), ``clipvalue`` (each value within ±this) or ``global_clipnorm`` (the
+    norm of all the gradients of one ``apply_gradients``). The worker clips before it
+    sends, as Keras clips what ``apply_gradients`` is given: a sparse gradient's values as
+    they come, repeated rows and all. Keras ignores a clip of 0 or less; here it is refused.
+    """
 
     kind = ""
     #: Does the rule need the global step (bias correction)? Then it is read first.
     needs_step = False
 
-    def __init__(self, learning_rate: float | LearningRateSchedule, name: str | None = None) -> None:
+    def __init__(
+        self,
+        learning_rate: float | LearningRateSchedule,
+        name: str | None = None,
+        *,
+        clipnorm: float | None = None,
+        clipvalue: float | None = None,
+        global_clipnorm: float | None = None,
+    ) -> None:
+        #: Keras' gradient clipping, done on the worker before the gradients leave.
+        self.clipping = Clipping(clipnorm, clipvalue, global_clipnorm)
         if isinstance(learning_rate, LearningRateSchedule):
             self.learning_rate: float | LearningRateSchedule = learning_rate
             self.needs_step = True  # every ps evaluates the schedule at the same step
@@ -101,12 +119,20 @@ class Optimizer:
                 await mirror.assign_add(np.int64(step - mirrored))
 
     def get_config(self) -> dict[str, Any]:
-        """The optimizer's settings, as Keras' ``get_config``."""
+        """The optimizer's settings, as Keras' ``get_config`` (the clipping among them
+        when it is set)."""
         lr = self.learning_rate
-        return {"learning_rate": lr.spec() if isinstance(lr, LearningRateSchedule) else lr}
+        return {
+            "learning_rate": lr.spec() if isinstance(lr, LearningRateSchedule) else lr,
+            **self.clipping.config(),
+        }
 
     def _rule(self) -> dict[str, Any]:
-        return {"kind": self.kind, **self.get_config()}
+        """The settings the ps applies (the clipping is done before the gradients leave)."""
+        config = self.get_config()
+        for done_here in self.clipping.config():
+            del config[done_here]
+        return {"kind": self.kind, **config}
 
     def slot_names(self) -> list[str]:
         """The slots this optimizer keeps per variable on the ps (e.g. ``accumulator``)."""
@@ -133,9 +159,10 @@ class Optimizer:
                 "Gradients do not exist for variables %s when minimizing the loss; they are left as they are",
                 missing,
             )
+        pairs = [(grad, var) for grad, var in pairs if grad is not None]
+        if self.clipping:
+            pairs = list(zip(self.clipping.clip([grad for grad, _ in pairs]), (var for _, var in pairs)))
         for grad, var in pairs:
-            if grad is None:
-                continue
             if isinstance(var, DynamicEmbedding):
                 if not isinstance(grad, IndexedSlices):
                     raise InvalidArgumentError(
@@ -292,11 +319,17 @@ class SGD(Optimizer):
         momentum: float = 0.0,
         nesterov: bool = False,
         name: str | None = None,
+        *,
+        clipnorm: float | None = None,
+        clipvalue: float | None = None,
+        global_clipnorm: float | None = None,
     ) -> None:
         if not 0 <= momentum <= 1:
             raise InvalidArgumentError(f"momentum must be in [0, 1], got {momentum}")
         self.momentum, self.nesterov = float(momentum), bool(nesterov)
-        super().__init__(learning_rate, name)
+        super().__init__(
+            learning_rate, name, clipnorm=clipnorm, clipvalue=clipvalue, global_clipnorm=global_clipnorm
+        )
 
     def get_config(self) -> dict[str, Any]:
         """The optimizer's settings, as Keras' ``get_config``."""
@@ -314,11 +347,17 @@ class Adagrad(Optimizer):
         initial_accumulator_value: float = 0.1,
         epsilon: float = 1e-7,
         name: str | None = None,
+        *,
+        clipnorm: float | None = None,
+        clipvalue: float | None = None,
+        global_clipnorm: float | None = None,
     ) -> None:
         number(initial_accumulator_value, "initial_accumulator_value")
         number(epsilon, "epsilon")
         self.initial_accumulator_value, self.epsilon = float(initial_accumulator_value), float(epsilon)
-        super().__init__(learning_rate, name)
+        super().__init__(
+            learning_rate, name, clipnorm=clipnorm, clipvalue=clipvalue, global_clipnorm=global_clipnorm
+        )
 
     def get_config(self) -> dict[str, Any]:
         """The optimizer's settings, as Keras' ``get_config``."""
@@ -345,8 +384,20 @@ class RowWiseAdagrad(Adagrad):
         initial_accumulator_value: float = 0.0,
         epsilon: float = 1e-8,
         name: str | None = None,
+        *,
+        clipnorm: float | None = None,
+        clipvalue: float | None = None,
+        global_clipnorm: float | None = None,
     ) -> None:  # Adagrad's settings, with fbgemm's defaults
-        super().__init__(learning_rate, initial_accumulator_value, epsilon, name)
+        super().__init__(
+            learning_rate,
+            initial_accumulator_value,
+            epsilon,
+            name,
+            clipnorm=clipnorm,
+            clipvalue=clipvalue,
+            global_clipnorm=global_clipnorm,
+        )
 
 
 class Adam(Optimizer):
@@ -362,13 +413,19 @@ class Adam(Optimizer):
         beta_2: float = 0.999,
         epsilon: float = 1e-7,
         name: str | None = None,
+        *,
+        clipnorm: float | None = None,
+        clipvalue: float | None = None,
+        global_clipnorm: float | None = None,
     ) -> None:
         for beta, value in (("beta_1", beta_1), ("beta_2", beta_2)):
             if not 0 <= value < 1:  # at 1 the bias correction divides by 0
                 raise InvalidArgumentError(f"{beta} must be in [0, 1), got {value!r}")
         number(epsilon, "epsilon")
         self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(epsilon)
-        super().__init__(learning_rate, name)
+        super().__init__(
+            learning_rate, name, clipnorm=clipnorm, clipvalue=clipvalue, global_clipnorm=global_clipnorm
+        )
 
     def get_config(self) -> dict[str, Any]:
         """The optimizer's settings, as Keras' ``get_config``."""
@@ -389,10 +446,23 @@ class AdamW(Adam):
         beta_2: float = 0.999,
         epsilon: float = 1e-7,
         name: str | None = None,
+        *,
+        clipnorm: float | None = None,
+        clipvalue: float | None = None,
+        global_clipnorm: float | None = None,
     ) -> None:
         number(weight_decay, "weight_decay")
         self.weight_decay = float(weight_decay)
-        super().__init__(learning_rate, beta_1, beta_2, epsilon, name)
+        super().__init__(
+            learning_rate,
+            beta_1,
+            beta_2,
+            epsilon,
+            name,
+            clipnorm=clipnorm,
+            clipvalue=clipvalue,
+            global_clipnorm=global_clipnorm,
+        )
 
     def get_config(self) -> dict[str, Any]:
         """The optimizer's settings, as Keras' ``get_config``."""
@@ -414,6 +484,10 @@ class RMSprop(Optimizer):
         epsilon: float = 1e-7,
         centered: bool = False,
         name: str | None = None,
+        *,
+        clipnorm: float | None = None,
+        clipvalue: float | None = None,
+        global_clipnorm: float | None = None,
     ) -> None:
         if not 0 <= rho <= 1:
             raise InvalidArgumentError(f"rho must be in [0, 1], got {rho}")
@@ -421,7 +495,9 @@ class RMSprop(Optimizer):
             raise InvalidArgumentError(f"momentum must be in [0, 1], got {momentum}")
         self.rho, self.momentum, self.epsilon = float(rho), float(momentum), float(epsilon)
         self.centered = bool(centered)
-        super().__init__(learning_rate, name)
+        super().__init__(
+            learning_rate, name, clipnorm=clipnorm, clipvalue=clipvalue, global_clipnorm=global_clipnorm
+        )
 
     def get_config(self) -> dict[str, Any]:
         """The optimizer's settings, as Keras' ``get_config``."""
@@ -447,6 +523,10 @@ class Ftrl(Optimizer):
         l1_regularization_strength: float = 0.0,
         l2_regularization_strength: float = 0.0,
         name: str | None = None,
+        *,
+        clipnorm: float | None = None,
+        clipvalue: float | None = None,
+        global_clipnorm: float | None = None,
     ) -> None:
         if learning_rate_power > 0:
             raise InvalidArgumentError("learning_rate_power must be <= 0")
@@ -460,7 +540,9 @@ class Ftrl(Optimizer):
         self.initial_accumulator_value = float(initial_accumulator_value)
         self.l1_regularization_strength = float(l1_regularization_strength)
         self.l2_regularization_strength = float(l2_regularization_strength)
-        super().__init__(learning_rate, name)
+        super().__init__(
+            learning_rate, name, clipnorm=clipnorm, clipvalue=clipvalue, global_clipnorm=global_clipnorm
+        )
 
     def get_config(self) -> dict[str, Any]:
         """The optimizer's settings, as Keras' ``get_config``."""

@@ -1,0 +1,97 @@
+"""Keras' learning-rate schedules and gradient clipping against Keras' own numbers
+(``references/make_references.py keras_schedules`` and ``keras_clipping`` made the files
+with Keras 3 and TensorFlow; pstrain does not need either)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pstrain
+from pstrain import IndexedSlices
+from pstrain._training.clipping import Clipping
+
+from .test_pooled_lookups_against_frameworks import cases, dense_gradient
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+REFERENCES = Path(__file__).resolve().parent / "references"
+SCHEDULES = json.loads((REFERENCES / "keras_schedules.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "case", SCHEDULES["cases"], ids=[f"{c['name']}-{i}" for i, c in enumerate(SCHEDULES["cases"])]
+)
+def test_schedules_give_keras_rates(case):
+    schedule = getattr(pstrain.schedules, case["name"])(**case["kwargs"])
+    got = [schedule(step) for step in SCHEDULES["steps"]]
+    np.testing.assert_allclose(got, case["rates"], rtol=1e-5, atol=1e-7)  # Keras: float32
+    again = pstrain.schedules.from_spec(schedule.spec())  # as the ps rebuilds it
+    assert [again(step) for step in SCHEDULES["steps"]] == got
+
+
+def test_each_clipping_gives_what_keras_subtracts():
+    """``SGD(1.0, clipnorm=...)`` and the others, against what Keras' SGD subtracted: two
+    dense gradients and a sparse one whose rows repeat (Keras takes its norm, and clips its
+    values, before the repeated rows are summed)."""
+    _, all_cases = cases("keras_clipping.npz")
+    kinds = ("clipnorm", "clipvalue", "global_clipnorm")
+    seen = set()
+    for case in all_cases:
+        kind, limit = kinds[int(case["meta"][0])], float(case["meta"][1])
+        grads = [
+            case["d0"].reshape(5, 3),
+            case["d1"],
+            IndexedSlices(case["values"].reshape(5, 2), case["rows"], (6, 2)),
+        ]
+        clipped = Clipping(**{kind: limit}).clip(grads)
+        np.testing.assert_allclose(clipped[0], case["out0"].reshape(5, 3), rtol=2e-6, atol=1e-7)
+        np.testing.assert_allclose(clipped[1], case["out1"], rtol=2e-6, atol=1e-7)
+        np.testing.assert_allclose(
+            dense_gradient(clipped[2], (6, 2)), case["out2"].reshape(6, 2), rtol=2e-6, atol=1e-7
+        )
+        changed = not all(
+            np.array_equal(np.asarray(getattr(a, "values", a)), np.asarray(getattr(b, "values", b)))
+            for a, b in zip(grads, clipped)
+        )
+        seen.add((kind, changed))
+    assert seen == {(k, c) for k in kinds for c in (True, False)}  # every kind both clipped and not
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"clipnorm": 1.0, "clipvalue": 1.0}, "Only one of `clipnorm`, `clipvalue` and `global_clipnorm`"),
+        ({"clipnorm": 1.0, "global_clipnorm": 1.0}, "Only one of"),
+        ({"clipnorm": 0.0}, "clipnorm must be a positive number"),
+        ({"clipvalue": -1.0}, "clipvalue must be a positive number"),
+        ({"global_clipnorm": math.nan}, "global_clipnorm must be a positive number"),
+        ({"clipnorm": "1"}, "clipnorm must be a positive number"),
+    ],
+)
+def test_optimizers_refuse_clipping_they_cannot_do(kwargs, message):
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match=message):
+        pstrain.optimizers.Adam(0.1, **kwargs)
+
+
+def test_a_clipped_optimizer_says_so_in_its_config_but_not_to_the_ps():
+    opt = pstrain.optimizers.Adagrad(0.1, global_clipnorm=2.0)
+    assert opt.get_config()["global_clipnorm"] == 2.0
+    assert "global_clipnorm" not in opt._rule()  # the worker clips; the ps's rule is Adagrad's
+    assert "clipnorm" not in pstrain.optimizers.SGD(0.1).get_config()
+
+
+def test_global_clipping_of_a_non_finite_gradient_gives_nan_as_keras():
+    out = Clipping(global_clipnorm=1.0).clip([np.array([np.inf, 1.0], np.float32), np.ones(2, np.float32)])
+    assert all(np.isnan(g).all() for g in out)
+
+
+def test_the_norm_of_float32_values_whose_squares_overflow():
+    big = np.full(4, 3e19, np.float32)  # each square past float32's range
+    (out,) = Clipping(clipnorm=1.0).clip([big])
+    np.testing.assert_allclose(out, np.full(4, 0.5, np.float32), rtol=1e-6)
+    assert out.dtype == np.float32
