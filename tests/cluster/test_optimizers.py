@@ -157,6 +157,19 @@ SCHEDULES = [
         schedules.CosineDecay(0.1, decay_steps=4, alpha=0.2),
         lambda step: 0.1 * (0.8 * 0.5 * (1 + np.cos(np.pi * min(step, 4) / 4)) + 0.2),
     ),
+    (  # a warm-up from 0.01 to 0.1 over 2 steps, then the cosine to 0 over 3
+        schedules.CosineDecay(0.01, decay_steps=3, warmup_target=0.1, warmup_steps=2),
+        lambda step: 0.01 + 0.045 * step if step < 2 else 0.05 * (1 + np.cos(np.pi * min(step - 2, 3) / 3)),
+    ),
+    (schedules.InverseTimeDecay(0.1, decay_steps=2, decay_rate=0.5), lambda step: 0.1 / (1 + 0.25 * step)),
+    (
+        schedules.PolynomialDecay(0.1, decay_steps=4, end_learning_rate=0.02, power=2.0),
+        lambda step: 0.08 * (1 - min(step, 4) / 4) ** 2 + 0.02,
+    ),
+    (  # restarts every 2 steps (t_mul 1), each half as high
+        schedules.CosineDecayRestarts(0.1, first_decay_steps=2, t_mul=1.0, m_mul=0.5),
+        lambda step: 0.1 * 0.5 ** (step // 2) * 0.5 * (1 + np.cos(np.pi * (step % 2) / 2)),
+    ),
 ]
 
 
@@ -226,6 +239,34 @@ def test_optimizers_refuse_hyper_parameters_that_cannot_train(make, message):
     with pytest.raises(pstrain.errors.InvalidArgumentError, match=message):
         make(pstrain.optimizers)
     assert pstrain.schedules.ExponentialDecay is schedules.ExponentialDecay  # import pstrain is enough
+
+
+@pytest.mark.parametrize("how", ["clipnorm", "clipvalue", "global_clipnorm"])
+async def test_clipped_gradients_change_the_variables_as_the_clip_says(ps_pair, how):
+    """The worker clips before it sends, as Keras clips what apply_gradients is given: a
+    sharded variable's whole gradient is one gradient, a dynamic table's sparse one keeps
+    its repeated ids through the clip, and the global norm spans both."""
+    strategy = strategy_for(*ps_pair, shards=2)
+    async with strategy.scope():
+        w = pstrain.Variable(np.zeros((4, 3), np.float32), name="w")  # two parts
+        table = pstrain.DynamicEmbedding(2, name="emb", initializer=pstrain.initializers.Zeros())
+        opt = pstrain.optimizers.SGD(1.0, **{how: 2.0})
+    await table.lookup(np.array([7, 9]))  # the rows exist, at 0
+    g = np.arange(12, dtype=np.float32).reshape(4, 3) / 4  # norm about 3.25
+    sparse = pstrain.IndexedSlices(np.array([[3, 4], [3, 4], [0, 1]], np.float32), np.array([7, 7, 9]))
+    await opt.apply_gradients([(g, w), (sparse, table)])
+    values = sparse.values
+    if how == "clipnorm":
+        want_w = g * 2 / np.linalg.norm(g)
+        values = values * 2 / np.sqrt(51)  # the values' norm, the repeated row twice
+    elif how == "clipvalue":
+        want_w, values = np.clip(g, -2, 2), np.clip(values, -2, 2)
+    else:
+        scale = 2 / np.sqrt(np.sum(g * g) + 51)
+        want_w, values = g * scale, values * scale
+    np.testing.assert_allclose(await w.numpy(), -want_w, rtol=1e-5)
+    rows = await table.lookup(np.array([7, 9]), training=False)
+    np.testing.assert_allclose(rows, -np.stack([values[0] + values[1], values[2]]), rtol=1e-5)
 
 
 async def test_per_part_gradients_of_a_sharded_variable(ps_pair):

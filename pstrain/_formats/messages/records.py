@@ -141,6 +141,8 @@ def sender_fields(operation: type[Operation[Any]], task: str, owner: str | None)
 
 # -- records inside requests ---------------------------------------------------------------------
 Positive = Annotated[float, msgspec.Meta(gt=0)]
+NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
 
 
 class ExponentialDecaySpec(Record, tag="exponential_decay", tag_field="type"):
@@ -158,12 +160,47 @@ class PiecewiseConstantSpec(Record, tag="piecewise_constant", tag_field="type"):
 class CosineDecaySpec(Record, tag="cosine_decay", tag_field="type"):
     initial_learning_rate: Positive
     decay_steps: Positive
-    alpha: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0
+    alpha: Fraction = 0.0
+    warmup_target: Positive | None = None
+    warmup_steps: NonNegative = 0.0
+
+
+class CosineDecayRestartsSpec(Record, tag="cosine_decay_restarts", tag_field="type"):
+    initial_learning_rate: Positive
+    first_decay_steps: Positive
+    t_mul: Positive = 2.0
+    m_mul: NonNegative = 1.0
+    alpha: Fraction = 0.0
+
+
+class InverseTimeDecaySpec(Record, tag="inverse_time_decay", tag_field="type"):
+    initial_learning_rate: Positive
+    decay_steps: Positive
+    decay_rate: NonNegative
+    staircase: bool = False
+
+
+class PolynomialDecaySpec(Record, tag="polynomial_decay", tag_field="type"):
+    initial_learning_rate: Positive
+    decay_steps: Positive
+    end_learning_rate: NonNegative = 0.0001
+    power: Positive = 1.0
+    cycle: bool = False
+
+
+Schedule = (
+    ExponentialDecaySpec
+    | PiecewiseConstantSpec
+    | CosineDecaySpec
+    | CosineDecayRestartsSpec
+    | InverseTimeDecaySpec
+    | PolynomialDecaySpec
+)
 
 
 class OptimizerRule(Record):
     kind: Literal["sgd", "adagrad", "rowwise_adagrad", "adam", "adamw", "ftrl", "rmsprop"]
-    learning_rate: Positive | ExponentialDecaySpec | PiecewiseConstantSpec | CosineDecaySpec
+    learning_rate: Positive | Schedule
     momentum: float | None = None
     nesterov: bool | None = None
     initial_accumulator_value: float | None = None

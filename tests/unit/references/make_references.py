@@ -1,8 +1,8 @@
 """Makes the reference files the pooled-lookup tests compare pstrain with: outputs and
 table gradients of TensorFlow's sparse lookups and of TorchRec's EmbeddingBagCollection on
 random batches. Run it in an environment that has the framework (pstrain's does not need
-it): ``python make_references.py tf`` (and ``tf_max_norm``, ``tf_rows``) with
-tensorflow-cpu, ``python make_references.py torchrec`` with torchrec (see
+it): ``python make_references.py tf`` (and ``tf_max_norm``, ``tf_rows``,
+``keras_clipping``, ``keras_schedules``) with tensorflow-cpu, ``python make_references.py torchrec`` with torchrec (see
 ../../../../shared/anchors/README.md for both).
 
 Each file holds flat arrays and, per case, offsets into them (``np.savez_compressed``)."""
@@ -225,10 +225,79 @@ def torchrec_cases(seed: int = 1, draws: int = 12) -> None:
     packed.save(HERE / "torchrec_pooled_lookups.npz", version=np.array(torchrec.__version__))
 
 
+def keras_clipping_cases(seed: int = 4, draws: int = 8) -> None:
+    """Keras' optimizers' ``clipnorm``, ``clipvalue`` and ``global_clipnorm`` on two dense
+    gradients and a sparse one (rows repeated), limits that clip some and not others: what
+    ``SGD(1.0, ...)`` subtracts from variables of zeros (the clipped gradients, a sparse
+    one's repeated rows summed)."""
+    import keras
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+    packed = Packed()
+    for _ in range(draws):
+        scale = float(rng.choice([0.1, 1.0, 10.0]))
+        dense = [(rng.normal(size=s) * scale).astype(np.float32) for s in ((5, 3), (4,))]
+        rows = rng.integers(0, 6, 5).astype(np.int64)  # some repeated
+        values = (rng.normal(size=(5, 2)) * scale).astype(np.float32)
+        for kind, how in enumerate(("clipnorm", "clipvalue", "global_clipnorm")):
+            limit = float(rng.uniform(0.2, 12.0)) * scale  # some clip nothing
+            variables = [tf.Variable(np.zeros(s, np.float32)) for s in ((5, 3), (4,), (6, 2))]
+            grads = [tf.constant(d) for d in dense]
+            grads.append(tf.IndexedSlices(tf.constant(values), tf.constant(rows), tf.constant([6, 2])))
+            keras.optimizers.SGD(1.0, **{how: limit}).apply_gradients(zip(grads, variables))
+            packed.add(
+                d0=dense[0],
+                d1=dense[1],
+                rows=rows,
+                values=values,
+                meta=np.array([kind, limit]),
+                out0=-variables[0].numpy(),
+                out1=-variables[1].numpy(),
+                out2=-variables[2].numpy(),
+            )
+    packed.save(HERE / "keras_clipping.npz", version=np.array(keras.__version__))
+
+
+def keras_schedule_cases() -> None:
+    """Keras' learning-rate schedules at steps 0 to 120 (and some fractional ones), for
+    settings that cover each branch: staircase, cycle, warm-up, restarts."""
+    import json
+
+    import keras
+
+    s = keras.optimizers.schedules
+    settings = [
+        ("ExponentialDecay", dict(initial_learning_rate=0.1, decay_steps=7, decay_rate=0.8)),
+        ("ExponentialDecay", dict(initial_learning_rate=0.1, decay_steps=7, decay_rate=0.8, staircase=True)),
+        ("PiecewiseConstantDecay", dict(boundaries=[10, 50], values=[0.3, 0.2, 0.1])),
+        ("CosineDecay", dict(initial_learning_rate=0.5, decay_steps=40, alpha=0.1)),
+        ("CosineDecay", dict(initial_learning_rate=0.01, decay_steps=60, warmup_target=0.2, warmup_steps=15)),
+        ("CosineDecay", dict(initial_learning_rate=0.01, decay_steps=60, alpha=0.05, warmup_target=0.2, warmup_steps=15)),
+        ("InverseTimeDecay", dict(initial_learning_rate=0.2, decay_steps=9, decay_rate=0.5)),
+        ("InverseTimeDecay", dict(initial_learning_rate=0.2, decay_steps=9, decay_rate=0.5, staircase=True)),
+        ("PolynomialDecay", dict(initial_learning_rate=0.3, decay_steps=50)),
+        ("PolynomialDecay", dict(initial_learning_rate=0.3, decay_steps=50, end_learning_rate=0.01, power=2.0)),
+        ("PolynomialDecay", dict(initial_learning_rate=0.3, decay_steps=30, end_learning_rate=0.01, power=0.5, cycle=True)),
+        ("CosineDecayRestarts", dict(initial_learning_rate=0.4, first_decay_steps=10)),
+        ("CosineDecayRestarts", dict(initial_learning_rate=0.4, first_decay_steps=10, t_mul=1.0, m_mul=0.5, alpha=0.1)),
+        ("CosineDecayRestarts", dict(initial_learning_rate=0.4, first_decay_steps=7, t_mul=1.5, m_mul=0.8)),
+    ]
+    steps = [float(x) for x in range(121)] + [0.5, 12.25, 44.75]
+    cases = []
+    for name, kwargs in settings:
+        schedule = getattr(s, name)(**kwargs)
+        cases.append({"name": name, "kwargs": kwargs, "rates": [float(schedule(x)) for x in steps]})
+    out = {"version": keras.__version__, "steps": steps, "cases": cases}
+    (HERE / "keras_schedules.json").write_text(json.dumps(out) + "\n")
+
+
 if __name__ == "__main__":
     {
         "tf": tf_cases,
         "tf_max_norm": tf_max_norm_cases,
         "tf_rows": tf_row_lookup_cases,
         "torchrec": torchrec_cases,
+        "keras_clipping": keras_clipping_cases,
+        "keras_schedules": keras_schedule_cases,
     }[sys.argv[1]]()
