@@ -1,5 +1,7 @@
-"""Initializers of variables, made on the ps (Keras' ``Zeros``, ``Constant``,
-``RandomUniform``, ``RandomNormal``, ``TruncatedNormal``, ``GlorotUniform``)."""
+"""Initializers of variables, made on the ps (Keras' ``Zeros``, ``Ones``, ``Constant``,
+``RandomUniform``, ``RandomNormal``, ``TruncatedNormal``, ``VarianceScaling`` and its
+named kinds ``GlorotUniform``, ``GlorotNormal``, ``HeNormal``, ``HeUniform``,
+``LecunNormal``, ``LecunUniform``, and ``Orthogonal``, ``Identity``)."""
 
 from ._formats.numerics.initializers import *  # noqa: F403
 from ._formats.numerics.initializers import __all__ as __all__

@@ -93,6 +93,27 @@ async def test_initializer_is_called_per_part_on_its_ps(ps_pair):
     await ch.close()
 
 
+@pytest.mark.parametrize(
+    "init",
+    [
+        pstrain.initializers.HeNormal(seed=1),
+        pstrain.initializers.GlorotNormal(seed=2),
+        pstrain.initializers.Orthogonal(gain=0.5, seed=3),
+        pstrain.initializers.Identity(2.0),
+    ],
+    ids=lambda i: type(i).__name__,
+)
+async def test_keras_initializers_make_on_each_ps_the_rows_of_the_whole(ps_pair, init):
+    strategy = sharded_strategy(ps_pair, FixedShardsPartitioner(3))
+    async with strategy.scope():
+        w = pstrain.Variable(init, shape=(10, 6), name="w")
+    assert len(w.variables) == 3  # each part from its rows' stream, as a local call makes it
+    local = [init((n, 6), np.float32, offset=(o, 0), full_shape=(10, 6)) for o, n in ((0, 4), (4, 3), (7, 3))]
+    np.testing.assert_array_equal(await w.numpy(), np.concatenate(local))
+    if not isinstance(init, (pstrain.initializers.HeNormal, pstrain.initializers.GlorotNormal)):
+        np.testing.assert_array_equal(await w.numpy(), init((10, 6), np.float32))  # rows of the whole
+
+
 async def test_invalid_partitioner_output_names_variable_partitioner(ps_pair):
     for bad in (
         lambda shape, dtype: None,

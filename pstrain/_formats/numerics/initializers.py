@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import abc
 import math
+import operator
 import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,12 +33,20 @@ from ..._base.exports import expose
 
 __all__ = [
     "Constant",
+    "GlorotNormal",
     "GlorotUniform",
+    "HeNormal",
+    "HeUniform",
+    "Identity",
     "Initializer",
+    "LecunNormal",
+    "LecunUniform",
     "Ones",
+    "Orthogonal",
     "RandomNormal",
     "RandomUniform",
     "TruncatedNormal",
+    "VarianceScaling",
     "Zeros",
     "from_spec",
 ]
@@ -73,7 +82,9 @@ class Initializer(abc.ABC):
         if partition_shape is not None:  # Keras' names: ``shape`` is the whole variable's
             full_shape, shape = shape, partition_shape
             offset = partition_offset or (0,) * len(shape)
-        shape = tuple(int(d) for d in shape)
+        shape = _shape(shape, "shape")
+        if full_shape is not None:
+            full_shape = _shape(full_shape, "full_shape")
         dtype = np.dtype(dtype)
         return np.asarray(
             self._generate(shape, dtype, tuple(offset or ()), tuple(full_shape or shape))
@@ -116,6 +127,29 @@ def _rng(seed: int | None, offset: tuple[int, ...]) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
+def _shape(shape: Any, what: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(operator.index(d) for d in shape)
+    except TypeError:
+        dims = None
+    if dims is None or any(d < 0 for d in dims):
+        raise InvalidArgumentError(
+            f"an initializer's {what} must be whole numbers of 0 or more, got {shape!r}"
+        )
+    return dims
+
+
+def _number(value: Any, what: str, *, at_least: float | None = None) -> float:
+    """``value`` as a finite float (at least ``at_least``), or InvalidArgumentError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InvalidArgumentError(f"{what} must be a number, got {value!r}")
+    out = float(value)
+    if not math.isfinite(out) or (at_least is not None and out < at_least):
+        bound = f" of {at_least:g} or more" if at_least is not None else ""
+        raise InvalidArgumentError(f"{what} must be a finite number{bound}, got {value!r}")
+    return out
+
+
 def _float_dtype(dtype: np.dtype, name: str) -> None:
     if dtype.kind not in "fc":
         raise InvalidArgumentError(f"{name} needs a floating dtype, got {dtype}")
@@ -149,7 +183,10 @@ class Constant(Initializer):
             raise InvalidArgumentError(
                 "Constant takes a scalar value; pass an array as the initial value of the variable instead"
             )
-        self.value = value.item() if isinstance(value, np.generic) else value
+        value = value.item() if isinstance(value, np.generic) else value
+        if isinstance(value, bool) or not isinstance(value, (int, float, complex)):
+            raise InvalidArgumentError(f"Constant takes a number, got {value!r}")
+        self.value = value
 
     def config(self) -> dict[str, Any]:
         """The initializer's settings (what a ps needs to make the same values)."""
@@ -165,7 +202,8 @@ class RandomNormal(Initializer):
     kind = "random_normal"
 
     def __init__(self, mean: float = 0.0, stddev: float = 0.05, seed: int | None = None) -> None:
-        self.mean, self.stddev, self.seed = float(mean), float(stddev), seed
+        self.mean, self.stddev = _number(mean, "mean"), _number(stddev, "stddev", at_least=0.0)
+        self.seed = seed
 
     def config(self) -> dict[str, Any]:
         """The initializer's settings (what a ps needs to make the same values)."""
@@ -184,7 +222,10 @@ class RandomUniform(Initializer):
     kind = "random_uniform"
 
     def __init__(self, minval: float = -0.05, maxval: float = 0.05, seed: int | None = None) -> None:
-        self.minval, self.maxval, self.seed = float(minval), float(maxval), seed
+        self.minval, self.maxval = _number(minval, "minval"), _number(maxval, "maxval")
+        if self.minval > self.maxval:
+            raise InvalidArgumentError(f"RandomUniform: minval {minval!r} is above maxval {maxval!r}")
+        self.seed = seed
 
     def config(self) -> dict[str, Any]:
         """The initializer's settings (what a ps needs to make the same values)."""
@@ -193,6 +234,11 @@ class RandomUniform(Initializer):
     def _generate(self, shape, dtype, offset, full_shape):  # type: ignore[no-untyped-def]
         rng = _rng(self.seed, offset)
         if dtype.kind in "iu":
+            if int(self.minval) >= int(self.maxval):  # as TF: integers in [minval, maxval)
+                raise InvalidArgumentError(
+                    f"RandomUniform of {dtype}: needs minval < maxval, "
+                    f"got {self.minval:g} and {self.maxval:g}"
+                )
             return rng.integers(int(self.minval), int(self.maxval), size=shape, dtype=dtype)
         _float_dtype(dtype, "RandomUniform")
         return _filled(shape, dtype, lambda n: rng.uniform(self.minval, self.maxval, n))
@@ -204,7 +250,8 @@ class TruncatedNormal(Initializer):
     kind = "truncated_normal"
 
     def __init__(self, mean: float = 0.0, stddev: float = 0.05, seed: int | None = None) -> None:
-        self.mean, self.stddev, self.seed = float(mean), float(stddev), seed
+        self.mean, self.stddev = _number(mean, "mean"), _number(stddev, "stddev", at_least=0.0)
+        self.seed = seed
 
     def config(self) -> dict[str, Any]:
         """The initializer's settings (what a ps needs to make the same values)."""
@@ -212,32 +259,183 @@ class TruncatedNormal(Initializer):
 
     def _generate(self, shape, dtype, offset, full_shape):  # type: ignore[no-untyped-def]
         _float_dtype(dtype, "TruncatedNormal")
-        rng = _rng(self.seed, offset)
-        out = rng.standard_normal(shape)
+        return _truncated(_rng(self.seed, offset), shape) * self.stddev + self.mean
+
+
+def _truncated(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Standard normal values, each beyond two redrawn (Keras' truncation)."""
+    out = rng.standard_normal(shape)
+    bad = np.abs(out) > 2.0
+    while bad.any():
+        out[bad] = rng.standard_normal(int(bad.sum()))
         bad = np.abs(out) > 2.0
-        while bad.any():
-            out[bad] = rng.standard_normal(int(bad.sum()))
-            bad = np.abs(out) > 2.0
-        return out * self.stddev + self.mean
+    return out
 
 
-class GlorotUniform(Initializer):
-    """Uniform in ``±sqrt(6 / (fan_in + fan_out))``, fans from the full shape."""
+class VarianceScaling(Initializer):
+    """Keras' ``VarianceScaling``: values of variance ``scale / n``, ``n`` the fan in,
+    the fan out or their mean (``mode``; fans from the whole variable's shape), drawn
+    from a normal truncated at two standard deviations (``"truncated_normal"``, also
+    ``"normal"``), an untruncated one or a uniform."""
 
-    kind = "glorot_uniform"
+    kind = "variance_scaling"
+    MODES = ("fan_in", "fan_out", "fan_avg")
+    DISTRIBUTIONS = ("truncated_normal", "untruncated_normal", "uniform")
+
+    def __init__(
+        self,
+        scale: float = 1.0,
+        mode: str = "fan_in",
+        distribution: str = "truncated_normal",
+        seed: int | None = None,
+    ) -> None:
+        self.scale = _number(scale, "scale")
+        if self.scale <= 0:
+            raise InvalidArgumentError(f"VarianceScaling: scale must be positive, got {scale!r}")
+        if mode not in self.MODES:
+            raise InvalidArgumentError(
+                f"VarianceScaling: mode must be one of {list(self.MODES)}, got {mode!r}"
+            )
+        given = distribution.lower() if isinstance(distribution, str) else distribution
+        if given == "normal":  # Keras' old name for the truncated one
+            given = "truncated_normal"
+        if given not in self.DISTRIBUTIONS:
+            raise InvalidArgumentError(
+                f"VarianceScaling: distribution must be one of {list(self.DISTRIBUTIONS)} or 'normal', "
+                f"got {distribution!r}"
+            )
+        self.mode, self.distribution, self.seed = mode, given, seed
+
+    def config(self) -> dict[str, Any]:
+        """The initializer's settings (what a ps needs to make the same values)."""
+        return {"scale": self.scale, "mode": self.mode, "distribution": self.distribution, "seed": self.seed}
+
+    def _generate(self, shape, dtype, offset, full_shape):  # type: ignore[no-untyped-def]
+        _float_dtype(dtype, type(self).__name__)
+        fan_in, fan_out = _fans(full_shape)
+        fan = {"fan_in": fan_in, "fan_out": fan_out, "fan_avg": (fan_in + fan_out) / 2.0}[self.mode]
+        fan = max(1.0, fan)
+        variance = self.scale / fan
+        rng = _rng(self.seed, offset)
+        if self.distribution == "uniform":
+            limit = math.sqrt(3.0 * self.scale / fan)  # (one rounding: GlorotUniform's limit as before)
+            return rng.uniform(-limit, limit, size=shape)
+        if self.distribution == "untruncated_normal":
+            return rng.standard_normal(shape) * math.sqrt(variance)
+        # the standard deviation of a standard normal truncated at ±2 is 0.8796...
+        return _truncated(rng, shape) * (math.sqrt(variance) / 0.87962566103423978)
+
+
+class _Preset(VarianceScaling):
+    """A ``VarianceScaling`` of fixed settings (Keras' named ones): only a seed is given."""
+
+    SETTINGS: tuple[float, str, str] = (1.0, "fan_in", "truncated_normal")
 
     def __init__(self, seed: int | None = None) -> None:
-        self.seed = seed
+        super().__init__(*self.SETTINGS, seed=seed)
 
     def config(self) -> dict[str, Any]:
         """The initializer's settings (what a ps needs to make the same values)."""
         return {"seed": self.seed}
 
+
+class GlorotUniform(_Preset):
+    """Uniform in ``±sqrt(6 / (fan_in + fan_out))``, fans from the full shape."""
+
+    kind = "glorot_uniform"
+    SETTINGS = (1.0, "fan_avg", "uniform")
+
+
+class GlorotNormal(_Preset):
+    """Truncated normal of standard deviation ``sqrt(2 / (fan_in + fan_out))`` (before the
+    truncation; Keras' ``GlorotNormal``)."""
+
+    kind = "glorot_normal"
+    SETTINGS = (1.0, "fan_avg", "truncated_normal")
+
+
+class HeNormal(_Preset):
+    """Truncated normal of standard deviation ``sqrt(2 / fan_in)`` (Keras' ``HeNormal``)."""
+
+    kind = "he_normal"
+    SETTINGS = (2.0, "fan_in", "truncated_normal")
+
+
+class HeUniform(_Preset):
+    """Uniform in ``±sqrt(6 / fan_in)`` (Keras' ``HeUniform``)."""
+
+    kind = "he_uniform"
+    SETTINGS = (2.0, "fan_in", "uniform")
+
+
+class LecunNormal(_Preset):
+    """Truncated normal of standard deviation ``sqrt(1 / fan_in)`` (Keras' ``LecunNormal``)."""
+
+    kind = "lecun_normal"
+    SETTINGS = (1.0, "fan_in", "truncated_normal")
+
+
+class LecunUniform(_Preset):
+    """Uniform in ``±sqrt(3 / fan_in)`` (Keras' ``LecunUniform``)."""
+
+    kind = "lecun_uniform"
+    SETTINGS = (1.0, "fan_in", "uniform")
+
+
+class Orthogonal(Initializer):
+    """Keras' ``Orthogonal``: the Q of a normal matrix's QR decomposition (signs fixed by
+    R's diagonal), times ``gain``; the variable's last axis is the matrix's columns. A part
+    of a sharded variable makes the whole matrix from the seed and keeps its rows (the
+    decomposition is of the whole), so each ps of a large one does the whole QR."""
+
+    kind = "orthogonal"
+
+    def __init__(self, gain: float = 1.0, seed: int | None = None) -> None:
+        self.gain, self.seed = _number(gain, "gain"), seed
+
+    def config(self) -> dict[str, Any]:
+        """The initializer's settings (what a ps needs to make the same values)."""
+        return {"gain": self.gain, "seed": self.seed}
+
     def _generate(self, shape, dtype, offset, full_shape):  # type: ignore[no-untyped-def]
-        _float_dtype(dtype, "GlorotUniform")
-        fan_in, fan_out = _fans(full_shape)
-        limit = math.sqrt(6.0 / max(1.0, fan_in + fan_out))
-        return _rng(self.seed, offset).uniform(-limit, limit, size=shape)
+        _float_dtype(dtype, "Orthogonal")
+        if len(full_shape) < 2:
+            raise InvalidArgumentError(
+                f"Orthogonal needs a variable of 2 or more dimensions, got shape {full_shape}"
+            )
+        rows, cols = math.prod(full_shape[:-1]), full_shape[-1]
+        a = _rng(self.seed, ()).standard_normal((max(rows, cols), min(rows, cols)))
+        q, r = np.linalg.qr(a)
+        q *= np.sign(np.diag(r))
+        if rows < cols:
+            q = q.T
+        whole = (self.gain * q).reshape(full_shape)
+        return whole[_rows_of(shape, offset)]
+
+
+class Identity(Initializer):
+    """Keras' ``Identity``: ``gain`` on the diagonal of a 2-D variable, 0 elsewhere."""
+
+    kind = "identity"
+
+    def __init__(self, gain: float = 1.0) -> None:
+        self.gain = _number(gain, "gain")
+
+    def config(self) -> dict[str, Any]:
+        """The initializer's settings (what a ps needs to make the same values)."""
+        return {"gain": self.gain}
+
+    def _generate(self, shape, dtype, offset, full_shape):  # type: ignore[no-untyped-def]
+        if len(full_shape) != 2:
+            raise InvalidArgumentError(f"Identity needs a 2-D variable, got shape {full_shape}")
+        first = offset[0] if offset else 0
+        return self.gain * np.eye(shape[0], full_shape[1], k=first, dtype=dtype)
+
+
+def _rows_of(shape: tuple[int, ...], offset: tuple[int, ...]) -> tuple[slice, ...]:
+    """The index of a part of ``shape`` at ``offset`` in the whole."""
+    offset = offset or (0,) * len(shape)
+    return tuple(slice(o, o + n) for o, n in zip(offset, shape))
 
 
 def _fans(shape: tuple[int, ...]) -> tuple[float, float]:
@@ -254,7 +452,23 @@ def _fans(shape: tuple[int, ...]) -> tuple[float, float]:
 
 _KINDS: dict[str, type[Initializer]] = {
     cls.kind: cls
-    for cls in (Zeros, Ones, Constant, RandomNormal, RandomUniform, TruncatedNormal, GlorotUniform)
+    for cls in (
+        Zeros,
+        Ones,
+        Constant,
+        RandomNormal,
+        RandomUniform,
+        TruncatedNormal,
+        VarianceScaling,
+        GlorotUniform,
+        GlorotNormal,
+        HeNormal,
+        HeUniform,
+        LecunNormal,
+        LecunUniform,
+        Orthogonal,
+        Identity,
+    )
 }
 
 

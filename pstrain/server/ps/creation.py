@@ -40,8 +40,8 @@ def plan_create(
         raise InvalidArgumentError(f"{where}: give exactly one of 'value' and 'init'")
     if spec.init is not None:
         init = initializers.from_spec(spec.init)
-        try:  # a one-element probe: bad parameters are the caller's error, found now
-            init((1,), dtype)
+        try:  # a one-element probe of the same rank: bad parameters are the caller's error, found now
+            init((1,) * len(shape), dtype)
         except InvalidArgumentError:
             raise
         except Exception as exc:
