@@ -115,6 +115,18 @@ ADDED = {
     },
     # the untyped call, moved here from Channel.call (issue 62)
     "pstrain.testing": {"untyped_call"},
+    # what a Keras user ports: the other schedules and initializers
+    "pstrain.schedules": {"CosineDecayRestarts", "InverseTimeDecay", "PolynomialDecay"},
+    "pstrain.initializers": {
+        "GlorotNormal",
+        "HeNormal",
+        "HeUniform",
+        "Identity",
+        "LecunNormal",
+        "LecunUniform",
+        "Orthogonal",
+        "VarianceScaling",
+    },
 }
 
 
