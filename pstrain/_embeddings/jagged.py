@@ -55,11 +55,18 @@ def _ids(values: Any, what: str) -> np.ndarray:
 
 
 def _rows(rows: Any, n: int, what: str) -> np.ndarray:
-    """Row indices ``rows`` (an int, a slice or integers; below 0 from the end) of ``n`` rows,
-    as contiguous int64 in range."""
+    """Row indices ``rows`` (an int, a slice, integers, below 0 from the end, or a mask of
+    ``n`` booleans, as numpy indexes) of ``n`` rows, as contiguous int64 in range."""
     if isinstance(rows, slice):
         return np.arange(n, dtype=np.int64)[rows]
-    idx = np.ascontiguousarray(np.asarray(rows).reshape(-1), np.int64)
+    given = np.asarray(rows)
+    if given.dtype == np.bool_:
+        if given.shape != (n,):
+            raise IndexError(f"{what}: a boolean mask of {given.shape} for {n} bags")
+        return np.flatnonzero(given).astype(np.int64)
+    if given.size and given.dtype.kind not in "iu":  # (an empty list is float64 to numpy)
+        raise IndexError(f"{what}: row indices must be integers, got {given.dtype}")
+    idx = np.ascontiguousarray(given.reshape(-1), np.int64)
     if idx.size:
         low, high = int(idx.min()), int(idx.max())
         if low < -n or high >= n:
