@@ -31,16 +31,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import glob
+import inspect
 import logging
 import os
 import re
 import time
+from collections.abc import Callable
+from typing import Any
 
 from .._base.checks import number, whole
 from .._base.errors import FailedPreconditionError, InvalidArgumentError
 from .._base.exports import expose
 from .._formats.files.checkpoint_files import INDEX, remove_checkpoint
 from .._formats.files.delta_files import delta_prefix, split_delta
+from .._variables.variables import Variable
 from . import kept
 from .checkpoint import Checkpoint
 from .deltas import check_write_s
@@ -55,7 +59,14 @@ DELTA_WRITE_SHARE = 0.25
 
 class CheckpointManager:
     """Numbered checkpoints ``<directory>/<checkpoint_name>-<N>`` keeping the last
-    ``max_to_keep``; with ``delta_interval_s``, deltas between them (module docstring)."""
+    ``max_to_keep``; with ``delta_interval_s``, deltas between them (module docstring).
+
+    As TF's: with ``step_counter`` (a variable, such as ``optimizer.iterations``) and
+    ``checkpoint_interval``, :meth:`save` saves only once the step has moved that many
+    steps past the last save (``check_interval=False``: whenever the step moved), and
+    returns None otherwise; :meth:`restore_or_initialize` restores the newest save, or
+    calls ``init_fn`` when there is none. ``keep_checkpoint_every_n_hours`` is not taken.
+    """
 
     def __init__(
         self,
@@ -67,7 +78,23 @@ class CheckpointManager:
         delta_interval_s: float | None = None,
         deltas_per_base: int = 10,
         delta_write_s: float | None = None,
+        step_counter: Variable | None = None,
+        checkpoint_interval: int | None = None,
+        init_fn: Callable[[], Any] | None = None,
     ) -> None:
+        if checkpoint_interval is not None:
+            checkpoint_interval = whole(checkpoint_interval, "checkpoint_interval (None: save every time)", 1)
+            if step_counter is None:
+                raise InvalidArgumentError(
+                    "`step_counter` should be passed if `checkpoint_interval` is not None."
+                )
+        if step_counter is not None and not isinstance(step_counter, Variable):
+            raise InvalidArgumentError(
+                "step_counter must be a pstrain.Variable (optimizer.iterations, say), "
+                f"got {type(step_counter).__name__}"
+            )
+        if init_fn is not None and not callable(init_fn):
+            raise InvalidArgumentError(f"init_fn must be callable, got {type(init_fn).__name__}")
         if max_to_keep is not None:
             max_to_keep = whole(max_to_keep, "max_to_keep (None keeps all)", 1)
         if delta_interval_s is not None:
@@ -97,6 +124,10 @@ class CheckpointManager:
         self.delta_interval_s = delta_interval_s
         self.deltas_per_base = deltas_per_base
         self.delta_write_s = float(delta_write_s)
+        self.step_counter = step_counter
+        self._checkpoint_interval = checkpoint_interval
+        self._init_fn = init_fn
+        self._last_checkpoint_step: int | None = None  # the step of the last save (with an interval)
         self._pattern = re.compile(re.escape(checkpoint_name) + r"-(\d+)" + re.escape(INDEX) + "$")
         self._loop: asyncio.Task[None] | None = None
         self._closed = False  # close() stops the deltas for good
@@ -140,9 +171,49 @@ class CheckpointManager:
         k = self._deltas(base)
         return delta_prefix(base, k) if k else base
 
-    async def save(self, checkpoint_number: int | None = None) -> str:
-        """Save the next full checkpoint (or number ``checkpoint_number``) and drop old ones."""
+    @property
+    def checkpoint_interval(self) -> int | None:
+        """The least number of steps between two saves (None: every :meth:`save` saves)."""
+        return self._checkpoint_interval
+
+    async def save(
+        self, checkpoint_number: int | Variable | None = None, check_interval: bool = True
+    ) -> str | None:
+        """Save the next full checkpoint (or number ``checkpoint_number``: a number, or an
+        integer variable whose value it is) and drop old ones; returns its path, or None when
+        ``checkpoint_interval`` says it is too soon (TF's rule, in the class docstring)."""
+        if self._checkpoint_interval is not None:
+            assert self.step_counter is not None
+            step = int(await self.step_counter.numpy())
+            last = self._last_checkpoint_step
+            if last is not None and (
+                step == last or (check_interval and step < last + self._checkpoint_interval)
+            ):
+                return None
+            self._last_checkpoint_step = step
+        if isinstance(checkpoint_number, Variable):
+            checkpoint_number = int(await checkpoint_number.numpy())
+        elif checkpoint_number is not None:
+            checkpoint_number = whole(checkpoint_number, "checkpoint_number", 0)
         return await self._save(checkpoint_number, compacted=False)
+
+    async def restore_or_initialize(self) -> str | None:
+        """Restore the newest save (a delta's, if there are deltas) and return its path; with
+        none, call ``init_fn`` (awaited if it is a coroutine function) and return None. With
+        ``delta_interval_s``, the deltas start from here."""
+        latest = self.latest_checkpoint
+        if latest is not None:
+            await self.checkpoint.restore(latest)
+            if self._checkpoint_interval is not None:
+                assert self.step_counter is not None
+                self._last_checkpoint_step = int(await self.step_counter.numpy())
+        elif self._init_fn is not None:
+            done = self._init_fn()
+            if inspect.isawaitable(done):
+                await done
+            logger.info("Customized initialization is done through the passed `init_fn`.")
+        self._start()
+        return latest
 
     async def _save(self, checkpoint_number: int | None, compacted: bool) -> str:
         async with self._lock:
@@ -174,8 +245,8 @@ class CheckpointManager:
             except FailedPreconditionError as exc:
                 logger.warning("writing a full checkpoint instead of a delta: %s", exc)
                 path = None
-        if path is None:
-            return await self.save()
+        if path is None:  # (a full save now, whatever checkpoint_interval says)
+            return await self._save(None, compacted=False)
         split = split_delta(path)
         if split and not os.path.exists(split[0] + INDEX):  # its base was dropped meanwhile
             remove_checkpoint(path)
@@ -265,15 +336,6 @@ class CheckpointManager:
 
     def _delete(self, number: int) -> None:
         remove_checkpoint(self._path(number))  # with its deltas
-
-    async def restore_or_initialize(self) -> str | None:
-        """Restore the latest checkpoint (with its deltas) if there is one; returns its path,
-        else None."""
-        latest = self.latest_checkpoint
-        if latest is not None:
-            await self.checkpoint.restore(latest)
-        self._start()
-        return latest
 
 
 expose(globals(), "pstrain.checkpoint")

@@ -297,6 +297,50 @@ async def test_manager_keeps_the_last_n_and_restores_the_latest(ps_server, tmp_p
     assert manager.latest_checkpoint == str(tmp_path / "ckpt-10")
 
 
+async def test_manager_saves_at_tfs_step_interval_numbers_by_a_variable_and_initializes(ps_server, tmp_path):
+    """TF's ``step_counter`` and ``checkpoint_interval``: a save too soon is skipped (None),
+    ``check_interval=False`` saves whenever the step moved; a variable numbers a save; with
+    no save ``restore_or_initialize`` calls ``init_fn``, awaited."""
+    strategy = strategy_for(ps_server)
+    async with strategy.scope():
+        v = pstrain.Variable(0.0, name="v")
+        step = pstrain.Variable(np.int64(0), name="step", trainable=False)
+    inits = []
+
+    async def init_fn():
+        inits.append(1)
+        await v.assign(7.0)
+
+    manager = CheckpointManager(
+        Checkpoint(v=v, step=step), str(tmp_path), step_counter=step, checkpoint_interval=10, init_fn=init_fn
+    )
+    assert manager.checkpoint_interval == 10
+    assert await manager.restore_or_initialize() is None and inits == [1] and await v.numpy() == 7.0
+    saved = []
+    for s in (0, 3, 9, 10, 12, 20, 20):
+        await step.assign(np.int64(s))
+        saved.append(await manager.save(checkpoint_number=step))
+    names = [os.path.basename(p) if p else None for p in saved]
+    assert names == ["ckpt-0", None, None, "ckpt-10", None, "ckpt-20", None]
+    await step.assign(np.int64(21))
+    assert await manager.save(check_interval=False) is not None  # the step moved: saved
+    assert await manager.save(check_interval=False) is None  # it did not
+    again = CheckpointManager(Checkpoint(v=v, step=step), str(tmp_path), step_counter=step, checkpoint_interval=10)
+    await step.assign(np.int64(0))
+    assert await again.restore_or_initialize() == manager.latest_checkpoint
+    assert int(await step.numpy()) == 21 and await again.save() is None  # the restored step counts
+    for bad, message in (
+        (dict(checkpoint_interval=5), "`step_counter` should be passed"),
+        (dict(step_counter=step, checkpoint_interval=0), "checkpoint_interval"),
+        (dict(step_counter=3), "step_counter must be a pstrain.Variable"),
+        (dict(init_fn=5), "init_fn must be callable"),
+    ):
+        with pytest.raises(pstrain.errors.InvalidArgumentError, match=message):
+            CheckpointManager(Checkpoint(v=v), str(tmp_path), **bad)
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="checkpoint_number"):
+        await CheckpointManager(Checkpoint(v=v), str(tmp_path / "other")).save(checkpoint_number=-1)
+
+
 async def test_a_file_where_the_checkpoints_directory_should_be_is_a_clear_error(ps_server, tmp_path):
     strategy = strategy_for(ps_server)
     async with strategy.scope():
