@@ -25,7 +25,21 @@ from .._variables.batched import read_variables, update_variables
 from .._variables.placement import Placement
 from .._variables.variables import Variable
 
-__all__ = ["AUC", "Accuracy", "Mean", "Metric", "SparseCategoricalAccuracy", "Sum"]
+__all__ = [
+    "AUC",
+    "Accuracy",
+    "BinaryAccuracy",
+    "BinaryCrossentropy",
+    "Mean",
+    "MeanAbsoluteError",
+    "MeanSquaredError",
+    "Metric",
+    "Precision",
+    "Recall",
+    "RootMeanSquaredError",
+    "SparseCategoricalAccuracy",
+    "Sum",
+]
 
 _counts: dict[str, itertools.count[int]] = {}
 
@@ -165,6 +179,182 @@ class SparseCategoricalAccuracy(_Averaged):
                 f"SparseCategoricalAccuracy: {y_true.size} labels for {pred.size} predictions"
             )
         await self._accumulate((pred == y_true).astype(np.float64), sample_weight)
+
+
+def _pair_of(y_true: Any, y_pred: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """Labels and predictions as float64 arrays of one shape, or an error naming ``what``."""
+    t, p = _numbers(y_true, f"{what}: y_true"), _numbers(y_pred, f"{what}: y_pred")
+    if t.shape != p.shape:
+        raise InvalidArgumentError(f"{what}: y_true {t.shape} and y_pred {p.shape} differ")
+    return t, p
+
+
+class _PerExample(_Averaged):
+    """The weighted mean over examples of a loss averaged over each example's last axis
+    (Keras' metrics of a loss). A batch of shape ``(n,)`` is ``n`` examples, as ``(n, 1)``:
+    Keras takes it as one example of ``n`` values."""
+
+    def _loss(self, y_true: np.ndarray, y_pred: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    async def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        """Add each example's loss (weighted by ``sample_weight``) to the running mean."""
+        t, p = _pair_of(y_true, y_pred, type(self).__name__)
+        per_value = self._loss(t, p)
+        per_example = per_value.mean(axis=-1) if per_value.ndim >= 2 else per_value
+        await self._accumulate(per_example, sample_weight)
+
+
+class BinaryCrossentropy(_PerExample):
+    """Log loss of probabilities (or, ``from_logits``, of logits) against labels in [0, 1],
+    the labels smoothed towards 0.5 by ``label_smoothing``; probabilities are clipped to
+    ``[1e-7, 1 - 1e-7]`` as Keras clips float32 ones."""
+
+    def __init__(
+        self, name: str | None = None, from_logits: bool = False, label_smoothing: float = 0.0
+    ) -> None:
+        if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)):
+            raise InvalidArgumentError(f"label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
+        if not 0.0 <= label_smoothing <= 1.0:
+            raise InvalidArgumentError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
+        super().__init__(name)
+        self.from_logits, self.label_smoothing = bool(from_logits), float(label_smoothing)
+
+    def _loss(self, y_true: np.ndarray, y_pred: np.ndarray) -> np.ndarray:
+        if self.label_smoothing:
+            y_true = y_true * (1.0 - self.label_smoothing) + 0.5 * self.label_smoothing
+        if self.from_logits:  # TF's sigmoid_cross_entropy_with_logits, stable for any logit
+            return np.maximum(y_pred, 0) - y_pred * y_true + np.log1p(np.exp(-np.abs(y_pred)))
+        p = np.clip(y_pred, *_CLIP)
+        return -(y_true * np.log(p) + (1 - y_true) * np.log(1 - p))
+
+
+#: Keras' clip of probabilities, ``[1e-7, 1 - 1e-7]``, as float32 has those bounds (the
+#: upper is 1 - 2**-23): the log loss of a prediction of exactly 0 or 1 is Keras' number.
+_CLIP = (float(np.float32(1e-7)), float(np.float32(1 - 1e-7)))
+
+
+class MeanSquaredError(_PerExample):
+    """The mean of ``(y_true - y_pred) ** 2`` over each example, averaged over examples."""
+
+    def _loss(self, y_true: np.ndarray, y_pred: np.ndarray) -> np.ndarray:
+        return np.square(y_true - y_pred)
+
+
+class MeanAbsoluteError(_PerExample):
+    """The mean of ``|y_true - y_pred|`` over each example, averaged over examples."""
+
+    def _loss(self, y_true: np.ndarray, y_pred: np.ndarray) -> np.ndarray:
+        return np.abs(y_true - y_pred)
+
+
+class RootMeanSquaredError(_Averaged):
+    """The square root of the (weighted) mean of every squared error."""
+
+    async def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        """Add the squared errors (weighted by ``sample_weight``) to the running mean."""
+        t, p = _pair_of(y_true, y_pred, "RootMeanSquaredError")
+        await self._accumulate(np.square(t - p), _broadcast_rows(sample_weight, t.shape))
+
+    async def result(self) -> float:
+        """The root of the mean squared error so far."""
+        return float(np.sqrt(await super().result()))
+
+
+class BinaryAccuracy(_Averaged):
+    """How often ``y_pred > threshold`` equals the label (each value of a batch counted)."""
+
+    def __init__(self, name: str | None = None, threshold: float = 0.5) -> None:
+        if (
+            isinstance(threshold, bool)
+            or not isinstance(threshold, (int, float))
+            or not np.isfinite(threshold)
+        ):
+            raise InvalidArgumentError(f"threshold must be a finite number, got {threshold!r}")
+        super().__init__(name)
+        self.threshold = float(threshold)
+
+    async def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        """Add how often the thresholded predictions equal the labels to the running mean."""
+        t, p = _pair_of(y_true, y_pred, "BinaryAccuracy")
+        hits = (t == (p > self.threshold)).astype(np.float64)
+        await self._accumulate(hits, _broadcast_rows(sample_weight, t.shape))
+
+
+def _broadcast_rows(sample_weight: Any, shape: tuple[int, ...]) -> Any:
+    """A weight per example of a batch of ``shape`` spread over each example's values (as
+    Keras does for element-wise metrics); other weights as given."""
+    if sample_weight is None:
+        return None
+    w = _numbers(sample_weight, "sample_weight")
+    if len(shape) >= 2 and w.shape == shape[:1]:
+        return w.reshape(w.shape + (1,) * (len(shape) - 1))
+    return w
+
+
+class _Confusion(Metric):
+    """True and false positives (and negatives) at ``thresholds`` (a number or several;
+    Keras' default 0.5): a prediction above a threshold is a positive."""
+
+    slots: tuple[str, ...] = ()
+
+    def __init__(self, thresholds: float | list[float] | None = None, name: str | None = None) -> None:
+        given = (
+            [0.5]
+            if thresholds is None
+            else thresholds
+            if isinstance(thresholds, (list, tuple))
+            else [thresholds]
+        )
+        if not given or any(
+            isinstance(x, bool) or not isinstance(x, (int, float)) or not 0.0 <= x <= 1.0 for x in given
+        ):
+            raise InvalidArgumentError(f"thresholds must be numbers in [0, 1], got {thresholds!r}")
+        super().__init__(name)
+        self.thresholds = np.array(given, np.float64)
+        self._several = isinstance(thresholds, (list, tuple))
+        for slot in self.slots:
+            self._state(slot, np.zeros(len(given), np.float64))
+
+    async def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        """Add the batch to the counts at each threshold."""
+        t, p = _pair_of(y_true, y_pred, type(self).__name__)
+        w = _weights(t, _broadcast_rows(sample_weight, t.shape)).reshape(-1, 1)
+        positive = t.reshape(-1, 1) > 0.5
+        above = p.reshape(-1, 1) > self.thresholds
+        counts = {
+            "true_positives": (w * (above & positive)).sum(axis=0),
+            "false_positives": (w * (above & ~positive)).sum(axis=0),
+            "false_negatives": (w * (~above & positive)).sum(axis=0),
+        }
+        await self._add(**{slot: counts[slot] for slot in self.slots})
+
+    def _ratio(self, hits: np.ndarray, misses: np.ndarray) -> float | list[float]:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = np.nan_to_num(hits / (hits + misses))  # 0 with nothing to count, as Keras
+        return [float(x) for x in out] if self._several else float(out[0])
+
+
+class Precision(_Confusion):
+    """Of the predictions above the threshold, the share whose label is 1."""
+
+    slots = ("true_positives", "false_positives")
+
+    async def result(self) -> float | list[float]:
+        """Precision so far (a list with several thresholds)."""
+        s = await self._values()
+        return self._ratio(s["true_positives"], s["false_positives"])
+
+
+class Recall(_Confusion):
+    """Of the labels 1, the share predicted above the threshold."""
+
+    slots = ("true_positives", "false_negatives")
+
+    async def result(self) -> float | list[float]:
+        """Recall so far (a list with several thresholds)."""
+        s = await self._values()
+        return self._ratio(s["true_positives"], s["false_negatives"])
 
 
 class AUC(Metric):

@@ -142,6 +142,41 @@ async def test_metrics_add_up_across_workers(cluster):
     await coordinator.close()
 
 
+async def test_the_keras_metrics_of_ranking_models_add_up_on_the_ps(cluster):
+    """Log loss, precision and recall, binary accuracy and RMSE from closures on both
+    workers: the ps's totals give what one process computing every batch gives."""
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    coordinator = pstrain.ClusterCoordinator(strategy)
+    kinds = [
+        lambda m: m.BinaryCrossentropy(),
+        lambda m: m.Precision(thresholds=[0.3, 0.5]),
+        lambda m: m.Recall(),
+        lambda m: m.BinaryAccuracy(),
+        lambda m: m.RootMeanSquaredError(),
+    ]
+    with strategy.scope():
+        remote = [make(pstrain.metrics) for make in kinds]
+    local = [make(pstrain.metrics) for make in kinds]  # outside a scope: in this process
+    rng = np.random.default_rng(3)
+    batches = [
+        (rng.integers(0, 2, (16, 1)), rng.uniform(0, 1, (16, 1)), rng.uniform(0, 1, 16)) for _ in range(12)
+    ]
+
+    async def step(labels, preds, weights):
+        for m in remote:
+            await m.update_state(labels, preds, sample_weight=weights)
+
+    for batch in batches:
+        coordinator.schedule(step, args=batch)
+        for m in local:
+            await m.update_state(*batch)
+    await coordinator.join()
+    for r, m in zip(remote, local):
+        np.testing.assert_allclose(await r.result(), await m.result(), rtol=1e-12)
+    assert len(remote[1].variables) == 2 and remote[1].variables[0].shape == (2,)  # a count per threshold
+    await coordinator.close()
+
+
 async def test_metrics_refuse_what_tf_refuses_and_change_nothing(ps_server):
     """AUC's predictions outside [0, 1] (NaN too: TF asserts the range), values that are
     not numbers, weights that do not broadcast: an error naming it, the state as it was."""

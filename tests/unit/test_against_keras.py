@@ -95,3 +95,61 @@ def test_the_norm_of_float32_values_whose_squares_overflow():
     (out,) = Clipping(clipnorm=1.0).clip([big])
     np.testing.assert_allclose(out, np.full(4, 0.5, np.float32), rtol=1e-6)
     assert out.dtype == np.float32
+
+
+METRICS = json.loads((REFERENCES / "keras_metrics.json").read_text())
+#: Keras reduces these over the last axis: a (n,) batch is one value to it, n examples here.
+PER_EXAMPLE = {"BinaryCrossentropy", "MeanSquaredError", "MeanAbsoluteError"}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [c for c in METRICS["cases"] if c["column"] or c["name"] not in PER_EXAMPLE],
+    ids=lambda c: (
+        f"{c['name']}-{sorted(c['kwargs'].items())}-{'column' if c['column'] else 'flat'}"
+        f"-{'weighted' if c['batches'][0][2] is not None else 'unweighted'}"
+    ),
+)
+async def test_metrics_give_keras_results(case):
+    """Three batches into a metric (outside a strategy: the same arithmetic a ps runs),
+    against what Keras' metric gave for them."""
+    metric = getattr(pstrain.metrics, case["name"])(**case["kwargs"])
+    for labels, preds, weights in case["batches"]:
+        shape = (-1, 1) if case["column"] else (-1,)
+        await metric.update_state(np.reshape(labels, shape), np.reshape(preds, shape), weights)
+    assert case["result"] is not None
+    np.testing.assert_allclose(await metric.result(), case["result"], rtol=2e-5, atol=2e-6)
+
+
+async def test_a_flat_batch_is_as_many_examples_for_the_metrics_keras_reduces_per_row():
+    """Keras' BinaryCrossentropy takes a ``(n,)`` batch as one example (and cannot weigh
+    it); here it is n examples, the same as ``(n, 1)``: the result Keras gives for columns."""
+    cases = [c for c in METRICS["cases"] if c["name"] in PER_EXAMPLE and c["column"]]
+    assert len(cases) == 10  # 5 settings, weighted and not
+    for case in cases:
+        flat = getattr(pstrain.metrics, case["name"])(**case["kwargs"])
+        for labels, preds, weights in case["batches"]:
+            await flat.update_state(labels, preds, weights)
+        np.testing.assert_allclose(await flat.result(), case["result"], rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda m: m.BinaryAccuracy(threshold=float("nan")), "threshold must be a finite number"),
+        (lambda m: m.BinaryCrossentropy(label_smoothing=1.5), r"label_smoothing must be in \[0, 1\]"),
+        (lambda m: m.Precision(thresholds=1.5), r"thresholds must be numbers in \[0, 1\]"),
+        (lambda m: m.Recall(thresholds=[]), "thresholds must be numbers"),
+    ],
+)
+def test_metric_settings_that_measure_nothing_are_refused(make, message):
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match=message):
+        make(pstrain.metrics)
+
+
+async def test_precision_at_several_thresholds_gives_one_value_each():
+    p = pstrain.metrics.Precision(thresholds=[0.2, 0.6])
+    await p.update_state([1, 0, 1, 0], [0.3, 0.4, 0.7, 0.9])
+    assert await p.result() == [0.5, 0.5]
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="differ"):
+        await p.update_state([1, 0], [0.3, 0.4, 0.5])

@@ -115,7 +115,16 @@ ADDED = {
     },
     # the untyped call, moved here from Channel.call (issue 62)
     "pstrain.testing": {"untyped_call"},
-    # what a Keras user ports: the other schedules and initializers
+    # what a Keras user ports: the other schedules, initializers and metrics
+    "pstrain.metrics": {
+        "BinaryAccuracy",
+        "BinaryCrossentropy",
+        "MeanAbsoluteError",
+        "MeanSquaredError",
+        "Precision",
+        "Recall",
+        "RootMeanSquaredError",
+    },
     "pstrain.schedules": {"CosineDecayRestarts", "InverseTimeDecay", "PolynomialDecay"},
     "pstrain.initializers": {
         "GlorotNormal",

@@ -2,7 +2,7 @@
 table gradients of TensorFlow's sparse lookups and of TorchRec's EmbeddingBagCollection on
 random batches. Run it in an environment that has the framework (pstrain's does not need
 it): ``python make_references.py tf`` (and ``tf_max_norm``, ``tf_rows``,
-``keras_clipping``, ``keras_schedules``) with tensorflow-cpu, ``python make_references.py torchrec`` with torchrec (see
+``keras_clipping``, ``keras_schedules``, ``keras_metrics``) with tensorflow-cpu, ``python make_references.py torchrec`` with torchrec (see
 ../../../../shared/anchors/README.md for both).
 
 Each file holds flat arrays and, per case, offsets into them (``np.savez_compressed``)."""
@@ -292,6 +292,72 @@ def keras_schedule_cases() -> None:
     (HERE / "keras_schedules.json").write_text(json.dumps(out) + "\n")
 
 
+def keras_metric_cases(seed: int = 5) -> None:
+    """Keras' metrics after three ``update_state`` calls of random batches, labels and
+    predictions of shape ``(n,)`` or ``(n, 1)``, with and without sample weights: each
+    metric's ``result()``."""
+    import json
+
+    import keras
+
+    rng = np.random.default_rng(seed)
+    m = keras.metrics
+    metrics = [
+        ("BinaryAccuracy", {}),
+        ("BinaryAccuracy", {"threshold": 0.3}),
+        ("BinaryCrossentropy", {}),
+        ("BinaryCrossentropy", {"from_logits": True}),
+        ("BinaryCrossentropy", {"label_smoothing": 0.1}),
+        ("Precision", {}),
+        ("Precision", {"thresholds": 0.7}),
+        ("Recall", {}),
+        ("Recall", {"thresholds": 0.2}),
+        ("MeanSquaredError", {}),
+        ("RootMeanSquaredError", {}),
+        ("MeanAbsoluteError", {}),
+        ("AUC", {}),
+        ("AUC", {"num_thresholds": 50}),
+    ]
+    cases = []
+    for name, kwargs in metrics:
+        for column in (False, True):
+            for weighted in (False, True):
+                batches = []
+                for _ in range(3):
+                    n = int(rng.integers(1, 9))
+                    labels = rng.integers(0, 2, n).astype(np.float32)
+                    if name in ("MeanSquaredError", "RootMeanSquaredError", "MeanAbsoluteError"):
+                        labels = rng.normal(size=n).astype(np.float32)
+                    if kwargs.get("from_logits"):
+                        preds = rng.normal(size=n).astype(np.float32) * 3
+                    else:
+                        preds = rng.choice([0.0, 1.0, *rng.uniform(0, 1, 6)], n).astype(np.float32)
+                    weights = rng.uniform(0, 2, n).astype(np.float32) if weighted else None
+                    batches.append((labels, preds, weights))
+                metric = getattr(m, name)(**kwargs)
+                try:  # (Keras cannot weigh a (n,) batch its metric reduces to one value)
+                    for labels, preds, weights in batches:
+                        shape = (-1, 1) if column else (-1,)
+                        metric.update_state(labels.reshape(shape), preds.reshape(shape), weights)
+                    result = float(metric.result())
+                except Exception:  # noqa: BLE001 - recorded: this case has no Keras number
+                    result = None
+                cases.append(
+                    {
+                        "name": name,
+                        "kwargs": kwargs,
+                        "column": column,
+                        "batches": [
+                            [b[0].tolist(), b[1].tolist(), None if b[2] is None else b[2].tolist()]
+                            for b in batches
+                        ],
+                        "result": result,
+                    }
+                )
+    out = {"version": keras.__version__, "cases": cases}
+    (HERE / "keras_metrics.json").write_text(json.dumps(out) + "\n")
+
+
 if __name__ == "__main__":
     {
         "tf": tf_cases,
@@ -300,4 +366,5 @@ if __name__ == "__main__":
         "torchrec": torchrec_cases,
         "keras_clipping": keras_clipping_cases,
         "keras_schedules": keras_schedule_cases,
+        "keras_metrics": keras_metric_cases,
     }[sys.argv[1]]()
