@@ -82,9 +82,13 @@ class Optimizer:
         clipnorm: float | None = None,
         clipvalue: float | None = None,
         global_clipnorm: float | None = None,
+        weight_decay: float | None = None,
     ) -> None:
         #: Keras' gradient clipping, done on the worker before the gradients leave.
         self.clipping = Clipping(clipnorm, clipvalue, global_clipnorm)
+        if weight_decay is not None and not isinstance(self, AdamW):
+            number(weight_decay, "weight_decay (None: no decay)")
+            self.weight_decay = float(weight_decay)
         if isinstance(learning_rate, LearningRateSchedule):
             self.learning_rate: float | LearningRateSchedule = learning_rate
             self.needs_step = True  # every ps evaluates the schedule at the same step
@@ -119,13 +123,13 @@ class Optimizer:
                 await mirror.assign_add(np.int64(step - mirrored))
 
     def get_config(self) -> dict[str, Any]:
-        """The optimizer's settings, as Keras' ``get_config`` (the clipping among them
-        when it is set)."""
+        """The optimizer's settings, as Keras' ``get_config`` (the weight decay and the
+        clipping among them when they are set)."""
         lr = self.learning_rate
-        return {
-            "learning_rate": lr.spec() if isinstance(lr, LearningRateSchedule) else lr,
-            **self.clipping.config(),
-        }
+        config: dict[str, Any] = {"learning_rate": lr.spec() if isinstance(lr, LearningRateSchedule) else lr}
+        if getattr(self, "weight_decay", None) is not None:
+            config["weight_decay"] = self.weight_decay
+        return {**config, **self.clipping.config()}
 
     def _rule(self) -> dict[str, Any]:
         """The settings the ps applies (the clipping is done before the gradients leave)."""
@@ -323,12 +327,18 @@ class SGD(Optimizer):
         clipnorm: float | None = None,
         clipvalue: float | None = None,
         global_clipnorm: float | None = None,
+        weight_decay: float | None = None,
     ) -> None:
         if not 0 <= momentum <= 1:
             raise InvalidArgumentError(f"momentum must be in [0, 1], got {momentum}")
         self.momentum, self.nesterov = float(momentum), bool(nesterov)
         super().__init__(
-            learning_rate, name, clipnorm=clipnorm, clipvalue=clipvalue, global_clipnorm=global_clipnorm
+            learning_rate,
+            name,
+            clipnorm=clipnorm,
+            clipvalue=clipvalue,
+            global_clipnorm=global_clipnorm,
+            weight_decay=weight_decay,
         )
 
     def get_config(self) -> dict[str, Any]:
@@ -351,12 +361,18 @@ class Adagrad(Optimizer):
         clipnorm: float | None = None,
         clipvalue: float | None = None,
         global_clipnorm: float | None = None,
+        weight_decay: float | None = None,
     ) -> None:
         number(initial_accumulator_value, "initial_accumulator_value")
         number(epsilon, "epsilon")
         self.initial_accumulator_value, self.epsilon = float(initial_accumulator_value), float(epsilon)
         super().__init__(
-            learning_rate, name, clipnorm=clipnorm, clipvalue=clipvalue, global_clipnorm=global_clipnorm
+            learning_rate,
+            name,
+            clipnorm=clipnorm,
+            clipvalue=clipvalue,
+            global_clipnorm=global_clipnorm,
+            weight_decay=weight_decay,
         )
 
     def get_config(self) -> dict[str, Any]:
@@ -388,6 +404,7 @@ class RowWiseAdagrad(Adagrad):
         clipnorm: float | None = None,
         clipvalue: float | None = None,
         global_clipnorm: float | None = None,
+        weight_decay: float | None = None,
     ) -> None:  # Adagrad's settings, with fbgemm's defaults
         super().__init__(
             learning_rate,
@@ -397,6 +414,7 @@ class RowWiseAdagrad(Adagrad):
             clipnorm=clipnorm,
             clipvalue=clipvalue,
             global_clipnorm=global_clipnorm,
+            weight_decay=weight_decay,
         )
 
 
@@ -417,6 +435,7 @@ class Adam(Optimizer):
         clipnorm: float | None = None,
         clipvalue: float | None = None,
         global_clipnorm: float | None = None,
+        weight_decay: float | None = None,
     ) -> None:
         for beta, value in (("beta_1", beta_1), ("beta_2", beta_2)):
             if not 0 <= value < 1:  # at 1 the bias correction divides by 0
@@ -424,7 +443,12 @@ class Adam(Optimizer):
         number(epsilon, "epsilon")
         self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(epsilon)
         super().__init__(
-            learning_rate, name, clipnorm=clipnorm, clipvalue=clipvalue, global_clipnorm=global_clipnorm
+            learning_rate,
+            name,
+            clipnorm=clipnorm,
+            clipvalue=clipvalue,
+            global_clipnorm=global_clipnorm,
+            weight_decay=weight_decay,
         )
 
     def get_config(self) -> dict[str, Any]:
@@ -470,7 +494,7 @@ class AdamW(Adam):
 
 
 class RMSprop(Optimizer):
-    """RMSprop as Keras: ``rms = rho·rms + (1-rho)·g²``; ``var -= lr·g / (sqrt(rms) + ε)``,
+    """RMSprop as Keras: ``rms = rho·rms + (1-rho)·g²``; ``var -= lr·g / sqrt(rms + ε)``,
     or with ``momentum``, ``mom = momentum·mom + lr·g / sqrt(rms + ε)``; ``var -= mom``;
     ``centered`` subtracts the square of the mean gradient from ``rms``."""
 
@@ -488,6 +512,7 @@ class RMSprop(Optimizer):
         clipnorm: float | None = None,
         clipvalue: float | None = None,
         global_clipnorm: float | None = None,
+        weight_decay: float | None = None,
     ) -> None:
         if not 0 <= rho <= 1:
             raise InvalidArgumentError(f"rho must be in [0, 1], got {rho}")
@@ -496,7 +521,12 @@ class RMSprop(Optimizer):
         self.rho, self.momentum, self.epsilon = float(rho), float(momentum), float(epsilon)
         self.centered = bool(centered)
         super().__init__(
-            learning_rate, name, clipnorm=clipnorm, clipvalue=clipvalue, global_clipnorm=global_clipnorm
+            learning_rate,
+            name,
+            clipnorm=clipnorm,
+            clipvalue=clipvalue,
+            global_clipnorm=global_clipnorm,
+            weight_decay=weight_decay,
         )
 
     def get_config(self) -> dict[str, Any]:
@@ -522,26 +552,38 @@ class Ftrl(Optimizer):
         initial_accumulator_value: float = 0.1,
         l1_regularization_strength: float = 0.0,
         l2_regularization_strength: float = 0.0,
+        l2_shrinkage_regularization_strength: float = 0.0,
+        beta: float = 0.0,
         name: str | None = None,
         *,
         clipnorm: float | None = None,
         clipvalue: float | None = None,
         global_clipnorm: float | None = None,
+        weight_decay: float | None = None,
     ) -> None:
         if learning_rate_power > 0:
             raise InvalidArgumentError("learning_rate_power must be <= 0")
-        for name, value in (
+        for setting, value in (  # (not ``name``: the optimizer's own was lost to this loop)
             ("initial_accumulator_value", initial_accumulator_value),  # as TF
             ("l1_regularization_strength", l1_regularization_strength),
             ("l2_regularization_strength", l2_regularization_strength),
+            ("l2_shrinkage_regularization_strength", l2_shrinkage_regularization_strength),
+            ("beta", beta),
         ):
-            number(value, name)
+            number(value, setting)
         self.learning_rate_power = float(learning_rate_power)
         self.initial_accumulator_value = float(initial_accumulator_value)
         self.l1_regularization_strength = float(l1_regularization_strength)
         self.l2_regularization_strength = float(l2_regularization_strength)
+        self.l2_shrinkage_regularization_strength = float(l2_shrinkage_regularization_strength)
+        self.beta = float(beta)
         super().__init__(
-            learning_rate, name, clipnorm=clipnorm, clipvalue=clipvalue, global_clipnorm=global_clipnorm
+            learning_rate,
+            name,
+            clipnorm=clipnorm,
+            clipvalue=clipvalue,
+            global_clipnorm=global_clipnorm,
+            weight_decay=weight_decay,
         )
 
     def get_config(self) -> dict[str, Any]:
@@ -552,6 +594,8 @@ class Ftrl(Optimizer):
             "initial_accumulator_value": self.initial_accumulator_value,
             "l1_regularization_strength": self.l1_regularization_strength,
             "l2_regularization_strength": self.l2_regularization_strength,
+            "l2_shrinkage_regularization_strength": self.l2_shrinkage_regularization_strength,
+            "beta": self.beta,
         }
 
 

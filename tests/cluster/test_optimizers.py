@@ -79,8 +79,8 @@ class Reference:
                 mom = c["momentum"] * s["mom"][sel] + lr * g / np.sqrt(denom + eps)
                 s["mom"][sel] = mom
                 w = w - mom
-            else:
-                w = w - lr * g / (np.sqrt(denom) + eps)
+            else:  # Keras' epsilon is inside the root here too
+                w = w - lr * g / np.sqrt(denom + eps)
         elif self.kind in ("adam", "adamw"):
             if self.kind == "adamw":
                 w = w - lr * c.get("weight_decay", 0.004) * w
@@ -267,6 +267,39 @@ async def test_clipped_gradients_change_the_variables_as_the_clip_says(ps_pair, 
     np.testing.assert_allclose(await w.numpy(), -want_w, rtol=1e-5)
     rows = await table.lookup(np.array([7, 9]), training=False)
     np.testing.assert_allclose(rows, -np.stack([values[0] + values[1], values[2]]), rtol=1e-5)
+
+
+@pytest.mark.parametrize("cls", [pstrain.optimizers.SGD, pstrain.optimizers.Adagrad, pstrain.optimizers.Adam])
+async def test_weight_decay_of_any_optimizer_decays_a_dense_variable_and_a_sparse_gradients_rows(
+    ps_pair, cls
+):
+    """Keras 3's ``weight_decay`` on every optimizer, applied on the ps before the rule: a
+    dense variable all of it, a sparse gradient's rows only (as AdamW), a dynamic table's rows."""
+    strategy = strategy_for(*ps_pair, shards=2)
+    async with strategy.scope():
+        w = pstrain.Variable(np.ones((4, 2), np.float32), name="w")
+        table = pstrain.DynamicEmbedding(2, name="emb", initializer=pstrain.initializers.Constant(1.0))
+        decayed = cls(0.1, weight_decay=0.5, name="decayed")
+        plain = cls(0.1, name="plain")
+    await table.lookup(np.array([3, 8]))
+    zero = np.zeros((4, 2), np.float32)
+    await decayed.apply_gradients([(pstrain.IndexedSlices(zero[:1], [2]), w)])
+    await decayed.apply_gradients([(pstrain.IndexedSlices(np.zeros((1, 2), np.float32), [8]), table)])
+    want = np.ones((4, 2), np.float32)
+    want[2] = 0.95  # 1 - 0.1 * 0.5, the zero gradient's step nothing
+    np.testing.assert_allclose(await w.numpy(), want, rtol=1e-6)
+    rows = await table.lookup(np.array([3, 8]), training=False)
+    np.testing.assert_allclose(rows, [[1.0, 1.0], [0.95, 0.95]], rtol=1e-6)
+    await decayed.apply_gradients([(zero, w)])
+    np.testing.assert_allclose(await w.numpy(), want * 0.95, rtol=1e-6)
+    await plain.apply_gradients([(zero, w)])  # no decay: a zero gradient moves nothing
+    np.testing.assert_allclose(await w.numpy(), want * 0.95, rtol=1e-6)
+
+
+def test_an_ftrl_optimizer_keeps_its_name():
+    """(Its argument check reused ``name``: every Ftrl was named l2_regularization_strength.)"""
+    assert pstrain.optimizers.Ftrl(0.1, name="ranker").name == "ranker"
+    assert pstrain.optimizers.Ftrl(0.1).name.startswith("Ftrl")
 
 
 async def test_per_part_gradients_of_a_sharded_variable(ps_pair):

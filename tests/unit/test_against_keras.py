@@ -153,3 +153,32 @@ async def test_precision_at_several_thresholds_gives_one_value_each():
     assert await p.result() == [0.5, 0.5]
     with pytest.raises(pstrain.errors.InvalidArgumentError, match="differ"):
         await p.update_state([1, 0], [0.3, 0.4, 0.5])
+
+
+OPTIMIZERS = json.loads((REFERENCES / "keras_optimizers.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "case", OPTIMIZERS["cases"], ids=lambda c: f"{c['name']}-{'-'.join(sorted(c['kwargs']))}"
+)
+def test_optimizer_steps_as_keras(case):
+    """Each optimizer's rule as the ps runs it (its settings from the optimizer, as sent),
+    three dense steps, a row of them tiny, against the variable Keras' optimizer left;
+    with ``weight_decay``, not what the rule alone gives."""
+    from pstrain._formats.numerics.optimizer_rules import RULES, slot_specs
+
+    opt = getattr(pstrain.optimizers, case["name"])(**case["kwargs"])
+    cfg = opt._rule()
+    var = np.array(case["start"], np.float32)
+    slots = {name: np.full_like(var, init) for name, init in slot_specs(cfg).items()}
+    for t, g in enumerate(case["grads"], 1):
+        RULES[cfg["kind"]](var, np.array(g, np.float32), None, slots, cfg, t)
+    np.testing.assert_allclose(var, case["end"], rtol=2e-5, atol=2e-6)
+    if "weight_decay" not in case["kwargs"]:
+        return
+    without = dict(cfg, weight_decay=0.0)
+    plain = np.array(case["start"], np.float32)
+    slots = {name: np.full_like(plain, init) for name, init in slot_specs(without).items()}
+    for t, g in enumerate(case["grads"], 1):
+        RULES[cfg["kind"]](plain, np.array(g, np.float32), None, slots, without, t)
+    assert not np.allclose(plain, case["end"], rtol=1e-4)  # the decay is what made it Keras'

@@ -248,7 +248,8 @@ def _rmsprop(
     cfg: dict[str, Any],
     t: int,
 ) -> None:
-    """Keras' RMSprop: with momentum, TF's ApplyRMSProp (epsilon inside the root)."""
+    """Keras' RMSprop: ``lr · g / sqrt(rms + ε)``, epsilon inside the root with momentum or
+    without (Keras 2's and 3's rule, and TF's ApplyRMSProp)."""
     lr, rho, eps = cfg["learning_rate"], cfg.get("rho", 0.9), cfg.get("epsilon", 1e-7)
     momentum, centered = cfg.get("momentum", 0.0), cfg.get("centered", False)
     sel: Any = ... if rows is None else rows  # ... also indexes a scalar
@@ -259,12 +260,13 @@ def _rmsprop(
         mg = slots["mg"][sel] * rho + (1 - rho) * g
         slots["mg"][sel] = mg
         denom = rms - mg * mg
+    increment = lr * g / np.sqrt(denom + eps)
     if momentum:
-        mom = momentum * slots["momentum"][sel] + lr * g / np.sqrt(denom + eps)
+        mom = momentum * slots["momentum"][sel] + increment
         slots["momentum"][sel] = mom
         var[sel] -= mom
     else:
-        var[sel] -= lr * g / (np.sqrt(denom) + eps)
+        var[sel] -= increment
 
 
 def _adamw(
@@ -277,12 +279,17 @@ def _adamw(
 ) -> None:
     """Keras' AdamW: decoupled weight decay ``var -= lr * weight_decay * var`` first (only the
     rows of a sparse gradient), then Adam."""
-    decay = cfg["learning_rate"] * cfg.get("weight_decay", 0.004)
+    _decay(var, rows, cfg["learning_rate"] * cfg.get("weight_decay", 0.004))
+    _adam(var, g, rows, slots, cfg, t)
+
+
+def _decay(var: np.ndarray, rows: np.ndarray | None, decay: float) -> None:
+    """``var -= var * decay``, on ``rows`` only when given (those that exist: not -1)."""
     if rows is None:
         var -= var * decay
     else:
+        rows = rows[rows >= 0]
         var[rows] -= var[rows] * decay
-    _adam(var, g, rows, slots, cfg, t)
 
 
 Rule = Callable[
@@ -309,14 +316,34 @@ def _skipping_missing(rule: Rule) -> Rule:
     return run
 
 
+def _decaying(rule: Rule) -> Rule:
+    """``rule`` after Keras' decoupled weight decay, ``var -= lr * weight_decay * var``, when
+    ``weight_decay`` is set (Keras 3 takes it on every optimizer; AdamW's is its own rule)."""
+
+    def run(
+        var: np.ndarray,
+        g: np.ndarray,
+        rows: np.ndarray | None,
+        slots: dict[str, np.ndarray],
+        cfg: dict[str, Any],
+        t: int,
+    ) -> None:
+        if cfg.get("weight_decay"):
+            _decay(var, rows, cfg["learning_rate"] * cfg["weight_decay"])
+        rule(var, g, rows, slots, cfg, t)
+
+    run.__doc__ = rule.__doc__
+    return run
+
+
 RULES: dict[str, Rule] = {
-    "sgd": _sgd,
-    "adagrad": _adagrad,
-    "rowwise_adagrad": _rowwise_adagrad,
-    "adam": _skipping_missing(_adam),
+    "sgd": _decaying(_sgd),
+    "adagrad": _decaying(_adagrad),
+    "rowwise_adagrad": _decaying(_rowwise_adagrad),
+    "adam": _decaying(_skipping_missing(_adam)),
     "adamw": _skipping_missing(_adamw),
-    "ftrl": _skipping_missing(_ftrl),
-    "rmsprop": _skipping_missing(_rmsprop),
+    "ftrl": _decaying(_skipping_missing(_ftrl)),
+    "rmsprop": _decaying(_skipping_missing(_rmsprop)),
 }
 
 

@@ -1,8 +1,9 @@
-"""Makes the reference files the pooled-lookup tests compare pstrain with: outputs and
-table gradients of TensorFlow's sparse lookups and of TorchRec's EmbeddingBagCollection on
-random batches. Run it in an environment that has the framework (pstrain's does not need
+"""Makes the reference files the tests compare pstrain with: outputs and table gradients
+of TensorFlow's sparse lookups and of TorchRec's EmbeddingBagCollection on random batches,
+and Keras' schedules, metrics, optimizers and gradient clipping on random inputs. Run it in an environment that has the framework (pstrain's does not need
 it): ``python make_references.py tf`` (and ``tf_max_norm``, ``tf_rows``,
-``keras_clipping``, ``keras_schedules``, ``keras_metrics``) with tensorflow-cpu, ``python make_references.py torchrec`` with torchrec (see
+``keras_clipping``, ``keras_schedules``, ``keras_metrics``, ``keras_optimizers``) with
+tensorflow-cpu, ``python make_references.py torchrec`` with torchrec (see
 ../../../../shared/anchors/README.md for both).
 
 Each file holds flat arrays and, per case, offsets into them (``np.savez_compressed``)."""
@@ -358,6 +359,64 @@ def keras_metric_cases(seed: int = 5) -> None:
     (HERE / "keras_metrics.json").write_text(json.dumps(out) + "\n")
 
 
+def keras_optimizer_cases(seed: int = 6, steps: int = 3) -> None:
+    """Keras 3's optimizers, with and without ``weight_decay`` (``AdamW`` is Adam's with it):
+    a dense variable after ``steps`` steps of random gradients (some tiny, where epsilon
+    counts)."""
+    import json
+
+    import keras
+
+    rng = np.random.default_rng(seed)
+    o = keras.optimizers
+    settings = [
+        ("SGD", {"learning_rate": 0.1, "weight_decay": 0.05}),
+        ("SGD", {"learning_rate": 0.1, "momentum": 0.9, "weight_decay": 0.05}),
+        ("Adagrad", {"learning_rate": 0.1, "weight_decay": 0.02}),
+        ("Adam", {"learning_rate": 0.01, "weight_decay": 0.1}),
+        ("AdamW", {"learning_rate": 0.01, "weight_decay": 0.1}),
+        ("RMSprop", {"learning_rate": 0.01, "weight_decay": 0.1}),
+        ("Ftrl", {"learning_rate": 0.1, "weight_decay": 0.1}),
+        ("SGD", {"learning_rate": 0.1}),
+        ("SGD", {"learning_rate": 0.1, "momentum": 0.8, "nesterov": True}),
+        ("Adagrad", {"learning_rate": 0.1, "initial_accumulator_value": 0.01}),
+        ("Adam", {"learning_rate": 0.01, "beta_1": 0.8, "beta_2": 0.99}),
+        ("RMSprop", {"learning_rate": 0.01}),
+        ("RMSprop", {"learning_rate": 0.01, "rho": 0.8, "momentum": 0.5}),
+        ("RMSprop", {"learning_rate": 0.01, "momentum": 0.5, "centered": True}),
+        ("Ftrl", {"learning_rate": 0.1, "l1_regularization_strength": 0.01, "l2_regularization_strength": 0.02}),
+        (
+            "Ftrl",
+            {
+                "learning_rate": 0.1,
+                "learning_rate_power": -0.6,
+                "l2_shrinkage_regularization_strength": 0.05,
+                "beta": 0.3,
+            },
+        ),
+    ]
+    cases = []
+    for name, kwargs in settings:
+        start = rng.normal(size=(3, 4)).astype(np.float32)
+        grads = [rng.normal(size=(3, 4)).astype(np.float32) for _ in range(steps)]
+        grads[0][0] *= 1e-4  # a row of tiny gradients: epsilon decides its steps
+        var = keras.Variable(start)
+        opt = getattr(o, name)(**kwargs)
+        for g in grads:
+            opt.apply_gradients([(g, var)])
+        cases.append(
+            {
+                "name": name,
+                "kwargs": kwargs,
+                "start": start.tolist(),
+                "grads": [g.tolist() for g in grads],
+                "end": np.asarray(var).tolist(),
+            }
+        )
+    out = {"version": keras.__version__, "cases": cases}
+    (HERE / "keras_optimizers.json").write_text(json.dumps(out) + "\n")
+
+
 if __name__ == "__main__":
     {
         "tf": tf_cases,
@@ -367,4 +426,5 @@ if __name__ == "__main__":
         "keras_clipping": keras_clipping_cases,
         "keras_schedules": keras_schedule_cases,
         "keras_metrics": keras_metric_cases,
+        "keras_optimizers": keras_optimizer_cases,
     }[sys.argv[1]]()
