@@ -10,8 +10,8 @@ sharded variable's gradient is one gradient, each part's given on its own is one
 >>> c = Clipping(clipnorm=5.0)
 >>> c.clip([np.array([3.0, 4.0]), np.array([6.0, 8.0])])[1].tolist()
 [3.0, 4.0]
->>> Clipping(global_clipnorm=5.0).clip([np.array([3.0, 4.0]), np.array([6.0, 8.0])])[0].tolist()
-[1.0, 1.3333333333333333]
+>>> Clipping(global_clipnorm=2.5).clip([np.array([3.0, 0.0]), np.array([0.0, 4.0])])[1].tolist()
+[0.0, 2.0]
 """
 
 from __future__ import annotations
