@@ -1,8 +1,9 @@
 """``pstrain.data``: a small, numpy-native input pipeline in the shape of ``tf.data``.
 
 ``Dataset.from_tensor_slices(arrays)``, ``from_tensors``, ``range``, ``from_generator``,
-``zip``, then ``map``, ``filter``, ``shuffle(buffer_size, seed)``, ``repeat``, ``batch``,
-``padded_batch``, ``unbatch``, ``take``, ``skip``, ``shard``, ``enumerate``,
+``zip``, ``sample_from_datasets``, ``choose_from_datasets``, then ``map``, ``filter``,
+``shuffle(buffer_size, seed)``, ``repeat``, ``batch``, ``padded_batch``, ``unbatch``,
+``take``, ``take_while``, ``skip``, ``shard``, ``enumerate``, ``scan``, ``unique``,
 ``concatenate``, ``flat_map``, ``interleave``, ``cache`` (in memory), ``apply`` and
 ``prefetch`` (and ``reduce``), each as ``tf.data`` defines it, and ``cardinality()``
 (``len``) as TF counts it. Elements stay numpy; tuples and dicts of arrays batch
@@ -106,12 +107,70 @@ def _spec(element: Any, partial_batch: bool) -> Any:
     return TensorSpec(shape, arr.dtype)
 
 
-def _truth(value: Any) -> bool:
+def _signature(types: Any, shapes: Any) -> Any:
+    """TF's older ``output_types`` and ``output_shapes`` as ``TensorSpec``s."""
+    if isinstance(types, dict):
+        return {k: _signature(t, None if shapes is None else shapes[k]) for k, t in types.items()}
+    if isinstance(types, tuple):
+        return tuple(_signature(t, None if shapes is None else shapes[i]) for i, t in enumerate(types))
+    return _AnyShape(types) if shapes is None else TensorSpec(shapes, types)
+
+
+class _AnyShape(TensorSpec):
+    """An ``output_types`` dtype without a shape: any shape of that dtype."""
+
+    def __init__(self, dtype: Any) -> None:
+        super().__init__((), dtype)
+
+    def is_compatible_with(self, value: Any) -> bool:
+        return bool(np.asarray(value).dtype == self.dtype)
+
+
+def _conforming(element: Any, spec: Any) -> Any:
+    """``element`` checked against ``spec`` (its structure, each array's dtype and shape), as
+    arrays; or InvalidArgumentError saying what differs, in TF's words."""
+    if isinstance(spec, dict):
+        if not isinstance(element, dict) or set(element) != set(spec):
+            raise InvalidArgumentError(
+                f"from_generator: `generator` yielded a {type(element).__name__}, "
+                f"not a dict of {sorted(spec)}"
+            )
+        return {k: _conforming(element[k], s) for k, s in spec.items()}
+    if isinstance(spec, tuple):
+        if not isinstance(element, (tuple, list)) or len(element) != len(spec):
+            raise InvalidArgumentError(
+                f"from_generator: `generator` yielded a {type(element).__name__} where a tuple of "
+                f"{len(spec)} was expected"
+            )
+        return tuple(_conforming(e, s) for e, s in zip(element, spec))
+    if not isinstance(spec, TensorSpec):
+        raise InvalidArgumentError(
+            f"from_generator: output_signature holds a {type(spec).__name__}, not TensorSpecs"
+        )
+    arr = np.asarray(element)
+    if arr.dtype != spec.dtype and np.can_cast(arr.dtype, spec.dtype, "same_kind"):
+        arr = arr.astype(spec.dtype)  # (TF converts a Python number to the declared dtype too)
+    if not spec.is_compatible_with(arr):
+        raise InvalidArgumentError(
+            f"from_generator: `generator` yielded an element of shape {arr.shape} and dtype "
+            f"{arr.dtype} where an element of shape {spec.shape} and dtype {spec.dtype} was expected"
+        )
+    return arr[()] if arr.ndim == 0 else arr  # (a scalar stays a numpy scalar)
+
+
+def _datasets(datasets: Any, what: str) -> list[Dataset]:
+    parts = list(datasets) if isinstance(datasets, (list, tuple)) else None
+    if not parts or not all(isinstance(d, Dataset) for d in parts):
+        raise InvalidArgumentError(f"{what} takes a non-empty list of Datasets, got {datasets!r}"[:200])
+    return parts
+
+
+def _truth(value: Any, what: str = "filter") -> bool:
     """A ``filter`` predicate's answer: a scalar bool (numpy's or Python's)."""
     arr = np.asarray(value)
     if arr.shape != () or arr.dtype != np.bool_:
         raise InvalidArgumentError(
-            f"filter: the predicate must return a scalar bool, got {type(value).__name__} "
+            f"{what}: the predicate must return a scalar bool, got {type(value).__name__} "
             f"of dtype {arr.dtype} and shape {arr.shape}"
         )
     return bool(arr)
@@ -224,10 +283,13 @@ class Dataset:
         )
 
     @staticmethod
-    def range(*args: int) -> Dataset:
-        """Like Python's ``range``, as int64 scalars."""
+    def range(*args: int, output_type: Any = np.int64, name: str | None = None) -> Dataset:
+        """Like Python's ``range``, as scalars of ``output_type`` (int64, as TF's)."""
+        kind = np.dtype(output_type)
+        if kind.kind not in "iuf":
+            raise InvalidArgumentError(f"range: output_type must be a numeric dtype, got {kind}")
         r = range(*args)
-        return Dataset(lambda: (np.int64(i) for i in r), cardinality=len(r))
+        return Dataset(lambda: (kind.type(i) for i in r), cardinality=len(r))
 
     @staticmethod
     def from_tensors(tensors: Any) -> Dataset:
@@ -236,11 +298,35 @@ class Dataset:
         return Dataset(lambda: iter((element,)), cardinality=1)
 
     @staticmethod
-    def from_generator(generator: Callable[[], Any], output_signature: Any = None) -> Dataset:
-        """Elements produced by ``generator()`` (called anew for each iteration)."""
+    def from_generator(
+        generator: Callable[..., Any],
+        output_types: Any = None,
+        output_shapes: Any = None,
+        args: tuple[Any, ...] | None = None,
+        output_signature: Any = None,
+        name: str | None = None,
+    ) -> Dataset:
+        """Elements produced by ``generator(*args)`` (called anew for each iteration). Each
+        element is checked against ``output_signature`` (``TensorSpec``s in the element's
+        structure; or TF's older ``output_types`` and ``output_shapes``) and refused, naming
+        what differs, as TF refuses it."""
         if not callable(generator):
             raise InvalidArgumentError("from_generator takes a callable that returns an iterator")
-        return Dataset(lambda: iter(generator()), spec=output_signature)
+        if output_signature is not None and (output_types is not None or output_shapes is not None):
+            raise InvalidArgumentError(
+                "from_generator: give output_signature, or output_types (and output_shapes), not both"
+            )
+        if output_signature is None and output_types is not None:
+            output_signature = _signature(output_types, output_shapes)
+        call_args = tuple(args or ())
+        if output_signature is None:
+            return Dataset(lambda: iter(generator(*call_args)))
+
+        def run() -> Iterator[Any]:
+            for element in generator(*call_args):
+                yield _conforming(element, output_signature)
+
+        return Dataset(run, spec=output_signature)
 
     # -- transformations -----------------------------------------------------------------------
     def _derive(
@@ -503,6 +589,128 @@ class Dataset:
                     yield e
 
         return Dataset(run, spec=self._spec, partial_batch=self._partial_batch)
+
+    def take_while(self, predicate: Callable[..., Any], name: str | None = None) -> Dataset:
+        """The elements up to the first for which ``predicate`` returns False (a scalar
+        bool, as ``filter``)."""
+        _callable(predicate, "take_while")
+        make = self._make
+
+        def run() -> Iterator[Any]:
+            for e in make():
+                if not _truth(predicate(*e) if isinstance(e, tuple) else predicate(e), "take_while"):
+                    return
+                yield e
+
+        return Dataset(run, spec=self._spec, partial_batch=self._partial_batch)
+
+    def scan(
+        self, initial_state: Any, scan_func: Callable[[Any, Any], Any], name: str | None = None
+    ) -> Dataset:
+        """TF's ``scan``: ``scan_func(state, element)`` returns ``(new_state, output)``; the
+        outputs are the elements, the state carried from one to the next."""
+        _callable(scan_func, "scan")
+        make = self._make
+
+        def run() -> Iterator[Any]:
+            state = initial_state
+            for e in make():
+                got = scan_func(state, e)
+                if not isinstance(got, tuple) or len(got) != 2:
+                    raise InvalidArgumentError(
+                        f"scan: scan_func must return (new_state, output), got {type(got).__name__}"
+                    )
+                state, out = got
+                yield out
+
+        return Dataset(run, cardinality=self._cardinality)
+
+    def unique(self, name: str | None = None) -> Dataset:
+        """Each distinct element once, in the order first seen (scalars of integers or
+        strings, as TF's)."""
+        make = self._make
+
+        def run() -> Iterator[Any]:
+            seen: set[Any] = set()
+            for e in make():
+                arr = np.asarray(e)
+                if arr.ndim != 0 or arr.dtype.kind not in "iuUSb":
+                    raise InvalidArgumentError(
+                        "unique: elements must be scalars of integers or strings, "
+                        f"got {arr.dtype} of shape {arr.shape}"
+                    )
+                key = arr.item()
+                if key not in seen:
+                    seen.add(key)
+                    yield e
+
+        return Dataset(run, spec=self._spec)
+
+    @staticmethod
+    def sample_from_datasets(
+        datasets: list[Dataset],
+        weights: Any = None,
+        seed: int | None = None,
+        stop_on_empty_dataset: bool = False,
+        rerandomize_each_iteration: bool | None = None,
+    ) -> Dataset:
+        """Each element from one of ``datasets`` drawn at random by ``weights`` (even by
+        default); a dataset that runs out is left out of the draws (the weights of the
+        others renormalized), or ends it with ``stop_on_empty_dataset``, as TF's."""
+        parts = _datasets(datasets, "sample_from_datasets")
+        w = np.full(len(parts), 1.0 / len(parts)) if weights is None else np.asarray(weights, np.float64)
+        if w.shape != (len(parts),) or not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+            raise InvalidArgumentError(
+                f"sample_from_datasets: weights must be {len(parts)} numbers of 0 or more, "
+                f"not all 0; got {weights!r}"
+            )
+
+        def run() -> Iterator[Any]:
+            rng = np.random.default_rng(seed)
+            its = [iter(d) for d in parts]
+            live = w.copy()
+            while live.sum() > 0:
+                k = int(rng.choice(len(its), p=live / live.sum()))
+                e = next(its[k], _END)
+                if e is _END:
+                    if stop_on_empty_dataset:
+                        return
+                    live[k] = 0.0
+                    continue
+                yield e
+
+        return Dataset(run)
+
+    @staticmethod
+    def choose_from_datasets(
+        datasets: list[Dataset], choice_dataset: Dataset, stop_on_empty_dataset: bool = True
+    ) -> Dataset:
+        """Each element from ``datasets[c]``, ``c`` the next element of ``choice_dataset``
+        (int64 scalars); with ``stop_on_empty_dataset`` (TF's default) a chosen dataset
+        that has run out ends it, otherwise that choice is skipped."""
+        parts = _datasets(datasets, "choose_from_datasets")
+        if not isinstance(choice_dataset, Dataset):
+            raise InvalidArgumentError(
+                f"choose_from_datasets: choice_dataset must be a Dataset, got {type(choice_dataset).__name__}"
+            )
+
+        def run() -> Iterator[Any]:
+            its = [iter(d) for d in parts]
+            for c in choice_dataset:
+                arr = np.asarray(c)
+                if arr.ndim != 0 or arr.dtype.kind not in "iu" or not 0 <= int(arr) < len(its):
+                    raise InvalidArgumentError(
+                        "choose_from_datasets: a choice must be an integer scalar in "
+                        f"[0, {len(its)}), got {c!r}"
+                    )
+                e = next(its[int(arr)], _END)
+                if e is _END:
+                    if stop_on_empty_dataset:
+                        return
+                    continue
+                yield e
+
+        return Dataset(run)
 
     def enumerate(self, start: int = 0) -> Dataset:
         """``(index, element)`` pairs, the index an int64 from ``start``."""

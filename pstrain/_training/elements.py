@@ -93,7 +93,15 @@ def stack(elements: list[Any]) -> Any:
         return {k: stack([e[k] for e in elements]) for k in first}
     if isinstance(first, tuple):
         return tuple(stack([e[i] for e in elements]) for i in range(len(first)))
-    return np.stack([np.asarray(e) for e in elements])
+    arrays = [np.asarray(e) for e in elements]
+    for i, a in enumerate(arrays):
+        if a.shape != arrays[0].shape:
+            raise InvalidArgumentError(
+                f"batch: cannot batch elements of different shapes: the first had shape "
+                f"{arrays[0].shape} and element {i} had shape {a.shape} (padded_batch pads them; "
+                "bags of ids batch as a JaggedTensor)"
+            )
+    return np.stack(arrays)
 
 
 def rows_of(element: Any) -> Iterator[Any]:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from pstrain import JaggedTensor
-from pstrain.data import Dataset
+from pstrain.data import Dataset, TensorSpec
 from pstrain.errors import InvalidArgumentError
 
 pytestmark = pytest.mark.timeout(120)
@@ -340,3 +340,82 @@ def test_from_tensors_and_reduce():
     assert one.cardinality() == 1 and [(a.tolist(), float(b)) for a, b in one] == [([0, 1, 2], 2.0)]
     assert Dataset.range(5).reduce(np.int64(0), lambda total, x: total + x) == 10
     assert Dataset.range(0).reduce(7, lambda total, x: total + x) == 7
+
+
+def test_take_while_scan_and_unique_give_tfs_elements():
+    """The same pipelines on TensorFlow 2.21 gave these elements."""
+    assert [int(x) for x in Dataset.range(10).take_while(lambda x: x < 4)] == [0, 1, 2, 3]
+    scanned = Dataset.range(5).scan(np.int64(10), lambda s, x: (s + x, s * 2))
+    assert [int(x) for x in scanned] == [20, 20, 22, 26, 32]
+    assert [int(x) for x in Dataset.from_tensor_slices(np.array([3, 1, 3, 2, 1, 5])).unique()] == [3, 1, 2, 5]
+    with pytest.raises(InvalidArgumentError, match="unique: elements must be scalars"):
+        list(Dataset.from_tensor_slices(np.ones((2, 2))).unique())
+    with pytest.raises(InvalidArgumentError, match="scan_func must return"):
+        list(Dataset.range(2).scan(0, lambda s, x: s))
+    with pytest.raises(InvalidArgumentError, match="take_while: the predicate must return a scalar bool"):
+        list(Dataset.range(2).take_while(lambda x: np.array([True, False])))
+
+
+def test_choose_from_datasets_as_tf_stopping_or_not_on_an_empty_one():
+    choices = Dataset.from_tensor_slices(np.array([0, 1, 1, 0, 0, 0, 1]))
+    parts = [Dataset.range(3), Dataset.range(10, 13)]
+    assert [int(x) for x in Dataset.choose_from_datasets(parts, choices)] == [0, 10, 11, 1, 2]
+    assert [int(x) for x in Dataset.choose_from_datasets(parts, choices, stop_on_empty_dataset=False)] == [
+        0,
+        10,
+        11,
+        1,
+        2,
+        12,
+    ]
+    with pytest.raises(InvalidArgumentError, match=r"a choice must be an integer scalar in \[0, 2\)"):
+        list(Dataset.choose_from_datasets(parts, Dataset.from_tensor_slices(np.array([2]))))
+
+
+def test_sample_from_datasets_draws_by_weight_and_runs_every_one_out():
+    small, large = Dataset.range(3), Dataset.range(10, 2010)
+    everything = sorted(int(x) for x in Dataset.sample_from_datasets([small, large], seed=1))
+    assert everything == [0, 1, 2, *range(10, 2010)]  # one runs out: the other goes on
+    first = Dataset.range(100_000, 110_000)
+    drawn = [int(x) for x in Dataset.sample_from_datasets([first, large], [0.8, 0.2], seed=2).take(1000)]
+    share = sum(x >= 100_000 for x in drawn) / 1000
+    assert 0.75 < share < 0.85
+    stopped = list(Dataset.sample_from_datasets([small, large], seed=1, stop_on_empty_dataset=True))
+    assert sum(int(x) < 3 for x in stopped) == 3 and len(stopped) < 2003
+    assert [int(x) for x in Dataset.sample_from_datasets([small, large], seed=5)] == [
+        int(x) for x in Dataset.sample_from_datasets([small, large], seed=5)
+    ]  # a seed repeats the draws
+    with pytest.raises(InvalidArgumentError, match="weights must be 2 numbers"):
+        Dataset.sample_from_datasets([small, large], [1.0, -1.0])
+    with pytest.raises(InvalidArgumentError, match="non-empty list of Datasets"):
+        Dataset.sample_from_datasets([])
+
+
+def test_from_generator_checks_each_element_against_its_signature():
+    def gen():
+        yield np.array([1, 2]), 1.5
+        yield np.array([3, 4, 5]), 2.5
+
+    spec = (TensorSpec((None,), np.int64), TensorSpec((), np.float32))
+    got = list(Dataset.from_generator(gen, output_signature=spec))
+    assert got[1][0].tolist() == [3, 4, 5] and got[1][1] == np.float32(2.5) and got[1][1].dtype == np.float32
+    fixed = Dataset.from_generator(
+        gen, output_signature=(TensorSpec((2,), np.int64), TensorSpec((), np.float32))
+    )
+    with pytest.raises(
+        InvalidArgumentError, match=r"yielded an element of shape \(3,\) and dtype int64 where"
+    ):
+        list(fixed)  # (TF: "`generator` yielded an element of shape (3,) where an element of shape (2,)")
+    old = Dataset.from_generator(gen, output_types=(np.int64, np.float32), output_shapes=((None,), ()))
+    assert [a.tolist() for a, _ in old] == [[1, 2], [3, 4, 5]]
+    with_args = Dataset.from_generator(lambda n: iter(range(n)), output_types=np.int64, args=(3,))
+    assert [int(x) for x in with_args] == [0, 1, 2]
+    with pytest.raises(InvalidArgumentError, match="a tuple of 2 was expected"):
+        list(Dataset.from_generator(lambda: iter([np.int64(1)]), output_signature=spec))
+
+
+def test_batching_elements_of_different_shapes_is_refused_by_name_and_range_takes_a_dtype():
+    ragged = Dataset.from_generator(lambda: iter([np.arange(2), np.arange(3)]))
+    with pytest.raises(InvalidArgumentError, match=r"first had shape \(2,\) and element 1 had shape \(3,\)"):
+        list(ragged.batch(2))
+    assert [x.dtype for x in Dataset.range(2, output_type=np.int32)] == [np.int32, np.int32]
