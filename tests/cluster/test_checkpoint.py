@@ -325,7 +325,9 @@ async def test_manager_saves_at_tfs_step_interval_numbers_by_a_variable_and_init
     await step.assign(np.int64(21))
     assert await manager.save(check_interval=False) is not None  # the step moved: saved
     assert await manager.save(check_interval=False) is None  # it did not
-    again = CheckpointManager(Checkpoint(v=v, step=step), str(tmp_path), step_counter=step, checkpoint_interval=10)
+    again = CheckpointManager(
+        Checkpoint(v=v, step=step), str(tmp_path), step_counter=step, checkpoint_interval=10
+    )
     await step.assign(np.int64(0))
     assert await again.restore_or_initialize() == manager.latest_checkpoint
     assert int(await step.numpy()) == 21 and await again.save() is None  # the restored step counts

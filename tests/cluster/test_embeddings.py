@@ -182,7 +182,11 @@ def test_jagged_features_come_from_every_kind_of_input():
     assert taken["b"].to_lists() == [[4], [4], [2, 3]] and taken["a"].to_lists() == [[], [], [1]]
     assert kjt.take([-1])["b"].to_lists() == [[4]]  # from the end, as numpy
     assert kjt.take(np.array([False, True]))["b"].to_lists() == [[4]]  # a mask, as numpy
-    for rows, match in (([0.5], "must be integers, got float64"), ([True], "boolean mask of"), ([2], "range")):
+    for rows, match in (
+        ([0.5], "must be integers, got float64"),
+        ([True], "boolean mask of"),
+        ([2], "range"),
+    ):
         with pytest.raises(IndexError, match=match):  # (a float was cut to a row, a mask read as rows)
             kjt.take(np.array(rows))
     for bad, match in (

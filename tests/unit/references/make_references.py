@@ -1,12 +1,14 @@
 """Makes the reference files the tests compare pstrain with: outputs and table gradients
 of TensorFlow's sparse lookups and of TorchRec's EmbeddingBagCollection on random batches,
-and Keras' schedules, metrics, optimizers and gradient clipping on random inputs. Run it in an environment that has the framework (pstrain's does not need
-it): ``python make_references.py tf`` (and ``tf_max_norm``, ``tf_rows``,
-``keras_clipping``, ``keras_schedules``, ``keras_metrics``, ``keras_optimizers``) with
-tensorflow-cpu, ``python make_references.py torchrec`` with torchrec (see
+and Keras' schedules, metrics, optimizers and gradient clipping on random inputs. Run it
+in an environment that has the framework (pstrain's does not need it): ``python
+make_references.py tf`` (and ``tf_max_norm``, ``tf_rows``, ``keras_clipping``,
+``keras_schedules``, ``keras_metrics``, ``keras_optimizers``) with tensorflow-cpu,
+``python make_references.py torchrec`` with torchrec (see
 ../../../../shared/anchors/README.md for both).
 
-Each file holds flat arrays and, per case, offsets into them (``np.savez_compressed``)."""
+The ``.npz`` files hold flat arrays and, per case, offsets into them
+(``np.savez_compressed``); the ``.json`` ones a list of cases."""
 
 from __future__ import annotations
 
@@ -274,14 +276,26 @@ def keras_schedule_cases() -> None:
         ("PiecewiseConstantDecay", dict(boundaries=[10, 50], values=[0.3, 0.2, 0.1])),
         ("CosineDecay", dict(initial_learning_rate=0.5, decay_steps=40, alpha=0.1)),
         ("CosineDecay", dict(initial_learning_rate=0.01, decay_steps=60, warmup_target=0.2, warmup_steps=15)),
-        ("CosineDecay", dict(initial_learning_rate=0.01, decay_steps=60, alpha=0.05, warmup_target=0.2, warmup_steps=15)),
+        (
+            "CosineDecay",
+            dict(initial_learning_rate=0.01, decay_steps=60, alpha=0.05, warmup_target=0.2, warmup_steps=15),
+        ),
         ("InverseTimeDecay", dict(initial_learning_rate=0.2, decay_steps=9, decay_rate=0.5)),
         ("InverseTimeDecay", dict(initial_learning_rate=0.2, decay_steps=9, decay_rate=0.5, staircase=True)),
         ("PolynomialDecay", dict(initial_learning_rate=0.3, decay_steps=50)),
-        ("PolynomialDecay", dict(initial_learning_rate=0.3, decay_steps=50, end_learning_rate=0.01, power=2.0)),
-        ("PolynomialDecay", dict(initial_learning_rate=0.3, decay_steps=30, end_learning_rate=0.01, power=0.5, cycle=True)),
+        (
+            "PolynomialDecay",
+            dict(initial_learning_rate=0.3, decay_steps=50, end_learning_rate=0.01, power=2.0),
+        ),
+        (
+            "PolynomialDecay",
+            dict(initial_learning_rate=0.3, decay_steps=30, end_learning_rate=0.01, power=0.5, cycle=True),
+        ),
         ("CosineDecayRestarts", dict(initial_learning_rate=0.4, first_decay_steps=10)),
-        ("CosineDecayRestarts", dict(initial_learning_rate=0.4, first_decay_steps=10, t_mul=1.0, m_mul=0.5, alpha=0.1)),
+        (
+            "CosineDecayRestarts",
+            dict(initial_learning_rate=0.4, first_decay_steps=10, t_mul=1.0, m_mul=0.5, alpha=0.1),
+        ),
         ("CosineDecayRestarts", dict(initial_learning_rate=0.4, first_decay_steps=7, t_mul=1.5, m_mul=0.8)),
     ]
     steps = [float(x) for x in range(121)] + [0.5, 12.25, 44.75]
@@ -384,7 +398,10 @@ def keras_optimizer_cases(seed: int = 6, steps: int = 3) -> None:
         ("RMSprop", {"learning_rate": 0.01}),
         ("RMSprop", {"learning_rate": 0.01, "rho": 0.8, "momentum": 0.5}),
         ("RMSprop", {"learning_rate": 0.01, "momentum": 0.5, "centered": True}),
-        ("Ftrl", {"learning_rate": 0.1, "l1_regularization_strength": 0.01, "l2_regularization_strength": 0.02}),
+        (
+            "Ftrl",
+            {"learning_rate": 0.1, "l1_regularization_strength": 0.01, "l2_regularization_strength": 0.02},
+        ),
         (
             "Ftrl",
             {
