@@ -81,7 +81,13 @@ class Embedding(torch.nn.Module):
     """An embedding table on the ps (sharded by the strategy's partitioner); create it in
     ``strategy.scope()``. Before a forward pass, :meth:`RemoteModule.pull` (or
     :meth:`fetch`) gathers the batch's rows; ``forward(ids)`` returns them as
-    ``ids.shape + (embedding_dim,)``."""
+    ``ids.shape + (embedding_dim,)``.
+
+    As ``nn.Embedding``: ``padding_idx``'s id gives zeros and its row gets no gradient (it
+    is never read: a new ``nn.Embedding``'s padding row is zeros, and stays so);
+    ``scale_grad_by_freq`` scales a row's gradient by the inverse of its count in the batch.
+    ``max_norm`` is refused (PyTorch renormalizes the table's rows in place; this table
+    lives on the ps). ``sparse`` is accepted: the gradient is always the rows looked up."""
 
     def __init__(
         self,
@@ -91,8 +97,17 @@ class Embedding(torch.nn.Module):
         name: str = "embedding",
         *,
         table: DynamicEmbedding | None = None,
+        padding_idx: int | None = None,
+        max_norm: float | None = None,
+        scale_grad_by_freq: bool = False,
+        sparse: bool = False,
     ) -> None:
         super().__init__()
+        if max_norm is not None:
+            raise InvalidArgumentError(
+                "Embedding: max_norm is not supported (PyTorch renormalizes the table's rows in "
+                "place; this table lives on the ps): clip the rows in the model instead"
+            )
         self.table: Variable | ShardedVariable | DynamicEmbedding
         if table is not None:  # rows keyed by raw ids: no fixed number of rows
             if not isinstance(table, DynamicEmbedding) or table.dim != embedding_dim:
@@ -111,24 +126,47 @@ class Embedding(torch.nn.Module):
                 dtype=np.float32,
                 name=name,
             )
+        if padding_idx is not None:
+            padding_idx = int(padding_idx)
+            n = self.num_embeddings
+            if n is not None:  # (a dynamic table's padding id is any id, as given)
+                if not -n <= padding_idx < n:
+                    raise InvalidArgumentError(
+                        f"Embedding: padding_idx must be within num_embeddings ({n}), got {padding_idx}"
+                    )
+                padding_idx %= n
+        self.padding_idx = padding_idx
+        self.scale_grad_by_freq = bool(scale_grad_by_freq)
+        self.sparse = bool(sparse)
         self._ids: np.ndarray | None = None
         self._unique: np.ndarray | None = None
         self._inverse: torch.Tensor | None = None
+        self._counts: np.ndarray | None = None  # each distinct id's count (scale_grad_by_freq)
         self.rows: torch.Tensor | None = None  # the batch's unique rows: a leaf tensor
 
     async def fetch(self, ids: Any, *, training: bool = True) -> None:
-        """Gather the rows of ``ids`` (deduplicated) from the table's shards.
-        ``training=False`` (evaluation, serving): a dynamic table admits nothing."""
+        """Gather the rows of ``ids`` (deduplicated; ``padding_idx`` never read) from the
+        table's shards. ``training=False`` (evaluation, serving): a dynamic table admits
+        nothing."""
         ids = np.asarray(ids)
         if ids.dtype.kind not in "iu":
             raise InvalidArgumentError(f"embedding ids must be integers, got {ids.dtype}")
         unique, inverse = distinct(ids.reshape(-1), sorted=True)
-        rows = await embedding_lookup(self.table, unique, training=training)
+        if self.padding_idx is None:
+            rows = await embedding_lookup(self.table, unique, training=training)
+        else:
+            real = unique != self.padding_idx
+            rows = np.zeros((unique.size, self.embedding_dim), np.float32)
+            if real.any():
+                rows[real] = await embedding_lookup(self.table, unique[real], training=training)
         self._set(ids, unique, inverse, rows)
 
     def _set(self, ids: np.ndarray, unique: np.ndarray, inverse: np.ndarray, rows: np.ndarray) -> None:
         self._ids, self._unique = ids, unique
         self._inverse = torch.from_numpy(inverse.reshape(ids.shape).astype(np.int64))
+        self._counts = (
+            np.bincount(inverse.reshape(-1), minlength=unique.size) if self.scale_grad_by_freq else None
+        )
         self.rows = torch.from_numpy(_writable(rows)).requires_grad_(True)
 
     def forward(self, ids: Any) -> torch.Tensor:
@@ -140,13 +178,21 @@ class Embedding(torch.nn.Module):
         return self.rows[self._inverse]
 
     def gradient(self) -> tuple[IndexedSlices, Variable | ShardedVariable | DynamicEmbedding] | None:
-        """The gradient of the fetched rows, as sparse rows of the table (None before backward)."""
+        """The gradient of the fetched rows, as sparse rows of the table (None before
+        backward; ``padding_idx``'s row is never among them)."""
         if self.rows is None or self.rows.grad is None or self._unique is None:
             return None
-        return IndexedSlices(self.rows.grad.numpy(), self._unique), self.table
+        grad, unique = self.rows.grad.numpy(), self._unique
+        if self._counts is not None:
+            grad = grad / self._counts[:, None].astype(grad.dtype)
+        if self.padding_idx is not None:
+            real = unique != self.padding_idx
+            grad, unique = grad[real], unique[real]
+        return IndexedSlices(grad, unique), self.table
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, table={self.table.name!r}"
+        extra = f", padding_idx={self.padding_idx}" if self.padding_idx is not None else ""
+        return f"{self.num_embeddings}, {self.embedding_dim}, table={self.table.name!r}{extra}"
 
 
 def _writable(array: np.ndarray) -> np.ndarray:

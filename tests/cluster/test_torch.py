@@ -154,3 +154,49 @@ async def test_steps_in_flight_together_each_use_a_replica(cluster):
     assert {await r for r in rvs} == {3}  # fc.weight, fc.bias and the embedding rows, every time
     assert await opt.iterations.numpy() == 40
     await coordinator.close()
+
+
+@pytest.mark.parametrize("scale", [False, True])
+async def test_padding_idx_and_scale_grad_by_freq_as_nn_embedding(cluster, scale):
+    """``nn.Embedding(padding_idx=0, scale_grad_by_freq=...)``'s outputs and table gradient
+    (its padding row zeros, as a new one's), against pstrain's Embedding on the ps."""
+    strategy = strategy_for(cluster)
+    with strategy.scope():
+        emb = ptorch.Embedding(
+            12,
+            3,
+            pstrain.initializers.RandomNormal(0.0, 1.0, seed=4),
+            padding_idx=0,
+            scale_grad_by_freq=scale,
+        )
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, 12, (5, 4))
+    ids[0, :2] = 0  # the padding id, twice
+    ids[2] = 7  # an id four times
+    upstream = torch.from_numpy(rng.normal(size=(5, 4, 3)).astype(np.float32))
+    table = await emb.table.numpy()
+    ref = torch.nn.Embedding(12, 3, padding_idx=0, scale_grad_by_freq=scale)
+    with torch.no_grad():
+        ref.weight.copy_(torch.from_numpy(table))
+        ref.weight[0] = 0  # (nn.Embedding makes its padding row zeros)
+    want = ref(torch.from_numpy(ids))
+    (want * upstream).sum().backward()
+    await emb.fetch(ids)
+    out = emb(ids)
+    (out * upstream).sum().backward()
+    np.testing.assert_allclose(out.detach().numpy(), want.detach().numpy(), rtol=1e-6)
+    grad, var = emb.gradient()
+    assert var is emb.table and 0 not in grad.indices.tolist()
+    dense = np.zeros((12, 3), np.float32)
+    dense[grad.indices] = grad.values
+    np.testing.assert_allclose(dense, ref.weight.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_an_embeddings_max_norm_and_a_padding_idx_past_its_rows_are_refused():
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="max_norm is not supported"):
+        ptorch.Embedding(10, 2, max_norm=1.0)
+    with pytest.raises(
+        pstrain.errors.InvalidArgumentError, match=r"padding_idx must be within num_embeddings \(10\)"
+    ):
+        ptorch.Embedding(10, 2, padding_idx=10)
+    assert ptorch.Embedding(10, 2, padding_idx=-1).padding_idx == 9  # from the end, as PyTorch
