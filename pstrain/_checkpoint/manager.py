@@ -51,7 +51,7 @@ from .deltas import check_write_s
 
 logger = logging.getLogger("pstrain.checkpoint")
 
-__all__ = ["CheckpointManager"]
+__all__ = ["CheckpointManager", "latest_checkpoint"]
 
 #: The share of ``delta_interval_s`` a delta is spread over unless ``delta_write_s`` is given.
 DELTA_WRITE_SHARE = 0.25
@@ -128,7 +128,6 @@ class CheckpointManager:
         self._checkpoint_interval = checkpoint_interval
         self._init_fn = init_fn
         self._last_checkpoint_step: int | None = None  # the step of the last save (with an interval)
-        self._pattern = re.compile(re.escape(checkpoint_name) + r"-(\d+)" + re.escape(INDEX) + "$")
         self._loop: asyncio.Task[None] | None = None
         self._closed = False  # close() stops the deltas for good
         self._compaction: asyncio.Task[str] | None = None
@@ -138,22 +137,13 @@ class CheckpointManager:
         kept.track(self)  # Ctrl-C says which checkpoint was kept
 
     def _numbers(self) -> list[int]:
-        found = []
-        for path in glob.glob(os.path.join(glob.escape(self.directory), f"{self.checkpoint_name}-*{INDEX}")):
-            m = self._pattern.search(os.path.basename(path))
-            if m:
-                found.append(int(m.group(1)))
-        return sorted(found)
+        return _numbers(self.directory, self.checkpoint_name)
 
     def _path(self, number: int) -> str:
         return os.path.join(self.directory, f"{self.checkpoint_name}-{number}")
 
     def _deltas(self, base: str) -> int:
-        """How many deltas of ``base`` exist, in order from 1."""
-        k = 0
-        while os.path.exists(delta_prefix(base, k + 1) + INDEX):
-            k += 1
-        return k
+        return _deltas(base)
 
     @property
     def checkpoints(self) -> list[str]:
@@ -164,12 +154,7 @@ class CheckpointManager:
     def latest_checkpoint(self) -> str | None:
         """The newest state saved: the newest delta of the newest full checkpoint, if it has
         any, else that checkpoint; None if there is none."""
-        numbers = self._numbers()
-        if not numbers:
-            return None
-        base = self._path(numbers[-1])
-        k = self._deltas(base)
-        return delta_prefix(base, k) if k else base
+        return _newest(self.directory, self.checkpoint_name)
 
     @property
     def checkpoint_interval(self) -> int | None:
@@ -336,6 +321,60 @@ class CheckpointManager:
 
     def _delete(self, number: int) -> None:
         remove_checkpoint(self._path(number))  # with its deltas
+
+
+def latest_checkpoint(checkpoint_dir: str, latest_filename: str | None = None) -> str | None:
+    """TF's ``tf.train.latest_checkpoint``: the path of the newest state saved in
+    ``checkpoint_dir`` by a :class:`CheckpointManager` or ``Checkpoint.save`` (the newest
+    delta of the highest-numbered save, as ``CheckpointManager.latest_checkpoint``), or
+    None when there is none. With saves of several names (``ckpt-3``, ``other-7``), the
+    name whose newest save was written last. ``latest_filename`` (TF's state file) is
+    accepted: pstrain keeps no state file, the saves are found by their names."""
+    directory = os.path.abspath(checkpoint_dir)
+    if not os.path.isdir(directory):
+        return None
+    names = {
+        m.group(1)
+        for p in os.listdir(directory)
+        if (m := _FULL.fullmatch(p)) and split_delta(os.path.join(directory, p.removesuffix(INDEX))) is None
+    }
+    newest = [path for name in names if (path := _newest(directory, name)) is not None]
+    if not newest:
+        return None
+    return max(newest, key=lambda path: (os.stat(path + INDEX).st_mtime_ns, path))
+
+
+#: A full save's index file: ``<name>-<N>.index.json`` (a delta's name holds ``.delta-``).
+_FULL = re.compile(r"(.+)-(\d+)" + re.escape(INDEX))
+
+
+def _numbers(directory: str, name: str) -> list[int]:
+    """The numbers of the complete full saves of ``name`` in ``directory``, ascending."""
+    pattern = re.compile(re.escape(name) + r"-(\d+)" + re.escape(INDEX) + "$")
+    found = []
+    for path in glob.glob(os.path.join(glob.escape(directory), f"{glob.escape(name)}-*{INDEX}")):
+        m = pattern.search(os.path.basename(path))
+        if m:
+            found.append(int(m.group(1)))
+    return sorted(found)
+
+
+def _deltas(base: str) -> int:
+    """How many deltas of ``base`` exist, in order from 1."""
+    k = 0
+    while os.path.exists(delta_prefix(base, k + 1) + INDEX):
+        k += 1
+    return k
+
+
+def _newest(directory: str, name: str) -> str | None:
+    """The newest delta of the newest full save of ``name``, or that save; None: none."""
+    numbers = _numbers(directory, name)
+    if not numbers:
+        return None
+    base = os.path.join(directory, f"{name}-{numbers[-1]}")
+    k = _deltas(base)
+    return delta_prefix(base, k) if k else base
 
 
 expose(globals(), "pstrain.checkpoint")

@@ -343,6 +343,43 @@ async def test_manager_saves_at_tfs_step_interval_numbers_by_a_variable_and_init
         await CheckpointManager(Checkpoint(v=v), str(tmp_path / "other")).save(checkpoint_number=-1)
 
 
+async def test_tfs_latest_checkpoint_list_variables_and_load_variable(ps_server, tmp_path):
+    """``tf.train.latest_checkpoint``, ``list_variables`` and ``load_variable``: the newest
+    save in a directory (a delta's, the name saved last), and a checkpoint's names, shapes
+    and values, a directory standing for its newest."""
+    from pstrain.checkpoint import latest_checkpoint, list_variables, load_variable
+
+    strategy = strategy_for(ps_server)
+    async with strategy.scope():
+        v = pstrain.Variable(np.arange(6, dtype=np.float32).reshape(3, 2), name="v")
+        table = pstrain.DynamicEmbedding(2, name="emb")
+    await table.lookup(np.array([5, 9, 11]))
+    assert latest_checkpoint(str(tmp_path)) is None and latest_checkpoint(str(tmp_path / "none")) is None
+    ckpt = Checkpoint(v=v, table=table)
+    manager = CheckpointManager(ckpt, str(tmp_path), max_to_keep=3)
+    for _ in range(2):
+        await manager.save()
+    assert latest_checkpoint(str(tmp_path)) == str(tmp_path / "ckpt-2")
+    await v.assign(np.full((3, 2), 7.0, np.float32))
+    delta = await manager.save_delta()
+    assert latest_checkpoint(str(tmp_path)) == delta == str(tmp_path / "ckpt-2.delta-1")
+    other = await Checkpoint(v=v).save(str(tmp_path / "other"))  # another name, saved last
+    assert latest_checkpoint(str(tmp_path)) == other
+    names = list_variables(delta)
+    assert ("v", [3, 2]) in names and ("table/ids", [3]) in names and ("table/rows", [3, 2]) in names
+    assert names == sorted(names)
+    assert load_variable(delta, "v").tolist() == [[7.0, 7.0]] * 3  # the delta's value
+    assert load_variable(str(tmp_path / "ckpt-1"), "v").tolist() == [[0, 1], [2, 3], [4, 5]]
+    assert load_variable(delta, "table/ids").tolist() == [5, 9, 11]
+    assert load_variable(str(tmp_path), "v").tolist() == [[7.0, 7.0]] * 3  # the directory's newest
+    with pytest.raises(pstrain.errors.NotFoundError, match="has no value 'w'"):
+        load_variable(delta, "w")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(pstrain.errors.NotFoundError, match="no checkpoint in directory"):
+        list_variables(str(empty))
+
+
 async def test_a_file_where_the_checkpoints_directory_should_be_is_a_clear_error(ps_server, tmp_path):
     strategy = strategy_for(ps_server)
     async with strategy.scope():

@@ -116,6 +116,7 @@ ADDED = {
     # the untyped call, moved here from Channel.call (issue 62)
     "pstrain.testing": {"untyped_call"},
     # what a Keras user ports: the other schedules, initializers and metrics
+    "pstrain.checkpoint": {"latest_checkpoint", "list_variables", "load_variable"},
     "pstrain.metrics": {
         "BinaryAccuracy",
         "BinaryCrossentropy",
