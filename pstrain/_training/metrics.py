@@ -101,14 +101,22 @@ def _numbers(values: Any, what: str) -> np.ndarray:
 
 
 def _weights(values: np.ndarray, sample_weight: Any) -> np.ndarray:
+    """``sample_weight`` spread over ``values`` as Keras spreads it: aligned from the first
+    axis (a weight per example covers each of its values; numpy would align the last axis
+    and weigh columns instead), a trailing axis of 1 dropped."""
     if sample_weight is None:
         return np.ones(values.shape, np.float64)
     w = _numbers(sample_weight, "sample_weight")
+    if w.ndim == values.ndim + 1 and w.shape[-1] == 1:
+        w = w[..., 0]
+    if w.ndim < values.ndim:
+        w = w.reshape(w.shape + (1,) * (values.ndim - w.ndim))
     try:
         return np.broadcast_to(w, values.shape)
     except ValueError:
         raise InvalidArgumentError(
-            f"sample_weight of shape {w.shape} does not broadcast to the values' shape {values.shape}"
+            f"sample_weight of shape {np.shape(sample_weight)} does not match the values' shape "
+            f"{values.shape} (a weight per example, or per value)"
         ) from None
 
 
@@ -254,7 +262,7 @@ class RootMeanSquaredError(_Averaged):
     async def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
         """Add the squared errors (weighted by ``sample_weight``) to the running mean."""
         t, p = _pair_of(y_true, y_pred, "RootMeanSquaredError")
-        await self._accumulate(np.square(t - p), _broadcast_rows(sample_weight, t.shape))
+        await self._accumulate(np.square(t - p), sample_weight)
 
     async def result(self) -> float:
         """The root of the mean squared error so far."""
@@ -278,18 +286,7 @@ class BinaryAccuracy(_Averaged):
         """Add how often the thresholded predictions equal the labels to the running mean."""
         t, p = _pair_of(y_true, y_pred, "BinaryAccuracy")
         hits = (t == (p > self.threshold)).astype(np.float64)
-        await self._accumulate(hits, _broadcast_rows(sample_weight, t.shape))
-
-
-def _broadcast_rows(sample_weight: Any, shape: tuple[int, ...]) -> Any:
-    """A weight per example of a batch of ``shape`` spread over each example's values (as
-    Keras does for element-wise metrics); other weights as given."""
-    if sample_weight is None:
-        return None
-    w = _numbers(sample_weight, "sample_weight")
-    if len(shape) >= 2 and w.shape == shape[:1]:
-        return w.reshape(w.shape + (1,) * (len(shape) - 1))
-    return w
+        await self._accumulate(hits, sample_weight)
 
 
 class _Confusion(Metric):
@@ -319,7 +316,7 @@ class _Confusion(Metric):
     async def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
         """Add the batch to the counts at each threshold."""
         t, p = _pair_of(y_true, y_pred, type(self).__name__)
-        w = _weights(t, _broadcast_rows(sample_weight, t.shape)).reshape(-1, 1)
+        w = _weights(t, sample_weight).reshape(-1, 1)
         positive = t.reshape(-1, 1) > 0.5
         above = p.reshape(-1, 1) > self.thresholds
         counts = {

@@ -179,7 +179,7 @@ async def test_the_keras_metrics_of_ranking_models_add_up_on_the_ps(cluster):
 
 async def test_metrics_refuse_what_tf_refuses_and_change_nothing(ps_server):
     """AUC's predictions outside [0, 1] (NaN too: TF asserts the range), values that are
-    not numbers, weights that do not broadcast: an error naming it, the state as it was."""
+    not numbers, weights that fit no axis of the values: an error naming it, the state as it was."""
     with strategy_for(ps_server).scope():
         auc, mean, total = pstrain.metrics.AUC(), pstrain.metrics.Mean(), pstrain.metrics.Sum()
     await auc.update_state([0, 1], [0.2, 0.9])
@@ -190,7 +190,7 @@ async def test_metrics_refuse_what_tf_refuses_and_change_nothing(ps_server):
         (auc.update_state([0, 1], [np.nan, 0.5]), "AUC: predictions must be in \\[0, 1\\], got nan"),
         (auc.update_state([0, 1, 1], [0.2, 0.5]), "AUC: 3 labels for 2 predictions"),
         (mean.update_state(["a"]), "Mean: the values must be numbers"),
-        (mean.update_state([1.0, 2.0, 3.0], sample_weight=[1.0, 2.0]), "does not broadcast"),
+        (mean.update_state([1.0, 2.0, 3.0], sample_weight=[1.0, 2.0]), "does not match the values"),
         (total.update_state({"x": 1}), "Sum: the values must be numbers"),
     ]
     for call, message in bad:

@@ -182,3 +182,25 @@ def test_optimizer_steps_as_keras(case):
     for t, g in enumerate(case["grads"], 1):
         RULES[cfg["kind"]](plain, np.array(g, np.float32), None, slots, without, t)
     assert not np.allclose(plain, case["end"], rtol=1e-4)  # the decay is what made it Keras'
+
+
+@pytest.mark.parametrize(
+    "case",
+    METRICS["weighted_shapes"],
+    ids=lambda c: f"{c['name']}-{np.shape(c['args'][0])}-{np.shape(c['weight'])}",
+)
+async def test_a_sample_weight_spreads_over_values_of_other_shapes_as_keras_spreads_it(case):
+    """A weight per example covers each of its values (aligned from the first axis: numpy's
+    broadcasting would weigh the columns of a square batch instead, silently)."""
+    metric = getattr(pstrain.metrics, case["name"])()
+    await metric.update_state(*[np.array(a) for a in case["args"]], sample_weight=case["weight"])
+    np.testing.assert_allclose(await metric.result(), case["result"], rtol=1e-6)
+
+
+async def test_a_weight_that_fits_no_axis_of_the_values_is_refused():
+    m = pstrain.metrics.Mean()
+    with pytest.raises(
+        pstrain.errors.InvalidArgumentError, match=r"sample_weight of shape \(2,\) does not match"
+    ):
+        await m.update_state(np.ones((3, 2)), sample_weight=np.ones(2))  # (numpy would weigh columns)
+    assert await m.result() == 0.0

@@ -369,7 +369,26 @@ def keras_metric_cases(seed: int = 5) -> None:
                         "result": result,
                     }
                 )
-    out = {"version": keras.__version__, "cases": cases}
+    # How each spreads a sample weight over values of other shapes (per example, per value)
+    shaped = []
+    for name, args, weight in [
+        ("Mean", [[[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]], [1.0, 0.0, 1.0]),
+        ("Mean", [[[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]], None),
+        ("Mean", [[1.0, 2.0, 3.0]], [[1.0], [0.0], [1.0]]),
+        ("Mean", [[[1.0, 2.0], [3.0, 4.0]]], [[1.0, 0.0], [0.0, 1.0]]),
+        ("Mean", [np.arange(24.0).reshape(2, 3, 4).tolist()], [[1.0, 2.0, 0.0], [1.0, 1.0, 3.0]]),
+        ("Mean", [np.arange(24.0).reshape(2, 3, 4).tolist()], [2.0, 1.0]),
+        ("Mean", [[1.0, 3.0]], 2.0),
+        ("Sum", [[[1.0, 2.0], [3.0, 4.0]]], [1.0, 0.0]),
+        ("Accuracy", [[[1, 2], [3, 4]], [[1, 0], [3, 4]]], [1.0, 0.0]),
+        ("Accuracy", [[[1, 2], [3, 4]], [[1, 0], [3, 4]]], None),
+        ("SparseCategoricalAccuracy", [[[1], [2]], [[0.1, 0.8, 0.1], [0.5, 0.3, 0.2]]], [1.0, 3.0]),
+        ("BinaryAccuracy", [[[1, 0], [0, 1]], [[0.9, 0.8], [0.2, 0.3]]], [1.0, 0.5]),
+    ]:
+        metric = getattr(m, name)()
+        metric.update_state(*[np.array(a) for a in args], sample_weight=None if weight is None else np.array(weight))
+        shaped.append({"name": name, "args": args, "weight": weight, "result": float(metric.result())})
+    out = {"version": keras.__version__, "cases": cases, "weighted_shapes": shaped}
     (HERE / "keras_metrics.json").write_text(json.dumps(out) + "\n")
 
 
