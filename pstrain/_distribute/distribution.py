@@ -121,12 +121,7 @@ class _DefaultStrategy:
             return fn(*args, **(kwargs or {}))
 
     def reduce(self, reduce_op: ReduceOp | str, value: Any, axis: int | None = None) -> Any:
-        op = ReduceOp.parse(reduce_op)
-        value = self.experimental_local_results(value)[0]
-        if axis is None:
-            return value
-        arr = np.asarray(value)
-        return arr.mean(axis=axis) if op is ReduceOp.MEAN else arr.sum(axis=axis)
+        return reduce_structure(ReduceOp.parse(reduce_op), value, axis)
 
     def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
         return value.values if isinstance(value, DistributedValues) else (value,)
@@ -141,6 +136,60 @@ class _DefaultStrategy:
 
 
 _DEFAULT = _DefaultStrategy()
+
+
+def reduce_structure(op: ReduceOp, value: Any, axis: int | None) -> Any:
+    """TF's ``strategy.reduce``: each leaf of ``value`` (a nested tuple, list, namedtuple or
+    dict; a ``DistributedValues`` leaf is its replicas' values, or holds such a structure
+    in each) combined over the replicas, and along ``axis`` within each when given."""
+    if isinstance(value, DistributedValues):
+        replicas = list(value.values)
+        first = replicas[0]
+        if isinstance(first, (tuple, list, dict)):  # a structure per replica: leaf by leaf
+            return _map_structure(
+                first, lambda path: reduce_structure(op, PerReplica([_at(r, path) for r in replicas]), axis)
+            )
+        return _combine(op, replicas, axis)
+    if isinstance(value, (tuple, list, dict)):
+        return _map_structure(value, lambda path: reduce_structure(op, _at(value, path), axis))
+    return _combine(op, [value], axis)
+
+
+def _map_structure(template: Any, leaf: Callable[[tuple[Any, ...]], Any], path: tuple[Any, ...] = ()) -> Any:
+    """``template``'s structure with each leaf (by its path of keys) replaced by ``leaf(path)``."""
+    if isinstance(template, dict):
+        return {k: _map_structure(v, leaf, (*path, k)) for k, v in template.items()}
+    if isinstance(template, (tuple, list)):
+        items = [_map_structure(v, leaf, (*path, i)) for i, v in enumerate(template)]
+        if isinstance(template, tuple) and hasattr(template, "_fields"):  # a namedtuple
+            return type(template)(*items)
+        return type(template)(items)
+    return leaf(path)
+
+
+def _at(value: Any, path: tuple[Any, ...]) -> Any:
+    for key in path:
+        value = value[key]
+    return value
+
+
+def _combine(op: ReduceOp, parts: list[Any], axis: int | None) -> Any:
+    """One leaf's values on the replicas combined (and summed or averaged along ``axis``)."""
+    arrays = [np.asarray(p) for p in parts]
+    if axis is not None:
+        for a in arrays:
+            if not -a.ndim <= axis < a.ndim:
+                raise InvalidArgumentError(
+                    f"strategy.reduce: axis {axis} is out of range for a value of rank {a.ndim}"
+                )
+        count = sum(a.shape[axis] for a in arrays)
+        total = sum(a.sum(axis=axis) for a in arrays)
+        return total / count if op is ReduceOp.MEAN else total
+    if len(parts) == 1:
+        return parts[0]  # (as it was given: one replica's value is the result)
+    total = sum(arrays[1:], arrays[0])
+    return total / len(arrays) if op is ReduceOp.MEAN else total
+
 
 _strategy: contextvars.ContextVar[Any] = contextvars.ContextVar("pstrain_strategy", default=None)
 _replica: contextvars.ContextVar[ReplicaContext | None] = contextvars.ContextVar(

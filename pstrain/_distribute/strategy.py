@@ -33,6 +33,7 @@ from .distribution import (
     current_replica,
     enter_strategy,
     exit_strategy,
+    reduce_structure,
     replica_scope,
 )
 from .extended import StrategyExtended
@@ -275,16 +276,11 @@ class ParameterServerStrategy:
         return value
 
     def reduce(self, reduce_op: ReduceOp | str, value: Any, axis: int | None = None) -> Any:
-        """Combine a per-replica ``value`` (and along ``axis`` within each, if given)."""
+        """Combine a per-replica ``value`` (and along ``axis`` within each, if given); a
+        nested structure of values leaf by leaf, as TF's."""
         op = ReduceOp.parse(reduce_op)
         self._warn_outside_schedule("reduce")
-        parts = [np.asarray(v) for v in self.experimental_local_results(value)]
-        if axis is not None:
-            count = sum(p.shape[axis] for p in parts)
-            total = sum(p.sum(axis=axis) for p in parts)
-            return total / count if op is ReduceOp.MEAN else total
-        total = parts[0] if len(parts) == 1 else sum(parts[1:], parts[0])
-        return total / len(parts) if op is ReduceOp.MEAN else total
+        return reduce_structure(op, value, axis)
 
     def gather(self, value: Any, axis: int) -> Any:
         """Concatenate the per-replica components of ``value`` along ``axis``.

@@ -165,6 +165,36 @@ async def test_run_and_reduce_on_the_coordinator_warn_once(cluster, caplog):
     await coordinator.close()
 
 
+async def test_reduce_takes_a_nested_structure_leaf_by_leaf(cluster):
+    """TF reduces a nested structure (what ``strategy.run`` returns: a loss and metrics)
+    leaf by leaf; pstrain did ``np.asarray`` of it, and with ``axis`` summed the leaves
+    together. Both the strategy and the default one, inside a closure and outside."""
+    import collections
+
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    coordinator = pstrain.ClusterCoordinator(strategy)
+    Out = collections.namedtuple("Out", "loss, per_class")
+    x = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+
+    def step():
+        out = strategy.run(lambda: Out(np.float32(2.0), {"a": x, "b": [np.array([1.0, 3.0])]}))
+        return strategy.reduce("MEAN", out, axis=None), strategy.reduce("SUM", (x, [x[0]]), axis=0)
+
+    reduced, summed = await coordinator.schedule(step)
+    assert isinstance(reduced, Out) and reduced.loss == 2.0
+    np.testing.assert_array_equal(reduced.per_class["a"], x)
+    assert summed[0].tolist() == [9.0, 12.0] and summed[1][0] == 3.0
+    default = pstrain.get_strategy()
+    assert default.reduce("SUM", {"a": (x, x[:, 0])}, axis=0)["a"][1] == 9.0
+    replicas = pstrain.PerReplica([(np.array([1.0, 2.0]), np.array([3.0]))])
+    assert [float(v) for v in default.reduce("SUM", replicas, axis=0)] == [3.0, 3.0]
+    with pytest.raises(
+        pstrain.errors.InvalidArgumentError, match="axis 2 is out of range for a value of rank 2"
+    ):
+        strategy.reduce("SUM", x, axis=2)
+    await coordinator.close()
+
+
 async def test_the_seed_pages_run_reduce_scope_and_distributed_values_examples(cluster):
     """The remaining examples of TF's pages, with one replica: where TF's two GPUs show two
     components (or their sum), one replica shows one."""
