@@ -142,17 +142,22 @@ def reduce_structure(op: ReduceOp, value: Any, axis: int | None) -> Any:
     """TF's ``strategy.reduce``: each leaf of ``value`` (a nested tuple, list, namedtuple or
     dict; a ``DistributedValues`` leaf is its replicas' values, or holds such a structure
     in each) combined over the replicas, and along ``axis`` within each when given."""
+    return map_replicas(value, lambda replicas: _combine(op, replicas, axis))
+
+
+def map_replicas(value: Any, combine: Callable[[list[Any]], Any]) -> Any:
+    """``combine(replicas)`` for each leaf of ``value`` (a nested structure whose leaves are
+    values or ``DistributedValues``, or a ``DistributedValues`` of such structures): the
+    list of that leaf's values on the replicas (one, for a plain value)."""
     if isinstance(value, DistributedValues):
         replicas = list(value.values)
         first = replicas[0]
         if isinstance(first, (tuple, list, dict)):  # a structure per replica: leaf by leaf
-            return _map_structure(
-                first, lambda path: reduce_structure(op, PerReplica([_at(r, path) for r in replicas]), axis)
-            )
-        return _combine(op, replicas, axis)
+            return _map_structure(first, lambda path: combine([_at(r, path) for r in replicas]))
+        return combine(replicas)
     if isinstance(value, (tuple, list, dict)):
-        return _map_structure(value, lambda path: reduce_structure(op, _at(value, path), axis))
-    return _combine(op, [value], axis)
+        return _map_structure(value, lambda path: map_replicas(_at(value, path), combine))
+    return combine([value])
 
 
 def _map_structure(template: Any, leaf: Callable[[tuple[Any, ...]], Any], path: tuple[Any, ...] = ()) -> Any:

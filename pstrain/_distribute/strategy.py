@@ -33,6 +33,7 @@ from .distribution import (
     current_replica,
     enter_strategy,
     exit_strategy,
+    map_replicas,
     reduce_structure,
     replica_scope,
 )
@@ -283,7 +284,8 @@ class ParameterServerStrategy:
         return reduce_structure(op, value, axis)
 
     def gather(self, value: Any, axis: int) -> Any:
-        """Concatenate the per-replica components of ``value`` along ``axis``.
+        """Concatenate the per-replica components of ``value`` along ``axis`` (a nested
+        structure leaf by leaf, as TF's).
 
         Cross-replica context only; components must have a rank of at least 1 and the
         same shape except along ``axis`` (TF's rules).
@@ -292,24 +294,7 @@ class ParameterServerStrategy:
             raise InvalidArgumentError(
                 "strategy.gather can only be called in the cross-replica context (outside strategy.run)"
             )
-        parts = [np.asarray(v) for v in self.experimental_local_results(value)]
-        rank = parts[0].ndim
-        if rank == 0:
-            raise InvalidArgumentError(
-                "strategy.gather: components must have a rank of at least 1 (expand their dims first)"
-            )
-        if not -rank <= axis < rank:
-            raise InvalidArgumentError(f"strategy.gather: axis {axis} is out of range for rank {rank}")
-        ax = axis % rank
-        for p in parts[1:]:
-            if (
-                p.ndim != rank
-                or p.shape[:ax] + p.shape[ax + 1 :] != parts[0].shape[:ax] + parts[0].shape[ax + 1 :]
-            ):
-                raise InvalidArgumentError(
-                    f"strategy.gather: shapes {parts[0].shape} and {p.shape} differ outside axis {axis}"
-                )
-        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
+        return map_replicas(value, lambda replicas: _gathered(replicas, axis))
 
     def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
         """The per-replica components of ``value`` as a tuple."""
@@ -377,6 +362,28 @@ def _worker_strategy(num_ps: int, num_workers: int, partitioner: Any) -> Paramet
 async def _in_replica(strategy: ParameterServerStrategy, coro: Any) -> Any:
     with replica_scope(ReplicaContext(strategy)), creator_scope(strategy.placement):
         return await coro
+
+
+def _gathered(replicas: list[Any], axis: int) -> Any:
+    """One leaf's per-replica values concatenated along ``axis`` (TF's checks first)."""
+    parts = [np.asarray(v) for v in replicas]
+    rank = parts[0].ndim
+    if rank == 0:
+        raise InvalidArgumentError(
+            "strategy.gather: components must have a rank of at least 1 (expand their dims first)"
+        )
+    if not -rank <= axis < rank:
+        raise InvalidArgumentError(f"strategy.gather: axis {axis} is out of range for rank {rank}")
+    ax = axis % rank
+    for p in parts[1:]:
+        if (
+            p.ndim != rank
+            or p.shape[:ax] + p.shape[ax + 1 :] != parts[0].shape[:ax] + parts[0].shape[ax + 1 :]
+        ):
+            raise InvalidArgumentError(
+                f"strategy.gather: shapes {parts[0].shape} and {p.shape} differ outside axis {axis}"
+            )
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
 
 
 expose(globals(), "pstrain", ["ParameterServerStrategy"])

@@ -165,7 +165,7 @@ async def test_run_and_reduce_on_the_coordinator_warn_once(cluster, caplog):
     await coordinator.close()
 
 
-async def test_reduce_takes_a_nested_structure_leaf_by_leaf(cluster):
+async def test_reduce_and_gather_take_a_nested_structure_leaf_by_leaf(cluster):
     """TF reduces a nested structure (what ``strategy.run`` returns: a loss and metrics)
     leaf by leaf; pstrain did ``np.asarray`` of it, and with ``axis`` summed the leaves
     together. Both the strategy and the default one, inside a closure and outside."""
