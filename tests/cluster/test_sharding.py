@@ -296,3 +296,35 @@ async def test_a_bad_shape_is_refused_by_name_in_and_out_of_a_scope(ps_pair, sha
     with strategy.scope(), pytest.raises(InvalidArgumentError, match=message):
         pstrain.Variable(pstrain.initializers.Zeros(), shape=shape)
     assert pstrain.Variable(pstrain.initializers.Zeros(), shape=np.array([2, 3])).shape == (2, 3)
+
+
+async def test_indexing_a_variable_gives_numpys_result_reading_only_the_rows_it_needs(ps_pair):
+    """TF's slicing of a sharded variable (``test_slicing``'s forms: steps either way,
+    clamping, empty slices, ``...``, ``None``, masks, other axes; an integer past the rows
+    an IndexError "out of bounds"), awaited; a plain variable alike."""
+    strategy = sharded_strategy(ps_pair, FixedShardsPartitioner(3))
+    full = np.arange(40, dtype=np.float32).reshape(10, 4)
+    async with strategy.scope():
+        v = pstrain.Variable(full.copy(), name="v")
+        whole = pstrain.Variable(np.float32(3.0), name="scalar")
+    mask = np.arange(10) % 3 == 0
+    for index in [
+        np.s_[1:7], np.s_[::-1], np.s_[8:2:-2], np.s_[-3:], np.s_[100:], np.s_[3:3], np.s_[5], np.s_[-1],
+        np.s_[..., 1], np.s_[:, None, 2], np.s_[2:4, 1:3], np.s_[mask], np.s_[[1, 3, 3]], np.s_[0, 0],
+        np.s_[[[9, 0], [0, 2]], 1], np.s_[np.array([], np.int64)], np.s_[()],
+    ]:  # fmt: skip
+        got = await v[index]
+        np.testing.assert_array_equal(got, full[index], err_msg=repr(index))
+    np.testing.assert_array_equal(await v.variables[0][1:3, 2], full[1:3, 2])  # a plain variable
+    assert await whole[()] == 3.0
+    with pytest.raises(IndexError, match="index 10 is out of bounds for axis 0 with size 10"):
+        await v[10]
+    with pytest.raises(IndexError, match="boolean index"):
+        await v[np.array([True, False])]
+    with pytest.raises(TypeError, match="not iterable"):
+        list(v)
+    with pytest.raises(TypeError, match="not iterable"):
+        iter(v.variables[0])
+    with pstrain.count_requests() as counts:
+        assert (await v[5:7]).tolist() == full[5:7].tolist()  # rows 5 and 6: in one part
+    assert sum(counts.per_task.values()) == 1
