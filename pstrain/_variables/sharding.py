@@ -250,6 +250,32 @@ class ShardedVariable(VariableBase):
         """Set the rows of ``sparse_delta`` (an :class:`IndexedSlices` in whole-variable rows)."""
         return await self._scatter("scatter_update", sparse_delta)
 
+    @must_await
+    async def scatter_mul(self, sparse_delta: IndexedSlices) -> ShardedVariable:
+        """Multiply the rows of ``sparse_delta`` (whole-variable rows) in."""
+        return await self._scatter("scatter_mul", sparse_delta)
+
+    @must_await
+    async def scatter_div(self, sparse_delta: IndexedSlices) -> ShardedVariable:
+        """Divide by the rows of ``sparse_delta`` (whole-variable rows)."""
+        return await self._scatter("scatter_div", sparse_delta)
+
+    @must_await
+    async def scatter_min(self, sparse_delta: IndexedSlices) -> ShardedVariable:
+        """The element-wise minimum with the rows of ``sparse_delta`` (whole-variable rows)."""
+        return await self._scatter("scatter_min", sparse_delta)
+
+    @must_await
+    async def scatter_max(self, sparse_delta: IndexedSlices) -> ShardedVariable:
+        """The element-wise maximum with the rows of ``sparse_delta`` (whole-variable rows)."""
+        return await self._scatter("scatter_max", sparse_delta)
+
+    @must_await
+    async def batch_scatter_update(self, sparse_delta: IndexedSlices) -> ShardedVariable:
+        """TF's ``batch_scatter_update``: :meth:`scatter_update` (an :class:`IndexedSlices`
+        holds 1-D row ids, no batch dimensions)."""
+        return await self._scatter("scatter_update", sparse_delta)
+
 
 def compact_ids(ids: np.ndarray) -> np.ndarray:
     """Row ids as int32 when they fit (half the bytes on the wire), else unchanged."""

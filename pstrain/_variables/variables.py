@@ -32,6 +32,7 @@ from .._base.errors import InvalidArgumentError, PstrainError
 from .._base.exports import expose, internal
 from .._formats.messages.operations import SINGLE_UPDATES, ReadVariables, SparseRead, UpdateKind
 from .._formats.messages.records import Operation, R
+from .._formats.numerics import scatter as scatter_rule
 from .arrays import (
     IndexedSlices,
     VariableAggregation,
@@ -414,8 +415,34 @@ class Variable(VariableBase):
         return await self._scatter(UpdateKind.SCATTER_SUB, sparse_delta)
 
     @must_await
+    async def scatter_mul(self, sparse_delta: IndexedSlices) -> Variable:
+        """Multiply rows (duplicate ids multiply in turn)."""
+        return await self._scatter(UpdateKind.SCATTER_MUL, sparse_delta)
+
+    @must_await
+    async def scatter_div(self, sparse_delta: IndexedSlices) -> Variable:
+        """Divide rows (duplicate ids divide in turn; a floating-point variable)."""
+        return await self._scatter(UpdateKind.SCATTER_DIV, sparse_delta)
+
+    @must_await
+    async def scatter_min(self, sparse_delta: IndexedSlices) -> Variable:
+        """Each value the smaller of it and the update's (duplicate ids: the least)."""
+        return await self._scatter(UpdateKind.SCATTER_MIN, sparse_delta)
+
+    @must_await
+    async def scatter_max(self, sparse_delta: IndexedSlices) -> Variable:
+        """Each value the larger of it and the update's (duplicate ids: the greatest)."""
+        return await self._scatter(UpdateKind.SCATTER_MAX, sparse_delta)
+
+    @must_await
     async def scatter_update(self, sparse_delta: IndexedSlices) -> Variable:
         """Replace rows."""
+        return await self._scatter(UpdateKind.SCATTER_UPDATE, sparse_delta)
+
+    @must_await
+    async def batch_scatter_update(self, sparse_delta: IndexedSlices) -> Variable:
+        """TF's ``batch_scatter_update``: :meth:`scatter_update` (an :class:`IndexedSlices`
+        holds 1-D row ids, no batch dimensions)."""
         return await self._scatter(UpdateKind.SCATTER_UPDATE, sparse_delta)
 
     async def _scatter(self, kind: UpdateKind, delta: IndexedSlices) -> Variable:
@@ -429,12 +456,11 @@ class Variable(VariableBase):
             raise InvalidArgumentError(
                 f"{op} of variable {self._name!r}: values have shape {values.shape}, expected {expected}"
             )
+        scatter_rule.check(op, self._dtype, self._name)
         if self._ps is None:
             check_range(idx, self._shape[0], self._name)
-            if kind is UpdateKind.SCATTER_UPDATE:
-                self._local[idx] = values  # type: ignore[index]
-            else:
-                np.add.at(self._local, idx, values if kind is UpdateKind.SCATTER_ADD else -values)  # type: ignore[arg-type]
+            assert self._local is not None
+            scatter_rule.scatter(self._local, idx, values, op)
             return self
         await self._request(SINGLE_UPDATES[kind](name=self._name, indices=idx, values=values))
         return self

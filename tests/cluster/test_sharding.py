@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -328,3 +330,43 @@ async def test_indexing_a_variable_gives_numpys_result_reading_only_the_rows_it_
     with pstrain.count_requests() as counts:
         assert (await v[5:7]).tolist() == full[5:7].tolist()  # rows 5 and 6: in one part
     assert sum(counts.per_task.values()) == 1
+
+
+SCATTER = json.loads(
+    (Path(__file__).resolve().parents[1] / "unit" / "references" / "tf_scatter.json").read_text()
+)
+
+
+@pytest.mark.parametrize("op", sorted(SCATTER["after"]))
+@pytest.mark.parametrize("sharded", [True, False])
+async def test_every_scatter_of_tfs_variable_on_the_ps_gives_tfs_rows(ps_pair, op, sharded):
+    """add, sub, mul, div, min, max and update with repeated ids, on a variable split over
+    three parts and on a whole one, against the rows TensorFlow's variable ended with
+    (``references/make_references.py tf_scatter``)."""
+    strategy = sharded_strategy(ps_pair, FixedShardsPartitioner(3) if sharded else None)
+    start = np.array(SCATTER["start"], np.float32)
+    async with strategy.scope():
+        v = pstrain.Variable(start.copy(), name="v")
+    ids, values = np.array(SCATTER["ids"]), np.array(SCATTER["values"], np.float32)
+    if op == "scatter_update":
+        ids, values = ids[[0, 1, 3, 4]], values[[0, 1, 3, 4]]
+    assert await getattr(v, op)(pstrain.IndexedSlices(values, ids)) is v
+    np.testing.assert_allclose(await v.numpy(), SCATTER["after"][op], rtol=1e-6)
+
+
+async def test_scatter_div_of_integers_and_batch_scatter_update(ps_pair):
+    strategy = sharded_strategy(ps_pair, FixedShardsPartitioner(2))
+    async with strategy.scope():
+        counts = pstrain.Variable(np.full((4, 2), 8, np.int64), name="counts")
+        w = pstrain.Variable(np.zeros((4, 2), np.float32), name="w")
+    with pytest.raises(
+        pstrain.errors.InvalidArgumentError, match="scatter_div of variable .* not floating point"
+    ):
+        await counts.scatter_div(pstrain.IndexedSlices(np.full((1, 2), 2, np.int64), [1]))
+    assert (await counts.numpy()).tolist() == [[8, 8]] * 4  # nothing changed
+    await counts.scatter_max(pstrain.IndexedSlices(np.array([[9, 1]], np.int64), [3]))
+    assert (await counts.numpy())[3].tolist() == [9, 8]
+    await w.batch_scatter_update(pstrain.IndexedSlices(np.ones((2, 2), np.float32), [0, 3]))
+    assert (await w.numpy())[:, 0].tolist() == [1.0, 0.0, 0.0, 1.0]
+    await w.variables[1].batch_scatter_update(pstrain.IndexedSlices(np.full((1, 2), 5.0, np.float32), [1]))
+    assert (await w.numpy())[:, 0].tolist() == [1.0, 0.0, 0.0, 5.0]

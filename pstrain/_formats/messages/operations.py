@@ -119,6 +119,10 @@ class UpdateKind(enum.Enum):
     ASSIGN_SUB = "assign_sub"
     SCATTER_ADD = "scatter_add"
     SCATTER_SUB = "scatter_sub"
+    SCATTER_MUL = "scatter_mul"
+    SCATTER_DIV = "scatter_div"
+    SCATTER_MIN = "scatter_min"
+    SCATTER_MAX = "scatter_max"
     SCATTER_UPDATE = "scatter_update"
 
     @property
@@ -171,13 +175,41 @@ class ScatterSub(SingleUpdate, tag="vars/scatter_sub"):
     kind = UpdateKind.SCATTER_SUB
 
 
+class ScatterMul(SingleUpdate, tag="vars/scatter_mul"):
+    kind = UpdateKind.SCATTER_MUL
+
+
+class ScatterDiv(SingleUpdate, tag="vars/scatter_div"):
+    kind = UpdateKind.SCATTER_DIV
+
+
+class ScatterMin(SingleUpdate, tag="vars/scatter_min"):
+    kind = UpdateKind.SCATTER_MIN
+
+
+class ScatterMax(SingleUpdate, tag="vars/scatter_max"):
+    kind = UpdateKind.SCATTER_MAX
+
+
 class ScatterUpdate(SingleUpdate, tag="vars/scatter_update"):
     kind = UpdateKind.SCATTER_UPDATE
 
 
 #: The one-variable update of each kind.
 SINGLE_UPDATES: dict[UpdateKind, type[SingleUpdate]] = {
-    cls.kind: cls for cls in (Assign, AssignAdd, AssignSub, ScatterAdd, ScatterSub, ScatterUpdate)
+    cls.kind: cls
+    for cls in (
+        Assign,
+        AssignAdd,
+        AssignSub,
+        ScatterAdd,
+        ScatterSub,
+        ScatterMul,
+        ScatterDiv,
+        ScatterMin,
+        ScatterMax,
+        ScatterUpdate,
+    )
 }
 
 

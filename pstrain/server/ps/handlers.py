@@ -74,6 +74,7 @@ from ..._formats.messages.records import (
     ValuesReply,
     VariableInfo,
 )
+from ..._formats.numerics import scatter as scatter_rule
 from ..._kernels import KERNELS
 from ..._kernels.batches import take_rows
 from ..._serving.base import ServerBase
@@ -554,18 +555,12 @@ class ParameterServer(ServerBase):
                 f"{op} of variable {record.name!r}: row ids must be 1-D, got shape {idx.shape}"
             )
         values = checked_value(record, entry.values, (idx.shape[0],) + shape[1:], op)
-        if kind is UpdateKind.SCATTER_UPDATE:
+        scatter_rule.check(op, dtype, record.name)
 
-            def replace_rows() -> None:
-                record.writable(idx)[idx] = values
+        def scatter_rows() -> None:
+            scatter_rule.scatter(record.writable(idx), idx, values, op)
 
-            return replace_rows
-        vals = values if kind is UpdateKind.SCATTER_ADD else -values
-
-        def add_rows() -> None:
-            np.add.at(record.writable(idx), idx, vals)
-
-        return add_rows
+        return scatter_rows
 
     # -- optimizers and functions run where the variables live (compute.py) ----------------------
     def apply_optimizer(self, req: ApplyGradients) -> StepReply:

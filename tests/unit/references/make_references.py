@@ -2,7 +2,7 @@
 of TensorFlow's sparse lookups and of TorchRec's EmbeddingBagCollection on random batches,
 and Keras' schedules, metrics, optimizers and gradient clipping on random inputs. Run it
 in an environment that has the framework (pstrain's does not need it): ``python
-make_references.py tf`` (and ``tf_max_norm``, ``tf_rows``, ``keras_clipping``,
+make_references.py tf`` (and ``tf_max_norm``, ``tf_rows``, ``tf_scatter``, ``keras_clipping``,
 ``keras_schedules``, ``keras_metrics``, ``keras_optimizers``) with tensorflow-cpu,
 ``python make_references.py torchrec`` with torchrec (see
 ../../../../shared/anchors/README.md for both).
@@ -386,7 +386,9 @@ def keras_metric_cases(seed: int = 5) -> None:
         ("BinaryAccuracy", [[[1, 0], [0, 1]], [[0.9, 0.8], [0.2, 0.3]]], [1.0, 0.5]),
     ]:
         metric = getattr(m, name)()
-        metric.update_state(*[np.array(a) for a in args], sample_weight=None if weight is None else np.array(weight))
+        metric.update_state(
+            *[np.array(a) for a in args], sample_weight=None if weight is None else np.array(weight)
+        )
         shaped.append({"name": name, "args": args, "weight": weight, "result": float(metric.result())})
     out = {"version": keras.__version__, "cases": cases, "weighted_shapes": shaped}
     (HERE / "keras_metrics.json").write_text(json.dumps(out) + "\n")
@@ -453,6 +455,34 @@ def keras_optimizer_cases(seed: int = 6, steps: int = 3) -> None:
     (HERE / "keras_optimizers.json").write_text(json.dumps(out) + "\n")
 
 
+def tf_scatter_cases(seed: int = 7) -> None:
+    """Every scatter of ``tf.Variable`` (add, sub, mul, div, min, max, update) with repeated
+    ids, on one start: the variable after it."""
+    import json
+
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+    start = rng.normal(size=(9, 3)).astype(np.float32)
+    ids = np.array([4, 1, 4, 0, 8, 4], np.int64)
+    values = rng.normal(size=(6, 3)).astype(np.float32)
+    out = {}
+    for op in ("scatter_add", "scatter_sub", "scatter_mul", "scatter_div", "scatter_min", "scatter_max"):
+        v = tf.Variable(start)
+        getattr(v, op)(tf.IndexedSlices(values, ids))
+        out[op] = v.numpy().tolist()
+    v = tf.Variable(start)  # update: each id once (TF leaves which of a repeated id's rows open)
+    v.scatter_update(tf.IndexedSlices(values[[0, 1, 3, 4]], ids[[0, 1, 3, 4]]))
+    out["scatter_update"] = v.numpy().tolist()
+    data = {
+        "version": tf.__version__,
+        "start": start.tolist(),
+        "ids": ids.tolist(),
+        "values": values.tolist(),
+    }
+    (HERE / "tf_scatter.json").write_text(json.dumps({**data, "after": out}) + "\n")
+
+
 if __name__ == "__main__":
     {
         "tf": tf_cases,
@@ -463,4 +493,5 @@ if __name__ == "__main__":
         "keras_schedules": keras_schedule_cases,
         "keras_metrics": keras_metric_cases,
         "keras_optimizers": keras_optimizer_cases,
+        "tf_scatter": tf_scatter_cases,
     }[sys.argv[1]]()
