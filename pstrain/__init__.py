@@ -86,6 +86,7 @@ _SUBMODULES = (
     "partitioners",
     "rpc",
     "schedules",
+    "strings",
     "summary",
     "testing",
 )
@@ -122,6 +123,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above 
         partitioners as partitioners,
         rpc as rpc,
         schedules as schedules,
+        strings as strings,
         summary as summary,
         testing as testing,
     )

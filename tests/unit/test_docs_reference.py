@@ -55,6 +55,7 @@ PUBLIC_MODULES = [
     "pstrain.errors",
     "pstrain.nn",
     "pstrain.math",
+    "pstrain.strings",
     "pstrain.initializers",
     "pstrain.partitioners",
     "pstrain.schedules",

@@ -88,6 +88,7 @@ ADDED = {
     "pstrain": {
         "math",
         "schedules",
+        "strings",  # TF's string hashing, bucket for bucket
         # ranking models (issue 61)
         "nn",
         "embedding_lookup_sparse",
@@ -117,6 +118,7 @@ ADDED = {
     "pstrain.testing": {"untyped_call"},
     # what a Keras user ports: the other schedules, initializers and metrics
     "pstrain.checkpoint": {"latest_checkpoint", "list_variables", "load_variable"},
+    "pstrain.strings": {"fingerprint64", "to_hash_bucket_fast"},
     "pstrain.metrics": {
         "BinaryAccuracy",
         "BinaryCrossentropy",

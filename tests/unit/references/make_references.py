@@ -2,9 +2,9 @@
 of TensorFlow's sparse lookups and of TorchRec's EmbeddingBagCollection on random batches,
 and Keras' schedules, metrics, optimizers and gradient clipping on random inputs. Run it
 in an environment that has the framework (pstrain's does not need it): ``python
-make_references.py tf`` (and ``tf_max_norm``, ``tf_rows``, ``tf_scatter``, ``keras_clipping``,
-``keras_schedules``, ``keras_metrics``, ``keras_optimizers``) with tensorflow-cpu,
-``python make_references.py torchrec`` with torchrec (see
+make_references.py tf`` (and ``tf_max_norm``, ``tf_rows``, ``tf_scatter``, ``tf_strings``,
+``keras_clipping``, ``keras_schedules``, ``keras_metrics``, ``keras_optimizers``) with
+tensorflow-cpu, ``python make_references.py torchrec`` with torchrec (see
 ../../../../shared/anchors/README.md for both).
 
 The ``.npz`` files hold flat arrays and, per case, offsets into them
@@ -483,6 +483,26 @@ def tf_scatter_cases(seed: int = 7) -> None:
     (HERE / "tf_scatter.json").write_text(json.dumps({**data, "after": out}) + "\n")
 
 
+def tf_string_cases(seed: int = 8) -> None:
+    """``tf.fingerprint(..., "farmhash64")`` and ``tf.strings.to_hash_bucket_fast`` of strings
+    of every length up to 300 (each branch of FarmHash), ASCII and not."""
+    import json
+
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+    letters = list("abcdefghijklmnopqrstuvwxyz0123456789_-/ é中ü")
+    strings = ["", "a", "b", "c", "d", "hello", "alice", "bob"]
+    strings += ["".join(rng.choice(letters, n)) for n in range(1, 301)]
+    fingerprints = tf.fingerprint(tf.constant(strings), method="farmhash64").numpy()
+    as_ints = [str(int.from_bytes(bytes(row), "little")) for row in fingerprints]
+    buckets = {
+        str(k): tf.strings.to_hash_bucket_fast(tf.constant(strings), k).numpy().tolist() for k in (7, 1000003)
+    }
+    out = {"version": tf.__version__, "strings": strings, "fingerprint64": as_ints, "buckets": buckets}
+    (HERE / "tf_strings.json").write_text(json.dumps(out, ensure_ascii=False) + "\n")
+
+
 if __name__ == "__main__":
     {
         "tf": tf_cases,
@@ -494,4 +514,5 @@ if __name__ == "__main__":
         "keras_metrics": keras_metric_cases,
         "keras_optimizers": keras_optimizer_cases,
         "tf_scatter": tf_scatter_cases,
+        "tf_strings": tf_string_cases,
     }[sys.argv[1]]()
