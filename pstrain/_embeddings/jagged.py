@@ -136,8 +136,16 @@ class JaggedTensor:
     ) -> JaggedTensor:
         """From a list of bags (lists of ids), and optionally their weights alike."""
         bags = [list(b) for b in bags]
-        values = np.array([i for b in bags for i in b], dtype=np.int64)
-        w = None if weights is None else np.array([x for b in weights for x in b], np.float32)
+        flat = [i for b in bags for i in b]
+        values = np.array(flat) if flat else np.zeros(0, np.int64)  # (ids as given: 1.5 is refused)
+        w = None
+        if weights is not None:
+            per_bag = [list(x) for x in weights]
+            if [len(x) for x in per_bag] != [len(b) for b in bags]:
+                raise InvalidArgumentError(
+                    "JaggedTensor.from_lists: weights must be a list per bag, as long as its bag"
+                )
+            w = np.array([x for b in per_bag for x in b], np.float32)
         return cls(values, [len(b) for b in bags], weights=w)
 
     @classmethod
@@ -146,7 +154,14 @@ class JaggedTensor:
         arr = as_numpy(ids)
         if arr.ndim != 2:
             raise InvalidArgumentError(f"JaggedTensor.from_dense: ids must be 2-D, got {arr.shape}")
-        w = None if weights is None else as_numpy(weights).reshape(-1)
+        w = None
+        if weights is not None:
+            w = as_numpy(weights)
+            if w.shape != arr.shape:
+                raise InvalidArgumentError(
+                    f"JaggedTensor.from_dense: weights must have the ids' shape {arr.shape}, got {w.shape}"
+                )
+            w = w.reshape(-1)
         return cls(arr.reshape(-1), np.full(arr.shape[0], arr.shape[1]), weights=w)
 
     @classmethod

@@ -195,6 +195,13 @@ def test_jagged_features_come_from_every_kind_of_input():
         (lambda: JaggedTensor([1], offsets=[1, 1]), "start at 0"),
         (lambda: KeyedJaggedTensor(["a", "b"], [1], lengths=[1, 0, 0]), "multiple"),
         (lambda: JaggedTensor([1], [1], weights=[1.0, 2.0]), "one per id"),
+        # (each was taken: weights as many but misplaced, a float id cut to an integer)
+        (
+            lambda: JaggedTensor.from_dense(np.ones((2, 3), np.int64), np.ones((3, 2))),
+            "weights must have the ids",
+        ),
+        (lambda: JaggedTensor.from_lists([[1, 2], [3]], [[1.0], [2.0, 3.0]]), "a list per bag, as long as"),
+        (lambda: JaggedTensor.from_lists([[1.5]]), "ids must be integers"),
     ):
         with pytest.raises(InvalidArgumentError, match=match):
             bad()
