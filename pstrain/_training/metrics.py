@@ -13,6 +13,7 @@ state variables are colocated on one ps.
 
 from __future__ import annotations
 
+import abc
 import itertools
 from typing import Any
 
@@ -197,13 +198,14 @@ def _pair_of(y_true: Any, y_pred: Any, what: str) -> tuple[np.ndarray, np.ndarra
     return t, p
 
 
-class _PerExample(_Averaged):
+class _PerExample(_Averaged, abc.ABC):
     """The weighted mean over examples of a loss averaged over each example's last axis
     (Keras' metrics of a loss). A batch of shape ``(n,)`` is ``n`` examples, as ``(n, 1)``:
     Keras takes it as one example of ``n`` values."""
 
+    @abc.abstractmethod
     def _loss(self, y_true: np.ndarray, y_pred: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """Each value's loss (``y_true`` and ``y_pred`` of one shape)."""
 
     async def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
         """Add each example's loss (weighted by ``sample_weight``) to the running mean."""

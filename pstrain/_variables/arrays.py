@@ -7,16 +7,18 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import enum
-from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from collections.abc import Coroutine, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from .._base.checks import shape as checked_shape
+from .._base.context import must_await
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from .._formats.numerics.casting import cast_value
 from .._formats.numerics.initializers import Initializer
+from .indexing import rows_for
 
 __all__ = [
     "IndexedSlices",
@@ -117,9 +119,37 @@ def creator_scope(creator: VariableCreator | None) -> Iterator[None]:
 
 
 class VariableBase:
-    """What every variable (whole or sharded) is: ``isinstance(x, VariableBase)``."""
+    """What every variable (whole or sharded) is: ``isinstance(x, VariableBase)``; and
+    ``await v[index]``, numpy's indexing of its value, reading only the rows it needs
+    (``indexing.py``)."""
 
     __slots__ = ()
+
+    if TYPE_CHECKING:  # what each kind of variable has
+
+        @property
+        def shape(self) -> tuple[int, ...]: ...
+
+        def read_value(self) -> Coroutine[Any, Any, np.ndarray]: ...
+
+        def sparse_read(self, indices: Any) -> Coroutine[Any, Any, np.ndarray]: ...
+
+    def __getitem__(self, index: Any) -> Coroutine[Any, Any, Any]:
+        """``await v[index]``: numpy's ``value[index]``, reading only the rows it needs (a
+        sharded variable's from the parts that hold them)."""
+        return self._indexed(index)
+
+    def __iter__(self) -> Any:
+        # (without it, Python would iterate by __getitem__ with 0, 1, ... for ever)
+        raise TypeError(
+            f"a {type(self).__name__} is not iterable: read it with await v.numpy(), or rows with await v[i]"
+        )
+
+    @must_await
+    async def _indexed(self, index: Any) -> Any:
+        rows, rest = rows_for(index, self.shape)
+        values = await (self.read_value() if rows is None else self.sparse_read(rows))
+        return values[rest]
 
 
 def as_dtype(dtype: Any, what: str) -> np.dtype:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,7 +27,6 @@ from .._formats.messages.operations import RowRead, SparseRead
 from .._kernels.batches import distinct
 from .arrays import IndexedSlices, VariableBase, to_array
 from .batched import ensure_created, read_variables
-from .indexing import rows_for
 from .routing import routed
 from .variables import Variable
 
@@ -158,23 +157,6 @@ class ShardedVariable(VariableBase):
     async def numpy(self) -> np.ndarray:
         """The whole value as a numpy array (as :meth:`read_value`)."""
         return await self.read_value()
-
-    def __getitem__(self, index: Any) -> Coroutine[Any, Any, Any]:
-        """``await v[index]``: numpy's ``value[index]`` of the whole variable, reading only
-        the rows it needs from the parts that hold them (TF's slicing of a sharded one)."""
-        return self._indexed(index)
-
-    def __iter__(self) -> Any:
-        # (without it, Python would iterate by __getitem__ with 0, 1, ... for ever)
-        raise TypeError(
-            f"a {type(self).__name__} is not iterable: read it with await v.numpy(), or rows with await v[i]"
-        )
-
-    @must_await
-    async def _indexed(self, index: Any) -> Any:
-        rows, rest = rows_for(index, self._shape)
-        values = await (self.read_value() if rows is None else self.sparse_read(rows))
-        return values[rest]
 
     def _split(self, value: Any, what: str) -> list[np.ndarray]:
         arr = to_array(value, self.dtype, f"{what} of variable {self._name!r}")

@@ -20,7 +20,7 @@ one request per ps with ``batched.py``.
 from __future__ import annotations
 
 import asyncio  # noqa: F401 - the doctests use it
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -46,7 +46,6 @@ from .arrays import (
     initial_value_array,
     to_array,
 )
-from .indexing import rows_for
 from .routing import routed
 
 if TYPE_CHECKING:
@@ -336,22 +335,6 @@ class Variable(VariableBase):
         """The current value; a numpy scalar for a scalar variable (like TF)."""
         value = await self.read_value()
         return value[()] if value.ndim == 0 else value
-
-    def __getitem__(self, index: Any) -> Coroutine[Any, Any, Any]:
-        """``await v[index]``: numpy's ``value[index]``, reading only the rows it needs."""
-        return self._indexed(index)
-
-    def __iter__(self) -> Any:
-        # (without it, Python would iterate by __getitem__ with 0, 1, ... for ever)
-        raise TypeError(
-            f"a {type(self).__name__} is not iterable: read it with await v.numpy(), or rows with await v[i]"
-        )
-
-    @must_await
-    async def _indexed(self, index: Any) -> Any:
-        rows, rest = rows_for(index, self._shape)
-        values = await (self.read_value() if rows is None else self.sparse_read(rows))
-        return values[rest]
 
     @must_await
     async def assign(self, value: Any) -> Variable:

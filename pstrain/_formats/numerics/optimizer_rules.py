@@ -297,8 +297,11 @@ Rule = Callable[
 ]
 
 
-def _skipping_missing(rule: Rule) -> Rule:
-    """``rule`` with the sparse rows of -1 (and their gradients) left out first."""
+def _prepared(rule: Rule, *, skip_missing: bool, decay: bool = True) -> Rule:
+    """``rule`` as the ps runs it: the sparse rows of -1 (and their gradients) left out
+    first if ``skip_missing`` (the rules whose kernels do not skip them), then Keras'
+    decoupled weight decay, ``var -= lr * weight_decay * var``, when ``weight_decay`` is set
+    (Keras 3 takes it on every optimizer; AdamW's is its own rule)."""
 
     def run(
         var: np.ndarray,
@@ -308,27 +311,9 @@ def _skipping_missing(rule: Rule) -> Rule:
         cfg: dict[str, Any],
         t: int,
     ) -> None:
-        if rows is not None:
+        if skip_missing and rows is not None:
             rows, g = _kept(rows, g)
-        rule(var, g, rows, slots, cfg, t)
-
-    run.__doc__ = rule.__doc__
-    return run
-
-
-def _decaying(rule: Rule) -> Rule:
-    """``rule`` after Keras' decoupled weight decay, ``var -= lr * weight_decay * var``, when
-    ``weight_decay`` is set (Keras 3 takes it on every optimizer; AdamW's is its own rule)."""
-
-    def run(
-        var: np.ndarray,
-        g: np.ndarray,
-        rows: np.ndarray | None,
-        slots: dict[str, np.ndarray],
-        cfg: dict[str, Any],
-        t: int,
-    ) -> None:
-        if cfg.get("weight_decay"):
+        if decay and cfg.get("weight_decay"):
             _decay(var, rows, cfg["learning_rate"] * cfg["weight_decay"])
         rule(var, g, rows, slots, cfg, t)
 
@@ -337,13 +322,13 @@ def _decaying(rule: Rule) -> Rule:
 
 
 RULES: dict[str, Rule] = {
-    "sgd": _decaying(_sgd),
-    "adagrad": _decaying(_adagrad),
-    "rowwise_adagrad": _decaying(_rowwise_adagrad),
-    "adam": _decaying(_skipping_missing(_adam)),
-    "adamw": _skipping_missing(_adamw),
-    "ftrl": _decaying(_skipping_missing(_ftrl)),
-    "rmsprop": _decaying(_skipping_missing(_rmsprop)),
+    "sgd": _prepared(_sgd, skip_missing=False),
+    "adagrad": _prepared(_adagrad, skip_missing=False),
+    "rowwise_adagrad": _prepared(_rowwise_adagrad, skip_missing=False),
+    "adam": _prepared(_adam, skip_missing=True),
+    "adamw": _prepared(_adamw, skip_missing=True, decay=False),
+    "ftrl": _prepared(_ftrl, skip_missing=True),
+    "rmsprop": _prepared(_rmsprop, skip_missing=True),
 }
 
 

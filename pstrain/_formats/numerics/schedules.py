@@ -77,11 +77,9 @@ class LearningRateSchedule(abc.ABC):
         return f"{type(self).__name__}({args})"
 
 
-class ExponentialDecay(LearningRateSchedule):
-    """``initial_learning_rate * decay_rate ** (step / decay_steps)`` (the exponent floored
-    when ``staircase``)."""
-
-    kind = "exponential_decay"
+class _StepDecay(LearningRateSchedule):
+    """A decay by ``decay_rate`` per ``decay_steps`` (the steps' count floored when
+    ``staircase``): Keras' ``ExponentialDecay`` and ``InverseTimeDecay``."""
 
     def __init__(
         self,
@@ -93,15 +91,16 @@ class ExponentialDecay(LearningRateSchedule):
     ) -> None:
         self.initial_learning_rate = _positive(initial_learning_rate, "initial_learning_rate")
         self.decay_steps = _positive(decay_steps, "decay_steps")
-        self.decay_rate = _positive(decay_rate, "decay_rate")
+        self.decay_rate = self._checked_rate(decay_rate)
         self.staircase = bool(staircase)
         self.name = name
 
-    def __call__(self, step: float) -> float:
+    def _checked_rate(self, rate: Any) -> float:
+        return _positive(rate, "decay_rate")
+
+    def _periods(self, step: float) -> float:
         p = step / self.decay_steps
-        if self.staircase:
-            p = math.floor(p)
-        return self.initial_learning_rate * self.decay_rate**p
+        return math.floor(p) if self.staircase else p
 
     def get_config(self) -> dict[str, Any]:
         """The schedule's settings, as Keras' ``get_config``."""
@@ -111,6 +110,16 @@ class ExponentialDecay(LearningRateSchedule):
             "decay_rate": self.decay_rate,
             "staircase": self.staircase,
         }
+
+
+class ExponentialDecay(_StepDecay):
+    """``initial_learning_rate * decay_rate ** (step / decay_steps)`` (the exponent floored
+    when ``staircase``)."""
+
+    kind = "exponential_decay"
+
+    def __call__(self, step: float) -> float:
+        return self.initial_learning_rate * self.decay_rate ** self._periods(step)
 
 
 class PiecewiseConstantDecay(LearningRateSchedule):
@@ -235,40 +244,17 @@ class CosineDecayRestarts(LearningRateSchedule):
         }
 
 
-class InverseTimeDecay(LearningRateSchedule):
+class InverseTimeDecay(_StepDecay):
     """``initial_learning_rate / (1 + decay_rate * step / decay_steps)`` (the quotient
     floored when ``staircase``)."""
 
     kind = "inverse_time_decay"
 
-    def __init__(
-        self,
-        initial_learning_rate: float,
-        decay_steps: float,
-        decay_rate: float,
-        staircase: bool = False,
-        name: str | None = None,
-    ) -> None:
-        self.initial_learning_rate = _positive(initial_learning_rate, "initial_learning_rate")
-        self.decay_steps = _positive(decay_steps, "decay_steps")
-        self.decay_rate = _at_least_zero(decay_rate, "decay_rate")
-        self.staircase = bool(staircase)
-        self.name = name
+    def _checked_rate(self, rate: Any) -> float:
+        return _at_least_zero(rate, "decay_rate")
 
     def __call__(self, step: float) -> float:
-        p = step / self.decay_steps
-        if self.staircase:
-            p = math.floor(p)
-        return self.initial_learning_rate / (1.0 + self.decay_rate * p)
-
-    def get_config(self) -> dict[str, Any]:
-        """The schedule's settings, as Keras' ``get_config``."""
-        return {
-            "initial_learning_rate": self.initial_learning_rate,
-            "decay_steps": self.decay_steps,
-            "decay_rate": self.decay_rate,
-            "staircase": self.staircase,
-        }
+        return self.initial_learning_rate / (1.0 + self.decay_rate * self._periods(step))
 
 
 class PolynomialDecay(LearningRateSchedule):
