@@ -357,17 +357,53 @@ class Recall(_Confusion):
 
 
 class AUC(Metric):
-    """Area under the ROC curve from confusion counts at ``num_thresholds`` thresholds
-    (Keras' thresholds and trapezoidal interpolation)."""
+    """Area under the ROC curve (``curve="PR"``: the precision-recall curve; ``"PRGAIN"``:
+    the precision-recall-gain one) from confusion counts at ``num_thresholds`` thresholds
+    evenly over [0, 1], or at ``thresholds`` given, as Keras' ``AUC``: a Riemann sum whose
+    heights ``summation_method`` chooses (``"interpolation"``, the trapezoids, or for PR
+    Davis & Goadrich's interpolation; ``"minoring"``; ``"majoring"``). ``from_logits``:
+    the predictions are logits (a sigmoid first). One label per example
+    (``multi_label=True`` is refused)."""
 
-    def __init__(self, num_thresholds: int = 200, name: str | None = None) -> None:
-        if num_thresholds <= 1:
-            raise InvalidArgumentError("num_thresholds must be > 1")
-        super().__init__(name)
+    CURVES = ("ROC", "PR", "PRGAIN")
+    SUMMATIONS = ("interpolation", "minoring", "majoring")
+
+    def __init__(
+        self,
+        num_thresholds: int = 200,
+        curve: str = "ROC",
+        summation_method: str = "interpolation",
+        name: str | None = None,
+        *,
+        thresholds: list[float] | None = None,
+        multi_label: bool = False,
+        from_logits: bool = False,
+    ) -> None:
+        if isinstance(curve, str) and curve.upper() in self.CURVES:
+            curve = curve.upper()
+        else:
+            raise InvalidArgumentError(f"AUC: curve must be one of {list(self.CURVES)}, got {curve!r}")
+        if not isinstance(summation_method, str) or summation_method.lower() not in self.SUMMATIONS:
+            raise InvalidArgumentError(
+                f"AUC: summation_method must be one of {list(self.SUMMATIONS)}, got {summation_method!r}"
+            )
+        if multi_label:
+            raise InvalidArgumentError("AUC: multi_label is not supported (one AUC per label: one AUC each)")
         eps = 1e-7
-        inner = [(i + 1) * 1.0 / (num_thresholds - 1) for i in range(num_thresholds - 2)]
+        if thresholds is not None:
+            given = [float(t) for t in thresholds]
+            if not given or any(not 0.0 <= t <= 1.0 for t in given):
+                raise InvalidArgumentError(f"AUC: thresholds must be numbers in [0, 1], got {thresholds!r}")
+            inner = sorted(given)
+        else:
+            if isinstance(num_thresholds, bool) or not isinstance(num_thresholds, int) or num_thresholds <= 1:
+                raise InvalidArgumentError("num_thresholds must be > 1")
+            inner = [(i + 1) * 1.0 / (num_thresholds - 1) for i in range(num_thresholds - 2)]
+        super().__init__(name)
+        self.curve, self.summation_method = curve, summation_method.lower()
+        self.from_logits = bool(from_logits)
         self.thresholds = np.array([0.0 - eps, *inner, 1.0 + eps])
-        zeros = np.zeros(num_thresholds, np.float64)
+        zeros = np.zeros(self.thresholds.size, np.float64)
         for slot in ("true_positives", "false_positives", "true_negatives", "false_negatives"):
             self._state(slot, zeros)
 
@@ -377,6 +413,9 @@ class AUC(Metric):
         y_pred = _numbers(y_pred, "AUC: y_pred").reshape(-1)
         if y_true.shape != y_pred.shape:
             raise InvalidArgumentError(f"AUC: {y_true.size} labels for {y_pred.size} predictions")
+        if self.from_logits:
+            with np.errstate(over="ignore"):
+                y_pred = 1.0 / (1.0 + np.exp(-y_pred))
         outside = ~((y_pred >= 0) & (y_pred <= 1))  # (NaN too, as TF's assertions)
         if outside.any():
             raise InvalidArgumentError(f"AUC: predictions must be in [0, 1], got {y_pred[outside][0]}")
@@ -396,15 +435,51 @@ class AUC(Metric):
         await self._add(**counts)
 
     async def result(self) -> float:
-        """The area under the ROC curve, from the counts so far."""
+        """The area under the curve, from the counts so far."""
         s = await self._values()
         tp, fp, tn, fn = (
             s[k] for k in ("true_positives", "false_positives", "true_negatives", "false_negatives")
         )
-        with np.errstate(divide="ignore", invalid="ignore"):
-            tpr = np.nan_to_num(tp / (tp + fn))
-            fpr = np.nan_to_num(fp / (fp + tn))
-        return float(np.sum((fpr[:-1] - fpr[1:]) * (tpr[:-1] + tpr[1:]) / 2))
+        if self.curve == "PR" and self.summation_method == "interpolation":
+            return _interpolated_pr_auc(tp, fp, fn)
+        recall = _ratio(tp, tp + fn)
+        if self.curve == "ROC":
+            x, y = _ratio(fp, fp + tn), recall
+        elif self.curve == "PR":
+            x, y = recall, _ratio(tp, tp + fp)
+        else:  # PRGAIN, Keras' fixes for no positives and for recall below the base rate
+            scale = _ratio(tp + fn, tn + fp)
+            x = np.maximum(np.where(tp == 0, 0.0, 1.0 - scale * _ratio(fn, tp)), 0.0)
+            y = np.where(tp == 0, 1.0, 1.0 - scale * _ratio(fp, tp))
+        if self.summation_method == "interpolation":
+            heights = (y[:-1] + y[1:]) / 2
+        elif self.summation_method == "minoring":
+            heights = np.minimum(y[:-1], y[1:])
+        else:
+            heights = np.maximum(y[:-1], y[1:])
+        return float(np.sum((x[:-1] - x[1:]) * heights))
+
+
+def _ratio(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a / b``, 0 where ``b`` is 0 (Keras' ``divide_no_nan``)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(b != 0, a / np.where(b != 0, b, 1.0), 0.0)
+
+
+def _interpolated_pr_auc(tp: np.ndarray, fp: np.ndarray, fn: np.ndarray) -> float:
+    """Keras' interpolation of the precision-recall curve between thresholds (Davis &
+    Goadrich): precision taken to vary as true positives over predicted positives, each
+    linear between two thresholds."""
+    dtp = tp[:-1] - tp[1:]
+    p = tp + fp
+    dp = p[:-1] - p[1:]
+    slope = _ratio(dtp, np.maximum(dp, 0))
+    intercept = tp[1:] - slope * p[1:]
+    both = (p[:-1] > 0) & (p[1:] > 0)
+    p_ratio = np.where(both, _ratio(p[:-1], np.maximum(p[1:], 0)), 1.0)
+    with np.errstate(divide="ignore"):
+        logs = np.log(np.where(p_ratio > 0, p_ratio, 1.0))
+    return float(np.sum(_ratio(slope * (dtp + intercept * logs), np.maximum(tp[1:] + fn[1:], 0))))
 
 
 expose(globals(), "pstrain.metrics")

@@ -204,3 +204,28 @@ async def test_a_weight_that_fits_no_axis_of_the_values_is_refused():
     ):
         await m.update_state(np.ones((3, 2)), sample_weight=np.ones(2))  # (numpy would weigh columns)
     assert await m.result() == 0.0
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"curve": "ROCX"}, r"curve must be one of \['ROC', 'PR', 'PRGAIN'\]"),
+        ({"summation_method": "trapezoid"}, "summation_method must be one of"),
+        ({"multi_label": True}, "multi_label is not supported"),
+        ({"thresholds": [0.5, 1.5]}, r"thresholds must be numbers in \[0, 1\]"),
+        ({"num_thresholds": 1}, "num_thresholds must be > 1"),
+    ],
+)
+def test_an_auc_that_cannot_be_measured_is_refused(kwargs, message):
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match=message):
+        pstrain.metrics.AUC(**kwargs)
+
+
+async def test_an_auc_of_logits_is_the_auc_of_their_sigmoid_and_curve_names_take_any_case():
+    logits = np.array([-3.0, 2.0, 0.5, 1.0, -0.2])
+    labels = [0, 1, 1, 0, 1]
+    of_logits = pstrain.metrics.AUC(curve="pr", from_logits=True)
+    of_probabilities = pstrain.metrics.AUC(curve="PR")
+    await of_logits.update_state(labels, logits)
+    await of_probabilities.update_state(labels, 1 / (1 + np.exp(-logits)))
+    assert of_logits.curve == "PR" and await of_logits.result() == await of_probabilities.result()

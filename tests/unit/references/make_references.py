@@ -332,6 +332,15 @@ def keras_metric_cases(seed: int = 5) -> None:
         ("MeanAbsoluteError", {}),
         ("AUC", {}),
         ("AUC", {"num_thresholds": 50}),
+        ("AUC", {"curve": "PR"}),
+        ("AUC", {"curve": "PR", "summation_method": "minoring"}),
+        ("AUC", {"curve": "PR", "summation_method": "majoring", "num_thresholds": 20}),
+        ("AUC", {"summation_method": "minoring"}),
+        ("AUC", {"summation_method": "majoring"}),
+        ("AUC", {"curve": "PRGAIN"}),
+        ("AUC", {"from_logits": True}),
+        ("AUC", {"thresholds": [0.1, 0.3, 0.5, 0.7, 0.9]}),
+        ("AUC", {"curve": "PR", "thresholds": [0.25, 0.5, 0.75]}),
     ]
     cases = []
     for name, kwargs in metrics:
@@ -343,7 +352,7 @@ def keras_metric_cases(seed: int = 5) -> None:
                     labels = rng.integers(0, 2, n).astype(np.float32)
                     if name in ("MeanSquaredError", "RootMeanSquaredError", "MeanAbsoluteError"):
                         labels = rng.normal(size=n).astype(np.float32)
-                    if kwargs.get("from_logits"):
+                    if kwargs.get("from_logits"):  # (BinaryCrossentropy's and AUC's)
                         preds = rng.normal(size=n).astype(np.float32) * 3
                     else:
                         preds = rng.choice([0.0, 1.0, *rng.uniform(0, 1, 6)], n).astype(np.float32)
