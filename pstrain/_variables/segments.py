@@ -28,19 +28,41 @@ from .._kernels.batches import distinct, sum_into
 __all__ = ["unique", "unsorted_segment_sum"]
 
 
-def unique(x: Any, *, sorted: bool = False) -> tuple[np.ndarray, np.ndarray]:  # noqa: A002
+def unique(
+    x: Any,
+    out_idx: Any = None,
+    name: str | None = None,
+    *,
+    sorted: bool = False,  # noqa: A002
+) -> tuple[np.ndarray, np.ndarray]:
     """``(y, idx)``: the distinct elements of the 1-D ``x`` and, for each element of ``x``, its
     position in ``y`` (so ``y[idx]`` is ``x``), as ``tf.unique`` gives them: ``y`` in the order
     the elements first occur. With ``sorted=True``, ``y`` is ascending, as from
     ``np.unique(x, return_inverse=True)``. ``idx`` is int64 (numpy's index type; TF's default
-    is int32)."""
+    is int32), or ``out_idx`` (int32 or int64, as TF's argument)."""
     arr = np.asarray(x)
     if arr.ndim != 1:
         raise InvalidArgumentError(f"unique: x must be 1-D, got shape {arr.shape}")
-    return distinct(arr, sorted=sorted)
+    kind = None if out_idx is None else _index_dtype(out_idx)
+    y, idx = distinct(arr, sorted=sorted)
+    return y, idx if kind is None else idx.astype(kind)
 
 
-def unsorted_segment_sum(data: Any, segment_ids: Any, num_segments: int) -> np.ndarray:
+def _index_dtype(out_idx: Any) -> np.dtype:
+    """TF's ``out_idx`` (int32 or int64; numpy's, a name, or TF's dtype) as numpy's."""
+    name = getattr(out_idx, "name", None) if not isinstance(out_idx, (str, type, np.dtype)) else None
+    try:
+        kind = np.dtype(name or out_idx)
+    except TypeError:
+        kind = None
+    if kind not in (np.dtype(np.int32), np.dtype(np.int64)):
+        raise InvalidArgumentError(f"unique: out_idx must be int32 or int64, got {out_idx!r}")
+    return kind
+
+
+def unsorted_segment_sum(
+    data: Any, segment_ids: Any, num_segments: int, name: str | None = None
+) -> np.ndarray:
     """As ``tf.math.unsorted_segment_sum``: ``out[s]`` is the sum of the ``data[i]`` whose
     ``segment_ids[i]`` is ``s``, for ``s`` in ``range(num_segments)``; ``segment_ids``'s shape
     is a prefix of ``data``'s, a negative id drops its row, and one of ``num_segments`` or more

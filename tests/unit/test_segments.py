@@ -136,3 +136,13 @@ def test_bad_input_is_refused_naming_what_is_wrong():
 def test_the_public_module_is_the_documented_one():
     assert pstrain.math.unique is unique and "math" in pstrain.__all__
     assert pstrain.math.__all__ == ["unique", "unsorted_segment_sum"]
+
+
+def test_unique_takes_tfs_out_idx_and_name():
+    """``tf.unique(x, out_idx=tf.int64, name=...)`` ports as written (a TypeError before)."""
+    y, idx = unique(np.array([7, 3, 7]), out_idx=np.int32, name="u")
+    assert y.tolist() == [7, 3] and idx.tolist() == [0, 1, 0] and idx.dtype == np.int32
+    assert unique(np.array([7, 3, 7]), "int64")[1].dtype == np.int64
+    with pytest.raises(InvalidArgumentError, match="out_idx must be int32 or int64"):
+        unique(np.array([1]), out_idx=np.float32)
+    assert unsorted_segment_sum(np.ones(3), [0, 0, 1], 2, name="s").tolist() == [2.0, 1.0]
