@@ -173,14 +173,16 @@ class Checkpoint:
                     )
         return out
 
-    async def save(self, file_prefix: str) -> str:
-        """Save to ``<file_prefix>-<N>`` (``N`` = ``save_counter`` + 1); returns that path."""
+    async def save(self, file_prefix: str, options: Any = None) -> str:
+        """Save to ``<file_prefix>-<N>`` (``N`` = ``save_counter`` + 1); returns that path.
+        ``options`` (TF's ``CheckpointOptions``: I/O devices, async writes) has no effect."""
         object.__setattr__(self, "save_counter", self.save_counter + 1)
         return await self.write(f"{file_prefix}-{self.save_counter}")
 
-    async def write(self, file_prefix: str, *, catch_up: bool = False) -> str:
+    async def write(self, file_prefix: str, options: Any = None, *, catch_up: bool = False) -> str:
         """Save every tracked variable (and optimizer slot) at exactly ``file_prefix``;
-        ``catch_up``: with its delta 1 (``deltas.publish_caught_up``)."""
+        ``catch_up``: with its delta 1 (``deltas.publish_caught_up``). ``options``, TF's, has
+        no effect."""
         return await self._write(file_prefix, compacted=False, catch_up=catch_up)
 
     async def write_compacted(self, file_prefix: str, *, catch_up: bool = False) -> str:
@@ -335,13 +337,13 @@ class Checkpoint:
         return self._chain.base if self._chain else None
 
     # -- restore -------------------------------------------------------------------------------
-    async def restore(self, save_path: str | None) -> CheckpointLoadStatus:
+    async def restore(self, save_path: str | None, options: Any = None) -> CheckpointLoadStatus:
         """Put the values saved at ``save_path`` back into the objects at the same paths.
 
         All or nothing across the ps. Returns a :class:`CheckpointLoadStatus`; objects
         attached later at saved paths, and optimizer slots created later, are restored
         when they appear. ``save_path=None`` restores nothing (TF's initialization-only
-        status, whose assertions fail).
+        status, whose assertions fail). ``options``, TF's, has no effect.
         """
         if save_path is None:
             return CheckpointLoadStatus(self, None, Graph())
@@ -402,7 +404,7 @@ class Checkpoint:
         logger.info("restored checkpoint %s", save_path)
         return status
 
-    async def read(self, save_path: str) -> CheckpointLoadStatus:
+    async def read(self, save_path: str, options: Any = None) -> CheckpointLoadStatus:
         """Restore from a checkpoint written by :meth:`write` (same as :meth:`restore`)."""
         return await self.restore(save_path)
 

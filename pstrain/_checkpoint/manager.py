@@ -162,11 +162,15 @@ class CheckpointManager:
         return self._checkpoint_interval
 
     async def save(
-        self, checkpoint_number: int | Variable | None = None, check_interval: bool = True
+        self,
+        checkpoint_number: int | Variable | None = None,
+        check_interval: bool = True,
+        options: Any = None,
     ) -> str | None:
         """Save the next full checkpoint (or number ``checkpoint_number``: a number, or an
         integer variable whose value it is) and drop old ones; returns its path, or None when
-        ``checkpoint_interval`` says it is too soon (TF's rule, in the class docstring)."""
+        ``checkpoint_interval`` says it is too soon (TF's rule, in the class docstring).
+        ``options`` (TF's ``CheckpointOptions``) has no effect."""
         if self._checkpoint_interval is not None:
             assert self.step_counter is not None
             step = int(await self.step_counter.numpy())

@@ -346,12 +346,15 @@ class Dataset:
         map_func: Callable[..., Any],
         num_parallel_calls: int | None = None,
         deterministic: bool | None = None,
+        synchronous: bool | None = None,
+        use_unbounded_threadpool: bool = False,
         name: str | None = None,
     ) -> Dataset:
         """Apply ``map_func`` to each element (a tuple element is passed as arguments).
-        ``num_parallel_calls`` (``AUTOTUNE`` ...), ``deterministic`` and ``name`` are TF's,
-        accepted: the calls run one after another, in order (a worker's closures and its
-        ``prefetch`` thread already share its cores)."""
+        ``num_parallel_calls`` (``AUTOTUNE`` ...), ``deterministic``, ``synchronous``,
+        ``use_unbounded_threadpool`` and ``name`` are TF's, accepted: the calls run one after
+        another, in order (a worker's closures and its ``prefetch`` thread already share its
+        cores)."""
         _callable(map_func, "map")
         _parallel_calls(num_parallel_calls, "map")
         make = self._make

@@ -419,3 +419,5 @@ def test_batching_elements_of_different_shapes_is_refused_by_name_and_range_take
     with pytest.raises(InvalidArgumentError, match=r"first had shape \(2,\) and element 1 had shape \(3,\)"):
         list(ragged.batch(2))
     assert [x.dtype for x in Dataset.range(2, output_type=np.int32)] == [np.int32, np.int32]
+    mapped = Dataset.range(3).map(lambda x: x + 1, synchronous=True, use_unbounded_threadpool=False)
+    assert [int(x) for x in mapped] == [1, 2, 3]  # TF's newer map arguments, taken
