@@ -419,7 +419,9 @@ class RowWiseAdagrad(Adagrad):
 
 
 class Adam(Optimizer):
-    """Adam with Keras' bias correction (step = iterations after the increment)."""
+    """Adam with Keras' bias correction (step = iterations after the increment);
+    ``amsgrad``: each step divides by the largest second moment so far (AMSGrad, a slot
+    ``v_hat`` more)."""
 
     kind = "adam"
     needs_step = True
@@ -430,6 +432,7 @@ class Adam(Optimizer):
         beta_1: float = 0.9,
         beta_2: float = 0.999,
         epsilon: float = 1e-7,
+        amsgrad: bool = False,
         name: str | None = None,
         *,
         clipnorm: float | None = None,
@@ -437,6 +440,11 @@ class Adam(Optimizer):
         global_clipnorm: float | None = None,
         weight_decay: float | None = None,
     ) -> None:
+        if not isinstance(amsgrad, (bool, np.bool_)):  # (a name given where it stood before)
+            raise InvalidArgumentError(
+                f"amsgrad must be True or False, got {amsgrad!r} (give name= by keyword)"
+            )
+        self.amsgrad = bool(amsgrad)
         for beta, value in (("beta_1", beta_1), ("beta_2", beta_2)):
             if not 0 <= value < 1:  # at 1 the bias correction divides by 0
                 raise InvalidArgumentError(f"{beta} must be in [0, 1), got {value!r}")
@@ -453,7 +461,13 @@ class Adam(Optimizer):
 
     def get_config(self) -> dict[str, Any]:
         """The optimizer's settings, as Keras' ``get_config``."""
-        return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon}
+        config = {
+            **super().get_config(),
+            "beta_1": self.beta_1,
+            "beta_2": self.beta_2,
+            "epsilon": self.epsilon,
+        }
+        return {**config, "amsgrad": True} if self.amsgrad else config
 
 
 class AdamW(Adam):
@@ -469,6 +483,7 @@ class AdamW(Adam):
         beta_1: float = 0.9,
         beta_2: float = 0.999,
         epsilon: float = 1e-7,
+        amsgrad: bool = False,
         name: str | None = None,
         *,
         clipnorm: float | None = None,
@@ -482,6 +497,7 @@ class AdamW(Adam):
             beta_1,
             beta_2,
             epsilon,
+            amsgrad,
             name,
             clipnorm=clipnorm,
             clipvalue=clipvalue,

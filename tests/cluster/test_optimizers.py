@@ -29,6 +29,7 @@ class Reference:
             "rms": np.zeros_like(self.var),
             "mom": np.zeros_like(self.var),
             "mg": np.zeros_like(self.var),
+            "v_hat": np.zeros_like(self.var),
         }
 
     def step(self, g, rows=None):
@@ -88,6 +89,9 @@ class Reference:
             m = s["m"][sel] + (g - s["m"][sel]) * (1 - b1)
             v = s["v"][sel] + (g * g - s["v"][sel]) * (1 - b2)
             s["m"][sel], s["v"][sel] = m, v
+            if c.get("amsgrad"):  # the largest second moment so far
+                v = np.maximum(s["v_hat"][sel], v)
+                s["v_hat"][sel] = v
             alpha = lr * np.sqrt(1 - b2**self.t) / (1 - b1**self.t)
             w = w - alpha * m / (np.sqrt(v) + eps)
         elif self.kind == "ftrl":
@@ -113,6 +117,7 @@ CASES = [
         {"learning_rate": 0.05, "initial_accumulator_value": 0.1},
     ),
     ("adam", pstrain.optimizers.Adam, {"learning_rate": 0.01}),
+    ("adam", pstrain.optimizers.Adam, {"learning_rate": 0.01, "amsgrad": True}),
     (
         "ftrl",
         pstrain.optimizers.Ftrl,

@@ -164,7 +164,7 @@ OPTIMIZERS = json.loads((REFERENCES / "keras_optimizers.json").read_text())
 def test_optimizer_steps_as_keras(case):
     """Each optimizer's rule as the ps runs it (its settings from the optimizer, as sent),
     three dense steps, a row of them tiny, against the variable Keras' optimizer left;
-    with ``weight_decay``, not what the rule alone gives."""
+    with ``weight_decay`` or ``amsgrad``, not what the rule gives without it."""
     from pstrain._formats.numerics.optimizer_rules import RULES, slot_specs
 
     opt = getattr(pstrain.optimizers, case["name"])(**case["kwargs"])
@@ -174,14 +174,15 @@ def test_optimizer_steps_as_keras(case):
     for t, g in enumerate(case["grads"], 1):
         RULES[cfg["kind"]](var, np.array(g, np.float32), None, slots, cfg, t)
     np.testing.assert_allclose(var, case["end"], rtol=2e-5, atol=2e-6)
-    if "weight_decay" not in case["kwargs"]:
-        return
-    without = dict(cfg, weight_decay=0.0)
-    plain = np.array(case["start"], np.float32)
-    slots = {name: np.full_like(plain, init) for name, init in slot_specs(without).items()}
-    for t, g in enumerate(case["grads"], 1):
-        RULES[cfg["kind"]](plain, np.array(g, np.float32), None, slots, without, t)
-    assert not np.allclose(plain, case["end"], rtol=1e-4)  # the decay is what made it Keras'
+    for setting, off in (("weight_decay", 0.0), ("amsgrad", False)):
+        if setting not in case["kwargs"]:
+            continue
+        without = dict(cfg, **{setting: off})
+        plain = np.array(case["start"], np.float32)
+        slots = {name: np.full_like(plain, init) for name, init in slot_specs(without).items()}
+        for t, g in enumerate(case["grads"], 1):
+            RULES[cfg["kind"]](plain, np.array(g, np.float32), None, slots, without, t)
+        assert not np.allclose(plain, case["end"], rtol=1e-5, atol=0)  # the setting made it Keras'
 
 
 @pytest.mark.parametrize(
@@ -229,3 +230,30 @@ async def test_an_auc_of_logits_is_the_auc_of_their_sigmoid_and_curve_names_take
     await of_logits.update_state(labels, logits)
     await of_probabilities.update_state(labels, 1 / (1 + np.exp(-logits)))
     assert of_logits.curve == "PR" and await of_logits.result() == await of_probabilities.result()
+
+
+def test_a_sparse_amsgrad_step_is_the_dense_one_on_its_rows():
+    """The sparse path of AMSGrad (a table's rows) takes the dense path's steps on the rows
+    it touches, with gradients that shrink (where the largest second moment decides)."""
+    from pstrain._formats.numerics.optimizer_rules import RULES, slot_specs
+
+    cfg = pstrain.optimizers.Adam(0.05, amsgrad=True)._rule()
+    rng = np.random.default_rng(9)
+    start = rng.normal(size=(5, 3)).astype(np.float32)
+    rows = np.array([1, 3])
+    dense, sparse = start.copy(), start.copy()
+    dense_slots = {n: np.full_like(start, i) for n, i in slot_specs(cfg).items()}
+    sparse_slots = {n: np.full_like(start, i) for n, i in slot_specs(cfg).items()}
+    for t, scale in enumerate([1.0, 1e-3, 1e-3], 1):
+        g = np.zeros_like(start)
+        g[rows] = rng.normal(size=(2, 3)).astype(np.float32) * scale
+        sub = dense[rows]
+        sub_slots = {n: a[rows] for n, a in dense_slots.items()}
+        RULES["adam"](sub, g[rows], None, sub_slots, cfg, t)
+        dense[rows] = sub
+        for n in dense_slots:
+            dense_slots[n][rows] = sub_slots[n]
+        RULES["adam"](sparse, g[rows], rows, sparse_slots, cfg, t)
+    np.testing.assert_allclose(sparse, dense, rtol=1e-6)
+    assert np.array_equal(sparse[[0, 2, 4]], start[[0, 2, 4]])  # rows not touched stay
+    assert (sparse_slots["v_hat"][rows] > sparse_slots["v"][rows]).all()  # the max held

@@ -215,6 +215,7 @@ class OptimizerRule(Record):
     rho: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
     centered: bool | None = None
     weight_decay: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    amsgrad: bool | None = None
 
 
 class TableSpec(Record):

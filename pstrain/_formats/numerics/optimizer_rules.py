@@ -194,16 +194,22 @@ def _adam(
     eps = cfg.get("epsilon", 1e-7)
     alpha = lr * np.sqrt(1 - b2**t) / (1 - b1**t)
     m, v = slots["m"], slots["v"]
+    v_hat = slots.get("v_hat")  # AMSGrad: the step divides by the largest v so far
     if rows is None:
         m += (g - m) * (1 - b1)
         v += (g * g - v) * (1 - b2)
-        var -= alpha * m / (np.sqrt(v) + eps)
+        if v_hat is not None:
+            np.maximum(v_hat, v, out=v_hat)
+        var -= alpha * m / (np.sqrt(v if v_hat is None else v_hat) + eps)
     else:
         mr = m[rows]
         mr += (g - mr) * (1 - b1)
         vr = v[rows]
         vr += (g * g - vr) * (1 - b2)
         m[rows], v[rows] = mr, vr
+        if v_hat is not None:
+            vr = np.maximum(v_hat[rows], vr)
+            v_hat[rows] = vr
         var[rows] -= alpha * mr / (np.sqrt(vr) + eps)
 
 
@@ -351,7 +357,7 @@ def slot_specs(cfg: dict[str, Any]) -> dict[str, float]:
     if kind == "rowwise_adagrad":
         return {"accumulator": float(cfg.get("initial_accumulator_value", 0.0))}
     if kind in ("adam", "adamw"):
-        return {"m": 0.0, "v": 0.0}
+        return {"m": 0.0, "v": 0.0, "v_hat": 0.0} if cfg.get("amsgrad") else {"m": 0.0, "v": 0.0}
     if kind == "rmsprop":
         specs = {"rms": 0.0}
         if cfg.get("momentum"):

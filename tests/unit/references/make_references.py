@@ -441,12 +441,17 @@ def keras_optimizer_cases(seed: int = 6, steps: int = 3) -> None:
                 "beta": 0.3,
             },
         ),
+        ("Adam", {"learning_rate": 0.05, "amsgrad": True}),
+        ("AdamW", {"learning_rate": 0.05, "weight_decay": 0.1, "amsgrad": True}),
     ]
     cases = []
     for name, kwargs in settings:
         start = rng.normal(size=(3, 4)).astype(np.float32)
         grads = [rng.normal(size=(3, 4)).astype(np.float32) for _ in range(steps)]
         grads[0][0] *= 1e-4  # a row of tiny gradients: epsilon decides its steps
+        if kwargs.get("amsgrad"):  # gradients that shrink: the largest second moment decides
+            grads[1] *= 1e-3
+            grads[2] *= 1e-3
         var = keras.Variable(start)
         opt = getattr(o, name)(**kwargs)
         for g in grads:
