@@ -34,18 +34,17 @@ def whole(value: Any, what: str, low: int | None = None, high: int | None = None
     return int(value)
 
 
-def number(value: Any, what: str, low: float = 0.0, *, above: bool = False, unit: str = "") -> float:
-    """``value`` if it is a finite number (not a bool) of ``low`` or more, or above ``low``;
-    ``unit`` (" of seconds") goes into the message."""
+def number(value: Any, what: str, low: float | None = 0.0, *, above: bool = False, unit: str = "") -> float:
+    """``value`` if it is a finite number (not a bool) of ``low`` or more, or above ``low``
+    (``low`` None: any finite number); ``unit`` (" of seconds") goes into the message."""
     if (
         isinstance(value, bool)
         or not isinstance(value, numbers.Real)
         or not math.isfinite(value)
-        or value < low
-        or (above and value == low)
+        or (low is not None and (value < low or (above and value == low)))
     ):
-        bound = f"above {low:g}" if above else f"of {low:g} or more"
-        raise InvalidArgumentError(f"{what} must be a finite number{unit} {bound}, got {value!r}")
+        bound = "" if low is None else f" above {low:g}" if above else f" of {low:g} or more"
+        raise InvalidArgumentError(f"{what} must be a finite number{unit}{bound}, got {value!r}")
     return float(value)
 
 

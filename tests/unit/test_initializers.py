@@ -89,7 +89,7 @@ def test_identity_and_its_parts():
         (lambda: I.RandomUniform(1.0, 0.0), "minval 1.0 is above maxval 0.0"),
         (lambda: I.RandomNormal(stddev=-1), "stddev must be a finite number of 0 or more"),
         (lambda: I.TruncatedNormal(stddev=float("nan")), "stddev must be a finite number"),
-        (lambda: I.RandomNormal(mean="0"), "mean must be a number"),
+        (lambda: I.RandomNormal(mean="0"), "mean must be a finite number, got .0."),
         (lambda: I.Constant("x"), "Constant takes a number"),
         (lambda: I.Zeros()((-1, 2)), "shape must be whole numbers of 0 or more"),
         (lambda: I.Zeros()((2.5, 2)), "shape must be whole numbers of 0 or more"),

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ..._base.checks import number
 from ..._base.errors import InvalidArgumentError
 from ..._base.exports import expose
 
@@ -139,17 +140,6 @@ def _shape(shape: Any, what: str) -> tuple[int, ...]:
     return dims
 
 
-def _number(value: Any, what: str, *, at_least: float | None = None) -> float:
-    """``value`` as a finite float (at least ``at_least``), or InvalidArgumentError."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise InvalidArgumentError(f"{what} must be a number, got {value!r}")
-    out = float(value)
-    if not math.isfinite(out) or (at_least is not None and out < at_least):
-        bound = f" of {at_least:g} or more" if at_least is not None else ""
-        raise InvalidArgumentError(f"{what} must be a finite number{bound}, got {value!r}")
-    return out
-
-
 def _float_dtype(dtype: np.dtype, name: str) -> None:
     if dtype.kind not in "fc":
         raise InvalidArgumentError(f"{name} needs a floating dtype, got {dtype}")
@@ -202,7 +192,7 @@ class RandomNormal(Initializer):
     kind = "random_normal"
 
     def __init__(self, mean: float = 0.0, stddev: float = 0.05, seed: int | None = None) -> None:
-        self.mean, self.stddev = _number(mean, "mean"), _number(stddev, "stddev", at_least=0.0)
+        self.mean, self.stddev = number(mean, "mean", None), number(stddev, "stddev")
         self.seed = seed
 
     def config(self) -> dict[str, Any]:
@@ -222,7 +212,7 @@ class RandomUniform(Initializer):
     kind = "random_uniform"
 
     def __init__(self, minval: float = -0.05, maxval: float = 0.05, seed: int | None = None) -> None:
-        self.minval, self.maxval = _number(minval, "minval"), _number(maxval, "maxval")
+        self.minval, self.maxval = number(minval, "minval", None), number(maxval, "maxval", None)
         if self.minval > self.maxval:
             raise InvalidArgumentError(f"RandomUniform: minval {minval!r} is above maxval {maxval!r}")
         self.seed = seed
@@ -250,7 +240,7 @@ class TruncatedNormal(Initializer):
     kind = "truncated_normal"
 
     def __init__(self, mean: float = 0.0, stddev: float = 0.05, seed: int | None = None) -> None:
-        self.mean, self.stddev = _number(mean, "mean"), _number(stddev, "stddev", at_least=0.0)
+        self.mean, self.stddev = number(mean, "mean", None), number(stddev, "stddev")
         self.seed = seed
 
     def config(self) -> dict[str, Any]:
@@ -289,7 +279,7 @@ class VarianceScaling(Initializer):
         distribution: str = "truncated_normal",
         seed: int | None = None,
     ) -> None:
-        self.scale = _number(scale, "scale")
+        self.scale = number(scale, "scale", None)
         if self.scale <= 0:
             raise InvalidArgumentError(f"VarianceScaling: scale must be positive, got {scale!r}")
         if mode not in self.MODES:
@@ -391,7 +381,7 @@ class Orthogonal(Initializer):
     kind = "orthogonal"
 
     def __init__(self, gain: float = 1.0, seed: int | None = None) -> None:
-        self.gain, self.seed = _number(gain, "gain"), seed
+        self.gain, self.seed = number(gain, "gain", None), seed
 
     def config(self) -> dict[str, Any]:
         """The initializer's settings (what a ps needs to make the same values)."""
@@ -419,7 +409,7 @@ class Identity(Initializer):
     kind = "identity"
 
     def __init__(self, gain: float = 1.0) -> None:
-        self.gain = _number(gain, "gain")
+        self.gain = number(gain, "gain", None)
 
     def config(self) -> dict[str, Any]:
         """The initializer's settings (what a ps needs to make the same values)."""
