@@ -86,7 +86,7 @@ class Optimizer:
     ) -> None:
         #: Keras' gradient clipping, done on the worker before the gradients leave.
         self.clipping = Clipping(clipnorm, clipvalue, global_clipnorm)
-        if weight_decay is not None and not isinstance(self, AdamW):
+        if weight_decay is not None:  # (AdamW keeps its own, passing none here)
             number(weight_decay, "weight_decay (None: no decay)")
             self.weight_decay = float(weight_decay)
         if isinstance(learning_rate, LearningRateSchedule):
