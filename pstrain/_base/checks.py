@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import InvalidArgumentError
@@ -46,6 +47,19 @@ def number(value: Any, what: str, low: float | None = 0.0, *, above: bool = Fals
         bound = "" if low is None else f" above {low:g}" if above else f" of {low:g} or more"
         raise InvalidArgumentError(f"{what} must be a finite number{unit}{bound}, got {value!r}")
     return float(value)
+
+
+def one_of(value: Any, choices: Sequence[str], what: str, *, aliases: Mapping[str, str] | None = None) -> str:
+    """``value`` (a string, any case) as it stands in ``choices``, or one of ``aliases``'
+    names for one of them; else an error naming ``what`` and the choices."""
+    key = value.lower() if isinstance(value, str) else None
+    folded = {c.lower(): c for c in choices}
+    for alias, meant in (aliases or {}).items():
+        folded.setdefault(alias.lower(), meant)
+    if key not in folded:
+        names = list(choices) + list(aliases or {})
+        raise InvalidArgumentError(f"{what} must be one of {names}, got {value!r}")
+    return folded[key]
 
 
 _UNITS = {

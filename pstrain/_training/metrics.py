@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .._base.checks import one_of
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from .._variables.arrays import current_creator
@@ -379,14 +380,8 @@ class AUC(Metric):
         multi_label: bool = False,
         from_logits: bool = False,
     ) -> None:
-        if isinstance(curve, str) and curve.upper() in self.CURVES:
-            curve = curve.upper()
-        else:
-            raise InvalidArgumentError(f"AUC: curve must be one of {list(self.CURVES)}, got {curve!r}")
-        if not isinstance(summation_method, str) or summation_method.lower() not in self.SUMMATIONS:
-            raise InvalidArgumentError(
-                f"AUC: summation_method must be one of {list(self.SUMMATIONS)}, got {summation_method!r}"
-            )
+        curve = one_of(curve, self.CURVES, "AUC: curve")
+        summation_method = one_of(summation_method, self.SUMMATIONS, "AUC: summation_method")
         if multi_label:
             raise InvalidArgumentError("AUC: multi_label is not supported (one AUC per label: one AUC each)")
         eps = 1e-7
@@ -400,7 +395,7 @@ class AUC(Metric):
                 raise InvalidArgumentError("num_thresholds must be > 1")
             inner = [(i + 1) * 1.0 / (num_thresholds - 1) for i in range(num_thresholds - 2)]
         super().__init__(name)
-        self.curve, self.summation_method = curve, summation_method.lower()
+        self.curve, self.summation_method = curve, summation_method
         self.from_logits = bool(from_logits)
         self.thresholds = np.array([0.0 - eps, *inner, 1.0 + eps])
         zeros = np.zeros(self.thresholds.size, np.float64)

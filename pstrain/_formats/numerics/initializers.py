@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..._base.checks import number
+from ..._base.checks import number, one_of
 from ..._base.errors import InvalidArgumentError
 from ..._base.exports import expose
 
@@ -282,19 +282,14 @@ class VarianceScaling(Initializer):
         self.scale = number(scale, "scale", None)
         if self.scale <= 0:
             raise InvalidArgumentError(f"VarianceScaling: scale must be positive, got {scale!r}")
-        if mode not in self.MODES:
-            raise InvalidArgumentError(
-                f"VarianceScaling: mode must be one of {list(self.MODES)}, got {mode!r}"
-            )
-        given = distribution.lower() if isinstance(distribution, str) else distribution
-        if given == "normal":  # Keras' old name for the truncated one
-            given = "truncated_normal"
-        if given not in self.DISTRIBUTIONS:
-            raise InvalidArgumentError(
-                f"VarianceScaling: distribution must be one of {list(self.DISTRIBUTIONS)} or 'normal', "
-                f"got {distribution!r}"
-            )
-        self.mode, self.distribution, self.seed = mode, given, seed
+        self.mode = one_of(mode, self.MODES, "VarianceScaling: mode")
+        self.distribution = one_of(  # ("normal": Keras' old name for the truncated one)
+            distribution,
+            self.DISTRIBUTIONS,
+            "VarianceScaling: distribution",
+            aliases={"normal": "truncated_normal"},
+        )
+        self.seed = seed
 
     def config(self) -> dict[str, Any]:
         """The initializer's settings (what a ps needs to make the same values)."""
