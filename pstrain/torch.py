@@ -5,5 +5,7 @@ from ._frameworks.torch import *  # noqa: F403
 from ._frameworks.torch import __all__ as _modules
 from ._frameworks.torch_bags import *  # noqa: F403
 from ._frameworks.torch_bags import __all__ as _bags
+from ._frameworks.torchrec_configs import *  # noqa: F403
+from ._frameworks.torchrec_configs import __all__ as _configs
 
-__all__ = [*_modules, *_bags]
+__all__ = [*_modules, *_bags, *_configs]

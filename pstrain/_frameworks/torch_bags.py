@@ -28,8 +28,6 @@ weights go only with ``"sum"``, as in PyTorch; an empty bag pools to zeros.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -39,22 +37,15 @@ import torch
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from .._embeddings.collection import EmbeddingCollection, GatheredRows
-from .._embeddings.config import TableConfig
 from .._embeddings.jagged import JaggedTensor, KeyedJaggedTensor, as_jagged
 from .._formats.numerics.initializers import Initializer, RandomUniform
 from .._kernels.batches import distinct
 from .._variables.arrays import IndexedSlices
 from .._variables.sharding import embedding_lookup
 from .._variables.variables import Variable
+from .torchrec_configs import table_configs
 
-__all__ = [
-    "EmbeddingBag",
-    "EmbeddingBagCollection",
-    "EmbeddingBagConfig",
-    "KeyedTensor",
-    "PoolingType",
-    "table_configs",
-]
+__all__ = ["EmbeddingBag", "EmbeddingBagCollection", "KeyedTensor"]
 
 _MODES = ("sum", "mean")
 
@@ -121,28 +112,6 @@ def _bag(
         mode=mode,
         per_sample_weights=weights,
     )
-
-
-class PoolingType(enum.Enum):
-    """TorchRec's ``PoolingType``: how a bag's rows combine."""
-
-    SUM = "SUM"
-    MEAN = "MEAN"
-
-
-@dataclasses.dataclass
-class EmbeddingBagConfig:
-    """TorchRec's ``EmbeddingBagConfig``, field for field (``data_type`` a numpy dtype or
-    TorchRec's ``DataType``): a port keeps its table definitions as they are."""
-
-    num_embeddings: int
-    embedding_dim: int
-    name: str = ""
-    feature_names: list[str] = dataclasses.field(default_factory=list)
-    pooling: PoolingType = PoolingType.SUM
-    weight_init_max: float | None = None
-    weight_init_min: float | None = None
-    data_type: Any = None
 
 
 class EmbeddingBagCollection(torch.nn.Module):
@@ -424,57 +393,6 @@ def _numpy_dtype(dtype: Any) -> np.dtype:
     out = np.dtype(dtype)
     if out.kind != "f":
         raise InvalidArgumentError(f"EmbeddingBag: dtype must be a float type, got {dtype}")
-    return out
-
-
-def table_configs(tables: Sequence[Any]) -> list[TableConfig]:
-    """pstrain :class:`~pstrain.TableConfig`\\ s from TorchRec ``EmbeddingBagConfig``\\ s (or
-    ``TableConfig``\\ s, kept), one to one: ``name``, ``num_embeddings``, ``embedding_dim``,
-    ``feature_names`` as they are; ``pooling`` SUM / MEAN to the combiner ``"sum"`` /
-    ``"mean"``; ``weight_init_min`` / ``weight_init_max`` (TorchRec's default ±sqrt(1 /
-    num_embeddings)) to a uniform initializer; ``data_type`` FP32 / FP64 to the dtype."""
-    out = []
-    for t in tables:
-        if isinstance(t, TableConfig):
-            out.append(t)
-            continue
-        try:
-            rows, dim, name = int(t.num_embeddings), int(t.embedding_dim), str(t.name)
-            features = list(t.feature_names)
-        except AttributeError as exc:
-            raise InvalidArgumentError(
-                f"tables: expected TableConfig or TorchRec's EmbeddingBagConfig, got {type(t).__name__}"
-            ) from exc
-        pooling = getattr(getattr(t, "pooling", None), "name", "SUM")
-        name = name or (features[0] if len(features) == 1 else name)
-        if not name:
-            raise InvalidArgumentError("tables: an EmbeddingBagConfig needs a name")
-        if pooling not in ("SUM", "MEAN"):
-            raise InvalidArgumentError(
-                f"table {name!r}: pooling {pooling} has no pstrain combiner (SUM or MEAN)"
-            )
-        bound = float(np.sqrt(1.0 / rows))
-        low = getattr(t, "weight_init_min", None)
-        high = getattr(t, "weight_init_max", None)
-        data_type = getattr(t, "data_type", None)
-        dtype = (
-            np.dtype(data_type)
-            if isinstance(data_type, (type, np.dtype, str))
-            else {"FP64": np.float64}.get(getattr(data_type, "name", "FP32"), np.float32)
-        )
-        out.append(
-            TableConfig(
-                name,
-                rows,
-                dim,
-                features or [name],
-                combiner=pooling.lower(),
-                initializer=RandomUniform(
-                    -bound if low is None else float(low), bound if high is None else float(high)
-                ),
-                dtype=dtype,
-            )
-        )
     return out
 
 

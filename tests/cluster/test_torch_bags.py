@@ -4,6 +4,7 @@ EmbeddingBagCollection reads and updates its tables with one request per ps."""
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 
 import numpy as np
@@ -247,3 +248,44 @@ async def test_a_torchrec_port_keeps_its_configs_and_batches(ps_pair):
         ebc(unweighted)
     with pytest.raises(InvalidArgumentError, match="has no weights"):
         unweighted.weights()
+
+
+async def test_torchrecs_init_fn_data_type_and_virtual_tables_reach_the_ps(ps_pair):
+    """A TorchRec config's ``init_fn`` makes the table's values where it lives (sharded too),
+    ``DataType.FP16`` a float16 table, ``use_virtual_table`` a dynamic one; a port's bags pool
+    from them."""
+    configs = [
+        ptorch.EmbeddingBagConfig(
+            num_embeddings=400,
+            embedding_dim=4,
+            name="big",
+            feature_names=["a"],
+            init_fn=functools.partial(torch.nn.init.constant_, val=0.25),
+        ),
+        ptorch.EmbeddingBagConfig(
+            num_embeddings=9,
+            embedding_dim=2,
+            name="half",
+            feature_names=["b"],
+            data_type=ptorch.DataType.FP16,
+        ),
+        ptorch.EmbeddingBagConfig(
+            num_embeddings=2**40, embedding_dim=3, name="virtual", feature_names=["c"], use_virtual_table=True
+        ),
+    ]
+    async with strategy_for(*ps_pair).scope():
+        ebc = ptorch.EmbeddingBagCollection(configs, shard_rows=100)
+    assert ebc.plan["big"].kind == "row-sharded" and ebc.plan["virtual"].kind == "dynamic"
+    np.testing.assert_array_equal(
+        await ebc.collection.tables["big"].numpy(), np.full((400, 4), 0.25, np.float32)
+    )
+    half = await ebc.collection.tables["half"].numpy()
+    assert half.dtype == np.float16 and np.abs(half).max() <= 3**-1
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        ["a", "b", "c"], np.array([0, 399, 5, 2**39 + 7]), np.array([2, 0, 1, 0, 1, 0])
+    )
+    await ebc.pull(kjt)
+    pooled = ebc.forward(kjt).to_dict()
+    np.testing.assert_allclose(pooled["a"].detach().numpy(), [[0.5] * 4, [0.0] * 4])
+    np.testing.assert_allclose(pooled["b"].detach().numpy()[0], half[5].astype(np.float32), rtol=1e-3)
+    assert pooled["c"].shape == (2, 3)

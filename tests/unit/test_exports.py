@@ -113,6 +113,7 @@ ADDED = {
         "KeyedTensor",
         "PoolingType",
         "table_configs",
+        "DataType",  # TorchRec's, beside its EmbeddingBagConfig and PoolingType
     },
     # the untyped call, moved here from Channel.call (issue 62)
     "pstrain.testing": {"untyped_call"},
