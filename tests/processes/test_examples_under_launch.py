@@ -66,3 +66,12 @@ def test_the_w8_example_trains_alone_and_under_launch_with_one_request_per_ps_ea
         run = run_example("dlrm.py", "--steps", "40", launch=launch)
         assert run.returncode == 0, run.stdout + run.stderr
         assert "W8: 40 steps" in run.stdout and "4.0 requests" in run.stdout, run.stdout
+
+
+def test_the_w8_example_written_as_a_torchrec_user_would_trains():
+    """``examples/dlrm_torchrec.py``: W8 with TorchRec's EmbeddingBagConfig and
+    EmbeddingBagCollection and the MLPs as torch modules learns in a few steps (its exit code
+    says whether the held-out loss beat the base rate)."""
+    run = run_example("dlrm_torchrec.py", "--steps", "40")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "W8 (TorchRec style): 40 steps" in run.stdout and "row-sharded" in run.stdout, run.stdout
