@@ -8,9 +8,7 @@ parameters on the ps (``pstrain.torch``). The same data, tables, layers and Adag
 What a TorchRec program changes (the ranking-models guide says why): no
 ``DistributedModelParallel``; the collection and the dense module are made in
 ``strategy.scope()``; a step pulls its rows and parameters before the forward pass and
-hands the gradients to a pstrain optimizer, applied on the ps. The collection and the
-dense module hold one step's rows and parameters, as TorchRec's modules do, so each worker
-runs one step at a time (the coordinator's default).
+hands the gradients to a pstrain optimizer, applied on the ps.
 """
 
 from __future__ import annotations

@@ -114,6 +114,24 @@ def _bag(
     )
 
 
+#: Batches a collection keeps pulled and not yet run forward (steps in flight on a worker).
+_MAX_PULLED = 8
+
+
+class _Pulled:
+    """One pulled batch: its gathered rows, and them as leaf tensors for autograd."""
+
+    __slots__ = ("gathered", "rows")
+
+    def __init__(self, gathered: GatheredRows, rows: dict[str, torch.Tensor]) -> None:
+        self.gathered, self.rows = gathered, rows
+
+    def holds(self, given: dict[str, JaggedTensor]) -> bool:
+        """Whether ``given`` are the features pulled (the same objects, or equal ones)."""
+        features = self.gathered.features
+        return all(f in given and (given[f] is features[f] or given[f] == features[f]) for f in features)
+
+
 class EmbeddingBagCollection(torch.nn.Module):
     """TorchRec's ``EmbeddingBagCollection`` on the ps: the tables of an
     :class:`~pstrain.EmbeddingCollection` (placed by its planner), pooled by PyTorch. Create
@@ -144,8 +162,10 @@ class EmbeddingBagCollection(torch.nn.Module):
                 )
         kwargs = {} if shard_rows is None else {"shard_rows": shard_rows}
         self.collection = EmbeddingCollection(configs, name=name, **kwargs)
-        self._gathered: GatheredRows | None = None
-        self._rows: dict[str, torch.Tensor] = {}
+        # The batches pulled and not yet run forward (several steps in flight on a worker
+        # each pull their own), and the one the last forward ran: its rows get the gradients.
+        self._pulled: list[_Pulled] = []
+        self._current: _Pulled | None = None
 
     @property
     def plan(self) -> Any:
@@ -167,23 +187,25 @@ class EmbeddingBagCollection(torch.nn.Module):
         training: bool = True,
     ) -> list[np.ndarray]:
         """Gather every table's rows for the batch (and the variables ``read``, whole): one
-        request per ps. Returns ``read``'s values."""
-        self._gathered = await self.collection.gather(features, read=read, training=training)
-        self._rows = {
-            name: torch.from_numpy(_writable(rows)).requires_grad_(True)
-            for name, rows in self._gathered.rows.items()
+        request per ps. Returns ``read``'s values. Steps in flight on one worker may each
+        pull their batch: the forward pass takes the rows pulled for its own."""
+        gathered = await self.collection.gather(features, read=read, training=training)
+        rows = {
+            name: torch.from_numpy(_writable(values)).requires_grad_(True)
+            for name, values in gathered.rows.items()
         }
-        return self._gathered.read
+        self._pulled.append(_Pulled(gathered, rows))
+        del self._pulled[:-_MAX_PULLED]
+        return gathered.read
 
     def forward(self, features: KeyedJaggedTensor | Mapping[str, Any]) -> KeyedTensor:
-        gathered = self._gathered
-        if gathered is None:
-            raise InvalidArgumentError("EmbeddingBagCollection: pull the batch before forward")
         given = (
             features.to_dict()
             if isinstance(features, KeyedJaggedTensor)
             else {str(k): as_jagged(v) for k, v in features.items()}
         )
+        pulled = self._pulled_for(given)
+        gathered = pulled.gathered
         if self._is_weighted and any(j.weights is None for j in given.values()):
             raise InvalidArgumentError(
                 "EmbeddingBagCollection(is_weighted=True): the batch has features without weights"
@@ -192,31 +214,47 @@ class EmbeddingBagCollection(torch.nn.Module):
         for name, (_, named) in gathered.bags.items():
             combiner = self.collection.configs[name].combiner
             for feature, bags in named:
-                if feature not in given or given[feature] != gathered.features[feature]:
-                    raise InvalidArgumentError(
-                        f"EmbeddingBagCollection: forward got other features than were pulled ({feature!r})"
-                    )
                 parts[feature] = _bag(
-                    self._rows[name],
+                    pulled.rows[name],
                     gathered.features[feature],
                     bags.inverse,
                     combiner,
                     f"feature {feature!r}",
                     self._is_weighted,
                 )
+        self._current = pulled
         keys = self.collection.feature_names
         return KeyedTensor(
             keys, [parts[f].shape[1] for f in keys], torch.cat([parts[f] for f in keys], dim=1)
         )
 
+    def _pulled_for(self, given: dict[str, JaggedTensor]) -> _Pulled:
+        """The rows pulled for this batch: the newest pull whose features it is."""
+        if not self._pulled and self._current is None:
+            raise InvalidArgumentError("EmbeddingBagCollection: pull the batch before forward")
+        candidates = [*reversed(self._pulled), *([self._current] if self._current is not None else [])]
+        for pulled in candidates:
+            if pulled.holds(given):
+                if pulled is not self._current:
+                    self._pulled.remove(pulled)  # run forward: its rows are the current ones
+                return pulled
+        missing = sorted(set(candidates[0].gathered.features) - set(given))
+        raise InvalidArgumentError(
+            "EmbeddingBagCollection: forward got other features than were pulled"
+            + (f" (no {missing})" if missing else "")
+            + ": pull each batch before its forward pass"
+        )
+
     def gradients(self) -> list[tuple[IndexedSlices, Any]]:
-        """``[(gradient, table), ...]`` after ``backward()``: each table's distinct rows'."""
-        if self._gathered is None:
+        """``[(gradient, table), ...]`` after ``backward()``: each table's distinct rows', for
+        the batch of the last forward pass (take them before the step awaits again)."""
+        pulled = self._current
+        if pulled is None:
             return []
         out = []
-        for name, rows in self._rows.items():
+        for name, rows in pulled.rows.items():
             if rows.grad is not None:
-                unique = self._gathered.bags[name][0]
+                unique = pulled.gathered.bags[name][0]
                 out.append((IndexedSlices(rows.grad.numpy(), unique), self.collection.tables[name]))
         return out
 

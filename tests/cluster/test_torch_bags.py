@@ -289,3 +289,46 @@ async def test_torchrecs_init_fn_data_type_and_virtual_tables_reach_the_ps(ps_pa
     np.testing.assert_allclose(pooled["a"].detach().numpy(), [[0.5] * 4, [0.0] * 4])
     np.testing.assert_allclose(pooled["b"].detach().numpy()[0], half[5].astype(np.float32), rtol=1e-3)
     assert pooled["c"].shape == (2, 3)
+
+
+async def test_steps_in_flight_each_pool_the_rows_they_pulled(ps_pair):
+    """Two steps on one worker (``max_inflight_per_worker=2``): the second pulls its batch
+    between the first's pull and its forward pass. Each forward pools its own batch's rows,
+    and each step's gradients are for its own batch's ids."""
+    async with strategy_for(*ps_pair).scope():
+        ebc = ptorch.EmbeddingBagCollection(
+            [
+                ptorch.EmbeddingBagConfig(
+                    num_embeddings=40, embedding_dim=3, name="t", feature_names=["a", "b"]
+                )
+            ]
+        )
+    table = torch.tensor(await ebc.collection.tables["t"].numpy())
+    batches = [
+        KeyedJaggedTensor.from_lengths_sync(["a", "b"], np.array([1, 2, 3, 4]), np.array([2, 1, 1, 0])),
+        KeyedJaggedTensor.from_lengths_sync(["a", "b"], np.array([30, 31, 39]), np.array([1, 1, 0, 1])),
+    ]
+    await ebc.pull(batches[0])
+    await ebc.pull(batches[1])  # the next step's pull lands before this step's forward
+    for kjt, scale, ids in ((batches[0], 1.0, [1, 2, 3, 4]), (batches[1], 2.0, [30, 31, 39])):
+        pooled = ebc(kjt).values()
+        (scale * pooled).sum().backward()
+        ((grad, _),) = ebc.gradients()
+        want = torch.cat(
+            [
+                torch.nn.functional.embedding_bag(
+                    torch.from_numpy(kjt[f].values.astype(np.int64)),
+                    table,
+                    torch.from_numpy(kjt[f].offsets[:-1]),
+                    mode="sum",
+                )
+                for f in ("a", "b")
+            ],
+            1,
+        )
+        torch.testing.assert_close(pooled.detach(), want)
+        assert grad.indices.tolist() == ids
+        np.testing.assert_allclose(grad.values, scale)  # each id once in its batch: d(sum)/d(row) = scale
+    unpulled = KeyedJaggedTensor.from_lengths_sync(["a", "b"], np.array([5]), np.array([1, 0]))
+    with pytest.raises(InvalidArgumentError, match="forward got other features than were pulled"):
+        ebc(unpulled)
