@@ -73,8 +73,26 @@ from .._variables.batched import read_variables
 from .._variables.dynamic import DynamicEmbedding
 from .._variables.sharding import ShardedVariable, combine_gradients, embedding_lookup
 from .._variables.variables import Variable
+from .fetched import FetchedBatches, writable
 
 __all__ = ["Embedding", "RemoteModule"]
+
+
+class _Fetch:
+    """One batch's fetch: its ids, their distinct ids and where each id is among them, each
+    distinct id's count (``scale_grad_by_freq``), and their rows as a leaf tensor."""
+
+    __slots__ = ("ids", "unique", "inverse", "counts", "rows")
+
+    def __init__(
+        self,
+        ids: np.ndarray,
+        unique: np.ndarray,
+        inverse: torch.Tensor,
+        counts: np.ndarray | None,
+        rows: torch.Tensor,
+    ) -> None:
+        self.ids, self.unique, self.inverse, self.counts, self.rows = ids, unique, inverse, counts, rows
 
 
 class Embedding(torch.nn.Module):
@@ -138,11 +156,14 @@ class Embedding(torch.nn.Module):
         self.padding_idx = padding_idx
         self.scale_grad_by_freq = bool(scale_grad_by_freq)
         self.sparse = bool(sparse)
-        self._ids: np.ndarray | None = None
-        self._unique: np.ndarray | None = None
-        self._inverse: torch.Tensor | None = None
-        self._counts: np.ndarray | None = None  # each distinct id's count (scale_grad_by_freq)
-        self.rows: torch.Tensor | None = None  # the batch's unique rows: a leaf tensor
+        self._fetched: FetchedBatches[_Fetch] = FetchedBatches()
+
+    @property
+    def rows(self) -> torch.Tensor | None:
+        """The distinct rows of the last forward pass's batch (else of the last fetch), as
+        a leaf tensor: after ``backward()``, their gradient is ``rows.grad``."""
+        state = self._fetched.current or self._fetched.latest
+        return None if state is None else state.rows
 
     async def fetch(self, ids: Any, *, training: bool = True) -> None:
         """Gather the rows of ``ids`` (deduplicated; ``padding_idx`` never read) from the
@@ -162,29 +183,37 @@ class Embedding(torch.nn.Module):
         self._set(ids, unique, inverse, rows)
 
     def _set(self, ids: np.ndarray, unique: np.ndarray, inverse: np.ndarray, rows: np.ndarray) -> None:
-        self._ids, self._unique = ids, unique
-        self._inverse = torch.from_numpy(inverse.reshape(ids.shape).astype(np.int64))
-        self._counts = (
-            np.bincount(inverse.reshape(-1), minlength=unique.size) if self.scale_grad_by_freq else None
+        counts = np.bincount(inverse.reshape(-1), minlength=unique.size) if self.scale_grad_by_freq else None
+        self._fetched.add(
+            _Fetch(
+                ids,
+                unique,
+                torch.from_numpy(inverse.reshape(ids.shape).astype(np.int64)),
+                counts,
+                torch.from_numpy(writable(rows)).requires_grad_(True),
+            )
         )
-        self.rows = torch.from_numpy(_writable(rows)).requires_grad_(True)
 
     def forward(self, ids: Any) -> torch.Tensor:
-        if self.rows is None or self._inverse is None or self._ids is None:
+        if not self._fetched:
             raise InvalidArgumentError("Embedding: pull (or fetch) the batch's ids before forward")
         given = ids.numpy() if isinstance(ids, torch.Tensor) else np.asarray(ids)
-        if given.shape != self._ids.shape or not (given is self._ids or np.array_equal(given, self._ids)):
+        state = self._fetched.take(
+            lambda s: given.shape == s.ids.shape and (given is s.ids or np.array_equal(given, s.ids))
+        )
+        if state is None:
             raise InvalidArgumentError("Embedding: forward got other ids than were fetched")
-        return self.rows[self._inverse]
+        return state.rows[state.inverse]
 
     def gradient(self) -> tuple[IndexedSlices, Variable | ShardedVariable | DynamicEmbedding] | None:
-        """The gradient of the fetched rows, as sparse rows of the table (None before
-        backward; ``padding_idx``'s row is never among them)."""
-        if self.rows is None or self.rows.grad is None or self._unique is None:
+        """The gradient of the last forward pass's rows, as sparse rows of the table (None
+        before backward; ``padding_idx``'s row is never among them)."""
+        state = self._fetched.current
+        if state is None or state.rows.grad is None:
             return None
-        grad, unique = self.rows.grad.numpy(), self._unique
-        if self._counts is not None:
-            grad = grad / self._counts[:, None].astype(grad.dtype)
+        grad, unique = state.rows.grad.numpy(), state.unique
+        if state.counts is not None:
+            grad = grad / state.counts[:, None].astype(grad.dtype)
         if self.padding_idx is not None:
             real = unique != self.padding_idx
             grad, unique = grad[real], unique[real]
@@ -193,11 +222,6 @@ class Embedding(torch.nn.Module):
     def extra_repr(self) -> str:
         extra = f", padding_idx={self.padding_idx}" if self.padding_idx is not None else ""
         return f"{self.num_embeddings}, {self.embedding_dim}, table={self.table.name!r}{extra}"
-
-
-def _writable(array: np.ndarray) -> np.ndarray:
-    """``torch.from_numpy`` needs a writable array; copy only when it is not."""
-    return array if array.flags.writeable else array.copy()
 
 
 class RemoteModule:
@@ -264,7 +288,7 @@ class RemoteModule:
         values, *_ = await asyncio.gather(read_variables(self.variables), *fetches)
         with torch.no_grad():
             for param, value in zip(self._parameters(target), values):
-                param.data = torch.from_numpy(_writable(np.asarray(value)))  # no copy
+                param.data = torch.from_numpy(writable(np.asarray(value)))  # no copy
                 param.grad = None
 
     @contextlib.asynccontextmanager

@@ -43,15 +43,12 @@ from .._kernels.batches import distinct
 from .._variables.arrays import IndexedSlices
 from .._variables.sharding import embedding_lookup
 from .._variables.variables import Variable
+from .fetched import FetchedBatches, writable
 from .torchrec_configs import table_configs
 
 __all__ = ["EmbeddingBag", "EmbeddingBagCollection", "KeyedTensor"]
 
 _MODES = ("sum", "mean")
-
-
-def _writable(array: np.ndarray) -> np.ndarray:
-    return array if array.flags.writeable else array.copy()
 
 
 class KeyedTensor:
@@ -114,10 +111,6 @@ def _bag(
     )
 
 
-#: Batches a collection keeps pulled and not yet run forward (steps in flight on a worker).
-_MAX_PULLED = 8
-
-
 class _Pulled:
     """One pulled batch: its gathered rows, and them as leaf tensors for autograd."""
 
@@ -162,10 +155,7 @@ class EmbeddingBagCollection(torch.nn.Module):
                 )
         kwargs = {} if shard_rows is None else {"shard_rows": shard_rows}
         self.collection = EmbeddingCollection(configs, name=name, **kwargs)
-        # The batches pulled and not yet run forward (several steps in flight on a worker
-        # each pull their own), and the one the last forward ran: its rows get the gradients.
-        self._pulled: list[_Pulled] = []
-        self._current: _Pulled | None = None
+        self._pulled: FetchedBatches[_Pulled] = FetchedBatches()  # each step in flight its own
 
     @property
     def plan(self) -> Any:
@@ -191,11 +181,10 @@ class EmbeddingBagCollection(torch.nn.Module):
         pull their batch: the forward pass takes the rows pulled for its own."""
         gathered = await self.collection.gather(features, read=read, training=training)
         rows = {
-            name: torch.from_numpy(_writable(values)).requires_grad_(True)
+            name: torch.from_numpy(writable(values)).requires_grad_(True)
             for name, values in gathered.rows.items()
         }
-        self._pulled.append(_Pulled(gathered, rows))
-        del self._pulled[:-_MAX_PULLED]
+        self._pulled.add(_Pulled(gathered, rows))
         return gathered.read
 
     def forward(self, features: KeyedJaggedTensor | Mapping[str, Any]) -> KeyedTensor:
@@ -222,33 +211,30 @@ class EmbeddingBagCollection(torch.nn.Module):
                     f"feature {feature!r}",
                     self._is_weighted,
                 )
-        self._current = pulled
         keys = self.collection.feature_names
         return KeyedTensor(
             keys, [parts[f].shape[1] for f in keys], torch.cat([parts[f] for f in keys], dim=1)
         )
 
     def _pulled_for(self, given: dict[str, JaggedTensor]) -> _Pulled:
-        """The rows pulled for this batch: the newest pull whose features it is."""
-        if not self._pulled and self._current is None:
+        """The rows pulled for this batch (see :mod:`.fetched`)."""
+        latest = self._pulled.latest
+        if latest is None:
             raise InvalidArgumentError("EmbeddingBagCollection: pull the batch before forward")
-        candidates = [*reversed(self._pulled), *([self._current] if self._current is not None else [])]
-        for pulled in candidates:
-            if pulled.holds(given):
-                if pulled is not self._current:
-                    self._pulled.remove(pulled)  # run forward: its rows are the current ones
-                return pulled
-        missing = sorted(set(candidates[0].gathered.features) - set(given))
-        raise InvalidArgumentError(
-            "EmbeddingBagCollection: forward got other features than were pulled"
-            + (f" (no {missing})" if missing else "")
-            + ": pull each batch before its forward pass"
-        )
+        pulled = self._pulled.take(lambda p: p.holds(given))
+        if pulled is None:
+            missing = sorted(set(latest.gathered.features) - set(given))
+            raise InvalidArgumentError(
+                "EmbeddingBagCollection: forward got other features than were pulled"
+                + (f" (no {missing})" if missing else "")
+                + ": pull each batch before its forward pass"
+            )
+        return pulled
 
     def gradients(self) -> list[tuple[IndexedSlices, Any]]:
         """``[(gradient, table), ...]`` after ``backward()``: each table's distinct rows', for
         the batch of the last forward pass (take them before the step awaits again)."""
-        pulled = self._current
+        pulled = self._pulled.current
         if pulled is None:
             return []
         out = []
@@ -260,6 +246,29 @@ class EmbeddingBagCollection(torch.nn.Module):
 
     def trainable_variables(self) -> list[Any]:
         return list(self.collection.tables.values())
+
+
+class _BagFetch:
+    """One fetch of bags: the bags, their distinct ids, where each id is among them, the
+    zero row standing for ``padding_idx`` (or None), and the rows as a leaf tensor."""
+
+    __slots__ = ("jagged", "unique", "inverse", "padding_row", "rows")
+
+    def __init__(
+        self,
+        jagged: JaggedTensor,
+        unique: np.ndarray,
+        inverse: np.ndarray,
+        padding_row: int | None,
+        rows: torch.Tensor,
+    ) -> None:
+        self.jagged, self.unique, self.inverse, self.padding_row, self.rows = (
+            jagged,
+            unique,
+            inverse,
+            padding_row,
+            rows,
+        )
 
 
 class EmbeddingBag(torch.nn.Module):
@@ -323,11 +332,14 @@ class EmbeddingBag(torch.nn.Module):
             dtype=table_dtype,
             name=name,
         )
-        self._inverse: np.ndarray | None = None
-        self._unique: np.ndarray | None = None
-        self._jagged: JaggedTensor | None = None
-        self._padding_row: int | None = None
-        self.rows: torch.Tensor | None = None
+        self._fetched: FetchedBatches[_BagFetch] = FetchedBatches()
+
+    @property
+    def rows(self) -> torch.Tensor | None:
+        """The distinct rows of the last forward pass's bags (else of the last fetch), as a
+        leaf tensor (with a zero row after them when ``padding_idx`` came up)."""
+        state = self._fetched.current or self._fetched.latest
+        return None if state is None else state.rows
 
     def _jagged_of(self, input: Any, offsets: Any, per_sample_weights: Any) -> JaggedTensor:  # noqa: A002
         ids = input.numpy() if isinstance(input, torch.Tensor) else np.asarray(input)
@@ -373,26 +385,32 @@ class EmbeddingBag(torch.nn.Module):
             inverse[padded] = unique.size  # a zero row after the fetched ones
             rows = np.asarray(await embedding_lookup(self.table, unique))
             rows = np.concatenate([rows, np.zeros((1, rows.shape[1]), rows.dtype)])
-            self._padding_row = int(unique.size)
+            padding_row: int | None = int(unique.size)
         else:
             unique, inverse = distinct(values, sorted=True)
             rows = np.asarray(await embedding_lookup(self.table, unique))
-            self._padding_row = None
-        self._jagged, self._unique, self._inverse = jagged, unique, inverse
-        self.rows = torch.from_numpy(_writable(rows)).requires_grad_(True)
+            padding_row = None
+        self._fetched.add(
+            _BagFetch(
+                jagged, unique, inverse, padding_row, torch.from_numpy(writable(rows)).requires_grad_(True)
+            )
+        )
 
     def forward(self, input: Any, offsets: Any = None, per_sample_weights: Any = None) -> torch.Tensor:  # noqa: A002
-        if self.rows is None or self._jagged is None or self._inverse is None:
+        if not self._fetched:
             raise InvalidArgumentError("EmbeddingBag: fetch the bags before forward")
         if per_sample_weights is not None and self.mode != "sum":
             raise InvalidArgumentError(
                 "EmbeddingBag: per_sample_weights go only with mode 'sum' (as nn.EmbeddingBag)"
             )
         jagged = self._jagged_of(input, offsets, None)
-        if not (
-            np.array_equal(jagged.values, self._jagged.values)
-            and np.array_equal(jagged.offsets, self._jagged.offsets)
-        ):
+        state = self._fetched.take(
+            lambda s: (
+                np.array_equal(jagged.values, s.jagged.values)
+                and np.array_equal(jagged.offsets, s.jagged.offsets)
+            )
+        )
+        if state is None:
             raise InvalidArgumentError("EmbeddingBag: forward got other bags than were fetched")
         weights = (
             per_sample_weights
@@ -400,24 +418,25 @@ class EmbeddingBag(torch.nn.Module):
             else torch.as_tensor(np.asarray(per_sample_weights, np.float32))
         )
         return torch.nn.functional.embedding_bag(
-            torch.from_numpy(np.ascontiguousarray(self._inverse, np.int64)),
-            self.rows,
+            torch.from_numpy(np.ascontiguousarray(state.inverse, np.int64)),
+            state.rows,
             torch.from_numpy(np.ascontiguousarray(jagged.offsets[:-1], np.int64)),
             scale_grad_by_freq=self.scale_grad_by_freq,
             mode=self.mode,
-            per_sample_weights=None if weights is None else weights.reshape(-1).to(self.rows.dtype),
-            padding_idx=self._padding_row,
+            per_sample_weights=None if weights is None else weights.reshape(-1).to(state.rows.dtype),
+            padding_idx=state.padding_row,
         )
 
     def gradient(self) -> tuple[IndexedSlices, Any] | None:
-        """The gradient of the fetched rows, as sparse rows of the table (None before
-        backward; ``padding_idx``'s row is never among them)."""
-        if self.rows is None or self.rows.grad is None or self._unique is None:
+        """The gradient of the last forward pass's rows, as sparse rows of the table (None
+        before backward; ``padding_idx``'s row is never among them)."""
+        state = self._fetched.current
+        if state is None or state.rows.grad is None:
             return None
-        grad = self.rows.grad.numpy()
-        if self._padding_row is not None:
-            grad = grad[: self._padding_row]
-        return IndexedSlices(grad, self._unique), self.table
+        grad = state.rows.grad.numpy()
+        if state.padding_row is not None:
+            grad = grad[: state.padding_row]
+        return IndexedSlices(grad, state.unique), self.table
 
     def extra_repr(self) -> str:
         extra = f", padding_idx={self.padding_idx}" if self.padding_idx is not None else ""

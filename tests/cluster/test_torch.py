@@ -200,3 +200,23 @@ def test_an_embeddings_max_norm_and_a_padding_idx_past_its_rows_are_refused():
     ):
         ptorch.Embedding(10, 2, padding_idx=10)
     assert ptorch.Embedding(10, 2, padding_idx=-1).padding_idx == 9  # from the end, as PyTorch
+
+
+async def test_an_embedding_fetched_for_two_steps_gives_each_its_own_rows(cluster):
+    """Two steps on one worker without replicas: the second fetches its ids before the
+    first's forward pass; each forward gives its own ids' rows, each gradient its own ids."""
+    with strategy_for(cluster).scope():
+        emb = ptorch.Embedding(20, 2, pstrain.initializers.RandomNormal(0.0, 1.0, seed=2))
+    table = await emb.table.numpy()
+    first, second = np.array([[1, 2], [2, 3]]), np.array([[15, 19]])
+    await emb.fetch(first)
+    await emb.fetch(second)
+    for ids, want_ids in ((first, [1, 2, 3]), (second, [15, 19])):
+        out = emb(torch.from_numpy(ids))
+        np.testing.assert_array_equal(out.detach().numpy(), table[ids])
+        out.sum().backward()
+        grad, _ = emb.gradient()
+        assert grad.indices.tolist() == want_ids
+        assert emb.rows.shape == (len(want_ids), 2)
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="other ids than were fetched"):
+        emb(np.array([[4, 5]]))

@@ -332,3 +332,24 @@ async def test_steps_in_flight_each_pool_the_rows_they_pulled(ps_pair):
     unpulled = KeyedJaggedTensor.from_lengths_sync(["a", "b"], np.array([5]), np.array([1, 0]))
     with pytest.raises(InvalidArgumentError, match="forward got other features than were pulled"):
         ebc(unpulled)
+
+
+async def test_an_embedding_bag_fetched_for_two_steps_pools_each_its_own_bags(ps_pair):
+    async with sharded_strategy(ps_pair).scope():
+        bag = ptorch.EmbeddingBag(30, 2, mode="sum", name="bag2")
+    table = await bag.table.numpy()
+    first = (torch.tensor([1, 2, 2, 5]), torch.tensor([0, 3]))
+    second = (torch.tensor([20, 29]), torch.tensor([0]))
+    await bag.fetch(*first)
+    await bag.fetch(*second)
+    for (ids, offsets), bags, want_ids in (
+        (first, [[1, 2, 2], [5]], [1, 2, 5]),
+        (second, [[20, 29]], [20, 29]),
+    ):
+        out = bag(ids, offsets)
+        np.testing.assert_allclose(out.detach().numpy(), [table[b].sum(0) for b in bags], rtol=1e-6)
+        out.sum().backward()
+        grad, _ = bag.gradient()
+        assert grad.indices.tolist() == want_ids
+    with pytest.raises(InvalidArgumentError, match="other bags than were fetched"):
+        bag(torch.tensor([7]), torch.tensor([0]))
