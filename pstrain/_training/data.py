@@ -39,7 +39,7 @@ from .._base.checks import whole
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from . import row_indices
-from .elements import is_jagged, leaves_len, padded, rows_of, stack, structure_of, take, to_arrays
+from .elements import is_jagged, leaves_len, padded, ragged, rows_of, stack, structure_of, take, to_arrays
 from .row_indices import Blocks
 
 __all__ = ["AUTOTUNE", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "Dataset", "TensorSpec"]
@@ -495,6 +495,24 @@ class Dataset:
         return self._chunked(
             batch_size, drop_remainder, lambda chunk: padded(chunk, padded_shapes, padding_values)
         )
+
+    def ragged_batch(
+        self,
+        batch_size: int,
+        drop_remainder: bool = False,
+        row_splits_dtype: Any = None,
+        name: str | None = None,
+    ) -> Dataset:
+        """``batch``, with components whose elements differ in length batched as bags of ids
+        (a :class:`~pstrain.JaggedTensor`), as TF's ``ragged_batch`` makes them ragged. Which
+        components: with a declared ``element_spec`` (``from_generator``'s signature), those
+        of shape ``(None,)``, as TF; without one, every 1-D integer component (a feature's ids,
+        however many). Other components batch as ``batch`` does; elements of other shapes
+        that differ are refused (a JaggedTensor holds ids: ``padded_batch`` pads the rest).
+        ``row_splits_dtype`` and ``name`` are TF's, accepted (the offsets are int64)."""
+        whole(batch_size, "batch_size", 1)
+        spec = self._spec
+        return self._chunked(batch_size, drop_remainder, lambda chunk: ragged(chunk, spec))
 
     def _chunked(self, size: int, drop_remainder: bool, combine: Callable[[list[Any]], Any]) -> Dataset:
         """Batches of ``size`` consecutive elements, each made by ``combine`` (element by

@@ -14,10 +14,12 @@ from .._base.errors import InvalidArgumentError
 from .._kernels.batches import take_examples
 
 __all__ = [
+    "BAGS",
     "COMPONENT_CONVERTERS",
     "is_jagged",
     "leaves_len",
     "padded",
+    "ragged",
     "rows_of",
     "stack",
     "structure_of",
@@ -51,6 +53,8 @@ def leaves_len(structure: Any, what: str = "from_tensor_slices") -> int:
 #: Turn a component of a type defined above this layer into one that slices by rows (a
 #: SparseTensor or RaggedTensor, pstrain's or TF's, into a ``JaggedTensor``), or return None.
 COMPONENT_CONVERTERS: list[Callable[[Any], Any]] = []
+#: The type of a batch of bags of ids, ``(values, lengths)``: ``JaggedTensor`` (``ragged_batch``).
+BAGS: list[Callable[[np.ndarray, np.ndarray], Any]] = []
 
 
 def to_arrays(structure: Any) -> Any:
@@ -101,6 +105,42 @@ def stack(elements: list[Any]) -> Any:
                 f"{arrays[0].shape} and element {i} had shape {a.shape} (padded_batch pads them; "
                 "bags of ids batch as a JaggedTensor)"
             )
+    return np.stack(arrays)
+
+
+def ragged(elements: list[Any], spec: Any = None, where: str = "") -> Any:
+    """``ragged_batch``'s batch of ``elements``, component by component (``spec``: the
+    dataset's declared element_spec, or None)."""
+    first = elements[0]
+    if isinstance(first, dict):
+        return {k: ragged([e[k] for e in elements], _part(spec, k), f"{where}[{k!r}]") for k in first}
+    if isinstance(first, tuple):
+        return tuple(
+            ragged([e[i] for e in elements], _part(spec, i), f"{where}[{i}]") for i in range(len(first))
+        )
+    if is_jagged(first):
+        return type(first).concat(elements)
+    arrays = [np.asarray(e) for e in elements]
+    declared = getattr(spec, "shape", None)
+    if declared is not None:
+        bags = len(declared) == 1 and declared[0] is None
+    else:
+        bags = all(a.ndim == 1 and a.dtype.kind in "iu" for a in arrays)
+    if bags:
+        bad = next((a for a in arrays if a.ndim != 1 or (a.size and a.dtype.kind not in "iu")), None)
+        if bad is not None:
+            raise InvalidArgumentError(
+                f"ragged_batch: component{where} holds ids of variable length, but an element "
+                f"is {bad.dtype} of shape {bad.shape}"
+            )
+        lengths = np.fromiter((a.size for a in arrays), np.int64, len(arrays))
+        return BAGS[0](np.concatenate(arrays), lengths)
+    shapes = {a.shape for a in arrays}
+    if len(shapes) > 1:
+        raise InvalidArgumentError(
+            f"ragged_batch: component{where}'s elements have shapes {sorted(shapes)}: only 1-D "
+            "integer ids batch as bags (a JaggedTensor); padded_batch pads other elements"
+        )
     return np.stack(arrays)
 
 

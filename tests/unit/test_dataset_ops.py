@@ -289,6 +289,38 @@ def test_padded_batch_pads_each_component_as_tf_does():
         list(bags.padded_batch(2))
 
 
+def test_ragged_batch_batches_ids_of_any_length_as_bags():
+    """TF's documented example (``range(6).map(range).ragged_batch(2)``); with a declared
+    signature, the components of shape (None,) become bags and fixed ones stack, as TF
+    decides by the static shape; other elements that differ are refused by component."""
+    ranges = Dataset.range(6).map(lambda x: np.arange(int(x)))
+    got = list(ranges.ragged_batch(2))
+    assert all(isinstance(b, JaggedTensor) for b in got)
+    assert [b.to_lists() for b in got] == [[[], [0]], [[0, 1], [0, 1, 2]], [[0, 1, 2, 3], [0, 1, 2, 3, 4]]]
+    assert [len(b) for b in ranges.ragged_batch(4, drop_remainder=True)] == [4]
+
+    def examples():
+        for n in (2, 0, 3):
+            yield {"ids": np.arange(n, dtype=np.int64), "pos": np.full(3, n, np.int64), "y": np.float32(n)}
+
+    signature = {
+        "ids": TensorSpec((None,), np.int64),
+        "pos": TensorSpec((3,), np.int64),
+        "y": TensorSpec((), np.float32),
+    }
+    (batch,) = Dataset.from_generator(examples, output_signature=signature).ragged_batch(3)
+    assert batch["ids"].to_lists() == [[0, 1], [], [0, 1, 2]]
+    assert batch["pos"].tolist() == [[2, 2, 2], [0, 0, 0], [3, 3, 3]] and batch["y"].tolist() == [2, 0, 3]
+    mixed = Dataset.zip((ranges, ranges.map(lambda r: r.astype(np.float32))))
+    with pytest.raises(InvalidArgumentError, match=r"ragged_batch: component\[1\]'s elements have shapes"):
+        list(mixed.ragged_batch(2))
+    declared = Dataset.from_generator(
+        lambda: iter([np.zeros(2, np.float32)]), output_signature=TensorSpec((None,), np.float32)
+    )
+    with pytest.raises(InvalidArgumentError, match="holds ids of variable length, but an element is float32"):
+        list(declared.ragged_batch(2))
+
+
 def test_interleave_takes_blocks_from_a_cycle_of_datasets_in_tfs_order():
     ds = Dataset.range(1, 6)
     got = ds.interleave(lambda x: Dataset.from_tensors(x).repeat(6), cycle_length=2, block_length=4)
