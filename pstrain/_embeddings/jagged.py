@@ -162,7 +162,19 @@ class JaggedTensor:
                     f"JaggedTensor.from_dense: weights must have the ids' shape {arr.shape}, got {w.shape}"
                 )
             w = w.reshape(-1)
-        return cls(arr.reshape(-1), np.full(arr.shape[0], arr.shape[1]), weights=w)
+        n, width = arr.shape
+        # Every bag ``width`` long: the offsets and the width are known, nothing to check or
+        # sum (a batch's single-hot features come this way).
+        jagged = cls.__new__(cls)
+        jagged.values = _ids(arr.reshape(-1), "JaggedTensor.from_dense")
+        jagged.offsets = np.arange(n + 1, dtype=np.int64) * width
+        jagged._width = width if n else None  # noqa: SLF001 - this class's own
+        jagged.weights = None
+        if w is not None:
+            if w.dtype.kind not in "fiu":
+                raise InvalidArgumentError(f"JaggedTensor.from_dense: weights must be numbers, got {w.dtype}")
+            jagged.weights = w if w.dtype.kind == "f" else w.astype(np.float32)
+        return jagged
 
     @classmethod
     def from_sparse(cls, sp_ids: Any, sp_weights: Any = None) -> JaggedTensor:

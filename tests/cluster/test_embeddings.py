@@ -173,6 +173,15 @@ def test_jagged_features_come_from_every_kind_of_input():
     assert JaggedTensor.from_row_splits([0, 1, 3], [0, 2, 2, 3, 3]) == from_sparse
     assert JaggedTensor.from_lists([[0, 1], [], [3], []]) == from_sparse
     assert JaggedTensor.from_dense(np.array([[1, 2], [3, 4]])).to_lists() == [[1, 2], [3, 4]]
+    for shape in ((5, 1), (3, 2), (0, 2), (3, 0)):  # as the same bags given by their lengths
+        ids = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
+        dense, by_lengths = (
+            JaggedTensor.from_dense(ids),
+            JaggedTensor(ids.reshape(-1), np.full(shape[0], shape[1])),
+        )
+        assert dense == by_lengths and dense.width() == by_lengths.width() and dense.offsets.dtype == np.int64
+    weighted = JaggedTensor.from_dense(np.array([[1, 2]]), np.array([[2, 3]]))
+    assert weighted.weights.dtype == np.float32 and weighted.weights.tolist() == [2.0, 3.0]
     kjt = KeyedJaggedTensor(["a", "b"], [1, 2, 3, 4], lengths=[1, 0, 2, 1], weights=[0.5, 1.0, 1.0, 2.0])
     assert kjt.keys() == ["a", "b"] and kjt.stride() == 2
     assert kjt["a"].to_lists() == [[1], []] and kjt["b"].to_lists() == [[2, 3], [4]]
