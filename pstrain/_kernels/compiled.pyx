@@ -1598,6 +1598,74 @@ cdef uint64_t _fingerprint64(const uint8_t* s, uint64_t n) noexcept nogil:
     return _h16(_h16(v0, w0, mul) + _smix(y) * FH_K0 + z, _h16(v1, w1, mul) + x, mul)
 
 
+cdef inline uint64_t _rotl(uint64_t v, int s) noexcept nogil:
+    return (v << s) | (v >> (64 - s))
+
+
+cdef inline void _sipround(uint64_t* v) noexcept nogil:
+    v[0] += v[1]
+    v[1] = _rotl(v[1], 13)
+    v[1] ^= v[0]
+    v[0] = _rotl(v[0], 32)
+    v[2] += v[3]
+    v[3] = _rotl(v[3], 16)
+    v[3] ^= v[2]
+    v[0] += v[3]
+    v[3] = _rotl(v[3], 21)
+    v[3] ^= v[0]
+    v[2] += v[1]
+    v[1] = _rotl(v[1], 17)
+    v[1] ^= v[2]
+    v[2] = _rotl(v[2], 32)
+
+
+cdef uint64_t _siphash24(const uint8_t* s, uint64_t n, uint64_t k0, uint64_t k1) noexcept nogil:
+    cdef uint64_t v[4]
+    v[0] = k0 ^ 0x736f6d6570736575ULL
+    v[1] = k1 ^ 0x646f72616e646f6dULL
+    v[2] = k0 ^ 0x6c7967656e657261ULL
+    v[3] = k1 ^ 0x7465646279746573ULL
+    cdef uint64_t m, last = n << 56
+    cdef uint64_t i, whole = n - (n & 7)
+    i = 0
+    while i < whole:
+        m = _fetch64(s + i)
+        v[3] ^= m
+        _sipround(v)
+        _sipround(v)
+        v[0] ^= m
+        i += 8
+    for i in range(n & 7):
+        last |= (<uint64_t>s[whole + i]) << (8 * i)
+    v[3] ^= last
+    _sipround(v)
+    _sipround(v)
+    v[0] ^= last
+    v[2] ^= 0xff
+    for i in range(4):
+        _sipround(v)
+    return v[0] ^ v[1] ^ v[2] ^ v[3]
+
+
+def siphash24(const uint8_t[::1] data, const int64_t[::1] offsets, uint64_t k0, uint64_t k1):
+    """SipHash-2-4 with the key ``(k0, k1)`` of each string ``data[offsets[i]:offsets[i + 1]]``
+    (uint64): TensorFlow's ``tf.strings.to_hash_bucket_strong`` hash (its ``key``), whose
+    remainder is the bucket; Keras' ``Hashing`` with a ``salt``."""
+    cdef Py_ssize_t i, n = offsets.shape[0] - 1
+    if n < 0:
+        raise ValueError("siphash24: offsets must hold at least one number")
+    for i in range(n):
+        if offsets[i] < 0 or offsets[i + 1] < offsets[i] or offsets[i + 1] > data.shape[0]:
+            raise ValueError("siphash24: offsets outside the data or decreasing")
+    out = np.empty(n, np.uint64)
+    cdef uint64_t[::1] o = out
+    cdef const uint8_t* base = &data[0] if data.shape[0] else <const uint8_t*>b""
+    with nogil:
+        for i in range(n):
+            o[i] = _siphash24(base + offsets[i], <uint64_t>(offsets[i + 1] - offsets[i]), k0, k1)
+    return out
+
+
 def fingerprint64(const uint8_t[::1] data, const int64_t[::1] offsets):
     """FarmHash's Fingerprint64 of each string ``data[offsets[i]:offsets[i + 1]]`` (uint64):
     TensorFlow's ``tf.fingerprint(..., "farmhash64")`` of a string, whose remainder is

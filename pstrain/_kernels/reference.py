@@ -45,6 +45,7 @@ __all__ = [
     "take_bags",
     "take_fixed",
     "shard_ids",
+    "siphash24",
     "stamp_rows",
     "unique_first",
     "unique_in_span",
@@ -759,3 +760,52 @@ def fingerprint64(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         raise ValueError("fingerprint64: offsets outside the data or decreasing")
     raw = data.tobytes()
     return np.array([_fingerprint(raw[offsets[i] : offsets[i + 1]]) for i in range(n)], np.uint64)
+
+
+def _sipround(v: list[int]) -> None:
+    v[0] = (v[0] + v[1]) & _M64
+    v[1] = _rotl64(v[1], 13) ^ v[0]
+    v[0] = _rotl64(v[0], 32)
+    v[2] = (v[2] + v[3]) & _M64
+    v[3] = _rotl64(v[3], 16) ^ v[2]
+    v[0] = (v[0] + v[3]) & _M64
+    v[3] = _rotl64(v[3], 21) ^ v[0]
+    v[2] = (v[2] + v[1]) & _M64
+    v[1] = _rotl64(v[1], 17) ^ v[2]
+    v[2] = _rotl64(v[2], 32)
+
+
+def _rotl64(v: int, s: int) -> int:
+    return ((v << s) | (v >> (64 - s))) & _M64
+
+
+def _siphash(raw: bytes, k0: int, k1: int) -> int:
+    v = [k0 ^ 0x736F6D6570736575, k1 ^ 0x646F72616E646F6D, k0 ^ 0x6C7967656E657261, k1 ^ 0x7465646279746573]
+    whole = len(raw) - len(raw) % 8
+    for i in range(0, whole, 8):
+        m = int.from_bytes(raw[i : i + 8], "little")
+        v[3] ^= m
+        _sipround(v)
+        _sipround(v)
+        v[0] ^= m
+    last = ((len(raw) & 0xFF) << 56) | int.from_bytes(raw[whole:], "little")
+    v[3] ^= last
+    _sipround(v)
+    _sipround(v)
+    v[0] ^= last
+    v[2] ^= 0xFF
+    for _ in range(4):
+        _sipround(v)
+    return v[0] ^ v[1] ^ v[2] ^ v[3]
+
+
+def siphash24(data: np.ndarray, offsets: np.ndarray, k0: int, k1: int) -> np.ndarray:
+    n = offsets.shape[0] - 1
+    if n < 0:
+        raise ValueError("siphash24: offsets must hold at least one number")
+    if n and (int(offsets[0]) < 0 or np.any(np.diff(offsets) < 0) or int(offsets[-1]) > data.shape[0]):
+        raise ValueError("siphash24: offsets outside the data or decreasing")
+    raw = data.tobytes()
+    return np.array(
+        [_siphash(raw[offsets[i] : offsets[i + 1]], int(k0), int(k1)) for i in range(n)], np.uint64
+    )

@@ -1,7 +1,9 @@
 """Strings to ids, as TensorFlow hashes them: ``to_hash_bucket_fast`` (TF's
-``tf.strings.to_hash_bucket_fast``, what Keras' ``Hashing`` layer does without a salt) and
-``fingerprint64``, FarmHash's Fingerprint64 of each string (what TF's
-``tf.fingerprint(..., "farmhash64")`` gives, as a number). The same string gets the same
+``tf.strings.to_hash_bucket_fast``, what Keras' ``Hashing`` layer does without a salt),
+``to_hash_bucket_strong`` (TF's, SipHash-2-4 with a 128-bit key: Keras' ``Hashing`` with a
+``salt``, ``salt=s`` being the key ``[s, s]``) and ``fingerprint64``, FarmHash's
+Fingerprint64 of each string (what TF's ``tf.fingerprint(..., "farmhash64")`` gives, as a
+number). The same string gets the same
 bucket as in a TF pipeline, so features hashed there and here meet the same rows.
 
 A ``str`` is hashed as its UTF-8 bytes (as TF converts it); ``bytes`` as they are. The
@@ -11,10 +13,13 @@ result has the input's shape. The hash runs compiled, without Python per byte.
 [157, 913]
 >>> int(fingerprint64("hello"))
 13009744463427800296
+>>> to_hash_bucket_strong(["A", "B", "C", "D", "E"], 3, [133, 137]).tolist()  # Keras' example
+[1, 2, 1, 0, 2]
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -23,7 +28,7 @@ from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from .._kernels import KERNELS
 
-__all__ = ["fingerprint64", "to_hash_bucket_fast"]
+__all__ = ["fingerprint64", "to_hash_bucket_fast", "to_hash_bucket_strong"]
 
 
 def fingerprint64(input: Any) -> np.ndarray:  # noqa: A002 - TF's name
@@ -31,11 +36,7 @@ def fingerprint64(input: Any) -> np.ndarray:  # noqa: A002 - TF's name
     lists of them), as uint64 of the input's shape. ``.view(np.int64)`` makes them ids for
     a ``DynamicEmbedding``."""
     strings = _strings(input, "fingerprint64")
-    flat = [_bytes(s) for s in strings.reshape(-1)]
-    data = np.frombuffer(b"".join(flat), np.uint8) if flat else np.zeros(0, np.uint8)
-    offsets = np.zeros(len(flat) + 1, np.int64)
-    np.cumsum([len(b) for b in flat], out=offsets[1:])
-    out = KERNELS.fingerprint64(np.ascontiguousarray(data), offsets).reshape(strings.shape)
+    out = KERNELS.fingerprint64(*_packed(strings)).reshape(strings.shape)
     return out[()] if out.ndim == 0 else out
 
 
@@ -43,13 +44,54 @@ def to_hash_bucket_fast(input: Any, num_buckets: int, name: str | None = None) -
     """Each string of ``input`` to a bucket in ``[0, num_buckets)``: its
     :func:`fingerprint64` modulo ``num_buckets``, as TF's ``to_hash_bucket_fast`` (int64, the
     input's shape)."""
+    _num_buckets(num_buckets, "to_hash_bucket_fast")
+    return _buckets(np.asarray(fingerprint64(input)), num_buckets)
+
+
+def to_hash_bucket_strong(
+    input: Any,  # noqa: A002 - TF's name
+    num_buckets: int,
+    key: Sequence[int],
+    name: str | None = None,
+) -> np.ndarray:
+    """Each string of ``input`` to a bucket in ``[0, num_buckets)``: its SipHash-2-4 under the
+    128-bit ``key`` (two integers, each taken as 64 bits, as TF takes them) modulo
+    ``num_buckets``, as TF's ``to_hash_bucket_strong`` (int64, the input's shape). Keras'
+    ``Hashing(num_bins, salt=s)`` is ``key=[s, s]`` (or ``salt`` itself, given as two)."""
+    _num_buckets(num_buckets, "to_hash_bucket_strong")
+    words = list(key) if isinstance(key, (list, tuple, np.ndarray)) else None
+    if (
+        words is None
+        or len(words) != 2
+        or not all(isinstance(k, (int, np.integer)) and not isinstance(k, bool) for k in words)
+        or not all(-(2**63) <= int(k) < 2**64 for k in words)
+    ):
+        raise InvalidArgumentError(f"to_hash_bucket_strong: key must be two 64-bit integers, got {key!r}")
+    k0, k1 = (int(k) % 2**64 for k in words)
+    strings = _strings(input, "to_hash_bucket_strong")
+    hashes = KERNELS.siphash24(*_packed(strings), k0, k1).reshape(strings.shape)
+    return _buckets(hashes, num_buckets)
+
+
+def _num_buckets(num_buckets: Any, what: str) -> None:
     if isinstance(num_buckets, bool) or not isinstance(num_buckets, (int, np.integer)) or num_buckets < 1:
         raise InvalidArgumentError(
-            f"to_hash_bucket_fast: num_buckets must be an integer of 1 or more, got {num_buckets!r}"
+            f"{what}: num_buckets must be an integer of 1 or more, got {num_buckets!r}"
         )
-    fingerprints = np.asarray(fingerprint64(input))
-    out = (fingerprints % np.uint64(num_buckets)).astype(np.int64)
+
+
+def _buckets(hashes: np.ndarray, num_buckets: int) -> np.ndarray:
+    out = (hashes % np.uint64(num_buckets)).astype(np.int64)
     return out[()] if out.ndim == 0 else out
+
+
+def _packed(strings: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The strings' bytes end to end, and where each starts, then the end."""
+    flat = [_bytes(s) for s in strings.reshape(-1)]
+    data = np.frombuffer(b"".join(flat), np.uint8) if flat else np.zeros(0, np.uint8)
+    offsets = np.zeros(len(flat) + 1, np.int64)
+    np.cumsum([len(b) for b in flat], out=offsets[1:])
+    return np.ascontiguousarray(data), offsets
 
 
 def _strings(input: Any, what: str) -> np.ndarray:  # noqa: A002

@@ -119,7 +119,7 @@ ADDED = {
     "pstrain.testing": {"untyped_call"},
     # what a Keras user ports: the other schedules, initializers and metrics
     "pstrain.checkpoint": {"latest_checkpoint", "list_variables", "load_variable"},
-    "pstrain.strings": {"fingerprint64", "to_hash_bucket_fast"},
+    "pstrain.strings": {"fingerprint64", "to_hash_bucket_fast", "to_hash_bucket_strong"},
     "pstrain.metrics": {
         "BinaryAccuracy",
         "BinaryCrossentropy",

@@ -1,7 +1,8 @@
-"""``pstrain.strings`` against TensorFlow's own numbers: ``tf.fingerprint(..., "farmhash64")``
-and ``tf.strings.to_hash_bucket_fast`` of strings of every length to 300 (each branch of
-FarmHash), ASCII and not (``references/make_references.py tf_strings``); the compiled kernel
-against the Python one on random bytes; and the input forms."""
+"""``pstrain.strings`` against TensorFlow's own numbers: ``tf.fingerprint(..., "farmhash64")``,
+``tf.strings.to_hash_bucket_fast`` and ``to_hash_bucket_strong`` (four keys) of strings of
+every length to 300 (each branch of FarmHash, each tail of SipHash), ASCII and not
+(``references/make_references.py tf_strings``); the compiled kernels against the Python ones
+on random bytes; and the input forms."""
 
 from __future__ import annotations
 
@@ -27,6 +28,23 @@ def test_fingerprints_and_buckets_are_tensorflows():
         assert pstrain.strings.to_hash_bucket_fast(TF["strings"], int(k)).tolist() == buckets
 
 
+def test_strong_buckets_are_tensorflows_for_every_key():
+    for key, by_count in TF["strong_buckets"].items():
+        k0, k1 = (int(k) for k in key.split(","))
+        for n, buckets in by_count.items():
+            got = pstrain.strings.to_hash_bucket_strong(TF["strings"], int(n), [k0, k1])
+            assert got.tolist() == buckets, (key, n)
+    # Keras' Hashing(salt=133) is the key [133, 133]; a key as numpy integers, or past 2**63
+    # (TF takes each as 64 bits), hashes the same
+    assert (
+        pstrain.strings.to_hash_bucket_strong("bob", 7, np.array([133, 133]))
+        == TF["strong_buckets"]["133,133"]["7"][TF["strings"].index("bob")]
+    )
+    assert pstrain.strings.to_hash_bucket_strong(["a"], 1000003, [-1, 5]).tolist() == (
+        pstrain.strings.to_hash_bucket_strong(["a"], 1000003, [2**64 - 1, 5]).tolist()
+    )
+
+
 def test_the_compiled_hash_is_the_python_one_on_random_bytes():
     rng = np.random.default_rng(3)
     strings = [bytes(rng.integers(0, 256, n).astype(np.uint8)) for n in [*range(0, 200), 255, 256, 257, 1000]]
@@ -35,9 +53,23 @@ def test_the_compiled_hash_is_the_python_one_on_random_bytes():
     np.testing.assert_array_equal(
         compiled.fingerprint64(data, offsets), reference.fingerprint64(data, offsets)
     )
+    for k0, k1 in ((0, 0), (2**64 - 1, 7), (0x0706050403020100, 0x0F0E0D0C0B0A0908)):
+        np.testing.assert_array_equal(
+            compiled.siphash24(data, offsets, k0, k1), reference.siphash24(data, offsets, k0, k1)
+        )
     for kernels in (compiled, reference):
         with pytest.raises(ValueError, match="offsets outside the data or decreasing"):
             kernels.fingerprint64(data, np.array([0, 5, 3], np.int64))
+        with pytest.raises(ValueError, match="offsets outside the data or decreasing"):
+            kernels.siphash24(data, np.array([0, 5, 3], np.int64), 1, 2)
+
+
+def test_siphash_gives_the_papers_test_vector():
+    """SipHash-2-4's reference vector (Aumasson and Bernstein, appendix A): key 00..0f, message
+    00..0e, hash a129ca6149be45e5."""
+    data = np.arange(15, dtype=np.uint8)
+    got = compiled.siphash24(data, np.array([0, 15], np.int64), 0x0706050403020100, 0x0F0E0D0C0B0A0908)
+    assert int(got[0]) == 0xA129CA6149BE45E5
 
 
 def test_inputs_of_any_shape_and_kind_and_refusals():
@@ -61,6 +93,11 @@ def test_inputs_of_any_shape_and_kind_and_refusals():
             "takes strings, got an array of int64",
         ),
         (lambda: pstrain.strings.fingerprint64(["a", 3]), "must be str or bytes, got int"),
+        (lambda: pstrain.strings.to_hash_bucket_strong(["a"], 5, [1]), "key must be two 64-bit integers"),
+        (lambda: pstrain.strings.to_hash_bucket_strong(["a"], 5, 133), "key must be two 64-bit integers"),
+        (lambda: pstrain.strings.to_hash_bucket_strong(["a"], 5, [1.5, 2]), "key must be two 64-bit"),
+        (lambda: pstrain.strings.to_hash_bucket_strong(["a"], 5, [2**64, 2]), "key must be two 64-bit"),
+        (lambda: pstrain.strings.to_hash_bucket_strong(["a"], 0, [1, 2]), "num_buckets must be"),
     ):
         with pytest.raises(InvalidArgumentError, match=message):
             bad()

@@ -498,8 +498,9 @@ def tf_scatter_cases(seed: int = 7) -> None:
 
 
 def tf_string_cases(seed: int = 8) -> None:
-    """``tf.fingerprint(..., "farmhash64")`` and ``tf.strings.to_hash_bucket_fast`` of strings
-    of every length up to 300 (each branch of FarmHash), ASCII and not."""
+    """``tf.fingerprint(..., "farmhash64")``, ``tf.strings.to_hash_bucket_fast`` and
+    ``to_hash_bucket_strong`` (SipHash-2-4, four keys) of strings of every length up to 300
+    (each branch of FarmHash, each tail of SipHash), ASCII and not."""
     import json
 
     import tensorflow as tf
@@ -513,7 +514,21 @@ def tf_string_cases(seed: int = 8) -> None:
     buckets = {
         str(k): tf.strings.to_hash_bucket_fast(tf.constant(strings), k).numpy().tolist() for k in (7, 1000003)
     }
-    out = {"version": tf.__version__, "strings": strings, "fingerprint64": as_ints, "buckets": buckets}
+    # SipHash-2-4 with a 128-bit key (Keras' Hashing with a salt: salt=133 is key [133, 133])
+    strong = {
+        f"{k0},{k1}": {
+            str(n): tf.strings.to_hash_bucket_strong(tf.constant(strings), n, [k0, k1]).numpy().tolist()
+            for n in (7, 1000003, 2**62)
+        }
+        for k0, k1 in ((0, 0), (133, 133), (133, 137), (2**63 - 25, 987654321))
+    }
+    out = {
+        "version": tf.__version__,
+        "strings": strings,
+        "fingerprint64": as_ints,
+        "buckets": buckets,
+        "strong_buckets": strong,
+    }
     (HERE / "tf_strings.json").write_text(json.dumps(out, ensure_ascii=False) + "\n")
 
 
