@@ -1647,16 +1647,23 @@ cdef uint64_t _siphash24(const uint8_t* s, uint64_t n, uint64_t k0, uint64_t k1)
     return v[0] ^ v[1] ^ v[2] ^ v[3]
 
 
+cdef Py_ssize_t _strings_checked(const uint8_t[::1] data, const int64_t[::1] offsets, str what) except -1:
+    """The number of strings ``data[offsets[i]:offsets[i + 1]]``, each checked to lie in
+    ``data`` (the hashes' arguments)."""
+    cdef Py_ssize_t i, n = offsets.shape[0] - 1
+    if n < 0:
+        raise ValueError(f"{what}: offsets must hold at least one number")
+    for i in range(n):
+        if offsets[i] < 0 or offsets[i + 1] < offsets[i] or offsets[i + 1] > data.shape[0]:
+            raise ValueError(f"{what}: offsets outside the data or decreasing")
+    return n
+
+
 def siphash24(const uint8_t[::1] data, const int64_t[::1] offsets, uint64_t k0, uint64_t k1):
     """SipHash-2-4 with the key ``(k0, k1)`` of each string ``data[offsets[i]:offsets[i + 1]]``
     (uint64): TensorFlow's ``tf.strings.to_hash_bucket_strong`` hash (its ``key``), whose
     remainder is the bucket; Keras' ``Hashing`` with a ``salt``."""
-    cdef Py_ssize_t i, n = offsets.shape[0] - 1
-    if n < 0:
-        raise ValueError("siphash24: offsets must hold at least one number")
-    for i in range(n):
-        if offsets[i] < 0 or offsets[i + 1] < offsets[i] or offsets[i + 1] > data.shape[0]:
-            raise ValueError("siphash24: offsets outside the data or decreasing")
+    cdef Py_ssize_t i, n = _strings_checked(data, offsets, "siphash24")
     out = np.empty(n, np.uint64)
     cdef uint64_t[::1] o = out
     cdef const uint8_t* base = &data[0] if data.shape[0] else <const uint8_t*>b""
@@ -1670,12 +1677,7 @@ def fingerprint64(const uint8_t[::1] data, const int64_t[::1] offsets):
     """FarmHash's Fingerprint64 of each string ``data[offsets[i]:offsets[i + 1]]`` (uint64):
     TensorFlow's ``tf.fingerprint(..., "farmhash64")`` of a string, whose remainder is
     ``tf.strings.to_hash_bucket_fast``'s bucket."""
-    cdef Py_ssize_t i, n = offsets.shape[0] - 1
-    if n < 0:
-        raise ValueError("fingerprint64: offsets must hold at least one number")
-    for i in range(n):
-        if offsets[i] < 0 or offsets[i + 1] < offsets[i] or offsets[i + 1] > data.shape[0]:
-            raise ValueError("fingerprint64: offsets outside the data or decreasing")
+    cdef Py_ssize_t i, n = _strings_checked(data, offsets, "fingerprint64")
     out = np.empty(n, np.uint64)
     cdef uint64_t[::1] o = out
     cdef const uint8_t* base = &data[0] if data.shape[0] else <const uint8_t*>b""

@@ -752,12 +752,17 @@ def _fingerprint(s: bytes) -> int:
     return _fh_h16((_fh_h16(v0, w0, mul) + (y ^ (y >> 47)) * k0 + z) & m, (_fh_h16(v1, w1, mul) + x) & m, mul)
 
 
-def fingerprint64(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+def _strings_checked(data: np.ndarray, offsets: np.ndarray, what: str) -> int:
     n = offsets.shape[0] - 1
     if n < 0:
-        raise ValueError("fingerprint64: offsets must hold at least one number")
+        raise ValueError(f"{what}: offsets must hold at least one number")
     if n and (int(offsets[0]) < 0 or np.any(np.diff(offsets) < 0) or int(offsets[-1]) > data.shape[0]):
-        raise ValueError("fingerprint64: offsets outside the data or decreasing")
+        raise ValueError(f"{what}: offsets outside the data or decreasing")
+    return n
+
+
+def fingerprint64(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    n = _strings_checked(data, offsets, "fingerprint64")
     raw = data.tobytes()
     return np.array([_fingerprint(raw[offsets[i] : offsets[i + 1]]) for i in range(n)], np.uint64)
 
@@ -800,11 +805,7 @@ def _siphash(raw: bytes, k0: int, k1: int) -> int:
 
 
 def siphash24(data: np.ndarray, offsets: np.ndarray, k0: int, k1: int) -> np.ndarray:
-    n = offsets.shape[0] - 1
-    if n < 0:
-        raise ValueError("siphash24: offsets must hold at least one number")
-    if n and (int(offsets[0]) < 0 or np.any(np.diff(offsets) < 0) or int(offsets[-1]) > data.shape[0]):
-        raise ValueError("siphash24: offsets outside the data or decreasing")
+    n = _strings_checked(data, offsets, "siphash24")
     raw = data.tobytes()
     return np.array(
         [_siphash(raw[offsets[i] : offsets[i + 1]], int(k0), int(k1)) for i in range(n)], np.uint64
