@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import glob
 import inspect
+import json
 import logging
 import os
 import re
@@ -40,10 +41,11 @@ from collections.abc import Callable
 from typing import Any
 
 from .._base.checks import number, whole
-from .._base.errors import FailedPreconditionError, InvalidArgumentError
+from .._base.errors import DataLossError, FailedPreconditionError, InvalidArgumentError
 from .._base.exports import expose
 from .._formats.files.checkpoint_files import INDEX, remove_checkpoint
 from .._formats.files.delta_files import delta_prefix, split_delta
+from .._formats.files.tensor_files import write_atomically
 from .._variables.variables import Variable
 from . import kept
 from .checkpoint import Checkpoint
@@ -65,7 +67,13 @@ class CheckpointManager:
     ``checkpoint_interval``, :meth:`save` saves only once the step has moved that many
     steps past the last save (``check_interval=False``: whenever the step moved), and
     returns None otherwise; :meth:`restore_or_initialize` restores the newest save, or
-    calls ``init_fn`` when there is none. ``keep_checkpoint_every_n_hours`` is not taken.
+    calls ``init_fn`` when there is none. With ``keep_checkpoint_every_n_hours``, a save
+    that leaves the ``max_to_keep`` kept is preserved instead of deleted if it was written at
+    least that many hours after the last one preserved (or after this manager was made):
+    it stays on disk for good (no manager in the directory deletes it, whatever its
+    settings) and leaves :attr:`checkpoints`, as TF's. Which saves are preserved is
+    recorded in ``<checkpoint_name>.preserved.json`` beside them; a save's time is its
+    index file's.
     """
 
     def __init__(
@@ -73,6 +81,7 @@ class CheckpointManager:
         checkpoint: Checkpoint,
         directory: str,
         max_to_keep: int | None = 5,
+        keep_checkpoint_every_n_hours: float | None = None,
         checkpoint_name: str = "ckpt",
         *,
         delta_interval_s: float | None = None,
@@ -97,6 +106,13 @@ class CheckpointManager:
             raise InvalidArgumentError(f"init_fn must be callable, got {type(init_fn).__name__}")
         if max_to_keep is not None:
             max_to_keep = whole(max_to_keep, "max_to_keep (None keeps all)", 1)
+        if keep_checkpoint_every_n_hours is not None:
+            keep_checkpoint_every_n_hours = number(
+                keep_checkpoint_every_n_hours,
+                "keep_checkpoint_every_n_hours (None preserves none)",
+                above=True,
+                unit=" of hours",
+            )
         if delta_interval_s is not None:
             delta_interval_s = number(
                 delta_interval_s, "delta_interval_s (None: no deltas)", above=True, unit=" of seconds"
@@ -120,7 +136,12 @@ class CheckpointManager:
         self.checkpoint = checkpoint
         self.directory = os.path.abspath(directory)
         self.max_to_keep = max_to_keep
+        self.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours
         self.checkpoint_name = checkpoint_name
+        preserved_at, self._preserved = _preserved(self.directory, checkpoint_name)
+        now = time.time()
+        # As TF: from a second before now, or the last preserved save (never in the future).
+        self._last_preserved = now - 1.0 if preserved_at is None else min(preserved_at, now)
         self.delta_interval_s = delta_interval_s
         self.deltas_per_base = deltas_per_base
         self.delta_write_s = float(delta_write_s)
@@ -137,7 +158,8 @@ class CheckpointManager:
         kept.track(self)  # Ctrl-C says which checkpoint was kept
 
     def _numbers(self) -> list[int]:
-        return _numbers(self.directory, self.checkpoint_name)
+        """The numbers of the saves this manager keeps to ``max_to_keep`` (not the preserved)."""
+        return [n for n in _numbers(self.directory, self.checkpoint_name) if n not in self._preserved]
 
     def _path(self, number: int) -> str:
         return os.path.join(self.directory, f"{self.checkpoint_name}-{number}")
@@ -147,7 +169,8 @@ class CheckpointManager:
 
     @property
     def checkpoints(self) -> list[str]:
-        """The complete full checkpoints kept, oldest first."""
+        """The complete full checkpoints kept to ``max_to_keep``, oldest first (those
+        preserved by ``keep_checkpoint_every_n_hours`` are not among them, as in TF)."""
         return [self._path(n) for n in self._numbers()]
 
     @property
@@ -206,7 +229,7 @@ class CheckpointManager:
 
     async def _save(self, checkpoint_number: int | None, compacted: bool) -> str:
         async with self._lock:
-            numbers = self._numbers()
+            numbers = _numbers(self.directory, self.checkpoint_name)  # (preserved ones too)
             number = (
                 checkpoint_number if checkpoint_number is not None else (numbers[-1] + 1 if numbers else 1)
             )
@@ -218,9 +241,29 @@ class CheckpointManager:
             path = await write(self._path(number), catch_up=catch_up)
             if self.max_to_keep is not None:
                 for old in self._numbers()[: -self.max_to_keep]:
-                    self._delete(old)
+                    if not self._preserve(old):
+                        self._delete(old)
         self._start()
         return path
+
+    def _preserve(self, number: int) -> bool:
+        """Keep save ``number`` for good, leaving the kept ones, if it was written at least
+        ``keep_checkpoint_every_n_hours`` after the last one preserved (TF's rule). Recorded
+        before anything is deleted."""
+        hours = self.keep_checkpoint_every_n_hours
+        if hours is None:
+            return False
+        try:
+            written = os.stat(self._path(number) + INDEX).st_mtime
+        except FileNotFoundError:
+            return False
+        if written - hours * 3600.0 < self._last_preserved:
+            return False
+        self._preserved.add(number)
+        self._last_preserved = written
+        _record_preserved(self.directory, self.checkpoint_name, written, self._preserved)
+        logger.info("checkpoint %s preserved (keep_checkpoint_every_n_hours=%g)", self._path(number), hours)
+        return True
 
     async def save_delta(self) -> str:
         """Write a delta on the newest full checkpoint (a full save instead if there is none
@@ -350,6 +393,37 @@ def latest_checkpoint(checkpoint_dir: str, latest_filename: str | None = None) -
 
 #: A full save's index file: ``<name>-<N>.index.json`` (a delta's name holds ``.delta-``).
 _FULL = re.compile(r"(.+)-(\d+)" + re.escape(INDEX))
+
+
+def _preserved_file(directory: str, name: str) -> str:
+    return os.path.join(directory, f"{name}.preserved.json")
+
+
+def _preserved(directory: str, name: str) -> tuple[float | None, set[int]]:
+    """When the last save of ``name`` was preserved (None: never), and the numbers of those
+    preserved, from the record beside them. A record that cannot be read is an error: the
+    saves it names must not be taken for ones to delete."""
+    path = _preserved_file(directory, name)
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+        at, numbers = record["last_preserved_timestamp"], record["preserved"]
+        if not isinstance(at, (int, float)) or not all(isinstance(n, int) and n >= 0 for n in numbers):
+            raise ValueError("bad types")
+    except FileNotFoundError:
+        return None, set()
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataLossError(
+            f"CheckpointManager: {path} (the saves keep_checkpoint_every_n_hours preserved) "
+            f"cannot be read ({exc}); fix or remove it"
+        ) from None
+    return float(at), set(numbers)
+
+
+def _record_preserved(directory: str, name: str, at: float, numbers: set[int]) -> None:
+    record = {"last_preserved_timestamp": at, "preserved": sorted(numbers)}
+    data = (json.dumps(record) + "\n").encode()
+    write_atomically(_preserved_file(directory, name), lambda f: f.write(data))
 
 
 def _numbers(directory: str, name: str) -> list[int]:

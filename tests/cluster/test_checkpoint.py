@@ -4,8 +4,11 @@ resharding, delayed restore, crash safety, evaluator."""
 from __future__ import annotations
 
 import asyncio
+import glob
 import json
 import os
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +16,7 @@ import pytest_asyncio
 
 import pstrain
 from pstrain._checkpoint.evaluator import restored_iterations
+from pstrain._formats.files.checkpoint_files import INDEX
 from pstrain._formats.files.tensor_files import write_tensors
 from pstrain._formats.messages.operations import ReadVariables
 from pstrain.checkpoint import Checkpoint, CheckpointManager, load_variables
@@ -295,6 +299,59 @@ async def test_manager_keeps_the_last_n_and_restores_the_latest(ps_server, tmp_p
     assert await v.numpy() == 4.0
     assert await manager.save(checkpoint_number=10) == str(tmp_path / "ckpt-10")
     assert manager.latest_checkpoint == str(tmp_path / "ckpt-10")
+
+
+TF_MANAGER = json.loads(
+    (Path(__file__).resolve().parents[1] / "unit" / "references" / "tf_manager.json").read_text()
+)
+
+
+@pytest.mark.parametrize(
+    "case", TF_MANAGER["cases"], ids=lambda c: f"keep{c['max_to_keep']}-every{c['hours']}h"
+)
+async def test_manager_preserves_a_save_every_n_hours_as_tfs_does(ps_server, tmp_path, case):
+    """``keep_checkpoint_every_n_hours``: after each save of a timeline, the saves on disk
+    and those ``checkpoints`` lists are TensorFlow's (``references/make_references.py
+    tf_manager``: TF's manager with its clock set to each save's time; here each save's
+    time is its index file's, set to the same timeline). A new manager, whatever its
+    settings, never deletes a preserved save."""
+    strategy = strategy_for(ps_server)
+    async with strategy.scope():
+        v = pstrain.Variable(0.0, name="v")
+    start = time.time()
+    manager = CheckpointManager(
+        Checkpoint(v=v),
+        str(tmp_path),
+        max_to_keep=case["max_to_keep"],
+        keep_checkpoint_every_n_hours=case["hours"],
+    )
+
+    def numbers(paths):
+        return sorted(int(os.path.basename(p).rsplit("-", 1)[1]) for p in paths)
+
+    for t, on_disk, listed in zip(case["times"], case["on_disk"], case["listed"]):
+        path = await manager.save()
+        os.utime(path + INDEX, (start + t * 3600, start + t * 3600))
+        assert numbers(p[: -len(INDEX)] for p in glob.glob(str(tmp_path / f"ckpt-*{INDEX}"))) == on_disk
+        assert numbers(manager.checkpoints) == listed
+    preserved = sorted(set(case["on_disk"][-1]) - set(case["listed"][-1]))
+    again = CheckpointManager(Checkpoint(v=v), str(tmp_path), max_to_keep=1)
+    await again.save()
+    kept = numbers(p[: -len(INDEX)] for p in glob.glob(str(tmp_path / f"ckpt-*{INDEX}")))
+    assert kept == [*preserved, len(case["times"]) + 1] and numbers(again.checkpoints) == [
+        len(case["times"]) + 1
+    ]
+
+
+async def test_a_managers_unreadable_record_of_preserved_saves_is_an_error(ps_server, tmp_path):
+    async with strategy_for(ps_server).scope():
+        v = pstrain.Variable(0.0, name="v")
+    (tmp_path / "ckpt.preserved.json").write_text("{not json")
+    with pytest.raises(pstrain.errors.DataLossError, match="ckpt.preserved.json .* cannot be read"):
+        CheckpointManager(Checkpoint(v=v), str(tmp_path))
+    for bad in (0, -1.0, "1", float("nan")):
+        with pytest.raises(pstrain.errors.InvalidArgumentError, match="keep_checkpoint_every_n_hours"):
+            CheckpointManager(Checkpoint(v=v), str(tmp_path / "other"), keep_checkpoint_every_n_hours=bad)
 
 
 async def test_manager_saves_at_tfs_step_interval_numbers_by_a_variable_and_initializes(ps_server, tmp_path):

@@ -2,7 +2,7 @@
 of TensorFlow's sparse lookups and of TorchRec's EmbeddingBagCollection on random batches,
 and Keras' schedules, metrics, optimizers and gradient clipping on random inputs. Run it
 in an environment that has the framework (pstrain's does not need it): ``python
-make_references.py tf`` (and ``tf_max_norm``, ``tf_rows``, ``tf_scatter``, ``tf_strings``,
+make_references.py tf`` (and ``tf_max_norm``, ``tf_rows``, ``tf_scatter``, ``tf_strings``, ``tf_manager``,
 ``keras_clipping``, ``keras_schedules``, ``keras_metrics``, ``keras_optimizers``) with
 tensorflow-cpu, ``python make_references.py torchrec`` with torchrec (see
 ../../../../shared/anchors/README.md for both).
@@ -532,6 +532,54 @@ def tf_string_cases(seed: int = 8) -> None:
     (HERE / "tf_strings.json").write_text(json.dumps(out, ensure_ascii=False) + "\n")
 
 
+#: Timelines of saves (hours after the manager was made) for ``tf_manager_cases``.
+MANAGER_TIMELINES = [
+    {"max_to_keep": 2, "hours": 1.0, "times": [0.4 * i for i in range(1, 13)]},
+    {"max_to_keep": 1, "hours": 0.5, "times": [0.1, 0.2, 0.7, 0.75, 0.8, 1.6, 1.7, 2.5, 2.6]},
+    {"max_to_keep": 3, "hours": 2.0, "times": [1.0, 2.5, 2.6, 2.7, 3.0, 5.0, 5.1, 5.2, 5.3, 9.0]},
+    {"max_to_keep": 2, "hours": None, "times": [1.0, 2.0, 3.0, 4.0]},
+]
+
+
+def tf_manager_cases() -> None:
+    """Which saves ``tf.train.CheckpointManager(max_to_keep, keep_checkpoint_every_n_hours)``
+    leaves on disk after each save of a timeline (its clock set to each save's time), and
+    which its ``checkpoints`` lists."""
+    import json
+    import os
+    import tempfile
+    from unittest import mock
+
+    import tensorflow as tf
+
+    start = 1_700_000_000.0
+    out = []
+    for case in MANAGER_TIMELINES:
+        directory = tempfile.mkdtemp()
+        clock = [start]
+        with mock.patch("time.time", lambda clock=clock: clock[0]):
+            manager = tf.train.CheckpointManager(
+                tf.train.Checkpoint(v=tf.Variable(0.0)),
+                directory,
+                max_to_keep=case["max_to_keep"],
+                keep_checkpoint_every_n_hours=case["hours"],
+            )
+            on_disk, listed = [], []
+            for t in case["times"]:
+                clock[0] = start + t * 3600.0
+                manager.save()
+                on_disk.append(
+                    sorted(
+                        int(p[len("ckpt-") : -len(".index")])
+                        for p in os.listdir(directory)
+                        if p.endswith(".index")
+                    )
+                )
+                listed.append([int(p.rsplit("-", 1)[1]) for p in manager.checkpoints])
+        out.append({**case, "on_disk": on_disk, "listed": listed})
+    (HERE / "tf_manager.json").write_text(json.dumps({"version": tf.__version__, "cases": out}) + "\n")
+
+
 if __name__ == "__main__":
     {
         "tf": tf_cases,
@@ -544,4 +592,5 @@ if __name__ == "__main__":
         "keras_optimizers": keras_optimizer_cases,
         "tf_scatter": tf_scatter_cases,
         "tf_strings": tf_string_cases,
+        "tf_manager": tf_manager_cases,
     }[sys.argv[1]]()
