@@ -103,7 +103,7 @@ ADDED = {
         "RequestCounts",
         "count_requests",
     },
-    "pstrain.data": {"AUTOTUNE", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY"},
+    "pstrain.data": {"AUTOTUNE", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "TextLineDataset"},
     "pstrain.optimizers": {"RowWiseAdagrad"},
     "pstrain.jax": {"PooledLookup", "pooled_lookup"},
     "pstrain.torch": {

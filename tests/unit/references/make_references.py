@@ -2,8 +2,9 @@
 of TensorFlow's sparse lookups and of TorchRec's EmbeddingBagCollection on random batches,
 and Keras' schedules, metrics, optimizers and gradient clipping on random inputs. Run it
 in an environment that has the framework (pstrain's does not need it): ``python
-make_references.py tf`` (and ``tf_max_norm``, ``tf_rows``, ``tf_scatter``, ``tf_strings``, ``tf_manager``,
-``keras_clipping``, ``keras_schedules``, ``keras_metrics``, ``keras_optimizers``) with
+make_references.py tf`` (and ``tf_max_norm``, ``tf_rows``, ``tf_scatter``, ``tf_strings``,
+``tf_manager``, ``tf_text_lines``, ``keras_clipping``, ``keras_schedules``,
+``keras_metrics``, ``keras_optimizers``) with
 tensorflow-cpu, ``python make_references.py torchrec`` with torchrec (see
 ../../../../shared/anchors/README.md for both).
 
@@ -580,6 +581,47 @@ def tf_manager_cases() -> None:
     (HERE / "tf_manager.json").write_text(json.dumps({"version": tf.__version__, "cases": out}) + "\n")
 
 
+#: Files for ``tf_text_line_cases``: line endings \n and \r\n, empty lines, a last line
+#: without an ending, an empty file, a long line.
+TEXT_FILES = {
+    "a.txt": "a,1\r\nb,2\n\nlast",
+    "b.txt": "x\ny\nz\n",
+    "empty.txt": "",
+    "c.txt": "\n\n" + "l" * 3000 + "\nend\r\n",
+}
+
+
+def tf_text_line_cases() -> None:
+    """``tf.data.TextLineDataset``'s elements for files of ``TEXT_FILES``, plain and
+    compressed (GZIP, ZLIB), one after another and with ``num_parallel_reads``."""
+    import gzip
+    import json
+    import tempfile
+    import zlib
+
+    import tensorflow as tf
+
+    directory = tempfile.mkdtemp()
+    for name, text in TEXT_FILES.items():
+        data = text.encode()
+        (Path(directory) / name).write_bytes(data)
+        (Path(directory) / (name + ".gz")).write_bytes(gzip.compress(data))
+        (Path(directory) / (name + ".z")).write_bytes(zlib.compress(data))
+    cases = []
+    orders = [["a.txt"], ["a.txt", "b.txt"], ["b.txt", "empty.txt", "c.txt", "a.txt"]]
+    for files in orders:
+        for parallel in (None, 2, 3):
+            for compression, suffix in ((None, ""), ("GZIP", ".gz"), ("ZLIB", ".z")):
+                paths = [str(Path(directory) / (f + suffix)) for f in files]
+                got = tf.data.TextLineDataset(paths, compression, num_parallel_reads=parallel)
+                lines = [x.decode() for x in got.as_numpy_iterator()]
+                cases.append(
+                    {"files": files, "parallel": parallel, "compression": compression, "lines": lines}
+                )
+    out = {"version": tf.__version__, "files": TEXT_FILES, "cases": cases}
+    (HERE / "tf_text_lines.json").write_text(json.dumps(out) + "\n")
+
+
 if __name__ == "__main__":
     {
         "tf": tf_cases,
@@ -593,4 +635,5 @@ if __name__ == "__main__":
         "tf_scatter": tf_scatter_cases,
         "tf_strings": tf_string_cases,
         "tf_manager": tf_manager_cases,
+        "tf_text_lines": tf_text_line_cases,
     }[sys.argv[1]]()

@@ -1,0 +1,83 @@
+"""``pstrain.data.TextLineDataset`` against TensorFlow's own lines
+(``references/make_references.py tf_text_lines``): files with ``\\n`` and ``\\r\\n``, empty
+lines, a last line without an ending, an empty file and a long line, plain, GZIP and ZLIB,
+one after another and read side by side; then refusals, and lines longer than a read."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pstrain.data import Dataset, TextLineDataset
+from pstrain.errors import InvalidArgumentError, NotFoundError
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+TF = json.loads((Path(__file__).resolve().parent / "references" / "tf_text_lines.json").read_text())
+SUFFIX = {None: "", "GZIP": ".gz", "ZLIB": ".z"}
+
+
+@pytest.fixture
+def files(tmp_path):
+    for name, text in TF["files"].items():
+        data = text.encode()
+        (tmp_path / name).write_bytes(data)
+        (tmp_path / (name + ".gz")).write_bytes(gzip.compress(data))
+        (tmp_path / (name + ".z")).write_bytes(zlib.compress(data))
+    return tmp_path
+
+
+def test_lines_are_tensorflows(files):
+    assert len(TF["cases"]) == 27
+    for case in TF["cases"]:
+        paths = [str(files / (f + SUFFIX[case["compression"]])) for f in case["files"]]
+        got = TextLineDataset(paths, case["compression"], num_parallel_reads=case["parallel"])
+        assert [x.decode() for x in got] == case["lines"], case
+        # read a few bytes at a time: lines across reads are joined as they were
+        small = TextLineDataset(
+            paths, case["compression"], buffer_size=3, num_parallel_reads=case["parallel"]
+        )
+        assert [x.decode() for x in small] == case["lines"], case
+
+
+def test_file_names_come_as_a_path_a_list_or_a_dataset_and_lines_batch(files):
+    a = files / "a.txt"
+    want = TF["files"]["a.txt"].replace("\r\n", "\n").split("\n")
+    assert [x.decode() for x in TextLineDataset(a)] == want  # a PathLike alone
+    assert [x.decode() for x in TextLineDataset(str(a).encode())] == want
+    names = Dataset.from_tensor_slices(np.array([str(files / "b.txt"), str(a)]))
+    assert [x.decode() for x in TextLineDataset(names)] == ["x", "y", "z", *want]
+    ds = TextLineDataset([str(a)])
+    assert ds.cardinality() == -2 and ds.element_spec.shape == () and ds.element_spec.dtype.kind == "S"
+    first = next(iter(ds.batch(3)))
+    assert first.tolist() == [b"a,1", b"b,2", b""]  # each iteration reads the files again
+    assert list(TextLineDataset([])) == []
+
+
+def test_what_cannot_be_read_is_refused_by_name(files):
+    with pytest.raises(NotFoundError, match="nope.txt: no such file"):
+        list(TextLineDataset(str(files / "nope.txt")))
+    with pytest.raises(InvalidArgumentError, match="is a directory"):
+        list(TextLineDataset(str(files)))
+    with pytest.raises(InvalidArgumentError, match="is not whole GZIP data"):
+        list(TextLineDataset(str(files / "a.txt"), "GZIP"))
+    with pytest.raises(InvalidArgumentError, match="is not ZLIB data"):
+        list(TextLineDataset(str(files / "a.txt"), "ZLIB"))
+    cut = files / "cut.z"
+    cut.write_bytes(zlib.compress(b"one\ntwo\n" * 100)[:-6])
+    with pytest.raises(InvalidArgumentError, match="ends inside its ZLIB data"):
+        list(TextLineDataset(str(cut), "ZLIB"))
+    for kwargs, match in (
+        ({"compression_type": "BZ2"}, "compression_type must be None, '', 'GZIP' or 'ZLIB'"),
+        ({"buffer_size": 0}, "buffer_size"),
+        ({"num_parallel_reads": 0}, "num_parallel_reads"),
+    ):
+        with pytest.raises(InvalidArgumentError, match=match):
+            TextLineDataset(str(files / "a.txt"), **kwargs)
+    with pytest.raises(InvalidArgumentError, match="filenames must be paths"):
+        TextLineDataset([3])
