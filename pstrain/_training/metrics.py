@@ -292,35 +292,86 @@ class BinaryAccuracy(_Averaged):
         await self._accumulate(hits, sample_weight)
 
 
+#: Keras' threshold under every prediction (``top_k`` without thresholds: the top ``k`` count).
+_BELOW_ALL = -1e10
+
+
+def _top_k_only(p: np.ndarray, k: int) -> np.ndarray:
+    """``p`` with all but each row's ``k`` largest values (last axis; of equal ones, the
+    first) set below every threshold, as Keras filters them."""
+    if p.ndim == 0:
+        return p
+    order = np.argsort(-p, axis=-1, kind="stable")[..., :k]
+    keep = np.zeros(p.shape, bool)
+    np.put_along_axis(keep, order, True, axis=-1)
+    return np.where(keep, p, _BELOW_ALL)
+
+
 class _Confusion(Metric):
     """True and false positives (and negatives) at ``thresholds`` (a number or several;
-    Keras' default 0.5): a prediction above a threshold is a positive."""
+    Keras' default 0.5): a prediction above a threshold is a positive, a label that is not 0
+    a true one (Keras' rule). ``top_k``: only each row's ``k`` largest predictions (along the
+    last axis) count, above every threshold unless ``thresholds`` is given; ``class_id``:
+    only that column of ``(examples, classes)`` labels and predictions, after ``top_k``.
+    Keras' arguments in Keras' order."""
 
     slots: tuple[str, ...] = ()
 
-    def __init__(self, thresholds: float | list[float] | None = None, name: str | None = None) -> None:
+    def __init__(
+        self,
+        thresholds: float | list[float] | None = None,
+        top_k: int | None = None,
+        class_id: int | None = None,
+        name: str | None = None,
+        dtype: Any = None,
+    ) -> None:
+        what = type(self).__name__
+        if top_k is not None and (
+            isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1
+        ):
+            raise InvalidArgumentError(f"{what}: top_k must be a positive integer or None, got {top_k!r}")
+        if class_id is not None and (
+            isinstance(class_id, bool) or not isinstance(class_id, (int, np.integer)) or class_id < 0
+        ):
+            raise InvalidArgumentError(f"{what}: class_id must be an integer of 0 or more, got {class_id!r}")
         given = (
-            [0.5]
+            [0.5 if top_k is None else _BELOW_ALL]
             if thresholds is None
             else thresholds
             if isinstance(thresholds, (list, tuple))
             else [thresholds]
         )
-        if not given or any(
-            isinstance(x, bool) or not isinstance(x, (int, float)) or not 0.0 <= x <= 1.0 for x in given
+        if thresholds is not None and (
+            not given
+            or any(
+                isinstance(x, bool) or not isinstance(x, (int, float)) or not 0.0 <= x <= 1.0 for x in given
+            )
         ):
             raise InvalidArgumentError(f"thresholds must be numbers in [0, 1], got {thresholds!r}")
         super().__init__(name)
         self.thresholds = np.array(given, np.float64)
+        self.top_k = None if top_k is None else int(top_k)
+        self.class_id = None if class_id is None else int(class_id)
         self._several = isinstance(thresholds, (list, tuple))
         for slot in self.slots:
             self._state(slot, np.zeros(len(given), np.float64))
 
     async def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
         """Add the batch to the counts at each threshold."""
-        t, p = _pair_of(y_true, y_pred, type(self).__name__)
-        w = _weights(t, sample_weight).reshape(-1, 1)
-        positive = t.reshape(-1, 1) > 0.5
+        what = type(self).__name__
+        t, p = _pair_of(y_true, y_pred, what)
+        w = _weights(t, sample_weight)
+        if self.top_k is not None:
+            p = _top_k_only(p, self.top_k)
+        if self.class_id is not None:
+            if p.ndim < 2 or self.class_id >= p.shape[-1]:
+                raise InvalidArgumentError(
+                    f"{what}(class_id={self.class_id}): labels and predictions must be "
+                    f"(examples, classes) with that class among them, got shape {p.shape}"
+                )
+            t, p, w = t[..., self.class_id], p[..., self.class_id], w[..., self.class_id]
+        w = w.reshape(-1, 1)
+        positive = t.reshape(-1, 1) != 0
         above = p.reshape(-1, 1) > self.thresholds
         counts = {
             "true_positives": (w * (above & positive)).sum(axis=0),

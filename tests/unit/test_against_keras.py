@@ -121,6 +121,23 @@ async def test_metrics_give_keras_results(case):
     np.testing.assert_allclose(await metric.result(), case["result"], rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize(
+    "case",
+    METRICS["ranked"],
+    ids=lambda c: (
+        f"{c['name']}-{sorted(c['kwargs'].items())}-{'weighted' if c['batches'][0][2] else 'unweighted'}"
+    ),
+)
+async def test_precision_and_recall_over_classes_give_keras_results(case):
+    """``top_k``, ``class_id`` and both, with and without thresholds, on ``(examples,
+    classes)`` batches whose labels are 0, 1, 0.4 or -1 (every label that is not 0 a
+    positive, as Keras counts them): Keras' results."""
+    metric = getattr(pstrain.metrics, case["name"])(**case["kwargs"])
+    for labels, preds, weights in case["batches"]:
+        await metric.update_state(np.array(labels), np.array(preds), weights)
+    np.testing.assert_allclose(await metric.result(), case["result"], rtol=2e-5, atol=2e-6)
+
+
 async def test_a_flat_batch_is_as_many_examples_for_the_metrics_keras_reduces_per_row():
     """Keras' BinaryCrossentropy takes a ``(n,)`` batch as one example (and cannot weigh
     it); here it is n examples, the same as ``(n, 1)``: the result Keras gives for columns."""
@@ -140,6 +157,9 @@ async def test_a_flat_batch_is_as_many_examples_for_the_metrics_keras_reduces_pe
         (lambda m: m.BinaryCrossentropy(label_smoothing=1.5), r"label_smoothing must be in \[0, 1\]"),
         (lambda m: m.Precision(thresholds=1.5), r"thresholds must be numbers in \[0, 1\]"),
         (lambda m: m.Recall(thresholds=[]), "thresholds must be numbers"),
+        (lambda m: m.Precision(0.5, "precision"), "top_k must be a positive integer"),  # Keras' order
+        (lambda m: m.Recall(top_k=0), "top_k must be a positive integer"),
+        (lambda m: m.Recall(class_id=-1), "class_id must be an integer of 0 or more"),
     ],
 )
 def test_metric_settings_that_measure_nothing_are_refused(make, message):
@@ -153,6 +173,9 @@ async def test_precision_at_several_thresholds_gives_one_value_each():
     assert await p.result() == [0.5, 0.5]
     with pytest.raises(pstrain.errors.InvalidArgumentError, match="differ"):
         await p.update_state([1, 0], [0.3, 0.4, 0.5])
+    by_class = pstrain.metrics.Precision(class_id=3)
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match=r"class_id=3.*got shape \(2, 3\)"):
+        await by_class.update_state(np.ones((2, 3)), np.ones((2, 3)))
 
 
 OPTIMIZERS = json.loads((REFERENCES / "keras_optimizers.json").read_text())

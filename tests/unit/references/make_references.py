@@ -400,7 +400,44 @@ def keras_metric_cases(seed: int = 5) -> None:
             *[np.array(a) for a in args], sample_weight=None if weight is None else np.array(weight)
         )
         shaped.append({"name": name, "args": args, "weight": weight, "result": float(metric.result())})
-    out = {"version": keras.__version__, "cases": cases, "weighted_shapes": shaped}
+    # Precision and Recall over classes: top_k, class_id, both, with thresholds; labels of
+    # any value (Keras counts every label that is not 0 as a positive)
+    ranked = []
+    rng = np.random.default_rng(seed + 100)
+    for kwargs in [
+        {"top_k": 1},
+        {"top_k": 2},
+        {"top_k": 3, "thresholds": 0.4},
+        {"class_id": 0},
+        {"class_id": 2, "thresholds": [0.3, 0.6]},
+        {"top_k": 2, "class_id": 1},
+        {},
+    ]:
+        for name in ("Precision", "Recall"):
+            for weighted in (False, True):
+                batches = []
+                for _ in range(3):
+                    n = int(rng.integers(1, 7))
+                    labels = rng.choice([0.0, 0.0, 1.0, 1.0, 0.4, -1.0], (n, 4)).astype(np.float32)
+                    preds = rng.choice([0.0, 1.0, 0.5, *rng.uniform(0, 1, 6)], (n, 4)).astype(np.float32)
+                    weights = rng.uniform(0, 2, n).astype(np.float32) if weighted else None
+                    batches.append((labels, preds, weights))
+                metric = getattr(m, name)(**kwargs)
+                for labels, preds, weights in batches:
+                    metric.update_state(labels, preds, weights)
+                result = metric.result()
+                ranked.append(
+                    {
+                        "name": name,
+                        "kwargs": kwargs,
+                        "batches": [
+                            [b[0].tolist(), b[1].tolist(), None if b[2] is None else b[2].tolist()]
+                            for b in batches
+                        ],
+                        "result": np.asarray(result, np.float64).tolist(),
+                    }
+                )
+    out = {"version": keras.__version__, "cases": cases, "weighted_shapes": shaped, "ranked": ranked}
     (HERE / "keras_metrics.json").write_text(json.dumps(out) + "\n")
 
 
