@@ -1647,6 +1647,32 @@ cdef uint64_t _siphash24(const uint8_t* s, uint64_t n, uint64_t k0, uint64_t k1)
     return v[0] ^ v[1] ^ v[2] ^ v[3]
 
 
+cdef uint32_t _CRC32C[256]
+
+
+cdef void _crc32c_table() noexcept:
+    cdef uint32_t i, j, c
+    for i in range(256):
+        c = i
+        for j in range(8):
+            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
+        _CRC32C[i] = c
+
+
+_crc32c_table()
+
+
+def crc32c(const uint8_t[::1] data, uint32_t crc=0):
+    """CRC-32C (Castagnoli) of ``data``, continuing ``crc``: the checksum of TFRecord files
+    (and of TensorBoard's event files)."""
+    cdef Py_ssize_t i, n = data.shape[0]
+    cdef uint32_t c = crc ^ 0xFFFFFFFF
+    with nogil:
+        for i in range(n):
+            c = _CRC32C[(c ^ data[i]) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+
+
 cdef Py_ssize_t _strings_checked(const uint8_t[::1] data, const int64_t[::1] offsets, str what) except -1:
     """The number of strings ``data[offsets[i]:offsets[i + 1]]``, each checked to lie in
     ``data`` (the hashes' arguments)."""

@@ -24,6 +24,7 @@ __all__ = [
     "compact_get",
     "compact_insert",
     "count_sightings",
+    "crc32c",
     "create_rows",
     "gather_rows",
     "index_delete",
@@ -810,3 +811,23 @@ def siphash24(data: np.ndarray, offsets: np.ndarray, k0: int, k1: int) -> np.nda
     return np.array(
         [_siphash(raw[offsets[i] : offsets[i + 1]], int(k0), int(k1)) for i in range(n)], np.uint64
     )
+
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
+        table.append(c)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+def crc32c(data: np.ndarray, crc: int = 0) -> int:
+    c = crc ^ 0xFFFFFFFF
+    for b in data.tobytes():
+        c = _CRC32C[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF

@@ -97,6 +97,10 @@ def stack(elements: list[Any]) -> Any:
         return {k: stack([e[k] for e in elements]) for k in first}
     if isinstance(first, tuple):
         return tuple(stack([e[i] for e in elements]) for i in range(len(first)))
+    if type(first) is bytes:  # a file's records or lines: kept whole (numpy's bytes drop end NULs)
+        out = np.empty(len(elements), object)
+        out[:] = elements
+        return out
     arrays = [np.asarray(e) for e in elements]
     for i, a in enumerate(arrays):
         if a.shape != arrays[0].shape:

@@ -103,7 +103,7 @@ ADDED = {
         "RequestCounts",
         "count_requests",
     },
-    "pstrain.data": {"AUTOTUNE", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "TextLineDataset"},
+    "pstrain.data": {"AUTOTUNE", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "TextLineDataset", "TFRecordDataset"},
     "pstrain.optimizers": {"RowWiseAdagrad"},
     "pstrain.jax": {"PooledLookup", "pooled_lookup"},
     "pstrain.torch": {

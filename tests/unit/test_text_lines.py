@@ -53,9 +53,9 @@ def test_file_names_come_as_a_path_a_list_or_a_dataset_and_lines_batch(files):
     names = Dataset.from_tensor_slices(np.array([str(files / "b.txt"), str(a)]))
     assert [x.decode() for x in TextLineDataset(names)] == ["x", "y", "z", *want]
     ds = TextLineDataset([str(a)])
-    assert ds.cardinality() == -2 and ds.element_spec.shape == () and ds.element_spec.dtype.kind == "S"
-    first = next(iter(ds.batch(3)))
-    assert first.tolist() == [b"a,1", b"b,2", b""]  # each iteration reads the files again
+    assert ds.cardinality() == -2 and ds.element_spec.shape == () and ds.element_spec.dtype.kind == "O"
+    first = next(iter(ds.batch(3)))  # an array of objects, as TF's numpy batches of strings
+    assert first.dtype == object and first.tolist() == [b"a,1", b"b,2", b""]
     assert list(TextLineDataset([])) == []
 
 
@@ -66,11 +66,11 @@ def test_what_cannot_be_read_is_refused_by_name(files):
         list(TextLineDataset(str(files)))
     with pytest.raises(InvalidArgumentError, match="is not whole GZIP data"):
         list(TextLineDataset(str(files / "a.txt"), "GZIP"))
-    with pytest.raises(InvalidArgumentError, match="is not ZLIB data"):
+    with pytest.raises(InvalidArgumentError, match="is not whole ZLIB data"):
         list(TextLineDataset(str(files / "a.txt"), "ZLIB"))
     cut = files / "cut.z"
     cut.write_bytes(zlib.compress(b"one\ntwo\n" * 100)[:-6])
-    with pytest.raises(InvalidArgumentError, match="ends inside its ZLIB data"):
+    with pytest.raises(InvalidArgumentError, match="is not whole ZLIB data .it ends inside"):
         list(TextLineDataset(str(cut), "ZLIB"))
     for kwargs, match in (
         ({"compression_type": "BZ2"}, "compression_type must be None, '', 'GZIP' or 'ZLIB'"),

@@ -3,7 +3,7 @@ of TensorFlow's sparse lookups and of TorchRec's EmbeddingBagCollection on rando
 and Keras' schedules, metrics, optimizers and gradient clipping on random inputs. Run it
 in an environment that has the framework (pstrain's does not need it): ``python
 make_references.py tf`` (and ``tf_max_norm``, ``tf_rows``, ``tf_scatter``, ``tf_strings``,
-``tf_manager``, ``tf_text_lines``, ``keras_clipping``, ``keras_schedules``,
+``tf_manager``, ``tf_text_lines``, ``tf_records``, ``keras_clipping``, ``keras_schedules``,
 ``keras_metrics``, ``keras_optimizers``) with
 tensorflow-cpu, ``python make_references.py torchrec`` with torchrec (see
 ../../../../shared/anchors/README.md for both).
@@ -659,6 +659,54 @@ def tf_text_line_cases() -> None:
     (HERE / "tf_text_lines.json").write_text(json.dumps(out) + "\n")
 
 
+def tf_record_cases(seed: int = 9) -> None:
+    """TFRecord files as TF's ``TFRecordWriter`` writes them (plain, GZIP, ZLIB) of records
+    of every kind (empty, ending in NUL bytes, of 20,480 bytes, random, ``tf.train.Example``\\ s),
+    and the records ``tf.data.TFRecordDataset`` reads back from them, base64-encoded."""
+    import base64
+    import json
+    import tempfile
+
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+    records = [
+        b"",
+        b"hello",
+        b"ends in nul\x00\x00",
+        bytes(range(256)) * 80,
+        bytes(rng.integers(0, 256, 300).astype(np.uint8)),
+    ]
+    for i in range(3):
+        example = tf.train.Example(
+            features=tf.train.Features(
+                feature={
+                    "ids": tf.train.Feature(int64_list=tf.train.Int64List(value=list(range(i)))),
+                    "label": tf.train.Feature(float_list=tf.train.FloatList(value=[float(i % 2)])),
+                }
+            )
+        )
+        records.append(example.SerializeToString())
+    directory = tempfile.mkdtemp()
+    files = {}
+    for compression in ("", "GZIP", "ZLIB"):
+        path = f"{directory}/records{compression}.tfrecord"
+        with tf.io.TFRecordWriter(
+            path, options=tf.io.TFRecordOptions(compression_type=compression)
+        ) as writer:
+            for record in records:
+                writer.write(record)
+        read = list(tf.data.TFRecordDataset(path, compression_type=compression).as_numpy_iterator())
+        assert read == records
+        files[compression] = base64.b64encode(Path(path).read_bytes()).decode()
+    out = {
+        "version": tf.__version__,
+        "records": [base64.b64encode(r).decode() for r in records],
+        "files": files,
+    }
+    (HERE / "tf_records.json").write_text(json.dumps(out) + "\n")
+
+
 if __name__ == "__main__":
     {
         "tf": tf_cases,
@@ -673,4 +721,5 @@ if __name__ == "__main__":
         "tf_strings": tf_string_cases,
         "tf_manager": tf_manager_cases,
         "tf_text_lines": tf_text_line_cases,
+        "tf_records": tf_record_cases,
     }[sys.argv[1]]()

@@ -1,0 +1,258 @@
+"""Datasets read from files, as TF reads them: ``TextLineDataset`` (each line an element)
+and ``TFRecordDataset`` (each record an element: the files TF's ``TFRecordWriter`` writes,
+most often ``tf.train.Example``\\ s, which :func:`pstrain.data.parse_example` reads).
+
+Files are read one after the other or, with ``num_parallel_reads``, side by side, an
+element of each in turn, as TF interleaves them. Files compressed with ``"GZIP"`` or
+``"ZLIB"`` are read as TF reads them. A file is opened when the iteration reaches it; one
+that is not there is a :class:`~pstrain.errors.NotFoundError` then (TF's), naming it. A
+record whose checksum does not match, or that the file ends inside, is a
+:class:`~pstrain.errors.DataLossError` naming the file and where the record starts, as TF
+reports it: never a record passed on damaged.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from .._base.checks import whole
+from .._base.errors import DataLossError, InvalidArgumentError, NotFoundError
+from .._base.exports import expose
+from .._kernels import KERNELS
+from .data import AUTOTUNE, Dataset, TensorSpec
+
+__all__ = ["TFRecordDataset", "TextLineDataset"]
+
+#: The bytes read at a time when ``buffer_size`` is not given (TF's default: 256 KiB).
+DEFAULT_BUFFER = 256 << 10
+
+_COMPRESSIONS = (None, "", "GZIP", "ZLIB")
+
+
+class _FileDataset(Dataset):
+    """The elements ``read(file, path)`` gives of each of ``filenames``, as TF's file
+    datasets take their arguments."""
+
+    kind = ""
+
+    def __init__(
+        self,
+        filenames: Any,
+        compression_type: str | None,
+        buffer_size: int | None,
+        num_parallel_reads: int | None,
+        read: Callable[[BinaryIO, str], Iterator[bytes]],
+    ) -> None:
+        if compression_type not in _COMPRESSIONS:
+            raise InvalidArgumentError(
+                f"{self.kind}: compression_type must be None, '', 'GZIP' or 'ZLIB', got {compression_type!r}"
+            )
+        buffer = DEFAULT_BUFFER if buffer_size is None else whole(buffer_size, f"{self.kind} buffer_size", 1)
+        if num_parallel_reads == AUTOTUNE:
+            num_parallel_reads = len(os.sched_getaffinity(0))
+        parallel = 1 if num_parallel_reads is None else whole(num_parallel_reads, "num_parallel_reads", 1)
+        kind = self.kind
+        names = (
+            filenames
+            if isinstance(filenames, Dataset)
+            else Dataset.from_tensor_slices(_paths(filenames, kind))
+        )
+        compression = compression_type or None
+
+        def elements_of(path: Any) -> Dataset:
+            return Dataset(lambda: _read(_path(path, kind), compression, buffer, read, kind))
+
+        files = names.interleave(elements_of, cycle_length=parallel, block_length=1)
+        super().__init__(lambda: iter(files), spec=TensorSpec((), object))
+
+
+class TextLineDataset(_FileDataset):
+    """The lines of ``filenames`` (a path, or a list, array or dataset of paths), as TF's
+    ``tf.data.TextLineDataset``: each line an element of bytes without its ``\\n`` or
+    ``\\r\\n`` (a batch of them an array of objects, as TF's numpy values are); an empty
+    line is an empty element, a last line without a line ending an element too.
+    ``compression_type`` is ``None`` (or ``""``), ``"GZIP"`` or ``"ZLIB"``; ``buffer_size``
+    the bytes read at a time; ``num_parallel_reads`` (or ``AUTOTUNE``: this machine's cores)
+    files read side by side, their lines interleaved one at a time, in TF's order. ``name``
+    is TF's, accepted."""
+
+    kind = "TextLineDataset"
+
+    def __init__(
+        self,
+        filenames: Any,
+        compression_type: str | None = None,
+        buffer_size: int | None = None,
+        num_parallel_reads: int | None = None,
+        name: str | None = None,
+    ) -> None:
+        size = DEFAULT_BUFFER if buffer_size is None else buffer_size
+
+        def lines(f: BinaryIO, path: str) -> Iterator[bytes]:
+            return _split(iter(lambda: f.read(size), b""))
+
+        super().__init__(filenames, compression_type, buffer_size, num_parallel_reads, lines)
+
+
+class TFRecordDataset(_FileDataset):
+    """The records of ``filenames`` (TFRecord files, as TF's ``TFRecordWriter`` writes
+    them), as TF's ``tf.data.TFRecordDataset``: each record an element of bytes, its length
+    and its data checked against their CRC-32C checksums. ``compression_type``,
+    ``buffer_size`` and ``num_parallel_reads`` as :class:`TextLineDataset`'s; ``name`` is
+    TF's, accepted. A file that ends inside a record's header ends quietly, as in TF; one
+    that ends inside its data, or a checksum that does not match, is a
+    :class:`~pstrain.errors.DataLossError`."""
+
+    kind = "TFRecordDataset"
+
+    def __init__(
+        self,
+        filenames: Any,
+        compression_type: str | None = None,
+        buffer_size: int | None = None,
+        num_parallel_reads: int | None = None,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(filenames, compression_type, buffer_size, num_parallel_reads, _records)
+
+
+def _paths(filenames: Any, kind: str) -> np.ndarray:
+    """The file names given, as a 1-D array of str (a path alone is a list of one)."""
+    if isinstance(filenames, (str, bytes, os.PathLike)):
+        filenames = [filenames]
+    try:
+        given = list(np.asarray(filenames, dtype=object).reshape(-1))
+    except (TypeError, ValueError):
+        given = [filenames]
+    for f in given:
+        if not isinstance(f, (str, bytes, os.PathLike)):
+            raise InvalidArgumentError(
+                f"{kind}: filenames must be paths (str, bytes or os.PathLike), got {f!r}"
+            )
+    return np.array([os.fsdecode(f) for f in given], dtype=str)
+
+
+def _path(value: Any, kind: str) -> str:
+    """A file name from a dataset of them (numpy's str or bytes)."""
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if not isinstance(value, (str, bytes, os.PathLike)):
+        raise InvalidArgumentError(f"{kind}: a file name must be a path, got {value!r}")
+    return os.fsdecode(value)
+
+
+def _read(
+    path: str,
+    compression: str | None,
+    buffer: int,
+    read: Callable[[BinaryIO, str], Iterator[bytes]],
+    kind: str,
+) -> Iterator[bytes]:
+    """``read``'s elements of file ``path``, decompressed as ``compression`` says."""
+    try:
+        raw: BinaryIO = open(path, "rb", buffering=max(buffer, 2))  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        raise NotFoundError(f"{kind}: {path}: no such file") from None
+    except IsADirectoryError:
+        raise InvalidArgumentError(f"{kind}: {path} is a directory, not a file") from None
+    with raw:
+        if compression is None:
+            yield from read(raw, path)
+            return
+        stream: Any = gzip.GzipFile(fileobj=raw) if compression == "GZIP" else _Inflated(raw, buffer)
+        try:
+            yield from read(stream, path)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise InvalidArgumentError(f"{kind}: {path} is not whole {compression} data ({exc})") from None
+
+
+class _Inflated:
+    """A ZLIB stream read as a file (``read(n)``), as TF reads ``compression_type="ZLIB"``."""
+
+    def __init__(self, raw: BinaryIO, buffer: int) -> None:
+        self.raw, self.buffer = raw, buffer
+        self.inflate = zlib.decompressobj()
+        self.pending = b""
+
+    def read(self, n: int) -> bytes:
+        while len(self.pending) < n and not self.inflate.eof:
+            chunk = self.raw.read(self.buffer)
+            if not chunk:
+                raise EOFError("it ends inside its compressed data")
+            self.pending += self.inflate.decompress(chunk)
+        out, self.pending = self.pending[:n], self.pending[n:]
+        return out
+
+
+def _split(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """Lines of a stream of chunks, without ``\\n`` or ``\\r\\n``; a last line without a line
+    ending too (nothing after a last ``\\n``). A line longer than a chunk is joined once."""
+    pending: list[bytes] = []  # the start of a line that did not end in its chunk
+    for chunk in chunks:
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            line = chunk[start:end]
+            if pending:
+                line = b"".join([*pending, line])
+                pending = []
+            yield line[:-1] if line.endswith(b"\r") else line
+            start = end + 1
+        if start < len(chunk):
+            pending.append(chunk[start:])
+    if pending:
+        line = b"".join(pending)
+        yield line[:-1] if line.endswith(b"\r") else line
+
+
+_HEADER = struct.Struct("<QI")  # a record's length, then the masked CRC-32C of those 8 bytes
+_FOOTER = struct.Struct("<I")  # the masked CRC-32C of its data
+
+
+def _masked_crc(data: bytes) -> int:
+    """TFRecord's masked CRC-32C of ``data``."""
+    crc = KERNELS.crc32c(np.frombuffer(data, np.uint8))
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _records(f: BinaryIO, path: str) -> Iterator[bytes]:
+    """The records of one TFRecord stream, each checked; where each starts is counted for
+    the errors."""
+    at = 0
+    while True:
+        header = f.read(_HEADER.size)
+        if len(header) < _HEADER.size:  # the end (inside a header too, as TF ends there)
+            return
+        length, length_crc = _HEADER.unpack(header)
+        if _masked_crc(header[:8]) != length_crc:
+            raise DataLossError(f"TFRecordDataset: {path}: corrupted record at {at} (its length's checksum)")
+        data = _read_exactly(f, length)
+        footer = f.read(_FOOTER.size)
+        if len(data) < length or len(footer) < _FOOTER.size:
+            raise DataLossError(f"TFRecordDataset: {path}: truncated record at {at}")
+        if _masked_crc(data) != _FOOTER.unpack(footer)[0]:
+            raise DataLossError(f"TFRecordDataset: {path}: corrupted record at {at} (its data's checksum)")
+        yield data
+        at += _HEADER.size + length + _FOOTER.size
+
+
+def _read_exactly(f: BinaryIO, n: int) -> bytes:
+    """``n`` bytes, or fewer where the file ends; read as they arrive, so that a length a
+    damaged header claims costs only what the file holds."""
+    parts, left = [], n
+    while left:
+        part = f.read(min(left, 1 << 24))
+        if not part:
+            break
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
+expose(globals(), "pstrain.data")
