@@ -103,7 +103,18 @@ ADDED = {
         "RequestCounts",
         "count_requests",
     },
-    "pstrain.data": {"AUTOTUNE", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "TextLineDataset", "TFRecordDataset"},
+    "pstrain.data": {
+        "AUTOTUNE",
+        "INFINITE_CARDINALITY",
+        "UNKNOWN_CARDINALITY",
+        # TF's file datasets and tf.train.Example parsing
+        "TextLineDataset",
+        "TFRecordDataset",
+        "FixedLenFeature",
+        "VarLenFeature",
+        "parse_example",
+        "parse_single_example",
+    },
     "pstrain.optimizers": {"RowWiseAdagrad"},
     "pstrain.jax": {"PooledLookup", "pooled_lookup"},
     "pstrain.torch": {

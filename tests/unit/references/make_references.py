@@ -3,7 +3,7 @@ of TensorFlow's sparse lookups and of TorchRec's EmbeddingBagCollection on rando
 and Keras' schedules, metrics, optimizers and gradient clipping on random inputs. Run it
 in an environment that has the framework (pstrain's does not need it): ``python
 make_references.py tf`` (and ``tf_max_norm``, ``tf_rows``, ``tf_scatter``, ``tf_strings``,
-``tf_manager``, ``tf_text_lines``, ``tf_records``, ``keras_clipping``, ``keras_schedules``,
+``tf_manager``, ``tf_text_lines``, ``tf_records``, ``tf_examples``, ``keras_clipping``, ``keras_schedules``,
 ``keras_metrics``, ``keras_optimizers``) with
 tensorflow-cpu, ``python make_references.py torchrec`` with torchrec (see
 ../../../../shared/anchors/README.md for both).
@@ -707,6 +707,85 @@ def tf_record_cases(seed: int = 9) -> None:
     (HERE / "tf_records.json").write_text(json.dumps(out) + "\n")
 
 
+def tf_example_cases(seed: int = 10) -> None:
+    """``tf.io.parse_example`` and ``parse_single_example`` of ``tf.train.Example`` records
+    (some features missing, empty or long) by FixedLen and VarLen features of each type;
+    the records base64-encoded, TF's arrays and sparse parts as lists, and which of a few
+    bad specs TF refuses."""
+    import base64
+    import json
+
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+    records = []
+    for i in range(6):
+        feature = {
+            "pair": tf.train.Feature(int64_list=tf.train.Int64List(value=[i, -i * 7])),
+            "clicks": tf.train.Feature(
+                int64_list=tf.train.Int64List(value=rng.integers(0, 10**12, i % 4).tolist())
+            ),
+            "weights": tf.train.Feature(float_list=tf.train.FloatList(value=rng.normal(size=i % 3).tolist())),
+            "terms": tf.train.Feature(
+                bytes_list=tf.train.BytesList(value=[b"t%d" % k for k in range(i % 3)])
+            ),
+        }
+        if i % 2:
+            feature["label"] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(i % 3 == 0)]))
+        if i != 4:
+            feature["country"] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"c\x00%d" % i]))
+        example = tf.train.Example(features=tf.train.Features(feature=feature))
+        records.append(example.SerializeToString())
+    spec = {
+        "pair": tf.io.FixedLenFeature([2], tf.int64),
+        "label": tf.io.FixedLenFeature([], tf.float32, default_value=-1.0),
+        "country": tf.io.FixedLenFeature([], tf.string, default_value=b"none"),
+        "clicks": tf.io.VarLenFeature(tf.int64),
+        "weights": tf.io.VarLenFeature(tf.float32),
+        "terms": tf.io.VarLenFeature(tf.string),
+        "absent": tf.io.VarLenFeature(tf.int64),
+    }
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, tf.SparseTensor):
+            return {
+                "indices": value.indices.numpy().tolist(),
+                "values": [
+                    base64.b64encode(v).decode() if isinstance(v, bytes) else v
+                    for v in value.values.numpy().tolist()
+                ],
+                "dense_shape": value.dense_shape.numpy().tolist(),
+            }
+        out = value.numpy()
+        if isinstance(out, bytes):
+            return base64.b64encode(out).decode()
+        if out.dtype == object:
+            return [base64.b64encode(v).decode() for v in out.reshape(-1).tolist()]
+        return out.tolist()
+
+    batch = tf.io.parse_example(tf.constant(records), spec)
+    single = tf.io.parse_single_example(tf.constant(records[3]), spec)
+    refused = {}
+    for label, bad in {
+        "type": {"pair": tf.io.FixedLenFeature([2], tf.float32)},
+        "missing": {"label": tf.io.FixedLenFeature([], tf.float32)},
+        "length": {"pair": tf.io.FixedLenFeature([3], tf.int64)},
+    }.items():
+        try:
+            tf.io.parse_example(tf.constant(records), bad)
+            refused[label] = None
+        except Exception as exc:  # noqa: BLE001 - the kind of error is the reference
+            refused[label] = type(exc).__name__
+    out = {
+        "version": tf.__version__,
+        "records": [base64.b64encode(r).decode() for r in records],
+        "batch": {k: plain(v) for k, v in batch.items()},
+        "single": {k: plain(v) for k, v in single.items()},
+        "refused": refused,
+    }
+    (HERE / "tf_examples.json").write_text(json.dumps(out) + "\n")
+
+
 if __name__ == "__main__":
     {
         "tf": tf_cases,
@@ -722,4 +801,5 @@ if __name__ == "__main__":
         "tf_manager": tf_manager_cases,
         "tf_text_lines": tf_text_line_cases,
         "tf_records": tf_record_cases,
+        "tf_examples": tf_example_cases,
     }[sys.argv[1]]()

@@ -1,0 +1,142 @@
+"""``pstrain.data.parse_example`` and ``parse_single_example`` of ``tf.train.Example``
+records give TensorFlow's own arrays and sparse parts (``references/make_references.py
+tf_examples``): fixed features with defaults, variable ones of every type, a feature missing
+from every record; what TF refuses is refused, naming the record and the feature; and the
+parsed sparse ids are bags for a lookup."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pstrain import JaggedTensor, SparseTensor
+from pstrain.data import (
+    Dataset,
+    FixedLenFeature,
+    TFRecordDataset,
+    VarLenFeature,
+    parse_example,
+    parse_single_example,
+)
+from pstrain.errors import InvalidArgumentError
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+TF = json.loads((Path(__file__).resolve().parent / "references" / "tf_examples.json").read_text())
+RECORDS = [base64.b64decode(r) for r in TF["records"]]
+SPEC = {
+    "pair": FixedLenFeature([2], np.int64),
+    "label": FixedLenFeature([], np.float32, default_value=-1.0),
+    "country": FixedLenFeature([], bytes, default_value=b"none"),
+    "clicks": VarLenFeature(np.int64),
+    "weights": VarLenFeature(np.float32),
+    "terms": VarLenFeature(bytes),
+    "absent": VarLenFeature(np.int64),
+}
+
+
+def plain(value):
+    """A parsed value as the reference holds it (bytes base64-encoded)."""
+    if isinstance(value, SparseTensor):
+        values = [base64.b64encode(v).decode() if isinstance(v, bytes) else v for v in value.values.tolist()]
+        return {
+            "indices": value.indices.tolist(),
+            "values": values,
+            "dense_shape": value.dense_shape.tolist(),
+        }
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if value.dtype == object:
+        return [base64.b64encode(v).decode() for v in value.reshape(-1).tolist()]
+    return value.tolist()
+
+
+def assert_tfs(got, want):
+    """The parsed features are TF's: integers and bytes exactly, floats to float32's
+    precision (the reference holds them as Python floats)."""
+    assert set(got) == set(want)
+    for key, value in got.items():
+        mine, theirs = plain(value), want[key]
+        if isinstance(mine, dict):
+            assert mine["indices"] == theirs["indices"] and mine["dense_shape"] == theirs["dense_shape"], key
+            mine, theirs = mine["values"], theirs["values"]
+        if key in ("label", "weights"):
+            np.testing.assert_allclose(mine, theirs, rtol=1e-6)
+        else:
+            assert mine == theirs, key
+
+
+def test_a_batch_parses_to_tensorflows_arrays_and_sparse_parts():
+    got = parse_example(RECORDS, SPEC)
+    assert_tfs(got, TF["batch"])
+    assert (
+        got["pair"].dtype == np.int64 and got["label"].dtype == np.float32 and got["country"].dtype == object
+    )
+    assert got["weights"].values.dtype == np.float32
+    as_array = parse_example(np.array(RECORDS, dtype=object), SPEC)  # a batch of a TFRecordDataset
+    assert as_array["pair"].tolist() == got["pair"].tolist()
+
+
+def test_one_record_parses_without_the_batch_dimension():
+    assert_tfs(parse_single_example(RECORDS[3], SPEC), TF["single"])
+
+
+def test_parsed_ids_are_bags_for_a_lookup_and_records_come_from_files(tmp_path):
+    clicks = parse_example(RECORDS, SPEC)["clicks"]
+    bags = JaggedTensor.from_sparse(clicks)
+    assert len(bags) == len(RECORDS) and bags.values.tolist() == clicks.values.tolist()
+    path = tmp_path / "examples.tfrecord"
+    with open(path, "wb") as f:  # the TFRecord framing, as TFRecordWriter writes it
+        from pstrain._kernels import KERNELS
+
+        def masked(data):
+            crc = KERNELS.crc32c(np.frombuffer(data, np.uint8))
+            return ((((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF).to_bytes(4, "little")
+
+        for r in RECORDS:
+            length = len(r).to_bytes(8, "little")
+            f.write(length + masked(length) + r + masked(r))
+    ds = TFRecordDataset(str(path)).batch(4).map(lambda records: parse_example(records, SPEC))
+    first = next(iter(ds))
+    assert first["pair"].tolist() == TF["batch"]["pair"][:4]
+    assert isinstance(Dataset.from_tensor_slices(parse_example(RECORDS, {"clicks": SPEC["clicks"]})), Dataset)
+
+
+@pytest.mark.parametrize(
+    "spec, kind, match",
+    [
+        (
+            {"pair": FixedLenFeature([2], np.float32)},
+            "type",
+            "record 0, feature 'pair': data types don't match",
+        ),
+        ({"label": FixedLenFeature([], np.float32)}, "missing", "record 0: feature 'label' .* is required"),
+        (
+            {"pair": FixedLenFeature([3], np.int64)},
+            "length",
+            r"feature 'pair' of shape \(3,\) holds 2 values",
+        ),
+    ],
+)
+def test_what_tensorflow_refuses_is_refused_naming_the_feature(spec, kind, match):
+    assert TF["refused"][kind] == "InvalidArgumentError"
+    with pytest.raises(InvalidArgumentError, match=match):
+        parse_example(RECORDS, spec)
+
+
+def test_bad_specs_and_records_are_refused():
+    for make, match in (
+        (lambda: FixedLenFeature([2], np.int32), "dtype must be int64, float32 or string"),
+        (lambda: FixedLenFeature([-1], np.int64), "shape must be whole numbers"),
+        (lambda: FixedLenFeature([2], np.int64, default_value=[1, 2, 3]), "default_value has 3 values"),
+        (lambda: parse_example(RECORDS, {"x": "int"}), "expected a FixedLenFeature or VarLenFeature"),
+        (lambda: parse_example(RECORDS[0], SPEC), "a batch"),
+        (lambda: parse_example([b"\xff\xff\xff"], SPEC), "record 0 is not a tf.train.Example"),
+        (lambda: parse_single_example(RECORDS, SPEC), "one record"),
+    ):
+        with pytest.raises(InvalidArgumentError, match=match):
+            make()
