@@ -12,7 +12,7 @@ import numpy as np
 from libc.math cimport sqrt, sqrtf
 from libc.stdint cimport INT64_MAX, int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
 from libc.errno cimport errno
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp, memcpy
 from posix.unistd cimport pread
 
@@ -1671,6 +1671,296 @@ def crc32c(const uint8_t[::1] data, uint32_t crc=0):
         for i in range(n):
             c = _CRC32C[(c ^ data[i]) & 0xFF] ^ (c >> 8)
     return c ^ 0xFFFFFFFF
+
+
+cdef inline bint _varint(const uint8_t* p, Py_ssize_t n, Py_ssize_t* i, uint64_t* out) noexcept nogil:
+    cdef uint64_t v = 0
+    cdef int shift = 0
+    cdef uint8_t b
+    while True:
+        if i[0] >= n or shift > 63:
+            return False
+        b = p[i[0]]
+        i[0] += 1
+        v |= (<uint64_t>(b & 0x7F)) << shift
+        if not (b & 0x80):
+            break
+        shift += 7
+    out[0] = v
+    return True
+
+
+cdef inline bint _skip_field(const uint8_t* p, Py_ssize_t n, Py_ssize_t* i, uint64_t wire) noexcept nogil:
+    cdef uint64_t v
+    if wire == 0:
+        return _varint(p, n, i, &v)
+    if wire == 1 or wire == 5:
+        i[0] += 8 if wire == 1 else 4
+        return i[0] <= n
+    if wire == 2:
+        if not _varint(p, n, i, &v) or v > <uint64_t>(n - i[0]):
+            return False
+        i[0] += <Py_ssize_t>v
+        return True
+    return False
+
+
+cdef inline bint _delimited(const uint8_t* p, Py_ssize_t n, Py_ssize_t* i, Py_ssize_t* start, Py_ssize_t* end) noexcept nogil:
+    cdef uint64_t v
+    if not _varint(p, n, i, &v) or v > <uint64_t>(n - i[0]):
+        return False
+    start[0] = i[0]
+    end[0] = i[0] + <Py_ssize_t>v
+    i[0] = end[0]
+    return True
+
+
+cdef class _Numbers:
+    """A growing buffer of int64 or float32 values (a feature's, over a batch)."""
+    cdef char* data
+    cdef Py_ssize_t used, capacity, itemsize
+
+    def __cinit__(self, Py_ssize_t itemsize):
+        self.itemsize = itemsize
+        self.data = NULL
+        self.used = self.capacity = 0
+
+    def __dealloc__(self):
+        free(self.data)
+
+    cdef int room(self, Py_ssize_t more) except -1:
+        cdef Py_ssize_t want = self.used + more, capacity = max(self.capacity * 2, 1024)
+        cdef char* grown
+        if want <= self.capacity:
+            return 0
+        while capacity < want:
+            capacity *= 2
+        grown = <char*>realloc(self.data, capacity * self.itemsize)
+        if grown == NULL:
+            raise MemoryError()
+        self.data, self.capacity = grown, capacity
+        return 0
+
+    def array(self):
+        out = np.empty(self.used, np.int64 if self.itemsize == 8 else np.float32)
+        if self.used:
+            memcpy(cnp.PyArray_DATA(out), self.data, self.used * self.itemsize)
+        return out
+
+
+_LIST_NAMES = {1: "bytes_list", 2: "float_list", 3: "int64_list"}
+
+
+def parse_examples(list records, dict keys, bytes kinds):
+    """Serialized ``tf.train.Example``\\ s read straight from the protobuf wire format: for
+    feature ``f`` (``keys[name] = f``; ``kinds[f]``: ``b"b"`` bytes, ``b"f"`` float32,
+    ``b"i"`` int64), its values over the records end to end and each record's count (-1
+    where the record does not have it). As protobuf reads them: the last of a repeated map
+    key or list kind wins, packed and unpacked lists alike, unknown fields skipped; a
+    feature with no list is missing (TF's). A record that is not one, or a feature of
+    another kind, is a ``ValueError`` naming the record (and the feature)."""
+    cdef Py_ssize_t nf = len(kinds), nr = len(records)
+    cdef const uint8_t* kp = <const uint8_t*>kinds
+    counts = np.full((nf, nr), -1, np.int64)
+    cdef int64_t[:, ::1] c = counts
+    numbers = [None if kinds[k] == ord("b") else _Numbers(8 if kinds[k] == ord("i") else 4) for k in range(nf)]
+    strings = [[] if kinds[k] == ord("b") else None for k in range(nf)]
+    cdef _Numbers acc
+    cdef Py_ssize_t k, probe, hint = 0
+    names = [None] * nf  # the keys' bytes, kept alive while their pointers are used
+    for name, index in keys.items():
+        if not isinstance(name, bytes) or not 0 <= index < nf or names[index] is not None:
+            raise ValueError("parse_examples: keys must map each feature's name (bytes) to its index once")
+        names[index] = name
+    if any(name is None for name in names):
+        raise ValueError("parse_examples: a feature without a name")
+    cdef const char** key_data = <const char**>malloc(max(nf, 1) * sizeof(char*))
+    cdef Py_ssize_t* key_lengths = <Py_ssize_t*>malloc(max(nf, 1) * sizeof(Py_ssize_t))
+    if key_data == NULL or key_lengths == NULL:
+        free(key_data)
+        free(key_lengths)
+        raise MemoryError()
+    for k in range(nf):
+        key_data[k] = <const char*>(<bytes>names[k])
+        key_lengths[k] = len(<bytes>names[k])
+    try:
+        _parse_records(records, nf, nr, kp, key_data, key_lengths, c, numbers, strings)
+    finally:
+        free(key_data)
+        free(key_lengths)
+    values = []
+    for k in range(nf):
+        if kinds[k] == ord("b"):
+            arr = np.empty(len(strings[k]), object)  # (np.array would make bytes of a fixed width)
+            arr[:] = strings[k]
+            values.append(arr)
+        else:
+            values.append((<_Numbers>numbers[k]).array())
+    return values, counts
+
+
+cdef int _parse_records(
+    list records,
+    Py_ssize_t nf,
+    Py_ssize_t nr,
+    const uint8_t* kp,
+    const char** key_data,
+    Py_ssize_t* key_lengths,
+    int64_t[:, ::1] c,
+    list numbers,
+    list strings,
+) except -1:
+    cdef Py_ssize_t r, f, i, n, fs, fe, es, ee, ks, ke, vs, ve, ls, le, j, i2, count, k, probe, hint = 0
+    cdef uint64_t tag, field, wire, v, kind
+    cdef int want
+    cdef bint ok
+    cdef const uint8_t* p
+    cdef const unsigned char[::1] view
+    cdef _Numbers acc
+    for r in range(nr):
+        record = records[r]
+        view = record
+        n = view.shape[0]
+        p = &view[0] if n else <const uint8_t*>b""
+        i = 0
+        while i < n:
+            if not _varint(p, n, &i, &tag):
+                raise ValueError(f"record {r} is not a tf.train.Example (a field's tag is cut)")
+            if tag >> 3 != 1 or tag & 7 != 2:
+                if not _skip_field(p, n, &i, tag & 7):
+                    raise ValueError(f"record {r} is not a tf.train.Example (a field is cut or of no kind)")
+                continue
+            if not _delimited(p, n, &i, &fs, &fe):
+                raise ValueError(f"record {r} is not a tf.train.Example (its features are cut)")
+            j = fs
+            while j < fe:  # Features: map entries (field 1)
+                if not _varint(p, fe, &j, &tag):
+                    raise ValueError(f"record {r} is not a tf.train.Example (a feature's tag is cut)")
+                if tag >> 3 != 1 or tag & 7 != 2:
+                    if not _skip_field(p, fe, &j, tag & 7):
+                        raise ValueError(f"record {r} is not a tf.train.Example (a feature is cut)")
+                    continue
+                if not _delimited(p, fe, &j, &es, &ee):
+                    raise ValueError(f"record {r} is not a tf.train.Example (a feature is cut)")
+                ks = ke = vs = ve = es  # an entry: its key (1) and its value (2), the last of each
+                i2 = es
+                while i2 < ee:
+                    if not _varint(p, ee, &i2, &tag):
+                        raise ValueError(f"record {r} is not a tf.train.Example (a feature's entry is cut)")
+                    field, wire = tag >> 3, tag & 7
+                    if (field == 1 or field == 2) and wire == 2:
+                        if field == 1:
+                            ok = _delimited(p, ee, &i2, &ks, &ke)
+                        else:
+                            ok = _delimited(p, ee, &i2, &vs, &ve)
+                    else:
+                        ok = _skip_field(p, ee, &i2, wire)
+                    if not ok:
+                        raise ValueError(f"record {r} is not a tf.train.Example (a feature's entry is cut)")
+                # which feature: the one after the last found first (records written alike
+                # keep their keys in one order), then every other, by length and bytes
+                f = -1
+                for probe in range(nf):
+                    k = hint + probe
+                    if k >= nf:
+                        k -= nf
+                    if key_lengths[k] == ke - ks and memcmp(key_data[k], p + ks, ke - ks) == 0:
+                        f = k
+                        break
+                if f < 0:
+                    continue
+                hint = f + 1 if f + 1 < nf else 0
+                kind, ls, le = 0, vs, vs  # the Feature: its list (the last kind given wins)
+                i2 = vs
+                while i2 < ve:
+                    if not _varint(p, ve, &i2, &tag):
+                        raise ValueError(f"record {r} is not a tf.train.Example (a feature's value is cut)")
+                    field, wire = tag >> 3, tag & 7
+                    if 1 <= field <= 3 and wire == 2:
+                        ok = _delimited(p, ve, &i2, &ls, &le)
+                        kind = field
+                    else:
+                        ok = _skip_field(p, ve, &i2, wire)
+                    if not ok:
+                        raise ValueError(f"record {r} is not a tf.train.Example (a feature's value is cut)")
+                want = 1 if kp[f] == ord("b") else 2 if kp[f] == ord("f") else 3
+                if kind != 0 and kind != want:
+                    raise ValueError(
+                        f"record {r}, feature {bytes(record[ks:ke]).decode('utf-8', 'replace')!r}: data types "
+                        f"don't match: it holds {_LIST_NAMES[kind]}, the spec asks for {_LIST_NAMES[want]}"
+                    )
+                if c[f, r] >= 0:  # the key came before in this record: the last one wins
+                    if want == 1:
+                        del strings[f][len(strings[f]) - c[f, r]:]
+                    else:
+                        acc = numbers[f]
+                        acc.used -= c[f, r]
+                    c[f, r] = -1
+                if kind == 0:  # no list: the feature is missing, as TF takes it
+                    continue
+                count = 0
+                i2 = ls
+                if want == 1:
+                    out = strings[f]
+                    while i2 < le:
+                        if not _varint(p, le, &i2, &tag):
+                            raise ValueError(f"record {r} is not a tf.train.Example (a bytes list is cut)")
+                        if tag >> 3 == 1 and tag & 7 == 2:
+                            if not _delimited(p, le, &i2, &es, &ee):
+                                raise ValueError(f"record {r} is not a tf.train.Example (a bytes value is cut)")
+                            out.append(bytes(record[es:ee]))
+                            count += 1
+                        elif not _skip_field(p, le, &i2, tag & 7):
+                            raise ValueError(f"record {r} is not a tf.train.Example (a bytes list is cut)")
+                else:
+                    acc = numbers[f]
+                    while i2 < le:
+                        if not _varint(p, le, &i2, &tag):
+                            raise ValueError(f"record {r} is not a tf.train.Example (a list is cut)")
+                        field, wire = tag >> 3, tag & 7
+                        if field != 1:
+                            if not _skip_field(p, le, &i2, wire):
+                                raise ValueError(f"record {r} is not a tf.train.Example (a list is cut)")
+                            continue
+                        if want == 3 and wire == 0:  # one int64
+                            if not _varint(p, le, &i2, &v):
+                                raise ValueError(f"record {r} is not a tf.train.Example (an int64 is cut)")
+                            acc.room(1)
+                            (<int64_t*>acc.data)[acc.used] = <int64_t>v
+                            acc.used += 1
+                            count += 1
+                        elif want == 2 and wire == 5:  # one float
+                            if i2 + 4 > le:
+                                raise ValueError(f"record {r} is not a tf.train.Example (a float is cut)")
+                            acc.room(1)
+                            memcpy(&(<float*>acc.data)[acc.used], p + i2, 4)
+                            i2 += 4
+                            acc.used += 1
+                            count += 1
+                        elif wire == 2:  # packed
+                            if not _delimited(p, le, &i2, &es, &ee):
+                                raise ValueError(f"record {r} is not a tf.train.Example (a packed list is cut)")
+                            if want == 2:
+                                if (ee - es) % 4:
+                                    raise ValueError(f"record {r} is not a tf.train.Example (a float list is cut)")
+                                acc.room((ee - es) // 4)
+                                memcpy(&(<float*>acc.data)[acc.used], p + es, ee - es)
+                                acc.used += (ee - es) // 4
+                                count += (ee - es) // 4
+                            else:
+                                while es < ee:
+                                    if not _varint(p, ee, &es, &v):
+                                        raise ValueError(f"record {r} is not a tf.train.Example (an int64 is cut)")
+                                    acc.room(1)
+                                    (<int64_t*>acc.data)[acc.used] = <int64_t>v
+                                    acc.used += 1
+                                    count += 1
+                        else:
+                            raise ValueError(
+                                f"record {r} is not a tf.train.Example (a list value of wire type {wire})"
+                            )
+                c[f, r] = count
+    return 0
 
 
 cdef Py_ssize_t _strings_checked(const uint8_t[::1] data, const int64_t[::1] offsets, str what) except -1:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from pstrain import JaggedTensor, SparseTensor
+from pstrain._kernels import compiled, reference
 from pstrain.data import (
     Dataset,
     FixedLenFeature,
@@ -23,6 +24,7 @@ from pstrain.data import (
     parse_single_example,
 )
 from pstrain.errors import InvalidArgumentError
+from tests.unit.example_records import example_class
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -140,3 +142,78 @@ def test_bad_specs_and_records_are_refused():
     ):
         with pytest.raises(InvalidArgumentError, match=match):
             make()
+
+
+def protobufs_values(record, names, kinds):
+    """What protobuf itself reads of ``record``: per feature, its values or None (missing,
+    or a feature with no list, as TF takes it); a list of another kind raises."""
+    example = example_class().FromString(record)
+    out = []
+    for name, kind in zip(names, kinds):
+        feature = example.features.feature.get(name)
+        present = None if feature is None else feature.WhichOneof("kind")
+        if present is None:
+            out.append(None)
+            continue
+        if present != {"b": "bytes_list", "f": "float_list", "i": "int64_list"}[kind]:
+            raise ValueError("data types don't match")
+        out.append(list(getattr(feature, present).value))
+    return out
+
+
+def random_record(rng, example_cls):
+    example = example_cls()
+    for name in rng.choice(["a", "b", "c", "d", "e", "unasked"], int(rng.integers(0, 6)), replace=False):
+        feature = example.features.feature[str(name)]
+        kind = {"a": "i", "b": "f", "c": "b", "d": "i", "e": "f", "unasked": "i"}[str(name)]
+        n = int(rng.integers(0, 5))
+        if rng.random() < 0.1:
+            continue  # a feature with no list
+        if kind == "i":
+            feature.int64_list.value.extend(rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64).tolist())
+        elif kind == "f":
+            feature.float_list.value.extend(rng.normal(size=n).astype(np.float32).tolist())
+        else:
+            feature.bytes_list.value.extend(
+                [bytes(rng.integers(0, 256, int(rng.integers(0, 4)))) for _ in range(n)]
+            )
+    return example.SerializeToString()
+
+
+def test_random_records_read_as_protobuf_reads_them_compiled_and_in_python():
+    """Random Examples, and pairs of them end to end (protobuf merges them: a key given
+    twice takes its last value), with features missing, empty, listless or not asked for:
+    both kernels give protobuf's own values, record by record."""
+    rng = np.random.default_rng(11)
+    example_cls = example_class()
+    names, kinds = ["a", "b", "c", "d", "e"], "ifbif"
+    singles = [random_record(rng, example_cls) for _ in range(150)]
+    records = singles + [singles[i] + singles[i + 1] for i in range(0, 100, 2)]
+    keys = {n.encode(): i for i, n in enumerate(names)}
+    got = [k.parse_examples(records, keys, kinds.encode()) for k in (compiled, reference)]
+    for values, counts in got:
+        starts = np.cumsum(np.maximum(counts, 0), axis=1) - np.maximum(counts, 0)
+        for r, record in enumerate(records):
+            want = protobufs_values(record, names, kinds)
+            for f, expected in enumerate(want):
+                if expected is None:
+                    assert counts[f, r] == -1, (r, f)
+                    continue
+                mine = values[f][starts[f, r] : starts[f, r] + counts[f, r]].tolist()
+                if kinds[f] == "f":
+                    np.testing.assert_array_equal(np.float32(mine), np.float32(expected))
+                else:
+                    assert mine == expected, (r, f)
+    np.testing.assert_array_equal(got[0][1], got[1][1])
+
+
+def test_both_kernels_refuse_what_is_not_an_example():
+    example = example_class()()
+    example.features.feature["a"].float_list.value.append(1.0)
+    good = example.SerializeToString()
+    for kernels in (compiled, reference):
+        with pytest.raises(ValueError, match="record 1, feature 'a': data types don't match"):
+            kernels.parse_examples([b"", good], {b"a": 0}, b"i")
+        for bad in (good[:-1], b"\x0a\xff", b"\x0b"):
+            with pytest.raises(ValueError, match="record 0 is not a tf.train.Example"):
+                kernels.parse_examples([bad], {b"a": 0}, b"f")
