@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from pstrain import JaggedTensor, SparseTensor
 from pstrain._kernels import compiled, reference
@@ -217,3 +218,33 @@ def test_both_kernels_refuse_what_is_not_an_example():
         for bad in (good[:-1], b"\x0a\xff", b"\x0b"):
             with pytest.raises(ValueError, match="record 0 is not a tf.train.Example"):
                 kernels.parse_examples([bad], {b"a": 0}, b"f")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=60), min_size=1, max_size=4), st.data())
+def test_any_bytes_are_read_alike_by_both_kernels_or_refused_by_both(records, data):
+    """Bytes of any kind (and valid records cut or spliced by hypothesis): the compiled
+    parser and its Python twin give the same values, or both refuse with a ValueError;
+    neither reads past a record nor keeps more than the records hold."""
+    good = example_class()()
+    good.features.feature["a"].int64_list.value.extend([1, 2**62])
+    good.features.feature["b"].float_list.value.append(0.5)
+    if data.draw(st.booleans()):
+        cut = data.draw(st.integers(0, len(good.SerializeToString())))
+        records = [*records, good.SerializeToString()[:cut]]
+    outcomes = []
+    for kernels in (compiled, reference):
+        try:
+            outcomes.append(kernels.parse_examples(records, {b"a": 0, b"b": 1, b"": 2}, b"ifb"))
+        except ValueError:
+            outcomes.append(None)
+    if outcomes[0] is None or outcomes[1] is None:
+        assert outcomes[0] is None and outcomes[1] is None
+        return
+    (values, counts), (ref_values, ref_counts) = outcomes
+    np.testing.assert_array_equal(counts, ref_counts)
+    for mine, theirs in zip(values, ref_values):
+        assert (
+            mine.tobytes() == theirs.tobytes() if mine.dtype != object else mine.tolist() == theirs.tolist()
+        )
+        assert mine.size <= sum(len(r) for r in records)
