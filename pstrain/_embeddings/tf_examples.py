@@ -21,9 +21,9 @@ import numpy as np
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from .._kernels import KERNELS
-from .jagged import SparseTensor
+from .jagged import JaggedTensor, SparseTensor
 
-__all__ = ["FixedLenFeature", "VarLenFeature", "parse_example", "parse_single_example"]
+__all__ = ["FixedLenFeature", "RaggedFeature", "VarLenFeature", "parse_example", "parse_single_example"]
 
 
 #: A dtype's code for the kernel, and the numpy type its values take.
@@ -91,29 +91,77 @@ class VarLenFeature:
         return f"VarLenFeature(dtype={self.dtype})"
 
 
+class RaggedFeature:
+    """TF's ``tf.io.RaggedFeature`` of int64 ids without partitions: any number of ids per
+    record, parsed to a :class:`~pstrain.JaggedTensor` (its bags, as TF's ``RaggedTensor``
+    of shape ``(batch, None)``); ``value_key``: the feature's name in the records (default:
+    its key in the spec). A float or bytes ragged feature has no pstrain type (a
+    ``JaggedTensor`` holds ids): ``VarLenFeature`` gives it as a ``SparseTensor``.
+    ``row_splits_dtype`` and ``validate`` are TF's, accepted (the offsets are int64)."""
+
+    __slots__ = ("dtype", "value_key")
+
+    def __init__(
+        self,
+        dtype: Any,
+        value_key: str | None = None,
+        partitions: Sequence[Any] = (),
+        row_splits_dtype: Any = None,
+        validate: bool = False,
+    ) -> None:
+        self.dtype = _kind(dtype, "RaggedFeature")
+        if self.dtype != "int64":
+            raise InvalidArgumentError(
+                f"RaggedFeature: a ragged feature of {self.dtype} has no pstrain type (a JaggedTensor "
+                "holds int64 ids): parse it with VarLenFeature, as a SparseTensor"
+            )
+        if partitions:
+            raise InvalidArgumentError("RaggedFeature: partitions are not supported (one ragged dimension)")
+        if value_key is not None and (not isinstance(value_key, str) or not value_key):
+            raise InvalidArgumentError(
+                f"RaggedFeature: value_key must be a feature's name, got {value_key!r}"
+            )
+        self.value_key = value_key
+
+    def __repr__(self) -> str:
+        return f"RaggedFeature(dtype={self.dtype}, value_key={self.value_key!r})"
+
+
 def parse_example(
     serialized: Any, features: Mapping[str, Any], example_names: Any = None, name: str | None = None
 ) -> dict[str, Any]:
     """TF's ``tf.io.parse_example``: a batch of serialized ``tf.train.Example``\\ s (a list or
     1-D array of bytes, such as a batch of a :class:`TFRecordDataset`) parsed by
-    ``features`` (``{name: FixedLenFeature | VarLenFeature}``) into ``{name: array of
+    ``features`` (``{name: FixedLenFeature | VarLenFeature | RaggedFeature}``; a ragged
+    one a :class:`~pstrain.JaggedTensor`) into ``{name: array of
     (batch, *shape)}`` and ``{name: SparseTensor of dense_shape (batch, longest)}``.
     ``example_names`` and ``name`` are TF's, accepted. A record that does not parse, a
     feature of the wrong type or length, or one missing without a default is refused,
     naming the record and the feature."""
     records = _records(serialized)
     specs = _specs(features)
-    names = list(specs)
-    kinds = b"".join(_KINDS[specs[k].dtype][0] for k in names)
+    # the names read in the records (a ragged feature's value_key may name another)
+    sources = sorted({getattr(spec, "value_key", None) or key for key, spec in specs.items()})
+    kind_of: dict[str, str] = {}
+    for key, spec in specs.items():
+        source = getattr(spec, "value_key", None) or key
+        if kind_of.setdefault(source, spec.dtype) != spec.dtype:
+            raise InvalidArgumentError(f"parse_example: feature {source!r} is asked for as two dtypes")
+    kinds = b"".join(_KINDS[kind_of[name]][0] for name in sources)
     try:
-        values, counts = KERNELS.parse_examples(records, {k.encode(): i for i, k in enumerate(names)}, kinds)
+        values, counts = KERNELS.parse_examples(
+            records, {k.encode(): i for i, k in enumerate(sources)}, kinds
+        )
     except ValueError as exc:
         raise InvalidArgumentError(f"parse_example: {exc}") from None
     out: dict[str, Any] = {}
-    for f, key in enumerate(names):
-        spec, flat, count = specs[key], values[f], counts[f]
+    for key, spec in specs.items():
+        f = sources.index(getattr(spec, "value_key", None) or key)
+        flat, count = values[f], counts[f]
         if isinstance(spec, FixedLenFeature):
             out[key] = _fixed(flat, count, key, spec)
+        elif isinstance(spec, RaggedFeature):
+            out[key] = JaggedTensor(flat, np.maximum(count, 0))
         else:
             lengths = np.maximum(count, 0)
             rows = np.repeat(np.arange(len(records), dtype=np.int64), lengths)
@@ -142,6 +190,8 @@ def parse_single_example(
     for key, value in batch.items():
         if isinstance(value, SparseTensor):
             out[key] = SparseTensor(value.indices[:, 1:], value.values, value.dense_shape[1:])
+        elif isinstance(value, JaggedTensor):  # one record's ids (TF: a 1-D tensor)
+            out[key] = value.values
         else:
             out[key] = value[0]
     return out
@@ -160,15 +210,17 @@ def _records(serialized: Any) -> list[bytes]:
     return [bytes(r) for r in items]
 
 
-def _specs(features: Mapping[str, Any]) -> dict[str, FixedLenFeature | VarLenFeature]:
+def _specs(features: Mapping[str, Any]) -> dict[str, FixedLenFeature | VarLenFeature | RaggedFeature]:
     if not isinstance(features, Mapping) or not features:
         raise InvalidArgumentError(
-            "parse_example: features must be a dict of {name: FixedLenFeature | VarLenFeature}"
+            "parse_example: features must be a dict of "
+            "{name: FixedLenFeature | VarLenFeature | RaggedFeature}"
         )
     for key, spec in features.items():
-        if not isinstance(spec, (FixedLenFeature, VarLenFeature)):
+        if not isinstance(spec, (FixedLenFeature, VarLenFeature, RaggedFeature)):
             raise InvalidArgumentError(
-                f"parse_example: feature {key!r}: expected a FixedLenFeature or VarLenFeature, got {spec!r}"
+                f"parse_example: feature {key!r}: expected a FixedLenFeature, VarLenFeature or "
+                f"RaggedFeature, got {spec!r}"
             )
     return dict(features)
 

@@ -112,6 +112,7 @@ ADDED = {
         "TFRecordDataset",
         "FixedLenFeature",
         "VarLenFeature",
+        "RaggedFeature",
         "parse_example",
         "parse_single_example",
     },

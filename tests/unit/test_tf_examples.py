@@ -19,6 +19,7 @@ from pstrain._kernels import compiled, reference
 from pstrain.data import (
     Dataset,
     FixedLenFeature,
+    RaggedFeature,
     TFRecordDataset,
     VarLenFeature,
     parse_example,
@@ -39,11 +40,14 @@ SPEC = {
     "weights": VarLenFeature(np.float32),
     "terms": VarLenFeature(bytes),
     "absent": VarLenFeature(np.int64),
+    "history_ids": RaggedFeature(np.int64, value_key="history"),
 }
 
 
 def plain(value):
     """A parsed value as the reference holds it (bytes base64-encoded)."""
+    if isinstance(value, JaggedTensor):  # TF's RaggedTensor: its values and row splits
+        return {"values": value.values.tolist(), "row_splits": value.offsets.tolist()}
     if isinstance(value, SparseTensor):
         values = [base64.b64encode(v).decode() if isinstance(v, bytes) else v for v in value.values.tolist()]
         return {
@@ -64,6 +68,9 @@ def assert_tfs(got, want):
     assert set(got) == set(want)
     for key, value in got.items():
         mine, theirs = plain(value), want[key]
+        if isinstance(mine, dict) and "row_splits" in mine:
+            assert mine == theirs, key
+            continue
         if isinstance(mine, dict):
             assert mine["indices"] == theirs["indices"] and mine["dense_shape"] == theirs["dense_shape"], key
             mine, theirs = mine["values"], theirs["values"]
@@ -134,9 +141,20 @@ def test_what_tensorflow_refuses_is_refused_naming_the_feature(spec, kind, match
 def test_bad_specs_and_records_are_refused():
     for make, match in (
         (lambda: FixedLenFeature([2], np.int32), "dtype must be int64, float32 or string"),
+        (lambda: RaggedFeature(np.float32), "parse it with VarLenFeature"),
+        (lambda: RaggedFeature(np.int64, partitions=[1]), "partitions are not supported"),
+        (
+            lambda: parse_example(
+                RECORDS, {"x": FixedLenFeature([], np.int64, 0), "y": RaggedFeature(np.float32)}
+            ),
+            "VarLenFeature",
+        ),
         (lambda: FixedLenFeature([-1], np.int64), "shape must be whole numbers"),
         (lambda: FixedLenFeature([2], np.int64, default_value=[1, 2, 3]), "default_value has 3 values"),
-        (lambda: parse_example(RECORDS, {"x": "int"}), "expected a FixedLenFeature or VarLenFeature"),
+        (
+            lambda: parse_example(RECORDS, {"x": "int"}),
+            "expected a FixedLenFeature, VarLenFeature or RaggedFeature",
+        ),
         (lambda: parse_example(RECORDS[0], SPEC), "a batch"),
         (lambda: parse_example([b"\xff\xff\xff"], SPEC), "record 0 is not a tf.train.Example"),
         (lambda: parse_single_example(RECORDS, SPEC), "one record"),

@@ -729,6 +729,9 @@ def tf_example_cases(seed: int = 10) -> None:
             "terms": tf.train.Feature(
                 bytes_list=tf.train.BytesList(value=[b"t%d" % k for k in range(i % 3)])
             ),
+            "history": tf.train.Feature(
+                int64_list=tf.train.Int64List(value=rng.integers(0, 50, i % 5).tolist())
+            ),
         }
         if i % 2:
             feature["label"] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(i % 3 == 0)]))
@@ -744,9 +747,12 @@ def tf_example_cases(seed: int = 10) -> None:
         "weights": tf.io.VarLenFeature(tf.float32),
         "terms": tf.io.VarLenFeature(tf.string),
         "absent": tf.io.VarLenFeature(tf.int64),
+        "history_ids": tf.io.RaggedFeature(tf.int64, value_key="history"),
     }
 
     def plain(value: Any) -> Any:
+        if isinstance(value, tf.RaggedTensor):
+            return {"values": value.values.numpy().tolist(), "row_splits": value.row_splits.numpy().tolist()}
         if isinstance(value, tf.SparseTensor):
             return {
                 "indices": value.indices.numpy().tolist(),
