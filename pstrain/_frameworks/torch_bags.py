@@ -85,6 +85,38 @@ class KeyedTensor:
     def __getitem__(self, key: str) -> torch.Tensor:
         return self.to_dict()[key]
 
+    @staticmethod
+    def from_tensor_list(
+        keys: list[str], tensors: list[torch.Tensor], key_dim: int = 1, cat_dim: int = 1
+    ) -> KeyedTensor:
+        """TorchRec's: the tensors side by side (along ``cat_dim``), each the columns of its key."""
+        if len(keys) != len(tensors) or key_dim != 1 or cat_dim != 1:
+            raise InvalidArgumentError(
+                "KeyedTensor.from_tensor_list: a tensor per key, side by side along dimension 1"
+            )
+        return KeyedTensor(list(keys), [int(t.shape[1]) for t in tensors], torch.cat(tensors, dim=1))
+
+    @staticmethod
+    def regroup(keyed_tensors: list[KeyedTensor], groups: list[list[str]]) -> list[torch.Tensor]:
+        """TorchRec's: for each group of keys (found in any of ``keyed_tensors``), their
+        columns side by side, in the group's order (gradients flow back through them)."""
+        columns: dict[str, torch.Tensor] = {}
+        for kt in keyed_tensors:
+            columns.update(kt.to_dict())
+        missing = sorted({k for group in groups for k in group} - set(columns))
+        if missing:
+            raise InvalidArgumentError(f"KeyedTensor.regroup: no keyed tensor has the keys {missing}")
+        return [torch.cat([columns[k] for k in group], dim=1) for group in groups]
+
+    @staticmethod
+    def regroup_as_dict(
+        keyed_tensors: list[KeyedTensor], groups: list[list[str]], keys: list[str]
+    ) -> dict[str, torch.Tensor]:
+        """TorchRec's: :meth:`regroup`'s tensors by the names ``keys`` (one per group)."""
+        if len(keys) != len(groups):
+            raise InvalidArgumentError("KeyedTensor.regroup_as_dict: a name per group")
+        return dict(zip(keys, KeyedTensor.regroup(keyed_tensors, groups)))
+
 
 def _bag(
     weight: torch.Tensor, jagged: JaggedTensor, inverse: np.ndarray, mode: str, what: str, weighted: bool

@@ -353,3 +353,23 @@ async def test_an_embedding_bag_fetched_for_two_steps_pools_each_its_own_bags(ps
         assert grad.indices.tolist() == want_ids
     with pytest.raises(InvalidArgumentError, match="other bags than were fetched"):
         bag(torch.tensor([7]), torch.tensor([0]))
+
+
+def test_keyed_tensors_regroup_as_torchrecs():
+    """TorchRec's ``KeyedTensor.regroup``, ``regroup_as_dict`` and ``from_tensor_list``
+    (TorchRec 1.9.2's results for the same tensors), gradients flowing back."""
+    values = torch.arange(10.0).reshape(2, 5).requires_grad_(True)
+    kt1 = ptorch.KeyedTensor(["a", "b"], [2, 3], values)
+    kt2 = ptorch.KeyedTensor(["c"], [1], torch.tensor([[100.0], [200.0]]))
+    first, second = ptorch.KeyedTensor.regroup([kt1, kt2], [["c", "a"], ["b"]])
+    assert first.tolist() == [[100.0, 0.0, 1.0], [200.0, 5.0, 6.0]]
+    assert second.tolist() == [[2.0, 3.0, 4.0], [7.0, 8.0, 9.0]]
+    (first.sum() + 2 * second.sum()).backward()
+    assert values.grad.tolist() == [[1.0, 1.0, 2.0, 2.0, 2.0]] * 2
+    named = ptorch.KeyedTensor.regroup_as_dict([kt1, kt2], [["b"], ["a"]], ["g1", "g2"])
+    assert list(named) == ["g1", "g2"] and named["g2"].shape == (2, 2)
+    kt = ptorch.KeyedTensor.from_tensor_list(["x", "y"], [torch.ones(2, 2), torch.zeros(2, 1)])
+    assert kt.keys() == ["x", "y"] and kt.length_per_key() == [2, 1]
+    assert kt.values().tolist() == [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]]
+    with pytest.raises(InvalidArgumentError, match=r"no keyed tensor has the keys \['z'\]"):
+        ptorch.KeyedTensor.regroup([kt1], [["a", "z"]])
