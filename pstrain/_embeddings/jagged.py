@@ -515,6 +515,54 @@ class KeyedJaggedTensor:
             [np.ones(f.values.size, np.float32) if f.weights is None else f.weights for f in feats]
         )
 
+    def lengths_or_none(self) -> np.ndarray:
+        """:meth:`lengths` (TorchRec's name; here never None)."""
+        return self.lengths()
+
+    def offsets_or_none(self) -> np.ndarray:
+        """:meth:`offsets` (TorchRec's name; here never None)."""
+        return self.offsets()
+
+    def permute(self, indices: Sequence[int], indices_tensor: Any = None) -> KeyedJaggedTensor:
+        """TorchRec's: the features ``keys()[i]`` for each ``i`` of ``indices``, in that order."""
+        order = [int(i) for i in as_numpy(indices).reshape(-1)]
+        if any(not 0 <= i < len(self._keys) for i in order):
+            raise InvalidArgumentError(
+                f"KeyedJaggedTensor.permute: indices must be in [0, {len(self._keys)}), got {order}"
+            )
+        return KeyedJaggedTensor.from_jt_dict({self._keys[i]: self._features[self._keys[i]] for i in order})
+
+    def split(self, segments: Sequence[int]) -> list[KeyedJaggedTensor]:
+        """TorchRec's: consecutive groups of ``segments[i]`` features each."""
+        sizes = [int(n) for n in segments]
+        if any(n < 0 for n in sizes) or sum(sizes) != len(self._keys):
+            raise InvalidArgumentError(
+                f"KeyedJaggedTensor.split: segments {sizes} do not add up to its {len(self._keys)} keys"
+            )
+        out, start = [], 0
+        for n in sizes:
+            keys = self._keys[start : start + n]
+            part = KeyedJaggedTensor.from_jt_dict({k: self._features[k] for k in keys})
+            part._stride = self._stride  # noqa: SLF001 - this class's own (a group of no keys too)
+            out.append(part)
+            start += n
+        return out
+
+    def to(self, device: Any = None, non_blocking: bool = False, dtype: Any = None) -> KeyedJaggedTensor:
+        """TorchRec's (a training loop's ``batch.to(device)``): itself, on the CPU, where
+        pstrain pools; another device is refused."""
+        name = str(getattr(device, "type", device) or "cpu")
+        if not name.startswith("cpu"):
+            raise InvalidArgumentError(
+                f"KeyedJaggedTensor.to({device!r}): pstrain pools on the worker's CPU (the rows come "
+                "from the ps): move the pooled output to the device instead"
+            )
+        return self
+
+    def pin_memory(self) -> KeyedJaggedTensor:
+        """TorchRec's: itself (its arrays stay where they are)."""
+        return self
+
     def take(self, rows: Any) -> KeyedJaggedTensor:
         """The examples ``rows`` of every feature (what ``pstrain.data`` batches with)."""
         idx = _rows(rows, self._stride, "KeyedJaggedTensor")  # checked once for every feature

@@ -373,3 +373,27 @@ def test_keyed_tensors_regroup_as_torchrecs():
     assert kt.values().tolist() == [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]]
     with pytest.raises(InvalidArgumentError, match=r"no keyed tensor has the keys \['z'\]"):
         ptorch.KeyedTensor.regroup([kt1], [["a", "z"]])
+
+
+def test_a_keyed_jagged_tensor_permutes_splits_and_moves_as_torchrecs():
+    """``permute``, ``split`` and ``to`` (TorchRec 1.9.2's results for the same batch)."""
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        ["a", "b", "c"], torch.tensor([1, 2, 3, 4, 5]), torch.tensor([1, 0, 2, 1, 0, 1])
+    )
+    permuted = kjt.permute([2, 0])
+    assert permuted.keys() == ["c", "a"] and permuted.values().tolist() == [5, 1]
+    assert permuted.lengths().tolist() == [0, 1, 1, 0]
+    parts = kjt.split([1, 2])
+    assert [(p.keys(), p.values().tolist(), p.lengths().tolist()) for p in parts] == [
+        (["a"], [1], [1, 0]),
+        (["b", "c"], [2, 3, 4, 5], [2, 1, 0, 1]),
+    ]
+    assert kjt.split([0, 3])[0].stride() == 2 and kjt.lengths_or_none().tolist() == [1, 0, 2, 1, 0, 1]
+    assert kjt.to(torch.device("cpu")) is kjt and kjt.pin_memory() is kjt
+    for bad, match in (
+        (lambda: kjt.to("cuda:0"), "pools on the worker's CPU"),
+        (lambda: kjt.permute([3]), r"indices must be in \[0, 3\)"),
+        (lambda: kjt.split([1, 1]), "do not add up to its 3 keys"),
+    ):
+        with pytest.raises(InvalidArgumentError, match=match):
+            bad()
