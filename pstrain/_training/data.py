@@ -26,6 +26,7 @@ epoch of a repeated dataset a different, reproducible one).
 
 from __future__ import annotations
 
+import glob
 import itertools
 import os
 import queue
@@ -42,7 +43,7 @@ from . import row_indices
 from .elements import is_jagged, leaves_len, padded, ragged, rows_of, stack, structure_of, take, to_arrays
 from .row_indices import Blocks
 
-__all__ = ["AUTOTUNE", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "Dataset", "TensorSpec"]
+__all__ = ["AUTOTUNE", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "Dataset", "Options", "TensorSpec"]
 
 #: ``prefetch(AUTOTUNE)``, as ``tf.data.AUTOTUNE``: a buffer of 1 here.
 AUTOTUNE = -1
@@ -204,6 +205,42 @@ def _callable(fn: Any, what: str) -> None:
         raise InvalidArgumentError(f"{what} takes a function, got {type(fn).__name__}")
 
 
+def _window_of(elements: list[Any]) -> Any:
+    """A window's elements as a dataset, or as a tuple or dict of datasets of the
+    components (TF's windows of structured elements)."""
+    first = elements[0]
+    if isinstance(first, tuple):
+        return tuple(_window_of([e[i] for e in elements]) for i in range(len(first)))
+    if isinstance(first, dict):
+        return {k: _window_of([e[k] for e in elements]) for k in first}
+    items = list(elements)
+    return Dataset(lambda: iter(items), cardinality=len(items))
+
+
+class Options:
+    """TF's ``tf.data.Options``: any option, in any group (``options.experimental_distribute.
+    auto_shard_policy = ...``), set and read back; :meth:`Dataset.with_options` keeps them.
+    None is applied: a per-worker dataset of the parameter-server strategy ignores its
+    options in TF too."""
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_values", {})
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        values = object.__getattribute__(self, "_values")
+        if name not in values:
+            values[name] = Options()  # a group, made when first named
+        return values[name]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__getattribute__(self, "_values")[name] = value
+
+    def __repr__(self) -> str:
+        return f"Options({object.__getattribute__(self, '_values')})"
+
+
 class Dataset:
     """An iterable pipeline; every ``iter()`` starts from the beginning."""
 
@@ -290,6 +327,42 @@ class Dataset:
             raise InvalidArgumentError(f"range: output_type must be a numeric dtype, got {kind}")
         r = range(*args)
         return Dataset(lambda: (kind.type(i) for i in r), cardinality=len(r))
+
+    @staticmethod
+    def counter(start: int = 0, step: int = 1, dtype: Any = np.int64, name: str | None = None) -> Dataset:
+        """``start``, ``start + step``, ... without end, as scalars of ``dtype`` (TF's)."""
+        kind = np.dtype(dtype)
+        if kind.kind not in "iuf":
+            raise InvalidArgumentError(f"counter: dtype must be a numeric dtype, got {kind}")
+        return Dataset(
+            lambda: (kind.type(i) for i in itertools.count(start, step)), cardinality=INFINITE_CARDINALITY
+        )
+
+    @staticmethod
+    def list_files(
+        file_pattern: Any, shuffle: bool | None = None, seed: int | None = None, name: str | None = None
+    ) -> Dataset:
+        """The files matching ``file_pattern`` (a glob, or a list of them), as bytes, as
+        TF's: shuffled on each iteration unless ``shuffle=False`` (then in sorted order);
+        ``seed`` makes the shuffles repeat. No file matching a pattern is an error naming it."""
+        patterns = (
+            [file_pattern] if isinstance(file_pattern, (str, bytes, os.PathLike)) else list(file_pattern)
+        )
+        names: list[bytes] = []
+        for pattern in patterns:
+            found = sorted(glob.glob(os.fsdecode(pattern)))
+            if not found:
+                raise InvalidArgumentError(f"list_files: No files matched pattern: {os.fsdecode(pattern)}")
+            names += [os.fsencode(f) for f in found]
+        names = sorted(set(names))
+        mix = shuffle is None or bool(shuffle)
+        rng = np.random.default_rng(seed)
+
+        def run() -> Iterator[bytes]:
+            order = rng.permutation(len(names)) if mix else range(len(names))
+            return (names[i] for i in order)
+
+        return Dataset(run, cardinality=len(names))
 
     @staticmethod
     def from_tensors(tensors: Any) -> Dataset:
@@ -740,6 +813,80 @@ class Dataset:
         return Dataset(
             lambda: ((np.int64(i), e) for i, e in enumerate(make(), start)), cardinality=self._cardinality
         )
+
+    def rebatch(self, batch_size: int, drop_remainder: bool = False, name: str | None = None) -> Dataset:
+        """The elements of the batches again in batches of ``batch_size`` (TF's: ``unbatch``
+        then ``batch``)."""
+        return self.unbatch().batch(batch_size, drop_remainder=drop_remainder)
+
+    def window(
+        self,
+        size: int,
+        shift: int | None = None,
+        stride: int = 1,
+        drop_remainder: bool = False,
+        name: str | None = None,
+    ) -> Dataset:
+        """Windows of ``size`` elements, each a dataset (a tuple or dict of datasets, one per
+        component, for elements of several), as TF's: a window starts every ``shift``
+        elements (default ``size``) and takes every ``stride``-th from there; the last ones
+        are shorter unless ``drop_remainder``."""
+        size = whole(size, "window size", 1)
+        shift = size if shift is None else whole(shift, "window shift", 1)
+        stride = whole(stride, "window stride", 1)
+        span = (size - 1) * stride + 1  # the elements a whole window covers
+        make = self._make
+
+        def windows() -> Iterator[Any]:
+            buffer: list[Any] = []  # from the next window's start on
+            it = make()
+            ended = False
+            while True:
+                while not ended and len(buffer) < span:
+                    e = next(it, _END)
+                    if e is _END:
+                        ended = True
+                    else:
+                        buffer.append(e)
+                if not buffer or (ended and drop_remainder and len(buffer) < span):
+                    return
+                yield _window_of(buffer[:span:stride])
+                if ended and len(buffer) <= shift:
+                    return
+                have = len(buffer)
+                del buffer[: min(shift, have)]
+                for _ in range(shift - have):  # the next window starts past what was read
+                    if ended or next(it, _END) is _END:
+                        return
+
+        return Dataset(windows)
+
+    def get_single_element(self, name: str | None = None) -> Any:
+        """The dataset's only element (TF's): an empty one, or one of more, is an error."""
+        it = iter(self)
+        first = next(it, _END)
+        if first is _END:
+            raise InvalidArgumentError("get_single_element: Dataset was empty.")
+        if next(it, _END) is not _END:
+            raise InvalidArgumentError("get_single_element: Dataset had more than one element.")
+        return first
+
+    def with_options(self, options: Any, name: str | None = None) -> Dataset:
+        """The same elements, with ``options`` (:class:`Options`, or TF's ``tf.data.Options``)
+        kept for :meth:`options`. Not applied: as in TF, a per-worker dataset of the
+        parameter-server strategy ignores its options (shard it with ``shard``)."""
+        out = Dataset(
+            self._make, spec=self._spec, partial_batch=self._partial_batch, cardinality=self._cardinality
+        )
+        out._source, out._indices = self._source, self._indices
+        out._options = options
+        return out
+
+    def options(self) -> Any:
+        """The options :meth:`with_options` gave (a fresh :class:`Options` if none)."""
+        return self._options if self._options is not None else Options()
+
+    _options: Any = None
 
     def unbatch(self) -> Dataset:
         """Each element split along its first dimension into as many elements (tuples and

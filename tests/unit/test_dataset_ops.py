@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from pstrain import JaggedTensor
-from pstrain.data import Dataset, TensorSpec
+from pstrain.data import Dataset, Options, TensorSpec
 from pstrain.errors import InvalidArgumentError
 
 pytestmark = pytest.mark.timeout(120)
@@ -453,3 +453,64 @@ def test_batching_elements_of_different_shapes_is_refused_by_name_and_range_take
     assert [x.dtype for x in Dataset.range(2, output_type=np.int32)] == [np.int32, np.int32]
     mapped = Dataset.range(3).map(lambda x: x + 1, synchronous=True, use_unbounded_threadpool=False)
     assert [int(x) for x in mapped] == [1, 2, 3]  # TF's newer map arguments, taken
+
+
+def _windows(ds):
+    return [
+        [[int(x) for x in part] for part in w] if isinstance(w, tuple) else [int(x) for x in w] for w in ds
+    ]
+
+
+def test_window_rebatch_counter_and_single_elements_give_tensorflows_elements():
+    """The elements TF 2.21 gives for the same pipelines."""
+    assert _windows(Dataset.range(7).window(3)) == [[0, 1, 2], [3, 4, 5], [6]]
+    assert _windows(Dataset.range(7).window(3, shift=2, stride=2)) == [[0, 2, 4], [2, 4, 6], [4, 6], [6]]
+    assert _windows(Dataset.range(7).window(3, shift=1, drop_remainder=True)) == [
+        [0, 1, 2],
+        [1, 2, 3],
+        [2, 3, 4],
+        [3, 4, 5],
+        [4, 5, 6],
+    ]
+    assert _windows(Dataset.range(5).window(2, shift=3)) == [[0, 1], [3, 4]]
+    pairs = Dataset.zip((Dataset.range(4), Dataset.range(4)))
+    assert _windows(pairs.window(3)) == [[[0, 1, 2], [0, 1, 2]], [[3], [3]]]
+    batched = Dataset.range(7).window(3).flat_map(lambda w: w.batch(3))
+    assert [b.tolist() for b in batched] == [[0, 1, 2], [3, 4, 5], [6]]
+    assert [b.tolist() for b in Dataset.range(10).batch(4).rebatch(3)] == [
+        [0, 1, 2],
+        [3, 4, 5],
+        [6, 7, 8],
+        [9],
+    ]
+    assert [b.tolist() for b in Dataset.range(10).batch(4).rebatch(3, drop_remainder=True)] == [
+        [0, 1, 2],
+        [3, 4, 5],
+        [6, 7, 8],
+    ]
+    assert [int(x) for x in Dataset.counter(start=3, step=2).take(3)] == [3, 5, 7]
+    assert Dataset.counter().cardinality() == -1
+    assert int(Dataset.range(1).get_single_element()) == 0
+    with pytest.raises(InvalidArgumentError, match="Dataset was empty"):
+        Dataset.range(0).get_single_element()
+    with pytest.raises(InvalidArgumentError, match="more than one element"):
+        Dataset.range(2).get_single_element()
+    with pytest.raises(InvalidArgumentError, match="window size"):
+        Dataset.range(3).window(0)
+
+
+def test_list_files_and_options_as_tensorflows(tmp_path):
+    for name in ("b.txt", "a.txt", "c.csv"):
+        (tmp_path / name).write_text("x")
+    files = Dataset.list_files(str(tmp_path / "*.txt"), shuffle=False)
+    assert list(files) == [str(tmp_path / "a.txt").encode(), str(tmp_path / "b.txt").encode()]
+    shuffled = Dataset.list_files([str(tmp_path / "*.txt"), str(tmp_path / "*.csv")], seed=1)
+    assert sorted(shuffled) == sorted(str(tmp_path / n).encode() for n in ("a.txt", "b.txt", "c.csv"))
+    assert len(shuffled) == 3
+    with pytest.raises(InvalidArgumentError, match="No files matched pattern: .*nope"):
+        Dataset.list_files(str(tmp_path / "*.nope"))
+    options = Options()
+    options.experimental_distribute.auto_shard_policy = "DATA"  # TF PS ignores it too
+    ds = Dataset.range(3).with_options(options)
+    assert ds.options().experimental_distribute.auto_shard_policy == "DATA"
+    assert [int(x) for x in ds] == [0, 1, 2] and len(ds) == 3

@@ -107,6 +107,7 @@ ADDED = {
         "AUTOTUNE",
         "INFINITE_CARDINALITY",
         "UNKNOWN_CARDINALITY",
+        "Options",
         # TF's file datasets and tf.train.Example parsing
         "TextLineDataset",
         "TFRecordDataset",
