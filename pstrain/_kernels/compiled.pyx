@@ -1715,6 +1715,10 @@ cdef inline bint _delimited(const uint8_t* p, Py_ssize_t n, Py_ssize_t* i, Py_ss
     return True
 
 
+cdef object _not_example(Py_ssize_t r, str why):
+    return ValueError(f"record {r} is not a tf.train.Example ({why})")
+
+
 cdef class _Numbers:
     """A growing buffer of int64 or float32 values (a feature's, over a batch)."""
     cdef char* data
@@ -1825,28 +1829,28 @@ cdef int _parse_records(
         i = 0
         while i < n:
             if not _varint(p, n, &i, &tag):
-                raise ValueError(f"record {r} is not a tf.train.Example (a field's tag is cut)")
+                raise _not_example(r, "a field's tag is cut")
             if tag >> 3 != 1 or tag & 7 != 2:
                 if not _skip_field(p, n, &i, tag & 7):
-                    raise ValueError(f"record {r} is not a tf.train.Example (a field is cut or of no kind)")
+                    raise _not_example(r, "a field is cut or of no kind")
                 continue
             if not _delimited(p, n, &i, &fs, &fe):
-                raise ValueError(f"record {r} is not a tf.train.Example (its features are cut)")
+                raise _not_example(r, "its features are cut")
             j = fs
             while j < fe:  # Features: map entries (field 1)
                 if not _varint(p, fe, &j, &tag):
-                    raise ValueError(f"record {r} is not a tf.train.Example (a feature's tag is cut)")
+                    raise _not_example(r, "a feature's tag is cut")
                 if tag >> 3 != 1 or tag & 7 != 2:
                     if not _skip_field(p, fe, &j, tag & 7):
-                        raise ValueError(f"record {r} is not a tf.train.Example (a feature is cut)")
+                        raise _not_example(r, "a feature is cut")
                     continue
                 if not _delimited(p, fe, &j, &es, &ee):
-                    raise ValueError(f"record {r} is not a tf.train.Example (a feature is cut)")
+                    raise _not_example(r, "a feature is cut")
                 ks = ke = vs = ve = es  # an entry: its key (1) and its value (2), the last of each
                 i2 = es
                 while i2 < ee:
                     if not _varint(p, ee, &i2, &tag):
-                        raise ValueError(f"record {r} is not a tf.train.Example (a feature's entry is cut)")
+                        raise _not_example(r, "a feature's entry is cut")
                     field, wire = tag >> 3, tag & 7
                     if (field == 1 or field == 2) and wire == 2:
                         if field == 1:
@@ -1856,7 +1860,7 @@ cdef int _parse_records(
                     else:
                         ok = _skip_field(p, ee, &i2, wire)
                     if not ok:
-                        raise ValueError(f"record {r} is not a tf.train.Example (a feature's entry is cut)")
+                        raise _not_example(r, "a feature's entry is cut")
                 # which feature: the one after the last found first (records written alike
                 # keep their keys in one order), then every other, by length and bytes
                 f = -1
@@ -1874,7 +1878,7 @@ cdef int _parse_records(
                 i2 = vs
                 while i2 < ve:
                     if not _varint(p, ve, &i2, &tag):
-                        raise ValueError(f"record {r} is not a tf.train.Example (a feature's value is cut)")
+                        raise _not_example(r, "a feature's value is cut")
                     field, wire = tag >> 3, tag & 7
                     if 1 <= field <= 3 and wire == 2:
                         ok = _delimited(p, ve, &i2, &ls, &le)
@@ -1882,7 +1886,7 @@ cdef int _parse_records(
                     else:
                         ok = _skip_field(p, ve, &i2, wire)
                     if not ok:
-                        raise ValueError(f"record {r} is not a tf.train.Example (a feature's value is cut)")
+                        raise _not_example(r, "a feature's value is cut")
                 want = 1 if kp[f] == ord("b") else 2 if kp[f] == ord("f") else 3
                 if kind != 0 and kind != want:
                     raise ValueError(
@@ -1904,34 +1908,34 @@ cdef int _parse_records(
                     out = strings[f]
                     while i2 < le:
                         if not _varint(p, le, &i2, &tag):
-                            raise ValueError(f"record {r} is not a tf.train.Example (a bytes list is cut)")
+                            raise _not_example(r, "a bytes list is cut")
                         if tag >> 3 == 1 and tag & 7 == 2:
                             if not _delimited(p, le, &i2, &es, &ee):
-                                raise ValueError(f"record {r} is not a tf.train.Example (a bytes value is cut)")
+                                raise _not_example(r, "a bytes value is cut")
                             out.append(bytes(record[es:ee]))
                             count += 1
                         elif not _skip_field(p, le, &i2, tag & 7):
-                            raise ValueError(f"record {r} is not a tf.train.Example (a bytes list is cut)")
+                            raise _not_example(r, "a bytes list is cut")
                 else:
                     acc = numbers[f]
                     while i2 < le:
                         if not _varint(p, le, &i2, &tag):
-                            raise ValueError(f"record {r} is not a tf.train.Example (a list is cut)")
+                            raise _not_example(r, "a list is cut")
                         field, wire = tag >> 3, tag & 7
                         if field != 1:
                             if not _skip_field(p, le, &i2, wire):
-                                raise ValueError(f"record {r} is not a tf.train.Example (a list is cut)")
+                                raise _not_example(r, "a list is cut")
                             continue
                         if want == 3 and wire == 0:  # one int64
                             if not _varint(p, le, &i2, &v):
-                                raise ValueError(f"record {r} is not a tf.train.Example (an int64 is cut)")
+                                raise _not_example(r, "an int64 is cut")
                             acc.room(1)
                             (<int64_t*>acc.data)[acc.used] = <int64_t>v
                             acc.used += 1
                             count += 1
                         elif want == 2 and wire == 5:  # one float
                             if i2 + 4 > le:
-                                raise ValueError(f"record {r} is not a tf.train.Example (a float is cut)")
+                                raise _not_example(r, "a float is cut")
                             acc.room(1)
                             memcpy(&(<float*>acc.data)[acc.used], p + i2, 4)
                             i2 += 4
@@ -1939,10 +1943,10 @@ cdef int _parse_records(
                             count += 1
                         elif wire == 2:  # packed
                             if not _delimited(p, le, &i2, &es, &ee):
-                                raise ValueError(f"record {r} is not a tf.train.Example (a packed list is cut)")
+                                raise _not_example(r, "a packed list is cut")
                             if want == 2:
                                 if (ee - es) % 4:
-                                    raise ValueError(f"record {r} is not a tf.train.Example (a float list is cut)")
+                                    raise _not_example(r, "a float list is cut")
                                 acc.room((ee - es) // 4)
                                 memcpy(&(<float*>acc.data)[acc.used], p + es, ee - es)
                                 acc.used += (ee - es) // 4
@@ -1950,15 +1954,13 @@ cdef int _parse_records(
                             else:
                                 while es < ee:
                                     if not _varint(p, ee, &es, &v):
-                                        raise ValueError(f"record {r} is not a tf.train.Example (an int64 is cut)")
+                                        raise _not_example(r, "an int64 is cut")
                                     acc.room(1)
                                     (<int64_t*>acc.data)[acc.used] = <int64_t>v
                                     acc.used += 1
                                     count += 1
                         else:
-                            raise ValueError(
-                                f"record {r} is not a tf.train.Example (a list value of wire type {wire})"
-                            )
+                            raise _not_example(r, f"a list value of wire type {wire}")
                 c[f, r] = count
     return 0
 

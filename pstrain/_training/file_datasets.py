@@ -37,40 +37,44 @@ _COMPRESSIONS = (None, "", "GZIP", "ZLIB")
 
 
 class _FileDataset(Dataset):
-    """The elements ``read(file, path)`` gives of each of ``filenames``, as TF's file
-    datasets take their arguments."""
+    """The elements :meth:`_elements` gives of each of ``filenames``, with TF's arguments of
+    its file datasets (the subclasses' docstrings say them)."""
 
     kind = ""
 
     def __init__(
         self,
         filenames: Any,
-        compression_type: str | None,
-        buffer_size: int | None,
-        num_parallel_reads: int | None,
-        read: Callable[[BinaryIO, str], Iterator[bytes]],
+        compression_type: str | None = None,
+        buffer_size: int | None = None,
+        num_parallel_reads: int | None = None,
+        name: str | None = None,
     ) -> None:
+        kind = self.kind
         if compression_type not in _COMPRESSIONS:
             raise InvalidArgumentError(
-                f"{self.kind}: compression_type must be None, '', 'GZIP' or 'ZLIB', got {compression_type!r}"
+                f"{kind}: compression_type must be None, '', 'GZIP' or 'ZLIB', got {compression_type!r}"
             )
-        buffer = DEFAULT_BUFFER if buffer_size is None else whole(buffer_size, f"{self.kind} buffer_size", 1)
+        buffer = DEFAULT_BUFFER if buffer_size is None else whole(buffer_size, f"{kind} buffer_size", 1)
         if num_parallel_reads == AUTOTUNE:
             num_parallel_reads = len(os.sched_getaffinity(0))
         parallel = 1 if num_parallel_reads is None else whole(num_parallel_reads, "num_parallel_reads", 1)
-        kind = self.kind
         names = (
             filenames
             if isinstance(filenames, Dataset)
             else Dataset.from_tensor_slices(_paths(filenames, kind))
         )
-        compression = compression_type or None
+        compression, read = compression_type or None, self._elements
 
         def elements_of(path: Any) -> Dataset:
             return Dataset(lambda: _read(_path(path, kind), compression, buffer, read, kind))
 
         files = names.interleave(elements_of, cycle_length=parallel, block_length=1)
         super().__init__(lambda: iter(files), spec=TensorSpec((), object))
+
+    @staticmethod
+    def _elements(f: BinaryIO, path: str, buffer: int) -> Iterator[bytes]:
+        raise NotImplementedError
 
 
 class TextLineDataset(_FileDataset):
@@ -85,20 +89,9 @@ class TextLineDataset(_FileDataset):
 
     kind = "TextLineDataset"
 
-    def __init__(
-        self,
-        filenames: Any,
-        compression_type: str | None = None,
-        buffer_size: int | None = None,
-        num_parallel_reads: int | None = None,
-        name: str | None = None,
-    ) -> None:
-        size = DEFAULT_BUFFER if buffer_size is None else buffer_size
-
-        def lines(f: BinaryIO, path: str) -> Iterator[bytes]:
-            return _split(iter(lambda: f.read(size), b""))
-
-        super().__init__(filenames, compression_type, buffer_size, num_parallel_reads, lines)
+    @staticmethod
+    def _elements(f: BinaryIO, path: str, buffer: int) -> Iterator[bytes]:
+        return _split(iter(lambda: f.read(buffer), b""))
 
 
 class TFRecordDataset(_FileDataset):
@@ -112,15 +105,9 @@ class TFRecordDataset(_FileDataset):
 
     kind = "TFRecordDataset"
 
-    def __init__(
-        self,
-        filenames: Any,
-        compression_type: str | None = None,
-        buffer_size: int | None = None,
-        num_parallel_reads: int | None = None,
-        name: str | None = None,
-    ) -> None:
-        super().__init__(filenames, compression_type, buffer_size, num_parallel_reads, _records)
+    @staticmethod
+    def _elements(f: BinaryIO, path: str, buffer: int) -> Iterator[bytes]:
+        return _records(f, path)
 
 
 def _paths(filenames: Any, kind: str) -> np.ndarray:
@@ -152,7 +139,7 @@ def _read(
     path: str,
     compression: str | None,
     buffer: int,
-    read: Callable[[BinaryIO, str], Iterator[bytes]],
+    read: Callable[[BinaryIO, str, int], Iterator[bytes]],
     kind: str,
 ) -> Iterator[bytes]:
     """``read``'s elements of file ``path``, decompressed as ``compression`` says."""
@@ -164,11 +151,11 @@ def _read(
         raise InvalidArgumentError(f"{kind}: {path} is a directory, not a file") from None
     with raw:
         if compression is None:
-            yield from read(raw, path)
+            yield from read(raw, path, buffer)
             return
         stream: Any = gzip.GzipFile(fileobj=raw) if compression == "GZIP" else _Inflated(raw, buffer)
         try:
-            yield from read(stream, path)
+            yield from read(stream, path, buffer)
         except (OSError, EOFError, zlib.error) as exc:
             raise InvalidArgumentError(f"{kind}: {path} is not whole {compression} data ({exc})") from None
 
