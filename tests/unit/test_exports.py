@@ -116,6 +116,7 @@ ADDED = {
         "RaggedFeature",
         "parse_example",
         "parse_single_example",
+        "decode_csv",
     },
     "pstrain.optimizers": {"RowWiseAdagrad"},
     "pstrain.jax": {"PooledLookup", "pooled_lookup"},

@@ -3,8 +3,8 @@ of TensorFlow's sparse lookups and of TorchRec's EmbeddingBagCollection on rando
 and Keras' schedules, metrics, optimizers and gradient clipping on random inputs. Run it
 in an environment that has the framework (pstrain's does not need it): ``python
 make_references.py tf`` (and ``tf_max_norm``, ``tf_rows``, ``tf_scatter``, ``tf_strings``,
-``tf_manager``, ``tf_text_lines``, ``tf_records``, ``tf_examples``, ``keras_clipping``, ``keras_schedules``,
-``keras_metrics``, ``keras_optimizers``) with
+``tf_manager``, ``tf_text_lines``, ``tf_records``, ``tf_examples``, ``tf_csv``,
+``keras_clipping``, ``keras_schedules``, ``keras_metrics``, ``keras_optimizers``) with
 tensorflow-cpu, ``python make_references.py torchrec`` with torchrec (see
 ../../../../shared/anchors/README.md for both).
 
@@ -792,6 +792,53 @@ def tf_example_cases(seed: int = 10) -> None:
     (HERE / "tf_examples.json").write_text(json.dumps(out) + "\n")
 
 
+#: ``tf_csv_cases``: lines, each column's (type, default or None: required), and arguments.
+CSV_CASES = [
+    (
+        ["1,2.5,a", '3,,"b,c"', ",4.0,", '5,6,"say ""hi"""'],
+        [("int32", 0), ("float32", 0.0), ("string", "x")],
+        {},
+    ),
+    (["1,2.5,a", "3,,b"], [("int32", 0), ("float32", 0.0)], {"select_cols": [0, 1]}),
+    (["1,2.5,a,9", "3,,b,8"], [("int64", None), ("string", "")], {"select_cols": [0, 3]}),
+    (
+        ["1\tNA\t2", "NA\t7\t-3"],
+        [("int32", 0), ("int64", 9), ("float64", 0.5)],
+        {"field_delim": "\t", "na_value": "NA"},
+    ),
+    (['1,"2"', "3,4"], [("int32", 0), ("string", "")], {"use_quote_delim": False}),
+    ([" 1, 2.5 ", "-7,1e3"], [("int32", 0), ("float32", 0.0)], {}),
+    (["2147483647,1"], [("int32", 0), ("int32", 0)], {}),
+    (["1,2,3"], [("int32", 0), ("int32", 0)], {}),
+    (["a,1"], [("int32", 0), ("int32", 0)], {}),
+    ([",1"], [("int32", None), ("int32", 0)], {}),
+    (["2147483648,1"], [("int32", 0), ("int32", 0)], {}),
+    (["1.5,1"], [("int64", 0), ("int32", 0)], {}),
+]
+
+
+def tf_csv_cases() -> None:
+    """``tf.io.decode_csv`` of ``CSV_CASES``: the columns, or the kind of error."""
+    import json
+
+    import tensorflow as tf
+
+    out = []
+    for lines, columns, kwargs in CSV_CASES:
+        defaults = [
+            tf.constant([], getattr(tf, kind)) if value is None else tf.constant([value], getattr(tf, kind))
+            for kind, value in columns
+        ]
+        try:
+            got = tf.io.decode_csv(tf.constant(lines), defaults, **kwargs)
+            result = [[v.decode() if isinstance(v, bytes) else v for v in c.numpy().tolist()] for c in got]
+            error = None
+        except Exception as exc:  # noqa: BLE001 - the kind of error is the reference
+            result, error = None, type(exc).__name__
+        out.append({"lines": lines, "columns": columns, "kwargs": kwargs, "result": result, "error": error})
+    (HERE / "tf_csv.json").write_text(json.dumps({"version": tf.__version__, "cases": out}) + "\n")
+
+
 if __name__ == "__main__":
     {
         "tf": tf_cases,
@@ -808,4 +855,5 @@ if __name__ == "__main__":
         "tf_text_lines": tf_text_line_cases,
         "tf_records": tf_record_cases,
         "tf_examples": tf_example_cases,
+        "tf_csv": tf_csv_cases,
     }[sys.argv[1]]()
