@@ -1647,30 +1647,51 @@ cdef uint64_t _siphash24(const uint8_t* s, uint64_t n, uint64_t k0, uint64_t k1)
     return v[0] ^ v[1] ^ v[2] ^ v[3]
 
 
-cdef uint32_t _CRC32C[256]
+cdef uint32_t _CRC32C[8][256]  # slice by 8: table k advances a byte k places further
 
 
-cdef void _crc32c_table() noexcept:
+cdef void _crc32c_tables() noexcept:
     cdef uint32_t i, j, c
     for i in range(256):
         c = i
         for j in range(8):
             c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
-        _CRC32C[i] = c
+        _CRC32C[0][i] = c
+    for i in range(256):
+        for j in range(1, 8):
+            _CRC32C[j][i] = (_CRC32C[j - 1][i] >> 8) ^ _CRC32C[0][_CRC32C[j - 1][i] & 0xFF]
 
 
-_crc32c_table()
+_crc32c_tables()
+
+
+cdef uint32_t _crc32c(const uint8_t* p, Py_ssize_t n, uint32_t crc) noexcept nogil:
+    """CRC-32C of ``n`` bytes at ``p``, continuing ``crc``: eight bytes a step (Intel's
+    slicing-by-8), then the rest a byte at a time."""
+    cdef uint32_t c = ~crc
+    cdef uint64_t w
+    while n >= 8:
+        memcpy(&w, p, 8)
+        w ^= c
+        c = (_CRC32C[7][w & 0xFF] ^ _CRC32C[6][(w >> 8) & 0xFF] ^ _CRC32C[5][(w >> 16) & 0xFF]
+             ^ _CRC32C[4][(w >> 24) & 0xFF] ^ _CRC32C[3][(w >> 32) & 0xFF] ^ _CRC32C[2][(w >> 40) & 0xFF]
+             ^ _CRC32C[1][(w >> 48) & 0xFF] ^ _CRC32C[0][w >> 56])
+        p += 8
+        n -= 8
+    while n > 0:
+        c = _CRC32C[0][(c ^ p[0]) & 0xFF] ^ (c >> 8)
+        p += 1
+        n -= 1
+    return ~c
 
 
 def crc32c(const uint8_t[::1] data, uint32_t crc=0):
     """CRC-32C (Castagnoli) of ``data``, continuing ``crc``: the checksum of TFRecord files
     (and of TensorBoard's event files)."""
-    cdef Py_ssize_t i, n = data.shape[0]
-    cdef uint32_t c = crc ^ 0xFFFFFFFF
+    cdef uint32_t out
     with nogil:
-        for i in range(n):
-            c = _CRC32C[(c ^ data[i]) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFF
+        out = _crc32c(&data[0] if data.shape[0] else <const uint8_t*>b"", data.shape[0], crc)
+    return out
 
 
 cdef inline bint _varint(const uint8_t* p, Py_ssize_t n, Py_ssize_t* i, uint64_t* out) noexcept nogil:

@@ -90,3 +90,6 @@ def test_crc32c_is_castagnolis():
     data = np.random.default_rng(1).integers(0, 256, 5000).astype(np.uint8)
     assert compiled.crc32c(data) == reference.crc32c(data)
     assert compiled.crc32c(data[1000:], compiled.crc32c(data[:1000])) == compiled.crc32c(data)
+    for n in range(40):  # eight bytes a step, and every tail of fewer
+        part = data[3 : 3 + n]
+        assert compiled.crc32c(part, 77) == reference.crc32c(part, 77), n
