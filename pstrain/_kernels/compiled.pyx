@@ -1694,6 +1694,39 @@ def crc32c(const uint8_t[::1] data, uint32_t crc=0):
     return out
 
 
+cdef inline uint32_t _masked_crc(const uint8_t* p, Py_ssize_t n) noexcept nogil:
+    cdef uint32_t crc = _crc32c(p, n, 0)
+    return ((crc >> 15) | (crc << 17)) + 0xA282EAD8U
+
+
+def tfrecord_split(const uint8_t[::1] buf):
+    """The whole TFRecord records at the start of ``buf``, each checked against its masked
+    CRC-32C: ``(records, used, problem, at, need)``. ``used``: the bytes they take;
+    ``problem``: 0, or 1 (a length's checksum) or 2 (a data's) for the record at ``at``;
+    ``need``: the bytes still to come for the record after them (0 when its header is not
+    whole yet)."""
+    cdef Py_ssize_t n = buf.shape[0], at = 0
+    cdef uint64_t length
+    cdef uint32_t crc
+    cdef const uint8_t* p = &buf[0] if n else <const uint8_t*>b""
+    records = []
+    while n - at >= 12:
+        memcpy(&length, p + at, 8)
+        memcpy(&crc, p + at + 8, 4)
+        if _masked_crc(p + at, 8) != crc:
+            return records, at, 1, at, 0
+        if length > <uint64_t>(n - at) or <uint64_t>(n - at) - length < 16:  # not all here yet
+            if length > <uint64_t>(INT64_MAX - 16):
+                return records, at, 0, at, INT64_MAX
+            return records, at, 0, at, <Py_ssize_t>(length + 16) - (n - at)
+        memcpy(&crc, p + at + 12 + length, 4)
+        if _masked_crc(p + at + 12, <Py_ssize_t>length) != crc:
+            return records, at, 2, at, 0
+        records.append(bytes(buf[at + 12 : at + 12 + <Py_ssize_t>length]))
+        at += 16 + <Py_ssize_t>length
+    return records, at, 0, at, 0
+
+
 cdef inline bint _varint(const uint8_t* p, Py_ssize_t n, Py_ssize_t* i, uint64_t* out) noexcept nogil:
     cdef uint64_t v = 0
     cdef int shift = 0

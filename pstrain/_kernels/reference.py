@@ -46,6 +46,7 @@ __all__ = [
     "sgd_rows",
     "take_bags",
     "take_fixed",
+    "tfrecord_split",
     "shard_ids",
     "siphash24",
     "stamp_rows",
@@ -958,3 +959,25 @@ def parse_examples(
             arr = np.array(values[f], np.uint64).view(np.int64) if values[f] else np.zeros(0, np.int64)
         out.append(arr)
     return out, counts
+
+
+def _masked_crc(data: bytes) -> int:
+    crc = crc32c(np.frombuffer(data, np.uint8))
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def tfrecord_split(buf: np.ndarray) -> tuple[list[bytes], int, int, int, int]:
+    raw, at = buf.tobytes(), 0
+    records: list[bytes] = []
+    while len(raw) - at >= 12:
+        length = int.from_bytes(raw[at : at + 8], "little")
+        if _masked_crc(raw[at : at + 8]) != int.from_bytes(raw[at + 8 : at + 12], "little"):
+            return records, at, 1, at, 0
+        if length > len(raw) - at - 16:
+            return records, at, 0, at, length + 16 - (len(raw) - at)
+        data = raw[at + 12 : at + 12 + length]
+        if _masked_crc(data) != int.from_bytes(raw[at + 12 + length : at + 16 + length], "little"):
+            return records, at, 2, at, 0
+        records.append(data)
+        at += 16 + length
+    return records, at, 0, at, 0

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import struct
 import zlib
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
@@ -107,7 +106,7 @@ class TFRecordDataset(_FileDataset):
 
     @staticmethod
     def _elements(f: BinaryIO, path: str, buffer: int) -> Iterator[bytes]:
-        return _records(f, path)
+        return _records(f, path, buffer)
 
 
 def _paths(filenames: Any, kind: str) -> np.ndarray:
@@ -198,35 +197,30 @@ def _split(chunks: Iterator[bytes]) -> Iterator[bytes]:
         yield line[:-1] if line.endswith(b"\r") else line
 
 
-_HEADER = struct.Struct("<QI")  # a record's length, then the masked CRC-32C of those 8 bytes
-_FOOTER = struct.Struct("<I")  # the masked CRC-32C of its data
+#: A record's header: its length (8 bytes), then the masked CRC-32C of those 8 bytes.
+_HEADER_BYTES = 12
 
 
-def _masked_crc(data: bytes) -> int:
-    """TFRecord's masked CRC-32C of ``data``."""
-    crc = KERNELS.crc32c(np.frombuffer(data, np.uint8))
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def _records(f: BinaryIO, path: str) -> Iterator[bytes]:
-    """The records of one TFRecord stream, each checked; where each starts is counted for
-    the errors."""
-    at = 0
+def _records(f: BinaryIO, path: str, buffer: int) -> Iterator[bytes]:
+    """The records of one TFRecord stream, each checked (``tfrecord_split``, compiled), read
+    ``buffer`` bytes at a time, or at once for the rest of a record longer than that; where
+    each starts is counted for the errors."""
+    pending, offset = b"", 0  # bytes read and not yet taken, and where they start in the file
     while True:
-        header = f.read(_HEADER.size)
-        if len(header) < _HEADER.size:  # the end (inside a header too, as TF ends there)
+        chunk = f.read(buffer)
+        data = pending + chunk if pending else chunk
+        records, used, problem, at, need = KERNELS.tfrecord_split(np.frombuffer(data, np.uint8))
+        yield from records
+        if problem:
+            what = "its length's checksum" if problem == 1 else "its data's checksum"
+            raise DataLossError(f"TFRecordDataset: {path}: corrupted record at {offset + at} ({what})")
+        pending, offset = data[used:], offset + used
+        if need > buffer:  # a long record: the rest of it in one go (as much as the file has)
+            pending += _read_exactly(f, need)
+        if not chunk:
+            if len(pending) >= _HEADER_BYTES:  # (fewer: the end, inside a header, as TF ends)
+                raise DataLossError(f"TFRecordDataset: {path}: truncated record at {offset}")
             return
-        length, length_crc = _HEADER.unpack(header)
-        if _masked_crc(header[:8]) != length_crc:
-            raise DataLossError(f"TFRecordDataset: {path}: corrupted record at {at} (its length's checksum)")
-        data = _read_exactly(f, length)
-        footer = f.read(_FOOTER.size)
-        if len(data) < length or len(footer) < _FOOTER.size:
-            raise DataLossError(f"TFRecordDataset: {path}: truncated record at {at}")
-        if _masked_crc(data) != _FOOTER.unpack(footer)[0]:
-            raise DataLossError(f"TFRecordDataset: {path}: corrupted record at {at} (its data's checksum)")
-        yield data
-        at += _HEADER.size + length + _FOOTER.size
 
 
 def _read_exactly(f: BinaryIO, n: int) -> bytes:
