@@ -1817,14 +1817,14 @@ def parse_examples(list records, dict keys, bytes kinds):
     key or list kind wins, packed and unpacked lists alike, unknown fields skipped; a
     feature with no list is missing (TF's). A record that is not one, or a feature of
     another kind, is a ``ValueError`` naming the record (and the feature)."""
-    cdef Py_ssize_t nf = len(kinds), nr = len(records)
+    cdef Py_ssize_t nf = len(kinds), nr = len(records), k
     cdef const uint8_t* kp = <const uint8_t*>kinds
+    if any(kind not in b"bfi" for kind in kinds):
+        raise ValueError(f"parse_examples: kinds must be b (bytes), f (float32) or i (int64), got {kinds!r}")
     counts = np.full((nf, nr), -1, np.int64)
     cdef int64_t[:, ::1] c = counts
     numbers = [None if kinds[k] == ord("b") else _Numbers(8 if kinds[k] == ord("i") else 4) for k in range(nf)]
     strings = [[] if kinds[k] == ord("b") else None for k in range(nf)]
-    cdef _Numbers acc
-    cdef Py_ssize_t k, probe, hint = 0
     names = [None] * nf  # the keys' bytes, kept alive while their pointers are used
     for name, index in keys.items():
         if not isinstance(name, bytes) or not 0 <= index < nf or names[index] is not None:

@@ -886,6 +886,8 @@ def parse_examples(
     records: list[bytes], keys: dict[bytes, int], kinds: bytes
 ) -> tuple[list[np.ndarray], np.ndarray]:
     nf = len(kinds)
+    if any(kind not in b"bfi" for kind in kinds):
+        raise ValueError(f"parse_examples: kinds must be b (bytes), f (float32) or i (int64), got {kinds!r}")
     counts = np.full((nf, len(records)), -1, np.int64)
     values: list[list[Any]] = [[] for _ in range(nf)]
     for r, record in enumerate(records):
