@@ -217,6 +217,17 @@ def _window_of(elements: list[Any]) -> Any:
     return Dataset(lambda: iter(items), cardinality=len(items))
 
 
+def _first_axis_shapes(element: Any, fill: int) -> Any:
+    """``padded_shapes`` for ``element``: each array component's first axis ``fill`` long,
+    the rest to the longest in the batch (``bucket_by_sequence_length`` to the boundary)."""
+    if isinstance(element, tuple):
+        return tuple(_first_axis_shapes(e, fill) for e in element)
+    if isinstance(element, dict):
+        return {k: _first_axis_shapes(v, fill) for k, v in element.items()}
+    ndim = np.ndim(element)
+    return [fill] + [None] * (ndim - 1) if ndim else []
+
+
 class Options:
     """TF's ``tf.data.Options``: any option, in any group (``options.experimental_distribute.
     auto_shard_policy = ...``), set and read back; :meth:`Dataset.with_options` keeps them.
@@ -860,6 +871,105 @@ class Dataset:
                         return
 
         return Dataset(windows)
+
+    def group_by_window(
+        self,
+        key_func: Callable[..., Any],
+        reduce_func: Callable[[Any, Dataset], Dataset],
+        window_size: int | None = None,
+        window_size_func: Callable[[Any], int] | None = None,
+        name: str | None = None,
+    ) -> Dataset:
+        """TF's: elements grouped by ``key_func`` (an integer per element); a group of
+        ``window_size`` (or ``window_size_func(key)``) elements becomes the elements of
+        ``reduce_func(key, dataset of them)`` as it fills; at the end the groups left, by
+        ascending key (TF's order)."""
+        _callable(key_func, "group_by_window key_func")
+        _callable(reduce_func, "group_by_window reduce_func")
+        if (window_size is None) == (window_size_func is None):
+            raise InvalidArgumentError("group_by_window: give window_size or window_size_func (one of them)")
+        size_of: Callable[[Any], int] = (
+            (lambda key: window_size) if window_size_func is None else window_size_func  # type: ignore[assignment,return-value]
+        )
+        make = self._make
+
+        def call(fn: Callable[..., Any], e: Any) -> Any:
+            return fn(*e) if isinstance(e, tuple) else fn(e)
+
+        def reduced(key: int, items: list[Any]) -> Iterator[Any]:
+            window = Dataset(lambda: iter(items), cardinality=len(items))
+            out = reduce_func(np.int64(key), window)
+            if not isinstance(out, Dataset):
+                raise InvalidArgumentError(
+                    f"group_by_window: reduce_func must return a Dataset, got {type(out).__name__}"
+                )
+            return iter(out)
+
+        def run() -> Iterator[Any]:
+            groups: dict[int, list[Any]] = {}
+            for e in make():
+                raw = np.asarray(call(key_func, e))
+                if raw.ndim != 0 or raw.dtype.kind not in "iu":
+                    raise InvalidArgumentError(f"group_by_window: key_func must give an integer, got {raw!r}")
+                key = int(raw)
+                group = groups.setdefault(key, [])
+                group.append(e)
+                size = whole(size_of(np.int64(key)), "group_by_window window size", 1)
+                if len(group) >= size:
+                    del groups[key]
+                    yield from reduced(key, group)
+            for key in sorted(groups):
+                yield from reduced(key, groups[key])
+
+        return Dataset(run)
+
+    def bucket_by_sequence_length(
+        self,
+        element_length_func: Callable[..., Any],
+        bucket_boundaries: list[int],
+        bucket_batch_sizes: list[int],
+        padded_shapes: Any = None,
+        padding_values: Any = None,
+        pad_to_bucket_boundary: bool = False,
+        no_padding: bool = False,
+        drop_remainder: bool = False,
+        name: str | None = None,
+    ) -> Dataset:
+        """TF's: elements batched with others of their length bucket (``bucket_boundaries``
+        ascending; bucket ``i`` holds lengths in ``[boundaries[i - 1], boundaries[i])``), a
+        batch of ``bucket_batch_sizes[i]`` each (one more size than boundaries), padded to
+        the longest in the batch (``pad_to_bucket_boundary``: to the bucket's boundary less
+        one along each component's first axis; ``no_padding``: ``batch``)."""
+        bounds = [whole(b, "bucket boundary", 1) for b in bucket_boundaries]
+        if any(b <= a for a, b in zip(bounds, bounds[1:])):
+            raise InvalidArgumentError(f"bucket_by_sequence_length: boundaries must ascend, got {bounds}")
+        sizes = [whole(b, "bucket batch size", 1) for b in bucket_batch_sizes]
+        if len(sizes) != len(bounds) + 1:
+            raise InvalidArgumentError(
+                f"bucket_by_sequence_length: len(bucket_batch_sizes) must equal len(bucket_boundaries) + 1, "
+                f"got {len(sizes)} and {len(bounds)}"
+            )
+
+        def bucket_of(*e: Any) -> np.int64:
+            length = int(np.asarray(element_length_func(*e)))
+            if pad_to_bucket_boundary and length >= bounds[-1]:
+                raise InvalidArgumentError(
+                    "bucket_by_sequence_length: When pad_to_bucket_boundary=True, elements must have "
+                    f"length < max(bucket_boundaries), got {length}"
+                )
+            return np.int64(sum(length >= b for b in bounds))
+
+        def batched(bucket: Any, window: Dataset) -> Dataset:
+            size = sizes[int(bucket)]
+            if no_padding:
+                return window.batch(size, drop_remainder=drop_remainder)
+            shapes = padded_shapes
+            if pad_to_bucket_boundary and shapes is None:
+                fill = bounds[int(bucket)] - 1
+                shapes = _first_axis_shapes(next(iter(window)), fill)
+            return window.padded_batch(size, shapes, padding_values, drop_remainder=drop_remainder)
+
+        return self.group_by_window(bucket_of, batched, window_size_func=lambda bucket: sizes[int(bucket)])
 
     def get_single_element(self, name: str | None = None) -> Any:
         """The dataset's only element (TF's): an empty one, or one of more, is an error."""

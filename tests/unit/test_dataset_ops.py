@@ -514,3 +514,66 @@ def test_list_files_and_options_as_tensorflows(tmp_path):
     ds = Dataset.range(3).with_options(options)
     assert ds.options().experimental_distribute.auto_shard_policy == "DATA"
     assert [int(x) for x in ds] == [0, 1, 2] and len(ds) == 3
+
+
+def test_group_by_window_and_buckets_by_length_give_tensorflows_batches():
+    """The batches TF 2.21 gives for the same pipelines: full groups as they fill, the rest
+    at the end by ascending key; buckets padded to the batch's longest or to the boundary."""
+
+    def grouped(**kwargs):
+        return [b.tolist() for b in Dataset.range(10).group_by_window(**kwargs)]
+
+    assert grouped(key_func=lambda x: x % 3, reduce_func=lambda k, w: w.batch(2), window_size=2) == [
+        [0, 3],
+        [1, 4],
+        [2, 5],
+        [6, 9],
+        [7],
+        [8],
+    ]
+    assert grouped(key_func=lambda x: x % 2, reduce_func=lambda k, w: w.batch(10), window_size=3) == [
+        [0, 2, 4],
+        [1, 3, 5],
+        [6, 8],
+        [7, 9],
+    ]
+    assert grouped(
+        key_func=lambda x: x % 2, reduce_func=lambda k, w: w.batch(10), window_size_func=lambda k: k + 2
+    ) == [[0, 2], [1, 3, 5], [4, 6], [8], [7, 9]]
+    elements = [[0], [1, 2, 3, 4], [5, 6, 7], [7, 8, 9, 10, 11], [13, 14, 15, 16, 19, 20], [21, 22]]
+    sequences = Dataset.from_generator(
+        lambda: (np.array(e, np.int64) for e in elements), output_signature=TensorSpec((None,), np.int64)
+    )
+
+    def buckets(*args, **kwargs):
+        return [
+            b.tolist() for b in sequences.bucket_by_sequence_length(lambda e: e.shape[0], *args, **kwargs)
+        ]
+
+    by_longest = [
+        [[1, 2, 3, 4], [5, 6, 7, 0]],
+        [[7, 8, 9, 10, 11, 0], [13, 14, 15, 16, 19, 20]],
+        [[0, 0], [21, 22]],
+    ]
+    assert buckets([3, 5], [2, 2, 2]) == by_longest
+    assert buckets([3, 5], [2, 2, 2], drop_remainder=True) == by_longest
+    assert buckets([3, 8], [2, 2, 2], pad_to_bucket_boundary=True, padding_values=-1) == [
+        [[1, 2, 3, 4, -1, -1, -1], [5, 6, 7, -1, -1, -1, -1]],
+        [[7, 8, 9, 10, 11, -1, -1], [13, 14, 15, 16, 19, 20, -1]],
+        [[0, -1], [21, 22]],
+    ]
+    for bad, match in (
+        (lambda: buckets([3, 5], [2, 2]), "must equal len\\(bucket_boundaries\\) \\+ 1"),
+        (lambda: buckets([5, 3], [2, 2, 2]), "boundaries must ascend"),
+        (
+            lambda: buckets([3, 5], [2, 2, 2], pad_to_bucket_boundary=True),
+            "length < max\\(bucket_boundaries\\)",
+        ),
+        (
+            lambda: grouped(key_func=lambda x: x, reduce_func=lambda k, w: w),
+            "window_size or window_size_func",
+        ),
+        (lambda: grouped(key_func=lambda x: 0.5, reduce_func=lambda k, w: w, window_size=2), "an integer"),
+    ):
+        with pytest.raises(InvalidArgumentError, match=match):
+            bad()
