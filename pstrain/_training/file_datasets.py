@@ -27,7 +27,7 @@ from .._base.exports import expose
 from .._kernels import KERNELS
 from .data import AUTOTUNE, Dataset, TensorSpec
 
-__all__ = ["TFRecordDataset", "TextLineDataset"]
+__all__ = ["TFRecordDataset", "TFRecordWriter", "TextLineDataset"]
 
 #: The bytes read at a time when ``buffer_size`` is not given (TF's default: 256 KiB).
 DEFAULT_BUFFER = 256 << 10
@@ -107,6 +107,66 @@ class TFRecordDataset(_FileDataset):
     @staticmethod
     def _elements(f: BinaryIO, path: str, buffer: int) -> Iterator[bytes]:
         return _records(f, path, buffer)
+
+
+class TFRecordWriter:
+    """TF's ``tf.io.TFRecordWriter``: records written to ``path`` in TFRecord framing (each
+    record's length and data with their masked CRC-32C), the bytes TF writes for them;
+    ``options`` is ``None``, ``""``, ``"GZIP"`` or ``"ZLIB"`` (or TF's ``TFRecordOptions``:
+    its ``compression_type``). A context manager; :meth:`close` ends the file."""
+
+    def __init__(self, path: str | os.PathLike[str], options: Any = None) -> None:
+        compression = getattr(options, "compression_type", options) or None
+        if compression not in _COMPRESSIONS:
+            raise InvalidArgumentError(
+                f"TFRecordWriter: options must be None, '', 'GZIP' or 'ZLIB', got {options!r}"
+            )
+        self.path = os.fspath(path)
+        self._file: Any = open(self.path, "wb")  # noqa: SIM115 - closed by close()
+        self._deflate = zlib.compressobj() if compression == "ZLIB" else None
+        if compression == "GZIP":
+            self._file = gzip.GzipFile(fileobj=self._file, mode="wb")
+        self._raw: BinaryIO | None = None if compression != "GZIP" else self._file.fileobj
+
+    def write(self, record: bytes) -> None:
+        """Add one record (bytes)."""
+        if self._file is None:
+            raise InvalidArgumentError(f"TFRecordWriter: {self.path} is closed")
+        if not isinstance(record, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError(f"TFRecordWriter: a record must be bytes, got {type(record).__name__}")
+        data = bytes(record)
+        length = len(data).to_bytes(8, "little")
+        framed = b"".join((length, _masked_crc(length), data, _masked_crc(data)))
+        self._file.write(self._deflate.compress(framed) if self._deflate is not None else framed)
+
+    def flush(self) -> None:
+        """Hand what was written to the operating system (a compressed stream's pending
+        bytes stay until :meth:`close`)."""
+        if self._file is not None:
+            self._file.flush()
+
+    def close(self) -> None:
+        """End the file (its compressed stream too); closing again does nothing."""
+        if self._file is None:
+            return
+        if self._deflate is not None:
+            self._file.write(self._deflate.flush())
+        self._file.close()
+        if self._raw is not None:  # (GzipFile leaves the file it wrote into open)
+            self._raw.close()
+        self._file = None
+
+    def __enter__(self) -> TFRecordWriter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _masked_crc(data: bytes) -> bytes:
+    """TFRecord's masked CRC-32C of ``data``, as its 4 bytes."""
+    crc = KERNELS.crc32c(np.frombuffer(data, np.uint8))
+    return ((((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF).to_bytes(4, "little")
 
 
 def _paths(filenames: Any, kind: str) -> np.ndarray:

@@ -111,6 +111,7 @@ ADDED = {
         # TF's file datasets and tf.train.Example parsing
         "TextLineDataset",
         "TFRecordDataset",
+        "TFRecordWriter",
         "FixedLenFeature",
         "VarLenFeature",
         "RaggedFeature",

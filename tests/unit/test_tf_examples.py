@@ -21,6 +21,7 @@ from pstrain.data import (
     FixedLenFeature,
     RaggedFeature,
     TFRecordDataset,
+    TFRecordWriter,
     VarLenFeature,
     parse_example,
     parse_single_example,
@@ -100,16 +101,9 @@ def test_parsed_ids_are_bags_for_a_lookup_and_records_come_from_files(tmp_path):
     bags = JaggedTensor.from_sparse(clicks)
     assert len(bags) == len(RECORDS) and bags.values.tolist() == clicks.values.tolist()
     path = tmp_path / "examples.tfrecord"
-    with open(path, "wb") as f:  # the TFRecord framing, as TFRecordWriter writes it
-        from pstrain._kernels import KERNELS
-
-        def masked(data):
-            crc = KERNELS.crc32c(np.frombuffer(data, np.uint8))
-            return ((((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF).to_bytes(4, "little")
-
+    with TFRecordWriter(str(path)) as writer:
         for r in RECORDS:
-            length = len(r).to_bytes(8, "little")
-            f.write(length + masked(length) + r + masked(r))
+            writer.write(r)
     ds = TFRecordDataset(str(path)).batch(4).map(lambda records: parse_example(records, SPEC))
     first = next(iter(ds))
     assert first["pair"].tolist() == TF["batch"]["pair"][:4]

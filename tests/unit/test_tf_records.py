@@ -6,7 +6,9 @@ the CRC-32C kernel against its Python twin and the standard check value."""
 from __future__ import annotations
 
 import base64
+import gzip
 import json
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +16,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pstrain._kernels import compiled, reference
-from pstrain.data import Dataset, TFRecordDataset
+from pstrain.data import Dataset, TFRecordDataset, TFRecordWriter
 from pstrain.errors import DataLossError, InvalidArgumentError, NotFoundError
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
@@ -108,3 +110,28 @@ def test_the_record_splitter_is_its_python_twin_on_any_cut_or_damage(data):
         buf[data.draw(st.integers(0, len(buf) - 1))] ^= 1 << data.draw(st.integers(0, 7))
     view = np.frombuffer(bytes(buf), np.uint8)
     assert compiled.tfrecord_split(view) == reference.tfrecord_split(view)
+
+
+@pytest.mark.parametrize("compression", [None, "GZIP", "ZLIB"])
+def test_the_writer_writes_what_tensorflow_writes(tmp_path, compression):
+    """Plain, the file is TensorFlow's byte for byte; compressed, its records read back
+    here (the compressors' own bytes may differ) and decompress to TF's framing."""
+    path = tmp_path / "out.tfrecord"
+    with TFRecordWriter(str(path), compression) as writer:
+        for record in RECORDS:
+            writer.write(record)
+    assert list(TFRecordDataset(str(path), compression)) == RECORDS
+    tf_file = base64.b64decode(TF["files"][compression or ""])
+    if compression is None:
+        assert path.read_bytes() == tf_file
+    elif compression == "GZIP":
+        assert gzip.decompress(path.read_bytes()) == gzip.decompress(tf_file)
+    else:
+        assert zlib.decompress(path.read_bytes()) == zlib.decompress(tf_file)
+    with pytest.raises(InvalidArgumentError, match="is closed"):
+        writer.write(b"late")
+    with pytest.raises(InvalidArgumentError, match="options must be"):
+        TFRecordWriter(str(path), "LZ4")
+    with TFRecordWriter(str(tmp_path / "other"), compression) as other:
+        with pytest.raises(InvalidArgumentError, match="a record must be bytes"):
+            other.write("text")
