@@ -1773,6 +1773,20 @@ cdef object _not_example(Py_ssize_t r, str why):
     return ValueError(f"record {r} is not a tf.train.Example ({why})")
 
 
+cdef int _next_message(const uint8_t* p, Py_ssize_t end, Py_ssize_t* i, Py_ssize_t* start, Py_ssize_t* stop) noexcept nogil:
+    """Find the next field 1 of a message (a length-delimited one) from ``i[0]``, skipping
+    the others: 1 with its bytes in ``[start, stop)``, 0 at the message's end, -1 if cut."""
+    cdef uint64_t tag
+    while i[0] < end:
+        if not _varint(p, end, i, &tag):
+            return -1
+        if tag >> 3 == 1 and tag & 7 == 2:
+            return 1 if _delimited(p, end, i, start, stop) else -1
+        if not _skip_field(p, end, i, tag & 7):
+            return -1
+    return 0
+
+
 cdef class _Numbers:
     """A growing buffer of int64 or float32 values (a feature's, over a batch)."""
     cdef char* data
@@ -1869,6 +1883,7 @@ cdef int _parse_records(
     list strings,
 ) except -1:
     cdef Py_ssize_t r, f, i, n, fs, fe, es, ee, ks, ke, vs, ve, ls, le, j, i2, count, k, probe, hint = 0
+    cdef int found
     cdef uint64_t tag, field, wire, v, kind
     cdef int want
     cdef bint ok
@@ -1881,25 +1896,19 @@ cdef int _parse_records(
         n = view.shape[0]
         p = &view[0] if n else <const uint8_t*>b""
         i = 0
-        while i < n:
-            if not _varint(p, n, &i, &tag):
-                raise _not_example(r, "a field's tag is cut")
-            if tag >> 3 != 1 or tag & 7 != 2:
-                if not _skip_field(p, n, &i, tag & 7):
-                    raise _not_example(r, "a field is cut or of no kind")
-                continue
-            if not _delimited(p, n, &i, &fs, &fe):
+        while True:  # Example: its Features (field 1), as many as there are
+            found = _next_message(p, n, &i, &fs, &fe)
+            if found < 0:
                 raise _not_example(r, "its features are cut")
+            if not found:
+                break
             j = fs
-            while j < fe:  # Features: map entries (field 1)
-                if not _varint(p, fe, &j, &tag):
-                    raise _not_example(r, "a feature's tag is cut")
-                if tag >> 3 != 1 or tag & 7 != 2:
-                    if not _skip_field(p, fe, &j, tag & 7):
-                        raise _not_example(r, "a feature is cut")
-                    continue
-                if not _delimited(p, fe, &j, &es, &ee):
+            while True:  # Features: its map entries (field 1)
+                found = _next_message(p, fe, &j, &es, &ee)
+                if found < 0:
                     raise _not_example(r, "a feature is cut")
+                if not found:
+                    break
                 ks = ke = vs = ve = es  # an entry: its key (1) and its value (2), the last of each
                 i2 = es
                 while i2 < ee:

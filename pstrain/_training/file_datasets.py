@@ -40,6 +40,8 @@ class _FileDataset(Dataset):
     its file datasets (the subclasses' docstrings say them)."""
 
     kind = ""
+    #: Each element of one file (its stream, its name, the bytes to read at a time).
+    _elements: Callable[[BinaryIO, str, int], Iterator[bytes]]
 
     def __init__(
         self,
@@ -70,10 +72,6 @@ class _FileDataset(Dataset):
 
         files = names.interleave(elements_of, cycle_length=parallel, block_length=1)
         super().__init__(lambda: iter(files), spec=TensorSpec((), object))
-
-    @staticmethod
-    def _elements(f: BinaryIO, path: str, buffer: int) -> Iterator[bytes]:
-        raise NotImplementedError
 
 
 class TextLineDataset(_FileDataset):
