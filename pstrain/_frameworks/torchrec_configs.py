@@ -143,11 +143,21 @@ def table_configs(tables: Sequence[Any]) -> list[TableConfig]:
 def _table_config(t: Any) -> TableConfig:
     try:
         rows, dim, name = int(t.num_embeddings), int(t.embedding_dim), str(t.name)
-        features = list(t.feature_names)
+        given = t.feature_names
     except AttributeError as exc:
         raise InvalidArgumentError(
             f"tables: expected TableConfig or TorchRec's EmbeddingBagConfig, got {type(t).__name__}"
         ) from exc
+    if (
+        isinstance(given, str)
+        or not isinstance(given, (list, tuple))
+        or not all(isinstance(f, str) for f in given)
+    ):
+        raise InvalidArgumentError(
+            f"table {name!r}: feature_names must be a list of names, got {given!r} (a config "
+            "written by position: data_type comes fourth, after name, as in TorchRec)"
+        )
+    features = list(given)
     name = name or (features[0] if len(features) == 1 else name)
     if not name:
         raise InvalidArgumentError("tables: an EmbeddingBagConfig needs a name")

@@ -167,3 +167,13 @@ def test_settings_of_torchrecs_sharded_kernels_are_refused_by_name(field, value)
 def test_unpooled_tables_are_refused_with_the_way_to_look_them_up():
     with pytest.raises(InvalidArgumentError, match="pooling NONE has no pstrain combiner.*embedding_lookup"):
         mapped(pooling=ptorch.PoolingType.NONE)
+
+
+def test_a_config_written_in_the_old_order_is_refused_by_name():
+    """Before TorchRec's order, ``feature_names`` came fourth and ``pooling`` fifth: given so
+    now, they land in ``data_type`` and ``feature_names`` and are refused, not taken."""
+    old_order = ptorch.EmbeddingBagConfig(10, 2, "t", ["f"], ptorch.PoolingType.SUM)
+    with pytest.raises(InvalidArgumentError, match="feature_names must be a list of names"):
+        ptorch.table_configs([old_order])
+    with pytest.raises(InvalidArgumentError, match="data_type .* has no pstrain table type"):
+        ptorch.table_configs([ptorch.EmbeddingBagConfig(10, 2, "t", ["f"], ["f"])])
