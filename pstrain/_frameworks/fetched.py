@@ -11,9 +11,15 @@ takes before it awaits again (``await optimizer.apply_gradients(module.gradients
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+    from .._embeddings.collection import GatheredRows
+    from .._embeddings.jagged import JaggedTensor
 
 S = TypeVar("S")
 
@@ -61,3 +67,18 @@ class FetchedBatches(Generic[S]):
 
     def __bool__(self) -> bool:
         return bool(self.waiting) or self.current is not None
+
+
+class PulledRows:
+    """One batch a collection pulled (``EmbeddingBagCollection``, ``EmbeddingCollection``):
+    its gathered rows, and them as leaf tensors for autograd."""
+
+    __slots__ = ("gathered", "rows")
+
+    def __init__(self, gathered: GatheredRows, rows: dict[str, torch.Tensor]) -> None:
+        self.gathered, self.rows = gathered, rows
+
+    def holds(self, given: dict[str, JaggedTensor]) -> bool:
+        """Whether ``given`` are the features pulled (the same objects, or equal ones)."""
+        features = self.gathered.features
+        return all(f in given and (given[f] is features[f] or given[f] == features[f]) for f in features)

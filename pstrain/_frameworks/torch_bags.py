@@ -36,14 +36,14 @@ import torch
 
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
-from .._embeddings.collection import EmbeddingCollection, GatheredRows
+from .._embeddings.collection import EmbeddingCollection
 from .._embeddings.jagged import JaggedTensor, KeyedJaggedTensor, as_jagged
 from .._formats.numerics.initializers import Initializer, RandomUniform
 from .._kernels.batches import distinct
 from .._variables.arrays import IndexedSlices
 from .._variables.sharding import embedding_lookup
 from .._variables.variables import Variable
-from .fetched import FetchedBatches, writable
+from .fetched import FetchedBatches, PulledRows, writable
 from .torchrec_configs import table_configs
 
 __all__ = ["EmbeddingBag", "EmbeddingBagCollection", "KeyedTensor"]
@@ -143,20 +143,6 @@ def _bag(
     )
 
 
-class _Pulled:
-    """One pulled batch: its gathered rows, and them as leaf tensors for autograd."""
-
-    __slots__ = ("gathered", "rows")
-
-    def __init__(self, gathered: GatheredRows, rows: dict[str, torch.Tensor]) -> None:
-        self.gathered, self.rows = gathered, rows
-
-    def holds(self, given: dict[str, JaggedTensor]) -> bool:
-        """Whether ``given`` are the features pulled (the same objects, or equal ones)."""
-        features = self.gathered.features
-        return all(f in given and (given[f] is features[f] or given[f] == features[f]) for f in features)
-
-
 class EmbeddingBagCollection(torch.nn.Module):
     """TorchRec's ``EmbeddingBagCollection`` on the ps: the tables of an
     :class:`~pstrain.EmbeddingCollection` (placed by its planner), pooled by PyTorch. Create
@@ -187,7 +173,7 @@ class EmbeddingBagCollection(torch.nn.Module):
                 )
         kwargs = {} if shard_rows is None else {"shard_rows": shard_rows}
         self.collection = EmbeddingCollection(configs, name=name, **kwargs)
-        self._pulled: FetchedBatches[_Pulled] = FetchedBatches()  # each step in flight its own
+        self._pulled: FetchedBatches[PulledRows] = FetchedBatches()  # each step in flight its own
 
     @property
     def plan(self) -> Any:
@@ -216,7 +202,7 @@ class EmbeddingBagCollection(torch.nn.Module):
             name: torch.from_numpy(writable(values)).requires_grad_(True)
             for name, values in gathered.rows.items()
         }
-        self._pulled.add(_Pulled(gathered, rows))
+        self._pulled.add(PulledRows(gathered, rows))
         return gathered.read
 
     def forward(self, features: KeyedJaggedTensor | Mapping[str, Any]) -> KeyedTensor:
@@ -248,7 +234,7 @@ class EmbeddingBagCollection(torch.nn.Module):
             keys, [parts[f].shape[1] for f in keys], torch.cat([parts[f] for f in keys], dim=1)
         )
 
-    def _pulled_for(self, given: dict[str, JaggedTensor]) -> _Pulled:
+    def _pulled_for(self, given: dict[str, JaggedTensor]) -> PulledRows:
         """The rows pulled for this batch (see :mod:`.fetched`)."""
         latest = self._pulled.latest
         if latest is None:

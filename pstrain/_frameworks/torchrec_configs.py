@@ -1,9 +1,11 @@
 """TorchRec's table definitions, mapped one to one onto :class:`~pstrain.TableConfig`.
 
-A port keeps its ``EmbeddingBagConfig``\\ s as they are: TorchRec's own objects, or this
-module's classes of the same names and fields for a program that no longer imports
-TorchRec. Every field either has a meaning here or is refused by name: a setting that
-would change the model is never dropped quietly.
+A port keeps its ``EmbeddingBagConfig``\\ s (pooled tables, for an
+``EmbeddingBagCollection``) and ``EmbeddingConfig``\\ s (unpooled ones, for an
+``EmbeddingCollection``) as they are: TorchRec's own objects, or this module's classes of
+the same names and fields for a program that no longer imports TorchRec. Every field
+either has a meaning here or is refused by name: a setting that would change the model is
+never dropped quietly.
 
 =================================  ==================================================
 ``EmbeddingBagConfig``             ``TableConfig``
@@ -12,7 +14,9 @@ would change the model is never dropped quietly.
 ``embedding_dim``,
 ``feature_names``
 ``pooling`` SUM / MEAN             ``combiner="sum"`` / ``"mean"`` (NONE refused: a
-                                   collection pools)
+                                   bag collection pools; an ``EmbeddingConfig`` has
+                                   no pooling, and an ``EmbeddingCollection``
+                                   ignores an ``EmbeddingBagConfig``'s, as TorchRec's)
 ``weight_init_min`` / ``_max``     ``RandomUniform(min, max)``, TorchRec's default
                                    ±sqrt(1 / num_embeddings)
 ``init_fn``                        the same distribution as a pstrain initializer
@@ -57,12 +61,12 @@ from .._formats.numerics.initializers import (
     Zeros,
 )
 
-__all__ = ["DataType", "EmbeddingBagConfig", "PoolingType", "table_configs"]
+__all__ = ["DataType", "EmbeddingBagConfig", "EmbeddingConfig", "PoolingType", "table_configs"]
 
 
 class PoolingType(enum.Enum):
-    """TorchRec's ``PoolingType``: how a bag's rows combine (``NONE``, TorchRec's unpooled
-    lookups, is refused by a collection: it pools)."""
+    """TorchRec's ``PoolingType``: how a bag's rows combine (``NONE`` is refused by a bag
+    collection: it pools; unpooled lookups are an ``EmbeddingCollection``'s)."""
 
     SUM = "SUM"
     MEAN = "MEAN"
@@ -86,10 +90,10 @@ class DataType(enum.Enum):
 
 
 @dataclasses.dataclass
-class EmbeddingBagConfig:
-    """TorchRec's ``EmbeddingBagConfig``: its fields, in its order, with its defaults (but
-    ``init_fn``, which stays None where TorchRec fills in its default uniform; the mapping
-    gives the same). See the module's table for what each field becomes."""
+class _BaseEmbeddingConfig:
+    """TorchRec's ``BaseEmbeddingConfig``: a table's fields in TorchRec's order with its
+    defaults (but ``init_fn``, which stays None where TorchRec fills in its default uniform;
+    the mapping gives the same). See the module's table for what each field becomes."""
 
     num_embeddings: int
     embedding_dim: int
@@ -107,7 +111,6 @@ class EmbeddingBagConfig:
     virtual_table_eviction_policy: Any = None
     enable_embedding_update: bool = False
     stash_weights: bool = False
-    pooling: PoolingType = PoolingType.SUM
 
     def get_weight_init_max(self) -> float:
         """``weight_init_max``, or TorchRec's default sqrt(1 / num_embeddings)."""
@@ -119,6 +122,21 @@ class EmbeddingBagConfig:
 
     def num_features(self) -> int:
         return len(self.feature_names)
+
+
+@dataclasses.dataclass
+class EmbeddingConfig(_BaseEmbeddingConfig):
+    """TorchRec's ``EmbeddingConfig``: an unpooled table, for
+    :class:`~pstrain.torch.EmbeddingCollection` (its fields: see the module's table)."""
+
+
+@dataclasses.dataclass
+class EmbeddingBagConfig(_BaseEmbeddingConfig):
+    """TorchRec's ``EmbeddingBagConfig``: a pooled table, for
+    :class:`~pstrain.torch.EmbeddingBagCollection`: TorchRec's fields in its order with its
+    defaults, ``pooling`` last (what each becomes: see the module's table)."""
+
+    pooling: PoolingType = PoolingType.SUM
 
 
 #: Fields of TorchRec's sharded kernels: refused unless left at these defaults.
@@ -134,13 +152,15 @@ _UNSUPPORTED = {
 _DTYPES = {"FP32": np.float32, "FP16": np.float16}
 
 
-def table_configs(tables: Sequence[Any]) -> list[TableConfig]:
+def table_configs(tables: Sequence[Any], pooled: bool = True) -> list[TableConfig]:
     """pstrain :class:`~pstrain.TableConfig`\\ s from TorchRec ``EmbeddingBagConfig``\\ s (or
-    ``TableConfig``\\ s, kept), one to one, as the module's table says."""
-    return [t if isinstance(t, TableConfig) else _table_config(t) for t in tables]
+    ``TableConfig``\\ s, kept), one to one, as the module's table says. ``pooled=False``:
+    tables of an ``EmbeddingCollection`` (``EmbeddingConfig``\\ s, or bag configs whose
+    pooling it ignores, as TorchRec's does)."""
+    return [t if isinstance(t, TableConfig) else _table_config(t, pooled) for t in tables]
 
 
-def _table_config(t: Any) -> TableConfig:
+def _table_config(t: Any, pooled: bool = True) -> TableConfig:
     try:
         rows, dim, name = int(t.num_embeddings), int(t.embedding_dim), str(t.name)
         given = t.feature_names
@@ -168,7 +188,14 @@ def _table_config(t: Any) -> TableConfig:
                 f"table {name!r}: {field}={value!r} is a setting of TorchRec's sharded kernels, "
                 f"which pstrain has no counterpart for; leave it at {default!r}"
             )
-    pooling = getattr(getattr(t, "pooling", None), "name", "SUM")
+    if pooled and not hasattr(t, "pooling"):
+        raise InvalidArgumentError(
+            f"table {name!r} is an EmbeddingConfig, which has no pooling: give it to "
+            "pstrain.torch.EmbeddingCollection (unpooled lookups), or make it an "
+            "EmbeddingBagConfig for an EmbeddingBagCollection"
+        )
+    # (an EmbeddingCollection never pools: its tables' combiner is never used)
+    pooling = getattr(t.pooling, "name", "SUM") if pooled else "SUM"
     if pooling not in ("SUM", "MEAN"):
         raise InvalidArgumentError(
             f"table {name!r}: pooling {pooling} has no pstrain combiner (SUM or MEAN); an "

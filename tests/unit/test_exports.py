@@ -129,6 +129,10 @@ ADDED = {
         "PoolingType",
         "table_configs",
         "DataType",  # TorchRec's, beside its EmbeddingBagConfig and PoolingType
+        # TorchRec's unpooled lookups, for sequence features
+        "EmbeddingCollection",
+        "EmbeddingConfig",
+        "JaggedTensor",
     },
     # the untyped call, moved here from Channel.call (issue 62)
     "pstrain.testing": {"untyped_call"},

@@ -1,6 +1,7 @@
-"""Pooled lookups against the frameworks' own numbers: outputs and table gradients that
-TensorFlow's lookups (sparse and of rows) and TorchRec's ``EmbeddingBagCollection`` computed
-on random batches (``references/make_references.py`` made the files, in environments with those
+"""Lookups against the frameworks' own numbers: outputs and table gradients that
+TensorFlow's lookups (sparse and of rows), TorchRec's ``EmbeddingBagCollection`` and its
+unpooled ``EmbeddingCollection`` computed on random batches
+(``references/make_references.py`` made the files, in environments with those
 frameworks), compared with pstrain's on the same batches and tables."""
 
 from __future__ import annotations
@@ -176,3 +177,52 @@ async def test_embedding_bag_collections_pool_and_differentiate_as_torchrecs():
                 atol=1e-6,
             )
     assert len(every) == 36
+
+
+async def test_embedding_collections_look_up_unpooled_and_differentiate_as_torchrecs():
+    """TorchRec's ``EmbeddingCollection``: each feature's rows in the batch's order, its
+    lengths, its ids as weights with ``need_indices``, a padded view cut and padded as
+    ``to_padded_dense`` does, and the tables' gradients through both; the batch's weights
+    ignored."""
+    import torch
+
+    import pstrain.torch as ptorch
+
+    _, every = cases("torchrec_sequence_lookups.npz")
+    for c in every:
+        batch, need_indices, width = c["meta"].tolist()
+        configs = [
+            ptorch.EmbeddingConfig(name="t0", embedding_dim=4, num_embeddings=15, feature_names=["a", "b"]),
+            ptorch.EmbeddingConfig(name="t1", embedding_dim=4, num_embeddings=9, feature_names=["c"]),
+        ]
+        ec = ptorch.EmbeddingCollection(configs, need_indices=bool(need_indices))
+        tables = {"t0": c["t0"].reshape(15, 4), "t1": c["t1"].reshape(9, 4)}
+        for name, values in tables.items():
+            await ec.collection.tables[name].assign(values)
+        kjt = KeyedJaggedTensor.from_lengths_sync(["a", "b", "c"], c["values"], c["lengths"], c["weights"])
+        await ec.pull(kjt)
+        out = ec(kjt)
+        assert list(out) == ["a", "b", "c"] and all(isinstance(j, ptorch.JaggedTensor) for j in out.values())
+        rows = torch.cat([out[f].values() for f in ("a", "b", "c")])
+        np.testing.assert_allclose(rows.detach().numpy(), c["out"].reshape(-1, 4), rtol=1e-6)
+        lengths = torch.cat([out[f].lengths() for f in ("a", "b", "c")])
+        np.testing.assert_array_equal(lengths.numpy(), c["out_lengths"])
+        if need_indices:
+            ids = torch.cat([out[f].weights() for f in ("a", "b", "c")])
+            np.testing.assert_array_equal(ids.numpy(), c["indices"])
+        else:
+            assert all(j.weights_or_none() is None for j in out.values())
+        padded = out["b"].to_padded_dense(desired_length=width, padding_value=-3.0)
+        np.testing.assert_allclose(padded.detach().numpy(), c["padded"].reshape(batch, width, 4), rtol=1e-6)
+        upstream = torch.from_numpy(c["upstream"].reshape(rows.shape))
+        up_padded = torch.from_numpy(c["up_padded"].reshape(padded.shape))
+        ((rows * upstream).sum() + (padded * up_padded).sum()).backward()
+        got = {table.name.rsplit("/", 1)[-1]: grad for grad, table in ec.gradients()}
+        for name, values in tables.items():
+            np.testing.assert_allclose(
+                dense_gradient(got[name], values.shape),
+                c[f"{name}_grad"].reshape(values.shape),
+                rtol=1e-5,
+                atol=1e-6,
+            )
+    assert len(every) == 12 and {int(c["meta"][2]) for c in every} >= {0, 1, 2, 3}

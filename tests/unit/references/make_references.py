@@ -1,11 +1,12 @@
 """Makes the reference files the tests compare pstrain with: outputs and table gradients
-of TensorFlow's sparse lookups and of TorchRec's EmbeddingBagCollection on random batches,
-and Keras' schedules, metrics, optimizers and gradient clipping on random inputs. Run it
-in an environment that has the framework (pstrain's does not need it): ``python
-make_references.py tf`` (and ``tf_max_norm``, ``tf_rows``, ``tf_scatter``, ``tf_strings``,
-``tf_manager``, ``tf_text_lines``, ``tf_records``, ``tf_examples``, ``tf_csv``,
-``keras_clipping``, ``keras_schedules``, ``keras_metrics``, ``keras_optimizers``) with
-tensorflow-cpu, ``python make_references.py torchrec`` with torchrec (see
+of TensorFlow's sparse lookups and of TorchRec's EmbeddingBagCollection and
+EmbeddingCollection on random batches, and Keras' schedules, metrics, optimizers and
+gradient clipping on random inputs. Run it in an environment that has the framework
+(pstrain's does not need it): ``python make_references.py tf`` (and ``tf_max_norm``,
+``tf_rows``, ``tf_scatter``, ``tf_strings``, ``tf_manager``, ``tf_text_lines``,
+``tf_records``, ``tf_examples``, ``tf_csv``, ``keras_clipping``, ``keras_schedules``,
+``keras_metrics``, ``keras_optimizers``) with tensorflow-cpu, ``python make_references.py
+torchrec`` (and ``torchrec_sequences``) with torchrec (see
 ../../../../shared/anchors/README.md for both).
 
 The ``.npz`` files hold flat arrays and, per case, offsets into them
@@ -227,6 +228,63 @@ def torchrec_cases(seed: int = 1, draws: int = 12) -> None:
                 t1_grad=t1.grad.numpy(),
             )
     packed.save(HERE / "torchrec_pooled_lookups.npz", version=np.array(torchrec.__version__))
+
+
+def torchrec_sequence_cases(seed: int = 11, draws: int = 12) -> None:
+    """TorchRec's EmbeddingCollection (unpooled): each feature's rows, a padded view of one
+    feature (cut and padded), and the tables' gradients of a loss over both."""
+    import torch
+    import torchrec
+    from torchrec import EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor
+
+    rng = np.random.default_rng(seed)
+    packed = Packed()
+    for case in range(draws):
+        batch = int(rng.integers(1, 8))
+        need_indices = case % 2
+        torch.manual_seed(case)
+        configs = [
+            EmbeddingConfig(name="t0", embedding_dim=4, num_embeddings=15, feature_names=["a", "b"]),
+            EmbeddingConfig(name="t1", embedding_dim=4, num_embeddings=9, feature_names=["c"]),
+        ]
+        ec = EmbeddingCollection(tables=configs, need_indices=bool(need_indices), device=torch.device("cpu"))
+        lengths = rng.integers(0, 5, 3 * batch)
+        values = np.concatenate(
+            [
+                rng.integers(0, 15, int(lengths[: 2 * batch].sum())),
+                rng.integers(0, 9, int(lengths[2 * batch :].sum())),
+            ]
+        ).astype(np.int64)
+        weights = rng.choice([0.5, 2.0, -1.0], values.size).astype(np.float32)  # (ignored)
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            ["a", "b", "c"], torch.from_numpy(values), torch.from_numpy(lengths), torch.from_numpy(weights)
+        )
+        out = ec(kjt)
+        rows = torch.cat([out[f].values() for f in ("a", "b", "c")])
+        width = int(rng.integers(0, 4))
+        padded = out["b"].to_padded_dense(desired_length=width, padding_value=-3.0)
+        upstream = torch.from_numpy(rng.normal(size=tuple(rows.shape)).astype(np.float32))
+        up_padded = torch.from_numpy(rng.normal(size=tuple(padded.shape)).astype(np.float32))
+        ((rows * upstream).sum() + (padded * up_padded).sum()).backward()
+        t0, t1 = ec.embeddings["t0"].weight, ec.embeddings["t1"].weight
+        indices = torch.cat([out[f].weights() for f in ("a", "b", "c")]) if need_indices else torch.zeros(0)
+        packed.add(
+            lengths=lengths,
+            values=values,
+            weights=weights,
+            meta=np.array([batch, need_indices, width]),
+            out=rows.detach().numpy(),
+            out_lengths=torch.cat([out[f].lengths() for f in ("a", "b", "c")]).numpy(),
+            indices=indices.numpy(),
+            padded=padded.detach().numpy(),
+            upstream=upstream.numpy(),
+            up_padded=up_padded.numpy(),
+            t0=t0.detach().numpy(),
+            t1=t1.detach().numpy(),
+            t0_grad=t0.grad.numpy(),
+            t1_grad=t1.grad.numpy(),
+        )
+    packed.save(HERE / "torchrec_sequence_lookups.npz", version=np.array(torchrec.__version__))
 
 
 def keras_clipping_cases(seed: int = 4, draws: int = 8) -> None:
@@ -845,6 +903,7 @@ if __name__ == "__main__":
         "tf_max_norm": tf_max_norm_cases,
         "tf_rows": tf_row_lookup_cases,
         "torchrec": torchrec_cases,
+        "torchrec_sequences": torchrec_sequence_cases,
         "keras_clipping": keras_clipping_cases,
         "keras_schedules": keras_schedule_cases,
         "keras_metrics": keras_metric_cases,
