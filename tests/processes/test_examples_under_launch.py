@@ -75,3 +75,12 @@ def test_the_w8_example_written_as_a_torchrec_user_would_trains():
     run = run_example("dlrm_torchrec.py", "--steps", "40")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "W8 (TorchRec style): 40 steps" in run.stdout and "row-sharded" in run.stdout, run.stdout
+
+
+def test_the_sequence_example_written_as_a_torchrec_user_would_learns_from_the_history():
+    """``examples/sequence_torchrec.py``: an EmbeddingCollection's unpooled rows attended
+    over by the target item learn whether the user clicks it (its exit code says whether
+    the held-out loss beat the base rate's by 0.05)."""
+    run = run_example("sequence_torchrec.py", "--steps", "300")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "sequences (TorchRec style): 300 steps" in run.stdout, run.stdout
