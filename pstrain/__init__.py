@@ -52,7 +52,7 @@ _EXPORTS: dict[str, str] = {
     "VariableAggregation": "_variables.arrays",
     "VariableSynchronization": "_variables.arrays",
     "get_current_worker_index": "_base.context",
-    "embedding_lookup": "_variables.sharding",
+    "embedding_lookup": "_embeddings.ragged_rows",
     "embedding_lookup_sparse": "_embeddings.pooling",
     "safe_embedding_lookup_sparse": "_embeddings.pooling",
     "EmbeddingCollection": "_embeddings.collection",
@@ -194,6 +194,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above 
         embedding_lookup_sparse as embedding_lookup_sparse,
         safe_embedding_lookup_sparse as safe_embedding_lookup_sparse,
     )
+    from ._embeddings.ragged_rows import embedding_lookup as embedding_lookup
     from ._training.data import (
         TensorSpec as TensorSpec,
     )
@@ -217,10 +218,7 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above 
         update_variables as update_variables,
     )
     from ._variables.dynamic import DynamicEmbedding as DynamicEmbedding
-    from ._variables.sharding import (
-        ShardedVariable as ShardedVariable,
-        embedding_lookup as embedding_lookup,
-    )
+    from ._variables.sharding import ShardedVariable as ShardedVariable
     from ._variables.variables import Variable as Variable
     from .launch import (
         LocalCluster as LocalCluster,

@@ -327,14 +327,21 @@ def _sparse_parts(sp: Any, what: str) -> tuple[np.ndarray, np.ndarray, tuple[int
 
 def as_jagged(ids: Any, weights: Any = None, what: str = "ids") -> JaggedTensor:
     """``ids`` as a :class:`JaggedTensor`, with ``weights`` (the same kind as ``ids``, or
-    None): a JaggedTensor, a SparseTensor (pstrain's or TF's), a RaggedTensor (TF's:
-    ``values`` and ``row_splits``), a list of lists, or a 2-D array (every bag as long)."""
+    None): a JaggedTensor (pstrain's, or TorchRec's), a SparseTensor (pstrain's or TF's), a
+    RaggedTensor (TF's: ``values`` and ``row_splits``), a list of lists, or a 2-D array
+    (every bag as long)."""
     if isinstance(ids, JaggedTensor):
         if weights is None:
             return ids
         return JaggedTensor(ids.values, offsets=ids.offsets, weights=_weights_of(weights, ids))
     if all(hasattr(ids, a) for a in ("indices", "values", "dense_shape")):
         return JaggedTensor.from_sparse(ids, weights)
+    if callable(getattr(ids, "values", None)) and callable(getattr(ids, "offsets", None)):
+        # TorchRec's JaggedTensor (or pstrain.torch's): its arrays are methods
+        given = ids.weights_or_none() if weights is None and hasattr(ids, "weights_or_none") else weights
+        return JaggedTensor(
+            ids.values(), offsets=ids.offsets(), weights=None if given is None else as_numpy(given)
+        )
     if hasattr(ids, "row_splits") and hasattr(ids, "values"):
         values = getattr(ids, "flat_values", ids.values)
         return JaggedTensor(
@@ -431,7 +438,9 @@ class KeyedJaggedTensor:
 
     @classmethod
     def from_jt_dict(cls, features: Mapping[str, JaggedTensor]) -> KeyedJaggedTensor:
-        """From ``{key: JaggedTensor}`` (every feature with the same number of examples)."""
+        """From ``{key: JaggedTensor}`` (every feature with the same number of examples; a
+        TorchRec ``JaggedTensor``, or ``pstrain.torch``'s, is taken as its arrays)."""
+        features = {str(k): as_jagged(v, what=f"feature {k!r}") for k, v in features.items()}
         strides = {len(jt) for jt in features.values()}
         if len(strides) > 1:
             raise InvalidArgumentError(
@@ -440,9 +449,7 @@ class KeyedJaggedTensor:
         out = cls.__new__(cls)  # this class's own constructor, without the flat arrays
         out._keys = [str(k) for k in features]  # noqa: SLF001
         out._stride = strides.pop() if strides else 0  # noqa: SLF001
-        out._features = {  # noqa: SLF001
-            str(k): as_jagged(v, what=f"feature {k!r}") for k, v in features.items()
-        }
+        out._features = features  # noqa: SLF001
         return out
 
     def keys(self) -> list[str]:

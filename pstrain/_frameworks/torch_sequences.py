@@ -76,26 +76,33 @@ class JaggedTensor:
             raise InvalidArgumentError(f"JaggedTensor: {self._weights.shape[0]} weights for {n} values")
 
     def values(self) -> torch.Tensor:
+        """The values of every example, end to end (rows: ``[ids, dim]``)."""
         return self._values
 
     def weights(self) -> torch.Tensor:
+        """One weight per value (an ``EmbeddingCollection(need_indices=True)``'s: the ids);
+        refused if there are none."""
         if self._weights is None:
             raise InvalidArgumentError("JaggedTensor: it has no weights")
         return self._weights
 
     def weights_or_none(self) -> torch.Tensor | None:
+        """:meth:`weights`, or None."""
         return self._weights
 
     def lengths(self) -> torch.Tensor:
+        """Each example's number of values."""
         if self._lengths is None:
             assert self._offsets is not None
             self._lengths = self._offsets.diff()
         return self._lengths
 
     def lengths_or_none(self) -> torch.Tensor | None:
+        """The lengths given (or worked out so far), or None."""
         return self._lengths
 
     def offsets(self) -> torch.Tensor:
+        """Where each example's values start, then the end (one more than the examples)."""
         if self._offsets is None:
             assert self._lengths is not None
             lengths = self._lengths.to(torch.int64)
@@ -103,6 +110,7 @@ class JaggedTensor:
         return self._offsets
 
     def offsets_or_none(self) -> torch.Tensor | None:
+        """The offsets given (or worked out so far), or None."""
         return self._offsets
 
     def __len__(self) -> int:
@@ -115,6 +123,7 @@ class JaggedTensor:
         return [self._values[ends[i] : ends[i + 1]] for i in range(len(ends) - 1)]
 
     def to_dense_weights(self) -> list[torch.Tensor] | None:
+        """Each example's weights (None without weights)."""
         if self._weights is None:
             return None
         ends = self.offsets().tolist()
@@ -129,6 +138,7 @@ class JaggedTensor:
     def to_padded_dense_weights(
         self, desired_length: int | None = None, padding_value: float = 0.0
     ) -> torch.Tensor | None:
+        """:meth:`to_padded_dense` of the weights (None without weights)."""
         if self._weights is None:
             return None
         return _padded(self._weights, self.offsets(), desired_length, padding_value)
@@ -138,6 +148,7 @@ class JaggedTensor:
         return self
 
     def device(self) -> torch.device:
+        """Where the values are: the CPU."""
         return self._values.device
 
     def __repr__(self) -> str:

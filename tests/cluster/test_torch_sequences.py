@@ -181,3 +181,27 @@ async def test_a_sequence_model_trains_in_closures_on_a_worker():
             losses.append(await coordinator.schedule(step))
         assert losses[-1] < 0.5 * losses[0]
         await coordinator.close()
+
+
+async def test_a_batch_built_from_torchrec_style_jagged_tensors_is_looked_up(ps_server):
+    """TorchRec's way to build a batch: ``KeyedJaggedTensor.from_jt_dict`` of
+    ``JaggedTensor(values=..., lengths=...)`` tensors (``pstrain.torch``'s, whose arrays
+    are methods as TorchRec's are), weights kept."""
+    async with strategy_for(ps_server).scope():
+        ec = ptorch.EmbeddingCollection(
+            [ptorch.EmbeddingConfig(num_embeddings=20, embedding_dim=2, name="t", feature_names=["a", "b"])]
+        )
+    kjt = KeyedJaggedTensor.from_jt_dict(
+        {
+            "a": ptorch.JaggedTensor(values=torch.tensor([3, 4, 5]), lengths=torch.tensor([2, 1])),
+            "b": ptorch.JaggedTensor(
+                values=torch.tensor([7]), offsets=torch.tensor([0, 0, 1]), weights=torch.tensor([0.5])
+            ),
+        }
+    )
+    assert kjt.stride() == 2 and kjt["a"].to_lists() == [[3, 4], [5]] and kjt["b"].weights.tolist() == [0.5]
+    await ec.pull(kjt)
+    out = ec(kjt)
+    table = await ec.collection.tables["t"].numpy()
+    np.testing.assert_allclose(out["a"].values().detach().numpy(), table[[3, 4, 5]])
+    assert out["b"].offsets().tolist() == [0, 0, 1] and out["b"].to_dense()[0].shape == (0, 2)

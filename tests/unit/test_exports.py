@@ -120,6 +120,8 @@ ADDED = {
         "decode_csv",
     },
     "pstrain.optimizers": {"RowWiseAdagrad"},
+    # what TF's embedding_lookup of ragged ids gives (its RaggedTensor of rows)
+    "pstrain.nn": {"RaggedRows"},
     "pstrain.jax": {"PooledLookup", "pooled_lookup"},
     "pstrain.torch": {
         "EmbeddingBag",

@@ -226,3 +226,36 @@ async def test_embedding_collections_look_up_unpooled_and_differentiate_as_torch
                 atol=1e-6,
             )
     assert len(every) == 12 and {int(c["meta"][2]) for c in every} >= {0, 1, 2, 3}
+
+
+async def test_row_lookups_of_ragged_ids_equal_tensorflows():
+    """``tf.nn.embedding_lookup`` of a RaggedTensor of ids (empty rows among them), with and
+    without ``max_norm``: the ragged rows, their ``to_tensor`` (cut to a width, or the
+    longest row's), and the table's gradient of a loss over both."""
+    shared, every = cases("tf_ragged_lookups.npz")
+    params = shared["params"]
+    table = pstrain.Variable(params.copy())
+    cut = 0
+    for c in every:
+        clip, width, padded_width = c["meta"].tolist()
+        ids = JaggedTensor(c["ids"], c["lengths"])
+        rows, gradient = await pstrain.nn.embedding_lookup(
+            table, ids, max_norm=clip or None, with_gradient=True
+        )
+        assert isinstance(rows, pstrain.nn.RaggedRows) and rows.nrows() == c["lengths"].size
+        np.testing.assert_array_equal(rows.row_splits, c["splits"])
+        np.testing.assert_allclose(rows.values, c["out"].reshape(-1, 3), rtol=1e-5, atol=1e-6)
+        padded = rows.to_tensor(shape=[None, None if width < 0 else int(width), None])
+        want = c["padded"].reshape(-1, int(padded_width), 3)
+        np.testing.assert_allclose(padded, want, rtol=1e-5, atol=1e-6)
+        cut += int(0 <= width < c["lengths"].max(initial=0))
+        # the loss's gradient: the flat rows' and the padded rows' (through to_tensor) summed
+        flat = gradient(c["upstream"].reshape(rows.values.shape))
+        through_padded = gradient(c["up_padded"].reshape(padded.shape))
+        got = dense_gradient(flat, params.shape) + dense_gradient(through_padded, params.shape)
+        np.testing.assert_allclose(got, c["grad"].reshape(params.shape), rtol=1e-4, atol=1e-5)
+    assert len(every) == 16 and cut >= 2
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="not a SparseTensor"):
+        await pstrain.nn.embedding_lookup(table, SparseTensor([[0, 0]], [1], [1, 1]))
+    with pytest.raises(pstrain.errors.InvalidArgumentError, match="carry weights"):
+        await pstrain.nn.embedding_lookup(table, JaggedTensor([1, 2], [2], weights=[1.0, 2.0]))

@@ -3,7 +3,7 @@ of TensorFlow's sparse lookups and of TorchRec's EmbeddingBagCollection and
 EmbeddingCollection on random batches, and Keras' schedules, metrics, optimizers and
 gradient clipping on random inputs. Run it in an environment that has the framework
 (pstrain's does not need it): ``python make_references.py tf`` (and ``tf_max_norm``,
-``tf_rows``, ``tf_scatter``, ``tf_strings``, ``tf_manager``, ``tf_text_lines``,
+``tf_rows``, ``tf_ragged``, ``tf_scatter``, ``tf_strings``, ``tf_manager``, ``tf_text_lines``,
 ``tf_records``, ``tf_examples``, ``tf_csv``, ``keras_clipping``, ``keras_schedules``,
 ``keras_metrics``, ``keras_optimizers``) with tensorflow-cpu, ``python make_references.py
 torchrec`` (and ``torchrec_sequences``) with torchrec (see
@@ -172,6 +172,44 @@ def tf_row_lookup_cases(seed: int = 3, draws: int = 6) -> None:
             out, upstream, grad = taped(params, rng, tf.nn.embedding_lookup, ids, max_norm=clip or None)
             packed.add(ids=ids, max_norm=np.array([clip]), out=out, upstream=upstream, grad=grad)
     packed.save(HERE / "tf_row_lookups.npz", params=params, version=np.array(tf.__version__))
+
+
+def tf_ragged_lookup_cases(seed: int = 12, draws: int = 8) -> None:
+    """TF's ``tf.nn.embedding_lookup`` of a RaggedTensor of ids (empty rows among them), with
+    and without ``max_norm``: the ragged rows, the padded ``to_tensor`` (cut to a width drawn
+    at random, or the longest row's) and the table's gradient of a loss over both."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+    vocab, dim = 10, 3
+    params = (rng.normal(size=(vocab, dim)) * 0.7).astype(np.float32)
+    packed = Packed()
+    for case in range(draws):
+        lengths = rng.integers(0, 5, int(rng.integers(1, 6)))
+        ids = rng.integers(0, vocab, int(lengths.sum())).astype(np.int64)
+        width = int(rng.integers(0, 5)) if case % 2 else -1  # -1: to_tensor() as it is
+        for clip in (0.0, 1.0):
+            table = tf.Variable(params)
+            ragged = tf.RaggedTensor.from_row_lengths(ids, lengths)
+            with tf.GradientTape() as tape:
+                out = tf.nn.embedding_lookup(table, ragged, max_norm=clip or None)
+                padded = out.to_tensor(shape=[None, None if width < 0 else width, None])
+                upstream = rng.normal(size=out.flat_values.shape).astype(np.float32)
+                up_padded = rng.normal(size=padded.shape).astype(np.float32)
+                loss = tf.reduce_sum(out.flat_values * upstream) + tf.reduce_sum(padded * up_padded)
+            grad = tf.convert_to_tensor(tape.gradient(loss, table)).numpy()
+            packed.add(
+                lengths=lengths,
+                ids=ids,
+                meta=np.array([clip, width, padded.shape[1]]),
+                out=out.flat_values.numpy(),
+                splits=out.row_splits.numpy(),
+                padded=padded.numpy(),
+                upstream=upstream,
+                up_padded=up_padded,
+                grad=grad,
+            )
+    packed.save(HERE / "tf_ragged_lookups.npz", params=params, version=np.array(tf.__version__))
 
 
 def torchrec_cases(seed: int = 1, draws: int = 12) -> None:
@@ -902,6 +940,7 @@ if __name__ == "__main__":
         "tf": tf_cases,
         "tf_max_norm": tf_max_norm_cases,
         "tf_rows": tf_row_lookup_cases,
+        "tf_ragged": tf_ragged_lookup_cases,
         "torchrec": torchrec_cases,
         "torchrec_sequences": torchrec_sequence_cases,
         "keras_clipping": keras_clipping_cases,
