@@ -397,3 +397,54 @@ def test_a_keyed_jagged_tensor_permutes_splits_and_moves_as_torchrecs():
     ):
         with pytest.raises(InvalidArgumentError, match=match):
             bad()
+
+
+async def test_torchrecs_dlrm_trains_with_its_tables_and_dense_parameters_on_the_ps(ps_pair):
+    """``pstrain.torch.DLRM`` over a sharded EmbeddingBagCollection, its dense parameters
+    kept on the ps by a RemoteModule: a step pulls both (one request per ps for the rows),
+    and SGD on the ps moves every parameter and looked-up row by its gradient."""
+    configs = [
+        ptorch.EmbeddingBagConfig(name="big", embedding_dim=4, num_embeddings=400, feature_names=["a", "b"]),
+        ptorch.EmbeddingBagConfig(name="small", embedding_dim=4, num_embeddings=9, feature_names=["c"]),
+    ]
+    async with strategy_for(*ps_pair).scope():
+        ebc = ptorch.EmbeddingBagCollection(configs, shard_rows=100)
+        model = ptorch.DLRM(
+            ebc, dense_in_features=3, dense_arch_layer_sizes=[6, 4], over_arch_layer_sizes=[5, 1]
+        )
+        remote = ptorch.RemoteModule(model, name="dlrm")
+        opt = pstrain.optimizers.SGD(0.1)
+    assert ebc.plan["big"].kind == "row-sharded" and len(remote.variables) == 8  # the dense parts only
+    kjt = KeyedJaggedTensor(["a", "b", "c"], [1, 399, 1, 5, 5, 0, 8, 8, 2], lengths=[3, 0, 2, 1, 1, 2])
+    dense = torch.tensor([[0.5, -1.0, 2.0], [1.5, 0.0, -0.5]])
+    with pstrain.count_requests() as reads:
+        await ebc.pull(kjt)
+    assert reads.to("ps") == 2
+    await remote.pull()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    tables = {n: await t.numpy() for n, t in ebc.collection.tables.items()}
+    logits = model(dense, kjt)
+    assert logits.shape == (2, 1)
+    ((logits - torch.tensor([[1.0], [-1.0]])) ** 2).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    table_grads = ebc.gradients()
+    await opt.apply_gradients([*table_grads, *remote.gradients()])
+    await remote.pull()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.detach(), before[n] - 0.1 * grads[n])
+    for grad, table in table_grads:
+        name = table.name.rsplit("/", 1)[-1]
+        want = tables[name].copy()
+        np.subtract.at(want, grad.indices, 0.1 * grad.values)
+        np.testing.assert_allclose(await table.numpy(), want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(InvalidArgumentError, match="same embedding_dim"):
+        ptorch.DLRM(
+            ptorch.EmbeddingBagCollection(
+                [pstrain.TableConfig("x", 5, 2, ["x"]), pstrain.TableConfig("y", 5, 3, ["y"])]
+            ),
+            3,
+            [2],
+            [2, 1],
+        )
+    with pytest.raises(InvalidArgumentError, match="swish_layernorm"):
+        ptorch.MLP(3, [4], activation="swish_layernorm")

@@ -135,6 +135,15 @@ ADDED = {
         "EmbeddingCollection",
         "EmbeddingConfig",
         "JaggedTensor",
+        # TorchRec's DLRM (torchrec.models.dlrm) and MLP (torchrec.modules.mlp)
+        "DLRM",
+        "DenseArch",
+        "InteractionArch",
+        "MLP",
+        "OverArch",
+        "Perceptron",
+        "SparseArch",
+        "choose",
     },
     # the untyped call, moved here from Channel.call (issue 62)
     "pstrain.testing": {"untyped_call"},

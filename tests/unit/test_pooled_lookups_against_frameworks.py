@@ -259,3 +259,56 @@ async def test_row_lookups_of_ragged_ids_equal_tensorflows():
         await pstrain.nn.embedding_lookup(table, SparseTensor([[0, 0]], [1], [1, 1]))
     with pytest.raises(pstrain.errors.InvalidArgumentError, match="carry weights"):
         await pstrain.nn.embedding_lookup(table, JaggedTensor([1, 2], [2], weights=[1.0, 2.0]))
+
+
+async def test_torchrecs_dlrm_ports_with_its_parameters_and_computes_as_torchrecs():
+    """``torchrec.models.dlrm.DLRM`` over an EmbeddingBagCollection: the same model built
+    from ``pstrain.torch`` takes TorchRec's dense parameters under their own names and gives
+    its logits and every gradient (the tables' as sparse rows)."""
+    import json
+
+    import torch
+
+    import pstrain.torch as ptorch
+
+    shared, every = cases("torchrec_dlrm.npz")
+    shapes = json.loads(str(shared["shapes"]))
+    for c in every:
+        (batch,) = c["meta"].tolist()
+        configs = [
+            ptorch.EmbeddingBagConfig(
+                name="t0", embedding_dim=4, num_embeddings=15, feature_names=["a", "b"]
+            ),
+            ptorch.EmbeddingBagConfig(name="t1", embedding_dim=4, num_embeddings=9, feature_names=["c"]),
+        ]
+        ebc = ptorch.EmbeddingBagCollection(configs)
+        model = ptorch.DLRM(
+            ebc, dense_in_features=5, dense_arch_layer_sizes=[8, 4], over_arch_layer_sizes=[6, 3, 1]
+        )
+        params = {n: torch.from_numpy(c[f"p:{n}"].reshape(shape)) for n, shape in shapes.items()}
+        tables = {n.split(".")[-2]: p for n, p in params.items() if n.startswith("sparse_arch.")}
+        dense = {n: p for n, p in params.items() if not n.startswith("sparse_arch.")}
+        assert sorted(dict(model.named_parameters())) == sorted(dense)  # TorchRec's names
+        model.load_state_dict(dense)
+        for name, values in tables.items():
+            await ebc.collection.tables[name].assign(values.numpy())
+        kjt = KeyedJaggedTensor.from_lengths_sync(["a", "b", "c"], c["values"], c["lengths"])
+        await ebc.pull(kjt)
+        logits = model(torch.from_numpy(c["dense"].reshape(batch, 5)), kjt)
+        np.testing.assert_allclose(logits.detach().numpy(), c["out"].reshape(batch, 1), rtol=1e-5, atol=1e-6)
+        (logits * torch.from_numpy(c["upstream"].reshape(batch, 1))).sum().backward()
+        for name, p in model.named_parameters():
+            np.testing.assert_allclose(
+                p.grad.numpy(), c[f"g:{name}"].reshape(p.shape), rtol=1e-4, atol=1e-6, err_msg=name
+            )
+        got = {table.name.rsplit("/", 1)[-1]: grad for grad, table in ebc.gradients()}
+        for name, values in tables.items():
+            want = c[f"g:sparse_arch.embedding_bag_collection.embedding_bags.{name}.weight"]
+            np.testing.assert_allclose(
+                dense_gradient(got[name], tuple(values.shape)),
+                want.reshape(values.shape),
+                rtol=1e-4,
+                atol=1e-6,
+            )
+    assert len(every) == 4
+    assert ptorch.choose(27, 2) == 351 and ptorch.choose(3, 5) == 0

@@ -6,7 +6,7 @@ gradient clipping on random inputs. Run it in an environment that has the framew
 ``tf_rows``, ``tf_ragged``, ``tf_scatter``, ``tf_strings``, ``tf_manager``, ``tf_text_lines``,
 ``tf_records``, ``tf_examples``, ``tf_csv``, ``keras_clipping``, ``keras_schedules``,
 ``keras_metrics``, ``keras_optimizers``) with tensorflow-cpu, ``python make_references.py
-torchrec`` (and ``torchrec_sequences``) with torchrec (see
+torchrec`` (and ``torchrec_sequences``, ``torchrec_dlrm``) with torchrec (see
 ../../../../shared/anchors/README.md for both).
 
 The ``.npz`` files hold flat arrays and, per case, offsets into them
@@ -323,6 +323,62 @@ def torchrec_sequence_cases(seed: int = 11, draws: int = 12) -> None:
             t1_grad=t1.grad.numpy(),
         )
     packed.save(HERE / "torchrec_sequence_lookups.npz", version=np.array(torchrec.__version__))
+
+
+def torchrec_dlrm_cases(seed: int = 13, draws: int = 4) -> None:
+    """TorchRec's ``DLRM`` (``torchrec.models.dlrm``) on random batches: its dense
+    parameters and tables, its logits, and every parameter's gradient of a loss over them."""
+    import json
+
+    import torch
+    import torchrec
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+    from torchrec.models.dlrm import DLRM
+
+    rng = np.random.default_rng(seed)
+    packed = Packed()
+    names: list[str] = []
+    for case in range(draws):
+        torch.manual_seed(case)
+        configs = [
+            EmbeddingBagConfig(name="t0", embedding_dim=4, num_embeddings=15, feature_names=["a", "b"]),
+            EmbeddingBagConfig(name="t1", embedding_dim=4, num_embeddings=9, feature_names=["c"]),
+        ]
+        ebc = EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
+        model = DLRM(ebc, dense_in_features=5, dense_arch_layer_sizes=[8, 4], over_arch_layer_sizes=[6, 3, 1])
+        batch = int(rng.integers(1, 8))
+        lengths = rng.integers(0, 4, 3 * batch)
+        values = np.concatenate(
+            [
+                rng.integers(0, 15, int(lengths[: 2 * batch].sum())),
+                rng.integers(0, 9, int(lengths[2 * batch :].sum())),
+            ]
+        ).astype(np.int64)
+        dense = rng.normal(size=(batch, 5)).astype(np.float32)
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            ["a", "b", "c"], torch.from_numpy(values), torch.from_numpy(lengths)
+        )
+        logits = model(torch.from_numpy(dense), kjt)
+        upstream = torch.from_numpy(rng.normal(size=tuple(logits.shape)).astype(np.float32))
+        (logits * upstream).sum().backward()
+        params = dict(model.named_parameters())
+        names = sorted(params)
+        packed.add(
+            lengths=lengths,
+            values=values,
+            dense=dense,
+            meta=np.array([batch]),
+            out=logits.detach().numpy(),
+            upstream=upstream.numpy(),
+            **{f"p:{n}": params[n].detach().numpy() for n in names},
+            **{f"g:{n}": params[n].grad.numpy() for n in names},
+        )
+    shapes = {n: list(p.shape) for n, p in dict(model.named_parameters()).items()}
+    packed.save(
+        HERE / "torchrec_dlrm.npz",
+        version=np.array(torchrec.__version__),
+        shapes=np.array(json.dumps(shapes)),
+    )
 
 
 def keras_clipping_cases(seed: int = 4, draws: int = 8) -> None:
@@ -943,6 +999,7 @@ if __name__ == "__main__":
         "tf_ragged": tf_ragged_lookup_cases,
         "torchrec": torchrec_cases,
         "torchrec_sequences": torchrec_sequence_cases,
+        "torchrec_dlrm": torchrec_dlrm_cases,
         "keras_clipping": keras_clipping_cases,
         "keras_schedules": keras_schedule_cases,
         "keras_metrics": keras_metric_cases,
