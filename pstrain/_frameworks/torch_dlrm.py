@@ -1,4 +1,5 @@
-"""TorchRec's DLRM and its parts (``torchrec.models.dlrm``, ``torchrec.modules.mlp``) over
+"""TorchRec's DLRM, DLRM-DCN (MLPerf's DLRM-DCNv2) and their parts (``torchrec.models.dlrm``,
+``torchrec.modules.mlp``, ``torchrec.modules.crossnet``'s ``LowRankCrossNet``) over
 :class:`~pstrain.torch.EmbeddingBagCollection`: a TorchRec program's model ports with its
 import changed, its dense parameters under the same names (a TorchRec ``state_dict``'s
 dense entries load as they are), and one line added to its step, the pull of the batch's
@@ -30,7 +31,19 @@ from torch import nn
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 
-__all__ = ["DLRM", "MLP", "DenseArch", "InteractionArch", "OverArch", "Perceptron", "SparseArch", "choose"]
+__all__ = [
+    "DLRM",
+    "DLRM_DCN",
+    "MLP",
+    "DenseArch",
+    "InteractionArch",
+    "InteractionDCNArch",
+    "LowRankCrossNet",
+    "OverArch",
+    "Perceptron",
+    "SparseArch",
+    "choose",
+]
 
 
 def choose(n: int, k: int) -> int:
@@ -166,6 +179,53 @@ class InteractionArch(nn.Module):
         return torch.cat((dense_features, flat), dim=1)
 
 
+class LowRankCrossNet(nn.Module):
+    """TorchRec's ``LowRankCrossNet`` (DCN-v2's cross layers of rank ``low_rank``): layer
+    ``l`` makes ``x0 * (W_l (V_l x) + b_l) + x``; ``W_kernels``, ``V_kernels`` and ``bias``
+    as TorchRec names them (Glorot-normal kernels, zero biases)."""
+
+    def __init__(self, in_features: int, num_layers: int, low_rank: int = 1) -> None:
+        super().__init__()
+        if low_rank < 1:
+            raise InvalidArgumentError(f"LowRankCrossNet: low_rank must be 1 or more, got {low_rank}")
+        self._num_layers, self._low_rank = num_layers, low_rank
+        self.W_kernels = nn.ParameterList(
+            [
+                nn.Parameter(nn.init.xavier_normal_(torch.empty(in_features, low_rank)))
+                for _ in range(num_layers)
+            ]
+        )
+        self.V_kernels = nn.ParameterList(
+            [
+                nn.Parameter(nn.init.xavier_normal_(torch.empty(low_rank, in_features)))
+                for _ in range(num_layers)
+            ]
+        )
+        self.bias = nn.ParameterList([nn.Parameter(torch.zeros(in_features)) for _ in range(num_layers)])
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - TorchRec's name
+        x0 = x = input
+        for layer in range(self._num_layers):
+            xw = nn.functional.linear(nn.functional.linear(x, self.V_kernels[layer]), self.W_kernels[layer])
+            x = x0 * (xw + self.bias[layer]) + x
+        return x
+
+
+class InteractionDCNArch(nn.Module):
+    """TorchRec's ``InteractionDCNArch``: the dense output and the pooled features side by
+    side, through a cross network (:class:`LowRankCrossNet`)."""
+
+    def __init__(self, num_sparse_features: int, crossnet: nn.Module) -> None:
+        super().__init__()
+        self.F, self.crossnet = num_sparse_features, crossnet
+
+    def forward(self, dense_features: torch.Tensor, sparse_features: torch.Tensor) -> torch.Tensor:
+        if self.F <= 0:
+            return dense_features
+        combined = torch.cat((dense_features.unsqueeze(1), sparse_features), dim=1)
+        return self.crossnet(combined.reshape(dense_features.shape[0], -1))
+
+
 class OverArch(nn.Module):
     """TorchRec's ``OverArch``: an :class:`MLP` of all but the last layer size, then a plain
     linear layer to the last (the logits)."""
@@ -223,6 +283,30 @@ class DLRM(nn.Module):
         embedded_dense = self.dense_arch(dense_features)
         embedded_sparse = self.sparse_arch(sparse_features)
         return self.over_arch(self.inter_arch(embedded_dense, embedded_sparse))
+
+
+class DLRM_DCN(DLRM):  # noqa: N801 - TorchRec's name
+    """TorchRec's ``DLRM_DCN``: :class:`DLRM` with its pairwise interactions replaced by a
+    cross network of ``dcn_num_layers`` layers of rank ``dcn_low_rank_dim`` over the dense
+    output and the pooled features side by side (MLPerf's DLRM-DCNv2)."""
+
+    def __init__(
+        self,
+        embedding_bag_collection: Any,
+        dense_in_features: int,
+        dense_arch_layer_sizes: list[int],
+        over_arch_layer_sizes: list[int],
+        dcn_num_layers: int,
+        dcn_low_rank_dim: int,
+        dense_device: Any = None,
+    ) -> None:
+        super().__init__(
+            embedding_bag_collection, dense_in_features, dense_arch_layer_sizes, over_arch_layer_sizes
+        )
+        width = (self.sparse_arch.F + 1) * self.sparse_arch.D
+        crossnet = LowRankCrossNet(width, dcn_num_layers, dcn_low_rank_dim)
+        self.inter_arch = InteractionDCNArch(self.sparse_arch.F, crossnet)  # type: ignore[assignment]
+        self.over_arch = OverArch(width, over_arch_layer_sizes)
 
 
 expose(globals(), "pstrain.torch")

@@ -137,8 +137,11 @@ ADDED = {
         "JaggedTensor",
         # TorchRec's DLRM (torchrec.models.dlrm) and MLP (torchrec.modules.mlp)
         "DLRM",
+        "DLRM_DCN",
         "DenseArch",
         "InteractionArch",
+        "InteractionDCNArch",
+        "LowRankCrossNet",
         "MLP",
         "OverArch",
         "Perceptron",

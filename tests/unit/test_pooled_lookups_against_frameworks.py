@@ -261,17 +261,18 @@ async def test_row_lookups_of_ragged_ids_equal_tensorflows():
         await pstrain.nn.embedding_lookup(table, JaggedTensor([1, 2], [2], weights=[1.0, 2.0]))
 
 
-async def test_torchrecs_dlrm_ports_with_its_parameters_and_computes_as_torchrecs():
-    """``torchrec.models.dlrm.DLRM`` over an EmbeddingBagCollection: the same model built
-    from ``pstrain.torch`` takes TorchRec's dense parameters under their own names and gives
-    its logits and every gradient (the tables' as sparse rows)."""
+@pytest.mark.parametrize("reference", ["torchrec_dlrm.npz", "torchrec_dlrm_dcn.npz"])
+async def test_torchrecs_dlrm_ports_with_its_parameters_and_computes_as_torchrecs(reference):
+    """``torchrec.models.dlrm.DLRM`` (and ``DLRM_DCN``) over an EmbeddingBagCollection: the
+    same model built from ``pstrain.torch`` takes TorchRec's dense parameters under their own
+    names and gives its logits and every gradient (the tables' as sparse rows)."""
     import json
 
     import torch
 
     import pstrain.torch as ptorch
 
-    shared, every = cases("torchrec_dlrm.npz")
+    shared, every = cases(reference)
     shapes = json.loads(str(shared["shapes"]))
     for c in every:
         (batch,) = c["meta"].tolist()
@@ -282,9 +283,10 @@ async def test_torchrecs_dlrm_ports_with_its_parameters_and_computes_as_torchrec
             ptorch.EmbeddingBagConfig(name="t1", embedding_dim=4, num_embeddings=9, feature_names=["c"]),
         ]
         ebc = ptorch.EmbeddingBagCollection(configs)
-        model = ptorch.DLRM(
-            ebc, dense_in_features=5, dense_arch_layer_sizes=[8, 4], over_arch_layer_sizes=[6, 3, 1]
-        )
+        if "dcn" in reference:
+            model = ptorch.DLRM_DCN(ebc, 5, [8, 4], [6, 3, 1], dcn_num_layers=2, dcn_low_rank_dim=3)
+        else:
+            model = ptorch.DLRM(ebc, 5, dense_arch_layer_sizes=[8, 4], over_arch_layer_sizes=[6, 3, 1])
         params = {n: torch.from_numpy(c[f"p:{n}"].reshape(shape)) for n, shape in shapes.items()}
         tables = {n.split(".")[-2]: p for n, p in params.items() if n.startswith("sparse_arch.")}
         dense = {n: p for n, p in params.items() if not n.startswith("sparse_arch.")}

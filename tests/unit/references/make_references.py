@@ -6,7 +6,8 @@ gradient clipping on random inputs. Run it in an environment that has the framew
 ``tf_rows``, ``tf_ragged``, ``tf_scatter``, ``tf_strings``, ``tf_manager``, ``tf_text_lines``,
 ``tf_records``, ``tf_examples``, ``tf_csv``, ``keras_clipping``, ``keras_schedules``,
 ``keras_metrics``, ``keras_optimizers``) with tensorflow-cpu, ``python make_references.py
-torchrec`` (and ``torchrec_sequences``, ``torchrec_dlrm``) with torchrec (see
+torchrec`` (and ``torchrec_sequences``, ``torchrec_dlrm``,
+``torchrec_dlrm_dcn``) with torchrec (see
 ../../../../shared/anchors/README.md for both).
 
 The ``.npz`` files hold flat arrays and, per case, offsets into them
@@ -325,15 +326,16 @@ def torchrec_sequence_cases(seed: int = 11, draws: int = 12) -> None:
     packed.save(HERE / "torchrec_sequence_lookups.npz", version=np.array(torchrec.__version__))
 
 
-def torchrec_dlrm_cases(seed: int = 13, draws: int = 4) -> None:
-    """TorchRec's ``DLRM`` (``torchrec.models.dlrm``) on random batches: its dense
-    parameters and tables, its logits, and every parameter's gradient of a loss over them."""
+def torchrec_dlrm_cases(seed: int = 13, draws: int = 4, dcn: bool = False) -> None:
+    """TorchRec's ``DLRM`` (``torchrec.models.dlrm``; ``DLRM_DCN`` with ``dcn``) on random
+    batches: its dense parameters and tables, its logits, and every parameter's gradient of
+    a loss over them."""
     import json
 
     import torch
     import torchrec
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
-    from torchrec.models.dlrm import DLRM
+    from torchrec.models.dlrm import DLRM, DLRM_DCN
 
     rng = np.random.default_rng(seed)
     packed = Packed()
@@ -345,7 +347,17 @@ def torchrec_dlrm_cases(seed: int = 13, draws: int = 4) -> None:
             EmbeddingBagConfig(name="t1", embedding_dim=4, num_embeddings=9, feature_names=["c"]),
         ]
         ebc = EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
-        model = DLRM(ebc, dense_in_features=5, dense_arch_layer_sizes=[8, 4], over_arch_layer_sizes=[6, 3, 1])
+        if dcn:
+            model = DLRM_DCN(
+                ebc,
+                5,
+                dense_arch_layer_sizes=[8, 4],
+                over_arch_layer_sizes=[6, 3, 1],
+                dcn_num_layers=2,
+                dcn_low_rank_dim=3,
+            )
+        else:
+            model = DLRM(ebc, 5, dense_arch_layer_sizes=[8, 4], over_arch_layer_sizes=[6, 3, 1])
         batch = int(rng.integers(1, 8))
         lengths = rng.integers(0, 4, 3 * batch)
         values = np.concatenate(
@@ -375,7 +387,7 @@ def torchrec_dlrm_cases(seed: int = 13, draws: int = 4) -> None:
         )
     shapes = {n: list(p.shape) for n, p in dict(model.named_parameters()).items()}
     packed.save(
-        HERE / "torchrec_dlrm.npz",
+        HERE / ("torchrec_dlrm_dcn.npz" if dcn else "torchrec_dlrm.npz"),
         version=np.array(torchrec.__version__),
         shapes=np.array(json.dumps(shapes)),
     )
@@ -1000,6 +1012,7 @@ if __name__ == "__main__":
         "torchrec": torchrec_cases,
         "torchrec_sequences": torchrec_sequence_cases,
         "torchrec_dlrm": torchrec_dlrm_cases,
+        "torchrec_dlrm_dcn": functools.partial(torchrec_dlrm_cases, seed=14, dcn=True),
         "keras_clipping": keras_clipping_cases,
         "keras_schedules": keras_schedule_cases,
         "keras_metrics": keras_metric_cases,
