@@ -232,6 +232,21 @@ class JaggedTensor:
         o = self.offsets
         return [self.values[o[i] : o[i + 1]].tolist() for i in range(len(self))]
 
+    def to_padded_dense(self, desired_length: int | None = None, padding_value: int = 0) -> np.ndarray:
+        """``[bags, N]``: each bag's ids, cut to ``N`` (``desired_length``, or the longest
+        bag's) keeping its first ids, or padded with ``padding_value`` (TorchRec's name; TF's
+        ``RaggedTensor.to_tensor``): ids of one shape whatever the batch, as a compiled JAX
+        step wants them (``pstrain.jax.lookup`` of them, the padding masked in the loss)."""
+        lengths = self.lengths
+        n = (int(lengths.max()) if lengths.size else 0) if desired_length is None else int(desired_length)
+        if n < 0:
+            raise InvalidArgumentError(f"to_padded_dense: desired_length must be 0 or more, got {n}")
+        out = np.full((len(self), n), padding_value, self.values.dtype)
+        position = np.arange(self.values.size) - np.repeat(self.offsets[:-1], lengths)
+        kept = position < n
+        out[self.segment_ids()[kept], position[kept]] = self.values[kept]
+        return out
+
     def __repr__(self) -> str:
         w = "" if self.weights is None else ", weighted"
         return f"JaggedTensor({len(self)} bags, {self.values.size} ids{w})"

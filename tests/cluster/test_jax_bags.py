@@ -83,3 +83,38 @@ async def test_bags_of_new_lengths_reuse_the_compiled_function(cluster):
         assert np.isfinite(value) and grads[0][0].indices.size == np.unique(bags.values).size
     # sizes are padded to powers of two: a handful of size classes, not one per batch
     assert grad_fn.compilations <= 4
+
+
+async def test_sequences_padded_to_one_length_compile_once_and_match_jax(cluster):
+    """A sequence feature in JAX: ``JaggedTensor.to_padded_dense`` cuts and pads each
+    example's ids to one width (TorchRec's rule: the first ids kept), so the lookup of them
+    compiles once for every batch; the masked loss's gradient is JAX's own on the whole
+    table, the padding's row untouched."""
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    rng = np.random.default_rng(2)
+    with strategy.scope():
+        table = pstrain.Variable(rng.normal(0, 0.5, (50, 3)).astype(np.float32), name="t")
+    jt = JaggedTensor([5, 6, 7, 8, 9, 1], [4, 0, 2])
+    assert jt.to_padded_dense().tolist() == [[5, 6, 7, 8], [0, 0, 0, 0], [9, 1, 0, 0]]
+    assert jt.to_padded_dense(2, padding_value=49).tolist() == [[5, 6], [49, 49], [9, 1]]
+    assert jt.to_padded_dense(0).shape == (3, 0)
+
+    def loss(params, mask):
+        return jnp.sum((params["seq"] * mask[..., None]).sum(1) ** 2)
+
+    grad_fn = pjax.value_and_grad(loss)
+    for _ in range(6):  # batches of new lengths, one padded width
+        lengths = rng.integers(0, 9, 8)
+        seq = JaggedTensor(rng.integers(0, 49, lengths.sum()), lengths)
+        ids = seq.to_padded_dense(5, padding_value=49)
+        mask = (np.arange(5) < lengths[:, None]).astype(np.float32)
+        t0 = await table.numpy()
+        value, grads = await grad_fn({"seq": pjax.lookup(table, ids)}, mask)
+        want, g_want = jax.value_and_grad(lambda t, i=ids, m=mask: loss({"seq": t[i]}, m))(jnp.asarray(t0))
+        assert abs(value - float(want)) < 1e-4
+        ((grad, _),) = grads
+        dense = np.zeros_like(t0)
+        np.add.at(dense, grad.indices, grad.values)
+        np.testing.assert_allclose(dense, np.asarray(g_want), atol=1e-5)
+        assert not dense[49].any()  # the padding's row gets nothing
+    assert grad_fn.compilations == 1
