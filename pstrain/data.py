@@ -10,5 +10,7 @@ from ._training.data import *  # noqa: F403
 from ._training.data import __all__ as _datasets
 from ._training.file_datasets import *  # noqa: F403
 from ._training.file_datasets import __all__ as _files
+from ._training.lookups import *  # noqa: F403
+from ._training.lookups import __all__ as _lookups
 
-__all__ = [*_datasets, *_files, *_examples, *_csv]
+__all__ = [*_datasets, *_files, *_examples, *_csv, *_lookups]

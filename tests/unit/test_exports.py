@@ -118,6 +118,9 @@ ADDED = {
         "parse_example",
         "parse_single_example",
         "decode_csv",
+        # Keras' vocabulary lookups, for a dataset_fn's preprocessing (TF's PS tutorial)
+        "StringLookup",
+        "IntegerLookup",
     },
     "pstrain.optimizers": {"RowWiseAdagrad"},
     # what TF's embedding_lookup of ragged ids gives (its RaggedTensor of rows)

@@ -5,7 +5,7 @@ gradient clipping on random inputs. Run it in an environment that has the framew
 (pstrain's does not need it): ``python make_references.py tf`` (and ``tf_max_norm``,
 ``tf_rows``, ``tf_ragged``, ``tf_scatter``, ``tf_strings``, ``tf_manager``, ``tf_text_lines``,
 ``tf_records``, ``tf_examples``, ``tf_csv``, ``keras_clipping``, ``keras_schedules``,
-``keras_metrics``, ``keras_optimizers``) with tensorflow-cpu, ``python make_references.py
+``keras_metrics``, ``keras_optimizers``, ``keras_lookups``) with tensorflow-cpu, ``python make_references.py
 torchrec`` (and ``torchrec_sequences``, ``torchrec_dlrm``,
 ``torchrec_dlrm_dcn``) with torchrec (see
 ../../../../shared/anchors/README.md for both).
@@ -734,6 +734,133 @@ def tf_string_cases(seed: int = 8) -> None:
     (HERE / "tf_strings.json").write_text(json.dumps(out, ensure_ascii=False) + "\n")
 
 
+#: Keras' ``StringLookup`` and ``IntegerLookup`` settings for ``keras_lookup_cases``: the
+#: layer, its arguments, the vocabulary (or data to ``adapt`` to) and the inputs.
+LOOKUP_CASES: list[dict[str, Any]] = [
+    {
+        "layer": "string",
+        "kwargs": {},
+        "vocabulary": ["a", "b", "c"],
+        "inputs": [["a", "c", "z"], ["", "b", "a"]],
+    },
+    {
+        "layer": "string",
+        "kwargs": {"mask_token": ""},
+        "vocabulary": ["a", "b", "c"],
+        "inputs": [["a", "", "zz", "c"]],
+    },
+    {
+        "layer": "string",
+        "kwargs": {"num_oov_indices": 3},
+        "vocabulary": ["earth", "wind", "fire"],
+        "inputs": [["earth", "water", "air", "fire", "lava", "ice", "wind", "éclair"]],
+    },
+    {
+        "layer": "string",
+        "kwargs": {"num_oov_indices": 2, "mask_token": "[PAD]"},
+        "vocabulary": ["x", "y"],
+        "inputs": [["[PAD]", "x", "q", "r", "y", "s"]],
+    },
+    {
+        "layer": "string",
+        "kwargs": {"num_oov_indices": 0},
+        "vocabulary": ["a", "b"],
+        "inputs": [["a", "b", "b"]],
+    },
+    {"layer": "string", "kwargs": {"num_oov_indices": 0}, "vocabulary": ["a", "b"], "inputs": [["a", "q"]]},
+    {
+        "layer": "string",
+        "kwargs": {"invert": True},
+        "vocabulary": ["a", "b", "c"],
+        "inputs": [[1, 3, 0, 2, 9]],
+    },
+    {
+        "layer": "string",
+        "kwargs": {"invert": True, "mask_token": "", "oov_token": "?"},
+        "vocabulary": ["a", "b"],
+        "inputs": [[0, 1, 2, 3, 7]],
+    },
+    {"layer": "string", "kwargs": {}, "vocabulary": ["a", "b", "a"], "inputs": [["a"]]},
+    {"layer": "string", "kwargs": {}, "vocabulary": ["[UNK]", "a", "b"], "inputs": [["a", "b", "q"]]},
+    {"layer": "string", "kwargs": {"mask_token": ""}, "vocabulary": ["a", "", "b"], "inputs": [["a"]]},
+    {"layer": "string", "kwargs": {"max_tokens": 3}, "vocabulary": ["a", "b", "c"], "inputs": [["a"]]},
+    {
+        "layer": "string",
+        "kwargs": {},
+        "adapt": ["b", "a", "c", "b", "d", "a", "b", "e", "e", "d"],
+        "inputs": [["a", "b", "c", "d", "e", "f"]],
+    },
+    {
+        "layer": "string",
+        "kwargs": {"max_tokens": 4, "mask_token": ""},
+        "adapt": ["b", "a", "c", "b", "", "d", "a", "b", "e", "e", "d", ""],
+        "inputs": [["a", "b", "c", "d", "e", ""]],
+    },
+    {"layer": "integer", "kwargs": {}, "vocabulary": [12, 36, 1138, 42], "inputs": [[12, 1138, 42, 7, 36]]},
+    {
+        "layer": "integer",
+        "kwargs": {"num_oov_indices": 3},
+        "vocabulary": [12, 36, 1138],
+        "inputs": [[12, -5, 7, 1000, 36, 4]],
+    },
+    {
+        "layer": "integer",
+        "kwargs": {"num_oov_indices": 3, "oov_method": "farmhash"},
+        "vocabulary": [12, 36, 1138],
+        "inputs": [[12, -5, 7, 1000, 36, 4]],
+    },
+    {"layer": "integer", "kwargs": {"mask_token": 0}, "vocabulary": [5, 6], "inputs": [[0, 5, 9, 6]]},
+    {
+        "layer": "integer",
+        "kwargs": {"invert": True},
+        "vocabulary": [12, 36, 1138],
+        "inputs": [[1, 2, 0, 3, 8]],
+    },
+    {
+        "layer": "integer",
+        "kwargs": {},
+        "adapt": [3, 1, 3, 2, 3, 1, 7],
+        "inputs": [[1, 2, 3, 7, 9]],
+    },
+]
+
+
+def keras_lookup_cases() -> None:
+    """Keras 3's ``StringLookup`` and ``IntegerLookup``: the indices (or tokens, inverted)
+    of ``LOOKUP_CASES``' inputs, ``get_vocabulary()`` and ``vocabulary_size()``, or the kind
+    of error the layer raised."""
+    import json
+
+    import keras
+    import tensorflow as tf
+
+    out = []
+    for case in LOOKUP_CASES:
+        make = keras.layers.StringLookup if case["layer"] == "string" else keras.layers.IntegerLookup
+        record: dict[str, Any] = {**case, "error": None}
+        try:
+            if "adapt" in case:
+                layer = make(**case["kwargs"])
+                layer.adapt(np.array(case["adapt"]))
+            else:
+                layer = make(vocabulary=case["vocabulary"], **case["kwargs"])
+            got = np.asarray(layer(tf.constant(case["inputs"])))
+            record["output"] = [[v.decode() if isinstance(v, bytes) else int(v) for v in row] for row in got]
+            record["vocabulary_out"] = [
+                v.decode() if isinstance(v, bytes) else v for v in layer.get_vocabulary()
+            ]
+            record["vocabulary_out"] = [
+                int(v) if isinstance(v, (int, np.integer)) else v for v in record["vocabulary_out"]
+            ]
+            record["vocabulary_size"] = int(layer.vocabulary_size())
+        except Exception as exc:  # noqa: BLE001 - the kind of error is the reference
+            record["error"] = type(exc).__name__
+        out.append(record)
+    (HERE / "keras_lookups.json").write_text(
+        json.dumps({"version": keras.__version__, "cases": out}, ensure_ascii=False) + "\n"
+    )
+
+
 #: Timelines of saves (hours after the manager was made) for ``tf_manager_cases``.
 MANAGER_TIMELINES = [
     {"max_to_keep": 2, "hours": 1.0, "times": [0.4 * i for i in range(1, 13)]},
@@ -1016,6 +1143,7 @@ if __name__ == "__main__":
         "keras_clipping": keras_clipping_cases,
         "keras_schedules": keras_schedule_cases,
         "keras_metrics": keras_metric_cases,
+        "keras_lookups": keras_lookup_cases,
         "keras_optimizers": keras_optimizer_cases,
         "tf_scatter": tf_scatter_cases,
         "tf_strings": tf_string_cases,

@@ -1,0 +1,340 @@
+"""Keras' vocabulary lookups for a ``dataset_fn``'s preprocessing: ``StringLookup`` and
+``IntegerLookup`` (``tf.keras.layers``), turning raw features (strings, or integers of any
+range) into the row ids of a table, as TensorFlow's parameter-server tutorial does in its
+dataset.
+
+The indices are Keras': the mask token's 0 (when there is one), then ``num_oov_indices``
+indices for tokens not in the vocabulary, then the vocabulary in its order. With more than
+one OOV index, a string goes to ``to_hash_bucket_fast(token, num_oov_indices)`` (FarmHash,
+as Keras), an integer to ``token % num_oov_indices`` (``oov_method="floormod"``) or to the
+FarmHash of its decimal string (``"farmhash"``). ``adapt(data)`` makes the vocabulary from
+data: the tokens by count, most frequent first, ties broken by the larger token, the mask
+token left out, at most ``max_tokens`` indices in all. ``invert=True`` maps indices back to
+tokens (``oov_token`` for indices of no token).
+
+Strings compare as UTF-8 bytes: a vocabulary of ``str`` and inputs of ``bytes`` (what
+``TextLineDataset`` and ``decode_csv`` give) match, and inverted lookups give ``str``.
+Only ``output_mode="int"`` is here; Keras' other modes (one-hot, multi-hot, counts, TF-IDF)
+are refused by name.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from .._base.errors import InvalidArgumentError
+from .._base.exports import expose
+from .strings import to_hash_bucket_fast
+
+__all__ = ["IntegerLookup", "StringLookup"]
+
+
+class _Lookup:
+    """What the two lookups share: the index layout, the table and its refusals."""
+
+    _kind = "StringLookup"
+
+    def __init__(
+        self,
+        max_tokens: int | None,
+        num_oov_indices: int,
+        mask_token: Any,
+        oov_token: Any,
+        vocabulary: Any,
+        invert: bool,
+        output_mode: str,
+        idf_weights: Any,
+        sparse: bool,
+        pad_to_max_tokens: bool,
+    ) -> None:
+        if output_mode != "int":
+            raise InvalidArgumentError(
+                f"{self._kind}: output_mode {output_mode!r} is not supported here, only 'int' "
+                "(encode the indices in the model: one-hot is np.eye(size)[ids])"
+            )
+        if idf_weights is not None or sparse or pad_to_max_tokens:
+            raise InvalidArgumentError(
+                f"{self._kind}: idf_weights, sparse and pad_to_max_tokens go with Keras' other "
+                "output modes, which are not supported here"
+            )
+        if not isinstance(num_oov_indices, int) or num_oov_indices < 0:
+            raise InvalidArgumentError(
+                f"{self._kind}: num_oov_indices must be an integer >= 0, got {num_oov_indices!r}"
+            )
+        if max_tokens is not None and max_tokens <= 1:
+            raise InvalidArgumentError(f"{self._kind}: max_tokens must be greater than 1, got {max_tokens}")
+        self.max_tokens, self.num_oov_indices, self.invert = max_tokens, num_oov_indices, bool(invert)
+        self.mask_token, self.oov_token = mask_token, oov_token
+        self.output_mode = output_mode
+        self._tokens: list[Any] = []
+        self._index: dict[Any, int] = {}
+        if vocabulary is not None:
+            self.set_vocabulary(vocabulary)
+
+    # -- the vocabulary ---------------------------------------------------------------------
+    def _oov_start(self) -> int:
+        return 0 if self.mask_token is None else 1
+
+    def _token_start(self) -> int:
+        return self._oov_start() + self.num_oov_indices
+
+    def _key(self, token: Any) -> Any:
+        raise NotImplementedError
+
+    def _out(self, key: Any) -> Any:
+        raise NotImplementedError
+
+    def _read_file(self, path: Any) -> list[Any]:
+        raise NotImplementedError
+
+    def set_vocabulary(self, vocabulary: Any, idf_weights: Any = None) -> None:
+        """The vocabulary (a list, an array or a file of a token per line), with or without
+        the mask and OOV tokens at its start (exactly as :meth:`get_vocabulary` gives them)."""
+        if idf_weights is not None:
+            raise InvalidArgumentError(f"{self._kind}: idf_weights go with output_mode 'tf_idf'")
+        given = self._read_file(vocabulary) if isinstance(vocabulary, (str, os.PathLike)) else vocabulary
+        keys = [self._key(t) for t in np.asarray(given).reshape(-1).tolist()]
+        if not keys:
+            raise InvalidArgumentError(f"{self._kind}: the vocabulary is empty")
+        special = [] if self.mask_token is None else [self._key(self.mask_token)]
+        if self.num_oov_indices:
+            special += [self._key(self.oov_token)] * self.num_oov_indices
+        if keys[: len(special)] == special:
+            keys = keys[len(special) :]
+        repeated = sorted({repr(self._out(k)) for k, n in Counter(keys).items() if n > 1})
+        if repeated:
+            raise InvalidArgumentError(f"{self._kind}: the vocabulary repeats {', '.join(repeated)}")
+        if self.mask_token is not None and self._key(self.mask_token) in keys:
+            raise InvalidArgumentError(
+                f"{self._kind}: the mask token {self.mask_token!r} is in the vocabulary (give it "
+                "only at its start, before the OOV tokens, or not at all)"
+            )
+        if self.invert and self.oov_token is not None and self._key(self.oov_token) in keys:
+            raise InvalidArgumentError(
+                f"{self._kind}: the OOV token {self.oov_token!r} is in the vocabulary of an "
+                "inverted lookup (give it only at its start, or not at all)"
+            )
+        size = self._token_start() + len(keys)
+        if self.max_tokens is not None and size > self.max_tokens:
+            raise InvalidArgumentError(
+                f"{self._kind}: the vocabulary makes {size} indices, past max_tokens={self.max_tokens}"
+            )
+        self._tokens = keys
+        self._index = {k: self._token_start() + i for i, k in enumerate(keys)}
+
+    def adapt(self, data: Any, batch_size: int | None = None, steps: int | None = None) -> None:
+        """The vocabulary from ``data`` (an array, or an iterable of arrays such as a
+        dataset's batches): its tokens by count, most frequent first (ties: the larger token
+        first), the mask token left out, cut to ``max_tokens`` indices in all."""
+        counts: Counter[Any] = Counter()
+        batches: Iterable[Any] = [data] if isinstance(data, (np.ndarray, list, tuple)) else data
+        for k, batch in enumerate(batches):
+            if steps is not None and k >= steps:
+                break
+            counts.update(self._key(t) for t in np.asarray(batch).reshape(-1).tolist())
+        if self.mask_token is not None:
+            counts.pop(self._key(self.mask_token), None)
+        ranked = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
+        keep = None if self.max_tokens is None else max(0, self.max_tokens - self._token_start())
+        self._tokens = [k for k, _ in ranked[:keep]]
+        self._index = {k: self._token_start() + i for i, k in enumerate(self._tokens)}
+
+    def get_vocabulary(self, include_special_tokens: bool = True) -> list[Any]:
+        """Every index's token, in order: the mask and OOV tokens first (with
+        ``include_special_tokens``), then the vocabulary."""
+        special = [self.mask_token] * self._oov_start() + [self.oov_token] * self.num_oov_indices
+        tokens = [self._out(k) for k in self._tokens]
+        return special + tokens if include_special_tokens else tokens
+
+    def vocabulary_size(self) -> int:
+        """The number of indices: the vocabulary's, the mask's and the OOV indices."""
+        return self._token_start() + len(self._tokens)
+
+    # -- a lookup ---------------------------------------------------------------------------
+    def __call__(self, inputs: Any) -> np.ndarray:
+        arr = np.asarray(inputs)
+        if self.invert:
+            return self._inverted(arr)
+        if not self._tokens and self.num_oov_indices == 0:
+            raise InvalidArgumentError(f"{self._kind}: no vocabulary yet (give one, or adapt)")
+        flat = arr.reshape(-1)
+        if flat.dtype == object:  # (str and bytes side by side: one kind, to sort)
+            flat = np.array([self._key(t) for t in flat.tolist()] or [], object)
+        unique, inverse = np.unique(flat, return_inverse=True)
+        keys = [self._key(t) for t in unique.tolist()]
+        mask = None if self.mask_token is None else self._key(self.mask_token)
+        out = np.full(unique.size, -1, np.int64)
+        for i, k in enumerate(keys):
+            if k == mask:
+                out[i] = 0
+            else:
+                out[i] = self._index.get(k, -1)
+        missing = np.flatnonzero(out < 0)
+        if missing.size:
+            if self.num_oov_indices == 0:
+                shown = ", ".join(repr(self._out(keys[i])) for i in missing[:5])
+                raise InvalidArgumentError(
+                    f"{self._kind}: with num_oov_indices=0 every input must be in the "
+                    f"vocabulary; {shown} {'is' if missing.size == 1 else 'are'} not "
+                    "(consider num_oov_indices=1)"
+                )
+            out[missing] = self._oov_start() + self._oov_of([keys[i] for i in missing])
+        return out[inverse].reshape(arr.shape)
+
+    def _oov_of(self, keys: list[Any]) -> np.ndarray:
+        raise NotImplementedError
+
+    def _inverted(self, arr: np.ndarray) -> np.ndarray:
+        if arr.size and arr.dtype.kind not in "iu":
+            raise InvalidArgumentError(f"{self._kind}(invert=True) takes integer indices, got {arr.dtype}")
+        vocabulary = self.get_vocabulary()
+        table = np.empty(len(vocabulary) + 1, object)
+        table[: len(vocabulary)] = vocabulary
+        table[-1] = self.oov_token
+        idx = arr.astype(np.int64)
+        idx = np.where((idx < 0) | (idx >= len(vocabulary)), len(vocabulary), idx)
+        if self.num_oov_indices:  # an OOV index is the OOV token, as any index of no token
+            idx = np.where((idx >= self._oov_start()) & (idx < self._token_start()), len(vocabulary), idx)
+        return self._as_output(table[idx])
+
+    def _as_output(self, tokens: np.ndarray) -> np.ndarray:
+        return tokens
+
+
+class StringLookup(_Lookup):
+    """Keras' ``StringLookup``: strings to indices (see the module's docstring). Keras'
+    arguments and defaults; ``encoding`` and ``name`` are accepted."""
+
+    _kind = "StringLookup"
+
+    def __init__(
+        self,
+        max_tokens: int | None = None,
+        num_oov_indices: int = 1,
+        mask_token: str | None = None,
+        oov_token: str = "[UNK]",
+        vocabulary: Any = None,
+        idf_weights: Any = None,
+        invert: bool = False,
+        output_mode: str = "int",
+        pad_to_max_tokens: bool = False,
+        sparse: bool = False,
+        encoding: str = "utf-8",
+        name: str | None = None,
+    ) -> None:
+        self.encoding, self.name = encoding, name
+        super().__init__(
+            max_tokens,
+            num_oov_indices,
+            mask_token,
+            oov_token,
+            vocabulary,
+            invert,
+            output_mode,
+            idf_weights,
+            sparse,
+            pad_to_max_tokens,
+        )
+
+    def _key(self, token: Any) -> bytes:
+        if isinstance(token, bytes):
+            return token
+        if isinstance(token, str):
+            return token.encode(self.encoding)
+        raise InvalidArgumentError(f"StringLookup takes strings, got {type(token).__name__} {token!r}")
+
+    def _out(self, key: bytes) -> str:
+        return key.decode(self.encoding)
+
+    def _read_file(self, path: Any) -> list[Any]:
+        with open(path, "rb") as f:
+            return [line.rstrip(b"\r\n") for line in f if line.strip(b"\r\n")]
+
+    def _oov_of(self, keys: list[Any]) -> np.ndarray:
+        if self.num_oov_indices == 1:
+            return np.zeros(len(keys), np.int64)
+        return np.asarray(to_hash_bucket_fast(np.array(keys, object), self.num_oov_indices), np.int64)
+
+    def _as_output(self, tokens: np.ndarray) -> np.ndarray:
+        return np.asarray([t if t is not None else "" for t in tokens.reshape(-1).tolist()], object).reshape(
+            tokens.shape
+        )
+
+
+class IntegerLookup(_Lookup):
+    """Keras' ``IntegerLookup``: integers of any range to indices (see the module's
+    docstring). Keras' arguments and defaults (``oov_token=-1``); ``oov_method`` sets how
+    OOV integers spread over ``num_oov_indices > 1`` (``"floormod"`` or ``"farmhash"``)."""
+
+    _kind = "IntegerLookup"
+
+    def __init__(
+        self,
+        max_tokens: int | None = None,
+        num_oov_indices: int = 1,
+        mask_token: int | None = None,
+        oov_token: int = -1,
+        vocabulary: Any = None,
+        vocabulary_dtype: str = "int64",
+        idf_weights: Any = None,
+        invert: bool = False,
+        output_mode: str = "int",
+        sparse: bool = False,
+        pad_to_max_tokens: bool = False,
+        name: str | None = None,
+        oov_method: str = "floormod",
+    ) -> None:
+        if vocabulary_dtype not in ("int64", "int32"):
+            raise InvalidArgumentError(
+                f"IntegerLookup: vocabulary_dtype must be an integer type, got {vocabulary_dtype!r}"
+            )
+        if oov_method not in ("floormod", "farmhash"):
+            raise InvalidArgumentError(
+                f"IntegerLookup: oov_method must be 'floormod' or 'farmhash', got {oov_method!r}"
+            )
+        self.vocabulary_dtype, self.oov_method, self.name = vocabulary_dtype, oov_method, name
+        super().__init__(
+            max_tokens,
+            num_oov_indices,
+            mask_token,
+            oov_token,
+            vocabulary,
+            invert,
+            output_mode,
+            idf_weights,
+            sparse,
+            pad_to_max_tokens,
+        )
+
+    def _key(self, token: Any) -> int:
+        if isinstance(token, (bool, np.bool_)) or not isinstance(token, (int, np.integer)):
+            raise InvalidArgumentError(f"IntegerLookup takes integers, got {type(token).__name__} {token!r}")
+        return int(token)
+
+    def _out(self, key: int) -> int:
+        return key
+
+    def _read_file(self, path: Any) -> list[Any]:
+        with open(path, encoding="utf-8") as f:
+            return [int(line) for line in f if line.strip()]
+
+    def _oov_of(self, keys: list[Any]) -> np.ndarray:
+        if self.num_oov_indices == 1:
+            return np.zeros(len(keys), np.int64)
+        if self.oov_method == "floormod":
+            return np.mod(np.asarray(keys, np.int64), self.num_oov_indices)
+        return np.asarray(
+            to_hash_bucket_fast(np.array([str(k).encode() for k in keys], object), self.num_oov_indices),
+            np.int64,
+        )
+
+    def _as_output(self, tokens: np.ndarray) -> np.ndarray:
+        return tokens.astype(np.int64)
+
+
+expose(globals(), "pstrain.data")

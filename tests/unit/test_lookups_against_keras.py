@@ -1,0 +1,63 @@
+"""Keras' ``StringLookup`` and ``IntegerLookup`` as ``pstrain.data``'s: the indices (or
+tokens, inverted), the vocabulary and its size, or the refusal, of the cases Keras 3 ran
+(``references/make_references.py keras_lookups``); and what pstrain adds: ``bytes`` inputs
+(what file datasets give), a vocabulary file, adapting to batches."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pstrain
+from pstrain.data import IntegerLookup, StringLookup
+from pstrain.errors import InvalidArgumentError
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+REFERENCE = json.loads((Path(__file__).resolve().parent / "references" / "keras_lookups.json").read_text())
+
+
+@pytest.mark.parametrize("case", REFERENCE["cases"], ids=lambda c: f"{c['layer']}-{c['kwargs']}")
+def test_lookups_give_keras_indices_tokens_and_vocabularies(case):
+    make = StringLookup if case["layer"] == "string" else IntegerLookup
+
+    def run():
+        if "adapt" in case:
+            layer = make(**case["kwargs"])
+            layer.adapt(np.array(case["adapt"]))
+        else:
+            layer = make(vocabulary=case["vocabulary"], **case["kwargs"])
+        return layer, layer(np.array(case["inputs"]))
+
+    if case["error"]:
+        with pytest.raises(InvalidArgumentError):  # (a ValueError, as Keras' refusals)
+            run()
+        return
+    layer, got = run()
+    assert got.tolist() == case["output"]
+    assert layer.get_vocabulary() == case["vocabulary_out"]
+    assert layer.vocabulary_size() == case["vocabulary_size"]
+
+
+def test_bytes_inputs_a_vocabulary_file_and_adapting_to_batches(tmp_path):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("avenger\nironman\nbatman\n")
+    layer = StringLookup(vocabulary=str(vocab))
+    assert layer(np.array([b"batman", b"hulk", "avenger"], object)).tolist() == [3, 0, 1]
+    assert layer(np.array([["ironman"]])).dtype == np.int64
+    # a dataset's batches, as TF's tutorial adapts its lookups
+    batches = pstrain.data.Dataset.from_tensor_slices(np.array(["b", "a", "b", "c", "b", "a"])).batch(4)
+    adapted = StringLookup(max_tokens=3)
+    adapted.adapt(batches.as_numpy_iterator())
+    assert adapted.get_vocabulary() == ["[UNK]", "b", "a"]
+    inverse = StringLookup(vocabulary=["a", "b"], invert=True)
+    assert inverse(np.array([[2, 0], [1, 5]])).tolist() == [["b", "[UNK]"], ["a", "[UNK]"]]
+    with pytest.raises(InvalidArgumentError, match="output_mode 'one_hot' is not supported"):
+        StringLookup(vocabulary=["a"], output_mode="one_hot")
+    with pytest.raises(InvalidArgumentError, match="takes integers"):
+        IntegerLookup(vocabulary=[1, 2])(np.array(["x"]))
+    with pytest.raises(InvalidArgumentError, match="'q' is not"):
+        StringLookup(vocabulary=["a"], num_oov_indices=0)(np.array(["q", "a"]))
