@@ -1,7 +1,8 @@
-"""Keras' vocabulary lookups for a ``dataset_fn``'s preprocessing: ``StringLookup`` and
-``IntegerLookup`` (``tf.keras.layers``), turning raw features (strings, or integers of any
-range) into the row ids of a table, as TensorFlow's parameter-server tutorial does in its
-dataset.
+"""Keras' preprocessing of categorical features, for a ``dataset_fn``: the vocabulary
+lookups ``StringLookup`` and ``IntegerLookup`` (``tf.keras.layers``), turning raw features
+(strings, or integers of any range) into the row ids of a table, as TensorFlow's
+parameter-server tutorial does in its dataset; and the hashing ``Hashing`` and
+``HashedCrossing`` (a feature cross: Wide & Deep's), bins as TensorFlow computes them.
 
 The indices are Keras': the mask token's 0 (when there is one), then ``num_oov_indices``
 indices for tokens not in the vocabulary, then the vocabulary in its order. With more than
@@ -16,6 +17,14 @@ Strings compare as UTF-8 bytes: a vocabulary of ``str`` and inputs of ``bytes`` 
 ``TextLineDataset`` and ``decode_csv`` give) match, and inverted lookups give ``str``.
 Only ``output_mode="int"`` is here; Keras' other modes (one-hot, multi-hot, counts, TF-IDF)
 are refused by name.
+
+``Hashing(num_bins)`` is ``to_hash_bucket_fast`` of each value (an integer's decimal string;
+a float's, cast to an integer first), or ``to_hash_bucket_strong`` under ``salt``; with a
+``mask_value``, that value is bin 0 and the others hash into the remaining ``num_bins - 1``.
+``HashedCrossing(num_bins)`` crosses one value of each feature per example, as TensorFlow's
+``tf.sparse.cross_hashed``: FarmHash's Fingerprint64 of a string (an integer as itself),
+folded into the key ``0xDECAFCAFFE`` feature after feature by ``FingerprintCat64``, modulo
+``num_bins``.
 """
 
 from __future__ import annotations
@@ -29,9 +38,9 @@ import numpy as np
 
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
-from .strings import to_hash_bucket_fast
+from .strings import fingerprint64, to_hash_bucket_fast, to_hash_bucket_strong
 
-__all__ = ["IntegerLookup", "StringLookup"]
+__all__ = ["HashedCrossing", "Hashing", "IntegerLookup", "StringLookup"]
 
 
 class _Lookup:
@@ -335,6 +344,131 @@ class IntegerLookup(_Lookup):
 
     def _as_output(self, tokens: np.ndarray) -> np.ndarray:
         return tokens.astype(np.int64)
+
+
+def _refuse_other_modes(what: str, output_mode: str, sparse: bool) -> None:
+    if output_mode != "int":
+        raise InvalidArgumentError(
+            f"{what}: output_mode {output_mode!r} is not supported here, only 'int' (encode the "
+            "bins in the model: one-hot is np.eye(num_bins)[bins])"
+        )
+    if sparse:
+        raise InvalidArgumentError(f"{what}: sparse goes with Keras' other output modes, not supported here")
+
+
+def _as_strings(values: np.ndarray) -> np.ndarray:
+    """What Keras hashes for ``values``: strings as they are, integers as their decimal
+    strings, floats cast to integers first."""
+    if values.dtype.kind in "USO":
+        return values
+    if values.dtype.kind == "f":
+        values = values.astype(np.int64)
+    if values.dtype.kind not in "iub":
+        raise InvalidArgumentError(f"Hashing takes strings or numbers, got {values.dtype}")
+    return np.array([str(int(v)).encode() for v in values.reshape(-1).tolist()], object).reshape(values.shape)
+
+
+class Hashing:
+    """Keras' ``Hashing``: each value to a bin in ``[0, num_bins)`` (see the module's
+    docstring); Keras' arguments (``salt``: an integer, or two)."""
+
+    def __init__(
+        self,
+        num_bins: int,
+        mask_value: Any = None,
+        salt: Any = None,
+        output_mode: str = "int",
+        sparse: bool = False,
+        name: str | None = None,
+    ) -> None:
+        if not isinstance(num_bins, (int, np.integer)) or num_bins <= 0:
+            raise InvalidArgumentError(f"Hashing: num_bins must be a positive integer, got {num_bins!r}")
+        _refuse_other_modes("Hashing", output_mode, sparse)
+        if salt is not None and not (
+            isinstance(salt, (int, np.integer)) or (isinstance(salt, (list, tuple)) and len(salt) == 2)
+        ):
+            raise InvalidArgumentError(f"Hashing: salt must be an integer or two, got {salt!r}")
+        self.num_bins, self.mask_value, self.name = int(num_bins), mask_value, name
+        self.salt: list[int] | None = None
+        if salt is not None:
+            self.salt = [int(salt)] * 2 if isinstance(salt, (int, np.integer)) else [int(k) for k in salt]
+        self.output_mode, self.sparse = output_mode, sparse
+
+    def __call__(self, inputs: Any) -> np.ndarray:
+        values = np.asarray(inputs)
+        bins = self.num_bins
+        mask = None
+        if self.mask_value is not None and bins > 1:
+            bins -= 1
+            mask = values == self.mask_value
+        strings = _as_strings(values)
+        if self.salt is not None:
+            out = np.asarray(to_hash_bucket_strong(strings, bins, self.salt), np.int64)
+        else:
+            out = np.asarray(to_hash_bucket_fast(strings, bins), np.int64)
+        if mask is not None:
+            out = np.where(mask, 0, out + 1)
+        return out
+
+
+#: TensorFlow's key for ``tf.sparse.cross_hashed`` (``hash_key`` not given).
+CROSS_KEY = 0xDECAFCAFFE
+_MUL = np.uint64(0xC6A4A7935BD1E995)
+
+
+def _shift_mix(v: np.ndarray) -> np.ndarray:
+    return v ^ (v >> np.uint64(47))
+
+
+def fingerprint_cat64(fp1: np.ndarray, fp2: np.ndarray) -> np.ndarray:
+    """TensorFlow's ``FingerprintCat64``: two 64-bit fingerprints folded into one."""
+    with np.errstate(over="ignore"):
+        out = fp1 ^ _MUL
+        out ^= _shift_mix(fp2 * _MUL) * _MUL
+        out *= _MUL
+        out = _shift_mix(out) * _MUL
+        return _shift_mix(out)
+
+
+class HashedCrossing:
+    """Keras' ``HashedCrossing``: the cross of one value per example of each feature (two or
+    more, of one shape: ``()``, ``(batch,)`` or ``(batch, 1)``) to a bin in ``[0, num_bins)``,
+    as TensorFlow crosses them (see the module's docstring)."""
+
+    def __init__(
+        self, num_bins: int, output_mode: str = "int", sparse: bool = False, name: str | None = None
+    ) -> None:
+        if not isinstance(num_bins, (int, np.integer)) or num_bins <= 0:
+            raise InvalidArgumentError(
+                f"HashedCrossing: num_bins must be a positive integer, got {num_bins!r}"
+            )
+        _refuse_other_modes("HashedCrossing", output_mode, sparse)
+        self.num_bins, self.output_mode, self.sparse, self.name = int(num_bins), output_mode, sparse, name
+
+    def __call__(self, inputs: Any) -> np.ndarray:
+        if not isinstance(inputs, (list, tuple)) or len(inputs) < 2:
+            raise InvalidArgumentError("HashedCrossing takes a list or tuple of two features or more")
+        features = [np.asarray(x) for x in inputs]
+        shape = features[0].shape
+        if len(shape) > 2 or (len(shape) == 2 and shape[1] != 1):
+            raise InvalidArgumentError(
+                f"HashedCrossing: features must have shape (), (batch,) or (batch, 1), got {shape}"
+            )
+        if any(f.shape != shape for f in features):
+            raise InvalidArgumentError(
+                f"HashedCrossing: the features have different shapes {[f.shape for f in features]}"
+            )
+        out = np.full(features[0].size, CROSS_KEY, np.uint64)
+        for f in features:
+            flat = f.reshape(-1)
+            if flat.dtype.kind in "USO":
+                fp = np.asarray(fingerprint64(flat), np.uint64).reshape(-1)
+            elif flat.dtype.kind in "iu":
+                fp = flat.astype(np.int64).view(np.uint64)
+            else:
+                raise InvalidArgumentError(f"HashedCrossing crosses strings or integers, got {flat.dtype}")
+            out = fingerprint_cat64(out, fp)
+        return (out % np.uint64(self.num_bins)).astype(np.int64).reshape(shape)
 
 
 expose(globals(), "pstrain.data")

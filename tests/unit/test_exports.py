@@ -121,6 +121,8 @@ ADDED = {
         # Keras' vocabulary lookups, for a dataset_fn's preprocessing (TF's PS tutorial)
         "StringLookup",
         "IntegerLookup",
+        "Hashing",
+        "HashedCrossing",
     },
     "pstrain.optimizers": {"RowWiseAdagrad"},
     # what TF's embedding_lookup of ragged ids gives (its RaggedTensor of rows)

@@ -1,7 +1,8 @@
 """Keras' ``StringLookup`` and ``IntegerLookup`` as ``pstrain.data``'s: the indices (or
 tokens, inverted), the vocabulary and its size, or the refusal, of the cases Keras 3 ran
 (``references/make_references.py keras_lookups``); and what pstrain adds: ``bytes`` inputs
-(what file datasets give), a vocabulary file, adapting to batches."""
+(what file datasets give), a vocabulary file, adapting to batches. Keras' ``Hashing`` and
+``HashedCrossing``: the bins Keras 3 gave (``keras_hashing``)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ import numpy as np
 import pytest
 
 import pstrain
-from pstrain.data import IntegerLookup, StringLookup
+from pstrain.data import HashedCrossing, Hashing, IntegerLookup, StringLookup
 from pstrain.errors import InvalidArgumentError
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
-REFERENCE = json.loads((Path(__file__).resolve().parent / "references" / "keras_lookups.json").read_text())
+HERE = Path(__file__).resolve().parent / "references"
+REFERENCE = json.loads((HERE / "keras_lookups.json").read_text())
+HASHING = json.loads((HERE / "keras_hashing.json").read_text())
 
 
 @pytest.mark.parametrize("case", REFERENCE["cases"], ids=lambda c: f"{c['layer']}-{c['kwargs']}")
@@ -61,3 +64,26 @@ def test_bytes_inputs_a_vocabulary_file_and_adapting_to_batches(tmp_path):
         IntegerLookup(vocabulary=[1, 2])(np.array(["x"]))
     with pytest.raises(InvalidArgumentError, match="'q' is not"):
         StringLookup(vocabulary=["a"], num_oov_indices=0)(np.array(["q", "a"]))
+
+
+def _array(values: list) -> np.ndarray:
+    return np.array(values, object) if isinstance(values[0], str) else np.array(values, np.int64)
+
+
+def test_hashing_and_crossing_give_keras_bins():
+    for case in HASHING["hashing"]:  # strings (with a mask, with salts) and integers
+        assert Hashing(**case["kwargs"])(_array(case["inputs"])).tolist() == case["output"], case["kwargs"]
+    for case in HASHING["crossing"]:  # pairs and a triple, strings and integers
+        features = [_array(f) for f in case["features"]]
+        assert HashedCrossing(case["num_bins"])(features).tolist() == case["output"], case["num_bins"]
+        column = HashedCrossing(case["num_bins"])([f.reshape(-1, 1) for f in features])
+        assert column.tolist() == [[v] for v in case["output"]]  # (batch, 1) in, (batch, 1) out
+    assert len(HASHING["hashing"]) == 7 and len(HASHING["crossing"]) == 4
+    one = HashedCrossing(97)([np.array("a"), np.array(3)])
+    assert one.shape == () and int(one) == HashedCrossing(97)([np.array(["a"]), np.array([3])])[0]
+    with pytest.raises(InvalidArgumentError, match="two features or more"):
+        HashedCrossing(5)([np.array(["a"])])
+    with pytest.raises(InvalidArgumentError, match="different shapes"):
+        HashedCrossing(5)([np.array(["a", "b"]), np.array([1])])
+    with pytest.raises(InvalidArgumentError, match="num_bins must be a positive integer"):
+        Hashing(0)

@@ -3,11 +3,11 @@ of TensorFlow's sparse lookups and of TorchRec's EmbeddingBagCollection and
 EmbeddingCollection on random batches, and Keras' schedules, metrics, optimizers and
 gradient clipping on random inputs. Run it in an environment that has the framework
 (pstrain's does not need it): ``python make_references.py tf`` (and ``tf_max_norm``,
-``tf_rows``, ``tf_ragged``, ``tf_scatter``, ``tf_strings``, ``tf_manager``, ``tf_text_lines``,
-``tf_records``, ``tf_examples``, ``tf_csv``, ``keras_clipping``, ``keras_schedules``,
-``keras_metrics``, ``keras_optimizers``, ``keras_lookups``) with tensorflow-cpu, ``python make_references.py
-torchrec`` (and ``torchrec_sequences``, ``torchrec_dlrm``,
-``torchrec_dlrm_dcn``) with torchrec (see
+``tf_rows``, ``tf_ragged``, ``tf_scatter``, ``tf_strings``, ``tf_manager``,
+``tf_text_lines``, ``tf_records``, ``tf_examples``, ``tf_csv``, ``keras_clipping``,
+``keras_schedules``, ``keras_metrics``, ``keras_optimizers``, ``keras_lookups``,
+``keras_hashing``) with tensorflow-cpu, ``python make_references.py torchrec`` (and
+``torchrec_sequences``, ``torchrec_dlrm``, ``torchrec_dlrm_dcn``) with torchrec (see
 ../../../../shared/anchors/README.md for both).
 
 The ``.npz`` files hold flat arrays and, per case, offsets into them
@@ -861,6 +861,51 @@ def keras_lookup_cases() -> None:
     )
 
 
+def keras_hashing_cases(seed: int = 15) -> None:
+    """Keras 3's ``Hashing`` (strings and integers; ``mask_value``; ``salt``) and
+    ``HashedCrossing`` (pairs and triples of string and integer features) on random inputs:
+    the bins each gives."""
+    import json
+
+    import keras
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+    words = ["", "a", "alice", "bob", "é中", "the quick brown fox", "12", "-7"]
+    words += ["".join(rng.choice(list("abcdefghij0123456789"), int(n))) for n in rng.integers(1, 40, 24)]
+    ints = [0, 1, -1, 7, 12, -7, 2**40, -(2**62), *rng.integers(-(10**9), 10**9, 24).tolist()]
+    hashing = []
+    for kwargs in (
+        {"num_bins": 7},
+        {"num_bins": 1000003},
+        {"num_bins": 5, "mask_value": ""},
+        {"num_bins": 9, "salt": 133},
+        {"num_bins": 9, "salt": [133, 137]},
+    ):
+        layer = keras.layers.Hashing(**kwargs)
+        out = np.asarray(layer(tf.constant(words))).tolist()
+        hashing.append({"kwargs": kwargs, "inputs": words, "output": out})
+    for kwargs in ({"num_bins": 11}, {"num_bins": 6, "mask_value": 0}):
+        layer = keras.layers.Hashing(**kwargs)
+        out = np.asarray(layer(tf.constant(ints, tf.int64))).tolist()
+        hashing.append({"kwargs": kwargs, "inputs": ints, "output": out})
+    crossing = []
+    n = 16
+    a = rng.choice(words, n).tolist()
+    b = rng.choice(ints, n).tolist()
+    c = rng.choice(words, n).tolist()
+    for num_bins, features in ((10, [a, c]), (1000, [a, b]), (97, [b, b]), (2**40, [a, b, c])):
+        tensors = [tf.constant(f) if isinstance(f[0], str) else tf.constant(f, tf.int64) for f in features]
+        out = np.asarray(keras.layers.HashedCrossing(num_bins)(tensors)).tolist()
+        crossing.append({"num_bins": num_bins, "features": features, "output": out})
+    (HERE / "keras_hashing.json").write_text(
+        json.dumps(
+            {"version": keras.__version__, "hashing": hashing, "crossing": crossing}, ensure_ascii=False
+        )
+        + "\n"
+    )
+
+
 #: Timelines of saves (hours after the manager was made) for ``tf_manager_cases``.
 MANAGER_TIMELINES = [
     {"max_to_keep": 2, "hours": 1.0, "times": [0.4 * i for i in range(1, 13)]},
@@ -1144,6 +1189,7 @@ if __name__ == "__main__":
         "keras_schedules": keras_schedule_cases,
         "keras_metrics": keras_metric_cases,
         "keras_lookups": keras_lookup_cases,
+        "keras_hashing": keras_hashing_cases,
         "keras_optimizers": keras_optimizer_cases,
         "tf_scatter": tf_scatter_cases,
         "tf_strings": tf_string_cases,
