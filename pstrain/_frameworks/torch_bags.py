@@ -28,7 +28,7 @@ weights go only with ``"sum"``, as in PyTorch; an empty bag pools to zeros.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,14 +36,14 @@ import torch
 
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
-from .._embeddings.collection import EmbeddingCollection
-from .._embeddings.jagged import JaggedTensor, KeyedJaggedTensor, as_jagged
+from .._embeddings.jagged import JaggedTensor, KeyedJaggedTensor
 from .._formats.numerics.initializers import Initializer, RandomUniform
 from .._kernels.batches import distinct
 from .._variables.arrays import IndexedSlices
 from .._variables.sharding import embedding_lookup
 from .._variables.variables import Variable
-from .fetched import FetchedBatches, PulledRows, writable
+from .fetched import FetchedBatches, writable
+from .torch_pulled import PulledCollection
 from .torchrec_configs import table_configs
 
 __all__ = ["EmbeddingBag", "EmbeddingBagCollection", "KeyedTensor"]
@@ -143,7 +143,7 @@ def _bag(
     )
 
 
-class EmbeddingBagCollection(torch.nn.Module):
+class EmbeddingBagCollection(PulledCollection):
     """TorchRec's ``EmbeddingBagCollection`` on the ps: the tables of an
     :class:`~pstrain.EmbeddingCollection` (placed by its planner), pooled by PyTorch. Create
     it in ``strategy.scope()``; ``tables`` are :class:`~pstrain.TableConfig` (combiner
@@ -159,11 +159,6 @@ class EmbeddingBagCollection(torch.nn.Module):
         shard_rows: int | None = None,
         name: str = "embedding_bags",
     ) -> None:
-        super().__init__()
-        # TorchRec's flag: batches carry per-id weights. ``device`` is accepted and unused
-        # (the tables live on the ps; pooling runs on the CPU of the worker).
-        self._is_weighted = bool(is_weighted)
-        self._configs = list(tables)
         configs = table_configs(tables)
         for c in configs:
             if c.combiner not in _MODES:
@@ -171,13 +166,11 @@ class EmbeddingBagCollection(torch.nn.Module):
                     f"table {c.name!r}: combiner {c.combiner!r} has no "
                     f"nn.EmbeddingBag mode (use 'sum' or 'mean')"
                 )
-        kwargs = {} if shard_rows is None else {"shard_rows": shard_rows}
-        self.collection = EmbeddingCollection(configs, name=name, **kwargs)
-        self._pulled: FetchedBatches[PulledRows] = FetchedBatches()  # each step in flight its own
-
-    @property
-    def plan(self) -> Any:
-        return self.collection.plan
+        super().__init__(configs, shard_rows, name)
+        # TorchRec's flag: batches carry per-id weights. ``device`` is accepted and unused
+        # (the tables live on the ps; pooling runs on the CPU of the worker).
+        self._is_weighted = bool(is_weighted)
+        self._configs = list(tables)
 
     def is_weighted(self) -> bool:
         """TorchRec's: whether the batches' per-id weights count."""
@@ -187,30 +180,8 @@ class EmbeddingBagCollection(torch.nn.Module):
         """The table configs as given (TorchRec's ``EmbeddingBagConfig``\\ s, or ``TableConfig``\\ s)."""
         return list(self._configs)
 
-    async def pull(
-        self,
-        features: KeyedJaggedTensor | Mapping[str, Any],
-        *,
-        read: Iterable[Any] = (),
-        training: bool = True,
-    ) -> list[np.ndarray]:
-        """Gather every table's rows for the batch (and the variables ``read``, whole): one
-        request per ps. Returns ``read``'s values. Steps in flight on one worker may each
-        pull their batch: the forward pass takes the rows pulled for its own."""
-        gathered = await self.collection.gather(features, read=read, training=training)
-        rows = {
-            name: torch.from_numpy(writable(values)).requires_grad_(True)
-            for name, values in gathered.rows.items()
-        }
-        self._pulled.add(PulledRows(gathered, rows))
-        return gathered.read
-
     def forward(self, features: KeyedJaggedTensor | Mapping[str, Any]) -> KeyedTensor:
-        given = (
-            features.to_dict()
-            if isinstance(features, KeyedJaggedTensor)
-            else {str(k): as_jagged(v) for k, v in features.items()}
-        )
+        given = self._features(features)
         pulled = self._pulled_for(given)
         gathered = pulled.gathered
         if self._is_weighted and any(j.weights is None for j in given.values()):
@@ -233,37 +204,6 @@ class EmbeddingBagCollection(torch.nn.Module):
         return KeyedTensor(
             keys, [parts[f].shape[1] for f in keys], torch.cat([parts[f] for f in keys], dim=1)
         )
-
-    def _pulled_for(self, given: dict[str, JaggedTensor]) -> PulledRows:
-        """The rows pulled for this batch (see :mod:`.fetched`)."""
-        latest = self._pulled.latest
-        if latest is None:
-            raise InvalidArgumentError("EmbeddingBagCollection: pull the batch before forward")
-        pulled = self._pulled.take(lambda p: p.holds(given))
-        if pulled is None:
-            missing = sorted(set(latest.gathered.features) - set(given))
-            raise InvalidArgumentError(
-                "EmbeddingBagCollection: forward got other features than were pulled"
-                + (f" (no {missing})" if missing else "")
-                + ": pull each batch before its forward pass"
-            )
-        return pulled
-
-    def gradients(self) -> list[tuple[IndexedSlices, Any]]:
-        """``[(gradient, table), ...]`` after ``backward()``: each table's distinct rows', for
-        the batch of the last forward pass (take them before the step awaits again)."""
-        pulled = self._pulled.current
-        if pulled is None:
-            return []
-        out = []
-        for name, rows in pulled.rows.items():
-            if rows.grad is not None:
-                unique = pulled.gathered.bags[name][0]
-                out.append((IndexedSlices(rows.grad.numpy(), unique), self.collection.tables[name]))
-        return out
-
-    def trainable_variables(self) -> list[Any]:
-        return list(self.collection.tables.values())
 
 
 class _BagFetch:

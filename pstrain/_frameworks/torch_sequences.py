@@ -28,7 +28,7 @@ each feature's ids in its output's ``weights()``, and float16 tables give float3
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,10 +36,8 @@ import torch
 
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
-from .._embeddings.collection import EmbeddingCollection as _Collection
-from .._embeddings.jagged import JaggedTensor as _Bags, KeyedJaggedTensor, as_jagged
-from .._variables.arrays import IndexedSlices
-from .fetched import FetchedBatches, PulledRows, writable
+from .._embeddings.jagged import JaggedTensor as _Bags, KeyedJaggedTensor
+from .torch_pulled import PulledCollection
 from .torchrec_configs import table_configs
 
 __all__ = ["EmbeddingCollection", "JaggedTensor"]
@@ -171,7 +169,7 @@ def _padded(values: torch.Tensor, offsets: torch.Tensor, n: int | None, padding:
     return out
 
 
-class EmbeddingCollection(torch.nn.Module):
+class EmbeddingCollection(PulledCollection):
     """TorchRec's ``EmbeddingCollection`` on the ps: the tables of a
     :class:`~pstrain.EmbeddingCollection` (placed by its planner), looked up unpooled.
     Create it in ``strategy.scope()``; ``tables`` are TorchRec ``EmbeddingConfig``\\ s (an
@@ -191,9 +189,7 @@ class EmbeddingCollection(torch.nn.Module):
         shard_rows: int | None = None,
         name: str = "embeddings",
     ) -> None:
-        super().__init__()
-        self._configs = list(tables)
-        configs = table_configs(self._configs, pooled=False)
+        configs = table_configs(list(tables), pooled=False)
         dims = [c.embedding_dim for c in configs]
         if dims and any(d != dims[0] for d in dims):
             odd = next(c for c in configs if c.embedding_dim != dims[0])
@@ -201,14 +197,9 @@ class EmbeddingCollection(torch.nn.Module):
                 "EmbeddingCollection: every table must have the same embedding_dim (as TorchRec's): "
                 f"table {odd.name!r} has {odd.embedding_dim}, the first {dims[0]}"
             )
+        super().__init__(configs, shard_rows, name)
+        self._configs = list(tables)
         self._need_indices = bool(need_indices)
-        kwargs = {} if shard_rows is None else {"shard_rows": shard_rows}
-        self.collection = _Collection(configs, name=name, **kwargs)
-        self._pulled: FetchedBatches[PulledRows] = FetchedBatches()  # each step in flight its own
-
-    @property
-    def plan(self) -> Any:
-        return self.collection.plan
 
     def embedding_configs(self) -> list[Any]:
         """The table configs as given."""
@@ -228,42 +219,11 @@ class EmbeddingCollection(torch.nn.Module):
 
     def _features(self, features: KeyedJaggedTensor | Mapping[str, Any]) -> dict[str, _Bags]:
         """The batch's features without their weights (an unpooled lookup ignores them)."""
-        given = (
-            features.to_dict()
-            if isinstance(features, KeyedJaggedTensor)
-            else {str(k): as_jagged(v, what=f"feature {k!r}") for k, v in features.items()}
-        )
+        given = super()._features(features)
         return {f: j if j.weights is None else _Bags(j.values, offsets=j.offsets) for f, j in given.items()}
 
-    async def pull(
-        self,
-        features: KeyedJaggedTensor | Mapping[str, Any],
-        *,
-        read: Iterable[Any] = (),
-        training: bool = True,
-    ) -> list[np.ndarray]:
-        """Gather every table's rows for the batch (and the variables ``read``, whole): one
-        request per ps. Returns ``read``'s values. Steps in flight on one worker may each
-        pull their batch: the forward pass takes the rows pulled for its own."""
-        gathered = await self.collection.gather(self._features(features), read=read, training=training)
-        rows = {
-            name: torch.from_numpy(writable(values)).requires_grad_(True)
-            for name, values in gathered.rows.items()
-        }
-        self._pulled.add(PulledRows(gathered, rows))
-        return gathered.read
-
     def forward(self, features: KeyedJaggedTensor | Mapping[str, Any]) -> dict[str, JaggedTensor]:
-        given = self._features(features)
-        latest = self._pulled.latest
-        if latest is None:
-            raise InvalidArgumentError("EmbeddingCollection: pull the batch before forward")
-        pulled = self._pulled.take(lambda p: p.holds(given))
-        if pulled is None:
-            raise InvalidArgumentError(
-                "EmbeddingCollection: forward got other features than were pulled: pull each "
-                "batch before its forward pass"
-            )
+        pulled = self._pulled_for(self._features(features))
         gathered = pulled.gathered
         out: dict[str, JaggedTensor] = {}
         for name, (_, named) in gathered.bags.items():
@@ -276,22 +236,6 @@ class EmbeddingCollection(torch.nn.Module):
                     offsets=torch.from_numpy(np.ascontiguousarray(jagged.offsets, np.int64)),
                 )
         return {f: out[f] for f in self.collection.feature_names}
-
-    def gradients(self) -> list[tuple[IndexedSlices, Any]]:
-        """``[(gradient, table), ...]`` after ``backward()``: each table's distinct rows', for
-        the batch of the last forward pass (take them before the step awaits again)."""
-        pulled = self._pulled.current
-        if pulled is None:
-            return []
-        out = []
-        for name, rows in pulled.rows.items():
-            if rows.grad is not None:
-                unique = pulled.gathered.bags[name][0]
-                out.append((IndexedSlices(rows.grad.numpy(), unique), self.collection.tables[name]))
-        return out
-
-    def trainable_variables(self) -> list[Any]:
-        return list(self.collection.tables.values())
 
 
 expose(globals(), "pstrain.torch")
