@@ -29,6 +29,7 @@ folded into the key ``0xDECAFCAFFE`` feature after feature by ``FingerprintCat64
 
 from __future__ import annotations
 
+import abc
 import os
 from collections import Counter
 from collections.abc import Iterable
@@ -43,7 +44,7 @@ from .strings import fingerprint64, to_hash_bucket_fast, to_hash_bucket_strong
 __all__ = ["HashedCrossing", "Hashing", "IntegerLookup", "StringLookup"]
 
 
-class _Lookup:
+class _Lookup(abc.ABC):
     """What the two lookups share: the index layout, the table and its refusals."""
 
     _kind = "StringLookup"
@@ -92,14 +93,17 @@ class _Lookup:
     def _token_start(self) -> int:
         return self._oov_start() + self.num_oov_indices
 
+    @abc.abstractmethod
     def _key(self, token: Any) -> Any:
-        raise NotImplementedError
+        """A token as the table keys it (refused by name if of the wrong kind)."""
 
+    @abc.abstractmethod
     def _out(self, key: Any) -> Any:
-        raise NotImplementedError
+        """A key as the vocabulary gives it back."""
 
+    @abc.abstractmethod
     def _read_file(self, path: Any) -> list[Any]:
-        raise NotImplementedError
+        """The tokens of a vocabulary file, a line each."""
 
     def set_vocabulary(self, vocabulary: Any, idf_weights: Any = None) -> None:
         """The vocabulary (a list, an array or a file of a token per line), with or without
@@ -195,8 +199,9 @@ class _Lookup:
             out[missing] = self._oov_start() + self._oov_of([keys[i] for i in missing])
         return out[inverse].reshape(arr.shape)
 
+    @abc.abstractmethod
     def _oov_of(self, keys: list[Any]) -> np.ndarray:
-        raise NotImplementedError
+        """Each OOV key's index among the OOV indices."""
 
     def _inverted(self, arr: np.ndarray) -> np.ndarray:
         if arr.size and arr.dtype.kind not in "iu":
