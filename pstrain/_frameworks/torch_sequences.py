@@ -37,6 +37,7 @@ import torch
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from .._embeddings.jagged import JaggedTensor as _Bags, KeyedJaggedTensor
+from .fetched import writable
 from .torch_pulled import PulledCollection
 from .torchrec_configs import table_configs
 
@@ -232,8 +233,8 @@ class EmbeddingCollection(PulledCollection):
                 rows = torch.nn.functional.embedding(torch.from_numpy(bags.inverse), pulled.rows[name])
                 out[feature] = JaggedTensor(
                     rows.float(),
-                    weights=torch.from_numpy(jagged.values) if self._need_indices else None,
-                    offsets=torch.from_numpy(np.ascontiguousarray(jagged.offsets, np.int64)),
+                    weights=torch.from_numpy(writable(jagged.values)) if self._need_indices else None,
+                    offsets=torch.from_numpy(writable(np.ascontiguousarray(jagged.offsets, np.int64))),
                 )
         return {f: out[f] for f in self.collection.feature_names}
 
