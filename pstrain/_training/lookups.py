@@ -82,7 +82,8 @@ class _Lookup(abc.ABC):
         self.mask_token, self.oov_token = mask_token, oov_token
         self.output_mode = output_mode
         self._tokens: list[Any] = []
-        self._index: dict[Any, int] = {}
+        self._index: dict[Any, int] = {}  # key -> index (the mask token's too)
+        self._set_tokens([])
         if vocabulary is not None:
             self.set_vocabulary(vocabulary)
 
@@ -137,8 +138,7 @@ class _Lookup(abc.ABC):
             raise InvalidArgumentError(
                 f"{self._kind}: the vocabulary makes {size} indices, past max_tokens={self.max_tokens}"
             )
-        self._tokens = keys
-        self._index = {k: self._token_start() + i for i, k in enumerate(keys)}
+        self._set_tokens(keys)
 
     def adapt(self, data: Any, batch_size: int | None = None, steps: int | None = None) -> None:
         """The vocabulary from ``data`` (an array, or an iterable of arrays such as a
@@ -154,8 +154,14 @@ class _Lookup(abc.ABC):
             counts.pop(self._key(self.mask_token), None)
         ranked = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
         keep = None if self.max_tokens is None else max(0, self.max_tokens - self._token_start())
-        self._tokens = [k for k, _ in ranked[:keep]]
-        self._index = {k: self._token_start() + i for i, k in enumerate(self._tokens)}
+        self._set_tokens([k for k, _ in ranked[:keep]])
+
+    def _set_tokens(self, keys: list[Any]) -> None:
+        """The vocabulary's keys, in index order."""
+        self._tokens = keys
+        self._index = {k: self._token_start() + i for i, k in enumerate(keys)}
+        if self.mask_token is not None:
+            self._index[self._key(self.mask_token)] = 0
 
     def get_vocabulary(self, include_special_tokens: bool = True) -> list[Any]:
         """Every index's token, in order: the mask and OOV tokens first (with
@@ -176,32 +182,26 @@ class _Lookup(abc.ABC):
         if not self._tokens and self.num_oov_indices == 0:
             raise InvalidArgumentError(f"{self._kind}: no vocabulary yet (give one, or adapt)")
         flat = arr.reshape(-1)
-        if flat.dtype == object:  # (str and bytes side by side: one kind, to sort)
-            flat = np.array([self._key(t) for t in flat.tolist()] or [], object)
-        unique, inverse = np.unique(flat, return_inverse=True)
-        keys = [self._key(t) for t in unique.tolist()]
-        mask = None if self.mask_token is None else self._key(self.mask_token)
-        out = np.full(unique.size, -1, np.int64)
-        for i, k in enumerate(keys):
-            if k == mask:
-                out[i] = 0
-            else:
-                out[i] = self._index.get(k, -1)
+        out = self._indices(flat)
         missing = np.flatnonzero(out < 0)
         if missing.size:
             if self.num_oov_indices == 0:
-                shown = ", ".join(repr(self._out(keys[i])) for i in missing[:5])
+                shown = ", ".join(repr(self._out(self._key(t))) for t in flat[missing[:5]].tolist())
                 raise InvalidArgumentError(
                     f"{self._kind}: with num_oov_indices=0 every input must be in the "
                     f"vocabulary; {shown} {'is' if missing.size == 1 else 'are'} not "
                     "(consider num_oov_indices=1)"
                 )
-            out[missing] = self._oov_start() + self._oov_of([keys[i] for i in missing])
-        return out[inverse].reshape(arr.shape)
+            out[missing] = self._oov_start() + self._oov_of(flat[missing])
+        return out.reshape(arr.shape)
 
     @abc.abstractmethod
-    def _oov_of(self, keys: list[Any]) -> np.ndarray:
-        """Each OOV key's index among the OOV indices."""
+    def _indices(self, flat: np.ndarray) -> np.ndarray:
+        """Each input's index (the mask's 0), -1 for those not in the vocabulary."""
+
+    @abc.abstractmethod
+    def _oov_of(self, values: np.ndarray) -> np.ndarray:
+        """Each OOV input's index among the OOV indices."""
 
     def _inverted(self, arr: np.ndarray) -> np.ndarray:
         if arr.size and arr.dtype.kind not in "iu":
@@ -255,6 +255,10 @@ class StringLookup(_Lookup):
             pad_to_max_tokens,
         )
 
+    def _set_tokens(self, keys: list[Any]) -> None:
+        super()._set_tokens(keys)
+        self._by_str: dict[str, int] | None = None  # the same, keyed by str (made when asked)
+
     def _key(self, token: Any) -> bytes:
         if isinstance(token, bytes):
             return token
@@ -265,14 +269,28 @@ class StringLookup(_Lookup):
     def _out(self, key: bytes) -> str:
         return key.decode(self.encoding)
 
+    def _indices(self, flat: np.ndarray) -> np.ndarray:
+        # a dictionary lookup a string (as fast as numpy's string arrays sort or search); a
+        # str array's strings against the vocabulary as str (not encoded one by one)
+        if flat.dtype.kind == "U":
+            if self._by_str is None:
+                self._by_str = {k.decode(self.encoding): i for k, i in self._index.items()}
+            table, keys = self._by_str, flat.tolist()
+        else:
+            table = self._index
+            keys = flat.tolist() if flat.dtype.kind == "S" else [self._key(t) for t in flat.tolist()]
+        return np.fromiter((table.get(k, -1) for k in keys), np.int64, len(keys))
+
     def _read_file(self, path: Any) -> list[Any]:
         with open(path, "rb") as f:
             return [line.rstrip(b"\r\n") for line in f if line.strip(b"\r\n")]
 
-    def _oov_of(self, keys: list[Any]) -> np.ndarray:
+    def _oov_of(self, values: np.ndarray) -> np.ndarray:
         if self.num_oov_indices == 1:
-            return np.zeros(len(keys), np.int64)
-        return np.asarray(to_hash_bucket_fast(np.array(keys, object), self.num_oov_indices), np.int64)
+            return np.zeros(values.size, np.int64)
+        if values.dtype == object:
+            values = np.array([self._key(t) for t in values.tolist()], object)
+        return np.asarray(to_hash_bucket_fast(values, self.num_oov_indices), np.int64)
 
     def _as_output(self, tokens: np.ndarray) -> np.ndarray:
         return np.asarray([t if t is not None else "" for t in tokens.reshape(-1).tolist()], object).reshape(
@@ -333,19 +351,35 @@ class IntegerLookup(_Lookup):
     def _out(self, key: int) -> int:
         return key
 
+    def _set_tokens(self, keys: list[Any]) -> None:
+        super()._set_tokens(keys)
+        table = np.array(list(self._index), np.int64)  # (the mask token's too)
+        self._order = np.argsort(table, kind="stable")
+        self._sorted = table[self._order]
+        self._at = np.array(list(self._index.values()), np.int64)[self._order]
+
+    def _indices(self, flat: np.ndarray) -> np.ndarray:
+        if flat.dtype.kind not in "iu" or flat.dtype == np.uint64:
+            return np.fromiter(
+                (self._index.get(self._key(t), -1) for t in flat.tolist()), np.int64, flat.size
+            )
+        if not self._sorted.size:
+            return np.full(flat.size, -1, np.int64)
+        values = flat.astype(np.int64)
+        at = np.minimum(np.searchsorted(self._sorted, values), self._sorted.size - 1)
+        return np.where(self._sorted[at] == values, self._at[at], -1)
+
     def _read_file(self, path: Any) -> list[Any]:
         with open(path, encoding="utf-8") as f:
             return [int(line) for line in f if line.strip()]
 
-    def _oov_of(self, keys: list[Any]) -> np.ndarray:
+    def _oov_of(self, values: np.ndarray) -> np.ndarray:
         if self.num_oov_indices == 1:
-            return np.zeros(len(keys), np.int64)
+            return np.zeros(values.size, np.int64)
+        keys = np.array([self._key(t) for t in values.tolist()], np.int64)
         if self.oov_method == "floormod":
-            return np.mod(np.asarray(keys, np.int64), self.num_oov_indices)
-        return np.asarray(
-            to_hash_bucket_fast(np.array([str(k).encode() for k in keys], object), self.num_oov_indices),
-            np.int64,
-        )
+            return np.mod(keys, self.num_oov_indices)
+        return np.asarray(to_hash_bucket_fast(keys.astype(str), self.num_oov_indices), np.int64)
 
     def _as_output(self, tokens: np.ndarray) -> np.ndarray:
         return tokens.astype(np.int64)

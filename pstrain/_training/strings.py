@@ -87,10 +87,38 @@ def _buckets(hashes: np.ndarray, num_buckets: int) -> np.ndarray:
 
 def _packed(strings: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The strings' bytes end to end, and where each starts, then the end."""
+    fixed = _packed_fixed(strings)
+    if fixed is not None:
+        return fixed
     flat = [_bytes(s) for s in strings.reshape(-1)]
     data = np.frombuffer(b"".join(flat), np.uint8) if flat else np.zeros(0, np.uint8)
     offsets = np.zeros(len(flat) + 1, np.int64)
     np.cumsum([len(b) for b in flat], out=offsets[1:])
+    return np.ascontiguousarray(data), offsets
+
+
+def _packed_fixed(strings: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`_packed` of an array of fixed-width strings in whole-array passes, no Python
+    per string: numpy's bytes (``S``), or its ``str`` (``U``) when every character is ASCII
+    (its UTF-8 bytes are then its code points). As numpy reads such an array, a string's
+    trailing NULs are not part of it. None for any other array (a ``str`` array with other
+    characters is encoded string by string)."""
+    if strings.dtype.kind not in "SU" or not strings.size or not strings.dtype.itemsize:
+        return None
+    n = strings.size
+    units: np.ndarray
+    if strings.dtype.kind == "S":
+        units = np.ascontiguousarray(strings).reshape(n).view(np.uint8).reshape(n, -1)
+    else:
+        units = np.ascontiguousarray(strings).reshape(n).view(np.uint32).reshape(n, -1)
+        if int(units.max()) >= 0x80:
+            return None
+    width = units.shape[1]
+    used = units != 0
+    lengths = np.where(used.any(axis=1), width - np.argmax(used[:, ::-1], axis=1), 0)
+    data = units[np.arange(width) < lengths[:, None]].astype(np.uint8)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
     return np.ascontiguousarray(data), offsets
 
 

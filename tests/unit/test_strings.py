@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import pstrain
 from pstrain._kernels import compiled, reference
@@ -101,3 +102,32 @@ def test_inputs_of_any_shape_and_kind_and_refusals():
     ):
         with pytest.raises(InvalidArgumentError, match=message):
             bad()
+
+
+def test_numpy_string_arrays_hash_as_tensorflows_strings():
+    """A numpy array of ``str`` (``U``) or ``bytes`` (``S``), hashed without Python per
+    string when it can be, gives TF's fingerprints of the same strings."""
+    strings = TF["strings"]
+    want = [str(int(x)) for x in pstrain.strings.fingerprint64(np.array(strings, object))]
+    assert want == TF["fingerprint64"]
+    as_str = np.array(strings)  # (ASCII and not: the others go string by string)
+    assert [str(int(x)) for x in pstrain.strings.fingerprint64(as_str)] == TF["fingerprint64"]
+    ascii_only = [s for s in strings if s.isascii()]
+    expected = [f for s, f in zip(strings, TF["fingerprint64"]) if s.isascii()]
+    for arr in (np.array(ascii_only), np.array([s.encode() for s in strings])):
+        keep = expected if arr.dtype.kind == "U" else TF["fingerprint64"]
+        assert [str(int(x)) for x in pstrain.strings.fingerprint64(arr)] == keep
+    grid = np.array([["ab", ""], ["c", "dddd"]])
+    assert pstrain.strings.to_hash_bucket_fast(grid, 7).tolist() == [
+        pstrain.strings.to_hash_bucket_fast(list(row), 7).tolist() for row in grid.tolist()
+    ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=12), min_size=1, max_size=20), st.booleans())
+def test_any_numpy_string_array_hashes_as_its_strings_one_by_one(strings, as_bytes):
+    """numpy drops a string's trailing NULs when it reads one out of an array: the whole-
+    array path hashes the same strings as the one-by-one path does."""
+    arr = np.array([s.encode() for s in strings]) if as_bytes else np.array(strings)
+    one_by_one = np.array(arr.tolist(), object)
+    assert pstrain.strings.fingerprint64(arr).tolist() == pstrain.strings.fingerprint64(one_by_one).tolist()
