@@ -109,6 +109,11 @@ def register_view(obj: Any, children: Mapping[tuple[str, ...], Any]) -> None:
     _VIEWS[obj] = dict(children)
 
 
+def registered_view(obj: Any) -> dict[tuple[str, ...], Any] | None:
+    """The children :func:`register_view` gave ``obj``, or None."""
+    return _view(obj)
+
+
 def _view(obj: Any) -> dict[tuple[str, ...], Any] | None:
     try:
         return _VIEWS.get(obj)
@@ -140,7 +145,10 @@ def check_trackable(name: str, obj: Any) -> None:
     ):
         return
     graph = walk({name: obj})
-    if graph.entries or graph.tables or graph.optimizers:
+    # (a torch model's own parameters are not saved unless a RemoteModule put them on the ps,
+    # even when it holds tables that are: refused rather than saved in part)
+    local = _is_torch_module(obj) and any(True for _ in obj.parameters())
+    if (graph.entries or graph.tables or graph.optimizers) and not local:
         return
     if _is_torch_module(obj):
         fix = (

@@ -65,7 +65,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError("pstrain.torch needs PyTorch: pip install 'pstrain[torch]'") from exc
 
 from .._base.errors import InvalidArgumentError
-from .._checkpoint.object_graph import register_view
+from .._checkpoint.object_graph import register_view, registered_view
 from .._formats.numerics.initializers import Initializer, RandomUniform
 from .._kernels.batches import distinct
 from .._variables.arrays import IndexedSlices
@@ -74,6 +74,7 @@ from .._variables.dynamic import DynamicEmbedding
 from .._variables.sharding import ShardedVariable, combine_gradients, embedding_lookup
 from .._variables.variables import Variable
 from .fetched import FetchedBatches, writable
+from .torch_pulled import PulledCollection
 
 __all__ = ["Embedding", "RemoteModule"]
 
@@ -249,6 +250,10 @@ class RemoteModule:
         }
         for mname, emb in self._embeddings(module).items():
             view[(*(mname.split(".") if mname else []), "table")] = emb.table
+        for mname, sub in module.named_modules():  # TorchRec's collections: their tables
+            if isinstance(sub, PulledCollection):
+                for path, table in (registered_view(sub) or {}).items():
+                    view[(*(mname.split(".") if mname else []), *path)] = table
         register_view(self, view)
         register_view(module, view)
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from .._base.errors import InvalidArgumentError
+from .._checkpoint.object_graph import register_view
 from .._embeddings.collection import EmbeddingCollection
 from .._embeddings.config import TableConfig
 from .._embeddings.jagged import JaggedTensor, KeyedJaggedTensor, as_jagged
@@ -26,11 +27,18 @@ class PulledCollection(torch.nn.Module):
     """A torch module over the tables ``configs`` (placed by the collection's planner; in
     ``strategy.scope()`` on the ps). Subclasses look the pulled rows up in ``forward``."""
 
+    #: Where TorchRec's module keeps its tables (``embedding_bags.<table>.weight``): a
+    #: checkpoint keys each table by the same path.
+    _tables_at = "embedding_bags"
+
     def __init__(self, configs: Sequence[TableConfig], shard_rows: int | None, name: str) -> None:
         super().__init__()
         kwargs = {} if shard_rows is None else {"shard_rows": shard_rows}
         self.collection = EmbeddingCollection(configs, name=name, **kwargs)
         self._pulled: FetchedBatches[PulledRows] = FetchedBatches()
+        # a checkpoint of this module (or of a model holding it, through its RemoteModule)
+        # saves the tables, keyed as TorchRec's state_dict keys them
+        register_view(self, {(self._tables_at, t, "weight"): v for t, v in self.collection.tables.items()})
 
     @property
     def plan(self) -> Any:

@@ -180,6 +180,8 @@ class EmbeddingCollection(PulledCollection):
     indexed on this process's CPU). A feature may look up one table (TorchRec names a
     feature shared by two tables ``feature@table``; that is refused here)."""
 
+    _tables_at = "embeddings"  # (TorchRec's: embeddings.<table>.weight)
+
     def __init__(
         self,
         tables: Sequence[Any],

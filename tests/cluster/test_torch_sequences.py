@@ -205,3 +205,51 @@ async def test_a_batch_built_from_torchrec_style_jagged_tensors_is_looked_up(ps_
     table = await ec.collection.tables["t"].numpy()
     np.testing.assert_allclose(out["a"].values().detach().numpy(), table[[3, 4, 5]])
     assert out["b"].offsets().tolist() == [0, 0, 1] and out["b"].to_dense()[0].shape == (0, 2)
+
+
+async def test_a_checkpoint_of_a_torchrec_port_saves_its_tables_and_restores_them(tmp_path):
+    """A TorchRec port checkpoints its model as a whole: the collections' tables (on the ps)
+    are saved with the dense parameters, keyed as TorchRec's state_dict keys them, and come
+    back on restore; a model whose dense parameters are still torch tensors of this process
+    is refused rather than saved without them."""
+    root = str(tmp_path)
+    async with InProcessCluster(
+        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
+    ) as c:
+        strategy = pstrain.ParameterServerStrategy(c.resolver)
+        async with strategy.scope():
+            ebc = ptorch.EmbeddingBagCollection(
+                [ptorch.EmbeddingBagConfig(num_embeddings=10, embedding_dim=4, name="t", feature_names=["a"])]
+            )
+            ec = ptorch.EmbeddingCollection(
+                [ptorch.EmbeddingConfig(num_embeddings=10, embedding_dim=4, name="u", feature_names=["b"])]
+            )
+            model = ptorch.DLRM(ebc, 3, [4], [2, 1])
+            bare = ptorch.DLRM(
+                ptorch.EmbeddingBagCollection(
+                    [
+                        ptorch.EmbeddingBagConfig(
+                            num_embeddings=5, embedding_dim=4, name="v", feature_names=["c"]
+                        )
+                    ],
+                    name="bare_bags",
+                ),
+                3,
+                [4],
+                [2, 1],
+            )
+            ptorch.RemoteModule(model, name="dlrm")
+        ckpt = pstrain.Checkpoint(model=model, ec=ec)
+        path = await ckpt.save(f"{root}/ckpt")
+        names = [n for n, _ in pstrain.checkpoint.list_variables(path)]
+        assert "model/sparse_arch/embedding_bag_collection/embedding_bags/t/weight" in names
+        assert "ec/embeddings/u/weight" in names and "model/dense_arch/model/_mlp/0/_linear/weight" in names
+        t, u = ebc.collection.tables["t"], ec.collection.tables["u"]
+        saved_t, saved_u = await t.numpy(), await u.numpy()
+        await t.assign(np.zeros((10, 4), np.float32))
+        await u.assign(np.zeros((10, 4), np.float32))
+        await ckpt.restore(path)
+        np.testing.assert_array_equal(await t.numpy(), saved_t)
+        np.testing.assert_array_equal(await u.numpy(), saved_u)
+        with pytest.raises(InvalidArgumentError, match="RemoteModule"):
+            pstrain.Checkpoint(model=bare)
