@@ -74,6 +74,7 @@ from .._variables.dynamic import DynamicEmbedding
 from .._variables.sharding import ShardedVariable, combine_gradients, embedding_lookup
 from .._variables.variables import Variable
 from .fetched import FetchedBatches, writable
+from .torch_bags import EmbeddingBag
 from .torch_pulled import PulledCollection
 
 __all__ = ["Embedding", "RemoteModule"]
@@ -158,6 +159,7 @@ class Embedding(torch.nn.Module):
         self.scale_grad_by_freq = bool(scale_grad_by_freq)
         self.sparse = bool(sparse)
         self._fetched: FetchedBatches[_Fetch] = FetchedBatches()
+        register_view(self, {("table",): self.table})  # a checkpoint of it saves its table
 
     @property
     def rows(self) -> torch.Tensor | None:
@@ -248,10 +250,8 @@ class RemoteModule:
         view: dict[tuple[str, ...], Any] = {
             tuple(p.split(".")): v for p, v in zip(self.names, self.variables)
         }
-        for mname, emb in self._embeddings(module).items():
-            view[(*(mname.split(".") if mname else []), "table")] = emb.table
-        for mname, sub in module.named_modules():  # TorchRec's collections: their tables
-            if isinstance(sub, PulledCollection):
+        for mname, sub in module.named_modules():  # the tables of its pstrain.torch modules
+            if sub is not module and isinstance(sub, (Embedding, EmbeddingBag, PulledCollection)):
                 for path, table in (registered_view(sub) or {}).items():
                     view[(*(mname.split(".") if mname else []), *path)] = table
         register_view(self, view)

@@ -36,6 +36,7 @@ import torch
 
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
+from .._checkpoint.object_graph import register_view
 from .._embeddings.jagged import JaggedTensor, KeyedJaggedTensor
 from .._formats.numerics.initializers import Initializer, RandomUniform
 from .._kernels.batches import distinct
@@ -291,6 +292,7 @@ class EmbeddingBag(torch.nn.Module):
             name=name,
         )
         self._fetched: FetchedBatches[_BagFetch] = FetchedBatches()
+        register_view(self, {("table",): self.table})  # a checkpoint of it saves its table
 
     @property
     def rows(self) -> torch.Tensor | None:

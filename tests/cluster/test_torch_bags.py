@@ -16,6 +16,7 @@ import pstrain.torch as ptorch
 from pstrain import JaggedTensor, KeyedJaggedTensor
 from pstrain.errors import InvalidArgumentError
 from pstrain.partitioners import FixedShardsPartitioner
+from pstrain.testing import InProcessCluster
 from tests.helpers import TOKEN, strategy_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -448,3 +449,39 @@ async def test_torchrecs_dlrm_trains_with_its_tables_and_dense_parameters_on_the
         )
     with pytest.raises(InvalidArgumentError, match="swish_layernorm"):
         ptorch.MLP(3, [4], activation="swish_layernorm")
+
+
+async def test_a_checkpoint_saves_the_tables_of_embedding_bags_alone_or_in_a_model(tmp_path):
+    """``pstrain.torch.EmbeddingBag`` and ``Embedding`` keep their tables on the ps: a
+    checkpoint of one, or of a model holding one behind its RemoteModule, saves the table
+    (it was refused, and left out of the model's) and restores it."""
+    root = str(tmp_path)
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bag = ptorch.EmbeddingBag(10, 4, name="in_model")
+            self.head = torch.nn.Linear(4, 1)
+
+    async with InProcessCluster(
+        num_ps=1, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
+    ) as c:
+        strategy = pstrain.ParameterServerStrategy(c.resolver)
+        async with strategy.scope():
+            bag, emb, model = (
+                ptorch.EmbeddingBag(10, 4, name="alone"),
+                ptorch.Embedding(10, 4, name="e"),
+                Model(),
+            )
+            ptorch.RemoteModule(model, name="model")
+        ckpt = pstrain.Checkpoint(bag=bag, emb=emb, model=model)
+        path = await ckpt.save(f"{root}/ckpt")
+        names = {n for n, _ in pstrain.checkpoint.list_variables(path)}
+        assert {"bag/table", "emb/table", "model/bag/table", "model/head/weight"} <= names
+        tables = [bag.table, emb.table, model.bag.table]
+        saved = [await t.numpy() for t in tables]
+        for t in tables:
+            await t.assign(np.zeros((10, 4), np.float32))
+        await ckpt.restore(path)
+        for t, want in zip(tables, saved):
+            np.testing.assert_array_equal(await t.numpy(), want)
