@@ -45,7 +45,7 @@ from .._variables.routing import routed
 from .._variables.sharding import ShardedVariable, compact_ids
 from .._variables.variables import Variable
 from .config import TableConfig
-from .jagged import JaggedTensor, KeyedJaggedTensor, as_jagged
+from .jagged import JaggedTensor, KeyedJaggedTensor, features_by_name
 from .planner import DEFAULT_SHARD_ROWS, TablePlan, plan_tables
 from .pooling import Bags
 
@@ -127,14 +127,7 @@ class EmbeddingCollection(Module):
 
     # -- a step ------------------------------------------------------------------------------
     def _features_of(self, features: Any) -> dict[str, JaggedTensor]:
-        if isinstance(features, KeyedJaggedTensor):
-            given = features.to_dict()
-        elif isinstance(features, Mapping):
-            given = {str(k): as_jagged(v, what=f"feature {k!r}") for k, v in features.items()}
-        else:
-            raise InvalidArgumentError(
-                f"lookup takes a KeyedJaggedTensor or a dict of features, got {type(features).__name__}"
-            )
+        given = features_by_name(features)
         missing = [f for f in self.feature_tables if f not in given]
         if missing:
             raise InvalidArgumentError(

@@ -378,6 +378,21 @@ def as_jagged(ids: Any, weights: Any = None, what: str = "ids") -> JaggedTensor:
     )
 
 
+def features_by_name(features: Any, what: str = "lookup") -> dict[str, JaggedTensor]:
+    """A batch's features by name: a :class:`KeyedJaggedTensor`'s, TorchRec's (its
+    ``to_dict()`` of ``JaggedTensor``\\ s), or a dict's (each :func:`as_jagged`)."""
+    if isinstance(features, KeyedJaggedTensor):
+        return features.to_dict()
+    if isinstance(features, Mapping):
+        return {str(k): as_jagged(v, what=f"feature {k!r}") for k, v in features.items()}
+    if callable(getattr(features, "to_dict", None)) and callable(getattr(features, "keys", None)):
+        return {str(k): as_jagged(v, what=f"feature {k!r}") for k, v in features.to_dict().items()}
+    raise InvalidArgumentError(
+        f"{what} takes a KeyedJaggedTensor (pstrain's or TorchRec's) or a dict of features, got "
+        f"{type(features).__name__}"
+    )
+
+
 def _sliced_as_jagged(component: Any) -> JaggedTensor | None:
     """A dataset's SparseTensor or RaggedTensor component (pstrain's or TF's) as the
     JaggedTensor of its rows; None for anything else."""

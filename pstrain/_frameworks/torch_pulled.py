@@ -16,7 +16,7 @@ from .._base.errors import InvalidArgumentError
 from .._checkpoint.object_graph import register_view
 from .._embeddings.collection import EmbeddingCollection
 from .._embeddings.config import TableConfig
-from .._embeddings.jagged import JaggedTensor, KeyedJaggedTensor, as_jagged
+from .._embeddings.jagged import JaggedTensor, KeyedJaggedTensor, features_by_name
 from .._variables.arrays import IndexedSlices
 from .fetched import FetchedBatches, PulledRows, writable
 
@@ -46,9 +46,7 @@ class PulledCollection(torch.nn.Module):
 
     def _features(self, features: KeyedJaggedTensor | Mapping[str, Any]) -> dict[str, JaggedTensor]:
         """The batch's features by name, as the lookup takes them."""
-        if isinstance(features, KeyedJaggedTensor):
-            return features.to_dict()
-        return {str(k): as_jagged(v, what=f"feature {k!r}") for k, v in features.items()}
+        return features_by_name(features, type(self).__name__)
 
     async def pull(
         self,

@@ -253,3 +253,31 @@ async def test_a_checkpoint_of_a_torchrec_port_saves_its_tables_and_restores_the
         np.testing.assert_array_equal(await u.numpy(), saved_u)
         with pytest.raises(InvalidArgumentError, match="RemoteModule"):
             pstrain.Checkpoint(model=bare)
+
+
+async def test_torchrecs_own_keyed_jagged_tensor_is_taken_as_it_is(ps_server):
+    """A port whose pipeline still builds TorchRec's KeyedJaggedTensor (anything with
+    ``keys()`` and a ``to_dict()`` of TorchRec JaggedTensors) pulls and looks it up."""
+
+    class TorchRecKJT:  # TorchRec's interface, as its KeyedJaggedTensor has it
+        def __init__(self, jts: dict) -> None:
+            self._jts = jts
+
+        def keys(self) -> list[str]:
+            return list(self._jts)
+
+        def to_dict(self) -> dict:
+            return dict(self._jts)
+
+    async with strategy_for(ps_server).scope():
+        ebc = ptorch.EmbeddingBagCollection(
+            [ptorch.EmbeddingBagConfig(num_embeddings=20, embedding_dim=2, name="t", feature_names=["a"])]
+        )
+    kjt = TorchRecKJT(
+        {"a": ptorch.JaggedTensor(values=torch.tensor([3, 4, 5]), lengths=torch.tensor([2, 1]))}
+    )
+    await ebc.pull(kjt)
+    table = await ebc.collection.tables["t"].numpy()
+    np.testing.assert_allclose(ebc(kjt).values().detach().numpy(), [table[3] + table[4], table[5]], rtol=1e-6)
+    with pytest.raises(InvalidArgumentError, match="takes a KeyedJaggedTensor"):
+        await ebc.pull([1, 2, 3])
