@@ -1,8 +1,10 @@
 """Keras' preprocessing of categorical features, for a ``dataset_fn``: the vocabulary
 lookups ``StringLookup`` and ``IntegerLookup`` (``tf.keras.layers``), turning raw features
 (strings, or integers of any range) into the row ids of a table, as TensorFlow's
-parameter-server tutorial does in its dataset; and the hashing ``Hashing`` and
-``HashedCrossing`` (a feature cross: Wide & Deep's), bins as TensorFlow computes them.
+parameter-server tutorial does in its dataset; the hashing ``Hashing`` and
+``HashedCrossing`` (a feature cross: Wide & Deep's), bins as TensorFlow computes them; and
+``Discretization``, numbers to bucket ids (an age to its band's row), with the boundaries
+Keras' ``adapt`` finds.
 
 The indices are Keras': the mask token's 0 (when there is one), then ``num_oov_indices``
 indices for tokens not in the vocabulary, then the vocabulary in its order. With more than
@@ -41,7 +43,7 @@ from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from .strings import fingerprint64, to_hash_bucket_fast, to_hash_bucket_strong
 
-__all__ = ["HashedCrossing", "Hashing", "IntegerLookup", "StringLookup"]
+__all__ = ["Discretization", "HashedCrossing", "Hashing", "IntegerLookup", "StringLookup"]
 
 
 class _Lookup(abc.ABC):
@@ -508,6 +510,86 @@ class HashedCrossing:
                 raise InvalidArgumentError(f"HashedCrossing crosses strings or integers, got {flat.dtype}")
             out = fingerprint_cat64(out, fp)
         return (out % np.uint64(self.num_bins)).astype(np.int64).reshape(shape)
+
+
+class Discretization:
+    """Keras' ``Discretization``: each number to its bucket, the count of ``bin_boundaries``
+    at or below it (``[-inf, b0)`` is 0, ``[b0, b1)`` 1, ...). ``adapt`` sets the boundaries
+    of ``num_bins`` buckets of about as many values each, as Keras' does: each batch summed
+    up in about ``1 / epsilon`` weighted points, the summaries merged batch by batch, the
+    boundaries interpolated on their weights (Keras' numbers, bit for bit)."""
+
+    def __init__(
+        self,
+        bin_boundaries: Any = None,
+        num_bins: int | None = None,
+        epsilon: float = 0.01,
+        output_mode: str = "int",
+        sparse: bool = False,
+        dtype: Any = None,
+        name: str | None = None,
+    ) -> None:
+        _refuse_other_modes("Discretization", output_mode, sparse)
+        if num_bins is not None and num_bins < 0:
+            raise InvalidArgumentError(f"Discretization: num_bins must be 0 or more, got {num_bins}")
+        if (num_bins is None) == (bin_boundaries is None):
+            raise InvalidArgumentError("Discretization: give bin_boundaries or num_bins (one of them)")
+        self.bin_boundaries = None if bin_boundaries is None else [float(b) for b in bin_boundaries]
+        self.num_bins, self.epsilon, self.name = num_bins, float(epsilon), name
+        self.output_mode, self.sparse = output_mode, sparse
+        self._summary = np.zeros((2, 0), np.float32)
+
+    def adapt(self, data: Any, steps: int | None = None) -> None:
+        """The boundaries of ``num_bins`` buckets from ``data``: an array, or an iterable of
+        batches (a dataset's), the first ``steps`` of them if given."""
+        if self.num_bins is None:
+            raise InvalidArgumentError(
+                "Discretization: a layer made with bin_boundaries cannot adapt; give num_bins instead"
+            )
+        summary = np.zeros((2, 0), np.float32)
+        batches: Iterable[Any] = [data] if isinstance(data, np.ndarray) else data
+        for k, batch in enumerate(batches):
+            if steps is not None and k >= steps:
+                break
+            summary = _merged(_summary_of(np.asarray(batch, np.float32), self.epsilon), summary, self.epsilon)
+        self._summary = summary
+        self.bin_boundaries = _compressed(summary, 1.0 / self.num_bins)[0, :-1].tolist()
+
+    def __call__(self, inputs: Any) -> np.ndarray:
+        if self.bin_boundaries is None:
+            raise InvalidArgumentError("Discretization: give bin_boundaries, or adapt, before a lookup")
+        values = np.asarray(inputs)
+        if values.dtype.kind not in "fiub":
+            raise InvalidArgumentError(f"Discretization takes numbers, got {values.dtype}")
+        return np.searchsorted(np.asarray(self.bin_boundaries), values, side="right").astype(np.int32)
+
+
+def _summary_of(values: np.ndarray, epsilon: float) -> np.ndarray:
+    """A batch as about ``1 / epsilon`` points (every ``step``-th of its sorted values, each
+    standing for ``step`` of them): ``[points, weights]``."""
+    ordered = np.sort(values.reshape(-1))
+    step = max(ordered.size / (1.0 / epsilon), 1)
+    points = ordered[int(step - 1) :: int(step)]
+    return np.stack([points, np.ones_like(points) * step])
+
+
+def _merged(first: np.ndarray, second: np.ndarray, epsilon: float) -> np.ndarray:
+    both = np.concatenate((first, second), axis=1)
+    return _compressed(np.take(both, np.argsort(both[0]), axis=1), epsilon)
+
+
+def _compressed(summary: np.ndarray, epsilon: float) -> np.ndarray:
+    """``summary`` as at most about ``1 / epsilon`` points, interpolated on the cumulative
+    share of its weights (unchanged if it is that small already)."""
+    if summary.shape[1] * epsilon < 1:
+        return summary
+    shares = epsilon + np.arange(0.0, 1.0, epsilon)
+    cumulative = summary[1].cumsum()
+    at = cumulative / cumulative[-1]
+    points = np.interp(shares, at, summary[0])
+    cumulative = np.interp(shares, at, cumulative)
+    weights = cumulative - np.concatenate((np.array([0]), cumulative[:-1]))
+    return np.stack((points, weights)).astype(np.float32)
 
 
 expose(globals(), "pstrain.data")

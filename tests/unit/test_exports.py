@@ -123,6 +123,7 @@ ADDED = {
         "IntegerLookup",
         "Hashing",
         "HashedCrossing",
+        "Discretization",
     },
     "pstrain.optimizers": {"RowWiseAdagrad"},
     # what TF's embedding_lookup of ragged ids gives (its RaggedTensor of rows)

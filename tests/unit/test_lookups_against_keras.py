@@ -2,7 +2,8 @@
 tokens, inverted), the vocabulary and its size, or the refusal, of the cases Keras 3 ran
 (``references/make_references.py keras_lookups``); and what pstrain adds: ``bytes`` inputs
 (what file datasets give), a vocabulary file, adapting to batches. Keras' ``Hashing`` and
-``HashedCrossing``: the bins Keras 3 gave (``keras_hashing``)."""
+``HashedCrossing``: the bins Keras 3 gave (``keras_hashing``); ``Discretization``: the
+buckets of given boundaries, and the boundaries ``adapt`` finds (``keras_discretization``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 import pstrain
-from pstrain.data import HashedCrossing, Hashing, IntegerLookup, StringLookup
+from pstrain.data import Discretization, HashedCrossing, Hashing, IntegerLookup, StringLookup
 from pstrain.errors import InvalidArgumentError
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
@@ -21,6 +22,7 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 HERE = Path(__file__).resolve().parent / "references"
 REFERENCE = json.loads((HERE / "keras_lookups.json").read_text())
 HASHING = json.loads((HERE / "keras_hashing.json").read_text())
+BUCKETS = json.loads((HERE / "keras_discretization.json").read_text())
 
 
 @pytest.mark.parametrize("case", REFERENCE["cases"], ids=lambda c: f"{c['layer']}-{c['kwargs']}")
@@ -87,3 +89,21 @@ def test_hashing_and_crossing_give_keras_bins():
         HashedCrossing(5)([np.array(["a", "b"]), np.array([1])])
     with pytest.raises(InvalidArgumentError, match="num_bins must be a positive integer"):
         Hashing(0)
+
+
+def test_discretization_gives_keras_buckets_and_adapts_to_keras_boundaries():
+    for case in BUCKETS["cases"]:
+        inputs = np.array(case["inputs"], np.float32)
+        if "boundaries" in case:  # values on a boundary among them
+            assert Discretization(bin_boundaries=case["boundaries"])(inputs).tolist() == case["output"]
+            continue
+        layer = Discretization(num_bins=case["num_bins"], epsilon=case["epsilon"])
+        batches = [np.array(a, np.float32) for a in case["adapt"]]
+        layer.adapt(batches[0] if len(batches) == 1 else iter(batches))  # one array, or batches
+        assert layer.bin_boundaries == case["boundaries_out"]  # bit for bit
+        assert layer(inputs).tolist() == case["output"]
+    assert len(BUCKETS["cases"]) == 8
+    with pytest.raises(InvalidArgumentError, match="bin_boundaries or num_bins"):
+        Discretization()
+    with pytest.raises(InvalidArgumentError, match="cannot adapt"):
+        Discretization(bin_boundaries=[0.0]).adapt(np.zeros(3))

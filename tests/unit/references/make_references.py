@@ -6,9 +6,9 @@ gradient clipping on random inputs. Run it in an environment that has the framew
 ``tf_rows``, ``tf_ragged``, ``tf_scatter``, ``tf_strings``, ``tf_manager``,
 ``tf_text_lines``, ``tf_records``, ``tf_examples``, ``tf_csv``, ``keras_clipping``,
 ``keras_schedules``, ``keras_metrics``, ``keras_optimizers``, ``keras_lookups``,
-``keras_hashing``) with tensorflow-cpu, ``python make_references.py torchrec`` (and
-``torchrec_sequences``, ``torchrec_dlrm``, ``torchrec_dlrm_dcn``) with torchrec (see
-../../../../shared/anchors/README.md for both).
+``keras_hashing``, ``keras_discretization``) with tensorflow-cpu, ``python make_references.py
+torchrec`` (and ``torchrec_sequences``, ``torchrec_dlrm``, ``torchrec_dlrm_dcn``) with
+torchrec (see ../../../../shared/anchors/README.md for both).
 
 The ``.npz`` files hold flat arrays and, per case, offsets into them
 (``np.savez_compressed``); the ``.json`` ones a list of cases."""
@@ -906,6 +906,41 @@ def keras_hashing_cases(seed: int = 15) -> None:
     )
 
 
+def keras_discretization_cases(seed: int = 16) -> None:
+    """Keras 3's ``Discretization``: the bins of given boundaries, and the boundaries
+    ``adapt`` finds (one array, or batches one by one; several ``num_bins`` and ``epsilon``)
+    with the bins they give."""
+    import json
+
+    import keras
+
+    rng = np.random.default_rng(seed)
+    cases = []
+    x = rng.normal(size=(6, 5)).astype(np.float32) * 3
+    x[0, :3] = [-1.0, 0.0, 2.5]  # on the boundaries
+    for boundaries in ([0.0], [-1.0, 0.0, 2.5], [-3.0, -1.0, 0.0, 0.5, 2.5, 7.0]):
+        out = np.asarray(keras.layers.Discretization(bin_boundaries=boundaries)(x)).tolist()
+        cases.append({"boundaries": boundaries, "inputs": x.tolist(), "output": out})
+    for num_bins, epsilon, parts in ((4, 0.01, 1), (10, 0.01, 1), (5, 0.1, 3), (8, 0.001, 4), (3, 0.01, 2)):
+        data = rng.gamma(2.0, 2.0, size=(parts, 700)).astype(np.float32)
+        layer = keras.layers.Discretization(num_bins=num_bins, epsilon=epsilon)
+        layer.adapt(data[0] if parts == 1 else [d for d in data])
+        probe = rng.gamma(2.0, 2.0, size=40).astype(np.float32)
+        cases.append(
+            {
+                "num_bins": num_bins,
+                "epsilon": epsilon,
+                "adapt": [d.tolist() for d in data],
+                "boundaries_out": [float(b) for b in layer.bin_boundaries],
+                "inputs": probe.tolist(),
+                "output": np.asarray(layer(probe)).tolist(),
+            }
+        )
+    (HERE / "keras_discretization.json").write_text(
+        json.dumps({"version": keras.__version__, "cases": cases}) + "\n"
+    )
+
+
 #: Timelines of saves (hours after the manager was made) for ``tf_manager_cases``.
 MANAGER_TIMELINES = [
     {"max_to_keep": 2, "hours": 1.0, "times": [0.4 * i for i in range(1, 13)]},
@@ -1190,6 +1225,7 @@ if __name__ == "__main__":
         "keras_metrics": keras_metric_cases,
         "keras_lookups": keras_lookup_cases,
         "keras_hashing": keras_hashing_cases,
+        "keras_discretization": keras_discretization_cases,
         "keras_optimizers": keras_optimizer_cases,
         "tf_scatter": tf_scatter_cases,
         "tf_strings": tf_string_cases,
