@@ -311,8 +311,11 @@ class RemoteModule:
 
     def gradients(self, module: torch.nn.Module | None = None) -> list[tuple[Any, Any]]:
         """``[(gradient, variable), ...]`` after ``backward()``: dense parameters and the
-        embeddings' rows (as IndexedSlices), for ``optimizer.apply_gradients``. Embeddings
-        that share one table give one combined gradient."""
+        rows of its :class:`Embedding`\\ s (as IndexedSlices), for
+        ``optimizer.apply_gradients``. Embeddings that share one table give one combined
+        gradient. The tables of an ``EmbeddingBag`` or of TorchRec's collections in the
+        module are not among them: each gives its own (``bag.gradient()``,
+        ``ebc.gradients()``), pulled and applied beside these."""
         target = self.module if module is None else module
         out: list[tuple[Any, Any]] = []
         for param, var in zip(self._parameters(target), self.variables):
@@ -325,7 +328,8 @@ class RemoteModule:
         return combine_gradients(out)
 
     def trainable_variables(self) -> list[Variable | ShardedVariable | DynamicEmbedding]:
-        """The ps variables: the parameters', then each embedding's table."""
+        """The ps variables: the parameters', then each :class:`Embedding`'s table (an
+        ``EmbeddingBag``'s and the collections' tables are their own modules')."""
         return [*self.variables, *(emb.table for emb in self._embeddings(self.module).values())]
 
 
