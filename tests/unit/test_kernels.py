@@ -8,6 +8,8 @@ or a table writes.
 
 from __future__ import annotations
 
+import errno
+import functools
 import os
 
 import numpy as np
@@ -891,26 +893,72 @@ def test_a_batchs_bag_positions_are_the_same_compiled_and_in_numpy(lengths, data
 )
 def test_records_read_from_a_file_are_the_same_compiled_and_in_numpy(tmp_path_factory, picks, width, offset):
     """Records read in runs, in spans over the dead records between them (the compiled
-    kernel's: gaps of up to 16 KiB, spans of up to 1 MiB; rows of 6,000 bytes cross both
-    limits), or one by one; from the file's start or from ``offset`` on (a column of a
-    checkpoint file a restore linked into a tier)."""
+    kernel's ``pread`` path: gaps of up to 16 KiB, spans of up to 1 MiB; rows of 6,000 bytes
+    cross both limits), or one by one, or through io_uring (a read a run, many in flight);
+    from the file's start or from ``offset`` on (a column of a checkpoint file a restore
+    linked into a tier)."""
     path = tmp_path_factory.mktemp("records") / "column"
     data = np.random.default_rng(width).integers(0, 256, (200, width), dtype=np.uint8)
     path.write_bytes(b"h" * offset + data.tobytes())
     records = np.unique(np.asarray(picks, np.int64))
     fd = os.open(path, os.O_RDONLY)
+    ways = [
+        functools.partial(compiled.pread_records, uring=True),
+        functools.partial(compiled.pread_records, uring=False),
+        reference.pread_records,
+    ]
     try:
-        for k in (compiled, reference):
+        for read in ways:
             out = np.zeros((records.size, width), np.uint8)
-            assert k.pread_records(fd, records, width, out, offset) == 0
+            assert read(fd, records, width, out, offset) == 0
             np.testing.assert_array_equal(out, data[records])
             for past in ([198, 199, 200], [197, 200]):  # a record past the file's end: a short read
                 want = np.array(past, np.int64)
-                assert k.pread_records(fd, want, width, np.zeros((want.size, width), np.uint8), offset) == -1
+                assert read(fd, want, width, np.zeros((want.size, width), np.uint8), offset) == -1
             with pytest.raises(ValueError, match="offset"):
-                k.pread_records(fd, records, width, out, -1)
+                read(fd, records, width, out, -1)
     finally:
         os.close(fd)
+
+
+@pytest.mark.timeout(60)
+def test_records_read_through_io_uring_match_the_file_and_report_errors(tmp_path):
+    """Over a ring's depth of separate reads at once (1,000 records, a read each), and a run
+    longer than one read asks for, through io_uring where the kernel has it: the file's bytes;
+    a closed file's errno, as ``pread`` gives it; and whether a ring did the reads, said by
+    ``io_uring_reads`` (False only where this kernel has no io_uring to give)."""
+    width = 288
+    data = np.random.default_rng(3).integers(0, 256, (5_000, width), dtype=np.uint8)
+    path = tmp_path / "segment"
+    path.write_bytes(data.tobytes())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        scattered = np.arange(0, 5_000, 5, dtype=np.int64)  # 1,000 runs of one record
+        whole = np.arange(5_000, dtype=np.int64)  # one run
+        for records in (scattered, whole):
+            out = np.zeros((records.size, width), np.uint8)
+            assert compiled.pread_records(fd, records, width, out) == 0
+            np.testing.assert_array_equal(out, data[records])
+    finally:
+        os.close(fd)
+    used = compiled.io_uring_reads()
+    assert used is True or (used is False and not _kernel_has_io_uring())
+    out = np.zeros((2, width), np.uint8)
+    assert compiled.pread_records(fd, np.array([0, 9], np.int64), width, out) == errno.EBADF
+    assert compiled.pread_records(fd, np.array([0, 9], np.int64), width, out, uring=False) == errno.EBADF
+
+
+def _kernel_has_io_uring() -> bool:
+    """Whether this kernel lets a process make an io_uring (a 2-entry ring, closed at once)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    params = ctypes.create_string_buffer(120)  # struct io_uring_params
+    fd = libc.syscall(425, 2, params)  # __NR_io_uring_setup on x86-64 and arm64
+    if fd < 0:
+        return False
+    os.close(fd)
+    return True
 
 
 @settings(max_examples=150, deadline=None)

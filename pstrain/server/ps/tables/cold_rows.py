@@ -7,10 +7,12 @@ and go back when a request names them; a row here is never changed in place.
 
 On disk: append-only *segments* of at most ``segment_rows`` records, a file each
 (``<n>.rec``); a record is a row whole (its id, epoch, ages, values and each slot's, packed:
-``cold_records.py``), so reading a batch of rows is one ``pread`` per run of records a few
-KiB apart at most, and a save reads each record once for every array it writes
-(:meth:`ColdRows.fill_many`). A record taken back (or evicted) is only counted dead; a
-segment whose records are all dead is deleted (never while a save or a read may need it).
+``cold_records.py``), so reading a batch of rows is a read per run of neighbouring records,
+a segment's submitted together through io_uring (``pread`` calls where the kernel has none:
+one per run of records a few KiB apart at most), and a save reads each record once for
+every array it writes (:meth:`ColdRows.fill_many`). A record taken back (or evicted) is
+only counted dead; a segment whose records are all dead is deleted (never while a save or
+a read may need it).
 
 A restore links the files of the checkpoint it restores in as segments too (``<n>.ref``, a
 hard link: :meth:`ColdRows.link`), rather than writing their rows out again: there a
@@ -753,10 +755,11 @@ class ColdRows:
     def _gather(
         self, number: int, records: np.ndarray, record: np.dtype, out: np.ndarray | None = None
     ) -> np.ndarray:
-        """Records ``records`` (ascending) of segment ``number`` (into ``out`` if given): one
-        ``pread`` per run of neighbouring records, in a compiled loop without the GIL (the
-        serving loop goes on meanwhile). Read, not mapped: mapped pages of the page cache
-        would count in the process's memory, large folios of them at a time."""
+        """Records ``records`` (ascending) of segment ``number`` (into ``out`` if given): a
+        read per run of neighbouring records, many in flight through io_uring
+        (``pread_records``), without the GIL (the serving loop goes on meanwhile). Read, not
+        mapped: mapped pages of the page cache would count in the process's memory, large
+        folios of them at a time."""
         out = np.empty(records.size, record) if out is None else out
         if not records.size:
             return out
