@@ -1419,6 +1419,9 @@ cdef extern from *:
     #include <unistd.h>
     #if defined(__linux__) && __has_include(<linux/io_uring.h>) && defined(__NR_io_uring_setup)
     #include <linux/io_uring.h>
+    #endif
+    /* IORING_OP_READ came with Linux 5.6, as did this feature flag (headers and kernel) */
+    #if defined(__linux__) && defined(__NR_io_uring_setup) && defined(IORING_FEAT_RW_CUR_POS)
     #define PST_URING 1
     #else
     #define PST_URING 0
@@ -1487,6 +1490,12 @@ cdef extern from *:
             /* no rings here (ENOSYS, EPERM, ...); ENOMEM or EMFILE may pass: try again later */
             if (errno != ENOMEM && errno != EMFILE && errno != ENFILE) pst_uring_state = -1;
             free(r);
+            return NULL;
+        }
+        if (!(p.features & IORING_FEAT_RW_CUR_POS)) {  /* a kernel before 5.6: no IORING_OP_READ */
+            close(r->fd);
+            free(r);
+            pst_uring_state = -1;
             return NULL;
         }
         r->sq_len = p.sq_off.array + p.sq_entries * sizeof(unsigned);
