@@ -148,6 +148,11 @@ _TABLE = (
         "gauge",
         "99th percentile latency of the last 1024 reads from disk, in microseconds",
     ),
+    (
+        "cold_reads_io_uring",
+        "gauge",
+        "1 if this ps reads a tiered table's rows from disk through io_uring, 0 if by pread (or none yet)",
+    ),
     ("refused", "counter", "Requests a tiered table refused: past the budget, or the disk full"),
 )
 

@@ -63,7 +63,8 @@ def _held(stats: dict[str, Any]) -> int:
 def _tiers(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
     """One line per tiered table of a ps: its rows in RAM and on disk, the bytes on disk,
     the hit rate of its lookups, its reads from disk per second (over the one second
-    between ``first`` and ``second``) and their latency."""
+    between ``first`` and ``second``), their latency and how the ps reads (io_uring or
+    ``pread``)."""
     lines = []
     for name, t in sorted(second.get("tables", {}).items()):
         if "cold_rows" not in t:
@@ -72,10 +73,13 @@ def _tiers(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
         looked, promoted = int(t["looked_up"]), int(t["promoted"])
         hit = f"{100 * (1 - promoted / looked):.1f} %" if looked else "-"
         reads = max(0, int(t["cold_reads"]) - int(before.get("cold_reads", 0)))
+        way = ""
+        if int(t["cold_reads"]):  # (a ps that has read nothing yet cannot say how it reads)
+            way = ", io_uring" if int(t.get("cold_reads_io_uring", 0)) else ", pread"
         lines.append(
             f"{name}: {t['hot_rows']} rows in RAM, {t['cold_rows']} on disk ({_human(t['disk_bytes'])}), "
             f"hit rate {hit}, {reads} reads from disk/s (p50 {t['cold_read_p50_us']} us, "
-            f"p99 {t['cold_read_p99_us']} us), {t['refused']} refused"
+            f"p99 {t['cold_read_p99_us']} us{way}), {t['refused']} refused"
         )
     return lines
 

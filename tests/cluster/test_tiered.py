@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import pstrain
+from pstrain._kernels import KERNELS
 from pstrain.errors import ResourceExhaustedError
 from pstrain.server.ps.tables import handlers as table_handlers
 from pstrain.server.ps.tables.cold_rows import ColdRows, removals_done
@@ -104,6 +105,11 @@ async def test_a_tiered_table_trains_as_one_in_ram_saves_both_tiers_and_restores
         cold = [ln for ln in text.splitlines() if ln.startswith("pstrain_table_cold_rows{")]
         assert cold and float(cold[0].rsplit(" ", 1)[1]) > 0, text
         assert "pstrain_table_promoted_total{" in text and "pstrain_table_cold_read_p99_us{" in text
+        # how this ps reads from disk: through io_uring wherever this kernel gives a ring
+        way = [ln for ln in text.splitlines() if ln.startswith("pstrain_table_cold_reads_io_uring{")]
+        assert way and float(way[0].rsplit(" ", 1)[1]) == float(
+            getattr(KERNELS, "io_uring_reads", lambda: False)() is True
+        ), text
     # into ps that hold everything in RAM, and into tiered ones again: the same rows
     for tiered in (False, True):
         cluster = (

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import pstrain
+from pstrain._kernels import compiled
 from tests.helpers import TOKEN, strategy_for, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -53,6 +54,8 @@ async def test_a_tiered_ps_process_trains_past_its_budget_and_cleans_its_directo
     line = next(ln for ln in status.stdout.splitlines() if "emb:" in ln)
     assert f"{stats['hot_rows']} rows in RAM, {stats['cold_rows']} on disk" in line, status.stdout
     assert "hit rate" in line and "reads from disk/s" in line and "0 refused" in line
+    assert stats["cold_reads"] > 0, stats  # its rows read back from disk: it says how
+    assert (", io_uring)" if _rings_read_here(tmp_path) else ", pread)") in line, status.stdout
     # SIGKILL: its directory stays; the next ps on the same --table-dir removes it
     ps.proc.send_signal(signal.SIGKILL)
     ps.proc.wait(30)
@@ -145,3 +148,16 @@ async def test_a_tiered_ps_filled_by_requests_large_for_its_budget_stays_within_
     stats = await table.statistics()
     assert stats["cold_rows"] > 4 * stats["hot_rows"] > 0, stats
     assert peak <= 1.15 * budget, f"peak RSS {peak / budget:.3f}x the budget"
+
+
+def _rings_read_here(tmp_path) -> bool:
+    """Whether a read of records through the compiled kernels goes through io_uring in this
+    environment (this kernel, its seccomp profile, ``PSTRAIN_IO_URING``), as in the ps."""
+    path = tmp_path / "probe.rec"
+    path.write_bytes(bytes(64))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert compiled.pread_records(fd, np.zeros(1, np.int64), 64, np.zeros((1, 64), np.uint8)) == 0
+    finally:
+        os.close(fd)
+    return compiled.io_uring_reads() is True
