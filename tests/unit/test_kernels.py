@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -1009,3 +1010,37 @@ def test_checking_a_requests_rows_is_the_same_compiled_and_in_numpy(rows, n, dty
     seen = ids.tolist()[: bad if bad >= 0 else None]
     assert ascending == all(a < b for a, b in zip(seen, seen[1:]))
     assert got[0][1][: len(seen)] == seen
+
+
+@pytest.mark.timeout(60)
+def test_reads_on_many_threads_at_once_each_get_their_records_and_leave_no_ring_behind(tmp_path):
+    """Eight threads reading records of one file at once (each through its own ring where
+    the kernel has io_uring) each get exactly theirs; once the threads have ended, their
+    rings are closed: the process holds the file descriptors it held before."""
+    width = 128
+    data = np.random.default_rng(5).integers(0, 256, (4_000, width), dtype=np.uint8)
+    path = tmp_path / "segment"
+    path.write_bytes(data.tobytes())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+
+        def reads(seed: int) -> bool:
+            rng = np.random.default_rng(seed)
+            for _ in range(40):
+                records = np.unique(rng.integers(0, 4_000, 300)).astype(np.int64)
+                out = np.zeros((records.size, width), np.uint8)
+                if compiled.pread_records(fd, records, width, out) != 0 or not (out == data[records]).all():
+                    return False
+            return True
+
+        threads = [threading.Thread(target=lambda k=k: results.append(reads(k))) for k in range(8)]
+        results: list[bool] = []
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert results == [True] * 8
+        assert len(os.listdir("/proc/self/fd")) == before
+    finally:
+        os.close(fd)
