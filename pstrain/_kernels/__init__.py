@@ -5,8 +5,9 @@ in one loop without the GIL and without Python per id; :mod:`~pstrain._kernels.r
 the same in numpy, which the tests hold the compiled kernels to, bit for bit.
 
 The compiled kernels are the default. ``PSTRAIN_KERNELS=numpy`` chooses the reference (to
-compare, or where no compiler was at hand); a missing build is an error that says how to
-build it, never a quiet switch to code several times slower.
+compare, or where no compiler was at hand: its index operations make temporary arrays the
+size of the index, outside a ps's memory budget); a missing build is an error that says how
+to build it, never a quiet switch to code several times slower.
 """
 
 from __future__ import annotations
