@@ -922,6 +922,14 @@ def test_records_read_from_a_file_are_the_same_compiled_and_in_numpy(tmp_path_fa
         os.close(fd)
 
 
+def _records_file(tmp_path, rows: int, width: int, seed: int) -> tuple[np.ndarray, int]:
+    """A file of ``rows`` random records of ``width`` bytes, and a descriptor open on it."""
+    data = np.random.default_rng(seed).integers(0, 256, (rows, width), dtype=np.uint8)
+    path = tmp_path / "segment"
+    path.write_bytes(data.tobytes())
+    return data, os.open(path, os.O_RDONLY)
+
+
 @pytest.mark.timeout(60)
 def test_records_read_through_io_uring_match_the_file_and_report_errors(tmp_path):
     """Over a ring's depth of separate reads at once (1,000 records, a read each), and a run
@@ -929,10 +937,7 @@ def test_records_read_through_io_uring_match_the_file_and_report_errors(tmp_path
     a closed file's errno, as ``pread`` gives it; and whether a ring did the reads, said by
     ``io_uring_reads`` (False only where this kernel has no io_uring to give)."""
     width = 288
-    data = np.random.default_rng(3).integers(0, 256, (5_000, width), dtype=np.uint8)
-    path = tmp_path / "segment"
-    path.write_bytes(data.tobytes())
-    fd = os.open(path, os.O_RDONLY)
+    data, fd = _records_file(tmp_path, 5_000, width, 3)
     try:
         scattered = np.arange(0, 5_000, 5, dtype=np.int64)  # 1,000 runs of one record
         whole = np.arange(5_000, dtype=np.int64)  # one run
@@ -1018,10 +1023,7 @@ def test_reads_on_many_threads_at_once_each_get_their_records_and_leave_no_ring_
     the kernel has io_uring) each get exactly theirs; once the threads have ended, their
     rings are closed: the process holds the file descriptors it held before."""
     width = 128
-    data = np.random.default_rng(5).integers(0, 256, (4_000, width), dtype=np.uint8)
-    path = tmp_path / "segment"
-    path.write_bytes(data.tobytes())
-    fd = os.open(path, os.O_RDONLY)
+    data, fd = _records_file(tmp_path, 4_000, width, 5)
     try:
         before = len(os.listdir("/proc/self/fd"))
 
