@@ -1429,6 +1429,8 @@ cdef extern from *:
 
     /* Reads a ring keeps in flight at once (its submission queue's size). */
     #define PST_RING_ENTRIES 128
+    /* Times a submission the kernel has no memory for (EAGAIN) is tried before the read fails. */
+    #define PST_BUSY_TRIES 10000
     /* The most bytes one read asks for (a longer run of records is read in pieces). */
     #define PST_MAX_READ (1 << 26)
 
@@ -1572,7 +1574,7 @@ cdef extern from *:
             }
             if (queued == 0 && in_flight == 0) break;  /* (an error stopped the submissions) */
             if (queued) __atomic_store_n(r->sq_tail, tail + (unsigned)queued, __ATOMIC_RELEASE);
-            for (;;) {  /* submit what is queued and wait for a completion at least */
+            for (int busy = 0;;) {  /* submit what is queued and wait for a completion at least */
                 long got = syscall(__NR_io_uring_enter, r->fd, (unsigned)(queued - sent), 1u,
                                    IORING_ENTER_GETEVENTS, NULL, 0);
                 if (got >= 0) {
@@ -1580,7 +1582,9 @@ cdef extern from *:
                     if (sent >= queued) break;
                     continue;
                 }
-                if (errno == EINTR || errno == EAGAIN || errno == EBUSY) continue;
+                if (errno == EINTR) continue;
+                /* the kernel short of memory for the requests: a while, then refuse */
+                if ((errno == EAGAIN || errno == EBUSY) && ++busy < PST_BUSY_TRIES) continue;
                 if (err == 0) err = errno;  /* the ring refuses: what it took completes below */
                 if (sent < queued) __atomic_store_n(r->sq_tail, tail + (unsigned)sent, __ATOMIC_RELEASE);
                 break;
