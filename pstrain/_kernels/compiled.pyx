@@ -11,7 +11,7 @@ import numpy as np
 
 from libc.math cimport sqrt, sqrtf
 from libc.stdint cimport INT64_MAX, int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
-from libc.errno cimport errno
+from libc.errno cimport EAGAIN, EBUSY, errno
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp, memcpy
 from posix.unistd cimport pread
@@ -1670,9 +1670,9 @@ def pread_records(
     if uring and _URING:
         with nogil:
             err = pst_uring_records(fd, &records[0], n, width, &out[0, 0], offset)
-        if err != -2:
+        if err != -2 and err != EAGAIN and err != EBUSY:
             return err
-        err = 0
+        err = 0  # no ring here, or one the kernel had no memory for: the same reads by pread
     if width <= READ_SPAN:
         span = <uint8_t *>malloc(READ_SPAN)
         if span == NULL:

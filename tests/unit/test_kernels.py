@@ -12,6 +12,7 @@ import errno
 import functools
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -1021,7 +1022,8 @@ def test_checking_a_requests_rows_is_the_same_compiled_and_in_numpy(rows, n, dty
 def test_reads_on_many_threads_at_once_each_get_their_records_and_leave_no_ring_behind(tmp_path):
     """Eight threads reading records of one file at once (each through its own ring where
     the kernel has io_uring) each get exactly theirs; once the threads have ended, their
-    rings are closed: the process holds the file descriptors it held before."""
+    rings are closed: the process holds the file descriptors it held before (within a
+    deadline: the ring closes as the thread exits, after ``join`` returns)."""
     width = 128
     data, fd = _records_file(tmp_path, 4_000, width, 5)
     try:
@@ -1043,6 +1045,10 @@ def test_reads_on_many_threads_at_once_each_get_their_records_and_leave_no_ring_
         for t in threads:
             t.join(30)
         assert results == [True] * 8
+        # a ring closes as its thread exits, which goes on a little past join's return
+        deadline = time.monotonic() + 10
+        while len(os.listdir("/proc/self/fd")) != before and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert len(os.listdir("/proc/self/fd")) == before
     finally:
         os.close(fd)
