@@ -1404,8 +1404,8 @@ def aligned_allocations():
 # ``pread`` at a time waits for each in turn, and on a virtual disk each read that misses
 # the page cache costs 25 to 30 µs of CPU (65 µs wall) on its own; submitted together
 # through io_uring they cost about 3 µs each (9 µs wall: the disk serves them in
-# parallel), and those in the page cache about 1 µs against 1.1 to 1.8 (measured here,
-# a 2 GB file, 280-byte records). The ring is the kernel's own interface (no liburing):
+# parallel); those in the page cache cost about 1 µs either way (measured here, a 2 GB
+# file, 288-byte records). The ring is the kernel's own interface (no liburing):
 # one per thread that reads (rings are not shared between threads), made at its first
 # read and closed when the thread ends. Where the kernel has none (before Linux 5.6, a
 # sandbox that forbids it, ``kernel.io_uring_disabled``) or ``PSTRAIN_IO_URING=0``, the
@@ -1429,7 +1429,8 @@ cdef extern from *:
 
     /* Reads a ring keeps in flight at once (its submission queue's size). */
     #define PST_RING_ENTRIES 128
-    /* Times a submission the kernel has no memory for (EAGAIN) is tried before the read fails. */
+    /* Times a submission the kernel has no memory for (EAGAIN) is tried before the reads
+       are left to pread. */
     #define PST_BUSY_TRIES 10000
     /* The most bytes one read asks for (a longer run of records is read in pieces). */
     #define PST_MAX_READ (1 << 26)
