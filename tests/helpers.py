@@ -184,6 +184,17 @@ async def wait_for(predicate, timeout: float = 10.0, what: str = "condition") ->
         await asyncio.sleep(0.01)
 
 
+def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+    """:func:`wait_for` outside an event loop: poll ``predicate`` until true, or fail after
+    ``timeout`` seconds (for a condition no loop may be running for, such as the process's
+    file descriptors, which a loop holds some of)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
 async def abort_all(writers: list[asyncio.StreamWriter], timeout: float = 30.0) -> None:
     """Drop raw test connections and wait until each transport is closed, so none is left
     for a later test's loop (an open handle fails the loop's close and warns at collection)."""

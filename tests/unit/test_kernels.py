@@ -12,7 +12,6 @@ import errno
 import functools
 import os
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -24,6 +23,7 @@ from pstrain._kernels import KERNELS, compiled, kernels, reference
 from pstrain._kernels.batches import take_examples, take_rows
 from pstrain.server.ps.tables.dynamic_table import DynamicTable, TableConfig
 from pstrain.server.ps.tables.id_index import CompactIdIndex, IdIndex
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -1046,9 +1046,6 @@ def test_reads_on_many_threads_at_once_each_get_their_records_and_leave_no_ring_
             t.join(30)
         assert results == [True] * 8
         # a ring closes as its thread exits, which goes on a little past join's return
-        deadline = time.monotonic() + 10
-        while len(os.listdir("/proc/self/fd")) != before and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert len(os.listdir("/proc/self/fd")) == before
+        wait_until(lambda: len(os.listdir("/proc/self/fd")) == before, 10, "the threads' rings to close")
     finally:
         os.close(fd)
