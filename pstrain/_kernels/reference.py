@@ -33,6 +33,7 @@ __all__ = [
     "index_locate",
     "index_refind",
     "initial_rows",
+    "io_uring_reads",
     "keep_changed",
     "mix64",
     "parse_examples",
@@ -636,6 +637,11 @@ def aligned_allocations() -> None:
     """numpy's own allocator stays (the compiled module's puts rows on cache lines; the
     reference needs no build)."""
     return None
+
+
+def io_uring_reads() -> bool:
+    """The numpy kernels read records by ``os.preadv``, never through io_uring."""
+    return False
 
 
 def pread_records(fd: int, records: np.ndarray, width: int, out: np.ndarray, offset: int = 0) -> int:

@@ -107,9 +107,7 @@ async def test_a_tiered_table_trains_as_one_in_ram_saves_both_tiers_and_restores
         assert "pstrain_table_promoted_total{" in text and "pstrain_table_cold_read_p99_us{" in text
         # how this ps reads from disk: through io_uring wherever this kernel gives a ring
         way = [ln for ln in text.splitlines() if ln.startswith("pstrain_table_cold_reads_io_uring{")]
-        assert way and float(way[0].rsplit(" ", 1)[1]) == float(
-            getattr(KERNELS, "io_uring_reads", lambda: False)() is True
-        ), text
+        assert way and float(way[0].rsplit(" ", 1)[1]) == float(KERNELS.io_uring_reads() is True), text
     # into ps that hold everything in RAM, and into tiered ones again: the same rows
     for tiered in (False, True):
         cluster = (

@@ -904,7 +904,7 @@ class TieredTable(TieredSlices, DynamicTable):
             "cold_read_p99_us": int(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6),
             # 1: this process's reads from disk go through io_uring; 0: by pread (no ring
             # here, PSTRAIN_IO_URING=0 or the numpy kernels), or none read yet
-            "cold_reads_io_uring": int(bool(getattr(self.kernels, "io_uring_reads", lambda: False)())),
+            "cold_reads_io_uring": int(bool(self.kernels.io_uring_reads())),
             "looked_up": self.looked_up,
             "promoted": self.promoted,
             "demoted": self.demoted,
