@@ -49,6 +49,7 @@ def drop_cached(directory: str) -> None:
 def one(rows: int, way: str) -> dict[str, float]:
     """CPU and wall time of ``--steps`` steps after ``--warm``, the page cache of the shard's
     segments dropped before each (outside the clocks)."""
+    was = compiled._URING
     compiled._URING = way != "pread"  # read at each call: this process's reads, this run
     try:
         with tempfile.TemporaryDirectory(prefix="pstrain-tiered-reads-") as root:
@@ -71,7 +72,7 @@ def one(rows: int, way: str) -> dict[str, float]:
                 "read_back_per_step": (getattr(table, "promoted", 0) - before) / args.steps,
             }
     finally:
-        compiled._URING = os.environ.get("PSTRAIN_IO_URING", "1") != "0"
+        compiled._URING = was
 
 
 def run() -> None:
