@@ -149,12 +149,14 @@ async def run_variant(
     sample_s: float = 0.25,
     after: Callable[[Any, Any, Any, Callable[[int], Awaitable[None]]], Awaitable[dict]] | None = None,
     warm: int | None = None,
+    inflight: int = 2,
 ) -> dict:
     """One training of ``variant`` (``cluster_options``: ``LocalCluster``'s, such as a tiered
     ps's budget); each ps's RSS sampled every ``sample_s``; ``after(model, optimizer,
     cluster, train_more)``: more figures, taken when training ends (``await
     train_more(n)``: ``n`` steps more). ``warm``: steps of ``steps`` before the measured
-    ones (a tenth by default); "w7" makes every row of its table first."""
+    ones (a tenth by default); "w7" makes every row of its table first. ``inflight``: closures
+    in flight per worker (``max_inflight_per_worker``)."""
     async with pstrain.LocalCluster(num_ps=2, num_workers=2, **(cluster_options or {})) as cluster:
         ps_pids = [cluster.pid("ps", i) for i in range(2)]
         pids = [os.getpid(), *ps_pids, *(cluster.pid("worker", i) for i in range(2))]
@@ -164,7 +166,7 @@ async def run_variant(
         # (W7's table wholly in RAM: a ps doubling 3 GB of arrays and an index of 12 million
         # ids holds its loop for seconds, on two busy cores past the 10 s health deadline)
         timeout = {"ps_timeout_s": 60.0} if variant == "w7" else {}
-        coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=2, **timeout)
+        coordinator = pstrain.ClusterCoordinator(strategy, max_inflight_per_worker=inflight, **timeout)
         at_start = [rss_mib(p) for p in ps_pids]  # each ps before it holds anything
         async with strategy.scope():
             model = w6_model(variant)

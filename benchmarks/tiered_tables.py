@@ -24,7 +24,7 @@ their rows again (``save_after_restore_bytes``: what it wrote, links left out;
 ``save_after_restore_over_plain_write``: a plain write of a full save's bytes, the
 median of those above, over its time); held-out log loss of both.
 
-    python benchmarks/tiered_tables.py [--steps 1200] [--budget 80MiB] [--runs 3]
+    python benchmarks/tiered_tables.py [--steps 1200] [--budget 80MiB] [--runs 3] [--inflight 2]
 """
 
 from __future__ import annotations
@@ -226,6 +226,13 @@ def main() -> None:
     parser.add_argument("--budget", default="80MiB", help="each ps's --memory-budget")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument(
+        "--inflight",
+        type=int,
+        default=2,
+        help="closures in flight per worker, in both halves (a tiered table's reads from disk wait "
+        "on it: more in flight keep the cores busy meanwhile)",
+    )
+    parser.add_argument(
         "--table",
         choices=["dynamic", "w7"],
         default="dynamic",
@@ -233,6 +240,8 @@ def main() -> None:
         "--steps 1200 --budget 512MiB; about 12 GB of disk and 10 GB of RAM)",
     )
     args = parser.parse_args()
+    if args.inflight < 1:
+        parser.error("--inflight must be at least 1")
     variant, warm = ("w7", 200) if args.table == "w7" else ("a", None)
     budget = byte_size(args.budget, "--budget")
     runs: dict[str, list[dict]] = {"ram": [], "tiered": []}
@@ -247,7 +256,13 @@ def main() -> None:
                 runs[job].append(
                     pstrain.run(
                         run_variant(
-                            variant, args.steps, options, sample_s=0.1, after=table_figures, warm=warm
+                            variant,
+                            args.steps,
+                            options,
+                            sample_s=0.1,
+                            after=table_figures,
+                            warm=warm,
+                            inflight=args.inflight,
                         )
                     )
                 )
@@ -336,6 +351,7 @@ def main() -> None:
             "steps": args.steps,
             "warm_up_steps": warm if warm is not None else max(1, args.steps // 10),
             "runs": args.runs,
+            "max_inflight_per_worker": args.inflight,
         },
         "W9",
     )
