@@ -120,7 +120,8 @@ function tableBytes(t) {
 
 // Each dynamic table over every ps: rows (against the capacity), admitted and evicted per
 // second, bytes; for tables tiered on their ps (--memory-budget), the rows on disk, the hit
-// rate of lookups, reads from disk per second and their worst p99 latency.
+// rate of lookups, reads from disk per second, their worst p99 latency, and how the ps read
+// (io_uring, or one pread a run of records: a kernel or a container without io_uring).
 function renderTables(state, dt) {
   const totals = {};
   for (const t of state.tasks) {
@@ -128,12 +129,13 @@ function renderTables(state, dt) {
     for (const name in t.tables) {
       const s = t.tables[name];
       const a = totals[name] || (totals[name] = { rows: 0, capacity: 0, admitted: 0, evicted: 0, bytes: 0, unbounded: false,
-                                                   tiered: false, cold: 0, disk: 0, looked: 0, promoted: 0, reads: 0, p99: 0 });
+                                                   tiered: false, cold: 0, disk: 0, looked: 0, promoted: 0, reads: 0, p99: 0, ways: new Set() });
       a.rows += s.rows; a.admitted += s.admitted; a.evicted += s.evicted; a.bytes += s.bytes;
       if (s.capacity) a.capacity += s.capacity; else a.unbounded = true;
       if (s.cold_rows !== undefined) {
         a.tiered = true; a.cold += s.cold_rows; a.disk += s.disk_bytes; a.looked += s.looked_up;
         a.promoted += s.promoted; a.reads += s.cold_reads; a.p99 = Math.max(a.p99, s.cold_read_p99_us);
+        a.ways.add(s.cold_reads_io_uring ? "io_uring" : "pread");
       }
     }
   }
@@ -144,7 +146,7 @@ function renderTables(state, dt) {
   const names = Object.keys(totals).sort();
   const table = document.getElementById("tables");
   table.replaceChildren(row("th", ["table", "rows", "capacity", "admitted/s", "evicted/s", "MiB", "on disk", "hit %",
-                                   "disk reads/s", "p99 µs"]),
+                                   "disk reads/s", "p99 µs", "reads by"]),
     ...names.map(name => {
       const a = totals[name];
       const tiered = (text) => a.tiered ? text : "–";
@@ -152,7 +154,7 @@ function renderTables(state, dt) {
                             rate(name, "admitted"), rate(name, "evicted"), (a.bytes / 1048576).toFixed(1),
                             tiered(a.cold.toLocaleString() + " (" + (a.disk / 1048576).toFixed(1) + " MiB)"),
                             tiered(a.looked ? (100 * (1 - a.promoted / a.looked)).toFixed(1) : "–"),
-                            tiered(rate(name, "reads")), tiered(String(a.p99))]);
+                            tiered(rate(name, "reads")), tiered(String(a.p99)), tiered([...a.ways].sort().join(" and "))]);
       tr.dataset.table = name;
       tr.dataset.rows = String(a.rows);
       if (a.tiered) tr.dataset.cold = String(a.cold);

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import pstrain
+from pstrain._kernels import KERNELS
 from pstrain.server import ParameterServer
 from pstrain.testing import InProcessCluster
 
@@ -53,54 +54,68 @@ async def logged_in(url: str) -> AsyncIterator[Any]:
             await browser.close()
 
 
+@contextlib.asynccontextmanager
+async def dashboard_page(coordinator: Any) -> AsyncIterator[Any]:
+    """A Chromium page logged in to ``coordinator``'s dashboard. The coordinator is closed on
+    the way out, the test failed or not: a dashboard left serving when a test fails holds
+    the closing of the test's event loop for good, past the test's timeout."""
+    try:
+        url = await pstrain.dashboard.serve_dashboard(coordinator)
+        async with logged_in(url) as page:
+            yield page
+    finally:
+        await coordinator.close()
+
+
 async def test_the_dashboard_in_a_real_browser(tmp_path):
     from playwright.async_api import async_playwright
 
     pstrain.summary.LOG.clear()
     async with pstrain.LocalCluster(num_ps=1, num_workers=2) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-        coordinator = pstrain.ClusterCoordinator(strategy)
-        async with strategy.scope():
-            v = pstrain.Variable(0.0, name="v")
+        # (closed on the way out, passed or failed: a dashboard left serving would hold
+        # the test's event loop open for good)
+        async with pstrain.ClusterCoordinator(strategy) as coordinator:
+            async with strategy.scope():
+                v = pstrain.Variable(0.0, name="v")
 
-        async def step(i):
-            await v.assign_add(1.0)
-            pstrain.summary.scalar("loss", 1.0 / (i + 1), step=i)  # from the closure
-            return i
+            async def step(i):
+                await v.assign_add(1.0)
+                pstrain.summary.scalar("loss", 1.0 / (i + 1), step=i)  # from the closure
+                return i
 
-        for i in range(STEPS):
-            coordinator.schedule(step, args=(i,))
-        await coordinator.join()
-        url = await pstrain.dashboard.serve_dashboard(coordinator)
-        base = url.split("/login")[0]
-        async with async_playwright() as p:
-            browser = await p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
-            try:
-                page = await browser.new_page()
-                refused = await page.goto(base + "/")
-                assert refused.status == 401 and "not logged in" in await page.content()
-                page.set_default_timeout(15_000)
-                assert (await page.goto(url)).status == 200
-                for task in ("chief:0", "ps:0", "worker:0", "worker:1"):
-                    await page.wait_for_selector(f'[data-task="{task}"][data-state="up"]')
-                await page.wait_for_selector(f'[data-scalar="loss"][data-points="{STEPS}"]')
-                assert await page.locator("canvas").count() >= 6  # uPlot drew the charts
-                # The one-time URL is spent: a second browser cannot use it.
-                other = await browser.new_page()
-                assert (await other.goto(url)).status == 401
+            for i in range(STEPS):
+                coordinator.schedule(step, args=(i,))
+            await coordinator.join()
+            url = await pstrain.dashboard.serve_dashboard(coordinator)
+            base = url.split("/login")[0]
+            async with async_playwright() as p:
+                browser = await p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+                try:
+                    page = await browser.new_page()
+                    refused = await page.goto(base + "/")
+                    assert refused.status == 401 and "not logged in" in await page.content()
+                    page.set_default_timeout(15_000)
+                    assert (await page.goto(url)).status == 200
+                    for task in ("chief:0", "ps:0", "worker:0", "worker:1"):
+                        await page.wait_for_selector(f'[data-task="{task}"][data-state="up"]')
+                    await page.wait_for_selector(f'[data-scalar="loss"][data-points="{STEPS}"]')
+                    assert await page.locator("canvas").count() >= 6  # uPlot drew the charts
+                    # The one-time URL is spent: a second browser cannot use it.
+                    other = await browser.new_page()
+                    assert (await other.goto(url)).status == 401
 
-                killed = time.monotonic()
-                await cluster.kill("worker", 1)
-                await page.wait_for_selector('[data-task="worker:1"][data-state="down"]', timeout=5_000)
-                assert time.monotonic() - killed < 5
-                await cluster.restart("worker", 1)
-                await page.wait_for_selector('[data-task="worker:1"][data-state="up"]', timeout=30_000)
-                await page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
-            finally:
-                await browser.close()
-        served = pstrain.dashboard.of(coordinator)
-        assert served is not None and served.snapshots > 0
-        await coordinator.close()
+                    killed = time.monotonic()
+                    await cluster.kill("worker", 1)
+                    await page.wait_for_selector('[data-task="worker:1"][data-state="down"]', timeout=5_000)
+                    assert time.monotonic() - killed < 5
+                    await cluster.restart("worker", 1)
+                    await page.wait_for_selector('[data-task="worker:1"][data-state="up"]', timeout=30_000)
+                    await page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
+                finally:
+                    await browser.close()
+            served = pstrain.dashboard.of(coordinator)
+            assert served is not None and served.snapshots > 0
 
 
 async def test_markup_in_every_field_the_dashboard_shows_is_text(tmp_path):
@@ -124,8 +139,7 @@ async def test_markup_in_every_field_the_dashboard_shows_is_text(tmp_path):
             await coordinator.admit_worker(payload + ":80")
         coordinator.schedule(lambda: None)
         await coordinator.join()
-        url = await pstrain.dashboard.serve_dashboard(coordinator)
-        async with logged_in(url) as page:
+        async with dashboard_page(coordinator) as page:
             await page.wait_for_selector('[data-task="worker:0"][data-state="up"]')
             cell = page.locator("#checkpoints td", has_text=payload)
             await cell.first.wait_for()
@@ -133,7 +147,6 @@ async def test_markup_in_every_field_the_dashboard_shows_is_text(tmp_path):
             assert await page.locator("#checkpoints img").count() == 0
             assert await page.evaluate("window.__pwned") is None
             assert await page.locator("img").count() == 0  # no markup became an element
-        await coordinator.close()
 
 
 async def test_the_dashboard_shows_the_tables_a_smoothed_loss_and_a_finished_job():
@@ -151,8 +164,7 @@ async def test_the_dashboard_shows_the_tables_a_smoothed_loss_and_a_finished_job
             pstrain.summary.scalar("loss", value, step=step)
         coordinator.schedule(lambda: None)
         await coordinator.join()
-        url = await pstrain.dashboard.serve_dashboard(coordinator)
-        async with logged_in(url) as page:
+        async with dashboard_page(coordinator) as page:
             row = page.locator(f'#tables tr[data-table="users"][data-rows="{stats["rows"]}"]')
             await row.wait_for()
             cells = [await c.text_content() for c in await row.locator("td").all()]
@@ -191,10 +203,7 @@ async def test_the_dashboard_draws_the_placement_map_as_a_ps_joins_and_leaves():
                     pstrain.Variable(np.zeros(1 << 18, np.float32), name=f"v{k}")  # 1 MiB each
                 table = pstrain.DynamicEmbedding(4, name="users")
             await table.lookup(np.arange(1000))
-            url = await pstrain.dashboard.serve_dashboard(coordinator)
-            async with contextlib.AsyncExitStack() as stack:
-                stack.push_async_callback(coordinator.close)
-                page = await stack.enter_async_context(logged_in(url))
+            async with dashboard_page(coordinator) as page:
                 await page.wait_for_selector('#placement tr[data-ps="1"]')
                 assert "map version 0" in await page.text_content("#placement-status")
                 await coordinator.add_ps(extra.address)
@@ -235,12 +244,13 @@ async def test_the_dashboard_shows_a_tiered_tables_rows_on_disk(tmp_path):
         await users.lookup(np.arange(0, 500, dtype=np.int64))  # some back from disk
         stats = await users.statistics()
         assert stats["cold_rows"] > 0
-        url = await pstrain.dashboard.serve_dashboard(coordinator)
-        async with logged_in(url) as page:
+        async with dashboard_page(coordinator) as page:
             row = page.locator(f'#tables tr[data-table="users"][data-cold="{stats["cold_rows"]}"]')
             await row.wait_for()
             cells = [await c.text_content() for c in await row.locator("td").all()]
             assert cells[6].startswith(f"{stats['cold_rows']:,} ("), cells
             hit = 100 * (1 - stats["promoted"] / stats["looked_up"])
             assert cells[7] == f"{hit:.1f}", cells
-        await coordinator.close()
+            assert cells[10] == ("io_uring" if KERNELS.io_uring_reads() else "pread"), (
+                cells
+            )  # as the ps reads
