@@ -4,7 +4,10 @@
 address; each accepted connection is sniffed (``_transport/listener.py``): one that opens
 with the stream's ``MAGIC`` is pstrain's own multiplexed stream, anything
 else goes to aiohttp (``http.py``). ``await stop()`` closes the listener and
-every connection, then cancels the tasks the server owns.
+every connection, then cancels the tasks the server owns. A server still running when its
+event loop ends (``asyncio.run``, ``pstrain.run`` or a test runner finishing the loop's
+async generators) is stopped then: a program that never stopped it, a test that failed
+before it could, does not leave it listening.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import asyncio
 import contextvars
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from .._base.cluster import listening_socket, local_listener, local_socket_name
@@ -64,6 +67,7 @@ class ServerBase(ServerCore):
         self._local_server: asyncio.AbstractServer | None = None  # same-host clients
         self._http: HttpAdapter | None = None
         self._closed: asyncio.Event | None = None
+        self._loop_end: AsyncGenerator[None, None] | None = None  # see _stop_with_loop
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> str:
@@ -101,6 +105,8 @@ class ServerBase(ServerCore):
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.status = Status.RUNNING
         self.started_at = time.time()
+        self._loop_end = self._stop_with_loop()
+        await self._loop_end.__anext__()
         logger.info("%s listening on %s", self.task, self.address)
         if self.token_bytes is None:
             logger.warning(
@@ -129,6 +135,20 @@ class ServerBase(ServerCore):
                 "PSTRAIN_LOCAL_SOCKETS=0 on this server and its clients to use TCP only"
             )
         self._local_server = await loop.create_unix_server(factory, sock=sock)
+
+    async def _stop_with_loop(self) -> AsyncGenerator[None, None]:
+        """Suspended while the server runs: the loop's ``shutdown_asyncgens``, which every
+        runner calls as a loop ends (after cancelling its tasks), closes it, and the server
+        is stopped if it still runs. Left open, uvloop warns of it from inside its
+        ``close``, which then waits for good where warnings are errors (a pytest run with
+        ``filterwarnings = error``). An async generator rather than a task: nothing a
+        test's check for leaked tasks counts."""
+        try:
+            yield
+        finally:
+            if self._loop_end is not None:  # (not closed by ``stop`` itself)
+                self._loop_end = None
+                await self.stop()
 
     async def join(self) -> None:
         """Wait until the server has stopped."""
@@ -165,6 +185,9 @@ class ServerBase(ServerCore):
         assert self._closed is not None
         self._closed.set()
         logger.info("%s stopped", self.task)
+        loop_end, self._loop_end = self._loop_end, None
+        if loop_end is not None:  # stopped before its loop ends: nothing left for it to do
+            await loop_end.aclose()
 
     async def before_stop(self) -> None:
         """Role-specific goodbyes, while connections are still open (they close next)."""
