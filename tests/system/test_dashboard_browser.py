@@ -56,9 +56,8 @@ async def logged_in(url: str) -> AsyncIterator[Any]:
 
 @contextlib.asynccontextmanager
 async def dashboard_page(coordinator: Any) -> AsyncIterator[Any]:
-    """A Chromium page logged in to ``coordinator``'s dashboard. The coordinator is closed on
-    the way out, the test failed or not: a dashboard left serving when a test fails holds
-    the closing of the test's event loop for good, past the test's timeout."""
+    """A Chromium page logged in to ``coordinator``'s dashboard; the coordinator (and its
+    dashboard) closed on the way out, the test failed or not."""
     try:
         url = await pstrain.dashboard.serve_dashboard(coordinator)
         async with logged_in(url) as page:
@@ -73,8 +72,6 @@ async def test_the_dashboard_in_a_real_browser(tmp_path):
     pstrain.summary.LOG.clear()
     async with pstrain.LocalCluster(num_ps=1, num_workers=2) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-        # (closed on the way out, passed or failed: a dashboard left serving would hold
-        # the test's event loop open for good)
         async with pstrain.ClusterCoordinator(strategy) as coordinator:
             async with strategy.scope():
                 v = pstrain.Variable(0.0, name="v")
