@@ -42,7 +42,7 @@ _EXPORTS: dict[str, str] = {
     "InputContext": "_distribute.input_distribution",
     "InputOptions": "_distribute.input_distribution",
     "InputReplicationMode": "_distribute.input_distribution",
-    "TensorSpec": "_training.data",
+    "TensorSpec": "_training.specs",
     "Server": "server",
     "SimpleClusterResolver": "_base.resolvers",
     "SlurmClusterResolver": "_base.resolvers",
@@ -195,11 +195,11 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see; the table above 
         safe_embedding_lookup_sparse as safe_embedding_lookup_sparse,
     )
     from ._embeddings.ragged_rows import embedding_lookup as embedding_lookup
-    from ._training.data import (
-        TensorSpec as TensorSpec,
-    )
     from ._training.module import (
         Module as Module,
+    )
+    from ._training.specs import (
+        TensorSpec as TensorSpec,
     )
     from ._transport.bridge import (
         run as run,

@@ -40,8 +40,9 @@ from .._base.checks import whole
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from . import row_indices
-from .elements import is_jagged, leaves_len, padded, ragged, rows_of, stack, structure_of, take, to_arrays
+from .elements import leaves_len, padded, ragged, rows_of, stack, structure_of, take, to_arrays
 from .row_indices import Blocks
+from .specs import TensorSpec, conforming, signature, spec_of
 
 __all__ = ["AUTOTUNE", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "Dataset", "Options", "TensorSpec"]
 
@@ -52,111 +53,6 @@ INFINITE_CARDINALITY = -1
 #: ``Dataset.cardinality()`` of a dataset whose length is known only by iterating it
 #: (``from_generator``, ``filter``, ``flat_map``, ``unbatch``), as TF's.
 UNKNOWN_CARDINALITY = -2
-
-
-class TensorSpec:
-    """The shape and dtype of one component of a dataset's elements (TF's ``TensorSpec``);
-    ``None`` in ``shape`` is a dimension that varies (a last, smaller batch).
-
-    >>> TensorSpec((None, 3), np.float32)
-    TensorSpec(shape=(None, 3), dtype=float32, name=None)
-    """
-
-    __slots__ = ("shape", "dtype", "name")
-
-    def __init__(self, shape: Any, dtype: Any = np.float32, name: str | None = None) -> None:
-        self.shape = tuple(None if d is None else int(d) for d in shape)
-        self.dtype = np.dtype(dtype)
-        self.name = name
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, TensorSpec) and (self.shape, self.dtype, self.name) == (
-            other.shape,
-            other.dtype,
-            other.name,
-        )
-
-    def __hash__(self) -> int:
-        return hash((self.shape, self.dtype, self.name))
-
-    def is_compatible_with(self, value: Any) -> bool:
-        """Does ``value`` (an array) fit this spec?"""
-        arr = np.asarray(value)
-        return (
-            arr.dtype == self.dtype
-            and arr.ndim == len(self.shape)
-            and all(d is None or d == n for d, n in zip(self.shape, arr.shape))
-        )
-
-    def __repr__(self) -> str:
-        return f"TensorSpec(shape={self.shape}, dtype={self.dtype}, name={self.name!r})"
-
-
-def _spec(element: Any, partial_batch: bool) -> Any:
-    if is_jagged(element):
-        values = getattr(element, "values", None)
-        dtype = values.dtype if isinstance(values, np.ndarray) else np.int64
-        return TensorSpec((None if partial_batch else len(element), None), dtype, name=type(element).__name__)
-    if isinstance(element, dict):
-        return {k: _spec(v, partial_batch) for k, v in element.items()}
-    if isinstance(element, tuple):
-        return tuple(_spec(v, partial_batch) for v in element)
-    arr = np.asarray(element)
-    shape: list[int | None] = list(arr.shape)
-    if partial_batch and shape:
-        shape[0] = None
-    return TensorSpec(shape, arr.dtype)
-
-
-def _signature(types: Any, shapes: Any) -> Any:
-    """TF's older ``output_types`` and ``output_shapes`` as ``TensorSpec``s."""
-    if isinstance(types, dict):
-        return {k: _signature(t, None if shapes is None else shapes[k]) for k, t in types.items()}
-    if isinstance(types, tuple):
-        return tuple(_signature(t, None if shapes is None else shapes[i]) for i, t in enumerate(types))
-    return _AnyShape(types) if shapes is None else TensorSpec(shapes, types)
-
-
-class _AnyShape(TensorSpec):
-    """An ``output_types`` dtype without a shape: any shape of that dtype."""
-
-    def __init__(self, dtype: Any) -> None:
-        super().__init__((), dtype)
-
-    def is_compatible_with(self, value: Any) -> bool:
-        return bool(np.asarray(value).dtype == self.dtype)
-
-
-def _conforming(element: Any, spec: Any) -> Any:
-    """``element`` checked against ``spec`` (its structure, each array's dtype and shape), as
-    arrays; or InvalidArgumentError saying what differs, in TF's words."""
-    if isinstance(spec, dict):
-        if not isinstance(element, dict) or set(element) != set(spec):
-            raise InvalidArgumentError(
-                f"from_generator: `generator` yielded a {type(element).__name__}, "
-                f"not a dict of {sorted(spec)}"
-            )
-        return {k: _conforming(element[k], s) for k, s in spec.items()}
-    if isinstance(spec, tuple):
-        if not isinstance(element, (tuple, list)) or len(element) != len(spec):
-            raise InvalidArgumentError(
-                f"from_generator: `generator` yielded a {type(element).__name__} where a tuple of "
-                f"{len(spec)} was expected"
-            )
-        return tuple(_conforming(e, s) for e, s in zip(element, spec))
-    if not isinstance(spec, TensorSpec):
-        raise InvalidArgumentError(
-            f"from_generator: output_signature holds a {type(spec).__name__}, not TensorSpecs"
-        )
-    arr = np.asarray(element)
-    if arr.dtype != spec.dtype and np.can_cast(arr.dtype, spec.dtype, "same_kind"):
-        arr = arr.astype(spec.dtype)  # (TF converts a Python number to the declared dtype too)
-    if not spec.is_compatible_with(arr):
-        raise InvalidArgumentError(
-            f"from_generator: `generator` yielded an element of shape {arr.shape} and dtype "
-            f"{arr.dtype} where an element of shape {spec.shape} and dtype {spec.dtype} was expected"
-        )
-    return arr[()] if arr.ndim == 0 else arr  # (a scalar stays a numpy scalar)
 
 
 def _datasets(datasets: Any, what: str) -> list[Dataset]:
@@ -302,7 +198,7 @@ class Dataset:
         if self._spec is not None:
             return self._spec
         for element in self:
-            return _spec(element, self._partial_batch)
+            return spec_of(element, self._partial_batch)
         raise InvalidArgumentError(
             "element_spec of an empty dataset is unknown here: "
             "declare it with from_generator(output_signature=...)"
@@ -401,14 +297,14 @@ class Dataset:
                 "from_generator: give output_signature, or output_types (and output_shapes), not both"
             )
         if output_signature is None and output_types is not None:
-            output_signature = _signature(output_types, output_shapes)
+            output_signature = signature(output_types, output_shapes)
         call_args = tuple(args or ())
         if output_signature is None:
             return Dataset(lambda: iter(generator(*call_args)))
 
         def run() -> Iterator[Any]:
             for element in generator(*call_args):
-                yield _conforming(element, output_signature)
+                yield conforming(element, output_signature)
 
         return Dataset(run, spec=output_signature)
 
