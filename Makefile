@@ -19,8 +19,8 @@ BYTECODE := $(PY) -m compileall -q -j 0 pstrain tests
 
 .PHONY: install test check demo bench lint fuzz clean sysdeps compiler setup slurm screenshots chaos docs sequences
 
-# The table kernels (pstrain/_kernels/compiled.pyx) are C, built by pip: a C compiler and
-# Python's headers are installed with apt-get when missing.
+# The kernels (pstrain/_kernels/compiled.pyx and the parts it includes) are C, built by
+# pip: a C compiler and Python's headers are installed with apt-get when missing.
 compiler:
 	command -v cc >/dev/null && $(PYTHON) -c "import os, sysconfig; \
 		raise SystemExit(not os.path.exists(sysconfig.get_paths()['include'] + '/Python.h'))" \
@@ -32,7 +32,7 @@ compiler:
 # again: the C generated here is reused).
 BUILD_REQUIRES = $(PY) -c "import tomllib; \
 	print(*tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires'], sep='\n')"
-$(STAMP): pyproject.toml setup.py pstrain/_kernels/compiled.pyx | compiler
+$(STAMP): pyproject.toml setup.py pstrain/_kernels/compiled.pyx $(wildcard pstrain/_kernels/*.pxi) | compiler
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(BUILD_REQUIRES) > $(VENV)/build-requires.txt

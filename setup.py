@@ -1,5 +1,5 @@
-"""Builds the compiled table kernels (pstrain/_kernels/compiled.pyx); the rest of the
-package is in pyproject.toml."""
+"""Builds the compiled kernels (pstrain/_kernels/compiled.pyx, and the parts it includes); the
+rest of the package is in pyproject.toml."""
 
 import numpy
 from Cython.Build import cythonize

@@ -43,6 +43,7 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         "setup.py",
         "README.md",
         "pstrain/_kernels/compiled.pyx",
+        *(f"pstrain/_kernels/{p.name}" for p in (root / "pstrain" / "_kernels").glob("*.pxi")),
         "pstrain/py.typed",
     ):
         assert needed in names, f"the sdist lacks {needed}"

@@ -1,0 +1,297 @@
+# Included by compiled.pyx: a table's rows. Gathers and puts by position, an update's row
+# order, the epochs that stamp changed rows (for deltas), an eviction's victims, and the rows
+# changed since an epoch.
+
+#: Buckets of the key histograms that narrow down an eviction's victims.
+DEF BUCKETS = 65536
+
+
+cdef inline bint _past_end(const int64_t[::1] pos, Py_ssize_t limit) noexcept nogil:
+    """Whether a row of ``pos`` (-1: none) lies past ``limit``: checked before a pass writes
+    anything, so a bad row changes nothing."""
+    cdef Py_ssize_t i
+    for i in range(pos.shape[0]):
+        if pos[i] >= limit:
+            return True
+    return False
+
+
+def gather_rows(const real[:, ::1] table, const int64_t[::1] pos, real[:, ::1] out, double default,
+                int64_t[::1] last_seen=None, int64_t[::1] freq=None, int64_t clock=0):
+    """``out[i] = table[pos[i]]``, or ``default`` in every column where ``pos[i]`` is -1.
+    A training lookup's bookkeeping in the same pass: each row ``pos[i] >= 0`` (unique) was
+    seen at ``clock`` (into ``last_seen``, if given) once more (into ``freq``, if given); a
+    table whose eviction reads only one of them passes only that one."""
+    cdef Py_ssize_t i, j, r, n = pos.shape[0], dim = table.shape[1], limit = table.shape[0]
+    cdef real fill = <real>default
+    cdef bint bad = False, ages = last_seen is not None, counts = freq is not None
+    if out.shape[0] != n or out.shape[1] != dim:
+        raise ValueError("gather_rows: out is not (len(pos), dim)")
+    if (ages and last_seen.shape[0] < limit) or (counts and freq.shape[0] < limit):
+        raise ValueError("gather_rows: last_seen or freq shorter than the table")
+    if (ages or counts) and _past_end(pos, limit):  # before any bookkeeping is written
+        raise IndexError("gather_rows: a row past the table's end")
+    cdef Py_ssize_t row_bytes = dim * sizeof(real)
+    with nogil:
+        for i in range(n):
+            if i + AHEAD < n and 0 <= pos[i + AHEAD] < limit:
+                r = pos[i + AHEAD]
+                _prefetch(<const char*>&table[r, 0], row_bytes)
+                if ages:
+                    _prefetchw(&last_seen[r])
+                if counts:
+                    _prefetchw(&freq[r])
+            r = pos[i]
+            if r < 0:
+                for j in range(dim):
+                    out[i, j] = fill
+                continue
+            if r >= limit:
+                bad = True
+                break
+            if row_bytes:
+                memcpy(&out[i, 0], &table[r, 0], row_bytes)
+            if ages:
+                last_seen[r] = clock
+            if counts:
+                freq[r] += 1
+    if bad:
+        raise IndexError("gather_rows: a row past the table's end")
+
+
+def put_rows(real[:, ::1] out, const int64_t[::1] rows, const real[:, ::1] values, bint add=False):
+    """``out[rows[i]] = values[i]`` for each ``rows[i] >= 0``, in order (a later row wins: a
+    delta checkpoint's rows put into a restored array); with ``add``, ``+=`` (per-id sums of
+    a batch's rows, bit for bit ``np.add.at``'s)."""
+    cdef Py_ssize_t i, j, r, n = rows.shape[0], dim = out.shape[1], limit = out.shape[0]
+    cdef bint bad = False
+    if values.shape[0] != n or values.shape[1] != dim:
+        raise ValueError("put_rows: values are not (len(rows), dim)")
+    with nogil:
+        for i in range(n):
+            r = rows[i]
+            if r < 0:
+                continue
+            if r >= limit:
+                bad = True
+                break
+            if add:
+                for j in range(dim):
+                    out[r, j] = out[r, j] + values[i, j]
+            else:
+                for j in range(dim):
+                    out[r, j] = values[i, j]
+    if bad:
+        raise IndexError("put_rows: a row past the array's end")
+
+
+def ascending_rows(const index_t[::1] rows, int64_t n, int64_t[::1] out=None):
+    """A request's row ids checked in one pass: returns ``(the position of the first outside
+    [0, n) or -1, whether they ascend strictly)`` (sorted and distinct, as a client's
+    merged gradient sends them), copying them into ``out`` as int64 if given."""
+    cdef Py_ssize_t i, m = rows.shape[0], bad = -1
+    cdef int64_t r, prev = -1
+    cdef bint up = True, copy = out is not None
+    if copy and out.shape[0] != m:
+        raise ValueError("ascending_rows: out is not as long as rows")
+    with nogil:
+        for i in range(m):
+            r = rows[i]
+            if r < 0 or r >= n:
+                bad = i
+                break
+            if r <= prev:
+                up = False
+            prev = r
+            if copy:
+                out[i] = r
+    return bad, up
+
+
+def stamp_rows(uint32_t[::1] epochs, const int64_t[::1] pos, uint32_t epoch):
+    """An update's bookkeeping: each row ``pos[i] >= 0`` changed in ``epoch`` (what a delta
+    checkpoint reads). Returns how many rows that is, in one pass (numpy's keeps the rows
+    found in a temporary first), each row's epoch asked for ``PROBE_AHEAD`` rows before (an
+    update's rows are scattered over the table: a cache miss each)."""
+    cdef Py_ssize_t i, k = 0, n = pos.shape[0]
+    if _past_end(pos, epochs.shape[0]):
+        raise IndexError("stamp_rows: a row past the table's end")
+    with nogil:
+        for i in range(n):
+            if i + PROBE_AHEAD < n and pos[i + PROBE_AHEAD] >= 0:
+                _prefetchw(&epochs[pos[i + PROBE_AHEAD]])
+            if pos[i] >= 0:
+                epochs[pos[i]] = epoch
+                k += 1
+    return k
+
+
+cdef inline uint64_t _shift(uint64_t span) noexcept nogil:
+    """The bits a key's offset drops for ``span + 1`` keys to fit the histogram's buckets."""
+    cdef uint64_t shift = 0
+    while (span >> shift) >= BUCKETS:
+        shift += 1
+    return shift
+
+
+def pick_victims(const int64_t[::1] key, const uint8_t[::1] live, const int64_t[::1] protect,
+                 uint8_t[::1] mark, Py_ssize_t used, Py_ssize_t n, int64_t low=0, int64_t high=-1):
+    """The rows an eviction of ``n`` takes: of the rows below ``used`` that are ``live`` and
+    not in ``protect``, the ``n`` of smallest ``key`` (the last lookup for LRU, the count for
+    LFU), ties at the boundary going to the lowest rows; ascending. ``mark`` is the table's
+    byte per row, all 0 (and again after). Histograms of the keys narrow down the n-th
+    smallest (a few passes over the rows, no sort). Keys known to lie in [``low``,
+    ``high``] (LRU's: no later than the clock) spare the pass that finds their range; a
+    key outside it, or ``high < low``, and that pass runs."""
+    cdef Py_ssize_t r, i, count = 0, limit = min(used, min(key.shape[0], min(live.shape[0], mark.shape[0])))
+    cdef int64_t lo = 0, hi = 0, k, threshold
+    cdef Py_ssize_t need, ties, b, nb
+    cdef uint64_t shift
+    cdef bint bad = False, filled = False
+    hist_arr = np.zeros(BUCKETS, np.int64)
+    cdef int64_t[::1] hist = hist_arr
+    with nogil:
+        for i in range(protect.shape[0]):
+            r = protect[i]
+            if r < 0 or r >= limit:
+                bad = True
+                break
+        if not bad:
+            for i in range(protect.shape[0]):
+                mark[protect[i]] = 1
+            if high >= low:  # the first histogram over the bounds, counting the rows with it
+                lo, hi, filled = low, high, True
+                shift = _shift(<uint64_t>hi - <uint64_t>lo)
+                for r in range(limit):
+                    if live[r] and not mark[r]:
+                        k = key[r]
+                        if k < lo or k > hi:
+                            filled = False
+                            break
+                        hist[(<uint64_t>k - <uint64_t>lo) >> shift] += 1
+                        count += 1
+            if not filled:
+                count = 0
+                for r in range(limit):
+                    if live[r] and not mark[r]:
+                        k = key[r]
+                        if count == 0 or k < lo:
+                            lo = k
+                        if count == 0 or k > hi:
+                            hi = k
+                        count += 1
+    if bad:
+        raise IndexError("pick_victims: a protected row past the table's end")
+    n = max(0, min(n, count))
+    out = np.empty(n, np.int64)
+    cdef int64_t[::1] o = out
+    with nogil:
+        need = n
+        if 0 < n < count:
+            # Narrow [lo, hi] to the bucket holding the n-th smallest key, until a bucket is
+            # one key wide; ``need`` is then how many rows of that key are taken.
+            while True:
+                shift = _shift(<uint64_t>hi - <uint64_t>lo)
+                nb = <Py_ssize_t>((<uint64_t>hi - <uint64_t>lo) >> shift) + 1
+                if not filled:
+                    for b in range(nb):
+                        hist[b] = 0
+                    for r in range(limit):
+                        if live[r] and not mark[r]:
+                            k = key[r]
+                            if lo <= k <= hi:
+                                hist[(<uint64_t>k - <uint64_t>lo) >> shift] += 1
+                filled = False
+                for b in range(nb):
+                    if hist[b] >= need:
+                        break
+                    need -= hist[b]
+                lo = <int64_t>(<uint64_t>lo + (<uint64_t>b << shift))
+                if shift == 0:
+                    break
+                if <uint64_t>hi - <uint64_t>lo > ((<uint64_t>1 << shift) - 1):
+                    hi = <int64_t>(<uint64_t>lo + ((<uint64_t>1 << shift) - 1))
+            threshold = lo  # the n-th smallest key; ``need`` rows of it are taken, lowest first
+            i = 0
+            ties = need
+            for r in range(limit):
+                if live[r] and not mark[r]:
+                    k = key[r]
+                    if k < threshold:
+                        o[i] = r
+                        i += 1
+                    elif k == threshold and ties > 0:
+                        o[i] = r
+                        i += 1
+                        ties -= 1
+        elif n == count:
+            i = 0
+            for r in range(limit):
+                if live[r] and not mark[r]:
+                    o[i] = r
+                    i += 1
+        for i in range(protect.shape[0]):
+            mark[protect[i]] = 0
+    return out
+
+
+def rows_after(const uint32_t[::1] epochs, int64_t since, const uint8_t[::1] live=None,
+               until=None):
+    """The rows whose epoch is after ``since`` (and, given ``until``, not after it; given
+    ``live``, whose byte there is not 0), ascending: what a delta checkpoint writes, found
+    in one pass over the epochs (numpy's compares then ``flatnonzero`` make two and a
+    temporary the array's length)."""
+    cdef Py_ssize_t i, n = epochs.shape[0], k = 0
+    cdef int64_t last = INT64_MAX if until is None else <int64_t>until
+    if live is not None and live.shape[0] < n:
+        raise ValueError(f"rows_after: {live.shape[0]} live flags for {n} rows")
+    out = np.empty(n + 1, np.int64)  # pages only as far as it is filled
+    cdef int64_t[::1] o = out
+    with nogil:  # without a branch: each row is written where the next one found goes
+        if live is None:
+            for i in range(n):
+                o[k] = i
+                k += (<int64_t>epochs[i] > since) & (<int64_t>epochs[i] <= last)
+        else:
+            for i in range(n):
+                o[k] = i
+                k += (<int64_t>epochs[i] > since) & (<int64_t>epochs[i] <= last) & (live[i] != 0)
+    return out[:k].copy()
+
+
+def keep_changed(const int64_t[::1] rows, const uint32_t[::1] epochs, int64_t since, int64_t mark,
+                 int64_t taken, const real[:, ::1] array, int64_t[::1] kept_rows,
+                 real[:, ::1] kept_values, Py_ssize_t start):
+    """Of ``rows`` (strictly ascending), those in ``taken:len(array)`` whose epoch is in
+    ``(since, mark]``: each one's number into ``kept_rows`` and its values into
+    ``kept_values``, from ``start`` on, in one pass; returns how many. -1, nothing written:
+    ``rows`` is not strictly ascending. A delta's snapshot keeping the old values of the rows
+    an update is about to change (:class:`~pstrain.server.ps.snapshots.ChangedRows`)."""
+    cdef Py_ssize_t i, n = rows.shape[0], k = start, dim = array.shape[1]
+    cdef Py_ssize_t limit = min(array.shape[0], epochs.shape[0])
+    cdef Py_ssize_t row_bytes = dim * sizeof(real)
+    cdef int64_t r, e
+    if array.shape[0] > epochs.shape[0]:
+        raise ValueError(f"keep_changed: {epochs.shape[0]} epochs for {array.shape[0]} rows")
+    if kept_values.shape[1] != dim:
+        raise ValueError("keep_changed: kept_values is not (capacity, dim)")
+    if start < 0 or kept_rows.shape[0] - start < n or kept_values.shape[0] - start < n:
+        raise ValueError(f"keep_changed: no room for {n} rows from {start}")
+    with nogil:
+        if n and not _ascending(&rows[0], n):
+            k = -1
+        if k >= 0:
+            for i in range(n):
+                if i + PROBE_AHEAD < n and 0 <= rows[i + PROBE_AHEAD] < limit:
+                    __builtin_prefetch(&epochs[rows[i + PROBE_AHEAD]])
+                r = rows[i]
+                if r < taken or r < 0 or r >= limit:
+                    continue
+                e = epochs[r]
+                if e <= since or e > mark:
+                    continue
+                kept_rows[k] = r
+                if row_bytes:
+                    memcpy(&kept_values[k, 0], &array[r, 0], row_bytes)
+                k += 1
+    return -1 if k < 0 else k - start
