@@ -139,6 +139,11 @@ _TABLE = (
     ("disk_bytes", "gauge", "Bytes a tiered table's rows take on this ps's disk (dead records too)"),
     ("looked_up", "counter", "Ids of training lookups of a tiered table on this ps"),
     ("promoted", "counter", "Rows of a tiered table read back from disk into RAM on this ps"),
+    (
+        "read_through",
+        "counter",
+        "Rows of a tiered table read from this ps's disk for lookups that do not train, left there",
+    ),
     ("demoted", "counter", "Rows of a tiered table moved from RAM to disk on this ps"),
     ("compacted", "counter", "Rows of a tiered table copied out of half-dead segments on this ps's disk"),
     ("cold_reads", "counter", "Reads of a tiered table's rows from this ps's disk (one per request)"),

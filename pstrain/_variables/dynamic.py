@@ -62,6 +62,7 @@ TIERED_STATISTICS = (
     "disk_bytes",
     "looked_up",
     "promoted",
+    "read_through",
     "demoted",
     "compacted",
     "cold_reads",
@@ -346,7 +347,8 @@ class DynamicEmbedding:
         """Rows held, admitted, evicted and bytes (in RAM), summed over the ps; on ps that
         tier their tables (``--memory-budget``, ``--table-dir``) also the rows in RAM
         (``hot_rows``) and on disk (``cold_rows``), ``disk_bytes``, the ids of training
-        lookups (``looked_up``), rows read back from disk (``promoted``) and moved to it
+        lookups (``looked_up``), rows read back from disk (``promoted``), read from it for
+        lookups that do not train and left there (``read_through``) and moved to it
         (``demoted``), reads from disk (``cold_reads``) and refusals (``refused``)."""
         parts = await asyncio.gather(
             *(self._request(ps, TableStatistics(name=self.key)) for ps in self.holders())

@@ -5,6 +5,7 @@ refusals that change nothing."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import os
 import re
@@ -16,7 +17,7 @@ import pytest
 import pstrain
 from pstrain._kernels import KERNELS
 from pstrain.errors import ResourceExhaustedError
-from pstrain.server.ps.tables import handlers as table_handlers
+from pstrain.server.ps.tables import cold_rows as cold_rows_module, handlers as table_handlers
 from pstrain.server.ps.tables.cold_rows import ColdRows, removals_done
 from pstrain.testing import InProcessCluster
 from tests.helpers import TOKEN
@@ -141,6 +142,107 @@ async def test_a_tiered_table_trains_as_one_in_ram_saves_both_tiers_and_restores
                     assert os.listdir(where) == [live]
                 got_ids, got_rows = await fresh.export()
                 np.testing.assert_array_equal(got_rows, want_rows)
+
+
+def _tiers(cluster: InProcessCluster, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Of ``ids`` (each a row of table "emb"), those in RAM and those on disk, now."""
+    shards = [ps.tables["emb"] for ps in cluster.ps]
+    hot = np.zeros(ids.size, bool)
+    cold = np.zeros(ids.size, bool)
+    for shard in shards:
+        hot |= shard.positions(ids) >= 0
+        cold |= shard.cold.find(ids) >= 0
+    assert not (hot & cold).any() and (hot | cold).all()
+    return ids[hot], ids[cold]
+
+
+def _placement(cluster: InProcessCluster) -> list[dict[str, int]]:
+    keys = ("rows", "hot_rows", "cold_rows", "promoted", "demoted", "looked_up")
+    return [{k: ps.tables["emb"].statistics()[k] for k in keys} for ps in cluster.ps]
+
+
+async def test_a_lookup_that_does_not_train_reads_rows_on_disk_where_they_lie(tmp_path):
+    # Evaluation and serving lookups change nothing: rows on disk come back as they are and
+    # stay there (no room made in RAM or on disk for them), the hot set keeps training's rows.
+    async with _tiered(tmp_path) as cluster:
+        table, _ = await _train(cluster, _batches())
+        ids, rows = await table.export()
+        hot, cold = _tiers(cluster, ids)
+        assert cold.size > 1000 and hot.size > 100
+        unseen = np.arange(10**12, 10**12 + 40, dtype=np.int64)
+        wanted = np.concatenate([cold[::3], hot[::5], unseen])
+        before = _placement(cluster)
+        reads = sum(ps.tables["emb"].read_through for ps in cluster.ps)
+        on_loop = sum(ps.tables["emb"].loop_reads for ps in cluster.ps)
+        got = await table.lookup(wanted, training=False)
+        want = dict(zip(ids.tolist(), rows))
+        default = cluster.ps[0].tables["emb"].config.default_value
+        expected = np.stack([want.get(i, np.full(DIM, default, np.float32)) for i in wanted.tolist()])
+        np.testing.assert_array_equal(got, expected)
+        assert _placement(cluster) == before  # nothing moved, nothing made
+        assert sum(ps.tables["emb"].read_through for ps in cluster.ps) - reads == cold[::3].size
+        assert sum(ps.tables["emb"].loop_reads for ps in cluster.ps) == on_loop  # read on a thread
+        assert np.array_equal(_tiers(cluster, ids)[1], cold)
+
+    # the same for a collection's dynamic table (one request per ps for all its tables)
+    async with _tiered(tmp_path / "c") as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            coll = pstrain.EmbeddingCollection([pstrain.TableConfig("t", None, DIM, ["f"])], name="c")
+        for k in range(FILL_BATCHES // 2):  # unseen ids: most rows go to disk
+            await coll.gather({"f": np.arange(k * BATCH, (k + 1) * BATCH)[:, None]})
+        dynamic = coll.tables["t"]
+        ids, rows = await dynamic.export()
+        shards = [ps.tables["c/t"] for ps in cluster.ps]
+        cold = ids[np.any([s.cold.find(ids) >= 0 for s in shards], axis=0)]
+        assert cold.size > BATCH
+        placed = [
+            (s.statistics()["hot_rows"], s.statistics()["cold_rows"], s.statistics()["promoted"])
+            for s in shards
+        ]
+        got = await coll.gather({"f": cold[:BATCH, None]}, training=False)
+        np.testing.assert_array_equal(got.rows["t"], rows[np.searchsorted(ids, np.sort(cold[:BATCH]))])
+        assert [
+            (s.statistics()["hot_rows"], s.statistics()["cold_rows"], s.statistics()["promoted"])
+            for s in shards
+        ] == placed
+
+
+async def test_a_full_disk_refuses_what_would_move_rows_and_still_serves_every_row(tmp_path, monkeypatch):
+    # The disk fills: a training lookup that needs a row moved to disk is refused whole
+    # (counted, saying so), never a dead ps or a zero row; lookups that do not train, exports
+    # and saves still read every row; with room again, training goes on.
+    async with _tiered(tmp_path) as cluster:
+        table, opt = await _train(cluster, _batches())
+        ids, rows = await table.export()
+        _, cold = _tiers(cluster, ids)
+        real_open = open
+
+        def full(path, mode="r", *args, **kwargs):
+            if "a" in mode:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_open(path, mode, *args, **kwargs)
+
+        monkeypatch.setattr(cold_rows_module, "open", full, raising=False)
+        refused = (await table.statistics())["refused"]
+        with pytest.raises(ResourceExhaustedError, match="is full"):
+            await table.lookup(cold[:64])  # to bring them back, as many rows must go to disk
+        with pytest.raises(ResourceExhaustedError, match="is full"):
+            await table.lookup(np.arange(10**12, 10**12 + 4 * BATCH, dtype=np.int64))
+        assert (await table.statistics())["refused"] >= refused + 2
+        np.testing.assert_array_equal(await table.lookup(cold, training=False), rows[np.isin(ids, cold)])
+        got_ids, got_rows = await table.export()
+        np.testing.assert_array_equal(got_ids, ids)
+        np.testing.assert_array_equal(got_rows, rows)
+        path = await pstrain.Checkpoint(model={"emb": table}, optimizer=opt).save(str(tmp_path / "full"))
+        np.testing.assert_array_equal(pstrain.checkpoint.load_variables(path)["model/emb/rows"], rows)
+        monkeypatch.undo()
+        again = cold[:64]  # room again: the same lookup trains
+        looked = await table.lookup(again)
+        await opt.apply_gradients([(pstrain.IndexedSlices(_grad(looked, again), again), table)])
+        assert not np.array_equal(
+            await table.lookup(cold[:64], training=False), rows[np.isin(ids, cold[:64])]
+        )
 
 
 async def test_tables_on_one_tiered_ps_share_its_ram_and_train_as_in_ram(tmp_path):

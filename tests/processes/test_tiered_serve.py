@@ -35,8 +35,12 @@ async def test_a_tiered_ps_process_trains_past_its_budget_and_cleans_its_directo
         await table.lookup(np.arange(1000 * k, 1000 * k + 1000))
     stats = await table.statistics()
     assert stats["rows"] == 8000 and stats["cold_rows"] > 2000, stats
-    rows = await table.lookup(np.arange(0, 1000), training=False)  # read back from disk
-    assert rows.shape == (1000, 16) and (await table.statistics())["promoted"] >= 1000
+    rows = await table.lookup(np.arange(0, 1000), training=False)  # read from disk, left there
+    after = await table.statistics()
+    assert rows.shape == (1000, 16) and after["read_through"] >= 1000
+    assert after["promoted"] == stats["promoted"]
+    await table.lookup(np.arange(0, 1000))  # a training lookup brings them back into RAM
+    assert (await table.statistics())["promoted"] >= stats["promoted"] + 1000
     # pstrain status: a line for the tiered table, its rows in RAM and on disk
     worker = drill.serve("--role", "worker", "--index", "0", "--port", "0")
     spec = {"cluster": {"ps": [ps.address], "worker": [worker.address]}}

@@ -102,13 +102,18 @@ def test_rows_move_to_disk_and_back_and_the_statistics_say_so(tmp_path):
     assert stats["rows"] == 7 * 90 == stats["hot_rows"] + stats["cold_rows"]
     assert stats["demoted"] >= stats["cold_rows"] and stats["disk_bytes"] > 0
     assert set(table.cold_wanted(first)[0].tolist()) == set(first.tolist())  # all on disk now
-    # back in RAM, as trained (one Adagrad step from their initial values)
-    again = table.lookup(first, False)
-    assert table.statistics()["promoted"] >= 90
-    assert not np.array_equal(again, before)  # the update came back with them
     ram = DynamicTable("t", config)
     train(ram, first, 1)
-    np.testing.assert_array_equal(again, ram.lookup(first, False))
+    # a lookup that does not train reads them where they lie, as trained (one Adagrad step
+    # from their initial values)
+    seen = table.lookup(first, False)
+    assert table.statistics()["promoted"] == 0 and table.statistics()["read_through"] == 90
+    assert not np.array_equal(seen, before)  # the update is in their records
+    np.testing.assert_array_equal(seen, ram.lookup(first, False))
+    # a training lookup brings them back into RAM
+    again = table.lookup(first, True)
+    assert table.statistics()["promoted"] >= 90 and (table.positions(first) >= 0).all()
+    np.testing.assert_array_equal(again, seen)
 
 
 @pytest.mark.parametrize("evict", ["lru", "lfu"])
@@ -166,6 +171,39 @@ def test_a_request_moves_out_just_the_rows_it_needs_when_a_batch_would_not_fit_t
     assert after["refused"] == before["refused"] and after["rows"] == before["rows"] + new.size
     assert after["demoted"] - before["demoted"] == 10
     assert (table.positions(new) >= 0).all()
+
+
+def test_a_lookup_that_does_not_train_reads_the_current_record_of_each_row_on_disk(tmp_path):
+    # A stage read rows on disk for a lookup that does not train (``read_ahead``); before
+    # its handler ran, training took some of them back into RAM, changed them and moved
+    # them out again (new records elsewhere). The lookup serves each row as it is now:
+    # the records read ahead that are still current, the others read again.
+    config = TableConfig(dim=4)
+    table = tiered(tmp_path, config, hot_rows=40)
+    ram = DynamicTable("t", config)
+    for t in range(1, 7):
+        ids = np.arange(30 * t, 30 * t + 30, dtype=np.int64)
+        train(table, ids, t), train(ram, ids, t)
+    on_disk = np.sort(table.cold.ids_of(table.cold.live_slots()))
+    assert on_disk.size > 60
+    table.read_ahead = table.read_rows(table.cold_wanted(on_disk)[1])
+    moved = on_disk[:20]
+    for t in (7, 8):  # back in RAM, changed, then out again (other rows looked up)
+        train(table, moved, t), train(ram, moved, t)
+        for k in range(3):  # (the hot set holds about 90 rows of this width)
+            fill = np.arange(1000 * t + 100 * k, 1000 * t + 100 * k + 35, dtype=np.int64)
+            train(table, fill, t), train(ram, fill, t)
+    assert (table.cold.find(moved) >= 0).all()  # on disk again, at new places
+    before = table.statistics()
+    got = table.lookup(on_disk, False)
+    np.testing.assert_array_equal(got, ram.lookup(on_disk, False))
+    after = table.statistics()
+    assert after["hot_rows"] == before["hot_rows"] and after["promoted"] == before["promoted"]
+    assert after["read_through"] - before["read_through"] == int(
+        np.count_nonzero(table.positions(on_disk) < 0)
+    )
+    assert after["demoted"] == before["demoted"]
+    table.read_ahead = None
 
 
 def test_a_full_disk_is_refused_and_changes_nothing(tmp_path, monkeypatch):

@@ -259,7 +259,10 @@ class ParameterServer(ServerBase):
         self.table_handlers.install(self.route)
         # tables and variables: both halves here
         self.route(
-            LookupTables, in_ram(self.lookup_tables, lambda req: [(x.name, x.ids) for x in req.lookups])
+            LookupTables,
+            in_ram(
+                self.lookup_tables, lambda req: [(x.name, x.ids) for x in req.lookups], lambda req: req.train
+            ),
         )
         #: Variables and table slices moving in and out (an elastic ps joined or leaves).
         self.moves = Moves(

@@ -166,18 +166,27 @@ class TableHandlers:
         )
 
     def rows_in_ram(
-        self, fn: Callable[[Q], Any], ids_of: Callable[[Q], Iterable[tuple[str, Any]]]
+        self,
+        fn: Callable[[Q], Any],
+        ids_of: Callable[[Q], Iterable[tuple[str, Any]]],
+        trains: Callable[[Q], bool] = lambda req: True,
     ) -> Callable[[Q], Any]:
         """``fn`` (a handler that runs in one step on the loop) behind a stage that first
         brings back into RAM, read on a thread, the rows on disk that its request names
-        (``ids_of``: its ``(table, ids)``); ``fn`` itself if this ps tiers nothing."""
+        (``ids_of``: its ``(table, ids)``); ``fn`` itself if this ps tiers nothing. A request
+        that does not train (``trains``) has those rows read for it and left on disk."""
         if self.tiering is None:
             return fn
 
         async def run(req: Q) -> Any:
             wanted = list(ids_of(req))
-            await self.stage(wanted)
-            out = fn(req)  # no await between the stage and the handler: its rows stay in RAM
+            train = trains(req)
+            read = await self.stage(wanted, train)
+            try:
+                out = fn(req)  # no await between the stage and the handler: its rows stay in RAM
+            finally:
+                for table in read:
+                    table.read_ahead = None
             for name, _ in wanted:
                 self.compact(name)
             return (await out) if inspect.isawaitable(out) else out
@@ -224,10 +233,14 @@ class TableHandlers:
         finally:
             table.compacting = False
 
-    async def stage(self, wanted: Iterable[tuple[str, Any]]) -> None:
+    async def stage(self, wanted: Iterable[tuple[str, Any]], train: bool = True) -> list[TieredTable]:
         """Read the rows of ``wanted`` that are on disk (one thread call for all of them),
-        then put them back in RAM. A request the handler will refuse (a table not here,
-        ids that are not ids) is left to the handler."""
+        then put them back in RAM; for a request that does not ``train``, leave them on disk
+        and give their rows to the handler (:attr:`TieredTable.read_ahead`, which the caller
+        clears after it). A request the handler will refuse (a table not here, ids that are
+        not ids) is left to the handler. Returns the tables given rows read ahead."""
+        if not train:
+            return await self._read_ahead(wanted)
         reads = []
         for name, raw in wanted:
             table = self.tables.get(name)
@@ -256,7 +269,7 @@ class TableHandlers:
             if cold_ids.size:
                 reads.append((table, ids, cold_ids, places, found, new))
         if not reads:
-            return
+            return []
         for table, *_ in reads:
             table.cold.begin_read()
         try:
@@ -269,6 +282,40 @@ class TableHandlers:
                 table.promote(cold_ids, places, records, ids, found)
                 if table.cold_short(new, ids.size):  # the rows put back grew the hot set into
                     table.shrink_for_cold(new, ids.size, keep=ids)  # the room checked for above
+        return []
+
+    async def _read_ahead(self, wanted: Iterable[tuple[str, Any]]) -> list[TieredTable]:
+        """:meth:`stage` of a request that does not train: the rows on disk it names, read on
+        a thread and handed to its handler, nothing moved (no room made in RAM or on disk)."""
+        reads = []
+        for name, raw in wanted:
+            table = self.tables.get(name)
+            if not isinstance(table, TieredTable) or not len(table.cold):
+                continue
+            try:
+                ids = np.ascontiguousarray(raw, np.int64)
+            except (TypeError, ValueError, OverflowError):
+                continue
+            if ids.ndim != 1:
+                continue
+            _, places = table.cold_wanted(ids[table.in_ram(ids).pos < 0])
+            if places.size:
+                reads.append((table, places))
+        if not reads:
+            return []
+        for table, _ in reads:
+            table.cold.begin_read()
+        try:
+            got = await asyncio.to_thread(lambda: [t.read_rows(p) for t, p in reads])
+        finally:
+            for table, _ in reads:
+                table.cold.end_read()
+        given = []
+        for (table, _), rows in zip(reads, got):
+            if self.tables.get(table.name) is table:  # (not replaced meanwhile)
+                table.read_ahead = rows
+                given.append(table)
+        return given
 
     def _tiered_largest_first(self) -> list[TieredTable]:
         """This ps's tiered tables, those with the most rows allocated in RAM first: the order
@@ -325,7 +372,10 @@ class TableHandlers:
     def install(self, route: Router) -> None:
         """Route the table operations (and full saves, which write the tables too) here."""
         route(CreateTable, self.create_table)
-        route(LookupTable, self.rows_in_ram(self.lookup_table, lambda req: [(req.name, req.ids)]))
+        route(
+            LookupTable,
+            self.rows_in_ram(self.lookup_table, lambda req: [(req.name, req.ids)], lambda req: req.train),
+        )
         route(TableStatistics, self.table_statistics)
         route(ExportTable, self.export_table)
         route(RestoreTable, self.restores.restore_table)
