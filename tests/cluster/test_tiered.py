@@ -215,7 +215,7 @@ async def test_a_full_disk_refuses_what_would_move_rows_and_still_serves_every_r
     async with _tiered(tmp_path) as cluster:
         table, opt = await _train(cluster, _batches())
         ids, rows = await table.export()
-        _, cold = _tiers(cluster, ids)
+        hot, cold = _tiers(cluster, ids)
         real_open = open
 
         def full(path, mode="r", *args, **kwargs):
@@ -230,6 +230,13 @@ async def test_a_full_disk_refuses_what_would_move_rows_and_still_serves_every_r
         with pytest.raises(ResourceExhaustedError, match="is full"):
             await table.lookup(np.arange(10**12, 10**12 + 4 * BATCH, dtype=np.int64))
         assert (await table.statistics())["refused"] >= refused + 2
+        # training on rows in RAM goes on (it moves nothing to disk)
+        some = hot[:32]
+        looked = await table.lookup(some)
+        np.testing.assert_array_equal(looked, rows[np.isin(ids, some)])
+        await opt.apply_gradients([(pstrain.IndexedSlices(_grad(looked, some), some), table)])
+        ids, rows = await table.export()
+        assert not np.array_equal(rows[np.isin(ids, some)], looked)
         np.testing.assert_array_equal(await table.lookup(cold, training=False), rows[np.isin(ids, cold)])
         got_ids, got_rows = await table.export()
         np.testing.assert_array_equal(got_ids, ids)
