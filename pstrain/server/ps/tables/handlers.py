@@ -12,7 +12,7 @@ import functools
 import inspect
 import logging
 import os
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import msgspec
@@ -237,21 +237,11 @@ class TableHandlers:
         """Read the rows of ``wanted`` that are on disk (one thread call for all of them),
         then put them back in RAM; for a request that does not ``train``, leave them on disk
         and give their rows to the handler (:attr:`TieredTable.read_ahead`, which the caller
-        clears after it). A request the handler will refuse (a table not here, ids that are
-        not ids) is left to the handler. Returns the tables given rows read ahead."""
+        clears after it). Returns the tables given rows read ahead."""
         if not train:
             return await self._read_ahead(wanted)
         reads = []
-        for name, raw in wanted:
-            table = self.tables.get(name)
-            if not isinstance(table, TieredTable):
-                continue
-            try:
-                ids = np.asarray(raw)
-            except (TypeError, ValueError):
-                continue
-            if ids.ndim != 1 or ids.dtype.kind not in "iu":
-                continue
+        for table, ids in self._tiered_ids(wanted):
             if table.hot_short(ids.size):  # the other tables' rows in RAM left it no room
                 self._make_room(table, ids.size)
             if not len(table.cold):
@@ -268,15 +258,7 @@ class TableHandlers:
                 table.shrink_for_cold(new, ids.size, keep=ids)  # (none of ``ids`` moves)
             if cold_ids.size:
                 reads.append((table, ids, cold_ids, places, found, new))
-        if not reads:
-            return []
-        for table, *_ in reads:
-            table.cold.begin_read()
-        try:
-            got = await asyncio.to_thread(lambda: [t.read_cold(p) for t, _, _, p, _, _ in reads])
-        finally:
-            for table, *_ in reads:
-                table.cold.end_read()
+        got = await self._read_on_thread([r[0] for r in reads], lambda: [r[0].read_cold(r[3]) for r in reads])
         for (table, ids, cold_ids, places, found, new), records in zip(reads, got):
             if self.tables.get(table.name) is table:  # (not replaced meanwhile)
                 table.promote(cold_ids, places, records, ids, found)
@@ -288,34 +270,46 @@ class TableHandlers:
         """:meth:`stage` of a request that does not train: the rows on disk it names, read on
         a thread and handed to its handler, nothing moved (no room made in RAM or on disk)."""
         reads = []
-        for name, raw in wanted:
-            table = self.tables.get(name)
-            if not isinstance(table, TieredTable) or not len(table.cold):
-                continue
-            try:
-                ids = np.ascontiguousarray(raw, np.int64)
-            except (TypeError, ValueError, OverflowError):
-                continue
-            if ids.ndim != 1:
-                continue
-            _, places = table.cold_wanted(ids[table.in_ram(ids).pos < 0])
-            if places.size:
-                reads.append((table, places))
-        if not reads:
-            return []
-        for table, _ in reads:
-            table.cold.begin_read()
-        try:
-            got = await asyncio.to_thread(lambda: [t.read_rows(p) for t, p in reads])
-        finally:
-            for table, _ in reads:
-                table.cold.end_read()
+        for table, ids in self._tiered_ids(wanted):
+            if len(table.cold):
+                ids = np.ascontiguousarray(ids, np.int64)
+                _, places = table.cold_wanted(ids[table.in_ram(ids).pos < 0])
+                if places.size:
+                    reads.append((table, places))
+        got = await self._read_on_thread([t for t, _ in reads], lambda: [t.read_rows(p) for t, p in reads])
         given = []
         for (table, _), rows in zip(reads, got):
             if self.tables.get(table.name) is table:  # (not replaced meanwhile)
                 table.read_ahead = rows
                 given.append(table)
         return given
+
+    def _tiered_ids(self, wanted: Iterable[tuple[str, Any]]) -> Iterator[tuple[TieredTable, np.ndarray]]:
+        """The tiered tables ``wanted`` names, each with its ids. A request the handler will
+        refuse (a table not here, ids that are not ids) is left to the handler."""
+        for name, raw in wanted:
+            table = self.tables.get(name)
+            if not isinstance(table, TieredTable):
+                continue
+            try:
+                ids = np.asarray(raw)
+            except (TypeError, ValueError):
+                continue
+            if ids.ndim == 1 and ids.dtype.kind in "iu":
+                yield table, ids
+
+    @staticmethod
+    async def _read_on_thread(tables: list[TieredTable], read: Callable[[], list[Any]]) -> list[Any]:
+        """``read()`` on a thread, no segment of ``tables`` deleted meanwhile."""
+        if not tables:
+            return []
+        for table in tables:
+            table.cold.begin_read()
+        try:
+            return await asyncio.to_thread(read)
+        finally:
+            for table in tables:
+                table.cold.end_read()
 
     def _tiered_largest_first(self) -> list[TieredTable]:
         """This ps's tiered tables, those with the most rows allocated in RAM first: the order

@@ -709,8 +709,8 @@ class TieredTable(TieredSlices, DynamicTable):
         if self.read_ahead is not None:  # records never change: one read at a place is current
             read, got = self.read_ahead
             order = np.argsort(read)
-            k = np.minimum(np.searchsorted(read, places, sorter=order), read.size - 1)
-            hit = read[order[k]] == places if read.size else np.zeros(at.size, bool)
+            k = np.minimum(np.searchsorted(read, places, sorter=order), read.size - 1)  # (never empty)
+            hit = read[order[k]] == places
             rows[hit] = got[order[k[hit]]]
             unread = ~hit
         if unread.any():
