@@ -90,6 +90,36 @@ def test_a_tiered_table_trains_exactly_as_one_wholly_in_ram(tmp_path_factory, ba
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    steps=st.lists(
+        st.tuples(st.booleans(), st.lists(st.integers(0, 400), min_size=1, max_size=60)),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_lookups_that_do_not_train_see_what_a_table_in_ram_sees_and_move_nothing(tmp_path_factory, steps):
+    # Training and evaluation interleaved: evaluation (some of its ids never seen, most on
+    # disk) returns the rows a table wholly in RAM returns, and leaves every row in its tier.
+    config = TableConfig(dim=4)
+    ram = DynamicTable("t", config)
+    disk = tiered(tmp_path_factory.mktemp("tier"), config, hot_rows=48)
+    for t in range(1, 11):  # 300 rows first: most of them on disk
+        ids = np.arange(30 * t, 30 * t + 30, dtype=np.int64) * 7919 - 300
+        train(disk, ids, t), train(ram, ids, t)
+    assert len(disk.cold) > 150
+    for t, (trains, batch) in enumerate(steps, 11):
+        ids = np.array(list(dict.fromkeys(batch)), np.int64) * 7919 - 300
+        if trains:
+            np.testing.assert_array_equal(train(disk, ids, t), train(ram, ids, t))
+            continue
+        hot = np.sort(disk.ids[disk.live]) if len(disk.index) else np.empty(0, np.int64)
+        cold = len(disk.cold)
+        np.testing.assert_array_equal(disk.lookup(ids, False), ram.lookup(ids, False))
+        assert np.array_equal(np.sort(disk.ids[disk.live]) if len(disk.index) else hot, hot)
+        assert len(disk.cold) == cold and len(disk) == len(ram)
+
+
 def test_rows_move_to_disk_and_back_and_the_statistics_say_so(tmp_path):
     config = TableConfig(dim=8)
     table = tiered(tmp_path, config, hot_rows=100)
