@@ -216,7 +216,8 @@ def test_a_lookup_that_does_not_train_reads_the_current_record_of_each_row_on_di
         train(table, ids, t), train(ram, ids, t)
     on_disk = np.sort(table.cold.ids_of(table.cold.live_slots()))
     assert on_disk.size > 60
-    table.read_ahead = table.read_rows(table.cold_wanted(on_disk)[1])
+    places = np.sort(table.cold_wanted(on_disk)[1])
+    table.read_ahead = (places, table.read_rows(places))
     moved = on_disk[:20]
     for t in (7, 8):  # back in RAM, changed, then out again (other rows looked up)
         train(table, moved, t), train(ram, moved, t)

@@ -275,12 +275,12 @@ class TableHandlers:
                 ids = np.ascontiguousarray(ids, np.int64)
                 _, places = table.cold_wanted(ids[table.in_ram(ids).pos < 0])
                 if places.size:
-                    reads.append((table, places))
+                    reads.append((table, np.sort(places)))
         got = await self._read_on_thread([t for t, _ in reads], lambda: [t.read_rows(p) for t, p in reads])
         given = []
-        for (table, _), rows in zip(reads, got):
+        for (table, places), rows in zip(reads, got):
             if self.tables.get(table.name) is table:  # (not replaced meanwhile)
-                table.read_ahead = rows
+                table.read_ahead = (places, rows)
                 given.append(table)
         return given
 

@@ -195,7 +195,7 @@ class TieredTable(TieredSlices, DynamicTable):
         self.cold_latency: list[float] = []  # seconds of each cold read (the last 1024)
         self.read_through = 0  # rows on disk served where they lie, to lookups that do not train
         #: The rows on disk a stage read on a thread for the lookup that does not train after
-        #: it (no await between): their places and rows (:meth:`_read_through`).
+        #: it (no await between): their places, ascending, and rows (:meth:`_read_through`).
         self.read_ahead: tuple[np.ndarray, np.ndarray] | None = None
         self._keep_statistics()
 
@@ -667,14 +667,14 @@ class TieredTable(TieredSlices, DynamicTable):
         self.promote(cold_ids, places, self.read_cold(places), ids)
         return self.positions(ids)  # (a promotion may move as many rows out)
 
-    def read_rows(self, places: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def read_rows(self, places: np.ndarray) -> np.ndarray:
         """The rows (not their slots) of the records at ``places``, for a lookup that does
-        not train: ``(places, rows)``, read a piece at a time, so that no more than a piece
-        of whole records is held beside the rows."""
+        not train, read a piece at a time, so that no more than a piece of whole records is
+        held beside the rows."""
         rows = np.empty((places.size, self.config.dim), self.dtype)
         for lo in range(0, places.size, READ_THROUGH_PIECE):
             rows[lo : lo + READ_THROUGH_PIECE] = self.read_cold(places[lo : lo + READ_THROUGH_PIECE])["rows"]
-        return places, rows
+        return rows
 
     # -- what the ps serves --------------------------------------------------------------------
     def lookup(self, ids: np.ndarray, train: bool, pos: np.ndarray | None = None) -> np.ndarray:
@@ -707,15 +707,14 @@ class TieredTable(TieredSlices, DynamicTable):
         rows = np.empty((at.size, self.config.dim), self.dtype)
         unread = np.ones(at.size, bool)
         if self.read_ahead is not None:  # records never change: one read at a place is current
-            read, got = self.read_ahead
-            order = np.argsort(read)
-            k = np.minimum(np.searchsorted(read, places, sorter=order), read.size - 1)  # (never empty)
-            hit = read[order[k]] == places
-            rows[hit] = got[order[k[hit]]]
+            read, got = self.read_ahead  # (its places ascending, never none)
+            k = np.minimum(np.searchsorted(read, places), read.size - 1)
+            hit = read[k] == places
+            rows[hit] = got[k[hit]]
             unread = ~hit
         if unread.any():
             self.loop_reads += 1
-            rows[unread] = self.read_rows(places[unread])[1]
+            rows[unread] = self.read_rows(places[unread])
         out[at] = rows
         self.read_through += at.size
         return out
