@@ -15,8 +15,15 @@ import numpy as np
 import pytest
 
 import pstrain
+from pstrain._formats.messages.operations import (
+    ApplyGradients,
+    LookupTable,
+    LookupTables,
+    OptimizerRule,
+    TableIds,
+)
 from pstrain._kernels import KERNELS
-from pstrain.errors import ResourceExhaustedError
+from pstrain.errors import InvalidArgumentError, ResourceExhaustedError
 from pstrain.server.ps.tables import cold_rows as cold_rows_module, handlers as table_handlers
 from pstrain.server.ps.tables.cold_rows import ColdRows, removals_done
 from pstrain.testing import InProcessCluster
@@ -56,12 +63,13 @@ async def _train(cluster: InProcessCluster, batches: list[np.ndarray]):
     return table, opt
 
 
-def _tiered(tmp_path, **kw) -> InProcessCluster:
+def _tiered(tmp_path, ps_options: dict | None = None, **kw) -> InProcessCluster:
     options = {
         "memory_budget": BUDGET,
         "table_dir": str(tmp_path / "tier"),
         "checkpoint_root": str(tmp_path),
         "table_segment_rows": 256,  # small segments: some die, some are compacted
+        **(ps_options or {}),
     }
     return InProcessCluster(num_ps=2, num_workers=1, token=TOKEN, ps_options=options, **kw)
 
@@ -209,6 +217,48 @@ async def test_a_lookup_that_does_not_train_reads_rows_on_disk_where_they_lie(tm
             (s.statistics()["hot_rows"], s.statistics()["cold_rows"], s.statistics()["promoted"])
             for s in shards
         ] == placed
+
+
+async def test_a_request_refused_whatever_its_rows_reads_nothing_from_disk_and_moves_nothing(tmp_path):
+    # A lookup whose reply would pass the ps's gather limit, or a gradient of the wrong
+    # width, is refused before its rows on disk are read: what a request makes a ps read
+    # follows what the ps would send back, never how many ids the request names, and a
+    # refused request leaves every row in its tier.
+    limit = 64 << 10  # 1,024 rows of 16 floats
+    async with _tiered(tmp_path, {"max_gather_bytes": limit}) as cluster:
+        batches = _batches()
+        table, opt = await _train(cluster, batches)
+        await wait_for(lambda: not any(ps.tables["emb"].compacting for ps in cluster.ps), 30, "compactions")
+        shard = cluster.ps[0].tables["emb"]
+        seen = np.unique(np.concatenate(batches))
+        cold = seen[shard.cold.find(seen) >= 0]  # rows of ps 0 on disk
+        assert cold.size * DIM * 4 > limit, cold.size
+        channel = table.channel(0)
+
+        def disk_reads() -> list[int]:
+            return [ps.tables["emb"].statistics()["cold_rows_read"] for ps in cluster.ps]
+
+        before, read = _placement(cluster), disk_reads()
+        for train in (False, True):
+            with pytest.raises(InvalidArgumentError, match="limit"):
+                await channel.request(LookupTable(name=table.key, ids=cold, train=train))
+            with pytest.raises(InvalidArgumentError, match="limit"):
+                await channel.request(LookupTables(lookups=[TableIds(name=table.key, ids=cold)], train=train))
+        with pytest.raises(InvalidArgumentError, match="values must be"):
+            await channel.request(
+                ApplyGradients(
+                    rule=OptimizerRule(kind="adagrad", learning_rate=0.1),
+                    prefix=opt.name,
+                    grads=[],
+                    tables=[(table.key, cold[:500], np.ones((500, DIM + 1), np.float32))],
+                )
+            )
+        assert _placement(cluster) == before
+        assert disk_reads() == read
+        # within the limit, the same rows are read where they lie
+        await channel.request(LookupTable(name=table.key, ids=cold[:500], train=False))
+        assert disk_reads()[0] - read[0] == 500
+        assert _placement(cluster) == before
 
 
 async def test_a_full_disk_refuses_what_would_move_rows_and_still_serves_every_row(tmp_path, monkeypatch):

@@ -250,6 +250,7 @@ class ParameterServer(ServerBase):
             in_ram(
                 self.fencing.guarded(self.apply_optimizer),
                 lambda req: [(n, i) for n, i, _ in req.tables or ()],
+                check=lambda req: self.table_handlers.check_gradients(req.tables or ()),
             ),
         )
         if tiering is not None:  # variables and their slots count against the budget too
@@ -261,7 +262,10 @@ class ParameterServer(ServerBase):
         self.route(
             LookupTables,
             in_ram(
-                self.lookup_tables, lambda req: [(x.name, x.ids) for x in req.lookups], lambda req: req.train
+                self.lookup_tables,
+                lambda req: [(x.name, x.ids) for x in req.lookups],
+                lambda req: req.train,
+                self._check_lookup_tables,
             ),
         )
         #: Variables and table slices moving in and out (an elastic ps joined or leaves).
@@ -438,6 +442,11 @@ class ParameterServer(ServerBase):
         else:
             raise InvalidArgumentError("vars/sparse_read: give 'reads', or 'name' and 'indices'")
         return self._reads(self._plan_reads(reads, "vars/sparse_read"), [], req.as_of)
+
+    def _check_lookup_tables(self, req: LookupTables) -> None:
+        """What :meth:`lookup_tables` refuses whatever the rows (a tiered ps asks first)."""
+        self._plan_reads([(r.name, r.indices) for r in req.reads or ()], "dyn/lookup_many")
+        self.table_handlers.check_lookups([(x.name, x.ids) for x in req.lookups], "dyn/lookup_many")
 
     def lookup_tables(self, req: LookupTables) -> ValuesReply | Pinned[ValuesReply]:
         """``dyn/lookup_many``: dynamic tables' rows and variables' reads in one request; all

@@ -170,15 +170,22 @@ class TableHandlers:
         fn: Callable[[Q], Any],
         ids_of: Callable[[Q], Iterable[tuple[str, Any]]],
         trains: Callable[[Q], bool] = lambda req: True,
+        check: Callable[[Q], object] | None = None,
     ) -> Callable[[Q], Any]:
         """``fn`` (a handler that runs in one step on the loop) behind a stage that first
         brings back into RAM, read on a thread, the rows on disk that its request names
         (``ids_of``: its ``(table, ids)``); ``fn`` itself if this ps tiers nothing. A request
-        that does not train (``trains``) has those rows read for it and left on disk."""
+        that does not train (``trains``) has those rows read for it and left on disk.
+        ``check`` refuses, before anything is read, what ``fn`` would refuse whatever the
+        rows: a refused request reads nothing from disk and moves nothing between the tiers
+        (the rows a lookup reads for its reply follow the reply's limit, not how many ids
+        a request names)."""
         if self.tiering is None:
             return fn
 
         async def run(req: Q) -> Any:
+            if check is not None:
+                check(req)
             wanted = list(ids_of(req))
             train = trains(req)
             read = await self.stage(wanted, train)
@@ -368,7 +375,12 @@ class TableHandlers:
         route(CreateTable, self.create_table)
         route(
             LookupTable,
-            self.rows_in_ram(self.lookup_table, lambda req: [(req.name, req.ids)], lambda req: req.train),
+            self.rows_in_ram(
+                self.lookup_table,
+                lambda req: [(req.name, req.ids)],
+                lambda req: req.train,
+                lambda req: self.check_lookups([(req.name, req.ids)], "dyn/lookup"),
+            ),
         )
         route(TableStatistics, self.table_statistics)
         route(ExportTable, self.export_table)
@@ -381,25 +393,35 @@ class TableHandlers:
         """The tables' sparse gradients of an ``opt/apply``, checked whole (nothing changes):
         ``(table, ids, values, slots, the ids' rows)``."""
         planned = []
-        for name, ids, values in grads:
-            table = self.table(name)
-            ids = _table_ids(ids, f"sparse gradient of table {name!r}")
-            self.guards.check(name, ids)
+        for name, table, ids, grad in self.check_gradients(grads):
             pos = table.locate_update(ids)
             if pos is None:
                 raise InvalidArgumentError(
                     f"opt/apply: the ids of table {name!r} must be distinct "
                     "(merge the rows of a repeated id first)"
                 )
+            slots = {slot: (f"{prefix}/{slot}", init) for slot, init in specs.items()}
+            planned.append((table, ids, grad, slots, pos))
+        return planned
+
+    def check_gradients(
+        self, grads: Iterable[tuple[str, Any, Any]]
+    ) -> list[tuple[str, DynamicTable, np.ndarray, np.ndarray]]:
+        """``(name, table, ids, values)`` of each table's sparse gradient, checked as far as
+        the rows' places do not matter (names, ids, slices held, the values' shape)."""
+        checked = []
+        for name, ids, values in grads:
+            table = self.table(name)
+            ids = _table_ids(ids, f"sparse gradient of table {name!r}")
+            self.guards.check(name, ids)
             grad = np.asarray(values)
             if grad.shape != (ids.size, table.config.dim) or grad.dtype.kind not in "fiu":
                 raise InvalidArgumentError(
                     f"sparse gradient of table {name!r}: values must be ({ids.size}, "
                     f"{table.config.dim}) numbers, got {grad.shape} {grad.dtype}"
                 )
-            slots = {slot: (f"{prefix}/{slot}", init) for slot, init in specs.items()}
-            planned.append((table, ids, grad, slots, pos))
-        return planned
+            checked.append((name, table, ids, grad))
+        return checked
 
     def table(self, name: str) -> DynamicTable:
         table = self.tables.get(name)
@@ -454,12 +476,14 @@ class TableHandlers:
         variables are the store's)."""
         return self._lookups([(x.name, x.ids) for x in req.lookups], req.train, req.as_of, "dyn/lookup_many")
 
-    def _lookups(self, lookups: list[tuple[str, Any]], train: bool, as_of: Any, op: str) -> ValuesReply:
-        """Rows of each ``(table, ids)``: everything checked (names, slices held, sizes,
-        distinct ids) before the first row is admitted."""
+    def check_lookups(
+        self, lookups: list[tuple[str, Any]], op: str
+    ) -> list[tuple[str, DynamicTable, np.ndarray]]:
+        """``(name, table, ids)`` of each lookup, checked as far as the rows' places do not
+        matter (names, ids, slices held, the reply's size); nothing read or changed."""
         if len({name for name, _ in lookups}) != len(lookups):
             raise InvalidArgumentError(f"{op}: a table is named more than once (name each once)")
-        planned = []
+        checked = []
         nbytes = 0
         for name, raw in lookups:
             table = self.table(name)
@@ -471,6 +495,14 @@ class TableHandlers:
                     f"{op} of {name!r}: the reply would be more than "
                     f"this ps's limit of {self.max_gather_bytes} bytes"
                 )
+            checked.append((name, table, ids))
+        return checked
+
+    def _lookups(self, lookups: list[tuple[str, Any]], train: bool, as_of: Any, op: str) -> ValuesReply:
+        """Rows of each ``(table, ids)``: everything checked (names, slices held, sizes,
+        distinct ids) before the first row is admitted."""
+        planned = []
+        for name, table, ids in self.check_lookups(lookups, op):
             pos = table.locate(ids)
             if pos is None:
                 raise InvalidArgumentError(f"{op} of {name!r}: ids must be distinct (look up each id once)")
