@@ -250,7 +250,7 @@ class ParameterServer(ServerBase):
             in_ram(
                 self.fencing.guarded(self.apply_optimizer),
                 lambda req: [(n, i) for n, i, _ in req.tables or ()],
-                check=lambda req: self.table_handlers.check_gradients(req.tables or ()),
+                check=lambda req: self.table_handlers.check_gradients(req.tables or (), held=False),
             ),
         )
         if tiering is not None:  # variables and their slots count against the budget too

@@ -405,15 +405,20 @@ class TableHandlers:
         return planned
 
     def check_gradients(
-        self, grads: Iterable[tuple[str, Any, Any]]
+        self, grads: Iterable[tuple[str, Any, Any]], *, held: bool = True
     ) -> list[tuple[str, DynamicTable, np.ndarray, np.ndarray]]:
         """``(name, table, ids, values)`` of each table's sparse gradient, checked as far as
-        the rows' places do not matter (names, ids, slices held, the values' shape)."""
+        the rows' places do not matter (names, ids, slices held, the values' shape). Not
+        ``held``: only the gradients of tables here, and not whether their slices still are
+        (before the fence, which may answer a retry with its first attempt's reply)."""
         checked = []
         for name, ids, values in grads:
+            if not held and name not in self.tables:
+                continue
             table = self.table(name)
             ids = _table_ids(ids, f"sparse gradient of table {name!r}")
-            self.guards.check(name, ids)
+            if held:
+                self.guards.check(name, ids)
             grad = np.asarray(values)
             if grad.shape != (ids.size, table.config.dim) or grad.dtype.kind not in "fiu":
                 raise InvalidArgumentError(
