@@ -6,7 +6,8 @@ a batch's distinct ids (``distinct_ids.pxi``), a dynamic table's new rows (``new
 rows on cache lines (``aligned_memory.pxi``), reads of records from disk (``io_uring.pxi``),
 string hashes (``strings.pxi``) and TFRecord files and tf.Example protos (``tf_records.pxi``).
 Each loop runs without the GIL and without Python per id; :mod:`pstrain._kernels.reference`
-is the numpy implementation they are tested against, bit for bit. See :mod:`pstrain._kernels`.
+is the numpy implementation they are tested against, bit for bit, a module for each of these
+files under its name (``reference/id_index.py`` ...). See :mod:`pstrain._kernels`.
 
 One module rather than one a concept: the kernels are chosen as a whole (compiled, or the
 numpy reference with ``PSTRAIN_KERNELS=numpy``), and the parts share the helpers below."""

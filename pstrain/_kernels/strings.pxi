@@ -2,7 +2,7 @@
 # TF's to_hash_bucket_fast, and SipHash-2-4, as its to_hash_bucket_strong.
 #
 # Written from the published algorithm; tests hold it to TensorFlow's own fingerprints and to
-# the pure-Python version in reference.py.
+# the pure-Python version in reference/strings.py.
 cdef extern from *:
     """
     #define FH_K0 0xc3a5c85c97cb3127ULL

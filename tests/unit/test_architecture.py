@@ -298,6 +298,7 @@ LAYER_NOTES = {
     "_formats/numerics": "formats: optimizer rules, initializers, schedules, id hashes, dtype casts",
     "_base": "base: errors, cluster, auth, context",
     "_kernels": "kernels: the id index, optimizer steps, distinct ids and per-id sums; C and numpy",
+    "_kernels/reference": "kernels: the numpy ones, a module a concept (as the C's included files)",
 }
 
 

@@ -1,0 +1,144 @@
+"""Rows in numpy: gathers and puts, row order, change stamps, the coldest rows and the rows
+changed since a mark."""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "ascending_rows",
+    "gather_rows",
+    "keep_changed",
+    "pick_victims",
+    "positions_checked",
+    "put_rows",
+    "rows_after",
+    "stamp_rows",
+]
+
+
+def positions_checked(name: str, var: np.ndarray, rows: np.ndarray, what: str = "variable") -> np.ndarray:
+    """Which of ``rows`` exist (not -1); raises if one is past ``var``'s end."""
+    if rows.size and rows.max() >= var.shape[0]:
+        raise IndexError(f"{name}: a row past the {what}'s end")
+    return rows >= 0
+
+
+def gather_rows(
+    table: np.ndarray,
+    pos: np.ndarray,
+    out: np.ndarray,
+    default: float,
+    last_seen: np.ndarray | None = None,
+    freq: np.ndarray | None = None,
+    clock: int = 0,
+) -> None:
+    if out.shape != (pos.size, table.shape[1]):
+        raise ValueError("gather_rows: out is not (len(pos), dim)")
+    if any(a is not None and a.size < table.shape[0] for a in (last_seen, freq)):
+        raise ValueError("gather_rows: last_seen or freq shorter than the table")
+    found = positions_checked("gather_rows", table, pos, "table")
+    out[found] = table[pos[found]]
+    out[~found] = default
+    if last_seen is not None:
+        last_seen[pos[found]] = clock
+    if freq is not None:
+        freq[pos[found]] += 1
+
+
+def put_rows(out: np.ndarray, rows: np.ndarray, values: np.ndarray, add: bool = False) -> None:
+    if values.shape != (rows.size, out.shape[1]):
+        raise ValueError("put_rows: values are not (len(rows), dim)")
+    keep = positions_checked("put_rows", out, rows, "array")
+    if add:
+        np.add.at(out, rows[keep], values[keep])
+    else:
+        out[rows[keep]] = values[keep]
+
+
+def ascending_rows(rows: np.ndarray, n: int, out: np.ndarray | None = None) -> tuple[int, bool]:
+    if out is not None and out.shape[0] != rows.shape[0]:
+        raise ValueError("ascending_rows: out is not as long as rows")
+    wide = rows.astype(np.int64)
+    outside = np.flatnonzero((wide < 0) | (wide >= n))
+    bad = int(outside[0]) if outside.size else -1
+    seen = wide if bad < 0 else wide[:bad]
+    if out is not None:
+        out[: seen.size] = seen
+    return bad, bool(np.all(seen[1:] > seen[:-1]))
+
+
+def stamp_rows(epochs: np.ndarray, pos: np.ndarray, epoch: int) -> int:
+    hit = pos[positions_checked("stamp_rows", epochs, pos, "table")]
+    epochs[hit] = epoch
+    return int(hit.size)
+
+
+def pick_victims(
+    key: np.ndarray,
+    live: np.ndarray,
+    protect: np.ndarray,
+    mark: np.ndarray,
+    used: int,
+    n: int,
+    low: int = 0,
+    high: int = -1,
+) -> np.ndarray:
+    # ``low`` and ``high`` only spare the compiled kernel a pass: the answer is the same
+    limit = min(used, key.size, live.size, mark.size)
+    if protect.size and (protect.min() < 0 or protect.max() >= limit):
+        raise IndexError("pick_victims: a protected row past the table's end")
+    eligible = live[:limit].astype(bool)
+    eligible[protect] = False
+    rows = np.flatnonzero(eligible)
+    n = max(0, min(n, rows.size))
+    if n == rows.size:
+        return rows
+    k = key[rows]
+    if n == 0:
+        return rows[:0]
+    threshold = np.partition(k, n - 1)[n - 1]
+    take = k < threshold
+    take[np.flatnonzero(k == threshold)[: n - int(np.count_nonzero(take))]] = True
+    return rows[take]
+
+
+def rows_after(
+    epochs: np.ndarray, since: int, live: np.ndarray | None = None, until: int | None = None
+) -> np.ndarray:
+    if live is not None and live.size < epochs.size:
+        raise ValueError(f"rows_after: {live.size} live flags for {epochs.size} rows")
+    after = epochs.astype(np.int64) > since
+    if until is not None:
+        after &= epochs.astype(np.int64) <= until
+    if live is not None:
+        after &= live[: epochs.size].astype(bool)
+    return np.flatnonzero(after)
+
+
+def keep_changed(
+    rows: np.ndarray,
+    epochs: np.ndarray,
+    since: int,
+    mark: int,
+    taken: int,
+    array: np.ndarray,
+    kept_rows: np.ndarray,
+    kept_values: np.ndarray,
+    start: int,
+) -> int:
+    n = rows.size
+    if array.shape[0] > epochs.shape[0]:
+        raise ValueError(f"keep_changed: {epochs.shape[0]} epochs for {array.shape[0]} rows")
+    if kept_values.shape[1:] != array.shape[1:]:
+        raise ValueError("keep_changed: kept_values is not (capacity, dim)")
+    if start < 0 or kept_rows.shape[0] - start < n or kept_values.shape[0] - start < n:
+        raise ValueError(f"keep_changed: no room for {n} rows from {start}")
+    if n > 1 and not bool(np.all(rows[1:] > rows[:-1])):
+        return -1
+    r = rows[(rows >= max(taken, 0)) & (rows < array.shape[0])]
+    e = epochs[r].astype(np.int64)
+    r = r[(e > since) & (e <= mark)]
+    kept_rows[start : start + r.size] = r
+    kept_values[start : start + r.size] = array[r]
+    return int(r.size)
