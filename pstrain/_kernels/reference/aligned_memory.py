@@ -1,4 +1,5 @@
-"""Aligned memory: numpy's own allocations (the compiled kernels align them for O_DIRECT)."""
+"""Aligned memory: numpy's own allocator (the compiled kernels start new arrays on a
+64-byte boundary)."""
 
 from __future__ import annotations
 

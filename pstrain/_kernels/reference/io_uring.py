@@ -1,5 +1,5 @@
-"""Records read from a file in numpy: by ``pread``, one run at a time (the compiled kernels
-submit a segment's runs to io_uring where the kernel gives a ring)."""
+"""Records read from a file in numpy: by ``os.preadv``, one run of records at a time (the
+compiled kernels submit a segment's runs to io_uring where the kernel gives a ring)."""
 
 from __future__ import annotations
 

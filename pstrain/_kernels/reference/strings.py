@@ -7,7 +7,7 @@ import numpy as np
 
 __all__ = ["fingerprint64", "siphash24"]
 
-# -- strings: FarmHash's Fingerprint64 (farmhashna::Hash64), in Python integers -----------------
+# FarmHash's Fingerprint64 (farmhashna::Hash64)
 _M64 = (1 << 64) - 1
 _FH_K0, _FH_K1, _FH_K2 = 0xC3A5C85C97CB3127, 0xB492B66FBE98F273, 0x9AE16A3B2F90404F
 
