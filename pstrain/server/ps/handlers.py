@@ -446,7 +446,9 @@ class ParameterServer(ServerBase):
     def _check_lookup_tables(self, req: LookupTables) -> None:
         """What :meth:`lookup_tables` refuses whatever the rows (a tiered ps asks first)."""
         self._plan_reads([(r.name, r.indices) for r in req.reads or ()], "dyn/lookup_many")
-        self.table_handlers.check_lookups([(x.name, x.ids) for x in req.lookups], "dyn/lookup_many")
+        self.table_handlers.check_lookups(
+            [(x.name, x.ids) for x in req.lookups], "dyn/lookup_many", held=False
+        )
 
     def lookup_tables(self, req: LookupTables) -> ValuesReply | Pinned[ValuesReply]:
         """``dyn/lookup_many``: dynamic tables' rows and variables' reads in one request; all
