@@ -220,30 +220,40 @@ async def test_a_lookup_that_does_not_train_reads_rows_on_disk_where_they_lie(tm
 
 
 async def test_a_request_refused_whatever_its_rows_reads_nothing_from_disk_and_moves_nothing(tmp_path):
-    # A lookup whose reply would pass the ps's gather limit, or a gradient of the wrong
-    # width, is refused before its rows on disk are read: what a request makes a ps read
-    # follows what the ps would send back, never how many ids the request names, and a
-    # refused request leaves every row in its tier.
-    limit = 64 << 10  # 1,024 rows of 16 floats
+    # A lookup whose reply would pass the ps's gather limit, a training lookup of more rows
+    # than its hot set holds at once, or a gradient of the wrong width, is refused before
+    # its rows on disk are read: what a request makes a ps read follows what the ps would
+    # send back and hold, never how many ids the request names, and a refused request
+    # leaves every row in its tier.
+    limit = 256 << 10  # 4,096 rows of 16 floats
     async with _tiered(tmp_path, {"max_gather_bytes": limit}) as cluster:
         batches = _batches()
         table, opt = await _train(cluster, batches)
         await wait_for(lambda: not any(ps.tables["emb"].compacting for ps in cluster.ps), 30, "compactions")
         shard = cluster.ps[0].tables["emb"]
         seen = np.unique(np.concatenate(batches))
-        cold = seen[shard.cold.find(seen) >= 0]  # rows of ps 0 on disk
-        assert cold.size * DIM * 4 > limit, cold.size
+        held = seen[shard.has_row(seen)]  # the rows of ps 0, in RAM and on disk
+        cold = seen[shard.cold.find(seen) >= 0]  # those on disk
+        hot_rows = shard.statistics()["hot_rows"]
+        assert held.size * DIM * 4 > limit >= cold.size * DIM * 4 and cold.size > hot_rows
         channel = table.channel(0)
 
         def disk_reads() -> list[int]:
             return [ps.tables["emb"].statistics()["cold_rows_read"] for ps in cluster.ps]
 
-        before, read = _placement(cluster), disk_reads()
+        before, read, refused = _placement(cluster), disk_reads(), shard.refused
         for train in (False, True):
             with pytest.raises(InvalidArgumentError, match="limit"):
-                await channel.request(LookupTable(name=table.key, ids=cold, train=train))
+                await channel.request(LookupTable(name=table.key, ids=held, train=train))
             with pytest.raises(InvalidArgumentError, match="limit"):
-                await channel.request(LookupTables(lookups=[TableIds(name=table.key, ids=cold)], train=train))
+                await channel.request(LookupTables(lookups=[TableIds(name=table.key, ids=held)], train=train))
+        for request in (
+            LookupTable(name=table.key, ids=cold, train=True),
+            LookupTables(lookups=[TableIds(name=table.key, ids=cold)], train=True),
+        ):
+            with pytest.raises(ResourceExhaustedError, match="rows in RAM at once"):
+                await channel.request(request)
+        assert shard.refused == refused + 2  # counted, as refusals for want of room are
         with pytest.raises(InvalidArgumentError, match="values must be"):
             await channel.request(
                 ApplyGradients(
@@ -255,12 +265,12 @@ async def test_a_request_refused_whatever_its_rows_reads_nothing_from_disk_and_m
             )
         assert _placement(cluster) == before
         assert disk_reads() == read
-        # within the limit, the same rows are read where they lie (counted by the lookup: a
-        # compaction it starts reads from disk too)
+        # within the limit, a lookup that does not train reads the same rows where they lie
+        # (counted by the lookup: a compaction it starts reads from disk too)
         through = shard.read_through
-        got = await channel.request(LookupTable(name=table.key, ids=cold[:500], train=False))
-        assert got.values[0].shape == (500, DIM)
-        assert shard.read_through - through == 500
+        got = await channel.request(LookupTable(name=table.key, ids=cold, train=False))
+        assert got.values[0].shape == (cold.size, DIM)
+        assert shard.read_through - through == cold.size
         assert _placement(cluster) == before
 
 

@@ -258,6 +258,8 @@ class TableHandlers:
             ids = np.ascontiguousarray(ids, np.int64)
             found = table.in_ram(ids)  # only the others are looked for on disk
             cold_ids, places = table.cold_wanted(ids[found.pos < 0])
+            if cold_ids.size:  # too many for RAM at once: refused before anything is read
+                table.holds_at_once(cold_ids.size + int(np.count_nonzero(found.pos >= 0)))
             # the ids in neither tier take new rows in RAM, and as many rows move out to new
             # slots on disk (those put back give up theirs first: :meth:`TieredTable.promote`)
             new = int(np.count_nonzero(found.pos < 0)) - cold_ids.size

@@ -40,7 +40,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import numpy as np
 
@@ -280,6 +280,23 @@ class TieredTable(TieredSlices, DynamicTable):
         held = self.held() - self.cold.nbytes + self.cold.nbytes_with(moving)
         return held + grow * self.hot_row_bytes() <= self.budget
 
+    def holds_at_once(self, needed: int) -> None:
+        """ResourceExhaustedError, counted, if ``needed`` rows cannot be in RAM at once (a
+        request's rows in RAM and those it would bring back): asked before anything is read
+        for it, as :meth:`promote` would refuse it after."""
+        limit = self._hot_limit()
+        if needed > limit:
+            self._refuse_at_once(needed, limit)
+
+    def _refuse_at_once(self, needed: int, limit: int) -> NoReturn:
+        self.refused += 1
+        raise ResourceExhaustedError(
+            f"dynamic table {self.name!r}: a request needs {needed} rows in RAM at "
+            f"once, and the hot set of this shard holds {limit} within the ps's budget of "
+            f"{self.ps_budget} bytes (pstrain serve --memory-budget): raise the budget, shard "
+            "the table over more ps, or send smaller batches"
+        )
+
     def _hot_room(self, n: int, protect: np.ndarray) -> None:
         """Make room in RAM for ``n`` more rows, moving hot rows not in ``protect`` to disk;
         ResourceExhaustedError (nothing changed) if they cannot fit."""
@@ -297,13 +314,7 @@ class TieredTable(TieredSlices, DynamicTable):
         if n <= free:
             return np.empty(0, np.int64)
         if n > limit - protect.size:
-            self.refused += 1
-            raise ResourceExhaustedError(
-                f"dynamic table {self.name!r}: a request needs {n + protect.size} rows in RAM at "
-                f"once, and the hot set of this shard holds {limit} within the ps's budget of "
-                f"{self.ps_budget} bytes (pstrain serve --memory-budget): raise the budget, shard "
-                "the table over more ps, or send smaller batches"
-            )
+            self._refuse_at_once(n + protect.size, limit)
         picked: dict[int, np.ndarray] = {}  # the rows found for a count that fits only as
         # :meth:`_coldest_in_room` chose them (any coldest fit the other reckoning)
 
