@@ -3,6 +3,7 @@ the same): its width, dtype, initializer, capacity and its eviction and admissio
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,12 @@ class TableConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.dim, int) or self.dim < 1:
             raise InvalidArgumentError(f"a dynamic table's dim must be a positive integer, got {self.dim!r}")
-        dtype = np.dtype(self.dtype)
+        try:
+            dtype = np.dtype(self.dtype)
+        except (TypeError, ValueError):  # (numpy's parser refuses most strings with TypeError)
+            raise InvalidArgumentError(
+                f"a dynamic table's dtype must be float32 or float64, got {self.dtype!r}"
+            ) from None
         if dtype not in FLOAT_DTYPES:  # what the table kernels take
             raise InvalidArgumentError(f"a dynamic table's dtype must be float32 or float64, got {dtype}")
         if self.capacity is not None and self.capacity < 1:
@@ -49,6 +55,11 @@ class TableConfig:
             raise InvalidArgumentError(f"admit_probability must be in (0, 1], got {self.admit_probability}")
         if self.admit_after is not None and self.admit_probability is not None:
             raise InvalidArgumentError("give admit_after or admit_probability, not both")
+        if not (math.isfinite(self.init_low) and math.isfinite(self.init_high)):
+            raise InvalidArgumentError(
+                "the initializer's bounds must be finite numbers, "
+                f"got {self.init_low!r} and {self.init_high!r}"
+            )
         if not self.init_low <= self.init_high:
             raise InvalidArgumentError("the initializer's low bound is above its high bound")
         if self.max_candidates < 1:

@@ -87,6 +87,8 @@ INDEX_ROW_BYTES = 64
 HOT_ROW_EXTRA = 8 + 8 + 8 + 4 + 1 + 1 + INDEX_ROW_BYTES
 #: Optimizer slots a row in RAM is budgeted for (Adam's and FTRL's two; Adagrad has one).
 SLOTS = 2
+#: Characters of a table's quoted name in its tier's directory name (after its serial).
+NAME_CHARS = 160
 #: Rows moved at a time when a shard's rows in RAM are compacted (a copy of each block).
 COMPACT_ROWS = 1 << 14
 
@@ -113,8 +115,10 @@ class Tiering:
 
     def table_directory(self, name: str, serial: int) -> str:
         """Where the shard of table ``name`` made ``serial``-th keeps its rows (a restore
-        staged beside a live shard gets its own)."""
-        return os.path.join(self.directory, f"{serial}-{urllib.parse.quote(name, safe='')}")
+        staged beside a live shard gets its own). The serial makes it unique; the name, for
+        a reader of the directory, is cut to ``NAME_CHARS`` (a table's name may be 1,024
+        characters, and three times that quoted: a file name has 255 bytes at most)."""
+        return os.path.join(self.directory, f"{serial}-{urllib.parse.quote(name, safe='')[:NAME_CHARS]}")
 
 
 def save_bytes(budget: int) -> int:
