@@ -318,6 +318,49 @@ async def test_a_full_disk_refuses_what_would_move_rows_and_still_serves_every_r
         )
 
 
+async def test_gradients_for_one_table_given_twice_in_a_step_train_as_in_ram(tmp_path):
+    # apply_gradients given the same table twice (two IndexedSlices, say for two features
+    # sharing it) sends each ps one request naming the table twice: the ps applies them one
+    # after the other, as a ps holding everything in RAM does. On a tiered ps, bringing
+    # back the second part's rows from disk may move the first part's out: each part must
+    # still update its own rows, never another's (found by differential fuzzing: the
+    # second part's gradient landed on the first part's rows).
+    batches = _batches()
+    rng = np.random.default_rng(3)
+
+    async def run(cluster: InProcessCluster) -> tuple[np.ndarray, np.ndarray]:
+        table, opt = await _train(cluster, batches)
+        for _ in range(4):  # rows mostly on disk, not looked up since (their keys old)
+            # (no compaction under way: one that moves a record the stage read makes the
+            # handler read it again, on the loop)
+            await wait_for(
+                lambda: not any(getattr(ps.tables["emb"], "compacting", False) for ps in cluster.ps),
+                30,
+                "compactions",
+            )
+            ids = rng.permutation(IDS)[: 2 * BATCH].astype(np.int64)
+            grads = np.tanh(np.cos(ids)[:, None] * np.arange(1, DIM + 1)).astype(np.float32)
+            await opt.apply_gradients(
+                [
+                    (pstrain.IndexedSlices(grads[:BATCH], ids[:BATCH]), table),
+                    (pstrain.IndexedSlices(grads[BATCH:], ids[BATCH:]), table),
+                ]
+            )
+        return await table.export()
+
+    async with InProcessCluster(num_ps=2, num_workers=1, token=TOKEN) as ram:
+        want_ids, want_rows = await run(ram)
+    rng = np.random.default_rng(3)
+    async with _tiered(tmp_path) as cluster:
+        got_ids, got_rows = await run(cluster)
+        promoted = sum(ps.tables["emb"].statistics()["promoted"] for ps in cluster.ps)
+        loop_reads = [ps.tables["emb"].loop_reads for ps in cluster.ps]
+    np.testing.assert_array_equal(got_ids, want_ids)
+    np.testing.assert_array_equal(got_rows, want_rows)  # bit for bit
+    # and the stage brought every row of both parts back before the handler ran
+    assert promoted > 0 and loop_reads == [0, 0]
+
+
 async def test_tables_on_one_tiered_ps_share_its_ram_and_train_as_in_ram(tmp_path):
     """A table made after another has filled each ps's budget gets RAM from it (the first
     moves rows to disk and makes its arrays smaller), and both train exactly as on ps that

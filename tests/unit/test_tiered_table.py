@@ -23,6 +23,7 @@ from pstrain.server.ps.tables.cold_places import SavedPlaces
 from pstrain.server.ps.tables.cold_records import META
 from pstrain.server.ps.tables.cold_rows import ColdRows, removals_done
 from pstrain.server.ps.tables.dynamic_table import DynamicTable
+from pstrain.server.ps.tables.handlers import Planned, TableHandlers
 from pstrain.server.ps.tables.table_config import TableConfig
 from pstrain.server.ps.tables.tiered_table import HOT_SHARE, TieredTable
 
@@ -163,6 +164,40 @@ def test_the_rows_looked_up_most_stay_in_ram_in_a_table_that_evicts_nothing(tmp_
             table.load(saved["ids"], saved["rows"], {"acc": saved["slot:acc"]}, {"acc": 0.1})
     stats = table.statistics()
     assert stats["cold_rows"] > 300 and stats["promoted"] == 0, stats
+
+
+def test_an_update_naming_a_table_twice_updates_each_parts_own_rows(tmp_path):
+    # An opt/apply may give a table twice, its parts applied in turn with the rows planned
+    # for them before the first. On a tiered table the first part's rows, on disk, come
+    # back to RAM and move the coldest rows out: the second part's. Its rows are then found
+    # again (they were another id's by then: the second part's gradient landed on them).
+    config = TableConfig(dim=4)
+    ram, disk = DynamicTable("t", config), tiered(tmp_path, config, hot_rows=100)
+    first, second = np.arange(40, dtype=np.int64), np.arange(100, 140, dtype=np.int64)
+    t = 1
+    for ids in (first, second):
+        train(ram, ids, t), train(disk, ids, t)
+        t += 1
+    while disk.cold_wanted(first)[0].size < first.size:  # newer rows push the first part out
+        ids = np.arange(1000 + 10 * t, 1010 + 10 * t, dtype=np.int64)
+        train(ram, ids, t), train(disk, ids, t)
+        t += 1
+    assert np.count_nonzero(disk.positions(second) >= 0) > 30  # the coldest rows in RAM
+
+    def parts(table: DynamicTable) -> list[Planned]:
+        out = []
+        for ids in (first, second):
+            grad = np.cos(np.outer(ids, np.arange(1, 5))).astype(np.float32)
+            stamp = (table.index.inserted, table.index.removed)
+            out.append(Planned(table, ids, grad, ADAGRAD, table.locate_update(ids), stamp))
+        return out
+
+    for table in (ram, disk):
+        TableHandlers.apply(parts(table), RULES["adagrad"], CFG, t)
+    assert disk.loop_reads == 2  # each part's rows read back: no stage brought them
+    a, b = by_id(disk.export()), by_id(ram.export())
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
 def test_a_request_larger_than_the_hot_set_is_refused_and_changes_nothing(tmp_path):

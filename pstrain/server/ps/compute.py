@@ -108,8 +108,7 @@ def apply_gradients(store: VariableStore, tables: TableHandlers, req: ApplyGradi
             for s, (full, init, shape) in slots.items()
         }
         rule(var, grad, rows, arrays, cfg, step)
-    for table, ids, grad, table_slots, pos in table_plan:
-        table.apply(rule, ids, grad, table_slots, cfg, step, pos)
+    tables.apply(table_plan, rule, cfg, step)
     return StepReply(t=step)
 
 

@@ -55,6 +55,20 @@ COMPACT_BYTES = 4 << 20
 Q = TypeVar("Q")
 
 
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    """One table's part of an ``opt/apply``, checked (:meth:`TableHandlers.plan`): its ids,
+    gradient and slots, the ids' rows when planned and the table's index then (``stamp``:
+    ids inserted and removed so far)."""
+
+    table: DynamicTable
+    ids: np.ndarray
+    grad: np.ndarray
+    slots: dict[str, tuple[str, float]]
+    pos: np.ndarray
+    stamp: tuple[int, int]
+
+
 def shard_tensors(
     table: DynamicTable, save: dict[str, Snapshot], rename: dict[str, str], prefix: str = ""
 ) -> Tensors:
@@ -294,8 +308,11 @@ class TableHandlers:
         return given
 
     def _tiered_ids(self, wanted: Iterable[tuple[str, Any]]) -> Iterator[tuple[TieredTable, np.ndarray]]:
-        """The tiered tables ``wanted`` names, each with its ids. A request the handler will
-        refuse (a table not here, ids that are not ids) is left to the handler."""
+        """The tiered tables ``wanted`` names, each once with all its ids (an update may name
+        a table twice, its parts applied one after the other: their rows come back to RAM
+        together, none moved out for another's). A request the handler will refuse (a table
+        not here, ids that are not ids) is left to the handler."""
+        parts: dict[str, tuple[TieredTable, list[np.ndarray]]] = {}
         for name, raw in wanted:
             table = self.tables.get(name)
             if not isinstance(table, TieredTable):
@@ -305,7 +322,12 @@ class TableHandlers:
             except (TypeError, ValueError):
                 continue
             if ids.ndim == 1 and ids.dtype.kind in "iu":
-                yield table, ids
+                parts.setdefault(name, (table, []))[1].append(ids)
+        for table, each in parts.values():
+            if len(each) == 1:
+                yield table, each[0]
+            else:
+                yield table, np.unique(np.concatenate([a.astype(np.int64) for a in each]))
 
     @staticmethod
     async def _read_on_thread(tables: list[TieredTable], read: Callable[[], list[Any]]) -> list[Any]:
@@ -391,9 +413,9 @@ class TableHandlers:
 
     def plan(
         self, grads: Iterable[tuple[str, Any, Any]], prefix: str, specs: dict[str, float]
-    ) -> list[tuple[DynamicTable, np.ndarray, np.ndarray, dict[str, tuple[str, float]], np.ndarray]]:
-        """The tables' sparse gradients of an ``opt/apply``, checked whole (nothing changes):
-        ``(table, ids, values, slots, the ids' rows)``."""
+    ) -> list[Planned]:
+        """The tables' sparse gradients of an ``opt/apply``, checked whole (nothing changes),
+        for :meth:`apply`."""
         planned = []
         for name, table, ids, grad in self.check_gradients(grads):
             pos = table.locate_update(ids)
@@ -403,8 +425,21 @@ class TableHandlers:
                     "(merge the rows of a repeated id first)"
                 )
             slots = {slot: (f"{prefix}/{slot}", init) for slot, init in specs.items()}
-            planned.append((table, ids, grad, slots, pos))
+            stamp = (table.index.inserted, table.index.removed)
+            planned.append(Planned(table, ids, grad, slots, pos, stamp))
         return planned
+
+    @staticmethod
+    def apply(planned: list[Planned], rule: Callable[..., None], cfg: dict[str, Any], step: int) -> None:
+        """The optimizer's step on each table's part, one after the other. An update may
+        give a table twice (its parts applied in turn, as given): a part's rows are those
+        planned unless an earlier part moved rows since (a tiered table brings back on the
+        loop rows no stage did, and may move others out to make room), and then found
+        again, never another id's row taken for its own."""
+        for part in planned:
+            table = part.table
+            fresh = (table.index.inserted, table.index.removed) == part.stamp
+            table.apply(rule, part.ids, part.grad, part.slots, cfg, step, part.pos if fresh else None)
 
     def check_gradients(
         self, grads: Iterable[tuple[str, Any, Any]], *, held: bool = True
