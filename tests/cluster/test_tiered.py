@@ -324,13 +324,25 @@ async def test_gradients_for_one_table_given_twice_in_a_step_train_as_in_ram(tmp
     # after the other, as a ps holding everything in RAM does. On a tiered ps, bringing
     # back the second part's rows from disk may move the first part's out: each part must
     # still update its own rows, never another's (found by differential fuzzing: the
-    # second part's gradient landed on the first part's rows).
+    # second part's gradient landed on the first part's rows). Each step also gives a new
+    # variable its first gradient: its optimizer slot takes RAM from the table's hot set,
+    # which keeps the rows of both parts.
     batches = _batches()
     rng = np.random.default_rng(3)
+    dense_rows = 2048  # 128 KiB, and as much for its slot
 
     async def run(cluster: InProcessCluster) -> tuple[np.ndarray, np.ndarray]:
-        table, opt = await _train(cluster, batches)
-        for _ in range(4):  # rows mostly on disk, not looked up since (their keys old)
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            table = pstrain.DynamicEmbedding(DIM, name="emb")
+            opt = pstrain.optimizers.Adagrad(0.1)
+        for ids in batches:
+            rows = await table.lookup(ids)
+            grad = np.tanh(rows + np.sin(ids)[:, None]).astype(np.float32)
+            await opt.apply_gradients([(pstrain.IndexedSlices(grad, ids), table)])
+        for step in range(4):  # rows mostly on disk, not looked up since (their keys old)
+            with strategy.scope():
+                dense = pstrain.Variable(np.zeros((dense_rows, DIM), np.float32), name=f"dense{step}")
             # (no compaction under way: one that moves a record the stage read makes the
             # handler read it again, on the loop)
             await wait_for(
@@ -344,6 +356,7 @@ async def test_gradients_for_one_table_given_twice_in_a_step_train_as_in_ram(tmp
                 [
                     (pstrain.IndexedSlices(grads[:BATCH], ids[:BATCH]), table),
                     (pstrain.IndexedSlices(grads[BATCH:], ids[BATCH:]), table),
+                    (np.ones((dense_rows, DIM), np.float32), dense),
                 ]
             )
         return await table.export()
