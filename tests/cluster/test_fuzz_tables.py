@@ -228,16 +228,131 @@ any_request = st.one_of(
 )
 
 
+# the moves' and saves' operations on tables ("{root}": the ps's checkpoint root; "{self}":
+# its incarnation, which a delta names)
+slice_sets = st.one_of(
+    garbage,
+    st.fixed_dictionaries(
+        {"slices": st.integers(-1, 70_000), "owned": st.lists(st.integers(-2, 70_000), max_size=4)}
+    ),
+)
+stages = st.sampled_from(["s1", "s2", "", "x" * 70])
+in_root = st.sampled_from(["{root}/c1", "{root}/c1/t", "{root}/c3/u", "{root}/c1/../../x", "../c", "/tmp/x"])
+move_or_save = st.one_of(
+    st.tuples(
+        st.just("ps/move_out"),
+        st.fixed_dictionaries(
+            {
+                "keys": st.lists(names, max_size=2),
+                "stage": stages,
+                "tables": st.dictionaries(names, slice_sets, max_size=2),
+                "pull_records": st.booleans(),
+            }
+        ),
+    ),
+    st.tuples(
+        st.just("ps/move_records"),
+        st.fixed_dictionaries(
+            {
+                "stage": stages,
+                "name": names,
+                "start": st.integers(-1, FILLED),
+                "count": st.integers(0, 1 << 25),
+                "max_bytes": st.integers(0, 1 << 31),
+            }
+        ),
+    ),
+    st.tuples(st.just("ps/move_end"), st.fixed_dictionaries({"stage": stages, "commit": st.booleans()})),
+    st.tuples(
+        st.just("ps/move_pull"),  # from nothing that answers, on loopback
+        st.fixed_dictionaries(
+            {
+                "stage": stages,
+                "source_index": st.integers(-1, 3),
+                "source_address": st.sampled_from(["127.0.0.1:1", "x"]),
+                "keys": st.lists(names, max_size=2),
+                "tables": st.dictionaries(names, slice_sets, max_size=2),
+                "serving": st.dictionaries(names, slice_sets, max_size=2),
+                "capacity": st.dictionaries(names, st.integers(-1, 10), max_size=2),
+                "timeout": st.sampled_from([0.5, -1.0]),
+            }
+        ),
+    ),
+    st.tuples(st.just("ps/records"), st.fixed_dictionaries({"names": st.lists(names, max_size=3)})),
+    st.tuples(
+        st.just("ckpt/save"),
+        st.fixed_dictionaries(
+            {
+                "path": in_root,
+                "tensors": st.just({}),
+                "tables": st.lists(
+                    st.fixed_dictionaries(
+                        {"name": names, "path": in_root},
+                        optional={
+                            "slots": st.dictionaries(
+                                st.sampled_from(["opt/accumulator", "x"]), names, max_size=2
+                            )
+                        },
+                    ),
+                    max_size=2,
+                ),
+            }
+        ),
+    ),
+    st.tuples(st.just("delta/mark"), st.just({})),
+    st.tuples(
+        st.just("delta/save"),
+        st.fixed_dictionaries(
+            {
+                "path": in_root,
+                "since": st.integers(-1, 5),
+                "incarnation": st.sampled_from(["", "abc", "{self}"]),
+                "variables": st.just({}),
+                "tables": st.dictionaries(
+                    names,
+                    st.fixed_dictionaries(
+                        {"prefix": st.sampled_from(["p", ""])},
+                        optional={
+                            "slots": st.dictionaries(
+                                st.sampled_from(["opt/accumulator", "x"]), names, max_size=1
+                            )
+                        },
+                    ),
+                    max_size=2,
+                ),
+                "write_s": st.sampled_from([0.0, 1.0, -1.0]),
+            }
+        ),
+    ),
+)
+
+
+def _placed(value: Any, fill_in: dict[str, str]) -> Any:
+    """``value`` with each string's ``{root}`` and ``{self}`` filled in."""
+    if isinstance(value, str):
+        for key, text in fill_in.items():
+            value = value.replace("{" + key + "}", text)
+        return value
+    if isinstance(value, dict):
+        return {_placed(k, fill_in): _placed(v, fill_in) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_placed(v, fill_in) for v in value]
+    return value
+
+
 @pytest.mark.parametrize("tiered", [False, True], ids=["in RAM", "tiered"])
 def test_every_table_operation_validates_whatever_it_is_sent(tmp_path, tiered):
     outcomes = {"ok": 0, "refused": 0}
     with serving(tmp_path, [tiered]) as (loop, servers, (ch,)):
         loop.run_until_complete(fill(ch))
+        for directory in ("c1", "c3"):
+            (tmp_path / "ps0" / directory).mkdir(parents=True)
+        fill_in = {"root": str(tmp_path / "ps0"), "self": servers[0].incarnation}
 
-        @settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-        @given(any_request)
+        @settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+        @given(st.one_of(any_request, move_or_save))
         def one(request):
-            op, payload = request
+            op, payload = request[0], _placed(request[1], fill_in)
             before = loop.run_until_complete(rows_of(ch))
             kind, said = loop.run_until_complete(answer(ch, op, payload))
             if kind == "ok":
