@@ -24,8 +24,9 @@ from pstrain._formats.messages.operations import (
 )
 from pstrain._kernels import KERNELS
 from pstrain.errors import InvalidArgumentError, ResourceExhaustedError
-from pstrain.server.ps.tables import cold_rows as cold_rows_module, handlers as table_handlers
-from pstrain.server.ps.tables.cold_rows import ColdRows, removals_done
+from pstrain.server.ps.tables import cold_segments, handlers as table_handlers
+from pstrain.server.ps.tables.cold_rows import ColdRows
+from pstrain.server.ps.tables.cold_segments import removals_done
 from pstrain.testing import InProcessCluster
 from tests.helpers import TOKEN, wait_for
 
@@ -289,7 +290,7 @@ async def test_a_full_disk_refuses_what_would_move_rows_and_still_serves_every_r
                 raise OSError(errno.ENOSPC, "No space left on device")
             return real_open(path, mode, *args, **kwargs)
 
-        monkeypatch.setattr(cold_rows_module, "open", full, raising=False)
+        monkeypatch.setattr(cold_segments, "open", full, raising=False)
         refused = (await table.statistics())["refused"]
         with pytest.raises(ResourceExhaustedError, match="is full"):
             await table.lookup(cold[:64])  # to bring them back, as many rows must go to disk

@@ -21,7 +21,8 @@ from pstrain.errors import FailedPreconditionError, InvalidArgumentError, Resour
 from pstrain.server.ps.checkpoints.snapshots import Snapshot
 from pstrain.server.ps.tables.cold_places import SavedPlaces
 from pstrain.server.ps.tables.cold_records import META
-from pstrain.server.ps.tables.cold_rows import ColdRows, removals_done
+from pstrain.server.ps.tables.cold_rows import ColdRows
+from pstrain.server.ps.tables.cold_segments import removals_done
 from pstrain.server.ps.tables.dynamic_table import DynamicTable
 from pstrain.server.ps.tables.handlers import Planned, TableHandlers
 from pstrain.server.ps.tables.table_config import TableConfig

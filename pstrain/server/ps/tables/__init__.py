@@ -4,4 +4,5 @@ operations; a table's shard is ``dynamic_table.py`` (rows keyed by raw ids, with
 ``removed_log.py`` its evictions kept for the next delta, ``table_config.py`` what it is,
 fixed at creation); ``table_slices.py`` moves slices of its hash space between ps. On a
 ps with a byte budget and a table directory a shard is ``tiered_table.py``: its hot rows
-in RAM, the rest on disk in ``cold_rows.py``."""
+in RAM, the rest on disk in ``cold_rows.py`` (their index and bookkeeping; the files
+themselves are ``cold_segments.py``'s, each record laid out by ``cold_records.py``)."""

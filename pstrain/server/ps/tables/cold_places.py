@@ -149,7 +149,9 @@ class Tier(Protocol):
     """What :class:`SavedPlaces` reads of a tier
     (:class:`~pstrain.server.ps.tables.cold_rows.ColdRows`)."""
 
-    segments: dict[int, Any]  # number -> segment (its ``rows``: records written)
+    @property
+    def segments(self) -> dict[int, Any]: ...  # number -> segment (its ``rows``: records written)
+
     used: int
     places: Places
     epochs: np.ndarray

@@ -1,6 +1,6 @@
 """A cold row's record on disk, and the copies between records and arrays.
 
-A tiered shard's segments (``cold_rows.py``) and a move's shipment of them
+A tiered shard's segments (``cold_segments.py``) and a move's shipment of them
 (``moved_records.py``) hold each row as one packed record: its id, the bookkeeping of
 ``META`` (the epoch it last changed in, its last training lookup, its lookup count), its
 values, then each optimizer slot's (:func:`record_dtype`). The copies here move a record's

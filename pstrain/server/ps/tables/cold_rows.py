@@ -5,21 +5,14 @@ rows in RAM, as every table does, and the rest here. Rows come here when the hot
 full (the least recently, or least often, looked up: the table's own LRU/LFU statistics)
 and go back when a request names them; a row here is never changed in place.
 
-On disk: append-only *segments* of at most ``segment_rows`` records, a file each
-(``<n>.rec``); a record is a row whole (its id, epoch, ages, values and each slot's, packed:
-``cold_records.py``), so reading a batch of rows is a read per run of neighbouring records,
-a segment's submitted together through io_uring (``pread`` calls where the kernel has none:
-one per run of records a few KiB apart at most), and a save reads each record once for
-every array it writes (:meth:`ColdRows.fill_many`). A record taken back (or evicted) is
-only counted dead; a segment whose records are all dead is deleted (never while a save or
-a read may need it).
-
-A restore links the files of the checkpoint it restores in as segments too (``<n>.ref``, a
-hard link: :meth:`ColdRows.link`), rather than writing their rows out again: there a
-record's fields are the rows of the file's tensors (its ids, rows and each slot), read a
-column at a time, and its ``META`` fields are 0, as a restore sets them. Checkpoint files
-are never written once named, nor are these: they die, are compacted and are deleted as
-the others are (the checkpoint keeps its own name for the file).
+On disk: append-only *segments* of records (``cold_segments.py``: their files, written,
+linked, read and deleted there); a record is a row whole (its id, epoch, ages, values and
+each slot's, packed: ``cold_records.py``), so reading a batch of rows is a read per run of
+neighbouring records, and a save reads each record once for every array it writes
+(:meth:`ColdRows.fill_many`). A record taken back (or evicted) is only counted dead; a
+segment whose records are all dead is deleted (never while a save or a read may need it,
+which this module knows). A restore links the files of the checkpoint it restores in as
+segments too (:meth:`ColdRows.link`), rather than writing their rows out again.
 
 In RAM, per cold row: its id in a :class:`PartitionedIndex` (id -> cold slot), its place
 (segment and record, held in 32 bits: :class:`Places`), the epoch it last changed in (so
@@ -40,25 +33,19 @@ append a batch of records in one write. A disk that fills raises
 
 from __future__ import annotations
 
-import concurrent.futures
-import errno
-import os
-import secrets
-import shutil
-from collections.abc import Callable
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from ...._base.errors import DataLossError, ResourceExhaustedError
+from ...._base.errors import ResourceExhaustedError
 from ...._kernels import KERNELS
 from .cold_places import PLACE_BITS, Places, SavedPlaces
-from .cold_records import META, copy_field, field_cells, pack_records, record_dtype, scatter_cells
+from .cold_records import META, copy_field, field_cells, pack_records, scatter_cells
+from .cold_segments import Segment, SegmentFiles, remove_soon
 from .id_index import SPLIT_BLOCK, PartitionedIndex
 
-__all__ = ["ColdRows", "remove_soon", "removals_done", "resize_rows"]
+__all__ = ["ColdRows", "resize_rows"]
 
 #: How full the index of the rows here may be before it grows (the index of rows in RAM:
 #: half). Each row here costs RAM for nothing but its index entry and bookkeeping, so
@@ -73,8 +60,6 @@ INDEX_GROWTH = 1.25
 #: Cold slots a shard may have (numbered in 32 bits: 4 billion rows on disk would take
 #: some 200 GB of RAM to index).
 MAX_SLOTS = (1 << 32) - 1
-#: Records written at a time (a block of them packed in RAM, then written).
-WRITE_ROWS = 1 << 14
 #: Cold slots not in use are taken again once they are 1 in ``REUSE`` of the slots (a
 #: scan for them then crosses about ``REUSE`` slots for each: they may take that share of
 #: the slots' RAM meanwhile).
@@ -113,75 +98,6 @@ def _grown(size: int, need: int) -> int:
     return max(need, size + size // 4, 1024)
 
 
-@dataclass
-class _Segment:
-    number: int
-    rows: int = 0  # records written
-    dead: int = 0  # records taken back or evicted
-    slots: tuple[str, ...] = ()  # the optimizer slots its records carry (others: their initial value)
-    #: A checkpoint file linked in (:meth:`ColdRows.link`): where each field of a record it
-    #: holds ("id", "row", "slot<i>") has its column, record 0's byte in the file; None for
-    #: a segment of records.
-    columns: dict[str, int] | None = None
-    #: A linked file's size and last change when it was linked: a read that finds them
-    #: changed (the file written in place since, which pstrain never does) fails.
-    stamp: tuple[int, int] = (0, 0)
-    #: A linked file's slots, by their names in it: the table's slot each is (None: one
-    #: the table dropped). A full save links the file again only where each is saved
-    #: under its name in the file (:meth:`ColdRows.linkable`).
-    file_slots: dict[str, str | None] | None = None
-
-
-#: Deletes the directories of tiers that went (:func:`remove_soon`) and the segments that
-#: died (:meth:`ColdRows.collect`), one at a time.
-_REMOVER = concurrent.futures.ThreadPoolExecutor(1, "pstrain-tier-remove")
-
-
-def remove_soon(directory: str) -> None:
-    """Directory ``directory`` out of the way at once (renamed beside itself, hidden), then
-    deleted on a thread. A tier of gigabytes took 2 s to delete (W9's, a file a segment):
-    the serving loop, where a table goes (a restore's commit replacing it, say), does not
-    wait for that. A ps killed meanwhile leaves it in its own directory, which the next
-    ps on that ``--table-dir`` removes (``tier_directory``)."""
-    gone = os.path.join(
-        os.path.dirname(directory), f".gone-{os.path.basename(directory)}-{secrets.token_hex(4)}"
-    )
-    try:
-        os.rename(directory, gone)
-    except FileNotFoundError:
-        return
-    except OSError:  # (not renamed: deleted where it is, still off the loop)
-        gone = directory
-    _later(shutil.rmtree, gone, True)
-
-
-def removals_done(timeout: float | None = None) -> None:
-    """Wait until every removal asked for so far has ended (the remover takes them in
-    order): for a caller that needs their disk space back now. TimeoutError past
-    ``timeout`` seconds."""
-    _REMOVER.submit(lambda: None).result(timeout)
-
-
-def _later(remove: Callable[..., None], *args: Any) -> None:
-    """``remove(*args)`` on the remover's thread; here and now once the interpreter is
-    shutting down (its threads take no more work then)."""
-    try:
-        _REMOVER.submit(remove, *args)
-    except RuntimeError:
-        remove(*args)
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _stamp(st: os.stat_result) -> tuple[int, int]:
-    return st.st_size, st.st_mtime_ns
-
-
 class ColdRows:
     """One shard's cold rows; see the module docstring."""
 
@@ -194,9 +110,6 @@ class ColdRows:
         segment_rows: int = 1 << 20,
         kernels: ModuleType | None = None,
     ) -> None:
-        if os.path.exists(directory):  # a tier lives as long as its ps: restores come from checkpoints
-            shutil.rmtree(directory)
-        os.makedirs(directory)
         self.directory = directory
         self.dim = dim
         self.dtype = np.dtype(dtype)
@@ -209,6 +122,9 @@ class ColdRows:
         #: slot holds the place read (compaction, which moves a record, fails that check,
         #: and the row is read again: never a stale one taken).
         self.places = Places(segment_rows)
+        #: The segments' files (made anew: a tier lives as long as its ps, restores come from
+        #: checkpoints).
+        self.files = SegmentFiles(directory, dim, self.dtype, segment_rows, self.kernels, self.places)
         self.epochs = np.empty(0, np.uint32)
         #: Eviction key (last lookup, LRU, or lookup count, LFU), less ``key_base``, in 32
         #: bits (:meth:`keys_of`): clamped at 0 (a key further below the newest than
@@ -218,9 +134,6 @@ class ColdRows:
         #: Slots not in use below ``used`` (reused once they are ``REUSE`` of them: found
         #: by a scan from ``cursor``, not kept in a list of their own, 4 bytes a slot).
         self.nfree = self.used = self.cursor = 0
-        self.next_number = 0  # the next segment's number
-        self.segments: dict[int, _Segment] = {}
-        self.open: _Segment | None = None
         self.saves = 0  # saves reading now: no segment is deleted meanwhile
         self.reading = 0  # reads on threads now: no segment is deleted meanwhile
         #: Records written and not indexed yet (a move's, pulled ahead of its switch): no
@@ -265,24 +178,35 @@ class ColdRows:
         segments = -(-more // self.segment_rows) + 1  # (each a handle, 16 bytes: Places)
         return size * self.SLOT_BYTES + self.places.handle_bytes(segments)
 
+    @property
+    def segments(self) -> dict[int, Segment]:
+        """The segments on disk, by number."""
+        return self.files.segments
+
     def disk_bytes(self) -> int:
-        total = 0
-        for seg in self.segments.values():
-            total += seg.rows * self.record(seg.slots).itemsize
-        return total
-
-    def _path(self, number: int) -> str:
-        return os.path.join(self.directory, f"{number}.rec")
-
-    def _file(self, seg: _Segment) -> str:
-        """Segment ``seg``'s file: ``<n>.rec``, or ``<n>.ref`` for a linked checkpoint file."""
-        if seg.columns is None:
-            return self._path(seg.number)
-        return os.path.join(self.directory, f"{seg.number}.ref")
+        return self.files.disk_bytes()
 
     def record(self, slots: tuple[str, ...]) -> np.dtype:
         """A record of a segment whose rows carry ``slots`` (:func:`record_dtype`)."""
-        return record_dtype(self.dim, self.dtype, len(slots))
+        return self.files.record(slots)
+
+    def link(
+        self,
+        path: str,
+        fd: int,
+        rows: int,
+        live: int,
+        columns: dict[str, int],
+        slots: tuple[str, ...],
+        file_slots: dict[str, str | None] | None = None,
+    ) -> int:
+        """Checkpoint file ``path`` in as a segment (:meth:`SegmentFiles.link`), ``live`` of
+        its records to be indexed by :meth:`add_parts`."""
+        return self.files.link(path, fd, rows, live, columns, slots, file_slots)
+
+    def linkable(self, directory: str, rename: dict[str, str]) -> list[tuple[int, str]]:
+        """:meth:`SegmentFiles.linkable`."""
+        return self.files.linkable(directory, rename)
 
     # -- finding --------------------------------------------------------------------------------
     def find(self, ids: np.ndarray) -> np.ndarray:
@@ -390,125 +314,13 @@ class ColdRows:
                 return pack_records(record, ids[part], meta[part], rows[part], [v[part] for v in values])
             return pack_records(record, ids[part], meta[part], rows, values, where[part])
 
-        return self._append(ids.size, key_names, pack)
+        return self.files.append(ids.size, key_names, pack)
 
     def write_records(self, records: np.ndarray, slots: tuple[str, ...]) -> np.ndarray:
         """As :meth:`write`, of records already laid out as a segment's whose rows carry
         ``slots`` (sorted): written as they are (a move's rows on disk, as their source
         read them), ``WRITE_ROWS`` at a time."""
-        return self._append(records.size, slots, lambda part: records[part])
-
-    def _append(self, n: int, key_names: tuple[str, ...], pack: Callable[[slice], np.ndarray]) -> np.ndarray:
-        """Records ``pack(part)`` for parts of ``range(n)``, appended (:meth:`write`)."""
-        if not n:
-            return np.empty(0, np.int64)
-        placed: list[tuple[_Segment, int, int]] = []  # (segment, first record, count)
-        done = 0
-        counts = {s.number: s.rows for s in self.segments.values()}
-        opened: list[_Segment] = []
-        try:
-            while done < n:
-                seg = self.open
-                if seg is None or seg.rows >= self.segment_rows or seg.slots != key_names:
-                    seg = _Segment(number=self.next_number + len(opened), slots=key_names)
-                    self.places.take(seg.number, self.segment_rows)
-                    opened.append(seg)
-                    self.open = seg
-                take = min(n - done, self.segment_rows - seg.rows, WRITE_ROWS)
-                records = pack(slice(done, done + take))
-                with open(self._path(seg.number), "ab") as f:
-                    if f.tell() != seg.rows * records.itemsize:
-                        f.truncate(seg.rows * records.itemsize)  # a failed write's tail
-                        f.seek(0, os.SEEK_END)
-                    f.write(records.data)
-                placed.append((seg, seg.rows, take))
-                seg.rows += take
-                done += take
-        except (OSError, ResourceExhaustedError) as exc:
-            for seg in self.segments.values():
-                seg.rows = counts[seg.number]
-            self.open = None
-            for seg in opened:
-                self._delete_files(seg)
-                self.places.give_back(seg.number)
-            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise ResourceExhaustedError(
-                    f"the table directory {self.directory} is full: {n} rows could not move to "
-                    "disk (free some space, or give the ps a larger disk with --table-dir)"
-                ) from None
-            raise
-        for seg in opened:
-            self.segments[seg.number] = seg
-        self.next_number += len(opened)
-        return np.concatenate(
-            [(np.int64(seg.number) << PLACE_BITS) + np.arange(first, first + k) for seg, first, k in placed]
-        )
-
-    def link(
-        self,
-        path: str,
-        fd: int,
-        rows: int,
-        live: int,
-        columns: dict[str, int],
-        slots: tuple[str, ...],
-        file_slots: dict[str, str | None] | None = None,
-    ) -> int:
-        """Hard-link checkpoint file ``path``, open as ``fd``, in as a segment of ``rows``
-        records read by column (``columns``: see :class:`_Segment`; ``slots`` sorted; its
-        slots by their names in the file: ``file_slots``, see :class:`_Segment`),
-        ``live`` of which :meth:`add_parts` will index (the others count dead from the start).
-        Returns its number, for the places of its records (``number << PLACE_BITS | row``).
-        OSError if the link cannot be made (another file system: the caller writes the rows
-        instead) or is not to the file open (another swapped in under its name meanwhile)."""
-        number = self.next_number
-        link = self._file(_Segment(number, columns={}))
-        os.link(path, link, follow_symlinks=False)
-        linked, held = os.stat(link, follow_symlinks=False), os.fstat(fd)
-        if (linked.st_dev, linked.st_ino) != (held.st_dev, held.st_ino):
-            os.unlink(link)
-            raise OSError(errno.ESTALE, f"{path} is no longer the file read")
-        try:
-            self.places.take(number, rows)
-        except ResourceExhaustedError:
-            os.unlink(link)
-            raise
-        self.next_number += 1
-        self.segments[number] = _Segment(
-            number,
-            rows=rows,
-            dead=rows - live,
-            slots=slots,
-            columns=columns,
-            stamp=_stamp(held),
-            file_slots=dict(file_slots or {}),
-        )
-        return number
-
-    def linkable(self, directory: str, rename: dict[str, str]) -> list[tuple[int, str]]:
-        """The linked segments (:meth:`link`) a full save written to ``directory``, its slots
-        named by ``rename``, may link again rather than write their rows: ``(number, file)``
-        of those on the same file system whose every slot it saves under the slot's name in
-        the file (the file's rows then read as the save's own would)."""
-        try:
-            if os.stat(directory).st_dev != os.stat(self.directory).st_dev:
-                return []
-        except OSError:
-            return []
-        out = []
-        for number, seg in sorted(self.segments.items()):
-            if seg.columns is None or seg.file_slots is None:
-                continue
-            if not all(t is not None and rename.get(t) == k for k, t in seg.file_slots.items()):
-                continue
-            path = self._file(seg)
-            try:  # (a file changed or gone from the tier meanwhile is not linked: its reads fail)
-                if _stamp(os.stat(path, follow_symlinks=False)) != seg.stamp:
-                    continue
-            except OSError:
-                continue
-            out.append((number, path))
-        return out
+        return self.files.append(records.size, slots, lambda part: records[part])
 
     def _reused(self, n: int, nfree: int | None = None) -> int:
         """How many of ``n`` slots a put takes from those not in use (``nfree`` of them;
@@ -607,7 +419,7 @@ class ColdRows:
         places = self.places[gone]
         self.places.codes[gone] = Places.FREE
         self.nfree += gone.size
-        self._died(places)
+        self.files.died(places)
         self.collect()
         return cold
 
@@ -615,33 +427,14 @@ class ColdRows:
         """Records written at ``places`` and never indexed (a put that failed part way after
         them) count dead: their segments go once the rest of theirs do."""
         if places.size:
-            self._died(places)
-
-    def _died(self, places: np.ndarray) -> None:
-        """Count the records at ``places`` dead in their segments (a count per segment
-        number, no sort: the numbers of a tier's live segments lie close together)."""
-        numbers = places >> PLACE_BITS
-        low = int(numbers.min())
-        counts = np.bincount(numbers - low)
-        for k in np.flatnonzero(counts).tolist():
-            self.segments[low + k].dead += int(counts[k])
+            self.files.died(places)
 
     def collect(self) -> int:
         """Delete the segments whose every record is dead (none while a save or a read may
         need them; not the one being written). Returns how many."""
         if self.saves or self.reading:
             return 0
-        gone = [s for s in self.segments.values() if s.dead >= s.rows and s is not self.open and s.rows]
-        for seg in gone:
-            del self.segments[seg.number]
-            self.places.give_back(seg.number)
-            # on a thread: unlinking a segment of 300 MB took 86 ms, on the serving loop (its
-            # number is never given again, so nothing can take its name meanwhile)
-            _later(_unlink, self._file(seg))
-        return len(gone)
-
-    def _delete_files(self, seg: _Segment) -> None:
-        _unlink(self._file(seg))
+        return self.files.collect()
 
     # -- compaction ---------------------------------------------------------------------------
     def compactable(self) -> int | None:
@@ -651,10 +444,7 @@ class ColdRows:
         live records would leave them behind)."""
         if self.saves or self.pending:
             return None
-        for seg in self.segments.values():
-            if seg is not self.open and seg.rows and 2 * seg.dead >= seg.rows and seg.dead < seg.rows:
-                return seg.number
-        return None
+        return self.files.half_dead()
 
     def live_in(self, number: int) -> tuple[np.ndarray, np.ndarray]:
         """The cold slots of the rows in segment ``number``, and their places."""
@@ -672,7 +462,7 @@ class ColdRows:
         slots = slots[still]
         slot_values = {k[5:]: v[still] for k, v in records.items() if k.startswith("slot:")}
         new = self.write(records["ids"][still], records["rows"][still], slot_values, records["meta"][still])
-        self._died(places[still])
+        self.files.died(places[still])
         self.places[slots] = new
         self.collect()
         return int(slots.size)
@@ -712,7 +502,7 @@ class ColdRows:
             records = sorted_places[part] & ((1 << PLACE_BITS) - 1)
             seg = self.segments[number]
             dest = order[part]
-            got = self._gather(number, records, self.record(seg.slots))
+            got = self.files.gather(number, records, self.record(seg.slots))
             out["ids"][dest] = got["id"]  # (each record's fields moved as one block: as_cells)
             scatter_cells(out["meta"], dest, field_cells(got, "epoch", "freq"))
             scatter_cells(out["rows"], dest, field_cells(got, "row"))
@@ -747,66 +537,10 @@ class ColdRows:
             runs += 1
         out = np.empty(starts[runs], self.record(slots))
         for a, b in zip(starts[:runs], starts[1 : runs + 1]):
-            self._gather(int(numbers[a]), places[a:b] & ((1 << PLACE_BITS) - 1), out.dtype, out[a:b])
+            self.files.gather(int(numbers[a]), places[a:b] & ((1 << PLACE_BITS) - 1), out.dtype, out[a:b])
         self.reads += 1
         self.rows_read += out.size
         return out, slots
-
-    def _gather(
-        self, number: int, records: np.ndarray, record: np.dtype, out: np.ndarray | None = None
-    ) -> np.ndarray:
-        """Records ``records`` (ascending) of segment ``number`` (into ``out`` if given): a
-        read per run of neighbouring records, many in flight through io_uring
-        (``pread_records``), without the GIL (the serving loop goes on meanwhile). Read, not
-        mapped: mapped pages of the page cache would count in the process's memory, large
-        folios of them at a time."""
-        out = np.empty(records.size, record) if out is None else out
-        if not records.size:
-            return out
-        seg = self.segments[number]
-        path = self._file(seg)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            raw = out.view(np.uint8).reshape(records.size, record.itemsize)
-            if seg.columns is None:
-                err = self.kernels.pread_records(fd, records, record.itemsize, raw)
-            elif _stamp(os.fstat(fd)) != seg.stamp:
-                raise DataLossError(
-                    f"the checkpoint file a restore linked into this table's tier (its segment "
-                    f"{number}) was written in place since (checkpoint files must not be changed "
-                    "once saved): its rows are lost; restore the table again"
-                )
-            else:  # a linked checkpoint file: a read a column, each into its field
-                err = self._gather_columns(fd, seg.columns, records, record, raw)
-        finally:
-            os.close(fd)
-        if err:
-            what = os.strerror(err) if err > 0 else "fewer records than its index says"
-            raise OSError(err if err > 0 else errno.EIO, f"reading {path}: {what}")
-        return out
-
-    def _gather_columns(
-        self, fd: int, columns: dict[str, int], records: np.ndarray, record: np.dtype, raw: np.ndarray
-    ) -> int:
-        """Records ``records`` of a linked file into ``raw`` (their bytes): each field from
-        its column, a block of records at a time (the ``META`` fields 0). Returns the
-        read's error, as ``pread_records``'s."""
-        block = max(1, (1 << 20) // record.itemsize)
-        fields = record.fields
-        assert fields is not None
-        start = fields["epoch"][1]
-        for lo in range(0, records.size, block):
-            part = records[lo : lo + block]
-            into = raw[lo : lo + part.size]
-            into[:, start : start + META.itemsize] = 0
-            for field, at in columns.items():
-                cell, first = fields[field][:2]
-                got = np.empty((part.size, cell.itemsize), np.uint8)
-                err = self.kernels.pread_records(fd, part, cell.itemsize, got, at)
-                if err:
-                    return int(err)
-                into[:, first : first + cell.itemsize] = got
-        return 0
 
     # -- saves ----------------------------------------------------------------------------------------
     def begin_save(self) -> None:
@@ -836,8 +570,7 @@ class ColdRows:
 
     def _remove_if_unused(self) -> None:
         if self.discarded and not self.saves and not self.reading:
-            self.segments.clear()
-            self.open = None
+            self.files.forget()
             remove_soon(self.directory)
 
     def places_now(self) -> np.ndarray:
@@ -898,7 +631,7 @@ class ColdRows:
                         continue
                     if got is None:
                         records = places[a:b] & ((1 << PLACE_BITS) - 1)
-                        got = self._gather(seg.number, records, self.record(seg.slots))
+                        got = self.files.gather(seg.number, records, self.record(seg.slots))
                     if key == "meta":
                         copy_field(outs[key][a:b], got, "epoch", "freq")
                         continue
@@ -914,9 +647,9 @@ class ColdRows:
     def reset(self) -> None:
         """Forget every row (a restore replaces them all)."""
         for seg in list(self.segments.values()):
-            self._delete_files(seg)
-        number = self.next_number  # (places of the rows forgotten are never given again)
+            self.files.delete_files(seg)
+        number = self.files.next_number  # (places of the rows forgotten are never given again)
         self.__init__(  # type: ignore[misc]
             self.directory, self.dim, self.dtype, segment_rows=self.segment_rows, kernels=self.kernels
         )
-        self.next_number = number
+        self.files.next_number = number
