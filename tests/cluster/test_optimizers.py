@@ -394,6 +394,39 @@ async def test_gradients_of_none_are_skipped_with_a_warning_and_all_none_is_refu
     assert (await v.numpy()).tolist() == [0.5, 0.5, 0.5] and (await w.numpy()).tolist() == [1, 1]
 
 
+async def test_a_variable_given_twice_is_updated_twice_in_one_step_as_keras_does(ps_pair):
+    """As Keras: ``apply_gradients`` given a variable twice applies both gradients, one after
+    the other, in one step (``iterations`` counts one). The figures are TensorFlow 2.21's
+    (``tf.keras.optimizers.Adagrad(0.1)``, SGD(0.1)) for the same calls; a sharded variable's
+    parts, each given twice, and a table, too."""
+    spec = {"ps": [s.address for s in ps_pair], "worker": ["127.0.0.1:9"]}
+    strategy = pstrain.ParameterServerStrategy(
+        pstrain.SimpleClusterResolver(spec, token=TOKEN), variable_partitioner=FixedShardsPartitioner(2)
+    )
+    async with strategy.scope():
+        v = pstrain.Variable(np.array([1.0, 2.0], np.float32), name="v")
+        emb = pstrain.Variable(np.ones((4, 2), np.float32), name="emb")  # sharded in 2
+        table = pstrain.DynamicEmbedding(2, name="t")
+        adagrad, sgd = pstrain.optimizers.Adagrad(0.1), pstrain.optimizers.SGD(0.1)
+    assert await adagrad.apply_gradients([(np.array([1.0, 1.0]), v), (np.array([2.0, 2.0]), v)]) == 1
+    np.testing.assert_allclose(await v.numpy(), [0.81609225, 1.8160923], rtol=1e-6)
+    two = np.ones((2, 2), np.float32)
+    await sgd.apply_gradients(  # each part given twice; row 0 in both
+        [(pstrain.IndexedSlices(two, [0, 2]), emb), (pstrain.IndexedSlices(two, [0, 3]), emb)]
+    )
+    np.testing.assert_allclose(await emb.numpy(), [[0.8, 0.8], [1, 1], [0.9, 0.9], [0.9, 0.9]], rtol=1e-6)
+    ids = np.array([5, 6], np.int64)
+    before = await table.lookup(ids)
+    await sgd.apply_gradients(
+        [
+            (pstrain.IndexedSlices(np.ones((2, 2)), ids), table),
+            (pstrain.IndexedSlices(np.ones((2, 2)), ids), table),
+        ]
+    )
+    np.testing.assert_allclose(await table.lookup(ids, training=False), before - 0.2, rtol=1e-6)
+    assert await sgd.iterations.numpy() == 2
+
+
 async def test_slots_stay_on_the_ps_and_untouched_rows_do_not_move(ps_server):
     strategy = strategy_for(ps_server)
     async with strategy.scope():

@@ -29,6 +29,8 @@ def apply_gradients(store: VariableStore, tables: TableHandlers, req: ApplyGradi
     ``grads`` are ``[variable, rows | None, values]``. Slots live here as variables
     ``<prefix>/<slot>/<variable>`` and are created on first use. Everything (every
     gradient, ``iterations``, the slots to create) is checked before anything changes.
+    A variable (or a table) given twice has each gradient applied in turn, in the one step,
+    as Keras' ``apply_gradients`` does.
     """
     cfg = {k: v for k, v in msgspec.structs.asdict(req.rule).items() if v is not None}
     if not isinstance(req.rule.learning_rate, float):  # a schedule: checked whole, here
@@ -39,11 +41,7 @@ def apply_gradients(store: VariableStore, tables: TableHandlers, req: ApplyGradi
     rule = RULES[req.rule.kind]
     specs = slot_specs(cfg)
     plan = []
-    seen: set[str] = set()
-    for name, rows, values in req.grads:
-        if name in seen:
-            raise InvalidArgumentError(f"opt/apply: two gradients for variable {name!r}")
-        seen.add(name)
+    for name, rows, values in req.grads:  # (a variable given twice is updated twice, as Keras does)
         record = store.get(name)
         if record.array.dtype.kind not in "fc":
             raise InvalidArgumentError(
