@@ -53,6 +53,12 @@ def _batches() -> list[np.ndarray]:
 
 
 async def _train(cluster: InProcessCluster, batches: list[np.ndarray]):
+    _, table, opt = await _trained(cluster, batches)
+    return table, opt
+
+
+async def _trained(cluster: InProcessCluster, batches: list[np.ndarray]):
+    """A table ``emb`` trained on ``batches`` by Adagrad, with the strategy that made it."""
     strategy = pstrain.ParameterServerStrategy(cluster.resolver)
     with strategy.scope():
         table = pstrain.DynamicEmbedding(DIM, name="emb")
@@ -61,7 +67,7 @@ async def _train(cluster: InProcessCluster, batches: list[np.ndarray]):
         rows = await table.lookup(ids)
         grad = np.tanh(rows + np.sin(ids)[:, None]).astype(np.float32)
         await opt.apply_gradients([(pstrain.IndexedSlices(grad, ids), table)])
-    return table, opt
+    return strategy, table, opt
 
 
 def _tiered(tmp_path, ps_options: dict | None = None, **kw) -> InProcessCluster:
@@ -333,14 +339,7 @@ async def test_gradients_for_one_table_given_twice_in_a_step_train_as_in_ram(tmp
     dense_rows = 2048  # 128 KiB, and as much for its slot
 
     async def run(cluster: InProcessCluster) -> tuple[np.ndarray, np.ndarray]:
-        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-        with strategy.scope():
-            table = pstrain.DynamicEmbedding(DIM, name="emb")
-            opt = pstrain.optimizers.Adagrad(0.1)
-        for ids in batches:
-            rows = await table.lookup(ids)
-            grad = np.tanh(rows + np.sin(ids)[:, None]).astype(np.float32)
-            await opt.apply_gradients([(pstrain.IndexedSlices(grad, ids), table)])
+        strategy, table, opt = await _trained(cluster, batches)
         for step in range(4):  # rows mostly on disk, not looked up since (their keys old)
             with strategy.scope():
                 dense = pstrain.Variable(np.zeros((dense_rows, DIM), np.float32), name=f"dense{step}")

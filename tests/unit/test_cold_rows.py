@@ -196,7 +196,7 @@ def test_a_linked_checkpoint_file_reads_as_records_of_the_rows_it_holds(tmp_path
             "row": f.tensors["rows"].at,
             "slot0": f.tensors["slot:accumulator"].at,
         }
-        number = cold.link(str(path), f.fileno(), 300, int(keep.sum()), at, ("accumulator",))
+        number = cold.files.link(str(path), f.fileno(), 300, int(keep.sum()), at, ("accumulator",))
     assert os.stat(path).st_nlink == 2
     records = np.flatnonzero(keep)
     cold.add(
@@ -228,7 +228,7 @@ def test_a_linked_checkpoint_file_reads_as_records_of_the_rows_it_holds(tmp_path
     assert os.stat(path).st_nlink == 1 and number not in cold.segments
     # linked again, then the file written in place
     with TensorFile(str(path)) as f:
-        number = cold.link(str(path), f.fileno(), 300, 300, at, ("accumulator",))
+        number = cold.files.link(str(path), f.fileno(), 300, 300, at, ("accumulator",))
     cold.add(
         ids, (np.int64(number) << 32) | np.arange(300), np.zeros(300, np.uint32), np.zeros(300, np.int64)
     )

@@ -12,7 +12,7 @@ neighbouring records, and a save reads each record once for every array it write
 (:meth:`ColdRows.fill_many`). A record taken back (or evicted) is only counted dead; a
 segment whose records are all dead is deleted (never while a save or a read may need it,
 which this module knows). A restore links the files of the checkpoint it restores in as
-segments too (:meth:`ColdRows.link`), rather than writing their rows out again.
+segments too (``SegmentFiles.link``), rather than writing their rows out again.
 
 In RAM, per cold row: its id in a :class:`PartitionedIndex` (id -> cold slot), its place
 (segment and record, held in 32 bits: :class:`Places`), the epoch it last changed in (so
@@ -189,24 +189,6 @@ class ColdRows:
     def record(self, slots: tuple[str, ...]) -> np.dtype:
         """A record of a segment whose rows carry ``slots`` (:func:`record_dtype`)."""
         return self.files.record(slots)
-
-    def link(
-        self,
-        path: str,
-        fd: int,
-        rows: int,
-        live: int,
-        columns: dict[str, int],
-        slots: tuple[str, ...],
-        file_slots: dict[str, str | None] | None = None,
-    ) -> int:
-        """Checkpoint file ``path`` in as a segment (:meth:`SegmentFiles.link`), ``live`` of
-        its records to be indexed by :meth:`add_parts`."""
-        return self.files.link(path, fd, rows, live, columns, slots, file_slots)
-
-    def linkable(self, directory: str, rename: dict[str, str]) -> list[tuple[int, str]]:
-        """:meth:`SegmentFiles.linkable`."""
-        return self.files.linkable(directory, rename)
 
     # -- finding --------------------------------------------------------------------------------
     def find(self, ids: np.ndarray) -> np.ndarray:

@@ -4,7 +4,7 @@ A tiered restore used to read every row of the base and write the rows past the 
 to the tier's own segments: as many bytes written as read, on the cores that also serve.
 Here, a base file on the tier's own file system, of which this shard keeps at least half
 the rows, is hard-linked into the tier as a segment read by column
-(:meth:`~pstrain.server.ps.tables.cold_rows.ColdRows.link`); the restore reads it through
+(:meth:`~pstrain.server.ps.tables.cold_segments.SegmentFiles.link`); the restore reads it through
 once against its checksums (damage is an error before anything is served, as for a
 restore that copies), reads the rows the hot set takes from it, and indexes the others
 where they lie. Nothing of it is written. The check runs beside the rest of the restore
@@ -145,7 +145,7 @@ def _linked(
         if k in names:
             columns[f"slot{slots.index(names[k])}"] = tensors[f"slot:{k}"].at
     try:
-        number = table.cold.link(
+        number = table.cold.files.link(
             part.path,
             f.fileno(),
             part.keep.size,

@@ -816,7 +816,7 @@ class TieredTable(TieredSlices, DynamicTable):
         if part is None or not part.whole:
             return []
         links = []
-        for number, path in self.cold.linkable(directory, rename):
+        for number, path in self.cold.files.linkable(directory, rename):
             bits = part.places.take_out(number)
             if bits.any():
                 links.append((path, bits))
