@@ -5,7 +5,6 @@ is atomic with respect to other updates."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -18,7 +17,7 @@ from ..._formats.numerics.optimizer_rules import RULES, slot_shape, slot_specs
 from ..._formats.numerics.schedules import from_spec
 from ..._kernels.batches import merge_duplicates
 from .store import VariableStore, checked_row_order, checked_value
-from .tables.handlers import TableHandlers
+from .tables.handlers import TableHandlers, ids_by_table
 
 __all__ = ["apply_gradients", "call_function"]
 
@@ -82,7 +81,7 @@ def apply_gradients(store: VariableStore, tables: TableHandlers, req: ApplyGradi
         store.check_budget(  # (the request's table rows, staged in RAM, stay there)
             sum(new_slots.values()),
             f"opt/apply: optimizer slots {sorted(new_slots)}",
-            keep=staged_ids(req.tables or ()),
+            keep=ids_by_table((name, ids) for name, ids, _ in req.tables or ()),
         )
     table_plan = tables.plan(req.tables or (), req.prefix, specs)
     it_record = store.get(req.iterations) if req.iterations is not None else None
@@ -109,17 +108,6 @@ def apply_gradients(store: VariableStore, tables: TableHandlers, req: ApplyGradi
         rule(var, grad, rows, arrays, cfg, step)
     tables.apply(table_plan, rule, cfg, step)
     return StepReply(t=step)
-
-
-def staged_ids(tables: Iterable[tuple[str, Any, Any]]) -> dict[str, np.ndarray]:
-    """Each table's ids in an update's ``tables`` (all of its parts' if it comes twice):
-    the rows a stage brought into RAM for it, which must stay there."""
-    parts: dict[str, list[np.ndarray]] = {}
-    for name, ids, _ in tables:
-        arr = np.asarray(ids)
-        if arr.ndim == 1 and arr.dtype.kind in "iu":  # (others: the plan refuses them)
-            parts.setdefault(name, []).append(arr.astype(np.int64, copy=False))
-    return {name: each[0] if len(each) == 1 else np.concatenate(each) for name, each in parts.items()}
 
 
 def call_function(store: VariableStore, req: CallVariables) -> CallReply:

@@ -41,7 +41,7 @@ from .table_restores import TableRestores, discard
 from .table_slices import SliceGuards
 from .tiered_table import TieredTable, Tiering
 
-__all__ = ["TableHandlers"]
+__all__ = ["Planned", "TableHandlers", "ids_by_table"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,24 @@ class Planned:
     slots: dict[str, tuple[str, float]]
     pos: np.ndarray
     stamp: tuple[int, int]
+
+
+def ids_by_table(wanted: Iterable[tuple[str, Any]]) -> dict[str, np.ndarray]:
+    """Each table's ids in ``(table, ids)`` pairs, a table named twice once with the ids of
+    both, distinct. Ids that are not a 1-D integer array are left out (the handler refuses
+    them by name)."""
+    parts: dict[str, list[np.ndarray]] = {}
+    for name, raw in wanted:
+        try:
+            ids = np.asarray(raw)
+        except (TypeError, ValueError):
+            continue
+        if ids.ndim == 1 and ids.dtype.kind in "iu":
+            parts.setdefault(name, []).append(ids)
+    return {
+        name: each[0] if len(each) == 1 else np.unique(np.concatenate([a.astype(np.int64) for a in each]))
+        for name, each in parts.items()
+    }
 
 
 def shard_tensors(
@@ -312,22 +330,10 @@ class TableHandlers:
         a table twice, its parts applied one after the other: their rows come back to RAM
         together, none moved out for another's). A request the handler will refuse (a table
         not here, ids that are not ids) is left to the handler."""
-        parts: dict[str, tuple[TieredTable, list[np.ndarray]]] = {}
-        for name, raw in wanted:
+        for name, ids in ids_by_table(wanted).items():
             table = self.tables.get(name)
-            if not isinstance(table, TieredTable):
-                continue
-            try:
-                ids = np.asarray(raw)
-            except (TypeError, ValueError):
-                continue
-            if ids.ndim == 1 and ids.dtype.kind in "iu":
-                parts.setdefault(name, (table, []))[1].append(ids)
-        for table, each in parts.values():
-            if len(each) == 1:
-                yield table, each[0]
-            else:
-                yield table, np.unique(np.concatenate([a.astype(np.int64) for a in each]))
+            if isinstance(table, TieredTable):
+                yield table, ids
 
     @staticmethod
     async def _read_on_thread(tables: list[TieredTable], read: Callable[[], list[Any]]) -> list[Any]:
