@@ -189,8 +189,7 @@ def test_an_update_naming_a_table_twice_updates_each_parts_own_rows(tmp_path):
         out = []
         for ids in (first, second):
             grad = np.cos(np.outer(ids, np.arange(1, 5))).astype(np.float32)
-            stamp = (table.index.inserted, table.index.removed)
-            out.append(Planned(table, ids, grad, ADAGRAD, table.locate_update(ids), stamp))
+            out.append(Planned(table, ids, grad, ADAGRAD, table.found(table.locate_update(ids))))
         return out
 
     for table in (ram, disk):

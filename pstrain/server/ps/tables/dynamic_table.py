@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -49,7 +50,7 @@ from .removed_log import RemovedLog
 from .table_config import TableConfig
 from .table_slices import SlicedRows
 
-__all__ = ["DynamicTable", "TableConfig"]
+__all__ = ["DynamicTable", "Found", "TableConfig"]
 
 BLOCK_ROWS = 1 << 14  # rows are allocated this many at a time (then doubling, up to capacity)
 FIRST_BLOCK_BYTES = 4 << 20  # ... but the first block is at most this large: wide rows start small
@@ -57,6 +58,17 @@ FIRST_BLOCK_BYTES = 4 << 20  # ... but the first block is at most this large: wi
 EVICT_BATCH = 16
 #: Training lookups whose rows an update of the same ids can take (one per worker in flight).
 RECENT = 8
+
+
+@dataclass
+class Found:
+    """Rows of a request's ids (``pos``, -1 where an id has none), found when the index had
+    taken in ``inserted`` ids and let go of ``removed``: still right while none has left it
+    since (:meth:`DynamicTable.positions_now`)."""
+
+    pos: np.ndarray
+    inserted: int
+    removed: int
 
 
 class DynamicTable(SlicedRows, Admission):
@@ -144,6 +156,22 @@ class DynamicTable(SlicedRows, Admission):
     def positions(self, ids: np.ndarray) -> np.ndarray:
         """The row of each id, -1 where it has none."""
         return self.index.get(ids)
+
+    def found(self, pos: np.ndarray) -> Found:
+        """``pos``, rows of some ids found now, with the index's counts now."""
+        return Found(pos, self.index.inserted, self.index.removed)
+
+    def positions_now(self, ids: np.ndarray, found: Found | None) -> np.ndarray:
+        """``found`` (rows of ``ids``) brought up to now: found again if an id left the
+        index since (its row may be another's now), the ids without a row looked for again
+        if ids came in; or the rows of ``ids`` found now."""
+        index = self.index
+        if found is None or found.removed != index.removed:
+            return self.positions(ids)
+        pos = found.pos
+        if found.inserted != index.inserted:
+            index.refind(ids, pos)
+        return pos
 
     def locate(self, ids: np.ndarray) -> np.ndarray | None:
         """:meth:`positions` of ``ids``, or None if an id occurs twice among them (one

@@ -36,7 +36,7 @@ from ...._serving.core import Router
 from ..checkpoints.feed import TableFeed
 from ..checkpoints.saves import CheckpointFiles, Pending, Tensors
 from ..checkpoints.snapshots import Snapshot
-from .dynamic_table import DynamicTable, TableConfig
+from .dynamic_table import DynamicTable, Found, TableConfig
 from .table_restores import TableRestores, discard
 from .table_slices import SliceGuards
 from .tiered_table import TieredTable, Tiering
@@ -58,15 +58,13 @@ Q = TypeVar("Q")
 @dataclasses.dataclass(frozen=True)
 class Planned:
     """One table's part of an ``opt/apply``, checked (:meth:`TableHandlers.plan`): its ids,
-    gradient and slots, the ids' rows when planned and the table's index then (``stamp``:
-    ids inserted and removed so far)."""
+    gradient and slots, and the ids' rows when planned (``found``)."""
 
     table: DynamicTable
     ids: np.ndarray
     grad: np.ndarray
     slots: dict[str, tuple[str, float]]
-    pos: np.ndarray
-    stamp: tuple[int, int]
+    found: Found
 
 
 def ids_by_table(wanted: Iterable[tuple[str, Any]]) -> dict[str, np.ndarray]:
@@ -431,8 +429,7 @@ class TableHandlers:
                     "(merge the rows of a repeated id first)"
                 )
             slots = {slot: (f"{prefix}/{slot}", init) for slot, init in specs.items()}
-            stamp = (table.index.inserted, table.index.removed)
-            planned.append(Planned(table, ids, grad, slots, pos, stamp))
+            planned.append(Planned(table, ids, grad, slots, table.found(pos)))
         return planned
 
     @staticmethod
@@ -443,9 +440,8 @@ class TableHandlers:
         loop rows no stage did, and may move others out to make room), and then found
         again, never another id's row taken for its own."""
         for part in planned:
-            table = part.table
-            fresh = (table.index.inserted, table.index.removed) == part.stamp
-            table.apply(rule, part.ids, part.grad, part.slots, cfg, step, part.pos if fresh else None)
+            pos = part.table.positions_now(part.ids, part.found)
+            part.table.apply(rule, part.ids, part.grad, part.slots, cfg, step, pos)
 
     def check_gradients(
         self, grads: Iterable[tuple[str, Any, Any]], *, held: bool = True

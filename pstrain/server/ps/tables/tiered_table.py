@@ -50,7 +50,7 @@ from ..checkpoints.snapshots import Snapshot
 from ..store import ChangeClock
 from .cold_records import META, scatter_rows
 from .cold_rows import ColdRows, resize_rows
-from .dynamic_table import EVICT_BATCH, DynamicTable
+from .dynamic_table import EVICT_BATCH, DynamicTable, Found
 from .id_index import IdIndex
 from .table_config import TableConfig
 from .tiered_saves import SAVE_BLOCK, ColdPart, TieredSource
@@ -141,17 +141,6 @@ def _largest(lo: int, hi: int, fits: Callable[[int], bool]) -> int | None:
         else:
             hi = mid - 1
     return lo
-
-
-@dataclass
-class Found:
-    """Rows in RAM of a request's ids (``pos``, -1 where not in RAM), found when the
-    index had taken in ``inserted`` ids and let go of ``removed``: still right while none
-    has left it since."""
-
-    pos: np.ndarray
-    inserted: int
-    removed: int
 
 
 class TieredTable(TieredSlices, DynamicTable):
@@ -567,7 +556,7 @@ class TieredTable(TieredSlices, DynamicTable):
         index = self.index
         i = self.recent_lookup(ids)
         if i is None:
-            return Found(self.positions(ids), index.inserted, index.removed)
+            return self.found(self.positions(ids))
         _, pos, inserted, _ = self._looked_up[i]
         pos = pos.copy()  # (the update's handler takes the entry itself)
         if inserted != index.inserted:
@@ -580,17 +569,6 @@ class TieredTable(TieredSlices, DynamicTable):
             return np.empty(0, np.int64)
         pos = self.positions(np.ascontiguousarray(ids, np.int64))
         return np.ascontiguousarray(pos[pos >= 0], np.int64)
-
-    def _still_in_ram(self, ids: np.ndarray, found: Found | None) -> np.ndarray:
-        """``found`` brought up to now (found again if an id left RAM since: its row may be
-        another's now), or the rows of ``ids`` found now."""
-        index = self.index
-        if found is None or found.removed != index.removed:
-            return self.positions(ids)
-        pos = found.pos
-        if found.inserted != index.inserted:
-            index.refind(ids, pos)
-        return pos
 
     def cold_wanted(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Of ``ids``, those on disk now, and their places (what a thread reads, and what
@@ -640,7 +618,7 @@ class TieredTable(TieredSlices, DynamicTable):
         ids = ids[still]
         at = slots[still]  # (what the index says of each, not its record: see ``by_age``)
         epochs, keys = self.cold.epochs[at], self.cold.keys_of(at)
-        protect = self._still_in_ram(keep, found)
+        protect = self.positions_now(keep, found)
         out = self._to_move(ids.size, protect[protect >= 0], freeing=ids)
         written = self._write_out(out) if out.size else None  # a full disk: nothing changed
         self.cold.remove(ids)  # first: the rows moving to disk take the slots these give up
