@@ -226,19 +226,20 @@ class Membership:
         which may be starting, as after a coordinator restarts), else a new slot at the end.
         A slot taken over is ``replaced`` (its address changes) and stays reserved for that
         worker until it connects or is found unreachable."""
+        slot = self.slot_for(address)
+        if slot is None:
+            slot = WorkerSlot(len(self._slots), address)
+            slot.replaced(address)  # reserved for the worker that asked, as a slot taken over
+            self._slots.append(slot)
+            return slot, True
+        if not slot.up:
+            slot.replaced(address)
+        return slot, False
+
+    def slot_for(self, address: str) -> WorkerSlot | None:
+        """The slot ``admit(address)`` would give, changing nothing (None: a new one)."""
         known = next((s for s in self._slots if s.address == address and s.state is not S.REFUSED), None)
-        if known is not None:
-            if not known.up:
-                known.replaced(address)
-            return known, False
-        vacant = next((s for s in self._slots if s.state is S.LOST), None)
-        if vacant is not None:
-            vacant.replaced(address)
-            return vacant, False
-        slot = WorkerSlot(len(self._slots), address)
-        slot.replaced(address)  # reserved for the worker that asked, as a slot taken over
-        self._slots.append(slot)
-        return slot, True
+        return known or next((s for s in self._slots if s.state is S.LOST), None)
 
     def addresses(self) -> list[str]:
         return [s.address for s in self._slots]

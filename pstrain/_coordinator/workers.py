@@ -13,7 +13,8 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from .._base.cluster import ClusterSpec, parse_address
+from .._base.cluster import ClusterSpec, parse_address, task_name
+from .._base.errors import PstrainError, restated
 from .._base.tags import cause
 from .._distribute.strategy import ParameterServerStrategy
 from .._formats.messages.operations import Fence
@@ -55,6 +56,7 @@ class Workers:
         self.slots = Membership(spec.job_tasks("worker"))
         self.dispatchers = [self._dispatcher(slot.index, spec) for slot in self.slots]
         self.started = False
+        self._admitting = asyncio.Lock()
 
     def start(self, spawn: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
         self.started = True
@@ -105,11 +107,30 @@ class Workers:
 
     async def admit(self, address: str) -> int:
         """A worker joins at ``address``: it takes the first slot whose worker is gone, or
-        the cluster grows by one worker. Returns the worker's index."""
+        the cluster grows by one worker. Returns the worker's index. A joiner that does not
+        answer there as a pstrain worker of this job (nothing listens, another server, a
+        wrong token) is refused, and the job's workers stay as they were."""
         parse_address(address)  # InvalidArgumentError for a bad one
+        async with self._admitting:  # one join at a time: the slot checked is the slot taken
+            slot = self.slots.slot_for(address)
+            if slot is not None and slot.up:  # the worker asking again (a reply lost, say)
+                return slot.index
+            await self._answers(address, len(self.dispatchers) if slot is None else slot.index)
+            return await self._take(address)
+
+    async def _answers(self, address: str, index: int) -> None:
+        task = task_name("worker", index)
+        try:
+            await self.channels.answers(address, task, self.settings.worker_timeout_s)
+        except PstrainError as exc:
+            raise restated(
+                exc,
+                f"the worker at {address} did not answer as {task}, so it did not join "
+                f"(the job's workers are unchanged): {exc.message}",
+            ) from exc
+
+    async def _take(self, address: str) -> int:
         slot, grew = self.slots.admit(address)
-        if slot.up:  # the worker asking again (a reply lost, say): it stays as it is
-            return slot.index
         spec = self.channels.cluster_spec.as_dict()
         spec["worker"] = self.slots.addresses()
         new_spec = ClusterSpec(spec)

@@ -431,6 +431,23 @@ class ChannelPool:
             ch.session = self.session
         return ch
 
+    async def answers(self, address: str, task: str, timeout: float) -> None:
+        """Whether the server at ``address`` answers as ``task`` (the handshake checks the
+        task it dialled, both ways authenticated): returns, or raises the
+        :class:`PstrainError` that says why not. On a channel of its own, closed after."""
+        channel = Channel(
+            address,
+            token=self.token,
+            task=task,
+            ssl_context=self.ssl_context,
+            max_body=self.max_body,
+            connect_timeout=min(self.connect_timeout, timeout),
+        )
+        try:
+            await channel.request(Health(), timeout=timeout)
+        finally:
+            await channel.close()
+
     async def forget(self, job: str, index: int) -> None:
         """Close and drop the channels to task ``job:index`` on every loop (its address
         changed: the next ``channel()`` connects to the new one)."""

@@ -2,7 +2,8 @@
 only once the new ps answered as its index, withdrawn if any ps refuses it, and a ps that
 dies before anything moved to it is taken out again. One test per failure point: nothing
 listens, the wrong task answers (400), the ps refuses the map (503), the ps never
-answers (timeout), the ps dies during the first move."""
+answers (timeout), the ps dies during the first move. A worker that asks to join at an
+address where no pstrain worker of the job answers is refused the same way."""
 
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ from pstrain._formats.messages.placement_map import InstallVariables, PullMove, 
 from pstrain.errors import (
     DeadlineExceededError,
     InvalidArgumentError,
+    ProtocolError,
     PstrainError,
     UnavailableError,
 )
 from pstrain.rpc import Channel
-from pstrain.server import ParameterServer
+from pstrain.server import ParameterServer, WorkerServer
 from pstrain.testing import InProcessCluster, untyped_call
 
 pytestmark = pytest.mark.timeout(120)
@@ -192,3 +194,57 @@ async def test_move_out_of_slices_the_ps_does_not_hold_is_refused_at_the_first_s
             await untyped_call(channel, "ps/move_end", {"stage": "s3", "commit": False})
         finally:
             await channel.close()
+
+
+async def test_a_worker_join_where_no_worker_of_the_job_answers_is_refused_and_changes_nothing():
+    """Through the coordinator's endpoint, as ``pstrain serve --role worker --join`` asks:
+    an address where another kind of server answers (before, its slot was taken and the
+    first closure sent there failed the whole job), where nothing listens, or where a ps
+    of the job answers. Each is refused with the reason; the job's one worker stays, and
+    its closures run. A real worker then joins and the job grows."""
+
+    async def not_pstrain(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(64)
+        writer.write(b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async with InProcessCluster(num_ps=2, num_workers=1) as cluster:
+        coordinator, v, _ = await _job(cluster)
+        endpoint = Channel(
+            await coordinator.serve_metrics(), token=cluster.token, task="/job:chief/replica:0/task:0"
+        )
+        http = await asyncio.start_server(not_pstrain, "127.0.0.1", 0)
+        joiner = WorkerServer(5, token=cluster.token)
+        joiner.joined = True  # as --join makes it: it takes the index its coordinator gives
+        try:
+            assert await coordinator.schedule(lambda: 6) == 6  # worker 0 is up
+            refusals = [
+                (f"127.0.0.1:{http.sockets[0].getsockname()[1]}", ProtocolError, "not a pstrain server"),
+                (f"127.0.0.1:{_free_port()}", UnavailableError, "cannot be reached"),
+                (cluster.ps[0].address, PstrainError, "is /job:ps/replica:0/task:0"),
+            ]
+            for address, error, reason in refusals:
+                with pytest.raises(
+                    error, match=rf"worker at {address} did not answer as .*task:1.* {reason}"
+                ):
+                    await untyped_call(endpoint, "coordinator/join", {"address": address})
+                assert [(m["address"], m["state"]) for m in coordinator.membership()] == [
+                    (cluster.workers[0].address, "up")
+                ]
+            assert coordinator.strategy.num_workers == 1
+            assert await coordinator.schedule(lambda: 7) == 7
+            await coordinator.join()  # no error was recorded for the job
+
+            await joiner.start()
+            reply = await untyped_call(endpoint, "coordinator/join", {"address": joiner.address})
+            assert reply["index"] == 1 and coordinator.strategy.num_workers == 2
+            rvs = [coordinator.schedule(lambda: pstrain.get_current_worker_index()) for _ in range(64)]
+            await coordinator.join()
+            assert {await rv for rv in rvs} <= {0, 1} and joiner.index == 1
+        finally:
+            http.close()
+            await http.wait_closed()
+            await endpoint.close()
+            await coordinator.close()
+            await joiner.stop()

@@ -32,7 +32,7 @@ from ..._base.errors import (
 from ..._base.locks import PlacementLock
 from ..._base.tasks import best_effort
 from ..._distribute.strategy import ParameterServerStrategy
-from ..._formats.messages.operations import Health, TableStatistics
+from ..._formats.messages.operations import TableStatistics
 from ..._formats.messages.placement_map import (
     EndMove,
     FinishMove,
@@ -44,7 +44,7 @@ from ..._formats.messages.placement_map import (
     TableSlices,
     VariableCopy,
 )
-from ..._transport.channels import Channel, ChannelPool
+from ..._transport.channels import ChannelPool
 from .plans import (
     plan_join,
     plan_leave,
@@ -178,27 +178,17 @@ class PsChanges:
         return index
 
     async def _answers(self, address: str, index: int) -> None:
-        """The ps at ``address`` answers as ``ps:index`` (the handshake checks the task it
-        dialled), or the error says it did not and that nothing changed."""
-        pool, task = self.channels, task_name("ps", index)
-        channel = Channel(
-            address,
-            token=pool.token,
-            task=task,
-            ssl_context=pool.ssl_context,
-            max_body=pool.max_body,
-            connect_timeout=min(pool.connect_timeout, self.timeout_s),
-        )
+        """The ps at ``address`` answers as ``ps:index``, or the error says it did not and
+        that nothing changed."""
+        task = task_name("ps", index)
         try:
-            await channel.request(Health(), timeout=self.timeout_s)
+            await self.channels.answers(address, task, self.timeout_s)
         except PstrainError as exc:
             raise restated(
                 exc,
                 f"the ps at {address} did not answer as {task}, so it did not "
                 f"join (the job's ps are unchanged): {exc.message}",
             ) from exc
-        finally:
-            await channel.close()
 
     def joins(
         self, spawn: Callable[[Coroutine[Any, Any, Any]], Any]
