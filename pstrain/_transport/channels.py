@@ -37,6 +37,7 @@ from .._base.errors import (
     AuthenticationError,
     DeadlineExceededError,
     ProtocolError,
+    PstrainError,
     UnavailableError,
     from_envelope,
 )
@@ -104,6 +105,9 @@ class Channel:
         #: The task that answered the last handshake, with its incarnation.
         self.peer: str | None = None
         self.ever_connected = False  # False: the task may still be starting
+        #: The error with which the server at the address last refused a connection (the
+        #: handshake: another server, another task, another token); None once one succeeds.
+        self.refusal: PstrainError | None = None
         self.closed = False
 
     @property
@@ -149,12 +153,13 @@ class Channel:
                 task=self.task,
             ) from exc
         except ssl_module.SSLError as exc:
-            raise AuthenticationError(
+            self.refusal = AuthenticationError(
                 f"TLS handshake with {self.task} at {self.address} failed: {exc}. If the "
                 "cluster does not use TLS, give the coordinator no ssl_context; if it does, "
                 "give it the cluster's CA (--tls-ca)",
                 task=self.task,
-            ) from exc
+            )
+            raise self.refusal from exc
         except OSError as exc:
             advice = (
                 ps_advice(self.task)
@@ -185,17 +190,23 @@ class Channel:
             self._silent_closes += 1
             if self._silent_closes < SILENT_CLOSES:
                 raise
-            raise ProtocolError(
+            self.refusal = ProtocolError(
                 f"{self.task} at {self.address} closed the connection {self._silent_closes} times "
                 "in a row during the handshake without answering: it probably expects TLS (give "
                 "the coordinator the cluster's TLS settings: the resolver's ssl_context, or "
                 "--tls-ca) or is not a pstrain server",
                 task=self.task,
-            ) from exc
+            )
+            raise self.refusal from exc
+        except PstrainError as exc:
+            proto.transport.abort()
+            self.refusal = exc
+            raise
         except BaseException:
             proto.transport.abort()
             raise
         self._silent_closes = 0
+        self.refusal = None
         self.ever_connected = True
         return proto
 

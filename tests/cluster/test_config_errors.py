@@ -1,5 +1,7 @@
 """Configuration errors fail fast, typed, naming the task and the fix; `pstrain status` shows
-them; a closure that forgets `await` fails; no worker at all fails join() after its deadline."""
+them; a closure that forgets `await` fails; no worker at all fails join() after its deadline.
+A worker reached before whose address another server answers at later is lost, not a
+configuration error."""
 
 from __future__ import annotations
 
@@ -49,6 +51,53 @@ async def test_an_address_that_is_not_a_pstrain_server():
     finally:
         server.close()
         await server.wait_closed()
+
+
+@pytest.mark.parametrize("successor", ["another server", "another job's worker", "another worker of the job"])
+async def test_a_worker_whose_address_another_server_takes_later_is_lost_and_the_job_goes_on(successor):
+    """Worker 1 runs closures, then goes; something else starts at its address (a process
+    took the port, or a machine was given the address, as pods are). That is a lost worker,
+    not the configuration error the same answer means at start-up: its closures run on
+    worker 0, join() raises nothing, and the slot shows why it is lost."""
+
+    async def http(reader, writer):
+        await reader.read(8)
+        writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async with InProcessCluster(num_ps=1, num_workers=2) as cluster:
+        coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(cluster.resolver))
+        where = [coordinator.schedule(pstrain.get_current_worker_index) for _ in range(64)]
+        await coordinator.join()
+        assert {await rv for rv in where} == {0, 1}
+        gone = cluster.workers[1]
+        port = int(gone.address.rsplit(":", 1)[1])
+        await gone.stop()
+        if successor == "another server":
+            server = await asyncio.start_server(
+                http, sock=listening_socket("127.0.0.1", port, "the successor")
+            )
+        else:  # a pstrain worker: of another job (its own token), or this job's worker 3
+            index, token = (
+                (5, "another-jobs-token") if successor == "another job's worker" else (3, cluster.token)
+            )
+            server = WorkerServer(index, token=token, port=port)
+            await server.start()
+        try:
+            where = [coordinator.schedule(pstrain.get_current_worker_index) for _ in range(64)]
+            await asyncio.wait_for(coordinator.join(), 30)
+            assert {await rv for rv in where} == {0}
+            slot = coordinator.membership()[1]
+            assert slot["state"] == "lost" and "another server answers there now" in slot["last_error"]
+            assert coordinator.membership()[0]["state"] == "up"
+        finally:
+            await coordinator.close()
+            if isinstance(server, WorkerServer):
+                await server.stop()
+            else:
+                server.close()
+                await server.wait_closed()
 
 
 async def test_a_cluster_spec_that_does_not_match_the_tasks(cluster):
