@@ -81,8 +81,9 @@ class _Mismatch(InvalidArgumentError):
     """The task at a worker's address is not that worker (the cluster specs disagree)."""
 
 
-#: Failures of configuration: the dispatcher reports them and stops (no retry loop), unless
-#: the worker answered at that address before (``_address_taken``).
+#: Failures of configuration: the dispatcher reports them and stops (no retry loop). (A
+#: worker reached at its address before that refuses a connection there now is lost: the
+#: channel says ``UnavailableError``.)
 _PERMANENT = (AuthenticationError, ProtocolError, WrongTaskError, _Mismatch)
 
 
@@ -195,18 +196,7 @@ class WorkerDispatcher:
                 self.slot.said_leaving()
                 await self._lost(exc)
                 await self._nap(self.settings.probe_max_s)
-            except _PERMANENT as exc:
-                taken = self._address_taken(exc)
-                if taken is not None:  # a lost worker: its slot waits for it or for a joiner
-                    if (
-                        self.slot.state is not SlotState.UP
-                        and self.slot.last_error != f"UnavailableError: {taken}"
-                    ):
-                        logger.warning("%s is unreachable (%s)", self.task, taken)  # (once)
-                    await self._lost(taken)
-                    await self._nap(self.settings.probe_max_s)
-                    continue
-                # a configuration error: retrying cannot help
+            except _PERMANENT as exc:  # a configuration error: retrying cannot help
                 logger.error("%s: %s (not retried)", self.task, exc)
                 self.refused = exc
                 self.slot.refused(f"{type(exc).__name__}: {exc}")
@@ -226,22 +216,6 @@ class WorkerDispatcher:
                 )
                 await self._lost(exc)
                 await self._nap(backoff)
-
-    def _address_taken(self, exc: PstrainError) -> UnavailableError | None:
-        """``exc`` refused a connection to an address where this worker answered before: the
-        worker is gone, and another server, task or token answers there now (the port was
-        taken, or the address given to another machine, as a pod's is). Not a configuration
-        error but a lost worker. None for a worker never reached (that is a configuration
-        error) or for an error on a connection made."""
-        if self.slot.incarnation is None:
-            return None
-        if not isinstance(exc, _Mismatch) and exc is not self.channel().refusal:
-            return None
-        return UnavailableError(
-            f"it answered at {self.channel().address} before, and another server answers "
-            f"there now: {exc.message}",
-            task=self.task,
-        )
 
     async def _connect(self) -> None:
         self.map_sent = 0  # (a fresh configuration may give the worker a pool knowing no map)
@@ -457,10 +431,6 @@ class WorkerDispatcher:
             self.wake()  # the pump raises it: put back, reconnect
             return
         except PstrainError as exc:
-            if exc is self.channel().refusal:  # reconnecting, another server answered there
-                self._broken = exc
-                self.wake()  # the pump raises it: a lost worker, or a configuration error
-                return
             # The worker refused the batch itself (it could not decode it, say): those closures fail.
             for c in batch:
                 self.queue.fail(c.cid, exc)

@@ -105,9 +105,6 @@ class Channel:
         #: The task that answered the last handshake, with its incarnation.
         self.peer: str | None = None
         self.ever_connected = False  # False: the task may still be starting
-        #: The error with which the server at the address last refused a connection (the
-        #: handshake: another server, another task, another token); None once one succeeds.
-        self.refusal: PstrainError | None = None
         self.closed = False
 
     @property
@@ -153,13 +150,14 @@ class Channel:
                 task=self.task,
             ) from exc
         except ssl_module.SSLError as exc:
-            self.refusal = AuthenticationError(
-                f"TLS handshake with {self.task} at {self.address} failed: {exc}. If the "
-                "cluster does not use TLS, give the coordinator no ssl_context; if it does, "
-                "give it the cluster's CA (--tls-ca)",
-                task=self.task,
-            )
-            raise self.refusal from exc
+            raise self._refused(
+                AuthenticationError(
+                    f"TLS handshake with {self.task} at {self.address} failed: {exc}. If the "
+                    "cluster does not use TLS, give the coordinator no ssl_context; if it does, "
+                    "give it the cluster's CA (--tls-ca)",
+                    task=self.task,
+                )
+            ) from exc
         except OSError as exc:
             advice = (
                 ps_advice(self.task)
@@ -190,25 +188,41 @@ class Channel:
             self._silent_closes += 1
             if self._silent_closes < SILENT_CLOSES:
                 raise
-            self.refusal = ProtocolError(
-                f"{self.task} at {self.address} closed the connection {self._silent_closes} times "
-                "in a row during the handshake without answering: it probably expects TLS (give "
-                "the coordinator the cluster's TLS settings: the resolver's ssl_context, or "
-                "--tls-ca) or is not a pstrain server",
-                task=self.task,
-            )
-            raise self.refusal from exc
-        except PstrainError as exc:
+            raise self._refused(
+                ProtocolError(
+                    f"{self.task} at {self.address} closed the connection {self._silent_closes} "
+                    "times in a row during the handshake without answering: it probably expects "
+                    "TLS (give the coordinator the cluster's TLS settings: the resolver's "
+                    "ssl_context, or --tls-ca) or is not a pstrain server",
+                    task=self.task,
+                )
+            ) from exc
+        except PstrainError as exc:  # another server, task or token answered the handshake
             proto.transport.abort()
-            self.refusal = exc
-            raise
+            refusal = self._refused(exc)
+            if refusal is exc:
+                raise
+            raise refusal from exc
         except BaseException:
             proto.transport.abort()
             raise
         self._silent_closes = 0
-        self.refusal = None
         self.ever_connected = True
         return proto
+
+    def _refused(self, exc: PstrainError) -> PstrainError:
+        """The error for a handshake refused with ``exc``. For a task never reached, ``exc``:
+        a configuration error (another server, task or token at the address the cluster
+        gives). For one this channel reached there before, the task is gone and something
+        else took its address (a port taken, an address given to another machine, as a
+        pod's is): it cannot be reached (``UnavailableError``), as a task that died."""
+        if not self.ever_connected:
+            return exc
+        return UnavailableError(
+            f"{self.task} answered at {self.address} before, and another server answers "
+            f"there now: {exc.message}",
+            task=self.task,
+        )
 
     async def connected(self) -> ClientProtocol:
         proto = self._proto

@@ -4,12 +4,15 @@ again, and the ps that kept their updates apply them once (exactly-once closures
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
 import pstrain
 from pstrain._formats.messages.operations import AssignAdd
 from pstrain.checkpoint import Checkpoint, CheckpointManager, load_variables
+from pstrain.cluster import listening_socket
 from pstrain.errors import FailedPreconditionError, InvalidArgumentError, PlacementChangedError
 from pstrain.rpc import Channel
 from pstrain.server import ParameterServer
@@ -81,7 +84,39 @@ async def _model(strategy: pstrain.ParameterServerStrategy, directory: str):
     return emb, dense, on_lost, on_kept, opt, CheckpointManager(ckpt, directory)
 
 
-async def test_a_ps_lost_mid_training_is_replaced_from_base_and_deltas_and_training_goes_on(tmp_path):
+async def _successor(successor: str | None, address: str):
+    """What starts at a lost ps's address: nothing, another kind of server, or another job's
+    ps (its own token); returns what stops it."""
+    port = int(address.rsplit(":", 1)[1])
+    if successor is None:
+        return None
+    if successor == "another server":
+
+        async def http(reader, writer):
+            await reader.read(8)
+            writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(http, sock=listening_socket("127.0.0.1", port, "the successor"))
+
+        async def stop() -> None:
+            server.close()
+            await server.wait_closed()
+
+        return stop
+    ps = ParameterServer(1, token="another-jobs-token", port=port)
+    await ps.start()
+    return ps.stop
+
+
+@pytest.mark.parametrize("successor", [None, "another server", "another job's ps"])
+async def test_a_ps_lost_mid_training_is_replaced_from_base_and_deltas_and_training_goes_on(
+    tmp_path, successor
+):
+    """Whether its address stays empty or another server answers there after it (a port
+    taken, an address given to another machine): a ps reached before is lost, not a
+    misconfiguration."""
     async with _cluster(tmp_path) as cluster:
         strategy, coordinator = _job(cluster)
         emb, dense, on_lost, on_kept, opt, manager = await _model(strategy, str(tmp_path))
@@ -108,7 +143,12 @@ async def test_a_ps_lost_mid_training_is_replaced_from_base_and_deltas_and_train
 
         coordinator.replace_lost_ps(manager)
         await cluster.ps[1].stop()  # killed: its variables are gone
-        await run(LOST, END)  # the first closures fail on ps 1, are held, and run again
+        stop_successor = await _successor(successor, cluster.ps[1].address)
+        try:
+            await run(LOST, END)  # the first closures fail on ps 1, are held, and run again
+        finally:
+            if stop_successor is not None:
+                await stop_successor()
 
         status = coordinator.statistics()["placement"]
         assert status["ps"][1]["active"] is False and status["replacing"] == []
