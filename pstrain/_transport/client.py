@@ -148,6 +148,22 @@ class ClientProtocol(FrameProtocol):
         if fut is not None and not fut.done():
             fut.set_result((kind, body))
 
+    def oversized(self, req_id: int, op: str) -> None:
+        """A reply (or a part of one) over this client's ``max_body`` was skipped: the call
+        fails now, saying so, rather than wait for an answer that will not come."""
+        self.partials.pop(req_id, None)
+        fut = self.pending.pop(req_id, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(
+                ProtocolError(
+                    f"a reply of {self.channel.task} is larger than this process's "
+                    f"limit of {self.channel.max_body} bytes for one message: ask for less in one "
+                    "call (read a variable's parts, or a table's rows, apart; return less from a "
+                    "closure)",
+                    task=self.channel.task,
+                )
+            )
+
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         self.channel.connection_lost(self)

@@ -584,3 +584,24 @@ async def test_a_dropped_per_worker_iterator_is_released_on_the_workers(cluster)
     )
     assert dataset is not None
     await coordinator.close()
+
+
+async def test_a_reply_larger_than_the_coordinator_takes_fails_its_calls_at_once(cluster):
+    """A reply over the receiver's limit for one message is skipped as it arrives; its call
+    used to wait for it until its deadline, and a closure's RemoteValue with none, forever.
+    (The limit is made small here; it is 2 GiB by default.)"""
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    strategy.channels.max_body = 200_000  # before any channel is made
+    async with strategy.scope():
+        v = pstrain.Variable(np.zeros(100_000, np.float32), name="v")  # 400 KB
+    coordinator = pstrain.ClusterCoordinator(strategy)
+    large = coordinator.schedule(lambda: np.zeros(100_000))
+    with pytest.raises(pstrain.errors.ProtocolError, match="larger than this process's limit of 200000"):
+        await asyncio.wait_for(large, 30)
+    with pytest.raises(pstrain.errors.ProtocolError, match="larger than this process's limit"):
+        await asyncio.wait_for(coordinator.join(), 30)
+    with pytest.raises(pstrain.errors.ProtocolError, match="larger than this process's limit"):
+        await asyncio.wait_for(v.read_value(), 30)
+    assert await coordinator.schedule(lambda: 5) == 5  # the connections stay usable
+    assert float((await v.sparse_read(np.arange(10))).sum()) == 0.0
+    await coordinator.close()

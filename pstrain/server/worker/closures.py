@@ -18,6 +18,7 @@ from ..._formats.messages.records import ClosureResult
 from ..._serving.core import Encoded
 from ..._transport import wire
 from ..._transport.bridge import new_event_loop
+from ..._transport.frames import DEFAULT_MAX_BODY
 
 __all__ = [
     "MAX_PENDING_SCALARS",
@@ -123,23 +124,35 @@ class Functions:
 
 
 def encode_results(
-    results: list[ClosureResult], scalars: list[Any] | None = None, leaving: bool = False
+    results: list[ClosureResult],
+    scalars: list[Any] | None = None,
+    leaving: bool = False,
+    limit: int = DEFAULT_MAX_BODY,
 ) -> Encoded:
     """Encode results once (each as ``ClosureResult``'s array, written out here: the hottest
-    reply, one per finished closure); a result that cannot travel becomes an error saying so.
-    ``leaving``: the worker is draining (the coordinator sends it nothing more)."""
+    reply, one per finished closure); a result that cannot travel becomes an error saying so:
+    one that cannot be encoded, or one larger than ``limit`` (the largest message the
+    coordinator takes, as every pstrain process by default). ``leaving``: the worker is
+    draining (the coordinator sends it nothing more)."""
     extra: dict[str, Any] = {"scalars": scalars} if scalars else {}
     if leaving:
         extra["leaving"] = True
     arrays = [[r.id, r.status.value, r.value] for r in results]
     try:
-        return Encoded(wire.encode_body({"results": arrays, **extra}, allow_pickle=True))
+        body = wire.encode_body({"results": arrays, **extra}, allow_pickle=True)
+        if wire.body_size(body) <= limit:
+            return Encoded(body)
     except Exception:
         pass
     out = []
     for record in arrays:
         try:
-            wire.encode_body(record, allow_pickle=True)
+            size = wire.body_size(wire.encode_body(record, allow_pickle=True))
+            if size > limit:
+                raise InvalidArgumentError(
+                    f"it is {size} bytes, more than the {limit} one message to the coordinator may "
+                    "carry: return less (write a large result to a file, or a variable)"
+                )
             out.append(record)
         except Exception as exc:
             err = TypeError(
