@@ -229,7 +229,7 @@ def expand_tasks_per_node(spec: str) -> list[int]:
     """``2(x3),1`` -> [2, 2, 2, 1] (SLURM_STEP_TASKS_PER_NODE)."""
     counts: list[int] = []
     for part in spec.split(","):
-        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        m = re.fullmatch(r"([0-9]+)(?:\(x([0-9]+)\))?", part.strip())
         if not m:
             raise InvalidArgumentError(f"cannot parse SLURM tasks per node {spec!r}")
         counts.extend([int(m.group(1))] * int(m.group(2) or 1))

@@ -392,7 +392,7 @@ def latest_checkpoint(checkpoint_dir: str, latest_filename: str | None = None) -
 
 
 #: A full save's index file: ``<name>-<N>.index.json`` (a delta's name holds ``.delta-``).
-_FULL = re.compile(r"(.+)-(\d+)" + re.escape(INDEX))
+_FULL = re.compile(r"(.+)-([0-9]+)" + re.escape(INDEX))
 
 
 def _preserved_file(directory: str, name: str) -> str:
@@ -428,7 +428,7 @@ def _record_preserved(directory: str, name: str, at: float, numbers: set[int]) -
 
 def _numbers(directory: str, name: str) -> list[int]:
     """The numbers of the complete full saves of ``name`` in ``directory``, ascending."""
-    pattern = re.compile(re.escape(name) + r"-(\d+)" + re.escape(INDEX) + "$")
+    pattern = re.compile(re.escape(name) + r"-([0-9]+)" + re.escape(INDEX) + "$")
     found = []
     for path in glob.glob(os.path.join(glob.escape(directory), f"{glob.escape(name)}-*{INDEX}")):
         m = pattern.search(os.path.basename(path))

@@ -22,7 +22,14 @@ import msgspec
 from aiohttp import web
 
 from .._base.auth import bearer_ok
-from .._base.errors import AuthenticationError, ProtocolError, PstrainError, status_for, to_envelope
+from .._base.errors import (
+    AuthenticationError,
+    InvalidArgumentError,
+    ProtocolError,
+    PstrainError,
+    status_for,
+    to_envelope,
+)
 from .._formats.messages.operations import Health
 from .._formats.observability import CONTENT_TYPE as METRICS_TYPE, make_registry, render
 from .._transport.frames import CONTENT_TYPE, FrameKind
@@ -94,6 +101,9 @@ class HttpAdapter:
     def _download(self, serve: Any) -> Any:
         async def handle(request: web.Request) -> web.StreamResponse:
             try:
+                twice = sorted({k for k in request.query if len(request.query.getall(k)) > 1})
+                if twice:  # (a dict of them would keep one and drop the others unsaid)
+                    raise InvalidArgumentError(f"query parameter(s) {twice} given more than once")
                 download = await serve(dict(request.match_info), dict(request.query))
             except PstrainError as exc:
                 return self._json_error(exc)

@@ -41,7 +41,7 @@ def _target(task: str) -> str:
     return task if _TASK_NAME.fullmatch(task) else ""
 
 
-_TASK_NAME = re.compile(r"/job:[a-z]+/replica:0/task:\d+")
+_TASK_NAME = re.compile(r"/job:[a-z]+/replica:0/task:[0-9]+")
 
 
 def foreign_server(channel: Channel, first: bytes) -> PstrainError:
@@ -186,7 +186,7 @@ class ClientProtocol(FrameProtocol):
 def cluster_entry(task: str, address: str) -> str:
     """Where ``task``'s address comes from, for an error about reaching it: its entry in the
     cluster configuration (``cluster["ps"][0] = "host:port"``)."""
-    m = re.fullmatch(r"/job:([^/]+)/replica:\d+/task:(\d+)", task)
+    m = re.fullmatch(r"/job:([^/]+)/replica:[0-9]+/task:([0-9]+)", task)
     entry = f'cluster["{m.group(1)}"][{m.group(2)}]' if m else f"the entry of {task}"
     return (
         f'{entry} = "{address}" in the cluster configuration (the cluster file, PSTRAIN_CONFIG or TF_CONFIG)'

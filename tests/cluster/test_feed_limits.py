@@ -1,6 +1,7 @@
-"""The serving feed under attack: it reads nothing outside the checkpoint root, and its
-memory follows the bytes it sends, not the readers who ask (a bounded number of replies
-at once, 503 with Retry-After past it; a reader that stops reading is dropped)."""
+"""The serving feed under attack: it reads nothing outside the checkpoint root, its memory
+follows the bytes it sends, not the readers who ask (a bounded number of replies at once,
+503 with Retry-After past it; a reader that stops reading is dropped), and a query it
+cannot take exactly as given is a 400 naming what was wrong."""
 
 from __future__ import annotations
 
@@ -109,3 +110,29 @@ async def test_readers_at_once_are_bounded_and_a_reader_that_stops_reading_is_dr
         got = load(body)
         assert got["ids"].size == rows and got["rows"].shape == (rows, dim)
         np.testing.assert_array_equal(np.sort(got["ids"]), np.arange(rows))
+
+
+@pytest.mark.parametrize(
+    "query, said",
+    [
+        ("since=1&since=2", "['since'] given more than once"),  # (one of them was taken)
+        ("since=%D9%A3", "since='\u0663' is not a version"),  # an Arabic-Indic 3 (it was taken as 3)
+        ("since=-1", "since='-1' is not a version"),
+        ("since=1.5", "since='1.5' is not a version"),
+        ("since=99999999999999999999", "is not a version"),
+        ("since=1&limit=5", "unknown query parameter(s) ['limit']"),
+    ],
+)
+async def test_a_query_the_feed_cannot_take_as_given_is_a_400_naming_it(tmp_path, query, said):
+    root = str(tmp_path)
+    async with InProcessCluster(
+        num_ps=1, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
+    ) as cluster:
+        await _saved_table(root, cluster.resolver, rows=10)
+        url = f"http://{cluster.ps[0].address}/v1/tables/emb/rows"
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{url}?{query}", headers=AUTH) as r:
+                assert r.status == 400
+                assert said in (await r.json())["error"]["message"]
+            async with session.get(f"{url}?since=0", headers=AUTH) as r:
+                assert r.status == 200  # the feed serves on

@@ -58,7 +58,7 @@ DELTA_FORMAT = "pstrain-delta"
 DELTA_VERSION = 1
 #: The suffix of a checkpoint's index, full or delta (``checkpoint_files.py``).
 INDEX = ".index.json"
-_DELTA = re.compile(r"^(?P<base>.+)\.delta-(?P<k>[1-9]\d{0,8})$")
+_DELTA = re.compile(r"^(?P<base>.+)\.delta-(?P<k>[1-9][0-9]{0,8})$")
 
 FileName = Annotated[str, msgspec.Meta(min_length=1, max_length=255, pattern=r"^[^/\\\x00]+$")]
 Key = Annotated[str, msgspec.Meta(min_length=1, max_length=1100)]

@@ -34,7 +34,7 @@ __all__ = ["LINKED", "link_name", "linked_parts", "pack", "rows_of"]
 #: The key prefix of a link's bits in the linking file.
 LINKED = "linked:"
 _SUFFIX = ".safetensors"
-_NUMBER = re.compile(r"^(0|[1-9]\d{0,5})$")
+_NUMBER = re.compile(r"^(0|[1-9][0-9]{0,5})$")
 
 
 def link_name(path: str, k: int) -> str:

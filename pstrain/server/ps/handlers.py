@@ -129,7 +129,7 @@ def tier_directory(
     try:
         os.makedirs(table_dir, exist_ok=True)
         for entry in os.listdir(table_dir):
-            match = re.fullmatch(r"pstrain-(\d+)-[0-9a-f]+", entry)
+            match = re.fullmatch(r"pstrain-([0-9]+)-[0-9a-f]+", entry)
             if match and not _alive(int(match.group(1))):
                 shutil.rmtree(os.path.join(table_dir, entry), ignore_errors=True)
         os.makedirs(own)

@@ -48,7 +48,7 @@ __all__ = ["PATH", "TableFeed"]
 
 #: The feed's HTTP path.
 PATH = "/v1/tables/{name:.+}/rows"  # (a name may hold "/": a collection's tables do)
-_VERSION = re.compile(r"^\d{1,18}$")
+_VERSION = re.compile(r"^[0-9]{1,18}$")  # (ASCII digits: \d takes any script's)
 _ATTEMPTS = 3  # a save pruned while it was read: read the directory again
 #: Replies under way at once on one ps (each holds its ids and a piece of rows).
 MAX_READERS = 4
