@@ -162,6 +162,8 @@ class HttpAdapter:
             return await handler(request)
         if request.match_info.route in self._pages:  # a page checks its requests itself
             return await handler(request)
+        if len(request.headers.getall("Authorization", ())) > 1:  # which would count?
+            return self._json_error(InvalidArgumentError("Authorization given more than once"), 400)
         if not bearer_ok(request.headers.get("Authorization"), server.token_bytes):
             return self._json_error(
                 AuthenticationError("missing or wrong cluster token: send 'Authorization: Bearer <token>'"),
@@ -190,6 +192,14 @@ class HttpAdapter:
     async def _op(self, request: web.Request) -> web.StreamResponse:
         server = self.server
         op = request.match_info["op"]
+        if request.content_type in ("application/json", "application/x-www-form-urlencoded"):
+            return self._json_error(
+                ProtocolError(
+                    f"POST /v1/{op} takes pstrain's wire format ({CONTENT_TYPE}, as pstrain's "
+                    f"clients send it), not {request.content_type}"
+                ),
+                415,
+            )
         length = request.content_length
         if length is not None and length > server.max_body:
             return self._json_error(

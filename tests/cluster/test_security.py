@@ -125,6 +125,31 @@ async def test_an_authenticated_slow_body_and_a_flood_of_idle_connections():
         await abort_all([writer, *hostile])
 
 
+async def test_a_request_that_gives_its_token_twice_or_a_json_body_is_refused_saying_so():
+    """Two Authorization headers: which one counts is not guessed (the first was taken: a
+    right one after a wrong one was refused, a wrong one after a right one let in); a JSON
+    body to an operation is named as what it is, not decoded as pstrain's format."""
+    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN) as c:
+        url = f"http://{c.ps[0].address}/v1/vars/list"
+        body = b"".join(bytes(x) for x in wire.encode_body({}))
+        async with aiohttp.ClientSession() as session:
+            for first, second in (("wrong", TOKEN), (TOKEN, "wrong"), (TOKEN, TOKEN)):
+                headers = [("Authorization", f"Bearer {first}"), ("Authorization", f"Bearer {second}")]
+                async with session.post(url, data=body, headers=headers) as r:
+                    assert r.status == 400
+                    assert (await r.json())["error"]["message"] == "Authorization given more than once"
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            async with session.post(url, json={}, headers=auth) as r:
+                assert r.status == 415
+                message = (await r.json())["error"]["message"]
+                assert (
+                    "takes pstrain's wire format (application/x-pstrain" in message
+                    and "not application/json" in message
+                )
+            async with session.post(url, data=body, headers=auth) as r:  # (aiohttp: octet-stream)
+                assert r.status == 200
+
+
 # -- the handshake machines, property-tested ------------------------------------------------------
 tokens = st.one_of(st.none(), st.binary(min_size=1, max_size=40))
 targets = st.sampled_from(["", "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:3"])
