@@ -24,6 +24,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .._base.cluster import ClusterSpec, task_name
 from .._base.errors import (
     AuthenticationError,
@@ -54,6 +56,7 @@ from .._formats.messages.operations import (
 from .._formats.messages.placement_map import PlacementMap
 from .._formats.messages.records import ClosureCall, ResultsReply
 from .._transport.channels import Channel
+from .._transport.wire import PickleFailure
 from .closures import Closure
 from .membership import SlotState, WorkerSlot
 from .resources import ResourceRegistry, ResourceSpec
@@ -85,6 +88,23 @@ class _Mismatch(InvalidArgumentError):
 #: worker reached at its address before that refuses a connection there now is lost: the
 #: channel says ``UnavailableError``.)
 _PERMANENT = (AuthenticationError, ProtocolError, WrongTaskError, _Mismatch)
+
+
+_PLAIN = (type(None), bool, int, float, str, bytes, np.ndarray, np.generic)
+
+
+def _unpickled_wrong(value: Any) -> PickleFailure | None:
+    """The first object of a closure's result that could not be unpickled here (the rest of
+    its message was), or None."""
+    if isinstance(value, _PLAIN):
+        return None
+    if isinstance(value, PickleFailure):
+        return value
+    if isinstance(value, (list, tuple)):
+        return next((f for f in map(_unpickled_wrong, value) if f is not None), None)
+    if isinstance(value, dict):
+        return next((f for f in map(_unpickled_wrong, value.values()) if f is not None), None)
+    return None
 
 
 class WorkerDispatcher:
@@ -437,6 +457,15 @@ class WorkerDispatcher:
             return
         self._on_results(reply)
 
+    def _unreadable(self, failure: PickleFailure) -> InvalidArgumentError:
+        error = failure.error
+        return InvalidArgumentError(
+            f"the closure ran on {self.task}, but its result could not be unpickled on the "
+            f"coordinator: {type(error).__name__}: {error} (return plain data: numbers, arrays, "
+            "lists and dicts of them; or objects whose classes the coordinator can import)",
+            task=self.task,
+        )
+
     def _on_results(self, reply: ResultsReply) -> None:
         if reply.leaving:  # draining: its going is no failure
             self.slot.said_leaving()
@@ -449,7 +478,11 @@ class WorkerDispatcher:
         for result in reply.results:
             cid = result.id
             if result.status is ClosureStatus.OK:
-                finish(cid, result.value)
+                failure = _unpickled_wrong(result.value)
+                if failure is None:
+                    finish(cid, result.value)
+                else:
+                    queue.fail(cid, self._unreadable(failure))
             elif result.status is ClosureStatus.CANCELLED:
                 queue.fail(cid, CancelledError(CANCELLED_MESSAGE, task=self.task), cancelled=True)
             else:

@@ -278,16 +278,16 @@ class Channel:
             setattr(message, field, value)
         op = cls.op()
         chunks = wire.encode_body(message, allow_pickle=cls.pickle)
+        kept = cls.pickle_failures_kept
         partial = None
         if on_partial is not None:
 
             def partial(body: memoryview) -> None:
-                on_partial(
-                    convert_reply(op, cls.reply, wire.decode_body(body, allow_pickle=cls.pickle), self.task)
-                )
+                payload = wire.decode_body(body, allow_pickle=cls.pickle, pickle_failures_kept=kept)
+                on_partial(convert_reply(op, cls.reply, payload, self.task))
 
         kind, body = await self.call_raw(op, chunks, timeout=timeout, on_partial=partial, on_sent=on_sent)
-        payload = self.decode_reply(kind, body, pickle=cls.pickle)
+        payload = self.decode_reply(kind, body, pickle=cls.pickle, pickle_failures_kept=kept)
         return convert_reply(op, cls.reply, payload, self.task)
 
     async def health(self, *, timeout: float | None = None) -> HealthReply:
@@ -298,10 +298,12 @@ class Channel:
         """The task's counters (what ``pstrain status`` and ``/metrics`` show), free-form."""
         return await self.request(Statistics(), timeout=timeout)
 
-    def decode_reply(self, kind: FrameKind, body: memoryview, *, pickle: bool = False) -> Any:
+    def decode_reply(
+        self, kind: FrameKind, body: memoryview, *, pickle: bool = False, pickle_failures_kept: bool = False
+    ) -> Any:
         """The payload of a REPLY, or the error an ERROR frame carries, raised."""
         if kind == FrameKind.REPLY:
-            return wire.decode_body(body, allow_pickle=pickle)
+            return wire.decode_body(body, allow_pickle=pickle, pickle_failures_kept=pickle_failures_kept)
         envelope = wire.decode_body(body)
         if not isinstance(envelope, dict):
             raise ProtocolError(f"malformed error reply from {self.task}")

@@ -141,7 +141,10 @@ class ClientProtocol(FrameProtocol):
         if kind == FrameKind.PARTIAL:
             on_partial = self.partials.get(req_id)
             if on_partial is not None:
-                on_partial(body)
+                try:
+                    on_partial(body)
+                except Exception as exc:  # a part that cannot be taken fails its call, not the connection
+                    self._fail_call(req_id, exc)
             return
         self.partials.pop(req_id, None)
         fut = self.pending.pop(req_id, None)
@@ -151,18 +154,29 @@ class ClientProtocol(FrameProtocol):
     def oversized(self, req_id: int, op: str) -> None:
         """A reply (or a part of one) over this client's ``max_body`` was skipped: the call
         fails now, saying so, rather than wait for an answer that will not come."""
+        self._fail_call(
+            req_id,
+            ProtocolError(
+                f"a reply of {self.channel.task} is larger than this process's "
+                f"limit of {self.channel.max_body} bytes for one message: ask for less in one "
+                "call (read a variable's parts, or a table's rows, apart; return less from a "
+                "closure)",
+                task=self.channel.task,
+            ),
+        )
+
+    def _fail_call(self, req_id: int, exc: BaseException) -> None:
+        """Call ``req_id`` fails with ``exc`` (a pstrain error; anything else is the peer's
+        malformed reply); the rest of its reply, if any comes, is dropped."""
+        if not isinstance(exc, PstrainError):
+            exc = ProtocolError(
+                f"a reply of {self.channel.task} could not be taken: {type(exc).__name__}: {exc}",
+                task=self.channel.task,
+            )
         self.partials.pop(req_id, None)
         fut = self.pending.pop(req_id, None)
         if fut is not None and not fut.done():
-            fut.set_exception(
-                ProtocolError(
-                    f"a reply of {self.channel.task} is larger than this process's "
-                    f"limit of {self.channel.max_body} bytes for one message: ask for less in one "
-                    "call (read a variable's parts, or a table's rows, apart; return less from a "
-                    "closure)",
-                    task=self.channel.task,
-                )
-            )
+            fut.set_exception(exc)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)

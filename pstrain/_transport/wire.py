@@ -33,7 +33,7 @@ import numpy as np
 
 from .._base.errors import ImportNeeded, InvalidArgumentError, ProtocolError
 
-__all__ = ["body_size", "decode", "decode_body", "encode", "encode_body"]
+__all__ = ["PickleFailure", "body_size", "decode", "decode_body", "encode", "encode_body"]
 
 _EXT_TUPLE = 1
 _EXT_ARRAY = 2
@@ -55,6 +55,20 @@ MAX_BUFFERS = 1 << 20
 
 def _pad(n: int) -> int:
     return (-n) & 7
+
+
+class PickleFailure:
+    """In the place of a pickled object that could not be rebuilt here (decoded with
+    ``pickle_failures_kept``): ``error`` says why. A closure's result is one: it fails that
+    closure alone, not the message it came in with the others'."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"PickleFailure({self.error!r})"
 
 
 class _Encoder(threading.local):
@@ -227,14 +241,20 @@ def body_size(chunks: Sequence[bytes | memoryview]) -> int:
 
 
 def decode_body(
-    body: bytes | bytearray | memoryview, *, allow_pickle: bool = False, imports: bool = True
+    body: bytes | bytearray | memoryview,
+    *,
+    allow_pickle: bool = False,
+    imports: bool = True,
+    pickle_failures_kept: bool = False,
 ) -> Any:
     """Decode a body made by :func:`encode_body`; arrays are views of ``body``.
 
     Raises :class:`ProtocolError` for a malformed or truncated body, and for
     pickled objects unless ``allow_pickle``. Without ``imports``, a pickle that would
     import a module raises :class:`ImportNeeded` (on a loop that answers health checks,
-    an import of seconds must not run).
+    an import of seconds must not run). With ``pickle_failures_kept``, a pickled object
+    that cannot be rebuilt (its unpickling raises) is a :class:`PickleFailure` in its
+    place, and the rest of the message decodes.
     """
     view = memoryview(body)
     if view.ndim != 1 or view.itemsize != 1:
@@ -268,7 +288,7 @@ def decode_body(
             pos = end + _pad(length)
 
     try:
-        return _Decoder(buffers, allow_pickle, imports).unpack(header)
+        return _Decoder(buffers, allow_pickle, imports, pickle_failures_kept).unpack(header)
     except (ProtocolError, InvalidArgumentError, ImportNeeded):
         raise
     except Exception as exc:  # msgpack raises several unrelated types
@@ -280,12 +300,15 @@ class _Decoder:
     that refer to each other form a cycle that would keep the received body
     (possibly 64 MiB) alive until the cyclic GC happens to run."""
 
-    __slots__ = ("buffers", "allow_pickle", "imports", "depth")
+    __slots__ = ("buffers", "allow_pickle", "imports", "failures_kept", "depth")
 
-    def __init__(self, buffers: list[memoryview], allow_pickle: bool, imports: bool) -> None:
+    def __init__(
+        self, buffers: list[memoryview], allow_pickle: bool, imports: bool, failures_kept: bool = False
+    ) -> None:
         self.buffers = buffers
         self.allow_pickle = allow_pickle
         self.imports = imports
+        self.failures_kept = failures_kept
         self.depth = 0
 
     def unpack(self, data: bytes | memoryview) -> Any:
@@ -315,13 +338,22 @@ class _Decoder:
 
             try:
                 return cloudpickle.loads(data) if self.imports else pickling.loads_imported(data)
+            except ImportNeeded:
+                raise
             except ImportError as exc:  # a module the sender has and this task does not
-                raise InvalidArgumentError(
-                    f"could not unpickle an object sent by the coordinator: {exc}. Its module "
+                missing = InvalidArgumentError(
+                    f"could not unpickle an object another task sent: {exc}. Its module "
                     "must be importable on every task (install it there, or put it on "
                     "PYTHONPATH); modules outside site-packages that a scheduled function or a "
                     "dataset_fn names are sent by value"
-                ) from exc
+                )
+                if self.failures_kept:
+                    return PickleFailure(missing)
+                raise missing from exc
+            except Exception as exc:  # its own code raised (a __setstate__, a reduce function)
+                if self.failures_kept:
+                    return PickleFailure(exc)
+                raise
         raise ProtocolError(f"malformed message: unknown ext type {code}")
 
     def _scalar(self, data: bytes) -> np.generic:

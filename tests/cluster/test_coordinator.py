@@ -605,3 +605,42 @@ async def test_a_reply_larger_than_the_coordinator_takes_fails_its_calls_at_once
     assert await coordinator.schedule(lambda: 5) == 5  # the connections stay usable
     assert float((await v.sparse_read(np.arange(10))).sum()) == 0.0
     await coordinator.close()
+
+
+def _explode():
+    raise ValueError("boom at unpickle")
+
+
+class _Unpicklable:
+    """Pickles on the worker; unpickling it anywhere raises."""
+
+    def __reduce__(self):
+        return (_explode, ())
+
+
+@pytest.mark.parametrize("when", ["in one reply", "as each finishes"])
+async def test_a_result_the_coordinator_cannot_unpickle_fails_its_closure_alone(when):
+    """Its RemoteValue raises the reason; the results that came in the same message come
+    back, and the worker is not taken for lost. (A result in a partial reply used to close
+    the connection: the worker was lost, its closures ran again, and again, for ever.)"""
+    async with InProcessCluster(num_ps=1, num_workers=1) as cluster:
+        coordinator = pstrain.ClusterCoordinator(
+            pstrain.ParameterServerStrategy(cluster.resolver), max_inflight_per_worker=8
+        )
+        pause = 0.0 if when == "in one reply" else 0.1
+
+        def result(i):
+            time.sleep(pause * i)  # (as each finishes: each result comes in a reply of its own)
+            return [i, {"x": _Unpicklable()}] if i == 2 else i
+
+        rvs = [coordinator.schedule(result, args=(i,)) for i in range(4)]
+        with pytest.raises(
+            InvalidArgumentError, match="result could not be unpickled on the coordinator: ValueError: boom"
+        ):
+            await asyncio.wait_for(rvs[2], 30)
+        assert [await asyncio.wait_for(rvs[i], 30) for i in (0, 1, 3)] == [0, 1, 3]
+        with pytest.raises(InvalidArgumentError, match="could not be unpickled"):
+            await asyncio.wait_for(coordinator.join(), 30)
+        assert await asyncio.wait_for(coordinator.schedule(lambda: 5), 30) == 5
+        assert coordinator.membership()[0]["failures"] == 0
+        await coordinator.close()

@@ -265,3 +265,27 @@ def test_closures_and_their_results_travel_as_compact_arrays_and_come_back_typed
     assert raw["updates"][0]["op"] == "assign_add"
     with pytest.raises(InvalidArgumentError, match="status|Invalid enum"):
         validate("worker/run", ResultsReply, {"results": [[1, 7, None]]})
+
+
+def _raise_at_unpickle():
+    raise ValueError("not here")
+
+
+class _RaisesAtUnpickle:
+    def __reduce__(self):
+        return (_raise_at_unpickle, ())
+
+
+def test_an_object_that_cannot_be_unpickled_stands_as_its_failure_where_asked_and_the_rest_decodes():
+    body = b"".join(
+        bytes(c)
+        for c in wire.encode_body(
+            {"results": [[1, 0, 7], [2, 0, [3, _RaisesAtUnpickle()]]]}, allow_pickle=True
+        )
+    )
+    with pytest.raises(ProtocolError, match="ValueError: not here"):  # the whole message, by default
+        wire.decode_body(body, allow_pickle=True)
+    results = wire.decode_body(body, allow_pickle=True, pickle_failures_kept=True)["results"]
+    assert results[0] == [1, 0, 7] and results[1][2][0] == 3
+    failure = results[1][2][1]
+    assert isinstance(failure, wire.PickleFailure) and str(failure.error) == "not here"

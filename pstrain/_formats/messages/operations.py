@@ -333,6 +333,7 @@ class RunClosures(Operation[ResultsReply], tag="worker/run"):
 
     pickle = True
     stream = True
+    pickle_failures_kept = True  # a result the coordinator cannot unpickle fails alone
     closures: Annotated[list[ClosureCall], msgspec.Meta(max_length=1 << 16)]
     fns: dict[bytes, bytes] = {}
     incarnation: Incarnation | None = None
