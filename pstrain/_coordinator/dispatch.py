@@ -24,8 +24,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from .._base.cluster import ClusterSpec, task_name
 from .._base.errors import (
     AuthenticationError,
@@ -56,7 +54,7 @@ from .._formats.messages.operations import (
 from .._formats.messages.placement_map import PlacementMap
 from .._formats.messages.records import ClosureCall, ResultsReply
 from .._transport.channels import Channel
-from .._transport.wire import PickleFailure
+from .._transport.wire import PickleFailure, pickle_failure_in
 from .closures import Closure
 from .membership import SlotState, WorkerSlot
 from .resources import ResourceRegistry, ResourceSpec
@@ -88,23 +86,6 @@ class _Mismatch(InvalidArgumentError):
 #: worker reached at its address before that refuses a connection there now is lost: the
 #: channel says ``UnavailableError``.)
 _PERMANENT = (AuthenticationError, ProtocolError, WrongTaskError, _Mismatch)
-
-
-_PLAIN = (type(None), bool, int, float, str, bytes, np.ndarray, np.generic)
-
-
-def _unpickled_wrong(value: Any) -> PickleFailure | None:
-    """The first object of a closure's result that could not be unpickled here (the rest of
-    its message was), or None."""
-    if isinstance(value, _PLAIN):
-        return None
-    if isinstance(value, PickleFailure):
-        return value
-    if isinstance(value, (list, tuple)):
-        return next((f for f in map(_unpickled_wrong, value) if f is not None), None)
-    if isinstance(value, dict):
-        return next((f for f in map(_unpickled_wrong, value.values()) if f is not None), None)
-    return None
 
 
 class WorkerDispatcher:
@@ -478,7 +459,7 @@ class WorkerDispatcher:
         for result in reply.results:
             cid = result.id
             if result.status is ClosureStatus.OK:
-                failure = _unpickled_wrong(result.value)
+                failure = pickle_failure_in(result.value)
                 if failure is None:
                     finish(cid, result.value)
                 else:

@@ -274,7 +274,12 @@ class ServerCore:
             # Nothing imports on this loop (torch's first import takes seconds, health checks
             # and every other request would wait): a body whose pickles would is decoded on a
             # thread, and its handler called here after (a plain one still runs in one step).
-            decoded = wire.decode_body(body, allow_pickle=handler.pickle, imports=False)
+            decoded = wire.decode_body(
+                body,
+                allow_pickle=handler.pickle,
+                imports=False,
+                pickle_failures_kept=handler.request.pickle_failures_kept,
+            )
         except ImportNeeded:
             assert handler is not None
             return self._decoded_on_a_thread(op, handler, body, emit, size_in, started)
@@ -312,7 +317,12 @@ class ServerCore:
         size_in: int,
         started: float,
     ) -> Reply:
-        decode = functools.partial(wire.decode_body, body, allow_pickle=True)
+        decode = functools.partial(
+            wire.decode_body,
+            body,
+            allow_pickle=True,
+            pickle_failures_kept=handler.request.pickle_failures_kept,
+        )
         try:
             decoded = await asyncio.get_running_loop().run_in_executor(
                 None, contextvars.copy_context().run, decode

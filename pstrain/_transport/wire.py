@@ -33,7 +33,15 @@ import numpy as np
 
 from .._base.errors import ImportNeeded, InvalidArgumentError, ProtocolError
 
-__all__ = ["PickleFailure", "body_size", "decode", "decode_body", "encode", "encode_body"]
+__all__ = [
+    "PickleFailure",
+    "body_size",
+    "decode",
+    "decode_body",
+    "encode",
+    "encode_body",
+    "pickle_failure_in",
+]
 
 _EXT_TUPLE = 1
 _EXT_ARRAY = 2
@@ -69,6 +77,23 @@ class PickleFailure:
 
     def __repr__(self) -> str:
         return f"PickleFailure({self.error!r})"
+
+
+_PLAIN_LEAVES = (type(None), bool, int, float, str, bytes, np.ndarray, np.generic)
+
+
+def pickle_failure_in(value: Any) -> PickleFailure | None:
+    """The first :class:`PickleFailure` in ``value`` (in its lists, tuples and dicts), or
+    None."""
+    if isinstance(value, _PLAIN_LEAVES):
+        return None
+    if isinstance(value, PickleFailure):
+        return value
+    if isinstance(value, (list, tuple)):
+        return next((f for f in map(pickle_failure_in, value) if f is not None), None)
+    if isinstance(value, dict):
+        return next((f for f in map(pickle_failure_in, value.values()) if f is not None), None)
+    return None
 
 
 class _Encoder(threading.local):

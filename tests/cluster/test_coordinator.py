@@ -644,3 +644,26 @@ async def test_a_result_the_coordinator_cannot_unpickle_fails_its_closure_alone(
         assert await asyncio.wait_for(coordinator.schedule(lambda: 5), 30) == 5
         assert coordinator.membership()[0]["failures"] == 0
         await coordinator.close()
+
+
+async def test_an_argument_a_worker_cannot_unpickle_fails_its_closure_alone():
+    """It failed every closure of its batch, as a "malformed message"."""
+    async with InProcessCluster(num_ps=1, num_workers=1) as cluster:
+        coordinator = pstrain.ClusterCoordinator(
+            pstrain.ParameterServerStrategy(cluster.resolver), max_inflight_per_worker=8
+        )
+        rvs = [
+            coordinator.schedule(
+                lambda x, y=None: x, args=(i,), kwargs={"y": _Unpicklable()} if i == 2 else {}
+            )
+            for i in range(4)
+        ]
+        with pytest.raises(
+            InvalidArgumentError, match="arguments could not be unpickled on this worker: ValueError: boom"
+        ):
+            await asyncio.wait_for(rvs[2], 30)
+        assert [await asyncio.wait_for(rvs[i], 30) for i in (0, 1, 3)] == [0, 1, 3]
+        with pytest.raises(InvalidArgumentError, match="could not be unpickled"):
+            await asyncio.wait_for(coordinator.join(), 30)
+        assert coordinator.membership()[0]["failures"] == 0
+        await coordinator.close()

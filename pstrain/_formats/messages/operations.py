@@ -333,7 +333,7 @@ class RunClosures(Operation[ResultsReply], tag="worker/run"):
 
     pickle = True
     stream = True
-    pickle_failures_kept = True  # a result the coordinator cannot unpickle fails alone
+    pickle_failures_kept = True  # arguments or a result that cannot be unpickled: that closure fails
     closures: Annotated[list[ClosureCall], msgspec.Meta(max_length=1 << 16)]
     fns: dict[bytes, bytes] = {}
     incarnation: Incarnation | None = None

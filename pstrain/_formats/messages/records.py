@@ -82,9 +82,10 @@ class Operation(Record, Generic[R], tag_field="op", kw_only=True):
     tag="vars/read")``. Its msgspec tag is the op name, its type parameter the class its
     reply converts to (``reply``, set from it; ``FreeForm``: a mapping left as it is),
     ``pickle`` whether its body may carry pickles (it runs code), ``stream`` whether its
-    handler sends partial replies, ``pickle_failures_kept`` whether an object of its reply
-    that cannot be unpickled here stands as a ``wire.PickleFailure`` (a closure's result:
-    it fails alone) rather than failing the whole reply. The op name travels in the frame
+    handler sends partial replies, ``pickle_failures_kept`` whether an object of its
+    request or reply that cannot be unpickled where it arrives stands as a
+    ``wire.PickleFailure`` (a closure's arguments or result: that closure fails alone)
+    rather than failing the whole message. The op name travels in the frame
     (or the URL), not in the body: a body without the tag is that operation's.
 
     Both ends are typed by the parameter: ``await channel.request(ReadVariables(...))`` is

@@ -20,17 +20,27 @@ from collections.abc import Callable
 from typing import Any
 
 from ..._base.context import watch_unawaited
-from ..._base.errors import NotFoundError
+from ..._base.errors import InvalidArgumentError, NotFoundError
 from ..._base.tags import set_dispatch
 from ..._base.tasks import TaskOwner
 from ..._formats.messages.closures import CANCELLED, ERROR, OK, exception_payload
 from ..._formats.messages.records import ClosureCall, ClosureResult
 from ..._transport.bridge import block_on
+from ..._transport.wire import PickleFailure, pickle_failure_in
 from .closures import Batch, ClosureLoop, Functions, Outbox, SyncPool, check_awaited, encode_results
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["ClosureRunner"]
+
+
+def _unreadable_arguments(failure: PickleFailure) -> InvalidArgumentError:
+    error = failure.error
+    return InvalidArgumentError(
+        f"the closure's arguments could not be unpickled on this worker: {type(error).__name__}: "
+        f"{error} (pass plain data: numbers, arrays, lists and dicts of them; or objects whose "
+        "classes every worker can import)"
+    )
 
 
 class ClosureRunner:
@@ -121,6 +131,12 @@ class ClosureRunner:
             if fn is None:
                 missing = NotFoundError(f"function {call.fn.hex()[:12]} was never sent to this worker")
                 self._deliver(batch, ClosureResult(cid, ERROR, exception_payload(missing)))
+                continue
+            failure = pickle_failure_in(args) or pickle_failure_in(kwargs)
+            if failure is not None:
+                self._deliver(
+                    batch, ClosureResult(cid, ERROR, exception_payload(_unreadable_arguments(failure)))
+                )
                 continue
             if call.has_refs:
                 try:
