@@ -79,21 +79,24 @@ class PickleFailure:
         return f"PickleFailure({self.error!r})"
 
 
-_PLAIN_LEAVES = (type(None), bool, int, float, str, bytes, np.ndarray, np.generic)
-
-
 def pickle_failure_in(value: Any) -> PickleFailure | None:
     """The first :class:`PickleFailure` in ``value`` (in its lists, tuples and dicts), or
-    None."""
-    if isinstance(value, _PLAIN_LEAVES):
+    None. (Only plain lists, tuples and dicts can hold one: a pickled container is rebuilt
+    whole or fails whole. Checked for every closure, both ways: a walk of exact types.)"""
+    kind = type(value)
+    if kind is tuple or kind is list:
+        for item in value:
+            found = pickle_failure_in(item)
+            if found is not None:
+                return found
         return None
-    if isinstance(value, PickleFailure):
-        return value
-    if isinstance(value, (list, tuple)):
-        return next((f for f in map(pickle_failure_in, value) if f is not None), None)
-    if isinstance(value, dict):
-        return next((f for f in map(pickle_failure_in, value.values()) if f is not None), None)
-    return None
+    if kind is dict:
+        for item in value.values():
+            found = pickle_failure_in(item)
+            if found is not None:
+                return found
+        return None
+    return value if kind is PickleFailure else None
 
 
 class _Encoder(threading.local):
