@@ -198,7 +198,7 @@ class HttpAdapter:
                     f"POST /v1/{op} takes pstrain's wire format ({CONTENT_TYPE}, as pstrain's "
                     f"clients send it), not {request.content_type}"
                 ),
-                415,
+                400,
             )
         length = request.content_length
         if length is not None and length > server.max_body:
