@@ -13,8 +13,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from .._base.cluster import ClusterSpec, parse_address, task_name
-from .._base.errors import PstrainError, restated
+from .._base.cluster import ClusterSpec, parse_address
 from .._base.tags import cause
 from .._distribute.strategy import ParameterServerStrategy
 from .._formats.messages.operations import Fence
@@ -115,19 +114,14 @@ class Workers:
             slot = self.slots.slot_for(address)
             if slot is not None and slot.up:  # the worker asking again (a reply lost, say)
                 return slot.index
-            await self._answers(address, len(self.dispatchers) if slot is None else slot.index)
+            await self.channels.answers(
+                address,
+                "worker",
+                len(self.dispatchers) if slot is None else slot.index,
+                self.settings.worker_timeout_s,
+                otherwise="so it did not join (the job's workers are unchanged)",
+            )
             return await self._take(address)
-
-    async def _answers(self, address: str, index: int) -> None:
-        task = task_name("worker", index)
-        try:
-            await self.channels.answers(address, task, self.settings.worker_timeout_s)
-        except PstrainError as exc:
-            raise restated(
-                exc,
-                f"the worker at {address} did not answer as {task}, so it did not join "
-                f"(the job's workers are unchanged): {exc.message}",
-            ) from exc
 
     async def _take(self, address: str) -> int:
         slot, grew = self.slots.admit(address)

@@ -40,6 +40,7 @@ from .._base.errors import (
     PstrainError,
     UnavailableError,
     from_envelope,
+    restated,
 )
 from .._base.exports import expose
 from .._base.tasks import TaskOwner
@@ -458,10 +459,12 @@ class ChannelPool:
             ch.session = self.session
         return ch
 
-    async def answers(self, address: str, task: str, timeout: float) -> None:
-        """Whether the server at ``address`` answers as ``task`` (the handshake checks the
-        task it dialled, both ways authenticated): returns, or raises the
-        :class:`PstrainError` that says why not. On a channel of its own, closed after."""
+    async def answers(self, address: str, job: str, index: int, timeout: float, *, otherwise: str) -> None:
+        """Whether the server at ``address`` answers as task ``job:index`` (the handshake
+        checks the task it dialled, both ways authenticated): returns, or raises the
+        :class:`PstrainError` that says why not, and ``otherwise`` (what that means: "so it
+        did not join ..."). On a channel of its own, closed after."""
+        task = task_name(job, index)
         channel = Channel(
             address,
             token=self.token,
@@ -472,6 +475,10 @@ class ChannelPool:
         )
         try:
             await channel.request(Health(), timeout=timeout)
+        except PstrainError as exc:
+            raise restated(
+                exc, f"the {job} at {address} did not answer as {task}, {otherwise}: {exc.message}"
+            ) from exc
         finally:
             await channel.close()
 

@@ -160,7 +160,13 @@ class PsChanges:
             ps[index] = address
             joined = before.with_ps(ps)
             try:
-                await self._answers(address, index)
+                await self.channels.answers(
+                    address,
+                    "ps",
+                    index,
+                    self.timeout_s,
+                    otherwise="so it did not join (the job's ps are unchanged)",
+                )
                 try:
                     await self.publish(joined)
                 except BaseException:
@@ -176,19 +182,6 @@ class PsChanges:
                 raise
             self.strategy.placement.active = self.placement.active()
         return index
-
-    async def _answers(self, address: str, index: int) -> None:
-        """The ps at ``address`` answers as ``ps:index``, or the error says it did not and
-        that nothing changed."""
-        task = task_name("ps", index)
-        try:
-            await self.channels.answers(address, task, self.timeout_s)
-        except PstrainError as exc:
-            raise restated(
-                exc,
-                f"the ps at {address} did not answer as {task}, so it did not "
-                f"join (the job's ps are unchanged): {exc.message}",
-            ) from exc
 
     def joins(
         self, spawn: Callable[[Coroutine[Any, Any, Any]], Any]

@@ -148,16 +148,20 @@ def encode_results(
     for record in arrays:
         try:
             size = wire.body_size(wire.encode_body(record, allow_pickle=True))
-            if size > limit:
-                raise InvalidArgumentError(
-                    f"it is {size} bytes, more than the {limit} one message to the coordinator may "
-                    "carry: return less (write a large result to a file, or a variable)"
-                )
-            out.append(record)
+            why = (
+                f"it is {size} bytes, more than the {limit} one message to the coordinator may "
+                "carry: return less (write a large result to a file, or a variable)"
+                if size > limit
+                else None
+            )
         except Exception as exc:
+            why = str(exc)
+        if why is None:
+            out.append(record)
+        else:
             err = TypeError(
                 f"the closure's result of type {type(record[2]).__name__} cannot be "
-                f"sent back to the coordinator: {exc}"
+                f"sent back to the coordinator: {why}"
             )
             out.append([record[0], ERROR.value, exception_payload(err)])
     return Encoded(wire.encode_body({"results": out, **extra}, allow_pickle=True))
