@@ -618,15 +618,18 @@ class _Unpicklable:
         return (_explode, ())
 
 
-async def _only_the_third_failed(coordinator, rvs, reason: str) -> None:
+async def _only_the_third_failed(coordinator, rvs, reason: str, release=lambda i: None) -> None:
     """Of four closures in one batch (returning their index), the third failed for
     ``reason``; the others ended as closures beside a failed one do: each its value, or
     (TF's rule: the first error cancels what has not finished) CancelledError, never the
     third's error. join() raises it, the worker was not taken for lost, and the
-    coordinator runs closures again."""
-    with pytest.raises(InvalidArgumentError, match=reason):
-        await asyncio.wait_for(rvs[2], 30)
-    for i in (0, 1, 3):
+    coordinator runs closures again. ``release(i)`` lets closure ``i`` end, in turn."""
+    for i in range(4):
+        release(i)
+        if i == 2:
+            with pytest.raises(InvalidArgumentError, match=reason):
+                await asyncio.wait_for(rvs[i], 30)
+            continue
         try:
             assert await asyncio.wait_for(rvs[i], 30) == i
         except CancelledError:
@@ -638,25 +641,41 @@ async def _only_the_third_failed(coordinator, rvs, reason: str) -> None:
     await coordinator.close()
 
 
-@pytest.mark.parametrize("when", ["in one reply", "as each finishes"])
+#: Let closure ``i`` of ``_gated`` return: set by the test, waited on by the in-process
+#: worker's threads (the events do not pickle: the closure finds them by importing this
+#: module where it runs, in this process).
+_GATES: list[threading.Event] = []
+
+
+def _gated(i):
+    from tests.cluster import test_coordinator as here
+
+    if not here._GATES[i].wait(30):
+        raise TimeoutError(f"closure {i} was never let through")
+    return [i, {"x": _Unpicklable()}] if i == 2 else i
+
+
+@pytest.mark.parametrize("when", ["together", "one at a time"])
 async def test_a_result_the_coordinator_cannot_unpickle_fails_its_closure_alone(when):
     """Its RemoteValue raises the reason; the closures beside it end as closures beside a
     failed one do (their values, or cancelled), and the worker is not taken for lost. (A
     result in a partial reply used to close the connection: the worker was lost, its
-    closures ran again, and again, for ever.)"""
+    closures ran again, and again, for ever.) One at a time: each closure returns only once
+    the one before reached the coordinator, so each result comes in a reply of its own."""
+    _GATES[:] = [threading.Event() for _ in range(4)]
+    if when == "together":
+        for gate in _GATES:
+            gate.set()
     async with InProcessCluster(num_ps=1, num_workers=1) as cluster:
         coordinator = pstrain.ClusterCoordinator(
             pstrain.ParameterServerStrategy(cluster.resolver), max_inflight_per_worker=8
         )
-        pause = 0.0 if when == "in one reply" else 0.1
-
-        def result(i):
-            time.sleep(pause * i)  # (not a wait: spread ends send each result in a reply of its own)
-            return [i, {"x": _Unpicklable()}] if i == 2 else i
-
-        rvs = [coordinator.schedule(result, args=(i,)) for i in range(4)]
+        rvs = [coordinator.schedule(_gated, args=(i,)) for i in range(4)]  # one batch: in flight
         await _only_the_third_failed(
-            coordinator, rvs, "result could not be unpickled on the coordinator: ValueError: boom"
+            coordinator,
+            rvs,
+            "result could not be unpickled on the coordinator: ValueError: boom",
+            release=lambda i: _GATES[i].set(),
         )
 
 
