@@ -32,7 +32,8 @@ MiB = 1 << 20
 
 class ServeProcess:
     """A `pstrain serve` process; `address` once it printed its listening line. ``limits``:
-    resource limits (``resource.RLIMIT_*`` -> (soft, hard)) the process starts under."""
+    resource limits (``resource.RLIMIT_*`` -> (soft, hard)) the process starts under;
+    ``wrapper``: a command that runs it (``unshare ...``), ``proc`` then that command's."""
 
     def __init__(
         self,
@@ -40,6 +41,7 @@ class ServeProcess:
         token: str | None = TOKEN,
         env: dict[str, str] | None = None,
         limits: dict[int, tuple[int, int]] | None = None,
+        wrapper: list[str] | None = None,
     ) -> None:
         full_env = dict(os.environ if env is None else env)
         if token is not None:
@@ -48,7 +50,7 @@ class ServeProcess:
         # stderr goes to a file: an unread pipe would fill up and block the server.
         self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pstrain.cli", "serve", *args],
+            [*(wrapper or []), sys.executable, "-m", "pstrain.cli", "serve", *args],
             stdout=subprocess.PIPE,
             stderr=self.log,
             env=full_env,

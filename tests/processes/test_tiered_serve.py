@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -73,6 +74,59 @@ async def test_a_tiered_ps_process_trains_past_its_budget_and_cleans_its_directo
     again.proc.send_signal(signal.SIGTERM)
     assert again.proc.wait(30) == 0
     await wait_for(lambda: not os.listdir(tier), timeout=10, what="the directory removed")
+
+
+#: A ps as a container runs it: the first process (pid 1) of a PID namespace of its own; a
+#: SIGTERM to ``unshare`` reaches it.
+NEW_PID_NAMESPACE = ["unshare", "--pid", "--fork", "--kill-child=SIGTERM"]
+
+
+async def test_ps_in_pid_namespaces_of_their_own_keep_a_live_ps_rows_and_remove_a_killed_ones(
+    drill, tmp_path
+):
+    # ps in containers share a --table-dir (a node's disk). A ps starting there keeps the
+    # directory of a ps that lives, whose pid is no process in its namespace, and removes
+    # that of a ps killed, whose pid (1) is its own: a directory's lock says, not its pid.
+    tier = tmp_path / "tier"
+    flags = (
+        "--role",
+        "ps",
+        "--index",
+        "0",
+        "--port",
+        "0",
+        "--memory-budget",
+        "2MiB",
+        "--table-dir",
+        str(tier),
+    )
+    host = await asyncio.to_thread(drill.serve, *flags)
+    (host_dir,) = os.listdir(tier)
+    strategy = strategy_for(host)
+    with strategy.scope():
+        table = pstrain.DynamicEmbedding(16, name="emb")
+    for k in range(8):
+        await table.lookup(np.arange(1000 * k, 1000 * k + 1000))
+    ids, rows = await table.export()
+    assert (await table.statistics())["cold_rows"] > 2000
+    contained = await asyncio.to_thread(drill.serve, *flags, wrapper=NEW_PID_NAMESPACE)
+    (its_dir,) = set(os.listdir(tier)) - {host_dir}
+    assert its_dir.startswith("pstrain-1-") and host_dir in os.listdir(tier)
+    await table.lookup(np.arange(0, 1000))  # rows back from disk, others out to it: it trains on
+    np.testing.assert_array_equal((await table.export())[1], rows)
+    proc = contained.proc.pid  # (unshare's: the ps is its child)
+    (pid,) = Path(f"/proc/{proc}/task/{proc}/children").read_text().split()
+    os.kill(int(pid), signal.SIGKILL)
+    await asyncio.to_thread(contained.proc.wait, 30)
+    assert sorted(os.listdir(tier)) == sorted([host_dir, its_dir])  # left by the ps killed
+    again = await asyncio.to_thread(drill.serve, *flags, wrapper=NEW_PID_NAMESPACE)
+    (new_dir,) = set(os.listdir(tier)) - {host_dir}
+    assert new_dir != its_dir and new_dir.startswith("pstrain-1-")
+    got_ids, got_rows = await table.export()
+    np.testing.assert_array_equal(got_ids, ids)
+    np.testing.assert_array_equal(got_rows, rows)
+    await asyncio.to_thread(again.stop)
+    await wait_for(lambda: os.listdir(tier) == [host_dir], timeout=20, what="its directory removed")
 
 
 @pytest.mark.parametrize(

@@ -24,9 +24,6 @@ import functools
 import logging
 import math
 import os
-import re
-import secrets
-import shutil
 import ssl
 from collections.abc import Callable
 from typing import Any
@@ -91,6 +88,7 @@ from .moves.handlers import Moves
 from .store import Budget, VariableRecord, VariableStore, checked_rows, checked_value
 from .tables.handlers import TableHandlers, table_scope
 from .tables.table_slices import SliceGuards
+from .tables.tier_directories import TierDirectory
 from .tables.tiered_table import Tiering
 
 _EMPTY = np.zeros(0)  # the array of a record built only to check a name
@@ -109,11 +107,10 @@ DEFAULT_MAX_REPLY_BYTES = 1 << 30
 
 def tier_directory(
     budget: int | str | None, table_dir: str | None, segment_rows: int = 1 << 20
-) -> Tiering | None:
+) -> tuple[Tiering, TierDirectory] | None:
     """This process's tiering under ``table_dir`` (None without a budget and a directory;
-    ``budget`` in bytes, or a size such as ``"512MiB"``):
-    a directory of its own, ``pstrain-<pid>-<random>``, after removing those of processes
-    that are gone (a ps that was killed left its rows there; restores come from checkpoints)."""
+    ``budget`` in bytes, or a size such as ``"512MiB"``), in a directory of its own, locked
+    while the ps lives (:class:`TierDirectory`: those of ps that are gone removed first)."""
     if budget is None or table_dir is None:
         if (budget is None) != (table_dir is None):
             raise InvalidArgumentError(
@@ -124,31 +121,8 @@ def tier_directory(
     segment_rows = whole(segment_rows, "table_segment_rows", 1)
     if not isinstance(table_dir, (str, os.PathLike)):
         raise InvalidArgumentError(f"table_dir must be a directory's path, got {table_dir!r}")
-    table_dir = os.fspath(table_dir)
-    own = os.path.join(table_dir, f"pstrain-{os.getpid()}-{secrets.token_hex(4)}")
-    try:
-        os.makedirs(table_dir, exist_ok=True)
-        for entry in os.listdir(table_dir):
-            match = re.fullmatch(r"pstrain-([0-9]+)-[0-9a-f]+", entry)
-            if match and not _alive(int(match.group(1))):
-                shutil.rmtree(os.path.join(table_dir, entry), ignore_errors=True)
-        os.makedirs(own)
-    except OSError as exc:  # (a read-only or virtual file system, a file in the way ...)
-        raise InvalidArgumentError(
-            f"table_dir {table_dir!r}: this ps cannot keep its tables' rows there: "
-            f"{exc.strerror or exc} ({exc.filename or table_dir})"
-        ) from None
-    return Tiering(budget=budget, directory=own, segment_rows=segment_rows)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    own = TierDirectory(os.fspath(table_dir))
+    return Tiering(budget=budget, directory=own.path, segment_rows=segment_rows), own
 
 
 def default_max_store_bytes() -> int:
@@ -206,8 +180,12 @@ class ParameterServer(ServerBase):
         self.checkpoints = ps_checkpoint.CheckpointFiles(
             self.store, checkpoint_root, max_variable_bytes, self.max_store_bytes
         )
-        tiering = tier_directory(memory_budget, table_dir, table_segment_rows)
-        if tiering is not None:  # its saves stage a share of its budget at a time
+        tiered = tier_directory(memory_budget, table_dir, table_segment_rows)
+        tiering: Tiering | None = None
+        #: The directory of this ps's rows on disk, locked while it lives (None: not tiered).
+        self._tier_directory: TierDirectory | None = None
+        if tiered is not None:  # its saves stage a share of its budget at a time
+            tiering, self._tier_directory = tiered
             self.checkpoints.staging = tiering.save_bytes
         #: The serving feed of the tables (``GET /v1/tables/<name>/rows``).
         self.feed = TableFeed(self, {}, functools.partial(self.checkpoints.confine, what="table feed: file"))
@@ -317,8 +295,8 @@ class ParameterServer(ServerBase):
 
     async def on_stop(self) -> None:
         self.checkpoints.hurry(stop=True)  # a delta spread over some seconds: the rest at once
-        if self.table_handlers.tiering is not None:  # the rows on disk live as long as the ps
-            shutil.rmtree(self.table_handlers.tiering.directory, ignore_errors=True)
+        if self._tier_directory is not None:  # the rows on disk live as long as the ps
+            self._tier_directory.remove()
 
     # -- create / delete / list ----------------------------------------------------------------
     async def create(self, req: CreateVariables) -> CreatedReply:
