@@ -207,8 +207,8 @@ def serve_parser(sub: Any) -> None:
         type=positive_int,
         default=None,
         metavar="BYTES",
-        help="ps: bytes of variables it holds at most (default 80%% of the machine's "
-        "memory); creations past it are refused",
+        help="ps: bytes of variables it holds at most (default 80%% of the memory it may "
+        "use: the machine's, or its cgroup's limit if lower); creations past it are refused",
     )
     p.add_argument(
         "--memory-budget",

@@ -33,6 +33,7 @@ import numpy as np
 from ..._base.checks import byte_size, whole
 from ..._base.cluster import task_name
 from ..._base.errors import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError
+from ..._base.machine import memory_limit
 from ..._formats.messages.checkpoint_operations import (
     AbortRestore,
     CommitRestore,
@@ -126,11 +127,27 @@ def tier_directory(
 
 
 def default_max_store_bytes() -> int:
-    """Default bytes of variables (and staged restores) a ps holds: 80 % of the machine's memory."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.8)
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - not on Linux
-        return 1 << 40
+    """Default bytes of variables (and staged restores) a ps holds: 80 % of the memory this
+    process may use (the machine's RAM, or its cgroup's limit if lower: a container's)."""
+    limit = memory_limit()
+    return 1 << 40 if limit is None else int(limit[0] * 0.8)
+
+
+def _warn_past_memory_limit(task: str, sizes: dict[str, int | None]) -> None:
+    """A warning for each of ``sizes`` (by what it is) past the memory this process may use:
+    the kernel kills the ps there, before it refuses anything."""
+    limit = memory_limit()
+    for what, size in sizes.items():
+        if limit is not None and size is not None and size > limit[0]:
+            logger.warning(
+                "%s: its %s of %d bytes is more than this process may use (%d bytes, %s): the "
+                "kernel would kill it before it refuses anything",
+                task,
+                what,
+                size,
+                limit[0],
+                limit[1],
+            )
 
 
 class ParameterServer(ServerBase):
@@ -187,6 +204,13 @@ class ParameterServer(ServerBase):
         if tiered is not None:  # its saves stage a share of its budget at a time
             tiering, self._tier_directory = tiered
             self.checkpoints.staging = tiering.save_bytes
+        _warn_past_memory_limit(
+            self.task,
+            {
+                "memory budget (--memory-budget)": None if tiering is None else tiering.budget,
+                "bytes of variables held at most (--max-store-bytes)": max_store_bytes,
+            },
+        )
         #: The serving feed of the tables (``GET /v1/tables/<name>/rows``).
         self.feed = TableFeed(self, {}, functools.partial(self.checkpoints.confine, what="table feed: file"))
         self.download(FEED_PATH, self.feed.serve)
