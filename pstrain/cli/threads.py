@@ -1,4 +1,4 @@
-"""How many threads a task's numeric libraries use: its share of the machine's cores.
+"""How many threads a task's numeric libraries use: its share of the cores it may use.
 
 Several tasks on one machine each sizing their BLAS, OpenMP, PyTorch and XLA pools for the
 whole machine oversubscribe it (PyTorch closures ran 7x slower under a hand-started
@@ -15,6 +15,7 @@ from collections.abc import MutableMapping, Sequence
 
 from .._base.cluster import ClusterSpec, is_loopback, parse_address
 from .._base.errors import InvalidArgumentError, PstrainError
+from .._base.machine import usable_cores
 from .._base.resolvers import read_config
 
 __all__ = [
@@ -33,8 +34,10 @@ THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def threads_for(tasks: int, cpus: int | None = None) -> int:
-    """Each of ``tasks`` tasks' share of this machine's cores (at least 1)."""
-    return max(1, (cpus or os.cpu_count() or 1) // max(1, tasks))
+    """Each of ``tasks`` tasks' share of ``cpus`` cores (default: those this process can keep
+    busy, :func:`~pstrain._base.machine.usable_cores`: not the machine's, in a cpuset or
+    under a CPU quota), at least 1."""
+    return max(1, (cpus or usable_cores()) // max(1, tasks))
 
 
 def tasks_on_host(spec: ClusterSpec, role: str, index: int) -> int:
@@ -152,12 +155,11 @@ def presize_serve(argv: Sequence[str], env: MutableMapping[str, str]) -> str | N
     index = known.index if known.index is not None else task_id or 0
     if role not in ("ps", "worker"):
         return None
-    tasks = tasks_on_host(spec, role, index)
-    threads = threads_for(tasks)
-    chosen = size_threads(env, threads)
+    tasks, cores = tasks_on_host(spec, role, index), usable_cores()
+    chosen = size_threads(env, threads_for(tasks, cores))
     if not chosen or tasks == 1:
         return None
     return (
-        f"{tasks} tasks of the cluster share this machine's {os.cpu_count()} cores: "
+        f"{tasks} tasks of the cluster share the {cores} cores this one may use: "
         f"{', '.join(f'{k}={v}' for k, v in chosen.items())} (set them to choose)"
     )

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import pstrain
+from pstrain._base.machine import usable_cores
 from pstrain.server.ps.checkpoints.saves import _save_thread
 from tests.helpers import TOKEN, ServeProcess, wait_for
 
@@ -359,8 +360,8 @@ async def test_serve_by_hand_sizes_threads_as_launch_does(tmp_path):
         for server in (worker, ps):
             if server is not None:
                 server.stop()
-    cores = os.cpu_count() or 1
-    expected = str(max(1, cores // 2))  # one ps and one worker share the machine
+    cores = usable_cores()
+    expected = str(max(1, cores // 2))  # one ps and one worker share the cores
     assert launched == by_hand == (expected, expected, int(expected)), (launched, by_hand)
     if cores > 1:
         assert f"OMP_NUM_THREADS={expected}" in log and "2 tasks of the cluster" in log, log
