@@ -263,14 +263,19 @@ class Checkpoint:
                 "files": files,
             }
 
-        replies = await asyncio.gather(
+        answers = await asyncio.gather(
             *(
                 ch.request(
                     SaveCheckpoint(path=f"{prefix}.ps{ps}.safetensors", tensors=tensors, tables=shards)
                 )
                 for ps, (ch, tensors, shards) in by_ps.items()
-            )
+            ),
+            return_exceptions=True,
         )
+        replies = [r for r in answers if not isinstance(r, BaseException)]
+        if len(replies) < len(answers):  # once every ps is done: what the others wrote is no checkpoint
+            _clear_unfinished(prefix, "a ps could not write its part")
+            raise next(r for r in answers if isinstance(r, BaseException))
         for meta in index_tables.values():
             meta["rows"] = sum(int(r.table_rows.get(meta["key"], 0)) for r in replies)
         if local:
@@ -418,10 +423,10 @@ def recent_saves() -> list[dict[str, Any]]:
     return list(_SAVED)
 
 
-def _clear_unfinished(prefix: str) -> None:
-    """Remove the files of a save at ``prefix`` that never finished (the process died before
-    the index was written: the checkpoint was never visible), so that a job restarted from an
-    earlier checkpoint can save at that path again."""
+def _clear_unfinished(prefix: str, why: str = "its process died before the index was written") -> None:
+    """Remove the files of a save at ``prefix`` that never finished (``why``: the index was
+    never written, the checkpoint never visible): what a failed save wrote takes no disk
+    (a full one, say), and a job restarted from an earlier checkpoint can save there again."""
     stale = [
         f
         for e in (".ps*.safetensors", ".local.safetensors", ".delta-*")
@@ -430,11 +435,7 @@ def _clear_unfinished(prefix: str) -> None:
     for path in stale:
         os.remove(path)
     if stale:
-        logger.warning(
-            "removed %d file(s) of an unfinished save at %s (its process died before the index was written)",
-            len(stale),
-            prefix,
-        )
+        logger.warning("removed %d file(s) of an unfinished save at %s (%s)", len(stale), prefix, why)
 
 
 def _check_tables(

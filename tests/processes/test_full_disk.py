@@ -1,0 +1,110 @@
+"""Checkpoints on a disk that fills: a real file system of 2 MiB (a tmpfs each test mounts
+with ``mount``, root, and unmounts). A save that does not fit is ResourceExhaustedError naming the file and
+the full disk (not an internal error), leaves none of its files behind, and saves once
+there is room again; a delta that does not fit says the same, and the deltas go on."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pstrain
+from pstrain.testing import InProcessCluster
+from tests.helpers import TOKEN, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def small_disk(tmp_path) -> Iterator[Path]:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2M", "tmpfs", str(disk)], check=True)
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def _room(disk: Path, size: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(disk)], check=True)
+
+
+async def test_a_save_that_does_not_fit_is_refused_whole_and_saves_once_there_is_room(small_disk):
+    async with InProcessCluster(
+        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(small_disk)}
+    ) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        async with strategy.scope():
+            small = pstrain.Variable(np.arange(1000, dtype=np.float32), name="small")
+            big = pstrain.Variable(np.ones(1 << 20, np.float32), name="big")  # 4 MiB: no room
+            table = pstrain.DynamicEmbedding(16, name="emb")
+        await table.lookup(np.arange(5000))
+        manager = pstrain.CheckpointManager(
+            pstrain.Checkpoint(small=small, big=big, emb=table), str(small_disk / "run"), max_to_keep=2
+        )
+        with pytest.raises(pstrain.errors.ResourceExhaustedError, match="No space left on device") as exc:
+            await manager.save()
+        assert "ckpt-1.ps" in str(exc.value) and "internal error" not in str(exc.value)
+        assert os.listdir(small_disk / "run") == []  # what the other ps wrote is gone too
+        assert manager.latest_checkpoint is None
+        _room(small_disk, "16M")
+        path = await manager.save()
+        await small.assign(np.zeros(1000, np.float32))
+        await pstrain.Checkpoint(small=small, big=big, emb=table).restore(path)
+        np.testing.assert_array_equal(await small.read_value(), np.arange(1000, dtype=np.float32))
+
+
+async def test_a_delta_that_does_not_fit_says_the_disk_is_full_and_the_deltas_go_on(small_disk, caplog):
+    async with InProcessCluster(
+        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(small_disk)}
+    ) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(16, name="emb")
+            opt = pstrain.optimizers.Adagrad(0.1)
+        ckpt = pstrain.Checkpoint(emb=table, opt=opt)
+        manager = pstrain.CheckpointManager(ckpt, str(small_disk / "run"), delta_interval_s=0.2)
+        await table.lookup(np.arange(2000))
+        await manager.save()
+        filler = small_disk / "filler"
+        with open(filler, "wb", buffering=0) as f:  # the disk full, to its last byte
+            while True:
+                try:
+                    f.write(b"\0" * 4096)
+                except OSError:
+                    break
+
+        async def step(k: int) -> None:
+            ids = np.arange(100 * k, 100 * k + 2000)
+            rows = await table.lookup(ids)
+            await opt.apply_gradients([(pstrain.IndexedSlices(np.ones_like(rows), ids), table)])
+
+        with caplog.at_level(logging.WARNING):
+            k = 0
+
+            def said() -> bool:
+                return any("No space left on device" in r.getMessage() for r in caplog.records)
+
+            while not said():  # (steps until a delta tried and failed)
+                await step(k)
+                k += 1
+                assert k < 2000, "no delta failed"
+            assert not any("internal error" in r.getMessage() for r in caplog.records)
+        assert ".delta-" not in (manager.latest_checkpoint or "")
+        filler.unlink()
+        await wait_for(lambda: ".delta-" in (manager.latest_checkpoint or ""), timeout=30, what="a delta")
+        ids, rows = await table.export()
+        await manager.close()
+        latest = manager.latest_checkpoint
+        await table.lookup(np.arange(10**6, 10**6 + 10))  # rows the checkpoint does not have
+        await ckpt.restore(latest)
+        got_ids, got_rows = await table.export()
+        np.testing.assert_array_equal(got_ids, ids)
+        np.testing.assert_array_equal(got_rows, rows)
