@@ -88,18 +88,7 @@ async def test_ps_in_pid_namespaces_of_their_own_keep_a_live_ps_rows_and_remove_
     # directory of a ps that lives, whose pid is no process in its namespace, and removes
     # that of a ps killed, whose pid (1) is its own: a directory's lock says, not its pid.
     tier = tmp_path / "tier"
-    flags = (
-        "--role",
-        "ps",
-        "--index",
-        "0",
-        "--port",
-        "0",
-        "--memory-budget",
-        "2MiB",
-        "--table-dir",
-        str(tier),
-    )
+    flags = (*"--role ps --index 0 --port 0 --memory-budget 2MiB --table-dir".split(), str(tier))
     host = await asyncio.to_thread(drill.serve, *flags)
     (host_dir,) = os.listdir(tier)
     strategy = strategy_for(host)
