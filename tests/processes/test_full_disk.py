@@ -81,10 +81,11 @@ async def test_a_delta_that_does_not_fit_says_the_disk_is_full_and_the_deltas_go
                 except OSError:
                     break
 
-        async def step(k: int) -> None:
-            ids = np.arange(100 * k, 100 * k + 2000)
+        async def step(k: int) -> None:  # the same rows each time: a delta's size stays bounded
+            ids = np.arange(2000)
             rows = await table.lookup(ids)
-            await opt.apply_gradients([(pstrain.IndexedSlices(np.ones_like(rows), ids), table)])
+            grad = np.full_like(rows, 1 + k % 3)
+            await opt.apply_gradients([(pstrain.IndexedSlices(grad, ids), table)])
 
         with caplog.at_level(logging.WARNING):
             k = 0
