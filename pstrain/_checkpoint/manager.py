@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import glob
 import inspect
 import json
@@ -152,6 +153,9 @@ class CheckpointManager:
         self._loop: asyncio.Task[None] | None = None
         self._closed = False  # close() stops the deltas for good
         self._compaction: asyncio.Task[str] | None = None
+        #: After a compaction failed (a full disk): its base, and how many deltas of it the
+        #: next try waits for (each try of a large base writes until the disk is full again).
+        self._compact_later: tuple[str, int] | None = None
         self._waiting = False  # the deltas' loop waits for its next tick (close() cancels it then)
         self._lock = asyncio.Lock()  # one full save at a time
         self._hurry = asyncio.Event()  # set by close(): a spread delta under way goes at once
@@ -316,23 +320,33 @@ class CheckpointManager:
             due = max(due + period, time.monotonic())
             try:
                 base = self.checkpoint.chain_base
-                if (
-                    base is not None
-                    and self._deltas(base) >= self.deltas_per_base
-                    and self._compaction is None
-                ):
+                if base is not None and self._compaction is None and self._compact_now(base):
                     self._compaction = asyncio.get_running_loop().create_task(self.compact())
-                    self._compaction.add_done_callback(self._compacted)
+                    self._compaction.add_done_callback(functools.partial(self._compacted, base))
                 await self.save_delta()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the next delta carries these rows too
                 logger.warning("delta checkpoint failed (the next one carries its rows): %s", exc)
 
-    def _compacted(self, task: asyncio.Task[str]) -> None:
+    def _compact_now(self, base: str) -> bool:
+        """Whether the deltas of ``base`` are enough to compact: ``deltas_per_base`` of them,
+        and as many more again after each failed try on that base."""
+        later = self._compact_later
+        wanted = later[1] if later is not None and later[0] == base else self.deltas_per_base
+        return self._deltas(base) >= wanted
+
+    def _compacted(self, base: str, task: asyncio.Task[str]) -> None:
         self._compaction = None
         if not task.cancelled() and task.exception() is not None:
-            logger.warning("compacting the deltas into a full checkpoint failed: %s", task.exception())
+            retry = self._deltas(base) + self.deltas_per_base
+            self._compact_later = (base, retry)
+            logger.warning(
+                "compacting the deltas into a full checkpoint failed (tried again after delta "
+                "%d; the deltas go on meanwhile): %s",
+                retry,
+                task.exception(),
+            )
 
     @property
     def writing_deltas(self) -> bool:

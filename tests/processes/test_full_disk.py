@@ -109,3 +109,52 @@ async def test_a_delta_that_does_not_fit_says_the_disk_is_full_and_the_deltas_go
         got_ids, got_rows = await table.export()
         np.testing.assert_array_equal(got_ids, ids)
         np.testing.assert_array_equal(got_rows, rows)
+
+
+async def test_a_compaction_that_does_not_fit_is_tried_again_only_after_more_deltas(small_disk):
+    # Each try of a base that does not fit writes until the disk is full, then removes it:
+    # at every tick it would keep the disk full (and the deltas beside it short of room).
+    run = small_disk / "run"
+    seen: list[int] = []  # the deltas of the base on disk when each try failed
+
+    class Failures(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "compacting the deltas into a full checkpoint failed" in record.getMessage():
+                seen.append(len(list(run.glob("ckpt-1.delta-*.index.json"))))
+
+    handler = Failures()
+    logging.getLogger("pstrain.checkpoint").addHandler(handler)
+    try:
+        async with InProcessCluster(
+            num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(small_disk)}
+        ) as cluster:
+            strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+            async with strategy.scope():
+                table = pstrain.DynamicEmbedding(16, name="emb")
+                opt = pstrain.optimizers.Adagrad(0.1)
+            await table.lookup(np.arange(10_000))  # 1.3 MB with its slots: one base fits, not two
+            ckpt = pstrain.Checkpoint(emb=table, opt=opt)
+            manager = pstrain.CheckpointManager(
+                ckpt, str(run), delta_interval_s=0.3, deltas_per_base=4, max_to_keep=1
+            )
+            await manager.save()
+            k = 0
+            while len(seen) < 2:
+                ids = np.arange(50)
+                rows = await table.lookup(ids)
+                await opt.apply_gradients([(pstrain.IndexedSlices(np.full_like(rows, k % 3), ids), table)])
+                k += 1
+                assert k < 20_000, f"compactions failed after {seen} deltas"
+            assert seen[1] >= seen[0] + 4, seen  # tried again after deltas_per_base more
+            ids, rows = await table.export()
+            latest = await manager.save_delta()  # (the steps since the last tick's delta)
+            await manager.close()
+            assert manager.checkpoints == [str(run / "ckpt-1")]
+            assert not list(run.glob("ckpt-2*"))  # what the failed tries wrote is gone
+            assert latest.startswith(str(run / "ckpt-1.delta-"))
+            await ckpt.restore(latest)
+            got_ids, got_rows = await table.export()
+            np.testing.assert_array_equal(got_ids, ids)
+            np.testing.assert_array_equal(got_rows, rows)
+    finally:
+        logging.getLogger("pstrain.checkpoint").removeHandler(handler)
