@@ -67,7 +67,7 @@ import numpy as np
 from .._base.context import current_channels
 from .._base.errors import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError
 from .._base.exports import expose
-from .._formats.files.checkpoint_files import INDEX, CheckpointReader, make_parent, write_index
+from .._formats.files.checkpoint_files import INDEX, CheckpointReader, make_parent, unwritten, write_index
 from .._formats.files.delta_files import split_delta
 from .._formats.files.tensor_files import write_tensors
 from .._formats.messages.checkpoint_operations import SaveCheckpoint, TableShardFile
@@ -292,12 +292,16 @@ class Checkpoint:
             index_marks(marks),
             linked=any(r.table_links for r in replies),
         )
-        new = await publish_caught_up(
-            Chain(prefix, 0, seq, marks),
-            publish,
-            self._delta_lock,
-            (entries, graph.tables, slots) if catch_up else None,
-        )
+        try:
+            new = await publish_caught_up(
+                Chain(prefix, 0, seq, marks),
+                publish,
+                self._delta_lock,
+                (entries, graph.tables, slots) if catch_up else None,
+            )
+        except OSError as exc:  # (the index is written atomically: there is none)
+            _clear_unfinished(prefix, "its index could not be written")
+            raise unwritten(prefix + INDEX, exc) from None
         object.__setattr__(self, "_chain", new)
         _SAVED.append(
             {"path": prefix, "time": time.time(), "values": len(index_vars), "tables": len(index_tables)}

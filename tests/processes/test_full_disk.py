@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import pstrain
+from pstrain._checkpoint import checkpoint as checkpoint_module
 from pstrain.testing import InProcessCluster
 from tests.helpers import TOKEN, wait_for
 
@@ -73,13 +74,7 @@ async def test_a_delta_that_does_not_fit_says_the_disk_is_full_and_the_deltas_go
         manager = pstrain.CheckpointManager(ckpt, str(small_disk / "run"), delta_interval_s=0.2)
         await table.lookup(np.arange(2000))
         await manager.save()
-        filler = small_disk / "filler"
-        with open(filler, "wb", buffering=0) as f:  # the disk full, to its last byte
-            while True:
-                try:
-                    f.write(b"\0" * 4096)
-                except OSError:
-                    break
+        filler = _fill(small_disk)
 
         async def step(k: int) -> None:  # the same rows each time: a delta's size stays bounded
             ids = np.arange(2000)
@@ -158,3 +153,43 @@ async def test_a_compaction_that_does_not_fit_is_tried_again_only_after_more_del
             np.testing.assert_array_equal(got_rows, rows)
     finally:
         logging.getLogger("pstrain.checkpoint").removeHandler(handler)
+
+
+def _fill(disk: Path) -> Path:
+    """``disk`` filled to its last byte by one file, returned."""
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        while True:
+            try:
+                f.write(b"\0" * 4096)
+            except OSError:
+                return filler
+
+
+async def test_a_save_whose_index_does_not_fit_leaves_nothing_and_says_so(small_disk, monkeypatch):
+    # The ps wrote their parts; the disk fills before the coordinator writes the index.
+    written = checkpoint_module.write_index
+
+    def full_then_write(*args, **kwargs):
+        _fill(small_disk)
+        return written(*args, **kwargs)
+
+    async with InProcessCluster(
+        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(small_disk)}
+    ) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        async with strategy.scope():
+            v = pstrain.Variable(np.arange(1000, dtype=np.float32), name="v")
+            table = pstrain.DynamicEmbedding(16, name="emb")
+        await table.lookup(np.arange(1000))
+        manager = pstrain.CheckpointManager(pstrain.Checkpoint(v=v, emb=table), str(small_disk / "run"))
+        monkeypatch.setattr(checkpoint_module, "write_index", full_then_write)
+        with pytest.raises(
+            pstrain.errors.ResourceExhaustedError, match="ckpt-1.index.json could not be written"
+        ):
+            await manager.save()
+        assert os.listdir(small_disk / "run") == []  # the ps's parts too
+        monkeypatch.undo()
+        (small_disk / "filler").unlink()
+        path = await manager.save()
+        assert path == str(small_disk / "run" / "ckpt-1") and manager.latest_checkpoint == path

@@ -26,6 +26,7 @@ No network here; file I/O only (the tensor files themselves: ``tensor_files.py``
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import glob
 import json
@@ -36,7 +37,13 @@ from typing import Annotated, Any, BinaryIO
 import msgspec
 import numpy as np
 
-from ..._base.errors import InvalidArgumentError, NotFoundError
+from ..._base.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    PstrainError,
+    ResourceExhaustedError,
+)
 from .delta_files import INDEX, delta_prefix, read_delta_index, read_table_state, split_delta
 from .tensor_files import read_rows, write_atomically
 
@@ -49,6 +56,7 @@ __all__ = [
     "read_index",
     "remove_checkpoint",
     "sources",
+    "unwritten",
     "write_index",
 ]
 
@@ -213,6 +221,17 @@ def read_index(path: str) -> dict[str, Any]:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidArgumentError(f"checkpoint index {index_path(path)} is damaged: {exc}") from exc
     return _check_index(index_path(path), index)
+
+
+def unwritten(path: str, exc: OSError) -> PstrainError:
+    """The error for checkpoint file ``path`` not written for ``exc``, as TensorFlow's file
+    systems map it: a full disk or quota is ResourceExhaustedError (free space, or save
+    elsewhere: the save can be made again), anything else (no permission, a read-only or
+    failing disk) FailedPreconditionError."""
+    what = f"checkpoint {path} could not be written: {exc.strerror or exc}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return ResourceExhaustedError(f"{what} (free some space, or save elsewhere)")
+    return FailedPreconditionError(what)
 
 
 def write_index(

@@ -27,7 +27,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
-import errno
 import functools
 import logging
 import math
@@ -38,15 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from ...._base.errors import (
-    AlreadyExistsError,
-    FailedPreconditionError,
-    InvalidArgumentError,
-    NotFoundError,
-    PstrainError,
-    ResourceExhaustedError,
-)
+from ...._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 from ...._formats.files import direct_writes
+from ...._formats.files.checkpoint_files import unwritten
 from ...._formats.files.delta_files import TablePlan, TableState, read_table_plan, read_table_state
 from ...._formats.files.tensor_files import SAFETENSORS_DTYPES, read_rows, whole, write_streaming
 from ...._formats.messages.checkpoint_operations import RestoreCheckpoint, RestoreSpec, SaveCheckpoint
@@ -221,7 +214,7 @@ class CheckpointFiles:
         try:
             size = await asyncio.get_running_loop().run_in_executor(_save_thread(kind), run)
         except OSError as exc:  # (the file written is removed: nothing names it)
-            raise _unwritten(pending.path, exc) from None
+            raise unwritten(pending.path, exc) from None
         finally:
             pending.release()
             self._release_when_idle(kind)
@@ -474,17 +467,6 @@ class CheckpointFiles:
 
 
 _SAVERS: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
-
-
-def _unwritten(path: str, exc: OSError) -> PstrainError:
-    """The error for checkpoint ``path`` not written for ``exc``, as TensorFlow's file
-    systems map it: a full disk or quota is ResourceExhaustedError (free space, or save
-    elsewhere: the save can be made again), anything else (no permission, a read-only or
-    failing disk) FailedPreconditionError."""
-    what = f"checkpoint {path} could not be written: {exc.strerror or exc}"
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        return ResourceExhaustedError(f"{what} (free some space, or save elsewhere)")
-    return FailedPreconditionError(what)
 
 
 def make_link(source: str, link: str, path: str) -> None:
