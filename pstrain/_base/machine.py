@@ -30,12 +30,13 @@ def physical_memory() -> int | None:
         return None
 
 
-def memory_limit() -> tuple[int, str] | None:
+def memory_limit(proc: str = "/proc/self") -> tuple[int, str] | None:
     """The bytes of memory this process may use and what sets them (``"the machine's RAM"``,
-    or ``"its cgroup's memory limit"`` when that is lower); None where neither is known."""
+    or ``"its cgroup's memory limit"`` when that is lower); None where neither is known.
+    (``proc``: where the process's ``cgroup`` and ``mountinfo`` are read, for tests.)"""
     ram = physical_memory()
     limits = []
-    for directory, v2 in _cgroups("memory"):
+    for directory, v2 in _cgroups("memory", proc):
         limit = _number(os.path.join(directory, "memory.max" if v2 else "memory.limit_in_bytes"))
         if limit is not None:
             limits.append(limit)
@@ -45,15 +46,16 @@ def memory_limit() -> tuple[int, str] | None:
     return None if ram is None else (ram, "the machine's RAM")
 
 
-def usable_cores() -> int:
+def usable_cores(proc: str = "/proc/self") -> int:
     """How many cores this process can keep busy: those it may run on, fewer if its
-    cgroups' CPU quota gives less time than that (a quota of 2.5 cores: 2). At least 1."""
+    cgroups' CPU quota gives less time than that (a quota of 2.5 cores: 2). At least 1.
+    (``proc``: as :func:`memory_limit`'s.)"""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - not on Linux
         cores = os.cpu_count() or 1
     quotas = []
-    for directory, v2 in _cgroups("cpu"):
+    for directory, v2 in _cgroups("cpu", proc):
         if v2:  # "<quota> <period>", or "max <period>"
             quota, period, *_ = (*_numbers(os.path.join(directory, "cpu.max")), None)
         else:
@@ -64,13 +66,13 @@ def usable_cores() -> int:
     return max(1, min([cores, *quotas]))
 
 
-def _cgroups(controller: str) -> list[tuple[str, bool]]:
+def _cgroups(controller: str, proc: str) -> list[tuple[str, bool]]:
     """The directories of this process's cgroup and of those above it that it can see, in
     each hierarchy with ``controller``: (directory, whether cgroup v2)."""
     try:
-        with open("/proc/self/cgroup") as f:
+        with open(os.path.join(proc, "cgroup")) as f:
             memberships = f.read().splitlines()
-        with open("/proc/self/mountinfo") as f:
+        with open(os.path.join(proc, "mountinfo")) as f:
             mounts = f.read().splitlines()
     except OSError:
         return []
