@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["memory_limit", "physical_memory", "usable_cores"]
+__all__ = ["memory_limit", "physical_memory", "resident_memory", "usable_cores"]
 
 
 def physical_memory() -> int | None:
@@ -28,6 +28,15 @@ def physical_memory() -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # pragma: no cover - not on Linux
         return None
+
+
+def resident_memory() -> int:
+    """This process's resident memory now, in bytes (0 where ``/proc`` is missing)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0
 
 
 def memory_limit(proc: str = "/proc/self") -> tuple[int, str] | None:

@@ -43,6 +43,7 @@ from .._base.errors import (
     to_envelope,
 )
 from .._base.exports import expose
+from .._base.machine import resident_memory
 from .._base.tasks import TaskOwner
 from .._formats.messages.operations import Health, Statistics
 from .._formats.messages.records import HealthReply, Operation, R, validate
@@ -248,7 +249,7 @@ class ServerCore:
             "task": self.task,
             "uptime_s": time.time() - self.started_at,
             "task_failures": self.tasks.failures,
-            "rss_bytes": _rss_bytes(),
+            "rss_bytes": resident_memory(),
             "requests": {
                 op: {"count": c, "bytes_in": bi, "bytes_out": bo, "seconds": sec}
                 for op, (c, bi, bo, sec) in self.stats.items()
@@ -406,18 +407,6 @@ class ServerCore:
 
 def _refused(payload: Any) -> Any:  # pragma: no cover - handle() answers before calling it
     raise InvalidArgumentError("this operation is refused here")
-
-
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def _rss_bytes() -> int:
-    """This process's resident memory now (0 where /proc is missing)."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 expose(globals(), "pstrain.server", ["Status"])

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import pstrain
-from tests.helpers import MiB, strategy_for, wait_for, wait_until
+from tests.helpers import MiB, rss, strategy_for, wait_for, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -106,6 +106,34 @@ async def test_a_ps_in_a_cgroup_refuses_what_is_past_its_limit_instead_of_being_
     )
     assert f"more than this process may use ({LIMIT} bytes, its cgroup's memory limit)" in budgeted.stderr()
     await asyncio.to_thread(budgeted.stop)
+
+
+async def test_a_ps_in_a_cgroup_refuses_to_grow_its_tables_past_its_limit_instead_of_being_killed(
+    memory_cgroup,
+    drill,  # (the drill's processes stop before the cgroup goes)
+):
+    # Dynamic tables in RAM (no --memory-budget) grow as ids arrive: two of them, each within
+    # --max-variable-bytes, together past the cgroup's 256 MiB. The ps refuses the lookup
+    # that would grow them past what it may hold, and serves on.
+    ps = await asyncio.to_thread(drill.serve, "--role", "ps", "--port", "0", wrapper=_in(memory_cgroup))
+    strategy = strategy_for(ps)
+    with strategy.scope():
+        tables = [pstrain.DynamicEmbedding(64, name=f"t{k}") for k in range(2)]
+        opt = pstrain.optimizers.Adagrad(0.1)
+    grown = 0
+    with pytest.raises(pstrain.errors.ResourceExhaustedError, match="--max-store-bytes") as refused:
+        while True:
+            ids = np.arange(grown, grown + 25_000)
+            for table in tables:
+                rows = await table.lookup(ids)
+                await opt.apply_gradients([(pstrain.IndexedSlices(np.ones_like(rows), ids), table)])
+            grown += ids.size
+            assert grown < 4_000_000, "never refused"
+    assert "grow" in str(refused.value) and ps.proc.poll() is None, ps.stderr()  # not killed
+    assert rss(ps.proc.pid) < LIMIT
+    before = await tables[0].lookup(np.arange(100), training=False)  # it serves on
+    np.testing.assert_array_equal(await tables[0].lookup(np.arange(100), training=False), before)
+    assert (await tables[0].statistics())["rows"] >= grown
 
 
 #: What a worker alone on its host (its ps on others) sets its thread pools to, printed.

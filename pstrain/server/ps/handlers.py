@@ -33,7 +33,7 @@ import numpy as np
 from ..._base.checks import byte_size, whole
 from ..._base.cluster import task_name
 from ..._base.errors import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError
-from ..._base.machine import memory_limit
+from ..._base.machine import memory_limit, resident_memory
 from ..._formats.messages.checkpoint_operations import (
     AbortRestore,
     CommitRestore,
@@ -127,10 +127,14 @@ def tier_directory(
 
 
 def default_max_store_bytes() -> int:
-    """Default bytes of variables (and staged restores) a ps holds: 80 % of the memory this
-    process may use (the machine's RAM, or its cgroup's limit if lower: a container's)."""
+    """Default bytes of variables, tables (and staged restores) a ps holds: 80 % of the
+    memory this process may use (the machine's RAM, or its cgroup's limit if lower: a
+    container's), less what the process holds already (its interpreter and libraries,
+    100 MB or more: in a small container, a large share of its limit)."""
     limit = memory_limit()
-    return 1 << 40 if limit is None else int(limit[0] * 0.8)
+    if limit is None:
+        return 1 << 40
+    return max(1 << 20, int(limit[0] * 0.8) - resident_memory())
 
 
 def _warn_past_memory_limit(task: str, sizes: dict[str, int | None]) -> None:
@@ -232,6 +236,7 @@ class ParameterServer(ServerBase):
             self.feed,
             guards,
             max_table_bytes=max_variable_bytes,
+            max_store_bytes=self.max_store_bytes,
             on_takeover=self.fencing.supersede,
             as_of=self.before_images.table_rows,
             tiering=tiering,
@@ -335,7 +340,7 @@ class ParameterServer(ServerBase):
                 f"more than this ps's limit of {per_request} bytes per request (pstrain serve "
                 "--max-variable-bytes): send them in several requests"
             )
-        held = self.store.held()
+        held = self.table_handlers.held()  # (variables and tables)
         if held + adding > self.max_store_bytes:
             raise InvalidArgumentError(
                 f"vars/create: {adding} more bytes of variables would take {self.task} past its "

@@ -378,7 +378,9 @@ class Moves:
                         f"ps/install: {copy.name!r} already exists on {self.store.task}"
                     )
             added = sum(c.value.nbytes for c in req.vars) + sum(c.nbytes for c in req.tables)
-            held = self.store.held() - sum(h.nbytes for h in stale.values() if isinstance(h, VariableRecord))
+            held = self.tables.held() - sum(  # (variables and tables)
+                h.nbytes for h in stale.values() if isinstance(h, VariableRecord)
+            )
             if held + added > self.max_store_bytes:
                 raise FailedPreconditionError(
                     f"{self.store.task} cannot take {added} bytes more: it holds "

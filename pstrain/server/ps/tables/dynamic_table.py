@@ -82,6 +82,7 @@ class DynamicTable(SlicedRows, Admission):
         max_bytes: int | None = None,
         kernels: ModuleType | None = None,
         clock: ChangeClock | None = None,
+        room: Callable[[int, str], None] | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -89,6 +90,9 @@ class DynamicTable(SlicedRows, Admission):
         self.dtype = np.dtype(config.dtype)
         #: The ps's ``--max-variable-bytes``: a shard's rows (and their slots) stay within it.
         self.max_bytes = max_bytes
+        #: Asked with the bytes a training lookup could grow the table by (and its name):
+        #: raises if the ps cannot hold them (``--max-store-bytes``, over all it holds).
+        self.room = room
         row = config.dim * self.dtype.itemsize
         if max_bytes is not None and (
             row > max_bytes or (config.capacity is not None and config.capacity * row > max_bytes)
@@ -251,17 +255,21 @@ class DynamicTable(SlicedRows, Admission):
 
     def check_room(self, new_rows: int) -> None:
         """Refuse (changing nothing) a training lookup that could admit ``new_rows`` rows
-        past the ps's limit: only a table without a capacity can grow that far."""
-        if self.max_bytes is None or self.config.capacity is not None:
-            return
-        total = (len(self.index) + new_rows) * self.row_bytes()
-        if total > self.max_bytes:
-            raise InvalidArgumentError(
-                f"dynamic table {self.name!r}: admitting up to {new_rows} more rows would take "
-                f"this shard to {total} bytes (rows and slots), more than this ps's limit of "
-                f"{self.max_bytes} (pstrain serve --max-variable-bytes): give the table a "
-                "capacity (its rows are then evicted), or shard it over more ps"
-            )
+        past the ps's limits: a shard past ``--max-variable-bytes`` (only a table without a
+        capacity can grow that far), or arrays grown past what the ps may hold in all
+        (:attr:`room`)."""
+        if self.max_bytes is not None and self.config.capacity is None:
+            total = (len(self.index) + new_rows) * self.row_bytes()
+            if total > self.max_bytes:
+                raise InvalidArgumentError(
+                    f"dynamic table {self.name!r}: admitting up to {new_rows} more rows would take "
+                    f"this shard to {total} bytes (rows and slots), more than this ps's limit of "
+                    f"{self.max_bytes} (pstrain serve --max-variable-bytes): give the table a "
+                    "capacity (its rows are then evicted), or shard it over more ps"
+                )
+        need = self.used + max(0, new_rows - self.nfree)  # (freed rows are taken first)
+        if self.room is not None and need > self.alloc:
+            self.room((self._next_size(need) - self.alloc) * self.allocated_row_bytes(), self.name)
 
     def _take_rows(self, n: int) -> np.ndarray:
         reuse = min(n, self.nfree)
@@ -490,7 +498,9 @@ class DynamicTable(SlicedRows, Admission):
         self, ids: np.ndarray, rows: np.ndarray, slots: dict[str, np.ndarray], slot_init: dict[str, float]
     ) -> None:
         """Replace every row with those given (a restore)."""
-        fresh = DynamicTable(self.name, self.config, self.owner, self.max_bytes, self.kernels, self.clock)
+        fresh = DynamicTable(
+            self.name, self.config, self.owner, self.max_bytes, self.kernels, self.clock, self.room
+        )
         fresh.slot_init = dict(slot_init)
         n = ids.size
         shape = (n, self.config.dim)

@@ -132,6 +132,7 @@ class TableHandlers:
         guards: SliceGuards,
         *,
         max_table_bytes: int | None = None,
+        max_store_bytes: int | None = None,
         on_takeover: Callable[[set[str | None], str | None], None] | None = None,
         as_of: Callable[[str, Any, np.ndarray, np.ndarray], np.ndarray] | None = None,
         tiering: Tiering | None = None,
@@ -139,6 +140,7 @@ class TableHandlers:
     ) -> None:
         self._name = named(task)  # the ps's name as it is now (a ps that joined is renamed)
         self.max_table_bytes = max_table_bytes  # a shard's rows and slots: --max-variable-bytes
+        self.max_store_bytes = max_store_bytes  # all it holds in RAM: --max-store-bytes
         #: Called with (the owners replaced, the new owner) when a coordinator takes a table over.
         self.on_takeover = on_takeover
         self.checkpoints = checkpoints
@@ -161,6 +163,22 @@ class TableHandlers:
         """What this ps holds in RAM for variables and tables (what its budget covers)."""
         return self.checkpoints.store.held() + sum(t.nbytes for t in self.tables.values())
 
+    def room(self, adding: int, table: str) -> None:
+        """ResourceExhaustedError if growing table ``table`` by ``adding`` bytes would take
+        what this ps holds past ``--max-store-bytes`` (by default 80 % of the memory it may
+        use): the request is refused, where the kernel would kill the ps."""
+        if self.max_store_bytes is None:
+            return
+        held = self.held()
+        if held + adding > self.max_store_bytes:
+            raise ResourceExhaustedError(
+                f"dynamic table {table!r}: growing it by {adding} bytes would take {self._name.task} "
+                f"past its limit of {self.max_store_bytes} bytes held ({held} held now, variables "
+                "and tables; pstrain serve --max-store-bytes): give the table a capacity (its "
+                "rows are then evicted), shard it over more ps, or give the ps a --memory-budget "
+                "and a --table-dir (rows past it then live on disk)"
+            )
+
     def put(self, name: str, table: DynamicTable) -> None:
         """Serve ``table`` as ``name`` here; a tiered table it replaces gives back its disk."""
         old = self.tables.get(name)
@@ -180,7 +198,7 @@ class TableHandlers:
         """A shard of table ``name``: tiered if this ps has a budget and a table directory."""
         clock = self.checkpoints.store.clock
         if self.tiering is None:
-            return DynamicTable(name, config, owner, self.max_table_bytes, clock=clock)
+            return DynamicTable(name, config, owner, self.max_table_bytes, clock=clock, room=self.room)
         self._tiers += 1
         return TieredTable(
             name,
