@@ -10,6 +10,7 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,14 +34,27 @@ def small_disk(tmp_path) -> Iterator[Path]:
         subprocess.run(["umount", str(disk)], check=True)
 
 
+def _cluster(disk: Path) -> InProcessCluster:
+    """Two ps that write their checkpoint files under ``disk``."""
+    return InProcessCluster(num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(disk)})
+
+
+async def _table(cluster: InProcessCluster, rows: int) -> tuple[pstrain.DynamicEmbedding, Any]:
+    """A table of ``rows`` rows over the cluster's ps, and its Adagrad."""
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    async with strategy.scope():
+        table = pstrain.DynamicEmbedding(16, name="emb")
+        opt = pstrain.optimizers.Adagrad(0.1)
+    await table.lookup(np.arange(rows))
+    return table, opt
+
+
 def _room(disk: Path, size: str) -> None:
     subprocess.run(["mount", "-o", f"remount,size={size}", str(disk)], check=True)
 
 
 async def test_a_save_that_does_not_fit_is_refused_whole_and_saves_once_there_is_room(small_disk):
-    async with InProcessCluster(
-        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(small_disk)}
-    ) as cluster:
+    async with _cluster(small_disk) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         async with strategy.scope():
             small = pstrain.Variable(np.arange(1000, dtype=np.float32), name="small")
@@ -63,16 +77,10 @@ async def test_a_save_that_does_not_fit_is_refused_whole_and_saves_once_there_is
 
 
 async def test_a_delta_that_does_not_fit_says_the_disk_is_full_and_the_deltas_go_on(small_disk, caplog):
-    async with InProcessCluster(
-        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(small_disk)}
-    ) as cluster:
-        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-        async with strategy.scope():
-            table = pstrain.DynamicEmbedding(16, name="emb")
-            opt = pstrain.optimizers.Adagrad(0.1)
+    async with _cluster(small_disk) as cluster:
+        table, opt = await _table(cluster, 2000)
         ckpt = pstrain.Checkpoint(emb=table, opt=opt)
         manager = pstrain.CheckpointManager(ckpt, str(small_disk / "run"), delta_interval_s=0.2)
-        await table.lookup(np.arange(2000))
         await manager.save()
         filler = _fill(small_disk)
 
@@ -120,14 +128,8 @@ async def test_a_compaction_that_does_not_fit_is_tried_again_only_after_more_del
     handler = Failures()
     logging.getLogger("pstrain.checkpoint").addHandler(handler)
     try:
-        async with InProcessCluster(
-            num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(small_disk)}
-        ) as cluster:
-            strategy = pstrain.ParameterServerStrategy(cluster.resolver)
-            async with strategy.scope():
-                table = pstrain.DynamicEmbedding(16, name="emb")
-                opt = pstrain.optimizers.Adagrad(0.1)
-            await table.lookup(np.arange(10_000))  # 1.3 MB with its slots: one base fits, not two
+        async with _cluster(small_disk) as cluster:
+            table, opt = await _table(cluster, 10_000)  # 1.3 MB with its slots: one base fits, not two
             ckpt = pstrain.Checkpoint(emb=table, opt=opt)
             manager = pstrain.CheckpointManager(
                 ckpt, str(run), delta_interval_s=0.3, deltas_per_base=4, max_to_keep=1
@@ -174,9 +176,7 @@ async def test_a_save_whose_index_does_not_fit_leaves_nothing_and_says_so(small_
         _fill(small_disk)
         return written(*args, **kwargs)
 
-    async with InProcessCluster(
-        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(small_disk)}
-    ) as cluster:
+    async with _cluster(small_disk) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         async with strategy.scope():
             v = pstrain.Variable(np.arange(1000, dtype=np.float32), name="v")
