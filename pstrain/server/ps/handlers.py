@@ -126,21 +126,19 @@ def tier_directory(
     return Tiering(budget=budget, directory=own.path, segment_rows=segment_rows), own
 
 
-def default_max_store_bytes() -> int:
+def default_max_store_bytes(limit: tuple[int, str] | None) -> int:
     """Default bytes of variables, tables (and staged restores) a ps holds: 80 % of the
-    memory this process may use (the machine's RAM, or its cgroup's limit if lower: a
-    container's), less what the process holds already (its interpreter and libraries,
-    100 MB or more: in a small container, a large share of its limit)."""
-    limit = memory_limit()
+    memory this process may use (``limit``, :func:`memory_limit`: the machine's RAM, or its
+    cgroup's limit if lower: a container's), less what the process holds already (its
+    interpreter and libraries, 100 MB or more: in a small container, a large share of it)."""
     if limit is None:
         return 1 << 40
     return max(1 << 20, int(limit[0] * 0.8) - resident_memory())
 
 
-def _warn_past_memory_limit(task: str, sizes: dict[str, int | None]) -> None:
-    """A warning for each of ``sizes`` (by what it is) past the memory this process may use:
-    the kernel kills the ps there, before it refuses anything."""
-    limit = memory_limit()
+def _warn_past_memory_limit(task: str, limit: tuple[int, str] | None, sizes: dict[str, int | None]) -> None:
+    """A warning for each of ``sizes`` (by what it is) past ``limit``, the memory this
+    process may use: the kernel kills the ps there, before it refuses anything."""
     for what, size in sizes.items():
         if limit is not None and size is not None and size > limit[0]:
             logger.warning(
@@ -197,7 +195,8 @@ class ParameterServer(ServerBase):
         self.max_gather_bytes = max_gather_bytes
         self.max_reply_bytes = max_reply_bytes
         #: Bytes of variables this ps holds at most (creations past it are refused).
-        self.max_store_bytes = max_store_bytes or default_max_store_bytes()
+        limit = memory_limit()  # (read once: /proc's cgroup files)
+        self.max_store_bytes = max_store_bytes or default_max_store_bytes(limit)
         self.checkpoints = ps_checkpoint.CheckpointFiles(
             self.store, checkpoint_root, max_variable_bytes, self.max_store_bytes
         )
@@ -210,6 +209,7 @@ class ParameterServer(ServerBase):
             self.checkpoints.staging = tiering.save_bytes
         _warn_past_memory_limit(
             self.task,
+            limit,
             {
                 "memory budget (--memory-budget)": None if tiering is None else tiering.budget,
                 "bytes of variables held at most (--max-store-bytes)": max_store_bytes,

@@ -267,9 +267,10 @@ class DynamicTable(SlicedRows, Admission):
                     f"{self.max_bytes} (pstrain serve --max-variable-bytes): give the table a "
                     "capacity (its rows are then evicted), or shard it over more ps"
                 )
-        need = self.used + max(0, new_rows - self.nfree)  # (freed rows are taken first)
-        if self.room is not None and need > self.alloc:
-            self.room((self._next_size(need) - self.alloc) * self.allocated_row_bytes(), self.name)
+        if self.room is not None:
+            need = self.used + max(0, new_rows - self.nfree)  # (freed rows are taken first)
+            if need > self.alloc:
+                self.room((self._next_size(need) - self.alloc) * self.allocated_row_bytes(), self.name)
 
     def _take_rows(self, n: int) -> np.ndarray:
         reuse = min(n, self.nfree)
