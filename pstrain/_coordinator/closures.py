@@ -56,6 +56,7 @@ class Closure:
         "inputs",
         "worker",
         "once_key",
+        "resent",
     )
 
     def __init__(
@@ -82,6 +83,7 @@ class Closure:
         self.inputs = inputs or []
         self.worker: int | None = None  # the worker it is in flight on
         self.once_key = once_key  # exactly-once: the key its updates carry, attempt after attempt
+        self.resent = 0  # times a worker answered UNSENT (it had dropped the function)
 
     def inputs_ready(self) -> bool:
         return not self.inputs or all(rv.done() for rv in self.inputs)

@@ -56,6 +56,7 @@ from .._formats.messages.records import ClosureCall, ResultsReply
 from .._transport.channels import Channel
 from .._transport.wire import PickleFailure, pickle_failure_in
 from .closures import Closure
+from .functions import SentFunctions
 from .membership import SlotState, WorkerSlot
 from .resources import ResourceRegistry, ResourceSpec
 from .scheduling import CANCELLED_MESSAGE, ClosureQueue
@@ -131,7 +132,7 @@ class WorkerDispatcher:
         self.settings = settings
         self.before_send = before_send
         self.fence = fence  # tells every ps to refuse this worker's updates before an epoch
-        self.sent: set[bytes] = set()  # function digests this incarnation has
+        self.sent = SentFunctions()  # function digests this incarnation has
         self._probe_now = asyncio.Event()
         self.refused: PstrainError | None = None  # a configuration error: never retried
         self._waiter: asyncio.Future[None] | None = None
@@ -398,12 +399,13 @@ class WorkerDispatcher:
                 entries.append(ClosureCall(c.cid, c.digest, args, kwargs, has_refs))
             else:
                 entries.append(ClosureCall(c.cid, c.digest, c.args, c.kwargs))
-            if c.digest not in sent:
+            if c.digest not in sent.entries:
                 fns[c.digest] = c.pickled
         if not entries:
             return
         once = {c.cid: c.once_key for c in batch if c.once_key is not None}
-        self.sent.update(fns)
+        for digest, pickled in fns.items():
+            sent.put(digest, None, len(pickled))
         placement = self.routes() if self.routes is not None else None
         if placement is not None and placement.version > self.map_sent:
             self.map_sent = placement.version  # (sent with this batch)
@@ -438,6 +440,28 @@ class WorkerDispatcher:
             return
         self._on_results(reply)
 
+    def _send_again(self, cid: int) -> None:
+        """The worker no longer held closure ``cid``'s function (it keeps a bounded number,
+        and another coordinator may have sent it newer ones): it did not run, and goes back
+        to the queue, to be sent with its function's bytes. Twice is a fault of the worker's."""
+        c = self.queue.in_flight_closure(cid)
+        if c is None:
+            return
+        self.slot.completed -= 1
+        self.sent.discard(c.digest)
+        if c.resent >= 2:
+            self.queue.fail(
+                cid,
+                ProtocolError(
+                    f"{self.task} answered three times that it did not hold closure {cid}'s "
+                    "function, sent again each time with its bytes",
+                    task=self.task,
+                ),
+            )
+            return
+        c.resent += 1
+        self.queue.put_back(self.index, (cid,))
+
     def _unreadable(self, failure: PickleFailure) -> InvalidArgumentError:
         error = failure.error
         return InvalidArgumentError(
@@ -466,6 +490,8 @@ class WorkerDispatcher:
                     queue.fail(cid, self._unreadable(failure))
             elif result.status is ClosureStatus.CANCELLED:
                 queue.fail(cid, CancelledError(CANCELLED_MESSAGE, task=self.task), cancelled=True)
+            elif result.status is ClosureStatus.UNSENT:
+                self._send_again(cid)
             else:
                 exc = exception_from_payload(result.value, self.task)
                 if isinstance(exc, OutOfRangeError):  # this worker's data ran out

@@ -1,4 +1,12 @@
-"""Closure functions as they travel: pickled once, named by their digest afterwards."""
+"""Closure functions as they travel: pickled once, named by their digest afterwards.
+
+The coordinator keeps the pickled bytes of the last ``FUNCTIONS_KEPT`` functions (and at
+most ``FUNCTION_BYTES_KEPT`` of them), each worker's dispatcher the digests it sent that
+worker, and the worker the functions themselves, twice as many: a loop that schedules a
+new function every step (``lambda: step(batch)``) holds a bounded set, not every one of
+them with what it captured. A function dropped and scheduled again is pickled again; a
+digest dropped is sent again with its bytes.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +14,27 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
+from .._base.caches import FifoCache
 from .._base.errors import InvalidArgumentError
 from .._formats.messages import pickling
+from .._formats.messages.closures import FUNCTION_BYTES_KEPT, FUNCTIONS_KEPT
 
-__all__ = ["FunctionCache"]
+__all__ = ["FunctionCache", "SentFunctions"]
 
 
 class FunctionCache:
     """``fn -> (digest, pickled)``: a function is pickled on its first schedule; a worker
     is sent its bytes once and its digest afterwards."""
 
-    def __init__(self) -> None:
-        self._fns: dict[Any, tuple[bytes, bytes]] = {}
+    def __init__(self, max_items: int = FUNCTIONS_KEPT, max_bytes: int = FUNCTION_BYTES_KEPT) -> None:
+        self._fns: FifoCache[Any, tuple[bytes, bytes]] = FifoCache(max_items, max_bytes)
+
+    def __len__(self) -> int:
+        return len(self._fns)
 
     def get(self, fn: Callable[..., Any]) -> tuple[bytes, bytes]:
         try:
-            cached = self._fns.get(fn)
+            cached = self._fns.entries.get(fn)
         except TypeError:  # unhashable callable
             cached = None
         if cached is None:
@@ -34,7 +47,17 @@ class FunctionCache:
                 ) from exc
             cached = (hashlib.blake2b(pickled, digest_size=16).digest(), pickled)
             try:
-                self._fns[fn] = cached
+                self._fns.put(fn, cached, len(pickled))
             except TypeError:
                 pass
         return cached
+
+
+class SentFunctions(FifoCache[bytes, None]):
+    """The digests one worker incarnation was sent, as many as the coordinator keeps
+    functions: a worker keeps twice as many, so it holds every one counted here unless
+    another coordinator sent it newer ones (then it answers ``UNSENT``, and the closure
+    goes again with its function's bytes)."""
+
+    def __init__(self, max_items: int = FUNCTIONS_KEPT, max_bytes: int = FUNCTION_BYTES_KEPT) -> None:
+        super().__init__(max_items, max_bytes)

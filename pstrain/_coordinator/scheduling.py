@@ -222,6 +222,9 @@ class ClosureQueue:
         self._progress()
         return len(lost)
 
+    def in_flight_closure(self, cid: int) -> Closure | None:
+        return self._inflight.get(cid)
+
     def _unhold(self, cid: int, error: BaseException | None = None) -> None:
         """A held closure goes back to the queue before every later one (held closures run
         again in the order they were scheduled); it does not count as retried. With

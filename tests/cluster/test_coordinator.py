@@ -7,13 +7,15 @@ import gc
 import re
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
 
 import pstrain
 from pstrain import rpc
-from pstrain.errors import CancelledError, ClosureInputError, InvalidArgumentError
+from pstrain._formats.messages.closures import FUNCTION_BYTES_KEPT, FUNCTIONS_KEPT
+from pstrain.errors import CancelledError, ClosureInputError, InvalidArgumentError, ProtocolError
 from pstrain.testing import InProcessCluster
 from tests.helpers import wait_for
 
@@ -379,6 +381,95 @@ async def test_each_function_travels_once_per_worker(cluster):
         received += stats["requests"].get("worker/run", {}).get("bytes_in", 0)
     assert received < 3 * 400_000  # at most once per worker (plus small per-closure entries)
     await peers.close()
+    await coordinator.close()
+
+
+def _functions_held(cluster, coordinator):
+    """(the coordinator's pickled functions, digests it counts each worker as holding,
+    each worker's functions), by count and by bytes."""
+    sent = [d.sent for d in coordinator.workers.dispatchers]
+    kept = [w.runner.fns.kept for w in cluster.workers]
+    return coordinator._fns._fns, sent, kept
+
+
+async def test_a_new_function_every_step_keeps_a_bounded_number_of_them(cluster):
+    """A loop that makes a new function each step (a lambda capturing the step) holds the
+    last FUNCTIONS_KEPT on the coordinator and twice as many on a worker, not all of them;
+    the function scheduled every step meanwhile is sent again whenever it was dropped."""
+    coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(cluster.resolver))
+    n = 2 * FUNCTIONS_KEPT + 600
+
+    def hot(i):
+        return -i
+
+    rvs, hot_rvs = [], []
+    for i in range(n):
+        rvs.append(coordinator.schedule(lambda i=i: 2 * i))
+        if i % 7 == 0:
+            hot_rvs.append((i, coordinator.schedule(hot, args=(i,))))
+        if i % 300 == 299:
+            await coordinator.join()
+    await coordinator.join()
+    assert [await rv for rv in rvs] == [2 * i for i in range(n)]
+    assert [await rv for _, rv in hot_rvs] == [-i for i, _ in hot_rvs]
+    fns, sent, kept = _functions_held(cluster, coordinator)
+    assert len(fns) <= FUNCTIONS_KEPT
+    assert all(len(s) <= FUNCTIONS_KEPT for s in sent)
+    assert all(0 < len(k) <= 2 * FUNCTIONS_KEPT for k in kept)
+    assert sum(w.runner.closures_run for w in cluster.workers) == n + len(hot_rvs)
+    await coordinator.close()
+
+
+async def test_functions_that_capture_arrays_are_kept_to_a_number_of_bytes(cluster):
+    coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(cluster.resolver))
+    size = 512 << 10
+    n = (2 * FUNCTION_BYTES_KEPT) // size + 40  # past what a worker keeps
+    alive = []
+    for i in range(n):
+        a = np.full(size // 8, i, np.float64)
+        alive.append(weakref.ref(a))
+        coordinator.schedule(lambda a=a: float(a[0]))
+        if i % 50 == 49:
+            await coordinator.join()
+    await coordinator.join()
+    del a
+    gc.collect()
+    fns, sent, kept = _functions_held(cluster, coordinator)
+    assert fns.bytes <= FUNCTION_BYTES_KEPT and all(s.bytes <= FUNCTION_BYTES_KEPT for s in sent)
+    assert all(k.bytes <= 2 * FUNCTION_BYTES_KEPT for k in kept)
+    # The coordinator no longer holds the arrays its dropped functions captured.
+    assert sum(r() is not None for r in alive) <= FUNCTION_BYTES_KEPT // size
+    await coordinator.close()
+
+
+async def test_a_closure_whose_function_the_worker_dropped_runs_once_sent_again(cluster):
+    coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(cluster.resolver))
+    with coordinator.strategy.scope():
+        v = pstrain.Variable(0.0)
+
+    async def add(x):
+        await v.assign_add(x)
+        return x
+
+    assert await coordinator.schedule(add, args=(1.0,)) == 1.0
+    for w in cluster.workers:  # as after another coordinator sent each worker newer ones
+        w.runner.fns.kept.clear()
+    rvs = [coordinator.schedule(add, args=(2.0,)) for _ in range(4)]
+    assert [await rv for rv in rvs] == [2.0] * 4
+    assert await v.numpy() == 9.0  # each ran once
+    assert coordinator.queue.retried_count == 0
+    await coordinator.close()
+
+
+async def test_a_worker_that_never_holds_a_function_fails_its_closure(cluster, monkeypatch):
+    """Sent again with its bytes, a closure a worker still says it has no function for
+    fails (a fault of the worker's), rather than going back and forth for ever."""
+    coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(cluster.resolver))
+    for w in cluster.workers:
+        monkeypatch.setattr(w.runner.fns, "get", lambda digest: None)
+    rv = coordinator.schedule(lambda: 1)
+    with pytest.raises(ProtocolError, match="did not hold closure"):
+        await rv
     await coordinator.close()
 
 

@@ -54,3 +54,28 @@ async def test_a_worker_faults_in_a_steps_memory_once_and_keep_freed_0_leaves_ma
     returned = await faults_of_a_worker(["--keep-freed", "0"])
     # glibc's own way: a step's arrays go back to the kernel when freed, and come back zeroed
     assert returned > STEPS * step_pages // 2, (returned, step_pages)
+
+
+def resident_mib() -> float:
+    from pstrain._base.machine import resident_memory
+
+    return resident_memory() / 2**20
+
+
+async def test_a_worker_sent_a_new_function_every_step_keeps_a_bounded_number_of_them():
+    """Each closure a new function capturing its own 1 MiB array (``lambda a=a: ...``, a
+    ``functools.partial`` per step): the worker keeps the newest 128 MiB of them, not all."""
+    steps = 400
+    async with pstrain.LocalCluster(num_ps=1, num_workers=1, extra_args=["--keep-freed", "0"]) as cluster:
+        coordinator = pstrain.ClusterCoordinator(pstrain.ParameterServerStrategy(cluster.resolver))
+        before = await coordinator.schedule(resident_mib)
+        for i in range(steps):
+            a = np.full(1 << 17, i, np.float64)
+            coordinator.schedule(lambda a=a: float(a[-1]))
+            if i % 25 == 24:
+                await coordinator.join()
+        after = await coordinator.schedule(resident_mib)
+        assert await coordinator.schedule(lambda a=a: float(a[0])) == steps - 1
+        await coordinator.close()
+    # 400 MiB if every function stayed; 128 MiB of them and the allocator's slack here
+    assert after - before < 200, (before, after)

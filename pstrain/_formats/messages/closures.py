@@ -21,7 +21,10 @@ from ..._base.errors import OutOfRangeError, PstrainError, to_envelope
 __all__ = [
     "CANCELLED",
     "ERROR",
+    "FUNCTIONS_KEPT",
+    "FUNCTION_BYTES_KEPT",
     "OK",
+    "UNSENT",
     "ClosureStatus",
     "ResourceRef",
     "exception_from_payload",
@@ -35,9 +38,20 @@ class ClosureStatus(enum.IntEnum):
     OK = 0
     ERROR = 1
     CANCELLED = 2
+    #: not run: the worker no longer holds its function (it keeps a bounded number); the
+    #: coordinator sends the closure again with the function's bytes
+    UNSENT = 3
 
 
-OK, ERROR, CANCELLED = ClosureStatus.OK, ClosureStatus.ERROR, ClosureStatus.CANCELLED
+OK, ERROR, CANCELLED, UNSENT = ClosureStatus  # (in the order of their values)
+
+#: Closure functions travel pickled once, then by digest. The coordinator keeps the bytes
+#: of this many (and at most ``FUNCTION_BYTES_KEPT`` of them) and counts each worker as
+#: holding as many; a worker keeps twice as many, the oldest dropped first. So a loop that
+#: makes a new function every step (``lambda: step(batch)``) holds a bounded set of them,
+#: not all of them with what each captured.
+FUNCTIONS_KEPT = 1024
+FUNCTION_BYTES_KEPT = 64 << 20
 
 
 class ResourceRef:

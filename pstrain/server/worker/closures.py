@@ -12,8 +12,9 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from ..._base.caches import FifoCache
 from ..._base.errors import InvalidArgumentError
-from ..._formats.messages.closures import ERROR, exception_payload
+from ..._formats.messages.closures import ERROR, FUNCTION_BYTES_KEPT, FUNCTIONS_KEPT, exception_payload
 from ..._formats.messages.records import ClosureResult
 from ..._serving.core import Encoded
 from ..._transport import wire
@@ -94,32 +95,58 @@ class Functions:
     seconds during which the serving loop must go on answering health checks (the
     coordinator declared such a worker lost, and ran the step again beside it). A batch
     waits for the functions it calls, also those another batch is still loading.
+
+    Twice as many are kept as a coordinator counts a worker as holding (``FUNCTIONS_KEPT``,
+    ``FUNCTION_BYTES_KEPT`` of their pickled bytes), the oldest dropped first, never one a
+    batch waiting to start calls (:meth:`hold`). A closure whose function was dropped all
+    the same (another coordinator sent newer ones) is answered ``UNSENT``, and comes again
+    with its function's bytes.
     """
 
-    def __init__(self) -> None:
-        self.loaded: dict[bytes, Callable[..., Any]] = {}
+    def __init__(self, max_items: int = 2 * FUNCTIONS_KEPT, max_bytes: int = 2 * FUNCTION_BYTES_KEPT) -> None:
+        self.kept: FifoCache[bytes, Callable[..., Any]] = FifoCache(max_items, max_bytes)
         self.loading: dict[bytes, asyncio.Future[Callable[..., Any]]] = {}
+        self._held: dict[bytes, int] = {}  # digest -> batches in progress that call it
 
     def get(self, digest: bytes) -> Callable[..., Any] | None:
-        return self.loaded.get(digest)
+        return self.kept.entries.get(digest)
+
+    def hold(self, digests: set[bytes]) -> None:
+        """Keep ``digests`` until :meth:`release`: a batch that calls them waits to start."""
+        held = self._held
+        for d in digests:
+            held[d] = held.get(d, 0) + 1
+
+    def release(self, digests: set[bytes]) -> None:
+        held = self._held
+        for d in digests:
+            n = held[d] - 1
+            if n:
+                held[d] = n
+            else:
+                del held[d]
 
     async def load(self, fns: dict[bytes, bytes], needed: set[bytes]) -> None:
         """Start unpickling ``fns``, then wait for those of ``needed`` still loading."""
         loop = asyncio.get_running_loop()
+        kept = self.kept
         for digest, pickled in fns.items():
-            fn = self.loaded.get(digest)
-            if digest in self.loading or (fn is not None and not isinstance(fn, Unloadable)):
-                continue  # loading, or loaded (a function sent again on a new connection)
+            fn = kept.entries.get(digest)
+            if digest in self.loading:
+                continue
+            if fn is not None and not isinstance(fn, Unloadable):
+                kept.touch(digest)  # sent again on a new connection, or after the coordinator dropped it
+                continue
             ctx = contextvars.copy_context()  # what unpickling saw on the serving loop
             future = self.loading[digest] = loop.run_in_executor(None, ctx.run, _unpickle, pickled)
-            future.add_done_callback(functools.partial(self._loaded, digest))
+            future.add_done_callback(functools.partial(self._loaded, digest, len(pickled)))
         for digest in needed:
             pending = self.loading.get(digest)
             if pending is not None:  # (its callback, added first, has run when this wakes)
                 await asyncio.shield(pending)
 
-    def _loaded(self, digest: bytes, future: asyncio.Future[Callable[..., Any]]) -> None:
-        self.loaded[digest] = future.result()  # _unpickle returns, never raises
+    def _loaded(self, digest: bytes, size: int, future: asyncio.Future[Callable[..., Any]]) -> None:
+        self.kept.put(digest, future.result(), size, keep=self._held.__contains__)  # never raises
         del self.loading[digest]
 
 

@@ -196,9 +196,15 @@ class WorkerServer(ServerBase):
         closures = req.closures
         batch = Batch(len(closures), emit, asyncio.get_running_loop().create_future(), req.epoch)
         older = [] if req.epoch is None else self._dispatches.arrive(batch, (req.owner, self.index))
+        fns = self.runner.fns
+        # A batch that waits before it starts (for functions, or for an older dispatch)
+        # holds its functions meanwhile: another batch's functions loading may drop the oldest.
+        held = {c.fn for c in closures} if req.fns or fns.loading or older else None
+        if held:
+            fns.hold(held)
         try:
-            if req.fns or self.runner.fns.loading:
-                await self.runner.fns.load(req.fns, {c.fn for c in closures})
+            if req.fns or fns.loading:
+                await fns.load(req.fns, held or set())
             if not closures:
                 return encode_results([])  # nothing to run: answered at once
             self._refuse_if_draining()
@@ -208,11 +214,16 @@ class WorkerServer(ServerBase):
                 if batch.abandoned:  # a newer dispatch arrived meanwhile: this one is fenced
                     return encode_results([ClosureResult(c.id, CANCELLED) for c in closures])
                 fence = (req.owner, self.index, req.epoch) if req.epoch is not None else None
-                self.runner.start_batch(batch, closures, fence, req.once)
+                self.runner.start_batch(batch, closures, fence, req.once)  # (takes the functions)
+                if held:
+                    fns.release(held)
+                    held = None
                 return await batch.done
             finally:
                 self._open_batches -= 1
         finally:
+            if held:
+                fns.release(held)
             self._dispatches.close(batch)
 
     def stream_closed(self, connection: Any) -> None:  # its batches' closures stop here too

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..._base.context import watch_unawaited
-from ..._base.errors import InvalidArgumentError, NotFoundError
+from ..._base.errors import InvalidArgumentError
 from ..._base.tags import set_dispatch
 from ..._base.tasks import TaskOwner
-from ..._formats.messages.closures import CANCELLED, ERROR, OK, exception_payload
+from ..._formats.messages.closures import CANCELLED, ERROR, OK, UNSENT, exception_payload
 from ..._formats.messages.records import ClosureCall, ClosureResult
 from ..._transport.bridge import block_on
 from ..._transport.wire import PickleFailure, pickle_failure_in
@@ -128,9 +128,8 @@ class ClosureRunner:
             cid, args, kwargs = call.id, call.args, call.kwargs
             self.in_flight.add(cid)
             fn = self.fns.get(call.fn)
-            if fn is None:
-                missing = NotFoundError(f"function {call.fn.hex()[:12]} was never sent to this worker")
-                self._deliver(batch, ClosureResult(cid, ERROR, exception_payload(missing)))
+            if fn is None:  # never sent, or dropped since (Functions): send it again
+                self._deliver(batch, ClosureResult(cid, UNSENT))
                 continue
             failure = pickle_failure_in(args) or pickle_failure_in(kwargs)
             if failure is not None:
