@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .._base.caches import FifoCache
 from .._base.cluster import ClusterSpec, task_name
 from .._base.errors import (
     AuthenticationError,
@@ -43,7 +44,12 @@ from .._base.errors import (
 )
 from .._base.tags import cause
 from .._base.tasks import TaskOwner
-from .._formats.messages.closures import ClosureStatus, exception_from_payload
+from .._formats.messages.closures import (
+    FUNCTION_BYTES_KEPT,
+    FUNCTIONS_KEPT,
+    ClosureStatus,
+    exception_from_payload,
+)
 from .._formats.messages.operations import (
     CancelClosures,
     Configure,
@@ -56,7 +62,6 @@ from .._formats.messages.records import ClosureCall, ResultsReply
 from .._transport.channels import Channel
 from .._transport.wire import PickleFailure, pickle_failure_in
 from .closures import Closure
-from .functions import SentFunctions
 from .membership import SlotState, WorkerSlot
 from .resources import ResourceRegistry, ResourceSpec
 from .scheduling import CANCELLED_MESSAGE, ClosureQueue
@@ -132,7 +137,10 @@ class WorkerDispatcher:
         self.settings = settings
         self.before_send = before_send
         self.fence = fence  # tells every ps to refuse this worker's updates before an epoch
-        self.sent = SentFunctions()  # function digests this incarnation has
+        #: The function digests this incarnation was sent, as many as the coordinator keeps
+        #: functions: the worker keeps twice as many, so it holds each one unless another
+        #: coordinator sent it newer ones (it then answers UNSENT: ``_send_again``).
+        self.sent: FifoCache[bytes, None] = FifoCache(FUNCTIONS_KEPT, FUNCTION_BYTES_KEPT)
         self._probe_now = asyncio.Event()
         self.refused: PstrainError | None = None  # a configuration error: never retried
         self._waiter: asyncio.Future[None] | None = None
@@ -443,7 +451,7 @@ class WorkerDispatcher:
     def _send_again(self, cid: int) -> None:
         """The worker no longer held closure ``cid``'s function (it keeps a bounded number,
         and another coordinator may have sent it newer ones): it did not run, and goes back
-        to the queue, to be sent with its function's bytes. Twice is a fault of the worker's."""
+        to the queue, to be sent with its function's bytes. A third time is the worker's fault."""
         c = self.queue.in_flight_closure(cid)
         if c is None:
             return

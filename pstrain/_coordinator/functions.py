@@ -19,7 +19,7 @@ from .._base.errors import InvalidArgumentError
 from .._formats.messages import pickling
 from .._formats.messages.closures import FUNCTION_BYTES_KEPT, FUNCTIONS_KEPT
 
-__all__ = ["FunctionCache", "SentFunctions"]
+__all__ = ["FunctionCache"]
 
 
 class FunctionCache:
@@ -28,9 +28,6 @@ class FunctionCache:
 
     def __init__(self, max_items: int = FUNCTIONS_KEPT, max_bytes: int = FUNCTION_BYTES_KEPT) -> None:
         self._fns: FifoCache[Any, tuple[bytes, bytes]] = FifoCache(max_items, max_bytes)
-
-    def __len__(self) -> int:
-        return len(self._fns)
 
     def get(self, fn: Callable[..., Any]) -> tuple[bytes, bytes]:
         try:
@@ -51,13 +48,3 @@ class FunctionCache:
             except TypeError:
                 pass
         return cached
-
-
-class SentFunctions(FifoCache[bytes, None]):
-    """The digests one worker incarnation was sent, as many as the coordinator keeps
-    functions: a worker keeps twice as many, so it holds every one counted here unless
-    another coordinator sent it newer ones (then it answers ``UNSENT``, and the closure
-    goes again with its function's bytes)."""
-
-    def __init__(self, max_items: int = FUNCTIONS_KEPT, max_bytes: int = FUNCTION_BYTES_KEPT) -> None:
-        super().__init__(max_items, max_bytes)

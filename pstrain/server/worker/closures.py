@@ -106,7 +106,7 @@ class Functions:
     def __init__(self, max_items: int = 2 * FUNCTIONS_KEPT, max_bytes: int = 2 * FUNCTION_BYTES_KEPT) -> None:
         self.kept: FifoCache[bytes, Callable[..., Any]] = FifoCache(max_items, max_bytes)
         self.loading: dict[bytes, asyncio.Future[Callable[..., Any]]] = {}
-        self._held: dict[bytes, int] = {}  # digest -> batches in progress that call it
+        self._held: dict[bytes, int] = {}  # digest -> batches waiting to start that call it
 
     def get(self, digest: bytes) -> Callable[..., Any] | None:
         return self.kept.entries.get(digest)
