@@ -24,7 +24,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from queue import Empty, Full, Queue
 from typing import Annotated, Any, BinaryIO, NamedTuple, TypeVar
 
@@ -521,6 +521,51 @@ class TablePlan:
                 yield from self.part_pieces(opened, part, piece_bytes)
         except OSError as exc:
             raise InvalidArgumentError(f"dyn/restore: cannot read {part.path}: {exc}") from exc
+
+    def nbytes(self, slots: int | None = None) -> int:
+        """The bytes of the shard's rows and of ``slots`` of its slots (all by default), as
+        :meth:`read_whole` makes them."""
+        per_row = self.dim * self.dtype.itemsize
+        return self.rows * per_row * (1 + (len(self.slots) if slots is None else slots))
+
+    @property
+    def overlay_nbytes(self) -> int:
+        """The bytes of the composed deltas, which the plan holds in RAM."""
+        ids, rows, slots, _ = self.overlay
+        return int(ids.nbytes + rows.nbytes + sum(a.nbytes for a in slots.values()))
+
+    def read_whole(self, slots: Iterable[str] | None = None) -> TableState:
+        """Every row in RAM, in :func:`read_table_state`'s order (the base's kept rows file
+        by file, then the deltas' in order) with ``slots`` of the slots (all by default):
+        each array made once at its size and filled a piece at a time, so that the shard is
+        never held twice (read, then composed) and the caller knows before any row is read
+        how much it holds (:meth:`nbytes`)."""
+        names = self.slots if slots is None else [k for k in self.slots if k in set(slots)]
+        n, shape = self.rows, (self.rows, self.dim)
+        ids = np.empty(n, np.int64)
+        rows = np.empty(shape, self.dtype)
+        out = {k: np.empty(shape, self.dtype) for k in names}
+        at = 0
+
+        def put(p_ids: np.ndarray, p_rows: np.ndarray, p_slots: dict[str, Any]) -> None:
+            nonlocal at
+            end = at + p_ids.size
+            ids[at:end] = p_ids
+            rows[at:end] = p_rows
+            for k in names:
+                out[k][at:end] = p_slots[k]
+            at = end
+
+        for part in self.base:
+            kept = part._replace(slots=tuple(k for k in part.slots if k in out))  # (others unread)
+            for p_ids, p_rows, p_slots in self.base_pieces(kept):
+                put(p_ids, p_rows, p_slots)
+        o_ids, o_rows, o_slots, _ = self.overlay
+        if o_ids.size:  # (a slot no delta has: its initial value)
+            put(o_ids, o_rows, {k: o_slots[k] if k in o_slots else self.slot_init[k] for k in names})
+        if at != n:  # pragma: no cover - the plan counts what its pieces give
+            raise InvalidArgumentError(f"dyn/restore: planned {n} rows, read {at}")
+        return ids, rows, out, dict(self.slot_init)
 
     def overlay_pieces(self) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
         """The composed deltas' rows, the last changed first (one piece; none if none)."""

@@ -111,6 +111,7 @@ class CheckpointFiles:
             str,
             tuple[list[tuple[str, np.ndarray, bool, str | None]], list[VariableRecord], asyncio.TimerHandle],
         ] = {}
+        self._reading = 0  # bytes of the restores being read now
         store.staged.append(self.staged_bytes)
 
     @property
@@ -391,6 +392,7 @@ class CheckpointFiles:
                 for spec, shape, dtype, sources, patches in checked
             ]
 
+        self._reading += adding  # (counted as held while read: restores of tables come too)
         try:
             built = await asyncio.to_thread(build)  # in this context: its allocator
             self._check_fits(built)
@@ -399,6 +401,8 @@ class CheckpointFiles:
         except BaseException:
             await remake_initial(released)
             raise
+        finally:
+            self._reading -= adding  # (staged or put in the store next, with no await between)
         if req.stage is not None:
             self._take_stage(req.stage)  # (a stage named again replaces the first)
             # a coordinator that stopped between staging and commit: not held for good (the
@@ -454,8 +458,8 @@ class CheckpointFiles:
         return entry is not None  # aborted
 
     def staged_bytes(self) -> int:
-        """Bytes held by restores staged and not yet committed."""
-        return sum(a.nbytes for built, *_ in self._staged.values() for _, a, *_ in built)
+        """Bytes held by restores being read, and staged and not yet committed."""
+        return self._reading + sum(a.nbytes for built, *_ in self._staged.values() for _, a, *_ in built)
 
     def _take_stage(self, stage: str) -> tuple[Any, ...] | None:
         """Stage ``stage`` taken out (committed or aborted), its timer cancelled. One the

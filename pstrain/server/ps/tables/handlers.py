@@ -156,8 +156,10 @@ class TableHandlers:
         self.tiering = tiering
         self._tiers = 0  # tiered tables made (each its own directory)
         self.spawn = spawn  # runs the compaction of a tiered table's segments (the ps's tasks)
-        #: ``dyn/restore``, and the restores staged for ``ckpt/commit``.
+        #: ``dyn/restore``, and the restores staged for ``ckpt/commit`` (held beside the
+        #: tables until then: counted in what the ps holds).
         self.restores = TableRestores(self)
+        checkpoints.store.staged.append(self.restores.staged_bytes)
 
     def held(self) -> int:
         """What this ps holds in RAM for variables and tables (what its budget covers)."""

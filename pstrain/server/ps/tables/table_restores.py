@@ -20,7 +20,8 @@ from typing import Protocol
 import msgspec
 import numpy as np
 
-from ...._base.errors import InvalidArgumentError
+from ...._base.errors import InvalidArgumentError, ResourceExhaustedError
+from ...._formats.files.delta_files import TablePlan
 from ...._formats.messages.checkpoint_operations import RestoreTable
 from ...._formats.messages.placement_map import TableCopy, TablePatch
 from ...._formats.messages.records import RestoreReply
@@ -43,6 +44,14 @@ class _Staged:
     capacity: int | None
     install: Callable[[int | None], object]
     table: DynamicTable | None = None  # the table made for it (a tiered one's disk goes if dropped)
+    nbytes: int = 0  # what a merge staged holds (a table staged: its own ``nbytes``)
+
+
+def _check_capacity(name: str, rows: int, capacity: int) -> None:
+    if rows > capacity:
+        raise InvalidArgumentError(
+            f"dyn/restore of {name!r}: {rows} rows for this shard, more than its capacity of {capacity}"
+        )
 
 
 def discard(table: DynamicTable | None) -> None:
@@ -61,9 +70,12 @@ class Tables(Protocol):
     guards: SliceGuards
     tiering: Tiering | None
     max_table_bytes: int | None
+    max_store_bytes: int | None
 
     @property
     def task(self) -> str: ...
+
+    def held(self) -> int: ...
 
     def new_table(self, name: str, config: TableConfig, owner: str | None) -> DynamicTable: ...
 
@@ -81,6 +93,9 @@ class TableRestores:
         #: Restores staged by ``stage``: each table read and checked, and the timer that
         #: drops them if no ``ckpt/commit`` or ``ckpt/abort`` comes (``commit_tables``).
         self.staged: dict[str, tuple[dict[str, _Staged], asyncio.TimerHandle]] = {}
+        #: Bytes of the shards being read into RAM now (each checked against the room left
+        #: with the others counted: restores of several tables arrive together).
+        self.reading = 0
 
     async def restore_table(self, req: RestoreTable) -> RestoreReply:
         config = TableConfig(**msgspec.structs.asdict(req.config))
@@ -93,10 +108,31 @@ class TableRestores:
         deltas = [[(path, prefix) for path, prefix in delta] for delta in req.deltas]
         if self.handlers.tiering is not None and req.merge is None:  # a tiered shard, made anew
             return await self._restore_tiered(req, config, mine, deltas)
-        parts = await self.handlers.checkpoints.read_table_rows(
+        # planned first (the deltas composed, the base's ids read), so that what the rows
+        # need is known, and refused, before any is read; then read into arrays made once
+        plan = await self.handlers.checkpoints.read_table_plan(
             req.paths, mine[0], mine[1], config.dim, np.dtype(config.dtype), deltas
         )
-        ids, rows, slots, slot_init = parts
+        if req.merge is None and req.stage is None and config.capacity is not None:
+            _check_capacity(req.name, plan.rows, config.capacity)
+        wanted = [k for k in plan.slots if req.slots is None or k in req.slots]
+        need = self._check_room(req, plan, len(wanted))
+        self.reading += need  # (held until the rows are staged, in place, or dropped)
+        try:
+            return await self._restore_read(req, config, mine, plan, wanted)
+        finally:
+            self.reading -= need
+
+    async def _restore_read(
+        self,
+        req: RestoreTable,
+        config: TableConfig,
+        mine: tuple[int | list[int], int],
+        plan: TablePlan,
+        wanted: list[str],
+    ) -> RestoreReply:
+        """:meth:`restore_table` of a shard read into RAM, its room checked."""
+        ids, rows, slots, slot_init = await asyncio.to_thread(plan.read_whole, wanted)
         if req.slots is not None:
             slots = {req.slots[k]: v for k, v in slots.items() if k in req.slots}
             slot_init = {req.slots[k]: v for k, v in slot_init.items() if k in req.slots}
@@ -109,29 +145,50 @@ class TableRestores:
                         int(ids.size),
                         config.capacity,
                         lambda _: self._merge_restored(req, config, ids, rows, slots, slot_init),
+                        nbytes=int(ids.nbytes + rows.nbytes + sum(a.nbytes for a in slots.values())),
                     ),
                 )
                 return RestoreReply(staged=int(ids.size), stage=req.stage)
             return self._merge_restored(req, config, ids, rows, slots, slot_init)
-        if req.stage is None and config.capacity is not None and ids.size > config.capacity:
-            raise InvalidArgumentError(
-                f"dyn/restore of {req.name!r}: {ids.size} rows for this shard, more than its "
-                f"capacity of {config.capacity}"
-            )
         table = self.handlers.new_table(req.name, config, req.owner)  # (untiered: a tiered one streams)
-        if self.handlers.max_table_bytes is not None:
-            held = ids.size * config.dim * np.dtype(config.dtype).itemsize * (1 + len(slots))
-            if held > self.handlers.max_table_bytes:
-                raise InvalidArgumentError(
-                    f"dyn/restore of {req.name!r}: {ids.size} rows with {len(slots)} slot(s) are "
-                    f"{held} bytes on this shard, more than this ps's limit of "
-                    f"{self.handlers.max_table_bytes} (pstrain serve --max-variable-bytes)"
-                )
 
         def fill() -> Awaitable[None]:
             return asyncio.to_thread(table.load, ids, rows, slots, slot_init)
 
         return await self._put_restored(req, config, mine, table, int(ids.size), fill)
+
+    def _check_room(self, req: RestoreTable, plan: TablePlan, slots: int) -> int:
+        """InvalidArgumentError if the shard's rows and ``slots`` of their slots are more
+        than a table may hold here (``--max-variable-bytes``), ResourceExhaustedError if
+        reading them would take what this ps holds past ``--max-store-bytes`` (by default
+        80 % of the memory it may use): a restore is refused before it reads a row, where
+        the kernel would kill the ps once it had read them. The shard it replaces, if any,
+        counts until the restored one is in its place: both are held until then, and so are
+        the deltas composed (read first, to know which rows the shard holds) until their rows
+        are copied. Returns the bytes the read holds."""
+        table_bytes = plan.nbytes(slots)
+        limit = self.handlers.max_table_bytes
+        if limit is not None and table_bytes > limit:
+            raise InvalidArgumentError(
+                f"dyn/restore of {req.name!r}: {plan.rows} rows with {slots} slot(s) are "
+                f"{table_bytes} bytes on this shard, more than this ps's limit of {limit} "
+                "(pstrain serve --max-variable-bytes)"
+            )
+        need = table_bytes + plan.overlay_nbytes
+        limit = self.handlers.max_store_bytes
+        held = self.handlers.held()
+        if limit is None:
+            return need
+        if held + need > limit:
+            raise ResourceExhaustedError(
+                f"dyn/restore of {req.name!r}: reading its {plan.rows} rows on this shard, with "
+                f"{slots} slot(s), holds {need} bytes, which would take {self.handlers.task} past its limit "
+                f"of {limit} bytes held ({held} held now: variables, tables and restores "
+                "staged; pstrain serve --max-store-bytes). Restore onto more ps (a table saved "
+                "from any number of ps restores onto any other), or give the ps a "
+                "--memory-budget and a --table-dir (its rows past the budget then live on disk)"
+            )
+        return need
 
     async def _put_restored(
         self,
@@ -181,11 +238,8 @@ class TableRestores:
         if req.slots is not None:
             names = {k: req.slots[k] for k in plan.slots if k in req.slots}
         slot_init = {names[k]: plan.slot_init[k] for k in names}
-        if req.stage is None and config.capacity is not None and plan.rows > config.capacity:
-            raise InvalidArgumentError(
-                f"dyn/restore of {req.name!r}: {plan.rows} rows for this shard, more than its "
-                f"capacity of {config.capacity}"
-            )
+        if req.stage is None and config.capacity is not None:
+            _check_capacity(req.name, plan.rows, config.capacity)
 
         table = self.handlers.new_table(req.name, config, req.owner)
         assert isinstance(table, TieredTable)
@@ -197,6 +251,15 @@ class TableRestores:
             await asyncio.to_thread(fill_from_plan, table, plan, names, slot_init, hot)
 
         return await self._put_restored(req, config, mine, table, plan.rows, fill)
+
+    def staged_bytes(self) -> int:
+        """What the restores staged for ``ckpt/commit`` hold in RAM: a ps counts them with
+        its variables and tables until they are put in place or dropped."""
+        return self.reading + sum(
+            s.table.nbytes if s.table is not None else s.nbytes
+            for tables, _ in self.staged.values()
+            for s in tables.values()
+        )
 
     def _stage(self, stage: str, name: str, staged: _Staged) -> None:
         entry = self.staged.get(stage)
