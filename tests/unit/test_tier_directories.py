@@ -5,11 +5,12 @@ namespace names no process, another one, or the ps itself."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
 from pstrain.errors import InvalidArgumentError
-from pstrain.server.ps.tables.tier_directories import TierDirectory
+from pstrain.server.ps.tables.tier_directories import HIDDEN_LEFT_S, TierDirectory
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -57,3 +58,15 @@ def test_a_table_dir_that_cannot_hold_directories_is_refused_naming_it(tmp_path)
     with pytest.raises(InvalidArgumentError, match="cannot keep its tables' rows there"):
         TierDirectory(str(tmp_path / "file"))
     assert os.listdir(tmp_path) == ["file"]
+
+
+def test_a_directory_left_by_a_ps_killed_before_it_was_in_place_goes_once_a_minute_old(tmp_path):
+    left = tmp_path / ".pstrain-new-0badf00d"  # a ps killed between making and renaming it
+    left.mkdir()
+    making = tmp_path / ".pstrain-new-5ca1ab1e"  # a ps starting now, about to rename its own
+    making.mkdir()
+    old = time.time() - HIDDEN_LEFT_S - 5
+    os.utime(left, (old, old))
+    new = TierDirectory(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == sorted([making.name, os.path.basename(new.path)])
+    new.remove()

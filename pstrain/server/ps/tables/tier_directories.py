@@ -12,7 +12,9 @@ namespaces of their own, where another ps's pid is no process at all (its rows w
 deleted under it) or some other process, or the ps itself (each container's first
 process is pid 1: a killed ps's rows would stay for ever). A directory is made under a
 hidden name, locked, then renamed into place, so no ps ever sees one unlocked while its
-ps lives.
+ps lives. A ps killed before its rename leaves its hidden directory behind (empty): a ps
+starting later removes those that are over a minute old and unlocked (a ps that lives
+renames its own within microseconds).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import re
 import secrets
 import shutil
+import time
 
 from ...._base.errors import InvalidArgumentError
 
@@ -29,6 +32,10 @@ __all__ = ["TierDirectory"]
 
 #: A ps's directory, once in place (the pid is for the people reading the directory).
 _PLACED = re.compile(r"pstrain-[0-9]+-[0-9a-f]+")
+#: A ps's directory before it is in place: the name it is made under.
+_HIDDEN = re.compile(r"\.pstrain-new-[0-9a-f]+")
+#: How old a hidden directory is before a ps starting takes it for a killed ps's.
+HIDDEN_LEFT_S = 60.0
 
 
 class TierDirectory:
@@ -44,7 +51,9 @@ class TierDirectory:
         try:
             os.makedirs(table_dir, exist_ok=True)
             for entry in os.listdir(table_dir):
-                if _PLACED.fullmatch(entry):
+                if _PLACED.fullmatch(entry) or (
+                    _HIDDEN.fullmatch(entry) and _older_than(os.path.join(table_dir, entry), HIDDEN_LEFT_S)
+                ):
                     _remove_if_gone(os.path.join(table_dir, entry))
             os.mkdir(hidden, 0o700)
             self._lock = os.open(hidden, os.O_RDONLY | os.O_DIRECTORY)
@@ -69,6 +78,13 @@ class TierDirectory:
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None
+
+
+def _older_than(path: str, seconds: float) -> bool:
+    try:
+        return os.lstat(path).st_mtime < time.time() - seconds
+    except OSError:  # (gone already)
+        return False
 
 
 def _remove_if_gone(path: str) -> None:
