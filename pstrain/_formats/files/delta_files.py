@@ -20,6 +20,7 @@ any other). Tables: a delta's ``removed`` ids are dropped, then its rows put in
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import json
 import os
 import re
@@ -556,9 +557,11 @@ class TablePlan:
                 out[k][at:end] = p_slots[k]
             at = end
 
+        wanted = copy.copy(self)  # (the slots not wanted are neither read nor made)
+        wanted.slots = names
         for part in self.base:
-            kept = part._replace(slots=tuple(k for k in part.slots if k in out))  # (others unread)
-            for p_ids, p_rows, p_slots in self.base_pieces(kept):
+            kept = part._replace(slots=tuple(k for k in part.slots if k in out))
+            for p_ids, p_rows, p_slots in wanted.base_pieces(kept):
                 put(p_ids, p_rows, p_slots)
         o_ids, o_rows, o_slots, _ = self.overlay
         if o_ids.size:  # (a slot no delta has: its initial value)
