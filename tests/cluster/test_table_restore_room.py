@@ -5,6 +5,7 @@ as it was. A restore that fits reads each array once, at its size."""
 
 from __future__ import annotations
 
+import threading
 import tracemalloc
 
 import numpy as np
@@ -12,6 +13,8 @@ import pytest
 
 import pstrain
 from pstrain.errors import ResourceExhaustedError
+from pstrain.server.ps.checkpoints import saves
+from pstrain.server.ps.tables.table_restores import TableRestores
 from pstrain.testing import InProcessCluster
 from tests.helpers import TOKEN
 
@@ -100,3 +103,55 @@ async def test_tables_restored_together_count_each_other_and_none_is_put_in_plac
                 for got, want in zip(await table.export(), saved[name]):
                     np.testing.assert_array_equal(got, want)
             assert ps.table_handlers.restores.staged_bytes() == 0
+
+
+async def test_a_variable_and_a_table_restored_together_count_each_other(tmp_path, monkeypatch):
+    """A variable's values being read count against the room a table's restore checks (and
+    the other way round): here the variable's read lasts until the table's check is over."""
+    checked = threading.Event()
+    check_room, read_rows = TableRestores._check_room, saves.read_rows
+
+    def check_then_tell(self, *args):
+        try:
+            return check_room(self, *args)
+        finally:
+            checked.set()
+
+    def read_once_checked(*args):
+        assert checked.wait(30), "the table's restore never checked its room"
+        return read_rows(*args)
+
+    monkeypatch.setattr(TableRestores, "_check_room", check_then_tell)
+    monkeypatch.setattr(saves, "read_rows", read_once_checked)
+    value = np.arange(IDS.size * DIM, dtype=np.float32).reshape(IDS.size, DIM)  # NEED / 2 bytes
+    async with InProcessCluster(
+        num_ps=1, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(tmp_path)}
+    ) as cluster:
+        with pstrain.ParameterServerStrategy(cluster.resolver).scope():
+            table = pstrain.DynamicEmbedding(DIM, name="emb")
+            dense = pstrain.Variable(value, name="dense")
+            opt = pstrain.optimizers.Adagrad(0.1)
+        await table.lookup(IDS)
+        await opt.apply_gradients([(pstrain.IndexedSlices(np.ones((IDS.size, DIM), np.float32), IDS), table)])
+        path = await pstrain.Checkpoint(emb=table, dense=dense, optimizer=opt).save(str(tmp_path / "c"))
+    for fits in (False, True):
+        checked.clear()
+        async with _fresh(tmp_path) as cluster:
+            with pstrain.ParameterServerStrategy(cluster.resolver).scope():
+                table = pstrain.DynamicEmbedding(DIM, name="emb")
+                dense = pstrain.Variable(np.zeros_like(value), name="dense")
+                opt = pstrain.optimizers.Adagrad(0.1)
+            await dense.read_value()  # (made on the ps)
+            ps = cluster.ps[0]
+            _room(ps, 2 * NEED if fits else NEED + NEED // 4)  # both, or either alone
+            ps.checkpoints.max_store_bytes = ps.table_handlers.max_store_bytes
+            checkpoint = pstrain.Checkpoint(emb=table, dense=dense, optimizer=opt)
+            if not fits:
+                with pytest.raises(pstrain.errors.PstrainError, match="--max-store-bytes"):
+                    await checkpoint.restore(path)
+                assert (await table.statistics())["rows"] == 0
+                np.testing.assert_array_equal(await dense.numpy(), 0)
+                continue
+            await checkpoint.restore(path)
+            assert (await table.statistics())["rows"] == IDS.size
+            np.testing.assert_array_equal(await dense.numpy(), value)
