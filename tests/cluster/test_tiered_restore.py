@@ -312,3 +312,48 @@ async def test_a_save_with_links_restores_onto_another_number_of_tiered_ps(tmp_p
         # and saved from there (its links' rows of other shards copied, not linked): the same
         again = await pstrain.Checkpoint(model={"emb": table}, optimizer=opt).save(str(tmp_path / "3"))
         _same(load_variables(again), want)
+
+
+async def test_tables_restored_together_onto_a_tiered_ps_stay_within_its_budget_and_train(tmp_path):
+    """Three tables restored at once (one restore, all or nothing) onto a ps with a budget:
+    each shard's rows in RAM are reckoned with the others' (the first takes the hot share's
+    room, the others their hot set's floor), so the ps holds no more than its budget; every
+    row is as saved, and each table takes a request of many rows at once after it."""
+    names = ("a", "b", "c")
+    ids = np.arange(30_000, dtype=np.int64) * 7
+    async with InProcessCluster(
+        num_ps=1, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": str(tmp_path)}
+    ) as cluster:
+        with pstrain.ParameterServerStrategy(cluster.resolver).scope():
+            tables = {n: pstrain.DynamicEmbedding(16, name=n) for n in names}
+            opt = pstrain.optimizers.Adagrad(0.1)
+        for table in tables.values():
+            await table.lookup(ids)
+            grad = pstrain.IndexedSlices(np.ones((ids.size, 16), np.float32), ids)
+            await opt.apply_gradients([(grad, table)])
+        path = await pstrain.Checkpoint(model=tables, optimizer=opt).save(str(tmp_path / "c"))
+        saved = {n: await t.export() for n, t in tables.items()}
+    options = {
+        "memory_budget": 12 << 20,  # each table's 30,000 rows: 5.4 MB in RAM with their index
+        "table_dir": str(tmp_path / "tier"),
+        "checkpoint_root": str(tmp_path),
+    }
+    async with InProcessCluster(num_ps=1, num_workers=1, token=TOKEN, ps_options=options) as cluster:
+        with pstrain.ParameterServerStrategy(cluster.resolver).scope():
+            tables = {n: pstrain.DynamicEmbedding(16, name=n) for n in names}
+            opt = pstrain.optimizers.Adagrad(0.1)
+        await pstrain.Checkpoint(model=tables, optimizer=opt).restore(path)
+        ps = cluster.ps[0]
+        assert ps.table_handlers.held() <= ps.store.budget.limit
+        stats = [await t.statistics() for t in tables.values()]
+        assert all(s["hot_rows"] > 1000 and s["cold_rows"] > 0 for s in stats), stats
+        for name, table in tables.items():
+            got = await table.export()
+            order = np.argsort(got[0])
+            np.testing.assert_array_equal(got[0][order], np.sort(saved[name][0]))
+            np.testing.assert_array_equal(got[1][order], saved[name][1][np.argsort(saved[name][0])])
+        for table in tables.values():  # 2,000 rows at once, most of them read back from disk
+            await opt.apply_gradients(
+                [(pstrain.IndexedSlices(np.ones((2000, 16), np.float32), ids[-2000:]), table)]
+            )
+        assert ps.table_handlers.held() <= ps.store.budget.limit

@@ -243,14 +243,23 @@ class TableRestores:
 
         table = self.handlers.new_table(req.name, config, req.owner)
         assert isinstance(table, TieredTable)
+        reserved = 0
 
         async def fill() -> None:  # (budgeted as if the shard it replaces were gone)
+            nonlocal reserved
             hot = table.rows_in_ram_for(
                 plan.rows, len(slot_init), replacing=self.handlers.tables.get(req.name)
             )
+            # held from now (on the loop, at once) until the shard is staged or in place: the
+            # next shard's restore, which may be under way beside this one, counts it
+            reserved = table.ram_for(plan.rows, len(slot_init), hot)
+            self.reading += reserved
             await asyncio.to_thread(fill_from_plan, table, plan, names, slot_init, hot)
 
-        return await self._put_restored(req, config, mine, table, plan.rows, fill)
+        try:
+            return await self._put_restored(req, config, mine, table, plan.rows, fill)
+        finally:
+            self.reading -= reserved
 
     def staged_bytes(self) -> int:
         """What the restores staged for ``ckpt/commit`` hold in RAM: a ps counts them with

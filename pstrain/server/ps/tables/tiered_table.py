@@ -859,8 +859,12 @@ class TieredTable(TieredSlices, DynamicTable):
         gone_hot = (replacing.nbytes - gone_cold) if replacing is not None else 0
         # (of this shard, the arrays and index a load replaces; its admission's stay)
         others_hot = self.held_hot() - gone_hot - self.alloc * self.allocated_row_bytes() - self.index.nbytes
-        per = self.config.dim * self.dtype.itemsize * (1 + slots) + HOT_ROW_EXTRA
-        hot = min(n, max(1, (int(self.budget * HOT_SHARE) - others_hot) // per))
+        per = self._loaded_row_bytes(slots)
+        # the hot share's room, and at least the hot set's floor (as training keeps it: the
+        # first of several shards restored together takes the share's room, the others
+        # their floor, then the whole budget decides)
+        floor = min(n, max(1, int(self.budget * HOT_FLOOR) // max(per, self.hot_row_bytes())))
+        hot = min(n, max(1, floor, (int(self.budget * HOT_SHARE) - others_hot) // per))
         other_cold = self.cold_index() - self.cold.nbytes - gone_cold
 
         def fits(hot: int) -> bool:  # the whole budget, the disk's index past its half
@@ -875,8 +879,9 @@ class TieredTable(TieredSlices, DynamicTable):
             # the index of the rows on disk needs more than its half: it takes it from the
             # hot set, as in training (shrink_for_cold), down to the hot set's floor (as
             # training reckons it, rows budgeted for ``SLOTS`` slots: what it may have left)
-            floor = min(hot, max(1, int(self.budget * HOT_FLOOR) // max(per, self.hot_row_bytes())))
-            hot = _largest(floor, hot, fits) or floor  # (the floor, refused below, if none)
+            hot = _largest(floor, hot, fits) or floor
+        if not fits(hot):  # fewer in RAM, down to one, before a refusal
+            hot = _largest(1, hot, fits) or hot
         if not fits(hot):
             self.refused += 1
             raise ResourceExhaustedError(
@@ -885,6 +890,16 @@ class TieredTable(TieredSlices, DynamicTable):
                 "--memory-budget): raise the budget or shard over more ps"
             )
         return hot
+
+    def ram_for(self, n: int, slots: int, hot: int) -> int:
+        """The bytes ``n`` rows with ``slots`` optimizer slots take in RAM once loaded with
+        ``hot`` of them there (:meth:`rows_in_ram_for`) and the rest indexed on disk: what a
+        restore holds for its shard, counted with the ps's tables until it is in place
+        (shards restored together must each see the others')."""
+        return hot * self._loaded_row_bytes(slots) + self.cold.nbytes_with(n - hot, tight=True)
+
+    def _loaded_row_bytes(self, slots: int) -> int:
+        return self.config.dim * self.dtype.itemsize * (1 + slots) + HOT_ROW_EXTRA
 
     def fill_pieces(
         self,
