@@ -11,6 +11,7 @@ import gc
 import os
 import socket
 import threading
+import tracemalloc
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -685,6 +686,75 @@ async def test_a_lost_ps_holding_table_slices_is_replaced_from_base_and_deltas(t
                     continue  # on the lost ps after the delta
                 expected[i] = expected.get(i, np.zeros(DIM, np.float32)) - g
         _same_rows(*await table.export(), expected)
+
+
+LOST_BUDGET = 6 << 20
+
+
+@contextlib.asynccontextmanager
+async def _tiered_share_lost(tmp_path) -> AsyncIterator[tuple[Any, Any, Any, Any, Any]]:
+    """3 ps with a 6 MiB budget each, a table of 90,000 rows of 64 floats with Adagrad
+    saved by a manager, and ps 1 stopped (lost) holding about 30,000 of them (15 MB):
+    ``(cluster, coordinator, table, manager, saved)``."""
+    ids = np.arange(90_000, dtype=np.int64) * 7
+    tier = str(tmp_path / "tier")
+    async with _job(3, extra=False, root=str(tmp_path), tier=tier, budget=LOST_BUDGET, segment_rows=4096) as (
+        cluster,
+        _,
+        strategy,
+        coordinator,
+    ):
+        async with strategy.scope():
+            table = pstrain.DynamicEmbedding(64, name="t")
+            opt = pstrain.optimizers.Adagrad(0.1)
+        manager = pstrain.CheckpointManager(
+            pstrain.Checkpoint(model={"t": table}, optimizer=opt), str(tmp_path / "ck"), max_to_keep=None
+        )
+        for lo in range(0, ids.size, 5_000):
+            part = ids[lo : lo + 5_000]
+            await table.lookup(part)
+            grad = np.sin(part[:, None] + np.arange(64)).astype(np.float32)
+            await opt.apply_gradients([(pstrain.IndexedSlices(grad, part), table)])
+        await manager.save()
+        saved = await table.export()
+        lost = cluster.ps[1].tables[table.key].statistics()["rows"]
+        assert lost * 64 * 4 * 2 > 2 * LOST_BUDGET
+        await cluster.ps[1].stop()
+        yield cluster, coordinator, table, manager, saved
+        await manager.close()
+
+
+async def test_a_lost_tiered_ps_share_larger_than_the_others_budgets_goes_to_their_disks_as_read(tmp_path):
+    """The other ps read a lost ps's share from the checkpoint a piece at a time straight to
+    their disks, holding a fraction of their budgets in RAM meanwhile (in RAM first, it
+    took 34 MB across the two), and every row comes back as saved."""
+    async with _tiered_share_lost(tmp_path) as (cluster, coordinator, table, manager, saved):
+        tracemalloc.start()
+        try:
+            await coordinator.replace_ps(1, manager)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < LOST_BUDGET, peak  # (both ps, and the coordinator, together)
+        got = await table.export()
+        order, want = np.argsort(got[0]), np.argsort(saved[0])
+        np.testing.assert_array_equal(got[0][order], saved[0][want])
+        np.testing.assert_array_equal(got[1][order], saved[1][want])
+        for ps in (cluster.ps[0], cluster.ps[2]):
+            assert ps.table_handlers.held() <= ps.store.budget.limit
+
+
+async def test_a_lost_tiered_ps_share_refused_by_one_ps_leaves_nothing_on_the_other(tmp_path):
+    """The replacement refused on ps 2: what ps 0 wrote to its disk for its part dies when
+    the replacement is aborted, its own rows as they were."""
+    async with _tiered_share_lost(tmp_path) as (cluster, coordinator, table, manager, _):
+        shard = cluster.ps[0].tables[table.key]
+        rows = shard.statistics()["rows"]
+        cluster.ps[2].table_handlers.max_store_bytes = 1
+        with pytest.raises(pstrain.errors.ResourceExhaustedError, match="--max-store-bytes"):
+            await coordinator.replace_ps(1, manager)
+        assert cluster.ps[0].tables[table.key] is shard
+        assert shard.statistics()["rows"] == rows and shard.cold.pending == 0
 
 
 async def test_a_move_whose_switch_is_made_is_done_though_a_ps_cannot_be_told_of_it():

@@ -111,9 +111,9 @@ async def test_a_variable_and_a_table_restored_together_count_each_other(tmp_pat
     checked = threading.Event()
     check_room, read_rows = TableRestores._check_room, saves.read_rows
 
-    def check_then_tell(self, *args):
+    def check_then_tell(self, *args, **kwargs):
         try:
-            return check_room(self, *args)
+            return check_room(self, *args, **kwargs)
         finally:
             checked.set()
 

@@ -499,7 +499,7 @@ class TablePlan:
 
     def pieces(
         self, piece_bytes: int = 4 << 20
-    ) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
+    ) -> Generator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]], None, None]:
         """``(ids, rows, slots)`` of every row: the deltas' first, the last changed first
         (the rows training changed last, which a tiered table keeps in RAM as far as its
         budget lets it: it takes the first rows for RAM), then the base's kept rows, about
@@ -535,13 +535,22 @@ class TablePlan:
         ids, rows, slots, _ = self.overlay
         return int(ids.nbytes + rows.nbytes + sum(a.nbytes for a in slots.values()))
 
+    def with_slots(self, slots: Iterable[str]) -> TablePlan:
+        """This plan with ``slots`` of its slots only: the others are neither read nor made."""
+        names = set(slots)
+        out = copy.copy(self)
+        out.slots = [k for k in self.slots if k in names]
+        out.base = [part._replace(slots=tuple(k for k in part.slots if k in names)) for part in self.base]
+        return out
+
     def read_whole(self, slots: Iterable[str] | None = None) -> TableState:
         """Every row in RAM, in :func:`read_table_state`'s order (the base's kept rows file
         by file, then the deltas' in order) with ``slots`` of the slots (all by default):
         each array made once at its size and filled a piece at a time, so that the shard is
         never held twice (read, then composed) and the caller knows before any row is read
         how much it holds (:meth:`nbytes`)."""
-        names = self.slots if slots is None else [k for k in self.slots if k in set(slots)]
+        plan = self if slots is None else self.with_slots(slots)
+        names = plan.slots
         n, shape = self.rows, (self.rows, self.dim)
         ids = np.empty(n, np.int64)
         rows = np.empty(shape, self.dtype)
@@ -557,11 +566,8 @@ class TablePlan:
                 out[k][at:end] = p_slots[k]
             at = end
 
-        wanted = copy.copy(self)  # (the slots not wanted are neither read nor made)
-        wanted.slots = names
-        for part in self.base:
-            kept = part._replace(slots=tuple(k for k in part.slots if k in out))
-            for p_ids, p_rows, p_slots in wanted.base_pieces(kept):
+        for part in plan.base:
+            for p_ids, p_rows, p_slots in plan.base_pieces(part):
                 put(p_ids, p_rows, p_slots)
         o_ids, o_rows, o_slots, _ = self.overlay
         if o_ids.size:  # (a slot no delta has: its initial value)

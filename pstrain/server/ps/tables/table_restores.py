@@ -27,6 +27,7 @@ from ...._formats.messages.placement_map import TableCopy, TablePatch
 from ...._formats.messages.records import RestoreReply
 from ..checkpoints.feed import TableFeed
 from ..checkpoints.saves import MAX_STAGED, STAGE_TTL_S, CheckpointFiles
+from .cold_records import META, pack_records, record_dtype
 from .dynamic_table import DynamicTable, TableConfig
 from .table_slices import SliceGuards
 from .tiered_restore import fill_from_plan
@@ -45,6 +46,7 @@ class _Staged:
     install: Callable[[int | None], object]
     table: DynamicTable | None = None  # the table made for it (a tiered one's disk goes if dropped)
     nbytes: int = 0  # what a merge staged holds (a table staged: its own ``nbytes``)
+    drop: Callable[[], None] | None = None  # what a merge written to disk undoes if dropped
 
 
 def _check_capacity(name: str, rows: int, capacity: int) -> None:
@@ -52,6 +54,14 @@ def _check_capacity(name: str, rows: int, capacity: int) -> None:
         raise InvalidArgumentError(
             f"dyn/restore of {name!r}: {rows} rows for this shard, more than its capacity of {capacity}"
         )
+
+
+def _dropped(staged: _Staged, keep: DynamicTable | None = None) -> None:
+    """A staged restore dropped (aborted, timed out or staged again): what it wrote goes."""
+    if staged.drop is not None:
+        staged.drop()
+    elif staged.table is not keep:
+        discard(staged.table)
 
 
 def discard(table: DynamicTable | None) -> None:
@@ -116,7 +126,8 @@ class TableRestores:
         if req.merge is None and req.stage is None and config.capacity is not None:
             _check_capacity(req.name, plan.rows, config.capacity)
         wanted = [k for k in plan.slots if req.slots is None or k in req.slots]
-        need = self._check_room(req, plan, len(wanted))
+        to_disk = req.merge is not None and self.handlers.tiering is not None
+        need = self._check_room(req, plan, len(wanted), in_ram=not to_disk)
         self.reading += need  # (held until the rows are staged, in place, or dropped)
         try:
             return await self._restore_read(req, config, mine, plan, wanted)
@@ -131,7 +142,10 @@ class TableRestores:
         plan: TablePlan,
         wanted: list[str],
     ) -> RestoreReply:
-        """:meth:`restore_table` of a shard read into RAM, its room checked."""
+        """:meth:`restore_table` of a shard read into RAM (or, merged into a tiered one,
+        written to its disk), its room checked."""
+        if req.merge is not None and self.handlers.tiering is not None:
+            return await self._merge_to_disk(req, config, plan, wanted)
         ids, rows, slots, slot_init = await asyncio.to_thread(plan.read_whole, wanted)
         if req.slots is not None:
             slots = {req.slots[k]: v for k, v in slots.items() if k in req.slots}
@@ -157,7 +171,77 @@ class TableRestores:
 
         return await self._put_restored(req, config, mine, table, int(ids.size), fill)
 
-    def _check_room(self, req: RestoreTable, plan: TablePlan, slots: int) -> int:
+    async def _merge_to_disk(
+        self, req: RestoreTable, config: TableConfig, plan: TablePlan, wanted: list[str]
+    ) -> RestoreReply:
+        """A lost ps's slices merged into a tiered shard here (a replacement): their rows
+        written to the shard's disk a piece at a time as they are read, as a move's rows are
+        pulled, and indexed when the merge is put in place (``ckpt/commit``). A lost ps's
+        share of a table may be far more than this ps's budget: RAM holds their ids and
+        places meanwhile, 16 bytes a row, and a piece being written."""
+        existing = self.handlers.tables.get(req.name)
+        table = existing or self.handlers.new_table(req.name, config, req.owner)
+        assert isinstance(table, TieredTable)
+        table.room_on_disk(plan.rows)  # (refused before a row is written, if it has none)
+        named = {k: req.slots[k] if req.slots is not None else k for k in wanted}
+        slots = sorted(named.values())  # (a record's slots, in order)
+        saved_as = {v: k for k, v in named.items()}
+        record = record_dtype(config.dim, table.dtype, len(slots))
+        sink = table.pull_sink(req.name)
+        assert self.handlers.tiering is not None
+        piece = self.handlers.tiering.save_bytes  # (a save's staging: a share of the budget)
+
+        def drop() -> None:  # (aborted: the rows written die; a shard made for it goes)
+            sink.forget()
+            if existing is None:
+                discard(table)
+
+        # each piece read on a thread, written on the loop: the shard's disk is the loop's,
+        # which moves its rows there meanwhile (as a move's pulled blocks are written)
+        pieces = plan.with_slots(wanted).pieces(piece)
+        try:
+            while (got := await asyncio.to_thread(next, pieces, None)) is not None:
+                ids, rows, by_name = got
+                by_slot = [by_name[saved_as[k]] for k in slots]
+                sink.put(pack_records(record, ids, np.zeros(ids.size, META), rows, by_slot), slots)
+        except BaseException:
+            drop()
+            raise
+        finally:
+            pieces.close()
+        live = np.concatenate([np.empty(0, np.int64), *(ids for ids, _ in sink.blocks)])
+        copy = TableCopy(
+            name=req.name,
+            config=req.config,
+            ids=np.empty(0, np.int64),
+            rows=np.empty((0, config.dim), table.dtype),
+            slot_init={named[k]: v for k, v in plan.slot_init.items() if k in named},
+        )
+        patch = TablePatch(
+            name=req.name,
+            live=live,
+            ages=np.zeros(live.size, np.int64),
+            freq=np.zeros(live.size, np.int64),
+            ids=np.empty(0, np.int64),
+            rows=np.empty((0, config.dim), table.dtype),
+        )
+
+        def install(_: int | None) -> None:
+            try:  # (the budget may have no room left for their index now: refused, they die)
+                table.checked_merge(copy, patch, pulled=sink)()
+            except BaseException:
+                drop()
+                raise
+            self._merged(req, config, table)
+
+        if req.stage is not None:
+            staged = _Staged(int(live.size), config.capacity, install, nbytes=sink.nbytes, drop=drop)
+            self._stage(req.stage, req.name, staged)
+            return RestoreReply(staged=int(live.size), stage=req.stage)
+        install(None)
+        return RestoreReply(restored=int(live.size))
+
+    def _check_room(self, req: RestoreTable, plan: TablePlan, slots: int, in_ram: bool = True) -> int:
         """InvalidArgumentError if the shard's rows and ``slots`` of their slots are more
         than a table may hold here (``--max-variable-bytes``), ResourceExhaustedError if
         reading them would take what this ps holds past ``--max-store-bytes`` (by default
@@ -165,10 +249,11 @@ class TableRestores:
         the kernel would kill the ps once it had read them. The shard it replaces, if any,
         counts until the restored one is in its place: both are held until then, and so are
         the deltas composed (read first, to know which rows the shard holds) until their rows
-        are copied. Returns the bytes the read holds."""
-        table_bytes = plan.nbytes(slots)
+        are copied. Returns the bytes the read holds. ``in_ram=False``: the rows go to disk
+        as they are read (a tiered shard's merge), RAM holding 16 bytes a row for them."""
+        table_bytes = plan.nbytes(slots) if in_ram else 16 * plan.rows
         limit = self.handlers.max_table_bytes
-        if limit is not None and table_bytes > limit:
+        if in_ram and limit is not None and table_bytes > limit:
             raise InvalidArgumentError(
                 f"dyn/restore of {req.name!r}: {plan.rows} rows with {slots} slot(s) are "
                 f"{table_bytes} bytes on this shard, more than this ps's limit of {limit} "
@@ -282,8 +367,8 @@ class TableRestores:
             entry = self.staged[stage] = ({}, timer)
         before = entry[0].get(name)
         entry[0][name] = staged
-        if before is not None and before.table is not staged.table:
-            discard(before.table)
+        if before is not None:
+            _dropped(before, keep=staged.table)
 
     def commit_tables(self, stage: str, capacities: dict[str, int | None]) -> Callable[[], int]:
         """Check that the tables staged as ``stage`` fit ``capacities`` (each table's share
@@ -315,7 +400,7 @@ class TableRestores:
         if entry is not None and entry[1] is not None:
             entry[1].cancel()
         for staged in entry[0].values() if entry is not None else ():
-            discard(staged.table)
+            _dropped(staged)
         return entry is not None
 
     def _install(self, table: DynamicTable, req: RestoreTable, mine: tuple[int | list[int], int]) -> None:
@@ -357,10 +442,15 @@ class TableRestores:
                 rows=np.empty((0, config.dim), table.dtype),
             ),
         )
+        self._merged(req, config, table)
+        return RestoreReply(restored=int(ids.size))
+
+    def _merged(self, req: RestoreTable, config: TableConfig, table: DynamicTable) -> None:
+        """``table``, a lost ps's slices merged into it, serves ``req.merge`` from now on."""
+        assert req.merge is not None
         table.with_capacity(config.capacity)
         self.handlers.put(req.name, table)
         self.handlers.guards.set(req.name, req.merge)
         self.handlers.feed.moved(
             req.name, req.merge.owned, req.merge.slices, self.handlers.checkpoints.store.clock.epoch
         )
-        return RestoreReply(restored=int(ids.size))

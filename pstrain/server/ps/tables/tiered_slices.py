@@ -103,14 +103,7 @@ class TieredSlices(SlicedRows):
         # each record's place in ``live``: -1 (it dies) if its row is not there, or changed since
         at = self._matched(live, blocks, hot_ids, changed_ids)
         del blocks
-        if not self._cold_fits(n):  # the hot set gives RAM for their index, if it can
-            self.shrink_for_cold(n, in_ram=0)
-        if not self._cold_fits(n):
-            self.refused += 1
-            raise ResourceExhaustedError(
-                f"dynamic table {self.name!r}: {n} more rows on disk would take their index past "
-                f"this ps's budget of {self.ps_budget} bytes (pstrain serve --memory-budget)"
-            )
+        self.room_on_disk(n)
         epoch = self.clock.epoch  # (in the next delta, as an untiered table's merge)
         last_seen = self.lookups - ages
         # the records of live rows the patch did not change go as they came (pulled: they
@@ -160,6 +153,18 @@ class TieredSlices(SlicedRows):
             return n
 
         return put
+
+    def room_on_disk(self, n: int) -> None:
+        """Make room in the budget for the index of ``n`` more rows on disk (the hot set
+        gives RAM for it, if it can), or ResourceExhaustedError, counted."""
+        if not self._cold_fits(n):
+            self.shrink_for_cold(n, in_ram=0)
+        if not self._cold_fits(n):
+            self.refused += 1
+            raise ResourceExhaustedError(
+                f"dynamic table {self.name!r}: {n} more rows on disk would take their index past "
+                f"this ps's budget of {self.ps_budget} bytes (pstrain serve --memory-budget)"
+            )
 
     def _matched(
         self, live: np.ndarray, blocks: list[np.ndarray], hot_ids: np.ndarray, changed_ids: np.ndarray
