@@ -136,6 +136,40 @@ async def test_a_ps_in_a_cgroup_refuses_to_grow_its_tables_past_its_limit_instea
     assert (await tables[0].statistics())["rows"] >= grown
 
 
+async def test_a_ps_in_a_cgroup_refuses_a_restore_past_its_limit_before_reading_it(
+    memory_cgroup,
+    drill,  # (the drill's processes stop before the cgroup goes)
+    tmp_path,
+):
+    # A table saved from a ps with room for it (300,000 rows of 64 floats with Adagrad:
+    # 154 MB), restored onto a ps in a cgroup of 256 MiB: read whole and composed, it took
+    # twice that, and the kernel killed the ps. The ps refuses it before it reads its rows,
+    # and serves on.
+    root = str(tmp_path)
+    roomy = await asyncio.to_thread(drill.serve, "--role", "ps", "--port", "0", "--checkpoint-root", root)
+    with strategy_for(roomy).scope():
+        table = pstrain.DynamicEmbedding(64, name="t")
+        opt = pstrain.optimizers.Adagrad(0.1)
+    for lo in range(0, 300_000, 50_000):
+        ids = np.arange(lo, lo + 50_000)
+        rows = await table.lookup(ids)
+        await opt.apply_gradients([(pstrain.IndexedSlices(np.ones_like(rows), ids), table)])
+    path = await pstrain.Checkpoint(model={"t": table}, optimizer=opt).save(os.path.join(root, "c"))
+    await asyncio.to_thread(roomy.stop)
+    ps = await asyncio.to_thread(
+        drill.serve, "--role", "ps", "--port", "0", "--checkpoint-root", root, wrapper=_in(memory_cgroup)
+    )
+    with strategy_for(ps).scope():
+        table = pstrain.DynamicEmbedding(64, name="t")
+        opt = pstrain.optimizers.Adagrad(0.1)
+    kept = await table.lookup(np.arange(10), training=True)
+    with pytest.raises(pstrain.errors.ResourceExhaustedError, match="300000 rows.*--max-store-bytes"):
+        await pstrain.Checkpoint(model={"t": table}, optimizer=opt).restore(path)
+    assert ps.proc.poll() is None, ps.stderr()  # refused, not killed
+    assert rss(ps.proc.pid) < LIMIT // 2
+    np.testing.assert_array_equal(await table.lookup(np.arange(10), training=False), kept)
+
+
 #: What a worker alone on its host (its ps on others) sets its thread pools to, printed.
 SIZED = """
 import os, sys
