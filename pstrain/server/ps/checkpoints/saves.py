@@ -40,7 +40,7 @@ import numpy as np
 from ...._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 from ...._formats.files import direct_writes
 from ...._formats.files.checkpoint_files import unwritten
-from ...._formats.files.delta_files import TablePlan, TableState, read_table_plan, read_table_state
+from ...._formats.files.delta_files import TablePlan, read_table_plan
 from ...._formats.files.tensor_files import SAFETENSORS_DTYPES, read_rows, whole, write_streaming
 from ...._formats.messages.checkpoint_operations import RestoreCheckpoint, RestoreSpec, SaveCheckpoint
 from ...._formats.messages.records import RestoreReply
@@ -261,26 +261,6 @@ class CheckpointFiles:
         spread over about ``write_s`` seconds if > 0 (up to ``ahead`` bytes gathered first)."""
         return await self.write(self.take(path, tensors), "delta", write_s, ahead)
 
-    async def read_table_rows(
-        self,
-        paths: list[str],
-        shard: Shard,
-        num_shards: int,
-        dim: int,
-        dtype: np.dtype,
-        deltas: list[list[tuple[str, str]]] | None = None,
-    ) -> TableState:
-        """The ids, rows and slots of a saved dynamic table that shard ``shard`` of
-        ``num_shards`` holds, gathered from every file of the save (the table may have been
-        saved from another number of ps), then each delta of ``deltas`` (its ``(file,
-        prefix)`` pairs) applied in order: its removed ids dropped, its rows put in."""
-        real, real_deltas = self._table_files(paths, deltas)
-
-        def read() -> TableState:
-            return read_table_state(real, real_deltas, shard, num_shards, dim, dtype)
-
-        return await asyncio.to_thread(read)
-
     def _table_files(
         self, paths: list[str], deltas: list[list[tuple[str, str]]] | None
     ) -> tuple[list[str], list[list[tuple[str, str]]]]:
@@ -302,8 +282,10 @@ class CheckpointFiles:
         dtype: np.dtype,
         deltas: list[list[tuple[str, str]]] | None = None,
     ) -> TablePlan:
-        """As :meth:`read_table_rows`, but the base's rows are planned, not read
-        (``delta_files.read_table_plan``: a tiered shard reads them as it writes them)."""
+        """The rows of a saved dynamic table that shard ``shard`` of ``num_shards`` holds,
+        planned, not read (``delta_files.read_table_plan``: the base's ids, each delta of
+        ``deltas`` composed; a restore then reads the rows it has room for, into RAM or to
+        a tiered shard's disk, a piece at a time)."""
         real, real_deltas = self._table_files(paths, deltas)
         return await asyncio.to_thread(read_table_plan, real, real_deltas, shard, num_shards, dim, dtype)
 

@@ -130,6 +130,8 @@ class TableRestores:
         need = self._check_room(req, plan, len(wanted), in_ram=not to_disk)
         self.reading += need  # (held until the rows are staged, in place, or dropped)
         try:
+            if to_disk:
+                return await self._merge_to_disk(req, config, plan, wanted)
             return await self._restore_read(req, config, mine, plan, wanted)
         finally:
             self.reading -= need
@@ -142,10 +144,7 @@ class TableRestores:
         plan: TablePlan,
         wanted: list[str],
     ) -> RestoreReply:
-        """:meth:`restore_table` of a shard read into RAM (or, merged into a tiered one,
-        written to its disk), its room checked."""
-        if req.merge is not None and self.handlers.tiering is not None:
-            return await self._merge_to_disk(req, config, plan, wanted)
+        """:meth:`restore_table` of a shard read into RAM, its room checked."""
         ids, rows, slots, slot_init = await asyncio.to_thread(plan.read_whole, wanted)
         if req.slots is not None:
             slots = {req.slots[k]: v for k, v in slots.items() if k in req.slots}
