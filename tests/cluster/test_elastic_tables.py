@@ -27,7 +27,12 @@ from pstrain._base.tags import set_dispatch
 from pstrain._coordinator.elastic import moves as ps_moves
 from pstrain._formats.messages.placement_map import EndMove, InstallVariables, SliceSet, TableCopy, TablePatch
 from pstrain._formats.numerics.idhash import shard_of
-from pstrain.errors import FailedPreconditionError, InvalidArgumentError, PlacementChangedError
+from pstrain.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    PlacementChangedError,
+    ResourceExhaustedError,
+)
 from pstrain.rpc import Channel
 from pstrain.server import ParameterServer
 from pstrain.server.ps.moves import handlers as moves
@@ -969,7 +974,7 @@ async def test_a_move_whose_coordinator_stops_after_staging_is_ended_when_its_ti
         assert table.key in extra.tables and len(source.moves.outgoing) == 2
         # the staged copies count against the new ps's --max-store-bytes while they are held
         monkeypatch.setattr(extra.moves, "max_store_bytes", extra.moves.staged_bytes() + 4096 * 4)
-        with pytest.raises(FailedPreconditionError, match="max-store-bytes"):
+        with pytest.raises(ResourceExhaustedError, match="max-store-bytes"):
             await coordinator.ps.move(["w"], 2)
         await wait_for(
             lambda: (
@@ -1222,7 +1227,7 @@ async def test_table_slices_a_new_ps_cannot_hold_are_refused_and_stay_where_they
         await coordinator.ps.admit_ps(extra.address)
         monkeypatch.setattr(extra.moves, "max_store_bytes", extra.store.held() + 64)
         slices = coordinator.ps.table_slices(table).held_by(0)
-        with pytest.raises(FailedPreconditionError, match="max-store-bytes"):
+        with pytest.raises(ResourceExhaustedError, match="max-store-bytes"):
             await coordinator.ps.move_slices({table.key: slices}, 0, 2)
         assert not extra.moves.incoming_tables and table.key not in extra.tables
         assert coordinator.ps.table_slices(table).held_by(0) == slices

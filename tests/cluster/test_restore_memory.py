@@ -74,7 +74,7 @@ async def test_initial_values_given_back_during_a_failed_restore_come_back_bit_f
         cluster.ps[1].checkpoints.max_store_bytes = 1
         records = _records(cluster, table)
         held = records[0].array
-        with pytest.raises(pstrain.errors.PstrainError):
+        with pytest.raises(pstrain.errors.ResourceExhaustedError, match="--max-store-bytes"):
             await pstrain.Checkpoint(table=table).restore(path)
         # ps 0 gave its initial values back while it staged, and made them again (off its
         # serving loop) when the restore was aborted: a new array, the same values

@@ -147,7 +147,7 @@ async def test_a_variable_and_a_table_restored_together_count_each_other(tmp_pat
             ps.checkpoints.max_store_bytes = ps.table_handlers.max_store_bytes
             checkpoint = pstrain.Checkpoint(emb=table, dense=dense, optimizer=opt)
             if not fits:
-                with pytest.raises(pstrain.errors.PstrainError, match="--max-store-bytes"):
+                with pytest.raises(pstrain.errors.ResourceExhaustedError, match="--max-store-bytes"):
                     await checkpoint.restore(path)
                 assert (await table.statistics())["rows"] == 0
                 np.testing.assert_array_equal(await dense.numpy(), 0)

@@ -88,7 +88,7 @@ async def test_a_ps_in_a_cgroup_refuses_what_is_past_its_limit_instead_of_being_
     normal = pstrain.initializers.RandomNormal(seed=1)
     async with strategy.scope():  # 64 MiB, drawn on the ps: it holds them
         small = pstrain.Variable(normal, shape=(16 * MiB,), dtype=np.float32, name="small")
-    with pytest.raises(pstrain.errors.InvalidArgumentError, match="--max-store-bytes"):
+    with pytest.raises(pstrain.errors.ResourceExhaustedError, match="--max-store-bytes"):
         async with strategy.scope():  # 320 MiB: past the cgroup's 256, and 80 % of them
             pstrain.Variable(normal, shape=(80 * MiB,), dtype=np.float32, name="big")
     assert ps.proc.poll() is None, ps.stderr()  # refused, not killed

@@ -19,7 +19,7 @@ from pstrain._transport.handshake import (
     REJECTED,
     ClientHandshake,
 )
-from pstrain.errors import AuthenticationError, InvalidArgumentError, WrongTaskError
+from pstrain.errors import AuthenticationError, InvalidArgumentError, ResourceExhaustedError, WrongTaskError
 from pstrain.testing import untyped_call
 from tests.helpers import TOKEN, MiB, ServeProcess, Touch, abort_all, rss
 
@@ -267,7 +267,7 @@ async def test_a_ps_holds_no_more_than_its_store_limit(tmp_path):
         for k in range(0, 12, 2):  # requests of 16 MiB, each within the per-request limit
             try:
                 await untyped_call(ch, "vars/create", {"vars": specs[k : k + 2]})
-            except InvalidArgumentError as exc:
+            except ResourceExhaustedError as exc:
                 assert "max-store-bytes" in str(exc) and k == 6  # the 4th would pass 48 MiB
                 break
         else:

@@ -32,7 +32,12 @@ import numpy as np
 
 from ..._base.checks import byte_size, whole
 from ..._base.cluster import task_name
-from ..._base.errors import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError
+from ..._base.errors import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    ResourceExhaustedError,
+)
 from ..._base.machine import memory_limit, resident_memory
 from ..._formats.messages.checkpoint_operations import (
     AbortRestore,
@@ -342,7 +347,7 @@ class ParameterServer(ServerBase):
             )
         held = self.table_handlers.held()  # (variables and tables)
         if held + adding > self.max_store_bytes:
-            raise InvalidArgumentError(
+            raise ResourceExhaustedError(
                 f"vars/create: {adding} more bytes of variables would take {self.task} past its "
                 f"limit of {self.max_store_bytes} bytes held ({held} held now; pstrain serve "
                 "--max-store-bytes): shard over more ps, or raise the limit"

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ...._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from ...._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, ResourceExhaustedError
 from ...._formats.files import direct_writes
 from ...._formats.files.checkpoint_files import unwritten
 from ...._formats.files.delta_files import TablePlan, read_table_plan
@@ -347,7 +347,7 @@ class CheckpointFiles:
         if self.max_store_bytes is not None:  # read values sit beside the live ones until commit
             held = self.store.held()
             if held + adding > self.max_store_bytes:
-                raise InvalidArgumentError(
+                raise ResourceExhaustedError(
                     f"ckpt/restore: reading {adding} bytes would take {self.store.task} past its "
                     f"limit of {self.max_store_bytes} bytes held ({held} held now; pstrain serve "
                     "--max-store-bytes)"

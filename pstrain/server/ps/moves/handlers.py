@@ -33,7 +33,13 @@ import msgspec
 import numpy as np
 
 from ...._base.cluster import task_name
-from ...._base.errors import FailedPreconditionError, InvalidArgumentError, PstrainError, restated
+from ...._base.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    PstrainError,
+    ResourceExhaustedError,
+    restated,
+)
 from ...._formats.messages.placement_map import (
     EndMove,
     EndReply,
@@ -382,7 +388,7 @@ class Moves:
                 h.nbytes for h in stale.values() if isinstance(h, VariableRecord)
             )
             if held + added > self.max_store_bytes:
-                raise FailedPreconditionError(
+                raise ResourceExhaustedError(
                     f"{self.store.task} cannot take {added} bytes more: it holds "
                     f"{held} of its {self.max_store_bytes} (--max-store-bytes)"
                 )
