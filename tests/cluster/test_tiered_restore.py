@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import tempfile
+import tracemalloc
 from typing import Any
 
 import aiohttp
@@ -357,3 +358,55 @@ async def test_tables_restored_together_onto_a_tiered_ps_stay_within_its_budget_
                 [(pstrain.IndexedSlices(np.ones((2000, 16), np.float32), ids[-2000:]), table)]
             )
         assert ps.table_handlers.held() <= ps.store.budget.limit
+
+
+async def test_a_tiered_restore_of_deltas_larger_than_the_budget_reads_them_a_piece_at_a_time(tmp_path):
+    """A chain whose deltas each changed every row, restored onto a ps with a budget: the
+    deltas' rows go to the tier a piece at a time, as the base's do, instead of being read
+    whole and composed in RAM first (the code before held all of them: 64 MB under a 4 MiB
+    budget here). Every row and accumulator comes back as the last delta saved it."""
+    rows, deltas, budget = 60_000, 4, 4 << 20
+    ids = np.arange(rows, dtype=np.int64)
+    batches = [ids[lo : lo + 5000] for lo in range(0, rows, 5000)]
+    options = {"memory_budget": budget, "checkpoint_root": str(tmp_path)}
+    async with InProcessCluster(
+        num_ps=1, num_workers=1, token=TOKEN, ps_options={**options, "table_dir": str(tmp_path / "t0")}
+    ) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        table, opt = _new(strategy)
+        manager = pstrain.CheckpointManager(
+            pstrain.Checkpoint(model={"emb": table}, optimizer=opt), str(tmp_path / "c"), max_to_keep=None
+        )
+        await train_with(table, opt, batches)
+        await manager.save()
+        for _ in range(deltas):  # (each delta: every row, about 7.7 MB with its accumulator)
+            await train_with(table, opt, batches)
+            last = await manager.save_delta()
+        await manager.close()
+        want = _by_id(load_variables(last))
+    async with InProcessCluster(
+        num_ps=1, num_workers=1, token=TOKEN, ps_options={**options, "table_dir": str(tmp_path / "t1")}
+    ) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        table, opt = _new(strategy)
+        await table.lookup(ids[:3])  # (the table made: its restore replaces its shard)
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            await pstrain.Checkpoint(model={"emb": table}, optimizer=opt).restore(last)
+            added = tracemalloc.get_traced_memory()[1] - before
+        finally:
+            tracemalloc.stop()
+        assert added < 4 * budget, added  # (the hot set, the plan's ids, a few pieces)
+        assert cluster.ps[0].table_handlers.held() <= cluster.ps[0].store.budget.limit
+        stats = await table.statistics()
+        assert stats["cold_rows"] > stats["hot_rows"] > 0, stats
+        saved = await pstrain.Checkpoint(model={"emb": table}, optimizer=opt).save(str(tmp_path / "again"))
+        _same(_by_id(load_variables(saved)), want)
+
+
+def _by_id(saved: dict) -> dict:
+    """A checkpoint's tensors (:func:`load_variables`), its table's rows and slots in the
+    order of their ids."""
+    order = np.argsort(saved["model/emb/ids"])
+    return {k: v[order] if v.shape[:1] == order.shape else v for k, v in saved.items()}

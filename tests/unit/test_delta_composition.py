@@ -3,12 +3,14 @@ them one by one as a restore once did: the same ids, rows and slots, in the same
 
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from pstrain._base.errors import InvalidArgumentError
-from pstrain._formats.files.delta_files import _compose, read_table_plan
+from pstrain._formats.files.delta_files import _compose, read_table_plan, read_table_state
 from pstrain._formats.files.tensor_files import write_tensors
 
 pytestmark = pytest.mark.timeout(120)
@@ -92,3 +94,63 @@ def test_a_streamed_restore_refuses_an_id_its_base_holds_twice_and_composes_the_
     within = _table_file(tmp_path / "e", [6, 8, 6], 1.0)
     with pytest.raises(InvalidArgumentError, match="appears twice"):
         read_table_plan([within], [], 0, 1, DIM, dtype)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    base=st.lists(st.integers(0, 60), max_size=40),
+    deltas=st.lists(
+        st.tuples(  # each delta from one or two ps: ids put (split between them), removed
+            st.lists(st.integers(0, 60), max_size=20),
+            st.lists(st.integers(0, 60), max_size=8),
+            st.booleans(),  # its files hold the slot
+            st.booleans(),  # written by two ps
+        ),
+        max_size=8,
+    ),
+    shard=st.sampled_from([(0, 1), (0, 2), (1, 2)]),
+)
+def test_a_planned_restore_reads_what_a_whole_one_composes(base, deltas, shard):
+    """The plan reads no row until asked, and the deltas' rows a piece at a time, each file's
+    kept rows by a mask: whole (:meth:`read_whole`), it gives what reading every save whole
+    and composing it gives, in the same order; as pieces, the same rows, the last delta's
+    first."""
+    with tempfile.TemporaryDirectory() as tmp:
+        dtype = np.dtype(np.float32)
+        base_file = _table_file(f"{tmp}/base", sorted(set(base)), 1.0)
+        chain = []
+        for k, (put, removed, with_slot, two) in enumerate(deltas, 1):
+            put = sorted(set(put))
+            halves = [put[::2], put[1::2]] if two else [put]
+            files = []
+            for h, ids in enumerate(halves):
+                prefix = f"d{k}:"
+                ids_arr = np.asarray(ids, np.int64)
+                rows = np.full((ids_arr.size, DIM), k * 10 + h, np.float32)
+                tensors = {f"{prefix}ids": ids_arr, f"{prefix}rows": rows}
+                if with_slot:
+                    tensors[f"{prefix}slot:acc"] = rows + 0.5
+                    tensors[f"{prefix}init:acc"] = np.full(1, 0.1, np.float32)
+                if h == 0:
+                    tensors[f"{prefix}removed"] = np.asarray(sorted(set(removed)), np.int64)
+                write_tensors(f"{tmp}/d{k}-{h}", tensors)
+                files.append((f"{tmp}/d{k}-{h}", prefix))
+            chain.append(files)
+        want = read_table_state([base_file], chain, shard[0], shard[1], DIM, dtype)
+        plan = read_table_plan([base_file], chain, shard[0], shard[1], DIM, dtype)
+        got = plan.read_whole()
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+        assert got[2].keys() == want[2].keys()
+        for key in want[2]:
+            np.testing.assert_array_equal(got[2][key], want[2][key])
+        assert got[3] == want[3]
+        pieces = list(plan.pieces(piece_bytes=3 * DIM * 4))  # (three rows a piece)
+        ids = np.concatenate([np.empty(0, np.int64), *(p[0] for p in pieces)])
+        assert sorted(ids.tolist()) == sorted(want[0].tolist())
+        by_id = {int(i): r for p in pieces for i, r in zip(p[0], p[1])}
+        for i, r in zip(want[0], want[1]):
+            np.testing.assert_array_equal(by_id[int(i)], r)
+        in_deltas = plan.delta_rows
+        changed = [int(i) for i, r in zip(want[0], want[1]) if r[0] >= 10]  # (a delta's rows)
+        assert sorted(ids[:in_deltas].tolist()) == sorted(changed)

@@ -41,7 +41,7 @@ from .tensor_files import TensorFile, write_atomically
 
 __all__ = [
     "DELTA_FORMAT",
-    "BaseFile",
+    "SavedFile",
     "INDEX",
     "TablePlan",
     "TableState",
@@ -209,35 +209,15 @@ def _compose(
     slot_init: dict[str, float],
     dim: int,
     dtype: np.dtype,
-    touched: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> TableState:
     """A base then deltas applied in order (in delta ``k``: its removed ids dropped, then its
     rows put in), in one pass: each id's row is its last put, unless a later delta removed
     it; rows in the order of those puts (the base's first, each delta's after), as applying
     them one by one leaves them. (One by one, each delta looked up every id held and copied
     every row: W9's restore of a base and ten deltas ran at a tenth of a plain read of its
-    files.) ``touched``: :func:`_touched` of ``puts`` and ``removals``, if the caller has it."""
-    # the deltas among themselves first (fewer ids than the base): each id's last put in them,
-    # unless a later delta removed it. One hash pass over them, no sort: groups are
-    # numbered as ids first occur, so the ids put come first (0 .. m-1). (The largest
-    # position by ``maximum.at``: numpy does not promise which of an assignment's repeated
-    # indices wins.)
+    files.)"""
     base = puts[0][0]
-    later = np.concatenate([p[0] for p in puts[1:]]) if len(puts) > 1 else base[:0]
-    n = later.size
-    source = np.repeat(np.arange(1, len(puts)), [p[0].size for p in puts[1:]])
-    removed = np.concatenate(removals)
-    by = np.repeat(np.arange(len(removals)), [r.size for r in removals])
-    distinct, group = touched if touched is not None else _touched(puts, removals)
-    m = int(group[:n].max()) + 1 if n else 0
-    last = np.full(m, -1, np.int64)
-    np.maximum.at(last, group[:n], np.arange(n))  # each id's last put
-    if removed.size:
-        gone_in = np.full(distinct.size, -1, np.int64)
-        np.maximum.at(gone_in, group[n:], by)  # the last delta that removed each id
-        last = last[gone_in[:m] <= source[last]]  # (removed then put by one delta: put)
-    picked = np.zeros(n, bool)
-    picked[last] = True
+    picked, distinct = _last_puts([p[0] for p in puts[1:]], removals[1:])
     # then the base: its rows that no delta put again or removed, first, in their order
     # (a probe of each into a hash set of the deltas' ids, the smaller side)
     kept = np.flatnonzero(~_member(base, distinct))
@@ -273,13 +253,31 @@ def _compose(
     )
 
 
-def _touched(
-    puts: list[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]], removals: list[np.ndarray]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Every id the deltas (``puts[1:]``, and ``removals``) put in or remove, once each, in
-    the order they first come (:func:`_compose`'s groups), and the group of each of their
-    ids (the puts' first, then the removals')."""
-    return KERNELS.unique_first(np.concatenate([p[0] for p in puts[1:]] + removals))
+def _last_puts(put: list[np.ndarray], removed: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Which of deltas' ids (``put``, each delta's ids end to end; ``removed``, each
+    delta's removed ids) the deltas composed keep: each id's last put, unless a later
+    delta removed it (removed then put by one delta: put); and every id they put in or
+    remove, once each.
+
+    One hash pass, no sort: groups are numbered as ids first occur, so the ids put come
+    first (0 .. m-1). (The largest position by ``maximum.at``: numpy does not promise which
+    of an assignment's repeated indices wins.)"""
+    ids = np.concatenate([np.empty(0, np.int64), *put])
+    n = ids.size
+    source = np.repeat(np.arange(1, len(put) + 1), [p.size for p in put])
+    gone = np.concatenate([np.empty(0, np.int64), *removed])
+    by = np.repeat(np.arange(1, len(removed) + 1), [r.size for r in removed])
+    distinct, group = KERNELS.unique_first(np.concatenate([ids, gone]))
+    m = int(group[:n].max()) + 1 if n else 0
+    last = np.full(m, -1, np.int64)
+    np.maximum.at(last, group[:n], np.arange(n))  # each id's last put
+    if gone.size:
+        gone_in = np.full(distinct.size, 0, np.int64)
+        np.maximum.at(gone_in, group[n:], by)  # the last delta that removed each id
+        last = last[gone_in[:m] <= source[last]]
+    picked = np.zeros(n, bool)
+    picked[last] = True
+    return picked, distinct
 
 
 #: Ids a check of a base's ids (:func:`_member`, :func:`_repeats`) takes at a time: a
@@ -462,9 +460,10 @@ def _joined(parts: list[np.ndarray], empty: np.ndarray) -> np.ndarray:
 
 
 # -- a restore that streams the base ------------------------------------------------------------
-class BaseFile(NamedTuple):
-    """A file of a full save with rows of the shard to restore: which of its rows are kept
-    (the shard's, live, and put or removed by no delta), their ids, and its slots."""
+class SavedFile(NamedTuple):
+    """A file of a save with rows of the shard to restore (a full save's, or a delta's: its
+    tensors named with ``prefix``): which of its rows are kept (the shard's, live, and put
+    again or removed by no later delta), their ids, and its slots."""
 
     path: str
     keep: np.ndarray
@@ -473,47 +472,64 @@ class BaseFile(NamedTuple):
     #: The file read (device, inode, size, last change): a reader opening it again by its
     #: name checks that it is still the file whose ids were read.
     identity: tuple[int, int, int, int]
+    prefix: str = ""
+
+
+#: Bytes of each tensor a restore reads at a time (:meth:`TablePlan.pieces`).
+PIECE_BYTES = 4 << 20
 
 
 class TablePlan:
-    """A saved table's rows for one shard, planned before its base's rows are read: the
-    base's rows no delta changed, to be read a piece at a time (:meth:`pieces`), and the
-    deltas composed among themselves (in RAM: a delta holds what changed). What
-    :func:`read_table_state` composes whole, as pieces a tiered table writes as they come."""
+    """A saved table's rows for one shard, planned before any is read: the files of the
+    base and of each delta, and which of their rows the deltas composed keep (each id's
+    last put; the base's rows no delta put again or removed), to be read a piece at a time
+    (:meth:`pieces`). What :func:`read_table_state` composes whole, as pieces a tiered
+    table writes as they come. A plan holds the ids of the rows it keeps, 8 bytes a row,
+    and a mask of each file's rows."""
 
     def __init__(
         self,
-        base: list[BaseFile],
-        overlay: TableState,
+        base: list[SavedFile],
+        deltas: list[SavedFile],
         slot_init: dict[str, float],
         dim: int,
         dtype: np.dtype,
     ) -> None:
         self.base = base
-        self.overlay = overlay
+        #: The deltas' files, the first delta's first.
+        self.deltas = deltas
         self.slot_init = slot_init
         self.dim = dim
         self.dtype = np.dtype(dtype)
-        self.slots = sorted(set(overlay[2]).union(*(f.slots for f in base)))
-        self.rows = int(sum(f.ids.size for f in base) + overlay[0].size)
+        self.slots = sorted(set().union(*(f.slots for f in (*base, *deltas))))
+        self.delta_rows = int(sum(f.ids.size for f in deltas))
+        self.rows = int(sum(f.ids.size for f in base)) + self.delta_rows
 
     def pieces(
-        self, piece_bytes: int = 4 << 20
+        self, piece_bytes: int = PIECE_BYTES
     ) -> Generator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]], None, None]:
-        """``(ids, rows, slots)`` of every row: the deltas' first, the last changed first
+        """``(ids, rows, slots)`` of every row: the deltas' first, the last delta's first
         (the rows training changed last, which a tiered table keeps in RAM as far as its
         budget lets it: it takes the first rows for RAM), then the base's kept rows, about
         ``piece_bytes`` of each tensor at a time (each checked against its checksums as it
         is read; a slot a file lacks: its initial value)."""
-        yield from self.overlay_pieces()
+        yield from self.delta_pieces(piece_bytes)
         for part in self.base:
-            yield from self.base_pieces(part, piece_bytes)
+            yield from self.file_pieces(part, piece_bytes)
 
-    def base_pieces(
-        self, part: BaseFile, piece_bytes: int = 4 << 20, f: TensorFile | None = None
+    def delta_pieces(
+        self, piece_bytes: int = PIECE_BYTES
     ) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
-        """The kept rows of base file ``part`` (:meth:`part_pieces`), read from ``f`` if it
-        is given (the file open already), else from the file opened again."""
+        """The deltas' kept rows, the last delta's first (:meth:`file_pieces`)."""
+        for part in reversed(self.deltas):
+            if part.ids.size:
+                yield from self.file_pieces(part, piece_bytes)
+
+    def file_pieces(
+        self, part: SavedFile, piece_bytes: int = PIECE_BYTES, f: TensorFile | None = None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
+        """The kept rows of file ``part`` (:meth:`part_pieces`), read from ``f`` if it is
+        given (the file open already), else from the file opened again."""
         try:
             if f is not None:
                 yield from self.part_pieces(f, part, piece_bytes)
@@ -530,17 +546,21 @@ class TablePlan:
         return self.rows * per_row * (1 + (len(self.slots) if slots is None else slots))
 
     @property
-    def overlay_nbytes(self) -> int:
-        """The bytes of the composed deltas, which the plan holds in RAM."""
-        ids, rows, slots, _ = self.overlay
-        return int(ids.nbytes + rows.nbytes + sum(a.nbytes for a in slots.values()))
+    def held_nbytes(self) -> int:
+        """The bytes the plan holds until its rows are read: the ids it keeps and each
+        file's mask."""
+        return int(sum(f.ids.nbytes + f.keep.nbytes for f in (*self.base, *self.deltas)))
 
     def with_slots(self, slots: Iterable[str]) -> TablePlan:
         """This plan with ``slots`` of its slots only: the others are neither read nor made."""
         names = set(slots)
         out = copy.copy(self)
         out.slots = [k for k in self.slots if k in names]
-        out.base = [part._replace(slots=tuple(k for k in part.slots if k in names)) for part in self.base]
+
+        def only(parts: list[SavedFile]) -> list[SavedFile]:
+            return [part._replace(slots=tuple(k for k in part.slots if k in names)) for part in parts]
+
+        out.base, out.deltas = only(self.base), only(self.deltas)
         return out
 
     def read_whole(self, slots: Iterable[str] | None = None) -> TableState:
@@ -556,45 +576,22 @@ class TablePlan:
         rows = np.empty(shape, self.dtype)
         out = {k: np.empty(shape, self.dtype) for k in names}
         at = 0
-
-        def put(p_ids: np.ndarray, p_rows: np.ndarray, p_slots: dict[str, Any]) -> None:
-            nonlocal at
-            end = at + p_ids.size
-            ids[at:end] = p_ids
-            rows[at:end] = p_rows
-            for k in names:
-                out[k][at:end] = p_slots[k]
-            at = end
-
-        for part in plan.base:
-            for p_ids, p_rows, p_slots in plan.base_pieces(part):
-                put(p_ids, p_rows, p_slots)
-        o_ids, o_rows, o_slots, _ = self.overlay
-        if o_ids.size:  # (a slot no delta has: its initial value)
-            put(o_ids, o_rows, {k: o_slots[k] if k in o_slots else self.slot_init[k] for k in names})
+        for part in (*plan.base, *(d for d in plan.deltas if d.ids.size)):
+            for p_ids, p_rows, p_slots in plan.file_pieces(part):
+                end = at + p_ids.size
+                ids[at:end] = p_ids
+                rows[at:end] = p_rows
+                for k in names:
+                    out[k][at:end] = p_slots[k]
+                at = end
         if at != n:  # pragma: no cover - the plan counts what its pieces give
             raise InvalidArgumentError(f"dyn/restore: planned {n} rows, read {at}")
         return ids, rows, out, dict(self.slot_init)
 
-    def overlay_pieces(self) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
-        """The composed deltas' rows, the last changed first (one piece; none if none)."""
-        ids, rows, slots, _ = self.overlay
-        if ids.size:  # (views, last row first: the composed deltas are not copied again)
-            yield (
-                ids[::-1],
-                rows[::-1],
-                {
-                    k: slots[k][::-1]
-                    if k in slots
-                    else np.full((ids.size, self.dim), self.slot_init[k], self.dtype)
-                    for k in self.slots
-                },
-            )
-
     @staticmethod
-    def reopen(part: BaseFile) -> TensorFile:
-        """Base file ``part`` opened again; InvalidArgumentError if it is no longer the file
-        whose ids were read (another under its name)."""
+    def reopen(part: SavedFile) -> TensorFile:
+        """File ``part`` opened again; InvalidArgumentError if it is no longer the file whose
+        ids were read (another under its name)."""
         f = TensorFile(part.path)
         if _identity(f.fileno()) != part.identity:
             f.close()
@@ -602,9 +599,9 @@ class TablePlan:
         return f
 
     def part_pieces(
-        self, f: TensorFile, part: BaseFile, piece_bytes: int = 4 << 20
+        self, f: TensorFile, part: SavedFile, piece_bytes: int = PIECE_BYTES
     ) -> Iterator[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]:
-        """The kept rows of base file ``part`` (open as ``f``), about ``piece_bytes`` of each
+        """The kept rows of file ``part`` (open as ``f``), about ``piece_bytes`` of each
         tensor at a time (each checked against its checksums as it is read, unless ``f``
         checked it through already; a slot the file lacks: its initial value)."""
         piece_rows = max(1, piece_bytes // (self.dim * self.dtype.itemsize))
@@ -613,7 +610,7 @@ class TablePlan:
         # against 0.60-0.67x read one after the other; a large base's took up to 33 MiB more
         # RAM, as fast)
         streams = [
-            read_ahead(f.iter_rows(key, part.keep, self.dtype, piece_rows), 1)
+            read_ahead(f.iter_rows(part.prefix + key, part.keep, self.dtype, piece_rows), 1)
             for key in ("rows", *(f"slot:{k}" for k in part.slots))
         ]
         try:
@@ -637,13 +634,15 @@ def _identity(fd: int) -> tuple[int, int, int, int]:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def _base_part(path: str, shard: Shard, num_shards: int, dim: int) -> tuple[list[BaseFile], dict[str, float]]:
+def _base_part(
+    path: str, shard: Shard, num_shards: int, dim: int
+) -> tuple[list[SavedFile], dict[str, float]]:
     """A file of a full save, for :func:`read_table_plan`: its ids, which of them are the
     shard's and live (``keep``; no delta considered yet), and its slots; and the same of
     each file it links (``table_links.py``), each with the rows the save took from it;
     those with none of the shard's left out. And its slots' initial values."""
     slot_init: dict[str, float] = {}
-    out: list[BaseFile] = []
+    out: list[SavedFile] = []
     todo: list[tuple[str, tuple[str, np.ndarray] | None]] = [(path, None)]
     while todo:
         name, link = todo.pop(0)
@@ -665,10 +664,71 @@ def _base_part(path: str, shard: Shard, num_shards: int, dim: int) -> tuple[list
                         raise InvalidArgumentError(
                             f"dyn/restore: {key} in {name} is {shape}, expected ({ids.size}, {dim})"
                         )
-                out.append(BaseFile(name, keep, ids, slots, _identity(f.fileno())))
+                out.append(SavedFile(name, keep, ids, slots, _identity(f.fileno())))
         except OSError as exc:
             raise InvalidArgumentError(f"dyn/restore: cannot read {name}: {exc}") from exc
     return out, slot_init
+
+
+def _delta_parts(
+    delta: list[tuple[str, str]], shard: Shard, num_shards: int, dim: int
+) -> tuple[list[SavedFile], np.ndarray, dict[str, float]]:
+    """A delta's files (each ``(file, prefix)``), for :func:`read_table_plan`: each file's
+    ids, which of them are the shard's and live (``keep``; no later delta considered yet),
+    and its slots, those with none of the shard's left out (no row is read); the ids the
+    delta removes from the shard; its slots' initial values."""
+    out: list[SavedFile] = []
+    removed_parts = [np.empty(0, np.int64)]
+    slot_init: dict[str, float] = {}
+    for path, prefix in delta:
+        try:
+            with TensorFile(path) as f:
+                keys = {k[len(prefix) :] for k in f.tensors if k.startswith(prefix)}
+
+                def get(key: str, f: Any = f, prefix: str = prefix) -> np.ndarray:
+                    return f.read(prefix + key)
+
+                what = f"{path}{' ' + prefix if prefix else ''}"
+                ids, keep = _shard_ids(get, keys, what, shard, num_shards)
+                if "removed" in keys:
+                    removed = get("removed")
+                    if removed.dtype != np.int64 or removed.ndim != 1:
+                        raise InvalidArgumentError(f"dyn/restore: removed in {path} is not 1-D int64")
+                    removed_parts.append(removed[in_slices(removed, num_shards, shard)])
+                for key in sorted(keys):
+                    if key.startswith("init:"):
+                        slot_init[key[5:]] = float(get(key).reshape(-1)[0])
+                if not keep.any():  # none of the shard's: its rows are not read
+                    continue
+                slots = tuple(sorted(k[5:] for k in keys if k.startswith("slot:")))
+                for key in ("rows", *(f"slot:{k}" for k in slots)):
+                    shape = f.tensors[prefix + key].shape
+                    if shape != (ids.size, dim):
+                        raise InvalidArgumentError(
+                            f"dyn/restore: {key} in {what} is {shape}, expected ({ids.size}, {dim})"
+                        )
+                out.append(SavedFile(path, keep, ids, slots, _identity(f.fileno()), prefix))
+        except OSError as exc:
+            raise InvalidArgumentError(f"dyn/restore: cannot read {path}: {exc}") from exc
+    return out, np.concatenate(removed_parts), slot_init
+
+
+def _sorted_has(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Whether each of ``ids`` is one of ``sorted_ids`` (ascending, distinct)."""
+    if not sorted_ids.size:
+        return np.zeros(ids.size, bool)
+    at = np.searchsorted(sorted_ids, ids)
+    at[at == sorted_ids.size] = 0
+    return sorted_ids[at] == ids
+
+
+def _kept(part: SavedFile, keep: np.ndarray) -> SavedFile:
+    """``part`` keeping only ``keep`` of the rows it kept (one per kept row)."""
+    if keep.all():
+        return part._replace(ids=part.ids if part.ids.size == part.keep.sum() else part.ids[part.keep])
+    mask = part.keep.copy()
+    mask[np.flatnonzero(part.keep)[~keep]] = False
+    return part._replace(keep=mask, ids=part.ids[mask])
 
 
 def read_table_plan(
@@ -679,48 +739,58 @@ def read_table_plan(
     dim: int,
     dtype: np.dtype,
 ) -> TablePlan:
-    """As :func:`read_table_state`, but the base's rows are not read: the deltas are read and
-    composed, the base's ids read and checked, and what stays of the base is planned (see
-    :class:`TablePlan`). Every check of the whole read is made here, before a row goes
-    anywhere, but for the base's rows' checksums, checked as :meth:`TablePlan.pieces` reads
-    them."""
+    """As :func:`read_table_state`, but no row is read: the ids of the base and of each
+    delta are read and checked, and which rows of each file the restore keeps is planned
+    (see :class:`TablePlan`). Every check of the whole read is made here, before a row goes
+    anywhere, but for the rows' checksums, checked as :meth:`TablePlan.pieces` reads them.
+    (The deltas' rows were once read and composed here: a tiered ps restoring deltas of
+    100,000 rows held them all in RAM, 14 times its budget.)"""
 
-    def read_delta(delta: list[tuple[str, str]]) -> Any:
-        return _read_table_files(delta, shard, num_shards, dim, dtype)
+    def plan_delta(delta: list[tuple[str, str]]) -> Any:
+        return _delta_parts(delta, shard, num_shards, dim)
 
     # the files side by side, the base's ids among them (each read waits on the disk more
     # than it works: W9's ten deltas were read in a quarter less time on 4 threads than on
     # one, its restores took about 15 % less; 2 threads gave half that, 8 no more than 4)
     with concurrent.futures.ThreadPoolExecutor(PLAN_THREADS, "pstrain-restore-read") as pool:
         base_reads = [pool.submit(_base_part, path, shard, num_shards, dim) for path in base_files]
-        read_deltas = list(pool.map(read_delta, deltas))
+        planned = list(pool.map(plan_delta, deltas))
         base_parts = [read.result() for read in base_reads]
-    removals = [np.empty(0, np.int64)]
-    puts: list[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]] = [
-        (np.empty(0, np.int64), np.empty((0, dim), dtype), {})
-    ]
-    delta_init: dict[str, float] = {}  # (the deltas' initial values win, as when composed whole)
-    for d_ids, d_rows, d_slots, d_init, removed in read_deltas:
-        delta_init.update(d_init)
-        puts.append((d_ids, d_rows, d_slots))
-        removals.append(removed)
-    touched = _touched(puts, removals)  # (composing takes them too)
+    # the last delta first: its rows are kept, then each delta's that no later one put again
+    # or removed (removed then put by one delta: put). ``seen`` holds the ids the later
+    # deltas put or removed, sorted: RAM for the ids they touch, not for every id they name
+    # (a chain of deltas each of most of a table's rows names it many times over)
+    seen = np.empty(0, np.int64)
+    delta_files: list[SavedFile] = []
+    for parts, removed, _ in reversed(planned):
+        ids = _joined([part.ids[part.keep] for part in parts], np.empty(0, np.int64))
+        if KERNELS.unique_first(ids)[0].size != ids.size:
+            raise InvalidArgumentError("dyn/restore: an id appears twice in the saved shards")
+        fresh = ~_sorted_has(seen, ids)
+        at = 0
+        for part in reversed(parts):  # (the delta's files, the last first, as below)
+            n = int(part.keep.sum())
+            delta_files.append(_kept(part, fresh[ids.size - at - n : ids.size - at]))
+            at += n
+        new = np.unique(np.concatenate([ids, removed]))
+        seen = np.sort(np.concatenate([seen, new[~_sorted_has(seen, new)]]), kind="stable")  # (a merge)
+    delta_files.reverse()  # (the first delta's first)
     slot_init: dict[str, float] = {}
-    base: list[BaseFile] = []
+    base: list[SavedFile] = []
     for parts, part_init in base_parts:
         slot_init.update(part_init)
         for part in parts:  # its rows no delta put again or removed
-            gone = _member(part.ids, touched[0])
+            gone = _member(part.ids, seen)
             keep = part.keep & ~gone
             ids = part.ids if not gone.any() and keep.all() else part.ids[keep]  # (no copy of them all)
             base.append(part._replace(keep=keep, ids=ids))
-    slot_init.update(delta_init)
-    overlay = _compose(puts, removals, slot_init, dim, dtype, touched)
+    for _, _, delta_init in planned:  # (the deltas' initial values win, as when composed whole)
+        slot_init.update(delta_init)
     # the composed deltas hold each id once, and the base's rows kept none of theirs: only
     # the base's own ids can repeat (within a file or across the files of its ps)
     if _repeats(_joined([f.ids for f in base], np.empty(0, np.int64))):
         raise InvalidArgumentError("dyn/restore: an id appears twice in the saved shards")
-    plan = TablePlan(base, overlay, slot_init, dim, dtype)
+    plan = TablePlan(base, delta_files, slot_init, dim, dtype)
     if set(plan.slots) - set(slot_init):
         raise InvalidArgumentError("dyn/restore: a slot's initial value was not saved")
     return plan

@@ -246,9 +246,9 @@ class TableRestores:
         reading them would take what this ps holds past ``--max-store-bytes`` (by default
         80 % of the memory it may use): a restore is refused before it reads a row, where
         the kernel would kill the ps once it had read them. The shard it replaces, if any,
-        counts until the restored one is in its place: both are held until then, and so are
-        the deltas composed (read first, to know which rows the shard holds) until their rows
-        are copied. Returns the bytes the read holds. ``in_ram=False``: the rows go to disk
+        counts until the restored one is in its place: both are held until then, and so is
+        the plan (the ids of the rows kept) until the rows are read. Returns the bytes the
+        read holds. ``in_ram=False``: the rows go to disk
         as they are read (a tiered shard's merge), RAM holding 16 bytes a row for them."""
         table_bytes = plan.nbytes(slots) if in_ram else 16 * plan.rows
         limit = self.handlers.max_table_bytes
@@ -258,7 +258,7 @@ class TableRestores:
                 f"{table_bytes} bytes on this shard, more than this ps's limit of {limit} "
                 "(pstrain serve --max-variable-bytes)"
             )
-        need = table_bytes + plan.overlay_nbytes
+        need = table_bytes + plan.held_nbytes
         limit = self.handlers.max_store_bytes
         held = self.handlers.held()
         if limit is None:

@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...._formats.files.delta_files import TablePlan, read_ahead
+from ...._formats.files.delta_files import PIECE_BYTES, TablePlan, read_ahead
 from .cold_places import PLACE_BITS
 
 if TYPE_CHECKING:
-    from ...._formats.files.delta_files import BaseFile
+    from ...._formats.files.delta_files import SavedFile
     from ...._formats.files.tensor_files import TensorFile
     from .tiered_table import TieredTable
 
@@ -54,9 +54,9 @@ def fill_from_plan(
     first ``hot`` in RAM, the base's files linked where they can be (see the module
     docstring); ``names`` maps saved slots to the table's. Returns the rows left where
     they lie in linked files."""
-    room = max(0, hot - plan.overlay[0].size)
-    linked: list[tuple[TensorFile, BaseFile, np.ndarray, np.ndarray]] = []
-    parts: list[tuple[BaseFile, TensorFile | None]] = []
+    room = max(0, hot - plan.delta_rows)
+    linked: list[tuple[TensorFile, SavedFile, np.ndarray, np.ndarray]] = []
+    parts: list[tuple[SavedFile, TensorFile | None]] = []
     try:
         for part in plan.base:
             take = min(room, part.ids.size)
@@ -69,8 +69,9 @@ def fill_from_plan(
                 linked.append((f, part, ids, places))
                 parts.append((in_ram, f))
 
-        def pieces() -> Iterator[Piece]:
-            for ids, rows, slots in read_ahead(_pieces(plan, parts)):
+        def pieces() -> Iterator[Piece]:  # (a save's blocks at most: a share of the budget)
+            piece = min(PIECE_BYTES, table.save_block_bytes)
+            for ids, rows, slots in read_ahead(_pieces(plan, parts, piece)):
                 yield ids, rows, {names[k]: v for k, v in slots.items() if k in names}
 
         left = sum(ids.size for _, _, ids, _ in linked)
@@ -105,18 +106,21 @@ def _raise_damage(checks: list[concurrent.futures.Future[None]]) -> None:
             raise check.exception()  # type: ignore[misc]
 
 
-def _pieces(plan: TablePlan, parts: list[tuple[BaseFile, TensorFile | None]]) -> Iterator[Piece]:
-    """``plan``'s pieces, each base file's from ``parts``: a linked one's rows for RAM alone,
-    read from the file it was linked from (checked through already)."""
-    yield from plan.overlay_pieces()
+def _pieces(
+    plan: TablePlan, parts: list[tuple[SavedFile, TensorFile | None]], piece_bytes: int
+) -> Iterator[Piece]:
+    """``plan``'s pieces of about ``piece_bytes``, each base file's from ``parts``: a linked
+    one's rows for RAM alone, read from the file it was linked from (checked through
+    already)."""
+    yield from plan.delta_pieces(piece_bytes)
     for part, f in parts:
         if f is None or part.ids.size:
-            yield from plan.base_pieces(part, f=f)
+            yield from plan.file_pieces(part, piece_bytes, f=f)
 
 
 def _link(
-    table: TieredTable, plan: TablePlan, part: BaseFile, names: dict[str, str], in_ram: int
-) -> tuple[TensorFile, BaseFile, np.ndarray, np.ndarray] | None:
+    table: TieredTable, plan: TablePlan, part: SavedFile, names: dict[str, str], in_ram: int
+) -> tuple[TensorFile, SavedFile, np.ndarray, np.ndarray] | None:
     """Link base file ``part`` into ``table``'s tier past its first ``in_ram`` kept rows:
     (the file open, the part of it still to read for RAM, the ids left on disk and their
     places); None where it cannot be (the caller copies its rows)."""
@@ -133,8 +137,8 @@ def _link(
 
 
 def _linked(
-    table: TieredTable, f: TensorFile, part: BaseFile, names: dict[str, str], in_ram: int
-) -> tuple[BaseFile, np.ndarray, np.ndarray] | None:
+    table: TieredTable, f: TensorFile, part: SavedFile, names: dict[str, str], in_ram: int
+) -> tuple[SavedFile, np.ndarray, np.ndarray] | None:
     """:func:`_link` of the file open as ``f``."""
     tensors = f.tensors
     if any(tensors[k].dtype != table.dtype for k in ("rows", *(f"slot:{k}" for k in part.slots))):
