@@ -217,9 +217,10 @@ def _compose(
     every row: W9's restore of a base and ten deltas ran at a tenth of a plain read of its
     files.)"""
     base = puts[0][0]
-    picked, distinct = _last_puts([p[0] for p in puts[1:]], removals[1:])
-    # then the base: its rows that no delta put again or removed, first, in their order
-    # (a probe of each into a hash set of the deltas' ids, the smaller side)
+    keeps, distinct = _kept_by_later([p[0] for p in puts[1:]], removals[1:])
+    picked = np.concatenate([np.zeros(0, bool), *keeps])
+    # the base's rows that no delta put again or removed come first, in their order (a
+    # probe of each into a hash set of the ids the deltas touch, the smaller side)
     kept = np.flatnonzero(~_member(base, distinct))
     fresh = np.flatnonzero(picked)
 
@@ -253,31 +254,29 @@ def _compose(
     )
 
 
-def _last_puts(put: list[np.ndarray], removed: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Which of deltas' ids (``put``, each delta's ids end to end; ``removed``, each
-    delta's removed ids) the deltas composed keep: each id's last put, unless a later
-    delta removed it (removed then put by one delta: put); and every id they put in or
-    remove, once each.
+def _kept_by_later(put: list[np.ndarray], removed: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray]:
+    """Which of each delta's ids (``put[k]``, distinct; ``removed[k]``, the ids it removes)
+    the deltas composed keep: those no later delta put again or removed (removed then put
+    by one delta: put); and every id the deltas put or remove, ascending. The last delta
+    first, with the ids the later ones touched sorted: RAM for the ids they touch, not for
+    every id they name (a chain of deltas that each changed most of a table names it many
+    times over)."""
+    seen = np.empty(0, np.int64)
+    keep = []
+    for ids, gone in zip(reversed(put), reversed(removed), strict=True):
+        keep.append(~_sorted_has(seen, ids))
+        new = np.unique(np.concatenate([ids, gone]))
+        seen = np.sort(np.concatenate([seen, new[~_sorted_has(seen, new)]]), kind="stable")  # (a merge)
+    return keep[::-1], seen
 
-    One hash pass, no sort: groups are numbered as ids first occur, so the ids put come
-    first (0 .. m-1). (The largest position by ``maximum.at``: numpy does not promise which
-    of an assignment's repeated indices wins.)"""
-    ids = np.concatenate([np.empty(0, np.int64), *put])
-    n = ids.size
-    source = np.repeat(np.arange(1, len(put) + 1), [p.size for p in put])
-    gone = np.concatenate([np.empty(0, np.int64), *removed])
-    by = np.repeat(np.arange(1, len(removed) + 1), [r.size for r in removed])
-    distinct, group = KERNELS.unique_first(np.concatenate([ids, gone]))
-    m = int(group[:n].max()) + 1 if n else 0
-    last = np.full(m, -1, np.int64)
-    np.maximum.at(last, group[:n], np.arange(n))  # each id's last put
-    if gone.size:
-        gone_in = np.full(distinct.size, 0, np.int64)
-        np.maximum.at(gone_in, group[n:], by)  # the last delta that removed each id
-        last = last[gone_in[:m] <= source[last]]
-    picked = np.zeros(n, bool)
-    picked[last] = True
-    return picked, distinct
+
+def _sorted_has(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Whether each of ``ids`` is one of ``sorted_ids`` (ascending, distinct)."""
+    if not sorted_ids.size:
+        return np.zeros(ids.size, bool)
+    at = np.searchsorted(sorted_ids, ids)
+    at[at == sorted_ids.size] = 0
+    return sorted_ids[at] == ids
 
 
 #: Ids a check of a base's ids (:func:`_member`, :func:`_repeats`) takes at a time: a
@@ -713,15 +712,6 @@ def _delta_parts(
     return out, np.concatenate(removed_parts), slot_init
 
 
-def _sorted_has(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Whether each of ``ids`` is one of ``sorted_ids`` (ascending, distinct)."""
-    if not sorted_ids.size:
-        return np.zeros(ids.size, bool)
-    at = np.searchsorted(sorted_ids, ids)
-    at[at == sorted_ids.size] = 0
-    return sorted_ids[at] == ids
-
-
 def _kept(part: SavedFile, keep: np.ndarray) -> SavedFile:
     """``part`` keeping only ``keep`` of the rows it kept (one per kept row)."""
     if keep.all():
@@ -756,25 +746,20 @@ def read_table_plan(
         base_reads = [pool.submit(_base_part, path, shard, num_shards, dim) for path in base_files]
         planned = list(pool.map(plan_delta, deltas))
         base_parts = [read.result() for read in base_reads]
-    # the last delta first: its rows are kept, then each delta's that no later one put again
-    # or removed (removed then put by one delta: put). ``seen`` holds the ids the later
-    # deltas put or removed, sorted: RAM for the ids they touch, not for every id they name
-    # (a chain of deltas each of most of a table's rows names it many times over)
-    seen = np.empty(0, np.int64)
-    delta_files: list[SavedFile] = []
-    for parts, removed, _ in reversed(planned):
+    put = []  # each delta's ids of the shard, its files' end to end
+    for parts, _, _ in planned:
         ids = _joined([part.ids[part.keep] for part in parts], np.empty(0, np.int64))
         if KERNELS.unique_first(ids)[0].size != ids.size:
             raise InvalidArgumentError("dyn/restore: an id appears twice in the saved shards")
-        fresh = ~_sorted_has(seen, ids)
+        put.append(ids)
+    keeps, seen = _kept_by_later(put, [removed for _, removed, _ in planned])
+    delta_files: list[SavedFile] = []
+    for (parts, _, _), keep in zip(planned, keeps, strict=True):
         at = 0
-        for part in reversed(parts):  # (the delta's files, the last first, as below)
+        for part in parts:
             n = int(part.keep.sum())
-            delta_files.append(_kept(part, fresh[ids.size - at - n : ids.size - at]))
+            delta_files.append(_kept(part, keep[at : at + n]))
             at += n
-        new = np.unique(np.concatenate([ids, removed]))
-        seen = np.sort(np.concatenate([seen, new[~_sorted_has(seen, new)]]), kind="stable")  # (a merge)
-    delta_files.reverse()  # (the first delta's first)
     slot_init: dict[str, float] = {}
     base: list[SavedFile] = []
     for parts, part_init in base_parts:
