@@ -47,7 +47,6 @@ __all__ = [
     "TableState",
     "delta_prefix",
     "read_delta_index",
-    "read_table_changes",
     "read_ahead",
     "read_table_plan",
     "read_table_state",
@@ -316,26 +315,6 @@ def _repeats(ids: np.ndarray) -> bool:
         if KERNELS.unique_first(some)[0].size != some.size:
             return True
     return False
-
-
-def read_table_changes(
-    deltas: list[list[tuple[str, str]]], shard: Shard, num_shards: int, dim: int, dtype: np.dtype
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """What deltas (each its ``(file, prefix)`` pairs) change in shard ``shard`` of
-    ``num_shards``, composed in order: the ids put in and their last rows, and the ids
-    removed and not put in again (ascending, no slots). Applied to the state before the
-    first delta, they give the state after the last."""
-    ids = np.empty(0, np.int64)
-    rows = np.empty((0, dim), dtype)
-    removed = np.empty(0, np.int64)
-    for delta in deltas:
-        d_ids, d_rows, _, _, d_removed = _read_table_files(delta, shard, num_shards, dim, dtype, False)
-        keep = ~np.isin(ids, np.concatenate([d_removed, d_ids]))
-        ids = np.concatenate([ids[keep], d_ids])
-        rows = np.concatenate([rows[keep], d_rows])
-        removed = np.union1d(removed[~np.isin(removed, d_ids)], d_removed)
-    order = np.argsort(ids, kind="stable")
-    return ids[order], rows[order], removed
 
 
 def _read_table_files(
