@@ -1,5 +1,6 @@
-"""A base and its deltas composed in one pass (``delta_files._compose``) against applying
-them one by one as a restore once did: the same ids, rows and slots, in the same order."""
+"""A base and its deltas, planned from their ids and read a piece at a time
+(``delta_files.read_table_plan``), against applying them one by one as a restore once did:
+the same ids, rows and slots, in the same order."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pstrain._base.errors import InvalidArgumentError
-from pstrain._formats.files.delta_files import _compose, read_table_plan, read_table_state
+from pstrain._formats.files.delta_files import read_table_plan
 from pstrain._formats.files.tensor_files import write_tensors
+from pstrain._formats.numerics.idhash import in_slices
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,39 +32,6 @@ def one_by_one(puts, removals, slot_init):
         ids = np.concatenate([ids[keep], d_ids])
         rows = np.concatenate([rows[keep], d_rows])
     return ids, rows, slots
-
-
-def save(ids: list[int], stamp: int, with_slot: bool):
-    ids_arr = np.asarray(sorted(set(ids)), np.int64)
-    rows = (ids_arr[:, None] * 10 + stamp + np.arange(DIM)).astype(np.float32)
-    return ids_arr, rows, ({"acc": rows + 0.5} if with_slot else {})
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    base=st.lists(st.integers(0, 40), max_size=30),
-    deltas=st.lists(
-        st.tuples(
-            st.lists(st.integers(0, 40), max_size=10), st.lists(st.integers(0, 40), max_size=6), st.booleans()
-        ),
-        max_size=10,
-    ),
-    base_slot=st.booleans(),
-)
-def test_a_base_and_deltas_compose_in_one_pass_as_applied_one_by_one(base, deltas, base_slot):
-    puts = [save(base, 0, base_slot)]
-    removals = [np.empty(0, np.int64)]
-    for k, (put, removed, with_slot) in enumerate(deltas, 1):
-        puts.append(save(put, 1000 * k, with_slot))
-        removals.append(np.asarray(sorted(set(removed)), np.int64))
-    init = {"acc": 0.1}
-    want_ids, want_rows, want_slots = one_by_one(puts, removals, init)
-    ids, rows, slots, _ = _compose(puts, removals, init, DIM, np.dtype(np.float32))
-    np.testing.assert_array_equal(ids, want_ids)
-    np.testing.assert_array_equal(rows, want_rows)
-    assert set(slots) == set(want_slots)
-    for key in slots:
-        np.testing.assert_array_equal(slots[key], want_slots[key])
 
 
 def _table_file(path, ids: list[int], stamp: float, prefix: str = "") -> str:
@@ -110,19 +79,24 @@ def test_a_streamed_restore_refuses_an_id_its_base_holds_twice_and_composes_the_
     ),
     shard=st.sampled_from([(0, 1), (0, 2), (1, 2)]),
 )
-def test_a_planned_restore_reads_what_a_whole_one_composes(base, deltas, shard):
-    """The plan reads no row until asked, and the deltas' rows a piece at a time, each file's
-    kept rows by a mask: whole (:meth:`read_whole`), it gives what reading every save whole
-    and composing it gives, in the same order; as pieces, the same rows, the last delta's
-    first."""
+def test_a_planned_restore_reads_what_applying_each_delta_in_turn_leaves(base, deltas, shard):
+    """The plan reads no row until asked, and each file's kept rows by a mask: whole
+    (:meth:`read_whole`), it gives what applying the deltas one by one to the base gives,
+    in the same order; as pieces, the same rows, the last delta's first."""
     with tempfile.TemporaryDirectory() as tmp:
         dtype = np.dtype(np.float32)
-        base_file = _table_file(f"{tmp}/base", sorted(set(base)), 1.0)
+        base_ids = sorted(set(base))
+        base_file = _table_file(f"{tmp}/base", base_ids, 1.0)
+        mine = _shard(base_ids, shard)
+        base_rows = np.full((len(base_ids), DIM), 1.0, np.float32)
+        puts = [(np.asarray(base_ids, np.int64)[mine], base_rows[mine], {"acc": base_rows[mine] + 0.5})]
+        removals = [np.empty(0, np.int64)]
         chain = []
+        with_acc = bool(mine.any())  # (a slot comes from a file with rows of the shard)
         for k, (put, removed, with_slot, two) in enumerate(deltas, 1):
             put = sorted(set(put))
             halves = [put[::2], put[1::2]] if two else [put]
-            files = []
+            files, parts = [], []
             for h, ids in enumerate(halves):
                 prefix = f"d{k}:"
                 ids_arr = np.asarray(ids, np.int64)
@@ -135,22 +109,40 @@ def test_a_planned_restore_reads_what_a_whole_one_composes(base, deltas, shard):
                     tensors[f"{prefix}removed"] = np.asarray(sorted(set(removed)), np.int64)
                 write_tensors(f"{tmp}/d{k}-{h}", tensors)
                 files.append((f"{tmp}/d{k}-{h}", prefix))
+                keep = _shard(ids, shard)
+                parts.append((ids_arr[keep], rows[keep]))
+                with_acc |= with_slot and bool(keep.any())
             chain.append(files)
-        want = read_table_state([base_file], chain, shard[0], shard[1], DIM, dtype)
+            d_ids = np.concatenate([p[0] for p in parts])
+            d_rows = np.concatenate([p[1] for p in parts])
+            puts.append((d_ids, d_rows, {"acc": d_rows + 0.5} if with_slot else {}))
+            gone = np.asarray(sorted(set(removed)), np.int64)
+            removals.append(gone[_shard(gone, shard)])
+        want_ids, want_rows, want_slots = one_by_one(puts, removals, {"acc": 0.1})
         plan = read_table_plan([base_file], chain, shard[0], shard[1], DIM, dtype)
-        got = plan.read_whole()
-        np.testing.assert_array_equal(got[0], want[0])
-        np.testing.assert_array_equal(got[1], want[1])
-        assert got[2].keys() == want[2].keys()
-        for key in want[2]:
-            np.testing.assert_array_equal(got[2][key], want[2][key])
-        assert got[3] == want[3]
+        ids, rows, slots, init = plan.read_whole()
+        np.testing.assert_array_equal(ids, want_ids)
+        np.testing.assert_array_equal(rows, want_rows)
+        assert init == {"acc": float(np.float32(0.1))}
+        assert set(slots) == ({"acc"} if with_acc else set())
+        if with_acc:
+            np.testing.assert_array_equal(slots["acc"], want_slots["acc"])
         pieces = list(plan.pieces(piece_bytes=3 * DIM * 4))  # (three rows a piece)
-        ids = np.concatenate([np.empty(0, np.int64), *(p[0] for p in pieces)])
-        assert sorted(ids.tolist()) == sorted(want[0].tolist())
+        got = np.concatenate([np.empty(0, np.int64), *(p[0] for p in pieces)])
+        assert sorted(got.tolist()) == sorted(want_ids.tolist())
         by_id = {int(i): r for p in pieces for i, r in zip(p[0], p[1])}
-        for i, r in zip(want[0], want[1]):
+        for i, r in zip(want_ids, want_rows):
             np.testing.assert_array_equal(by_id[int(i)], r)
-        in_deltas = plan.delta_rows
-        changed = [int(i) for i, r in zip(want[0], want[1]) if r[0] >= 10]  # (a delta's rows)
-        assert sorted(ids[:in_deltas].tolist()) == sorted(changed)
+        if with_acc:
+            acc = {int(i): a for p in pieces for i, a in zip(p[0], p[2]["acc"])}
+            for i, a in zip(want_ids, want_slots["acc"]):
+                np.testing.assert_array_equal(acc[int(i)], a)
+        changed = want_ids[want_rows[:, 0] >= 10]  # (the deltas' rows)
+        assert plan.delta_rows == changed.size
+        assert sorted(got[: changed.size].tolist()) == sorted(changed.tolist())
+        last = [int(i) for i in got[: changed.size] if by_id[int(i)][0] >= 10 * len(deltas)]
+        assert last == [int(i) for i in got[: len(last)]]  # (the last delta's first)
+
+
+def _shard(ids, shard) -> np.ndarray:
+    return in_slices(np.asarray(ids, np.int64), shard[1], shard[0])

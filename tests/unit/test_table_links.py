@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from pstrain._formats.files.delta_files import read_table_plan, read_table_state
+from pstrain._formats.files.delta_files import read_table_plan
 from pstrain._formats.files.table_links import link_name, pack
 from pstrain._formats.files.tensor_files import write_tensors
 from pstrain.errors import InvalidArgumentError
@@ -43,13 +43,13 @@ def test_a_table_file_and_its_links_read_as_one_save(tmp_path):
     mask = np.zeros(10, bool)
     mask[[1, 4, 9]] = True
     path = _saved(tmp_path, mask)
-    ids, rows, slots, init = read_table_state([path], [], 0, 1, DIM, np.dtype(np.float32))
+    ids, rows, slots, init = read_table_plan([path], [], 0, 1, DIM, np.dtype(np.float32)).read_whole()
     want = _table([10, 11, 12, 1, 4, 9])
     np.testing.assert_array_equal(ids, want["ids"])
     np.testing.assert_array_equal(rows, want["rows"])
     np.testing.assert_array_equal(slots["acc"], want["slot:acc"])
     assert init == {"acc": 0.1}
-    # the streamed restore's plan reads the same rows, the link a base file of its own
+    # as pieces (a tiered restore's), the same rows, the link a base file of its own
     plan = read_table_plan([path], [], 0, 1, DIM, np.dtype(np.float32))
     assert [os.path.basename(f.path) for f in plan.base] == [
         "new.ps0.table-t.safetensors",
@@ -61,11 +61,10 @@ def test_a_table_file_and_its_links_read_as_one_save(tmp_path):
     np.testing.assert_array_equal(np.concatenate([p[2]["acc"] for p in pieces]), want["slot:acc"])
 
 
-@pytest.mark.parametrize("read", [read_table_state, read_table_plan])
-def test_a_link_that_is_not_the_file_linked_is_refused_by_name(tmp_path, read):
+def test_a_link_that_is_not_the_file_linked_is_refused_by_name(tmp_path):
     path = _saved(tmp_path, np.ones(7, bool))  # bits for a file of 7 rows: not this one
     with pytest.raises(InvalidArgumentError, match=r"link-0.*holds 10 rows.*links 1 bytes.*another file"):
-        read([path], [], 0, 1, DIM, np.dtype(np.float32))
+        read_table_plan([path], [], 0, 1, DIM, np.dtype(np.float32))
 
 
 @pytest.mark.parametrize(
@@ -79,7 +78,7 @@ def test_a_link_that_is_not_the_file_linked_is_refused_by_name(tmp_path, read):
 def test_bits_that_are_not_a_links_are_refused(tmp_path, bits, message):
     path = _saved(tmp_path, None, bits)
     with pytest.raises(InvalidArgumentError, match=message):
-        read_table_state([path], [], 0, 1, DIM, np.dtype(np.float32))
+        read_table_plan([path], [], 0, 1, DIM, np.dtype(np.float32))
 
 
 async def test_a_save_that_fails_removes_the_links_it_made(tmp_path):
@@ -96,11 +95,10 @@ async def test_a_save_that_fails_removes_the_links_it_made(tmp_path):
     assert os.stat(source).st_nlink == 1
 
 
-@pytest.mark.parametrize("read", [read_table_state, read_table_plan])
-def test_a_link_that_is_a_symbolic_link_is_not_followed(tmp_path, read):
+def test_a_link_that_is_a_symbolic_link_is_not_followed(tmp_path):
     path = _saved(tmp_path, np.ones(10, bool))
     link = link_name(path, 0)
     os.unlink(link)
     os.symlink(tmp_path / "old.ps0.table-t.safetensors", link)  # (it could point anywhere)
     with pytest.raises(InvalidArgumentError, match=r"cannot (open checkpoint file|read) .*link-0"):
-        read([path], [], 0, 1, DIM, np.dtype(np.float32))
+        read_table_plan([path], [], 0, 1, DIM, np.dtype(np.float32))

@@ -44,7 +44,7 @@ from ..._base.errors import (
     PstrainError,
     ResourceExhaustedError,
 )
-from .delta_files import INDEX, delta_prefix, read_delta_index, read_table_state, split_delta
+from .delta_files import INDEX, delta_prefix, read_delta_index, read_table_plan, split_delta
 from .tensor_files import read_rows, write_atomically
 
 __all__ = [
@@ -395,14 +395,14 @@ class CheckpointReader:
     def read_table(self, path: str) -> dict[str, np.ndarray]:
         """A saved dynamic table whole: ``ids`` (ascending), ``rows`` and ``slot:<key>`` arrays."""
         meta = self.tables[path]
-        ids, rows, slots, _ = read_table_state(
+        ids, rows, slots, _ = read_table_plan(
             [os.path.join(self.base, f) for f in meta["files"]],
             self.table_deltas(path),
             0,
             1,
             int(meta["dim"]),
             np.dtype(meta["dtype"]),
-        )
+        ).read_whole()
         order = np.argsort(ids, kind="stable")
         return {"ids": ids[order], "rows": rows[order], **{f"slot:{k}": v[order] for k, v in slots.items()}}
 

@@ -34,7 +34,6 @@ import numpy as np
 
 from ..._base.errors import InvalidArgumentError, NotFoundError
 from ..._kernels import KERNELS
-from ..._kernels.batches import take_rows
 from ..numerics.idhash import Shard, in_slices
 from .table_links import linked_parts, rows_of
 from .tensor_files import TensorFile, write_atomically
@@ -49,7 +48,6 @@ __all__ = [
     "read_delta_index",
     "read_ahead",
     "read_table_plan",
-    "read_table_state",
     "split_delta",
     "write_delta_index",
 ]
@@ -159,98 +157,10 @@ TableState = tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], dict[str, floa
 
 T = TypeVar("T")
 
-#: Threads a restore reads the files of a base and its deltas with.
-READ_THREADS = 2
-#: Threads a streamed restore's plan reads the deltas and the base's ids with: more, for
-#: more and smaller files (a restore wholly in RAM read W9's chain no faster on 4 than on 2).
+#: Threads a restore's plan reads the ids of a base's and its deltas' files with (each
+#: read waits on the disk more than it works: W9's ten deltas were read in a quarter less
+#: time on 4 threads than on one; 2 threads gave half that, 8 no more than 4).
 PLAN_THREADS = 4
-
-
-def read_table_state(
-    base_files: list[str],
-    deltas: list[list[tuple[str, str]]],
-    shard: Shard,
-    num_shards: int,
-    dim: int,
-    dtype: np.dtype,
-    *,
-    with_slots: bool = True,
-) -> TableState:
-    """The rows of a saved table that shard ``shard`` of ``num_shards`` holds: gathered from
-    the full save's files (from any number of ps), then each delta (its ``(file, prefix)``
-    pairs) applied in order: its removed ids dropped, its rows put in. ``with_slots=False``:
-    the rows alone (no slot is read)."""
-    saves = [[(p, "") for p in base_files], *deltas]
-
-    def read(files: list[tuple[str, str]]) -> Any:
-        return _read_table_files(files, shard, num_shards, dim, dtype, with_slots)
-
-    if len(saves) > 1:  # the base and the deltas read side by side (each thread waits on the
-        # disk as much as it works: a restore of W9's base and ten deltas from disk took a
-        # fifth less time), then put together in order
-        with concurrent.futures.ThreadPoolExecutor(READ_THREADS, "pstrain-restore-read") as pool:
-            read_saves = list(pool.map(read, saves))
-    else:
-        read_saves = [read(saves[0])]
-    ids, rows, slots, slot_init, _ = read_saves[0]
-    puts = [(ids, rows, slots)]  # the base's rows, then each delta's
-    removals = [np.empty(0, np.int64)]  # each delta's removed ids (none in the base)
-    for d_ids, d_rows, d_slots, d_init, removed in read_saves[1:]:
-        slot_init.update(d_init)
-        puts.append((d_ids, d_rows, d_slots))
-        removals.append(removed)
-    return _compose(puts, removals, slot_init, dim, dtype)
-
-
-def _compose(
-    puts: list[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]],
-    removals: list[np.ndarray],
-    slot_init: dict[str, float],
-    dim: int,
-    dtype: np.dtype,
-) -> TableState:
-    """A base then deltas applied in order (in delta ``k``: its removed ids dropped, then its
-    rows put in), in one pass: each id's row is its last put, unless a later delta removed
-    it; rows in the order of those puts (the base's first, each delta's after), as applying
-    them one by one leaves them. (One by one, each delta looked up every id held and copied
-    every row: W9's restore of a base and ten deltas ran at a tenth of a plain read of its
-    files.)"""
-    base = puts[0][0]
-    keeps, distinct = _kept_by_later([p[0] for p in puts[1:]], removals[1:])
-    picked = np.concatenate([np.zeros(0, bool), *keeps])
-    # the base's rows that no delta put again or removed come first, in their order (a
-    # probe of each into a hash set of the ids the deltas touch, the smaller side)
-    kept = np.flatnonzero(~_member(base, distinct))
-    fresh = np.flatnonzero(picked)
-
-    # where each delta's picked rows start among ``fresh`` (ascending: by delta, then row)
-    starts = np.cumsum([0] + [p[0].size for p in puts[1:]])
-    cuts = np.searchsorted(fresh, starts)
-
-    def pick(base_part: np.ndarray, later_parts: list[np.ndarray]) -> np.ndarray:
-        # the base's rows kept, then each delta's, gathered where they go (the deltas' rows,
-        # often more than the base's, are not put end to end first)
-        out = np.empty((kept.size + fresh.size, *base_part.shape[1:]), base_part.dtype)
-        take_rows(base_part, kept, out[: kept.size])
-        for k, part in enumerate(later_parts):
-            lo, hi = cuts[k], cuts[k + 1]
-            if hi > lo:
-                take_rows(part, fresh[lo:hi] - starts[k], out[kept.size + lo : kept.size + hi])
-        return out
-
-    names = sorted(set().union(*(p[2] for p in puts)))
-
-    def slot(part: tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]], key: str) -> np.ndarray:
-        if key in part[2]:
-            return part[2][key]
-        return np.full(part[1].shape, slot_init[key], dtype)  # (only for a part without it)
-
-    return (
-        pick(base, [p[0] for p in puts[1:]]),
-        pick(puts[0][1].reshape(-1, dim), [p[1] for p in puts[1:]]),
-        {k: pick(slot(puts[0], k), [slot(p, k) for p in puts[1:]]) for k in names},
-        slot_init,
-    )
 
 
 def _kept_by_later(put: list[np.ndarray], removed: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray]:
@@ -317,89 +227,6 @@ def _repeats(ids: np.ndarray) -> bool:
     return False
 
 
-def _read_table_files(
-    files: list[tuple[str, str]],
-    shard: Shard,
-    num_shards: int,
-    dim: int,
-    dtype: np.dtype,
-    with_slots: bool = True,
-) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], dict[str, float], np.ndarray]:
-    """The rows of shard ``shard`` in one save of a table (a full one, prefix "", or a
-    delta, prefix ``<p>:``): ids, rows, slots, slots' initial values, and removed ids."""
-    ids_parts, row_parts, removed_parts = [], [], []
-    slot_parts: list[dict[str, np.ndarray]] = []  # per file: a ps that never applied a step
-    slot_init: dict[str, float] = {}  # to a table before its save has none of its slots yet
-    # each file, then its links (a full save's: the rows of each that are the save's)
-    todo: list[tuple[str, str, tuple[str, np.ndarray] | None]] = [(p, prefix, None) for p, prefix in files]
-    while todo:
-        path, prefix, link = todo.pop(0)
-        try:
-            with TensorFile(path) as f:  # each tensor read is checked against its checksums
-                keys = {k[len(prefix) :] for k in f.tensors if k.startswith(prefix)}
-
-                def get(key: str, f: Any = f, prefix: str = prefix) -> np.ndarray:
-                    return f.read(prefix + key)
-
-                what = f"{path}{' ' + prefix if prefix else ''}"
-                ids, mine = _shard_ids(get, keys, what, shard, num_shards, link)
-                if link is None and not prefix:  # a full save's file: its links after it
-                    todo[:0] = [(p, "", (path, m)) for p, m in linked_parts(path, keys, get)]
-                if "removed" in keys and link is None:
-                    removed = get("removed")
-                    if removed.dtype != np.int64 or removed.ndim != 1:
-                        raise InvalidArgumentError(f"dyn/restore: removed in {path} is not 1-D int64")
-                    removed_parts.append(removed[in_slices(removed, num_shards, shard)])
-                for key in sorted(keys) if with_slots and link is None else ():
-                    if key.startswith("init:"):
-                        slot_init[key[5:]] = float(get(key).reshape(-1)[0])
-                if not mine.any():  # none of the shard's (a save of another ps): its rows
-                    # are not read (a restore onto as many ps reads each ps's own files)
-                    ids_parts.append(ids[:0])
-                    row_parts.append(np.empty((0, dim), dtype))
-                    slot_parts.append({})
-                    continue
-                rows = get("rows")
-                if rows.shape != (ids.size, dim):
-                    raise InvalidArgumentError(
-                        f"dyn/restore: rows in {path} are {rows.shape}, expected ({ids.size}, {dim})"
-                    )
-                every = bool(mine.all())  # (a restore onto as many ps: no copy of a subset)
-                ids_parts.append(ids if every else ids[mine])
-                row_parts.append((rows if every else rows[mine]).astype(dtype, copy=False))
-                slot_parts.append({})
-                for key in sorted(keys) if with_slots else ():
-                    if key.startswith("slot:"):
-                        arr = get(key)
-                        if arr.shape != rows.shape:
-                            raise InvalidArgumentError(
-                                f"dyn/restore: {key} in {path} is {arr.shape}, its rows {rows.shape}"
-                            )
-                        slot_parts[-1][key[5:]] = (arr if every else arr[mine]).astype(dtype, copy=False)
-        except OSError as exc:
-            raise InvalidArgumentError(f"dyn/restore: cannot read {path}: {exc}") from exc
-    ids = _joined(ids_parts, np.empty(0, np.int64))
-    if KERNELS.unique_first(ids)[0].size != ids.size:  # (a hash set: a sort took longer)
-        raise InvalidArgumentError("dyn/restore: an id appears twice in the saved shards")
-    rows = _joined(row_parts, np.empty((0, dim), dtype))
-    names = set().union(*slot_parts)
-    if names - set(slot_init):
-        raise InvalidArgumentError("dyn/restore: a slot's initial value was not saved")
-    # a shard without a slot the others have: its rows were never stepped (initial values)
-    slots = {
-        k: _joined(
-            [
-                part[k] if k in part else np.full(r.shape, slot_init[k], dtype)
-                for part, r in zip(slot_parts, row_parts)
-            ],
-            rows[:0],
-        )
-        for k in sorted(names)
-    }
-    removed = _joined(removed_parts, np.empty(0, np.int64))
-    return ids, rows, slots, slot_init, removed
-
-
 def _shard_ids(
     get: Any,
     keys: set[str],
@@ -461,9 +288,9 @@ class TablePlan:
     """A saved table's rows for one shard, planned before any is read: the files of the
     base and of each delta, and which of their rows the deltas composed keep (each id's
     last put; the base's rows no delta put again or removed), to be read a piece at a time
-    (:meth:`pieces`). What :func:`read_table_state` composes whole, as pieces a tiered
-    table writes as they come. A plan holds the ids of the rows it keeps, 8 bytes a row,
-    and a mask of each file's rows."""
+    (:meth:`pieces`; a tiered table writes them as they come) or into arrays made once
+    (:meth:`read_whole`). A plan holds the ids of the rows it keeps, 8 bytes a row, and a
+    mask of each file's rows."""
 
     def __init__(
         self,
@@ -542,11 +369,11 @@ class TablePlan:
         return out
 
     def read_whole(self, slots: Iterable[str] | None = None) -> TableState:
-        """Every row in RAM, in :func:`read_table_state`'s order (the base's kept rows file
-        by file, then the deltas' in order) with ``slots`` of the slots (all by default):
-        each array made once at its size and filled a piece at a time, so that the shard is
-        never held twice (read, then composed) and the caller knows before any row is read
-        how much it holds (:meth:`nbytes`)."""
+        """Every row in RAM (the base's kept rows file by file, then the deltas' in order;
+        as applying the deltas one by one leaves them) with ``slots`` of the slots (all by
+        default): each array made once at its size and filled a piece at a time, so that
+        the shard is never held twice (read, then composed) and the caller knows before any
+        row is read how much it holds (:meth:`nbytes`)."""
         plan = self if slots is None else self.with_slots(slots)
         names = plan.slots
         n, shape = self.rows, (self.rows, self.dim)
@@ -708,19 +535,20 @@ def read_table_plan(
     dim: int,
     dtype: np.dtype,
 ) -> TablePlan:
-    """As :func:`read_table_state`, but no row is read: the ids of the base and of each
-    delta are read and checked, and which rows of each file the restore keeps is planned
-    (see :class:`TablePlan`). Every check of the whole read is made here, before a row goes
-    anywhere, but for the rows' checksums, checked as :meth:`TablePlan.pieces` reads them.
-    (The deltas' rows were once read and composed here: a tiered ps restoring deltas of
-    100,000 rows held them all in RAM, 14 times its budget.)"""
+    """The rows of a saved table that shard ``shard`` of ``num_shards`` holds, planned: the
+    full save's files (from any number of ps, and the files they link), then each delta
+    (its ``(file, prefix)`` pairs) applied in order, its removed ids dropped, its rows put
+    in. No row is read here: the ids of every file are read and checked, and which rows of
+    each file the shard keeps is planned (see :class:`TablePlan`). Every check of the whole
+    read is made here, before a row goes anywhere, but for the rows' checksums, checked as
+    :meth:`TablePlan.pieces` reads them. (The deltas' rows were once read whole and
+    composed first: a tiered ps restoring deltas of 100,000 rows held them all in RAM, 14
+    times its budget; and a table read whole was held twice, read and composed.)"""
 
     def plan_delta(delta: list[tuple[str, str]]) -> Any:
         return _delta_parts(delta, shard, num_shards, dim)
 
-    # the files side by side, the base's ids among them (each read waits on the disk more
-    # than it works: W9's ten deltas were read in a quarter less time on 4 threads than on
-    # one, its restores took about 15 % less; 2 threads gave half that, 8 no more than 4)
+    # the files' ids side by side (PLAN_THREADS)
     with concurrent.futures.ThreadPoolExecutor(PLAN_THREADS, "pstrain-restore-read") as pool:
         base_reads = [pool.submit(_base_part, path, shard, num_shards, dim) for path in base_files]
         planned = list(pool.map(plan_delta, deltas))
