@@ -345,10 +345,10 @@ class TablePlan:
             raise InvalidArgumentError(f"dyn/restore: cannot read {part.path}: {exc}") from exc
 
     def nbytes(self, slots: int | None = None) -> int:
-        """The bytes of the shard's rows and of ``slots`` of its slots (all by default), as
+        """The bytes of the shard's ids, rows and ``slots`` of its slots (all by default), as
         :meth:`read_whole` makes them."""
         per_row = self.dim * self.dtype.itemsize
-        return self.rows * per_row * (1 + (len(self.slots) if slots is None else slots))
+        return self.rows * (8 + per_row * (1 + (len(self.slots) if slots is None else slots)))
 
     @property
     def held_nbytes(self) -> int:
