@@ -45,6 +45,7 @@ __all__ = [
     "TablePlan",
     "TableState",
     "delta_prefix",
+    "kept_by_later",
     "read_delta_index",
     "read_ahead",
     "read_table_plan",
@@ -163,7 +164,7 @@ T = TypeVar("T")
 PLAN_THREADS = 4
 
 
-def _kept_by_later(put: list[np.ndarray], removed: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray]:
+def kept_by_later(put: list[np.ndarray], removed: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray]:
     """Which of each delta's ids (``put[k]``, distinct; ``removed[k]``, the ids it removes)
     the deltas composed keep: those no later delta put again or removed (removed then put
     by one delta: put); and every id the deltas put or remove, ascending. The last delta
@@ -559,7 +560,7 @@ def read_table_plan(
         if KERNELS.unique_first(ids)[0].size != ids.size:
             raise InvalidArgumentError("dyn/restore: an id appears twice in the saved shards")
         put.append(ids)
-    keeps, seen = _kept_by_later(put, [removed for _, removed, _ in planned])
+    keeps, seen = kept_by_later(put, [removed for _, removed, _ in planned])
     delta_files: list[SavedFile] = []
     for (parts, _, _), keep in zip(planned, keeps, strict=True):
         at = 0

@@ -39,7 +39,7 @@ import numpy as np
 from ..._base.errors import FailedPreconditionError, InvalidArgumentError, PstrainError
 from ..numerics.idhash import Shard, in_slices
 from .checkpoint_files import read_index
-from .delta_files import INDEX, read_delta_index, split_delta
+from .delta_files import INDEX, kept_by_later, read_delta_index, split_delta
 from .table_links import linked_parts, rows_of
 from .tensor_files import TensorFile
 
@@ -256,18 +256,19 @@ def _compose(
     last save that put its id in, unless a later one removed it; ``removed``, the ids
     removed and not put in again."""
     opened = [_open_save(directory, s, confine, reply.files, shard, num_shards) for s in saves]
-    later = np.empty(0, np.int64)  # ids put in or removed by the saves after the one at hand
+    puts = [np.concatenate([np.empty(0, np.int64), *(i[m] for *_, i, m in files)]) for files, _ in opened]
+    keeps, _ = kept_by_later(puts, [removed for _, removed in opened])  # (as a restore composes)
     sources: list[tuple[TensorFile, str, np.ndarray]] = []
     id_parts: list[np.ndarray] = []
-    for n, (files, removed) in enumerate(reversed(opened), 1):
-        for tensor_file, key, ids, mine in files:
-            keep = mine & ~np.isin(ids, later) if later.size else mine
+    for (files, _), kept in zip(opened, keeps, strict=True):  # (each save's files, the last first)
+        ends = np.cumsum([int(mine.sum()) for *_, mine in files])
+        for (tensor_file, key, ids, mine), hi in zip(reversed(files), reversed(ends)):
+            keep = mine.copy()
+            keep[mine] = kept[hi - int(mine.sum()) : hi]
             sources.append((tensor_file, key, keep))
             id_parts.append(ids[keep])
-        if n < len(opened):  # (not after the oldest: nothing is left to compare with it)
-            later = np.union1d(later, np.concatenate([removed, *(ids[mine] for _, _, ids, mine in files)]))
-    reply.sources = sources[::-1]
-    reply.ids = np.concatenate(id_parts[::-1]) if id_parts else np.empty(0, np.int64)
+    reply.sources = sources
+    reply.ids = np.concatenate([np.empty(0, np.int64), *id_parts])
     removed_all = np.empty(0, np.int64)
     if not reply.reset:
         for files, removed in opened:
