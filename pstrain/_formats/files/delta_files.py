@@ -440,6 +440,22 @@ def _identity(fd: int) -> tuple[int, int, int, int]:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
+def _saved_file(
+    f: TensorFile, path: str, prefix: str, keys: set[str], ids: np.ndarray, keep: np.ndarray, dim: int
+) -> SavedFile:
+    """File ``path`` (open as ``f``; its tensors ``keys``, named without ``prefix``) as a
+    plan holds it: its rows' and slots' shapes checked against its ids."""
+    slots = tuple(sorted(k[5:] for k in keys if k.startswith("slot:")))
+    for key in ("rows", *(f"slot:{k}" for k in slots)):
+        shape = f.tensors[prefix + key].shape
+        if shape != (ids.size, dim):
+            what = f"{path}{' ' + prefix if prefix else ''}"
+            raise InvalidArgumentError(
+                f"dyn/restore: {key} in {what} is {shape}, expected ({ids.size}, {dim})"
+            )
+    return SavedFile(path, keep, ids, slots, _identity(f.fileno()), prefix)
+
+
 def _base_part(
     path: str, shard: Shard, num_shards: int, dim: int
 ) -> tuple[list[SavedFile], dict[str, float]]:
@@ -461,16 +477,8 @@ def _base_part(
                     for key in sorted(keys):
                         if key.startswith("init:"):
                             slot_init[key[5:]] = float(f.read(key).reshape(-1)[0])
-                if not keep.any():  # none of the shard's: its rows are not read
-                    continue
-                slots = tuple(sorted(k[5:] for k in keys if k.startswith("slot:")))
-                for key in ("rows", *(f"slot:{k}" for k in slots)):
-                    shape = f.tensors[key].shape
-                    if shape != (ids.size, dim):
-                        raise InvalidArgumentError(
-                            f"dyn/restore: {key} in {name} is {shape}, expected ({ids.size}, {dim})"
-                        )
-                out.append(SavedFile(name, keep, ids, slots, _identity(f.fileno())))
+                if keep.any():  # (none of the shard's: its rows are not read)
+                    out.append(_saved_file(f, name, "", keys, ids, keep, dim))
         except OSError as exc:
             raise InvalidArgumentError(f"dyn/restore: cannot read {name}: {exc}") from exc
     return out, slot_init
@@ -504,16 +512,8 @@ def _delta_parts(
                 for key in sorted(keys):
                     if key.startswith("init:"):
                         slot_init[key[5:]] = float(get(key).reshape(-1)[0])
-                if not keep.any():  # none of the shard's: its rows are not read
-                    continue
-                slots = tuple(sorted(k[5:] for k in keys if k.startswith("slot:")))
-                for key in ("rows", *(f"slot:{k}" for k in slots)):
-                    shape = f.tensors[prefix + key].shape
-                    if shape != (ids.size, dim):
-                        raise InvalidArgumentError(
-                            f"dyn/restore: {key} in {what} is {shape}, expected ({ids.size}, {dim})"
-                        )
-                out.append(SavedFile(path, keep, ids, slots, _identity(f.fileno()), prefix))
+                if keep.any():  # (none of the shard's: its rows are not read)
+                    out.append(_saved_file(f, path, prefix, keys, ids, keep, dim))
         except OSError as exc:
             raise InvalidArgumentError(f"dyn/restore: cannot read {path}: {exc}") from exc
     return out, np.concatenate(removed_parts), slot_init
