@@ -146,3 +146,24 @@ def test_a_planned_restore_reads_what_applying_each_delta_in_turn_leaves(base, d
 
 def _shard(ids, shard) -> np.ndarray:
     return in_slices(np.asarray(ids, np.int64), shard[1], shard[0])
+
+
+def test_a_file_whose_rows_do_not_match_its_ids_is_refused_by_name_before_any_row_is_read(tmp_path):
+    dtype = np.dtype(np.float32)
+    base = _table_file(tmp_path / "a", [1, 2, 3], 1.0)
+    short = str(tmp_path / "d")
+    write_tensors(short, {"d1:ids": np.arange(4, dtype=np.int64), "d1:rows": np.ones((3, DIM), np.float32)})
+    with pytest.raises(InvalidArgumentError, match=r"rows in .*/d d1: is \(3, 2\), expected \(4, 2\)"):
+        read_table_plan([base], [[(short, "d1:")]], 0, 1, DIM, dtype)
+    slot = str(tmp_path / "b")
+    write_tensors(
+        slot,
+        {
+            "ids": np.arange(2, dtype=np.int64),
+            "rows": np.ones((2, DIM), np.float32),
+            "slot:acc": np.ones((2, DIM + 1), np.float32),
+            "init:acc": np.full(1, 0.1, np.float32),
+        },
+    )
+    with pytest.raises(InvalidArgumentError, match=r"slot:acc in .*/b is \(2, 3\), expected \(2, 2\)"):
+        read_table_plan([slot], [], 0, 1, DIM, dtype)
