@@ -46,6 +46,7 @@ __all__ = [
     "TableState",
     "delta_prefix",
     "kept_by_later",
+    "narrowed",
     "read_delta_index",
     "read_ahead",
     "read_table_plan",
@@ -519,12 +520,17 @@ def _delta_parts(
     return out, np.concatenate(removed_parts), slot_init
 
 
+def narrowed(mask: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """``mask`` with only ``keep`` (one per true entry of it) of its true entries left true:
+    a file's rows of a shard, narrowed to those the later saves did not touch."""
+    out = mask.copy()
+    out[mask] = keep
+    return out
+
+
 def _kept(part: SavedFile, keep: np.ndarray) -> SavedFile:
     """``part`` keeping only ``keep`` of the rows it kept (one per kept row)."""
-    if keep.all():
-        return part._replace(ids=part.ids if part.ids.size == part.keep.sum() else part.ids[part.keep])
-    mask = part.keep.copy()
-    mask[np.flatnonzero(part.keep)[~keep]] = False
+    mask = narrowed(part.keep, keep)
     return part._replace(keep=mask, ids=part.ids[mask])
 
 

@@ -39,7 +39,7 @@ import numpy as np
 from ..._base.errors import FailedPreconditionError, InvalidArgumentError, PstrainError
 from ..numerics.idhash import Shard, in_slices
 from .checkpoint_files import read_index
-from .delta_files import INDEX, kept_by_later, read_delta_index, split_delta
+from .delta_files import INDEX, kept_by_later, narrowed, read_delta_index, split_delta
 from .table_links import linked_parts, rows_of
 from .tensor_files import TensorFile
 
@@ -263,8 +263,7 @@ def _compose(
     for (files, _), kept in zip(opened, keeps, strict=True):  # (each save's files, the last first)
         ends = np.cumsum([int(mine.sum()) for *_, mine in files])
         for (tensor_file, key, ids, mine), hi in zip(reversed(files), reversed(ends)):
-            keep = mine.copy()
-            keep[mine] = kept[hi - int(mine.sum()) : hi]
+            keep = narrowed(mine, kept[hi - int(mine.sum()) : hi])
             sources.append((tensor_file, key, keep))
             id_parts.append(ids[keep])
     reply.sources = sources
