@@ -19,7 +19,13 @@ import msgspec
 import numpy as np
 
 from ...._base.cluster import Named, named
-from ...._base.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, ResourceExhaustedError
+from ...._base.errors import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+)
 from ...._formats.files.table_links import LINKED, link_name
 from ...._formats.files.tensor_files import whole
 from ...._formats.messages.checkpoint_operations import RestoreTable, SaveCheckpoint
@@ -234,11 +240,18 @@ class TableHandlers:
             return fn
 
         async def run(req: Q) -> Any:
-            if check is not None:
-                check(req)
             wanted = list(ids_of(req))
+            names = {name for name, _ in wanted}
             train = trains(req)
-            read = await self.stage(wanted, train)
+            while True:  # (a table set aside for a restore in place: after it, and staged again)
+                await self.restores.settled(names)
+                if check is not None:
+                    check(req)
+                read = await self.stage(wanted, train)
+                if not names & self.restores.aside.keys():
+                    break
+                for table in read:
+                    table.read_ahead = None
             try:
                 out = fn(req)  # no await between the stage and the handler: its rows stay in RAM
             finally:
@@ -490,8 +503,18 @@ class TableHandlers:
     def table(self, name: str) -> DynamicTable:
         table = self.tables.get(name)
         if table is None:
+            self._not_aside(name)
             raise NotFoundError(f"dynamic table {name!r} not found on {self.task}")
         return table
+
+    def _not_aside(self, name: str) -> None:
+        """FailedPreconditionError if table ``name`` is set aside for a restore in place (a
+        request of its rows waits for it; others are refused meanwhile)."""
+        if name in self.restores.aside:
+            raise FailedPreconditionError(
+                f"dynamic table {name!r} is set aside on {self.task}'s disk while a restore "
+                "replaces it (both do not fit its --memory-budget): ask again once the restore ends"
+            )
 
     def create_table(self, req: CreateTable) -> CreatedReply:
         """Create a table's shard here; the same configuration again is a no-op, another
@@ -505,6 +528,7 @@ class TableHandlers:
             raise InvalidArgumentError(
                 f"dyn/create of {req.name!r}: a shard and slices given both, or no slice owned"
             )
+        self._not_aside(req.name)
         existing = self.tables.get(req.name)
         if existing is not None and (existing.owner == req.owner or req.owner is None):
             if req.name in self.guards:  # slices moved: its capacity is its share of theirs now

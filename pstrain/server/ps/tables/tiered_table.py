@@ -851,14 +851,37 @@ class TieredTable(TieredSlices, DynamicTable):
             )
         self._keep_statistics()  # (the load made the table anew)
 
-    def rows_in_ram_for(self, n: int, slots: int, replacing: DynamicTable | None = None) -> int:
+    def array_holders(self) -> list[dict[Any, Any]]:
+        """Where this shard's arrays are held (its own attributes, its slots', its indexes'
+        and its tier's: their ``__dict__``, or the dict itself), for ``set_aside.py`` to
+        write them out and read them back. Recent lookups' places are forgotten (looked for
+        again after)."""
+        self._looked_up.clear()
+        cold = self.cold
+        return [
+            self.__dict__,
+            self.slots,
+            self.index.__dict__,
+            self._cand.__dict__,
+            cold.__dict__,
+            cold.places.__dict__,
+            cold.places.of,
+            *(part.__dict__ for part in cold.index.parts),
+        ]
+
+    def rows_in_ram_for(
+        self, n: int, slots: int, replacing: DynamicTable | None = None, besides: int = 0
+    ) -> int:
         """How many of ``n`` rows with ``slots`` optimizer slots a load keeps in RAM (the rest
         go to disk); ResourceExhaustedError if the budget cannot index the rest. Reads what
-        the whole ps holds: on the serving loop. ``replacing``: as :meth:`load`'s."""
+        the whole ps holds: on the serving loop. ``replacing``: as :meth:`load`'s;
+        ``besides``: bytes the load holds until it ends beside the shard (a restore's plan)."""
         gone_cold = replacing.cold.nbytes if isinstance(replacing, TieredTable) else 0
         gone_hot = (replacing.nbytes - gone_cold) if replacing is not None else 0
         # (of this shard, the arrays and index a load replaces; its admission's stay)
-        others_hot = self.held_hot() - gone_hot - self.alloc * self.allocated_row_bytes() - self.index.nbytes
+        others_hot = (
+            self.held_hot() + besides - gone_hot - self.alloc * self.allocated_row_bytes() - self.index.nbytes
+        )
         per = self._loaded_row_bytes(slots)
         # the hot share's room, and at least the hot set's floor (as training keeps it: the
         # first of several shards restored together takes the share's room, the others
