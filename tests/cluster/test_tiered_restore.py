@@ -74,7 +74,7 @@ def _links(cluster, table) -> list[os.stat_result]:
 async def test_a_tiered_restore_links_its_base_and_trains_on_as_from_a_copy(tmp_path):
     batches = _batches()
     # ids swept evenly: most rows of the linked files come back to RAM (then die there)
-    sweeps = [np.sort(p[:512]) for p in map(np.random.default_rng(3).permutation, [IDS] * 12)]
+    sweeps = [np.sort(p[:512]) for p in map(np.random.default_rng(3).permutation, [IDS] * 16)]
     async with _cluster(tmp_path, tmp_path) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         table, opt = _new(strategy)

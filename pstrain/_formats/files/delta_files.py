@@ -214,19 +214,29 @@ def _member(ids: np.ndarray, of: np.ndarray) -> np.ndarray:
 
 
 def _repeats(ids: np.ndarray) -> bool:
-    """Whether an id comes twice in ``ids``: a hash set of each of ``REPEAT_PARTS`` parts of
-    them in turn (a part by a hash of the id), not one of them all (for a base of millions
-    of ids, hundreds of MB besides its ids)."""
+    """Whether an id comes twice in ``ids``: each of ``REPEAT_PARTS`` parts of them (a part
+    by a hash of the id) sorted in turn, a copy of that part alone, and its neighbours
+    compared: 8 bytes an id of a part besides the ids (a hash set of them costs 40 to 80,
+    which for a base of millions of ids is a restore's largest array)."""
     if ids.size <= CHECK_BLOCK:
-        return bool(KERNELS.unique_first(ids)[0].size != ids.size)
+        return _sorted_repeats(np.sort(ids))
     which = np.empty(ids.size, np.uint8)
     for lo in range(0, ids.size, CHECK_BLOCK):
         which[lo : lo + CHECK_BLOCK] = KERNELS.shard_ids(ids[lo : lo + CHECK_BLOCK], REPEAT_PARTS, 0)
     for part in range(REPEAT_PARTS):
         some = ids[which == part]
-        if KERNELS.unique_first(some)[0].size != some.size:
+        some.sort()
+        if _sorted_repeats(some):
             return True
     return False
+
+
+def _sorted_repeats(ids: np.ndarray) -> bool:
+    """Whether sorted ``ids`` hold an id twice (compared ``CHECK_BLOCK`` at a time)."""
+    return any(
+        bool(np.any(ids[lo + 1 : lo + CHECK_BLOCK + 1] == ids[lo : min(lo + CHECK_BLOCK, ids.size - 1)]))
+        for lo in range(0, max(0, ids.size - 1), CHECK_BLOCK)
+    )
 
 
 def _shard_ids(

@@ -490,15 +490,15 @@ class TensorFile:
         _verify_whole(tensor, self.path, key, out)
         return out
 
-    def check(self, key: str) -> None:
-        """Read tensor ``key`` through, ``CHECK_READ`` bytes at a time, against its checksums
+    def check(self, key: str, step: int = CHECK_READ) -> None:
+        """Read tensor ``key`` through, ``step`` bytes at a time, against its checksums
         (a reader that sends it while reading checks it first: damage is an error before
         anything is sent, not a reply cut short)."""
         tensor = self._locate(key)
         check = tensor.verifier(self.path, key)
         if check is None or key in self._checked:
             return
-        step = CHECK_READ  # a small buffer: many readers may check at once
+        # (a small buffer: many readers may check at once)
         buf = np.empty(min(step, tensor.nbytes), np.uint8)
         for lo in range(0, tensor.nbytes, step):
             piece = buf[: min(step, tensor.nbytes - lo)]

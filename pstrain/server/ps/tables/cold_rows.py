@@ -43,7 +43,7 @@ from ...._kernels import KERNELS
 from .cold_places import PLACE_BITS, Places, SavedPlaces
 from .cold_records import META, copy_field, field_cells, pack_records, scatter_cells
 from .cold_segments import Segment, SegmentFiles, remove_soon
-from .id_index import SPLIT_BLOCK, PartitionedIndex
+from .id_index import PartitionedIndex
 
 __all__ = ["ColdRows", "resize_rows"]
 
@@ -71,6 +71,10 @@ SCAN_SLOTS = 1 << 14
 #: as that old: ``max_age`` evicts it long before).
 KEY_TOP = (1 << 32) - 1
 KEY_SPAN = 1 << 30
+#: Rows a bulk load (:meth:`ColdRows.add_parts`) indexes at a time: its temporaries (the
+#: ids split among the index's parts, their slots, their places encoded), some 40 bytes a
+#: row, are a block's (a restore's tens of millions of rows: its largest transient).
+LOAD_BLOCK = 1 << 16
 
 
 def resize_rows(holder: dict[str, Any], key: str, rows: int) -> np.ndarray:
@@ -264,8 +268,8 @@ class ColdRows:
         self._room_for(n)
         self.used += n
         for ids, places in parts:
-            for lo in range(0, ids.size, SPLIT_BLOCK):
-                block = ids[lo : lo + SPLIT_BLOCK]
+            for lo in range(0, ids.size, LOAD_BLOCK):
+                block = ids[lo : lo + LOAD_BLOCK]
                 self.places[at : at + block.size] = places[lo : lo + block.size]
                 self.index.insert(block, np.arange(at, at + block.size, dtype=np.int64))
                 at += block.size

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...._formats.files.delta_files import PIECE_BYTES, TablePlan, read_ahead
+from ...._formats.files.tensor_files import CHECK_READ
 from .cold_places import PLACE_BITS
 
 if TYPE_CHECKING:
@@ -45,6 +46,9 @@ Piece = tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]
 #: each: the disk reads them side by side, as a restore that copies reads them), while the
 #: table fills.
 CHECK_THREADS = 4
+#: What each of them reads at a time at least (at most ``CHECK_READ``: together, a save's
+#: block, a share of the budget).
+MIN_CHECK_READ = 64 << 10
 
 
 def fill_from_plan(
@@ -80,10 +84,11 @@ def fill_from_plan(
         # the table is served after, never a row of a damaged file
         with concurrent.futures.ThreadPoolExecutor(CHECK_THREADS, "pstrain-restore-check") as pool:
             checks = []
+            step = min(CHECK_READ, max(MIN_CHECK_READ, table.save_block_bytes // CHECK_THREADS))
             for f, part, _, _ in linked:
                 keys = ("rows", *(f"slot:{k}" for k in part.slots))
                 f.checked_alongside(keys)
-                checks += [pool.submit(f.check, key) for key in keys]
+                checks += [pool.submit(f.check, key, step) for key in keys]
             try:
                 table.fill_pieces(
                     pieces(), plan.rows - left, slot_init, hot, linked=[(ids, at) for _, _, ids, at in linked]
