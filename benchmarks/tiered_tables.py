@@ -175,6 +175,16 @@ async def chain_restore(
     }
 
 
+def _over_budget(runs: list[dict], key: str, budget: int) -> list[float]:
+    """Of each run that sampled ``key`` (each ps's largest RSS, MiB), the largest rise of a
+    ps over its RSS at start, over ``budget``."""
+    return [
+        max(peak - start for peak, start in zip(r[key], r["rss_mib_at_start_per_ps"])) * (1 << 20) / budget
+        for r in runs
+        if r.get(key)
+    ]
+
+
 #: Deltas on the base a restore reads, and training steps between two of them.
 DELTAS = 10
 DELTA_STEPS = 10
@@ -273,33 +283,9 @@ def main() -> None:
     ram, tiered = runs["ram"], runs["tiered"]
     speed = median([r["examples_per_s"] for r in tiered])
     in_ram = median([r["examples_per_s"] for r in ram])
-    over = [
-        max(
-            peak - start for peak, start in zip(r["rss_mib_samples_max_per_ps"], r["rss_mib_at_start_per_ps"])
-        )
-        * (1 << 20)
-        / budget
-        for r in tiered
-    ]
-    over_saves = [
-        max(
-            peak - start
-            for peak, start in zip(r["rss_mib_during_saves_max_per_ps"], r["rss_mib_at_start_per_ps"])
-        )
-        * (1 << 20)
-        / budget
-        for r in tiered
-    ]
-    over_restore = [
-        max(
-            peak - start
-            for peak, start in zip(r["rss_mib_during_restore_max_per_ps"], r["rss_mib_at_start_per_ps"])
-        )
-        * (1 << 20)
-        / budget
-        for r in tiered
-        if r.get("rss_mib_during_restore_max_per_ps")
-    ]
+    over = _over_budget(tiered, "rss_mib_samples_max_per_ps", budget)
+    over_saves = _over_budget(tiered, "rss_mib_during_saves_max_per_ps", budget)
+    over_restore = _over_budget(tiered, "rss_mib_during_restore_max_per_ps", budget)
     last = tiered[-1]["table"]
     per_ps = tiered[-1]["table_per_ps"]
     looked = max(1, last.get("looked_up", 0))

@@ -5,6 +5,7 @@ begins (:class:`SavedPlaces`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import numpy as np
@@ -13,7 +14,7 @@ from ...._base.errors import ResourceExhaustedError
 from ...._formats.files.table_links import pack
 from ...._formats.numerics.idhash import in_slices
 
-__all__ = ["FREE", "PLACE_BITS", "Places", "SavedPlaces"]
+__all__ = ["FREE", "PLACE_BITS", "MaskedPlaces", "Places", "SavedPlaces", "place_blocks"]
 
 #: A place: segment number << PLACE_BITS | record number.
 PLACE_BITS = 32
@@ -241,3 +242,29 @@ class SavedPlaces:
         flat = np.concatenate(parts) if len(parts) > 1 else parts[0]
         seg = np.searchsorted(self.base, flat, "right") - 1
         return (self.numbers[seg] << PLACE_BITS) | (flat - self.base[seg])
+
+
+class MaskedPlaces:
+    """The places of the records of segment ``number`` where ``mask`` is set from record
+    ``start`` on, in order, made a block at a time (:meth:`blocks`): the rows a restore
+    leaves in a file it linked into the tier, which an array of their places would hold at
+    8 bytes a row until they are indexed."""
+
+    def __init__(self, number: int, mask: np.ndarray, start: int = 0) -> None:
+        self.number, self.mask, self.start = number, mask, start
+
+    def blocks(self, records: int) -> Iterator[np.ndarray]:
+        """The places, about ``records`` of the mask's records scanned at a time."""
+        for lo in range(self.start, self.mask.size, records):
+            found = np.flatnonzero(self.mask[lo : lo + records])
+            if found.size:
+                yield (found + lo) | (np.int64(self.number) << PLACE_BITS)
+
+
+def place_blocks(places: np.ndarray | MaskedPlaces, size: int) -> Iterator[np.ndarray]:
+    """``places`` (an array, or :class:`MaskedPlaces`) a block of at most ``size`` at a time."""
+    if isinstance(places, MaskedPlaces):
+        yield from places.blocks(size)
+    else:
+        for lo in range(0, places.size, size):
+            yield places[lo : lo + size]

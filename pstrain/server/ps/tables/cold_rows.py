@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from ...._base.errors import ResourceExhaustedError
+from ...._base.errors import InvalidArgumentError, ResourceExhaustedError
 from ...._kernels import KERNELS
-from .cold_places import PLACE_BITS, Places, SavedPlaces
+from .cold_places import PLACE_BITS, MaskedPlaces, Places, SavedPlaces, place_blocks
 from .cold_records import META, copy_field, field_cells, pack_records, scatter_cells
 from .cold_segments import Segment, SegmentFiles, remove_soon
 from .id_index import PartitionedIndex
@@ -74,7 +74,7 @@ KEY_SPAN = 1 << 30
 #: Rows a bulk load (:meth:`ColdRows.add_parts`) indexes at a time: its temporaries (the
 #: ids split among the index's parts, their slots, their places encoded), some 40 bytes a
 #: row, are a block's (a restore's tens of millions of rows: its largest transient).
-LOAD_BLOCK = 1 << 16
+LOAD_BLOCK = 1 << 14
 
 
 def resize_rows(holder: dict[str, Any], key: str, rows: int) -> np.ndarray:
@@ -252,13 +252,13 @@ class ColdRows:
         self.index.insert(ids, cold)
         self.rows_written += n
 
-    def add_parts(self, parts: list[tuple[np.ndarray, np.ndarray]]) -> None:
-        """:meth:`add` of every ``(ids, places)`` of ``parts`` with epoch and key 0: a
-        restore's bulk load into a tier made anew (no slot given up yet), its slots a run
-        taken at once and written as slices a block at a time, the index sized for them as
-        full as it may be, and no array of them all joined (tens of millions of rows: each
-        copy is hundreds of MB the ps has not touched yet, which costs more on first use
-        than the copy)."""
+    def add_parts(self, parts: list[tuple[np.ndarray, np.ndarray | MaskedPlaces]]) -> None:
+        """:meth:`add` of every ``(ids, places)`` of ``parts`` with epoch and key 0 (places
+        as an array, or made a block at a time: :class:`MaskedPlaces`): a restore's bulk
+        load into a tier made anew (no slot given up yet), its slots a run taken at once and
+        written as slices a block at a time, the index sized for them as full as it may be,
+        and no array of them all joined (tens of millions of rows: each copy is hundreds of
+        MB the ps has not touched yet, which costs more on first use than the copy)."""
         n = sum(ids.size for ids, _ in parts)
         if not n:
             return
@@ -268,11 +268,19 @@ class ColdRows:
         self._room_for(n)
         self.used += n
         for ids, places in parts:
-            for lo in range(0, ids.size, LOAD_BLOCK):
-                block = ids[lo : lo + LOAD_BLOCK]
-                self.places[at : at + block.size] = places[lo : lo + block.size]
+            done = 0
+            for block_places in place_blocks(places, LOAD_BLOCK):
+                block = ids[done : done + block_places.size]
+                if block.size != block_places.size:
+                    raise InvalidArgumentError(f"a bulk load into {self.directory}: more places than ids")
+                self.places[at : at + block.size] = block_places
                 self.index.insert(block, np.arange(at, at + block.size, dtype=np.int64))
                 at += block.size
+                done += block.size
+            if done != ids.size:
+                raise InvalidArgumentError(
+                    f"a bulk load into {self.directory}: {ids.size} ids, {done} placed"
+                )
         self.epochs[first:at] = 0
         self.keys[first:at] = np.clip(-self.key_base, 0, KEY_TOP)
         self.rows_written += n

@@ -385,9 +385,7 @@ class TableRestores:
         async def fill() -> None:  # (budgeted as if the shard it replaces were gone)
             nonlocal reserved
             old = self.handlers.tables.get(req.name)  # (None if set aside)
-            # the plan's ids, and the places of the rows left in the files linked, are held
-            # beside the shard until it is filled
-            besides = plan.held_nbytes + 8 * plan.rows
+            besides = plan.held_nbytes  # (its ids, held beside the shard until it is filled)
             hot = table.rows_in_ram_for(plan.rows, len(slot_init), replacing=old, besides=besides)
             need = table.ram_for(plan.rows, len(slot_init), hot) + besides
             if isinstance(old, TieredTable) and self.handlers.held() + need > limit:

@@ -29,7 +29,7 @@ import numpy as np
 
 from ...._formats.files.delta_files import PIECE_BYTES, TablePlan, read_ahead
 from ...._formats.files.tensor_files import CHECK_READ
-from .cold_places import PLACE_BITS
+from .cold_places import MaskedPlaces
 
 if TYPE_CHECKING:
     from ...._formats.files.delta_files import SavedFile
@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 Piece = tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]
 
+#: Records of a file a scan of which it keeps looks at a time.
+SCAN_BLOCK = 1 << 20
 #: Threads that read the linked files' tensors through against their checksums (a tensor
 #: each: the disk reads them side by side, as a restore that copies reads them), while the
 #: table fills.
@@ -59,7 +61,7 @@ def fill_from_plan(
     docstring); ``names`` maps saved slots to the table's. Returns the rows left where
     they lie in linked files."""
     room = max(0, hot - plan.delta_rows)
-    linked: list[tuple[TensorFile, SavedFile, np.ndarray, np.ndarray]] = []
+    linked: list[tuple[TensorFile, SavedFile, np.ndarray, MaskedPlaces]] = []
     parts: list[tuple[SavedFile, TensorFile | None]] = []
     try:
         for part in plan.base:
@@ -125,7 +127,7 @@ def _pieces(
 
 def _link(
     table: TieredTable, plan: TablePlan, part: SavedFile, names: dict[str, str], in_ram: int
-) -> tuple[TensorFile, SavedFile, np.ndarray, np.ndarray] | None:
+) -> tuple[TensorFile, SavedFile, np.ndarray, MaskedPlaces] | None:
     """Link base file ``part`` into ``table``'s tier past its first ``in_ram`` kept rows:
     (the file open, the part of it still to read for RAM, the ids left on disk and their
     places); None where it cannot be (the caller copies its rows)."""
@@ -143,7 +145,7 @@ def _link(
 
 def _linked(
     table: TieredTable, f: TensorFile, part: SavedFile, names: dict[str, str], in_ram: int
-) -> tuple[SavedFile, np.ndarray, np.ndarray] | None:
+) -> tuple[SavedFile, np.ndarray, MaskedPlaces] | None:
     """:func:`_link` of the file open as ``f``."""
     tensors = f.tensors
     if any(tensors[k].dtype != table.dtype for k in ("rows", *(f"slot:{k}" for k in part.slots))):
@@ -166,9 +168,23 @@ def _linked(
     except OSError as exc:
         logger.info("restore of %r copies %s: it cannot be linked (%s)", table.name, part.path, exc)
         return None
-    records = np.flatnonzero(part.keep)
-    head = np.zeros(part.keep.size, bool)
-    head[records[:in_ram]] = True
-    places = records[in_ram:]
-    places |= np.int64(number) << PLACE_BITS  # (in place: no second array of them all)
+    cut = _after_first(part.keep, in_ram)  # (the records past it stay on disk)
+    head = part.keep.copy()
+    head[cut:] = False
+    places = MaskedPlaces(number, part.keep, cut)  # (made a block at a time as indexed)
     return part._replace(keep=head, ids=part.ids[:in_ram]), part.ids[in_ram:], places
+
+
+def _after_first(mask: np.ndarray, n: int) -> int:
+    """The position just past the ``n``-th set element of ``mask`` (0 if ``n`` is 0),
+    counted a block at a time (no array of every set position)."""
+    seen = 0
+    for lo in range(0, mask.size, SCAN_BLOCK):
+        if seen >= n:
+            return lo
+        part = mask[lo : lo + SCAN_BLOCK]
+        count = int(np.count_nonzero(part))
+        if seen + count >= n:
+            return lo + int(np.flatnonzero(part)[n - seen - 1]) + 1
+        seen += count
+    return mask.size

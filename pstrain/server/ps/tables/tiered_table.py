@@ -48,6 +48,7 @@ from ...._base.errors import InvalidArgumentError, ResourceExhaustedError
 from ...._formats.files.direct_writes import ALIGN, CHUNK
 from ..checkpoints.snapshots import Snapshot
 from ..store import ChangeClock
+from .cold_places import MaskedPlaces
 from .cold_records import META, scatter_rows
 from .cold_rows import ColdRows, resize_rows
 from .dynamic_table import EVICT_BATCH, DynamicTable, Found
@@ -875,24 +876,24 @@ class TieredTable(TieredSlices, DynamicTable):
         """How many of ``n`` rows with ``slots`` optimizer slots a load keeps in RAM (the rest
         go to disk); ResourceExhaustedError if the budget cannot index the rest. Reads what
         the whole ps holds: on the serving loop. ``replacing``: as :meth:`load`'s;
-        ``besides``: bytes the load holds until it ends beside the shard (a restore's plan)."""
+        ``besides``: bytes the load holds beside the shard until it ends (a restore's plan),
+        which the hot set makes room for as far as it can (down to one row): a shard that
+        fits the budget once loaded is not refused for them."""
         gone_cold = replacing.cold.nbytes if isinstance(replacing, TieredTable) else 0
         gone_hot = (replacing.nbytes - gone_cold) if replacing is not None else 0
         # (of this shard, the arrays and index a load replaces; its admission's stay)
-        others_hot = (
-            self.held_hot() + besides - gone_hot - self.alloc * self.allocated_row_bytes() - self.index.nbytes
-        )
+        others_hot = self.held_hot() - gone_hot - self.alloc * self.allocated_row_bytes() - self.index.nbytes
         per = self._loaded_row_bytes(slots)
         # the hot share's room, and at least the hot set's floor (as training keeps it: the
         # first of several shards restored together takes the share's room, the others
         # their floor, then the whole budget decides)
         floor = min(n, max(1, int(self.budget * HOT_FLOOR) // max(per, self.hot_row_bytes())))
-        hot = min(n, max(1, floor, (int(self.budget * HOT_SHARE) - others_hot) // per))
+        hot = min(n, max(1, floor, (int(self.budget * HOT_SHARE) - others_hot - besides) // per))
         other_cold = self.cold_index() - self.cold.nbytes - gone_cold
 
-        def fits(hot: int) -> bool:  # the whole budget, the disk's index past its half
+        def fits(hot: int, extra: int = besides) -> bool:  # the whole budget
             return (
-                others_hot + hot * per + other_cold + self.cold.nbytes_with(n - hot, tight=True)
+                others_hot + extra + hot * per + other_cold + self.cold.nbytes_with(n - hot, tight=True)
                 <= self.budget
             )
 
@@ -904,8 +905,8 @@ class TieredTable(TieredSlices, DynamicTable):
             # training reckons it, rows budgeted for ``SLOTS`` slots: what it may have left)
             hot = _largest(floor, hot, fits) or floor
         if not fits(hot):  # fewer in RAM, down to one, before a refusal
-            hot = _largest(1, hot, fits) or hot
-        if not fits(hot):
+            hot = _largest(1, hot, fits) or 1  # (none with ``besides``: as few as may be)
+        if not fits(hot, 0):
             self.refused += 1
             raise ResourceExhaustedError(
                 f"dynamic table {self.name!r}: {n} rows do not fit this ps's budget of "
@@ -930,7 +931,7 @@ class TieredTable(TieredSlices, DynamicTable):
         n: int,
         slot_init: dict[str, float],
         hot: int,
-        linked: Iterable[tuple[np.ndarray, np.ndarray]] = (),
+        linked: Iterable[tuple[np.ndarray, np.ndarray | MaskedPlaces]] = (),
     ) -> None:
         """As :meth:`load` into a table made anew, the ``n`` rows coming a piece at a time
         (a restore reading its base as it goes, ``delta_files.TablePlan``): the first
