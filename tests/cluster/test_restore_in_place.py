@@ -94,7 +94,7 @@ async def _restored_in_place(cluster, tmp_path) -> None:
     # the old shard's RAM (about the budget) was let go before the new one took its own
     assert added < BUDGET // 2, added
     assert ps.table_handlers.held() <= ps.store.budget.limit
-    assert not ps.table_handlers.restores.aside
+    assert not ps.table_handlers.restores.asides
     assert not os.path.exists(shard.cold.directory)  # (the old shard's disk went)
     saved = await pstrain.Checkpoint(model={"emb": table}, optimizer=opt).save(str(tmp_path / "again"))
     want, got = _by_id(load_variables(path)), _by_id(load_variables(saved))
@@ -110,8 +110,8 @@ async def test_a_lookup_during_the_restore_waits_and_gets_the_restored_rows(tmp_
         restores = cluster.ps[0].table_handlers.restores
         ids = IDS[::97]
         restore = asyncio.ensure_future(pstrain.Checkpoint(model={"emb": table}, optimizer=opt).restore(path))
-        await wait_for(lambda: restores.aside or restore.done(), timeout=60)
-        assert restores.aside  # (the old shard is aside while the new one fills)
+        await wait_for(lambda: restores.asides or restore.done(), timeout=60)
+        assert restores.asides  # (the old shard is aside while the new one fills)
         rows = await table.lookup(ids, training=False)
         assert restore.done()  # (the lookup waited for the restore)
         await restore
@@ -130,8 +130,8 @@ async def test_a_restore_that_fails_serves_the_shard_set_aside_as_it_was(tmp_pat
         _damage_last_row(files[-1])
         with pytest.raises(pstrain.errors.InvalidArgumentError, match="checksum|damaged"):
             await pstrain.Checkpoint(model={"emb": table}, optimizer=opt).restore(path)
-        assert handlers.restores.set_aside == 1  # (before the damage was found)
-        assert handlers.tables[table.key] is shard and not handlers.restores.aside
+        assert handlers.restores.asides.count == 1  # (before the damage was found)
+        assert handlers.tables[table.key] is shard and not handlers.restores.asides
         got_ids, got_rows = await table.export()
         np.testing.assert_array_equal(got_ids, want_ids)
         np.testing.assert_array_equal(got_rows, want_rows)
@@ -158,9 +158,9 @@ async def test_a_restore_aborted_by_another_ps_serves_the_shards_set_aside_again
         _damage_last_row(files[1])
         with pytest.raises(pstrain.errors.InvalidArgumentError, match="checksum|damaged"):
             await pstrain.Checkpoint(model={"emb": table}, optimizer=opt).restore(path)
-        assert [ps.table_handlers.restores.set_aside for ps in cluster.ps] == [1, 1]
+        assert [ps.table_handlers.restores.asides.count for ps in cluster.ps] == [1, 1]
         for ps, shard in zip(cluster.ps, shards):
-            assert ps.table_handlers.tables[table.key] is shard and not ps.table_handlers.restores.aside
+            assert ps.table_handlers.tables[table.key] is shard and not ps.table_handlers.restores.asides
         got_ids, got_rows = await table.export()
         np.testing.assert_array_equal(got_ids, want_ids)
         np.testing.assert_array_equal(got_rows, want_rows)

@@ -613,6 +613,6 @@ class ParameterServer(ServerBase):
 
     async def abort_restore(self, req: AbortRestore) -> AbortReply:
         tables = self.table_handlers.restores.abort_tables(req.stage)
-        await self.table_handlers.restores.brought_back()  # (served again before the reply)
+        await self.table_handlers.restores.asides.brought_back()  # (served again before the reply)
         aborted = await self.checkpoints.abort(req.stage)
         return AbortReply(aborted=aborted or tables)

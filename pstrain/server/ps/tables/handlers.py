@@ -244,11 +244,11 @@ class TableHandlers:
             names = {name for name, _ in wanted}
             train = trains(req)
             while True:  # (a table set aside for a restore in place: after it, and staged again)
-                await self.restores.settled(names)
+                await self.restores.asides.settled(names)
                 if check is not None:
                     check(req)
                 read = await self.stage(wanted, train)
-                if not names & self.restores.aside.keys():
+                if not any(name in self.restores.asides for name in names):
                     break
                 for table in read:
                     table.read_ahead = None
@@ -510,7 +510,7 @@ class TableHandlers:
     def _not_aside(self, name: str) -> None:
         """FailedPreconditionError if table ``name`` is set aside for a restore in place (a
         request of its rows waits for it; others are refused meanwhile)."""
-        if name in self.restores.aside:
+        if name in self.restores.asides:
             raise FailedPreconditionError(
                 f"dynamic table {name!r} is set aside on {self.task}'s disk while a restore "
                 "replaces it (both do not fit its --memory-budget): ask again once the restore ends"

@@ -13,10 +13,8 @@ restore goes, with its rows on disk.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import msgspec
@@ -31,14 +29,12 @@ from ..checkpoints.feed import TableFeed
 from ..checkpoints.saves import MAX_STAGED, STAGE_TTL_S, CheckpointFiles
 from .cold_records import META, pack_records, record_dtype
 from .dynamic_table import DynamicTable, TableConfig
-from .set_aside import SetAside
+from .set_aside import SetAsides
 from .table_slices import SliceGuards
 from .tiered_restore import fill_from_plan
 from .tiered_table import TieredTable, Tiering
 
 __all__ = ["TableRestores", "Tables", "discard"]
-
-logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -52,17 +48,6 @@ class _Staged:
     table: DynamicTable | None = None  # the table made for it (a tiered one's disk goes if dropped)
     nbytes: int = 0  # what a merge staged holds (a table staged: its own ``nbytes``)
     drop: Callable[[], None] | None = None  # what a merge written to disk undoes if dropped
-
-
-@dataclasses.dataclass
-class _Aside:
-    """A tiered shard set aside for a restore in place (``set_aside.py``): requests for its
-    table wait for ``done``, set once it is replaced or served again."""
-
-    table: TieredTable
-    arrays: SetAside
-    done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-    back: asyncio.Task[None] | None = None  # its arrays being read back
 
 
 def _check_capacity(name: str, rows: int, capacity: int) -> None:
@@ -122,12 +107,9 @@ class TableRestores:
         #: Bytes of the shards being read into RAM now (each checked against the room left
         #: with the others counted: restores of several tables arrive together).
         self.reading = 0
-        #: Tiered shards set aside for restores in place (by table), and the tiered restores
-        #: under way (by table): a shard set aside comes back once none is under way or
-        #: staged for its table, unless one was put in its place.
-        self.aside: dict[str, _Aside] = {}
-        self.restoring: dict[str, int] = {}
-        self.set_aside = 0  # shards set aside so far
+        #: Tiered shards set aside on disk for restores in place, and the tiered restores
+        #: under way (``set_aside.py``).
+        self.asides = SetAsides(handlers, self.staged_for)
 
     async def restore_table(self, req: RestoreTable) -> RestoreReply:
         config = TableConfig(**msgspec.structs.asdict(req.config))
@@ -332,142 +314,55 @@ class TableRestores:
         mine: tuple[int | list[int], int],
         deltas: list[list[tuple[str, str]]],
     ) -> RestoreReply:
-        """:meth:`restore_table` of a tiered shard (:meth:`_tiered`), the shard it replaces
-        set aside on disk if both do not fit the budget (``set_aside.py``): served again
-        once the restore ends, unless it put its shard in place or staged it."""
-        self.restoring[req.name] = self.restoring.get(req.name, 0) + 1
-        try:
-            return await self._tiered(req, config, mine, deltas)
-        finally:
-            self.restoring[req.name] -= 1
-            if not self.restoring[req.name]:
-                del self.restoring[req.name]
-            back = self._settle(req.name)
-            if back is not None:  # (failed: the shard set aside is served again when this ends)
-                with contextlib.suppress(Exception):  # (logged: this restore's error is the one)
-                    await asyncio.shield(back)
-
-    async def _tiered(
-        self,
-        req: RestoreTable,
-        config: TableConfig,
-        mine: tuple[int | list[int], int],
-        deltas: list[list[tuple[str, str]]],
-    ) -> RestoreReply:
-        """The deltas composed and the base's ids checked first (``delta_files.read_table_plan``),
-        then the base's files linked into the tier where they can be, the rest of its rows
-        read a piece at a time on one thread while another writes each piece past the hot
-        set to disk (reading and writing overlap; the whole base is never in RAM):
-        ``tiered_restore.py``."""
-        aside = self.aside.get(req.name)
-        if aside is not None and aside.back is not None:  # (coming back: counted once back)
-            await asyncio.shield(aside.back)
-        assert self.handlers.tiering is not None
-        limit = self.handlers.tiering.limit
-        old = self.handlers.tables.get(req.name)
-        if isinstance(old, TieredTable) and self.handlers.held() + old.nbytes > limit:
-            # a shard as large again does not fit beside it: aside before the plan is read
-            await self._set_aside(req.name, old)
-        plan = await self.handlers.checkpoints.read_table_plan(
-            req.paths, mine[0], mine[1], config.dim, np.dtype(config.dtype), deltas
-        )
-        names = {k: k for k in plan.slots}
-        if req.slots is not None:
-            names = {k: req.slots[k] for k in plan.slots if k in req.slots}
-        slot_init = {names[k]: plan.slot_init[k] for k in names}
-        if req.stage is None and config.capacity is not None:
-            _check_capacity(req.name, plan.rows, config.capacity)
-
-        table = self.handlers.new_table(req.name, config, req.owner)
-        assert isinstance(table, TieredTable)
-        reserved = 0
-
-        async def fill() -> None:  # (budgeted as if the shard it replaces were gone)
-            nonlocal reserved
-            old = self.handlers.tables.get(req.name)  # (None if set aside)
-            besides = plan.held_nbytes  # (its ids, held beside the shard until it is filled)
-            hot = table.rows_in_ram_for(plan.rows, len(slot_init), replacing=old, besides=besides)
-            need = table.ram_for(plan.rows, len(slot_init), hot) + besides
-            if isinstance(old, TieredTable) and self.handlers.held() + need > limit:
-                await self._set_aside(req.name, old)  # (both shards do not fit the budget)
-            # held from now (on the loop, at once) until the shard is staged or in place: the
-            # next shard's restore, which may be under way beside this one, counts it
-            reserved = need
-            self.reading += reserved
-            await asyncio.to_thread(fill_from_plan, table, plan, names, slot_init, hot)
-
-        try:
-            return await self._put_restored(req, config, mine, table, plan.rows, fill)
-        finally:
-            self.reading -= reserved
-
-    async def _set_aside(self, name: str, table: TieredTable) -> None:
-        """Set tiered shard ``table`` of table ``name`` aside on disk (``set_aside.py``) for
-        a restore in place: from now on requests for the table wait until it is replaced or
-        served again. A disk that cannot take it: ResourceExhaustedError, nothing changed."""
-        if table.saves or table.cold.saves:  # (saves and restores take turns: not expected)
-            raise ResourceExhaustedError(
-                f"dyn/restore of {name!r}: the shard it replaces and the restored one do not both "
-                f"fit the budget of {self.handlers.task}, and a save is reading the old one: "
-                "restore after the save"
+        """:meth:`restore_table` of a tiered shard, the one it replaces set aside on disk if
+        both do not fit the budget: the deltas composed and the base's ids checked first
+        (``delta_files.read_table_plan``), then the base's files linked into the tier where
+        they can be, the rest of its rows read a piece at a time on one thread while another
+        writes each piece past the hot set to disk (reading and writing overlap; the whole
+        base is never in RAM): ``tiered_restore.py``."""
+        async with self.asides.under_way(req.name):
+            assert self.handlers.tiering is not None
+            limit = self.handlers.tiering.limit
+            old = self.handlers.tables.get(req.name)
+            if isinstance(old, TieredTable) and self.handlers.held() + old.nbytes > limit:
+                # a shard as large again does not fit beside it: aside before the plan is read
+                await self.asides.set_aside(req.name, old)
+            plan = await self.handlers.checkpoints.read_table_plan(
+                req.paths, mine[0], mine[1], config.dim, np.dtype(config.dtype), deltas
             )
-        aside = self.aside[name] = _Aside(table, SetAside(table))
-        del self.handlers.tables[name]  # (its disk stays: not ``drop``)
-        try:
-            while table.cold.reading:  # a request's rows being read from its disk
-                await asyncio.sleep(0.005)
-            await asyncio.to_thread(aside.arrays.write)
-        except BaseException:
-            del self.aside[name]
-            self.handlers.tables[name] = table
-            aside.done.set()
-            raise
-        self.set_aside += 1
-        logger.info(
-            "%s: table %r set aside on disk (%d bytes of RAM) while a restore replaces it",
-            self.handlers.task,
-            name,
-            aside.arrays.nbytes,
-        )
+            names = {k: k for k in plan.slots}
+            if req.slots is not None:
+                names = {k: req.slots[k] for k in plan.slots if k in req.slots}
+            slot_init = {names[k]: plan.slot_init[k] for k in names}
+            if req.stage is None and config.capacity is not None:
+                _check_capacity(req.name, plan.rows, config.capacity)
 
-    def _settle(self, name: str) -> asyncio.Task[None] | None:
-        """The shard of ``name`` set aside comes back if no restore of the table is under way
-        or staged any more (none put in its place): returns what reads it back."""
-        aside = self.aside.get(name)
-        if aside is None or aside.back is not None or name in self.restoring:
-            return aside.back if aside is not None else None
-        if any(name in tables for tables, _ in self.staged.values()):
-            return None
-        aside.back = asyncio.get_running_loop().create_task(self._bring_back(name, aside))
-        return aside.back
+            table = self.handlers.new_table(req.name, config, req.owner)
+            assert isinstance(table, TieredTable)
+            reserved = 0
 
-    async def _bring_back(self, name: str, aside: _Aside) -> None:
-        try:
-            await asyncio.to_thread(aside.arrays.read_back)
-        except BaseException:  # its disk failed it: the table is gone from this ps
-            logger.exception("%s: table %r set aside could not be read back", self.handlers.task, name)
-            discard(aside.table)
-            raise
-        else:
-            if self.aside.get(name) is aside and name not in self.handlers.tables:
-                self.handlers.tables[name] = aside.table
-            else:  # (replaced meanwhile)
-                discard(aside.table)
-        finally:
-            if self.aside.get(name) is aside:
-                del self.aside[name]
-            aside.done.set()
+            async def fill() -> None:  # (budgeted as if the shard it replaces were gone)
+                nonlocal reserved
+                old = self.handlers.tables.get(req.name)  # (None if set aside)
+                besides = plan.held_nbytes  # (its ids, held beside the shard until it is filled)
+                hot = table.rows_in_ram_for(plan.rows, len(slot_init), replacing=old, besides=besides)
+                need = table.ram_for(plan.rows, len(slot_init), hot) + besides
+                if isinstance(old, TieredTable) and self.handlers.held() + need > limit:
+                    await self.asides.set_aside(req.name, old)  # (both shards do not fit the budget)
+                # held from now (on the loop, at once) until the shard is staged or in place: the
+                # next shard's restore, which may be under way beside this one, counts it
+                reserved = need
+                self.reading += reserved
+                await asyncio.to_thread(fill_from_plan, table, plan, names, slot_init, hot)
 
-    async def brought_back(self) -> None:
-        """Wait for the shards set aside that are being read back (a restore aborted)."""
-        backs = [aside.back for aside in self.aside.values() if aside.back is not None]
-        await asyncio.gather(*(asyncio.shield(back) for back in backs), return_exceptions=True)
+            try:
+                return await self._put_restored(req, config, mine, table, plan.rows, fill)
+            finally:
+                self.reading -= reserved
 
-    async def settled(self, names: Iterable[str]) -> None:
-        """Wait while any of the tables ``names`` is set aside for a restore in place."""
-        for name in names:
-            while (aside := self.aside.get(name)) is not None:
-                await aside.done.wait()
+    def staged_for(self, name: str) -> bool:
+        """Whether a restore of table ``name`` is staged (for ``ckpt/commit``)."""
+        return any(name in tables for tables, _ in self.staged.values())
 
     def staged_bytes(self) -> int:
         """What the restores staged for ``ckpt/commit`` hold in RAM: a ps counts them with
@@ -524,17 +419,13 @@ class TableRestores:
             entry[1].cancel()
         for name, staged in entry[0].items() if entry is not None else ():
             _dropped(staged)
-            self._settle(name)  # (a shard set aside for it comes back)
+            self.asides.settle(name)  # (a shard set aside for it comes back)
         return entry is not None
 
     def _install(self, table: DynamicTable, req: RestoreTable, mine: tuple[int | list[int], int]) -> None:
         """A restored table replaces the shard here."""
         existing = self.handlers.tables.get(req.name)
-        aside = self.aside.pop(req.name, None)
-        if aside is not None:  # the shard set aside for this restore goes, with its disk
-            existing = existing or aside.table
-            discard(aside.table)
-            aside.done.set()
+        existing = existing or self.asides.replaced(req.name)  # (one set aside goes, with its disk)
         if existing is not None:  # counters of this process only go up (Prometheus counters)
             table.admitted, table.evicted = existing.admitted, existing.evicted
         self.handlers.taken_over(existing, req.owner)
