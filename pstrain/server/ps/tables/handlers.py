@@ -243,12 +243,14 @@ class TableHandlers:
             wanted = list(ids_of(req))
             names = {name for name, _ in wanted}
             train = trains(req)
+            asides = self.restores.asides
             while True:  # (a table set aside for a restore in place: after it, and staged again)
-                await self.restores.asides.settled(names)
+                if asides:
+                    await asides.settled(names)
                 if check is not None:
                     check(req)
                 read = await self.stage(wanted, train)
-                if not any(name in self.restores.asides for name in names):
+                if not asides or not any(name in asides for name in names):
                     break
                 for table in read:
                     table.read_ahead = None
