@@ -118,14 +118,7 @@ class Places:
         return np.isin(self.codes[slots] >> self.bits, self.of.get(number, np.empty(0, np.int64)))
 
     def __setitem__(self, at: Any, places: Any) -> None:
-        places = np.asarray(places, np.int64)
-        if isinstance(at, slice) and at.step is None and places.size > self.BLOCK:  # (a bulk
-            # load's run of slots: encoded a block at a time, its temporaries a block's)
-            start = at.start or 0
-            for lo in range(0, places.size, self.BLOCK):
-                self.codes[start + lo : start + lo + self.BLOCK] = self.encode(places[lo : lo + self.BLOCK])
-            return
-        self.codes[at] = self.encode(places)
+        self.codes[at] = self.encode(np.asarray(places, np.int64))
 
     def encode(self, places: np.ndarray) -> np.ndarray:
         """``places`` (int64, or FREE) in 32 bits."""

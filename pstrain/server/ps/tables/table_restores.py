@@ -424,8 +424,8 @@ class TableRestores:
 
     def _install(self, table: DynamicTable, req: RestoreTable, mine: tuple[int | list[int], int]) -> None:
         """A restored table replaces the shard here."""
-        existing = self.handlers.tables.get(req.name)
-        existing = existing or self.asides.replaced(req.name)  # (one set aside goes, with its disk)
+        aside = self.asides.replaced(req.name)  # (a shard set aside for it goes, with its disk)
+        existing = self.handlers.tables.get(req.name) or aside
         if existing is not None:  # counters of this process only go up (Prometheus counters)
             table.admitted, table.evicted = existing.admitted, existing.evicted
         self.handlers.taken_over(existing, req.owner)
