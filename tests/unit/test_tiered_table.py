@@ -4,6 +4,7 @@ saves and deltas hold every row of both tiers; refusals change nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import tracemalloc
@@ -897,6 +898,23 @@ def test_a_table_gone_gives_back_its_disk_once_its_last_save_and_read_end(tmp_pa
     assert os.path.isdir(directory)
     table.cold.end_read()
     assert not os.path.exists(directory)
+
+
+async def test_waiting_for_the_reads_on_threads_ends_with_the_last_of_them(tmp_path):
+    table = tiered(tmp_path, TableConfig(dim=4), hot_rows=50)
+    await table.cold.reads_ended()  # none under way: at once
+    table.cold.begin_read()
+    table.cold.begin_read()
+    waiting = asyncio.ensure_future(table.cold.reads_ended())
+    cancelled = asyncio.ensure_future(table.cold.reads_ended())
+    await asyncio.sleep(0)
+    cancelled.cancel()  # (a waiter gone is skipped)
+    table.cold.end_read()
+    await asyncio.sleep(0)
+    assert not waiting.done()  # one read still on its thread
+    table.cold.end_read()
+    await asyncio.wait_for(waiting, 5)
+    assert cancelled.cancelled() and table.cold.reading == 0
 
 
 def test_a_table_filled_past_its_budget_gives_ram_of_its_hot_set_to_the_index_on_disk(tmp_path):

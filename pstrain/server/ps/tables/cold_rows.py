@@ -33,6 +33,7 @@ append a batch of records in one write. A disk that fills raises
 
 from __future__ import annotations
 
+import asyncio
 from types import ModuleType
 from typing import Any
 
@@ -140,6 +141,7 @@ class ColdRows:
         self.nfree = self.used = self.cursor = 0
         self.saves = 0  # saves reading now: no segment is deleted meanwhile
         self.reading = 0  # reads on threads now: no segment is deleted meanwhile
+        self._read_waiters: list[asyncio.Future[None]] = []  # (reads_ended)
         #: Records written and not indexed yet (a move's, pulled ahead of its switch): no
         #: segment is compacted meanwhile
         self.pending = 0
@@ -553,8 +555,21 @@ class ColdRows:
 
     def end_read(self) -> None:
         self.reading = max(0, self.reading - 1)
+        if not self.reading:
+            waiters, self._read_waiters = self._read_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
         self.collect()
         self._remove_if_unused()
+
+    async def reads_ended(self) -> None:
+        """Wait until no read on a thread is under way (on the loop that begins and ends
+        them)."""
+        while self.reading:
+            waiter = asyncio.get_running_loop().create_future()
+            self._read_waiters.append(waiter)
+            await waiter
 
     def discard(self) -> None:
         """The table went (replaced by a restore, dropped by a move or a takeover): its

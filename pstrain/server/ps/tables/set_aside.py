@@ -160,8 +160,7 @@ class SetAsides:
         aside = self.aside[name] = _Aside(table, SetAside(table))
         del self.tables.tables[name]  # (its disk stays: not ``drop``)
         try:
-            while table.cold.reading:  # a request's rows being read from its disk
-                await asyncio.sleep(0.005)
+            await table.cold.reads_ended()  # (a request's rows being read from its disk)
             await asyncio.to_thread(aside.arrays.write)
         except BaseException:
             del self.aside[name]
