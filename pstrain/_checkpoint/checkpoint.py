@@ -294,7 +294,7 @@ class Checkpoint:
         )
         try:
             new = await publish_caught_up(
-                Chain(prefix, 0, seq, marks),
+                Chain(prefix, 0, seq, marks, frozenset(t.key for t in graph.tables.values())),
                 publish,
                 self._delta_lock,
                 (entries, graph.tables, slots) if catch_up else None,
@@ -395,7 +395,8 @@ class Checkpoint:
         split = split_delta(os.path.abspath(save_path))
         base, number = split if split else (os.path.abspath(save_path), 0)
         marks = await take_marks(ps_channels(graph.entries, graph.tables))  # after: restored
-        object.__setattr__(self, "_chain", Chain(base, number, reader.seq, marks))
+        chain = Chain(base, number, reader.seq, marks, frozenset(t.key for _, t in tables))
+        object.__setattr__(self, "_chain", chain)
         status.watch(graph.modules)
         old = self._status
         if old is not None:

@@ -74,6 +74,9 @@ class Chain:
     number: int
     seq: int
     marks: dict[int, tuple[str, int]] = field(default_factory=dict)
+    #: the tables (names on the ps) its saves hold: a delta holds every row of one not among
+    #: them, or it is not written
+    tables: frozenset[str] = frozenset()
 
 
 def table_tag(path: str) -> str:
@@ -281,10 +284,27 @@ async def write_delta(
                 "trainable": entry.trainable,
                 "parts": saved,
             }
+    whole = {
+        table.key: all(table.key in replies[ps].whole_tables for ps in table.holders())
+        for table in tables.values()
+    }
+    partial = sorted(t.key for t in tables.values() if t.key not in chain.tables and not whole[t.key])
+    if partial:  # (tracked after the base, made before it: its rows from then are in no save)
+        remove_checkpoint(prefix)
+        raise FailedPreconditionError(
+            f"dynamic table(s) {partial} are in no save of {chain.base} and were made before "
+            "its mark: a delta would hold only their rows changed since, so a full checkpoint is needed"
+        )
     index_tables = {
         path: {
             "name": table.name,
             "key": table.key,
+            # (as the full save's entry: a table made after the base is read from the
+            # first delta that holds it, whole)
+            "dim": table.dim,
+            "dtype": table.dtype.name,
+            "config": table.config,
+            "whole": whole[table.key],
             "prefix": f"t-{table_tag(path)}",
             "files": [f"{base}.ps{ps}.safetensors" for ps in table.holders()],
         }
@@ -306,7 +326,7 @@ async def write_delta(
     # Off the loop: its fsync can wait for the deltas' own bytes to reach the disk.
     await asyncio.get_running_loop().run_in_executor(None, write_delta_index, prefix, index)
     logger.info("saved delta %s (%d rows, %d bytes)", prefix, rows, size)
-    return prefix, Chain(chain.base, number, seq, marks)
+    return prefix, Chain(chain.base, number, seq, marks, chain.tables | whole.keys())
 
 
 async def _hurry(hurry: asyncio.Event, channels: dict[int, Channel]) -> None:

@@ -11,6 +11,7 @@ import json
 import os
 import threading
 
+import aiohttp
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
@@ -24,11 +25,12 @@ from pstrain._formats.numerics.idhash import shard_of
 from pstrain._kernels import KERNELS
 from pstrain.server.ps.checkpoints.saves import _save_thread
 from pstrain.testing import InProcessCluster
-from tests.helpers import TOKEN, wait_for
+from tests.helpers import TOKEN, table_feed_example, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
 DIM = 4
+table_feed = table_feed_example()
 
 
 def _cluster(root: str, num_ps: int = 2) -> InProcessCluster:
@@ -502,3 +504,110 @@ async def test_a_save_where_one_ps_never_stepped_its_share_of_a_table_restores_i
     a, s = np.argsort(after[0]), np.argsort(straight[0])
     np.testing.assert_array_equal(after[0][a], straight[0][s])
     np.testing.assert_array_equal(after[1][a], straight[1][s])  # the slots came back right
+
+
+async def test_a_table_created_after_the_base_is_read_from_its_deltas(tmp_path):
+    """A dynamic table made after the full save is in the deltas that follow (all of its
+    rows, then what changed): ``load_variables`` gives it, a restore into another number of
+    ps and onto tiered ps brings back every row and slot, and the feed serves it. (Its
+    rows in the deltas were left out: ``load_variables`` had no such table, and a restore
+    warned that the checkpoint had none and left it empty.)"""
+    root = str(tmp_path)
+    async with _cluster(root) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            old = pstrain.DynamicEmbedding(DIM, name="old")
+            opt = pstrain.optimizers.Adagrad(0.1)
+        ckpt = pstrain.Checkpoint(old=old, optimizer=opt)
+        manager = pstrain.checkpoint.CheckpointManager(ckpt, root)
+        await old.lookup(np.arange(10, dtype=np.int64))
+        await manager.save()
+        with strategy.scope():
+            new = pstrain.DynamicEmbedding(DIM, name="new", capacity=30)
+        ckpt.new = new
+        for k in range(3):  # its rows, stepped, some of them evicted past its capacity
+            ids = np.arange(12 * k, 12 * k + 20, dtype=np.int64)
+            rows = await new.lookup(ids)
+            await opt.apply_gradients([(pstrain.IndexedSlices(np.cos(rows), ids), new)])
+            delta = await manager.save_delta()
+        want_ids, want_rows = await new.export()
+        assert set(_index(delta)["tables"]) == {"old", "new"}
+        assert "new" not in _index(manager.checkpoints[0])["tables"]  # (the base has none)
+        saved = pstrain.checkpoint.load_variables(delta)
+        np.testing.assert_array_equal(saved["new/ids"], want_ids)
+        np.testing.assert_array_equal(saved["new/rows"], want_rows)
+        assert sorted(saved) == [
+            "new/ids",
+            "new/rows",
+            "new/slot:optimizer/accumulator",
+            "old/ids",
+            "old/rows",
+            "optimizer/iterations",
+            "optimizer/iterations_mirror",
+        ]
+        await manager.close()
+
+    grad = np.ones((want_ids.size, DIM), np.float32)
+    after = []
+    for num_ps, options in ((1, {}), (2, {"memory_budget": 1 << 20, "table_dir": str(tmp_path / "tier")})):
+        async with InProcessCluster(
+            num_ps=num_ps, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root, **options}
+        ) as cluster:
+            strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+            with strategy.scope():
+                old = pstrain.DynamicEmbedding(DIM, name="old")
+                new = pstrain.DynamicEmbedding(DIM, name="new", capacity=30)
+                opt = pstrain.optimizers.Adagrad(0.1)
+            status = await pstrain.Checkpoint(old=old, new=new, optimizer=opt).restore(delta)
+            status.assert_consumed()
+            ids, rows = await new.export()
+            np.testing.assert_array_equal(ids, want_ids)
+            np.testing.assert_array_equal(rows, want_rows)
+            await opt.apply_gradients([(pstrain.IndexedSlices(grad, ids), new)])  # the slots came back
+            after.append((await new.export())[1])
+            if num_ps == 2:
+                mirror = table_feed.TableMirror([ps.address for ps in cluster.ps], "new", TOKEN)
+                async with aiohttp.ClientSession() as session:
+                    assert await mirror.poll(session) > 0
+                np.testing.assert_array_equal(mirror.snapshot()[0], want_ids)
+                np.testing.assert_array_equal(mirror.snapshot()[1], want_rows)
+    np.testing.assert_array_equal(after[0], after[1])
+
+
+async def test_a_table_tracked_after_the_base_but_made_before_it_gets_a_full_save(tmp_path, caplog):
+    """A table the base did not track, made (and stepped) before it: a delta would hold only
+    its rows changed since, so the manager writes a full checkpoint instead, which holds all
+    of them. A delta that does not say it holds such a table whole (as pstrain 0.2 wrote
+    them) is not read for it: the table is left out, with a warning naming it."""
+    root = str(tmp_path)
+    async with _cluster(root) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        with strategy.scope():
+            old = pstrain.DynamicEmbedding(DIM, name="old")
+            late = pstrain.DynamicEmbedding(DIM, name="late")
+        ckpt = pstrain.Checkpoint(old=old)
+        manager = pstrain.checkpoint.CheckpointManager(ckpt, root)
+        await late.lookup(np.arange(30, dtype=np.int64))  # before the base, which leaves it out
+        await manager.save()
+        ckpt.late = late
+        await late.lookup(np.arange(25, 35, dtype=np.int64))
+        path = await manager.save_delta()
+        assert ".delta-" not in path and "late" in _index(path)["tables"]  # a full save instead
+        np.testing.assert_array_equal(
+            pstrain.checkpoint.load_variables(path)["late/ids"], np.arange(35, dtype=np.int64)
+        )
+        with strategy.scope():
+            new = pstrain.DynamicEmbedding(DIM, name="new")
+        ckpt.new = new
+        await new.lookup(np.arange(5, dtype=np.int64))
+        delta = await manager.save_delta()
+        assert _index(delta)["tables"]["new"]["whole"] is True
+        await manager.close()
+    index = _index(delta)
+    del index["tables"]["new"]["whole"]  # as pstrain 0.2 wrote it
+    with open(delta + ".index.json", "w", encoding="utf-8") as f:
+        json.dump(index, f)
+    with caplog.at_level("WARNING", logger="pstrain"):
+        saved = pstrain.checkpoint.load_variables(delta)
+    assert "new/ids" not in saved and "late/ids" in saved
+    assert "table 'new' is not in its base" in caplog.text

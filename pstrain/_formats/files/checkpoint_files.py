@@ -30,6 +30,7 @@ import errno
 import functools
 import glob
 import json
+import logging
 import math
 import os
 from typing import Annotated, Any, BinaryIO
@@ -59,6 +60,8 @@ __all__ = [
     "unwritten",
     "write_index",
 ]
+
+logger = logging.getLogger(__name__)
 
 FORMAT = "pstrain-checkpoint"
 VERSION = 2
@@ -282,6 +285,11 @@ def sources(saved: dict[str, Any], base: str, start: int, stop: int, scalar: boo
     return out
 
 
+def _table_key(entry: dict[str, Any]) -> str:
+    """A saved table's name on the ps (what it is known by across saves)."""
+    return str(entry.get("key") or entry["name"])
+
+
 class CheckpointReader:
     """One checkpoint: its index read and checked once, its variables read when asked.
 
@@ -347,20 +355,69 @@ class CheckpointReader:
 
     @property
     def tables(self) -> dict[str, Any]:
-        """The index's entry of each dynamic table, by path."""
-        tables: dict[str, Any] = self.index.get("tables", {})
-        return tables
+        """The index's entry of each dynamic table, by path; a table created after the base
+        has the entry of the first delta that holds it, with no files of the base
+        (``files`` empty: its deltas hold all of it)."""
+        return self._tables[0]
 
     def table_deltas(self, path: str) -> list[list[tuple[str, str]]]:
         """Each delta's ``(file, key prefix)`` pairs of table ``path``, oldest first."""
         return [
-            [
-                (os.path.join(self.base, f), d["tables"][path]["prefix"] + ":")
-                for f in d["tables"][path]["files"]
-            ]
-            for d in self.deltas
-            if path in d["tables"]
+            [(os.path.join(self.base, f), meta["prefix"] + ":") for f in meta["files"]]
+            for meta in self._tables[1].get(path, [])
         ]
+
+    @functools.cached_property
+    def _tables(self) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+        """(:attr:`tables`, each table's entries in the deltas, oldest first). A table is
+        known across saves by its name on the ps, whatever path the object graph gave it
+        in each; one not in the base is read from the first delta that holds it whole
+        (made after the mark before it: ``whole``), and left out, with a warning, if that
+        delta does not say so. InvalidArgumentError for a delta that holds another table
+        at a path the checkpoint's table has."""
+        tables: dict[str, Any] = dict(self.index.get("tables", {}))
+        path_of = {_table_key(t): path for path, t in tables.items()}
+        in_deltas: dict[str, list[dict[str, Any]]] = {path: [] for path in tables}
+        skipped: set[str] = set()
+        for k, delta in enumerate(self.deltas, 1):
+            for path, meta in delta["tables"].items():
+                key = _table_key(meta)
+                if key in skipped:
+                    continue
+                if key not in path_of:
+                    if path in tables:
+                        raise InvalidArgumentError(
+                            f"delta {k} of {self.path} holds table {key!r} at {path!r}, where the "
+                            f"checkpoint holds table {_table_key(tables[path])!r}"
+                        )
+                    if not meta.get("whole"):  # (a delta of pstrain 0.2 says nothing of it)
+                        logger.warning(
+                            "checkpoint %s: table %r is not in its base, and delta %d may hold only "
+                            "its rows changed since: it is left out",
+                            self.path,
+                            key,
+                            k,
+                        )
+                        skipped.add(key)
+                        continue
+                    tables[path] = {**meta, **self._born_in(k, meta), "files": [], "from_delta": k}
+                    path_of[key] = path
+                    in_deltas[path] = []
+                in_deltas[path_of[key]].append(meta)
+        return tables, in_deltas
+
+    def _born_in(self, k: int, meta: dict[str, Any]) -> dict[str, Any]:
+        """The width, dtype and configuration of a table delta ``k`` holds first (whole)."""
+        dim, dtype = meta.get("dim"), meta.get("dtype")
+        try:
+            if dim is None or np.dtype(dtype).kind != "f":
+                raise TypeError
+        except TypeError:
+            raise InvalidArgumentError(
+                f"delta {k} of {self.path}: table {meta['name']!r} holds all its rows but has "
+                f"width {dim!r} and dtype {dtype!r}"
+            ) from None
+        return {"dim": int(dim), "dtype": np.dtype(dtype).name, "config": meta.get("config") or {}}
 
     def rows_of(
         self, name: str, start: int, stop: int, scalar: bool

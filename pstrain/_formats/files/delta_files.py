@@ -87,6 +87,12 @@ class _Table(msgspec.Struct, forbid_unknown_fields=True):
     rows: Annotated[int, msgspec.Meta(ge=0)] = 0
     removed: Annotated[int, msgspec.Meta(ge=0)] = 0
     key: Annotated[str, msgspec.Meta(max_length=1024)] = ""  # its name on the ps
+    #: as the full save's entry has them (a delta of pstrain 0.2 has none): a table
+    #: created after the base is read from the first delta that holds it
+    dim: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    dtype: Annotated[str, msgspec.Meta(min_length=1, max_length=32)] | None = None
+    config: dict[str, Any] | None = None
+    whole: bool = False  # every row of the table is here (it was made after the last mark)
 
 
 class _DeltaIndex(msgspec.Struct, forbid_unknown_fields=True):

@@ -113,9 +113,14 @@ def _index(path: str, cache: IndexCache) -> dict[str, Any] | None:
     return index
 
 
-def _saves(directory: str, key: str, ps: int, cache: IndexCache, confine: Confine) -> dict[int, _Save]:
-    """The saves of ``directory`` that hold table ``key`` (its name on the ps), by version."""
+def _saves(
+    directory: str, key: str, ps: int, cache: IndexCache, confine: Confine
+) -> tuple[dict[int, _Save], set[str]]:
+    """The saves of ``directory`` that hold table ``key`` (its name on the ps), by version;
+    and the full saves (their prefixes) that do not: a table made after one of them is in
+    its deltas from the first that holds it whole."""
     found: dict[int, _Save] = {}
+    without: set[str] = set()
     paths = glob.glob(os.path.join(glob.escape(directory), "*" + INDEX))
     for gone in set(cache) - set(paths):
         cache.pop(gone, None)
@@ -127,9 +132,11 @@ def _saves(directory: str, key: str, ps: int, cache: IndexCache, confine: Confin
         entry = next(
             (e for e in index.get("tables", {}).values() if (e.get("key") or e.get("name")) == key), None
         )
-        if entry is None:
-            continue
         split = split_delta(path[: -len(INDEX)])
+        if entry is None:
+            if split is None:
+                without.add(path[: -len(INDEX)])
+            continue
         mark = index.get("marks", {}).get(str(ps))
         found[int(index.get("seq", 0))] = _Save(
             int(index.get("seq", 0)),
@@ -138,16 +145,22 @@ def _saves(directory: str, key: str, ps: int, cache: IndexCache, confine: Confin
             entry,
             (str(mark[0]), int(mark[1])) if mark else None,
         )
-    return found
+    return found, without
 
 
-def _chain(saves: dict[int, _Save], newest: _Save) -> list[_Save] | None:
-    """The base and deltas 1..K of save ``newest``; None if one's index is missing (a base
-    is published after its first delta, ``deltas.publish_caught_up``: for a moment that
-    delta is there and its base's index is not)."""
+def _chain(saves: dict[int, _Save], newest: _Save, without: set[str]) -> list[_Save] | None:
+    """The base and deltas 1..K of save ``newest`` (for a table made after the base, the
+    deltas from the first that holds it whole); None if one's index is missing (a base is
+    published after its first delta, ``deltas.publish_caught_up``: for a moment that delta
+    is there and its base's index is not)."""
     by_number = {s.number: s for s in saves.values() if s.base == newest.base}
+    first = 0
+    if 0 not in by_number and newest.base in without:
+        first = min(by_number)
+        if not by_number[first].entry.get("whole"):
+            return None
     chain = []
-    for number in range(newest.number + 1):
+    for number in range(first, newest.number + 1):
         save = by_number.get(number)
         if save is None:
             return None
@@ -155,10 +168,10 @@ def _chain(saves: dict[int, _Save], newest: _Save) -> list[_Save] | None:
     return chain
 
 
-def _newest_chain(saves: dict[int, _Save]) -> list[_Save]:
+def _newest_chain(saves: dict[int, _Save], without: set[str]) -> list[_Save]:
     """The chain of the newest save (highest ``seq``) that is whole."""
     for seq in sorted(saves, reverse=True):
-        chain = _chain(saves, saves[seq])
+        chain = _chain(saves, saves[seq], without)
         if chain is not None:
             return chain
     raise FailedPreconditionError("table feed: no save of the table is whole yet (a base's index is missing)")
@@ -298,13 +311,13 @@ def read_feed(
     this ps holds other slices of the table (a reader's copy from before is reset).
     ``confine`` resolves every path read, or refuses it. The reply holds its files open
     until it is closed; its rows are read as they are sent."""
-    saves = _saves(directory, key, ps, {} if cache is None else cache, confine)
+    saves, without = _saves(directory, key, ps, {} if cache is None else cache, confine)
     if not saves:
         raise FailedPreconditionError(
             f"table feed: no save of table {key!r} in {directory} yet: the feed serves saved "
             "versions (CheckpointManager(..., delta_interval_s=...))"
         )
-    chain = _newest_chain(saves)
+    chain = _newest_chain(saves, without)
     version = chain[-1].seq
     empty = np.empty(0, np.int64)
     if since == version:

@@ -163,6 +163,8 @@ class DeltaReply(Reply):
     #: the variables' file keys written, and those written whole
     written: list[str] = []
     whole: list[str] = []
+    #: the tables written whole: made on this ps after the mark (the others' rows changed since)
+    whole_tables: list[str] = []
 
 
 class SaveDelta(Operation[DeltaReply], tag="delta/save"):

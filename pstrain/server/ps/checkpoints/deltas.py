@@ -180,4 +180,5 @@ class Deltas:
             removed=removed,
             written=written,
             whole=written_whole,
+            whole_tables=[name for name, (table, _) in tables.items() if table.made > req.since],
         )

@@ -134,6 +134,8 @@ class DynamicTable(SlicedRows, Admission):
         self.saves: list[dict[str, Snapshot]] = []  # the arrays each save in progress reads
         # Delta checkpoints: the epoch each row last changed in (the ps's clock), the evictions.
         self.clock = clock or ChangeClock()
+        #: the epoch this shard was made in: a delta since an earlier mark holds all of it
+        self.made = self.clock.epoch
         self.epochs = np.empty(0, np.uint32)
         # all 0: rows marked for a moment (the rows an eviction protects; a batch's rows while
         # the numpy reference kernels check them distinct)
