@@ -292,9 +292,11 @@ class Checkpoint:
             index_marks(marks),
             linked=any(r.table_links for r in replies),
         )
+        held = frozenset(index_vars), frozenset(t.key for t in graph.tables.values())
+        saved = Chain(prefix, 0, seq, marks, *held)
         try:
             new = await publish_caught_up(
-                Chain(prefix, 0, seq, marks, frozenset(t.key for t in graph.tables.values())),
+                saved,
                 publish,
                 self._delta_lock,
                 (entries, graph.tables, slots) if catch_up else None,
@@ -395,7 +397,9 @@ class Checkpoint:
         split = split_delta(os.path.abspath(save_path))
         base, number = split if split else (os.path.abspath(save_path), 0)
         marks = await take_marks(ps_channels(graph.entries, graph.tables))  # after: restored
-        chain = Chain(base, number, reader.seq, marks, frozenset(t.key for _, t in tables))
+        chain = Chain(
+            base, number, reader.seq, marks, frozenset(reader.variables), frozenset(t.key for _, t in tables)
+        )
         object.__setattr__(self, "_chain", chain)
         status.watch(graph.modules)
         old = self._status

@@ -74,8 +74,9 @@ class Chain:
     number: int
     seq: int
     marks: dict[int, tuple[str, int]] = field(default_factory=dict)
-    #: the tables (names on the ps) its saves hold: a delta holds every row of one not among
-    #: them, or it is not written
+    #: the variables (paths) and tables (names on the ps) its saves hold: a delta holds all
+    #: of one not among them, or it is not written (a full save is)
+    variables: frozenset[str] = frozenset()
     tables: frozenset[str] = frozenset()
 
 
@@ -288,12 +289,18 @@ async def write_delta(
         table.key: all(table.key in replies[ps].whole_tables for ps in table.holders())
         for table in tables.values()
     }
-    partial = sorted(t.key for t in tables.values() if t.key not in chain.tables and not whole[t.key])
-    if partial:  # (tracked after the base, made before it: its rows from then are in no save)
+    held = {  # the variables this delta holds all of
+        path
+        for path, parts in where.items()
+        if all(holder is None or key in replies[holder].whole for holder, key, _, _ in parts)
+    }
+    partial = sorted(p for p in entries if p not in chain.variables and p not in held)
+    partial += sorted(t.key for t in tables.values() if t.key not in chain.tables and not whole[t.key])
+    if partial:  # (tracked after the base, made before it: what changed until then is in no save)
         remove_checkpoint(prefix)
         raise FailedPreconditionError(
-            f"dynamic table(s) {partial} are in no save of {chain.base} and were made before "
-            "its mark: a delta would hold only their rows changed since, so a full checkpoint is needed"
+            f"{partial} are in no save of {chain.base} and were made before its mark: a delta "
+            "would hold only what changed since, so a full checkpoint is needed"
         )
     index_tables = {
         path: {
@@ -326,7 +333,7 @@ async def write_delta(
     # Off the loop: its fsync can wait for the deltas' own bytes to reach the disk.
     await asyncio.get_running_loop().run_in_executor(None, write_delta_index, prefix, index)
     logger.info("saved delta %s (%d rows, %d bytes)", prefix, rows, size)
-    return prefix, Chain(chain.base, number, seq, marks, chain.tables | whole.keys())
+    return prefix, Chain(chain.base, number, seq, marks, chain.variables | held, chain.tables | whole.keys())
 
 
 async def _hurry(hurry: asyncio.Event, channels: dict[int, Channel]) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 import pstrain
 from pstrain._formats.files.checksums import CHECK_CHUNK, StreamDigests, Verifier, digests_of
+from pstrain._formats.files.tensor_files import DIGEST_PREFIX
 from pstrain.checkpoint import load_variables
 from pstrain.errors import InvalidArgumentError
 from pstrain.testing import InProcessCluster
@@ -119,3 +120,28 @@ async def test_a_flipped_bit_in_a_full_save_fails_a_restore_into_another_number_
         with pytest.raises(InvalidArgumentError, match="do not match their checksum"):
             await pstrain.Checkpoint(w=w).restore(path)
         assert float((await w.read_value()).sum()) == 0.0
+
+
+async def test_a_checksum_renamed_in_a_header_fails_the_read_not_skips_the_check(tmp_path):
+    """One changed byte in a file's header that renames a tensor's checksum (its data then
+    damaged too) was read as a file from before checksums, unchecked: the restored values
+    were the damaged ones. A file with checksums must have one for every tensor."""
+    root = str(tmp_path)
+    async with InProcessCluster(
+        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
+    ) as cluster:
+        w, table, ckpt, manager, delta = await _saved(root, cluster)
+        await manager.close()
+    with open(f"{delta}.index.json") as f:
+        index = json.load(f)
+    path = os.path.join(root, index["variables"]["w"]["parts"][0]["file"])
+    key = _flip(path, f"v:{index['variables']['w']['parts'][0]['key']}:rows")  # the data
+    with open(path, "r+b") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = f.read(n)
+        name = f"{DIGEST_PREFIX}{key}".encode()
+        assert header.count(name) == 1
+        f.seek(8 + header.index(name) + len(name) - 1)
+        f.write(b"!")  # the checksum's name, one byte off
+    with pytest.raises(InvalidArgumentError, match="its header is damaged: the checksums name other tensors"):
+        load_variables(delta)

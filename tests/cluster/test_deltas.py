@@ -577,7 +577,7 @@ async def test_a_table_created_after_the_base_is_read_from_its_deltas(tmp_path):
 async def test_a_table_tracked_after_the_base_but_made_before_it_gets_a_full_save(tmp_path, caplog):
     """A table the base did not track, made (and stepped) before it: a delta would hold only
     its rows changed since, so the manager writes a full checkpoint instead, which holds all
-    of them. A delta that does not say it holds such a table whole (as pstrain 0.2 wrote
+    of them; so for a variable. A delta that does not say it holds such a table whole (as pstrain 0.2 wrote
     them) is not read for it: the table is left out, with a warning naming it."""
     root = str(tmp_path)
     async with _cluster(root) as cluster:
@@ -596,12 +596,22 @@ async def test_a_table_tracked_after_the_base_but_made_before_it_gets_a_full_sav
         np.testing.assert_array_equal(
             pstrain.checkpoint.load_variables(path)["late/ids"], np.arange(35, dtype=np.int64)
         )
-        with strategy.scope():
+        with strategy.scope():  # the same for a variable, made before the last full save
+            early = pstrain.Variable(np.zeros(8, np.float32), name="early")
+        await early.assign(np.arange(8, dtype=np.float32))  # (made on its ps now)
+        await manager.save()
+        ckpt.early = early
+        path = await manager.save_delta()
+        assert ".delta-" not in path
+        np.testing.assert_array_equal(pstrain.checkpoint.load_variables(path)["early"], np.arange(8))
+        with strategy.scope():  # made after the base: its deltas hold it whole
             new = pstrain.DynamicEmbedding(DIM, name="new")
-        ckpt.new = new
+            born = pstrain.Variable(np.ones(3, np.float32), name="born")
+        ckpt.new, ckpt.born = new, born
         await new.lookup(np.arange(5, dtype=np.int64))
         delta = await manager.save_delta()
-        assert _index(delta)["tables"]["new"]["whole"] is True
+        assert ".delta-" in delta and _index(delta)["tables"]["new"]["whole"] is True
+        np.testing.assert_array_equal(pstrain.checkpoint.load_variables(delta)["born"], np.ones(3))
         await manager.close()
     index = _index(delta)
     del index["tables"]["new"]["whole"]  # as pstrain 0.2 wrote it

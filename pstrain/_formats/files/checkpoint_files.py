@@ -285,11 +285,6 @@ def sources(saved: dict[str, Any], base: str, start: int, stop: int, scalar: boo
     return out
 
 
-def _table_key(entry: dict[str, Any]) -> str:
-    """A saved table's name on the ps (what it is known by across saves)."""
-    return str(entry.get("key") or entry["name"])
-
-
 class CheckpointReader:
     """One checkpoint: its index read and checked once, its variables read when asked.
 
@@ -328,15 +323,35 @@ class CheckpointReader:
         """The version of the state read: its last save's (full or delta)."""
         return int((self.deltas[-1] if self.deltas else self.index).get("seq", 0))
 
-    @functools.cached_property
+    @property
     def variables(self) -> dict[str, Any]:
         """The index's entry of each variable, by path (by name in format 1); a variable
         created after the base has the entry of the first delta that holds it whole."""
+        return self._variables[0]
+
+    @functools.cached_property
+    def _variables(self) -> tuple[dict[str, Any], dict[str, list[tuple[int, dict[str, Any]]]]]:
+        """(:attr:`variables`, each one's entries in the deltas with their numbers, oldest
+        first). A variable is known across saves by its path (a program that restored the
+        base and wrote the deltas may name it otherwise on the ps); one not in the base is
+        read from the first delta that holds it whole, and left out, with a warning, if
+        none does (tracked after the base, made before it)."""
         variables: dict[str, Any] = dict(self.index["variables"])
+        in_deltas: dict[str, list[tuple[int, dict[str, Any]]]] = {name: [] for name in variables}
         for k, delta in enumerate(self.deltas, 1):
             for name, meta in delta["variables"].items():
                 parts = meta["parts"]
-                if name in variables or not parts or not all(p["whole"] for p in parts):
+                if name in variables:
+                    in_deltas[name].append((k, meta))
+                    continue
+                if not parts or not all(p["whole"] for p in parts):
+                    logger.warning(
+                        "checkpoint %s: %r is not in its base, and delta %d holds only its rows "
+                        "changed since: it is left out",
+                        self.path,
+                        name,
+                        k,
+                    )
                     continue
                 variables[name] = {
                     **meta,
@@ -351,7 +366,8 @@ class CheckpointReader:
                         for p in parts
                     ],
                 }
-        return variables
+                in_deltas[name] = []
+        return variables, in_deltas
 
     @property
     def tables(self) -> dict[str, Any]:
@@ -370,40 +386,30 @@ class CheckpointReader:
     @functools.cached_property
     def _tables(self) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
         """(:attr:`tables`, each table's entries in the deltas, oldest first). A table is
-        known across saves by its name on the ps, whatever path the object graph gave it
-        in each; one not in the base is read from the first delta that holds it whole
-        (made after the mark before it: ``whole``), and left out, with a warning, if that
-        delta does not say so. InvalidArgumentError for a delta that holds another table
-        at a path the checkpoint's table has."""
+        known across saves by its path, as a variable is; one not in the base is read from
+        the first delta that holds it whole (made on the ps after the mark before it:
+        ``whole``), and left out, with a warning, if that delta does not say so."""
         tables: dict[str, Any] = dict(self.index.get("tables", {}))
-        path_of = {_table_key(t): path for path, t in tables.items()}
         in_deltas: dict[str, list[dict[str, Any]]] = {path: [] for path in tables}
         skipped: set[str] = set()
         for k, delta in enumerate(self.deltas, 1):
             for path, meta in delta["tables"].items():
-                key = _table_key(meta)
-                if key in skipped:
+                if path in skipped:
                     continue
-                if key not in path_of:
-                    if path in tables:
-                        raise InvalidArgumentError(
-                            f"delta {k} of {self.path} holds table {key!r} at {path!r}, where the "
-                            f"checkpoint holds table {_table_key(tables[path])!r}"
-                        )
+                if path not in tables:
                     if not meta.get("whole"):  # (a delta of pstrain 0.2 says nothing of it)
                         logger.warning(
                             "checkpoint %s: table %r is not in its base, and delta %d may hold only "
                             "its rows changed since: it is left out",
                             self.path,
-                            key,
+                            path,
                             k,
                         )
-                        skipped.add(key)
+                        skipped.add(path)
                         continue
                     tables[path] = {**meta, **self._born_in(k, meta), "files": [], "from_delta": k}
-                    path_of[key] = path
                     in_deltas[path] = []
-                in_deltas[path_of[key]].append(meta)
+                in_deltas[path].append(meta)
         return tables, in_deltas
 
     def _born_in(self, k: int, meta: dict[str, Any]) -> dict[str, Any]:
@@ -427,13 +433,10 @@ class CheckpointReader:
         meta = self.variables[name]
         rows = sources(meta, self.base, start, stop, scalar)
         patches = []
-        for delta in self.deltas[meta.get("from_delta", 0) :]:
-            saved = delta["variables"].get(name)
-            if saved is None:
-                continue
+        for number, saved in self._variables[1].get(name, []):
             if saved["shape"] != meta["shape"] or saved["dtype"] != meta["dtype"]:
                 raise InvalidArgumentError(
-                    f"delta {delta['delta']} of {self.path}: {name!r} is {saved['shape']} "
+                    f"delta {number} of {self.path}: {name!r} is {saved['shape']} "
                     f"{saved['dtype']}, the checkpoint's {meta['shape']} {meta['dtype']}"
                 )
             for p in saved["parts"]:

@@ -438,6 +438,15 @@ def _read_header(f: Any, path: str) -> dict[str, _Tensor]:
             )
         digests = metadata.get(DIGEST_PREFIX + key)
         tensors[key] = _Tensor(8 + n + begin, dtype, shape, digests if isinstance(digests, str) else None)
+    # A file written with checksums has one for every tensor, and none for a tensor it does
+    # not hold: one missing (or named wrong) is a damaged header, whose tensor would be read
+    # unchecked as if written before checksums.
+    named = {k[len(DIGEST_PREFIX) :] for k in metadata if isinstance(k, str) and k.startswith(DIGEST_PREFIX)}
+    if named and (named != tensors.keys() or any(t.digests is None for t in tensors.values())):
+        odd = sorted(named ^ tensors.keys()) or sorted(k for k, t in tensors.items() if t.digests is None)
+        raise InvalidArgumentError(
+            f"{path}: its header is damaged: the checksums name other tensors than it holds ({odd[:4]})"
+        )
     return tensors
 
 
