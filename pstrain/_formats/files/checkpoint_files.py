@@ -45,6 +45,7 @@ from ..._base.errors import (
     PstrainError,
     ResourceExhaustedError,
 )
+from .checksums import INDEX_DIGEST, checked_index, index_digest
 from .delta_files import INDEX, delta_prefix, read_delta_index, read_table_plan, split_delta
 from .tensor_files import read_rows, write_atomically
 
@@ -223,7 +224,7 @@ def read_index(path: str) -> dict[str, Any]:
         raise NotFoundError(f"no checkpoint at {path} (missing {index_path(path)})") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidArgumentError(f"checkpoint index {index_path(path)} is damaged: {exc}") from exc
-    return _check_index(index_path(path), index)
+    return _check_index(index_path(path), checked_index(index_path(path), index))
 
 
 def unwritten(path: str, exc: OSError) -> PstrainError:
@@ -250,21 +251,20 @@ def write_index(
     ``linked``: a table file links an earlier one (format version 3)."""
     path = index_path(prefix)
 
+    index = {
+        "format": FORMAT,
+        "version": LINKED_VERSION if linked else VERSION,
+        "save_counter": save_counter,
+        "seq": seq,
+        "marks": marks or {},
+        "variables": variables,
+        **({"tables": tables} if tables else {}),
+    }
+    index = json.loads(json.dumps(index))  # (the digest is of what a reader gets back)
+    index[INDEX_DIGEST] = index_digest(index)
+
     def write(f: BinaryIO) -> None:
-        f.write(
-            json.dumps(
-                {
-                    "format": FORMAT,
-                    "version": LINKED_VERSION if linked else VERSION,
-                    "save_counter": save_counter,
-                    "seq": seq,
-                    "marks": marks or {},
-                    "variables": variables,
-                    **({"tables": tables} if tables else {}),
-                },
-                indent=1,
-            ).encode()
-        )
+        f.write(json.dumps(index, indent=1).encode())
 
     write_atomically(path, write)
 

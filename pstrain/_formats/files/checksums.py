@@ -19,6 +19,7 @@ files are the job's own, under its checkpoint root).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -166,3 +167,30 @@ class Verifier:
 def chunk_span(lo: int, hi: int, nbytes: int) -> tuple[int, int]:
     """The chunk-aligned bytes that cover ``[lo, hi)`` of a tensor of ``nbytes``."""
     return lo - lo % CHECK_CHUNK, min(nbytes, -(-hi // CHECK_CHUNK) * CHECK_CHUNK)
+
+
+#: The key of an index's digest of the rest of it (``index_digest``).
+INDEX_DIGEST = "digest"
+
+
+def index_digest(index: dict[str, Any]) -> str:
+    """The digest a checkpoint's or a delta's index carries of the rest of it (its JSON
+    with sorted keys, no spaces): the checksums of the files cover the tensors, this one
+    where they are (a digit of an offset changed by one bit reads as another row).
+
+    >>> index_digest({"b": [1, 2.5], "a": "x"}) == index_digest({"a": "x", "b": [1, 2.5]})
+    True
+    """
+    text = json.dumps(index, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return xxhash.xxh3_64_hexdigest(text.encode())
+
+
+def checked_index(path: str, raw: Any) -> Any:
+    """``raw`` (an index as read from ``path``) without its digest, which must match the
+    rest; an index written before digests has none. InvalidArgumentError if it does not."""
+    if isinstance(raw, dict) and INDEX_DIGEST in raw:
+        raw = dict(raw)
+        digest = raw.pop(INDEX_DIGEST)
+        if digest != index_digest(raw):
+            raise InvalidArgumentError(f"checkpoint index {path} is damaged: it does not match its digest")
+    return raw

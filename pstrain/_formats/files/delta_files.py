@@ -35,6 +35,7 @@ import numpy as np
 from ..._base.errors import InvalidArgumentError, NotFoundError
 from ..._kernels import KERNELS
 from ..numerics.idhash import Shard, in_slices
+from .checksums import INDEX_DIGEST, checked_index, index_digest
 from .table_links import linked_parts, rows_of
 from .tensor_files import TensorFile, write_atomically
 
@@ -131,9 +132,11 @@ def split_delta(path: str) -> tuple[str, int] | None:
 def write_delta_index(prefix: str, index: dict[str, Any]) -> None:
     """Write the index of delta ``prefix`` atomically (temp file, fsync, rename); checked first."""
     checked = msgspec.convert({"format": DELTA_FORMAT, "version": DELTA_VERSION, **index}, _DeltaIndex)
+    body = json.loads(msgspec.json.encode(checked))  # (the digest is of what a reader gets back)
+    body[INDEX_DIGEST] = index_digest(body)
 
     def write(f: BinaryIO) -> None:
-        f.write(msgspec.json.encode(checked))
+        f.write(json.dumps(body).encode())
 
     write_atomically(prefix + INDEX, write, overwrite=False)
 
@@ -148,6 +151,7 @@ def read_delta_index(prefix: str) -> dict[str, Any]:
         raise NotFoundError(f"no delta checkpoint at {prefix} (missing {path})") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidArgumentError(f"delta index {path} is damaged: {exc}") from exc
+    raw = checked_index(path, raw)
     try:
         index = msgspec.convert(raw, _DeltaIndex)
     except msgspec.ValidationError as exc:
