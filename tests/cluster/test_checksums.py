@@ -72,6 +72,16 @@ async def _saved(root: str, cluster):
     return w, table, ckpt, manager, delta
 
 
+async def _delta_saved(root: str) -> str:
+    """A base and a delta (``_saved``) of a cluster that has stopped since: the delta's path."""
+    async with InProcessCluster(
+        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
+    ) as cluster:
+        *_, manager, delta = await _saved(root, cluster)
+        await manager.close()
+    return str(delta)
+
+
 async def test_a_flipped_bit_in_a_delta_fails_restore_load_and_feed_and_changes_nothing(tmp_path):
     root = str(tmp_path)
     async with InProcessCluster(
@@ -127,11 +137,7 @@ async def test_a_checksum_renamed_in_a_header_fails_the_read_not_skips_the_check
     damaged too) was read as a file from before checksums, unchecked: the restored values
     were the damaged ones. A file with checksums must have one for every tensor."""
     root = str(tmp_path)
-    async with InProcessCluster(
-        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
-    ) as cluster:
-        w, table, ckpt, manager, delta = await _saved(root, cluster)
-        await manager.close()
+    delta = await _delta_saved(root)
     with open(f"{delta}.index.json") as f:
         index = json.load(f)
     path = os.path.join(root, index["variables"]["w"]["parts"][0]["file"])
@@ -153,11 +159,7 @@ async def test_a_bit_flipped_in_an_index_fails_the_read(tmp_path):
     the read take other rows or fail elsewhere, and it fails as damaged now; without its
     digest (an index of pstrain 0.2) the index is read as before."""
     root = str(tmp_path)
-    async with InProcessCluster(
-        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
-    ) as cluster:
-        w, table, ckpt, manager, delta = await _saved(root, cluster)
-        await manager.close()
+    delta = await _delta_saved(root)
     want = load_variables(delta)
     base = delta.rsplit(".delta-", 1)[0]
     for prefix, field in ((delta, b'"offset"'), (base, b'"rows"')):
