@@ -238,3 +238,44 @@ async def test_a_collections_dynamic_table_is_followed_by_its_name_slash_and_all
                     await r.read()
         await _same(mirror, table)
         await manager.close()
+
+
+async def test_a_damaged_index_is_not_a_version_and_the_log_says_so(tmp_path, caplog):
+    """A delta whose index is damaged (a bit flipped: its digest does not match) is not a
+    version: the feed serves the last save before it, whole (a reader that had the
+    damaged one gets that state back, its version named), and the ps's log names the file
+    once."""
+    root = str(tmp_path)
+    async with InProcessCluster(
+        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
+    ) as cluster:
+        strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+        table, opt, ckpt = _model(strategy)
+        manager = pstrain.checkpoint.CheckpointManager(ckpt, root, deltas_per_base=100)
+        mirror = table_feed.TableMirror([ps.address for ps in cluster.ps], "emb", TOKEN)
+        await _step(table, opt, 0)
+        await manager.save()
+        await _step(table, opt, 1)
+        await manager.save_delta()
+        first = await table.export()
+        async with aiohttp.ClientSession() as session:
+            await mirror.poll(session)
+            version = mirror.shards[0].version
+            await _step(table, opt, 2)
+            damaged = await manager.save_delta()
+            with open(damaged + ".index.json", "r+b") as f:
+                text = f.read()
+                at = text.index(b'"seq"') + 5
+                while not chr(text[at]).isdigit():
+                    at += 1
+                f.seek(at)
+                f.write(bytes([text[at] ^ 1]))
+            with caplog.at_level("WARNING", logger="pstrain"):
+                assert await mirror.poll(session) == 0  # nothing newer than what it has
+                assert await mirror.poll(session) == 0
+        assert [s.version for s in mirror.shards] == [version, version]
+        np.testing.assert_array_equal(mirror.snapshot()[0], first[0])
+        np.testing.assert_array_equal(mirror.snapshot()[1], first[1])
+        said = [r for r in caplog.records if "is not a version" in r.getMessage()]
+        assert len(said) == 2 and all(damaged in r.getMessage() for r in said)  # once on each ps
+        await manager.close()

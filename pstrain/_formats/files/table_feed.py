@@ -29,6 +29,7 @@ time. No network here; file I/O only.
 from __future__ import annotations
 
 import glob
+import logging
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ from .table_links import linked_parts, rows_of
 from .tensor_files import TensorFile
 
 __all__ = ["FeedReply", "IndexCache", "read_feed"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -107,8 +110,11 @@ def _index(path: str, cache: IndexCache) -> dict[str, Any] | None:
     prefix = path[: -len(INDEX)]
     try:
         index: dict[str, Any] | None = read_delta_index(prefix) if split_delta(prefix) else read_index(prefix)
+    except InvalidArgumentError as exc:  # damaged, or not a pstrain save: not a version (said once)
+        logger.warning("table feed: %s is not a version: %s", path, exc)
+        index = None
     except PstrainError:
-        index = None  # removed meanwhile, damaged, or not a pstrain save: not a version
+        index = None  # removed meanwhile
     cache[path] = (stamp, index)
     return index
 
