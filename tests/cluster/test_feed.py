@@ -25,6 +25,11 @@ def _model(strategy):
     return table, opt, pstrain.Checkpoint(model={"emb": table}, optimizer=opt)
 
 
+def _cluster(root: str, num_ps: int = 2) -> InProcessCluster:
+    """Real in-process ps that may write under ``root``, and one worker."""
+    return InProcessCluster(num_ps=num_ps, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root})
+
+
 async def _step(table, opt, k: int) -> None:
     ids = np.arange(7 * k, 7 * k + 9, dtype=np.int64)  # past capacity 40: evictions
     await table.lookup(ids)
@@ -44,9 +49,7 @@ async def test_a_table_created_in_the_scope_answers_412_until_its_first_save(tmp
     """As the docs say: a table created (``async with strategy.scope()`` creates it on every
     ps) but not yet saved is 412 on every ps, and a name no ps knows is 404."""
     root = str(tmp_path)
-    async with InProcessCluster(
-        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
-    ) as cluster:
+    async with _cluster(root) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         async with strategy.scope():
             table = pstrain.DynamicEmbedding(DIM, name="emb")
@@ -67,9 +70,7 @@ async def test_a_table_created_in_the_scope_answers_412_until_its_first_save(tmp
 
 async def test_a_reader_follows_deltas_a_compaction_and_a_restart(tmp_path):
     root = str(tmp_path)
-    async with InProcessCluster(
-        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
-    ) as cluster:
+    async with _cluster(root) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         table, opt, ckpt = _model(strategy)
         manager = pstrain.checkpoint.CheckpointManager(ckpt, root, deltas_per_base=100)
@@ -117,9 +118,7 @@ async def test_a_reader_follows_deltas_a_compaction_and_a_restart(tmp_path):
         expected = await table.export()
 
     # The whole job restarts: the restored ps answer for the same versions.
-    async with InProcessCluster(
-        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
-    ) as cluster:
+    async with _cluster(root) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         table, opt, ckpt = _model(strategy)
         manager = pstrain.checkpoint.CheckpointManager(ckpt, root, deltas_per_base=100)
@@ -137,9 +136,7 @@ async def test_a_reader_follows_deltas_a_compaction_and_a_restart(tmp_path):
 
 async def test_a_reader_drops_a_lost_ps_once_the_others_hold_its_slices_and_holds_each_row_once(tmp_path):
     root = str(tmp_path)
-    async with InProcessCluster(
-        num_ps=3, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
-    ) as cluster:
+    async with _cluster(root, 3) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         coordinator = pstrain.ClusterCoordinator(strategy)
         table, opt, ckpt = _model(strategy)
@@ -175,9 +172,7 @@ async def test_a_reply_whose_saves_are_pruned_before_it_opens_them_reads_the_new
     from pstrain._formats.files import table_feed as feed_files
 
     root = str(tmp_path)
-    async with InProcessCluster(
-        num_ps=1, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
-    ) as cluster:
+    async with _cluster(root, 1) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         table, opt, ckpt = _model(strategy)
         manager = pstrain.checkpoint.CheckpointManager(ckpt, str(tmp_path / "ckpt"), max_to_keep=1)
@@ -211,9 +206,7 @@ async def test_a_collections_dynamic_table_is_followed_by_its_name_slash_and_all
     ``/v1/tables/embeddings/ids/rows`` (and the same with the slash escaped), and the example
     reader follows it by that name."""
     root = str(tmp_path)
-    async with InProcessCluster(
-        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
-    ) as cluster:
+    async with _cluster(root) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         with strategy.scope():
             collection = pstrain.EmbeddingCollection([pstrain.TableConfig("ids", None, DIM, ["f"])])
@@ -246,9 +239,7 @@ async def test_a_damaged_index_is_not_a_version_and_the_log_says_so(tmp_path, ca
     damaged one gets that state back, its version named), and the ps's log names the file
     once."""
     root = str(tmp_path)
-    async with InProcessCluster(
-        num_ps=2, num_workers=1, token=TOKEN, ps_options={"checkpoint_root": root}
-    ) as cluster:
+    async with _cluster(root) as cluster:
         strategy = pstrain.ParameterServerStrategy(cluster.resolver)
         table, opt, ckpt = _model(strategy)
         manager = pstrain.checkpoint.CheckpointManager(ckpt, root, deltas_per_base=100)
