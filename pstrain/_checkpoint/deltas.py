@@ -312,6 +312,8 @@ async def write_delta(
             "dtype": table.dtype.name,
             "config": table.config,
             "whole": whole[table.key],
+            "rows": sum(int(replies[ps].table_rows.get(table.key, 0)) for ps in table.holders()),
+            "removed": sum(int(replies[ps].table_removed.get(table.key, 0)) for ps in table.holders()),
             "prefix": f"t-{table_tag(path)}",
             "files": [f"{base}.ps{ps}.safetensors" for ps in table.holders()],
         }

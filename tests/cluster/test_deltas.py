@@ -525,11 +525,16 @@ async def test_a_table_created_after_the_base_is_read_from_its_deltas(tmp_path):
         with strategy.scope():
             new = pstrain.DynamicEmbedding(DIM, name="new", capacity=30)
         ckpt.new = new
+        counts = []
         for k in range(3):  # its rows, stepped, some of them evicted past its capacity
             ids = np.arange(12 * k, 12 * k + 20, dtype=np.int64)
             rows = await new.lookup(ids)
             await opt.apply_gradients([(pstrain.IndexedSlices(np.cos(rows), ids), new)])
             delta = await manager.save_delta()
+            entry = _index(delta)["tables"]["new"]
+            counts.append((entry["rows"], entry["removed"], entry["whole"]))
+        assert counts[0] == (20, 0, True) and all(not whole for *_, whole in counts[1:])
+        assert all(rows == 20 for rows, *_ in counts) and sum(r for _, r, _ in counts) > 0  # (evicted)
         want_ids, want_rows = await new.export()
         assert set(_index(delta)["tables"]) == {"old", "new"}
         assert "new" not in _index(manager.checkpoints[0])["tables"]  # (the base has none)

@@ -165,6 +165,9 @@ class DeltaReply(Reply):
     whole: list[str] = []
     #: the tables written whole: made on this ps after the mark (the others' rows changed since)
     whole_tables: list[str] = []
+    #: each table's rows written and ids removed
+    table_rows: dict[str, Count] = {}
+    table_removed: dict[str, Count] = {}
 
 
 class SaveDelta(Operation[DeltaReply], tag="delta/save"):

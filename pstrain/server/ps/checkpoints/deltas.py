@@ -137,15 +137,18 @@ class Deltas:
                 written.append(key)
                 rows += changed.size
         table_saves: list[tuple[DynamicTable, dict[str, Snapshot]]] = []
-        for table, spec in tables.values():
+        table_rows: dict[str, int] = {}
+        table_removed: dict[str, int] = {}
+        for name, (table, spec) in tables.items():
             changes = table.changes(req.since)  # its rows gathered by the save thread too
             assert changes is not None  # removed_since was checked above
             save, gone = changes
             table_saves.append((table, save))
             tensors.extend(shard_tensors(table, save, spec.slots, f"{spec.prefix}:"))
             tensors.append(whole(f"{spec.prefix}:removed", gone))
-            rows += save["ids"].shape[0]
-            removed += gone.size
+            table_rows[name], table_removed[name] = int(save["ids"].shape[0]), int(gone.size)
+            rows += table_rows[name]
+            removed += table_removed[name]
 
         def everything() -> Tensors:  # on the save thread: the rows each snapshot finds
             nonlocal rows
@@ -181,4 +184,6 @@ class Deltas:
             written=written,
             whole=written_whole,
             whole_tables=[name for name, (table, _) in tables.items() if table.made > req.since],
+            table_rows=table_rows,
+            table_removed=table_removed,
         )
