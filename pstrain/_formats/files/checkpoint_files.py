@@ -45,7 +45,7 @@ from ..._base.errors import (
     PstrainError,
     ResourceExhaustedError,
 )
-from .checksums import INDEX_DIGEST, checked_index, index_digest
+from .checksums import checked_index, with_digest
 from .delta_files import INDEX, delta_prefix, read_delta_index, read_table_plan, split_delta
 from .tensor_files import read_rows, write_atomically
 
@@ -260,11 +260,10 @@ def write_index(
         "variables": variables,
         **({"tables": tables} if tables else {}),
     }
-    index = json.loads(json.dumps(index))  # (the digest is of what a reader gets back)
-    index[INDEX_DIGEST] = index_digest(index)
+    body = with_digest(index)
 
     def write(f: BinaryIO) -> None:
-        f.write(json.dumps(index, indent=1).encode())
+        f.write(json.dumps(body, indent=1).encode())
 
     write_atomically(path, write)
 

@@ -185,6 +185,13 @@ def index_digest(index: dict[str, Any]) -> str:
     return xxhash.xxh3_64_hexdigest(text.encode())
 
 
+def with_digest(index: Any) -> dict[str, Any]:
+    """``index`` as a reader gets it back from JSON (lists, string keys), with its digest."""
+    body: dict[str, Any] = json.loads(json.dumps(index))
+    body[INDEX_DIGEST] = index_digest(body)
+    return body
+
+
 def checked_index(path: str, raw: Any) -> Any:
     """``raw`` (an index as read from ``path``) without its digest, which must match the
     rest; an index written before digests has none. InvalidArgumentError if it does not."""

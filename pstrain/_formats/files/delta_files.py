@@ -35,7 +35,7 @@ import numpy as np
 from ..._base.errors import InvalidArgumentError, NotFoundError
 from ..._kernels import KERNELS
 from ..numerics.idhash import Shard, in_slices
-from .checksums import INDEX_DIGEST, checked_index, index_digest
+from .checksums import checked_index, with_digest
 from .table_links import linked_parts, rows_of
 from .tensor_files import TensorFile, write_atomically
 
@@ -132,8 +132,7 @@ def split_delta(path: str) -> tuple[str, int] | None:
 def write_delta_index(prefix: str, index: dict[str, Any]) -> None:
     """Write the index of delta ``prefix`` atomically (temp file, fsync, rename); checked first."""
     checked = msgspec.convert({"format": DELTA_FORMAT, "version": DELTA_VERSION, **index}, _DeltaIndex)
-    body = json.loads(msgspec.json.encode(checked))  # (the digest is of what a reader gets back)
-    body[INDEX_DIGEST] = index_digest(body)
+    body = with_digest(msgspec.to_builtins(checked))
 
     def write(f: BinaryIO) -> None:
         f.write(json.dumps(body).encode())
