@@ -140,7 +140,7 @@ class Bags:
     def gradient(self, d_pooled: np.ndarray) -> IndexedSlices:
         """:meth:`backward` of a gradient of the pooled rows of any leading shape (a safe
         lookup's keeps its SparseTensor's batch shape)."""
-        return self.backward(d_pooled.reshape(self.n, -1))
+        return self.backward(d_pooled.reshape(self.n, d_pooled.shape[-1]))  # (no bags: -1 unknowable)
 
     def backward(
         self, d_pooled: np.ndarray, out: np.ndarray | None = None, column: int = 0, dim: int | None = None

@@ -359,8 +359,8 @@ class LookupGradient:
 
 def _each_row(ids: np.ndarray, upstream: np.ndarray) -> IndexedSlices:
     """:func:`embedding_lookup`'s backward: each looked-up id's row of ``upstream``."""
-    flat = ids.reshape(-1)
-    return IndexedSlices(upstream.reshape(flat.size, -1), flat)
+    flat = ids.reshape(-1)  # (the row's own shape spelled out: no ids leave -1 unknowable)
+    return IndexedSlices(upstream.reshape((flat.size, *upstream.shape[ids.ndim :])), flat)
 
 
 def clip_by_norm(rows: np.ndarray, max_norm: float) -> np.ndarray:

@@ -167,6 +167,36 @@ async def test_a_tf_style_lookup_gives_its_gradient_to_train_a_sharded_and_a_dyn
         await embedding_lookup_sparse([params], SP, None, with_gradient=True)
 
 
+async def test_a_lookup_of_no_ids_and_one_of_rows_of_rank_two_give_tfs_gradients(ps_server):
+    """A batch with no ids at all (TF: an output of no rows, a zero gradient) gives an empty
+    gradient that changes nothing; a table whose rows are matrices (TF's ``params`` of rank
+    3) gets gradient rows of that shape. Both raised a numpy error or were refused."""
+    strategy = strategy_for(ps_server)
+    async with strategy.scope():
+        table = pstrain.Variable(PARAMS, name="params")
+        cube = pstrain.Variable(np.ones((4, 2, 3), np.float32), name="cube")
+        opt = pstrain.optimizers.Adagrad(0.1)
+    for ids in (np.zeros(0, np.int64), np.zeros((2, 0), np.int64)):
+        rows, gradient = await pstrain.nn.embedding_lookup(table, ids, with_gradient=True)
+        assert rows.shape == (*ids.shape, 2)
+        grad = gradient(np.ones(rows.shape, np.float32))
+        assert grad.values.shape == (0, 2) and grad.indices.size == 0
+        await opt.apply_gradients([(grad, table)])
+    nothing = SparseTensor(np.zeros((0, 2), np.int64), np.zeros(0, np.int64), dense_shape=[3, 2])
+    for combiner in ("sum", "mean", "sqrtn"):
+        pooled, gradient = await embedding_lookup_sparse(table, nothing, None, combiner, with_gradient=True)
+        assert pooled.shape == (0, 2)  # TF's: no bag is before the last that is not empty
+        await opt.apply_gradients([(gradient(np.zeros((0, 2), np.float32)), table)])
+    np.testing.assert_array_equal(await table.numpy(), PARAMS)
+    rows, gradient = await pstrain.nn.embedding_lookup(cube, np.array([[1, 2]]), with_gradient=True)
+    grad = gradient(np.ones(rows.shape, np.float32))
+    assert grad.values.shape == (2, 2, 3)
+    await opt.apply_gradients([(grad, cube)])
+    got = await cube.numpy()
+    np.testing.assert_array_equal(got[[0, 3]], np.ones((2, 2, 3)))
+    assert np.all(got[1:3] < 1)
+
+
 def test_jagged_features_come_from_every_kind_of_input():
     from_sparse = JaggedTensor.from_sparse(SP)
     assert from_sparse.to_lists() == [[0, 1], [], [3], []]
