@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -306,7 +307,7 @@ async def embedding_lookup(
     """
     check_gradient_params(params, with_gradient)
     rows = await _rows_of(params, ids, training)
-    out = rows if max_norm is None else clip_by_norm(rows, max_norm)
+    out = rows if max_norm is None else clip_by_norm(rows, max_norm, rows.ndim - np.ndim(ids))
     if not with_gradient:
         return out
     return out, LookupGradient(out.shape, rows, max_norm, functools.partial(_each_row, np.asarray(ids)))
@@ -353,8 +354,11 @@ class LookupGradient:
         grad = self.backward(d)
         if self.max_norm is None:
             return grad
-        rows = self.rows.reshape(grad.values.shape[0], -1)
-        return IndexedSlices(clip_by_norm_backward(rows, grad.values, self.max_norm), grad.indices)
+        shape = grad.values.shape  # (a row's own shape after the first axis: a matrix too)
+        n, width = shape[0], math.prod(shape[1:])
+        rows = self.rows.reshape(n, width)
+        back = clip_by_norm_backward(rows, grad.values.reshape(n, width), self.max_norm)
+        return IndexedSlices(back.reshape(shape), grad.indices)
 
 
 def _each_row(ids: np.ndarray, upstream: np.ndarray) -> IndexedSlices:
@@ -363,14 +367,17 @@ def _each_row(ids: np.ndarray, upstream: np.ndarray) -> IndexedSlices:
     return IndexedSlices(upstream.reshape((flat.size, *upstream.shape[ids.ndim :])), flat)
 
 
-def clip_by_norm(rows: np.ndarray, max_norm: float) -> np.ndarray:
-    """``rows`` (the last axis a row) with each row whose L2 norm exceeds ``max_norm``
-    scaled down to it, as TF's lookups clip."""
+def clip_by_norm(rows: np.ndarray, max_norm: float, row_ndim: int = 1) -> np.ndarray:
+    """``rows`` (each its last ``row_ndim`` axes: a table's row) with each row whose L2 norm
+    exceeds ``max_norm`` scaled down to it, as TF's lookups clip (over the whole row, a
+    matrix too)."""
     if not max_norm > 0:
         raise InvalidArgumentError(f"max_norm must be a positive number, got {max_norm!r}")
-    norms = np.sqrt(np.einsum("...i,...i->...", rows, rows))
+    lead = rows.shape[: rows.ndim - row_ndim]
+    flat = rows.reshape((*lead, math.prod(rows.shape[rows.ndim - row_ndim :])))
+    norms = np.sqrt(np.einsum("...i,...i->...", flat, flat))
     factor = np.where(norms > max_norm, max_norm / np.where(norms > 0, norms, 1), 1)
-    return rows * factor[..., None].astype(rows.dtype)
+    return (flat * factor[..., None].astype(rows.dtype)).reshape(rows.shape)
 
 
 def clip_by_norm_backward(rows: np.ndarray, grad: np.ndarray, max_norm: float) -> np.ndarray:

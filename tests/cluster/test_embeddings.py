@@ -167,10 +167,12 @@ async def test_a_tf_style_lookup_gives_its_gradient_to_train_a_sharded_and_a_dyn
         await embedding_lookup_sparse([params], SP, None, with_gradient=True)
 
 
-async def test_a_lookup_of_no_ids_and_one_of_rows_of_rank_two_give_tfs_gradients(ps_server):
+async def test_lookups_of_no_ids_and_of_matrix_rows_give_tfs_values_and_gradients(ps_server):
     """A batch with no ids at all (TF: an output of no rows, a zero gradient) gives an empty
     gradient that changes nothing; a table whose rows are matrices (TF's ``params`` of rank
-    3) gets gradient rows of that shape. Both raised a numpy error or were refused."""
+    3) gets gradient rows of that shape, and ``max_norm`` clips such a row by its whole
+    norm. The first raised a numpy error, the second was refused by the ps, the third
+    failed in numpy."""
     strategy = strategy_for(ps_server)
     async with strategy.scope():
         table = pstrain.Variable(PARAMS, name="params")
@@ -195,6 +197,20 @@ async def test_a_lookup_of_no_ids_and_one_of_rows_of_rank_two_give_tfs_gradients
     got = await cube.numpy()
     np.testing.assert_array_equal(got[[0, 3]], np.ones((2, 2, 3)))
     assert np.all(got[1:3] < 1)
+    # max_norm clips a matrix row by its whole norm, as TF's (values read off TF 2.21)
+    await cube.assign(np.arange(24, dtype=np.float32).reshape(4, 2, 3) / 10)
+    lookup = pstrain.nn.embedding_lookup
+    rows, gradient = await lookup(cube, np.array([[1, 2]]), max_norm=1.0, with_gradient=True)
+    np.testing.assert_allclose(
+        rows[0, 0], [[0.282529, 0.329617, 0.376705], [0.423793, 0.470882, 0.517970]], rtol=1e-5
+    )
+    grad = gradient(np.linspace(-1, 1, 12, dtype=np.float32).reshape(rows.shape))
+    assert grad.values.shape == (2, 2, 3) and grad.indices.tolist() == [1, 2]
+    np.testing.assert_allclose(
+        grad.values[0], [[-0.316547, -0.205210, -0.093873], [0.017465, 0.128802, 0.240139]], atol=1e-5
+    )
+    rows, gradient = await lookup(table, np.zeros(0, np.int64), max_norm=1.0, with_gradient=True)
+    assert gradient(np.zeros(rows.shape, np.float32)).values.shape == (0, 2)
 
 
 def test_jagged_features_come_from_every_kind_of_input():
