@@ -207,11 +207,12 @@ class ValueAndGrad:
                         leaves.append(jnp.take(r, inv, axis=0))
                     else:  # padding ids have a scale of 0: they add nothing, and get nothing
                         r, (inv, seg, scale, bags) = next(pooled_it)
-                        leaves.append(
-                            jax.ops.segment_sum(
-                                jnp.take(r, inv, axis=0) * scale[:, None], seg, num_segments=bags.shape[0]
-                            )
+                        n = bags.shape[0]  # (a batch of no bags sums into one, cut off: the way
+                        # back gathers from the sums, which JAX cannot do from none)
+                        summed = jax.ops.segment_sum(
+                            jnp.take(r, inv, axis=0) * scale[:, None], seg, num_segments=max(n, 1)
                         )
+                        leaves.append(summed[:n])
                 return loss_fn(jax.tree_util.tree_unflatten(treedef, leaves), *args)
 
             fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=self.has_aux))

@@ -118,3 +118,22 @@ async def test_sequences_padded_to_one_length_compile_once_and_match_jax(cluster
         np.testing.assert_allclose(dense, np.asarray(g_want), atol=1e-5)
         assert not dense[49].any()  # the padding's row gets nothing
     assert grad_fn.compilations == 1
+
+
+async def test_a_batch_of_no_bags_and_one_of_empty_bags_pool_to_nothing_and_zeros(cluster):
+    """A batch of no examples (the last of a dataset cut short) pools to no rows and one of
+    empty bags to zeros, with empty gradients that change nothing (the first raised in
+    JAX's gather, the way back of a sum into no segments)."""
+    strategy = pstrain.ParameterServerStrategy(cluster.resolver)
+    with strategy.scope():
+        table = pstrain.Variable(np.ones((5, 3), np.float32), name="t")
+        opt = pstrain.optimizers.SGD(1.0)
+    grad_fn = pjax.value_and_grad(lambda p: jnp.sum(p["x"]) + p["x"].shape[0])
+    for bags, expected in ((JaggedTensor.from_lists([]), 0.0), (JaggedTensor.from_lists([[], []]), 2.0)):
+        for combiner in ("sum", "mean", "sqrtn"):
+            loss, grads = await grad_fn({"x": pjax.pooled_lookup(table, bags, combiner)})
+            assert loss == expected
+            ((grad, var),) = grads
+            assert var is table and grad.values.shape == (0, 3) and grad.indices.size == 0
+            await opt.apply_gradients(grads)
+    np.testing.assert_array_equal(await table.numpy(), np.ones((5, 3)))
