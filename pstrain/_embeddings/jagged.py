@@ -31,7 +31,7 @@ import numpy as np
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from .._kernels.batches import take_bags, take_examples
-from .._training.elements import BAGS, COMPONENT_CONVERTERS
+from .._training.elements import BAGS, COMPONENT_CONVERTERS, SPARSE
 
 __all__ = ["JaggedTensor", "KeyedJaggedTensor", "SparseTensor", "as_jagged", "as_numpy"]
 
@@ -405,6 +405,7 @@ def _sliced_as_jagged(component: Any) -> JaggedTensor | None:
 
 COMPONENT_CONVERTERS.append(_sliced_as_jagged)
 BAGS.append(JaggedTensor)
+SPARSE.append(SparseTensor)
 
 
 def _weights_of(weights: Any, ids: JaggedTensor) -> np.ndarray:

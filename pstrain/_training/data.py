@@ -2,12 +2,12 @@
 
 ``Dataset.from_tensor_slices(arrays)``, ``from_tensors``, ``range``, ``from_generator``,
 ``zip``, ``sample_from_datasets``, ``choose_from_datasets``, then ``map``, ``filter``,
-``shuffle(buffer_size, seed)``, ``repeat``, ``batch``, ``padded_batch``, ``unbatch``,
-``take``, ``take_while``, ``skip``, ``shard``, ``enumerate``, ``scan``, ``unique``,
-``concatenate``, ``flat_map``, ``interleave``, ``cache`` (in memory), ``apply`` and
-``prefetch`` (and ``reduce``), each as ``tf.data`` defines it, and ``cardinality()``
-(``len``) as TF counts it. Elements stay numpy; tuples and dicts of arrays batch
-component-wise. Iterating a dataset again starts it again.
+``shuffle(buffer_size, seed)``, ``repeat``, ``batch``, ``padded_batch``, ``ragged_batch``,
+``sparse_batch``, ``unbatch``, ``take``, ``take_while``, ``skip``, ``shard``, ``enumerate``,
+``scan``, ``unique``, ``concatenate``, ``flat_map``, ``interleave``, ``cache`` (in memory),
+``apply`` and ``prefetch`` (and ``reduce``), each as ``tf.data`` defines it, and
+``cardinality()`` (``len``) as TF counts it. Elements stay numpy; tuples and dicts of
+arrays batch component-wise. Iterating a dataset again starts it again.
 
 Pipelines built from ``from_tensor_slices`` work on *row indices* until a
 ``map``, ``filter`` or ``batch`` (``shard``, ``shuffle``, ``repeat``, ``take`` and ``skip``
@@ -40,7 +40,7 @@ from .._base.checks import whole
 from .._base.errors import InvalidArgumentError
 from .._base.exports import expose
 from . import row_indices
-from .elements import leaves_len, padded, ragged, rows_of, stack, structure_of, take, to_arrays
+from .elements import leaves_len, padded, ragged, rows_of, sparse, stack, structure_of, take, to_arrays
 from .row_indices import Blocks
 from .specs import TensorSpec, conforming, signature, spec_of
 
@@ -53,6 +53,11 @@ INFINITE_CARDINALITY = -1
 #: ``Dataset.cardinality()`` of a dataset whose length is known only by iterating it
 #: (``from_generator``, ``filter``, ``flat_map``, ``unbatch``), as TF's.
 UNKNOWN_CARDINALITY = -2
+
+
+def _size(d: Any) -> bool:
+    """Is ``d`` a size (an integer >= 0, not a bool)?"""
+    return isinstance(d, (int, np.integer)) and not isinstance(d, bool) and bool(d >= 0)
 
 
 def _datasets(datasets: Any, what: str) -> list[Dataset]:
@@ -493,6 +498,22 @@ class Dataset:
         whole(batch_size, "batch_size", 1)
         spec = self._spec
         return self._chunked(batch_size, drop_remainder, lambda chunk: ragged(chunk, spec))
+
+    def sparse_batch(self, batch_size: int, row_shape: Any, name: str | None = None) -> Dataset:
+        """``batch_size`` consecutive elements (one array each, of ``row_shape``'s rank and no
+        larger in any dimension) as one :class:`~pstrain.SparseTensor` of every entry, of
+        ``dense_shape`` ``[batch, *row_shape]`` (None in ``row_shape``: the batch's largest),
+        as TF's (and ``tf.data.experimental.dense_to_sparse_batch``): what
+        ``embedding_lookup_sparse`` takes. ``name`` is TF's, accepted."""
+        whole(batch_size, "batch_size", 1)
+        dims = np.asarray(row_shape, object).reshape(-1) if row_shape is not None else None
+        if dims is None or not all(d is None or _size(d) for d in dims):
+            raise InvalidArgumentError(
+                f"sparse_batch: row_shape must be a shape, sizes >= 0 (None: the batch's largest), "
+                f"got {row_shape!r}"
+            )
+        shape = tuple(None if d is None else int(d) for d in dims)
+        return self._chunked(batch_size, False, lambda chunk: sparse(chunk, shape))
 
     def _chunked(self, size: int, drop_remainder: bool, combine: Callable[[list[Any]], Any]) -> Dataset:
         """Batches of ``size`` consecutive elements, each made by ``combine`` (element by

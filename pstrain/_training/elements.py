@@ -16,11 +16,13 @@ from .._kernels.batches import take_examples
 __all__ = [
     "BAGS",
     "COMPONENT_CONVERTERS",
+    "SPARSE",
     "is_jagged",
     "leaves_len",
     "padded",
     "ragged",
     "rows_of",
+    "sparse",
     "stack",
     "structure_of",
     "take",
@@ -55,6 +57,8 @@ def leaves_len(structure: Any, what: str = "from_tensor_slices") -> int:
 COMPONENT_CONVERTERS: list[Callable[[Any], Any]] = []
 #: The type of a batch of bags of ids, ``(values, lengths)``: ``JaggedTensor`` (``ragged_batch``).
 BAGS: list[Callable[[np.ndarray, np.ndarray], Any]] = []
+#: The type of a SparseTensor, ``(indices, values, dense_shape)``: ``SparseTensor`` (``sparse_batch``).
+SPARSE: list[Callable[[np.ndarray, np.ndarray, np.ndarray], Any]] = []
 
 
 def to_arrays(structure: Any) -> Any:
@@ -146,6 +150,47 @@ def ragged(elements: list[Any], spec: Any = None, where: str = "") -> Any:
             "integer ids batch as bags (a JaggedTensor); padded_batch pads other elements"
         )
     return np.stack(arrays)
+
+
+def sparse(elements: list[Any], row_shape: tuple[int | None, ...]) -> Any:
+    """``sparse_batch``'s batch of ``elements`` (arrays of one rank, each no larger than
+    ``row_shape``, None in it: the batch's largest) as a SparseTensor holding every entry of
+    each, element ``i``'s at ``[i, *its index]``, as TF's."""
+    if isinstance(elements[0], (tuple, dict)):
+        raise InvalidArgumentError(
+            "sparse_batch takes a dataset whose elements are one array each (as TF's), got a "
+            f"{type(elements[0]).__name__}: map it to one component first"
+        )
+    arrays = [np.asarray(e) for e in elements]
+    rank = len(row_shape)
+    for i, a in enumerate(arrays):
+        if a.ndim != rank:
+            raise InvalidArgumentError(
+                f"sparse_batch: element {i} has shape {a.shape}, not of the rank of row_shape "
+                f"{list(row_shape)}"
+            )
+        if any(d is not None and n > d for n, d in zip(a.shape, row_shape)):
+            raise InvalidArgumentError(
+                f"sparse_batch: element {i} has shape {a.shape}, larger than row_shape {list(row_shape)}"
+            )
+        if a.dtype != arrays[0].dtype:
+            raise InvalidArgumentError(
+                f"sparse_batch: element {i} is {a.dtype} where the first was {arrays[0].dtype}"
+            )
+    dense_shape = np.array(
+        [len(arrays)]
+        + [d if d is not None else max(a.shape[k] for a in arrays) for k, d in enumerate(row_shape)],
+        np.int64,
+    )
+    indices = np.concatenate(
+        [np.zeros((0, rank + 1), np.int64)]
+        + [
+            np.column_stack([np.full(a.size, i, np.int64), np.indices(a.shape).reshape(rank, a.size).T])
+            for i, a in enumerate(arrays)
+        ]
+    )
+    values = np.concatenate([a.reshape(-1) for a in arrays])
+    return SPARSE[0](indices, values, dense_shape)
 
 
 def rows_of(element: Any) -> Iterator[Any]:

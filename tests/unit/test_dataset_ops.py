@@ -321,6 +321,41 @@ def test_ragged_batch_batches_ids_of_any_length_as_bags():
         list(declared.ragged_batch(2))
 
 
+def test_sparse_batch_gives_tfs_sparse_tensors_and_refuses_what_tf_refuses():
+    """``sparse_batch(n, row_shape)``: every entry of each element at ``[i, *its index]``,
+    ``dense_shape`` the row shape (None: the batch's largest), scalars too; values read off
+    TensorFlow 2.21 on the same elements. A larger element, another rank, a tuple element
+    and a bad row shape are refused by name."""
+    bags = Dataset.from_generator(
+        lambda: iter([np.array([1, 2]), np.array([3]), np.zeros(0, np.int64), np.array([4, 5, 6])]),
+        output_signature=TensorSpec((None,), np.int64),
+    )
+    got = [(b.indices.tolist(), b.values.tolist(), b.dense_shape.tolist()) for b in bags.sparse_batch(3, [5])]
+    assert got == [
+        ([[0, 0], [0, 1], [1, 0]], [1, 2, 3], [3, 5]),
+        ([[0, 0], [0, 1], [0, 2]], [4, 5, 6], [1, 5]),
+    ]
+    assert [b.dense_shape.tolist() for b in bags.sparse_batch(3, [None])] == [[3, 2], [1, 3]]
+    rows = Dataset.from_generator(
+        lambda: iter([np.array([[1, 2]]), np.array([[3, 0], [4, 0]])]),
+        output_signature=TensorSpec((None, 2), np.int64),
+    )
+    (b,) = rows.sparse_batch(2, [3, 2])
+    assert b.indices.tolist() == [[0, 0, 0], [0, 0, 1], [1, 0, 0], [1, 0, 1], [1, 1, 0], [1, 1, 1]]
+    assert b.values.tolist() == [1, 2, 3, 0, 4, 0] and b.dense_shape.tolist() == [2, 3, 2]
+    scalars = [(b.indices.tolist(), b.values.tolist()) for b in Dataset.range(3).sparse_batch(2, [])]
+    assert scalars == [([[0], [1]], [0, 1]), ([[0]], [2])]
+    with pytest.raises(InvalidArgumentError, match=r"element 1 has shape \(3,\), larger than row_shape"):
+        list(bags.sparse_batch(2, [2]))
+    with pytest.raises(InvalidArgumentError, match="not of the rank of row_shape"):
+        list(bags.sparse_batch(2, [5, 5]))
+    with pytest.raises(InvalidArgumentError, match="elements are one array each"):
+        list(Dataset.zip((bags, bags)).sparse_batch(2, [5]))
+    for bad in ([-1], "x", None, [1.5], [True]):
+        with pytest.raises(InvalidArgumentError, match="row_shape must be a shape"):
+            bags.sparse_batch(2, bad)
+
+
 def test_interleave_takes_blocks_from_a_cycle_of_datasets_in_tfs_order():
     ds = Dataset.range(1, 6)
     got = ds.interleave(lambda x: Dataset.from_tensors(x).repeat(6), cycle_length=2, block_length=4)
