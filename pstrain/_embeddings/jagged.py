@@ -272,11 +272,9 @@ class JaggedTensor:
         out = JaggedTensor.__new__(JaggedTensor)
         w = self.width()
         if w is not None:  # bags all as long (single-hot): rows of a 2-D view
-            out.values = take_examples(self.values.reshape(-1, w), idx).reshape(-1) if w else self.values[:0]
+            out.values = _bags_of_width(self.values, w, idx)
             out.offsets = np.arange(idx.size + 1, dtype=np.int64) * w
-            out.weights = (
-                None if self.weights is None else take_examples(self.weights.reshape(-1, w), idx).reshape(-1)
-            )
+            out.weights = None if self.weights is None else _bags_of_width(self.weights, w, idx)
             out._width = w  # noqa: SLF001 - this class's own
             return out
         out_offsets = np.empty(idx.size + 1, np.int64)
@@ -292,19 +290,26 @@ class JaggedTensor:
         return self.take(rows)
 
     @staticmethod
-    def concat(parts: Sequence[JaggedTensor]) -> JaggedTensor:
-        """The bags of ``parts`` one after the other."""
+    def concat_rows(parts: Sequence[JaggedTensor]) -> JaggedTensor:
+        """The bags of ``parts`` one after the other (batches joined, as ``pstrain.data``
+        batches them)."""
         if not parts:
-            raise InvalidArgumentError("JaggedTensor.concat needs at least one part")
+            raise InvalidArgumentError("JaggedTensor.concat_rows needs at least one part")
         weighted = {p.weights is not None for p in parts}
         if len(weighted) != 1:
-            raise InvalidArgumentError("JaggedTensor.concat: some parts have weights, some not")
+            raise InvalidArgumentError("JaggedTensor.concat_rows: some parts have weights, some not")
         values = np.concatenate([p.values for p in parts])
         lengths = np.concatenate([p.lengths for p in parts])
         weights = (
             np.concatenate([p.weights for p in parts if p.weights is not None]) if weighted.pop() else None
         )
         return JaggedTensor(values, lengths, weights=weights)
+
+
+def _bags_of_width(flat: np.ndarray, width: int, idx: np.ndarray) -> np.ndarray:
+    """Bags ``idx`` of ``flat`` (ids or weights), every bag ``width`` long: rows of a 2-D
+    view (bags of none: no rows to view)."""
+    return take_examples(flat.reshape(-1, width), idx).reshape(-1) if width else flat[:0]
 
 
 class SparseTensor:
@@ -611,11 +616,42 @@ class KeyedJaggedTensor:
         return out
 
     @staticmethod
-    def concat(parts: Sequence[KeyedJaggedTensor]) -> KeyedJaggedTensor:
+    def concat(kjt_list: Sequence[KeyedJaggedTensor]) -> KeyedJaggedTensor:
+        """TorchRec's: the features of every part side by side (``keys()`` one part's after
+        the other's), for the same examples: the parts' strides must agree and no key may
+        come twice. Each feature keeps its weights (TorchRec refuses to mix weighted parts
+        with unweighted ones; here a feature without weights weighs 1)."""
+        parts = list(kjt_list)
+        if not parts:
+            raise InvalidArgumentError("KeyedJaggedTensor.concat needs at least one part")
+        strides = [p.stride() for p in parts]
+        if len(set(strides)) > 1:
+            raise InvalidArgumentError(
+                f"KeyedJaggedTensor.concat: the parts have strides {strides}; they must be the "
+                "same examples (concat_rows joins batches)"
+            )
+        keys = [k for p in parts for k in p.keys()]
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        if twice:
+            raise InvalidArgumentError(f"KeyedJaggedTensor.concat: keys {twice} are in more than one part")
+        out = KeyedJaggedTensor.from_jt_dict({k: p[k] for p in parts for k in p.keys()})
+        out._stride = strides[0]  # noqa: SLF001 - this class's own (parts of no keys too)
+        return out
+
+    @staticmethod
+    def concat_rows(parts: Sequence[KeyedJaggedTensor]) -> KeyedJaggedTensor:
+        """The examples of ``parts`` one after the other (batches joined, as ``pstrain.data``
+        batches them); every part has the same keys."""
+        if not parts:
+            raise InvalidArgumentError("KeyedJaggedTensor.concat_rows needs at least one part")
         keys = parts[0].keys()
         if any(p.keys() != keys for p in parts):
-            raise InvalidArgumentError("KeyedJaggedTensor.concat: parts with other keys")
-        return KeyedJaggedTensor.from_jt_dict({k: JaggedTensor.concat([p[k] for p in parts]) for k in keys})
+            raise InvalidArgumentError("KeyedJaggedTensor.concat_rows: parts with other keys")
+        out = KeyedJaggedTensor.from_jt_dict(
+            {k: JaggedTensor.concat_rows([p[k] for p in parts]) for k in keys}
+        )
+        out._stride = sum(p.stride() for p in parts)  # noqa: SLF001 - (parts of no keys too)
+        return out
 
     def __repr__(self) -> str:
         return f"KeyedJaggedTensor(keys={self._keys}, stride={self._stride})"

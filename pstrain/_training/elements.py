@@ -32,8 +32,8 @@ __all__ = [
 
 def is_jagged(x: Any) -> bool:
     """Is ``x`` a batch of variable-length rows (a ``JaggedTensor`` or ``KeyedJaggedTensor``:
-    ``len``, ``take(rows)`` and ``type(x).concat(parts)``)? Kept whole, taken by rows."""
-    return hasattr(type(x), "take") and hasattr(type(x), "concat") and hasattr(x, "__len__")
+    ``len``, ``take(rows)`` and ``type(x).concat_rows(parts)``)? Kept whole, taken by rows."""
+    return hasattr(type(x), "take") and hasattr(type(x), "concat_rows") and hasattr(x, "__len__")
 
 
 def leaves_len(structure: Any, what: str = "from_tensor_slices") -> int:
@@ -96,7 +96,7 @@ def take(structure: Any, index: Any) -> Any:
 def stack(elements: list[Any]) -> Any:
     first = elements[0]
     if is_jagged(first):
-        return type(first).concat(elements)
+        return type(first).concat_rows(elements)
     if isinstance(first, dict):
         return {k: stack([e[k] for e in elements]) for k in first}
     if isinstance(first, tuple):
@@ -127,7 +127,7 @@ def ragged(elements: list[Any], spec: Any = None, where: str = "") -> Any:
             ragged([e[i] for e in elements], _part(spec, i), f"{where}[{i}]") for i in range(len(first))
         )
     if is_jagged(first):
-        return type(first).concat(elements)
+        return type(first).concat_rows(elements)
     arrays = [np.asarray(e) for e in elements]
     declared = getattr(spec, "shape", None)
     if declared is not None:

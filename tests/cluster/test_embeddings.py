@@ -262,6 +262,31 @@ def test_jagged_features_come_from_every_kind_of_input():
             bad()
 
 
+def test_keyed_jagged_tensors_concat_features_as_torchrecs_and_concat_rows_joins_batches():
+    """``KeyedJaggedTensor.concat`` is TorchRec's: the parts' features side by side for the
+    same examples (it joined batches, and refused parts of other keys, where a TorchRec user
+    groups features); ``concat_rows`` joins batches, as ``pstrain.data`` batches them. A
+    weighted batch whose bags are all empty is built (numpy raised). Values as TorchRec
+    1.9.2's on the same inputs."""
+    a = KeyedJaggedTensor(["a", "b"], [1, 2, 3, 4], lengths=[1, 0, 2, 1], weights=[0.5, 1.0, 1.0, 2.0])
+    c = KeyedJaggedTensor(["c"], [7, 8, 9], lengths=[0, 3], weights=[1.0, 2.0, 3.0])
+    both = KeyedJaggedTensor.concat([a, c])
+    assert both.keys() == ["a", "b", "c"] and both.stride() == 2
+    assert both.lengths().tolist() == [1, 0, 2, 1, 0, 3] and both.values().tolist() == [1, 2, 3, 4, 7, 8, 9]
+    assert both.weights().tolist() == [0.5, 1.0, 1.0, 2.0, 1.0, 2.0, 3.0]
+    assert both.offset_per_key() == [0, 1, 4, 7]
+    rows = KeyedJaggedTensor.concat_rows([a, a.take([1])])
+    assert rows.keys() == ["a", "b"] and rows.stride() == 3 and rows["b"].to_lists() == [[2, 3], [4], [4]]
+    with pytest.raises(InvalidArgumentError, match=r"strides \[2, 1\]"):
+        KeyedJaggedTensor.concat([a, c.take([0])])
+    with pytest.raises(InvalidArgumentError, match=r"keys \['a', 'b'\] are in more than one part"):
+        KeyedJaggedTensor.concat([a, a])
+    with pytest.raises(InvalidArgumentError, match="parts with other keys"):
+        KeyedJaggedTensor.concat_rows([a, c])
+    empty = KeyedJaggedTensor(["a", "b"], np.zeros(0, np.int64), lengths=[0, 0, 0, 0], weights=np.zeros(0))
+    assert empty.stride() == 2 and empty["b"].weights.size == 0 and empty.weights().size == 0
+
+
 def test_datasets_batch_shuffle_and_shard_variable_length_features():
     bags = JaggedTensor.from_lists([[i] * (i % 3) for i in range(10)])
     kjt = KeyedJaggedTensor.from_jt_dict(
