@@ -1,13 +1,14 @@
 """``pstrain.data``: a small, numpy-native input pipeline in the shape of ``tf.data``.
 
-``Dataset.from_tensor_slices(arrays)``, ``from_tensors``, ``range``, ``from_generator``,
-``zip``, ``sample_from_datasets``, ``choose_from_datasets``, then ``map``, ``filter``,
-``shuffle(buffer_size, seed)``, ``repeat``, ``batch``, ``padded_batch``, ``ragged_batch``,
-``sparse_batch``, ``unbatch``, ``take``, ``take_while``, ``skip``, ``shard``, ``enumerate``,
-``scan``, ``unique``, ``concatenate``, ``flat_map``, ``interleave``, ``cache`` (in memory),
-``apply`` and ``prefetch`` (and ``reduce``), each as ``tf.data`` defines it, and
-``cardinality()`` (``len``) as TF counts it. Elements stay numpy; tuples and dicts of
-arrays batch component-wise. Iterating a dataset again starts it again.
+``Dataset.from_tensor_slices(arrays)``, ``from_tensors``, ``range``, ``random``,
+``from_generator``, ``zip``, ``sample_from_datasets``, ``choose_from_datasets``, then
+``map``, ``filter``, ``shuffle(buffer_size, seed)``, ``repeat``, ``batch``,
+``padded_batch``, ``ragged_batch``, ``sparse_batch``, ``unbatch``, ``take``, ``take_while``,
+``skip``, ``shard``, ``enumerate``, ``scan``, ``unique``, ``concatenate``, ``flat_map``,
+``interleave``, ``cache`` (in memory), ``apply`` and ``prefetch`` (and ``reduce``), each as
+``tf.data`` defines it, and ``cardinality()`` (``len``) as TF counts it. Elements stay
+numpy; tuples and dicts of arrays batch component-wise. Iterating a dataset again starts it
+again.
 
 Pipelines built from ``from_tensor_slices`` work on *row indices* until a
 ``map``, ``filter`` or ``batch`` (``shard``, ``shuffle``, ``repeat``, ``take`` and ``skip``
@@ -30,6 +31,7 @@ import glob
 import itertools
 import os
 import queue
+import secrets
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -53,11 +55,6 @@ INFINITE_CARDINALITY = -1
 #: ``Dataset.cardinality()`` of a dataset whose length is known only by iterating it
 #: (``from_generator``, ``filter``, ``flat_map``, ``unbatch``), as TF's.
 UNKNOWN_CARDINALITY = -2
-
-
-def _size(d: Any) -> bool:
-    """Is ``d`` a size (an integer >= 0, not a bool)?"""
-    return isinstance(d, (int, np.integer)) and not isinstance(d, bool) and bool(d >= 0)
 
 
 def _datasets(datasets: Any, what: str) -> list[Dataset]:
@@ -249,6 +246,25 @@ class Dataset:
         return Dataset(
             lambda: (kind.type(i) for i in itertools.count(start, step)), cardinality=INFINITE_CARDINALITY
         )
+
+    @staticmethod
+    def random(
+        seed: int | None = None, rerandomize_each_iteration: bool | None = None, name: str | None = None
+    ) -> Dataset:
+        """Random int64 scalars from 0 below 2**32, without end, as TF's (from another generator:
+        not TF's numbers). Every iteration gives the same numbers, from ``seed`` or, without
+        one, from a seed drawn when the dataset is made (each worker's ``dataset_fn`` draws its
+        own), unless ``rerandomize_each_iteration``: then each iteration its own, reproducible
+        from ``seed``. ``name`` is TF's, accepted."""
+        base = secrets.randbits(63) if seed is None else whole(seed, "random: seed", 0)
+        iterations = itertools.count()
+
+        def run() -> Iterator[Any]:
+            rng = np.random.default_rng([base, next(iterations) if rerandomize_each_iteration else 0])
+            while True:
+                yield from rng.integers(0, 2**32, 1024, dtype=np.int64)
+
+        return Dataset(run, cardinality=INFINITE_CARDINALITY)
 
     @staticmethod
     def list_files(
@@ -506,13 +522,14 @@ class Dataset:
         as TF's (and ``tf.data.experimental.dense_to_sparse_batch``): what
         ``embedding_lookup_sparse`` takes. ``name`` is TF's, accepted."""
         whole(batch_size, "batch_size", 1)
-        dims = np.asarray(row_shape, object).reshape(-1) if row_shape is not None else None
-        if dims is None or not all(d is None or _size(d) for d in dims):
+        if row_shape is None:
             raise InvalidArgumentError(
-                f"sparse_batch: row_shape must be a shape, sizes >= 0 (None: the batch's largest), "
-                f"got {row_shape!r}"
+                "sparse_batch: row_shape must be a shape (None in it: the batch's largest)"
             )
-        shape = tuple(None if d is None else int(d) for d in dims)
+        shape = tuple(
+            None if d is None else whole(d, f"sparse_batch: row_shape {row_shape!r}: a size", 0)
+            for d in np.asarray(row_shape, object).reshape(-1)
+        )
         return self._chunked(batch_size, False, lambda chunk: sparse(chunk, shape))
 
     def _chunked(self, size: int, drop_remainder: bool, combine: Callable[[list[Any]], Any]) -> Dataset:

@@ -321,6 +321,27 @@ def test_ragged_batch_batches_ids_of_any_length_as_bags():
         list(declared.ragged_batch(2))
 
 
+def test_random_gives_tfs_numbers_and_repeats_them_as_tf_does():
+    """``Dataset.random``: int64 scalars from 0 below 2**32 without end; the same numbers
+    on every iteration (seeded, or from the seed drawn when the dataset was made) unless
+    ``rerandomize_each_iteration``, as TensorFlow 2.21's."""
+    many = np.array(list(Dataset.random(seed=1).take(20_000)))
+    assert many.dtype == np.int64 and many.min() >= 0 and many.max() < 2**32
+    assert 0.45 < float((many >= 2**31).mean()) < 0.55  # the top bit as often set as not
+    assert Dataset.random(seed=1).cardinality() == -1
+    seeded, again = Dataset.random(seed=4).take(5), Dataset.random(seed=4).take(5)
+    assert list(seeded) == list(seeded) == list(again)
+    drawn = Dataset.random().take(5)
+    assert list(drawn) == list(drawn) and list(drawn) != list(Dataset.random().take(5))
+    fresh = Dataset.random(seed=4, rerandomize_each_iteration=True).take(5)
+    first, second = list(fresh), list(fresh)
+    assert first == list(seeded) and second != first
+    again = Dataset.random(seed=4, rerandomize_each_iteration=True).take(5)
+    assert [list(again), list(again)] == [first, second]  # reproducible from the seed
+    with pytest.raises(InvalidArgumentError, match="random: seed must be a whole number"):
+        Dataset.random(seed=1.5)
+
+
 def test_sparse_batch_gives_tfs_sparse_tensors_and_refuses_what_tf_refuses():
     """``sparse_batch(n, row_shape)``: every entry of each element at ``[i, *its index]``,
     ``dense_shape`` the row shape (None: the batch's largest), scalars too; values read off
@@ -352,7 +373,7 @@ def test_sparse_batch_gives_tfs_sparse_tensors_and_refuses_what_tf_refuses():
     with pytest.raises(InvalidArgumentError, match="elements are one array each"):
         list(Dataset.zip((bags, bags)).sparse_batch(2, [5]))
     for bad in ([-1], "x", None, [1.5], [True]):
-        with pytest.raises(InvalidArgumentError, match="row_shape must be a shape"):
+        with pytest.raises(InvalidArgumentError, match="sparse_batch: row_shape"):
             bags.sparse_batch(2, bad)
 
 
