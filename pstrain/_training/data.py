@@ -5,10 +5,10 @@
 ``map``, ``filter``, ``shuffle(buffer_size, seed)``, ``repeat``, ``batch``,
 ``padded_batch``, ``ragged_batch``, ``sparse_batch``, ``unbatch``, ``take``, ``take_while``,
 ``skip``, ``shard``, ``enumerate``, ``scan``, ``unique``, ``concatenate``, ``flat_map``,
-``interleave``, ``cache`` (in memory), ``apply`` and ``prefetch`` (and ``reduce``), each as
-``tf.data`` defines it, and ``cardinality()`` (``len``) as TF counts it. Elements stay
-numpy; tuples and dicts of arrays batch component-wise. Iterating a dataset again starts it
-again.
+``interleave``, ``cache`` (in memory), ``apply``, ``ignore_errors`` (after ``map`` and
+``filter`` steps) and ``prefetch`` (and ``reduce``), each as ``tf.data`` defines it, and
+``cardinality()`` (``len``) as TF counts it. Elements stay numpy; tuples and dicts of arrays
+batch component-wise. Iterating a dataset again starts it again.
 
 Pipelines built from ``from_tensor_slices`` work on *row indices* until a
 ``map``, ``filter`` or ``batch`` (``shard``, ``shuffle``, ``repeat``, ``take`` and ``skip``
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import glob
 import itertools
+import logging
 import os
 import queue
 import secrets
@@ -45,6 +46,8 @@ from . import row_indices
 from .elements import leaves_len, padded, ragged, rows_of, sparse, stack, structure_of, take, to_arrays
 from .row_indices import Blocks
 from .specs import TensorSpec, conforming, signature, spec_of
+
+logger = logging.getLogger("pstrain.data")
 
 __all__ = ["AUTOTUNE", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "Dataset", "Options", "TensorSpec"]
 
@@ -169,6 +172,9 @@ class Dataset:
         self._spec = spec  # a declared element_spec (from_generator's signature)
         self._partial_batch = partial_batch  # batched without drop_remainder
         self._cardinality = cardinality  # its elements, as TF counts them
+        # a dataset ending in map and filter steps: the dataset before them, and each step
+        # (``ignore_errors`` runs them again, an element at a time, dropping those that raise)
+        self._steps: tuple[Dataset, tuple[tuple[str, Callable[..., Any]], ...]] | None = None
 
     def __iter__(self) -> Iterator[Any]:
         return self._make()
@@ -364,7 +370,13 @@ class Dataset:
             for e in make():
                 yield map_func(*e) if isinstance(e, tuple) else map_func(e)
 
-        return Dataset(run, cardinality=self._cardinality)
+        return self._stepped("map", map_func, Dataset(run, cardinality=self._cardinality))
+
+    def _stepped(self, kind: str, fn: Callable[..., Any], out: Dataset) -> Dataset:
+        """``out``, this dataset's ``map`` or ``filter`` by ``fn``, knowing its steps."""
+        base, steps = self._steps if self._steps is not None else (self, ())
+        out._steps = (base, (*steps, (kind, fn)))
+        return out
 
     def shuffle(
         self, buffer_size: int, seed: int | None = None, reshuffle_each_iteration: bool = True
@@ -627,7 +639,48 @@ class Dataset:
                 if _truth(predicate(*e) if isinstance(e, tuple) else predicate(e)):
                     yield e
 
-        return Dataset(run, spec=self._spec, partial_batch=self._partial_batch)
+        return self._stepped(
+            "filter", predicate, Dataset(run, spec=self._spec, partial_batch=self._partial_batch)
+        )
+
+    def ignore_errors(self, log_warning: bool = False, name: str | None = None) -> Dataset:
+        """The elements, without those whose ``map`` or ``filter`` function raised (in the
+        steps of them this dataset ends in), as TF's drops elements that cause errors;
+        ``log_warning``: the ``pstrain.data`` log names each error. Errors of the other steps
+        (the file or generator the elements come from, a batch) still raise: put it right
+        after the ``map`` that may fail (a dataset ending in no such step is refused). A
+        predicate that returns no bool is still an error. ``name`` is TF's, accepted."""
+        if self._steps is None:
+            raise InvalidArgumentError(
+                "ignore_errors drops the elements whose map or filter function raised, and this "
+                "dataset does not end in a map or filter: put it right after the map that may "
+                "fail (errors of other steps are not dropped)"
+            )
+        base, steps = self._steps
+        make = base._make  # noqa: SLF001 - this class's own
+
+        def run() -> Iterator[Any]:
+            for e in make():
+                kept = True
+                for kind, fn in steps:
+                    try:
+                        got = fn(*e) if isinstance(e, tuple) else fn(e)
+                    except Exception as exc:  # (what the element caused, as TF's drops it)
+                        if log_warning:
+                            logger.warning(
+                                "ignore_errors: dropped an element: %s: %s", type(exc).__name__, exc
+                            )
+                        kept = False
+                        break
+                    if kind == "map":
+                        e = got
+                    elif not _truth(got):
+                        kept = False
+                        break
+                if kept:
+                    yield e
+
+        return Dataset(run)
 
     def take_while(self, predicate: Callable[..., Any], name: str | None = None) -> Dataset:
         """The elements up to the first for which ``predicate`` returns False (a scalar

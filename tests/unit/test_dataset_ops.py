@@ -321,6 +321,37 @@ def test_ragged_batch_batches_ids_of_any_length_as_bags():
         list(declared.ragged_batch(2))
 
 
+def test_ignore_errors_drops_the_elements_a_map_or_filter_raised_on(caplog):
+    """TF's documented example (``1 / x`` of [1, 2, 0, 4] gives [1, 0.5, 0.25]), through
+    map and filter steps after from_tensor_slices and a generator; the dataset without it
+    still raises, another step before it is refused by name, and a predicate that returns no
+    bool is still an error."""
+
+    def inverse(x):
+        if x == 0:
+            raise ZeroDivisionError("1 / 0")
+        return np.float32(1 / x)
+
+    ds = Dataset.from_tensor_slices(np.array([1, 2, 0, 4], np.float32)).map(inverse)
+    with caplog.at_level("WARNING", logger="pstrain.data"):
+        assert [float(x) for x in ds.ignore_errors(log_warning=True)] == [1.0, 0.5, 0.25]
+    assert "dropped an element: ZeroDivisionError: 1 / 0" in caplog.text
+    assert ds.ignore_errors().cardinality() == -2  # (TF's: unknown)
+    with pytest.raises(ZeroDivisionError):
+        list(ds)
+    chained = (
+        Dataset.from_generator(lambda: iter(range(6)), output_signature=TensorSpec((), np.int64))
+        .map(lambda x: (x, x - 3))
+        .filter(lambda x, d: 6 // int(d) > -10)  # raises at 3
+        .map(lambda x, d: int(x) * 10 // (int(x) - 1))  # raises at 1
+    )
+    assert [int(x) for x in chained.ignore_errors()] == [0, 20, 13, 12]
+    with pytest.raises(InvalidArgumentError, match="does not end in a map or filter"):
+        ds.batch(2).ignore_errors()
+    with pytest.raises(InvalidArgumentError, match="must return a scalar bool"):
+        list(Dataset.range(3).filter(lambda x: 1).ignore_errors())
+
+
 def test_random_gives_tfs_numbers_and_repeats_them_as_tf_does():
     """``Dataset.random``: int64 scalars from 0 below 2**32 without end; the same numbers
     on every iteration (seeded, or from the seed drawn when the dataset was made) unless
